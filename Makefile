@@ -1,0 +1,40 @@
+# Two commands on a fresh clone: `make demo` and `make test`. Each creates .venv if missing.
+PY      ?= python3
+VENV    := .venv
+BIN     := $(VENV)/bin
+TINY    := models/tiny-recall
+BUNDLE  := build/tiny-recall
+
+.PHONY: demo test test-slow lint bench clean
+
+$(BIN)/python:
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+
+# Stamp files so the install runs once per change of pyproject.toml.
+$(VENV)/.core: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install --quiet -e .
+	touch $@
+
+$(VENV)/.dev: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install --quiet "torch==2.13.0"
+	$(BIN)/pip install --quiet -e ".[dev,export]"
+	touch $(VENV)/.core $@
+
+# The demo needs only the core install: export reads safetensors without torch.
+demo: $(VENV)/.core
+	$(BIN)/edgeprefill export $(TINY) -o $(BUNDLE) --overwrite
+	$(BIN)/python samples/demo.py $(BUNDLE)
+
+test: $(VENV)/.dev
+	$(BIN)/ruff check edgeprefill tests samples benchmarks scripts
+	$(BIN)/python -m pytest -q
+
+test-slow: $(VENV)/.dev
+	$(BIN)/python -m pytest -q -m slow
+
+bench: $(VENV)/.dev
+	$(BIN)/python benchmarks/compare.py
+
+clean:
+	rm -rf build

@@ -1,0 +1,21 @@
+"""User-facing errors: the CLI prints the message as one line and exits non-zero."""
+
+
+class EdgeprefillError(Exception):
+    """Base of every error a user can cause and fix (bad input, missing file, bad bundle)."""
+
+
+class ExportError(EdgeprefillError):
+    """The checkpoint cannot be exported as asked."""
+
+
+class BundleError(EdgeprefillError):
+    """The bundle is missing, corrupt, of another format version, or unsafe to load."""
+
+
+class BackendError(EdgeprefillError):
+    """A backend cannot run here (missing library, device, or provider)."""
+
+
+class RequestError(EdgeprefillError):
+    """A generation request is invalid or can never be served (too long, bad parameters)."""

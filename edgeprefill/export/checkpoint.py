@@ -1,0 +1,84 @@
+"""Read tensors of a Hugging Face safetensors checkpoint (single file or sharded) by name."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+from safetensors import SafetensorError, safe_open
+
+from edgeprefill.errors import ExportError
+
+INDEX_FILE = "model.safetensors.index.json"
+SINGLE_FILE = "model.safetensors"
+
+
+class Checkpoint:
+    """Lazy access to a checkpoint's tensors; each `get` reads one tensor from disk.
+
+    bf16 and fp16 tensors are converted to the requested float dtype on read, so the
+    exporter never holds more than one converted tensor per weight at a time.
+    """
+
+    def __init__(self, hf_dir: Path) -> None:
+        self.dir = hf_dir
+        self._file_of = _tensor_files(hf_dir)
+        self._handles: dict[Path, object] = {}
+
+    def names(self) -> set[str]:
+        return set(self._file_of)
+
+    def has(self, name: str) -> bool:
+        return name in self._file_of
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        path = self._require(name)
+        return tuple(self._handle(path).get_slice(name).get_shape())
+
+    def _require(self, name: str) -> Path:
+        path = self._file_of.get(name)
+        if path is None:
+            raise ExportError(f"the checkpoint in {self.dir} lacks the tensor {name!r}")
+        return path
+
+    def get(self, name: str, dtype: np.dtype = np.float32) -> np.ndarray:
+        path = self._require(name)
+        try:
+            tensor = self._handle(path).get_tensor(name)
+        except (SafetensorError, OSError, ValueError) as err:
+            raise ExportError(f"cannot read {name!r} from {path.name}: {err}") from None
+        return tensor.astype(dtype, copy=False)
+
+    def _handle(self, path: Path):
+        if path not in self._handles:
+            try:
+                self._handles[path] = safe_open(str(path), framework="numpy")
+            except (SafetensorError, OSError) as err:
+                raise ExportError(f"{path} is not a readable safetensors file: {err}") from None
+        return self._handles[path]
+
+
+def _tensor_files(hf_dir: Path) -> dict[str, Path]:
+    index = hf_dir / INDEX_FILE
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+        except (json.JSONDecodeError, KeyError, TypeError) as err:
+            raise ExportError(f"{index} is malformed: {err}") from None
+        files = {name: hf_dir / file for name, file in weight_map.items()}
+        for path in set(files.values()):
+            if not path.is_file():
+                raise ExportError(f"{path} is listed in {INDEX_FILE} but missing")
+        return files
+    single = hf_dir / SINGLE_FILE
+    if not single.is_file():
+        raise ExportError(
+            f"no {SINGLE_FILE} or {INDEX_FILE} in {hf_dir} (only safetensors checkpoints "
+            "are supported; convert .bin files with transformers' save_pretrained)"
+        )
+    try:
+        with safe_open(str(single), framework="numpy") as handle:
+            return {name: single for name in handle.keys()}
+    except (SafetensorError, OSError) as err:
+        raise ExportError(f"{single} is not a readable safetensors file: {err}") from None

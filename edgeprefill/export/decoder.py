@@ -1,0 +1,170 @@
+"""Build the chunk graph of a decoder-only model straight from its config and weights.
+
+One graph runs one step: B rows of C tokens each (a prefill chunk is B=1, a decode step is
+B=active sessions with C=1). The contract, shared with the runtime through the manifest:
+
+  inputs   input_ids        [B, C]            int64
+           past_lens        [B]               int32  tokens already in each row's cache
+           valid_lens       [B]               int32  valid tokens of the chunk (rest: padding)
+           past_key.{i}     [B, KV, cap, D]   model dtype (and past_value.{i})
+  outputs  logits           [B, vocab]        float32, only each row's last valid token
+           present_key.{i}  [B, KV, cap, D]   the same buffer as past_key.{i}, updated in place
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from edgeprefill.export.checkpoint import Checkpoint
+from edgeprefill.export.flavors import Flavor, StepTensors
+from edgeprefill.export.graph import GraphBuilder
+from edgeprefill.export.model_config import ModelConfig
+
+BATCH, CHUNK, CAPACITY = "batch", "chunk", "capacity"
+
+
+def kv_names(layer: int) -> dict[str, str]:
+    return {
+        "past_key": f"past_key.{layer}",
+        "past_value": f"past_value.{layer}",
+        "present_key": f"present_key.{layer}",
+        "present_value": f"present_value.{layer}",
+    }
+
+
+class DecoderBuilder:
+    """Emits the graph layer by layer; weights stay lazy (read when the writer asks)."""
+
+    def __init__(self, cfg: ModelConfig, ckpt: Checkpoint, flavor: Flavor) -> None:
+        self.cfg = cfg
+        self.ckpt = ckpt
+        self.flavor = flavor
+        self.dtype = flavor.dtype
+        self.g = GraphBuilder()
+
+    def build(self) -> GraphBuilder:
+        g, cfg = self.g, self.cfg
+        ids = g.input("input_ids", np.int64, [BATCH, CHUNK])
+        past_lens = g.input("past_lens", np.int32, [BATCH])
+        valid_lens = g.input("valid_lens", np.int32, [BATCH])
+        g.output("logits", np.float32, [BATCH, cfg.vocab_size])
+        self._declare_kv_io()
+        chunk = g.op("Slice", [g.op("Shape", [ids]), g.const([1]), g.const([2])])  # [1]
+        step = self.flavor.step_tensors(g, past_lens, chunk, kv_names(0)["past_key"])
+        embed = self._embedding()
+        x = g.op("Gather", [embed, ids])  # [B,C,hidden]
+        for layer in range(cfg.num_layers):
+            x = self._layer(layer, x, step)
+        # Only each row's last valid token reaches the LM head: full [C, vocab] logits of
+        # a 256-token chunk would cost more than a layer.
+        last = g.op("Sub", [valid_lens, g.const([1], np.int32)])
+        index = g.op("Unsqueeze", [g.op("Cast", [last], to=7), g.const([1])])  # [B,1]
+        hidden = g.op("GatherND", [x, index], batch_dims=1)  # [B,hidden]
+        hidden = self.flavor.rms_norm(g, hidden, self._tensor("model.norm.weight"))
+        head = embed if cfg.tie_embeddings else self._lm_head()
+        logits = g.op("Gemm", [hidden, head], transB=1)
+        if self.dtype != np.float32:
+            logits = g.op("Cast", [logits], to=1)
+        g.rename(logits, "logits")
+        return g
+
+    def _declare_kv_io(self) -> None:
+        shape = [BATCH, self.cfg.num_kv_heads, CAPACITY, self.cfg.head_dim]
+        for layer in range(self.cfg.num_layers):
+            names = kv_names(layer)
+            self.g.input(names["past_key"], self.dtype, shape)
+            self.g.input(names["past_value"], self.dtype, shape)
+        for layer in range(self.cfg.num_layers):
+            names = kv_names(layer)
+            self.g.output(names["present_key"], self.dtype, shape)
+            self.g.output(names["present_value"], self.dtype, shape)
+
+    def _layer(self, layer: int, x: str, step: StepTensors) -> str:
+        g, cfg, flavor = self.g, self.cfg, self.flavor
+        p = f"model.layers.{layer}."
+        h = flavor.rms_norm(g, x, self._tensor(p + "input_layernorm.weight"))
+        q, k, v = self._qkv(p, h)
+        names = kv_names(layer)
+        past = (names["past_key"], names["past_value"])
+        present = (names["present_key"], names["present_value"])
+        attn = flavor.attention(g, q, k, v, past, present, step)
+        o_bias = p + "self_attn.o_proj.bias" if cfg.o_bias else None
+        x = g.op("Add", [x, self._linear(attn, [p + "self_attn.o_proj.weight"], o_bias)])
+        h = flavor.rms_norm(g, x, self._tensor(p + "post_attention_layernorm.weight"))
+        return g.op("Add", [x, self._mlp(p, h)])
+
+    def _qkv(self, p: str, h: str) -> list[str]:
+        """One packed projection for q, k and v, split after; per-head norms for Qwen3."""
+        g, cfg = self.g, self.cfg
+        attn = p + "self_attn."
+        weights = [attn + f"{n}_proj.weight" for n in "qkv"]
+        bias = attn + "qkv_proj.bias" if cfg.qkv_bias else None
+        qkv = self._linear(h, weights, bias)
+        q_size, kv_size = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+        q, k, v = g.op("Split", [qkv, g.const([q_size, kv_size, kv_size])], 3, axis=-1)
+        if cfg.qk_norm:
+            q = self._head_norm(q, cfg.num_heads, self._tensor(attn + "q_norm.weight"))
+            k = self._head_norm(k, cfg.num_kv_heads, self._tensor(attn + "k_norm.weight"))
+        return [q, k, v]
+
+    def _head_norm(self, x: str, heads: int, weight: str) -> str:
+        g, d = self.g, self.cfg.head_dim
+        per_head = g.op("Reshape", [x, g.const([0, 0, heads, d])])
+        normed = self.flavor.rms_norm(g, per_head, weight)
+        return g.op("Reshape", [normed, g.const([0, 0, heads * d])])
+
+    def _mlp(self, p: str, h: str) -> str:
+        g = self.g
+        mlp = p + "mlp."
+        gate_up = self._linear(h, [mlp + "gate_proj.weight", mlp + "up_proj.weight"], None)
+        gate, up = g.op("Split", [gate_up], 2, axis=-1, num_outputs=2)
+        act = g.op("Mul", [g.op("Mul", [gate, g.op("Sigmoid", [gate])]), up])  # SiLU(gate)*up
+        return self._linear(act, [mlp + "down_proj.weight"], None)
+
+    def _linear(self, x: str, weight_names: list[str], bias_name: str | None) -> str:
+        """x @ concat(W_i^T) (+ bias): HF stores [out, in]; MatMul wants [in, out]."""
+        g = self.g
+        in_dim = self._shape(weight_names[0])[1]
+        out_dim = sum(self._shape(n)[0] for n in weight_names)
+        name = weight_names[0] if len(weight_names) == 1 else _packed_name(weight_names)
+
+        def produce() -> np.ndarray:
+            parts = [self.ckpt.get(n, self.dtype).T for n in weight_names]
+            return np.ascontiguousarray(np.concatenate(parts, axis=1))
+
+        y = g.op("MatMul", [x, g.weight(name, (in_dim, out_dim), self.dtype, produce)])
+        if bias_name is None:
+            return y
+        return g.op("Add", [y, self._bias(bias_name, weight_names, out_dim)])
+
+    def _bias(self, name: str, weight_names: list[str], size: int) -> str:
+        # A packed projection's bias is the concatenation of its parts' biases.
+        parts = [w.removesuffix(".weight") + ".bias" for w in weight_names]
+        return self.g.weight(name, (size,), self.dtype, self._concat(parts))
+
+    def _concat(self, names: list[str]) -> Callable[[], np.ndarray]:
+        return lambda: np.concatenate([self.ckpt.get(n, self.dtype) for n in names])
+
+    def _embedding(self) -> str:
+        return self._tensor("model.embed_tokens.weight")
+
+    def _lm_head(self) -> str:
+        # Stored [vocab, hidden] as in the checkpoint: Gemm(transB=1) reads it as is.
+        return self._tensor("lm_head.weight")
+
+    def _tensor(self, name: str) -> str:
+        """A checkpoint tensor stored unchanged (only converted to the graph dtype)."""
+        return self.g.weight(
+            name, self._shape(name), self.dtype, lambda: self.ckpt.get(name, self.dtype)
+        )
+
+    def _shape(self, name: str) -> tuple[int, ...]:
+        return self.ckpt.shape(name)
+
+
+def _packed_name(names: list[str]) -> str:
+    stem = names[0].rsplit(".", 2)[0]
+    parts = "_".join(n.rsplit(".", 2)[1].removesuffix("_proj") for n in names)
+    return f"{stem}.{parts}_proj.weight"

@@ -1,0 +1,197 @@
+"""HF checkpoint folder -> bundle: config, graph, weights, tokenizer, manifest."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+
+from edgeprefill import __version__
+from edgeprefill.bundle import (
+    MANIFEST_FILE,
+    GraphInfo,
+    Manifest,
+    ModelInfo,
+    TokenizerInfo,
+    file_record,
+)
+from edgeprefill.errors import ExportError
+from edgeprefill.export.checkpoint import Checkpoint
+from edgeprefill.export.decoder import DecoderBuilder, kv_names
+from edgeprefill.export.flavors import flavor_class
+from edgeprefill.export.graph import GraphBuilder
+from edgeprefill.export.model_config import ModelConfig
+from edgeprefill.export.writer import write_external_data
+
+GRAPH_FILE = "model.onnx"
+DATA_FILE = "model.onnx.data"
+TOKENIZER_FILES = (
+    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+    "generation_config.json", "chat_template.jinja",
+)
+DTYPES = {"fp32": np.float32, "fp16": np.float16}
+DEFAULT_CHUNKS = (16, 64, 256)
+# onnxruntime 1.22+ loads IR <= 10 for these opsets; newer onnx writes a higher IR by default.
+IR_VERSION = {"ort": 10, "standard": 11}
+
+
+@dataclass(frozen=True)
+class ExportOptions:
+    flavor: str = "ort"
+    dtype: str = "fp32"
+    chunks: tuple[int, ...] = DEFAULT_CHUNKS
+    max_context: int | None = None  # default: the model's max positions, capped at 4096
+    overwrite: bool = False
+    show_progress: bool = True
+
+    def __post_init__(self) -> None:
+        flavor_class(self.flavor)  # raises with the valid names
+        if self.dtype not in DTYPES:
+            raise ExportError(f"unknown dtype {self.dtype!r}; choose one of: {', '.join(DTYPES)}")
+        if not self.chunks or any(c < 1 for c in self.chunks):
+            raise ExportError(f"chunk sizes must be positive integers, got {self.chunks}")
+        if self.max_context is not None and self.max_context < 2:
+            raise ExportError(f"--max-context must be at least 2, got {self.max_context}")
+
+
+def export(hf_dir: str | Path, out_dir: str | Path, options: ExportOptions) -> Manifest:
+    hf_dir, out_dir = Path(hf_dir), Path(out_dir)
+    if not hf_dir.is_dir():
+        raise ExportError(f"{hf_dir} is not a folder")
+    cfg = ModelConfig.from_dir(hf_dir)
+    max_context = _max_context(cfg, options.max_context)
+    chunks = sorted(set(c for c in options.chunks if c <= max_context))
+    if not chunks:
+        raise ExportError(f"every chunk size in {options.chunks} exceeds --max-context")
+    tokenizer_files = [f for f in TOKENIZER_FILES if (hf_dir / f).is_file()]
+    if "tokenizer.json" not in tokenizer_files:
+        raise ExportError(
+            f"{hf_dir} has no tokenizer.json (a fast tokenizer file is required; "
+            "transformers' AutoTokenizer.save_pretrained writes one)"
+        )
+    _prepare_out(out_dir, options.overwrite)
+    ckpt = Checkpoint(hf_dir)
+    flavor = flavor_class(options.flavor)(cfg, DTYPES[options.dtype], max_context)
+    g = DecoderBuilder(cfg, ckpt, flavor).build()
+    initializers = write_external_data(g.weights, out_dir / DATA_FILE, options.show_progress)
+    model = g.to_model(initializers, flavor.opsets, IR_VERSION[options.flavor])
+    onnx.save_model(model, out_dir / GRAPH_FILE)
+    for name in tokenizer_files:
+        shutil.copyfile(hf_dir / name, out_dir / name)
+    manifest = _manifest(cfg, g, options, chunks, max_context, hf_dir, out_dir, tokenizer_files)
+    (out_dir / MANIFEST_FILE).write_text(manifest.to_json())
+    return manifest
+
+
+def _max_context(cfg: ModelConfig, requested: int | None) -> int:
+    if requested is None:
+        limit = min(cfg.max_positions, 4096)
+    elif requested > cfg.max_positions:
+        raise ExportError(
+            f"--max-context {requested} exceeds the model's max_position_embeddings "
+            f"({cfg.max_positions})"
+        )
+    else:
+        limit = requested
+    if cfg.sliding_window is not None and limit > cfg.sliding_window:
+        # Attention is full over the whole context: exact only up to the window.
+        raise ExportError(
+            f"this model uses a sliding window of {cfg.sliding_window} tokens, which is not "
+            f"supported; export with --max-context {cfg.sliding_window} or less"
+        )
+    return limit
+
+
+def _prepare_out(out_dir: Path, overwrite: bool) -> None:
+    if out_dir.exists() and any(out_dir.iterdir()):
+        if not overwrite:
+            raise ExportError(f"{out_dir} exists and is not empty (use --overwrite to replace it)")
+        if not (out_dir / MANIFEST_FILE).is_file():
+            raise ExportError(f"refusing to overwrite {out_dir}: it is not an edgeprefill bundle")
+        shutil.rmtree(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+
+
+def _io_table(values) -> dict[str, list[Any]]:
+    return {v.name: [v.dtype.name, list(v.shape)] for v in values}
+
+
+def _manifest(
+    cfg: ModelConfig, g: GraphBuilder, options: ExportOptions, chunks: list[int],
+    max_context: int, hf_dir: Path, out_dir: Path, tokenizer_files: list[str],
+) -> Manifest:
+    layers = [kv_names(i) for i in range(cfg.num_layers)]
+    tok_config = _read_json(hf_dir / "tokenizer_config.json")
+    gen_config = _read_json(hf_dir / "generation_config.json")
+    eos = list(dict.fromkeys([*cfg.eos_token_ids, *_ids(gen_config.get("eos_token_id"))]))
+    graph = GraphInfo(
+        file=GRAPH_FILE,
+        data_file=DATA_FILE,
+        flavor=options.flavor,
+        dtype=np.dtype(DTYPES[options.dtype]).name,
+        opsets=flavor_class(options.flavor).opsets,
+        inputs=_io_table(g.inputs),
+        outputs=_io_table(g.outputs),
+        kv_inputs=[[n["past_key"], n["past_value"]] for n in layers],
+        kv_outputs=[[n["present_key"], n["present_value"]] for n in layers],
+    )
+    files = [GRAPH_FILE, DATA_FILE, *tokenizer_files]
+    return Manifest(
+        model=ModelInfo(
+            family=cfg.family, num_layers=cfg.num_layers, num_heads=cfg.num_heads,
+            num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
+            hidden_size=cfg.hidden_size, vocab_size=cfg.vocab_size,
+        ),
+        graph=graph,
+        tokenizer=TokenizerInfo(
+            file="tokenizer.json",
+            chat_template=_chat_template(hf_dir, tok_config),
+            bos_token=_token_text(tok_config.get("bos_token")),
+            eos_token=_token_text(tok_config.get("eos_token")),
+        ),
+        chunks=chunks,
+        max_context=max_context,
+        eos_token_ids=eos,
+        bos_token_id=cfg.bos_token_id,
+        files={name: file_record(out_dir / name) for name in files},
+        source={"path": str(hf_dir.resolve()), "model_type": cfg.family,
+                "edgeprefill": __version__},
+    )
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        return {}
+    try:
+        raw = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ExportError(f"{path} is not valid JSON: {err}") from None
+    return raw if isinstance(raw, dict) else {}
+
+
+def _chat_template(hf_dir: Path, tok_config: dict[str, Any]) -> str | None:
+    jinja = hf_dir / "chat_template.jinja"
+    if jinja.is_file():
+        return jinja.read_text()
+    template = tok_config.get("chat_template")
+    if isinstance(template, list):  # named templates: take the default one
+        named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
+        template = named.get("default") or next(iter(named.values()), None)
+    return template if isinstance(template, str) else None
+
+
+def _token_text(token: Any) -> str | None:
+    if isinstance(token, dict):  # AddedToken serialized as {"content": ...}
+        return token.get("content")
+    return token if isinstance(token, str) else None
+
+
+def _ids(value: Any) -> list[int]:
+    if value is None:
+        return []
+    return [int(v) for v in value] if isinstance(value, list) else [int(value)]

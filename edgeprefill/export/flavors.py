@@ -1,0 +1,200 @@
+"""The two graph flavours: what differs between the `ort` and the `standard` chunk graph.
+
+Both take the same inputs and give the same outputs (see docs/design.md); they differ in
+how a step's attention reads and writes the fixed-capacity KV cache:
+
+- `ort`: `com.microsoft.GroupQueryAttention` with rotary inside and the past/present
+  buffers shared, so the cache is updated in place and attention reads only each row's
+  valid prefix. `SimplifiedLayerNormalization` for RMSNorm.
+- `standard`: plain ONNX ops for TensorRT's ONNX parser. `TensorScatter` (opset 24) writes
+  the chunk's K/V into the cache in place; attention is MatMul/Softmax over the whole
+  capacity with a causal mask built from positions. RMSNorm is spelled out.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import numpy as np
+
+from edgeprefill.errors import ExportError
+from edgeprefill.export.graph import GraphBuilder
+from edgeprefill.export.model_config import ModelConfig, rope_inv_freq
+
+
+@dataclass(frozen=True)
+class StepTensors:
+    """Graph values shared by every layer of one step."""
+
+    past_lens: str  # [B] int32
+    chunk: str  # [1] int64, C
+    extra: dict[str, str]  # flavour-specific values (rotary tables, masks, seqlens)
+
+
+class Flavor(ABC):
+    name: str
+    opsets: dict[str, int]
+
+    def __init__(self, cfg: ModelConfig, dtype: np.dtype, max_context: int) -> None:
+        self.cfg = cfg
+        self.dtype = np.dtype(dtype)
+        self.max_context = max_context
+
+    @abstractmethod
+    def step_tensors(
+        self, g: GraphBuilder, past_lens: str, chunk: str, past_key0: str
+    ) -> StepTensors:
+        """Values every layer needs, computed once per step (`past_key0` gives the
+        cache capacity)."""
+
+    @abstractmethod
+    def rms_norm(self, g: GraphBuilder, x: str, weight: str) -> str:
+        """RMSNorm over the last axis of x."""
+
+    @abstractmethod
+    def attention(
+        self, g: GraphBuilder, q: str, k: str, v: str, past: tuple[str, str],
+        present: tuple[str, str], step: StepTensors,
+    ) -> str:
+        """Causal attention of q [B,C,H*D] over the cache after writing k, v [B,C,KV*D]
+        at each row's past length. `past` are the cache inputs [B,KV,cap,D]; the updated
+        caches are produced under the `present` names. Returns [B,C,H*D]; rotary applied."""
+
+    def rotary_tables(self, g: GraphBuilder) -> tuple[str, str]:
+        """cos and sin [max_context + 1, D/2], as transformers computes them (float32 math).
+
+        One position past max_context is kept so that a dummy decode row parked at a full
+        slot's end still has a valid rotary entry; its output is never used.
+        """
+        inv_freq = rope_inv_freq(self.cfg.rope, self.cfg.head_dim)
+        positions = np.arange(self.max_context + 1, dtype=np.float32)
+        freqs = np.outer(positions, inv_freq).astype(np.float32)
+        shape = freqs.shape
+        cos = g.weight("rotary.cos", shape, self.dtype, lambda: np.cos(freqs).astype(self.dtype))
+        sin = g.weight("rotary.sin", shape, self.dtype, lambda: np.sin(freqs).astype(self.dtype))
+        return cos, sin
+
+
+class OrtFlavor(Flavor):
+    name = "ort"
+    opsets = {"": 21, "com.microsoft": 1}
+
+    def step_tensors(self, g, past_lens, chunk, past_key0):
+        chunk32 = g.op("Cast", [chunk], to=6)
+        # GroupQueryAttention wants seqlens_k = total length - 1 per row, where total
+        # counts the chunk's padded tokens too: they are written past the valid ones and
+        # masked causally, then overwritten by the next step.
+        seqlens_k = g.op("Sub", [g.op("Add", [past_lens, chunk32]), g.const([1], np.int32)])
+        max_past = g.op("ReduceMax", [past_lens], keepdims=0)
+        total = g.op("Add", [max_past, g.op("Squeeze", [chunk32, g.const([0])])])
+        cos, sin = self.rotary_tables(g)
+        extra = {"seqlens_k": seqlens_k, "total": total, "cos": cos, "sin": sin}
+        return StepTensors(past_lens, chunk, extra)
+
+    def rms_norm(self, g: GraphBuilder, x: str, weight: str) -> str:
+        return g.op(
+            "SimplifiedLayerNormalization", [x, weight],
+            axis=-1, epsilon=self.cfg.rms_norm_eps, stash_type=1,
+        )
+
+    def attention(self, g, q, k, v, past, present, step):
+        cfg = self.cfg
+        e = step.extra
+        out, _, _ = g.op(
+            "GroupQueryAttention",
+            [q, k, v, past[0], past[1], e["seqlens_k"], e["total"], e["cos"], e["sin"]],
+            [g._name("gqa_out"), present[0], present[1]],
+            domain="com.microsoft",
+            num_heads=cfg.num_heads,
+            kv_num_heads=cfg.num_kv_heads,
+            scale=float(cfg.head_dim**-0.5),
+            do_rotary=1,
+            rotary_interleaved=0,
+        )
+        return out
+
+
+class StandardFlavor(Flavor):
+    name = "standard"
+    opsets = {"": 24}
+
+    def step_tensors(self, g, past_lens, chunk, past_key0):
+        past64 = g.op("Cast", [past_lens], to=7)
+        steps = g.op("Range", [g.const(0), g.op("Squeeze", [chunk, g.const([0])]), g.const(1)])
+        positions = g.op("Add", [g.op("Unsqueeze", [past64, g.const([1])]), steps])  # [B,C]
+        cos_table, sin_table = self.rotary_tables(g)
+        unsq1 = g.const([1])
+        cos = g.op("Unsqueeze", [g.op("Gather", [cos_table, positions]), unsq1])  # [B,1,C,D/2]
+        sin = g.op("Unsqueeze", [g.op("Gather", [sin_table, positions]), unsq1])
+        mask = self.causal_mask(g, past_key0, positions)
+        extra = {"write_at": past64, "cos": cos, "sin": sin, "mask": mask}
+        return StepTensors(past_lens, chunk, extra)
+
+    def causal_mask(self, g: GraphBuilder, past_key: str, positions: str) -> str:
+        """Additive mask [B,1,1,C,cap]: key j is visible to query at position p iff j <= p.
+
+        Padded positions of a short last chunk lie after every valid query, so they are
+        never visible to a valid token; later chunks overwrite them.
+        """
+        capacity = g.op("Gather", [g.op("Shape", [past_key]), g.const(2)])
+        key_pos = g.op("Range", [g.const(0), capacity, g.const(1)])  # [cap]
+        query_pos = g.op("Unsqueeze", [positions, g.const([2])])  # [B,C,1]
+        visible = g.op("LessOrEqual", [key_pos, query_pos])  # [B,C,cap]
+        blocked = float(np.finfo(self.dtype).min)
+        mask = g.op("Where", [visible, g.const(0.0, self.dtype), g.const(blocked, self.dtype)])
+        return g.op("Unsqueeze", [mask, g.const([1, 2])])
+
+    def rms_norm(self, g: GraphBuilder, x: str, weight: str) -> str:
+        # Computed in float32 whatever the graph dtype, as transformers does.
+        x32 = x if self.dtype == np.float32 else g.op("Cast", [x], to=1)
+        mean_sq = g.op("ReduceMean", [g.op("Mul", [x32, x32]), g.const([-1])], keepdims=1)
+        eps = g.const(self.cfg.rms_norm_eps, np.float32)
+        normed = g.op("Div", [x32, g.op("Sqrt", [g.op("Add", [mean_sq, eps])])])
+        if self.dtype != np.float32:
+            normed = g.op("Cast", [normed], to=10)
+        return g.op("Mul", [normed, weight])
+
+    def rotate(self, g: GraphBuilder, x: str, step: StepTensors) -> str:
+        """Rotary (non-interleaved halves) on x [B,heads,C,D]."""
+        x1, x2 = g.op("Split", [x], 2, axis=-1, num_outputs=2)
+        cos, sin = step.extra["cos"], step.extra["sin"]
+        first = g.op("Sub", [g.op("Mul", [x1, cos]), g.op("Mul", [x2, sin])])
+        second = g.op("Add", [g.op("Mul", [x2, cos]), g.op("Mul", [x1, sin])])
+        return g.op("Concat", [first, second], axis=-1)
+
+    def heads_first(self, g: GraphBuilder, x: str, heads: int) -> str:
+        """[B,C,heads*D] -> [B,heads,C,D]."""
+        split = g.op("Reshape", [x, g.const([0, 0, heads, self.cfg.head_dim])])
+        return g.op("Transpose", [split], perm=[0, 2, 1, 3])
+
+    def attention(self, g, q, k, v, past, present, step):
+        cfg = self.cfg
+        rep = cfg.num_heads // cfg.num_kv_heads
+        q4 = self.rotate(g, self.heads_first(g, q, cfg.num_heads), step)
+        k4 = self.rotate(g, self.heads_first(g, k, cfg.num_kv_heads), step)
+        v4 = self.heads_first(g, v, cfg.num_kv_heads)
+        write_at = step.extra["write_at"]
+        keys = g.op("TensorScatter", [past[0], k4, write_at], [present[0]], axis=2)
+        values = g.op("TensorScatter", [past[1], v4, write_at], [present[1]], axis=2)
+        # Group the query heads by the KV head they share: [B,KV,rep,C,D] against
+        # [B,KV,1,cap,D] broadcasts without materializing repeated keys.
+        q5 = g.op("Reshape", [q4, g.const([0, cfg.num_kv_heads, rep, -1, cfg.head_dim])])
+        keys_t = g.op("Unsqueeze", [g.op("Transpose", [keys], perm=[0, 1, 3, 2]), g.const([2])])
+        scale = g.const(cfg.head_dim**-0.5, self.dtype)
+        scores = g.op("Mul", [g.op("MatMul", [q5, keys_t]), scale])
+        scores = g.op("Add", [scores, step.extra["mask"]])
+        probs = g.op("Softmax", [scores], axis=-1)
+        out = g.op("MatMul", [probs, g.op("Unsqueeze", [values, g.const([2])])])
+        out = g.op("Reshape", [out, g.const([0, cfg.num_heads, -1, cfg.head_dim])])
+        out = g.op("Transpose", [out], perm=[0, 2, 1, 3])
+        return g.op("Reshape", [out, g.const([0, 0, cfg.num_heads * cfg.head_dim])])
+
+
+FLAVORS: dict[str, type[Flavor]] = {"ort": OrtFlavor, "standard": StandardFlavor}
+
+
+def flavor_class(name: str) -> type[Flavor]:
+    if name not in FLAVORS:
+        raise ExportError(f"unknown flavor {name!r}; choose one of: {', '.join(FLAVORS)}")
+    return FLAVORS[name]
