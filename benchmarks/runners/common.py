@@ -1,0 +1,120 @@
+"""Measurement loop shared by the runtime runners.
+
+Each runner runs in its own virtualenv, so this module uses the standard library only.
+A runner supplies a `load(spec) -> Loaded`; `run_runner` times it, measures TTFT and decode
+the same way for every runtime, and prints one JSON line with the results on stdout.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import resource
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+# generate(prompt_ids, max_new_tokens) -> [(seconds since the call started, token id), ...]
+# with one entry per generated token, recorded the moment the token is known.
+GenerateFn = Callable[[list[int], int], list[tuple[float, int]]]
+
+
+@dataclass
+class Loaded:
+    generate: GenerateFn
+    # Extra facts for the report (for example weight bytes read per decoded token).
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def log(message: str) -> None:
+    """Progress goes to stderr with a prefix, so compare.py can echo it and keep stdout clean."""
+    print(f"[bench] {message}", file=sys.stderr, flush=True)
+
+
+def package_versions(names: list[str]) -> dict[str, str]:
+    versions = {}
+    for name in names:
+        try:
+            versions[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            versions[name] = "not installed"
+    return versions
+
+
+def rss_mib() -> dict[str, float]:
+    """Current (VmRSS) and peak (VmHWM) resident set size of this process, in MiB."""
+    values = {}
+    for line in Path("/proc/self/status").read_text().splitlines():
+        key, _, rest = line.partition(":")
+        if key in ("VmRSS", "VmHWM"):
+            values[key] = int(rest.split()[0]) / 1024
+    return values
+
+
+def measure_ttft(generate: GenerateFn, prompt: list[int], warmup: int, repeats: int) -> list[float]:
+    """TTFT = prompt ids in, first generated token out (full prefill + first logits)."""
+    for _ in range(warmup):
+        generate(prompt, 1)
+    runs = []
+    for _ in range(repeats):
+        runs.append(generate(prompt, 1)[0][0])
+    return runs
+
+
+def measure_decode(
+    generate: GenerateFn, prompt: list[int], new_tokens: int, repeats: int
+) -> tuple[list[float], list[int]]:
+    """Decode rate excludes the first token (that one is prefill): (n - 1) / (t_last - t_first)."""
+    rates = []
+    token_ids: list[int] = []
+    for _ in range(repeats):
+        stamps = generate(prompt, new_tokens)
+        if len(stamps) != new_tokens:
+            raise RuntimeError(f"asked for {new_tokens} new tokens, got {len(stamps)}")
+        rates.append((len(stamps) - 1) / (stamps[-1][0] - stamps[0][0]))
+        token_ids = [token for _, token in stamps]
+    return rates, token_ids
+
+
+def run_runner(load: Callable[[dict[str, Any]], Loaded], packages: list[str]) -> None:
+    spec = json.loads(Path(sys.argv[1]).read_text())
+    name = spec["runtime"]
+    prompt_ids: list[int] = spec["prompt_ids"]
+
+    start = time.perf_counter()
+    loaded = load(spec)
+    load_s = time.perf_counter() - start
+    rss_after_load = rss_mib()["VmRSS"]
+    log(f"{name}: loaded in {load_s:.2f} s, RSS {rss_after_load:.0f} MiB")
+
+    ttft: dict[str, dict[str, Any]] = {}
+    for length in spec["lengths"]:
+        runs = measure_ttft(loaded.generate, prompt_ids[:length], spec["warmup"], spec["repeats"])
+        ttft[str(length)] = {"median_s": statistics.median(runs), "runs_s": runs}
+        log(f"{name}: TTFT {length} tokens: " + ", ".join(f"{r:.3f}" for r in runs) + " s")
+
+    decode_prompt = prompt_ids[: spec["decode_prompt_len"]]
+    rates, token_ids = measure_decode(
+        loaded.generate, decode_prompt, spec["new_tokens"], spec["repeats"]
+    )
+    log(f"{name}: decode " + ", ".join(f"{r:.1f}" for r in rates) + " tok/s")
+
+    result = {
+        "runtime": name,
+        "threads": spec["threads"],
+        "load_s": load_s,
+        "ttft": ttft,
+        "decode_tok_s": statistics.median(rates),
+        "decode_runs_tok_s": rates,
+        "generated_ids": token_ids,
+        "rss_after_load_mib": rss_after_load,
+        # ru_maxrss is in KiB on Linux; it is the peak of this whole process.
+        "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "versions": package_versions(packages),
+        **loaded.extra,
+    }
+    print(json.dumps(result), flush=True)

@@ -1,0 +1,31 @@
+"""edgeprefill runner, for a bundle made by `edgeprefill export`.
+
+Run by compare.py with the project's own venv (/work/main/.venv):  python run_edgeprefill.py SPEC
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from common import Loaded, run_runner
+from edgeprefill import Engine, GenerationParams
+
+
+def load(spec: dict[str, Any]) -> Loaded:
+    engine = Engine.load(spec["artifact_dir"], threads=spec["threads"])
+    chunk_size = spec["options"]["chunk_size"]
+
+    def generate(prompt_ids: list[int], max_new_tokens: int) -> list[tuple[float, int]]:
+        stamps = []
+        params = GenerationParams(max_new_tokens=max_new_tokens, temperature=0.0, ignore_eos=True)
+        start = time.perf_counter()
+        for event in engine.generate(prompt_ids, params, chunk_size=chunk_size):
+            stamps.append((time.perf_counter() - start, int(event.token_id)))
+        return stamps
+
+    return Loaded(generate, {"chunk_size": chunk_size})
+
+
+if __name__ == "__main__":
+    run_runner(load, ["edgeprefill", "onnxruntime", "numpy"])

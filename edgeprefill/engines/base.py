@@ -1,0 +1,84 @@
+"""The backend contract: run one step of the chunk graph against a KV arena it owns.
+
+A backend knows graphs and buffers, nothing about sessions or scheduling. The KV cache
+is one arena per layer and per K/V, `[slots, kv_heads, capacity, head_dim]`, with the
+slot as the first axis: a prefill chunk of slot s binds `arena[s:s+1]` and a decode batch
+of slots a..b-1 binds `arena[a:b]`, both contiguous views, so no step copies the cache.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from pathlib import Path
+from typing import NamedTuple
+
+import numpy as np
+
+from edgeprefill.bundle import Manifest
+
+
+class StepBatch(NamedTuple):
+    """One engine call: B rows of C tokens, row r in KV slot `first_slot + r`."""
+
+    input_ids: np.ndarray  # CPU [B, C] int64
+    past_lens: np.ndarray  # CPU [B] int32: tokens already in the row's cache
+    valid_lens: np.ndarray  # CPU [B] int32: valid tokens of the row (rest is padding)
+    first_slot: int
+
+    @property
+    def rows(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    @property
+    def chunk(self) -> int:
+        return int(self.input_ids.shape[1])
+
+
+@dataclass(frozen=True)
+class BackendOptions:
+    device: str = "cpu"  # "cpu", "cuda" or "tensorrt" (TensorRT EP / engine)
+    threads: int | None = None  # intra-op threads; None: the physical cores
+    optimize: bool = True  # full graph optimizations (ORT_ENABLE_ALL)
+    engine_dir: Path | None = None  # where compiled engines are cached (GPU paths)
+
+
+class Backend(ABC):
+    """Loads a bundle's graph for a device and runs steps. Implementations are small."""
+
+    name: str
+
+    def __init__(self, bundle_dir: Path, manifest: Manifest, options: BackendOptions) -> None:
+        self.bundle_dir = bundle_dir
+        self.manifest = manifest
+        self.options = options
+
+    @property
+    def kv_dtype(self) -> np.dtype:
+        return np.dtype(self.manifest.graph.dtype)
+
+    def kv_slot_bytes(self, capacity: int) -> int:
+        """Bytes of KV cache one slot of `capacity` positions takes, all layers."""
+        m = self.manifest.model
+        return 2 * m.num_layers * m.num_kv_heads * capacity * m.head_dim * self.kv_dtype.itemsize
+
+    @abstractmethod
+    def allocate_kv(self, slots: int, capacity: int) -> None:
+        """(Re)allocate the KV arena: `slots` rows of `capacity` positions, zero-filled.
+        Drops any previous arena."""
+
+    @abstractmethod
+    def run(self, step: StepBatch) -> np.ndarray:
+        """Run one step; returns CPU float32 logits [B, vocab] of each row's last valid
+        token. Writes the rows' K/V into their slots in place; touches no other slot."""
+
+    @abstractmethod
+    def copy_kv(self, src_slot: int, dst_slot: int, length: int) -> None:
+        """Copy positions [0, length) of one slot's K/V to another (prefix reuse)."""
+
+    @abstractmethod
+    def swap_kv(self, a: int, b: int, length: int) -> None:
+        """Exchange positions [0, length) of two slots' K/V (keeps decode rows adjacent)."""
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release device resources."""

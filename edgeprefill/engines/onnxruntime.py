@@ -1,0 +1,162 @@
+"""ONNX Runtime backend: one InferenceSession, the KV arena bound in place with IOBinding.
+
+Every KV input and its present output are bound to the same address, which makes
+GroupQueryAttention share the buffer and TensorScatter update it in place: no step copies
+the cache. Bindings are cached per (first slot, rows), so a step rebinds only the three
+small inputs.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+from edgeprefill.bundle import Manifest, resolve_inside
+from edgeprefill.engines.base import Backend, BackendOptions, StepBatch
+from edgeprefill.errors import BackendError, BundleError
+
+PROVIDERS = {
+    "cpu": ["CPUExecutionProvider"],
+    "cuda": ["CUDAExecutionProvider", "CPUExecutionProvider"],
+    "tensorrt": ["TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"],
+}
+
+
+def physical_cores() -> int:
+    """Cores, not hyper-threads: ORT's intra-op pool scales with physical cores."""
+    try:
+        ids, physical = set(), "0"
+        with open("/proc/cpuinfo") as info:
+            for line in info:
+                if line.startswith("physical id"):
+                    physical = line.split(":")[1].strip()
+                elif line.startswith("core id"):
+                    ids.add((physical, line.split(":")[1].strip()))
+    except OSError:
+        ids = set()
+    return len(ids) or os.cpu_count() or 1
+
+
+class OnnxRuntimeBackend(Backend):
+    name = "onnxruntime"
+
+    def __init__(self, bundle_dir: Path, manifest: Manifest, options: BackendOptions) -> None:
+        super().__init__(bundle_dir, manifest, options)
+        import onnxruntime as ort
+
+        self._ort = ort
+        if options.device not in PROVIDERS:
+            raise BackendError(
+                f"unknown device {options.device!r}; choose one of: {', '.join(PROVIDERS)}"
+            )
+        if options.device != "cpu":
+            raise BackendError(
+                f"device {options.device!r} is not available in this build of the "
+                "onnxruntime backend yet; use --device cpu"
+            )
+        graph_path = resolve_inside(bundle_dir, manifest.graph.file)
+        _check_external_data(graph_path, bundle_dir)
+        self.threads = options.threads or physical_cores()
+        self.session = ort.InferenceSession(
+            str(graph_path), self._session_options(), providers=PROVIDERS[options.device]
+        )
+        self._check_providers()
+        self._kv: list[np.ndarray] = []  # flat: layer-major, K then V
+        self._bindings: dict[tuple[int, int], object] = {}
+        self._logits = np.empty((0, manifest.model.vocab_size), np.float32)
+
+    def _session_options(self):
+        ort = self._ort
+        so = ort.SessionOptions()
+        so.intra_op_num_threads = self.threads
+        so.inter_op_num_threads = 1
+        so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        so.graph_optimization_level = (
+            ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+            if self.options.optimize
+            else ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        )
+        so.log_severity_level = 3  # errors only: ORT's warnings are not the user's concern
+        return so
+
+    def _check_providers(self) -> None:
+        # ONNX Runtime silently falls back to the CPU when a GPU provider fails to load.
+        wanted = PROVIDERS[self.options.device][0]
+        got = self.session.get_providers()
+        if wanted not in got:
+            raise BackendError(
+                f"ONNX Runtime could not use {wanted} (it fell back to {', '.join(got)}); "
+                "check the onnxruntime-gpu install and the CUDA libraries"
+            )
+
+    def allocate_kv(self, slots: int, capacity: int) -> None:
+        m = self.manifest.model
+        shape = (slots, m.num_kv_heads, capacity, m.head_dim)
+        self._kv = [np.zeros(shape, self.kv_dtype) for _ in range(2 * m.num_layers)]
+        self._bindings.clear()
+        self._logits = np.empty((slots, m.vocab_size), np.float32)
+
+    def kv_arrays(self) -> list[np.ndarray]:
+        """The arena, layer-major [K0, V0, K1, V1, ...] (CPU numpy, for inspection)."""
+        return self._kv
+
+    def run(self, step: StepBatch) -> np.ndarray:
+        binding = self._binding(step.first_slot, step.rows)
+        binding.bind_cpu_input("input_ids", step.input_ids)
+        binding.bind_cpu_input("past_lens", step.past_lens)
+        binding.bind_cpu_input("valid_lens", step.valid_lens)
+        self.session.run_with_iobinding(binding)
+        return self._logits[: step.rows]
+
+    def _binding(self, first: int, rows: int):
+        key = (first, rows)
+        if key not in self._bindings:
+            if not self._kv or first + rows > self._kv[0].shape[0]:
+                raise BackendError(f"slots {first}..{first + rows - 1} are not allocated")
+            self._bindings[key] = self._bind_buffers(first, rows)
+        return self._bindings[key]
+
+    def _bind_buffers(self, first: int, rows: int):
+        binding = self.session.io_binding()
+        logits = self._logits[:rows]
+        binding.bind_output("logits", "cpu", 0, np.float32, logits.shape, logits.ctypes.data)
+        graph = self.manifest.graph
+        names = zip(_flat(graph.kv_inputs), _flat(graph.kv_outputs), self._kv, strict=True)
+        for past, present, arena in names:
+            view = arena[first : first + rows]  # contiguous: slot is the first axis
+            for name, bind in ((past, binding.bind_input), (present, binding.bind_output)):
+                bind(name, "cpu", 0, arena.dtype, view.shape, view.ctypes.data)
+        return binding
+
+    def copy_kv(self, src_slot: int, dst_slot: int, length: int) -> None:
+        for arena in self._kv:
+            arena[dst_slot, :, :length] = arena[src_slot, :, :length]
+
+    def swap_kv(self, a: int, b: int, length: int) -> None:
+        for arena in self._kv:
+            held = arena[a, :, :length].copy()
+            arena[a, :, :length] = arena[b, :, :length]
+            arena[b, :, :length] = held
+
+    def close(self) -> None:
+        self._bindings.clear()
+        self._kv = []
+
+
+def _flat(pairs: list[list[str]]) -> list[str]:
+    return [name for pair in pairs for name in pair]
+
+
+def _check_external_data(graph_path: Path, bundle_dir: Path) -> None:
+    """Refuse a graph whose external data points outside the bundle directory."""
+    try:
+        model = onnx.load(str(graph_path), load_external_data=False)
+    except Exception as err:  # onnx raises DecodeError and others for a corrupt file
+        raise BundleError(f"{graph_path} is not a readable ONNX model: {err}") from None
+    for tensor in model.graph.initializer:
+        for entry in tensor.external_data:
+            if entry.key == "location":
+                resolve_inside(bundle_dir, entry.value)

@@ -1,0 +1,229 @@
+"""The KV cache manager: a fixed budget of slots, each holding one token sequence's KV.
+
+A slot is `capacity` positions of every layer's K and V (the backend owns the memory;
+this class owns the bookkeeping). Each slot records the exact tokens whose KV it holds,
+which makes two kinds of reuse one mechanism, both verified by token content:
+
+- a session's own slot keeps its conversation between turns, so a new turn prefills only
+  the tokens past the common prefix;
+- any retained slot (a finished session's, a shared system prompt's) can lend its
+  chunk-aligned common prefix to a new request by copying that much KV.
+
+Retained slots are evicted least recently used when a request needs room.
+
+  state     tokens        request   meaning
+  FREE      []            none      no data
+  RETAINED  KV's tokens   none      kept for reuse; evictable
+  ACTIVE    KV's tokens   one       a request is prefilling or decoding in it
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+from edgeprefill.engines.base import Backend
+
+
+class SlotState(enum.Enum):
+    FREE = "free"
+    RETAINED = "retained"
+    ACTIVE = "active"
+
+
+@dataclass
+class Slot:
+    index: int
+    state: SlotState = SlotState.FREE
+    tokens: list[int] = field(default_factory=list)  # tokens whose KV is in the slot
+    owner: int | None = None  # session id that keeps its conversation here
+    last_used: int = 0
+
+
+class Acquired(NamedTuple):
+    slot: int
+    reused: int  # leading tokens whose KV is already in the slot
+    copied_from: int | None  # the slot the prefix was copied from, if any
+
+
+class KVUsage(NamedTuple):
+    slots: int
+    active: int
+    retained: int
+    tokens: int  # positions holding valid KV, all slots
+    capacity: int  # positions per slot
+    bytes_total: int
+
+
+class KVCache:
+    def __init__(
+        self, backend: Backend, slots: int, capacity: int, align: int,
+        share_prefixes: bool = True,
+    ) -> None:
+        """`align`: prefix reuse across slots is rounded down to a multiple of this (the
+        smallest chunk bucket), so a reused prefix ends where a chunk would.
+        `share_prefixes`: lend other slots' prefixes (a slot's own reuse always applies)."""
+        self.share_prefixes = share_prefixes
+        self.backend = backend
+        self.capacity = capacity
+        self.align = max(1, align)
+        self.slots = [Slot(i) for i in range(slots)]
+        self._clock = itertools.count(1)
+        self.prefix_lookups = 0
+        self.prefix_hits = 0
+        backend.allocate_kv(slots, capacity)
+
+    # -- allocation -------------------------------------------------------------------
+
+    def acquire(self, tokens: list[int], owner: int | None) -> Acquired | None:
+        """Make a slot ACTIVE for a request whose full token sequence is `tokens`, reusing
+        as much KV as possible. Returns None when every slot is ACTIVE (the caller waits).
+        Mutates the cache (may evict a retained slot and copy a prefix)."""
+        slot = self._own_slot(owner) or self._free_slot() or self._evict_lru()
+        if slot is None:
+            return None
+        # Never reuse the last prompt token: its logits are what the request needs.
+        limit = len(tokens) - 1
+        reused = min(_common_prefix(slot.tokens, tokens), limit)
+        source, shared = self._best_prefix(tokens, limit, exclude=slot.index)
+        self.prefix_lookups += 1
+        copied_from = None
+        if shared > reused:
+            self.backend.copy_kv(source, slot.index, shared)
+            reused, copied_from = shared, source
+        if reused:
+            self.prefix_hits += 1
+        slot.state, slot.tokens = SlotState.ACTIVE, tokens[:reused]
+        slot.owner = owner
+        self._touch(slot)
+        return Acquired(slot.index, reused, copied_from)
+
+    def extend(self, index: int, tokens: list[int]) -> None:
+        """Record that the KV of `tokens` was just written after the slot's tokens."""
+        slot = self.slots[index]
+        assert slot.state is SlotState.ACTIVE, slot
+        slot.tokens.extend(tokens)
+        assert len(slot.tokens) <= self.capacity
+
+    def release(self, index: int, keep: bool) -> None:
+        """End a request's use of its slot: keep the KV for reuse, or free it at once."""
+        slot = self.slots[index]
+        if keep and slot.tokens:
+            slot.state = SlotState.RETAINED
+            self._touch(slot)
+        else:
+            slot.state, slot.tokens, slot.owner = SlotState.FREE, [], None
+
+    def forget_owner(self, owner: int) -> None:
+        """A closed session's slot stays as a plain prefix-cache entry."""
+        for slot in self.slots:
+            if slot.owner == owner:
+                slot.owner = None
+
+    def length(self, index: int) -> int:
+        return len(self.slots[index].tokens)
+
+    # -- keeping decode rows adjacent -------------------------------------------------
+
+    def compact(self, decoding: list[int]) -> dict[int, int]:
+        """Move the slots in `decoding` into one contiguous range, so one engine call can
+        bind them as a single view. Returns {old index: new index} for every slot whose
+        content moved (including whatever was swapped out of the range)."""
+        moved: dict[int, int] = {}
+        wanted = sorted(decoding)
+        lo = wanted[0]
+        target = set(range(lo, lo + len(wanted)))
+        outside = [i for i in wanted if i not in target]
+        holes = sorted(target - set(wanted))
+        for src, dst in zip(outside, holes, strict=True):
+            self._swap(src, dst)
+            moved[src], moved[dst] = dst, src
+        return moved
+
+    def _swap(self, a: int, b: int) -> None:
+        sa, sb = self.slots[a], self.slots[b]
+        longest = max(len(sa.tokens), len(sb.tokens))
+        if longest:
+            self.backend.swap_kv(a, b, longest)
+        sa.index, sb.index = b, a
+        self.slots[a], self.slots[b] = sb, sa
+
+    # -- inspection -------------------------------------------------------------------
+
+    def usage(self) -> KVUsage:
+        states = [s.state for s in self.slots]
+        return KVUsage(
+            slots=len(self.slots),
+            active=states.count(SlotState.ACTIVE),
+            retained=states.count(SlotState.RETAINED),
+            tokens=sum(len(s.tokens) for s in self.slots),
+            capacity=self.capacity,
+            bytes_total=self.backend.kv_slot_bytes(self.capacity) * len(self.slots),
+        )
+
+    def check_integrity(self, active_requests: dict[int, object] | None = None) -> None:
+        """Raise AssertionError if the bookkeeping is inconsistent. With
+        `active_requests` ({slot: request}), also check that exactly those slots are ACTIVE."""
+        for i, slot in enumerate(self.slots):
+            assert slot.index == i, f"slot {i} records index {slot.index}"
+            assert len(slot.tokens) <= self.capacity, f"slot {i} overflows"
+            if slot.state is SlotState.FREE:
+                assert not slot.tokens and slot.owner is None, f"free slot {i} holds data"
+            if slot.state is SlotState.RETAINED:
+                assert slot.tokens, f"retained slot {i} is empty"
+        owners = [s.owner for s in self.slots if s.owner is not None]
+        assert len(owners) == len(set(owners)), "a session owns two slots"
+        if active_requests is not None:
+            active = {i for i, s in enumerate(self.slots) if s.state is SlotState.ACTIVE}
+            assert active == set(active_requests), (
+                f"active slots {sorted(active)} != slots of live requests "
+                f"{sorted(active_requests)}"
+            )
+
+    # -- helpers ----------------------------------------------------------------------
+
+    def _own_slot(self, owner: int | None) -> Slot | None:
+        if owner is None:
+            return None
+        for slot in self.slots:
+            if slot.owner == owner and slot.state is SlotState.RETAINED:
+                return slot
+        return None
+
+    def _free_slot(self) -> Slot | None:
+        return next((s for s in self.slots if s.state is SlotState.FREE), None)
+
+    def _evict_lru(self) -> Slot | None:
+        retained = [s for s in self.slots if s.state is SlotState.RETAINED]
+        if not retained:
+            return None
+        # Prefer evicting plain prefix entries over another session's conversation.
+        victim = min(retained, key=lambda s: (s.owner is not None, s.last_used))
+        victim.state, victim.tokens, victim.owner = SlotState.FREE, [], None
+        return victim
+
+    def _best_prefix(self, tokens: list[int], limit: int, exclude: int) -> tuple[int, int]:
+        best, best_len = -1, 0
+        if not self.share_prefixes:
+            return best, best_len
+        for slot in self.slots:
+            if slot.index == exclude or not slot.tokens:
+                continue
+            shared = min(_common_prefix(slot.tokens, tokens), limit)
+            shared -= shared % self.align
+            if shared > best_len:
+                best, best_len = slot.index, shared
+        return best, best_len
+
+    def _touch(self, slot: Slot) -> None:
+        slot.last_used = next(self._clock)
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n

@@ -1,0 +1,54 @@
+"""One generation request as the scheduler sees it."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from edgeprefill.sdk.metrics import RequestMetrics
+from edgeprefill.sdk.params import GenerationParams
+from edgeprefill.sdk.sampler import Sampler
+from edgeprefill.sdk.stream import TokenStream
+from edgeprefill.sdk.tokenizer import TextStreamer
+
+
+class Phase(enum.Enum):
+    QUEUED = "queued"  # waiting for a slot
+    PREFILL = "prefill"  # has a slot; prompt partly in the KV cache
+    DECODE = "decode"  # prompt in the cache; one token per decode step
+    DONE = "done"
+
+
+@dataclass(eq=False)
+class Request:
+    id: int
+    tokens: list[int]  # the prompt (a session's whole conversation so far)
+    params: GenerationParams
+    priority: int  # higher runs first
+    arrival: int  # tie-breaker: earlier first
+    session_id: int | None
+    stream: TokenStream
+    sampler: Sampler
+    text: TextStreamer
+    metrics: RequestMetrics
+    phase: Phase = Phase.QUEUED
+    slot: int | None = None
+    kv_len: int = 0  # prompt + generated tokens whose KV is in the slot
+    generated: list[int] = field(default_factory=list)
+    cancelled: bool = False
+    chunk_size: int | None = None  # overrides the scheduler's chunk choice
+
+    @property
+    def prefill_left(self) -> int:
+        return len(self.tokens) - self.kv_len
+
+    @property
+    def order(self) -> tuple[int, int]:
+        """Sort key of the priority queue: priority first, then arrival."""
+        return (-self.priority, self.arrival)
+
+    @property
+    def max_total(self) -> int | None:
+        """Prompt + generated tokens this request may reach (None: the context limit)."""
+        mnt = self.params.max_new_tokens
+        return None if mnt is None else len(self.tokens) + mnt

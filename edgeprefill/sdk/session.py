@@ -1,0 +1,77 @@
+"""A conversation: its turns share one KV slot, so each turn prefills only what is new."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from edgeprefill.errors import RequestError
+from edgeprefill.sdk.params import GenerationParams
+from edgeprefill.sdk.stream import TokenStream
+from edgeprefill.sdk.tokenizer import Prompt
+
+if TYPE_CHECKING:
+    from edgeprefill.sdk.engine import Engine
+
+
+class Session:
+    """Turns are either chat messages (`chat`, or `generate` with a list of messages),
+    rendered with the bundle's chat template over the whole conversation, or raw text /
+    token ids appended to the conversation so far. The KV cache reuses the longest common
+    token prefix with what the slot holds, so either way only the new tail is prefilled."""
+
+    def __init__(self, engine: Engine, session_id: int) -> None:
+        self.engine = engine
+        self.id = session_id
+        self.messages: list[dict[str, Any]] = []
+        self.tokens: list[int] = []  # the conversation's tokens after the last turn
+        self._last: TokenStream | None = None
+        self._last_prompt: list[int] = []
+        self._chat: bool | None = None  # fixed by the first turn
+
+    def generate(
+        self, prompt: Prompt, params: GenerationParams | None = None, *, priority: int = 0
+    ) -> TokenStream:
+        self._settle()
+        tokens = self._conversation(prompt)
+        stream = self.engine.submit(tokens, params, priority, self.id)
+        self._last, self._last_prompt = stream, tokens
+        return stream
+
+    def chat(
+        self, text: str, params: GenerationParams | None = None, *, priority: int = 0
+    ) -> TokenStream:
+        return self.generate([{"role": "user", "content": text}], params, priority=priority)
+
+    def close(self) -> None:
+        """Forget the conversation; its KV stays only as an evictable prefix entry."""
+        if self._last is not None and not self._last.done:
+            self._last.cancel()
+        self.engine.kv_forget(self.id)
+
+    def _conversation(self, prompt: Prompt) -> list[int]:
+        is_chat = not isinstance(prompt, str) and bool(prompt) and all(
+            isinstance(m, dict) for m in prompt
+        )
+        if self._chat is not None and is_chat != self._chat:
+            raise RequestError("a session takes either chat messages or raw prompts, not both")
+        self._chat = is_chat
+        tokenizer = self.engine.tokenizer
+        if is_chat:
+            self.messages.extend(dict(m) for m in prompt)
+            return tokenizer.encode(self.messages)
+        if isinstance(prompt, str) and self.tokens:
+            # Later raw turns continue the text: no second BOS.
+            return self.tokens + tokenizer.encode_plain(prompt)
+        return self.tokens + tokenizer.encode(prompt)
+
+    def _settle(self) -> None:
+        """Fold the previous turn's reply into the conversation."""
+        last = self._last
+        if last is None:
+            return
+        if not last.done:
+            raise RequestError("this session's previous reply is still being generated")
+        self.tokens = self._last_prompt + last.token_ids
+        if self._chat:
+            self.messages.append({"role": "assistant", "content": last.text})
+        self._last = None
