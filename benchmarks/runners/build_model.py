@@ -65,12 +65,16 @@ def main() -> None:
 
     params = sum(p.numel() for p in model.parameters())
     embedding = model.get_input_embeddings().weight.numel()
-    print(json.dumps({
-        "out_dir": str(out_dir),
-        "params": params,
-        "embedding_params": embedding,
-        "build_s": time.perf_counter() - start,
-    }))
+    print(
+        json.dumps(
+            {
+                "out_dir": str(out_dir),
+                "params": params,
+                "embedding_params": embedding,
+                "build_s": time.perf_counter() - start,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

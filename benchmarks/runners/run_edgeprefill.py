@@ -9,6 +9,7 @@ import time
 from typing import Any
 
 from common import Loaded, run_runner
+
 from edgeprefill import Engine, GenerationParams
 
 

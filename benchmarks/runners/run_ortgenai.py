@@ -32,9 +32,11 @@ def set_threads(model_dir: Path, threads: int) -> None:
 
 
 def tensor_bytes(tensor: onnx.TensorProto) -> float:
-    bits = 4 if tensor.data_type in FOUR_BIT_TYPES else 8 * np.dtype(
-        onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type)
-    ).itemsize
+    bits = (
+        4
+        if tensor.data_type in FOUR_BIT_TYPES
+        else 8 * np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type)).itemsize
+    )
     return math.prod(tensor.dims) * bits / 8
 
 
@@ -77,7 +79,8 @@ def load(spec: dict[str, Any]) -> Loaded:
             stamps.append((time.perf_counter() - start, token))
         return stamps
 
-    return Loaded(generate, {"weight_bytes_per_token": weight_bytes_per_token(model_dir / "model.onnx")})
+    weight_bytes = weight_bytes_per_token(model_dir / "model.onnx")
+    return Loaded(generate, {"weight_bytes_per_token": weight_bytes})
 
 
 if __name__ == "__main__":

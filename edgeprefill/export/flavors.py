@@ -80,6 +80,15 @@ class OrtFlavor(Flavor):
     name = "ort"
     opsets = {"": 21, "com.microsoft": 1}
 
+    def __init__(self, cfg: ModelConfig, dtype: np.dtype, max_context: int) -> None:
+        super().__init__(cfg, dtype, max_context)
+        if cfg.head_dim % 16:
+            # ORT's GroupQueryAttention kernels work on 16-wide head blocks.
+            raise ExportError(
+                f"the ort flavour needs head_dim to be a multiple of 16 (got "
+                f"{cfg.head_dim}); export with --flavor standard"
+            )
+
     def step_tensors(self, g, past_lens, chunk, past_key0):
         chunk32 = g.op("Cast", [chunk], to=6)
         # GroupQueryAttention wants seqlens_k = total length - 1 per row, where total

@@ -1,0 +1,53 @@
+"""`edgeprefill export HF_DIR -o BUNDLE`."""
+
+from __future__ import annotations
+
+import time
+
+import click
+
+from edgeprefill.cli.options import parse_int_list
+
+
+@click.command()
+@click.argument("hf_dir", type=click.Path(file_okay=False, path_type=str))
+@click.option("-o", "--output", "out_dir", required=True, type=click.Path(path_type=str),
+              help="Bundle folder to write.")
+@click.option("--flavor", type=click.Choice(["ort", "standard"]), default="ort",
+              show_default=True,
+              help="ort: ONNX Runtime contrib ops (fastest on ORT); standard: plain ONNX "
+                   "for TensorRT (`edgeprefill build`).")
+@click.option("--dtype", type=click.Choice(["fp32", "fp16"]), default="fp32", show_default=True,
+              help="Weights, activations and KV cache (fp16 for GPU targets).")
+@click.option("--chunks", default="16,64,256", show_default=True, callback=parse_int_list,
+              help="Prefill chunk buckets, comma-separated.")
+@click.option("--max-context", type=int, default=None,
+              help="Positions per session (prompt + reply). Default: the model's, capped at 4096.")
+@click.option("--overwrite", is_flag=True, help="Replace an existing bundle folder.")
+@click.option("--quiet", is_flag=True, help="No progress bar.")
+def export(hf_dir, out_dir, flavor, dtype, chunks, max_context, overwrite, quiet):
+    """Export a Hugging Face causal LM folder (config.json, safetensors, tokenizer.json)
+    to an edgeprefill bundle.
+
+    \b
+    Example:
+      edgeprefill export models/tiny-recall -o build/tiny-recall
+      edgeprefill export ~/models/SmolLM2-135M -o build/smollm2 --chunks 32,128 --max-context 2048
+    """
+    from edgeprefill.export.exporter import ExportOptions
+    from edgeprefill.export.exporter import export as run_export
+
+    options = ExportOptions(
+        flavor=flavor, dtype=dtype, chunks=tuple(chunks), max_context=max_context,
+        overwrite=overwrite, show_progress=not quiet,
+    )
+    began = time.perf_counter()
+    manifest = run_export(hf_dir, out_dir, options)
+    size = sum(f["bytes"] for f in manifest.files.values())
+    click.echo(
+        f"exported {manifest.model.family} ({manifest.model.num_layers} layers, "
+        f"{manifest.graph.flavor} flavour, {manifest.graph.dtype}) to {out_dir}: "
+        f"{size / 1e6:.1f} MB, chunks {manifest.chunks}, max context {manifest.max_context}, "
+        f"in {time.perf_counter() - began:.1f} s",
+        err=True,
+    )

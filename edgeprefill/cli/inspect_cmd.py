@@ -1,0 +1,58 @@
+"""`edgeprefill inspect BUNDLE`: what a bundle holds."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+
+@click.command()
+@click.argument("bundle", type=click.Path(path_type=str))
+@click.option("--verify", is_flag=True, help="Also check the sha256 of every file.")
+@click.option("--json", "as_json", is_flag=True, help="Print the whole manifest as JSON.")
+def inspect(bundle, verify, as_json):
+    """Show a bundle's model, graph contract, chunk buckets and files.
+
+    \b
+    Example:
+      edgeprefill inspect build/tiny-recall --verify
+    """
+    from edgeprefill.bundle import load_manifest
+
+    m = load_manifest(bundle, verify_checksums=verify)
+    if as_json:
+        click.echo(m.to_json(), nl=False)
+        return
+    model, graph = m.model, m.graph
+    lines = [
+        f"bundle      {bundle}",
+        f"model       {model.family}: {model.num_layers} layers, hidden {model.hidden_size}, "
+        f"{model.num_heads} heads / {model.num_kv_heads} KV heads of {model.head_dim}, "
+        f"vocab {model.vocab_size}",
+        f"graph       {graph.file} ({graph.flavor} flavour, {graph.dtype}, opsets "
+        f"{json.dumps(graph.opsets)})",
+        f"chunks      {', '.join(map(str, m.chunks))} tokens",
+        f"max context {m.max_context} tokens",
+        f"eos ids     {m.eos_token_ids}",
+        f"chat        {'template included' if m.tokenizer.chat_template else 'no template'}",
+        "inputs",
+        *_io_lines(graph.inputs, graph.kv_inputs),
+        "outputs",
+        *_io_lines(graph.outputs, graph.kv_outputs),
+        "files" + ("  (sha256 verified)" if verify else ""),
+        *[f"  {name:<24} {rec['bytes'] / 1e6:10.2f} MB  {rec['sha256'][:16]}"
+          for name, rec in m.files.items()],
+    ]
+    click.echo("\n".join(lines))
+
+
+def _io_lines(table: dict, kv_pairs: list[list[str]]) -> list[str]:
+    kv = {name for pair in kv_pairs for name in pair}
+    lines = [f"  {name:<16} {dtype:<8} {shape}" for name, (dtype, shape) in table.items()
+             if name not in kv]
+    if kv_pairs:
+        dtype, shape = table[kv_pairs[0][0]]
+        first, last = kv_pairs[0], kv_pairs[-1]
+        lines.append(f"  {first[0]} .. {last[1]}  {dtype} {shape}  ({len(kv_pairs)} layers)")
+    return lines

@@ -1,0 +1,66 @@
+"""The `edgeprefill` command: a click group whose commands live one per module.
+
+Commands are imported on use, so `edgeprefill run` never imports the exporter and a
+missing optional dependency (TensorRT, the HTTP stack) only matters to its own command.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+import click
+
+from edgeprefill import __version__
+from edgeprefill.errors import EdgeprefillError
+
+# name -> "module:function"
+COMMANDS = {
+    "export": "edgeprefill.cli.export_cmd:export",
+    "run": "edgeprefill.cli.run_cmd:run",
+    "inspect": "edgeprefill.cli.inspect_cmd:inspect",
+}
+
+
+class LazyGroup(click.Group):
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(COMMANDS)
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        if name not in COMMANDS:
+            return None
+        module, attr = COMMANDS[name].split(":")
+        return getattr(importlib.import_module(module), attr)
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="edgeprefill")
+def cli() -> None:
+    """edgeprefill: export a Hugging Face causal LM to a chunk-graph bundle and serve it on
+    a small device, with long prompts split into chunks between other sessions' tokens.
+
+    \b
+    Example:
+      edgeprefill export models/tiny-recall -o build/tiny-recall
+      edgeprefill run build/tiny-recall --prompt "alice=42 bob=7 ; alice ?" --stats
+    """
+
+
+def main() -> None:
+    """Console entry point: user errors are one line on stderr, never a traceback."""
+    try:
+        cli.main(standalone_mode=False)
+    except EdgeprefillError as err:
+        click.echo(f"error: {err}", err=True)
+        sys.exit(2)
+    except click.exceptions.Abort:
+        click.echo("aborted", err=True)
+        sys.exit(130)
+    except click.ClickException as err:
+        err.show()
+        sys.exit(err.exit_code)
+    except KeyboardInterrupt:
+        click.echo("interrupted", err=True)
+        sys.exit(130)
+    except BrokenPipeError:
+        sys.exit(0)  # `edgeprefill run ... | head` closed the pipe: not an error

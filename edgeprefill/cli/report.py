@@ -1,0 +1,36 @@
+"""Human-readable metrics for `run --stats` and multi-request runs."""
+
+from __future__ import annotations
+
+from edgeprefill.sdk.metrics import EngineMetrics, RequestMetrics
+
+
+def request_line(m: RequestMetrics) -> str:
+    computed = m.prompt_tokens - m.prefix_reused
+    prefill_s = (m.ttft or 0) - (m.queue_time or 0)
+    prefill_rate = computed / prefill_s if prefill_s > 0 else 0.0
+    decode_s = m.token_times[-1] - m.token_times[0] if len(m.token_times) > 1 else 0.0
+    decode_rate = (len(m.token_times) - 1) / decode_s if decode_s > 0 else 0.0
+    itl = m.inter_token_latencies
+    return (
+        f"TTFT {_ms(m.ttft)}  prefill {prefill_rate:.0f} tok/s  decode {decode_rate:.1f} tok/s  "
+        f"prompt {m.prompt_tokens} tok ({m.prefix_reused} reused) in {m.chunks} chunks  "
+        f"generated {m.generated_tokens}  queue {_ms(m.queue_time)}  "
+        f"ITL p50 {_ms(m.itl_percentile(50))} p99 {_ms(m.itl_percentile(99))} "
+        f"max {_ms(max(itl) if itl else None)}  finish {m.finish_reason}"
+    )
+
+
+def engine_lines(e: EngineMetrics) -> list[str]:
+    return [
+        f"engine: prefill {e.prefill_tokens} tok at {e.prefill_tokens_per_s:.0f} tok/s, "
+        f"decode {e.decode_tokens} tok in {e.decode_steps} steps at "
+        f"{e.decode_tokens_per_s:.1f} tok/s, max decode stall {_ms(e.max_decode_stall_s)}",
+        f"kv: {e.kv_active} active + {e.kv_retained} retained of {e.kv_slots} slots, "
+        f"{e.kv_tokens} tokens held, {e.kv_bytes / 1e6:.1f} MB; prefix hit rate "
+        f"{e.prefix_hit_rate:.0%} ({e.prefix_hits}/{e.prefix_lookups}); queue {e.queue_depth}",
+    ]
+
+
+def _ms(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds * 1000:.0f} ms"

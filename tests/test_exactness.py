@@ -1,0 +1,123 @@
+"""The bundle computes what transformers computes, whatever the chunking."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import transformers
+
+from edgeprefill.sdk import Engine, GenerationParams
+from tests.conftest import FAMILIES, VOCAB
+
+FLAVORS = ("ort", "standard")
+PROMPT_LENGTHS = (1, 15, 16, 17, 100, 333)
+CHUNK_SIZES = (1, 16, 64, None)  # None: the whole prompt in one chunk
+NEW_TOKENS = 8
+
+
+def prompt_ids(length: int, seed: int = 1) -> list[int]:
+    rng = np.random.default_rng(seed + length)
+    return [1] + [int(t) for t in rng.integers(3, VOCAB, size=length - 1)]
+
+
+def reference_logits(hf_dir, ids: list[int]) -> np.ndarray:
+    model = transformers.AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32)
+    with torch.no_grad():
+        return model(torch.tensor([ids])).logits[0].numpy()
+
+
+def reference_greedy(model, ids: list[int]) -> list[int]:
+    with torch.no_grad():
+        out = model.generate(
+            torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+            max_new_tokens=NEW_TOKENS, do_sample=False, eos_token_id=None, pad_token_id=0,
+        )
+    return out[0, len(ids):].tolist()
+
+
+@pytest.mark.parametrize("flavor", FLAVORS)
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_chunk_logits_match_transformers(family, flavor, hf_model, bundle):
+    """Every chunk's last-token logits equal transformers' at that position."""
+    ids = prompt_ids(100)
+    expected = reference_logits(hf_model(family), ids)
+    engine = Engine.load(bundle(family, flavor), threads=2, background=False)
+    backend = engine.backend
+    from edgeprefill.engines import StepBatch
+
+    for chunk in (100, 16, 7):
+        for start in range(0, len(ids), chunk):
+            part = ids[start : start + chunk]
+            logits = backend.run(StepBatch(
+                np.array([part], np.int64), np.array([start], np.int32),
+                np.array([len(part)], np.int32), first_slot=0,
+            ))
+            np.testing.assert_allclose(
+                logits[0], expected[start + len(part) - 1], rtol=1e-4, atol=1e-4,
+                err_msg=f"chunk {chunk} at {start}",
+            )
+    engine.close()
+
+
+@pytest.mark.parametrize("flavor", FLAVORS)
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_greedy_output_is_identical_across_chunk_sizes_and_to_transformers(
+    family, flavor, hf_model, bundle
+):
+    model = transformers.AutoModelForCausalLM.from_pretrained(hf_model(family))
+    engine = Engine.load(bundle(family, flavor), threads=2, background=False,
+                         prefix_reuse=False)
+    params = GenerationParams(max_new_tokens=NEW_TOKENS, ignore_eos=True)
+    for length in PROMPT_LENGTHS:
+        ids = prompt_ids(length)
+        expected = reference_greedy(model, ids)
+        for chunk in CHUNK_SIZES:
+            got = engine.generate(ids, params, chunk_size=chunk or length).result()
+            assert got.token_ids == expected, f"length {length}, chunk {chunk}"
+            assert got.metrics.chunks == -(-length // (chunk or length))
+    engine.close()
+
+
+def test_padded_last_chunk_is_masked(bundle, hf_model):
+    """A fixed-shape backend pads the last chunk: padding must not change the logits,
+    and later tokens must not see the padded positions."""
+    from edgeprefill.engines import StepBatch
+
+    ids = prompt_ids(40)
+    expected = reference_logits(hf_model("llama"), ids)
+    for flavor in FLAVORS:
+        engine = Engine.load(bundle("llama", flavor), threads=2, background=False)
+        run = engine.backend.run
+        run(StepBatch(np.array([ids[:16]]), np.array([0], np.int32),
+                      np.array([16], np.int32), 0))
+        padded = np.full((1, 16), 7, np.int64)
+        padded[0, :10] = ids[16:26]  # 10 valid tokens, 6 of padding
+        logits = run(StepBatch(padded, np.array([16], np.int32), np.array([10], np.int32), 0))
+        np.testing.assert_allclose(logits[0], expected[25], rtol=1e-4, atol=1e-4)
+        # The next chunk overwrites the padded positions and must not see the padding.
+        logits = run(StepBatch(np.array([ids[26:40]]), np.array([26], np.int32),
+                               np.array([14], np.int32), 0))
+        np.testing.assert_allclose(logits[0], expected[39], rtol=1e-4, atol=1e-4)
+        engine.close()
+
+
+def test_bf16_checkpoint_is_converted(tmp_path):
+    """Most recent checkpoints ship bf16: export converts them to the graph dtype."""
+    from edgeprefill.export.exporter import ExportOptions, export
+    from tests.conftest import build_hf_model
+
+    hf_dir = build_hf_model("llama", tmp_path / "hf", dtype=torch.bfloat16)
+    export(hf_dir, tmp_path / "b", ExportOptions(chunks=(16,), max_context=128,
+                                                  show_progress=False))
+    ids = prompt_ids(30)
+    model = transformers.AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32)
+    with torch.no_grad():
+        expected = model(torch.tensor([ids])).logits[0, -1].numpy()
+    engine = Engine.load(tmp_path / "b", threads=2, background=False)
+    from edgeprefill.engines import StepBatch
+
+    logits = engine.backend.run(StepBatch(np.array([ids]), np.array([0], np.int32),
+                                          np.array([30], np.int32), 0))
+    np.testing.assert_allclose(logits[0], expected, rtol=1e-4, atol=1e-4)
+    engine.close()
