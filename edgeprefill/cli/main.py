@@ -19,6 +19,9 @@ COMMANDS = {
     "export": "edgeprefill.cli.export_cmd:export",
     "run": "edgeprefill.cli.run_cmd:run",
     "inspect": "edgeprefill.cli.inspect_cmd:inspect",
+    "serve": "edgeprefill.cli.serve_cmd:serve",
+    "bench": "edgeprefill.cli.bench_cmd:bench",
+    "build": "edgeprefill.cli.build_cmd:build",
 }
 
 

@@ -12,6 +12,7 @@ from edgeprefill.errors import BackendError
 # name -> "module:class", imported on use so a missing GPU library only matters when asked for.
 BACKENDS = {
     "onnxruntime": "edgeprefill.engines.onnxruntime:OnnxRuntimeBackend",
+    "tensorrt": "edgeprefill.engines.tensorrt:TensorRTBackend",
 }
 
 __all__ = ["BACKENDS", "Backend", "BackendOptions", "StepBatch", "create_backend"]

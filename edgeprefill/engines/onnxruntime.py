@@ -3,7 +3,8 @@
 Every KV input and its present output are bound to the same address, which makes
 GroupQueryAttention share the buffer and TensorScatter update it in place: no step copies
 the cache. Bindings are cached per (first slot, rows), so a step rebinds only the three
-small inputs.
+small inputs. On the CUDA and TensorRT providers the arena lives in device memory and is
+bound by pointer the same way (ort_device_kv); their options come from ort_providers.
 """
 
 from __future__ import annotations
@@ -16,6 +17,13 @@ import onnx
 
 from edgeprefill.bundle import Manifest, resolve_inside
 from edgeprefill.engines.base import Backend, BackendOptions, StepBatch
+from edgeprefill.engines.ort_device_kv import DeviceArena
+from edgeprefill.engines.ort_providers import (
+    dimension_overrides,
+    gpu_settings,
+    missing_provider,
+    provider_options,
+)
 from edgeprefill.errors import BackendError, BundleError
 
 PROVIDERS = {
@@ -52,19 +60,25 @@ class OnnxRuntimeBackend(Backend):
             raise BackendError(
                 f"unknown device {options.device!r}; choose one of: {', '.join(PROVIDERS)}"
             )
+        self._gpu = None  # GPU provider settings; None on the CPU
         if options.device != "cpu":
-            raise BackendError(
-                f"device {options.device!r} is not available in this build of the "
-                "onnxruntime backend yet; use --device cpu"
-            )
+            self._gpu = gpu_settings(bundle_dir, manifest, options.engine_dir)
+            problem = missing_provider(PROVIDERS[options.device][0], ort.get_available_providers())
+            if problem:
+                raise BackendError(problem)
+        if options.device == "tensorrt":
+            self._gpu.cache_dir.mkdir(parents=True, exist_ok=True)
         graph_path = resolve_inside(bundle_dir, manifest.graph.file)
         _check_external_data(graph_path, bundle_dir)
         self.threads = options.threads or physical_cores()
+        providers = PROVIDERS[options.device]
         self.session = ort.InferenceSession(
-            str(graph_path), self._session_options(), providers=PROVIDERS[options.device]
+            str(graph_path), self._session_options(), providers=providers,
+            provider_options=self._provider_options(providers),
         )
         self._check_providers()
         self._kv: list[np.ndarray] = []  # flat: layer-major, K then V
+        self._device_kv: DeviceArena | None = None  # the arena on a GPU provider
         self._bindings: dict[tuple[int, int], object] = {}
         self._logits = np.empty((0, manifest.model.vocab_size), np.float32)
 
@@ -80,7 +94,15 @@ class OnnxRuntimeBackend(Backend):
             else ort.GraphOptimizationLevel.ORT_DISABLE_ALL
         )
         so.log_severity_level = 3  # errors only: ORT's warnings are not the user's concern
+        if self._gpu is not None:
+            for axis, size in dimension_overrides(self.options.device, self._gpu).items():
+                so.add_free_dimension_override_by_name(axis, size)
         return so
+
+    def _provider_options(self, providers: list[str]) -> list[dict[str, str]]:
+        if self._gpu is None:
+            return [{} for _ in providers]
+        return provider_options(providers, self.manifest, self._gpu)
 
     def _check_providers(self) -> None:
         # ONNX Runtime silently falls back to the CPU when a GPU provider fails to load.
@@ -95,13 +117,33 @@ class OnnxRuntimeBackend(Backend):
     def allocate_kv(self, slots: int, capacity: int) -> None:
         m = self.manifest.model
         shape = (slots, m.num_kv_heads, capacity, m.head_dim)
-        self._kv = [np.zeros(shape, self.kv_dtype) for _ in range(2 * m.num_layers)]
+        self._kv, self._device_kv = [], None  # free the old arena before the new one
+        if self._gpu is not None:
+            self._device_kv = self._device_arena(shape)
+        else:
+            self._kv = [np.zeros(shape, self.kv_dtype) for _ in range(2 * m.num_layers)]
         self._bindings.clear()
         self._logits = np.empty((slots, m.vocab_size), np.float32)
 
+    def _device_arena(self, shape: tuple[int, ...]) -> DeviceArena:
+        pinned = dimension_overrides(self.options.device, self._gpu).get("capacity")
+        if pinned is not None and pinned != shape[2]:
+            raise BackendError(
+                f"the TensorRT provider runs the graph at a KV capacity of {pinned} (the "
+                f"bundle's max context), not {shape[2]}; run with max_context {pinned}"
+            )
+        count = 2 * self.manifest.model.num_layers
+        return DeviceArena(self._ort, shape, self.kv_dtype, count, self.session.get_providers())
+
     def kv_arrays(self) -> list[np.ndarray]:
-        """The arena, layer-major [K0, V0, K1, V1, ...] (CPU numpy, for inspection)."""
-        return self._kv
+        """The arena, layer-major [K0, V0, K1, V1, ...] (CPU numpy, for inspection; a copy
+        when the arena is on a GPU)."""
+        return self._device_kv.host_arrays() if self._device_kv is not None else self._kv
+
+    def _slot_count(self) -> int:
+        if self._device_kv is not None:
+            return self._device_kv.slots
+        return self._kv[0].shape[0] if self._kv else 0
 
     def run(self, step: StepBatch) -> np.ndarray:
         binding = self._binding(step.first_slot, step.rows)
@@ -114,7 +156,7 @@ class OnnxRuntimeBackend(Backend):
     def _binding(self, first: int, rows: int):
         key = (first, rows)
         if key not in self._bindings:
-            if not self._kv or first + rows > self._kv[0].shape[0]:
+            if first < 0 or first + rows > self._slot_count():
                 raise BackendError(f"slots {first}..{first + rows - 1} are not allocated")
             self._bindings[key] = self._bind_buffers(first, rows)
         return self._bindings[key]
@@ -124,6 +166,10 @@ class OnnxRuntimeBackend(Backend):
         logits = self._logits[:rows]
         binding.bind_output("logits", "cpu", 0, np.float32, logits.shape, logits.ctypes.data)
         graph = self.manifest.graph
+        if self._device_kv is not None:
+            pairs = list(zip(_flat(graph.kv_inputs), _flat(graph.kv_outputs), strict=True))
+            self._device_kv.bind(binding, pairs, first, rows)
+            return binding
         names = zip(_flat(graph.kv_inputs), _flat(graph.kv_outputs), self._kv, strict=True)
         for past, present, arena in names:
             view = arena[first : first + rows]  # contiguous: slot is the first axis
@@ -132,10 +178,16 @@ class OnnxRuntimeBackend(Backend):
         return binding
 
     def copy_kv(self, src_slot: int, dst_slot: int, length: int) -> None:
+        if self._device_kv is not None:
+            self._device_kv.copy(src_slot, dst_slot)
+            return
         for arena in self._kv:
             arena[dst_slot, :, :length] = arena[src_slot, :, :length]
 
     def swap_kv(self, a: int, b: int, length: int) -> None:
+        if self._device_kv is not None:
+            self._device_kv.swap(a, b)
+            return
         for arena in self._kv:
             held = arena[a, :, :length].copy()
             arena[a, :, :length] = arena[b, :, :length]
@@ -143,7 +195,7 @@ class OnnxRuntimeBackend(Backend):
 
     def close(self) -> None:
         self._bindings.clear()
-        self._kv = []
+        self._kv, self._device_kv = [], None
 
 
 def _flat(pairs: list[list[str]]) -> list[str]:

@@ -32,7 +32,9 @@ class GenerationParams:
         _check(_finite(self.top_p) and 0 < self.top_p <= 1, "top_p must be in (0, 1]")
         _check(_finite(self.repetition_penalty) and self.repetition_penalty > 0,
                "repetition_penalty must be a finite number > 0")
-        _check(self.seed is None or _int(self.seed), "seed must be an integer")
+        # numpy's default_rng refuses negative seeds: refuse them here, at submit.
+        _check(self.seed is None or _int(self.seed) and self.seed >= 0,
+               "seed must be an integer >= 0")
         _check(all(isinstance(s, str) and s for s in self.stop),
                "stop strings must be non-empty strings")
 

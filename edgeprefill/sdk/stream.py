@@ -57,7 +57,7 @@ class TokenStream:
     # -- consumer side ----------------------------------------------------------------
 
     def __iter__(self):
-        while True:
+        while not self.done:  # a finished stream iterates as empty, never blocks
             item = self._next_item()
             if isinstance(item, _End):
                 self._close(item)
@@ -66,7 +66,7 @@ class TokenStream:
             yield item
 
     async def __aiter__(self):
-        while True:
+        while not self.done:
             item = await asyncio.to_thread(self._next_item)
             if isinstance(item, _End):
                 self._close(item)

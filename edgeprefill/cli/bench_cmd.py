@@ -1,0 +1,137 @@
+"""`edgeprefill bench`: the mixed workload swept over policies and chunk sizes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+from tqdm import tqdm
+
+from edgeprefill.bench import (
+    SWEEP_POLICIES,
+    RunResult,
+    RunSpec,
+    Workload,
+    report,
+    sweep_specs,
+    timeline,
+)
+from edgeprefill.bench.workload import check_fits, run_mixed
+from edgeprefill.bundle import load_manifest
+
+DEFAULT_PROMPT_CAP = 2048
+
+
+@click.command()
+@click.argument("bundle", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option("--sessions", type=click.IntRange(1, 64), default=3, show_default=True,
+              help="Interactive sessions decoding while the long prompt arrives.")
+@click.option("--prompt-tokens", type=click.IntRange(min=1), default=None,
+              help=f"Length of the long prompt [default: 3/4 of the bundle's context, at "
+              f"most {DEFAULT_PROMPT_CAP}].")
+@click.option("--policies", default=",".join(SWEEP_POLICIES), show_default=True,
+              help="Comma-separated policies to compare; adaptive = chunked+priority with "
+              "the adaptive chunk size.")
+@click.option("--chunk-sizes", default=None,
+              help="Comma-separated fixed chunk sizes for chunked and chunked+priority "
+              "[default: the bundle's chunk buckets].")
+@click.option("--urgent/--no-urgent", default=True, show_default=True,
+              help="A high-priority short request arrives while the long prompt prefills.")
+@click.option("--reply-tokens", type=click.IntRange(min=1), default=8, show_default=True,
+              help="Tokens the long prompt and the urgent request generate.")
+@click.option("--threads", type=click.IntRange(min=1), default=None,
+              help="CPU threads for the backend (default: physical cores).")
+@click.option("--itl-target-ms", type=click.FloatRange(min=0, min_open=True), default=150.0,
+              show_default=True, help="The adaptive chunk size keeps decode gaps under this.")
+@click.option("--plot", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Draw a timeline (PNG) of fcfs against one chunked run.")
+@click.option("--plot-config", default=None,
+              help="The chunked run drawn by --plot, by its table label, e.g. "
+              "chunked+priority/64 [default: chunked+priority, smallest chunk].")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path),
+              default=None, help="Write every number and each run's engine calls as JSON.")
+def bench(
+    bundle: Path, sessions: int, prompt_tokens: int | None, policies: str,
+    chunk_sizes: str | None, urgent: bool, reply_tokens: int, threads: int | None,
+    itl_target_ms: float, plot: Path | None, plot_config: str | None, json_path: Path | None,
+) -> None:
+    """Measure how BUNDLE serves interactive sessions while a long prompt arrives: TTFT,
+    inter-token latency of the sessions (p50/p99/max), the longest decode stall, prefill
+    and decode tokens/s and peak memory, for unchunked prefill (fcfs) against chunked
+    prefill at each chunk size and the adaptive chunk size.
+
+    \b
+    Example:
+      edgeprefill bench build/tiny-recall --sessions 3 --prompt-tokens 1024 \\
+          --plot timeline.png --json bench.json
+    """
+    manifest = load_manifest(bundle, False)
+    workload = Workload(
+        sessions=sessions, urgent=urgent, reply_tokens=reply_tokens, threads=threads,
+        itl_target_ms=itl_target_ms,
+        prompt_tokens=prompt_tokens or min(DEFAULT_PROMPT_CAP, manifest.max_context * 3 // 4),
+    )
+    sizes = _ints(chunk_sizes, "--chunk-sizes") if chunk_sizes else list(manifest.chunks)
+    specs = sweep_specs(_policies(policies), sizes)
+    _check_plot_config(plot_config, specs)
+    check_fits(manifest.max_context, workload)
+    if plot is not None:
+        timeline.require_matplotlib()
+    results = _run_all(bundle, specs, workload)
+    click.echo(report.table(results))
+    if json_path is not None:
+        report.write_json(json_path, bundle, workload, results)
+        click.echo(f"wrote {json_path}", err=True)
+    if plot is not None:
+        timeline.draw(_plotted(results, plot_config), plot)
+        click.echo(f"wrote {plot}", err=True)
+
+
+def _run_all(bundle: Path, specs: list[RunSpec], workload: Workload) -> list[RunResult]:
+    results = []
+    with tqdm(specs, desc="bench", unit="run", leave=False) as progress:
+        for spec in progress:
+            progress.set_postfix_str(spec.label)
+            results.append(run_mixed(bundle, spec, workload))
+    return results
+
+
+def _plotted(results: list[RunResult], label: str | None) -> list[RunResult]:
+    """fcfs (if it ran) above the chosen chunked run."""
+    baseline = [r for r in results if r.policy == "fcfs"]
+    others = [r for r in results if r.policy != "fcfs"]
+    if label is not None:
+        chosen = [r for r in others if r.label == label]
+    else:
+        fixed = sorted((r for r in others if r.policy == "chunked+priority"),
+                       key=lambda r: r.chunk_size)
+        chosen = (fixed or others)[:1]
+    return baseline[:1] + chosen
+
+
+def _check_plot_config(label: str | None, specs: list[RunSpec]) -> None:
+    labels = [s.label for s in specs if s.policy != "fcfs"]
+    if label is not None and label not in labels:
+        raise click.BadParameter(f"{label!r} is not in this sweep; choose one of: "
+                                 f"{', '.join(labels)}", param_hint="--plot-config")
+
+
+def _policies(text: str) -> list[str]:
+    names = [p.strip() for p in text.split(",") if p.strip()]
+    unknown = [p for p in names if p not in SWEEP_POLICIES]
+    if unknown or not names:
+        raise click.BadParameter(f"unknown policy {', '.join(unknown) or '(none)'}; choose from: "
+                                 f"{', '.join(SWEEP_POLICIES)}", param_hint="--policies")
+    return names
+
+
+def _ints(text: str, option: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        values = []
+    if not values or any(v < 1 for v in values):
+        raise click.BadParameter(f"expected positive integers like 16,64, got {text!r}",
+                                 param_hint=option)
+    return values
+

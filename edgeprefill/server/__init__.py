@@ -1,0 +1,6 @@
+"""The OpenAI-compatible HTTP server behind `edgeprefill serve` (extra: `[serve]`)."""
+
+from edgeprefill.server.app import ServerConfig, create_app
+from edgeprefill.server.thread import ServerThread
+
+__all__ = ["ServerConfig", "ServerThread", "create_app"]

@@ -1,0 +1,258 @@
+"""The OpenAI-compatible HTTP app around one Engine.
+
+    POST /v1/completions         text or token-id prompt
+    POST /v1/chat/completions    messages, rendered with the bundle's chat template
+    GET  /v1/models              the one model this server holds
+    GET  /health                 liveness (never needs the API key)
+    GET  /metrics                Prometheus text format
+
+Handlers run on the event loop; the engine's own thread does the work. Every admitted
+request is closed exactly once (finished, failed, or its client gone): that cancels it
+if it still runs, which frees its KV slot, and records its metrics.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from edgeprefill.errors import RequestError
+from edgeprefill.sdk.engine import Engine
+from edgeprefill.sdk.stream import TokenStream
+from edgeprefill.server.errors import ApiError
+from edgeprefill.server.metrics import ServerMetrics
+from edgeprefill.server.responses import Shape
+from edgeprefill.server.schemas import CompletionRequest, parse_chat, parse_completion
+from edgeprefill.server.sse import EventStreamResponse, completion_events
+
+OPEN_PATHS = frozenset({"/health"})  # answered without the API key (liveness probes)
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    model_name: str  # the id clients send as `model`
+    api_key: str | None = None  # None: no authentication
+    max_pending: int = 64  # requests admitted at once, running or queued; more get 429
+
+    def __post_init__(self) -> None:
+        if self.max_pending < 1:
+            raise RequestError(f"max_pending must be >= 1, got {self.max_pending}")
+        if self.api_key is not None and not self.api_key:
+            raise RequestError("the API key is empty; unset it to serve without a key")
+
+
+def create_app(engine: Engine, config: ServerConfig) -> Starlette:
+    """An ASGI app serving `engine`; the caller owns the engine and closes it."""
+    api = OpenAIApi(engine, config)
+    routes = [
+        Route("/v1/completions", api.completions, methods=["POST"]),
+        Route("/v1/chat/completions", api.chat_completions, methods=["POST"]),
+        Route("/v1/models", api.models, methods=["GET"]),
+        Route("/health", api.health, methods=["GET"]),
+        Route("/metrics", api.prometheus, methods=["GET"]),
+    ]
+    middleware = []
+    if config.api_key is not None:
+        middleware.append(Middleware(ApiKeyMiddleware, key=config.api_key,
+                                     on_reject=api.metrics.reject))
+    handlers = {HTTPException: _http_error, Exception: _internal_error}
+    app = Starlette(routes=routes, middleware=middleware, exception_handlers=handlers,
+                    lifespan=api.lifespan)
+    app.state.api = api
+    return app
+
+
+class OpenAIApi:
+    def __init__(self, engine: Engine, config: ServerConfig) -> None:
+        self.engine = engine
+        self.config = config
+        self.metrics = ServerMetrics(engine)
+        self.pending = 0  # admitted and not closed; only touched on the event loop
+        self.started = int(time.time())
+
+    @asynccontextmanager
+    async def lifespan(self, app: Starlette):
+        # Each stream being read parks one thread in its TokenStream queue (the SDK's
+        # `async for`); the default pool (cpus + 4) would make parked streams wait on
+        # each other, so size it for every request the server admits.
+        executor = ThreadPoolExecutor(self.config.max_pending + 4, "edgeprefill-http")
+        asyncio.get_running_loop().set_default_executor(executor)
+        yield
+        executor.shutdown(wait=False, cancel_futures=True)
+
+    # -- routes -----------------------------------------------------------------------
+
+    async def completions(self, request: Request) -> Response:
+        return await self._complete(request, chat=False)
+
+    async def chat_completions(self, request: Request) -> Response:
+        return await self._complete(request, chat=True)
+
+    async def models(self, request: Request) -> Response:
+        model = {"id": self.config.model_name, "object": "model", "created": self.started,
+                 "owned_by": "edgeprefill", "context_length": self.engine.capacity}
+        return JSONResponse({"object": "list", "data": [model]})
+
+    async def health(self, request: Request) -> Response:
+        return JSONResponse({"status": "ok", "model": self.config.model_name})
+
+    async def prometheus(self, request: Request) -> Response:
+        return Response(self.metrics.render(), media_type=self.metrics.content_type)
+
+    # -- one completion ---------------------------------------------------------------
+
+    async def _complete(self, request: Request, chat: bool) -> Response:
+        endpoint = "chat" if chat else "completions"
+        try:
+            body = await _read_json(request)
+            parsed = parse_chat(body) if chat else parse_completion(body)
+            self._check_model(parsed.model)
+            stream = self._submit(parsed)
+        except ApiError as err:
+            self.metrics.reject(err.status)
+            return err.response()
+        shape = Shape.new(chat, self.config.model_name)
+        close = self._closer(endpoint, stream)
+        if parsed.stream:
+            events = completion_events(stream, shape, parsed.include_usage)
+            return EventStreamResponse(events, on_close=close)
+        try:
+            finished = await _finish_unless_client_leaves(stream, request)
+        finally:
+            close()
+        if not finished:
+            return Response(status_code=499)  # nobody is listening; the request is cancelled
+        if stream.finish_reason == "error":
+            return ApiError(500, stream.error or "generation failed", code="engine_error"
+                            ).response()
+        return JSONResponse(shape.whole(stream))
+
+    def _check_model(self, model: str | None) -> None:
+        if model is not None and model != self.config.model_name:
+            raise ApiError(
+                404, f"model {model!r} does not exist; this server serves "
+                f"{self.config.model_name!r} (see GET /v1/models)", "model", "model_not_found",
+            )
+
+    def _submit(self, req: CompletionRequest) -> TokenStream:
+        if self.pending >= self.config.max_pending:
+            raise ApiError(429, f"the server is busy ({self.pending} requests pending); "
+                           "retry shortly", code="queue_full")
+        try:
+            tokens = self.engine.tokenizer.encode(req.prompt)
+        except RequestError as err:  # token ids out of range, no chat template, ...
+            raise ApiError(400, str(err), req.prompt_field) from None
+        self._check_context(len(tokens), req.params.max_new_tokens)
+        try:
+            stream = self.engine.submit(tokens, req.params, req.priority, None, req.chunk_size)
+        except RequestError as err:
+            raise ApiError(400, str(err)) from None
+        self.pending += 1
+        return stream
+
+    def _check_context(self, prompt_tokens: int, max_tokens: int | None) -> None:
+        context = self.engine.capacity
+        if prompt_tokens + (max_tokens or 1) > context:
+            raise ApiError(
+                400, f"the prompt ({prompt_tokens} tokens) plus max_tokens ({max_tokens}) "
+                f"exceeds the context of {context} tokens; shorten the prompt or lower "
+                "max_tokens", "max_tokens" if max_tokens else "prompt",
+                "context_length_exceeded",
+            )
+
+    def _closer(self, endpoint: str, stream: TokenStream) -> Callable[[], None]:
+        closed = False
+
+        def close() -> None:
+            nonlocal closed
+            if closed:
+                return
+            closed = True
+            if not stream.done:
+                stream.cancel()  # the client left, or the reply was cut short: free the KV
+            self.pending -= 1
+            self.metrics.observe(endpoint, stream)
+
+        return close
+
+
+class ApiKeyMiddleware:
+    """`Authorization: Bearer <key>` on every path but /health, compared in constant time
+    so the response time tells an attacker nothing about how much of a guess was right."""
+
+    def __init__(self, app: ASGIApp, key: str, on_reject: Callable[[int], None]) -> None:
+        self.app = app
+        self.key = key.encode()
+        self.on_reject = on_reject
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"] not in OPEN_PATHS and not self._ok(scope):
+            self.on_reject(401)
+            error = ApiError(401, "invalid or missing API key: send the header "
+                             "'Authorization: Bearer <key>'", code="invalid_api_key")
+            await error.response()(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
+
+    def _ok(self, scope: Scope) -> bool:
+        header = dict(scope["headers"]).get(b"authorization", b"")
+        scheme, _, token = header.partition(b" ")
+        return scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), self.key)
+
+
+async def _read_json(request: Request) -> object:
+    raw = await request.body()
+    try:
+        return json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as err:  # JSONDecodeError is a ValueError
+        raise ApiError(400, f"the request body is not valid JSON: {err}",
+                       code="invalid_json") from None
+
+
+async def _finish_unless_client_leaves(stream: TokenStream, request: Request) -> bool:
+    """Read the whole stream; False if the client disconnected first (caller cancels)."""
+
+    async def drain() -> None:
+        async for _ in stream:
+            pass
+
+    async def client_gone() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    reading = asyncio.ensure_future(drain())
+    watching = asyncio.ensure_future(client_gone())
+    try:
+        done, _ = await asyncio.wait({reading, watching}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        reading.cancel()
+        watching.cancel()
+    if reading in done:
+        reading.result()  # re-raise a failure while reading, if any
+        return True
+    return False
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    message = {404: f"no route {request.url.path}", 405: "method not allowed"}.get(
+        exc.status_code, str(exc.detail))
+    return ApiError(exc.status_code, message).response()
+
+
+async def _internal_error(request: Request, exc: Exception) -> Response:
+    return ApiError(500, f"internal error: {type(exc).__name__}: {exc}").response()

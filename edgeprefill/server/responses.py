@@ -1,0 +1,70 @@
+"""Response bodies in the OpenAI schema, for both endpoints, whole and streamed."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass
+
+from edgeprefill.sdk.stream import TokenStream
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What differs between /v1/completions and /v1/chat/completions."""
+
+    chat: bool
+    model: str
+    id: str
+    created: int
+
+    @classmethod
+    def new(cls, chat: bool, model: str) -> Shape:
+        prefix = "chatcmpl" if chat else "cmpl"
+        return cls(chat, model, f"{prefix}-{uuid.uuid4().hex}", int(time.time()))
+
+    def _head(self, obj: str) -> dict:
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
+
+    def whole(self, stream: TokenStream) -> dict:
+        """The non-streaming response of a finished stream."""
+        if self.chat:
+            choice = {"index": 0, "message": {"role": "assistant", "content": stream.text},
+                      "logprobs": None, "finish_reason": stream.finish_reason}
+            body = self._head("chat.completion")
+        else:
+            choice = {"index": 0, "text": stream.text, "logprobs": None,
+                      "finish_reason": stream.finish_reason}
+            body = self._head("text_completion")
+        body["choices"] = [choice]
+        body["usage"] = usage(stream)
+        return body
+
+    def chunk(self, text: str | None, finish_reason: str | None = None) -> dict:
+        """One streamed piece. Chat: text None opens the reply with the role."""
+        if self.chat:
+            delta = {"role": "assistant", "content": ""} if text is None else (
+                {"content": text} if text else {})
+            choice = {"index": 0, "delta": delta, "logprobs": None,
+                      "finish_reason": finish_reason}
+            body = self._head("chat.completion.chunk")
+        else:
+            choice = {"index": 0, "text": text or "", "logprobs": None,
+                      "finish_reason": finish_reason}
+            body = self._head("text_completion")
+        body["choices"] = [choice]
+        return body
+
+    def usage_chunk(self, stream: TokenStream) -> dict:
+        """The last chunk when the client asked for `stream_options.include_usage`."""
+        body = self._head("chat.completion.chunk" if self.chat else "text_completion")
+        body["choices"] = []
+        body["usage"] = usage(stream)
+        return body
+
+
+def usage(stream: TokenStream) -> dict:
+    prompt = stream.metrics.prompt_tokens
+    completion = len(stream.token_ids)
+    return {"prompt_tokens": prompt, "completion_tokens": completion,
+            "total_tokens": prompt + completion}

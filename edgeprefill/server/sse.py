@@ -1,0 +1,69 @@
+"""Server-sent events: a TokenStream as OpenAI `data:` chunks, cancelled if the client leaves."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Callable
+from contextlib import suppress
+
+import anyio
+from starlette.responses import StreamingResponse
+from starlette.types import Receive, Scope, Send
+
+from edgeprefill.sdk.stream import TokenStream
+from edgeprefill.server.errors import ApiError
+from edgeprefill.server.responses import Shape
+
+
+def sse(data: dict | str) -> bytes:
+    payload = data if isinstance(data, str) else json.dumps(data, separators=(",", ":"))
+    return f"data: {payload}\n\n".encode()
+
+
+async def completion_events(
+    stream: TokenStream, shape: Shape, include_usage: bool
+) -> AsyncIterator[bytes]:
+    """The chunks of one reply, then `data: [DONE]`. A failure after the first byte can
+    no longer change the status code, so it is sent as an error event (as OpenAI does)."""
+    if shape.chat:
+        yield sse(shape.chunk(None))  # the role, at once: clients show "typing"
+    async for event in stream:
+        if event.text:
+            yield sse(shape.chunk(event.text))
+    if stream.finish_reason == "error":
+        yield sse(ApiError(500, stream.error or "generation failed", code="engine_error").body())
+    else:
+        yield sse(shape.chunk("", stream.finish_reason))
+        if include_usage:
+            yield sse(shape.usage_chunk(stream))
+    yield sse("[DONE]")
+
+
+class EventStreamResponse(StreamingResponse):
+    """A streaming response that always listens for the client leaving and then stops.
+
+    Starlette watches for disconnects only under ASGI spec < 2.4; with 2.4 it notices one
+    at the next write, which never comes while a request waits in the queue. Here the
+    stream is cancelled the moment the client goes, and `on_close` runs on every path
+    (even if the body never started), so the request's KV slot is always freed.
+    """
+
+    def __init__(self, content: AsyncIterator[bytes], on_close: Callable[[], None]) -> None:
+        headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+        super().__init__(content, media_type="text/event-stream", headers=headers)
+        self.on_close = on_close
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            async with anyio.create_task_group() as group:
+
+                async def stream_then_stop() -> None:
+                    with suppress(OSError):  # the socket closed under a write
+                        await self.stream_response(send)
+                    group.cancel_scope.cancel()
+
+                group.start_soon(stream_then_stop)
+                await self.listen_for_disconnect(receive)
+                group.cancel_scope.cancel()
+        finally:
+            self.on_close()

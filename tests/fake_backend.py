@@ -1,0 +1,55 @@
+"""A backend that runs no model: it records every call and answers deterministically."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+from edgeprefill.engines.base import Backend, StepBatch
+
+
+class Call(NamedTuple):
+    kind: str  # "prefill" (one row of several tokens) or "decode" (rows of one token)
+    first_slot: int
+    rows: int
+    chunk: int
+    past_lens: tuple[int, ...]
+    valid_lens: tuple[int, ...]
+
+
+class FakeBackend(Backend):
+    name = "fake"
+
+    def allocate_kv(self, slots: int, capacity: int) -> None:
+        self.calls: list[Call] = []
+        self.slots, self.capacity = slots, capacity
+        # Each slot's "KV": the token written at each position (-1: nothing).
+        self.kv = np.full((slots, capacity), -1, np.int64)
+
+    def run(self, step: StepBatch) -> np.ndarray:
+        kind = "prefill" if step.chunk > 1 else "decode"  # tests avoid 1-token prefills
+        self.calls.append(Call(kind, step.first_slot, step.rows, step.chunk,
+                               tuple(step.past_lens.tolist()), tuple(step.valid_lens.tolist())))
+        vocab = self.manifest.model.vocab_size
+        logits = np.zeros((step.rows, vocab), np.float32)
+        for row in range(step.rows):
+            slot, past = step.first_slot + row, int(step.past_lens[row])
+            valid = int(step.valid_lens[row])
+            assert past + step.chunk <= self.capacity
+            # The KV this row attends to must be what earlier steps wrote.
+            assert np.all(self.kv[slot, :past] >= 0), f"slot {slot} has holes before {past}"
+            self.kv[slot, past : past + valid] = step.input_ids[row, :valid]
+            # Next token: a function of the whole visible history, never EOS (ids 0-2).
+            history = self.kv[slot, : past + valid]
+            logits[row, 3 + int(history.sum() * 31 + len(history)) % (vocab - 3)] = 1.0
+        return logits
+
+    def copy_kv(self, src_slot: int, dst_slot: int, length: int) -> None:
+        self.kv[dst_slot, :length] = self.kv[src_slot, :length]
+
+    def swap_kv(self, a: int, b: int, length: int) -> None:
+        self.kv[[a, b], :length] = self.kv[[b, a], :length]
+
+    def prefills(self) -> list[Call]:
+        return [c for c in self.calls if c.kind == "prefill"]

@@ -1,0 +1,62 @@
+"""`edgeprefill bench` on the tiny model: a table, a PNG timeline and the raw JSON."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+from click.testing import CliRunner
+
+from edgeprefill.cli.main import cli
+from edgeprefill.errors import EdgeprefillError
+
+pytest.importorskip("matplotlib")
+
+LABELS = ["fcfs", "chunked/16", "chunked+priority/16", "adaptive"]
+
+
+def test_bench_sweeps_policies_and_writes_table_png_and_json(bundle, tmp_path):
+    png, raw = tmp_path / "timeline.png", tmp_path / "bench.json"
+    result = CliRunner().invoke(cli, [
+        "bench", str(bundle("llama")), "--sessions", "2", "--prompt-tokens", "200",
+        "--chunk-sizes", "16", "--threads", "1", "--plot", str(png), "--json", str(raw),
+    ])
+    assert result.exit_code == 0, result.output
+    table = result.stdout.splitlines()
+    assert table[0].split()[:3] == ["config", "long", "TTFT"]
+    assert [line.split()[0] for line in table[2:]] == LABELS
+
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 20_000
+    runs = {run["label"]: run for run in json.loads(raw.read_text())["runs"]}
+    assert list(runs) == LABELS
+    # Unchunked prefill is one call; 16-token chunks split 200 tokens into 13 calls.
+    assert runs["fcfs"]["long_chunks"] == 1
+    assert runs["chunked/16"]["long_chunks"] == math.ceil(200 / 16)
+    for run in runs.values():
+        assert run["itl_p50_s"] <= run["itl_p99_s"] <= run["itl_max_s"]
+        assert run["urgent_ttft_s"] > 0 and run["prefill_tokens_per_s"] > 0
+        kinds = {step["kind"] for step in run["steps"]}
+        assert kinds == {"prefill", "decode"}
+    # The timeline's lanes: under fcfs the long prompt is one call of all its tokens.
+    fcfs_long = [s for s in runs["fcfs"]["steps"] if s["lanes"] == ["long prompt"]]
+    assert len(fcfs_long) == 1 and fcfs_long[0]["tokens"] == 200
+
+
+def test_bench_refuses_a_prompt_longer_than_the_context_with_the_fix(bundle):
+    result = CliRunner().invoke(cli, ["bench", str(bundle("llama")), "--prompt-tokens", "5000"])
+    assert isinstance(result.exception, EdgeprefillError)
+    assert "--prompt-tokens 504 or less" in str(result.exception)
+
+
+def test_bench_rejects_unknown_policies_with_the_valid_names(bundle):
+    result = CliRunner().invoke(cli, ["bench", str(bundle("llama")), "--policies", "lifo"])
+    assert result.exit_code == 2
+    assert "choose from: fcfs, chunked, chunked+priority, adaptive" in result.output
+
+
+@pytest.mark.parametrize("command", ["bench", "serve"])
+def test_help_shows_an_example(command):
+    result = CliRunner().invoke(cli, [command, "--help"])
+    assert result.exit_code == 0
+    assert "Example:" in result.output and f"edgeprefill {command} " in result.output
