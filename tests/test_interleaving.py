@@ -24,6 +24,10 @@ def prompt(length: int, seed: int) -> list[int]:
     return [1] + [int(t) for t in np.random.default_rng(seed).integers(3, 120, size=length - 1)]
 
 
+def all_finished(streams: dict) -> bool:
+    return all(s.metrics.finish_reason for s in streams.values())
+
+
 @pytest.mark.parametrize("flavor", ["ort", "standard"])
 def test_interleaved_output_equals_each_request_alone(bundle, flavor):
     path = bundle("llama", flavor)
@@ -35,8 +39,7 @@ def test_interleaved_output_equals_each_request_alone(bundle, flavor):
         engine = Engine.load(path, threads=2, background=False, kv_slots=3, policy=policy)
         streams: dict[int, object] = {}
         step = 0
-        finished = lambda: all(s.metrics.finish_reason for s in streams.values())  # noqa: E731
-        while len(streams) < len(REQUESTS) or not finished():
+        while len(streams) < len(REQUESTS) or not all_finished(streams):
             for i, (n, priority, chunk, at) in enumerate(REQUESTS):
                 if at == step and i not in streams:
                     streams[i] = engine.generate(prompt(n, i), PARAMS, priority=priority,
