@@ -1,0 +1,3 @@
+from edgeprefill.cli.main import main
+
+main()

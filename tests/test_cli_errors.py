@@ -1,0 +1,116 @@
+"""Bad input is one clear line on stderr and a non-zero exit, never a traceback."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+EDGEPREFILL = [sys.executable, "-m", "edgeprefill"]
+
+
+def cli(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([*EDGEPREFILL, *map(str, args)], capture_output=True, text=True,
+                          input=stdin, timeout=120)
+
+
+def assert_one_line_error(result: subprocess.CompletedProcess, *fragments: str) -> None:
+    assert result.returncode != 0
+    assert "Traceback" not in result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+
+
+@pytest.fixture
+def hf_copy(hf_model, tmp_path) -> Path:
+    dest = tmp_path / "hf"
+    shutil.copytree(hf_model("llama"), dest)
+    return dest
+
+
+def test_unsupported_model_type_lists_the_supported_ones(hf_copy, tmp_path):
+    config = json.loads((hf_copy / "config.json").read_text())
+    config["model_type"] = "gpt2"
+    (hf_copy / "config.json").write_text(json.dumps(config))
+    assert_one_line_error(cli("export", hf_copy, "-o", tmp_path / "b"),
+                          "'gpt2' is not supported", "llama, mistral, qwen2, qwen3")
+
+
+@pytest.mark.parametrize("missing", ["config.json", "model.safetensors", "tokenizer.json"])
+def test_missing_file(hf_copy, tmp_path, missing):
+    (hf_copy / missing).unlink()
+    assert_one_line_error(cli("export", hf_copy, "-o", tmp_path / "b"), missing)
+
+
+def test_corrupt_files(hf_copy, tmp_path):
+    (hf_copy / "model.safetensors").write_bytes(b"\x00garbage" * 10)
+    assert_one_line_error(cli("export", hf_copy, "-o", tmp_path / "b"), "safetensors")
+    (hf_copy / "config.json").write_text("{not json")
+    assert_one_line_error(cli("export", hf_copy, "-o", tmp_path / "b"), "not valid JSON")
+
+
+def test_max_context_beyond_the_model(hf_copy, tmp_path):
+    assert_one_line_error(cli("export", hf_copy, "-o", tmp_path / "b", "--max-context", 99999),
+                          "exceeds the model's max_position_embeddings (1024)")
+
+
+def test_export_refuses_to_overwrite_without_the_flag(hf_copy, tmp_path):
+    out = tmp_path / "b"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    assert_one_line_error(cli("export", hf_copy, "-o", out), "--overwrite")
+    assert_one_line_error(cli("export", hf_copy, "-o", out, "--overwrite"), "not an edgeprefill")
+    assert (out / "notes.txt").read_text() == "mine"
+
+
+def test_run_errors(bundle, tmp_path):
+    path = bundle("llama")
+    assert_one_line_error(cli("run", tmp_path, "--prompt", "w3"), "not an edgeprefill bundle")
+    assert_one_line_error(cli("run", path, "--prompt", "w3 " * 600), "exceeds the context")
+    assert_one_line_error(cli("run", path, "--prompt", ""), "empty")
+    assert_one_line_error(cli("run", path, "--prompt", "w3", "--top-p", "0"), "top_p")
+    assert_one_line_error(cli("run", path), "exactly one of")
+
+
+def test_corrupt_bundle_is_refused(bundle, tmp_path):
+    path = tmp_path / "b"
+    shutil.copytree(bundle("llama"), path)
+    with open(path / "model.onnx.data", "ab") as data:
+        data.write(b"\0")
+    assert_one_line_error(cli("run", path, "--prompt", "w3"), "wrong size")
+    manifest = json.loads((path / "edgeprefill.json").read_text())
+    manifest["format_version"] = 99
+    (path / "edgeprefill.json").write_text(json.dumps(manifest))
+    assert_one_line_error(cli("inspect", path), "format version 99")
+
+
+def test_external_data_outside_the_bundle_is_refused(bundle, tmp_path):
+    path = tmp_path / "b"
+    shutil.copytree(bundle("llama"), path)
+    manifest = json.loads((path / "edgeprefill.json").read_text())
+    manifest["files"]["../outside"] = {"sha256": "0", "bytes": 1}
+    (path / "edgeprefill.json").write_text(json.dumps(manifest))
+    assert_one_line_error(cli("inspect", path), "outside the bundle")
+
+
+def test_run_streams_only_generated_text_to_stdout_and_stats_to_stderr(bundle):
+    result = cli("run", bundle("llama"), "--prompt", "w5 w6 w7", "--max-new-tokens", "4",
+                 "--stats")
+    assert result.returncode == 0, result.stderr
+    words = result.stdout.split()
+    assert len(words) == 4 and all(w.startswith("w") for w in words)
+    assert "TTFT" in result.stderr and "decode" in result.stderr and "chunks" in result.stderr
+
+
+def test_inspect_shows_the_contract(bundle):
+    result = cli("inspect", bundle("llama"), "--verify")
+    assert result.returncode == 0, result.stderr
+    for expected in ("input_ids", "past_lens", "valid_lens", "logits", "sha256 verified",
+                     "16, 64"):
+        assert expected in result.stdout
