@@ -18,10 +18,36 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
-from edgeprefill.bundle import Manifest
+from edgeprefill.bundle import GraphInfo, Manifest, ModelInfo, TokenizerInfo
 from edgeprefill.engines.trt_graph import parser_ready_graph
 from edgeprefill.engines.trt_plan import ProfilePlan, profile_plan
 from edgeprefill.engines.trt_steps import TensorBinding
+
+KV, D, VOCAB = 2, 8, 50  # dims of fake_manifest's model
+
+
+def fake_manifest(chunks=(16, 64), max_context=256, layers=1) -> Manifest:
+    """A standard-flavour manifest of a model that was never exported (plain-function tests)."""
+    kv = ["float32", ["batch", KV, "capacity", D]]
+    inputs = {"input_ids": ["int64", ["batch", "chunk"]], "past_lens": ["int32", ["batch"]],
+              "valid_lens": ["int32", ["batch"]]}
+    outputs = {"logits": ["float32", ["batch", VOCAB]]}
+    for i in range(layers):
+        inputs |= {f"past_key.{i}": kv, f"past_value.{i}": kv}
+        outputs |= {f"present_key.{i}": kv, f"present_value.{i}": kv}
+    graph = GraphInfo(
+        file="model.onnx", data_file="model.onnx.data", flavor="standard", dtype="float32",
+        opsets={"": 24}, inputs=inputs, outputs=outputs,
+        kv_inputs=[[f"past_key.{i}", f"past_value.{i}"] for i in range(layers)],
+        kv_outputs=[[f"present_key.{i}", f"present_value.{i}"] for i in range(layers)],
+    )
+    return Manifest(
+        model=ModelInfo("llama", layers, 4, KV, D, 32, VOCAB), graph=graph,
+        tokenizer=TokenizerInfo(None, None, None, None), chunks=list(chunks),
+        max_context=max_context, eos_token_ids=[2], bos_token_id=1,
+        files={"model.onnx": {"sha256": "g" * 64, "bytes": 1},
+               "model.onnx.data": {"sha256": "w" * 64, "bytes": 1}},
+    )
 
 
 class HostDevice:
