@@ -41,6 +41,7 @@ class GraphInfo:
     outputs: dict[str, list[Any]]
     kv_inputs: list[list[str]]  # per layer: [past_key, past_value]
     kv_outputs: list[list[str]]  # per layer: [present_key, present_value]
+    quantization: str | None = None  # None, "int8" or "int4" (linear layers' weights)
 
 
 @dataclass(frozen=True)

@@ -23,9 +23,17 @@ from edgeprefill.cli.options import parse_int_list
               help="Prefill chunk buckets, comma-separated.")
 @click.option("--max-context", type=int, default=None,
               help="Positions per session (prompt + reply). Default: the model's, capped at 4096.")
+@click.option("--quantize", type=click.Choice(["int8", "int4"]), default=None,
+              help="Quantize linear-layer weights: int8 (dynamic int8 activations, the "
+                   "prefill lever) or int4 (weight-only, the decode lever). ort flavour.")
+@click.option("--block-size", type=int, default=32, show_default=True,
+              help="int4: weights per scale.")
+@click.option("--accuracy-level", type=click.IntRange(0, 4), default=0, show_default=True,
+              help="int4: MatMulNBits compute type (0: float, 4: int8).")
 @click.option("--overwrite", is_flag=True, help="Replace an existing bundle folder.")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
-def export(hf_dir, out_dir, flavor, dtype, chunks, max_context, overwrite, quiet):
+def export(hf_dir, out_dir, flavor, dtype, chunks, max_context, quantize, block_size,
+           accuracy_level, overwrite, quiet):
     """Export a Hugging Face causal LM folder (config.json, safetensors, tokenizer.json)
     to an edgeprefill bundle.
 
@@ -36,17 +44,22 @@ def export(hf_dir, out_dir, flavor, dtype, chunks, max_context, overwrite, quiet
     """
     from edgeprefill.export.exporter import ExportOptions
     from edgeprefill.export.exporter import export as run_export
+    from edgeprefill.export.quantize import QuantConfig
+
+    quant = None if quantize is None else QuantConfig(quantize, block_size, accuracy_level)
 
     options = ExportOptions(
         flavor=flavor, dtype=dtype, chunks=tuple(chunks), max_context=max_context,
-        overwrite=overwrite, show_progress=not quiet,
+        overwrite=overwrite, show_progress=not quiet, quant=quant,
     )
     began = time.perf_counter()
     manifest = run_export(hf_dir, out_dir, options)
     size = sum(f["bytes"] for f in manifest.files.values())
     click.echo(
         f"exported {manifest.model.family} ({manifest.model.num_layers} layers, "
-        f"{manifest.graph.flavor} flavour, {manifest.graph.dtype}) to {out_dir}: "
+        f"{manifest.graph.flavor} flavour, {manifest.graph.dtype}"
+        f"{', ' + manifest.graph.quantization if manifest.graph.quantization else ''}) "
+        f"to {out_dir}: "
         f"{size / 1e6:.1f} MB, chunks {manifest.chunks}, max context {manifest.max_context}, "
         f"in {time.perf_counter() - began:.1f} s",
         err=True,

@@ -21,6 +21,7 @@ from edgeprefill.export.checkpoint import Checkpoint
 from edgeprefill.export.flavors import Flavor, StepTensors
 from edgeprefill.export.graph import GraphBuilder
 from edgeprefill.export.model_config import ModelConfig
+from edgeprefill.export.quantize import QuantConfig, int4_blockwise, int8_per_channel
 
 BATCH, CHUNK, CAPACITY = "batch", "chunk", "capacity"
 
@@ -37,10 +38,15 @@ def kv_names(layer: int) -> dict[str, str]:
 class DecoderBuilder:
     """Emits the graph layer by layer; weights stay lazy (read when the writer asks)."""
 
-    def __init__(self, cfg: ModelConfig, ckpt: Checkpoint, flavor: Flavor) -> None:
+    def __init__(
+        self, cfg: ModelConfig, ckpt: Checkpoint, flavor: Flavor,
+        quant: QuantConfig | None = None,
+    ) -> None:
         self.cfg = cfg
         self.ckpt = ckpt
         self.flavor = flavor
+        self.quant = quant
+        self._memo: tuple[str, tuple] | None = None  # last quantized weight's parts
         self.dtype = flavor.dtype
         self.g = GraphBuilder()
 
@@ -63,8 +69,7 @@ class DecoderBuilder:
         index = g.op("Unsqueeze", [g.op("Cast", [last], to=7), g.const([1])])  # [B,1]
         hidden = g.op("GatherND", [x, index], batch_dims=1)  # [B,hidden]
         hidden = self.flavor.rms_norm(g, hidden, self._tensor("model.norm.weight"))
-        head = embed if cfg.tie_embeddings else self._lm_head()
-        logits = g.op("Gemm", [hidden, head], transB=1)
+        logits = self._lm_head(hidden, embed)
         if self.dtype != np.float32:
             logits = g.op("Cast", [logits], to=1)
         g.rename(logits, "logits")
@@ -130,14 +135,45 @@ class DecoderBuilder:
         out_dim = sum(self._shape(n)[0] for n in weight_names)
         name = weight_names[0] if len(weight_names) == 1 else _packed_name(weight_names)
 
-        def produce() -> np.ndarray:
-            parts = [self.ckpt.get(n, self.dtype).T for n in weight_names]
-            return np.ascontiguousarray(np.concatenate(parts, axis=1))
+        def out_in() -> np.ndarray:  # [out, in], the checkpoint's layout, packed
+            return np.concatenate([self.ckpt.get(n, np.float32) for n in weight_names])
 
-        y = g.op("MatMul", [x, g.weight(name, (in_dim, out_dim), self.dtype, produce)])
+        if self.quant is None:
+            produce = lambda: np.ascontiguousarray(out_in().T.astype(self.dtype))  # noqa: E731
+            y = g.op("MatMul", [x, g.weight(name, (in_dim, out_dim), self.dtype, produce)])
+        else:
+            y = self._quantized_matmul(x, name, in_dim, out_dim, out_in)
         if bias_name is None:
             return y
         return g.op("Add", [y, self._bias(bias_name, weight_names, out_dim)])
+
+    def _quantized_matmul(self, x: str, name: str, k: int, n: int, out_in) -> str:
+        g, q = self.g, self.quant
+        if q.kind == "int8":
+            parts = self._quantized(name, lambda: int8_per_channel(out_in().T))
+            weight = g.weight(name + ".int8", (k, n), np.int8, lambda: parts()[0])
+            scale = g.weight(name + ".scale", (n,), np.float32, lambda: parts()[1])
+            return g.op("DynamicQuantizeMatMul", [x, weight, scale], domain="com.microsoft")
+        blocks = -(-k // q.block_size)
+        parts = self._quantized(name, lambda: int4_blockwise(out_in(), q.block_size))
+        weight = g.weight(name + ".int4", (n, blocks, q.block_size // 2), np.uint8,
+                          lambda: parts()[0])
+        scale = g.weight(name + ".scale", (n * blocks,), np.float32, lambda: parts()[1])
+        return g.op(
+            "MatMulNBits", [x, weight, scale], domain="com.microsoft", K=k, N=n, bits=4,
+            block_size=q.block_size, accuracy_level=q.accuracy_level,
+        )
+
+    def _quantized(self, name: str, compute):
+        """Quantize a weight once for its several initializers (the writer asks for them
+        one after another)."""
+
+        def parts() -> tuple:
+            if self._memo is None or self._memo[0] != name:
+                self._memo = (name, compute())
+            return self._memo[1]
+
+        return parts
 
     def _bias(self, name: str, weight_names: list[str], size: int) -> str:
         # A packed projection's bias is the concatenation of its parts' biases.
@@ -150,9 +186,17 @@ class DecoderBuilder:
     def _embedding(self) -> str:
         return self._tensor("model.embed_tokens.weight")
 
-    def _lm_head(self) -> str:
-        # Stored [vocab, hidden] as in the checkpoint: Gemm(transB=1) reads it as is.
-        return self._tensor("lm_head.weight")
+    def _lm_head(self, hidden: str, embed: str) -> str:
+        """[B, hidden] -> [B, vocab]. Stored [vocab, hidden] as in the checkpoint (tied:
+        the embedding itself), read by Gemm(transB=1) without a transposed copy."""
+        name = "model.embed_tokens.weight" if self.cfg.tie_embeddings else "lm_head.weight"
+        if self.quant is not None:
+            vocab, hidden_size = self._shape(name)
+            def out_in():
+                return self.ckpt.get(name, np.float32)
+            return self._quantized_matmul(hidden, "lm_head", hidden_size, vocab, out_in)
+        head = embed if self.cfg.tie_embeddings else self._tensor(name)
+        return self.g.op("Gemm", [hidden, head], transB=1)
 
     def _tensor(self, name: str) -> str:
         """A checkpoint tensor stored unchanged (only converted to the graph dtype)."""

@@ -26,6 +26,7 @@ from edgeprefill.export.decoder import DecoderBuilder, kv_names
 from edgeprefill.export.flavors import flavor_class
 from edgeprefill.export.graph import GraphBuilder
 from edgeprefill.export.model_config import ModelConfig
+from edgeprefill.export.quantize import QuantConfig
 from edgeprefill.export.writer import write_external_data
 
 GRAPH_FILE = "model.onnx"
@@ -48,6 +49,7 @@ class ExportOptions:
     max_context: int | None = None  # default: the model's max positions, capped at 4096
     overwrite: bool = False
     show_progress: bool = True
+    quant: QuantConfig | None = None  # weight quantization (ort flavour, fp32)
 
     def __post_init__(self) -> None:
         flavor_class(self.flavor)  # raises with the valid names
@@ -55,6 +57,8 @@ class ExportOptions:
             raise ExportError(f"unknown dtype {self.dtype!r}; choose one of: {', '.join(DTYPES)}")
         if not self.chunks or any(c < 1 for c in self.chunks):
             raise ExportError(f"chunk sizes must be positive integers, got {self.chunks}")
+        if self.quant is not None and (self.flavor != "ort" or self.dtype != "fp32"):
+            raise ExportError("quantization needs --flavor ort and --dtype fp32")
         if self.max_context is not None and self.max_context < 2:
             raise ExportError(f"--max-context must be at least 2, got {self.max_context}")
 
@@ -77,7 +81,7 @@ def export(hf_dir: str | Path, out_dir: str | Path, options: ExportOptions) -> M
     _prepare_out(out_dir, options.overwrite)
     ckpt = Checkpoint(hf_dir)
     flavor = flavor_class(options.flavor)(cfg, DTYPES[options.dtype], max_context)
-    g = DecoderBuilder(cfg, ckpt, flavor).build()
+    g = DecoderBuilder(cfg, ckpt, flavor, options.quant).build()
     initializers = write_external_data(g.weights, out_dir / DATA_FILE, options.show_progress)
     model = g.to_model(initializers, flavor.opsets, IR_VERSION[options.flavor])
     onnx.save_model(model, out_dir / GRAPH_FILE)
@@ -139,6 +143,7 @@ def _manifest(
         outputs=_io_table(g.outputs),
         kv_inputs=[[n["past_key"], n["past_value"]] for n in layers],
         kv_outputs=[[n["present_key"], n["present_value"]] for n in layers],
+        quantization=None if options.quant is None else options.quant.kind,
     )
     files = [GRAPH_FILE, DATA_FILE, *tokenizer_files]
     return Manifest(

@@ -1,0 +1,71 @@
+"""Weight quantization for the `ort` flavour's linear layers.
+
+- int8: per-output-channel symmetric int8 weights, activations quantized on the fly
+  (`com.microsoft.DynamicQuantizeMatMul`): integer GEMMs use the CPU's int8 matrix units,
+  the prefill lever (several times the fp32 MatMul rate on this class of CPU), and read a
+  quarter of the fp32 bytes per decode step.
+- int4: blockwise symmetric 4-bit weights (`com.microsoft.MatMulNBits`), activations in
+  float: an eighth of the fp32 bytes per decode step, the decode (bandwidth) lever.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from edgeprefill.errors import ExportError
+
+KINDS = ("int8", "int4")
+
+
+@dataclass(frozen=True)
+class QuantConfig:
+    kind: str  # "int8" or "int4"
+    block_size: int = 32  # int4: weights per scale along the input dimension
+    accuracy_level: int = 0  # int4: MatMulNBits compute type (0: as input, 4: int8)
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ExportError(f"unknown quantization {self.kind!r}; choose one of: int8, int4")
+        if self.block_size not in (16, 32, 64, 128, 256):
+            raise ExportError(f"int4 block size must be 16..256, a power of 2: {self.block_size}")
+        if self.accuracy_level not in (0, 1, 2, 3, 4):
+            raise ExportError(f"accuracy level must be 0..4, got {self.accuracy_level}")
+
+
+def int8_per_channel(w_in_out: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """W [in, out] float -> (int8 [in, out], float32 scale [out]); W ~ q * scale."""
+    w = w_in_out.astype(np.float32)
+    scale = np.abs(w).max(axis=0) / 127.0
+    scale[scale == 0] = 1.0
+    q = np.clip(np.rint(w / scale), -127, 127).astype(np.int8)
+    return q, scale.astype(np.float32)
+
+
+def int4_blockwise(w_out_in: np.ndarray, block: int) -> tuple[np.ndarray, np.ndarray]:
+    """W [out, in] float -> (uint8 [out, blocks, block/2], float32 scales [out * blocks]),
+    the MatMulNBits layout: per output row, blocks along the input dimension, two 4-bit
+    values per byte (even index in the low nibble), stored with an implicit zero point 8."""
+    w = w_out_in.astype(np.float32)
+    rows, cols = w.shape
+    blocks = -(-cols // block)
+    padded = np.zeros((rows, blocks * block), np.float32)
+    padded[:, :cols] = w
+    grouped = padded.reshape(rows, blocks, block)
+    # Symmetric -7..7 (the code -8 is unused): the largest magnitude is exact.
+    scale = np.abs(grouped).max(axis=2) / 7.0
+    scale[scale == 0] = 1.0
+    q = np.clip(np.rint(grouped / scale[:, :, None]), -7, 7).astype(np.int16) + 8
+    packed = (q[:, :, 0::2] | (q[:, :, 1::2] << 4)).astype(np.uint8)
+    return packed, scale.reshape(-1).astype(np.float32)
+
+
+def int4_dequantize(packed: np.ndarray, scales: np.ndarray, cols: int) -> np.ndarray:
+    """Inverse of int4_blockwise (for tests and accuracy reports): [out, in] float32."""
+    rows, blocks, half = packed.shape
+    q = np.empty((rows, blocks, half * 2), np.int16)
+    q[:, :, 0::2] = packed & 0x0F
+    q[:, :, 1::2] = packed >> 4
+    w = (q - 8).astype(np.float32) * scales.reshape(rows, blocks)[:, :, None]
+    return w.reshape(rows, -1)[:, :cols]

@@ -1,0 +1,75 @@
+"""Quantized exports compute with exactly the weights the quantizer says they hold."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import transformers
+
+from edgeprefill.engines import StepBatch
+from edgeprefill.export.exporter import ExportOptions, export
+from edgeprefill.export.quantize import (
+    QuantConfig,
+    int4_blockwise,
+    int4_dequantize,
+    int8_per_channel,
+)
+from edgeprefill.sdk import Engine
+
+LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def test_int4_round_trip_is_within_half_a_step():
+    w = np.random.default_rng(0).normal(size=(48, 100)).astype(np.float32)
+    packed, scales = int4_blockwise(w, 32)
+    assert packed.shape == (48, 4, 16) and scales.shape == (48 * 4,)
+    back = int4_dequantize(packed, scales, 100)
+    step = np.repeat(scales.reshape(48, 4), 32, axis=1)[:, :100]
+    assert np.all(np.abs(back - w) <= step / 2 + 1e-6)
+
+
+def test_int8_round_trip_is_within_half_a_step():
+    w = np.random.default_rng(1).normal(size=(64, 40)).astype(np.float32)
+    q, scale = int8_per_channel(w)
+    assert np.all(np.abs(q * scale - w) <= scale / 2 + 1e-6)
+
+
+def logits_at(bundle_dir, ids) -> np.ndarray:
+    with Engine.load(bundle_dir, threads=2, background=False) as engine:
+        return engine.backend.run(StepBatch(np.array([ids]), np.array([0], np.int32),
+                                            np.array([len(ids)], np.int32), 0))[0]
+
+
+def test_int4_graph_equals_transformers_with_dequantized_weights(hf_model, tmp_path):
+    hf_dir = hf_model("llama")
+    export(hf_dir, tmp_path / "b", ExportOptions(
+        chunks=(16,), max_context=128, show_progress=False, quant=QuantConfig("int4", 32),
+    ))
+    model = transformers.AutoModelForCausalLM.from_pretrained(hf_dir)
+    with torch.no_grad():
+        for layer in model.model.layers:
+            for module in (*vars(layer.self_attn)["_modules"].values(),
+                           *vars(layer.mlp)["_modules"].values()):
+                if isinstance(module, torch.nn.Linear):
+                    w = module.weight.numpy()
+                    packed, scales = int4_blockwise(w, 32)
+                    module.weight.copy_(torch.from_numpy(
+                        int4_dequantize(packed, scales, w.shape[1])))
+        head = model.lm_head.weight.numpy()
+        model.lm_head.weight.copy_(torch.from_numpy(
+            int4_dequantize(*int4_blockwise(head, 32), head.shape[1])))
+        ids = [1, 5, 9, 33, 70, 4, 18]
+        expected = model(torch.tensor([ids])).logits[0, -1].numpy()
+    np.testing.assert_allclose(logits_at(tmp_path / "b", ids), expected, rtol=1e-3, atol=1e-3)
+
+
+@pytest.mark.parametrize("kind, max_rel_error", [("int8", 0.05), ("int4", 0.3)])
+def test_quantized_logits_stay_close_to_fp32(hf_model, bundle, tmp_path, kind, max_rel_error):
+    export(hf_model("llama"), tmp_path / kind, ExportOptions(
+        chunks=(16,), max_context=128, show_progress=False, quant=QuantConfig(kind),
+    ))
+    ids = [1, 5, 9, 33, 70, 4, 18, 99, 100, 3]
+    reference = logits_at(bundle("llama"), ids)
+    got = logits_at(tmp_path / kind, ids)
+    assert np.abs(got - reference).max() / np.abs(reference).max() < max_rel_error
