@@ -18,7 +18,7 @@ from typing import NamedTuple
 
 from edgeprefill.bundle import Manifest, load_manifest, resolve_inside
 from edgeprefill.engines.cuda_device import CudaDevice
-from edgeprefill.engines.gpu_libs import require_tensorrt
+from edgeprefill.engines.gpu_libs import require_tensorrt, version_tuple
 from edgeprefill.engines.trt_cache import (
     ENGINES_DIR,
     PRECISIONS,
@@ -64,7 +64,8 @@ class BuildInputs(NamedTuple):
     plan: ProfilePlan
     graph: bytes  # serialized, parser-ready graph
     graph_path: Path  # where the parser resolves the external weights from
-    typing: NetworkTyping
+    quantized: bool  # the graph has Q/DQ nodes
+    typing: NetworkTyping  # as TensorRT 10 would build it; rechecked against the real one
 
 
 class BuildResult(NamedTuple):
@@ -73,8 +74,12 @@ class BuildResult(NamedTuple):
     reused: bool  # a matching engine was already cached
 
 
-def network_typing(bundle_dtype: str, precision: str, quantized: bool) -> NetworkTyping:
-    """How the network gets the requested precision from a graph of `bundle_dtype`."""
+def network_typing(
+    bundle_dtype: str, precision: str, quantized: bool, weak_typing: bool = True
+) -> NetworkTyping:
+    """How the network gets the requested precision from a graph of `bundle_dtype`.
+    `weak_typing`: the TensorRT at hand still has precision builder flags (10.x; 11 removed
+    them)."""
     if precision == "int8":
         if not quantized:
             raise BackendError(
@@ -89,6 +94,9 @@ def network_typing(bundle_dtype: str, precision: str, quantized: bool) -> Networ
     if precision == "fp32":
         raise BackendError("the bundle's weights are float16; build with --precision fp16 "
                            "or re-export with --dtype fp32")
+    if not weak_typing:
+        raise BackendError("this TensorRT builds strongly typed networks only, so a float32 "
+                           "bundle builds in fp32; for fp16 re-export with --dtype fp16")
     # A float32 graph built in fp16: the weakly typed FP16 flag (deprecated in TensorRT 10
     # but supported); exporting with --dtype fp16 gives a strongly typed build instead.
     return NetworkTyping(False, ("FP16",))
@@ -104,13 +112,16 @@ def prepare_build(bundle_dir: Path, options: BuildOptions) -> BuildInputs:
     quantized = any(node.op_type in QDQ_OPS for node in graph.graph.node)
     typing = network_typing(manifest.graph.dtype, options.precision, quantized)
     graph_path = resolve_inside(bundle_dir, manifest.graph.file)
-    return BuildInputs(manifest, plan, graph.SerializeToString(), graph_path, typing)
+    return BuildInputs(manifest, plan, graph.SerializeToString(), graph_path, quantized, typing)
 
 
 def build_engine(bundle_dir: Path, options: BuildOptions, echo: Echo) -> BuildResult:
     start = time.perf_counter()
     inputs = prepare_build(bundle_dir, options)
     trt = require_tensorrt()
+    weak = version_tuple(trt.__version__) < (11,)
+    typing = network_typing(inputs.manifest.graph.dtype, options.precision, inputs.quantized, weak)
+    inputs = inputs._replace(typing=typing)
     name, capability = CudaDevice().info()
     device = DeviceInfo(name, capability, trt.__version__)
     key = engine_key(inputs.manifest, device, options.precision, inputs.plan)
@@ -133,8 +144,9 @@ def compile_engine(trt: ModuleType, inputs: BuildInputs, options: BuildOptions, 
     logger = trt.Logger(trt.Logger.WARNING)
     builder = trt.Builder(logger)
     flags = 0
-    if inputs.typing.strongly_typed:
-        flags = 1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED)
+    strongly = getattr(trt.NetworkDefinitionCreationFlag, "STRONGLY_TYPED", None)
+    if inputs.typing.strongly_typed and strongly is not None:  # None: always strong (11.x)
+        flags = 1 << int(strongly)
     network = builder.create_network(flags)
     parser = trt.OnnxParser(network, logger)
     if not parser.parse(inputs.graph, str(inputs.graph_path)):
@@ -161,9 +173,11 @@ def compile_engine(trt: ModuleType, inputs: BuildInputs, options: BuildOptions, 
 def _check_kv_layers(trt: ModuleType, network, manifest: Manifest) -> None:
     """Every TensorScatter must have become a KV-cache update layer (in place), not a
     generic scatter that copies the whole cache each step."""
-    kind = getattr(trt.LayerType, "KV_CACHE_UPDATE", None)
-    if kind is None:
+    # The Python enum name is not documented where we could check: match it by name.
+    kinds = [v for n, v in trt.LayerType.__members__.items() if "KV" in n and "CACHE" in n]
+    if not kinds:
         return
+    kind = kinds[0]
     found = sum(network.get_layer(i).type == kind for i in range(network.num_layers))
     expected = 2 * manifest.model.num_layers
     if found != expected:

@@ -84,28 +84,32 @@ def engine_paths(engines_dir: Path, key: EngineKey) -> tuple[Path, Path]:
     return engines_dir / f"{key.stem}.engine", engines_dir / f"{key.stem}.json"
 
 
-def find_engine(engines_dir: Path, key: EngineKey) -> Path | None:
-    """The engine built for exactly this key, or None (absent, foreign, stale or corrupt)."""
+def find_engine(engines_dir: Path, key: EngineKey, verify: bool = True) -> Path | None:
+    """The engine built for exactly this key, or None (absent, foreign, stale or corrupt).
+    Its size is always checked; its sha256 (a read of the whole engine) with `verify`."""
     engine, record = engine_paths(engines_dir, key)
     meta = _read_record(record)
     if meta is None or not engine.is_file():
         return None
     if meta.get("key") != key.to_json():
         return None
-    if meta.get("engine_sha256") != sha256_of(engine):
+    if meta.get("engine_bytes") != engine.stat().st_size:
         return None  # truncated or replaced since it was built
+    if verify and meta.get("engine_sha256") != sha256_of(engine):
+        return None
     return engine
 
 
 def usable_records(engines_dir: Path, manifest: Manifest, device: DeviceInfo) -> list[EngineKey]:
-    """Keys of the engines this device may load for this bundle, newest first."""
+    """Keys of the engines this device may load for this bundle, newest first (sizes
+    checked; find_engine verifies the one chosen)."""
     found = []
     for record in sorted(engines_dir.glob("*.json")):
         meta = _read_record(record)
         key = _key_from(meta)
         if key is None or not _same_source(key, manifest, device):
             continue
-        if find_engine(engines_dir, key) is not None:
+        if find_engine(engines_dir, key, verify=False) is not None:
             found.append((meta.get("built_at", 0.0), key))
     return [key for _, key in sorted(found, key=lambda item: -item[0])]
 
@@ -117,7 +121,8 @@ def save_engine(
     engines_dir.mkdir(parents=True, exist_ok=True)
     engine, record = engine_paths(engines_dir, key)
     _write_atomic(engine, blob)
-    meta = {"key": key.to_json(), "engine_sha256": sha256_of(engine), **extra}
+    meta = {"key": key.to_json(), "engine_sha256": sha256_of(engine),
+            "engine_bytes": engine.stat().st_size, **extra}
     _write_atomic(record, (json.dumps(meta, indent=2) + "\n").encode())
     return engine
 

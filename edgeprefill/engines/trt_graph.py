@@ -3,11 +3,8 @@
 The bundle's graph keeps the KV capacity symbolic so that ONNX Runtime can run any
 capacity. TensorRT imports `TensorScatter` as its KV-cache update layer (IKVCacheUpdateLayer)
 only when the cache is a 4D network input with a static sequence axis and the scatter axis
-is -2, so before parsing we:
-
-- pin the capacity axis of every KV input and output to the engine's capacity;
-- spell the TensorScatter axis as -2 (the same axis of a 4D cache; the parser checks the
-  attribute as written).
+is -2 (the exporter writes it so), so before parsing we pin the capacity axis of every
+KV input and output to the engine's capacity.
 
 The weights stay in the bundle's external data file: the parser is given the bundle's graph
 path, so the rewritten graph resolves `model.onnx.data` next to it.
@@ -56,7 +53,7 @@ def load_graph(bundle_dir: Path, manifest: Manifest) -> onnx.ModelProto:
 
 
 def prepare_graph(model: onnx.ModelProto, kv_names: set[str], capacity: int) -> onnx.ModelProto:
-    """A copy of the graph with the KV capacity pinned and TensorScatter axes spelled -2."""
+    """A copy of the graph with the KV capacity pinned."""
     prepared = onnx.ModelProto()
     prepared.CopyFrom(model)
     graph = prepared.graph
@@ -65,11 +62,6 @@ def prepare_graph(model: onnx.ModelProto, kv_names: set[str], capacity: int) -> 
             dim = value.type.tensor_type.shape.dim[CAPACITY_AXIS]
             dim.Clear()
             dim.dim_value = capacity
-    for node in graph.node:
-        if node.op_type == "TensorScatter":
-            for attr in node.attribute:
-                if attr.name == "axis" and attr.i == CAPACITY_AXIS:
-                    attr.i = CAPACITY_AXIS - 4
     return prepared
 
 

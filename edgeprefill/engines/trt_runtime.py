@@ -16,7 +16,7 @@ from edgeprefill.bundle import Manifest
 from edgeprefill.engines.base import BackendOptions
 from edgeprefill.engines.cuda_device import CudaDevice, DeviceMemory
 from edgeprefill.engines.gpu_libs import require_tensorrt
-from edgeprefill.engines.trt_cache import ENGINES_DIR, DeviceInfo, engine_paths, usable_records
+from edgeprefill.engines.trt_cache import ENGINES_DIR, DeviceInfo, find_engine, usable_records
 from edgeprefill.engines.trt_plan import ProfilePlan, profile_plan
 from edgeprefill.engines.trt_steps import TensorBinding
 from edgeprefill.errors import BackendError
@@ -36,22 +36,30 @@ def open_runtime(bundle_dir: Path, manifest: Manifest, options: BackendOptions) 
     """Load the newest engine built for this GPU, TensorRT version and graph."""
     trt = require_tensorrt()
     device = CudaDevice()
-    name, capability = device.info()
-    info = DeviceInfo(name, capability, trt.__version__)
+    info = DeviceInfo(*device.info(), trt.__version__)
     engines_dir = options.engine_dir or bundle_dir / ENGINES_DIR
+    engine, plan = choose_engine(engines_dir, manifest, info, bundle_dir)
+    return TrtRuntime(trt, engine, plan, device, manifest)
+
+
+def choose_engine(
+    engines_dir: Path, manifest: Manifest, info: DeviceInfo, bundle_dir: Path
+) -> tuple[Path, ProfilePlan]:
+    """The engine file to load here and its profile plan; BackendError when none fits."""
     keys = usable_records(engines_dir, manifest, info)
     if not keys:
         raise BackendError(
-            f"no TensorRT engine in {engines_dir} matches this GPU ({name}, sm {capability}), "
-            f"TensorRT {trt.__version__} and this bundle's graph; build one with "
-            f"`edgeprefill build {bundle_dir}`"
+            f"no TensorRT engine in {engines_dir} matches this GPU ({info.gpu_name}, sm "
+            f"{info.compute_capability}), TensorRT {info.tensorrt_version} and this bundle's "
+            f"graph; build one with `edgeprefill build {bundle_dir}`"
         )
     key = keys[0]
+    engine = find_engine(engines_dir, key, verify=True)
     plan = profile_plan(manifest, key.capacity, key.max_batch)
-    if plan.buckets != key.buckets:
-        raise BackendError(f"the engine's buckets {key.buckets} differ from the bundle's; "
-                           f"rebuild with `edgeprefill build {bundle_dir} --force`")
-    return TrtRuntime(trt, engine_paths(engines_dir, key)[0], plan, device, manifest)
+    if engine is None or plan.buckets != key.buckets:
+        raise BackendError(f"the engine {key.stem} is corrupt or was built for other "
+                           f"buckets; rebuild with `edgeprefill build {bundle_dir} --force`")
+    return engine, plan
 
 
 class TrtRuntime:
@@ -81,7 +89,11 @@ class TrtRuntime:
     def _context(self, profile: int):
         strategy = self.trt.ExecutionContextAllocationStrategy.USER_MANAGED
         context = self.engine.create_execution_context(strategy)
-        context.set_device_memory(self._scratch, self._scratch_bytes)
+        setter = getattr(context, "set_device_memory", None)  # (memory, size) in newer 10.x
+        if setter is not None:
+            setter(self._scratch, self._scratch_bytes)
+        else:
+            context.device_memory = self._scratch
         if not context.set_optimization_profile_async(profile, self.device.stream):
             raise BackendError(f"TensorRT refused optimization profile {profile}")
         return context

@@ -184,8 +184,8 @@ class StandardFlavor(Flavor):
         k4 = self.rotate(g, self.heads_first(g, k, cfg.num_kv_heads), step)
         v4 = self.heads_first(g, v, cfg.num_kv_heads)
         write_at = step.extra["write_at"]
-        keys = g.op("TensorScatter", [past[0], k4, write_at], [present[0]], axis=2)
-        values = g.op("TensorScatter", [past[1], v4, write_at], [present[1]], axis=2)
+        keys = g.op("TensorScatter", [past[0], k4, write_at], [present[0]], axis=-2)
+        values = g.op("TensorScatter", [past[1], v4, write_at], [present[1]], axis=-2)
         # Group the query heads by the KV head they share: [B,KV,rep,C,D] against
         # [B,KV,1,cap,D] broadcasts without materializing repeated keys.
         q5 = g.op("Reshape", [q4, g.const([0, cfg.num_kv_heads, rep, -1, cfg.head_dim])])
