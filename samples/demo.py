@@ -23,7 +23,8 @@ with Engine.load(bundle) as engine:
     for event in stream:
         print(event.text, end="", flush=True)
     m = stream.metrics
-    print(f"\nexpected: {expected}  ->  {'correct' if stream.text.strip() == expected else 'WRONG'}")
+    correct = stream.text.strip() == expected
+    print(f"\nexpected: {expected}  ->  {'correct' if correct else 'WRONG'}")
     print(f"prefilled in {m.chunks} chunks of 64, TTFT {m.ttft * 1000:.0f} ms, "
           f"{m.generated_tokens} tokens generated")
-    sys.exit(0 if stream.text.strip() == expected else 1)
+    sys.exit(0 if correct else 1)
