@@ -7,11 +7,12 @@ from edgeprefill.bench.workload import (
     RunSpec,
     Timeline,
     Workload,
+    run_isolated,
     run_mixed,
     sweep_specs,
 )
 
 __all__ = [
-    "SWEEP_POLICIES", "RunResult", "RunSpec", "Timeline", "Workload", "run_mixed",
+    "SWEEP_POLICIES", "RunResult", "RunSpec", "Timeline", "Workload", "run_isolated", "run_mixed",
     "sweep_specs",
 ]

@@ -11,8 +11,10 @@ chunked policies split it, with decode steps of the sessions between the chunks.
 
 from __future__ import annotations
 
+import multiprocessing
 import time
 from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from itertools import pairwise
 from pathlib import Path
@@ -101,6 +103,14 @@ def sweep_specs(policies: list[str], chunk_sizes: list[int]) -> list[RunSpec]:
         else:
             specs.extend(RunSpec(policy, size) for size in chunk_sizes)
     return specs
+
+
+def run_isolated(bundle: Path, spec: RunSpec, workload: Workload) -> RunResult:
+    """`run_mixed` in a fresh Python process, so each run's peak memory is its own and not
+    the heap that earlier runs left behind (allocators rarely hand memory back)."""
+    context = multiprocessing.get_context("spawn")  # fork would copy this process's heap
+    with ProcessPoolExecutor(max_workers=1, mp_context=context) as pool:
+        return pool.submit(run_mixed, bundle, spec, workload).result()
 
 
 def run_mixed(bundle: Path, spec: RunSpec, workload: Workload) -> RunResult:

@@ -16,7 +16,7 @@ from edgeprefill.bench import (
     sweep_specs,
     timeline,
 )
-from edgeprefill.bench.workload import check_fits, run_mixed
+from edgeprefill.bench.workload import check_fits, run_isolated
 from edgeprefill.bundle import load_manifest
 
 DEFAULT_PROMPT_CAP = 2048
@@ -92,7 +92,7 @@ def _run_all(bundle: Path, specs: list[RunSpec], workload: Workload) -> list[Run
     with tqdm(specs, desc="bench", unit="run", leave=False) as progress:
         for spec in progress:
             progress.set_postfix_str(spec.label)
-            results.append(run_mixed(bundle, spec, workload))
+            results.append(run_isolated(bundle, spec, workload))
     return results
 
 
