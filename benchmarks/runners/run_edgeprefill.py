@@ -14,7 +14,10 @@ from edgeprefill import Engine, GenerationParams
 
 
 def load(spec: dict[str, Any]) -> Loaded:
-    engine = Engine.load(spec["artifact_dir"], threads=spec["threads"])
+    # No prefix reuse: the prompts of every length are prefixes of one sequence, and a
+    # warm prefix cache would measure a copy of the KV, not a prefill.
+    engine = Engine.load(spec["artifact_dir"], threads=spec["threads"], prefix_reuse=False,
+                         kv_slots=1)
     chunk_size = spec["options"]["chunk_size"]
 
     def generate(prompt_ids: list[int], max_new_tokens: int) -> list[tuple[float, int]]:
@@ -25,7 +28,15 @@ def load(spec: dict[str, Any]) -> Loaded:
             stamps.append((time.perf_counter() - start, int(event.token_id)))
         return stamps
 
-    return Loaded(generate, {"chunk_size": chunk_size})
+    def report() -> dict[str, Any]:
+        """Prefix-cache counters: hits would mean some prefill was skipped, not measured."""
+        metrics = engine.metrics()
+        return {
+            "prefix_lookups": getattr(metrics, "prefix_lookups", None),
+            "prefix_hits": getattr(metrics, "prefix_hits", None),
+        }
+
+    return Loaded(generate, {"chunk_size": chunk_size}, report)
 
 
 if __name__ == "__main__":

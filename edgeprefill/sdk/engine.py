@@ -327,7 +327,9 @@ class Engine:
     # -- tokens out -------------------------------------------------------------------
 
     def _emit(self, request: Request, logits: np.ndarray) -> None:
-        token = request.sampler.sample(logits, request.tokens + request.generated)
+        penalized = request.params.repetition_penalty != 1.0
+        history = request.tokens + request.generated if penalized else []
+        token = request.sampler.sample(logits, history)
         request.metrics.token_times.append(time.perf_counter())
         if token in self.eos and not request.params.ignore_eos:
             self._finish(request, "stop")

@@ -1,0 +1,49 @@
+"""The samples run, unmodified, on the shipped tiny model, and do what they say."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run_sample(name: str, bundle: Path) -> str:
+    result = subprocess.run([sys.executable, str(ROOT / "samples" / name), str(bundle)],
+                            capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert result.returncode == 0, result.stdout + result.stderr
+    return result.stdout
+
+
+@pytest.mark.parametrize("name", ["chat.py", "concurrent.py", "embed_in_app.py", "demo.py"])
+def test_samples_are_short(name):
+    assert len((ROOT / "samples" / name).read_text().splitlines()) <= 60
+
+
+def test_demo_answers_the_long_recall_prompt(tiny_bundle):
+    out = run_sample("demo.py", tiny_bundle)
+    assert "correct" in out and "WRONG" not in out
+
+
+def test_chat_sample_reuses_the_session_cache(tiny_bundle):
+    out = run_sample("chat.py", tiny_bundle)
+    reused = [int(line.split(" reused")[0].split(",")[-1].split()[0])
+              for line in out.splitlines() if "reused" in line]
+    assert len(reused) == 3 and reused[0] == 0 and all(r > 0 for r in reused[1:])
+
+
+def test_concurrent_sample_serves_the_urgent_request_first(tiny_bundle):
+    out = run_sample("concurrent.py", tiny_bundle)
+    ttft = {line.split()[0]: float(line.split("TTFT")[1].split("ms")[0])
+            for line in out.splitlines() if "TTFT" in line}
+    assert set(ttft) == {"chat-a", "document", "urgent"}
+    assert ttft["urgent"] < ttft["document"]
+
+
+def test_embed_in_app_sample_cancels_and_frees_the_kv(tiny_bundle):
+    out = run_sample("embed_in_app.py", tiny_bundle)
+    assert "finished: cancelled" in out
+    assert "KV slots in use after cancel: 0" in out
