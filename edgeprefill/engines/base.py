@@ -41,6 +41,9 @@ class BackendOptions:
     threads: int | None = None  # intra-op threads; None: the physical cores
     optimize: bool = True  # full graph optimizations (ORT_ENABLE_ALL)
     engine_dir: Path | None = None  # where compiled engines are cached (GPU paths)
+    # Busy-wait of idle compute threads between calls. Off by default: on a small device
+    # the app's own threads (and the engine's Python loop) need those cores.
+    spin: bool = False
 
 
 class Backend(ABC):

@@ -94,6 +94,9 @@ class OnnxRuntimeBackend(Backend):
             else ort.GraphOptimizationLevel.ORT_DISABLE_ALL
         )
         so.log_severity_level = 3  # errors only: ORT's warnings are not the user's concern
+        so.add_session_config_entry(
+            "session.intra_op.allow_spinning", "1" if self.options.spin else "0"
+        )
         if self._gpu is not None:
             for axis, size in dimension_overrides(self.options.device, self._gpu).items():
                 so.add_free_dimension_override_by_name(axis, size)
@@ -194,8 +197,10 @@ class OnnxRuntimeBackend(Backend):
             arena[b, :, :length] = held
 
     def close(self) -> None:
+        # Drop the session too: its weights would otherwise stay until a GC cycle.
         self._bindings.clear()
         self._kv, self._device_kv = [], None
+        self.session = None
 
 
 def _flat(pairs: list[list[str]]) -> list[str]:

@@ -47,6 +47,7 @@ class EngineConfig:
     backend: str = "onnxruntime"
     device: str = "cpu"
     threads: int | None = None  # None: the machine's physical cores
+    spin: bool = False  # let idle compute threads busy-wait (see BackendOptions)
     kv_slots: int = 4  # conversations whose KV is held at once
     kv_budget_bytes: int | None = None  # if set, slots = budget // bytes per slot
     max_context: int | None = None  # positions per slot; None: the bundle's max context
@@ -69,7 +70,7 @@ class Engine:
         self.config = config = config or EngineConfig()
         self.manifest: Manifest = load_manifest(self.bundle_dir, config.verify_checksums)
         self.tokenizer = BundleTokenizer(self.bundle_dir, self.manifest)
-        options = BackendOptions(device=config.device, threads=config.threads)
+        options = BackendOptions(device=config.device, threads=config.threads, spin=config.spin)
         self.backend = create_backend(config.backend, self.bundle_dir, self.manifest, options)
         self.capacity = self._capacity()
         buckets = list(self.manifest.chunks)
