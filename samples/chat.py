@@ -1,4 +1,5 @@
-"""A multi-turn chat: the session keeps its KV cache, so each turn prefills only what is new.
+"""A multi-turn conversation: the session keeps its KV cache, so each turn prefills only
+the new words and the model still sees the secret stated at the very start.
 
     python samples/chat.py build/tiny-recall
 """
@@ -8,17 +9,20 @@ import sys
 from edgeprefill import Engine, GenerationParams
 
 bundle = sys.argv[1] if len(sys.argv) > 1 else "build/tiny-recall"
-params = GenerationParams(max_new_tokens=16)
+turns = [
+    "the secret is jade . kero bala musi . tin rapu . what was the secret ?",
+    "lon sose duga . vimi kon . what was the secret ?",
+    "bata nela . what was the secret ?",
+]
 
 with Engine.load(bundle) as engine:
     session = engine.session()
-    turns = ["alice=42 bob=7 carol=19 ; alice ?", "bob ?", "carol ?"]
     for text in turns:
-        print(f"you> {text}")
+        print(f"you>   {text}")
         print("model> ", end="", flush=True)
-        stream = session.generate(text if text is turns[0] else f" {text}", params)
+        stream = session.generate(text, GenerationParams(max_new_tokens=8))
         for event in stream:  # tokens arrive as they are produced
             print(event.text, end="", flush=True)
         m = stream.metrics
-        print(f"\n   ({m.prompt_tokens} prompt tokens, {m.prefix_reused} reused from the "
-              f"session's cache, TTFT {m.ttft * 1000:.0f} ms)")
+        print(f"\n       ({m.prompt_tokens} tokens in the conversation, {m.prefix_reused} "
+              f"reused from the session's cache, TTFT {m.ttft * 1000:.0f} ms)")

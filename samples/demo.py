@@ -26,5 +26,5 @@ with Engine.load(bundle) as engine:
     correct = stream.text.strip() == expected
     print(f"\nexpected: {expected}  ->  {'correct' if correct else 'WRONG'}")
     print(f"prefilled in {m.chunks} chunks of 64, TTFT {m.ttft * 1000:.0f} ms, "
-          f"{m.generated_tokens} tokens generated")
+          f"{len(stream.token_ids)} tokens generated")
     sys.exit(0 if correct else 1)

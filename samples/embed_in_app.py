@@ -25,7 +25,8 @@ def worker(engine: Engine, prompt: str, cancel: threading.Event) -> None:
 
 with Engine.load(bundle) as engine:
     cancel = threading.Event()
-    threading.Thread(target=worker, args=(engine, "alice=42 bob=7 ; alice ?", cancel)).start()
+    prompt = "the secret is onyx . kero bala . what was the secret ?"
+    threading.Thread(target=worker, args=(engine, prompt, cancel)).start()
     tokens = 0
     while True:  # the "UI loop"
         kind, value = ui_events.get()

@@ -18,7 +18,9 @@ def run_sample(name: str, bundle: Path) -> str:
     return result.stdout
 
 
-@pytest.mark.parametrize("name", ["chat.py", "concurrent.py", "embed_in_app.py", "demo.py"])
+@pytest.mark.parametrize(
+    "name", ["chat.py", "concurrent_sessions.py", "embed_in_app.py", "demo.py"]
+)
 def test_samples_are_short(name):
     assert len((ROOT / "samples" / name).read_text().splitlines()) <= 60
 
@@ -33,14 +35,21 @@ def test_chat_sample_reuses_the_session_cache(tiny_bundle):
     reused = [int(line.split(" reused")[0].split(",")[-1].split()[0])
               for line in out.splitlines() if "reused" in line]
     assert len(reused) == 3 and reused[0] == 0 and all(r > 0 for r in reused[1:])
+    replies = [line.removeprefix("model> ").strip() for line in out.splitlines()
+               if line.startswith("model> ")]
+    assert replies == ["jade", "jade", "jade"]  # the secret from the first turn, every time
 
 
 def test_concurrent_sample_serves_the_urgent_request_first(tiny_bundle):
-    out = run_sample("concurrent.py", tiny_bundle)
+    out = run_sample("concurrent_sessions.py", tiny_bundle)
     ttft = {line.split()[0]: float(line.split("TTFT")[1].split("ms")[0])
             for line in out.splitlines() if "TTFT" in line}
-    assert set(ttft) == {"chat-a", "document", "urgent"}
+    assert set(ttft) == {"chat", "document", "urgent"}
     assert ttft["urgent"] < ttft["document"]
+    answers = {line.split()[0]: line.split("->")[1].strip() for line in out.splitlines()
+               if "->" in line}
+    expected = (ROOT / "models" / "tiny-recall" / "demo_answer.txt").read_text().strip()
+    assert answers == {"document": repr(expected), "chat": "'amber'", "urgent": "'storm'"}
 
 
 def test_embed_in_app_sample_cancels_and_frees_the_kv(tiny_bundle):

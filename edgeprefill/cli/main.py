@@ -45,7 +45,7 @@ def cli() -> None:
     \b
     Example:
       edgeprefill export models/tiny-recall -o build/tiny-recall
-      edgeprefill run build/tiny-recall --prompt "alice=42 bob=7 ; alice ?" --stats
+      edgeprefill run build/tiny-recall --prompt "the secret is jade . what was the secret ?"
     """
 
 

@@ -45,7 +45,7 @@ def serve(
     Example:
       edgeprefill serve build/tiny-recall --port 8000
       curl http://127.0.0.1:8000/v1/completions -H 'Content-Type: application/json' \\
-           -d '{"prompt": "alice=42 bob=7 ; alice ?", "max_tokens": 8}'
+           -d '{"prompt": "the secret is jade . what was the secret ?", "max_tokens": 8}'
     """
     try:
         import uvicorn

@@ -333,6 +333,7 @@ class Engine:
         token = request.sampler.sample(logits, history)
         request.metrics.token_times.append(time.perf_counter())
         if token in self.eos and not request.params.ignore_eos:
+            request.stream.eos_token_id = token
             self._finish(request, "stop")
             return
         request.generated.append(token)

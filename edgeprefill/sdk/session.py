@@ -71,7 +71,9 @@ class Session:
             return
         if not last.done:
             raise RequestError("this session's previous reply is still being generated")
-        self.tokens = self._last_prompt + last.token_ids
+        # The EOS that ended the reply is part of the conversation, as the model saw it.
+        eos = [] if last.eos_token_id is None else [last.eos_token_id]
+        self.tokens = self._last_prompt + last.token_ids + eos
         if self._chat:
             self.messages.append({"role": "assistant", "content": last.text})
         self._last = None

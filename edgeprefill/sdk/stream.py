@@ -45,6 +45,7 @@ class TokenStream:
         self.text = ""
         self.finish_reason: str | None = None
         self.error: str | None = None
+        self.eos_token_id: int | None = None  # the EOS token that ended generation, if one
 
     # -- producer side (engine loop) --------------------------------------------------
 

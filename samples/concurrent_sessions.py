@@ -1,0 +1,42 @@
+"""Three requests streaming at once with different priorities, a long document among them.
+
+The document is prefilled in chunks between the other requests' decode steps, and the
+urgent request takes the next prefill turn as soon as it arrives.
+
+    python samples/concurrent_sessions.py build/tiny-recall
+
+(Not `concurrent.py`: run as a script, that name would shadow the standard library
+package `concurrent` that asyncio imports.)
+"""
+
+import sys
+import threading
+from pathlib import Path
+
+from edgeprefill import Engine, GenerationParams
+
+bundle = sys.argv[1] if len(sys.argv) > 1 else "build/tiny-recall"
+models = Path(__file__).resolve().parent.parent / "models"
+requests = {  # name: (prompt, priority)
+    "document": ((models / "tiny-recall" / "demo_prompt.txt").read_text(), 0),
+    "chat": ("the secret is amber . kero bala . what was the secret ?", 1),
+    "urgent": ("the secret is storm . musi tin . what was the secret ?", 10),
+}
+
+with Engine.load(bundle, kv_slots=3, chunk_size=32) as engine:
+    results = {}
+
+    def run(name: str, prompt: str, priority: int) -> None:
+        stream = engine.generate(prompt, GenerationParams(max_new_tokens=8), priority=priority)
+        results[name] = stream.result()
+
+    threads = [threading.Thread(target=run, args=(n, *r)) for n, r in requests.items()]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for name, stream in results.items():
+        m = stream.metrics
+        print(f"{name:9} priority {requests[name][1]:2}  prompt {m.prompt_tokens:5} tokens  "
+              f"TTFT {m.ttft * 1000:6.0f} ms  chunks {m.chunks:3}  -> {stream.text.strip()!r}")
+    print(f"longest gap between decode steps: {engine.metrics().max_decode_stall_s * 1000:.0f} ms")
