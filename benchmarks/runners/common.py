@@ -28,6 +28,8 @@ class Loaded:
     generate: GenerateFn
     # Extra facts for the report (for example weight bytes read per decoded token).
     extra: dict[str, Any] = field(default_factory=dict)
+    # Called after the measurements; what it returns joins the result (e.g. cache hit counts).
+    report: Callable[[], dict[str, Any]] | None = None
 
 
 def log(message: str) -> None:
@@ -55,23 +57,31 @@ def rss_mib() -> dict[str, float]:
     return values
 
 
-def measure_ttft(generate: GenerateFn, prompt: list[int], warmup: int, repeats: int) -> list[float]:
-    """TTFT = prompt ids in, first generated token out (full prefill + first logits)."""
-    for _ in range(warmup):
+def measure_ttft(
+    generate: GenerateFn, prompts: list[list[int]], warmup: int
+) -> tuple[list[float], list[int]]:
+    """TTFT = prompt ids in, first generated token out (full prefill + first logits).
+
+    Every run gets its own prompt (the first `warmup` ones only warm up): repeating a prompt
+    would let a runtime with a prefix cache skip the prefill it is being timed on."""
+    for prompt in prompts[:warmup]:
         generate(prompt, 1)
-    runs = []
-    for _ in range(repeats):
-        runs.append(generate(prompt, 1)[0][0])
-    return runs
+    times, first_tokens = [], []
+    for prompt in prompts[warmup:]:
+        (seconds, token), *_ = generate(prompt, 1)
+        times.append(seconds)
+        first_tokens.append(token)
+    return times, first_tokens
 
 
 def measure_decode(
-    generate: GenerateFn, prompt: list[int], new_tokens: int, repeats: int
+    generate: GenerateFn, prompts: list[list[int]], new_tokens: int
 ) -> tuple[list[float], list[int]]:
-    """Decode rate excludes the first token (that one is prefill): (n - 1) / (t_last - t_first)."""
+    """Decode rate excludes the first token (that one is prefill): (n - 1) / (t_last - t_first).
+    Returns the rates and the tokens of the last run."""
     rates = []
     token_ids: list[int] = []
-    for _ in range(repeats):
+    for prompt in prompts:
         stamps = generate(prompt, new_tokens)
         if len(stamps) != new_tokens:
             raise RuntimeError(f"asked for {new_tokens} new tokens, got {len(stamps)}")
@@ -83,7 +93,7 @@ def measure_decode(
 def run_runner(load: Callable[[dict[str, Any]], Loaded], packages: list[str]) -> None:
     spec = json.loads(Path(sys.argv[1]).read_text())
     name = spec["runtime"]
-    prompt_ids: list[int] = spec["prompt_ids"]
+    prompts = spec["prompts"]
 
     start = time.perf_counter()
     loaded = load(spec)
@@ -92,15 +102,16 @@ def run_runner(load: Callable[[dict[str, Any]], Loaded], packages: list[str]) ->
     log(f"{name}: loaded in {load_s:.2f} s, RSS {rss_after_load:.0f} MiB")
 
     ttft: dict[str, dict[str, Any]] = {}
-    for length in spec["lengths"]:
-        runs = measure_ttft(loaded.generate, prompt_ids[:length], spec["warmup"], spec["repeats"])
-        ttft[str(length)] = {"median_s": statistics.median(runs), "runs_s": runs}
+    for length, length_prompts in prompts["ttft"].items():
+        runs, first_tokens = measure_ttft(loaded.generate, length_prompts, spec["warmup"])
+        ttft[length] = {
+            "median_s": statistics.median(runs),
+            "runs_s": runs,
+            "first_tokens": first_tokens,
+        }
         log(f"{name}: TTFT {length} tokens: " + ", ".join(f"{r:.3f}" for r in runs) + " s")
 
-    decode_prompt = prompt_ids[: spec["decode_prompt_len"]]
-    rates, token_ids = measure_decode(
-        loaded.generate, decode_prompt, spec["new_tokens"], spec["repeats"]
-    )
+    rates, token_ids = measure_decode(loaded.generate, prompts["decode"], spec["new_tokens"])
     log(f"{name}: decode " + ", ".join(f"{r:.1f}" for r in rates) + " tok/s")
 
     result = {
@@ -116,5 +127,6 @@ def run_runner(load: Callable[[dict[str, Any]], Loaded], packages: list[str]) ->
         "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "versions": package_versions(packages),
         **loaded.extra,
+        **(loaded.report() if loaded.report else {}),
     }
     print(json.dumps(result), flush=True)

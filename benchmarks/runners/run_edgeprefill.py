@@ -14,10 +14,11 @@ from edgeprefill import Engine, GenerationParams
 
 
 def load(spec: dict[str, Any]) -> Loaded:
-    # No prefix reuse: the prompts of every length are prefixes of one sequence, and a
-    # warm prefix cache would measure a copy of the KV, not a prefill.
-    engine = Engine.load(spec["artifact_dir"], threads=spec["threads"], prefix_reuse=False,
-                         kv_slots=1)
+    # No prefix reuse: every run already gets its own prompt, and with the cache off a
+    # lookup can never stand in for the prefill being timed. One KV slot: batch 1.
+    engine = Engine.load(
+        spec["artifact_dir"], threads=spec["threads"], prefix_reuse=False, kv_slots=1
+    )
     chunk_size = spec["options"]["chunk_size"]
 
     def generate(prompt_ids: list[int], max_new_tokens: int) -> list[tuple[float, int]]:
