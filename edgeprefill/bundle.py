@@ -126,6 +126,23 @@ def resolve_inside(root: Path, name: str) -> Path:
     return path
 
 
+def load_graph(bundle_dir: Path, manifest: Manifest):
+    """The bundle's ONNX graph without its weights (an onnx.ModelProto); refuses a corrupt
+    file and external-data locations outside the bundle directory."""
+    import onnx
+
+    path = resolve_inside(bundle_dir, manifest.graph.file)
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except Exception as err:  # onnx raises DecodeError and others for a corrupt file
+        raise BundleError(f"{path} is not a readable ONNX model: {err}") from None
+    for tensor in model.graph.initializer:
+        for entry in tensor.external_data:
+            if entry.key == "location":
+                resolve_inside(bundle_dir, entry.value)
+    return model
+
+
 def _check_file(root: Path, name: str, record: dict[str, Any], full: bool) -> None:
     path = resolve_inside(root, name)
     if not path.is_file():

@@ -8,11 +8,10 @@ import onnxruntime as ort
 import pytest
 from onnx import helper
 
-from edgeprefill.bundle import load_manifest
+from edgeprefill.bundle import load_graph, load_manifest
 from edgeprefill.engines.trt_graph import (
     graph_problems,
     kv_tensor_names,
-    load_graph,
     parser_ready_graph,
     prepare_graph,
 )

@@ -13,9 +13,8 @@ import os
 from pathlib import Path
 
 import numpy as np
-import onnx
 
-from edgeprefill.bundle import Manifest, resolve_inside
+from edgeprefill.bundle import Manifest, load_graph, resolve_inside
 from edgeprefill.engines.base import Backend, BackendOptions, StepBatch
 from edgeprefill.engines.ort_device_kv import DeviceArena
 from edgeprefill.engines.ort_providers import (
@@ -24,7 +23,7 @@ from edgeprefill.engines.ort_providers import (
     missing_provider,
     provider_options,
 )
-from edgeprefill.errors import BackendError, BundleError
+from edgeprefill.errors import BackendError
 
 PROVIDERS = {
     "cpu": ["CPUExecutionProvider"],
@@ -69,7 +68,7 @@ class OnnxRuntimeBackend(Backend):
         if options.device == "tensorrt":
             self._gpu.cache_dir.mkdir(parents=True, exist_ok=True)
         graph_path = resolve_inside(bundle_dir, manifest.graph.file)
-        _check_external_data(graph_path, bundle_dir)
+        load_graph(bundle_dir, manifest)  # refuses external data outside the bundle
         self.threads = options.threads or physical_cores()
         providers = PROVIDERS[options.device]
         self.session = ort.InferenceSession(
@@ -205,15 +204,3 @@ class OnnxRuntimeBackend(Backend):
 
 def _flat(pairs: list[list[str]]) -> list[str]:
     return [name for pair in pairs for name in pair]
-
-
-def _check_external_data(graph_path: Path, bundle_dir: Path) -> None:
-    """Refuse a graph whose external data points outside the bundle directory."""
-    try:
-        model = onnx.load(str(graph_path), load_external_data=False)
-    except Exception as err:  # onnx raises DecodeError and others for a corrupt file
-        raise BundleError(f"{graph_path} is not a readable ONNX model: {err}") from None
-    for tensor in model.graph.initializer:
-        for entry in tensor.external_data:
-            if entry.key == "location":
-                resolve_inside(bundle_dir, entry.value)

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import onnx
 
-from edgeprefill.bundle import Manifest, resolve_inside
+from edgeprefill.bundle import Manifest, load_graph
 from edgeprefill.engines.trt_ops import MAX_OPSET, restriction_problems, unsupported_ops
-from edgeprefill.errors import BackendError, BundleError
+from edgeprefill.errors import BackendError
 
 PREP_VERSION = 1  # bump when prepare_graph changes what the parser sees: part of the engine key
 CAPACITY_AXIS = 2  # [B, kv_heads, capacity, head_dim]
@@ -36,20 +36,6 @@ def require_standard(manifest: Manifest) -> None:
 def kv_tensor_names(manifest: Manifest) -> set[str]:
     graph = manifest.graph
     return {n for pair in graph.kv_inputs + graph.kv_outputs for n in pair}
-
-
-def load_graph(bundle_dir: Path, manifest: Manifest) -> onnx.ModelProto:
-    """The bundle's graph without its weights; refuses external data outside the bundle."""
-    path = resolve_inside(bundle_dir, manifest.graph.file)
-    try:
-        model = onnx.load(str(path), load_external_data=False)
-    except Exception as err:  # onnx raises DecodeError and others for a corrupt file
-        raise BundleError(f"{path} is not a readable ONNX model: {err}") from None
-    for tensor in model.graph.initializer:
-        for entry in tensor.external_data:
-            if entry.key == "location":
-                resolve_inside(bundle_dir, entry.value)
-    return model
 
 
 def prepare_graph(model: onnx.ModelProto, kv_names: set[str], capacity: int) -> onnx.ModelProto:
