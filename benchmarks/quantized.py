@@ -1,0 +1,81 @@
+"""fp32 against int8 and int4 exports of one checkpoint: speed, logit error, top-1 agreement.
+
+    python benchmarks/quantized.py HF_DIR --threads 2 [--tiny-task models/tiny-recall]
+
+Exports the checkpoint three times (fp32, `--quantize int8`, `--quantize int4`), then for
+each: TTFT of one prompt (one chunk), decode tokens/s, and against fp32 the relative max
+logit error and the top-1 agreement over every position of a teacher-forced sequence.
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from edgeprefill.engines import StepBatch
+from edgeprefill.export.exporter import ExportOptions, export
+from edgeprefill.export.quantize import QuantConfig
+from edgeprefill.sdk import Engine, GenerationParams
+
+VARIANTS = {"fp32": None, "int8": QuantConfig("int8"), "int4": QuantConfig("int4", 32)}
+
+
+def timed_run(engine: Engine, ids: list[int], new_tokens: int) -> tuple[float, float]:
+    stream = engine.generate(ids, GenerationParams(max_new_tokens=new_tokens, ignore_eos=True),
+                             chunk_size=len(ids)).result()
+    times = stream.metrics.token_times
+    return stream.metrics.ttft, (len(times) - 1) / (times[-1] - times[0])
+
+
+def teacher_forced_logits(engine: Engine, ids: list[int]) -> np.ndarray:
+    """Logits after every prefix, one decode-shaped step per token."""
+    rows = []
+    for i, token in enumerate(ids):
+        batch = StepBatch(np.array([[token]]), np.array([i], np.int32),
+                          np.array([1], np.int32), 0)
+        rows.append(engine.backend.run(batch)[0].copy())
+    return np.stack(rows)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("hf_dir", type=Path)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--prompt-tokens", type=int, default=512)
+    parser.add_argument("--new-tokens", type=int, default=32)
+    parser.add_argument("--check-tokens", type=int, default=64)
+    args = parser.parse_args()
+    ids = [int(t) for t in np.random.default_rng(0).integers(5, 1000, size=args.prompt_tokens)]
+    reference, rows = None, []
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, quant in VARIANTS.items():
+            out = Path(tmp) / name
+            export(args.hf_dir, out, ExportOptions(chunks=(64,), max_context=2048,
+                                                   show_progress=False, quant=quant))
+            with Engine.load(out, threads=args.threads, kv_slots=1, prefix_reuse=False,
+                             background=False) as engine:
+                timed_run(engine, ids[:32], 4)  # warm-up
+                ttft, decode = timed_run(engine, ids, args.new_tokens)
+                logits = teacher_forced_logits(engine, ids[: args.check_tokens])
+            if reference is None:
+                reference = logits
+            err = np.abs(logits - reference).max() / np.abs(reference).max()
+            top1 = np.mean(logits.argmax(-1) == reference.argmax(-1))
+            rows.append((name, ttft, decode, err, top1))
+            print(f"{name}: TTFT {ttft:.2f} s, decode {decode:.1f} tok/s", flush=True)
+    base_ttft, base_decode = rows[0][1], rows[0][2]
+    print(f"\n{'weights':8} {'TTFT':>8} {'vs fp32':>8} {'decode':>10} {'vs fp32':>8} "
+          f"{'rel err':>8} {'top-1':>6}")
+    for name, ttft, decode, err, top1 in rows:
+        print(f"{name:8} {ttft:7.2f}s {base_ttft / ttft:7.2f}x {decode:7.1f}t/s "
+              f"{decode / base_decode:7.2f}x {err:8.4f} {top1:6.1%}")
+    print(f"({args.prompt_tokens}-token prompt in one chunk, {args.new_tokens} decode tokens, "
+          f"{args.threads} threads; {time.strftime('%Y-%m-%d %H:%M')})")
+
+
+if __name__ == "__main__":
+    main()
