@@ -5,7 +5,7 @@ BIN     := $(VENV)/bin
 TINY    := models/tiny-recall
 BUNDLE  := build/tiny-recall
 
-.PHONY: demo test test-slow lint bench clean
+.PHONY: demo test test-gpu lint bench clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -26,12 +26,15 @@ demo: $(VENV)/.core
 	$(BIN)/edgeprefill export $(TINY) -o $(BUNDLE) --overwrite
 	$(BIN)/python samples/demo.py $(BUNDLE)
 
-test: $(VENV)/.dev
+lint: $(VENV)/.dev
 	$(BIN)/ruff check edgeprefill tests samples benchmarks scripts
+
+test: lint
 	$(BIN)/python -m pytest -q
 
-test-slow: $(VENV)/.dev
-	$(BIN)/python -m pytest -q -m slow
+# On a machine with an NVIDIA GPU, TensorRT and onnxruntime-gpu (see docs/jetson.md).
+test-gpu: $(VENV)/.dev
+	$(BIN)/python -m pytest -q -m gpu
 
 bench: $(VENV)/.dev
 	$(BIN)/python benchmarks/compare.py
