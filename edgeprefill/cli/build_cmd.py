@@ -28,6 +28,11 @@ def build(
     """Compile BUNDLE's standard chunk graph into one TensorRT engine: a profile per chunk
     bucket plus the decode profile, weights stored once, cached in BUNDLE/engines/ for this
     GPU and TensorRT version. Run it with `edgeprefill run BUNDLE --backend tensorrt`.
+
+    \b
+    Example:
+      edgeprefill export ~/models/SmolLM2-135M -o build/smollm2-std --flavor standard --dtype fp16
+      edgeprefill build build/smollm2-std --precision fp16
     """
     options = BuildOptions(precision, workspace_mib, max_batch, capacity, force)
     result = build_engine(bundle, options, click.echo)
