@@ -23,7 +23,8 @@ import numpy as np
 
 from edgeprefill.bench.memory import PeakRSS
 from edgeprefill.errors import EdgeprefillError
-from edgeprefill.sdk.engine import Engine, StepTrace
+from edgeprefill.sdk.config import StepTrace
+from edgeprefill.sdk.engine import Engine
 from edgeprefill.sdk.params import GenerationParams
 from edgeprefill.sdk.stream import TokenStream
 

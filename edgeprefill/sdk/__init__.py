@@ -1,6 +1,7 @@
 """The runtime: Engine, Session, scheduler, KV cache, sampler, metrics."""
 
-from edgeprefill.sdk.engine import Engine, EngineConfig, StepTrace
+from edgeprefill.sdk.config import EngineConfig, StepTrace
+from edgeprefill.sdk.engine import Engine
 from edgeprefill.sdk.metrics import EngineMetrics, RequestMetrics
 from edgeprefill.sdk.params import GenerationParams
 from edgeprefill.sdk.scheduler import POLICIES, SchedulerConfig

@@ -1,0 +1,41 @@
+"""Typed, frozen configuration of the runtime, checked once, and the step trace record."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+from edgeprefill.errors import RequestError
+from edgeprefill.sdk.scheduler import SchedulerConfig
+
+
+class StepTrace(NamedTuple):
+    """One engine call, for timelines: which requests, how many tokens, when."""
+
+    kind: str  # "prefill" or "decode"
+    start: float  # time.perf_counter()
+    end: float
+    request_ids: tuple[int, ...]
+    tokens: int
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    backend: str = "onnxruntime"
+    device: str = "cpu"
+    threads: int | None = None  # None: the machine's physical cores
+    spin: bool = False  # let idle compute threads busy-wait (see BackendOptions)
+    kv_slots: int = 4  # conversations whose KV is held at once
+    kv_budget_bytes: int | None = None  # if set, slots = budget // bytes per slot
+    max_context: int | None = None  # positions per slot; None: the bundle's max context
+    background: bool = True  # run the step loop in a thread (False: call step())
+    verify_checksums: bool = False  # sha256 every bundle file at load
+    prefix_reuse: bool = True  # lend retained slots' common prefixes to new requests
+    trace: bool = False  # record every engine call in Engine.trace (for timelines)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+
+    def __post_init__(self) -> None:
+        if self.kv_slots < 1:
+            raise RequestError(f"kv_slots must be >= 1, got {self.kv_slots}")
+        if self.threads is not None and self.threads < 1:
+            raise RequestError(f"threads must be >= 1, got {self.threads}")
