@@ -5,7 +5,8 @@ how a step's attention reads and writes the fixed-capacity KV cache:
 
 - `ort`: `com.microsoft.GroupQueryAttention` with rotary inside and the past/present
   buffers shared, so the cache is updated in place and attention reads only each row's
-  valid prefix. `SimplifiedLayerNormalization` for RMSNorm.
+  valid prefix; it takes the packed q/k/v projection whole. `SimplifiedLayerNormalization`
+  for RMSNorm, fused with the residual add (`SkipSimplifiedLayerNormalization`).
 - `standard`: plain ONNX ops for TensorRT's ONNX parser. `TensorScatter` (opset 24) writes
   the chunk's K/V into the cache in place; attention is MatMul/Softmax over the whole
   capacity with a causal mask built from positions. RMSNorm is spelled out.
@@ -35,6 +36,7 @@ class StepTensors:
 class Flavor(ABC):
     name: str
     opsets: dict[str, int]
+    packed_qkv = False  # attention() takes q as the packed [B,C,(H+2KV)*D] projection
 
     def __init__(self, cfg: ModelConfig, dtype: np.dtype, max_context: int) -> None:
         self.cfg = cfg
@@ -51,6 +53,14 @@ class Flavor(ABC):
     @abstractmethod
     def rms_norm(self, g: GraphBuilder, x: str, weight: str) -> str:
         """RMSNorm over the last axis of x."""
+
+    def add_rms_norm(
+        self, g: GraphBuilder, x: str, delta: str | None, weight: str
+    ) -> tuple[str, str]:
+        """The residual step: (x + delta, RMSNorm(x + delta)); delta None adds nothing."""
+        if delta is not None:
+            x = g.op("Add", [x, delta])
+        return x, self.rms_norm(g, x, weight)
 
     @abstractmethod
     def attention(
@@ -79,6 +89,7 @@ class Flavor(ABC):
 class OrtFlavor(Flavor):
     name = "ort"
     opsets = {"": 21, "com.microsoft": 1}
+    packed_qkv = True  # GroupQueryAttention splits the packed projection itself
 
     def __init__(self, cfg: ModelConfig, dtype: np.dtype, max_context: int) -> None:
         super().__init__(cfg, dtype, max_context)
@@ -107,12 +118,23 @@ class OrtFlavor(Flavor):
             axis=-1, epsilon=self.cfg.rms_norm_eps, stash_type=1,
         )
 
+    def add_rms_norm(self, g, x, delta, weight):
+        if delta is None:
+            return x, self.rms_norm(g, x, weight)
+        # One pass for the residual add and the norm; output 3 is the sum.
+        normed, _, _, total = g.op(
+            "SkipSimplifiedLayerNormalization", [x, delta, weight],
+            [g._name("skip_norm"), "", "", g._name("residual")],
+            domain="com.microsoft", epsilon=self.cfg.rms_norm_eps,
+        )
+        return total, normed
+
     def attention(self, g, q, k, v, past, present, step):
         cfg = self.cfg
         e = step.extra
         out, _, _ = g.op(
             "GroupQueryAttention",
-            [q, k, v, past[0], past[1], e["seqlens_k"], e["total"], e["cos"], e["sin"]],
+            [q, k or "", v or "", past[0], past[1], e["seqlens_k"], e["total"], e["cos"], e["sin"]],
             [g._name("gqa_out"), present[0], present[1]],
             domain="com.microsoft",
             num_heads=cfg.num_heads,
