@@ -46,6 +46,7 @@ class Workload:
     reply_tokens: int = 8  # tokens the long and the urgent request generate
     tail_tokens: int = 8  # session tokens after both replies, before the sessions stop
     threads: int | None = None
+    spin: bool = True  # idle compute threads busy-wait between ops (BackendOptions.spin)
     itl_target_ms: float = 150.0  # the adaptive chunk controller's target
     seed: int = 0  # of the random prompt token ids
 
@@ -118,7 +119,7 @@ def run_mixed(bundle: Path, spec: RunSpec, workload: Workload) -> RunResult:
     """Load a fresh engine for `spec`, warm it up, run the workload once, measure."""
     w = workload
     engine = Engine.load(
-        bundle, threads=w.threads, kv_slots=w.sessions + 2, trace=True,
+        bundle, threads=w.threads, spin=w.spin, kv_slots=w.sessions + 2, trace=True,
         prefix_reuse=False,  # every run computes the long prompt in full
         itl_target_ms=w.itl_target_ms, **spec.engine_options(),
     )

@@ -18,6 +18,7 @@ from edgeprefill.bench import (
 )
 from edgeprefill.bench.workload import check_fits, run_isolated
 from edgeprefill.bundle import load_manifest
+from edgeprefill.cli.options import spin_option
 
 DEFAULT_PROMPT_CAP = 2048
 
@@ -41,6 +42,7 @@ DEFAULT_PROMPT_CAP = 2048
               help="Tokens the long prompt and the urgent request generate.")
 @click.option("--threads", type=click.IntRange(min=1), default=None,
               help="CPU threads for the backend (default: physical cores).")
+@spin_option
 @click.option("--itl-target-ms", type=click.FloatRange(min=0, min_open=True), default=150.0,
               show_default=True, help="The adaptive chunk size keeps decode gaps under this.")
 @click.option("--plot", type=click.Path(dir_okay=False, path_type=Path), default=None,
@@ -52,7 +54,7 @@ DEFAULT_PROMPT_CAP = 2048
               default=None, help="Write every number and each run's engine calls as JSON.")
 def bench(
     bundle: Path, sessions: int, prompt_tokens: int | None, policies: str,
-    chunk_sizes: str | None, urgent: bool, reply_tokens: int, threads: int | None,
+    chunk_sizes: str | None, urgent: bool, reply_tokens: int, threads: int | None, spin: bool,
     itl_target_ms: float, plot: Path | None, plot_config: str | None, json_path: Path | None,
 ) -> None:
     """Measure how BUNDLE serves interactive sessions while a long prompt arrives: TTFT,
@@ -67,7 +69,7 @@ def bench(
     """
     manifest = load_manifest(bundle, False)
     workload = Workload(
-        sessions=sessions, urgent=urgent, reply_tokens=reply_tokens, threads=threads,
+        sessions=sessions, urgent=urgent, reply_tokens=reply_tokens, threads=threads, spin=spin,
         itl_target_ms=itl_target_ms,
         prompt_tokens=prompt_tokens or min(DEFAULT_PROMPT_CAP, manifest.max_context * 3 // 4),
     )

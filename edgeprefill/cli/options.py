@@ -15,3 +15,10 @@ def parse_int_list(ctx: click.Context, param: click.Parameter, value: str | None
     if not items or any(v < 1 for v in items):
         raise click.BadParameter(f"expected positive integers, got {value!r}")
     return items
+
+
+spin_option = click.option(
+    "--spin/--no-spin", default=True, show_default=True,
+    help="Let idle compute threads busy-wait between ops: faster on a dedicated device; "
+    "--no-spin when other busy processes share the cores.",
+)

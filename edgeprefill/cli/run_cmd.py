@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from edgeprefill.cli import run_modes
+from edgeprefill.cli.options import spin_option
 from edgeprefill.errors import RequestError
 
 
@@ -36,6 +37,7 @@ from edgeprefill.errors import RequestError
               help="Adaptive chunking keeps decode inter-token latency under this.")
 @click.option("--threads", type=click.IntRange(1), default=None,
               help="Intra-op threads. Default: physical cores.")
+@spin_option
 @click.option("--kv-slots", type=click.IntRange(1), default=4, show_default=True,
               help="Conversations whose KV cache is held at once.")
 @click.option("--backend", default="onnxruntime", show_default=True)
@@ -45,7 +47,7 @@ from edgeprefill.errors import RequestError
               "to stderr.")
 def run(bundle, prompt, prompt_file, chat, interactive, sessions, prompts_file, stats,
         max_new_tokens, temperature, top_k, top_p, repetition_penalty, seed, stop,
-        chunk_size, policy, itl_target_ms, threads, kv_slots, backend, device):
+        chunk_size, policy, itl_target_ms, threads, spin, kv_slots, backend, device):
     """Generate text from a bundle. Only the generated text goes to stdout, so it pipes.
 
     \b
@@ -68,7 +70,7 @@ def run(bundle, prompt, prompt_file, chat, interactive, sessions, prompts_file, 
         repetition_penalty=repetition_penalty, seed=seed, stop=tuple(stop),
     )
     engine = Engine.load(
-        bundle, backend=backend, device=device, threads=threads, kv_slots=kv_slots,
+        bundle, backend=backend, device=device, threads=threads, spin=spin, kv_slots=kv_slots,
         policy=policy, chunk_size=chunk_size, itl_target_ms=itl_target_ms,
     )
     with engine:

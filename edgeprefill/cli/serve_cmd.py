@@ -7,6 +7,7 @@ from pathlib import Path
 
 import click
 
+from edgeprefill.cli.options import spin_option
 from edgeprefill.errors import EdgeprefillError
 from edgeprefill.sdk.scheduler import POLICIES
 
@@ -22,6 +23,7 @@ from edgeprefill.sdk.scheduler import POLICIES
               help="Require 'Authorization: Bearer KEY' on every route but /health.")
 @click.option("--threads", type=click.IntRange(min=1), default=None,
               help="CPU threads for the backend (default: physical cores).")
+@spin_option
 @click.option("--kv-slots", type=click.IntRange(min=1), default=4, show_default=True,
               help="Conversations whose KV cache is held at once.")
 @click.option("--policy", type=click.Choice(POLICIES), default="chunked+priority",
@@ -34,7 +36,7 @@ from edgeprefill.sdk.scheduler import POLICIES
               help="Requests admitted at once, running or queued; more get HTTP 429.")
 def serve(
     bundle: Path, host: str, port: int, model_name: str | None, api_key: str | None,
-    threads: int | None, kv_slots: int, policy: str, chunk_size: int | None,
+    threads: int | None, spin: bool, kv_slots: int, policy: str, chunk_size: int | None,
     itl_target_ms: float, max_pending: int,
 ) -> None:
     """Serve BUNDLE over an OpenAI-compatible HTTP API (completions, chat, models,
@@ -63,7 +65,7 @@ def serve(
                           max_pending=max_pending)
     click.echo(f"loading {bundle} ...", err=True)
     # The engine's queue holds at least what the server admits, so it never refuses one.
-    engine = Engine.load(bundle, threads=threads, kv_slots=kv_slots, policy=policy,
+    engine = Engine.load(bundle, threads=threads, spin=spin, kv_slots=kv_slots, policy=policy,
                          chunk_size=chunk_size, itl_target_ms=itl_target_ms,
                          max_queue=max_pending)
     try:

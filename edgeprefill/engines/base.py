@@ -41,9 +41,10 @@ class BackendOptions:
     threads: int | None = None  # intra-op threads; None: the physical cores
     optimize: bool = True  # full graph optimizations (ORT_ENABLE_ALL)
     engine_dir: Path | None = None  # where compiled engines are cached (GPU paths)
-    # Busy-wait of idle compute threads between calls. Off by default: on a small device
-    # the app's own threads (and the engine's Python loop) need those cores.
-    spin: bool = False
+    # Idle compute threads busy-wait briefly for the next op (ONNX Runtime's default). On
+    # a quiet device it makes a decode step ~15% faster (docs/benchmarks.md); on a machine
+    # shared with other busy processes the spinning threads steal their cores: turn off.
+    spin: bool = True
 
 
 class Backend(ABC):
