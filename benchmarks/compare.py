@@ -19,6 +19,7 @@ import os
 import platform
 import random
 import shutil
+import statistics
 import subprocess
 import sys
 import threading
@@ -74,7 +75,8 @@ QUICK_SHAPE: dict[str, Any] = {
     "num_key_value_heads": 2,
     "head_dim": 16,
 }
-# Every ratio column compares against the best runtime of this precision other than edgeprefill.
+# A ratio compares against the best comparator (not edgeprefill) of the row's precision,
+# or of this one where no comparator has the row's precision (edgeprefill int8).
 REFERENCE_PRECISION = "fp32"
 
 
@@ -91,6 +93,14 @@ RUNTIMES: dict[str, Runtime] = {
     runtime.name: runtime
     for runtime in [
         Runtime("edgeprefill", PROJECT_VENV, "run_edgeprefill.py", "fp32", "edgeprefill bundle"),
+        Runtime(
+            "edgeprefill-int8", PROJECT_VENV, "run_edgeprefill.py", "int8",
+            "edgeprefill bundle, --quantize int8 (int8 weights and activations)",
+        ),
+        Runtime(
+            "edgeprefill-int4", PROJECT_VENV, "run_edgeprefill.py", "int4",
+            "edgeprefill bundle, --quantize int4 (MatMulNBits, block 32)",
+        ),
         Runtime("ortgenai", "ortgenai", "run_ortgenai.py", "fp32", "ONNX Runtime GenAI fp32"),
         Runtime("ortgenai-int4", "ortgenai", "run_ortgenai.py", "int4", "ONNX Runtime GenAI int4"),
         Runtime("optimum", "optimum", "run_optimum.py", "fp32", "optimum ORTModelForCausalLM"),
@@ -105,6 +115,7 @@ class Settings:
     lengths: list[int]
     runtimes: list[str]
     repeats: int
+    rounds: int
     warmup: int
     new_tokens: int
     decode_prompt_len: int
@@ -348,8 +359,9 @@ def export_command(runtime: Runtime, settings: Settings, hf_dir: Path, out: Path
             "text-generation-with-past",
             str(out),
         ]
-    if runtime.name == "edgeprefill":
+    if runtime.name.startswith("edgeprefill"):
         cli = str(Path(python).parent / "edgeprefill")
+        quantize = [] if runtime.precision == "fp32" else ["--quantize", runtime.precision]
         return [
             cli,
             "export",
@@ -360,9 +372,14 @@ def export_command(runtime: Runtime, settings: Settings, hf_dir: Path, out: Path
             settings.chunks,
             "--max-context",
             str(max_context(settings)),
+            *quantize,
             "--overwrite",
         ]
     raise ValueError(f"no export for {runtime.name}")
+
+
+def export_dir(runtime: Runtime, model: ModelInfo) -> Path:
+    return model.hf_dir.parent / "exports" / runtime.name
 
 
 def export_artifact(runtime: Runtime, settings: Settings, model: ModelInfo) -> tuple[Path, float]:
@@ -372,11 +389,11 @@ def export_artifact(runtime: Runtime, settings: Settings, model: ModelInfo) -> t
     the project changes under active development, so its bundle is rebuilt on every run."""
     if runtime.name == "torch":
         return model.hf_dir, 0.0
-    out = model.hf_dir.parent / "exports" / runtime.name
+    out = export_dir(runtime, model)
     cmd = export_command(runtime, settings, model.hf_dir, out)
     marker = out.parent / f"{runtime.name}.done.json"
     cached = marker.exists() and json.loads(marker.read_text()) == cmd
-    if cached and not settings.reexport and runtime.name != "edgeprefill":
+    if cached and not settings.reexport and not runtime.name.startswith("edgeprefill"):
         return out, 0.0
     say(f"  exporting for {runtime.name}")
     marker.unlink(missing_ok=True)
@@ -405,9 +422,15 @@ def write_spec(run_dir: Path, name: str, spec: dict[str, Any]) -> Path:
 
 
 def run_runtime(
-    runtime: Runtime, settings: Settings, model: ModelInfo, prompts: dict, run_dir: Path
+    runtime: Runtime,
+    settings: Settings,
+    model: ModelInfo,
+    prompts: dict,
+    run_dir: Path,
+    turn: int = 0,
 ) -> dict[str, Any]:
-    """Install, export and measure one runtime. Any failure becomes {"error": ...}."""
+    """Install, export (first round only) and measure one runtime. Any failure becomes
+    {"error": ...}."""
     say(f"[{runtime.name}] {runtime.description}")
     result: dict[str, Any] = {"runtime": runtime.name, "precision": runtime.precision}
     step = "setup"
@@ -416,7 +439,10 @@ def run_runtime(
         python = ensure_venv(runtime.venv, settings)
         result["setup_s"] = time.perf_counter() - start
         step = "export"
-        artifact, result["export_s"] = export_artifact(runtime, settings, model)
+        if turn == 0:
+            artifact, result["export_s"] = export_artifact(runtime, settings, model)
+        else:
+            artifact = model.hf_dir if runtime.name == "torch" else export_dir(runtime, model)
         step = "measure"
         spec = {
             "runtime": runtime.name,
@@ -439,7 +465,7 @@ def run_runtime(
         start = time.perf_counter()
         output = run_logged(
             cmd,
-            run_dir / f"{runtime.name}.log",
+            run_dir / f"{runtime.name}.{turn}.log" if turn else run_dir / f"{runtime.name}.log",
             subprocess_env(settings.threads, python),
             settings.timeout_s,
             settings.verbose,
@@ -450,6 +476,26 @@ def run_runtime(
         result["error"] = f"{step}: {error}"
         say(f"  {runtime.name} failed at {step}: {str(error).strip().splitlines()[-1]}")
     return result
+
+
+def pool_rounds(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One result from several rounds of a runtime: every timed run pooled, medians
+    recomputed; peak RSS is the highest round's. A failed round's error wins."""
+    failed = [r for r in runs if "error" in r]
+    if failed or len(runs) == 1:
+        return failed[0] if failed else runs[0]
+    pooled = {**runs[0], "rounds": len(runs)}
+    pooled["ttft"] = {}
+    for length, first in runs[0]["ttft"].items():
+        times = [t for r in runs for t in r["ttft"][length]["runs_s"]]
+        pooled["ttft"][length] = {**first, "runs_s": times, "median_s": statistics.median(times)}
+    rates = [rate for r in runs for rate in r["decode_runs_tok_s"]]
+    pooled["decode_runs_tok_s"] = rates
+    pooled["decode_tok_s"] = statistics.median(rates)
+    pooled["load_s"] = statistics.median(r["load_s"] for r in runs)
+    pooled["peak_rss_mib"] = max(r["peak_rss_mib"] for r in runs)
+    pooled["measure_s"] = sum(r.get("measure_s", 0.0) for r in runs)
+    return pooled
 
 
 def measure_ceilings(settings: Settings, hidden: int, intermediate: int, run_dir: Path) -> dict:
@@ -606,22 +652,31 @@ def advantage(value: float, reference: float, higher_is_better: bool) -> float:
     return value / reference if higher_is_better else reference / value
 
 
+def is_ours(name: str) -> bool:
+    return name.startswith("edgeprefill")
+
+
 def best_reference(
     key: str,
     metric: Metric,
     values: dict[str, dict[str, float]],
     results: dict[str, dict[str, Any]],
+    precision: str,
 ) -> tuple[str, float] | None:
-    """Best comparator: not edgeprefill, same precision as edgeprefill's default bundle."""
-    candidates = [
-        (name, v[key])
-        for name, v in values.items()
-        if name != "edgeprefill" and results[name]["precision"] == REFERENCE_PRECISION
-    ]
-    if not candidates:
+    """Best comparator (not edgeprefill) of `precision`, or fp32 where none has it."""
+
+    def candidates(wanted: str) -> list[tuple[str, float]]:
+        return [
+            (name, v[key])
+            for name, v in values.items()
+            if not is_ours(name) and results[name]["precision"] == wanted
+        ]
+
+    found = candidates(precision) or candidates(REFERENCE_PRECISION)
+    if not found:
         return None
     pick = max if metric.higher_is_better else min
-    return pick(candidates, key=lambda item: item[1])
+    return pick(found, key=lambda item: item[1])
 
 
 def format_value(value: float, unit: str) -> str:
@@ -661,8 +716,9 @@ def report_header(
     c = model.config
     lines = [
         f"edgeprefill comparative benchmark: {settings.threads} threads for every runtime "
-        f"(--threads {settings.threads}), median of {settings.repeats} after "
-        f"{settings.warmup} warm-up",
+        f"(--threads {settings.threads}), median of {settings.repeats * settings.rounds} runs "
+        f"({settings.rounds} round(s) of {settings.repeats}, each after {settings.warmup} "
+        "warm-up)",
         f"model {model.name}: Llama {c['num_hidden_layers']}L hidden {c['hidden_size']} "
         f"inter {c['intermediate_size']} heads {c['num_attention_heads']}/"
         f"{c['num_key_value_heads']} head_dim {c['head_dim']} vocab {c['vocab_size']} tied, "
@@ -705,11 +761,11 @@ def report_table(settings: Settings, results: dict[str, dict[str, Any]], floor: 
     ok = {name: r for name, r in results.items() if "error" not in r}
     values = {name: metric_values(r, settings) for name, r in ok.items()}
     lines = [
-        f"{'metric':<18}{'runtime':<16}{'prec':<6}{'value':>14}{'vs best':>10}{'of floor':>10}",
+        f"{'metric':<18}{'runtime':<18}{'prec':<6}{'value':>14}{'vs best':>10}{'of floor':>10}",
     ]
     for key, metric in metrics(settings).items():
-        reference = best_reference(key, metric, values, ok)
         for name, v in values.items():
+            reference = best_reference(key, metric, values, ok, ok[name]["precision"])
             ratio = "-"
             if reference:
                 ratio = f"{advantage(v[key], reference[1], metric.higher_is_better):.2f}x"
@@ -719,7 +775,7 @@ def report_table(settings: Settings, results: dict[str, dict[str, Any]], floor: 
                 # Faster than the measured hardware allows: skipped work or a noisy ceiling.
                 shown += " !"
             lines.append(
-                f"{metric.label:<18}{name:<16}{ok[name]['precision']:<6}"
+                f"{metric.label:<18}{name:<18}{ok[name]['precision']:<6}"
                 f"{format_value(v[key], metric.unit):>14}{ratio:>10}{shown:>10}"
             )
         lines.append("")
@@ -727,19 +783,19 @@ def report_table(settings: Settings, results: dict[str, dict[str, Any]], floor: 
 
 
 def report_status(results: dict[str, dict[str, Any]]) -> list[str]:
-    lines = [f"{'runtime':<16}{'status':<7}{'=torch':>16}{'export':>8}  versions / error"]
+    lines = [f"{'runtime':<18}{'status':<7}{'=torch':>16}{'export':>8}  versions / error"]
     for name, r in results.items():
         export = f"{r['export_s']:.0f} s" if r.get("export_s") else "-"
         if "error" in r:
             message = r["error"].strip().splitlines()
             shown = message[0] if len(message) == 1 else f"{message[0]} {message[-1]}"
-            lines.append(f"{name:<16}{'ERROR':<7}{'-':>16}{export:>8}  {shown[:160]}")
+            lines.append(f"{name:<18}{'ERROR':<7}{'-':>16}{export:>8}  {shown[:160]}")
             continue
         versions = ", ".join(f"{k} {v}" for k, v in r.get("versions", {}).items())
         if r.get("prefix_hits"):
             versions += f"; PREFIX CACHE HITS {r['prefix_hits']}: some prefill was skipped"
         lines.append(
-            f"{name:<16}{'ok':<7}{token_agreement(results, name):>16}{export:>8}  {versions}"
+            f"{name:<18}{'ok':<7}{token_agreement(results, name):>16}{export:>8}  {versions}"
         )
     return lines
 
@@ -750,8 +806,8 @@ def print_report(report: dict[str, Any], settings: Settings, model: ModelInfo) -
     lines += report_status(report["runtimes"])
     lines += [
         "",
-        "vs best: times better than the best fp32 comparator (torch, ortgenai, optimum) for this "
-        "metric; >1.00x = better (less time/memory, more tok/s).",
+        "vs best: times better than the best comparator (torch, ortgenai, optimum) of the row's "
+        "precision, fp32 where none has it (int8); >1.00x = better (less time/memory, more tok/s).",
         "of floor: hardware floor / measured (100% = at the machine's ceiling; ! = above 100%: "
         "work was skipped or a ceiling was under-measured); RSS floor = fp32 weights held once.",
         "=torch: greedy tokens equal to torch's: first token of each TTFT prompt, then the "
@@ -794,6 +850,13 @@ def parse_args(argv: list[str] | None = None) -> Settings:
         help=f"comma-separated subset of {','.join(RUNTIMES)}",
     )
     parser.add_argument("--repeats", type=int, help="measured runs per point (default 3)")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="measure every runtime this many times, taking turns, and pool the runs: on a "
+        "machine whose speed drifts, each runtime then sees the same conditions",
+    )
     parser.add_argument("--warmup", type=int, default=1, help="warm-up runs per TTFT length")
     parser.add_argument("--new-tokens", type=int, help="decode tokens (default 128)")
     parser.add_argument("--decode-prompt", type=int, help="decode prompt length (default 512)")
@@ -824,6 +887,7 @@ def parse_args(argv: list[str] | None = None) -> Settings:
         lengths=parse_int_list(args.lengths or ("16,64" if quick else "128,512,2048")),
         runtimes=runtimes,
         repeats=args.repeats or (1 if quick else 3),
+        rounds=args.rounds,
         warmup=args.warmup,
         new_tokens=args.new_tokens or (16 if quick else 128),
         decode_prompt_len=args.decode_prompt or (64 if quick else 512),
@@ -838,8 +902,11 @@ def parse_args(argv: list[str] | None = None) -> Settings:
         project_python=args.project_python.absolute(),  # not resolved: keep the venv's symlink
         verbose=args.verbose,
     )
-    if settings.new_tokens < 2 or settings.repeats < 1 or settings.threads < 1:
-        parser.error("need --new-tokens >= 2 (decode rate excludes the first), --repeats >= 1")
+    if settings.new_tokens < 2 or min(settings.repeats, settings.rounds, settings.threads) < 1:
+        parser.error(
+            "need --new-tokens >= 2 (decode rate excludes the first), --repeats, --rounds "
+            "and --threads >= 1"
+        )
     if not settings.lengths or min(settings.lengths) < 1:
         parser.error("--lengths needs positive prompt lengths")
     return settings
@@ -862,10 +929,18 @@ def main(argv: list[str] | None = None) -> int:
     ceilings = measure_ceilings(
         settings, model.config["hidden_size"], model.config["intermediate_size"], run_dir
     )
-    results = {
-        name: run_runtime(RUNTIMES[name], settings, model, prompts, run_dir)
-        for name in settings.runtimes
-    }
+    rounds: dict[str, list[dict[str, Any]]] = {name: [] for name in settings.runtimes}
+    for turn in range(settings.rounds):
+        if settings.rounds > 1:
+            say(f"round {turn + 1} of {settings.rounds}")
+        for name in settings.runtimes:
+            previous = rounds[name][-1] if rounds[name] else None
+            if previous is not None and "error" in previous:
+                continue  # a runtime that failed once is not retried
+            rounds[name].append(
+                run_runtime(RUNTIMES[name], settings, model, prompts, run_dir, turn)
+            )
+    results = {name: pool_rounds(runs) for name, runs in rounds.items()}
     machine["loadavg_end"] = os.getloadavg()[0]
 
     report = {

@@ -6,11 +6,14 @@ Run by compare.py with the project's own venv (/work/main/.venv):  python run_ed
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any
 
 from common import Loaded, run_runner
+from onnx_weights import weight_bytes_per_token
 
 from edgeprefill import Engine, GenerationParams
+from edgeprefill.bundle import load_manifest
 
 
 def load(spec: dict[str, Any]) -> Loaded:
@@ -37,7 +40,12 @@ def load(spec: dict[str, Any]) -> Loaded:
             "prefix_hits": getattr(metrics, "prefix_hits", None),
         }
 
-    return Loaded(generate, {"chunk_size": chunk_size}, report)
+    extra = {"chunk_size": chunk_size}
+    manifest = load_manifest(spec["artifact_dir"])
+    if manifest.graph.quantization:  # fp32 bundles use compare.py's analytic byte count
+        model = Path(spec["artifact_dir"]) / manifest.graph.file
+        extra["weight_bytes_per_token"] = weight_bytes_per_token(model)
+    return Loaded(generate, extra, report)
 
 
 if __name__ == "__main__":

@@ -6,19 +6,14 @@ Run by compare.py inside the ortgenai venv:  python run_ortgenai.py SPEC.json
 from __future__ import annotations
 
 import json
-import math
 import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import onnx
 import onnxruntime_genai as og
 from common import Loaded, run_runner
-
-# Ops that read one row of a table per token, so their tables do not count as bytes read.
-GATHER_OPS = {"Gather", "GatherBlockQuantized"}
-FOUR_BIT_TYPES = {onnx.TensorProto.INT4, onnx.TensorProto.UINT4}
+from onnx_weights import weight_bytes_per_token
 
 
 def set_threads(model_dir: Path, threads: int) -> None:
@@ -29,34 +24,6 @@ def set_threads(model_dir: Path, threads: int) -> None:
     session_options["intra_op_num_threads"] = threads
     session_options["inter_op_num_threads"] = 1
     config_path.write_text(json.dumps(config, indent=4) + "\n")
-
-
-def tensor_bytes(tensor: onnx.TensorProto) -> float:
-    bits = (
-        4
-        if tensor.data_type in FOUR_BIT_TYPES
-        else 8 * np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type)).itemsize
-    )
-    return math.prod(tensor.dims) * bits / 8
-
-
-def weight_bytes_per_token(model_path: Path) -> float:
-    """Bytes of initializers a decode step reads: everything except gather tables (token
-    embedding) and the rotary cos/sin caches, of which a step reads one row."""
-    graph = onnx.load(str(model_path), load_external_data=False).graph
-    consumers: dict[str, set[str]] = {}
-    for node in graph.node:
-        for name in node.input:
-            consumers.setdefault(name, set()).add(node.op_type)
-    total = 0.0
-    for tensor in graph.initializer:
-        ops = consumers.get(tensor.name, set())
-        if ops and ops <= GATHER_OPS:
-            continue
-        if "cos_cache" in tensor.name or "sin_cache" in tensor.name:
-            continue
-        total += tensor_bytes(tensor)
-    return total
 
 
 def load(spec: dict[str, Any]) -> Loaded:
