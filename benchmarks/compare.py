@@ -638,6 +638,8 @@ def metrics(settings: Settings) -> dict[str, Metric]:
 def floor_fraction(key: str, value: float, result: dict[str, Any], floor: dict) -> float | None:
     """Fraction of the hardware floor reached: 1.0 means running at the machine's ceiling."""
     if key.startswith("ttft") and "ttft_floor_s" in floor:
+        if result["precision"] != "fp32":
+            return None  # the floor is an fp32 GEMM rate; int8 matrix units are faster
         return floor["ttft_floor_s"][key[4:]] / value
     if key == "decode":
         ceiling = decode_floor_tok_s(result, floor)
