@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import json
 import random
 import tempfile
 import time
@@ -89,7 +90,9 @@ def main() -> None:
     parser.add_argument("--task-prompts", type=int, default=30)
     args = parser.parse_args()
     examples = task_examples(args.task_prompts, 1000) if args.task else []
-    ids = [int(t) for t in np.random.default_rng(0).integers(5, 1000, size=args.prompt_tokens)]
+    vocab = json.loads((args.hf_dir / "config.json").read_text())["vocab_size"]
+    rng = np.random.default_rng(0)
+    ids = [int(t) for t in rng.integers(5, min(1000, vocab), size=args.prompt_tokens)]
     reference, rows = None, []
     with tempfile.TemporaryDirectory() as tmp:
         for name, quant in VARIANTS.items():
