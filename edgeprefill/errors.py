@@ -19,3 +19,7 @@ class BackendError(EdgeprefillError):
 
 class RequestError(EdgeprefillError):
     """A generation request is invalid or can never be served (too long, bad parameters)."""
+
+
+class EngineClosedError(RequestError):
+    """The engine was closed: nothing is wrong with the request, nothing will serve it."""

@@ -276,6 +276,29 @@ def test_unknown_route_is_a_404_in_the_error_schema(http):
     assert_error(http.get("/v1/completions"), 405)
 
 
+def test_a_body_over_the_limit_is_a_413_with_or_without_a_length(engine):
+    app = create_app(engine, ServerConfig(model_name=MODEL, max_body_bytes=100))
+    small = json.dumps({"model": MODEL, "prompt": "w5", "max_tokens": 1}).encode()
+    big = json.dumps({"model": MODEL, "prompt": "w5 " * 100, "max_tokens": 1}).encode()
+    with ServerThread(app, port=free_port()) as server:
+        url = f"{server.url}/v1/completions"
+        assert httpx.post(url, content=small).status_code == 200
+        assert_error(httpx.post(url, content=big), 413, code="request_too_large")
+        chunked = iter([big[:60], big[60:]])  # a generator body is sent without a length
+        assert_error(httpx.post(url, content=chunked), 413, code="request_too_large")
+
+
+def test_a_closed_engine_answers_503(bundle):
+    engine = Engine.load(bundle("llama"), threads=1, kv_slots=1)
+    app = create_app(engine, ServerConfig(model_name=MODEL))
+    with ServerThread(app, port=free_port()) as server:
+        engine.close()
+        response = httpx.post(f"{server.url}/v1/completions",
+                              json={"model": MODEL, "prompt": "w5", "max_tokens": 2})
+        assert_error(response, 503, code="engine_closed")
+        assert response.headers["retry-after"]
+
+
 def test_bad_requests_never_disturb_a_running_stream(client, http, engine, monkeypatch):
     slow_down(monkeypatch, engine, 0.002)
     result: dict[str, object] = {}

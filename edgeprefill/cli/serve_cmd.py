@@ -34,10 +34,12 @@ from edgeprefill.sdk.scheduler import POLICIES
               show_default=True, help="Adaptive chunking keeps decode gaps under this.")
 @click.option("--max-pending", type=click.IntRange(min=1), default=64, show_default=True,
               help="Requests admitted at once, running or queued; more get HTTP 429.")
+@click.option("--max-body-mb", type=click.FloatRange(min=0, min_open=True), default=4.0,
+              show_default=True, help="Larger request bodies get HTTP 413.")
 def serve(
     bundle: Path, host: str, port: int, model_name: str | None, api_key: str | None,
     threads: int | None, spin: bool, kv_slots: int, policy: str, chunk_size: int | None,
-    itl_target_ms: float, max_pending: int,
+    itl_target_ms: float, max_pending: int, max_body_mb: float,
 ) -> None:
     """Serve BUNDLE over an OpenAI-compatible HTTP API (completions, chat, models,
     health, Prometheus metrics). Requests may add edgeprefill's own fields, e.g.
@@ -62,7 +64,7 @@ def serve(
 
     _check_port_free(host, port)
     config = ServerConfig(model_name=model_name or bundle.resolve().name, api_key=api_key,
-                          max_pending=max_pending)
+                          max_pending=max_pending, max_body_bytes=int(max_body_mb * 2**20))
     click.echo(f"loading {bundle} ...", err=True)
     # The engine's queue holds at least what the server admits, so it never refuses one.
     engine = Engine.load(bundle, threads=threads, spin=spin, kv_slots=kv_slots, policy=policy,

@@ -19,7 +19,7 @@ import numpy as np
 
 from edgeprefill.bundle import Manifest, load_manifest
 from edgeprefill.engines import BackendOptions, StepBatch, create_backend
-from edgeprefill.errors import RequestError
+from edgeprefill.errors import EngineClosedError, RequestError
 from edgeprefill.sdk.config import EngineConfig, StepTrace
 from edgeprefill.sdk.kv_cache import KVCache
 from edgeprefill.sdk.metrics import EngineCounters, EngineMetrics, RequestMetrics
@@ -341,6 +341,8 @@ class Engine:
     def _admit_check(
         self, tokens: list[int], params: GenerationParams, chunk_size: int | None
     ) -> None:
+        if self._stopping:
+            raise EngineClosedError("the engine is closed")
         if not tokens:
             raise RequestError("the prompt is empty")
         if chunk_size is not None and chunk_size < 1:
@@ -351,5 +353,3 @@ class Engine:
                 f"prompt ({len(tokens)} tokens) + max_new_tokens "
                 f"({params.max_new_tokens}) exceeds the context of {self.capacity} tokens"
             )
-        if self._stopping:
-            raise RequestError("the engine is closed")

@@ -30,7 +30,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from edgeprefill.errors import RequestError
+from edgeprefill.errors import EngineClosedError, RequestError
 from edgeprefill.sdk.engine import Engine
 from edgeprefill.sdk.stream import TokenStream
 from edgeprefill.server.errors import ApiError
@@ -47,10 +47,15 @@ class ServerConfig:
     model_name: str  # the id clients send as `model`
     api_key: str | None = None  # None: no authentication
     max_pending: int = 64  # requests admitted at once, running or queued; more get 429
+    # A bigger request body gets 413 before it is read whole: a prompt of the longest
+    # context is tens of KB of text, and an endless body must not fill the device's memory.
+    max_body_bytes: int = 4 << 20
 
     def __post_init__(self) -> None:
         if self.max_pending < 1:
             raise RequestError(f"max_pending must be >= 1, got {self.max_pending}")
+        if self.max_body_bytes < 1:
+            raise RequestError(f"max_body_bytes must be >= 1, got {self.max_body_bytes}")
         if self.api_key is not None and not self.api_key:
             raise RequestError("the API key is empty; unset it to serve without a key")
 
@@ -118,7 +123,7 @@ class OpenAIApi:
     async def _complete(self, request: Request, chat: bool) -> Response:
         endpoint = "chat" if chat else "completions"
         try:
-            body = await _read_json(request)
+            body = await _read_json(request, self.config.max_body_bytes)
             parsed = parse_chat(body) if chat else parse_completion(body)
             self._check_model(parsed.model)
             stream = self._submit(parsed)
@@ -159,6 +164,8 @@ class OpenAIApi:
         self._check_context(len(tokens), req.params.max_new_tokens)
         try:
             stream = self.engine.submit(tokens, req.params, req.priority, None, req.chunk_size)
+        except EngineClosedError as err:  # shutting down: the request itself is fine
+            raise ApiError(503, str(err), code="engine_closed") from None
         except RequestError as err:
             raise ApiError(400, str(err)) from None
         self.pending += 1
@@ -214,13 +221,27 @@ class ApiKeyMiddleware:
         return scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), self.key)
 
 
-async def _read_json(request: Request) -> object:
-    raw = await request.body()
+async def _read_json(request: Request, limit: int) -> object:
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise _too_large(limit)
+    chunks, size = [], 0
+    async for chunk in request.stream():  # also bounds a body sent without a length
+        size += len(chunk)
+        if size > limit:
+            raise _too_large(limit)
+        chunks.append(chunk)
+    raw = b"".join(chunks)
     try:
         return json.loads(raw)
     except (ValueError, UnicodeDecodeError) as err:  # JSONDecodeError is a ValueError
         raise ApiError(400, f"the request body is not valid JSON: {err}",
                        code="invalid_json") from None
+
+
+def _too_large(limit: int) -> ApiError:
+    return ApiError(413, f"the request body is larger than {limit} bytes (the server's "
+                    "--max-body-mb)", code="request_too_large")
 
 
 async def _finish_unless_client_leaves(stream: TokenStream, request: Request) -> bool:
