@@ -205,8 +205,8 @@ class DecoderBuilder:
         Runtime repacks the Gemm's weight into its own buffer at load, and a table shared
         with the Gather would then be held twice in memory (the packed copy and the
         original, all of it read by the packing). Kept apart, the Gather's table stays
-        memory-mapped and only the rows of tokens seen are resident: ~100 MiB less peak
-        RSS on the SmolLM2-135M shape, for 113 MB more on disk (docs/benchmarks.md)."""
+        memory-mapped and only the rows of tokens seen are resident: 108 MiB less RSS
+        after load on the SmolLM2-135M shape, for 113 MB more on disk (docs/benchmarks.md)."""
         name = "model.embed_tokens.weight" if self.cfg.tie_embeddings else "lm_head.weight"
         if self.quant is not None:
             vocab, hidden_size = self._shape(name)
