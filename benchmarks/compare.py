@@ -208,6 +208,12 @@ def run_logged(
     return output
 
 
+def run_step(cmd: list[str], log_path: Path, python: Path, settings: Settings) -> str:
+    """run_logged with the run's thread count, timeout and verbosity, in python's venv."""
+    env = subprocess_env(settings.threads, python)
+    return run_logged(cmd, log_path, env, settings.timeout_s, settings.verbose)
+
+
 def last_json_line(output: str) -> dict[str, Any]:
     """Libraries print to stdout too; the result is the last line that parses as a JSON object."""
     for line in reversed(output.splitlines()):
@@ -290,13 +296,7 @@ def build_model(settings: Settings) -> ModelInfo:
         spec = {"out_dir": str(hf_dir), "seed": settings.seed, "config": config}
         spec_path.write_text(json.dumps(spec, indent=2))
         cmd = [str(python), str(RUNNERS_DIR / "build_model.py"), str(spec_path)]
-        output = run_logged(
-            cmd,
-            model_dir / "build.log",
-            subprocess_env(settings.threads, python),
-            settings.timeout_s,
-            settings.verbose,
-        )
+        output = run_step(cmd, model_dir / "build.log", python, settings)
         info_path.write_text(json.dumps(last_json_line(output), indent=2))
     built = json.loads(info_path.read_text())
     return ModelInfo(name, hf_dir, config, built["params"], built["embedding_params"])
@@ -378,7 +378,10 @@ def export_command(runtime: Runtime, settings: Settings, hf_dir: Path, out: Path
     raise ValueError(f"no export for {runtime.name}")
 
 
-def export_dir(runtime: Runtime, model: ModelInfo) -> Path:
+def artifact_dir(runtime: Runtime, model: ModelInfo) -> Path:
+    """Where a runtime's model is: its export, or the checkpoint itself for torch."""
+    if runtime.name == "torch":
+        return model.hf_dir
     return model.hf_dir.parent / "exports" / runtime.name
 
 
@@ -387,9 +390,9 @@ def export_artifact(runtime: Runtime, settings: Settings, model: ModelInfo) -> t
 
     Exports are cached next to the checkpoint, keyed by the exact command, except edgeprefill's:
     the project changes under active development, so its bundle is rebuilt on every run."""
+    out = artifact_dir(runtime, model)
     if runtime.name == "torch":
-        return model.hf_dir, 0.0
-    out = export_dir(runtime, model)
+        return out, 0.0
     cmd = export_command(runtime, settings, model.hf_dir, out)
     marker = out.parent / f"{runtime.name}.done.json"
     cached = marker.exists() and json.loads(marker.read_text()) == cmd
@@ -401,13 +404,7 @@ def export_artifact(runtime: Runtime, settings: Settings, model: ModelInfo) -> t
     out.parent.mkdir(parents=True, exist_ok=True)
     python = venv_python(runtime.venv, settings)
     start = time.perf_counter()
-    run_logged(
-        cmd,
-        out.parent / f"{runtime.name}.export.log",
-        subprocess_env(settings.threads, python),
-        settings.timeout_s,
-        settings.verbose,
-    )
+    run_step(cmd, out.parent / f"{runtime.name}.export.log", python, settings)
     marker.write_text(json.dumps(cmd))
     return out, time.perf_counter() - start
 
@@ -442,7 +439,7 @@ def run_runtime(
         if turn == 0:
             artifact, result["export_s"] = export_artifact(runtime, settings, model)
         else:
-            artifact = model.hf_dir if runtime.name == "torch" else export_dir(runtime, model)
+            artifact = artifact_dir(runtime, model)
         step = "measure"
         spec = {
             "runtime": runtime.name,
@@ -463,13 +460,8 @@ def run_runtime(
             str(write_spec(run_dir, runtime.name, spec)),
         ]
         start = time.perf_counter()
-        output = run_logged(
-            cmd,
-            run_dir / f"{runtime.name}.{turn}.log" if turn else run_dir / f"{runtime.name}.log",
-            subprocess_env(settings.threads, python),
-            settings.timeout_s,
-            settings.verbose,
-        )
+        log_name = f"{runtime.name}.{turn}.log" if turn else f"{runtime.name}.log"
+        output = run_step(cmd, run_dir / log_name, python, settings)
         result["measure_s"] = time.perf_counter() - start
         result.update(last_json_line(output))
     except (StepError, OSError) as error:
@@ -513,13 +505,7 @@ def measure_ceilings(settings: Settings, hidden: int, intermediate: int, run_dir
         python = ensure_venv("ceilings", settings)
         spec_path = write_spec(run_dir, "ceilings", spec)
         cmd = [str(python), str(RUNNERS_DIR / "ceilings.py"), str(spec_path)]
-        output = run_logged(
-            cmd,
-            run_dir / "ceilings.log",
-            subprocess_env(settings.threads, python),
-            settings.timeout_s,
-            settings.verbose,
-        )
+        output = run_step(cmd, run_dir / "ceilings.log", python, settings)
         return last_json_line(output)
     except (StepError, OSError) as error:
         say(f"  ceilings failed: {str(error).strip().splitlines()[-1]}")
