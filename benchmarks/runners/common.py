@@ -26,9 +26,10 @@ GenerateFn = Callable[[list[int], int], list[tuple[float, int]]]
 @dataclass
 class Loaded:
     generate: GenerateFn
-    # Extra facts for the report (for example weight bytes read per decoded token).
+    # Extra facts for the report known at load (for example the chunk size used).
     extra: dict[str, Any] = field(default_factory=dict)
-    # Called after the measurements; what it returns joins the result (e.g. cache hit counts).
+    # Called after the measurements, outside every timing; what it returns joins the result
+    # (cache hit counts, weight bytes read per decoded token).
     report: Callable[[], dict[str, Any]] | None = None
 
 

@@ -6,14 +6,12 @@ Run by compare.py with the project's own venv (/work/main/.venv):  python run_ed
 from __future__ import annotations
 
 import time
-from pathlib import Path
 from typing import Any
 
 from common import Loaded, run_runner
 from onnx_weights import weight_bytes_per_token
 
 from edgeprefill import Engine, GenerationParams
-from edgeprefill.bundle import load_manifest
 
 
 def load(spec: dict[str, Any]) -> Loaded:
@@ -33,19 +31,20 @@ def load(spec: dict[str, Any]) -> Loaded:
         return stamps
 
     def report() -> dict[str, Any]:
-        """Prefix-cache counters: hits would mean some prefill was skipped, not measured."""
+        """Prefix-cache counters (hits would mean some prefill was skipped, not measured)
+        and, for a quantized bundle, the weight bytes a decode step reads (fp32 bundles use
+        compare.py's analytic byte count)."""
         metrics = engine.metrics()
-        return {
+        facts = {
             "prefix_lookups": getattr(metrics, "prefix_lookups", None),
             "prefix_hits": getattr(metrics, "prefix_hits", None),
         }
+        if engine.manifest.graph.quantization:
+            graph = engine.bundle_dir / engine.manifest.graph.file
+            facts["weight_bytes_per_token"] = weight_bytes_per_token(graph)
+        return facts
 
-    extra = {"chunk_size": chunk_size}
-    manifest = load_manifest(spec["artifact_dir"])
-    if manifest.graph.quantization:  # fp32 bundles use compare.py's analytic byte count
-        model = Path(spec["artifact_dir"]) / manifest.graph.file
-        extra["weight_bytes_per_token"] = weight_bytes_per_token(model)
-    return Loaded(generate, extra, report)
+    return Loaded(generate, {"chunk_size": chunk_size}, report)
 
 
 if __name__ == "__main__":

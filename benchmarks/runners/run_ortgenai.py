@@ -46,8 +46,10 @@ def load(spec: dict[str, Any]) -> Loaded:
             stamps.append((time.perf_counter() - start, token))
         return stamps
 
-    weight_bytes = weight_bytes_per_token(model_dir / "model.onnx")
-    return Loaded(generate, {"weight_bytes_per_token": weight_bytes})
+    def report() -> dict[str, Any]:
+        return {"weight_bytes_per_token": weight_bytes_per_token(model_dir / "model.onnx")}
+
+    return Loaded(generate, report=report)
 
 
 if __name__ == "__main__":
