@@ -69,12 +69,19 @@ def test_fcfs_prefills_the_whole_prompt_in_one_call(make_engine):
     assert [c.chunk for c in engine.backend.prefills()] == [LONG]
 
 
-def test_high_priority_arrival_is_served_before_the_rest_of_a_long_prefill(make_engine):
-    engine = make_engine(policy="chunked+priority", chunk_size=32)
+def urgent_during_a_long_prefill(engine: Engine):
+    """A long low-priority prompt; after its second chunk a short high-priority one arrives.
+    Runs until the urgent one decodes; returns both streams."""
     doc = engine.generate(ids(LONG), GenerationParams(max_new_tokens=2), priority=0)
     run_until(engine, lambda: len(engine.backend.prefills()) == 2)
     urgent = engine.generate(ids(40, 5), GenerationParams(max_new_tokens=2), priority=10)
     run_until(engine, lambda: decoding(urgent))
+    return doc, urgent
+
+
+def test_high_priority_arrival_is_served_before_the_rest_of_a_long_prefill(make_engine):
+    engine = make_engine(policy="chunked+priority", chunk_size=32)
+    doc, _ = urgent_during_a_long_prefill(engine)
     assert not decoding(doc)
     prefills = engine.backend.prefills()
     slots = [c.first_slot for c in prefills]
@@ -89,10 +96,7 @@ def test_high_priority_arrival_is_served_before_the_rest_of_a_long_prefill(make_
 
 def test_chunked_policy_does_not_preempt(make_engine):
     engine = make_engine(policy="chunked", chunk_size=32)
-    doc = engine.generate(ids(LONG), GenerationParams(max_new_tokens=2), priority=0)
-    run_until(engine, lambda: len(engine.backend.prefills()) == 2)
-    urgent = engine.generate(ids(40, 5), GenerationParams(max_new_tokens=2), priority=10)
-    run_until(engine, lambda: decoding(urgent))
+    doc, _ = urgent_during_a_long_prefill(engine)
     assert decoding(doc)  # the whole document went first
 
 
