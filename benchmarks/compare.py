@@ -85,8 +85,15 @@ class Runtime:
     name: str
     venv: str
     runner: str
-    precision: str
+    quant: str  # fp32, int8 or int4: what the exporter is asked for
     description: str
+    block_size: int | None = None  # int4 block; None = the exporter's default (32 for both)
+
+    @property
+    def precision(self) -> str:
+        """What the row is compared under: the weights' precision and, where it is not the
+        default, their int4 block (block 128 is compared with block 128 only)."""
+        return self.quant if self.block_size is None else f"{self.quant}-b{self.block_size}"
 
 
 RUNTIMES: dict[str, Runtime] = {
@@ -101,8 +108,16 @@ RUNTIMES: dict[str, Runtime] = {
             "edgeprefill-int4", PROJECT_VENV, "run_edgeprefill.py", "int4",
             "edgeprefill bundle, --quantize int4 (MatMulNBits, block 32)",
         ),
+        Runtime(
+            "edgeprefill-int4-b128", PROJECT_VENV, "run_edgeprefill.py", "int4",
+            "edgeprefill bundle, --quantize int4 --block-size 128", block_size=128,
+        ),
         Runtime("ortgenai", "ortgenai", "run_ortgenai.py", "fp32", "ONNX Runtime GenAI fp32"),
         Runtime("ortgenai-int4", "ortgenai", "run_ortgenai.py", "int4", "ONNX Runtime GenAI int4"),
+        Runtime(
+            "ortgenai-int4-b128", "ortgenai", "run_ortgenai.py", "int4",
+            "ONNX Runtime GenAI int4, block_size=128", block_size=128,
+        ),
         Runtime("optimum", "optimum", "run_optimum.py", "fp32", "optimum ORTModelForCausalLM"),
         Runtime("torch", "torch", "run_torch.py", "fp32", "transformers + PyTorch eager"),
     ]
@@ -129,6 +144,7 @@ class Settings:
     chunk_size: int
     project_python: Path
     verbose: bool
+    ceilings: bool = True
 
 
 class StepError(Exception):
@@ -328,6 +344,12 @@ def max_context(settings: Settings) -> int:
     return -(-needed // 256) * 256
 
 
+def genai_block_option(runtime: Runtime) -> list[str]:
+    if runtime.block_size is None:
+        return []
+    return ["--extra_options", f"block_size={runtime.block_size}"]
+
+
 def export_command(runtime: Runtime, settings: Settings, hf_dir: Path, out: Path) -> list[str]:
     python = str(venv_python(runtime.venv, settings))
     if runtime.name.startswith("ortgenai"):
@@ -341,11 +363,12 @@ def export_command(runtime: Runtime, settings: Settings, hf_dir: Path, out: Path
             "-o",
             str(out),
             "-p",
-            runtime.precision,
+            runtime.quant,
             "-e",
             "cpu",
             "-c",
             str(cache),
+            *genai_block_option(runtime),
         ]
     if runtime.name == "optimum":
         cli = str(Path(python).parent / "optimum-cli")
@@ -361,7 +384,9 @@ def export_command(runtime: Runtime, settings: Settings, hf_dir: Path, out: Path
         ]
     if runtime.name.startswith("edgeprefill"):
         cli = str(Path(python).parent / "edgeprefill")
-        quantize = [] if runtime.precision == "fp32" else ["--quantize", runtime.precision]
+        quantize = [] if runtime.quant == "fp32" else ["--quantize", runtime.quant]
+        if runtime.block_size:
+            quantize += ["--block-size", str(runtime.block_size)]
         return [
             cli,
             "export",
@@ -491,6 +516,8 @@ def pool_rounds(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def measure_ceilings(settings: Settings, hidden: int, intermediate: int, run_dir: Path) -> dict:
+    if not settings.ceilings:
+        return {"skipped": "--no-ceilings"}
     say("[ceilings] fp32 GEMM and memory bandwidth")
     square = 256 if settings.quick else 2048
     spec = {
@@ -715,6 +742,9 @@ def report_header(
         f"machine: {machine['cpu']}, {machine['cpus']} CPUs; load average "
         f"{machine['loadavg_start']:.2f} at start, {machine.get('loadavg_end', 0):.2f} at end",
     ]
+    if "skipped" in ceilings:
+        lines.append("ceilings: not measured (--no-ceilings), so no floors ('of floor' shows -)")
+        return lines
     if "error" in ceilings:
         lines.append("ceilings: FAILED (" + ceilings["error"].strip().splitlines()[-1] + ")")
         return lines
@@ -749,7 +779,7 @@ def report_table(settings: Settings, results: dict[str, dict[str, Any]], floor: 
     ok = {name: r for name, r in results.items() if "error" not in r}
     values = {name: metric_values(r, settings) for name, r in ok.items()}
     lines = [
-        f"{'metric':<18}{'runtime':<18}{'prec':<6}{'value':>14}{'vs best':>10}{'of floor':>10}",
+        f"{'metric':<18}{'runtime':<22}{'prec':<10}{'value':>14}{'vs best':>10}{'of floor':>10}",
     ]
     for key, metric in metrics(settings).items():
         for name, v in values.items():
@@ -763,7 +793,7 @@ def report_table(settings: Settings, results: dict[str, dict[str, Any]], floor: 
                 # Faster than the measured hardware allows: skipped work or a noisy ceiling.
                 shown += " !"
             lines.append(
-                f"{metric.label:<18}{name:<18}{ok[name]['precision']:<6}"
+                f"{metric.label:<18}{name:<22}{ok[name]['precision']:<10}"
                 f"{format_value(v[key], metric.unit):>14}{ratio:>10}{shown:>10}"
             )
         lines.append("")
@@ -771,19 +801,19 @@ def report_table(settings: Settings, results: dict[str, dict[str, Any]], floor: 
 
 
 def report_status(results: dict[str, dict[str, Any]]) -> list[str]:
-    lines = [f"{'runtime':<18}{'status':<7}{'=torch':>16}{'export':>8}  versions / error"]
+    lines = [f"{'runtime':<22}{'status':<7}{'=torch':>16}{'export':>8}  versions / error"]
     for name, r in results.items():
         export = f"{r['export_s']:.0f} s" if r.get("export_s") else "-"
         if "error" in r:
             message = r["error"].strip().splitlines()
             shown = message[0] if len(message) == 1 else f"{message[0]} {message[-1]}"
-            lines.append(f"{name:<18}{'ERROR':<7}{'-':>16}{export:>8}  {shown[:160]}")
+            lines.append(f"{name:<22}{'ERROR':<7}{'-':>16}{export:>8}  {shown[:160]}")
             continue
         versions = ", ".join(f"{k} {v}" for k, v in r.get("versions", {}).items())
         if r.get("prefix_hits"):
             versions += f"; PREFIX CACHE HITS {r['prefix_hits']}: some prefill was skipped"
         lines.append(
-            f"{name:<18}{'ok':<7}{token_agreement(results, name):>16}{export:>8}  {versions}"
+            f"{name:<22}{'ok':<7}{token_agreement(results, name):>16}{export:>8}  {versions}"
         )
     return lines
 
@@ -834,8 +864,9 @@ def parse_args(argv: list[str] | None = None) -> Settings:
     parser.add_argument("--lengths", help="TTFT prompt lengths (default 128,512,2048)")
     parser.add_argument(
         "--runtimes",
-        default=",".join(RUNTIMES),
-        help=f"comma-separated subset of {','.join(RUNTIMES)}",
+        default=",".join(name for name, r in RUNTIMES.items() if r.block_size is None),
+        help=f"comma-separated subset of {','.join(RUNTIMES)} (default: all but the "
+        "block-128 int4 variants)",
     )
     parser.add_argument("--repeats", type=int, help="measured runs per point (default 3)")
     parser.add_argument(
@@ -863,6 +894,12 @@ def parse_args(argv: list[str] | None = None) -> Settings:
         help="python of the venv edgeprefill is installed in",
     )
     parser.add_argument("--verbose", action="store_true", help="echo all child output")
+    parser.add_argument(
+        "--no-ceilings",
+        action="store_true",
+        help="skip measuring the machine's GEMM rate and bandwidth (~1 minute); the report "
+        "then has no floors",
+    )
     args = parser.parse_args(argv)
 
     runtimes = [name.strip() for name in args.runtimes.split(",") if name.strip()]
@@ -889,6 +926,7 @@ def parse_args(argv: list[str] | None = None) -> Settings:
         chunk_size=args.chunk_size,
         project_python=args.project_python.absolute(),  # not resolved: keep the venv's symlink
         verbose=args.verbose,
+        ceilings=not args.no_ceilings,
     )
     if settings.new_tokens < 2 or min(settings.repeats, settings.rounds, settings.threads) < 1:
         parser.error(

@@ -28,7 +28,7 @@ def run_compare(runtimes: str, tokens: int, chunk: int, extra: list[str], out: P
         sys.executable, str(BENCH_DIR / "compare.py"), "--runtimes", runtimes,
         "--lengths", str(tokens), "--repeats", "1", "--warmup", "0",
         "--new-tokens", str(NEW_TOKENS), "--decode-prompt", "16",
-        "--chunk-size", str(chunk), "--json", str(out), *extra,
+        "--chunk-size", str(chunk), "--json", str(out), "--no-ceilings", *extra,
     ]
     print("$ " + " ".join(cmd), flush=True)
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
