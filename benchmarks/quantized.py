@@ -3,12 +3,12 @@
     python benchmarks/quantized.py HF_DIR --threads 2
     python benchmarks/quantized.py models/tiny-recall --task
 
-Exports the checkpoint four times (fp32, `--quantize int8`, `--quantize int4` at accuracy
-levels 4 and 0), then for each: TTFT of one prompt (one chunk), decode tokens/s, and against
-fp32 the relative max logit error and the top-1 agreement over every position of a
-teacher-forced sequence. With `--task` (the shipped tiny model only) it also counts the
-secrets recalled correctly (secret and `</s>`) on fresh ~1,000-token prompts made by the
-model's own training script.
+Exports the checkpoint five times (fp32, `--quantize int8`, `--quantize int4` at accuracy
+levels 4 and 0, and int4 with block 128), then for each: TTFT of one prompt (one chunk),
+decode tokens/s, and against fp32 the relative max logit error and the top-1 agreement over
+every position of a teacher-forced sequence. With `--task` (the shipped tiny model only) it
+also counts the secrets recalled correctly (secret and `</s>`) on fresh ~1,000-token
+prompts made by the model's own training script.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ VARIANTS = {
     "int8": QuantConfig("int8"),
     "int4": QuantConfig("int4", 32),  # accuracy level 4 (the default): int8 activations
     "int4 acc0": QuantConfig("int4", 32, accuracy_level=0),  # float activations
+    "int4 b128": QuantConfig("int4", 128),  # one scale per 128 weights: fewer bytes to read
 }
 TRAIN_SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "train_tiny_recall.py"
 
