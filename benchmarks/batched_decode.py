@@ -9,17 +9,20 @@ N sessions should cost little more than one.
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 
 import numpy as np
 
+from edgeprefill.errors import EdgeprefillError
 from edgeprefill.sdk import Engine, GenerationParams
 
 
 def aggregate_decode_rate(engine: Engine, sessions: int, prompt: int, tokens: int) -> float:
     rng = np.random.default_rng(sessions)
     params = GenerationParams(max_new_tokens=tokens, ignore_eos=True)
-    streams = [engine.generate([int(t) for t in rng.integers(5, 1000, size=prompt)], params)
+    top = min(1000, engine.manifest.model.vocab_size)  # ids past the special tokens
+    streams = [engine.generate([int(t) for t in rng.integers(5, top, size=prompt)], params)
                for _ in range(sessions)]
     # Time only the steps where every session decodes: from the last first token to the
     # first finish.
@@ -41,12 +44,21 @@ def main() -> None:
     parser.add_argument("--prompt-tokens", type=int, default=128)
     parser.add_argument("--new-tokens", type=int, default=64)
     args = parser.parse_args()
-    counts = [int(n) for n in args.sessions.split(",")]
-    with Engine.load(args.bundle, threads=args.threads, kv_slots=max(counts),
-                     prefix_reuse=False) as engine:
-        aggregate_decode_rate(engine, 1, 16, 4)  # warm-up
-        rates = {n: aggregate_decode_rate(engine, n, args.prompt_tokens, args.new_tokens)
-                 for n in counts}
+    try:
+        counts = [int(n) for n in args.sessions.split(",")]
+    except ValueError:
+        parser.error(f"--sessions wants comma-separated counts, got {args.sessions!r}")
+    if min(counts + [args.threads, args.prompt_tokens]) < 1 or args.new_tokens < 2:
+        parser.error("session counts, --threads and --prompt-tokens must be positive, "
+                     "--new-tokens at least 2")
+    try:
+        with Engine.load(args.bundle, threads=args.threads, kv_slots=max(counts),
+                         prefix_reuse=False) as engine:
+            aggregate_decode_rate(engine, 1, 16, 4)  # warm-up
+            rates = {n: aggregate_decode_rate(engine, n, args.prompt_tokens, args.new_tokens)
+                     for n in counts}
+    except EdgeprefillError as error:
+        sys.exit(f"batched_decode.py: {error}")
     base = rates[counts[0]]
     print(f"{'sessions':>8} {'aggregate tok/s':>16} {'per session':>12} {'vs 1':>6}")
     for n, rate in rates.items():

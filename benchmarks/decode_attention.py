@@ -202,6 +202,10 @@ def main() -> None:
     parser.add_argument("--turns", type=int, default=3)
     parser.add_argument("--calls", type=int, default=100, help="timed calls per turn")
     args = parser.parse_args()
+    if not 0 < args.past < args.capacity:
+        parser.error("--past must be positive and below --capacity (room for the new token)")
+    if min(args.threads, args.turns, args.calls) < 1:
+        parser.error("--threads, --turns and --calls must be positive")
     shape = (1, KV_HEADS, args.capacity, HEAD_DIM)
     caches = [np.zeros(shape, np.float32) for _ in range(2 * LAYERS)]
     runs = variants(args.past, args.capacity, args.threads, caches)

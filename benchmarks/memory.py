@@ -31,7 +31,10 @@ def run_compare(runtimes: str, tokens: int, chunk: int, extra: list[str], out: P
         "--chunk-size", str(chunk), "--json", str(out), "--no-ceilings", *extra,
     ]
     print("$ " + " ".join(cmd), flush=True)
-    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+    done = subprocess.run(cmd, stdout=subprocess.DEVNULL)
+    if done.returncode != 0:
+        sys.exit(f"memory.py: compare.py stopped with exit status {done.returncode} (its "
+                 "message is above)")
     return json.loads(out.read_text())
 
 
@@ -50,6 +53,8 @@ def main() -> int:
     parser.add_argument("--runtimes", default="edgeprefill,ortgenai,optimum,torch")
     parser.add_argument("--json", type=Path, help="also write the table's numbers here")
     args, extra = parser.parse_known_args()  # anything else goes to compare.py
+    if args.tokens < 1 or args.chunk_size < 1:
+        parser.error("--tokens and --chunk-size must be positive")
 
     with tempfile.TemporaryDirectory() as tmp:
         chunked = run_compare(

@@ -17,6 +17,7 @@ import argparse
 import importlib.util
 import json
 import random
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -24,6 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from edgeprefill.engines import StepBatch
+from edgeprefill.errors import EdgeprefillError
 from edgeprefill.export.exporter import ExportOptions, export
 from edgeprefill.export.quantize import QuantConfig
 from edgeprefill.sdk import Engine, GenerationParams
@@ -90,6 +92,15 @@ def main() -> None:
                         help="also the tiny-recall model's task accuracy (models/tiny-recall)")
     parser.add_argument("--task-prompts", type=int, default=30)
     args = parser.parse_args()
+    if not (args.hf_dir / "config.json").is_file():
+        parser.error(f"{args.hf_dir} is not a Hugging Face checkpoint folder (no config.json)")
+    try:
+        run(args)
+    except EdgeprefillError as error:
+        sys.exit(f"quantized.py: {error}")
+
+
+def run(args: argparse.Namespace) -> None:
     examples = task_examples(args.task_prompts, 1000) if args.task else []
     vocab = json.loads((args.hf_dir / "config.json").read_text())["vocab_size"]
     rng = np.random.default_rng(0)
