@@ -60,13 +60,15 @@ def gqa_model(capacity: int, scale: float, use_if: bool) -> bytes:
     rng = np.random.default_rng(0)
     tables = [rng.random((capacity + 1, HEAD_DIM // 2), np.float32) for _ in range(2)]
     inits = [numpy_helper.from_array(t, n) for t, n in zip(tables, ("cos", "sin"), strict=True)]
-    inits += [numpy_helper.from_array(np.array([v], np.int64), f"i{v}") for v in (1, 2)]
-    nodes = [
-        helper.make_node("Shape", ["qkv"], ["qkv_shape"]),
-        helper.make_node("Slice", ["qkv_shape", "i1", "i2"], ["chunk"]),
-        helper.make_node("Equal", ["chunk", "i1"], ["is_decode1"]),
-        helper.make_node("Squeeze", ["is_decode1"], ["is_decode"]),
-    ]
+    nodes = []
+    if use_if:  # is_decode = (the chunk axis of qkv is 1)
+        inits += [numpy_helper.from_array(np.array([v], np.int64), f"i{v}") for v in (1, 2)]
+        nodes += [
+            helper.make_node("Shape", ["qkv"], ["qkv_shape"]),
+            helper.make_node("Slice", ["qkv_shape", "i1", "i2"], ["chunk"]),
+            helper.make_node("Equal", ["chunk", "i1"], ["is_decode1"]),
+            helper.make_node("Squeeze", ["is_decode1"], ["is_decode"]),
+        ]
     for i in range(LAYERS):
         if not use_if:
             nodes.append(gqa_node(i, scale))
@@ -149,7 +151,7 @@ def onnx_attention_model() -> bytes:
         *cache_inputs(),
     ]
     outputs = [helper.make_tensor_value_info("out", TensorProto.FLOAT, None)]
-    return model_bytes(nodes, inputs, outputs, [*inits], 24)
+    return model_bytes(nodes, inputs, outputs, inits, 24)
 
 
 def bound_run(session, feeds: dict, caches: list[np.ndarray], in_place: bool):
