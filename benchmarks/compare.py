@@ -382,7 +382,7 @@ def export_command(runtime: Runtime, settings: Settings, hf_dir: Path, out: Path
             "text-generation-with-past",
             str(out),
         ]
-    if runtime.name.startswith("edgeprefill"):
+    if is_ours(runtime.name):
         cli = str(Path(python).parent / "edgeprefill")
         quantize = [] if runtime.quant == "fp32" else ["--quantize", runtime.quant]
         if runtime.block_size:
@@ -421,7 +421,7 @@ def export_artifact(runtime: Runtime, settings: Settings, model: ModelInfo) -> t
     cmd = export_command(runtime, settings, model.hf_dir, out)
     marker = out.parent / f"{runtime.name}.done.json"
     cached = marker.exists() and json.loads(marker.read_text()) == cmd
-    if cached and not settings.reexport and not runtime.name.startswith("edgeprefill"):
+    if cached and not settings.reexport and not is_ours(runtime.name):
         return out, 0.0
     say(f"  exporting for {runtime.name}")
     marker.unlink(missing_ok=True)
