@@ -9,9 +9,9 @@ import pytest
 
 from edgeprefill.bundle import load_manifest
 from edgeprefill.engines import BackendOptions, StepBatch
-from edgeprefill.engines.onnxruntime import PROVIDERS, OnnxRuntimeBackend
-from edgeprefill.engines.ort_device_kv import DeviceArena
-from edgeprefill.engines.ort_providers import (
+from edgeprefill.engines.ort.arena import DeviceArena
+from edgeprefill.engines.ort.backend import PROVIDERS, OnnxRuntimeBackend
+from edgeprefill.engines.ort.providers import (
     CUDA_EP,
     TRT_EP,
     GpuSettings,

@@ -7,7 +7,7 @@ import pytest
 
 from edgeprefill.bundle import load_manifest
 from edgeprefill.engines import BackendOptions, StepBatch
-from edgeprefill.engines.onnxruntime import OnnxRuntimeBackend
+from edgeprefill.engines.ort.backend import OnnxRuntimeBackend
 
 SENTINEL = 1234.5
 

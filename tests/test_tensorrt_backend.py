@@ -11,8 +11,8 @@ import pytest
 from edgeprefill import engines
 from edgeprefill.bundle import load_manifest
 from edgeprefill.engines import BackendOptions, StepBatch, create_backend
-from edgeprefill.engines.onnxruntime import OnnxRuntimeBackend
-from edgeprefill.engines.tensorrt import TensorRTBackend
+from edgeprefill.engines.ort.backend import OnnxRuntimeBackend
+from edgeprefill.engines.trt.backend import TensorRTBackend
 from edgeprefill.errors import BackendError
 from edgeprefill.sdk import Engine, GenerationParams
 from tests.trt_fakes import OrtEngineRuntime
@@ -165,7 +165,7 @@ def test_close_frees_every_device_buffer(standard):
 
 def test_engine_generates_the_same_tokens_on_both_backends(standard, monkeypatch):
     monkeypatch.setattr(
-        "edgeprefill.engines.tensorrt.open_runtime",
+        "edgeprefill.engines.trt.backend.open_runtime",
         lambda bundle_dir, manifest, options: OrtEngineRuntime(
             bundle_dir, manifest, manifest.max_context, max_batch=4),
     )

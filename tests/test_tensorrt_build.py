@@ -14,8 +14,8 @@ import pytest
 from click.testing import CliRunner
 
 from edgeprefill.cli.main import cli
-from edgeprefill.engines import trt_build
-from edgeprefill.engines.trt_build import (
+from edgeprefill.engines.trt import build as trt_build
+from edgeprefill.engines.trt.build import (
     BuildOptions,
     NetworkTyping,
     network_typing,

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from edgeprefill.engines.trt_cache import (
+from edgeprefill.engines.trt.cache import (
     DeviceInfo,
     engine_key,
     engine_paths,
@@ -17,8 +17,8 @@ from edgeprefill.engines.trt_cache import (
     save_engine,
     usable_records,
 )
-from edgeprefill.engines.trt_plan import profile_plan
-from edgeprefill.engines.trt_runtime import choose_engine
+from edgeprefill.engines.trt.plan import profile_plan
+from edgeprefill.engines.trt.runtime import choose_engine
 from edgeprefill.errors import BackendError
 from tests.trt_fakes import fake_manifest
 

@@ -10,7 +10,7 @@ import pytest
 
 from edgeprefill.bundle import load_manifest
 from edgeprefill.engines import BackendOptions, StepBatch, create_backend
-from edgeprefill.engines.trt_build import BuildOptions, build_engine
+from edgeprefill.engines.trt.build import BuildOptions, build_engine
 from edgeprefill.sdk import Engine, GenerationParams
 
 HAS_TRT = all(importlib.util.find_spec(m) is not None for m in ("tensorrt", "cuda"))

@@ -9,13 +9,13 @@ import pytest
 from onnx import helper
 
 from edgeprefill.bundle import load_graph, load_manifest
-from edgeprefill.engines.trt_graph import (
+from edgeprefill.engines.trt.graph import (
     graph_problems,
     kv_tensor_names,
     parser_ready_graph,
     prepare_graph,
 )
-from edgeprefill.engines.trt_ops import (
+from edgeprefill.engines.trt.ops import (
     MIN_TENSORRT,
     SOURCE,
     SUPPORTED_OPS,

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from edgeprefill.engines import StepBatch
-from edgeprefill.engines.trt_plan import ShapeRange, profile_plan
-from edgeprefill.engines.trt_steps import (
+from edgeprefill.engines.trt.plan import ShapeRange, profile_plan
+from edgeprefill.engines.trt.steps import (
     DeviceBuffers,
     RowCopy,
     call_bindings,

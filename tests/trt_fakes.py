@@ -19,9 +19,9 @@ import onnx
 import onnxruntime as ort
 
 from edgeprefill.bundle import GraphInfo, Manifest, ModelInfo, TokenizerInfo
-from edgeprefill.engines.trt_graph import parser_ready_graph
-from edgeprefill.engines.trt_plan import ProfilePlan, profile_plan
-from edgeprefill.engines.trt_steps import TensorBinding
+from edgeprefill.engines.trt.graph import parser_ready_graph
+from edgeprefill.engines.trt.plan import ProfilePlan, profile_plan
+from edgeprefill.engines.trt.steps import TensorBinding
 
 KV, D, VOCAB = 2, 8, 50  # dims of fake_manifest's model
 

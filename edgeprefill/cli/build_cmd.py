@@ -6,8 +6,8 @@ from pathlib import Path
 
 import click
 
-from edgeprefill.engines.trt_build import BuildOptions, build_engine
-from edgeprefill.engines.trt_cache import PRECISIONS
+from edgeprefill.engines.trt.build import BuildOptions, build_engine
+from edgeprefill.engines.trt.cache import PRECISIONS
 
 
 @click.command()

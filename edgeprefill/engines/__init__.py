@@ -11,8 +11,8 @@ from edgeprefill.errors import BackendError
 
 # name -> "module:class", imported on use so a missing GPU library only matters when asked for.
 BACKENDS = {
-    "onnxruntime": "edgeprefill.engines.onnxruntime:OnnxRuntimeBackend",
-    "tensorrt": "edgeprefill.engines.tensorrt:TensorRTBackend",
+    "onnxruntime": "edgeprefill.engines.ort.backend:OnnxRuntimeBackend",
+    "tensorrt": "edgeprefill.engines.trt.backend:TensorRTBackend",
 }
 
 __all__ = ["BACKENDS", "Backend", "BackendOptions", "StepBatch", "create_backend"]

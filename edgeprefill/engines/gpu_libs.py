@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
-from edgeprefill.engines.trt_ops import MIN_TENSORRT
+from edgeprefill.engines.trt.ops import MIN_TENSORRT
 from edgeprefill.errors import BackendError
 
 MIN_TRT_TEXT = ".".join(map(str, MIN_TENSORRT))

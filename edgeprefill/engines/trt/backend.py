@@ -5,7 +5,7 @@ like the ONNX Runtime backend's, so the rows of a call are the contiguous bytes 
 `arena + first_slot * slot_bytes`; each past input and its present output are bound to that
 one address and the engine's KV-cache update layer writes the new tokens there. Small
 inputs go through staging buffers allocated once. Which profile, padding, address and shape
-each call gets is decided in `trt_steps` (pure, tested on the CPU); this class moves bytes.
+each call gets is decided in `trt.steps` (pure, tested on the CPU); this class moves bytes.
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ import numpy as np
 
 from edgeprefill.bundle import Manifest
 from edgeprefill.engines.base import Backend, BackendOptions, StepBatch
-from edgeprefill.engines.trt_graph import require_standard
-from edgeprefill.engines.trt_runtime import EngineRuntime, open_runtime
-from edgeprefill.engines.trt_steps import (
+from edgeprefill.engines.trt.graph import require_standard
+from edgeprefill.engines.trt.runtime import EngineRuntime, open_runtime
+from edgeprefill.engines.trt.steps import (
     Call,
     DeviceBuffers,
     call_bindings,

@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from edgeprefill.bundle import Manifest, sha256_of
-from edgeprefill.engines.trt_graph import PREP_VERSION
-from edgeprefill.engines.trt_plan import ProfilePlan
+from edgeprefill.engines.trt.graph import PREP_VERSION
+from edgeprefill.engines.trt.plan import ProfilePlan
 
 ENGINES_DIR = "engines"
 PRECISIONS = ("fp16", "fp32", "int8")

@@ -15,8 +15,8 @@ from pathlib import Path
 
 from edgeprefill.bundle import Manifest
 from edgeprefill.engines.gpu_libs import ORT_GPU_HINT
-from edgeprefill.engines.trt_cache import ENGINES_DIR
-from edgeprefill.engines.trt_plan import CAPACITY, ProfilePlan, profile_plan
+from edgeprefill.engines.trt.cache import ENGINES_DIR
+from edgeprefill.engines.trt.plan import CAPACITY, ProfilePlan, profile_plan
 
 TRT_EP = "TensorrtExecutionProvider"
 CUDA_EP = "CUDAExecutionProvider"

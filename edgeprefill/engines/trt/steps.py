@@ -16,7 +16,7 @@ from typing import NamedTuple
 import numpy as np
 
 from edgeprefill.engines.base import StepBatch
-from edgeprefill.engines.trt_plan import ProfilePlan, Shape
+from edgeprefill.engines.trt.plan import ProfilePlan, Shape
 from edgeprefill.errors import BackendError
 
 PAD_ID = 0  # any id inside the vocabulary: padded positions are masked

@@ -14,11 +14,11 @@ from typing import Protocol
 
 from edgeprefill.bundle import Manifest
 from edgeprefill.engines.base import BackendOptions
-from edgeprefill.engines.cuda_device import CudaDevice, DeviceMemory
 from edgeprefill.engines.gpu_libs import require_tensorrt
-from edgeprefill.engines.trt_cache import ENGINES_DIR, DeviceInfo, find_engine, usable_records
-from edgeprefill.engines.trt_plan import ProfilePlan, profile_plan
-from edgeprefill.engines.trt_steps import TensorBinding
+from edgeprefill.engines.trt.cache import ENGINES_DIR, DeviceInfo, find_engine, usable_records
+from edgeprefill.engines.trt.cuda import CudaDevice, DeviceMemory
+from edgeprefill.engines.trt.plan import ProfilePlan, profile_plan
+from edgeprefill.engines.trt.steps import TensorBinding
 from edgeprefill.errors import BackendError
 
 

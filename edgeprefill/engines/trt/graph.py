@@ -17,7 +17,7 @@ from pathlib import Path
 import onnx
 
 from edgeprefill.bundle import Manifest, load_graph
-from edgeprefill.engines.trt_ops import MAX_OPSET, restriction_problems, unsupported_ops
+from edgeprefill.engines.trt.ops import MAX_OPSET, restriction_problems, unsupported_ops
 from edgeprefill.errors import BackendError
 
 PREP_VERSION = 1  # bump when prepare_graph changes what the parser sees: part of the engine key

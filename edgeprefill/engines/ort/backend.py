@@ -4,7 +4,7 @@ Every KV input and its present output are bound to the same address, which makes
 GroupQueryAttention share the buffer and TensorScatter update it in place: no step copies
 the cache. Bindings are cached per (first slot, rows), so a step rebinds only the three
 small inputs. On the CUDA and TensorRT providers the arena lives in device memory and is
-bound by pointer the same way (ort_device_kv); their options come from ort_providers.
+bound by pointer the same way (ort.arena); their options come from ort.providers.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ import numpy as np
 
 from edgeprefill.bundle import Manifest, load_graph, resolve_inside
 from edgeprefill.engines.base import Backend, BackendOptions, StepBatch
-from edgeprefill.engines.ort_device_kv import DeviceArena
-from edgeprefill.engines.ort_providers import (
+from edgeprefill.engines.ort.arena import DeviceArena
+from edgeprefill.engines.ort.providers import (
     dimension_overrides,
     gpu_settings,
     missing_provider,

@@ -4,7 +4,7 @@ Everything that can be checked without a GPU is checked first (flavour, operator
 precision), so a CPU machine reports a bundle problem before it reports missing TensorRT.
 Then the graph goes through TensorRT's ONNX parser into one network with a profile per
 chunk bucket plus the decode profile, weights stored once, and the serialized engine is
-cached under BUNDLE/engines/ (see trt_cache).
+cached under BUNDLE/engines/ (see trt.cache).
 """
 
 from __future__ import annotations
@@ -17,9 +17,8 @@ from types import ModuleType
 from typing import NamedTuple
 
 from edgeprefill.bundle import Manifest, load_manifest, resolve_inside
-from edgeprefill.engines.cuda_device import CudaDevice
 from edgeprefill.engines.gpu_libs import require_tensorrt, version_tuple
-from edgeprefill.engines.trt_cache import (
+from edgeprefill.engines.trt.cache import (
     ENGINES_DIR,
     PRECISIONS,
     DeviceInfo,
@@ -28,8 +27,9 @@ from edgeprefill.engines.trt_cache import (
     prune_stale,
     save_engine,
 )
-from edgeprefill.engines.trt_graph import parser_ready_graph, require_standard
-from edgeprefill.engines.trt_plan import ProfilePlan, profile_plan
+from edgeprefill.engines.trt.cuda import CudaDevice
+from edgeprefill.engines.trt.graph import parser_ready_graph, require_standard
+from edgeprefill.engines.trt.plan import ProfilePlan, profile_plan
 from edgeprefill.errors import BackendError
 
 Echo = Callable[[str], None]
