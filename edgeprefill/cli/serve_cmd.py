@@ -7,9 +7,10 @@ from pathlib import Path
 
 import click
 
-from edgeprefill.cli.options import spin_option
+from edgeprefill.cli.options import engine_options
 from edgeprefill.errors import EdgeprefillError
-from edgeprefill.sdk.scheduler import POLICIES
+
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")  # uvicorn's and logging's
 
 
 @click.command()
@@ -21,25 +22,17 @@ from edgeprefill.sdk.scheduler import POLICIES
               help="The model id clients send (default: the bundle folder's name).")
 @click.option("--api-key", envvar="EDGEPREFILL_API_KEY", default=None, show_envvar=True,
               help="Require 'Authorization: Bearer KEY' on every route but /health.")
-@click.option("--threads", type=click.IntRange(min=1), default=None,
-              help="CPU threads for the backend (default: physical cores).")
-@spin_option
-@click.option("--kv-slots", type=click.IntRange(min=1), default=4, show_default=True,
-              help="Conversations whose KV cache is held at once.")
-@click.option("--policy", type=click.Choice(POLICIES), default="chunked+priority",
-              show_default=True, help="Scheduling policy.")
-@click.option("--chunk-size", type=click.IntRange(min=1), default=None,
-              help="Fixed prefill chunk in tokens (default: adaptive, see --itl-target-ms).")
-@click.option("--itl-target-ms", type=click.FloatRange(min=0, min_open=True), default=150.0,
-              show_default=True, help="Adaptive chunking keeps decode gaps under this.")
+@engine_options()
 @click.option("--max-pending", type=click.IntRange(min=1), default=64, show_default=True,
               help="Requests admitted at once, running or queued; more get HTTP 429.")
 @click.option("--max-body-mb", type=click.FloatRange(min=0, min_open=True), default=4.0,
               show_default=True, help="Larger request bodies get HTTP 413.")
+@click.option("--log-level", type=click.Choice(LOG_LEVELS), default="info", show_default=True,
+              help="info: one line per request (method, path, status, tokens, TTFT, "
+              "duration); warning: problems only.")
 def serve(
     bundle: Path, host: str, port: int, model_name: str | None, api_key: str | None,
-    threads: int | None, spin: bool, kv_slots: int, policy: str, chunk_size: int | None,
-    itl_target_ms: float, max_pending: int, max_body_mb: float,
+    max_pending: int, max_body_mb: float, log_level: str, engine: dict,
 ) -> None:
     """Serve BUNDLE over an OpenAI-compatible HTTP API (completions, chat, models,
     health, Prometheus metrics). Requests may add edgeprefill's own fields, e.g.
@@ -55,6 +48,7 @@ def serve(
         import uvicorn
 
         from edgeprefill.server import ServerConfig, create_app
+        from edgeprefill.server.access_log import configure_logging
     except ImportError as err:
         raise EdgeprefillError(
             f"edgeprefill serve needs the server extra ({err.name} is missing): "
@@ -66,21 +60,22 @@ def serve(
     config = ServerConfig(model_name=model_name or bundle.resolve().name, api_key=api_key,
                           max_pending=max_pending, max_body_bytes=int(max_body_mb * 2**20))
     click.echo(f"loading {bundle} ...", err=True)
+    configure_logging(log_level)
     # The engine's queue holds at least what the server admits, so it never refuses one.
-    engine = Engine.load(bundle, threads=threads, spin=spin, kv_slots=kv_slots, policy=policy,
-                         chunk_size=chunk_size, itl_target_ms=itl_target_ms,
-                         max_queue=max_pending)
+    loaded = Engine.load(bundle, max_queue=max_pending, **engine)
     try:
-        app = create_app(engine, config)
+        app = create_app(loaded, config)
         auth = "API key required" if api_key else "no API key"
         click.echo(f"serving {config.model_name!r} on http://{host}:{port}/v1 ({auth}); "
                    "Ctrl-C to stop", err=True)
-        uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning")).run()
+        # Our own line per request replaces uvicorn's access log (which knows no tokens).
+        uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level=log_level,
+                                      access_log=False, log_config=None)).run()
     except KeyboardInterrupt:
         # uvicorn has already shut down gracefully and re-raised Ctrl-C: a normal stop.
         click.echo("stopped", err=True)
     finally:
-        engine.close()
+        loaded.close()
 
 
 def _check_port_free(host: str, port: int) -> None:
