@@ -28,14 +28,15 @@ class BundleTokenizer:
         self._template = None
         self.vocab_size = manifest.model.vocab_size
 
-    def encode(self, prompt: Prompt) -> list[int]:
+    def encode(self, prompt: Prompt, **chat: Any) -> list[int]:
         """Token ids of a prompt: text (the tokenizer adds its special tokens, e.g. BOS),
-        chat messages (rendered with the bundle's chat template), or ids as given."""
+        chat messages (rendered with the bundle's chat template; `chat` goes to
+        `render_chat`, e.g. tools=...), or ids as given."""
         if isinstance(prompt, str):
             return self._require().encode(prompt, add_special_tokens=True).ids
         items = list(prompt)
         if items and all(isinstance(m, dict) for m in items):
-            text = self.render_chat(items)
+            text = self.render_chat(items, **chat)
             # The template writes the special tokens itself (as transformers does).
             return self._require().encode(text, add_special_tokens=False).ids
         if all(isinstance(t, int) and not isinstance(t, bool) for t in items):
@@ -49,14 +50,17 @@ class BundleTokenizer:
         """Text without the tokenizer's special tokens (a continuation, not a new prompt)."""
         return self._require().encode(text, add_special_tokens=False).ids
 
-    def render_chat(self, messages: list[dict[str, Any]]) -> str:
+    def render_chat(
+        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True, **extra: Any
+    ) -> str:
+        """`extra` are template variables, e.g. tools=[...] (OpenAI function specs)."""
         for m in messages:
             if not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
                 raise RequestError("each chat message needs string 'role' and 'content'")
         template = self._chat_template()
         return template.render(
-            messages=messages, add_generation_prompt=True,
-            bos_token=self.info.bos_token or "", eos_token=self.info.eos_token or "",
+            messages=messages, add_generation_prompt=add_generation_prompt,
+            bos_token=self.info.bos_token or "", eos_token=self.info.eos_token or "", **extra,
         )
 
     def _chat_template(self):

@@ -3,6 +3,7 @@
     POST /v1/completions         text or token-id prompt
     POST /v1/chat/completions    messages, rendered with the bundle's chat template
     GET  /v1/models              the one model this server holds
+    /tokenize, /detokenize, /v1/models/{id}, /version: server/routes_extra.py
     GET  /health                 liveness (never needs the API key)
     GET  /metrics                Prometheus text format
 
@@ -33,9 +34,12 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from edgeprefill.errors import EngineClosedError, RequestError
 from edgeprefill.sdk.engine import Engine
 from edgeprefill.sdk.stream import TokenStream
+from edgeprefill.server import access_log
+from edgeprefill.server.access_log import AccessLog
 from edgeprefill.server.errors import ApiError
 from edgeprefill.server.metrics import ServerMetrics
 from edgeprefill.server.responses import Shape
+from edgeprefill.server.routes_extra import ExtraRoutes, model_card
 from edgeprefill.server.schemas import CompletionRequest, parse_chat, parse_completion
 from edgeprefill.server.sse import EventStreamResponse, completion_events
 
@@ -63,14 +67,17 @@ class ServerConfig:
 def create_app(engine: Engine, config: ServerConfig) -> Starlette:
     """An ASGI app serving `engine`; the caller owns the engine and closes it."""
     api = OpenAIApi(engine, config)
+    extra = ExtraRoutes(engine, config.model_name, api.started,
+                        lambda request: _read_json(request, config.max_body_bytes))
     routes = [
         Route("/v1/completions", api.completions, methods=["POST"]),
         Route("/v1/chat/completions", api.chat_completions, methods=["POST"]),
         Route("/v1/models", api.models, methods=["GET"]),
         Route("/health", api.health, methods=["GET"]),
         Route("/metrics", api.prometheus, methods=["GET"]),
+        *extra.routes(),
     ]
-    middleware = []
+    middleware = [Middleware(AccessLog)]  # outermost: it logs the 401s too
     if config.api_key is not None:
         middleware.append(Middleware(ApiKeyMiddleware, key=config.api_key,
                                      on_reject=api.metrics.reject))
@@ -108,8 +115,7 @@ class OpenAIApi:
         return await self._complete(request, chat=True)
 
     async def models(self, request: Request) -> Response:
-        model = {"id": self.config.model_name, "object": "model", "created": self.started,
-                 "owned_by": "edgeprefill", "context_length": self.engine.capacity}
+        model = model_card(self.engine, self.config.model_name, self.started)
         return JSONResponse({"object": "list", "data": [model]})
 
     async def health(self, request: Request) -> Response:
@@ -127,6 +133,7 @@ class OpenAIApi:
             parsed = parse_chat(body) if chat else parse_completion(body)
             self._check_model(parsed.model)
             stream = self._submit(parsed)
+            access_log.note(request, stream)
         except ApiError as err:
             self.metrics.reject(err.status)
             return err.response()
