@@ -42,6 +42,7 @@ from edgeprefill.server.responses import Shape
 from edgeprefill.server.routes_extra import ExtraRoutes, model_card
 from edgeprefill.server.schemas import CompletionRequest, parse_chat, parse_completion
 from edgeprefill.server.sse import EventStreamResponse, completion_events
+from edgeprefill.server.tools import reply_parser, template_vars
 
 OPEN_PATHS = frozenset({"/health"})  # answered without the API key (liveness probes)
 
@@ -137,7 +138,8 @@ class OpenAIApi:
         except ApiError as err:
             self.metrics.reject(err.status)
             return err.response()
-        shape = Shape.new(chat, self.config.model_name)
+        shape = Shape.new(chat, self.config.model_name,
+                          reply_parser(parsed.tools, self.engine.manifest))
         close = self._closer(endpoint, stream)
         if parsed.stream:
             events = completion_events(stream, shape, parsed.include_usage)
@@ -165,7 +167,8 @@ class OpenAIApi:
             raise ApiError(429, f"the server is busy ({self.pending} requests pending); "
                            "retry shortly", code="queue_full")
         try:
-            tokens = self.engine.tokenizer.encode(req.prompt)
+            tokens = self.engine.tokenizer.encode(
+                req.prompt, **template_vars(req.tools, self.engine.manifest))
         except RequestError as err:  # token ids out of range, no chat template, ...
             raise ApiError(400, str(err), req.prompt_field) from None
         self._check_context(len(tokens), req.params.max_new_tokens)

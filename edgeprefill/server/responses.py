@@ -7,6 +7,7 @@ import uuid
 from dataclasses import dataclass
 
 from edgeprefill.sdk.stream import TokenStream
+from edgeprefill.server.tool_parsers import Piece, ToolParser
 
 
 @dataclass(frozen=True)
@@ -17,11 +18,13 @@ class Shape:
     model: str
     id: str
     created: int
+    tools: ToolDeltas | None = None  # chat with tools: calls are parsed out of the text
 
     @classmethod
-    def new(cls, chat: bool, model: str) -> Shape:
+    def new(cls, chat: bool, model: str, tool_parser: ToolParser | None = None) -> Shape:
         prefix = "chatcmpl" if chat else "cmpl"
-        return cls(chat, model, f"{prefix}-{uuid.uuid4().hex}", int(time.time()))
+        tools = ToolDeltas(tool_parser) if chat and tool_parser is not None else None
+        return cls(chat, model, f"{prefix}-{uuid.uuid4().hex}", int(time.time()), tools)
 
     def _head(self, obj: str) -> dict:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
@@ -29,8 +32,9 @@ class Shape:
     def whole(self, stream: TokenStream) -> dict:
         """The non-streaming response of a finished stream."""
         if self.chat:
-            choice = {"index": 0, "message": {"role": "assistant", "content": stream.text},
-                      "logprobs": None, "finish_reason": stream.finish_reason}
+            message, finish = self._message(stream)
+            choice = {"index": 0, "message": message, "logprobs": None,
+                      "finish_reason": finish}
             body = self._head("chat.completion")
         else:
             choice = {"index": 0, "text": stream.text, "logprobs": None,
@@ -40,18 +44,48 @@ class Shape:
         body["usage"] = usage(stream)
         return body
 
+    def _message(self, stream: TokenStream) -> tuple[dict, str | None]:
+        """A whole chat reply's message and finish reason, with its tool calls if any."""
+        message = {"role": "assistant", "content": stream.text}
+        if self.tools is None:
+            return message, stream.finish_reason
+        parsed = self.tools.parser.parse(stream.text)
+        if not parsed.calls:
+            return {**message, "content": parsed.content}, stream.finish_reason
+        message = {"role": "assistant", "content": parsed.content.strip() or None,
+                   "tool_calls": [c.to_openai() for c in parsed.calls]}
+        return message, "tool_calls" if stream.finish_reason == "stop" else stream.finish_reason
+
+    def chunks(self, text: str) -> list[dict]:
+        """The streamed chunks of newly generated text (tool calls come whole, once
+        parsed: one chunk with the call's id and name, one with its arguments)."""
+        if self.tools is None:
+            return [self.chunk(text)] if text else []
+        return [self.delta_chunk(d) for d in self.tools.feed(text)]
+
+    def last_chunks(self, finish_reason: str | None) -> list[dict]:
+        """What the reply still holds back, then the chunk with the finish reason."""
+        if self.tools is None:
+            return [self.chunk("", finish_reason)]
+        rest = [self.delta_chunk(d) for d in self.tools.finish()]
+        return [*rest, self.chunk("", self.tools.finish_reason(finish_reason))]
+
     def chunk(self, text: str | None, finish_reason: str | None = None) -> dict:
         """One streamed piece. Chat: text None opens the reply with the role."""
         if self.chat:
             delta = {"role": "assistant", "content": ""} if text is None else (
                 {"content": text} if text else {})
-            choice = {"index": 0, "delta": delta, "logprobs": None,
-                      "finish_reason": finish_reason}
-            body = self._head("chat.completion.chunk")
-        else:
-            choice = {"index": 0, "text": text or "", "logprobs": None,
-                      "finish_reason": finish_reason}
-            body = self._head("text_completion")
+            return self.delta_chunk(delta, finish_reason)
+        choice = {"index": 0, "text": text or "", "logprobs": None,
+                  "finish_reason": finish_reason}
+        body = self._head("text_completion")
+        body["choices"] = [choice]
+        return body
+
+    def delta_chunk(self, delta: dict, finish_reason: str | None = None) -> dict:
+        """A chat chunk carrying `delta`."""
+        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+        body = self._head("chat.completion.chunk")
         body["choices"] = [choice]
         return body
 
@@ -68,3 +102,37 @@ def usage(stream: TokenStream) -> dict:
     completion = len(stream.token_ids)
     return {"prompt_tokens": prompt, "completion_tokens": completion,
             "total_tokens": prompt + completion}
+
+
+class ToolDeltas:
+    """The tool-call side of one streamed chat reply. OpenAI streams a call as deltas
+    of `tool_calls[index]`: first its id, type and function name with empty arguments,
+    then pieces of the arguments; here the arguments follow in one piece, once the call
+    has parsed."""
+
+    def __init__(self, parser: ToolParser) -> None:
+        self.parser = parser
+        self.calls = 0
+
+    def feed(self, text: str) -> list[dict]:
+        return self._deltas(self.parser.feed(text)) if text else []
+
+    def finish(self) -> list[dict]:
+        return self._deltas(self.parser.finish())
+
+    def finish_reason(self, reason: str | None) -> str | None:
+        return "tool_calls" if self.calls and reason == "stop" else reason
+
+    def _deltas(self, pieces: list[Piece]) -> list[dict]:
+        deltas: list[dict] = []
+        for piece in pieces:
+            if piece.call is None:
+                deltas.append({"content": piece.text})
+                continue
+            call, index = piece.call, self.calls
+            self.calls += 1
+            deltas.append({"tool_calls": [{"index": index, "id": call.id, "type": "function",
+                                           "function": {"name": call.name, "arguments": ""}}]})
+            deltas.append({"tool_calls": [{"index": index,
+                                           "function": {"arguments": call.arguments}}]})
+        return deltas

@@ -9,13 +9,14 @@ edgeprefill's own fields ride along as extensions: `priority`, `chunk_size`, `to
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from edgeprefill.errors import RequestError
 from edgeprefill.sdk.params import GenerationParams
 from edgeprefill.sdk.tokenizer import Prompt
 from edgeprefill.server.errors import ApiError
+from edgeprefill.server.tools import ToolRequest, message_fields, parse_tools
 
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 MAX_SEED = 2**63 - 1
@@ -31,7 +32,6 @@ UNSUPPORTED: dict[str, tuple[Any, ...]] = {
     "logit_bias": ({},),
     "presence_penalty": (0,),
     "frequency_penalty": (0,),
-    "tools": ([],),
     "functions": ([],),
 }
 
@@ -46,18 +46,26 @@ class CompletionRequest:
     priority: int
     chunk_size: int | None
     prompt_field: str  # "prompt" or "messages": the `param` of errors about the prompt
+    tools: ToolRequest | None = None  # chat: tools and tool_choice (server/tools.py)
 
 
 def parse_completion(body: Any) -> CompletionRequest:
     body = _object(body)
+    for name in ("tools", "tool_choice"):
+        if body.get(name) not in (None, []):
+            raise ApiError(400, f"'{name}' is a chat field: use /v1/chat/completions", name)
     return _request(body, _prompt(body.get("prompt")), COMPLETION_DEFAULT_MAX_TOKENS, "prompt")
 
 
 def parse_chat(body: Any) -> CompletionRequest:
     body = _object(body)
     messages = _messages(body.get("messages"))
+    tools = parse_tools(body)
     # Chat replies run to EOS or the context limit unless capped, as with OpenAI.
-    return _request(body, messages, None, "messages")
+    request = _request(body, messages, None, "messages")
+    if tools is None:
+        return request
+    return replace(request, tools=tools, params=tools.constrain(request.params))
 
 
 # -- the shared fields --------------------------------------------------------------------
@@ -146,7 +154,7 @@ def _message(message: Any, index: int) -> dict[str, str]:
     if not isinstance(content, str):
         raise ApiError(400, f"{param}.content must be a string or a list of text parts",
                        f"{param}.content")
-    return {"role": message["role"], "content": content}
+    return {"role": message["role"], "content": content, **message_fields(message, param)}
 
 
 def _stop(value: Any) -> tuple[str, ...]:

@@ -28,12 +28,13 @@ async def completion_events(
     if shape.chat:
         yield sse(shape.chunk(None))  # the role, at once: clients show "typing"
     async for event in stream:
-        if event.text:
-            yield sse(shape.chunk(event.text))
+        for chunk in shape.chunks(event.text):  # text, or parsed tool calls
+            yield sse(chunk)
     if stream.finish_reason == "error":
         yield sse(ApiError(500, stream.error or "generation failed", code="engine_error").body())
     else:
-        yield sse(shape.chunk("", stream.finish_reason))
+        for chunk in shape.last_chunks(stream.finish_reason):
+            yield sse(chunk)
         if include_usage:
             yield sse(shape.usage_chunk(stream))
     yield sse("[DONE]")

@@ -1,0 +1,254 @@
+"""Tool calls in a model's reply text, per call format, whole or as the text streams in.
+
+    hermes       `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`, any number,
+                 between ordinary text (ChatML / Hermes / Qwen2, Qwen2.5, Qwen3)
+    llama3_json  the whole reply is `{"name": ..., "parameters": {...}}` (Llama 3.1-3.3;
+                 several calls separated by `;`)
+    mistral      `[TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]`; the marker is a
+                 special token the detokenizer drops, so a reply that is such a JSON list
+                 counts too
+    forced_named, forced_required
+                 what `tool_choice` forces through a JSON-schema constraint (as vLLM
+                 does): the arguments object of the named function, or a JSON list of
+                 `{"name", "parameters"}`
+
+A parser never loses text: whatever does not parse as a call stays content.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from abc import ABC, abstractmethod
+from typing import Any, NamedTuple
+
+
+class ToolCall(NamedTuple):
+    name: str
+    arguments: str  # a JSON object, as text (OpenAI's `function.arguments`)
+    id: str
+
+    def to_openai(self) -> dict:
+        return {"id": self.id, "type": "function",
+                "function": {"name": self.name, "arguments": self.arguments}}
+
+
+class Parsed(NamedTuple):
+    content: str  # the text around the calls (may be empty)
+    calls: list[ToolCall]
+
+
+class Piece(NamedTuple):
+    """One step of a streamed reply: text to show, or a whole tool call."""
+
+    text: str = ""
+    call: ToolCall | None = None
+
+
+def new_call(name: str, arguments: Any) -> ToolCall:
+    text = arguments if isinstance(arguments, str) else json.dumps(arguments,
+                                                                    ensure_ascii=False)
+    return ToolCall(name, text, f"call_{uuid.uuid4().hex[:24]}")
+
+
+def _call_from(obj: Any, argument_keys: tuple[str, ...]) -> ToolCall | None:
+    """`{"name": str, <one of argument_keys>: object}` -> a call; anything else -> None."""
+    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
+        return None
+    arguments = next((obj[k] for k in argument_keys if k in obj), {})
+    if isinstance(arguments, str):  # some models double-encode: accept it if it is JSON
+        try:
+            arguments = json.loads(arguments)
+        except ValueError:
+            return None
+    if not isinstance(arguments, dict):
+        return None
+    return new_call(obj["name"], arguments)
+
+
+class ToolParser(ABC):
+    """Parses one reply. `feed` takes text as it streams and returns the pieces now
+    certain; `finish` returns the rest. `parse` does a whole text at once."""
+
+    def parse(self, text: str) -> Parsed:
+        pieces = [*self.feed(text), *self.finish()]
+        calls = [p.call for p in pieces if p.call is not None]
+        return Parsed("".join(p.text for p in pieces), calls)
+
+    @abstractmethod
+    def feed(self, text: str) -> list[Piece]: ...
+
+    @abstractmethod
+    def finish(self) -> list[Piece]: ...
+
+
+class TaggedParser(ToolParser):
+    """Calls wrapped in an open and a close tag, ordinary text around them (hermes).
+    Blank text next to a call (the newlines models put between calls) is dropped."""
+
+    open_tag = "<tool_call>"
+    close_tag = "</tool_call>"
+    argument_keys = ("arguments", "parameters")
+
+    def __init__(self) -> None:
+        self.buffer = ""  # text not yet returned
+        self.inside = False  # between an open tag and its close tag
+
+    def feed(self, text: str) -> list[Piece]:
+        self.buffer += text
+        pieces: list[Piece] = []
+        while True:
+            tag = self.close_tag if self.inside else self.open_tag
+            at = self.buffer.find(tag)
+            if at < 0:
+                break
+            body, self.buffer = self.buffer[:at], self.buffer[at + len(tag):]
+            pieces.append(self._call_or_text(body, closed=True) if self.inside
+                          else Piece(body if body.strip() else ""))
+            self.inside = not self.inside
+        if not self.inside and self.buffer.strip():
+            # Show the text, keeping back what may begin an open tag.
+            cut = len(self.buffer) - _partial_suffix(self.buffer, self.open_tag)
+            pieces.append(Piece(self.buffer[:cut]))
+            self.buffer = self.buffer[cut:]
+        return [p for p in pieces if p.text or p.call]
+
+    def finish(self) -> list[Piece]:
+        rest, self.buffer = self.buffer, ""
+        if self.inside:  # the reply ended inside a call: a call if it is one, else text
+            self.inside = False
+            return [self._call_or_text(rest, closed=False)]
+        return [Piece(rest)] if rest.strip() else []
+
+    def _call_or_text(self, body: str, closed: bool) -> Piece:
+        try:
+            call = _call_from(json.loads(body), self.argument_keys)
+        except ValueError:
+            call = None
+        if call is None:
+            return Piece(f"{self.open_tag}{body}{self.close_tag if closed else ''}")
+        return Piece(call=call)
+
+
+class WholeReplyParser(ToolParser):
+    """A reply that is entirely calls when it starts with one of `starts` (after blanks);
+    otherwise plain text, streamed as it comes."""
+
+    starts: tuple[str, ...] = ("{",)
+    argument_keys: tuple[str, ...] = ("parameters", "arguments")
+    separators = ";"  # between several calls
+
+    def __init__(self) -> None:
+        self.buffer = ""
+        self.mode: str | None = None  # None: undecided; "text" or "calls"
+
+    def feed(self, text: str) -> list[Piece]:
+        if self.mode == "text":
+            return [Piece(text)] if text else []
+        self.buffer += text
+        head = self.buffer.lstrip()
+        if self.mode is None and head:
+            if any(s.startswith(head) or head.startswith(s) for s in self.starts):
+                if any(head.startswith(s) for s in self.starts):
+                    self.mode = "calls"
+                return []  # still possibly a call: hold the text
+            self.mode = "text"
+            rest, self.buffer = self.buffer, ""
+            return [Piece(rest)]
+        return []
+
+    def finish(self) -> list[Piece]:
+        rest, self.buffer = self.buffer, ""
+        if self.mode == "text" or not rest:
+            return [Piece(rest)] if rest else []
+        calls = self.calls(rest.strip())
+        if calls is None:
+            return [Piece(rest)]
+        return [Piece(call=c) for c in calls]
+
+    def calls(self, text: str) -> list[ToolCall] | None:
+        """The calls of a whole reply, or None if it is not (entirely) calls."""
+        objects = _json_values(text, self.separators)
+        if objects is None:
+            return None
+        calls = [_call_from(o, self.argument_keys) for o in objects]
+        return None if not calls or None in calls else calls  # type: ignore[return-value]
+
+
+class Llama3JsonParser(WholeReplyParser):
+    starts = ("{", "<|python_tag|>")
+
+    def calls(self, text: str) -> list[ToolCall] | None:
+        return super().calls(text.removeprefix("<|python_tag|>").strip())
+
+
+class MistralParser(WholeReplyParser):
+    starts = ("[TOOL_CALLS]", "[{")
+    argument_keys = ("arguments", "parameters")
+
+    def calls(self, text: str) -> list[ToolCall] | None:
+        text = text.removeprefix("[TOOL_CALLS]").strip()
+        try:
+            value = json.loads(text)
+        except ValueError:
+            return None
+        values = value if isinstance(value, list) else [value]
+        calls = [_call_from(v, self.argument_keys) for v in values]
+        return None if not calls or None in calls else calls  # type: ignore[return-value]
+
+
+class ForcedNamedParser(WholeReplyParser):
+    """`tool_choice` named a function: the whole reply is its arguments object."""
+
+    starts = ("",)
+
+    def __init__(self, name: str) -> None:
+        super().__init__()
+        self.name = name
+
+    def calls(self, text: str) -> list[ToolCall] | None:
+        try:
+            arguments = json.loads(text)
+        except ValueError:
+            return None
+        return [new_call(self.name, arguments)] if isinstance(arguments, dict) else None
+
+
+class ForcedRequiredParser(MistralParser):
+    """`tool_choice: "required"`: the whole reply is a JSON list of calls."""
+
+    starts = ("",)
+    argument_keys = ("parameters",)
+
+
+PARSERS: dict[str, type[ToolParser]] = {
+    "hermes": TaggedParser,
+    "llama3_json": Llama3JsonParser,
+    "mistral": MistralParser,
+}
+
+
+def _partial_suffix(text: str, tag: str) -> int:
+    """Length of the longest end of `text` that is a proper start of `tag`."""
+    for n in range(min(len(tag) - 1, len(text)), 0, -1):
+        if text.endswith(tag[:n]):
+            return n
+    return 0
+
+
+def _json_values(text: str, separators: str) -> list[Any] | None:
+    """JSON values one after another, optionally separated by `separators`; None if
+    anything else is in the text."""
+    decoder = json.JSONDecoder()
+    values, at = [], 0
+    skip = re.compile(rf"[\s{re.escape(separators)}]*")
+    while True:
+        at = skip.match(text, at).end()  # type: ignore[union-attr]
+        if at == len(text):
+            return values
+        try:
+            value, at = decoder.raw_decode(text, at)
+        except ValueError:
+            return None
+        values.append(value)
