@@ -85,7 +85,7 @@ class ToolParser(ABC):
 
 class TaggedParser(ToolParser):
     """Calls wrapped in an open and a close tag, ordinary text around them (hermes).
-    Blank text next to a call (the newlines models put between calls) is dropped."""
+    Blanks before a call and at the end of the reply are dropped."""
 
     open_tag = "<tool_call>"
     close_tag = "</tool_call>"
@@ -105,13 +105,16 @@ class TaggedParser(ToolParser):
                 break
             body, self.buffer = self.buffer[:at], self.buffer[at + len(tag):]
             pieces.append(self._call_or_text(body, closed=True) if self.inside
-                          else Piece(body if body.strip() else ""))
+                          else Piece(body.rstrip()))
             self.inside = not self.inside
-        if not self.inside and self.buffer.strip():
-            # Show the text, keeping back what may begin an open tag.
+        if not self.inside:
+            # Show the text up to its last non-blank character, keeping back what may
+            # begin an open tag: blanks right before a call are dropped, wherever the
+            # stream happens to be cut.
             cut = len(self.buffer) - _partial_suffix(self.buffer, self.open_tag)
-            pieces.append(Piece(self.buffer[:cut]))
-            self.buffer = self.buffer[cut:]
+            end = len(self.buffer[:cut].rstrip())
+            pieces.append(Piece(self.buffer[:end]))
+            self.buffer = self.buffer[end:]
         return [p for p in pieces if p.text or p.call]
 
     def finish(self) -> list[Piece]:
