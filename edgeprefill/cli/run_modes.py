@@ -95,7 +95,28 @@ def _job(line: str, params: GenerationParams) -> Job:
     if not isinstance(prompt, str) or not prompt.strip():
         raise ValueError("'prompt' must be a non-empty string")
     job_params = replace(params, **{k: v for k, v in raw.items() if k in settable})
-    return Job(prompt, job_params, int(raw.get("priority", 0)), float(raw.get("delay_s", 0.0)))
+    return Job(prompt, job_params, _priority(raw.get("priority", 0)),
+               float(raw.get("delay_s", 0.0)))
+
+
+def _priority(value: object) -> int:
+    """A priority as people type it: an integer, or high / normal / low."""
+    try:  # the SDK's parser, where the SDK has one (it defines what the names mean)
+        from edgeprefill.sdk.priority import parse_priority
+    except ImportError:
+        return _legacy_priority(value)
+    return parse_priority(value)
+
+
+def _legacy_priority(value: object) -> int:
+    # The engine without sdk/priority.py serves a higher value first.
+    names = {"high": 1, "normal": 0, "low": -1}
+    if isinstance(value, str) and value in names:
+        return names[value]
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"priority must be an integer or one of {', '.join(names)}, "
+                         f"got {value!r}")
+    return value
 
 
 def concurrent(engine: Engine, jobs: list[Job], stats: bool, turn: Turn = PLAIN) -> None:

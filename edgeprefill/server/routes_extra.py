@@ -24,6 +24,7 @@ from edgeprefill import __version__
 from edgeprefill.errors import RequestError
 from edgeprefill.sdk.engine import Engine
 from edgeprefill.server.errors import ApiError
+from edgeprefill.server.tools import message_fields
 
 ReadJson = Callable[[Request], Awaitable[Any]]
 
@@ -147,7 +148,9 @@ def _messages(body: dict) -> list[dict]:
     ):
         raise ApiError(400, "'messages' must be a non-empty list of messages with a 'role'",
                        "messages")
-    return [{**m, "content": m.get("content") or ""} for m in messages]
+    # Tool calls in the history reach the template as in a chat request (arguments parsed).
+    return [{**m, "content": m.get("content") or "", **message_fields(m, f"messages[{i}]")}
+            for i, m in enumerate(messages)]
 
 
 def _chat_options(body: dict) -> dict:
