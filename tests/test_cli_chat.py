@@ -186,3 +186,27 @@ def test_the_readme_commands_after_make_demo_work_as_shown(tiny_bundle):
         stdin = "what was the secret ?\n/exit\n" if "--interactive" in args else None
         result = cli(*args, stdin=stdin)
         assert result.returncode == 0, f"{command}: {result.stderr}"
+
+
+def test_a_real_ctrl_c_in_the_chat_stops_the_reply_not_the_chat(tiny_bundle):
+    import signal
+    import subprocess
+    import sys
+
+    command = [sys.executable, "-m", "edgeprefill", "run", str(tiny_bundle), "--interactive",
+               "--max-new-tokens", "1500", "--ignore-eos", "--threads", "1"]
+    chat = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    try:
+        chat.stdin.write("the secret is jade . what was the secret ?\n")
+        chat.stdin.flush()
+        shown = chat.stdout.read(20)  # the reply is under way
+        chat.send_signal(signal.SIGINT)
+        chat.stdin.write("/exit\n")
+        chat.stdin.close()
+        rest, err = chat.stdout.read(), chat.stderr.read()
+        assert chat.wait(timeout=60) == 0, err
+    finally:
+        chat.kill()
+    assert "(reply stopped)" in err and "Traceback" not in err
+    assert len((shown + rest).split()) < 1000  # cut long before its 1,500 tokens
