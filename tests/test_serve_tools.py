@@ -148,16 +148,18 @@ def test_a_tool_call_round_trip_streamed(client):
     deltas = [c.choices[0].delta for c in chunks if c.choices]
     calls = [d.tool_calls for d in deltas if d.tool_calls]
     assert all(not d.content for d in deltas)  # the call's text is not shown as content
-    head, arguments = calls[0][0], calls[1][0]  # OpenAI's order: id/name, then arguments
+    head, pieces = calls[0][0], [c[0] for c in calls[1:]]  # id/name, then arguments
     assert head.index == 0 and head.id.startswith("call_") and head.type == "function"
     assert head.function.name == "get_weather" and head.function.arguments == ""
-    assert arguments.index == 0 and arguments.id is None
-    assert json.loads(arguments.function.arguments) == {"city": "Paris"}
+    assert len(pieces) == 2  # one per generated token of the arguments
+    assert all(p.index == 0 and p.id is None and p.function.name is None for p in pieces)
+    arguments = "".join(p.function.arguments for p in pieces)
+    assert json.loads(arguments) == {"city": "Paris"}
     assert chunks[-1].choices[0].finish_reason == "tool_calls"
 
     message = {"role": "assistant", "tool_calls": [{
         "id": head.id, "type": "function",
-        "function": {"name": head.function.name, "arguments": arguments.function.arguments}}]}
+        "function": {"name": head.function.name, "arguments": arguments}}]}
     answer = list(ask(client, [*QUESTION, message, {"role": "tool", "tool_call_id": head.id,
                                                     "content": "sunny"}], stream=True))
     text = "".join(c.choices[0].delta.content or "" for c in answer if c.choices)

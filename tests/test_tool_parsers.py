@@ -16,6 +16,7 @@ from edgeprefill.server.tool_parsers import (  # noqa: E402
     ForcedNamedParser,
     ForcedRequiredParser,
     ToolParser,
+    assemble,
 )
 from edgeprefill.server.tools import call_format, parse_tools  # noqa: E402
 
@@ -61,7 +62,8 @@ def streamed(parser: ToolParser, text: str, step: int) -> tuple[str, list]:
     for i in range(0, len(text), step):
         pieces.extend(parser.feed(text[i:i + step]))
     pieces.extend(parser.finish())
-    return "".join(p.text for p in pieces), [p.call for p in pieces if p.call is not None]
+    parsed = assemble(pieces)
+    return parsed.content, parsed.calls
 
 
 @pytest.mark.parametrize("fmt, text, content, calls", RECORDED)
@@ -84,9 +86,22 @@ def test_hermes_streams_text_before_a_call_without_waiting_for_the_reply_to_end(
     parser = PARSERS["hermes"]()
     assert [p.text for p in parser.feed("Sure, ")] == ["Sure,"]  # a blank may precede a call
     assert [p.text for p in parser.feed("checking <tool")] == [" checking"]  # tag held back
-    assert parser.feed('_call>{"name": "get_time", "arguments": {}}') == []
+    assert parser.feed('_call>{"name": "get_ti') == []
+    assert parser.feed('me", "arguments": ') == []  # not yet sure the arguments stream
+    begin, first = parser.feed('{"zone": "U')
+    assert begin.begin.name == "get_time" and begin.begin.arguments == ""
+    # The arguments stream as they come, up to the end of their object.
+    assert first.arguments == '{"zone": "U'
+    assert [p.arguments for p in parser.feed('TC", "x": "}"}')] == ['TC", "x": "}"}']
+    assert parser.feed("}\n") == [] and parser.feed("</tool_call>") == []
+    assert [p.text for p in parser.feed(" done")] == [" done"]
+
+
+def test_hermes_sends_a_call_it_cannot_stream_whole_at_its_close_tag():
+    parser = PARSERS["hermes"]()
+    assert parser.feed('<tool_call>{"arguments": {"a": 1}, "name": "f"}') == []
     (piece,) = parser.feed("</tool_call>")
-    assert piece.call.name == "get_time" and piece.call.arguments == "{}"
+    assert piece.call.name == "f" and json.loads(piece.call.arguments) == {"a": 1}
 
 
 def test_forced_replies_parse_to_the_named_or_listed_calls():

@@ -57,8 +57,7 @@ class Shape:
         return message, "tool_calls" if stream.finish_reason == "stop" else stream.finish_reason
 
     def chunks(self, text: str) -> list[dict]:
-        """The streamed chunks of newly generated text (tool calls come whole, once
-        parsed: one chunk with the call's id and name, one with its arguments)."""
+        """The streamed chunks of newly generated text: content, or tool-call deltas."""
         if self.tools is None:
             return [self.chunk(text)] if text else []
         return [self.delta_chunk(d) for d in self.tools.feed(text)]
@@ -107,8 +106,8 @@ def usage(stream: TokenStream) -> dict:
 class ToolDeltas:
     """The tool-call side of one streamed chat reply. OpenAI streams a call as deltas
     of `tool_calls[index]`: first its id, type and function name with empty arguments,
-    then pieces of the arguments; here the arguments follow in one piece, once the call
-    has parsed."""
+    then pieces of the arguments (as they are generated where the format allows it, in
+    one piece once the call has parsed otherwise)."""
 
     def __init__(self, parser: ToolParser) -> None:
         self.parser = parser
@@ -126,13 +125,16 @@ class ToolDeltas:
     def _deltas(self, pieces: list[Piece]) -> list[dict]:
         deltas: list[dict] = []
         for piece in pieces:
-            if piece.call is None:
+            call = piece.call or piece.begin
+            if call is not None:  # a new call: its id, type and name first
+                self.calls += 1
+                deltas.append({"tool_calls": [{
+                    "index": self.calls - 1, "id": call.id, "type": "function",
+                    "function": {"name": call.name, "arguments": ""}}]})
+            arguments = piece.call.arguments if piece.call is not None else piece.arguments
+            if arguments:  # then its arguments, whole or as they are generated
+                deltas.append({"tool_calls": [{"index": self.calls - 1,
+                                               "function": {"arguments": arguments}}]})
+            elif call is None:
                 deltas.append({"content": piece.text})
-                continue
-            call, index = piece.call, self.calls
-            self.calls += 1
-            deltas.append({"tool_calls": [{"index": index, "id": call.id, "type": "function",
-                                           "function": {"name": call.name, "arguments": ""}}]})
-            deltas.append({"tool_calls": [{"index": index,
-                                           "function": {"arguments": call.arguments}}]})
         return deltas

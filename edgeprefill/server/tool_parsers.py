@@ -40,10 +40,31 @@ class Parsed(NamedTuple):
 
 
 class Piece(NamedTuple):
-    """One step of a streamed reply: text to show, or a whole tool call."""
+    """One step of a streamed reply: text to show, a whole tool call, the start of a call
+    (its id and name; the arguments follow), or more arguments of the call begun last."""
 
     text: str = ""
     call: ToolCall | None = None
+    begin: ToolCall | None = None  # arguments "" so far
+    arguments: str = ""
+
+    @property
+    def empty(self) -> bool:
+        return not (self.text or self.call or self.begin or self.arguments)
+
+
+def assemble(pieces: list[Piece]) -> Parsed:
+    """The content and calls the pieces of a reply add up to."""
+    content: list[str] = []
+    calls: list[ToolCall] = []
+    for piece in pieces:
+        if piece.call is not None or piece.begin is not None:
+            calls.append(piece.call or piece.begin)  # type: ignore[arg-type]
+        elif piece.arguments:
+            calls[-1] = calls[-1]._replace(arguments=calls[-1].arguments + piece.arguments)
+        else:
+            content.append(piece.text)
+    return Parsed("".join(content), calls)
 
 
 def new_call(name: str, arguments: Any) -> ToolCall:
@@ -72,9 +93,7 @@ class ToolParser(ABC):
     certain; `finish` returns the rest. `parse` does a whole text at once."""
 
     def parse(self, text: str) -> Parsed:
-        pieces = [*self.feed(text), *self.finish()]
-        calls = [p.call for p in pieces if p.call is not None]
-        return Parsed("".join(p.text for p in pieces), calls)
+        return assemble([*self.feed(text), *self.finish()])
 
     @abstractmethod
     def feed(self, text: str) -> list[Piece]: ...
@@ -85,28 +104,35 @@ class ToolParser(ABC):
 
 class TaggedParser(ToolParser):
     """Calls wrapped in an open and a close tag, ordinary text around them (hermes).
-    Blanks before a call and at the end of the reply are dropped."""
+    Blanks before a call and at the end of the reply are dropped.
+
+    Streamed, a call that starts `{"name": "...", "arguments": {` is sent as soon as its
+    name is known and its arguments follow as they are generated (as OpenAI streams
+    them); any other call is sent whole at its close tag. A whole reply (`parse`) is
+    only split at complete calls, and a call whose JSON does not parse stays text."""
 
     open_tag = "<tool_call>"
     close_tag = "</tool_call>"
     argument_keys = ("arguments", "parameters")
+    # The start of a call whose arguments can stream: the name, then an arguments object.
+    head = re.compile(r'\s*\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*'
+                      r'"(?:arguments|parameters)"\s*:\s*(?=\{)')
 
-    def __init__(self) -> None:
+    def __init__(self, stream_arguments: bool = True) -> None:
+        self.stream_arguments = stream_arguments
         self.buffer = ""  # text not yet returned
         self.inside = False  # between an open tag and its close tag
+        self.scan: _ObjectScan | None = None  # the streaming call's arguments, once begun
+
+    def parse(self, text: str) -> Parsed:
+        whole = type(self)(stream_arguments=False)
+        return assemble([*whole.feed(text), *whole.finish()])
 
     def feed(self, text: str) -> list[Piece]:
         self.buffer += text
         pieces: list[Piece] = []
-        while True:
-            tag = self.close_tag if self.inside else self.open_tag
-            at = self.buffer.find(tag)
-            if at < 0:
-                break
-            body, self.buffer = self.buffer[:at], self.buffer[at + len(tag):]
-            pieces.append(self._call_or_text(body, closed=True) if self.inside
-                          else Piece(body.rstrip()))
-            self.inside = not self.inside
+        while self._inside_step(pieces) if self.inside else self._outside_step(pieces):
+            pass
         if not self.inside:
             # Show the text up to its last non-blank character, keeping back what may
             # begin an open tag: blanks right before a call are dropped, wherever the
@@ -115,14 +141,48 @@ class TaggedParser(ToolParser):
             end = len(self.buffer[:cut].rstrip())
             pieces.append(Piece(self.buffer[:end]))
             self.buffer = self.buffer[end:]
-        return [p for p in pieces if p.text or p.call]
+        return [p for p in pieces if not p.empty]
 
     def finish(self) -> list[Piece]:
         rest, self.buffer = self.buffer, ""
         if self.inside:  # the reply ended inside a call: a call if it is one, else text
             self.inside = False
-            return [self._call_or_text(rest, closed=False)]
+            return [] if self.scan is not None else [self._call_or_text(rest, closed=False)]
         return [Piece(rest)] if rest.strip() else []
+
+    def _outside_step(self, pieces: list[Piece]) -> bool:
+        """Take the text up to an open tag, if there is one; True if something changed."""
+        at = self.buffer.find(self.open_tag)
+        if at < 0:
+            return False
+        pieces.append(Piece(self.buffer[:at].rstrip()))
+        self.buffer = self.buffer[at + len(self.open_tag):]
+        self.inside, self.scan = True, None
+        return True
+
+    def _inside_step(self, pieces: list[Piece]) -> bool:
+        """Inside a call: begin it, stream its arguments, or end it at the close tag."""
+        if self.stream_arguments and self.scan is None:
+            match = self.head.match(self.buffer)
+            if match:
+                pieces.append(Piece(begin=new_call(json.loads(match.group(1)), "")))
+                self.buffer, self.scan = self.buffer[match.end():], _ObjectScan()
+                return True
+        close = self.buffer.find(self.close_tag)
+        if self.scan is not None and not self.scan.done:
+            limit = close if close >= 0 else len(self.buffer)
+            taken = self.scan.consume(self.buffer[:limit])
+            if taken:
+                pieces.append(Piece(arguments=self.buffer[:taken]))
+                self.buffer = self.buffer[taken:]
+                return True
+        if close < 0:
+            return False
+        body, self.buffer = self.buffer[:close], self.buffer[close + len(self.close_tag):]
+        if self.scan is None:
+            pieces.append(self._call_or_text(body, closed=True))
+        self.inside, self.scan = False, None
+        return True
 
     def _call_or_text(self, body: str, closed: bool) -> Piece:
         try:
@@ -132,6 +192,37 @@ class TaggedParser(ToolParser):
         if call is None:
             return Piece(f"{self.open_tag}{body}{self.close_tag if closed else ''}")
         return Piece(call=call)
+
+
+class _ObjectScan:
+    """Finds where a JSON object ends in text that arrives in pieces (strings aware)."""
+
+    def __init__(self) -> None:
+        self.depth = 0
+        self.in_string = False
+        self.escaped = False
+        self.done = False
+
+    def consume(self, text: str) -> int:
+        """How many characters of `text` still belong to the object."""
+        for i, char in enumerate(text):
+            if self.in_string:
+                if self.escaped:
+                    self.escaped = False
+                elif char == "\\":
+                    self.escaped = True
+                elif char == '"':
+                    self.in_string = False
+            elif char == '"':
+                self.in_string = True
+            elif char in "{[":
+                self.depth += 1
+            elif char in "}]":
+                self.depth -= 1
+                if self.depth == 0:
+                    self.done = True
+                    return i + 1
+        return len(text)
 
 
 class WholeReplyParser(ToolParser):
