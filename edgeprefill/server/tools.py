@@ -71,6 +71,10 @@ class ToolRequest:
         """The params with the JSON-schema constraint a forced choice needs."""
         if not self.forced:
             return params
+        if getattr(params, "constraint", None) is not None:
+            raise ApiError(400, f"tool_choice {self._choice_text()} forces the reply's format, "
+                           "so it cannot be combined with response_format or another "
+                           "constraint", "tool_choice")
         constraint = _json_schema_constraint()
         if constraint is None:
             raise ApiError(
