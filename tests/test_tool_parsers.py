@@ -145,6 +145,10 @@ def test_tool_choice_selects_the_parser_and_what_the_template_sees():
     item = required.schema()["items"]["anyOf"][0]
     assert item["properties"]["name"] == {"type": "string", "enum": ["get_weather"]}
     assert item["properties"]["parameters"] == WEATHER["function"]["parameters"]
+    assert "maxItems" not in required.schema()
+    single = parse_tools({"tools": [WEATHER], "tool_choice": "required",
+                          "parallel_tool_calls": False})
+    assert single.schema()["maxItems"] == 1
     assert parse_tools({"messages": []}) is None
 
 
@@ -158,6 +162,7 @@ def test_tool_choice_selects_the_parser_and_what_the_template_sees():
      "tools[0].function.parameters"),
     ({"tools": [WEATHER, WEATHER]}, "tools"),
     ({"tools": [WEATHER], "tool_choice": "sometimes"}, "tool_choice"),
+    ({"tools": [WEATHER], "parallel_tool_calls": "no"}, "parallel_tool_calls"),
     ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}},
      "tool_choice"),
 ])

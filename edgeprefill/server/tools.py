@@ -48,6 +48,7 @@ class ToolRequest:
     tools: tuple[dict, ...]  # OpenAI function tools, as sent
     choice: str  # "none", "auto", "required", or "function" (a named one)
     function: str | None = None  # the named function
+    parallel: bool = True  # parallel_tool_calls: False allows one call per reply
 
     @property
     def forced(self) -> bool:
@@ -92,7 +93,8 @@ class ToolRequest:
                       "name": {"type": "string", "enum": [name]},
                       "parameters": _parameters(spec)},
                   "required": ["name", "parameters"]} for name, spec in specs.items()]
-        return {"type": "array", "minItems": 1, "items": {"anyOf": calls}}
+        schema = {"type": "array", "minItems": 1, "items": {"anyOf": calls}}
+        return schema if self.parallel else {**schema, "maxItems": 1}
 
     def _choice_text(self) -> str:
         return f"naming {self.function!r}" if self.choice == "function" else repr(self.choice)
@@ -121,7 +123,12 @@ def parse_tools(body: Mapping[str, Any]) -> ToolRequest | None:
     names = [t["function"]["name"] for t in checked]
     if len(set(names)) != len(names):
         raise ApiError(400, "two tools have the same name", "tools")
-    return _choice(choice if choice is not None else "auto", names, checked)
+    request = _choice(choice if choice is not None else "auto", names, checked)
+    parallel = body.get("parallel_tool_calls", True)
+    if not isinstance(parallel, bool):
+        raise ApiError(400, "'parallel_tool_calls' must be true or false",
+                       "parallel_tool_calls")
+    return replace(request, parallel=parallel)
 
 
 def template_vars(tools: ToolRequest | None, manifest: Manifest) -> dict[str, Any]:
