@@ -6,8 +6,9 @@
     GET  /v1/models/{id}    one model, or 404
     GET  /version           the edgeprefill version and backend
 
-Tokenizing runs on a worker thread: a long text or chat template must not hold up the
-event loop that streams everyone's tokens.
+Tokenizing runs off the event loop (`TokenizerCall`: a worker thread, or the server's
+prompt workers where it has them): a long text or chat template must not hold up the loop
+that streams everyone's tokens.
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ from edgeprefill.server.errors import ApiError
 from edgeprefill.server.tools import message_fields
 
 ReadJson = Callable[[Request], Awaitable[Any]]
+# `await call("encode", prompt, **template_vars)`: a BundleTokenizer method, off the loop.
+TokenizerCall = Callable[..., Awaitable[Any]]
 
 # Each route's accepted fields: anything else is a 400 naming it, not silently ignored.
 TOKENIZE_FIELDS = frozenset({"model", "prompt", "content", "messages", "add_special_tokens",
@@ -42,11 +45,16 @@ def model_card(engine: Engine, model_name: str, created: int) -> dict:
 
 
 class ExtraRoutes:
-    def __init__(self, engine: Engine, model_name: str, created: int, read_json: ReadJson):
+    def __init__(self, engine: Engine, model_name: str, created: int, read_json: ReadJson,
+                 tokenizer_call: TokenizerCall | None = None) -> None:
         self.engine = engine
         self.model_name = model_name
         self.created = created
         self.read_json = read_json
+        self.call = tokenizer_call or self._thread_call
+
+    async def _thread_call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        return await run_in_threadpool(getattr(self.engine.tokenizer, method), *args, **kwargs)
 
     def routes(self) -> list[Route]:
         return [
@@ -59,7 +67,7 @@ class ExtraRoutes:
     async def tokenize(self, request: Request) -> Response:
         try:
             body = self._checked(await self.read_json(request), TOKENIZE_FIELDS)
-            ids = await run_in_threadpool(self._encode, body)
+            ids = await self._encode(body)
             body_out: dict[str, Any] = {"count": len(ids), "max_model_len": self.engine.capacity}
             body_out["tokens"] = self._pieces(ids) if _flag(body, "with_pieces") else ids
             if _flag(body, "return_token_strs"):
@@ -104,23 +112,24 @@ class ExtraRoutes:
             raise _unknown_model(model, self.model_name)
         return body
 
-    def _encode(self, body: dict) -> list[int]:
+    async def _encode(self, body: dict) -> list[int]:
         given = [k for k in ("prompt", "content", "messages") if body.get(k) is not None]
         if len(given) != 1:
             raise ApiError(400, "send exactly one of 'prompt', 'content' or 'messages'")
         field = given[0]
-        tokenizer = self.engine.tokenizer
-        try:
-            if field == "messages":
-                return tokenizer.encode(_messages(body), **_chat_options(body))
+        if field == "messages":
+            method, args, kwargs = "encode", (_messages(body),), _chat_options(body)
+        else:
             text = body[field]
             if not isinstance(text, str):
                 raise ApiError(400, f"'{field}' must be a string", field)
             # vLLM adds the special tokens (BOS) unless told not to; llama-server does not.
             special = _flag(body, "add_special_tokens", True) if field == "prompt" else \
                 _flag(body, "add_special", False)
-            return tokenizer.encode(text) if special else tokenizer.encode_plain(text)
-        except RequestError as err:  # no tokenizer, no chat template, a template error
+            method, args, kwargs = "encode" if special else "encode_plain", (text,), {}
+        try:
+            return await self.call(method, *args, **kwargs)
+        except RequestError as err:  # no tokenizer or template, a template error, too slow
             raise ApiError(400, str(err), field) from None
 
     def _decode(self, ids: list[int], skip_special: bool) -> str:
