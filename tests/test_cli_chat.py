@@ -210,3 +210,23 @@ def test_a_real_ctrl_c_in_the_chat_stops_the_reply_not_the_chat(tiny_bundle):
         chat.kill()
     assert "(reply stopped)" in err and "Traceback" not in err
     assert len((shown + rest).split()) < 1000  # cut long before its 1,500 tokens
+
+
+def test_on_a_terminal_the_chat_reads_with_readline_and_its_saved_history(tmp_path,
+                                                                          monkeypatch):
+    readline = pytest.importorskip("readline")
+    from edgeprefill.cli import chat
+
+    history = tmp_path / "chat_history"
+    history.write_text("w5 w6\n/system w9\n")
+    monkeypatch.setattr(chat, "HISTORY", history)
+    monkeypatch.setattr(chat.sys.stdin, "isatty", lambda: True, raising=False)
+    saved = []
+    monkeypatch.setattr("atexit.register", saved.append)  # not at this test's exit
+    readline.clear_history()
+    assert chat._terminal_reader() is chat._prompted_line  # input(): readline's editing
+    assert [readline.get_history_item(i) for i in (1, 2)] == ["w5 w6", "/system w9"]
+    readline.add_history("w7")
+    (save,) = saved
+    save()
+    assert history.read_text().splitlines()[-3:] == ["w5 w6", "/system w9", "w7"]
