@@ -289,3 +289,13 @@ def test_server_answers_400_with_the_templates_message_and_keeps_serving(
         assert "Traceback" not in response.text
         text = http.post("/v1/completions", json={"prompt": "w5", "max_tokens": 2})
         assert text.status_code == 200  # text prompts still work with a broken template
+
+
+def test_cli_chat_with_a_failing_template_is_one_line(bundle, tmp_path):
+    from tests.bundle_variants import variant
+    from tests.test_cli_errors import assert_one_line_error, cli
+
+    path = variant(bundle("llama"), tmp_path / "b",
+                   chat_template="{{ raise_exception('roles must alternate') }}")
+    result = cli("run", path, "--prompt", "w5", "--chat", "--max-new-tokens", "2")
+    assert_one_line_error(result, "chat template: roles must alternate")
