@@ -89,6 +89,21 @@ def test_an_engine_refuses_a_bundle_whose_generation_config_is_garbage(bundle, t
         Engine.load(path)
 
 
+def test_export_refuses_a_generation_config_the_runtime_would_refuse(hf_model, tmp_path):
+    import shutil
+
+    from edgeprefill.errors import ExportError
+    from edgeprefill.export.exporter import ExportOptions, export
+
+    hf = shutil.copytree(hf_model("llama"), tmp_path / "hf")
+    (hf / "generation_config.json").write_text(json.dumps({"eos_token_id": ["x"]}))
+    with pytest.raises(ExportError) as err:
+        export(hf, tmp_path / "out", ExportOptions(show_progress=False))
+    assert str(err.value) == f"{hf}: generation_config.json: eos_token_id must be an integer " \
+                             ">= 0 or a list of them, got ['x']"
+    assert not (tmp_path / "out").exists()
+
+
 # -- the SDK --------------------------------------------------------------------------------
 
 

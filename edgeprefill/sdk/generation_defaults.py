@@ -17,7 +17,7 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
-from edgeprefill.errors import BundleError
+from edgeprefill.errors import BundleError, ExportError
 from edgeprefill.sdk.params import GenerationParams
 
 FILE = "generation_config.json"
@@ -84,6 +84,15 @@ class GenerationDefaults:
         """One line for `inspect`."""
         parts = [f"{k} {v}" for k, v in self.sampling().items()]
         return ", ".join(parts) if parts else "none set"
+
+
+def check_export_generation_config(hf_dir: Path) -> None:
+    """Refuse, in one line, a checkpoint whose generation_config.json the runtime would
+    refuse to load (export copies it into the bundle)."""
+    try:
+        GenerationDefaults.load(hf_dir)
+    except BundleError as err:
+        raise ExportError(f"{hf_dir}: {err}") from None
 
 
 def _int(value: Any) -> bool:
