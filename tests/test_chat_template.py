@@ -299,3 +299,18 @@ def test_cli_chat_with_a_failing_template_is_one_line(bundle, tmp_path):
                    chat_template="{{ raise_exception('roles must alternate') }}")
     result = cli("run", path, "--prompt", "w5", "--chat", "--max-new-tokens", "2")
     assert_one_line_error(result, "chat template: roles must alternate")
+
+
+def test_chat_token_ids_match_transformers_for_the_shipped_model(tiny_bundle):
+    from transformers import PreTrainedTokenizerFast
+
+    from edgeprefill.bundle import load_manifest
+    from edgeprefill.sdk.tokenizer import BundleTokenizer
+
+    messages = [{"role": "user", "content": "the secret is jade ."},
+                {"role": "assistant", "content": "jade"},
+                {"role": "user", "content": "what was the secret ?"}]
+    reference = PreTrainedTokenizerFast.from_pretrained(str(TINY_MODEL)).apply_chat_template(
+        messages, add_generation_prompt=True)["input_ids"]
+    ours = BundleTokenizer(tiny_bundle, load_manifest(tiny_bundle)).encode(messages)
+    assert ours == reference and len(ours) > 10
