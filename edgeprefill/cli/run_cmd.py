@@ -27,11 +27,13 @@ from edgeprefill.errors import RequestError
                    "and any sampling field such as \"max_new_tokens\"} (or one plain prompt "
                    "per line).")
 @click.option("--max-new-tokens", type=click.IntRange(1), default=256, show_default=True)
-@click.option("--temperature", type=float, default=0.0, show_default=True,
-              help="0 is greedy.")
-@click.option("--top-k", type=int, default=0, show_default=True)
-@click.option("--top-p", type=float, default=1.0, show_default=True)
-@click.option("--repetition-penalty", type=float, default=1.0, show_default=True)
+@click.option("--temperature", type=float, default=None,
+              help="0 is greedy. Default (as for --top-k, --top-p, --repetition-penalty): "
+                   "the bundle's generation_config.json, else 0.")
+@click.option("--top-k", type=int, default=None, help="Default: the bundle's, else 0 (none).")
+@click.option("--top-p", type=float, default=None, help="Default: the bundle's, else 1.")
+@click.option("--repetition-penalty", type=float, default=None,
+              help="Default: the bundle's, else 1.")
 @click.option("--seed", type=int, default=None)
 @click.option("--stop", multiple=True, help="Stop string (repeatable).")
 @click.option("--ignore-eos", is_flag=True, help="Keep generating past the end-of-sequence "
@@ -61,15 +63,19 @@ def run(bundle, prompt, prompt_file, chat, system, interactive, sessions, prompt
         raise RequestError("give exactly one of --prompt/--prompt-file, --interactive, --prompts")
     if prompt is not None and not prompt.strip():
         raise RequestError("the prompt is empty")
-    params = GenerationParams(
+    explicit = dict(
         max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
         repetition_penalty=repetition_penalty, seed=seed, stop=tuple(stop),
         ignore_eos=ignore_eos,
     )
     turn = run_modes.Turn(chat or system is not None, system)
-    # Read the requests before loading the model: a bad line fails at once.
-    jobs = run_modes.read_requests(prompts_file, params) if prompts_file is not None else None
+    lines = prompts_file.read().splitlines() if prompts_file is not None else None
+    if lines is not None:  # a bad line fails before the model loads
+        given = {k: v for k, v in explicit.items() if v is not None}
+        run_modes.read_requests(lines, GenerationParams(**given))
     with Engine.load(bundle, **engine) as loaded:
+        params = loaded.default_params(**explicit)
+        jobs = run_modes.read_requests(lines, params) if lines is not None else None
         if interactive:
             ChatLoop(loaded, params, system, stats, chat=chat).run()
         elif jobs is not None:

@@ -6,8 +6,9 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Iterable
 from dataclasses import fields, replace
-from typing import IO, NamedTuple
+from typing import NamedTuple
 
 import click
 
@@ -62,7 +63,7 @@ def single(engine: Engine, prompt: str, params: GenerationParams, turn: Turn, st
 JOB_KEYS = ("prompt", "priority", "delay_s")
 
 
-def read_requests(handle: IO[str], params: GenerationParams) -> list[Job]:
+def read_requests(handle: Iterable[str], params: GenerationParams) -> list[Job]:
     """One Job per line: a JSON object (keys JOB_KEYS and GenerationParams fields, which
     override the command line's) or a plain prompt. An unknown key is an error, not a
     silently ignored setting."""
