@@ -107,3 +107,11 @@ def test_a_forced_call_and_response_format_together_are_a_400(client):
             model="bpe", messages=QUESTION, tools=[WEATHER], tool_choice="required",
             response_format={"type": "json_object"})
     assert err.value.body["param"] == "tool_choice"
+
+
+def test_a_forced_call_with_ignore_eos_is_a_400_not_a_500(client):
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(
+            model="bpe", messages=QUESTION, tools=[WEATHER], tool_choice="required",
+            extra_body={"ignore_eos": True})
+    assert err.value.body["param"] == "tool_choice"

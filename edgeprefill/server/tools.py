@@ -23,6 +23,7 @@ from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from edgeprefill.bundle import Manifest
+from edgeprefill.errors import RequestError
 from edgeprefill.sdk.params import GenerationParams
 from edgeprefill.server.errors import ApiError
 from edgeprefill.server.tool_parsers import (
@@ -82,7 +83,11 @@ class ToolRequest:
                 400, f"tool_choice {self._choice_text()} needs constrained decoding "
                 "(edgeprefill.sdk.constraints), which this build does not have yet; use "
                 "tool_choice 'auto'", "tool_choice", "unsupported_tool_choice")
-        return replace(params, constraint=constraint(self.schema()))
+        try:
+            return replace(params, constraint=constraint(self.schema()))
+        except RequestError as err:  # e.g. ignore_eos, or a tool schema the engine refuses
+            raise ApiError(400, f"tool_choice {self._choice_text()}: {err}",
+                           "tool_choice") from None
 
     def schema(self) -> dict:
         """The JSON schema a forced reply follows (vLLM's)."""
