@@ -52,6 +52,7 @@ def fake_manifest(chunks=(16, 64), max_context=256, layers=1) -> Manifest:
 
 class HostDevice:
     stream = 0
+    closed = False
 
     def __init__(self) -> None:
         self.buffers: dict[int, np.ndarray] = {}
@@ -82,6 +83,9 @@ class HostDevice:
 
     def synchronize(self) -> None:
         pass
+
+    def close(self) -> None:
+        self.closed = True
 
     def check(self, address: int, nbytes: int) -> None:
         """[address, address + nbytes) lies inside one allocated buffer."""
