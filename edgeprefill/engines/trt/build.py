@@ -227,23 +227,23 @@ def check_kv_layers(trt: ModuleType, network: Any, manifest: Manifest) -> None:
                            "cache every step or miss a write")
 
 
-def progress_monitor(trt: ModuleType, echo: Echo):
+def progress_monitor(trt: ModuleType, echo: Echo) -> Any:
     """A trt.IProgressMonitor printing the builder's top-level phases and their times."""
 
-    class Progress(trt.IProgressMonitor):
+    class Progress(trt.IProgressMonitor):  # type: ignore[misc, name-defined]
         def __init__(self) -> None:
             trt.IProgressMonitor.__init__(self)
             self.started: dict[str, float] = {}
 
-        def phase_start(self, phase_name, parent_phase, num_steps) -> None:
+        def phase_start(self, phase_name: str, parent_phase: str | None, num_steps: int) -> None:
             self.started[phase_name] = time.perf_counter()
             if parent_phase is None:
                 echo(f"  {phase_name} ({num_steps} steps)")
 
-        def step_complete(self, phase_name, step) -> bool:
+        def step_complete(self, phase_name: str, step: int) -> bool:
             return True  # never cancel
 
-        def phase_finish(self, phase_name) -> None:
+        def phase_finish(self, phase_name: str) -> None:
             began = self.started.pop(phase_name, None)
             if began is not None and not self.started:
                 echo(f"  {phase_name} done in {time.perf_counter() - began:.1f} s")

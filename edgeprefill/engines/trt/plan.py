@@ -78,7 +78,7 @@ def position_bytes(manifest: Manifest) -> int:
     """Bytes of one position of one slot in one KV arena: kv_heads x head_dim x itemsize."""
     past = manifest.graph.kv_inputs[0][0]
     dtype = np.dtype(manifest.graph.inputs[past][0])
-    return manifest.model.num_kv_heads * manifest.model.head_dim * dtype.itemsize
+    return manifest.model.num_kv_heads * manifest.model.head_dim * int(dtype.itemsize)
 
 
 def capacity_step(manifest: Manifest) -> int:
@@ -129,7 +129,7 @@ def _profile(
     return Profile(name, chunk, batch[2], shapes)
 
 
-def _resolve(dims: list, values: dict[str, int]) -> Shape:
+def _resolve(dims: list[str | int], values: dict[str, int]) -> Shape:
     try:
         return tuple(values[d] if isinstance(d, str) else int(d) for d in dims)
     except KeyError as err:
