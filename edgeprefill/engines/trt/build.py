@@ -172,16 +172,8 @@ def compile_engine(
 def _build(
     trt: ModuleType, logger: Any, inputs: BuildInputs, options: BuildOptions, echo: Echo
 ) -> bytes:
-    builder = trt.Builder(logger)
-    flags = 0
-    strongly = getattr(trt.NetworkDefinitionCreationFlag, "STRONGLY_TYPED", None)
-    if inputs.typing.strongly_typed and strongly is not None:  # None: always strong (11.x)
-        flags = 1 << int(strongly)
-    network = builder.create_network(flags)
-    parser = trt.OnnxParser(network, logger)
-    if not parser.parse(inputs.graph, str(inputs.graph_path)):
-        errors = [" ".join(str(parser.get_error(i)).split()) for i in range(parser.num_errors)]
-        raise BackendError("TensorRT's ONNX parser rejected the graph: " + "; ".join(errors[:3]))
+    parsed = parse_network(trt, logger, inputs)
+    builder, network = parsed.builder, parsed.network
     check_kv_layers(trt, network, inputs.manifest)
     config = builder.create_builder_config()
     if options.workspace_mib:
@@ -203,6 +195,27 @@ def _build(
     return bytes(blob)
 
 
+class Parsed(NamedTuple):
+    builder: Any
+    network: Any
+    parser: Any  # owns the weights the network refers to: keep it alive with the network
+
+
+def parse_network(trt: ModuleType, logger: Any, inputs: BuildInputs) -> Parsed:
+    """The network TensorRT's ONNX parser makes of the prepared graph."""
+    builder = trt.Builder(logger)
+    flags = 0
+    strongly = getattr(trt.NetworkDefinitionCreationFlag, "STRONGLY_TYPED", None)
+    if inputs.typing.strongly_typed and strongly is not None:  # None: always strong (11.x)
+        flags = 1 << int(strongly)
+    network = builder.create_network(flags)
+    parser = trt.OnnxParser(network, logger)
+    if not parser.parse(inputs.graph, str(inputs.graph_path)):
+        errors = [" ".join(str(parser.get_error(i)).split()) for i in range(parser.num_errors)]
+        raise BackendError("TensorRT's ONNX parser rejected the graph: " + "; ".join(errors[:3]))
+    return Parsed(builder, network, parser)
+
+
 def verify_built(trt: ModuleType, logger: Any, blob: bytes, inputs: BuildInputs) -> None:
     """Load the engine just built and check its profiles and in-place KV aliasing, so a
     wrong engine fails the build rather than the first request."""
@@ -215,16 +228,21 @@ def verify_built(trt: ModuleType, logger: Any, blob: bytes, inputs: BuildInputs)
 def check_kv_layers(trt: ModuleType, network: Any, manifest: Manifest) -> None:
     """Exactly one KV-cache update layer (in place) per KV tensor: each TensorScatter was
     imported as one, not as a generic scatter that copies the whole cache each step."""
-    # The Python enum name is not documented where we could check: match it by name.
-    kinds = [v for n, v in trt.LayerType.__members__.items() if "KV" in n and "CACHE" in n]
-    if not kinds:
-        raise BackendError("this TensorRT has no KV-cache update layer; it needs >= 10.15")
-    found = sum(network.get_layer(i).type == kinds[0] for i in range(network.num_layers))
+    found = count_kv_layers(trt, network)
     expected = 2 * manifest.model.num_layers
     if found != expected:
         raise BackendError(f"TensorRT imported {found} KV-cache update layers, expected "
                            f"{expected} (one per layer's K and V): the engine would copy the "
                            "cache every step or miss a write")
+
+
+def count_kv_layers(trt: ModuleType, network: Any) -> int:
+    """KV-cache update layers (IKVCacheUpdateLayer) in a parsed network."""
+    # The Python enum name is not documented where we could check: match it by name.
+    kinds = [v for n, v in trt.LayerType.__members__.items() if "KV" in n and "CACHE" in n]
+    if not kinds:
+        raise BackendError("this TensorRT has no KV-cache update layer; it needs >= 10.15")
+    return sum(network.get_layer(i).type == kinds[0] for i in range(network.num_layers))
 
 
 def progress_monitor(trt: ModuleType, echo: Echo) -> Any:
