@@ -245,3 +245,30 @@ def _gpu_logits_match_cpu(bundle_dir, device: str) -> None:
 @pytest.mark.parametrize("flavor", ["ort", "standard"])
 def test_cuda_provider_matches_the_cpu(bundle, flavor):
     _gpu_logits_match_cpu(bundle("llama", flavor), "cuda")
+
+
+@pytest.mark.filterwarnings("ignore:Specified provider 'CUDAExecutionProvider'")
+def test_a_cuda_onnxruntime_without_the_kv_write_kernel_is_refused_before_loading(
+    bundle, monkeypatch
+):
+    from edgeprefill.engines.ort import backend as ort_backend
+
+    asked = []
+
+    def no_kernel(module, wanted, op_type, opset):
+        asked.append((wanted, op_type, opset))
+        return f"no {wanted} kernel for {op_type}; install onnxruntime-gpu>={MIN_ORT_GPU}"
+
+    monkeypatch.setattr(ort, "get_available_providers", lambda: [CUDA_EP, "CPUExecutionProvider"])
+    monkeypatch.setattr(ort_backend, "missing_kernel", no_kernel)
+    standard = bundle("llama", "standard")
+    with pytest.raises(BackendError, match=r"onnxruntime-gpu>=1\.25"):
+        OnnxRuntimeBackend(standard, load_manifest(standard), BackendOptions(device="cuda"))
+    assert asked == [(CUDA_EP, "TensorScatter", 24)]
+    # The ort flavour writes its cache through GroupQueryAttention: no TensorScatter to ask
+    # about; this CPU build then falls back, which is refused in one line too.
+    asked.clear()
+    flavour = bundle("llama", "ort")
+    with pytest.raises(BackendError, match="could not use CUDAExecutionProvider"):
+        OnnxRuntimeBackend(flavour, load_manifest(flavour), BackendOptions(device="cuda"))
+    assert asked == []

@@ -83,7 +83,13 @@ class TrtRuntime:
         # (the largest profile's) instead of each holding its own.
         self._scratch_bytes = int(self.engine.device_memory_size_v2)
         self._scratch = device.alloc(self._scratch_bytes)
-        self.contexts = [self._context(i) for i in range(len(plan.profiles))]
+        try:
+            self.contexts = [self._context(i) for i in range(len(plan.profiles))]
+        except BackendError:
+            raise
+        except Exception as err:  # noqa: BLE001 - TensorRT's bindings raise their own types
+            raise BackendError(self._logger.captured.explain(
+                f"TensorRT could not prepare {engine_path.name} to run ({err})")) from None
         device.synchronize()
 
     def _context(self, profile: int) -> Any:
