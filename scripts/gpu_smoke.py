@@ -34,7 +34,7 @@ import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
@@ -43,6 +43,10 @@ sys.path.insert(0, str(ROOT))
 
 from edgeprefill.engines.base import Backend, BackendOptions, StepBatch  # noqa: E402
 from edgeprefill.errors import EdgeprefillError  # noqa: E402
+
+if TYPE_CHECKING:
+    from edgeprefill.engines.ort.backend import OnnxRuntimeBackend
+    from edgeprefill.engines.trt.backend import TensorRTBackend
 
 TINY_MODEL = ROOT / "models" / "tiny-recall"
 CHUNKS = (16, 64)  # buckets of the smoke bundles
@@ -261,7 +265,7 @@ class Bundles:
         return self.made[key]
 
 
-def cpu_backend(bundle: Path) -> Backend:
+def cpu_backend(bundle: Path) -> OnnxRuntimeBackend:
     from edgeprefill.bundle import load_manifest
     from edgeprefill.engines.ort.backend import OnnxRuntimeBackend
 
@@ -292,7 +296,7 @@ class TrtSmoke:
         return f"{found} KV-cache update layers (2 x {expected // 2} layers)"
 
     def engine(self, bundle: Path, capacity: int | None = None, precision: str | None = None
-               ) -> tuple[Backend, str]:
+               ) -> tuple[TensorRTBackend, str]:
         """Build (forced) and load an engine; the backend on it and a line about it."""
         from edgeprefill.bundle import load_manifest
         from edgeprefill.engines.trt.backend import TensorRTBackend
@@ -393,11 +397,12 @@ def ort_cuda(bundles: Bundles, max_batch: int) -> str:
     for flavor in ("standard", "ort"):
         bundle = bundles.get(flavor)
         gpu = OnnxRuntimeBackend(bundle, load_manifest(bundle), BackendOptions(device="cuda"))
-        assert gpu._gpu is not None
         summary = compare(gpu, cpu_backend(bundle), MAX_CONTEXT, max_batch, TOLERANCE["fp32"])
-        arena = type(gpu._device_kv).__name__
+        # The arena's class says the KV cache lived in device memory (ort/arena.py).
+        arena = getattr(gpu, "_device_kv", None)
+        where = type(arena).__name__ if arena is not None else "its KV arena"
         gpu.close()
-        lines.append(f"{flavor} flavour with the {arena}: {summary.split(':')[0]}")
+        lines.append(f"{flavor} flavour with {where}: {summary.split(':')[0]}")
     return "; ".join(lines)
 
 
