@@ -32,7 +32,9 @@ CUDA_EP = "CUDAExecutionProvider"
 ORT_TRT_CACHE = "ort-trt"  # under BUNDLE/engines/ (left by earlier versions)
 ASSIGNMENT_ENTRY = "session.record_ep_graph_assignment_info"
 KV_WRITE_OP = "TensorScatter"  # the standard graph's in-place KV write
-MIN_ORT_GPU = "1.25"  # the first release after the CUDA TensorScatter kernel (PR 27446)
+# The first onnxruntime-gpu with a CUDA TensorScatter kernel (PR 27446): 1.25.0's
+# libonnxruntime_providers_cuda.so has onnxruntime::cuda::TensorScatter, 1.24.4's has none.
+MIN_ORT_GPU = "1.25"
 log = logging.getLogger("edgeprefill")
 
 # device -> why it is refused and what works instead (one line each).
