@@ -217,3 +217,11 @@ def test_a_kv_cache_too_big_for_the_gpu_is_one_line_and_frees_what_it_took(stand
     assert message.startswith("cannot allocate the KV cache: 64 slots x 4 arenas")
     assert "out of memory" in message and "fewer KV slots" in message and "\n" not in message
     assert trt.device.buffers == staged  # the arenas it did get were freed
+
+
+def test_staging_buffers_the_gpu_cannot_hold_release_the_engine_too(standard):
+    manifest = load_manifest(standard)
+    runtime = OrtEngineRuntime(standard, manifest, CAPACITY, 4, device=FullDevice(1000))
+    with pytest.raises(BackendError, match="out of memory"):
+        TensorRTBackend(standard, manifest, BackendOptions(), runtime=runtime)
+    assert runtime.device.buffers == {} and runtime.closed

@@ -124,7 +124,8 @@ class OnnxRuntimeBackend(Backend):
                 f"ONNX Runtime could not use {wanted} (it fell back to {', '.join(got)}); "
                 "check the onnxruntime-gpu install and the CUDA libraries"
             )
-        check_placement(self.session, wanted)
+        if self._gpu is not None:
+            check_placement(self.session, wanted)
 
     def allocate_kv(self, slots: int, capacity: int) -> None:
         m = self.manifest.model

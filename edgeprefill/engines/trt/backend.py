@@ -47,16 +47,19 @@ class TensorRTBackend(Backend):
         m = manifest.model
         self._kv_shape = (m.num_kv_heads, self.plan.capacity, m.head_dim)
         self._vocab = m.vocab_size
-        rows, tokens = staging_sizes(self.plan)
-        self._stage = {
-            "input_ids": self.device.alloc(tokens * 8),
-            "past_lens": self.device.alloc(rows * 4),
-            "valid_lens": self.device.alloc(rows * 4),
-            "logits": self.device.alloc(rows * self._vocab * 4),
-        }
         self._arenas: list[int] = []
         self._spare = 0  # one slot of one arena: the middle stop of a swap
         self._slots = 0
+        rows, tokens = staging_sizes(self.plan)
+        sizes = {"input_ids": tokens * 8, "past_lens": rows * 4, "valid_lens": rows * 4,
+                 "logits": rows * self._vocab * 4}
+        self._stage: dict[str, int] = {}
+        try:
+            for name, nbytes in sizes.items():
+                self._stage[name] = self.device.alloc(nbytes)
+        except BackendError:
+            self.close()  # what was allocated, the engine and the stream
+            raise
 
     @property
     def slot_bytes(self) -> int:
