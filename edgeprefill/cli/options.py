@@ -50,7 +50,8 @@ ENGINE_OPTIONS: dict[str, Callable] = {
         "first)."),
     "device": click.option(
         "--device", type=click.Choice(DEVICES), default="cpu", show_default=True,
-        help="onnxruntime's execution provider: cpu, cuda, or tensorrt (the TensorRT EP)."),
+        help="onnxruntime's execution provider: cpu or cuda (tensorrt, its TensorRT "
+        "provider, is refused with the reason; for TensorRT use --backend tensorrt)."),
     "threads": click.option(
         "--threads", type=click.IntRange(min=1), default=None,
         help="CPU threads for the backend [default: physical cores]."),
