@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import time
 import uuid
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 from edgeprefill.sdk.stream import TokenStream
 from edgeprefill.server.tool_parsers import Piece, ToolParser
@@ -18,13 +19,21 @@ class Shape:
     model: str
     id: str
     created: int
-    tools: ToolDeltas | None = None  # chat with tools: calls are parsed out of the text
+    # Chat with tools: a new parser per reply (calls are parsed out of the text).
+    tool_parser: Callable[[], ToolParser] | None = None
+    # Streamed replies' tool-call state, by choice index (mutable, one per request).
+    _streamed: dict[int, ToolDeltas] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
-    def new(cls, chat: bool, model: str, tool_parser: ToolParser | None = None) -> Shape:
+    def new(cls, chat: bool, model: str,
+            tool_parser: Callable[[], ToolParser] | None = None) -> Shape:
         prefix = "chatcmpl" if chat else "cmpl"
-        tools = ToolDeltas(tool_parser) if chat and tool_parser is not None else None
-        return cls(chat, model, f"{prefix}-{uuid.uuid4().hex}", int(time.time()), tools)
+        return cls(chat, model, f"{prefix}-{uuid.uuid4().hex}", int(time.time()),
+                   tool_parser if chat else None)
+
+    @property
+    def parses_tools(self) -> bool:
+        return self.tool_parser is not None
 
     def _head(self, obj: str) -> dict:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
@@ -47,43 +56,55 @@ class Shape:
     def _message(self, stream: TokenStream) -> tuple[dict, str | None]:
         """A whole chat reply's message and finish reason, with its tool calls if any."""
         message = {"role": "assistant", "content": stream.text}
-        if self.tools is None:
+        if self.tool_parser is None:
             return message, stream.finish_reason
-        parsed = self.tools.parser.parse(stream.text)
+        parsed = self.tool_parser().parse(stream.text)
         if not parsed.calls:
             return {**message, "content": parsed.content}, stream.finish_reason
         message = {"role": "assistant", "content": parsed.content.strip() or None,
                    "tool_calls": [c.to_openai() for c in parsed.calls]}
         return message, "tool_calls" if stream.finish_reason == "stop" else stream.finish_reason
 
-    def chunks(self, text: str) -> list[dict]:
+    def chunks(self, text: str, index: int = 0) -> list[dict]:
         """The streamed chunks of newly generated text: content, or tool-call deltas."""
-        if self.tools is None:
-            return [self.chunk(text)] if text else []
-        return [self.delta_chunk(d) for d in self.tools.feed(text)]
+        tools = self._tool_deltas(index)
+        if tools is None:
+            return [self.chunk(text, index=index)] if text else []
+        return [self.delta_chunk(d, index=index) for d in tools.feed(text)]
 
-    def last_chunks(self, finish_reason: str | None) -> list[dict]:
+    def last_chunks(self, finish_reason: str | None, index: int = 0) -> list[dict]:
         """What the reply still holds back, then the chunk with the finish reason."""
-        if self.tools is None:
-            return [self.chunk("", finish_reason)]
-        rest = [self.delta_chunk(d) for d in self.tools.finish()]
-        return [*rest, self.chunk("", self.tools.finish_reason(finish_reason))]
+        tools = self._tool_deltas(index)
+        if tools is None:
+            return [self.chunk("", finish_reason, index=index)]
+        rest = [self.delta_chunk(d, index=index) for d in tools.finish()]
+        return [*rest, self.chunk("", tools.finish_reason(finish_reason), index=index)]
 
-    def chunk(self, text: str | None, finish_reason: str | None = None) -> dict:
+    def _tool_deltas(self, index: int) -> ToolDeltas | None:
+        if self.tool_parser is None:
+            return None
+        if index not in self._streamed:
+            self._streamed[index] = ToolDeltas(self.tool_parser())
+        return self._streamed[index]
+
+    def chunk(self, text: str | None, finish_reason: str | None = None,
+              index: int = 0) -> dict:
         """One streamed piece. Chat: text None opens the reply with the role."""
         if self.chat:
             delta = {"role": "assistant", "content": ""} if text is None else (
                 {"content": text} if text else {})
-            return self.delta_chunk(delta, finish_reason)
-        choice = {"index": 0, "text": text or "", "logprobs": None,
+            return self.delta_chunk(delta, finish_reason, index)
+        choice = {"index": index, "text": text or "", "logprobs": None,
                   "finish_reason": finish_reason}
         body = self._head("text_completion")
         body["choices"] = [choice]
         return body
 
-    def delta_chunk(self, delta: dict, finish_reason: str | None = None) -> dict:
+    def delta_chunk(self, delta: dict, finish_reason: str | None = None,
+                    index: int = 0) -> dict:
         """A chat chunk carrying `delta`."""
-        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+        choice = {"index": index, "delta": delta, "logprobs": None,
+                  "finish_reason": finish_reason}
         body = self._head("chat.completion.chunk")
         body["choices"] = [choice]
         return body

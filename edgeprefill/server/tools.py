@@ -61,13 +61,21 @@ class ToolRequest:
 
     def parser(self, manifest: Manifest, format_name: str | None = None) -> ToolParser | None:
         """A fresh parser for one reply (None: nothing to parse)."""
+        make = self.parser_factory(manifest, format_name)
+        return None if make is None else make()
+
+    def parser_factory(
+        self, manifest: Manifest, format_name: str | None = None
+    ) -> Callable[[], ToolParser] | None:
+        """What makes a parser per reply (None: nothing to parse)."""
         if self.choice == "none":
             return None
         if self.choice == "function":
-            return ForcedNamedParser(self.function or "")
+            name = self.function or ""
+            return lambda: ForcedNamedParser(name)
         if self.choice == "required":
-            return ForcedRequiredParser()
-        return PARSERS[format_name or call_format(manifest)]()
+            return ForcedRequiredParser
+        return PARSERS[format_name or call_format(manifest)]
 
     def constrain(self, params: GenerationParams) -> GenerationParams:
         """The params with the JSON-schema constraint a forced choice needs."""
@@ -147,9 +155,11 @@ def template_vars(tools: ToolRequest | None, manifest: Manifest) -> dict[str, An
     return tools.template_vars()
 
 
-def reply_parser(tools: ToolRequest | None, manifest: Manifest) -> ToolParser | None:
-    """A fresh parser for one reply's tool calls (None: nothing to parse)."""
-    return None if tools is None else tools.parser(manifest)
+def reply_parser(
+    tools: ToolRequest | None, manifest: Manifest
+) -> Callable[[], ToolParser] | None:
+    """What makes a parser for each reply's tool calls (None: nothing to parse)."""
+    return None if tools is None else tools.parser_factory(manifest)
 
 
 def _tool(tool: Any, index: int) -> dict:
