@@ -34,9 +34,10 @@ def serve(
     bundle: Path, host: str, port: int, model_name: str | None, api_key: str | None,
     max_pending: int, max_body_mb: float, log_level: str, engine: dict,
 ) -> None:
-    """Serve BUNDLE over an OpenAI-compatible HTTP API (completions, chat, models,
-    health, Prometheus metrics). Requests may add edgeprefill's own fields, e.g.
-    "priority": 1 to jump ahead of long low-priority prompts.
+    """Serve BUNDLE over an OpenAI-compatible HTTP API (completions, chat with tools,
+    models, tokenize/detokenize, version, health, Prometheus metrics), logging one line
+    per request. Requests may add edgeprefill's own fields, e.g. "priority" to jump
+    ahead of long prompts.
 
     \b
     Example:
