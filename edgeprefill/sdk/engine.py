@@ -25,7 +25,7 @@ from edgeprefill.sdk.kv_cache import KVCache
 from edgeprefill.sdk.metrics import EngineCounters, EngineMetrics, RequestMetrics
 from edgeprefill.sdk.params import GenerationParams
 from edgeprefill.sdk.request import Phase, Request
-from edgeprefill.sdk.sampler import Sampler
+from edgeprefill.sdk.sampler import Sampled, Sampler
 from edgeprefill.sdk.scheduler import PrefillChunk, Scheduler, SchedulerConfig
 from edgeprefill.sdk.stream import TokenEvent, TokenStream
 from edgeprefill.sdk.tokenizer import BundleTokenizer, Prompt, TextStreamer
@@ -119,11 +119,19 @@ class Engine:
         request = Request(
             id=request_id, tokens=list(tokens), params=params, priority=int(priority),
             arrival=request_id, session_id=session_id, stream=stream,
-            sampler=Sampler(params), text=TextStreamer(self.tokenizer, params.stop),
+            sampler=self._sampler(params, tokens), text=TextStreamer(self.tokenizer, params.stop),
             metrics=metrics, chunk_size=chunk_size,
         )
         self._post("add", request)
         return stream
+
+    def _sampler(self, params: GenerationParams, tokens: list[int]) -> Sampler:
+        mask = None
+        if params.constraint is not None:
+            from edgeprefill.sdk.constraints import compile_constraint
+
+            mask = compile_constraint(params.constraint, self.tokenizer, self.eos)
+        return Sampler(params, tokens, mask)
 
     def kv_forget(self, session_id: int) -> None:
         """A closed session's slot becomes a plain, evictable prefix entry."""
@@ -295,9 +303,8 @@ class Engine:
     # -- tokens out -------------------------------------------------------------------
 
     def _emit(self, request: Request, logits: np.ndarray) -> None:
-        penalized = request.params.repetition_penalty != 1.0
-        history = request.tokens + request.generated if penalized else []
-        token = request.sampler.sample(logits, history)
+        sampled = request.sampler.choose(logits)
+        token = sampled.token
         request.metrics.token_times.append(time.perf_counter())
         if token in self.eos and not request.params.ignore_eos:
             request.stream.eos_token_id = token
@@ -308,9 +315,15 @@ class Engine:
         reason = self._finish_reason(request)
         if reason is not None and not request.text.stopped:
             text += request.text.flush()
-        request.stream._put(TokenEvent(token, text))
+        request.stream._put(TokenEvent(token, text, *self._logprobs(sampled)))
         if reason is not None:
             self._finish(request, reason)
+
+    def _logprobs(self, sampled: Sampled) -> tuple[float | None, list | None]:
+        top = sampled.top
+        if top is not None:
+            top = [(t, self.tokenizer.token_text(t), lp) for t, lp in top]
+        return sampled.logprob, top
 
     def _finish_reason(self, request: Request) -> str | None:
         if request.text.stopped:
