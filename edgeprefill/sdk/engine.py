@@ -326,7 +326,7 @@ class Engine:
         return sampled.logprob, top
 
     def _finish_reason(self, request: Request) -> str | None:
-        if request.text.stopped:
+        if request.text.stopped or request.sampler.finished:
             return "stop"
         total = len(request.tokens) + len(request.generated)
         if request.max_total is not None and total >= request.max_total:

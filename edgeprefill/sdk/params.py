@@ -73,6 +73,8 @@ class GenerationParams:
 
             _check(isinstance(self.constraint, Constraint),
                    "constraint must be an edgeprefill.sdk.constraints.Constraint")
+            _check(not self.ignore_eos, "ignore_eos cannot be combined with a constraint "
+                   "(the constraint decides where the output ends)")
 
     @property
     def greedy(self) -> bool:

@@ -34,6 +34,10 @@ class TokenMask(Protocol):
     def accept(self, token: int) -> None:
         """Advance past a sampled token."""
 
+    @property
+    def finished(self) -> bool:
+        """Nothing may follow the tokens accepted so far."""
+
 
 class Sampled(NamedTuple):
     token: int
@@ -57,6 +61,11 @@ class Sampler:
         bias = params.logit_bias or {}
         self._bias_ids = np.fromiter(bias.keys(), np.int64, len(bias))
         self._bias_values = np.fromiter(bias.values(), np.float32, len(bias))
+
+    @property
+    def finished(self) -> bool:
+        """The constraint is complete: nothing may follow (the request ends)."""
+        return self.mask is not None and self.mask.finished
 
     def sample(self, logits: np.ndarray, history: Sequence[int] | None = None) -> int:
         """The next token id. logits: CPU float32 [vocab]. `history` (optional) replaces
