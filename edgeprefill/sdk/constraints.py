@@ -55,6 +55,8 @@ class Constraint:
 
     @classmethod
     def choice(cls, options: Sequence[str]) -> Constraint:
+        if isinstance(options, str) or not isinstance(options, Sequence):
+            raise RequestError("choice needs a list of strings")
         options = list(options)
         if not options or not all(isinstance(o, str) and o for o in options):
             raise RequestError("choice needs a non-empty list of non-empty strings")

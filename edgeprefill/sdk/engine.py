@@ -319,11 +319,12 @@ class Engine:
         if reason is not None:
             self._finish(request, reason)
 
-    def _logprobs(self, sampled: Sampled) -> tuple[float | None, list | None]:
-        top = sampled.top
-        if top is not None:
-            top = [(t, self.tokenizer.token_text(t), lp) for t, lp in top]
-        return sampled.logprob, top
+    def _logprobs(self, sampled: Sampled) -> tuple[float | None, list | None, str | None]:
+        if sampled.logprob is None:
+            return None, None, None
+        text = self.tokenizer.token_text
+        top = [(t, text(t), lp) for t, lp in sampled.top or ()]
+        return sampled.logprob, top, text(sampled.token)
 
     def _finish_reason(self, request: Request) -> str | None:
         if request.text.stopped or request.sampler.finished:

@@ -16,6 +16,7 @@ class TokenEvent(NamedTuple):
     text: str  # the text this token settled (may be empty: held back or mid-character)
     logprob: float | None = None  # when the request asked for logprobs
     top_logprobs: list[tuple[int, str, float]] | None = None  # (id, text, logprob), best first
+    token_text: str | None = None  # the token's own text, when logprobs were asked for
 
 
 class _End(NamedTuple):

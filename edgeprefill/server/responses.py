@@ -6,7 +6,8 @@ import time
 import uuid
 from dataclasses import dataclass
 
-from edgeprefill.sdk.stream import TokenStream
+from edgeprefill.sdk.stream import TokenEvent, TokenStream
+from edgeprefill.server.logprobs import logprobs_body
 
 
 @dataclass(frozen=True)
@@ -36,11 +37,14 @@ class Shape:
             choice = {"index": 0, "text": stream.text, "logprobs": None,
                       "finish_reason": stream.finish_reason}
             body = self._head("text_completion")
+        if stream.logprobs:
+            choice["logprobs"] = logprobs_body(self.chat, stream.logprobs)
         body["choices"] = [choice]
         body["usage"] = usage(stream)
         return body
 
-    def chunk(self, text: str | None, finish_reason: str | None = None) -> dict:
+    def chunk(self, text: str | None, finish_reason: str | None = None,
+              logprobs: list[TokenEvent] | None = None, text_offset: int = 0) -> dict:
         """One streamed piece. Chat: text None opens the reply with the role."""
         if self.chat:
             delta = {"role": "assistant", "content": ""} if text is None else (
@@ -52,6 +56,8 @@ class Shape:
             choice = {"index": 0, "text": text or "", "logprobs": None,
                       "finish_reason": finish_reason}
             body = self._head("text_completion")
+        if logprobs:
+            choice["logprobs"] = logprobs_body(self.chat, logprobs, text_offset)
         body["choices"] = [choice]
         return body
 

@@ -27,9 +27,13 @@ async def completion_events(
     no longer change the status code, so it is sent as an error event (as OpenAI does)."""
     if shape.chat:
         yield sse(shape.chunk(None))  # the role, at once: clients show "typing"
+    offset = 0
     async for event in stream:
-        if event.text:
+        if event.logprob is not None:  # one chunk per token, as OpenAI streams logprobs
+            yield sse(shape.chunk(event.text, logprobs=[event], text_offset=offset))
+        elif event.text:
             yield sse(shape.chunk(event.text))
+        offset += len(event.text)
     if stream.finish_reason == "error":
         yield sse(ApiError(500, stream.error or "generation failed", code="engine_error").body())
     else:
