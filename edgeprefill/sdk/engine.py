@@ -126,6 +126,10 @@ class Engine:
         return stream
 
     def _sampler(self, params: GenerationParams, tokens: list[int]) -> Sampler:
+        vocab = self.manifest.model.vocab_size
+        if params.logit_bias and max(params.logit_bias) >= vocab:
+            raise RequestError(f"logit_bias names token {max(params.logit_bias)}, "
+                               f"outside the vocabulary [0, {vocab})")
         mask = None
         if params.constraint is not None:
             from edgeprefill.sdk.constraints import compile_constraint
