@@ -170,7 +170,7 @@ def test_sampling_fields_reach_the_sampler(client, engine):
 
 
 @pytest.mark.parametrize("field,value", [
-    ("n", 2), ("best_of", 3), ("echo", True), ("suffix", "x"), ("audio", {"voice": "x"}),
+    ("n", 17), ("best_of", 3), ("echo", True), ("suffix", "x"), ("audio", {"voice": "x"}),
     ("modalities", ["audio"]), ("prediction", {"type": "content", "content": "x"}),
     ("web_search_options", {}), ("reasoning_effort", "low"), ("verbosity", "low"),
     ("functions", [{"name": "f"}]), ("guided_decoding_backend", "xgrammar"),
@@ -195,3 +195,34 @@ def test_bad_values_of_supported_fields_are_400s(client, extra):
         client.chat.completions.create(
             model="bpe", messages=[{"role": "user", "content": "hi"}], max_tokens=2,
             extra_body=extra)
+
+
+# -- n > 1 --------------------------------------------------------------------------------
+
+
+def test_n_choices_share_one_prefill_of_the_prompt(bpe_bundle):
+    with Engine.load(bpe_bundle, threads=2, kv_slots=4, background=False, trace=True) as eng:
+        prompt = list(range(3, 43))  # 40 tokens: two whole 16-token chunks and a tail of 8
+        streams = eng.submit_n(prompt, GenerationParams(
+            max_new_tokens=6, temperature=1.0, seed=3, ignore_eos=True), 3)
+        texts = [s.result().text for s in streams]
+        prefilled = sum(t.tokens for t in eng.trace if t.kind == "prefill")
+    assert all(s.finish_reason == "length" and len(s.token_ids) == 6 for s in streams)
+    assert prefilled == 40 + 2 * 8  # not 3 x 40: the others prefill only the tail
+    assert len(set(texts)) > 1  # seed + i: the choices differ
+
+
+def test_chat_n_choices_through_the_server(client):
+    reply = client.chat.completions.create(
+        model="bpe", messages=[{"role": "user", "content": "hello"}], max_tokens=5, n=3,
+        temperature=1.0, seed=4, extra_body={"ignore_eos": True})
+    assert [c.index for c in reply.choices] == [0, 1, 2]
+    assert reply.usage.completion_tokens == 15
+    streamed = client.chat.completions.create(
+        model="bpe", messages=[{"role": "user", "content": "hello"}], max_tokens=5, n=3,
+        temperature=1.0, seed=4, stream=True, extra_body={"ignore_eos": True})
+    texts = {0: "", 1: "", 2: ""}
+    for chunk in streamed:
+        for choice in chunk.choices:
+            texts[choice.index] += choice.delta.content or ""
+    assert [texts[i] for i in range(3)] == [c.message.content for c in reply.choices]

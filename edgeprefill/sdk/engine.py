@@ -31,6 +31,12 @@ from edgeprefill.sdk.stream import TokenEvent, TokenStream
 from edgeprefill.sdk.tokenizer import BundleTokenizer, Prompt, TextStreamer
 
 
+def _nth_seed(params: GenerationParams, i: int) -> GenerationParams:
+    if i == 0 or params.seed is None:
+        return params
+    return dataclasses.replace(params, seed=params.seed + i)
+
+
 class Engine:
     def __init__(self, bundle_dir: str | Path, config: EngineConfig | None = None) -> None:
         self.bundle_dir = Path(bundle_dir)
@@ -109,12 +115,36 @@ class Engine:
         session_id: int | None, chunk_size: int | None = None,
     ) -> TokenStream:
         """Queue a request for token ids; raises RequestError at once if it can never run."""
+        return self.submit_n(tokens, params, 1, priority, session_id, chunk_size)[0]
+
+    def submit_n(
+        self, tokens: list[int], params: GenerationParams | None, n: int, priority: int = 0,
+        session_id: int | None = None, chunk_size: int | None = None,
+    ) -> list[TokenStream]:
+        """n completions of one prompt (OpenAI's `n`). The first prefills the prompt; the
+        others are queued when it has, and borrow its KV through prefix reuse (they
+        prefill only the tail past the last whole chunk). With a seed, choice i draws
+        with seed + i, so the choices differ yet reproduce."""
         params = params or GenerationParams()
+        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+            raise RequestError(f"n must be an integer >= 1, got {n!r}")
         self._admit_check(tokens, params, chunk_size)
+        requests = [  # only the first keeps a session's slot
+            self._request(tokens, _nth_seed(params, i), priority,
+                          session_id if i == 0 else None, chunk_size) for i in range(n)]
+        requests[0].followers = requests[1:]
+        self._post("add", requests[0])
+        return [r.stream for r in requests]
+
+    def _request(
+        self, tokens: list[int], params: GenerationParams, priority: int,
+        session_id: int | None, chunk_size: int | None,
+    ) -> Request:
         now = time.perf_counter()
         request_id = next(self._ids)
         metrics = RequestMetrics(arrival=now, prompt_tokens=len(tokens))
         pump = None if self._thread else self._pump
+        request: Request
         stream = TokenStream(request_id, metrics, lambda: self._post("cancel", request), pump)
         request = Request(
             id=request_id, tokens=list(tokens), params=params, priority=int(priority),
@@ -122,8 +152,7 @@ class Engine:
             sampler=self._sampler(params, tokens), text=TextStreamer(self.tokenizer, params.stop),
             metrics=metrics, chunk_size=chunk_size,
         )
-        self._post("add", request)
-        return stream
+        return request
 
     def _sampler(self, params: GenerationParams, tokens: list[int]) -> Sampler:
         vocab = self.manifest.model.vocab_size
@@ -228,6 +257,16 @@ class Engine:
         except RequestError as err:
             self._finish(request, "error", keep=False, error=str(err))
 
+    def _start_followers(self, request: Request, ended: str | None = None) -> None:
+        """Queue the n > 1 siblings of a request whose prompt is now in the KV cache (or
+        that `ended` before it was: then they run alone, or are cancelled with it)."""
+        followers, request.followers = request.followers, []
+        for follower in followers:
+            if ended == "cancelled" or self._stopping:
+                self._finish(follower, "cancelled", keep=False)
+            elif not follower.cancelled:
+                self._add(follower)
+
     def _guarded(self, requests: list[Request], run) -> None:
         # A failing step ends the requests it carried, never the loop or other requests.
         try:
@@ -289,6 +328,7 @@ class Engine:
         request.metrics.chunks += 1
         if request.prefill_left == 0:
             self.scheduler.to_decode(request)
+            self._start_followers(request)
             self._emit(request, logits[0])
 
     def _record(
@@ -345,6 +385,7 @@ class Engine:
     ) -> None:
         if request.phase is Phase.DONE:
             return
+        self._start_followers(request, reason)
         tail = "" if request.text.stopped or reason == "cancelled" else request.text.flush()
         if tail:
             request.stream._put(TokenEvent(None, tail))

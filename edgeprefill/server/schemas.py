@@ -26,7 +26,6 @@ MAX_SEED = 2**63 - 1
 
 # Fields we accept only at their "off" values: rejecting the rest beats ignoring them.
 UNSUPPORTED: dict[str, tuple[Any, ...]] = {
-    "n": (1,),
     "best_of": (1,),
     "echo": (False,),
     "suffix": ("",),
@@ -52,9 +51,10 @@ KNOWN = frozenset({
     "frequency_penalty", "logit_bias", "logprobs", "top_logprobs", "seed", "stop",
     "stream", "stream_options", "ignore_eos", "priority", "chunk_size", "response_format",
     "guided_json", "guided_regex", "guided_choice", "guided_grammar", "grammar",
-    "json_schema",
+    "json_schema", "n",
 }) | IGNORED | frozenset(UNSUPPORTED)
 MAX_COMPLETION_LOGPROBS = 5  # /v1/completions' `logprobs` limit (OpenAI)
+MAX_N = 16  # choices per request: each takes a KV slot
 
 
 @dataclass(frozen=True)
@@ -67,6 +67,7 @@ class CompletionRequest:
     priority: int
     chunk_size: int | None
     prompt_field: str  # "prompt" or "messages": the `param` of errors about the prompt
+    n: int = 1  # choices: one prefill of the prompt, n decodes
 
 
 def parse_completion(body: Any) -> CompletionRequest:
@@ -122,6 +123,7 @@ def _request(
         priority=_int(body, "priority", 0, low=-(2**31), high=2**31 - 1),
         chunk_size=_int(body, "chunk_size", None, low=1),
         prompt_field=prompt_field,
+        n=_int(body, "n", 1, low=1, high=MAX_N),
     )
 
 
