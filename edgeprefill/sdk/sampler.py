@@ -21,7 +21,7 @@ import numpy as np
 from edgeprefill.errors import RequestError
 from edgeprefill.sdk.params import GenerationParams
 
-SMALL = 4096  # candidate sets this small are simply sorted
+SMALL = 16384  # candidate sets this small are simply sorted (a SIMD sort: ~50 us)
 BLOCK = 1024  # weights per block of the two-level draw
 
 
@@ -193,7 +193,8 @@ def _nucleus_threshold(weights: np.ndarray, target: float, total: float) -> np.f
             lo, hi = _narrow(lo, hi, _probe(weights, guess), target)
         if (lo, hi) == before:
             break  # ties: no weight splits the interval; sorting settles it
-    ordered = np.sort(weights[(weights > lo.weight) & (weights <= hi.weight)])[::-1]
+    inside = np.flatnonzero((weights > lo.weight) & (weights <= hi.weight))
+    ordered = np.sort(weights[inside])[::-1]  # an index gather: 4x a boolean one here
     reached = hi.mass + np.cumsum(ordered, dtype=np.float64)
     last = min(int(np.searchsorted(reached, target)), ordered.shape[0] - 1)
     return ordered[last]
@@ -207,8 +208,8 @@ class _Probe(NamedTuple):
 
 def _probe(weights: np.ndarray, threshold: np.float32) -> _Probe:
     heavier = weights > threshold
-    mass = float(np.dot(weights, heavier.astype(np.float32)))
-    return _Probe(np.float32(threshold), mass, int(np.count_nonzero(heavier)))
+    return _Probe(np.float32(threshold), float(np.dot(weights, heavier)),
+                  int(np.count_nonzero(heavier)))
 
 
 def _narrow(lo: _Probe, hi: _Probe, probe: _Probe, target: float) -> tuple[_Probe, _Probe]:
@@ -227,7 +228,8 @@ def _guesses(sample: np.ndarray, lo: _Probe, hi: _Probe, target: float) -> list[
     reached = np.cumsum(inside, dtype=np.float64)
     reached *= (lo.mass - hi.mass) / reached[-1]  # the exact mass between lo and hi
     at = int(np.searchsorted(reached, target - hi.mass))
-    margin = max(2, inside.shape[0] // 32)
+    # Aim for a band of about SMALL / 2 tokens around the estimate.
+    margin = max(2, int(SMALL / 4 * inside.shape[0] / max(lo.count - hi.count, 1)))
     last = inside.shape[0] - 1
     return [inside[min(max(at - margin, 0), last)], inside[min(at + margin, last)]]
 
