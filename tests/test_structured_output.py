@@ -226,3 +226,15 @@ def test_chat_n_choices_through_the_server(client):
         for choice in chunk.choices:
             texts[choice.index] += choice.delta.content or ""
     assert [texts[i] for i in range(3)] == [c.message.content for c in reply.choices]
+
+
+def test_a_tokenizer_without_bytes_answers_structured_requests_with_a_clear_400(tiny_bundle):
+    with Engine.load(tiny_bundle, threads=1) as tiny:
+        app = create_app(tiny, ServerConfig(model_name="tiny", max_pending=2))
+        with ServerThread(app, port=free_port()) as server:
+            client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0)
+            with pytest.raises(openai.BadRequestError) as err:
+                client.chat.completions.parse(
+                    model="tiny", messages=[{"role": "user", "content": "the"}],
+                    response_format=Person, max_tokens=20)
+    assert "byte-level or byte-fallback" in err.value.body["message"]
