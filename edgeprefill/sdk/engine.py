@@ -21,6 +21,7 @@ from edgeprefill.bundle import Manifest, load_manifest
 from edgeprefill.engines import BackendOptions, StepBatch, create_backend
 from edgeprefill.errors import EngineClosedError, RequestError
 from edgeprefill.sdk.config import EngineConfig, StepTrace
+from edgeprefill.sdk.generation_defaults import GenerationDefaults
 from edgeprefill.sdk.kv_cache import KVCache
 from edgeprefill.sdk.metrics import EngineCounters, EngineMetrics, RequestMetrics
 from edgeprefill.sdk.params import GenerationParams
@@ -43,6 +44,7 @@ class Engine:
         self.config = config = config or EngineConfig()
         self.manifest: Manifest = load_manifest(self.bundle_dir, config.verify_checksums)
         self.tokenizer = BundleTokenizer(self.bundle_dir, self.manifest)
+        self.generation_defaults = GenerationDefaults.load(self.bundle_dir)
         options = BackendOptions(device=config.device, threads=config.threads, spin=config.spin)
         self.backend = create_backend(config.backend, self.bundle_dir, self.manifest, options)
         self.capacity = self._capacity()
@@ -53,7 +55,7 @@ class Engine:
         )
         self.trace: list[StepTrace] = []
         self.scheduler = Scheduler(config.scheduler, self.kv, buckets)
-        self.eos = set(self.manifest.eos_token_ids)
+        self.eos = set(self.manifest.eos_token_ids) | set(self.generation_defaults.eos_token_ids)
         self.counters = EngineCounters()
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._ids = iter(range(1, 1 << 62))
@@ -125,7 +127,7 @@ class Engine:
         others are queued when it has, and borrow its KV through prefix reuse (they
         prefill only the tail past the last whole chunk). With a seed, choice i draws
         with seed + i, so the choices differ yet reproduce."""
-        params = params or GenerationParams()
+        params = params or self.default_params()
         if not isinstance(n, int) or isinstance(n, bool) or n < 1:
             raise RequestError(f"n must be an integer >= 1, got {n!r}")
         self._admit_check(tokens, params, chunk_size)
@@ -165,6 +167,17 @@ class Engine:
 
             mask = compile_constraint(params.constraint, self.tokenizer, self.eos)
         return Sampler(params, tokens, mask)
+
+    def default_params(self, **explicit) -> GenerationParams:
+        """GenerationParams from the explicit non-None keyword values, the bundle's
+        generation_config.json defaults for the sampling fields not given, and
+        GenerationParams' own defaults for the rest."""
+        given = {k: v for k, v in explicit.items() if v is not None}
+        try:
+            params = GenerationParams(**given)
+        except TypeError as err:
+            raise RequestError(f"unknown generation parameter: {err}") from None
+        return self.generation_defaults.fill(params, given)
 
     def kv_forget(self, session_id: int) -> None:
         """A closed session's slot becomes a plain, evictable prefix entry."""

@@ -164,8 +164,9 @@ class OpenAIApi:
             raise ApiError(400, str(err), req.prompt_field) from None
         self._check_context(len(tokens), req.params.max_new_tokens)
         try:
+            params = self.engine.generation_defaults.fill(req.params, req.given)
             stream = Choices(self.engine.submit_n(
-                tokens, req.params, req.n, req.priority, None, req.chunk_size))
+                tokens, params, req.n, req.priority, None, req.chunk_size))
         except EngineClosedError as err:  # shutting down: the request itself is fine
             raise ApiError(503, str(err), code="engine_closed") from None
         except RequestError as err:

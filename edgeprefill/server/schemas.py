@@ -23,6 +23,8 @@ from edgeprefill.server.structured import parse_constraint
 
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 MAX_SEED = 2**63 - 1
+# Sampling fields whose absence means the bundle's generation_config.json value.
+BUNDLE_DEFAULTED = ("temperature", "top_p", "top_k", "repetition_penalty")
 
 # Fields we accept only at their "off" values: rejecting the rest beats ignoring them.
 UNSUPPORTED: dict[str, tuple[Any, ...]] = {
@@ -68,6 +70,8 @@ class CompletionRequest:
     chunk_size: int | None
     prompt_field: str  # "prompt" or "messages": the `param` of errors about the prompt
     n: int = 1  # choices: one prefill of the prompt, n decodes
+    # The sampling fields the body set; the others take the bundle's generation_config.
+    given: frozenset[str] = frozenset()
 
 
 def parse_completion(body: Any) -> CompletionRequest:
@@ -124,6 +128,7 @@ def _request(
         chunk_size=_int(body, "chunk_size", None, low=1),
         prompt_field=prompt_field,
         n=_int(body, "n", 1, low=1, high=MAX_N),
+        given=frozenset(k for k in BUNDLE_DEFAULTED if body.get(k) is not None),
     )
 
 
