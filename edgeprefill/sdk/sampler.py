@@ -153,7 +153,7 @@ def nucleus(logits: np.ndarray, temperature: float, top_k: int, top_p: float,
     weights = _weights(x, temperature)
     cut = np.float32(min_p)  # min-p: a weight relative to the top token's (which is 1)
     if top_p < 1.0:
-        total = float(weights.sum(dtype=np.float64))
+        total = float(weights.sum())  # float32 pairwise summation: ample here
         cut = max(cut, _nucleus_threshold(weights, top_p * total, total))
     return Kept(ids, weights, cut)
 
@@ -163,8 +163,9 @@ def _weights(x: np.ndarray, temperature: float) -> np.ndarray:
     n = x.shape[0]
     out = np.zeros(-(-n // BLOCK) * BLOCK, np.float32)
     head = out[:n]
-    np.multiply(x, np.float32(1.0 / temperature), out=head)
-    np.subtract(head, head.max(), out=head)
+    np.subtract(x, x.max(), out=head)
+    if temperature != 1.0:
+        np.multiply(head, np.float32(1.0 / temperature), out=head)
     np.exp(head, out=head)
     return out
 
@@ -228,8 +229,9 @@ def _guesses(sample: np.ndarray, lo: _Probe, hi: _Probe, target: float) -> list[
     reached = np.cumsum(inside, dtype=np.float64)
     reached *= (lo.mass - hi.mass) / reached[-1]  # the exact mass between lo and hi
     at = int(np.searchsorted(reached, target - hi.mass))
-    # Aim for a band of about SMALL / 2 tokens around the estimate.
-    margin = max(2, int(SMALL / 4 * inside.shape[0] / max(lo.count - hi.count, 1)))
+    # Aim for a band of about SMALL / 4 tokens around the estimate: one round usually
+    # lands within SMALL even when the estimate is off, and a small band gathers fast.
+    margin = max(2, int(SMALL / 8 * inside.shape[0] / max(lo.count - hi.count, 1)))
     last = inside.shape[0] - 1
     return [inside[min(max(at - margin, 0), last)], inside[min(at + margin, last)]]
 
@@ -241,14 +243,14 @@ def _inverse_cdf(weights: np.ndarray, cut: np.float32, rng: np.random.Generator)
     while the token is cut away: conditioned on acceptance this is exactly the kept
     distribution, and with top-p >= 0.5 it accepts at least half the time."""
     blocks = weights.reshape(-1, BLOCK)
-    total = np.cumsum(blocks.sum(axis=1, dtype=np.float64))
+    total = np.cumsum(blocks.sum(axis=1), dtype=np.float64)
     for _ in range(64):
         i = _two_level(blocks, total, rng.random())
         if weights[i] >= cut:
             return i
     kept = weights * (weights >= cut)  # rarely: a small kept mass; draw from it directly
     blocks = kept.reshape(-1, BLOCK)
-    return _two_level(blocks, np.cumsum(blocks.sum(axis=1, dtype=np.float64)), rng.random())
+    return _two_level(blocks, np.cumsum(blocks.sum(axis=1), dtype=np.float64), rng.random())
 
 
 def _two_level(blocks: np.ndarray, total: np.ndarray, u: float) -> int:
