@@ -170,6 +170,12 @@ def _weights(x: np.ndarray, temperature: float) -> np.ndarray:
     return out
 
 
+class _Probe(NamedTuple):
+    weight: np.float32  # a threshold
+    mass: float  # total weight of the tokens heavier than it
+    count: int  # how many they are
+
+
 def _nucleus_threshold(weights: np.ndarray, target: float, total: float) -> np.float32:
     """The weight of the last token of the nucleus: the largest w such that the tokens
     weighing >= w hold at least `target`. Tokens tied with it are all kept.
@@ -182,8 +188,12 @@ def _nucleus_threshold(weights: np.ndarray, target: float, total: float) -> np.f
     gather over random positions each cost 10-20x a plain pass)."""
     lo = _Probe(np.float32(0), total, weights.shape[0])
     hi = _Probe(np.float32(1), 0.0, 0)  # nothing weighs more than the top token (1)
-    # A trained model's distribution is peaked: this one probe usually settles it.
-    lo, hi = _narrow(lo, hi, _probe(weights, np.float32(2.0**-10)), target)
+    near_top = _near_top(weights)
+    if near_top is not None:
+        heavy, probe = near_top
+        if probe.mass >= target:  # a peaked distribution: the nucleus is among these
+            return _settle(heavy, 0.0, target)
+        hi = probe
     step = max(1, weights.shape[0] // 4096)
     sample = weights[::step]
     for _ in range(32):
@@ -195,16 +205,28 @@ def _nucleus_threshold(weights: np.ndarray, target: float, total: float) -> np.f
         if (lo, hi) == before:
             break  # ties: no weight splits the interval; sorting settles it
     inside = np.flatnonzero((weights > lo.weight) & (weights <= hi.weight))
-    ordered = np.sort(weights[inside])[::-1]  # an index gather: 4x a boolean one here
-    reached = hi.mass + np.cumsum(ordered, dtype=np.float64)
+    return _settle(weights[inside], hi.mass, target)  # an index gather: 4x a boolean one
+
+
+def _settle(band: np.ndarray, above: float, target: float) -> np.float32:
+    """The answer among `band`, the tokens lighter than a mass `above` < target."""
+    ordered = np.sort(band)[::-1]
+    reached = above + np.cumsum(ordered, dtype=np.float64)
     last = min(int(np.searchsorted(reached, target)), ordered.shape[0] - 1)
     return ordered[last]
 
 
-class _Probe(NamedTuple):
-    weight: np.float32  # a threshold
-    mass: float  # total weight of the tokens heavier than it
-    count: int  # how many they are
+def _near_top(weights: np.ndarray) -> tuple[np.ndarray, _Probe] | None:
+    """The tokens within 2^-10 of the top one's weight, if at most SMALL: in a trained
+    model's peaked distribution they usually hold the nucleus. Counting first costs
+    half a probe when they are too many (a flat distribution)."""
+    threshold = np.float32(2.0**-10)
+    heavier = weights > threshold
+    count = int(np.count_nonzero(heavier))
+    if count > SMALL:
+        return None
+    heavy = weights[np.flatnonzero(heavier)]
+    return heavy, _Probe(threshold, float(heavy.sum(dtype=np.float64)), count)
 
 
 def _probe(weights: np.ndarray, threshold: np.float32) -> _Probe:
