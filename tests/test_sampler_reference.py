@@ -8,7 +8,8 @@ import pytest
 
 from edgeprefill.errors import RequestError
 from edgeprefill.sdk import GenerationParams
-from edgeprefill.sdk.sampler import Sampler, nucleus
+from edgeprefill.sdk.nucleus import nucleus
+from edgeprefill.sdk.sampler import Sampler
 
 
 def reference(logits: np.ndarray, temperature: float, top_k: int, top_p: float,
