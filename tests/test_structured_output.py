@@ -208,7 +208,10 @@ def test_n_choices_share_one_prefill_of_the_prompt(bpe_bundle):
         texts = [s.result().text for s in streams]
         prefilled = sum(t.tokens for t in eng.trace if t.kind == "prefill")
     assert all(s.finish_reason == "length" and len(s.token_ids) == 6 for s in streams)
-    assert prefilled == 40 + 2 * 8  # not 3 x 40: the others prefill only the tail
+    assert prefilled == 40  # once, not 3 x 40: the others start from a copy of its KV
+    with Engine.load(bpe_bundle, threads=2, kv_slots=1, background=False, trace=True) as eng:
+        streams = eng.submit_n(prompt, GenerationParams(max_new_tokens=3, ignore_eos=True), 2)
+        assert all(len(s.result().token_ids) == 3 for s in streams)  # one slot: in turn
     assert len(set(texts)) > 1  # seed + i: the choices differ
 
 

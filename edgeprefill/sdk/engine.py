@@ -124,9 +124,9 @@ class Engine:
         session_id: int | None = None, chunk_size: int | None = None,
     ) -> list[TokenStream]:
         """n completions of one prompt (OpenAI's `n`). The first prefills the prompt; the
-        others are queued when it has, and borrow its KV through prefix reuse (they
-        prefill only the tail past the last whole chunk). With a seed, choice i draws
-        with seed + i, so the choices differ yet reproduce."""
+        others then start decoding from a copy of its KV slot and its last logits (one
+        prefill, n decodes; without a free slot one waits and borrows the prefix later).
+        With a seed, choice i draws with seed + i, so the choices differ yet reproduce."""
         params = params or self.default_params()
         if not isinstance(n, int) or isinstance(n, bool) or n < 1:
             raise RequestError(f"n must be an integer >= 1, got {n!r}")
@@ -270,9 +270,27 @@ class Engine:
         except RequestError as err:
             self._finish(request, "error", keep=False, error=str(err))
 
+    def _fork_followers(self, request: Request, logits: np.ndarray) -> None:
+        """The n > 1 siblings of a request whose prompt just entered the KV cache start
+        decoding from a copy of its KV and its last logits: one prefill for n choices.
+        Without a free slot a sibling waits in the queue and borrows the prefix later."""
+        followers, request.followers = request.followers, []
+        for follower in followers:
+            if follower.cancelled:
+                continue
+            slot = self.kv.fork(request.slot)
+            if slot is None:
+                self._add(follower)
+                continue
+            follower.slot, follower.kv_len = slot, len(follower.tokens)
+            follower.metrics.prefix_reused = follower.kv_len
+            self.scheduler.waiting.append(follower)  # past admission: its parent's
+            self.scheduler.to_decode(follower)
+            self._emit(follower, logits)
+
     def _start_followers(self, request: Request, ended: str | None = None) -> None:
-        """Queue the n > 1 siblings of a request whose prompt is now in the KV cache (or
-        that `ended` before it was: then they run alone, or are cancelled with it)."""
+        """Queue the n > 1 siblings of a request that `ended` before its prompt was in the
+        KV cache: they run alone, or are cancelled with it."""
         followers, request.followers = request.followers, []
         for follower in followers:
             if ended == "cancelled" or self._stopping:
@@ -341,7 +359,7 @@ class Engine:
         request.metrics.chunks += 1
         if request.prefill_left == 0:
             self.scheduler.to_decode(request)
-            self._start_followers(request)
+            self._fork_followers(request, logits[0])
             self._emit(request, logits[0])
 
     def _record(
