@@ -22,6 +22,7 @@ from edgeprefill.bundle import (
 )
 from edgeprefill.errors import ExportError
 from edgeprefill.export.checkpoint import Checkpoint
+from edgeprefill.export.config_checks import check_tokenizer_fits
 from edgeprefill.export.decoder import DecoderBuilder, kv_names
 from edgeprefill.export.flavors import flavor_class
 from edgeprefill.export.graph import GraphBuilder
@@ -79,6 +80,7 @@ def export(hf_dir: str | Path, out_dir: str | Path, options: ExportOptions) -> M
             f"{hf_dir} has no tokenizer.json (a fast tokenizer file is required; "
             "transformers' AutoTokenizer.save_pretrained writes one)"
         )
+    check_tokenizer_fits(hf_dir / "tokenizer.json", cfg.vocab_size)
     with staged(out_dir, options.overwrite) as stage:  # swapped in only when complete
         ckpt = Checkpoint(hf_dir)
         flavor = flavor_class(options.flavor)(cfg, DTYPES[options.dtype], max_context)
