@@ -55,6 +55,7 @@ def serve(
         import uvicorn
 
         from edgeprefill.server import ServerConfig, create_app
+        from edgeprefill.server.shutdown import run_until_signalled
         from edgeprefill.server.transport import quiet_fd_exhaustion, uvicorn_config
     except ImportError as err:
         raise EdgeprefillError(
@@ -78,7 +79,8 @@ def serve(
         click.echo(f"serving {config.model_name!r} on http://{host}:{port}/v1 ({auth}); "
                    "Ctrl-C to stop", err=True)
         quiet_fd_exhaustion()
-        uvicorn.Server(uvicorn_config(app, host, port, limits.timeouts)).run()
+        run_until_signalled(uvicorn.Server(uvicorn_config(app, host, port, limits.timeouts)))
+        click.echo("stopped", err=True)
     except KeyboardInterrupt:
         # uvicorn has already shut down gracefully and re-raised Ctrl-C: a normal stop.
         click.echo("stopped", err=True)

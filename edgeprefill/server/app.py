@@ -40,6 +40,7 @@ from edgeprefill.server.metrics import ServerMetrics
 from edgeprefill.server.prompt_worker import PromptTimeout, PromptWorkers
 from edgeprefill.server.responses import Shape
 from edgeprefill.server.schemas import CompletionRequest, parse_chat, parse_completion
+from edgeprefill.server.shutdown import ShutdownCut
 from edgeprefill.server.sse import EventStreamResponse, completion_events
 
 OPEN_PATHS = frozenset({"/health"})  # answered without the API key (liveness probes)
@@ -94,7 +95,7 @@ def create_app(engine: Engine, config: ServerConfig) -> Starlette:
         Route("/health", api.health, methods=["GET"]),
         Route("/metrics", api.prometheus, methods=["GET"]),
     ]
-    middleware = []
+    middleware = [Middleware(ShutdownCut)]  # outermost: sees a shutdown's cancellation
     if config.api_key is not None:
         middleware.append(Middleware(ApiKeyMiddleware, key=config.api_key,
                                      on_reject=api.metrics.reject))

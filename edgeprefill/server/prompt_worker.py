@@ -41,13 +41,25 @@ class _Reply(NamedTuple):
 class PromptWorker:
     """One child process; calls are serialized by PromptWorkers, never concurrent."""
 
-    def __init__(self, bundle_dir: Path) -> None:
+    def __init__(self, bundle_dir: Path, start_timeout: float = 120.0) -> None:
         context = multiprocessing.get_context("spawn")  # no fork of a threaded parent
         self.conn, child = context.Pipe()
         self.process = context.Process(target=_serve, args=(child, str(bundle_dir)),
                                        name="edgeprefill-prompts", daemon=True)
         self.process.start()
         child.close()
+        # Wait for its tokenizer to load, so the time limit of calls is all theirs.
+        ready = self.conn.poll(start_timeout) and self._recv()
+        if not (ready and ready.ok):
+            self.kill()
+            why = ready.value if ready else f"not ready after {start_timeout:g} s"
+            raise EdgeprefillError(f"the prompt worker did not start: {why}")
+
+    def _recv(self) -> _Reply | None:
+        try:
+            return self.conn.recv()
+        except (EOFError, OSError):
+            return None
 
     def call(self, method: str, args: tuple, kwargs: dict, timeout: float) -> Any:
         """Blocking: run `tokenizer.<method>(*args, **kwargs)` in the child."""
@@ -55,10 +67,9 @@ class PromptWorker:
         if not self.conn.poll(timeout):
             raise PromptTimeout(f"tokenizing the prompt or rendering the chat template took "
                                 f"over {timeout:g} s; the work was stopped")
-        try:
-            reply: _Reply = self.conn.recv()
-        except EOFError:  # the child died (out of memory, killed by the OS)
-            raise EdgeprefillError("the prompt worker died while tokenizing") from None
+        reply = self._recv()
+        if reply is None:  # the child died (out of memory, killed by the OS)
+            raise EdgeprefillError("the prompt worker died while tokenizing")
         if reply.ok:
             return reply.value
         raise (RequestError if reply.user_error else EdgeprefillError)(reply.value)
@@ -129,7 +140,12 @@ def _serve(conn: Connection, bundle_dir: str) -> None:
     from edgeprefill.sdk.tokenizer import BundleTokenizer
 
     root = Path(bundle_dir)
-    tokenizer = BundleTokenizer(root, load_manifest(root))
+    try:
+        tokenizer = BundleTokenizer(root, load_manifest(root))
+    except Exception as err:  # a bundle the parent loaded should load here too
+        conn.send(_Reply(False, f"{type(err).__name__}: {err}", False))
+        return
+    conn.send(_Reply(True, None, False))
     while True:
         try:
             method, args, kwargs = conn.recv()
