@@ -7,20 +7,24 @@ of the GIL until the process dies, and a template that multiplies strings in C c
 interrupted even by a trace hook. A process can be killed. So each worker is a small
 spawned process holding its own copy of the bundle's tokenizer; the server sends it a
 call, waits up to the time limit on a pipe, and on overrun kills it and starts a new one.
+Workers are started as `python -c` of this module's `child_main`, not with
+multiprocessing's spawn: spawn re-runs the parent's main script, which breaks any app
+that embeds the server in a script without an `if __name__ == "__main__"` guard.
 
-Costs, measured on the CI machine (see docs/benchmarks.md): one round trip adds well
-under a millisecond, a worker holds ~40-60 MB resident (the tokenizer and Python), and a
-respawn after a kill takes ~0.5 s of one core. Workers ignore SIGINT (a Ctrl-C reaches
-the whole process group; the parent decides) and exit when the parent's end of their
-pipe closes.
+Costs are measured in docs/benchmarks.md (round trip, resident memory, restart time).
+Workers run in their own session (a terminal's Ctrl-C is the parent's to handle) and exit
+when the parent's end of their socket closes.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import multiprocessing
+import os
 import signal
+import socket
+import subprocess
+import sys
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -42,12 +46,15 @@ class PromptWorker:
     """One child process; calls are serialized by PromptWorkers, never concurrent."""
 
     def __init__(self, bundle_dir: Path, start_timeout: float = 120.0) -> None:
-        context = multiprocessing.get_context("spawn")  # no fork of a threaded parent
-        self.conn, child = context.Pipe()
-        self.process = context.Process(target=_serve, args=(child, str(bundle_dir)),
-                                       name="edgeprefill-prompts", daemon=True)
-        self.process.start()
-        child.close()
+        ours, theirs = socket.socketpair()
+        # The child imports the same edgeprefill as the parent, whatever set its path.
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+        self.process = subprocess.Popen(
+            [sys.executable, "-c", CHILD_MAIN, str(theirs.fileno()), str(bundle_dir)],
+            pass_fds=[theirs.fileno()], env=env, stdin=subprocess.DEVNULL,
+            start_new_session=True)  # a terminal's Ctrl-C is for the parent to handle
+        theirs.close()
+        self.conn = Connection(ours.detach())
         # Wait for its tokenizer to load, so the time limit of calls is all theirs.
         ready = self.conn.poll(start_timeout) and self._recv()
         if not (ready and ready.ok):
@@ -77,9 +84,10 @@ class PromptWorker:
     def kill(self) -> None:
         with contextlib.suppress(OSError):
             self.conn.close()
-        if self.process.is_alive():
+        if self.process.poll() is None:
             self.process.kill()
-        self.process.join(timeout=5)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.process.wait(timeout=5)
 
 
 class PromptWorkers:
@@ -94,11 +102,22 @@ class PromptWorkers:
         # for a spawn, and nothing is spawned during shutdown.
         self._idle: asyncio.Queue[PromptWorker | None] | None = None
         self._all: set[PromptWorker] = set()
+        self._closed = False
 
     async def start(self) -> None:
+        """Returns at once; the workers start in the background (a request that comes
+        first waits for one, outside its time limit)."""
         self._idle = asyncio.Queue()
+        self._starting = asyncio.ensure_future(self._start_all())
+
+    async def _start_all(self) -> None:
+        assert self._idle is not None
         for _ in range(self.count):
-            self._idle.put_nowait(await self._spawn())
+            try:
+                worker = await self._spawn()
+            except Exception:  # retried on first use, which reports it
+                worker = None
+            self._idle.put_nowait(worker)
 
     async def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
         assert self._idle is not None, "PromptWorkers.start() was not awaited"
@@ -122,6 +141,8 @@ class PromptWorkers:
     async def _spawn(self) -> PromptWorker:
         worker = await asyncio.to_thread(PromptWorker, self.bundle_dir)
         self._all.add(worker)
+        if self._closed:  # started while the server was shutting down
+            self._kill(worker)
         return worker
 
     def _kill(self, worker: PromptWorker) -> None:
@@ -129,13 +150,22 @@ class PromptWorkers:
         self._all.discard(worker)
 
     def close(self) -> None:
+        self._closed = True
         for worker in list(self._all):
             self._kill(worker)
 
 
+CHILD_MAIN = "from edgeprefill.server.prompt_worker import child_main; child_main()"
+
+
+def child_main() -> None:
+    """Entry point of a worker process: `<fd of its socket> <bundle dir>` in argv."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _serve(Connection(int(sys.argv[1])), sys.argv[2])
+
+
 def _serve(conn: Connection, bundle_dir: str) -> None:
     """The child's loop: one call at a time until the parent goes away."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
     from edgeprefill.bundle import load_manifest
     from edgeprefill.sdk.tokenizer import BundleTokenizer
 
