@@ -193,7 +193,9 @@ class OpenAIApi:
         admitted = False
         try:
             tokens = await self._encode(req)
-            self._check_context(len(tokens), req.params.max_new_tokens)
+            self._check_context(tokens if isinstance(tokens, int) else len(tokens),
+                                req.params.max_new_tokens)
+            assert isinstance(tokens, list)
             stream = self.engine.submit(tokens, req.params, req.priority, None,
                                         req.chunk_size)
             admitted = True  # from here the closer gives the place back
@@ -206,15 +208,16 @@ class OpenAIApi:
             if not admitted:
                 self.pending -= 1
 
-    async def _encode(self, req: CompletionRequest) -> list[int]:
-        """Token ids of the prompt; text and chat go through a prompt worker."""
+    async def _encode(self, req: CompletionRequest) -> list[int] | int:
+        """Token ids of the prompt (text and chat go through a prompt worker), or only
+        their count when they cannot fit the context."""
         if not isinstance(req.prompt, str) and not _is_chat(req.prompt):
             try:
                 return self.engine.tokenizer.encode(req.prompt)  # ids: a cheap range check
             except RequestError as err:
                 raise ApiError(400, str(err), req.prompt_field) from None
         try:
-            return await self.prompts.call("encode", req.prompt)
+            return await self.prompts.call("encode_bounded", req.prompt, self.engine.capacity)
         except PromptTimeout as err:
             raise ApiError(400, str(err), req.prompt_field, "prompt_timeout") from None
         except RequestError as err:  # no chat template, the template raised, ...

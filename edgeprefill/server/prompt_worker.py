@@ -184,10 +184,24 @@ def _serve(conn: Connection, bundle_dir: str) -> None:
         conn.send(_run(tokenizer, method, args, kwargs))
 
 
+def encode_bounded(tokenizer: Any, prompt: Any, limit: int) -> list[int] | int:
+    """The prompt's ids, or only their count when there are more than `limit`: a prompt
+    that cannot fit is refused anyway, and shipping a million ids back to the server
+    would cost its event loop the time to unpickle them."""
+    ids = tokenizer.encode(prompt)
+    return ids if len(ids) <= limit else len(ids)
+
+
+# Calls that are not BundleTokenizer methods: name -> function(tokenizer, *args).
+EXTRA_CALLS = {"encode_bounded": encode_bounded}
+
+
 def _run(tokenizer: Any, method: str, args: tuple, kwargs: dict) -> _Reply:
     from jinja2 import TemplateError
 
     try:
+        if method in EXTRA_CALLS:
+            return _Reply(True, EXTRA_CALLS[method](tokenizer, *args, **kwargs), False)
         return _Reply(True, getattr(tokenizer, method)(*args, **kwargs), False)
     except RequestError as err:
         return _Reply(False, str(err), True)
