@@ -54,6 +54,9 @@ class Server(NamedTuple):
     log: Path
 
 
+CODE = [ROOT]  # the edgeprefill checkout to serve (--code), for A/B runs against another
+
+
 @contextlib.contextmanager
 def serving(bundle: Path, *flags: str, nofile: int | None = None, log: Path):
     """`edgeprefill serve` in a child process until the block ends (SIGTERM, then kill)."""
@@ -62,9 +65,11 @@ def serving(bundle: Path, *flags: str, nofile: int | None = None, log: Path):
                f"({nofile}, {nofile})); " if nofile else "")
     command = [sys.executable, "-c", prelude + "from edgeprefill.cli.main import main; main()",
                "serve", str(bundle), "--port", str(port), "--model-name", "soak", *flags]
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "PYTHONPATH": str(CODE[0])}
     with open(log, "w") as err:
-        process = subprocess.Popen(command, stderr=err, env=env, start_new_session=True)
+        # cwd too: `python -c` puts it first on sys.path.
+        process = subprocess.Popen(command, stderr=err, env=env, start_new_session=True,
+                                   cwd=CODE[0])
     server = Server(process, f"http://127.0.0.1:{port}", port, log)
     try:
         deadline = time.monotonic() + 120
@@ -97,9 +102,12 @@ def rss_mb(pid: int) -> float:
 
 
 def _children(pid: int) -> list[int]:
-    with contextlib.suppress(OSError):
-        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
-    return []
+    """Children started by any of the process's threads (workers start from a pool)."""
+    found: list[int] = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        with contextlib.suppress(OSError):
+            found += [int(c) for c in (task / "children").read_text().split()]
+    return found
 
 
 def gauge(url: str, name: str) -> float:
@@ -235,6 +243,10 @@ def health_stall(server: Server, prompt_bytes: int, rounds: int) -> dict:
                 time.sleep(0.005)
 
     words = ("w7 " * (prompt_bytes // 3))[:prompt_bytes]
+    # Encoded before probing starts: building 4 MB of JSON would hold this process's GIL
+    # and stall the prober itself.
+    body = json.dumps({"prompt": words, "max_tokens": 1}).encode()
+    headers = {"Content-Type": "application/json"}
     statuses: Counter = Counter()
     prober = threading.Thread(target=probe)
     prober.start()
@@ -242,7 +254,7 @@ def health_stall(server: Server, prompt_bytes: int, rounds: int) -> dict:
     try:
         with httpx.Client(base_url=server.url, timeout=120) as client:
             for _ in range(rounds):
-                reply = client.post("/v1/completions", json={"prompt": words, "max_tokens": 1})
+                reply = client.post("/v1/completions", content=body, headers=headers)
                 statuses[reply.status_code] += 1
                 rss_peak = max(rss_peak, rss_mb(server.process.pid))
     finally:
@@ -285,24 +297,48 @@ def main() -> None:
     parser.add_argument("--slow-sockets", type=int, default=40)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=Path("benchmarks/work/soak"))
+    parser.add_argument("--phases", default="load,slow,stall,stall4mb,fds",
+                        help="comma-separated subset of load,slow,stall,stall4mb,fds")
+    parser.add_argument("--code", type=Path, default=ROOT,
+                        help="edgeprefill checkout to serve (default: this one); with "
+                             "--phases stall4mb it may be one without the new flags")
     args = parser.parse_args()
+    CODE[0] = args.code.resolve()
+    phases = set(args.phases.split(","))
+    args.out = args.out.resolve()
+    args.bundle = args.bundle.resolve()
     args.out.mkdir(parents=True, exist_ok=True)
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 4096), hard))  # our own sockets
 
-    report: dict = {}
+    report: dict = {"cpu": _cpu(), "cores": os.cpu_count()}
     flags = ("--kv-slots", "4", "--max-pending", "64", "--header-timeout", "5",
              "--body-timeout", "10")
-    with serving(args.bundle, *flags, log=args.out / "serve.log") as server:
-        report["load"] = load(server, args.requests, args.concurrency, args.seed)
-        report["slow_clients"] = slow_clients(server, args.slow_sockets, 5, 10)
-        report["stall_default_limit"] = health_stall(server, 100_000, 5)
-        report["after_all_phases_rss_mb"] = round(rss_mb(server.process.pid), 1)
-        report["after_all_phases_slots_active"] = gauge(server.url, "edgeprefill_kv_slots_active")
-    with serving(args.bundle, "--max-body-mb", "4", log=args.out / "serve-4mb.log") as server:
-        report["stall_4mb_limit"] = health_stall(server, 3_800_000, 3)
-    report["fds"] = fd_exhaustion(args.bundle, args.out / "serve-fd.log", 150, 96)
+    if phases & {"load", "slow", "stall"}:
+        with serving(args.bundle, *flags, log=args.out / "serve.log") as server:
+            if "load" in phases:
+                report["load"] = load(server, args.requests, args.concurrency, args.seed)
+            if "slow" in phases:
+                report["slow_clients"] = slow_clients(server, args.slow_sockets, 5, 10)
+            if "stall" in phases:
+                report["stall_default_limit"] = health_stall(server, 100_000, 5)
+            report["after_all_phases_rss_mb"] = round(rss_mb(server.process.pid), 1)
+            report["after_all_phases_slots_active"] = gauge(
+                server.url, "edgeprefill_kv_slots_active")
+    if "stall4mb" in phases:
+        with serving(args.bundle, "--max-body-mb", "4", log=args.out / "serve-4mb.log") as s:
+            report["stall_4mb_limit"] = health_stall(s, 3_800_000, 3)
+    if "fds" in phases:
+        report["fds"] = fd_exhaustion(args.bundle, args.out / "serve-fd.log", 150, 96)
     print(json.dumps(report, indent=2))
+
+
+def _cpu() -> str:
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return "unknown"
 
 
 if __name__ == "__main__":

@@ -285,6 +285,7 @@ def test_serve_stops_within_its_shutdown_timeout_while_a_body_is_half_sent(bundl
             process.send_signal(sig)
             code = process.wait(timeout=15)
             took = time.monotonic() - began
+            reply, _ = read_until_closed(sock)
     finally:
         if process.poll() is None:
             process.kill()
@@ -293,6 +294,9 @@ def test_serve_stops_within_its_shutdown_timeout_while_a_body_is_half_sent(bundl
     assert code == 0, stderr
     assert took < 4, f"shutdown took {took:.1f} s"
     assert "Traceback" not in stderr, stderr
+    head, _, body = reply.partition(b"\r\n\r\n")  # the cut request was told why
+    assert head.startswith(b"HTTP/1.1 503"), reply[:200]
+    assert json.loads(body)["error"]["code"] == "shutting_down"
 
 
 def test_fd_exhaustion_logs_one_line_not_a_flood(bundle):

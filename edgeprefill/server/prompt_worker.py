@@ -25,6 +25,8 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
+import time
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -161,7 +163,16 @@ CHILD_MAIN = "from edgeprefill.server.prompt_worker import child_main; child_mai
 def child_main() -> None:
     """Entry point of a worker process: `<fd of its socket> <bundle dir>` in argv."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    threading.Thread(target=_exit_with_parent, args=(os.getppid(),), daemon=True).start()
     _serve(Connection(int(sys.argv[1])), sys.argv[2])
+
+
+def _exit_with_parent(parent: int) -> None:
+    """A worker busy in a runaway template never reads the EOF of a dead parent's
+    socket: this thread notices the parent is gone and ends the process."""
+    while os.getppid() == parent:
+        time.sleep(1.0)
+    os._exit(0)
 
 
 def _serve(conn: Connection, bundle_dir: str) -> None:
