@@ -30,6 +30,8 @@ from edgeprefill.export.model_config import ModelConfig
 from edgeprefill.export.quantize import QuantConfig
 from edgeprefill.export.staging import staged
 from edgeprefill.export.writer import write_external_data
+from edgeprefill.sdk.chat_template import check_export_template
+from edgeprefill.sdk.generation_defaults import check_export_generation_config
 
 GRAPH_FILE = "model.onnx"
 DATA_FILE = "model.onnx.data"
@@ -81,6 +83,8 @@ def export(hf_dir: str | Path, out_dir: str | Path, options: ExportOptions) -> M
             "transformers' AutoTokenizer.save_pretrained writes one)"
         )
     check_tokenizer_fits(hf_dir / "tokenizer.json", cfg.vocab_size)
+    check_export_template(hf_dir)
+    check_export_generation_config(hf_dir)
     with staged(out_dir, options.overwrite) as stage:  # swapped in only when complete
         ckpt = Checkpoint(hf_dir)
         flavor = flavor_class(options.flavor)(cfg, DTYPES[options.dtype], max_context)

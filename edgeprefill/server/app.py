@@ -196,8 +196,8 @@ class OpenAIApi:
             self._check_context(tokens if isinstance(tokens, int) else len(tokens),
                                 req.params.max_new_tokens)
             assert isinstance(tokens, list)
-            stream = self.engine.submit(tokens, req.params, req.priority, None,
-                                        req.chunk_size)
+            params = self.engine.generation_defaults.fill(req.params, req.given)
+            stream = self.engine.submit(tokens, params, req.priority, None, req.chunk_size)
             admitted = True  # from here the closer gives the place back
             return stream
         except EngineClosedError as err:  # shutting down: the request itself is fine
