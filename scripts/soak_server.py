@@ -161,6 +161,7 @@ def load(server: Server, requests: int, concurrency: int, seed: int) -> dict:
     rng = random.Random(seed)
     kinds = rng.choices(["whole", "stream", "chat", "leave", "bad"], [4, 3, 2, 1, 1],
                         k=requests)
+    one_request(server.url, "chat", rng)  # warm: the prompt worker has started
     rss_before = rss_mb(server.process.pid)
     began = time.monotonic()
     outcomes: Counter = Counter()
