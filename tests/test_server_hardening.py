@@ -40,6 +40,7 @@ SPIN_TEMPLATE = (
     "{% if add_generation_prompt %}assistant: {% endif %}"
 )
 TIMEOUTS = HttpTimeouts(header=0.5, keep_alive=0.5, graceful_shutdown=1.0)
+PROMPT_TIMEOUT = 2.0
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +64,7 @@ def engine(spin_bundle) -> Iterator[Engine]:
 @pytest.fixture(scope="module")
 def server(engine) -> Iterator[ServerThread]:
     config = ServerConfig(model_name=MODEL, api_key=KEY, max_pending=8, body_timeout_s=0.5,
-                          prompt_timeout_s=1.0)
+                          prompt_timeout_s=PROMPT_TIMEOUT)
     with ServerThread(create_app(engine, config), port=free_port(), timeouts=TIMEOUTS) as s:
         yield s
 
@@ -233,8 +234,11 @@ def test_a_runaway_template_is_stopped_and_never_stalls_the_server(server, http)
     finally:
         stop.set()
         prober.join(timeout=10)
-    assert "over 1 s" in error["message"] and 0.9 < took < 5
-    assert len(health) >= 3 and max(health) < 0.5, health
+    assert f"over {PROMPT_TIMEOUT:g} s" in error["message"]
+    assert PROMPT_TIMEOUT * 0.9 < took < PROMPT_TIMEOUT + 5
+    # On the event loop the template would have frozen /health for the whole time limit;
+    # half of it allows for a machine shared with other work.
+    assert len(health) >= 3 and max(health) < PROMPT_TIMEOUT / 2, health
     # The worker was killed and replaced: the same template serves other messages.
     ok = {"messages": [{"role": "user", "content": "w5 w6"}], "max_tokens": 2}
     reply = http.post("/v1/chat/completions", json=ok)
