@@ -125,19 +125,21 @@ def wait_for_lines(caplog, count: int, timeout: float = 5.0) -> list[str]:
     """The line is written after the last byte is sent, so it may trail the reply."""
     deadline = time.monotonic() + timeout
     while True:
-        lines = [r.getMessage() for r in caplog.records if r.name == "edgeprefill.server"]
+        lines = [r.getMessage() for r in caplog.records
+                 if r.name == "edgeprefill.server" and r.levelno >= logging.INFO]
         if len(lines) >= count or time.monotonic() > deadline:
             return lines
         time.sleep(0.01)
 
 
 def test_each_request_logs_one_line_with_tokens_ttft_and_duration(http, caplog):
-    caplog.set_level(logging.INFO, logger="edgeprefill.server")
+    caplog.set_level(logging.DEBUG, logger="edgeprefill.server")
     reply = http.post("/v1/completions", json={"prompt": "w5 w6", "max_tokens": 4, **NO_EOS})
     streamed = http.post("/v1/chat/completions", json={
         "messages": [{"role": "user", "content": "w7"}], "max_tokens": 3, "stream": True,
         **NO_EOS})
     http.post("/v1/completions", json={"prompt": ""})
+    http.get("/health")  # a probe: logged at debug only
     http.get("/v1/nothing")
     lines = wait_for_lines(caplog, 4)
     assert len(lines) == 4, lines
@@ -153,6 +155,8 @@ def test_each_request_logs_one_line_with_tokens_ttft_and_duration(http, caplog):
     assert bad[:5] == ["POST", "/v1/completions", "400", "prompt_tokens=-",
                        "completion_tokens=-"]
     assert missing[:3] == ["GET", "/v1/nothing", "404"]
+    probes = [r.levelno for r in caplog.records if r.getMessage().startswith("GET /health ")]
+    assert probes == [logging.DEBUG]
 
 
 # -- the command ---------------------------------------------------------------------------

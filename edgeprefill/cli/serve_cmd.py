@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from edgeprefill.cli.options import engine_options
+from edgeprefill.cli.serve_limits import limit_options, split_limits
 from edgeprefill.errors import EdgeprefillError
 
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")  # uvicorn's and logging's
@@ -25,14 +26,13 @@ LOG_LEVELS = ("debug", "info", "warning", "error", "critical")  # uvicorn's and 
 @engine_options()
 @click.option("--max-pending", type=click.IntRange(min=1), default=64, show_default=True,
               help="Requests admitted at once, running or queued; more get HTTP 429.")
-@click.option("--max-body-mb", type=click.FloatRange(min=0, min_open=True), default=4.0,
-              show_default=True, help="Larger request bodies get HTTP 413.")
+@limit_options
 @click.option("--log-level", type=click.Choice(LOG_LEVELS), default="info", show_default=True,
               help="info: one line per request (method, path, status, tokens, TTFT, "
               "duration); warning: problems only.")
 def serve(
     bundle: Path, host: str, port: int, model_name: str | None, api_key: str | None,
-    max_pending: int, max_body_mb: float, log_level: str, engine: dict,
+    max_pending: int, log_level: str, engine: dict, **limit_values,
 ) -> None:
     """Serve BUNDLE over an OpenAI-compatible HTTP API (completions, chat with tools,
     models, tokenize/detokenize, version, health, Prometheus metrics), logging one line
@@ -49,7 +49,9 @@ def serve(
         import uvicorn
 
         from edgeprefill.server import ServerConfig, create_app
-        from edgeprefill.server.access_log import configure_logging
+        from edgeprefill.server.access_log import configure_logging, uvicorn_level
+        from edgeprefill.server.shutdown import run_until_signalled
+        from edgeprefill.server.transport import quiet_fd_exhaustion, uvicorn_config
     except ImportError as err:
         raise EdgeprefillError(
             f"edgeprefill serve needs the server extra ({err.name} is missing): "
@@ -58,10 +60,10 @@ def serve(
     from edgeprefill.sdk.engine import Engine
 
     _check_port_free(host, port)
+    limits = split_limits(limit_values)
     config = ServerConfig(model_name=model_name or bundle.resolve().name, api_key=api_key,
-                          max_pending=max_pending, max_body_bytes=int(max_body_mb * 2**20))
+                          max_pending=max_pending, **limits.config)
     click.echo(f"loading {bundle} ...", err=True)
-    configure_logging(log_level)
     # The engine's queue holds at least what the server admits, so it never refuses one.
     loaded = Engine.load(bundle, max_queue=max_pending, **engine)
     try:
@@ -69,9 +71,13 @@ def serve(
         auth = "API key required" if api_key else "no API key"
         click.echo(f"serving {config.model_name!r} on http://{host}:{port}/v1 ({auth}); "
                    "Ctrl-C to stop", err=True)
-        # Our own line per request replaces uvicorn's access log (which knows no tokens).
-        uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level=log_level,
-                                      access_log=False, log_config=None)).run()
+        quiet_fd_exhaustion()
+        server_config = uvicorn_config(app, host, port, limits.timeouts,
+                                       uvicorn_level(log_level))
+        server_config.access_log = False  # our line per request replaces uvicorn's
+        configure_logging(log_level)  # after uvicorn's own logging setup, so ours stands
+        run_until_signalled(uvicorn.Server(server_config))
+        click.echo("stopped", err=True)
     except KeyboardInterrupt:
         # uvicorn has already shut down gracefully and re-raised Ctrl-C: a normal stop.
         click.echo("stopped", err=True)

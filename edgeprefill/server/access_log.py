@@ -18,12 +18,15 @@ from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from edgeprefill.sdk.stream import TokenStream
+from edgeprefill.server.choices import Choices
 
 LOGGER = logging.getLogger("edgeprefill.server")
+# Liveness probes and metric scrapes come every few seconds: logged at debug only.
+QUIET_PATHS = frozenset({"/health", "/metrics"})
 _STREAM_KEY = "edgeprefill.stream"  # in the request's scope state
 
 
-def note(request: Request, stream: TokenStream) -> None:
+def note(request: Request, stream: TokenStream | Choices) -> None:
     """Record the stream that serves this request, for its log line."""
     request.scope.setdefault("state", {})[_STREAM_KEY] = stream
 
@@ -54,28 +57,39 @@ class AccessLog:
         finally:
             stream = scope["state"].get(_STREAM_KEY)
             level = logging.WARNING if status >= 500 else logging.INFO
+            if scope["path"] in QUIET_PATHS and status < 400:
+                level = logging.DEBUG
             self.logger.log(level, "%s", line(scope, status, stream,
                                               time.perf_counter() - began))
 
 
-def line(scope: Scope, status: int, stream: TokenStream | None, seconds: float) -> str:
+def line(scope: Scope, status: int, stream: TokenStream | Choices | None,
+         seconds: float) -> str:
     prompt = completion = ttft = "-"
     if stream is not None:
         prompt = str(stream.metrics.prompt_tokens)
-        completion = str(len(stream.token_ids))
+        completion = str(stream.completion_tokens if isinstance(stream, Choices)
+                         else len(stream.token_ids))  # all n choices' tokens
         if stream.metrics.ttft is not None:
             ttft = f"{stream.metrics.ttft * 1000:.1f}"
     return (f"{scope['method']} {scope['path']} {status} prompt_tokens={prompt} "
             f"completion_tokens={completion} ttft_ms={ttft} duration_ms={seconds * 1000:.1f}")
 
 
+def uvicorn_level(level: str) -> str:
+    """uvicorn's own level for `serve --log-level`: its start-up and shutdown chatter
+    only at debug (the serve command says where it listens)."""
+    return "warning" if level == "info" else level
+
+
 def configure_logging(level: str) -> None:
-    """`serve --log-level`: our request lines and uvicorn's messages on stderr."""
+    """`serve --log-level`: our request lines and uvicorn's messages on stderr, in one
+    format. Call it after uvicorn's Config, which sets up logging of its own."""
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s",
                                            "%Y-%m-%d %H:%M:%S"))
-    for name in ("edgeprefill", "uvicorn"):
+    for name, at in (("edgeprefill", level), ("uvicorn", uvicorn_level(level))):
         logger = logging.getLogger(name)
         logger.handlers[:] = [handler]
-        logger.setLevel(level.upper())
+        logger.setLevel(at.upper())
         logger.propagate = False

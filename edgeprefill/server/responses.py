@@ -7,7 +7,9 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from edgeprefill.sdk.stream import TokenStream
+from edgeprefill.sdk.stream import TokenEvent, TokenStream
+from edgeprefill.server.choices import Choices
+from edgeprefill.server.logprobs import logprobs_body
 from edgeprefill.server.tool_parsers import Piece, ToolParser
 
 
@@ -38,20 +40,25 @@ class Shape:
     def _head(self, obj: str) -> dict:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
 
-    def whole(self, stream: TokenStream) -> dict:
-        """The non-streaming response of a finished stream."""
-        if self.chat:
-            message, finish = self._message(stream)
-            choice = {"index": 0, "message": message, "logprobs": None,
-                      "finish_reason": finish}
-            body = self._head("chat.completion")
-        else:
-            choice = {"index": 0, "text": stream.text, "logprobs": None,
-                      "finish_reason": stream.finish_reason}
-            body = self._head("text_completion")
-        body["choices"] = [choice]
+    def whole(self, stream: TokenStream | Choices) -> dict:
+        """The non-streaming response of a finished stream (or of n choices)."""
+        streams = stream.streams if isinstance(stream, Choices) else [stream]
+        body = self._head("chat.completion" if self.chat else "text_completion")
+        body["choices"] = [self._choice(i, s) for i, s in enumerate(streams)]
         body["usage"] = usage(stream)
         return body
+
+    def _choice(self, index: int, stream: TokenStream) -> dict:
+        if self.chat:
+            message, finish = self._message(stream)
+            choice = {"index": index, "message": message, "logprobs": None,
+                      "finish_reason": finish}
+        else:
+            choice = {"index": index, "text": stream.text, "logprobs": None,
+                      "finish_reason": stream.finish_reason}
+        if stream.logprobs:
+            choice["logprobs"] = logprobs_body(self.chat, stream.logprobs)
+        return choice
 
     def _message(self, stream: TokenStream) -> tuple[dict, str | None]:
         """A whole chat reply's message and finish reason, with its tool calls if any."""
@@ -88,23 +95,28 @@ class Shape:
         return self._streamed[index]
 
     def chunk(self, text: str | None, finish_reason: str | None = None,
+              logprobs: list[TokenEvent] | None = None, text_offset: int = 0,
               index: int = 0) -> dict:
         """One streamed piece. Chat: text None opens the reply with the role."""
         if self.chat:
             delta = {"role": "assistant", "content": ""} if text is None else (
                 {"content": text} if text else {})
-            return self.delta_chunk(delta, finish_reason, index)
+            return self.delta_chunk(delta, finish_reason, index, logprobs)
         choice = {"index": index, "text": text or "", "logprobs": None,
                   "finish_reason": finish_reason}
+        if logprobs:
+            choice["logprobs"] = logprobs_body(False, logprobs, text_offset)
         body = self._head("text_completion")
         body["choices"] = [choice]
         return body
 
-    def delta_chunk(self, delta: dict, finish_reason: str | None = None,
-                    index: int = 0) -> dict:
+    def delta_chunk(self, delta: dict, finish_reason: str | None = None, index: int = 0,
+                    logprobs: list[TokenEvent] | None = None) -> dict:
         """A chat chunk carrying `delta`."""
         choice = {"index": index, "delta": delta, "logprobs": None,
                   "finish_reason": finish_reason}
+        if logprobs:
+            choice["logprobs"] = logprobs_body(True, logprobs, 0)
         body = self._head("chat.completion.chunk")
         body["choices"] = [choice]
         return body
@@ -117,9 +129,10 @@ class Shape:
         return body
 
 
-def usage(stream: TokenStream) -> dict:
-    prompt = stream.metrics.prompt_tokens
-    completion = len(stream.token_ids)
+def usage(stream: TokenStream | Choices) -> dict:
+    prompt = stream.metrics.prompt_tokens  # once: the n choices share the prompt
+    completion = stream.completion_tokens if isinstance(stream, Choices) else \
+        len(stream.token_ids)
     return {"prompt_tokens": prompt, "completion_tokens": completion,
             "total_tokens": prompt + completion}
 

@@ -11,6 +11,7 @@ from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from edgeprefill.sdk.stream import TokenStream
+from edgeprefill.server.choices import Choices
 from edgeprefill.server.errors import ApiError
 from edgeprefill.server.responses import Shape
 
@@ -21,20 +22,31 @@ def sse(data: dict | str) -> bytes:
 
 
 async def completion_events(
-    stream: TokenStream, shape: Shape, include_usage: bool
+    stream: TokenStream | Choices, shape: Shape, include_usage: bool
 ) -> AsyncIterator[bytes]:
-    """The chunks of one reply, then `data: [DONE]`. A failure after the first byte can
-    no longer change the status code, so it is sent as an error event (as OpenAI does)."""
+    """The chunks of one reply (of each of n choices, tagged by index), then
+    `data: [DONE]`. A failure after the first byte can no longer change the status code,
+    so it is sent as an error event (as OpenAI does)."""
+    choices = stream if isinstance(stream, Choices) else Choices([stream])
     if shape.chat:
-        yield sse(shape.chunk(None))  # the role, at once: clients show "typing"
-    async for event in stream:
-        for chunk in shape.chunks(event.text):  # text, or parsed tool calls
-            yield sse(chunk)
-    if stream.finish_reason == "error":
-        yield sse(ApiError(500, stream.error or "generation failed", code="engine_error").body())
+        for i in range(len(choices.streams)):
+            yield sse(shape.chunk(None, index=i))  # the role, at once: clients show "typing"
+    offsets = [0] * len(choices.streams)
+    async for i, event in choices.indexed():
+        if event.logprob is not None and not shape.parses_tools:
+            # one chunk per token, as OpenAI streams logprobs
+            yield sse(shape.chunk(event.text, logprobs=[event], text_offset=offsets[i],
+                                  index=i))
+        else:
+            for chunk in shape.chunks(event.text, index=i):  # text, or parsed tool calls
+                yield sse(chunk)
+        offsets[i] += len(event.text)
+    if choices.finish_reason == "error":
+        yield sse(ApiError(500, choices.error or "generation failed", code="engine_error").body())
     else:
-        for chunk in shape.last_chunks(stream.finish_reason):
-            yield sse(chunk)
+        for i, s in enumerate(choices.streams):
+            for chunk in shape.last_chunks(s.finish_reason, index=i):
+                yield sse(chunk)
         if include_usage:
             yield sse(shape.usage_chunk(stream))
     yield sse("[DONE]")
