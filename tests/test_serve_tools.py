@@ -206,3 +206,21 @@ def test_tool_fields_are_checked(server):
                  "messages[1].tool_calls[0].function.arguments")
     assert_error(httpx.post(f"{server.url}/v1/completions", json={
         "prompt": "w5", "tools": [WEATHER]}), 400, "tools")
+
+
+def test_each_of_n_choices_carries_its_own_tool_call(client):
+    whole = ask(client, QUESTION, n=2)
+    assert [c.finish_reason for c in whole.choices] == ["tool_calls", "tool_calls"]
+    ids = {c.message.tool_calls[0].id for c in whole.choices}
+    assert len(ids) == 2  # one call per choice, each with its own id
+    chunks = list(ask(client, QUESTION, n=2, stream=True))
+    for index in (0, 1):
+        deltas = [c.choices[0].delta for c in chunks
+                  if c.choices and c.choices[0].index == index]
+        calls = [d.tool_calls[0] for d in deltas if d.tool_calls]
+        assert calls[0].function.name == "get_weather" and calls[0].index == 0
+        arguments = "".join(c.function.arguments or "" for c in calls)
+        assert json.loads(arguments) == {"city": "Paris"}
+    finals = [c.choices[0].finish_reason for c in chunks if c.choices
+              and c.choices[0].finish_reason]
+    assert finals == ["tool_calls", "tool_calls"]
