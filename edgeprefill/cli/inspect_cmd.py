@@ -19,6 +19,7 @@ def inspect(bundle, verify, as_json):
       edgeprefill inspect build/tiny-recall --verify
     """
     from edgeprefill.bundle import load_manifest
+    from edgeprefill.kernels.select import describe
 
     m = load_manifest(bundle, verify_checksums=verify)
     if as_json:
@@ -34,6 +35,7 @@ def inspect(bundle, verify, as_json):
         f"{json.dumps(graph.opsets)})",
         f"chunks      {', '.join(map(str, m.chunks))} tokens",
         f"max context {m.max_context} tokens",
+        f"decode attn {describe(graph.flavor, graph.dtype)} on this machine's CPU",
         f"eos ids     {m.eos_token_ids}",
         f"chat        {'template included' if m.tokenizer.chat_template else 'no template'}",
         "inputs",

@@ -17,8 +17,9 @@ from onnx import ModelProto, NodeProto, TensorProto, helper
 DOMAIN = "edgeprefill"
 OP = "DecodeAttention"
 IS_DECODE = "edgeprefill.is_decode"
-# GroupQueryAttention inputs the kernel takes: qkv, past k, past v, seqlens_k (the new
-# token's position when the chunk is one token), cos, sin.
+# GroupQueryAttention inputs the kernel takes: qkv (packed, or q with k and v apart, which
+# the decode branch concatenates), past k, past v, seqlens_k (the new token's position when
+# the chunk is one token), cos, sin.
 KERNEL_INPUTS = (0, 3, 4, 5, 7, 8)
 # Attributes whose non-default values change the math; the kernel has none of them.
 UNSUPPORTED = {"local_window_size": -1, "softcap": 0.0, "smooth_softmax": 0,
@@ -31,10 +32,11 @@ def eligible(node: NodeProto) -> bool:
         return False
     attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
     inputs = list(node.input) + [""] * (9 - len(node.input))
+    packed_or_split = (not inputs[1] and not inputs[2]) or (inputs[1] and inputs[2])
     return (
         attrs.get("do_rotary") == 1 and "scale" in attrs
         and all(attrs.get(k, default) == default for k, default in UNSUPPORTED.items())
-        and len(node.input) <= 9 and not inputs[1] and not inputs[2]
+        and len(node.input) <= 9 and bool(packed_or_split)
         and all(inputs[i] for i in KERNEL_INPUTS) and len(node.output) == 3
     )
 
@@ -65,13 +67,22 @@ def _selector(chunk_input: str) -> list[NodeProto]:
     ]
 
 
-def _switch(gqa: NodeProto) -> NodeProto:
+def kernel_node(gqa: NodeProto, suffix: str = "") -> NodeProto:
+    """The DecodeAttention node computing what `gqa` computes for a one-token chunk."""
     attrs = {a.name: helper.get_attribute_value(a) for a in gqa.attribute}
-    decode = helper.make_node(
-        OP, [gqa.input[i] for i in KERNEL_INPUTS], [f"{o}.decode" for o in gqa.output],
-        domain=DOMAIN, name=f"{gqa.name}.decode", num_heads=attrs["num_heads"],
+    return helper.make_node(
+        OP, [gqa.input[i] for i in KERNEL_INPUTS], [o + suffix for o in gqa.output],
+        domain=DOMAIN, name=gqa.name + suffix, num_heads=attrs["num_heads"],
         kv_num_heads=attrs["kv_num_heads"], scale=attrs["scale"],
     )
+
+
+def _switch(gqa: NodeProto) -> NodeProto:
+    decode = [kernel_node(gqa, ".decode")]
+    if len(gqa.input) > 2 and gqa.input[1]:  # q, k, v apart (q/k norms): pack them
+        packed = f"{gqa.name}.decode.qkv"
+        decode.insert(0, helper.make_node("Concat", list(gqa.input[:3]), [packed], axis=-1))
+        decode[1].input[0] = packed
     prefill = NodeProto()
     prefill.CopyFrom(gqa)
     del prefill.output[:]
@@ -79,10 +90,11 @@ def _switch(gqa: NodeProto) -> NodeProto:
     prefill.name = f"{gqa.name}.prefill"
     return helper.make_node(
         "If", [IS_DECODE], list(gqa.output), name=f"{gqa.name}.switch",
-        then_branch=_branch(decode, "decode"), else_branch=_branch(prefill, "prefill"),
+        then_branch=_branch(decode, "decode"), else_branch=_branch([prefill], "prefill"),
     )
 
 
-def _branch(node: NodeProto, kind: str):
-    outputs = [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in node.output]
-    return helper.make_graph([node], f"{node.name}.{kind}", [], outputs)
+def _branch(nodes: list[NodeProto], kind: str):
+    last = nodes[-1]
+    outputs = [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in last.output]
+    return helper.make_graph(nodes, f"{last.name}.{kind}", [], outputs)

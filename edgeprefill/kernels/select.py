@@ -67,3 +67,12 @@ def choose(graph_path: Path, graph, flavor: str, dtype: str, device: str,
         "session.model_external_initializers_file_folder_path", str(graph_path.parent)
     )
     return KernelChoice(graph.SerializeToString(), NATIVE, library)
+
+
+def describe(flavor: str, dtype: str, device: str = "cpu") -> str:
+    """What `inspect` says: the decode attention this bundle would run with here."""
+    try:
+        reason = why_not(flavor, dtype, device)
+    except BackendError as err:
+        return str(err)
+    return NATIVE if reason is None else f"{STOCK} ({reason})"
