@@ -41,7 +41,7 @@ def parse_args(argv: list[str] | None = None) -> Settings:
     parser.add_argument("--lengths", help="TTFT prompt lengths (default 128,512,2048)")
     parser.add_argument(
         "--runtimes",
-        default=",".join(name for name, r in RUNTIMES.items() if r.block_size is None),
+        default=",".join(name for name, r in RUNTIMES.items() if r.default),
         help=f"comma-separated subset of {','.join(RUNTIMES)} (default: all but the "
         "block-128 int4 variants)",
     )

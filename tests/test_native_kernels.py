@@ -107,7 +107,8 @@ def test_kernel_matches_group_query_attention_per_layer(library, threads):
 
 
 def make_backend(bundle_dir, threads: int = 2) -> OnnxRuntimeBackend:
-    return OnnxRuntimeBackend(bundle_dir, load_manifest(bundle_dir), BackendOptions(threads=threads))
+    options = BackendOptions(threads=threads)
+    return OnnxRuntimeBackend(bundle_dir, load_manifest(bundle_dir), options)
 
 
 def decode_rows(backend: OnnxRuntimeBackend, prompts: list[np.ndarray], steps: int):

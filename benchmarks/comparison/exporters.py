@@ -46,3 +46,13 @@ def edgeprefill(runtime: Runtime, settings: Settings, hf_dir: Path, out: Path) -
         cli, "export", str(hf_dir), "-o", str(out), "--chunks", settings.chunks,
         "--max-context", str(max_context(settings)), *quantize, "--overwrite",
     ]
+
+
+def openvino(runtime: Runtime, settings: Settings, hf_dir: Path, out: Path) -> list[str]:
+    """optimum-intel's OpenVINO export; int4 at group size 32 (a 576-wide layer has no
+    128-wide groups) over every layer (ratio 1)."""
+    cli = str(venv_python(runtime.venv, settings).parent / "optimum-cli")
+    weights = {"fp32": ["--weight-format", "fp32"], "int8": ["--weight-format", "int8"],
+               "int4": ["--weight-format", "int4", "--group-size", "32", "--ratio", "1.0"]}
+    return [cli, "export", "openvino", "--model", str(hf_dir), "--task",
+            "text-generation-with-past", *weights[runtime.quant], str(out)]

@@ -27,6 +27,8 @@ class Runtime:
     description: str
     export: Exporter | None  # None: the runner loads the checkpoint itself
     block_size: int | None = None  # int4 block; None = the exporter's default (32 for both)
+    options: tuple[tuple[str, str], ...] = ()  # runner options (the spec's "options")
+    default: bool = True  # in the default --runtimes list
 
     @property
     def precision(self) -> str:
@@ -41,12 +43,18 @@ def is_ours(name: str) -> bool:
 
 def _edgeprefill(name: str, quant: str, description: str, block: int | None = None) -> Runtime:
     return Runtime(name, PROJECT_VENV, "run_edgeprefill.py", quant, description,
-                   exporters.edgeprefill, block)
+                   exporters.edgeprefill, block, default=block is None)
 
 
 def _ortgenai(name: str, quant: str, description: str, block: int | None = None) -> Runtime:
     return Runtime(name, "ortgenai", "run_ortgenai.py", quant, description, exporters.ortgenai,
-                   block)
+                   block, default=block is None)
+
+
+def _openvino(name: str, quant: str, description: str, hint: str | None = None) -> Runtime:
+    options = (("precision_hint", hint),) if hint else ()
+    return Runtime(name, "openvino", "run_openvino.py", quant, description, exporters.openvino,
+                   options=options, default=False)
 
 
 RUNTIMES: dict[str, Runtime] = {
@@ -62,6 +70,11 @@ RUNTIMES: dict[str, Runtime] = {
         _ortgenai("ortgenai", "fp32", "ONNX Runtime GenAI fp32"),
         _ortgenai("ortgenai-int4", "int4", "ONNX Runtime GenAI int4"),
         _ortgenai("ortgenai-int4-b128", "int4", "ONNX Runtime GenAI int4, block_size=128", 128),
+        _openvino("openvino", "fp32", "OpenVINO GenAI LLMPipeline, fp32 weights, the CPU "
+                  "plugin's default precision (bf16 where the CPU has it)"),
+        _openvino("openvino-f32", "fp32", "OpenVINO GenAI, fp32 weights, f32 inference", "f32"),
+        _openvino("openvino-int8", "int8", "OpenVINO GenAI, int8 weight compression"),
+        _openvino("openvino-int4", "int4", "OpenVINO GenAI, int4 weights, group size 32"),
         Runtime("optimum", "optimum", "run_optimum.py", "fp32", "optimum ORTModelForCausalLM",
                 exporters.optimum),
         Runtime("torch", "torch", "run_torch.py", "fp32", "transformers + PyTorch eager", None),

@@ -90,7 +90,7 @@ def run_runtime(
             "new_tokens": settings.new_tokens,
             "prompts": prompts,
             "model_config": model.config,
-            "options": {"chunk_size": settings.chunk_size},
+            "options": {"chunk_size": settings.chunk_size, **dict(runtime.options)},
         }
         cmd = [
             str(python),

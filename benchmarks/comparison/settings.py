@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-BENCH_DIR = Path(__file__).resolve().parent
+BENCH_DIR = Path(__file__).resolve().parent.parent  # benchmarks/
 REPO_DIR = BENCH_DIR.parent
 RUNNERS_DIR = BENCH_DIR / "runners"
 

@@ -21,6 +21,8 @@ VENV_PACKAGES: dict[str, list[str]] = {
     # deduplicate the tied embedding / LM head, as a user following its docs would get.
     "optimum": [TORCH_PIN, "optimum-onnx[onnxruntime]", "accelerate"],
     "ceilings": ["numpy", "onnx", "onnxruntime"],
+    # OpenVINO GenAI and the optimum-intel exporter; pip pins matching openvino releases.
+    "openvino": [TORCH_PIN, "openvino-genai", "optimum-intel[openvino]", "numpy"],
 }
 PROJECT_VENV = "project"  # edgeprefill runs from the project's own venv, never a copy
 
