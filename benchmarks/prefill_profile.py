@@ -24,6 +24,9 @@ from edgeprefill.engines import BackendOptions, StepBatch
 from edgeprefill.engines.ort.backend import OnnxRuntimeBackend
 from edgeprefill.errors import EdgeprefillError
 
+# Their kernel time contains their subgraphs' nodes, which are profiled on their own too.
+CONTROL_FLOW = {"If", "Loop", "Scan"}
+
 
 class ProfiledBackend(OnnxRuntimeBackend):
     profile = False
@@ -49,7 +52,9 @@ def op_shares(profile: Path) -> dict[str, float]:
     totals: dict[str, float] = defaultdict(float)
     for event in json.loads(profile.read_text()):
         if event.get("cat") == "Node" and event["name"].endswith("_kernel_time"):
-            totals[event["args"]["op_name"]] += event["dur"]
+            op = event["args"]["op_name"]
+            if op not in CONTROL_FLOW:
+                totals[op] += event["dur"]
     whole = sum(totals.values()) or 1.0
     return {op: t / whole for op, t in sorted(totals.items(), key=lambda kv: -kv[1])}
 
