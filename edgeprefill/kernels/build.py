@@ -89,8 +89,12 @@ def fetch_headers(target: Path) -> None:
                 if member.startswith("headers/") and not member.endswith("/"):
                     aar.extract(member, tmp)
         target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.rmtree(target, ignore_errors=True)
-        shutil.move(str(staged), target)
+        mine = target.with_name(f".{target.name}.{os.getpid()}")
+        shutil.move(str(staged), mine)
+        try:
+            os.rename(mine, target)  # atomic; fails if a concurrent build got there first
+        except OSError:
+            shutil.rmtree(mine, ignore_errors=True)
 
 
 def run(command: list[str], cwd: str | None = None, what: str = "") -> None:
