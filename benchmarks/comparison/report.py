@@ -212,7 +212,7 @@ def print_report(report: dict[str, Any], settings: Settings, model: ModelInfo) -
     lines += report_status(report["runtimes"])
     lines += [
         "",
-        "vs best: times better than the best comparator (torch, ortgenai, optimum) of the row's "
+        "vs best: times better than the best comparator (any runtime not edgeprefill) of the row's "
         "precision, fp32 where none has it (int8); >1.00x = better (less time/memory, more tok/s).",
         "of floor: hardware floor / measured (100% = at the machine's ceiling; ! = above 100%: "
         "work was skipped or a ceiling was under-measured); RSS floor = fp32 weights held once.",

@@ -24,6 +24,9 @@ VENV_PACKAGES: dict[str, list[str]] = {
     # OpenVINO GenAI and the optimum-intel exporter; pip pins matching openvino releases.
     "openvino": [TORCH_PIN, "openvino-genai", "optimum-intel[openvino]", "numpy"],
 }
+# Pulled in but broken next to the pinned CPU torch (torchvision's PyPI wheel registers no
+# ops against torch 2.13.0+cpu, and transformers then fails to import): removed after install.
+VENV_REMOVE: dict[str, list[str]] = {"openvino": ["torchvision"]}
 PROJECT_VENV = "project"  # edgeprefill runs from the project's own venv, never a copy
 
 
@@ -56,9 +59,11 @@ def ensure_venv(venv: str, settings: Settings) -> Path:
     if TORCH_PIN in packages:
         run_logged(pip + [TORCH_PIN], log_path, env, 1800, settings.verbose)
     run_logged(pip + packages, log_path, env, 1800, settings.verbose)
+    if VENV_REMOVE.get(venv):
+        remove = [str(python), "-m", "pip", "uninstall", "-y", *VENV_REMOVE[venv]]
+        run_logged(remove, log_path, env, 600, settings.verbose)
     marker.write_text(json.dumps(packages))
     return python
 
 
-# -------------------------------------------------------------------------------- model
 
