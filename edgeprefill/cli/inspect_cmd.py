@@ -20,6 +20,7 @@ def inspect(bundle, verify, as_json):
       edgeprefill inspect build/tiny-recall --verify
     """
     from edgeprefill.bundle import load_manifest
+    from edgeprefill.kernels.select import describe
     from edgeprefill.sdk.generation_defaults import GenerationDefaults
 
     m = load_manifest(bundle, verify_checksums=verify)
@@ -38,6 +39,7 @@ def inspect(bundle, verify, as_json):
         f"{json.dumps(graph.opsets)})",
         f"chunks      {', '.join(map(str, m.chunks))} tokens",
         f"max context {m.max_context} tokens",
+        f"decode attn {describe(graph.flavor, graph.dtype)} on this machine's CPU",
         f"eos ids     {eos}",
         f"sampling    {defaults.describe()}  (generation_config.json; requests may override)",
         f"chat        {'template included' if m.tokenizer.chat_template else 'no template'}",

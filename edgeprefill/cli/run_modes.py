@@ -12,7 +12,7 @@ from typing import NamedTuple
 
 import click
 
-from edgeprefill.cli.report import engine_lines, request_line
+from edgeprefill.cli.report import backend_line, engine_lines, request_line
 from edgeprefill.errors import RequestError
 from edgeprefill.sdk import Engine, GenerationParams, TokenStream
 
@@ -55,7 +55,7 @@ def single(engine: Engine, prompt: str, params: GenerationParams, turn: Turn, st
     stream_out(stream)
     if stats:
         click.echo(request_line(stream.metrics), err=True)
-        for line in engine_lines(engine.metrics()):
+        for line in [*engine_lines(engine.metrics()), backend_line(engine.backend)]:
             click.echo(line, err=True)
 
 
@@ -149,5 +149,5 @@ def concurrent(engine: Engine, jobs: list[Job], stats: bool, turn: Turn = PLAIN)
         if stats:
             click.echo(request_line(stream.metrics), err=True)
     if stats:
-        for line in engine_lines(engine.metrics()):
+        for line in [*engine_lines(engine.metrics()), backend_line(engine.backend)]:
             click.echo(line, err=True)
