@@ -124,6 +124,12 @@ class OrtFlavor(Flavor):
                 f"the ort flavour needs head_dim to be a multiple of 16 (got "
                 f"{cfg.head_dim}); export with --flavor standard"
             )
+        if any(layer.rope for layer in cfg.layers) and cfg.rotary_dim % 16:
+            # Its rotary wants cos/sin tables whose width (rotary_dim / 2) is a multiple of 8.
+            raise ExportError(
+                f"the ort flavour needs the rotary dimension to be a multiple of 16 (got "
+                f"{cfg.rotary_dim} of head_dim {cfg.head_dim}); export with --flavor standard"
+            )
 
     def step_tensors(self, g, past_lens, chunk, past_key0):
         chunk32 = g.op("Cast", [chunk], to=6)
@@ -165,9 +171,10 @@ class OrtFlavor(Flavor):
         cos_sin = [e[layer.rope + ".cos"], e[layer.rope + ".sin"]] if rotary else []
         window = {}
         if layer.window is not None:
-            # GroupQueryAttention lets a query see `local_window_size` keys before itself;
-            # transformers' window counts the query's own position (see docs/design.md).
-            window["local_window_size"] = layer.window - 1
+            # ONNX Runtime's CPU kernel (1.32) shows a query `local_window_size` keys, its own
+            # included: transformers' window. Measured against transformers with chunks that
+            # straddle the window (tests/test_exactness.py); window - 1 or + 1 is off.
+            window["local_window_size"] = layer.window
         if cfg.attn_softcap is not None:
             window["softcap"] = float(cfg.attn_softcap)
         out, _, _ = g.op(
