@@ -109,3 +109,28 @@ def test_gemma2_soft_capping_changes_transformers_logits(tmp_path):
                                             final_logit_softcapping=None), ids[0])
     assert np.abs(capped - plain).max() > 1e-2
     assert torch.tensor(capped).abs().max() < 10.0  # the final cap bounds the logits
+
+
+def test_inspect_names_the_family_and_its_quirks(bundle):
+    from tests.test_cli_errors import cli
+
+    result = cli("inspect", bundle("gemma2"))
+    assert result.returncode == 0, result.stderr
+    model_line = next(line for line in result.stdout.splitlines() if line.startswith("model"))
+    assert model_line.startswith("model       gemma2:")
+    quirks = next(line for line in result.stdout.splitlines() if line.startswith("quirks"))
+    assert "soft-capping" in quirks and "sliding window 8 on 1 of 2 layers" in quirks
+
+
+def test_unknown_family_is_one_line_from_the_cli(tmp_path):
+    import json
+
+    from tests.test_cli_errors import cli
+
+    hf_dir = tmp_path / "hf"
+    hf_dir.mkdir()
+    (hf_dir / "config.json").write_text(json.dumps(dict(BASE, model_type="bloom")))
+    result = cli("export", hf_dir, "-o", tmp_path / "out")
+    assert result.returncode != 0
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "model_type 'bloom' is not supported" in lines[0], lines

@@ -86,9 +86,14 @@ def _parallel_if_configured(raw: dict[str, Any]) -> str:
     return "shared" if raw.get("use_parallel_residual") else "pre"
 
 
-GEMMA = FamilySpec(bias_key="attention_bias", o_bias=None, norm="rms_plus_one", embed_scale="sqrt_hidden", tie_default=True,
-                   act_default="gelu_pytorch_tanh",
-                   quirks=("embedding x sqrt(hidden)", "(1+w) RMSNorm", "gelu-tanh MLP"))
+# Llama's convention: `attention_bias` switches the q/k/v and o biases on together.
+ATTENTION_BIAS: dict[str, Any] = {"bias_key": "attention_bias", "o_bias": None}
+GEMMA = FamilySpec(
+    **ATTENTION_BIAS, norm="rms_plus_one", embed_scale="sqrt_hidden", tie_default=True,
+    act_default="gelu_pytorch_tanh",
+    quirks=("embedding x sqrt(hidden)", "(1+w) RMSNorm", "gelu-tanh MLP"),
+)
+SANDWICH = ("norms before and after attention and MLP", "query_pre_attn_scalar")
 NEOX_NAMES = TensorNames(
     embed=("gpt_neox.embed_in.weight",), final_norm="gpt_neox.final_layer_norm",
     lm_head=("embed_out", "lm_head"), layer="gpt_neox.layers.{i}.",
@@ -99,53 +104,52 @@ PHI_NAMES = TensorNames(final_norm="model.final_layernorm", o="self_attn.dense",
                         gate="", up="mlp.fc1", down="mlp.fc2")
 
 FAMILIES: dict[str, FamilySpec] = {
-    "llama": FamilySpec(bias_key="attention_bias", o_bias=None),
+    "llama": FamilySpec(**ATTENTION_BIAS),
     "mistral": FamilySpec(),
     "qwen2": FamilySpec(qkv_bias=True, sliding=_after_max_window_layers,
                         quirks=("q/k/v biases",)),
-    "qwen3": FamilySpec(bias_key="attention_bias", o_bias=None, qk_norm="head", sliding=_after_max_window_layers,
+    "qwen3": FamilySpec(**ATTENTION_BIAS, qk_norm="head", sliding=_after_max_window_layers,
                         quirks=("per-head q/k RMSNorm",)),
     "gemma": GEMMA,
     "gemma2": replace(
         GEMMA, block="sandwich", sliding=lambda i, raw: i % 2 == 0,
-        quirks=(*GEMMA.quirks, "attention and final-logit soft-capping",
-                "norms before and after attention and MLP", "query_pre_attn_scalar",
-                "sliding and global layers alternating"),
+        quirks=(*GEMMA.quirks, *SANDWICH, "attention and final-logit soft-capping"),
     ),
     "gemma3_text": replace(
         GEMMA, block="sandwich", qk_norm="head", sliding=_every_nth_global,
-        quirks=(*GEMMA.quirks, "per-head q/k (1+w) RMSNorm", "norms before and after attention "
-                "and MLP", "query_pre_attn_scalar", "local layers: sliding window and their own "
-                "rope base", "layer_types"),
+        quirks=(*GEMMA.quirks, *SANDWICH, "per-head q/k (1+w) RMSNorm",
+                "local layers with their own rope base"),
     ),
     "phi3": FamilySpec(
         names=replace(LLAMA_NAMES, qkv="self_attn.qkv_proj", gate_up="mlp.gate_up_proj"),
-        quirks=("fused qkv and gate_up weights", "partial rotary", "longrope"),
+        quirks=("fused qkv and gate_up weights",),
     ),
-    "smollm3": FamilySpec(bias_key="attention_bias", o_bias=None, tie_default=True, quirks=("layers without rope (NoPE)",)),
+    "smollm3": FamilySpec(**ATTENTION_BIAS, tie_default=True),
     "granite": FamilySpec(
-        bias_key="attention_bias", o_bias=None, embed_scale="multiplier",
+        **ATTENTION_BIAS, embed_scale="multiplier",
         quirks=("embedding, attention and residual multipliers", "logits scaling"),
     ),
-    "olmo2": FamilySpec(bias_key="attention_bias", o_bias=None, block="post", qk_norm="full",
-                        quirks=("norms after attention and MLP", "q/k RMSNorm over the whole "
-                                "projection")),
+    "olmo2": FamilySpec(
+        **ATTENTION_BIAS, block="post", qk_norm="full",
+        quirks=("norms after attention and MLP", "q/k RMSNorm over the whole projection"),
+    ),
     "phi": FamilySpec(
         names=PHI_NAMES, norm="layer", block="shared", gated_mlp=False, qkv_bias=True,
-        o_bias=True, mlp_bias=True, lm_head_bias=True,
-        act_default="gelu_new",
-        quirks=("parallel attention and MLP", "LayerNorm with bias", "partial rotary", "gelu"),
+        o_bias=True, mlp_bias=True, lm_head_bias=True, act_default="gelu_new",
+        quirks=("parallel attention and MLP on one norm", "LayerNorm with bias", "gelu MLP",
+                "LM head bias"),
     ),
     "stablelm": FamilySpec(
         norm="layer", bias_key="use_qkv_bias", block_from_config=_parallel_if_configured,
-        quirks=("LayerNorm with bias", "partial rotary"),
+        quirks=("LayerNorm with bias",),
     ),
     "gpt_neox": FamilySpec(
-        names=NEOX_NAMES, norm="layer", block="parallel", gated_mlp=False, qkv_interleaved=True,
-        bias_key="attention_bias", qkv_bias=True, o_bias=None, mlp_bias=True, act_default="gelu",
+        names=NEOX_NAMES, norm="layer", block="parallel", gated_mlp=False,
+        qkv_interleaved=True, bias_key="attention_bias", qkv_bias=True, o_bias=None,
+        mlp_bias=True, act_default="gelu",
         block_from_config=lambda raw: "parallel" if raw.get("use_parallel_residual", True)
         else "pre",
-        quirks=("parallel residual", "LayerNorm with bias", "partial rotary",
-                "q/k/v interleaved per head"),
+        quirks=("parallel residual", "LayerNorm with bias", "gelu MLP",
+                "fused q/k/v interleaved per head"),
     ),
 }
