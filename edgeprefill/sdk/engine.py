@@ -21,6 +21,7 @@ from edgeprefill.bundle import Manifest, load_manifest
 from edgeprefill.engines import BackendOptions, StepBatch, create_backend
 from edgeprefill.errors import EngineClosedError, RequestError
 from edgeprefill.sdk.config import EngineConfig, StepTrace
+from edgeprefill.sdk.generation_defaults import GenerationDefaults
 from edgeprefill.sdk.kv_cache import KVCache
 from edgeprefill.sdk.metrics import EngineCounters, EngineMetrics, RequestMetrics
 from edgeprefill.sdk.params import GenerationParams
@@ -37,6 +38,7 @@ class Engine:
         self.config = config = config or EngineConfig()
         self.manifest: Manifest = load_manifest(self.bundle_dir, config.verify_checksums)
         self.tokenizer = BundleTokenizer(self.bundle_dir, self.manifest)
+        self.generation_defaults = GenerationDefaults.load(self.bundle_dir)
         options = BackendOptions(device=config.device, threads=config.threads, spin=config.spin)
         self.backend = create_backend(config.backend, self.bundle_dir, self.manifest, options)
         self.capacity = self._capacity()
@@ -47,7 +49,7 @@ class Engine:
         )
         self.trace: list[StepTrace] = []
         self.scheduler = Scheduler(config.scheduler, self.kv, buckets)
-        self.eos = set(self.manifest.eos_token_ids)
+        self.eos = set(self.manifest.eos_token_ids) | set(self.generation_defaults.eos_token_ids)
         self.counters = EngineCounters()
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._ids = iter(range(1, 1 << 62))
@@ -109,7 +111,7 @@ class Engine:
         session_id: int | None, chunk_size: int | None = None,
     ) -> TokenStream:
         """Queue a request for token ids; raises RequestError at once if it can never run."""
-        params = params or GenerationParams()
+        params = params or self.default_params()
         self._admit_check(tokens, params, chunk_size)
         now = time.perf_counter()
         request_id = next(self._ids)
@@ -124,6 +126,17 @@ class Engine:
         )
         self._post("add", request)
         return stream
+
+    def default_params(self, **explicit) -> GenerationParams:
+        """GenerationParams from the explicit non-None keyword values, the bundle's
+        generation_config.json defaults for the sampling fields not given, and
+        GenerationParams' own defaults for the rest."""
+        given = {k: v for k, v in explicit.items() if v is not None}
+        try:
+            params = GenerationParams(**given)
+        except TypeError as err:
+            raise RequestError(f"unknown generation parameter: {err}") from None
+        return self.generation_defaults.fill(params, given)
 
     def kv_forget(self, session_id: int) -> None:
         """A closed session's slot becomes a plain, evictable prefix entry."""
