@@ -13,17 +13,15 @@ B=active sessions with C=1). The contract, shared with the runtime through the m
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import numpy as np
 
-from edgeprefill.errors import ExportError
 from edgeprefill.export.checkpoint import Checkpoint
 from edgeprefill.export.families import TensorNames
 from edgeprefill.export.flavors import Flavor, StepTensors
 from edgeprefill.export.graph import GraphBuilder
 from edgeprefill.export.model_config import ModelConfig
-from edgeprefill.export.quantize import QuantConfig, int4_blockwise, int8_per_channel
+from edgeprefill.export.quantize import QuantConfig
+from edgeprefill.export.weights import GraphWeights
 
 BATCH, CHUNK, CAPACITY = "batch", "chunk", "capacity"
 
@@ -48,9 +46,9 @@ class DecoderBuilder:
         self.ckpt = ckpt
         self.flavor = flavor
         self.quant = quant
-        self._memo: tuple[str, tuple] | None = None  # last quantized weight's parts
         self.dtype = flavor.dtype
         self.g = GraphBuilder()
+        self.w = GraphWeights(self.g, ckpt, self.dtype, quant)
 
     def build(self) -> GraphBuilder:
         g, cfg = self.g, self.cfg
@@ -137,7 +135,7 @@ class DecoderBuilder:
         present = (names["present_key"], names["present_value"])
         attn = self.flavor.attention(self.g, q, k, v, past, present, step, cfg.layers[i])
         o_bias = p + n.o + ".bias" if cfg.o_bias else None
-        return self._linear(attn, [p + n.o + ".weight"], o_bias)
+        return self.w.linear(attn, [p + n.o + ".weight"], o_bias)
 
     def _qkv(self, p: str, h: str) -> list[str | None]:
         """One packed projection for q, k and v. Flavours whose attention takes the packed
@@ -147,7 +145,7 @@ class DecoderBuilder:
         parts = [n.qkv] if n.qkv else [n.q, n.k, n.v]
         weights = [p + part + ".weight" for part in parts]
         bias = p + (n.qkv or "self_attn.qkv_proj") + ".bias" if cfg.qkv_bias else None
-        qkv = self._linear(h, weights, bias, reorder=self._neox_order if
+        qkv = self.w.linear(h, weights, bias, reorder=self._neox_order if
                            cfg.spec.qkv_interleaved else None)
         if self.flavor.packed_qkv and cfg.spec.qk_norm is None:
             return [qkv, None, None]
@@ -176,7 +174,7 @@ class DecoderBuilder:
     def _norm(self, x: str, name: str) -> str:
         """The family's norm over the last axis; `name` is the module (".weight" added)."""
         if self.cfg.spec.norm == "layer":
-            weight, bias = self._tensor(name + ".weight"), self._tensor(name + ".bias")
+            weight, bias = self.w.tensor(name + ".weight"), self.w.tensor(name + ".bias")
             return self.flavor.layer_norm(self.g, x, weight, bias)
         return self.flavor.rms_norm(self.g, x, self._norm_weight(name))
 
@@ -189,11 +187,11 @@ class DecoderBuilder:
 
     def _norm_weight(self, name: str) -> str:
         if self.cfg.spec.norm != "rms_plus_one":
-            return self._tensor(name + ".weight")
+            return self.w.tensor(name + ".weight")
         # Gemma scales by (1 + w), computed in float32 as transformers does.
         stored = name + ".weight"
         return self.g.weight(
-            name + ".weight_plus_one", self._shape(stored), self.dtype,
+            name + ".weight_plus_one", self.w.shape(stored), self.dtype,
             lambda: (1.0 + self.ckpt.get(stored, np.float32)).astype(self.dtype),
         )
 
@@ -201,18 +199,18 @@ class DecoderBuilder:
         g, n, cfg = self.g, self.names, self.cfg
         bias = cfg.spec.mlp_bias
         if not cfg.spec.gated_mlp:
-            up = self._linear(h, [p + n.up + ".weight"], p + n.up + ".bias" if bias else None)
+            up = self.w.linear(h, [p + n.up + ".weight"], p + n.up + ".bias" if bias else None)
             act = self._activation(up)
-            return self._linear(act, [p + n.down + ".weight"],
+            return self.w.linear(act, [p + n.down + ".weight"],
                                 p + n.down + ".bias" if bias else None)
         # One packed projection: a decode step is dominated by per-kernel overhead, so one
         # MatMul and a split beat two MatMuls (int4 decode ~10% faster, measured); in a
         # prefill chunk the split's copy costs ~1%.
         parts = [n.gate_up] if n.gate_up else [n.gate, n.up]
-        gate_up = self._linear(h, [p + part + ".weight" for part in parts], None)
+        gate_up = self.w.linear(h, [p + part + ".weight" for part in parts], None)
         gate, up = g.op("Split", [gate_up], 2, axis=-1, num_outputs=2)
         act = g.op("Mul", [self._activation(gate), up])
-        return self._linear(act, [p + n.down + ".weight"], None)
+        return self.w.linear(act, [p + n.down + ".weight"], None)
 
     def _activation(self, x: str) -> str:
         g, kind = self.g, self.cfg.activation
@@ -230,79 +228,8 @@ class DecoderBuilder:
             logits = g.op("Mul", [g.op("Tanh", [g.op("Div", [logits, cap])]), cap])
         return logits
 
-    def _linear(
-        self, x: str, weight_names: list[str], bias_name: str | None,
-        reorder: Callable[[np.ndarray], np.ndarray] | None = None,
-    ) -> str:
-        """x @ concat(W_i^T) (+ bias): HF stores [out, in]; MatMul wants [in, out].
-        `reorder` permutes the output rows of weight and bias (GPT-NeoX's fused qkv)."""
-        g = self.g
-        in_dim = self._shape(weight_names[0])[1]
-        out_dim = sum(self._shape(n)[0] for n in weight_names)
-        name = weight_names[0] if len(weight_names) == 1 else _packed_name(weight_names)
-
-        def out_in() -> np.ndarray:  # [out, in], the checkpoint's layout, packed
-            rows = np.concatenate([self.ckpt.get(n, np.float32) for n in weight_names])
-            return rows if reorder is None else reorder(rows)
-
-        if self.quant is None:
-            produce = lambda: np.ascontiguousarray(out_in().T.astype(self.dtype))  # noqa: E731
-            y = g.op("MatMul", [x, g.weight(name, (in_dim, out_dim), self.dtype, produce)])
-        else:
-            y = self._quantized_matmul(x, name, in_dim, out_dim, out_in)
-        if bias_name is None:
-            return y
-        return g.op("Add", [y, self._bias(bias_name, weight_names, out_dim, reorder)])
-
-    def _quantized_matmul(self, x: str, name: str, k: int, n: int, out_in) -> str:
-        g, q = self.g, self.quant
-        if q.kind == "int8":
-            parts = self._quantized(name, lambda: int8_per_channel(out_in().T))
-            weight = g.weight(name + ".int8", (k, n), np.int8, lambda: parts()[0])
-            scale = g.weight(name + ".scale", (n,), np.float32, lambda: parts()[1])
-            return g.op("DynamicQuantizeMatMul", [x, weight, scale], domain="com.microsoft")
-        blocks = -(-k // q.block_size)
-        parts = self._quantized(name, lambda: int4_blockwise(out_in(), q.block_size))
-        weight = g.weight(name + ".int4", (n, blocks, q.block_size // 2), np.uint8,
-                          lambda: parts()[0])
-        scale = g.weight(name + ".scale", (n * blocks,), np.float32, lambda: parts()[1])
-        return g.op(
-            "MatMulNBits", [x, weight, scale], domain="com.microsoft", K=k, N=n, bits=4,
-            block_size=q.block_size, accuracy_level=q.accuracy_level,
-        )
-
-    def _quantized(self, name: str, compute):
-        """Quantize a weight once for its several initializers (the writer asks for them
-        one after another)."""
-
-        def parts() -> tuple:
-            if self._memo is None or self._memo[0] != name:
-                self._memo = (name, compute())
-            return self._memo[1]
-
-        return parts
-
-    def _bias(self, name: str, weight_names: list[str], size: int, reorder) -> str:
-        # A packed projection's bias is the concatenation of its parts' biases.
-        parts = [w.removesuffix(".weight") + ".bias" for w in weight_names]
-
-        def produce() -> np.ndarray:
-            bias = np.concatenate([self.ckpt.get(n, np.float32) for n in parts])
-            return (bias if reorder is None else reorder(bias)).astype(self.dtype)
-
-        return self.g.weight(name, (size,), self.dtype, produce)
-
     def _embedding(self) -> str:
-        return self._tensor(self._resolve(self.names.embed))
-
-    def _resolve(self, candidates: tuple[str, ...]) -> str:
-        """The first of a tensor's historical names that the checkpoint holds."""
-        found = next((name for name in candidates if self.ckpt.has(name)), None)
-        if found is None:
-            raise ExportError(
-                f"the checkpoint lacks the tensor {' or '.join(map(repr, candidates))}"
-            )
-        return found
+        return self.w.tensor(self.w.resolve(self.names.embed))
 
     def _lm_head(self, hidden: str) -> str:
         """[B, hidden] -> [B, vocab]. Stored [vocab, hidden] as in the checkpoint, read by
@@ -315,35 +242,19 @@ class DecoderBuilder:
         memory-mapped and only the rows of tokens seen are resident: 108 MiB less RSS
         after load on the SmolLM2-135M shape, for 113 MB more on disk (docs/benchmarks.md)."""
         if self.cfg.tie_embeddings:
-            name = self._resolve(self.names.embed)
+            name = self.w.resolve(self.names.embed)
         else:
-            name = self._resolve(tuple(h + ".weight" for h in self.names.lm_head))
+            name = self.w.resolve(tuple(h + ".weight" for h in self.names.lm_head))
         bias = None
         if self.cfg.spec.lm_head_bias:
-            bias = self._resolve(tuple(h + ".bias" for h in self.names.lm_head))
+            bias = self.w.resolve(tuple(h + ".bias" for h in self.names.lm_head))
         if self.quant is not None:
-            vocab, hidden_size = self._shape(name)
+            vocab, hidden_size = self.w.shape(name)
             def out_in():
                 return self.ckpt.get(name, np.float32)
-            logits = self._quantized_matmul(hidden, "lm_head", hidden_size, vocab, out_in)
-            return logits if bias is None else self.g.op("Add", [logits, self._tensor(bias)])
-        head = self.g.weight(
-            "lm_head.weight", self._shape(name), self.dtype, lambda: self.ckpt.get(name, self.dtype)
-        )
-        inputs = [hidden, head] if bias is None else [hidden, head, self._tensor(bias)]
+            logits = self.w.quantized_matmul(hidden, "lm_head", hidden_size, vocab, out_in)
+            return logits if bias is None else self.g.op("Add", [logits, self.w.tensor(bias)])
+        head = self.g.weight("lm_head.weight", self.w.shape(name), self.dtype,
+                             lambda: self.ckpt.get(name, self.dtype))
+        inputs = [hidden, head] if bias is None else [hidden, head, self.w.tensor(bias)]
         return self.g.op("Gemm", inputs, transB=1)
-
-    def _tensor(self, name: str) -> str:
-        """A checkpoint tensor stored unchanged (only converted to the graph dtype)."""
-        return self.g.weight(
-            name, self._shape(name), self.dtype, lambda: self.ckpt.get(name, self.dtype)
-        )
-
-    def _shape(self, name: str) -> tuple[int, ...]:
-        return self.ckpt.shape(name)
-
-
-def _packed_name(names: list[str]) -> str:
-    stem = names[0].rsplit(".", 2)[0]
-    parts = "_".join(n.rsplit(".", 2)[1].removesuffix("_proj") for n in names)
-    return f"{stem}.{parts}_proj.weight"
