@@ -135,15 +135,16 @@ def test_rows_of_different_lengths_decode_together_within_their_windows(
     engine.close()
 
 
-def test_padded_last_chunk_is_masked(bundle, hf_model):
+@pytest.mark.parametrize("family", ("llama", "mistral"))
+def test_padded_last_chunk_is_masked(family, bundle, hf_model):
     """A fixed-shape backend pads the last chunk: padding must not change the logits,
-    and later tokens must not see the padded positions."""
+    and later tokens must not see the padded positions (nor, with a window, see past it)."""
     from edgeprefill.engines import StepBatch
 
     ids = prompt_ids(40)
-    expected = reference_logits(hf_model("llama"), ids)
+    expected = reference_logits(hf_model(family), ids)
     for flavor in FLAVORS:
-        engine = Engine.load(bundle("llama", flavor), threads=2, background=False)
+        engine = Engine.load(bundle(family, flavor), threads=2, background=False)
         run = engine.backend.run
         run(StepBatch(np.array([ids[:16]]), np.array([0], np.int32),
                       np.array([16], np.int32), 0))

@@ -134,3 +134,18 @@ def test_unknown_family_is_one_line_from_the_cli(tmp_path):
     assert result.returncode != 0
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "model_type 'bloom' is not supported" in lines[0], lines
+
+
+def test_a_checkpoint_that_disagrees_with_its_config_is_refused_in_one_line(tmp_path):
+    import json
+
+    from edgeprefill.export.exporter import ExportOptions, export
+
+    hf_dir = build_hf_model("llama", tmp_path / "hf")
+    config = json.loads((hf_dir / "config.json").read_text())
+    config["num_key_value_heads"] = 4  # the weights were saved with 2
+    (hf_dir / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ExportError) as err:
+        export(hf_dir, tmp_path / "b", ExportOptions(show_progress=False, max_context=64))
+    assert "k_proj.weight has shape (32, 64), but config.json implies (64, 64)" in str(err.value)
+    assert "\n" not in str(err.value)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from edgeprefill.errors import ExportError
 from edgeprefill.export.checkpoint import Checkpoint
 from edgeprefill.export.families import TensorNames
 from edgeprefill.export.flavors import Flavor, StepTensors
@@ -145,8 +146,9 @@ class DecoderBuilder:
         parts = [n.qkv] if n.qkv else [n.q, n.k, n.v]
         weights = [p + part + ".weight" for part in parts]
         bias = p + (n.qkv or "self_attn.qkv_proj") + ".bias" if cfg.qkv_bias else None
+        self._check_qkv_shapes(weights)
         qkv = self.w.linear(h, weights, bias, reorder=self._neox_order if
-                           cfg.spec.qkv_interleaved else None)
+                            cfg.spec.qkv_interleaved else None)
         if self.flavor.packed_qkv and cfg.spec.qk_norm is None:
             return [qkv, None, None]
         q_size, kv_size = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
@@ -157,6 +159,21 @@ class DecoderBuilder:
         elif cfg.spec.qk_norm == "full":
             q, k = self._norm(q, p + n.q_norm), self._norm(k, p + n.k_norm)
         return [q, k, v]
+
+    def _check_qkv_shapes(self, weights: list[str]) -> None:
+        """A checkpoint that disagrees with its config.json fails here, in one line, not
+        as a reshape error inside ONNX Runtime."""
+        cfg = self.cfg
+        q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+        expected = [(q + 2 * kv, cfg.hidden_size)] if len(weights) == 1 else [
+            (q, cfg.hidden_size), (kv, cfg.hidden_size), (kv, cfg.hidden_size)]
+        for name, shape in zip(weights, expected, strict=True):
+            if self.w.shape(name) != shape:
+                raise ExportError(
+                    f"{name} has shape {self.w.shape(name)}, but config.json implies {shape} "
+                    f"({cfg.num_heads} heads, {cfg.num_kv_heads} KV heads of {cfg.head_dim}, "
+                    f"hidden {cfg.hidden_size})"
+                )
 
     def _neox_order(self, rows: np.ndarray) -> np.ndarray:
         """GPT-NeoX stores the fused projection's rows as [head, q|k|v, dim]; the graph
