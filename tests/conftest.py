@@ -61,6 +61,7 @@ FAMILIES: dict[str, dict] = {
     "phi": {"num_attention_heads": 2, "num_key_value_heads": 2, "partial_rotary_factor": 0.5},
     "stablelm": {"num_attention_heads": 2, "num_key_value_heads": 2,
                  "partial_rotary_factor": 0.5, "use_qkv_bias": True},
+    "cohere": {"logit_scale": 0.25},
     "gpt_neox": {"num_attention_heads": 2, "rope_parameters": {
         "rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}},
 }

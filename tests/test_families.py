@@ -72,13 +72,14 @@ def test_longrope_beyond_the_original_window_uses_the_long_factors(tmp_path):
 
 
 @pytest.mark.parametrize(("change", "message"), [
-    ({"model_type": "bloom"}, "model_type 'bloom' is not supported; supported: gemma, gemma2"),
+    ({"model_type": "bloom"}, "model_type 'bloom' is not supported; supported: cohere, gemma, gemma2"),
     ({"rope_parameters": {"rope_type": "mrope", "rope_theta": 1e4}}, "rope type 'mrope'"),
     ({"num_key_value_heads": 3}, "is not a multiple of num_key_value_heads (3)"),
     ({"layer_types": ["full_attention"]}, "layer_types lists 1 layers; there are 2"),
     ({"layer_types": ["full_attention", "chunked_attention"]}, "unsupported kinds"),
     ({"hidden_act": "relu2"}, "activation 'relu2' is not supported"),
-    ({"model_type": "stablelm", "qk_layernorm": True}, "qk_layernorm=true"),
+    ({"model_type": "stablelm", "qk_layernorm": True}, "per-head LayerNorm on q/k"),
+    ({"model_type": "cohere", "use_qk_norm": True}, "per-head LayerNorm on q/k"),
     ({"sliding_window": 0}, "sliding_window must be at least 1"),
     ({"partial_rotary_factor": 1.5, "head_dim": 16}, "rotary dimension 24 does not fit"),
     ({"rope_parameters": {"rope_type": "longrope", "short_factor": [1.0], "long_factor": [1.0],

@@ -190,14 +190,15 @@ class DecoderBuilder:
 
     def _norm(self, x: str, name: str) -> str:
         """The family's norm over the last axis; `name` is the module (".weight" added)."""
-        if self.cfg.spec.norm == "layer":
-            weight, bias = self.w.tensor(name + ".weight"), self.w.tensor(name + ".bias")
-            return self.flavor.layer_norm(self.g, x, weight, bias)
+        norm = self.cfg.spec.norm
+        if norm in ("layer", "layer_no_bias"):
+            bias = self.w.tensor(name + ".bias") if norm == "layer" else None
+            return self.flavor.layer_norm(self.g, x, self.w.tensor(name + ".weight"), bias)
         return self.flavor.rms_norm(self.g, x, self._norm_weight(name))
 
     def _add_norm(self, x: str, delta: str | None, name: str) -> tuple[str, str]:
         """(x + delta, norm(x + delta)); delta None adds nothing."""
-        if self.cfg.spec.norm == "layer":
+        if self.cfg.spec.norm in ("layer", "layer_no_bias"):
             x = x if delta is None else self.g.op("Add", [x, delta])
             return x, self._norm(x, name)
         return self.flavor.add_rms_norm(self.g, x, delta, self._norm_weight(name))
@@ -236,8 +237,11 @@ class DecoderBuilder:
         return g.op("Gelu", [x], approximate="tanh" if kind == "gelu_tanh" else "none")
 
     def _logits(self, logits: str) -> str:
-        """Granite's logits scaling and Gemma 2's final soft-cap (c * tanh(logits / c))."""
+        """Cohere's logit scale, Granite's logits scaling and Gemma 2's final soft-cap
+        (c * tanh(logits / c))."""
         g, cfg = self.g, self.cfg
+        if cfg.logits_multiplier != 1.0:
+            logits = g.op("Mul", [logits, g.const(cfg.logits_multiplier, self.dtype)])
         if cfg.logits_divisor != 1.0:
             logits = g.op("Div", [logits, g.const(cfg.logits_divisor, self.dtype)])
         if cfg.final_softcap is not None:

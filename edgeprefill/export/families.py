@@ -41,7 +41,8 @@ class TensorNames:
 
 LLAMA_NAMES = TensorNames()
 
-NORMS = ("rms", "rms_plus_one", "layer")  # x*w, x*(1+w) (Gemma), LayerNorm with bias
+# x*w, x*(1+w) (Gemma), LayerNorm with bias, LayerNorm without bias (Cohere)
+NORMS = ("rms", "rms_plus_one", "layer", "layer_no_bias")
 # How a layer wires its norms and residual adds (see DecoderBuilder._layer):
 #   pre        x += attn(n1(x)); x += mlp(n2(x))                         (Llama)
 #   sandwich   x += n2(attn(n1(x))); x += n4(mlp(n3(x)))                 (Gemma 2/3)
@@ -62,6 +63,7 @@ class FamilySpec:
     o_bias: bool | None = False  # None: the same as the q/k/v biases
     mlp_bias: bool = False
     qkv_interleaved: bool = False  # fused qkv rows ordered [head, q|k|v, dim] (GPT-NeoX)
+    rope_interleaved: bool = False  # rotary pairs are dims (2i, 2i+1), not (i, i + D/2)
     lm_head_bias: bool = False
     qk_norm: str | None = None  # None, "head" (per head, before rotary) or "full" (whole q/k)
     embed_scale: str | None = None  # None, "sqrt_hidden" (Gemma) or "multiplier" (Granite)
@@ -142,6 +144,12 @@ FAMILIES: dict[str, FamilySpec] = {
     "stablelm": FamilySpec(
         norm="layer", bias_key="use_qkv_bias", block_from_config=_parallel_if_configured,
         quirks=("LayerNorm with bias",),
+    ),
+    "cohere": FamilySpec(
+        **ATTENTION_BIAS, norm="layer_no_bias", block="shared", tie_default=True,
+        rope_interleaved=True,
+        quirks=("parallel attention and MLP on one norm", "LayerNorm without bias",
+                "interleaved rotary", "logit scale"),
     ),
     "gpt_neox": FamilySpec(
         names=NEOX_NAMES, norm="layer", block="parallel", gated_mlp=False,

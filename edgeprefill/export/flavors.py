@@ -62,12 +62,13 @@ class Flavor(ABC):
             x = g.op("Add", [x, delta])
         return x, self.rms_norm(g, x, weight)
 
-    def layer_norm(self, g: GraphBuilder, x: str, weight: str, bias: str) -> str:
-        """LayerNorm with bias over the last axis (statistics in float32)."""
+    def layer_norm(self, g: GraphBuilder, x: str, weight: str, bias: str | None) -> str:
+        """LayerNorm over the last axis (statistics in float32); bias None: none."""
         x32 = x if self.dtype == np.float32 else g.op("Cast", [x], to=1)
-        w32, b32 = ((weight, bias) if self.dtype == np.float32 else
-                    (g.op("Cast", [weight], to=1), g.op("Cast", [bias], to=1)))
-        y = g.op("LayerNormalization", [x32, w32, b32], axis=-1, epsilon=self.cfg.norm_eps)
+        params = [weight] if bias is None else [weight, bias]
+        if self.dtype != np.float32:
+            params = [g.op("Cast", [p], to=1) for p in params]
+        y = g.op("LayerNormalization", [x32, *params], axis=-1, epsilon=self.cfg.norm_eps)
         return y if self.dtype == np.float32 else g.op("Cast", [y], to=10)
 
     @abstractmethod
@@ -186,7 +187,7 @@ class OrtFlavor(Flavor):
             kv_num_heads=cfg.num_kv_heads,
             scale=float(cfg.attn_scale),
             do_rotary=int(rotary),
-            rotary_interleaved=0,
+            rotary_interleaved=int(cfg.spec.rope_interleaved),
             **window,
         )
         return out
@@ -252,12 +253,19 @@ class StandardFlavor(Flavor):
         rest = None
         if r < d:  # partial rotary: the remaining dims pass through
             x, rest = g.op("Split", [x, g.const([r, d - r])], 2, axis=-1)
-        x1, x2 = g.op("Split", [x], 2, axis=-1, num_outputs=2)
         cos, sin = step.extra[rope + ".cos"], step.extra[rope + ".sin"]
+        if self.cfg.spec.rope_interleaved:  # pairs (2i, 2i+1): [.., r/2, 2] and back
+            pairs = g.op("Reshape", [x, g.const([0, 0, 0, r // 2, 2])])
+            x1, x2 = g.op("Split", [pairs], 2, axis=-1, num_outputs=2)  # [B,h,C,r/2,1]
+            cos, sin = (g.op("Unsqueeze", [t, g.const([-1])]) for t in (cos, sin))
+        else:
+            x1, x2 = g.op("Split", [x], 2, axis=-1, num_outputs=2)
         first = g.op("Sub", [g.op("Mul", [x1, cos]), g.op("Mul", [x2, sin])])
         second = g.op("Add", [g.op("Mul", [x2, cos]), g.op("Mul", [x1, sin])])
-        parts = [first, second] if rest is None else [first, second, rest]
-        return g.op("Concat", parts, axis=-1)
+        rotated = g.op("Concat", [first, second], axis=-1)
+        if self.cfg.spec.rope_interleaved:
+            rotated = g.op("Reshape", [rotated, g.const([0, 0, 0, r])])
+        return rotated if rest is None else g.op("Concat", [rotated, rest], axis=-1)
 
     def heads_first(self, g: GraphBuilder, x: str, heads: int) -> str:
         """[B,C,heads*D] -> [B,heads,C,D]."""

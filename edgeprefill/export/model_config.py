@@ -58,6 +58,7 @@ class ModelConfig:
     embed_scale: float | None = None  # multiplies the embedding (Gemma, Granite)
     residual_scale: float = 1.0  # multiplies each sublayer's output (Granite)
     logits_divisor: float = 1.0  # divides the logits (Granite)
+    logits_multiplier: float = 1.0  # multiplies the logits (Cohere's logit_scale)
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
 
@@ -179,6 +180,7 @@ def _read(family: str, spec: FamilySpec, raw: dict[str, Any]) -> ModelConfig:
         embed_scale=_embed_scale(raw, spec, hidden),
         residual_scale=float(raw.get("residual_multiplier", 1.0)),
         logits_divisor=float(raw.get("logits_scaling", 1.0)),
+        logits_multiplier=float(raw.get("logit_scale", 1.0)),
         bos_token_id=_first_id(raw.get("bos_token_id")),
         eos_token_ids=_ids(raw.get("eos_token_id")),
     )
@@ -187,8 +189,9 @@ def _read(family: str, spec: FamilySpec, raw: dict[str, Any]) -> ModelConfig:
 def _refuse_unsupported(family: str, raw: dict[str, Any]) -> None:
     if raw.get("mlp_bias"):
         raise ExportError(f"{family}: mlp_bias=true is not supported")
-    if raw.get("qk_layernorm"):
-        raise ExportError(f"{family}: qk_layernorm=true (per-head LayerNorm) is not supported")
+    if raw.get("qk_layernorm") or raw.get("use_qk_norm"):
+        raise ExportError(f"{family}: per-head LayerNorm on q/k (qk_layernorm / use_qk_norm) "
+                          "is not supported")
     if raw.get("use_bidirectional_attention"):
         raise ExportError(f"{family}: use_bidirectional_attention=true is not a causal LM")
 
