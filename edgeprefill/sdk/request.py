@@ -37,6 +37,8 @@ class Request:
     generated: list[int] = field(default_factory=list)
     cancelled: bool = False
     chunk_size: int | None = None  # overrides the scheduler's chunk choice
+    # n > 1: the sibling requests, queued once this prompt's KV exists
+    followers: list[Request] = field(default_factory=list)
 
     @property
     def prefill_left(self) -> int:

@@ -14,6 +14,9 @@ from edgeprefill.sdk.metrics import RequestMetrics
 class TokenEvent(NamedTuple):
     token_id: int | None  # None: a last, text-only event (text held back until the end)
     text: str  # the text this token settled (may be empty: held back or mid-character)
+    logprob: float | None = None  # when the request asked for logprobs
+    top_logprobs: list[tuple[int, str, float]] | None = None  # (id, text, logprob), best first
+    token_text: str | None = None  # the token's own text, when logprobs were asked for
 
 
 class _End(NamedTuple):
@@ -42,6 +45,7 @@ class TokenStream:
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._done = threading.Event()
         self.token_ids: list[int] = []
+        self.logprobs: list[TokenEvent] = []  # the token events, when logprobs were asked for
         self.text = ""
         self.finish_reason: str | None = None
         self.error: str | None = None
@@ -87,6 +91,8 @@ class TokenStream:
     def _record(self, event: TokenEvent) -> None:
         if event.token_id is not None:
             self.token_ids.append(event.token_id)
+            if event.logprob is not None:
+                self.logprobs.append(event)
         self.text += event.text
 
     def _close(self, end: _End) -> None:

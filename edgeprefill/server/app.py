@@ -33,6 +33,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from edgeprefill.errors import EngineClosedError, RequestError
 from edgeprefill.sdk.engine import Engine
 from edgeprefill.sdk.stream import TokenStream
+from edgeprefill.server.choices import Choices
 from edgeprefill.server.errors import ApiError
 from edgeprefill.server.metrics import ServerMetrics
 from edgeprefill.server.responses import Shape
@@ -153,7 +154,7 @@ class OpenAIApi:
                 f"{self.config.model_name!r} (see GET /v1/models)", "model", "model_not_found",
             )
 
-    def _submit(self, req: CompletionRequest) -> TokenStream:
+    def _submit(self, req: CompletionRequest) -> Choices:
         if self.pending >= self.config.max_pending:
             raise ApiError(429, f"the server is busy ({self.pending} requests pending); "
                            "retry shortly", code="queue_full")
@@ -164,7 +165,8 @@ class OpenAIApi:
         self._check_context(len(tokens), req.params.max_new_tokens)
         try:
             params = self.engine.generation_defaults.fill(req.params, req.given)
-            stream = self.engine.submit(tokens, params, req.priority, None, req.chunk_size)
+            stream = Choices(self.engine.submit_n(
+                tokens, params, req.n, req.priority, None, req.chunk_size))
         except EngineClosedError as err:  # shutting down: the request itself is fine
             raise ApiError(503, str(err), code="engine_closed") from None
         except RequestError as err:
