@@ -174,7 +174,7 @@ class OrtFlavor(Flavor):
         if layer.window is not None:
             # ONNX Runtime's CPU kernel (1.32) shows a query `local_window_size` keys, its own
             # included: transformers' window. Measured against transformers with chunks that
-            # straddle the window (tests/test_exactness.py); window - 1 or + 1 is off.
+            # straddle the window (tests/test_exactness.py); window - 1 is off by one.
             window["local_window_size"] = layer.window
         if cfg.attn_softcap is not None:
             window["softcap"] = float(cfg.attn_softcap)
