@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from edgeprefill.errors import ExportError
+from edgeprefill.export.config_checks import check_model_config
 from edgeprefill.export.families import BLOCKS, FAMILIES, FamilySpec
 from edgeprefill.export.rope import RopeConfig, rope_from_params
 
@@ -63,11 +64,7 @@ class ModelConfig:
     eos_token_ids: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
-        if self.num_heads % self.num_kv_heads:
-            raise ExportError(
-                f"num_attention_heads ({self.num_heads}) is not a multiple of "
-                f"num_key_value_heads ({self.num_kv_heads})"
-            )
+        check_model_config(self)
         if len(self.layers) != self.num_layers:  # layer_types or no_rope_layers disagree
             raise ExportError(
                 f"layer_types lists {len(self.layers)} layers; num_hidden_layers is "
@@ -153,7 +150,7 @@ def _read(family: str, spec: FamilySpec, raw: dict[str, Any]) -> ModelConfig:
     _refuse_unsupported(family, raw)
     heads = int(raw["num_attention_heads"])
     hidden = int(raw["hidden_size"])
-    head_dim = int(raw.get("head_dim") or hidden // heads)
+    head_dim = int(raw.get("head_dim") or hidden // max(heads, 1))  # 0 heads: refused
     biased = bool(raw.get(spec.bias_key, spec.qkv_bias)) if spec.bias_key else spec.qkv_bias
     return ModelConfig(
         family=family,
@@ -161,7 +158,7 @@ def _read(family: str, spec: FamilySpec, raw: dict[str, Any]) -> ModelConfig:
         intermediate_size=int(raw["intermediate_size"]),
         num_layers=int(raw["num_hidden_layers"]),
         num_heads=heads,
-        num_kv_heads=int(raw.get("num_key_value_heads") or heads),
+        num_kv_heads=int(_given(raw.get("num_key_value_heads"), heads)),
         head_dim=head_dim,
         vocab_size=int(raw["vocab_size"]),
         norm_eps=float(_first_present(raw, ("rms_norm_eps", "layer_norm_eps",
@@ -210,7 +207,11 @@ def _rotary_dim(raw: dict[str, Any], head_dim: int) -> int:
     params = raw.get("rope_parameters") or {}
     factor = params.get("partial_rotary_factor", raw.get("partial_rotary_factor",
                                                          raw.get("rotary_pct", 1.0)))
-    return int(head_dim * float(factor))
+    rotary_dim = int(head_dim * float(factor))
+    if rotary_dim % 2:
+        what = "head_dim" if rotary_dim == head_dim else "head_dim x partial_rotary_factor"
+        raise ExportError(f"{what} must be even for rotary embeddings, got {rotary_dim}")
+    return rotary_dim
 
 
 def _ropes(raw: dict[str, Any], rotary_dim: int) -> dict[str, RopeConfig]:
@@ -261,6 +262,11 @@ def _rope_layers(raw: dict[str, Any], count: int) -> list[bool]:
     if len(flags) != count:
         raise ExportError(f"no_rope_layers lists {len(flags)} layers; there are {count}")
     return [bool(f) for f in flags]
+
+
+def _given(value: Any, default: Any) -> Any:
+    """`value` unless absent or null; 0 stays 0 (and is refused), unlike `value or default`."""
+    return default if value is None else value
 
 
 def _sliding_window(raw: dict[str, Any]) -> int | None:
