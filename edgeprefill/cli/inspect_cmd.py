@@ -35,6 +35,7 @@ def inspect(bundle, verify, as_json):
         f"model       {model.family}: {model.num_layers} layers, hidden {model.hidden_size}, "
         f"{model.num_heads} heads / {model.num_kv_heads} KV heads of {model.head_dim}, "
         f"vocab {model.vocab_size}",
+        f"quirks      {'; '.join(m.source.get('quirks') or ['none (plain Llama layout)'])}",
         f"graph       {graph.file} ({graph.flavor} flavour, {graph.dtype}, opsets "
         f"{json.dumps(graph.opsets)})",
         f"chunks      {', '.join(map(str, m.chunks))} tokens",

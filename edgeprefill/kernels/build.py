@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import os
+import platform
 import shutil
 import subprocess
 import sys
@@ -51,8 +52,20 @@ def source_dir() -> Path:
     return Path(__file__).resolve().parent
 
 
+def cpu_identity() -> str:
+    """The CPU's model and feature flags: `-march=native` code built on one CPU may stop on
+    an illegal instruction on another (a cache folder can outlive a change of machine)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return platform.processor() or platform.machine()
+    keep = [line for line in text.splitlines() if line.startswith(("model name", "flags"))]
+    return "\n".join(keep[:2])
+
+
 def digest() -> str:
     h = hashlib.sha256(" ".join(FLAGS).encode())
+    h.update(cpu_identity().encode())
     for name in SOURCES:
         h.update((source_dir() / name).read_bytes())
     return h.hexdigest()[:16]

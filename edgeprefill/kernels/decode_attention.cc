@@ -139,14 +139,17 @@ void RunPiece(void* data, size_t index) {
   }
 }
 
-// Non-interleaved rotary (the halves of the head rotate against each other), as
-// GroupQueryAttention's rotary_interleaved=0 and transformers' rotate_half.
-void Rotate(const float* x, float* out, const float* cos, const float* sin, int64_t d) {
-  const int64_t half = d / 2;
+// Non-interleaved rotary (the halves of the first `rotary` dims rotate against each other),
+// as GroupQueryAttention's rotary_interleaved=0 and transformers' rotate_half. With partial
+// rotary (Phi-3/Phi-4-mini, StableLM, GPT-NeoX) the dims past `rotary` pass through unchanged.
+void Rotate(const float* x, float* out, const float* cos, const float* sin, int64_t d,
+            int64_t rotary) {
+  const int64_t half = rotary / 2;
   for (int64_t i = 0; i < half; ++i) {
     out[i] = x[i] * cos[i] - x[i + half] * sin[i];
     out[i + half] = x[i + half] * cos[i] + x[i] * sin[i];
   }
+  for (int64_t i = rotary; i < d; ++i) out[i] = x[i];
 }
 
 struct Tensor {
@@ -202,8 +205,8 @@ OrtStatus* CheckShapes(const Kernel& kernel, const Tensor& qkv, const Tensor& pa
     return Fail("DecodeAttention: head_dim must be a multiple of 16 and heads of kv_heads");
   if (positions.dims.size() != 1 || positions.dims[0] != qkv.dims[0])
     return Fail("DecodeAttention: positions must be [rows]");
-  if (cos.dims.size() != 2 || cos.dims != sin.dims || cos.dims[1] * 2 != d)
-    return Fail("DecodeAttention: cos and sin must be [positions, head_dim / 2]");
+  if (cos.dims.size() != 2 || cos.dims != sin.dims || cos.dims[1] < 1 || cos.dims[1] * 2 > d)
+    return Fail("DecodeAttention: cos and sin must be [positions, rotary_dim / 2], rotary_dim <= head_dim");
   *shape = {qkv.dims[0], kernel.kv_heads, past_k.dims[2], d, kernel.heads / kernel.kv_heads};
   return nullptr;
 }
@@ -277,12 +280,14 @@ OrtStatus* Compute(const Kernel& kernel, OrtKernelContext* context) {
   const int64_t width = (heads + 2 * s.kv_heads) * d;
   for (int64_t row = 0; row < s.rows; ++row) {
     const float* packed = qkv.data + row * width;
-    const float* c = cos.data + positions[row] * (d / 2);
-    const float* n = sin.data + positions[row] * (d / 2);
-    for (int64_t h = 0; h < heads; ++h) Rotate(packed + h * d, q.data() + (row * heads + h) * d, c, n, d);
+    const int64_t half = cos.dims[1], rotary = 2 * half;
+    const float* c = cos.data + positions[row] * half;
+    const float* n = sin.data + positions[row] * half;
+    for (int64_t h = 0; h < heads; ++h)
+      Rotate(packed + h * d, q.data() + (row * heads + h) * d, c, n, d, rotary);
     for (int64_t kv = 0; kv < s.kv_heads; ++kv) {
       const int64_t at = ((row * s.kv_heads + kv) * s.capacity + positions[row]) * d;
-      Rotate(packed + (heads + kv) * d, keys + at, c, n, d);
+      Rotate(packed + (heads + kv) * d, keys + at, c, n, d, rotary);
       std::memcpy(values + at, packed + (heads + s.kv_heads + kv) * d, d * sizeof(float));
     }
   }
