@@ -1,11 +1,18 @@
 """Temperature, top-k, top-p and min-p in O(vocab): the distribution a draw follows, and
 the draw, without sorting the vocabulary.
 
-Top-k is a partial selection (np.argpartition). Top-p needs the weight of the nucleus's
-last token: the tokens near the top are counted (a peaked distribution settles there),
-else exact probes bracket it where a sample of the weights says it is, and only the
-few thousand tokens left between the bounds are sorted. The draw is an inverse CDF over
-blocks of 1,024 weights, then inside one block: no cumulative sum over the vocabulary.
+Top-k is a partial selection (np.argpartition). Top-p is applied by rejection: a token
+drawn from the whole (temperature-scaled, top-k cut) distribution is kept when the
+tokens strictly heavier than it hold less than top_p of the mass — one comparison and
+one dot product over the vocabulary — and drawn again otherwise. Conditioned on being
+kept, that is exactly the nucleus distribution, and with top_p >= 0.5 a draw is kept at
+least half the time (at top_p 0.95, 95%). The draw is an inverse CDF over blocks of 1,024
+weights, then inside one block: no cumulative sum over the vocabulary.
+
+The nucleus's exact threshold (`Kept.exact_cut`, for `probabilities` and the rare
+fallback) needs the weight of its last token: the tokens near the top are counted (a
+peaked distribution settles there), else exact probes bracket it where a sample of the
+weights says it is, and only the few thousand tokens left between the bounds are sorted.
 """
 
 from __future__ import annotations
@@ -20,25 +27,51 @@ BLOCK = 1024  # weights per block of the two-level draw
 
 class Kept(NamedTuple):
     """The tokens a draw may choose: candidate i is token `ids[i]` (ids None: token i)
-    with unnormalized weight `weights[i]`, kept if its weight is >= `cut`. `weights` is
-    zero-padded to whole blocks of BLOCK."""
+    with unnormalized weight `weights[i]`, kept if its weight is >= `cut` (min-p) and, when
+    `target` is set (top-p), the candidates strictly heavier than it weigh < `target`.
+    `weights` is zero-padded to whole blocks of BLOCK."""
 
     ids: np.ndarray | None
     weights: np.ndarray  # float32 [blocks * BLOCK]
     cut: np.float32
+    target: float | None  # top_p * total weight; None: no top-p cut
 
     def draw(self, rng: np.random.Generator) -> int:
-        i = _inverse_cdf(self.weights, self.cut, rng)
-        return int(i if self.ids is None else self.ids[i])
+        blocks = self.weights.reshape(-1, BLOCK)
+        total = np.cumsum(_block_sums(blocks), dtype=np.float64)
+        for _ in range(64):
+            i = _two_level(blocks, total, rng.random())
+            if self._kept(self.weights[i]):
+                return self._token(i)
+        # Rarely (a tiny kept mass): draw from the exact nucleus directly.
+        return self._token(_inverse_cdf(self.weights, self.exact_cut(), rng))
+
+    def exact_cut(self) -> np.float32:
+        """The smallest kept weight: min-p's cut, or the nucleus's last token if higher."""
+        if self.target is None:
+            return self.cut
+        total = float(self.weights.sum())
+        return max(self.cut, _nucleus_threshold(self.weights, self.target, total))
 
     def probabilities(self, vocab: int) -> np.ndarray:
         """float64 [vocab]: the distribution a draw follows (for tests and checks)."""
         n = vocab if self.ids is None else self.ids.shape[0]
         w = self.weights[:n].astype(np.float64)
-        w[w < self.cut] = 0
+        w[w < self.exact_cut()] = 0
         out = np.zeros(vocab)
         out[np.arange(n) if self.ids is None else self.ids] = w / w.sum()
         return out
+
+    def _kept(self, weight: np.float32) -> bool:
+        if weight < self.cut:
+            return False
+        if self.target is None:
+            return True
+        # The mass strictly heavier than this token (no count: only the mass decides).
+        return float(np.dot(self.weights, self.weights > weight)) < self.target
+
+    def _token(self, i: int) -> int:
+        return int(i if self.ids is None else self.ids[i])
 
 
 def nucleus(logits: np.ndarray, temperature: float, top_k: int, top_p: float,
@@ -50,10 +83,9 @@ def nucleus(logits: np.ndarray, temperature: float, top_k: int, top_p: float,
         x = x[ids]
     weights = _weights(x, temperature)
     cut = np.float32(min_p)  # min-p: a weight relative to the top token's (which is 1)
-    if top_p < 1.0:
-        total = float(weights.sum())  # float32 pairwise summation: ample here
-        cut = max(cut, _nucleus_threshold(weights, top_p * total, total))
-    return Kept(ids, weights, cut)
+    # float32 pairwise summation: ample here
+    target = top_p * float(weights.sum()) if top_p < 1.0 else None
+    return Kept(ids, weights, cut, target)
 
 
 def _weights(x: np.ndarray, temperature: float) -> np.ndarray:
@@ -163,14 +195,22 @@ def _inverse_cdf(weights: np.ndarray, cut: np.float32, rng: np.random.Generator)
     while the token is cut away: conditioned on acceptance this is exactly the kept
     distribution, and with top-p >= 0.5 it accepts at least half the time."""
     blocks = weights.reshape(-1, BLOCK)
-    total = np.cumsum(blocks.sum(axis=1), dtype=np.float64)
+    total = np.cumsum(_block_sums(blocks), dtype=np.float64)
     for _ in range(64):
         i = _two_level(blocks, total, rng.random())
         if weights[i] >= cut:
             return i
     kept = weights * (weights >= cut)  # rarely: a small kept mass; draw from it directly
     blocks = kept.reshape(-1, BLOCK)
-    return _two_level(blocks, np.cumsum(blocks.sum(axis=1), dtype=np.float64), rng.random())
+    return _two_level(blocks, np.cumsum(_block_sums(blocks), dtype=np.float64), rng.random())
+
+
+_ONES = np.ones(BLOCK, np.float32)
+
+
+def _block_sums(blocks: np.ndarray) -> np.ndarray:
+    """Each block's total: a BLAS matrix-vector product, ~3x numpy's row sums."""
+    return blocks @ _ONES
 
 
 def _two_level(blocks: np.ndarray, total: np.ndarray, u: float) -> int:
