@@ -70,11 +70,11 @@ def test_fcfs_prefills_the_whole_prompt_in_one_call(make_engine):
 
 
 def urgent_during_a_long_prefill(engine: Engine):
-    """A long low-priority prompt; after its second chunk a short high-priority one arrives.
+    """A long prompt at priority 0; after its second chunk a short one at -1 (higher) arrives.
     Runs until the urgent one decodes; returns both streams."""
     doc = engine.generate(ids(LONG), GenerationParams(max_new_tokens=2), priority=0)
     run_until(engine, lambda: len(engine.backend.prefills()) == 2)
-    urgent = engine.generate(ids(40, 5), GenerationParams(max_new_tokens=2), priority=10)
+    urgent = engine.generate(ids(40, 5), GenerationParams(max_new_tokens=2), priority=-1)
     run_until(engine, lambda: decoding(urgent))
     return doc, urgent
 

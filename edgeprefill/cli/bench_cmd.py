@@ -19,6 +19,7 @@ from edgeprefill.bench import (
 from edgeprefill.bench.workload import check_fits, run_isolated
 from edgeprefill.bundle import load_manifest
 from edgeprefill.cli.options import spin_option
+from edgeprefill.sdk.priority import parse_priority
 
 DEFAULT_PROMPT_CAP = 2048
 
@@ -37,7 +38,10 @@ DEFAULT_PROMPT_CAP = 2048
               help="Comma-separated fixed chunk sizes for chunked and chunked+priority "
               "[default: the bundle's chunk buckets].")
 @click.option("--urgent/--no-urgent", default=True, show_default=True,
-              help="A high-priority short request arrives while the long prompt prefills.")
+              help="A short request arrives while the long prompt prefills.")
+@click.option("--urgent-priority", default="high", show_default=True,
+              help="Its priority (lower is served first; the long prompt has 0): an "
+              "integer or high/normal/low; normal measures equal priority.")
 @click.option("--reply-tokens", type=click.IntRange(min=1), default=8, show_default=True,
               help="Tokens the long prompt and the urgent request generate.")
 @click.option("--threads", type=click.IntRange(min=1), default=None,
@@ -54,7 +58,8 @@ DEFAULT_PROMPT_CAP = 2048
               default=None, help="Write every number and each run's engine calls as JSON.")
 def bench(
     bundle: Path, sessions: int, prompt_tokens: int | None, policies: str,
-    chunk_sizes: str | None, urgent: bool, reply_tokens: int, threads: int | None, spin: bool,
+    chunk_sizes: str | None, urgent: bool, urgent_priority: str, reply_tokens: int,
+    threads: int | None, spin: bool,
     itl_target_ms: float, plot: Path | None, plot_config: str | None, json_path: Path | None,
 ) -> None:
     """Measure how BUNDLE serves interactive sessions while a long prompt arrives: TTFT,
@@ -70,7 +75,7 @@ def bench(
     manifest = load_manifest(bundle, False)
     workload = Workload(
         sessions=sessions, urgent=urgent, reply_tokens=reply_tokens, threads=threads, spin=spin,
-        itl_target_ms=itl_target_ms,
+        itl_target_ms=itl_target_ms, urgent_priority=parse_priority(urgent_priority),
         prompt_tokens=prompt_tokens or min(DEFAULT_PROMPT_CAP, manifest.max_context * 3 // 4),
     )
     sizes = _ints(chunk_sizes, "--chunk-sizes") if chunk_sizes else list(manifest.chunks)

@@ -9,6 +9,15 @@ from edgeprefill.cli.options import spin_option
 from edgeprefill.errors import RequestError
 
 
+def _priority(ctx: click.Context, param: click.Parameter, value: str) -> int:
+    from edgeprefill.sdk.priority import parse_priority
+
+    try:
+        return parse_priority(value)
+    except RequestError as err:
+        raise click.BadParameter(str(err)) from None
+
+
 @click.command()
 @click.argument("bundle", type=click.Path(path_type=str))
 @click.option("-p", "--prompt", help="Prompt text.")
@@ -19,8 +28,11 @@ from edgeprefill.errors import RequestError
 @click.option("--sessions", type=click.IntRange(1, 64), default=1, show_default=True,
               help="Run the prompt as N concurrent requests.")
 @click.option("--prompts", "prompts_file", type=click.File("r"),
-              help="JSON lines of concurrent requests: {\"prompt\", \"priority\", "
+              help="JSON lines of concurrent requests: {\"prompt\", \"priority\" (lower first), "
                    "\"max_new_tokens\", \"delay_s\"} (or one plain prompt per line).")
+@click.option("--priority", default="0", show_default=True, callback=_priority,
+              help="Lower is served first (vLLM's meaning); high, normal, low = -1, 0, 1. "
+                   "For --sessions, and --prompts lines that give none.")
 @click.option("--max-new-tokens", type=click.IntRange(1), default=256, show_default=True)
 @click.option("--temperature", type=float, default=0.0, show_default=True,
               help="0 is greedy.")
@@ -45,7 +57,7 @@ from edgeprefill.errors import RequestError
               show_default=True)
 @click.option("--stats", is_flag=True, help="Print TTFT, prefill/decode tokens/s and chunks "
               "to stderr.")
-def run(bundle, prompt, prompt_file, chat, interactive, sessions, prompts_file, stats,
+def run(bundle, prompt, prompt_file, chat, interactive, sessions, prompts_file, priority, stats,
         max_new_tokens, temperature, top_k, top_p, repetition_penalty, seed, stop,
         chunk_size, policy, itl_target_ms, threads, spin, kv_slots, backend, device):
     """Generate text from a bundle. Only the generated text goes to stdout, so it pipes.
@@ -77,9 +89,10 @@ def run(bundle, prompt, prompt_file, chat, interactive, sessions, prompts_file, 
         if interactive:
             run_modes.interactive(engine, params, chat, stats)
         elif prompts_file is not None:
-            run_modes.concurrent(engine, run_modes.read_requests(prompts_file, params), stats)
+            jobs = run_modes.read_requests(prompts_file, params, priority)
+            run_modes.concurrent(engine, jobs, stats)
         elif sessions > 1:
-            requests = [run_modes.Job(prompt, params, 0, 0.0)] * sessions
+            requests = [run_modes.Job(prompt, params, priority, 0.0)] * sessions
             run_modes.concurrent(engine, requests, stats, chat=chat)
         else:
             run_modes.single(engine, prompt, params, chat, stats)

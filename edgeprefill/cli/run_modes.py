@@ -13,6 +13,7 @@ import click
 from edgeprefill.cli.report import engine_lines, request_line
 from edgeprefill.errors import RequestError
 from edgeprefill.sdk import Engine, GenerationParams, TokenStream
+from edgeprefill.sdk.priority import parse_priority
 
 
 class Job(NamedTuple):
@@ -64,23 +65,24 @@ def interactive(engine: Engine, params: GenerationParams, chat: bool, stats: boo
     session.close()
 
 
-def read_requests(handle: IO[str], params: GenerationParams) -> list[Job]:
+def read_requests(handle: IO[str], params: GenerationParams, priority: int = 0) -> list[Job]:
     jobs = []
     for number, line in enumerate(handle, 1):
         line = line.strip()
         if not line:
             continue
         if not line.startswith("{"):
-            jobs.append(Job(line, params, 0, 0.0))
+            jobs.append(Job(line, params, priority, 0.0))
             continue
         try:
             raw = json.loads(line)
             job_params = replace(params, **{
                 k: raw[k] for k in ("max_new_tokens", "temperature", "seed") if k in raw
             })
-            jobs.append(Job(str(raw["prompt"]), job_params, int(raw.get("priority", 0)),
+            job_priority = parse_priority(raw.get("priority", priority))
+            jobs.append(Job(str(raw["prompt"]), job_params, job_priority,
                             float(raw.get("delay_s", 0.0))))
-        except (json.JSONDecodeError, KeyError, TypeError, ValueError) as err:
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError, RequestError) as err:
             raise RequestError(f"--prompts line {number}: {err}") from None
     if not jobs:
         raise RequestError("--prompts file holds no requests")

@@ -43,7 +43,7 @@ def serve(
 ) -> None:
     """Serve BUNDLE over an OpenAI-compatible HTTP API (completions, chat, models,
     health, Prometheus metrics). Requests may add edgeprefill's own fields, e.g.
-    "priority": 1 to jump ahead of long low-priority prompts.
+    "priority": -1 (or "high") to jump ahead of other prompts; lower is served first.
 
     \b
     Example:
