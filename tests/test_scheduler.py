@@ -168,6 +168,7 @@ def test_a_request_waits_for_a_slot_then_runs(make_engine):
     second = engine.generate(ids(20, 1), GenerationParams(max_new_tokens=10))
     engine.step()
     assert engine.metrics().queue_depth == 1
+    assert engine.metrics().running == 1  # the queued request is not counted as running
     assert first.result().finish_reason == "length"
     assert second.result().finish_reason == "length"
     # The second request got the slot only once the first had finished with it.
