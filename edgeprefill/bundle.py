@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from edgeprefill.contract import check_graph_io
 from edgeprefill.errors import BundleError
 
 FORMAT_VERSION = 1
@@ -113,6 +114,7 @@ def load_manifest(bundle_dir: str | Path, verify_checksums: bool = False) -> Man
     if not isinstance(raw, dict):
         raise BundleError(f"{path} does not hold a JSON object")
     manifest = Manifest.from_dict(raw)
+    check_graph_io(manifest)
     for name, record in manifest.files.items():
         _check_file(root, name, record, verify_checksums)
     return manifest

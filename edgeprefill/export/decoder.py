@@ -1,7 +1,8 @@
 """Build the chunk graph of a decoder-only model straight from its config and weights.
 
 One graph runs one step: B rows of C tokens each (a prefill chunk is B=1, a decode step is
-B=active sessions with C=1). The contract, shared with the runtime through the manifest:
+B=active sessions with C=1). The contract (names and axes from edgeprefill/contract.py),
+shared with the runtime through the manifest:
 
   inputs   input_ids        [B, C]            int64
            past_lens        [B]               int32  tokens already in each row's cache
@@ -17,22 +18,21 @@ from collections.abc import Callable
 
 import numpy as np
 
+from edgeprefill.contract import (
+    BATCH,
+    CAPACITY,
+    CHUNK,
+    INPUT_IDS,
+    LOGITS,
+    PAST_LENS,
+    VALID_LENS,
+    kv_names,
+)
 from edgeprefill.export.checkpoint import Checkpoint
 from edgeprefill.export.flavors import Flavor, StepTensors
 from edgeprefill.export.graph import GraphBuilder
 from edgeprefill.export.model_config import ModelConfig
 from edgeprefill.export.quantize import QuantConfig, int4_blockwise, int8_per_channel
-
-BATCH, CHUNK, CAPACITY = "batch", "chunk", "capacity"
-
-
-def kv_names(layer: int) -> dict[str, str]:
-    return {
-        "past_key": f"past_key.{layer}",
-        "past_value": f"past_value.{layer}",
-        "present_key": f"present_key.{layer}",
-        "present_value": f"present_value.{layer}",
-    }
 
 
 class DecoderBuilder:
@@ -52,13 +52,13 @@ class DecoderBuilder:
 
     def build(self) -> GraphBuilder:
         g, cfg = self.g, self.cfg
-        ids = g.input("input_ids", np.int64, [BATCH, CHUNK])
-        past_lens = g.input("past_lens", np.int32, [BATCH])
-        valid_lens = g.input("valid_lens", np.int32, [BATCH])
-        g.output("logits", np.float32, [BATCH, cfg.vocab_size])
+        ids = g.input(INPUT_IDS, np.int64, [BATCH, CHUNK])
+        past_lens = g.input(PAST_LENS, np.int32, [BATCH])
+        valid_lens = g.input(VALID_LENS, np.int32, [BATCH])
+        g.output(LOGITS, np.float32, [BATCH, cfg.vocab_size])
         self._declare_kv_io()
         chunk = g.op("Slice", [g.op("Shape", [ids]), g.const([1]), g.const([2])])  # [1]
-        step = self.flavor.step_tensors(g, past_lens, chunk, kv_names(0)["past_key"])
+        step = self.flavor.step_tensors(g, past_lens, chunk, kv_names(0).past_key)
         embed = self._embedding()
         x = g.op("Gather", [embed, ids])  # [B,C,hidden]
         delta = None  # each sublayer's output, added to the residual by the next norm
@@ -74,19 +74,19 @@ class DecoderBuilder:
         logits = self._lm_head(hidden)
         if self.dtype != np.float32:
             logits = g.op("Cast", [logits], to=1)
-        g.rename(logits, "logits")
+        g.rename(logits, LOGITS)
         return g
 
     def _declare_kv_io(self) -> None:
         shape = [BATCH, self.cfg.num_kv_heads, CAPACITY, self.cfg.head_dim]
         for layer in range(self.cfg.num_layers):
             names = kv_names(layer)
-            self.g.input(names["past_key"], self.dtype, shape)
-            self.g.input(names["past_value"], self.dtype, shape)
+            self.g.input(names.past_key, self.dtype, shape)
+            self.g.input(names.past_value, self.dtype, shape)
         for layer in range(self.cfg.num_layers):
             names = kv_names(layer)
-            self.g.output(names["present_key"], self.dtype, shape)
-            self.g.output(names["present_value"], self.dtype, shape)
+            self.g.output(names.present_key, self.dtype, shape)
+            self.g.output(names.present_value, self.dtype, shape)
 
     def _layer(self, layer: int, x: str, delta: str | None, step: StepTensors) -> tuple[str, str]:
         """One decoder layer; returns the residual stream and the MLP's output, which the
@@ -96,8 +96,8 @@ class DecoderBuilder:
         x, h = flavor.add_rms_norm(g, x, delta, self._tensor(p + "input_layernorm.weight"))
         q, k, v = self._qkv(p, h)
         names = kv_names(layer)
-        past = (names["past_key"], names["past_value"])
-        present = (names["present_key"], names["present_value"])
+        past = (names.past_key, names.past_value)
+        present = (names.present_key, names.present_value)
         attn = flavor.attention(g, q, k, v, past, present, step)
         o_bias = p + "self_attn.o_proj.bias" if cfg.o_bias else None
         attn = self._linear(attn, [p + "self_attn.o_proj.weight"], o_bias)

@@ -14,9 +14,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from edgeprefill.bundle import Manifest
+from edgeprefill.contract import CAPACITY
 from edgeprefill.engines.gpu_libs import ORT_GPU_HINT
 from edgeprefill.engines.trt.cache import ENGINES_DIR
-from edgeprefill.engines.trt.plan import CAPACITY, ProfilePlan, profile_plan
+from edgeprefill.engines.trt.plan import ProfilePlan, profile_plan
 
 TRT_EP = "TensorrtExecutionProvider"
 CUDA_EP = "CUDAExecutionProvider"

@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from edgeprefill.bundle import Manifest
+from edgeprefill.contract import INPUT_IDS, LOGITS, PAST_LENS, VALID_LENS
 from edgeprefill.engines.base import Backend, BackendOptions, StepBatch
 from edgeprefill.engines.trt.graph import require_standard
 from edgeprefill.engines.trt.runtime import EngineRuntime, open_runtime
@@ -48,10 +49,10 @@ class TensorRTBackend(Backend):
         self._vocab = m.vocab_size
         rows, tokens = staging_sizes(self.plan)
         self._stage = {
-            "input_ids": self.device.alloc(tokens * 8),
-            "past_lens": self.device.alloc(rows * 4),
-            "valid_lens": self.device.alloc(rows * 4),
-            "logits": self.device.alloc(rows * self._vocab * 4),
+            INPUT_IDS: self.device.alloc(tokens * 8),
+            PAST_LENS: self.device.alloc(rows * 4),
+            VALID_LENS: self.device.alloc(rows * 4),
+            LOGITS: self.device.alloc(rows * self._vocab * 4),
         }
         self._arenas: list[int] = []
         self._spare = 0  # one slot of one arena: the middle stop of a swap
@@ -85,21 +86,21 @@ class TensorRTBackend(Backend):
             self._execute(call)
             if call.last:
                 self.device.download(logits[call.first_row : call.first_row + call.rows],
-                                     self._stage["logits"])
+                                     self._stage[LOGITS])
         return logits
 
     def _execute(self, call: Call) -> None:
         # Stream order makes the next upload wait for the previous call to read its inputs.
-        self.device.upload(self._stage["input_ids"], call.input_ids)
-        self.device.upload(self._stage["past_lens"], call.past_lens)
-        self.device.upload(self._stage["valid_lens"], call.valid_lens)
+        self.device.upload(self._stage[INPUT_IDS], call.input_ids)
+        self.device.upload(self._stage[PAST_LENS], call.past_lens)
+        self.device.upload(self._stage[VALID_LENS], call.valid_lens)
         bindings = call_bindings(call, self._buffers(), self._pairs, self._kv_shape, self._vocab)
         self.runtime.execute(call.profile, bindings)
 
     def _buffers(self) -> DeviceBuffers:
         s = self._stage
         return DeviceBuffers(
-            s["input_ids"], s["past_lens"], s["valid_lens"], s["logits"],
+            s[INPUT_IDS], s[PAST_LENS], s[VALID_LENS], s[LOGITS],
             tuple(self._arenas), self.slot_bytes, self._slots,
         )
 

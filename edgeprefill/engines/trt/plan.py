@@ -14,9 +14,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from edgeprefill.bundle import Manifest
+from edgeprefill.contract import BATCH, CAPACITY, CHUNK
 from edgeprefill.errors import BackendError
 
-BATCH, CHUNK, CAPACITY = "batch", "chunk", "capacity"  # the graph's symbolic axes
 Shape = tuple[int, ...]
 
 
