@@ -28,6 +28,7 @@ demo: $(VENV)/.core
 
 lint: $(VENV)/.dev
 	$(BIN)/ruff check edgeprefill tests samples benchmarks scripts
+	$(BIN)/mypy  # strict on edgeprefill/sdk and edgeprefill/engines ([tool.mypy] in pyproject)
 
 test: lint
 	$(BIN)/python -m pytest -q

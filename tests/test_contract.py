@@ -12,7 +12,13 @@ import pytest
 import edgeprefill
 from edgeprefill.bundle import MANIFEST_FILE, load_manifest
 from edgeprefill.contract import (
-    FileRecord, KVPair, check_graph_io, file_records, kv_names, kv_pairs, step_io,
+    FileRecord,
+    KVPair,
+    check_graph_io,
+    file_records,
+    kv_names,
+    kv_pairs,
+    step_io,
 )
 from edgeprefill.errors import BundleError
 from tests.fake_backend import fake_manifest

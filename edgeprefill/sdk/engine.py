@@ -17,7 +17,9 @@ import dataclasses
 import queue
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -35,6 +37,9 @@ from edgeprefill.sdk.scheduler import PrefillChunk, Scheduler, SchedulerConfig
 from edgeprefill.sdk.step_runner import StepRunner
 from edgeprefill.sdk.stream import TokenEvent, TokenStream
 from edgeprefill.sdk.tokenizer import BundleTokenizer, Prompt, TextStreamer
+
+if TYPE_CHECKING:
+    from edgeprefill.sdk.session import Session
 
 
 class Engine:
@@ -57,7 +62,7 @@ class Engine:
         self.counters = EngineCounters()
         self.runner = StepRunner(self.backend, self.kv, self.scheduler.chunks, self.counters,
                                  self.trace if config.trace else None)
-        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._inbox: queue.SimpleQueue[tuple[str, Request]] = queue.SimpleQueue()
         self._ids = iter(range(1, 1 << 62))
         self._step_lock = threading.Lock()
         self._admission = threading.Lock()  # orders submit() against close()
@@ -70,7 +75,7 @@ class Engine:
             self._thread.start()
 
     @classmethod
-    def load(cls, bundle_dir: str | Path, **options) -> Engine:
+    def load(cls, bundle_dir: str | Path, **options: Any) -> Engine:
         """`Engine.load(bundle, threads=2, kv_slots=4, policy="chunked+priority", ...)`:
         keyword options are EngineConfig fields or SchedulerConfig fields."""
         sched_fields = {f.name for f in dataclasses.fields(SchedulerConfig)}
@@ -102,7 +107,7 @@ class Engine:
 
     # -- public API (any thread) ------------------------------------------------------
 
-    def session(self):
+    def session(self) -> Session:
         from edgeprefill.sdk.session import Session
 
         return Session(self, next(self._ids))
@@ -184,7 +189,7 @@ class Engine:
     def __enter__(self) -> Engine:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     # -- the step loop ----------------------------------------------------------------
@@ -198,8 +203,9 @@ class Engine:
                 return False
             if plan.decode:
                 self._guarded(plan.decode, self._decode)
-            if plan.prefill:
-                self._guarded([plan.prefill.request], lambda _: self._prefill(plan.prefill))
+            chunk = plan.prefill
+            if chunk is not None:
+                self._guarded([chunk.request], lambda _: self._prefill(chunk))
             if not self.scheduler.decoding:
                 self.runner.idle()  # nobody is waiting for a token
             return True
@@ -236,7 +242,7 @@ class Engine:
         except RequestError as err:
             self._finish(request, "error", keep=False, error=str(err))
 
-    def _guarded(self, requests: list[Request], run) -> None:
+    def _guarded(self, requests: list[Request], run: Callable[[list[Request]], None]) -> None:
         # A failing step ends the requests it carried, never the loop or other requests.
         try:
             run(requests)

@@ -59,7 +59,7 @@ class Session:
         self._chat = is_chat
         tokenizer = self.engine.tokenizer
         if is_chat:
-            self.messages.extend(dict(m) for m in prompt)
+            self.messages.extend(dict(m) for m in prompt if isinstance(m, dict))
             return tokenizer.encode(self.messages)
         if isinstance(prompt, str) and self.tokens:
             # Later raw turns continue the text: no second BOS.

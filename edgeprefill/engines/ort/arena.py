@@ -94,7 +94,7 @@ class DeviceArena(KVArena):
         self._spare = self._zeroed(ort, zeros[:1])
         self._copier = SlotCopier(ort, shape[1:], self.dtype, providers, device, device_id)
 
-    def _zeroed(self, ort: ModuleType, zeros: np.ndarray):
+    def _zeroed(self, ort: ModuleType, zeros: np.ndarray) -> Any:
         value = ort.OrtValue.ortvalue_from_shape_and_type(
             zeros.shape, self.dtype, self.device, self.device_id
         )
@@ -106,7 +106,8 @@ class DeviceArena(KVArena):
         return int(np.prod(self.shape[1:])) * self.dtype.itemsize
 
     def slot_address(self, index: int, slot: int) -> int:
-        return self.values[index].data_ptr() + slot * self.slot_bytes
+        address: int = self.values[index].data_ptr()
+        return address + slot * self.slot_bytes
 
     def bind(self, binding: Any, pairs: KVPairs, first: int, rows: int) -> None:
         shape = (rows, *self.shape[1:])

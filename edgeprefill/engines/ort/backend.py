@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -20,6 +21,7 @@ from edgeprefill.contract import CAPACITY, INPUT_IDS, LOGITS, PAST_LENS, VALID_L
 from edgeprefill.engines.base import Backend, BackendOptions, StepBatch
 from edgeprefill.engines.ort.arena import DeviceArena, HostArena, KVArena
 from edgeprefill.engines.ort.providers import (
+    GpuSettings,
     dimension_overrides,
     gpu_settings,
     missing_provider,
@@ -61,14 +63,14 @@ class OnnxRuntimeBackend(Backend):
             raise BackendError(
                 f"unknown device {options.device!r}; choose one of: {', '.join(PROVIDERS)}"
             )
-        self._gpu = None  # GPU provider settings; None on the CPU
+        self._gpu: GpuSettings | None = None  # GPU provider settings; None on the CPU
         if options.device != "cpu":
             self._gpu = gpu_settings(bundle_dir, manifest, options.engine_dir)
             problem = missing_provider(PROVIDERS[options.device][0], ort.get_available_providers())
             if problem:
                 raise BackendError(problem)
-        if options.device == "tensorrt":
-            self._gpu.cache_dir.mkdir(parents=True, exist_ok=True)
+            if options.device == "tensorrt":
+                self._gpu.cache_dir.mkdir(parents=True, exist_ok=True)
         graph_path = resolve_inside(bundle_dir, manifest.graph.file)
         load_graph(bundle_dir, manifest)  # refuses external data outside the bundle
         self.threads = options.threads or physical_cores()
@@ -80,10 +82,10 @@ class OnnxRuntimeBackend(Backend):
         self._check_providers()
         self.arena: KVArena | None = None  # host memory on the CPU, device memory on a GPU
         self._kv_pairs = kv_pairs(manifest.graph)
-        self._bindings: dict[tuple[int, int], object] = {}
+        self._bindings: dict[tuple[int, int], Any] = {}  # ort.IOBinding per (first, rows)
         self._logits = np.empty((0, manifest.model.vocab_size), np.float32)
 
-    def _session_options(self):
+    def _session_options(self) -> Any:
         ort = self._ort
         so = ort.SessionOptions()
         so.intra_op_num_threads = self.threads
@@ -130,6 +132,7 @@ class OnnxRuntimeBackend(Backend):
         self._logits = np.empty((slots, m.vocab_size), np.float32)
 
     def _device_arena(self, shape: tuple[int, ...]) -> DeviceArena:
+        assert self._gpu is not None, "a device arena is for the GPU providers"
         pinned = dimension_overrides(self.options.device, self._gpu).get(CAPACITY)
         if pinned is not None and pinned != shape[2]:
             raise BackendError(
@@ -155,7 +158,7 @@ class OnnxRuntimeBackend(Backend):
         self.session.run_with_iobinding(binding)
         return self._logits[: step.rows]
 
-    def _binding(self, first: int, rows: int):
+    def _binding(self, first: int, rows: int) -> Any:
         key = (first, rows)
         if key not in self._bindings:
             if first < 0 or first + rows > self._slot_count():
@@ -163,7 +166,7 @@ class OnnxRuntimeBackend(Backend):
             self._bindings[key] = self._bind_buffers(first, rows)
         return self._bindings[key]
 
-    def _bind_buffers(self, first: int, rows: int):
+    def _bind_buffers(self, first: int, rows: int) -> Any:
         binding = self.session.io_binding()
         logits = self._logits[:rows]
         binding.bind_output(LOGITS, "cpu", 0, np.float32, logits.shape, logits.ctypes.data)
