@@ -180,6 +180,8 @@ class Engine:
         if self._thread is not None:
             self._thread.join(timeout=30)
         with self._step_lock:
+            if self._closed:  # a concurrent close() got here first
+                return
             self._drain_inbox()  # requests submitted just before close() enter, then end
             for request in self.scheduler.live():
                 self._finish(request, "cancelled", keep=False)
