@@ -162,3 +162,24 @@ def test_submit_refuses_token_ids_outside_the_vocabulary(make_engine, bad):
     with pytest.raises(RequestError, match=r"not in the vocabulary \(ids 0\.\.127\)"):
         engine.submit([5, bad, 6], None, 0, None)
     assert engine.scheduler.live() == []
+
+
+def test_a_failing_kv_swap_ends_the_requests_with_an_error_not_the_loop(make_engine,
+                                                                        monkeypatch):
+    engine = make_engine(background=False, kv_slots=3)
+    params = [GenerationParams(max_new_tokens=n, ignore_eos=True) for n in (200, 3, 200)]
+    streams = [engine.generate(ids(20, s), p) for s, p in enumerate(params)]
+    while not streams[1].done:  # the middle one ends: the next step swaps slot 2 into 1
+        engine.step()
+
+    def broken(*_args: object) -> None:
+        raise RuntimeError("device copy failed")
+
+    monkeypatch.setattr(engine.backend, "swap_kv", broken)
+    engine.step()  # raises nothing: the loop would go on
+    for stream in (streams[0], streams[2]):
+        assert stream.result().finish_reason == "error"
+        assert "device copy failed" in stream.error
+    monkeypatch.undo()
+    assert engine.generate(ids(20, 9), params[1]).result().finish_reason == "length"
+    engine.check_integrity()

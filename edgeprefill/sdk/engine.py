@@ -33,7 +33,7 @@ from edgeprefill.sdk.params import GenerationParams
 from edgeprefill.sdk.priority import parse_priority
 from edgeprefill.sdk.request import Phase, Request
 from edgeprefill.sdk.sampler import Sampler
-from edgeprefill.sdk.scheduler import PrefillChunk, Scheduler, SchedulerConfig
+from edgeprefill.sdk.scheduler import PrefillChunk, Scheduler, SchedulerConfig, StepPlan
 from edgeprefill.sdk.step_runner import StepRunner
 from edgeprefill.sdk.stream import TokenEvent, TokenStream
 from edgeprefill.sdk.tokenizer import BundleTokenizer, Prompt, TextStreamer
@@ -200,9 +200,9 @@ class Engine:
         """Run one scheduling step; returns False when there was nothing to do."""
         with self._step_lock:
             self._drain_inbox()
-            plan = self.scheduler.schedule()
-            if plan.empty:
-                return False
+            plan = self._plan()
+            if plan is None or plan.empty:
+                return plan is None
             if plan.decode:
                 self._guarded(plan.decode, self._decode)
             chunk = plan.prefill
@@ -211,6 +211,16 @@ class Engine:
             if not self.scheduler.decoding:
                 self.runner.idle()  # nobody is waiting for a token
             return True
+
+    def _plan(self) -> StepPlan | None:
+        """The scheduler's plan; None if planning failed (a KV copy or swap on the
+        backend), which ends the requests holding slots, never the loop."""
+        try:
+            return self.scheduler.schedule()
+        except Exception as err:  # noqa: BLE001 - reported to each request's stream
+            holding = [r for r in self.scheduler.live() if r.slot is not None]
+            self._fail(holding, err)
+            return None
 
     def _loop(self) -> None:
         while not self._stopping:
@@ -249,9 +259,12 @@ class Engine:
         try:
             run(requests)
         except Exception as err:  # noqa: BLE001 - reported to each request's stream
-            for request in requests:
-                if request.phase is not Phase.DONE:
-                    self._finish(request, "error", keep=False, error=f"{type(err).__name__}: {err}")
+            self._fail(requests, err)
+
+    def _fail(self, requests: list[Request], err: Exception) -> None:
+        for request in requests:
+            if request.phase is not Phase.DONE:
+                self._finish(request, "error", keep=False, error=f"{type(err).__name__}: {err}")
 
     def _decode(self, rows: list[Request]) -> None:
         logits = self.runner.decode(rows)
