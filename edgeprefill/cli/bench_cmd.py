@@ -39,6 +39,8 @@ DEFAULT_PROMPT_CAP = 2048
               "[default: the bundle's chunk buckets].")
 @click.option("--urgent/--no-urgent", default=True, show_default=True,
               help="A short request arrives while the long prompt prefills.")
+@click.option("--urgent-tokens", type=click.IntRange(min=1), default=16, show_default=True,
+              help="Prompt length of the short request.")
 @click.option("--urgent-priority", default="high", show_default=True,
               help="Its priority (lower is served first; the long prompt has 0): an "
               "integer or high/normal/low; normal measures equal priority.")
@@ -58,9 +60,9 @@ DEFAULT_PROMPT_CAP = 2048
               default=None, help="Write every number and each run's engine calls as JSON.")
 def bench(
     bundle: Path, sessions: int, prompt_tokens: int | None, policies: str,
-    chunk_sizes: str | None, urgent: bool, urgent_priority: str, reply_tokens: int,
-    threads: int | None, spin: bool,
-    itl_target_ms: float, plot: Path | None, plot_config: str | None, json_path: Path | None,
+    chunk_sizes: str | None, urgent: bool, urgent_tokens: int, urgent_priority: str,
+    reply_tokens: int, threads: int | None, spin: bool, itl_target_ms: float,
+    plot: Path | None, plot_config: str | None, json_path: Path | None,
 ) -> None:
     """Measure how BUNDLE serves interactive sessions while a long prompt arrives: TTFT,
     inter-token latency of the sessions (p50/p99/max), the longest decode stall, prefill
@@ -76,6 +78,7 @@ def bench(
     workload = Workload(
         sessions=sessions, urgent=urgent, reply_tokens=reply_tokens, threads=threads, spin=spin,
         itl_target_ms=itl_target_ms, urgent_priority=parse_priority(urgent_priority),
+        urgent_prompt_tokens=urgent_tokens,
         prompt_tokens=prompt_tokens or min(DEFAULT_PROMPT_CAP, manifest.max_context * 3 // 4),
     )
     sizes = _ints(chunk_sizes, "--chunk-sizes") if chunk_sizes else list(manifest.chunks)
