@@ -1,7 +1,15 @@
-"""ONNX Runtime's GPU providers: option construction and the device KV arena, on the CPU;
-end-to-end runs on a GPU are marked `gpu` and skip elsewhere."""
+"""ONNX Runtime's GPU providers: options, the refused TensorRT provider, kernel and node
+placement checks and the device KV arena, on the CPU; end-to-end runs on a GPU are marked
+`gpu` and skip elsewhere."""
 
 from __future__ import annotations
+
+import logging
+import subprocess
+import sys
+from collections import Counter
+from types import SimpleNamespace
+from typing import NamedTuple
 
 import numpy as np
 import onnxruntime as ort
@@ -12,19 +20,24 @@ from edgeprefill.engines import BackendOptions, StepBatch
 from edgeprefill.engines.ort.arena import DeviceArena
 from edgeprefill.engines.ort.backend import PROVIDERS, OnnxRuntimeBackend
 from edgeprefill.engines.ort.providers import (
+    ASSIGNMENT_ENTRY,
     CUDA_EP,
-    TRT_EP,
+    MIN_ORT_GPU,
     GpuSettings,
+    Placement,
+    check_placement,
+    configure_gpu_session,
     dimension_overrides,
     gpu_settings,
+    missing_kernel,
     missing_provider,
+    placement,
     provider_options,
 )
 from edgeprefill.errors import BackendError
 from tests.trt_fakes import fake_manifest
 
 HAS_CUDA_EP = CUDA_EP in ort.get_available_providers()
-HAS_TRT_EP = TRT_EP in ort.get_available_providers()
 
 
 def settings(tmp_path, **changes) -> GpuSettings:
@@ -32,37 +45,9 @@ def settings(tmp_path, **changes) -> GpuSettings:
                           **changes})
 
 
-def profiles_of(option: str) -> list[dict[str, str]]:
-    """Split a trt_profile_*_shapes string into profiles (a repeated name starts one)."""
-    profiles: list[dict[str, str]] = [{}]
-    for item in option.split(","):
-        name, shape = item.split(":")
-        if name in profiles[-1]:
-            profiles.append({})
-        profiles[-1][name] = shape
-    return profiles
-
-
 def test_cuda_provider_options_keep_the_arena_tight(tmp_path):
     options = provider_options(PROVIDERS["cuda"], fake_manifest(), settings(tmp_path))
     assert options == [{"device_id": "0", "arena_extend_strategy": "kSameAsRequested"}, {}]
-
-
-def test_tensorrt_provider_gets_explicit_profiles_per_bucket_and_for_decode(tmp_path):
-    trt, cuda, cpu = provider_options(
-        PROVIDERS["tensorrt"], fake_manifest(), settings(tmp_path, max_batch=8)
-    )
-    assert cuda["device_id"] == "0" and cpu == {}
-    assert trt["trt_engine_cache_enable"] == "True" and trt["trt_timing_cache_enable"] == "True"
-    assert trt["trt_engine_cache_path"] == str(tmp_path / "engines" / "ort-trt")
-    assert trt["trt_fp16_enable"] == "False"
-    low, opt, high = (profiles_of(trt[f"trt_profile_{e}_shapes"]) for e in ("min", "opt", "max"))
-    assert len(low) == len(opt) == len(high) == 3  # prefill-16, prefill-64, decode
-    assert [p["input_ids"] for p in low] == ["1x16", "1x64", "1x1"]
-    assert [p["input_ids"] for p in high] == ["1x16", "1x64", "8x1"]
-    assert [p["past_lens"] for p in opt] == ["1", "1", "8"]
-    assert high[2]["past_key.0"] == "8x2x256x8" and low[2]["past_value.0"] == "1x2x256x8"
-    assert set(low[0]) == set(fake_manifest().graph.inputs)  # every input, every profile
 
 
 def test_settings_follow_the_bundle(tmp_path):
@@ -74,9 +59,9 @@ def test_settings_follow_the_bundle(tmp_path):
         tmp_path / "elsewhere" / "ort-trt")
 
 
-def test_only_the_tensorrt_provider_pins_the_kv_capacity(tmp_path):
-    assert dimension_overrides("tensorrt", settings(tmp_path)) == {"capacity": 256}
+def test_no_supported_provider_pins_an_axis(tmp_path):
     assert dimension_overrides("cuda", settings(tmp_path)) == {}
+    assert dimension_overrides("cpu", settings(tmp_path)) == {}
 
 
 def test_a_missing_gpu_provider_is_one_line_that_says_how_to_get_it():
@@ -87,11 +72,90 @@ def test_a_missing_gpu_provider_is_one_line_that_says_how_to_get_it():
 
 
 @pytest.mark.skipif(HAS_CUDA_EP, reason="this onnxruntime has the CUDA provider")
-@pytest.mark.parametrize("device", ["cuda", "tensorrt"])
-def test_gpu_device_on_a_cpu_onnxruntime_is_a_clear_error(bundle, device):
+def test_cuda_device_on_a_cpu_onnxruntime_is_a_clear_error(bundle):
     bundle_dir = bundle("llama", "standard")
     with pytest.raises(BackendError, match=r"edgeprefill\[gpu\]"):
-        OnnxRuntimeBackend(bundle_dir, load_manifest(bundle_dir), BackendOptions(device=device))
+        OnnxRuntimeBackend(bundle_dir, load_manifest(bundle_dir), BackendOptions(device="cuda"))
+
+
+def test_the_onnxruntime_tensorrt_provider_is_refused_naming_what_works(bundle):
+    bundle_dir = bundle("llama", "standard")
+    with pytest.raises(BackendError) as err:
+        OnnxRuntimeBackend(bundle_dir, load_manifest(bundle_dir),
+                           BackendOptions(device="tensorrt"))
+    message = str(err.value)
+    assert "first optimization profile" in message and "\n" not in message
+    assert "`edgeprefill build BUNDLE`, then `--backend tensorrt`" in message
+    assert "--device cuda" in message
+
+
+def test_run_with_device_tensorrt_prints_the_refusal_in_one_line(bundle):
+    done = subprocess.run(
+        [sys.executable, "-m", "edgeprefill", "run", str(bundle("llama", "standard")),
+         "--device", "tensorrt", "--prompt", "hi", "--max-new-tokens", "1"],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert done.returncode != 0 and "Traceback" not in done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "--backend tensorrt" in lines[0], done.stderr
+
+
+def test_a_provider_without_the_kv_write_kernel_is_named_with_the_version_to_install():
+    # The real kernel table of this onnxruntime: the CPU provider has TensorScatter-24.
+    assert missing_kernel(ort, "CPUExecutionProvider", "TensorScatter", 24) is None
+    message = missing_kernel(ort, "CPUExecutionProvider", "TensorScatter", 23)
+    assert "no CPUExecutionProvider kernel for TensorScatter (opset 23)" in message
+    assert f"onnxruntime-gpu>={MIN_ORT_GPU}" in message and "\n" not in message
+    # A provider the table does not list (the CUDA one in a CPU build) cannot be judged.
+    assert missing_kernel(ort, "NoSuchExecutionProvider", "TensorScatter", 24) is None
+
+
+class FakeSubgraph(NamedTuple):
+    ep_name: str
+    ops: tuple[str, ...]
+
+    def get_nodes(self):
+        return [SimpleNamespace(op_type=op, name=f"n{i}", domain="")
+                for i, op in enumerate(self.ops)]
+
+
+class FakeSession:
+    def __init__(self, subgraphs) -> None:
+        self.subgraphs = subgraphs
+
+    def get_provider_graph_assignment_info(self):
+        return self.subgraphs
+
+
+def test_the_kv_write_on_the_cpu_fails_and_other_cpu_nodes_warn_once(caplog):
+    on_gpu = FakeSubgraph(CUDA_EP, ("MatMul", "TensorScatter"))
+    check_placement(FakeSession([on_gpu]), CUDA_EP)
+    assert not caplog.records
+    shapes = FakeSubgraph("CPUExecutionProvider", ("Shape", "Shape", "Gather"))
+    with caplog.at_level(logging.WARNING, logger="edgeprefill"):
+        check_placement(FakeSession([on_gpu, shapes]), CUDA_EP)
+    (record,) = caplog.records
+    assert record.getMessage() == (
+        "ONNX Runtime runs 3 nodes off CUDAExecutionProvider (on the CPU): Shape x2, Gather x1")
+    scatter = FakeSubgraph("CPUExecutionProvider", ("TensorScatter",))
+    with pytest.raises(BackendError, match=r"KV-cache write \(TensorScatter\) on the CPU"):
+        check_placement(FakeSession([on_gpu, scatter]), CUDA_EP)
+
+
+def test_placement_is_read_only_where_onnxruntime_recorded_it(bundle):
+    assert placement(object(), CUDA_EP) == Placement(False, Counter())
+    bundle_dir = bundle("llama", "standard")
+    plain = ort.InferenceSession(str(bundle_dir / "model.onnx"),
+                                 providers=["CPUExecutionProvider"])
+    assert not placement(plain, CUDA_EP).recorded  # not asked for: ORT raises, we read none
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    configure_gpu_session(ort, options)
+    assert options.get_session_config_entry(ASSIGNMENT_ENTRY) == "1"
+    assert options.log_severity_level == 3  # this onnxruntime records the placement itself
+    older = SimpleNamespace(InferenceSession=object)  # no assignment API: ORT's warnings show
+    configure_gpu_session(older, options)
+    assert options.log_severity_level == 2
 
 
 class RecordingBinding:
@@ -183,7 +247,28 @@ def test_cuda_provider_matches_the_cpu(bundle, flavor):
     _gpu_logits_match_cpu(bundle("llama", flavor), "cuda")
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(not HAS_TRT_EP, reason="needs onnxruntime-gpu with TensorRT and a GPU")
-def test_tensorrt_provider_matches_the_cpu(bundle):
-    _gpu_logits_match_cpu(bundle("llama", "standard"), "tensorrt")
+@pytest.mark.filterwarnings("ignore:Specified provider 'CUDAExecutionProvider'")
+def test_a_cuda_onnxruntime_without_the_kv_write_kernel_is_refused_before_loading(
+    bundle, monkeypatch
+):
+    from edgeprefill.engines.ort import backend as ort_backend
+
+    asked = []
+
+    def no_kernel(module, wanted, op_type, opset):
+        asked.append((wanted, op_type, opset))
+        return f"no {wanted} kernel for {op_type}; install onnxruntime-gpu>={MIN_ORT_GPU}"
+
+    monkeypatch.setattr(ort, "get_available_providers", lambda: [CUDA_EP, "CPUExecutionProvider"])
+    monkeypatch.setattr(ort_backend, "missing_kernel", no_kernel)
+    standard = bundle("llama", "standard")
+    with pytest.raises(BackendError, match=r"onnxruntime-gpu>=1\.25"):
+        OnnxRuntimeBackend(standard, load_manifest(standard), BackendOptions(device="cuda"))
+    assert asked == [(CUDA_EP, "TensorScatter", 24)]
+    # The ort flavour writes its cache through GroupQueryAttention: no TensorScatter to ask
+    # about; this CPU build then falls back, which is refused in one line too.
+    asked.clear()
+    flavour = bundle("llama", "ort")
+    with pytest.raises(BackendError, match="could not use CUDAExecutionProvider"):
+        OnnxRuntimeBackend(flavour, load_manifest(flavour), BackendOptions(device="cuda"))
+    assert asked == []

@@ -15,7 +15,7 @@ from edgeprefill.engines.ort.backend import OnnxRuntimeBackend
 from edgeprefill.engines.trt.backend import TensorRTBackend
 from edgeprefill.errors import BackendError
 from edgeprefill.sdk import Engine, GenerationParams
-from tests.trt_fakes import OrtEngineRuntime
+from tests.trt_fakes import HostDevice, OrtEngineRuntime
 
 CAPACITY = 128
 
@@ -190,3 +190,38 @@ def test_without_tensorrt_the_backend_says_what_to_install(standard):
     assert "TensorRT is not installed" in message and "pypi.nvidia.com" in message
     assert "JetPack" in message and "\n" not in message
     assert "tensorrt" in engines.BACKENDS
+
+
+class FullDevice(HostDevice):
+    """Host memory that runs out after `room` bytes, failing as CudaDevice does."""
+
+    def __init__(self, room: int) -> None:
+        super().__init__()
+        self.room = room
+
+    def alloc(self, nbytes: int) -> int:
+        if nbytes > self.room:
+            raise BackendError("CUDA cudaMalloc failed: out of memory")
+        self.room -= nbytes
+        return super().alloc(nbytes)
+
+
+def test_a_kv_cache_too_big_for_the_gpu_is_one_line_and_frees_what_it_took(standard):
+    manifest = load_manifest(standard)
+    runtime = OrtEngineRuntime(standard, manifest, CAPACITY, 4, device=FullDevice(3 << 20))
+    trt = TensorRTBackend(standard, manifest, BackendOptions(), runtime=runtime)
+    staged = dict(trt.device.buffers)
+    with pytest.raises(BackendError) as err:
+        trt.allocate_kv(slots=64, capacity=CAPACITY)
+    message = str(err.value)
+    assert message.startswith("cannot allocate the KV cache: 64 slots x 4 arenas")
+    assert "out of memory" in message and "fewer KV slots" in message and "\n" not in message
+    assert trt.device.buffers == staged  # the arenas it did get were freed
+
+
+def test_staging_buffers_the_gpu_cannot_hold_release_the_engine_too(standard):
+    manifest = load_manifest(standard)
+    runtime = OrtEngineRuntime(standard, manifest, CAPACITY, 4, device=FullDevice(1000))
+    with pytest.raises(BackendError, match="out of memory"):
+        TensorRTBackend(standard, manifest, BackendOptions(), runtime=runtime)
+    assert runtime.device.buffers == {} and runtime.closed

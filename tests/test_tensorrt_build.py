@@ -83,16 +83,26 @@ def test_prepare_build_refuses_what_cannot_be_built(bundle, options, message):
 def test_network_typing_follows_the_bundle_dtype():
     assert network_typing("float16", "fp16", False) == NetworkTyping(True, ())
     assert network_typing("float32", "fp32", False) == NetworkTyping(True, ())
-    assert network_typing("float32", "fp16", False) == NetworkTyping(False, ("FP16",))
     assert network_typing("float32", "int8", True) == NetworkTyping(True, ())
     with pytest.raises(BackendError, match="weights are float16"):
         network_typing("float16", "fp32", False)
-
-
-def test_without_weak_typing_a_float32_bundle_cannot_build_in_fp16():
     assert network_typing("float16", "fp16", False, weak_typing=False) == NetworkTyping(True, ())
-    with pytest.raises(BackendError, match="re-export with --dtype fp16"):
-        network_typing("float32", "fp16", False, weak_typing=False)
+
+
+@pytest.mark.parametrize("weak", [True, False])
+def test_a_float32_bundle_at_fp16_is_refused_to_keep_its_kv_cache_in_place(weak):
+    with pytest.raises(BackendError) as err:
+        network_typing("float32", "fp16", False, weak_typing=weak)
+    message = str(err.value)
+    assert "build with --precision fp32, or re-export with --dtype fp16" in message
+    assert "in place" in message and "\n" not in message
+
+
+def test_the_default_precision_is_the_bundles_and_fp16_of_float32_is_refused(bundle):
+    inputs = prepare_build(bundle("llama", "standard"), BuildOptions(capacity=128))
+    assert inputs.precision == "fp32"  # the test bundles are float32
+    with pytest.raises(BackendError, match="float32 bundle builds at fp32 only"):
+        prepare_build(bundle("llama", "standard"), BuildOptions(precision="fp16"))
 
 
 def test_build_options_are_checked():
@@ -108,9 +118,6 @@ def fake_gpu(monkeypatch):
     logic runs, the compiler is the only thing faked."""
     built = []
 
-    class FakeDevice:
-        def info(self):
-            return "Orin", "8.7"
 
     def compile_engine(trt, inputs, options, echo):
         built.append(inputs)
@@ -118,7 +125,7 @@ def fake_gpu(monkeypatch):
 
     monkeypatch.setattr(trt_build, "require_tensorrt", lambda: SimpleNamespace(
         __version__="10.15.1.29"))
-    monkeypatch.setattr(trt_build, "CudaDevice", FakeDevice)
+    monkeypatch.setattr(trt_build, "device_info", lambda: ("Orin", "8.7"))
     monkeypatch.setattr(trt_build, "compile_engine", compile_engine)
     return built
 
@@ -130,7 +137,7 @@ def test_build_caches_the_engine_and_reuses_it_until_forced(bundle, tmp_path, fa
     first = runner.invoke(cli, ["build", str(bundle_dir), "--capacity", "128"])
     assert first.exit_code == 0, first.output
     assert "profiles: prefill-16, prefill-64, decode" in first.output
-    assert re.search(r"built .*orin-sm87-trt10\.15\.1\.29-fp16-\w+\.engine in [\d.]+ s",
+    assert re.search(r"built .*orin-sm87-trt10\.15\.1\.29-fp32-\w+\.engine in [\d.]+ s",
                      first.output)
     again = runner.invoke(cli, ["build", str(bundle_dir), "--capacity", "128"])
     assert "engine up to date" in again.output and len(fake_gpu) == 1

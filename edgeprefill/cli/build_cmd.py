@@ -12,8 +12,9 @@ from edgeprefill.engines.trt.cache import PRECISIONS
 
 @click.command()
 @click.argument("bundle", type=click.Path(exists=True, file_okay=False, path_type=Path))
-@click.option("--precision", type=click.Choice(PRECISIONS), default="fp16", show_default=True,
-              help="engine precision (int8 needs a Q/DQ-quantized graph)")
+@click.option("--precision", type=click.Choice(PRECISIONS), default=None,
+              help="engine precision (default: the bundle's dtype; a float32 bundle builds "
+                   "at fp32 only; int8 needs a Q/DQ-quantized graph)")
 @click.option("--workspace", "workspace_mib", type=click.IntRange(min=1), default=None,
               help="builder workspace limit in MiB (default: TensorRT's)")
 @click.option("--max-batch", type=click.IntRange(min=1), default=8, show_default=True,
@@ -22,7 +23,7 @@ from edgeprefill.engines.trt.cache import PRECISIONS
               help="KV positions per slot (default: the bundle's max context)")
 @click.option("--force", is_flag=True, help="rebuild even when a matching engine is cached")
 def build(
-    bundle: Path, precision: str, workspace_mib: int | None, max_batch: int,
+    bundle: Path, precision: str | None, workspace_mib: int | None, max_batch: int,
     capacity: int | None, force: bool,
 ) -> None:
     """Compile BUNDLE's standard chunk graph into one TensorRT engine: a profile per chunk

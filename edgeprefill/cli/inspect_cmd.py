@@ -12,19 +12,23 @@ import click
 @click.option("--verify", is_flag=True, help="Also check the sha256 of every file.")
 @click.option("--json", "as_json", is_flag=True, help="Print the whole manifest as JSON.")
 def inspect(bundle, verify, as_json):
-    """Show a bundle's model, graph contract, chunk buckets and files.
+    """Show a bundle's model, graph contract, chunk buckets, EOS ids, sampling defaults
+    and files.
 
     \b
     Example:
       edgeprefill inspect build/tiny-recall --verify
     """
     from edgeprefill.bundle import load_manifest
+    from edgeprefill.sdk.generation_defaults import GenerationDefaults
 
     m = load_manifest(bundle, verify_checksums=verify)
     if as_json:
         click.echo(m.to_json(), nl=False)
         return
     model, graph = m.model, m.graph
+    defaults = GenerationDefaults.load(bundle)
+    eos = list(dict.fromkeys([*m.eos_token_ids, *defaults.eos_token_ids]))
     lines = [
         f"bundle      {bundle}",
         f"model       {model.family}: {model.num_layers} layers, hidden {model.hidden_size}, "
@@ -34,7 +38,8 @@ def inspect(bundle, verify, as_json):
         f"{json.dumps(graph.opsets)})",
         f"chunks      {', '.join(map(str, m.chunks))} tokens",
         f"max context {m.max_context} tokens",
-        f"eos ids     {m.eos_token_ids}",
+        f"eos ids     {eos}",
+        f"sampling    {defaults.describe()}  (generation_config.json; requests may override)",
         f"chat        {'template included' if m.tokenizer.chat_template else 'no template'}",
         "inputs",
         *_io_lines(graph.inputs, graph.kv_inputs),

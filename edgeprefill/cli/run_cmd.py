@@ -34,11 +34,13 @@ def _priority(ctx: click.Context, param: click.Parameter, value: str) -> int:
               help="Lower is served first (vLLM's meaning); high, normal, low = -1, 0, 1. "
                    "For --sessions, and --prompts lines that give none.")
 @click.option("--max-new-tokens", type=click.IntRange(1), default=256, show_default=True)
-@click.option("--temperature", type=float, default=0.0, show_default=True,
-              help="0 is greedy.")
-@click.option("--top-k", type=int, default=0, show_default=True)
-@click.option("--top-p", type=float, default=1.0, show_default=True)
-@click.option("--repetition-penalty", type=float, default=1.0, show_default=True)
+@click.option("--temperature", type=float, default=None,
+              help="0 is greedy. Default (as for --top-k, --top-p, --repetition-penalty): "
+                   "the bundle's generation_config.json, else 0.")
+@click.option("--top-k", type=int, default=None, help="Default: the bundle's, else 0 (none).")
+@click.option("--top-p", type=float, default=None, help="Default: the bundle's, else 1.")
+@click.option("--repetition-penalty", type=float, default=None,
+              help="Default: the bundle's, else 1.")
 @click.option("--seed", type=int, default=None)
 @click.option("--stop", multiple=True, help="Stop string (repeatable).")
 @click.option("--chunk-size", type=click.IntRange(1), default=None,
@@ -68,7 +70,7 @@ def run(bundle, prompt, prompt_file, chat, interactive, sessions, prompts_file, 
       edgeprefill run build/tiny-recall --interactive
       edgeprefill run build/tiny-recall --prompts requests.jsonl --stats
     """
-    from edgeprefill.sdk import Engine, GenerationParams
+    from edgeprefill.sdk import Engine
 
     if prompt is not None and prompt_file is not None:
         raise RequestError("give --prompt or --prompt-file, not both")
@@ -77,15 +79,15 @@ def run(bundle, prompt, prompt_file, chat, interactive, sessions, prompts_file, 
     modes = sum([prompt is not None, interactive, prompts_file is not None])
     if modes != 1:
         raise RequestError("give exactly one of --prompt/--prompt-file, --interactive, --prompts")
-    params = GenerationParams(
-        max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
-        repetition_penalty=repetition_penalty, seed=seed, stop=tuple(stop),
-    )
     engine = Engine.load(
         bundle, backend=backend, device=device, threads=threads, spin=spin, kv_slots=kv_slots,
         policy=policy, chunk_size=chunk_size, itl_target_ms=itl_target_ms,
     )
     with engine:
+        params = engine.default_params(
+            max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
+            repetition_penalty=repetition_penalty, seed=seed, stop=tuple(stop),
+        )
         if interactive:
             run_modes.interactive(engine, params, chat, stats)
         elif prompts_file is not None:

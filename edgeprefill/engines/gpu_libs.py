@@ -20,8 +20,9 @@ TENSORRT_HINT = (
     "`pip install tensorrt --extra-index-url https://pypi.nvidia.com`"
 )
 CUDA_HINT = (
-    "cuda-python is needed to allocate GPU buffers for TensorRT: "
-    "`pip install cuda-python` (or `pip install edgeprefill[tensorrt]`)"
+    "cuda-python of your CUDA's major is needed to allocate GPU buffers for TensorRT: "
+    "`pip install 'cuda-python>=12.6,<13'` for CUDA 12, `'cuda-python>=13,<14'` for CUDA 13 "
+    "(or edgeprefill[tensorrt-cu12] / edgeprefill[tensorrt-cu13])"
 )
 ORT_GPU_HINT = (
     "install onnxruntime-gpu (`pip install edgeprefill[gpu]`; on a Jetson the onnxruntime-gpu "

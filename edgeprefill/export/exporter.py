@@ -29,6 +29,8 @@ from edgeprefill.export.graph import GraphBuilder
 from edgeprefill.export.model_config import ModelConfig
 from edgeprefill.export.quantize import QuantConfig
 from edgeprefill.export.writer import write_external_data
+from edgeprefill.sdk.chat_template import check_export_template
+from edgeprefill.sdk.generation_defaults import check_export_generation_config
 
 GRAPH_FILE = "model.onnx"
 DATA_FILE = "model.onnx.data"
@@ -79,6 +81,8 @@ def export(hf_dir: str | Path, out_dir: str | Path, options: ExportOptions) -> M
             f"{hf_dir} has no tokenizer.json (a fast tokenizer file is required; "
             "transformers' AutoTokenizer.save_pretrained writes one)"
         )
+    check_export_template(hf_dir)
+    check_export_generation_config(hf_dir)
     _prepare_out(out_dir, options.overwrite)
     ckpt = Checkpoint(hf_dir)
     flavor = flavor_class(options.flavor)(cfg, DTYPES[options.dtype], max_context)

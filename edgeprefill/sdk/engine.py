@@ -27,6 +27,7 @@ from edgeprefill.bundle import Manifest, load_manifest
 from edgeprefill.engines import BackendOptions, create_backend
 from edgeprefill.errors import EngineClosedError, RequestError
 from edgeprefill.sdk.config import EngineConfig, StepTrace
+from edgeprefill.sdk.generation_defaults import GenerationDefaults
 from edgeprefill.sdk.kv_cache import KVCache
 from edgeprefill.sdk.metrics import EngineCounters, EngineMetrics, RequestMetrics
 from edgeprefill.sdk.params import GenerationParams
@@ -48,6 +49,7 @@ class Engine:
         self.config = config = config or EngineConfig()
         self.manifest: Manifest = load_manifest(self.bundle_dir, config.verify_checksums)
         self.tokenizer = BundleTokenizer(self.bundle_dir, self.manifest)
+        self.generation_defaults = GenerationDefaults.load(self.bundle_dir)
         options = BackendOptions(device=config.device, threads=config.threads, spin=config.spin)
         self.backend = create_backend(config.backend, self.bundle_dir, self.manifest, options)
         self.capacity = self._capacity()
@@ -58,7 +60,7 @@ class Engine:
         )
         self.trace: list[StepTrace] = []
         self.scheduler = Scheduler(config.scheduler, self.kv, buckets)
-        self.eos = set(self.manifest.eos_token_ids)
+        self.eos = set(self.manifest.eos_token_ids) | set(self.generation_defaults.eos_token_ids)
         self.counters = EngineCounters()
         self.runner = StepRunner(self.backend, self.kv, self.scheduler.chunks, self.counters,
                                  self.trace if config.trace else None)
@@ -125,7 +127,7 @@ class Engine:
         session_id: int | None, chunk_size: int | None = None,
     ) -> TokenStream:
         """Queue a request for token ids; raises RequestError at once if it can never run."""
-        params = params or GenerationParams()
+        params = params or self.default_params()
         self._check_request(tokens, params, chunk_size)
         now = time.perf_counter()
         request_id = next(self._ids)
@@ -143,6 +145,17 @@ class Engine:
                 raise EngineClosedError("the engine is closed")
             self._post("add", request)
         return stream
+
+    def default_params(self, **explicit: Any) -> GenerationParams:
+        """GenerationParams from the explicit non-None keyword values, the bundle's
+        generation_config.json defaults for the sampling fields not given, and
+        GenerationParams' own defaults for the rest."""
+        given = {k: v for k, v in explicit.items() if v is not None}
+        try:
+            params = GenerationParams(**given)
+        except TypeError as err:
+            raise RequestError(f"unknown generation parameter: {err}") from None
+        return self.generation_defaults.fill(params, given)
 
     def kv_forget(self, session_id: int) -> None:
         """A closed session's slot becomes a plain, evictable prefix entry."""

@@ -8,6 +8,7 @@ from typing import Any
 
 from edgeprefill.bundle import Manifest, resolve_inside
 from edgeprefill.errors import BundleError, RequestError
+from edgeprefill.sdk.chat_template import ChatTemplate, special_tokens
 
 Prompt = str | Sequence[int] | Sequence[dict[str, Any]]
 
@@ -25,7 +26,11 @@ class BundleTokenizer:
                 self.tokenizer = Tokenizer.from_file(str(path))
             except Exception as err:  # tokenizers raises plain Exception for bad files
                 raise BundleError(f"cannot load the bundle's tokenizer: {err}") from None
-        self._template = None
+        self.chat_template = None
+        if info.chat_template is not None:
+            fallback = {"bos_token": info.bos_token, "eos_token": info.eos_token}
+            tokens = special_tokens(bundle_dir, fallback)
+            self.chat_template = ChatTemplate(info.chat_template, tokens)
         self.vocab_size = manifest.model.vocab_size
 
     def encode(self, prompt: Prompt) -> list[int]:
@@ -49,30 +54,12 @@ class BundleTokenizer:
         """Text without the tokenizer's special tokens (a continuation, not a new prompt)."""
         return self._require().encode(text, add_special_tokens=False).ids
 
-    def render_chat(self, messages: list[dict[str, Any]]) -> str:
-        for m in messages:
-            if not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
-                raise RequestError("each chat message needs string 'role' and 'content'")
-        template = self._chat_template()
-        return template.render(
-            messages=messages, add_generation_prompt=True,
-            bos_token=self.info.bos_token or "", eos_token=self.info.eos_token or "",
-        )
-
-    def _chat_template(self):
-        if self.info.chat_template is None:
+    def render_chat(self, messages: Sequence[dict[str, Any]], **kwargs: Any) -> str:
+        """Messages -> prompt text with the bundle's chat template, as transformers'
+        apply_chat_template renders it (see ChatTemplate.render for the keywords)."""
+        if self.chat_template is None:
             raise RequestError("this bundle has no chat template: send a plain text prompt")
-        if self._template is None:
-            from jinja2.exceptions import TemplateError
-            from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-            env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-            env.globals["raise_exception"] = _raise_template_error
-            try:
-                self._template = env.from_string(self.info.chat_template)
-            except TemplateError as err:
-                raise BundleError(f"the bundle's chat template is invalid: {err}") from None
-        return self._template
+        return self.chat_template.render(messages, **kwargs)
 
     def decode(self, ids: list[int]) -> str:
         if self.tokenizer is None:
@@ -83,10 +70,6 @@ class BundleTokenizer:
         if self.tokenizer is None:
             raise RequestError("this bundle has no tokenizer: send token ids")
         return self.tokenizer
-
-
-def _raise_template_error(message: str):
-    raise RequestError(f"chat template: {message}")
 
 
 class TextStreamer:

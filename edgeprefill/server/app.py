@@ -163,7 +163,8 @@ class OpenAIApi:
             raise ApiError(400, str(err), req.prompt_field) from None
         self._check_context(len(tokens), req.params.max_new_tokens)
         try:
-            stream = self.engine.submit(tokens, req.params, req.priority, None, req.chunk_size)
+            params = self.engine.generation_defaults.fill(req.params, req.given)
+            stream = self.engine.submit(tokens, params, req.priority, None, req.chunk_size)
         except EngineClosedError as err:  # shutting down: the request itself is fine
             raise ApiError(503, str(err), code="engine_closed") from None
         except RequestError as err:

@@ -20,6 +20,8 @@ from edgeprefill.server.errors import ApiError
 
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 MAX_SEED = 2**63 - 1
+# Sampling fields whose absence means the bundle's generation_config.json value.
+BUNDLE_DEFAULTED = ("temperature", "top_p", "top_k", "repetition_penalty")
 
 # Fields we accept only at their "off" values: rejecting the rest beats ignoring them.
 UNSUPPORTED: dict[str, tuple[Any, ...]] = {
@@ -47,6 +49,8 @@ class CompletionRequest:
     priority: int
     chunk_size: int | None
     prompt_field: str  # "prompt" or "messages": the `param` of errors about the prompt
+    # The sampling fields the body set; the others take the bundle's generation_config.
+    given: frozenset[str] = frozenset()
 
 
 def parse_completion(body: Any) -> CompletionRequest:
@@ -98,6 +102,7 @@ def _request(
         priority=_priority(body.get("priority", 0)),
         chunk_size=_int(body, "chunk_size", None, low=1),
         prompt_field=prompt_field,
+        given=frozenset(k for k in BUNDLE_DEFAULTED if body.get(k) is not None),
     )
 
 

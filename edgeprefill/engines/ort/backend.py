@@ -21,11 +21,16 @@ from edgeprefill.contract import CAPACITY, INPUT_IDS, LOGITS, PAST_LENS, VALID_L
 from edgeprefill.engines.base import Backend, BackendOptions, StepBatch
 from edgeprefill.engines.ort.arena import DeviceArena, HostArena, KVArena
 from edgeprefill.engines.ort.providers import (
+    KV_WRITE_OP,
     GpuSettings,
+    check_placement,
+    configure_gpu_session,
     dimension_overrides,
     gpu_settings,
+    missing_kernel,
     missing_provider,
     provider_options,
+    refuse_device,
 )
 from edgeprefill.errors import BackendError
 
@@ -63,14 +68,17 @@ class OnnxRuntimeBackend(Backend):
             raise BackendError(
                 f"unknown device {options.device!r}; choose one of: {', '.join(PROVIDERS)}"
             )
+        refuse_device(options.device)
         self._gpu: GpuSettings | None = None  # GPU provider settings; None on the CPU
         if options.device != "cpu":
             self._gpu = gpu_settings(bundle_dir, manifest, options.engine_dir)
-            problem = missing_provider(PROVIDERS[options.device][0], ort.get_available_providers())
+            wanted = PROVIDERS[options.device][0]
+            problem = missing_provider(wanted, ort.get_available_providers())
+            if manifest.graph.flavor == "standard":
+                problem = problem or missing_kernel(
+                    ort, wanted, KV_WRITE_OP, manifest.graph.opsets.get("", 24))
             if problem:
                 raise BackendError(problem)
-            if options.device == "tensorrt":
-                self._gpu.cache_dir.mkdir(parents=True, exist_ok=True)
         graph_path = resolve_inside(bundle_dir, manifest.graph.file)
         load_graph(bundle_dir, manifest)  # refuses external data outside the bundle
         self.threads = options.threads or physical_cores()
@@ -101,6 +109,7 @@ class OnnxRuntimeBackend(Backend):
             "session.intra_op.allow_spinning", "1" if self.options.spin else "0"
         )
         if self._gpu is not None:
+            configure_gpu_session(ort, so)
             for axis, size in dimension_overrides(self.options.device, self._gpu).items():
                 so.add_free_dimension_override_by_name(axis, size)
         return so
@@ -119,6 +128,8 @@ class OnnxRuntimeBackend(Backend):
                 f"ONNX Runtime could not use {wanted} (it fell back to {', '.join(got)}); "
                 "check the onnxruntime-gpu install and the CUDA libraries"
             )
+        if self._gpu is not None:
+            check_placement(self.session, wanted)
 
     def allocate_kv(self, slots: int, capacity: int) -> None:
         m = self.manifest.model

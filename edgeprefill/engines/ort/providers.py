@@ -1,42 +1,70 @@
-"""Provider options for ONNX Runtime's GPU execution providers (plain functions, unit-tested).
+"""ONNX Runtime's GPU execution providers: which run, their options, and where the nodes went.
 
 - CUDA EP: the chunk graph as exported; the arena grows only by what is asked for, since on
   a Jetson the GPU shares the board's memory with everything else.
-- TensorRT EP: explicit optimization profiles, the same plan as `edgeprefill build` (one per
-  chunk bucket, B=1, plus the decode profile, B=1..max_batch), with the KV capacity pinned
-  through a free-dimension override so that TensorRT sees a static cache axis. Engines and
-  timing caches go to BUNDLE/engines/ort-trt/ and are reused across runs.
+- TensorRT EP (`--device tensorrt`): refused. It runs a session on optimization profile 0
+  only, so a single profile would have to cover every chunk and decode batch the scheduler
+  sends, the `standard` graph's in-place KV update needs TensorRT >= 10.15's parser under
+  ONNX Runtime, and none of that can be checked without a GPU. The `tensorrt` backend
+  (`edgeprefill build`, one profile per bucket, chunks padded, decode batches split) is the
+  TensorRT path; the CUDA EP is the ONNX Runtime one.
+- ONNX Runtime falls back to the CPU per node without failing. A GPU session records which
+  provider got each node: the in-place KV write (TensorScatter) on the CPU is an error
+  (every step would copy the cache across the bus), other nodes there are one warning line.
 """
 
 from __future__ import annotations
 
+import logging
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
+from typing import Any, NamedTuple
 
 from edgeprefill.bundle import Manifest
-from edgeprefill.contract import CAPACITY
 from edgeprefill.engines.gpu_libs import ORT_GPU_HINT
 from edgeprefill.engines.trt.cache import ENGINES_DIR
-from edgeprefill.engines.trt.plan import ProfilePlan, profile_plan
+from edgeprefill.errors import BackendError
 
 TRT_EP = "TensorrtExecutionProvider"
 CUDA_EP = "CUDAExecutionProvider"
-ORT_TRT_CACHE = "ort-trt"  # under BUNDLE/engines/
-DEFAULT_MAX_BATCH = 8  # decode rows per call the TensorRT EP's decode profile covers
+ORT_TRT_CACHE = "ort-trt"  # under BUNDLE/engines/ (left by earlier versions)
+ASSIGNMENT_ENTRY = "session.record_ep_graph_assignment_info"
+KV_WRITE_OP = "TensorScatter"  # the standard graph's in-place KV write
+# The first onnxruntime-gpu with a CUDA TensorScatter kernel (PR 27446): 1.25.0's
+# libonnxruntime_providers_cuda.so has onnxruntime::cuda::TensorScatter, 1.24.4's has none.
+MIN_ORT_GPU = "1.25"
+log = logging.getLogger("edgeprefill")
+
+# device -> why it is refused and what works instead (one line each).
+REFUSED_DEVICES = {
+    "tensorrt": (
+        "--device tensorrt (ONNX Runtime's TensorRT provider) is not supported: it runs only "
+        "its first optimization profile, which cannot cover the padded prefill chunks and "
+        "decode batches edgeprefill sends; use the TensorRT backend (`edgeprefill build "
+        "BUNDLE`, then `--backend tensorrt`) or ONNX Runtime's CUDA provider (`--device cuda`)"
+    ),
+}
 
 
 @dataclass(frozen=True)
 class GpuSettings:
-    cache_dir: Path  # TensorRT EP engine and timing cache folder
-    capacity: int  # KV positions per slot, static for the TensorRT EP
-    max_batch: int = DEFAULT_MAX_BATCH
-    fp16: bool = False  # let TensorRT pick fp16 kernels (trt_fp16_enable)
+    cache_dir: Path  # engines folder of the bundle (or --engine-dir)
+    capacity: int  # KV positions per slot
+    fp16: bool = False  # the bundle's weights are float16
     device_id: int = 0
 
 
+def refuse_device(device: str) -> None:
+    """BackendError naming what works instead when `device` is a refused provider."""
+    reason = REFUSED_DEVICES.get(device)
+    if reason is not None:
+        raise BackendError(reason)
+
+
 def gpu_settings(bundle_dir: Path, manifest: Manifest, engine_dir: Path | None) -> GpuSettings:
-    """Settings for a bundle: fp16 kernels when its weights are float16, the capacity of its
-    max context, the cache under its engines/ folder (or `engine_dir`)."""
+    """Settings for a bundle: the capacity of its max context, float16 when its weights are."""
     root = engine_dir or bundle_dir / ENGINES_DIR
     return GpuSettings(
         cache_dir=root / ORT_TRT_CACHE,
@@ -49,53 +77,18 @@ def provider_options(
     providers: list[str], manifest: Manifest, settings: GpuSettings
 ) -> list[dict[str, str]]:
     """One options dict per provider name, in order (InferenceSession's provider_options)."""
-    return [_options_for(name, manifest, settings) for name in providers]
-
-
-def _options_for(name: str, manifest: Manifest, settings: GpuSettings) -> dict[str, str]:
-    if name == TRT_EP:
-        return tensorrt_options(manifest, settings)
-    if name == CUDA_EP:
-        return cuda_options(settings)
-    return {}
+    return [cuda_options(settings) if name == CUDA_EP else {} for name in providers]
 
 
 def cuda_options(settings: GpuSettings) -> dict[str, str]:
     return {"device_id": str(settings.device_id), "arena_extend_strategy": "kSameAsRequested"}
 
 
-def tensorrt_options(manifest: Manifest, settings: GpuSettings) -> dict[str, str]:
-    plan = profile_plan(manifest, settings.capacity, settings.max_batch)
-    cache = str(settings.cache_dir)
-    return {
-        "device_id": str(settings.device_id),
-        "trt_fp16_enable": _flag(settings.fp16),
-        "trt_engine_cache_enable": "True",
-        "trt_engine_cache_path": cache,
-        "trt_timing_cache_enable": "True",
-        "trt_timing_cache_path": cache,
-        **profile_shape_options(plan),
-    }
-
-
-def profile_shape_options(plan: ProfilePlan) -> dict[str, str]:
-    """`trt_profile_{min,opt,max}_shapes`: "name:AxB,..." for every input of every profile;
-    a name repeated later in the list starts the next profile (ORT's TensorRT EP format)."""
-    options = {}
-    for end in ("min", "opt", "max"):
-        parts = [
-            f"{name}:{'x'.join(str(d) for d in getattr(shapes, end))}"
-            for profile in plan.profiles
-            for name, shapes in profile.shapes.items()
-        ]
-        options[f"trt_profile_{end}_shapes"] = ",".join(parts)
-    return options
-
-
 def dimension_overrides(device: str, settings: GpuSettings) -> dict[str, int]:
-    """Symbolic axes to fix for the session: TensorRT imports TensorScatter as its in-place
-    KV-cache update only over a static cache axis."""
-    return {CAPACITY: settings.capacity} if device == "tensorrt" else {}
+    """Symbolic axes to fix for the session. Only the TensorRT provider needed one (a static
+    KV capacity for its in-place update) and it is refused, so none today."""
+    refuse_device(device)
+    return {}
 
 
 def missing_provider(wanted: str, available: list[str]) -> str | None:
@@ -108,5 +101,70 @@ def missing_provider(wanted: str, available: list[str]) -> str | None:
     )
 
 
-def _flag(value: bool) -> str:
-    return "True" if value else "False"
+def configure_gpu_session(ort: ModuleType, options: Any) -> None:
+    """Make a GPU session tell where its nodes went: recorded per node when this
+    onnxruntime can (checked by `check_placement`), else ONNX Runtime's own warnings."""
+    options.add_session_config_entry(ASSIGNMENT_ENTRY, "1")
+    if not hasattr(ort.InferenceSession, "get_provider_graph_assignment_info"):
+        options.log_severity_level = 2  # warnings: "Some nodes were not assigned to ..."
+
+
+def missing_kernel(ort: ModuleType, wanted: str, op_type: str, opset: int) -> str | None:
+    """Why `wanted` cannot run `op_type` at `opset` in this onnxruntime, or None (also when
+    onnxruntime's kernel list does not cover that provider and cannot tell)."""
+    lister = getattr(getattr(ort, "capi", None), "_pybind_state", None)
+    kernels = getattr(lister, "get_all_opkernel_def", None)
+    if kernels is None:
+        return None
+    defs = [k for k in kernels() if k.provider == wanted]
+    if not defs:
+        return None
+    if any(k.op_name == op_type and k.version_range[0] <= opset <= k.version_range[1]
+           for k in defs):
+        return None
+    return (
+        f"onnxruntime {ort.__version__} has no {wanted} kernel for {op_type} (opset {opset}), "
+        f"so the KV cache would be written on the CPU; install onnxruntime-gpu>={MIN_ORT_GPU}"
+    )
+
+
+class Placement(NamedTuple):
+    recorded: bool  # this onnxruntime reported the assignment
+    elsewhere: Counter[str]  # op type -> nodes not on the wanted provider
+
+
+def placement(session: Any, wanted: str) -> Placement:
+    """Which nodes the session did not give to `wanted`, by op type."""
+    getter = getattr(session, "get_provider_graph_assignment_info", None)
+    if getter is None:
+        return Placement(False, Counter())
+    try:
+        subgraphs = list(getter())
+    except Exception:  # noqa: BLE001 - not recorded (an older build or another EP layout)
+        return Placement(False, Counter())
+    elsewhere: Counter[str] = Counter()
+    for subgraph in subgraphs:
+        if subgraph.ep_name != wanted:
+            elsewhere.update(node.op_type for node in subgraph.get_nodes())
+    return Placement(bool(subgraphs), elsewhere)
+
+
+def check_placement(session: Any, wanted: str) -> None:
+    """BackendError when the KV write left `wanted`; one warning line for other nodes."""
+    found = placement(session, wanted)
+    if not found.recorded:
+        return
+    if found.elsewhere[KV_WRITE_OP]:
+        raise BackendError(
+            f"ONNX Runtime put the KV-cache write ({KV_WRITE_OP}) on the CPU instead of "
+            f"{wanted}: every step would copy the cache; install onnxruntime-gpu>={MIN_ORT_GPU}"
+        )
+    if found.elsewhere:
+        log.warning("ONNX Runtime runs %s off %s (on the CPU): %s", _count(found.elsewhere),
+                    wanted, ", ".join(f"{op} x{n}" for op, n in found.elsewhere.most_common()))
+
+
+def _count(ops: Counter[str]) -> str:
+    total = sum(ops.values())
+    return f"{total} node{'s' if total != 1 else ''}"
+

@@ -18,6 +18,7 @@ from edgeprefill.bundle import Manifest
 from edgeprefill.contract import INPUT_IDS, LOGITS, PAST_LENS, VALID_LENS
 from edgeprefill.engines.base import Backend, BackendOptions, StepBatch
 from edgeprefill.engines.trt.graph import require_standard
+from edgeprefill.engines.trt.plan import aligned_capacity
 from edgeprefill.engines.trt.runtime import EngineRuntime, open_runtime
 from edgeprefill.engines.trt.steps import (
     Call,
@@ -47,16 +48,19 @@ class TensorRTBackend(Backend):
         m = manifest.model
         self._kv_shape = (m.num_kv_heads, self.plan.capacity, m.head_dim)
         self._vocab = m.vocab_size
-        rows, tokens = staging_sizes(self.plan)
-        self._stage = {
-            INPUT_IDS: self.device.alloc(tokens * 8),
-            PAST_LENS: self.device.alloc(rows * 4),
-            VALID_LENS: self.device.alloc(rows * 4),
-            LOGITS: self.device.alloc(rows * self._vocab * 4),
-        }
         self._arenas: list[int] = []
         self._spare = 0  # one slot of one arena: the middle stop of a swap
         self._slots = 0
+        rows, tokens = staging_sizes(self.plan)
+        sizes = {INPUT_IDS: tokens * 8, PAST_LENS: rows * 4, VALID_LENS: rows * 4,
+                 LOGITS: rows * self._vocab * 4}
+        self._stage: dict[str, int] = {}
+        try:
+            for name, nbytes in sizes.items():
+                self._stage[name] = self.device.alloc(nbytes)
+        except BackendError:
+            self.close()  # what was allocated, the engine and the stream
+            raise
 
     @property
     def slot_bytes(self) -> int:
@@ -66,16 +70,26 @@ class TensorRTBackend(Backend):
 
     def allocate_kv(self, slots: int, capacity: int) -> None:
         if capacity != self.plan.capacity:
+            rebuild = ""
+            if aligned_capacity(self.manifest, capacity) == capacity:
+                rebuild = f" or rebuild with `edgeprefill build --capacity {capacity}`"
             raise BackendError(
                 f"the TensorRT engine was built for a KV capacity of {self.plan.capacity}, "
-                f"not {capacity}; run with max_context {self.plan.capacity} or rebuild with "
-                f"`edgeprefill build --capacity {capacity}`"
+                f"not {capacity}; run with max_context {self.plan.capacity}{rebuild}"
             )
         self._free_kv()
         # Zero-filled: the standard graph attends over the whole capacity with an additive
         # mask, so never-written positions must hold finite numbers.
-        self._arenas = [self.device.alloc(slots * self.slot_bytes) for _ in self._pairs]
-        self._spare = self.device.alloc(self.slot_bytes)
+        try:
+            for _ in self._pairs:
+                self._arenas.append(self.device.alloc(slots * self.slot_bytes))
+            self._spare = self.device.alloc(self.slot_bytes)
+        except BackendError as err:
+            self._free_kv()
+            total = (slots * len(self._pairs) + 1) * self.slot_bytes
+            raise BackendError(f"cannot allocate the KV cache: {slots} slots x "
+                               f"{len(self._pairs)} arenas = {total / 2**20:.0f} MiB on the GPU "
+                               f"({err}); use fewer KV slots or a smaller kv_budget") from None
         self._slots = slots
 
     def run(self, step: StepBatch) -> np.ndarray:

@@ -107,7 +107,7 @@ def usable_records(engines_dir: Path, manifest: Manifest, device: DeviceInfo) ->
     for record in sorted(engines_dir.glob("*.json")):
         meta = _read_record(record)
         key = _key_from(meta)
-        if key is None or not _same_source(key, manifest, device):
+        if meta is None or key is None or not _same_source(key, manifest, device):
             continue
         if find_engine(engines_dir, key, verify=False) is not None:
             found.append((meta.get("built_at", 0.0), key))

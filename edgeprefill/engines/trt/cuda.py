@@ -6,13 +6,16 @@ CUDA runtime API on one stream. Tests implement it over host memory.
 
 from __future__ import annotations
 
+from importlib import metadata
 from types import ModuleType
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
-from edgeprefill.engines.gpu_libs import require_cudart
+from edgeprefill.engines.gpu_libs import require_cudart, version_tuple
 from edgeprefill.errors import BackendError
+
+CUDA_MAJORS = (11, 12, 13, 14)  # the tensorrt-cuXX wheels that may be installed
 
 
 class DeviceMemory(Protocol):
@@ -36,13 +39,25 @@ class DeviceMemory(Protocol):
 
     def synchronize(self) -> None: ...
 
+    def close(self) -> None:
+        """Release the stream; the device is unusable afterwards."""
+
 
 class CudaDevice:
     """DeviceMemory on the current CUDA device, with one stream."""
 
     def __init__(self, cudart: ModuleType | None = None) -> None:
         self.rt = cudart or require_cudart()
+        driver = int(self._check("cudaDriverGetVersion", self.rt.cudaDriverGetVersion()))
+        problem = cuda_mismatch(bindings_major(), driver, tensorrt_cuda_major())
+        if problem:
+            raise BackendError(problem)
         self.stream = int(self._check("cudaStreamCreate", self.rt.cudaStreamCreate()))
+
+    def close(self) -> None:
+        if self.stream:
+            stream, self.stream = self.stream, 0
+            self._check("cudaStreamDestroy", self.rt.cudaStreamDestroy(stream))
 
     def info(self) -> tuple[str, str]:
         """(GPU name, compute capability "major.minor") of the current device."""
@@ -80,7 +95,7 @@ class CudaDevice:
     def synchronize(self) -> None:
         self._check("cudaStreamSynchronize", self.rt.cudaStreamSynchronize(self.stream))
 
-    def _check(self, what: str, result):
+    def _check(self, what: str, result: Any) -> Any:
         """cuda-python returns (error, *values): raise on error, return the value."""
         err, *values = result if isinstance(result, tuple) else (result,)
         if err != self.rt.cudaError_t.cudaSuccess:
@@ -88,3 +103,61 @@ class CudaDevice:
             text = text.decode() if isinstance(text, bytes) else text
             raise BackendError(f"CUDA {what} failed: {text}")
         return values[0] if len(values) == 1 else (values or None)
+
+
+def device_info() -> tuple[str, str]:
+    """(GPU name, compute capability) of the current device, its stream released."""
+    device = CudaDevice()
+    try:
+        return device.info()
+    finally:
+        device.close()
+
+
+def cuda_mismatch(
+    bindings: int | None, driver_version: int, tensorrt_cuda: int | None
+) -> str | None:
+    """Why cuda-python of major `bindings` cannot drive this machine, or None.
+
+    `driver_version` is cudaDriverGetVersion's (12060: the driver supports CUDA 12.6);
+    `tensorrt_cuda` the CUDA major of the installed tensorrt-cuXX wheel (None: unknown, as
+    with JetPack's TensorRT). cuda-python newer than the driver fails at its first call;
+    one of another major than TensorRT's loads a second CUDA runtime beside TensorRT's.
+    """
+    driver_major, driver_minor = driver_version // 1000, driver_version % 1000 // 10
+    if bindings is None:
+        return None
+    if bindings > driver_major:
+        return (f"cuda-python {bindings}.x needs a driver for CUDA {bindings}, and this "
+                f"driver supports CUDA {driver_major}.{driver_minor}: "
+                f"{_pin(tensorrt_cuda or driver_major)}")
+    if tensorrt_cuda is not None and tensorrt_cuda != bindings:
+        return (f"TensorRT is built for CUDA {tensorrt_cuda} but cuda-python is {bindings}.x: "
+                f"{_pin(tensorrt_cuda)}")
+    return None
+
+
+def bindings_major() -> int | None:
+    """The installed cuda-python's major version (cuda-bindings from 12.6 on)."""
+    for name in ("cuda-bindings", "cuda-python"):
+        try:
+            return version_tuple(metadata.version(name))[0]
+        except (metadata.PackageNotFoundError, IndexError):
+            continue
+    return None
+
+
+def tensorrt_cuda_major() -> int | None:
+    """The CUDA major of the installed tensorrt-cuXX wheel, None when none is (JetPack)."""
+    for major in CUDA_MAJORS:
+        for name in (f"tensorrt-cu{major}", f"tensorrt-cu{major}-libs"):
+            try:
+                metadata.version(name)
+            except metadata.PackageNotFoundError:
+                continue
+            return major
+    return None
+
+
+def _pin(major: int) -> str:
+    return f"pip install 'cuda-python>={major},<{major + 1}' (or edgeprefill[tensorrt-cu{major}])"

@@ -12,11 +12,15 @@ needs a static sequence axis); only their batch axis follows the profile's B.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from math import gcd
+
+import numpy as np
 
 from edgeprefill.bundle import Manifest
 from edgeprefill.contract import BATCH, CAPACITY, CHUNK
 from edgeprefill.errors import BackendError
 
+TENSOR_ALIGNMENT = 256  # bytes: TensorRT rejects (or misreads) tensor addresses off this
 Shape = tuple[int, ...]
 
 
@@ -58,6 +62,7 @@ class ProfilePlan:
 def profile_plan(manifest: Manifest, capacity: int, max_batch: int) -> ProfilePlan:
     """Profiles for the manifest's buckets (those that fit the capacity), decode last."""
     check_capacity(manifest, capacity)
+    check_alignment(manifest, capacity)
     if max_batch < 1:
         raise BackendError(f"--max-batch must be at least 1, got {max_batch}")
     # A bucket of 1 is the decode profile's B=1 case; a bucket over the capacity never fits.
@@ -67,6 +72,43 @@ def profile_plan(manifest: Manifest, capacity: int, max_batch: int) -> ProfilePl
     batch = (1, max_batch, max_batch)
     profiles.append(_profile(manifest, "decode", 1, batch, capacity))
     return ProfilePlan(tuple(profiles), buckets, capacity, max_batch)
+
+
+def position_bytes(manifest: Manifest) -> int:
+    """Bytes of one position of one slot in one KV arena: kv_heads x head_dim x itemsize."""
+    past = manifest.graph.kv_inputs[0][0]
+    dtype = np.dtype(manifest.graph.inputs[past][0])
+    return manifest.model.num_kv_heads * manifest.model.head_dim * int(dtype.itemsize)
+
+
+def capacity_step(manifest: Manifest) -> int:
+    """Capacities that are a multiple of this make every slot of an arena (slot bytes =
+    capacity x position bytes) start on TensorRT's 256-byte alignment."""
+    return TENSOR_ALIGNMENT // gcd(TENSOR_ALIGNMENT, position_bytes(manifest))
+
+
+def aligned_capacity(manifest: Manifest, capacity: int) -> int:
+    """`capacity` rounded up to a multiple of capacity_step, or down when up would pass the
+    bundle's max context (odd KV heads with an odd capacity, e.g. SmolLM2 fp16 at 2047)."""
+    check_capacity(manifest, capacity)
+    step = capacity_step(manifest)
+    up = -(-capacity // step) * step
+    if up <= manifest.max_context:
+        return up
+    down = capacity // step * step
+    if down < 2:
+        raise BackendError(f"no KV capacity up to {manifest.max_context} keeps the KV slots "
+                           f"{TENSOR_ALIGNMENT}-byte aligned (multiples of {step})")
+    return down
+
+
+def check_alignment(manifest: Manifest, capacity: int) -> None:
+    step = capacity_step(manifest)
+    if capacity % step:
+        raise BackendError(
+            f"a KV capacity of {capacity} puts KV slots off TensorRT's {TENSOR_ALIGNMENT}-byte "
+            f"alignment; use a multiple of {step} (`edgeprefill build` rounds it)"
+        )
 
 
 def check_capacity(manifest: Manifest, capacity: int) -> None:
@@ -87,7 +129,7 @@ def _profile(
     return Profile(name, chunk, batch[2], shapes)
 
 
-def _resolve(dims: list, values: dict[str, int]) -> Shape:
+def _resolve(dims: list[str | int], values: dict[str, int]) -> Shape:
     try:
         return tuple(values[d] if isinstance(d, str) else int(d) for d in dims)
     except KeyError as err:

@@ -1,0 +1,291 @@
+"""Chat messages -> prompt text, rendered exactly as transformers' `apply_chat_template`.
+
+Chat templates are Jinja programs from the model's authors (untrusted code), so they run in
+Jinja's immutable sandbox with the environment transformers builds in
+`transformers/utils/chat_template_utils.py` (`_cached_compile_jinja_template`): trim_blocks
+and lstrip_blocks, loop controls, the `{% generation %}` tag, `raise_exception`,
+`strftime_now`, a `tojson` that neither sorts keys nor escapes HTML, and a `namespace` that
+refuses underscore names. The variables are the same too: `messages`, `tools`, `documents`,
+`add_generation_prompt`, every named special token, and the caller's extra keywords.
+
+Any failure of a template (its own `raise_exception`, a syntax error, a type error inside
+it) is a `RequestError("chat template: ...")`: the caller's request cannot be rendered, and
+the server answers 400 with the template's message.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from edgeprefill.errors import BundleError, EdgeprefillError, ExportError, RequestError
+
+# transformers' PreTrainedTokenizerBase.SPECIAL_TOKENS_ATTRIBUTES (5.x): the named tokens.
+NAMED_SPECIAL_TOKENS = (
+    "bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token",
+)
+# transformers' _REASONING_FIELDS: a message's reasoning is aliased under all of these.
+REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
+# What export renders once to refuse a template that cannot serve a plain chat. No system
+# turn: Gemma's and Mistral's templates refuse one, and they are valid templates.
+SAMPLE_CONVERSATION = (
+    {"role": "user", "content": "Hello!"},
+    {"role": "assistant", "content": "Hi! How can I help?"},
+    {"role": "user", "content": "Tell me a joke."},
+)
+
+
+class ChatTemplate:
+    """One chat template with the special tokens it sees as variables.
+
+    Compiled on first use, so a bundle whose template is broken still serves text prompts;
+    a chat request then gets the template's error."""
+
+    def __init__(self, source: str, special_tokens: Mapping[str, str]) -> None:
+        self.source = source
+        self.special_tokens = dict(special_tokens)
+        self._compiled = None
+
+    def render(
+        self, messages: Sequence[Mapping[str, Any]], *, add_generation_prompt: bool = True,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        documents: Sequence[Mapping[str, Any]] | None = None, **extra: Any,
+    ) -> str:
+        """The prompt text for `messages`; extra keywords become template variables and
+        win over special tokens of the same name (as in transformers)."""
+        chat = _messages(messages)
+        variables = {**self.special_tokens, **extra}
+        try:
+            return self._template().render(
+                messages=chat, tools=_plain(_dicts(tools, "tools")),
+                documents=_plain(_dicts(documents, "documents")),
+                add_generation_prompt=add_generation_prompt, **_plain(variables),
+            )
+        except EdgeprefillError:
+            raise
+        except Exception as err:  # the template is code: any failure is its message
+            raise RequestError(f"chat template: {_describe(err)}") from None
+
+    def _template(self):
+        if self._compiled is None:
+            from jinja2.exceptions import TemplateSyntaxError
+
+            try:
+                self._compiled = _environment().from_string(self.source)
+            except TemplateSyntaxError as err:
+                raise RequestError(
+                    f"chat template: {err.message} (template line {err.lineno})"
+                ) from None
+        return self._compiled
+
+
+def special_tokens(
+    folder: Path, fallback: Mapping[str, str | None] | None = None
+) -> dict[str, str]:
+    """The special tokens transformers' tokenizer would pass to the template, read from a
+    checkpoint's or bundle's `special_tokens_map.json` and `tokenizer_config.json` (the
+    latter wins): the named tokens, any other `*_token` string, and `extra_special_tokens`
+    given by name. `fallback` fills names neither file has."""
+    tokens = {k: v for k, v in (fallback or {}).items() if v is not None}
+    for name in ("special_tokens_map.json", "tokenizer_config.json"):
+        raw = _read_json(folder / name)
+        named = raw.get("extra_special_tokens")
+        entries = {**raw, **(named if isinstance(named, dict) else {})}
+        for key, value in entries.items():
+            text = _token_text(value)
+            if text is not None and (key in NAMED_SPECIAL_TOKENS or key.endswith("_token")):
+                tokens[key] = text
+    return tokens
+
+
+def template_source(folder: Path) -> str | None:
+    """A checkpoint's chat template: `chat_template.jinja`, else tokenizer_config.json's
+    `chat_template` (of named templates, the default one), as export records it."""
+    jinja = folder / "chat_template.jinja"
+    if jinja.is_file():
+        return jinja.read_text()
+    template = _read_json(folder / "tokenizer_config.json").get("chat_template")
+    if isinstance(template, list):
+        named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
+        template = named.get("default") or next(iter(named.values()), None)
+    return template if isinstance(template, str) else None
+
+
+def check_export_template(hf_dir: Path) -> None:
+    """Refuse, in one line, a checkpoint whose chat template cannot render a sample chat:
+    the runtime would fail every chat request with it."""
+    try:
+        source = template_source(hf_dir)
+        if source is None:
+            return
+        ChatTemplate(source, special_tokens(hf_dir)).render(list(SAMPLE_CONVERSATION))
+    except BundleError as err:  # a tokenizer file that is not JSON
+        raise ExportError(str(err)) from None
+    except RequestError as err:
+        raise ExportError(
+            f"{hf_dir}'s chat template fails on a sample conversation "
+            f"(user, assistant, user): {str(err).removeprefix('chat template: ')}"
+        ) from None
+
+
+# -- the Jinja environment, as transformers builds it ---------------------------------------
+
+
+def _environment():
+    import jinja2
+    from jinja2.ext import Extension, loopcontrols
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    class GenerationTag(Extension):
+        """`{% generation %}...{% endgeneration %}` marks assistant text for training masks;
+        rendering keeps the body as is."""
+
+        tags = {"generation"}
+
+        def parse(self, parser):
+            lineno = next(parser.stream).lineno
+            body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+            return jinja2.nodes.CallBlock(self.call_method("_body"), [], [], body).set_lineno(
+                lineno)
+
+        def _body(self, caller):
+            return caller()
+
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=[GenerationTag, loopcontrols],
+    )
+    env.filters["tojson"] = _tojson
+    env.globals["raise_exception"] = _raise_exception
+    env.globals["strftime_now"] = _strftime_now
+    env.globals["dict"] = _TemplateDict()
+    env.globals["namespace"] = _namespace_class()
+    return env
+
+
+def _raise_exception(message):
+    from jinja2.exceptions import TemplateError
+
+    raise TemplateError(message)
+
+
+def _tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+    # Jinja's own tojson sorts keys and escapes <, >, & and ': templates expect plain JSON.
+    return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
+                      sort_keys=sort_keys)
+
+
+def _strftime_now(format):
+    return datetime.now().strftime(format)
+
+
+class _TemplateDict:
+    """`dict(...)` without the class itself, so templates cannot reach its attributes."""
+
+    def __call__(self, *args, **kwargs):
+        return dict(*args, **kwargs)
+
+    def fromkeys(self, *args, **kwargs):
+        return dict.fromkeys(*args, **kwargs)
+
+
+def _namespace_class():
+    from jinja2.exceptions import SecurityError
+    from jinja2.utils import Namespace
+
+    def check(name):
+        if isinstance(name, str) and name.startswith("_"):
+            raise SecurityError(
+                "Chat templates cannot store underscore-prefixed attributes on a namespace, "
+                f"but got {name!r}. Please rename the attribute.")
+
+    class TemplateNamespace(Namespace):
+        # Namespaces refuse dunder attributes: no way into CPython internals.
+        def __init__(*args, **kwargs):  # Namespace's signature trick: `namespace(self=...)`
+            self, args = args[0], args[1:]
+            attrs = dict(*args, **kwargs)
+            for name in attrs:
+                check(name)
+            Namespace.__init__(self, attrs)
+
+        def __setitem__(self, name, value):
+            check(name)
+            Namespace.__setitem__(self, name, value)
+
+    return TemplateNamespace
+
+
+# -- the template's inputs -----------------------------------------------------------------
+
+
+def _messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """transformers' preparation: keys whose value is None dropped (OpenAI clients send
+    `content: null` beside tool calls), plain JSON data only, reasoning aliased."""
+    if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence) or not messages:
+        raise RequestError("chat messages must be a non-empty list of objects")
+    chat = []
+    for m in messages:
+        # transformers would render a missing role as nothing: that is never what was meant.
+        if not isinstance(m, Mapping) or not isinstance(m.get("role"), str):
+            raise RequestError(f"each chat message must be an object with a string 'role', "
+                               f"got {m!r:.60}")
+        message = _plain({k: v for k, v in m.items() if v is not None})
+        reasoning = next((message[k] for k in REASONING_FIELDS if message.get(k) is not None),
+                         None)
+        if reasoning is not None:
+            message = {"thinking": reasoning, **message, "reasoning_content": reasoning}
+        chat.append(message)
+    return chat
+
+
+def _dicts(items: Sequence[Any] | None, name: str) -> Sequence[Any] | None:
+    if items is not None and (isinstance(items, (str, bytes, Mapping))
+                              or not all(isinstance(i, Mapping) for i in items)):
+        raise RequestError(f"chat template {name} must be a list of JSON objects")
+    return items
+
+
+def _plain(value: Any) -> Any:
+    """A copy made of JSON types only (transformers' _plain_template_data): objects with
+    methods the sandbox does not know about never reach the template."""
+    if value is None or type(value) in (str, int, float, bool):
+        return value
+    # Subclasses (str enums, IntEnum, ...) can carry methods: back to the base type.
+    if isinstance(value, str):
+        return str.__str__(value)
+    if isinstance(value, int):
+        return int.__int__(value)
+    if isinstance(value, float):
+        return float.__float__(value)
+    if isinstance(value, Mapping):
+        return {_plain(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    if isinstance(value, tuple):
+        return tuple(_plain(v) for v in value)
+    return f"<{type(value).__name__}>"
+
+
+def _describe(err: Exception) -> str:
+    from jinja2.exceptions import TemplateError
+
+    text = str(err) if isinstance(err, TemplateError) else f"{type(err).__name__}: {err}"
+    return " ".join(text.split()) or type(err).__name__  # one line
+
+
+def _token_text(value: Any) -> str | None:
+    if isinstance(value, dict):  # an AddedToken serialized as {"content": ...}
+        value = value.get("content")
+    return value if isinstance(value, str) else None
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        return {}
+    try:
+        raw = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise BundleError(f"{path} is not valid JSON: {err}") from None
+    return raw if isinstance(raw, dict) else {}

@@ -1,0 +1,108 @@
+"""The sampling defaults a checkpoint ships in `generation_config.json`.
+
+Export copies the file into the bundle. Its temperature, top_k, top_p and
+repetition_penalty become the defaults of every request that does not set them (SDK,
+`edgeprefill run`, the server), and its `eos_token_id` list joins the manifest's EOS ids.
+Explicit values always win. As in vLLM, a value the file sets is a default even without
+`do_sample: true`; an explicit `do_sample: false` (transformers' greedy search) makes the
+default temperature 0.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Collection
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+from typing import Any
+
+from edgeprefill.errors import BundleError, ExportError
+from edgeprefill.sdk.params import GenerationParams
+
+FILE = "generation_config.json"
+
+
+@dataclass(frozen=True)
+class GenerationDefaults:
+    """What the checkpoint sets; None: it says nothing, GenerationParams' default holds."""
+
+    temperature: float | None = None
+    top_k: int | None = None
+    top_p: float | None = None
+    repetition_penalty: float | None = None
+    eos_token_ids: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        _check("temperature", self.temperature, _finite(self.temperature)
+               and self.temperature >= 0, "a finite number >= 0")
+        _check("top_k", self.top_k, _int(self.top_k) and self.top_k >= 0, "an integer >= 0")
+        _check("top_p", self.top_p, _finite(self.top_p) and 0 < self.top_p <= 1,
+               "a number in (0, 1]")
+        _check("repetition_penalty", self.repetition_penalty,
+               _finite(self.repetition_penalty) and self.repetition_penalty > 0,
+               "a finite number > 0")
+        if not all(_int(i) and i >= 0 for i in self.eos_token_ids):
+            raise BundleError(f"{FILE}: eos_token_id must be an integer >= 0 or a list of them, "
+                              f"got {list(self.eos_token_ids)!r:.80}")
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> GenerationDefaults:
+        names = [f.name for f in fields(cls) if f.name != "eos_token_ids"]
+        values = {name: raw.get(name) for name in names}
+        if raw.get("do_sample") is False:
+            values["temperature"] = 0.0
+        eos = raw.get("eos_token_id")
+        return cls(**values, eos_token_ids=tuple(eos) if isinstance(eos, list)
+                   else () if eos is None else (eos,))
+
+    @classmethod
+    def load(cls, folder: str | Path) -> GenerationDefaults:
+        """The defaults of a bundle (or checkpoint) folder; none if it has no such file."""
+        path = Path(folder) / FILE
+        if not path.is_file():
+            return cls()
+        try:
+            raw = json.loads(path.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as err:
+            raise BundleError(f"{path} is not valid JSON: {err}") from None
+        if not isinstance(raw, dict):
+            raise BundleError(f"{path} does not hold a JSON object")
+        return cls.from_dict(raw)
+
+    def sampling(self) -> dict[str, float | int]:
+        """The sampling fields the checkpoint sets, by GenerationParams field name."""
+        return {f.name: getattr(self, f.name) for f in fields(self)
+                if f.name != "eos_token_ids" and getattr(self, f.name) is not None}
+
+    def fill(self, params: GenerationParams, given: Collection[str] = ()) -> GenerationParams:
+        """`params` with the checkpoint's values in every sampling field not in `given`
+        (the fields the caller set explicitly)."""
+        return replace(params, **{k: v for k, v in self.sampling().items() if k not in given})
+
+    def describe(self) -> str:
+        """One line for `inspect`."""
+        parts = [f"{k} {v}" for k, v in self.sampling().items()]
+        return ", ".join(parts) if parts else "none set"
+
+
+def check_export_generation_config(hf_dir: Path) -> None:
+    """Refuse, in one line, a checkpoint whose generation_config.json the runtime would
+    refuse to load (export copies it into the bundle)."""
+    try:
+        GenerationDefaults.load(hf_dir)
+    except BundleError as err:
+        raise ExportError(f"{hf_dir}: {err}") from None
+
+
+def _int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _check(name: str, value: Any, ok: bool, what: str) -> None:
+    if value is not None and not ok:
+        raise BundleError(f"{FILE}: {name} must be {what}, got {value!r:.40}")
