@@ -13,12 +13,13 @@ One call runs one step: B rows of C tokens, against KV buffers of a fixed capaci
            present_value.{i} the buffer of past_value.{i}
 
 The exporter writes graphs and manifests from these names; the runtime and the backends
-bind by them; `check_graph_io` refuses a manifest whose graph differs.
+bind by them; `check_graph_io` refuses a manifest whose graph differs, and
+`check_loaded_io` a graph file that differs from its manifest.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from edgeprefill.errors import BundleError
@@ -112,6 +113,18 @@ def check_graph_io(manifest: Manifest) -> None:
     if kv_pairs(graph) != pairs:
         raise BundleError("the manifest's KV input/output pairs are not the chunk-graph "
                           "contract's (past_key.{i}/present_key.{i}, ...); re-export")
+
+
+def check_loaded_io(manifest: Manifest, inputs: Collection[str], outputs: Collection[str]) -> None:
+    """Raise BundleError unless a loaded graph file has exactly the inputs and outputs its
+    manifest declares (a graph file swapped or edited after export)."""
+    graph = manifest.graph
+    for kind, got, declared in (("inputs", inputs, graph.inputs),
+                                ("outputs", outputs, graph.outputs)):
+        if set(got) != set(declared):
+            odd = sorted(set(got) ^ set(declared))
+            raise BundleError(f"{graph.file} does not match its manifest: the {kind} "
+                              f"{', '.join(odd)} differ; re-export the bundle")
 
 
 def _plain(table: Mapping[str, Any]) -> dict[str, list[Any]]:

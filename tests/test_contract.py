@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 from dataclasses import asdict, replace
 from pathlib import Path
 
@@ -85,3 +86,24 @@ def test_each_step_tensor_name_is_spelled_in_one_module(name):
     files = [p.relative_to(PACKAGE).as_posix() for p in PACKAGE.rglob("*.py")
              if spelled.search(p.read_text())]
     assert files == ["contract.py"]
+
+
+def test_a_graph_file_that_differs_from_its_manifest_is_refused_at_load(bundle, tmp_path):
+    import onnx
+
+    from edgeprefill.bundle import file_record
+    from edgeprefill.sdk import Engine
+
+    copy = tmp_path / "bundle"
+    shutil.copytree(bundle("llama"), copy)
+    manifest = json.loads((copy / MANIFEST_FILE).read_text())
+    graph_path = copy / manifest["graph"]["file"]
+    model = onnx.load(str(graph_path), load_external_data=False)
+    model.graph.input.append(onnx.helper.make_tensor_value_info(
+        "positions", onnx.TensorProto.INT64, ["batch", "chunk"]))  # an older contract's input
+    onnx.save(model, str(graph_path))
+    manifest["files"][manifest["graph"]["file"]] = file_record(graph_path)
+    (copy / MANIFEST_FILE).write_text(json.dumps(manifest))
+    with pytest.raises(BundleError, match="model.onnx does not match its manifest: the "
+                                          "inputs positions differ"):
+        Engine.load(copy, background=False)

@@ -17,7 +17,15 @@ from typing import Any
 import numpy as np
 
 from edgeprefill.bundle import Manifest, load_graph, resolve_inside
-from edgeprefill.contract import CAPACITY, INPUT_IDS, LOGITS, PAST_LENS, VALID_LENS, kv_pairs
+from edgeprefill.contract import (
+    CAPACITY,
+    INPUT_IDS,
+    LOGITS,
+    PAST_LENS,
+    VALID_LENS,
+    check_loaded_io,
+    kv_pairs,
+)
 from edgeprefill.engines.base import Backend, BackendOptions, StepBatch
 from edgeprefill.engines.ort.arena import DeviceArena, HostArena, KVArena
 from edgeprefill.engines.ort.providers import (
@@ -88,6 +96,8 @@ class OnnxRuntimeBackend(Backend):
             provider_options=self._provider_options(providers),
         )
         self._check_providers()
+        check_loaded_io(manifest, [i.name for i in self.session.get_inputs()],
+                        [o.name for o in self.session.get_outputs()])
         self.arena: KVArena | None = None  # host memory on the CPU, device memory on a GPU
         self._kv_pairs = kv_pairs(manifest.graph)
         self._bindings: dict[tuple[int, int], Any] = {}  # ort.IOBinding per (first, rows)
