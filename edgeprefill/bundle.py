@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from types import UnionType
+from typing import Any, Union, get_args, get_origin, get_type_hints
 
 from edgeprefill.contract import check_graph_io
 from edgeprefill.errors import BundleError
@@ -78,14 +79,107 @@ class Manifest:
                 f"(expects {FORMAT_VERSION}); re-export it with `edgeprefill export`"
             )
         try:
-            return cls(
-                model=ModelInfo(**raw["model"]),
-                graph=GraphInfo(**raw["graph"]),
-                tokenizer=TokenizerInfo(**raw["tokenizer"]),
+            manifest = cls(
+                model=ModelInfo(**_record(raw, "model")),
+                graph=GraphInfo(**_record(raw, "graph")),
+                tokenizer=TokenizerInfo(**_record(raw, "tokenizer")),
                 **{k: v for k, v in raw.items() if k not in ("model", "graph", "tokenizer")},
             )
         except (KeyError, TypeError) as err:
             raise BundleError(f"{MANIFEST_FILE} is malformed: {err}") from None
+        check_manifest(manifest)
+        return manifest
+
+
+# -- checks of an edited or damaged manifest: one line each, never a traceback later ---------
+
+# Positions a manifest may declare: far beyond any exported model, and small enough that
+# a hand-edited figure cannot make the runtime try to allocate exabytes of KV cache.
+MAX_CONTEXT_LIMIT = 1 << 22
+
+
+def _record(raw: dict[str, Any], name: str) -> dict[str, Any]:
+    value = raw[name]
+    if not isinstance(value, dict):
+        raise BundleError(f"{MANIFEST_FILE} is malformed: '{name}' must be an object")
+    return value
+
+
+def check_manifest(manifest: Manifest) -> None:
+    """Every field has its declared type, and the figures agree with each other."""
+    for record in (manifest, manifest.model, manifest.graph, manifest.tokenizer):
+        _check_types(record)
+    model = manifest.model
+    for name in ("num_layers", "num_heads", "num_kv_heads", "head_dim", "hidden_size",
+                 "vocab_size"):
+        if getattr(model, name) < 1:
+            _malformed(f"model.{name} must be positive, got {getattr(model, name)}")
+    if model.num_heads % model.num_kv_heads:
+        _malformed(f"model.num_heads ({model.num_heads}) is not a multiple of "
+                   f"model.num_kv_heads ({model.num_kv_heads})")
+    if not 2 <= manifest.max_context <= MAX_CONTEXT_LIMIT:
+        _malformed(f"max_context must be in 2..{MAX_CONTEXT_LIMIT}, got {manifest.max_context}")
+    chunks = manifest.chunks
+    if not chunks or chunks != sorted(set(chunks)) or chunks[0] < 1:
+        _malformed(f"chunks must be distinct positive sizes in ascending order, got {chunks}")
+    if chunks[-1] > manifest.max_context:
+        _malformed(f"chunk {chunks[-1]} exceeds max_context {manifest.max_context}")
+    ids = [*manifest.eos_token_ids, *([] if manifest.bos_token_id is None
+                                      else [manifest.bos_token_id])]
+    if any(not 0 <= i < model.vocab_size for i in ids):
+        _malformed(f"a BOS/EOS token id in {ids} is outside the vocabulary of {model.vocab_size}")
+    if len(manifest.graph.kv_inputs) != model.num_layers or any(
+        len(pair) != 2 for pair in (*manifest.graph.kv_inputs, *manifest.graph.kv_outputs)
+    ):
+        _malformed("graph.kv_inputs/kv_outputs must hold one [key, value] pair per layer")
+    for name, record in manifest.files.items():
+        if not isinstance(record, dict) or not isinstance(record.get("bytes"), int) or (
+            not isinstance(record.get("sha256"), str)
+        ):
+            _malformed(f"files[{name!r}] must be {{'sha256': str, 'bytes': int}}")
+
+
+def _check_types(record: Any) -> None:
+    hints = get_type_hints(type(record))
+    for f in fields(record):
+        value = getattr(record, f.name)
+        if not _is_instance(value, hints[f.name]):
+            _malformed(f"'{f.name}' must be {_type_name(hints[f.name])}, got "
+                       f"{type(value).__name__} {_short(value)}")
+
+
+def _is_instance(value: Any, hint: Any) -> bool:
+    """isinstance for the annotations the manifest uses (unions, list[...], dict[...])."""
+    if hint is Any:
+        return True
+    origin, args = get_origin(hint), get_args(hint)
+    if origin in (Union, UnionType):
+        return any(_is_instance(value, a) for a in args)
+    if origin is list:
+        return isinstance(value, list) and all(_is_instance(v, args[0]) for v in value)
+    if origin is dict:
+        return isinstance(value, dict) and all(
+            _is_instance(k, args[0]) and _is_instance(v, args[1]) for k, v in value.items())
+    if hint is type(None):
+        return value is None
+    if hint in (int, float) and isinstance(value, bool):
+        return False  # JSON true is no count
+    if hint is float:
+        return isinstance(value, int | float)
+    return isinstance(value, hint)
+
+
+def _type_name(hint: Any) -> str:
+    return getattr(hint, "__name__", None) if get_origin(hint) is None else str(hint)
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _malformed(problem: str) -> None:
+    raise BundleError(f"{MANIFEST_FILE} is malformed: {problem}; re-export the bundle")
 
 
 def sha256_of(path: Path, block: int = 1 << 22) -> str:

@@ -236,7 +236,7 @@ BAD_COMPLETIONS = [
     (b'{"prompt": "w5", "stream": "yes"}', 400, "stream", None),
     (b'{"prompt": "w5", "stop": 5}', 400, "stop", None),
     (b'{"prompt": "w5", "priority": 1.5}', 400, "priority", None),
-    (b'{"prompt": "w5", "n": 2}', 400, "n", None),
+    (b'{"prompt": "w5", "n": 17}', 400, "n", None),
     (b'{"prompt": [1, 99999]}', 400, "prompt", None),
     (b'{"prompt": "w5", "model": "gpt-4"}', 404, "model", "model_not_found"),
 ]

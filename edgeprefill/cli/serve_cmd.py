@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from edgeprefill.cli.options import spin_option
+from edgeprefill.cli.serve_limits import limit_options, split_limits
 from edgeprefill.errors import EdgeprefillError
 from edgeprefill.sdk.scheduler import POLICIES
 
@@ -34,12 +35,11 @@ from edgeprefill.sdk.scheduler import POLICIES
               show_default=True, help="Adaptive chunking keeps decode gaps under this.")
 @click.option("--max-pending", type=click.IntRange(min=1), default=64, show_default=True,
               help="Requests admitted at once, running or queued; more get HTTP 429.")
-@click.option("--max-body-mb", type=click.FloatRange(min=0, min_open=True), default=4.0,
-              show_default=True, help="Larger request bodies get HTTP 413.")
+@limit_options
 def serve(
     bundle: Path, host: str, port: int, model_name: str | None, api_key: str | None,
     threads: int | None, spin: bool, kv_slots: int, policy: str, chunk_size: int | None,
-    itl_target_ms: float, max_pending: int, max_body_mb: float,
+    itl_target_ms: float, max_pending: int, **limit_values,
 ) -> None:
     """Serve BUNDLE over an OpenAI-compatible HTTP API (completions, chat, models,
     health, Prometheus metrics). Requests may add edgeprefill's own fields, e.g.
@@ -55,6 +55,8 @@ def serve(
         import uvicorn
 
         from edgeprefill.server import ServerConfig, create_app
+        from edgeprefill.server.shutdown import run_until_signalled
+        from edgeprefill.server.transport import quiet_fd_exhaustion, uvicorn_config
     except ImportError as err:
         raise EdgeprefillError(
             f"edgeprefill serve needs the server extra ({err.name} is missing): "
@@ -63,8 +65,9 @@ def serve(
     from edgeprefill.sdk.engine import Engine
 
     _check_port_free(host, port)
+    limits = split_limits(limit_values)
     config = ServerConfig(model_name=model_name or bundle.resolve().name, api_key=api_key,
-                          max_pending=max_pending, max_body_bytes=int(max_body_mb * 2**20))
+                          max_pending=max_pending, **limits.config)
     click.echo(f"loading {bundle} ...", err=True)
     # The engine's queue holds at least what the server admits, so it never refuses one.
     engine = Engine.load(bundle, threads=threads, spin=spin, kv_slots=kv_slots, policy=policy,
@@ -75,7 +78,9 @@ def serve(
         auth = "API key required" if api_key else "no API key"
         click.echo(f"serving {config.model_name!r} on http://{host}:{port}/v1 ({auth}); "
                    "Ctrl-C to stop", err=True)
-        uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning")).run()
+        quiet_fd_exhaustion()
+        run_until_signalled(uvicorn.Server(uvicorn_config(app, host, port, limits.timeouts)))
+        click.echo("stopped", err=True)
     except KeyboardInterrupt:
         # uvicorn has already shut down gracefully and re-raised Ctrl-C: a normal stop.
         click.echo("stopped", err=True)

@@ -23,11 +23,13 @@ from edgeprefill.bundle import (
 from edgeprefill.contract import kv_names
 from edgeprefill.errors import ExportError
 from edgeprefill.export.checkpoint import Checkpoint
+from edgeprefill.export.config_checks import check_tokenizer_fits
 from edgeprefill.export.decoder import DecoderBuilder
 from edgeprefill.export.flavors import flavor_class
 from edgeprefill.export.graph import GraphBuilder
 from edgeprefill.export.model_config import ModelConfig
 from edgeprefill.export.quantize import QuantConfig
+from edgeprefill.export.staging import staged
 from edgeprefill.export.writer import write_external_data
 from edgeprefill.sdk.chat_template import check_export_template
 from edgeprefill.sdk.generation_defaults import check_export_generation_config
@@ -81,19 +83,21 @@ def export(hf_dir: str | Path, out_dir: str | Path, options: ExportOptions) -> M
             f"{hf_dir} has no tokenizer.json (a fast tokenizer file is required; "
             "transformers' AutoTokenizer.save_pretrained writes one)"
         )
+    check_tokenizer_fits(hf_dir / "tokenizer.json", cfg.vocab_size)
     check_export_template(hf_dir)
     check_export_generation_config(hf_dir)
-    _prepare_out(out_dir, options.overwrite)
-    ckpt = Checkpoint(hf_dir)
-    flavor = flavor_class(options.flavor)(cfg, DTYPES[options.dtype], max_context)
-    g = DecoderBuilder(cfg, ckpt, flavor, options.quant).build()
-    initializers = write_external_data(g.weights, out_dir / DATA_FILE, options.show_progress)
-    model = g.to_model(initializers, flavor.opsets, IR_VERSION[options.flavor])
-    onnx.save_model(model, out_dir / GRAPH_FILE)
-    for name in tokenizer_files:
-        shutil.copyfile(hf_dir / name, out_dir / name)
-    manifest = _manifest(cfg, g, options, chunks, max_context, hf_dir, out_dir, tokenizer_files)
-    (out_dir / MANIFEST_FILE).write_text(manifest.to_json())
+    with staged(out_dir, options.overwrite) as stage:  # swapped in only when complete
+        ckpt = Checkpoint(hf_dir)
+        flavor = flavor_class(options.flavor)(cfg, DTYPES[options.dtype], max_context)
+        g = DecoderBuilder(cfg, ckpt, flavor, options.quant).build()
+        initializers = write_external_data(g.weights, stage / DATA_FILE, options.show_progress)
+        model = g.to_model(initializers, flavor.opsets, IR_VERSION[options.flavor])
+        onnx.save_model(model, stage / GRAPH_FILE)
+        for name in tokenizer_files:
+            shutil.copyfile(hf_dir / name, stage / name)
+        manifest = _manifest(cfg, g, options, chunks, max_context, hf_dir, stage,
+                             tokenizer_files)
+        (stage / MANIFEST_FILE).write_text(manifest.to_json())
     return manifest
 
 
@@ -114,16 +118,6 @@ def _max_context(cfg: ModelConfig, requested: int | None) -> int:
             f"supported; export with --max-context {cfg.sliding_window} or less"
         )
     return limit
-
-
-def _prepare_out(out_dir: Path, overwrite: bool) -> None:
-    if out_dir.exists() and any(out_dir.iterdir()):
-        if not overwrite:
-            raise ExportError(f"{out_dir} exists and is not empty (use --overwrite to replace it)")
-        if not (out_dir / MANIFEST_FILE).is_file():
-            raise ExportError(f"refusing to overwrite {out_dir}: it is not an edgeprefill bundle")
-        shutil.rmtree(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
 
 
 def _io_table(values) -> dict[str, list[Any]]:

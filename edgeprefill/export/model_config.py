@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from edgeprefill.errors import ExportError
+from edgeprefill.export.config_checks import check_model_config
 
 
 @dataclass(frozen=True)
@@ -74,13 +75,7 @@ class ModelConfig:
     eos_token_ids: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
-        if self.num_heads % self.num_kv_heads:
-            raise ExportError(
-                f"num_attention_heads ({self.num_heads}) is not a multiple of "
-                f"num_key_value_heads ({self.num_kv_heads})"
-            )
-        if self.head_dim % 2:
-            raise ExportError(f"head_dim must be even for rotary embeddings, got {self.head_dim}")
+        check_model_config(self)
 
     @property
     def spec(self) -> FamilySpec:
@@ -109,8 +104,8 @@ class ModelConfig:
                 intermediate_size=int(raw["intermediate_size"]),
                 num_layers=int(raw["num_hidden_layers"]),
                 num_heads=heads,
-                num_kv_heads=int(raw.get("num_key_value_heads") or heads),
-                head_dim=int(raw.get("head_dim") or hidden // heads),
+                num_kv_heads=int(_given(raw.get("num_key_value_heads"), heads)),
+                head_dim=int(raw.get("head_dim") or hidden // max(heads, 1)),  # 0: refused
                 vocab_size=int(raw["vocab_size"]),
                 rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
                 max_positions=int(raw.get("max_position_embeddings", 2048)),
@@ -156,6 +151,11 @@ def _rope_from_hf(raw: dict[str, Any]) -> RopeConfig:
         high_freq_factor=float(params.get("high_freq_factor", 4.0)),
         original_max_positions=int(params.get("original_max_position_embeddings", 8192)),
     )
+
+
+def _given(value: Any, default: Any) -> Any:
+    """`value` unless absent or null; 0 stays 0 (and is refused), unlike `value or default`."""
+    return default if value is None else value
 
 
 def _sliding_window(raw: dict[str, Any]) -> int | None:

@@ -33,7 +33,7 @@ from edgeprefill.sdk.metrics import EngineCounters, EngineMetrics, RequestMetric
 from edgeprefill.sdk.params import GenerationParams
 from edgeprefill.sdk.priority import parse_priority
 from edgeprefill.sdk.request import Phase, Request
-from edgeprefill.sdk.sampler import Sampler
+from edgeprefill.sdk.sampler import Sampled, Sampler
 from edgeprefill.sdk.scheduler import PrefillChunk, Scheduler, SchedulerConfig, StepPlan
 from edgeprefill.sdk.step_runner import StepRunner
 from edgeprefill.sdk.stream import TokenEvent, TokenStream
@@ -41,6 +41,12 @@ from edgeprefill.sdk.tokenizer import BundleTokenizer, Prompt, TextStreamer
 
 if TYPE_CHECKING:
     from edgeprefill.sdk.session import Session
+
+
+def _nth_seed(params: GenerationParams, i: int) -> GenerationParams:
+    if i == 0 or params.seed is None:
+        return params
+    return dataclasses.replace(params, seed=params.seed + i)
 
 
 class Engine:
@@ -127,24 +133,60 @@ class Engine:
         session_id: int | None, chunk_size: int | None = None,
     ) -> TokenStream:
         """Queue a request for token ids; raises RequestError at once if it can never run."""
+        return self.submit_n(tokens, params, 1, priority, session_id, chunk_size)[0]
+
+    def submit_n(
+        self, tokens: list[int], params: GenerationParams | None, n: int,
+        priority: int | str = 0,
+        session_id: int | None = None, chunk_size: int | None = None,
+    ) -> list[TokenStream]:
+        """n completions of one prompt (OpenAI's `n`). The first prefills the prompt; the
+        others then start decoding from a copy of its KV slot and its last logits (one
+        prefill, n decodes; without a free slot one waits and borrows the prefix later).
+        With a seed, choice i draws with seed + i, so the choices differ yet reproduce."""
         params = params or self.default_params()
+        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+            raise RequestError(f"n must be an integer >= 1, got {n!r}")
         self._check_request(tokens, params, chunk_size)
+        requests = [  # only the first keeps a session's slot
+            self._request(tokens, _nth_seed(params, i), parse_priority(priority),
+                          session_id if i == 0 else None, chunk_size) for i in range(n)]
+        requests[0].followers = requests[1:]
+        with self._admission:  # after close() has started, nothing new enters the inbox
+            if self._stopping:
+                raise EngineClosedError("the engine is closed")
+            self._post("add", requests[0])
+        return [r.stream for r in requests]
+
+    def _request(
+        self, tokens: list[int], params: GenerationParams, priority: int,
+        session_id: int | None, chunk_size: int | None,
+    ) -> Request:
         now = time.perf_counter()
         request_id = next(self._ids)
         metrics = RequestMetrics(arrival=now, prompt_tokens=len(tokens))
         pump = None if self._thread else self._pump
+        request: Request
         stream = TokenStream(request_id, metrics, lambda: self._post("cancel", request), pump)
         request = Request(
-            id=request_id, tokens=list(tokens), params=params, priority=parse_priority(priority),
+            id=request_id, tokens=list(tokens), params=params, priority=priority,
             arrival=request_id, session_id=session_id, stream=stream,
-            sampler=Sampler(params), text=TextStreamer(self.tokenizer, params.stop),
+            sampler=self._sampler(params, tokens), text=TextStreamer(self.tokenizer, params.stop),
             metrics=metrics, chunk_size=chunk_size,
         )
-        with self._admission:  # after close() has started, nothing new enters the inbox
-            if self._stopping:
-                raise EngineClosedError("the engine is closed")
-            self._post("add", request)
-        return stream
+        return request
+
+    def _sampler(self, params: GenerationParams, tokens: list[int]) -> Sampler:
+        vocab = self.manifest.model.vocab_size
+        if params.logit_bias and max(params.logit_bias) >= vocab:
+            raise RequestError(f"logit_bias names token {max(params.logit_bias)}, "
+                               f"outside the vocabulary [0, {vocab})")
+        mask = None
+        if params.constraint is not None:
+            from edgeprefill.sdk.constraints import compile_constraint
+
+            mask = compile_constraint(params.constraint, self.tokenizer, sorted(self.eos))
+        return Sampler(params, tokens, mask)
 
     def default_params(self, **explicit: Any) -> GenerationParams:
         """GenerationParams from the explicit non-None keyword values, the bundle's
@@ -267,6 +309,33 @@ class Engine:
         except RequestError as err:
             self._finish(request, "error", keep=False, error=str(err))
 
+    def _fork_followers(self, request: Request, logits: np.ndarray) -> None:
+        """The n > 1 siblings of a request whose prompt just entered the KV cache start
+        decoding from a copy of its KV and its last logits: one prefill for n choices.
+        Without a free slot a sibling waits in the queue and borrows the prefix later."""
+        followers, request.followers = request.followers, []
+        for follower in followers:
+            if follower.cancelled:
+                continue
+            slot = self.kv.fork(_slot(request))
+            if slot is None:
+                self._add(follower)
+                continue
+            follower.slot, follower.kv_len = slot, len(follower.tokens)
+            follower.metrics.prefix_reused = follower.kv_len
+            self.scheduler.adopt(follower)  # past admission: its parent's
+            self._emit(follower, logits)
+
+    def _start_followers(self, request: Request, ended: str | None = None) -> None:
+        """Queue the n > 1 siblings of a request that `ended` before its prompt was in the
+        KV cache: they run alone, or are cancelled with it."""
+        followers, request.followers = request.followers, []
+        for follower in followers:
+            if ended == "cancelled" or self._stopping:
+                self._finish(follower, "cancelled", keep=False)
+            elif not follower.cancelled:
+                self._add(follower)
+
     def _guarded(self, requests: list[Request], run: Callable[[list[Request]], None]) -> None:
         # A failing step ends the requests it carried, never the loop or other requests.
         try:
@@ -289,14 +358,14 @@ class Engine:
         request = chunk.request
         if request.prefill_left == 0:
             self.scheduler.prefilled(request)
+            self._fork_followers(request, logits[0])
             self._emit(request, logits[0])
 
     # -- tokens out -------------------------------------------------------------------
 
     def _emit(self, request: Request, logits: np.ndarray) -> None:
-        penalized = request.params.repetition_penalty != 1.0
-        history = request.tokens + request.generated if penalized else []
-        token = request.sampler.sample(logits, history)
+        sampled = request.sampler.choose(logits)
+        token = sampled.token
         request.metrics.token_times.append(time.perf_counter())
         if token in self.eos and not request.params.ignore_eos:
             request.stream.eos_token_id = token
@@ -307,12 +376,21 @@ class Engine:
         reason = self._finish_reason(request)
         if reason is not None and not request.text.stopped:
             text += request.text.flush()
-        request.stream._put(TokenEvent(token, text))
+        request.stream._put(TokenEvent(token, text, *self._logprobs(sampled)))
         if reason is not None:
             self._finish(request, reason)
 
+    def _logprobs(
+        self, sampled: Sampled,
+    ) -> tuple[float | None, list[tuple[int, str, float]] | None, str | None]:
+        if sampled.logprob is None:
+            return None, None, None
+        text = self.tokenizer.token_text
+        top = [(t, text(t), lp) for t, lp in sampled.top or ()]
+        return sampled.logprob, top, text(sampled.token)
+
     def _finish_reason(self, request: Request) -> str | None:
-        if request.text.stopped:
+        if request.text.stopped or request.sampler.finished:
             return "stop"
         total = len(request.tokens) + len(request.generated)
         if request.max_total is not None and total >= request.max_total:
@@ -326,6 +404,7 @@ class Engine:
     ) -> None:
         if request.phase is Phase.DONE:
             return
+        self._start_followers(request, reason)
         tail = "" if request.text.stopped or reason == "cancelled" else request.text.flush()
         if tail:
             request.stream._put(TokenEvent(None, tail))
@@ -363,3 +442,8 @@ class Engine:
 
 def _is_id(token: object) -> bool:
     return isinstance(token, int | np.integer) and not isinstance(token, bool)
+
+
+def _slot(request: Request) -> int:
+    assert request.slot is not None, "a request whose prompt is in the cache holds a slot"
+    return request.slot

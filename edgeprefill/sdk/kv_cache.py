@@ -100,6 +100,19 @@ class KVCache:
         self._touch(slot)
         return Acquired(slot.index, reused, copied_from)
 
+    def fork(self, source: int) -> int | None:
+        """A new ACTIVE slot holding a copy of slot `source`'s whole KV (the n > 1 choices
+        of one prompt: one prefill, n decodes). None when no slot is free or evictable.
+        Mutates the cache (may evict a retained slot) and copies KV."""
+        slot = self._free_slot() or self._evict_lru()
+        if slot is None:
+            return None
+        tokens = self.slots[source].tokens
+        self.backend.copy_kv(source, slot.index, len(tokens))
+        slot.state, slot.tokens, slot.owner = SlotState.ACTIVE, list(tokens), None
+        self._touch(slot)
+        return slot.index
+
     def extend(self, index: int, tokens: list[int]) -> None:
         """Record that the KV of `tokens` was just written after the slot's tokens."""
         slot = self.slots[index]

@@ -3,9 +3,16 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from edgeprefill.errors import RequestError
+
+if TYPE_CHECKING:
+    from edgeprefill.sdk.constraints import Constraint
+
+MAX_LOGPROBS = 20  # OpenAI's limit on top_logprobs
 
 
 @dataclass(frozen=True)
@@ -18,12 +25,22 @@ class GenerationParams:
     seed: int | None = None
     stop: tuple[str, ...] = ()  # generation ends before any of these strings
     ignore_eos: bool = False
+    min_p: float = 0.0  # 0: none; else drop tokens less likely than min_p x the top token
+    presence_penalty: float = 0.0  # subtracted once from every token already generated
+    frequency_penalty: float = 0.0  # subtracted per occurrence in the generated tokens
+    logit_bias: Mapping[int, float] | None = None  # token id -> added to its logit
+    logprobs: int | None = None  # None: none; 0: the chosen token's; k: plus the top k
+    constraint: Constraint | None = None  # structured output (sdk/constraints.py)
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
             object.__setattr__(self, "stop", (self.stop,))
         else:
             object.__setattr__(self, "stop", tuple(self.stop))
+        self._check_sampling()
+        self._check_extras()
+
+    def _check_sampling(self) -> None:
         _check(self.max_new_tokens is None or _int(self.max_new_tokens) and
                self.max_new_tokens >= 1, "max_new_tokens must be a positive integer")
         _check(_finite(self.temperature) and self.temperature >= 0,
@@ -37,6 +54,27 @@ class GenerationParams:
                "seed must be an integer >= 0")
         _check(all(isinstance(s, str) and s for s in self.stop),
                "stop strings must be non-empty strings")
+
+    def _check_extras(self) -> None:
+        _check(_finite(self.min_p) and 0 <= self.min_p <= 1, "min_p must be in [0, 1]")
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            _check(_finite(value) and -2 <= value <= 2, f"{name} must be in [-2, 2]")
+        if self.logit_bias is not None:
+            _check(isinstance(self.logit_bias, Mapping) and all(
+                _int(k) and k >= 0 and _finite(v) and -100 <= v <= 100
+                for k, v in self.logit_bias.items()),
+                "logit_bias maps token ids >= 0 to numbers in [-100, 100]")
+            object.__setattr__(self, "logit_bias", dict(self.logit_bias))
+        _check(self.logprobs is None or _int(self.logprobs) and
+               0 <= self.logprobs <= MAX_LOGPROBS, f"logprobs must be in [0, {MAX_LOGPROBS}]")
+        if self.constraint is not None:
+            from edgeprefill.sdk.constraints import Constraint
+
+            _check(isinstance(self.constraint, Constraint),
+                   "constraint must be an edgeprefill.sdk.constraints.Constraint")
+            _check(not self.ignore_eos, "ignore_eos cannot be combined with a constraint "
+                   "(the constraint decides where the output ends)")
 
     @property
     def greedy(self) -> bool:

@@ -38,6 +38,8 @@ class Request:
     cancelled: bool = False
     chunk_size: int | None = None  # overrides the scheduler's chunk choice
     waited_chunks: int = 0  # prefill chunks of other requests run while this one waited
+    # n > 1: the sibling requests, queued once this prompt's KV exists
+    followers: list[Request] = field(default_factory=list)
 
     @property
     def prefill_left(self) -> int:

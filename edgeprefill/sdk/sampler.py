@@ -1,60 +1,148 @@
-"""Turn one row of logits into a token id: greedy, temperature, top-k, top-p, penalty."""
+"""Turn one row of logits into a token id in O(vocab): no full sort of the vocabulary.
+
+Per token, in this order (transformers' order of logits processors and warpers):
+  penalties (repetition, presence, frequency) and logit_bias -> constraint mask ->
+  greedy argmax | temperature -> top-k -> top-p -> min-p -> draw (sdk/nucleus.py).
+"""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import NamedTuple, Protocol
+
 import numpy as np
 
+from edgeprefill.errors import RequestError
+from edgeprefill.sdk.nucleus import nucleus
 from edgeprefill.sdk.params import GenerationParams
 
 
-class Sampler:
-    """One per request: owns the request's random generator, so a seed reproduces output
-    whatever else the engine is running."""
+class TokenMask(Protocol):
+    """What a constraint looks like to the sampler (see sdk/constraints.py)."""
 
-    def __init__(self, params: GenerationParams) -> None:
+    def allowed(self, vocab: int) -> np.ndarray:
+        """bool [vocab]: the tokens the constraint accepts next."""
+
+    def accept(self, token: int) -> None:
+        """Advance past a sampled token."""
+
+    @property
+    def finished(self) -> bool:
+        """Nothing may follow the tokens accepted so far."""
+
+
+class Sampled(NamedTuple):
+    token: int
+    logprob: float | None  # log-probability of `token` under the model's distribution
+    top: list[tuple[int, float]] | None  # the most likely (token, logprob), best first
+
+
+class Sampler:
+    """One per request: owns the request's random generator (a seed reproduces output
+    whatever else the engine runs), the counts the penalties need, and the constraint."""
+
+    def __init__(
+        self, params: GenerationParams, prompt: Sequence[int] = (),
+        mask: TokenMask | None = None,
+    ) -> None:
         self.params = params
         self.rng = np.random.default_rng(params.seed)
+        self.mask = mask
+        self._seen = dict.fromkeys(prompt)  # prompt + generated ids (repetition penalty)
+        self._counts: dict[int, int] = {}  # generated ids -> occurrences
+        bias = params.logit_bias or {}
+        self._bias_ids = np.fromiter(bias.keys(), np.int64, len(bias))
+        self._bias_values = np.fromiter(bias.values(), np.float32, len(bias))
 
-    def sample(self, logits: np.ndarray, history: list[int]) -> int:
-        """logits: CPU float32 [vocab]; history: token ids so far (for the penalty)."""
+    @property
+    def finished(self) -> bool:
+        """The constraint is complete: nothing may follow (the request ends)."""
+        return self.mask is not None and self.mask.finished
+
+    def sample(self, logits: np.ndarray, history: Sequence[int] | None = None) -> int:
+        """The next token id. logits: CPU float32 [vocab]. `history` (optional) replaces
+        the sampler's own record of seen tokens for the repetition penalty."""
+        return self.choose(logits, history).token
+
+    def choose(self, logits: np.ndarray, history: Sequence[int] | None = None) -> Sampled:
+        """The next token, with its log-probabilities if the request asked for them; the
+        token counts as generated from now on (penalties, constraint)."""
+        if history is not None:
+            self._seen = dict.fromkeys(history)
+        adjusted = self._adjust(logits)
+        token = self._pick(adjusted)
+        sampled = _with_logprobs(logits, token, self.params.logprobs)
+        self._accept(token)
+        return sampled
+
+    def _adjust(self, logits: np.ndarray) -> np.ndarray:
         p = self.params
-        if p.repetition_penalty != 1.0 and history:
-            logits = _penalize(logits, history, p.repetition_penalty)
+        out = logits
+        if p.repetition_penalty != 1.0 and self._seen:
+            out = _repetition(out, self._seen, p.repetition_penalty)
+        if self._counts and (p.presence_penalty or p.frequency_penalty):
+            out = _presence_frequency(out, self._counts, p.presence_penalty, p.frequency_penalty)
+        if self._bias_ids.size:
+            if int(self._bias_ids.max()) >= out.shape[0]:
+                raise RequestError(f"logit_bias names a token id >= the vocabulary "
+                                   f"({out.shape[0]})")
+            out = out.copy() if out is logits else out
+            out[self._bias_ids] += self._bias_values
+        if self.mask is not None:
+            allowed = self.mask.allowed(out.shape[0])
+            if not allowed.any():
+                raise RequestError("the constraint allows no token here")
+            out = np.where(allowed, out, np.float32(-np.inf))
+        return out
+
+    def _pick(self, logits: np.ndarray) -> int:
+        p = self.params
         if p.greedy:
             return int(np.argmax(logits))
-        scaled = logits.astype(np.float64) / p.temperature
-        candidates = _top_k(scaled, p.top_k)
-        probs = _softmax(scaled[candidates])
-        candidates, probs = _top_p(candidates, probs, p.top_p)
-        return int(self.rng.choice(candidates, p=probs))
+        kept = nucleus(logits, p.temperature, p.top_k, p.top_p, p.min_p)
+        return kept.draw(self.rng)
+
+    def _accept(self, token: int) -> None:
+        self._seen[token] = None
+        self._counts[token] = self._counts.get(token, 0) + 1
+        if self.mask is not None:
+            self.mask.accept(token)
 
 
-def _penalize(logits: np.ndarray, history: list[int], penalty: float) -> np.ndarray:
+# -- adjustments ---------------------------------------------------------------------------
+
+
+def _repetition(logits: np.ndarray, seen: dict[int, None], penalty: float) -> np.ndarray:
     # As in CTRL / transformers: shrink the logits of tokens already seen.
     out = logits.copy()
-    seen = np.unique(np.asarray(history, dtype=np.int64))
-    values = out[seen]
-    out[seen] = np.where(values > 0, values / penalty, values * penalty)
+    ids = np.fromiter(seen, np.int64, len(seen))
+    values = out[ids]
+    out[ids] = np.where(values > 0, values / penalty, values * penalty)
     return out
 
 
-def _top_k(logits: np.ndarray, k: int) -> np.ndarray:
-    """Indices of candidate tokens, highest logit first."""
-    if 0 < k < logits.shape[0]:
-        top = np.argpartition(-logits, k - 1)[:k]
-        return top[np.argsort(-logits[top], kind="stable")]
-    return np.argsort(-logits, kind="stable")
+def _presence_frequency(
+    logits: np.ndarray, counts: dict[int, int], presence: float, frequency: float
+) -> np.ndarray:
+    # OpenAI's definition, over the generated tokens (as vLLM): mu - c*f - [c > 0]*p.
+    out = logits.copy()
+    ids = np.fromiter(counts.keys(), np.int64, len(counts))
+    c = np.fromiter(counts.values(), np.float32, len(counts))
+    out[ids] -= c * np.float32(frequency) + np.float32(presence)
+    return out
 
 
-def _softmax(x: np.ndarray) -> np.ndarray:
-    e = np.exp(x - x.max())
-    return e / e.sum()
-
-
-def _top_p(candidates: np.ndarray, probs: np.ndarray, top_p: float):
-    if top_p >= 1.0:
-        return candidates, probs
-    # Keep the smallest head whose mass reaches top_p (always at least one token).
-    keep = int(np.searchsorted(np.cumsum(probs), top_p) + 1)
-    head = probs[:keep]
-    return candidates[:keep], head / head.sum()
+def _with_logprobs(logits: np.ndarray, token: int, top: int | None) -> Sampled:
+    """Log-probabilities under the model's own distribution (before penalties, the
+    constraint and temperature: what vLLM reports by default)."""
+    if top is None:
+        return Sampled(token, None, None)
+    x = logits.astype(np.float32, copy=False)
+    m = x.max()
+    log_z = float(m) + float(np.log(np.exp(x - m).sum(dtype=np.float64)))
+    best = None
+    if top:
+        ids = np.argpartition(x, -top)[-top:]
+        ids = ids[np.argsort(-x[ids], kind="stable")]
+        best = [(int(i), float(x[i]) - log_z) for i in ids]
+    return Sampled(token, float(x[token]) - log_z, best)

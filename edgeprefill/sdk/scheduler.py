@@ -109,6 +109,12 @@ class Scheduler:
         request.phase = Phase.DECODE
         self.decoding.append(request)
 
+    def adopt(self, request: Request) -> None:
+        """A request whose whole prompt is already in its slot (an n > 1 sibling forked
+        from its parent's KV) decodes from the next step, past the queue."""
+        request.phase = Phase.DECODE
+        self.decoding.append(request)
+
     def remove(self, request: Request) -> None:
         """Drop a finished or cancelled request from whichever group holds it."""
         for group in (self.queued, self.prefilling, self.decoding):

@@ -6,8 +6,8 @@ What a reader can rely on:
 - leaving a `for` / `async for` loop early (break, return, an exception) cancels the
   request at the next step boundary and frees its KV slot;
 - several readers at once (threads or tasks) share the stream: each event goes to exactly
-  one of them, the end reaches all of them, and `token_ids` / `text` hold every event in
-  the order it was produced, whoever read it.
+  one of them, the end reaches all of them, and `token_ids` / `text` / `logprobs` hold every
+  event in the order it was produced, whoever read it.
 """
 
 from __future__ import annotations
@@ -24,6 +24,9 @@ from edgeprefill.sdk.metrics import RequestMetrics
 class TokenEvent(NamedTuple):
     token_id: int | None  # None: a last, text-only event (text held back until the end)
     text: str  # the text this token settled (may be empty: held back or mid-character)
+    logprob: float | None = None  # when the request asked for logprobs
+    top_logprobs: list[tuple[int, str, float]] | None = None  # (id, text, logprob), best first
+    token_text: str | None = None  # the token's own text, when logprobs were asked for
 
 
 class _End(NamedTuple):
@@ -52,6 +55,7 @@ class TokenStream:
         self._queue: queue.SimpleQueue[TokenEvent | _End] = queue.SimpleQueue()
         self._done = threading.Event()
         self.token_ids: list[int] = []
+        self.logprobs: list[TokenEvent] = []  # the token events, when logprobs were asked for
         self.text = ""
         self.finish_reason: str | None = None
         self.error: str | None = None
@@ -63,6 +67,8 @@ class TokenStream:
         # Recorded here, in production order, so that several readers cannot reorder it.
         if event.token_id is not None:
             self.token_ids.append(event.token_id)
+            if event.logprob is not None:
+                self.logprobs.append(event)
         self.text += event.text
         self._queue.put(event)
 

@@ -66,6 +66,13 @@ class BundleTokenizer:
             return ""
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 
+    def token_text(self, token_id: int) -> str:
+        """One token's own text, for logprobs (U+FFFD where it holds part of a
+        character, as OpenAI's `token` field does; its `bytes` field is exact)."""
+        if self.tokenizer is None:
+            return ""
+        return self.tokenizer.decode([token_id], skip_special_tokens=False)
+
     def _require(self):
         if self.tokenizer is None:
             raise RequestError("this bundle has no tokenizer: send token ids")
@@ -73,53 +80,92 @@ class BundleTokenizer:
 
 
 class TextStreamer:
-    """Incremental detokenization with stop strings.
+    """Incremental detokenization with stop strings, O(1) per token.
 
-    Decoding token by token breaks multi-byte characters and word-piece spacing, so the
-    text of all generated ids is decoded and only the new, settled suffix is emitted. Text
-    that could still become a stop string is held back until it cannot.
+    Token-by-token decoding breaks characters whose bytes span tokens (byte-fallback and
+    byte-level BPE: emoji, CJK) and word-piece spacing, so each token's text comes from a
+    stream decoder that waits for complete characters (`tokenizers`' DecodeStream, or a
+    short window of ids for a tokenizer without one). Text that could still become a stop
+    string is held back until it cannot; only that held-back tail is searched, so a stop
+    string split across tokens is found without rescanning the reply.
     """
 
-    def __init__(self, tokenizer: BundleTokenizer, stop: tuple[str, ...]) -> None:
-        self.tokenizer = tokenizer
+    def __init__(self, tokenizer, stop: tuple[str, ...]) -> None:
+        self.decoder = _stream_decoder(tokenizer)
         self.stop = stop
-        self.ids: list[int] = []
-        self.emitted = 0  # characters of the decoded text already returned
+        self.held = ""  # decoded text not returned yet: it may begin a stop string
         self.stopped = False
 
     def push(self, token_id: int) -> str:
         """Add a token; returns the text now safe to show (maybe empty)."""
-        self.ids.append(token_id)
-        text = self.tokenizer.decode(self.ids)
-        if text.endswith("\ufffd"):  # an incomplete UTF-8 sequence: wait for more bytes
-            return ""
+        text = self.held + self.decoder.step(token_id)
         cut = self._stop_at(text)
         if cut is not None:
-            self.stopped = True
-            return self._emit(text[:cut])
-        return self._emit(text[: len(text) - self._held_back(text)])
+            self.stopped, self.held = True, ""
+            return text[:cut]
+        keep = _held_back(text, self.stop)
+        self.held = text[len(text) - keep :]
+        return text[: len(text) - keep]
 
     def flush(self) -> str:
         """The rest of the text at the end of generation."""
         if self.stopped:
             return ""
-        return self._emit(self.tokenizer.decode(self.ids).rstrip("\ufffd"))
-
-    def _emit(self, upto: str) -> str:
-        new = upto[self.emitted :]
-        self.emitted = max(self.emitted, len(upto))
-        return new
+        text, self.held = self.held, ""
+        return text
 
     def _stop_at(self, text: str) -> int | None:
-        hits = [i for s in self.stop if (i := text.find(s, max(0, self.emitted - len(s)))) >= 0]
+        hits = [i for s in self.stop if (i := text.find(s)) >= 0]
         return min(hits) if hits else None
 
-    def _held_back(self, text: str) -> int:
-        """Length of the longest suffix of text that is a proper prefix of a stop string."""
-        longest = 0
-        for s in self.stop:
-            for n in range(min(len(s) - 1, len(text)), 0, -1):
-                if text.endswith(s[:n]):
-                    longest = max(longest, n)
-                    break
-        return longest
+
+def _held_back(text: str, stop: tuple[str, ...]) -> int:
+    """Length of the longest suffix of text that is a proper prefix of a stop string."""
+    longest = 0
+    for s in stop:
+        for n in range(min(len(s) - 1, len(text)), longest, -1):
+            if text.endswith(s[:n]):
+                longest = n
+                break
+    return longest
+
+
+def _stream_decoder(tokenizer):
+    backend = getattr(tokenizer, "tokenizer", None)
+    if backend is not None:
+        return _DecodeStream(backend)
+    return _WindowDecoder(tokenizer)
+
+
+class _DecodeStream:
+    """`tokenizers`' own streaming decoder: exact for byte-level and byte-fallback BPE."""
+
+    def __init__(self, backend) -> None:
+        from tokenizers.decoders import DecodeStream
+
+        self.backend = backend
+        self.stream = DecodeStream(skip_special_tokens=True)
+
+    def step(self, token_id: int) -> str:
+        return self.stream.step(self.backend, token_id) or ""
+
+
+class _WindowDecoder:
+    """For any object with `decode(ids) -> str`: decode a few trailing ids with and
+    without the new one; the difference is the new text once it is whole characters."""
+
+    def __init__(self, tokenizer) -> None:
+        self.tokenizer = tokenizer
+        self.ids: list[int] = []
+        self.prefix = 0  # ids before this index are settled and out of the window
+        self.read = 0  # ids before this index have had their text returned
+
+    def step(self, token_id: int) -> str:
+        self.ids.append(token_id)
+        window = self.ids[self.prefix :]
+        before = self.tokenizer.decode(self.ids[self.prefix : self.read])
+        text = self.tokenizer.decode(window)
+        if text.endswith("\ufffd") or len(text) <= len(before):
+            return ""  # an incomplete character: wait for more bytes
+        self.prefix, self.read = self.read, len(self.ids)
+        return text[len(before) :]

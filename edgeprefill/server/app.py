@@ -6,16 +6,17 @@
     GET  /health                 liveness (never needs the API key)
     GET  /metrics                Prometheus text format
 
-Handlers run on the event loop; the engine's own thread does the work. Every admitted
-request is closed exactly once (finished, failed, or its client gone): that cancels it
-if it still runs, which frees its KV slot, and records its metrics.
+Handlers run on the event loop; the engine's own thread does the work, and prompt
+worker processes tokenize and render chat templates under a time limit (see
+server/prompt_worker.py), so no request can stall the loop. Every admitted request is
+closed exactly once (finished, failed, or its client gone): that cancels it if it still
+runs, which frees its KV slot, and records its metrics.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hmac
-import json
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -30,13 +31,17 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from edgeprefill.errors import EngineClosedError, RequestError
+from edgeprefill.errors import EdgeprefillError, EngineClosedError, RequestError
 from edgeprefill.sdk.engine import Engine
 from edgeprefill.sdk.stream import TokenStream
+from edgeprefill.server.body import read_json
+from edgeprefill.server.choices import Choices
 from edgeprefill.server.errors import ApiError
 from edgeprefill.server.metrics import ServerMetrics
+from edgeprefill.server.prompt_worker import PromptTimeout, PromptWorkers
 from edgeprefill.server.responses import Shape
 from edgeprefill.server.schemas import CompletionRequest, parse_chat, parse_completion
+from edgeprefill.server.shutdown import ShutdownCut
 from edgeprefill.server.sse import EventStreamResponse, completion_events
 
 OPEN_PATHS = frozenset({"/health"})  # answered without the API key (liveness probes)
@@ -47,17 +52,38 @@ class ServerConfig:
     model_name: str  # the id clients send as `model`
     api_key: str | None = None  # None: no authentication
     max_pending: int = 64  # requests admitted at once, running or queued; more get 429
-    # A bigger request body gets 413 before it is read whole: a prompt of the longest
-    # context is tens of KB of text, and an endless body must not fill the device's memory.
-    max_body_bytes: int = 4 << 20
+    # A bigger request body gets 413 before it is read whole, so an endless body cannot
+    # fill the device's memory. None: derived from the context (body_limit below).
+    max_body_bytes: int | None = None
+    body_timeout_s: float = 30.0  # headers received -> whole body, else 408
+    prompt_timeout_s: float = 10.0  # tokenizing + rendering one prompt, else 400
+    prompt_workers: int = 1  # processes that tokenize and render (~50 MB each)
 
     def __post_init__(self) -> None:
         if self.max_pending < 1:
             raise RequestError(f"max_pending must be >= 1, got {self.max_pending}")
-        if self.max_body_bytes < 1:
+        if self.max_body_bytes is not None and self.max_body_bytes < 1:
             raise RequestError(f"max_body_bytes must be >= 1, got {self.max_body_bytes}")
+        if self.prompt_workers < 1:
+            raise RequestError(f"prompt_workers must be >= 1, got {self.prompt_workers}")
+        for name in ("body_timeout_s", "prompt_timeout_s"):
+            if not getattr(self, name) > 0:
+                raise RequestError(f"{name} must be positive, got {getattr(self, name)}")
         if self.api_key is not None and not self.api_key:
             raise RequestError("the API key is empty; unset it to serve without a key")
+
+
+# The derived body limit: a prompt filling the whole context, at a bound on JSON bytes per
+# token no real text reaches (a token is ~4 characters; JSON escapes one non-ASCII
+# character as 6 or 12 bytes; a token id is at most 7), plus room for the other fields.
+BODY_BYTES_PER_TOKEN = 64
+BODY_BASE_BYTES = 64 << 10
+
+
+def body_limit(config: ServerConfig, context: int) -> int:
+    if config.max_body_bytes is not None:
+        return config.max_body_bytes
+    return BODY_BASE_BYTES + BODY_BYTES_PER_TOKEN * context
 
 
 def create_app(engine: Engine, config: ServerConfig) -> Starlette:
@@ -70,7 +96,7 @@ def create_app(engine: Engine, config: ServerConfig) -> Starlette:
         Route("/health", api.health, methods=["GET"]),
         Route("/metrics", api.prometheus, methods=["GET"]),
     ]
-    middleware = []
+    middleware = [Middleware(ShutdownCut)]  # outermost: sees a shutdown's cancellation
     if config.api_key is not None:
         middleware.append(Middleware(ApiKeyMiddleware, key=config.api_key,
                                      on_reject=api.metrics.reject))
@@ -88,6 +114,9 @@ class OpenAIApi:
         self.metrics = ServerMetrics(engine)
         self.pending = 0  # admitted and not closed; only touched on the event loop
         self.started = int(time.time())
+        self.max_body_bytes = body_limit(config, engine.capacity)
+        self.prompts = PromptWorkers(engine.bundle_dir, config.prompt_workers,
+                                     config.prompt_timeout_s)
 
     @asynccontextmanager
     async def lifespan(self, app: Starlette):
@@ -96,8 +125,12 @@ class OpenAIApi:
         # each other, so size it for every request the server admits.
         executor = ThreadPoolExecutor(self.config.max_pending + 4, "edgeprefill-http")
         asyncio.get_running_loop().set_default_executor(executor)
-        yield
-        executor.shutdown(wait=False, cancel_futures=True)
+        await self.prompts.start()
+        try:
+            yield
+        finally:
+            self.prompts.close()
+            executor.shutdown(wait=False, cancel_futures=True)
 
     # -- routes -----------------------------------------------------------------------
 
@@ -123,10 +156,10 @@ class OpenAIApi:
     async def _complete(self, request: Request, chat: bool) -> Response:
         endpoint = "chat" if chat else "completions"
         try:
-            body = await _read_json(request, self.config.max_body_bytes)
+            body = await read_json(request, self.max_body_bytes, self.config.body_timeout_s)
             parsed = parse_chat(body) if chat else parse_completion(body)
             self._check_model(parsed.model)
-            stream = self._submit(parsed)
+            stream = await self._submit(parsed)
         except ApiError as err:
             self.metrics.reject(err.status)
             return err.response()
@@ -153,24 +186,46 @@ class OpenAIApi:
                 f"{self.config.model_name!r} (see GET /v1/models)", "model", "model_not_found",
             )
 
-    def _submit(self, req: CompletionRequest) -> TokenStream:
+    async def _submit(self, req: CompletionRequest) -> Choices:
         if self.pending >= self.config.max_pending:
             raise ApiError(429, f"the server is busy ({self.pending} requests pending); "
                            "retry shortly", code="queue_full")
+        self.pending += 1  # held while tokenizing, so concurrent arrivals count it
+        admitted = False
         try:
-            tokens = self.engine.tokenizer.encode(req.prompt)
-        except RequestError as err:  # token ids out of range, no chat template, ...
-            raise ApiError(400, str(err), req.prompt_field) from None
-        self._check_context(len(tokens), req.params.max_new_tokens)
-        try:
+            tokens = await self._encode(req)
+            self._check_context(tokens if isinstance(tokens, int) else len(tokens),
+                                req.params.max_new_tokens)
+            assert isinstance(tokens, list)
             params = self.engine.generation_defaults.fill(req.params, req.given)
-            stream = self.engine.submit(tokens, params, req.priority, None, req.chunk_size)
+            stream = Choices(self.engine.submit_n(
+                tokens, params, req.n, req.priority, None, req.chunk_size))
+            admitted = True  # from here the closer gives the place back
+            return stream
         except EngineClosedError as err:  # shutting down: the request itself is fine
             raise ApiError(503, str(err), code="engine_closed") from None
         except RequestError as err:
             raise ApiError(400, str(err)) from None
-        self.pending += 1
-        return stream
+        finally:
+            if not admitted:
+                self.pending -= 1
+
+    async def _encode(self, req: CompletionRequest) -> list[int] | int:
+        """Token ids of the prompt (text and chat go through a prompt worker), or only
+        their count when they cannot fit the context."""
+        if not isinstance(req.prompt, str) and not _is_chat(req.prompt):
+            try:
+                return self.engine.tokenizer.encode(req.prompt)  # ids: a cheap range check
+            except RequestError as err:
+                raise ApiError(400, str(err), req.prompt_field) from None
+        try:
+            return await self.prompts.call("encode_bounded", req.prompt, self.engine.capacity)
+        except PromptTimeout as err:
+            raise ApiError(400, str(err), req.prompt_field, "prompt_timeout") from None
+        except RequestError as err:  # no chat template, the template raised, ...
+            raise ApiError(400, str(err), req.prompt_field) from None
+        except EdgeprefillError as err:
+            raise ApiError(500, str(err), code="prompt_worker_error") from None
 
     def _check_context(self, prompt_tokens: int, max_tokens: int | None) -> None:
         context = self.engine.capacity
@@ -222,27 +277,8 @@ class ApiKeyMiddleware:
         return scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), self.key)
 
 
-async def _read_json(request: Request, limit: int) -> object:
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > limit:
-        raise _too_large(limit)
-    chunks, size = [], 0
-    async for chunk in request.stream():  # also bounds a body sent without a length
-        size += len(chunk)
-        if size > limit:
-            raise _too_large(limit)
-        chunks.append(chunk)
-    raw = b"".join(chunks)
-    try:
-        return json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as err:  # JSONDecodeError is a ValueError
-        raise ApiError(400, f"the request body is not valid JSON: {err}",
-                       code="invalid_json") from None
-
-
-def _too_large(limit: int) -> ApiError:
-    return ApiError(413, f"the request body is larger than {limit} bytes (the server's "
-                    "--max-body-mb)", code="request_too_large")
+def _is_chat(prompt) -> bool:
+    return bool(prompt) and all(isinstance(m, dict) for m in prompt)
 
 
 async def _finish_unless_client_leaves(stream: TokenStream, request: Request) -> bool:

@@ -10,6 +10,7 @@ ERROR_TYPES = {
     401: "invalid_request_error",
     404: "invalid_request_error",
     405: "invalid_request_error",
+    408: "invalid_request_error",
     413: "invalid_request_error",
     429: "rate_limit_error",
     500: "server_error",
@@ -32,10 +33,25 @@ class ApiError(Exception):
     def body(self) -> dict:
         kind = ERROR_TYPES.get(self.status, "invalid_request_error")
         return {
-            "error": {"message": self.message, "type": kind, "param": self.param,
+            "error": {"message": _printable(self.message), "type": kind, "param": self.param,
                       "code": self.code}
         }
 
     def response(self) -> JSONResponse:
-        headers = {"Retry-After": "1"} if self.status in (429, 503) else None
-        return JSONResponse(self.body(), status_code=self.status, headers=headers)
+        headers = {}
+        if self.status in (429, 503):
+            headers["Retry-After"] = "1"
+        if self.status in CLOSES_CONNECTION:
+            headers["Connection"] = "close"
+        return JSONResponse(self.body(), status_code=self.status, headers=headers or None)
+
+
+# Answered before the body was read whole: the rest of it may still be on its way, so the
+# connection is closed rather than kept alive for a client that is still sending.
+CLOSES_CONNECTION = frozenset({401, 408, 413})
+
+
+def _printable(message: str) -> str:
+    """A message that echoes a client's text must still encode as UTF-8 (no 500 over a
+    lone surrogate in the error about it)."""
+    return message.encode("utf-8", "backslashreplace").decode("utf-8")

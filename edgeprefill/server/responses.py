@@ -6,7 +6,9 @@ import time
 import uuid
 from dataclasses import dataclass
 
-from edgeprefill.sdk.stream import TokenStream
+from edgeprefill.sdk.stream import TokenEvent, TokenStream
+from edgeprefill.server.choices import Choices
+from edgeprefill.server.logprobs import logprobs_body
 
 
 @dataclass(frozen=True)
@@ -26,32 +28,41 @@ class Shape:
     def _head(self, obj: str) -> dict:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
 
-    def whole(self, stream: TokenStream) -> dict:
-        """The non-streaming response of a finished stream."""
-        if self.chat:
-            choice = {"index": 0, "message": {"role": "assistant", "content": stream.text},
-                      "logprobs": None, "finish_reason": stream.finish_reason}
-            body = self._head("chat.completion")
-        else:
-            choice = {"index": 0, "text": stream.text, "logprobs": None,
-                      "finish_reason": stream.finish_reason}
-            body = self._head("text_completion")
-        body["choices"] = [choice]
+    def whole(self, stream: TokenStream | Choices) -> dict:
+        """The non-streaming response of a finished stream (or of n choices)."""
+        streams = stream.streams if isinstance(stream, Choices) else [stream]
+        body = self._head("chat.completion" if self.chat else "text_completion")
+        body["choices"] = [self._choice(i, s) for i, s in enumerate(streams)]
         body["usage"] = usage(stream)
         return body
 
-    def chunk(self, text: str | None, finish_reason: str | None = None) -> dict:
+    def _choice(self, index: int, stream: TokenStream) -> dict:
+        if self.chat:
+            choice = {"index": index, "message": {"role": "assistant", "content": stream.text},
+                      "logprobs": None, "finish_reason": stream.finish_reason}
+        else:
+            choice = {"index": index, "text": stream.text, "logprobs": None,
+                      "finish_reason": stream.finish_reason}
+        if stream.logprobs:
+            choice["logprobs"] = logprobs_body(self.chat, stream.logprobs)
+        return choice
+
+    def chunk(self, text: str | None, finish_reason: str | None = None,
+              logprobs: list[TokenEvent] | None = None, text_offset: int = 0,
+              index: int = 0) -> dict:
         """One streamed piece. Chat: text None opens the reply with the role."""
         if self.chat:
             delta = {"role": "assistant", "content": ""} if text is None else (
                 {"content": text} if text else {})
-            choice = {"index": 0, "delta": delta, "logprobs": None,
+            choice = {"index": index, "delta": delta, "logprobs": None,
                       "finish_reason": finish_reason}
             body = self._head("chat.completion.chunk")
         else:
-            choice = {"index": 0, "text": text or "", "logprobs": None,
+            choice = {"index": index, "text": text or "", "logprobs": None,
                       "finish_reason": finish_reason}
             body = self._head("text_completion")
+        if logprobs:
+            choice["logprobs"] = logprobs_body(self.chat, logprobs, text_offset)
         body["choices"] = [choice]
         return body
 
@@ -63,8 +74,9 @@ class Shape:
         return body
 
 
-def usage(stream: TokenStream) -> dict:
-    prompt = stream.metrics.prompt_tokens
-    completion = len(stream.token_ids)
+def usage(stream: TokenStream | Choices) -> dict:
+    prompt = stream.metrics.prompt_tokens  # once: the n choices share the prompt
+    completion = stream.completion_tokens if isinstance(stream, Choices) else \
+        len(stream.token_ids)
     return {"prompt_tokens": prompt, "completion_tokens": completion,
             "total_tokens": prompt + completion}

@@ -1,9 +1,12 @@
 """OpenAI request bodies -> one typed `CompletionRequest`, checked field by field.
 
 Every known field is type-checked (a wrong type is a 400 naming the field, never a
-silent coercion); unknown fields are ignored, as OpenAI clients send new ones over time.
-edgeprefill's own fields ride along as extensions: `priority`, `chunk_size`, `top_k`,
-`repetition_penalty`, `ignore_eos`.
+silent coercion). A field this server does not act on is a 400 that names it, unless it
+is at its "off" value or only bookkeeping for OpenAI's platform (IGNORED): nothing that
+would change the output is silently dropped. edgeprefill's own fields ride along as
+extensions: `priority`, `chunk_size`, `top_k`, `min_p`, `repetition_penalty`,
+`ignore_eos`; structured output also comes as vLLM's `guided_*` and llama.cpp's
+`grammar` / `json_schema` (server/structured.py).
 """
 
 from __future__ import annotations
@@ -13,10 +16,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from edgeprefill.errors import RequestError
-from edgeprefill.sdk.params import GenerationParams
+from edgeprefill.sdk.params import MAX_LOGPROBS, GenerationParams
 from edgeprefill.sdk.priority import parse_priority
 from edgeprefill.sdk.tokenizer import Prompt
 from edgeprefill.server.errors import ApiError
+from edgeprefill.server.structured import parse_constraint
 
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 MAX_SEED = 2**63 - 1
@@ -25,18 +29,35 @@ BUNDLE_DEFAULTED = ("temperature", "top_p", "top_k", "repetition_penalty")
 
 # Fields we accept only at their "off" values: rejecting the rest beats ignoring them.
 UNSUPPORTED: dict[str, tuple[Any, ...]] = {
-    "n": (1,),
     "best_of": (1,),
     "echo": (False,),
     "suffix": ("",),
-    "logprobs": (False, 0),
-    "top_logprobs": (0,),
-    "logit_bias": ({},),
-    "presence_penalty": (0,),
-    "frequency_penalty": (0,),
     "tools": ([],),
     "functions": ([],),
+    "function_call": ("none",),
+    "audio": (),
+    "modalities": (["text"],),
+    "prediction": (),
+    "web_search_options": (),
+    "reasoning_effort": (),
+    "verbosity": (),
+    "guided_decoding_backend": (),
+    "guided_whitespace_pattern": (),
 }
+# OpenAI platform bookkeeping that cannot change a local model's output.
+IGNORED = frozenset({"user", "metadata", "store", "service_tier", "prompt_cache_key",
+                     "safety_identifier", "parallel_tool_calls", "tool_choice"})
+# Every field some part of this server reads; any other field is a 400 naming it.
+KNOWN = frozenset({
+    "model", "prompt", "messages", "max_tokens", "max_completion_tokens", "temperature",
+    "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty",
+    "frequency_penalty", "logit_bias", "logprobs", "top_logprobs", "seed", "stop",
+    "stream", "stream_options", "ignore_eos", "priority", "chunk_size", "response_format",
+    "guided_json", "guided_regex", "guided_choice", "guided_grammar", "grammar",
+    "json_schema", "n",
+}) | IGNORED | frozenset(UNSUPPORTED)
+MAX_COMPLETION_LOGPROBS = 5  # /v1/completions' `logprobs` limit (OpenAI)
+MAX_N = 16  # choices per request: each takes a KV slot
 
 
 @dataclass(frozen=True)
@@ -49,6 +70,7 @@ class CompletionRequest:
     priority: int
     chunk_size: int | None
     prompt_field: str  # "prompt" or "messages": the `param` of errors about the prompt
+    n: int = 1  # choices: one prefill of the prompt, n decodes
     # The sampling fields the body set; the others take the bundle's generation_config.
     given: frozenset[str] = frozenset()
 
@@ -71,9 +93,7 @@ def parse_chat(body: Any) -> CompletionRequest:
 def _request(
     body: dict, prompt: Prompt, default_max_tokens: int | None, prompt_field: str
 ) -> CompletionRequest:
-    for name, allowed in UNSUPPORTED.items():
-        if body.get(name) is not None and body[name] not in allowed:
-            raise ApiError(400, f"'{name}' is not supported by this server", name)
+    _refuse_unsupported(body)
     max_tokens = _int(body, "max_completion_tokens", None, low=1)
     if max_tokens is None:
         max_tokens = _int(body, "max_tokens", default_max_tokens, low=1)
@@ -90,6 +110,12 @@ def _request(
             seed=_int(body, "seed", None, low=0, high=MAX_SEED),
             stop=_stop(body.get("stop")),
             ignore_eos=_bool(body, "ignore_eos", False),
+            min_p=_number(body, "min_p", 0.0, low=0.0, high=1.0),
+            presence_penalty=_number(body, "presence_penalty", 0.0, low=-2.0, high=2.0),
+            frequency_penalty=_number(body, "frequency_penalty", 0.0, low=-2.0, high=2.0),
+            logit_bias=_logit_bias(body.get("logit_bias")),
+            logprobs=_logprobs(body, chat=prompt_field == "messages"),
+            constraint=parse_constraint(body),
         )
     except RequestError as err:  # a check the fields above do not repeat
         raise ApiError(400, str(err)) from None
@@ -102,8 +128,49 @@ def _request(
         priority=_priority(body.get("priority", 0)),
         chunk_size=_int(body, "chunk_size", None, low=1),
         prompt_field=prompt_field,
+        n=_int(body, "n", 1, low=1, high=MAX_N),
         given=frozenset(k for k in BUNDLE_DEFAULTED if body.get(k) is not None),
     )
+
+
+def _refuse_unsupported(body: dict) -> None:
+    for name, value in body.items():
+        if name not in KNOWN:
+            raise ApiError(400, f"unknown field '{name}': this server does not support it",
+                           name)
+        if name in UNSUPPORTED and value is not None and value not in UNSUPPORTED[name]:
+            raise ApiError(400, f"'{name}' is not supported by this server", name)
+
+
+def _logit_bias(value: Any) -> dict[int, float] | None:
+    """OpenAI sends {"token id as a string": bias in [-100, 100]}."""
+    if value is None or value == {}:
+        return None
+    if not isinstance(value, dict):
+        raise ApiError(400, "'logit_bias' must be an object of token id -> bias", "logit_bias")
+    bias = {}
+    for key, v in value.items():
+        if not (isinstance(key, str) and key.isdigit()):
+            raise ApiError(400, f"'logit_bias' keys are token ids, got {key!r}", "logit_bias")
+        if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) \
+                or not -100 <= v <= 100:
+            raise ApiError(400, "'logit_bias' values must be numbers in [-100, 100]",
+                           "logit_bias")
+        bias[int(key)] = float(v)
+    return bias
+
+
+def _logprobs(body: dict, chat: bool) -> int | None:
+    """GenerationParams.logprobs from chat's `logprobs` (bool) + `top_logprobs` (0..20),
+    or from /v1/completions' `logprobs` (0..5: the number of top alternatives)."""
+    if not chat:
+        return _int(body, "logprobs", None, low=0, high=MAX_COMPLETION_LOGPROBS)
+    top = _int(body, "top_logprobs", None, low=0, high=MAX_LOGPROBS)
+    if not _bool(body, "logprobs", False):
+        if top:
+            raise ApiError(400, "'top_logprobs' needs 'logprobs': true", "top_logprobs")
+        return None
+    return top or 0
 
 
 def _object(body: Any) -> dict:

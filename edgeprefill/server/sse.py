@@ -11,6 +11,7 @@ from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from edgeprefill.sdk.stream import TokenStream
+from edgeprefill.server.choices import Choices
 from edgeprefill.server.errors import ApiError
 from edgeprefill.server.responses import Shape
 
@@ -21,19 +22,28 @@ def sse(data: dict | str) -> bytes:
 
 
 async def completion_events(
-    stream: TokenStream, shape: Shape, include_usage: bool
+    stream: TokenStream | Choices, shape: Shape, include_usage: bool
 ) -> AsyncIterator[bytes]:
-    """The chunks of one reply, then `data: [DONE]`. A failure after the first byte can
-    no longer change the status code, so it is sent as an error event (as OpenAI does)."""
+    """The chunks of one reply (of each of n choices, tagged by index), then
+    `data: [DONE]`. A failure after the first byte can no longer change the status code,
+    so it is sent as an error event (as OpenAI does)."""
+    choices = stream if isinstance(stream, Choices) else Choices([stream])
     if shape.chat:
-        yield sse(shape.chunk(None))  # the role, at once: clients show "typing"
-    async for event in stream:
-        if event.text:
-            yield sse(shape.chunk(event.text))
-    if stream.finish_reason == "error":
-        yield sse(ApiError(500, stream.error or "generation failed", code="engine_error").body())
+        for i in range(len(choices.streams)):
+            yield sse(shape.chunk(None, index=i))  # the role, at once: clients show "typing"
+    offsets = [0] * len(choices.streams)
+    async for i, event in choices.indexed():
+        if event.logprob is not None:  # one chunk per token, as OpenAI streams logprobs
+            yield sse(shape.chunk(event.text, logprobs=[event], text_offset=offsets[i],
+                                  index=i))
+        elif event.text:
+            yield sse(shape.chunk(event.text, index=i))
+        offsets[i] += len(event.text)
+    if choices.finish_reason == "error":
+        yield sse(ApiError(500, choices.error or "generation failed", code="engine_error").body())
     else:
-        yield sse(shape.chunk("", stream.finish_reason))
+        for i, s in enumerate(choices.streams):
+            yield sse(shape.chunk("", s.finish_reason, index=i))
         if include_usage:
             yield sse(shape.usage_chunk(stream))
     yield sse("[DONE]")

@@ -10,15 +10,16 @@ import uvicorn
 from starlette.types import ASGIApp
 
 from edgeprefill.errors import EdgeprefillError
+from edgeprefill.server.transport import HttpTimeouts, quiet_fd_exhaustion, uvicorn_config
 
 
 class ServerThread:
     """`with ServerThread(app, port=8000) as server: ...` serves until the block ends."""
 
-    def __init__(self, app: ASGIApp, host: str = "127.0.0.1", port: int = 8000) -> None:
-        config = uvicorn.Config(app, host=host, port=port, log_level="warning",
-                                lifespan="on", timeout_graceful_shutdown=5)
-        self.server = uvicorn.Server(config)
+    def __init__(self, app: ASGIApp, host: str = "127.0.0.1", port: int = 8000,
+                 timeouts: HttpTimeouts | None = None) -> None:
+        quiet_fd_exhaustion()
+        self.server = uvicorn.Server(uvicorn_config(app, host, port, timeouts or HttpTimeouts()))
         self.url = f"http://{host}:{port}"
         self._thread = threading.Thread(target=self.server.run, name="edgeprefill-server",
                                         daemon=True)

@@ -1,0 +1,96 @@
+"""Atomic bundle writes: build in a folder beside the target, swap it in only when whole.
+
+A failed or killed export must never cost the user the bundle they had, and must never
+leave a folder that blocks the next `export --overwrite` (`make demo` runs one). So the
+exporter writes into `.<name>.partial-<pid>` next to the target, marked by PARTIAL_MARKER
+from its first moment to its last; only a complete bundle loses the marker and is renamed
+into place. A folder that still holds the marker is known to be half-written: nothing in
+it is worth keeping, and `--overwrite` replaces it like a bundle.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from edgeprefill.bundle import MANIFEST_FILE
+from edgeprefill.errors import ExportError
+
+PARTIAL_MARKER = ".edgeprefill-partial"
+
+
+def is_partial(folder: Path) -> bool:
+    """A folder an export started and did not finish."""
+    return (folder / PARTIAL_MARKER).is_file()
+
+
+def check_target(out_dir: Path, overwrite: bool) -> None:
+    """Refuse, before any work, a target that --overwrite may not or cannot replace."""
+    if out_dir.exists() and not out_dir.is_dir():
+        raise ExportError(f"{out_dir} exists and is not a folder")
+    if not out_dir.is_dir() or not any(out_dir.iterdir()):
+        return
+    if not overwrite:
+        kind = "holds a half-written export" if is_partial(out_dir) else "exists and is not empty"
+        raise ExportError(f"{out_dir} {kind} (use --overwrite to replace it)")
+    if not (out_dir / MANIFEST_FILE).is_file() and not is_partial(out_dir):
+        raise ExportError(f"refusing to overwrite {out_dir}: it is not an edgeprefill bundle")
+
+
+@contextmanager
+def staged(out_dir: Path, overwrite: bool) -> Iterator[Path]:
+    """Yield an empty marked folder beside `out_dir`; on success swap it into `out_dir`,
+    on failure delete it and leave `out_dir` exactly as it was."""
+    check_target(out_dir, overwrite)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    _remove_abandoned(out_dir)
+    stage = out_dir.parent / f".{out_dir.name}.partial-{os.getpid()}"
+    shutil.rmtree(stage, ignore_errors=True)
+    stage.mkdir()
+    (stage / PARTIAL_MARKER).write_text("an edgeprefill export is writing this folder\n")
+    try:
+        yield stage
+        (stage / PARTIAL_MARKER).unlink()
+        _swap_in(stage, out_dir)
+    except BaseException:
+        shutil.rmtree(stage, ignore_errors=True)
+        raise
+
+
+def _swap_in(stage: Path, out_dir: Path) -> None:
+    # Two renames on one filesystem: the target is either the old bundle, absent for an
+    # instant, or the new one; never a mix. The old one is deleted only afterwards.
+    old = out_dir.parent / f".{out_dir.name}.old-{os.getpid()}"
+    shutil.rmtree(old, ignore_errors=True)
+    if out_dir.exists():
+        os.rename(out_dir, old)
+    try:
+        os.rename(stage, out_dir)
+    except OSError:
+        if old.exists():
+            os.rename(old, out_dir)  # put the old bundle back
+        raise
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _remove_abandoned(out_dir: Path) -> None:
+    """Delete staging folders of earlier exports to this target that were killed."""
+    for folder in out_dir.parent.glob(f".{out_dir.name}.partial-*"):
+        pid = folder.name.rsplit("-", 1)[-1]
+        if is_partial(folder) and pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return False  # our own leftover (an earlier export in this process)
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -1,0 +1,215 @@
+"""Structured output: a constraint becomes a token mask applied before sampling.
+
+The masks come from llguidance (a grammar engine made for this: JSON schema, regex,
+Lark grammars; a mask over a 152k vocabulary costs tens of microseconds, see
+docs/design.md for the choice against xgrammar). Per generated token the sampler asks
+for the allowed tokens, sets every other logit to -inf (greedy too), and the matcher
+advances on the token sampled. When the grammar is complete the mask holds only EOS,
+so output is valid by construction whatever the model's weights.
+"""
+
+from __future__ import annotations
+
+import json
+import weakref
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from edgeprefill.errors import RequestError
+
+
+@dataclass(frozen=True)
+class Constraint:
+    """What the output must match. Build one with the constructors below."""
+
+    kind: str  # a key of GRAMMARS
+    source: str  # the schema (JSON text), pattern, options (JSON list) or grammar text
+
+    def __post_init__(self) -> None:
+        if self.kind not in GRAMMARS:
+            raise RequestError(f"unknown constraint kind {self.kind!r}; "
+                               f"one of {', '.join(sorted(GRAMMARS))}")
+        if not isinstance(self.source, str):
+            raise RequestError("a constraint's source must be a string")
+
+    @classmethod
+    def json_schema(cls, schema: dict, strict: bool = True) -> Constraint:
+        """JSON matching `schema`. strict (OpenAI's meaning): no properties beyond those
+        listed (llguidance always enforces the schema's own keywords)."""
+        if not isinstance(schema, dict):
+            raise RequestError("a JSON schema must be an object")
+        if strict:
+            schema = _no_extra_properties(schema)
+        return cls("json_schema", json.dumps(schema))
+
+    @classmethod
+    def json_object(cls) -> Constraint:
+        """Any JSON object (OpenAI's `response_format: json_object`)."""
+        return cls("json_schema", json.dumps({"type": "object"}))
+
+    @classmethod
+    def regex(cls, pattern: str) -> Constraint:
+        return cls("regex", _text(pattern, "regex"))
+
+    @classmethod
+    def choice(cls, options: Sequence[str]) -> Constraint:
+        if isinstance(options, str) or not isinstance(options, Sequence):
+            raise RequestError("choice needs a list of strings")
+        options = list(options)
+        if not options or not all(isinstance(o, str) and o for o in options):
+            raise RequestError("choice needs a non-empty list of non-empty strings")
+        return cls("choice", json.dumps(options))
+
+    @classmethod
+    def grammar(cls, text: str) -> Constraint:
+        """A grammar in llguidance's Lark syntax (`start: ...`)."""
+        return cls("grammar", _text(text, "grammar"))
+
+    @classmethod
+    def gbnf(cls, text: str) -> Constraint:
+        """A llama.cpp GBNF grammar (`root ::= ...`), translated to Lark."""
+        return cls("gbnf", _text(text, "grammar"))
+
+
+def _text(value: str, what: str) -> str:
+    if not isinstance(value, str) or not value:
+        raise RequestError(f"a {what} must be a non-empty string")
+    return value
+
+
+def _no_extra_properties(schema: dict) -> dict:
+    """A copy of the schema where every object without an explicit additionalProperties
+    refuses unknown keys (OpenAI's strict mode requires that of the schema)."""
+    def walk(node):
+        if isinstance(node, dict):
+            node = {k: walk(v) for k, v in node.items()}
+            if node.get("type") == "object" and "additionalProperties" not in node:
+                node["additionalProperties"] = False
+            return node
+        if isinstance(node, list):
+            return [walk(v) for v in node]
+        return node
+    return walk(schema)
+
+
+# -- constraint -> llguidance grammar, by kind ------------------------------------------------
+
+
+def _from_schema(source: str) -> str:
+    from llguidance import LLMatcher
+
+    # Compact separators: a random-weight model would otherwise pad with whitespace.
+    return LLMatcher.grammar_from_json_schema(
+        source, defaults={"whitespace_flexible": False})
+
+
+def _from_regex(source: str) -> str:
+    from llguidance import LLMatcher
+
+    return LLMatcher.grammar_from_regex(source)
+
+
+def _from_choice(source: str) -> str:
+    from llguidance import LLMatcher
+
+    alternatives = " | ".join(json.dumps(o) for o in json.loads(source))
+    return LLMatcher.grammar_from_lark(f"start: {alternatives}")
+
+
+def _from_lark(source: str) -> str:
+    from llguidance import LLMatcher
+
+    return LLMatcher.grammar_from_lark(source)
+
+
+def _from_gbnf(source: str) -> str:
+    from llguidance import LLMatcher
+    from llguidance.gbnf_to_lark import gbnf_to_lark
+
+    try:
+        return LLMatcher.grammar_from_lark(gbnf_to_lark(source))
+    except Exception as err:  # noqa: BLE001 - the translator raises plain exceptions
+        raise RequestError(f"invalid GBNF grammar: {_one_line(err)}") from None
+
+
+GRAMMARS: dict[str, Callable[[str], str]] = {
+    "json_schema": _from_schema,
+    "regex": _from_regex,
+    "choice": _from_choice,
+    "grammar": _from_lark,
+    "gbnf": _from_gbnf,
+}
+
+
+# -- the per-request matcher -------------------------------------------------------------------
+
+
+class GrammarMask:
+    """A constraint's state during one request (the sampler's TokenMask)."""
+
+    def __init__(self, matcher) -> None:
+        self.matcher = matcher
+
+    def allowed(self, vocab: int) -> np.ndarray:
+        """bool [vocab]: the tokens the grammar accepts next."""
+        bits = np.frombuffer(self.matcher.compute_bitmask(), np.uint8)
+        self._check()
+        allowed = np.unpackbits(bits, bitorder="little").view(bool)
+        if allowed.shape[0] < vocab:  # logits wider than the tokenizer (padded heads)
+            allowed = np.concatenate([allowed, np.zeros(vocab - allowed.shape[0], bool)])
+        return allowed[:vocab]
+
+    def accept(self, token: int) -> None:
+        self.matcher.consume_token(token)
+        self._check()
+
+    @property
+    def finished(self) -> bool:
+        return self.matcher.is_stopped()
+
+    def _check(self) -> None:
+        if self.matcher.is_error():
+            raise RequestError(f"constraint: {_one_line(self.matcher.get_error())}")
+
+
+def compile_constraint(constraint: Constraint, tokenizer, eos_ids: Sequence[int]) -> GrammarMask:
+    """A fresh matcher for one request; raises RequestError (one line) for a grammar
+    that does not compile or a tokenizer llguidance cannot use."""
+    from llguidance import LLMatcher
+
+    grammar = GRAMMARS[constraint.kind](constraint.source)
+    matcher = LLMatcher(_ll_tokenizer(tokenizer, tuple(sorted(eos_ids))), grammar, log_level=0)
+    if matcher.is_error():
+        raise RequestError(f"invalid {constraint.kind.replace('_', ' ')} constraint: "
+                           f"{_one_line(matcher.get_error())}")
+    return GrammarMask(matcher)
+
+
+# llguidance's tokenizer takes ~1 s to build at a 152k vocabulary: one per bundle tokenizer.
+_TOKENIZERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _ll_tokenizer(tokenizer, eos_ids: tuple[int, ...]):
+    cached = _TOKENIZERS.get(tokenizer)
+    if cached is not None and cached[0] == eos_ids:
+        return cached[1]
+    from llguidance import LLTokenizer
+
+    backend = getattr(tokenizer, "tokenizer", None)
+    if backend is None:
+        raise RequestError("constrained output needs the bundle's tokenizer.json")
+    try:
+        built = LLTokenizer(backend.to_str(), n_vocab=tokenizer.vocab_size,
+                            eos_token=list(eos_ids))
+    except ValueError as err:
+        raise RequestError(
+            "constrained output needs a byte-level or byte-fallback BPE tokenizer; this "
+            f"bundle's cannot spell arbitrary text ({_one_line(err)})") from None
+    _TOKENIZERS[tokenizer] = (eos_ids, built)
+    return built
+
+
+def _one_line(err) -> str:
+    return " ".join(str(err).split())[:300]

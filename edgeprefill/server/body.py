@@ -1,0 +1,91 @@
+"""Reading a request body as JSON: bounded in size and in time, and refused with a 4xx
+(never a 500) when it is not text a tokenizer can take.
+
+Three ways a body used to reach a 500 or hold a connection forever: JSON nested so deep
+that the parser overflows the stack (RecursionError is no ValueError), a lone UTF-16
+surrogate such as "\\ud800" (valid JSON, but no UTF-8 exists for it, so tokenizing or
+echoing it fails), and a client that sends half a body and then nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+from starlette.requests import Request
+
+from edgeprefill.server.errors import ApiError
+
+# Deeper than any OpenAI request (messages -> content parts -> a JSON-schema tool) and far
+# below the recursion limit, so the walk below and every later consumer stay safe.
+MAX_DEPTH = 64
+
+
+async def read_json(request: Request, limit: int, timeout: float) -> object:
+    """The parsed body; 413 over `limit` bytes, 408 when it takes over `timeout` seconds."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise too_large(limit)
+    try:
+        async with asyncio.timeout(timeout):
+            raw = await _read_bounded(request, limit)
+    except TimeoutError:
+        raise ApiError(408, f"the request body did not arrive within {timeout:g} s",
+                       code="request_timeout") from None
+    try:
+        body = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as err:  # JSONDecodeError is a ValueError
+        raise ApiError(400, f"the request body is not valid JSON: {err}",
+                       code="invalid_json") from None
+    except RecursionError:
+        raise _too_deep() from None
+    check_text(body)
+    return body
+
+
+async def _read_bounded(request: Request, limit: int) -> bytes:
+    chunks, size = [], 0
+    async for chunk in request.stream():  # also bounds a body sent without a length
+        size += len(chunk)
+        if size > limit:
+            raise too_large(limit)
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def check_text(body: object) -> None:
+    """Refuse nesting deeper than MAX_DEPTH and strings with no UTF-8 form (lone
+    surrogates), keys included. Iterative, so the walk itself cannot overflow."""
+    stack = [(body, 0)]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, str):
+            _check_string(value)
+        elif isinstance(value, dict | list):
+            if depth >= MAX_DEPTH:
+                raise _too_deep()
+            items = value.items() if isinstance(value, dict) else enumerate(value)
+            for key, item in items:
+                if isinstance(key, str):
+                    _check_string(key)
+                stack.append((item, depth + 1))
+
+
+def _check_string(text: str) -> None:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as err:
+        bad = text[err.start]
+        raise ApiError(400, f"the request holds a lone UTF-16 surrogate (U+{ord(bad):04X}) "
+                       f"at position {err.start} of a string; send valid Unicode text",
+                       code="invalid_unicode") from None
+
+
+def _too_deep() -> ApiError:
+    return ApiError(400, f"the request body nests JSON deeper than {MAX_DEPTH} levels",
+                    code="invalid_json")
+
+
+def too_large(limit: int) -> ApiError:
+    return ApiError(413, f"the request body is larger than {limit} bytes (the server's "
+                    "limit, see --max-body-mb)", code="request_too_large")

@@ -1,0 +1,70 @@
+"""What a client sees when the server stops under it, and how `serve` stops.
+
+On SIGTERM or Ctrl-C uvicorn stops accepting, lets running requests go on for the
+graceful-shutdown timeout, then cancels them. Without care each cancelled request is a
+traceback in the log and a connection cut without a word. `ShutdownCut` turns that into
+a reply: 503 in the OpenAI error schema when nothing was sent yet, the end of the
+stream otherwise. `run_until_signalled` makes SIGTERM end `serve` the way Ctrl-C does:
+the engine is closed and the process exits 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from types import FrameType
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from edgeprefill.server.errors import ApiError
+
+
+class ShutdownCut:
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def tracking_send(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracking_send)
+        except asyncio.CancelledError:
+            # The only canceller of a request task is uvicorn's shutdown timeout.
+            if not started:
+                error = ApiError(503, "the server is shutting down; retry on another "
+                                 "instance or after it restarts", code="shutting_down")
+                response = error.response()
+                response.headers["Connection"] = "close"
+                await response(scope, receive, send)
+
+
+class Terminated(Exception):
+    """SIGTERM arrived: a normal stop, like Ctrl-C."""
+
+
+def run_until_signalled(server) -> None:
+    """`server.run()` (a uvicorn.Server); returns normally after SIGTERM or Ctrl-C.
+
+    uvicorn handles both signals itself and, once shut down, re-raises the one it got
+    through the handler that was installed before it: SIGINT's raises KeyboardInterrupt,
+    and this installs one for SIGTERM, so neither kills the process before the caller's
+    cleanup (closing the engine) runs."""
+
+    def terminate(signum: int, frame: FrameType | None) -> None:
+        raise Terminated
+
+    previous = signal.signal(signal.SIGTERM, terminate)
+    try:
+        server.run()
+    except (KeyboardInterrupt, Terminated):
+        pass
+    finally:
+        signal.signal(signal.SIGTERM, previous)

@@ -1,0 +1,53 @@
+"""Tokenizers that split characters across tokens, built locally with `tokenizers`:
+byte-level BPE (GPT-2 / Qwen / Llama 3 style) and byte-fallback BPE (Llama 2 /
+SentencePiece style). Ids 0, 1, 2 are <pad>/<unk>, <s> (BOS), </s> (EOS)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+CORPUS = [
+    '{"name": "Ada", "age": 36, "ok": true, "tags": ["x", "y"]}',
+    "hello world, the quick brown fox jumps over the lazy dog 0123456789",
+    "naïve café über 你好世界 東京 😀🎉👍 a-b_c.d:e;f(g)[h]{i}",
+] * 20
+
+
+def byte_level_bpe(vocab_size: int = 400):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=["<pad>", "<s>", "</s>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(CORPUS, trainer)
+    return tok
+
+
+def byte_fallback_bpe():
+    """ASCII letters and a few merges as pieces; everything else falls back to <0xXX>."""
+    from tokenizers import Tokenizer, decoders, models, normalizers
+
+    pieces = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)]
+    pieces += ["▁"] + [chr(c) for c in range(33, 127)] + ["▁t", "he", "▁the", "ll", "o▁"]
+    vocab = {p: i for i, p in enumerate(dict.fromkeys(pieces))}
+    merges = [("▁", "t"), ("h", "e"), ("▁t", "he"), ("l", "l"), ("o", "▁")]
+    tok = Tokenizer(models.BPE(vocab, merges, unk_token="<unk>", byte_fallback=True,
+                               fuse_unk=True))
+    tok.normalizer = normalizers.Replace(" ", "▁")
+    tok.decoder = decoders.Sequence([
+        decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),
+    ])
+    return tok
+
+
+def install(tok, model_dir: Path) -> None:
+    """Replace a checkpoint's tokenizer files with `tok` (EOS </s> = 2)."""
+    from tests.conftest import CHAT_TEMPLATE
+
+    tok.save(str(model_dir / "tokenizer.json"))
+    (model_dir / "tokenizer_config.json").write_text(json.dumps(
+        {"bos_token": "<s>", "eos_token": "</s>", "chat_template": CHAT_TEMPLATE}))

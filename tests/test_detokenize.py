@@ -1,0 +1,66 @@
+"""Incremental detokenization: the streamed text equals decoding all ids at once, where
+characters span tokens, and stop strings split across tokens are found."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from edgeprefill.sdk.tokenizer import TextStreamer
+from tests.bpe_tokenizers import byte_fallback_bpe, byte_level_bpe
+
+TEXTS = [
+    "hello world",
+    "naïve café über",
+    "你好世界 東京",
+    "emoji 😀🎉👍 in a row",
+    '{"name": "Ada", "tags": ["x", "😀"]}',
+]
+
+
+@pytest.fixture(scope="module", params=["byte-level", "byte-fallback"])
+def tokenizer(request):
+    tok = byte_level_bpe() if request.param == "byte-level" else byte_fallback_bpe()
+    return SimpleNamespace(tokenizer=tok, decode=lambda ids: tok.decode(ids))
+
+
+def stream(tokenizer, ids, stop=()):
+    streamer = TextStreamer(tokenizer, stop)
+    pieces = []
+    for i in ids:
+        pieces.append(streamer.push(i))
+        if streamer.stopped:
+            break
+    return "".join(pieces) + streamer.flush(), pieces, streamer
+
+
+@pytest.mark.parametrize("text", TEXTS)
+def test_stream_equals_decoding_all_ids(tokenizer, text):
+    ids = tokenizer.tokenizer.encode(text).ids
+    whole, pieces, _ = stream(tokenizer, ids)
+    assert whole == tokenizer.tokenizer.decode(ids) == text
+    assert all("\ufffd" not in p for p in pieces)  # never half a character
+
+
+def test_characters_really_span_tokens(tokenizer):
+    # Otherwise the test above would prove nothing about split characters.
+    tok = tokenizer.tokenizer
+    ids = tok.encode("😀").ids
+    assert len(ids) > 1 and "\ufffd" in tok.decode(ids[:1])
+
+
+@pytest.mark.parametrize("text,stop", [
+    ("emoji 😀🎉👍 in a row", "🎉👍"), ("你好世界 東京", "世界"), ("hello world", "lo wo"),
+])
+def test_stop_strings_split_across_tokens_end_the_text(tokenizer, text, stop):
+    ids = tokenizer.tokenizer.encode(text).ids
+    whole, _, streamer = stream(tokenizer, ids, (stop,))
+    assert streamer.stopped
+    assert whole == text[: text.index(stop)]
+
+
+def test_a_partial_stop_string_is_released_when_it_does_not_complete(tokenizer):
+    ids = tokenizer.tokenizer.encode("hello world").ids
+    whole, pieces, streamer = stream(tokenizer, ids, ("lo x",))
+    assert not streamer.stopped and whole == "hello world"

@@ -1,0 +1,88 @@
+"""`export` is atomic: a failed export keeps the old bundle, a killed one leaves nothing
+that blocks the next `export --overwrite` (which `make demo` runs)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from edgeprefill.bundle import MANIFEST_FILE, load_manifest
+from edgeprefill.errors import ExportError
+from edgeprefill.export import exporter
+from edgeprefill.export.exporter import ExportOptions, export
+from edgeprefill.export.staging import PARTIAL_MARKER
+
+OPTIONS = dict(chunks=(16,), max_context=64, show_progress=False)
+
+
+def snapshot(folder):
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
+
+
+def test_a_failure_mid_export_leaves_the_old_bundle_intact(hf_model, tmp_path, monkeypatch):
+    out = tmp_path / "bundle"
+    export(hf_model("llama"), out, ExportOptions(**OPTIONS))
+    before = snapshot(out)
+    write = exporter.write_external_data
+
+    def write_then_fail(weights, path, show_progress=True):
+        write(weights[:2], path, show_progress)  # half the weights are on disk
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(exporter, "write_external_data", write_then_fail)
+    with pytest.raises(OSError, match="No space"):
+        export(hf_model("llama"), out, ExportOptions(overwrite=True, **OPTIONS))
+    assert snapshot(out) == before
+    load_manifest(out, verify_checksums=True)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bundle"]  # no staging left
+
+
+def test_a_half_written_folder_is_replaced_by_overwrite_only(hf_model, tmp_path):
+    out = tmp_path / "bundle"
+    out.mkdir()
+    (out / PARTIAL_MARKER).write_text("")
+    (out / "model.onnx.data").write_bytes(b"\0" * 100)  # what a killed export left
+    with pytest.raises(ExportError, match="half-written.*--overwrite"):
+        export(hf_model("llama"), out, ExportOptions(**OPTIONS))
+    export(hf_model("llama"), out, ExportOptions(overwrite=True, **OPTIONS))
+    assert not (out / PARTIAL_MARKER).exists()
+    load_manifest(out, verify_checksums=True)
+
+
+def test_a_folder_that_is_no_bundle_is_never_overwritten(hf_model, tmp_path):
+    out = tmp_path / "photos"
+    out.mkdir()
+    (out / "holiday.jpg").write_bytes(b"keep me")
+    with pytest.raises(ExportError, match="not an edgeprefill bundle"):
+        export(hf_model("llama"), out, ExportOptions(overwrite=True, **OPTIONS))
+    assert snapshot(out) == {"holiday.jpg": b"keep me"}
+
+
+def test_a_killed_export_leaves_the_target_alone_and_its_staging_is_cleaned(
+    hf_model, tmp_path
+):
+    out = tmp_path / "bundle"
+    export(hf_model("llama"), out, ExportOptions(**OPTIONS))
+    before = snapshot(out)
+    # A real kill: the child stops itself with SIGKILL while writing weights.
+    script = (
+        "import os, signal, sys\n"
+        "from edgeprefill.export import exporter\n"
+        "def die(*a, **k): os.kill(os.getpid(), signal.SIGKILL)\n"
+        "exporter.onnx.save_model = die\n"
+        "exporter.export(sys.argv[1], sys.argv[2], exporter.ExportOptions("
+        "chunks=(16,), max_context=64, show_progress=False, overwrite=True))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    done = subprocess.run([sys.executable, "-c", script, str(hf_model("llama")), str(out)],
+                          env=env, timeout=120)
+    assert done.returncode == -9
+    leftovers = [p for p in tmp_path.iterdir() if p.name != "bundle"]
+    assert len(leftovers) == 1 and (leftovers[0] / PARTIAL_MARKER).is_file()
+    assert snapshot(out) == before  # the old bundle was never touched
+    export(hf_model("llama"), out, ExportOptions(overwrite=True, **OPTIONS))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bundle"]
+    assert (out / MANIFEST_FILE).is_file()

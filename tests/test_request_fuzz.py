@@ -1,0 +1,117 @@
+"""Property-based: no request body, however malformed, gets a 5xx or a reply outside the
+OpenAI error schema. The app runs in-process (starlette's TestClient) over the tiny
+llama bundle with a 64-position context, so every example is quick."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import pytest
+
+hypothesis = pytest.importorskip("hypothesis")
+pytest.importorskip("starlette")
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from edgeprefill.sdk import Engine  # noqa: E402
+from edgeprefill.server import ServerConfig, create_app  # noqa: E402
+
+MODEL = "tiny"
+FUZZ = settings(max_examples=120, deadline=None, derandomize=True,
+                suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                       HealthCheck.too_slow])
+
+# Any JSON value, small: scalars (with awkward text and numbers) nested a few levels.
+text = st.text(st.characters(codec="utf-8"), max_size=12) | st.sampled_from(
+    ["", "w5 w6", "\ud800", "w1 " * 80, "\x00", "user", "assistant"])
+scalars = (st.none() | st.booleans() | st.integers(-(2**70), 2**70)
+           | st.floats(allow_nan=True, allow_infinity=True) | text)
+json_values = st.recursive(scalars, lambda inner: st.lists(inner, max_size=4)
+                           | st.dictionaries(text, inner, max_size=4), max_leaves=10)
+
+small_ints = st.integers(-3, 70)
+message = st.fixed_dictionaries(
+    {"role": st.sampled_from(["user", "system", "assistant", "tool"]) | json_values},
+    optional={"content": st.sampled_from(["w5 w6", ""]) | json_values,
+              "name": json_values})
+messages = st.lists(message, max_size=3) | json_values
+prompt = (st.sampled_from(["w5 w6 w7", "", "w9 " * 70]) | st.lists(small_ints, max_size=8)
+          | st.lists(st.lists(small_ints, max_size=3), max_size=2) | json_values)
+
+
+def field(valid):
+    return valid | json_values
+
+
+COMMON = {
+    "model": field(st.sampled_from([MODEL, "other"])),
+    "max_tokens": field(small_ints),
+    "max_completion_tokens": field(small_ints),
+    "temperature": field(st.floats(-1, 3)),
+    "top_p": field(st.floats(-0.5, 1.5)),
+    "top_k": field(small_ints),
+    "seed": field(st.integers(-5, 2**64)),
+    "stop": field(st.lists(text, max_size=5)),
+    "stream": field(st.booleans()),
+    "stream_options": field(st.fixed_dictionaries({"include_usage": field(st.booleans())})),
+    "priority": field(st.integers(-(2**40), 2**40)),
+    "chunk_size": field(small_ints),
+    "ignore_eos": field(st.booleans()),
+    "repetition_penalty": field(st.floats(-1, 11)),
+    "n": field(st.integers(0, 3)),
+    "logprobs": json_values,
+    "logit_bias": json_values,
+    "presence_penalty": json_values,
+    "tools": json_values,
+    "response_format": json_values,
+}
+completion_bodies = st.fixed_dictionaries({}, optional={"prompt": prompt, **COMMON})
+chat_bodies = st.fixed_dictionaries({}, optional={"messages": messages, **COMMON})
+
+
+@pytest.fixture(scope="module")
+def client(bundle) -> Iterator:
+    from starlette.testclient import TestClient
+
+    engine = Engine.load(bundle("llama"), threads=1, kv_slots=2, max_context=64,
+                         chunk_size=16)
+    app = create_app(engine, ServerConfig(model_name=MODEL, max_pending=4))
+    try:
+        with TestClient(app, raise_server_exceptions=False) as client:
+            yield client
+    finally:
+        engine.close()
+
+
+def assert_no_server_error(response) -> None:
+    assert response.status_code < 500, response.text
+    if response.status_code >= 400:
+        error = response.json()["error"]
+        assert set(error) == {"message", "type", "param", "code"}
+        assert isinstance(error["message"], str) and error["message"]
+        assert "\n" not in error["message"].strip()
+
+
+@FUZZ
+@given(body=completion_bodies)
+def test_completions_never_answer_5xx(client, body):
+    assert_no_server_error(client.post("/v1/completions", content=dump(body)))
+
+
+@FUZZ
+@given(body=chat_bodies)
+def test_chat_never_answers_5xx(client, body):
+    assert_no_server_error(client.post("/v1/chat/completions", content=dump(body)))
+
+
+@settings(FUZZ, max_examples=60)
+@given(raw=st.binary(max_size=64) | json_values.map(lambda value: dump(value)))
+def test_any_bytes_never_answer_5xx(client, raw):
+    for path in ("/v1/completions", "/v1/chat/completions"):
+        assert_no_server_error(client.post(path, content=raw))
+
+
+def dump(value) -> bytes:
+    """JSON as a client would send it; lone surrogates go out as \\ud800 escapes."""
+    return json.dumps(value, allow_nan=True).encode()

@@ -1,0 +1,353 @@
+"""Hostile and careless clients: timeouts, bounded shutdown, malformed text, slow templates.
+
+Connections are raw sockets on loopback, so a test controls exactly which bytes arrive
+and when; each wait is bounded and each test stops by itself."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+
+httpx = pytest.importorskip("httpx")
+pytest.importorskip("uvicorn")
+
+from edgeprefill.bundle import MANIFEST_FILE  # noqa: E402
+from edgeprefill.sdk import Engine  # noqa: E402
+from edgeprefill.server import ServerConfig, ServerThread, create_app  # noqa: E402
+from edgeprefill.server.app import BODY_BASE_BYTES, BODY_BYTES_PER_TOKEN  # noqa: E402
+from edgeprefill.server.transport import HttpTimeouts  # noqa: E402
+from tests.test_serve import assert_error, free_port, wait_idle  # noqa: E402
+
+MODEL = "tiny"
+KEY = "sesame"
+# The chat template of the conftest plus traps: a message "spin" makes it loop ~10^10
+# times (jinja's sandbox caps each range, not their product); "boom" and "undef" fail it.
+SPIN_TEMPLATE = (
+    "{% if messages[0]['content'] == 'boom' %}{{ raise_exception('no boom here') }}{% endif %}"
+    "{% if messages[0]['content'] == 'undef' %}{{ messages[0].nothing.deeper }}{% endif %}"
+    "{% if messages[0]['content'] == 'spin' %}{% for i in range(100000) %}"
+    "{% for j in range(100000) %}{% endfor %}{% endfor %}{% endif %}"
+    "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }} ; {% endfor %}"
+    "{% if add_generation_prompt %}assistant: {% endif %}"
+)
+TIMEOUTS = HttpTimeouts(header=0.5, keep_alive=0.5, graceful_shutdown=1.0)
+PROMPT_TIMEOUT = 2.0
+
+
+@pytest.fixture(scope="module")
+def spin_bundle(bundle, tmp_path_factory):
+    """The tiny llama bundle with SPIN_TEMPLATE as its chat template."""
+    out = tmp_path_factory.mktemp("spin") / "bundle"
+    shutil.copytree(bundle("llama"), out)
+    manifest = json.loads((out / MANIFEST_FILE).read_text())
+    manifest["tokenizer"]["chat_template"] = SPIN_TEMPLATE
+    (out / MANIFEST_FILE).write_text(json.dumps(manifest))
+    return out
+
+
+@pytest.fixture(scope="module")
+def engine(spin_bundle) -> Iterator[Engine]:
+    engine = Engine.load(spin_bundle, threads=2, kv_slots=2, chunk_size=16)
+    yield engine
+    engine.close()
+
+
+@pytest.fixture(scope="module")
+def server(engine) -> Iterator[ServerThread]:
+    config = ServerConfig(model_name=MODEL, api_key=KEY, max_pending=8, body_timeout_s=0.5,
+                          prompt_timeout_s=PROMPT_TIMEOUT)
+    with ServerThread(create_app(engine, config), port=free_port(), timeouts=TIMEOUTS) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def http(server) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {KEY}"},
+                      timeout=10) as client:
+        yield client
+
+
+@pytest.fixture(autouse=True)
+def kv_is_clean_after_each_test(request) -> Iterator[None]:
+    yield
+    if "engine" in request.fixturenames:
+        wait_idle(request.getfixturevalue("engine"))
+
+
+def connect(server: ServerThread) -> socket.socket:
+    host, port = server.url.removeprefix("http://").split(":")
+    sock = socket.create_connection((host, int(port)), timeout=5)
+    return sock
+
+
+def read_until_closed(sock: socket.socket, limit: float = 5.0) -> tuple[bytes, float]:
+    """Everything the server sends until it closes the connection, and how long it took."""
+    began, data = time.monotonic(), b""
+    sock.settimeout(limit)
+    while True:
+        try:
+            chunk = sock.recv(65536)
+        except ConnectionResetError:
+            break
+        if not chunk:
+            break
+        data += chunk
+    return data, time.monotonic() - began
+
+
+def post(path: str, body: bytes, key: str = KEY) -> bytes:
+    return (f"POST {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+            ).encode() + body
+
+
+# -- connection timeouts (before any API key is looked at) -----------------------------------
+
+
+@pytest.mark.parametrize("sent", [b"", b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"])
+def test_idle_sockets_and_partial_headers_are_closed_without_a_reply(server, sent):
+    with connect(server) as sock:
+        sock.sendall(sent)
+        data, took = read_until_closed(sock)
+    assert data == b""  # closed, not answered: no 401, no 408
+    assert TIMEOUTS.header * 0.8 < took < TIMEOUTS.header + 2
+
+
+def test_an_idle_keep_alive_connection_is_closed_after_its_reply(server):
+    with connect(server) as sock:
+        sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        data, took = read_until_closed(sock)
+    assert data.startswith(b"HTTP/1.1 200") and took < 3
+
+
+def test_a_half_sent_body_gets_408_and_the_connection_closes(server, engine):
+    body = json.dumps({"prompt": "w5 w6", "max_tokens": 2}).encode()
+    with connect(server) as sock:
+        sock.sendall(post("/v1/completions", body)[:-5])  # the last 5 bytes never come
+        data, took = read_until_closed(sock)
+    head, _, payload = data.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 408") and b"connection: close" in head.lower()
+    assert json.loads(payload)["error"]["code"] == "request_timeout"
+    assert took < 3
+    assert engine.metrics().running == 0
+
+
+def test_a_slow_but_steady_body_is_still_cut_at_the_body_timeout(server):
+    body = json.dumps({"prompt": "w5 " * 50, "max_tokens": 2}).encode()
+    with connect(server) as sock:
+        request = post("/v1/completions", body)
+        head = request.index(b"\r\n\r\n") + 4
+        sock.sendall(request[:head])
+        began = time.monotonic()
+        for i in range(head, len(request)):  # a byte every 50 ms: ~8 s for the body
+            try:
+                sock.sendall(request[i:i + 1])
+            except OSError:
+                break
+            if time.monotonic() - began > 3:
+                break
+            time.sleep(0.05)
+        data, _ = read_until_closed(sock)
+    assert data.startswith(b"HTTP/1.1 408"), data[:80]
+    assert time.monotonic() - began < 3
+
+
+# -- malformed text ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("path, body", [
+    ("/v1/completions", '{"prompt": "w5 \\ud800 w6", "max_tokens": 2}'),
+    ("/v1/chat/completions", '{"messages": [{"role": "user", "content": "hi \\udfff"}]}'),
+    ("/v1/chat/completions", '{"messages": [{"role": "user", "content": "hi"}], '
+                             '"stop": ["\\ud800"]}'),
+    ("/v1/completions", '{"prompt": "w5", "\\ud800": 1}'),
+])
+def test_a_lone_surrogate_is_a_400(http, path, body):
+    error = assert_error(http.post(path, content=body.encode()), 400, code="invalid_unicode")
+    assert "surrogate" in error["message"]
+
+
+@pytest.fixture(scope="module")
+def roomy(engine) -> Iterator[httpx.Client]:
+    """The app in-process (starlette's TestClient) with the old flat 4 MB body limit."""
+    from starlette.testclient import TestClient
+
+    app = create_app(engine, ServerConfig(model_name=MODEL, max_body_bytes=4 << 20))
+    with TestClient(app) as client:
+        yield client
+
+
+@pytest.mark.parametrize("depth", [100, 1000, 100_000])
+def test_deeply_nested_json_is_a_400(roomy, depth):
+    body = '{"prompt": "w5", "x": ' + "[" * depth + "]" * depth + "}"
+    error = assert_error(roomy.post("/v1/completions", content=body.encode()), 400,
+                         code="invalid_json")
+    assert "deeper than" in error["message"]
+
+
+# -- the body limit follows the context -------------------------------------------------------
+
+
+def test_the_body_limit_is_derived_from_the_context(http, engine):
+    limit = BODY_BASE_BYTES + BODY_BYTES_PER_TOKEN * engine.capacity
+    assert limit < 1 << 20  # a 512-token context: ~100 KB, not 4 MB
+    fits = json.dumps({"prompt": "w5 " * 400, "max_tokens": 2, "user": "x" * 60_000})
+    assert len(fits) < limit
+    assert http.post("/v1/completions", content=fits.encode()).status_code == 200
+    over = json.dumps({"prompt": "w5", "pad": "x" * limit})
+    assert_error(http.post("/v1/completions", content=over.encode()), 413,
+                 code="request_too_large")
+
+
+# -- templates and tokenization off the event loop, with a time limit --------------------------
+
+
+def test_a_runaway_template_is_stopped_and_never_stalls_the_server(server, http):
+    health: list[float] = []
+    stop = threading.Event()
+
+    def probe() -> None:
+        with httpx.Client(base_url=server.url, timeout=10) as client:
+            while not stop.is_set():
+                began = time.monotonic()
+                assert client.get("/health").status_code == 200
+                health.append(time.monotonic() - began)
+                time.sleep(0.02)
+
+    prober = threading.Thread(target=probe)
+    prober.start()
+    try:
+        began = time.monotonic()
+        spin = {"messages": [{"role": "user", "content": "spin"}], "max_tokens": 2}
+        error = assert_error(http.post("/v1/chat/completions", json=spin), 400,
+                             "messages", "prompt_timeout")
+        took = time.monotonic() - began
+    finally:
+        stop.set()
+        prober.join(timeout=10)
+    assert f"over {PROMPT_TIMEOUT:g} s" in error["message"]
+    assert PROMPT_TIMEOUT * 0.9 < took < PROMPT_TIMEOUT + 5
+    # On the event loop the template would have frozen /health for the whole time limit;
+    # half of it allows for a machine shared with other work.
+    assert len(health) >= 3 and max(health) < PROMPT_TIMEOUT / 2, health
+    # The worker was killed and replaced: the same template serves other messages.
+    ok = {"messages": [{"role": "user", "content": "w5 w6"}], "max_tokens": 2}
+    reply = http.post("/v1/chat/completions", json=ok)
+    assert reply.status_code == 200, reply.text
+
+
+@pytest.mark.parametrize("content, message", [
+    ("boom", "chat template: no boom here"),
+    ("undef", "chat template: "),
+])
+def test_a_failing_template_is_a_400_naming_the_template(http, content, message):
+    body = {"messages": [{"role": "user", "content": content}], "max_tokens": 1}
+    error = assert_error(http.post("/v1/chat/completions", json=body), 400, "messages")
+    assert error["message"].startswith(message), error["message"]
+
+
+# -- graceful shutdown of the `serve` command ----------------------------------------------------
+
+
+def start_serve(bundle_dir, *extra: str) -> tuple[subprocess.Popen, int]:
+    port = free_port()
+    command = [sys.executable, "-c", "from edgeprefill.cli.main import main; main()",
+               "serve", str(bundle_dir), "--port", str(port), "--model-name", MODEL, *extra]
+    process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True,
+                               start_new_session=True)
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200:
+                return process, port
+        except httpx.TransportError:
+            if process.poll() is not None or time.monotonic() > deadline:
+                process.kill()
+                pytest.fail(f"the server did not come up: {process.stderr.read()}")
+            time.sleep(0.1)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_serve_stops_within_its_shutdown_timeout_while_a_body_is_half_sent(bundle, sig):
+    process, port = start_serve(bundle("llama"), "--shutdown-timeout", "1",
+                                "--body-timeout", "60")
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+            sock.sendall(post("/v1/completions", b'{"prompt": "w5 w6 w7", "max_tokens": 3}')
+                         [:-10])
+            time.sleep(0.3)  # the request is in the app, waiting for the rest of the body
+            began = time.monotonic()
+            process.send_signal(sig)
+            code = process.wait(timeout=15)
+            took = time.monotonic() - began
+            reply, _ = read_until_closed(sock)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    stderr = process.stderr.read()
+    assert code == 0, stderr
+    assert took < 4, f"shutdown took {took:.1f} s"
+    assert "Traceback" not in stderr, stderr
+    head, _, body = reply.partition(b"\r\n\r\n")  # the cut request was told why
+    assert head.startswith(b"HTTP/1.1 503"), reply[:200]
+    assert json.loads(body)["error"]["code"] == "shutting_down"
+
+
+def test_fd_exhaustion_logs_one_line_not_a_flood(bundle):
+    # A low descriptor limit, and more idle sockets than it allows: the server must keep
+    # its log to a line or two and answer again once the idle sockets time out.
+    limit = ("import resource; resource.setrlimit(resource.RLIMIT_NOFILE, (96, 96)); "
+             "from edgeprefill.cli.main import main; main()")
+    port = free_port()
+    command = [sys.executable, "-c", limit, "serve", str(bundle("llama")), "--port",
+               str(port), "--header-timeout", "2"]
+    process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True,
+                               start_new_session=True)
+    sockets: list[socket.socket] = []
+    try:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                httpx.get(f"{url}/health")
+                break
+            except httpx.TransportError:
+                assert process.poll() is None and time.monotonic() < deadline
+                time.sleep(0.1)
+        for _ in range(150):
+            sockets.append(socket.create_connection(("127.0.0.1", port), timeout=5))
+        time.sleep(1.5)  # the server is out of descriptors for a while
+        for sock in sockets:
+            sock.close()
+        sockets.clear()
+        deadline = time.monotonic() + 15
+        while True:  # recovers: every idle socket was closed by the header timeout
+            try:
+                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                assert time.monotonic() < deadline, "the server did not recover"
+                time.sleep(0.2)
+    finally:
+        for sock in sockets:
+            sock.close()
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+    stderr = process.stderr.read()
+    assert "Traceback" not in stderr, stderr[:2000]
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    assert len(lines) < 10, "\n".join(lines[:20])

@@ -1,0 +1,243 @@
+"""Constrained decoding, logprobs and the request fields, in the SDK and through the
+server with the official `openai` client on loopback. The model is a random llama with a
+locally trained byte-level BPE tokenizer: its output is valid only by construction."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from typing import Literal
+
+import pytest
+
+httpx = pytest.importorskip("httpx")
+openai = pytest.importorskip("openai")
+pydantic = pytest.importorskip("pydantic")
+
+from edgeprefill.errors import RequestError  # noqa: E402
+from edgeprefill.sdk import Engine, GenerationParams  # noqa: E402
+from edgeprefill.sdk.constraints import Constraint  # noqa: E402
+from edgeprefill.server import ServerConfig, ServerThread, create_app  # noqa: E402
+from tests.bpe_tokenizers import byte_level_bpe, install  # noqa: E402
+from tests.conftest import build_hf_model  # noqa: E402
+from tests.test_serve import free_port  # noqa: E402
+
+VOCAB = 400
+
+
+class Person(pydantic.BaseModel):
+    model_config = pydantic.ConfigDict(extra="forbid")
+    name: str = pydantic.Field(max_length=8)
+    mood: Literal["calm", "glad", "sad"]
+    age: int = pydantic.Field(ge=0, le=99)
+    ok: bool
+
+
+@pytest.fixture(scope="module")
+def bpe_bundle(tmp_path_factory):
+    from edgeprefill.export.exporter import ExportOptions, export
+
+    model = build_hf_model("llama", tmp_path_factory.mktemp("bpe-llama"), vocab_size=VOCAB)
+    install(byte_level_bpe(VOCAB), model)
+    out = tmp_path_factory.mktemp("bpe-bundle")
+    export(model, out, ExportOptions(chunks=(16, 64), max_context=512, show_progress=False,
+                                     overwrite=True))
+    return out
+
+
+@pytest.fixture(scope="module")
+def engine(bpe_bundle) -> Iterator[Engine]:
+    engine = Engine.load(bpe_bundle, threads=2, kv_slots=4)
+    yield engine
+    engine.close()
+
+
+@pytest.fixture(scope="module")
+def client(engine) -> Iterator[openai.OpenAI]:
+    app = create_app(engine, ServerConfig(model_name="bpe", max_pending=8))
+    with ServerThread(app, port=free_port()) as server:
+        yield openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+
+
+# -- the SDK ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_json_schema_output_is_valid_from_random_weights(engine, temperature):
+    schema = Person.model_json_schema()
+    for seed in range(3):
+        params = GenerationParams(max_new_tokens=120, temperature=temperature, seed=seed,
+                                  constraint=Constraint.json_schema(schema))
+        out = engine.generate("hello", params).result()
+        assert out.finish_reason == "stop", out.text
+        Person.model_validate_json(out.text)
+
+
+def test_regex_choice_and_grammar_constraints(engine):
+    def run(constraint, seed=0):
+        params = GenerationParams(max_new_tokens=40, temperature=1.0, seed=seed,
+                                  constraint=constraint)
+        return engine.generate("hello", params).result().text
+
+    assert all(re.fullmatch(r"[0-9]{3}-[a-z]{2}", run(Constraint.regex(r"[0-9]{3}-[a-z]{2}"), s))
+               for s in range(3))
+    assert {run(Constraint.choice(["yes", "no way"]), s) for s in range(6)} <= {"yes", "no way"}
+    assert run(Constraint.grammar('start: "a" B\nB: /[xy]{2}/')) in {"axx", "axy", "ayx", "ayy"}
+    assert re.fullmatch(r"x[0-9]+", run(Constraint.gbnf('root ::= "x" [0-9]+')))
+    assert run(Constraint.json_object()).startswith("{")
+
+
+def test_bad_constraints_and_tokenizers_are_one_line_errors(engine, tiny_bundle):
+    with pytest.raises(RequestError, match="invalid regex"):
+        engine.generate("hello", GenerationParams(constraint=Constraint.regex("((")))
+    with Engine.load(tiny_bundle, threads=1, background=False) as tiny:
+        with pytest.raises(RequestError, match="byte-level or byte-fallback") as err:
+            tiny.generate("the", GenerationParams(constraint=Constraint.json_object()))
+    assert "\n" not in str(err.value)
+
+
+# -- the server ---------------------------------------------------------------------------
+
+
+def test_chat_completions_parse_returns_a_parsed_object(client):
+    for temperature in (0.0, 1.0):
+        done = client.chat.completions.parse(
+            model="bpe", messages=[{"role": "user", "content": "hello"}],
+            response_format=Person, max_tokens=120, temperature=temperature, seed=1)
+        assert isinstance(done.choices[0].message.parsed, Person)
+
+
+def test_json_object_and_vllm_guided_fields(client):
+    reply = client.chat.completions.create(
+        model="bpe", messages=[{"role": "user", "content": "hi"}], max_tokens=80,
+        response_format={"type": "json_object"}, temperature=0)
+    assert isinstance(json.loads(reply.choices[0].message.content), dict)
+    done = client.completions.create(model="bpe", prompt="hi", max_tokens=10,
+                                     extra_body={"guided_choice": ["red", "blue"]})
+    assert done.choices[0].text in {"red", "blue"}
+    done = client.completions.create(model="bpe", prompt="hi", max_tokens=10,
+                                     extra_body={"guided_regex": "[ab]{4}"})
+    assert re.fullmatch("[ab]{4}", done.choices[0].text)
+
+
+def test_logprobs_agree_with_greedy_choices(client):
+    reply = client.chat.completions.create(
+        model="bpe", messages=[{"role": "user", "content": "hello"}], max_tokens=8,
+        temperature=0, logprobs=True, top_logprobs=3, extra_body={"ignore_eos": True})
+    content = reply.choices[0].logprobs.content
+    assert len(content) == reply.usage.completion_tokens == 8
+    for item in content:
+        best = item.top_logprobs[0]
+        assert (best.token, best.logprob) == (item.token, pytest.approx(item.logprob))
+        assert [t.logprob for t in item.top_logprobs] == sorted(
+            (t.logprob for t in item.top_logprobs), reverse=True)
+    assert "".join(i.token for i in content) == reply.choices[0].message.content
+
+    streamed = client.chat.completions.create(
+        model="bpe", messages=[{"role": "user", "content": "hello"}], max_tokens=8,
+        temperature=0, logprobs=True, top_logprobs=3, stream=True,
+        extra_body={"ignore_eos": True})
+    items = [i for chunk in streamed if chunk.choices and chunk.choices[0].logprobs
+             for i in chunk.choices[0].logprobs.content]
+    assert [(i.token, round(i.logprob, 4)) for i in items] == \
+        [(i.token, round(i.logprob, 4)) for i in content]
+
+
+def test_completion_logprobs_in_the_legacy_shape(client):
+    done = client.completions.create(model="bpe", prompt="hello", max_tokens=5,
+                                     temperature=0, logprobs=2, extra_body={"ignore_eos": True})
+    lp = done.choices[0].logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == 5
+    for token, logprob, top in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs, strict=True):
+        # Greedy: the chosen token is the likeliest (two ids may share a text, so the
+        # dict OpenAI's legacy shape uses can hold fewer entries).
+        assert token in top and all(logprob >= v - 1e-5 for v in top.values())
+    assert lp.text_offset[0] == 0 and "".join(lp.tokens) == done.choices[0].text
+
+
+def test_sampling_fields_reach_the_sampler(client, engine):
+    def text(**extra):
+        return client.completions.create(
+            model="bpe", prompt="hello", max_tokens=6,
+            extra_body={"ignore_eos": True, **extra}).choices[0].text
+
+    assert text(temperature=1.0, seed=5) == text(temperature=1.0, seed=5)
+    h = engine.tokenizer.tokenizer.token_to_id("h")
+    assert text(temperature=0, logit_bias={str(h): 100}) == "h" * 6
+    assert text(temperature=1.0, seed=2, min_p=0.5, presence_penalty=1.0,
+                frequency_penalty=0.5) is not None
+
+
+@pytest.mark.parametrize("field,value", [
+    ("n", 17), ("best_of", 3), ("echo", True), ("suffix", "x"), ("audio", {"voice": "x"}),
+    ("modalities", ["audio"]), ("prediction", {"type": "content", "content": "x"}),
+    ("web_search_options", {}), ("reasoning_effort", "low"), ("verbosity", "low"),
+    ("functions", [{"name": "f"}]), ("guided_decoding_backend", "xgrammar"),
+    ("structured_outputs", {"json": {}}), ("made_up_field", 1),
+])
+def test_each_unsupported_field_is_a_400_that_names_it(client, field, value):
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(
+            model="bpe", messages=[{"role": "user", "content": "hi"}], max_tokens=2,
+            extra_body={field: value})
+    assert field in err.value.body["message"] and err.value.body["param"] == field
+
+
+@pytest.mark.parametrize("extra", [
+    {"response_format": {"type": "xml"}}, {"guided_regex": "(("},
+    {"response_format": {"type": "json_object"}, "guided_regex": "a"},
+    {"logit_bias": {"9999": 5}}, {"top_logprobs": 3}, {"logprobs": True, "top_logprobs": 21},
+    {"min_p": 2}, {"presence_penalty": 3},
+])
+def test_bad_values_of_supported_fields_are_400s(client, extra):
+    with pytest.raises(openai.BadRequestError):
+        client.chat.completions.create(
+            model="bpe", messages=[{"role": "user", "content": "hi"}], max_tokens=2,
+            extra_body=extra)
+
+
+# -- n > 1 --------------------------------------------------------------------------------
+
+
+def test_n_choices_share_one_prefill_of_the_prompt(bpe_bundle):
+    with Engine.load(bpe_bundle, threads=2, kv_slots=4, background=False, trace=True) as eng:
+        prompt = list(range(3, 43))  # 40 tokens: two whole 16-token chunks and a tail of 8
+        streams = eng.submit_n(prompt, GenerationParams(
+            max_new_tokens=6, temperature=1.0, seed=3, ignore_eos=True), 3)
+        texts = [s.result().text for s in streams]
+        prefilled = sum(t.tokens for t in eng.trace if t.kind == "prefill")
+    assert all(s.finish_reason == "length" and len(s.token_ids) == 6 for s in streams)
+    assert prefilled == 40  # once, not 3 x 40: the others start from a copy of its KV
+    with Engine.load(bpe_bundle, threads=2, kv_slots=1, background=False, trace=True) as eng:
+        streams = eng.submit_n(prompt, GenerationParams(max_new_tokens=3, ignore_eos=True), 2)
+        assert all(len(s.result().token_ids) == 3 for s in streams)  # one slot: in turn
+    assert len(set(texts)) > 1  # seed + i: the choices differ
+
+
+def test_chat_n_choices_through_the_server(client):
+    reply = client.chat.completions.create(
+        model="bpe", messages=[{"role": "user", "content": "hello"}], max_tokens=5, n=3,
+        temperature=1.0, seed=4, extra_body={"ignore_eos": True})
+    assert [c.index for c in reply.choices] == [0, 1, 2]
+    assert reply.usage.completion_tokens == 15
+    streamed = client.chat.completions.create(
+        model="bpe", messages=[{"role": "user", "content": "hello"}], max_tokens=5, n=3,
+        temperature=1.0, seed=4, stream=True, extra_body={"ignore_eos": True})
+    texts = {0: "", 1: "", 2: ""}
+    for chunk in streamed:
+        for choice in chunk.choices:
+            texts[choice.index] += choice.delta.content or ""
+    assert [texts[i] for i in range(3)] == [c.message.content for c in reply.choices]
+
+
+def test_a_tokenizer_without_bytes_answers_structured_requests_with_a_clear_400(tiny_bundle):
+    with Engine.load(tiny_bundle, threads=1) as tiny:
+        app = create_app(tiny, ServerConfig(model_name="tiny", max_pending=2))
+        with ServerThread(app, port=free_port()) as server:
+            client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0)
+            with pytest.raises(openai.BadRequestError) as err:
+                client.chat.completions.parse(
+                    model="tiny", messages=[{"role": "user", "content": "the"}],
+                    response_format=Person, max_tokens=20)
+    assert "byte-level or byte-fallback" in err.value.body["message"]
