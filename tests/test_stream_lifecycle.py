@@ -183,3 +183,13 @@ def test_a_failing_kv_swap_ends_the_requests_with_an_error_not_the_loop(make_eng
     monkeypatch.undo()
     assert engine.generate(ids(20, 9), params[1]).result().finish_reason == "length"
     engine.check_integrity()
+
+
+def test_close_ends_every_choice_of_an_n_request(make_engine):
+    engine = make_engine(background=False, kv_slots=1)
+    busy = engine.generate(ids(20), MANY)
+    engine.step()  # the only slot is taken: the n request waits with its siblings
+    choices = engine.submit_n(ids(30, 1), MANY, 3)
+    engine.close()
+    for stream in (busy, *choices):
+        assert finish_within(stream) == "cancelled"
