@@ -5,7 +5,7 @@ BIN     := $(VENV)/bin
 TINY    := models/tiny-recall
 BUNDLE  := build/tiny-recall
 
-.PHONY: demo test test-gpu lint bench clean
+.PHONY: demo test test-gpu lint bench clean kernels
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -30,7 +30,12 @@ lint: $(VENV)/.dev
 	$(BIN)/ruff check edgeprefill tests samples benchmarks scripts
 	$(BIN)/mypy  # strict on edgeprefill/sdk and edgeprefill/engines ([tool.mypy] in pyproject)
 
-test: lint
+# The native kernels (edgeprefill/kernels) are built when g++ and npm are there, so the
+# tests exercise them; without them the tests of the stock graph still run.
+kernels: $(VENV)/.core
+	$(BIN)/python -m edgeprefill.kernels.build --if-possible
+
+test: lint kernels
 	$(BIN)/python -m pytest -q
 
 # On a machine with an NVIDIA GPU, TensorRT and onnxruntime-gpu (see docs/jetson.md).

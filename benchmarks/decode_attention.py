@@ -12,7 +12,10 @@ amortize the call), alternating the variants `--turns` times. Prints millisecond
 - gqa-if: the same inside an If on the chunk length (the way a decode-only kernel could be
   switched in); the cache is checked to be written in place;
 - matmul: standard ops over the valid length, keys as the GEMM's left operand;
-- onnx-attention: ONNX Attention (opset 24) with nonpad_kv_seqlen over the whole cache.
+- onnx-attention: ONNX Attention (opset 24) with nonpad_kv_seqlen over the whole cache;
+- native / native-if: edgeprefill.DecodeAttention (edgeprefill/kernels), alone and inside
+  the If as the runtime switches it in (only where `python -m edgeprefill.kernels.build`
+  has built the library).
 """
 
 from __future__ import annotations
@@ -31,7 +34,8 @@ QKV_WIDTH = (HEADS + 2 * KV_HEADS) * HEAD_DIM
 
 def model_bytes(nodes: list, inputs: list, outputs: list, inits: list, opset: int) -> bytes:
     graph = helper.make_graph(nodes, "attention", inputs, outputs, inits)
-    imports = [helper.make_opsetid("", opset), helper.make_opsetid("com.microsoft", 1)]
+    imports = [helper.make_opsetid("", opset), helper.make_opsetid("com.microsoft", 1),
+               helper.make_opsetid("edgeprefill", 1)]
     model = helper.make_model(graph, opset_imports=imports)
     model.ir_version = 10  # onnxruntime 1.31 loads IR <= 13
     return model.SerializeToString()
@@ -56,7 +60,13 @@ def gqa_node(layer: int, scale: float, suffix: str = ""):
     )
 
 
-def gqa_model(capacity: int, scale: float, use_if: bool) -> bytes:
+def native_node(layer: int, scale: float, suffix: str = ""):
+    from edgeprefill.kernels.graph import kernel_node
+
+    return kernel_node(gqa_node(layer, scale), suffix)
+
+
+def gqa_model(capacity: int, scale: float, use_if: bool, native: bool = False) -> bytes:
     rng = np.random.default_rng(0)
     tables = [rng.random((capacity + 1, HEAD_DIM // 2), np.float32) for _ in range(2)]
     inits = [numpy_helper.from_array(t, n) for t, n in zip(tables, ("cos", "sin"), strict=True)]
@@ -71,15 +81,16 @@ def gqa_model(capacity: int, scale: float, use_if: bool) -> bytes:
         ]
     for i in range(LAYERS):
         if not use_if:
-            nodes.append(gqa_node(i, scale))
+            nodes.append(native_node(i, scale) if native else gqa_node(i, scale))
             continue
         names = (f"out{i}", f"present_k{i}", f"present_v{i}")
+        decode = native_node if native else gqa_node
         branches = [
             helper.make_graph(
-                [gqa_node(i, scale, s)], f"branch{s}", [],
+                [make(i, scale, s)], f"branch{s}", [],
                 [helper.make_tensor_value_info(n + s, TensorProto.FLOAT, None) for n in names],
             )
-            for s in ("_decode", "_prefill")
+            for s, make in (("_decode", decode), ("_prefill", gqa_node))
         ]
         nodes.append(helper.make_node(
             "If", ["is_decode"], list(names), then_branch=branches[0], else_branch=branches[1]
@@ -170,9 +181,14 @@ def bound_run(session, feeds: dict, caches: list[np.ndarray], in_place: bool):
 
 
 def variants(past: int, capacity: int, threads: int, caches: list[np.ndarray]) -> dict:
+    from edgeprefill.kernels.build import library_path
+
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
     options.log_severity_level = 3
+    library = library_path()
+    if library.is_file():
+        options.register_custom_ops_library(str(library))
 
     def session(model: bytes):
         return ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
@@ -185,7 +201,7 @@ def variants(past: int, capacity: int, threads: int, caches: list[np.ndarray]) -
         "total": np.array(past + 1, np.int32),
     }
     q_feeds = {"q": qkv[..., : HEADS * HEAD_DIM].copy(), "total": np.array([past + 1], np.int64)}
-    return {
+    runs = {
         "gqa": bound_run(session(gqa_model(capacity, HEAD_DIM**-0.5, False)), gqa_feeds,
                          caches, True),
         "gqa-scale1": bound_run(session(gqa_model(capacity, 1.0, False)), gqa_feeds, caches, True),
@@ -194,6 +210,16 @@ def variants(past: int, capacity: int, threads: int, caches: list[np.ndarray]) -
         "matmul": bound_run(session(matmul_model()), q_feeds, caches, False),
         "onnx-attention": bound_run(session(onnx_attention_model()), q_feeds, caches, False),
     }
+    if not library.is_file():
+        print("native kernels not built (python -m edgeprefill.kernels.build): not measured")
+        return runs
+    scale = HEAD_DIM**-0.5
+    native_feeds = {**gqa_feeds}
+    runs["native"] = bound_run(session(gqa_model(capacity, scale, False, True)), native_feeds,
+                               caches, True)
+    runs["native-if"] = bound_run(session(gqa_model(capacity, scale, True, True)), gqa_feeds,
+                                  caches, True)
+    return runs
 
 
 def main() -> None:

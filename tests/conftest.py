@@ -19,7 +19,9 @@ CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}assistant: {% endif %}"
 )
 
-# family -> config overrides; each exercises one thing the exporter must get right.
+# family -> config overrides; each exercises one thing the exporter must get right. The
+# key's first part (before "-") is the model_type. Windows are small so that the test
+# prompts cross them several times.
 FAMILIES: dict[str, dict] = {
     "llama": {},
     "llama-tied-llama3rope": {
@@ -27,10 +29,45 @@ FAMILIES: dict[str, dict] = {
         "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                          "high_freq_factor": 4.0, "original_max_position_embeddings": 64},
     },
-    "mistral": {"sliding_window": None},
-    "qwen2": {},  # q/k/v biases
+    "llama-yarn": {"rope_scaling": {"rope_type": "yarn", "factor": 4.0,
+                                    "original_max_position_embeddings": 256}},
+    "mistral": {"sliding_window": 24},  # every layer slides
+    # q/k/v biases; the second layer slides (max_window_layers), written as layer_types
+    "qwen2": {"use_sliding_window": True, "sliding_window": 12, "max_window_layers": 1},
     "qwen3": {"head_dim": 32},  # q/k norms, head_dim != hidden / heads
+    "gemma": {"head_dim": 16},
+    "gemma2": {"head_dim": 16, "sliding_window": 8, "query_pre_attn_scalar": 24,
+               "attn_logit_softcapping": 5.0, "final_logit_softcapping": 10.0},
+    "gemma3_text": {
+        "head_dim": 16, "sliding_window": 8, "query_pre_attn_scalar": 24,
+        "layer_types": ["sliding_attention", "full_attention"],
+        "rope_parameters": {
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+            "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e6},
+        },
+    },
+    # partial rotary (as Phi-4-mini), longrope whose original window is the bundle's context
+    "phi3": {
+        "hidden_size": 128, "partial_rotary_factor": 0.5, "max_position_embeddings": 2048,
+        "original_max_position_embeddings": 512,
+        "rope_scaling": {"type": "longrope", "short_factor": [1.0, 1.1, 1.3, 1.6, 2.0, 2.5,
+                                                              3.0, 3.5],
+                         "long_factor": [1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0, 9.0]},
+    },
+    "smollm3": {"no_rope_layer_interval": 2},  # the second layer has no rope
+    "granite": {"embedding_multiplier": 2.0, "attention_multiplier": 0.1,
+                "residual_multiplier": 0.5, "logits_scaling": 2.0},
+    "olmo2": {},
+    "phi": {"num_attention_heads": 2, "num_key_value_heads": 2, "partial_rotary_factor": 0.5},
+    "stablelm": {"num_attention_heads": 2, "num_key_value_heads": 2,
+                 "partial_rotary_factor": 0.5, "use_qkv_bias": True},
+    "cohere": {"logit_scale": 0.25},
+    "gpt_neox": {"num_attention_heads": 2, "rope_parameters": {
+        "rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}},
 }
+# The families the default (fast) suite covers end to end; the rest run under `slow`.
+FAST_FAMILIES = ("llama", "mistral", "qwen2", "gemma2", "gemma3_text", "phi3", "smollm3",
+                 "granite", "olmo2", "phi", "gpt_neox")
 
 
 def write_tokenizer(path: Path, vocab: int = VOCAB) -> None:
@@ -53,27 +90,28 @@ def build_hf_model(family: str, out: Path, seed: int = 0, dtype=None, **override
     import transformers
 
     model_type = family.split("-")[0]
-    config_cls = {
-        "llama": transformers.LlamaConfig, "mistral": transformers.MistralConfig,
-        "qwen2": transformers.Qwen2Config, "qwen3": transformers.Qwen3Config,
-    }[model_type]
+    config_cls = transformers.AutoConfig.for_model(model_type).__class__
     kwargs = dict(
         hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
         num_key_value_heads=2, vocab_size=VOCAB, max_position_embeddings=1024,
         # Wide random weights give well separated logits, so greedy choices are stable
         # against float rounding differences between runtimes.
-        initializer_range=0.2, bos_token_id=1, eos_token_id=2, tie_word_embeddings=False,
+        initializer_range=0.2, bos_token_id=1, eos_token_id=2, pad_token_id=0,
+        tie_word_embeddings=False,
     )
     kwargs.update(FAMILIES.get(family, {}))
     kwargs.update(overrides)
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(config_cls(**kwargs))
-    if model_type == "qwen2":  # biases start at zero: make them matter
-        with torch.no_grad():
-            for layer in model.model.layers:
-                for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj,
-                             layer.self_attn.v_proj):
-                    proj.bias.normal_(0, 0.5)
+    # Biases start at zero and norm weights at one (Gemma: zero): make them matter. Norms of
+    # the Llama-layout fixtures stay as they are, which other tests' tolerances were set on.
+    perturb_norms = model_type not in ("llama", "mistral", "qwen2", "qwen3")
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith(".bias"):
+                param.normal_(0, 0.5)
+            elif perturb_norms and "norm" in name:
+                param.add_(torch.randn_like(param) * 0.2)
     if dtype is not None:
         model = model.to(dtype)
     model.save_pretrained(out)

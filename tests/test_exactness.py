@@ -8,11 +8,16 @@ import torch
 import transformers
 
 from edgeprefill.sdk import Engine, GenerationParams
-from tests.conftest import FAMILIES, VOCAB
+from tests.conftest import FAMILIES, FAST_FAMILIES, VOCAB
 
 FLAVORS = ("ort", "standard")
 PROMPT_LENGTHS = (1, 15, 16, 17, 100, 333)
 CHUNK_SIZES = (1, 16, 64, None)  # None: the whole prompt in one chunk
+# The default suite: fewer lengths and chunk sizes (still crossing every test window
+# several times, with chunks that straddle it); the full matrix runs under `slow`.
+QUICK_LENGTHS = (1, 17, 100)
+QUICK_CHUNKS = (16, None)
+WINDOWED = ("mistral", "qwen2", "gemma2", "gemma3_text")  # families whose fixture slides
 NEW_TOKENS = 8
 
 
@@ -60,34 +65,86 @@ def test_chunk_logits_match_transformers(family, flavor, hf_model, bundle):
     engine.close()
 
 
-@pytest.mark.parametrize("flavor", FLAVORS)
-@pytest.mark.parametrize("family", sorted(FAMILIES))
-def test_greedy_output_is_identical_across_chunk_sizes_and_to_transformers(
-    family, flavor, hf_model, bundle
-):
-    model = transformers.AutoModelForCausalLM.from_pretrained(hf_model(family))
-    engine = Engine.load(bundle(family, flavor), threads=2, background=False,
-                         prefix_reuse=False)
+def check_greedy(hf_dir, bundle_dir, lengths, chunks) -> None:
+    model = transformers.AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32)
+    engine = Engine.load(bundle_dir, threads=2, background=False, prefix_reuse=False)
     params = GenerationParams(max_new_tokens=NEW_TOKENS, ignore_eos=True)
-    for length in PROMPT_LENGTHS:
+    for length in lengths:
         ids = prompt_ids(length)
         expected = reference_greedy(model, ids)
-        for chunk in CHUNK_SIZES:
+        for chunk in chunks:
             got = engine.generate(ids, params, chunk_size=chunk or length).result()
             assert got.token_ids == expected, f"length {length}, chunk {chunk}"
             assert got.metrics.chunks == -(-length // (chunk or length))
     engine.close()
 
 
-def test_padded_last_chunk_is_masked(bundle, hf_model):
+@pytest.mark.parametrize("flavor", FLAVORS)
+@pytest.mark.parametrize("family", FAST_FAMILIES)
+def test_greedy_output_matches_transformers_for_some_lengths_and_chunks(
+    family, flavor, hf_model, bundle
+):
+    check_greedy(hf_model(family), bundle(family, flavor), QUICK_LENGTHS, QUICK_CHUNKS)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("flavor", FLAVORS)
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_greedy_output_is_identical_across_chunk_sizes_and_to_transformers(
+    family, flavor, hf_model, bundle
+):
+    check_greedy(hf_model(family), bundle(family, flavor), PROMPT_LENGTHS, CHUNK_SIZES)
+
+
+@pytest.mark.parametrize("flavor", FLAVORS)
+@pytest.mark.parametrize("family", WINDOWED)
+def test_second_turn_crosses_the_window_again(family, flavor, hf_model, bundle):
+    """A session's second turn appends to a cache that already slid past the window; the
+    reply equals transformers' greedy continuation of the whole conversation."""
+    model = transformers.AutoModelForCausalLM.from_pretrained(hf_model(family),
+                                                              dtype=torch.float32)
+    engine = Engine.load(bundle(family, flavor), threads=2, background=False,
+                         chunk_size=16)
+    params = GenerationParams(max_new_tokens=NEW_TOKENS, ignore_eos=True)
+    session = engine.session()
+    first, second = prompt_ids(45), prompt_ids(37, seed=7)[1:]
+    reply = session.generate(first, params).result().token_ids
+    assert reply == reference_greedy(model, first)
+    conversation = first + reply + second
+    got = session.generate(second, params).result()
+    assert got.token_ids == reference_greedy(model, conversation)
+    # Only the new turn (and the last reply token, never fed back) is prefilled.
+    assert got.metrics.chunks <= -(-(len(second) + 1) // 16)
+    engine.close()
+
+
+@pytest.mark.parametrize("flavor", FLAVORS)
+@pytest.mark.parametrize("family", ("mistral", "gemma2"))
+def test_rows_of_different_lengths_decode_together_within_their_windows(
+    family, flavor, hf_model, bundle
+):
+    """A decode batch holds rows at different positions: each row's window is its own."""
+    model = transformers.AutoModelForCausalLM.from_pretrained(hf_model(family),
+                                                              dtype=torch.float32)
+    engine = Engine.load(bundle(family, flavor), threads=2, background=False)
+    params = GenerationParams(max_new_tokens=NEW_TOKENS, ignore_eos=True)
+    prompts = [prompt_ids(n, seed=n) for n in (5, 30, 61)]
+    streams = [engine.generate(ids, params) for ids in prompts]
+    for ids, stream in zip(prompts, streams, strict=True):
+        assert stream.result().token_ids == reference_greedy(model, ids)
+    engine.close()
+
+
+@pytest.mark.parametrize("family", ("llama", "mistral"))
+def test_padded_last_chunk_is_masked(family, bundle, hf_model):
     """A fixed-shape backend pads the last chunk: padding must not change the logits,
-    and later tokens must not see the padded positions."""
+    and later tokens must not see the padded positions (nor, with a window, see past it)."""
     from edgeprefill.engines import StepBatch
 
     ids = prompt_ids(40)
-    expected = reference_logits(hf_model("llama"), ids)
+    expected = reference_logits(hf_model(family), ids)
     for flavor in FLAVORS:
-        engine = Engine.load(bundle("llama", flavor), threads=2, background=False)
+        engine = Engine.load(bundle(family, flavor), threads=2, background=False)
         run = engine.backend.run
         run(StepBatch(np.array([ids[:16]]), np.array([0], np.int32),
                       np.array([16], np.int32), 0))

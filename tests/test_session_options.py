@@ -9,7 +9,7 @@ from edgeprefill.sdk import Engine
 from tests.test_cli_errors import cli
 
 
-@pytest.mark.parametrize("spin, expected", [(None, "1"), (True, "1"), (False, "0")])
+@pytest.mark.parametrize("spin, expected", [(None, "0"), (True, "1"), (False, "0")])
 def test_spin_reaches_the_onnxruntime_session(bundle, spin, expected):
     options = {} if spin is None else {"spin": spin}
     with Engine.load(bundle("llama"), background=False, **options) as engine:

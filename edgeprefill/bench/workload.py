@@ -48,7 +48,7 @@ class Workload:
     reply_tokens: int = 8  # tokens the long and the urgent request generate
     tail_tokens: int = 8  # session tokens after both replies, before the sessions stop
     threads: int | None = None
-    spin: bool = True  # idle compute threads busy-wait between ops (BackendOptions.spin)
+    spin: bool = False  # idle compute threads busy-wait between ops (BackendOptions.spin)
     itl_target_ms: float = 150.0  # the adaptive chunk controller's target
     seed: int = 0  # of the random prompt token ids
 

@@ -20,6 +20,7 @@ def inspect(bundle, verify, as_json):
       edgeprefill inspect build/tiny-recall --verify
     """
     from edgeprefill.bundle import load_manifest
+    from edgeprefill.kernels.select import describe
     from edgeprefill.sdk.generation_defaults import GenerationDefaults
 
     m = load_manifest(bundle, verify_checksums=verify)
@@ -34,10 +35,12 @@ def inspect(bundle, verify, as_json):
         f"model       {model.family}: {model.num_layers} layers, hidden {model.hidden_size}, "
         f"{model.num_heads} heads / {model.num_kv_heads} KV heads of {model.head_dim}, "
         f"vocab {model.vocab_size}",
+        f"quirks      {'; '.join(m.source.get('quirks') or ['none (plain Llama layout)'])}",
         f"graph       {graph.file} ({graph.flavor} flavour, {graph.dtype}, opsets "
         f"{json.dumps(graph.opsets)})",
         f"chunks      {', '.join(map(str, m.chunks))} tokens",
         f"max context {m.max_context} tokens",
+        f"decode attn {describe(graph.flavor, graph.dtype)} on this machine's CPU",
         f"eos ids     {eos}",
         f"sampling    {defaults.describe()}  (generation_config.json; requests may override)",
         f"chat        {'template included' if m.tokenizer.chat_template else 'no template'}",

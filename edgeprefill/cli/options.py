@@ -18,7 +18,7 @@ def parse_int_list(ctx: click.Context, param: click.Parameter, value: str | None
 
 
 spin_option = click.option(
-    "--spin/--no-spin", default=True, show_default=True,
-    help="Let idle compute threads busy-wait between ops: faster on a dedicated device; "
-    "--no-spin when other busy processes share the cores.",
+    "--spin/--no-spin", default=False, show_default=True,
+    help="Let idle compute threads busy-wait between ops. Off by default: on shared or "
+    "virtual CPUs spinning threads often land in a 2-3x slower mode (docs/benchmarks.md).",
 )

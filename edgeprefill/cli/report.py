@@ -32,5 +32,12 @@ def engine_lines(e: EngineMetrics) -> list[str]:
     ]
 
 
+def backend_line(backend) -> str:
+    """Which kernels the backend runs (the native decode attention or the stock graph)."""
+    kernels = getattr(backend, "kernels", None)
+    attention = kernels.decode_attention if kernels is not None else "the graph's own"
+    return f"backend: {backend.name}, decode attention {attention}"
+
+
 def _ms(seconds: float | None) -> str:
     return "-" if seconds is None else f"{seconds * 1000:.0f} ms"

@@ -10,7 +10,7 @@ from typing import IO, NamedTuple
 
 import click
 
-from edgeprefill.cli.report import engine_lines, request_line
+from edgeprefill.cli.report import backend_line, engine_lines, request_line
 from edgeprefill.errors import RequestError
 from edgeprefill.sdk import Engine, GenerationParams, TokenStream
 from edgeprefill.sdk.priority import parse_priority
@@ -40,7 +40,7 @@ def single(engine: Engine, prompt: str, params: GenerationParams, chat: bool, st
     _stream_out(stream)
     if stats:
         click.echo(request_line(stream.metrics), err=True)
-        for line in engine_lines(engine.metrics()):
+        for line in [*engine_lines(engine.metrics()), backend_line(engine.backend)]:
             click.echo(line, err=True)
 
 
@@ -118,5 +118,5 @@ def concurrent(engine: Engine, jobs: list[Job], stats: bool, chat: bool = False)
         if stats:
             click.echo(request_line(stream.metrics), err=True)
     if stats:
-        for line in engine_lines(engine.metrics()):
+        for line in [*engine_lines(engine.metrics()), backend_line(engine.backend)]:
             click.echo(line, err=True)

@@ -41,10 +41,10 @@ class BackendOptions:
     threads: int | None = None  # intra-op threads; None: the physical cores
     optimize: bool = True  # full graph optimizations (ORT_ENABLE_ALL)
     engine_dir: Path | None = None  # where compiled engines are cached (GPU paths)
-    # Idle compute threads busy-wait briefly for the next op (ONNX Runtime's default). On
-    # a quiet device it makes a decode step ~15% faster (docs/benchmarks.md); on a machine
-    # shared with other busy processes the spinning threads steal their cores: turn off.
-    spin: bool = True
+    # Idle compute threads busy-wait briefly for the next op (ONNX Runtime's default). Off
+    # here: over fresh processes on VMs spinning landed 2-3x slow in most of them, and under
+    # load it always lost; sleeping threads never did (docs/benchmarks.md, *Spin*).
+    spin: bool = False
 
 
 class Backend(ABC):

@@ -37,12 +37,12 @@ def check_model_config(cfg: ModelConfig) -> None:
             f"config.json: num_attention_heads ({cfg.num_heads}) is not a multiple of "
             f"num_key_value_heads ({cfg.num_kv_heads})"
         )
-    if cfg.head_dim % 2:
-        raise ExportError(f"head_dim must be even for rotary embeddings, got {cfg.head_dim}")
-    if not (math.isfinite(cfg.rms_norm_eps) and cfg.rms_norm_eps > 0):
-        raise ExportError(f"config.json: rms_norm_eps must be positive, got {cfg.rms_norm_eps}")
-    if not (math.isfinite(cfg.rope.theta) and cfg.rope.theta > 0):
-        raise ExportError(f"config.json: rope_theta must be positive, got {cfg.rope.theta}")
+    if not (math.isfinite(cfg.norm_eps) and cfg.norm_eps > 0):
+        key = "layer_norm_eps" if cfg.spec.norm.startswith("layer") else "rms_norm_eps"
+        raise ExportError(f"config.json: {key} must be positive, got {cfg.norm_eps}")
+    for rope in cfg.ropes.values():
+        if not (math.isfinite(rope.theta) and rope.theta > 0):
+            raise ExportError(f"config.json: rope_theta must be positive, got {rope.theta}")
     if cfg.sliding_window is not None and cfg.sliding_window < 1:
         raise ExportError(f"config.json: sliding_window must be positive, got {cfg.sliding_window}")
     ids = [*cfg.eos_token_ids, *([] if cfg.bos_token_id is None else [cfg.bos_token_id])]

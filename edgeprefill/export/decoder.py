@@ -14,8 +14,6 @@ shared with the runtime through the manifest:
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import numpy as np
 
 from edgeprefill.contract import (
@@ -28,11 +26,14 @@ from edgeprefill.contract import (
     VALID_LENS,
     kv_names,
 )
+from edgeprefill.errors import ExportError
 from edgeprefill.export.checkpoint import Checkpoint
+from edgeprefill.export.families import TensorNames
 from edgeprefill.export.flavors import Flavor, StepTensors
 from edgeprefill.export.graph import GraphBuilder
 from edgeprefill.export.model_config import ModelConfig
-from edgeprefill.export.quantize import QuantConfig, int4_blockwise, int8_per_channel
+from edgeprefill.export.quantize import QuantConfig
+from edgeprefill.export.weights import GraphWeights
 
 
 class DecoderBuilder:
@@ -46,9 +47,9 @@ class DecoderBuilder:
         self.ckpt = ckpt
         self.flavor = flavor
         self.quant = quant
-        self._memo: tuple[str, tuple] | None = None  # last quantized weight's parts
         self.dtype = flavor.dtype
         self.g = GraphBuilder()
+        self.w = GraphWeights(self.g, ckpt, self.dtype, quant)
 
     def build(self) -> GraphBuilder:
         g, cfg = self.g, self.cfg
@@ -59,23 +60,29 @@ class DecoderBuilder:
         self._declare_kv_io()
         chunk = g.op("Slice", [g.op("Shape", [ids]), g.const([1]), g.const([2])])  # [1]
         step = self.flavor.step_tensors(g, past_lens, chunk, kv_names(0).past_key)
-        embed = self._embedding()
-        x = g.op("Gather", [embed, ids])  # [B,C,hidden]
-        delta = None  # each sublayer's output, added to the residual by the next norm
+        x = g.op("Gather", [self._embedding(), ids])  # [B,C,hidden]
+        if cfg.embed_scale is not None:
+            x = g.op("Mul", [x, g.const(cfg.embed_scale, self.dtype)])
+        delta = None  # a sublayer's output, added to the residual by the next norm
         for layer in range(cfg.num_layers):
             x, delta = self._layer(layer, x, delta, step)
-        x = g.op("Add", [x, delta])
+        if delta is not None:
+            x = g.op("Add", [x, delta])
         # Only each row's last valid token reaches the LM head: full [C, vocab] logits of
         # a 256-token chunk would cost more than a layer.
         last = g.op("Sub", [valid_lens, g.const([1], np.int32)])
         index = g.op("Unsqueeze", [g.op("Cast", [last], to=7), g.const([1])])  # [B,1]
         hidden = g.op("GatherND", [x, index], batch_dims=1)  # [B,hidden]
-        hidden = self.flavor.rms_norm(g, hidden, self._tensor("model.norm.weight"))
-        logits = self._lm_head(hidden)
+        hidden = self._norm(hidden, self.names.final_norm)
+        logits = self._logits(self._lm_head(hidden))
         if self.dtype != np.float32:
             logits = g.op("Cast", [logits], to=1)
         g.rename(logits, LOGITS)
         return g
+
+    @property
+    def names(self) -> TensorNames:
+        return self.cfg.spec.names
 
     def _declare_kv_io(self) -> None:
         shape = [BATCH, self.cfg.num_kv_heads, CAPACITY, self.cfg.head_dim]
@@ -88,114 +95,162 @@ class DecoderBuilder:
             self.g.output(names.present_key, self.dtype, shape)
             self.g.output(names.present_value, self.dtype, shape)
 
-    def _layer(self, layer: int, x: str, delta: str | None, step: StepTensors) -> tuple[str, str]:
-        """One decoder layer; returns the residual stream and the MLP's output, which the
-        next layer's input norm adds (one fused residual-add + norm per sublayer)."""
-        g, cfg, flavor = self.g, self.cfg, self.flavor
-        p = f"model.layers.{layer}."
-        x, h = flavor.add_rms_norm(g, x, delta, self._tensor(p + "input_layernorm.weight"))
+    def _layer(self, i: int, x: str, delta: str | None, step: StepTensors) -> tuple[str, str]:
+        """One decoder layer wired as its family's block (families.BLOCKS); returns the
+        residual stream and a sublayer output still to be added to it, which the next
+        norm adds (one fused residual-add + norm where the flavour has one)."""
+        n = self.names
+        p = n.layer.format(i=i)
+        block = self.cfg.block
+        if block == "post":  # OLMo 2: the norms follow the sublayers
+            x = x if delta is None else self.g.op("Add", [x, delta])
+            attn = self._norm(self._attention(i, x, step), p + n.post_attn_norm)
+            x = self.g.op("Add", [x, self._scaled(attn)])
+            return x, self._scaled(self._norm(self._mlp(p, x), p + n.post_mlp_norm))
+        x, h = self._add_norm(x, delta, p + n.input_norm)
+        attn = self._attention(i, h, step)
+        if block == "shared":  # Phi: attention and MLP read the same normed input
+            return self.g.op("Add", [x, attn]), self._mlp(p, h)
+        if block == "parallel":  # GPT-NeoX: each has its own norm of the layer's input
+            mlp = self._mlp(p, self._norm(x, p + n.post_attn_norm))
+            return self.g.op("Add", [x, attn]), mlp
+        if block == "sandwich":  # Gemma 2/3: norms before and after each sublayer
+            attn = self._norm(attn, p + n.post_attn_norm)
+            x, h = self._add_norm(x, attn, p + n.pre_mlp_norm)
+            return x, self._norm(self._mlp(p, h), p + n.post_mlp_norm)
+        x, h = self._add_norm(x, self._scaled(attn), p + n.post_attn_norm)
+        return x, self._scaled(self._mlp(p, h))
+
+    def _scaled(self, sublayer: str) -> str:
+        """A sublayer's output times the residual multiplier (Granite), before the add."""
+        if self.cfg.residual_scale == 1.0:
+            return sublayer
+        return self.g.op("Mul", [sublayer, self.g.const(self.cfg.residual_scale, self.dtype)])
+
+    def _attention(self, i: int, h: str, step: StepTensors) -> str:
+        cfg, n = self.cfg, self.names
+        p = n.layer.format(i=i)
         q, k, v = self._qkv(p, h)
-        names = kv_names(layer)
+        names = kv_names(i)
         past = (names.past_key, names.past_value)
         present = (names.present_key, names.present_value)
-        attn = flavor.attention(g, q, k, v, past, present, step)
-        o_bias = p + "self_attn.o_proj.bias" if cfg.o_bias else None
-        attn = self._linear(attn, [p + "self_attn.o_proj.weight"], o_bias)
-        x, h = flavor.add_rms_norm(g, x, attn, self._tensor(p + "post_attention_layernorm.weight"))
-        return x, self._mlp(p, h)
+        attn = self.flavor.attention(self.g, q, k, v, past, present, step, cfg.layers[i])
+        o_bias = p + n.o + ".bias" if cfg.o_bias else None
+        return self.w.linear(attn, [p + n.o + ".weight"], o_bias)
 
     def _qkv(self, p: str, h: str) -> list[str | None]:
         """One packed projection for q, k and v. Flavours whose attention takes the packed
         tensor get it whole ([qkv, None, None]: no split copies); otherwise it is split,
-        with per-head norms for Qwen3."""
-        g, cfg = self.g, self.cfg
-        attn = p + "self_attn."
-        weights = [attn + f"{n}_proj.weight" for n in "qkv"]
-        bias = attn + "qkv_proj.bias" if cfg.qkv_bias else None
-        qkv = self._linear(h, weights, bias)
-        if self.flavor.packed_qkv and not cfg.qk_norm:
+        with q/k norms where the family has them."""
+        g, cfg, n = self.g, self.cfg, self.names
+        parts = [n.qkv] if n.qkv else [n.q, n.k, n.v]
+        weights = [p + part + ".weight" for part in parts]
+        bias = p + (n.qkv or "self_attn.qkv_proj") + ".bias" if cfg.qkv_bias else None
+        self._check_qkv_shapes(weights)
+        qkv = self.w.linear(h, weights, bias, reorder=self._neox_order if
+                            cfg.spec.qkv_interleaved else None)
+        if self.flavor.packed_qkv and cfg.spec.qk_norm is None:
             return [qkv, None, None]
         q_size, kv_size = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
         q, k, v = g.op("Split", [qkv, g.const([q_size, kv_size, kv_size])], 3, axis=-1)
-        if cfg.qk_norm:
-            q = self._head_norm(q, cfg.num_heads, self._tensor(attn + "q_norm.weight"))
-            k = self._head_norm(k, cfg.num_kv_heads, self._tensor(attn + "k_norm.weight"))
+        if cfg.spec.qk_norm == "head":
+            q = self._head_norm(q, cfg.num_heads, p + n.q_norm)
+            k = self._head_norm(k, cfg.num_kv_heads, p + n.k_norm)
+        elif cfg.spec.qk_norm == "full":
+            q, k = self._norm(q, p + n.q_norm), self._norm(k, p + n.k_norm)
         return [q, k, v]
 
-    def _head_norm(self, x: str, heads: int, weight: str) -> str:
+    def _check_qkv_shapes(self, weights: list[str]) -> None:
+        """A checkpoint that disagrees with its config.json fails here, in one line, not
+        as a reshape error inside ONNX Runtime."""
+        cfg = self.cfg
+        q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+        expected = [(q + 2 * kv, cfg.hidden_size)] if len(weights) == 1 else [
+            (q, cfg.hidden_size), (kv, cfg.hidden_size), (kv, cfg.hidden_size)]
+        for name, shape in zip(weights, expected, strict=True):
+            if self.w.shape(name) != shape:
+                raise ExportError(
+                    f"{name} has shape {self.w.shape(name)}, but config.json implies {shape} "
+                    f"({cfg.num_heads} heads, {cfg.num_kv_heads} KV heads of {cfg.head_dim}, "
+                    f"hidden {cfg.hidden_size})"
+                )
+
+    def _neox_order(self, rows: np.ndarray) -> np.ndarray:
+        """GPT-NeoX stores the fused projection's rows as [head, q|k|v, dim]; the graph
+        wants [q|k|v, head, dim]."""
+        d, heads = self.cfg.head_dim, self.cfg.num_heads
+        rest = rows.shape[1:]
+        return rows.reshape(heads, 3, d, *rest).swapaxes(0, 1).reshape(3 * heads * d, *rest)
+
+    def _head_norm(self, x: str, heads: int, name: str) -> str:
         g, d = self.g, self.cfg.head_dim
         per_head = g.op("Reshape", [x, g.const([0, 0, heads, d])])
-        normed = self.flavor.rms_norm(g, per_head, weight)
+        normed = self._norm(per_head, name)
         return g.op("Reshape", [normed, g.const([0, 0, heads * d])])
 
+    def _norm(self, x: str, name: str) -> str:
+        """The family's norm over the last axis; `name` is the module (".weight" added)."""
+        norm = self.cfg.spec.norm
+        if norm in ("layer", "layer_no_bias"):
+            bias = self.w.tensor(name + ".bias") if norm == "layer" else None
+            return self.flavor.layer_norm(self.g, x, self.w.tensor(name + ".weight"), bias)
+        return self.flavor.rms_norm(self.g, x, self._norm_weight(name))
+
+    def _add_norm(self, x: str, delta: str | None, name: str) -> tuple[str, str]:
+        """(x + delta, norm(x + delta)); delta None adds nothing."""
+        if self.cfg.spec.norm in ("layer", "layer_no_bias"):
+            x = x if delta is None else self.g.op("Add", [x, delta])
+            return x, self._norm(x, name)
+        return self.flavor.add_rms_norm(self.g, x, delta, self._norm_weight(name))
+
+    def _norm_weight(self, name: str) -> str:
+        if self.cfg.spec.norm != "rms_plus_one":
+            return self.w.tensor(name + ".weight")
+        # Gemma scales by (1 + w), computed in float32 as transformers does.
+        stored = name + ".weight"
+        return self.g.weight(
+            name + ".weight_plus_one", self.w.shape(stored), self.dtype,
+            lambda: (1.0 + self.ckpt.get(stored, np.float32)).astype(self.dtype),
+        )
+
     def _mlp(self, p: str, h: str) -> str:
-        g = self.g
-        mlp = p + "mlp."
+        g, n, cfg = self.g, self.names, self.cfg
+        bias = cfg.spec.mlp_bias
+        if not cfg.spec.gated_mlp:
+            up = self.w.linear(h, [p + n.up + ".weight"], p + n.up + ".bias" if bias else None)
+            act = self._activation(up)
+            return self.w.linear(act, [p + n.down + ".weight"],
+                                p + n.down + ".bias" if bias else None)
         # One packed projection: a decode step is dominated by per-kernel overhead, so one
         # MatMul and a split beat two MatMuls (int4 decode ~10% faster, measured); in a
         # prefill chunk the split's copy costs ~1%.
-        gate_up = self._linear(h, [mlp + "gate_proj.weight", mlp + "up_proj.weight"], None)
+        parts = [n.gate_up] if n.gate_up else [n.gate, n.up]
+        gate_up = self.w.linear(h, [p + part + ".weight" for part in parts], None)
         gate, up = g.op("Split", [gate_up], 2, axis=-1, num_outputs=2)
-        act = g.op("Mul", [g.op("Mul", [gate, g.op("Sigmoid", [gate])]), up])  # SiLU(gate)*up
-        return self._linear(act, [mlp + "down_proj.weight"], None)
+        act = g.op("Mul", [self._activation(gate), up])
+        return self.w.linear(act, [p + n.down + ".weight"], None)
 
-    def _linear(self, x: str, weight_names: list[str], bias_name: str | None) -> str:
-        """x @ concat(W_i^T) (+ bias): HF stores [out, in]; MatMul wants [in, out]."""
-        g = self.g
-        in_dim = self._shape(weight_names[0])[1]
-        out_dim = sum(self._shape(n)[0] for n in weight_names)
-        name = weight_names[0] if len(weight_names) == 1 else _packed_name(weight_names)
+    def _activation(self, x: str) -> str:
+        g, kind = self.g, self.cfg.activation
+        if kind == "silu":
+            return g.op("Mul", [x, g.op("Sigmoid", [x])])
+        return g.op("Gelu", [x], approximate="tanh" if kind == "gelu_tanh" else "none")
 
-        def out_in() -> np.ndarray:  # [out, in], the checkpoint's layout, packed
-            return np.concatenate([self.ckpt.get(n, np.float32) for n in weight_names])
-
-        if self.quant is None:
-            produce = lambda: np.ascontiguousarray(out_in().T.astype(self.dtype))  # noqa: E731
-            y = g.op("MatMul", [x, g.weight(name, (in_dim, out_dim), self.dtype, produce)])
-        else:
-            y = self._quantized_matmul(x, name, in_dim, out_dim, out_in)
-        if bias_name is None:
-            return y
-        return g.op("Add", [y, self._bias(bias_name, weight_names, out_dim)])
-
-    def _quantized_matmul(self, x: str, name: str, k: int, n: int, out_in) -> str:
-        g, q = self.g, self.quant
-        if q.kind == "int8":
-            parts = self._quantized(name, lambda: int8_per_channel(out_in().T))
-            weight = g.weight(name + ".int8", (k, n), np.int8, lambda: parts()[0])
-            scale = g.weight(name + ".scale", (n,), np.float32, lambda: parts()[1])
-            return g.op("DynamicQuantizeMatMul", [x, weight, scale], domain="com.microsoft")
-        blocks = -(-k // q.block_size)
-        parts = self._quantized(name, lambda: int4_blockwise(out_in(), q.block_size))
-        weight = g.weight(name + ".int4", (n, blocks, q.block_size // 2), np.uint8,
-                          lambda: parts()[0])
-        scale = g.weight(name + ".scale", (n * blocks,), np.float32, lambda: parts()[1])
-        return g.op(
-            "MatMulNBits", [x, weight, scale], domain="com.microsoft", K=k, N=n, bits=4,
-            block_size=q.block_size, accuracy_level=q.accuracy_level,
-        )
-
-    def _quantized(self, name: str, compute):
-        """Quantize a weight once for its several initializers (the writer asks for them
-        one after another)."""
-
-        def parts() -> tuple:
-            if self._memo is None or self._memo[0] != name:
-                self._memo = (name, compute())
-            return self._memo[1]
-
-        return parts
-
-    def _bias(self, name: str, weight_names: list[str], size: int) -> str:
-        # A packed projection's bias is the concatenation of its parts' biases.
-        parts = [w.removesuffix(".weight") + ".bias" for w in weight_names]
-        return self.g.weight(name, (size,), self.dtype, self._concat(parts))
-
-    def _concat(self, names: list[str]) -> Callable[[], np.ndarray]:
-        return lambda: np.concatenate([self.ckpt.get(n, self.dtype) for n in names])
+    def _logits(self, logits: str) -> str:
+        """Cohere's logit scale, Granite's logits scaling and Gemma 2's final soft-cap
+        (c * tanh(logits / c))."""
+        g, cfg = self.g, self.cfg
+        if cfg.logits_multiplier != 1.0:
+            logits = g.op("Mul", [logits, g.const(cfg.logits_multiplier, self.dtype)])
+        if cfg.logits_divisor != 1.0:
+            logits = g.op("Div", [logits, g.const(cfg.logits_divisor, self.dtype)])
+        if cfg.final_softcap is not None:
+            cap = g.const(cfg.final_softcap, self.dtype)
+            logits = g.op("Mul", [g.op("Tanh", [g.op("Div", [logits, cap])]), cap])
+        return logits
 
     def _embedding(self) -> str:
-        return self._tensor("model.embed_tokens.weight")
+        return self.w.tensor(self.w.resolve(self.names.embed))
 
     def _lm_head(self, hidden: str) -> str:
         """[B, hidden] -> [B, vocab]. Stored [vocab, hidden] as in the checkpoint, read by
@@ -207,28 +262,20 @@ class DecoderBuilder:
         original, all of it read by the packing). Kept apart, the Gather's table stays
         memory-mapped and only the rows of tokens seen are resident: 108 MiB less RSS
         after load on the SmolLM2-135M shape, for 113 MB more on disk (docs/benchmarks.md)."""
-        name = "model.embed_tokens.weight" if self.cfg.tie_embeddings else "lm_head.weight"
+        if self.cfg.tie_embeddings:
+            name = self.w.resolve(self.names.embed)
+        else:
+            name = self.w.resolve(tuple(h + ".weight" for h in self.names.lm_head))
+        bias = None
+        if self.cfg.spec.lm_head_bias:
+            bias = self.w.resolve(tuple(h + ".bias" for h in self.names.lm_head))
         if self.quant is not None:
-            vocab, hidden_size = self._shape(name)
+            vocab, hidden_size = self.w.shape(name)
             def out_in():
                 return self.ckpt.get(name, np.float32)
-            return self._quantized_matmul(hidden, "lm_head", hidden_size, vocab, out_in)
-        head = self.g.weight(
-            "lm_head.weight", self._shape(name), self.dtype, lambda: self.ckpt.get(name, self.dtype)
-        )
-        return self.g.op("Gemm", [hidden, head], transB=1)
-
-    def _tensor(self, name: str) -> str:
-        """A checkpoint tensor stored unchanged (only converted to the graph dtype)."""
-        return self.g.weight(
-            name, self._shape(name), self.dtype, lambda: self.ckpt.get(name, self.dtype)
-        )
-
-    def _shape(self, name: str) -> tuple[int, ...]:
-        return self.ckpt.shape(name)
-
-
-def _packed_name(names: list[str]) -> str:
-    stem = names[0].rsplit(".", 2)[0]
-    parts = "_".join(n.rsplit(".", 2)[1].removesuffix("_proj") for n in names)
-    return f"{stem}.{parts}_proj.weight"
+            logits = self.w.quantized_matmul(hidden, "lm_head", hidden_size, vocab, out_in)
+            return logits if bias is None else self.g.op("Add", [logits, self.w.tensor(bias)])
+        head = self.g.weight("lm_head.weight", self.w.shape(name), self.dtype,
+                             lambda: self.ckpt.get(name, self.dtype))
+        inputs = [hidden, head] if bias is None else [hidden, head, self.w.tensor(bias)]
+        return self.g.op("Gemm", inputs, transB=1)

@@ -74,6 +74,7 @@ def export(hf_dir: str | Path, out_dir: str | Path, options: ExportOptions) -> M
         raise ExportError(f"{hf_dir} is not a folder")
     cfg = ModelConfig.from_dir(hf_dir)
     max_context = _max_context(cfg, options.max_context)
+    cfg = cfg.for_context(max_context)  # longrope: the factor set this context uses
     chunks = sorted(set(c for c in options.chunks if c <= max_context))
     if not chunks:
         raise ExportError(f"every chunk size in {options.chunks} exceeds --max-context")
@@ -111,12 +112,6 @@ def _max_context(cfg: ModelConfig, requested: int | None) -> int:
         )
     else:
         limit = requested
-    if cfg.sliding_window is not None and limit > cfg.sliding_window:
-        # Attention is full over the whole context: exact only up to the window.
-        raise ExportError(
-            f"this model uses a sliding window of {cfg.sliding_window} tokens, which is not "
-            f"supported; export with --max-context {cfg.sliding_window} or less"
-        )
     return limit
 
 
@@ -164,7 +159,7 @@ def _manifest(
         bos_token_id=cfg.bos_token_id,
         files={name: file_record(out_dir / name) for name in files},
         source={"path": str(hf_dir.resolve()), "model_type": cfg.family,
-                "edgeprefill": __version__},
+                "edgeprefill": __version__, "quirks": cfg.quirks()},
     )
 
 

@@ -21,7 +21,7 @@ import numpy as np
 
 from edgeprefill.errors import ExportError
 from edgeprefill.export.graph import GraphBuilder
-from edgeprefill.export.model_config import ModelConfig, rope_inv_freq
+from edgeprefill.export.model_config import LayerAttention, ModelConfig
 
 
 @dataclass(frozen=True)
@@ -62,27 +62,53 @@ class Flavor(ABC):
             x = g.op("Add", [x, delta])
         return x, self.rms_norm(g, x, weight)
 
+    def layer_norm(self, g: GraphBuilder, x: str, weight: str, bias: str | None) -> str:
+        """LayerNorm over the last axis (statistics in float32); bias None: none."""
+        x32 = x if self.dtype == np.float32 else g.op("Cast", [x], to=1)
+        params = [weight] if bias is None else [weight, bias]
+        if self.dtype != np.float32:
+            params = [g.op("Cast", [p], to=1) for p in params]
+        y = g.op("LayerNormalization", [x32, *params], axis=-1, epsilon=self.cfg.norm_eps)
+        return y if self.dtype == np.float32 else g.op("Cast", [y], to=10)
+
     @abstractmethod
     def attention(
         self, g: GraphBuilder, q: str, k: str, v: str, past: tuple[str, str],
-        present: tuple[str, str], step: StepTensors,
+        present: tuple[str, str], step: StepTensors, layer: LayerAttention,
     ) -> str:
         """Causal attention of q [B,C,H*D] over the cache after writing k, v [B,C,KV*D]
-        at each row's past length. `past` are the cache inputs [B,KV,cap,D]; the updated
-        caches are produced under the `present` names. Returns [B,C,H*D]; rotary applied."""
+        at each row's past length, within the layer's sliding window if it has one. `past`
+        are the cache inputs [B,KV,cap,D]; the updated caches are produced under the
+        `present` names. Returns [B,C,H*D]; the layer's rotary (if any) applied."""
 
-    def rotary_tables(self, g: GraphBuilder) -> tuple[str, str]:
-        """cos and sin [max_context + 1, D/2], as transformers computes them (float32 math).
+    def rope_table_names(self) -> dict[str, str]:
+        """Rope name used by some layer -> the stem of its table (equal ropes share one)."""
+        out: dict[str, str] = {}
+        for layer in self.cfg.layers:
+            if layer.rope is None or layer.rope in out:
+                continue
+            rope = self.cfg.ropes[layer.rope]
+            same = [n for n in out if self.cfg.ropes[n] == rope]
+            out[layer.rope] = out[same[0]] if same else f"rotary.{layer.rope}"
+        return out
+
+    def rotary_tables(self, g: GraphBuilder, stem: str, rope_name: str) -> tuple[str, str]:
+        """cos and sin [max_context + 1, rotary_dim/2], as transformers computes them
+        (float32 math, times the rope's cos/sin scale for yarn and longrope).
 
         One position past max_context is kept so that a dummy decode row parked at a full
         slot's end still has a valid rotary entry; its output is never used.
         """
-        inv_freq = rope_inv_freq(self.cfg.rope, self.cfg.head_dim)
+        rope = self.cfg.ropes[rope_name]
         positions = np.arange(self.max_context + 1, dtype=np.float32)
-        freqs = np.outer(positions, inv_freq).astype(np.float32)
-        shape = freqs.shape
-        cos = g.weight("rotary.cos", shape, self.dtype, lambda: np.cos(freqs).astype(self.dtype))
-        sin = g.weight("rotary.sin", shape, self.dtype, lambda: np.sin(freqs).astype(self.dtype))
+        freqs = np.outer(positions, rope.inv_freq()).astype(np.float32)
+        scale = np.float32(rope.cos_sin_scale())
+
+        def table(fn):
+            return lambda: (fn(freqs) * scale).astype(self.dtype)
+
+        cos = g.weight(stem + ".cos", freqs.shape, self.dtype, table(np.cos))
+        sin = g.weight(stem + ".sin", freqs.shape, self.dtype, table(np.sin))
         return cos, sin
 
 
@@ -99,6 +125,12 @@ class OrtFlavor(Flavor):
                 f"the ort flavour needs head_dim to be a multiple of 16 (got "
                 f"{cfg.head_dim}); export with --flavor standard"
             )
+        if any(layer.rope for layer in cfg.layers) and cfg.rotary_dim % 16:
+            # Its rotary wants cos/sin tables whose width (rotary_dim / 2) is a multiple of 8.
+            raise ExportError(
+                f"the ort flavour needs the rotary dimension to be a multiple of 16 (got "
+                f"{cfg.rotary_dim} of head_dim {cfg.head_dim}); export with --flavor standard"
+            )
 
     def step_tensors(self, g, past_lens, chunk, past_key0):
         chunk32 = g.op("Cast", [chunk], to=6)
@@ -108,14 +140,18 @@ class OrtFlavor(Flavor):
         seqlens_k = g.op("Sub", [g.op("Add", [past_lens, chunk32]), g.const([1], np.int32)])
         max_past = g.op("ReduceMax", [past_lens], keepdims=0)
         total = g.op("Add", [max_past, g.op("Squeeze", [chunk32, g.const([0])])])
-        cos, sin = self.rotary_tables(g)
-        extra = {"seqlens_k": seqlens_k, "total": total, "cos": cos, "sin": sin}
+        extra = {"seqlens_k": seqlens_k, "total": total}
+        tables: dict[str, tuple[str, str]] = {}
+        for rope, stem in self.rope_table_names().items():
+            if stem not in tables:
+                tables[stem] = self.rotary_tables(g, stem, rope)
+            extra[rope + ".cos"], extra[rope + ".sin"] = tables[stem]
         return StepTensors(past_lens, chunk, extra)
 
     def rms_norm(self, g: GraphBuilder, x: str, weight: str) -> str:
         return g.op(
             "SimplifiedLayerNormalization", [x, weight],
-            axis=-1, epsilon=self.cfg.rms_norm_eps, stash_type=1,
+            axis=-1, epsilon=self.cfg.norm_eps, stash_type=1,
         )
 
     def add_rms_norm(self, g, x, delta, weight):
@@ -125,23 +161,34 @@ class OrtFlavor(Flavor):
         normed, _, _, total = g.op(
             "SkipSimplifiedLayerNormalization", [x, delta, weight],
             [g._name("skip_norm"), "", "", g._name("residual")],
-            domain="com.microsoft", epsilon=self.cfg.rms_norm_eps,
+            domain="com.microsoft", epsilon=self.cfg.norm_eps,
         )
         return total, normed
 
-    def attention(self, g, q, k, v, past, present, step):
+    def attention(self, g, q, k, v, past, present, step, layer):
         cfg = self.cfg
         e = step.extra
+        rotary = layer.rope is not None
+        cos_sin = [e[layer.rope + ".cos"], e[layer.rope + ".sin"]] if rotary else []
+        window = {}
+        if layer.window is not None:
+            # ONNX Runtime's CPU kernel (1.32) shows a query `local_window_size` keys, its own
+            # included: transformers' window. Measured against transformers with chunks that
+            # straddle the window (tests/test_exactness.py); window - 1 is off by one.
+            window["local_window_size"] = layer.window
+        if cfg.attn_softcap is not None:
+            window["softcap"] = float(cfg.attn_softcap)
         out, _, _ = g.op(
             "GroupQueryAttention",
-            [q, k or "", v or "", past[0], past[1], e["seqlens_k"], e["total"], e["cos"], e["sin"]],
+            [q, k or "", v or "", past[0], past[1], e["seqlens_k"], e["total"], *cos_sin],
             [g._name("gqa_out"), present[0], present[1]],
             domain="com.microsoft",
             num_heads=cfg.num_heads,
             kv_num_heads=cfg.num_kv_heads,
-            scale=float(cfg.head_dim**-0.5),
-            do_rotary=1,
-            rotary_interleaved=0,
+            scale=float(cfg.attn_scale),
+            do_rotary=int(rotary),
+            rotary_interleaved=int(cfg.spec.rope_interleaved),
+            **window,
         )
         return out
 
@@ -154,16 +201,27 @@ class StandardFlavor(Flavor):
         past64 = g.op("Cast", [past_lens], to=7)
         steps = g.op("Range", [g.const(0), g.op("Squeeze", [chunk, g.const([0])]), g.const(1)])
         positions = g.op("Add", [g.op("Unsqueeze", [past64, g.const([1])]), steps])  # [B,C]
-        cos_table, sin_table = self.rotary_tables(g)
+        extra = {"write_at": past64}
         unsq1 = g.const([1])
-        cos = g.op("Unsqueeze", [g.op("Gather", [cos_table, positions]), unsq1])  # [B,1,C,D/2]
-        sin = g.op("Unsqueeze", [g.op("Gather", [sin_table, positions]), unsq1])
-        mask = self.causal_mask(g, past_key0, positions)
-        extra = {"write_at": past64, "cos": cos, "sin": sin, "mask": mask}
+        gathered: dict[str, tuple[str, str]] = {}
+        for rope, stem in self.rope_table_names().items():
+            if stem not in gathered:
+                cos_table, sin_table = self.rotary_tables(g, stem, rope)
+                gathered[stem] = tuple(  # [B,1,C,rotary/2]
+                    g.op("Unsqueeze", [g.op("Gather", [t, positions]), unsq1])
+                    for t in (cos_table, sin_table)
+                )
+            extra[rope + ".cos"], extra[rope + ".sin"] = gathered[stem]
+        for window in {layer.window for layer in self.cfg.layers}:
+            extra[_mask_key(window)] = self.causal_mask(g, past_key0, positions, window)
         return StepTensors(past_lens, chunk, extra)
 
-    def causal_mask(self, g: GraphBuilder, past_key: str, positions: str) -> str:
-        """Additive mask [B,1,1,C,cap]: key j is visible to query at position p iff j <= p.
+    def causal_mask(
+        self, g: GraphBuilder, past_key: str, positions: str, window: int | None
+    ) -> str:
+        """Additive mask [B,1,1,C,cap]: key j is visible to the query at position p iff
+        j <= p, and with a sliding window also p - j < window (transformers' window counts
+        the query itself).
 
         Padded positions of a short last chunk lie after every valid query, so they are
         never visible to a valid token; later chunks overwrite them.
@@ -172,6 +230,9 @@ class StandardFlavor(Flavor):
         key_pos = g.op("Range", [g.const(0), capacity, g.const(1)])  # [cap]
         query_pos = g.op("Unsqueeze", [positions, g.const([2])])  # [B,C,1]
         visible = g.op("LessOrEqual", [key_pos, query_pos])  # [B,C,cap]
+        if window is not None:
+            oldest = g.op("Sub", [query_pos, g.const(window - 1)])
+            visible = g.op("And", [visible, g.op("GreaterOrEqual", [key_pos, oldest])])
         blocked = float(np.finfo(self.dtype).min)
         mask = g.op("Where", [visible, g.const(0.0, self.dtype), g.const(blocked, self.dtype)])
         return g.op("Unsqueeze", [mask, g.const([1, 2])])
@@ -180,30 +241,44 @@ class StandardFlavor(Flavor):
         # Computed in float32 whatever the graph dtype, as transformers does.
         x32 = x if self.dtype == np.float32 else g.op("Cast", [x], to=1)
         mean_sq = g.op("ReduceMean", [g.op("Mul", [x32, x32]), g.const([-1])], keepdims=1)
-        eps = g.const(self.cfg.rms_norm_eps, np.float32)
+        eps = g.const(self.cfg.norm_eps, np.float32)
         normed = g.op("Div", [x32, g.op("Sqrt", [g.op("Add", [mean_sq, eps])])])
         if self.dtype != np.float32:
             normed = g.op("Cast", [normed], to=10)
         return g.op("Mul", [normed, weight])
 
-    def rotate(self, g: GraphBuilder, x: str, step: StepTensors) -> str:
-        """Rotary (non-interleaved halves) on x [B,heads,C,D]."""
-        x1, x2 = g.op("Split", [x], 2, axis=-1, num_outputs=2)
-        cos, sin = step.extra["cos"], step.extra["sin"]
+    def rotate(self, g: GraphBuilder, x: str, step: StepTensors, rope: str) -> str:
+        """Rotary (non-interleaved halves) on the first rotary_dim dims of x [B,heads,C,D]."""
+        d, r = self.cfg.head_dim, self.cfg.rotary_dim
+        rest = None
+        if r < d:  # partial rotary: the remaining dims pass through
+            x, rest = g.op("Split", [x, g.const([r, d - r])], 2, axis=-1)
+        cos, sin = step.extra[rope + ".cos"], step.extra[rope + ".sin"]
+        if self.cfg.spec.rope_interleaved:  # pairs (2i, 2i+1): [.., r/2, 2] and back
+            pairs = g.op("Reshape", [x, g.const([0, 0, 0, r // 2, 2])])
+            x1, x2 = g.op("Split", [pairs], 2, axis=-1, num_outputs=2)  # [B,h,C,r/2,1]
+            cos, sin = (g.op("Unsqueeze", [t, g.const([-1])]) for t in (cos, sin))
+        else:
+            x1, x2 = g.op("Split", [x], 2, axis=-1, num_outputs=2)
         first = g.op("Sub", [g.op("Mul", [x1, cos]), g.op("Mul", [x2, sin])])
         second = g.op("Add", [g.op("Mul", [x2, cos]), g.op("Mul", [x1, sin])])
-        return g.op("Concat", [first, second], axis=-1)
+        rotated = g.op("Concat", [first, second], axis=-1)
+        if self.cfg.spec.rope_interleaved:
+            rotated = g.op("Reshape", [rotated, g.const([0, 0, 0, r])])
+        return rotated if rest is None else g.op("Concat", [rotated, rest], axis=-1)
 
     def heads_first(self, g: GraphBuilder, x: str, heads: int) -> str:
         """[B,C,heads*D] -> [B,heads,C,D]."""
         split = g.op("Reshape", [x, g.const([0, 0, heads, self.cfg.head_dim])])
         return g.op("Transpose", [split], perm=[0, 2, 1, 3])
 
-    def attention(self, g, q, k, v, past, present, step):
+    def attention(self, g, q, k, v, past, present, step, layer):
         cfg = self.cfg
         rep = cfg.num_heads // cfg.num_kv_heads
-        q4 = self.rotate(g, self.heads_first(g, q, cfg.num_heads), step)
-        k4 = self.rotate(g, self.heads_first(g, k, cfg.num_kv_heads), step)
+        q4 = self.heads_first(g, q, cfg.num_heads)
+        k4 = self.heads_first(g, k, cfg.num_kv_heads)
+        if layer.rope is not None:
+            q4, k4 = self.rotate(g, q4, step, layer.rope), self.rotate(g, k4, step, layer.rope)
         v4 = self.heads_first(g, v, cfg.num_kv_heads)
         write_at = step.extra["write_at"]
         keys = g.op("TensorScatter", [past[0], k4, write_at], [present[0]], axis=-2)
@@ -212,14 +287,21 @@ class StandardFlavor(Flavor):
         # [B,KV,1,cap,D] broadcasts without materializing repeated keys.
         q5 = g.op("Reshape", [q4, g.const([0, cfg.num_kv_heads, rep, -1, cfg.head_dim])])
         keys_t = g.op("Unsqueeze", [g.op("Transpose", [keys], perm=[0, 1, 3, 2]), g.const([2])])
-        scale = g.const(cfg.head_dim**-0.5, self.dtype)
+        scale = g.const(cfg.attn_scale, self.dtype)
         scores = g.op("Mul", [g.op("MatMul", [q5, keys_t]), scale])
-        scores = g.op("Add", [scores, step.extra["mask"]])
+        if cfg.attn_softcap is not None:  # Gemma 2: c * tanh(scores / c), before the mask
+            cap = g.const(cfg.attn_softcap, self.dtype)
+            scores = g.op("Mul", [g.op("Tanh", [g.op("Div", [scores, cap])]), cap])
+        scores = g.op("Add", [scores, step.extra[_mask_key(layer.window)]])
         probs = g.op("Softmax", [scores], axis=-1)
         out = g.op("MatMul", [probs, g.op("Unsqueeze", [values, g.const([2])])])
         out = g.op("Reshape", [out, g.const([0, cfg.num_heads, -1, cfg.head_dim])])
         out = g.op("Transpose", [out], perm=[0, 2, 1, 3])
         return g.op("Reshape", [out, g.const([0, 0, cfg.num_heads * cfg.head_dim])])
+
+
+def _mask_key(window: int | None) -> str:
+    return "mask" if window is None else f"mask.window{window}"
 
 
 FLAVORS: dict[str, type[Flavor]] = {"ort": OrtFlavor, "standard": StandardFlavor}

@@ -1,56 +1,37 @@
-"""One normalizing place for Hugging Face config.json files, and the family registry.
+"""One normalizing place for Hugging Face config.json files.
 
 Published checkpoints were written by many transformers versions: `rope_theta` at the top
-level or inside `rope_parameters`, `rope_scaling` with `type` or `rope_type`, `head_dim`
-absent or null, `num_key_value_heads` absent. Everything downstream reads the fields of
-`ModelConfig` and never looks at the raw dict.
+level or inside `rope_parameters` (per layer type for Gemma 3), `rope_scaling` with `type`
+or `rope_type`, `head_dim` absent or null, `num_key_value_heads` absent, `rotary_pct` or
+`partial_rotary_factor`, `layer_types` or a family's implicit sliding pattern. Everything
+downstream reads the fields of `ModelConfig` and never looks at the raw dict.
 """
 
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from edgeprefill.errors import ExportError
 from edgeprefill.export.config_checks import check_model_config
+from edgeprefill.export.families import BLOCKS, FAMILIES, FamilySpec
+from edgeprefill.export.rope import RopeConfig, rope_from_params
+
+# hidden_act names -> the activation the builder emits (gelu_new and gelu_pytorch_tanh are
+# the same tanh approximation).
+ACTIVATIONS = {"silu": "silu", "swish": "silu", "gelu": "gelu", "gelu_new": "gelu_tanh",
+               "gelu_pytorch_tanh": "gelu_tanh", "gelu_fast": "gelu_tanh"}
+GLOBAL, LOCAL = "global", "local"  # the rope tables a layer can use
 
 
 @dataclass(frozen=True)
-class FamilySpec:
-    """What distinguishes one decoder family from plain Llama."""
+class LayerAttention:
+    """What differs between the attention of one layer and another's."""
 
-    qkv_bias: bool | None  # None: read `attention_bias` from the config (also biases o_proj)
-    qk_norm: bool  # per-head RMSNorm on q and k before rotary (Qwen3)
-    tie_default: bool  # `tie_word_embeddings` when the config does not say
-
-
-FAMILIES: dict[str, FamilySpec] = {
-    "llama": FamilySpec(qkv_bias=None, qk_norm=False, tie_default=False),
-    "mistral": FamilySpec(qkv_bias=False, qk_norm=False, tie_default=False),
-    "qwen2": FamilySpec(qkv_bias=True, qk_norm=False, tie_default=False),
-    "qwen3": FamilySpec(qkv_bias=None, qk_norm=True, tie_default=False),
-}
-
-ROPE_TYPES = ("default", "linear", "llama3")
-
-
-@dataclass(frozen=True)
-class RopeConfig:
-    theta: float
-    kind: str = "default"  # one of ROPE_TYPES
-    factor: float = 1.0
-    low_freq_factor: float = 1.0
-    high_freq_factor: float = 4.0
-    original_max_positions: int = 8192
-
-    def __post_init__(self) -> None:
-        if self.kind not in ROPE_TYPES:
-            raise ExportError(
-                f"rope type {self.kind!r} is not supported; supported: {', '.join(ROPE_TYPES)}"
-            )
+    window: int | None  # sliding window: a query sees the last `window` positions, itself incl.
+    rope: str | None  # GLOBAL or LOCAL (a key of ModelConfig.ropes); None: no rotary (NoPE)
 
 
 @dataclass(frozen=True)
@@ -63,23 +44,79 @@ class ModelConfig:
     num_kv_heads: int
     head_dim: int
     vocab_size: int
-    rms_norm_eps: float
+    norm_eps: float
     max_positions: int
     tie_embeddings: bool
     qkv_bias: bool
     o_bias: bool
-    qk_norm: bool
-    rope: RopeConfig
-    sliding_window: int | None = None
+    activation: str  # a value of ACTIVATIONS
+    block: str  # a key of BLOCKS (a family may choose it from the config)
+    ropes: dict[str, RopeConfig]
+    layers: tuple[LayerAttention, ...]
+    attn_scale: float  # multiplies q.k (head_dim**-0.5 unless the config says otherwise)
+    attn_softcap: float | None = None  # scores -> c * tanh(scores / c)
+    final_softcap: float | None = None  # logits -> c * tanh(logits / c)
+    embed_scale: float | None = None  # multiplies the embedding (Gemma, Granite)
+    residual_scale: float = 1.0  # multiplies each sublayer's output (Granite)
+    logits_divisor: float = 1.0  # divides the logits (Granite)
+    logits_multiplier: float = 1.0  # multiplies the logits (Cohere's logit_scale)
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         check_model_config(self)
+        if len(self.layers) != self.num_layers:  # layer_types or no_rope_layers disagree
+            raise ExportError(
+                f"layer_types lists {len(self.layers)} layers; num_hidden_layers is "
+                f"{self.num_layers}"
+            )
+        for rope in self.ropes.values():
+            if not 0 < rope.rotary_dim <= self.head_dim:
+                raise ExportError(
+                    f"the rotary dimension {rope.rotary_dim} does not fit head_dim "
+                    f"{self.head_dim} (check partial_rotary_factor)"
+                )
+        if self.block not in BLOCKS:
+            raise ExportError(f"unknown block layout {self.block!r}")
 
     @property
     def spec(self) -> FamilySpec:
         return FAMILIES[self.family]
+
+    @property
+    def rotary_dim(self) -> int:
+        return self.ropes[GLOBAL].rotary_dim
+
+    @property
+    def sliding_window(self) -> int | None:
+        """The largest window of any layer (None: every layer attends globally)."""
+        windows = [layer.window for layer in self.layers if layer.window is not None]
+        return max(windows) if windows else None
+
+    def quirks(self) -> list[str]:
+        """What is special about this model, in words (manifest and `inspect`)."""
+        out = list(self.spec.quirks)
+        local = sum(layer.window is not None for layer in self.layers)
+        if local:
+            out.append(f"sliding window {self.sliding_window} on {local} of {self.num_layers} "
+                       "layers")
+        nope = sum(layer.rope is None for layer in self.layers)
+        if nope:
+            out.append(f"{nope} of {self.num_layers} layers without rope")
+        if self.rotary_dim < self.head_dim:
+            out.append(f"rotary on {self.rotary_dim} of {self.head_dim} head dims")
+        for name, rope in self.ropes.items():
+            used = any(layer.rope == name for layer in self.layers)
+            if used and rope.kind != "default":
+                out.append(f"rope ({name} layers): {rope.describe()}")
+        return list(dict.fromkeys(out))
+
+    def for_context(self, max_context: int) -> ModelConfig:
+        """This config as a bundle of `max_context` positions computes it (longrope)."""
+        from dataclasses import replace
+
+        ropes = {name: rope.for_context(max_context) for name, rope in self.ropes.items()}
+        return replace(self, ropes=ropes)
 
     @classmethod
     def from_hf(cls, raw: dict[str, Any]) -> ModelConfig:
@@ -88,39 +125,11 @@ class ModelConfig:
             raise ExportError(
                 f"model_type {family!r} is not supported; supported: {', '.join(sorted(FAMILIES))}"
             )
-        spec = FAMILIES[family]
-        act = raw.get("hidden_act", "silu")
-        if act != "silu":
-            raise ExportError(f"hidden_act {act!r} is not supported (only silu)")
-        if raw.get("mlp_bias"):
-            raise ExportError("mlp_bias=true is not supported")
         try:
-            heads = int(raw["num_attention_heads"])
-            hidden = int(raw["hidden_size"])
-            attention_bias = bool(raw.get("attention_bias", False))
-            return cls(
-                family=family,
-                hidden_size=hidden,
-                intermediate_size=int(raw["intermediate_size"]),
-                num_layers=int(raw["num_hidden_layers"]),
-                num_heads=heads,
-                num_kv_heads=int(_given(raw.get("num_key_value_heads"), heads)),
-                head_dim=int(raw.get("head_dim") or hidden // max(heads, 1)),  # 0: refused
-                vocab_size=int(raw["vocab_size"]),
-                rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
-                max_positions=int(raw.get("max_position_embeddings", 2048)),
-                tie_embeddings=bool(raw.get("tie_word_embeddings", spec.tie_default)),
-                qkv_bias=attention_bias if spec.qkv_bias is None else spec.qkv_bias,
-                o_bias=attention_bias if spec.qkv_bias is None else False,
-                qk_norm=spec.qk_norm,
-                rope=_rope_from_hf(raw),
-                sliding_window=_sliding_window(raw),
-                bos_token_id=_first_id(raw.get("bos_token_id")),
-                eos_token_ids=_ids(raw.get("eos_token_id")),
-            )
+            return _read(family, FAMILIES[family], raw)
         except KeyError as missing:
             raise ExportError(f"config.json lacks the required key {missing}") from None
-        except (TypeError, ValueError) as bad:
+        except (TypeError, ValueError, ZeroDivisionError) as bad:
             raise ExportError(f"config.json has a malformed value: {bad}") from None
 
     @classmethod
@@ -137,20 +146,122 @@ class ModelConfig:
         return cls.from_hf(raw)
 
 
-def _rope_from_hf(raw: dict[str, Any]) -> RopeConfig:
-    # transformers >= 5 writes `rope_parameters` (theta inside); older versions write
-    # `rope_theta` plus an optional `rope_scaling` whose kind is `type` or `rope_type`.
-    params = raw.get("rope_parameters") or raw.get("rope_scaling") or {}
-    theta = params.get("rope_theta", raw.get("rope_theta", 10000.0))
-    kind = params.get("rope_type", params.get("type", "default"))
-    return RopeConfig(
-        theta=float(theta),
-        kind=kind,
-        factor=float(params.get("factor", 1.0)),
-        low_freq_factor=float(params.get("low_freq_factor", 1.0)),
-        high_freq_factor=float(params.get("high_freq_factor", 4.0)),
-        original_max_positions=int(params.get("original_max_position_embeddings", 8192)),
+def _read(family: str, spec: FamilySpec, raw: dict[str, Any]) -> ModelConfig:
+    _refuse_unsupported(family, raw)
+    heads = int(raw["num_attention_heads"])
+    hidden = int(raw["hidden_size"])
+    head_dim = int(raw.get("head_dim") or hidden // max(heads, 1))  # 0 heads: refused
+    biased = bool(raw.get(spec.bias_key, spec.qkv_bias)) if spec.bias_key else spec.qkv_bias
+    return ModelConfig(
+        family=family,
+        hidden_size=hidden,
+        intermediate_size=int(raw["intermediate_size"]),
+        num_layers=int(raw["num_hidden_layers"]),
+        num_heads=heads,
+        num_kv_heads=int(_given(raw.get("num_key_value_heads"), heads)),
+        head_dim=head_dim,
+        vocab_size=int(raw["vocab_size"]),
+        norm_eps=float(_first_present(raw, ("rms_norm_eps", "layer_norm_eps",
+                                            "layer_norm_epsilon"), 1e-6)),
+        max_positions=int(raw.get("max_position_embeddings", 2048)),
+        tie_embeddings=bool(raw.get("tie_word_embeddings", spec.tie_default)),
+        qkv_bias=biased,
+        o_bias=biased if spec.o_bias is None else spec.o_bias,
+        activation=_activation(raw, spec),
+        block=spec.block_from_config(raw) if spec.block_from_config else spec.block,
+        ropes=_ropes(raw, _rotary_dim(raw, head_dim)),
+        layers=_layers(raw, spec),
+        attn_scale=_attn_scale(raw, head_dim),
+        attn_softcap=_optional_float(raw.get("attn_logit_softcapping")),
+        final_softcap=_optional_float(raw.get("final_logit_softcapping")),
+        embed_scale=_embed_scale(raw, spec, hidden),
+        residual_scale=float(raw.get("residual_multiplier", 1.0)),
+        logits_divisor=float(raw.get("logits_scaling", 1.0)),
+        logits_multiplier=float(raw.get("logit_scale", 1.0)),
+        bos_token_id=_first_id(raw.get("bos_token_id")),
+        eos_token_ids=_ids(raw.get("eos_token_id")),
     )
+
+
+def _refuse_unsupported(family: str, raw: dict[str, Any]) -> None:
+    if raw.get("mlp_bias"):
+        raise ExportError(f"{family}: mlp_bias=true is not supported")
+    if raw.get("qk_layernorm") or raw.get("use_qk_norm"):
+        raise ExportError(f"{family}: per-head LayerNorm on q/k (qk_layernorm / use_qk_norm) "
+                          "is not supported")
+    if raw.get("use_bidirectional_attention"):
+        raise ExportError(f"{family}: use_bidirectional_attention=true is not a causal LM")
+
+
+def _activation(raw: dict[str, Any], spec: FamilySpec) -> str:
+    # Gemma configs carry `hidden_activation` beside a legacy `hidden_act`; it wins.
+    name = raw.get("hidden_activation") or raw.get("hidden_act") or spec.act_default
+    if name not in ACTIVATIONS:
+        raise ExportError(
+            f"activation {name!r} is not supported; supported: {', '.join(ACTIVATIONS)}"
+        )
+    return ACTIVATIONS[name]
+
+
+def _rotary_dim(raw: dict[str, Any], head_dim: int) -> int:
+    params = raw.get("rope_parameters") or {}
+    factor = params.get("partial_rotary_factor", raw.get("partial_rotary_factor",
+                                                         raw.get("rotary_pct", 1.0)))
+    rotary_dim = int(head_dim * float(factor))
+    if rotary_dim % 2:
+        what = "head_dim" if rotary_dim == head_dim else "head_dim x partial_rotary_factor"
+        raise ExportError(f"{what} must be even for rotary embeddings, got {rotary_dim}")
+    return rotary_dim
+
+
+def _ropes(raw: dict[str, Any], rotary_dim: int) -> dict[str, RopeConfig]:
+    # transformers >= 5 writes `rope_parameters` (theta inside), per layer type where local
+    # layers have their own base (Gemma 3); older versions write `rope_theta` plus an
+    # optional `rope_scaling` (for the global layers) and `rope_local_base_freq`.
+    params = raw.get("rope_parameters") or raw.get("rope_scaling") or {}
+    if "full_attention" in params:
+        global_params = params["full_attention"] or {}
+        local_params = params.get("sliding_attention") or global_params
+    else:
+        global_params = params
+        local_base = raw.get("rope_local_base_freq")
+        local_params = {"rope_theta": local_base} if local_base is not None else global_params
+    return {GLOBAL: rope_from_params(global_params, raw, rotary_dim),
+            LOCAL: rope_from_params(local_params, raw, rotary_dim)}
+
+
+def _layers(raw: dict[str, Any], spec: FamilySpec) -> tuple[LayerAttention, ...]:
+    count = int(raw["num_hidden_layers"])
+    window = _sliding_window(raw)
+    types = raw.get("layer_types")
+    if types is None:
+        slides = [window is not None and spec.sliding(i, raw) for i in range(count)]
+    else:
+        if len(types) != count:
+            raise ExportError(f"layer_types lists {len(types)} layers; there are {count}")
+        unknown = set(types) - {"full_attention", "sliding_attention"}
+        if unknown:
+            raise ExportError(f"layer_types holds unsupported kinds: {', '.join(sorted(unknown))}")
+        slides = [window is not None and kind == "sliding_attention" for kind in types]
+    # Sliding layers use the LOCAL rope, which equals GLOBAL unless the config gives local
+    # layers their own (Gemma 3); flavours emit one table per distinct rope.
+    return tuple(
+        LayerAttention(window if slide else None, (LOCAL if slide else GLOBAL) if rope else None)
+        for slide, rope in zip(slides, _rope_layers(raw, count), strict=True)
+    )
+
+
+def _rope_layers(raw: dict[str, Any], count: int) -> list[bool]:
+    """Which layers apply rotary (SmolLM3's `no_rope_layers`: 1 = rope, 0 = NoPE)."""
+    flags = raw.get("no_rope_layers")
+    if flags is None and raw.get("no_rope_layer_interval"):
+        interval = int(raw["no_rope_layer_interval"])
+        flags = [int((i + 1) % interval != 0) for i in range(count)]
+    if flags is None:
+        return [True] * count
+    if len(flags) != count:
+        raise ExportError(f"no_rope_layers lists {len(flags)} layers; there are {count}")
+    return [bool(f) for f in flags]
 
 
 def _given(value: Any, default: Any) -> Any:
@@ -163,7 +274,35 @@ def _sliding_window(raw: dict[str, Any]) -> int | None:
     if raw.get("use_sliding_window") is False:
         return None
     window = raw.get("sliding_window")
-    return int(window) if window else None
+    if window is None:
+        return None
+    if int(window) < 1:
+        raise ExportError(f"sliding_window must be at least 1, got {window}")
+    return int(window)
+
+
+def _attn_scale(raw: dict[str, Any], head_dim: int) -> float:
+    if raw.get("attention_multiplier") is not None:  # Granite
+        return float(raw["attention_multiplier"])
+    if raw.get("query_pre_attn_scalar") is not None:  # Gemma 2/3
+        return float(raw["query_pre_attn_scalar"]) ** -0.5
+    return head_dim**-0.5
+
+
+def _embed_scale(raw: dict[str, Any], spec: FamilySpec, hidden: int) -> float | None:
+    if spec.embed_scale == "sqrt_hidden":
+        return hidden**0.5
+    if spec.embed_scale == "multiplier":
+        return float(raw.get("embedding_multiplier", 1.0))
+    return None
+
+
+def _first_present(raw: dict[str, Any], keys: tuple[str, ...], default: Any) -> Any:
+    return next((raw[k] for k in keys if raw.get(k) is not None), default)
+
+
+def _optional_float(value: Any) -> float | None:
+    return None if value is None else float(value)
 
 
 def _ids(value: Any) -> tuple[int, ...]:
@@ -177,31 +316,3 @@ def _ids(value: Any) -> tuple[int, ...]:
 def _first_id(value: Any) -> int | None:
     ids = _ids(value)
     return ids[0] if ids else None
-
-
-def rope_inv_freq(rope: RopeConfig, head_dim: int):
-    """Inverse frequencies [head_dim/2] as float32, computed as transformers does."""
-    import numpy as np
-
-    exponents = np.arange(0, head_dim, 2, dtype=np.int64).astype(np.float32) / head_dim
-    inv_freq = (1.0 / (rope.theta**exponents)).astype(np.float32)
-    if rope.kind == "linear":
-        return (inv_freq / rope.factor).astype(np.float32)
-    if rope.kind == "llama3":
-        return _llama3_scaled(inv_freq, rope)
-    return inv_freq
-
-
-def _llama3_scaled(inv_freq, rope: RopeConfig):
-    import numpy as np
-
-    low_wavelen = rope.original_max_positions / rope.low_freq_factor
-    high_wavelen = rope.original_max_positions / rope.high_freq_factor
-    wavelen = 2 * math.pi / inv_freq
-    scaled = np.where(wavelen > low_wavelen, inv_freq / rope.factor, inv_freq)
-    smooth = (rope.original_max_positions / wavelen - rope.low_freq_factor) / (
-        rope.high_freq_factor - rope.low_freq_factor
-    )
-    smoothed = (1 - smooth) * scaled / rope.factor + smooth * scaled
-    medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
-    return np.where(medium, smoothed, scaled).astype(np.float32)

@@ -41,6 +41,7 @@ from edgeprefill.engines.ort.providers import (
     refuse_device,
 )
 from edgeprefill.errors import BackendError
+from edgeprefill.kernels.select import choose as choose_kernels
 
 PROVIDERS = {
     "cpu": ["CPUExecutionProvider"],
@@ -88,11 +89,17 @@ class OnnxRuntimeBackend(Backend):
             if problem:
                 raise BackendError(problem)
         graph_path = resolve_inside(bundle_dir, manifest.graph.file)
-        load_graph(bundle_dir, manifest)  # refuses external data outside the bundle
+        graph = load_graph(bundle_dir, manifest)  # refuses external data outside the bundle
         self.threads = options.threads or physical_cores()
         providers = PROVIDERS[options.device]
+        session_options = self._session_options()
+        # The native decode attention where its library is built (edgeprefill.kernels).
+        self.kernels = choose_kernels(
+            graph_path, graph, manifest.graph.flavor, manifest.graph.dtype, options.device,
+            session_options,
+        )
         self.session = ort.InferenceSession(
-            str(graph_path), self._session_options(), providers=providers,
+            self.kernels.model, session_options, providers=providers,
             provider_options=self._provider_options(providers),
         )
         self._check_providers()

@@ -1,0 +1,82 @@
+"""The comparators, by name: one `Runtime` entry each.
+
+A runtime is measured by running `benchmarks/runners/<runner>` in its venv (venvs.py) on
+the artifact its exporter made (exporters.py; none: the checkpoint itself). Adding one is
+an entry here and a runner file.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from comparison import exporters
+from comparison.settings import Settings
+from comparison.venvs import PROJECT_VENV
+
+Exporter = Callable[["Runtime", Settings, Path, Path], list[str]]
+
+
+@dataclass(frozen=True)
+class Runtime:
+    name: str
+    venv: str
+    runner: str
+    quant: str  # fp32, int8 or int4: what the exporter is asked for
+    description: str
+    export: Exporter | None  # None: the runner loads the checkpoint itself
+    block_size: int | None = None  # int4 block; None = the exporter's default (32 for both)
+    options: tuple[tuple[str, str], ...] = ()  # runner options (the spec's "options")
+    default: bool = True  # in the default --runtimes list
+
+    @property
+    def precision(self) -> str:
+        """What the row is compared under: the weights' precision and, where it is not the
+        default, their int4 block (block 128 is compared with block 128 only)."""
+        return self.quant if self.block_size is None else f"{self.quant}-b{self.block_size}"
+
+
+def is_ours(name: str) -> bool:
+    return name.startswith("edgeprefill")
+
+
+def _edgeprefill(name: str, quant: str, description: str, block: int | None = None) -> Runtime:
+    return Runtime(name, PROJECT_VENV, "run_edgeprefill.py", quant, description,
+                   exporters.edgeprefill, block, default=block is None)
+
+
+def _ortgenai(name: str, quant: str, description: str, block: int | None = None) -> Runtime:
+    return Runtime(name, "ortgenai", "run_ortgenai.py", quant, description, exporters.ortgenai,
+                   block, default=block is None)
+
+
+def _openvino(name: str, quant: str, description: str, hint: str | None = None) -> Runtime:
+    options = (("precision_hint", hint),) if hint else ()
+    return Runtime(name, "openvino", "run_openvino.py", quant, description, exporters.openvino,
+                   options=options, default=False)
+
+
+RUNTIMES: dict[str, Runtime] = {
+    runtime.name: runtime
+    for runtime in [
+        _edgeprefill("edgeprefill", "fp32", "edgeprefill bundle"),
+        _edgeprefill("edgeprefill-int8", "int8",
+                     "edgeprefill bundle, --quantize int8 (int8 weights and activations)"),
+        _edgeprefill("edgeprefill-int4", "int4",
+                     "edgeprefill bundle, --quantize int4 (MatMulNBits, block 32)"),
+        _edgeprefill("edgeprefill-int4-b128", "int4",
+                     "edgeprefill bundle, --quantize int4 --block-size 128", 128),
+        _ortgenai("ortgenai", "fp32", "ONNX Runtime GenAI fp32"),
+        _ortgenai("ortgenai-int4", "int4", "ONNX Runtime GenAI int4"),
+        _ortgenai("ortgenai-int4-b128", "int4", "ONNX Runtime GenAI int4, block_size=128", 128),
+        _openvino("openvino", "fp32", "OpenVINO GenAI LLMPipeline, fp32 weights, the CPU "
+                  "plugin's default precision (bf16 where the CPU has it)"),
+        _openvino("openvino-f32", "fp32", "OpenVINO GenAI, fp32 weights, f32 inference", "f32"),
+        _openvino("openvino-int8", "int8", "OpenVINO GenAI, int8 weight compression"),
+        _openvino("openvino-int4", "int4", "OpenVINO GenAI, int4 weights, group size 32"),
+        Runtime("optimum", "optimum", "run_optimum.py", "fp32", "optimum ORTModelForCausalLM",
+                exporters.optimum),
+        Runtime("torch", "torch", "run_torch.py", "fp32", "transformers + PyTorch eager", None),
+    ]
+}

@@ -1,0 +1,114 @@
+"""Checkpoint tensors as graph initializers, and the projections over them.
+
+Weights stay lazy: each is registered with its shape and a function that reads (and
+converts, packs or quantizes) it when the writer streams it to the external data file.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from edgeprefill.errors import ExportError
+from edgeprefill.export.checkpoint import Checkpoint
+from edgeprefill.export.graph import GraphBuilder
+from edgeprefill.export.quantize import QuantConfig, int4_blockwise, int8_per_channel
+
+
+class GraphWeights:
+    def __init__(
+        self, g: GraphBuilder, ckpt: Checkpoint, dtype: np.dtype, quant: QuantConfig | None
+    ) -> None:
+        self.g = g
+        self.ckpt = ckpt
+        self.dtype = dtype
+        self.quant = quant
+        self._memo: tuple[str, tuple] | None = None  # last quantized weight's parts
+
+    def linear(
+        self, x: str, weight_names: list[str], bias_name: str | None,
+        reorder: Callable[[np.ndarray], np.ndarray] | None = None,
+    ) -> str:
+        """x @ concat(W_i^T) (+ bias): HF stores [out, in]; MatMul wants [in, out].
+        `reorder` permutes the output rows of weight and bias (GPT-NeoX's fused qkv)."""
+        g = self.g
+        in_dim = self.shape(weight_names[0])[1]
+        out_dim = sum(self.shape(n)[0] for n in weight_names)
+        name = weight_names[0] if len(weight_names) == 1 else _packed_name(weight_names)
+
+        def out_in() -> np.ndarray:  # [out, in], the checkpoint's layout, packed
+            rows = np.concatenate([self.ckpt.get(n, np.float32) for n in weight_names])
+            return rows if reorder is None else reorder(rows)
+
+        if self.quant is None:
+            produce = lambda: np.ascontiguousarray(out_in().T.astype(self.dtype))  # noqa: E731
+            y = g.op("MatMul", [x, g.weight(name, (in_dim, out_dim), self.dtype, produce)])
+        else:
+            y = self.quantized_matmul(x, name, in_dim, out_dim, out_in)
+        if bias_name is None:
+            return y
+        return g.op("Add", [y, self._bias(bias_name, weight_names, out_dim, reorder)])
+
+    def quantized_matmul(self, x: str, name: str, k: int, n: int, out_in) -> str:
+        g, q = self.g, self.quant
+        if q.kind == "int8":
+            parts = self._quantized(name, lambda: int8_per_channel(out_in().T))
+            weight = g.weight(name + ".int8", (k, n), np.int8, lambda: parts()[0])
+            scale = g.weight(name + ".scale", (n,), np.float32, lambda: parts()[1])
+            return g.op("DynamicQuantizeMatMul", [x, weight, scale], domain="com.microsoft")
+        blocks = -(-k // q.block_size)
+        parts = self._quantized(name, lambda: int4_blockwise(out_in(), q.block_size))
+        weight = g.weight(name + ".int4", (n, blocks, q.block_size // 2), np.uint8,
+                          lambda: parts()[0])
+        scale = g.weight(name + ".scale", (n * blocks,), np.float32, lambda: parts()[1])
+        return g.op(
+            "MatMulNBits", [x, weight, scale], domain="com.microsoft", K=k, N=n, bits=4,
+            block_size=q.block_size, accuracy_level=q.accuracy_level,
+        )
+
+    def _quantized(self, name: str, compute):
+        """Quantize a weight once for its several initializers (the writer asks for them
+        one after another)."""
+
+        def parts() -> tuple:
+            if self._memo is None or self._memo[0] != name:
+                self._memo = (name, compute())
+            return self._memo[1]
+
+        return parts
+
+    def _bias(self, name: str, weight_names: list[str], size: int, reorder) -> str:
+        # A packed projection's bias is the concatenation of its parts' biases.
+        parts = [w.removesuffix(".weight") + ".bias" for w in weight_names]
+
+        def produce() -> np.ndarray:
+            bias = np.concatenate([self.ckpt.get(n, np.float32) for n in parts])
+            return (bias if reorder is None else reorder(bias)).astype(self.dtype)
+
+        return self.g.weight(name, (size,), self.dtype, produce)
+
+    def resolve(self, candidates: tuple[str, ...]) -> str:
+        """The first of a tensor's historical names that the checkpoint holds."""
+        found = next((name for name in candidates if self.ckpt.has(name)), None)
+        if found is None:
+            raise ExportError(
+                f"the checkpoint lacks the tensor {' or '.join(map(repr, candidates))}"
+            )
+        return found
+
+    def tensor(self, name: str) -> str:
+        """A checkpoint tensor stored unchanged (only converted to the graph dtype)."""
+        return self.g.weight(
+            name, self.shape(name), self.dtype, lambda: self.ckpt.get(name, self.dtype)
+        )
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return self.ckpt.shape(name)
+
+
+
+def _packed_name(names: list[str]) -> str:
+    stem = names[0].rsplit(".", 2)[0]
+    parts = "_".join(n.rsplit(".", 2)[1].removesuffix("_proj") for n in names)
+    return f"{stem}.{parts}_proj.weight"

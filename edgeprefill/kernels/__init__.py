@@ -1,0 +1,12 @@
+"""Native kernels: an optional ONNX Runtime custom-op library built on the user's machine.
+
+Files: `decode_attention.cc` (the `edgeprefill.DecodeAttention` op: one new token per row,
+rotary inside, the cache written in place, each KV head read once for its query group,
+positions split over ONNX Runtime's pool), `build.py` (compiles it with g++ against ONNX
+Runtime's C API headers fetched at build time; `python -m edgeprefill.kernels.build`),
+`graph.py` (switches it in for decode only, behind an `If` on the chunk length, in memory),
+`select.py` (at load: native or the stock graph, and the reason, for `--stats`/`inspect`).
+
+Everything works without the library: bundles on disk are never changed, and a missing
+library means the stock GroupQueryAttention graph.
+"""

@@ -1,0 +1,159 @@
+"""Builds the native kernel library with g++ against ONNX Runtime's C API headers.
+
+    python -m edgeprefill.kernels.build            # build, or say in one line why not
+    python -m edgeprefill.kernels.build --if-possible   # the same, exit status 0 either way
+
+Nothing from ONNX Runtime is linked: the library takes the API table ONNX Runtime hands
+to `RegisterCustomOps`. The headers come from `EDGEPREFILL_ORT_HEADERS` (a folder holding
+`onnxruntime_c_api.h`), else from the npm registry package below, fetched once with
+`npm pack` into the cache folder. No header is ever kept in the repository.
+
+The library lands in `EDGEPREFILL_KERNELS_DIR` (default `~/.cache/edgeprefill/kernels`),
+named by a digest of its sources and flags, so a changed source never loads a stale build.
+It is compiled for this machine's CPU (`-march=native`): build it where it runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+
+from edgeprefill.errors import EdgeprefillError
+
+SOURCES = ("decode_attention.cc",)
+FLAGS = ("-O3", "-march=native", "-std=c++17", "-fPIC", "-shared", "-fvisibility=hidden")
+HEADERS_PACKAGE = "com.github.asus4.onnxruntime@0.4.9"  # MIT; ONNX Runtime 1.2x C API headers
+HEADERS_IN_PACKAGE = "package/Plugins/Android/onnxruntime.aar"  # a zip with headers/ inside
+HEADERS_ENV = "EDGEPREFILL_ORT_HEADERS"
+DIR_ENV = "EDGEPREFILL_KERNELS_DIR"
+COMPILER = "g++"
+
+
+class KernelBuildError(EdgeprefillError):
+    """The native library cannot be built here (no compiler, no headers, a compile error)."""
+
+
+def library_dir() -> Path:
+    if os.environ.get(DIR_ENV):
+        return Path(os.environ[DIR_ENV])
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return cache / "edgeprefill" / "kernels"
+
+
+def source_dir() -> Path:
+    return Path(__file__).resolve().parent
+
+
+def cpu_identity() -> str:
+    """The CPU's model and feature flags: `-march=native` code built on one CPU may stop on
+    an illegal instruction on another (a cache folder can outlive a change of machine)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return platform.processor() or platform.machine()
+    keep = [line for line in text.splitlines() if line.startswith(("model name", "flags"))]
+    return "\n".join(keep[:2])
+
+
+def digest() -> str:
+    h = hashlib.sha256(" ".join(FLAGS).encode())
+    h.update(cpu_identity().encode())
+    for name in SOURCES:
+        h.update((source_dir() / name).read_bytes())
+    return h.hexdigest()[:16]
+
+
+def library_path() -> Path:
+    return library_dir() / f"libedgeprefill_kernels-{digest()}.so"
+
+
+def headers_dir() -> Path:
+    """A folder with onnxruntime_c_api.h: the env var's, else the cached npm package's."""
+    given = os.environ.get(HEADERS_ENV)
+    if given:
+        if not (Path(given) / "onnxruntime_c_api.h").is_file():
+            raise KernelBuildError(f"{HEADERS_ENV}={given} holds no onnxruntime_c_api.h")
+        return Path(given)
+    cached = library_dir() / ("headers-" + HEADERS_PACKAGE.rsplit("@", 1)[1])
+    if not (cached / "onnxruntime_c_api.h").is_file():
+        fetch_headers(cached)
+    return cached
+
+
+def fetch_headers(target: Path) -> None:
+    """`npm pack` the registry package and keep only the aar's headers/ folder."""
+    if shutil.which("npm") is None:
+        raise KernelBuildError(f"no npm to fetch ONNX Runtime's headers; set {HEADERS_ENV}")
+    with tempfile.TemporaryDirectory() as tmp:
+        run(["npm", "pack", HEADERS_PACKAGE, "--silent"], cwd=tmp, what="npm pack")
+        tarball = next(Path(tmp).glob("*.tgz"))
+        shutil.unpack_archive(tarball, tmp)
+        staged = Path(tmp) / "headers"
+        with zipfile.ZipFile(Path(tmp) / HEADERS_IN_PACKAGE) as aar:
+            for member in aar.namelist():
+                if member.startswith("headers/") and not member.endswith("/"):
+                    aar.extract(member, tmp)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        mine = target.with_name(f".{target.name}.{os.getpid()}")
+        shutil.move(str(staged), mine)
+        try:
+            os.rename(mine, target)  # atomic; fails if a concurrent build got there first
+        except OSError:
+            shutil.rmtree(mine, ignore_errors=True)
+
+
+def run(command: list[str], cwd: str | None = None, what: str = "") -> None:
+    try:
+        done = subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=300)
+    except (OSError, subprocess.TimeoutExpired) as err:
+        raise KernelBuildError(f"{what or command[0]} failed: {err}") from None
+    if done.returncode != 0:
+        last = (done.stderr.strip() or done.stdout.strip()).splitlines()[-1:] or ["no output"]
+        raise KernelBuildError(f"{what or command[0]} failed: {last[0]}")
+
+
+def build(force: bool = False) -> Path:
+    """The library's path, compiled first if missing (atomically: a half-written file is
+    never loaded)."""
+    target = library_path()
+    if target.is_file() and not force:
+        return target
+    if shutil.which(COMPILER) is None:
+        raise KernelBuildError(f"no {COMPILER} on PATH to compile the native kernels")
+    headers = headers_dir()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    partial = target.with_suffix(f".{os.getpid()}.tmp")
+    sources = [str(source_dir() / name) for name in SOURCES]
+    try:
+        run([COMPILER, *FLAGS, f"-I{headers}", *sources, "-o", str(partial)], what=COMPILER)
+        os.replace(partial, target)
+    finally:
+        partial.unlink(missing_ok=True)
+    return target
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--if-possible", action="store_true",
+                        help="exit 0 when the library cannot be built (say why)")
+    parser.add_argument("--force", action="store_true", help="rebuild even if present")
+    args = parser.parse_args(argv)
+    try:
+        path = build(force=args.force)
+    except KernelBuildError as err:
+        print(f"native kernels not built: {err}", file=sys.stderr)
+        return 0 if args.if_possible else 1
+    print(f"native kernels: {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

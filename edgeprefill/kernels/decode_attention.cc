@@ -1,0 +1,387 @@
+// edgeprefill.DecodeAttention: grouped-query attention of ONE new token per row over a
+// fixed-capacity KV cache, as an ONNX Runtime custom op (C API only; nothing from ONNX
+// Runtime is linked: the API table comes from the OrtApiBase passed to RegisterCustomOps).
+//
+// It computes what com.microsoft.GroupQueryAttention computes for a chunk of one token
+// (packed q/k/v, non-interleaved rotary inside, cache written at each row's position), but
+// reads each KV head once for its whole query group instead of once per query head, and
+// splits every row's positions into pieces run on ONNX Runtime's intra-op pool (a
+// flash-decoding style max/sum merge joins the pieces).
+//
+// Inputs:  0 qkv [B, 1, (H + 2 KV) * D] float   packed projection of the new token
+//          1 past_key [B, KV, cap, D] float       the cache (bound in place)
+//          2 past_value [B, KV, cap, D] float
+//          3 positions [B] int32                  the new token's position = row's past length
+//          4 cos [P, D / 2] float, 5 sin [P, D / 2] float   rotary tables
+// Outputs: 0 out [B, 1, H * D] float, 1 present_key, 2 present_value (same shape as past;
+//          when bound to the past buffers nothing is copied, else the past is copied first)
+// Attributes: num_heads, kv_num_heads (int), scale (float).
+
+#include <onnxruntime_c_api.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+namespace {
+
+// Version 17: CreateKernelV2/KernelComputeV2 (16) and KernelContext_ParallelFor (17).
+constexpr uint32_t kApiVersion = 17;
+const OrtApi* g_api = nullptr;
+
+constexpr int kLanes = 16;  // accumulators per dot product: one AVX-512 register, two AVX2
+constexpr int64_t kMinPiece = 128;  // positions per parallel piece, at least
+constexpr int64_t kTargetPieces = 16;  // pieces per call to aim for (load balance)
+
+OrtStatus* Fail(const char* message) { return g_api->CreateStatus(ORT_INVALID_ARGUMENT, message); }
+
+#define EP_RETURN_IF_ERROR(expr)        \
+  do {                                  \
+    OrtStatus* status_ = (expr);        \
+    if (status_ != nullptr) return status_; \
+  } while (0)
+
+inline float Dot(const float* a, const float* b, int64_t n) {
+  float acc[kLanes] = {};
+  for (int64_t i = 0; i < n; i += kLanes)
+    for (int l = 0; l < kLanes; ++l) acc[l] += a[i + l] * b[i + l];
+  for (int width = kLanes / 2; width > 0; width /= 2)
+    for (int l = 0; l < width; ++l) acc[l] += acc[l + width];
+  return acc[0];
+}
+
+// exp(x) for x <= 0 (scores minus their max): Cephes' expf, branch-free so loops over it
+// vectorize; relative error ~1e-7.
+inline float ExpNonPositive(float x) {
+  x = x < -87.0f ? -87.0f : x;
+  const float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;  // round
+  const float r = (x - n * 0.693359375f) - n * -2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  const uint32_t bits = static_cast<uint32_t>(static_cast<int32_t>(n) + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, sizeof scale);
+  return p * scale;
+}
+
+struct Kernel {
+  int64_t heads;
+  int64_t kv_heads;
+  float scale;
+};
+
+struct Shape {
+  int64_t rows, kv_heads, capacity, head_dim, group;
+};
+
+// One parallel piece: a KV head of a row over positions [begin, end). It leaves, per query
+// head of the group, the running max, the sum of exponentials and the unnormalized output.
+struct Piece {
+  int64_t row, kv, begin, end;
+};
+
+struct Job {
+  Shape shape;
+  float scale;
+  const float* q;  // rotated queries [B, H, D]
+  const float* keys;
+  const float* values;
+  std::vector<Piece> pieces;
+  float* scores;  // [pieces, group, longest piece]
+  int64_t longest;
+  float* partial;  // [pieces, group, D + 2]: output, max, sum
+};
+
+void RunPiece(void* data, size_t index) {
+  const Job& job = *static_cast<const Job*>(data);
+  const Shape& s = job.shape;
+  const Piece& piece = job.pieces[index];
+  const int64_t d = s.head_dim, g = s.group, n = piece.end - piece.begin;
+  const int64_t head0 = piece.kv * g;
+  const int64_t cache_offset = ((piece.row * s.kv_heads + piece.kv) * s.capacity) * d;
+  const float* keys = job.keys + cache_offset;
+  const float* values = job.values + cache_offset;
+  const float* q = job.q + (piece.row * s.kv_heads * g + head0) * d;
+  float* scores = job.scores + index * g * job.longest;
+  for (int64_t j = 0; j < n; ++j) {  // each key row is read once for the whole group
+    const float* key = keys + (piece.begin + j) * d;
+    for (int64_t h = 0; h < g; ++h) scores[h * job.longest + j] = Dot(q + h * d, key, d) * job.scale;
+  }
+  float* out = job.partial + index * g * (d + 2);
+  for (int64_t h = 0; h < g; ++h) {
+    float* row = scores + h * job.longest;
+    float top = row[0];
+    for (int64_t j = 1; j < n; ++j) top = std::max(top, row[j]);
+    float sum = 0.0f;
+    for (int64_t j = 0; j < n; ++j) {
+      row[j] = ExpNonPositive(row[j] - top);
+      sum += row[j];
+    }
+    float* acc = out + h * (d + 2);
+    std::fill(acc, acc + d, 0.0f);
+    acc[d] = top;
+    acc[d + 1] = sum;
+  }
+  for (int64_t j = 0; j < n; ++j) {  // each value row is read once for the whole group
+    const float* value = values + (piece.begin + j) * d;
+    for (int64_t h = 0; h < g; ++h) {
+      const float weight = scores[h * job.longest + j];
+      float* acc = out + h * (d + 2);
+      for (int64_t k = 0; k < d; ++k) acc[k] += weight * value[k];
+    }
+  }
+}
+
+// Non-interleaved rotary (the halves of the first `rotary` dims rotate against each other),
+// as GroupQueryAttention's rotary_interleaved=0 and transformers' rotate_half. With partial
+// rotary (Phi-3/Phi-4-mini, StableLM, GPT-NeoX) the dims past `rotary` pass through unchanged.
+void Rotate(const float* x, float* out, const float* cos, const float* sin, int64_t d,
+            int64_t rotary) {
+  const int64_t half = rotary / 2;
+  for (int64_t i = 0; i < half; ++i) {
+    out[i] = x[i] * cos[i] - x[i + half] * sin[i];
+    out[i + half] = x[i + half] * cos[i] + x[i] * sin[i];
+  }
+  for (int64_t i = rotary; i < d; ++i) out[i] = x[i];
+}
+
+struct Tensor {
+  std::vector<int64_t> dims;
+  float* data = nullptr;
+};
+
+OrtStatus* Describe(const OrtValue* value, Tensor* tensor) {
+  OrtTensorTypeAndShapeInfo* info = nullptr;
+  EP_RETURN_IF_ERROR(g_api->GetTensorTypeAndShape(value, &info));
+  size_t count = 0;
+  OrtStatus* status = g_api->GetDimensionsCount(info, &count);
+  if (status == nullptr) {
+    tensor->dims.resize(count);
+    status = g_api->GetDimensions(info, tensor->dims.data(), count);
+  }
+  g_api->ReleaseTensorTypeAndShapeInfo(info);
+  EP_RETURN_IF_ERROR(status);
+  void* data = nullptr;
+  EP_RETURN_IF_ERROR(g_api->GetTensorMutableData(const_cast<OrtValue*>(value), &data));
+  tensor->data = static_cast<float*>(data);
+  return nullptr;
+}
+
+OrtStatus* Input(OrtKernelContext* context, size_t index, Tensor* tensor) {
+  const OrtValue* value = nullptr;
+  EP_RETURN_IF_ERROR(g_api->KernelContext_GetInput(context, index, &value));
+  return Describe(value, tensor);
+}
+
+OrtStatus* Output(OrtKernelContext* context, size_t index, const std::vector<int64_t>& dims,
+                  float** data) {
+  OrtValue* value = nullptr;
+  EP_RETURN_IF_ERROR(g_api->KernelContext_GetOutput(context, index, dims.data(), dims.size(), &value));
+  void* raw = nullptr;
+  EP_RETURN_IF_ERROR(g_api->GetTensorMutableData(value, &raw));
+  *data = static_cast<float*>(raw);
+  return nullptr;
+}
+
+OrtStatus* CheckShapes(const Kernel& kernel, const Tensor& qkv, const Tensor& past_k,
+                       const Tensor& past_v, const Tensor& positions, const Tensor& cos,
+                       const Tensor& sin, Shape* shape) {
+  if (qkv.dims.size() != 3 || qkv.dims[1] != 1)
+    return Fail("DecodeAttention: qkv must be [rows, 1, (heads + 2 kv_heads) * head_dim]");
+  if (past_k.dims.size() != 4 || past_k.dims != past_v.dims)
+    return Fail("DecodeAttention: past key and value must both be [rows, kv_heads, capacity, head_dim]");
+  const int64_t d = past_k.dims[3];
+  if (past_k.dims[0] != qkv.dims[0] || past_k.dims[1] != kernel.kv_heads ||
+      qkv.dims[2] != (kernel.heads + 2 * kernel.kv_heads) * d)
+    return Fail("DecodeAttention: qkv and the cache disagree on rows, heads or head_dim");
+  if (d % kLanes != 0 || kernel.heads % kernel.kv_heads != 0)
+    return Fail("DecodeAttention: head_dim must be a multiple of 16 and heads of kv_heads");
+  if (positions.dims.size() != 1 || positions.dims[0] != qkv.dims[0])
+    return Fail("DecodeAttention: positions must be [rows]");
+  if (cos.dims.size() != 2 || cos.dims != sin.dims || cos.dims[1] < 1 || cos.dims[1] * 2 > d)
+    return Fail("DecodeAttention: cos and sin must be [positions, rotary_dim / 2], rotary_dim <= head_dim");
+  *shape = {qkv.dims[0], kernel.kv_heads, past_k.dims[2], d, kernel.heads / kernel.kv_heads};
+  return nullptr;
+}
+
+// Splits each (row, KV head) over its positions so that the pool has enough pieces.
+std::vector<Piece> Plan(const Shape& s, const int32_t* positions) {
+  std::vector<Piece> pieces;
+  const int64_t streams = s.rows * s.kv_heads;
+  const int64_t wanted = std::max<int64_t>(1, (kTargetPieces + streams - 1) / streams);
+  for (int64_t row = 0; row < s.rows; ++row) {
+    const int64_t length = positions[row] + 1;
+    const int64_t count = std::max<int64_t>(1, std::min(wanted, length / kMinPiece));
+    const int64_t step = (length + count - 1) / count;
+    for (int64_t kv = 0; kv < s.kv_heads; ++kv)
+      for (int64_t begin = 0; begin < length; begin += step)
+        pieces.push_back({row, kv, begin, std::min(length, begin + step)});
+  }
+  return pieces;
+}
+
+// Merges the pieces of each query head: out = sum_p e^(m_p - M) acc_p / sum_p e^(m_p - M) l_p.
+void Merge(const Job& job, float* out) {
+  const Shape& s = job.shape;
+  const int64_t d = s.head_dim, g = s.group, heads = s.kv_heads * g;
+  std::vector<float> top(s.rows * heads, -INFINITY);
+  std::vector<float> total(s.rows * heads, 0.0f);
+  std::fill(out, out + s.rows * heads * d, 0.0f);
+  for (size_t i = 0; i < job.pieces.size(); ++i)
+    for (int64_t h = 0; h < g; ++h) {
+      const int64_t at = job.pieces[i].row * heads + job.pieces[i].kv * g + h;
+      top[at] = std::max(top[at], job.partial[(i * g + h) * (d + 2) + d]);
+    }
+  for (size_t i = 0; i < job.pieces.size(); ++i)
+    for (int64_t h = 0; h < g; ++h) {
+      const int64_t at = job.pieces[i].row * heads + job.pieces[i].kv * g + h;
+      const float* acc = job.partial + (i * g + h) * (d + 2);
+      const float weight = std::exp(acc[d] - top[at]);
+      total[at] += weight * acc[d + 1];
+      for (int64_t k = 0; k < d; ++k) out[at * d + k] += weight * acc[k];
+    }
+  for (int64_t at = 0; at < s.rows * heads; ++at)
+    for (int64_t k = 0; k < d; ++k) out[at * d + k] /= total[at];
+}
+
+OrtStatus* Compute(const Kernel& kernel, OrtKernelContext* context) {
+  Tensor qkv, past_k, past_v, positions_t, cos, sin;
+  EP_RETURN_IF_ERROR(Input(context, 0, &qkv));
+  EP_RETURN_IF_ERROR(Input(context, 1, &past_k));
+  EP_RETURN_IF_ERROR(Input(context, 2, &past_v));
+  EP_RETURN_IF_ERROR(Input(context, 3, &positions_t));
+  EP_RETURN_IF_ERROR(Input(context, 4, &cos));
+  EP_RETURN_IF_ERROR(Input(context, 5, &sin));
+  Shape s;
+  EP_RETURN_IF_ERROR(CheckShapes(kernel, qkv, past_k, past_v, positions_t, cos, sin, &s));
+  const int32_t* positions = reinterpret_cast<const int32_t*>(positions_t.data);
+  for (int64_t row = 0; row < s.rows; ++row)
+    if (positions[row] < 0 || positions[row] >= s.capacity || positions[row] >= cos.dims[0])
+      return Fail("DecodeAttention: a row's position is outside the cache or the rotary table");
+
+  const int64_t d = s.head_dim, heads = kernel.heads;
+  float *out = nullptr, *keys = nullptr, *values = nullptr;
+  EP_RETURN_IF_ERROR(Output(context, 0, {s.rows, 1, heads * d}, &out));
+  EP_RETURN_IF_ERROR(Output(context, 1, past_k.dims, &keys));
+  EP_RETURN_IF_ERROR(Output(context, 2, past_v.dims, &values));
+  const size_t cache_floats = static_cast<size_t>(s.rows * s.kv_heads * s.capacity * d);
+  if (keys != past_k.data) std::memcpy(keys, past_k.data, cache_floats * sizeof(float));
+  if (values != past_v.data) std::memcpy(values, past_v.data, cache_floats * sizeof(float));
+
+  // Rotate q and the new k, write k and v at each row's position.
+  std::vector<float> q(s.rows * heads * d);
+  const int64_t width = (heads + 2 * s.kv_heads) * d;
+  for (int64_t row = 0; row < s.rows; ++row) {
+    const float* packed = qkv.data + row * width;
+    const int64_t half = cos.dims[1], rotary = 2 * half;
+    const float* c = cos.data + positions[row] * half;
+    const float* n = sin.data + positions[row] * half;
+    for (int64_t h = 0; h < heads; ++h)
+      Rotate(packed + h * d, q.data() + (row * heads + h) * d, c, n, d, rotary);
+    for (int64_t kv = 0; kv < s.kv_heads; ++kv) {
+      const int64_t at = ((row * s.kv_heads + kv) * s.capacity + positions[row]) * d;
+      Rotate(packed + (heads + kv) * d, keys + at, c, n, d, rotary);
+      std::memcpy(values + at, packed + (heads + s.kv_heads + kv) * d, d * sizeof(float));
+    }
+  }
+
+  Job job{s, kernel.scale, q.data(), keys, values, Plan(s, positions), nullptr, 0, nullptr};
+  for (const Piece& piece : job.pieces) job.longest = std::max(job.longest, piece.end - piece.begin);
+  std::vector<float> scores(job.pieces.size() * s.group * job.longest);
+  std::vector<float> partial(job.pieces.size() * s.group * (d + 2));
+  job.scores = scores.data();
+  job.partial = partial.data();
+  OrtStatus* pooled = g_api->KernelContext_ParallelFor(context, RunPiece, job.pieces.size(), 0, &job);
+  if (pooled != nullptr) {  // no pool available: run the pieces here
+    g_api->ReleaseStatus(pooled);
+    for (size_t i = 0; i < job.pieces.size(); ++i) RunPiece(&job, i);
+  }
+  Merge(job, out);
+  return nullptr;
+}
+
+// --- the OrtCustomOp table ---------------------------------------------------------------
+
+OrtStatus* ORT_API_CALL CreateKernel(const OrtCustomOp*, const OrtApi* api, const OrtKernelInfo* info,
+                                     void** kernel) {
+  int64_t heads = 0, kv_heads = 0;
+  float scale = 0.0f;
+  EP_RETURN_IF_ERROR(api->KernelInfoGetAttribute_int64(info, "num_heads", &heads));
+  EP_RETURN_IF_ERROR(api->KernelInfoGetAttribute_int64(info, "kv_num_heads", &kv_heads));
+  EP_RETURN_IF_ERROR(api->KernelInfoGetAttribute_float(info, "scale", &scale));
+  if (heads <= 0 || kv_heads <= 0 || heads % kv_heads != 0)
+    return Fail("DecodeAttention: num_heads must be a positive multiple of kv_num_heads");
+  *kernel = new Kernel{heads, kv_heads, scale};
+  return nullptr;
+}
+
+OrtStatus* ORT_API_CALL ComputeKernel(void* kernel, OrtKernelContext* context) {
+  return Compute(*static_cast<Kernel*>(kernel), context);
+}
+
+void ORT_API_CALL DestroyKernel(void* kernel) { delete static_cast<Kernel*>(kernel); }
+
+const char* ORT_API_CALL Name(const OrtCustomOp*) { return "DecodeAttention"; }
+const char* ORT_API_CALL Provider(const OrtCustomOp*) { return "CPUExecutionProvider"; }
+size_t ORT_API_CALL InputCount(const OrtCustomOp*) { return 6; }
+size_t ORT_API_CALL OutputCount(const OrtCustomOp*) { return 3; }
+ONNXTensorElementDataType ORT_API_CALL InputType(const OrtCustomOp*, size_t index) {
+  return index == 3 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32 : ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
+}
+ONNXTensorElementDataType ORT_API_CALL OutputType(const OrtCustomOp*, size_t) {
+  return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
+}
+OrtCustomOpInputOutputCharacteristic ORT_API_CALL Required(const OrtCustomOp*, size_t) {
+  return INPUT_OUTPUT_REQUIRED;
+}
+OrtMemType ORT_API_CALL MemoryType(const OrtCustomOp*, size_t) { return OrtMemTypeDefault; }
+int ORT_API_CALL One(const OrtCustomOp*) { return 1; }
+int ORT_API_CALL StartVersion(const OrtCustomOp*) { return 1; }
+int ORT_API_CALL EndVersion(const OrtCustomOp*) { return 1; }
+
+OrtCustomOp MakeOp() {
+  OrtCustomOp op;
+  std::memset(&op, 0, sizeof op);
+  op.version = kApiVersion;
+  op.GetName = Name;
+  op.GetExecutionProviderType = Provider;
+  op.GetInputType = InputType;
+  op.GetInputTypeCount = InputCount;
+  op.GetOutputType = OutputType;
+  op.GetOutputTypeCount = OutputCount;
+  op.KernelDestroy = DestroyKernel;
+  op.GetInputCharacteristic = Required;
+  op.GetOutputCharacteristic = Required;
+  op.GetInputMemoryType = MemoryType;
+  op.GetVariadicInputMinArity = One;
+  op.GetVariadicInputHomogeneity = One;
+  op.GetVariadicOutputMinArity = One;
+  op.GetVariadicOutputHomogeneity = One;
+  op.CreateKernelV2 = CreateKernel;
+  op.KernelComputeV2 = ComputeKernel;
+  op.GetStartVersion = StartVersion;
+  op.GetEndVersion = EndVersion;
+  return op;
+}
+
+const OrtCustomOp kDecodeAttention = MakeOp();
+
+}  // namespace
+
+extern "C" __attribute__((visibility("default"))) OrtStatus* ORT_API_CALL
+RegisterCustomOps(OrtSessionOptions* options, const OrtApiBase* api_base) {
+  g_api = api_base->GetApi(kApiVersion);
+  if (g_api == nullptr) return nullptr;  // cannot even report: ORT older than 1.17
+  OrtCustomOpDomain* domain = nullptr;
+  // The domain must outlive every session that uses it: it is never released.
+  EP_RETURN_IF_ERROR(g_api->CreateCustomOpDomain("edgeprefill", &domain));
+  EP_RETURN_IF_ERROR(g_api->CustomOpDomain_Add(domain, &kDecodeAttention));
+  return g_api->AddCustomOpDomain(options, domain);
+}

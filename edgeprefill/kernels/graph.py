@@ -1,0 +1,102 @@
+"""Switches the native decode attention into an `ort`-flavour chunk graph, in memory.
+
+Each `com.microsoft.GroupQueryAttention` node becomes an `If` on "the chunk is one token":
+the then-branch is `edgeprefill.DecodeAttention` on the same inputs, the else-branch the
+original node. Both branches produce the If's outputs, so the KV buffers bound to the
+graph's present outputs are written in place by whichever runs (ONNX Runtime hands a
+subgraph the If's own output buffers).
+
+The bundle on disk is never changed: it stays loadable by a stock ONNX Runtime, and the
+switch happens at load time only where the library is present (kernels.select).
+"""
+
+from __future__ import annotations
+
+from onnx import ModelProto, NodeProto, TensorProto, helper
+
+from edgeprefill.contract import INPUT_IDS
+
+DOMAIN = "edgeprefill"
+OP = "DecodeAttention"
+IS_DECODE = "edgeprefill.is_decode"
+# GroupQueryAttention inputs the kernel takes: qkv (packed, or q with k and v apart, which
+# the decode branch concatenates), past k, past v, seqlens_k (the new token's position when
+# the chunk is one token), cos, sin.
+KERNEL_INPUTS = (0, 3, 4, 5, 7, 8)
+# Attributes whose non-default values change the math; the kernel has none of them.
+UNSUPPORTED = {"local_window_size": -1, "softcap": 0.0, "smooth_softmax": 0,
+               "rotary_interleaved": 0, "qk_output": 0}
+
+
+def eligible(node: NodeProto) -> bool:
+    """A packed-qkv GroupQueryAttention with rotary inside and nothing the kernel lacks."""
+    if node.op_type != "GroupQueryAttention" or node.domain != "com.microsoft":
+        return False
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    inputs = list(node.input) + [""] * (9 - len(node.input))
+    packed_or_split = (not inputs[1] and not inputs[2]) or (inputs[1] and inputs[2])
+    return (
+        attrs.get("do_rotary") == 1 and "scale" in attrs
+        and all(attrs.get(k, default) == default for k, default in UNSUPPORTED.items())
+        and len(node.input) <= 9 and bool(packed_or_split)
+        and all(inputs[i] for i in KERNEL_INPUTS) and len(node.output) == 3
+    )
+
+
+def add_decode_kernel(model: ModelProto, chunk_input: str = INPUT_IDS) -> int:
+    """Rewrites `model` in place; returns how many attention nodes were switched."""
+    graph = model.graph
+    targets = [i for i, node in enumerate(graph.node) if eligible(node)]
+    if not targets:
+        return 0
+    for i in targets:
+        graph.node[i].CopyFrom(_switch(graph.node[i]))
+    for node in reversed(_selector(chunk_input)):
+        graph.node.insert(0, node)  # depends on a graph input only
+    if all(o.domain != DOMAIN for o in model.opset_import):
+        model.opset_import.append(helper.make_opsetid(DOMAIN, 1))
+    return len(targets)
+
+
+def _selector(chunk_input: str) -> list[NodeProto]:
+    """is_decode = (the chunk axis of input_ids [B, C] is 1), a scalar bool."""
+    one = helper.make_tensor("edgeprefill.one", TensorProto.INT64, [1], [1])
+    return [
+        helper.make_node("Shape", [chunk_input], ["edgeprefill.chunk"], start=1, end=2),
+        helper.make_node("Constant", [], ["edgeprefill.one"], value=one),
+        helper.make_node("Equal", ["edgeprefill.chunk", "edgeprefill.one"], ["edgeprefill.eq"]),
+        helper.make_node("Squeeze", ["edgeprefill.eq"], [IS_DECODE]),
+    ]
+
+
+def kernel_node(gqa: NodeProto, suffix: str = "") -> NodeProto:
+    """The DecodeAttention node computing what `gqa` computes for a one-token chunk."""
+    attrs = {a.name: helper.get_attribute_value(a) for a in gqa.attribute}
+    return helper.make_node(
+        OP, [gqa.input[i] for i in KERNEL_INPUTS], [o + suffix for o in gqa.output],
+        domain=DOMAIN, name=gqa.name + suffix, num_heads=attrs["num_heads"],
+        kv_num_heads=attrs["kv_num_heads"], scale=attrs["scale"],
+    )
+
+
+def _switch(gqa: NodeProto) -> NodeProto:
+    decode = [kernel_node(gqa, ".decode")]
+    if len(gqa.input) > 2 and gqa.input[1]:  # q, k, v apart (q/k norms): pack them
+        packed = f"{gqa.name}.decode.qkv"
+        decode.insert(0, helper.make_node("Concat", list(gqa.input[:3]), [packed], axis=-1))
+        decode[1].input[0] = packed
+    prefill = NodeProto()
+    prefill.CopyFrom(gqa)
+    del prefill.output[:]
+    prefill.output.extend(f"{o}.prefill" for o in gqa.output)
+    prefill.name = f"{gqa.name}.prefill"
+    return helper.make_node(
+        "If", [IS_DECODE], list(gqa.output), name=f"{gqa.name}.switch",
+        then_branch=_branch(decode, "decode"), else_branch=_branch([prefill], "prefill"),
+    )
+
+
+def _branch(nodes: list[NodeProto], kind: str):
+    last = nodes[-1]
+    outputs = [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in last.output]
+    return helper.make_graph(nodes, f"{last.name}.{kind}", [], outputs)

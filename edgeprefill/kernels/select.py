@@ -1,0 +1,78 @@
+"""At load time: use the native decode attention or the stock graph, and say which.
+
+`EDGEPREFILL_KERNELS` picks: `auto` (the default: native when the library is built and
+the bundle qualifies), `off` (always the stock graph) or `require` (fail to load rather
+than run without it). The bundle qualifies when it is an `ort`-flavour float32 graph run
+on the CPU; the library when `python -m edgeprefill.kernels.build` has built it for the
+current sources.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import NamedTuple
+
+from edgeprefill.errors import BackendError
+from edgeprefill.kernels.build import library_path
+from edgeprefill.kernels.graph import OP, add_decode_kernel
+
+MODE_ENV = "EDGEPREFILL_KERNELS"
+MODES = ("auto", "off", "require")
+STOCK = "GroupQueryAttention"
+NATIVE = f"native ({OP})"
+
+
+class KernelChoice(NamedTuple):
+    model: str | bytes  # what InferenceSession loads: the bundle's path or rewritten bytes
+    decode_attention: str  # NATIVE, or STOCK with the reason in parentheses
+    library: Path | None  # registered with the session options when native
+
+
+def mode() -> str:
+    value = os.environ.get(MODE_ENV, "auto").strip().lower() or "auto"
+    if value not in MODES:
+        raise BackendError(f"{MODE_ENV}={value!r}: choose one of {', '.join(MODES)}")
+    return value
+
+
+def why_not(flavor: str, dtype: str, device: str) -> str | None:
+    """Why this bundle and device cannot use the native kernels, or None if they can."""
+    if mode() == "off":
+        return f"{MODE_ENV}=off"
+    if device != "cpu":
+        return f"device {device}"
+    if flavor != "ort" or dtype != "float32":
+        return f"needs an ort-flavour float32 bundle, this one is {flavor} {dtype}"
+    if not library_path().is_file():
+        return "library not built: python -m edgeprefill.kernels.build"
+    return None
+
+
+def choose(graph_path: Path, graph, flavor: str, dtype: str, device: str,
+           session_options) -> KernelChoice:
+    """The model to load; registers the library with `session_options` when native.
+    `graph` is the bundle's ModelProto without weights (rewritten in place if native)."""
+    reason = why_not(flavor, dtype, device)
+    if reason is None and add_decode_kernel(graph) == 0:
+        reason = "no attention node the kernel supports"
+    if reason is not None:
+        if mode() == "require":
+            raise BackendError(f"{MODE_ENV}=require but the native kernels cannot run: {reason}")
+        return KernelChoice(str(graph_path), f"{STOCK} ({reason})", None)
+    library = library_path()
+    session_options.register_custom_ops_library(str(library))
+    # The rewritten graph is loaded from bytes: its weights stay in the bundle's files.
+    session_options.add_session_config_entry(
+        "session.model_external_initializers_file_folder_path", str(graph_path.parent)
+    )
+    return KernelChoice(graph.SerializeToString(), NATIVE, library)
+
+
+def describe(flavor: str, dtype: str, device: str = "cpu") -> str:
+    """What `inspect` says: the decode attention this bundle would run with here."""
+    try:
+        reason = why_not(flavor, dtype, device)
+    except BackendError as err:
+        return str(err)
+    return NATIVE if reason is None else f"{STOCK} ({reason})"

@@ -1,0 +1,152 @@
+"""Config normalization: rope types as transformers computes them, and one-line refusals."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import transformers
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+from edgeprefill.errors import ExportError
+from edgeprefill.export.model_config import GLOBAL, ModelConfig
+from tests.conftest import build_hf_model
+from tests.test_exactness import prompt_ids, reference_logits
+
+BASE = dict(model_type="llama", hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, vocab_size=128,
+            max_position_embeddings=4096)
+SHORT = [1.0 + 0.1 * i for i in range(16)]
+LONG = [1.0 + 0.5 * i for i in range(16)]
+ROPES = {
+    "linear": {"rope_type": "linear", "factor": 4.0},
+    "dynamic": {"rope_type": "dynamic", "factor": 2.0},
+    "llama3": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+               "high_freq_factor": 4.0, "original_max_position_embeddings": 512},
+    "yarn": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 1024},
+    "yarn-mscale": {"rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": 512,
+                    "mscale": 0.707, "mscale_all_dim": 1.0, "beta_fast": 16},
+    "longrope": {"rope_type": "longrope", "short_factor": SHORT, "long_factor": LONG,
+                 "original_max_position_embeddings": 1024},
+}
+
+
+@pytest.mark.parametrize("partial", (1.0, 0.5))
+@pytest.mark.parametrize("name", sorted(ROPES))
+def test_rope_frequencies_and_scale_equal_transformers(name, partial):
+    params = dict(ROPES[name], rope_theta=50000.0, partial_rotary_factor=partial)
+    if name == "longrope" and partial < 1:
+        params.update(short_factor=SHORT[:8], long_factor=LONG[:8])
+    raw = dict(BASE, head_dim=32, rope_parameters=params, partial_rotary_factor=partial)
+    hf = transformers.LlamaConfig(**{k: v for k, v in raw.items() if k != "model_type"})
+    ours = ModelConfig.from_hf(raw)
+    init = ROPE_INIT_FUNCTIONS[params["rope_type"]]
+    for context, seq_len in ((1024, None), (4096, 4096)):  # longrope: short, then long factors
+        rope = ours.for_context(context).ropes[GLOBAL]
+        expected, scale = init(hf, "cpu", seq_len=seq_len) if name != "dynamic" else \
+            init(hf, "cpu")
+        np.testing.assert_allclose(rope.inv_freq(), expected.numpy(), rtol=1e-6)
+        assert rope.cos_sin_scale() == pytest.approx(scale)
+
+
+def test_longrope_beyond_the_original_window_uses_the_long_factors(tmp_path):
+    """A bundle whose context exceeds original_max_position_embeddings takes the long
+    factors, as transformers does for a sequence longer than that window."""
+    from edgeprefill.engines import StepBatch
+    from edgeprefill.export.exporter import ExportOptions, export
+    from edgeprefill.sdk import Engine
+
+    hf_dir = build_hf_model("phi3", tmp_path / "hf", original_max_position_embeddings=64)
+    export(hf_dir, tmp_path / "b", ExportOptions(chunks=(16,), max_context=256,
+                                                  show_progress=False))
+    ids = prompt_ids(100)  # longer than the original window from its first chunk on
+    expected = reference_logits(hf_dir, ids)
+    engine = Engine.load(tmp_path / "b", threads=2, background=False)
+    for start in range(0, len(ids), 32):
+        part = ids[start:start + 32]
+        logits = engine.backend.run(StepBatch(
+            np.array([part]), np.array([start], np.int32), np.array([len(part)], np.int32), 0))
+        np.testing.assert_allclose(logits[0], expected[start + len(part) - 1],
+                                   rtol=1e-4, atol=1e-4)
+    engine.close()
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    ({"model_type": "bloom"}, "'bloom' is not supported; supported: cohere, gemma, gemma2"),
+    ({"rope_parameters": {"rope_type": "mrope", "rope_theta": 1e4}}, "rope type 'mrope'"),
+    ({"num_key_value_heads": 3}, "is not a multiple of num_key_value_heads (3)"),
+    ({"layer_types": ["full_attention"]}, "layer_types lists 1 layers; there are 2"),
+    ({"layer_types": ["full_attention", "chunked_attention"]}, "unsupported kinds"),
+    ({"hidden_act": "relu2"}, "activation 'relu2' is not supported"),
+    ({"model_type": "stablelm", "qk_layernorm": True}, "per-head LayerNorm on q/k"),
+    ({"model_type": "cohere", "use_qk_norm": True}, "per-head LayerNorm on q/k"),
+    ({"sliding_window": 0}, "sliding_window must be at least 1"),
+    ({"partial_rotary_factor": 1.5, "head_dim": 16}, "rotary dimension 24 does not fit"),
+    ({"rope_parameters": {"rope_type": "longrope", "short_factor": [1.0], "long_factor": [1.0],
+                          "original_max_position_embeddings": 64}}, "longrope short_factor"),
+])
+def test_refused_configs_name_what_is_wrong_in_one_line(change, message):
+    raw = dict(BASE, **change)
+    with pytest.raises(ExportError) as err:
+        ModelConfig.from_hf(raw)
+    assert message in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def test_ort_flavour_refuses_a_rotary_width_its_kernel_cannot_take():
+    from edgeprefill.export.flavors import OrtFlavor
+
+    cfg = ModelConfig.from_hf(dict(BASE, head_dim=32, partial_rotary_factor=0.25))
+    with pytest.raises(ExportError, match="rotary dimension to be a multiple of 16.*standard"):
+        OrtFlavor(cfg, np.float32, 128)
+
+
+def test_gemma2_soft_capping_changes_transformers_logits(tmp_path):
+    """Guards the gemma2 fixture: its soft-caps are small enough to matter, so the
+    exactness tests would catch a graph that ignores them."""
+    ids = [prompt_ids(30)]
+    capped = reference_logits(build_hf_model("gemma2", tmp_path / "a"), ids[0])
+    plain = reference_logits(build_hf_model("gemma2", tmp_path / "b", attn_logit_softcapping=None,
+                                            final_logit_softcapping=None), ids[0])
+    assert np.abs(capped - plain).max() > 1e-2
+    assert torch.tensor(capped).abs().max() < 10.0  # the final cap bounds the logits
+
+
+def test_inspect_names_the_family_and_its_quirks(bundle):
+    from tests.test_cli_errors import cli
+
+    result = cli("inspect", bundle("gemma2"))
+    assert result.returncode == 0, result.stderr
+    model_line = next(line for line in result.stdout.splitlines() if line.startswith("model"))
+    assert model_line.startswith("model       gemma2:")
+    quirks = next(line for line in result.stdout.splitlines() if line.startswith("quirks"))
+    assert "soft-capping" in quirks and "sliding window 8 on 1 of 2 layers" in quirks
+
+
+def test_unknown_family_is_one_line_from_the_cli(tmp_path):
+    import json
+
+    from tests.test_cli_errors import cli
+
+    hf_dir = tmp_path / "hf"
+    hf_dir.mkdir()
+    (hf_dir / "config.json").write_text(json.dumps(dict(BASE, model_type="bloom")))
+    result = cli("export", hf_dir, "-o", tmp_path / "out")
+    assert result.returncode != 0
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "model_type 'bloom' is not supported" in lines[0], lines
+
+
+def test_a_checkpoint_that_disagrees_with_its_config_is_refused_in_one_line(tmp_path):
+    import json
+
+    from edgeprefill.export.exporter import ExportOptions, export
+
+    hf_dir = build_hf_model("llama", tmp_path / "hf")
+    config = json.loads((hf_dir / "config.json").read_text())
+    config["num_key_value_heads"] = 4  # the weights were saved with 2
+    (hf_dir / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ExportError) as err:
+        export(hf_dir, tmp_path / "b", ExportOptions(show_progress=False, max_context=64))
+    assert "k_proj.weight has shape (32, 64), but config.json implies (64, 64)" in str(err.value)
+    assert "\n" not in str(err.value)

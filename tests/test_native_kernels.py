@@ -1,0 +1,212 @@
+"""The native decode attention (edgeprefill.kernels) against ONNX Runtime's own
+GroupQueryAttention: one layer exactly-ish, whole models token for token, and the stock
+graph wherever the library is absent. Skipped, with the reason, only where the library
+cannot be built (no g++, or no way to get ONNX Runtime's headers)."""
+
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from edgeprefill.bundle import load_manifest
+from edgeprefill.engines import BackendOptions, StepBatch
+from edgeprefill.engines.ort.backend import OnnxRuntimeBackend
+from edgeprefill.errors import BackendError
+from edgeprefill.kernels import build, graph, select
+from edgeprefill.sdk import Engine, GenerationParams
+from tests.conftest import TINY_MODEL
+
+HEADS, KV_HEADS, HEAD_DIM, CAPACITY = 6, 2, 32, 640
+WIDTH = (HEADS + 2 * KV_HEADS) * HEAD_DIM
+
+
+@pytest.fixture(scope="session")
+def library():
+    try:
+        return build.build()
+    except build.KernelBuildError as err:
+        pytest.skip(f"native kernels cannot be built here: {err}")
+
+
+@pytest.fixture
+def mode(monkeypatch):
+    """Sets EDGEPREFILL_KERNELS for the test."""
+    return lambda value: monkeypatch.setenv(select.MODE_ENV, value)
+
+
+def one_layer_model(native: bool) -> bytes:
+    """One attention layer over a bound cache: GroupQueryAttention or the kernel."""
+    rng = np.random.default_rng(0)
+    tables = [rng.standard_normal((CAPACITY + 1, HEAD_DIM // 2)).astype(np.float32)
+              for _ in range(2)]
+    inits = [numpy_helper.from_array(t, n) for t, n in zip(tables, ("cos", "sin"), strict=True)]
+    inputs = ["qkv", "", "", "past_k", "past_v", "seqlens_k", "total", "cos", "sin"]
+    node = helper.make_node(
+        "GroupQueryAttention", inputs, ["out", "present_k", "present_v"], name="gqa",
+        domain="com.microsoft", num_heads=HEADS, kv_num_heads=KV_HEADS,
+        scale=HEAD_DIM**-0.5, do_rotary=1, rotary_interleaved=0,
+    )
+    if native:
+        node = graph.kernel_node(node)
+    cache = ["rows", KV_HEADS, "capacity", HEAD_DIM]
+    values = [
+        helper.make_tensor_value_info("qkv", TensorProto.FLOAT, ["rows", 1, WIDTH]),
+        helper.make_tensor_value_info("past_k", TensorProto.FLOAT, cache),
+        helper.make_tensor_value_info("past_v", TensorProto.FLOAT, cache),
+        helper.make_tensor_value_info("seqlens_k", TensorProto.INT32, ["rows"]),
+        helper.make_tensor_value_info("total", TensorProto.INT32, []),
+    ]
+    outputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, None)
+               for n in ("out", "present_k", "present_v")]
+    g = helper.make_graph([node], "layer", values, outputs, inits)
+    model = helper.make_model(g, opset_imports=[
+        helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1),
+        helper.make_opsetid(graph.DOMAIN, 1),
+    ])
+    model.ir_version = 10
+    return model.SerializeToString()
+
+
+def run_layer(model: bytes, library, positions: np.ndarray, qkv, cache, threads: int):
+    """Runs one decode step with the cache bound in place; returns (out, k, v)."""
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = threads
+    if library is not None:
+        so.register_custom_ops_library(str(library))
+    session = ort.InferenceSession(model, so, providers=["CPUExecutionProvider"])
+    keys, values = cache[0].copy(), cache[1].copy()
+    binding = session.io_binding()
+    binding.bind_cpu_input("qkv", qkv)
+    binding.bind_cpu_input("seqlens_k", positions)
+    binding.bind_cpu_input("total", np.array(positions.max() + 1, np.int32))
+    for name, array in (("k", keys), ("v", values)):
+        for kind, bind in (("past_", binding.bind_input), ("present_", binding.bind_output)):
+            bind(kind + name, "cpu", 0, np.float32, array.shape, array.ctypes.data)
+    binding.bind_output("out")
+    session.run_with_iobinding(binding)
+    return binding.copy_outputs_to_cpu()[0], keys, values
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_kernel_matches_group_query_attention_per_layer(library, threads):
+    # Positions around the kernel's 128-position pieces, a fresh row, a row near capacity.
+    positions = np.array([0, 127, 128, 300, 511, CAPACITY - 1], np.int32)
+    rng = np.random.default_rng(1)
+    qkv = rng.standard_normal((len(positions), 1, WIDTH)).astype(np.float32)
+    shape = (len(positions), KV_HEADS, CAPACITY, HEAD_DIM)
+    cache = [rng.standard_normal(shape).astype(np.float32) * 2 for _ in range(2)]
+    want = run_layer(one_layer_model(False), None, positions, qkv, cache, threads)
+    got = run_layer(one_layer_model(True), library, positions, qkv, cache, threads)
+    for name, a, b in zip(("out", "keys", "values"), want, got, strict=True):
+        np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-5, err_msg=name)
+    assert not np.array_equal(got[1], cache[0]), "the new keys were not written in place"
+
+
+def make_backend(bundle_dir, threads: int = 2) -> OnnxRuntimeBackend:
+    options = BackendOptions(threads=threads)
+    return OnnxRuntimeBackend(bundle_dir, load_manifest(bundle_dir), options)
+
+
+def decode_rows(backend: OnnxRuntimeBackend, prompts: list[np.ndarray], steps: int):
+    """Prefills each prompt into its own slot, then decodes all rows together greedily;
+    returns the logits [steps, rows, vocab]."""
+    backend.allocate_kv(len(prompts), 256)
+    for slot, ids in enumerate(prompts):
+        backend.run(StepBatch(ids[None], np.array([0], np.int32),
+                              np.array([len(ids)], np.int32), slot))
+    lens = np.array([len(p) for p in prompts], np.int32)
+    token = np.array([[p[-1]] for p in prompts])
+    logits = []
+    for _ in range(steps):
+        out = backend.run(StepBatch(token, lens, np.ones(len(prompts), np.int32), 0)).copy()
+        logits.append(out)
+        token, lens = out.argmax(-1)[:, None], lens + 1
+    return np.array(logits)
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_rows_with_different_past_lengths_decode_the_same_tokens(library, bundle, mode, family):
+    rng = np.random.default_rng(2)
+    prompts = [rng.integers(3, 128, n) for n in (3, 150, 37)]
+    mode("off")
+    stock = make_backend(bundle(family))
+    mode("require")
+    native = make_backend(bundle(family))
+    assert native.kernels.decode_attention == select.NATIVE
+    assert stock.kernels.decode_attention.startswith(select.STOCK)
+    want, got = decode_rows(stock, prompts, 24), decode_rows(native, prompts, 24)
+    np.testing.assert_array_equal(got.argmax(-1), want.argmax(-1))
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    for a, b in zip(stock.kv_arrays(), native.kv_arrays(), strict=True):
+        np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-5)
+
+
+def test_engine_greedy_tokens_are_the_same_with_and_without(library, tiny_bundle, mode):
+    """The shipped trained model on its demo prompt (~1,000 tokens, then decode)."""
+    text = (TINY_MODEL / "demo_prompt.txt").read_text()
+    params = GenerationParams(max_new_tokens=24, temperature=0.0, ignore_eos=True)
+    tokens = {}
+    for value in ("off", "require"):
+        mode(value)
+        with Engine.load(tiny_bundle, threads=2) as engine:
+            tokens[value] = engine.generate(text, params).result().token_ids
+    assert tokens["off"] == tokens["require"] and len(tokens["off"]) == 24
+
+
+def test_the_bundle_on_disk_is_not_changed(library, bundle, mode):
+    path = bundle("llama") / "model.onnx"
+    before = hashlib.sha256(path.read_bytes()).hexdigest()
+    mode("require")
+    make_backend(bundle("llama"))
+    assert hashlib.sha256(path.read_bytes()).hexdigest() == before
+
+
+def test_without_the_library_the_stock_graph_runs(bundle, mode, monkeypatch, tmp_path):
+    monkeypatch.setenv(build.DIR_ENV, str(tmp_path))  # an empty library folder
+    mode("auto")
+    backend = make_backend(bundle("llama"))
+    assert backend.kernels.decode_attention == f"{select.STOCK} (library not built: " \
+        "python -m edgeprefill.kernels.build)"
+    assert backend.kernels.library is None
+    mode("require")
+    with pytest.raises(BackendError, match="require but the native kernels cannot run"):
+        make_backend(bundle("llama"))
+
+
+def test_standard_flavour_and_bad_mode_are_said_plainly(bundle, mode):
+    mode("auto")
+    assert "needs an ort-flavour float32 bundle" in make_backend(
+        bundle("llama", "standard")).kernels.decode_attention
+    mode("fast")
+    with pytest.raises(BackendError, match="EDGEPREFILL_KERNELS='fast'"):
+        make_backend(bundle("llama"))
+
+
+def test_attention_the_kernel_lacks_stays_group_query_attention():
+    def gqa(**attrs):
+        inputs = ["qkv", "", "", "pk", "pv", "seqlens", "total", "cos", "sin"]
+        return helper.make_node("GroupQueryAttention", inputs, ["o", "k", "v"],
+                                domain="com.microsoft", num_heads=4, kv_num_heads=2,
+                                scale=0.25, do_rotary=1, **attrs)
+
+    assert graph.eligible(gqa())
+    assert not graph.eligible(gqa(local_window_size=64))  # sliding window
+    assert not graph.eligible(gqa(softcap=30.0))
+    assert not graph.eligible(gqa(rotary_interleaved=1))
+    model = helper.make_model(helper.make_graph([gqa(softcap=30.0)], "g", [], []))
+    assert graph.add_decode_kernel(model) == 0
+
+
+def test_inspect_and_stats_say_which_attention_runs(library, bundle, mode):
+    from tests.test_cli_errors import cli
+
+    mode("auto")
+    shown = cli("inspect", bundle("llama"))
+    assert "decode attn native (DecodeAttention)" in shown.stdout
+    ran = cli("run", bundle("llama"), "--prompt", "w5 w6", "--max-new-tokens", "3", "--stats")
+    assert ran.returncode == 0, ran.stderr
+    assert "decode attention native (DecodeAttention)" in ran.stderr
