@@ -12,8 +12,10 @@ $(BIN)/python:
 	$(BIN)/pip install --quiet --upgrade pip
 
 # Stamp files so the install runs once per change of pyproject.toml.
+# The serve extra (starlette, uvicorn, prometheus_client; no pydantic) is small: with it
+# the README's `edgeprefill serve` works right after `make demo`.
 $(VENV)/.core: pyproject.toml | $(BIN)/python
-	$(BIN)/pip install --quiet -e .
+	$(BIN)/pip install --quiet -e ".[serve]"
 	touch $@
 
 $(VENV)/.dev: pyproject.toml | $(BIN)/python
@@ -22,6 +24,7 @@ $(VENV)/.dev: pyproject.toml | $(BIN)/python
 	touch $(VENV)/.core $@
 
 # The demo needs only the core install: export reads safetensors without torch.
+# Afterwards: `. .venv/bin/activate` puts `edgeprefill` on the PATH (README, "Use it").
 demo: $(VENV)/.core
 	$(BIN)/edgeprefill export $(TINY) -o $(BUNDLE) --overwrite
 	$(BIN)/python samples/demo.py $(BUNDLE)

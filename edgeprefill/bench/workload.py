@@ -47,8 +47,12 @@ class Workload:
     urgent_prompt_tokens: int = 16
     reply_tokens: int = 8  # tokens the long and the urgent request generate
     tail_tokens: int = 8  # session tokens after both replies, before the sessions stop
+    # Engine options (EngineConfig fields), the same as `run` and `serve` take.
+    backend: str = "onnxruntime"
+    device: str = "cpu"
     threads: int | None = None
     spin: bool = False  # idle compute threads busy-wait between ops (BackendOptions.spin)
+    max_context: int | None = None  # positions per KV slot; None: the bundle's
     itl_target_ms: float = 150.0  # the adaptive chunk controller's target
     seed: int = 0  # of the random prompt token ids
 
@@ -121,7 +125,8 @@ def run_mixed(bundle: Path, spec: RunSpec, workload: Workload) -> RunResult:
     """Load a fresh engine for `spec`, warm it up, run the workload once, measure."""
     w = workload
     engine = Engine.load(
-        bundle, threads=w.threads, spin=w.spin, kv_slots=w.sessions + 2, trace=True,
+        bundle, backend=w.backend, device=w.device, threads=w.threads, spin=w.spin,
+        max_context=w.max_context, kv_slots=w.sessions + 2, trace=True,
         prefix_reuse=False,  # every run computes the long prompt in full
         itl_target_ms=w.itl_target_ms, **spec.engine_options(),
     )

@@ -18,7 +18,7 @@ from edgeprefill.bench import (
 )
 from edgeprefill.bench.workload import check_fits, run_isolated
 from edgeprefill.bundle import load_manifest
-from edgeprefill.cli.options import spin_option
+from edgeprefill.cli.options import engine_options, parse_int_list
 from edgeprefill.sdk.priority import parse_priority
 
 DEFAULT_PROMPT_CAP = 2048
@@ -34,7 +34,7 @@ DEFAULT_PROMPT_CAP = 2048
 @click.option("--policies", default=",".join(SWEEP_POLICIES), show_default=True,
               help="Comma-separated policies to compare; adaptive = chunked+priority with "
               "the adaptive chunk size.")
-@click.option("--chunk-sizes", default=None,
+@click.option("--chunk-sizes", default=None, callback=parse_int_list,
               help="Comma-separated fixed chunk sizes for chunked and chunked+priority "
               "[default: the bundle's chunk buckets].")
 @click.option("--urgent/--no-urgent", default=True, show_default=True,
@@ -46,11 +46,8 @@ DEFAULT_PROMPT_CAP = 2048
               "integer or high/normal/low; normal measures equal priority.")
 @click.option("--reply-tokens", type=click.IntRange(min=1), default=8, show_default=True,
               help="Tokens the long prompt and the urgent request generate.")
-@click.option("--threads", type=click.IntRange(min=1), default=None,
-              help="CPU threads for the backend (default: physical cores).")
-@spin_option
-@click.option("--itl-target-ms", type=click.FloatRange(min=0, min_open=True), default=150.0,
-              show_default=True, help="The adaptive chunk size keeps decode gaps under this.")
+# The sweep itself sets the policy and chunk size, and the KV slots from --sessions.
+@engine_options("backend", "device", "threads", "spin", "max_context", "itl_target_ms")
 @click.option("--plot", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Draw a timeline (PNG) of fcfs against one chunked run.")
 @click.option("--plot-config", default=None,
@@ -60,9 +57,9 @@ DEFAULT_PROMPT_CAP = 2048
               default=None, help="Write every number and each run's engine calls as JSON.")
 def bench(
     bundle: Path, sessions: int, prompt_tokens: int | None, policies: str,
-    chunk_sizes: str | None, urgent: bool, urgent_tokens: int, urgent_priority: str,
-    reply_tokens: int, threads: int | None, spin: bool, itl_target_ms: float,
-    plot: Path | None, plot_config: str | None, json_path: Path | None,
+    chunk_sizes: list[int] | None, urgent: bool, urgent_tokens: int, urgent_priority: str,
+    reply_tokens: int, plot: Path | None, plot_config: str | None, json_path: Path | None,
+    engine: dict,
 ) -> None:
     """Measure how BUNDLE serves interactive sessions while a long prompt arrives: TTFT,
     inter-token latency of the sessions (p50/p99/max), the longest decode stall, prefill
@@ -75,16 +72,16 @@ def bench(
           --plot timeline.png --json bench.json
     """
     manifest = load_manifest(bundle, False)
+    context = engine["max_context"] or manifest.max_context
     workload = Workload(
-        sessions=sessions, urgent=urgent, reply_tokens=reply_tokens, threads=threads, spin=spin,
-        itl_target_ms=itl_target_ms, urgent_priority=parse_priority(urgent_priority),
-        urgent_prompt_tokens=urgent_tokens,
-        prompt_tokens=prompt_tokens or min(DEFAULT_PROMPT_CAP, manifest.max_context * 3 // 4),
+        sessions=sessions, urgent=urgent, reply_tokens=reply_tokens,
+        urgent_prompt_tokens=urgent_tokens, urgent_priority=parse_priority(urgent_priority),
+        prompt_tokens=prompt_tokens or min(DEFAULT_PROMPT_CAP, context * 3 // 4), **engine,
     )
-    sizes = _ints(chunk_sizes, "--chunk-sizes") if chunk_sizes else list(manifest.chunks)
+    sizes = chunk_sizes or list(manifest.chunks)
     specs = sweep_specs(_policies(policies), sizes)
     _check_plot_config(plot_config, specs)
-    check_fits(manifest.max_context, workload)
+    check_fits(context, workload)
     if plot is not None:
         timeline.require_matplotlib()
     results = _run_all(bundle, specs, workload)
@@ -133,15 +130,4 @@ def _policies(text: str) -> list[str]:
         raise click.BadParameter(f"unknown policy {', '.join(unknown) or '(none)'}; choose from: "
                                  f"{', '.join(SWEEP_POLICIES)}", param_hint="--policies")
     return names
-
-
-def _ints(text: str, option: str) -> list[int]:
-    try:
-        values = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        values = []
-    if not values or any(v < 1 for v in values):
-        raise click.BadParameter(f"expected positive integers like 16,64, got {text!r}",
-                                 param_hint=option)
-    return values
 

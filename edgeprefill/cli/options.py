@@ -1,19 +1,38 @@
-"""Option parsing shared by several commands."""
+"""Options shared by several commands, declared once.
+
+The engine options (`--backend`, `--device`, `--threads`, ...) are the same for `run`,
+`serve` and `bench`: each is one click option named after one `EngineConfig` or
+`SchedulerConfig` field, so `@engine_options(...)` hands the command a dict it passes
+straight to `Engine.load(bundle, **engine)`.
+"""
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
+from typing import Any
+
 import click
 
+from edgeprefill.engines import BACKENDS
+from edgeprefill.sdk.scheduler import POLICIES
 
-def parse_int_list(ctx: click.Context, param: click.Parameter, value: str | None):
+DEVICES = ("cpu", "cuda", "tensorrt")  # BackendOptions.device
+
+
+def parse_int_list(ctx: click.Context | None, param: click.Parameter | None,
+                   value: str | None) -> list[int] | None:
+    """`16,64,256` -> [16, 64, 256]; a click callback, and the one integer-list parser."""
     if value is None:
         return None
     try:
         items = [int(v) for v in value.split(",") if v.strip()]
     except ValueError:
-        raise click.BadParameter(f"expected comma-separated integers, got {value!r}") from None
+        raise click.BadParameter(f"expected comma-separated positive integers like 16,64, "
+                                 f"got {value!r}") from None
     if not items or any(v < 1 for v in items):
-        raise click.BadParameter(f"expected positive integers, got {value!r}")
+        raise click.BadParameter(f"expected comma-separated positive integers like 16,64, "
+                                 f"got {value!r}")
     return items
 
 
@@ -22,3 +41,57 @@ spin_option = click.option(
     help="Let idle compute threads busy-wait between ops. Off by default: on shared or "
     "virtual CPUs spinning threads often land in a 2-3x slower mode (docs/benchmarks.md).",
 )
+
+# config field -> its click option. The parameter name is the field name.
+ENGINE_OPTIONS: dict[str, Callable] = {
+    "backend": click.option(
+        "--backend", type=click.Choice(list(BACKENDS)), default="onnxruntime",
+        show_default=True, help="Runtime that runs the graph (tensorrt: `edgeprefill build` "
+        "first)."),
+    "device": click.option(
+        "--device", type=click.Choice(DEVICES), default="cpu", show_default=True,
+        help="onnxruntime's execution provider: cpu or cuda (tensorrt, its TensorRT "
+        "provider, is refused with the reason; for TensorRT use --backend tensorrt)."),
+    "threads": click.option(
+        "--threads", type=click.IntRange(min=1), default=None,
+        help="CPU threads for the backend [default: physical cores]."),
+    "spin": spin_option,
+    "kv_slots": click.option(
+        "--kv-slots", type=click.IntRange(min=1), default=4, show_default=True,
+        help="Conversations whose KV cache is held at once."),
+    "max_context": click.option(
+        "--max-context", type=click.IntRange(min=2), default=None,
+        help="Positions per KV slot (prompt + reply) [default: the bundle's max context]."),
+    "policy": click.option(
+        "--policy", type=click.Choice(POLICIES), default="chunked+priority",
+        show_default=True, help="Scheduling policy."),
+    "chunk_size": click.option(
+        "--chunk-size", type=click.IntRange(min=1), default=None,
+        help="Fixed prefill chunk in tokens [default: adaptive over the bundle's buckets, "
+        "see --itl-target-ms]."),
+    "itl_target_ms": click.option(
+        "--itl-target-ms", type=click.FloatRange(min=0, min_open=True), default=150.0,
+        show_default=True, help="Adaptive chunking keeps decode inter-token latency under "
+        "this."),
+}
+
+
+def engine_options(*names: str) -> Callable:
+    """Add the named engine options (all if none are named) to a click command; the
+    command receives their values as one dict argument `engine`, keyed by config field."""
+    chosen = names or tuple(ENGINE_OPTIONS)
+    unknown = [n for n in chosen if n not in ENGINE_OPTIONS]
+    if unknown:
+        raise ValueError(f"unknown engine options {unknown}; known: {list(ENGINE_OPTIONS)}")
+
+    def decorate(command: Callable) -> Callable:
+        @functools.wraps(command)  # also shares click's list of the options below this one
+        def gather(**kwargs: Any) -> Any:
+            engine = {name: kwargs.pop(name) for name in chosen}
+            return command(engine=engine, **kwargs)
+
+        for name in reversed(chosen):
+            gather = ENGINE_OPTIONS[name](gather)
+        return gather
+
+    return decorate

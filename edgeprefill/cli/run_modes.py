@@ -1,12 +1,14 @@
-"""The three ways `edgeprefill run` drives the engine: one prompt, a chat, many requests."""
+"""How `edgeprefill run` drives the engine for one prompt or many concurrent requests (the
+interactive chat is cli/chat.py)."""
 
 from __future__ import annotations
 
 import json
 import threading
 import time
-from dataclasses import replace
-from typing import IO, NamedTuple
+from collections.abc import Iterable
+from dataclasses import fields, replace
+from typing import NamedTuple
 
 import click
 
@@ -23,73 +25,86 @@ class Job(NamedTuple):
     delay_s: float  # submit this long after the first request
 
 
-def _as_prompt(text: str, chat: bool):
-    return [{"role": "user", "content": text}] if chat else text
+class Turn(NamedTuple):
+    """How a prompt text becomes the engine's prompt."""
+
+    chat: bool  # through the bundle's chat template, as a user message
+    system: str | None = None  # a system message first (chat only)
+
+    def prompt(self, text: str) -> str | list[dict[str, str]]:
+        if not self.chat:
+            return text
+        system = [] if self.system is None else [{"role": "system", "content": self.system}]
+        return [*system, {"role": "user", "content": text}]
 
 
-def _stream_out(stream: TokenStream) -> None:
+PLAIN = Turn(chat=False)
+
+
+def stream_out(stream: TokenStream, write=None) -> None:
+    """Print a reply as it is generated; `write` (default: stdout) takes each piece."""
+    write = write or (lambda text: click.echo(text, nl=False))
     for event in stream:
-        click.echo(event.text, nl=False)
-    click.echo()
+        write(event.text)
+    write("\n")
     if stream.finish_reason == "error":
         raise RequestError(f"generation failed: {stream.error}")
 
 
-def single(engine: Engine, prompt: str, params: GenerationParams, chat: bool, stats: bool):
-    stream = engine.generate(_as_prompt(prompt, chat), params)
-    _stream_out(stream)
+def single(engine: Engine, prompt: str, params: GenerationParams, turn: Turn, stats: bool):
+    stream = engine.generate(turn.prompt(prompt), params)
+    stream_out(stream)
     if stats:
         click.echo(request_line(stream.metrics), err=True)
         for line in [*engine_lines(engine.metrics()), backend_line(engine.backend)]:
             click.echo(line, err=True)
 
 
-def interactive(engine: Engine, params: GenerationParams, chat: bool, stats: bool):
-    """A multi-turn chat: the session keeps its KV, so each turn prefills only what's new."""
-    use_chat = chat or engine.manifest.tokenizer.chat_template is not None
-    session = engine.session()
-    click.echo("edgeprefill chat: type a message, an empty line or /exit to quit", err=True)
-    while True:
-        try:
-            text = click.prompt("you", prompt_suffix="> ", default="", show_default=False,
-                                err=True)
-        except (EOFError, click.exceptions.Abort):
-            break
-        if text.strip() in ("", "/exit", "/quit"):
-            break
-        stream = session.chat(text, params) if use_chat else session.generate(text, params)
-        click.echo("model> ", nl=False, err=True)
-        _stream_out(stream)
-        if stats:
-            click.echo(request_line(stream.metrics), err=True)
-    session.close()
+# The keys of a --prompts line besides GenerationParams' fields.
+JOB_KEYS = ("prompt", "priority", "delay_s")
 
 
-def read_requests(handle: IO[str], params: GenerationParams, priority: int = 0) -> list[Job]:
+def read_requests(
+    handle: Iterable[str], params: GenerationParams, priority: int = 0,
+) -> list[Job]:
+    """One Job per line: a JSON object (keys JOB_KEYS and GenerationParams fields, which
+    override the command line's) or a plain prompt. An unknown key is an error, not a
+    silently ignored setting. `priority` is the default of lines that give none."""
     jobs = []
     for number, line in enumerate(handle, 1):
         line = line.strip()
         if not line:
             continue
-        if not line.startswith("{"):
-            jobs.append(Job(line, params, priority, 0.0))
-            continue
         try:
-            raw = json.loads(line)
-            job_params = replace(params, **{
-                k: raw[k] for k in ("max_new_tokens", "temperature", "seed") if k in raw
-            })
-            job_priority = parse_priority(raw.get("priority", priority))
-            jobs.append(Job(str(raw["prompt"]), job_params, job_priority,
-                            float(raw.get("delay_s", 0.0))))
-        except (json.JSONDecodeError, KeyError, TypeError, ValueError, RequestError) as err:
+            jobs.append(_job(line, params, priority))
+        except (json.JSONDecodeError, TypeError, ValueError, RequestError) as err:
             raise RequestError(f"--prompts line {number}: {err}") from None
     if not jobs:
         raise RequestError("--prompts file holds no requests")
     return jobs
 
 
-def concurrent(engine: Engine, jobs: list[Job], stats: bool, chat: bool = False) -> None:
+def _job(line: str, params: GenerationParams, priority: int) -> Job:
+    if not line.startswith("{"):
+        return Job(line, params, priority, 0.0)
+    raw = json.loads(line)
+    if not isinstance(raw, dict):
+        raise ValueError("expected a JSON object")
+    settable = {f.name for f in fields(GenerationParams)}
+    unknown = sorted(set(raw) - settable - set(JOB_KEYS))
+    if unknown:
+        raise ValueError(f"unknown key {', '.join(map(repr, unknown))}; known keys: "
+                         f"{', '.join([*JOB_KEYS, *sorted(settable)])}")
+    prompt = raw.get("prompt")
+    if not isinstance(prompt, str) or not prompt.strip():
+        raise ValueError("'prompt' must be a non-empty string")
+    job_params = replace(params, **{k: v for k, v in raw.items() if k in settable})
+    # A priority as people type it: an integer, or high / normal / low (lower first).
+    return Job(prompt, job_params, parse_priority(raw.get("priority", priority)),
+               float(raw.get("delay_s", 0.0)))
+
+
+def concurrent(engine: Engine, jobs: list[Job], stats: bool, turn: Turn = PLAIN) -> None:
     """Submit every job (after its delay), collect all, print each result in order."""
     streams: list[TokenStream | None] = [None] * len(jobs)
     errors: list[str | None] = [None] * len(jobs)
@@ -98,7 +113,7 @@ def concurrent(engine: Engine, jobs: list[Job], stats: bool, chat: bool = False)
     def submit(i: int, job: Job) -> None:
         time.sleep(max(0.0, job.delay_s - (time.perf_counter() - start)))
         try:
-            stream = engine.generate(_as_prompt(job.prompt, chat), job.params,
+            stream = engine.generate(turn.prompt(job.prompt), job.params,
                                      priority=job.priority)
             streams[i] = stream.result()
         except RequestError as err:

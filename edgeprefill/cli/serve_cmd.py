@@ -7,10 +7,11 @@ from pathlib import Path
 
 import click
 
-from edgeprefill.cli.options import spin_option
+from edgeprefill.cli.options import engine_options
 from edgeprefill.cli.serve_limits import limit_options, split_limits
 from edgeprefill.errors import EdgeprefillError
-from edgeprefill.sdk.scheduler import POLICIES
+
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")  # uvicorn's and logging's
 
 
 @click.command()
@@ -22,28 +23,21 @@ from edgeprefill.sdk.scheduler import POLICIES
               help="The model id clients send (default: the bundle folder's name).")
 @click.option("--api-key", envvar="EDGEPREFILL_API_KEY", default=None, show_envvar=True,
               help="Require 'Authorization: Bearer KEY' on every route but /health.")
-@click.option("--threads", type=click.IntRange(min=1), default=None,
-              help="CPU threads for the backend (default: physical cores).")
-@spin_option
-@click.option("--kv-slots", type=click.IntRange(min=1), default=4, show_default=True,
-              help="Conversations whose KV cache is held at once.")
-@click.option("--policy", type=click.Choice(POLICIES), default="chunked+priority",
-              show_default=True, help="Scheduling policy.")
-@click.option("--chunk-size", type=click.IntRange(min=1), default=None,
-              help="Fixed prefill chunk in tokens (default: adaptive, see --itl-target-ms).")
-@click.option("--itl-target-ms", type=click.FloatRange(min=0, min_open=True), default=150.0,
-              show_default=True, help="Adaptive chunking keeps decode gaps under this.")
+@engine_options()
 @click.option("--max-pending", type=click.IntRange(min=1), default=64, show_default=True,
               help="Requests admitted at once, running or queued; more get HTTP 429.")
 @limit_options
+@click.option("--log-level", type=click.Choice(LOG_LEVELS), default="info", show_default=True,
+              help="info: one line per request (method, path, status, tokens, TTFT, "
+              "duration); warning: problems only.")
 def serve(
     bundle: Path, host: str, port: int, model_name: str | None, api_key: str | None,
-    threads: int | None, spin: bool, kv_slots: int, policy: str, chunk_size: int | None,
-    itl_target_ms: float, max_pending: int, **limit_values,
+    max_pending: int, log_level: str, engine: dict, **limit_values,
 ) -> None:
-    """Serve BUNDLE over an OpenAI-compatible HTTP API (completions, chat, models,
-    health, Prometheus metrics). Requests may add edgeprefill's own fields, e.g.
-    "priority": -1 (or "high") to jump ahead of other prompts; lower is served first.
+    """Serve BUNDLE over an OpenAI-compatible HTTP API (completions, chat with tools,
+    models, tokenize/detokenize, version, health, Prometheus metrics), logging one line
+    per request. Requests may add edgeprefill's own fields, e.g. "priority": -1 (or
+    "high") to jump ahead of long prompts; lower is served first.
 
     \b
     Example:
@@ -55,6 +49,7 @@ def serve(
         import uvicorn
 
         from edgeprefill.server import ServerConfig, create_app
+        from edgeprefill.server.access_log import configure_logging, uvicorn_level
         from edgeprefill.server.shutdown import run_until_signalled
         from edgeprefill.server.transport import quiet_fd_exhaustion, uvicorn_config
     except ImportError as err:
@@ -70,22 +65,24 @@ def serve(
                           max_pending=max_pending, **limits.config)
     click.echo(f"loading {bundle} ...", err=True)
     # The engine's queue holds at least what the server admits, so it never refuses one.
-    engine = Engine.load(bundle, threads=threads, spin=spin, kv_slots=kv_slots, policy=policy,
-                         chunk_size=chunk_size, itl_target_ms=itl_target_ms,
-                         max_queue=max_pending)
+    loaded = Engine.load(bundle, max_queue=max_pending, **engine)
     try:
-        app = create_app(engine, config)
+        app = create_app(loaded, config)
         auth = "API key required" if api_key else "no API key"
         click.echo(f"serving {config.model_name!r} on http://{host}:{port}/v1 ({auth}); "
                    "Ctrl-C to stop", err=True)
         quiet_fd_exhaustion()
-        run_until_signalled(uvicorn.Server(uvicorn_config(app, host, port, limits.timeouts)))
+        server_config = uvicorn_config(app, host, port, limits.timeouts,
+                                       uvicorn_level(log_level))
+        server_config.access_log = False  # our line per request replaces uvicorn's
+        configure_logging(log_level)  # after uvicorn's own logging setup, so ours stands
+        run_until_signalled(uvicorn.Server(server_config))
         click.echo("stopped", err=True)
     except KeyboardInterrupt:
         # uvicorn has already shut down gracefully and re-raised Ctrl-C: a normal stop.
         click.echo("stopped", err=True)
     finally:
-        engine.close()
+        loaded.close()
 
 
 def _check_port_free(host: str, port: int) -> None:

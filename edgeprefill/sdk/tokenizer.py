@@ -33,14 +33,15 @@ class BundleTokenizer:
             self.chat_template = ChatTemplate(info.chat_template, tokens)
         self.vocab_size = manifest.model.vocab_size
 
-    def encode(self, prompt: Prompt) -> list[int]:
+    def encode(self, prompt: Prompt, **chat: Any) -> list[int]:
         """Token ids of a prompt: text (the tokenizer adds its special tokens, e.g. BOS),
-        chat messages (rendered with the bundle's chat template), or ids as given."""
+        chat messages (rendered with the bundle's chat template; `chat` goes to
+        `render_chat`, e.g. tools=...), or ids as given."""
         if isinstance(prompt, str):
             return self._require().encode(prompt, add_special_tokens=True).ids
         items = list(prompt)
         if items and all(isinstance(m, dict) for m in items):
-            text = self.render_chat(items)
+            text = self.render_chat(items, **chat)
             # The template writes the special tokens itself (as transformers does).
             return self._require().encode(text, add_special_tokens=False).ids
         if all(isinstance(t, int) and not isinstance(t, bool) for t in items):

@@ -3,6 +3,7 @@
     POST /v1/completions         text or token-id prompt
     POST /v1/chat/completions    messages, rendered with the bundle's chat template
     GET  /v1/models              the one model this server holds
+    /tokenize, /detokenize, /v1/models/{id}, /version: server/routes_extra.py
     GET  /health                 liveness (never needs the API key)
     GET  /metrics                Prometheus text format
 
@@ -34,15 +35,19 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from edgeprefill.errors import EdgeprefillError, EngineClosedError, RequestError
 from edgeprefill.sdk.engine import Engine
 from edgeprefill.sdk.stream import TokenStream
+from edgeprefill.server import access_log
+from edgeprefill.server.access_log import AccessLog
 from edgeprefill.server.body import read_json
 from edgeprefill.server.choices import Choices
 from edgeprefill.server.errors import ApiError
 from edgeprefill.server.metrics import ServerMetrics
 from edgeprefill.server.prompt_worker import PromptTimeout, PromptWorkers
 from edgeprefill.server.responses import Shape
+from edgeprefill.server.routes_extra import ExtraRoutes, model_card
 from edgeprefill.server.schemas import CompletionRequest, parse_chat, parse_completion
 from edgeprefill.server.shutdown import ShutdownCut
 from edgeprefill.server.sse import EventStreamResponse, completion_events
+from edgeprefill.server.tools import reply_parser, template_vars
 
 OPEN_PATHS = frozenset({"/health"})  # answered without the API key (liveness probes)
 
@@ -89,14 +94,20 @@ def body_limit(config: ServerConfig, context: int) -> int:
 def create_app(engine: Engine, config: ServerConfig) -> Starlette:
     """An ASGI app serving `engine`; the caller owns the engine and closes it."""
     api = OpenAIApi(engine, config)
+    extra = ExtraRoutes(
+        engine, config.model_name, api.started,
+        lambda request: read_json(request, api.max_body_bytes, config.body_timeout_s),
+        api.prompts.call)
     routes = [
         Route("/v1/completions", api.completions, methods=["POST"]),
         Route("/v1/chat/completions", api.chat_completions, methods=["POST"]),
         Route("/v1/models", api.models, methods=["GET"]),
         Route("/health", api.health, methods=["GET"]),
         Route("/metrics", api.prometheus, methods=["GET"]),
+        *extra.routes(),
     ]
-    middleware = [Middleware(ShutdownCut)]  # outermost: sees a shutdown's cancellation
+    middleware = [Middleware(ShutdownCut),  # outermost: sees a shutdown's cancellation
+                  Middleware(AccessLog)]  # outside the key check: it logs the 401s too
     if config.api_key is not None:
         middleware.append(Middleware(ApiKeyMiddleware, key=config.api_key,
                                      on_reject=api.metrics.reject))
@@ -141,8 +152,7 @@ class OpenAIApi:
         return await self._complete(request, chat=True)
 
     async def models(self, request: Request) -> Response:
-        model = {"id": self.config.model_name, "object": "model", "created": self.started,
-                 "owned_by": "edgeprefill", "context_length": self.engine.capacity}
+        model = model_card(self.engine, self.config.model_name, self.started)
         return JSONResponse({"object": "list", "data": [model]})
 
     async def health(self, request: Request) -> Response:
@@ -160,10 +170,12 @@ class OpenAIApi:
             parsed = parse_chat(body) if chat else parse_completion(body)
             self._check_model(parsed.model)
             stream = await self._submit(parsed)
+            access_log.note(request, stream)
         except ApiError as err:
             self.metrics.reject(err.status)
             return err.response()
-        shape = Shape.new(chat, self.config.model_name)
+        shape = Shape.new(chat, self.config.model_name,
+                          reply_parser(parsed.tools, self.engine.manifest))
         close = self._closer(endpoint, stream)
         if parsed.stream:
             events = completion_events(stream, shape, parsed.include_usage)
@@ -219,7 +231,8 @@ class OpenAIApi:
             except RequestError as err:
                 raise ApiError(400, str(err), req.prompt_field) from None
         try:
-            return await self.prompts.call("encode_bounded", req.prompt, self.engine.capacity)
+            return await self.prompts.call("encode_bounded", req.prompt, self.engine.capacity,
+                                           **template_vars(req.tools, self.engine.manifest))
         except PromptTimeout as err:
             raise ApiError(400, str(err), req.prompt_field, "prompt_timeout") from None
         except RequestError as err:  # no chat template, the template raised, ...

@@ -195,11 +195,12 @@ def _serve(conn: Connection, bundle_dir: str) -> None:
         conn.send(_run(tokenizer, method, args, kwargs))
 
 
-def encode_bounded(tokenizer: Any, prompt: Any, limit: int) -> list[int] | int:
+def encode_bounded(tokenizer: Any, prompt: Any, limit: int, **chat: Any) -> list[int] | int:
     """The prompt's ids, or only their count when there are more than `limit`: a prompt
     that cannot fit is refused anyway, and shipping a million ids back to the server
-    would cost its event loop the time to unpickle them."""
-    ids = tokenizer.encode(prompt)
+    would cost its event loop the time to unpickle them. `chat`: template variables
+    (tools)."""
+    ids = tokenizer.encode(prompt, **chat)
     return ids if len(ids) <= limit else len(ids)
 
 

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import time
 import uuid
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 from edgeprefill.sdk.stream import TokenEvent, TokenStream
 from edgeprefill.server.choices import Choices
 from edgeprefill.server.logprobs import logprobs_body
+from edgeprefill.server.tool_parsers import Piece, ToolParser
 
 
 @dataclass(frozen=True)
@@ -19,11 +21,21 @@ class Shape:
     model: str
     id: str
     created: int
+    # Chat with tools: a new parser per reply (calls are parsed out of the text).
+    tool_parser: Callable[[], ToolParser] | None = None
+    # Streamed replies' tool-call state, by choice index (mutable, one per request).
+    _streamed: dict[int, ToolDeltas] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
-    def new(cls, chat: bool, model: str) -> Shape:
+    def new(cls, chat: bool, model: str,
+            tool_parser: Callable[[], ToolParser] | None = None) -> Shape:
         prefix = "chatcmpl" if chat else "cmpl"
-        return cls(chat, model, f"{prefix}-{uuid.uuid4().hex}", int(time.time()))
+        return cls(chat, model, f"{prefix}-{uuid.uuid4().hex}", int(time.time()),
+                   tool_parser if chat else None)
+
+    @property
+    def parses_tools(self) -> bool:
+        return self.tool_parser is not None
 
     def _head(self, obj: str) -> dict:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
@@ -38,14 +50,49 @@ class Shape:
 
     def _choice(self, index: int, stream: TokenStream) -> dict:
         if self.chat:
-            choice = {"index": index, "message": {"role": "assistant", "content": stream.text},
-                      "logprobs": None, "finish_reason": stream.finish_reason}
+            message, finish = self._message(stream)
+            choice = {"index": index, "message": message, "logprobs": None,
+                      "finish_reason": finish}
         else:
             choice = {"index": index, "text": stream.text, "logprobs": None,
                       "finish_reason": stream.finish_reason}
         if stream.logprobs:
             choice["logprobs"] = logprobs_body(self.chat, stream.logprobs)
         return choice
+
+    def _message(self, stream: TokenStream) -> tuple[dict, str | None]:
+        """A whole chat reply's message and finish reason, with its tool calls if any."""
+        message = {"role": "assistant", "content": stream.text}
+        if self.tool_parser is None:
+            return message, stream.finish_reason
+        parsed = self.tool_parser().parse(stream.text)
+        if not parsed.calls:
+            return {**message, "content": parsed.content}, stream.finish_reason
+        message = {"role": "assistant", "content": parsed.content.strip() or None,
+                   "tool_calls": [c.to_openai() for c in parsed.calls]}
+        return message, "tool_calls" if stream.finish_reason == "stop" else stream.finish_reason
+
+    def chunks(self, text: str, index: int = 0) -> list[dict]:
+        """The streamed chunks of newly generated text: content, or tool-call deltas."""
+        tools = self._tool_deltas(index)
+        if tools is None:
+            return [self.chunk(text, index=index)] if text else []
+        return [self.delta_chunk(d, index=index) for d in tools.feed(text)]
+
+    def last_chunks(self, finish_reason: str | None, index: int = 0) -> list[dict]:
+        """What the reply still holds back, then the chunk with the finish reason."""
+        tools = self._tool_deltas(index)
+        if tools is None:
+            return [self.chunk("", finish_reason, index=index)]
+        rest = [self.delta_chunk(d, index=index) for d in tools.finish()]
+        return [*rest, self.chunk("", tools.finish_reason(finish_reason), index=index)]
+
+    def _tool_deltas(self, index: int) -> ToolDeltas | None:
+        if self.tool_parser is None:
+            return None
+        if index not in self._streamed:
+            self._streamed[index] = ToolDeltas(self.tool_parser())
+        return self._streamed[index]
 
     def chunk(self, text: str | None, finish_reason: str | None = None,
               logprobs: list[TokenEvent] | None = None, text_offset: int = 0,
@@ -54,15 +101,23 @@ class Shape:
         if self.chat:
             delta = {"role": "assistant", "content": ""} if text is None else (
                 {"content": text} if text else {})
-            choice = {"index": index, "delta": delta, "logprobs": None,
-                      "finish_reason": finish_reason}
-            body = self._head("chat.completion.chunk")
-        else:
-            choice = {"index": index, "text": text or "", "logprobs": None,
-                      "finish_reason": finish_reason}
-            body = self._head("text_completion")
+            return self.delta_chunk(delta, finish_reason, index, logprobs)
+        choice = {"index": index, "text": text or "", "logprobs": None,
+                  "finish_reason": finish_reason}
         if logprobs:
-            choice["logprobs"] = logprobs_body(self.chat, logprobs, text_offset)
+            choice["logprobs"] = logprobs_body(False, logprobs, text_offset)
+        body = self._head("text_completion")
+        body["choices"] = [choice]
+        return body
+
+    def delta_chunk(self, delta: dict, finish_reason: str | None = None, index: int = 0,
+                    logprobs: list[TokenEvent] | None = None) -> dict:
+        """A chat chunk carrying `delta`."""
+        choice = {"index": index, "delta": delta, "logprobs": None,
+                  "finish_reason": finish_reason}
+        if logprobs:
+            choice["logprobs"] = logprobs_body(True, logprobs, 0)
+        body = self._head("chat.completion.chunk")
         body["choices"] = [choice]
         return body
 
@@ -80,3 +135,40 @@ def usage(stream: TokenStream | Choices) -> dict:
         len(stream.token_ids)
     return {"prompt_tokens": prompt, "completion_tokens": completion,
             "total_tokens": prompt + completion}
+
+
+class ToolDeltas:
+    """The tool-call side of one streamed chat reply. OpenAI streams a call as deltas
+    of `tool_calls[index]`: first its id, type and function name with empty arguments,
+    then pieces of the arguments (as they are generated where the format allows it, in
+    one piece once the call has parsed otherwise)."""
+
+    def __init__(self, parser: ToolParser) -> None:
+        self.parser = parser
+        self.calls = 0
+
+    def feed(self, text: str) -> list[dict]:
+        return self._deltas(self.parser.feed(text)) if text else []
+
+    def finish(self) -> list[dict]:
+        return self._deltas(self.parser.finish())
+
+    def finish_reason(self, reason: str | None) -> str | None:
+        return "tool_calls" if self.calls and reason == "stop" else reason
+
+    def _deltas(self, pieces: list[Piece]) -> list[dict]:
+        deltas: list[dict] = []
+        for piece in pieces:
+            call = piece.call or piece.begin
+            if call is not None:  # a new call: its id, type and name first
+                self.calls += 1
+                deltas.append({"tool_calls": [{
+                    "index": self.calls - 1, "id": call.id, "type": "function",
+                    "function": {"name": call.name, "arguments": ""}}]})
+            arguments = piece.call.arguments if piece.call is not None else piece.arguments
+            if arguments:  # then its arguments, whole or as they are generated
+                deltas.append({"tool_calls": [{"index": self.calls - 1,
+                                               "function": {"arguments": arguments}}]})
+            elif call is None:
+                deltas.append({"content": piece.text})
+        return deltas

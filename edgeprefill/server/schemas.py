@@ -12,7 +12,7 @@ extensions: `priority`, `chunk_size`, `top_k`, `min_p`, `repetition_penalty`,
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from edgeprefill.errors import RequestError
@@ -21,6 +21,7 @@ from edgeprefill.sdk.priority import parse_priority
 from edgeprefill.sdk.tokenizer import Prompt
 from edgeprefill.server.errors import ApiError
 from edgeprefill.server.structured import parse_constraint
+from edgeprefill.server.tools import ToolRequest, message_fields, parse_tools
 
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 MAX_SEED = 2**63 - 1
@@ -32,7 +33,6 @@ UNSUPPORTED: dict[str, tuple[Any, ...]] = {
     "best_of": (1,),
     "echo": (False,),
     "suffix": ("",),
-    "tools": ([],),
     "functions": ([],),
     "function_call": ("none",),
     "audio": (),
@@ -46,7 +46,7 @@ UNSUPPORTED: dict[str, tuple[Any, ...]] = {
 }
 # OpenAI platform bookkeeping that cannot change a local model's output.
 IGNORED = frozenset({"user", "metadata", "store", "service_tier", "prompt_cache_key",
-                     "safety_identifier", "parallel_tool_calls", "tool_choice"})
+                     "safety_identifier"})
 # Every field some part of this server reads; any other field is a 400 naming it.
 KNOWN = frozenset({
     "model", "prompt", "messages", "max_tokens", "max_completion_tokens", "temperature",
@@ -54,7 +54,7 @@ KNOWN = frozenset({
     "frequency_penalty", "logit_bias", "logprobs", "top_logprobs", "seed", "stop",
     "stream", "stream_options", "ignore_eos", "priority", "chunk_size", "response_format",
     "guided_json", "guided_regex", "guided_choice", "guided_grammar", "grammar",
-    "json_schema", "n",
+    "json_schema", "n", "tools", "tool_choice", "parallel_tool_calls",
 }) | IGNORED | frozenset(UNSUPPORTED)
 MAX_COMPLETION_LOGPROBS = 5  # /v1/completions' `logprobs` limit (OpenAI)
 MAX_N = 16  # choices per request: each takes a KV slot
@@ -73,18 +73,26 @@ class CompletionRequest:
     n: int = 1  # choices: one prefill of the prompt, n decodes
     # The sampling fields the body set; the others take the bundle's generation_config.
     given: frozenset[str] = frozenset()
+    tools: ToolRequest | None = None  # chat: tools and tool_choice (server/tools.py)
 
 
 def parse_completion(body: Any) -> CompletionRequest:
     body = _object(body)
+    for name in ("tools", "tool_choice"):
+        if body.get(name) not in (None, []):
+            raise ApiError(400, f"'{name}' is a chat field: use /v1/chat/completions", name)
     return _request(body, _prompt(body.get("prompt")), COMPLETION_DEFAULT_MAX_TOKENS, "prompt")
 
 
 def parse_chat(body: Any) -> CompletionRequest:
     body = _object(body)
     messages = _messages(body.get("messages"))
+    tools = parse_tools(body)
     # Chat replies run to EOS or the context limit unless capped, as with OpenAI.
-    return _request(body, messages, None, "messages")
+    request = _request(body, messages, None, "messages")
+    if tools is None:
+        return request
+    return replace(request, tools=tools, params=tools.constrain(request.params))
 
 
 # -- the shared fields --------------------------------------------------------------------
@@ -219,7 +227,7 @@ def _message(message: Any, index: int) -> dict[str, str]:
     if not isinstance(content, str):
         raise ApiError(400, f"{param}.content must be a string or a list of text parts",
                        f"{param}.content")
-    return {"role": message["role"], "content": content}
+    return {"role": message["role"], "content": content, **message_fields(message, param)}
 
 
 def _stop(value: Any) -> tuple[str, ...]:

@@ -33,17 +33,20 @@ async def completion_events(
             yield sse(shape.chunk(None, index=i))  # the role, at once: clients show "typing"
     offsets = [0] * len(choices.streams)
     async for i, event in choices.indexed():
-        if event.logprob is not None:  # one chunk per token, as OpenAI streams logprobs
+        if event.logprob is not None and not shape.parses_tools:
+            # one chunk per token, as OpenAI streams logprobs
             yield sse(shape.chunk(event.text, logprobs=[event], text_offset=offsets[i],
                                   index=i))
-        elif event.text:
-            yield sse(shape.chunk(event.text, index=i))
+        else:
+            for chunk in shape.chunks(event.text, index=i):  # text, or parsed tool calls
+                yield sse(chunk)
         offsets[i] += len(event.text)
     if choices.finish_reason == "error":
         yield sse(ApiError(500, choices.error or "generation failed", code="engine_error").body())
     else:
         for i, s in enumerate(choices.streams):
-            yield sse(shape.chunk("", s.finish_reason, index=i))
+            for chunk in shape.last_chunks(s.finish_reason, index=i):
+                yield sse(chunk)
         if include_usage:
             yield sse(shape.usage_chunk(stream))
     yield sse("[DONE]")

@@ -1,0 +1,194 @@
+"""`edgeprefill run --interactive`: a multi-turn chat in the terminal.
+
+Lines starting with `/` are commands handled here and never sent to the model. Ctrl-C
+while a reply is printed stops that reply (the request is cancelled and its KV slot
+freed) and the chat goes on; Ctrl-C at the prompt clears the line; Ctrl-D or /exit
+quits. On a terminal the line has readline's editing and a history kept across runs.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import NamedTuple
+
+import click
+
+from edgeprefill.cli.report import request_line
+from edgeprefill.cli.run_modes import stream_out
+from edgeprefill.sdk import Engine, GenerationParams
+from edgeprefill.sdk.stream import TokenStream
+
+HISTORY = Path(os.environ.get("XDG_STATE_HOME", Path.home() / ".local" / "state")) / \
+    "edgeprefill" / "chat_history"
+HISTORY_LINES = 1000
+
+
+class Command(NamedTuple):
+    handler: Callable[[ChatLoop, str], bool]  # False: leave the chat
+    usage: str
+    help: str
+
+
+class ChatLoop:
+    """Reads a line, answers it, repeats. `read` and `write` are injectable so the loop
+    can be driven without a terminal (tests, embedding)."""
+
+    def __init__(
+        self, engine: Engine, params: GenerationParams, system: str | None = None,
+        stats: bool = False, chat: bool = False,
+        read: Callable[[], str] | None = None, write: Callable[[str], None] | None = None,
+    ) -> None:
+        self.engine = engine
+        self.params = params
+        self.system = system
+        self.stats = stats
+        # Raw text turns only for a bundle without a template, and never with a system message.
+        self.use_chat = chat or system is not None or \
+            engine.manifest.tokenizer.chat_template is not None
+        self.read = read or _terminal_reader()
+        self.write = write or (lambda text: click.echo(text, nl=False))
+        self.session = engine.session()
+        self.first_turn = True
+
+    def run(self) -> None:
+        _note("edgeprefill chat: type a message; /help lists the commands, /exit quits")
+        try:
+            while self._one_line():
+                pass
+        finally:
+            self.session.close()
+
+    def _one_line(self) -> bool:
+        try:
+            text = self.read()
+        except EOFError:
+            return False
+        except KeyboardInterrupt:  # at the prompt: drop the line, keep the chat
+            _note("\n(/exit or Ctrl-D quits)")
+            return True
+        text = text.strip()
+        if not text:
+            return True
+        if text.startswith("/"):
+            return self._command(text)
+        self._reply(text)
+        return True
+
+    def _command(self, text: str) -> bool:
+        name, _, argument = text.partition(" ")
+        command = COMMANDS.get(name)
+        if command is None:
+            _note(f"unknown command {name}; /help lists them (start a message with a space "
+                  "to send a '/' to the model)")
+            return True
+        return command.handler(self, argument.strip())
+
+    def _reply(self, text: str) -> None:
+        stream = self._submit(text)
+        _note("model> ", newline=False)
+        try:
+            stream_out(stream, self.write)
+        except KeyboardInterrupt:  # Ctrl-C stops this reply, not the chat
+            stream.cancel()
+            stream.result()  # wait for the cancel, so the next turn can start
+            self.write("\n")
+            _note("(reply stopped)")
+        if self.stats:
+            _note(request_line(stream.metrics))
+
+    def _submit(self, text: str) -> TokenStream:
+        if not self.use_chat:
+            return self.session.generate(text, self.params)
+        messages = [{"role": "user", "content": text}]
+        if self.first_turn and self.system is not None:
+            messages.insert(0, {"role": "system", "content": self.system})
+        self.first_turn = False
+        return self.session.generate(messages, self.params)
+
+    # -- commands ---------------------------------------------------------------------
+
+    def help(self, argument: str) -> bool:
+        width = max(len(c.usage) for c in COMMANDS.values())
+        _note("\n".join(f"  {c.usage:<{width}}  {c.help}" for c in COMMANDS.values()))
+        return True
+
+    def reset(self, argument: str) -> bool:
+        self.session.close()
+        self.session = self.engine.session()
+        self.first_turn = True
+        _note("(new conversation" + (" with the same system message)" if self.system else ")"))
+        return True
+
+    def set_system(self, argument: str) -> bool:
+        if not self.use_chat:
+            _note("this bundle has no chat template, so there is no system message")
+            return True
+        self.system = argument or None
+        _note("(system message " + ("set" if argument else "cleared") + ")")
+        return self.reset("")
+
+    def exit(self, argument: str) -> bool:
+        return False
+
+
+COMMANDS: dict[str, Command] = {
+    "/help": Command(ChatLoop.help, "/help", "this list"),
+    "/reset": Command(ChatLoop.reset, "/reset", "forget the conversation, start a new one"),
+    "/system": Command(ChatLoop.set_system, "/system TEXT",
+                       "start a new conversation with this system message (none: clear it)"),
+    "/exit": Command(ChatLoop.exit, "/exit", "leave (Ctrl-D too)"),
+}
+COMMANDS["/quit"] = COMMANDS["/exit"]._replace(usage="/quit", help="the same as /exit")
+
+
+def _note(text: str, newline: bool = True) -> None:
+    """Everything but the model's words goes to stderr, so stdout holds only replies."""
+    click.echo(text, err=True, nl=newline)
+
+
+def _terminal_reader() -> Callable[[], str]:
+    """input() with readline's line editing and a saved history on a terminal; plain
+    lines from stdin otherwise (a pipe, a test)."""
+    if not sys.stdin.isatty():
+        return _piped_line
+    try:
+        import readline
+    except ImportError:  # Windows without pyreadline: no editing, still a chat
+        return _prompted_line
+    _load_history(readline)
+    return _prompted_line
+
+
+def _prompted_line() -> str:
+    # The prompt goes through input() so readline redraws it while the line is edited;
+    # on a terminal stdout is the screen anyway.
+    return input("you> ")
+
+
+def _piped_line() -> str:
+    line = sys.stdin.readline()
+    if not line:
+        raise EOFError
+    return line
+
+
+def _load_history(readline) -> None:
+    import atexit
+
+    try:
+        readline.read_history_file(HISTORY)
+    except OSError:
+        pass  # first run, or no such folder yet
+    readline.set_history_length(HISTORY_LINES)
+
+    def save() -> None:
+        try:
+            HISTORY.parent.mkdir(parents=True, exist_ok=True)
+            readline.write_history_file(HISTORY)
+        except OSError:
+            pass  # a read-only home must not break leaving the chat
+
+    atexit.register(save)

@@ -1,0 +1,191 @@
+"""The routes beside the OpenAI ones, in the shapes llama-server and vLLM give them.
+
+    POST /tokenize          text (`prompt`: vLLM, `content`: llama-server) or chat
+                            `messages` -> token ids, their count and the context length
+    POST /detokenize        token ids -> text (as `prompt`, vLLM, and `content`, llama-server)
+    GET  /v1/models/{id}    one model, or 404
+    GET  /version           the edgeprefill version and backend
+
+Tokenizing runs off the event loop (`TokenizerCall`: a worker thread, or the server's
+prompt workers where it has them): a long text or chat template must not hold up the loop
+that streams everyone's tokens.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from edgeprefill import __version__
+from edgeprefill.errors import RequestError
+from edgeprefill.sdk.engine import Engine
+from edgeprefill.server.errors import ApiError
+from edgeprefill.server.tools import message_fields
+
+ReadJson = Callable[[Request], Awaitable[Any]]
+# `await call("encode", prompt, **template_vars)`: a BundleTokenizer method, off the loop.
+TokenizerCall = Callable[..., Awaitable[Any]]
+
+# Each route's accepted fields: anything else is a 400 naming it, not silently ignored.
+TOKENIZE_FIELDS = frozenset({"model", "prompt", "content", "messages", "add_special_tokens",
+                             "add_special", "add_generation_prompt", "tools",
+                             "return_token_strs", "with_pieces"})
+DETOKENIZE_FIELDS = frozenset({"model", "tokens", "skip_special_tokens"})
+
+
+def model_card(engine: Engine, model_name: str, created: int) -> dict:
+    """The model object of /v1/models and /v1/models/{id}."""
+    return {"id": model_name, "object": "model", "created": created,
+            "owned_by": "edgeprefill", "context_length": engine.capacity}
+
+
+class ExtraRoutes:
+    def __init__(self, engine: Engine, model_name: str, created: int, read_json: ReadJson,
+                 tokenizer_call: TokenizerCall | None = None) -> None:
+        self.engine = engine
+        self.model_name = model_name
+        self.created = created
+        self.read_json = read_json
+        self.call = tokenizer_call or self._thread_call
+
+    async def _thread_call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        return await run_in_threadpool(getattr(self.engine.tokenizer, method), *args, **kwargs)
+
+    def routes(self) -> list[Route]:
+        return [
+            Route("/tokenize", self.tokenize, methods=["POST"]),
+            Route("/detokenize", self.detokenize, methods=["POST"]),
+            Route("/v1/models/{model_id:path}", self.model, methods=["GET"]),
+            Route("/version", self.version, methods=["GET"]),
+        ]
+
+    async def tokenize(self, request: Request) -> Response:
+        try:
+            body = self._checked(await self.read_json(request), TOKENIZE_FIELDS)
+            ids = await self._encode(body)
+            body_out: dict[str, Any] = {"count": len(ids), "max_model_len": self.engine.capacity}
+            body_out["tokens"] = self._pieces(ids) if _flag(body, "with_pieces") else ids
+            if _flag(body, "return_token_strs"):
+                body_out["token_strs"] = [self._piece(i) for i in ids]
+        except ApiError as err:
+            return err.response()
+        return JSONResponse(body_out)
+
+    async def detokenize(self, request: Request) -> Response:
+        try:
+            body = self._checked(await self.read_json(request), DETOKENIZE_FIELDS)
+            ids = body.get("tokens")
+            if not isinstance(ids, list) or not all(_is_int(t) for t in ids):
+                raise ApiError(400, "'tokens' must be a list of token ids", "tokens")
+            skip = _flag(body, "skip_special_tokens")
+            text = await run_in_threadpool(self._decode, ids, skip)
+        except ApiError as err:
+            return err.response()
+        return JSONResponse({"prompt": text, "content": text})
+
+    async def model(self, request: Request) -> Response:
+        model_id = request.path_params["model_id"]
+        if model_id != self.model_name:
+            return _unknown_model(model_id, self.model_name).response()
+        return JSONResponse(model_card(self.engine, self.model_name, self.created))
+
+    async def version(self, request: Request) -> Response:
+        return JSONResponse({"version": __version__, "backend": self.engine.config.backend,
+                             "device": self.engine.config.device})
+
+    # -- helpers ----------------------------------------------------------------------
+
+    def _checked(self, body: Any, allowed: frozenset[str]) -> dict:
+        if not isinstance(body, dict):
+            raise ApiError(400, "the request body must be a JSON object")
+        unknown = sorted(set(body) - allowed)
+        if unknown:
+            raise ApiError(400, f"'{unknown[0]}' is not a field of this route (known: "
+                           f"{', '.join(sorted(allowed))})", unknown[0])
+        model = body.get("model")
+        if model is not None and model != self.model_name:
+            raise _unknown_model(model, self.model_name)
+        return body
+
+    async def _encode(self, body: dict) -> list[int]:
+        given = [k for k in ("prompt", "content", "messages") if body.get(k) is not None]
+        if len(given) != 1:
+            raise ApiError(400, "send exactly one of 'prompt', 'content' or 'messages'")
+        field = given[0]
+        if field == "messages":
+            method, args, kwargs = "encode", (_messages(body),), _chat_options(body)
+        else:
+            text = body[field]
+            if not isinstance(text, str):
+                raise ApiError(400, f"'{field}' must be a string", field)
+            # vLLM adds the special tokens (BOS) unless told not to; llama-server does not.
+            special = _flag(body, "add_special_tokens", True) if field == "prompt" else \
+                _flag(body, "add_special", False)
+            method, args, kwargs = "encode" if special else "encode_plain", (text,), {}
+        try:
+            return await self.call(method, *args, **kwargs)
+        except RequestError as err:  # no tokenizer or template, a template error, too slow
+            raise ApiError(400, str(err), field) from None
+
+    def _decode(self, ids: list[int], skip_special: bool) -> str:
+        tokenizer = self.engine.tokenizer
+        bad = [t for t in ids if not 0 <= t < tokenizer.vocab_size]
+        if bad:
+            raise ApiError(400, f"token ids out of range [0, {tokenizer.vocab_size}): "
+                           f"{bad[:5]}", "tokens")
+        if tokenizer.tokenizer is None:
+            raise ApiError(400, "this bundle has no tokenizer", "tokens")
+        return tokenizer.tokenizer.decode(ids, skip_special_tokens=skip_special)
+
+    def _piece(self, token_id: int) -> str:
+        tokenizer = self.engine.tokenizer.tokenizer
+        return (tokenizer.id_to_token(token_id) if tokenizer is not None else None) or ""
+
+    def _pieces(self, ids: list[int]) -> list[dict]:
+        return [{"id": i, "piece": self._piece(i)} for i in ids]
+
+
+def _messages(body: dict) -> list[dict]:
+    messages = body["messages"]
+    if not isinstance(messages, list) or not messages or not all(
+        isinstance(m, dict) and isinstance(m.get("role"), str) for m in messages
+    ):
+        raise ApiError(400, "'messages' must be a non-empty list of messages with a 'role'",
+                       "messages")
+    # Tool calls in the history reach the template as in a chat request (arguments parsed).
+    return [{**m, "content": m.get("content") or "", **message_fields(m, f"messages[{i}]")}
+            for i, m in enumerate(messages)]
+
+
+def _chat_options(body: dict) -> dict:
+    options: dict[str, Any] = {"add_generation_prompt": _flag(body, "add_generation_prompt",
+                                                              True)}
+    tools = body.get("tools")
+    if tools is not None:
+        if not isinstance(tools, list):
+            raise ApiError(400, "'tools' must be a list of tool specs", "tools")
+        options["tools"] = tools
+    return options
+
+
+def _flag(body: dict, name: str, default: bool = False) -> bool:
+    value = body.get(name)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise ApiError(400, f"'{name}' must be true or false", name)
+    return value
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _unknown_model(model: str, served: str) -> ApiError:
+    return ApiError(404, f"model {model!r} does not exist; this server serves {served!r} "
+                    "(see GET /v1/models)", "model", "model_not_found")

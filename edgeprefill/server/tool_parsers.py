@@ -1,0 +1,348 @@
+"""Tool calls in a model's reply text, per call format, whole or as the text streams in.
+
+    hermes       `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`, any number,
+                 between ordinary text (ChatML / Hermes / Qwen2, Qwen2.5, Qwen3)
+    llama3_json  the whole reply is `{"name": ..., "parameters": {...}}` (Llama 3.1-3.3;
+                 several calls separated by `;`)
+    mistral      `[TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]`; the marker is a
+                 special token the detokenizer drops, so a reply that is such a JSON list
+                 counts too
+    forced_named, forced_required
+                 what `tool_choice` forces through a JSON-schema constraint (as vLLM
+                 does): the arguments object of the named function, or a JSON list of
+                 `{"name", "parameters"}`
+
+A parser never loses text: whatever does not parse as a call stays content.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from abc import ABC, abstractmethod
+from typing import Any, NamedTuple
+
+
+class ToolCall(NamedTuple):
+    name: str
+    arguments: str  # a JSON object, as text (OpenAI's `function.arguments`)
+    id: str
+
+    def to_openai(self) -> dict:
+        return {"id": self.id, "type": "function",
+                "function": {"name": self.name, "arguments": self.arguments}}
+
+
+class Parsed(NamedTuple):
+    content: str  # the text around the calls (may be empty)
+    calls: list[ToolCall]
+
+
+class Piece(NamedTuple):
+    """One step of a streamed reply: text to show, a whole tool call, the start of a call
+    (its id and name; the arguments follow), or more arguments of the call begun last."""
+
+    text: str = ""
+    call: ToolCall | None = None
+    begin: ToolCall | None = None  # arguments "" so far
+    arguments: str = ""
+
+    @property
+    def empty(self) -> bool:
+        return not (self.text or self.call or self.begin or self.arguments)
+
+
+def assemble(pieces: list[Piece]) -> Parsed:
+    """The content and calls the pieces of a reply add up to."""
+    content: list[str] = []
+    calls: list[ToolCall] = []
+    for piece in pieces:
+        if piece.call is not None or piece.begin is not None:
+            calls.append(piece.call or piece.begin)  # type: ignore[arg-type]
+        elif piece.arguments:
+            calls[-1] = calls[-1]._replace(arguments=calls[-1].arguments + piece.arguments)
+        else:
+            content.append(piece.text)
+    return Parsed("".join(content), calls)
+
+
+def new_call(name: str, arguments: Any) -> ToolCall:
+    text = arguments if isinstance(arguments, str) else json.dumps(arguments,
+                                                                    ensure_ascii=False)
+    return ToolCall(name, text, f"call_{uuid.uuid4().hex[:24]}")
+
+
+def _call_from(obj: Any, argument_keys: tuple[str, ...]) -> ToolCall | None:
+    """`{"name": str, <one of argument_keys>: object}` -> a call; anything else -> None."""
+    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
+        return None
+    arguments = next((obj[k] for k in argument_keys if k in obj), {})
+    if isinstance(arguments, str):  # some models double-encode: accept it if it is JSON
+        try:
+            arguments = json.loads(arguments)
+        except ValueError:
+            return None
+    if not isinstance(arguments, dict):
+        return None
+    return new_call(obj["name"], arguments)
+
+
+class ToolParser(ABC):
+    """Parses one reply. `feed` takes text as it streams and returns the pieces now
+    certain; `finish` returns the rest. `parse` does a whole text at once."""
+
+    def parse(self, text: str) -> Parsed:
+        return assemble([*self.feed(text), *self.finish()])
+
+    @abstractmethod
+    def feed(self, text: str) -> list[Piece]: ...
+
+    @abstractmethod
+    def finish(self) -> list[Piece]: ...
+
+
+class TaggedParser(ToolParser):
+    """Calls wrapped in an open and a close tag, ordinary text around them (hermes).
+    Blanks before a call and at the end of the reply are dropped.
+
+    Streamed, a call that starts `{"name": "...", "arguments": {` is sent as soon as its
+    name is known and its arguments follow as they are generated (as OpenAI streams
+    them); any other call is sent whole at its close tag. A whole reply (`parse`) is
+    only split at complete calls, and a call whose JSON does not parse stays text."""
+
+    open_tag = "<tool_call>"
+    close_tag = "</tool_call>"
+    argument_keys = ("arguments", "parameters")
+    # The start of a call whose arguments can stream: the name, then an arguments object.
+    head = re.compile(r'\s*\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*'
+                      r'"(?:arguments|parameters)"\s*:\s*(?=\{)')
+
+    def __init__(self, stream_arguments: bool = True) -> None:
+        self.stream_arguments = stream_arguments
+        self.buffer = ""  # text not yet returned
+        self.inside = False  # between an open tag and its close tag
+        self.scan: _ObjectScan | None = None  # the streaming call's arguments, once begun
+
+    def parse(self, text: str) -> Parsed:
+        whole = type(self)(stream_arguments=False)
+        return assemble([*whole.feed(text), *whole.finish()])
+
+    def feed(self, text: str) -> list[Piece]:
+        self.buffer += text
+        pieces: list[Piece] = []
+        while self._inside_step(pieces) if self.inside else self._outside_step(pieces):
+            pass
+        if not self.inside:
+            # Show the text up to its last non-blank character, keeping back what may
+            # begin an open tag: blanks right before a call are dropped, wherever the
+            # stream happens to be cut.
+            cut = len(self.buffer) - _partial_suffix(self.buffer, self.open_tag)
+            end = len(self.buffer[:cut].rstrip())
+            pieces.append(Piece(self.buffer[:end]))
+            self.buffer = self.buffer[end:]
+        return [p for p in pieces if not p.empty]
+
+    def finish(self) -> list[Piece]:
+        rest, self.buffer = self.buffer, ""
+        if self.inside:  # the reply ended inside a call: a call if it is one, else text
+            self.inside = False
+            return [] if self.scan is not None else [self._call_or_text(rest, closed=False)]
+        return [Piece(rest)] if rest.strip() else []
+
+    def _outside_step(self, pieces: list[Piece]) -> bool:
+        """Take the text up to an open tag, if there is one; True if something changed."""
+        at = self.buffer.find(self.open_tag)
+        if at < 0:
+            return False
+        pieces.append(Piece(self.buffer[:at].rstrip()))
+        self.buffer = self.buffer[at + len(self.open_tag):]
+        self.inside, self.scan = True, None
+        return True
+
+    def _inside_step(self, pieces: list[Piece]) -> bool:
+        """Inside a call: begin it, stream its arguments, or end it at the close tag."""
+        if self.stream_arguments and self.scan is None:
+            match = self.head.match(self.buffer)
+            if match:
+                pieces.append(Piece(begin=new_call(json.loads(match.group(1)), "")))
+                self.buffer, self.scan = self.buffer[match.end():], _ObjectScan()
+                return True
+        close = self.buffer.find(self.close_tag)
+        if self.scan is not None and not self.scan.done:
+            limit = close if close >= 0 else len(self.buffer)
+            taken = self.scan.consume(self.buffer[:limit])
+            if taken:
+                pieces.append(Piece(arguments=self.buffer[:taken]))
+                self.buffer = self.buffer[taken:]
+                return True
+        if close < 0:
+            return False
+        body, self.buffer = self.buffer[:close], self.buffer[close + len(self.close_tag):]
+        if self.scan is None:
+            pieces.append(self._call_or_text(body, closed=True))
+        self.inside, self.scan = False, None
+        return True
+
+    def _call_or_text(self, body: str, closed: bool) -> Piece:
+        try:
+            call = _call_from(json.loads(body), self.argument_keys)
+        except ValueError:
+            call = None
+        if call is None:
+            return Piece(f"{self.open_tag}{body}{self.close_tag if closed else ''}")
+        return Piece(call=call)
+
+
+class _ObjectScan:
+    """Finds where a JSON object ends in text that arrives in pieces (strings aware)."""
+
+    def __init__(self) -> None:
+        self.depth = 0
+        self.in_string = False
+        self.escaped = False
+        self.done = False
+
+    def consume(self, text: str) -> int:
+        """How many characters of `text` still belong to the object."""
+        for i, char in enumerate(text):
+            if self.in_string:
+                if self.escaped:
+                    self.escaped = False
+                elif char == "\\":
+                    self.escaped = True
+                elif char == '"':
+                    self.in_string = False
+            elif char == '"':
+                self.in_string = True
+            elif char in "{[":
+                self.depth += 1
+            elif char in "}]":
+                self.depth -= 1
+                if self.depth == 0:
+                    self.done = True
+                    return i + 1
+        return len(text)
+
+
+class WholeReplyParser(ToolParser):
+    """A reply that is entirely calls when it starts with one of `starts` (after blanks);
+    otherwise plain text, streamed as it comes."""
+
+    starts: tuple[str, ...] = ("{",)
+    argument_keys: tuple[str, ...] = ("parameters", "arguments")
+    separators = ";"  # between several calls
+
+    def __init__(self) -> None:
+        self.buffer = ""
+        self.mode: str | None = None  # None: undecided; "text" or "calls"
+
+    def feed(self, text: str) -> list[Piece]:
+        if self.mode == "text":
+            return [Piece(text)] if text else []
+        self.buffer += text
+        head = self.buffer.lstrip()
+        if self.mode is None and head:
+            if any(s.startswith(head) or head.startswith(s) for s in self.starts):
+                if any(head.startswith(s) for s in self.starts):
+                    self.mode = "calls"
+                return []  # still possibly a call: hold the text
+            self.mode = "text"
+            rest, self.buffer = self.buffer, ""
+            return [Piece(rest)]
+        return []
+
+    def finish(self) -> list[Piece]:
+        rest, self.buffer = self.buffer, ""
+        if self.mode == "text" or not rest:
+            return [Piece(rest)] if rest else []
+        calls = self.calls(rest.strip())
+        if calls is None:
+            return [Piece(rest)]
+        return [Piece(call=c) for c in calls]
+
+    def calls(self, text: str) -> list[ToolCall] | None:
+        """The calls of a whole reply, or None if it is not (entirely) calls."""
+        objects = _json_values(text, self.separators)
+        if objects is None:
+            return None
+        calls = [_call_from(o, self.argument_keys) for o in objects]
+        return None if not calls or None in calls else calls  # type: ignore[return-value]
+
+
+class Llama3JsonParser(WholeReplyParser):
+    starts = ("{", "<|python_tag|>")
+
+    def calls(self, text: str) -> list[ToolCall] | None:
+        return super().calls(text.removeprefix("<|python_tag|>").strip())
+
+
+class MistralParser(WholeReplyParser):
+    starts = ("[TOOL_CALLS]", "[{")
+    argument_keys = ("arguments", "parameters")
+
+    def calls(self, text: str) -> list[ToolCall] | None:
+        text = text.removeprefix("[TOOL_CALLS]").strip()
+        try:
+            value = json.loads(text)
+        except ValueError:
+            return None
+        values = value if isinstance(value, list) else [value]
+        calls = [_call_from(v, self.argument_keys) for v in values]
+        return None if not calls or None in calls else calls  # type: ignore[return-value]
+
+
+class ForcedNamedParser(WholeReplyParser):
+    """`tool_choice` named a function: the whole reply is its arguments object."""
+
+    starts = ("",)
+
+    def __init__(self, name: str) -> None:
+        super().__init__()
+        self.name = name
+
+    def calls(self, text: str) -> list[ToolCall] | None:
+        try:
+            arguments = json.loads(text)
+        except ValueError:
+            return None
+        return [new_call(self.name, arguments)] if isinstance(arguments, dict) else None
+
+
+class ForcedRequiredParser(MistralParser):
+    """`tool_choice: "required"`: the whole reply is a JSON list of calls."""
+
+    starts = ("",)
+    argument_keys = ("parameters",)
+
+
+PARSERS: dict[str, type[ToolParser]] = {
+    "hermes": TaggedParser,
+    "llama3_json": Llama3JsonParser,
+    "mistral": MistralParser,
+}
+
+
+def _partial_suffix(text: str, tag: str) -> int:
+    """Length of the longest end of `text` that is a proper start of `tag`."""
+    for n in range(min(len(tag) - 1, len(text)), 0, -1):
+        if text.endswith(tag[:n]):
+            return n
+    return 0
+
+
+def _json_values(text: str, separators: str) -> list[Any] | None:
+    """JSON values one after another, optionally separated by `separators`; None if
+    anything else is in the text."""
+    decoder = json.JSONDecoder()
+    values, at = [], 0
+    skip = re.compile(rf"[\s{re.escape(separators)}]*")
+    while True:
+        at = skip.match(text, at).end()  # type: ignore[union-attr]
+        if at == len(text):
+            return values
+        try:
+            value, at = decoder.raw_decode(text, at)
+        except ValueError:
+            return None
+        values.append(value)

@@ -1,0 +1,232 @@
+"""The interactive chat (commands, Ctrl-C), `run`'s prompt options, `--prompts` checks,
+samples/requests.jsonl and the README's commands on the shipped tiny model."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from edgeprefill.cli.chat import ChatLoop
+from edgeprefill.sdk import Engine, GenerationParams
+from tests.test_cli_errors import assert_one_line_error, cli
+
+ROOT = Path(__file__).resolve().parent.parent
+PARAMS = GenerationParams(max_new_tokens=3, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def engine(bundle) -> Iterator[Engine]:
+    engine = Engine.load(bundle("llama"), threads=1, kv_slots=2)
+    yield engine
+    engine.close()
+
+
+class Recorder:
+    """Records the token lists the engine is asked to prefill."""
+
+    def __init__(self, engine: Engine, monkeypatch) -> None:
+        self.prompts: list[list[int]] = []
+        submit = engine.submit
+
+        def recording(tokens, *args, **kwargs):
+            self.prompts.append(list(tokens))
+            return submit(tokens, *args, **kwargs)
+
+        monkeypatch.setattr(engine, "submit", recording)
+
+
+def lines(*texts: str):
+    """A fake terminal: returns the texts in turn, then EOF (Ctrl-D)."""
+    pending = list(texts)
+
+    def read() -> str:
+        if not pending:
+            raise EOFError
+        item = pending.pop(0)
+        if isinstance(item, BaseException):
+            raise item
+        return item
+
+    read.pending = pending  # type: ignore[attr-defined]
+    return read
+
+
+def test_chat_commands_are_handled_by_the_cli_never_sent_to_the_model(engine, monkeypatch,
+                                                                      capsys):
+    recorder = Recorder(engine, monkeypatch)
+    out: list[str] = []
+    read = lines("/help", "w5 w6", "/system w9", "w7", "/reset", "w8", "/bogus", "/exit",
+                 "never read")
+    ChatLoop(engine, PARAMS, read=read, write=out.append).run()
+    encode = engine.tokenizer.encode
+    assert recorder.prompts == [
+        encode([{"role": "user", "content": "w5 w6"}]),
+        encode([{"role": "system", "content": "w9"}, {"role": "user", "content": "w7"}]),
+        # /reset keeps the system message and forgets the turns.
+        encode([{"role": "system", "content": "w9"}, {"role": "user", "content": "w8"}]),
+    ]
+    assert read.pending == ["never read"]  # /exit left the loop
+    replies = "".join(out).splitlines()
+    assert len(replies) == 3 and all(len(r.split()) == 3 for r in replies)
+    err = capsys.readouterr().err
+    assert "/system TEXT" in err and "/reset" in err  # the /help text
+    assert "unknown command /bogus" in err
+
+
+def test_ctrl_c_stops_the_reply_and_the_chat_goes_on(engine, monkeypatch):
+    recorder = Recorder(engine, monkeypatch)
+    out: list[str] = []
+    interrupted = []
+
+    def write(text: str) -> None:
+        if text.strip() and not interrupted:  # Ctrl-C as the first word appears
+            interrupted.append(text)
+            raise KeyboardInterrupt
+        out.append(text)
+
+    long = GenerationParams(max_new_tokens=200, ignore_eos=True)
+    loop = ChatLoop(engine, long, read=lines("w5", KeyboardInterrupt(), "w6"), write=write)
+    loop.run()
+    assert len(recorder.prompts) == 2  # Ctrl-C at the prompt sent nothing
+    # The cut reply (1 token, or a few more before the cancel landed) is in the history.
+    second = recorder.prompts[1]
+    assert len(second) < len(recorder.prompts[0]) + 50
+    assert len("".join(out).split()) == 200  # the second reply ran in full
+    assert engine.metrics().kv_active == 0
+
+
+def test_interactive_run_through_the_command(bundle):
+    result = cli("run", bundle("llama"), "--interactive", "--max-new-tokens", "2",
+                 "--ignore-eos", stdin="/help\nw5\n\n/exit\nw6\n")
+    assert result.returncode == 0, result.stderr
+    assert len([line for line in result.stdout.splitlines() if line.strip()]) == 1
+    assert "/system TEXT" in result.stderr
+
+
+def test_run_system_message_goes_through_the_template(bundle):
+    path = bundle("llama")
+    result = cli("run", path, "--system", "w9", "-p", "w5 w6", "--max-new-tokens", "4",
+                 "--ignore-eos")
+    assert result.returncode == 0, result.stderr
+    with Engine.load(path, threads=1) as engine:
+        messages = [{"role": "system", "content": "w9"}, {"role": "user", "content": "w5 w6"}]
+        expected = engine.generate(messages, GenerationParams(max_new_tokens=4,
+                                                              ignore_eos=True)).result()
+    assert result.stdout.strip() == expected.text.strip()
+
+
+def test_ignore_eos_runs_past_the_end_of_sequence(bundle):
+    path = bundle("llama")
+    with Engine.load(path, threads=1) as engine:
+        stopped = [p for p in (f"w{i} w{i + 1}" for i in range(3, 60))
+                   if engine.generate(p, GenerationParams(max_new_tokens=12)).result()
+                   .finish_reason == "stop"]
+    if not stopped:
+        pytest.skip("no prompt of this random model reaches EOS within 12 tokens")
+    plain = cli("run", path, "-p", stopped[0], "--max-new-tokens", "12")
+    forced = cli("run", path, "-p", stopped[0], "--max-new-tokens", "12", "--ignore-eos")
+    assert len(plain.stdout.split()) < 12
+    assert len(forced.stdout.split()) == 12
+
+
+def test_run_refuses_empty_prompts_in_one_line(tiny_bundle):
+    # The shipped tokenizer adds <s>: an empty prompt would still generate.
+    assert_one_line_error(cli("run", tiny_bundle, "-p", ""), "the prompt is empty")
+    assert_one_line_error(cli("run", tiny_bundle, "-p", "  \n"), "the prompt is empty")
+
+
+@pytest.mark.parametrize("line, fragment", [
+    ('{"prompt": "w5", "max_tokens": 3}', "unknown key 'max_tokens'; known keys: prompt,"),
+    ('{"prompt": "w5", "temperature": -1}', "temperature"),
+    ('{"prompt": ""}', "'prompt' must be a non-empty string"),
+    ('{"prompt": "w5", "priority": "urgent"}', "priority"),
+    ('{"prompt": "w5", "delay_s": "soon"}', "soon"),
+    ('{"prompt": "w5"', "line 1"),
+])
+def test_prompts_file_refuses_bad_lines_in_one_line(tmp_path, line, fragment):
+    requests = tmp_path / "requests.jsonl"
+    requests.write_text(line + "\n")
+    # The bundle is never loaded: a bad line fails first (the path need not exist).
+    assert_one_line_error(cli("run", tmp_path, "--prompts", requests), "--prompts line 1",
+                          fragment)
+
+
+def test_the_shipped_requests_file_runs_and_each_answer_is_its_secret(tiny_bundle):
+    requests = ROOT / "samples" / "requests.jsonl"
+    result = cli("run", tiny_bundle, "--prompts", requests, "--stats")
+    assert result.returncode == 0, result.stderr
+    secrets = [re.search(r"the secret is (\w+)", json.loads(line)["prompt"]).group(1)
+               for line in requests.read_text().splitlines()]
+    answers = [line for line in result.stdout.splitlines()
+               if line and not line.startswith("---")]
+    assert answers == secrets
+    assert "engine:" in result.stderr
+
+
+def readme_commands(section: str) -> list[str]:
+    """The `edgeprefill ...` lines of a README section's first code block."""
+    text = (ROOT / "README.md").read_text()
+    block = text.split(section, 1)[1].split("```", 2)[1]
+    return [line.split(" #")[0].strip() for line in block.splitlines()
+            if line.startswith("edgeprefill ")]
+
+
+def test_the_readme_commands_after_make_demo_work_as_shown(tiny_bundle):
+    """`make demo` leaves build/tiny-recall; the README's next commands run on it."""
+    commands = [c for c in readme_commands("## Use it")
+                if c.startswith(("edgeprefill run", "edgeprefill inspect"))]
+    assert len(commands) >= 4
+    for command in commands:
+        args = command.split()[1:]
+        args = [str(tiny_bundle) if a == "build/tiny-recall" else a for a in args]
+        stdin = "what was the secret ?\n/exit\n" if "--interactive" in args else None
+        result = cli(*args, stdin=stdin)
+        assert result.returncode == 0, f"{command}: {result.stderr}"
+
+
+def test_a_real_ctrl_c_in_the_chat_stops_the_reply_not_the_chat(tiny_bundle):
+    import signal
+    import subprocess
+    import sys
+
+    command = [sys.executable, "-m", "edgeprefill", "run", str(tiny_bundle), "--interactive",
+               "--max-new-tokens", "1500", "--ignore-eos", "--threads", "1"]
+    chat = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    try:
+        chat.stdin.write("the secret is jade . what was the secret ?\n")
+        chat.stdin.flush()
+        shown = chat.stdout.read(20)  # the reply is under way
+        chat.send_signal(signal.SIGINT)
+        chat.stdin.write("/exit\n")
+        chat.stdin.close()
+        rest, err = chat.stdout.read(), chat.stderr.read()
+        assert chat.wait(timeout=60) == 0, err
+    finally:
+        chat.kill()
+    assert "(reply stopped)" in err and "Traceback" not in err
+    assert len((shown + rest).split()) < 1000  # cut long before its 1,500 tokens
+
+
+def test_on_a_terminal_the_chat_reads_with_readline_and_its_saved_history(tmp_path,
+                                                                          monkeypatch):
+    readline = pytest.importorskip("readline")
+    from edgeprefill.cli import chat
+
+    history = tmp_path / "chat_history"
+    history.write_text("w5 w6\n/system w9\n")
+    monkeypatch.setattr(chat, "HISTORY", history)
+    monkeypatch.setattr(chat.sys.stdin, "isatty", lambda: True, raising=False)
+    saved = []
+    monkeypatch.setattr("atexit.register", saved.append)  # not at this test's exit
+    readline.clear_history()
+    assert chat._terminal_reader() is chat._prompted_line  # input(): readline's editing
+    assert [readline.get_history_item(i) for i in (1, 2)] == ["w5 w6", "/system w9"]
+    readline.add_history("w7")
+    (save,) = saved
+    save()
+    assert history.read_text().splitlines()[-3:] == ["w5 w6", "/system w9", "w7"]

@@ -1,0 +1,71 @@
+"""Engine options are declared once: each is one config field, with the config's default,
+and `run`, `serve` and `bench` pass them to the engine unchanged."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import click
+import pytest
+from click.testing import CliRunner
+
+from edgeprefill.cli import bench_cmd, run_cmd, serve_cmd
+from edgeprefill.cli.main import cli
+from edgeprefill.cli.options import ENGINE_OPTIONS, parse_int_list
+from edgeprefill.sdk import EngineConfig, SchedulerConfig
+
+CONFIG_DEFAULTS = {f.name: f.default for c in (EngineConfig, SchedulerConfig)
+                   for f in dataclasses.fields(c)}
+
+
+def params(command: click.Command) -> dict[str, click.Parameter]:
+    return {p.name: p for p in command.params}
+
+
+def test_each_engine_option_is_one_config_field_with_the_configs_default():
+    for name in ENGINE_OPTIONS:
+        assert name in CONFIG_DEFAULTS, name
+        for command in (run_cmd.run, serve_cmd.serve):
+            assert params(command)[name].default == CONFIG_DEFAULTS[name], (command, name)
+
+
+def test_run_serve_and_bench_take_the_same_declarations():
+    run, serve, bench = params(run_cmd.run), params(serve_cmd.serve), params(bench_cmd.bench)
+    for name in ENGINE_OPTIONS:
+        assert run[name].opts == serve[name].opts
+    for name in ("backend", "device", "threads", "spin", "max_context", "itl_target_ms"):
+        assert bench[name].opts == run[name].opts
+
+
+def test_bench_hands_the_engine_options_to_every_run(bundle, monkeypatch):
+    seen = []
+
+    def capture(bundle_path, specs, workload):
+        seen.append(workload)
+        raise SystemExit(0)
+
+    monkeypatch.setattr(bench_cmd, "_run_all", capture)
+    CliRunner().invoke(cli, ["bench", str(bundle("llama")), "--backend", "onnxruntime",
+                             "--device", "cpu", "--threads", "1", "--no-spin",
+                             "--max-context", "256", "--chunk-sizes", "16"])
+    (workload,) = seen
+    assert (workload.backend, workload.device, workload.threads, workload.spin,
+            workload.max_context) == ("onnxruntime", "cpu", 1, False, 256)
+    assert workload.prompt_tokens == 256 * 3 // 4  # the default follows --max-context
+
+
+def test_a_wrong_device_or_backend_is_refused_by_every_command(bundle):
+    for command in ("run", "serve", "bench"):
+        result = CliRunner().invoke(cli, [command, str(bundle("llama")), "--device", "tpu"])
+        assert result.exit_code == 2 and "'tpu' is not one of" in result.output
+
+
+@pytest.mark.parametrize("text, expected", [("16,64", [16, 64]), ("8, 32,", [8, 32])])
+def test_the_integer_list_parser_reads_lists(text, expected):
+    assert parse_int_list(None, None, text) == expected
+
+
+@pytest.mark.parametrize("text", ["", "a,b", "0,16", "-4"])
+def test_the_integer_list_parser_refuses_anything_else(text):
+    with pytest.raises(click.BadParameter, match="positive integers like 16,64"):
+        parse_int_list(None, None, text)

@@ -1,0 +1,172 @@
+"""Tool-call parsing per call format, whole and streamed; the `tools`/`tool_choice` checks.
+No model: the replies are recorded texts in each family's format."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import pytest
+
+pytest.importorskip("starlette")
+
+from edgeprefill.server.errors import ApiError  # noqa: E402
+from edgeprefill.server.tool_parsers import (  # noqa: E402
+    PARSERS,
+    ForcedNamedParser,
+    ForcedRequiredParser,
+    ToolParser,
+    assemble,
+)
+from edgeprefill.server.tools import call_format, parse_tools  # noqa: E402
+
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "Weather of a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                   "required": ["city"]}}}
+TIME = {"type": "function", "function": {"name": "get_time", "parameters": {}}}
+
+# (format, reply text, expected content, expected calls as (name, arguments object))
+RECORDED = [
+    ("hermes", 'Let me look.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": '
+     '"Paris"}}\n</tool_call>', "Let me look.", [("get_weather", {"city": "Paris"})]),
+    ("hermes", '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n'
+     '</tool_call>\n<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>', "",
+     [("get_weather", {"city": "Oslo"}), ("get_time", {})]),
+    ("hermes", "No tools needed: 2 < 3 and <b>bold</b>.", "No tools needed: 2 < 3 and "
+     "<b>bold</b>.", []),
+    ("hermes", "<tool_call>\n{not json}\n</tool_call>", "<tool_call>\n{not json}\n</tool_call>",
+     []),
+    ("hermes", '<tool_call>{"name": "get_time", "arguments": {}}', "", [("get_time", {})]),
+    ("hermes", "trailing <tool_ca", "trailing <tool_ca", []),
+    ("llama3_json", '{"name": "get_weather", "parameters": {"city": "Rome"}}', "",
+     [("get_weather", {"city": "Rome"})]),
+    ("llama3_json", '<|python_tag|>{"name": "get_time", "parameters": {}}; '
+     '{"name": "get_weather", "parameters": {"city": "Lima"}}', "",
+     [("get_time", {}), ("get_weather", {"city": "Lima"})]),
+    ("llama3_json", "Hello {there}", "Hello {there}", []),
+    ("llama3_json", '{"name": "get_time"', '{"name": "get_time"', []),
+    ("mistral", '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Bern"}}]', "",
+     [("get_weather", {"city": "Bern"})]),
+    ("mistral", '[{"name": "get_time", "arguments": "{}"}]', "", [("get_time", {})]),
+    ("mistral", "[1, 2] are numbers", "[1, 2] are numbers", []),
+]
+
+
+def calls_of(calls) -> list[tuple[str, dict]]:
+    return [(c.name, json.loads(c.arguments)) for c in calls]
+
+
+def streamed(parser: ToolParser, text: str, step: int) -> tuple[str, list]:
+    pieces = []
+    for i in range(0, len(text), step):
+        pieces.extend(parser.feed(text[i:i + step]))
+    pieces.extend(parser.finish())
+    parsed = assemble(pieces)
+    return parsed.content, parsed.calls
+
+
+@pytest.mark.parametrize("fmt, text, content, calls", RECORDED)
+def test_whole_reply_parses_into_content_and_calls(fmt, text, content, calls):
+    parsed = PARSERS[fmt]().parse(text)
+    assert parsed.content == content
+    assert calls_of(parsed.calls) == calls
+    assert all(c.id.startswith("call_") for c in parsed.calls)
+
+
+@pytest.mark.parametrize("step", [1, 2, 7])
+@pytest.mark.parametrize("fmt, text, content, calls", RECORDED)
+def test_streaming_in_any_pieces_gives_the_whole_replys_result(fmt, text, content, calls,
+                                                               step):
+    got_content, got_calls = streamed(PARSERS[fmt](), text, step)
+    assert got_content == content and calls_of(got_calls) == calls
+
+
+def test_hermes_streams_text_before_a_call_without_waiting_for_the_reply_to_end():
+    parser = PARSERS["hermes"]()
+    assert [p.text for p in parser.feed("Sure, ")] == ["Sure,"]  # a blank may precede a call
+    assert [p.text for p in parser.feed("checking <tool")] == [" checking"]  # tag held back
+    assert parser.feed('_call>{"name": "get_ti') == []
+    assert parser.feed('me", "arguments": ') == []  # not yet sure the arguments stream
+    begin, first = parser.feed('{"zone": "U')
+    assert begin.begin.name == "get_time" and begin.begin.arguments == ""
+    # The arguments stream as they come, up to the end of their object.
+    assert first.arguments == '{"zone": "U'
+    assert [p.arguments for p in parser.feed('TC", "x": "}"}')] == ['TC", "x": "}"}']
+    assert parser.feed("}\n") == [] and parser.feed("</tool_call>") == []
+    assert [p.text for p in parser.feed(" done")] == [" done"]
+
+
+def test_hermes_sends_a_call_it_cannot_stream_whole_at_its_close_tag():
+    parser = PARSERS["hermes"]()
+    assert parser.feed('<tool_call>{"arguments": {"a": 1}, "name": "f"}') == []
+    (piece,) = parser.feed("</tool_call>")
+    assert piece.call.name == "f" and json.loads(piece.call.arguments) == {"a": 1}
+
+
+def test_forced_replies_parse_to_the_named_or_listed_calls():
+    named = ForcedNamedParser("get_weather").parse('{"city": "Paris"}')
+    assert calls_of(named.calls) == [("get_weather", {"city": "Paris"})]
+    assert named.content == ""
+    required = ForcedRequiredParser().parse(
+        '[{"name": "get_time", "parameters": {}}, {"name": "get_weather", '
+        '"parameters": {"city": "Kyiv"}}]')
+    assert calls_of(required.calls) == [("get_time", {}), ("get_weather", {"city": "Kyiv"})]
+
+
+def manifest(template: str | None, family: str = "llama"):
+    return SimpleNamespace(tokenizer=SimpleNamespace(chat_template=template),
+                           model=SimpleNamespace(family=family))
+
+
+@pytest.mark.parametrize("template, family, expected", [
+    ("{% if tools %}<tool_call>{% endif %}", "llama", "hermes"),
+    ("{{ '[TOOL_CALLS]' }}", "llama", "mistral"),
+    ("<|start_header_id|>ipython<|end_header_id|>", "qwen2", "llama3_json"),
+    (None, "qwen3", "hermes"),
+    (None, "mistral", "mistral"),
+    (None, "llama", "llama3_json"),
+])
+def test_the_call_format_comes_from_the_template_then_the_family(template, family, expected):
+    assert call_format(manifest(template, family)) == expected
+
+
+def test_tool_choice_selects_the_parser_and_what_the_template_sees():
+    auto = parse_tools({"tools": [WEATHER, TIME]})
+    assert auto.choice == "auto" and auto.template_vars() == {"tools": [WEATHER, TIME]}
+    assert type(auto.parser(manifest("<tool_call>"))).__name__ == "TaggedParser"
+    none = parse_tools({"tools": [WEATHER], "tool_choice": "none"})
+    assert none.template_vars() == {} and none.parser(manifest(None)) is None
+    named = parse_tools({"tools": [WEATHER, TIME], "tool_choice": {
+        "type": "function", "function": {"name": "get_time"}}})
+    assert named.choice == "function" and named.function == "get_time"
+    assert named.schema() == {"type": "object", "properties": {}}
+    required = parse_tools({"tools": [WEATHER], "tool_choice": "required"})
+    item = required.schema()["items"]["anyOf"][0]
+    assert item["properties"]["name"] == {"type": "string", "enum": ["get_weather"]}
+    assert item["properties"]["parameters"] == WEATHER["function"]["parameters"]
+    assert "maxItems" not in required.schema()
+    single = parse_tools({"tools": [WEATHER], "tool_choice": "required",
+                          "parallel_tool_calls": False})
+    assert single.schema()["maxItems"] == 1
+    assert parse_tools({"messages": []}) is None
+
+
+@pytest.mark.parametrize("body, param", [
+    ({"tool_choice": "auto"}, "tool_choice"),
+    ({"tools": {"name": "f"}}, "tools"),
+    ({"tools": [{"type": "function"}]}, "tools[0]"),
+    ({"tools": [{"type": "function", "function": {"name": "bad name"}}]},
+     "tools[0].function.name"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": []}}]},
+     "tools[0].function.parameters"),
+    ({"tools": [WEATHER, WEATHER]}, "tools"),
+    ({"tools": [WEATHER], "tool_choice": "sometimes"}, "tool_choice"),
+    ({"tools": [WEATHER], "parallel_tool_calls": "no"}, "parallel_tool_calls"),
+    ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}},
+     "tool_choice"),
+])
+def test_bad_tools_are_a_400_naming_the_field(body, param):
+    with pytest.raises(ApiError) as err:
+        parse_tools(body)
+    assert err.value.status == 400 and err.value.param == param
