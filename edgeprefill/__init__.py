@@ -7,7 +7,7 @@ __version__ = "0.1.0"
 __all__ = ["EdgeprefillError", "Engine", "GenerationParams", "__version__"]
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> object:
     # The SDK is imported lazily so `edgeprefill export` never loads the runtime and the
     # runtime never loads the exporter.
     if name in ("Engine", "GenerationParams"):

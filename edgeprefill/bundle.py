@@ -14,6 +14,7 @@ from pathlib import Path
 from types import UnionType
 from typing import Any, Union, get_args, get_origin, get_type_hints
 
+from edgeprefill.contract import check_graph_io
 from edgeprefill.errors import BundleError
 
 FORMAT_VERSION = 1
@@ -207,6 +208,7 @@ def load_manifest(bundle_dir: str | Path, verify_checksums: bool = False) -> Man
     if not isinstance(raw, dict):
         raise BundleError(f"{path} does not hold a JSON object")
     manifest = Manifest.from_dict(raw)
+    check_graph_io(manifest)
     for name, record in manifest.files.items():
         _check_file(root, name, record, verify_checksums)
     return manifest

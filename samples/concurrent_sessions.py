@@ -17,10 +17,10 @@ from edgeprefill import Engine, GenerationParams
 
 bundle = sys.argv[1] if len(sys.argv) > 1 else "build/tiny-recall"
 models = Path(__file__).resolve().parent.parent / "models"
-requests = {  # name: (prompt, priority)
+requests = {  # name: (prompt, priority: lower is served first, like vLLM's)
     "document": ((models / "tiny-recall" / "demo_prompt.txt").read_text(), 0),
-    "chat": ("the secret is amber . kero bala . what was the secret ?", 1),
-    "urgent": ("the secret is storm . musi tin . what was the secret ?", 10),
+    "chat": ("the secret is amber . kero bala . what was the secret ?", 0),
+    "urgent": ("the secret is storm . musi tin . what was the secret ?", -1),  # lower first
 }
 
 with Engine.load(bundle, kv_slots=3, chunk_size=32) as engine:

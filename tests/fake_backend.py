@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
 
-from edgeprefill.engines.base import Backend, StepBatch
+from edgeprefill.bundle import GraphInfo, Manifest, ModelInfo, TokenizerInfo
+from edgeprefill.engines.base import Backend, BackendOptions, StepBatch
 
 
 class Call(NamedTuple):
@@ -53,3 +55,21 @@ class FakeBackend(Backend):
 
     def prefills(self) -> list[Call]:
         return [c for c in self.calls if c.kind == "prefill"]
+
+
+def fake_manifest(vocab: int = 128, chunks: tuple[int, ...] = (16, 64),
+                  max_context: int = 512) -> Manifest:
+    """The manifest of a model that was never exported: enough for the fake backend,
+    the KV cache and the scheduler (no graph, no tokenizer, no torch)."""
+    graph = GraphInfo(file="model.onnx", data_file="model.onnx.data", flavor="ort",
+                      dtype="float32", opsets={}, inputs={}, outputs={}, kv_inputs=[],
+                      kv_outputs=[])
+    return Manifest(
+        model=ModelInfo("llama", 1, 2, 1, 8, 16, vocab), graph=graph,
+        tokenizer=TokenizerInfo(None, None, None, None), chunks=list(chunks),
+        max_context=max_context, eos_token_ids=[2], bos_token_id=1,
+    )
+
+
+def fake_backend(**manifest_options) -> FakeBackend:
+    return FakeBackend(Path("."), fake_manifest(**manifest_options), BackendOptions())

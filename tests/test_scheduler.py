@@ -70,11 +70,11 @@ def test_fcfs_prefills_the_whole_prompt_in_one_call(make_engine):
 
 
 def urgent_during_a_long_prefill(engine: Engine):
-    """A long low-priority prompt; after its second chunk a short high-priority one arrives.
+    """A long prompt at priority 0; after its second chunk a short one at -1 (higher) arrives.
     Runs until the urgent one decodes; returns both streams."""
     doc = engine.generate(ids(LONG), GenerationParams(max_new_tokens=2), priority=0)
     run_until(engine, lambda: len(engine.backend.prefills()) == 2)
-    urgent = engine.generate(ids(40, 5), GenerationParams(max_new_tokens=2), priority=10)
+    urgent = engine.generate(ids(40, 5), GenerationParams(max_new_tokens=2), priority=-1)
     run_until(engine, lambda: decoding(urgent))
     return doc, urgent
 
@@ -168,6 +168,7 @@ def test_a_request_waits_for_a_slot_then_runs(make_engine):
     second = engine.generate(ids(20, 1), GenerationParams(max_new_tokens=10))
     engine.step()
     assert engine.metrics().queue_depth == 1
+    assert engine.metrics().running == 1  # the queued request is not counted as running
     assert first.result().finish_reason == "length"
     assert second.result().finish_reason == "length"
     # The second request got the slot only once the first had finished with it.

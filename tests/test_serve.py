@@ -203,7 +203,7 @@ def test_high_priority_stream_overtakes_a_long_low_priority_prompt(
     low.start()
     while engine.metrics().prefill_tokens == before:  # the long prefill has begun
         time.sleep(0.001)
-    high = threading.Thread(target=consume, args=("high", "w20 w21", 5))
+    high = threading.Thread(target=consume, args=("high", "w20 w21", "high"))
     high.start()
     low.join(30)
     high.join(30)

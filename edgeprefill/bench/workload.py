@@ -2,7 +2,8 @@
 
     1. N interactive sessions start and decode (one token per decode step each);
     2. once all of them are decoding, a long prompt arrives (priority 0);
-    3. as soon as its prefill starts, a short urgent request arrives (priority 1);
+    3. as soon as its prefill starts, a short urgent request arrives (priority -1, "high",
+       by default; lower is served first);
     4. when both have replied, the sessions decode a few more tokens and stop.
 
 Under `fcfs` the long prompt is one engine call that every session waits behind; the
@@ -41,7 +42,8 @@ class Workload:
     sessions: int = 3  # interactive sessions decoding throughout
     session_prompt_tokens: int = 32
     prompt_tokens: int = 1024  # the long prompt
-    urgent: bool = True  # a high-priority short request arrives during the long prefill
+    urgent: bool = True  # a short request arrives during the long prefill
+    urgent_priority: int = -1  # lower is served first; the long prompt has 0
     urgent_prompt_tokens: int = 16
     reply_tokens: int = 8  # tokens the long and the urgent request generate
     tail_tokens: int = 8  # session tokens after both replies, before the sessions stop
@@ -185,7 +187,7 @@ def _drive(engine: Engine, w: Workload) -> _Streams:
     urgent = None
     if w.urgent:
         _wait(lambda: long.metrics.scheduled is not None or long.metrics.token_times)
-        urgent = engine.generate(ids(w.urgent_prompt_tokens), reply, priority=1)
+        urgent = engine.generate(ids(w.urgent_prompt_tokens), reply, priority=w.urgent_priority)
         urgent.result()
     long.result()
     marks = [len(s.metrics.token_times) + w.tail_tokens for s in sessions]

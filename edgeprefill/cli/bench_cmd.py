@@ -19,6 +19,7 @@ from edgeprefill.bench import (
 from edgeprefill.bench.workload import check_fits, run_isolated
 from edgeprefill.bundle import load_manifest
 from edgeprefill.cli.options import engine_options, parse_int_list
+from edgeprefill.sdk.priority import parse_priority
 
 DEFAULT_PROMPT_CAP = 2048
 
@@ -37,7 +38,12 @@ DEFAULT_PROMPT_CAP = 2048
               help="Comma-separated fixed chunk sizes for chunked and chunked+priority "
               "[default: the bundle's chunk buckets].")
 @click.option("--urgent/--no-urgent", default=True, show_default=True,
-              help="A high-priority short request arrives while the long prompt prefills.")
+              help="A short request arrives while the long prompt prefills.")
+@click.option("--urgent-tokens", type=click.IntRange(min=1), default=16, show_default=True,
+              help="Prompt length of the short request.")
+@click.option("--urgent-priority", default="high", show_default=True,
+              help="Its priority (lower is served first; the long prompt has 0): an "
+              "integer or high/normal/low; normal measures equal priority.")
 @click.option("--reply-tokens", type=click.IntRange(min=1), default=8, show_default=True,
               help="Tokens the long prompt and the urgent request generate.")
 # The sweep itself sets the policy and chunk size, and the KV slots from --sessions.
@@ -51,8 +57,9 @@ DEFAULT_PROMPT_CAP = 2048
               default=None, help="Write every number and each run's engine calls as JSON.")
 def bench(
     bundle: Path, sessions: int, prompt_tokens: int | None, policies: str,
-    chunk_sizes: list[int] | None, urgent: bool, reply_tokens: int, plot: Path | None,
-    plot_config: str | None, json_path: Path | None, engine: dict,
+    chunk_sizes: list[int] | None, urgent: bool, urgent_tokens: int, urgent_priority: str,
+    reply_tokens: int, plot: Path | None, plot_config: str | None, json_path: Path | None,
+    engine: dict,
 ) -> None:
     """Measure how BUNDLE serves interactive sessions while a long prompt arrives: TTFT,
     inter-token latency of the sessions (p50/p99/max), the longest decode stall, prefill
@@ -68,6 +75,7 @@ def bench(
     context = engine["max_context"] or manifest.max_context
     workload = Workload(
         sessions=sessions, urgent=urgent, reply_tokens=reply_tokens,
+        urgent_prompt_tokens=urgent_tokens, urgent_priority=parse_priority(urgent_priority),
         prompt_tokens=prompt_tokens or min(DEFAULT_PROMPT_CAP, context * 3 // 4), **engine,
     )
     sizes = chunk_sizes or list(manifest.chunks)

@@ -10,6 +10,15 @@ from edgeprefill.cli.options import engine_options
 from edgeprefill.errors import RequestError
 
 
+def _priority(ctx: click.Context, param: click.Parameter, value: str) -> int:
+    from edgeprefill.sdk.priority import parse_priority
+
+    try:
+        return parse_priority(value)
+    except RequestError as err:
+        raise click.BadParameter(str(err)) from None
+
+
 @click.command()
 @click.argument("bundle", type=click.Path(path_type=str))
 @click.option("-p", "--prompt", help="Prompt text.")
@@ -23,9 +32,12 @@ from edgeprefill.errors import RequestError
 @click.option("--sessions", type=click.IntRange(1, 64), default=1, show_default=True,
               help="Run the prompt as N concurrent requests.")
 @click.option("--prompts", "prompts_file", type=click.File("r"),
-              help="JSON lines of concurrent requests: {\"prompt\", \"priority\", \"delay_s\", "
-                   "and any sampling field such as \"max_new_tokens\"} (or one plain prompt "
-                   "per line).")
+              help="JSON lines of concurrent requests: {\"prompt\", \"priority\" (lower "
+                   "first), \"delay_s\", and any sampling field such as \"max_new_tokens\"} "
+                   "(or one plain prompt per line).")
+@click.option("--priority", default="0", show_default=True, callback=_priority,
+              help="Lower is served first (vLLM's meaning); high, normal, low = -1, 0, 1. "
+                   "For --sessions, and --prompts lines that give none.")
 @click.option("--max-new-tokens", type=click.IntRange(1), default=256, show_default=True)
 @click.option("--temperature", type=float, default=None,
               help="0 is greedy. Default (as for --top-k, --top-p, --repetition-penalty): "
@@ -41,7 +53,8 @@ from edgeprefill.errors import RequestError
 @engine_options()
 @click.option("--stats", is_flag=True, help="Print TTFT, prefill/decode tokens/s and chunks "
               "to stderr.")
-def run(bundle, prompt, prompt_file, chat, system, interactive, sessions, prompts_file, stats,
+def run(bundle, prompt, prompt_file, chat, system, interactive, sessions, prompts_file,
+        priority, stats,
         max_new_tokens, temperature, top_k, top_p, repetition_penalty, seed, stop, ignore_eos,
         engine):
     """Generate text from a bundle. Only the generated text goes to stdout, so it pipes.
@@ -72,16 +85,16 @@ def run(bundle, prompt, prompt_file, chat, system, interactive, sessions, prompt
     lines = prompts_file.read().splitlines() if prompts_file is not None else None
     if lines is not None:  # a bad line fails before the model loads
         given = {k: v for k, v in explicit.items() if v is not None}
-        run_modes.read_requests(lines, GenerationParams(**given))
+        run_modes.read_requests(lines, GenerationParams(**given), priority)
     with Engine.load(bundle, **engine) as loaded:
         params = loaded.default_params(**explicit)
-        jobs = run_modes.read_requests(lines, params) if lines is not None else None
+        jobs = run_modes.read_requests(lines, params, priority) if lines is not None else None
         if interactive:
             ChatLoop(loaded, params, system, stats, chat=chat).run()
         elif jobs is not None:
             run_modes.concurrent(loaded, jobs, stats, turn)
         elif sessions > 1:
-            run_modes.concurrent(loaded, [run_modes.Job(prompt, params, 0, 0.0)] * sessions,
-                                 stats, turn)
+            run_modes.concurrent(loaded, [run_modes.Job(prompt, params, priority, 0.0)]
+                                 * sessions, stats, turn)
         else:
             run_modes.single(loaded, prompt, params, turn, stats)

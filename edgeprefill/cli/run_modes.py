@@ -15,6 +15,7 @@ import click
 from edgeprefill.cli.report import backend_line, engine_lines, request_line
 from edgeprefill.errors import RequestError
 from edgeprefill.sdk import Engine, GenerationParams, TokenStream
+from edgeprefill.sdk.priority import parse_priority
 
 
 class Job(NamedTuple):
@@ -63,17 +64,19 @@ def single(engine: Engine, prompt: str, params: GenerationParams, turn: Turn, st
 JOB_KEYS = ("prompt", "priority", "delay_s")
 
 
-def read_requests(handle: Iterable[str], params: GenerationParams) -> list[Job]:
+def read_requests(
+    handle: Iterable[str], params: GenerationParams, priority: int = 0,
+) -> list[Job]:
     """One Job per line: a JSON object (keys JOB_KEYS and GenerationParams fields, which
     override the command line's) or a plain prompt. An unknown key is an error, not a
-    silently ignored setting."""
+    silently ignored setting. `priority` is the default of lines that give none."""
     jobs = []
     for number, line in enumerate(handle, 1):
         line = line.strip()
         if not line:
             continue
         try:
-            jobs.append(_job(line, params))
+            jobs.append(_job(line, params, priority))
         except (json.JSONDecodeError, TypeError, ValueError, RequestError) as err:
             raise RequestError(f"--prompts line {number}: {err}") from None
     if not jobs:
@@ -81,9 +84,9 @@ def read_requests(handle: Iterable[str], params: GenerationParams) -> list[Job]:
     return jobs
 
 
-def _job(line: str, params: GenerationParams) -> Job:
+def _job(line: str, params: GenerationParams, priority: int) -> Job:
     if not line.startswith("{"):
-        return Job(line, params, 0, 0.0)
+        return Job(line, params, priority, 0.0)
     raw = json.loads(line)
     if not isinstance(raw, dict):
         raise ValueError("expected a JSON object")
@@ -96,28 +99,9 @@ def _job(line: str, params: GenerationParams) -> Job:
     if not isinstance(prompt, str) or not prompt.strip():
         raise ValueError("'prompt' must be a non-empty string")
     job_params = replace(params, **{k: v for k, v in raw.items() if k in settable})
-    return Job(prompt, job_params, _priority(raw.get("priority", 0)),
+    # A priority as people type it: an integer, or high / normal / low (lower first).
+    return Job(prompt, job_params, parse_priority(raw.get("priority", priority)),
                float(raw.get("delay_s", 0.0)))
-
-
-def _priority(value: object) -> int:
-    """A priority as people type it: an integer, or high / normal / low."""
-    try:  # the SDK's parser, where the SDK has one (it defines what the names mean)
-        from edgeprefill.sdk.priority import parse_priority
-    except ImportError:
-        return _legacy_priority(value)
-    return parse_priority(value)
-
-
-def _legacy_priority(value: object) -> int:
-    # The engine without sdk/priority.py serves a higher value first.
-    names = {"high": 1, "normal": 0, "low": -1}
-    if isinstance(value, str) and value in names:
-        return names[value]
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"priority must be an integer or one of {', '.join(names)}, "
-                         f"got {value!r}")
-    return value
 
 
 def concurrent(engine: Engine, jobs: list[Job], stats: bool, turn: Turn = PLAIN) -> None:

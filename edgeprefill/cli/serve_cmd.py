@@ -36,8 +36,8 @@ def serve(
 ) -> None:
     """Serve BUNDLE over an OpenAI-compatible HTTP API (completions, chat with tools,
     models, tokenize/detokenize, version, health, Prometheus metrics), logging one line
-    per request. Requests may add edgeprefill's own fields, e.g. "priority" to jump
-    ahead of long prompts.
+    per request. Requests may add edgeprefill's own fields, e.g. "priority": -1 (or
+    "high") to jump ahead of long prompts; lower is served first.
 
     \b
     Example:

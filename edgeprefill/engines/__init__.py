@@ -24,4 +24,5 @@ def create_backend(
     if name not in BACKENDS:
         raise BackendError(f"unknown backend {name!r}; choose one of: {', '.join(BACKENDS)}")
     module, cls = BACKENDS[name].split(":")
-    return getattr(importlib.import_module(module), cls)(bundle_dir, manifest, options)
+    backend: Backend = getattr(importlib.import_module(module), cls)(bundle_dir, manifest, options)
+    return backend

@@ -1,7 +1,8 @@
 """Build the chunk graph of a decoder-only model straight from its config and weights.
 
 One graph runs one step: B rows of C tokens each (a prefill chunk is B=1, a decode step is
-B=active sessions with C=1). The contract, shared with the runtime through the manifest:
+B=active sessions with C=1). The contract (names and axes from edgeprefill/contract.py),
+shared with the runtime through the manifest:
 
   inputs   input_ids        [B, C]            int64
            past_lens        [B]               int32  tokens already in each row's cache
@@ -15,6 +16,16 @@ from __future__ import annotations
 
 import numpy as np
 
+from edgeprefill.contract import (
+    BATCH,
+    CAPACITY,
+    CHUNK,
+    INPUT_IDS,
+    LOGITS,
+    PAST_LENS,
+    VALID_LENS,
+    kv_names,
+)
 from edgeprefill.errors import ExportError
 from edgeprefill.export.checkpoint import Checkpoint
 from edgeprefill.export.families import TensorNames
@@ -23,17 +34,6 @@ from edgeprefill.export.graph import GraphBuilder
 from edgeprefill.export.model_config import ModelConfig
 from edgeprefill.export.quantize import QuantConfig
 from edgeprefill.export.weights import GraphWeights
-
-BATCH, CHUNK, CAPACITY = "batch", "chunk", "capacity"
-
-
-def kv_names(layer: int) -> dict[str, str]:
-    return {
-        "past_key": f"past_key.{layer}",
-        "past_value": f"past_value.{layer}",
-        "present_key": f"present_key.{layer}",
-        "present_value": f"present_value.{layer}",
-    }
 
 
 class DecoderBuilder:
@@ -53,13 +53,13 @@ class DecoderBuilder:
 
     def build(self) -> GraphBuilder:
         g, cfg = self.g, self.cfg
-        ids = g.input("input_ids", np.int64, [BATCH, CHUNK])
-        past_lens = g.input("past_lens", np.int32, [BATCH])
-        valid_lens = g.input("valid_lens", np.int32, [BATCH])
-        g.output("logits", np.float32, [BATCH, cfg.vocab_size])
+        ids = g.input(INPUT_IDS, np.int64, [BATCH, CHUNK])
+        past_lens = g.input(PAST_LENS, np.int32, [BATCH])
+        valid_lens = g.input(VALID_LENS, np.int32, [BATCH])
+        g.output(LOGITS, np.float32, [BATCH, cfg.vocab_size])
         self._declare_kv_io()
         chunk = g.op("Slice", [g.op("Shape", [ids]), g.const([1]), g.const([2])])  # [1]
-        step = self.flavor.step_tensors(g, past_lens, chunk, kv_names(0)["past_key"])
+        step = self.flavor.step_tensors(g, past_lens, chunk, kv_names(0).past_key)
         x = g.op("Gather", [self._embedding(), ids])  # [B,C,hidden]
         if cfg.embed_scale is not None:
             x = g.op("Mul", [x, g.const(cfg.embed_scale, self.dtype)])
@@ -77,7 +77,7 @@ class DecoderBuilder:
         logits = self._logits(self._lm_head(hidden))
         if self.dtype != np.float32:
             logits = g.op("Cast", [logits], to=1)
-        g.rename(logits, "logits")
+        g.rename(logits, LOGITS)
         return g
 
     @property
@@ -88,12 +88,12 @@ class DecoderBuilder:
         shape = [BATCH, self.cfg.num_kv_heads, CAPACITY, self.cfg.head_dim]
         for layer in range(self.cfg.num_layers):
             names = kv_names(layer)
-            self.g.input(names["past_key"], self.dtype, shape)
-            self.g.input(names["past_value"], self.dtype, shape)
+            self.g.input(names.past_key, self.dtype, shape)
+            self.g.input(names.past_value, self.dtype, shape)
         for layer in range(self.cfg.num_layers):
             names = kv_names(layer)
-            self.g.output(names["present_key"], self.dtype, shape)
-            self.g.output(names["present_value"], self.dtype, shape)
+            self.g.output(names.present_key, self.dtype, shape)
+            self.g.output(names.present_value, self.dtype, shape)
 
     def _layer(self, i: int, x: str, delta: str | None, step: StepTensors) -> tuple[str, str]:
         """One decoder layer wired as its family's block (families.BLOCKS); returns the
@@ -132,8 +132,8 @@ class DecoderBuilder:
         p = n.layer.format(i=i)
         q, k, v = self._qkv(p, h)
         names = kv_names(i)
-        past = (names["past_key"], names["past_value"])
-        present = (names["present_key"], names["present_value"])
+        past = (names.past_key, names.past_value)
+        present = (names.present_key, names.present_value)
         attn = self.flavor.attention(self.g, q, k, v, past, present, step, cfg.layers[i])
         o_bias = p + n.o + ".bias" if cfg.o_bias else None
         return self.w.linear(attn, [p + n.o + ".weight"], o_bias)

@@ -20,10 +20,11 @@ from edgeprefill.bundle import (
     TokenizerInfo,
     file_record,
 )
+from edgeprefill.contract import kv_names
 from edgeprefill.errors import ExportError
 from edgeprefill.export.checkpoint import Checkpoint
 from edgeprefill.export.config_checks import check_tokenizer_fits
-from edgeprefill.export.decoder import DecoderBuilder, kv_names
+from edgeprefill.export.decoder import DecoderBuilder
 from edgeprefill.export.flavors import flavor_class
 from edgeprefill.export.graph import GraphBuilder
 from edgeprefill.export.model_config import ModelConfig
@@ -134,8 +135,8 @@ def _manifest(
         opsets=flavor_class(options.flavor).opsets,
         inputs=_io_table(g.inputs),
         outputs=_io_table(g.outputs),
-        kv_inputs=[[n["past_key"], n["past_value"]] for n in layers],
-        kv_outputs=[[n["present_key"], n["present_value"]] for n in layers],
+        kv_inputs=[[n.past_key, n.past_value] for n in layers],
+        kv_outputs=[[n.present_key, n.present_value] for n in layers],
         quantization=None if options.quant is None else options.quant.kind,
     )
     files = [GRAPH_FILE, DATA_FILE, *tokenizer_files]

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from onnx import ModelProto, NodeProto, TensorProto, helper
 
+from edgeprefill.contract import INPUT_IDS
+
 DOMAIN = "edgeprefill"
 OP = "DecodeAttention"
 IS_DECODE = "edgeprefill.is_decode"
@@ -41,7 +43,7 @@ def eligible(node: NodeProto) -> bool:
     )
 
 
-def add_decode_kernel(model: ModelProto, chunk_input: str = "input_ids") -> int:
+def add_decode_kernel(model: ModelProto, chunk_input: str = INPUT_IDS) -> int:
     """Rewrites `model` in place; returns how many attention nodes were switched."""
     graph = model.graph
     targets = [i for i, node in enumerate(graph.node) if eligible(node)]

@@ -2,6 +2,10 @@
 
     step = schedule -> decode call -> prefill chunk call -> sample -> stream
 
+The scheduler decides what runs and moves requests between its groups; the step runner
+(`step_runner.py`) builds each call's batch and keeps the books; this class owns the
+threads, the inbox, sampling and the streams.
+
 Callers on any thread submit requests and cancellations through an inbox; only the step
 loop (a background thread, or whoever calls `step()`) touches the scheduler, the KV
 cache and the backend.
@@ -13,23 +17,30 @@ import dataclasses
 import queue
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from edgeprefill.bundle import Manifest, load_manifest
-from edgeprefill.engines import BackendOptions, StepBatch, create_backend
+from edgeprefill.engines import BackendOptions, create_backend
 from edgeprefill.errors import EngineClosedError, RequestError
 from edgeprefill.sdk.config import EngineConfig, StepTrace
 from edgeprefill.sdk.generation_defaults import GenerationDefaults
 from edgeprefill.sdk.kv_cache import KVCache
 from edgeprefill.sdk.metrics import EngineCounters, EngineMetrics, RequestMetrics
 from edgeprefill.sdk.params import GenerationParams
+from edgeprefill.sdk.priority import parse_priority
 from edgeprefill.sdk.request import Phase, Request
 from edgeprefill.sdk.sampler import Sampled, Sampler
-from edgeprefill.sdk.scheduler import PrefillChunk, Scheduler, SchedulerConfig
+from edgeprefill.sdk.scheduler import PrefillChunk, Scheduler, SchedulerConfig, StepPlan
+from edgeprefill.sdk.step_runner import StepRunner
 from edgeprefill.sdk.stream import TokenEvent, TokenStream
 from edgeprefill.sdk.tokenizer import BundleTokenizer, Prompt, TextStreamer
+
+if TYPE_CHECKING:
+    from edgeprefill.sdk.session import Session
 
 
 def _nth_seed(params: GenerationParams, i: int) -> GenerationParams:
@@ -57,18 +68,22 @@ class Engine:
         self.scheduler = Scheduler(config.scheduler, self.kv, buckets)
         self.eos = set(self.manifest.eos_token_ids) | set(self.generation_defaults.eos_token_ids)
         self.counters = EngineCounters()
-        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self.runner = StepRunner(self.backend, self.kv, self.scheduler.chunks, self.counters,
+                                 self.trace if config.trace else None)
+        self._inbox: queue.SimpleQueue[tuple[str, Request]] = queue.SimpleQueue()
         self._ids = iter(range(1, 1 << 62))
         self._step_lock = threading.Lock()
+        self._admission = threading.Lock()  # orders submit() against close()
         self._wake = threading.Event()
         self._stopping = False
+        self._closed = False
         self._thread: threading.Thread | None = None
         if config.background:
             self._thread = threading.Thread(target=self._loop, name="edgeprefill", daemon=True)
             self._thread.start()
 
     @classmethod
-    def load(cls, bundle_dir: str | Path, **options) -> Engine:
+    def load(cls, bundle_dir: str | Path, **options: Any) -> Engine:
         """`Engine.load(bundle, threads=2, kv_slots=4, policy="chunked+priority", ...)`:
         keyword options are EngineConfig fields or SchedulerConfig fields."""
         sched_fields = {f.name for f in dataclasses.fields(SchedulerConfig)}
@@ -100,27 +115,29 @@ class Engine:
 
     # -- public API (any thread) ------------------------------------------------------
 
-    def session(self):
+    def session(self) -> Session:
         from edgeprefill.sdk.session import Session
 
         return Session(self, next(self._ids))
 
     def generate(
         self, prompt: Prompt, params: GenerationParams | None = None, *,
-        priority: int = 0, chunk_size: int | None = None,
+        priority: int | str = 0, chunk_size: int | None = None,
     ) -> TokenStream:
-        """One request outside any session: its KV stays only as a prefix-cache entry."""
+        """One request outside any session: its KV stays only as a prefix-cache entry.
+        `priority`: lower is served first (vLLM's meaning); `high`/`normal`/`low` too."""
         return self.submit(self.tokenizer.encode(prompt), params, priority, None, chunk_size)
 
     def submit(
-        self, tokens: list[int], params: GenerationParams | None, priority: int,
+        self, tokens: list[int], params: GenerationParams | None, priority: int | str,
         session_id: int | None, chunk_size: int | None = None,
     ) -> TokenStream:
         """Queue a request for token ids; raises RequestError at once if it can never run."""
         return self.submit_n(tokens, params, 1, priority, session_id, chunk_size)[0]
 
     def submit_n(
-        self, tokens: list[int], params: GenerationParams | None, n: int, priority: int = 0,
+        self, tokens: list[int], params: GenerationParams | None, n: int,
+        priority: int | str = 0,
         session_id: int | None = None, chunk_size: int | None = None,
     ) -> list[TokenStream]:
         """n completions of one prompt (OpenAI's `n`). The first prefills the prompt; the
@@ -130,12 +147,15 @@ class Engine:
         params = params or self.default_params()
         if not isinstance(n, int) or isinstance(n, bool) or n < 1:
             raise RequestError(f"n must be an integer >= 1, got {n!r}")
-        self._admit_check(tokens, params, chunk_size)
+        self._check_request(tokens, params, chunk_size)
         requests = [  # only the first keeps a session's slot
-            self._request(tokens, _nth_seed(params, i), priority,
+            self._request(tokens, _nth_seed(params, i), parse_priority(priority),
                           session_id if i == 0 else None, chunk_size) for i in range(n)]
         requests[0].followers = requests[1:]
-        self._post("add", requests[0])
+        with self._admission:  # after close() has started, nothing new enters the inbox
+            if self._stopping:
+                raise EngineClosedError("the engine is closed")
+            self._post("add", requests[0])
         return [r.stream for r in requests]
 
     def _request(
@@ -149,7 +169,7 @@ class Engine:
         request: Request
         stream = TokenStream(request_id, metrics, lambda: self._post("cancel", request), pump)
         request = Request(
-            id=request_id, tokens=list(tokens), params=params, priority=int(priority),
+            id=request_id, tokens=list(tokens), params=params, priority=priority,
             arrival=request_id, session_id=session_id, stream=stream,
             sampler=self._sampler(params, tokens), text=TextStreamer(self.tokenizer, params.stop),
             metrics=metrics, chunk_size=chunk_size,
@@ -165,10 +185,10 @@ class Engine:
         if params.constraint is not None:
             from edgeprefill.sdk.constraints import compile_constraint
 
-            mask = compile_constraint(params.constraint, self.tokenizer, self.eos)
+            mask = compile_constraint(params.constraint, self.tokenizer, sorted(self.eos))
         return Sampler(params, tokens, mask)
 
-    def default_params(self, **explicit) -> GenerationParams:
+    def default_params(self, **explicit: Any) -> GenerationParams:
         """GenerationParams from the explicit non-None keyword values, the bundle's
         generation_config.json defaults for the sampling fields not given, and
         GenerationParams' own defaults for the rest."""
@@ -194,31 +214,39 @@ class Engine:
             kv_tokens=usage.tokens, kv_bytes=usage.bytes_total,
             prefix_lookups=self.kv.prefix_lookups, prefix_hits=self.kv.prefix_hits,
             queue_depth=self.scheduler.queue_depth,
-            running=len(self.scheduler.decoding) + len(self.scheduler.waiting),
+            running=self.scheduler.running,
             finished=c.finished,
         )
 
     def check_integrity(self) -> None:
         """Assert that the KV bookkeeping matches the live requests."""
         with self._step_lock:
-            live = self.scheduler.waiting + self.scheduler.decoding
+            live = self.scheduler.live()
             self.kv.check_integrity({r.slot: r for r in live if r.slot is not None})
 
     def close(self) -> None:
-        self._stopping = True
+        """Stop the step loop and end every stream this engine knows, queued, prefilling
+        or decoding, with `cancelled`: no reader blocks after close(). Idempotent."""
+        with self._admission:
+            if self._closed:
+                return
+            self._stopping = True
         self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout=30)
         with self._step_lock:
-            for request in self.scheduler.waiting + self.scheduler.decoding:
+            if self._closed:  # a concurrent close() got here first
+                return
+            self._drain_inbox()  # requests submitted just before close() enter, then end
+            for request in self.scheduler.live():
                 self._finish(request, "cancelled", keep=False)
-            self._drain_inbox()
             self.backend.close()
+            self._closed = True
 
     def __enter__(self) -> Engine:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     # -- the step loop ----------------------------------------------------------------
@@ -227,16 +255,27 @@ class Engine:
         """Run one scheduling step; returns False when there was nothing to do."""
         with self._step_lock:
             self._drain_inbox()
-            plan = self.scheduler.schedule()
-            if plan.empty:
-                return False
+            plan = self._plan()
+            if plan is None or plan.empty:
+                return plan is None
             if plan.decode:
                 self._guarded(plan.decode, self._decode)
-            if plan.prefill:
-                self._guarded([plan.prefill.request], lambda _: self._prefill(plan.prefill))
+            chunk = plan.prefill
+            if chunk is not None:
+                self._guarded([chunk.request], lambda _: self._prefill(chunk))
             if not self.scheduler.decoding:
-                self.counters.last_decode_end = None  # nobody is waiting for a token
+                self.runner.idle()  # nobody is waiting for a token
             return True
+
+    def _plan(self) -> StepPlan | None:
+        """The scheduler's plan; None if planning failed (a KV copy or swap on the
+        backend), which ends the requests holding slots, never the loop."""
+        try:
+            return self.scheduler.schedule()
+        except Exception as err:  # noqa: BLE001 - reported to each request's stream
+            holding = [r for r in self.scheduler.live() if r.slot is not None]
+            self._fail(holding, err)
+            return None
 
     def _loop(self) -> None:
         while not self._stopping:
@@ -278,14 +317,13 @@ class Engine:
         for follower in followers:
             if follower.cancelled:
                 continue
-            slot = self.kv.fork(request.slot)
+            slot = self.kv.fork(_slot(request))
             if slot is None:
                 self._add(follower)
                 continue
             follower.slot, follower.kv_len = slot, len(follower.tokens)
             follower.metrics.prefix_reused = follower.kv_len
-            self.scheduler.waiting.append(follower)  # past admission: its parent's
-            self.scheduler.to_decode(follower)
+            self.scheduler.adopt(follower)  # past admission: its parent's
             self._emit(follower, logits)
 
     def _start_followers(self, request: Request, ended: str | None = None) -> None:
@@ -298,82 +336,30 @@ class Engine:
             elif not follower.cancelled:
                 self._add(follower)
 
-    def _guarded(self, requests: list[Request], run) -> None:
+    def _guarded(self, requests: list[Request], run: Callable[[list[Request]], None]) -> None:
         # A failing step ends the requests it carried, never the loop or other requests.
         try:
             run(requests)
         except Exception as err:  # noqa: BLE001 - reported to each request's stream
-            for request in requests:
-                if request.phase is not Phase.DONE:
-                    self._finish(request, "error", keep=False, error=f"{type(err).__name__}: {err}")
+            self._fail(requests, err)
 
-    def _decode(self, requests: list[Request]) -> None:
-        self._remap(self.kv.compact([r.slot for r in requests]))
-        requests = sorted(requests, key=lambda r: r.slot)
-        last = [r.generated[-1] for r in requests]
-        batch = StepBatch(
-            input_ids=np.array(last, np.int64)[:, None],
-            past_lens=np.array([r.kv_len for r in requests], np.int32),
-            valid_lens=np.ones(len(requests), np.int32),
-            first_slot=requests[0].slot,
-        )
-        start = time.perf_counter()
-        logits = self.backend.run(batch)
-        end = time.perf_counter()
-        self._count_decode(len(requests), start, end)
-        self._record("decode", start, end, requests, len(requests))
-        for request, token, row in zip(requests, last, logits, strict=True):
-            self.kv.extend(request.slot, [token])
-            request.kv_len += 1
+    def _fail(self, requests: list[Request], err: Exception) -> None:
+        for request in requests:
+            if request.phase is not Phase.DONE:
+                self._finish(request, "error", keep=False, error=f"{type(err).__name__}: {err}")
+
+    def _decode(self, rows: list[Request]) -> None:
+        logits = self.runner.decode(rows)
+        for request, row in zip(rows, logits, strict=True):
             self._emit(request, row)
 
-    def _count_decode(self, rows: int, start: float, end: float) -> None:
-        c = self.counters
-        c.decode_tokens += rows
-        c.decode_seconds += end - start
-        c.decode_steps += 1
-        if c.last_decode_end is not None:
-            c.max_decode_stall_s = max(c.max_decode_stall_s, end - c.last_decode_end)
-        c.last_decode_end = end
-        self.scheduler.chunks.observe_decode(end - start)
-
     def _prefill(self, chunk: PrefillChunk) -> None:
-        request, start, length = chunk
-        ids = request.tokens[start : start + length]
-        batch = StepBatch(
-            input_ids=np.array([ids], np.int64),
-            past_lens=np.array([start], np.int32),
-            valid_lens=np.array([length], np.int32),
-            first_slot=request.slot,
-        )
-        began = time.perf_counter()
-        logits = self.backend.run(batch)
-        ended = time.perf_counter()
-        seconds = ended - began
-        self._record("prefill", began, ended, [request], length)
-        self.counters.prefill_tokens += length
-        self.counters.prefill_seconds += seconds
-        self.scheduler.chunks.observe_prefill(length, seconds)
-        self.kv.extend(request.slot, ids)
-        request.kv_len += length
-        request.metrics.chunks += 1
+        logits = self.runner.prefill(chunk)
+        request = chunk.request
         if request.prefill_left == 0:
-            self.scheduler.to_decode(request)
+            self.scheduler.prefilled(request)
             self._fork_followers(request, logits[0])
             self._emit(request, logits[0])
-
-    def _record(
-        self, kind: str, start: float, end: float, requests: list[Request], tokens: int
-    ) -> None:
-        if self.config.trace:
-            ids = tuple(r.id for r in requests)
-            self.trace.append(StepTrace(kind, start, end, ids, tokens))
-
-    def _remap(self, moved: dict[int, int]) -> None:
-        if moved:
-            for request in self.scheduler.waiting + self.scheduler.decoding:
-                if request.slot in moved:
-                    request.slot = moved[request.slot]
 
     # -- tokens out -------------------------------------------------------------------
 
@@ -394,7 +380,9 @@ class Engine:
         if reason is not None:
             self._finish(request, reason)
 
-    def _logprobs(self, sampled: Sampled) -> tuple[float | None, list | None, str | None]:
+    def _logprobs(
+        self, sampled: Sampled,
+    ) -> tuple[float | None, list[tuple[int, str, float]] | None, str | None]:
         if sampled.logprob is None:
             return None, None, None
         text = self.tokenizer.token_text
@@ -428,13 +416,14 @@ class Engine:
         self.counters.finished += 1
         request.stream._finish(reason, error)
 
-    def _admit_check(
+    def _check_request(
         self, tokens: list[int], params: GenerationParams, chunk_size: int | None
     ) -> None:
         if self._stopping:
             raise EngineClosedError("the engine is closed")
         if not tokens:
             raise RequestError("the prompt is empty")
+        self._check_ids(tokens)
         if chunk_size is not None and chunk_size < 1:
             raise RequestError(f"chunk size must be >= 1, got {chunk_size}")
         wanted = len(tokens) + (params.max_new_tokens or 1)
@@ -443,3 +432,18 @@ class Engine:
                 f"prompt ({len(tokens)} tokens) + max_new_tokens "
                 f"({params.max_new_tokens}) exceeds the context of {self.capacity} tokens"
             )
+
+    def _check_ids(self, tokens: list[int]) -> None:
+        vocab = self.manifest.model.vocab_size
+        bad = next((t for t in tokens if not _is_id(t) or not 0 <= t < vocab), None)
+        if bad is not None:
+            raise RequestError(f"token id {bad!r} is not in the vocabulary (ids 0..{vocab - 1})")
+
+
+def _is_id(token: object) -> bool:
+    return isinstance(token, int | np.integer) and not isinstance(token, bool)
+
+
+def _slot(request: Request) -> int:
+    assert request.slot is not None, "a request whose prompt is in the cache holds a slot"
+    return request.slot

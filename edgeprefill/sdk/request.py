@@ -24,7 +24,7 @@ class Request:
     id: int
     tokens: list[int]  # the prompt (a session's whole conversation so far)
     params: GenerationParams
-    priority: int  # higher runs first
+    priority: int  # lower runs first (vLLM's meaning); 0 by default
     arrival: int  # tie-breaker: earlier first
     session_id: int | None
     stream: TokenStream
@@ -37,17 +37,13 @@ class Request:
     generated: list[int] = field(default_factory=list)
     cancelled: bool = False
     chunk_size: int | None = None  # overrides the scheduler's chunk choice
+    waited_chunks: int = 0  # prefill chunks of other requests run while this one waited
     # n > 1: the sibling requests, queued once this prompt's KV exists
     followers: list[Request] = field(default_factory=list)
 
     @property
     def prefill_left(self) -> int:
         return len(self.tokens) - self.kv_len
-
-    @property
-    def order(self) -> tuple[int, int]:
-        """Sort key of the priority queue: priority first, then arrival."""
-        return (-self.priority, self.arrival)
 
     @property
     def max_total(self) -> int | None:

@@ -1,14 +1,22 @@
 """The scheduler: each step, one batched decode call and at most one prefill chunk.
 
-    plan = decode every running request (one call, B rows of 1 token)
+    plan = decode every decoding request (one call, B rows of 1 token, adjacent slots)
          + the next prefill chunk of the request the policy picks (one call, B=1)
+
+It keeps requests in three groups and is the only one that moves them:
+
+  group       slot   meaning
+  queued      no     waiting for a KV slot
+  prefilling  yes    part of the prompt is in the cache (a preempted prompt waits here)
+  decoding    yes    the prompt is in the cache; one token per step
 
 Policies:
   fcfs              arrival order, the whole prompt in one call (the unchunked baseline)
   chunked           arrival order, prompts split into chunks between decode steps
-  chunked+priority  priority order (then arrival); a higher-priority arrival takes the
-                    prefill turn from a lower-priority request between its chunks; the
-                    preempted request keeps its KV and resumes later
+  chunked+priority  lower `priority` value first (vLLM's meaning); at equal priority the
+                    shortest remaining prefill first, aged so that nothing starves (see
+                    `prefill_score`); the prefill turn may move to another request between
+                    two chunks: the preempted one keeps its KV and resumes later
 """
 
 from __future__ import annotations
@@ -32,6 +40,9 @@ class SchedulerConfig:
     itl_target_ms: float = 150.0  # adaptive: decode inter-token latency to stay under
     max_step_tokens: int = 4096  # decode rows + prefill chunk tokens per step
     max_queue: int = 256  # waiting requests beyond this are refused
+    # chunked+priority: prompt tokens of credit a request earns for each prefill chunk it
+    # waits through; a prompt of L tokens waits behind at most L / aging later arrivals.
+    aging_tokens: int = 64
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
@@ -44,6 +55,8 @@ class SchedulerConfig:
             raise RequestError(f"ITL target must be > 0 ms, got {self.itl_target_ms}")
         if self.max_step_tokens < 1 or self.max_queue < 1:
             raise RequestError("max_step_tokens and max_queue must be >= 1")
+        if self.aging_tokens < 0:
+            raise RequestError(f"aging_tokens must be >= 0, got {self.aging_tokens}")
 
 
 class PrefillChunk(NamedTuple):
@@ -53,7 +66,7 @@ class PrefillChunk(NamedTuple):
 
 
 class StepPlan(NamedTuple):
-    decode: list[Request]
+    decode: list[Request]  # in slot order; slots are adjacent (one view of the arena)
     prefill: PrefillChunk | None
 
     @property
@@ -61,37 +74,65 @@ class StepPlan(NamedTuple):
         return not self.decode and self.prefill is None
 
 
+def prefill_score(request: Request, aging_tokens: int) -> int:
+    """Shortest remaining prefill first, aged: each chunk the request waited through
+    counts as `aging_tokens` fewer tokens left, so a long prompt overtakes later short
+    ones after a bounded wait."""
+    return request.prefill_left - aging_tokens * request.waited_chunks
+
+
 class Scheduler:
     def __init__(self, config: SchedulerConfig, kv: KVCache, buckets: list[int]) -> None:
         self.config = config
         self.kv = kv
         self.chunks = ChunkController(buckets, config.itl_target_ms / 1000)
-        self.waiting: list[Request] = []  # QUEUED and PREFILL, in arrival order
+        self.queued: list[Request] = []  # arrival order
+        self.prefilling: list[Request] = []  # arrival order
         self.decoding: list[Request] = []
 
     def schedule(self) -> StepPlan:
-        """The next step's work. May start a queued request (acquires its KV slot)."""
-        return StepPlan(list(self.decoding), self._next_prefill())
+        """The next step's work. May start a queued request (acquires its KV slot) and
+        move decoding slots together (the backend swaps their KV)."""
+        self._compact()
+        return StepPlan(sorted(self.decoding, key=_slot), self._next_prefill())
+
+    # -- moving requests between groups -------------------------------------------------
 
     def add(self, request: Request) -> None:
-        if len(self.waiting) >= self.config.max_queue:
+        if len(self.queued) >= self.config.max_queue:
             raise RequestError(f"the queue is full ({self.config.max_queue} requests waiting)")
-        self.waiting.append(request)
+        self.queued.append(request)
 
-    def to_decode(self, request: Request) -> None:
-        self.waiting.remove(request)
+    def prefilled(self, request: Request) -> None:
+        """The request's whole prompt is in the cache: it decodes from the next step."""
+        self.prefilling.remove(request)
+        request.phase = Phase.DECODE
+        self.decoding.append(request)
+
+    def adopt(self, request: Request) -> None:
+        """A request whose whole prompt is already in its slot (an n > 1 sibling forked
+        from its parent's KV) decodes from the next step, past the queue."""
         request.phase = Phase.DECODE
         self.decoding.append(request)
 
     def remove(self, request: Request) -> None:
-        """Drop a finished or cancelled request from whichever list holds it."""
-        for group in (self.waiting, self.decoding):
+        """Drop a finished or cancelled request from whichever group holds it."""
+        for group in (self.queued, self.prefilling, self.decoding):
             if request in group:
                 group.remove(request)
 
+    def live(self) -> list[Request]:
+        return self.queued + self.prefilling + self.decoding
+
     @property
     def queue_depth(self) -> int:
-        return sum(r.phase is Phase.QUEUED for r in self.waiting)
+        """Requests waiting for a slot."""
+        return len(self.queued)
+
+    @property
+    def running(self) -> int:
+        """Requests holding a slot: prefilling (possibly preempted) or decoding."""
+        return len(self.prefilling) + len(self.decoding)
 
     # -- prefill choice ---------------------------------------------------------------
 
@@ -99,22 +140,31 @@ class Scheduler:
         request = self._pick()
         if request is None:
             return None
+        for other in self.queued + self.prefilling:
+            if other is not request:
+                other.waited_chunks += 1
         return PrefillChunk(request, request.kv_len, self._chunk_length(request))
 
     def _pick(self) -> Request | None:
-        started = [r for r in self.waiting if r.phase is Phase.PREFILL]
-        queued = [r for r in self.waiting if r.phase is Phase.QUEUED]
         if self.config.policy == "chunked+priority":
-            best = min(self.waiting, key=lambda r: r.order, default=None)
-            if best is not None and best.phase is Phase.QUEUED and not self._start(best):
-                best = min(started, key=lambda r: r.order, default=None)
-            return best
+            return self._pick_by_priority()
         # Arrival order, no preemption: finish the prompt in progress first.
-        if started:
-            return started[0]
-        if queued and self._start(queued[0]):
-            return queued[0]
+        if self.prefilling:
+            return self.prefilling[0]
+        if self.queued and self._start(self.queued[0]):
+            return self.prefilling[0]
         return None
+
+    def _pick_by_priority(self) -> Request | None:
+        aging = self.config.aging_tokens
+
+        def key(r: Request) -> tuple[int, int, int]:
+            return (r.priority, prefill_score(r, aging), r.arrival)
+
+        best = min(self.queued + self.prefilling, key=key, default=None)
+        if best is not None and best.phase is Phase.QUEUED and not self._start(best):
+            best = min(self.prefilling, key=key, default=None)  # no slot: a started one
+        return best
 
     def _start(self, request: Request) -> bool:
         acquired = self.kv.acquire(request.tokens, request.session_id)
@@ -124,6 +174,8 @@ class Scheduler:
         request.phase = Phase.PREFILL
         request.metrics.scheduled = time.perf_counter()
         request.metrics.prefix_reused = acquired.reused
+        self.queued.remove(request)
+        self.prefilling.append(request)
         return True
 
     def _chunk_length(self, request: Request) -> int:
@@ -137,3 +189,18 @@ class Scheduler:
         )
         budget = max(1, self.config.max_step_tokens - len(self.decoding))
         return max(1, min(size, budget, left))
+
+    # -- keeping decode rows adjacent -------------------------------------------------
+
+    def _compact(self) -> None:
+        if not self.decoding:
+            return
+        moved = self.kv.compact([_slot(r) for r in self.decoding])
+        for request in self.prefilling + self.decoding:
+            if request.slot in moved:
+                request.slot = moved[request.slot]
+
+
+def _slot(request: Request) -> int:
+    assert request.slot is not None, "a decoding request holds a slot"
+    return request.slot

@@ -29,8 +29,10 @@ class Session:
         self._chat: bool | None = None  # fixed by the first turn
 
     def generate(
-        self, prompt: Prompt, params: GenerationParams | None = None, *, priority: int = 0
+        self, prompt: Prompt, params: GenerationParams | None = None, *,
+        priority: int | str = 0,
     ) -> TokenStream:
+        """`priority`: lower is served first (vLLM's meaning); `high`/`normal`/`low` too."""
         self._settle()
         tokens = self._conversation(prompt)
         stream = self.engine.submit(tokens, params, priority, self.id)
@@ -38,7 +40,7 @@ class Session:
         return stream
 
     def chat(
-        self, text: str, params: GenerationParams | None = None, *, priority: int = 0
+        self, text: str, params: GenerationParams | None = None, *, priority: int | str = 0
     ) -> TokenStream:
         return self.generate([{"role": "user", "content": text}], params, priority=priority)
 
@@ -57,7 +59,7 @@ class Session:
         self._chat = is_chat
         tokenizer = self.engine.tokenizer
         if is_chat:
-            self.messages.extend(dict(m) for m in prompt)
+            self.messages.extend(dict(m) for m in prompt if isinstance(m, dict))
             return tokenizer.encode(self.messages)
         if isinstance(prompt, str) and self.tokens:
             # Later raw turns continue the text: no second BOS.

@@ -1,4 +1,14 @@
-"""A request's output stream: iterate it from any thread, or `async for` it."""
+"""A request's output stream: iterate it from any thread, or `async for` it.
+
+What a reader can rely on:
+- every stream ends: with the request's finish reason, or `cancelled` when the engine
+  closes first; a finished stream iterates as empty and never blocks;
+- leaving a `for` / `async for` loop early (break, return, an exception) cancels the
+  request at the next step boundary and frees its KV slot;
+- several readers at once (threads or tasks) share the stream: each event goes to exactly
+  one of them, the end reaches all of them, and `token_ids` / `text` / `logprobs` hold every
+  event in the order it was produced, whoever read it.
+"""
 
 from __future__ import annotations
 
@@ -42,7 +52,7 @@ class TokenStream:
         self.metrics = metrics
         self._cancel = cancel
         self._pump = pump
-        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[TokenEvent | _End] = queue.SimpleQueue()
         self._done = threading.Event()
         self.token_ids: list[int] = []
         self.logprobs: list[TokenEvent] = []  # the token events, when logprobs were asked for
@@ -54,32 +64,34 @@ class TokenStream:
     # -- producer side (engine loop) --------------------------------------------------
 
     def _put(self, event: TokenEvent) -> None:
+        # Recorded here, in production order, so that several readers cannot reorder it.
+        if event.token_id is not None:
+            self.token_ids.append(event.token_id)
+            if event.logprob is not None:
+                self.logprobs.append(event)
+        self.text += event.text
         self._queue.put(event)
 
     def _finish(self, reason: str, error: str | None = None) -> None:
+        self.finish_reason, self.error = reason, error
+        self._done.set()
         self._queue.put(_End(reason, error))
 
     # -- consumer side ----------------------------------------------------------------
 
-    def __iter__(self):
-        while not self.done:  # a finished stream iterates as empty, never blocks
-            item = self._next_item()
-            if isinstance(item, _End):
-                self._close(item)
-                return
-            self._record(item)
-            yield item
+    def __iter__(self) -> _Reader:
+        return _Reader(self)
 
-    async def __aiter__(self):
-        while not self.done:
-            item = await asyncio.to_thread(self._next_item)
-            if isinstance(item, _End):
-                self._close(item)
-                return
-            self._record(item)
-            yield item
+    def __aiter__(self) -> _AsyncReader:
+        return _AsyncReader(self)
 
-    def _next_item(self):
+    def _next_item(self) -> TokenEvent | _End:
+        item = self._take()
+        if isinstance(item, _End):
+            self._queue.put(item)  # the end stays in the queue: every reader sees it
+        return item
+
+    def _take(self) -> TokenEvent | _End:
         if self._pump is None:
             return self._queue.get()
         while True:  # no loop thread: run engine steps until this stream has something
@@ -87,17 +99,6 @@ class TokenStream:
                 return self._queue.get_nowait()
             except queue.Empty:
                 self._pump()
-
-    def _record(self, event: TokenEvent) -> None:
-        if event.token_id is not None:
-            self.token_ids.append(event.token_id)
-            if event.logprob is not None:
-                self.logprobs.append(event)
-        self.text += event.text
-
-    def _close(self, end: _End) -> None:
-        self.finish_reason, self.error = end.finish_reason, end.error
-        self._done.set()
 
     def result(self) -> TokenStream:
         """Consume the rest of the stream; returns self (with text and finish_reason)."""
@@ -111,4 +112,54 @@ class TokenStream:
 
     @property
     def done(self) -> bool:
+        """True once the engine has ended the request (every event is then queued)."""
         return self._done.is_set()
+
+
+class _Reader:
+    """One `for` loop over a stream. Dropped before the end (break, exception), it
+    cancels the request: nobody reads the tokens any more."""
+
+    def __init__(self, stream: TokenStream) -> None:
+        self.stream = stream
+        self.ended = False
+
+    def __iter__(self) -> _Reader:
+        return self
+
+    def __next__(self) -> TokenEvent:
+        if self.ended:
+            raise StopIteration
+        item = self.stream._next_item()
+        if isinstance(item, _End):
+            self.ended = True
+            raise StopIteration
+        return item
+
+    def __del__(self) -> None:
+        if not self.ended and not self.stream.done:
+            self.stream.cancel()
+
+
+class _AsyncReader:
+    """One `async for` loop over a stream; leaving it early cancels the request."""
+
+    def __init__(self, stream: TokenStream) -> None:
+        self.stream = stream
+        self.ended = False
+
+    def __aiter__(self) -> _AsyncReader:
+        return self
+
+    async def __anext__(self) -> TokenEvent:
+        if self.ended:
+            raise StopAsyncIteration
+        item = await asyncio.to_thread(self.stream._next_item)
+        if isinstance(item, _End):
+            self.ended = True
+            raise StopAsyncIteration
+        return item
+
+    def __del__(self) -> None:
+        if not self.ended and not self.stream.done:
+            self.stream.cancel()

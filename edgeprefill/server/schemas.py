@@ -17,6 +17,7 @@ from typing import Any
 
 from edgeprefill.errors import RequestError
 from edgeprefill.sdk.params import MAX_LOGPROBS, GenerationParams
+from edgeprefill.sdk.priority import parse_priority
 from edgeprefill.sdk.tokenizer import Prompt
 from edgeprefill.server.errors import ApiError
 from edgeprefill.server.structured import parse_constraint
@@ -132,7 +133,7 @@ def _request(
         params=params,
         stream=_bool(body, "stream", False),
         include_usage=_bool(stream_options, "include_usage", False),
-        priority=_int(body, "priority", 0, low=-(2**31), high=2**31 - 1),
+        priority=_priority(body.get("priority", 0)),
         chunk_size=_int(body, "chunk_size", None, low=1),
         prompt_field=prompt_field,
         n=_int(body, "n", 1, low=1, high=MAX_N),
@@ -244,6 +245,13 @@ def _stop(value: Any) -> tuple[str, ...]:
 
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _priority(value: object) -> int:
+    try:
+        return parse_priority(value)
+    except RequestError as err:
+        raise ApiError(400, str(err), "priority") from None
 
 
 def _int(

@@ -1,25 +1,85 @@
-"""The KV arena in device memory for ONNX Runtime's GPU providers, bound by pointer per slot.
+"""The KV arena of the ONNX Runtime backend: one interface, a host and a device memory.
 
-One OrtValue per layer and per K/V, slot-first `[slots, KV, cap, D]` as on the CPU, so the
-rows of a step are the contiguous bytes from `data_ptr() + first_slot * slot_bytes`: each
-past input and its present output are bound there and the step updates the cache in place.
+Both hold one buffer per layer and per K/V (layer-major: K0, V0, K1, V1, ...), slot-first
+`[slots, KV, cap, D]`, so the rows of a step are the contiguous bytes from
+`address + first_slot * slot_bytes`: each past input and its present output are bound
+there and the step updates the cache in place. The backend holds one `KVArena` and never
+asks where it lives.
 
-Slot copies (prefix reuse, keeping decode rows adjacent) run on the device through a
-one-node Identity graph with its input and output bound to the two slots. They copy the
-whole slot rather than its first `length` positions: a prefix is not contiguous, and the
-positions past it are masked until the slot's owner overwrites them.
+- `HostArena`: numpy arrays (the CPU provider).
+- `DeviceArena`: OrtValues in device memory (the CUDA and TensorRT providers). Slot copies
+  (prefix reuse, keeping decode rows adjacent) run on the device through a one-node
+  Identity graph with its input and output bound to the two slots. They copy the whole
+  slot rather than its first `length` positions: a prefix is not contiguous, and the
+  positions past it are masked until the slot's owner overwrites them.
 """
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from types import ModuleType
+from typing import Any
 
 import numpy as np
 import onnx
 from onnx import helper
 
+KVPairs = Sequence[tuple[str, str]]  # (past input, present output) per buffer, arena order
 
-class DeviceArena:
+
+class KVArena(ABC):
+    """Slot-first KV buffers bound to a step's IOBinding in place."""
+
+    shape: tuple[int, ...]  # [slots, KV, cap, D]
+
+    @property
+    def slots(self) -> int:
+        return self.shape[0]
+
+    @abstractmethod
+    def bind(self, binding: Any, pairs: KVPairs, first: int, rows: int) -> None:
+        """Bind each (past, present) pair to rows [first, first + rows) of its buffer."""
+
+    @abstractmethod
+    def copy(self, src: int, dst: int, length: int) -> None:
+        """Copy at least positions [0, length) of one slot to another."""
+
+    @abstractmethod
+    def swap(self, a: int, b: int, length: int) -> None:
+        """Exchange at least positions [0, length) of two slots."""
+
+    @abstractmethod
+    def host_arrays(self) -> list[np.ndarray]:
+        """The buffers as numpy arrays (the live ones on the host, copies from a device)."""
+
+
+class HostArena(KVArena):
+    def __init__(self, shape: tuple[int, ...], dtype: np.dtype, count: int) -> None:
+        self.shape = shape
+        self.arrays = [np.zeros(shape, dtype) for _ in range(count)]
+
+    def bind(self, binding: Any, pairs: KVPairs, first: int, rows: int) -> None:
+        for (past, present), arena in zip(pairs, self.arrays, strict=True):
+            view = arena[first : first + rows]  # contiguous: slot is the first axis
+            for name, bind in ((past, binding.bind_input), (present, binding.bind_output)):
+                bind(name, "cpu", 0, arena.dtype, view.shape, view.ctypes.data)
+
+    def copy(self, src: int, dst: int, length: int) -> None:
+        for arena in self.arrays:
+            arena[dst, :, :length] = arena[src, :, :length]
+
+    def swap(self, a: int, b: int, length: int) -> None:
+        for arena in self.arrays:
+            held = arena[a, :, :length].copy()
+            arena[a, :, :length] = arena[b, :, :length]
+            arena[b, :, :length] = held
+
+    def host_arrays(self) -> list[np.ndarray]:
+        return self.arrays
+
+
+class DeviceArena(KVArena):
     def __init__(
         self, ort: ModuleType, shape: tuple[int, ...], dtype: np.dtype, count: int,
         providers: list[str], device: str = "cuda", device_id: int = 0,
@@ -34,7 +94,7 @@ class DeviceArena:
         self._spare = self._zeroed(ort, zeros[:1])
         self._copier = SlotCopier(ort, shape[1:], self.dtype, providers, device, device_id)
 
-    def _zeroed(self, ort: ModuleType, zeros: np.ndarray):
+    def _zeroed(self, ort: ModuleType, zeros: np.ndarray) -> Any:
         value = ort.OrtValue.ortvalue_from_shape_and_type(
             zeros.shape, self.dtype, self.device, self.device_id
         )
@@ -42,29 +102,25 @@ class DeviceArena:
         return value
 
     @property
-    def slots(self) -> int:
-        return self.shape[0]
-
-    @property
     def slot_bytes(self) -> int:
         return int(np.prod(self.shape[1:])) * self.dtype.itemsize
 
     def slot_address(self, index: int, slot: int) -> int:
-        return self.values[index].data_ptr() + slot * self.slot_bytes
+        address: int = self.values[index].data_ptr()
+        return address + slot * self.slot_bytes
 
-    def bind(self, binding, pairs: list[tuple[str, str]], first: int, rows: int) -> None:
-        """Bind each (past, present) pair to rows [first, first + rows) of its arena."""
+    def bind(self, binding: Any, pairs: KVPairs, first: int, rows: int) -> None:
         shape = (rows, *self.shape[1:])
         for index, (past, present) in enumerate(pairs):
             address = self.slot_address(index, first)
             binding.bind_input(past, self.device, self.device_id, self.dtype, shape, address)
             binding.bind_output(present, self.device, self.device_id, self.dtype, shape, address)
 
-    def copy(self, src: int, dst: int) -> None:
+    def copy(self, src: int, dst: int, length: int | None = None) -> None:
         for index in range(len(self.values)):
             self._copier.copy(self.slot_address(index, src), self.slot_address(index, dst))
 
-    def swap(self, a: int, b: int) -> None:
+    def swap(self, a: int, b: int, length: int | None = None) -> None:
         spare = self._spare.data_ptr()
         for index in range(len(self.values)):
             self._copier.copy(self.slot_address(index, a), spare)
@@ -72,7 +128,6 @@ class DeviceArena:
             self._copier.copy(spare, self.slot_address(index, b))
 
     def host_arrays(self) -> list[np.ndarray]:
-        """The arena copied to the host (for inspection and tests)."""
         return [value.numpy() for value in self.values]
 
 

@@ -4,21 +4,33 @@ Every KV input and its present output are bound to the same address, which makes
 GroupQueryAttention share the buffer and TensorScatter update it in place: no step copies
 the cache. Bindings are cached per (first slot, rows), so a step rebinds only the three
 small inputs. On the CUDA and TensorRT providers the arena lives in device memory and is
-bound by pointer the same way (ort.arena); their options come from ort.providers.
+bound by pointer the same way: the backend holds one `KVArena` (ort.arena, host or
+device) and never branches on where it lives; GPU options come from ort.providers.
 """
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from edgeprefill.bundle import Manifest, load_graph, resolve_inside
+from edgeprefill.contract import (
+    CAPACITY,
+    INPUT_IDS,
+    LOGITS,
+    PAST_LENS,
+    VALID_LENS,
+    check_loaded_io,
+    kv_pairs,
+)
 from edgeprefill.engines.base import Backend, BackendOptions, StepBatch
-from edgeprefill.engines.ort.arena import DeviceArena
+from edgeprefill.engines.ort.arena import DeviceArena, HostArena, KVArena
 from edgeprefill.engines.ort.providers import (
     KV_WRITE_OP,
+    GpuSettings,
     check_placement,
     configure_gpu_session,
     dimension_overrides,
@@ -66,7 +78,7 @@ class OnnxRuntimeBackend(Backend):
                 f"unknown device {options.device!r}; choose one of: {', '.join(PROVIDERS)}"
             )
         refuse_device(options.device)
-        self._gpu = None  # GPU provider settings; None on the CPU
+        self._gpu: GpuSettings | None = None  # GPU provider settings; None on the CPU
         if options.device != "cpu":
             self._gpu = gpu_settings(bundle_dir, manifest, options.engine_dir)
             wanted = PROVIDERS[options.device][0]
@@ -91,12 +103,14 @@ class OnnxRuntimeBackend(Backend):
             provider_options=self._provider_options(providers),
         )
         self._check_providers()
-        self._kv: list[np.ndarray] = []  # flat: layer-major, K then V
-        self._device_kv: DeviceArena | None = None  # the arena on a GPU provider
-        self._bindings: dict[tuple[int, int], object] = {}
+        check_loaded_io(manifest, [i.name for i in self.session.get_inputs()],
+                        [o.name for o in self.session.get_outputs()])
+        self.arena: KVArena | None = None  # host memory on the CPU, device memory on a GPU
+        self._kv_pairs = kv_pairs(manifest.graph)
+        self._bindings: dict[tuple[int, int], Any] = {}  # ort.IOBinding per (first, rows)
         self._logits = np.empty((0, manifest.model.vocab_size), np.float32)
 
-    def _session_options(self):
+    def _session_options(self) -> Any:
         ort = self._ort
         so = ort.SessionOptions()
         so.intra_op_num_threads = self.threads
@@ -137,16 +151,17 @@ class OnnxRuntimeBackend(Backend):
     def allocate_kv(self, slots: int, capacity: int) -> None:
         m = self.manifest.model
         shape = (slots, m.num_kv_heads, capacity, m.head_dim)
-        self._kv, self._device_kv = [], None  # free the old arena before the new one
-        if self._gpu is not None:
-            self._device_kv = self._device_arena(shape)
-        else:
-            self._kv = [np.zeros(shape, self.kv_dtype) for _ in range(2 * m.num_layers)]
+        self.arena = None  # free the old arena before the new one
         self._bindings.clear()
+        if self._gpu is None:
+            self.arena = HostArena(shape, self.kv_dtype, 2 * m.num_layers)
+        else:
+            self.arena = self._device_arena(shape)
         self._logits = np.empty((slots, m.vocab_size), np.float32)
 
     def _device_arena(self, shape: tuple[int, ...]) -> DeviceArena:
-        pinned = dimension_overrides(self.options.device, self._gpu).get("capacity")
+        assert self._gpu is not None, "a device arena is for the GPU providers"
+        pinned = dimension_overrides(self.options.device, self._gpu).get(CAPACITY)
         if pinned is not None and pinned != shape[2]:
             raise BackendError(
                 f"the TensorRT provider runs the graph at a KV capacity of {pinned} (the "
@@ -158,22 +173,20 @@ class OnnxRuntimeBackend(Backend):
     def kv_arrays(self) -> list[np.ndarray]:
         """The arena, layer-major [K0, V0, K1, V1, ...] (CPU numpy, for inspection; a copy
         when the arena is on a GPU)."""
-        return self._device_kv.host_arrays() if self._device_kv is not None else self._kv
+        return self.arena.host_arrays() if self.arena is not None else []
 
     def _slot_count(self) -> int:
-        if self._device_kv is not None:
-            return self._device_kv.slots
-        return self._kv[0].shape[0] if self._kv else 0
+        return self.arena.slots if self.arena is not None else 0
 
     def run(self, step: StepBatch) -> np.ndarray:
         binding = self._binding(step.first_slot, step.rows)
-        binding.bind_cpu_input("input_ids", step.input_ids)
-        binding.bind_cpu_input("past_lens", step.past_lens)
-        binding.bind_cpu_input("valid_lens", step.valid_lens)
+        binding.bind_cpu_input(INPUT_IDS, step.input_ids)
+        binding.bind_cpu_input(PAST_LENS, step.past_lens)
+        binding.bind_cpu_input(VALID_LENS, step.valid_lens)
         self.session.run_with_iobinding(binding)
         return self._logits[: step.rows]
 
-    def _binding(self, first: int, rows: int):
+    def _binding(self, first: int, rows: int) -> Any:
         key = (first, rows)
         if key not in self._bindings:
             if first < 0 or first + rows > self._slot_count():
@@ -181,44 +194,26 @@ class OnnxRuntimeBackend(Backend):
             self._bindings[key] = self._bind_buffers(first, rows)
         return self._bindings[key]
 
-    def _bind_buffers(self, first: int, rows: int):
+    def _bind_buffers(self, first: int, rows: int) -> Any:
         binding = self.session.io_binding()
         logits = self._logits[:rows]
-        binding.bind_output("logits", "cpu", 0, np.float32, logits.shape, logits.ctypes.data)
-        graph = self.manifest.graph
-        if self._device_kv is not None:
-            pairs = list(zip(_flat(graph.kv_inputs), _flat(graph.kv_outputs), strict=True))
-            self._device_kv.bind(binding, pairs, first, rows)
-            return binding
-        names = zip(_flat(graph.kv_inputs), _flat(graph.kv_outputs), self._kv, strict=True)
-        for past, present, arena in names:
-            view = arena[first : first + rows]  # contiguous: slot is the first axis
-            for name, bind in ((past, binding.bind_input), (present, binding.bind_output)):
-                bind(name, "cpu", 0, arena.dtype, view.shape, view.ctypes.data)
+        binding.bind_output(LOGITS, "cpu", 0, np.float32, logits.shape, logits.ctypes.data)
+        self._allocated().bind(binding, self._kv_pairs, first, rows)
         return binding
 
     def copy_kv(self, src_slot: int, dst_slot: int, length: int) -> None:
-        if self._device_kv is not None:
-            self._device_kv.copy(src_slot, dst_slot)
-            return
-        for arena in self._kv:
-            arena[dst_slot, :, :length] = arena[src_slot, :, :length]
+        self._allocated().copy(src_slot, dst_slot, length)
 
     def swap_kv(self, a: int, b: int, length: int) -> None:
-        if self._device_kv is not None:
-            self._device_kv.swap(a, b)
-            return
-        for arena in self._kv:
-            held = arena[a, :, :length].copy()
-            arena[a, :, :length] = arena[b, :, :length]
-            arena[b, :, :length] = held
+        self._allocated().swap(a, b, length)
+
+    def _allocated(self) -> KVArena:
+        if self.arena is None:
+            raise BackendError("allocate_kv must be called before the KV cache is used")
+        return self.arena
 
     def close(self) -> None:
         # Drop the session too: its weights would otherwise stay until a GC cycle.
         self._bindings.clear()
-        self._kv, self._device_kv = [], None
+        self.arena = None
         self.session = None
-
-
-def _flat(pairs: list[list[str]]) -> list[str]:
-    return [name for pair in pairs for name in pair]

@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from edgeprefill.bundle import Manifest
+from edgeprefill.contract import INPUT_IDS, LOGITS, PAST_LENS, VALID_LENS
 from edgeprefill.engines.base import Backend, BackendOptions, StepBatch
 from edgeprefill.engines.trt.graph import require_standard
 from edgeprefill.engines.trt.plan import aligned_capacity
@@ -51,8 +52,8 @@ class TensorRTBackend(Backend):
         self._spare = 0  # one slot of one arena: the middle stop of a swap
         self._slots = 0
         rows, tokens = staging_sizes(self.plan)
-        sizes = {"input_ids": tokens * 8, "past_lens": rows * 4, "valid_lens": rows * 4,
-                 "logits": rows * self._vocab * 4}
+        sizes = {INPUT_IDS: tokens * 8, PAST_LENS: rows * 4, VALID_LENS: rows * 4,
+                 LOGITS: rows * self._vocab * 4}
         self._stage: dict[str, int] = {}
         try:
             for name, nbytes in sizes.items():
@@ -99,21 +100,21 @@ class TensorRTBackend(Backend):
             self._execute(call)
             if call.last:
                 self.device.download(logits[call.first_row : call.first_row + call.rows],
-                                     self._stage["logits"])
+                                     self._stage[LOGITS])
         return logits
 
     def _execute(self, call: Call) -> None:
         # Stream order makes the next upload wait for the previous call to read its inputs.
-        self.device.upload(self._stage["input_ids"], call.input_ids)
-        self.device.upload(self._stage["past_lens"], call.past_lens)
-        self.device.upload(self._stage["valid_lens"], call.valid_lens)
+        self.device.upload(self._stage[INPUT_IDS], call.input_ids)
+        self.device.upload(self._stage[PAST_LENS], call.past_lens)
+        self.device.upload(self._stage[VALID_LENS], call.valid_lens)
         bindings = call_bindings(call, self._buffers(), self._pairs, self._kv_shape, self._vocab)
         self.runtime.execute(call.profile, bindings)
 
     def _buffers(self) -> DeviceBuffers:
         s = self._stage
         return DeviceBuffers(
-            s["input_ids"], s["past_lens"], s["valid_lens"], s["logits"],
+            s[INPUT_IDS], s[PAST_LENS], s[VALID_LENS], s[LOGITS],
             tuple(self._arenas), self.slot_bytes, self._slots,
         )
 

@@ -17,9 +17,9 @@ from math import gcd
 import numpy as np
 
 from edgeprefill.bundle import Manifest
+from edgeprefill.contract import BATCH, CAPACITY, CHUNK
 from edgeprefill.errors import BackendError
 
-BATCH, CHUNK, CAPACITY = "batch", "chunk", "capacity"  # the graph's symbolic axes
 TENSOR_ALIGNMENT = 256  # bytes: TensorRT rejects (or misreads) tensor addresses off this
 Shape = tuple[int, ...]
 

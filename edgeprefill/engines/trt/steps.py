@@ -15,6 +15,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from edgeprefill.contract import INPUT_IDS, LOGITS, PAST_LENS, VALID_LENS
 from edgeprefill.engines.base import StepBatch
 from edgeprefill.engines.trt.plan import ProfilePlan, Shape
 from edgeprefill.errors import BackendError
@@ -136,10 +137,10 @@ def call_bindings(
         raise BackendError(f"slots {call.first_slot}..{call.first_slot + rows - 1} "
                            f"are not allocated ({buffers.slots} slots)")
     bound = {
-        "input_ids": TensorBinding(buffers.input_ids, (rows, chunk)),
-        "past_lens": TensorBinding(buffers.past_lens, (rows,)),
-        "valid_lens": TensorBinding(buffers.valid_lens, (rows,)),
-        "logits": TensorBinding(buffers.logits, (rows, vocab)),
+        INPUT_IDS: TensorBinding(buffers.input_ids, (rows, chunk)),
+        PAST_LENS: TensorBinding(buffers.past_lens, (rows,)),
+        VALID_LENS: TensorBinding(buffers.valid_lens, (rows,)),
+        LOGITS: TensorBinding(buffers.logits, (rows, vocab)),
     }
     offset = call.first_slot * buffers.slot_bytes  # slot-first: rows are contiguous
     for (past, present), base in zip(kv_pairs, buffers.kv, strict=True):

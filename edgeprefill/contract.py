@@ -1,0 +1,150 @@
+"""The chunk-graph contract as code: the one place that names the step tensors, their
+symbolic axes and the per-layer KV names (docs/design.md, "The chunk-graph contract").
+
+One call runs one step: B rows of C tokens, against KV buffers of a fixed capacity.
+
+  inputs   input_ids         [batch, chunk]                          int64
+           past_lens         [batch]                                 int32
+           valid_lens        [batch]                                 int32
+           past_key.{i}      [batch, kv_heads, capacity, head_dim]   model dtype
+           past_value.{i}    (the same)
+  outputs  logits            [batch, vocab]                          float32
+           present_key.{i}   the buffer of past_key.{i}, updated in place
+           present_value.{i} the buffer of past_value.{i}
+
+The exporter writes graphs and manifests from these names; the runtime and the backends
+bind by them; `check_graph_io` refuses a manifest whose graph differs, and
+`check_loaded_io` a graph file that differs from its manifest.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from edgeprefill.errors import BundleError
+
+if TYPE_CHECKING:
+    from edgeprefill.bundle import GraphInfo, Manifest
+
+INPUT_IDS = "input_ids"
+PAST_LENS = "past_lens"
+VALID_LENS = "valid_lens"
+LOGITS = "logits"
+BATCH, CHUNK, CAPACITY = "batch", "chunk", "capacity"  # the graph's symbolic axes
+
+Axis = str | int  # a symbolic axis name or a fixed size
+
+
+class KVNames(NamedTuple):
+    """One layer's four cache tensor names."""
+
+    past_key: str
+    past_value: str
+    present_key: str
+    present_value: str
+
+
+def kv_names(layer: int) -> KVNames:
+    return KVNames(f"past_key.{layer}", f"past_value.{layer}",
+                   f"present_key.{layer}", f"present_value.{layer}")
+
+
+class KVPair(NamedTuple):
+    """One KV arena: the graph input it is bound to and the output aliasing it."""
+
+    input: str
+    output: str
+
+
+class FileRecord(NamedTuple):
+    """A bundle file as the manifest records it."""
+
+    sha256: str
+    bytes: int
+
+
+class GraphIO(NamedTuple):
+    """Name -> [dtype, axes], as the manifest stores a graph's inputs and outputs."""
+
+    inputs: dict[str, list[Any]]
+    outputs: dict[str, list[Any]]
+
+
+def step_io(num_layers: int, kv_heads: int, head_dim: int, vocab: int, dtype: str) -> GraphIO:
+    """Every input and output of a chunk graph with these dimensions."""
+    kv = [dtype, [BATCH, kv_heads, CAPACITY, head_dim]]
+    inputs: dict[str, list[Any]] = {
+        INPUT_IDS: ["int64", [BATCH, CHUNK]],
+        PAST_LENS: ["int32", [BATCH]],
+        VALID_LENS: ["int32", [BATCH]],
+    }
+    outputs: dict[str, list[Any]] = {LOGITS: ["float32", [BATCH, vocab]]}
+    for layer in range(num_layers):
+        names = kv_names(layer)
+        inputs |= {names.past_key: kv, names.past_value: kv}
+        outputs |= {names.present_key: kv, names.present_value: kv}
+    return GraphIO(inputs, outputs)
+
+
+def kv_pairs(graph: GraphInfo) -> list[KVPair]:
+    """The KV arenas in arena order: layer 0 key, layer 0 value, layer 1 key, ..."""
+    inputs = [name for pair in graph.kv_inputs for name in pair]
+    outputs = [name for pair in graph.kv_outputs for name in pair]
+    return [KVPair(i, o) for i, o in zip(inputs, outputs, strict=True)]
+
+
+def file_records(files: Mapping[str, Mapping[str, Any]]) -> dict[str, FileRecord]:
+    """The manifest's `files` as typed records."""
+    return {name: FileRecord(str(r.get("sha256", "")), int(r.get("bytes", -1)))
+            for name, r in files.items()}
+
+
+def check_graph_io(manifest: Manifest) -> None:
+    """Raise BundleError unless the manifest's graph has exactly the contract's inputs,
+    outputs and KV pairs for its model's dimensions."""
+    m, graph = manifest.model, manifest.graph
+    expected = step_io(m.num_layers, m.num_kv_heads, m.head_dim, m.vocab_size, graph.dtype)
+    _same("inputs", _plain(graph.inputs), expected.inputs)
+    _same("outputs", _plain(graph.outputs), expected.outputs)
+    layers = [kv_names(i) for i in range(m.num_layers)]
+    pairs = [p for n in layers for p in (KVPair(n.past_key, n.present_key),
+                                         KVPair(n.past_value, n.present_value))]
+    if kv_pairs(graph) != pairs:
+        raise BundleError("the manifest's KV input/output pairs are not the chunk-graph "
+                          "contract's (past_key.{i}/present_key.{i}, ...); re-export")
+
+
+def check_loaded_io(manifest: Manifest, inputs: Collection[str], outputs: Collection[str]) -> None:
+    """Raise BundleError unless a loaded graph file has exactly the inputs and outputs its
+    manifest declares (a graph file swapped or edited after export)."""
+    graph = manifest.graph
+    for kind, got, declared in (("inputs", inputs, graph.inputs),
+                                ("outputs", outputs, graph.outputs)):
+        if set(got) != set(declared):
+            odd = sorted(set(got) ^ set(declared))
+            raise BundleError(f"{graph.file} does not match its manifest: the {kind} "
+                              f"{', '.join(odd)} differ; re-export the bundle")
+
+
+def _plain(table: Mapping[str, Any]) -> dict[str, list[Any]]:
+    try:
+        return {name: [spec[0], list(spec[1])] for name, spec in table.items()}
+    except (AttributeError, IndexError, KeyError, TypeError):
+        raise BundleError("the manifest's graph inputs/outputs are malformed: each is "
+                          "name -> [dtype, shape]") from None
+
+
+def _same(kind: str, got: dict[str, list[Any]], expected: dict[str, list[Any]]) -> None:
+    if got == expected:
+        return
+    missing = sorted(set(expected) - set(got))
+    extra = sorted(set(got) - set(expected))
+    wrong = sorted(n for n in set(got) & set(expected) if got[n] != expected[n])
+    detail = "; ".join(part for part in (
+        f"missing {', '.join(missing)}" if missing else "",
+        f"unexpected {', '.join(extra)}" if extra else "",
+        ", ".join(f"{n} is {got[n]}, expected {expected[n]}" for n in wrong[:3]),
+    ) if part)
+    raise BundleError(f"the bundle's graph {kind} differ from the chunk-graph contract: "
+                      f"{detail}; re-export it with `edgeprefill export`")

@@ -1,0 +1,109 @@
+"""The step runner: turns a scheduled step into backend calls and keeps the books.
+
+For both kinds of call it builds the `StepBatch`, times the call, records the KV that
+was written (in the `KVCache` and in each request's `kv_len`), feeds the chunk
+controller and the engine counters, and appends to the trace. It never decides what
+runs (the scheduler does) nor what a logit means (the engine samples and streams).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+import numpy as np
+
+from edgeprefill.engines.base import Backend, StepBatch
+from edgeprefill.sdk.chunking import ChunkController
+from edgeprefill.sdk.config import StepTrace
+from edgeprefill.sdk.kv_cache import KVCache
+from edgeprefill.sdk.metrics import EngineCounters
+from edgeprefill.sdk.request import Request
+from edgeprefill.sdk.scheduler import PrefillChunk
+
+
+class StepRunner:
+    def __init__(
+        self, backend: Backend, kv: KVCache, chunks: ChunkController,
+        counters: EngineCounters, trace: list[StepTrace] | None,
+    ) -> None:
+        """`trace`: a list to append every call to, or None to record nothing."""
+        self.backend = backend
+        self.kv = kv
+        self.chunks = chunks
+        self.counters = counters
+        self.trace = trace
+
+    def decode(self, rows: Sequence[Request]) -> np.ndarray:
+        """One call for every decoding request (rows in adjacent slots, in slot order);
+        returns float32 logits [rows, vocab]."""
+        last = [r.generated[-1] for r in rows]
+        batch = StepBatch(
+            input_ids=np.array(last, np.int64)[:, None],  # [B, 1]
+            past_lens=np.array([r.kv_len for r in rows], np.int32),
+            valid_lens=np.ones(len(rows), np.int32),
+            first_slot=_slot(rows[0]),
+        )
+        logits, start, end = self._call(batch)
+        self._count_decode(start, end, len(rows))
+        self._record("decode", start, end, rows, len(rows))
+        for request, token in zip(rows, last, strict=True):
+            self._written(request, [token])
+        return logits
+
+    def prefill(self, chunk: PrefillChunk) -> np.ndarray:
+        """One chunk of one prompt; returns float32 logits [1, vocab] of its last token."""
+        request, start_pos, length = chunk
+        ids = request.tokens[start_pos : start_pos + length]
+        batch = StepBatch(
+            input_ids=np.array([ids], np.int64),  # [1, length]
+            past_lens=np.array([start_pos], np.int32),
+            valid_lens=np.array([length], np.int32),
+            first_slot=_slot(request),
+        )
+        logits, start, end = self._call(batch)
+        self._count_prefill(start, end, length)
+        self._record("prefill", start, end, [request], length)
+        self._written(request, ids)
+        request.metrics.chunks += 1
+        return logits
+
+    def idle(self) -> None:
+        """Nobody decodes: the next decode call starts no stall."""
+        self.counters.last_decode_end = None
+
+    def _call(self, batch: StepBatch) -> tuple[np.ndarray, float, float]:
+        start = time.perf_counter()
+        logits = self.backend.run(batch)
+        return logits, start, time.perf_counter()
+
+    def _written(self, request: Request, tokens: list[int]) -> None:
+        self.kv.extend(_slot(request), tokens)
+        request.kv_len += len(tokens)
+
+    def _count_decode(self, start: float, end: float, rows: int) -> None:
+        c = self.counters
+        c.decode_tokens += rows
+        c.decode_seconds += end - start
+        c.decode_steps += 1
+        if c.last_decode_end is not None:
+            c.max_decode_stall_s = max(c.max_decode_stall_s, end - c.last_decode_end)
+        c.last_decode_end = end
+        self.chunks.observe_decode(end - start)
+
+    def _count_prefill(self, start: float, end: float, length: int) -> None:
+        self.counters.prefill_tokens += length
+        self.counters.prefill_seconds += end - start
+        self.chunks.observe_prefill(length, end - start)
+
+    def _record(
+        self, kind: str, start: float, end: float, requests: Sequence[Request], tokens: int
+    ) -> None:
+        if self.trace is not None:
+            ids = tuple(r.id for r in requests)
+            self.trace.append(StepTrace(kind, start, end, ids, tokens))
+
+
+def _slot(request: Request) -> int:
+    assert request.slot is not None, "a running request holds a slot"
+    return request.slot

@@ -1,0 +1,195 @@
+"""What every reader of a stream can rely on (docs/design.md, "What a stream promises"):
+close() ends every stream, leaving a loop cancels, two readers never hang, bad ids are
+refused at submit. Run on the fake backend, so only the engine's logic is under test."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import numpy as np
+import pytest
+
+from edgeprefill import engines
+from edgeprefill.errors import EngineClosedError, RequestError
+from edgeprefill.sdk import Engine, GenerationParams
+
+HANG = 10  # seconds after which a reader counts as blocked forever
+MANY = GenerationParams(max_new_tokens=300, ignore_eos=True)
+
+
+@pytest.fixture
+def make_engine(bundle, monkeypatch):
+    monkeypatch.setitem(engines.BACKENDS, "fake", "tests.fake_backend:FakeBackend")
+    made = []
+
+    def make(**options) -> Engine:
+        options.setdefault("kv_slots", 2)
+        options.setdefault("chunk_size", 16)
+        engine = Engine.load(bundle("llama"), backend="fake", **options)
+        made.append(engine)
+        return engine
+
+    yield make
+    for engine in made:
+        engine.close()
+
+
+def ids(n: int, seed: int = 0) -> list[int]:
+    return [int(t) for t in np.random.default_rng(seed).integers(3, 100, size=n)]
+
+
+def finish_within(stream, seconds: float = HANG) -> str | None:
+    """The stream's finish reason once a reader thread reaches its end; None if the
+    reader is still blocked after `seconds`."""
+    reader = threading.Thread(target=stream.result, daemon=True)
+    reader.start()
+    reader.join(seconds)
+    return None if reader.is_alive() else stream.finish_reason
+
+
+def test_close_ends_queued_prefilling_decoding_and_just_submitted_streams(make_engine):
+    engine = make_engine(background=False, kv_slots=1)
+    decoding = engine.generate(ids(20), MANY)
+    while decoding.metrics.generated_tokens == 0:
+        engine.step()
+    queued = engine.generate(ids(150, 1), MANY)  # the only slot is busy
+    engine.step()
+    just_submitted = engine.generate(ids(30, 2), MANY)  # still in the inbox
+    engine.close()
+    for stream in (decoding, queued, just_submitted):
+        assert finish_within(stream) == "cancelled"
+    assert engine.kv.usage().active == 0
+    with pytest.raises(EngineClosedError):
+        engine.generate(ids(5), MANY)
+    engine.close()  # a second close is harmless
+
+
+def test_close_racing_with_submitting_threads_leaves_no_stream_open(make_engine):
+    engine = make_engine(kv_slots=2)
+    streams, refused = [], []
+
+    def submit_many(seed: int) -> None:
+        for i in range(50):
+            try:
+                streams.append(engine.generate(ids(20, seed * 100 + i), MANY))
+            except EngineClosedError:
+                refused.append(i)
+
+    threads = [threading.Thread(target=submit_many, args=(s,)) for s in range(3)]
+    for t in threads:
+        t.start()
+    engine.close()
+    for t in threads:
+        t.join()
+    assert streams and all(finish_within(s) is not None for s in streams)
+
+
+def test_breaking_out_of_a_for_loop_cancels_the_request_and_frees_its_slot(make_engine):
+    engine = make_engine(background=False)
+    stream = engine.generate(ids(20), MANY)
+    for i, _ in enumerate(stream):
+        if i == 3:
+            break
+    engine.step()  # the cancellation takes effect at the next step boundary
+    assert stream.done and stream.finish_reason == "cancelled"
+    assert len(stream.token_ids) < 10
+    assert engine.kv.usage().active == 0
+    engine.check_integrity()
+
+
+def test_an_exception_inside_the_loop_cancels_the_request(make_engine):
+    engine = make_engine(background=False)
+    stream = engine.generate(ids(20), MANY)
+    with pytest.raises(KeyError):
+        for _ in stream:
+            raise KeyError("the caller's own bug")
+    engine.step()
+    assert stream.finish_reason == "cancelled"
+    assert engine.kv.usage().active == 0
+
+
+def test_leaving_an_async_for_loop_cancels_the_request(make_engine):
+    # No loop thread: the reader's own pumping produces the tokens, so the request cannot
+    # run to its end before the break, however slow the machine.
+    engine = make_engine(background=False)
+
+    async def read_three(stream) -> None:
+        count = 0
+        async for _ in stream:
+            count += 1
+            if count == 3:
+                break
+
+    stream = engine.generate(ids(20), MANY)
+    asyncio.run(read_three(stream))
+    assert finish_within(stream) == "cancelled"
+    assert len(stream.token_ids) < MANY.max_new_tokens
+
+
+def test_a_finished_stream_iterates_as_empty(make_engine):
+    engine = make_engine(background=False)
+    stream = engine.generate(ids(20), GenerationParams(max_new_tokens=4, ignore_eos=True))
+    assert len(list(stream)) == 4
+    assert list(stream) == [] and stream.finish_reason == "length"
+
+
+@pytest.mark.parametrize("background", [True, False])
+def test_two_threads_reading_one_stream_both_end_and_share_its_events(make_engine,
+                                                                      background):
+    engine = make_engine(background=background)
+    stream = engine.generate(ids(20), GenerationParams(max_new_tokens=200, ignore_eos=True))
+    seen: list[list[int]] = [[], []]
+
+    def read(into: list[int]) -> None:
+        into.extend(e.token_id for e in stream if e.token_id is not None)
+
+    readers = [threading.Thread(target=read, args=(s,), daemon=True) for s in seen]
+    for r in readers:
+        r.start()
+    for r in readers:
+        r.join(HANG)
+    assert not any(r.is_alive() for r in readers), "a reader is blocked"
+    assert stream.finish_reason == "length"
+    # Each event went to exactly one reader; the stream's record holds them all, in order.
+    assert sorted(seen[0] + seen[1]) == sorted(stream.token_ids)
+    assert len(stream.token_ids) == 200
+
+
+@pytest.mark.parametrize("bad", [-1, 128, 10**9, 3.0, True])
+def test_submit_refuses_token_ids_outside_the_vocabulary(make_engine, bad):
+    engine = make_engine(background=False)
+    with pytest.raises(RequestError, match=r"not in the vocabulary \(ids 0\.\.127\)"):
+        engine.submit([5, bad, 6], None, 0, None)
+    assert engine.scheduler.live() == []
+
+
+def test_a_failing_kv_swap_ends_the_requests_with_an_error_not_the_loop(make_engine,
+                                                                        monkeypatch):
+    engine = make_engine(background=False, kv_slots=3)
+    params = [GenerationParams(max_new_tokens=n, ignore_eos=True) for n in (200, 3, 200)]
+    streams = [engine.generate(ids(20, s), p) for s, p in enumerate(params)]
+    while not streams[1].done:  # the middle one ends: the next step swaps slot 2 into 1
+        engine.step()
+
+    def broken(*_args: object) -> None:
+        raise RuntimeError("device copy failed")
+
+    monkeypatch.setattr(engine.backend, "swap_kv", broken)
+    engine.step()  # raises nothing: the loop would go on
+    for stream in (streams[0], streams[2]):
+        assert stream.result().finish_reason == "error"
+        assert "device copy failed" in stream.error
+    monkeypatch.undo()
+    assert engine.generate(ids(20, 9), params[1]).result().finish_reason == "length"
+    engine.check_integrity()
+
+
+def test_close_ends_every_choice_of_an_n_request(make_engine):
+    engine = make_engine(background=False, kv_slots=1)
+    busy = engine.generate(ids(20), MANY)
+    engine.step()  # the only slot is taken: the n request waits with its siblings
+    choices = engine.submit_n(ids(30, 1), MANY, 3)
+    engine.close()
+    for stream in (busy, *choices):
+        assert finish_within(stream) == "cancelled"
