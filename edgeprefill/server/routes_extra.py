@@ -25,6 +25,7 @@ from edgeprefill import __version__
 from edgeprefill.errors import RequestError
 from edgeprefill.sdk.engine import Engine
 from edgeprefill.server.errors import ApiError
+from edgeprefill.server.schemas import bool_field
 from edgeprefill.server.tools import message_fields
 
 ReadJson = Callable[[Request], Awaitable[Any]]
@@ -69,8 +70,8 @@ class ExtraRoutes:
             body = self._checked(await self.read_json(request), TOKENIZE_FIELDS)
             ids = await self._encode(body)
             body_out: dict[str, Any] = {"count": len(ids), "max_model_len": self.engine.capacity}
-            body_out["tokens"] = self._pieces(ids) if _flag(body, "with_pieces") else ids
-            if _flag(body, "return_token_strs"):
+            body_out["tokens"] = self._pieces(ids) if bool_field(body, "with_pieces") else ids
+            if bool_field(body, "return_token_strs"):
                 body_out["token_strs"] = [self._piece(i) for i in ids]
         except ApiError as err:
             return err.response()
@@ -82,7 +83,7 @@ class ExtraRoutes:
             ids = body.get("tokens")
             if not isinstance(ids, list) or not all(_is_int(t) for t in ids):
                 raise ApiError(400, "'tokens' must be a list of token ids", "tokens")
-            skip = _flag(body, "skip_special_tokens")
+            skip = bool_field(body, "skip_special_tokens")
             text = await run_in_threadpool(self._decode, ids, skip)
         except ApiError as err:
             return err.response()
@@ -124,8 +125,8 @@ class ExtraRoutes:
             if not isinstance(text, str):
                 raise ApiError(400, f"'{field}' must be a string", field)
             # vLLM adds the special tokens (BOS) unless told not to; llama-server does not.
-            special = _flag(body, "add_special_tokens", True) if field == "prompt" else \
-                _flag(body, "add_special", False)
+            special = bool_field(body, "add_special_tokens", True) if field == "prompt" else \
+                bool_field(body, "add_special", False)
             method, args, kwargs = "encode" if special else "encode_plain", (text,), {}
         try:
             return await self.call(method, *args, **kwargs)
@@ -163,7 +164,7 @@ def _messages(body: dict) -> list[dict]:
 
 
 def _chat_options(body: dict) -> dict:
-    options: dict[str, Any] = {"add_generation_prompt": _flag(body, "add_generation_prompt",
+    options: dict[str, Any] = {"add_generation_prompt": bool_field(body, "add_generation_prompt",
                                                               True)}
     tools = body.get("tools")
     if tools is not None:
@@ -173,13 +174,6 @@ def _chat_options(body: dict) -> dict:
     return options
 
 
-def _flag(body: dict, name: str, default: bool = False) -> bool:
-    value = body.get(name)
-    if value is None:
-        return default
-    if not isinstance(value, bool):
-        raise ApiError(400, f"'{name}' must be true or false", name)
-    return value
 
 
 def _is_int(value: Any) -> bool:

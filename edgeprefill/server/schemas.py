@@ -117,7 +117,7 @@ def _request(
             ),
             seed=_int(body, "seed", None, low=0, high=MAX_SEED),
             stop=_stop(body.get("stop")),
-            ignore_eos=_bool(body, "ignore_eos", False),
+            ignore_eos=bool_field(body, "ignore_eos", False),
             min_p=_number(body, "min_p", 0.0, low=0.0, high=1.0),
             presence_penalty=_number(body, "presence_penalty", 0.0, low=-2.0, high=2.0),
             frequency_penalty=_number(body, "frequency_penalty", 0.0, low=-2.0, high=2.0),
@@ -131,8 +131,8 @@ def _request(
         model=_str(body, "model"),
         prompt=prompt,
         params=params,
-        stream=_bool(body, "stream", False),
-        include_usage=_bool(stream_options, "include_usage", False),
+        stream=bool_field(body, "stream", False),
+        include_usage=bool_field(stream_options, "include_usage", False),
         priority=_priority(body.get("priority", 0)),
         chunk_size=_int(body, "chunk_size", None, low=1),
         prompt_field=prompt_field,
@@ -174,7 +174,7 @@ def _logprobs(body: dict, chat: bool) -> int | None:
     if not chat:
         return _int(body, "logprobs", None, low=0, high=MAX_COMPLETION_LOGPROBS)
     top = _int(body, "top_logprobs", None, low=0, high=MAX_LOGPROBS)
-    if not _bool(body, "logprobs", False):
+    if not bool_field(body, "logprobs", False):
         if top:
             raise ApiError(400, "'top_logprobs' needs 'logprobs': true", "top_logprobs")
         return None
@@ -284,7 +284,8 @@ def _number(
     return float(value)
 
 
-def _bool(body: dict, name: str, default: bool) -> bool:
+def bool_field(body: dict, name: str, default: bool = False) -> bool:
+    """A boolean request field: absent or null is `default`, anything else but a bool a 400."""
     value = body.get(name)
     if value is None:
         return default
