@@ -132,9 +132,9 @@ def check_manifest(manifest: Manifest) -> None:
         len(pair) != 2 for pair in (*manifest.graph.kv_inputs, *manifest.graph.kv_outputs)
     ):
         _malformed("graph.kv_inputs/kv_outputs must hold one [key, value] pair per layer")
-    for name, record in manifest.files.items():
-        if not isinstance(record, dict) or not isinstance(record.get("bytes"), int) or (
-            not isinstance(record.get("sha256"), str)
+    for name, entry in manifest.files.items():
+        if not isinstance(entry, dict) or not isinstance(entry.get("bytes"), int) or (
+            not isinstance(entry.get("sha256"), str)
         ):
             _malformed(f"files[{name!r}] must be {{'sha256': str, 'bytes': int}}")
 
@@ -170,7 +170,8 @@ def _is_instance(value: Any, hint: Any) -> bool:
 
 
 def _type_name(hint: Any) -> str:
-    return getattr(hint, "__name__", None) if get_origin(hint) is None else str(hint)
+    name = getattr(hint, "__name__", None) if get_origin(hint) is None else None
+    return name if isinstance(name, str) else str(hint)
 
 
 def _short(value: Any) -> str:
