@@ -12,10 +12,13 @@ import json
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from types import UnionType
-from typing import Any, Union, get_args, get_origin, get_type_hints
+from typing import TYPE_CHECKING, Any, Union, get_args, get_origin, get_type_hints
 
 from edgeprefill.contract import check_graph_io
 from edgeprefill.errors import BundleError
+
+if TYPE_CHECKING:  # onnx is imported only where a graph is read
+    import onnx
 
 FORMAT_VERSION = 1
 MANIFEST_FILE = "edgeprefill.json"
@@ -223,7 +226,7 @@ def resolve_inside(root: Path, name: str) -> Path:
     return path
 
 
-def load_graph(bundle_dir: Path, manifest: Manifest):
+def load_graph(bundle_dir: Path, manifest: Manifest) -> onnx.ModelProto:
     """The bundle's ONNX graph without its weights (an onnx.ModelProto); refuses a corrupt
     file and external-data locations outside the bundle directory."""
     import onnx
