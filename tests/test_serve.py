@@ -323,7 +323,9 @@ def test_bad_requests_never_disturb_a_running_stream(client, http, engine, monke
 def test_full_server_answers_429_and_recovers(engine, monkeypatch):
     slow_down(monkeypatch, engine, 0.005)
     app = create_app(engine, ServerConfig(model_name=MODEL, max_pending=1))
-    body = {"model": MODEL, "prompt": "w5", "max_tokens": 30, "stream": True, **NO_EOS}
+    # 300 tokens at >= 5 ms each: the first request is still generating when the second
+    # arrives, even on a loaded machine (at 30 it sometimes finished first).
+    body = {"model": MODEL, "prompt": "w5", "max_tokens": 300, "stream": True, **NO_EOS}
     with ServerThread(app, port=free_port()) as server:
         url = f"{server.url}/v1/completions"
         with httpx.stream("POST", url, json=body) as first:

@@ -132,8 +132,20 @@ def wait_for_lines(caplog, count: int, timeout: float = 5.0) -> list[str]:
         time.sleep(0.01)
 
 
+def settle_log(http, caplog) -> None:
+    """Lines trail their replies: an earlier test's last line may land after this test
+    starts capturing. Wait for a sentinel request's own line, then start clean."""
+    http.get("/v1/models/log-sentinel")
+    deadline = time.monotonic() + 5.0
+    while time.monotonic() < deadline and not any(
+            "/v1/models/log-sentinel" in r.getMessage() for r in caplog.records):
+        time.sleep(0.01)
+    caplog.clear()
+
+
 def test_each_request_logs_one_line_with_tokens_ttft_and_duration(http, caplog):
     caplog.set_level(logging.DEBUG, logger="edgeprefill.server")
+    settle_log(http, caplog)
     reply = http.post("/v1/completions", json={"prompt": "w5 w6", "max_tokens": 4, **NO_EOS})
     streamed = http.post("/v1/chat/completions", json={
         "messages": [{"role": "user", "content": "w7"}], "max_tokens": 3, "stream": True,
