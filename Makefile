@@ -31,7 +31,7 @@ demo: $(VENV)/.core
 
 lint: $(VENV)/.dev
 	$(BIN)/ruff check edgeprefill tests samples benchmarks scripts
-	$(BIN)/mypy  # strict on edgeprefill/sdk and edgeprefill/engines ([tool.mypy] in pyproject)
+	$(BIN)/mypy  # strict on edgeprefill/sdk, engines, contract.py, bundle.py ([tool.mypy] in pyproject)
 
 # The native kernels (edgeprefill/kernels) are built when g++ and npm are there, so the
 # tests exercise them; without them the tests of the stock graph still run.

@@ -12,10 +12,13 @@ import json
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from types import UnionType
-from typing import Any, Union, get_args, get_origin, get_type_hints
+from typing import TYPE_CHECKING, Any, NoReturn, Union, get_args, get_origin, get_type_hints
 
-from edgeprefill.contract import check_graph_io
+from edgeprefill.contract import FileRecord, check_graph_io
 from edgeprefill.errors import BundleError
+
+if TYPE_CHECKING:  # onnx is imported only where a graph is read
+    import onnx
 
 FORMAT_VERSION = 1
 MANIFEST_FILE = "edgeprefill.json"
@@ -63,12 +66,14 @@ class Manifest:
     max_context: int  # positions a session may hold (prompt + generated)
     eos_token_ids: list[int]
     bos_token_id: int | None
-    files: dict[str, dict[str, Any]] = field(default_factory=dict)  # name -> sha256, bytes
+    files: dict[str, FileRecord] = field(default_factory=dict)  # name -> sha256, bytes
     source: dict[str, Any] = field(default_factory=dict)
     format_version: int = FORMAT_VERSION
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), indent=2) + "\n"
+        raw = asdict(self)  # keeps the records NamedTuples, which JSON would write as lists
+        raw["files"] = {name: record._asdict() for name, record in self.files.items()}
+        return json.dumps(raw, indent=2) + "\n"
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> Manifest:
@@ -83,7 +88,9 @@ class Manifest:
                 model=ModelInfo(**_record(raw, "model")),
                 graph=GraphInfo(**_record(raw, "graph")),
                 tokenizer=TokenizerInfo(**_record(raw, "tokenizer")),
-                **{k: v for k, v in raw.items() if k not in ("model", "graph", "tokenizer")},
+                files=_file_records(raw.get("files", {})),
+                **{k: v for k, v in raw.items()
+                   if k not in ("model", "graph", "tokenizer", "files")},
             )
         except (KeyError, TypeError) as err:
             raise BundleError(f"{MANIFEST_FILE} is malformed: {err}") from None
@@ -103,6 +110,22 @@ def _record(raw: dict[str, Any], name: str) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise BundleError(f"{MANIFEST_FILE} is malformed: '{name}' must be an object")
     return value
+
+
+def _file_records(raw: object) -> dict[str, FileRecord]:
+    """The manifest's `files` as written ({name: {"sha256": str, "bytes": int}}), typed."""
+    if not isinstance(raw, dict) or not all(
+        isinstance(name, str) and isinstance(entry, dict) for name, entry in raw.items()
+    ):
+        _malformed(f"'files' must be an object of {{'sha256': str, 'bytes': int}} records, "
+                   f"got {type(raw).__name__} {_short(raw)}")
+    records = {}
+    for name, entry in raw.items():
+        sha256, size = entry.get("sha256"), entry.get("bytes")
+        if not isinstance(sha256, str) or not isinstance(size, int) or isinstance(size, bool):
+            _malformed(f"files[{name!r}] must be {{'sha256': str, 'bytes': int}}")
+        records[name] = FileRecord(sha256, size)
+    return records
 
 
 def check_manifest(manifest: Manifest) -> None:
@@ -132,11 +155,6 @@ def check_manifest(manifest: Manifest) -> None:
         len(pair) != 2 for pair in (*manifest.graph.kv_inputs, *manifest.graph.kv_outputs)
     ):
         _malformed("graph.kv_inputs/kv_outputs must hold one [key, value] pair per layer")
-    for name, record in manifest.files.items():
-        if not isinstance(record, dict) or not isinstance(record.get("bytes"), int) or (
-            not isinstance(record.get("sha256"), str)
-        ):
-            _malformed(f"files[{name!r}] must be {{'sha256': str, 'bytes': int}}")
 
 
 def _check_types(record: Any) -> None:
@@ -170,7 +188,8 @@ def _is_instance(value: Any, hint: Any) -> bool:
 
 
 def _type_name(hint: Any) -> str:
-    return getattr(hint, "__name__", None) if get_origin(hint) is None else str(hint)
+    name = getattr(hint, "__name__", None) if get_origin(hint) is None else None
+    return name if isinstance(name, str) else str(hint)
 
 
 def _short(value: Any) -> str:
@@ -178,7 +197,7 @@ def _short(value: Any) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
-def _malformed(problem: str) -> None:
+def _malformed(problem: str) -> NoReturn:
     raise BundleError(f"{MANIFEST_FILE} is malformed: {problem}; re-export the bundle")
 
 
@@ -190,8 +209,8 @@ def sha256_of(path: Path, block: int = 1 << 22) -> str:
     return digest.hexdigest()
 
 
-def file_record(path: Path) -> dict[str, Any]:
-    return {"sha256": sha256_of(path), "bytes": path.stat().st_size}
+def file_record(path: Path) -> FileRecord:
+    return FileRecord(sha256_of(path), path.stat().st_size)
 
 
 def load_manifest(bundle_dir: str | Path, verify_checksums: bool = False) -> Manifest:
@@ -222,7 +241,7 @@ def resolve_inside(root: Path, name: str) -> Path:
     return path
 
 
-def load_graph(bundle_dir: Path, manifest: Manifest):
+def load_graph(bundle_dir: Path, manifest: Manifest) -> onnx.ModelProto:
     """The bundle's ONNX graph without its weights (an onnx.ModelProto); refuses a corrupt
     file and external-data locations outside the bundle directory."""
     import onnx
@@ -239,11 +258,11 @@ def load_graph(bundle_dir: Path, manifest: Manifest):
     return model
 
 
-def _check_file(root: Path, name: str, record: dict[str, Any], full: bool) -> None:
+def _check_file(root: Path, name: str, record: FileRecord, full: bool) -> None:
     path = resolve_inside(root, name)
     if not path.is_file():
         raise BundleError(f"bundle file {name} is missing from {root}")
-    if path.stat().st_size != record.get("bytes"):
+    if path.stat().st_size != record.bytes:
         raise BundleError(f"bundle file {name} has the wrong size: the bundle is corrupt")
-    if full and sha256_of(path) != record.get("sha256"):
+    if full and sha256_of(path) != record.sha256:
         raise BundleError(f"bundle file {name} fails its checksum: the bundle is corrupt")

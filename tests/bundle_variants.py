@@ -23,7 +23,8 @@ def variant(src: Path, dst: Path, generation_config: dict | None = None,
     manifest = json.loads((dst / MANIFEST_FILE).read_text())
     if generation_config is not None:
         (dst / "generation_config.json").write_text(json.dumps(generation_config))
-        manifest["files"]["generation_config.json"] = file_record(dst / "generation_config.json")
+        record = file_record(dst / "generation_config.json")
+        manifest["files"]["generation_config.json"] = record._asdict()
     if chat_template is not None:
         manifest["tokenizer"]["chat_template"] = chat_template
     (dst / MANIFEST_FILE).write_text(json.dumps(manifest))

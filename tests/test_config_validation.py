@@ -9,6 +9,7 @@ import shutil
 import pytest
 
 from edgeprefill.bundle import MANIFEST_FILE, load_manifest
+from edgeprefill.contract import FileRecord
 from edgeprefill.errors import BundleError, ExportError
 from edgeprefill.export.exporter import ExportOptions, export
 from edgeprefill.export.model_config import ModelConfig
@@ -111,3 +112,24 @@ def test_the_cli_says_so_in_one_line(hf_model, bundle, tmp_path, manifest_text):
 
 def test_the_exported_manifest_passes_its_own_checks(bundle):
     load_manifest(bundle("llama"), verify_checksums=True)
+
+
+@pytest.mark.parametrize("record", [{"bytes": 1}, {"sha256": "ab", "bytes": True},
+                                    {"sha256": 7, "bytes": 1}])
+def test_a_malformed_file_record_is_a_one_line_bundle_error(bundle, tmp_path, manifest_text,
+                                                           record):
+    edited = tmp_path / "edited"
+    shutil.copytree(bundle("llama"), edited)
+    raw = json.loads(manifest_text)
+    raw["files"]["model.onnx"] = record
+    (edited / MANIFEST_FILE).write_text(json.dumps(raw))
+    with pytest.raises(BundleError, match=r"files\['model.onnx'\] must be \{'sha256': str"):
+        load_manifest(edited)
+
+
+def test_file_records_are_typed_in_memory_and_objects_on_disk(bundle, manifest_text):
+    manifest = load_manifest(bundle("llama"))
+    on_disk = json.loads(manifest_text)["files"]
+    assert manifest.files == {name: FileRecord(r["sha256"], r["bytes"])
+                              for name, r in on_disk.items()}
+    assert manifest.to_json() == manifest_text  # the JSON format is unchanged

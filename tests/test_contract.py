@@ -102,7 +102,7 @@ def test_a_graph_file_that_differs_from_its_manifest_is_refused_at_load(bundle, 
     model.graph.input.append(onnx.helper.make_tensor_value_info(
         "positions", onnx.TensorProto.INT64, ["batch", "chunk"]))  # an older contract's input
     onnx.save(model, str(graph_path))
-    manifest["files"][manifest["graph"]["file"]] = file_record(graph_path)
+    manifest["files"][manifest["graph"]["file"]] = file_record(graph_path)._asdict()
     (copy / MANIFEST_FILE).write_text(json.dumps(manifest))
     with pytest.raises(BundleError, match="model.onnx does not match its manifest: the "
                                           "inputs positions differ"):

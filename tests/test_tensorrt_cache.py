@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from edgeprefill.contract import FileRecord
 from edgeprefill.engines.trt.cache import (
     DeviceInfo,
     engine_key,
@@ -32,8 +33,8 @@ def key_for(manifest=None, device=ORIN, precision="fp16", capacity=256, max_batc
 
 def with_files(graph: str = "g", weights: str = "w"):
     m = fake_manifest()
-    files = {"model.onnx": {"sha256": graph * 64, "bytes": 1},
-             "model.onnx.data": {"sha256": weights * 64, "bytes": 1}}
+    files = {"model.onnx": FileRecord(graph * 64, 1),
+             "model.onnx.data": FileRecord(weights * 64, 1)}
     return dataclasses.replace(m, files=files)
 
 

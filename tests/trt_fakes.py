@@ -23,6 +23,7 @@ import onnx
 import onnxruntime as ort
 
 from edgeprefill.bundle import GraphInfo, Manifest, ModelInfo, TokenizerInfo
+from edgeprefill.contract import FileRecord
 from edgeprefill.engines.trt.graph import parser_ready_graph
 from edgeprefill.engines.trt.plan import ProfilePlan, profile_plan
 from edgeprefill.engines.trt.steps import TensorBinding
@@ -52,8 +53,8 @@ def fake_manifest(
         model=ModelInfo("llama", layers, 4, kv_heads, head_dim, 32, VOCAB), graph=graph,
         tokenizer=TokenizerInfo(None, None, None, None), chunks=list(chunks),
         max_context=max_context, eos_token_ids=[2], bos_token_id=1,
-        files={"model.onnx": {"sha256": "g" * 64, "bytes": 1},
-               "model.onnx.data": {"sha256": "w" * 64, "bytes": 1}},
+        files={"model.onnx": FileRecord("g" * 64, 1),
+               "model.onnx.data": FileRecord("w" * 64, 1)},
     )
 
 

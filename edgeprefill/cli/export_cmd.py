@@ -55,7 +55,7 @@ def export(hf_dir, out_dir, flavor, dtype, chunks, max_context, quantize, block_
     )
     began = time.perf_counter()
     manifest = run_export(hf_dir, out_dir, options)
-    size = sum(f["bytes"] for f in manifest.files.values())
+    size = sum(f.bytes for f in manifest.files.values())
     click.echo(
         f"exported {manifest.model.family} ({manifest.model.num_layers} layers, "
         f"{manifest.graph.flavor} flavour, {manifest.graph.dtype}"

@@ -49,7 +49,7 @@ def inspect(bundle, verify, as_json):
         "outputs",
         *_io_lines(graph.outputs, graph.kv_outputs),
         "files" + ("  (sha256 verified)" if verify else ""),
-        *[f"  {name:<24} {rec['bytes'] / 1e6:10.2f} MB  {rec['sha256'][:16]}"
+        *[f"  {name:<24} {rec.bytes / 1e6:10.2f} MB  {rec.sha256[:16]}"
           for name, rec in m.files.items()],
     ]
     click.echo("\n".join(lines))

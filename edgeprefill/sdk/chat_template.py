@@ -16,12 +16,18 @@ the server answers 400 with the template's message.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from edgeprefill.errors import BundleError, EdgeprefillError, ExportError, RequestError
+
+if TYPE_CHECKING:  # jinja2 is imported when a template is first compiled
+    from jinja2 import Template, nodes
+    from jinja2.parser import Parser
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+    from jinja2.utils import Namespace
 
 # transformers' PreTrainedTokenizerBase.SPECIAL_TOKENS_ATTRIBUTES (5.x): the named tokens.
 NAMED_SPECIAL_TOKENS = (
@@ -47,7 +53,7 @@ class ChatTemplate:
     def __init__(self, source: str, special_tokens: Mapping[str, str]) -> None:
         self.source = source
         self.special_tokens = dict(special_tokens)
-        self._compiled = None
+        self._compiled: Template | None = None
 
     def render(
         self, messages: Sequence[Mapping[str, Any]], *, add_generation_prompt: bool = True,
@@ -69,7 +75,7 @@ class ChatTemplate:
         except Exception as err:  # the template is code: any failure is its message
             raise RequestError(f"chat template: {_describe(err)}") from None
 
-    def _template(self):
+    def _template(self) -> Template:
         if self._compiled is None:
             from jinja2.exceptions import TemplateSyntaxError
 
@@ -134,7 +140,7 @@ def check_export_template(hf_dir: Path) -> None:
 # -- the Jinja environment, as transformers builds it ---------------------------------------
 
 
-def _environment():
+def _environment() -> ImmutableSandboxedEnvironment:
     import jinja2
     from jinja2.ext import Extension, loopcontrols
     from jinja2.sandbox import ImmutableSandboxedEnvironment
@@ -145,13 +151,13 @@ def _environment():
 
         tags = {"generation"}
 
-        def parse(self, parser):
+        def parse(self, parser: Parser) -> nodes.Node:
             lineno = next(parser.stream).lineno
             body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
             return jinja2.nodes.CallBlock(self.call_method("_body"), [], [], body).set_lineno(
                 lineno)
 
-        def _body(self, caller):
+        def _body(self, caller: Callable[[], str]) -> str:
             return caller()
 
     env = ImmutableSandboxedEnvironment(
@@ -165,37 +171,38 @@ def _environment():
     return env
 
 
-def _raise_exception(message):
+def _raise_exception(message: str) -> NoReturn:
     from jinja2.exceptions import TemplateError
 
     raise TemplateError(message)
 
 
-def _tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+def _tojson(x: Any, ensure_ascii: bool = False, indent: int | str | None = None,
+            separators: tuple[str, str] | None = None, sort_keys: bool = False) -> str:
     # Jinja's own tojson sorts keys and escapes <, >, & and ': templates expect plain JSON.
     return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
                       sort_keys=sort_keys)
 
 
-def _strftime_now(format):
+def _strftime_now(format: str) -> str:
     return datetime.now().strftime(format)
 
 
 class _TemplateDict:
     """`dict(...)` without the class itself, so templates cannot reach its attributes."""
 
-    def __call__(self, *args, **kwargs):
+    def __call__(self, *args: Any, **kwargs: Any) -> dict[Any, Any]:
         return dict(*args, **kwargs)
 
-    def fromkeys(self, *args, **kwargs):
+    def fromkeys(self, *args: Any, **kwargs: Any) -> dict[Any, Any]:
         return dict.fromkeys(*args, **kwargs)
 
 
-def _namespace_class():
+def _namespace_class() -> type[Namespace]:
     from jinja2.exceptions import SecurityError
     from jinja2.utils import Namespace
 
-    def check(name):
+    def check(name: object) -> None:
         if isinstance(name, str) and name.startswith("_"):
             raise SecurityError(
                 "Chat templates cannot store underscore-prefixed attributes on a namespace, "
@@ -203,14 +210,15 @@ def _namespace_class():
 
     class TemplateNamespace(Namespace):
         # Namespaces refuse dunder attributes: no way into CPython internals.
-        def __init__(*args, **kwargs):  # Namespace's signature trick: `namespace(self=...)`
+        # Namespace's signature trick (no named self): `namespace(self=...)` works.
+        def __init__(*args: Any, **kwargs: Any) -> None:
             self, args = args[0], args[1:]
             attrs = dict(*args, **kwargs)
             for name in attrs:
                 check(name)
             Namespace.__init__(self, attrs)
 
-        def __setitem__(self, name, value):
+        def __setitem__(self, name: str, value: Any) -> None:
             check(name)
             Namespace.__setitem__(self, name, value)
 

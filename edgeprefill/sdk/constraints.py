@@ -14,10 +14,16 @@ import json
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from edgeprefill.errors import RequestError
+
+if TYPE_CHECKING:  # llguidance is imported when a constraint is first compiled
+    from llguidance import LLMatcher, LLTokenizer
+
+    from edgeprefill.sdk.tokenizer import BundleTokenizer
 
 
 @dataclass(frozen=True)
@@ -35,7 +41,7 @@ class Constraint:
             raise RequestError("a constraint's source must be a string")
 
     @classmethod
-    def json_schema(cls, schema: dict, strict: bool = True) -> Constraint:
+    def json_schema(cls, schema: dict[str, Any], strict: bool = True) -> Constraint:
         """JSON matching `schema`. strict (OpenAI's meaning): no properties beyond those
         listed (llguidance always enforces the schema's own keywords)."""
         if not isinstance(schema, dict):
@@ -79,10 +85,10 @@ def _text(value: str, what: str) -> str:
     return value
 
 
-def _no_extra_properties(schema: dict) -> dict:
+def _no_extra_properties(schema: dict[str, Any]) -> dict[str, Any]:
     """A copy of the schema where every object without an explicit additionalProperties
     refuses unknown keys (OpenAI's strict mode requires that of the schema)."""
-    def walk(node):
+    def walk(node: Any) -> Any:  # JSON data
         if isinstance(node, dict):
             node = {k: walk(v) for k, v in node.items()}
             if node.get("type") == "object" and "additionalProperties" not in node:
@@ -91,7 +97,8 @@ def _no_extra_properties(schema: dict) -> dict:
         if isinstance(node, list):
             return [walk(v) for v in node]
         return node
-    return walk(schema)
+    closed: dict[str, Any] = walk(schema)  # a dict in, a dict out
+    return closed
 
 
 # -- constraint -> llguidance grammar, by kind ------------------------------------------------
@@ -149,7 +156,7 @@ GRAMMARS: dict[str, Callable[[str], str]] = {
 class GrammarMask:
     """A constraint's state during one request (the sampler's TokenMask)."""
 
-    def __init__(self, matcher) -> None:
+    def __init__(self, matcher: LLMatcher) -> None:
         self.matcher = matcher
 
     def allowed(self, vocab: int) -> np.ndarray:
@@ -174,7 +181,8 @@ class GrammarMask:
             raise RequestError(f"constraint: {_one_line(self.matcher.get_error())}")
 
 
-def compile_constraint(constraint: Constraint, tokenizer, eos_ids: Sequence[int]) -> GrammarMask:
+def compile_constraint(constraint: Constraint, tokenizer: BundleTokenizer,
+                       eos_ids: Sequence[int]) -> GrammarMask:
     """A fresh matcher for one request; raises RequestError (one line) for a grammar
     that does not compile or a tokenizer llguidance cannot use."""
     from llguidance import LLMatcher
@@ -188,10 +196,11 @@ def compile_constraint(constraint: Constraint, tokenizer, eos_ids: Sequence[int]
 
 
 # llguidance's tokenizer takes ~1 s to build at a 152k vocabulary: one per bundle tokenizer.
-_TOKENIZERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_TOKENIZERS: weakref.WeakKeyDictionary[BundleTokenizer, tuple[tuple[int, ...], LLTokenizer]] = (
+    weakref.WeakKeyDictionary())
 
 
-def _ll_tokenizer(tokenizer, eos_ids: tuple[int, ...]):
+def _ll_tokenizer(tokenizer: BundleTokenizer, eos_ids: tuple[int, ...]) -> LLTokenizer:
     cached = _TOKENIZERS.get(tokenizer)
     if cached is not None and cached[0] == eos_ids:
         return cached[1]
@@ -211,5 +220,5 @@ def _ll_tokenizer(tokenizer, eos_ids: tuple[int, ...]):
     return built
 
 
-def _one_line(err) -> str:
+def _one_line(err: object) -> str:
     return " ".join(str(err).split())[:300]

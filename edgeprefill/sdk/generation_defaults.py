@@ -15,12 +15,14 @@ import math
 from collections.abc import Collection
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard, TypeVar
 
 from edgeprefill.errors import BundleError, ExportError
 from edgeprefill.sdk.params import GenerationParams
 
 FILE = "generation_config.json"
+
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True)
@@ -78,7 +80,16 @@ class GenerationDefaults:
     def fill(self, params: GenerationParams, given: Collection[str] = ()) -> GenerationParams:
         """`params` with the checkpoint's values in every sampling field not in `given`
         (the fields the caller set explicitly)."""
-        return replace(params, **{k: v for k, v in self.sampling().items() if k not in given})
+        def pick(name: str, mine: _T | None, theirs: _T) -> _T:
+            return theirs if mine is None or name in given else mine
+
+        return replace(
+            params,
+            temperature=pick("temperature", self.temperature, params.temperature),
+            top_k=pick("top_k", self.top_k, params.top_k),
+            top_p=pick("top_p", self.top_p, params.top_p),
+            repetition_penalty=pick("repetition_penalty", self.repetition_penalty,
+                                    params.repetition_penalty))
 
     def describe(self) -> str:
         """One line for `inspect`."""
@@ -95,11 +106,11 @@ def check_export_generation_config(hf_dir: Path) -> None:
         raise ExportError(f"{hf_dir}: {err}") from None
 
 
-def _int(value: Any) -> bool:
+def _int(value: object) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _finite(value: Any) -> bool:
+def _finite(value: object) -> TypeGuard[float]:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 

@@ -103,7 +103,7 @@ def _weights(x: np.ndarray, temperature: float) -> np.ndarray:
 class _Probe(NamedTuple):
     weight: np.float32  # a threshold
     mass: float  # total weight of the tokens heavier than it
-    count: int  # how many they are
+    size: int  # how many they are (not `count`: tuple.count)
 
 
 def _nucleus_threshold(weights: np.ndarray, target: float, total: float) -> np.float32:
@@ -127,7 +127,7 @@ def _nucleus_threshold(weights: np.ndarray, target: float, total: float) -> np.f
     step = max(1, weights.shape[0] // 4096)
     sample = weights[::step]
     for _ in range(32):
-        if lo.count - hi.count <= SMALL:
+        if lo.size - hi.size <= SMALL:
             break
         before = (lo, hi)
         for guess in _guesses(sample, lo, hi, target):
@@ -143,7 +143,7 @@ def _settle(band: np.ndarray, above: float, target: float) -> np.float32:
     ordered = np.sort(band)[::-1]
     reached = above + np.cumsum(ordered, dtype=np.float64)
     last = min(int(np.searchsorted(reached, target)), ordered.shape[0] - 1)
-    return ordered[last]
+    return np.float32(ordered[last])
 
 
 def _near_top(weights: np.ndarray) -> tuple[np.ndarray, _Probe] | None:
@@ -183,7 +183,7 @@ def _guesses(sample: np.ndarray, lo: _Probe, hi: _Probe, target: float) -> list[
     at = int(np.searchsorted(reached, target - hi.mass))
     # Aim for a band of about SMALL / 4 tokens around the estimate: one round usually
     # lands within SMALL even when the estimate is off, and a small band gathers fast.
-    margin = max(2, int(SMALL / 8 * inside.shape[0] / max(lo.count - hi.count, 1)))
+    margin = max(2, int(SMALL / 8 * inside.shape[0] / max(lo.size - hi.size, 1)))
     last = inside.shape[0] - 1
     return [inside[min(max(at - margin, 0), last)], inside[min(at + margin, last)]]
 
@@ -215,12 +215,12 @@ def _block_sums(blocks: np.ndarray) -> np.ndarray:
 
 def _two_level(blocks: np.ndarray, total: np.ndarray, u: float) -> int:
     goal = u * total[-1]
-    b = min(int(np.searchsorted(total, goal, side="right")), total.shape[0] - 1)
+    b: int = min(int(np.searchsorted(total, goal, side="right")), total.shape[0] - 1)
     while b > 0 and total[b] == total[b - 1]:  # rounding landed on an empty block
         b -= 1
     inside = np.cumsum(blocks[b], dtype=np.float64)
-    j = min(int(np.searchsorted(inside, goal - (total[b] - inside[-1]), side="right")),
-            BLOCK - 1)
+    j: int = min(int(np.searchsorted(inside, goal - (total[b] - inside[-1]), side="right")),
+                 BLOCK - 1)
     while blocks[b, j] == 0 and j > 0:  # never a zero weight (padding, underflow)
         j -= 1
     return b * BLOCK + j

@@ -4,13 +4,22 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol, TypeGuard
 
 from edgeprefill.bundle import Manifest, resolve_inside
 from edgeprefill.errors import BundleError, RequestError
 from edgeprefill.sdk.chat_template import ChatTemplate, special_tokens
 
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
+
 Prompt = str | Sequence[int] | Sequence[dict[str, Any]]
+
+
+class Decoder(Protocol):
+    """What TextStreamer needs of a tokenizer (BundleTokenizer, or any stand-in)."""
+
+    def decode(self, ids: list[int]) -> str: ...
 
 
 class BundleTokenizer:
@@ -19,14 +28,14 @@ class BundleTokenizer:
 
         info = manifest.tokenizer
         self.info = info
-        self.tokenizer = None
+        self.tokenizer: Tokenizer | None = None
         if info.file:
             try:
                 path = resolve_inside(bundle_dir, info.file)
                 self.tokenizer = Tokenizer.from_file(str(path))
             except Exception as err:  # tokenizers raises plain Exception for bad files
                 raise BundleError(f"cannot load the bundle's tokenizer: {err}") from None
-        self.chat_template = None
+        self.chat_template: ChatTemplate | None = None
         if info.chat_template is not None:
             fallback = {"bos_token": info.bos_token, "eos_token": info.eos_token}
             tokens = special_tokens(bundle_dir, fallback)
@@ -39,12 +48,12 @@ class BundleTokenizer:
         `render_chat`, e.g. tools=...), or ids as given."""
         if isinstance(prompt, str):
             return self._require().encode(prompt, add_special_tokens=True).ids
-        items = list(prompt)
-        if items and all(isinstance(m, dict) for m in items):
+        items: list[object] = list(prompt)
+        if items and _messages(items):
             text = self.render_chat(items, **chat)
             # The template writes the special tokens itself (as transformers does).
             return self._require().encode(text, add_special_tokens=False).ids
-        if all(isinstance(t, int) and not isinstance(t, bool) for t in items):
+        if _token_ids(items):
             bad = [t for t in items if not 0 <= t < self.vocab_size]
             if bad:
                 raise RequestError(f"token ids out of range [0, {self.vocab_size}): {bad[:5]}")
@@ -74,7 +83,7 @@ class BundleTokenizer:
             return ""
         return self.tokenizer.decode([token_id], skip_special_tokens=False)
 
-    def _require(self):
+    def _require(self) -> Tokenizer:
         if self.tokenizer is None:
             raise RequestError("this bundle has no tokenizer: send token ids")
         return self.tokenizer
@@ -91,7 +100,7 @@ class TextStreamer:
     string split across tokens is found without rescanning the reply.
     """
 
-    def __init__(self, tokenizer, stop: tuple[str, ...]) -> None:
+    def __init__(self, tokenizer: Decoder, stop: tuple[str, ...]) -> None:
         self.decoder = _stream_decoder(tokenizer)
         self.stop = stop
         self.held = ""  # decoded text not returned yet: it may begin a stop string
@@ -120,6 +129,14 @@ class TextStreamer:
         return min(hits) if hits else None
 
 
+def _messages(items: list[object]) -> TypeGuard[list[dict[str, Any]]]:
+    return all(isinstance(m, dict) for m in items)
+
+
+def _token_ids(items: list[object]) -> TypeGuard[list[int]]:
+    return all(isinstance(t, int) and not isinstance(t, bool) for t in items)
+
+
 def _held_back(text: str, stop: tuple[str, ...]) -> int:
     """Length of the longest suffix of text that is a proper prefix of a stop string."""
     longest = 0
@@ -131,8 +148,9 @@ def _held_back(text: str, stop: tuple[str, ...]) -> int:
     return longest
 
 
-def _stream_decoder(tokenizer):
-    backend = getattr(tokenizer, "tokenizer", None)
+def _stream_decoder(tokenizer: Decoder) -> _DecodeStream | _WindowDecoder:
+    # A BundleTokenizer holds its `tokenizers` backend (None without tokenizer.json).
+    backend: Tokenizer | None = getattr(tokenizer, "tokenizer", None)
     if backend is not None:
         return _DecodeStream(backend)
     return _WindowDecoder(tokenizer)
@@ -141,7 +159,7 @@ def _stream_decoder(tokenizer):
 class _DecodeStream:
     """`tokenizers`' own streaming decoder: exact for byte-level and byte-fallback BPE."""
 
-    def __init__(self, backend) -> None:
+    def __init__(self, backend: Tokenizer) -> None:
         from tokenizers.decoders import DecodeStream
 
         self.backend = backend
@@ -155,7 +173,7 @@ class _WindowDecoder:
     """For any object with `decode(ids) -> str`: decode a few trailing ids with and
     without the new one; the difference is the new text once it is whole characters."""
 
-    def __init__(self, tokenizer) -> None:
+    def __init__(self, tokenizer: Decoder) -> None:
         self.tokenizer = tokenizer
         self.ids: list[int] = []
         self.prefix = 0  # ids before this index are settled and out of the window

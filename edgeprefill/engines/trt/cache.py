@@ -72,8 +72,8 @@ def engine_key(
         compute_capability=device.compute_capability,
         tensorrt_version=device.tensorrt_version,
         precision=precision,
-        graph_sha256=files[manifest.graph.file]["sha256"],
-        weights_sha256=files[manifest.graph.data_file]["sha256"],
+        graph_sha256=files[manifest.graph.file].sha256,
+        weights_sha256=files[manifest.graph.data_file].sha256,
         capacity=plan.capacity,
         max_batch=plan.max_batch,
         buckets=plan.buckets,
@@ -131,8 +131,8 @@ def prune_stale(engines_dir: Path, manifest: Manifest) -> list[Path]:
     """Remove engines built from another graph or weights of this bundle: nobody can load
     them again. Engines of other GPUs or TensorRT versions for this graph are kept."""
     removed = []
-    graph = manifest.files[manifest.graph.file]["sha256"]
-    weights = manifest.files[manifest.graph.data_file]["sha256"]
+    graph = manifest.files[manifest.graph.file].sha256
+    weights = manifest.files[manifest.graph.data_file].sha256
     for record in sorted(engines_dir.glob("*.json")):
         key = _key_from(_read_record(record))
         if key is None or (key.graph_sha256, key.weights_sha256) == (graph, weights):
@@ -149,8 +149,8 @@ def _same_source(key: EngineKey, manifest: Manifest, device: DeviceInfo) -> bool
     return (
         (key.gpu_name, key.compute_capability, key.tensorrt_version)
         == (device.gpu_name, device.compute_capability, device.tensorrt_version)
-        and key.graph_sha256 == files[manifest.graph.file]["sha256"]
-        and key.weights_sha256 == files[manifest.graph.data_file]["sha256"]
+        and key.graph_sha256 == files[manifest.graph.file].sha256
+        and key.weights_sha256 == files[manifest.graph.data_file].sha256
         and key.prep_version == PREP_VERSION
     )
 
