@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, Union, get_args, get_origin, ge
 
 from edgeprefill.contract import FileRecord, check_graph_io
 from edgeprefill.errors import BundleError
+from edgeprefill.json_file import load_json_object
 
 if TYPE_CHECKING:  # onnx is imported only where a graph is read
     import onnx
@@ -220,13 +221,7 @@ def load_manifest(bundle_dir: str | Path, verify_checksums: bool = False) -> Man
     path = root / MANIFEST_FILE
     if not path.is_file():
         raise BundleError(f"{root} is not an edgeprefill bundle (no {MANIFEST_FILE})")
-    try:
-        raw = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise BundleError(f"{path} is not valid JSON: {err}") from None
-    if not isinstance(raw, dict):
-        raise BundleError(f"{path} does not hold a JSON object")
-    manifest = Manifest.from_dict(raw)
+    manifest = Manifest.from_dict(load_json_object(path, BundleError))
     check_graph_io(manifest)
     for name, record in manifest.files.items():
         _check_file(root, name, record, verify_checksums)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +30,7 @@ from edgeprefill.export.model_config import ModelConfig
 from edgeprefill.export.quantize import QuantConfig
 from edgeprefill.export.staging import staged
 from edgeprefill.export.writer import write_external_data
+from edgeprefill.json_file import optional_json_object
 from edgeprefill.sdk.chat_template import check_export_template
 from edgeprefill.sdk.generation_defaults import check_export_generation_config
 
@@ -124,8 +124,8 @@ def _manifest(
     max_context: int, hf_dir: Path, out_dir: Path, tokenizer_files: list[str],
 ) -> Manifest:
     layers = [kv_names(i) for i in range(cfg.num_layers)]
-    tok_config = _read_json(hf_dir / "tokenizer_config.json")
-    gen_config = _read_json(hf_dir / "generation_config.json")
+    tok_config = optional_json_object(hf_dir / "tokenizer_config.json", ExportError)
+    gen_config = optional_json_object(hf_dir / "generation_config.json", ExportError)
     eos = list(dict.fromkeys([*cfg.eos_token_ids, *_ids(gen_config.get("eos_token_id"))]))
     graph = GraphInfo(
         file=GRAPH_FILE,
@@ -163,14 +163,6 @@ def _manifest(
     )
 
 
-def _read_json(path: Path) -> dict[str, Any]:
-    if not path.is_file():
-        return {}
-    try:
-        raw = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise ExportError(f"{path} is not valid JSON: {err}") from None
-    return raw if isinstance(raw, dict) else {}
 
 
 def _chat_template(hf_dir: Path, tok_config: dict[str, Any]) -> str | None:

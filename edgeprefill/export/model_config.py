@@ -9,7 +9,6 @@ downstream reads the fields of `ModelConfig` and never looks at the raw dict.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,6 +17,7 @@ from edgeprefill.errors import ExportError
 from edgeprefill.export.config_checks import check_model_config
 from edgeprefill.export.families import BLOCKS, FAMILIES, FamilySpec
 from edgeprefill.export.rope import RopeConfig, rope_from_params
+from edgeprefill.json_file import load_json_object
 
 # hidden_act names -> the activation the builder emits (gelu_new and gelu_pytorch_tanh are
 # the same tanh approximation).
@@ -137,13 +137,7 @@ class ModelConfig:
         path = hf_dir / "config.json"
         if not path.is_file():
             raise ExportError(f"{path} not found: is {hf_dir} a Hugging Face model folder?")
-        try:
-            raw = json.loads(path.read_text())
-        except (json.JSONDecodeError, UnicodeDecodeError) as err:
-            raise ExportError(f"{path} is not valid JSON: {err}") from None
-        if not isinstance(raw, dict):
-            raise ExportError(f"{path} does not hold a JSON object")
-        return cls.from_hf(raw)
+        return cls.from_hf(load_json_object(path, ExportError))
 
 
 def _read(family: str, spec: FamilySpec, raw: dict[str, Any]) -> ModelConfig:

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from edgeprefill.errors import BundleError, EdgeprefillError, ExportError, RequestError
+from edgeprefill.json_file import optional_json_object
 
 if TYPE_CHECKING:  # jinja2 is imported when a template is first compiled
     from jinja2 import Template, nodes
@@ -97,7 +98,7 @@ def special_tokens(
     given by name. `fallback` fills names neither file has."""
     tokens = {k: v for k, v in (fallback or {}).items() if v is not None}
     for name in ("special_tokens_map.json", "tokenizer_config.json"):
-        raw = _read_json(folder / name)
+        raw = optional_json_object(folder / name, BundleError)
         named = raw.get("extra_special_tokens")
         entries = {**raw, **(named if isinstance(named, dict) else {})}
         for key, value in entries.items():
@@ -113,7 +114,8 @@ def template_source(folder: Path) -> str | None:
     jinja = folder / "chat_template.jinja"
     if jinja.is_file():
         return jinja.read_text()
-    template = _read_json(folder / "tokenizer_config.json").get("chat_template")
+    config = optional_json_object(folder / "tokenizer_config.json", BundleError)
+    template = config.get("chat_template")
     if isinstance(template, list):
         named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
         template = named.get("default") or next(iter(named.values()), None)
@@ -289,11 +291,3 @@ def _token_text(value: Any) -> str | None:
     return value if isinstance(value, str) else None
 
 
-def _read_json(path: Path) -> dict[str, Any]:
-    if not path.is_file():
-        return {}
-    try:
-        raw = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise BundleError(f"{path} is not valid JSON: {err}") from None
-    return raw if isinstance(raw, dict) else {}

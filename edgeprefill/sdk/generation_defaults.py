@@ -10,7 +10,6 @@ default temperature 0.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Collection
 from dataclasses import dataclass, fields, replace
@@ -18,6 +17,7 @@ from pathlib import Path
 from typing import Any, TypeGuard, TypeVar
 
 from edgeprefill.errors import BundleError, ExportError
+from edgeprefill.json_file import load_json_object
 from edgeprefill.sdk.params import GenerationParams
 
 FILE = "generation_config.json"
@@ -64,13 +64,7 @@ class GenerationDefaults:
         path = Path(folder) / FILE
         if not path.is_file():
             return cls()
-        try:
-            raw = json.loads(path.read_text())
-        except (json.JSONDecodeError, UnicodeDecodeError) as err:
-            raise BundleError(f"{path} is not valid JSON: {err}") from None
-        if not isinstance(raw, dict):
-            raise BundleError(f"{path} does not hold a JSON object")
-        return cls.from_dict(raw)
+        return cls.from_dict(load_json_object(path, BundleError))
 
     def sampling(self) -> dict[str, float | int]:
         """The sampling fields the checkpoint sets, by GenerationParams field name."""
