@@ -116,13 +116,21 @@ class TokenStream:
         return self._done.is_set()
 
 
-class _Reader:
-    """One `for` loop over a stream. Dropped before the end (break, exception), it
-    cancels the request: nobody reads the tokens any more."""
+class _Loop:
+    """One loop over a stream. Dropped before the end (break, exception), it cancels the
+    request: nobody reads the tokens any more."""
 
     def __init__(self, stream: TokenStream) -> None:
         self.stream = stream
         self.ended = False
+
+    def __del__(self) -> None:
+        if not self.ended and not self.stream.done:
+            self.stream.cancel()
+
+
+class _Reader(_Loop):
+    """One `for` loop over a stream."""
 
     def __iter__(self) -> _Reader:
         return self
@@ -136,17 +144,9 @@ class _Reader:
             raise StopIteration
         return item
 
-    def __del__(self) -> None:
-        if not self.ended and not self.stream.done:
-            self.stream.cancel()
 
-
-class _AsyncReader:
-    """One `async for` loop over a stream; leaving it early cancels the request."""
-
-    def __init__(self, stream: TokenStream) -> None:
-        self.stream = stream
-        self.ended = False
+class _AsyncReader(_Loop):
+    """One `async for` loop over a stream."""
 
     def __aiter__(self) -> _AsyncReader:
         return self
@@ -159,7 +159,3 @@ class _AsyncReader:
             self.ended = True
             raise StopAsyncIteration
         return item
-
-    def __del__(self) -> None:
-        if not self.ended and not self.stream.done:
-            self.stream.cancel()
