@@ -73,3 +73,8 @@ def fake_manifest(vocab: int = 128, chunks: tuple[int, ...] = (16, 64),
 
 def fake_backend(**manifest_options) -> FakeBackend:
     return FakeBackend(Path("."), fake_manifest(**manifest_options), BackendOptions())
+
+
+def ids(n: int, seed: int = 0) -> list[int]:
+    """A prompt of n token ids inside the tiny vocabulary (no special tokens)."""
+    return [int(t) for t in np.random.default_rng(seed).integers(3, 100, size=n)]

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 from edgeprefill import engines
 from edgeprefill.errors import RequestError
 from edgeprefill.sdk import Engine, GenerationParams
+from tests.fake_backend import ids
 
 LONG = 300
 
@@ -27,9 +27,6 @@ def make_engine(bundle, monkeypatch):
     for engine in made:
         engine.close()
 
-
-def ids(n: int, seed: int = 0) -> list[int]:
-    return [int(t) for t in np.random.default_rng(seed).integers(3, 100, size=n)]
 
 
 def run_until(engine: Engine, condition, limit: int = 10_000) -> None:

@@ -7,12 +7,12 @@ from __future__ import annotations
 import asyncio
 import threading
 
-import numpy as np
 import pytest
 
 from edgeprefill import engines
 from edgeprefill.errors import EngineClosedError, RequestError
 from edgeprefill.sdk import Engine, GenerationParams
+from tests.fake_backend import ids
 
 HANG = 10  # seconds after which a reader counts as blocked forever
 MANY = GenerationParams(max_new_tokens=300, ignore_eos=True)
@@ -34,9 +34,6 @@ def make_engine(bundle, monkeypatch):
     for engine in made:
         engine.close()
 
-
-def ids(n: int, seed: int = 0) -> list[int]:
-    return [int(t) for t in np.random.default_rng(seed).integers(3, 100, size=n)]
 
 
 def finish_within(stream, seconds: float = HANG) -> str | None:
