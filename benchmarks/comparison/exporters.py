@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from comparison.models import max_context
-from comparison.settings import Settings
+from comparison.settings import RUNNERS_DIR, Settings
 from comparison.venvs import venv_python
 
 if TYPE_CHECKING:
@@ -56,3 +56,13 @@ def openvino(runtime: Runtime, settings: Settings, hf_dir: Path, out: Path) -> l
                "int4": ["--weight-format", "int4", "--group-size", "32", "--ratio", "1.0"]}
     return [cli, "export", "openvino", "--model", str(hf_dir), "--task",
             "text-generation-with-past", *weights[runtime.quant], str(out)]
+
+
+def llamacpp(runtime: Runtime, settings: Settings, hf_dir: Path, out: Path) -> list[str]:
+    """llama.cpp's convert_hf_to_gguf.py to F32, then its quantizer to Q8_0 or Q4_0
+    (runners/export_gguf.py; the converter comes from the llama-cpp-python sdist)."""
+    python = str(venv_python(runtime.venv, settings))
+    gguf_type = {"fp32": "f32", "int8": "q8_0", "int4": "q4_0"}[runtime.quant]
+    source_cache = settings.work_dir / "venvs" / "llamacpp-src"
+    return [python, str(RUNNERS_DIR / "export_gguf.py"), str(hf_dir), str(out), gguf_type,
+            str(settings.threads), str(source_cache)]

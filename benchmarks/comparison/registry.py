@@ -57,6 +57,12 @@ def _openvino(name: str, quant: str, description: str, hint: str | None = None) 
                    options=options, default=False)
 
 
+def _llamacpp(name: str, quant: str, description: str) -> Runtime:
+    """Not in the default list: its venv compiles llama.cpp (about half an hour on 2 cores)."""
+    return Runtime(name, "llamacpp", "run_llamacpp.py", quant, description, exporters.llamacpp,
+                   default=False)
+
+
 RUNTIMES: dict[str, Runtime] = {
     runtime.name: runtime
     for runtime in [
@@ -75,6 +81,9 @@ RUNTIMES: dict[str, Runtime] = {
         _openvino("openvino-f32", "fp32", "OpenVINO GenAI, fp32 weights, f32 inference", "f32"),
         _openvino("openvino-int8", "int8", "OpenVINO GenAI, int8 weight compression"),
         _openvino("openvino-int4", "int4", "OpenVINO GenAI, int4 weights, group size 32"),
+        _llamacpp("llamacpp", "fp32", "llama.cpp (llama-cpp-python), F32 GGUF"),
+        _llamacpp("llamacpp-q8_0", "int8", "llama.cpp (llama-cpp-python), Q8_0 GGUF"),
+        _llamacpp("llamacpp-q4_0", "int4", "llama.cpp (llama-cpp-python), Q4_0 GGUF (block 32)"),
         Runtime("optimum", "optimum", "run_optimum.py", "fp32", "optimum ORTModelForCausalLM",
                 exporters.optimum),
         Runtime("torch", "torch", "run_torch.py", "fp32", "transformers + PyTorch eager", None),

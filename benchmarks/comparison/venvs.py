@@ -23,6 +23,20 @@ VENV_PACKAGES: dict[str, list[str]] = {
     "ceilings": ["numpy", "onnx", "onnxruntime"],
     # OpenVINO GenAI and the optimum-intel exporter; pip pins matching openvino releases.
     "openvino": [TORCH_PIN, "openvino-genai", "optimum-intel[openvino]", "numpy"],
+    # llama.cpp through its Python binding, compiled from PyPI's sdist (VENV_ENV). The GGUF
+    # converter (from the same sdist, runners/export_gguf.py) needs torch, transformers and
+    # gguf-py's dependencies.
+    "llamacpp": [TORCH_PIN, "transformers>=5,<6", "llama-cpp-python", "numpy", "safetensors",
+                 "pyyaml", "tqdm", "requests"],
+}
+# Environment for pip, per venv. llama-cpp-python has no Linux wheel on PyPI: pip compiles the
+# vendored llama.cpp, here for this CPU only (GGML_NATIVE: AVX-512/VNNI where present), with no
+# BLAS or GPU backend, on two jobs (the machine is shared).
+LLAMACPP_CMAKE_ARGS = "-DGGML_NATIVE=ON -DGGML_BLAS=OFF -DGGML_CUDA=OFF -DGGML_VULKAN=OFF " \
+    "-DGGML_METAL=OFF -DLLAMA_CURL=OFF"
+VENV_ENV: dict[str, dict[str, str]] = {
+    "llamacpp": {"CMAKE_ARGS": LLAMACPP_CMAKE_ARGS, "CMAKE_BUILD_PARALLEL_LEVEL": "2",
+                 "FORCE_CMAKE": "1", "PIP_NO_BINARY": "llama-cpp-python"},
 }
 # Pulled in but broken next to the pinned CPU torch (torchvision's PyPI wheel registers no
 # ops against torch 2.13.0+cpu, and transformers then fails to import): removed after install.
@@ -53,6 +67,7 @@ def ensure_venv(venv: str, settings: Settings) -> Path:
     log_path.parent.mkdir(parents=True, exist_ok=True)
     env = subprocess_env(settings.threads, python)
     env.pop("HF_HUB_OFFLINE")
+    env.update(VENV_ENV.get(venv, {}))
     if not python.exists():
         run_logged([sys.executable, "-m", "venv", str(venv_dir)], log_path, env, 600, False)
     pip = [str(python), "-m", "pip", "install", "--progress-bar", "off"]
