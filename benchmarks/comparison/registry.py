@@ -57,10 +57,13 @@ def _openvino(name: str, quant: str, description: str, hint: str | None = None) 
                    options=options, default=False)
 
 
-def _llamacpp(name: str, quant: str, description: str) -> Runtime:
-    """Not in the default list: its venv compiles llama.cpp (about half an hour on 2 cores)."""
+def _llamacpp(name: str, quant: str, description: str, f32_attention: bool = False) -> Runtime:
+    """Not in the default list: its venv compiles llama.cpp (about 20 minutes on 2 cores).
+    f32_attention: flash attention off and an f32 KV cache (llama.cpp's defaults, flash on and
+    an f16 cache, compute attention in f16)."""
+    options = (("flash_attn", "off"), ("kv_type", "f32")) if f32_attention else ()
     return Runtime(name, "llamacpp", "run_llamacpp.py", quant, description, exporters.llamacpp,
-                   default=False)
+                   options=options, default=False)
 
 
 RUNTIMES: dict[str, Runtime] = {
@@ -81,7 +84,10 @@ RUNTIMES: dict[str, Runtime] = {
         _openvino("openvino-f32", "fp32", "OpenVINO GenAI, fp32 weights, f32 inference", "f32"),
         _openvino("openvino-int8", "int8", "OpenVINO GenAI, int8 weight compression"),
         _openvino("openvino-int4", "int4", "OpenVINO GenAI, int4 weights, group size 32"),
-        _llamacpp("llamacpp", "fp32", "llama.cpp (llama-cpp-python), F32 GGUF"),
+        _llamacpp("llamacpp", "fp32", "llama.cpp (llama-cpp-python), F32 GGUF, llama.cpp's "
+                  "defaults (flash attention on, f16 KV cache)"),
+        _llamacpp("llamacpp-f32", "fp32", "llama.cpp, F32 GGUF, flash attention off, f32 KV "
+                  "cache", f32_attention=True),
         _llamacpp("llamacpp-q8_0", "int8", "llama.cpp (llama-cpp-python), Q8_0 GGUF"),
         _llamacpp("llamacpp-q4_0", "int4", "llama.cpp (llama-cpp-python), Q4_0 GGUF (block 32)"),
         Runtime("optimum", "optimum", "run_optimum.py", "fp32", "optimum ORTModelForCausalLM",

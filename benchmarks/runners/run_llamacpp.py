@@ -2,7 +2,10 @@
 
 Run by compare.py inside the llamacpp venv:  python run_llamacpp.py SPEC.json
 The spec's options may set "flash_attn" ("on" or "off"; absent = on, what llama.cpp's own
-default "auto" picks on the CPU backend; llama-cpp-python's Llama() alone would turn it off).
+default "auto" picks on the CPU backend; llama-cpp-python's Llama() alone would turn it off)
+and "kv_type" ("f16" or "f32"; absent = f16, llama.cpp's default KV cache type). On the CPU
+backend flash attention computes in f16 whatever the KV type: an F32 GGUF then drifts from
+transformers' greedy tokens after a few decode steps; flash off with an f32 cache does not.
 Prompts go in as token ids (no tokenizer), decoding is greedy and never stops on EOS.
 """
 
@@ -17,6 +20,7 @@ import llama_cpp
 from common import Loaded, log, run_runner
 
 FLASH_ATTN = {"on": True, "off": False}
+KV_TYPES = {"f16": llama_cpp.GGML_TYPE_F16, "f32": llama_cpp.GGML_TYPE_F32}
 
 
 def context_size(spec: dict[str, Any]) -> int:
@@ -27,9 +31,11 @@ def context_size(spec: dict[str, Any]) -> int:
 
 def load(spec: dict[str, Any]) -> Loaded:
     model_dir = Path(spec["artifact_dir"])
-    flash = spec.get("options", {}).get("flash_attn", "on")
-    if flash not in FLASH_ATTN:
-        raise SystemExit(f"flash_attn must be on or off, not {flash!r}")
+    options = spec.get("options", {})
+    flash, kv_type = options.get("flash_attn", "on"), options.get("kv_type", "f16")
+    if flash not in FLASH_ATTN or kv_type not in KV_TYPES:
+        raise SystemExit(f"flash_attn must be on or off ({flash!r}), kv_type f16 or f32 "
+                         f"({kv_type!r})")
     threads = spec["threads"]
     llm = llama_cpp.Llama(
         str(model_dir / "model.gguf"),
@@ -37,6 +43,8 @@ def load(spec: dict[str, Any]) -> Loaded:
         n_threads=threads,
         n_threads_batch=threads,
         flash_attn=FLASH_ATTN[flash],
+        type_k=KV_TYPES[kv_type],
+        type_v=KV_TYPES[kv_type],
         verbose=False,
     )  # n_batch and n_ubatch stay llama-cpp-python's defaults (512 and 512)
 
@@ -60,6 +68,7 @@ def load(spec: dict[str, Any]) -> Loaded:
         "n_batch": llm.n_batch,
         "n_ubatch": llm.context_params.n_ubatch,
         "flash_attn": flash,
+        "kv_type": kv_type,
         "llama_cpp_system_info": system,
         "gguf_bytes": (model_dir / "model.gguf").stat().st_size,
     }
