@@ -122,7 +122,7 @@ def test_first_prompt_of_several_rows_matches_group_query_attention(library):
     outs = []
     for native in (False, True):
         sess = session(layer_model(native, HEAD_DIM), library if native else None, 2)
-        outs.append((run_layer(sess, pasts, qkv, *[c.copy() for c in cache])))
+        outs.append(run_layer(sess, pasts, qkv, *[c.copy() for c in cache]))
     np.testing.assert_allclose(outs[1], outs[0], rtol=1e-5, atol=1e-5)
 
 
@@ -135,7 +135,8 @@ def test_a_chunk_past_the_cache_is_a_one_line_error(library):
 
 
 def make_backend(bundle_dir, threads: int = 2) -> OnnxRuntimeBackend:
-    return OnnxRuntimeBackend(bundle_dir, load_manifest(bundle_dir), BackendOptions(threads=threads))
+    options = BackendOptions(threads=threads)
+    return OnnxRuntimeBackend(bundle_dir, load_manifest(bundle_dir), options)
 
 
 def prefill(backend: OnnxRuntimeBackend, ids: np.ndarray, chunk: int, steps: int):

@@ -41,10 +41,18 @@
 namespace edgeprefill {
 namespace {
 
-constexpr int64_t kQueryBlock = 32;  // queries per piece (x the group's heads = tile rows)
-constexpr int64_t kKeyBlock = 64;    // keys per step: 4 AVX-512 registers of scores
-constexpr int kTileRows = 6;         // register block: 6 rows x 4 vectors = 24 accumulators
+// A piece's queries are laid out as the columns of its tiles: column m is query m / group,
+// head m % group of the KV group, so the group's heads share every key and value read.
+#ifndef EP_COLUMNS
+#define EP_COLUMNS 96
+#define EP_KEY_BLOCK 64
+#define EP_TILE_ROWS 4
+#endif
+constexpr int64_t kColumns = EP_COLUMNS;   // columns per piece at most (6 AVX-512 vectors)
+constexpr int64_t kKeyBlock = EP_KEY_BLOCK;  // keys per step of the online softmax
 constexpr int kVec = 16;
+constexpr int kTileRows = EP_TILE_ROWS;       // register tile: 4 rows x up to 6 vectors = 24 accumulators
+constexpr int kMaxVectors = kColumns / kVec;
 
 struct Kernel {
   int64_t heads;
@@ -54,6 +62,7 @@ struct Kernel {
 
 struct Shape {
   int64_t rows, chunk, kv_heads, capacity, head_dim, group, rotary;
+  int64_t block;  // queries per piece: as many as fill kColumns columns with the group's heads
 };
 
 struct Piece {
@@ -74,107 +83,68 @@ struct Job {
   std::vector<Piece> pieces;
 };
 
-// scores[r][0..64) = q[r] . kt[:, 0..64) for R rows; kt is [D][64] (keys transposed).
-template <int R>
-void ScoreTile(const float* q, const float* kt, float* scores, int64_t d) {
-#ifdef __AVX512F__
-  __m512 acc[R][4];
-  for (int r = 0; r < R; ++r)
-    for (int c = 0; c < 4; ++c) acc[r][c] = _mm512_setzero_ps();
-  for (int64_t k = 0; k < d; ++k) {
-    const float* krow = kt + k * kKeyBlock;
-    const __m512 k0 = _mm512_loadu_ps(krow), k1 = _mm512_loadu_ps(krow + 16);
-    const __m512 k2 = _mm512_loadu_ps(krow + 32), k3 = _mm512_loadu_ps(krow + 48);
-    for (int r = 0; r < R; ++r) {
-      const __m512 b = _mm512_set1_ps(q[r * d + k]);
-      acc[r][0] = _mm512_fmadd_ps(b, k0, acc[r][0]);
-      acc[r][1] = _mm512_fmadd_ps(b, k1, acc[r][1]);
-      acc[r][2] = _mm512_fmadd_ps(b, k2, acc[r][2]);
-      acc[r][3] = _mm512_fmadd_ps(b, k3, acc[r][3]);
-    }
-  }
-  for (int r = 0; r < R; ++r)
-    for (int c = 0; c < 4; ++c) _mm512_storeu_ps(scores + r * kKeyBlock + c * kVec, acc[r][c]);
-#else
-  float acc[R][kKeyBlock] = {};
-  for (int64_t k = 0; k < d; ++k)
-    for (int r = 0; r < R; ++r) {
-      const float b = q[r * d + k];
-      for (int j = 0; j < kKeyBlock; ++j) acc[r][j] += b * kt[k * kKeyBlock + j];
-    }
-  for (int r = 0; r < R; ++r) std::memcpy(scores + r * kKeyBlock, acc[r], sizeof acc[r]);
-#endif
-}
-
-// out[r][c0..c0+16C) += sum_j p[r][j] v[j][c0..]: R rows, C vectors of the head dims.
+// out[r][0..16C) (+)= sum_b x[r * xa + b * xb] * y[b][0..16C) for R rows: every product
+// of the kernel. Scores: x = keys (r = key, b = head dim), y = the queries transposed.
+// Output: x = values (r = head dim, b = key), y = the probabilities (keys x columns).
 template <int R, int C>
-void ValueTile(const float* p, const float* v, float* out, int64_t n, int64_t d) {
+void Tile(const float* x, int64_t xa, int64_t xb, const float* y, int64_t ys, float* out,
+          int64_t os, int64_t n, bool accumulate) {
 #ifdef __AVX512F__
   __m512 acc[R][C];
   for (int r = 0; r < R; ++r)
-    for (int c = 0; c < C; ++c) acc[r][c] = _mm512_loadu_ps(out + r * d + c * kVec);
-  for (int64_t j = 0; j < n; ++j) {
-    __m512 vv[C];
-    for (int c = 0; c < C; ++c) vv[c] = _mm512_loadu_ps(v + j * d + c * kVec);
+    for (int c = 0; c < C; ++c)
+      acc[r][c] = accumulate ? _mm512_loadu_ps(out + r * os + c * kVec) : _mm512_setzero_ps();
+  for (int64_t b = 0; b < n; ++b) {
+    __m512 yv[C];
+    for (int c = 0; c < C; ++c) yv[c] = _mm512_loadu_ps(y + b * ys + c * kVec);
     for (int r = 0; r < R; ++r) {
-      const __m512 b = _mm512_set1_ps(p[r * kKeyBlock + j]);
-      for (int c = 0; c < C; ++c) acc[r][c] = _mm512_fmadd_ps(b, vv[c], acc[r][c]);
+      const __m512 broadcast = _mm512_set1_ps(x[r * xa + b * xb]);
+      for (int c = 0; c < C; ++c) acc[r][c] = _mm512_fmadd_ps(broadcast, yv[c], acc[r][c]);
     }
   }
   for (int r = 0; r < R; ++r)
-    for (int c = 0; c < C; ++c) _mm512_storeu_ps(out + r * d + c * kVec, acc[r][c]);
+    for (int c = 0; c < C; ++c) _mm512_storeu_ps(out + r * os + c * kVec, acc[r][c]);
 #else
-  for (int64_t j = 0; j < n; ++j)
+  float acc[R][C * kVec];
+  for (int r = 0; r < R; ++r)
+    for (int k = 0; k < C * kVec; ++k) acc[r][k] = accumulate ? out[r * os + k] : 0.0f;
+  for (int64_t b = 0; b < n; ++b)
     for (int r = 0; r < R; ++r) {
-      const float b = p[r * kKeyBlock + j];
-      for (int k = 0; k < C * kVec; ++k) out[r * d + k] += b * v[j * d + k];
+      const float broadcast = x[r * xa + b * xb];
+      for (int k = 0; k < C * kVec; ++k) acc[r][k] += broadcast * y[b * ys + k];
     }
+  for (int r = 0; r < R; ++r)
+    for (int k = 0; k < C * kVec; ++k) out[r * os + k] = acc[r][k];
 #endif
 }
 
 template <int R>
-void ValueRows(const float* p, const float* v, float* out, int64_t n, int64_t d) {
-  for (int64_t c0 = 0; c0 < d; c0 += 4 * kVec) {
-    switch (std::min<int64_t>(4, (d - c0) / kVec)) {
-      case 4: ValueTile<R, 4>(p, v + c0, out + c0, n, d); break;
-      case 3: ValueTile<R, 3>(p, v + c0, out + c0, n, d); break;
-      case 2: ValueTile<R, 2>(p, v + c0, out + c0, n, d); break;
-      default: ValueTile<R, 1>(p, v + c0, out + c0, n, d); break;
-    }
+void TileRow(int c, const float* x, int64_t xa, int64_t xb, const float* y, int64_t ys,
+             float* out, int64_t os, int64_t n, bool accumulate) {
+  switch (c) {
+    case 6: Tile<R, 6>(x, xa, xb, y, ys, out, os, n, accumulate); break;
+    case 5: Tile<R, 5>(x, xa, xb, y, ys, out, os, n, accumulate); break;
+    case 4: Tile<R, 4>(x, xa, xb, y, ys, out, os, n, accumulate); break;
+    case 3: Tile<R, 3>(x, xa, xb, y, ys, out, os, n, accumulate); break;
+    case 2: Tile<R, 2>(x, xa, xb, y, ys, out, os, n, accumulate); break;
+    default: Tile<R, 1>(x, xa, xb, y, ys, out, os, n, accumulate); break;
   }
 }
 
-// Applies a row-blocked kernel to `rows` rows: full tiles of kTileRows, then the rest.
-template <template <int> class F, typename... Args>
-void ForRowTiles(int64_t rows, int64_t q_stride, int64_t out_stride, const float* q, float* out,
-                 Args... args) {
+// out[rows][columns] (+)= X . y, in register tiles; `columns` is a multiple of 16, <= 96.
+void Product(int64_t rows, int64_t columns, const float* x, int64_t xa, int64_t xb,
+             const float* y, float* out, int64_t n, bool accumulate) {
+  const int c = static_cast<int>(columns / kVec);
   int64_t r = 0;
   for (; r + kTileRows <= rows; r += kTileRows)
-    F<kTileRows>::Run(q + r * q_stride, out + r * out_stride, args...);
-  switch (rows - r) {
-    case 5: F<5>::Run(q + r * q_stride, out + r * out_stride, args...); break;
-    case 4: F<4>::Run(q + r * q_stride, out + r * out_stride, args...); break;
-    case 3: F<3>::Run(q + r * q_stride, out + r * out_stride, args...); break;
-    case 2: F<2>::Run(q + r * q_stride, out + r * out_stride, args...); break;
-    case 1: F<1>::Run(q + r * q_stride, out + r * out_stride, args...); break;
-    default: break;
-  }
+    TileRow<kTileRows>(c, x + r * xa, xa, xb, y, columns, out + r * columns, columns, n, accumulate);
+  for (; r < rows; ++r)
+    TileRow<1>(c, x + r * xa, xa, xb, y, columns, out + r * columns, columns, n, accumulate);
 }
 
-template <int R>
-struct Scores {
-  static void Run(const float* q, float* scores, const float* kt, int64_t d) {
-    ScoreTile<R>(q, kt, scores, d);
-  }
-};
-
-template <int R>
-struct Values {
-  static void Run(const float* p, float* out, const float* v, int64_t n, int64_t d) {
-    ValueRows<R>(p, v, out, n, d);
-  }
-};
-
+// One key block of the online softmax for 16 columns. scores[j * stride] holds key k0 + j's
+// scores; a column sees the keys up to its position. They become exp(score - new max), 0
+// where masked; the running max, sum and the factor for the earlier output are updated.
 #ifdef __AVX512F__
 inline __m512 ExpNonPositive16(__m512 x) {  // ExpNonPositive, 16 lanes
   x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
@@ -191,50 +161,53 @@ inline __m512 ExpNonPositive16(__m512 x) {  // ExpNonPositive, 16 lanes
   p = _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
   return _mm512_scalef_ps(p, n);
 }
-#endif
 
-// One query row's step of the online softmax over a key block: scores[0..valid) become
-// exp(score - new max), the rest 0; returns their sum; `top` is updated, and the factor
-// the row's earlier output and sum must be scaled by is returned in *rescale.
-inline float SoftmaxStep(float* scores, int64_t valid, float* top, float* rescale) {
-#ifdef __AVX512F__
-  __m512 m = _mm512_set1_ps(-INFINITY);
-  for (int64_t j = 0; j < kKeyBlock; j += kVec) {
-    const int64_t left = std::clamp<int64_t>(valid - j, 0, kVec);
-    const __mmask16 mask = static_cast<__mmask16>((1u << left) - 1u);
-    m = _mm512_mask_max_ps(m, mask, m, _mm512_loadu_ps(scores + j));
+void SoftmaxStep(float* scores, int64_t stride, int64_t n, int64_t k0, const int32_t* positions,
+                 float* top, float* total, float* rescale) {
+  const __m512i position = _mm512_loadu_si512(positions);
+  __m512 block_top = _mm512_set1_ps(-INFINITY);
+  for (int64_t j = 0; j < n; ++j) {
+    const __mmask16 seen = _mm512_cmple_epi32_mask(_mm512_set1_epi32(static_cast<int32_t>(k0 + j)), position);
+    block_top = _mm512_mask_max_ps(block_top, seen, block_top, _mm512_loadu_ps(scores + j * stride));
   }
-  const float block_top = _mm512_reduce_max_ps(m);
-  const float new_top = std::max(*top, block_top);
-  *rescale = *top == -INFINITY ? 0.0f : ExpNonPositive(*top - new_top);
-  *top = new_top;
-  const __m512 shift = _mm512_set1_ps(new_top);
+  const __m512 old_top = _mm512_loadu_ps(top);
+  const __m512 new_top = _mm512_max_ps(old_top, block_top);
+  const __m512 factor = ExpNonPositive16(_mm512_sub_ps(old_top, new_top));
   __m512 sum = _mm512_setzero_ps();
-  for (int64_t j = 0; j < kKeyBlock; j += kVec) {
-    const int64_t left = std::clamp<int64_t>(valid - j, 0, kVec);
-    const __mmask16 mask = static_cast<__mmask16>((1u << left) - 1u);
+  for (int64_t j = 0; j < n; ++j) {
+    const __mmask16 seen = _mm512_cmple_epi32_mask(_mm512_set1_epi32(static_cast<int32_t>(k0 + j)), position);
     const __m512 e = _mm512_maskz_mov_ps(
-        mask, ExpNonPositive16(_mm512_sub_ps(_mm512_loadu_ps(scores + j), shift)));
-    _mm512_storeu_ps(scores + j, e);
+        seen, ExpNonPositive16(_mm512_sub_ps(_mm512_loadu_ps(scores + j * stride), new_top)));
+    _mm512_storeu_ps(scores + j * stride, e);
     sum = _mm512_add_ps(sum, e);
   }
-  return _mm512_reduce_add_ps(sum);
-#else
-  float block_top = -INFINITY;
-  for (int64_t j = 0; j < valid; ++j) block_top = std::max(block_top, scores[j]);
-  const float new_top = std::max(*top, block_top);
-  *rescale = *top == -INFINITY ? 0.0f : ExpNonPositive(*top - new_top);
-  *top = new_top;
-  float sum = 0.0f;
-  for (int64_t j = 0; j < kKeyBlock; ++j) {
-    const float e = ExpNonPositive(scores[j] - new_top);
-    scores[j] = j < valid ? e : 0.0f;
-    sum += scores[j];
-  }
-  return sum;
-#endif
+  _mm512_storeu_ps(top, new_top);
+  _mm512_storeu_ps(total, _mm512_fmadd_ps(_mm512_loadu_ps(total), factor, sum));
+  _mm512_storeu_ps(rescale, factor);
 }
+#else
+void SoftmaxStep(float* scores, int64_t stride, int64_t n, int64_t k0, const int32_t* positions,
+                 float* top, float* total, float* rescale) {
+  for (int l = 0; l < kVec; ++l) {
+    float block_top = -INFINITY;
+    for (int64_t j = 0; j < n && k0 + j <= positions[l]; ++j)
+      block_top = std::max(block_top, scores[j * stride + l]);
+    const float new_top = std::max(top[l], block_top);
+    rescale[l] = ExpNonPositive(top[l] - new_top);  // top[l] = -inf: a clamped ~0
+    float sum = 0.0f;
+    for (int64_t j = 0; j < n; ++j) {
+      const float e = k0 + j <= positions[l] ? ExpNonPositive(scores[j * stride + l] - new_top) : 0.0f;
+      scores[j * stride + l] = e;
+      sum += e;
+    }
+    top[l] = new_top;
+    total[l] = total[l] * rescale[l] + sum;
+  }
+}
+#endif
 
+// One piece: a block of queries of the KV group's heads over keys 0 .. its last position.
+// Every column sees key 0, so after the first key block every running max is finite.
 void RunPiece(void* data, size_t index) {
   const Job& job = *static_cast<const Job*>(data);
   const Shape& s = job.shape;
@@ -242,64 +215,57 @@ void RunPiece(void* data, size_t index) {
   const int64_t d = s.head_dim, g = s.group, half = s.rotary / 2;
   const int64_t heads = s.kv_heads * g, width = (heads + 2 * s.kv_heads) * d;
   const int64_t past = job.past[piece.row];
-  const int64_t queries = std::min(kQueryBlock, s.chunk - piece.first);
-  const int64_t rows = queries * g;  // tile row m = query (m / g), head (m % g) of the group
+  const int64_t queries = std::min(s.block, s.chunk - piece.first);
+  const int64_t used = queries * g;
+  const int64_t columns = (used + kVec - 1) / kVec * kVec;
+  const int64_t first_position = past + piece.first;
 
-  std::vector<float> buffer(rows * d * 2 + rows * kKeyBlock + d * kKeyBlock + rows * 2);
-  float* q = buffer.data();          // [rows, D] rotated, scaled queries
-  float* acc = q + rows * d;          // [rows, D] unnormalized output
-  float* scores = acc + rows * d;     // [rows, 64]
-  float* kt = scores + rows * kKeyBlock;  // [D, 64] the key block transposed
-  float* top = kt + d * kKeyBlock;    // [rows] running max
-  float* total = top + rows;          // [rows] running sum
-  for (int64_t i = 0; i < queries; ++i) {
-    const int64_t token = piece.first + i, position = past + token;
-    const float* packed = job.qkv + (piece.row * s.chunk + token) * width;
-    for (int64_t h = 0; h < g; ++h) {
-      float* row = q + (i * g + h) * d;
-      Rotate(packed + (piece.kv * g + h) * d, row, job.cos + position * half,
-             job.sin + position * half, d, s.rotary);
-      for (int64_t k = 0; k < d; ++k) row[k] *= job.scale;
+  std::vector<float> buffer(columns * (2 * d + kKeyBlock + 3) + d);
+  float* qt = buffer.data();                  // [D, columns] rotated, scaled queries
+  float* ot = qt + d * columns;               // [D, columns] unnormalized output
+  float* scores = ot + d * columns;           // [keys, columns]
+  float* top = scores + kKeyBlock * columns;  // [columns] running max
+  float* total = top + columns;               // [columns] running sum
+  float* rescale = total + columns;           // [columns]
+  float* rotated = rescale + columns;         // [D]
+  std::vector<int32_t> positions(columns);
+  for (int64_t m = 0; m < columns; ++m) {
+    // Padding columns repeat the last query's position: finite scores, never written out.
+    const int64_t i = std::min(m / g, queries - 1);
+    positions[m] = static_cast<int32_t>(first_position + i);
+    if (m >= used) {
+      for (int64_t k = 0; k < d; ++k) qt[k * columns + m] = 0.0f;
+      continue;
     }
+    const int64_t position = first_position + i;
+    const float* packed = job.qkv + (piece.row * s.chunk + piece.first + i) * width;
+    Rotate(packed + (piece.kv * g + m % g) * d, rotated, job.cos + position * half,
+           job.sin + position * half, d, s.rotary);
+    for (int64_t k = 0; k < d; ++k) qt[k * columns + m] = rotated[k] * job.scale;
   }
-  std::fill(acc, acc + rows * d, 0.0f);
-  std::fill(top, top + rows, -INFINITY);
-  std::fill(total, total + rows, 0.0f);
+  std::fill(ot, ot + d * columns, 0.0f);
+  std::fill(top, top + columns, -INFINITY);
+  std::fill(total, total + columns, 0.0f);
 
   const int64_t cache_offset = (piece.row * s.kv_heads + piece.kv) * s.capacity * d;
   const float* keys = job.keys + cache_offset;
   const float* values = job.values + cache_offset;
-  const int64_t first_position = past + piece.first;
   const int64_t end = first_position + queries;  // keys [0, end) are seen by some query
   for (int64_t k0 = 0; k0 < end; k0 += kKeyBlock) {
     const int64_t n = std::min(kKeyBlock, end - k0);
-    for (int64_t j = 0; j < n; ++j)
-      for (int64_t k = 0; k < d; ++k) kt[k * kKeyBlock + j] = keys[(k0 + j) * d + k];
-    for (int64_t j = n; j < kKeyBlock; ++j)
-      for (int64_t k = 0; k < d; ++k) kt[k * kKeyBlock + j] = 0.0f;
-    ForRowTiles<Scores>(rows, d, kKeyBlock, q, scores, kt, d);
-    for (int64_t m = 0; m < rows; ++m) {
-      // Causal: the query at position p sees keys 0..p.
-      const int64_t valid = std::min(n, first_position + m / g + 1 - k0);
-      float* p = scores + m * kKeyBlock;
-      if (valid <= 0) {
-        std::fill(p, p + kKeyBlock, 0.0f);
-        continue;
-      }
-      float rescale = 1.0f;
-      const float sum = SoftmaxStep(p, valid, top + m, &rescale);
-      total[m] = total[m] * rescale + sum;
-      if (rescale != 1.0f)
-        for (int64_t k = 0; k < d; ++k) acc[m * d + k] *= rescale;
+    Product(n, columns, keys + k0 * d, d, 1, qt, scores, d, false);
+    for (int64_t c = 0; c < columns; c += kVec) {
+      SoftmaxStep(scores + c, columns, n, k0, positions.data() + c, top + c, total + c, rescale + c);
     }
-    ForRowTiles<Values>(rows, kKeyBlock, d, scores, acc, values + k0 * d, n, d);
+    for (int64_t k = 0; k < d; ++k)
+      for (int64_t m = 0; m < columns; ++m) ot[k * columns + m] *= rescale[m];
+    Product(d, columns, values + k0 * d, 1, d, scores, ot, n, true);
   }
-  for (int64_t i = 0; i < queries; ++i) {
-    float* out = job.out + ((piece.row * s.chunk + piece.first + i) * heads + piece.kv * g) * d;
-    for (int64_t h = 0; h < g; ++h) {
-      const float inverse = 1.0f / total[i * g + h];
-      for (int64_t k = 0; k < d; ++k) out[h * d + k] = acc[(i * g + h) * d + k] * inverse;
-    }
+  for (int64_t m = 0; m < used; ++m) {
+    const int64_t i = m / g, h = m % g;
+    float* out = job.out + ((piece.row * s.chunk + piece.first + i) * heads + piece.kv * g + h) * d;
+    const float inverse = 1.0f / total[m];
+    for (int64_t k = 0; k < d; ++k) out[k] = ot[k * columns + m] * inverse;
   }
 }
 
@@ -322,8 +288,11 @@ OrtStatus* CheckShapes(const Kernel& kernel, const Tensor& qkv, const Tensor& pa
     return Fail("PrefillAttention: total_sequence_length must be a scalar");
   if (cos.dims.size() != 2 || cos.dims != sin.dims || cos.dims[1] < 1 || cos.dims[1] * 2 > d)
     return Fail("PrefillAttention: cos and sin must be [positions, rotary_dim / 2], rotary_dim <= head_dim");
-  *shape = {qkv.dims[0], qkv.dims[1], kernel.kv_heads, past_k.dims[2], d,
-            kernel.heads / kernel.kv_heads, 2 * cos.dims[1]};
+  const int64_t group = kernel.heads / kernel.kv_heads;
+  if (group > kColumns)
+    return Fail("PrefillAttention: at most 96 query heads per KV head");
+  *shape = {qkv.dims[0], qkv.dims[1], kernel.kv_heads, past_k.dims[2], d, group,
+            2 * cos.dims[1], std::max<int64_t>(1, kColumns / group)};
   return nullptr;
 }
 
@@ -348,8 +317,8 @@ void WriteCache(const Job& job, float* keys, float* values) {
 std::vector<Piece> Plan(const Shape& s, const int64_t* past) {
   std::vector<Piece> pieces;
   for (int64_t row = 0; row < s.rows; ++row)
-    for (int64_t first = 0; first < s.chunk; first += kQueryBlock) {
-      const int64_t queries = std::min(kQueryBlock, s.chunk - first);
+    for (int64_t first = 0; first < s.chunk; first += s.block) {
+      const int64_t queries = std::min(s.block, s.chunk - first);
       const int64_t work = queries * (past[row] + first + (queries + 1) / 2);
       for (int64_t kv = 0; kv < s.kv_heads; ++kv) pieces.push_back({row, kv, first, work});
     }
