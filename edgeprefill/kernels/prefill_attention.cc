@@ -83,17 +83,21 @@ struct Job {
   std::vector<Piece> pieces;
 };
 
-// out[r][0..16C) (+)= sum_b x[r * xa + b * xb] * y[b][0..16C) for R rows: every product
-// of the kernel. Scores: x = keys (r = key, b = head dim), y = the queries transposed.
-// Output: x = values (r = head dim, b = key), y = the probabilities (keys x columns).
+// out[r][0..16C) = sum_b x[r * xa + b * xb] * y[b][0..16C) for R rows, plus out's old
+// value times `rescale` (per column) if that is given: every product of the kernel.
+// Scores: x = keys (r = key, b = head dim), y = the queries transposed. Output: x = values
+// (r = head dim, b = key), y = the probabilities (keys x columns), rescale = the online
+// softmax's factor for what the earlier key blocks left.
 template <int R, int C>
 void Tile(const float* x, int64_t xa, int64_t xb, const float* y, int64_t ys, float* out,
-          int64_t os, int64_t n, bool accumulate) {
+          int64_t os, int64_t n, const float* rescale) {
 #ifdef __AVX512F__
   __m512 acc[R][C];
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < C; ++c)
-      acc[r][c] = accumulate ? _mm512_loadu_ps(out + r * os + c * kVec) : _mm512_setzero_ps();
+      acc[r][c] = rescale != nullptr ? _mm512_mul_ps(_mm512_loadu_ps(out + r * os + c * kVec),
+                                                      _mm512_loadu_ps(rescale + c * kVec))
+                                     : _mm512_setzero_ps();
   for (int64_t b = 0; b < n; ++b) {
     __m512 yv[C];
     for (int c = 0; c < C; ++c) yv[c] = _mm512_loadu_ps(y + b * ys + c * kVec);
@@ -107,7 +111,7 @@ void Tile(const float* x, int64_t xa, int64_t xb, const float* y, int64_t ys, fl
 #else
   float acc[R][C * kVec];
   for (int r = 0; r < R; ++r)
-    for (int k = 0; k < C * kVec; ++k) acc[r][k] = accumulate ? out[r * os + k] : 0.0f;
+    for (int k = 0; k < C * kVec; ++k) acc[r][k] = rescale != nullptr ? out[r * os + k] * rescale[k] : 0.0f;
   for (int64_t b = 0; b < n; ++b)
     for (int r = 0; r < R; ++r) {
       const float broadcast = x[r * xa + b * xb];
@@ -120,26 +124,27 @@ void Tile(const float* x, int64_t xa, int64_t xb, const float* y, int64_t ys, fl
 
 template <int R>
 void TileRow(int c, const float* x, int64_t xa, int64_t xb, const float* y, int64_t ys,
-             float* out, int64_t os, int64_t n, bool accumulate) {
+             float* out, int64_t os, int64_t n, const float* rescale) {
   switch (c) {
-    case 6: Tile<R, 6>(x, xa, xb, y, ys, out, os, n, accumulate); break;
-    case 5: Tile<R, 5>(x, xa, xb, y, ys, out, os, n, accumulate); break;
-    case 4: Tile<R, 4>(x, xa, xb, y, ys, out, os, n, accumulate); break;
-    case 3: Tile<R, 3>(x, xa, xb, y, ys, out, os, n, accumulate); break;
-    case 2: Tile<R, 2>(x, xa, xb, y, ys, out, os, n, accumulate); break;
-    default: Tile<R, 1>(x, xa, xb, y, ys, out, os, n, accumulate); break;
+    case 6: Tile<R, 6>(x, xa, xb, y, ys, out, os, n, rescale); break;
+    case 5: Tile<R, 5>(x, xa, xb, y, ys, out, os, n, rescale); break;
+    case 4: Tile<R, 4>(x, xa, xb, y, ys, out, os, n, rescale); break;
+    case 3: Tile<R, 3>(x, xa, xb, y, ys, out, os, n, rescale); break;
+    case 2: Tile<R, 2>(x, xa, xb, y, ys, out, os, n, rescale); break;
+    default: Tile<R, 1>(x, xa, xb, y, ys, out, os, n, rescale); break;
   }
 }
 
-// out[rows][columns] (+)= X . y, in register tiles; `columns` is a multiple of 16, <= 96.
+// out[rows][columns] = X . y (+ out x rescale), in register tiles; `columns` is a multiple
+// of 16, <= 96.
 void Product(int64_t rows, int64_t columns, const float* x, int64_t xa, int64_t xb,
-             const float* y, float* out, int64_t n, bool accumulate) {
+             const float* y, float* out, int64_t n, const float* rescale) {
   const int c = static_cast<int>(columns / kVec);
   int64_t r = 0;
   for (; r + kTileRows <= rows; r += kTileRows)
-    TileRow<kTileRows>(c, x + r * xa, xa, xb, y, columns, out + r * columns, columns, n, accumulate);
+    TileRow<kTileRows>(c, x + r * xa, xa, xb, y, columns, out + r * columns, columns, n, rescale);
   for (; r < rows; ++r)
-    TileRow<1>(c, x + r * xa, xa, xb, y, columns, out + r * columns, columns, n, accumulate);
+    TileRow<1>(c, x + r * xa, xa, xb, y, columns, out + r * columns, columns, n, rescale);
 }
 
 // One key block of the online softmax for 16 columns. scores[j * stride] holds key k0 + j's
@@ -165,16 +170,47 @@ inline __m512 ExpNonPositive16(__m512 x) {  // ExpNonPositive, 16 lanes
 void SoftmaxStep(float* scores, int64_t stride, int64_t n, int64_t k0, const int32_t* positions,
                  float* top, float* total, float* rescale) {
   const __m512i position = _mm512_loadu_si512(positions);
+  // Below the diagonal (every column sees the whole block) nothing needs masking.
+  const bool inside = k0 + n - 1 <= _mm512_reduce_min_epi32(position);
   __m512 block_top = _mm512_set1_ps(-INFINITY);
-  for (int64_t j = 0; j < n; ++j) {
-    const __mmask16 seen = _mm512_cmple_epi32_mask(_mm512_set1_epi32(static_cast<int32_t>(k0 + j)), position);
-    block_top = _mm512_mask_max_ps(block_top, seen, block_top, _mm512_loadu_ps(scores + j * stride));
+  if (inside) {
+    __m512 other = block_top;  // two chains: max has a latency of 4
+    int64_t j = 0;
+    for (; j + 1 < n; j += 2) {
+      block_top = _mm512_max_ps(block_top, _mm512_loadu_ps(scores + j * stride));
+      other = _mm512_max_ps(other, _mm512_loadu_ps(scores + (j + 1) * stride));
+    }
+    if (j < n) block_top = _mm512_max_ps(block_top, _mm512_loadu_ps(scores + j * stride));
+    block_top = _mm512_max_ps(block_top, other);
+  } else {
+    for (int64_t j = 0; j < n; ++j) {
+      const __mmask16 seen = _mm512_cmple_epi32_mask(_mm512_set1_epi32(static_cast<int32_t>(k0 + j)), position);
+      block_top = _mm512_mask_max_ps(block_top, seen, block_top, _mm512_loadu_ps(scores + j * stride));
+    }
   }
   const __m512 old_top = _mm512_loadu_ps(top);
   const __m512 new_top = _mm512_max_ps(old_top, block_top);
   const __m512 factor = ExpNonPositive16(_mm512_sub_ps(old_top, new_top));
   __m512 sum = _mm512_setzero_ps();
-  for (int64_t j = 0; j < n; ++j) {
+  if (inside) {
+    __m512 other = sum;
+    int64_t j = 0;
+    for (; j + 1 < n; j += 2) {
+      const __m512 e0 = ExpNonPositive16(_mm512_sub_ps(_mm512_loadu_ps(scores + j * stride), new_top));
+      const __m512 e1 = ExpNonPositive16(_mm512_sub_ps(_mm512_loadu_ps(scores + (j + 1) * stride), new_top));
+      _mm512_storeu_ps(scores + j * stride, e0);
+      _mm512_storeu_ps(scores + (j + 1) * stride, e1);
+      sum = _mm512_add_ps(sum, e0);
+      other = _mm512_add_ps(other, e1);
+    }
+    for (; j < n; ++j) {
+      const __m512 e = ExpNonPositive16(_mm512_sub_ps(_mm512_loadu_ps(scores + j * stride), new_top));
+      _mm512_storeu_ps(scores + j * stride, e);
+      sum = _mm512_add_ps(sum, e);
+    }
+    sum = _mm512_add_ps(sum, other);
+  }
+  for (int64_t j = 0; j < n && !inside; ++j) {
     const __mmask16 seen = _mm512_cmple_epi32_mask(_mm512_set1_epi32(static_cast<int32_t>(k0 + j)), position);
     const __m512 e = _mm512_maskz_mov_ps(
         seen, ExpNonPositive16(_mm512_sub_ps(_mm512_loadu_ps(scores + j * stride), new_top)));
@@ -253,13 +289,11 @@ void RunPiece(void* data, size_t index) {
   const int64_t end = first_position + queries;  // keys [0, end) are seen by some query
   for (int64_t k0 = 0; k0 < end; k0 += kKeyBlock) {
     const int64_t n = std::min(kKeyBlock, end - k0);
-    Product(n, columns, keys + k0 * d, d, 1, qt, scores, d, false);
+    Product(n, columns, keys + k0 * d, d, 1, qt, scores, d, nullptr);
     for (int64_t c = 0; c < columns; c += kVec) {
       SoftmaxStep(scores + c, columns, n, k0, positions.data() + c, top + c, total + c, rescale + c);
     }
-    for (int64_t k = 0; k < d; ++k)
-      for (int64_t m = 0; m < columns; ++m) ot[k * columns + m] *= rescale[m];
-    Product(d, columns, values + k0 * d, 1, d, scores, ot, n, true);
+    Product(d, columns, values + k0 * d, 1, d, scores, ot, n, rescale);
   }
   for (int64_t m = 0; m < used; ++m) {
     const int64_t i = m / g, h = m % g;
