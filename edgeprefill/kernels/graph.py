@@ -27,6 +27,7 @@ IS_DECODE = "edgeprefill.is_decode"
 KERNEL_INPUTS = (0, 3, 4, 5, 7, 8)
 # PrefillAttention takes total_sequence_length (6) too: it tells a first prompt (past 0).
 PREFILL_INPUTS = (0, 3, 4, 5, 6, 7, 8)
+MAX_GROUP = 96  # query heads per KV head the prefill kernel takes (kColumns in the .cc)
 # Attributes whose non-default values change the math; the kernel has none of them.
 UNSUPPORTED = {"local_window_size": -1, "softcap": 0.0, "smooth_softmax": 0,
                "rotary_interleaved": 0, "qk_output": 0}
@@ -39,8 +40,11 @@ def eligible(node: NodeProto) -> bool:
     attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
     inputs = list(node.input) + [""] * (9 - len(node.input))
     packed_or_split = (not inputs[1] and not inputs[2]) or (inputs[1] and inputs[2])
+    heads, kv_heads = attrs.get("num_heads", 0), attrs.get("kv_num_heads", 0)
+    # PrefillAttention's pieces hold at most 96 (query, head) columns: one query of a group.
+    group_fits = kv_heads > 0 and heads % kv_heads == 0 and heads // kv_heads <= MAX_GROUP
     return (
-        attrs.get("do_rotary") == 1 and "scale" in attrs
+        attrs.get("do_rotary") == 1 and "scale" in attrs and group_fits
         and all(attrs.get(k, default) == default for k, default in UNSUPPORTED.items())
         and len(node.input) <= 9 and bool(packed_or_split)
         and all(inputs[i] for i in PREFILL_INPUTS) and len(node.output) == 3
