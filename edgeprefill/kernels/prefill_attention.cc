@@ -43,16 +43,18 @@ namespace {
 
 // A piece's queries are laid out as the columns of its tiles: column m is query m / group,
 // head m % group of the KV group, so the group's heads share every key and value read.
+// Tuning experiments compile other blockings with -DEP_COLUMNS=.. -DEP_KEY_BLOCK=..
+// -DEP_TILE_ROWS=.. (rows x vectors <= 24 accumulators) and time them with
+// `benchmarks/prefill_attention.py --library`; the defaults measured best here.
 #ifndef EP_COLUMNS
 #define EP_COLUMNS 96
 #define EP_KEY_BLOCK 64
 #define EP_TILE_ROWS 4
 #endif
-constexpr int64_t kColumns = EP_COLUMNS;   // columns per piece at most (6 AVX-512 vectors)
+constexpr int64_t kColumns = EP_COLUMNS;     // columns per piece at most (6 AVX-512 vectors)
 constexpr int64_t kKeyBlock = EP_KEY_BLOCK;  // keys per step of the online softmax
 constexpr int kVec = 16;
-constexpr int kTileRows = EP_TILE_ROWS;       // register tile: 4 rows x up to 6 vectors = 24 accumulators
-constexpr int kMaxVectors = kColumns / kVec;
+constexpr int kTileRows = EP_TILE_ROWS;      // register tile: 4 rows x up to 6 vectors
 
 struct Kernel {
   int64_t heads;
