@@ -7,9 +7,10 @@
 // writes out per query head: one piece of work is a block of queries of ALL query heads of
 // one KV group, which walks the keys block by block (a key block is read once for the whole
 // group), keeps a running max and sum per query (online softmax), and stops at the causal
-// diagonal. Pieces (row, KV head, query block) run on ONNX Runtime's intra-op pool, the
-// longest first. The inner products are register-blocked AVX-512 (a portable loop nest
-// where the build has no AVX-512).
+// diagonal. Pieces (row, KV head, query block) run on ONNX Runtime's intra-op pool, one KV
+// head after another, the longest first within it. The inner products are register-blocked
+// AVX-512 with the (query, head) pairs as vector lanes (a portable loop nest where the build
+// has no AVX-512).
 //
 // A row's past length is GroupQueryAttention's: 0 when total_sequence_length == S (a first
 // prompt; the row's valid tokens are its first seqlens_k + 1, the rest padding whose output
