@@ -52,6 +52,18 @@ def test_truncated_distribution_equals_the_full_sort_reference(vocab, scale):
         np.testing.assert_allclose(ours, ref, atol=2e-5)
 
 
+@pytest.mark.parametrize("offset", [-80.0, 0.0, 30.0, 500.0])
+def test_the_distribution_does_not_depend_on_where_the_logits_sit(offset):
+    # exp skips the shift by the max for moderate logits and applies it otherwise
+    # (nucleus._weights): both paths, and min-p relative to the top token, on either.
+    logits = (np.random.default_rng(9).standard_normal(20_000) * 3 + offset).astype(np.float32)
+    for setting in SETTINGS:
+        ours = nucleus(logits, *setting).probabilities(20_000)
+        ref = reference(logits, *setting)
+        assert np.flatnonzero((ours > 0) != (ref > 0)).size <= 3, setting
+        np.testing.assert_allclose(ours, ref, atol=2e-5)
+
+
 def test_ties_at_the_boundary_are_all_kept():
     logits = np.zeros(10_000, np.float32)  # all equal: the whole vocabulary is one tie
     probs = nucleus(logits, 1.0, 0, 0.5, 0.0).probabilities(10_000)

@@ -54,6 +54,7 @@ class Kept(NamedTuple):
     weights: np.ndarray  # float32 [blocks * BLOCK]
     cut: np.float32
     target: float | None  # top_p * total weight; None: no top-p cut
+    top: np.float32  # the top token's weight (1, or exp(max logit): see _weights)
     totals: np.ndarray  # float64 [blocks]: cumulative block sums (the draw's first level)
     mask: np.ndarray  # float32 [blocks * BLOCK]: scratch for the acceptance test
 
@@ -104,21 +105,34 @@ def nucleus(logits: np.ndarray, temperature: float, top_k: int, top_p: float,
         ids = np.argpartition(x, -top_k)[-top_k:]
         x = x[ids]
     weights, mask = (scratch or Scratch()).take(x.shape[0])
-    _weights(x, temperature, weights)
+    top = _weights(x, temperature, weights)
     # float64 sums of the float32 BLAS block sums: the total and the draw's first level
     totals = np.cumsum(_block_sums(weights.reshape(-1, BLOCK)), dtype=np.float64)
-    cut = np.float32(min_p)  # min-p: a weight relative to the top token's (which is 1)
+    cut = np.float32(min_p) * top  # min-p: a weight relative to the top token's
     target = top_p * float(totals[-1]) if top_p < 1.0 else None
-    return Kept(ids, weights, cut, target, totals, mask)
+    return Kept(ids, weights, cut, target, top, totals, mask)
 
 
-def _weights(x: np.ndarray, temperature: float, out: np.ndarray) -> None:
-    """exp((x - max) / temperature) in float32 into out[:n] (its padding stays zero)."""
+UNSHIFTED = (0.0, 64.0)  # top scaled logits for which exp needs no shift by the max
+
+
+def _weights(x: np.ndarray, temperature: float, out: np.ndarray) -> np.float32:
+    """exp(x / temperature) in float32 into out[:n] (its padding stays zero); returns the
+    top token's weight. The textbook exp((x - max) / temperature) costs one more pass over
+    the vocabulary; the shift is skipped when the scaled max lies in UNSHIFTED: nothing
+    overflows (even summed over 2^20 tokens) and nothing underflows that the shift would
+    have kept. Else the shift is applied and the top weight is 1."""
     head = out[:x.shape[0]]
-    np.subtract(x, x.max(), out=head)
+    best = int(np.argmax(x))
+    scale = np.float32(1.0 / temperature)
+    if UNSHIFTED[0] <= float(x[best]) * float(scale) <= UNSHIFTED[1]:
+        src = x
+    else:
+        src = np.subtract(x, x[best], out=head)
     if temperature != 1.0:
-        np.multiply(head, np.float32(1.0 / temperature), out=head)
-    np.exp(head, out=head)
+        src = np.multiply(src, scale, out=head)
+    np.exp(src, out=head)
+    return np.float32(head[best])
 
 
 class _Probe(NamedTuple):
@@ -138,8 +152,9 @@ def _nucleus_threshold(weights: np.ndarray, target: float, total: float) -> np.f
     the data, which matters on a CPU (a masked sum, np.where, np.bincount or a dense
     gather over random positions each cost 10-20x a plain pass)."""
     lo = _Probe(np.float32(0), total, weights.shape[0])
-    hi = _Probe(np.float32(1), 0.0, 0)  # nothing weighs more than the top token (1)
-    near_top = _near_top(weights)
+    top = weights.max()  # not Kept.top: a rare path, and exp may not be monotone to the ulp
+    hi = _Probe(top, 0.0, 0)  # nothing weighs more than the top token
+    near_top = _near_top(weights, top)
     if near_top is not None:
         heavy, probe = near_top
         if probe.mass >= target:  # a peaked distribution: the nucleus is among these
@@ -167,11 +182,11 @@ def _settle(band: np.ndarray, above: float, target: float) -> np.float32:
     return np.float32(ordered[last])
 
 
-def _near_top(weights: np.ndarray) -> tuple[np.ndarray, _Probe] | None:
+def _near_top(weights: np.ndarray, top: np.float32) -> tuple[np.ndarray, _Probe] | None:
     """The tokens within 2^-10 of the top one's weight, if at most SMALL: in a trained
     model's peaked distribution they usually hold the nucleus. Counting first costs
     half a probe when they are too many (a flat distribution)."""
-    threshold = np.float32(2.0**-10)
+    threshold = np.float32(2.0**-10) * top
     heavier = weights > threshold
     count = int(np.count_nonzero(heavier))
     if count > SMALL:
