@@ -7,7 +7,6 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import pytest
-from tests.conftest import TINY_MODEL
 from tokenizers import Tokenizer
 
 from edgeprefill.bundle import load_manifest
@@ -16,6 +15,7 @@ from edgeprefill.engines.ort.backend import OnnxRuntimeBackend
 from edgeprefill.engines.ort.int4_prefill import MODE_ENV, prefill_targets
 from edgeprefill.export.exporter import ExportOptions, export
 from edgeprefill.export.quantize import QuantConfig
+from tests.conftest import TINY_MODEL
 
 # The shipped trained model: its logits have real margins, which a random tiny model's
 # lack (there int4 alone flips greedy tokens, so nothing could be said about prefill).

@@ -28,6 +28,8 @@ from edgeprefill.contract import (
 )
 from edgeprefill.engines.base import Backend, BackendOptions, StepBatch
 from edgeprefill.engines.ort.arena import DeviceArena, HostArena, KVArena
+from edgeprefill.engines.ort.int4_prefill import choose as choose_int4_prefill
+from edgeprefill.engines.ort.int4_prefill import loadable
 from edgeprefill.engines.ort.providers import (
     KV_WRITE_OP,
     GpuSettings,
@@ -41,8 +43,6 @@ from edgeprefill.engines.ort.providers import (
     refuse_device,
 )
 from edgeprefill.errors import BackendError
-from edgeprefill.engines.ort.int4_prefill import choose as choose_int4_prefill
-from edgeprefill.engines.ort.int4_prefill import loadable
 from edgeprefill.kernels.select import choose as choose_kernels
 
 PROVIDERS = {

@@ -16,7 +16,8 @@ its exact numbers), the else-branch the prefill variant picked by `EDGEPREFILL_I
 - `off`: the stock graph.
 
 The bundle on disk is never changed (a stock ONNX Runtime still loads it); the rewritten
-graph is loaded from bytes with the derived weights inside it.
+graph is loaded from bytes, its own weights from the bundle's files, the derived ones from
+arrays handed to the session (docs/design.md, "int4 prefill at int8 speed").
 """
 
 from __future__ import annotations
@@ -24,10 +25,18 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
-from onnx import ModelProto, NodeProto, TensorProto, external_data_helper, helper, numpy_helper
+from onnx import (
+    GraphProto,
+    ModelProto,
+    NodeProto,
+    TensorProto,
+    external_data_helper,
+    helper,
+    numpy_helper,
+)
 
 from edgeprefill.contract import INPUT_IDS
 from edgeprefill.errors import BackendError
@@ -36,7 +45,6 @@ from edgeprefill.export.quantize import int4_dequantize, int8_per_channel
 MODE_ENV = "EDGEPREFILL_INT4_PREFILL"
 PREFIX = "edgeprefill.int4"  # every name this rewrite adds starts with it
 IS_DECODE = f"{PREFIX}.is_decode"
-DERIVED_FILE = f"{PREFIX}.derived.bin"  # the in-memory external-data file's name
 INT8_ACTIVATIONS = 4  # MatMulNBits accuracy_level: int8 activations
 STOCK = "MatMulNBits (accuracy level of the bundle)"
 
@@ -46,7 +54,7 @@ class Int4Prefill(NamedTuple):
     projections: str  # what `--stats` and `inspect` say runs for prefill projections
     # The derived weights (arrays and their OrtValues): ONNX Runtime reads them in place,
     # so they live as long as the session.
-    weights: list[object] = []
+    weights: tuple[object, ...] = ()
 
 
 class Derived:
@@ -82,7 +90,7 @@ def why_not(flavor: str, device: str) -> str | None:
 
 
 def choose(graph: ModelProto, bundle_dir: Path, flavor: str, device: str,
-           session_options) -> Int4Prefill:
+           session_options: Any) -> Int4Prefill:
     """Rewrites `graph` (weights not loaded; they stay in `bundle_dir`) in place when it
     has int4 projections and nothing rules the rewrite out."""
     targets = prefill_targets(graph)
@@ -94,7 +102,7 @@ def choose(graph: ModelProto, bundle_dir: Path, flavor: str, device: str,
     variant = mode()
     derived = Derived(graph, bundle_dir)
     switch(graph, targets, VARIANTS[variant], derived)
-    weights = _hand_over(graph, derived.arrays, session_options) if derived.arrays else []
+    weights = _hand_over(graph, derived.arrays, session_options) if derived.arrays else ()
     return Int4Prefill(True, describe_variant(variant), weights)
 
 
@@ -112,18 +120,19 @@ def describe_variant(variant: str) -> str:
             "level0": "MatMulNBits accuracy level 0 (decode: the bundle's level)"}[variant]
 
 
-def _hand_over(graph: ModelProto, arrays: dict[str, np.ndarray], session_options) -> list:
+def _hand_over(graph: ModelProto, arrays: dict[str, np.ndarray],
+               session_options: Any) -> tuple[object, ...]:
     """Gives each derived weight to the session as an initializer it reads in place (no
     copy: the graph's serialized bytes, which the native kernels keep, stay small)."""
     import onnxruntime as ort
 
-    values = []
+    values: list[object] = []
     for name, array in arrays.items():
         value = ort.OrtValue.ortvalue_from_numpy(array)
         session_options.add_initializer(name, value)
         graph.graph.initializer.append(_declared(graph, name, array))
         values.append((array, value))
-    return values
+    return tuple(values)
 
 
 def _declared(graph: ModelProto, name: str, array: np.ndarray) -> TensorProto:
@@ -198,7 +207,7 @@ def _if(node: NodeProto, prefill: list[NodeProto]) -> NodeProto:
     )
 
 
-def _branch(nodes: list[NodeProto], name: str):
+def _branch(nodes: list[NodeProto], name: str) -> GraphProto:
     out = helper.make_tensor_value_info(nodes[-1].output[0], TensorProto.FLOAT, None)
     return helper.make_graph(nodes, name, [], [out])
 
@@ -248,7 +257,7 @@ VARIANTS: dict[str, Variant] = {"int8": _int8, "level0": _level0}
 
 
 def loadable(model: str | bytes, graph: ModelProto, choice: Int4Prefill,
-             session_options) -> str | bytes:
+             session_options: Any) -> str | bytes:
     """What InferenceSession loads: the kernels' choice, or the rewritten graph's bytes
     when only this rewrite changed it (its weights stay in the bundle's files)."""
     if not choice.rewritten or isinstance(model, bytes):
@@ -256,4 +265,5 @@ def loadable(model: str | bytes, graph: ModelProto, choice: Int4Prefill,
     session_options.add_session_config_entry(
         "session.model_external_initializers_file_folder_path", str(Path(model).parent)
     )
-    return graph.SerializeToString()
+    serialized: bytes = graph.SerializeToString()
+    return serialized
