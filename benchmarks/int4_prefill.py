@@ -4,8 +4,9 @@
 
 Loads the int4 bundle once per `EDGEPREFILL_INT4_PREFILL` variant (off, level0, int8) in
 this one process, plus the int8 bundle, and times, taking turns round by round: one
-256-token chunk at past 0 and at past 1,792, and 16 decode steps at past 1,800. Prints
-the median per cell (ms) and each session's resident-memory growth at load (MB).
+2,048-token prefill in 256-token chunks, one 256-token chunk at past 0 and at past 1,792,
+and 16 decode steps at past 1,800 (`--cells` picks). Prints the median per cell (ms) and
+each session's resident-memory growth at load (MB).
 """
 
 from __future__ import annotations
@@ -24,7 +25,10 @@ from edgeprefill.engines import BackendOptions, StepBatch
 from edgeprefill.engines.ort.backend import OnnxRuntimeBackend
 
 DECODE_STEPS = 16
-CELLS = {"chunk256@0": (256, 0), "chunk256@1792": (256, 1792), "decode@1800": (1, 1800)}
+PROMPT = 2048
+# name: (chunk, past); past -1 is a whole PROMPT-token prefill in chunks of that size.
+CELLS = {"prefill2048/256": (256, -1), "chunk256@0": (256, 0), "chunk256@1792": (256, 1792),
+         "decode@1800": (1, 1800)}
 
 
 def rss_mb() -> float:
@@ -43,7 +47,10 @@ def load(bundle: Path, variant: str | None, threads: int) -> tuple[OnnxRuntimeBa
 
 
 def step(backend: OnnxRuntimeBackend, chunk: int, past: int) -> float:
-    """ms per call: one call for a chunk, the mean of DECODE_STEPS calls for decode."""
+    """ms per call: one call for a chunk, the mean of DECODE_STEPS calls for decode;
+    past -1: a whole PROMPT-token prefill in `chunk`-token chunks (TTFT less sampling)."""
+    if past < 0:
+        return sum(step(backend, chunk, at) for at in range(0, PROMPT, chunk))
     ids = np.random.default_rng(past).integers(3, 40000, (1, chunk))
     batch = StepBatch(ids, np.array([past], np.int32), np.array([chunk], np.int32), 0)
     calls = DECODE_STEPS if chunk == 1 else 1
@@ -60,7 +67,9 @@ def main() -> int:
     parser.add_argument("--variants", default="off,level0,int8")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--cells", default=",".join(CELLS), help="which of: " + ", ".join(CELLS))
     args = parser.parse_args()
+    cells = {name: CELLS[name] for name in args.cells.split(",")}
     rows: dict[str, tuple[OnnxRuntimeBackend, float]] = {}
     for variant in args.variants.split(","):
         rows[f"int4 {variant}"] = load(args.int4, variant, args.threads)
@@ -69,13 +78,13 @@ def main() -> int:
     times: dict[tuple[str, str], list[float]] = {}
     for _ in range(args.rounds):
         for name, (backend, _mb) in rows.items():
-            for cell, (chunk, past) in CELLS.items():
+            for cell, (chunk, past) in cells.items():
                 times.setdefault((name, cell), []).append(step(backend, chunk, past))
-    print(f"| session | {' | '.join(CELLS)} (ms) | RSS at load (MB) | prefill projections |")
-    print("|---|" + "---|" * (len(CELLS) + 2))
+    print(f"| session | {' | '.join(cells)} (ms) | RSS at load (MB) | prefill projections |")
+    print("|---|" + "---|" * (len(cells) + 2))
     for name, (backend, mb) in rows.items():
-        cells = " | ".join(f"{statistics.median(times[name, c]):.1f}" for c in CELLS)
-        print(f"| {name} | {cells} | {mb:.0f} | {backend.int4_prefill.projections or '-'} |")
+        medians = " | ".join(f"{statistics.median(times[name, c]):.1f}" for c in cells)
+        print(f"| {name} | {medians} | {mb:.0f} | {backend.int4_prefill.projections or '-'} |")
     return 0
 
 
