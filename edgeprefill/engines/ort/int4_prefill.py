@@ -139,9 +139,12 @@ def _declared(graph: ModelProto, name: str, array: np.ndarray) -> TensorProto:
     """The graph must declare an initializer for the session's to override. ONNX Runtime
     checks an external location exists but never reads it for an overridden name, so the
     declaration points at the bundle's own weight file (an empty in-graph tensor of the
-    right shape would fail the graph's checks)."""
-    data_file = next(e.value for t in graph.graph.initializer for e in t.external_data
-                     if e.key == "location")
+    right shape would fail the graph's checks). A graph with no weight file (none that
+    edgeprefill writes) gets the weight itself."""
+    data_file = next((e.value for t in graph.graph.initializer for e in t.external_data
+                      if e.key == "location"), None)
+    if data_file is None:
+        return numpy_helper.from_array(array, name)
     tensor = TensorProto(name=name, data_type=helper.np_dtype_to_tensor_dtype(array.dtype),
                          dims=array.shape, data_location=TensorProto.EXTERNAL)
     for key, value in (("location", data_file), ("offset", "0"),
