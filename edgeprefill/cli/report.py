@@ -33,12 +33,13 @@ def engine_lines(e: EngineMetrics) -> list[str]:
 
 
 def backend_line(backend) -> str:
-    """Which kernels the backend runs (the native decode attention or the stock graph)."""
+    """Which attention the backend runs (the native prefill and decode kernels or the stock
+    graph's GroupQueryAttention)."""
     kernels = getattr(backend, "kernels", None)
     attention = kernels.decode_attention if kernels is not None else "the graph's own"
     int4 = getattr(backend, "int4_prefill", None)
     prefill = f", int4 prefill projections {int4.projections}" if int4 and int4.projections else ""
-    return f"backend: {backend.name}, decode attention {attention}{prefill}"
+    return f"backend: {backend.name}, attention {attention}{prefill}"
 
 
 def _ms(seconds: float | None) -> str:

@@ -98,7 +98,7 @@ class OnnxRuntimeBackend(Backend):
         # int4 bundles: a faster prefill projection than decode's (engines.ort.int4_prefill).
         self.int4_prefill = choose_int4_prefill(
             graph, bundle_dir, manifest.graph.flavor, options.device, session_options)
-        # The native decode attention where its library is built (edgeprefill.kernels).
+        # The native attention kernels where their library is built (edgeprefill.kernels).
         self.kernels = choose_kernels(
             graph_path, graph, manifest.graph.flavor, manifest.graph.dtype, options.device,
             session_options,
