@@ -77,7 +77,7 @@ class Driver:
 
     def drop_all(self) -> None:
         for handle in self.handles:
-            handle.drop()
+            handle.cancel()
         while self.pipe.has_non_finished_requests():
             self.pipe.step()
 
