@@ -33,7 +33,7 @@ from comparison.procs import last_json_line, run_step
 from comparison.registry import RUNTIMES, Runtime
 from comparison.report import machine_info
 from comparison.runners import artifact_dir, export_artifact
-from comparison.settings import BENCH_DIR, RUNNERS_DIR, Settings, StepError, say
+from comparison.settings import BENCH_DIR, REPO_DIR, RUNNERS_DIR, Settings, StepError, say
 from comparison.venvs import ensure_venv
 
 
@@ -78,6 +78,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="use the edgeprefill bundles compare.py exported with the same "
                         "command instead of exporting them again")
     parser.add_argument("--json", type=Path, help="also write every run's figures here")
+    parser.add_argument("--project-python", type=Path, default=REPO_DIR / ".venv/bin/python",
+                        help="python of the venv edgeprefill is installed in")
     args = parser.parse_args(argv)
     names = [n.strip() for n in args.runtimes.split(",") if n.strip()]
     unknown = [n for n in names if n not in MIXED_RUNTIMES]
@@ -172,7 +174,8 @@ def table(results: dict[str, list[dict[str, Any]]]) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     settings = compare_args(["--work-dir", str(args.work_dir), "--threads", str(args.threads),
-                             "--lengths", str(args.prompt_tokens), "--seed", str(args.seed)])
+                             "--lengths", str(args.prompt_tokens), "--seed", str(args.seed),
+                             "--project-python", str(args.project_python)])
     machine = machine_info()
     run_dir = settings.work_dir / "runs" / ("mixed-" + time.strftime("%Y%m%d-%H%M%S"))
     run_dir.mkdir(parents=True, exist_ok=True)
