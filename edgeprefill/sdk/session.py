@@ -34,8 +34,15 @@ class Session:
     ) -> TokenStream:
         """`priority`: lower is served first (vLLM's meaning); `high`/`normal`/`low` too."""
         self._settle()
-        tokens = self._conversation(prompt)
+        is_chat = self._turn_kind(prompt)
+        messages = self.messages
+        if is_chat:
+            messages = messages + [dict(m) for m in prompt if isinstance(m, dict)]
+        tokens = self.engine.tokenizer.encode(messages) if is_chat else self._continued(prompt)
         stream = self.engine.submit(tokens, params, priority, self.id)
+        # Only a turn that was accepted joins the conversation: a template error or a
+        # refused prompt leaves the session as it was, so the next turn can succeed.
+        self._chat, self.messages = is_chat, messages
         self._last, self._last_prompt = stream, tokens
         return stream
 
@@ -50,17 +57,18 @@ class Session:
             self._last.cancel()
         self.engine.kv_forget(self.id)
 
-    def _conversation(self, prompt: Prompt) -> list[int]:
+    def _turn_kind(self, prompt: Prompt) -> bool:
+        """True for chat messages; refuses a turn of the other kind than the first."""
         is_chat = not isinstance(prompt, str) and bool(prompt) and all(
             isinstance(m, dict) for m in prompt
         )
         if self._chat is not None and is_chat != self._chat:
             raise RequestError("a session takes either chat messages or raw prompts, not both")
-        self._chat = is_chat
+        return is_chat
+
+    def _continued(self, prompt: Prompt) -> list[int]:
+        """The raw conversation's tokens with this turn's text or ids appended."""
         tokenizer = self.engine.tokenizer
-        if is_chat:
-            self.messages.extend(dict(m) for m in prompt if isinstance(m, dict))
-            return tokenizer.encode(self.messages)
         if isinstance(prompt, str) and self.tokens:
             # Later raw turns continue the text: no second BOS.
             return self.tokens + tokenizer.encode_plain(prompt)
