@@ -54,3 +54,8 @@ def test_targets_against_best_comparator_of_same_precision() -> None:
     assert "1.20x of openvino-int4    target >= 1.30x: MISSED" in text
     assert "edgeprefill-int8     TTFT 2048  no int8 comparator in this run" in text
     assert sum("decode" in line for line in lines[1:]) == 2  # int8 has no decode target
+
+
+def test_targets_say_when_there_is_nothing_to_judge() -> None:
+    lines = report_targets({"openvino": result("fp32", 2.0, 40.0)})
+    assert lines[1:] == ["  none to judge: no edgeprefill row of fp32, int8 or int4 measured"]
