@@ -20,6 +20,7 @@ Standard library only, like compare.py.
 from __future__ import annotations
 
 import argparse
+import json
 import subprocess
 import sys
 import time
@@ -32,7 +33,7 @@ from comparison.models import ModelInfo, build_model
 from comparison.registry import RUNTIMES
 from comparison.runners import artifact_dir
 from comparison.settings import BENCH_DIR, REPO_DIR, Settings, StepError
-from comparison.venvs import venv_python
+from comparison.venvs import VENV_PACKAGES, venv_python
 
 BASE_RUNTIMES = ["edgeprefill", "edgeprefill-int8", "edgeprefill-int4", "ortgenai",
                  "ortgenai-int4", "openvino", "openvino-f32", "openvino-int8", "openvino-int4"]
@@ -44,11 +45,18 @@ class Step(NamedTuple):
     argv: Callable[[], list[str]]  # built when the step runs: later steps need earlier exports
 
 
+def venv_ready(venv: str, settings: Settings) -> bool:
+    """Installed as the registry asks (ensure_venv's marker): else compare.py would spend
+    this run building it (llama.cpp compiles for about 20 minutes)."""
+    marker = venv_python(venv, settings).parent.parent / "benchmark-installed.json"
+    return marker.exists() and json.loads(marker.read_text()) == VENV_PACKAGES.get(venv)
+
+
 def comparators(settings: Settings) -> list[str]:
-    """The base list, plus the registry's llama.cpp entries whose venv is built."""
-    llamacpp = [name for name, r in RUNTIMES.items()
-                if name.startswith(LLAMACPP_PREFIX) and r.default]
-    ready = [name for name in llamacpp if venv_python(RUNTIMES[name].venv, settings).exists()]
+    """The base list, plus the registry's llama.cpp entries (not in compare.py's default
+    list) whose venv is built."""
+    llamacpp = [name for name in RUNTIMES if name.startswith(LLAMACPP_PREFIX)]
+    ready = [name for name in llamacpp if venv_ready(RUNTIMES[name].venv, settings)]
     if llamacpp and not ready:
         print(f"issue15: no venv for {', '.join(llamacpp)} in {settings.work_dir}/venvs: "
               "llama.cpp is left out", file=sys.stderr)
