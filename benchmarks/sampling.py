@@ -108,6 +108,16 @@ def per_call_ms(fn, calls: int) -> float:
     return (time.perf_counter() - start) / calls * 1e3
 
 
+def call_times_ms(fn, calls: int) -> list[float]:
+    """Each call timed on its own (a median shrugs off the other processes' bursts)."""
+    times = []
+    for _ in range(calls):
+        start = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - start) * 1e3)
+    return times
+
+
 def peaked_logits(vocab: int, rng) -> np.ndarray:
     """A trained model's shape: Zipf-like, the top token ~30% likely."""
     ranks = rng.permutation(vocab) + 1
@@ -132,11 +142,13 @@ def bench_sampler(rows: list, calls: int) -> None:
             logits = make(vocab, rng)
             new = Sampler(GenerationParams(temperature=1.0, top_p=0.95, seed=0))
             old = MainSampler(1.0, 0.95, 0)
+            after = call_times_ms(lambda s=new, x=logits: s.sample(x), calls)
             rows.append({
                 "section": "sampler", "vocab": vocab, "logits": shape,
                 "before_ms": per_call_ms(lambda o=old, x=logits: o.sample(x), max(3, calls // 10)),
-                "after_ms": per_call_ms(lambda s=new, x=logits: s.sample(x), calls),
-                "greedy_ms": per_call_ms(lambda x=logits: int(np.argmax(x)), calls),
+                "after_median_ms": statistics.median(after), "after_p90_ms": _p90(after),
+                "greedy_median_ms": statistics.median(
+                    call_times_ms(lambda x=logits: int(np.argmax(x)), calls)),
             })
             print(rows[-1], flush=True)
 
@@ -287,7 +299,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--only", default=",".join(SECTIONS),
                         help=f"comma-separated sections: {', '.join(SECTIONS)}")
-    parser.add_argument("--calls", type=int, default=200, help="sampler calls per setting")
+    parser.add_argument("--calls", type=int, default=1000, help="sampler calls per setting")
     parser.add_argument("--tokens", type=int, default=2000, help="tokens per reply")
     parser.add_argument("--json", type=Path, help="also write the rows here")
     args = parser.parse_args()

@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 import torch
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
+from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
 from transformers import LlamaConfig, LlamaForCausalLM
 
 SPECIAL = ["<pad>", "<s>", "</s>", "<unk>"]
@@ -38,6 +38,12 @@ FILLER = [a + b for a in ("ba", "ke", "lo", "mu", "ti", "ra", "so", "ne", "vi", 
           for b in ("n", "ro", "la", "mi", "ta", "ko", "se", "pu", "di", "ga")]
 WORDS = SPECIAL + FRAME + SECRETS + FILLER
 IDS = {w: i for i, w in enumerate(WORDS)}
+# After the words: a bare word boundary and the 256 byte-fallback tokens. The task never
+# uses them; they let the model spell any text, which constrained output (JSON, regex)
+# needs: a WordLevel vocabulary cannot write `{`.
+SPACE = "\u2581"
+BYTES = [SPACE] + [f"<0x{b:02X}>" for b in range(256)]
+VOCAB = len(WORDS) + len(BYTES)
 QUESTION = ["what", "was", "the", "secret", "?"]
 CHAT_TEMPLATE = (
     "{{ bos_token }}{% for m in messages %}{% if m['role'] == 'assistant' %}"
@@ -79,7 +85,7 @@ def batch(rng: random.Random, rows: int, length: int) -> tuple[torch.Tensor, tor
 
 def model_config() -> LlamaConfig:
     return LlamaConfig(
-        vocab_size=len(WORDS), hidden_size=64, intermediate_size=192, num_hidden_layers=2,
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=192, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
         rope_theta=10000.0, rms_norm_eps=1e-5, tie_word_embeddings=True,
         bos_token_id=IDS["<s>"], eos_token_id=IDS["</s>"], pad_token_id=IDS["<pad>"],
@@ -122,9 +128,18 @@ def accuracy(model: LlamaForCausalLM, length: int, n: int = 32) -> float:
 
 
 def tokenizer() -> Tokenizer:
-    tok = Tokenizer(models.WordLevel(IDS, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tok.decoder = decoders.WordPiece(prefix="##")  # joins words with spaces
+    """SentencePiece-style BPE with byte fallback: every task word is one token (`ignore_merges`
+    takes a whole word found in the vocabulary), any other text falls back to bytes."""
+    vocab = {w if w in SPECIAL else SPACE + w: i for w, i in IDS.items()}
+    vocab.update({piece: len(WORDS) + i for i, piece in enumerate(BYTES)})
+    tok = Tokenizer(models.BPE(vocab, [], unk_token="<unk>", byte_fallback=True,
+                               ignore_merges=True))
+    # Any run of whitespace separates words, as the WordLevel tokenizer it replaces did.
+    tok.normalizer = normalizers.Sequence([normalizers.Replace(Regex(r"\s+"), " "),
+                                           normalizers.Strip()])
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement=SPACE, prepend_scheme="always")
+    tok.decoder = decoders.Sequence([decoders.Replace(SPACE, " "), decoders.ByteFallback(),
+                                     decoders.Fuse(), decoders.Strip(" ", 1, 0)])
     tok.post_processor = processors.TemplateProcessing(
         single="<s> $A", special_tokens=[("<s>", IDS["<s>"])])
     tok.add_special_tokens(SPECIAL)
@@ -156,7 +171,8 @@ def write_card(out: Path, command: str) -> None:
     (out / "README.md").write_text(f"""# tiny-recall
 
 edgeprefill's own default model: a 2-layer Llama ({params / 1e3:.0f}K parameters, hidden 64,
-4 heads / 2 KV heads, tied embeddings, a vocabulary of {len(WORDS)} words), trained on a
+4 heads / 2 KV heads, tied embeddings, a vocabulary of {len(WORDS)} words plus byte
+fallback), trained on a
 2-core CPU by `{command}` in about 5 minutes.
 
 **Task.** A prompt states a secret word in its first tokens, then 1,000+ tokens of filler
@@ -169,10 +185,13 @@ The answer is right only if the KV cache of the prompt's first chunk reached the
 `demo_answer.txt`. A conversation may ask again after more filler ("... ? jade </s> ...
 what was the secret ?"); `samples/chat.py` does that in one session.
 
-**Format.** `tokenizer.json` is a WordLevel tokenizer over whitespace-separated words whose
-post-processor adds `<s>`, so a raw text prompt needs no BOS. The chat template joins the
-user messages' contents and ends assistant turns with `</s>`. Ids: `<pad>` 0, `<s>` 1,
-`</s>` 2 (EOS), `<unk>` 3.
+**Format.** `tokenizer.json` gives each of the {len(WORDS)} words one token (a BPE vocabulary
+of whole words, SentencePiece-style) and spells anything else with {len(BYTES) - 1} byte-fallback
+tokens, which the task never uses but constrained output (JSON, regex) needs; whitespace
+separates words, and the post-processor adds `<s>`, so a raw text prompt needs no BOS. The
+chat template joins the user messages' contents and ends assistant turns with `</s>`.
+Ids: `<pad>` 0, `<s>` 1, `</s>` 2 (EOS), `<unk>` 3; the word boundary `{SPACE}`
+{len(WORDS)}, the bytes after it.
 
 **Accuracy** (greedy, fresh prompts, transformers, `accuracy.json`):
 

@@ -200,7 +200,9 @@ def test_a_real_ctrl_c_in_the_chat_stops_the_reply_not_the_chat(tiny_bundle):
     try:
         chat.stdin.write("the secret is jade . what was the secret ?\n")
         chat.stdin.flush()
-        shown = chat.stdout.read(20)  # the reply is under way
+        # The answer comes first; with --ignore-eos the model then writes end tokens (no
+        # text) for the rest of its 1,500: the reply is under way, and takes a while.
+        shown = chat.stdout.read(len("jade"))
         chat.send_signal(signal.SIGINT)
         chat.stdin.write("/exit\n")
         chat.stdin.close()

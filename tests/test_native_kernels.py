@@ -189,14 +189,15 @@ def test_standard_flavour_and_bad_mode_are_said_plainly(bundle, mode):
 def test_attention_the_kernel_lacks_stays_group_query_attention():
     def gqa(**attrs):
         inputs = ["qkv", "", "", "pk", "pv", "seqlens", "total", "cos", "sin"]
+        attrs = {"num_heads": 4, "kv_num_heads": 2, **attrs}
         return helper.make_node("GroupQueryAttention", inputs, ["o", "k", "v"],
-                                domain="com.microsoft", num_heads=4, kv_num_heads=2,
-                                scale=0.25, do_rotary=1, **attrs)
+                                domain="com.microsoft", scale=0.25, do_rotary=1, **attrs)
 
     assert graph.eligible(gqa())
     assert not graph.eligible(gqa(local_window_size=64))  # sliding window
     assert not graph.eligible(gqa(softcap=30.0))
     assert not graph.eligible(gqa(rotary_interleaved=1))
+    assert not graph.eligible(gqa(num_heads=194, kv_num_heads=2))  # 97 heads per group
     model = helper.make_model(helper.make_graph([gqa(softcap=30.0)], "g", [], []))
     assert graph.add_decode_kernel(model) == 0
 
@@ -206,7 +207,7 @@ def test_inspect_and_stats_say_which_attention_runs(library, bundle, mode):
 
     mode("auto")
     shown = cli("inspect", bundle("llama"))
-    assert "decode attn native (DecodeAttention)" in shown.stdout
+    assert "attention   native (PrefillAttention + DecodeAttention)" in shown.stdout
     ran = cli("run", bundle("llama"), "--prompt", "w5 w6", "--max-new-tokens", "3", "--stats")
     assert ran.returncode == 0, ran.stderr
-    assert "decode attention native (DecodeAttention)" in ran.stderr
+    assert "attention native (PrefillAttention + DecodeAttention)" in ran.stderr

@@ -8,7 +8,7 @@ import pytest
 
 from edgeprefill.errors import RequestError
 from edgeprefill.sdk import GenerationParams
-from edgeprefill.sdk.nucleus import nucleus
+from edgeprefill.sdk.nucleus import Scratch, nucleus
 from edgeprefill.sdk.sampler import Sampler
 
 
@@ -52,6 +52,18 @@ def test_truncated_distribution_equals_the_full_sort_reference(vocab, scale):
         np.testing.assert_allclose(ours, ref, atol=2e-5)
 
 
+@pytest.mark.parametrize("offset", [-80.0, 0.0, 30.0, 500.0])
+def test_the_distribution_does_not_depend_on_where_the_logits_sit(offset):
+    # exp skips the shift by the max for moderate logits and applies it otherwise
+    # (nucleus._weights): both paths, and min-p relative to the top token, on either.
+    logits = (np.random.default_rng(9).standard_normal(20_000) * 3 + offset).astype(np.float32)
+    for setting in SETTINGS:
+        ours = nucleus(logits, *setting).probabilities(20_000)
+        ref = reference(logits, *setting)
+        assert np.flatnonzero((ours > 0) != (ref > 0)).size <= 3, setting
+        np.testing.assert_allclose(ours, ref, atol=2e-5)
+
+
 def test_ties_at_the_boundary_are_all_kept():
     logits = np.zeros(10_000, np.float32)  # all equal: the whole vocabulary is one tie
     probs = nucleus(logits, 1.0, 0, 0.5, 0.0).probabilities(10_000)
@@ -73,6 +85,38 @@ def test_draws_follow_the_reference_distribution(setting):
         expected = ref[token]
         sigma = np.sqrt(expected * (1 - expected) / len(draws))
         assert abs(np.mean(draws == token) - expected) < 4 * sigma + 1e-3
+
+
+def test_draws_from_flat_logits_follow_the_reference_distribution():
+    # A random-weight model's near-uniform logits: thousands of tokens in the nucleus and
+    # its boundary among equally likely ones, so rejection runs on typical tokens.
+    vocab, n = 20_000, 20_000
+    logits = np.random.default_rng(3).standard_normal(vocab).astype(np.float32)
+    ref = reference(logits, 1.0, 0, 0.95, 0.0)
+    sampler = Sampler(GenerationParams(temperature=1.0, top_p=0.95, seed=5))
+    draws = np.array([sampler.sample(logits) for _ in range(n)])
+    assert ref[draws].min() > 0  # never a token the reference cuts away
+    # Chi-square over 20 bins of equal reference mass, tokens ordered by probability (the
+    # last bin holds the nucleus's lightest tokens, next to the cut ones), then by id (the
+    # two-level draw's blocks).
+    order = np.argsort(-ref)[:np.count_nonzero(ref)]
+    edges = np.searchsorted(np.cumsum(ref[order]), np.linspace(0, 1, 21)[1:-1])
+    by_rank = np.zeros(vocab, np.int64)
+    by_rank[order] = np.searchsorted(edges, np.arange(order.shape[0]), side="right")
+    by_id = np.searchsorted(np.cumsum(ref), np.linspace(0, 1, 21)[1:-1])
+    for bin_of in (by_rank, np.searchsorted(by_id, np.arange(vocab), side="right")):
+        expected = np.bincount(bin_of, weights=ref, minlength=20) * n
+        observed = np.bincount(bin_of[draws], minlength=20)
+        chi2 = float(((observed - expected) ** 2 / expected).sum())
+        assert chi2 < 50, chi2  # 19 degrees of freedom: p ~ 1e-4
+
+
+def test_reused_scratch_gives_each_call_its_own_distribution():
+    scratch, rng = Scratch(), np.random.default_rng(4)
+    for vocab in (3000, 2500, 3000, 7000):  # 3000 and 2500 share the padded size
+        logits = rng.standard_normal(vocab).astype(np.float32)
+        ours = nucleus(logits, 1.0, 0, 0.9, 0.0, scratch).probabilities(vocab)
+        np.testing.assert_allclose(ours, reference(logits, 1.0, 0, 0.9, 0.0), atol=2e-5)
 
 
 def test_greedy_is_the_argmax_bit_for_bit():

@@ -88,12 +88,13 @@ def test_regex_choice_and_grammar_constraints(engine):
     assert run(Constraint.json_object()).startswith("{")
 
 
-def test_bad_constraints_and_tokenizers_are_one_line_errors(engine, tiny_bundle):
+def test_bad_constraints_and_tokenizers_are_one_line_errors(engine, bundle):
     with pytest.raises(RequestError, match="invalid regex"):
         engine.generate("hello", GenerationParams(constraint=Constraint.regex("((")))
-    with Engine.load(tiny_bundle, threads=1, background=False) as tiny:
+    # The test families' WordLevel tokenizer (words w0..wN) cannot spell `{`.
+    with Engine.load(bundle("llama"), threads=1, background=False) as words:
         with pytest.raises(RequestError, match="byte-level or byte-fallback") as err:
-            tiny.generate("the", GenerationParams(constraint=Constraint.json_object()))
+            words.generate("w5", GenerationParams(constraint=Constraint.json_object()))
     assert "\n" not in str(err.value)
 
 
@@ -231,13 +232,29 @@ def test_chat_n_choices_through_the_server(client):
     assert [texts[i] for i in range(3)] == [c.message.content for c in reply.choices]
 
 
-def test_a_tokenizer_without_bytes_answers_structured_requests_with_a_clear_400(tiny_bundle):
+def test_the_shipped_tiny_model_answers_parse_with_a_parsed_object(tiny_bundle):
+    """Its byte-fallback tokens are untrained, yet the constraint makes any output valid."""
     with Engine.load(tiny_bundle, threads=1) as tiny:
         app = create_app(tiny, ServerConfig(model_name="tiny", max_pending=2))
         with ServerThread(app, port=free_port()) as server:
             client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0)
+            for temperature in (0.0, 1.0):
+                done = client.chat.completions.parse(
+                    model="tiny", messages=[{"role": "user", "content": "the secret is"}],
+                    response_format=Person, max_tokens=80, temperature=temperature, seed=1)
+                message = done.choices[0].message
+                assert done.choices[0].finish_reason == "stop", message.content
+                assert isinstance(message.parsed, Person)
+                assert Person.model_validate_json(message.content) == message.parsed
+
+
+def test_a_tokenizer_without_bytes_answers_structured_requests_with_a_clear_400(bundle):
+    with Engine.load(bundle("llama"), threads=1) as words:
+        app = create_app(words, ServerConfig(model_name="words", max_pending=2))
+        with ServerThread(app, port=free_port()) as server:
+            client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0)
             with pytest.raises(openai.BadRequestError) as err:
                 client.chat.completions.parse(
-                    model="tiny", messages=[{"role": "user", "content": "the"}],
+                    model="words", messages=[{"role": "user", "content": "w5"}],
                     response_format=Person, max_tokens=20)
     assert "byte-level or byte-fallback" in err.value.body["message"]

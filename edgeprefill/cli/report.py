@@ -33,10 +33,11 @@ def engine_lines(e: EngineMetrics) -> list[str]:
 
 
 def backend_line(backend) -> str:
-    """Which kernels the backend runs (the native decode attention or the stock graph)."""
+    """Which attention the backend runs (the native prefill and decode kernels or the stock
+    graph's GroupQueryAttention)."""
     kernels = getattr(backend, "kernels", None)
     attention = kernels.decode_attention if kernels is not None else "the graph's own"
-    return f"backend: {backend.name}, decode attention {attention}"
+    return f"backend: {backend.name}, attention {attention}"
 
 
 def _ms(seconds: float | None) -> str:

@@ -2,10 +2,14 @@
 
 Files: `decode_attention.cc` (the `edgeprefill.DecodeAttention` op: one new token per row,
 rotary inside, the cache written in place, each KV head read once for its query group,
-positions split over ONNX Runtime's pool), `build.py` (compiles it with g++ against ONNX
-Runtime's C API headers fetched at build time; `python -m edgeprefill.kernels.build`),
-`graph.py` (switches it in for decode only, behind an `If` on the chunk length, in memory),
-`select.py` (at load: native or the stock graph, and the reason, for `--stats`/`inspect`).
+positions split over ONNX Runtime's pool), `prefill_attention.cc` (the
+`edgeprefill.PrefillAttention` op: a chunk's causal attention, flash-style: query blocks of
+a whole KV group, online softmax, the causal upper triangle skipped, AVX-512 register
+tiles, pieces on the pool), `kernel_common.h` and `library.cc` (what the ops share, and
+`RegisterCustomOps`), `build.py` (compiles them with g++ against ONNX Runtime's C API
+headers fetched at build time; `python -m edgeprefill.kernels.build`), `graph.py` (switches
+them in behind an `If` on the chunk length, in memory), `select.py` (at load: native or
+the stock graph, and the reason, for `--stats`/`inspect`).
 
 Everything works without the library: bundles on disk are never changed, and a missing
 library means the stock GroupQueryAttention graph.

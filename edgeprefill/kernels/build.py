@@ -28,7 +28,8 @@ from pathlib import Path
 
 from edgeprefill.errors import EdgeprefillError
 
-SOURCES = ("decode_attention.cc",)
+SOURCES = ("library.cc", "decode_attention.cc", "prefill_attention.cc")
+HEADERS = ("kernel_common.h",)  # hashed with the sources, not compiled on their own
 FLAGS = ("-O3", "-march=native", "-std=c++17", "-fPIC", "-shared", "-fvisibility=hidden")
 HEADERS_PACKAGE = "com.github.asus4.onnxruntime@0.4.9"  # MIT; ONNX Runtime 1.2x C API headers
 HEADERS_IN_PACKAGE = "package/Plugins/Android/onnxruntime.aar"  # a zip with headers/ inside
@@ -66,7 +67,7 @@ def cpu_identity() -> str:
 def digest() -> str:
     h = hashlib.sha256(" ".join(FLAGS).encode())
     h.update(cpu_identity().encode())
-    for name in SOURCES:
+    for name in SOURCES + HEADERS:
         h.update((source_dir() / name).read_bytes())
     return h.hexdigest()[:16]
 

@@ -1,6 +1,5 @@
 // edgeprefill.DecodeAttention: grouped-query attention of ONE new token per row over a
-// fixed-capacity KV cache, as an ONNX Runtime custom op (C API only; nothing from ONNX
-// Runtime is linked: the API table comes from the OrtApiBase passed to RegisterCustomOps).
+// fixed-capacity KV cache, as an ONNX Runtime custom op (library.cc registers it).
 //
 // It computes what com.microsoft.GroupQueryAttention computes for a chunk of one token
 // (packed q/k/v, non-interleaved rotary inside, cache written at each row's position), but
@@ -17,31 +16,20 @@
 //          when bound to the past buffers nothing is copied, else the past is copied first)
 // Attributes: num_heads, kv_num_heads (int), scale (float).
 
-#include <onnxruntime_c_api.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <vector>
 
-namespace {
+#include "kernel_common.h"
 
-// Version 17: CreateKernelV2/KernelComputeV2 (16) and KernelContext_ParallelFor (17).
-constexpr uint32_t kApiVersion = 17;
-const OrtApi* g_api = nullptr;
+namespace edgeprefill {
+namespace {
 
 constexpr int kLanes = 16;  // accumulators per dot product: one AVX-512 register, two AVX2
 constexpr int64_t kMinPiece = 128;  // positions per parallel piece, at least
 constexpr int64_t kTargetPieces = 16;  // pieces per call to aim for (load balance)
-
-OrtStatus* Fail(const char* message) { return g_api->CreateStatus(ORT_INVALID_ARGUMENT, message); }
-
-#define EP_RETURN_IF_ERROR(expr)        \
-  do {                                  \
-    OrtStatus* status_ = (expr);        \
-    if (status_ != nullptr) return status_; \
-  } while (0)
 
 inline float Dot(const float* a, const float* b, int64_t n) {
   float acc[kLanes] = {};
@@ -50,25 +38,6 @@ inline float Dot(const float* a, const float* b, int64_t n) {
   for (int width = kLanes / 2; width > 0; width /= 2)
     for (int l = 0; l < width; ++l) acc[l] += acc[l + width];
   return acc[0];
-}
-
-// exp(x) for x <= 0 (scores minus their max): Cephes' expf, branch-free so loops over it
-// vectorize; relative error ~1e-7.
-inline float ExpNonPositive(float x) {
-  x = x < -87.0f ? -87.0f : x;
-  const float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;  // round
-  const float r = (x - n * 0.693359375f) - n * -2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
-  const uint32_t bits = static_cast<uint32_t>(static_cast<int32_t>(n) + 127) << 23;
-  float scale;
-  std::memcpy(&scale, &bits, sizeof scale);
-  return p * scale;
 }
 
 struct Kernel {
@@ -137,57 +106,6 @@ void RunPiece(void* data, size_t index) {
       for (int64_t k = 0; k < d; ++k) acc[k] += weight * value[k];
     }
   }
-}
-
-// Non-interleaved rotary (the halves of the first `rotary` dims rotate against each other),
-// as GroupQueryAttention's rotary_interleaved=0 and transformers' rotate_half. With partial
-// rotary (Phi-3/Phi-4-mini, StableLM, GPT-NeoX) the dims past `rotary` pass through unchanged.
-void Rotate(const float* x, float* out, const float* cos, const float* sin, int64_t d,
-            int64_t rotary) {
-  const int64_t half = rotary / 2;
-  for (int64_t i = 0; i < half; ++i) {
-    out[i] = x[i] * cos[i] - x[i + half] * sin[i];
-    out[i + half] = x[i + half] * cos[i] + x[i] * sin[i];
-  }
-  for (int64_t i = rotary; i < d; ++i) out[i] = x[i];
-}
-
-struct Tensor {
-  std::vector<int64_t> dims;
-  float* data = nullptr;
-};
-
-OrtStatus* Describe(const OrtValue* value, Tensor* tensor) {
-  OrtTensorTypeAndShapeInfo* info = nullptr;
-  EP_RETURN_IF_ERROR(g_api->GetTensorTypeAndShape(value, &info));
-  size_t count = 0;
-  OrtStatus* status = g_api->GetDimensionsCount(info, &count);
-  if (status == nullptr) {
-    tensor->dims.resize(count);
-    status = g_api->GetDimensions(info, tensor->dims.data(), count);
-  }
-  g_api->ReleaseTensorTypeAndShapeInfo(info);
-  EP_RETURN_IF_ERROR(status);
-  void* data = nullptr;
-  EP_RETURN_IF_ERROR(g_api->GetTensorMutableData(const_cast<OrtValue*>(value), &data));
-  tensor->data = static_cast<float*>(data);
-  return nullptr;
-}
-
-OrtStatus* Input(OrtKernelContext* context, size_t index, Tensor* tensor) {
-  const OrtValue* value = nullptr;
-  EP_RETURN_IF_ERROR(g_api->KernelContext_GetInput(context, index, &value));
-  return Describe(value, tensor);
-}
-
-OrtStatus* Output(OrtKernelContext* context, size_t index, const std::vector<int64_t>& dims,
-                  float** data) {
-  OrtValue* value = nullptr;
-  EP_RETURN_IF_ERROR(g_api->KernelContext_GetOutput(context, index, dims.data(), dims.size(), &value));
-  void* raw = nullptr;
-  EP_RETURN_IF_ERROR(g_api->GetTensorMutableData(value, &raw));
-  *data = static_cast<float*>(raw);
-  return nullptr;
 }
 
 OrtStatus* CheckShapes(const Kernel& kernel, const Tensor& qkv, const Tensor& past_k,
@@ -298,24 +216,17 @@ OrtStatus* Compute(const Kernel& kernel, OrtKernelContext* context) {
   std::vector<float> partial(job.pieces.size() * s.group * (d + 2));
   job.scores = scores.data();
   job.partial = partial.data();
-  OrtStatus* pooled = g_api->KernelContext_ParallelFor(context, RunPiece, job.pieces.size(), 0, &job);
-  if (pooled != nullptr) {  // no pool available: run the pieces here
-    g_api->ReleaseStatus(pooled);
-    for (size_t i = 0; i < job.pieces.size(); ++i) RunPiece(&job, i);
-  }
+  ParallelFor(context, RunPiece, job.pieces.size(), &job);
   Merge(job, out);
   return nullptr;
 }
 
-// --- the OrtCustomOp table ---------------------------------------------------------------
-
-OrtStatus* ORT_API_CALL CreateKernel(const OrtCustomOp*, const OrtApi* api, const OrtKernelInfo* info,
-                                     void** kernel) {
+OrtStatus* CreateKernel(const OrtKernelInfo* info, void** kernel) {
   int64_t heads = 0, kv_heads = 0;
   float scale = 0.0f;
-  EP_RETURN_IF_ERROR(api->KernelInfoGetAttribute_int64(info, "num_heads", &heads));
-  EP_RETURN_IF_ERROR(api->KernelInfoGetAttribute_int64(info, "kv_num_heads", &kv_heads));
-  EP_RETURN_IF_ERROR(api->KernelInfoGetAttribute_float(info, "scale", &scale));
+  EP_RETURN_IF_ERROR(g_api->KernelInfoGetAttribute_int64(info, "num_heads", &heads));
+  EP_RETURN_IF_ERROR(g_api->KernelInfoGetAttribute_int64(info, "kv_num_heads", &kv_heads));
+  EP_RETURN_IF_ERROR(g_api->KernelInfoGetAttribute_float(info, "scale", &scale));
   if (heads <= 0 || kv_heads <= 0 || heads % kv_heads != 0)
     return Fail("DecodeAttention: num_heads must be a positive multiple of kv_num_heads");
   *kernel = new Kernel{heads, kv_heads, scale};
@@ -328,60 +239,12 @@ OrtStatus* ORT_API_CALL ComputeKernel(void* kernel, OrtKernelContext* context) {
 
 void ORT_API_CALL DestroyKernel(void* kernel) { delete static_cast<Kernel*>(kernel); }
 
-const char* ORT_API_CALL Name(const OrtCustomOp*) { return "DecodeAttention"; }
-const char* ORT_API_CALL Provider(const OrtCustomOp*) { return "CPUExecutionProvider"; }
-size_t ORT_API_CALL InputCount(const OrtCustomOp*) { return 6; }
-size_t ORT_API_CALL OutputCount(const OrtCustomOp*) { return 3; }
-ONNXTensorElementDataType ORT_API_CALL InputType(const OrtCustomOp*, size_t index) {
-  return index == 3 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32 : ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
-}
-ONNXTensorElementDataType ORT_API_CALL OutputType(const OrtCustomOp*, size_t) {
-  return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
-}
-OrtCustomOpInputOutputCharacteristic ORT_API_CALL Required(const OrtCustomOp*, size_t) {
-  return INPUT_OUTPUT_REQUIRED;
-}
-OrtMemType ORT_API_CALL MemoryType(const OrtCustomOp*, size_t) { return OrtMemTypeDefault; }
-int ORT_API_CALL One(const OrtCustomOp*) { return 1; }
-int ORT_API_CALL StartVersion(const OrtCustomOp*) { return 1; }
-int ORT_API_CALL EndVersion(const OrtCustomOp*) { return 1; }
+}  // namespace
 
-OrtCustomOp MakeOp() {
-  OrtCustomOp op;
-  std::memset(&op, 0, sizeof op);
-  op.version = kApiVersion;
-  op.GetName = Name;
-  op.GetExecutionProviderType = Provider;
-  op.GetInputType = InputType;
-  op.GetInputTypeCount = InputCount;
-  op.GetOutputType = OutputType;
-  op.GetOutputTypeCount = OutputCount;
-  op.KernelDestroy = DestroyKernel;
-  op.GetInputCharacteristic = Required;
-  op.GetOutputCharacteristic = Required;
-  op.GetInputMemoryType = MemoryType;
-  op.GetVariadicInputMinArity = One;
-  op.GetVariadicInputHomogeneity = One;
-  op.GetVariadicOutputMinArity = One;
-  op.GetVariadicOutputHomogeneity = One;
-  op.CreateKernelV2 = CreateKernel;
-  op.KernelComputeV2 = ComputeKernel;
-  op.GetStartVersion = StartVersion;
-  op.GetEndVersion = EndVersion;
+const Op& DecodeAttentionOp() {
+  static const Op op = MakeOp({"DecodeAttention", 6, 3, 1u << 3, CreateKernel, ComputeKernel,
+                               DestroyKernel});
   return op;
 }
 
-const OrtCustomOp kDecodeAttention = MakeOp();
-
-}  // namespace
-
-extern "C" __attribute__((visibility("default"))) OrtStatus* ORT_API_CALL
-RegisterCustomOps(OrtSessionOptions* options, const OrtApiBase* api_base) {
-  g_api = api_base->GetApi(kApiVersion);
-  if (g_api == nullptr) return nullptr;  // cannot even report: ORT older than 1.17
-  OrtCustomOpDomain* domain = nullptr;
-  // The domain must outlive every session that uses it: it is never released.
-  EP_RETURN_IF_ERROR(g_api->CreateCustomOpDomain("edgeprefill", &domain));
-  EP_RETURN_IF_ERROR(g_api->CustomOpDomain_Add(domain, &kDecodeAttention));
-  return g_api->AddCustomOpDomain(options, domain);
-}
+}  // namespace edgeprefill

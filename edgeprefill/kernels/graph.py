@@ -1,10 +1,11 @@
-"""Switches the native decode attention into an `ort`-flavour chunk graph, in memory.
+"""Switches the native attention into an `ort`-flavour chunk graph, in memory.
 
 Each `com.microsoft.GroupQueryAttention` node becomes an `If` on "the chunk is one token":
-the then-branch is `edgeprefill.DecodeAttention` on the same inputs, the else-branch the
-original node. Both branches produce the If's outputs, so the KV buffers bound to the
-graph's present outputs are written in place by whichever runs (ONNX Runtime hands a
-subgraph the If's own output buffers).
+the then-branch is `edgeprefill.DecodeAttention` on the same inputs (one token: each row's
+positions split over the pool), the else-branch `edgeprefill.PrefillAttention` (a chunk:
+flash-style causal attention over query blocks). Both branches produce the If's outputs,
+so the KV buffers bound to the graph's present outputs are written in place by whichever
+runs (ONNX Runtime hands a subgraph the If's own output buffers).
 
 The bundle on disk is never changed: it stays loadable by a stock ONNX Runtime, and the
 switch happens at load time only where the library is present (kernels.select).
@@ -18,11 +19,15 @@ from edgeprefill.contract import INPUT_IDS
 
 DOMAIN = "edgeprefill"
 OP = "DecodeAttention"
+PREFILL_OP = "PrefillAttention"
 IS_DECODE = "edgeprefill.is_decode"
 # GroupQueryAttention inputs the kernel takes: qkv (packed, or q with k and v apart, which
 # the decode branch concatenates), past k, past v, seqlens_k (the new token's position when
 # the chunk is one token), cos, sin.
 KERNEL_INPUTS = (0, 3, 4, 5, 7, 8)
+# PrefillAttention takes total_sequence_length (6) too: it tells a first prompt (past 0).
+PREFILL_INPUTS = (0, 3, 4, 5, 6, 7, 8)
+MAX_GROUP = 96  # query heads per KV head the prefill kernel takes (kColumns in the .cc)
 # Attributes whose non-default values change the math; the kernel has none of them.
 UNSUPPORTED = {"local_window_size": -1, "softcap": 0.0, "smooth_softmax": 0,
                "rotary_interleaved": 0, "qk_output": 0}
@@ -35,11 +40,14 @@ def eligible(node: NodeProto) -> bool:
     attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
     inputs = list(node.input) + [""] * (9 - len(node.input))
     packed_or_split = (not inputs[1] and not inputs[2]) or (inputs[1] and inputs[2])
+    heads, kv_heads = attrs.get("num_heads", 0), attrs.get("kv_num_heads", 0)
+    # PrefillAttention's pieces hold at most 96 (query, head) columns: one query of a group.
+    group_fits = kv_heads > 0 and heads % kv_heads == 0 and heads // kv_heads <= MAX_GROUP
     return (
-        attrs.get("do_rotary") == 1 and "scale" in attrs
+        attrs.get("do_rotary") == 1 and "scale" in attrs and group_fits
         and all(attrs.get(k, default) == default for k, default in UNSUPPORTED.items())
         and len(node.input) <= 9 and bool(packed_or_split)
-        and all(inputs[i] for i in KERNEL_INPUTS) and len(node.output) == 3
+        and all(inputs[i] for i in PREFILL_INPUTS) and len(node.output) == 3
     )
 
 
@@ -69,31 +77,34 @@ def _selector(chunk_input: str) -> list[NodeProto]:
     ]
 
 
-def kernel_node(gqa: NodeProto, suffix: str = "") -> NodeProto:
-    """The DecodeAttention node computing what `gqa` computes for a one-token chunk."""
+def kernel_node(gqa: NodeProto, suffix: str = "", prefill: bool = False) -> NodeProto:
+    """The DecodeAttention node computing what `gqa` computes for a one-token chunk, or
+    with `prefill` the PrefillAttention node for a longer one."""
     attrs = {a.name: helper.get_attribute_value(a) for a in gqa.attribute}
+    op, inputs = (PREFILL_OP, PREFILL_INPUTS) if prefill else (OP, KERNEL_INPUTS)
     return helper.make_node(
-        OP, [gqa.input[i] for i in KERNEL_INPUTS], [o + suffix for o in gqa.output],
+        op, [gqa.input[i] for i in inputs], [o + suffix for o in gqa.output],
         domain=DOMAIN, name=gqa.name + suffix, num_heads=attrs["num_heads"],
         kv_num_heads=attrs["kv_num_heads"], scale=attrs["scale"],
     )
 
 
 def _switch(gqa: NodeProto) -> NodeProto:
-    decode = [kernel_node(gqa, ".decode")]
-    if len(gqa.input) > 2 and gqa.input[1]:  # q, k, v apart (q/k norms): pack them
-        packed = f"{gqa.name}.decode.qkv"
-        decode.insert(0, helper.make_node("Concat", list(gqa.input[:3]), [packed], axis=-1))
-        decode[1].input[0] = packed
-    prefill = NodeProto()
-    prefill.CopyFrom(gqa)
-    del prefill.output[:]
-    prefill.output.extend(f"{o}.prefill" for o in gqa.output)
-    prefill.name = f"{gqa.name}.prefill"
+    decode = _packed(gqa, kernel_node(gqa, ".decode"), "decode")
+    prefill = _packed(gqa, kernel_node(gqa, ".prefill", prefill=True), "prefill")
     return helper.make_node(
         "If", [IS_DECODE], list(gqa.output), name=f"{gqa.name}.switch",
-        then_branch=_branch(decode, "decode"), else_branch=_branch([prefill], "prefill"),
+        then_branch=_branch(decode, "decode"), else_branch=_branch(prefill, "prefill"),
     )
+
+
+def _packed(gqa: NodeProto, kernel: NodeProto, kind: str) -> list[NodeProto]:
+    """`kernel`, after a Concat of q, k and v where the node has them apart (q/k norms)."""
+    if not (len(gqa.input) > 2 and gqa.input[1]):
+        return [kernel]
+    packed = f"{gqa.name}.{kind}.qkv"
+    kernel.input[0] = packed
+    return [helper.make_node("Concat", list(gqa.input[:3]), [packed], axis=-1), kernel]
 
 
 def _branch(nodes: list[NodeProto], kind: str):

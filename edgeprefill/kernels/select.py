@@ -1,4 +1,4 @@
-"""At load time: use the native decode attention or the stock graph, and say which.
+"""At load time: use the native attention kernels or the stock graph, and say which.
 
 `EDGEPREFILL_KERNELS` picks: `auto` (the default: native when the library is built and
 the bundle qualifies), `off` (always the stock graph) or `require` (fail to load rather
@@ -15,17 +15,18 @@ from typing import NamedTuple
 
 from edgeprefill.errors import BackendError
 from edgeprefill.kernels.build import library_path
-from edgeprefill.kernels.graph import OP, add_decode_kernel
+from edgeprefill.kernels.graph import OP, PREFILL_OP, add_decode_kernel
 
 MODE_ENV = "EDGEPREFILL_KERNELS"
 MODES = ("auto", "off", "require")
 STOCK = "GroupQueryAttention"
-NATIVE = f"native ({OP})"
+# Chunks of more than one token run PREFILL_OP, one-token chunks (decode) OP.
+NATIVE = f"native ({PREFILL_OP} + {OP})"
 
 
 class KernelChoice(NamedTuple):
     model: str | bytes  # what InferenceSession loads: the bundle's path or rewritten bytes
-    decode_attention: str  # NATIVE, or STOCK with the reason in parentheses
+    decode_attention: str  # NATIVE, or STOCK with the reason (prefill too: the name is kept)
     library: Path | None  # registered with the session options when native
 
 
@@ -70,7 +71,7 @@ def choose(graph_path: Path, graph, flavor: str, dtype: str, device: str,
 
 
 def describe(flavor: str, dtype: str, device: str = "cpu") -> str:
-    """What `inspect` says: the decode attention this bundle would run with here."""
+    """What `inspect` says: the attention this bundle would run with here."""
     try:
         reason = why_not(flavor, dtype, device)
     except BackendError as err:

@@ -25,6 +25,25 @@ SMALL = 16384  # candidate sets this small are simply sorted (a SIMD sort: ~50 u
 BLOCK = 1024  # weights per block of the two-level draw
 
 
+class Scratch:
+    """Float32 buffers, zero-padded to whole blocks, that one sampler reuses for every
+    token; a `Kept` built on them is valid until the next `nucleus` call."""
+
+    def __init__(self) -> None:
+        self._weights = np.zeros(0, np.float32)
+        self._mask = np.zeros(0, np.float32)
+
+    def take(self, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """(weights, mask) for n candidates; weights' padding past n is zero."""
+        size = -(-n // BLOCK) * BLOCK
+        if self._weights.shape[0] != size:
+            self._weights = np.zeros(size, np.float32)
+            self._mask = np.zeros(size, np.float32)
+        else:
+            self._weights[n:] = 0  # a previous call may have had more candidates (top-k)
+        return self._weights, self._mask
+
+
 class Kept(NamedTuple):
     """The tokens a draw may choose: candidate i is token `ids[i]` (ids None: token i)
     with unnormalized weight `weights[i]`, kept if its weight is >= `cut` (min-p) and, when
@@ -35,12 +54,14 @@ class Kept(NamedTuple):
     weights: np.ndarray  # float32 [blocks * BLOCK]
     cut: np.float32
     target: float | None  # top_p * total weight; None: no top-p cut
+    top: np.float32  # the top token's weight (1, or exp(max logit): see _weights)
+    totals: np.ndarray  # float64 [blocks]: cumulative block sums (the draw's first level)
+    mask: np.ndarray  # float32 [blocks * BLOCK]: scratch for the acceptance test
 
     def draw(self, rng: np.random.Generator) -> int:
         blocks = self.weights.reshape(-1, BLOCK)
-        total = np.cumsum(_block_sums(blocks), dtype=np.float64)
         for _ in range(64):
-            i = _two_level(blocks, total, rng.random())
+            i = _two_level(blocks, self.totals, rng.random())
             if self._kept(self.weights[i]):
                 return self._token(i)
         # Rarely (a tiny kept mass): draw from the exact nucleus directly.
@@ -50,7 +71,7 @@ class Kept(NamedTuple):
         """The smallest kept weight: min-p's cut, or the nucleus's last token if higher."""
         if self.target is None:
             return self.cut
-        total = float(self.weights.sum())
+        total = float(self.totals[-1])
         return max(self.cut, _nucleus_threshold(self.weights, self.target, total))
 
     def probabilities(self, vocab: int) -> np.ndarray:
@@ -67,37 +88,51 @@ class Kept(NamedTuple):
             return False
         if self.target is None:
             return True
-        # The mass strictly heavier than this token (no count: only the mass decides).
-        return float(np.dot(self.weights, self.weights > weight)) < self.target
+        # The mass strictly heavier than this token (no count: only the mass decides): a
+        # comparison written as 0/1 floats, then a BLAS dot (a bool operand is cast first).
+        np.greater(self.weights, weight, out=self.mask)
+        return float(np.dot(self.weights, self.mask)) < self.target
 
     def _token(self, i: int) -> int:
         return int(i if self.ids is None else self.ids[i])
 
 
 def nucleus(logits: np.ndarray, temperature: float, top_k: int, top_p: float,
-            min_p: float) -> Kept:
+            min_p: float, scratch: Scratch | None = None) -> Kept:
     """Temperature, then top-k, top-p and min-p, without sorting the vocabulary."""
     ids, x = None, logits
     if 0 < top_k < x.shape[0]:
         ids = np.argpartition(x, -top_k)[-top_k:]
         x = x[ids]
-    weights = _weights(x, temperature)
-    cut = np.float32(min_p)  # min-p: a weight relative to the top token's (which is 1)
-    # float32 pairwise summation: ample here
-    target = top_p * float(weights.sum()) if top_p < 1.0 else None
-    return Kept(ids, weights, cut, target)
+    weights, mask = (scratch or Scratch()).take(x.shape[0])
+    top = _weights(x, temperature, weights)
+    # float64 sums of the float32 BLAS block sums: the total and the draw's first level
+    totals = np.cumsum(_block_sums(weights.reshape(-1, BLOCK)), dtype=np.float64)
+    cut = np.float32(min_p) * top  # min-p: a weight relative to the top token's
+    target = top_p * float(totals[-1]) if top_p < 1.0 else None
+    return Kept(ids, weights, cut, target, top, totals, mask)
 
 
-def _weights(x: np.ndarray, temperature: float) -> np.ndarray:
-    """exp((x - max) / temperature) in float32, zero-padded to whole blocks."""
-    n = x.shape[0]
-    out = np.zeros(-(-n // BLOCK) * BLOCK, np.float32)
-    head = out[:n]
-    np.subtract(x, x.max(), out=head)
+UNSHIFTED = (0.0, 64.0)  # top scaled logits for which exp needs no shift by the max
+
+
+def _weights(x: np.ndarray, temperature: float, out: np.ndarray) -> np.float32:
+    """exp(x / temperature) in float32 into out[:n] (its padding stays zero); returns the
+    top token's weight. The textbook exp((x - max) / temperature) costs one more pass over
+    the vocabulary; the shift is skipped when the scaled max lies in UNSHIFTED: nothing
+    overflows (even summed over 2^20 tokens) and nothing underflows that the shift would
+    have kept. Else the shift is applied and the top weight is 1."""
+    head = out[:x.shape[0]]
+    best = int(np.argmax(x))
+    scale = np.float32(1.0 / temperature)
+    if UNSHIFTED[0] <= float(x[best]) * float(scale) <= UNSHIFTED[1]:
+        src = x
+    else:
+        src = np.subtract(x, x[best], out=head)
     if temperature != 1.0:
-        np.multiply(head, np.float32(1.0 / temperature), out=head)
-    np.exp(head, out=head)
-    return out
+        src = np.multiply(src, scale, out=head)
+    np.exp(src, out=head)
+    return np.float32(head[best])
 
 
 class _Probe(NamedTuple):
@@ -117,8 +152,9 @@ def _nucleus_threshold(weights: np.ndarray, target: float, total: float) -> np.f
     the data, which matters on a CPU (a masked sum, np.where, np.bincount or a dense
     gather over random positions each cost 10-20x a plain pass)."""
     lo = _Probe(np.float32(0), total, weights.shape[0])
-    hi = _Probe(np.float32(1), 0.0, 0)  # nothing weighs more than the top token (1)
-    near_top = _near_top(weights)
+    top = weights.max()  # not Kept.top: a rare path, and exp may not be monotone to the ulp
+    hi = _Probe(top, 0.0, 0)  # nothing weighs more than the top token
+    near_top = _near_top(weights, top)
     if near_top is not None:
         heavy, probe = near_top
         if probe.mass >= target:  # a peaked distribution: the nucleus is among these
@@ -146,11 +182,11 @@ def _settle(band: np.ndarray, above: float, target: float) -> np.float32:
     return np.float32(ordered[last])
 
 
-def _near_top(weights: np.ndarray) -> tuple[np.ndarray, _Probe] | None:
+def _near_top(weights: np.ndarray, top: np.float32) -> tuple[np.ndarray, _Probe] | None:
     """The tokens within 2^-10 of the top one's weight, if at most SMALL: in a trained
     model's peaked distribution they usually hold the nucleus. Counting first costs
     half a probe when they are too many (a flat distribution)."""
-    threshold = np.float32(2.0**-10)
+    threshold = np.float32(2.0**-10) * top
     heavier = weights > threshold
     count = int(np.count_nonzero(heavier))
     if count > SMALL:

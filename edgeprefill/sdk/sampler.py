@@ -13,7 +13,7 @@ from typing import NamedTuple, Protocol
 import numpy as np
 
 from edgeprefill.errors import RequestError
-from edgeprefill.sdk.nucleus import nucleus
+from edgeprefill.sdk.nucleus import Scratch, nucleus
 from edgeprefill.sdk.params import GenerationParams
 
 
@@ -53,6 +53,7 @@ class Sampler:
         bias = params.logit_bias or {}
         self._bias_ids = np.fromiter(bias.keys(), np.int64, len(bias))
         self._bias_values = np.fromiter(bias.values(), np.float32, len(bias))
+        self._scratch = Scratch()  # the draw's buffers, reused token after token
 
     @property
     def finished(self) -> bool:
@@ -99,7 +100,7 @@ class Sampler:
         p = self.params
         if p.greedy:
             return int(np.argmax(logits))
-        kept = nucleus(logits, p.temperature, p.top_k, p.top_p, p.min_p)
+        kept = nucleus(logits, p.temperature, p.top_k, p.top_p, p.min_p, self._scratch)
         return kept.draw(self.rng)
 
     def _accept(self, token: int) -> None:

@@ -93,7 +93,7 @@ class OnnxRuntimeBackend(Backend):
         self.threads = options.threads or physical_cores()
         providers = PROVIDERS[options.device]
         session_options = self._session_options()
-        # The native decode attention where its library is built (edgeprefill.kernels).
+        # The native attention kernels where their library is built (edgeprefill.kernels).
         self.kernels = choose_kernels(
             graph_path, graph, manifest.graph.flavor, manifest.graph.dtype, options.device,
             session_options,

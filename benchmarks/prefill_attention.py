@@ -1,0 +1,198 @@
+"""Causal prefill attention: GroupQueryAttention against edgeprefill.PrefillAttention.
+
+    python -m edgeprefill.kernels.build
+    python benchmarks/prefill_attention.py --chunk 256 --past 0,1024,1792 --threads 2
+    python benchmarks/prefill_attention.py --bundle BUNDLE [--bundle ...] --prompt 2048
+
+Per layer (the first form):
+A `--chunk`-token chunk of the SmolLM2-135M shape (9 query heads, 3 KV heads, head_dim 64)
+attends causally over `--past` cached positions plus itself, in graphs of 8 chained layers
+(each its own cache, bound in place as past and present), the two variants taking turns
+`--turns` times in one process. Prints milliseconds per layer (median) and the causal
+attention's rate (4 x head_dim x heads x the query-key pairs the causal mask keeps, per
+second):
+
+- gqa: com.microsoft.GroupQueryAttention as edgeprefill exports it (packed q/k/v, rotary
+  inside);
+- native: edgeprefill.PrefillAttention (edgeprefill/kernels/prefill_attention.cc) on the
+  same inputs, as the runtime switches it in for chunks of more than one token.
+
+Whole prompts (`--bundle`): each bundle is loaded twice in one process, with
+`EDGEPREFILL_KERNELS=off` (the stock graph) and `require` (the native kernels), and a
+`--prompt`-token prompt is prefilled in `--chunk`-token chunks (`Backend.run`, no engine),
+the two taking turns `--turns` times; prints the median time to the last chunk's logits.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+from onnx import TensorProto, helper, numpy_helper
+
+from edgeprefill.bundle import load_manifest
+from edgeprefill.engines import BackendOptions, StepBatch
+from edgeprefill.engines.ort.backend import OnnxRuntimeBackend
+from edgeprefill.errors import EdgeprefillError
+from edgeprefill.kernels.build import KernelBuildError, build
+from edgeprefill.kernels.graph import DOMAIN, kernel_node
+
+HEADS, KV_HEADS, HEAD_DIM, LAYERS = 9, 3, 64, 8
+QKV_WIDTH = (HEADS + 2 * KV_HEADS) * HEAD_DIM
+
+
+def gqa_node(layer: int):
+    return helper.make_node(
+        "GroupQueryAttention",
+        ["qkv", "", "", f"past_k{layer}", f"past_v{layer}", "seqlens_k", "total", "cos", "sin"],
+        [f"out{layer}", f"present_k{layer}", f"present_v{layer}"],
+        domain="com.microsoft", num_heads=HEADS, kv_num_heads=KV_HEADS,
+        scale=HEAD_DIM**-0.5, do_rotary=1, name=f"gqa{layer}",
+    )
+
+
+def model(capacity: int, native: bool) -> bytes:
+    rng = np.random.default_rng(0)
+    angles = rng.random((capacity + 1, HEAD_DIM // 2), np.float32) * 6.28
+    inits = [numpy_helper.from_array(np.cos(angles), "cos"),
+             numpy_helper.from_array(np.sin(angles), "sin")]
+    nodes = [kernel_node(gqa_node(i), prefill=True) if native else gqa_node(i)
+             for i in range(LAYERS)]
+    nodes.append(helper.make_node("Concat", [f"out{i}" for i in range(LAYERS)], ["out"], axis=-1))
+    cache = [1, KV_HEADS, "capacity", HEAD_DIM]
+    inputs = [
+        helper.make_tensor_value_info("qkv", TensorProto.FLOAT, [1, "chunk", QKV_WIDTH]),
+        helper.make_tensor_value_info("seqlens_k", TensorProto.INT32, [1]),
+        helper.make_tensor_value_info("total", TensorProto.INT32, []),
+    ] + [helper.make_tensor_value_info(f"past_{kind}{i}", TensorProto.FLOAT, cache)
+         for i in range(LAYERS) for kind in "kv"]
+    outputs = [helper.make_tensor_value_info("out", TensorProto.FLOAT, None)] + [
+        helper.make_tensor_value_info(f"present_{kind}{i}", TensorProto.FLOAT, None)
+        for i in range(LAYERS) for kind in "kv"]
+    graph = helper.make_graph(nodes, "prefill_attention", inputs, outputs, inits)
+    proto = helper.make_model(graph, opset_imports=[
+        helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1),
+        helper.make_opsetid(DOMAIN, 1)])
+    proto.ir_version = 10
+    return proto.SerializeToString()
+
+
+def runner(session, chunk: int, past: int, caches: list[np.ndarray]):
+    """One call with every input bound once; the caches are the present outputs too."""
+    rng = np.random.default_rng(1)
+    binding = session.io_binding()
+    binding.bind_cpu_input("qkv", rng.standard_normal((1, chunk, QKV_WIDTH)).astype(np.float32))
+    binding.bind_cpu_input("seqlens_k", np.array([past + chunk - 1], np.int32))
+    binding.bind_cpu_input("total", np.array(past + chunk, np.int32))
+    for i in range(LAYERS):
+        for j, kind in enumerate("kv"):
+            value = ort.OrtValue.ortvalue_from_numpy(caches[2 * i + j])
+            binding.bind_ortvalue_input(f"past_{kind}{i}", value)
+            binding.bind_ortvalue_output(f"present_{kind}{i}", value)
+    binding.bind_output("out")
+    return lambda: session.run_with_iobinding(binding)
+
+
+def causal_gflop(chunk: int, past: int) -> float:
+    pairs = chunk * past + chunk * (chunk + 1) / 2  # (query, key) pairs the mask keeps
+    return 4 * HEAD_DIM * HEADS * pairs / 1e9
+
+
+def prefill_runner(bundle: Path, mode: str, threads: int, prompt: int, chunk: int):
+    os.environ["EDGEPREFILL_KERNELS"] = mode
+    backend = OnnxRuntimeBackend(bundle, load_manifest(bundle), BackendOptions(threads=threads))
+    backend.allocate_kv(1, prompt)
+    ids = np.random.default_rng(3).integers(3, backend.manifest.model.vocab_size, prompt)
+
+    def run() -> None:
+        for at in range(0, prompt, chunk):
+            piece = ids[at:at + chunk]
+            backend.run(StepBatch(piece[None], np.array([at], np.int32),
+                                  np.array([len(piece)], np.int32), 0))
+    return backend, run
+
+
+def ttft(args) -> int:
+    print(f"{args.prompt}-token prompt in {args.chunk}-token chunks, {args.threads} threads; "
+          f"median s of {args.turns} turns, alternating")
+    for bundle in args.bundle:
+        try:
+            runs = {mode: prefill_runner(bundle, mode, args.threads, args.prompt, args.chunk)
+                    for mode in ("off", "require")}
+        except EdgeprefillError as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 1
+        times: dict[str, list[float]] = {mode: [] for mode in runs}
+        for _, run in runs.values():
+            run()  # warm-up
+        for _ in range(args.turns):
+            for mode, (_, run) in runs.items():
+                start = time.perf_counter()
+                run()
+                times[mode].append(time.perf_counter() - start)
+        stock, native = (statistics.median(times[m]) for m in ("off", "require"))
+        print(f"  {bundle}: stock {stock:6.3f} s  native {native:6.3f} s  {stock / native:.2f}x"
+              f"  [{runs['require'][0].kernels.decode_attention}]")
+    return 0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--chunk", type=int, default=256)
+    parser.add_argument("--past", default="0,1024,1792", help="cached positions, comma-separated")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--turns", type=int, default=5)
+    parser.add_argument("--calls", type=int, default=5, help="timed calls per turn")
+    parser.add_argument("--library", help="a kernel library to use instead of building one")
+    parser.add_argument("--bundle", action="append", type=Path,
+                        help="time whole prompts on this bundle (repeatable)")
+    parser.add_argument("--prompt", type=int, default=2048, help="prompt tokens (--bundle)")
+    args = parser.parse_args()
+    if args.bundle:
+        return ttft(args)
+    try:
+        pasts = [int(v) for v in args.past.split(",")]
+        library = args.library or build()
+    except (ValueError, KernelBuildError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = args.threads
+    options.log_severity_level = 3
+    options.register_custom_ops_library(str(library))
+    capacity = max(pasts) + args.chunk
+    rng = np.random.default_rng(2)
+    caches = [rng.standard_normal((1, KV_HEADS, capacity, HEAD_DIM)).astype(np.float32)
+              for _ in range(2 * LAYERS)]
+    sessions = {name: ort.InferenceSession(model(capacity, name == "native"), options,
+                                           providers=["CPUExecutionProvider"])
+                for name in ("gqa", "native")}
+    print(f"chunk {args.chunk}, {args.threads} threads; ms per layer, median of "
+          f"{args.turns} turns x {args.calls} calls of {LAYERS} layers, alternating")
+    for past in pasts:
+        runs = {name: runner(s, args.chunk, past, caches) for name, s in sessions.items()}
+        times: dict[str, list[float]] = {name: [] for name in runs}
+        for run in runs.values():
+            run()  # warm-up
+        for _ in range(args.turns):
+            for name, run in runs.items():
+                for _ in range(args.calls):
+                    start = time.perf_counter()
+                    run()
+                    times[name].append((time.perf_counter() - start) / LAYERS)
+        gqa, native = (statistics.median(times[n]) * 1e3 for n in ("gqa", "native"))
+        flop = causal_gflop(args.chunk, past)
+        print(f"  past {past:5d}: gqa {gqa:7.2f} ms ({flop / gqa * 1e3:5.1f} GFLOP/s)  "
+              f"native {native:7.2f} ms ({flop / native * 1e3:5.1f} GFLOP/s)  "
+              f"{gqa / native:.2f}x")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

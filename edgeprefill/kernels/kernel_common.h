@@ -1,0 +1,94 @@
+// What the library's ops share: the ONNX Runtime API table, tensor access through the C
+// API, the rotary rotation, a vectorizable exp, and the OrtCustomOp table built from a spec.
+#pragma once
+
+#include <onnxruntime_c_api.h>
+
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+namespace edgeprefill {
+
+// Version 17: CreateKernelV2/KernelComputeV2 (16) and KernelContext_ParallelFor (17).
+constexpr uint32_t kApiVersion = 17;
+extern const OrtApi* g_api;  // set once by RegisterCustomOps (library.cc)
+
+inline OrtStatus* Fail(const char* message) {
+  return g_api->CreateStatus(ORT_INVALID_ARGUMENT, message);
+}
+
+#define EP_RETURN_IF_ERROR(expr)            \
+  do {                                      \
+    OrtStatus* status_ = (expr);            \
+    if (status_ != nullptr) return status_; \
+  } while (0)
+
+// exp(x) for x <= 0 (scores minus their max): Cephes' expf, branch-free so loops over it
+// vectorize; relative error ~1e-7.
+inline float ExpNonPositive(float x) {
+  x = x < -87.0f ? -87.0f : x;
+  const float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;  // round
+  const float r = (x - n * 0.693359375f) - n * -2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  const uint32_t bits = static_cast<uint32_t>(static_cast<int32_t>(n) + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, sizeof scale);
+  return p * scale;
+}
+
+// Non-interleaved rotary (the halves of the first `rotary` dims rotate against each other),
+// as GroupQueryAttention's rotary_interleaved=0 and transformers' rotate_half. With partial
+// rotary (Phi-3/Phi-4-mini, StableLM, GPT-NeoX) the dims past `rotary` pass through unchanged.
+inline void Rotate(const float* x, float* out, const float* cos, const float* sin, int64_t d,
+                   int64_t rotary) {
+  const int64_t half = rotary / 2;
+  for (int64_t i = 0; i < half; ++i) {
+    out[i] = x[i] * cos[i] - x[i + half] * sin[i];
+    out[i + half] = x[i + half] * cos[i] + x[i] * sin[i];
+  }
+  for (int64_t i = rotary; i < d; ++i) out[i] = x[i];
+}
+
+struct Tensor {
+  std::vector<int64_t> dims;
+  float* data = nullptr;
+};
+
+OrtStatus* Input(OrtKernelContext* context, size_t index, Tensor* tensor);
+OrtStatus* Output(OrtKernelContext* context, size_t index, const std::vector<int64_t>& dims,
+                  float** data);
+
+// Runs `count` pieces on ONNX Runtime's intra-op pool, or here when there is none.
+void ParallelFor(OrtKernelContext* context, void (*fn)(void*, size_t), size_t count, void* data);
+
+// One op of the library: its name, its inputs (those in `int32_inputs`, a bit mask, are
+// int32, the rest float; every output is float) and its kernel's life cycle.
+struct OpSpec {
+  const char* name;
+  size_t inputs;
+  size_t outputs;
+  uint32_t int32_inputs;
+  OrtStatus* (*create)(const OrtKernelInfo* info, void** kernel);
+  OrtStatus* (*compute)(void* kernel, OrtKernelContext* context);
+  void (*destroy)(void* kernel);
+};
+
+// The OrtCustomOp table first, so ONNX Runtime's `const OrtCustomOp*` leads back to the spec.
+struct Op {
+  OrtCustomOp table;
+  OpSpec spec;
+};
+
+Op MakeOp(const OpSpec& spec);
+
+const Op& DecodeAttentionOp();
+const Op& PrefillAttentionOp();
+
+}  // namespace edgeprefill

@@ -1,0 +1,119 @@
+// The library's entry point (RegisterCustomOps) and what its ops share: tensor access
+// through the C API, the pool, and the OrtCustomOp table. Nothing from ONNX Runtime is
+// linked: the API table comes from the OrtApiBase passed to RegisterCustomOps.
+
+#include "kernel_common.h"
+
+namespace edgeprefill {
+
+const OrtApi* g_api = nullptr;
+
+namespace {
+
+OrtStatus* Describe(const OrtValue* value, Tensor* tensor) {
+  OrtTensorTypeAndShapeInfo* info = nullptr;
+  EP_RETURN_IF_ERROR(g_api->GetTensorTypeAndShape(value, &info));
+  size_t count = 0;
+  OrtStatus* status = g_api->GetDimensionsCount(info, &count);
+  if (status == nullptr) {
+    tensor->dims.resize(count);
+    status = g_api->GetDimensions(info, tensor->dims.data(), count);
+  }
+  g_api->ReleaseTensorTypeAndShapeInfo(info);
+  EP_RETURN_IF_ERROR(status);
+  void* data = nullptr;
+  EP_RETURN_IF_ERROR(g_api->GetTensorMutableData(const_cast<OrtValue*>(value), &data));
+  tensor->data = static_cast<float*>(data);
+  return nullptr;
+}
+
+const OpSpec& SpecOf(const OrtCustomOp* op) { return reinterpret_cast<const Op*>(op)->spec; }
+
+OrtStatus* ORT_API_CALL CreateKernel(const OrtCustomOp* op, const OrtApi*, const OrtKernelInfo* info,
+                                     void** kernel) {
+  return SpecOf(op).create(info, kernel);
+}
+const char* ORT_API_CALL Name(const OrtCustomOp* op) { return SpecOf(op).name; }
+const char* ORT_API_CALL Provider(const OrtCustomOp*) { return "CPUExecutionProvider"; }
+size_t ORT_API_CALL InputCount(const OrtCustomOp* op) { return SpecOf(op).inputs; }
+size_t ORT_API_CALL OutputCount(const OrtCustomOp* op) { return SpecOf(op).outputs; }
+ONNXTensorElementDataType ORT_API_CALL InputType(const OrtCustomOp* op, size_t index) {
+  return (SpecOf(op).int32_inputs >> index) & 1u ? ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32
+                                                  : ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
+}
+ONNXTensorElementDataType ORT_API_CALL OutputType(const OrtCustomOp*, size_t) {
+  return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
+}
+OrtCustomOpInputOutputCharacteristic ORT_API_CALL Required(const OrtCustomOp*, size_t) {
+  return INPUT_OUTPUT_REQUIRED;
+}
+OrtMemType ORT_API_CALL MemoryType(const OrtCustomOp*, size_t) { return OrtMemTypeDefault; }
+int ORT_API_CALL One(const OrtCustomOp*) { return 1; }
+
+}  // namespace
+
+OrtStatus* Input(OrtKernelContext* context, size_t index, Tensor* tensor) {
+  const OrtValue* value = nullptr;
+  EP_RETURN_IF_ERROR(g_api->KernelContext_GetInput(context, index, &value));
+  return Describe(value, tensor);
+}
+
+OrtStatus* Output(OrtKernelContext* context, size_t index, const std::vector<int64_t>& dims,
+                  float** data) {
+  OrtValue* value = nullptr;
+  EP_RETURN_IF_ERROR(g_api->KernelContext_GetOutput(context, index, dims.data(), dims.size(), &value));
+  void* raw = nullptr;
+  EP_RETURN_IF_ERROR(g_api->GetTensorMutableData(value, &raw));
+  *data = static_cast<float*>(raw);
+  return nullptr;
+}
+
+void ParallelFor(OrtKernelContext* context, void (*fn)(void*, size_t), size_t count, void* data) {
+  OrtStatus* pooled = g_api->KernelContext_ParallelFor(context, fn, count, 0, data);
+  if (pooled != nullptr) {  // no pool available: run the pieces here
+    g_api->ReleaseStatus(pooled);
+    for (size_t i = 0; i < count; ++i) fn(data, i);
+  }
+}
+
+Op MakeOp(const OpSpec& spec) {
+  Op op;
+  std::memset(&op.table, 0, sizeof op.table);
+  op.spec = spec;
+  OrtCustomOp& t = op.table;
+  t.version = kApiVersion;
+  t.GetName = Name;
+  t.GetExecutionProviderType = Provider;
+  t.GetInputType = InputType;
+  t.GetInputTypeCount = InputCount;
+  t.GetOutputType = OutputType;
+  t.GetOutputTypeCount = OutputCount;
+  t.KernelDestroy = spec.destroy;
+  t.GetInputCharacteristic = Required;
+  t.GetOutputCharacteristic = Required;
+  t.GetInputMemoryType = MemoryType;
+  t.GetVariadicInputMinArity = One;
+  t.GetVariadicInputHomogeneity = One;
+  t.GetVariadicOutputMinArity = One;
+  t.GetVariadicOutputHomogeneity = One;
+  t.CreateKernelV2 = CreateKernel;
+  t.KernelComputeV2 = spec.compute;
+  t.GetStartVersion = One;
+  t.GetEndVersion = One;
+  return op;
+}
+
+}  // namespace edgeprefill
+
+extern "C" __attribute__((visibility("default"))) OrtStatus* ORT_API_CALL
+RegisterCustomOps(OrtSessionOptions* options, const OrtApiBase* api_base) {
+  using namespace edgeprefill;
+  g_api = api_base->GetApi(kApiVersion);
+  if (g_api == nullptr) return nullptr;  // cannot even report: ORT older than 1.17
+  OrtCustomOpDomain* domain = nullptr;
+  // The domain must outlive every session that uses it: it is never released.
+  EP_RETURN_IF_ERROR(g_api->CreateCustomOpDomain("edgeprefill", &domain));
+  EP_RETURN_IF_ERROR(g_api->CustomOpDomain_Add(domain, &DecodeAttentionOp().table));
+  EP_RETURN_IF_ERROR(g_api->CustomOpDomain_Add(domain, &PrefillAttentionOp().table));
+  return g_api->AddCustomOpDomain(options, domain);
+}

@@ -1,0 +1,434 @@
+// edgeprefill.PrefillAttention: causal grouped-query attention of a chunk of tokens per row
+// over a fixed-capacity KV cache, flash-attention style (library.cc registers it).
+//
+// It computes what com.microsoft.GroupQueryAttention computes for a chunk of S > 1 tokens
+// (packed q/k/v, non-interleaved rotary inside, the chunk's keys and values written into the
+// cache at the row's past length) without the S x total score matrix GroupQueryAttention
+// writes out per query head: one piece of work is a block of queries of ALL query heads of
+// one KV group, which walks the keys block by block (a key block is read once for the whole
+// group), keeps a running max and sum per query (online softmax), and stops at the causal
+// diagonal. Pieces (row, KV head, query block) run on ONNX Runtime's intra-op pool, one KV
+// head after another, the longest first within it. The inner products are register-blocked
+// AVX-512 with the (query, head) pairs as vector lanes (a portable loop nest where the build
+// has no AVX-512).
+//
+// A row's past length is GroupQueryAttention's: 0 when total_sequence_length == S (a first
+// prompt; the row's valid tokens are its first seqlens_k + 1, the rest padding whose output
+// is never used), else seqlens_k + 1 - S. Unlike GroupQueryAttention, rows with different
+// past lengths may share one call.
+//
+// Inputs:  0 qkv [B, S, (H + 2 KV) * D] float   packed projection of the chunk
+//          1 past_key [B, KV, cap, D] float       the cache (bound in place)
+//          2 past_value [B, KV, cap, D] float
+//          3 seqlens_k [B] int32                  row's total length - 1, padding included
+//          4 total_sequence_length [] int32
+//          5 cos [P, R / 2] float, 6 sin [P, R / 2] float   rotary tables (R <= D)
+// Outputs: 0 out [B, S, H * D] float, 1 present_key, 2 present_value (same shape as past;
+//          when bound to the past buffers nothing is copied, else the past is copied first)
+// Attributes: num_heads, kv_num_heads (int), scale (float).
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#ifdef __AVX512F__
+#include <immintrin.h>
+#endif
+
+#include "kernel_common.h"
+
+namespace edgeprefill {
+namespace {
+
+// A piece's queries are laid out as the columns of its tiles: column m is query m / group,
+// head m % group of the KV group, so the group's heads share every key and value read.
+// Tuning experiments compile other blockings with -DEP_COLUMNS=.. -DEP_KEY_BLOCK=..
+// -DEP_TILE_ROWS=.. (rows x vectors <= 24 accumulators) and time them with
+// `benchmarks/prefill_attention.py --library`; the defaults measured best here.
+#ifndef EP_COLUMNS
+#define EP_COLUMNS 96
+#define EP_KEY_BLOCK 64
+#define EP_TILE_ROWS 4
+#endif
+constexpr int64_t kColumns = EP_COLUMNS;     // columns per piece at most (6 AVX-512 vectors)
+constexpr int64_t kKeyBlock = EP_KEY_BLOCK;  // keys per step of the online softmax
+constexpr int kVec = 16;
+constexpr int kTileRows = EP_TILE_ROWS;      // register tile: 4 rows x up to 6 vectors
+
+struct Kernel {
+  int64_t heads;
+  int64_t kv_heads;
+  float scale;
+};
+
+struct Shape {
+  int64_t rows, chunk, kv_heads, capacity, head_dim, group, rotary;
+  int64_t block;  // queries per piece: as many as fill kColumns columns with the group's heads
+};
+
+struct Piece {
+  int64_t row, kv, first;  // first query of the block
+  int64_t work;            // keys x queries, to order the pieces longest first
+};
+
+struct Job {
+  Shape shape;
+  float scale;
+  const float* qkv;
+  const float* keys;
+  const float* values;
+  const float* cos;
+  const float* sin;
+  const int64_t* past;  // per row
+  float* out;
+  std::vector<Piece> pieces;
+};
+
+// out[r][0..16C) = sum_b x[r * xa + b * xb] * y[b][0..16C) for R rows, plus out's old
+// value times `rescale` (per column) if that is given: every product of the kernel.
+// Scores: x = keys (r = key, b = head dim), y = the queries transposed. Output: x = values
+// (r = head dim, b = key), y = the probabilities (keys x columns), rescale = the online
+// softmax's factor for what the earlier key blocks left.
+template <int R, int C>
+void Tile(const float* x, int64_t xa, int64_t xb, const float* y, int64_t ys, float* out,
+          int64_t os, int64_t n, const float* rescale) {
+#ifdef __AVX512F__
+  __m512 acc[R][C];
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c)
+      acc[r][c] = rescale != nullptr ? _mm512_mul_ps(_mm512_loadu_ps(out + r * os + c * kVec),
+                                                      _mm512_loadu_ps(rescale + c * kVec))
+                                     : _mm512_setzero_ps();
+  for (int64_t b = 0; b < n; ++b) {
+    __m512 yv[C];
+    for (int c = 0; c < C; ++c) yv[c] = _mm512_loadu_ps(y + b * ys + c * kVec);
+    for (int r = 0; r < R; ++r) {
+      const __m512 broadcast = _mm512_set1_ps(x[r * xa + b * xb]);
+      for (int c = 0; c < C; ++c) acc[r][c] = _mm512_fmadd_ps(broadcast, yv[c], acc[r][c]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) _mm512_storeu_ps(out + r * os + c * kVec, acc[r][c]);
+#else
+  float acc[R][C * kVec];
+  for (int r = 0; r < R; ++r)
+    for (int k = 0; k < C * kVec; ++k) acc[r][k] = rescale != nullptr ? out[r * os + k] * rescale[k] : 0.0f;
+  for (int64_t b = 0; b < n; ++b)
+    for (int r = 0; r < R; ++r) {
+      const float broadcast = x[r * xa + b * xb];
+      for (int k = 0; k < C * kVec; ++k) acc[r][k] += broadcast * y[b * ys + k];
+    }
+  for (int r = 0; r < R; ++r)
+    for (int k = 0; k < C * kVec; ++k) out[r * os + k] = acc[r][k];
+#endif
+}
+
+template <int R>
+void TileRow(int c, const float* x, int64_t xa, int64_t xb, const float* y, int64_t ys,
+             float* out, int64_t os, int64_t n, const float* rescale) {
+  switch (c) {
+    case 6: Tile<R, 6>(x, xa, xb, y, ys, out, os, n, rescale); break;
+    case 5: Tile<R, 5>(x, xa, xb, y, ys, out, os, n, rescale); break;
+    case 4: Tile<R, 4>(x, xa, xb, y, ys, out, os, n, rescale); break;
+    case 3: Tile<R, 3>(x, xa, xb, y, ys, out, os, n, rescale); break;
+    case 2: Tile<R, 2>(x, xa, xb, y, ys, out, os, n, rescale); break;
+    default: Tile<R, 1>(x, xa, xb, y, ys, out, os, n, rescale); break;
+  }
+}
+
+// out[rows][columns] = X . y (+ out x rescale), in register tiles; `columns` is a multiple
+// of 16, <= 96.
+void Product(int64_t rows, int64_t columns, const float* x, int64_t xa, int64_t xb,
+             const float* y, float* out, int64_t n, const float* rescale) {
+  const int c = static_cast<int>(columns / kVec);
+  int64_t r = 0;
+  for (; r + kTileRows <= rows; r += kTileRows)
+    TileRow<kTileRows>(c, x + r * xa, xa, xb, y, columns, out + r * columns, columns, n, rescale);
+  for (; r < rows; ++r)
+    TileRow<1>(c, x + r * xa, xa, xb, y, columns, out + r * columns, columns, n, rescale);
+}
+
+// One key block of the online softmax for 16 columns. scores[j * stride] holds key k0 + j's
+// scores; a column sees the keys up to its position. They become exp(score - new max), 0
+// where masked; the running max, sum and the factor for the earlier output are updated.
+#ifdef __AVX512F__
+inline __m512 ExpNonPositive16(__m512 x) {  // ExpNonPositive, 16 lanes
+  x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  p = _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+  return _mm512_scalef_ps(p, n);
+}
+
+void SoftmaxStep(float* scores, int64_t stride, int64_t n, int64_t k0, const int32_t* positions,
+                 float* top, float* total, float* rescale) {
+  const __m512i position = _mm512_loadu_si512(positions);
+  // Below the diagonal (every column sees the whole block) nothing needs masking.
+  const bool inside = k0 + n - 1 <= _mm512_reduce_min_epi32(position);
+  __m512 block_top = _mm512_set1_ps(-INFINITY);
+  if (inside) {
+    __m512 other = block_top;  // two chains: max has a latency of 4
+    int64_t j = 0;
+    for (; j + 1 < n; j += 2) {
+      block_top = _mm512_max_ps(block_top, _mm512_loadu_ps(scores + j * stride));
+      other = _mm512_max_ps(other, _mm512_loadu_ps(scores + (j + 1) * stride));
+    }
+    if (j < n) block_top = _mm512_max_ps(block_top, _mm512_loadu_ps(scores + j * stride));
+    block_top = _mm512_max_ps(block_top, other);
+  } else {
+    for (int64_t j = 0; j < n; ++j) {
+      const __mmask16 seen = _mm512_cmple_epi32_mask(_mm512_set1_epi32(static_cast<int32_t>(k0 + j)), position);
+      block_top = _mm512_mask_max_ps(block_top, seen, block_top, _mm512_loadu_ps(scores + j * stride));
+    }
+  }
+  const __m512 old_top = _mm512_loadu_ps(top);
+  const __m512 new_top = _mm512_max_ps(old_top, block_top);
+  const __m512 factor = ExpNonPositive16(_mm512_sub_ps(old_top, new_top));
+  __m512 sum = _mm512_setzero_ps();
+  if (inside) {
+    __m512 other = sum;
+    int64_t j = 0;
+    for (; j + 1 < n; j += 2) {
+      const __m512 e0 = ExpNonPositive16(_mm512_sub_ps(_mm512_loadu_ps(scores + j * stride), new_top));
+      const __m512 e1 = ExpNonPositive16(_mm512_sub_ps(_mm512_loadu_ps(scores + (j + 1) * stride), new_top));
+      _mm512_storeu_ps(scores + j * stride, e0);
+      _mm512_storeu_ps(scores + (j + 1) * stride, e1);
+      sum = _mm512_add_ps(sum, e0);
+      other = _mm512_add_ps(other, e1);
+    }
+    for (; j < n; ++j) {
+      const __m512 e = ExpNonPositive16(_mm512_sub_ps(_mm512_loadu_ps(scores + j * stride), new_top));
+      _mm512_storeu_ps(scores + j * stride, e);
+      sum = _mm512_add_ps(sum, e);
+    }
+    sum = _mm512_add_ps(sum, other);
+  }
+  for (int64_t j = 0; j < n && !inside; ++j) {
+    const __mmask16 seen = _mm512_cmple_epi32_mask(_mm512_set1_epi32(static_cast<int32_t>(k0 + j)), position);
+    const __m512 e = _mm512_maskz_mov_ps(
+        seen, ExpNonPositive16(_mm512_sub_ps(_mm512_loadu_ps(scores + j * stride), new_top)));
+    _mm512_storeu_ps(scores + j * stride, e);
+    sum = _mm512_add_ps(sum, e);
+  }
+  _mm512_storeu_ps(top, new_top);
+  _mm512_storeu_ps(total, _mm512_fmadd_ps(_mm512_loadu_ps(total), factor, sum));
+  _mm512_storeu_ps(rescale, factor);
+}
+#else
+void SoftmaxStep(float* scores, int64_t stride, int64_t n, int64_t k0, const int32_t* positions,
+                 float* top, float* total, float* rescale) {
+  for (int l = 0; l < kVec; ++l) {
+    float block_top = -INFINITY;
+    for (int64_t j = 0; j < n && k0 + j <= positions[l]; ++j)
+      block_top = std::max(block_top, scores[j * stride + l]);
+    const float new_top = std::max(top[l], block_top);
+    rescale[l] = ExpNonPositive(top[l] - new_top);  // top[l] = -inf: a clamped ~0
+    float sum = 0.0f;
+    for (int64_t j = 0; j < n; ++j) {
+      const float e = k0 + j <= positions[l] ? ExpNonPositive(scores[j * stride + l] - new_top) : 0.0f;
+      scores[j * stride + l] = e;
+      sum += e;
+    }
+    top[l] = new_top;
+    total[l] = total[l] * rescale[l] + sum;
+  }
+}
+#endif
+
+// One piece: a block of queries of the KV group's heads over keys 0 .. its last position.
+// Every column sees key 0, so after the first key block every running max is finite.
+void RunPiece(void* data, size_t index) {
+  const Job& job = *static_cast<const Job*>(data);
+  const Shape& s = job.shape;
+  const Piece& piece = job.pieces[index];
+  const int64_t d = s.head_dim, g = s.group, half = s.rotary / 2;
+  const int64_t heads = s.kv_heads * g, width = (heads + 2 * s.kv_heads) * d;
+  const int64_t past = job.past[piece.row];
+  const int64_t queries = std::min(s.block, s.chunk - piece.first);
+  const int64_t used = queries * g;
+  const int64_t columns = (used + kVec - 1) / kVec * kVec;
+  const int64_t first_position = past + piece.first;
+
+  std::vector<float> buffer(columns * (2 * d + kKeyBlock + 3) + d);
+  float* qt = buffer.data();                  // [D, columns] rotated, scaled queries
+  float* ot = qt + d * columns;               // [D, columns] unnormalized output
+  float* scores = ot + d * columns;           // [keys, columns]
+  float* top = scores + kKeyBlock * columns;  // [columns] running max
+  float* total = top + columns;               // [columns] running sum
+  float* rescale = total + columns;           // [columns]
+  float* rotated = rescale + columns;         // [D]
+  std::vector<int32_t> positions(columns);
+  for (int64_t m = 0; m < columns; ++m) {
+    // Padding columns repeat the last query's position: finite scores, never written out.
+    const int64_t i = std::min(m / g, queries - 1);
+    positions[m] = static_cast<int32_t>(first_position + i);
+    if (m >= used) {
+      for (int64_t k = 0; k < d; ++k) qt[k * columns + m] = 0.0f;
+      continue;
+    }
+    const int64_t position = first_position + i;
+    const float* packed = job.qkv + (piece.row * s.chunk + piece.first + i) * width;
+    Rotate(packed + (piece.kv * g + m % g) * d, rotated, job.cos + position * half,
+           job.sin + position * half, d, s.rotary);
+    for (int64_t k = 0; k < d; ++k) qt[k * columns + m] = rotated[k] * job.scale;
+  }
+  std::fill(ot, ot + d * columns, 0.0f);
+  std::fill(top, top + columns, -INFINITY);
+  std::fill(total, total + columns, 0.0f);
+
+  const int64_t cache_offset = (piece.row * s.kv_heads + piece.kv) * s.capacity * d;
+  const float* keys = job.keys + cache_offset;
+  const float* values = job.values + cache_offset;
+  const int64_t end = first_position + queries;  // keys [0, end) are seen by some query
+  for (int64_t k0 = 0; k0 < end; k0 += kKeyBlock) {
+    const int64_t n = std::min(kKeyBlock, end - k0);
+    Product(n, columns, keys + k0 * d, d, 1, qt, scores, d, nullptr);
+    for (int64_t c = 0; c < columns; c += kVec) {
+      SoftmaxStep(scores + c, columns, n, k0, positions.data() + c, top + c, total + c, rescale + c);
+    }
+    Product(d, columns, values + k0 * d, 1, d, scores, ot, n, rescale);
+  }
+  for (int64_t m = 0; m < used; ++m) {
+    const int64_t i = m / g, h = m % g;
+    float* out = job.out + ((piece.row * s.chunk + piece.first + i) * heads + piece.kv * g + h) * d;
+    const float inverse = 1.0f / total[m];
+    for (int64_t k = 0; k < d; ++k) out[k] = ot[k * columns + m] * inverse;
+  }
+}
+
+OrtStatus* CheckShapes(const Kernel& kernel, const Tensor& qkv, const Tensor& past_k,
+                       const Tensor& past_v, const Tensor& seqlens, const Tensor& total,
+                       const Tensor& cos, const Tensor& sin, Shape* shape) {
+  if (qkv.dims.size() != 3)
+    return Fail("PrefillAttention: qkv must be [rows, chunk, (heads + 2 kv_heads) * head_dim]");
+  if (past_k.dims.size() != 4 || past_k.dims != past_v.dims)
+    return Fail("PrefillAttention: past key and value must both be [rows, kv_heads, capacity, head_dim]");
+  const int64_t d = past_k.dims[3];
+  if (past_k.dims[0] != qkv.dims[0] || past_k.dims[1] != kernel.kv_heads ||
+      qkv.dims[2] != (kernel.heads + 2 * kernel.kv_heads) * d)
+    return Fail("PrefillAttention: qkv and the cache disagree on rows, heads or head_dim");
+  if (d % kVec != 0 || kernel.heads % kernel.kv_heads != 0)
+    return Fail("PrefillAttention: head_dim must be a multiple of 16 and heads of kv_heads");
+  if (seqlens.dims.size() != 1 || seqlens.dims[0] != qkv.dims[0])
+    return Fail("PrefillAttention: seqlens_k must be [rows]");
+  if (!(total.dims.empty() || (total.dims.size() == 1 && total.dims[0] == 1)))
+    return Fail("PrefillAttention: total_sequence_length must be a scalar");
+  if (cos.dims.size() != 2 || cos.dims != sin.dims || cos.dims[1] < 1 || cos.dims[1] * 2 > d)
+    return Fail("PrefillAttention: cos and sin must be [positions, rotary_dim / 2], rotary_dim <= head_dim");
+  const int64_t group = kernel.heads / kernel.kv_heads;
+  if (group > kColumns)
+    return Fail("PrefillAttention: at most 96 query heads per KV head");
+  *shape = {qkv.dims[0], qkv.dims[1], kernel.kv_heads, past_k.dims[2], d, group,
+            2 * cos.dims[1], std::max<int64_t>(1, kColumns / group)};
+  return nullptr;
+}
+
+// Writes the chunk's rotated keys and its values into the cache at each row's past length.
+void WriteCache(const Job& job, float* keys, float* values) {
+  const Shape& s = job.shape;
+  const int64_t d = s.head_dim, half = s.rotary / 2, heads = s.kv_heads * s.group;
+  const int64_t width = (heads + 2 * s.kv_heads) * d;
+  for (int64_t row = 0; row < s.rows; ++row)
+    for (int64_t token = 0; token < s.chunk; ++token) {
+      const int64_t position = job.past[row] + token;
+      const float* packed = job.qkv + (row * s.chunk + token) * width;
+      for (int64_t kv = 0; kv < s.kv_heads; ++kv) {
+        const int64_t at = ((row * s.kv_heads + kv) * s.capacity + position) * d;
+        Rotate(packed + (heads + kv) * d, keys + at, job.cos + position * half,
+               job.sin + position * half, d, s.rotary);
+        std::memcpy(values + at, packed + (heads + s.kv_heads + kv) * d, d * sizeof(float));
+      }
+    }
+}
+
+std::vector<Piece> Plan(const Shape& s, const int64_t* past) {
+  std::vector<Piece> pieces;
+  for (int64_t row = 0; row < s.rows; ++row)
+    for (int64_t first = 0; first < s.chunk; first += s.block) {
+      const int64_t queries = std::min(s.block, s.chunk - first);
+      const int64_t work = queries * (past[row] + first + (queries + 1) / 2);
+      for (int64_t kv = 0; kv < s.kv_heads; ++kv) pieces.push_back({row, kv, first, work});
+    }
+  // The pool hands pieces out in order. One (row, KV head) after another, so the threads
+  // share its keys and values while they are in cache (one head's 2,048 positions are 1 MB),
+  // and within it the longest first, so the short ones fill the gaps at the end.
+  std::stable_sort(pieces.begin(), pieces.end(), [](const Piece& a, const Piece& b) {
+    if (a.row != b.row || a.kv != b.kv) return a.row != b.row ? a.row < b.row : a.kv < b.kv;
+    return a.work > b.work;
+  });
+  return pieces;
+}
+
+OrtStatus* Compute(const Kernel& kernel, OrtKernelContext* context) {
+  Tensor qkv, past_k, past_v, seqlens_t, total_t, cos, sin;
+  EP_RETURN_IF_ERROR(Input(context, 0, &qkv));
+  EP_RETURN_IF_ERROR(Input(context, 1, &past_k));
+  EP_RETURN_IF_ERROR(Input(context, 2, &past_v));
+  EP_RETURN_IF_ERROR(Input(context, 3, &seqlens_t));
+  EP_RETURN_IF_ERROR(Input(context, 4, &total_t));
+  EP_RETURN_IF_ERROR(Input(context, 5, &cos));
+  EP_RETURN_IF_ERROR(Input(context, 6, &sin));
+  Shape s;
+  EP_RETURN_IF_ERROR(CheckShapes(kernel, qkv, past_k, past_v, seqlens_t, total_t, cos, sin, &s));
+  const int32_t* seqlens = reinterpret_cast<const int32_t*>(seqlens_t.data);
+  const int64_t total = *reinterpret_cast<const int32_t*>(total_t.data);
+  std::vector<int64_t> past(s.rows);
+  for (int64_t row = 0; row < s.rows; ++row) {
+    past[row] = total == s.chunk ? 0 : int64_t{seqlens[row]} + 1 - s.chunk;
+    if (past[row] < 0 || past[row] + s.chunk > s.capacity || past[row] + s.chunk > cos.dims[0])
+      return Fail("PrefillAttention: a row's chunk is outside the cache or the rotary table");
+  }
+
+  const int64_t d = s.head_dim, heads = kernel.heads;
+  float *out = nullptr, *keys = nullptr, *values = nullptr;
+  EP_RETURN_IF_ERROR(Output(context, 0, {s.rows, s.chunk, heads * d}, &out));
+  EP_RETURN_IF_ERROR(Output(context, 1, past_k.dims, &keys));
+  EP_RETURN_IF_ERROR(Output(context, 2, past_v.dims, &values));
+  const size_t cache_floats = static_cast<size_t>(s.rows * s.kv_heads * s.capacity * d);
+  if (keys != past_k.data) std::memcpy(keys, past_k.data, cache_floats * sizeof(float));
+  if (values != past_v.data) std::memcpy(values, past_v.data, cache_floats * sizeof(float));
+
+  Job job{s, kernel.scale, qkv.data, keys, values, cos.data, sin.data, past.data(), out, {}};
+  WriteCache(job, keys, values);
+  job.pieces = Plan(s, past.data());
+  ParallelFor(context, RunPiece, job.pieces.size(), &job);
+  return nullptr;
+}
+
+OrtStatus* CreateKernel(const OrtKernelInfo* info, void** kernel) {
+  int64_t heads = 0, kv_heads = 0;
+  float scale = 0.0f;
+  EP_RETURN_IF_ERROR(g_api->KernelInfoGetAttribute_int64(info, "num_heads", &heads));
+  EP_RETURN_IF_ERROR(g_api->KernelInfoGetAttribute_int64(info, "kv_num_heads", &kv_heads));
+  EP_RETURN_IF_ERROR(g_api->KernelInfoGetAttribute_float(info, "scale", &scale));
+  if (heads <= 0 || kv_heads <= 0 || heads % kv_heads != 0)
+    return Fail("PrefillAttention: num_heads must be a positive multiple of kv_num_heads");
+  *kernel = new Kernel{heads, kv_heads, scale};
+  return nullptr;
+}
+
+OrtStatus* ORT_API_CALL ComputeKernel(void* kernel, OrtKernelContext* context) {
+  return Compute(*static_cast<Kernel*>(kernel), context);
+}
+
+void ORT_API_CALL DestroyKernel(void* kernel) { delete static_cast<Kernel*>(kernel); }
+
+}  // namespace
+
+const Op& PrefillAttentionOp() {
+  static const Op op = MakeOp({"PrefillAttention", 7, 3, (1u << 3) | (1u << 4), CreateKernel,
+                               ComputeKernel, DestroyKernel});
+  return op;
+}
+
+}  // namespace edgeprefill

@@ -1,0 +1,176 @@
+"""The native prefill attention (edgeprefill.PrefillAttention) against ONNX Runtime's own
+GroupQueryAttention: one layer, output and the written cache, for chunk lengths around the
+kernel's blocks (32 queries, 64 keys) and rows of different past lengths; whole bundles
+(llama, qwen3 with q/k/v apart, phi3 with partial rotary) prefill to the same logits and
+greedy tokens, chunked and unchunked. Skipped, with the reason, only where the library
+cannot be built."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from edgeprefill.bundle import load_manifest
+from edgeprefill.engines import BackendOptions, StepBatch
+from edgeprefill.engines.ort.backend import OnnxRuntimeBackend
+from edgeprefill.kernels import build, graph, select
+
+HEADS, KV_HEADS, HEAD_DIM, CAPACITY = 6, 2, 32, 640
+WIDTH = (HEADS + 2 * KV_HEADS) * HEAD_DIM
+PASTS = np.array([0, 1, 127, 300])
+
+
+@pytest.fixture(scope="session")
+def library():
+    try:
+        return build.build()
+    except build.KernelBuildError as err:
+        pytest.skip(f"native kernels cannot be built here: {err}")
+
+
+def layer_model(native: bool, rotary_dim: int) -> bytes:
+    """One attention layer over a bound cache, chunk length free: GQA or the kernel."""
+    rng = np.random.default_rng(0)
+    tables = [rng.standard_normal((CAPACITY + 1, rotary_dim // 2)).astype(np.float32)
+              for _ in range(2)]
+    inits = [numpy_helper.from_array(t, n) for t, n in zip(tables, ("cos", "sin"), strict=True)]
+    inputs = ["qkv", "", "", "past_k", "past_v", "seqlens_k", "total", "cos", "sin"]
+    node = helper.make_node(
+        "GroupQueryAttention", inputs, ["out", "present_k", "present_v"], name="gqa",
+        domain="com.microsoft", num_heads=HEADS, kv_num_heads=KV_HEADS,
+        scale=HEAD_DIM**-0.5, do_rotary=1, rotary_interleaved=0,
+    )
+    if native:
+        node = graph.kernel_node(node, prefill=True)
+    cache = ["rows", KV_HEADS, "capacity", HEAD_DIM]
+    values = [
+        helper.make_tensor_value_info("qkv", TensorProto.FLOAT, ["rows", "chunk", WIDTH]),
+        helper.make_tensor_value_info("past_k", TensorProto.FLOAT, cache),
+        helper.make_tensor_value_info("past_v", TensorProto.FLOAT, cache),
+        helper.make_tensor_value_info("seqlens_k", TensorProto.INT32, ["rows"]),
+        helper.make_tensor_value_info("total", TensorProto.INT32, []),
+    ]
+    outputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, None)
+               for n in ("out", "present_k", "present_v")]
+    g = helper.make_graph([node], "layer", values, outputs, inits)
+    model = helper.make_model(g, opset_imports=[
+        helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1),
+        helper.make_opsetid(graph.DOMAIN, 1),
+    ])
+    model.ir_version = 10
+    return model.SerializeToString()
+
+
+def session(model: bytes, library, threads: int) -> ort.InferenceSession:
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = threads
+    if library is not None:
+        so.register_custom_ops_library(str(library))
+    return ort.InferenceSession(model, so, providers=["CPUExecutionProvider"])
+
+
+def run_layer(sess, pasts: np.ndarray, qkv: np.ndarray, keys: np.ndarray, values: np.ndarray):
+    """One chunk per row with the cache bound in place (updated); returns the output."""
+    chunk = qkv.shape[1]
+    binding = sess.io_binding()
+    binding.bind_cpu_input("qkv", qkv)
+    binding.bind_cpu_input("seqlens_k", (pasts + chunk - 1).astype(np.int32))
+    binding.bind_cpu_input("total", np.array(pasts.max() + chunk, np.int32))
+    for name, array in (("k", keys), ("v", values)):
+        for kind, bind in (("past_", binding.bind_input), ("present_", binding.bind_output)):
+            bind(kind + name, "cpu", 0, np.float32, array.shape, array.ctypes.data)
+    binding.bind_output("out")
+    sess.run_with_iobinding(binding)
+    return binding.copy_outputs_to_cpu()[0]
+
+
+@pytest.mark.parametrize("rotary_dim", [HEAD_DIM, HEAD_DIM // 2])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_kernel_matches_group_query_attention_per_layer(library, threads, rotary_dim):
+    stock = session(layer_model(False, rotary_dim), None, threads)
+    native = session(layer_model(True, rotary_dim), library, threads)
+    rng = np.random.default_rng(1)
+    for chunk in (2, 17, 64, 256):
+        qkv = rng.standard_normal((len(PASTS), chunk, WIDTH)).astype(np.float32)
+        shape = (len(PASTS), KV_HEADS, CAPACITY, HEAD_DIM)
+        cache = [rng.standard_normal(shape).astype(np.float32) * 2 for _ in range(2)]
+        # GroupQueryAttention takes several rows of a chunk only as a first prompt (all
+        # past lengths 0): the reference runs each row alone, the kernel all at once.
+        want = [c.copy() for c in cache]
+        want_out = np.concatenate([
+            run_layer(stock, PASTS[r:r + 1], qkv[r:r + 1], want[0][r:r + 1], want[1][r:r + 1])
+            for r in range(len(PASTS))
+        ])
+        got = [c.copy() for c in cache]
+        got_out = run_layer(native, PASTS, qkv, got[0], got[1])
+        np.testing.assert_allclose(got_out, want_out, rtol=1e-5, atol=1e-5,
+                                   err_msg=f"out, chunk {chunk}")
+        for name, a, b in zip(("keys", "values"), want, got, strict=True):
+            np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-5, err_msg=f"{name}, chunk {chunk}")
+        assert not np.array_equal(got[0], cache[0]), "the new keys were not written in place"
+
+
+def test_first_prompt_of_several_rows_matches_group_query_attention(library):
+    """total == chunk: every row starts at 0, as GroupQueryAttention reads a first prompt."""
+    rng = np.random.default_rng(3)
+    pasts = np.zeros(3, np.int64)
+    qkv = rng.standard_normal((3, 70, WIDTH)).astype(np.float32)
+    shape = (3, KV_HEADS, CAPACITY, HEAD_DIM)
+    cache = [np.zeros(shape, np.float32) for _ in range(2)]
+    outs = []
+    for native in (False, True):
+        sess = session(layer_model(native, HEAD_DIM), library if native else None, 2)
+        outs.append(run_layer(sess, pasts, qkv, *[c.copy() for c in cache]))
+    np.testing.assert_allclose(outs[1], outs[0], rtol=1e-5, atol=1e-5)
+
+
+def test_a_chunk_past_the_cache_is_a_one_line_error(library):
+    sess = session(layer_model(True, HEAD_DIM), library, 1)
+    qkv = np.zeros((1, 8, WIDTH), np.float32)
+    cache = np.zeros((1, KV_HEADS, 16, HEAD_DIM), np.float32)
+    with pytest.raises(Exception, match="outside the cache"):
+        run_layer(sess, np.array([12]), qkv, cache, cache.copy())
+
+
+def make_backend(bundle_dir, threads: int = 2) -> OnnxRuntimeBackend:
+    options = BackendOptions(threads=threads)
+    return OnnxRuntimeBackend(bundle_dir, load_manifest(bundle_dir), options)
+
+
+def prefill(backend: OnnxRuntimeBackend, ids: np.ndarray, chunk: int, steps: int):
+    """Prefills `ids` in `chunk`-token chunks, then decodes greedily; returns the logits of
+    every prefill chunk's last token and of each decode step."""
+    backend.allocate_kv(1, 256)
+    logits, past = [], 0
+    for start in range(0, len(ids), chunk):
+        piece = ids[start:start + chunk]
+        out = backend.run(StepBatch(piece[None], np.array([past], np.int32),
+                                    np.array([len(piece)], np.int32), 0)).copy()
+        logits.append(out)
+        past += len(piece)
+    for _ in range(steps):
+        token = logits[-1].argmax(-1)[:, None]
+        logits.append(backend.run(StepBatch(token, np.array([past], np.int32),
+                                            np.ones(1, np.int32), 0)).copy())
+        past += 1
+    return np.array(logits)
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3", "phi3"])
+def test_bundles_prefill_to_the_same_logits_and_tokens(library, bundle, monkeypatch, family):
+    ids = np.random.default_rng(4).integers(3, 128, 150)
+    monkeypatch.setenv(select.MODE_ENV, "off")
+    stock = make_backend(bundle(family))
+    monkeypatch.setenv(select.MODE_ENV, "require")
+    native = make_backend(bundle(family))
+    assert native.kernels.decode_attention == select.NATIVE
+    for chunk in (len(ids), 64):  # unchunked, then chunks of 64 with a ragged last one
+        want, got = prefill(stock, ids, chunk, 8), prefill(native, ids, chunk, 8)
+        np.testing.assert_array_equal(got.argmax(-1), want.argmax(-1))
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+        # A deeper layer's keys are projections of hidden states that carry the earlier
+        # layers' (summation-order) differences: the logits' bound, not the layer's 1e-5.
+        for a, b in zip(stock.kv_arrays(), native.kv_arrays(), strict=True):
+            np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-4)
