@@ -13,6 +13,7 @@ from comparison.ceilings import decode_floor_tok_s, params_without_embedding
 from comparison.models import ModelInfo
 from comparison.registry import is_ours
 from comparison.settings import REFERENCE_PRECISION, Settings
+from comparison.targets import report_targets
 
 
 @dataclass(frozen=True)
@@ -210,6 +211,7 @@ def print_report(report: dict[str, Any], settings: Settings, model: ModelInfo) -
     lines = report_header(settings, model, report["ceilings"], report["floors"], report["machine"])
     lines += ["", *report_table(settings, report["runtimes"], report["floors"])]
     lines += report_status(report["runtimes"])
+    lines += ["", *report_targets(report["runtimes"])]
     lines += [
         "",
         "vs best: times better than the best comparator (any runtime not edgeprefill) of the row's "

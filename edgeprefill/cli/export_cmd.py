@@ -29,8 +29,9 @@ from edgeprefill.cli.options import parse_int_list
 @click.option("--block-size", type=int, default=32, show_default=True,
               help="int4: weights per scale.")
 @click.option("--accuracy-level", type=click.IntRange(0, 4), default=4, show_default=True,
-              help="int4: MatMulNBits compute type. 4: int8 activations (faster decode); "
-                   "0: float (faster prefill, exact with the dequantized weights).")
+              help="int4: MatMulNBits compute type. 4: int8 activations (faster decode; "
+                   "on the CPU prefill runs int8 GEMMs derived at load, see "
+                   "EDGEPREFILL_INT4_PREFILL); 0: float (exact with the dequantized weights).")
 @click.option("--overwrite", is_flag=True, help="Replace an existing bundle folder.")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 def export(hf_dir, out_dir, flavor, dtype, chunks, max_context, quantize, block_size,

@@ -41,6 +41,7 @@ def inspect(bundle, verify, as_json):
         f"chunks      {', '.join(map(str, m.chunks))} tokens",
         f"max context {m.max_context} tokens",
         f"attention   {describe(graph.flavor, graph.dtype)} on this machine's CPU",
+        *_int4_prefill_line(graph),
         f"eos ids     {eos}",
         f"sampling    {defaults.describe()}  (generation_config.json; requests may override)",
         f"chat        {'template included' if m.tokenizer.chat_template else 'no template'}",
@@ -64,3 +65,12 @@ def _io_lines(table: dict, kv_pairs: list[list[str]]) -> list[str]:
         first, last = kv_pairs[0], kv_pairs[-1]
         lines.append(f"  {first[0]} .. {last[1]}  {dtype} {shape}  ({len(kv_pairs)} layers)")
     return lines
+
+
+def _int4_prefill_line(graph) -> list[str]:
+    """int4 bundles: what their prefill projections run here (engines.ort.int4_prefill)."""
+    if graph.quantization != "int4":
+        return []
+    from edgeprefill.engines.ort.int4_prefill import describe as describe_int4
+
+    return [f"int4 prefill {describe_int4(graph.flavor)} (accuracy-level-4 projections)"]

@@ -37,7 +37,9 @@ def backend_line(backend) -> str:
     graph's GroupQueryAttention)."""
     kernels = getattr(backend, "kernels", None)
     attention = kernels.decode_attention if kernels is not None else "the graph's own"
-    return f"backend: {backend.name}, attention {attention}"
+    int4 = getattr(backend, "int4_prefill", None)
+    prefill = f", int4 prefill projections {int4.projections}" if int4 and int4.projections else ""
+    return f"backend: {backend.name}, attention {attention}{prefill}"
 
 
 def _ms(seconds: float | None) -> str:

@@ -25,6 +25,7 @@ class QuantConfig:
     block_size: int = 32  # int4: weights per scale along the input dimension
     # int4: MatMulNBits compute type. 4 (int8 activations) decodes ~1.2x faster than 0
     # (float) on x86 and prefills ~0.7x as fast (docs/benchmarks.md): int4 is the decode lever.
+    # At load, level-4 projections get an int8-GEMM prefill branch (engines/ort/int4_prefill).
     accuracy_level: int = 4
 
     def __post_init__(self) -> None:

@@ -28,6 +28,8 @@ from edgeprefill.contract import (
 )
 from edgeprefill.engines.base import Backend, BackendOptions, StepBatch
 from edgeprefill.engines.ort.arena import DeviceArena, HostArena, KVArena
+from edgeprefill.engines.ort.int4_prefill import choose as choose_int4_prefill
+from edgeprefill.engines.ort.int4_prefill import loadable
 from edgeprefill.engines.ort.providers import (
     KV_WRITE_OP,
     GpuSettings,
@@ -93,13 +95,17 @@ class OnnxRuntimeBackend(Backend):
         self.threads = options.threads or physical_cores()
         providers = PROVIDERS[options.device]
         session_options = self._session_options()
+        # int4 bundles: a faster prefill projection than decode's (engines.ort.int4_prefill).
+        self.int4_prefill = choose_int4_prefill(
+            graph, bundle_dir, manifest.graph.flavor, options.device, session_options)
         # The native attention kernels where their library is built (edgeprefill.kernels).
         self.kernels = choose_kernels(
             graph_path, graph, manifest.graph.flavor, manifest.graph.dtype, options.device,
             session_options,
         )
         self.session = ort.InferenceSession(
-            self.kernels.model, session_options, providers=providers,
+            loadable(self.kernels.model, graph, self.int4_prefill, session_options),
+            session_options, providers=providers,
             provider_options=self._provider_options(providers),
         )
         self._check_providers()

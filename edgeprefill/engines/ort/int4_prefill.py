@@ -1,0 +1,272 @@
+"""At load time: give an int4 bundle's prefill chunks a faster projection than decode's.
+
+An int4 bundle's projections are `com.microsoft.MatMulNBits` at accuracy level 4 (int8
+activations, blockwise): the fastest decode (one row: bandwidth-bound on the 4-bit
+weights), but on a many-row chunk ONNX Runtime's x86 kernel is well below its int8 GEMM
+(`DynamicQuantizeMatMul`): int4 prefill was the slowest precision (docs/benchmarks.md,
+"int4 prefill at int8 speed"). Each MatMulNBits before the logits becomes an `If` on "the
+chunk is one token": the then-branch is the node unchanged (decode keeps its kernel and
+its exact numbers), the else-branch the prefill variant picked by `EDGEPREFILL_INT4_PREFILL`:
+
+- `int8` (the default): `DynamicQuantizeMatMul` on per-output-channel int8 weights derived
+  here from the int4 ones (dequantized, then requantized: a grid 18x finer than the int4
+  one, so the weights move by at most 1/36 of an int4 step) — the int8 bundle's kernel.
+  Costs the int8 copy of the weights in memory (twice the int4 bytes).
+- `level0`: the same node at accuracy level 0 (float activations) on the same weights.
+- `off`: the stock graph.
+
+The bundle on disk is never changed (a stock ONNX Runtime still loads it); the rewritten
+graph is loaded from bytes, its own weights from the bundle's files, the derived ones from
+arrays handed to the session (docs/design.md, "int4 prefill at int8 speed").
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import numpy as np
+from onnx import (
+    GraphProto,
+    ModelProto,
+    NodeProto,
+    TensorProto,
+    external_data_helper,
+    helper,
+    numpy_helper,
+)
+
+from edgeprefill.contract import INPUT_IDS
+from edgeprefill.errors import BackendError
+from edgeprefill.export.quantize import int4_dequantize, int8_per_channel
+
+MODE_ENV = "EDGEPREFILL_INT4_PREFILL"
+PREFIX = "edgeprefill.int4"  # every name this rewrite adds starts with it
+IS_DECODE = f"{PREFIX}.is_decode"
+INT8_ACTIVATIONS = 4  # MatMulNBits accuracy_level: int8 activations
+STOCK = "MatMulNBits (accuracy level of the bundle)"
+
+
+class Int4Prefill(NamedTuple):
+    rewritten: bool  # the graph was changed in place and must be loaded from bytes
+    projections: str  # what `--stats` and `inspect` say runs for prefill projections
+    # The derived weights (arrays and their OrtValues): ONNX Runtime reads them in place,
+    # so they live as long as the session.
+    weights: tuple[object, ...] = ()
+
+
+class Derived:
+    """The weights a variant derives, named, for the session (never the graph's bytes:
+    a copy there would stay alive with the serialized model and in ONNX Runtime too)."""
+
+    def __init__(self, graph: ModelProto, bundle_dir: Path) -> None:
+        self.graph = graph
+        self.bundle_dir = bundle_dir
+        self.arrays: dict[str, np.ndarray] = {}
+
+
+Variant = Callable[[NodeProto, Derived], list[NodeProto]]
+
+
+def mode() -> str:
+    value = os.environ.get(MODE_ENV, "int8").strip().lower() or "int8"
+    if value not in VARIANTS and value != "off":
+        choices = ", ".join([*VARIANTS, "off"])
+        raise BackendError(f"{MODE_ENV}={value!r}: choose one of {choices}")
+    return value
+
+
+def why_not(flavor: str, device: str) -> str | None:
+    """Why this bundle keeps its stock projections for prefill, or None."""
+    if mode() == "off":
+        return f"{MODE_ENV}=off"
+    if device != "cpu":
+        return f"device {device}"
+    if flavor != "ort":
+        return f"{flavor} flavour"
+    return None
+
+
+def choose(graph: ModelProto, bundle_dir: Path, flavor: str, device: str,
+           session_options: Any) -> Int4Prefill:
+    """Rewrites `graph` (weights not loaded; they stay in `bundle_dir`) in place when it
+    has int4 projections and nothing rules the rewrite out."""
+    targets = prefill_targets(graph)
+    if not targets:
+        return Int4Prefill(False, "")
+    reason = why_not(flavor, device)
+    if reason is not None:
+        return Int4Prefill(False, f"{STOCK} ({reason})")
+    variant = mode()
+    derived = Derived(graph, bundle_dir)
+    switch(graph, targets, VARIANTS[variant], derived)
+    weights = _hand_over(graph, derived.arrays, session_options) if derived.arrays else ()
+    return Int4Prefill(True, describe_variant(variant), weights)
+
+
+def describe(flavor: str, device: str = "cpu") -> str:
+    """What `inspect` says about an int4 bundle's prefill projections here."""
+    try:
+        reason = why_not(flavor, device)
+    except BackendError as err:
+        return str(err)
+    return describe_variant(mode()) if reason is None else f"{STOCK} ({reason})"
+
+
+def describe_variant(variant: str) -> str:
+    return {"int8": "DynamicQuantizeMatMul on int8 weights derived at load (decode: MatMulNBits)",
+            "level0": "MatMulNBits accuracy level 0 (decode: the bundle's level)"}[variant]
+
+
+def _hand_over(graph: ModelProto, arrays: dict[str, np.ndarray],
+               session_options: Any) -> tuple[object, ...]:
+    """Gives each derived weight to the session as an initializer it reads in place (no
+    copy: the graph's serialized bytes, which the native kernels keep, stay small)."""
+    import onnxruntime as ort
+
+    values: list[object] = []
+    for name, array in arrays.items():
+        value = ort.OrtValue.ortvalue_from_numpy(array)
+        session_options.add_initializer(name, value)
+        graph.graph.initializer.append(_declared(graph, name, array))
+        values.append((array, value))
+    return tuple(values)
+
+
+def _declared(graph: ModelProto, name: str, array: np.ndarray) -> TensorProto:
+    """The graph must declare an initializer for the session's to override. ONNX Runtime
+    checks an external location exists but never reads it for an overridden name, so the
+    declaration points at the bundle's own weight file (an empty in-graph tensor of the
+    right shape would fail the graph's checks). A graph with no weight file (none that
+    edgeprefill writes) gets the weight itself."""
+    data_file = next((e.value for t in graph.graph.initializer for e in t.external_data
+                      if e.key == "location"), None)
+    if data_file is None:
+        return numpy_helper.from_array(array, name)
+    tensor = TensorProto(name=name, data_type=helper.np_dtype_to_tensor_dtype(array.dtype),
+                         dims=array.shape, data_location=TensorProto.EXTERNAL)
+    for key, value in (("location", data_file), ("offset", "0"),
+                       ("length", str(array.nbytes))):
+        tensor.external_data.add(key=key, value=value)
+    return tensor
+
+
+def prefill_targets(graph: ModelProto) -> list[int]:
+    """Indices of the MatMulNBits nodes whose rows are the chunk's tokens: all but those
+    after the last-position gather (the logits head sees one row per sequence), and only at
+    accuracy level 4: those already quantize activations to int8, so an int8 prefill is
+    the same class of approximation; a bundle exported at level 0 asked for float
+    activations (exact with the dequantized weights) and keeps them."""
+    after_gather: set[str] = set()
+    targets = []
+    for i, node in enumerate(graph.graph.node):
+        if node.op_type == "GatherND" or any(x in after_gather for x in node.input):
+            after_gather.update(node.output)
+        elif node.op_type == "MatMulNBits" and node.domain == "com.microsoft" and (
+                _attr(node, "accuracy_level") == INT8_ACTIVATIONS):
+            targets.append(i)
+    return targets
+
+
+def _attr(node: NodeProto, name: str) -> object:
+    return next((helper.get_attribute_value(a) for a in node.attribute if a.name == name), 0)
+
+
+def switch(graph: ModelProto, targets: list[int], variant: Variant, derived: Derived) -> None:
+    nodes = graph.graph.node
+    for i in targets:
+        nodes[i].CopyFrom(_if(nodes[i], variant(nodes[i], derived)))
+    for node in reversed(_selector()):
+        nodes.insert(0, node)  # depends on a graph input only
+
+
+def _selector() -> list[NodeProto]:
+    """is_decode = (the chunk axis of input_ids [B, C] is 1), a scalar bool. Its own names,
+    so it composes with the native kernels' selector (edgeprefill.kernels.graph)."""
+    one = helper.make_tensor(f"{PREFIX}.one", TensorProto.INT64, [1], [1])
+    return [
+        helper.make_node("Shape", [INPUT_IDS], [f"{PREFIX}.chunk"], start=1, end=2,
+                         name=f"{PREFIX}.chunk"),
+        helper.make_node("Constant", [], [f"{PREFIX}.one"], value=one, name=f"{PREFIX}.one"),
+        helper.make_node("Equal", [f"{PREFIX}.chunk", f"{PREFIX}.one"], [f"{PREFIX}.eq"],
+                         name=f"{PREFIX}.eq"),
+        helper.make_node("Squeeze", [f"{PREFIX}.eq"], [IS_DECODE], name=IS_DECODE),
+    ]
+
+
+def _if(node: NodeProto, prefill: list[NodeProto]) -> NodeProto:
+    name = node.name or node.output[0]
+    decode = NodeProto()
+    decode.CopyFrom(node)
+    decode.output[0] = f"{PREFIX}.{name}.decode"
+    decode.name = f"{PREFIX}.{name}.decode"
+    prefill[-1].output[0] = f"{PREFIX}.{name}.prefill"
+    return helper.make_node(
+        "If", [IS_DECODE], [node.output[0]], name=f"{PREFIX}.{name}.switch",
+        then_branch=_branch([decode], f"{PREFIX}.{name}.decode_branch"),
+        else_branch=_branch(prefill, f"{PREFIX}.{name}.prefill_branch"),
+    )
+
+
+def _branch(nodes: list[NodeProto], name: str) -> GraphProto:
+    out = helper.make_tensor_value_info(nodes[-1].output[0], TensorProto.FLOAT, None)
+    return helper.make_graph(nodes, name, [], [out])
+
+
+def _level0(node: NodeProto, derived: Derived) -> list[NodeProto]:
+    twin = NodeProto()
+    twin.CopyFrom(node)
+    twin.name = f"{PREFIX}.{node.name}.level0"
+    for attr in twin.attribute:
+        if attr.name == "accuracy_level":
+            attr.i = 0
+    return [twin]
+
+
+def _int8(node: NodeProto, derived: Derived) -> list[NodeProto]:
+    """DynamicQuantizeMatMul over int8 weights derived from the node's int4 ones."""
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    if attrs.get("bits", 4) != 4 or len(node.input) > 3 and any(node.input[3:]):
+        return _level0(node, derived)  # zero points or other widths: not derived
+    packed = _initializer(derived.graph, node.input[1], derived.bundle_dir)
+    scales = _initializer(derived.graph, node.input[2], derived.bundle_dir)
+    weights = int4_dequantize(packed, scales, int(attrs["K"]))  # [N, K]
+    q, scale = int8_per_channel(weights.T)  # [K, N], [N]
+    base = f"{PREFIX}.{node.input[1]}"
+    derived.arrays[f"{base}.int8"] = np.ascontiguousarray(q)  # ORT reads it in place
+    derived.arrays[f"{base}.int8_scale"] = scale
+    return [helper.make_node(
+        "DynamicQuantizeMatMul", [node.input[0], f"{base}.int8", f"{base}.int8_scale"],
+        ["out"], domain="com.microsoft", name=f"{PREFIX}.{node.name}.int8",
+    )]
+
+
+def _initializer(graph: ModelProto, name: str, bundle_dir: Path) -> np.ndarray:
+    found = next((t for t in graph.graph.initializer if t.name == name), None)
+    if found is None:
+        raise BackendError(f"the graph lacks the initializer {name!r}: the bundle is corrupt")
+    tensor = TensorProto()
+    tensor.CopyFrom(found)  # a copy: the graph's own entry keeps pointing at the file
+    if external_data_helper.uses_external_data(tensor):
+        external_data_helper.load_external_data_for_tensor(tensor, str(bundle_dir))
+        tensor.data_location = TensorProto.DEFAULT
+        del tensor.external_data[:]
+    return numpy_helper.to_array(tensor)
+
+
+VARIANTS: dict[str, Variant] = {"int8": _int8, "level0": _level0}
+
+
+def loadable(model: str | bytes, graph: ModelProto, choice: Int4Prefill,
+             session_options: Any) -> str | bytes:
+    """What InferenceSession loads: the kernels' choice, or the rewritten graph's bytes
+    when only this rewrite changed it (its weights stay in the bundle's files)."""
+    if not choice.rewritten or isinstance(model, bytes):
+        return model
+    session_options.add_session_config_entry(
+        "session.model_external_initializers_file_folder_path", str(Path(model).parent)
+    )
+    serialized: bytes = graph.SerializeToString()
+    return serialized

@@ -1,0 +1,61 @@
+"""The figures benchmarks/ derives from raw measurements: the mixed workload's gaps and
+rates from token time stamps, and issue 15's met/missed verdicts, on hand-made inputs
+whose answers are worked out by hand below."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+
+from comparison.targets import report_targets  # noqa: E402
+from mixed_workload import figures  # noqa: E402
+
+
+def test_mixed_figures_from_stamps() -> None:
+    # The long prompt arrives at 1.0 and its tokens come at 3.0 (first) .. 3.5 (done).
+    # Session A: tokens at 0.9, 1.1, 2.0, 3.1; session B: 0.95, 1.5, 2.9, 3.6.
+    run = {"arrival_s": 1.0, "long_token_s": [3.0, 3.2, 3.5],
+           "session_token_s": [[0.9, 1.1, 2.0, 3.1], [0.95, 1.5, 2.9, 3.6]]}
+    got = figures(run)
+    assert got["long_ttft_s"] == pytest.approx(2.0)
+    # Gaps overlapping the prefill (1.0, 3.0): A 0.2, 0.9, 1.1; B 0.55, 1.4 (3.6 is after).
+    assert got["max_gap_s"] == pytest.approx(1.4)
+    # Gaps ending in (1.0, 3.5]: A 0.2, 0.9, 1.1; B 0.55, 1.4 -> median 0.9, p99 the largest.
+    assert got["gap_p50_s"] == pytest.approx(0.9)
+    assert got["gap_p99_s"] == pytest.approx(1.4)
+    # Session tokens in (1.0, 3.0]: A 1.1, 2.0; B 1.5, 2.9 -> 4 tokens in 2 s.
+    assert got["decode_tok_s"] == pytest.approx(2.0)
+
+
+def result(precision: str, ttft_2048: float, decode: float) -> dict:
+    return {"precision": precision, "decode_tok_s": decode,
+            "ttft": {"2048": {"median_s": ttft_2048}}}
+
+
+def test_targets_against_best_comparator_of_same_precision() -> None:
+    lines = report_targets({
+        "edgeprefill": result("fp32", 1.6, 60.0),
+        "edgeprefill-int4": result("int4", 1.0, 120.0),
+        "edgeprefill-int8": result("int8", 1.0, 100.0),
+        "openvino": result("fp32", 2.0, 40.0),  # best fp32 TTFT: 1.6 / 2.0 = 0.80, met
+        "ortgenai": result("fp32", 3.0, 55.0),  # best fp32 decode: 60 / 55 = 1.09, missed
+        "openvino-int4": result("int4", 1.1, 100.0),  # 1.0/1.1 = 0.91, 120/100 = 1.20: missed
+        "torch": {"precision": "fp32", "error": "setup: no venv"},  # failed rows are ignored
+    })
+    text = "\n".join(lines)
+    assert "edgeprefill          TTFT 2048   0.80x of openvino" in text
+    assert "0.80x of openvino         target <= 0.80x: met" in text
+    assert "1.09x of ortgenai         target >= 1.15x: MISSED" in text
+    assert "0.91x of openvino-int4    target <= 0.80x: MISSED" in text
+    assert "1.20x of openvino-int4    target >= 1.30x: MISSED" in text
+    assert "edgeprefill-int8     TTFT 2048  no int8 comparator in this run" in text
+    assert sum("decode" in line for line in lines[1:]) == 2  # int8 has no decode target
+
+
+def test_targets_say_when_there_is_nothing_to_judge() -> None:
+    lines = report_targets({"openvino": result("fp32", 2.0, 40.0)})
+    assert lines[1:] == ["  none to judge: no edgeprefill row of fp32, int8 or int4 measured"]
