@@ -149,6 +149,8 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--turns", type=int, default=5)
     parser.add_argument("--calls", type=int, default=5, help="timed calls per turn")
+    parser.add_argument("--no-spin", action="store_true",
+                        help="pool threads sleep between parallel sections (the runtime's default)")
     parser.add_argument("--library", help="a kernel library to use instead of building one")
     parser.add_argument("--bundle", action="append", type=Path,
                         help="time whole prompts on this bundle (repeatable)")
@@ -165,6 +167,8 @@ def main() -> int:
     options = ort.SessionOptions()
     options.intra_op_num_threads = args.threads
     options.log_severity_level = 3
+    options.add_session_config_entry("session.intra_op.allow_spinning",
+                                     "0" if args.no_spin else "1")
     options.register_custom_ops_library(str(library))
     capacity = max(pasts) + args.chunk
     rng = np.random.default_rng(2)

@@ -174,3 +174,43 @@ def test_bundles_prefill_to_the_same_logits_and_tokens(library, bundle, monkeypa
         # layers' (summation-order) differences: the logits' bound, not the layer's 1e-5.
         for a, b in zip(stock.kv_arrays(), native.kv_arrays(), strict=True):
             np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-4)
+
+
+PROFILED_RUN = """
+import importlib.util, sys
+import numpy as np
+spec = importlib.util.spec_from_file_location("t", sys.argv[1])
+t = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(t)
+rng = np.random.default_rng(5)
+qkv = rng.standard_normal((len(t.PASTS), 64, t.WIDTH)).astype(np.float32)
+cache = [rng.standard_normal((len(t.PASTS), t.KV_HEADS, t.CAPACITY, t.HEAD_DIM)).astype(np.float32)
+         for _ in range(2)]
+stock = t.session(t.layer_model(False, t.HEAD_DIM), None, 2)
+want = np.concatenate([t.run_layer(stock, t.PASTS[r:r + 1], qkv[r:r + 1],
+                                   *[c[r:r + 1].copy() for c in cache])
+                       for r in range(len(t.PASTS))])
+native = t.session(t.layer_model(True, t.HEAD_DIM), sys.argv[2], 2)
+got = t.run_layer(native, t.PASTS, qkv, *[c.copy() for c in cache])
+np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+"""
+
+
+def test_profile_line_accounts_for_every_piece(library):
+    """EDGEPREFILL_PREFILL_PROFILE=1: one stderr line per call, whose per-thread piece counts
+    add up to the call's pieces (4 rows x 2 KV heads x 2 blocks of 32 queries), and the
+    output is unchanged. A subprocess: the switch is read once per process."""
+    import os
+    import re
+    import subprocess
+    import sys
+
+    env = dict(os.environ, EDGEPREFILL_PREFILL_PROFILE="1")
+    done = subprocess.run([sys.executable, "-c", PROFILED_RUN, __file__, str(library)],
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    lines = [line for line in done.stderr.splitlines() if line.startswith("prefill-profile")]
+    assert len(lines) == 1, done.stderr
+    assert " pieces 16:" in lines[0]
+    per_thread = [int(n) for n in re.findall(r"\[(\d+) pieces", lines[0])]
+    assert 1 <= len(per_thread) <= 2 and sum(per_thread) == 16, lines[0]

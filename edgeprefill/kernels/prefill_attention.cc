@@ -28,9 +28,15 @@
 // Attributes: num_heads, kv_num_heads (int), scale (float).
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <functional>
+#include <thread>
+#include <time.h>
 #include <vector>
 
 #ifdef __AVX512F__
@@ -73,6 +79,34 @@ struct Piece {
   int64_t work;            // keys x queries, to order the pieces longest first
 };
 
+// EDGEPREFILL_PREFILL_PROFILE=1: each call prints one line to stderr with where its time
+// went (cache write, the pool's wall time, per thread: pieces, busy time, how late its first
+// piece started), to tell the kernel's own rate from the pool's hand-out and wake-up.
+struct PieceTime {
+  int64_t start, end;  // ns, steady clock
+  int64_t cpu;         // ns the thread ran (under load, wall time includes preemption)
+  size_t thread;       // hash of the thread id
+};
+
+int64_t ThreadCpu() {
+  timespec t;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  return int64_t{t.tv_sec} * 1000000000 + t.tv_nsec;
+}
+
+int64_t Now() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+bool Profiling() {
+  static const bool on = [] {
+    const char* v = std::getenv("EDGEPREFILL_PREFILL_PROFILE");
+    return v != nullptr && v[0] != '\0' && v[0] != '0';
+  }();
+  return on;
+}
+
 struct Job {
   Shape shape;
   float scale;
@@ -84,6 +118,7 @@ struct Job {
   const int64_t* past;  // per row
   float* out;
   std::vector<Piece> pieces;
+  std::vector<PieceTime> times;  // per piece, only when profiling
 };
 
 // out[r][0..16C) = sum_b x[r * xa + b * xb] * y[b][0..16C) for R rows, plus out's old
@@ -251,6 +286,8 @@ void RunPiece(void* data, size_t index) {
   const Job& job = *static_cast<const Job*>(data);
   const Shape& s = job.shape;
   const Piece& piece = job.pieces[index];
+  const int64_t started = job.times.empty() ? 0 : Now();
+  const int64_t cpu_started = job.times.empty() ? 0 : ThreadCpu();
   const int64_t d = s.head_dim, g = s.group, half = s.rotary / 2;
   const int64_t heads = s.kv_heads * g, width = (heads + 2 * s.kv_heads) * d;
   const int64_t past = job.past[piece.row];
@@ -304,6 +341,42 @@ void RunPiece(void* data, size_t index) {
     const float inverse = 1.0f / total[m];
     for (int64_t k = 0; k < d; ++k) out[k] = ot[k * columns + m] * inverse;
   }
+  if (!job.times.empty()) {
+    const_cast<Job&>(job).times[index] = {started, Now(), ThreadCpu() - cpu_started,
+                                          std::hash<std::thread::id>{}(std::this_thread::get_id())};
+  }
+}
+
+void Report(const Job& job, int64_t begin, int64_t written, int64_t pooled, int64_t end) {
+  const Shape& s = job.shape;
+  struct Thread { size_t id; int64_t pieces, busy, cpu, first; };
+  std::vector<Thread> threads;
+  double flop = 0;
+  for (size_t i = 0; i < job.times.size(); ++i) {
+    const PieceTime& t = job.times[i];
+    flop += 4.0 * s.head_dim * s.group * static_cast<double>(job.pieces[i].work);
+    auto it = std::find_if(threads.begin(), threads.end(), [&](const Thread& x) { return x.id == t.thread; });
+    if (it == threads.end()) {
+      threads.push_back({t.thread, 0, 0, 0, t.start});
+      it = threads.end() - 1;
+    }
+    it->pieces += 1;
+    it->busy += t.end - t.start;
+    it->cpu += t.cpu;
+    it->first = std::min(it->first, t.start);
+  }
+  int64_t busy = 0, cpu = 0;
+  for (const Thread& t : threads) busy += t.busy, cpu += t.cpu;
+  std::fprintf(stderr,
+               "prefill-profile chunk %lld past0 %lld pieces %zu: call %.3f ms, cache write %.3f, "
+               "pool %.3f, pieces %.1f GFLOP/s cpu, %.1f busy, %.1f wall;",
+               static_cast<long long>(s.chunk), static_cast<long long>(job.past[0]),
+               job.times.size(), (end - begin) / 1e6, (written - begin) / 1e6, (end - pooled) / 1e6,
+               cpu > 0 ? flop / cpu : 0.0, busy > 0 ? flop / busy : 0.0, flop / (end - pooled));
+  for (const Thread& t : threads)
+    std::fprintf(stderr, " [%lld pieces, busy %.3f ms, cpu %.3f, first at +%.3f]",
+                 static_cast<long long>(t.pieces), t.busy / 1e6, t.cpu / 1e6, (t.first - pooled) / 1e6);
+  std::fprintf(stderr, "\n");
 }
 
 OrtStatus* CheckShapes(const Kernel& kernel, const Tensor& qkv, const Tensor& past_k,
@@ -398,10 +471,14 @@ OrtStatus* Compute(const Kernel& kernel, OrtKernelContext* context) {
   if (keys != past_k.data) std::memcpy(keys, past_k.data, cache_floats * sizeof(float));
   if (values != past_v.data) std::memcpy(values, past_v.data, cache_floats * sizeof(float));
 
-  Job job{s, kernel.scale, qkv.data, keys, values, cos.data, sin.data, past.data(), out, {}};
+  const int64_t begin = Profiling() ? Now() : 0;
+  Job job{s, kernel.scale, qkv.data, keys, values, cos.data, sin.data, past.data(), out, {}, {}};
   WriteCache(job, keys, values);
   job.pieces = Plan(s, past.data());
+  if (Profiling()) job.times.resize(job.pieces.size());
+  const int64_t pooled = Profiling() ? Now() : 0;
   ParallelFor(context, RunPiece, job.pieces.size(), &job);
+  if (Profiling()) Report(job, begin, pooled, pooled, Now());
   return nullptr;
 }
 
