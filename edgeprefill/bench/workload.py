@@ -51,7 +51,7 @@ class Workload:
     backend: str = "onnxruntime"
     device: str = "cpu"
     threads: int | None = None
-    spin: bool = False  # idle compute threads busy-wait between ops (BackendOptions.spin)
+    spin: bool = True  # compute threads busy-wait between ops within a step (BackendOptions)
     max_context: int | None = None  # positions per KV slot; None: the bundle's
     itl_target_ms: float = 150.0  # the adaptive chunk controller's target
     seed: int = 0  # of the random prompt token ids

@@ -37,9 +37,9 @@ def parse_int_list(ctx: click.Context | None, param: click.Parameter | None,
 
 
 spin_option = click.option(
-    "--spin/--no-spin", default=False, show_default=True,
-    help="Let idle compute threads busy-wait between ops. Off by default: on shared or "
-    "virtual CPUs spinning threads often land in a 2-3x slower mode (docs/benchmarks.md).",
+    "--spin/--no-spin", default=True, show_default=True,
+    help="Let compute threads busy-wait between ops while a step runs (never between "
+    "steps). --no-spin for a CPU shared with other busy processes (docs/benchmarks.md).",
 )
 
 # config field -> its click option. The parameter name is the field name.

@@ -41,10 +41,12 @@ class BackendOptions:
     threads: int | None = None  # intra-op threads; None: the physical cores
     optimize: bool = True  # full graph optimizations (ORT_ENABLE_ALL)
     engine_dir: Path | None = None  # where compiled engines are cached (GPU paths)
-    # Idle compute threads busy-wait briefly for the next op (ONNX Runtime's default). Off
-    # here: over fresh processes on VMs spinning landed 2-3x slow in most of them, and under
-    # load it always lost; sleeping threads never did (docs/benchmarks.md, *Spin*).
-    spin: bool = False
+    # Compute threads busy-wait briefly for the next op while a step runs, and stop the
+    # moment it returns (ONNX Runtime's force_spinning_stop), so they never hold a core
+    # while the engine samples and schedules between steps. On a quiet 2-core VM this was
+    # 1.3x faster to prefill and 1.4x to decode than sleeping threads; on a machine shared
+    # with other busy processes sleeping threads won (docs/benchmarks.md, *Spin*): spin=False.
+    spin: bool = True
 
 
 class Backend(ABC):

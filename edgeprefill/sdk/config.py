@@ -24,7 +24,7 @@ class EngineConfig:
     backend: str = "onnxruntime"
     device: str = "cpu"
     threads: int | None = None  # None: the machine's physical cores
-    spin: bool = False  # idle compute threads busy-wait between ops (see BackendOptions)
+    spin: bool = True  # compute threads busy-wait between ops within a step (BackendOptions)
     kv_slots: int = 4  # conversations whose KV is held at once
     kv_budget_bytes: int | None = None  # if set, slots = budget // bytes per slot
     max_context: int | None = None  # positions per slot; None: the bundle's max context

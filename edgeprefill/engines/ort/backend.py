@@ -131,6 +131,9 @@ class OnnxRuntimeBackend(Backend):
         so.add_session_config_entry(
             "session.intra_op.allow_spinning", "1" if self.options.spin else "0"
         )
+        # Spin only while a step runs: threads spinning between steps would take the core
+        # the engine needs to sample, stream and schedule (on 2 cores, the slow mode).
+        so.add_session_config_entry("session.force_spinning_stop", "1")
         if self._gpu is not None:
             configure_gpu_session(ort, so)
             for axis, size in dimension_overrides(self.options.device, self._gpu).items():
