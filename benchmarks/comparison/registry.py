@@ -41,7 +41,12 @@ def is_ours(name: str) -> bool:
     return name.startswith("edgeprefill")
 
 
-def _edgeprefill(name: str, quant: str, description: str, block: int | None = None) -> Runtime:
+def _edgeprefill(name: str, quant: str, description: str, block: int | None = None,
+                 spin: bool = True) -> Runtime:
+    if not spin:  # the --no-spin rows: threads sleep between ops
+        return Runtime(f"{name}-no-spin", PROJECT_VENV, "run_edgeprefill.py", quant,
+                       f"{description}, sleeping threads (--no-spin)", exporters.edgeprefill,
+                       block, options=(("spin", "off"),), default=False)
     return Runtime(name, PROJECT_VENV, "run_edgeprefill.py", quant, description,
                    exporters.edgeprefill, block, default=block is None)
 
@@ -74,6 +79,9 @@ RUNTIMES: dict[str, Runtime] = {
                      "edgeprefill bundle, --quantize int8 (int8 weights and activations)"),
         _edgeprefill("edgeprefill-int4", "int4",
                      "edgeprefill bundle, --quantize int4 (MatMulNBits, block 32)"),
+        *(_edgeprefill(name, quant, "edgeprefill bundle", spin=False)
+          for name, quant in (("edgeprefill", "fp32"), ("edgeprefill-int8", "int8"),
+                              ("edgeprefill-int4", "int4"))),
         _edgeprefill("edgeprefill-int4-b128", "int4",
                      "edgeprefill bundle, --quantize int4 --block-size 128", 128),
         _ortgenai("ortgenai", "fp32", "ONNX Runtime GenAI fp32"),

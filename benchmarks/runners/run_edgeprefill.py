@@ -17,8 +17,11 @@ from edgeprefill import Engine, GenerationParams
 def load(spec: dict[str, Any]) -> Loaded:
     # No prefix reuse: every run already gets its own prompt, and with the cache off a
     # lookup can never stand in for the prefill being timed. One KV slot: batch 1.
+    # The "spin" option "off" (registry: the *-no-spin rows) makes compute threads sleep
+    # between ops; the other rows run edgeprefill's default (spin while a step runs).
     engine = Engine.load(
-        spec["artifact_dir"], threads=spec["threads"], prefix_reuse=False, kv_slots=1
+        spec["artifact_dir"], threads=spec["threads"], prefix_reuse=False, kv_slots=1,
+        spin=spec["options"].get("spin") != "off",
     )
     chunk_size = spec["options"]["chunk_size"]
 
