@@ -9,13 +9,15 @@ from edgeprefill.sdk import Engine
 from tests.test_cli_errors import cli
 
 
-@pytest.mark.parametrize("spin, expected", [(None, "0"), (True, "1"), (False, "0")])
+@pytest.mark.parametrize("spin, expected", [(None, "1"), (True, "1"), (False, "0")])
 def test_spin_reaches_the_onnxruntime_session(bundle, spin, expected):
     options = {} if spin is None else {"spin": spin}
     with Engine.load(bundle("llama"), background=False, **options) as engine:
         session_options = engine.backend.session.get_session_options()
         entry = session_options.get_session_config_entry("session.intra_op.allow_spinning")
-    assert entry == expected
+        # Spinning only while a Run is under way, never between the engine's steps.
+        stop = session_options.get_session_config_entry("session.force_spinning_stop")
+    assert (entry, stop) == (expected, "1")
 
 
 def test_no_spin_generates_the_same_text(bundle):
