@@ -40,12 +40,6 @@ inline float Dot(const float* a, const float* b, int64_t n) {
   return acc[0];
 }
 
-struct Kernel {
-  int64_t heads;
-  int64_t kv_heads;
-  float scale;
-};
-
 struct Shape {
   int64_t rows, kv_heads, capacity, head_dim, group;
 };
@@ -222,15 +216,7 @@ OrtStatus* Compute(const Kernel& kernel, OrtKernelContext* context) {
 }
 
 OrtStatus* CreateKernel(const OrtKernelInfo* info, void** kernel) {
-  int64_t heads = 0, kv_heads = 0;
-  float scale = 0.0f;
-  EP_RETURN_IF_ERROR(g_api->KernelInfoGetAttribute_int64(info, "num_heads", &heads));
-  EP_RETURN_IF_ERROR(g_api->KernelInfoGetAttribute_int64(info, "kv_num_heads", &kv_heads));
-  EP_RETURN_IF_ERROR(g_api->KernelInfoGetAttribute_float(info, "scale", &scale));
-  if (heads <= 0 || kv_heads <= 0 || heads % kv_heads != 0)
-    return Fail("DecodeAttention: num_heads must be a positive multiple of kv_num_heads");
-  *kernel = new Kernel{heads, kv_heads, scale};
-  return nullptr;
+  return CreateAttentionKernel(info, "DecodeAttention", kernel);
 }
 
 OrtStatus* ORT_API_CALL ComputeKernel(void* kernel, OrtKernelContext* context) {

@@ -56,6 +56,16 @@ inline void Rotate(const float* x, float* out, const float* cos, const float* si
   for (int64_t i = rotary; i < d; ++i) out[i] = x[i];
 }
 
+// The attributes both attention ops take from their GroupQueryAttention node.
+struct Kernel {
+  int64_t heads;
+  int64_t kv_heads;
+  float scale;
+};
+
+// Reads num_heads, kv_num_heads and scale into a new Kernel; `op` names the op in errors.
+OrtStatus* CreateAttentionKernel(const OrtKernelInfo* info, const char* op, void** kernel);
+
 struct Tensor {
   std::vector<int64_t> dims;
   float* data = nullptr;

@@ -4,6 +4,8 @@
 
 #include "kernel_common.h"
 
+#include <string>
+
 namespace edgeprefill {
 
 const OrtApi* g_api = nullptr;
@@ -51,6 +53,18 @@ OrtMemType ORT_API_CALL MemoryType(const OrtCustomOp*, size_t) { return OrtMemTy
 int ORT_API_CALL One(const OrtCustomOp*) { return 1; }
 
 }  // namespace
+
+OrtStatus* CreateAttentionKernel(const OrtKernelInfo* info, const char* op, void** kernel) {
+  int64_t heads = 0, kv_heads = 0;
+  float scale = 0.0f;
+  EP_RETURN_IF_ERROR(g_api->KernelInfoGetAttribute_int64(info, "num_heads", &heads));
+  EP_RETURN_IF_ERROR(g_api->KernelInfoGetAttribute_int64(info, "kv_num_heads", &kv_heads));
+  EP_RETURN_IF_ERROR(g_api->KernelInfoGetAttribute_float(info, "scale", &scale));
+  if (heads <= 0 || kv_heads <= 0 || heads % kv_heads != 0)
+    return Fail((std::string(op) + ": num_heads must be a positive multiple of kv_num_heads").c_str());
+  *kernel = new Kernel{heads, kv_heads, scale};
+  return nullptr;
+}
 
 OrtStatus* Input(OrtKernelContext* context, size_t index, Tensor* tensor) {
   const OrtValue* value = nullptr;

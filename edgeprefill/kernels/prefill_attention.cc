@@ -63,12 +63,6 @@ constexpr int64_t kKeyBlock = EP_KEY_BLOCK;  // keys per step of the online soft
 constexpr int kVec = 16;
 constexpr int kTileRows = EP_TILE_ROWS;      // register tile: 4 rows x up to 6 vectors
 
-struct Kernel {
-  int64_t heads;
-  int64_t kv_heads;
-  float scale;
-};
-
 struct Shape {
   int64_t rows, chunk, kv_heads, capacity, head_dim, group, rotary;
   int64_t block;  // queries per piece: as many as fill kColumns columns with the group's heads
@@ -483,15 +477,7 @@ OrtStatus* Compute(const Kernel& kernel, OrtKernelContext* context) {
 }
 
 OrtStatus* CreateKernel(const OrtKernelInfo* info, void** kernel) {
-  int64_t heads = 0, kv_heads = 0;
-  float scale = 0.0f;
-  EP_RETURN_IF_ERROR(g_api->KernelInfoGetAttribute_int64(info, "num_heads", &heads));
-  EP_RETURN_IF_ERROR(g_api->KernelInfoGetAttribute_int64(info, "kv_num_heads", &kv_heads));
-  EP_RETURN_IF_ERROR(g_api->KernelInfoGetAttribute_float(info, "scale", &scale));
-  if (heads <= 0 || kv_heads <= 0 || heads % kv_heads != 0)
-    return Fail("PrefillAttention: num_heads must be a positive multiple of kv_num_heads");
-  *kernel = new Kernel{heads, kv_heads, scale};
-  return nullptr;
+  return CreateAttentionKernel(info, "PrefillAttention", kernel);
 }
 
 OrtStatus* ORT_API_CALL ComputeKernel(void* kernel, OrtKernelContext* context) {
