@@ -8,6 +8,10 @@
 #include <cstring>
 #include <vector>
 
+#ifdef __AVX512F__
+#include <immintrin.h>
+#endif
+
 namespace edgeprefill {
 
 // Version 17: CreateKernelV2/KernelComputeV2 (16) and KernelContext_ParallelFor (17).
@@ -42,6 +46,24 @@ inline float ExpNonPositive(float x) {
   std::memcpy(&scale, &bits, sizeof scale);
   return p * scale;
 }
+
+#ifdef __AVX512F__
+inline __m512 ExpNonPositive16(__m512 x) {  // ExpNonPositive, 16 lanes
+  x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  p = _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+  return _mm512_scalef_ps(p, n);
+}
+#endif
 
 // Non-interleaved rotary (the halves of the first `rotary` dims rotate against each other),
 // as GroupQueryAttention's rotary_interleaved=0 and transformers' rotate_half. With partial

@@ -39,11 +39,7 @@
 #include <time.h>
 #include <vector>
 
-#ifdef __AVX512F__
-#include <immintrin.h>
-#endif
-
-#include "kernel_common.h"
+#include "kernel_common.h"  // <immintrin.h> where AVX-512 is on
 
 namespace edgeprefill {
 namespace {
@@ -183,22 +179,6 @@ void Product(int64_t rows, int64_t columns, const float* x, int64_t xa, int64_t 
 // scores; a column sees the keys up to its position. They become exp(score - new max), 0
 // where masked; the running max, sum and the factor for the earlier output are updated.
 #ifdef __AVX512F__
-inline __m512 ExpNonPositive16(__m512 x) {  // ExpNonPositive, 16 lanes
-  x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-  p = _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-  return _mm512_scalef_ps(p, n);
-}
-
 void SoftmaxStep(float* scores, int64_t stride, int64_t n, int64_t k0, const int32_t* positions,
                  float* top, float* total, float* rescale) {
   const __m512i position = _mm512_loadu_si512(positions);
