@@ -122,5 +122,6 @@ Op MakeOp(const OpSpec& spec);
 
 const Op& DecodeAttentionOp();
 const Op& PrefillAttentionOp();
+const Op& SwiGluOp();
 
 }  // namespace edgeprefill

@@ -129,5 +129,6 @@ RegisterCustomOps(OrtSessionOptions* options, const OrtApiBase* api_base) {
   EP_RETURN_IF_ERROR(g_api->CreateCustomOpDomain("edgeprefill", &domain));
   EP_RETURN_IF_ERROR(g_api->CustomOpDomain_Add(domain, &DecodeAttentionOp().table));
   EP_RETURN_IF_ERROR(g_api->CustomOpDomain_Add(domain, &PrefillAttentionOp().table));
+  EP_RETURN_IF_ERROR(g_api->CustomOpDomain_Add(domain, &SwiGluOp().table));
   return g_api->AddCustomOpDomain(options, domain);
 }

@@ -1,4 +1,4 @@
-"""At load time: use the native attention kernels or the stock graph, and say which.
+"""At load time: use the native kernels (attention, SwiGLU) or the stock graph, and say which.
 
 `EDGEPREFILL_KERNELS` picks: `auto` (the default: native when the library is built and
 the bundle qualifies), `off` (always the stock graph) or `require` (fail to load rather
@@ -16,12 +16,15 @@ from typing import NamedTuple
 from edgeprefill.errors import BackendError
 from edgeprefill.kernels.build import library_path
 from edgeprefill.kernels.graph import OP, PREFILL_OP, add_decode_kernel
+from edgeprefill.kernels.swiglu import OP as SWIGLU_OP
+from edgeprefill.kernels.swiglu import fuse_swiglu
 
 MODE_ENV = "EDGEPREFILL_KERNELS"
 MODES = ("auto", "off", "require")
 STOCK = "GroupQueryAttention"
-# Chunks of more than one token run PREFILL_OP, one-token chunks (decode) OP.
-NATIVE = f"native ({PREFILL_OP} + {OP})"
+# Chunks of more than one token run PREFILL_OP, one-token chunks (decode) OP; SiLU-gated
+# MLPs (most families) run SWIGLU_OP.
+NATIVE = f"native ({PREFILL_OP} + {OP}, {SWIGLU_OP})"
 
 
 class KernelChoice(NamedTuple):
@@ -61,6 +64,7 @@ def choose(graph_path: Path, graph, flavor: str, dtype: str, device: str,
         if mode() == "require":
             raise BackendError(f"{MODE_ENV}=require but the native kernels cannot run: {reason}")
         return KernelChoice(str(graph_path), f"{STOCK} ({reason})", None)
+    fuse_swiglu(graph)
     library = library_path()
     session_options.register_custom_ops_library(str(library))
     # The rewritten graph is loaded from bytes: its weights stay in the bundle's files.
