@@ -39,7 +39,9 @@ def backend_line(backend) -> str:
     attention = kernels.decode_attention if kernels is not None else "the graph's own"
     int4 = getattr(backend, "int4_prefill", None)
     prefill = f", int4 prefill projections {int4.projections}" if int4 and int4.projections else ""
-    return f"backend: {backend.name}, attention {attention}{prefill}"
+    switches = getattr(backend, "switches", None)
+    merged = f", {switches.describe()}" if switches is not None and switches.describe() else ""
+    return f"backend: {backend.name}, attention {attention}{prefill}{merged}"
 
 
 def _ms(seconds: float | None) -> str:

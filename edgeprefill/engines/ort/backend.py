@@ -42,6 +42,7 @@ from edgeprefill.engines.ort.providers import (
     provider_options,
     refuse_device,
 )
+from edgeprefill.engines.ort.switches import merge_switches
 from edgeprefill.errors import BackendError
 from edgeprefill.kernels.select import choose as choose_kernels
 
@@ -103,9 +104,13 @@ class OnnxRuntimeBackend(Backend):
             graph_path, graph, manifest.graph.flavor, manifest.graph.dtype, options.device,
             session_options,
         )
+        # Both rewrites switch nodes on "the chunk is one token": one If per step for all.
+        self.switches = merge_switches(graph)
+        model = loadable(self.kernels.model, graph, self.int4_prefill, session_options)
+        if self.switches.merged and isinstance(model, bytes):
+            model = graph.SerializeToString()  # the kernels' bytes predate the merge
         self.session = ort.InferenceSession(
-            loadable(self.kernels.model, graph, self.int4_prefill, session_options),
-            session_options, providers=providers,
+            model, session_options, providers=providers,
             provider_options=self._provider_options(providers),
         )
         self._check_providers()

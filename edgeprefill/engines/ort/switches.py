@@ -1,0 +1,150 @@
+"""At load time: one `If` per step instead of one per switched node.
+
+The load-time rewrites give decode steps and prefill chunks different kernels through an
+`If` on "the chunk is one token" around each node they switch: every attention node
+(`edgeprefill.kernels.graph`) and, in int4 bundles, every projection
+(`engines.ort.int4_prefill`). An `If` costs ONNX Runtime ~14 us to run whichever the branch
+(a new frame, its feeds and fetches): 151 of them were ~1.7 ms of a 14 ms int4 decode step
+on the SmolLM2-135M shape (docs/benchmarks.md).
+
+This pass takes the graph after those rewrites and replaces the nodes from the first
+switch to the last by ONE `If`: its then-branch is that region with each switch's
+then-branch inlined, its else-branch the same with the else-branches. Nodes in the region
+that are not switches (norms, the MLP's activation) are written into both branches; a node
+that reads a large initializer would have it prepacked twice, once per branch, so a region
+holding one (every fp32 and int8 bundle: their projections are not switched) is left as it
+is. The bundle on disk never changes; the computation is the same, node for node.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import NamedTuple
+
+from onnx import AttributeProto, GraphProto, ModelProto, NodeProto, TensorProto, helper
+
+from edgeprefill.engines.ort.int4_prefill import IS_DECODE as INT4_IS_DECODE
+from edgeprefill.kernels.graph import IS_DECODE as KERNELS_IS_DECODE
+
+SELECTORS = (KERNELS_IS_DECODE, INT4_IS_DECODE)  # both compute "the chunk is one token"
+# A weight its kernel may prepack (MatMul, MatMulNBits, ...): never written into both
+# branches. Norm weights (a few KB) are far below it.
+HEAVY_BYTES = 64 * 1024
+ITEM_BYTES = {TensorProto.FLOAT: 4, TensorProto.FLOAT16: 2, TensorProto.BFLOAT16: 2,
+              TensorProto.INT8: 1, TensorProto.UINT8: 1, TensorProto.INT32: 4,
+              TensorProto.INT64: 8}
+
+
+class Switches(NamedTuple):
+    merged: int  # switch Ifs replaced by the one If (0: the graph is unchanged)
+    why_not: str = ""  # when nothing was merged though there were switches
+
+    def describe(self) -> str:
+        if self.merged:
+            return f"one If per step ({self.merged} switches merged)"
+        return f"one If per switched node ({self.why_not})" if self.why_not else ""
+
+
+def merge_switches(model: ModelProto) -> Switches:
+    """Rewrites `model` in place when its switches can share one If; says what it did."""
+    nodes = list(model.graph.node)
+    switches = [i for i, node in enumerate(nodes) if _is_switch(node)]
+    if len(switches) < 2:
+        return Switches(0)
+    first, last = switches[0], switches[-1]
+    region = nodes[first : last + 1]
+    heavy = _heavy_initializers(model.graph)
+    if any(not _is_switch(n) and (set(n.input) & heavy or _has_subgraph(n)) for n in region):
+        return Switches(0, "a weight outside the switches would be held twice")
+    outputs = _region_outputs(region, nodes[last + 1 :], model.graph)
+    merged = helper.make_node(
+        "If", [region[0].input[0]], outputs, name="edgeprefill.switches",
+        then_branch=_branch(region, outputs, "then_branch", "decode"),
+        else_branch=_branch(region, outputs, "else_branch", "prefill"),
+    )
+    del model.graph.node[:]
+    model.graph.node.extend([*nodes[:first], merged, *nodes[last + 1 :]])
+    return Switches(len(switches))
+
+
+def _is_switch(node: NodeProto) -> bool:
+    return node.op_type == "If" and node.domain == "" and node.input[0] in SELECTORS
+
+
+def _has_subgraph(node: NodeProto) -> bool:
+    return any(a.type in (AttributeProto.GRAPH, AttributeProto.GRAPHS) for a in node.attribute)
+
+
+def _heavy_initializers(graph: GraphProto) -> set[str]:
+    heavy = set()
+    for tensor in graph.initializer:
+        count = 1
+        for dim in tensor.dims:
+            count *= dim
+        if count * ITEM_BYTES.get(tensor.data_type, 4) >= HEAVY_BYTES:
+            heavy.add(tensor.name)
+    return heavy
+
+
+def _region_outputs(region: list[NodeProto], after: list[NodeProto],
+                    graph: GraphProto) -> list[str]:
+    """Values the region makes that nodes after it or the graph's outputs read, in the
+    order the region makes them."""
+    wanted = {name for node in after for name in _reads(node)}
+    wanted |= {o.name for o in graph.output}
+    return [o for node in region for o in node.output if o and o in wanted]
+
+
+def _reads(node: NodeProto) -> Iterable[str]:
+    """The node's inputs and, for If/Loop/Scan, what its subgraphs read from outside."""
+    yield from node.input
+    for attr in node.attribute:
+        for sub in ([attr.g] if attr.type == AttributeProto.GRAPH else list(attr.graphs)):
+            for inner in sub.node:
+                yield from _reads(inner)
+
+
+def _branch(region: list[NodeProto], outputs: list[str], side: str, kind: str) -> GraphProto:
+    """The region as one branch: each switch replaced by its `side` branch's nodes. Every
+    name made inside gets a suffix, so nothing shadows a name of the outer graph."""
+    made = {o for node in region for o in node.output if o}
+    renamed = {name: f"{name}.{kind}" for name in made}
+    body: list[NodeProto] = []
+    for index, node in enumerate(region):
+        if _is_switch(node):
+            body.extend(_inline(node, side, renamed, f"{kind}.{index}"))
+        else:
+            body.append(_copy(node, renamed, f".{kind}"))
+    values = [helper.make_tensor_value_info(renamed[o], TensorProto.FLOAT, None)
+              for o in outputs]
+    return helper.make_graph(body, f"edgeprefill.switches.{kind}", [], values)
+
+
+def _inline(switch: NodeProto, side: str, renamed: dict[str, str],
+            tag: str) -> list[NodeProto]:
+    """The nodes of one switch's branch, reading the renamed region values and writing the
+    switch's own outputs (renamed) where the branch wrote its outputs."""
+    branch = next(a.g for a in switch.attribute if a.name == side)
+    inner = {o for node in branch.node for o in node.output if o}
+    local = {name: f"{name}.{tag}" for name in inner}
+    for result, target in zip(branch.output, switch.output, strict=True):
+        if result.name in inner:
+            local[result.name] = renamed[target]
+    nodes = [_copy(node, {**renamed, **local}, f".{tag}") for node in branch.node]
+    for result, target in zip(branch.output, switch.output, strict=True):
+        if result.name not in inner:  # the branch passes an outer value straight through
+            source = renamed.get(result.name, result.name)
+            nodes.append(helper.make_node("Identity", [source], [renamed[target]],
+                                          name=f"{target}.{tag}.identity"))
+    return nodes
+
+
+def _copy(node: NodeProto, renamed: dict[str, str], suffix: str) -> NodeProto:
+    twin = NodeProto()
+    twin.CopyFrom(node)
+    twin.name = (node.name or node.output[0]) + suffix
+    for i, name in enumerate(twin.input):
+        twin.input[i] = renamed.get(name, name)
+    for i, name in enumerate(twin.output):
+        twin.output[i] = renamed.get(name, name)
+    return twin
