@@ -73,7 +73,7 @@ def main() -> int:
     except (ValueError, EdgeprefillError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
-    assert variants["require"].kernels.decode_attention == NATIVE
+    assert variants["require"].kernels.described == NATIVE
     capacity = max(pasts) + 64
     print(f"{args.bundle}: {args.threads} threads, spin {args.spin}; median ms per decode step "
           f"({args.turns} turns x {args.steps} steps, alternating)")

@@ -138,7 +138,7 @@ def ttft(args) -> int:
                 times[mode].append(time.perf_counter() - start)
         stock, native = (statistics.median(times[m]) for m in ("off", "require"))
         print(f"  {bundle}: stock {stock:6.3f} s  native {native:6.3f} s  {stock / native:.2f}x"
-              f"  [{runs['require'][0].kernels.decode_attention}]")
+              f"  [{runs['require'][0].kernels.described}]")
     return 0
 
 

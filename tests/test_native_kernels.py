@@ -136,8 +136,8 @@ def test_rows_with_different_past_lengths_decode_the_same_tokens(library, bundle
     stock = make_backend(bundle(family))
     mode("require")
     native = make_backend(bundle(family))
-    assert native.kernels.decode_attention == select.NATIVE
-    assert stock.kernels.decode_attention.startswith(select.STOCK)
+    assert native.kernels.described == select.NATIVE
+    assert stock.kernels.described.startswith(select.STOCK)
     want, got = decode_rows(stock, prompts, 24), decode_rows(native, prompts, 24)
     np.testing.assert_array_equal(got.argmax(-1), want.argmax(-1))
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
@@ -169,7 +169,7 @@ def test_without_the_library_the_stock_graph_runs(bundle, mode, monkeypatch, tmp
     monkeypatch.setenv(build.DIR_ENV, str(tmp_path))  # an empty library folder
     mode("auto")
     backend = make_backend(bundle("llama"))
-    assert backend.kernels.decode_attention == f"{select.STOCK} (library not built: " \
+    assert backend.kernels.described == f"{select.STOCK} (library not built: " \
         "python -m edgeprefill.kernels.build)"
     assert backend.kernels.library is None
     mode("require")
@@ -180,7 +180,7 @@ def test_without_the_library_the_stock_graph_runs(bundle, mode, monkeypatch, tmp
 def test_standard_flavour_and_bad_mode_are_said_plainly(bundle, mode):
     mode("auto")
     assert "needs an ort-flavour float32 bundle" in make_backend(
-        bundle("llama", "standard")).kernels.decode_attention
+        bundle("llama", "standard")).kernels.described
     mode("fast")
     with pytest.raises(BackendError, match="EDGEPREFILL_KERNELS='fast'"):
         make_backend(bundle("llama"))
@@ -207,7 +207,7 @@ def test_inspect_and_stats_say_which_attention_runs(library, bundle, mode):
 
     mode("auto")
     shown = cli("inspect", bundle("llama"))
-    assert f"attention   {select.NATIVE}" in shown.stdout
+    assert f"kernels     {select.NATIVE}" in shown.stdout
     ran = cli("run", bundle("llama"), "--prompt", "w5 w6", "--max-new-tokens", "3", "--stats")
     assert ran.returncode == 0, ran.stderr
-    assert f"attention {select.NATIVE}" in ran.stderr
+    assert f"kernels {select.NATIVE}" in ran.stderr

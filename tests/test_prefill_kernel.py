@@ -165,7 +165,7 @@ def test_bundles_prefill_to_the_same_logits_and_tokens(library, bundle, monkeypa
     stock = make_backend(bundle(family))
     monkeypatch.setenv(select.MODE_ENV, "require")
     native = make_backend(bundle(family))
-    assert native.kernels.decode_attention == select.NATIVE
+    assert native.kernels.described == select.NATIVE
     for chunk in (len(ids), 64):  # unchunked, then chunks of 64 with a ragged last one
         want, got = prefill(stock, ids, chunk, 8), prefill(native, ids, chunk, 8)
         np.testing.assert_array_equal(got.argmax(-1), want.argmax(-1))

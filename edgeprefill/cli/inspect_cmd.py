@@ -40,7 +40,7 @@ def inspect(bundle, verify, as_json):
         f"{json.dumps(graph.opsets)})",
         f"chunks      {', '.join(map(str, m.chunks))} tokens",
         f"max context {m.max_context} tokens",
-        f"attention   {describe(graph.flavor, graph.dtype)} on this machine's CPU",
+        f"kernels     {describe(graph.flavor, graph.dtype)} on this machine's CPU",
         *_int4_prefill_line(graph),
         f"eos ids     {eos}",
         f"sampling    {defaults.describe()}  (generation_config.json; requests may override)",

@@ -33,15 +33,15 @@ def engine_lines(e: EngineMetrics) -> list[str]:
 
 
 def backend_line(backend) -> str:
-    """Which attention the backend runs (the native prefill and decode kernels or the stock
-    graph's GroupQueryAttention)."""
+    """Which kernels the backend runs (the native attention and SwiGlu or the stock graph's
+    GroupQueryAttention)."""
     kernels = getattr(backend, "kernels", None)
-    attention = kernels.decode_attention if kernels is not None else "the graph's own"
+    described = kernels.described if kernels is not None else "the graph's own"
     int4 = getattr(backend, "int4_prefill", None)
     prefill = f", int4 prefill projections {int4.projections}" if int4 and int4.projections else ""
     switches = getattr(backend, "switches", None)
     merged = f", {switches.describe()}" if switches is not None and switches.describe() else ""
-    return f"backend: {backend.name}, attention {attention}{prefill}{merged}"
+    return f"backend: {backend.name}, kernels {described}{prefill}{merged}"
 
 
 def _ms(seconds: float | None) -> str:

@@ -29,7 +29,7 @@ NATIVE = f"native ({PREFILL_OP} + {OP}, {SWIGLU_OP})"
 
 class KernelChoice(NamedTuple):
     model: str | bytes  # what InferenceSession loads: the bundle's path or rewritten bytes
-    decode_attention: str  # NATIVE, or STOCK with the reason (prefill too: the name is kept)
+    described: str  # NATIVE, or STOCK with the reason: what `--stats` and `inspect` print
     library: Path | None  # registered with the session options when native
 
 
