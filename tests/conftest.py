@@ -163,3 +163,16 @@ def tiny_bundle(tmp_path_factory):
     out = tmp_path_factory.mktemp("tiny-recall")
     export(TINY_MODEL, out, ExportOptions(show_progress=False, overwrite=True))
     return out
+
+
+@pytest.fixture(scope="session")
+def library():
+    """The native kernel library (edgeprefill/kernels), built once per run; the test is
+    skipped, saying why, only where it cannot be built (no g++, or no way to get ONNX
+    Runtime's headers)."""
+    from edgeprefill.kernels import build
+
+    try:
+        return build.build()
+    except build.KernelBuildError as err:
+        pytest.skip(f"native kernels cannot be built here: {err}")

@@ -15,18 +15,11 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from edgeprefill.kernels import build, graph
+from edgeprefill.kernels import graph
 
 CAPACITY = 320
 POSITIONS = np.array([0, 1, 15, 16, 17, 127, 128, 129, 300], np.int32)
 
-
-@pytest.fixture(scope="module")
-def library():
-    try:
-        return build.build()
-    except build.KernelBuildError as err:
-        pytest.skip(f"native kernels cannot be built here: {err}")
 
 
 def rotary_tables(head_dim: int, rotary: int) -> tuple[np.ndarray, np.ndarray]:

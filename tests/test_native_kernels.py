@@ -24,13 +24,6 @@ HEADS, KV_HEADS, HEAD_DIM, CAPACITY = 6, 2, 32, 640
 WIDTH = (HEADS + 2 * KV_HEADS) * HEAD_DIM
 
 
-@pytest.fixture(scope="session")
-def library():
-    try:
-        return build.build()
-    except build.KernelBuildError as err:
-        pytest.skip(f"native kernels cannot be built here: {err}")
-
 
 @pytest.fixture
 def mode(monkeypatch):

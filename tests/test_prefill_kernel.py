@@ -15,19 +15,12 @@ from onnx import TensorProto, helper, numpy_helper
 from edgeprefill.bundle import load_manifest
 from edgeprefill.engines import BackendOptions, StepBatch
 from edgeprefill.engines.ort.backend import OnnxRuntimeBackend
-from edgeprefill.kernels import build, graph, select
+from edgeprefill.kernels import graph, select
 
 HEADS, KV_HEADS, HEAD_DIM, CAPACITY = 6, 2, 32, 640
 WIDTH = (HEADS + 2 * KV_HEADS) * HEAD_DIM
 PASTS = np.array([0, 1, 127, 300])
 
-
-@pytest.fixture(scope="session")
-def library():
-    try:
-        return build.build()
-    except build.KernelBuildError as err:
-        pytest.skip(f"native kernels cannot be built here: {err}")
 
 
 def layer_model(native: bool, rotary_dim: int) -> bytes:

@@ -10,16 +10,8 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
 
-from edgeprefill.kernels import build, graph
+from edgeprefill.kernels import graph
 from edgeprefill.kernels.swiglu import fuse_swiglu
-
-
-@pytest.fixture(scope="module")
-def library():
-    try:
-        return build.build()
-    except build.KernelBuildError as err:
-        pytest.skip(f"native kernels cannot be built here: {err}")
 
 
 def model(nodes, output: str = "y", extra_outputs: tuple[str, ...] = ()):

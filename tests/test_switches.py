@@ -17,7 +17,6 @@ from edgeprefill.engines.ort.backend import OnnxRuntimeBackend
 from edgeprefill.engines.ort.switches import SELECTORS, Switches, merge_switches
 from edgeprefill.export.exporter import ExportOptions, export
 from edgeprefill.export.quantize import QuantConfig
-from edgeprefill.kernels import build
 from tests.conftest import TINY_MODEL
 
 CONTEXT = 96
@@ -30,13 +29,6 @@ def int4_bundle(tmp_path_factory):
         chunks=(16, 64), max_context=CONTEXT, show_progress=False, quant=QuantConfig("int4")))
     return out
 
-
-@pytest.fixture(scope="module")
-def library():
-    try:
-        return build.build()
-    except build.KernelBuildError as err:
-        pytest.skip(f"native kernels cannot be built here: {err}")
 
 
 def load(bundle, monkeypatch, merge: bool) -> OnnxRuntimeBackend:
