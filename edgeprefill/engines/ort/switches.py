@@ -4,7 +4,7 @@ The load-time rewrites give decode steps and prefill chunks different kernels th
 `If` on "the chunk is one token" around each node they switch: every attention node
 (`edgeprefill.kernels.graph`) and, in int4 bundles, every projection
 (`engines.ort.int4_prefill`). An `If` costs ONNX Runtime ~14 us to run whichever the branch
-(a new frame, its feeds and fetches): 151 of them were ~1.7 ms of a 14 ms int4 decode step
+(a new frame, its feeds and fetches): 150 of them were ~1.7 ms of a 14 ms int4 decode step
 on the SmolLM2-135M shape (docs/benchmarks.md).
 
 This pass takes the graph after those rewrites and replaces the nodes from the first
@@ -54,8 +54,10 @@ def merge_switches(model: ModelProto) -> Switches:
     first, last = switches[0], switches[-1]
     region = nodes[first : last + 1]
     heavy = _heavy_initializers(model.graph)
-    if any(not _is_switch(n) and (set(n.input) & heavy or _has_subgraph(n)) for n in region):
+    if any(not _is_switch(n) and set(n.input) & heavy for n in region):
         return Switches(0, "a weight outside the switches would be held twice")
+    if any(_has_subgraph(n) for n in _inner_nodes(region)):
+        return Switches(0, "a subgraph inside the region")  # not renamed by this pass
     outputs = _region_outputs(region, nodes[last + 1 :], model.graph)
     merged = helper.make_node(
         "If", [region[0].input[0]], outputs, name="edgeprefill.switches",
@@ -69,6 +71,16 @@ def merge_switches(model: ModelProto) -> Switches:
 
 def _is_switch(node: NodeProto) -> bool:
     return node.op_type == "If" and node.domain == "" and node.input[0] in SELECTORS
+
+
+def _inner_nodes(region: list[NodeProto]) -> Iterable[NodeProto]:
+    """The region's nodes, a switch counting as the nodes of its two branches."""
+    for node in region:
+        if _is_switch(node):
+            for attr in node.attribute:
+                yield from attr.g.node
+        else:
+            yield node
 
 
 def _has_subgraph(node: NodeProto) -> bool:
@@ -115,6 +127,8 @@ def _branch(region: list[NodeProto], outputs: list[str], side: str, kind: str) -
             body.extend(_inline(node, side, renamed, f"{kind}.{index}"))
         else:
             body.append(_copy(node, renamed, f".{kind}"))
+    # What a layer stack hands on is float: the hidden state and every present K/V (the
+    # kernels only run on float32 bundles).
     values = [helper.make_tensor_value_info(renamed[o], TensorProto.FLOAT, None)
               for o in outputs]
     return helper.make_graph(body, f"edgeprefill.switches.{kind}", [], values)
