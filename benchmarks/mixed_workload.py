@@ -45,6 +45,8 @@ class MixedRuntime(NamedTuple):
 
 MIXED_RUNTIMES: dict[str, MixedRuntime] = {
     "edgeprefill": MixedRuntime("run_edgeprefill_mixed.py", "edgeprefill"),
+    "edgeprefill-bf16": MixedRuntime("run_edgeprefill_mixed.py", "edgeprefill",
+                                     (("compute", "bf16"),)),
     "edgeprefill-int4": MixedRuntime("run_edgeprefill_mixed.py", "edgeprefill-int4"),
     "openvino-cb-f32": MixedRuntime("run_openvino_cb.py", "openvino",
                                     (("precision_hint", "f32"), ("kv_precision", "f32"))),

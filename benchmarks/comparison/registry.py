@@ -42,7 +42,10 @@ def is_ours(name: str) -> bool:
 
 
 def _edgeprefill(name: str, quant: str, description: str, block: int | None = None,
-                 spin: bool = True) -> Runtime:
+                 spin: bool = True, compute: str = "fp32") -> Runtime:
+    if compute != "fp32":  # same bundle, another arithmetic (engines/ort/bf16_compute.py)
+        return Runtime(name, PROJECT_VENV, "run_edgeprefill.py", quant, description,
+                       exporters.edgeprefill, options=(("compute", compute),), default=False)
     if not spin:  # the --no-spin rows: threads sleep between ops
         return Runtime(f"{name}-no-spin", PROJECT_VENV, "run_edgeprefill.py", quant,
                        f"{description}, sleeping threads (--no-spin)", exporters.edgeprefill,
@@ -82,6 +85,9 @@ RUNTIMES: dict[str, Runtime] = {
         *(_edgeprefill(name, quant, "edgeprefill bundle", spin=False)
           for name, quant in (("edgeprefill", "fp32"), ("edgeprefill-int8", "int8"),
                               ("edgeprefill-int4", "int4"))),
+        _edgeprefill("edgeprefill-bf16", "fp32",
+                     "edgeprefill bundle (fp32), --compute bf16: projections in bf16 "
+                     "(needs the native kernels; fast with AVX512-BF16)", compute="bf16"),
         _edgeprefill("edgeprefill-int4-b128", "int4",
                      "edgeprefill bundle, --quantize int4 --block-size 128", 128),
         _ortgenai("ortgenai", "fp32", "ONNX Runtime GenAI fp32"),

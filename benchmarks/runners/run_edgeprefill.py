@@ -19,9 +19,11 @@ def load(spec: dict[str, Any]) -> Loaded:
     # lookup can never stand in for the prefill being timed. One KV slot: batch 1.
     # The "spin" option "off" (registry: the *-no-spin rows) makes compute threads sleep
     # between ops; the other rows run edgeprefill's default (spin while a step runs).
+    # The "compute" option "bf16" (registry: edgeprefill-bf16) runs the projections in bf16.
     engine = Engine.load(
         spec["artifact_dir"], threads=spec["threads"], prefix_reuse=False, kv_slots=1,
         spin=spec["options"].get("spin") != "off",
+        compute=spec["options"].get("compute", "fp32"),
     )
     chunk_size = spec["options"]["chunk_size"]
 

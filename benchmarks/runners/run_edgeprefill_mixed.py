@@ -44,7 +44,8 @@ def main() -> None:
     started = time.perf_counter()
     engine = Engine.load(spec["artifact_dir"], threads=spec["threads"], policy="chunked",
                          chunk_size=spec["budget"], kv_slots=spec["sessions"] + 1,
-                         prefix_reuse=False)
+                         prefix_reuse=False,
+                         compute=spec["options"].get("compute", "fp32"))
     log(f"{spec['runtime']}: loaded in {time.perf_counter() - started:.2f} s")
     with engine:
         scenario(engine, spec["warmup_ids"], spec)

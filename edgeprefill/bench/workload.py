@@ -52,6 +52,7 @@ class Workload:
     device: str = "cpu"
     threads: int | None = None
     spin: bool = True  # compute threads busy-wait between ops within a step (BackendOptions)
+    compute: str = "fp32"  # "bf16": float32 projections in bf16 (BackendOptions)
     max_context: int | None = None  # positions per KV slot; None: the bundle's
     itl_target_ms: float = 150.0  # the adaptive chunk controller's target
     seed: int = 0  # of the random prompt token ids
@@ -126,6 +127,7 @@ def run_mixed(bundle: Path, spec: RunSpec, workload: Workload) -> RunResult:
     w = workload
     engine = Engine.load(
         bundle, backend=w.backend, device=w.device, threads=w.threads, spin=w.spin,
+        compute=w.compute,
         max_context=w.max_context, kv_slots=w.sessions + 2, trace=True,
         prefix_reuse=False,  # every run computes the long prompt in full
         itl_target_ms=w.itl_target_ms, **spec.engine_options(),

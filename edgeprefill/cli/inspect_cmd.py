@@ -42,6 +42,7 @@ def inspect(bundle, verify, as_json):
         f"max context {m.max_context} tokens",
         f"kernels     {describe(graph.flavor, graph.dtype)} on this machine's CPU",
         *_int4_prefill_line(graph),
+        *_compute_line(graph),
         f"eos ids     {eos}",
         f"sampling    {defaults.describe()}  (generation_config.json; requests may override)",
         f"chat        {'template included' if m.tokenizer.chat_template else 'no template'}",
@@ -74,3 +75,12 @@ def _int4_prefill_line(graph) -> list[str]:
     from edgeprefill.engines.ort.int4_prefill import describe as describe_int4
 
     return [f"int4 prefill {describe_int4(graph.flavor)} (accuracy-level-4 projections)"]
+
+
+def _compute_line(graph) -> list[str]:
+    """float32 bundles: what `--compute bf16` would run here (engines.ort.bf16_compute)."""
+    if graph.quantization or graph.dtype != "float32" or graph.flavor != "ort":
+        return []
+    from edgeprefill.engines.ort.bf16_compute import describe_bf16
+
+    return [f"compute     fp32 (exact, the default); --compute bf16: {describe_bf16()}"]

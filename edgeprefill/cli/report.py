@@ -41,7 +41,9 @@ def backend_line(backend) -> str:
     prefill = f", int4 prefill projections {int4.projections}" if int4 and int4.projections else ""
     switches = getattr(backend, "switches", None)
     merged = f", {switches.describe()}" if switches is not None and switches.describe() else ""
-    return f"backend: {backend.name}, kernels {described}{prefill}{merged}"
+    compute = getattr(backend, "compute", None)
+    bf16 = f", projections {compute.described}" if compute and compute.rewritten else ""
+    return f"backend: {backend.name}, kernels {described}{prefill}{bf16}{merged}"
 
 
 def _ms(seconds: float | None) -> str:

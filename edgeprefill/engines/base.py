@@ -35,6 +35,9 @@ class StepBatch(NamedTuple):
         return int(self.input_ids.shape[1])
 
 
+COMPUTES = ("fp32", "bf16")  # BackendOptions.compute
+
+
 @dataclass(frozen=True)
 class BackendOptions:
     device: str = "cpu"  # "cpu", "cuda" or "tensorrt" (TensorRT EP / engine)
@@ -47,6 +50,9 @@ class BackendOptions:
     # 1.3x faster to prefill and 1.4x to decode than sleeping threads; on a machine shared
     # with other busy processes sleeping threads won (docs/benchmarks.md, *Spin*): spin=False.
     spin: bool = True
+    # "fp32" (exact) or "bf16": float32 bundles' projections in bf16 on the native kernels
+    # (engines/ort/bf16_compute.py), as OpenVINO computes by default on CPUs with bf16.
+    compute: str = "fp32"
 
 
 class Backend(ABC):

@@ -123,5 +123,6 @@ Op MakeOp(const OpSpec& spec);
 const Op& DecodeAttentionOp();
 const Op& PrefillAttentionOp();
 const Op& SwiGluOp();
+const Op& MatMulBf16Op();
 
 }  // namespace edgeprefill

@@ -130,5 +130,6 @@ RegisterCustomOps(OrtSessionOptions* options, const OrtApiBase* api_base) {
   EP_RETURN_IF_ERROR(g_api->CustomOpDomain_Add(domain, &DecodeAttentionOp().table));
   EP_RETURN_IF_ERROR(g_api->CustomOpDomain_Add(domain, &PrefillAttentionOp().table));
   EP_RETURN_IF_ERROR(g_api->CustomOpDomain_Add(domain, &SwiGluOp().table));
+  EP_RETURN_IF_ERROR(g_api->CustomOpDomain_Add(domain, &MatMulBf16Op().table));
   return g_api->AddCustomOpDomain(options, domain);
 }

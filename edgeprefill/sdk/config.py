@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from edgeprefill.engines.base import COMPUTES
 from edgeprefill.errors import RequestError
 from edgeprefill.sdk.scheduler import SchedulerConfig
 
@@ -25,6 +26,7 @@ class EngineConfig:
     device: str = "cpu"
     threads: int | None = None  # None: the machine's physical cores
     spin: bool = True  # compute threads busy-wait between ops within a step (BackendOptions)
+    compute: str = "fp32"  # "bf16": float32 projections in bf16 (BackendOptions, not exact)
     kv_slots: int = 4  # conversations whose KV is held at once
     kv_budget_bytes: int | None = None  # if set, slots = budget // bytes per slot
     max_context: int | None = None  # positions per slot; None: the bundle's max context
@@ -39,3 +41,6 @@ class EngineConfig:
             raise RequestError(f"kv_slots must be >= 1, got {self.kv_slots}")
         if self.threads is not None and self.threads < 1:
             raise RequestError(f"threads must be >= 1, got {self.threads}")
+        if self.compute not in COMPUTES:
+            raise RequestError(f"compute must be one of {', '.join(COMPUTES)}, "
+                               f"got {self.compute!r}")

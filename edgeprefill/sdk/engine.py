@@ -56,7 +56,8 @@ class Engine:
         self.manifest: Manifest = load_manifest(self.bundle_dir, config.verify_checksums)
         self.tokenizer = BundleTokenizer(self.bundle_dir, self.manifest)
         self.generation_defaults = GenerationDefaults.load(self.bundle_dir)
-        options = BackendOptions(device=config.device, threads=config.threads, spin=config.spin)
+        options = BackendOptions(device=config.device, threads=config.threads, spin=config.spin,
+                                 compute=config.compute)
         self.backend = create_backend(config.backend, self.bundle_dir, self.manifest, options)
         self.capacity = self._capacity()
         buckets = list(self.manifest.chunks)

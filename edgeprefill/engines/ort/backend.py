@@ -28,6 +28,7 @@ from edgeprefill.contract import (
 )
 from edgeprefill.engines.base import Backend, BackendOptions, StepBatch
 from edgeprefill.engines.ort.arena import DeviceArena, HostArena, KVArena
+from edgeprefill.engines.ort.bf16_compute import choose as choose_compute
 from edgeprefill.engines.ort.int4_prefill import choose as choose_int4_prefill
 from edgeprefill.engines.ort.int4_prefill import loadable
 from edgeprefill.engines.ort.providers import (
@@ -104,11 +105,16 @@ class OnnxRuntimeBackend(Backend):
             graph_path, graph, manifest.graph.flavor, manifest.graph.dtype, options.device,
             session_options,
         )
+        # --compute bf16: the projections in bf16 on the kernels' MatMulBf16.
+        self.compute = choose_compute(
+            graph, bundle_dir, options.compute, self.kernels.described,
+            self.kernels.library is not None, session_options,
+        )
         # Both rewrites switch nodes on "the chunk is one token": one If per step for all.
         self.switches = merge_switches(graph)
         model = loadable(self.kernels.model, graph, self.int4_prefill, session_options)
-        if self.switches.merged and isinstance(model, bytes):
-            model = graph.SerializeToString()  # the kernels' bytes predate the merge
+        if (self.switches.merged or self.compute.rewritten) and isinstance(model, bytes):
+            model = graph.SerializeToString()  # the kernels' bytes predate these rewrites
         self.session = ort.InferenceSession(
             model, session_options, providers=providers,
             provider_options=self._provider_options(providers),

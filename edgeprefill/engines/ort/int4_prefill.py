@@ -33,12 +33,11 @@ from onnx import (
     ModelProto,
     NodeProto,
     TensorProto,
-    external_data_helper,
     helper,
-    numpy_helper,
 )
 
 from edgeprefill.contract import INPUT_IDS
+from edgeprefill.engines.ort.derived import Derived, hand_over, initializer
 from edgeprefill.errors import BackendError
 from edgeprefill.export.quantize import int4_dequantize, int8_per_channel
 
@@ -55,16 +54,6 @@ class Int4Prefill(NamedTuple):
     # The derived weights (arrays and their OrtValues): ONNX Runtime reads them in place,
     # so they live as long as the session.
     weights: tuple[object, ...] = ()
-
-
-class Derived:
-    """The weights a variant derives, named, for the session (never the graph's bytes:
-    a copy there would stay alive with the serialized model and in ONNX Runtime too)."""
-
-    def __init__(self, graph: ModelProto, bundle_dir: Path) -> None:
-        self.graph = graph
-        self.bundle_dir = bundle_dir
-        self.arrays: dict[str, np.ndarray] = {}
 
 
 Variant = Callable[[NodeProto, Derived], list[NodeProto]]
@@ -102,7 +91,7 @@ def choose(graph: ModelProto, bundle_dir: Path, flavor: str, device: str,
     variant = mode()
     derived = Derived(graph, bundle_dir)
     switch(graph, targets, VARIANTS[variant], derived)
-    weights = _hand_over(graph, derived.arrays, session_options) if derived.arrays else ()
+    weights = hand_over(graph, derived.arrays, session_options) if derived.arrays else ()
     return Int4Prefill(True, describe_variant(variant), weights)
 
 
@@ -118,39 +107,6 @@ def describe(flavor: str, device: str = "cpu") -> str:
 def describe_variant(variant: str) -> str:
     return {"int8": "DynamicQuantizeMatMul on int8 weights derived at load (decode: MatMulNBits)",
             "level0": "MatMulNBits accuracy level 0 (decode: the bundle's level)"}[variant]
-
-
-def _hand_over(graph: ModelProto, arrays: dict[str, np.ndarray],
-               session_options: Any) -> tuple[object, ...]:
-    """Gives each derived weight to the session as an initializer it reads in place (no
-    copy: the graph's serialized bytes, which the native kernels keep, stay small)."""
-    import onnxruntime as ort
-
-    values: list[object] = []
-    for name, array in arrays.items():
-        value = ort.OrtValue.ortvalue_from_numpy(array)
-        session_options.add_initializer(name, value)
-        graph.graph.initializer.append(_declared(graph, name, array))
-        values.append((array, value))
-    return tuple(values)
-
-
-def _declared(graph: ModelProto, name: str, array: np.ndarray) -> TensorProto:
-    """The graph must declare an initializer for the session's to override. ONNX Runtime
-    checks an external location exists but never reads it for an overridden name, so the
-    declaration points at the bundle's own weight file (an empty in-graph tensor of the
-    right shape would fail the graph's checks). A graph with no weight file (none that
-    edgeprefill writes) gets the weight itself."""
-    data_file = next((e.value for t in graph.graph.initializer for e in t.external_data
-                      if e.key == "location"), None)
-    if data_file is None:
-        return numpy_helper.from_array(array, name)
-    tensor = TensorProto(name=name, data_type=helper.np_dtype_to_tensor_dtype(array.dtype),
-                         dims=array.shape, data_location=TensorProto.EXTERNAL)
-    for key, value in (("location", data_file), ("offset", "0"),
-                       ("length", str(array.nbytes))):
-        tensor.external_data.add(key=key, value=value)
-    return tensor
 
 
 def prefill_targets(graph: ModelProto) -> list[int]:
@@ -230,8 +186,8 @@ def _int8(node: NodeProto, derived: Derived) -> list[NodeProto]:
     attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
     if attrs.get("bits", 4) != 4 or len(node.input) > 3 and any(node.input[3:]):
         return _level0(node, derived)  # zero points or other widths: not derived
-    packed = _initializer(derived.graph, node.input[1], derived.bundle_dir)
-    scales = _initializer(derived.graph, node.input[2], derived.bundle_dir)
+    packed = initializer(derived.graph, node.input[1], derived.bundle_dir)
+    scales = initializer(derived.graph, node.input[2], derived.bundle_dir)
     weights = int4_dequantize(packed, scales, int(attrs["K"]))  # [N, K]
     q, scale = int8_per_channel(weights.T)  # [K, N], [N]
     base = f"{PREFIX}.{node.input[1]}"
@@ -241,19 +197,6 @@ def _int8(node: NodeProto, derived: Derived) -> list[NodeProto]:
         "DynamicQuantizeMatMul", [node.input[0], f"{base}.int8", f"{base}.int8_scale"],
         ["out"], domain="com.microsoft", name=f"{PREFIX}.{node.name}.int8",
     )]
-
-
-def _initializer(graph: ModelProto, name: str, bundle_dir: Path) -> np.ndarray:
-    found = next((t for t in graph.graph.initializer if t.name == name), None)
-    if found is None:
-        raise BackendError(f"the graph lacks the initializer {name!r}: the bundle is corrupt")
-    tensor = TensorProto()
-    tensor.CopyFrom(found)  # a copy: the graph's own entry keeps pointing at the file
-    if external_data_helper.uses_external_data(tensor):
-        external_data_helper.load_external_data_for_tensor(tensor, str(bundle_dir))
-        tensor.data_location = TensorProto.DEFAULT
-        del tensor.external_data[:]
-    return numpy_helper.to_array(tensor)
 
 
 VARIANTS: dict[str, Variant] = {"int8": _int8, "level0": _level0}

@@ -1,0 +1,135 @@
+"""At load time, when the user asks for it (`--compute bf16`): a float32 bundle's
+projections run in bf16.
+
+Every MatMul on a weight (and the LM head's Gemm) becomes `edgeprefill.MatMulBf16`
+(edgeprefill/kernels/matmul_bf16.cc): the weight is rounded to bf16 here, once, and packed
+into the kernel's panels; the activations are rounded on each call; the products are summed
+in float32. That is what OpenVINO does by default on CPUs with bf16 instructions. With
+AVX512-BF16 a prefill chunk multiplies at twice the fp32 rate and a decode step reads half
+the weight bytes. The attention, norms and KV cache stay float32.
+
+Not exact: logits move by about bf16's rounding (8 bits of mantissa), so greedy text can
+part from the fp32 run's after some tokens. fp32 stays the default. The bundle on disk is
+never changed; the packed weights live in memory instead of the fp32 ones (ONNX Runtime
+drops initializers no node uses).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import numpy as np
+from onnx import ModelProto, NodeProto, helper
+
+from edgeprefill.engines.base import COMPUTES
+from edgeprefill.engines.ort.derived import Derived, hand_over, initializer
+from edgeprefill.errors import BackendError
+from edgeprefill.kernels.graph import DOMAIN
+
+OP = "MatMulBf16"
+PANEL = 64  # columns per packed panel (kPanel in the .cc)
+PREFIX = "edgeprefill.bf16"
+
+
+class Bf16Compute(NamedTuple):
+    rewritten: int  # projections now running MatMulBf16 (0: the graph is unchanged)
+    described: str  # what `--stats` says: "fp32" or how bf16 runs here
+    weights: tuple[object, ...] = ()  # the packed weights and their OrtValues (session-lived)
+
+
+def cpu_has_bf16() -> bool:
+    """AVX512-BF16 (Zen 4/5, Cooper Lake, Sapphire Rapids and later, which add AMX)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return any(" avx512_bf16" in line for line in text.splitlines() if line.startswith("flags"))
+
+
+def describe_bf16() -> str:
+    if cpu_has_bf16():
+        return f"bf16 ({OP}, AVX512-BF16)"
+    return f"bf16 ({OP}, portable loops: this CPU has no AVX512-BF16, slower than fp32)"
+
+
+def choose(graph: ModelProto, bundle_dir: Path, compute: str, kernels_described: str,
+           native: bool, session_options: Any) -> Bf16Compute:
+    """Rewrites `graph` in place for bf16 compute, or leaves it for fp32."""
+    if compute not in COMPUTES:
+        raise BackendError(f"compute {compute!r}: choose one of {', '.join(COMPUTES)}")
+    if compute == "fp32":
+        return Bf16Compute(0, "fp32")
+    if not native:
+        raise BackendError(f"--compute bf16 needs the native kernels, and this load runs "
+                           f"{kernels_described}")
+    targets = [i for i, node in enumerate(graph.graph.node) if _weight_of(graph, node)]
+    if not targets:
+        raise BackendError("--compute bf16 applies to float32 projections; this bundle's "
+                           "are quantized (int8/int4 already compute below fp32)")
+    derived = Derived(graph, bundle_dir)
+    nodes = graph.graph.node
+    for i in reversed(targets):  # from the end: a Gemm's bias adds a node after it
+        replacement = _bf16_nodes(nodes[i], derived)
+        nodes[i].CopyFrom(replacement[0])
+        for j, extra in enumerate(replacement[1:], start=1):
+            nodes.insert(i + j, extra)
+    if all(o.domain != DOMAIN for o in graph.opset_import):
+        graph.opset_import.append(helper.make_opsetid(DOMAIN, 1))
+    weights = hand_over(graph, derived.arrays, session_options)
+    return Bf16Compute(len(targets), describe_bf16(), weights)
+
+
+def _weight_of(graph: ModelProto, node: NodeProto) -> str | None:
+    """The float32 2-D initializer this node multiplies by, if it is a projection the kernel
+    takes: MatMul(x, W[K, N]) or the LM head's Gemm(x, W[N, K], bias?, transB=1)."""
+    if node.domain not in ("", "ai.onnx") or len(node.input) < 2:
+        return None
+    if node.op_type == "Gemm":
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        plain = attrs.get("transA", 0) == 0 and attrs.get("alpha", 1.0) == 1.0 and (
+            attrs.get("beta", 1.0) == 1.0)
+        if attrs.get("transB", 0) != 1 or not plain:
+            return None
+    elif node.op_type != "MatMul":
+        return None
+    weight = next((t for t in graph.graph.initializer if t.name == node.input[1]), None)
+    if weight is None or len(weight.dims) != 2 or weight.data_type != 1:  # FLOAT
+        return None
+    return str(weight.name)
+
+
+def _bf16_nodes(node: NodeProto, derived: Derived) -> list[NodeProto]:
+    weight = initializer(derived.graph, node.input[1], derived.bundle_dir)
+    if node.op_type == "Gemm":
+        weight = weight.T  # stored [N, K]
+    name = f"{PREFIX}.{node.input[1]}"
+    derived.arrays[name] = pack(weight)
+    label = node.name or node.output[0]
+    bias = node.op_type == "Gemm" and len(node.input) > 2 and node.input[2]
+    product = f"{PREFIX}.{label}.product" if bias else node.output[0]
+    nodes = [helper.make_node(OP, [node.input[0], name], [product], domain=DOMAIN,
+                              name=f"{PREFIX}.{label}", N=int(weight.shape[1]))]
+    if bias:
+        nodes.append(helper.make_node("Add", [product, node.input[2]], [node.output[0]],
+                                      name=f"{PREFIX}.{label}.bias"))
+    return nodes
+
+
+def bf16_bits(x: np.ndarray) -> np.ndarray:
+    """float32 -> its bf16 rounding (to nearest even) as uint32 values below 2**16."""
+    u = np.ascontiguousarray(x, np.float32).view(np.uint32)
+    return (u + np.uint32(0x7FFF) + ((u >> 16) & np.uint32(1))) >> 16
+
+
+def pack(weight: np.ndarray) -> np.ndarray:
+    """[K, N] float32 -> [ceil(N/64), ceil(K/2), 64] int32: each int32 the bf16 pair
+    (row 2i, row 2i+1) of one column, low half first; zeros past K and N."""
+    k, n = weight.shape
+    k2, panels = -(-k // 2), -(-n // PANEL)
+    padded = np.zeros((2 * k2, panels * PANEL), np.float32)
+    padded[:k, :n] = weight
+    bits = bf16_bits(padded)
+    pairs = bits[0::2] | (bits[1::2] << 16)  # [K2, panels * 64]
+    return np.ascontiguousarray(pairs.reshape(k2, panels, PANEL).transpose(1, 0, 2)).view(
+        np.int32)
