@@ -59,10 +59,11 @@ def op_shares(profile: Path) -> dict[str, float]:
     return {op: t / whole for op, t in sorted(totals.items(), key=lambda kv: -kv[1])}
 
 
-def profile_bundle(bundle: Path, prompt: int, chunk: int, threads: int) -> None:
+def profile_bundle(bundle: Path, prompt: int, chunk: int, threads: int,
+                   compute: str = "fp32") -> None:
     manifest = load_manifest(bundle)
     ProfiledBackend.profile = True
-    backend = ProfiledBackend(bundle, manifest, BackendOptions(threads=threads))
+    backend = ProfiledBackend(bundle, manifest, BackendOptions(threads=threads, compute=compute))
     backend.allocate_kv(1, -(-prompt // chunk) * chunk)
     ids = np.random.default_rng(0).integers(3, manifest.model.vocab_size, prompt)
     prefill(backend, ids, chunk)  # warm-up (profiled too: the file is cut below)
@@ -86,10 +87,12 @@ def main() -> int:
     parser.add_argument("--prompt", type=int, default=2048)
     parser.add_argument("--chunk", type=int, default=256)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--compute", choices=("fp32", "bf16"), default="fp32",
+                        help="a float32 bundle's projections in fp32 or bf16 (--compute)")
     args = parser.parse_args()
     try:
         for bundle in args.bundles:
-            profile_bundle(bundle, args.prompt, args.chunk, args.threads)
+            profile_bundle(bundle, args.prompt, args.chunk, args.threads, args.compute)
     except EdgeprefillError as err:
         print(f"error: {err}", file=sys.stderr)
         return 1

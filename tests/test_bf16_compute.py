@@ -13,7 +13,7 @@ from onnx import TensorProto, helper, numpy_helper
 from edgeprefill.bundle import load_manifest
 from edgeprefill.engines import BackendOptions, StepBatch
 from edgeprefill.engines.ort.backend import OnnxRuntimeBackend
-from edgeprefill.engines.ort.bf16_compute import OP, bf16_bits, pack
+from edgeprefill.engines.ort.bf16_compute import OP, bf16_bits, cpu_has_bf16, pack
 from edgeprefill.errors import BackendError, RequestError
 from edgeprefill.export.exporter import ExportOptions, export
 from edgeprefill.export.quantize import QuantConfig
@@ -159,3 +159,45 @@ def test_cli_runs_bf16_and_says_so(library, bundle, monkeypatch):
     assert "projections bf16 (MatMulBf16" in ran.stderr
     refused = cli("run", bundle("llama"), "--prompt", "w5", "--compute", "fp16")
     assert refused.returncode == 2 and "'fp16' is not one of 'fp32', 'bf16'" in refused.stderr
+
+
+def test_prefill_attention_in_bf16_stays_near_float32(library):
+    """PrefillAttention with bf16=1 against GroupQueryAttention: the output within bf16's
+    rounding (and, where the CPU has AVX512-BF16, not the float32 result: the bf16 products
+    ran), the cache written exactly (it stays float32)."""
+    from onnx import load_from_string
+
+    from tests.test_prefill_kernel import (
+        CAPACITY,
+        HEAD_DIM,
+        KV_HEADS,
+        PASTS,
+        WIDTH,
+        layer_model,
+        run_layer,
+        session,
+    )
+
+    model = load_from_string(layer_model(True, HEAD_DIM))
+    model.graph.node[0].attribute.append(helper.make_attribute("bf16", 1))
+    stock = session(layer_model(False, HEAD_DIM), None, 2)
+    native = session(model.SerializeToString(), library, 2)
+    rng = np.random.default_rng(3)
+    for chunk in (2, 17, 65):  # odd key blocks leave a half pair
+        qkv = rng.standard_normal((len(PASTS), chunk, WIDTH)).astype(np.float32)
+        shape = (len(PASTS), KV_HEADS, CAPACITY, HEAD_DIM)
+        cache = [rng.standard_normal(shape).astype(np.float32) for _ in range(2)]
+        want = [c.copy() for c in cache]
+        want_out = np.concatenate([
+            run_layer(stock, PASTS[r:r + 1], qkv[r:r + 1], want[0][r:r + 1], want[1][r:r + 1])
+            for r in range(len(PASTS))])
+        got = [c.copy() for c in cache]
+        got_out = run_layer(native, PASTS, qkv, got[0], got[1])
+        error = np.abs(got_out - want_out)
+        assert error.max() < 0.05 and error.mean() < 0.01, (chunk, error.max(), error.mean())
+        if cpu_has_bf16():
+            assert error.max() > 1e-4, "the bf16 products did not run"
+        else:
+            assert error.max() < 1e-4, "the fp32 fallback changed the result"
+        for a, b in zip(want, got, strict=True):
+            np.testing.assert_allclose(b, a, rtol=1e-6, atol=1e-6)

@@ -76,12 +76,14 @@ def run_layer(model: bytes, library, positions: np.ndarray, qkv, cache, threads:
     binding.bind_cpu_input("qkv", qkv)
     binding.bind_cpu_input("seqlens_k", positions)
     binding.bind_cpu_input("total", np.array(positions.max() + 1, np.int32))
+    binding.bind_output("out")  # first: copy_outputs_to_cpu follows the binding order
     for name, array in (("k", keys), ("v", values)):
         for kind, bind in (("past_", binding.bind_input), ("present_", binding.bind_output)):
             bind(kind + name, "cpu", 0, np.float32, array.shape, array.ctypes.data)
-    binding.bind_output("out")
     session.run_with_iobinding(binding)
-    return binding.copy_outputs_to_cpu()[0], keys, values
+    out = binding.copy_outputs_to_cpu()[0]
+    assert out.shape == (qkv.shape[0], 1, HEADS * HEAD_DIM)
+    return out, keys, values
 
 
 @pytest.mark.parametrize("threads", [1, 2])

@@ -71,12 +71,14 @@ def run_layer(sess, pasts: np.ndarray, qkv: np.ndarray, keys: np.ndarray, values
     binding.bind_cpu_input("qkv", qkv)
     binding.bind_cpu_input("seqlens_k", (pasts + chunk - 1).astype(np.int32))
     binding.bind_cpu_input("total", np.array(pasts.max() + chunk, np.int32))
+    binding.bind_output("out")  # first: outputs come back in the order they were bound
     for name, array in (("k", keys), ("v", values)):
         for kind, bind in (("past_", binding.bind_input), ("present_", binding.bind_output)):
             bind(kind + name, "cpu", 0, np.float32, array.shape, array.ctypes.data)
-    binding.bind_output("out")
     sess.run_with_iobinding(binding)
-    return binding.copy_outputs_to_cpu()[0]
+    out = binding.copy_outputs_to_cpu()[0]
+    assert out.shape == (*qkv.shape[:2], HEADS * HEAD_DIM)
+    return out
 
 
 @pytest.mark.parametrize("rotary_dim", [HEAD_DIM, HEAD_DIM // 2])

@@ -65,6 +65,13 @@ inline __m512 ExpNonPositive16(__m512 x) {  // ExpNonPositive, 16 lanes
 }
 #endif
 
+// float32 -> bf16 bits, rounded to nearest even as vcvtne2ps2bf16 does (no NaN expected).
+inline uint32_t Bf16(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, sizeof u);
+  return (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+}
+
 // Non-interleaved rotary (the halves of the first `rotary` dims rotate against each other),
 // as GroupQueryAttention's rotary_interleaved=0 and transformers' rotate_half. With partial
 // rotary (Phi-3/Phi-4-mini, StableLM, GPT-NeoX) the dims past `rotary` pass through unchanged.
@@ -83,6 +90,7 @@ struct Kernel {
   int64_t heads;
   int64_t kv_heads;
   float scale;
+  bool bf16;  // optional attribute bf16=1 (--compute bf16): PrefillAttention's products in bf16
 };
 
 // Reads num_heads, kv_num_heads and scale into a new Kernel; `op` names the op in errors.

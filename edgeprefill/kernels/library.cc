@@ -62,7 +62,10 @@ OrtStatus* CreateAttentionKernel(const OrtKernelInfo* info, const char* op, void
   EP_RETURN_IF_ERROR(g_api->KernelInfoGetAttribute_float(info, "scale", &scale));
   if (heads <= 0 || kv_heads <= 0 || heads % kv_heads != 0)
     return Fail((std::string(op) + ": num_heads must be a positive multiple of kv_num_heads").c_str());
-  *kernel = new Kernel{heads, kv_heads, scale};
+  int64_t bf16 = 0;  // optional: absent means 0
+  OrtStatus* missing = g_api->KernelInfoGetAttribute_int64(info, "bf16", &bf16);
+  if (missing != nullptr) g_api->ReleaseStatus(missing);
+  *kernel = new Kernel{heads, kv_heads, scale, bf16 != 0};
   return nullptr;
 }
 

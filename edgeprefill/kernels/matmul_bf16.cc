@@ -38,13 +38,6 @@ struct Width {
   int64_t n;  // the N attribute
 };
 
-// Round to nearest even, as vcvtne2ps2bf16 does (NaN is not expected in activations).
-inline uint32_t Bf16(float x) {
-  uint32_t u;
-  std::memcpy(&u, &x, sizeof u);
-  return (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-}
-
 inline float FromBf16(uint32_t h) {
   const uint32_t u = h << 16;
   float x;

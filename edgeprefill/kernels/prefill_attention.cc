@@ -107,6 +107,7 @@ struct Job {
   const float* sin;
   const int64_t* past;  // per row
   float* out;
+  bool bf16;  // the products in bf16 (ProductBf16), where UsesBf16 allows
   std::vector<Piece> pieces;
   std::vector<PieceTime> times;  // per piece, only when profiling
 };
@@ -173,6 +174,98 @@ void Product(int64_t rows, int64_t columns, const float* x, int64_t xa, int64_t 
     TileRow<kTileRows>(c, x + r * xa, xa, xb, y, columns, out + r * columns, columns, n, rescale);
   for (; r < rows; ++r)
     TileRow<1>(c, x + r * xa, xa, xb, y, columns, out + r * columns, columns, n, rescale);
+}
+
+#ifdef __AVX512BF16__
+// --compute bf16: the same two products with bf16 operands and float32 sums (vdpbf16ps,
+// two multiply-adds per lane), the operands rounded as they are used: the cache stays
+// float32. Pairs run along the summed axis: x[r * xa + b * xb] and y[b * ys ..] hold the
+// bf16 pair (b = 2i, 2i + 1) in one uint32, low half first; n2 = pairs.
+template <int R, int C>
+void TileBf16(const uint32_t* x, int64_t xa, int64_t xb, const uint32_t* y, int64_t ys,
+              float* out, int64_t os, int64_t n2, const float* rescale) {
+  __m512 acc[R][C];
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c)
+      acc[r][c] = rescale != nullptr ? _mm512_mul_ps(_mm512_loadu_ps(out + r * os + c * kVec),
+                                                      _mm512_loadu_ps(rescale + c * kVec))
+                                     : _mm512_setzero_ps();
+  for (int64_t b = 0; b < n2; ++b) {
+    __m512bh yv[C];
+    for (int c = 0; c < C; ++c)
+      yv[c] = reinterpret_cast<__m512bh>(_mm512_loadu_si512(y + b * ys + c * kVec));
+    for (int r = 0; r < R; ++r) {
+      const __m512bh pair = reinterpret_cast<__m512bh>(
+          _mm512_set1_epi32(static_cast<int>(x[r * xa + b * xb])));
+      for (int c = 0; c < C; ++c) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], pair, yv[c]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) _mm512_storeu_ps(out + r * os + c * kVec, acc[r][c]);
+}
+
+template <int R>
+void TileRowBf16(int c, const uint32_t* x, int64_t xa, int64_t xb, const uint32_t* y,
+                 int64_t ys, float* out, int64_t os, int64_t n2, const float* rescale) {
+  switch (c) {
+    case 6: TileBf16<R, 6>(x, xa, xb, y, ys, out, os, n2, rescale); break;
+    case 5: TileBf16<R, 5>(x, xa, xb, y, ys, out, os, n2, rescale); break;
+    case 4: TileBf16<R, 4>(x, xa, xb, y, ys, out, os, n2, rescale); break;
+    case 3: TileBf16<R, 3>(x, xa, xb, y, ys, out, os, n2, rescale); break;
+    case 2: TileBf16<R, 2>(x, xa, xb, y, ys, out, os, n2, rescale); break;
+    default: TileBf16<R, 1>(x, xa, xb, y, ys, out, os, n2, rescale); break;
+  }
+}
+
+void ProductBf16(int64_t rows, int64_t columns, const uint32_t* x, int64_t xa, int64_t xb,
+                 const uint32_t* y, float* out, int64_t n2, const float* rescale) {
+  const int c = static_cast<int>(columns / kVec);
+  int64_t r = 0;
+  for (; r + kTileRows <= rows; r += kTileRows)
+    TileRowBf16<kTileRows>(c, x + r * xa, xa, xb, y, columns, out + r * columns, columns, n2,
+                           rescale);
+  for (; r < rows; ++r)
+    TileRowBf16<1>(c, x + r * xa, xa, xb, y, columns, out + r * columns, columns, n2, rescale);
+}
+
+// count floats (even) -> count / 2 pairs of neighbours, in order.
+void PairUp(const float* src, int64_t count, uint32_t* dst) {
+  int64_t i = 0;
+  for (; i + 32 <= count; i += 32)
+    _mm512_storeu_si512(dst + i / 2, reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(
+                                         _mm512_loadu_ps(src + i + 16), _mm512_loadu_ps(src + i))));
+  for (; i < count; i += 2) dst[i / 2] = Bf16(src[i]) | (Bf16(src[i + 1]) << 16);
+}
+
+// rows x width floats (row stride `stride`, width a multiple of 16) -> ceil(rows / 2) x
+// width pairs of vertical neighbours (row 2j, row 2j + 1; a missing last row is zero).
+void PairRows(const float* src, int64_t stride, int64_t rows, int64_t width, uint32_t* dst) {
+  alignas(64) static const uint16_t kInterleave[32] = {
+      0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23,
+      8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
+  const __m512i order = _mm512_load_si512(kInterleave);
+  for (int64_t j = 0; 2 * j < rows; ++j) {
+    const float* low = src + 2 * j * stride;
+    const bool pair = 2 * j + 1 < rows;
+    for (int64_t c = 0; c < width; c += kVec) {
+      const __m512 high = pair ? _mm512_loadu_ps(low + stride + c) : _mm512_setzero_ps();
+      const __m512i both = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(high, _mm512_loadu_ps(low + c)));
+      _mm512_storeu_si512(dst + j * width + c, _mm512_permutexvar_epi16(order, both));
+    }
+  }
+}
+#endif
+
+// Whether a call runs the bf16 products: asked for, built with AVX512-BF16, and a head size
+// whose rows are whole vectors (the values are paired 16 dims at a time).
+bool UsesBf16(bool asked, int64_t head_dim) {
+#ifdef __AVX512BF16__
+  return asked && head_dim % kVec == 0;
+#else
+  (void)asked;
+  (void)head_dim;
+  return false;
+#endif
 }
 
 // One key block of the online softmax for 16 columns. scores[j * stride] holds key k0 + j's
@@ -296,6 +389,17 @@ void RunPiece(void* data, size_t index) {
   std::fill(ot, ot + d * columns, 0.0f);
   std::fill(top, top + columns, -INFINITY);
   std::fill(total, total + columns, 0.0f);
+#ifdef __AVX512BF16__
+  // bf16: the queries paired once ([D/2, columns]); per key block the keys ([n, D/2]), the
+  // probabilities ([n/2, columns]) and the values ([n/2, D]), each paired as it is used.
+  std::vector<uint32_t> pairs(job.bf16 ? d / 2 * columns + kKeyBlock * d / 2 +
+                                             (kKeyBlock / 2 + 1) * (columns + d) : 0);
+  uint32_t* q2 = pairs.data();
+  uint32_t* k2 = q2 + d / 2 * columns;
+  uint32_t* p2 = k2 + kKeyBlock * d / 2;
+  uint32_t* v2 = p2 + (kKeyBlock / 2 + 1) * columns;
+  if (job.bf16) PairRows(qt, columns, d, columns, q2);
+#endif
 
   const int64_t cache_offset = (piece.row * s.kv_heads + piece.kv) * s.capacity * d;
   const float* keys = job.keys + cache_offset;
@@ -303,6 +407,18 @@ void RunPiece(void* data, size_t index) {
   const int64_t end = first_position + queries;  // keys [0, end) are seen by some query
   for (int64_t k0 = 0; k0 < end; k0 += kKeyBlock) {
     const int64_t n = std::min(kKeyBlock, end - k0);
+#ifdef __AVX512BF16__
+    if (job.bf16) {
+      PairUp(keys + k0 * d, n * d, k2);
+      ProductBf16(n, columns, k2, d / 2, 1, q2, scores, d / 2, nullptr);
+      for (int64_t c = 0; c < columns; c += kVec)
+        SoftmaxStep(scores + c, columns, n, k0, positions.data() + c, top + c, total + c, rescale + c);
+      PairRows(scores, columns, n, columns, p2);
+      PairRows(values + k0 * d, d, n, d, v2);
+      ProductBf16(d, columns, v2, 1, d, p2, ot, (n + 1) / 2, rescale);
+      continue;
+    }
+#endif
     Product(n, columns, keys + k0 * d, d, 1, qt, scores, d, nullptr);
     for (int64_t c = 0; c < columns; c += kVec) {
       SoftmaxStep(scores + c, columns, n, k0, positions.data() + c, top + c, total + c, rescale + c);
@@ -446,7 +562,8 @@ OrtStatus* Compute(const Kernel& kernel, OrtKernelContext* context) {
   if (values != past_v.data) std::memcpy(values, past_v.data, cache_floats * sizeof(float));
 
   const int64_t begin = Profiling() ? Now() : 0;
-  Job job{s, kernel.scale, qkv.data, keys, values, cos.data, sin.data, past.data(), out, {}, {}};
+  Job job{s, kernel.scale, qkv.data, keys, values, cos.data, sin.data, past.data(), out,
+          UsesBf16(kernel.bf16, s.head_dim), {}, {}};
   WriteCache(job, keys, values);
   job.pieces = Plan(s, past.data());
   if (Profiling()) job.times.resize(job.pieces.size());

@@ -4,9 +4,12 @@ projections run in bf16.
 Every MatMul on a weight (and the LM head's Gemm) becomes `edgeprefill.MatMulBf16`
 (edgeprefill/kernels/matmul_bf16.cc): the weight is rounded to bf16 here, once, and packed
 into the kernel's panels; the activations are rounded on each call; the products are summed
-in float32. That is what OpenVINO does by default on CPUs with bf16 instructions. With
-AVX512-BF16 a prefill chunk multiplies at twice the fp32 rate and a decode step reads half
-the weight bytes. The attention, norms and KV cache stay float32.
+in float32. The prefill attention's two products (scores, and probabilities times values)
+take bf16 operands the same way (`PrefillAttention` with bf16=1, rounding the float32
+cache's blocks as it reads them). That is what OpenVINO does by default on CPUs with bf16
+instructions. With AVX512-BF16 a prefill chunk multiplies at twice the fp32 rate and a
+decode step reads half the weight bytes. The softmax, norms, decode attention and the KV
+cache stay float32.
 
 Not exact: logits move by about bf16's rounding (8 bits of mantissa), so greedy text can
 part from the fp32 run's after some tokens. fp32 stays the default. The bundle on disk is
@@ -20,12 +23,12 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import numpy as np
-from onnx import ModelProto, NodeProto, helper
+from onnx import AttributeProto, GraphProto, ModelProto, NodeProto, helper
 
 from edgeprefill.engines.base import COMPUTES
 from edgeprefill.engines.ort.derived import Derived, hand_over, initializer
 from edgeprefill.errors import BackendError
-from edgeprefill.kernels.graph import DOMAIN
+from edgeprefill.kernels.graph import DOMAIN, PREFILL_OP
 
 OP = "MatMulBf16"
 PANEL = 64  # columns per packed panel (kPanel in the .cc)
@@ -49,8 +52,9 @@ def cpu_has_bf16() -> bool:
 
 def describe_bf16() -> str:
     if cpu_has_bf16():
-        return f"bf16 ({OP}, AVX512-BF16)"
-    return f"bf16 ({OP}, portable loops: this CPU has no AVX512-BF16, slower than fp32)"
+        return f"bf16 ({OP} and {PREFILL_OP}'s products, AVX512-BF16)"
+    return (f"bf16 ({OP} in portable loops, {PREFILL_OP} in fp32: this CPU has no "
+            "AVX512-BF16, slower than fp32)")
 
 
 def choose(graph: ModelProto, bundle_dir: Path, compute: str, kernels_described: str,
@@ -76,8 +80,21 @@ def choose(graph: ModelProto, bundle_dir: Path, compute: str, kernels_described:
             nodes.insert(i + j, extra)
     if all(o.domain != DOMAIN for o in graph.opset_import):
         graph.opset_import.append(helper.make_opsetid(DOMAIN, 1))
+    _attention_in_bf16(graph.graph)
     weights = hand_over(graph, derived.arrays, session_options)
     return Bf16Compute(len(targets), describe_bf16(), weights)
+
+
+def _attention_in_bf16(graph: GraphProto) -> None:
+    """Sets bf16=1 on every PrefillAttention (inside the kernels' Ifs): its two products
+    then run on bf16 operands too (prefill_attention.cc). Decode attention stays float32:
+    it is bound by reading the float32 cache, not by multiplying."""
+    for node in graph.node:
+        if node.op_type == PREFILL_OP and node.domain == DOMAIN:
+            node.attribute.append(helper.make_attribute("bf16", 1))
+        for attr in node.attribute:
+            if attr.type == AttributeProto.GRAPH:
+                _attention_in_bf16(attr.g)
 
 
 def _weight_of(graph: ModelProto, node: NodeProto) -> str | None:
