@@ -48,6 +48,8 @@ MIXED_RUNTIMES: dict[str, MixedRuntime] = {
     "edgeprefill-bf16": MixedRuntime("run_edgeprefill_mixed.py", "edgeprefill",
                                      (("compute", "bf16"),)),
     "edgeprefill-int4": MixedRuntime("run_edgeprefill_mixed.py", "edgeprefill-int4"),
+    "edgeprefill-int4-bf16": MixedRuntime("run_edgeprefill_mixed.py", "edgeprefill-int4",
+                                          (("compute", "bf16"),)),
     "openvino-cb-f32": MixedRuntime("run_openvino_cb.py", "openvino",
                                     (("precision_hint", "f32"), ("kv_precision", "f32"))),
     "openvino-cb": MixedRuntime("run_openvino_cb.py", "openvino"),

@@ -86,8 +86,14 @@ RUNTIMES: dict[str, Runtime] = {
           for name, quant in (("edgeprefill", "fp32"), ("edgeprefill-int8", "int8"),
                               ("edgeprefill-int4", "int4"))),
         _edgeprefill("edgeprefill-bf16", "fp32",
-                     "edgeprefill bundle (fp32), --compute bf16: projections in bf16 "
-                     "(needs the native kernels; fast with AVX512-BF16)", compute="bf16"),
+                     "edgeprefill bundle (fp32), --compute bf16: projections and prefill "
+                     "attention in bf16 (native kernels; fast with AVX512-BF16)", compute="bf16"),
+        _edgeprefill("edgeprefill-int8-bf16", "int8",
+                     "edgeprefill bundle, --quantize int8, --compute bf16 (prefill attention "
+                     "in bf16)", compute="bf16"),
+        _edgeprefill("edgeprefill-int4-bf16", "int4",
+                     "edgeprefill bundle, --quantize int4, --compute bf16 (prefill attention "
+                     "in bf16)", compute="bf16"),
         _edgeprefill("edgeprefill-int4-b128", "int4",
                      "edgeprefill bundle, --quantize int4 --block-size 128", 128),
         _ortgenai("ortgenai", "fp32", "ONNX Runtime GenAI fp32"),

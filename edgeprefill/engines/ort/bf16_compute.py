@@ -1,5 +1,5 @@
 """At load time, when the user asks for it (`--compute bf16`): a float32 bundle's
-projections run in bf16.
+projections and every bundle's prefill attention run in bf16.
 
 Every MatMul on a weight (and the LM head's Gemm) becomes `edgeprefill.MatMulBf16`
 (edgeprefill/kernels/matmul_bf16.cc): the weight is rounded to bf16 here, once, and packed
@@ -14,7 +14,8 @@ cache stay float32.
 Not exact: logits move by about bf16's rounding (8 bits of mantissa), so greedy text can
 part from the fp32 run's after some tokens. fp32 stays the default. The bundle on disk is
 never changed; the packed weights live in memory instead of the fp32 ones (ONNX Runtime
-drops initializers no node uses).
+drops initializers no node uses). An int8 or int4 bundle keeps its quantized projections
+(they already compute below fp32) and gets the bf16 prefill attention only.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ PREFIX = "edgeprefill.bf16"
 
 
 class Bf16Compute(NamedTuple):
-    rewritten: int  # projections now running MatMulBf16 (0: the graph is unchanged)
+    rewritten: int  # nodes now computing in bf16 (0: the graph is unchanged)
     described: str  # what `--stats` says: "fp32" or how bf16 runs here
     weights: tuple[object, ...] = ()  # the packed weights and their OrtValues (session-lived)
 
@@ -50,16 +51,22 @@ def cpu_has_bf16() -> bool:
     return any(" avx512_bf16" in line for line in text.splitlines() if line.startswith("flags"))
 
 
-def describe_bf16() -> str:
-    if cpu_has_bf16():
+def describe_bf16(projections: bool = True) -> str:
+    """What runs in bf16 here: the float32 projections (if the bundle has them) and the
+    prefill attention's products."""
+    if not cpu_has_bf16():
+        what = f"{OP} in portable loops, " if projections else ""
+        return (f"bf16 ({what}{PREFILL_OP} in fp32: this CPU has no AVX512-BF16, slower "
+                "than fp32)")
+    if projections:
         return f"bf16 ({OP} and {PREFILL_OP}'s products, AVX512-BF16)"
-    return (f"bf16 ({OP} in portable loops, {PREFILL_OP} in fp32: this CPU has no "
-            "AVX512-BF16, slower than fp32)")
+    return f"bf16 ({PREFILL_OP}'s products, AVX512-BF16; the quantized projections as exported)"
 
 
 def choose(graph: ModelProto, bundle_dir: Path, compute: str, kernels_described: str,
            native: bool, session_options: Any) -> Bf16Compute:
-    """Rewrites `graph` in place for bf16 compute, or leaves it for fp32."""
+    """Rewrites `graph` in place for bf16 compute, or leaves it for fp32. A quantized
+    bundle's projections keep their int8/int4 kernels; its prefill attention goes bf16."""
     if compute not in COMPUTES:
         raise BackendError(f"compute {compute!r}: choose one of {', '.join(COMPUTES)}")
     if compute == "fp32":
@@ -68,9 +75,6 @@ def choose(graph: ModelProto, bundle_dir: Path, compute: str, kernels_described:
         raise BackendError(f"--compute bf16 needs the native kernels, and this load runs "
                            f"{kernels_described}")
     targets = [i for i, node in enumerate(graph.graph.node) if _weight_of(graph, node)]
-    if not targets:
-        raise BackendError("--compute bf16 applies to float32 projections; this bundle's "
-                           "are quantized (int8/int4 already compute below fp32)")
     derived = Derived(graph, bundle_dir)
     nodes = graph.graph.node
     for i in reversed(targets):  # from the end: a Gemm's bias adds a node after it
@@ -78,23 +82,29 @@ def choose(graph: ModelProto, bundle_dir: Path, compute: str, kernels_described:
         nodes[i].CopyFrom(replacement[0])
         for j, extra in enumerate(replacement[1:], start=1):
             nodes.insert(i + j, extra)
+    attention = _attention_in_bf16(graph.graph)
+    if not targets and not attention:
+        raise BackendError("--compute bf16 found nothing to run in bf16: no float32 "
+                           "projection and no native prefill attention in this bundle")
     if all(o.domain != DOMAIN for o in graph.opset_import):
         graph.opset_import.append(helper.make_opsetid(DOMAIN, 1))
-    _attention_in_bf16(graph.graph)
-    weights = hand_over(graph, derived.arrays, session_options)
-    return Bf16Compute(len(targets), describe_bf16(), weights)
+    weights = hand_over(graph, derived.arrays, session_options) if derived.arrays else ()
+    return Bf16Compute(len(targets) + attention, describe_bf16(bool(targets)), weights)
 
 
-def _attention_in_bf16(graph: GraphProto) -> None:
+def _attention_in_bf16(graph: GraphProto) -> int:
     """Sets bf16=1 on every PrefillAttention (inside the kernels' Ifs): its two products
     then run on bf16 operands too (prefill_attention.cc). Decode attention stays float32:
-    it is bound by reading the float32 cache, not by multiplying."""
+    it is bound by reading the float32 cache, not by multiplying. Returns how many."""
+    count = 0
     for node in graph.node:
         if node.op_type == PREFILL_OP and node.domain == DOMAIN:
             node.attribute.append(helper.make_attribute("bf16", 1))
+            count += 1
         for attr in node.attribute:
             if attr.type == AttributeProto.GRAPH:
-                _attention_in_bf16(attr.g)
+                count += _attention_in_bf16(attr.g)
+    return count
 
 
 def _weight_of(graph: ModelProto, node: NodeProto) -> str | None:
