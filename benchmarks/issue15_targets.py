@@ -3,7 +3,7 @@
     python benchmarks/issue15_targets.py --work-dir /work/benchwork
 
 1. compare.py, 2 rounds taking turns, TTFT 128/2048 and decode 512+128, over edgeprefill
-   (fp32, int8, int4), ONNX Runtime GenAI (fp32, int4), OpenVINO GenAI (default precision,
+   (fp32, int8, int4, each also with --compute bf16), ONNX Runtime GenAI (fp32, int4), OpenVINO GenAI (default precision,
    f32, int8, int4) and the llama.cpp entries of the registry whose venv exists; its report
    ends with the TTFT-2048 and decode targets met or missed per precision;
 2. spin.py: busy-wait on and off over 10 fresh processes each (edgeprefill int4 bundle);
@@ -35,8 +35,9 @@ from comparison.runners import artifact_dir
 from comparison.settings import BENCH_DIR, REPO_DIR, Settings, StepError
 from comparison.venvs import VENV_PACKAGES, venv_python
 
-BASE_RUNTIMES = ["edgeprefill", "edgeprefill-int8", "edgeprefill-int4", "ortgenai",
-                 "ortgenai-int4", "openvino", "openvino-f32", "openvino-int8", "openvino-int4"]
+BASE_RUNTIMES = ["edgeprefill", "edgeprefill-int8", "edgeprefill-int4", "edgeprefill-bf16",
+                 "edgeprefill-int8-bf16", "edgeprefill-int4-bf16", "ortgenai", "ortgenai-int4",
+                 "openvino", "openvino-f32", "openvino-int8", "openvino-int4"]
 LLAMACPP_PREFIX = "llamacpp"
 
 
