@@ -155,7 +155,8 @@ def test_cli_runs_bf16_and_says_so(library, bundle, monkeypatch):
 
     monkeypatch.delenv(select.MODE_ENV, raising=False)
     shown = cli("inspect", bundle("llama"))
-    assert "compute     fp32 (exact, the default); --compute bf16: bf16 (MatMulBf16" in shown.stdout
+    assert "compute     fp32 (exact, the default); --compute bf16: bf16 (MatMulBf16" in (
+        shown.stdout)
     ran = cli("run", bundle("llama"), "--prompt", "w5 w6", "--max-new-tokens", "3", "--stats",
               "--compute", "bf16")
     assert ran.returncode == 0, ran.stderr

@@ -78,9 +78,12 @@ def _int4_prefill_line(graph) -> list[str]:
 
 
 def _compute_line(graph) -> list[str]:
-    """float32 bundles: what `--compute bf16` would run here (engines.ort.bf16_compute)."""
-    if graph.quantization or graph.dtype != "float32" or graph.flavor != "ort":
+    """What `--compute bf16` would run here (engines.ort.bf16_compute): the projections of a
+    float32 bundle, the prefill attention of any bundle the native kernels take."""
+    if graph.dtype != "float32" or graph.flavor != "ort":
         return []
     from edgeprefill.engines.ort.bf16_compute import describe_bf16
 
-    return [f"compute     fp32 (exact, the default); --compute bf16: {describe_bf16()}"]
+    default = "fp32 (exact, the default)" if not graph.quantization else "fp32 (the default)"
+    bf16 = describe_bf16(projections=not graph.quantization)
+    return [f"compute     {default}; --compute bf16: {bf16}, needs the native kernels"]
