@@ -3,8 +3,9 @@
     python benchmarks/issue15_targets.py --work-dir /work/benchwork
 
 1. compare.py, 2 rounds taking turns, TTFT 128/2048 and decode 512+128, over edgeprefill
-   (fp32, int8, int4, each also with --compute bf16), ONNX Runtime GenAI (fp32, int4), OpenVINO GenAI (default precision,
-   f32, int8, int4) and the llama.cpp entries of the registry whose venv exists; its report
+   (fp32, int8, int4, each also with --compute bf16), ONNX Runtime GenAI (fp32, int4),
+   OpenVINO GenAI (default precision, f32, int8, int4) and the llama.cpp entries of the
+   registry whose venv exists; its report
    ends with the TTFT-2048 and decode targets met or missed per precision;
 2. spin.py: busy-wait on and off over 10 fresh processes each (edgeprefill int4 bundle);
 3. batched_decode.py: 4 sessions against one (edgeprefill fp32 bundle);
