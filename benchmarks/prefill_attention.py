@@ -15,7 +15,8 @@ second):
 - gqa: com.microsoft.GroupQueryAttention as edgeprefill exports it (packed q/k/v, rotary
   inside);
 - native: edgeprefill.PrefillAttention (edgeprefill/kernels/prefill_attention.cc) on the
-  same inputs, as the runtime switches it in for chunks of more than one token.
+  same inputs, as the runtime switches it in for chunks of more than one token;
+- native-bf16: the same with bf16=1, its two products on bf16 operands (`--compute bf16`).
 
 Whole prompts (`--bundle`): each bundle is loaded twice in one process, with
 `EDGEPREFILL_KERNELS=off` (the stock graph) and `require` (the native kernels), and a
@@ -57,13 +58,18 @@ def gqa_node(layer: int):
     )
 
 
-def model(capacity: int, native: bool) -> bytes:
+def model(capacity: int, variant: str) -> bytes:
+    """variant: "gqa", "native" or "native-bf16" (the kernel's products in bf16, as
+    `--compute bf16` runs it)."""
     rng = np.random.default_rng(0)
     angles = rng.random((capacity + 1, HEAD_DIM // 2), np.float32) * 6.28
     inits = [numpy_helper.from_array(np.cos(angles), "cos"),
              numpy_helper.from_array(np.sin(angles), "sin")]
-    nodes = [kernel_node(gqa_node(i), prefill=True) if native else gqa_node(i)
+    nodes = [kernel_node(gqa_node(i), prefill=True) if variant != "gqa" else gqa_node(i)
              for i in range(LAYERS)]
+    if variant == "native-bf16":
+        for node in nodes:
+            node.attribute.append(helper.make_attribute("bf16", 1))
     nodes.append(helper.make_node("Concat", [f"out{i}" for i in range(LAYERS)], ["out"], axis=-1))
     cache = [1, KV_HEADS, "capacity", HEAD_DIM]
     inputs = [
@@ -174,9 +180,9 @@ def main() -> int:
     rng = np.random.default_rng(2)
     caches = [rng.standard_normal((1, KV_HEADS, capacity, HEAD_DIM)).astype(np.float32)
               for _ in range(2 * LAYERS)]
-    sessions = {name: ort.InferenceSession(model(capacity, name == "native"), options,
+    sessions = {name: ort.InferenceSession(model(capacity, name), options,
                                            providers=["CPUExecutionProvider"])
-                for name in ("gqa", "native")}
+                for name in ("gqa", "native", "native-bf16")}
     print(f"chunk {args.chunk}, {args.threads} threads; ms per layer, median of "
           f"{args.turns} turns x {args.calls} calls of {LAYERS} layers, alternating")
     for past in pasts:
@@ -190,11 +196,13 @@ def main() -> int:
                     start = time.perf_counter()
                     run()
                     times[name].append((time.perf_counter() - start) / LAYERS)
-        gqa, native = (statistics.median(times[n]) * 1e3 for n in ("gqa", "native"))
         flop = causal_gflop(args.chunk, past)
-        print(f"  past {past:5d}: gqa {gqa:7.2f} ms ({flop / gqa * 1e3:5.1f} GFLOP/s)  "
-              f"native {native:7.2f} ms ({flop / native * 1e3:5.1f} GFLOP/s)  "
-              f"{gqa / native:.2f}x")
+        gqa = statistics.median(times["gqa"]) * 1e3
+        line = f"  past {past:5d}: gqa {gqa:7.2f} ms ({flop / gqa * 1e3:5.1f} GFLOP/s)"
+        for name in ("native", "native-bf16"):
+            ms = statistics.median(times[name]) * 1e3
+            line += f"  {name} {ms:7.2f} ms ({flop / ms * 1e3:5.1f} GFLOP/s) {gqa / ms:.2f}x"
+        print(line)
     return 0
 
 
