@@ -225,3 +225,12 @@ def test_staging_buffers_the_gpu_cannot_hold_release_the_engine_too(standard):
     with pytest.raises(BackendError, match="out of memory"):
         TensorRTBackend(standard, manifest, BackendOptions(), runtime=runtime)
     assert runtime.device.buffers == {} and runtime.closed
+
+
+def test_compute_bf16_is_refused_with_where_trt_takes_its_precision(standard):
+    """--compute is the onnxruntime backend's; a TensorRT engine's precision comes from
+    `edgeprefill build`, and silently running fp32 would mislead."""
+    manifest = load_manifest(standard)
+    with pytest.raises(BackendError, match="edgeprefill build --precision bf16"):
+        TensorRTBackend(standard, manifest, BackendOptions(compute="bf16"),
+                        runtime=OrtEngineRuntime(standard, manifest, CAPACITY, 4))

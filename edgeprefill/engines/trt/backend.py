@@ -39,6 +39,10 @@ class TensorRTBackend(Backend):
         runtime: EngineRuntime | None = None,
     ) -> None:
         super().__init__(bundle_dir, manifest, options)
+        if options.compute != "fp32":  # before anything loads: the engine fixes its precision
+            raise BackendError(f"--compute {options.compute} is for the onnxruntime backend; a "
+                               "TensorRT engine's precision is chosen when it is built "
+                               "(`edgeprefill build --precision bf16`)")
         require_standard(manifest)
         self.runtime = runtime or open_runtime(bundle_dir, manifest, options)
         self.device = self.runtime.device
