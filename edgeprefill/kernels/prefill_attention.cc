@@ -151,39 +151,14 @@ void Tile(const float* x, int64_t xa, int64_t xb, const float* y, int64_t ys, fl
 #endif
 }
 
-template <int R>
-void TileRow(int c, const float* x, int64_t xa, int64_t xb, const float* y, int64_t ys,
-             float* out, int64_t os, int64_t n, const float* rescale) {
-  switch (c) {
-    case 6: Tile<R, 6>(x, xa, xb, y, ys, out, os, n, rescale); break;
-    case 5: Tile<R, 5>(x, xa, xb, y, ys, out, os, n, rescale); break;
-    case 4: Tile<R, 4>(x, xa, xb, y, ys, out, os, n, rescale); break;
-    case 3: Tile<R, 3>(x, xa, xb, y, ys, out, os, n, rescale); break;
-    case 2: Tile<R, 2>(x, xa, xb, y, ys, out, os, n, rescale); break;
-    default: Tile<R, 1>(x, xa, xb, y, ys, out, os, n, rescale); break;
-  }
-}
-
-// out[rows][columns] = X . y (+ out x rescale), in register tiles; `columns` is a multiple
-// of 16, <= 96.
-void Product(int64_t rows, int64_t columns, const float* x, int64_t xa, int64_t xb,
-             const float* y, float* out, int64_t n, const float* rescale) {
-  const int c = static_cast<int>(columns / kVec);
-  int64_t r = 0;
-  for (; r + kTileRows <= rows; r += kTileRows)
-    TileRow<kTileRows>(c, x + r * xa, xa, xb, y, columns, out + r * columns, columns, n, rescale);
-  for (; r < rows; ++r)
-    TileRow<1>(c, x + r * xa, xa, xb, y, columns, out + r * columns, columns, n, rescale);
-}
-
 #ifdef __AVX512BF16__
 // --compute bf16: the same two products with bf16 operands and float32 sums (vdpbf16ps,
 // two multiply-adds per lane), the operands rounded as they are used: the cache stays
 // float32. Pairs run along the summed axis: x[r * xa + b * xb] and y[b * ys ..] hold the
 // bf16 pair (b = 2i, 2i + 1) in one uint32, low half first; n2 = pairs.
 template <int R, int C>
-void TileBf16(const uint32_t* x, int64_t xa, int64_t xb, const uint32_t* y, int64_t ys,
-              float* out, int64_t os, int64_t n2, const float* rescale) {
+void Tile(const uint32_t* x, int64_t xa, int64_t xb, const uint32_t* y, int64_t ys,
+          float* out, int64_t os, int64_t n2, const float* rescale) {
   __m512 acc[R][C];
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < C; ++c)
@@ -203,31 +178,36 @@ void TileBf16(const uint32_t* x, int64_t xa, int64_t xb, const uint32_t* y, int6
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < C; ++c) _mm512_storeu_ps(out + r * os + c * kVec, acc[r][c]);
 }
+#endif
 
-template <int R>
-void TileRowBf16(int c, const uint32_t* x, int64_t xa, int64_t xb, const uint32_t* y,
-                 int64_t ys, float* out, int64_t os, int64_t n2, const float* rescale) {
+// Tile<R, C> for the operands' type (float, or uint32 bf16 pairs), C = c vectors.
+template <int R, typename T>
+void TileRow(int c, const T* x, int64_t xa, int64_t xb, const T* y, int64_t ys, float* out,
+             int64_t os, int64_t n, const float* rescale) {
   switch (c) {
-    case 6: TileBf16<R, 6>(x, xa, xb, y, ys, out, os, n2, rescale); break;
-    case 5: TileBf16<R, 5>(x, xa, xb, y, ys, out, os, n2, rescale); break;
-    case 4: TileBf16<R, 4>(x, xa, xb, y, ys, out, os, n2, rescale); break;
-    case 3: TileBf16<R, 3>(x, xa, xb, y, ys, out, os, n2, rescale); break;
-    case 2: TileBf16<R, 2>(x, xa, xb, y, ys, out, os, n2, rescale); break;
-    default: TileBf16<R, 1>(x, xa, xb, y, ys, out, os, n2, rescale); break;
+    case 6: Tile<R, 6>(x, xa, xb, y, ys, out, os, n, rescale); break;
+    case 5: Tile<R, 5>(x, xa, xb, y, ys, out, os, n, rescale); break;
+    case 4: Tile<R, 4>(x, xa, xb, y, ys, out, os, n, rescale); break;
+    case 3: Tile<R, 3>(x, xa, xb, y, ys, out, os, n, rescale); break;
+    case 2: Tile<R, 2>(x, xa, xb, y, ys, out, os, n, rescale); break;
+    default: Tile<R, 1>(x, xa, xb, y, ys, out, os, n, rescale); break;
   }
 }
 
-void ProductBf16(int64_t rows, int64_t columns, const uint32_t* x, int64_t xa, int64_t xb,
-                 const uint32_t* y, float* out, int64_t n2, const float* rescale) {
+// out[rows][columns] = X . y (+ out x rescale), in register tiles; `columns` is a multiple
+// of 16, <= 96; n is the summed length (in pairs for bf16 operands).
+template <typename T>
+void Product(int64_t rows, int64_t columns, const T* x, int64_t xa, int64_t xb, const T* y,
+             float* out, int64_t n, const float* rescale) {
   const int c = static_cast<int>(columns / kVec);
   int64_t r = 0;
   for (; r + kTileRows <= rows; r += kTileRows)
-    TileRowBf16<kTileRows>(c, x + r * xa, xa, xb, y, columns, out + r * columns, columns, n2,
-                           rescale);
+    TileRow<kTileRows>(c, x + r * xa, xa, xb, y, columns, out + r * columns, columns, n, rescale);
   for (; r < rows; ++r)
-    TileRowBf16<1>(c, x + r * xa, xa, xb, y, columns, out + r * columns, columns, n2, rescale);
+    TileRow<1>(c, x + r * xa, xa, xb, y, columns, out + r * columns, columns, n, rescale);
 }
 
+#ifdef __AVX512BF16__
 // count floats (even) -> count / 2 pairs of neighbours, in order.
 void PairUp(const float* src, int64_t count, uint32_t* dst) {
   int64_t i = 0;
@@ -410,12 +390,12 @@ void RunPiece(void* data, size_t index) {
 #ifdef __AVX512BF16__
     if (job.bf16) {
       PairUp(keys + k0 * d, n * d, k2);
-      ProductBf16(n, columns, k2, d / 2, 1, q2, scores, d / 2, nullptr);
+      Product(n, columns, k2, d / 2, 1, q2, scores, d / 2, nullptr);
       for (int64_t c = 0; c < columns; c += kVec)
         SoftmaxStep(scores + c, columns, n, k0, positions.data() + c, top + c, total + c, rescale + c);
       PairRows(scores, columns, n, columns, p2);
       PairRows(values + k0 * d, d, n, d, v2);
-      ProductBf16(d, columns, v2, 1, d, p2, ot, (n + 1) / 2, rescale);
+      Product(d, columns, v2, 1, d, p2, ot, (n + 1) / 2, rescale);
       continue;
     }
 #endif
