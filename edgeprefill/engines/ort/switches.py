@@ -12,8 +12,9 @@ switch to the last by ONE `If`: its then-branch is that region with each switch'
 then-branch inlined, its else-branch the same with the else-branches. Nodes in the region
 that are not switches (norms, the MLP's activation) are written into both branches; a node
 that reads a large initializer would have it prepacked twice, once per branch, so a region
-holding one (every fp32 and int8 bundle: their projections are not switched) is left as it
-is. The bundle on disk never changes; the computation is the same, node for node.
+holding one (fp32 and int8 bundles: their projections are not switched) is left as it is,
+unless the node is one of the native library's, which never prepack (`--compute bf16`'s
+MatMulBf16: an fp32 bundle in bf16 gets one If per step too). The bundle on disk never changes; the computation is the same, node for node.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from typing import NamedTuple
 from onnx import AttributeProto, GraphProto, ModelProto, NodeProto, TensorProto, helper
 
 from edgeprefill.engines.ort.int4_prefill import IS_DECODE as INT4_IS_DECODE
+from edgeprefill.kernels.graph import DOMAIN as KERNELS_DOMAIN
 from edgeprefill.kernels.graph import IS_DECODE as KERNELS_IS_DECODE
 
 SELECTORS = (KERNELS_IS_DECODE, INT4_IS_DECODE)  # both compute "the chunk is one token"
@@ -54,7 +56,7 @@ def merge_switches(model: ModelProto) -> Switches:
     first, last = switches[0], switches[-1]
     region = nodes[first : last + 1]
     heavy = _heavy_initializers(model.graph)
-    if any(not _is_switch(n) and set(n.input) & heavy for n in region):
+    if any(not _is_switch(n) and _prepacks(n) and set(n.input) & heavy for n in region):
         return Switches(0, "a weight outside the switches would be held twice")
     if any(_has_subgraph(n) for n in _inner_nodes(region)):
         return Switches(0, "a subgraph inside the region")  # not renamed by this pass
@@ -67,6 +69,13 @@ def merge_switches(model: ModelProto) -> Switches:
     del model.graph.node[:]
     model.graph.node.extend([*nodes[:first], merged, *nodes[last + 1 :]])
     return Switches(len(switches))
+
+
+def _prepacks(node: NodeProto) -> bool:
+    """Whether the node's kernel may keep its own packed copy of a weight: ONNX Runtime's
+    may (MatMul, Gemm, MatMulNBits, ...); the native library's never do (they read the
+    initializer in place, as `--compute bf16`'s MatMulBf16 does)."""
+    return node.domain != KERNELS_DOMAIN
 
 
 def _is_switch(node: NodeProto) -> bool:
