@@ -14,7 +14,8 @@ that are not switches (norms, the MLP's activation) are written into both branch
 that reads a large initializer would have it prepacked twice, once per branch, so a region
 holding one (fp32 and int8 bundles: their projections are not switched) is left as it is,
 unless the node is one of the native library's, which never prepack (`--compute bf16`'s
-MatMulBf16: an fp32 bundle in bf16 gets one If per step too). The bundle on disk never changes; the computation is the same, node for node.
+MatMulBf16: an fp32 bundle in bf16 gets one If per step too). The bundle on disk never
+changes; the computation is the same, node for node.
 """
 
 from __future__ import annotations
