@@ -235,3 +235,29 @@ def test_switches_merge_around_bf16_projections_and_compute_the_same_bits(librar
     assert merged == load_manifest(path).model.num_layers and plain == 0
     for a, b in zip(want, got, strict=True):
         np.testing.assert_array_equal(b, a)
+
+
+def test_rows_decoded_together_match_each_alone(library, bundle):
+    """A row's bf16 arithmetic does not depend on the rows beside it: two sessions decoded
+    in one call give bit for bit the logits each gets decoded alone."""
+    path = bundle("llama")
+    rng = np.random.default_rng(5)
+    prompts = [rng.integers(0, 128, 23).astype(np.int64), rng.integers(0, 128, 9)]
+
+    def prefilled() -> OnnxRuntimeBackend:
+        b = OnnxRuntimeBackend(path, load_manifest(path), BackendOptions(threads=2,
+                                                                          compute="bf16"))
+        b.allocate_kv(2, 512)
+        for slot, ids in enumerate(prompts):
+            b.run(StepBatch(ids[None, :], np.array([0], np.int32),
+                            np.array([ids.size], np.int32), slot))
+        return b
+
+    lens = np.array([p.size for p in prompts], np.int32)
+    tokens = np.array([[7], [11]])
+    together = prefilled().run(StepBatch(tokens, lens, np.ones(2, np.int32), 0)).copy()
+    alone = prefilled()
+    for row in range(2):
+        got = alone.run(StepBatch(tokens[row:row + 1], lens[row:row + 1],
+                                  np.ones(1, np.int32), row))
+        np.testing.assert_array_equal(got[0], together[row])

@@ -151,12 +151,17 @@ def bf16_bits(x: np.ndarray) -> np.ndarray:
 
 def pack(weight: np.ndarray) -> np.ndarray:
     """[K, N] float32 -> [ceil(N/64), ceil(K/2), 64] int32: each int32 the bf16 pair
-    (row 2i, row 2i+1) of one column, low half first; zeros past K and N."""
+    (row 2i, row 2i+1) of one column, low half first; zeros past K and N. Packed a panel at a
+    time: the load's extra memory is one panel, not copies of the whole weight (the LM head
+    of a 49k vocabulary is 113 MB in fp32)."""
     k, n = weight.shape
     k2, panels = -(-k // 2), -(-n // PANEL)
-    padded = np.zeros((2 * k2, panels * PANEL), np.float32)
-    padded[:k, :n] = weight
-    bits = bf16_bits(padded)
-    pairs = bits[0::2] | (bits[1::2] << 16)  # [K2, panels * 64]
-    return np.ascontiguousarray(pairs.reshape(k2, panels, PANEL).transpose(1, 0, 2)).view(
-        np.int32)
+    out = np.empty((panels, k2, PANEL), np.uint32)
+    padded = np.zeros((2 * k2, PANEL), np.float32)
+    for p in range(panels):
+        columns = weight[:, p * PANEL:(p + 1) * PANEL]
+        padded[:k, :columns.shape[1]] = columns
+        padded[:k, columns.shape[1]:] = 0.0
+        bits = bf16_bits(padded)
+        out[p] = bits[0::2] | (bits[1::2] << 16)
+    return out.view(np.int32)
