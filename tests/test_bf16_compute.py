@@ -160,7 +160,7 @@ def test_cli_runs_bf16_and_says_so(library, bundle, monkeypatch):
     ran = cli("run", bundle("llama"), "--prompt", "w5 w6", "--max-new-tokens", "3", "--stats",
               "--compute", "bf16")
     assert ran.returncode == 0, ran.stderr
-    assert "projections bf16 (MatMulBf16" in ran.stderr
+    assert "compute bf16 (MatMulBf16" in ran.stderr
     refused = cli("run", bundle("llama"), "--prompt", "w5", "--compute", "fp16")
     assert refused.returncode == 2 and "'fp16' is not one of 'fp32', 'bf16'" in refused.stderr
 

@@ -52,7 +52,7 @@ class Workload:
     device: str = "cpu"
     threads: int | None = None
     spin: bool = True  # compute threads busy-wait between ops within a step (BackendOptions)
-    compute: str = "fp32"  # "bf16": float32 projections in bf16 (BackendOptions)
+    compute: str = "fp32"  # "bf16": projections and prefill attention in bf16 (BackendOptions)
     max_context: int | None = None  # positions per KV slot; None: the bundle's
     itl_target_ms: float = 150.0  # the adaptive chunk controller's target
     seed: int = 0  # of the random prompt token ids

@@ -59,9 +59,10 @@ ENGINE_OPTIONS: dict[str, Callable] = {
     "spin": spin_option,
     "compute": click.option(
         "--compute", type=click.Choice(COMPUTES), default="fp32", show_default=True,
-        help="Arithmetic of a float32 bundle's projections. bf16: rounded to bf16, summed "
-        "in fp32 (OpenVINO's default on CPUs with bf16), ~2x faster prefill and decode with "
-        "AVX512-BF16 but not exact; needs the native kernels."),
+        help="Arithmetic of a float32 bundle's projections and of every bundle's prefill "
+        "attention. bf16: operands rounded to bf16, sums in fp32 (OpenVINO's default on CPUs "
+        "with bf16): ~2x faster prefill and decode with AVX512-BF16, not exact; needs the "
+        "native kernels."),
     "kv_slots": click.option(
         "--kv-slots", type=click.IntRange(min=1), default=4, show_default=True,
         help="Conversations whose KV cache is held at once."),

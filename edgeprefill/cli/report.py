@@ -42,7 +42,7 @@ def backend_line(backend) -> str:
     switches = getattr(backend, "switches", None)
     merged = f", {switches.describe()}" if switches is not None and switches.describe() else ""
     compute = getattr(backend, "compute", None)
-    bf16 = f", projections {compute.described}" if compute and compute.rewritten else ""
+    bf16 = f", compute {compute.described}" if compute and compute.rewritten else ""
     return f"backend: {backend.name}, kernels {described}{prefill}{bf16}{merged}"
 
 

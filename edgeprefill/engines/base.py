@@ -50,8 +50,9 @@ class BackendOptions:
     # 1.3x faster to prefill and 1.4x to decode than sleeping threads; on a machine shared
     # with other busy processes sleeping threads won (docs/benchmarks.md, *Spin*): spin=False.
     spin: bool = True
-    # "fp32" (exact) or "bf16": float32 bundles' projections in bf16 on the native kernels
-    # (engines/ort/bf16_compute.py), as OpenVINO computes by default on CPUs with bf16.
+    # "fp32" (exact) or "bf16": float32 bundles' projections and every bundle's prefill
+    # attention in bf16 on the native kernels (engines/ort/bf16_compute.py), as OpenVINO
+    # computes by default on CPUs with bf16.
     compute: str = "fp32"
 
 

@@ -105,7 +105,7 @@ class OnnxRuntimeBackend(Backend):
             graph_path, graph, manifest.graph.flavor, manifest.graph.dtype, options.device,
             session_options,
         )
-        # --compute bf16: the projections in bf16 on the kernels' MatMulBf16.
+        # --compute bf16: float32 projections (MatMulBf16) and prefill attention in bf16.
         self.compute = choose_compute(
             graph, bundle_dir, options.compute, self.kernels.described,
             self.kernels.library is not None, session_options,
