@@ -261,27 +261,3 @@ def test_rows_decoded_together_match_each_alone(library, bundle):
         got = alone.run(StepBatch(tokens[row:row + 1], lens[row:row + 1],
                                   np.ones(1, np.int32), row))
         np.testing.assert_array_equal(got[0], together[row])
-
-
-def test_a_head_size_off_16_keeps_fp32_attention_and_says_so(library, bundle):
-    """PrefillAttention pairs values 16 dims at a time: another head size keeps its fp32
-    products, and the description says so instead of claiming bf16 attention."""
-    from edgeprefill.bundle import load_graph
-    from edgeprefill.engines.ort import bf16_compute
-    from edgeprefill.kernels.select import choose as choose_kernels
-
-    path = bundle("llama")
-    manifest = load_manifest(path)
-
-    def rewritten(head_dim: int) -> bf16_compute.Bf16Compute:
-        graph = load_graph(path, manifest)
-        options = ort.SessionOptions()
-        kernels = choose_kernels(path / manifest.graph.file, graph, "ort", "float32", "cpu",
-                                 options)
-        return bf16_compute.choose(graph, path, "bf16", kernels.described, True, options,
-                                   head_dim)
-
-    assert manifest.model.head_dim % 16 == 0  # the fixture's own runs its attention in bf16
-    usual, odd = rewritten(manifest.model.head_dim), rewritten(24)
-    assert usual.rewritten - odd.rewritten == manifest.model.num_layers  # the attentions
-    assert odd.described.endswith("PrefillAttention in fp32: head size not a multiple of 16)")

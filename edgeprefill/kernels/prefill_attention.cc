@@ -236,14 +236,13 @@ void PairRows(const float* src, int64_t stride, int64_t rows, int64_t width, uin
 }
 #endif
 
-// Whether a call runs the bf16 products: asked for, built with AVX512-BF16, and a head size
-// whose rows are whole vectors (the values are paired 16 dims at a time).
-bool UsesBf16(bool asked, int64_t head_dim) {
+// Whether a call runs the bf16 products: asked for and built with AVX512-BF16 (the head
+// size is a multiple of 16, as the values are paired 16 dims at a time: CheckShapes).
+bool UsesBf16(bool asked) {
 #ifdef __AVX512BF16__
-  return asked && head_dim % kVec == 0;
+  return asked;
 #else
   (void)asked;
-  (void)head_dim;
   return false;
 #endif
 }
@@ -543,7 +542,7 @@ OrtStatus* Compute(const Kernel& kernel, OrtKernelContext* context) {
 
   const int64_t begin = Profiling() ? Now() : 0;
   Job job{s, kernel.scale, qkv.data, keys, values, cos.data, sin.data, past.data(), out,
-          UsesBf16(kernel.bf16, s.head_dim), {}, {}};
+          UsesBf16(kernel.bf16), {}, {}};
   WriteCache(job, keys, values);
   job.pieces = Plan(s, past.data());
   if (Profiling()) job.times.resize(job.pieces.size());

@@ -108,7 +108,7 @@ class OnnxRuntimeBackend(Backend):
         # --compute bf16: float32 projections (MatMulBf16) and prefill attention in bf16.
         self.compute = choose_compute(
             graph, bundle_dir, options.compute, self.kernels.described,
-            self.kernels.library is not None, session_options, manifest.model.head_dim,
+            self.kernels.library is not None, session_options,
         )
         # Both rewrites switch nodes on "the chunk is one token": one If per step for all.
         self.switches = merge_switches(graph)

@@ -34,7 +34,6 @@ from edgeprefill.kernels.graph import DOMAIN, PREFILL_OP
 OP = "MatMulBf16"
 PANEL = 64  # columns per packed panel (kPanel in the .cc)
 PREFIX = "edgeprefill.bf16"
-ATTENTION_DIMS = 16  # head sizes PrefillAttention runs in bf16 are multiples of this
 
 
 class Bf16Compute(NamedTuple):
@@ -52,17 +51,15 @@ def cpu_has_bf16() -> bool:
     return any(" avx512_bf16" in line for line in text.splitlines() if line.startswith("flags"))
 
 
-def describe_bf16(projections: bool = True, attention: bool = True) -> str:
-    """What runs in bf16 here: the float32 projections (if the bundle has them) and the
-    prefill attention's products (with AVX512-BF16, and a head size a multiple of 16)."""
+def describe_bf16(projections: bool = True) -> str:
+    """What runs in bf16 here: the float32 projections (if the bundle has them) and, with
+    AVX512-BF16, the prefill attention's products."""
     fast = cpu_has_bf16()
     ran = [OP if fast else f"{OP} in portable loops"] if projections else []
-    if attention and fast:
+    if fast:
         ran.append(f"{PREFILL_OP}'s products")
     notes = ["AVX512-BF16" if fast else "this CPU has no AVX512-BF16: slower than fp32"]
-    if not attention:
-        notes.append(f"{PREFILL_OP} in fp32: head size not a multiple of {ATTENTION_DIMS}")
-    elif not fast:
+    if not fast:
         notes.append(f"{PREFILL_OP} in fp32")
     if not projections:
         notes.append("the quantized projections as exported")
@@ -70,7 +67,7 @@ def describe_bf16(projections: bool = True, attention: bool = True) -> str:
 
 
 def choose(graph: ModelProto, bundle_dir: Path, compute: str, kernels_described: str,
-           native: bool, session_options: Any, head_dim: int = 64) -> Bf16Compute:
+           native: bool, session_options: Any) -> Bf16Compute:
     """Rewrites `graph` in place for bf16 compute, or leaves it for fp32. A quantized
     bundle's projections keep their int8/int4 kernels; its prefill attention goes bf16."""
     if compute not in COMPUTES:
@@ -88,16 +85,14 @@ def choose(graph: ModelProto, bundle_dir: Path, compute: str, kernels_described:
         nodes[i].CopyFrom(replacement[0])
         for j, extra in enumerate(replacement[1:], start=1):
             nodes.insert(i + j, extra)
-    # The kernel pairs values 16 dims at a time; other head sizes keep fp32 products.
-    attention = _attention_in_bf16(graph.graph) if head_dim % ATTENTION_DIMS == 0 else 0
+    attention = _attention_in_bf16(graph.graph)
     if not targets and not attention:
         raise BackendError("--compute bf16 found nothing to run in bf16: no float32 "
                            "projection and no native prefill attention in this bundle")
     if all(o.domain != DOMAIN for o in graph.opset_import):
         graph.opset_import.append(helper.make_opsetid(DOMAIN, 1))
     weights = hand_over(graph, derived.arrays, session_options) if derived.arrays else ()
-    described = describe_bf16(bool(targets), attention > 0)
-    return Bf16Compute(len(targets) + attention, described, weights)
+    return Bf16Compute(len(targets) + attention, describe_bf16(bool(targets)), weights)
 
 
 def _attention_in_bf16(graph: GraphProto) -> int:
