@@ -72,6 +72,20 @@ inline uint32_t Bf16(float x) {
   return (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
 }
 
+// `count` floats -> ceil(count / 2) bf16 pairs of neighbours, in order: pair i holds
+// (src[2i], src[2i + 1]) in one uint32, low half first; an odd count's last high half is 0.
+// The layout vdpbf16ps sums over (MatMulBf16's activations, PrefillAttention's keys).
+inline void PairUp(const float* src, int64_t count, uint32_t* dst) {
+  int64_t i = 0;
+#ifdef __AVX512BF16__
+  for (; i + 32 <= count; i += 32)
+    _mm512_storeu_si512(dst + i / 2, reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(
+                                         _mm512_loadu_ps(src + i + 16), _mm512_loadu_ps(src + i))));
+#endif
+  for (; i < count; i += 2)
+    dst[i / 2] = Bf16(src[i]) | (i + 1 < count ? Bf16(src[i + 1]) << 16 : 0u);
+}
+
 // Non-interleaved rotary (the halves of the first `rotary` dims rotate against each other),
 // as GroupQueryAttention's rotary_interleaved=0 and transformers' rotate_half. With partial
 // rotary (Phi-3/Phi-4-mini, StableLM, GPT-NeoX) the dims past `rotary` pass through unchanged.

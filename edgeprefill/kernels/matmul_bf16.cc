@@ -54,21 +54,7 @@ struct Job {
 };
 
 void ConvertRows(const Job& job, int64_t first, int64_t last) {
-  for (int64_t r = first; r < last; ++r) {
-    const float* a = job.a + r * job.k;
-    uint32_t* o = job.pairs + r * job.k2;
-    int64_t i = 0;
-#ifdef __AVX512BF16__
-    for (; i + 16 <= job.k / 2; i += 16) {  // 32 floats -> 16 pairs
-      const __m512 lo = _mm512_loadu_ps(a + 2 * i), hi = _mm512_loadu_ps(a + 2 * i + 16);
-      _mm512_storeu_si512(o + i, reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(hi, lo)));
-    }
-#endif
-    for (; i < job.k2; ++i) {
-      const uint32_t high = 2 * i + 1 < job.k ? Bf16(a[2 * i + 1]) : 0u;
-      o[i] = Bf16(a[2 * i]) | (high << 16);
-    }
-  }
+  for (int64_t r = first; r < last; ++r) PairUp(job.a + r * job.k, job.k, job.pairs + r * job.k2);
 }
 
 #ifdef __AVX512BF16__

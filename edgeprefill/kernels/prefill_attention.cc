@@ -208,15 +208,6 @@ void Product(int64_t rows, int64_t columns, const T* x, int64_t xa, int64_t xb, 
 }
 
 #ifdef __AVX512BF16__
-// count floats (even) -> count / 2 pairs of neighbours, in order.
-void PairUp(const float* src, int64_t count, uint32_t* dst) {
-  int64_t i = 0;
-  for (; i + 32 <= count; i += 32)
-    _mm512_storeu_si512(dst + i / 2, reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(
-                                         _mm512_loadu_ps(src + i + 16), _mm512_loadu_ps(src + i))));
-  for (; i < count; i += 2) dst[i / 2] = Bf16(src[i]) | (Bf16(src[i + 1]) << 16);
-}
-
 // rows x width floats (row stride `stride`, width a multiple of 16) -> ceil(rows / 2) x
 // width pairs of vertical neighbours (row 2j, row 2j + 1; a missing last row is zero).
 void PairRows(const float* src, int64_t stride, int64_t rows, int64_t width, uint32_t* dst) {
