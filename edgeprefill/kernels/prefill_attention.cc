@@ -107,7 +107,7 @@ struct Job {
   const float* sin;
   const int64_t* past;  // per row
   float* out;
-  bool bf16;  // the products in bf16 (ProductBf16), where UsesBf16 allows
+  bool bf16;  // the products on bf16 pairs (Product<uint32_t>), where UsesBf16 allows
   std::vector<Piece> pieces;
   std::vector<PieceTime> times;  // per piece, only when profiling
 };
@@ -117,16 +117,24 @@ struct Job {
 // Scores: x = keys (r = key, b = head dim), y = the queries transposed. Output: x = values
 // (r = head dim, b = key), y = the probabilities (keys x columns), rescale = the online
 // softmax's factor for what the earlier key blocks left.
-template <int R, int C>
-void Tile(const float* x, int64_t xa, int64_t xb, const float* y, int64_t ys, float* out,
-          int64_t os, int64_t n, const float* rescale) {
 #ifdef __AVX512F__
-  __m512 acc[R][C];
+// A tile's accumulators to start from: zero, or out's old value times `rescale` per column.
+template <int R, int C>
+inline void StartTile(__m512 (&acc)[R][C], const float* out, int64_t os, const float* rescale) {
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < C; ++c)
       acc[r][c] = rescale != nullptr ? _mm512_mul_ps(_mm512_loadu_ps(out + r * os + c * kVec),
                                                       _mm512_loadu_ps(rescale + c * kVec))
                                      : _mm512_setzero_ps();
+}
+#endif
+
+template <int R, int C>
+void Tile(const float* x, int64_t xa, int64_t xb, const float* y, int64_t ys, float* out,
+          int64_t os, int64_t n, const float* rescale) {
+#ifdef __AVX512F__
+  __m512 acc[R][C];
+  StartTile(acc, out, os, rescale);
   for (int64_t b = 0; b < n; ++b) {
     __m512 yv[C];
     for (int c = 0; c < C; ++c) yv[c] = _mm512_loadu_ps(y + b * ys + c * kVec);
@@ -160,11 +168,7 @@ template <int R, int C>
 void Tile(const uint32_t* x, int64_t xa, int64_t xb, const uint32_t* y, int64_t ys,
           float* out, int64_t os, int64_t n2, const float* rescale) {
   __m512 acc[R][C];
-  for (int r = 0; r < R; ++r)
-    for (int c = 0; c < C; ++c)
-      acc[r][c] = rescale != nullptr ? _mm512_mul_ps(_mm512_loadu_ps(out + r * os + c * kVec),
-                                                      _mm512_loadu_ps(rescale + c * kVec))
-                                     : _mm512_setzero_ps();
+  StartTile(acc, out, os, rescale);
   for (int64_t b = 0; b < n2; ++b) {
     __m512bh yv[C];
     for (int c = 0; c < C; ++c)
@@ -381,19 +385,20 @@ void RunPiece(void* data, size_t index) {
     if (job.bf16) {
       PairUp(keys + k0 * d, n * d, k2);
       Product(n, columns, k2, d / 2, 1, q2, scores, d / 2, nullptr);
-      for (int64_t c = 0; c < columns; c += kVec)
-        SoftmaxStep(scores + c, columns, n, k0, positions.data() + c, top + c, total + c, rescale + c);
-      PairRows(scores, columns, n, columns, p2);
-      PairRows(values + k0 * d, d, n, d, v2);
-      Product(d, columns, v2, 1, d, p2, ot, (n + 1) / 2, rescale);
-      continue;
-    }
+    } else
 #endif
-    Product(n, columns, keys + k0 * d, d, 1, qt, scores, d, nullptr);
+      Product(n, columns, keys + k0 * d, d, 1, qt, scores, d, nullptr);
     for (int64_t c = 0; c < columns; c += kVec) {
       SoftmaxStep(scores + c, columns, n, k0, positions.data() + c, top + c, total + c, rescale + c);
     }
-    Product(d, columns, values + k0 * d, 1, d, scores, ot, n, rescale);
+#ifdef __AVX512BF16__
+    if (job.bf16) {
+      PairRows(scores, columns, n, columns, p2);
+      PairRows(values + k0 * d, d, n, d, v2);
+      Product(d, columns, v2, 1, d, p2, ot, (n + 1) / 2, rescale);
+    } else
+#endif
+      Product(d, columns, values + k0 * d, 1, d, scores, ot, n, rescale);
   }
   for (int64_t m = 0; m < used; ++m) {
     const int64_t i = m / g, h = m % g;
