@@ -1,19 +1,21 @@
 // edgeprefill.MatMulBf16: out = bf16(a) @ bf16(b), products summed in float32. It replaces
 // a float32 bundle's projections at load when the user asks for bf16 compute
-// (edgeprefill/kernels/bf16.py): the weights are rounded to bf16 once, the activations on
-// each call, and AVX512-BF16's vdpbf16ps does two multiply-adds per lane where an fp32 FMA
-// does one. On a Zen 5 core that is 2x ONNX Runtime's fp32 MatMul for a prefill chunk (both
-// at their instruction's peak, docs/benchmarks.md) and half the weight bytes for a decode step.
+// (edgeprefill/engines/ort/bf16_compute.py): the weights are rounded to bf16 once, the
+// activations on each call, and AVX512-BF16's vdpbf16ps does two multiply-adds per lane
+// where an fp32 FMA does one. On a Zen 5 core that is 2x ONNX Runtime's fp32 MatMul for a
+// prefill chunk (both near their instruction's peak, docs/benchmarks.md) and half the
+// weight bytes for a decode step.
 //
 // Inputs:  0 a [..., K] float
-//          1 b [P, K2, 64] int32: the [K, N] weight, rounded to bf16 and packed by bf16.py in
-//            panels of 64 columns (P = ceil(N / 64), K2 = ceil(K / 2)); each int32 holds the
-//            bf16 pair (k = 2 i, k = 2 i + 1) of one column, low half first, zero past K, N
+//          1 b [P, K2, 64] int32: the [K, N] weight, rounded to bf16 and packed by
+//            bf16_compute.py in panels of 64 columns (P = ceil(N / 64), K2 = ceil(K / 2));
+//            each int32 holds the bf16 pair (k = 2 i, k = 2 i + 1) of one column, low half
+//            first, zero past K, N
 // Output:  0 out [..., N] float
 // Attribute: N (int), the weight's true column count.
 //
 // Without AVX512-BF16 the same numbers (bf16 inputs, float32 sums) come from portable
-// loops, far slower than fp32: bf16.py says so in `--stats`.
+// loops, far slower than fp32: bf16_compute.py says so in `--stats`.
 
 #include <algorithm>
 #include <cstdint>

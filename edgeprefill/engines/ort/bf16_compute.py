@@ -24,11 +24,12 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import numpy as np
-from onnx import AttributeProto, GraphProto, ModelProto, NodeProto, helper
+from onnx import AttributeProto, GraphProto, ModelProto, NodeProto, TensorProto, helper
 
 from edgeprefill.engines.base import COMPUTES
 from edgeprefill.engines.ort.derived import Derived, hand_over, initializer
 from edgeprefill.errors import BackendError
+from edgeprefill.kernels.build import cpu_identity
 from edgeprefill.kernels.graph import DOMAIN, PREFILL_OP
 
 OP = "MatMulBf16"
@@ -43,12 +44,9 @@ class Bf16Compute(NamedTuple):
 
 
 def cpu_has_bf16() -> bool:
-    """AVX512-BF16 (Zen 4/5, Cooper Lake, Sapphire Rapids and later, which add AMX)."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    return any(" avx512_bf16" in line for line in text.splitlines() if line.startswith("flags"))
+    """AVX512-BF16 (Zen 4/5, Cooper Lake, Sapphire Rapids and later, which add AMX): in the
+    flags the kernel build keys its library on."""
+    return "avx512_bf16" in cpu_identity().split()
 
 
 def describe_bf16(projections: bool = True) -> str:
@@ -77,7 +75,9 @@ def choose(graph: ModelProto, bundle_dir: Path, compute: str, kernels_described:
     if not native:
         raise BackendError(f"--compute bf16 needs the native kernels, and this load runs "
                            f"{kernels_described}")
-    targets = [i for i, node in enumerate(graph.graph.node) if _weight_of(graph, node)]
+    initializers = {t.name: t for t in graph.graph.initializer}
+    targets = [i for i, node in enumerate(graph.graph.node)
+               if _is_projection(node, initializers)]
     derived = Derived(graph, bundle_dir)
     nodes = graph.graph.node
     for i in reversed(targets):  # from the end: a Gemm's bias adds a node after it
@@ -110,23 +110,21 @@ def _attention_in_bf16(graph: GraphProto) -> int:
     return count
 
 
-def _weight_of(graph: ModelProto, node: NodeProto) -> str | None:
-    """The float32 2-D initializer this node multiplies by, if it is a projection the kernel
-    takes: MatMul(x, W[K, N]) or the LM head's Gemm(x, W[N, K], bias?, transB=1)."""
+def _is_projection(node: NodeProto, initializers: dict[str, TensorProto]) -> bool:
+    """Whether the node multiplies by a float32 2-D initializer in a way the kernel takes:
+    MatMul(x, W[K, N]) or the LM head's Gemm(x, W[N, K], bias?, transB=1)."""
     if node.domain not in ("", "ai.onnx") or len(node.input) < 2:
-        return None
+        return False
     if node.op_type == "Gemm":
         attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
         plain = attrs.get("transA", 0) == 0 and attrs.get("alpha", 1.0) == 1.0 and (
             attrs.get("beta", 1.0) == 1.0)
         if attrs.get("transB", 0) != 1 or not plain:
-            return None
+            return False
     elif node.op_type != "MatMul":
-        return None
-    weight = next((t for t in graph.graph.initializer if t.name == node.input[1]), None)
-    if weight is None or len(weight.dims) != 2 or weight.data_type != 1:  # FLOAT
-        return None
-    return str(weight.name)
+        return False
+    weight = initializers.get(node.input[1])
+    return weight is not None and len(weight.dims) == 2 and weight.data_type == TensorProto.FLOAT
 
 
 def _bf16_nodes(node: NodeProto, derived: Derived) -> list[NodeProto]:
