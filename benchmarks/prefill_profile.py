@@ -21,6 +21,7 @@ import numpy as np
 
 from edgeprefill.bundle import load_manifest
 from edgeprefill.engines import BackendOptions, StepBatch
+from edgeprefill.engines.base import COMPUTES
 from edgeprefill.engines.ort.backend import OnnxRuntimeBackend
 from edgeprefill.errors import EdgeprefillError
 
@@ -87,7 +88,7 @@ def main() -> int:
     parser.add_argument("--prompt", type=int, default=2048)
     parser.add_argument("--chunk", type=int, default=256)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--compute", choices=("fp32", "bf16"), default="fp32",
+    parser.add_argument("--compute", choices=COMPUTES, default="fp32",
                         help="a float32 bundle's projections in fp32 or bf16 (--compute)")
     args = parser.parse_args()
     try:
