@@ -193,12 +193,18 @@ np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 def test_profile_line_accounts_for_every_piece(library):
     """EDGEPREFILL_PREFILL_PROFILE=1: one stderr line per call, whose per-thread piece counts
-    add up to the call's pieces (4 rows x 2 KV heads x 2 blocks of 32 queries), and the
-    output is unchanged. A subprocess: the switch is read once per process."""
+    add up to the call's pieces (4 rows x 2 KV heads x the 64-token chunk's query blocks:
+    as many queries per block as fill the build's columns with the group's 3 heads), and
+    the output is unchanged. A subprocess: the switch is read once per process."""
     import os
     import re
     import subprocess
     import sys
+
+    from edgeprefill.kernels.build import flags
+
+    columns = next((int(f.split("=")[1]) for f in flags() if f.startswith("-DEP_COLUMNS=")), 96)
+    pieces = len(PASTS) * KV_HEADS * -(-64 // (columns // (HEADS // KV_HEADS)))
 
     env = dict(os.environ, EDGEPREFILL_PREFILL_PROFILE="1")
     done = subprocess.run([sys.executable, "-c", PROFILED_RUN, __file__, str(library)],
@@ -206,6 +212,48 @@ def test_profile_line_accounts_for_every_piece(library):
     assert done.returncode == 0, done.stderr
     lines = [line for line in done.stderr.splitlines() if line.startswith("prefill-profile")]
     assert len(lines) == 1, done.stderr
-    assert " pieces 16:" in lines[0]
+    assert f" pieces {pieces}:" in lines[0]
     per_thread = [int(n) for n in re.findall(r"\[(\d+) pieces", lines[0])]
-    assert 1 <= len(per_thread) <= 2 and sum(per_thread) == 16, lines[0]
+    assert 1 <= len(per_thread) <= 2 and sum(per_thread) == pieces, lines[0]
+
+
+def _cache_dir(tmp_path, *entries):
+    """A fake /sys/devices/system/cpu/cpu0/cache with (level, type, size) entries."""
+    for i, (level, kind, size) in enumerate(entries):
+        index = tmp_path / f"index{i}"
+        index.mkdir()
+        for name, value in (("level", level), ("type", kind), ("size", size)):
+            (index / name).write_text(value + "\n")
+    return tmp_path
+
+
+@pytest.mark.parametrize("entries, size", [
+    ([("1", "Data", "32K"), ("1", "Instruction", "32K"), ("2", "Unified", "1024K")], 32 << 10),
+    ([("1", "Instruction", "32K"), ("1", "Data", "48K")], 48 << 10),
+    ([("2", "Unified", "2048K")], None),  # no level-1 data cache said
+    ([("1", "Data", "lots")], None),
+    ([], None),
+])
+def test_l1_data_cache_is_read_from_sysfs(tmp_path, entries, size):
+    from edgeprefill.kernels.build import l1_data_bytes
+
+    assert l1_data_bytes(_cache_dir(tmp_path, *entries)) == size
+
+
+def test_tiling_is_chosen_by_the_l1_data_cache_and_keys_the_library():
+    """32 KB of L1 (AMD Zen 4) takes the 48-column blocking, 48 KB (Intel) and unknown CPUs
+    the default; the flags are part of the library's digest (a changed choice never loads a
+    library built with the other)."""
+    from unittest import mock
+
+    from edgeprefill.kernels import build as kernel_build
+
+    assert kernel_build.tiling_flags(32 << 10) == (
+        "-DEP_COLUMNS=48", "-DEP_KEY_BLOCK=128", "-DEP_TILE_ROWS=8")
+    assert kernel_build.tiling_flags(48 << 10) == ()
+    assert kernel_build.tiling_flags(None) == ()
+    digests = set()
+    for size in (32 << 10, 48 << 10):
+        with mock.patch.object(kernel_build, "l1_data_bytes", return_value=size):
+            digests.add(kernel_build.digest())
+    assert len(digests) == 2

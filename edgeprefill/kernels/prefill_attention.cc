@@ -46,22 +46,29 @@ namespace {
 
 // A piece's queries are laid out as the columns of its tiles: column m is query m / group,
 // head m % group of the KV group, so the group's heads share every key and value read.
-// Tuning experiments compile other blockings with -DEP_COLUMNS=.. -DEP_KEY_BLOCK=..
+// The blocking is chosen per CPU at build time (edgeprefill/kernels/build.py, tiling_flags):
+// a piece's buffers (queries, scores, probabilities, output: ~44 KB at 96 columns and 64
+// keys) must stay in the L1 data cache, so CPUs with 48 KB of it (Intel since Ice Lake)
+// take 96 columns x 64 keys in 4-row tiles, those with 32 KB (AMD Zen 4) 48 columns x 128
+// keys in 8-row tiles: there the fp32 kernel ran 1.3x faster and the bf16 one 1.1x
+// (docs/benchmarks.md). Experiments compile others with -DEP_COLUMNS=.. -DEP_KEY_BLOCK=..
 // -DEP_TILE_ROWS=.. (rows x vectors <= 24 accumulators) and time them with
-// `benchmarks/prefill_attention.py --library`; the defaults measured best here.
+// `benchmarks/prefill_attention.py --library`.
 #ifndef EP_COLUMNS
 #define EP_COLUMNS 96
 #define EP_KEY_BLOCK 64
 #define EP_TILE_ROWS 4
 #endif
-constexpr int64_t kColumns = EP_COLUMNS;     // columns per piece at most (6 AVX-512 vectors)
+constexpr int64_t kColumns = EP_COLUMNS;     // columns a piece aims for
+constexpr int64_t kMaxColumns = 96;          // columns a piece may have (6 AVX-512 vectors)
 constexpr int64_t kKeyBlock = EP_KEY_BLOCK;  // keys per step of the online softmax
 constexpr int kVec = 16;
-constexpr int kTileRows = EP_TILE_ROWS;      // register tile: 4 rows x up to 6 vectors
+constexpr int kTileRows = EP_TILE_ROWS;      // register tile rows (x up to 6 vectors)
 
 struct Shape {
   int64_t rows, chunk, kv_heads, capacity, head_dim, group, rotary;
   int64_t block;  // queries per piece: as many as fill kColumns columns with the group's heads
+                  // (one query when a group is wider: up to kMaxColumns)
 };
 
 struct Piece {
@@ -108,6 +115,11 @@ struct Job {
   const int64_t* past;  // per row
   float* out;
   bool bf16;  // the products on bf16 pairs (Product<uint32_t>), where UsesBf16 allows
+  // bf16: the cache's keys [rows, kv, span, D/2] and values [rows, kv, span/2, D] paired
+  // once per call for all pieces (span: the longest row's past + chunk, even).
+  uint32_t* key_pairs = nullptr;
+  uint32_t* value_pairs = nullptr;
+  int64_t span = 0;
   std::vector<Piece> pieces;
   std::vector<PieceTime> times;  // per piece, only when profiling
 };
@@ -212,20 +224,25 @@ void Product(int64_t rows, int64_t columns, const T* x, int64_t xa, int64_t xb, 
 }
 
 #ifdef __AVX512BF16__
-// rows x width floats (row stride `stride`, width a multiple of 16) -> ceil(rows / 2) x
-// width pairs of vertical neighbours (row 2j, row 2j + 1; a missing last row is zero).
-void PairRows(const float* src, int64_t stride, int64_t rows, int64_t width, uint32_t* dst) {
+// 16 lanes of two neighbouring rows -> their bf16 pairs (low row in the low half), as
+// PairRows writes them.
+inline __m512i PairVectors(__m512 low, __m512 high) {
   alignas(64) static const uint16_t kInterleave[32] = {
       0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23,
       8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
-  const __m512i order = _mm512_load_si512(kInterleave);
+  const __m512i both = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(high, low));
+  return _mm512_permutexvar_epi16(_mm512_load_si512(kInterleave), both);
+}
+
+// rows x width floats (row stride `stride`, width a multiple of 16) -> ceil(rows / 2) x
+// width pairs of vertical neighbours (row 2j, row 2j + 1; a missing last row is zero).
+void PairRows(const float* src, int64_t stride, int64_t rows, int64_t width, uint32_t* dst) {
   for (int64_t j = 0; 2 * j < rows; ++j) {
     const float* low = src + 2 * j * stride;
     const bool pair = 2 * j + 1 < rows;
     for (int64_t c = 0; c < width; c += kVec) {
       const __m512 high = pair ? _mm512_loadu_ps(low + stride + c) : _mm512_setzero_ps();
-      const __m512i both = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(high, _mm512_loadu_ps(low + c)));
-      _mm512_storeu_si512(dst + j * width + c, _mm512_permutexvar_epi16(order, both));
+      _mm512_storeu_si512(dst + j * width + c, PairVectors(_mm512_loadu_ps(low + c), high));
     }
   }
 }
@@ -246,11 +263,14 @@ bool UsesBf16(bool asked) {
 // scores; a column sees the keys up to its position. They become exp(score - new max), 0
 // where masked; the running max, sum and the factor for the earlier output are updated.
 #ifdef __AVX512F__
-void SoftmaxStep(float* scores, int64_t stride, int64_t n, int64_t k0, const int32_t* positions,
-                 float* top, float* total, float* rescale) {
-  const __m512i position = _mm512_loadu_si512(positions);
-  // Below the diagonal (every column sees the whole block) nothing needs masking.
-  const bool inside = k0 + n - 1 <= _mm512_reduce_min_epi32(position);
+// Below the diagonal (every column sees the whole block) nothing needs masking.
+inline bool Inside(int64_t n, int64_t k0, __m512i position) {
+  return k0 + n - 1 <= _mm512_reduce_min_epi32(position);
+}
+
+// The largest score each column sees in the block.
+inline __m512 BlockTop(const float* scores, int64_t stride, int64_t n, int64_t k0,
+                       __m512i position, bool inside) {
   __m512 block_top = _mm512_set1_ps(-INFINITY);
   if (inside) {
     __m512 other = block_top;  // two chains: max has a latency of 4
@@ -260,14 +280,21 @@ void SoftmaxStep(float* scores, int64_t stride, int64_t n, int64_t k0, const int
       other = _mm512_max_ps(other, _mm512_loadu_ps(scores + (j + 1) * stride));
     }
     if (j < n) block_top = _mm512_max_ps(block_top, _mm512_loadu_ps(scores + j * stride));
-    block_top = _mm512_max_ps(block_top, other);
-  } else {
-    for (int64_t j = 0; j < n; ++j) {
-      const __mmask16 seen = _mm512_cmple_epi32_mask(_mm512_set1_epi32(static_cast<int32_t>(k0 + j)), position);
-      block_top = _mm512_mask_max_ps(block_top, seen, block_top, _mm512_loadu_ps(scores + j * stride));
-    }
+    return _mm512_max_ps(block_top, other);
   }
+  for (int64_t j = 0; j < n; ++j) {
+    const __mmask16 seen = _mm512_cmple_epi32_mask(_mm512_set1_epi32(static_cast<int32_t>(k0 + j)), position);
+    block_top = _mm512_mask_max_ps(block_top, seen, block_top, _mm512_loadu_ps(scores + j * stride));
+  }
+  return block_top;
+}
+
+void SoftmaxStep(float* scores, int64_t stride, int64_t n, int64_t k0, const int32_t* positions,
+                 float* top, float* total, float* rescale) {
+  const __m512i position = _mm512_loadu_si512(positions);
+  const bool inside = Inside(n, k0, position);
   const __m512 old_top = _mm512_loadu_ps(top);
+  const __m512 block_top = BlockTop(scores, stride, n, k0, position, inside);
   const __m512 new_top = _mm512_max_ps(old_top, block_top);
   const __m512 factor = ExpNonPositive16(_mm512_sub_ps(old_top, new_top));
   __m512 sum = _mm512_setzero_ps();
@@ -300,6 +327,51 @@ void SoftmaxStep(float* scores, int64_t stride, int64_t n, int64_t k0, const int
   _mm512_storeu_ps(total, _mm512_fmadd_ps(_mm512_loadu_ps(total), factor, sum));
   _mm512_storeu_ps(rescale, factor);
 }
+
+#ifdef __AVX512BF16__
+// exp(x) for x <= 0 to ~8e-5 relative: 2^(x log2 e) with a cubic for 2^f, f in [-1/2, 1/2].
+// Enough where the probabilities are then rounded to bf16 (2^-9 relative).
+inline __m512 ExpForBf16(__m512 x) {
+  const __m512 t = _mm512_mul_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.0f)), _mm512_set1_ps(1.44269504088896341f));
+  const __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 f = _mm512_sub_ps(t, n);
+  __m512 p = _mm512_fmadd_ps(_mm512_set1_ps(0.055088767f), f, _mm512_set1_ps(0.242604656f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.693276283f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.999928905f));
+  return _mm512_scalef_ps(p, n);
+}
+
+// SoftmaxStep for the bf16 products: the probabilities go straight into bf16 pairs of
+// neighbouring keys (pairs[(j / 2) * pair_stride]), the same bits PairRows would make of
+// SoftmaxStep's output, without writing the float32 probabilities back and reading them
+// again.
+void SoftmaxStepPairs(const float* scores, int64_t stride, int64_t n, int64_t k0,
+                      const int32_t* positions, float* top, float* total, float* rescale,
+                      uint32_t* pairs, int64_t pair_stride) {
+  const __m512i position = _mm512_loadu_si512(positions);
+  const bool inside = Inside(n, k0, position);
+  const __m512 old_top = _mm512_loadu_ps(top);
+  const __m512 new_top = _mm512_max_ps(old_top, BlockTop(scores, stride, n, k0, position, inside));
+  const __m512 factor = ExpForBf16(_mm512_sub_ps(old_top, new_top));
+  __m512 sum = _mm512_setzero_ps(), sum1 = sum;
+  for (int64_t j = 0; j < n; j += 2) {
+    __m512 e0 = ExpForBf16(_mm512_sub_ps(_mm512_loadu_ps(scores + j * stride), new_top));
+    __m512 e1 = j + 1 < n ? ExpForBf16(_mm512_sub_ps(_mm512_loadu_ps(scores + (j + 1) * stride), new_top))
+                          : _mm512_setzero_ps();
+    if (!inside) {
+      const __m512i key = _mm512_set1_epi32(static_cast<int32_t>(k0 + j));
+      e0 = _mm512_maskz_mov_ps(_mm512_cmple_epi32_mask(key, position), e0);
+      e1 = _mm512_maskz_mov_ps(_mm512_cmple_epi32_mask(_mm512_add_epi32(key, _mm512_set1_epi32(1)), position), e1);
+    }
+    sum = _mm512_add_ps(sum, e0);
+    sum1 = _mm512_add_ps(sum1, e1);
+    _mm512_storeu_si512(pairs + (j / 2) * pair_stride, PairVectors(e0, e1));
+  }
+  _mm512_storeu_ps(top, new_top);
+  _mm512_storeu_ps(total, _mm512_fmadd_ps(_mm512_loadu_ps(total), factor, _mm512_add_ps(sum, sum1)));
+  _mm512_storeu_ps(rescale, factor);
+}
+#endif
 #else
 void SoftmaxStep(float* scores, int64_t stride, int64_t n, int64_t k0, const int32_t* positions,
                  float* top, float* total, float* rescale) {
@@ -364,41 +436,36 @@ void RunPiece(void* data, size_t index) {
   std::fill(top, top + columns, -INFINITY);
   std::fill(total, total + columns, 0.0f);
 #ifdef __AVX512BF16__
-  // bf16: the queries paired once ([D/2, columns]); per key block the keys ([n, D/2]), the
-  // probabilities ([n/2, columns]) and the values ([n/2, D]), each paired as it is used.
-  std::vector<uint32_t> pairs(job.bf16 ? d / 2 * columns + kKeyBlock * d / 2 +
-                                             (kKeyBlock / 2 + 1) * (columns + d) : 0);
+  // bf16: the queries paired once ([D/2, columns]); per key block the probabilities
+  // ([n/2, columns], by the softmax); the keys and values were paired once per call (RunPairs).
+  std::vector<uint32_t> pairs(job.bf16 ? (d + kKeyBlock + 2) / 2 * columns : 0);
   uint32_t* q2 = pairs.data();
-  uint32_t* k2 = q2 + d / 2 * columns;
-  uint32_t* p2 = k2 + kKeyBlock * d / 2;
-  uint32_t* v2 = p2 + (kKeyBlock / 2 + 1) * columns;
+  uint32_t* p2 = q2 + d / 2 * columns;
   if (job.bf16) PairRows(qt, columns, d, columns, q2);
 #endif
 
-  const int64_t cache_offset = (piece.row * s.kv_heads + piece.kv) * s.capacity * d;
-  const float* keys = job.keys + cache_offset;
-  const float* values = job.values + cache_offset;
+  const int64_t head = piece.row * s.kv_heads + piece.kv;
+  const float* keys = job.keys + head * s.capacity * d;
+  const float* values = job.values + head * s.capacity * d;
   const int64_t end = first_position + queries;  // keys [0, end) are seen by some query
   for (int64_t k0 = 0; k0 < end; k0 += kKeyBlock) {
     const int64_t n = std::min(kKeyBlock, end - k0);
 #ifdef __AVX512BF16__
     if (job.bf16) {
-      PairUp(keys + k0 * d, n * d, k2);
-      Product(n, columns, k2, d / 2, 1, q2, scores, d / 2, nullptr);
-    } else
-#endif
-      Product(n, columns, keys + k0 * d, d, 1, qt, scores, d, nullptr);
-    for (int64_t c = 0; c < columns; c += kVec) {
-      SoftmaxStep(scores + c, columns, n, k0, positions.data() + c, top + c, total + c, rescale + c);
+      Product(n, columns, job.key_pairs + (head * job.span + k0) * d / 2, d / 2, 1, q2, scores,
+              d / 2, nullptr);
+      for (int64_t c = 0; c < columns; c += kVec)
+        SoftmaxStepPairs(scores + c, columns, n, k0, positions.data() + c, top + c, total + c,
+                         rescale + c, p2 + c, columns);
+      Product(d, columns, job.value_pairs + (head * job.span + k0) / 2 * d, 1, d, p2, ot,
+              (n + 1) / 2, rescale);
+      continue;
     }
-#ifdef __AVX512BF16__
-    if (job.bf16) {
-      PairRows(scores, columns, n, columns, p2);
-      PairRows(values + k0 * d, d, n, d, v2);
-      Product(d, columns, v2, 1, d, p2, ot, (n + 1) / 2, rescale);
-    } else
 #endif
-      Product(d, columns, values + k0 * d, 1, d, scores, ot, n, rescale);
+    Product(n, columns, keys + k0 * d, d, 1, qt, scores, d, nullptr);
+    for (int64_t c = 0; c < columns; c += kVec)
+      SoftmaxStep(scores + c, columns, n, k0, positions.data() + c, top + c, total + c, rescale + c);
+    Product(d, columns, values + k0 * d, 1, d, scores, ot, n, rescale);
   }
   for (int64_t m = 0; m < used; ++m) {
     const int64_t i = m / g, h = m % g;
@@ -464,7 +531,7 @@ OrtStatus* CheckShapes(const Kernel& kernel, const Tensor& qkv, const Tensor& pa
   if (cos.dims.size() != 2 || cos.dims != sin.dims || cos.dims[1] < 1 || cos.dims[1] * 2 > d)
     return Fail("PrefillAttention: cos and sin must be [positions, rotary_dim / 2], rotary_dim <= head_dim");
   const int64_t group = kernel.heads / kernel.kv_heads;
-  if (group > kColumns)
+  if (group > kMaxColumns)
     return Fail("PrefillAttention: at most 96 query heads per KV head");
   *shape = {qkv.dims[0], qkv.dims[1], kernel.kv_heads, past_k.dims[2], d, group,
             2 * cos.dims[1], std::max<int64_t>(1, kColumns / group)};
@@ -507,6 +574,25 @@ std::vector<Piece> Plan(const Shape& s, const int64_t* past) {
   return pieces;
 }
 
+#ifdef __AVX512BF16__
+constexpr int64_t kPairBlock = 256;  // keys per piece of the pairing pass
+
+// Piece i of the pairing pass: (row, KV head, block of kPairBlock keys), keys and values.
+void RunPairs(void* data, size_t index) {
+  const Job& job = *static_cast<const Job*>(data);
+  const Shape& s = job.shape;
+  const int64_t blocks = job.span / kPairBlock + 1, d = s.head_dim;
+  const int64_t head = static_cast<int64_t>(index) / blocks;  // row * kv_heads + kv
+  const int64_t k0 = static_cast<int64_t>(index) % blocks * kPairBlock;
+  const int64_t end = job.past[head / s.kv_heads] + s.chunk;
+  if (k0 >= end) return;
+  const int64_t n = std::min(kPairBlock, end - k0);
+  const int64_t cache = head * s.capacity * d;
+  PairUp(job.keys + cache + k0 * d, n * d, job.key_pairs + (head * job.span + k0) * d / 2);
+  PairRows(job.values + cache + k0 * d, d, n, d, job.value_pairs + (head * job.span + k0) / 2 * d);
+}
+#endif
+
 OrtStatus* Compute(const Kernel& kernel, OrtKernelContext* context) {
   Tensor qkv, past_k, past_v, seqlens_t, total_t, cos, sin;
   EP_RETURN_IF_ERROR(Input(context, 0, &qkv));
@@ -538,8 +624,20 @@ OrtStatus* Compute(const Kernel& kernel, OrtKernelContext* context) {
 
   const int64_t begin = Profiling() ? Now() : 0;
   Job job{s, kernel.scale, qkv.data, keys, values, cos.data, sin.data, past.data(), out,
-          UsesBf16(kernel.bf16), {}, {}};
+          UsesBf16(kernel.bf16), nullptr, nullptr, 0, {}, {}};
   WriteCache(job, keys, values);
+#ifdef __AVX512BF16__
+  std::vector<uint32_t> key_pairs, value_pairs;
+  if (job.bf16) {
+    for (int64_t row = 0; row < s.rows; ++row) job.span = std::max(job.span, past[row] + s.chunk);
+    job.span += job.span & 1;
+    key_pairs.resize(static_cast<size_t>(s.rows * s.kv_heads * job.span * d / 2));
+    value_pairs.resize(key_pairs.size());
+    job.key_pairs = key_pairs.data();
+    job.value_pairs = value_pairs.data();
+    ParallelFor(context, RunPairs, static_cast<size_t>(s.rows * s.kv_heads * (job.span / kPairBlock + 1)), &job);
+  }
+#endif
   job.pieces = Plan(s, past.data());
   if (Profiling()) job.times.resize(job.pieces.size());
   const int64_t pooled = Profiling() ? Now() : 0;
