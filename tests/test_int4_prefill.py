@@ -66,15 +66,22 @@ def test_prefill_logits_stay_close_to_the_stock_int4_graph(int4_bundle, monkeypa
     assert np.abs(got - stock).max() / np.abs(stock).max() < max_rel_error
 
 
-@pytest.mark.parametrize("kernels", ["auto", "off"])  # with the native decode attention or not
-def test_decode_logits_are_the_stock_graphs_bit_for_bit(int4_bundle, monkeypatch, kernels):
+@pytest.mark.parametrize("kernels", ["auto", "off"])  # with the native decode kernels or not
+def test_decode_logits_are_the_stock_graphs(int4_bundle, monkeypatch, kernels):
+    """Decode keeps the bundle's own MatMulNBits, bit for bit; where the native kernels run
+    on a CPU with VNNI it runs MatMulInt4 instead (engines/ort/int4_decode.py: the same
+    quantization, its float32 sums in another order), equal to float32 rounding."""
     monkeypatch.setenv("EDGEPREFILL_KERNELS", kernels)
     stock, switched = (backend(int4_bundle, monkeypatch, v) for v in ("off", "int8"))
     run(stock, PROMPT, 0)
     for theirs, ours in zip(stock.kv_arrays(), switched.kv_arrays(), strict=True):
         ours[...] = theirs  # the same cache, so only the decode step's own math differs
     for past, token in enumerate([8, 21, 55], start=len(PROMPT)):
-        np.testing.assert_array_equal(run(switched, [token], past), run(stock, [token], past))
+        want, got = run(stock, [token], past), run(switched, [token], past)
+        if switched.int4_decode.rewritten:
+            np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * np.abs(want).max())
+        else:
+            np.testing.assert_array_equal(got, want)
 
 
 def greedy(b: OnnxRuntimeBackend, chunk: int, new: int = 12) -> list[int]:

@@ -69,12 +69,17 @@ def _io_lines(table: dict, kv_pairs: list[list[str]]) -> list[str]:
 
 
 def _int4_prefill_line(graph) -> list[str]:
-    """int4 bundles: what their prefill projections run here (engines.ort.int4_prefill)."""
+    """int4 bundles: what their prefill and decode projections run here
+    (engines.ort.int4_prefill, engines.ort.int4_decode)."""
     if graph.quantization != "int4":
         return []
+    from edgeprefill.engines.ort.int4_decode import describe as describe_decode
     from edgeprefill.engines.ort.int4_prefill import describe as describe_int4
+    from edgeprefill.kernels.select import NATIVE, describe
 
-    return [f"int4 prefill {describe_int4(graph.flavor)} (accuracy-level-4 projections)"]
+    native = describe(graph.flavor, graph.dtype) == NATIVE
+    return [f"int4 prefill {describe_int4(graph.flavor)} (accuracy-level-4 projections)",
+            f"int4 decode {describe_decode(native)}"]
 
 
 def _compute_line(graph) -> list[str]:

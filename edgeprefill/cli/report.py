@@ -43,7 +43,9 @@ def backend_line(backend) -> str:
     merged = f", {switches.describe()}" if switches is not None and switches.describe() else ""
     compute = getattr(backend, "compute", None)
     bf16 = f", compute {compute.described}" if compute and compute.rewritten else ""
-    return f"backend: {backend.name}, kernels {described}{prefill}{bf16}{merged}"
+    int4_decode = getattr(backend, "int4_decode", None)
+    decode = f", {int4_decode.described}" if int4_decode and int4_decode.rewritten else ""
+    return f"backend: {backend.name}, kernels {described}{prefill}{decode}{bf16}{merged}"
 
 
 def _ms(seconds: float | None) -> str:

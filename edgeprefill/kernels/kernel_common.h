@@ -123,7 +123,8 @@ OrtStatus* Output(OrtKernelContext* context, size_t index, const std::vector<int
 void ParallelFor(OrtKernelContext* context, void (*fn)(void*, size_t), size_t count, void* data);
 
 // One op of the library: its name, its inputs (those in `int32_inputs`, a bit mask, are
-// int32, the rest float; every output is float) and its kernel's life cycle.
+// int32, those in `uint8_inputs` uint8, the rest float; every output is float) and its
+// kernel's life cycle.
 struct OpSpec {
   const char* name;
   size_t inputs;
@@ -132,6 +133,7 @@ struct OpSpec {
   OrtStatus* (*create)(const OrtKernelInfo* info, void** kernel);
   OrtStatus* (*compute)(void* kernel, OrtKernelContext* context);
   void (*destroy)(void* kernel);
+  uint32_t uint8_inputs = 0;
 };
 
 // The OrtCustomOp table first, so ONNX Runtime's `const OrtCustomOp*` leads back to the spec.
@@ -146,5 +148,6 @@ const Op& DecodeAttentionOp();
 const Op& PrefillAttentionOp();
 const Op& SwiGluOp();
 const Op& MatMulBf16Op();
+const Op& MatMulInt4Op();
 
 }  // namespace edgeprefill

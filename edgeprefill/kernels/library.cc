@@ -40,6 +40,7 @@ const char* ORT_API_CALL Provider(const OrtCustomOp*) { return "CPUExecutionProv
 size_t ORT_API_CALL InputCount(const OrtCustomOp* op) { return SpecOf(op).inputs; }
 size_t ORT_API_CALL OutputCount(const OrtCustomOp* op) { return SpecOf(op).outputs; }
 ONNXTensorElementDataType ORT_API_CALL InputType(const OrtCustomOp* op, size_t index) {
+  if ((SpecOf(op).uint8_inputs >> index) & 1u) return ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8;
   return (SpecOf(op).int32_inputs >> index) & 1u ? ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32
                                                   : ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
 }
@@ -134,5 +135,6 @@ RegisterCustomOps(OrtSessionOptions* options, const OrtApiBase* api_base) {
   EP_RETURN_IF_ERROR(g_api->CustomOpDomain_Add(domain, &PrefillAttentionOp().table));
   EP_RETURN_IF_ERROR(g_api->CustomOpDomain_Add(domain, &SwiGluOp().table));
   EP_RETURN_IF_ERROR(g_api->CustomOpDomain_Add(domain, &MatMulBf16Op().table));
+  EP_RETURN_IF_ERROR(g_api->CustomOpDomain_Add(domain, &MatMulInt4Op().table));
   return g_api->AddCustomOpDomain(options, domain);
 }

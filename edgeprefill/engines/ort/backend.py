@@ -29,6 +29,7 @@ from edgeprefill.contract import (
 from edgeprefill.engines.base import Backend, BackendOptions, StepBatch
 from edgeprefill.engines.ort.arena import DeviceArena, HostArena, KVArena
 from edgeprefill.engines.ort.bf16_compute import choose as choose_compute
+from edgeprefill.engines.ort.int4_decode import choose as choose_int4_decode
 from edgeprefill.engines.ort.int4_prefill import choose as choose_int4_prefill
 from edgeprefill.engines.ort.int4_prefill import loadable
 from edgeprefill.engines.ort.providers import (
@@ -110,10 +111,13 @@ class OnnxRuntimeBackend(Backend):
             graph, bundle_dir, options.compute, self.kernels.described,
             self.kernels.library is not None, session_options,
         )
+        # int4 bundles' decode projections: MatMulInt4 where the native kernels run (VNNI).
+        self.int4_decode = choose_int4_decode(graph, self.kernels.library is not None)
         # Both rewrites switch nodes on "the chunk is one token": one If per step for all.
         self.switches = merge_switches(graph)
         model = loadable(self.kernels.model, graph, self.int4_prefill, session_options)
-        if (self.switches.merged or self.compute.rewritten) and isinstance(model, bytes):
+        rewritten = self.switches.merged or self.compute.rewritten or self.int4_decode.rewritten
+        if rewritten and isinstance(model, bytes):
             model = graph.SerializeToString()  # the kernels' bytes predate these rewrites
         self.session = ort.InferenceSession(
             model, session_options, providers=providers,

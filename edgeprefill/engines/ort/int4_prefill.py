@@ -6,7 +6,8 @@ weights), but on a many-row chunk ONNX Runtime's x86 kernel is well below its in
 (`DynamicQuantizeMatMul`): int4 prefill was the slowest precision (docs/benchmarks.md,
 "int4 prefill at int8 speed"). Each MatMulNBits before the logits becomes an `If` on "the
 chunk is one token": the then-branch is the node unchanged (decode keeps its kernel and
-its exact numbers), the else-branch the prefill variant picked by `EDGEPREFILL_INT4_PREFILL`:
+its exact numbers, or the native MatMulInt4 where engines/ort/int4_decode.py switches it
+in), the else-branch the prefill variant picked by `EDGEPREFILL_INT4_PREFILL`:
 
 - `int8` (the default): `DynamicQuantizeMatMul` on per-output-channel int8 weights derived
   here from the int4 ones (dequantized, then requantized: a grid 18x finer than the int4
@@ -105,8 +106,9 @@ def describe(flavor: str, device: str = "cpu") -> str:
 
 
 def describe_variant(variant: str) -> str:
-    return {"int8": "DynamicQuantizeMatMul on int8 weights derived at load (decode: MatMulNBits)",
-            "level0": "MatMulNBits accuracy level 0 (decode: the bundle's level)"}[variant]
+    # Decode's projections are said apart (engines.ort.int4_decode, `inspect`'s int4 decode).
+    return {"int8": "DynamicQuantizeMatMul on int8 weights derived at load",
+            "level0": "MatMulNBits accuracy level 0"}[variant]
 
 
 def prefill_targets(graph: ModelProto) -> list[int]:

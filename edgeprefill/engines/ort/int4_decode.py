@@ -1,0 +1,107 @@
+"""At load time, with the native kernels: an int4 bundle's decode projections run
+`edgeprefill.MatMulInt4` (edgeprefill/kernels/matmul_int4.cc) instead of ONNX Runtime's
+MatMulNBits, on the same packed weights.
+
+A decode step reads every weight once for a handful of rows, so it is bound by memory, and
+ONNX Runtime's MatMulNBits reads 11-16 GB/s on one core of an AMD EPYC (Zen 4), short of
+what the memory gives. MatMulInt4 unpacks 128 weights per 64-byte load into two AVX512-VNNI
+dot products (docs/benchmarks.md). It computes what MatMulNBits computes at accuracy level
+4: the activations quantized to int8 per block of 32 (largest magnitude / 127, rounded to
+nearest even), the 4-bit weights minus their zero point 8, int32 sums per block scaled in
+float32; only the order of the float32 sums differs (tests/test_int4_decode.py).
+
+Which nodes: MatMulNBits at accuracy level 4 (4 bits, blocks of 32, no zero points) whose
+rows are one token per sequence: those in int4_prefill's decode branches (the then-branch
+of its If on "the chunk is one token") and those after the last-position gather (the LM
+head). A MatMulNBits on a prefill chunk's rows keeps ONNX Runtime's kernel (a GEMM there,
+where this op is a GEMV). Only on CPUs with AVX512-VNNI: elsewhere the op's portable loops
+would be slower than ONNX Runtime's kernel.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from onnx import AttributeProto, GraphProto, ModelProto, NodeProto, helper
+
+from edgeprefill.engines.ort.int4_prefill import INT8_ACTIVATIONS, IS_DECODE
+from edgeprefill.kernels.build import cpu_identity
+from edgeprefill.kernels.graph import DOMAIN
+
+OP = "MatMulInt4"
+BLOCK = 32  # the only block size the kernel takes (kBlock in the .cc)
+
+
+class Int4Decode(NamedTuple):
+    rewritten: int  # projections now running MatMulInt4 (0: the graph is unchanged)
+    described: str  # what `--stats` says ("" when nothing changed)
+
+
+def cpu_has_vnni() -> bool:
+    return "avx512_vnni" in cpu_identity().split()
+
+
+def why_not(native: bool) -> str | None:
+    """Why decode keeps MatMulNBits here, or None."""
+    if not native:
+        return "no native kernels"
+    if not cpu_has_vnni():
+        return "this CPU has no AVX512-VNNI"
+    return None
+
+
+def describe(native: bool) -> str:
+    """What `inspect` says about an int4 bundle's decode projections here."""
+    reason = why_not(native)
+    return f"{OP} (native)" if reason is None else f"MatMulNBits ({reason})"
+
+
+def choose(graph: ModelProto, native: bool) -> Int4Decode:
+    """Rewrites `graph` in place where the native kernels run on a CPU with VNNI."""
+    if why_not(native) is not None:
+        return Int4Decode(0, "")
+    count = _rewrite(graph.graph, decode_branch=False)
+    if count == 0:
+        return Int4Decode(0, "")
+    if all(o.domain != DOMAIN for o in graph.opset_import):
+        graph.opset_import.append(helper.make_opsetid(DOMAIN, 1))
+    return Int4Decode(count, f"int4 decode projections {OP} ({count})")
+
+
+def _rewrite(graph: GraphProto, decode_branch: bool) -> int:
+    """Swaps the one-row-per-sequence MatMulNBits of `graph` (all of them in a decode
+    branch; after the last-position gather elsewhere), descending into int4_prefill's Ifs."""
+    after_gather: set[str] = set()
+    count = 0
+    for node in graph.node:
+        if node.op_type == "GatherND" or any(x in after_gather for x in node.input):
+            after_gather.update(node.output)
+            if _eligible(node):
+                node.CopyFrom(_swapped(node))
+                count += 1
+        elif decode_branch and _eligible(node):
+            node.CopyFrom(_swapped(node))
+            count += 1
+        elif node.op_type == "If" and node.input[:1] == [IS_DECODE]:
+            then = next(a for a in node.attribute if a.name == "then_branch")
+            if then.type == AttributeProto.GRAPH:
+                count += _rewrite(then.g, decode_branch=True)
+    return count
+
+
+def _eligible(node: NodeProto) -> bool:
+    if node.op_type != "MatMulNBits" or node.domain != "com.microsoft":
+        return False
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    plain = len(node.input) == 3 or not any(node.input[3:])  # no zero points, g_idx, bias
+    return (plain and attrs.get("bits", 4) == 4 and attrs.get("block_size") == BLOCK
+            and attrs.get("accuracy_level", 0) == INT8_ACTIVATIONS)
+
+
+def _swapped(node: NodeProto) -> NodeProto:
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    return helper.make_node(
+        OP, list(node.input[:3]), list(node.output), domain=DOMAIN,
+        name=f"{node.name or node.output[0]}.int4", K=int(attrs["K"]), N=int(attrs["N"]),
+        block_size=BLOCK,
+    )

@@ -1,0 +1,173 @@
+"""edgeprefill.MatMulInt4 (edgeprefill/kernels/matmul_int4.cc) and its switch into int4
+bundles' decode steps (edgeprefill/engines/ort/int4_decode.py): the op against a numpy
+reference of accuracy level 4 and against ONNX Runtime's own MatMulNBits, which rows the
+rewrite takes, and whole-model decode against the stock graph."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from edgeprefill.bundle import load_manifest
+from edgeprefill.engines import BackendOptions, StepBatch
+from edgeprefill.engines.ort import int4_decode
+from edgeprefill.engines.ort.backend import OnnxRuntimeBackend
+from edgeprefill.engines.ort.int4_prefill import MODE_ENV
+from edgeprefill.export.exporter import ExportOptions, export
+from edgeprefill.export.quantize import QuantConfig, int4_blockwise
+from edgeprefill.kernels.graph import DOMAIN
+from tests.conftest import TINY_MODEL
+
+CONTEXT = 64
+
+
+def layer(op: str, k: int, n: int, packed: np.ndarray, scales: np.ndarray) -> bytes:
+    extra = {"bits": 4, "accuracy_level": 4} if op == "MatMulNBits" else {}
+    node = helper.make_node(op, ["a", "b", "scales"], ["out"], K=k, N=n, block_size=32,
+                            domain="com.microsoft" if op == "MatMulNBits" else DOMAIN, **extra)
+    graph = helper.make_graph(
+        [node], "int4", [helper.make_tensor_value_info("a", TensorProto.FLOAT, None)],
+        [helper.make_tensor_value_info("out", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(packed, "b"), numpy_helper.from_array(scales, "scales")])
+    model = helper.make_model(graph, opset_imports=[
+        helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1),
+        helper.make_opsetid(DOMAIN, 1)])
+    model.ir_version = 10
+    return model.SerializeToString()
+
+
+def run_op(op: str, library, a: np.ndarray, weight: np.ndarray, threads: int = 2) -> np.ndarray:
+    """`weight` [N, K] float, quantized as the exporter does; a [..., K]."""
+    packed, scales = int4_blockwise(weight, 32)
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.register_custom_ops_library(str(library))
+    session = ort.InferenceSession(layer(op, weight.shape[1], weight.shape[0], packed, scales),
+                                   options, providers=["CPUExecutionProvider"])
+    return session.run(None, {"a": a})[0]
+
+
+def reference(a: np.ndarray, weight: np.ndarray) -> np.ndarray:
+    """Accuracy level 4 in numpy: per row and block of 32, activations to int8 by their
+    largest magnitude / 127 (float32, rounded to nearest even); int4 weights minus 8; exact
+    integer sums per block, scaled in float64 (the kernel's float32 sums differ by rounding)."""
+    packed, scales = int4_blockwise(weight, 32)
+    n, k = weight.shape
+    blocks = packed.shape[1]
+    nibbles = np.stack([packed & 15, packed >> 4], axis=-1)  # even k in the low nibble
+    codes = nibbles.reshape(n, blocks, 32).astype(np.int64) - 8
+    rows = a.reshape(-1, k).astype(np.float32)
+    padded = np.zeros((len(rows), blocks * 32), np.float32)
+    padded[:, :k] = rows
+    grouped = padded.reshape(len(rows), blocks, 32)
+    scale = np.abs(grouped).max(axis=2) / np.float32(127)
+    safe = np.where(scale != 0, scale, np.float32(1))
+    inverse = np.where(scale != 0, np.float32(1) / safe, np.float32(0)).astype(np.float32)
+    q = np.clip(np.rint(grouped * inverse[:, :, None]), -127, 127).astype(np.int64)
+    sums = np.einsum("rbi,nbi->rnb", q, codes)  # [rows, N, blocks] integers
+    out = (sums * scale[:, None, :].astype(np.float64)
+           * scales.reshape(n, blocks)[None].astype(np.float64)).sum(axis=2)
+    return out.reshape(*a.shape[:-1], n).astype(np.float32)
+
+
+@pytest.mark.parametrize("k, n, rows", [
+    (576, 960, 1),    # 18 blocks: four full 64-byte groups and a half one
+    (1536, 70, 3),    # N not a multiple of the 32-column pieces
+    (100, 33, 9),     # K not a multiple of 32 (zero-padded), rows past the 8 at once
+    (64, 1, 1),
+])
+def test_op_matches_accuracy_level_4(library, k, n, rows):
+    rng = np.random.default_rng(k + n + rows)
+    weight = rng.standard_normal((n, k)).astype(np.float32)
+    a = rng.standard_normal((rows, 1, k)).astype(np.float32) * 3
+    a[0, 0, :32] = 0.0  # an all-zero block: scale 0, no division by it
+    want = reference(a, weight)
+    got = run_op(int4_decode.OP, library, a, weight)
+    assert got.shape == want.shape
+    np.testing.assert_allclose(got, want, rtol=0, atol=2e-6 * np.abs(want).max())
+
+
+def test_op_matches_onnx_runtimes_matmulnbits(library):
+    rng = np.random.default_rng(3)
+    weight = rng.standard_normal((576, 1536)).astype(np.float32)
+    a = rng.standard_normal((4, 1, 1536)).astype(np.float32)
+    theirs = run_op("MatMulNBits", library, a, weight)
+    ours = run_op(int4_decode.OP, library, a, weight)
+    np.testing.assert_allclose(ours, theirs, rtol=0, atol=2e-6 * np.abs(theirs).max())
+
+
+def test_rows_do_not_depend_on_each_other(library):
+    """Batched decode rows give each row's numbers alone, bit for bit (per-row quantization
+    and sums): what the engine's batch-invariance rests on."""
+    rng = np.random.default_rng(4)
+    weight = rng.standard_normal((200, 576)).astype(np.float32)
+    a = rng.standard_normal((5, 1, 576)).astype(np.float32)
+    together = run_op(int4_decode.OP, library, a, weight)
+    for r in range(5):
+        np.testing.assert_array_equal(run_op(int4_decode.OP, library, a[r:r + 1], weight, 1),
+                                      together[r:r + 1])
+
+
+@pytest.fixture(scope="module")
+def int4_bundle(tmp_path_factory):
+    out = tmp_path_factory.mktemp("int4") / "b"
+    export(TINY_MODEL, out, ExportOptions(chunks=(16,), max_context=CONTEXT,
+                                          show_progress=False, quant=QuantConfig("int4")))
+    return out
+
+
+def load(bundle, monkeypatch, **env) -> OnnxRuntimeBackend:
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    b = OnnxRuntimeBackend(bundle, load_manifest(bundle), BackendOptions(threads=2))
+    b.allocate_kv(2, CONTEXT)
+    return b
+
+
+def nbits_count(bundle) -> int:
+    graph = onnx.load(str(bundle / load_manifest(bundle).graph.file), load_external_data=False)
+    return sum(n.op_type == "MatMulNBits" for n in graph.graph.node)
+
+
+needs_vnni = pytest.mark.skipif(not int4_decode.cpu_has_vnni(), reason="no AVX512-VNNI here")
+
+
+@needs_vnni
+def test_every_decode_projection_and_the_head_switch(library, int4_bundle, monkeypatch):
+    b = load(int4_bundle, monkeypatch, EDGEPREFILL_KERNELS="require")
+    assert b.int4_decode.rewritten == nbits_count(int4_bundle)  # every layer's and the head
+    # Without int4 prefill's decode branches only the head has one row per sequence.
+    b = load(int4_bundle, monkeypatch, EDGEPREFILL_KERNELS="require", **{MODE_ENV: "off"})
+    assert b.int4_decode.rewritten == 1
+
+
+def test_not_without_the_native_kernels_or_vnni(int4_bundle, monkeypatch):
+    assert load(int4_bundle, monkeypatch, EDGEPREFILL_KERNELS="off").int4_decode.rewritten == 0
+    monkeypatch.setattr(int4_decode, "cpu_has_vnni", lambda: False)
+    assert "no AVX512-VNNI" in int4_decode.describe(True)
+    assert int4_decode.choose(onnx.ModelProto(), True).rewritten == 0
+
+
+@needs_vnni
+def test_decode_steps_stay_with_the_stock_graph(library, int4_bundle, monkeypatch):
+    """The same prompt prefilled by the stock graph into both caches, then decode steps of
+    two rows at once: logits equal to float32 rounding, the same greedy tokens."""
+    stock = load(int4_bundle, monkeypatch, EDGEPREFILL_KERNELS="off")
+    native = load(int4_bundle, monkeypatch, EDGEPREFILL_KERNELS="require")
+    prompt = [5, 17, 42, 7, 99, 3, 12, 64]
+    for row in range(2):
+        stock.run(StepBatch(np.array([prompt[row:]]), np.array([0], np.int32),
+                            np.array([len(prompt) - row], np.int32), row))
+    for theirs, ours in zip(stock.kv_arrays(), native.kv_arrays(), strict=True):
+        ours[...] = theirs
+    tokens = np.array([[8], [21]])
+    past = np.array([len(prompt), len(prompt) - 1], np.int32)
+    for _ in range(6):
+        step = StepBatch(tokens, past, np.ones(2, np.int32), 0)
+        want, got = stock.run(step).copy(), native.run(step).copy()
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * np.abs(want).max())
+        assert (got.argmax(-1) == want.argmax(-1)).all()
+        tokens, past = want.argmax(-1)[:, None], past + 1
