@@ -25,9 +25,12 @@ CONTEXT = 64
 
 
 def layer(op: str, k: int, n: int, packed: np.ndarray, scales: np.ndarray) -> bytes:
-    extra = {"bits": 4, "accuracy_level": 4} if op == "MatMulNBits" else {}
-    node = helper.make_node(op, ["a", "b", "scales"], ["out"], K=k, N=n, block_size=32,
-                            domain="com.microsoft" if op == "MatMulNBits" else DOMAIN, **extra)
+    if op == "MatMulNBits":
+        node = helper.make_node(op, ["a", "b", "scales"], ["out"], K=k, N=n, block_size=32,
+                                bits=4, accuracy_level=4, domain="com.microsoft")
+    else:  # MatMulInt4 on the weights as int4_decode.py repacks them
+        packed, scales = int4_decode.repack(packed, scales)
+        node = helper.make_node(op, ["a", "b", "scales"], ["out"], K=k, N=n, domain=DOMAIN)
     graph = helper.make_graph(
         [node], "int4", [helper.make_tensor_value_info("a", TensorProto.FLOAT, None)],
         [helper.make_tensor_value_info("out", TensorProto.FLOAT, None)],
@@ -74,8 +77,8 @@ def reference(a: np.ndarray, weight: np.ndarray) -> np.ndarray:
 
 
 @pytest.mark.parametrize("k, n, rows", [
-    (576, 960, 1),    # 18 blocks: four full 64-byte groups and a half one
-    (1536, 70, 3),    # N not a multiple of the 32-column pieces
+    (576, 960, 1),
+    (1536, 70, 3),    # N not a multiple of the 16-column tiles nor of the 32-column pieces
     (100, 33, 9),     # K not a multiple of 32 (zero-padded), rows past the 8 at once
     (64, 1, 1),
 ])
@@ -148,7 +151,7 @@ def test_not_without_the_native_kernels_or_vnni(int4_bundle, monkeypatch):
     assert load(int4_bundle, monkeypatch, EDGEPREFILL_KERNELS="off").int4_decode.rewritten == 0
     monkeypatch.setattr(int4_decode, "cpu_has_vnni", lambda: False)
     assert "no AVX512-VNNI" in int4_decode.describe(True)
-    assert int4_decode.choose(onnx.ModelProto(), True).rewritten == 0
+    assert int4_decode.choose(onnx.ModelProto(), int4_bundle, True, None).rewritten == 0
 
 
 @needs_vnni
@@ -171,3 +174,23 @@ def test_decode_steps_stay_with_the_stock_graph(library, int4_bundle, monkeypatc
         np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * np.abs(want).max())
         assert (got.argmax(-1) == want.argmax(-1)).all()
         tokens, past = want.argmax(-1)[:, None], past + 1
+
+
+def test_repack_puts_each_weight_where_the_kernel_reads_it():
+    """Column c, weight k of tile t, block b: part h = (k % 32) // 8, byte 4 c + k % 4, low
+    nibble when k % 8 < 4; codes 8 and scales 0 past N."""
+    rng = np.random.default_rng(5)
+    n, k = 21, 70
+    packed, scales = int4_blockwise(rng.standard_normal((n, k)).astype(np.float32), 32)
+    codes = np.stack([packed & 15, packed >> 4], axis=-1).reshape(n, -1)  # [N, blocks * 32]
+    weight, tile_scales = int4_decode.repack(packed, scales)
+    assert weight.shape == (2, 3, 4, 64) and tile_scales.shape == (2, 3, 16)
+    for column in range(32):
+        t, c = divmod(column, 16)
+        for kk in range(96):
+            b, h, i, high = kk // 32, kk % 32 // 8, kk % 4, kk % 8 >= 4
+            byte = weight[t, b, h, 4 * c + i]
+            got = byte >> 4 if high else byte & 15
+            assert got == (codes[column, kk] if column < n else 8)
+        for b in range(3):
+            assert tile_scales[t, b, c] == (scales[column * 3 + b] if column < n else 0)

@@ -1,22 +1,25 @@
 // edgeprefill.MatMulInt4: an int4 bundle's projections for decode steps (one row per
-// sequence), in place of com.microsoft.MatMulNBits at accuracy level 4 on the same packed
-// weights (edgeprefill/engines/ort/int4_decode.py switches it in). It computes what that
-// level computes: each row's activations quantized to int8 per block of 32 (scale = the
-// block's largest magnitude / 127, rounded to nearest even), multiplied by the 4-bit
-// weights (zero point 8) in int32, each block's sum scaled by both scales in float32. A
-// decode step is bound by reading the weights: ONNX Runtime's kernel reads 11-16 GB/s on
-// one core of an AMD EPYC (Zen 4), this one unpacks 128 weights per 64-byte load into two
-// AVX512-VNNI dot products and keeps up with memory (docs/benchmarks.md).
+// sequence), in place of com.microsoft.MatMulNBits at accuracy level 4 on the same 4-bit
+// weights, repacked at load (edgeprefill/engines/ort/int4_decode.py switches it in). It
+// computes what that level computes: each row's activations quantized to int8 per block of
+// 32 (scale = the block's largest magnitude / 127, rounded to nearest even), multiplied by
+// the 4-bit weights (zero point 8) in int32, each block's sum scaled by both scales in
+// float32. A decode step is bound by reading the weights: ONNX Runtime's kernel reads 11-16
+// GB/s on one core of an AMD EPYC (Zen 4). Here each int32 lane of a register is one output
+// column: a 64-byte load holds 8 weights of 16 columns, its low and high nibbles go to two
+// AVX512-VNNI dot products against a broadcast quad of activations, and no sum ever crosses
+// lanes (docs/benchmarks.md).
 //
 // Inputs:  0 a [..., K] float
-//          1 b [N, blocks, 16] uint8   MatMulNBits' layout: per column, blocks of 32 along K,
-//            two weights per byte (even k in the low nibble), stored as w / scale + 8
-//          2 scales [N * blocks] float (or [N, blocks])
+//          1 b [T, blocks, 4, 64] uint8: T = ceil(N / 16) tiles of 16 columns, blocks of 32
+//            along K; in part h of a block, byte 4 c + i holds column c's codes (w / scale
+//            + 8) for k = 8 h + i (low nibble) and k = 8 h + 4 + i (high nibble)
+//          2 scales [T, blocks, 16] float (0 past N)
 // Output:  0 out [..., N] float
-// Attributes: K, N, block_size (32, the only size taken), as MatMulNBits has them.
+// Attributes: K, N.
 //
-// Without AVX512-VNNI the same numbers come from portable loops (slower than ONNX
-// Runtime's kernel: int4_decode.py switches this op in only on CPUs with VNNI).
+// Without AVX512-VNNI the same sums come from portable loops (slower than ONNX Runtime's
+// kernel: int4_decode.py switches this op in only on CPUs with VNNI).
 
 #include <algorithm>
 #include <cmath>
@@ -30,38 +33,38 @@
 namespace edgeprefill {
 namespace {
 
-constexpr int64_t kBlock = 32;    // weights per quantization block (block_size)
-constexpr int64_t kGroup = 4;     // blocks per 64-byte load: one AVX-512 register of weights
-constexpr int64_t kLanes = 16;    // int32 lanes per register: 4 per block
-constexpr int64_t kPiece = 32;    // columns per parallel piece
+constexpr int64_t kBlock = 32;      // weights per quantization block (block_size)
+constexpr int64_t kTile = 16;       // columns per tile: one int32 lane each
+constexpr int64_t kTileBytes = 256;  // a tile's block: 16 columns x 32 weights x 4 bits
+constexpr int64_t kPiece = 2;       // tiles per parallel piece (32 columns)
 constexpr int64_t kRowsAtOnce = 8;  // rows sharing one read of the weights
 
 struct Shape {
   int64_t k, n;
 };
 
-// One row's activations, quantized and laid out for the weights' registers: per group of
-// four blocks, 64 int8 for the even k (the low nibbles) and 64 for the odd k; per lane, 8
-// times the sum of the 8 activations it meets (the zero point's share) and its block's scale.
+// One row's activations quantized as accuracy level 4 does: int8 per block of 32, in k
+// order (zero past K); per block its scale and 8 x the sum of its int8 values (the weights'
+// zero point 8, taken out of the unsigned products).
 struct Row {
-  std::vector<int8_t> even, odd;  // [groups * 64]
-  std::vector<int32_t> offset;    // [groups * 16]
-  std::vector<float> scale;       // [groups * 16]
+  std::vector<int8_t> q;        // [blocks * 32]
+  std::vector<float> scale;     // [blocks]
+  std::vector<int32_t> offset;  // [blocks]
 };
 
 struct Job {
   Shape shape;
-  int64_t blocks, groups, rows;
-  const uint8_t* b;  // [N, blocks, 16]
-  const float* scales;  // [N * blocks]
+  int64_t blocks, tiles, rows;
+  const uint8_t* b;  // [tiles, blocks, 4, 64]
+  const float* scales;  // [tiles, blocks, 16]
   const std::vector<Row>* quantized;
   float* out;  // [rows, N]
 };
 
-// One block of activations (count <= 32, zero past it) -> int8, rounded to nearest even
-// (the vector conversion under the default rounding mode, as std::nearbyint); its scale.
+// One block of activations (count <= 32) -> int8 rounded to nearest even (the vector
+// conversion under the default rounding mode, as std::nearbyint); returns its scale.
 #ifdef __AVX512F__
-float QuantizeBlock(const float* a, int64_t count, int32_t* q) {
+float QuantizeBlock(const float* a, int64_t count, int8_t* q) {
   const __mmask16 m0 = static_cast<__mmask16>(count >= 16 ? 0xffff : (1u << count) - 1);
   const __mmask16 m1 = static_cast<__mmask16>(count >= 32 ? 0xffff : count <= 16 ? 0 : (1u << (count - 16)) - 1);
   const __m512 x0 = _mm512_maskz_loadu_ps(m0, a), x1 = _mm512_maskz_loadu_ps(m1, a + 16);
@@ -69,113 +72,109 @@ float QuantizeBlock(const float* a, int64_t count, int32_t* q) {
   const float scale = top / 127.0f;
   const __m512 inverse = _mm512_set1_ps(scale != 0.0f ? 1.0f / scale : 0.0f);
   const __m512i low = _mm512_set1_epi32(-127), high = _mm512_set1_epi32(127);
-  _mm512_storeu_si512(q, _mm512_min_epi32(high, _mm512_max_epi32(low, _mm512_cvtps_epi32(_mm512_mul_ps(x0, inverse)))));
-  _mm512_storeu_si512(q + 16, _mm512_min_epi32(high, _mm512_max_epi32(low, _mm512_cvtps_epi32(_mm512_mul_ps(x1, inverse)))));
+  const __m512i q0 = _mm512_min_epi32(high, _mm512_max_epi32(low, _mm512_cvtps_epi32(_mm512_mul_ps(x0, inverse))));
+  const __m512i q1 = _mm512_min_epi32(high, _mm512_max_epi32(low, _mm512_cvtps_epi32(_mm512_mul_ps(x1, inverse))));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(q), _mm512_cvtepi32_epi8(q0));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(q + 16), _mm512_cvtepi32_epi8(q1));
   return scale;
 }
 #else
-float QuantizeBlock(const float* a, int64_t count, int32_t* q) {
+float QuantizeBlock(const float* a, int64_t count, int8_t* q) {
   float top = 0.0f;
   for (int64_t i = 0; i < count; ++i) top = std::max(top, std::fabs(a[i]));
   const float scale = top / 127.0f;
   const float inverse = scale != 0.0f ? 1.0f / scale : 0.0f;
   for (int64_t i = 0; i < kBlock; ++i)
-    q[i] = i < count ? std::clamp(static_cast<int32_t>(std::nearbyint(a[i] * inverse)), -127, 127) : 0;
+    q[i] = static_cast<int8_t>(
+        i < count ? std::clamp(static_cast<int32_t>(std::nearbyint(a[i] * inverse)), -127, 127) : 0);
   return scale;
 }
 #endif
 
-void Quantize(const float* a, int64_t k, int64_t groups, Row* row) {
-  row->even.assign(groups * 64, 0);
-  row->odd.assign(groups * 64, 0);
-  row->offset.assign(groups * kLanes, 0);
-  row->scale.assign(groups * kLanes, 0.0f);
-  int32_t q[kBlock];
-  for (int64_t block = 0; block * kBlock < k; ++block) {
-    const float scale = QuantizeBlock(a + block * kBlock, std::min(kBlock, k - block * kBlock), q);
-    const int64_t at = block / kGroup * 64 + block % kGroup * 16;  // its 16 bytes
-    const int64_t lane = block / kGroup * kLanes + block % kGroup * 4;  // its 4 lanes
-    for (int64_t j = 0; j < 16; ++j) {
-      row->even[at + j] = static_cast<int8_t>(q[2 * j]);
-      row->odd[at + j] = static_cast<int8_t>(q[2 * j + 1]);
-      row->offset[lane + j / 4] += 8 * (q[2 * j] + q[2 * j + 1]);
-    }
-    for (int64_t l = 0; l < 4; ++l) row->scale[lane + l] = scale;
+void Quantize(const float* a, int64_t k, int64_t blocks, Row* row) {
+  row->q.assign(blocks * kBlock, 0);
+  row->scale.assign(blocks, 0.0f);
+  row->offset.assign(blocks, 0);
+  for (int64_t block = 0; block < blocks; ++block) {
+    int8_t* q = row->q.data() + block * kBlock;
+    row->scale[block] = QuantizeBlock(a + block * kBlock, std::min(kBlock, k - block * kBlock), q);
+    int32_t sum = 0;
+    for (int64_t i = 0; i < kBlock; ++i) sum += q[i];
+    row->offset[block] = 8 * sum;
   }
 }
 
 #ifdef __AVX512VNNI__
-// Columns [first, last) for R rows (a compile-time count: the sums stay in registers).
+// Tiles [first, last) for R rows (a compile-time count: the sums stay in registers). Lane c
+// of every register is column 16 t + c: no sum across lanes.
 template <int R>
-void ColumnsOf(const Job& job, int64_t first, int64_t last, int64_t row0) {
-  const int64_t blocks = job.blocks;
+void TilesOf(const Job& job, int64_t first, int64_t last, int64_t row0) {
   const __m512i nibble = _mm512_set1_epi8(0x0f);
-  // Lane l of a group holds block l / 4's scale: index 0,0,0,0,1,1,1,1,...
-  const __m512i spread = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
-  const Row* quantized = job.quantized->data() + row0;
-  for (int64_t n = first; n < last; ++n) {
-    const uint8_t* column = job.b + n * blocks * 16;
-    const float* scales = job.scales + n * blocks;
+  const Row* rows = job.quantized->data() + row0;
+  for (int64_t t = first; t < last; ++t) {
     __m512 sum[R];
     for (int r = 0; r < R; ++r) sum[r] = _mm512_setzero_ps();
-    for (int64_t g = 0; g < job.groups; ++g) {
-      const int64_t here = std::min(kGroup, blocks - g * kGroup);
-      const __mmask64 bytes = here == kGroup ? ~__mmask64{0} : (__mmask64{1} << (here * 16)) - 1;
-      const __m512i w = _mm512_maskz_loadu_epi8(bytes, column + g * 64);
-      const __m512i low = _mm512_and_si512(w, nibble);
-      const __m512i high = _mm512_and_si512(_mm512_srli_epi16(w, 4), nibble);
-      const __m512 wscale = _mm512_permutexvar_ps(
-          spread, _mm512_castps128_ps512(_mm_maskz_loadu_ps(static_cast<__mmask8>((1u << here) - 1),
-                                                            scales + g * kGroup)));
+    for (int64_t block = 0; block < job.blocks; ++block) {
+      const uint8_t* w = job.b + (t * job.blocks + block) * kTileBytes;
+      __m512i dot[R];
+      for (int r = 0; r < R; ++r) dot[r] = _mm512_setzero_si512();
+      for (int half = 0; half < 4; ++half) {  // 8 weights of each column: two quads of k
+        const __m512i packed = _mm512_loadu_si512(w + half * 64);
+        const __m512i low = _mm512_and_si512(packed, nibble);
+        const __m512i high = _mm512_and_si512(_mm512_srli_epi16(packed, 4), nibble);
+        for (int r = 0; r < R; ++r) {
+          const int32_t* quads = reinterpret_cast<const int32_t*>(rows[r].q.data() + block * kBlock);
+          dot[r] = _mm512_dpbusd_epi32(dot[r], low, _mm512_set1_epi32(quads[2 * half]));
+          dot[r] = _mm512_dpbusd_epi32(dot[r], high, _mm512_set1_epi32(quads[2 * half + 1]));
+        }
+      }
+      const __m512 wscale = _mm512_loadu_ps(job.scales + (t * job.blocks + block) * kTile);
       for (int r = 0; r < R; ++r) {
-        const Row& row = quantized[r];
-        __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), low,
-                                          _mm512_loadu_si512(row.even.data() + g * 64));
-        dot = _mm512_dpbusd_epi32(dot, high, _mm512_loadu_si512(row.odd.data() + g * 64));
-        dot = _mm512_sub_epi32(dot, _mm512_loadu_si512(row.offset.data() + g * kLanes));
-        const __m512 both = _mm512_mul_ps(wscale, _mm512_loadu_ps(row.scale.data() + g * kLanes));
-        sum[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), both, sum[r]);
+        const __m512 value = _mm512_cvtepi32_ps(_mm512_sub_epi32(dot[r], _mm512_set1_epi32(rows[r].offset[block])));
+        sum[r] = _mm512_fmadd_ps(_mm512_mul_ps(value, _mm512_set1_ps(rows[r].scale[block])), wscale, sum[r]);
       }
     }
-    for (int r = 0; r < R; ++r) job.out[(row0 + r) * job.shape.n + n] = _mm512_reduce_add_ps(sum[r]);
+    const int64_t columns = std::min(kTile, job.shape.n - t * kTile);
+    const __mmask16 mask = static_cast<__mmask16>(columns == kTile ? 0xffff : (1u << columns) - 1);
+    for (int r = 0; r < R; ++r)
+      _mm512_mask_storeu_ps(job.out + (row0 + r) * job.shape.n + t * kTile, mask, sum[r]);
   }
 }
 
-void Columns(const Job& job, int64_t first, int64_t last, int64_t row0, int64_t rows) {
+void Tiles(const Job& job, int64_t first, int64_t last, int64_t row0, int64_t rows) {
   switch (rows) {
-    case 1: ColumnsOf<1>(job, first, last, row0); break;
-    case 2: ColumnsOf<2>(job, first, last, row0); break;
-    case 3: ColumnsOf<3>(job, first, last, row0); break;
-    case 4: ColumnsOf<4>(job, first, last, row0); break;
-    case 5: ColumnsOf<5>(job, first, last, row0); break;
-    case 6: ColumnsOf<6>(job, first, last, row0); break;
-    case 7: ColumnsOf<7>(job, first, last, row0); break;
-    default: ColumnsOf<8>(job, first, last, row0); break;
+    case 1: TilesOf<1>(job, first, last, row0); break;
+    case 2: TilesOf<2>(job, first, last, row0); break;
+    case 3: TilesOf<3>(job, first, last, row0); break;
+    case 4: TilesOf<4>(job, first, last, row0); break;
+    case 5: TilesOf<5>(job, first, last, row0); break;
+    case 6: TilesOf<6>(job, first, last, row0); break;
+    case 7: TilesOf<7>(job, first, last, row0); break;
+    default: TilesOf<8>(job, first, last, row0); break;
   }
 }
 #else
-void Columns(const Job& job, int64_t first, int64_t last, int64_t row0, int64_t rows) {
-  const int64_t blocks = job.blocks;
-  for (int64_t r = 0; r < rows; ++r) {
-    const Row& row = (*job.quantized)[row0 + r];
-    for (int64_t n = first; n < last; ++n) {
-      const uint8_t* column = job.b + n * blocks * 16;
-      float sum = 0.0f;
-      for (int64_t block = 0; block < blocks; ++block) {
-        const int64_t at = block / kGroup * 64 + block % kGroup * 16;
-        const int64_t lane = block / kGroup * kLanes + block % kGroup * 4;
-        for (int64_t l = 0; l < 4; ++l) {  // the vector lanes' sums, in their order
+// The same sums, lane by lane: per column and block, the 4 bytes of each 64-byte part.
+void Tiles(const Job& job, int64_t first, int64_t last, int64_t row0, int64_t rows) {
+  for (int64_t r = row0; r < row0 + rows; ++r) {
+    const Row& row = (*job.quantized)[r];
+    for (int64_t t = first; t < last; ++t)
+      for (int64_t c = 0; c < kTile && t * kTile + c < job.shape.n; ++c) {
+        float sum = 0.0f;
+        for (int64_t block = 0; block < job.blocks; ++block) {
+          const uint8_t* w = job.b + (t * job.blocks + block) * kTileBytes;
+          const int8_t* q = row.q.data() + block * kBlock;
           int32_t dot = 0;
-          for (int64_t j = 4 * l; j < 4 * l + 4; ++j) {
-            const uint8_t byte = column[block * 16 + j];
-            dot += (byte & 0x0f) * row.even[at + j] + (byte >> 4) * row.odd[at + j];
-          }
-          dot -= row.offset[lane + l];
-          sum += static_cast<float>(dot) * (job.scales[n * blocks + block] * row.scale[lane + l]);
+          for (int64_t half = 0; half < 4; ++half)
+            for (int64_t i = 0; i < 4; ++i) {
+              const uint8_t byte = w[half * 64 + c * 4 + i];
+              dot += (byte & 0x0f) * q[8 * half + i] + (byte >> 4) * q[8 * half + 4 + i];
+            }
+          const float value = static_cast<float>(dot - row.offset[block]) * row.scale[block];
+          sum += value * job.scales[(t * job.blocks + block) * kTile + c];
         }
+        job.out[r * job.shape.n + t * kTile + c] = sum;
       }
-      job.out[(row0 + r) * job.shape.n + n] = sum;
-    }
   }
 }
 #endif
@@ -183,9 +182,9 @@ void Columns(const Job& job, int64_t first, int64_t last, int64_t row0, int64_t 
 void RunPiece(void* data, size_t index) {
   const Job& job = *static_cast<const Job*>(data);
   const int64_t first = static_cast<int64_t>(index) * kPiece;
-  const int64_t last = std::min(job.shape.n, first + kPiece);
+  const int64_t last = std::min(job.tiles, first + kPiece);
   for (int64_t r = 0; r < job.rows; r += kRowsAtOnce)
-    Columns(job, first, last, r, std::min(kRowsAtOnce, job.rows - r));
+    Tiles(job, first, last, r, std::min(kRowsAtOnce, job.rows - r));
 }
 
 OrtStatus* Compute(void* state, OrtKernelContext* context) {
@@ -194,14 +193,13 @@ OrtStatus* Compute(void* state, OrtKernelContext* context) {
   EP_RETURN_IF_ERROR(Input(context, 0, &a));
   EP_RETURN_IF_ERROR(Input(context, 1, &b));
   EP_RETURN_IF_ERROR(Input(context, 2, &scales));
-  const int64_t blocks = (shape.k + kBlock - 1) / kBlock;
-  int64_t scale_count = 1;
-  for (int64_t d : scales.dims) scale_count *= d;
+  const int64_t blocks = (shape.k + kBlock - 1) / kBlock, tiles = (shape.n + kTile - 1) / kTile;
   if (a.dims.empty() || a.dims.back() != shape.k)
     return Fail(("MatMulInt4: expects activations [..., " + std::to_string(shape.k) + "]").c_str());
-  if (b.dims.size() != 3 || b.dims[0] != shape.n || b.dims[1] != blocks || b.dims[2] != 16 ||
-      scale_count != shape.n * blocks)
-    return Fail("MatMulInt4: the packed weight must be [N, ceil(K / 32), 16] and the scales N x blocks");
+  if (b.dims != std::vector<int64_t>{tiles, blocks, 4, 64} ||
+      scales.dims != std::vector<int64_t>{tiles, blocks, kTile})
+    return Fail("MatMulInt4: the weights must be packed by int4_decode.py ([N/16, K/32, 4, 64] "
+                "uint8, [N/16, K/32, 16] scales)");
   std::vector<int64_t> dims = a.dims;
   dims.back() = shape.n;
   float* out = nullptr;
@@ -209,22 +207,19 @@ OrtStatus* Compute(void* state, OrtKernelContext* context) {
   int64_t rows = 1;
   for (size_t i = 0; i + 1 < a.dims.size(); ++i) rows *= a.dims[i];
   if (rows == 0) return nullptr;
-  const int64_t groups = (blocks + kGroup - 1) / kGroup;
   std::vector<Row> quantized(rows);
-  for (int64_t r = 0; r < rows; ++r) Quantize(a.data + r * shape.k, shape.k, groups, &quantized[r]);
-  Job job{shape, blocks, groups, rows, reinterpret_cast<const uint8_t*>(b.data), scales.data,
+  for (int64_t r = 0; r < rows; ++r) Quantize(a.data + r * shape.k, shape.k, blocks, &quantized[r]);
+  Job job{shape, blocks, tiles, rows, reinterpret_cast<const uint8_t*>(b.data), scales.data,
           &quantized, out};
-  ParallelFor(context, RunPiece, static_cast<size_t>((shape.n + kPiece - 1) / kPiece), &job);
+  ParallelFor(context, RunPiece, static_cast<size_t>((tiles + kPiece - 1) / kPiece), &job);
   return nullptr;
 }
 
 OrtStatus* CreateKernel(const OrtKernelInfo* info, void** kernel) {
-  int64_t k = 0, n = 0, block = 0;
+  int64_t k = 0, n = 0;
   EP_RETURN_IF_ERROR(g_api->KernelInfoGetAttribute_int64(info, "K", &k));
   EP_RETURN_IF_ERROR(g_api->KernelInfoGetAttribute_int64(info, "N", &n));
-  EP_RETURN_IF_ERROR(g_api->KernelInfoGetAttribute_int64(info, "block_size", &block));
-  if (k <= 0 || n <= 0 || block != kBlock)
-    return Fail("MatMulInt4: K and N must be positive and block_size 32");
+  if (k <= 0 || n <= 0) return Fail("MatMulInt4: K and N must be positive");
   *kernel = new Shape{k, n};
   return nullptr;
 }

@@ -112,7 +112,8 @@ class OnnxRuntimeBackend(Backend):
             self.kernels.library is not None, session_options,
         )
         # int4 bundles' decode projections: MatMulInt4 where the native kernels run (VNNI).
-        self.int4_decode = choose_int4_decode(graph, self.kernels.library is not None)
+        self.int4_decode = choose_int4_decode(graph, bundle_dir, self.kernels.library is not None,
+                                              session_options)
         # Both rewrites switch nodes on "the chunk is one token": one If per step for all.
         self.switches = merge_switches(graph)
         model = loadable(self.kernels.model, graph, self.int4_prefill, session_options)

@@ -1,14 +1,18 @@
 """At load time, with the native kernels: an int4 bundle's decode projections run
 `edgeprefill.MatMulInt4` (edgeprefill/kernels/matmul_int4.cc) instead of ONNX Runtime's
-MatMulNBits, on the same packed weights.
+MatMulNBits, on the same 4-bit weights repacked here for it.
 
 A decode step reads every weight once for a handful of rows, so it is bound by memory, and
 ONNX Runtime's MatMulNBits reads 11-16 GB/s on one core of an AMD EPYC (Zen 4), short of
-what the memory gives. MatMulInt4 unpacks 128 weights per 64-byte load into two AVX512-VNNI
-dot products (docs/benchmarks.md). It computes what MatMulNBits computes at accuracy level
-4: the activations quantized to int8 per block of 32 (largest magnitude / 127, rounded to
-nearest even), the 4-bit weights minus their zero point 8, int32 sums per block scaled in
-float32; only the order of the float32 sums differs (tests/test_int4_decode.py).
+what the memory gives. MatMulInt4's weights are repacked here, once, so that each int32
+lane of an AVX-512 register is one output column: a 64-byte load holds 8 weights of 16
+columns, split into two AVX512-VNNI dot products against broadcast activations, and no sum
+crosses lanes (23-32 GB/s on one core, docs/benchmarks.md). The repacked weights take the
+place of the bundle's in memory where nothing else reads those (int4 prefill's default
+int8 variant has its own). It computes what MatMulNBits computes at accuracy level 4: the
+activations quantized to int8 per block of 32 (largest magnitude / 127, rounded to nearest
+even), the 4-bit weights minus their zero point 8, int32 sums per block scaled in float32;
+only the order of the float32 sums differs (tests/test_int4_decode.py).
 
 Which nodes: MatMulNBits at accuracy level 4 (4 bits, blocks of 32, no zero points) whose
 rows are one token per sequence: those in int4_prefill's decode branches (the then-branch
@@ -20,21 +24,27 @@ would be slower than ONNX Runtime's kernel.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from pathlib import Path
+from typing import Any, NamedTuple
 
+import numpy as np
 from onnx import AttributeProto, GraphProto, ModelProto, NodeProto, helper
 
+from edgeprefill.engines.ort.derived import Derived, hand_over, initializer
 from edgeprefill.engines.ort.int4_prefill import INT8_ACTIVATIONS, IS_DECODE
 from edgeprefill.kernels.build import cpu_identity
 from edgeprefill.kernels.graph import DOMAIN
 
 OP = "MatMulInt4"
 BLOCK = 32  # the only block size the kernel takes (kBlock in the .cc)
+TILE = 16  # columns per register (kTile in the .cc)
+PREFIX = "edgeprefill.int4d"
 
 
 class Int4Decode(NamedTuple):
     rewritten: int  # projections now running MatMulInt4 (0: the graph is unchanged)
     described: str  # what `--stats` says ("" when nothing changed)
+    weights: tuple[object, ...] = ()  # the repacked weights and their OrtValues (session-lived)
 
 
 def cpu_has_vnni() -> bool:
@@ -56,19 +66,23 @@ def describe(native: bool) -> str:
     return f"{OP} (native)" if reason is None else f"MatMulNBits ({reason})"
 
 
-def choose(graph: ModelProto, native: bool) -> Int4Decode:
-    """Rewrites `graph` in place where the native kernels run on a CPU with VNNI."""
+def choose(graph: ModelProto, bundle_dir: Path, native: bool,
+           session_options: Any) -> Int4Decode:
+    """Rewrites `graph` (weights not loaded; they stay in `bundle_dir`) in place where the
+    native kernels run on a CPU with VNNI."""
     if why_not(native) is not None:
         return Int4Decode(0, "")
-    count = _rewrite(graph.graph, decode_branch=False)
+    derived = Derived(graph, bundle_dir)
+    count = _rewrite(graph.graph, False, derived)
     if count == 0:
         return Int4Decode(0, "")
     if all(o.domain != DOMAIN for o in graph.opset_import):
         graph.opset_import.append(helper.make_opsetid(DOMAIN, 1))
-    return Int4Decode(count, f"int4 decode projections {OP} ({count})")
+    weights = hand_over(graph, derived.arrays, session_options)
+    return Int4Decode(count, f"int4 decode projections {OP} ({count})", weights)
 
 
-def _rewrite(graph: GraphProto, decode_branch: bool) -> int:
+def _rewrite(graph: GraphProto, decode_branch: bool, derived: Derived) -> int:
     """Swaps the one-row-per-sequence MatMulNBits of `graph` (all of them in a decode
     branch; after the last-position gather elsewhere), descending into int4_prefill's Ifs."""
     after_gather: set[str] = set()
@@ -77,15 +91,15 @@ def _rewrite(graph: GraphProto, decode_branch: bool) -> int:
         if node.op_type == "GatherND" or any(x in after_gather for x in node.input):
             after_gather.update(node.output)
             if _eligible(node):
-                node.CopyFrom(_swapped(node))
+                node.CopyFrom(_swapped(node, derived))
                 count += 1
         elif decode_branch and _eligible(node):
-            node.CopyFrom(_swapped(node))
+            node.CopyFrom(_swapped(node, derived))
             count += 1
         elif node.op_type == "If" and node.input[:1] == [IS_DECODE]:
             then = next(a for a in node.attribute if a.name == "then_branch")
             if then.type == AttributeProto.GRAPH:
-                count += _rewrite(then.g, decode_branch=True)
+                count += _rewrite(then.g, True, derived)
     return count
 
 
@@ -98,10 +112,34 @@ def _eligible(node: NodeProto) -> bool:
             and attrs.get("accuracy_level", 0) == INT8_ACTIVATIONS)
 
 
-def _swapped(node: NodeProto) -> NodeProto:
+def _swapped(node: NodeProto, derived: Derived) -> NodeProto:
     attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    weight, scale = f"{PREFIX}.{node.input[1]}", f"{PREFIX}.{node.input[1]}.scales"
+    if weight not in derived.arrays:  # a weight two nodes share is repacked once
+        derived.arrays[weight], derived.arrays[scale] = repack(
+            initializer(derived.graph, node.input[1], derived.bundle_dir),
+            initializer(derived.graph, node.input[2], derived.bundle_dir))
     return helper.make_node(
-        OP, list(node.input[:3]), list(node.output), domain=DOMAIN,
+        OP, [node.input[0], weight, scale], list(node.output), domain=DOMAIN,
         name=f"{node.name or node.output[0]}.int4", K=int(attrs["K"]), N=int(attrs["N"]),
-        block_size=BLOCK,
     )
+
+
+def repack(packed: np.ndarray, scales: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """MatMulNBits' weight [N, blocks, 16] uint8 (per column, blocks of 32 along K, even k in
+    the low nibble) and scales [N * blocks] -> MatMulInt4's: [T, blocks, 4, 64] uint8 with
+    T = ceil(N / 16) tiles of 16 columns, where byte 4 c + i of part h holds column c's
+    weights k = 8 h + i (low nibble) and 8 h + 4 + i (high): the two quads of k one 64-byte
+    load feeds to two `vpdpbusd`; and the scales as [T, blocks, 16]. Columns past N get
+    the code 8 (weight 0) and scale 0."""
+    n, blocks = packed.shape[0], packed.shape[1]
+    tiles = -(-n // TILE)
+    codes = np.full((tiles * TILE, blocks, BLOCK), 8, np.uint8)
+    codes[:n, :, 0::2] = packed.reshape(n, blocks, BLOCK // 2) & 15
+    codes[:n, :, 1::2] = packed.reshape(n, blocks, BLOCK // 2) >> 4
+    parts = codes.reshape(tiles, TILE, blocks, 4, 2, 4)  # k = 8 h + 4 (high) + i
+    bytes_ = parts[..., 0, :] | (parts[..., 1, :] << 4)  # [T, 16, blocks, 4, 4]
+    weight = np.ascontiguousarray(bytes_.transpose(0, 2, 3, 1, 4)).reshape(tiles, blocks, 4, 64)
+    padded = np.zeros((tiles * TILE, blocks), np.float32)
+    padded[:n] = scales.reshape(n, blocks)
+    return weight, np.ascontiguousarray(padded.reshape(tiles, TILE, blocks).transpose(0, 2, 1))
