@@ -2,7 +2,7 @@
 // a float32 bundle's projections at load when the user asks for bf16 compute
 // (edgeprefill/engines/ort/bf16_compute.py): the weights are rounded to bf16 once, the
 // activations on each call, and AVX512-BF16's vdpbf16ps does two multiply-adds per lane
-// where an fp32 FMA does one. On a Zen 5 core that is 2x ONNX Runtime's fp32 MatMul for a
+// where an fp32 FMA does one. On a Zen 4 core that is 2x ONNX Runtime's fp32 MatMul for a
 // prefill chunk (both near their instruction's peak, docs/benchmarks.md) and half the
 // weight bytes for a decode step.
 //
