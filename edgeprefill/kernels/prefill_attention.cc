@@ -35,6 +35,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <memory>
 #include <thread>
 #include <time.h>
 #include <vector>
@@ -341,10 +342,9 @@ inline __m512 ExpForBf16(__m512 x) {
   return _mm512_scalef_ps(p, n);
 }
 
-// SoftmaxStep for the bf16 products: the probabilities go straight into bf16 pairs of
-// neighbouring keys (pairs[(j / 2) * pair_stride]), the same bits PairRows would make of
-// SoftmaxStep's output, without writing the float32 probabilities back and reading them
-// again.
+// SoftmaxStep for the bf16 products: the probabilities (exp by ExpForBf16) go straight into
+// bf16 pairs of neighbouring keys (pairs[(j / 2) * pair_stride], as PairRows lays them out),
+// without writing the float32 probabilities back and reading them again.
 void SoftmaxStepPairs(const float* scores, int64_t stride, int64_t n, int64_t k0,
                       const int32_t* positions, float* top, float* total, float* rescale,
                       uint32_t* pairs, int64_t pair_stride) {
@@ -627,14 +627,16 @@ OrtStatus* Compute(const Kernel& kernel, OrtKernelContext* context) {
           UsesBf16(kernel.bf16), nullptr, nullptr, 0, {}, {}};
   WriteCache(job, keys, values);
 #ifdef __AVX512BF16__
-  std::vector<uint32_t> key_pairs, value_pairs;
+  // Not zeroed (1.5 MB a call at 2,048 positions): only what RunPairs writes is ever read.
+  std::unique_ptr<uint32_t[]> key_pairs, value_pairs;
   if (job.bf16) {
     for (int64_t row = 0; row < s.rows; ++row) job.span = std::max(job.span, past[row] + s.chunk);
     job.span += job.span & 1;
-    key_pairs.resize(static_cast<size_t>(s.rows * s.kv_heads * job.span * d / 2));
-    value_pairs.resize(key_pairs.size());
-    job.key_pairs = key_pairs.data();
-    job.value_pairs = value_pairs.data();
+    const size_t count = static_cast<size_t>(s.rows * s.kv_heads * job.span * d / 2);
+    key_pairs.reset(new uint32_t[count]);
+    value_pairs.reset(new uint32_t[count]);
+    job.key_pairs = key_pairs.get();
+    job.value_pairs = value_pairs.get();
     ParallelFor(context, RunPairs, static_cast<size_t>(s.rows * s.kv_heads * (job.span / kPairBlock + 1)), &job);
   }
 #endif
