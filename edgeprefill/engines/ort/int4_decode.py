@@ -31,7 +31,7 @@ import numpy as np
 from onnx import AttributeProto, GraphProto, ModelProto, NodeProto, helper
 
 from edgeprefill.engines.ort.derived import Derived, hand_over, initializer
-from edgeprefill.engines.ort.int4_prefill import INT8_ACTIVATIONS, IS_DECODE
+from edgeprefill.engines.ort.int4_prefill import INT8_ACTIVATIONS, IS_DECODE, after_gather
 from edgeprefill.kernels.build import cpu_identity
 from edgeprefill.kernels.graph import DOMAIN
 
@@ -85,15 +85,10 @@ def choose(graph: ModelProto, bundle_dir: Path, native: bool,
 def _rewrite(graph: GraphProto, decode_branch: bool, derived: Derived) -> int:
     """Swaps the one-row-per-sequence MatMulNBits of `graph` (all of them in a decode
     branch; after the last-position gather elsewhere), descending into int4_prefill's Ifs."""
-    after_gather: set[str] = set()
+    one_row = after_gather(graph)
     count = 0
-    for node in graph.node:
-        if node.op_type == "GatherND" or any(x in after_gather for x in node.input):
-            after_gather.update(node.output)
-            if _eligible(node):
-                node.CopyFrom(_swapped(node, derived))
-                count += 1
-        elif decode_branch and _eligible(node):
+    for i, node in enumerate(graph.node):
+        if (decode_branch or i in one_row) and _eligible(node):
             node.CopyFrom(_swapped(node, derived))
             count += 1
         elif node.op_type == "If" and node.input[:1] == [IS_DECODE]:

@@ -117,15 +117,23 @@ def prefill_targets(graph: ModelProto) -> list[int]:
     accuracy level 4: those already quantize activations to int8, so an int8 prefill is
     the same class of approximation; a bundle exported at level 0 asked for float
     activations (exact with the dequantized weights) and keeps them."""
-    after_gather: set[str] = set()
-    targets = []
-    for i, node in enumerate(graph.graph.node):
-        if node.op_type == "GatherND" or any(x in after_gather for x in node.input):
-            after_gather.update(node.output)
-        elif node.op_type == "MatMulNBits" and node.domain == "com.microsoft" and (
-                _attr(node, "accuracy_level") == INT8_ACTIVATIONS):
-            targets.append(i)
-    return targets
+    one_row = after_gather(graph.graph)
+    return [i for i, node in enumerate(graph.graph.node)
+            if i not in one_row and node.op_type == "MatMulNBits"
+            and node.domain == "com.microsoft"
+            and _attr(node, "accuracy_level") == INT8_ACTIVATIONS]
+
+
+def after_gather(graph: GraphProto) -> set[int]:
+    """Indices of the nodes whose rows are one per sequence: the last-position gather
+    (GatherND) and every node that reads what it, or a node after it, produced."""
+    produced: set[str] = set()
+    found = set()
+    for i, node in enumerate(graph.node):
+        if node.op_type == "GatherND" or any(x in produced for x in node.input):
+            produced.update(node.output)
+            found.add(i)
+    return found
 
 
 def _attr(node: NodeProto, name: str) -> object:
