@@ -1,11 +1,16 @@
 """Where a long prefill's time goes, per operator type, from ONNX Runtime's profiler.
 
     python benchmarks/prefill_profile.py BUNDLE [BUNDLE ...] --prompt 2048 --chunk 256
+    python benchmarks/prefill_profile.py BUNDLE --runs 12 --compute bf16
 
 Runs one `--prompt`-token prefill in `--chunk`-token chunks on each bundle (one warm-up
-first, then one profiled run) and prints, per bundle, the wall time of the profiled run
-and the share of kernel time per operator type, largest first. Shares hold up under a
-loaded machine better than absolute times do.
+first, then `--runs` profiled runs) and prints, per bundle, the wall time of the first
+profiled run and the share of kernel time per operator type, largest first. Shares hold up
+under a loaded machine better than absolute times do.
+
+With `--runs` above 1 it also prints every run's wall time and milliseconds per operator
+type, and each one's slowest / fastest run: when a machine's speed moves between runs (the
+VMs' slow mode, docs/benchmarks.md), this says which operators it moves.
 """
 
 from __future__ import annotations
@@ -49,37 +54,60 @@ def prefill(backend: OnnxRuntimeBackend, ids: np.ndarray, chunk: int) -> float:
     return time.perf_counter() - start
 
 
-def op_shares(profile: Path) -> dict[str, float]:
+def op_seconds(events: list[dict]) -> dict[str, float]:
+    """Kernel seconds per operator type (control flow left out: its nodes count on their
+    own), largest first."""
     totals: dict[str, float] = defaultdict(float)
-    for event in json.loads(profile.read_text()):
+    for event in events:
         if event.get("cat") == "Node" and event["name"].endswith("_kernel_time"):
             op = event["args"]["op_name"]
             if op not in CONTROL_FLOW:
-                totals[op] += event["dur"]
-    whole = sum(totals.values()) or 1.0
-    return {op: t / whole for op, t in sorted(totals.items(), key=lambda kv: -kv[1])}
+                totals[op] += event["dur"] / 1e6
+    return dict(sorted(totals.items(), key=lambda kv: -kv[1]))
+
+
+def split_runs(events: list[dict], runs: int) -> list[list[dict]]:
+    """The node events of `runs` equal prefills, in time order, one list per prefill: every
+    prefill runs the same nodes, so each holds the same number of events."""
+    nodes = sorted((e for e in events if e.get("cat") == "Node"), key=lambda e: e["ts"])
+    size = len(nodes) // runs
+    return [nodes[i * size:(i + 1) * size] for i in range(runs)]
 
 
 def profile_bundle(bundle: Path, prompt: int, chunk: int, threads: int,
-                   compute: str = "fp32") -> None:
+                   compute: str = "fp32", runs: int = 1) -> None:
     manifest = load_manifest(bundle)
     ProfiledBackend.profile = True
     backend = ProfiledBackend(bundle, manifest, BackendOptions(threads=threads, compute=compute))
     backend.allocate_kv(1, -(-prompt // chunk) * chunk)
-    ids = np.random.default_rng(0).integers(3, manifest.model.vocab_size, prompt)
-    prefill(backend, ids, chunk)  # warm-up (profiled too: the file is cut below)
-    seconds = prefill(backend, ids, chunk)
+    rng = np.random.default_rng(0)
+    prompts = [rng.integers(3, manifest.model.vocab_size, prompt) for _ in range(runs + 1)]
+    walls = [prefill(backend, ids, chunk) for ids in prompts][1:]  # the first: warm-up
     path = Path(backend.session.end_profiling())
-    events = json.loads(path.read_text())
-    half = [e for e in events if e.get("cat") == "Node"]
-    half = half[len(half) // 2 :]  # the second (timed) run only
-    path.write_text(json.dumps(half))
-    shares = op_shares(path)
+    per_run = [op_seconds(part) for part in split_runs(json.loads(path.read_text()), runs + 1)][1:]
     path.unlink()
     kind = manifest.graph.quantization or manifest.graph.dtype
-    print(f"{bundle} ({kind}): {prompt} tokens in {chunk}-token chunks, {seconds:.2f} s")
-    for op, share in list(shares.items())[:8]:
-        print(f"  {op:<36}{share:6.1%}")
+    print(f"{bundle} ({kind}, compute {compute}, {threads} threads): {prompt} tokens in "
+          f"{chunk}-token chunks, {walls[0]:.2f} s")
+    whole = sum(per_run[0].values()) or 1.0
+    for op, seconds in list(per_run[0].items())[:8]:
+        print(f"  {op:<36}{seconds / whole:6.1%}")
+    if runs > 1:
+        print_runs(walls, per_run)
+
+
+def print_runs(walls: list[float], per_run: list[dict[str, float]]) -> None:
+    ops = list(per_run[0])[:6]
+    print("  run    wall s " + "".join(f"{op[:14]:>15}" for op in ops) + "   (ms)")
+    for i, (wall, seconds) in enumerate(zip(walls, per_run, strict=True)):
+        ms = "".join(f"{seconds.get(op, 0) * 1e3:15.0f}" for op in ops)
+        print(f"  {i + 1:>3} {wall:9.3f} {ms}")
+
+    def spread(values: list[float]) -> str:
+        return f"{max(values) / min(values):.2f}" if min(values) > 0 else "-"
+
+    print("  slowest / fastest:  " + f"{spread(walls):>4} "
+          + "".join(f"{spread([s.get(op, 0) for s in per_run]):>15}" for op in ops))
 
 
 def main() -> int:
@@ -90,10 +118,15 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--compute", choices=COMPUTES, default="fp32",
                         help="a float32 bundle's projections in fp32 or bf16 (--compute)")
+    parser.add_argument("--runs", type=int, default=1,
+                        help="profiled prefills after the warm-up, each its own prompt")
     args = parser.parse_args()
+    if min(args.prompt, args.chunk, args.threads, args.runs) < 1:
+        parser.error("--prompt, --chunk, --threads and --runs must be >= 1")
     try:
         for bundle in args.bundles:
-            profile_bundle(bundle, args.prompt, args.chunk, args.threads, args.compute)
+            profile_bundle(bundle, args.prompt, args.chunk, args.threads, args.compute,
+                           args.runs)
     except EdgeprefillError as err:
         print(f"error: {err}", file=sys.stderr)
         return 1

@@ -1,6 +1,6 @@
 """The figures benchmarks/ derives from raw measurements: the mixed workload's gaps and
-rates from token time stamps, and issue 15's met/missed verdicts, on hand-made inputs
-whose answers are worked out by hand below."""
+rates from token time stamps, issue 15's met/missed verdicts, and prefill_profile's
+per-run operator times, on hand-made inputs whose answers are worked out by hand below."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 
 from comparison.targets import report_targets  # noqa: E402
 from mixed_workload import figures  # noqa: E402
+from prefill_profile import op_seconds, split_runs  # noqa: E402
 
 
 def test_mixed_figures_from_stamps() -> None:
@@ -59,3 +60,21 @@ def test_targets_against_best_comparator_of_same_precision() -> None:
 def test_targets_say_when_there_is_nothing_to_judge() -> None:
     lines = report_targets({"openvino": result("fp32", 2.0, 40.0)})
     assert lines[1:] == ["  none to judge: no edgeprefill row of fp32, int8 or int4 measured"]
+
+
+def node(op: str, ts: int, dur: int) -> dict:
+    return {"cat": "Node", "name": f"n{ts}_kernel_time", "ts": ts, "dur": dur,
+            "args": {"op_name": op}}
+
+
+def test_profile_split_into_runs_by_time_and_summed_per_op() -> None:
+    # Two prefills of three nodes each, written out of time order; an If's time holds its
+    # subgraph's nodes, which are events of their own, so it is not counted again.
+    events = [node("MatMul", 40, 300), node("MatMul", 10, 100), node("If", 20, 500),
+              {"cat": "Session", "name": "model_run", "ts": 0, "dur": 90},
+              node("SwiGlu", 30, 2_000_000), node("If", 50, 700), node("SwiGlu", 60, 4_000_000)]
+    first, second = split_runs(events, 2)
+    assert [e["ts"] for e in first] == [10, 20, 30]
+    assert [e["ts"] for e in second] == [40, 50, 60]
+    assert op_seconds(first) == pytest.approx({"SwiGlu": 2.0, "MatMul": 1e-4})
+    assert list(op_seconds(second)) == ["SwiGlu", "MatMul"]  # largest first
