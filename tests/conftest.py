@@ -11,6 +11,19 @@ import pytest
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+
+@pytest.fixture(autouse=True, scope="session")
+def derived_cache_in_tmp(tmp_path_factory: pytest.TempPathFactory):
+    """Load-time derived weights are cached on disk (engines/ort/derived_cache.py): the
+    tests' go to a folder of their own, not the user's ~/.cache."""
+    before = os.environ.get("EDGEPREFILL_DERIVED_CACHE")
+    os.environ["EDGEPREFILL_DERIVED_CACHE"] = str(tmp_path_factory.mktemp("derived-cache"))
+    yield
+    if before is None:
+        os.environ.pop("EDGEPREFILL_DERIVED_CACHE", None)
+    else:
+        os.environ["EDGEPREFILL_DERIVED_CACHE"] = before
+
 ROOT = Path(__file__).resolve().parent.parent
 TINY_MODEL = ROOT / "models" / "tiny-recall"
 VOCAB = 128

@@ -128,16 +128,21 @@ def _is_projection(node: NodeProto, initializers: dict[str, TensorProto]) -> boo
 
 
 def _bf16_nodes(node: NodeProto, derived: Derived) -> list[NodeProto]:
-    weight = initializer(derived.graph, node.input[1], derived.bundle_dir)
-    if node.op_type == "Gemm":
-        weight = weight.T  # stored [N, K]
+    gemm = node.op_type == "Gemm"  # its weight is stored [N, K]
+
+    def derive() -> list[np.ndarray]:
+        weight = initializer(derived.graph, node.input[1], derived.bundle_dir)
+        return [pack(weight.T if gemm else weight)]
+
     name = f"{PREFIX}.{node.input[1]}"
-    derived.arrays[name] = pack(weight)
+    derived.cached([name], derive)
+    dims = next(t.dims for t in derived.graph.graph.initializer if t.name == node.input[1])
+    columns = int(dims[0] if gemm else dims[1])
     label = node.name or node.output[0]
     bias = node.op_type == "Gemm" and len(node.input) > 2 and node.input[2]
     product = f"{PREFIX}.{label}.product" if bias else node.output[0]
     nodes = [helper.make_node(OP, [node.input[0], name], [product], domain=DOMAIN,
-                              name=f"{PREFIX}.{label}", N=int(weight.shape[1]))]
+                              name=f"{PREFIX}.{label}", N=columns)]
     if bias:
         nodes.append(helper.make_node("Add", [product, node.input[2]], [node.output[0]],
                                       name=f"{PREFIX}.{label}.bias"))

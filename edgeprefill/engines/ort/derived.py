@@ -3,17 +3,21 @@ fp32), handed to the ONNX Runtime session as initializers it reads in place.
 
 The bundle on disk is never changed: the rewritten graph declares each derived weight
 (`declared`) and the session gets the array itself (`hand_over`), so the serialized graph
-stays small and no copy of the weights stays alive with it.
+stays small and no copy of the weights stays alive with it. What a rewrite derives goes
+through `Derived.cached`: a bundle's later loads map it from the disk cache
+(derived_cache.py) instead of deriving it again.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from onnx import ModelProto, TensorProto, external_data_helper, helper, numpy_helper
 
+from edgeprefill.engines.ort.derived_cache import DerivedCache
 from edgeprefill.errors import BackendError
 
 
@@ -25,6 +29,25 @@ class Derived:
         self.graph = graph
         self.bundle_dir = bundle_dir
         self.arrays: dict[str, np.ndarray] = {}
+        self.cache = DerivedCache.for_bundle(bundle_dir, weight_files(graph))
+
+    def cached(self, names: Sequence[str],
+               derive: Callable[[], Sequence[np.ndarray]]) -> list[np.ndarray]:
+        """The arrays `derive` makes, under `names`: from the disk cache when an earlier
+        load of this bundle left them there, else derived now (and left there)."""
+        arrays = self.cache.load(names) if self.cache is not None else None
+        if arrays is None:
+            arrays = list(derive())
+            if self.cache is not None:
+                self.cache.store(names, arrays)
+        self.arrays.update(zip(names, arrays, strict=True))
+        return arrays
+
+
+def weight_files(graph: ModelProto) -> list[str]:
+    """The files the graph's initializers point at, relative to the bundle."""
+    return sorted({e.value for t in graph.graph.initializer for e in t.external_data
+                   if e.key == "location"})
 
 
 def hand_over(graph: ModelProto, arrays: dict[str, np.ndarray],

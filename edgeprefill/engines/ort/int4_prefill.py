@@ -196,13 +196,16 @@ def _int8(node: NodeProto, derived: Derived) -> list[NodeProto]:
     attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
     if attrs.get("bits", 4) != 4 or len(node.input) > 3 and any(node.input[3:]):
         return _level0(node, derived)  # zero points or other widths: not derived
-    packed = initializer(derived.graph, node.input[1], derived.bundle_dir)
-    scales = initializer(derived.graph, node.input[2], derived.bundle_dir)
-    weights = int4_dequantize(packed, scales, int(attrs["K"]))  # [N, K]
-    q, scale = int8_per_channel(weights.T)  # [K, N], [N]
     base = f"{PREFIX}.{node.input[1]}"
-    derived.arrays[f"{base}.int8"] = np.ascontiguousarray(q)  # ORT reads it in place
-    derived.arrays[f"{base}.int8_scale"] = scale
+
+    def derive() -> tuple[np.ndarray, np.ndarray]:
+        packed = initializer(derived.graph, node.input[1], derived.bundle_dir)
+        scales = initializer(derived.graph, node.input[2], derived.bundle_dir)
+        weights = int4_dequantize(packed, scales, int(attrs["K"]))  # [N, K]
+        q, scale = int8_per_channel(weights.T)  # [K, N], [N]
+        return np.ascontiguousarray(q), scale  # ORT reads them in place
+
+    derived.cached([f"{base}.int8", f"{base}.int8_scale"], derive)
     return [helper.make_node(
         "DynamicQuantizeMatMul", [node.input[0], f"{base}.int8", f"{base}.int8_scale"],
         ["out"], domain="com.microsoft", name=f"{PREFIX}.{node.name}.int8",

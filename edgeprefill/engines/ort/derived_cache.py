@@ -1,0 +1,141 @@
+"""A disk cache of the weights load-time rewrites derive (int8 from int4, MatMulInt4's
+repacking, packed bf16), so that only a bundle's first load pays for deriving them.
+
+Deriving is numpy work over every weight: 1.2 s of a 1.65 s int4 load for a 135M model,
+and ten times that for a 1.5B one. A later load maps the cached arrays read-only instead:
+ONNX Runtime reads them in place (no copy), and processes that load the same bundle share
+their pages.
+
+Where: `$EDGEPREFILL_DERIVED_CACHE`, else `$XDG_CACHE_HOME/edgeprefill/derived` (or
+`~/.cache/...`); `EDGEPREFILL_DERIVED_CACHE=off` turns it off. One folder per bundle state:
+its key hashes the bundle's resolved path, the size and modification time of its weight
+files, and the source of the code that derives (an edit there, or a re-export, gives a new
+key; the new folder replaces the ones the same bundle left, and those of bundles that are
+gone). Each array is its own `.npy`
+file, written under a temporary name and renamed into place, so concurrent loads never read
+half a file. The cache is a speed-up only: a cache that cannot be read or written means the
+weights are derived as without it (a warning says why, once per load).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import logging
+import os
+import shutil
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+CACHE_ENV = "EDGEPREFILL_DERIVED_CACHE"
+BUNDLE_FILE = "bundle.txt"  # in each key's folder: the bundle it came from
+
+log = logging.getLogger(__name__)
+
+
+def cache_root() -> Path | None:
+    value = os.environ.get(CACHE_ENV, "").strip()
+    if value.lower() == "off":
+        return None
+    if value:
+        return Path(value)
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return cache / "edgeprefill" / "derived"
+
+
+@functools.cache
+def code_digest() -> str:
+    """The source of the modules that derive weights (this package's ORT rewrites and the
+    quantization helpers they call): a change there may change what they derive."""
+    here = Path(__file__).resolve().parent
+    sources = sorted(here.glob("*.py")) + [here.parent.parent / "export" / "quantize.py"]
+    digest = hashlib.sha256()
+    for path in sources:
+        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()
+
+
+def file_name(name: str) -> str:
+    """Initializer names hold dots and slashes: the file is named by the name's hash."""
+    return hashlib.sha256(name.encode()).hexdigest()[:24] + ".npy"
+
+
+class DerivedCache:
+    """The cache folder of one bundle state."""
+
+    def __init__(self, folder: Path, bundle_dir: Path) -> None:
+        self.folder = folder
+        self.bundle = str(bundle_dir.resolve())
+        self.warned = False
+        self.prepared = False
+
+    @classmethod
+    def for_bundle(cls, bundle_dir: Path, weight_files: Sequence[str]) -> DerivedCache | None:
+        root = cache_root()
+        if root is None:
+            return None
+        key = hashlib.sha256(code_digest().encode())
+        key.update(str(bundle_dir.resolve()).encode())
+        for name in sorted(set(weight_files)):
+            try:
+                stat = (bundle_dir / name).stat()
+            except OSError:
+                return None  # the session's load reports a missing weight file
+            key.update(f"\0{name}\0{stat.st_size}\0{stat.st_mtime_ns}".encode())
+        return cls(root / key.hexdigest()[:32], bundle_dir)
+
+    def load(self, names: Sequence[str]) -> list[np.ndarray] | None:
+        """The arrays under `names`, mapped read-only, or None when any is missing or
+        unreadable."""
+        if not self.folder.is_dir():
+            return None  # nothing cached yet (or no folder can be: store says so)
+        try:
+            return [np.load(self.folder / file_name(n), mmap_mode="r", allow_pickle=False)
+                    for n in names]
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError) as err:  # truncated or foreign file: derive again
+            self._warn(f"cannot read it ({err})")
+            return None
+
+    def store(self, names: Sequence[str], arrays: Sequence[np.ndarray]) -> None:
+        try:
+            self._prepare()
+            for name, array in zip(names, arrays, strict=True):
+                path = self.folder / file_name(name)
+                partial = path.with_name(f"{path.stem}.{os.getpid()}.partial")
+                with open(partial, "wb") as out:
+                    np.save(out, array, allow_pickle=False)
+                os.replace(partial, path)
+        except OSError as err:
+            self._warn(f"cannot write it ({err})")
+
+    def _prepare(self) -> None:
+        """Creates this key's folder and removes the folders the same bundle left under
+        other keys (an older export or older code) and those of bundles that are gone: one
+        state per bundle stays."""
+        if self.prepared:
+            return
+        self.folder.mkdir(parents=True, exist_ok=True)
+        (self.folder / BUNDLE_FILE).write_text(self.bundle)
+        for other in self.folder.parent.iterdir():
+            bundle = _bundle_of(other)
+            if other != self.folder and bundle is not None and (
+                    bundle == self.bundle or not Path(bundle).is_dir()):
+                shutil.rmtree(other, ignore_errors=True)
+        self.prepared = True
+
+    def _warn(self, why: str) -> None:
+        if not self.warned:
+            log.warning("derived-weights cache %s: %s; deriving them at each load instead "
+                        "(%s=off turns the cache off)", self.folder, why, CACHE_ENV)
+            self.warned = True
+
+
+def _bundle_of(folder: Path) -> str | None:
+    try:
+        return (folder / BUNDLE_FILE).read_text()
+    except OSError:
+        return None

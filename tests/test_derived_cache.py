@@ -1,0 +1,145 @@
+"""The disk cache of load-time derived weights (edgeprefill/engines/ort/derived_cache.py): a
+second load maps what the first derived, without deriving, and computes the same logits; a
+re-export or a damaged file means deriving again; a cache that cannot be written never
+fails a load; `off` writes nothing."""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from edgeprefill.bundle import load_manifest
+from edgeprefill.engines import BackendOptions, StepBatch
+from edgeprefill.engines.ort import bf16_compute, int4_decode, int4_prefill
+from edgeprefill.engines.ort.backend import OnnxRuntimeBackend
+from edgeprefill.engines.ort.derived_cache import CACHE_ENV
+from edgeprefill.export.exporter import ExportOptions, export
+from edgeprefill.export.quantize import QuantConfig
+from tests.conftest import TINY_MODEL
+
+CONTEXT = 64
+PROMPT = [5, 17, 42, 7, 99, 3, 12, 64]
+
+
+@pytest.fixture(scope="module")
+def int4_bundle(tmp_path_factory):
+    out = tmp_path_factory.mktemp("int4") / "b"
+    export(TINY_MODEL, out, ExportOptions(chunks=(16,), max_context=CONTEXT,
+                                          show_progress=False, quant=QuantConfig("int4")))
+    return out
+
+
+def load(bundle: Path, cache: Path | str, monkeypatch, kernels: str = "off",
+         compute: str = "fp32") -> OnnxRuntimeBackend:
+    monkeypatch.setenv(CACHE_ENV, str(cache))
+    monkeypatch.setenv("EDGEPREFILL_KERNELS", kernels)
+    b = OnnxRuntimeBackend(bundle, load_manifest(bundle),
+                           BackendOptions(threads=2, compute=compute))
+    b.allocate_kv(1, CONTEXT)
+    return b
+
+
+def logits(backend: OnnxRuntimeBackend) -> np.ndarray:
+    step = StepBatch(np.array([PROMPT]), np.array([0], np.int32),
+                     np.array([len(PROMPT)], np.int32), 0)
+    return backend.run(step).copy()
+
+
+def entries(cache: Path) -> list[Path]:
+    return sorted(p for p in cache.iterdir() if p.is_dir()) if cache.is_dir() else []
+
+
+def refuse(*_args, **_kwargs):
+    raise AssertionError("derived again although the cache holds it")
+
+
+def test_second_load_maps_the_cached_int8_weights(int4_bundle, tmp_path, monkeypatch):
+    cache = tmp_path / "cache"
+    first = load(int4_bundle, cache, monkeypatch)
+    want = logits(first)
+    (folder,) = entries(cache)
+    assert len(list(folder.glob("*.npy"))) == len(first.int4_prefill.weights) > 0
+    monkeypatch.setattr(int4_prefill, "int4_dequantize", refuse)
+    second = load(int4_bundle, cache, monkeypatch)
+    assert all(isinstance(array, np.memmap) for array, _ in second.int4_prefill.weights)
+    np.testing.assert_array_equal(logits(second), want)
+
+
+@pytest.mark.skipif(not int4_decode.cpu_has_vnni(), reason="no AVX512-VNNI here")
+def test_second_load_maps_the_repacked_int4_weights(library, int4_bundle, tmp_path,
+                                                    monkeypatch):
+    cache = tmp_path / "cache"
+    first = load(int4_bundle, cache, monkeypatch, kernels="require")
+    assert first.int4_decode.rewritten > 0
+    want = logits(first)
+    monkeypatch.setattr(int4_decode, "repack", refuse)
+    monkeypatch.setattr(int4_prefill, "int4_dequantize", refuse)
+    second = load(int4_bundle, cache, monkeypatch, kernels="require")
+    assert second.int4_decode.rewritten == first.int4_decode.rewritten
+    np.testing.assert_array_equal(logits(second), want)
+
+
+def test_second_load_maps_the_packed_bf16_weights(library, tiny_bundle, tmp_path,
+                                                  monkeypatch):
+    if not bf16_compute.cpu_has_bf16():
+        pytest.skip("no AVX512-BF16 here: bf16 compute would run the slow portable loops")
+    cache = tmp_path / "cache"
+    want = logits(load(tiny_bundle, cache, monkeypatch, "require", "bf16"))
+    monkeypatch.setattr(bf16_compute, "pack", refuse)
+    second = load(tiny_bundle, cache, monkeypatch, "require", "bf16")
+    assert second.compute.rewritten > 0
+    np.testing.assert_array_equal(logits(second), want)
+
+
+def test_a_reexport_replaces_the_bundles_entry(tmp_path, monkeypatch):
+    bundle = tmp_path / "b"
+    options = ExportOptions(chunks=(16,), max_context=CONTEXT, show_progress=False,
+                            quant=QuantConfig("int4"), overwrite=True)
+    export(TINY_MODEL, bundle, options)
+    cache = tmp_path / "cache"
+    load(bundle, cache, monkeypatch)
+    (old,) = entries(cache)
+    export(TINY_MODEL, bundle, options)  # new weight files: new sizes or times
+    weights = bundle / "model.onnx.data"
+    os.utime(weights, ns=(weights.stat().st_atime_ns, weights.stat().st_mtime_ns + 10**9))
+    derived = []
+    real = int4_prefill.int4_dequantize
+    monkeypatch.setattr(int4_prefill, "int4_dequantize",
+                        lambda *a: derived.append(1) or real(*a))
+    load(bundle, cache, monkeypatch)
+    assert derived, "the re-exported bundle's weights were not derived again"
+    (new,) = entries(cache)  # the stale entry is gone
+    assert new != old
+
+
+def test_a_damaged_file_is_derived_again(int4_bundle, tmp_path, monkeypatch, caplog):
+    cache = tmp_path / "cache"
+    want = logits(load(int4_bundle, cache, monkeypatch))
+    (folder,) = entries(cache)
+    victim = sorted(folder.glob("*.npy"))[0]
+    victim.write_bytes(victim.read_bytes()[:40])  # a truncated header
+    with caplog.at_level(logging.WARNING):
+        again = load(int4_bundle, cache, monkeypatch)
+    assert "cannot read it" in caplog.text
+    np.testing.assert_array_equal(logits(again), want)
+    np.load(victim)  # rewritten whole by the load that derived it again
+
+
+def test_an_unwritable_cache_never_fails_a_load(int4_bundle, tmp_path, monkeypatch, caplog):
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("a file where the cache folder should be")
+    want = logits(load(int4_bundle, tmp_path / "fresh", monkeypatch))
+    with caplog.at_level(logging.WARNING):
+        b = load(int4_bundle, blocker / "cache", monkeypatch)
+    assert "cannot write it" in caplog.text and CACHE_ENV in caplog.text
+    np.testing.assert_array_equal(logits(b), want)
+
+
+def test_off_writes_nothing(int4_bundle, tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    load(int4_bundle, "off", monkeypatch)
+    assert not (tmp_path / "edgeprefill").exists()
