@@ -9,8 +9,10 @@ profiled run and the share of kernel time per operator type, largest first. Shar
 under a loaded machine better than absolute times do.
 
 With `--runs` above 1 it also prints every run's wall time and milliseconds per operator
-type, and each one's slowest / fastest run: when a machine's speed moves between runs (the
-VMs' slow mode, docs/benchmarks.md), this says which operators it moves.
+type, and each one's slowest / fastest run, and after each run the core-to-core latency
+(probes/core_latency.py): when a machine's speed moves between runs (the VMs' slow mode,
+docs/benchmarks.md), this says which operators it moves and whether the host had placed
+the two vCPUs far apart meanwhile.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
+from probes.core_latency import core_to_core_ns
 
 from edgeprefill.bundle import load_manifest
 from edgeprefill.engines import BackendOptions, StepBatch
@@ -82,7 +85,11 @@ def profile_bundle(bundle: Path, prompt: int, chunk: int, threads: int,
     backend.allocate_kv(1, -(-prompt // chunk) * chunk)
     rng = np.random.default_rng(0)
     prompts = [rng.integers(3, manifest.model.vocab_size, prompt) for _ in range(runs + 1)]
-    walls = [prefill(backend, ids, chunk) for ids in prompts][1:]  # the first: warm-up
+    prefill(backend, prompts[0], chunk)  # warm-up
+    walls, latencies = [], []
+    for ids in prompts[1:]:
+        walls.append(prefill(backend, ids, chunk))
+        latencies.append(core_to_core_ns() if runs > 1 else None)
     path = Path(backend.session.end_profiling())
     per_run = [op_seconds(part) for part in split_runs(json.loads(path.read_text()), runs + 1)][1:]
     path.unlink()
@@ -93,20 +100,22 @@ def profile_bundle(bundle: Path, prompt: int, chunk: int, threads: int,
     for op, seconds in list(per_run[0].items())[:8]:
         print(f"  {op:<36}{seconds / whole:6.1%}")
     if runs > 1:
-        print_runs(walls, per_run)
+        print_runs(walls, per_run, latencies)
 
 
-def print_runs(walls: list[float], per_run: list[dict[str, float]]) -> None:
+def print_runs(walls: list[float], per_run: list[dict[str, float]],
+               latencies: list[float | None]) -> None:
     ops = list(per_run[0])[:6]
-    print("  run    wall s " + "".join(f"{op[:14]:>15}" for op in ops) + "   (ms)")
+    print("  run    wall s  core ns" + "".join(f"{op[:14]:>15}" for op in ops) + "   (ms)")
     for i, (wall, seconds) in enumerate(zip(walls, per_run, strict=True)):
         ms = "".join(f"{seconds.get(op, 0) * 1e3:15.0f}" for op in ops)
-        print(f"  {i + 1:>3} {wall:9.3f} {ms}")
+        core = f"{latencies[i]:8.0f}" if latencies[i] is not None else "     n/a"
+        print(f"  {i + 1:>3} {wall:9.3f} {core}{ms}")
 
     def spread(values: list[float]) -> str:
         return f"{max(values) / min(values):.2f}" if min(values) > 0 else "-"
 
-    print("  slowest / fastest:  " + f"{spread(walls):>4} "
+    print("  slowest / fastest:  " + f"{spread(walls):>4}          "
           + "".join(f"{spread([s.get(op, 0) for s in per_run]):>15}" for op in ops))
 
 

@@ -11,6 +11,11 @@ runs and its slowest / fastest ratio (the issue's target: <= 1.15 over 10 proces
 the first request and for the per-process medians: a process that landed in a slow mode
 stays slow in every request, while one slow request (the host's noise) moves only the first
 figure.
+
+After each process it also measures the core-to-core latency (probes/core_latency.py): on
+the 2-vCPU VMs the host sometimes places the vCPUs on different CCDs (~175 ns instead of
+~40), and processes measured then run slower whatever the setting. The summary repeats
+the spreads over the processes of the near placement alone, where there were some.
 """
 
 from __future__ import annotations
@@ -22,6 +27,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+from probes.core_latency import FAR_NS, core_to_core_ns, placement
 
 CHILD = """
 import json, sys, time
@@ -57,6 +64,14 @@ def measure(bundle: Path, spin: bool, threads: int, prompt: int, new: int,
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def summary(runs: list[dict], prefix: str) -> str:
+    ttft = [r[f"{prefix}ttft_s"] * 1e3 for r in runs]
+    rate = [r[f"{prefix}decode_tok_s"] for r in runs]
+    return (f"TTFT median {statistics.median(ttft):7.1f} ms, slowest/fastest "
+            f"{max(ttft) / min(ttft):.2f}; decode median {statistics.median(rate):6.1f} tok/s, "
+            f"slowest/fastest {max(rate) / min(rate):.2f}")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("bundle", type=Path)
@@ -75,19 +90,21 @@ def main() -> int:
         for name in runs:
             run = measure(args.bundle, name == "spin", args.threads, args.prompt,
                           args.new_tokens, args.requests)
-            runs[name].append({**run, "at": time.time()})
+            core_ns = core_to_core_ns()
+            runs[name].append({**run, "at": time.time(), "core_ns": core_ns})
             print(f"[{i + 1}/{args.processes}] {name:<8} first request: TTFT "
                   f"{run['ttft_s'] * 1e3:7.1f} ms, decode {run['decode_tok_s']:6.1f} tok/s; "
                   f"medians: {run['median_ttft_s'] * 1e3:7.1f} ms, "
-                  f"{run['median_decode_tok_s']:6.1f} tok/s", file=sys.stderr, flush=True)
+                  f"{run['median_decode_tok_s']:6.1f} tok/s; {placement(core_ns)}",
+                  file=sys.stderr, flush=True)
     for name, values in runs.items():
+        near = [r for r in values if r["core_ns"] is not None and r["core_ns"] <= FAR_NS]
+        groups = [("", values)]
+        if 0 < len(near) < len(values):
+            groups.append((f", near placement only ({len(near)} of {len(values)})", near))
         for label, prefix in (("first request", ""), (f"median of {args.requests}", "median_")):
-            ttft = [r[f"{prefix}ttft_s"] * 1e3 for r in values]
-            rate = [r[f"{prefix}decode_tok_s"] for r in values]
-            print(f"{name:<8} {label:<14} TTFT median {statistics.median(ttft):7.1f} ms, "
-                  f"slowest/fastest {max(ttft) / min(ttft):.2f}; decode median "
-                  f"{statistics.median(rate):6.1f} tok/s, slowest/fastest "
-                  f"{max(rate) / min(rate):.2f}")
+            for which, group in groups:
+                print(f"{name:<8} {label:<14} {summary(group, prefix)}{which}")
     if args.json:
         args.json.write_text(json.dumps(runs, indent=1))
     return 0

@@ -78,3 +78,18 @@ def test_profile_split_into_runs_by_time_and_summed_per_op() -> None:
     assert [e["ts"] for e in second] == [40, 50, 60]
     assert op_seconds(first) == pytest.approx({"SwiGlu": 2.0, "MatMul": 1e-4})
     assert list(op_seconds(second)) == ["SwiGlu", "MatMul"]  # largest first
+
+
+def test_core_latency_probe_measures_where_it_can_run() -> None:
+    import os
+    import shutil
+
+    from probes.core_latency import FAR_NS, core_to_core_ns, placement
+
+    if not (shutil.which("cc") or shutil.which("gcc")) or len(os.sched_getaffinity(0)) < 2:
+        assert core_to_core_ns() is None
+        return
+    ns = core_to_core_ns(rounds=1)
+    assert ns is not None and 1.0 < ns < 10_000.0  # one-way latency of one cache line
+    assert placement(ns).endswith("(far)" if ns > FAR_NS else "(near)")
+    assert placement(None) == "core latency n/a"

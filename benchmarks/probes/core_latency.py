@@ -1,0 +1,52 @@
+"""Core-to-core latency of the machine right now, for benchmarks to print beside their
+timings (standard library only, like compare.py).
+
+The 2-vCPU VMs this project is measured on move between two placements on their host:
+both vCPUs close (one-way latency ~40 ns) or on different CCDs (~175 ns), minutes at a
+time. In the far placement edgeprefill's 2-thread prefill runs ~30% slower: data one thread
+writes and the other reads crosses the host's fabric (docs/benchmarks.md, "the slow mode").
+`core_to_core_ns()` builds core_latency.c once per process with the C compiler (cc), runs
+it (~0.1 s) and returns the median one-way latency in ns, or None where it cannot run (no
+compiler, one CPU).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+SOURCE = Path(__file__).with_name("core_latency.c")
+FAR_NS = 100.0  # above this the two CPUs are far apart (another CCD or socket)
+
+
+@functools.cache
+def _binary() -> Path | None:
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    if compiler is None or len(os.sched_getaffinity(0)) < 2:
+        return None
+    out = Path(tempfile.mkdtemp(prefix="edgeprefill-probe-")) / "core_latency"
+    built = subprocess.run([compiler, "-O2", "-pthread", str(SOURCE), "-o", str(out)],
+                           capture_output=True, text=True)
+    return out if built.returncode == 0 else None
+
+
+def core_to_core_ns(rounds: int = 5) -> float | None:
+    binary = _binary()
+    if binary is None:
+        return None
+    done = subprocess.run([str(binary), str(rounds)], capture_output=True, text=True,
+                          timeout=30)
+    try:
+        return float(done.stdout.strip()) if done.returncode == 0 else None
+    except ValueError:
+        return None
+
+
+def placement(ns: float | None) -> str:
+    if ns is None:
+        return "core latency n/a"
+    return f"core latency {ns:.0f} ns ({'far' if ns > FAR_NS else 'near'})"
