@@ -143,3 +143,23 @@ def test_off_writes_nothing(int4_bundle, tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     load(int4_bundle, "off", monkeypatch)
     assert not (tmp_path / "edgeprefill").exists()
+
+
+def test_inspect_says_where_the_derived_weights_are(int4_bundle, tmp_path, monkeypatch):
+    from click.testing import CliRunner
+
+    from edgeprefill.cli.main import cli
+
+    def derived_line() -> str:
+        out = CliRunner().invoke(cli, ["inspect", str(int4_bundle)]).output
+        return next(line for line in out.splitlines() if line.startswith("derived"))
+
+    cache = tmp_path / "cache"
+    monkeypatch.setenv(CACHE_ENV, str(cache))
+    assert "empty: the first load" in derived_line()
+    load(int4_bundle, cache, monkeypatch)
+    (folder,) = entries(cache)
+    line = derived_line()
+    assert str(folder) in line and f"{len(list(folder.glob('*.npy')))} arrays" in line
+    monkeypatch.setenv(CACHE_ENV, "off")
+    assert "not cached" in derived_line()

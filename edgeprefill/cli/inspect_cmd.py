@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import click
 
@@ -43,6 +44,7 @@ def inspect(bundle, verify, as_json):
         f"kernels     {describe(graph.flavor, graph.dtype)} on this machine's CPU",
         *_int4_prefill_line(graph),
         *_compute_line(graph),
+        *_derived_line(bundle, graph),
         f"eos ids     {eos}",
         f"sampling    {defaults.describe()}  (generation_config.json; requests may override)",
         f"chat        {'template included' if m.tokenizer.chat_template else 'no template'}",
@@ -80,6 +82,20 @@ def _int4_prefill_line(graph) -> list[str]:
     native = describe(graph.flavor, graph.dtype) == NATIVE
     return [f"int4 prefill {describe_int4(graph.flavor)} (accuracy-level-4 projections)",
             f"int4 decode {describe_decode(native)}"]
+
+
+def _derived_line(bundle, graph) -> list[str]:
+    """Bundles whose weights a load may derive from (int4 ones, and float32 ones under
+    `--compute bf16`): where the derived weights are cached (engines.ort.derived_cache)."""
+    if graph.dtype != "float32" or graph.flavor != "ort" or graph.quantization == "int8":
+        return []
+    import onnx
+
+    from edgeprefill.engines.ort.derived import weight_files
+    from edgeprefill.engines.ort.derived_cache import describe
+
+    proto = onnx.load(str(Path(bundle) / graph.file), load_external_data=False)
+    return [f"derived     {describe(Path(bundle), weight_files(proto))}"]
 
 
 def _compute_line(graph) -> list[str]:

@@ -41,7 +41,10 @@ def cache_root() -> Path | None:
         return None
     if value:
         return Path(value)
-    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    try:
+        cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    except RuntimeError:  # no home folder (a service account): no cache
+        return None
     return cache / "edgeprefill" / "derived"
 
 
@@ -132,6 +135,18 @@ class DerivedCache:
             log.warning("derived-weights cache %s: %s; deriving them at each load instead "
                         "(%s=off turns the cache off)", self.folder, why, CACHE_ENV)
             self.warned = True
+
+
+def describe(bundle_dir: Path, weight_files: Sequence[str]) -> str:
+    """What `inspect` says of this bundle's derived-weights cache."""
+    cache = DerivedCache.for_bundle(bundle_dir, weight_files)
+    if cache is None:
+        return f"not cached ({CACHE_ENV}=off, or no cache folder here)"
+    files = list(cache.folder.glob("*.npy")) if cache.folder.is_dir() else []
+    if not files:
+        return f"{cache.folder} (empty: the first load that derives weights fills it)"
+    size = sum(f.stat().st_size for f in files) / 1e6
+    return f"{cache.folder} ({len(files)} arrays, {size:.0f} MB from an earlier load)"
 
 
 def _bundle_of(folder: Path) -> str | None:
