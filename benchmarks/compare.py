@@ -29,6 +29,7 @@ from comparison.registry import RUNTIMES
 from comparison.report import machine_info, print_report
 from comparison.runners import pool_rounds, run_runtime
 from comparison.settings import BENCH_DIR, REPO_DIR, Settings, StepError, say
+from probes.core_latency import core_to_core_ns
 
 
 def parse_int_list(text: str) -> list[int]:
@@ -140,9 +141,10 @@ def main(argv: list[str] | None = None) -> int:
             previous = rounds[name][-1] if rounds[name] else None
             if previous is not None and "error" in previous:
                 continue  # a runtime that failed once is not retried
-            rounds[name].append(
-                run_runtime(RUNTIMES[name], settings, model, prompts, run_dir, turn)
-            )
+            before = core_to_core_ns()
+            result = run_runtime(RUNTIMES[name], settings, model, prompts, run_dir, turn)
+            result["core_ns"] = [before, core_to_core_ns()]  # the host's vCPU placement
+            rounds[name].append(result)
     results = {name: pool_rounds(runs) for name, runs in rounds.items()}
     machine["loadavg_end"] = os.getloadavg()[0]
 

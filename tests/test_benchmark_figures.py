@@ -93,3 +93,15 @@ def test_core_latency_probe_measures_where_it_can_run() -> None:
     assert ns is not None and 1.0 < ns < 10_000.0  # one-way latency of one cache line
     assert placement(ns).endswith("(far)" if ns > FAR_NS else "(near)")
     assert placement(None) == "core latency n/a"
+
+
+def test_placement_lines_count_the_far_measurements() -> None:
+    from comparison.report import report_placement
+
+    results = {"edgeprefill": {"core_ns": [40.0, 39.5, 181.0, 40.2]},
+               "openvino": {"core_ns": [None, 38.0]}, "failed": {"error": "x"}}
+    lines = report_placement(results)
+    assert lines[1].split() == ["edgeprefill", "40", "40", "181", "40", "(1", "far)"]
+    assert lines[2].split() == ["openvino", "n/a", "38"]
+    assert lines[3].split() == ["failed"]
+    assert report_placement({"a": {"core_ns": [None]}, "b": {}}) == []  # no probe here

@@ -9,6 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from probes.core_latency import FAR_NS
+
 from comparison.ceilings import decode_floor_tok_s, params_without_embedding
 from comparison.models import ModelInfo
 from comparison.registry import is_ours
@@ -207,11 +209,29 @@ def report_status(results: dict[str, dict[str, Any]]) -> list[str]:
     return lines
 
 
+def report_placement(results: dict[str, dict[str, Any]]) -> list[str]:
+    """The core-to-core latency measured before and after each runtime's run of each round
+    (probes/core_latency.py): on the 2-vCPU VMs the host sometimes places the two CPUs far
+    apart, and edgeprefill's prefill is then ~30% slower (docs/benchmarks.md, 2026-11-25)."""
+    seen = {name: r.get("core_ns", []) for name, r in results.items()}
+    if not any(ns is not None for values in seen.values() for ns in values):
+        return []
+    lines = [f"core-to-core latency before/after each round's run, ns (> {FAR_NS:.0f}: the "
+             "two CPUs were placed far apart; compare runtimes within one placement):"]
+    for name, values in seen.items():
+        shown = " ".join("n/a" if ns is None else f"{ns:.0f}" for ns in values)
+        far = sum(ns is not None and ns > FAR_NS for ns in values)
+        lines.append(f"  {name:<22}{shown}" + (f"  ({far} far)" if far else ""))
+    return lines
+
+
 def print_report(report: dict[str, Any], settings: Settings, model: ModelInfo) -> None:
     lines = report_header(settings, model, report["ceilings"], report["floors"], report["machine"])
     lines += ["", *report_table(settings, report["runtimes"], report["floors"])]
     lines += report_status(report["runtimes"])
     lines += ["", *report_targets(report["runtimes"])]
+    placement = report_placement(report["runtimes"])
+    lines += ["", *placement] if placement else []
     lines += [
         "",
         "vs best: times better than the best comparator (any runtime not edgeprefill) of the row's "

@@ -125,4 +125,5 @@ def pool_rounds(runs: list[dict[str, Any]]) -> dict[str, Any]:
     pooled["load_s"] = statistics.median(r["load_s"] for r in runs)
     pooled["peak_rss_mib"] = max(r["peak_rss_mib"] for r in runs)
     pooled["measure_s"] = sum(r.get("measure_s", 0.0) for r in runs)
+    pooled["core_ns"] = [ns for r in runs for ns in r.get("core_ns", [])]
     return pooled
