@@ -163,3 +163,21 @@ def test_inspect_says_where_the_derived_weights_are(int4_bundle, tmp_path, monke
     assert str(folder) in line and f"{len(list(folder.glob('*.npy')))} arrays" in line
     monkeypatch.setenv(CACHE_ENV, "off")
     assert "not cached" in derived_line()
+
+
+def test_a_failed_write_leaves_no_partial_file(int4_bundle, tmp_path, monkeypatch, caplog):
+    from edgeprefill.engines.ort import derived_cache
+
+    def full_disk(out, array, allow_pickle):
+        out.write(b"\\x93NUMPY half of a header")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(derived_cache.np, "save", full_disk)
+    cache = tmp_path / "cache"
+    with caplog.at_level(logging.WARNING):
+        want = logits(load(int4_bundle, cache, monkeypatch))
+    assert "No space left on device" in caplog.text
+    (folder,) = entries(cache)
+    assert sorted(p.name for p in folder.iterdir()) == ["bundle.txt"]
+    monkeypatch.undo()
+    np.testing.assert_array_equal(logits(load(int4_bundle, cache, monkeypatch)), want)

@@ -11,10 +11,10 @@ Where: `$EDGEPREFILL_DERIVED_CACHE`, else `$XDG_CACHE_HOME/edgeprefill/derived` 
 its key hashes the bundle's resolved path, the size and modification time of its weight
 files, and the source of the code that derives (an edit there, or a re-export, gives a new
 key; the new folder replaces the ones the same bundle left, and those of bundles that are
-gone). Each array is its own `.npy`
-file, written under a temporary name and renamed into place, so concurrent loads never read
-half a file. The cache is a speed-up only: a cache that cannot be read or written means the
-weights are derived as without it (a warning says why, once per load).
+gone). Each array is its own `.npy` file, written under a temporary name and renamed into
+place, so concurrent loads never read half a file. The cache is a speed-up only: a cache
+that cannot be read or written means the weights are derived as without it (a warning says
+why, once per load).
 """
 
 from __future__ import annotations
@@ -107,13 +107,19 @@ class DerivedCache:
         try:
             self._prepare()
             for name, array in zip(names, arrays, strict=True):
-                path = self.folder / file_name(name)
-                partial = path.with_name(f"{path.stem}.{os.getpid()}.partial")
-                with open(partial, "wb") as out:
-                    np.save(out, array, allow_pickle=False)
-                os.replace(partial, path)
+                self._write(self.folder / file_name(name), array)
         except OSError as err:
             self._warn(f"cannot write it ({err})")
+
+    @staticmethod
+    def _write(path: Path, array: np.ndarray) -> None:
+        partial = path.with_name(f"{path.stem}.{os.getpid()}.partial")
+        try:
+            with open(partial, "wb") as out:
+                np.save(out, array, allow_pickle=False)
+            os.replace(partial, path)
+        finally:
+            partial.unlink(missing_ok=True)  # a full disk leaves no half file behind
 
     def _prepare(self) -> None:
         """Creates this key's folder and removes the folders the same bundle left under
