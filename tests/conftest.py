@@ -178,6 +178,22 @@ def tiny_bundle(tmp_path_factory):
     return out
 
 
+TINY_INT4_CONTEXT = 64
+
+
+@pytest.fixture(scope="session")
+def tiny_int4_bundle(tmp_path_factory):
+    """The shipped tiny model as an int4 bundle (16-token chunks, TINY_INT4_CONTEXT
+    positions), exported once: the load-time int4 rewrites' tests share it."""
+    from edgeprefill.export.exporter import ExportOptions, export
+    from edgeprefill.export.quantize import QuantConfig
+
+    out = tmp_path_factory.mktemp("tiny-int4") / "b"
+    export(TINY_MODEL, out, ExportOptions(chunks=(16,), max_context=TINY_INT4_CONTEXT,
+                                          show_progress=False, quant=QuantConfig("int4")))
+    return out
+
+
 @pytest.fixture(scope="session")
 def library():
     """The native kernel library (edgeprefill/kernels), built once per run; the test is

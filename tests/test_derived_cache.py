@@ -19,18 +19,10 @@ from edgeprefill.engines.ort.backend import OnnxRuntimeBackend
 from edgeprefill.engines.ort.derived_cache import CACHE_ENV
 from edgeprefill.export.exporter import ExportOptions, export
 from edgeprefill.export.quantize import QuantConfig
-from tests.conftest import TINY_MODEL
+from tests.conftest import TINY_INT4_CONTEXT, TINY_MODEL
 
-CONTEXT = 64
+CONTEXT = TINY_INT4_CONTEXT
 PROMPT = [5, 17, 42, 7, 99, 3, 12, 64]
-
-
-@pytest.fixture(scope="module")
-def int4_bundle(tmp_path_factory):
-    out = tmp_path_factory.mktemp("int4") / "b"
-    export(TINY_MODEL, out, ExportOptions(chunks=(16,), max_context=CONTEXT,
-                                          show_progress=False, quant=QuantConfig("int4")))
-    return out
 
 
 def load(bundle: Path, cache: Path | str, monkeypatch, kernels: str = "off",
@@ -57,28 +49,28 @@ def refuse(*_args, **_kwargs):
     raise AssertionError("derived again although the cache holds it")
 
 
-def test_second_load_maps_the_cached_int8_weights(int4_bundle, tmp_path, monkeypatch):
+def test_second_load_maps_the_cached_int8_weights(tiny_int4_bundle, tmp_path, monkeypatch):
     cache = tmp_path / "cache"
-    first = load(int4_bundle, cache, monkeypatch)
+    first = load(tiny_int4_bundle, cache, monkeypatch)
     want = logits(first)
     (folder,) = entries(cache)
     assert len(list(folder.glob("*.npy"))) == len(first.int4_prefill.weights) > 0
     monkeypatch.setattr(int4_prefill, "int4_dequantize", refuse)
-    second = load(int4_bundle, cache, monkeypatch)
+    second = load(tiny_int4_bundle, cache, monkeypatch)
     assert all(isinstance(array, np.memmap) for array, _ in second.int4_prefill.weights)
     np.testing.assert_array_equal(logits(second), want)
 
 
 @pytest.mark.skipif(not int4_decode.cpu_has_vnni(), reason="no AVX512-VNNI here")
-def test_second_load_maps_the_repacked_int4_weights(library, int4_bundle, tmp_path,
+def test_second_load_maps_the_repacked_int4_weights(library, tiny_int4_bundle, tmp_path,
                                                     monkeypatch):
     cache = tmp_path / "cache"
-    first = load(int4_bundle, cache, monkeypatch, kernels="require")
+    first = load(tiny_int4_bundle, cache, monkeypatch, kernels="require")
     assert first.int4_decode.rewritten > 0
     want = logits(first)
     monkeypatch.setattr(int4_decode, "repack", refuse)
     monkeypatch.setattr(int4_prefill, "int4_dequantize", refuse)
-    second = load(int4_bundle, cache, monkeypatch, kernels="require")
+    second = load(tiny_int4_bundle, cache, monkeypatch, kernels="require")
     assert second.int4_decode.rewritten == first.int4_decode.rewritten
     np.testing.assert_array_equal(logits(second), want)
 
@@ -116,48 +108,48 @@ def test_a_reexport_replaces_the_bundles_entry(tmp_path, monkeypatch):
     assert new != old
 
 
-def test_a_damaged_file_is_derived_again(int4_bundle, tmp_path, monkeypatch, caplog):
+def test_a_damaged_file_is_derived_again(tiny_int4_bundle, tmp_path, monkeypatch, caplog):
     cache = tmp_path / "cache"
-    want = logits(load(int4_bundle, cache, monkeypatch))
+    want = logits(load(tiny_int4_bundle, cache, monkeypatch))
     (folder,) = entries(cache)
     victim = sorted(folder.glob("*.npy"))[0]
     victim.write_bytes(victim.read_bytes()[:40])  # a truncated header
     with caplog.at_level(logging.WARNING):
-        again = load(int4_bundle, cache, monkeypatch)
+        again = load(tiny_int4_bundle, cache, monkeypatch)
     assert "cannot read it" in caplog.text
     np.testing.assert_array_equal(logits(again), want)
     np.load(victim)  # rewritten whole by the load that derived it again
 
 
-def test_an_unwritable_cache_never_fails_a_load(int4_bundle, tmp_path, monkeypatch, caplog):
+def test_an_unwritable_cache_never_fails_a_load(tiny_int4_bundle, tmp_path, monkeypatch, caplog):
     blocker = tmp_path / "not-a-folder"
     blocker.write_text("a file where the cache folder should be")
-    want = logits(load(int4_bundle, tmp_path / "fresh", monkeypatch))
+    want = logits(load(tiny_int4_bundle, tmp_path / "fresh", monkeypatch))
     with caplog.at_level(logging.WARNING):
-        b = load(int4_bundle, blocker / "cache", monkeypatch)
+        b = load(tiny_int4_bundle, blocker / "cache", monkeypatch)
     assert "cannot write it" in caplog.text and CACHE_ENV in caplog.text
     np.testing.assert_array_equal(logits(b), want)
 
 
-def test_off_writes_nothing(int4_bundle, tmp_path, monkeypatch):
+def test_off_writes_nothing(tiny_int4_bundle, tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    load(int4_bundle, "off", monkeypatch)
+    load(tiny_int4_bundle, "off", monkeypatch)
     assert not (tmp_path / "edgeprefill").exists()
 
 
-def test_inspect_says_where_the_derived_weights_are(int4_bundle, tmp_path, monkeypatch):
+def test_inspect_says_where_the_derived_weights_are(tiny_int4_bundle, tmp_path, monkeypatch):
     from click.testing import CliRunner
 
     from edgeprefill.cli.main import cli
 
     def derived_line() -> str:
-        out = CliRunner().invoke(cli, ["inspect", str(int4_bundle)]).output
+        out = CliRunner().invoke(cli, ["inspect", str(tiny_int4_bundle)]).output
         return next(line for line in out.splitlines() if line.startswith("derived"))
 
     cache = tmp_path / "cache"
     monkeypatch.setenv(CACHE_ENV, str(cache))
     assert "empty: the first load" in derived_line()
-    load(int4_bundle, cache, monkeypatch)
+    load(tiny_int4_bundle, cache, monkeypatch)
     (folder,) = entries(cache)
     line = derived_line()
     assert str(folder) in line and f"{len(list(folder.glob('*.npy')))} arrays" in line
@@ -165,7 +157,7 @@ def test_inspect_says_where_the_derived_weights_are(int4_bundle, tmp_path, monke
     assert "not cached" in derived_line()
 
 
-def test_a_failed_write_leaves_no_partial_file(int4_bundle, tmp_path, monkeypatch, caplog):
+def test_a_failed_write_leaves_no_partial_file(tiny_int4_bundle, tmp_path, monkeypatch, caplog):
     from edgeprefill.engines.ort import derived_cache
 
     def full_disk(out, array, allow_pickle):
@@ -175,9 +167,9 @@ def test_a_failed_write_leaves_no_partial_file(int4_bundle, tmp_path, monkeypatc
     monkeypatch.setattr(derived_cache.np, "save", full_disk)
     cache = tmp_path / "cache"
     with caplog.at_level(logging.WARNING):
-        want = logits(load(int4_bundle, cache, monkeypatch))
+        want = logits(load(tiny_int4_bundle, cache, monkeypatch))
     assert "No space left on device" in caplog.text
     (folder,) = entries(cache)
     assert sorted(p.name for p in folder.iterdir()) == ["bundle.txt"]
     monkeypatch.undo()
-    np.testing.assert_array_equal(logits(load(int4_bundle, cache, monkeypatch)), want)
+    np.testing.assert_array_equal(logits(load(tiny_int4_bundle, cache, monkeypatch)), want)

@@ -16,12 +16,11 @@ from edgeprefill.engines import BackendOptions, StepBatch
 from edgeprefill.engines.ort import int4_decode
 from edgeprefill.engines.ort.backend import OnnxRuntimeBackend
 from edgeprefill.engines.ort.int4_prefill import MODE_ENV
-from edgeprefill.export.exporter import ExportOptions, export
-from edgeprefill.export.quantize import QuantConfig, int4_blockwise
+from edgeprefill.export.quantize import int4_blockwise
 from edgeprefill.kernels.graph import DOMAIN
-from tests.conftest import TINY_MODEL
+from tests.conftest import TINY_INT4_CONTEXT
 
-CONTEXT = 64
+CONTEXT = TINY_INT4_CONTEXT
 
 
 def layer(op: str, k: int, n: int, packed: np.ndarray, scales: np.ndarray) -> bytes:
@@ -114,14 +113,6 @@ def test_rows_do_not_depend_on_each_other(library):
                                       together[r:r + 1])
 
 
-@pytest.fixture(scope="module")
-def int4_bundle(tmp_path_factory):
-    out = tmp_path_factory.mktemp("int4") / "b"
-    export(TINY_MODEL, out, ExportOptions(chunks=(16,), max_context=CONTEXT,
-                                          show_progress=False, quant=QuantConfig("int4")))
-    return out
-
-
 def load(bundle, monkeypatch, **env) -> OnnxRuntimeBackend:
     for name, value in env.items():
         monkeypatch.setenv(name, value)
@@ -139,27 +130,27 @@ needs_vnni = pytest.mark.skipif(not int4_decode.cpu_has_vnni(), reason="no AVX51
 
 
 @needs_vnni
-def test_every_decode_projection_and_the_head_switch(library, int4_bundle, monkeypatch):
-    b = load(int4_bundle, monkeypatch, EDGEPREFILL_KERNELS="require")
-    assert b.int4_decode.rewritten == nbits_count(int4_bundle)  # every layer's and the head
+def test_every_decode_projection_and_the_head_switch(library, tiny_int4_bundle, monkeypatch):
+    b = load(tiny_int4_bundle, monkeypatch, EDGEPREFILL_KERNELS="require")
+    assert b.int4_decode.rewritten == nbits_count(tiny_int4_bundle)  # every layer's and the head
     # Without int4 prefill's decode branches only the head has one row per sequence.
-    b = load(int4_bundle, monkeypatch, EDGEPREFILL_KERNELS="require", **{MODE_ENV: "off"})
+    b = load(tiny_int4_bundle, monkeypatch, EDGEPREFILL_KERNELS="require", **{MODE_ENV: "off"})
     assert b.int4_decode.rewritten == 1
 
 
-def test_not_without_the_native_kernels_or_vnni(int4_bundle, monkeypatch):
-    assert load(int4_bundle, monkeypatch, EDGEPREFILL_KERNELS="off").int4_decode.rewritten == 0
+def test_not_without_the_native_kernels_or_vnni(tiny_int4_bundle, monkeypatch):
+    assert load(tiny_int4_bundle, monkeypatch, EDGEPREFILL_KERNELS="off").int4_decode.rewritten == 0
     monkeypatch.setattr(int4_decode, "cpu_has_vnni", lambda: False)
     assert "no AVX512-VNNI" in int4_decode.describe(True)
-    assert int4_decode.choose(onnx.ModelProto(), int4_bundle, True, None).rewritten == 0
+    assert int4_decode.choose(onnx.ModelProto(), tiny_int4_bundle, True, None).rewritten == 0
 
 
 @needs_vnni
-def test_decode_steps_stay_with_the_stock_graph(library, int4_bundle, monkeypatch):
+def test_decode_steps_stay_with_the_stock_graph(library, tiny_int4_bundle, monkeypatch):
     """The same prompt prefilled by the stock graph into both caches, then decode steps of
     two rows at once: logits equal to float32 rounding, the same greedy tokens."""
-    stock = load(int4_bundle, monkeypatch, EDGEPREFILL_KERNELS="off")
-    native = load(int4_bundle, monkeypatch, EDGEPREFILL_KERNELS="require")
+    stock = load(tiny_int4_bundle, monkeypatch, EDGEPREFILL_KERNELS="off")
+    native = load(tiny_int4_bundle, monkeypatch, EDGEPREFILL_KERNELS="require")
     prompt = [5, 17, 42, 7, 99, 3, 12, 64]
     for row in range(2):
         stock.run(StepBatch(np.array([prompt[row:]]), np.array([0], np.int32),
