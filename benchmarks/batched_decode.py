@@ -13,6 +13,7 @@ import sys
 import time
 
 import numpy as np
+from probes.core_latency import core_to_core_ns, placement
 
 from edgeprefill.errors import EdgeprefillError
 from edgeprefill.sdk import Engine, GenerationParams
@@ -55,14 +56,16 @@ def main() -> None:
         with Engine.load(args.bundle, threads=args.threads, kv_slots=max(counts),
                          prefix_reuse=False) as engine:
             aggregate_decode_rate(engine, 1, 16, 4)  # warm-up
-            rates = {n: aggregate_decode_rate(engine, n, args.prompt_tokens, args.new_tokens)
-                     for n in counts}
+            rates, placements = {}, {}
+            for n in counts:
+                rates[n] = aggregate_decode_rate(engine, n, args.prompt_tokens, args.new_tokens)
+                placements[n] = placement(core_to_core_ns())  # the host's, right after
     except EdgeprefillError as error:
         sys.exit(f"batched_decode.py: {error}")
     base = rates[counts[0]]
     print(f"{'sessions':>8} {'aggregate tok/s':>16} {'per session':>12} {'vs 1':>6}")
     for n, rate in rates.items():
-        print(f"{n:>8} {rate:>16.1f} {rate / n:>12.1f} {rate / base:>5.2f}x")
+        print(f"{n:>8} {rate:>16.1f} {rate / n:>12.1f} {rate / base:>5.2f}x   {placements[n]}")
 
 
 if __name__ == "__main__":

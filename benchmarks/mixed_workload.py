@@ -31,10 +31,11 @@ from compare import parse_args as compare_args
 from comparison.models import ModelInfo, build_model
 from comparison.procs import last_json_line, run_step
 from comparison.registry import RUNTIMES, Runtime
-from comparison.report import machine_info
+from comparison.report import machine_info, report_placement
 from comparison.runners import artifact_dir, export_artifact
 from comparison.settings import BENCH_DIR, REPO_DIR, RUNNERS_DIR, Settings, StepError, say
 from comparison.venvs import ensure_venv
+from probes.core_latency import core_to_core_ns
 
 
 class MixedRuntime(NamedTuple):
@@ -152,9 +153,10 @@ def measure(name: str, base_spec: dict[str, Any], settings: Settings, model: Mod
     spec_path = run_dir / f"{name}.spec.json"
     spec_path.write_text(json.dumps(spec))
     cmd = [str(python), str(RUNNERS_DIR / mixed.runner), str(spec_path)]
+    before = core_to_core_ns()
     output = run_step(cmd, run_dir / f"{name}.{turn}.log", python, settings)
     run = last_json_line(output)
-    return {**run, **figures(run)}
+    return {**run, **figures(run), "core_ns": [before, core_to_core_ns()]}
 
 
 def pooled(runs: list[dict[str, Any]]) -> dict[str, float]:
@@ -224,6 +226,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"machine: {machine['cpu']}, load average {machine['loadavg_start']:.2f} at start, "
           f"{machine['loadavg_end']:.2f} at end")
     print("\n".join(table(results)))
+    print("\n".join(report_placement(
+        {name: {"core_ns": [ns for r in runs for ns in r.get("core_ns", [])]}
+         for name, runs in results.items()})))
     for name, runs in results.items():
         versions = next((r["versions"] for r in runs if "versions" in r), {})
         print(f"{name}: " + ", ".join(f"{k} {v}" for k, v in versions.items()))
