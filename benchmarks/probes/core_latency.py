@@ -12,6 +12,7 @@ compiler, one CPU).
 
 from __future__ import annotations
 
+import atexit
 import functools
 import os
 import shutil
@@ -28,7 +29,9 @@ def _binary() -> Path | None:
     compiler = shutil.which("cc") or shutil.which("gcc")
     if compiler is None or len(os.sched_getaffinity(0)) < 2:
         return None
-    out = Path(tempfile.mkdtemp(prefix="edgeprefill-probe-")) / "core_latency"
+    folder = tempfile.mkdtemp(prefix="edgeprefill-probe-")
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    out = Path(folder) / "core_latency"
     built = subprocess.run([compiler, "-O2", "-pthread", str(SOURCE), "-o", str(out)],
                            capture_output=True, text=True)
     return out if built.returncode == 0 else None
