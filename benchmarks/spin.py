@@ -12,10 +12,11 @@ the first request and for the per-process medians: a process that landed in a sl
 stays slow in every request, while one slow request (the host's noise) moves only the first
 figure.
 
-After each process it also measures the core-to-core latency (probes/core_latency.py): on
-the 2-vCPU VMs the host sometimes places the vCPUs on different CCDs (~175 ns instead of
-~40), and processes measured then run slower whatever the setting. The summary repeats
-the spreads over the processes of the near placement alone, where there were some.
+Before and after each process it also measures the core-to-core latency
+(probes/core_latency.py): on the 2-vCPU VMs the host sometimes places the vCPUs on different
+CCDs (~175 ns instead of ~40), and processes measured then run slower whatever the setting.
+The summary repeats the spreads over the processes near both before and after, where
+there were some.
 """
 
 from __future__ import annotations
@@ -88,17 +89,19 @@ def main() -> int:
     runs: dict[str, list[dict]] = {"spin": [], "no-spin": []}
     for i in range(args.processes):
         for name in runs:
+            before = core_to_core_ns()
             run = measure(args.bundle, name == "spin", args.threads, args.prompt,
                           args.new_tokens, args.requests)
-            core_ns = core_to_core_ns()
+            core_ns = [before, core_to_core_ns()]
             runs[name].append({**run, "at": time.time(), "core_ns": core_ns})
             print(f"[{i + 1}/{args.processes}] {name:<8} first request: TTFT "
                   f"{run['ttft_s'] * 1e3:7.1f} ms, decode {run['decode_tok_s']:6.1f} tok/s; "
                   f"medians: {run['median_ttft_s'] * 1e3:7.1f} ms, "
-                  f"{run['median_decode_tok_s']:6.1f} tok/s; {placement(core_ns)}",
-                  file=sys.stderr, flush=True)
+                  f"{run['median_decode_tok_s']:6.1f} tok/s; before: {placement(core_ns[0])}, "
+                  f"after: {placement(core_ns[1])}", file=sys.stderr, flush=True)
     for name, values in runs.items():
-        near = [r for r in values if r["core_ns"] is not None and r["core_ns"] <= FAR_NS]
+        near = [r for r in values  # near before and after the process
+                if all(ns is not None and ns <= FAR_NS for ns in r["core_ns"])]
         groups = [("", values)]
         if 0 < len(near) < len(values):
             groups.append((f", near placement only ({len(near)} of {len(values)})", near))
