@@ -108,6 +108,16 @@ def test_run_streams_only_generated_text_to_stdout_and_stats_to_stderr(bundle):
     assert "TTFT" in result.stderr and "decode" in result.stderr and "chunks" in result.stderr
 
 
+def test_inspect_refuses_a_corrupt_graph_in_one_line(tiny_int4_bundle, tmp_path):
+    """inspect reads an int4 bundle's graph (for where its derived weights are cached):
+    through bundle.load_graph, so a graph file of the right size but corrupt is one line."""
+    bundle = tmp_path / "b"
+    shutil.copytree(tiny_int4_bundle, bundle)
+    graph = bundle / "model.onnx"
+    graph.write_bytes(b"\xff" * graph.stat().st_size)
+    assert_one_line_error(cli("inspect", bundle), "is not a readable ONNX model")
+
+
 def test_inspect_shows_the_contract(bundle):
     result = cli("inspect", bundle("llama"), "--verify")
     assert result.returncode == 0, result.stderr

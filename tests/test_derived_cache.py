@@ -173,3 +173,4 @@ def test_a_failed_write_leaves_no_partial_file(tiny_int4_bundle, tmp_path, monke
     assert sorted(p.name for p in folder.iterdir()) == ["bundle.txt"]
     monkeypatch.undo()
     np.testing.assert_array_equal(logits(load(tiny_int4_bundle, cache, monkeypatch)), want)
+

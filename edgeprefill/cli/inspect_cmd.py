@@ -44,7 +44,7 @@ def inspect(bundle, verify, as_json):
         f"kernels     {describe(graph.flavor, graph.dtype)} on this machine's CPU",
         *_int4_prefill_line(graph),
         *_compute_line(graph),
-        *_derived_line(bundle, graph),
+        *_derived_line(bundle, m),
         f"eos ids     {eos}",
         f"sampling    {defaults.describe()}  (generation_config.json; requests may override)",
         f"chat        {'template included' if m.tokenizer.chat_template else 'no template'}",
@@ -84,17 +84,17 @@ def _int4_prefill_line(graph) -> list[str]:
             f"int4 decode {describe_decode(native)}"]
 
 
-def _derived_line(bundle, graph) -> list[str]:
+def _derived_line(bundle, manifest) -> list[str]:
     """Bundles whose weights a load may derive from (int4 ones, and float32 ones under
     `--compute bf16`): where the derived weights are cached (engines.ort.derived_cache)."""
+    graph = manifest.graph
     if graph.dtype != "float32" or graph.flavor != "ort" or graph.quantization == "int8":
         return []
-    import onnx
-
+    from edgeprefill.bundle import load_graph
     from edgeprefill.engines.ort.derived import weight_files
     from edgeprefill.engines.ort.derived_cache import describe
 
-    proto = onnx.load(str(Path(bundle) / graph.file), load_external_data=False)
+    proto = load_graph(Path(bundle), manifest)  # checked: a corrupt graph is one line
     return [f"derived     {describe(Path(bundle), weight_files(proto))}"]
 
 
