@@ -26,6 +26,7 @@ import tempfile
 import zipfile
 from pathlib import Path
 
+from edgeprefill.cache_dir import user_cache_dir
 from edgeprefill.errors import EdgeprefillError
 
 SOURCES = ("library.cc", "decode_attention.cc", "prefill_attention.cc", "swiglu.cc",
@@ -46,8 +47,7 @@ class KernelBuildError(EdgeprefillError):
 def library_dir() -> Path:
     if os.environ.get(DIR_ENV):
         return Path(os.environ[DIR_ENV])
-    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return cache / "edgeprefill" / "kernels"
+    return user_cache_dir("kernels")
 
 
 def source_dir() -> Path:

@@ -29,6 +29,8 @@ from pathlib import Path
 
 import numpy as np
 
+from edgeprefill.cache_dir import user_cache_dir
+
 CACHE_ENV = "EDGEPREFILL_DERIVED_CACHE"
 BUNDLE_FILE = "bundle.txt"  # in each key's folder: the bundle it came from
 
@@ -42,10 +44,9 @@ def cache_root() -> Path | None:
     if value:
         return Path(value)
     try:
-        cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+        return user_cache_dir("derived")
     except RuntimeError:  # no home folder (a service account): no cache
         return None
-    return cache / "edgeprefill" / "derived"
 
 
 @functools.cache
