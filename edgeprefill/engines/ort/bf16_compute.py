@@ -81,7 +81,7 @@ def choose(graph: ModelProto, bundle_dir: Path, compute: str, kernels_described:
     derived = Derived(graph, bundle_dir)
     nodes = graph.graph.node
     for i in reversed(targets):  # from the end: a Gemm's bias adds a node after it
-        replacement = _bf16_nodes(nodes[i], derived)
+        replacement = _bf16_nodes(nodes[i], initializers[nodes[i].input[1]], derived)
         nodes[i].CopyFrom(replacement[0])
         for j, extra in enumerate(replacement[1:], start=1):
             nodes.insert(i + j, extra)
@@ -127,17 +127,18 @@ def _is_projection(node: NodeProto, initializers: dict[str, TensorProto]) -> boo
     return weight is not None and len(weight.dims) == 2 and weight.data_type == TensorProto.FLOAT
 
 
-def _bf16_nodes(node: NodeProto, derived: Derived) -> list[NodeProto]:
+def _bf16_nodes(node: NodeProto, weight: TensorProto, derived: Derived) -> list[NodeProto]:
+    """`weight`: the node's initializer as the graph declares it (its dims; the data stays in
+    the bundle until derive() reads it)."""
     gemm = node.op_type == "Gemm"  # its weight is stored [N, K]
 
     def derive() -> list[np.ndarray]:
-        weight = initializer(derived.graph, node.input[1], derived.bundle_dir)
-        return [pack(weight.T if gemm else weight)]
+        values = initializer(derived.graph, node.input[1], derived.bundle_dir)
+        return [pack(values.T if gemm else values)]
 
     name = f"{PREFIX}.{node.input[1]}"
     derived.cached([name], derive)
-    dims = next(t.dims for t in derived.graph.graph.initializer if t.name == node.input[1])
-    columns = int(dims[0] if gemm else dims[1])
+    columns = int(weight.dims[0] if gemm else weight.dims[1])
     label = node.name or node.output[0]
     bias = node.op_type == "Gemm" and len(node.input) > 2 and node.input[2]
     product = f"{PREFIX}.{label}.product" if bias else node.output[0]
