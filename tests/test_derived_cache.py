@@ -174,3 +174,12 @@ def test_a_failed_write_leaves_no_partial_file(tiny_int4_bundle, tmp_path, monke
     monkeypatch.undo()
     np.testing.assert_array_equal(logits(load(tiny_int4_bundle, cache, monkeypatch)), want)
 
+
+
+@pytest.mark.parametrize("value", ["0", "false", "relative/folder"])
+def test_a_value_that_is_neither_off_nor_a_folder_is_refused(tiny_int4_bundle, monkeypatch,
+                                                             value):
+    from edgeprefill.errors import BackendError
+
+    with pytest.raises(BackendError, match=f"{CACHE_ENV}='{value}'.*absolute folder, or off"):
+        load(tiny_int4_bundle, value, monkeypatch)

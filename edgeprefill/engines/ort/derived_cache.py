@@ -6,8 +6,9 @@ and ten times that for a 1.5B one. A later load maps the cached arrays read-only
 ONNX Runtime reads them in place (no copy), and processes that load the same bundle share
 their pages.
 
-Where: `$EDGEPREFILL_DERIVED_CACHE`, else `$XDG_CACHE_HOME/edgeprefill/derived` (or
-`~/.cache/...`); `EDGEPREFILL_DERIVED_CACHE=off` turns it off. One folder per bundle state:
+Where: `$EDGEPREFILL_DERIVED_CACHE` (an absolute folder), else
+`$XDG_CACHE_HOME/edgeprefill/derived` (or `~/.cache/...`); `EDGEPREFILL_DERIVED_CACHE=off`
+turns it off, any other value is refused in one line. One folder per bundle state:
 its key hashes the bundle's resolved path, the size and modification time of its weight
 files, and the source of the code that derives (an edit there, or a re-export, gives a new
 key; the new folder replaces the ones the same bundle left, and those of bundles that are
@@ -30,6 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from edgeprefill.cache_dir import user_cache_dir
+from edgeprefill.errors import BackendError
 
 CACHE_ENV = "EDGEPREFILL_DERIVED_CACHE"
 BUNDLE_FILE = "bundle.txt"  # in each key's folder: the bundle it came from
@@ -42,6 +44,8 @@ def cache_root() -> Path | None:
     if value.lower() == "off":
         return None
     if value:
+        if not Path(value).is_absolute():  # "0" or "false" would be a folder of that name
+            raise BackendError(f"{CACHE_ENV}={value!r}: give an absolute folder, or off")
         return Path(value)
     try:
         return user_cache_dir("derived")
