@@ -41,11 +41,11 @@ def core_to_core_ns(rounds: int = 5) -> float | None:
     binary = _binary()
     if binary is None:
         return None
-    done = subprocess.run([str(binary), str(rounds)], capture_output=True, text=True,
-                          timeout=30)
-    try:
+    try:  # a probe that cannot finish must not end the benchmark that asked
+        done = subprocess.run([str(binary), str(rounds)], capture_output=True, text=True,
+                              timeout=30)
         return float(done.stdout.strip()) if done.returncode == 0 else None
-    except ValueError:
+    except (subprocess.TimeoutExpired, ValueError):
         return None
 
 
