@@ -48,6 +48,9 @@ class GraphInfo:
     kv_inputs: list[list[str]]  # per layer: [past_key, past_value]
     kv_outputs: list[list[str]]  # per layer: [present_key, present_value]
     quantization: str | None = None  # None, "int8" or "int4" (linear layers' weights)
+    # The graph runs only each row's valid tokens outside attention (export/tokens.py): rows
+    # of different lengths may share a call at the cost of their valid tokens.
+    packed_tokens: bool = False
 
 
 @dataclass(frozen=True)

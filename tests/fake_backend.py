@@ -12,7 +12,9 @@ from edgeprefill.engines.base import Backend, BackendOptions, StepBatch
 
 
 class Call(NamedTuple):
-    kind: str  # "prefill" (one row of several tokens) or "decode" (rows of one token)
+    # "prefill" (one row of several tokens), "decode" (rows of one token) or "fused"
+    # (several rows of several tokens: a prefill chunk beside decode rows)
+    kind: str
     first_slot: int
     rows: int
     chunk: int
@@ -30,7 +32,8 @@ class FakeBackend(Backend):
         self.kv = np.full((slots, capacity), -1, np.int64)
 
     def run(self, step: StepBatch) -> np.ndarray:
-        kind = "prefill" if step.chunk > 1 else "decode"  # tests avoid 1-token prefills
+        # Tests avoid 1-token prefills.
+        kind = "decode" if step.chunk == 1 else "prefill" if step.rows == 1 else "fused"
         self.calls.append(Call(kind, step.first_slot, step.rows, step.chunk,
                                tuple(step.past_lens.tolist()), tuple(step.valid_lens.tolist())))
         vocab = self.manifest.model.vocab_size
@@ -55,6 +58,16 @@ class FakeBackend(Backend):
 
     def prefills(self) -> list[Call]:
         return [c for c in self.calls if c.kind == "prefill"]
+
+
+class FusingFakeBackend(FakeBackend):
+    """The fake backend of a bundle whose graph packs its tokens: the runtime fuses."""
+
+    name = "fake-fusing"
+
+    @property
+    def fuses_rows(self) -> bool:
+        return True
 
 
 def fake_manifest(vocab: int = 128, chunks: tuple[int, ...] = (16, 64),

@@ -23,8 +23,9 @@ PASTS = np.array([0, 1, 127, 300])
 
 
 
-def layer_model(native: bool, rotary_dim: int) -> bytes:
-    """One attention layer over a bound cache, chunk length free: GQA or the kernel."""
+def layer_model(native: bool, rotary_dim: int, valid_lens: bool = False) -> bytes:
+    """One attention layer over a bound cache, chunk length free: GQA or the kernel (with
+    `valid_lens`, given each row's valid tokens as an input)."""
     rng = np.random.default_rng(0)
     tables = [rng.standard_normal((CAPACITY + 1, rotary_dim // 2)).astype(np.float32)
               for _ in range(2)]
@@ -36,7 +37,7 @@ def layer_model(native: bool, rotary_dim: int) -> bytes:
         scale=HEAD_DIM**-0.5, do_rotary=1, rotary_interleaved=0,
     )
     if native:
-        node = graph.kernel_node(node, prefill=True)
+        node = graph.kernel_node(node, prefill=True, valid_lens="valid" if valid_lens else None)
     cache = ["rows", KV_HEADS, "capacity", HEAD_DIM]
     values = [
         helper.make_tensor_value_info("qkv", TensorProto.FLOAT, ["rows", "chunk", WIDTH]),
@@ -45,6 +46,8 @@ def layer_model(native: bool, rotary_dim: int) -> bytes:
         helper.make_tensor_value_info("seqlens_k", TensorProto.INT32, ["rows"]),
         helper.make_tensor_value_info("total", TensorProto.INT32, []),
     ]
+    if valid_lens:
+        values.append(helper.make_tensor_value_info("valid", TensorProto.INT32, ["rows"]))
     outputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, None)
                for n in ("out", "present_k", "present_v")]
     g = helper.make_graph([node], "layer", values, outputs, inits)
@@ -64,10 +67,13 @@ def session(model: bytes, library, threads: int) -> ort.InferenceSession:
     return ort.InferenceSession(model, so, providers=["CPUExecutionProvider"])
 
 
-def run_layer(sess, pasts: np.ndarray, qkv: np.ndarray, keys: np.ndarray, values: np.ndarray):
+def run_layer(sess, pasts: np.ndarray, qkv: np.ndarray, keys: np.ndarray, values: np.ndarray,
+              valid: np.ndarray | None = None):
     """One chunk per row with the cache bound in place (updated); returns the output."""
     chunk = qkv.shape[1]
     binding = sess.io_binding()
+    if valid is not None:
+        binding.bind_cpu_input("valid", valid.astype(np.int32))
     binding.bind_cpu_input("qkv", qkv)
     binding.bind_cpu_input("seqlens_k", (pasts + chunk - 1).astype(np.int32))
     binding.bind_cpu_input("total", np.array(pasts.max() + chunk, np.int32))
@@ -105,6 +111,30 @@ def test_kernel_matches_group_query_attention_per_layer(library, threads, rotary
         for name, a, b in zip(("keys", "values"), want, got, strict=True):
             np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-5, err_msg=f"{name}, chunk {chunk}")
         assert not np.array_equal(got[0], cache[0]), "the new keys were not written in place"
+
+
+def test_valid_lens_skip_each_rows_padding(library):
+    """Rows of one call with different valid lengths (a prefill chunk beside decode rows):
+    each valid token's output and cache entry is what GroupQueryAttention computes for the
+    row's valid tokens alone; padding is neither computed (zero output) nor written."""
+    stock = session(layer_model(False, HEAD_DIM), None, 2)
+    native = session(layer_model(True, HEAD_DIM, valid_lens=True), library, 2)
+    rng = np.random.default_rng(4)
+    chunk, valid = 40, np.array([40, 1, 17, 0])
+    qkv = rng.standard_normal((len(PASTS), chunk, WIDTH)).astype(np.float32)
+    shape = (len(PASTS), KV_HEADS, CAPACITY, HEAD_DIM)
+    cache = [rng.standard_normal(shape).astype(np.float32) for _ in range(2)]
+    want = [c.copy() for c in cache]
+    want_out = np.zeros((len(PASTS), chunk, HEADS * HEAD_DIM), np.float32)
+    for r, n in enumerate(valid):
+        if n:
+            want_out[r, :n] = run_layer(stock, PASTS[r:r + 1], qkv[r:r + 1, :n],
+                                        want[0][r:r + 1], want[1][r:r + 1])[0]
+    got = [c.copy() for c in cache]
+    got_out = run_layer(native, PASTS, qkv, got[0], got[1], valid)
+    np.testing.assert_allclose(got_out, want_out, rtol=1e-5, atol=1e-5)
+    for a, b in zip(want, got, strict=True):
+        np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-5)  # padding positions untouched
 
 
 def test_first_prompt_of_several_rows_matches_group_query_attention(library):

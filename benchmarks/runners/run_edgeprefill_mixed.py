@@ -42,8 +42,10 @@ def scenario(engine: Engine, ids: dict[str, Any], spec: dict[str, Any]) -> Stamp
 def main() -> None:
     spec = read_spec()
     started = time.perf_counter()
+    # The budget counts the decode rows' tokens too, as OpenVINO's max_num_batched_tokens.
     engine = Engine.load(spec["artifact_dir"], threads=spec["threads"], policy="chunked",
-                         chunk_size=spec["budget"], kv_slots=spec["sessions"] + 1,
+                         chunk_size=spec["budget"], max_step_tokens=spec["budget"],
+                         kv_slots=spec["sessions"] + 1,
                          prefix_reuse=False,
                          compute=spec["options"].get("compute", "fp32"))
     log(f"{spec['runtime']}: loaded in {time.perf_counter() - started:.2f} s")

@@ -67,6 +67,13 @@ class Backend(ABC):
         self.options = options
 
     @property
+    def fuses_rows(self) -> bool:
+        """Rows of different valid lengths in one call cost only their valid tokens' work
+        (the graph packs them: `GraphInfo.packed_tokens`), so the runtime may run a prefill
+        chunk beside the decode rows. Backends with static [B, C] engines say False."""
+        return False
+
+    @property
     def kv_dtype(self) -> np.dtype:
         return np.dtype(self.manifest.graph.dtype)
 

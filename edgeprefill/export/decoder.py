@@ -33,6 +33,7 @@ from edgeprefill.export.flavors import Flavor, StepTensors
 from edgeprefill.export.graph import GraphBuilder
 from edgeprefill.export.model_config import ModelConfig
 from edgeprefill.export.quantize import QuantConfig
+from edgeprefill.export.tokens import PackedTokens, PaddedTokens
 from edgeprefill.export.weights import GraphWeights
 
 
@@ -60,7 +61,9 @@ class DecoderBuilder:
         self._declare_kv_io()
         chunk = g.op("Slice", [g.op("Shape", [ids]), g.const([1]), g.const([2])])  # [1]
         step = self.flavor.step_tensors(g, past_lens, chunk, kv_names(0).past_key)
-        x = g.op("Gather", [self._embedding(), ids])  # [B,C,hidden]
+        self.tokens = (PackedTokens(g, valid_lens, chunk) if self.flavor.packs_tokens
+                       else PaddedTokens(g, valid_lens))
+        x = self.tokens.embed(self._embedding(), ids)  # [B,C,hidden] or packed [1,T,hidden]
         if cfg.embed_scale is not None:
             x = g.op("Mul", [x, g.const(cfg.embed_scale, self.dtype)])
         delta = None  # a sublayer's output, added to the residual by the next norm
@@ -70,10 +73,7 @@ class DecoderBuilder:
             x = g.op("Add", [x, delta])
         # Only each row's last valid token reaches the LM head: full [C, vocab] logits of
         # a 256-token chunk would cost more than a layer.
-        last = g.op("Sub", [valid_lens, g.const([1], np.int32)])
-        index = g.op("Unsqueeze", [g.op("Cast", [last], to=7), g.const([1])])  # [B,1]
-        hidden = g.op("GatherND", [x, index], batch_dims=1)  # [B,hidden]
-        hidden = self._norm(hidden, self.names.final_norm)
+        hidden = self._norm(self.tokens.last(x), self.names.final_norm)  # [B,hidden]
         logits = self._logits(self._lm_head(hidden))
         if self.dtype != np.float32:
             logits = g.op("Cast", [logits], to=1)
@@ -130,11 +130,12 @@ class DecoderBuilder:
     def _attention(self, i: int, h: str, step: StepTensors) -> str:
         cfg, n = self.cfg, self.names
         p = n.layer.format(i=i)
-        q, k, v = self._qkv(p, h)
+        q, k, v = (x if x is None else self.tokens.spread(x) for x in self._qkv(p, h))
         names = kv_names(i)
         past = (names.past_key, names.past_value)
         present = (names.present_key, names.present_value)
         attn = self.flavor.attention(self.g, q, k, v, past, present, step, cfg.layers[i])
+        attn = self.tokens.gather(attn, cfg.num_heads * cfg.head_dim)
         o_bias = p + n.o + ".bias" if cfg.o_bias else None
         return self.w.linear(attn, [p + n.o + ".weight"], o_bias)
 

@@ -138,6 +138,7 @@ def _manifest(
         kv_inputs=[[n.past_key, n.past_value] for n in layers],
         kv_outputs=[[n.present_key, n.present_value] for n in layers],
         quantization=None if options.quant is None else options.quant.kind,
+        packed_tokens=flavor_class(options.flavor).packs_tokens,
     )
     files = [GRAPH_FILE, DATA_FILE, *tokenizer_files]
     return Manifest(

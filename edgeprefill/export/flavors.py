@@ -37,6 +37,10 @@ class Flavor(ABC):
     name: str
     opsets: dict[str, int]
     packed_qkv = False  # attention() takes q as the packed [B,C,(H+2KV)*D] projection
+    # The graph computes only the valid tokens outside attention (decoder.Tokens): a call
+    # whose rows have different valid lengths (a prefill chunk beside decode rows) costs
+    # what its valid tokens cost. TensorRT engines keep static [B, C] activations.
+    packs_tokens = False
 
     def __init__(self, cfg: ModelConfig, dtype: np.dtype, max_context: int) -> None:
         self.cfg = cfg
@@ -116,6 +120,7 @@ class OrtFlavor(Flavor):
     name = "ort"
     opsets = {"": 21, "com.microsoft": 1}
     packed_qkv = True  # GroupQueryAttention splits the packed projection itself
+    packs_tokens = True
 
     def __init__(self, cfg: ModelConfig, dtype: np.dtype, max_context: int) -> None:
         super().__init__(cfg, dtype, max_context)

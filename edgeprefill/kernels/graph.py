@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from onnx import ModelProto, NodeProto, TensorProto, helper
 
-from edgeprefill.contract import INPUT_IDS
+from edgeprefill.contract import INPUT_IDS, VALID_LENS
 
 DOMAIN = "edgeprefill"
 OP = "DecodeAttention"
@@ -25,7 +25,8 @@ IS_DECODE = "edgeprefill.is_decode"
 # the decode branch concatenates), past k, past v, seqlens_k (the new token's position when
 # the chunk is one token), cos, sin.
 KERNEL_INPUTS = (0, 3, 4, 5, 7, 8)
-# PrefillAttention takes total_sequence_length (6) too: it tells a first prompt (past 0).
+# PrefillAttention takes total_sequence_length (6) too: it tells a first prompt (past 0);
+# and the graph's valid_lens where it has them, to skip each row's padding.
 PREFILL_INPUTS = (0, 3, 4, 5, 6, 7, 8)
 MAX_GROUP = 96  # query heads per KV head the prefill kernel takes (kColumns in the .cc)
 # Attributes whose non-default values change the math; the kernel has none of them.
@@ -57,8 +58,9 @@ def add_decode_kernel(model: ModelProto, chunk_input: str = INPUT_IDS) -> int:
     targets = [i for i, node in enumerate(graph.node) if eligible(node)]
     if not targets:
         return 0
+    valid_lens = VALID_LENS if any(i.name == VALID_LENS for i in graph.input) else None
     for i in targets:
-        graph.node[i].CopyFrom(_switch(graph.node[i]))
+        graph.node[i].CopyFrom(_switch(graph.node[i], valid_lens))
     for node in reversed(_selector(chunk_input)):
         graph.node.insert(0, node)  # depends on a graph input only
     if all(o.domain != DOMAIN for o in model.opset_import):
@@ -77,21 +79,25 @@ def _selector(chunk_input: str) -> list[NodeProto]:
     ]
 
 
-def kernel_node(gqa: NodeProto, suffix: str = "", prefill: bool = False) -> NodeProto:
+def kernel_node(
+    gqa: NodeProto, suffix: str = "", prefill: bool = False, valid_lens: str | None = None,
+) -> NodeProto:
     """The DecodeAttention node computing what `gqa` computes for a one-token chunk, or
-    with `prefill` the PrefillAttention node for a longer one."""
+    with `prefill` the PrefillAttention node for a longer one (given `valid_lens`, the
+    graph input of each row's valid tokens, it skips the padding)."""
     attrs = {a.name: helper.get_attribute_value(a) for a in gqa.attribute}
     op, inputs = (PREFILL_OP, PREFILL_INPUTS) if prefill else (OP, KERNEL_INPUTS)
+    extra = [valid_lens] if prefill and valid_lens else []
     return helper.make_node(
-        op, [gqa.input[i] for i in inputs], [o + suffix for o in gqa.output],
+        op, [gqa.input[i] for i in inputs] + extra, [o + suffix for o in gqa.output],
         domain=DOMAIN, name=gqa.name + suffix, num_heads=attrs["num_heads"],
         kv_num_heads=attrs["kv_num_heads"], scale=attrs["scale"],
     )
 
 
-def _switch(gqa: NodeProto) -> NodeProto:
+def _switch(gqa: NodeProto, valid_lens: str | None) -> NodeProto:
     decode = _packed(gqa, kernel_node(gqa, ".decode"), "decode")
-    prefill = _packed(gqa, kernel_node(gqa, ".prefill", prefill=True), "prefill")
+    prefill = _packed(gqa, kernel_node(gqa, ".prefill", True, valid_lens), "prefill")
     return helper.make_node(
         "If", [IS_DECODE], list(gqa.output), name=f"{gqa.name}.switch",
         then_branch=_branch(decode, "decode"), else_branch=_branch(prefill, "prefill"),

@@ -134,6 +134,7 @@ struct OpSpec {
   OrtStatus* (*compute)(void* kernel, OrtKernelContext* context);
   void (*destroy)(void* kernel);
   uint32_t uint8_inputs = 0;
+  uint32_t optional_inputs = 0;  // a bit mask, like int32_inputs: inputs a node may omit
 };
 
 // The OrtCustomOp table first, so ONNX Runtime's `const OrtCustomOp*` leads back to the spec.

@@ -50,6 +50,9 @@ ONNXTensorElementDataType ORT_API_CALL OutputType(const OrtCustomOp*, size_t) {
 OrtCustomOpInputOutputCharacteristic ORT_API_CALL Required(const OrtCustomOp*, size_t) {
   return INPUT_OUTPUT_REQUIRED;
 }
+OrtCustomOpInputOutputCharacteristic ORT_API_CALL InputRequired(const OrtCustomOp* op, size_t index) {
+  return (SpecOf(op).optional_inputs >> index) & 1u ? INPUT_OUTPUT_OPTIONAL : INPUT_OUTPUT_REQUIRED;
+}
 OrtMemType ORT_API_CALL MemoryType(const OrtCustomOp*, size_t) { return OrtMemTypeDefault; }
 int ORT_API_CALL One(const OrtCustomOp*) { return 1; }
 
@@ -107,7 +110,7 @@ Op MakeOp(const OpSpec& spec) {
   t.GetOutputType = OutputType;
   t.GetOutputTypeCount = OutputCount;
   t.KernelDestroy = spec.destroy;
-  t.GetInputCharacteristic = Required;
+  t.GetInputCharacteristic = InputRequired;
   t.GetOutputCharacteristic = Required;
   t.GetInputMemoryType = MemoryType;
   t.GetVariadicInputMinArity = One;

@@ -23,6 +23,9 @@
 //          3 seqlens_k [B] int32                  row's total length - 1, padding included
 //          4 total_sequence_length [] int32
 //          5 cos [P, R / 2] float, 6 sin [P, R / 2] float   rotary tables (R <= D)
+//          7 valid_lens [B] int32 (optional)    each row's valid tokens, the rest padding:
+//                                               they are not computed nor written to the
+//                                               cache, and their output rows are zero
 // Outputs: 0 out [B, S, H * D] float, 1 present_key, 2 present_value (same shape as past;
 //          when bound to the past buffers nothing is copied, else the past is copied first)
 // Attributes: num_heads, kv_num_heads (int), scale (float).
@@ -114,10 +117,11 @@ struct Job {
   const float* cos;
   const float* sin;
   const int64_t* past;  // per row
+  const int64_t* valid;  // per row: the chunk's valid tokens (the rest is padding)
   float* out;
   bool bf16;  // the products on bf16 pairs (Product<uint32_t>), where UsesBf16 allows
   // bf16: the cache's keys [rows, kv, span, D/2] and values [rows, kv, span/2, D] paired
-  // once per call for all pieces (span: the longest row's past + chunk, even).
+  // once per call for all pieces (span: the longest row's past + valid tokens, even).
   uint32_t* key_pairs = nullptr;
   uint32_t* value_pairs = nullptr;
   int64_t span = 0;
@@ -404,7 +408,7 @@ void RunPiece(void* data, size_t index) {
   const int64_t d = s.head_dim, g = s.group, half = s.rotary / 2;
   const int64_t heads = s.kv_heads * g, width = (heads + 2 * s.kv_heads) * d;
   const int64_t past = job.past[piece.row];
-  const int64_t queries = std::min(s.block, s.chunk - piece.first);
+  const int64_t queries = std::min(s.block, job.valid[piece.row] - piece.first);
   const int64_t used = queries * g;
   const int64_t columns = (used + kVec - 1) / kVec * kVec;
   const int64_t first_position = past + piece.first;
@@ -438,10 +442,13 @@ void RunPiece(void* data, size_t index) {
 #ifdef __AVX512BF16__
   // bf16: the queries paired once ([D/2, columns]); per key block the probabilities
   // ([n/2, columns], by the softmax); the keys and values were paired once per call (RunPairs).
-  std::vector<uint32_t> pairs(job.bf16 ? (d + kKeyBlock + 2) / 2 * columns : 0);
+  // A row of one valid token (a decode row beside a prefill chunk) keeps float32 products,
+  // as a decode call's attention does: its numbers do not depend on sharing a call.
+  const bool bf16 = job.bf16 && job.valid[piece.row] > 1;
+  std::vector<uint32_t> pairs(bf16 ? (d + kKeyBlock + 2) / 2 * columns : 0);
   uint32_t* q2 = pairs.data();
   uint32_t* p2 = q2 + d / 2 * columns;
-  if (job.bf16) PairRows(qt, columns, d, columns, q2);
+  if (bf16) PairRows(qt, columns, d, columns, q2);
 #endif
 
   const int64_t head = piece.row * s.kv_heads + piece.kv;
@@ -451,7 +458,7 @@ void RunPiece(void* data, size_t index) {
   for (int64_t k0 = 0; k0 < end; k0 += kKeyBlock) {
     const int64_t n = std::min(kKeyBlock, end - k0);
 #ifdef __AVX512BF16__
-    if (job.bf16) {
+    if (bf16) {
       Product(n, columns, job.key_pairs + (head * job.span + k0) * d / 2, d / 2, 1, q2, scores,
               d / 2, nullptr);
       for (int64_t c = 0; c < columns; c += kVec)
@@ -538,13 +545,43 @@ OrtStatus* CheckShapes(const Kernel& kernel, const Tensor& qkv, const Tensor& pa
   return nullptr;
 }
 
+// Input 7, valid_lens, where the graph gives it: each row's valid tokens (0 .. chunk).
+OrtStatus* ValidLens(OrtKernelContext* context, const Shape& s, int64_t* valid) {
+  size_t count = 0;
+  EP_RETURN_IF_ERROR(g_api->KernelContext_GetInputCount(context, &count));
+  const OrtValue* given = nullptr;
+  if (count > 7) EP_RETURN_IF_ERROR(g_api->KernelContext_GetInput(context, 7, &given));
+  if (given == nullptr) return nullptr;  // every token valid
+  Tensor lens;
+  EP_RETURN_IF_ERROR(Input(context, 7, &lens));
+  if (lens.dims.size() != 1 || lens.dims[0] != s.rows)
+    return Fail("PrefillAttention: valid_lens must be [rows]");
+  const int32_t* data = reinterpret_cast<const int32_t*>(lens.data);
+  for (int64_t row = 0; row < s.rows; ++row) {
+    if (data[row] < 0 || data[row] > s.chunk)
+      return Fail("PrefillAttention: a row's valid_lens is outside 0 .. chunk");
+    valid[row] = data[row];
+  }
+  return nullptr;
+}
+
+// The output rows of padding tokens: zero (no piece computes them).
+void ZeroPadding(const Job& job) {
+  const Shape& s = job.shape;
+  const int64_t width = s.kv_heads * s.group * s.head_dim;
+  for (int64_t row = 0; row < s.rows; ++row)
+    if (job.valid[row] < s.chunk)
+      std::memset(job.out + (row * s.chunk + job.valid[row]) * width, 0,
+                  static_cast<size_t>((s.chunk - job.valid[row]) * width) * sizeof(float));
+}
+
 // Writes the chunk's rotated keys and its values into the cache at each row's past length.
 void WriteCache(const Job& job, float* keys, float* values) {
   const Shape& s = job.shape;
   const int64_t d = s.head_dim, half = s.rotary / 2, heads = s.kv_heads * s.group;
   const int64_t width = (heads + 2 * s.kv_heads) * d;
   for (int64_t row = 0; row < s.rows; ++row)
-    for (int64_t token = 0; token < s.chunk; ++token) {
+    for (int64_t token = 0; token < job.valid[row]; ++token) {
       const int64_t position = job.past[row] + token;
       const float* packed = job.qkv + (row * s.chunk + token) * width;
       for (int64_t kv = 0; kv < s.kv_heads; ++kv) {
@@ -556,11 +593,11 @@ void WriteCache(const Job& job, float* keys, float* values) {
     }
 }
 
-std::vector<Piece> Plan(const Shape& s, const int64_t* past) {
+std::vector<Piece> Plan(const Shape& s, const int64_t* past, const int64_t* valid) {
   std::vector<Piece> pieces;
   for (int64_t row = 0; row < s.rows; ++row)
-    for (int64_t first = 0; first < s.chunk; first += s.block) {
-      const int64_t queries = std::min(s.block, s.chunk - first);
+    for (int64_t first = 0; first < valid[row]; first += s.block) {
+      const int64_t queries = std::min(s.block, valid[row] - first);
       const int64_t work = queries * (past[row] + first + (queries + 1) / 2);
       for (int64_t kv = 0; kv < s.kv_heads; ++kv) pieces.push_back({row, kv, first, work});
     }
@@ -584,7 +621,8 @@ void RunPairs(void* data, size_t index) {
   const int64_t blocks = job.span / kPairBlock + 1, d = s.head_dim;
   const int64_t head = static_cast<int64_t>(index) / blocks;  // row * kv_heads + kv
   const int64_t k0 = static_cast<int64_t>(index) % blocks * kPairBlock;
-  const int64_t end = job.past[head / s.kv_heads] + s.chunk;
+  const int64_t row = head / s.kv_heads;
+  const int64_t end = job.past[row] + job.valid[row];
   if (k0 >= end) return;
   const int64_t n = std::min(kPairBlock, end - k0);
   const int64_t cache = head * s.capacity * d;
@@ -606,10 +644,13 @@ OrtStatus* Compute(const Kernel& kernel, OrtKernelContext* context) {
   EP_RETURN_IF_ERROR(CheckShapes(kernel, qkv, past_k, past_v, seqlens_t, total_t, cos, sin, &s));
   const int32_t* seqlens = reinterpret_cast<const int32_t*>(seqlens_t.data);
   const int64_t total = *reinterpret_cast<const int32_t*>(total_t.data);
+  std::vector<int64_t> valid(s.rows, s.chunk);
+  EP_RETURN_IF_ERROR(ValidLens(context, s, valid.data()));
   std::vector<int64_t> past(s.rows);
   for (int64_t row = 0; row < s.rows; ++row) {
     past[row] = total == s.chunk ? 0 : int64_t{seqlens[row]} + 1 - s.chunk;
-    if (past[row] < 0 || past[row] + s.chunk > s.capacity || past[row] + s.chunk > cos.dims[0])
+    const int64_t end = past[row] + valid[row];
+    if (past[row] < 0 || end > s.capacity || end > cos.dims[0])
       return Fail("PrefillAttention: a row's chunk is outside the cache or the rotary table");
   }
 
@@ -623,14 +664,15 @@ OrtStatus* Compute(const Kernel& kernel, OrtKernelContext* context) {
   if (values != past_v.data) std::memcpy(values, past_v.data, cache_floats * sizeof(float));
 
   const int64_t begin = Profiling() ? Now() : 0;
-  Job job{s, kernel.scale, qkv.data, keys, values, cos.data, sin.data, past.data(), out,
-          UsesBf16(kernel.bf16), nullptr, nullptr, 0, {}, {}};
+  Job job{s, kernel.scale, qkv.data, keys, values, cos.data, sin.data, past.data(),
+          valid.data(), out, UsesBf16(kernel.bf16), nullptr, nullptr, 0, {}, {}};
+  ZeroPadding(job);
   WriteCache(job, keys, values);
 #ifdef __AVX512BF16__
   // Not zeroed (1.5 MB a call at 2,048 positions): only what RunPairs writes is ever read.
   std::unique_ptr<uint32_t[]> key_pairs, value_pairs;
   if (job.bf16) {
-    for (int64_t row = 0; row < s.rows; ++row) job.span = std::max(job.span, past[row] + s.chunk);
+    for (int64_t row = 0; row < s.rows; ++row) job.span = std::max(job.span, past[row] + valid[row]);
     job.span += job.span & 1;
     const size_t count = static_cast<size_t>(s.rows * s.kv_heads * job.span * d / 2);
     key_pairs.reset(new uint32_t[count]);
@@ -640,7 +682,7 @@ OrtStatus* Compute(const Kernel& kernel, OrtKernelContext* context) {
     ParallelFor(context, RunPairs, static_cast<size_t>(s.rows * s.kv_heads * (job.span / kPairBlock + 1)), &job);
   }
 #endif
-  job.pieces = Plan(s, past.data());
+  job.pieces = Plan(s, past.data(), valid.data());
   if (Profiling()) job.times.resize(job.pieces.size());
   const int64_t pooled = Profiling() ? Now() : 0;
   ParallelFor(context, RunPiece, job.pieces.size(), &job);
@@ -661,8 +703,10 @@ void ORT_API_CALL DestroyKernel(void* kernel) { delete static_cast<Kernel*>(kern
 }  // namespace
 
 const Op& PrefillAttentionOp() {
-  static const Op op = MakeOp({"PrefillAttention", 7, 3, (1u << 3) | (1u << 4), CreateKernel,
-                               ComputeKernel, DestroyKernel});
+  OpSpec spec{"PrefillAttention", 8, 3, (1u << 3) | (1u << 4) | (1u << 7), CreateKernel,
+              ComputeKernel, DestroyKernel};
+  spec.optional_inputs = 1u << 7;
+  static const Op op = MakeOp(spec);
   return op;
 }
 

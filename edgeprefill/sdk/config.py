@@ -11,13 +11,16 @@ from edgeprefill.sdk.scheduler import SchedulerConfig
 
 
 class StepTrace(NamedTuple):
-    """One engine call, for timelines: which requests, how many tokens, when."""
+    """One engine call, for timelines: which requests, how many tokens, when. A fused
+    call (decode rows and a prefill chunk together) is recorded twice, once per kind, with
+    the same times and `fused` set."""
 
     kind: str  # "prefill" or "decode"
     start: float  # time.perf_counter()
     end: float
     request_ids: tuple[int, ...]
     tokens: int
+    fused: bool = False
 
 
 @dataclass(frozen=True)

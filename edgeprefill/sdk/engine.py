@@ -66,7 +66,8 @@ class Engine:
             share_prefixes=config.prefix_reuse,
         )
         self.trace: list[StepTrace] = []
-        self.scheduler = Scheduler(config.scheduler, self.kv, buckets)
+        self.scheduler = Scheduler(config.scheduler, self.kv, buckets,
+                                   backend_fuses=self.backend.fuses_rows)
         self.eos = set(self.manifest.eos_token_ids) | set(self.generation_defaults.eos_token_ids)
         self.counters = EngineCounters()
         self.runner = StepRunner(self.backend, self.kv, self.scheduler.chunks, self.counters,
@@ -259,11 +260,16 @@ class Engine:
             plan = self._plan()
             if plan is None or plan.empty:
                 return plan is None
-            if plan.decode:
-                self._guarded(plan.decode, self._decode)
             chunk = plan.prefill
-            if chunk is not None:
-                self._guarded([chunk.request], lambda _: self._prefill(chunk))
+            if plan.fused:
+                assert chunk is not None
+                self._guarded([*plan.decode, chunk.request],
+                              lambda _: self._fused(plan.decode, chunk))
+            else:
+                if plan.decode:
+                    self._guarded(plan.decode, self._decode)
+                if chunk is not None:
+                    self._guarded([chunk.request], lambda _: self._prefill(chunk))
             if not self.scheduler.decoding:
                 self.runner.idle()  # nobody is waiting for a token
             return True
@@ -355,8 +361,16 @@ class Engine:
             self._emit(request, row)
 
     def _prefill(self, chunk: PrefillChunk) -> None:
-        logits = self.runner.prefill(chunk)
-        request = chunk.request
+        self._prefilled(chunk.request, self.runner.prefill(chunk))
+
+    def _fused(self, rows: list[Request], chunk: PrefillChunk) -> None:
+        decoded, prefilled = self.runner.fused(rows, chunk)
+        for request, row in zip(rows, decoded, strict=True):
+            self._emit(request, row)
+        self._prefilled(chunk.request, prefilled)
+
+    def _prefilled(self, request: Request, logits: np.ndarray) -> None:
+        """After a chunk of `request`'s prompt: its first token once the whole prompt is in."""
         if request.prefill_left == 0:
             self.scheduler.prefilled(request)
             self._fork_followers(request, logits[0])

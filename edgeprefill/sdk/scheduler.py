@@ -3,6 +3,11 @@
     plan = decode every decoding request (one call, B rows of 1 token, adjacent slots)
          + the next prefill chunk of the request the policy picks (one call, B=1)
 
+Fused (`fuse_steps`, where the bundle's graph packs its valid tokens): both in one call,
+the chunk's slot adjacent to the decode rows', so a step reads the weights once. Not when
+a decode row's cache has no room for the chunk's padding (its KV past its token is
+written and then overwritten, as for any padding): then two calls as above.
+
 It keeps requests in three groups and is the only one that moves them:
 
   group       slot   meaning
@@ -43,6 +48,9 @@ class SchedulerConfig:
     # chunked+priority: prompt tokens of credit a request earns for each prefill chunk it
     # waits through; a prompt of L tokens waits behind at most L / aging later arrivals.
     aging_tokens: int = 64
+    # One call for the decode rows and the prefill chunk where the backend can (a bundle
+    # exported with packed tokens); False: always two calls.
+    fuse_steps: bool = True
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
@@ -68,6 +76,7 @@ class PrefillChunk(NamedTuple):
 class StepPlan(NamedTuple):
     decode: list[Request]  # in slot order; slots are adjacent (one view of the arena)
     prefill: PrefillChunk | None
+    fused: bool = False  # decode rows and prefill in one call (their slots all adjacent)
 
     @property
     def empty(self) -> bool:
@@ -82,8 +91,14 @@ def prefill_score(request: Request, aging_tokens: int) -> int:
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, kv: KVCache, buckets: list[int]) -> None:
+    def __init__(
+        self, config: SchedulerConfig, kv: KVCache, buckets: list[int],
+        backend_fuses: bool = False,
+    ) -> None:
+        """`backend_fuses`: the backend runs rows of different lengths at the cost of
+        their valid tokens (Backend.fuses_rows)."""
         self.config = config
+        self.fuse = config.fuse_steps and backend_fuses
         self.kv = kv
         self.chunks = ChunkController(buckets, config.itl_target_ms / 1000)
         self.queued: list[Request] = []  # arrival order
@@ -94,7 +109,19 @@ class Scheduler:
         """The next step's work. May start a queued request (acquires its KV slot) and
         move decoding slots together (the backend swaps their KV)."""
         self._compact()
-        return StepPlan(sorted(self.decoding, key=_slot), self._next_prefill())
+        prefill = self._next_prefill()
+        if not self._fusable(prefill):
+            return StepPlan(sorted(self.decoding, key=_slot), prefill)
+        assert prefill is not None
+        self._compact([prefill.request])
+        return StepPlan(sorted(self.decoding, key=_slot), prefill, fused=True)
+
+    def _fusable(self, prefill: PrefillChunk | None) -> bool:
+        """Decode rows and a chunk can share a call: each decode row's cache has room for
+        the chunk's length (its padding is written there)."""
+        if not (self.fuse and self.decoding and prefill is not None):
+            return False
+        return all(r.kv_len + prefill.length <= self.kv.capacity for r in self.decoding)
 
     # -- moving requests between groups -------------------------------------------------
 
@@ -192,10 +219,11 @@ class Scheduler:
 
     # -- keeping decode rows adjacent -------------------------------------------------
 
-    def _compact(self) -> None:
+    def _compact(self, also: list[Request] | None = None) -> None:
+        """Decoding slots (and those of `also`) into one contiguous range."""
         if not self.decoding:
             return
-        moved = self.kv.compact([_slot(r) for r in self.decoding])
+        moved = self.kv.compact([_slot(r) for r in self.decoding + (also or [])])
         for request in self.prefilling + self.decoding:
             if request.slot in moved:
                 request.slot = moved[request.slot]

@@ -1,6 +1,7 @@
 """The step runner: turns a scheduled step into backend calls and keeps the books.
 
-For both kinds of call it builds the `StepBatch`, times the call, records the KV that
+For each kind of call (decode rows, a prefill chunk, or both fused in one call) it builds
+the `StepBatch`, times the call, records the KV that
 was written (in the `KVCache` and in each request's `kv_len`), feeds the chunk
 controller and the engine counters, and appends to the trace. It never decides what
 runs (the scheduler does) nor what a logit means (the engine samples and streams).
@@ -68,6 +69,42 @@ class StepRunner:
         request.metrics.chunks += 1
         return logits
 
+    def fused(self, rows: Sequence[Request], chunk: PrefillChunk) -> tuple[np.ndarray, np.ndarray]:
+        """The decode rows and one prefill chunk in one call (a bundle whose graph packs
+        its valid tokens, `GraphInfo.packed_tokens`, so the decode rows' padding costs no
+        projection): the weights are read once for both. Every request's slot must be
+        adjacent to the others'. Returns (decode logits [rows, vocab] in `rows` order,
+        the chunk's logits [1, vocab])."""
+        request, start_pos, length = chunk
+        members = sorted([*rows, request], key=_slot)
+        ids = np.zeros((len(members), length), np.int64)  # decode rows: padding after one token
+        valid = np.ones(len(members), np.int32)
+        at = members.index(request)
+        ids[at] = request.tokens[start_pos : start_pos + length]
+        valid[at] = length
+        for i, member in enumerate(members):
+            if member is not request:
+                ids[i, 0] = member.generated[-1]
+        first = _slot(members[0])
+        assert [_slot(m) for m in members] == list(range(first, first + len(members))), \
+            "a fused step's slots are adjacent"
+        batch = StepBatch(
+            input_ids=ids,
+            past_lens=np.array([m.kv_len for m in members], np.int32),
+            valid_lens=valid,
+            first_slot=first,
+        )
+        logits, start, end = self._call(batch)
+        self._count_decode(start, end, len(rows), observe=False)
+        self._count_prefill(start, end, length)
+        self._record("decode", start, end, rows, len(rows), fused=True)
+        self._record("prefill", start, end, [request], length, fused=True)
+        for i, member in enumerate(members):
+            self._written(member, ids[i, : valid[i]].tolist())
+        request.metrics.chunks += 1
+        order = {id(m): i for i, m in enumerate(members)}
+        return logits[[order[id(r)] for r in rows]], logits[at : at + 1]
+
     def idle(self) -> None:
         """Nobody decodes: the next decode call starts no stall."""
         self.counters.last_decode_end = None
@@ -81,7 +118,9 @@ class StepRunner:
         self.kv.extend(_slot(request), tokens)
         request.kv_len += len(tokens)
 
-    def _count_decode(self, start: float, end: float, rows: int) -> None:
+    def _count_decode(self, start: float, end: float, rows: int, observe: bool = True) -> None:
+        """`observe`: feed the chunk controller's decode estimate (not for a fused call,
+        whose time the prefill chunk's estimate takes)."""
         c = self.counters
         c.decode_tokens += rows
         c.decode_seconds += end - start
@@ -89,7 +128,8 @@ class StepRunner:
         if c.last_decode_end is not None:
             c.max_decode_stall_s = max(c.max_decode_stall_s, end - c.last_decode_end)
         c.last_decode_end = end
-        self.chunks.observe_decode(end - start)
+        if observe:
+            self.chunks.observe_decode(end - start)
 
     def _count_prefill(self, start: float, end: float, length: int) -> None:
         self.counters.prefill_tokens += length
@@ -97,11 +137,12 @@ class StepRunner:
         self.chunks.observe_prefill(length, end - start)
 
     def _record(
-        self, kind: str, start: float, end: float, requests: Sequence[Request], tokens: int
+        self, kind: str, start: float, end: float, requests: Sequence[Request], tokens: int,
+        fused: bool = False,
     ) -> None:
         if self.trace is not None:
             ids = tuple(r.id for r in requests)
-            self.trace.append(StepTrace(kind, start, end, ids, tokens))
+            self.trace.append(StepTrace(kind, start, end, ids, tokens, fused))
 
 
 def _slot(request: Request) -> int:

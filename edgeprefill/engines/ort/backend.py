@@ -114,6 +114,11 @@ class OnnxRuntimeBackend(Backend):
         # int4 bundles' decode projections: MatMulInt4 where the native kernels run (VNNI).
         self.int4_decode = choose_int4_decode(graph, bundle_dir, self.kernels.library is not None,
                                               session_options)
+        # Rows of different lengths share a call where the graph packs its tokens and every
+        # attention is the native kernel's: ONNX Runtime's GroupQueryAttention refuses a
+        # chunk with past context in more than one row.
+        self._fuses_rows = manifest.graph.packed_tokens and not any(
+            node.op_type == "GroupQueryAttention" for node in graph.graph.node)
         # Both rewrites switch nodes on "the chunk is one token": one If per step for all.
         self.switches = merge_switches(graph)
         model = loadable(self.kernels.model, graph, self.int4_prefill, session_options)
@@ -131,6 +136,10 @@ class OnnxRuntimeBackend(Backend):
         self._kv_pairs = kv_pairs(manifest.graph)
         self._bindings: dict[tuple[int, int], Any] = {}  # ort.IOBinding per (first, rows)
         self._logits = np.empty((0, manifest.model.vocab_size), np.float32)
+
+    @property
+    def fuses_rows(self) -> bool:
+        return self._fuses_rows
 
     def _session_options(self) -> Any:
         ort = self._ort

@@ -1,0 +1,186 @@
+"""A prefill chunk and the decode rows in one call, for bundles whose graph packs its valid
+tokens (export/tokens.py) and runs the native attention.
+
+References: the same rows run as separate calls (logits and the KV written), and the
+greedy text of the engine with fusing off; the scheduling on a fake backend's call trace.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from edgeprefill import engines
+from edgeprefill.engines.base import StepBatch
+from edgeprefill.sdk import Engine, GenerationParams
+from tests.fake_backend import ids
+
+LONG = 300
+
+
+def prompt(n: int, seed: int) -> list[int]:
+    return [1] + [int(t) for t in np.random.default_rng(seed).integers(3, 120, size=n - 1)]
+
+
+def prefill(backend, slot: int, tokens: list[int]) -> None:
+    backend.run(StepBatch(np.array([tokens], np.int64), np.array([0], np.int32),
+                          np.array([len(tokens)], np.int32), slot))
+
+
+# bf16: the projections round the same way in both; a fused call's decode rows keep float32
+# attention products, as a decode call's attention does.
+@pytest.mark.parametrize("compute", ["fp32", "bf16"])
+def test_a_fused_call_computes_what_separate_calls_compute(bundle, library, compute):
+    engine = Engine.load(bundle("llama"), threads=2, background=False, kv_slots=4,
+                         compute=compute)
+    backend = engine.backend
+    assert engine.manifest.graph.packed_tokens and backend.fuses_rows
+    pasts = [7, 40, 23, 20]  # slots 0-2 decode one token each; slot 3 prefills 37 more
+    for slot, past in enumerate(pasts):
+        prefill(backend, slot, prompt(past, seed=slot))
+    saved = [a.copy() for a in backend.kv_arrays()]
+    chunk = prompt(37, seed=9)
+    last = [11, 12, 13]
+
+    decoded = backend.run(StepBatch(np.array([last], np.int64).T, np.array(pasts[:3], np.int32),
+                                    np.ones(3, np.int32), 0)).copy()
+    prefilled = backend.run(StepBatch(np.array([chunk], np.int64), np.array([20], np.int32),
+                                      np.array([37], np.int32), 3)).copy()
+    separate_kv = [a.copy() for a in backend.kv_arrays()]
+
+    for array, old in zip(backend.kv_arrays(), saved, strict=True):
+        array[...] = old
+    ids_ = np.zeros((4, 37), np.int64)
+    ids_[:3, 0] = last
+    ids_[3] = chunk
+    fused = backend.run(StepBatch(ids_, np.array(pasts, np.int32),
+                                  np.array([1, 1, 1, 37], np.int32), 0))
+    np.testing.assert_allclose(fused[:3], decoded, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(fused[3:], prefilled, rtol=1e-4, atol=1e-4)
+    for array, expected in zip(backend.kv_arrays(), separate_kv, strict=True):
+        for slot, end in enumerate([8, 41, 24, 57]):  # every position holding a token's KV
+            np.testing.assert_allclose(array[slot, :, :end], expected[slot, :, :end],
+                                       rtol=1e-5, atol=1e-5)
+    engine.close()
+
+
+def run_mixed(path, **options) -> tuple[list[list[int]], list]:
+    """Three sessions decode while a long prompt arrives, chunked by 64."""
+    engine = Engine.load(path, threads=2, background=False, kv_slots=4, trace=True,
+                         prefix_reuse=False, **options)
+    params = GenerationParams(max_new_tokens=24, ignore_eos=True)
+    streams = [engine.generate(prompt(n, seed=n), params) for n in (9, 30, 17)]
+    for _ in range(3):
+        engine.step()
+    streams.append(engine.generate(prompt(LONG, seed=5), params, chunk_size=64))
+    while not all(s.metrics.finish_reason for s in streams):
+        engine.step()
+    engine.check_integrity()
+    engine.close()
+    return [s.result().token_ids for s in streams], engine.trace
+
+
+@pytest.mark.parametrize("compute", ["fp32", "bf16"])
+def test_the_engine_fuses_and_generates_what_it_generates_unfused(bundle, library, compute):
+    path = bundle("llama")
+    fused_tokens, fused_trace = run_mixed(path, compute=compute)
+    tokens, trace = run_mixed(path, fuse_steps=False, compute=compute)
+    assert fused_tokens == tokens
+    assert not any(t.fused for t in trace)
+    fused = [t for t in fused_trace if t.fused]
+    # Every chunk of the long prompt ran beside the three decode rows, in one call each
+    # (the later sessions' prompts, 30 and 17 tokens, beside those decoding before them).
+    chunks = [t for t in fused if t.kind == "prefill"]
+    assert [t.tokens for t in chunks] == [17, 30, 64, 64, 64, 64, 44]
+    beside = [t.tokens for t in fused if t.kind == "decode"]
+    assert beside == [1, 2, 3, 3, 3, 3, 3]
+    calls = len({(t.start, t.end) for t in trace})
+    assert len({(t.start, t.end) for t in fused_trace}) == calls - len(chunks)
+
+
+def test_stock_attention_runs_separate_calls(bundle, monkeypatch):
+    """ONNX Runtime's GroupQueryAttention takes one row per call with a past: no fusing."""
+    monkeypatch.setenv("EDGEPREFILL_KERNELS", "off")
+    engine = Engine.load(bundle("llama"), threads=2, background=False)
+    assert engine.manifest.graph.packed_tokens and not engine.backend.fuses_rows
+    engine.close()
+    tokens, trace = run_mixed(bundle("llama"))
+    assert not any(t.fused for t in trace)
+    monkeypatch.delenv("EDGEPREFILL_KERNELS")
+    assert tokens == run_mixed(bundle("llama"), fuse_steps=False)[0]
+
+
+def test_a_standard_flavour_bundle_does_not_pack(bundle):
+    engine = Engine.load(bundle("llama", "standard"), threads=2, background=False)
+    assert not engine.manifest.graph.packed_tokens and not engine.backend.fuses_rows
+    engine.close()
+
+
+@pytest.fixture
+def fusing_engine(bundle, monkeypatch):
+    monkeypatch.setitem(engines.BACKENDS, "fake-fusing", "tests.fake_backend:FusingFakeBackend")
+    made = []
+
+    def make(**options) -> Engine:
+        options.setdefault("kv_slots", 4)
+        engine = Engine.load(bundle("llama"), backend="fake-fusing", background=False,
+                             prefix_reuse=False, **options)
+        made.append(engine)
+        return engine
+
+    yield make
+    for engine in made:
+        engine.close()
+
+
+def decoding(stream) -> bool:
+    return stream.metrics.generated_tokens > 0
+
+
+def test_fused_calls_bind_the_chunk_beside_the_decode_rows(fusing_engine):
+    engine = fusing_engine(chunk_size=64)
+    chats = [engine.generate(ids(10, seed=i), GenerationParams(max_new_tokens=40))
+             for i in range(2)]
+    while not all(decoding(c) for c in chats):
+        engine.step()
+    engine.backend.calls.clear()
+    doc = engine.generate(ids(LONG, 1), GenerationParams(max_new_tokens=2))
+    while not decoding(doc):
+        engine.step()
+    fused = [c for c in engine.backend.calls if c.kind == "fused"]
+    assert [c.valid_lens for c in fused] == [(1, 1, 64), (1, 1, 64), (1, 1, 64), (1, 1, 64),
+                                             (1, 1, 44)]
+    assert [c.past_lens[2] for c in fused] == [0, 64, 128, 192, 256]
+    assert all(c.rows == 3 and c.chunk == c.valid_lens[2] for c in fused)
+    assert not [c for c in engine.backend.calls if c.kind == "prefill"]
+    engine.check_integrity()
+
+
+def test_no_fusing_when_a_decode_row_has_no_room_for_the_padding(fusing_engine):
+    """A decode row near the end of its cache would have the chunk's padding written past
+    it: that step runs two calls."""
+    engine = fusing_engine(chunk_size=64, max_context=128)
+    chat = engine.generate(ids(70, seed=3), GenerationParams(max_new_tokens=50))
+    while not decoding(chat):
+        engine.step()
+    engine.backend.calls.clear()
+    doc = engine.generate(ids(100, 1), GenerationParams(max_new_tokens=2))
+    while not decoding(doc):
+        engine.step()
+    calls = engine.backend.calls
+    # 64 tokens of padding past the chat's 71 do not fit in 128: two calls. The last 36 do.
+    assert [c.kind for c in calls] == ["decode", "prefill", "fused"]
+    assert calls[0].past_lens[0] + 64 > 128 and calls[1].valid_lens == (64,)
+    assert calls[2].valid_lens == (1, 36)
+    engine.check_integrity()
+
+
+def test_fuse_steps_off_runs_two_calls(fusing_engine):
+    engine = fusing_engine(chunk_size=64, fuse_steps=False)
+    chat = engine.generate(ids(10), GenerationParams(max_new_tokens=40))
+    while not decoding(chat):
+        engine.step()
+    doc = engine.generate(ids(LONG, 1), GenerationParams(max_new_tokens=2))
+    while not decoding(doc):
+        engine.step()
+    assert "fused" not in [c.kind for c in engine.backend.calls]
