@@ -3,8 +3,9 @@
 3 sessions are decoding when a 2,048-token prompt arrives; every runtime gets a budget of
 64 tokens per step, the decode rows' tokens included (edgeprefill: max_step_tokens=64, a
 chunk of 61 beside 3 decode rows, in one call where the bundle packs its tokens; OpenVINO:
-max_num_batched_tokens=64 with dynamic split-fuse), the same checkpoint (compare.py's SmolLM2-135M shape), the same prompt
-ids and the same threads, each run in a fresh process, the order alternating between rounds:
+max_num_batched_tokens=64 with dynamic split-fuse), the same checkpoint (compare.py's
+SmolLM2-135M shape), the same prompt ids and the same threads, each run in a fresh process,
+the order alternating between rounds:
 
     python benchmarks/mixed_workload.py --work-dir /work/benchwork --rounds 2
 

@@ -65,7 +65,8 @@ def test_a_fused_call_computes_what_separate_calls_compute(bundle, library, comp
 
 
 def run_mixed(path, **options) -> tuple[list[list[int]], list]:
-    """Three sessions decode while a long prompt arrives, chunked by 64."""
+    """Three sessions decode while a long prompt arrives, chunked by 64; checks that the
+    engine's fused-step count is the trace's."""
     engine = Engine.load(path, threads=2, background=False, kv_slots=4, trace=True,
                          prefix_reuse=False, **options)
     params = GenerationParams(max_new_tokens=24, ignore_eos=True)
@@ -76,6 +77,7 @@ def run_mixed(path, **options) -> tuple[list[list[int]], list]:
     while not all(s.metrics.finish_reason for s in streams):
         engine.step()
     engine.check_integrity()
+    assert engine.metrics().fused_steps == sum(t.fused and t.kind == "decode" for t in engine.trace)
     engine.close()
     return [s.result().token_ids for s in streams], engine.trace
 
@@ -114,6 +116,25 @@ def test_a_standard_flavour_bundle_does_not_pack(bundle):
     engine = Engine.load(bundle("llama", "standard"), threads=2, background=False)
     assert not engine.manifest.graph.packed_tokens and not engine.backend.fuses_rows
     engine.close()
+
+
+def test_inspect_and_stats_say_whether_steps_fuse(bundle, library, monkeypatch):
+    from click.testing import CliRunner
+
+    from edgeprefill.cli.main import cli
+    from edgeprefill.cli.report import backend_line
+
+    def steps(path) -> str:
+        out = CliRunner().invoke(cli, ["inspect", str(path)]).output
+        return next(line for line in out.splitlines() if line.startswith("steps"))
+
+    assert "in one call" in steps(bundle("llama"))
+    assert "two calls (a TensorRT-ready graph" in steps(bundle("llama", "standard"))
+    engine = Engine.load(bundle("llama"), threads=2, background=False)
+    assert backend_line(engine.backend).endswith("prefill chunk and decode rows in one call")
+    engine.close()
+    monkeypatch.setenv("EDGEPREFILL_KERNELS", "off")
+    assert "two calls here (the stock GroupQueryAttention" in steps(bundle("llama"))
 
 
 @pytest.fixture

@@ -44,6 +44,7 @@ def inspect(bundle, verify, as_json):
         f"kernels     {describe(graph.flavor, graph.dtype)} on this machine's CPU",
         *_int4_prefill_line(graph),
         *_compute_line(graph),
+        _steps_line(graph),
         *_derived_line(bundle, m),
         f"eos ids     {eos}",
         f"sampling    {defaults.describe()}  (generation_config.json; requests may override)",
@@ -96,6 +97,22 @@ def _derived_line(bundle, manifest) -> list[str]:
 
     proto = load_graph(Path(bundle), manifest)  # checked: a corrupt graph is one line
     return [f"derived     {describe(Path(bundle), weight_files(proto))}"]
+
+
+def _steps_line(graph) -> str:
+    """Whether a step's prefill chunk and decode rows can share one call (the graph packs
+    its valid tokens and the native attention runs: engines/ort/backend.py fuses_rows)."""
+    from edgeprefill.kernels.select import NATIVE, describe
+
+    if not graph.packed_tokens:
+        why = ("a TensorRT-ready graph keeps static shapes" if graph.flavor == "standard"
+               else "exported before packed tokens: re-export to fuse")
+        return f"steps       a prefill chunk and the decode rows in two calls ({why})"
+    if describe(graph.flavor, graph.dtype) != NATIVE:
+        return ("steps       two calls here (the stock GroupQueryAttention takes one row per "
+                "call with a past); one call with the native kernels")
+    return ("steps       a prefill chunk and the decode rows in one call (packed tokens; "
+            "where the native kernels take every attention layer)")
 
 
 def _compute_line(graph) -> list[str]:

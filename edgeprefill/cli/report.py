@@ -24,7 +24,8 @@ def request_line(m: RequestMetrics) -> str:
 def engine_lines(e: EngineMetrics) -> list[str]:
     return [
         f"engine: prefill {e.prefill_tokens} tok at {e.prefill_tokens_per_s:.0f} tok/s, "
-        f"decode {e.decode_tokens} tok in {e.decode_steps} steps at "
+        f"decode {e.decode_tokens} tok in {e.decode_steps} steps"
+        f"{f' ({e.fused_steps} fused with a prefill chunk)' if e.fused_steps else ''} at "
         f"{e.decode_tokens_per_s:.1f} tok/s, max decode stall {_ms(e.max_decode_stall_s)}",
         f"kv: {e.kv_active} active + {e.kv_retained} retained of {e.kv_slots} slots, "
         f"{e.kv_tokens} tokens held, {e.kv_bytes / 1e6:.1f} MB; prefix hit rate "
@@ -45,7 +46,9 @@ def backend_line(backend) -> str:
     bf16 = f", compute {compute.described}" if compute and compute.rewritten else ""
     int4_decode = getattr(backend, "int4_decode", None)
     decode = f", {int4_decode.described}" if int4_decode and int4_decode.rewritten else ""
-    return f"backend: {backend.name}, kernels {described}{prefill}{decode}{bf16}{merged}"
+    fused = ", prefill chunk and decode rows in one call" if getattr(
+        backend, "fuses_rows", False) else ""
+    return f"backend: {backend.name}, kernels {described}{prefill}{decode}{bf16}{merged}{fused}"
 
 
 def _ms(seconds: float | None) -> str:

@@ -218,6 +218,7 @@ class Engine:
             queue_depth=self.scheduler.queue_depth,
             running=self.scheduler.running,
             finished=c.finished,
+            fused_steps=c.fused_steps,
         )
 
     def check_integrity(self) -> None:

@@ -73,6 +73,9 @@ class EngineMetrics:
     queue_depth: int
     running: int
     finished: int
+    # Decode steps that ran a prefill chunk in the same call (Scheduler: fused). Their time
+    # counts in decode_seconds and prefill_seconds both.
+    fused_steps: int = 0
 
     @property
     def prefill_tokens_per_s(self) -> float:
@@ -96,6 +99,7 @@ class EngineCounters:
     decode_tokens: int = 0
     decode_seconds: float = 0.0
     decode_steps: int = 0
+    fused_steps: int = 0
     max_decode_stall_s: float = 0.0
     finished: int = 0
     last_decode_end: float | None = None

@@ -97,6 +97,7 @@ class StepRunner:
         logits, start, end = self._call(batch)
         self._count_decode(start, end, len(rows), observe=False)
         self._count_prefill(start, end, length)
+        self.counters.fused_steps += 1
         self._record("decode", start, end, rows, len(rows), fused=True)
         self._record("prefill", start, end, [request], length, fused=True)
         for i, member in enumerate(members):

@@ -34,10 +34,14 @@ class EngineMetric(NamedTuple):
 
 ENGINE_METRICS = (
     EngineMetric("prefill_tokens", "prefill_tokens", True, "Prompt tokens prefilled"),
-    EngineMetric("prefill_seconds", "prefill_seconds", True, "Seconds spent in prefill calls"),
+    EngineMetric("prefill_seconds", "prefill_seconds", True,
+                 "Seconds spent in prefill calls (a fused call counts here and in decode's)"),
     EngineMetric("decode_tokens", "decode_tokens", True, "Tokens produced by decode calls"),
-    EngineMetric("decode_seconds", "decode_seconds", True, "Seconds spent in decode calls"),
+    EngineMetric("decode_seconds", "decode_seconds", True,
+                 "Seconds spent in decode calls (a fused call counts here and in prefill's)"),
     EngineMetric("decode_steps", "decode_steps", True, "Batched decode calls"),
+    EngineMetric("fused_steps", "fused_steps", True,
+                 "Decode calls that ran a prefill chunk in the same call"),
     EngineMetric("prefix_lookups", "prefix_lookups", True, "KV prefix-cache lookups"),
     EngineMetric("prefix_hits", "prefix_hits", True, "KV prefix-cache lookups that reused KV"),
     EngineMetric("requests_finished", "finished", True, "Requests finished, any reason"),
