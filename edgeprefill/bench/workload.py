@@ -55,6 +55,7 @@ class Workload:
     compute: str = "fp32"  # "bf16": projections and prefill attention in bf16 (BackendOptions)
     max_context: int | None = None  # positions per KV slot; None: the bundle's
     itl_target_ms: float = 150.0  # the adaptive chunk controller's target
+    fuse_steps: bool = True  # a prefill chunk and the decode rows in one call where possible
     seed: int = 0  # of the random prompt token ids
 
 
@@ -130,7 +131,7 @@ def run_mixed(bundle: Path, spec: RunSpec, workload: Workload) -> RunResult:
         compute=w.compute,
         max_context=w.max_context, kv_slots=w.sessions + 2, trace=True,
         prefix_reuse=False,  # every run computes the long prompt in full
-        itl_target_ms=w.itl_target_ms, **spec.engine_options(),
+        itl_target_ms=w.itl_target_ms, fuse_steps=w.fuse_steps, **spec.engine_options(),
     )
     try:
         check_fits(engine.capacity, w)

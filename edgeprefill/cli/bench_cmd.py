@@ -48,7 +48,7 @@ DEFAULT_PROMPT_CAP = 2048
               help="Tokens the long prompt and the urgent request generate.")
 # The sweep itself sets the policy and chunk size, and the KV slots from --sessions.
 @engine_options("backend", "device", "threads", "spin", "compute", "max_context",
-                "itl_target_ms")
+                "itl_target_ms", "fuse_steps")
 @click.option("--plot", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Draw a timeline (PNG) of fcfs against one chunked run.")
 @click.option("--plot-config", default=None,

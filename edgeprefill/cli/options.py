@@ -80,6 +80,10 @@ ENGINE_OPTIONS: dict[str, Callable] = {
         "--itl-target-ms", type=click.FloatRange(min=0, min_open=True), default=150.0,
         show_default=True, help="Adaptive chunking keeps decode inter-token latency under "
         "this."),
+    "fuse_steps": click.option(
+        "--fuse-steps/--no-fuse-steps", default=True, show_default=True,
+        help="Run a prefill chunk and the decode rows in one call where the bundle and "
+        "kernels allow it (`inspect` says), reading the weights once per step."),
 }
 
 
