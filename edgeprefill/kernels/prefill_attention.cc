@@ -623,7 +623,7 @@ void RunPairs(void* data, size_t index) {
   const int64_t k0 = static_cast<int64_t>(index) % blocks * kPairBlock;
   const int64_t row = head / s.kv_heads;
   const int64_t end = job.past[row] + job.valid[row];
-  if (k0 >= end) return;
+  if (k0 >= end || job.valid[row] <= 1) return;  // a one-token row's products stay float32
   const int64_t n = std::min(kPairBlock, end - k0);
   const int64_t cache = head * s.capacity * d;
   PairUp(job.keys + cache + k0 * d, n * d, job.key_pairs + (head * job.span + k0) * d / 2);
