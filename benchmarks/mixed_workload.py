@@ -44,8 +44,10 @@ class MixedRuntime(NamedTuple):
     runner: str
     export: str  # the compare.py runtime whose export (and venv) it uses
     options: tuple[tuple[str, str], ...] = ()
+    default: bool = True  # in the default --runtimes
 
 
+UNFUSED = (("fuse_steps", "off"),)  # two calls per step: the A/B rows of fused steps
 MIXED_RUNTIMES: dict[str, MixedRuntime] = {
     "edgeprefill": MixedRuntime("run_edgeprefill_mixed.py", "edgeprefill"),
     "edgeprefill-bf16": MixedRuntime("run_edgeprefill_mixed.py", "edgeprefill",
@@ -53,6 +55,10 @@ MIXED_RUNTIMES: dict[str, MixedRuntime] = {
     "edgeprefill-int4": MixedRuntime("run_edgeprefill_mixed.py", "edgeprefill-int4"),
     "edgeprefill-int4-bf16": MixedRuntime("run_edgeprefill_mixed.py", "edgeprefill-int4",
                                           (("compute", "bf16"),)),
+    "edgeprefill-unfused": MixedRuntime("run_edgeprefill_mixed.py", "edgeprefill", UNFUSED,
+                                        default=False),
+    "edgeprefill-bf16-unfused": MixedRuntime("run_edgeprefill_mixed.py", "edgeprefill",
+                                             (("compute", "bf16"), *UNFUSED), default=False),
     "openvino-cb-f32": MixedRuntime("run_openvino_cb.py", "openvino",
                                     (("precision_hint", "f32"), ("kv_precision", "f32"))),
     "openvino-cb": MixedRuntime("run_openvino_cb.py", "openvino"),
@@ -70,7 +76,8 @@ FIGURES = {  # key -> (label, format)
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--work-dir", type=Path, default=BENCH_DIR / "work")
-    parser.add_argument("--runtimes", default=",".join(MIXED_RUNTIMES),
+    parser.add_argument("--runtimes",
+                        default=",".join(n for n, r in MIXED_RUNTIMES.items() if r.default),
                         help=f"comma-separated subset of {','.join(MIXED_RUNTIMES)}")
     parser.add_argument("--rounds", type=int, default=1,
                         help="runs per runtime, the order reversed every other round")

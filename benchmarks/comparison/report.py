@@ -218,10 +218,11 @@ def report_placement(results: dict[str, dict[str, Any]]) -> list[str]:
         return []
     lines = [f"core-to-core latency before/after each round's run, ns (> {FAR_NS:.0f}: the "
              "two CPUs were placed far apart; compare runtimes within one placement):"]
+    width = max(22, *(len(name) + 2 for name in seen))
     for name, values in seen.items():
         shown = " ".join("n/a" if ns is None else f"{ns:.0f}" for ns in values)
         far = sum(ns is not None and ns > FAR_NS for ns in values)
-        lines.append(f"  {name:<22}{shown}" + (f"  ({far} far)" if far else ""))
+        lines.append(f"  {name:<{width}}{shown}" + (f"  ({far} far)" if far else ""))
     return lines
 
 

@@ -47,7 +47,8 @@ def main() -> None:
                          chunk_size=spec["budget"], max_step_tokens=spec["budget"],
                          kv_slots=spec["sessions"] + 1,
                          prefix_reuse=False,
-                         compute=spec["options"].get("compute", "fp32"))
+                         compute=spec["options"].get("compute", "fp32"),
+                         fuse_steps=spec["options"].get("fuse_steps") != "off")
     log(f"{spec['runtime']}: loaded in {time.perf_counter() - started:.2f} s")
     with engine:
         scenario(engine, spec["warmup_ids"], spec)
