@@ -12,11 +12,14 @@ the first request and for the per-process medians: a process that landed in a sl
 stays slow in every request, while one slow request (the host's noise) moves only the first
 figure.
 
-Before and after each process it also measures the core-to-core latency
+Before and after each process, and inside it before and after each request, it also
+measures the core-to-core latency
 (probes/core_latency.py): on the 2-vCPU VMs the host sometimes places the vCPUs on different
 CCDs (~175 ns instead of ~40), and processes measured then run slower whatever the setting.
 The summary repeats the spreads over the processes near both before and after, where
-there were some.
+there were some, and over each process's requests that ran near (probed before and after
+each request: the placement can flip within a process, and it alone moved a 128-token
+TTFT from ~52 to ~82 ms in both settings, docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -37,28 +40,39 @@ import numpy as np
 from edgeprefill.sdk import Engine, GenerationParams
 bundle, spin, threads, prompt, new, requests = sys.argv[1], sys.argv[2] == "1", \
     int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6])
+sys.path.insert(0, sys.argv[7])
+from probes.core_latency import FAR_NS, core_to_core_ns
 rng = np.random.default_rng(0)
-ttft, rate = [], []
+ttft, rate, near = [], [], []
 with Engine.load(bundle, threads=threads, spin=spin) as engine:
     vocab = engine.manifest.model.vocab_size
     warm = rng.integers(3, vocab, 16).tolist()
     engine.generate(warm, GenerationParams(max_new_tokens=4, ignore_eos=True)).result()
     params = GenerationParams(max_new_tokens=new, ignore_eos=True)
+    before = core_to_core_ns(3)
     for _ in range(requests):
         m = engine.generate(rng.integers(3, vocab, prompt).tolist(), params).result().metrics
+        after = core_to_core_ns(3)
         times = m.token_times
         ttft.append(m.ttft)
         rate.append((len(times) - 1) / (times[-1] - times[0]))
+        near.append(all(ns is not None and ns <= FAR_NS for ns in (before, after)))
+        before = after
+kept = [i for i, n in enumerate(near) if n]
 print(json.dumps({"ttft_s": ttft[0], "decode_tok_s": rate[0],
                   "median_ttft_s": float(np.median(ttft)),
-                  "median_decode_tok_s": float(np.median(rate))}))
+                  "median_decode_tok_s": float(np.median(rate)),
+                  "near_requests": len(kept),
+                  "near_median_ttft_s": float(np.median([ttft[i] for i in kept])) if kept else None,
+                  "near_median_decode_tok_s":
+                      float(np.median([rate[i] for i in kept])) if kept else None}))
 """
 
 
 def measure(bundle: Path, spin: bool, threads: int, prompt: int, new: int,
             requests: int) -> dict:
     argv = [sys.executable, "-c", CHILD, str(bundle), "1" if spin else "0", str(threads),
-            str(prompt), str(new), str(requests)]
+            str(prompt), str(new), str(requests), str(Path(__file__).resolve().parent)]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=600)
     if done.returncode != 0:
         raise SystemExit(f"error: a measurement failed: {done.stderr.strip().splitlines()[-1]}")
@@ -108,6 +122,13 @@ def main() -> int:
         for label, prefix in (("first request", ""), (f"median of {args.requests}", "median_")):
             for which, group in groups:
                 print(f"{name:<8} {label:<14} {summary(group, prefix)}{which}")
+        # Each request classed by the probe before and after it: a process's median over
+        # its requests that ran near (the placement can flip within a process).
+        near_requests = [r for r in values if r.get("near_requests")]
+        if near_requests:
+            print(f"{name:<8} {'near requests':<14} {summary(near_requests, 'near_median_')}"
+                  f" ({sum(r['near_requests'] for r in values)} of "
+                  f"{args.requests * len(values)} requests, {len(near_requests)} processes)")
     if args.json:
         args.json.write_text(json.dumps(runs, indent=1))
     return 0
