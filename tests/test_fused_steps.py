@@ -205,3 +205,27 @@ def test_fuse_steps_off_runs_two_calls(fusing_engine):
     while not decoding(doc):
         engine.step()
     assert "fused" not in [c.kind for c in engine.backend.calls]
+
+
+def test_a_failing_fused_call_ends_its_requests_not_the_engine(fusing_engine, monkeypatch):
+    engine = fusing_engine(chunk_size=64)
+    chat = engine.generate(ids(10), GenerationParams(max_new_tokens=40))
+    while not decoding(chat):
+        engine.step()
+    doc = engine.generate(ids(LONG, 1), GenerationParams(max_new_tokens=2))
+    run = engine.backend.run
+
+    def failing(step):
+        if step.rows > 1 and step.chunk > 1:
+            raise RuntimeError("device lost")
+        return run(step)
+
+    monkeypatch.setattr(engine.backend, "run", failing)
+    engine.step()  # raises nothing: the loop goes on
+    for stream in (chat, doc):
+        assert stream.result().finish_reason == "error" and "device lost" in stream.error
+    assert engine.kv.usage().active == 0
+    later = engine.generate(ids(12, 2), GenerationParams(max_new_tokens=3))
+    while not later.metrics.finish_reason:
+        engine.step()
+    assert later.result().finish_reason == "length"
