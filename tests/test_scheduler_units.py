@@ -302,6 +302,15 @@ def test_chunk_controller_probes_small_then_takes_the_largest_bucket_that_fits()
     assert controller.choose(decoding=True) == 16
 
 
+def test_a_fused_chunk_has_the_whole_target_to_itself():
+    """A fused call's measured time holds the decode rows: no decode call is added."""
+    controller = ChunkController([16, 64, 256], itl_target_s=0.07)
+    controller.observe_decode(0.01)
+    controller.observe_prefill(64, 0.064)  # 1 ms per token
+    assert controller.choose(decoding=True) == 16  # 10 + 64 ms > 70
+    assert controller.choose(decoding=True, fused=True) == 64  # 64 ms <= 70
+
+
 def test_chunk_controller_smooths_its_measurements():
     controller = ChunkController([16, 64], itl_target_s=0.1)
     controller.observe_decode(0.010)

@@ -1,10 +1,12 @@
 """Adaptive prefill chunk size: the largest bucket that keeps decode responsive.
 
 While sessions are decoding, the gap between two of their tokens is one decode call plus
-one prefill chunk. The controller measures both online (exponential moving averages of
-seconds per prefill token for each bucket, and seconds per decode call) and picks the
-largest bucket whose predicted chunk time fits in the inter-token latency target beside
-the decode call. With nobody decoding, the largest bucket wins (throughput).
+one prefill chunk, or one fused call holding both (scheduler.py). The controller measures
+online (exponential moving averages of seconds per prefill token for each bucket, a fused
+call's time counted as its chunk's, and seconds per decode call) and picks the largest
+bucket whose predicted chunk time fits in the inter-token latency target, beside the
+decode call where the two are separate calls. With nobody decoding, the largest bucket
+wins (throughput).
 """
 
 from __future__ import annotations
@@ -19,10 +21,12 @@ class ChunkController:
         self.per_token: dict[int, float] = {}  # bucket -> seconds per prefill token
         self.decode_s: float | None = None
 
-    def choose(self, decoding: bool) -> int:
+    def choose(self, decoding: bool, fused: bool = False) -> int:
+        """`fused`: the chunk shares its call with the decode rows, whose cost the chunk's
+        measured time then holds."""
         if not decoding:
             return self.buckets[-1]
-        budget = self.target - (self.decode_s or 0.0)
+        budget = self.target - (0.0 if fused else (self.decode_s or 0.0))
         fitting = [b for b in self.buckets if self._predict(b) <= budget]
         return fitting[-1] if fitting else self.buckets[0]
 

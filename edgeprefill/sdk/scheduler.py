@@ -212,7 +212,7 @@ class Scheduler:
         size = (
             request.chunk_size
             or self.config.chunk_size
-            or self.chunks.choose(decoding=bool(self.decoding))
+            or self.chunks.choose(decoding=bool(self.decoding), fused=self.fuse)
         )
         budget = max(1, self.config.max_step_tokens - len(self.decoding))
         return max(1, min(size, budget, left))
