@@ -130,7 +130,7 @@ class DecoderBuilder:
     def _attention(self, i: int, h: str, step: StepTensors) -> str:
         cfg, n = self.cfg, self.names
         p = n.layer.format(i=i)
-        q, k, v = (x if x is None else self.tokens.spread(x) for x in self._qkv(p, h))
+        q, k, v = (t if t is None else self.tokens.spread(t) for t in self._qkv(p, h))
         names = kv_names(i)
         past = (names.past_key, names.past_value)
         present = (names.present_key, names.present_value)
