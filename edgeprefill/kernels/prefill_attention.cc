@@ -614,6 +614,33 @@ std::vector<Piece> Plan(const Shape& s, const int64_t* past, const int64_t* vali
 #ifdef __AVX512BF16__
 constexpr int64_t kPairBlock = 256;  // keys per piece of the pairing pass
 
+// The pairing pass's buffer, kept by the calling thread between calls: allocated afresh,
+// its pages were faulted in again on every call (0.70 ms of a 4 ms call at past 1,792 on a
+// Zen 4 VM, 0.16-0.27 ms kept; a 2,048-token int8 prefill 2.5% faster). Up to kKeptPairs
+// uint32s (16 MiB) stay between calls; a larger call's buffer goes when it returns.
+constexpr size_t kKeptPairs = size_t{4} << 20;
+
+struct PairBuffer {
+  uint32_t* data;
+  std::unique_ptr<uint32_t[]> once;  // a buffer too large to keep
+};
+
+PairBuffer Pairs(size_t count) {
+  thread_local std::unique_ptr<uint32_t[]> kept;
+  thread_local size_t kept_size = 0;
+  if (count > kKeptPairs) {
+    std::unique_ptr<uint32_t[]> once(new uint32_t[count]);
+    uint32_t* data = once.get();
+    return {data, std::move(once)};
+  }
+  if (kept_size < count) {
+    kept.reset();  // the old buffer goes before the larger one comes
+    kept.reset(new uint32_t[count]);
+    kept_size = count;
+  }
+  return {kept.get(), nullptr};
+}
+
 // Piece i of the pairing pass: (row, KV head, block of kPairBlock keys), keys and values.
 void RunPairs(void* data, size_t index) {
   const Job& job = *static_cast<const Job*>(data);
@@ -670,15 +697,14 @@ OrtStatus* Compute(const Kernel& kernel, OrtKernelContext* context) {
   WriteCache(job, keys, values);
 #ifdef __AVX512BF16__
   // Not zeroed (1.5 MB a call at 2,048 positions): only what RunPairs writes is ever read.
-  std::unique_ptr<uint32_t[]> key_pairs, value_pairs;
+  PairBuffer pairs{nullptr, nullptr};
   if (job.bf16) {
     for (int64_t row = 0; row < s.rows; ++row) job.span = std::max(job.span, past[row] + valid[row]);
     job.span += job.span & 1;
     const size_t count = static_cast<size_t>(s.rows * s.kv_heads * job.span * d / 2);
-    key_pairs.reset(new uint32_t[count]);
-    value_pairs.reset(new uint32_t[count]);
-    job.key_pairs = key_pairs.get();
-    job.value_pairs = value_pairs.get();
+    pairs = Pairs(2 * count);
+    job.key_pairs = pairs.data;
+    job.value_pairs = pairs.data + count;
     ParallelFor(context, RunPairs, static_cast<size_t>(s.rows * s.kv_heads * (job.span / kPairBlock + 1)), &job);
   }
 #endif
