@@ -37,7 +37,7 @@ from comparison.report import machine_info, report_placement
 from comparison.runners import artifact_dir, export_artifact
 from comparison.settings import BENCH_DIR, REPO_DIR, RUNNERS_DIR, Settings, StepError, say
 from comparison.venvs import ensure_venv
-from probes.core_latency import core_to_core_ns
+from probes.core_latency import FAR_NS, core_to_core_ns
 
 
 class MixedRuntime(NamedTuple):
@@ -186,6 +186,25 @@ def table(results: dict[str, list[dict[str, Any]]]) -> list[str]:
     return lines
 
 
+def near_only(results: dict[str, list[dict[str, Any]]]) -> list[str]:
+    """The table again over the runs probed near both before and after (on the 2-vCPU VMs
+    the host's placement moves a run by ~30%: compare within one placement), or nothing
+    when every run was near."""
+    def near(run: dict[str, Any]) -> bool:
+        ns = run.get("core_ns") or []
+        return bool(ns) and all(n is not None and n <= FAR_NS for n in ns)
+
+    measured = {name: [r for r in runs if "error" not in r] for name, runs in results.items()}
+    kept = {name: [r for r in runs if near(r)] for name, runs in measured.items()}
+    if all(len(kept[name]) == len(runs) for name, runs in measured.items()):
+        return []
+    lines = ["near placement only (runs probed near before and after):"]
+    lines += table({f"{name} ({len(kept[name])} of {len(runs)})": kept[name]
+                    for name, runs in measured.items() if kept[name]})
+    lines += [f"| {name} | no near run |" for name in measured if not kept[name]]
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     settings = compare_args(["--work-dir", str(args.work_dir), "--threads", str(args.threads),
@@ -235,6 +254,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"machine: {machine['cpu']}, load average {machine['loadavg_start']:.2f} at start, "
           f"{machine['loadavg_end']:.2f} at end")
     print("\n".join(table(results)))
+    print("\n".join(near_only(results)))
     print("\n".join(report_placement(
         {name: {"core_ns": [ns for r in runs for ns in r.get("core_ns", [])]}
          for name, runs in results.items()})))

@@ -12,7 +12,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 
 from comparison.targets import report_targets  # noqa: E402
-from mixed_workload import figures  # noqa: E402
+from mixed_workload import figures, near_only  # noqa: E402
 from prefill_profile import op_seconds, split_runs  # noqa: E402
 
 
@@ -30,6 +30,22 @@ def test_mixed_figures_from_stamps() -> None:
     assert got["gap_p99_s"] == pytest.approx(1.4)
     # Session tokens in (1.0, 3.0]: A 1.1, 2.0; B 1.5, 2.9 -> 4 tokens in 2 s.
     assert got["decode_tok_s"] == pytest.approx(2.0)
+
+
+def test_mixed_near_only_table_keeps_the_runs_near_before_and_after() -> None:
+    def run(ttft: float, before: float, after: float | None) -> dict:
+        return {"long_ttft_s": ttft, "max_gap_s": 0.1, "gap_p50_s": 0.05, "gap_p99_s": 0.1,
+                "decode_tok_s": 40.0, "core_ns": [before, after]}
+
+    all_near = {"a": [run(2.0, 40, 41)], "b": [run(3.0, 39, 40)]}
+    assert near_only(all_near) == []
+    mixed = {"a": [run(2.0, 40, 41), run(2.6, 40, 180), run(2.2, 39, 40)],
+             "b": [run(3.0, 179, 180)], "c": [run(1.0, 40, None)]}
+    lines = near_only(mixed)
+    assert lines[0].startswith("near placement only")
+    # a: the two near runs, median of 2.0 and 2.2; b: far; c: a probe that timed out.
+    assert "| a (2 of 3) | 2.10 s |" in "\n".join(lines)
+    assert lines[-2:] == ["| b | no near run |", "| c | no near run |"]
 
 
 def result(precision: str, ttft_2048: float, decode: float) -> dict:
