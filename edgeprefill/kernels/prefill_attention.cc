@@ -397,6 +397,11 @@ void SoftmaxStep(float* scores, int64_t stride, int64_t n, int64_t k0, const int
 }
 #endif
 
+// Whether a row's products run on bf16 pairs. A row of one valid token (a decode row beside
+// a prefill chunk) keeps float32 products, as a decode call's attention does: its numbers
+// do not depend on sharing a call, and its cache is not paired.
+inline bool PairedRow(const Job& job, int64_t row) { return job.bf16 && job.valid[row] > 1; }
+
 // One piece: a block of queries of the KV group's heads over keys 0 .. its last position.
 // Every column sees key 0, so after the first key block every running max is finite.
 void RunPiece(void* data, size_t index) {
@@ -442,9 +447,7 @@ void RunPiece(void* data, size_t index) {
 #ifdef __AVX512BF16__
   // bf16: the queries paired once ([D/2, columns]); per key block the probabilities
   // ([n/2, columns], by the softmax); the keys and values were paired once per call (RunPairs).
-  // A row of one valid token (a decode row beside a prefill chunk) keeps float32 products,
-  // as a decode call's attention does: its numbers do not depend on sharing a call.
-  const bool bf16 = job.bf16 && job.valid[piece.row] > 1;
+  const bool bf16 = PairedRow(job, piece.row);
   std::vector<uint32_t> pairs(bf16 ? (d + kKeyBlock + 2) / 2 * columns : 0);
   uint32_t* q2 = pairs.data();
   uint32_t* p2 = q2 + d / 2 * columns;
@@ -650,7 +653,7 @@ void RunPairs(void* data, size_t index) {
   const int64_t k0 = static_cast<int64_t>(index) % blocks * kPairBlock;
   const int64_t row = head / s.kv_heads;
   const int64_t end = job.past[row] + job.valid[row];
-  if (k0 >= end || job.valid[row] <= 1) return;  // a one-token row's products stay float32
+  if (k0 >= end || !PairedRow(job, row)) return;
   const int64_t n = std::min(kPairBlock, end - k0);
   const int64_t cache = head * s.capacity * d;
   PairUp(job.keys + cache + k0 * d, n * d, job.key_pairs + (head * job.span + k0) * d / 2);
@@ -699,7 +702,8 @@ OrtStatus* Compute(const Kernel& kernel, OrtKernelContext* context) {
   // Not zeroed (1.5 MB a call at 2,048 positions): only what RunPairs writes is ever read.
   PairBuffer pairs{nullptr, nullptr};
   if (job.bf16) {
-    for (int64_t row = 0; row < s.rows; ++row) job.span = std::max(job.span, past[row] + valid[row]);
+    for (int64_t row = 0; row < s.rows; ++row)
+      if (PairedRow(job, row)) job.span = std::max(job.span, past[row] + valid[row]);
     job.span += job.span & 1;
     const size_t count = static_cast<size_t>(s.rows * s.kv_heads * job.span * d / 2);
     pairs = Pairs(2 * count);
