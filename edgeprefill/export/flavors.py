@@ -37,7 +37,7 @@ class Flavor(ABC):
     name: str
     opsets: dict[str, int]
     packed_qkv = False  # attention() takes q as the packed [B,C,(H+2KV)*D] projection
-    # The graph computes only the valid tokens outside attention (decoder.Tokens): a call
+    # The graph computes only the valid tokens outside attention (export/tokens.py): a call
     # whose rows have different valid lengths (a prefill chunk beside decode rows) costs
     # what its valid tokens cost. TensorRT engines keep static [B, C] activations.
     packs_tokens = False

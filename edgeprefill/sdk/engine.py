@@ -357,7 +357,9 @@ class Engine:
                 self._finish(request, "error", keep=False, error=f"{type(err).__name__}: {err}")
 
     def _decode(self, rows: list[Request]) -> None:
-        logits = self.runner.decode(rows)
+        self._emit_rows(rows, self.runner.decode(rows))
+
+    def _emit_rows(self, rows: list[Request], logits: np.ndarray) -> None:
         for request, row in zip(rows, logits, strict=True):
             self._emit(request, row)
 
@@ -366,8 +368,7 @@ class Engine:
 
     def _fused(self, rows: list[Request], chunk: PrefillChunk) -> None:
         decoded, prefilled = self.runner.fused(rows, chunk)
-        for request, row in zip(rows, decoded, strict=True):
-            self._emit(request, row)
+        self._emit_rows(rows, decoded)
         self._prefilled(chunk.request, prefilled)
 
     def _prefilled(self, request: Request, logits: np.ndarray) -> None:

@@ -73,8 +73,8 @@ class StepRunner:
         """The decode rows and one prefill chunk in one call (a bundle whose graph packs
         its valid tokens, `GraphInfo.packed_tokens`, so the decode rows' padding costs no
         projection): the weights are read once for both. Every request's slot must be
-        adjacent to the others'. Returns (decode logits [rows, vocab] in `rows` order,
-        the chunk's logits [1, vocab])."""
+        adjacent to the others', `rows` in slot order (as for `decode`). Returns (decode
+        logits [rows, vocab] in `rows` order, the chunk's logits [1, vocab])."""
         request, start_pos, length = chunk
         members = sorted([*rows, request], key=_slot)
         ids = np.zeros((len(members), length), np.int64)  # decode rows: padding after one token
@@ -103,8 +103,7 @@ class StepRunner:
         for i, member in enumerate(members):
             self._written(member, ids[i, : valid[i]].tolist())
         request.metrics.chunks += 1
-        order = {id(m): i for i, m in enumerate(members)}
-        return logits[[order[id(r)] for r in rows]], logits[at : at + 1]
+        return np.delete(logits, at, axis=0), logits[at : at + 1]
 
     def idle(self) -> None:
         """Nobody decodes: the next decode call starts no stall."""
