@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from types import UnionType
@@ -21,8 +22,14 @@ from edgeprefill.json_file import load_json_object
 if TYPE_CHECKING:  # onnx is imported only where a graph is read
     import onnx
 
+# The version changes when a runtime that reads the old format would run a new bundle
+# wrongly. A field a runtime may leave unread keeps it (an optional fact, such as
+# graph.packed_tokens, which only lets a runtime fuse steps): Manifest.from_dict ignores
+# fields it does not know, with a warning.
 FORMAT_VERSION = 1
 MANIFEST_FILE = "edgeprefill.json"
+
+log = logging.getLogger("edgeprefill")
 
 
 @dataclass(frozen=True)
@@ -87,19 +94,33 @@ class Manifest:
                 f"bundle format version {version} is not supported by this edgeprefill "
                 f"(expects {FORMAT_VERSION}); re-export it with `edgeprefill export`"
             )
+        unknown: list[str] = []
         try:
             manifest = cls(
-                model=ModelInfo(**_record(raw, "model")),
-                graph=GraphInfo(**_record(raw, "graph")),
-                tokenizer=TokenizerInfo(**_record(raw, "tokenizer")),
+                model=ModelInfo(**_known(ModelInfo, _record(raw, "model"), "model.", unknown)),
+                graph=GraphInfo(**_known(GraphInfo, _record(raw, "graph"), "graph.", unknown)),
+                tokenizer=TokenizerInfo(**_known(TokenizerInfo, _record(raw, "tokenizer"),
+                                                 "tokenizer.", unknown)),
                 files=_file_records(raw.get("files", {})),
-                **{k: v for k, v in raw.items()
-                   if k not in ("model", "graph", "tokenizer", "files")},
+                **_known(cls, {k: v for k, v in raw.items()
+                               if k not in ("model", "graph", "tokenizer", "files")},
+                         "", unknown),
             )
         except (KeyError, TypeError) as err:
             raise BundleError(f"{MANIFEST_FILE} is malformed: {err}") from None
         check_manifest(manifest)
+        if unknown:
+            log.warning("%s: ignoring %s this edgeprefill does not know: %s (written by a "
+                        "newer edgeprefill?)", MANIFEST_FILE,
+                        "a field" if len(unknown) == 1 else "fields", ", ".join(unknown))
         return manifest
+
+
+def _known(record: type, raw: dict[str, Any], prefix: str, unknown: list[str]) -> dict[str, Any]:
+    """`raw` without the keys `record` has no field for; their names go to `unknown`."""
+    names = {f.name for f in fields(record)}
+    unknown.extend(f"{prefix}{k}" for k in raw if k not in names)
+    return {k: v for k, v in raw.items() if k in names}
 
 
 # -- checks of an edited or damaged manifest: one line each, never a traceback later ---------

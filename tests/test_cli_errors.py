@@ -90,6 +90,25 @@ def test_corrupt_bundle_is_refused(bundle, tmp_path):
     assert_one_line_error(cli("inspect", path), "format version 99")
 
 
+def test_a_newer_bundles_unknown_fields_are_ignored_with_a_warning(bundle, tmp_path):
+    """Fields a newer edgeprefill adds without a format-version change are optional facts:
+    this version runs the bundle as it would without them and names what it ignored."""
+    path = tmp_path / "b"
+    shutil.copytree(bundle("llama"), path)
+    args = ("run", path, "--prompt", "w5 w6 w7", "--max-new-tokens", "4")
+    want = cli(*args)
+    manifest = json.loads((path / "edgeprefill.json").read_text())
+    manifest["graph"]["rows_share_a_call"] = True
+    manifest["model"]["sliding_window_layers"] = []
+    manifest["speculative"] = {"draft": "none"}
+    (path / "edgeprefill.json").write_text(json.dumps(manifest))
+    got = cli(*args)
+    assert got.returncode == 0, got.stderr
+    assert got.stdout == want.stdout
+    assert ("ignoring fields this edgeprefill does not know: model.sliding_window_layers, "
+            "graph.rows_share_a_call, speculative") in got.stderr
+
+
 def test_external_data_outside_the_bundle_is_refused(bundle, tmp_path):
     path = tmp_path / "b"
     shutil.copytree(bundle("llama"), path)
