@@ -121,3 +121,15 @@ def test_placement_lines_count_the_far_measurements() -> None:
     assert lines[2].split() == ["openvino", "n/a", "38"]
     assert lines[3].split() == ["failed"]
     assert report_placement({"a": {"core_ns": [None]}, "b": {}}) == []  # no probe here
+
+
+def test_placement_counts_a_measurement_only_where_both_probes_agree() -> None:
+    from placement import classify, table
+    assert classify(40.0, 41.0) == "near" and classify(180.0, 175.0) == "far"
+    assert classify(40.0, 180.0) is None and classify(None, 40.0) is None
+    times = {(1, 64, "near"): [48.0, 50.0, 49.0], (1, 64, "far"): [49.0],
+             (2, 64, "near"): [30.0, 31.0], (2, 64, "far"): [46.0, 47.0]}
+    rows = table(times, [1, 2], [64])
+    assert rows[2] == "| 1 | 64 | 49.0 ms (n=3) | 49.0 ms (n=1) | 1.00x | 1.00x | 1.00x |"
+    assert rows[3] == "| 2 | 64 | 30.5 ms (n=2) | 46.5 ms (n=2) | 1.52x | 1.61x | 1.05x |"
+    assert table({}, [2], [128])[2] == "| 2 | 128 | - | - | - | - | - |"

@@ -3,8 +3,9 @@ timings (standard library only, like compare.py).
 
 The 2-vCPU VMs this project is measured on move between two placements on their host:
 both vCPUs close (one-way latency ~40 ns) or on different CCDs (~175 ns), minutes at a
-time. In the far placement edgeprefill's 2-thread prefill runs ~30% slower: data one thread
-writes and the other reads crosses the host's fabric (docs/benchmarks.md, "the slow mode").
+time. In the far placement edgeprefill's 2-thread prefill chunks run 25-80% slower while a
+1-thread engine is not slower: what costs is the threads handing work and data to each
+other across the host's fabric, not either core (placement.py, docs/benchmarks.md).
 `core_to_core_ns()` builds core_latency.c once per process with the C compiler (cc), runs
 it (~0.1 s) and returns the median one-way latency in ns, or None where it cannot run (no
 compiler, one CPU).
