@@ -166,6 +166,27 @@ def bundle(tmp_path_factory, hf_model):
     return get
 
 
+@pytest.fixture
+def fake_engine(bundle, monkeypatch):
+    """make(backend="fake", **options): Engine.load of the llama bundle on a fake backend of
+    tests/fake_backend.py ("fake" or "fake-fusing"), closed after the test."""
+    from edgeprefill import engines
+    from edgeprefill.sdk import Engine
+
+    monkeypatch.setitem(engines.BACKENDS, "fake", "tests.fake_backend:FakeBackend")
+    monkeypatch.setitem(engines.BACKENDS, "fake-fusing", "tests.fake_backend:FusingFakeBackend")
+    made = []
+
+    def make(backend: str = "fake", **options) -> Engine:
+        engine = Engine.load(bundle("llama"), backend=backend, **options)
+        made.append(engine)
+        return engine
+
+    yield make
+    for engine in made:
+        engine.close()
+
+
 @pytest.fixture(scope="session")
 def tiny_bundle(tmp_path_factory):
     """The shipped tiny model (models/tiny-recall), exported once."""

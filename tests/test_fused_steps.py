@@ -10,7 +10,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from edgeprefill import engines
 from edgeprefill.engines.base import StepBatch
 from edgeprefill.sdk import Engine, GenerationParams
 from tests.fake_backend import ids
@@ -138,20 +137,9 @@ def test_inspect_and_stats_say_whether_steps_fuse(bundle, library, monkeypatch):
 
 
 @pytest.fixture
-def fusing_engine(bundle, monkeypatch):
-    monkeypatch.setitem(engines.BACKENDS, "fake-fusing", "tests.fake_backend:FusingFakeBackend")
-    made = []
-
-    def make(**options) -> Engine:
-        options.setdefault("kv_slots", 4)
-        engine = Engine.load(bundle("llama"), backend="fake-fusing", background=False,
-                             prefix_reuse=False, **options)
-        made.append(engine)
-        return engine
-
-    yield make
-    for engine in made:
-        engine.close()
+def fusing_engine(fake_engine):
+    return lambda **options: fake_engine("fake-fusing", **{
+        "kv_slots": 4, "background": False, "prefix_reuse": False, **options})
 
 
 def decoding(stream) -> bool:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 
-from edgeprefill import engines
 from edgeprefill.errors import RequestError
 from edgeprefill.sdk import Engine, GenerationParams
 from tests.fake_backend import ids
@@ -13,19 +12,8 @@ LONG = 300
 
 
 @pytest.fixture
-def make_engine(bundle, monkeypatch):
-    monkeypatch.setitem(engines.BACKENDS, "fake", "tests.fake_backend:FakeBackend")
-    made = []
-
-    def make(**options) -> Engine:
-        options.setdefault("kv_slots", 4)
-        engine = Engine.load(bundle("llama"), backend="fake", background=False, **options)
-        made.append(engine)
-        return engine
-
-    yield make
-    for engine in made:
-        engine.close()
+def make_engine(fake_engine):
+    return lambda **options: fake_engine(**{"kv_slots": 4, "background": False, **options})
 
 
 

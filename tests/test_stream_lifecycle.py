@@ -9,9 +9,8 @@ import threading
 
 import pytest
 
-from edgeprefill import engines
 from edgeprefill.errors import EngineClosedError, RequestError
-from edgeprefill.sdk import Engine, GenerationParams
+from edgeprefill.sdk import GenerationParams
 from tests.fake_backend import ids
 
 HANG = 10  # seconds after which a reader counts as blocked forever
@@ -19,20 +18,8 @@ MANY = GenerationParams(max_new_tokens=300, ignore_eos=True)
 
 
 @pytest.fixture
-def make_engine(bundle, monkeypatch):
-    monkeypatch.setitem(engines.BACKENDS, "fake", "tests.fake_backend:FakeBackend")
-    made = []
-
-    def make(**options) -> Engine:
-        options.setdefault("kv_slots", 2)
-        options.setdefault("chunk_size", 16)
-        engine = Engine.load(bundle("llama"), backend="fake", **options)
-        made.append(engine)
-        return engine
-
-    yield make
-    for engine in made:
-        engine.close()
+def make_engine(fake_engine):
+    return lambda **options: fake_engine(**{"kv_slots": 2, "chunk_size": 16, **options})
 
 
 
