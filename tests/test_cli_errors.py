@@ -109,6 +109,18 @@ def test_a_newer_bundles_unknown_fields_are_ignored_with_a_warning(bundle, tmp_p
             "graph.rows_share_a_call, speculative") in got.stderr
 
 
+def test_run_says_when_fuse_steps_cannot_apply(bundle):
+    """A TensorRT-ready (standard) bundle never fuses: --fuse-steps says so on stderr and
+    runs anyway; without the flag nothing is said."""
+    args = ("run", bundle("llama", "standard"), "--prompt", "w5 w6", "--max-new-tokens", "2")
+    asked = cli(*args, "--fuse-steps")
+    assert asked.returncode == 0, asked.stderr
+    assert "two calls here" in asked.stderr
+    default = cli(*args)
+    assert default.returncode == 0 and "two calls" not in default.stderr
+    assert default.stdout == asked.stdout
+
+
 def test_external_data_outside_the_bundle_is_refused(bundle, tmp_path):
     path = tmp_path / "b"
     shutil.copytree(bundle("llama"), path)

@@ -195,6 +195,19 @@ def test_fuse_steps_off_runs_two_calls(fusing_engine):
     assert "fused" not in [c.kind for c in engine.backend.calls]
 
 
+def test_asking_to_fuse_where_the_backend_cannot_warns(fake_engine, caplog):
+    """fuse_steps=True says "asked for": on a backend that cannot fuse the engine says so
+    once, at load; the default and False stay quiet, and fusing backends need no word."""
+    warning = "two calls here"
+    fake_engine(fuse_steps=True)  # the plain fake backend does not fuse
+    assert warning in caplog.text
+    caplog.clear()
+    fake_engine()
+    fake_engine(fuse_steps=False)
+    fake_engine("fake-fusing", fuse_steps=True)
+    assert warning not in caplog.text
+
+
 def test_a_failing_fused_call_ends_its_requests_not_the_engine(fusing_engine, monkeypatch):
     engine = fusing_engine(chunk_size=64)
     chat = engine.generate(ids(10), GenerationParams(max_new_tokens=40))

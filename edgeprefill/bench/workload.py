@@ -55,7 +55,7 @@ class Workload:
     compute: str = "fp32"  # "bf16": projections and prefill attention in bf16 (BackendOptions)
     max_context: int | None = None  # positions per KV slot; None: the bundle's
     itl_target_ms: float = 150.0  # the adaptive chunk controller's target
-    fuse_steps: bool = True  # a prefill chunk and the decode rows in one call where possible
+    fuse_steps: bool | None = None  # one call for a chunk and the decode rows (SchedulerConfig)
     seed: int = 0  # of the random prompt token ids
 
 

@@ -81,9 +81,10 @@ ENGINE_OPTIONS: dict[str, Callable] = {
         show_default=True, help="Adaptive chunking keeps decode inter-token latency under "
         "this."),
     "fuse_steps": click.option(
-        "--fuse-steps/--no-fuse-steps", default=True, show_default=True,
+        "--fuse-steps/--no-fuse-steps", default=None,
         help="Run a prefill chunk and the decode rows in one call where the bundle and "
-        "kernels allow it (`inspect` says), reading the weights once per step."),
+        "kernels allow it (`inspect` says), reading the weights once per step [default: "
+        "where they allow it; --fuse-steps also warns where they do not]."),
 }
 
 

@@ -14,6 +14,7 @@ cache and the backend.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import queue
 import threading
 import time
@@ -42,6 +43,7 @@ from edgeprefill.sdk.tokenizer import BundleTokenizer, Prompt, TextStreamer
 if TYPE_CHECKING:
     from edgeprefill.sdk.session import Session
 
+log = logging.getLogger("edgeprefill")
 
 def _nth_seed(params: GenerationParams, i: int) -> GenerationParams:
     if i == 0 or params.seed is None:
@@ -68,6 +70,9 @@ class Engine:
         self.trace: list[StepTrace] = []
         self.scheduler = Scheduler(config.scheduler, self.kv, buckets,
                                    backend_fuses=self.backend.fuses_rows)
+        if config.scheduler.fuse_steps and not self.backend.fuses_rows:
+            log.warning("fuse steps: this bundle runs a prefill chunk and the decode rows in "
+                        "two calls here (`edgeprefill inspect` says why)")
         self.eos = set(self.manifest.eos_token_ids) | set(self.generation_defaults.eos_token_ids)
         self.counters = EngineCounters()
         self.runner = StepRunner(self.backend, self.kv, self.scheduler.chunks, self.counters,

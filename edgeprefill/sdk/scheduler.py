@@ -49,8 +49,10 @@ class SchedulerConfig:
     # waits through; a prompt of L tokens waits behind at most L / aging later arrivals.
     aging_tokens: int = 64
     # One call for the decode rows and the prefill chunk where the backend can (a bundle
-    # exported with packed tokens); False: always two calls.
-    fuse_steps: bool = True
+    # exported with packed tokens, the native attention); False: always two calls. None,
+    # the default, and True fuse alike; True says "asked for": the engine warns where the
+    # backend cannot.
+    fuse_steps: bool | None = None
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
@@ -98,7 +100,7 @@ class Scheduler:
         """`backend_fuses`: the backend runs rows of different lengths at the cost of
         their valid tokens (Backend.fuses_rows)."""
         self.config = config
-        self.fuse = config.fuse_steps and backend_fuses
+        self.fuse = config.fuse_steps is not False and backend_fuses
         self.kv = kv
         self.chunks = ChunkController(buckets, config.itl_target_ms / 1000)
         self.queued: list[Request] = []  # arrival order
