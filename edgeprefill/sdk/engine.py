@@ -45,6 +45,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("edgeprefill")
 
+
 def _nth_seed(params: GenerationParams, i: int) -> GenerationParams:
     if i == 0 or params.seed is None:
         return params
