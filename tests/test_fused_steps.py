@@ -99,6 +99,52 @@ def test_the_engine_fuses_and_generates_what_it_generates_unfused(bundle, librar
     assert len({(t.start, t.end) for t in fused_trace}) == calls - len(chunks)
 
 
+@pytest.fixture(scope="module")
+def quantized(hf_model, tmp_path_factory):
+    """kind ("int8", "int4") -> the llama test model exported with those weights."""
+    from edgeprefill.export.exporter import ExportOptions, export
+    from edgeprefill.export.quantize import QuantConfig
+
+    made = {}
+
+    def get(kind: str):
+        if kind not in made:
+            made[kind] = tmp_path_factory.mktemp(f"bundle-llama-{kind}")
+            export(hf_model("llama"), made[kind], ExportOptions(
+                chunks=(16, 64), max_context=512, show_progress=False, overwrite=True,
+                quant=QuantConfig(kind)))
+        return made[kind]
+
+    return get
+
+
+@pytest.mark.parametrize("kind", ["int8", "int4"])
+def test_quantized_projections_keep_rows_apart(quantized, library, kind):
+    """Per-tensor dynamic quantization (DynamicQuantizeMatMul: int8 bundles, int4 ones'
+    default prefill) scales a call's rows together: fused, a session's decode row would
+    move with another request's prompt. These bundles run two calls per step."""
+    path = quantized(kind)
+    engine = Engine.load(path, threads=2, background=False)
+    assert not engine.backend.fuses_rows
+    assert "one scale" in engine.backend.why_not_fused
+    engine.close()
+    assert "two calls (their int8 projections" in steps(path)
+    tokens, trace = run_mixed(path)
+    assert not any(t.fused for t in trace)
+    assert tokens == run_mixed(path, fuse_steps=False)[0]
+
+
+def test_int4_with_one_kind_of_projection_fuses_exactly(quantized, library, monkeypatch):
+    """With EDGEPREFILL_INT4_PREFILL=off every row takes MatMulNBits, which quantizes each
+    row on its own: the steps fuse and every session generates what it does unfused."""
+    monkeypatch.setenv("EDGEPREFILL_INT4_PREFILL", "off")
+    path = quantized("int4")
+    assert "in one call" in steps(path)
+    fused_tokens, fused_trace = run_mixed(path)
+    assert any(t.fused for t in fused_trace)
+    assert fused_tokens == run_mixed(path, fuse_steps=False)[0]
+
+
 def test_stock_attention_runs_separate_calls(bundle, monkeypatch):
     """ONNX Runtime's GroupQueryAttention takes one row per call with a past: no fusing."""
     monkeypatch.setenv("EDGEPREFILL_KERNELS", "off")
@@ -117,15 +163,18 @@ def test_a_standard_flavour_bundle_does_not_pack(bundle):
     engine.close()
 
 
-def test_inspect_and_stats_say_whether_steps_fuse(bundle, library, monkeypatch):
+def steps(path) -> str:
+    """`edgeprefill inspect`'s steps line for the bundle at `path`."""
     from click.testing import CliRunner
 
     from edgeprefill.cli.main import cli
-    from edgeprefill.cli.report import backend_line
 
-    def steps(path) -> str:
-        out = CliRunner().invoke(cli, ["inspect", str(path)]).output
-        return next(line for line in out.splitlines() if line.startswith("steps"))
+    out = CliRunner().invoke(cli, ["inspect", str(path)]).output
+    return next(line for line in out.splitlines() if line.startswith("steps"))
+
+
+def test_inspect_and_stats_say_whether_steps_fuse(bundle, library, monkeypatch):
+    from edgeprefill.cli.report import backend_line
 
     assert "in one call" in steps(bundle("llama"))
     assert "two calls (a TensorRT-ready graph" in steps(bundle("llama", "standard"))

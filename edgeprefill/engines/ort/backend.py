@@ -29,6 +29,7 @@ from edgeprefill.contract import (
 from edgeprefill.engines.base import Backend, BackendOptions, StepBatch
 from edgeprefill.engines.ort.arena import DeviceArena, HostArena, KVArena
 from edgeprefill.engines.ort.bf16_compute import choose as choose_compute
+from edgeprefill.engines.ort.fusing import why_not as why_not_fused
 from edgeprefill.engines.ort.int4_decode import choose as choose_int4_decode
 from edgeprefill.engines.ort.int4_prefill import choose as choose_int4_prefill
 from edgeprefill.engines.ort.int4_prefill import loadable
@@ -114,11 +115,9 @@ class OnnxRuntimeBackend(Backend):
         # int4 bundles' decode projections: MatMulInt4 where the native kernels run (VNNI).
         self.int4_decode = choose_int4_decode(graph, bundle_dir, self.kernels.library is not None,
                                               session_options)
-        # Rows of different lengths share a call where the graph packs its tokens and every
-        # attention is the native kernel's: ONNX Runtime's GroupQueryAttention refuses a
-        # chunk with past context in more than one row.
-        self._fuses_rows = manifest.graph.packed_tokens and not any(
-            node.op_type == "GroupQueryAttention" for node in graph.graph.node)
+        # A chunk and other requests' decode rows share a call where that changes no row's
+        # numbers (engines/ort/fusing.py); else this says why not.
+        self.why_not_fused = why_not_fused(graph, manifest.graph, self.int4_prefill.rewritten)
         # Both rewrites switch nodes on "the chunk is one token": one If per step for all.
         self.switches = merge_switches(graph)
         model = loadable(self.kernels.model, graph, self.int4_prefill, session_options)
@@ -139,7 +138,7 @@ class OnnxRuntimeBackend(Backend):
 
     @property
     def fuses_rows(self) -> bool:
-        return self._fuses_rows
+        return self.why_not_fused is None
 
     def _session_options(self) -> Any:
         ort = self._ort
