@@ -134,10 +134,12 @@ def test_quantized_projections_keep_rows_apart(quantized, library, kind):
     assert tokens == run_mixed(path, fuse_steps=False)[0]
 
 
-def test_int4_with_one_kind_of_projection_fuses_exactly(quantized, library, monkeypatch):
-    """With EDGEPREFILL_INT4_PREFILL=off every row takes MatMulNBits, which quantizes each
-    row on its own: the steps fuse and every session generates what it does unfused."""
-    monkeypatch.setenv("EDGEPREFILL_INT4_PREFILL", "off")
+@pytest.mark.parametrize("mode", ["off", "decode"])
+def test_int4_with_one_kind_of_projection_fuses_exactly(quantized, library, monkeypatch, mode):
+    """With EDGEPREFILL_INT4_PREFILL=off (MatMulNBits) or decode (MatMulInt4 where VNNI
+    runs) every row takes one projection, which quantizes each row on its own: the steps
+    fuse and every session generates what it does unfused."""
+    monkeypatch.setenv("EDGEPREFILL_INT4_PREFILL", mode)
     path = quantized("int4")
     assert "in one call" in steps(path)
     fused_tokens, fused_trace = run_mixed(path)

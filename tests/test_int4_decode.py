@@ -138,6 +138,27 @@ def test_every_decode_projection_and_the_head_switch(library, tiny_int4_bundle, 
     assert b.int4_decode.rewritten == 1
 
 
+@needs_vnni
+def test_decode_mode_gives_every_row_decodes_projection(library, tiny_int4_bundle, monkeypatch):
+    """EDGEPREFILL_INT4_PREFILL=decode: no switch, every projection MatMulInt4, so a
+    prompt's numbers do not depend on how it was chunked: 48 tokens in one call or three
+    of 16 leave the same logits bit for bit (the default int8 prefill scales each call's
+    rows together)."""
+    b = load(tiny_int4_bundle, monkeypatch, EDGEPREFILL_KERNELS="require", **{MODE_ENV: "decode"})
+    assert b.int4_decode.rewritten == nbits_count(tiny_int4_bundle)
+    assert not b.int4_prefill.rewritten and b.fuses_rows
+    prompt = np.random.default_rng(3).integers(3, 200, 48)
+
+    def logits(row: int, chunk: int) -> np.ndarray:
+        for at in range(0, prompt.size, chunk):
+            piece = prompt[at:at + chunk][None, :]
+            out = b.run(StepBatch(piece, np.array([at], np.int32),
+                                  np.array([piece.shape[1]], np.int32), row))
+        return out[0].copy()
+
+    np.testing.assert_array_equal(logits(0, 48), logits(1, 16))
+
+
 def test_not_without_the_native_kernels_or_vnni(tiny_int4_bundle, monkeypatch):
     assert load(tiny_int4_bundle, monkeypatch, EDGEPREFILL_KERNELS="off").int4_decode.rewritten == 0
     monkeypatch.setattr(int4_decode, "cpu_has_vnni", lambda: False)

@@ -111,7 +111,7 @@ def _steps_line(graph) -> str:
     if graph.packed_tokens and quantized:
         return ("steps       a prefill chunk and the decode rows in two calls (their int8 "
                 "projections quantize a call's rows with one scale; int4 bundles fuse with "
-                "EDGEPREFILL_INT4_PREFILL=off)")
+                "EDGEPREFILL_INT4_PREFILL=decode)")
     if not graph.packed_tokens:
         why = ("a TensorRT-ready graph keeps static shapes" if graph.flavor == "standard"
                else "exported before packed tokens: re-export to fuse")

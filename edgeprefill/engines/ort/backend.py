@@ -32,7 +32,7 @@ from edgeprefill.engines.ort.bf16_compute import choose as choose_compute
 from edgeprefill.engines.ort.fusing import why_not as why_not_fused
 from edgeprefill.engines.ort.int4_decode import choose as choose_int4_decode
 from edgeprefill.engines.ort.int4_prefill import choose as choose_int4_prefill
-from edgeprefill.engines.ort.int4_prefill import loadable
+from edgeprefill.engines.ort.int4_prefill import every_row_as_decode, loadable
 from edgeprefill.engines.ort.providers import (
     KV_WRITE_OP,
     GpuSettings,
@@ -114,7 +114,7 @@ class OnnxRuntimeBackend(Backend):
         )
         # int4 bundles' decode projections: MatMulInt4 where the native kernels run (VNNI).
         self.int4_decode = choose_int4_decode(graph, bundle_dir, self.kernels.library is not None,
-                                              session_options)
+                                              session_options, every_row_as_decode())
         # A chunk and other requests' decode rows share a call where that changes no row's
         # numbers (engines/ort/fusing.py); else this says why not.
         self.why_not_fused = why_not_fused(graph, manifest.graph, self.int4_prefill.rewritten)

@@ -41,8 +41,8 @@ def why_not(graph: ModelProto, info: GraphInfo, int4_prefill_rewritten: bool) ->
         return ("the int8 projections quantize a call's rows with one scale: other "
                 "requests' rows would change each other's numbers")
     if int4_prefill_rewritten:
-        return ("the int4 prefill projections are not decode's (EDGEPREFILL_INT4_PREFILL=off "
-                "keeps one kind for both)")
+        return ("the int4 prefill projections are not decode's (EDGEPREFILL_INT4_PREFILL="
+                "decode keeps one kind for both)")
     return None
 
 

@@ -67,19 +67,21 @@ def describe(native: bool) -> str:
 
 
 def choose(graph: ModelProto, bundle_dir: Path, native: bool,
-           session_options: Any) -> Int4Decode:
+           session_options: Any, every_row: bool = False) -> Int4Decode:
     """Rewrites `graph` (weights not loaded; they stay in `bundle_dir`) in place where the
-    native kernels run on a CPU with VNNI."""
+    native kernels run on a CPU with VNNI. `every_row`: prefill chunks' projections too
+    (EDGEPREFILL_INT4_PREFILL=decode, which leaves them unswitched)."""
     if why_not(native) is not None:
         return Int4Decode(0, "")
     derived = Derived(graph, bundle_dir)
-    count = _rewrite(graph.graph, False, derived)
+    count = _rewrite(graph.graph, every_row, derived)
     if count == 0:
         return Int4Decode(0, "")
     if all(o.domain != DOMAIN for o in graph.opset_import):
         graph.opset_import.append(helper.make_opsetid(DOMAIN, 1))
     weights = hand_over(graph, derived.arrays, session_options)
-    return Int4Decode(count, f"int4 decode projections {OP} ({count})", weights)
+    rows = "int4 projections of every row" if every_row else "int4 decode projections"
+    return Int4Decode(count, f"{rows} {OP} ({count})", weights)
 
 
 def _rewrite(graph: GraphProto, decode_branch: bool, derived: Derived) -> int:

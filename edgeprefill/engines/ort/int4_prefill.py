@@ -14,6 +14,10 @@ in), the else-branch the prefill variant picked by `EDGEPREFILL_INT4_PREFILL`:
   one, so the weights move by at most 1/36 of an int4 step) — the int8 bundle's kernel.
   Costs the int8 copy of the weights in memory (twice the int4 bytes).
 - `level0`: the same node at accuracy level 0 (float activations) on the same weights.
+- `decode`: no switch: every row takes decode's projection (MatMulInt4 where
+  engines/ort/int4_decode.py switches it in, else the stock node), so a row's numbers do not
+  depend on its chunk-mates and steps fuse (engines/ort/fusing.py); an 11-17% slower
+  2,048-token prefill than `int8` on the Zen 4 VM (docs/benchmarks.md).
 - `off`: the stock graph.
 
 The bundle on disk is never changed (a stock ONNX Runtime still loads it); the rewritten
@@ -60,18 +64,27 @@ class Int4Prefill(NamedTuple):
 Variant = Callable[[NodeProto, Derived], list[NodeProto]]
 
 
+# Modes that switch nothing: the stock projection for every row, or decode's.
+UNSWITCHED = ("decode", "off")
+
+
 def mode() -> str:
     value = os.environ.get(MODE_ENV, "int8").strip().lower() or "int8"
-    if value not in VARIANTS and value != "off":
-        choices = ", ".join([*VARIANTS, "off"])
+    if value not in VARIANTS and value not in UNSWITCHED:
+        choices = ", ".join([*VARIANTS, *UNSWITCHED])
         raise BackendError(f"{MODE_ENV}={value!r}: choose one of {choices}")
     return value
 
 
+def every_row_as_decode() -> bool:
+    """EDGEPREFILL_INT4_PREFILL=decode: prefill rows take decode's projection too."""
+    return mode() == "decode"
+
+
 def why_not(flavor: str, device: str) -> str | None:
     """Why this bundle keeps its stock projections for prefill, or None."""
-    if mode() == "off":
-        return f"{MODE_ENV}=off"
+    if mode() in UNSWITCHED:
+        return f"{MODE_ENV}={mode()}"
     if device != "cpu":
         return f"device {device}"
     if flavor != "ort":
@@ -88,7 +101,7 @@ def choose(graph: ModelProto, bundle_dir: Path, flavor: str, device: str,
         return Int4Prefill(False, "")
     reason = why_not(flavor, device)
     if reason is not None:
-        return Int4Prefill(False, f"{STOCK} ({reason})")
+        return Int4Prefill(False, _unswitched(reason))
     variant = mode()
     derived = Derived(graph, bundle_dir)
     switch(graph, targets, VARIANTS[variant], derived)
@@ -102,7 +115,13 @@ def describe(flavor: str, device: str = "cpu") -> str:
         reason = why_not(flavor, device)
     except BackendError as err:
         return str(err)
-    return describe_variant(mode()) if reason is None else f"{STOCK} ({reason})"
+    return describe_variant(mode()) if reason is None else _unswitched(reason)
+
+
+def _unswitched(reason: str) -> str:
+    if every_row_as_decode():
+        return f"decode's projections for every row ({reason}: each row's numbers its own)"
+    return f"{STOCK} ({reason})"
 
 
 def describe_variant(variant: str) -> str:
