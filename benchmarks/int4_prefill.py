@@ -2,11 +2,13 @@
 
     python benchmarks/int4_prefill.py INT4_BUNDLE [--int8 INT8_BUNDLE] --rounds 5
 
-Loads the int4 bundle once per `EDGEPREFILL_INT4_PREFILL` variant (off, level0, int8) in
-this one process, plus the int8 bundle, and times, taking turns round by round: one
-2,048-token prefill in 256-token chunks, one 256-token chunk at past 0 and at past 1,792,
-and 16 decode steps at past 1,800 (`--cells` picks). Prints the median per cell (ms) and
-each session's resident-memory growth at load (MB).
+Loads the int4 bundle once per `EDGEPREFILL_INT4_PREFILL` variant of `--variants` (off,
+level0 and int8 by default; decode too) in this one process, plus the int8 bundle twice
+(its DynamicQuantizeMatMul and the MatMulInt8 it gets where the native kernels run on
+VNNI), and times, taking turns round by round: one 2,048-token prefill in 256-token
+chunks, one 256-token chunk at past 0 and at past 1,792, and 16 decode steps at past 1,800
+(`--cells` picks). Prints the median per cell (ms) and each session's resident-memory
+growth at load (MB).
 """
 
 from __future__ import annotations
@@ -73,8 +75,11 @@ def main() -> int:
     rows: dict[str, tuple[OnnxRuntimeBackend, float]] = {}
     for variant in args.variants.split(","):
         rows[f"int4 {variant}"] = load(args.int4, variant, args.threads)
-    if args.int8:
-        rows["int8 bundle"] = load(args.int8, None, args.threads)
+    if args.int8:  # its stock DynamicQuantizeMatMul, then MatMulInt8 (engines/ort/int8_rows.py)
+        os.environ["EDGEPREFILL_INT8_ROWS"] = "off"
+        rows["int8 bundle, DynamicQuantizeMatMul"] = load(args.int8, None, args.threads)
+        os.environ["EDGEPREFILL_INT8_ROWS"] = "on"
+        rows["int8 bundle, MatMulInt8 rows"] = load(args.int8, None, args.threads)
     times: dict[tuple[str, str], list[float]] = {}
     for _ in range(args.rounds):
         for name, (backend, _mb) in rows.items():

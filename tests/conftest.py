@@ -188,6 +188,26 @@ def fake_engine(bundle, monkeypatch):
 
 
 @pytest.fixture(scope="session")
+def quantized(hf_model, tmp_path_factory):
+    """kind ("int8", "int4") -> the llama test model exported with those weights (chunks 16
+    and 64, 512 positions), once per run."""
+    from edgeprefill.export.exporter import ExportOptions, export
+    from edgeprefill.export.quantize import QuantConfig
+
+    made: dict[str, Path] = {}
+
+    def get(kind: str) -> Path:
+        if kind not in made:
+            made[kind] = tmp_path_factory.mktemp(f"bundle-llama-{kind}")
+            export(hf_model("llama"), made[kind], ExportOptions(
+                chunks=(16, 64), max_context=512, show_progress=False, overwrite=True,
+                quant=QuantConfig(kind)))
+        return made[kind]
+
+    return get
+
+
+@pytest.fixture(scope="session")
 def tiny_bundle(tmp_path_factory):
     """The shipped tiny model (models/tiny-recall), exported once."""
     from edgeprefill.export.exporter import ExportOptions, export

@@ -99,52 +99,25 @@ def test_the_engine_fuses_and_generates_what_it_generates_unfused(bundle, librar
     assert len({(t.start, t.end) for t in fused_trace}) == calls - len(chunks)
 
 
-@pytest.fixture(scope="module")
-def quantized(hf_model, tmp_path_factory):
-    """kind ("int8", "int4") -> the llama test model exported with those weights."""
-    from edgeprefill.export.exporter import ExportOptions, export
-    from edgeprefill.export.quantize import QuantConfig
-
-    made = {}
-
-    def get(kind: str):
-        if kind not in made:
-            made[kind] = tmp_path_factory.mktemp(f"bundle-llama-{kind}")
-            export(hf_model("llama"), made[kind], ExportOptions(
-                chunks=(16, 64), max_context=512, show_progress=False, overwrite=True,
-                quant=QuantConfig(kind)))
-        return made[kind]
-
-    return get
-
-
-@pytest.mark.parametrize("kind", ["int8", "int4"])
-def test_quantized_projections_keep_rows_apart(quantized, library, kind):
-    """Per-tensor dynamic quantization (DynamicQuantizeMatMul: int8 bundles, int4 ones'
-    default prefill) scales a call's rows together: fused, a session's decode row would
-    move with another request's prompt. These bundles run two calls per step."""
+@pytest.mark.parametrize("kind, mode", [("int8", None), ("int8", "off-rows"), ("int4", None),
+                                        ("int4", "decode")])
+def test_quantized_bundles_run_two_calls(quantized, library, monkeypatch, kind, mode):
+    """Quantized activations turn the float rounding between a fused call's attention and
+    a decode call's into different tokens (and per-tensor quantization would scale other
+    requests' rows together): these bundles never fuse, whatever their projections."""
+    if mode == "off-rows":
+        monkeypatch.setenv("EDGEPREFILL_INT8_ROWS", "off")  # the bundle's DynamicQuantizeMatMul
+    elif mode:
+        monkeypatch.setenv("EDGEPREFILL_INT4_PREFILL", mode)
     path = quantized(kind)
     engine = Engine.load(path, threads=2, background=False)
     assert not engine.backend.fuses_rows
-    assert "one scale" in engine.backend.why_not_fused
+    assert f"{kind} projections quantize activations" in engine.backend.why_not_fused
     engine.close()
-    assert "two calls (their int8 projections" in steps(path)
-    tokens, trace = run_mixed(path)
+    assert f"two calls ({kind} projections" in steps(path)
+    tokens, trace = run_mixed(path, fuse_steps=True)
     assert not any(t.fused for t in trace)
     assert tokens == run_mixed(path, fuse_steps=False)[0]
-
-
-@pytest.mark.parametrize("mode", ["off", "decode"])
-def test_int4_with_one_kind_of_projection_fuses_exactly(quantized, library, monkeypatch, mode):
-    """With EDGEPREFILL_INT4_PREFILL=off (MatMulNBits) or decode (MatMulInt4 where VNNI
-    runs) every row takes one projection, which quantizes each row on its own: the steps
-    fuse and every session generates what it does unfused."""
-    monkeypatch.setenv("EDGEPREFILL_INT4_PREFILL", mode)
-    path = quantized("int4")
-    assert "in one call" in steps(path)
-    fused_tokens, fused_trace = run_mixed(path)
-    assert any(t.fused for t in fused_trace)
-    assert fused_tokens == run_mixed(path, fuse_steps=False)[0]
 
 
 def test_stock_attention_runs_separate_calls(bundle, monkeypatch):

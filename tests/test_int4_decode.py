@@ -146,7 +146,7 @@ def test_decode_mode_gives_every_row_decodes_projection(library, tiny_int4_bundl
     rows together)."""
     b = load(tiny_int4_bundle, monkeypatch, EDGEPREFILL_KERNELS="require", **{MODE_ENV: "decode"})
     assert b.int4_decode.rewritten == nbits_count(tiny_int4_bundle)
-    assert not b.int4_prefill.rewritten and b.fuses_rows
+    assert not b.int4_prefill.rewritten
     prompt = np.random.default_rng(3).integers(3, 200, 48)
 
     def logits(row: int, chunk: int) -> np.ndarray:

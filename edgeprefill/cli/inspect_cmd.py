@@ -101,17 +101,14 @@ def _derived_line(bundle, manifest) -> list[str]:
 
 def _steps_line(graph) -> str:
     """Whether a step's prefill chunk and decode rows can share one call (the graph packs
-    its valid tokens, the native attention runs and no projection quantizes a call's rows
-    together: engines/ort/fusing.py)."""
-    from edgeprefill.engines.ort.int4_prefill import why_not as int4_prefill_off
+    its valid tokens, the native attention runs and the weights are float:
+    engines/ort/fusing.py)."""
     from edgeprefill.kernels.select import NATIVE, describe
 
-    quantized = graph.quantization == "int8" or (
-        graph.quantization == "int4" and int4_prefill_off(graph.flavor, "cpu") is None)
-    if graph.packed_tokens and quantized:
-        return ("steps       a prefill chunk and the decode rows in two calls (their int8 "
-                "projections quantize a call's rows with one scale; int4 bundles fuse with "
-                "EDGEPREFILL_INT4_PREFILL=decode)")
+    if graph.packed_tokens and graph.quantization is not None:
+        return ("steps       a prefill chunk and the decode rows in two calls "
+                f"({graph.quantization} projections quantize activations: a decode row beside "
+                "a chunk would not get a decode call's tokens)")
     if not graph.packed_tokens:
         why = ("a TensorRT-ready graph keeps static shapes" if graph.flavor == "standard"
                else "exported before packed tokens: re-export to fuse")

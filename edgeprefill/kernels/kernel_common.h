@@ -150,5 +150,6 @@ const Op& PrefillAttentionOp();
 const Op& SwiGluOp();
 const Op& MatMulBf16Op();
 const Op& MatMulInt4Op();
+const Op& MatMulInt8Op();
 
 }  // namespace edgeprefill

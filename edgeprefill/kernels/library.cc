@@ -139,5 +139,6 @@ RegisterCustomOps(OrtSessionOptions* options, const OrtApiBase* api_base) {
   EP_RETURN_IF_ERROR(g_api->CustomOpDomain_Add(domain, &SwiGluOp().table));
   EP_RETURN_IF_ERROR(g_api->CustomOpDomain_Add(domain, &MatMulBf16Op().table));
   EP_RETURN_IF_ERROR(g_api->CustomOpDomain_Add(domain, &MatMulInt4Op().table));
+  EP_RETURN_IF_ERROR(g_api->CustomOpDomain_Add(domain, &MatMulInt8Op().table));
   return g_api->AddCustomOpDomain(options, domain);
 }

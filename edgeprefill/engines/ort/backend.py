@@ -33,6 +33,7 @@ from edgeprefill.engines.ort.fusing import why_not as why_not_fused
 from edgeprefill.engines.ort.int4_decode import choose as choose_int4_decode
 from edgeprefill.engines.ort.int4_prefill import choose as choose_int4_prefill
 from edgeprefill.engines.ort.int4_prefill import every_row_as_decode, loadable
+from edgeprefill.engines.ort.int8_rows import choose as choose_int8_rows
 from edgeprefill.engines.ort.providers import (
     KV_WRITE_OP,
     GpuSettings,
@@ -115,13 +116,17 @@ class OnnxRuntimeBackend(Backend):
         # int4 bundles' decode projections: MatMulInt4 where the native kernels run (VNNI).
         self.int4_decode = choose_int4_decode(graph, bundle_dir, self.kernels.library is not None,
                                               session_options, every_row_as_decode())
+        # int8 bundles' projections: MatMulInt8, each row quantized on its own (VNNI).
+        self.int8_rows = choose_int8_rows(graph, bundle_dir, self.kernels.library is not None,
+                                          session_options)
         # A chunk and other requests' decode rows share a call where that changes no row's
         # numbers (engines/ort/fusing.py); else this says why not.
-        self.why_not_fused = why_not_fused(graph, manifest.graph, self.int4_prefill.rewritten)
+        self.why_not_fused = why_not_fused(graph, manifest.graph)
         # Both rewrites switch nodes on "the chunk is one token": one If per step for all.
         self.switches = merge_switches(graph)
         model = loadable(self.kernels.model, graph, self.int4_prefill, session_options)
-        rewritten = self.switches.merged or self.compute.rewritten or self.int4_decode.rewritten
+        rewritten = (self.switches.merged or self.compute.rewritten
+                     or self.int4_decode.rewritten or self.int8_rows.rewritten)
         if rewritten and isinstance(model, bytes):
             model = graph.SerializeToString()  # the kernels' bytes predate these rewrites
         self.session = ort.InferenceSession(

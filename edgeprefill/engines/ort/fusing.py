@@ -1,17 +1,19 @@
 """Whether one call may carry a prefill chunk and other requests' decode rows (a fused step,
-docs/design.md) without changing any row's numbers.
+docs/design.md) without changing any row's tokens.
 
-A fused call must give every row what a call of its own gives it: each operator on the
-token rows computes a row from that row alone, and a decode row takes the same operators
-as in a decode call. Three things break that:
+A fused call must give every row what a call of its own gives it. A decode row beside a
+chunk takes the prefill attention (one valid token) where a decode call takes the decode
+attention: the same sum in another order, equal to float32 rounding, which keeps a float
+bundle's greedy tokens (tests/test_fused_steps.py). Three things break it:
 
 - ONNX Runtime's GroupQueryAttention refuses a chunk with a past in more than one row;
-- per-tensor dynamic quantization (`DynamicQuantizeMatMul`, an int8 bundle's projections and
-  an int4 bundle's default prefill ones, engines/ort/int4_prefill.py) scales a call's
-  activations by their largest value over all rows: the decode rows would move with the
-  other request's prompt (measured: every session's greedy text changed);
-- the int4 prefill rewrite's projections differ from decode's (int8 weights, or float
-  activations), and a fused call takes the prefill ones for its decode rows too.
+- quantized bundles: their projections round a row's activations to an 8-bit grid, which
+  turns those rounding differences into different codes and, measured on the compare.py
+  int8 and int4 bundles, into different tokens for some sessions. Worse, per-tensor dynamic
+  quantization (`DynamicQuantizeMatMul`: int8 bundles without the native kernels, int4
+  bundles' default prefill) scales a call's rows together, so a session's decode rows moved
+  with another request's prompt: every session's greedy text changed;
+- a graph that does not pack its tokens (exported before them, or the standard flavour).
 """
 
 from __future__ import annotations
@@ -22,27 +24,20 @@ from onnx import AttributeProto, GraphProto, ModelProto
 
 from edgeprefill.bundle import GraphInfo
 
-# Operators that quantize a call's activations with one scale for all its rows.
-PER_TENSOR_QUANTIZATION = frozenset({"DynamicQuantizeMatMul", "DynamicQuantizeLinear"})
 
-
-def why_not(graph: ModelProto, info: GraphInfo, int4_prefill_rewritten: bool) -> str | None:
+def why_not(graph: ModelProto, info: GraphInfo) -> str | None:
     """Why a step's chunk and decode rows run as two calls with this graph (after the
     load-time rewrites; `info`: the manifest's word on it), or None where one call gives
-    every row its own numbers."""
+    every row its own tokens."""
     if not info.packed_tokens:
         return ("a TensorRT-ready (standard) graph keeps static shapes" if info.flavor ==
                 "standard" else "the bundle was exported before packed tokens: re-export it")
-    ops = set(_op_types(graph.graph))
-    if "GroupQueryAttention" in ops:
+    if "GroupQueryAttention" in set(_op_types(graph.graph)):
         return ("ONNX Runtime's GroupQueryAttention takes one row per call with a past "
                 "(the native kernels do not run here)")
-    if ops & PER_TENSOR_QUANTIZATION:
-        return ("the int8 projections quantize a call's rows with one scale: other "
-                "requests' rows would change each other's numbers")
-    if int4_prefill_rewritten:
-        return ("the int4 prefill projections are not decode's (EDGEPREFILL_INT4_PREFILL="
-                "decode keeps one kind for both)")
+    if info.quantization is not None:
+        return (f"{info.quantization} projections quantize activations: a decode row beside "
+                "a chunk would not get a decode call's tokens")
     return None
 
 

@@ -16,7 +16,7 @@ in), the else-branch the prefill variant picked by `EDGEPREFILL_INT4_PREFILL`:
 - `level0`: the same node at accuracy level 0 (float activations) on the same weights.
 - `decode`: no switch: every row takes decode's projection (MatMulInt4 where
   engines/ort/int4_decode.py switches it in, else the stock node), so a row's numbers do not
-  depend on its chunk-mates and steps fuse (engines/ort/fusing.py); an 11-17% slower
+  depend on its chunk-mates, and no int8 copy of the weights is kept; an 11-17% slower
   2,048-token prefill than `int8` on the Zen 4 VM (docs/benchmarks.md).
 - `off`: the stock graph.
 

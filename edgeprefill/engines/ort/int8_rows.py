@@ -1,0 +1,111 @@
+"""At load time: an int8 bundle's projections quantize each row on its own.
+
+An int8 bundle's projections are `com.microsoft.DynamicQuantizeMatMul`, which quantizes a
+call's whole activation tensor with one scale: a token's numbers then depend on the rows
+beside it: its prompt's chunking and, in a batched decode step, the other sessions' rows
+(docs/design.md). Where the native kernels run on a CPU with AVX512-VNNI, each such node
+whose weights are per-output-channel int8 initializers becomes `edgeprefill.MatMulInt8`
+(kernels/matmul_int8.cc): the same int8 weights, each row of activations quantized by its
+own largest magnitude. A prompt's numbers no longer depend on its chunking, nor a
+session's decode rows on the other sessions' rows in a batched step; on the Zen 4 VM it
+prefilled as fast as DynamicQuantizeMatMul and decoded 13% faster (docs/benchmarks.md).
+`EDGEPREFILL_INT8_ROWS=off` keeps the bundle's nodes. The bundle on disk is never changed.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import numpy as np
+from onnx import ModelProto, NodeProto, TensorProto, helper
+
+from edgeprefill.engines.ort.derived import Derived, hand_over, initializer
+from edgeprefill.engines.ort.int4_decode import cpu_has_vnni
+from edgeprefill.kernels.graph import DOMAIN
+
+OP = "MatMulInt8"
+PREFIX = "edgeprefill.int8"  # every name this rewrite adds starts with it
+MODE_ENV = "EDGEPREFILL_INT8_ROWS"
+PANEL = 64  # columns per packed panel (matmul_int8.cc kPanel)
+
+
+class Int8Rows(NamedTuple):
+    rewritten: int  # nodes switched to MatMulInt8
+    described: str  # what `--stats` says ("" when nothing was switched)
+    weights: tuple[object, ...] = ()  # the packed weights, alive as long as the session
+
+
+def why_not(native: bool) -> str | None:
+    """Why an int8 bundle keeps DynamicQuantizeMatMul here, or None."""
+    if os.environ.get(MODE_ENV, "").strip().lower() == "off":
+        return f"{MODE_ENV}=off"
+    if not native:
+        return "no native kernels"
+    if not cpu_has_vnni():
+        return "this CPU has no AVX512-VNNI"
+    return None
+
+
+def describe(native: bool) -> str:
+    """What `inspect` says about an int8 bundle's projections here."""
+    reason = why_not(native)
+    return (f"{OP} (native: each row quantized on its own)" if reason is None
+            else f"DynamicQuantizeMatMul ({reason}: a call's rows quantized together)")
+
+
+def choose(graph: ModelProto, bundle_dir: Path, native: bool, session_options: Any) -> Int8Rows:
+    """Rewrites `graph`'s eligible DynamicQuantizeMatMul nodes in place (weights not loaded;
+    they stay in `bundle_dir`) where the native kernels run on a CPU with VNNI."""
+    if why_not(native) is not None:
+        return Int8Rows(0, "")
+    initializers = {t.name: t for t in graph.graph.initializer}
+    derived = Derived(graph, bundle_dir)
+    count = 0
+    for node in graph.graph.node:
+        if _eligible(node, initializers):
+            node.CopyFrom(_swapped(node, initializers[node.input[1]], derived))
+            count += 1
+    if count == 0:
+        return Int8Rows(0, "")
+    if all(o.domain != DOMAIN for o in graph.opset_import):
+        graph.opset_import.append(helper.make_opsetid(DOMAIN, 1))
+    weights = hand_over(graph, derived.arrays, session_options)
+    return Int8Rows(count, f"int8 projections {OP} ({count}, each row quantized on its own)",
+                    weights)
+
+
+def _eligible(node: NodeProto, initializers: dict[str, TensorProto]) -> bool:
+    """DynamicQuantizeMatMul(a, B int8 [K, N], scale [N]) without zero points or bias."""
+    if node.op_type != "DynamicQuantizeMatMul" or node.domain != "com.microsoft":
+        return False
+    if len(node.input) < 3 or any(node.input[3:]):
+        return False
+    weight, scale = initializers.get(node.input[1]), initializers.get(node.input[2])
+    return (weight is not None and scale is not None and weight.data_type == TensorProto.INT8
+            and len(weight.dims) == 2 and list(scale.dims) == [weight.dims[1]])
+
+
+def _swapped(node: NodeProto, weight: TensorProto, derived: Derived) -> NodeProto:
+    packed, sums = f"{PREFIX}.{node.input[1]}", f"{PREFIX}.{node.input[1]}.sums"
+    if packed not in derived.arrays:  # a weight two nodes share is packed once
+        derived.cached([packed, sums], lambda: pack(
+            initializer(derived.graph, node.input[1], derived.bundle_dir)))
+    return helper.make_node(
+        OP, [node.input[0], packed, node.input[2], sums], list(node.output), domain=DOMAIN,
+        name=f"{node.name or node.output[0]}.rows", N=int(weight.dims[1]),
+    )
+
+
+def pack(codes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """int8 [K, N] -> MatMulInt8's [ceil(N / 64), ceil(K / 4), 64, 4] bytes (panel p, line i,
+    column c: its codes for k = 4 i .. 4 i + 3; zero past K and N) and each column's sum of
+    codes (int32 [N])."""
+    k, n = codes.shape
+    k4, panels = -(-k // 4), -(-n // PANEL)
+    padded = np.zeros((k4 * 4, panels * PANEL), np.int8)
+    padded[:k, :n] = codes
+    lines = padded.reshape(k4, 4, panels, PANEL).transpose(2, 0, 3, 1)
+    return (np.ascontiguousarray(lines).view(np.uint8),
+            codes.astype(np.int32).sum(axis=0, dtype=np.int32))

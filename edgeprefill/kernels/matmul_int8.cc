@@ -1,0 +1,262 @@
+// edgeprefill.MatMulInt8: out = a @ w for per-output-channel int8 weights, each row of a
+// quantized to 8 bits on its own: scale = the row's largest magnitude / 127, codes rounded
+// to nearest even and offset by 128 (unsigned), products summed in int32 by AVX512-VNNI's
+// vpdpbusd (four multiply-adds per lane), each sum scaled by the row's and the column's
+// scale in float32. ONNX Runtime's DynamicQuantizeMatMul, which it replaces at load
+// (edgeprefill/engines/ort/int8_rows.py), scales a call's whole activation tensor at once,
+// so a row's numbers depend on the rows beside it (a prompt's chunking, other sessions'
+// rows in a batched decode step); here they do not, at its prefill speed and with faster
+// decode steps (docs/benchmarks.md).
+//
+// Inputs:  0 a [..., K] float
+//          1 b [P, K4, 64, 4] uint8 (int8 codes): the [K, N] weight in panels of 64
+//            columns; bytes 4 c .. 4 c + 3 of a panel's line i are column c's codes for
+//            k = 4 i .. 4 i + 3 (zero past K, N)
+//          2 scales [N] float: the columns' scales
+//          3 sums [N] int32: each column's sum of codes (takes the activations' +128 out)
+// Output:  0 out [..., N] float
+// Attribute: N (int).
+//
+// Without AVX512-VNNI the same sums come from portable loops, far slower: int8_rows.py
+// switches the op in only on CPUs with VNNI.
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "kernel_common.h"
+
+namespace edgeprefill {
+namespace {
+
+constexpr int64_t kPanel = 64;     // columns per packed panel: four 16-lane accumulators
+constexpr int64_t kRows = 6;       // rows per register tile: 6 x 4 accumulators + 4 B + 1 A
+constexpr int64_t kRowBlock = 48;  // rows per parallel piece (8 register tiles)
+// Below both, the pool's hand-out costs more than it saves (as in MatMulBf16).
+constexpr int64_t kMinOpsToSplit = 1 << 20;
+constexpr int64_t kMinWeightsToSplit = 1 << 16;
+
+struct Width {
+  int64_t n;  // the N attribute
+};
+
+struct Job {
+  const float* a;       // [M, K]
+  const int8_t* b;      // [P, K4, 64, 4]
+  const float* scales;  // [N]
+  const int32_t* sums;  // [N]
+  uint32_t* quads;      // [M, K4]: a row's codes + 128, four to a uint32, in k order
+  float* row_scale;     // [M]
+  float* out;           // [M, N]
+  int64_t m, k, k4, n, panels, row_blocks;
+};
+
+void QuantizeRows(const Job& job, int64_t first, int64_t last) {
+  for (int64_t r = first; r < last; ++r) {
+    const float* a = job.a + r * job.k;
+    float top = 0.0f;
+    for (int64_t i = 0; i < job.k; ++i) top = std::max(top, std::fabs(a[i]));
+    const float scale = top > 0.0f ? top / 127.0f : 1.0f;
+    const float inverse = 1.0f / scale;
+    job.row_scale[r] = scale;
+    uint8_t* q = reinterpret_cast<uint8_t*>(job.quads + r * job.k4);
+    int64_t i = 0;
+#ifdef __AVX512F__
+    const __m512 inv = _mm512_set1_ps(inverse);
+    for (; i + 16 <= job.k; i += 16) {  // cvtps rounds to nearest even, as nearbyint does
+      const __m512i codes = _mm512_add_epi32(
+          _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(a + i), inv)), _mm512_set1_epi32(128));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(q + i), _mm512_cvtusepi32_epi8(codes));
+    }
+#endif
+    for (; i < job.k; ++i) q[i] = static_cast<uint8_t>(std::nearbyint(a[i] * inverse) + 128.0f);
+    for (; i < job.k4 * 4; ++i) q[i] = 128;  // code 0 past K
+  }
+}
+
+#ifdef __AVX512VNNI__
+// kTile rows x 64 columns of int32 sums over the whole K, in 24 named registers: GCC 12
+// spilled an array of accumulators to the stack around vpdpbusd (2x slower).
+template <int kTile>
+void Sums(const uint32_t* quads, int64_t k4, const int8_t* panel, __m512i* out) {
+  __m512i a00 = _mm512_setzero_si512(), a01 = a00, a02 = a00, a03 = a00;
+  __m512i a10 = a00, a11 = a00, a12 = a00, a13 = a00;
+  __m512i a20 = a00, a21 = a00, a22 = a00, a23 = a00;
+  __m512i a30 = a00, a31 = a00, a32 = a00, a33 = a00;
+  __m512i a40 = a00, a41 = a00, a42 = a00, a43 = a00;
+  __m512i a50 = a00, a51 = a00, a52 = a00, a53 = a00;
+#define EP_ROW(r)                                                                    \
+  if (kTile > r) {                                                                   \
+    const __m512i x = _mm512_set1_epi32(static_cast<int>(quads[r * k4 + i]));        \
+    a##r##0 = _mm512_dpbusd_epi32(a##r##0, x, b0);                                   \
+    a##r##1 = _mm512_dpbusd_epi32(a##r##1, x, b1);                                   \
+    a##r##2 = _mm512_dpbusd_epi32(a##r##2, x, b2);                                   \
+    a##r##3 = _mm512_dpbusd_epi32(a##r##3, x, b3);                                   \
+  }
+  for (int64_t i = 0; i < k4; ++i) {
+    const int8_t* b = panel + i * kPanel * 4;
+    const __m512i b0 = _mm512_loadu_si512(b);
+    const __m512i b1 = _mm512_loadu_si512(b + 64);
+    const __m512i b2 = _mm512_loadu_si512(b + 128);
+    const __m512i b3 = _mm512_loadu_si512(b + 192);
+    EP_ROW(0) EP_ROW(1) EP_ROW(2) EP_ROW(3) EP_ROW(4) EP_ROW(5)
+  }
+#undef EP_ROW
+  const __m512i all[24] = {a00, a01, a02, a03, a10, a11, a12, a13, a20, a21, a22, a23,
+                           a30, a31, a32, a33, a40, a41, a42, a43, a50, a51, a52, a53};
+  for (int q = 0; q < kTile * 4; ++q) out[q] = all[q];
+}
+
+// Rows [row, row + kTile) x the panel's columns of out: the sums, less 128 x each column's
+// code sum, times the row's and the column's scale.
+template <int kTile>
+void Tile(const Job& job, int64_t row, int64_t p, int64_t columns, float* out) {
+  __m512i sums[kTile * 4];
+  Sums<kTile>(job.quads + row * job.k4, job.k4, job.b + p * job.k4 * kPanel * 4, sums);
+  const int64_t c0 = p * kPanel;
+  for (int r = 0; r < kTile; ++r) {
+    const __m512 row_scale = _mm512_set1_ps(job.row_scale[row + r]);
+    for (int j = 0; j < 4 && j * 16 < columns; ++j) {
+      const int64_t left = columns - j * 16;
+      const __mmask16 mask = left >= 16 ? 0xffff : static_cast<__mmask16>((1u << left) - 1);
+      const __m512i offset =
+          _mm512_slli_epi32(_mm512_maskz_loadu_epi32(mask, job.sums + c0 + j * 16), 7);
+      const __m512 scale =
+          _mm512_mul_ps(_mm512_maskz_loadu_ps(mask, job.scales + c0 + j * 16), row_scale);
+      const __m512 sum = _mm512_cvtepi32_ps(_mm512_sub_epi32(sums[r * 4 + j], offset));
+      _mm512_mask_storeu_ps(out + r * job.n + j * 16, mask, _mm512_mul_ps(sum, scale));
+    }
+  }
+}
+
+void Rows(const Job& job, int64_t first, int64_t rows, int64_t p) {
+  const int64_t columns = std::min(kPanel, job.n - p * kPanel);
+  float* out = job.out + first * job.n + p * kPanel;
+  int64_t r = 0;
+  for (; r + kRows <= rows; r += kRows) Tile<kRows>(job, first + r, p, columns, out + r * job.n);
+  float* o = out + r * job.n;
+  switch (rows - r) {
+    case 5: Tile<5>(job, first + r, p, columns, o); break;
+    case 4: Tile<4>(job, first + r, p, columns, o); break;
+    case 3: Tile<3>(job, first + r, p, columns, o); break;
+    case 2: Tile<2>(job, first + r, p, columns, o); break;
+    case 1: Tile<1>(job, first + r, p, columns, o); break;
+    default: break;
+  }
+}
+#else
+void Rows(const Job& job, int64_t first, int64_t rows, int64_t p) {
+  const int64_t columns = std::min(kPanel, job.n - p * kPanel);
+  for (int64_t r = first; r < first + rows; ++r) {
+    const uint8_t* q = reinterpret_cast<const uint8_t*>(job.quads + r * job.k4);
+    for (int64_t c = 0; c < columns; ++c) {
+      int32_t acc = 0;
+      for (int64_t i = 0; i < job.k4 * 4; ++i)
+        acc += int32_t{q[i]} * job.b[((p * job.k4 + i / 4) * kPanel + c) * 4 + i % 4];
+      const int64_t col = p * kPanel + c;
+      job.out[r * job.n + col] = static_cast<float>(acc - 128 * job.sums[col]) *
+                                 (job.scales[col] * job.row_scale[r]);
+    }
+  }
+}
+#endif
+
+// Piece i: rows [block * kRowBlock, +kRowBlock) of panel p, i = block * panels + p.
+void RunPiece(void* data, size_t index) {
+  const Job& job = *static_cast<const Job*>(data);
+  const int64_t block = static_cast<int64_t>(index) / job.panels;
+  const int64_t first = block * kRowBlock;
+  Rows(job, first, std::min(kRowBlock, job.m - first), static_cast<int64_t>(index) % job.panels);
+}
+
+void RunQuantize(void* data, size_t index) {
+  const Job& job = *static_cast<const Job*>(data);
+  const int64_t first = static_cast<int64_t>(index) * kRowBlock;
+  QuantizeRows(job, first, std::min(job.m, first + kRowBlock));
+}
+
+OrtStatus* RawInput(OrtKernelContext* context, size_t index, const void** data,
+                    std::vector<int64_t>* dims) {
+  const OrtValue* value = nullptr;
+  EP_RETURN_IF_ERROR(g_api->KernelContext_GetInput(context, index, &value));
+  OrtTensorTypeAndShapeInfo* info = nullptr;
+  EP_RETURN_IF_ERROR(g_api->GetTensorTypeAndShape(value, &info));
+  size_t count = 0;
+  OrtStatus* status = g_api->GetDimensionsCount(info, &count);
+  if (status == nullptr) {
+    dims->resize(count);
+    status = g_api->GetDimensions(info, dims->data(), count);
+  }
+  g_api->ReleaseTensorTypeAndShapeInfo(info);
+  if (status != nullptr) return status;
+  return g_api->GetTensorData(value, data);
+}
+
+OrtStatus* Compute(void* state, OrtKernelContext* context) {
+  const int64_t n = static_cast<Width*>(state)->n;
+  Tensor a, scales;
+  EP_RETURN_IF_ERROR(Input(context, 0, &a));
+  EP_RETURN_IF_ERROR(Input(context, 2, &scales));
+  const void* b = nullptr;
+  const void* sums = nullptr;
+  std::vector<int64_t> b_dims, sums_dims;
+  EP_RETURN_IF_ERROR(RawInput(context, 1, &b, &b_dims));
+  EP_RETURN_IF_ERROR(RawInput(context, 3, &sums, &sums_dims));
+  if (a.dims.empty()) return Fail("MatMulInt8: expects a [..., K]");
+  const int64_t k = a.dims.back(), k4 = (k + 3) / 4, panels = (n + kPanel - 1) / kPanel;
+  if (b_dims != std::vector<int64_t>{panels, k4, kPanel, 4} || scales.dims != std::vector<int64_t>{n} ||
+      sums_dims != std::vector<int64_t>{n})
+    return Fail(("MatMulInt8: the packed weight, scales or sums do not fit K=" +
+                 std::to_string(k) + ", N=" + std::to_string(n)).c_str());
+  std::vector<int64_t> dims = a.dims;
+  dims.back() = n;
+  float* out = nullptr;
+  EP_RETURN_IF_ERROR(Output(context, 0, dims, &out));
+  int64_t m = 1;
+  for (size_t i = 0; i + 1 < a.dims.size(); ++i) m *= a.dims[i];
+  if (m == 0) return nullptr;
+  std::vector<uint32_t> quads(static_cast<size_t>(m * k4));
+  std::vector<float> row_scale(static_cast<size_t>(m));
+  Job job{a.data, static_cast<const int8_t*>(b), scales.data, static_cast<const int32_t*>(sums),
+          quads.data(), row_scale.data(), out, m, k, k4, n, panels,
+          (m + kRowBlock - 1) / kRowBlock};
+  const bool split = 2 * m * k * n >= kMinOpsToSplit || k * n >= kMinWeightsToSplit;
+  if (split && job.row_blocks > 1)
+    ParallelFor(context, RunQuantize, static_cast<size_t>(job.row_blocks), &job);
+  else
+    QuantizeRows(job, 0, m);
+  const size_t pieces = static_cast<size_t>(job.row_blocks * job.panels);
+  if (split && pieces > 1)
+    ParallelFor(context, RunPiece, pieces, &job);
+  else
+    for (size_t i = 0; i < pieces; ++i) RunPiece(&job, i);
+  return nullptr;
+}
+
+OrtStatus* CreateKernel(const OrtKernelInfo* info, void** kernel) {
+  int64_t n = 0;
+  EP_RETURN_IF_ERROR(g_api->KernelInfoGetAttribute_int64(info, "N", &n));
+  if (n <= 0) return Fail("MatMulInt8: N must be positive");
+  *kernel = new Width{n};
+  return nullptr;
+}
+
+void ORT_API_CALL DestroyKernel(void* kernel) { delete static_cast<Width*>(kernel); }
+
+OrtStatus* ORT_API_CALL ComputeKernel(void* kernel, OrtKernelContext* context) {
+  return Compute(kernel, context);
+}
+
+}  // namespace
+
+const Op& MatMulInt8Op() {
+  // inputs: a float, b uint8 (the int8 codes' bytes), scales float, sums int32
+  static const Op op = MakeOp({"MatMulInt8", 4, 1, 0b1000u, CreateKernel, ComputeKernel,
+                               DestroyKernel, 0b10u});
+  return op;
+}
+
+}  // namespace edgeprefill
