@@ -58,12 +58,18 @@ void QuantizeRows(const Job& job, int64_t first, int64_t last) {
   for (int64_t r = first; r < last; ++r) {
     const float* a = job.a + r * job.k;
     float top = 0.0f;
-    for (int64_t i = 0; i < job.k; ++i) top = std::max(top, std::fabs(a[i]));
+    int64_t i = 0;
+#ifdef __AVX512F__
+    __m512 tops = _mm512_setzero_ps();
+    for (; i + 16 <= job.k; i += 16) tops = _mm512_max_ps(tops, _mm512_abs_ps(_mm512_loadu_ps(a + i)));
+    top = _mm512_reduce_max_ps(tops);
+#endif
+    for (; i < job.k; ++i) top = std::max(top, std::fabs(a[i]));
     const float scale = top > 0.0f ? top / 127.0f : 1.0f;
     const float inverse = 1.0f / scale;
     job.row_scale[r] = scale;
     uint8_t* q = reinterpret_cast<uint8_t*>(job.quads + r * job.k4);
-    int64_t i = 0;
+    i = 0;
 #ifdef __AVX512F__
     const __m512 inv = _mm512_set1_ps(inverse);
     for (; i + 16 <= job.k; i += 16) {  // cvtps rounds to nearest even, as nearbyint does

@@ -8,7 +8,7 @@ whose weights are per-output-channel int8 initializers becomes `edgeprefill.MatM
 (kernels/matmul_int8.cc): the same int8 weights, each row of activations quantized by its
 own largest magnitude. A prompt's numbers no longer depend on its chunking, nor a
 session's decode rows on the other sessions' rows in a batched step; on the Zen 4 VM it
-prefilled as fast as DynamicQuantizeMatMul and decoded 13% faster (docs/benchmarks.md).
+prefilled as fast as DynamicQuantizeMatMul and decoded 14-22% faster (docs/benchmarks.md).
 `EDGEPREFILL_INT8_ROWS=off` keeps the bundle's nodes. The bundle on disk is never changed.
 """
 
