@@ -121,6 +121,6 @@ def test_not_without_vnni_or_when_turned_off(monkeypatch):
     monkeypatch.setenv(int8_rows.MODE_ENV, "off")
     assert int8_rows.why_not(True) == "EDGEPREFILL_INT8_ROWS=off"
     monkeypatch.delenv(int8_rows.MODE_ENV)
-    monkeypatch.setattr(int8_rows, "cpu_has_vnni", lambda: False)
+    monkeypatch.setattr(int4_decode, "cpu_has_vnni", lambda: False)
     assert "AVX512-VNNI" in int8_rows.why_not(True)
     assert int8_rows.choose(onnx.ModelProto(), None, True, None).rewritten == 0

@@ -122,6 +122,15 @@ OrtStatus* Output(OrtKernelContext* context, size_t index, const std::vector<int
 // Runs `count` pieces on ONNX Runtime's intra-op pool, or here when there is none.
 void ParallelFor(OrtKernelContext* context, void (*fn)(void*, size_t), size_t count, void* data);
 
+// A packed projection's two passes (MatMulBf16, MatMulInt8): `prepare` per block of rows
+// (the activations rounded for the product), then `piece` per (row block, panel), piece i =
+// block * panels + panel; on the pool where `split` says the product is worth it, else here.
+void ProjectRows(OrtKernelContext* context, bool split, size_t row_blocks, size_t panels,
+                 void (*prepare)(void*, size_t), void (*piece)(void*, size_t), void* job);
+
+// A packed projection's N attribute (positive), `op` naming it in the error.
+OrtStatus* ReadColumns(const OrtKernelInfo* info, const char* op, int64_t* n);
+
 // One op of the library: its name, its inputs (those in `int32_inputs`, a bit mask, are
 // int32, those in `uint8_inputs` uint8, the rest float; every output is float) and its
 // kernel's life cycle.

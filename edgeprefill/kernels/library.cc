@@ -97,6 +97,25 @@ void ParallelFor(OrtKernelContext* context, void (*fn)(void*, size_t), size_t co
   }
 }
 
+void ProjectRows(OrtKernelContext* context, bool split, size_t row_blocks, size_t panels,
+                 void (*prepare)(void*, size_t), void (*piece)(void*, size_t), void* job) {
+  if (split && row_blocks > 1)
+    ParallelFor(context, prepare, row_blocks, job);
+  else
+    for (size_t i = 0; i < row_blocks; ++i) prepare(job, i);
+  const size_t pieces = row_blocks * panels;
+  if (split && pieces > 1)
+    ParallelFor(context, piece, pieces, job);
+  else
+    for (size_t i = 0; i < pieces; ++i) piece(job, i);
+}
+
+OrtStatus* ReadColumns(const OrtKernelInfo* info, const char* op, int64_t* n) {
+  EP_RETURN_IF_ERROR(g_api->KernelInfoGetAttribute_int64(info, "N", n));
+  if (*n <= 0) return Fail((std::string(op) + ": N must be positive").c_str());
+  return nullptr;
+}
+
 Op MakeOp(const OpSpec& spec) {
   Op op;
   std::memset(&op.table, 0, sizeof op.table);

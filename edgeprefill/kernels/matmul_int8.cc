@@ -230,22 +230,14 @@ OrtStatus* Compute(void* state, OrtKernelContext* context) {
           quads.data(), row_scale.data(), out, m, k, k4, n, panels,
           (m + kRowBlock - 1) / kRowBlock};
   const bool split = 2 * m * k * n >= kMinOpsToSplit || k * n >= kMinWeightsToSplit;
-  if (split && job.row_blocks > 1)
-    ParallelFor(context, RunQuantize, static_cast<size_t>(job.row_blocks), &job);
-  else
-    QuantizeRows(job, 0, m);
-  const size_t pieces = static_cast<size_t>(job.row_blocks * job.panels);
-  if (split && pieces > 1)
-    ParallelFor(context, RunPiece, pieces, &job);
-  else
-    for (size_t i = 0; i < pieces; ++i) RunPiece(&job, i);
+  ProjectRows(context, split, static_cast<size_t>(job.row_blocks),
+              static_cast<size_t>(job.panels), RunQuantize, RunPiece, &job);
   return nullptr;
 }
 
 OrtStatus* CreateKernel(const OrtKernelInfo* info, void** kernel) {
   int64_t n = 0;
-  EP_RETURN_IF_ERROR(g_api->KernelInfoGetAttribute_int64(info, "N", &n));
-  if (n <= 0) return Fail("MatMulInt8: N must be positive");
+  EP_RETURN_IF_ERROR(ReadColumns(info, "MatMulInt8", &n));
   *kernel = new Width{n};
   return nullptr;
 }

@@ -21,8 +21,8 @@ from typing import Any, NamedTuple
 import numpy as np
 from onnx import ModelProto, NodeProto, TensorProto, helper
 
+from edgeprefill.engines.ort import int4_decode
 from edgeprefill.engines.ort.derived import Derived, hand_over, initializer
-from edgeprefill.engines.ort.int4_decode import cpu_has_vnni
 from edgeprefill.kernels.graph import DOMAIN
 
 OP = "MatMulInt8"
@@ -38,14 +38,11 @@ class Int8Rows(NamedTuple):
 
 
 def why_not(native: bool) -> str | None:
-    """Why an int8 bundle keeps DynamicQuantizeMatMul here, or None."""
+    """Why an int8 bundle keeps DynamicQuantizeMatMul here, or None: turned off, or what
+    keeps MatMulInt4 out of int4 decode (the native kernels, VNNI) keeps this out too."""
     if os.environ.get(MODE_ENV, "").strip().lower() == "off":
         return f"{MODE_ENV}=off"
-    if not native:
-        return "no native kernels"
-    if not cpu_has_vnni():
-        return "this CPU has no AVX512-VNNI"
-    return None
+    return int4_decode.why_not(native)
 
 
 def describe(native: bool) -> str:
