@@ -116,6 +116,21 @@ def test_an_int8_bundles_rows_keep_their_own_numbers(quantized, bundle, library,
     assert 0 < ours <= 1.1 * theirs, (ours, theirs)  # measured: 0.12 against 0.24
 
 
+@needs_vnni
+def test_inspect_says_what_an_int8_bundles_projections_run(quantized, library, monkeypatch):
+    from click.testing import CliRunner
+
+    from edgeprefill.cli.main import cli
+
+    def line() -> str:
+        out = CliRunner().invoke(cli, ["inspect", str(quantized("int8"))]).output
+        return next(x for x in out.splitlines() if x.startswith("int8 "))
+
+    assert "MatMulInt8 (native: each row quantized on its own)" in line()
+    monkeypatch.setenv(int8_rows.MODE_ENV, "off")
+    assert "DynamicQuantizeMatMul (EDGEPREFILL_INT8_ROWS=off" in line()
+
+
 def test_not_without_vnni_or_when_turned_off(monkeypatch):
     assert "no native kernels" in int8_rows.describe(False)
     monkeypatch.setenv(int8_rows.MODE_ENV, "off")

@@ -43,6 +43,7 @@ def inspect(bundle, verify, as_json):
         f"max context {m.max_context} tokens",
         f"kernels     {describe(graph.flavor, graph.dtype)} on this machine's CPU",
         *_int4_prefill_line(graph),
+        *_int8_line(graph),
         *_compute_line(graph),
         _steps_line(graph),
         *_derived_line(bundle, m),
@@ -83,6 +84,16 @@ def _int4_prefill_line(graph) -> list[str]:
     native = describe(graph.flavor, graph.dtype) == NATIVE
     return [f"int4 prefill {describe_int4(graph.flavor)} (accuracy-level-4 projections)",
             f"int4 decode {describe_decode(native)}"]
+
+
+def _int8_line(graph) -> list[str]:
+    """int8 bundles: what their projections run here (engines.ort.int8_rows)."""
+    if graph.quantization != "int8" or graph.flavor != "ort":
+        return []
+    from edgeprefill.engines.ort.int8_rows import describe as describe_int8
+    from edgeprefill.kernels.select import NATIVE, describe
+
+    return [f"int8        {describe_int8(describe(graph.flavor, graph.dtype) == NATIVE)}"]
 
 
 def _derived_line(bundle, manifest) -> list[str]:
