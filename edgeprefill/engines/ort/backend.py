@@ -114,8 +114,9 @@ class OnnxRuntimeBackend(Backend):
             self.kernels.library is not None, session_options,
         )
         # int4 bundles' decode projections: MatMulInt4 where the native kernels run (VNNI).
+        every_row = manifest.graph.quantization == "int4" and every_row_as_decode()
         self.int4_decode = choose_int4_decode(graph, bundle_dir, self.kernels.library is not None,
-                                              session_options, every_row_as_decode())
+                                              session_options, every_row)
         # int8 bundles' projections: MatMulInt8, each row quantized on its own (VNNI).
         self.int8_rows = choose_int8_rows(graph, bundle_dir, self.kernels.library is not None,
                                           session_options)
