@@ -44,9 +44,18 @@ def run(b: OnnxRuntimeBackend, ids: list[int], past: int) -> np.ndarray:
                            np.array([len(ids)], np.int32), 0))[0].copy()
 
 
+def rows_here() -> bool:
+    """Whether `int8` runs the native MatMulInt8 here (the kernels build, VNNI)."""
+    from edgeprefill.engines.ort import int8_rows
+    from edgeprefill.kernels import select
+
+    return int8_rows.why_not(select.why_not("ort", "float32", "cpu") is None) is None
+
+
 def test_the_rewrite_switches_every_projection_but_the_logits_head(int4_bundle, monkeypatch):
     b = backend(int4_bundle, monkeypatch, "int8")
-    assert "DynamicQuantizeMatMul" in b.int4_prefill.projections
+    kernel = "MatMulInt8" if rows_here() else "DynamicQuantizeMatMul"
+    assert kernel in b.int4_prefill.projections
     graph = onnx.load(str(int4_bundle / load_manifest(int4_bundle).graph.file),
                       load_external_data=False)
     nbits = [n for n in graph.graph.node if n.op_type == "MatMulNBits"]
@@ -93,9 +102,26 @@ def greedy(b: OnnxRuntimeBackend, chunk: int, new: int = 12) -> list[int]:
     return out
 
 
+def test_int8_prefill_rows_do_not_depend_on_the_chunking(library, int4_bundle, monkeypatch):
+    """Where MatMulInt8 runs, each row is quantized on its own: a prompt prefilled in one
+    call or in chunks of 16 leaves the same logits, bit for bit; DynamicQuantizeMatMul
+    (EDGEPREFILL_INT8_ROWS=off) scales each call's rows together."""
+    if not rows_here():
+        pytest.skip("MatMulInt8 needs the native kernels on a CPU with AVX512-VNNI")
+    b = backend(int4_bundle, monkeypatch, "int8")
+    assert "MatMulInt8" in b.int4_prefill.projections
+    whole = run(b, PROMPT, 0)
+    for at in range(0, len(PROMPT), 16):
+        chunked = run(b, PROMPT[at:at + 16], at)
+    np.testing.assert_array_equal(chunked, whole)
+    monkeypatch.setenv("EDGEPREFILL_INT8_ROWS", "off")
+    stock = backend(int4_bundle, monkeypatch, "int8")
+    assert "DynamicQuantizeMatMul" in stock.int4_prefill.projections
+
+
 def test_greedy_text_is_the_same_chunked_and_unchunked(int4_bundle, monkeypatch):
-    # DynamicQuantizeMatMul scales activations per tensor, so a chunk's rows share one
-    # scale: the chunking changes the numbers slightly, never the text here.
+    # Where DynamicQuantizeMatMul runs, a chunk's rows share one scale: the chunking
+    # changes the numbers slightly, never the text here (MatMulInt8: not at all).
     expected = greedy(backend(int4_bundle, monkeypatch, "off"), len(PROMPT))
     b = backend(int4_bundle, monkeypatch, "int8")
     assert greedy(b, 16) == greedy(b, 256) == greedy(b, len(PROMPT)) == expected

@@ -34,6 +34,7 @@ from edgeprefill.engines.ort.int4_decode import choose as choose_int4_decode
 from edgeprefill.engines.ort.int4_prefill import choose as choose_int4_prefill
 from edgeprefill.engines.ort.int4_prefill import every_row_as_decode, loadable
 from edgeprefill.engines.ort.int8_rows import choose as choose_int8_rows
+from edgeprefill.engines.ort.int8_rows import why_not as int8_rows_why_not
 from edgeprefill.engines.ort.providers import (
     KV_WRITE_OP,
     GpuSettings,
@@ -48,7 +49,9 @@ from edgeprefill.engines.ort.providers import (
 )
 from edgeprefill.engines.ort.switches import merge_switches
 from edgeprefill.errors import BackendError
+from edgeprefill.kernels.build import library_path
 from edgeprefill.kernels.select import choose as choose_kernels
+from edgeprefill.kernels.select import why_not as kernels_why_not
 
 PROVIDERS = {
     "cpu": ["CPUExecutionProvider"],
@@ -100,14 +103,20 @@ class OnnxRuntimeBackend(Backend):
         self.threads = options.threads or physical_cores()
         providers = PROVIDERS[options.device]
         session_options = self._session_options()
-        # int4 bundles: a faster prefill projection than decode's (engines.ort.int4_prefill).
+        # int4 bundles: a faster prefill projection than decode's (engines.ort.int4_prefill),
+        # each row quantized on its own where the native MatMulInt8 will run.
+        rows = int8_rows_why_not(kernels_why_not(
+            manifest.graph.flavor, manifest.graph.dtype, options.device) is None) is None
         self.int4_prefill = choose_int4_prefill(
-            graph, bundle_dir, manifest.graph.flavor, options.device, session_options)
+            graph, bundle_dir, manifest.graph.flavor, options.device, session_options, rows)
         # The native attention kernels where their library is built (edgeprefill.kernels).
         self.kernels = choose_kernels(
             graph_path, graph, manifest.graph.flavor, manifest.graph.dtype, options.device,
             session_options,
         )
+        if rows and self.int4_prefill.rewritten and self.kernels.library is None:
+            # MatMulInt8 runs even where no attention layer takes the native kernels.
+            session_options.register_custom_ops_library(str(library_path()))
         # --compute bf16: float32 projections (MatMulBf16) and prefill attention in bf16.
         self.compute = choose_compute(
             graph, bundle_dir, options.compute, self.kernels.described,

@@ -12,7 +12,10 @@ in), the else-branch the prefill variant picked by `EDGEPREFILL_INT4_PREFILL`:
 - `int8` (the default): `DynamicQuantizeMatMul` on per-output-channel int8 weights derived
   here from the int4 ones (dequantized, then requantized: a grid 18x finer than the int4
   one, so the weights move by at most 1/36 of an int4 step) — the int8 bundle's kernel.
-  Costs the int8 copy of the weights in memory (twice the int4 bytes).
+  Costs the int8 copy of the weights in memory (twice the int4 bytes). Where the native
+  MatMulInt8 runs (VNNI; `choose`'s `rows`) it takes the same int8 weights, packed, and
+  quantizes each row on its own: a prompt's numbers do not depend on its chunking, ~100 MB
+  less memory (no ONNX Runtime prepacked copy) and a 4-13% faster 2,048-token prefill.
 - `level0`: the same node at accuracy level 0 (float activations) on the same weights.
 - `decode`: no switch: every row takes decode's projection (MatMulInt4 where
   engines/ort/int4_decode.py switches it in, else the stock node), so a row's numbers do not
@@ -45,6 +48,7 @@ from edgeprefill.contract import INPUT_IDS
 from edgeprefill.engines.ort.derived import Derived, hand_over, initializer
 from edgeprefill.errors import BackendError
 from edgeprefill.export.quantize import int4_dequantize, int8_per_channel
+from edgeprefill.kernels.graph import DOMAIN
 
 MODE_ENV = "EDGEPREFILL_INT4_PREFILL"
 PREFIX = "edgeprefill.int4"  # every name this rewrite adds starts with it
@@ -66,12 +70,13 @@ Variant = Callable[[NodeProto, Derived], list[NodeProto]]
 
 # Modes that switch nothing: the stock projection for every row, or decode's.
 UNSWITCHED = ("decode", "off")
+MODES = ("int8", "level0", *UNSWITCHED)
 
 
 def mode() -> str:
     value = os.environ.get(MODE_ENV, "int8").strip().lower() or "int8"
-    if value not in VARIANTS and value not in UNSWITCHED:
-        choices = ", ".join([*VARIANTS, *UNSWITCHED])
+    if value not in MODES:
+        choices = ", ".join(MODES)
         raise BackendError(f"{MODE_ENV}={value!r}: choose one of {choices}")
     return value
 
@@ -93,9 +98,10 @@ def why_not(flavor: str, device: str) -> str | None:
 
 
 def choose(graph: ModelProto, bundle_dir: Path, flavor: str, device: str,
-           session_options: Any) -> Int4Prefill:
+           session_options: Any, rows: bool = False) -> Int4Prefill:
     """Rewrites `graph` (weights not loaded; they stay in `bundle_dir`) in place when it
-    has int4 projections and nothing rules the rewrite out."""
+    has int4 projections and nothing rules the rewrite out. `rows`: the native MatMulInt8
+    runs here (engines/ort/int8_rows.py), so `int8` quantizes each row on its own."""
     targets = prefill_targets(graph)
     if not targets:
         return Int4Prefill(False, "")
@@ -103,8 +109,12 @@ def choose(graph: ModelProto, bundle_dir: Path, flavor: str, device: str,
     if reason is not None:
         return Int4Prefill(False, _unswitched(reason))
     variant = mode()
+    if variant == "int8" and rows:
+        variant = "int8 rows"
     derived = Derived(graph, bundle_dir)
     switch(graph, targets, VARIANTS[variant], derived)
+    if variant == "int8 rows" and all(o.domain != DOMAIN for o in graph.opset_import):
+        graph.opset_import.append(helper.make_opsetid(DOMAIN, 1))
     weights = hand_over(graph, derived.arrays, session_options) if derived.arrays else ()
     return Int4Prefill(True, describe_variant(variant), weights)
 
@@ -127,6 +137,8 @@ def _unswitched(reason: str) -> str:
 def describe_variant(variant: str) -> str:
     # Decode's projections are said apart (engines.ort.int4_decode, `inspect`'s int4 decode).
     return {"int8": "DynamicQuantizeMatMul on int8 weights derived at load",
+            "int8 rows": "MatMulInt8 on int8 weights derived at load (each row quantized on "
+                         "its own)",
             "level0": "MatMulNBits accuracy level 0"}[variant]
 
 
@@ -231,7 +243,34 @@ def _int8(node: NodeProto, derived: Derived) -> list[NodeProto]:
     )]
 
 
-VARIANTS: dict[str, Variant] = {"int8": _int8, "level0": _level0}
+def _int8_rows(node: NodeProto, derived: Derived) -> list[NodeProto]:
+    """edgeprefill.MatMulInt8 over the same derived int8 weights, packed for it: each row
+    of activations quantized on its own, so a prompt's numbers do not depend on its
+    chunking (engines/ort/int8_rows.py)."""
+    from edgeprefill.engines.ort.int8_rows import OP as ROWS_OP  # int8_rows imports this module
+    from edgeprefill.engines.ort.int8_rows import pack as pack_rows
+
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    if attrs.get("bits", 4) != 4 or len(node.input) > 3 and any(node.input[3:]):
+        return _level0(node, derived)
+    base = f"{PREFIX}.{node.input[1]}.rows"
+
+    def derive() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        packed = initializer(derived.graph, node.input[1], derived.bundle_dir)
+        scales = initializer(derived.graph, node.input[2], derived.bundle_dir)
+        q, scale = int8_per_channel(int4_dequantize(packed, scales, int(attrs["K"])).T)
+        lines, sums = pack_rows(q)
+        return lines, scale, sums
+
+    derived.cached([base, f"{base}.scale", f"{base}.sums"], derive)
+    return [helper.make_node(
+        ROWS_OP, [node.input[0], base, f"{base}.scale", f"{base}.sums"], ["out"],
+        domain=DOMAIN, name=f"{PREFIX}.{node.name}.rows", N=int(attrs["N"]),
+    )]
+
+
+# "int8 rows" is what `int8` becomes where the native MatMulInt8 runs (choose's `rows`).
+VARIANTS: dict[str, Variant] = {"int8": _int8, "int8 rows": _int8_rows, "level0": _level0}
 
 
 def loadable(model: str | bytes, graph: ModelProto, choice: Int4Prefill,
