@@ -184,37 +184,17 @@ void RunQuantize(void* data, size_t index) {
   QuantizeRows(job, first, std::min(job.m, first + kRowBlock));
 }
 
-OrtStatus* RawInput(OrtKernelContext* context, size_t index, const void** data,
-                    std::vector<int64_t>* dims) {
-  const OrtValue* value = nullptr;
-  EP_RETURN_IF_ERROR(g_api->KernelContext_GetInput(context, index, &value));
-  OrtTensorTypeAndShapeInfo* info = nullptr;
-  EP_RETURN_IF_ERROR(g_api->GetTensorTypeAndShape(value, &info));
-  size_t count = 0;
-  OrtStatus* status = g_api->GetDimensionsCount(info, &count);
-  if (status == nullptr) {
-    dims->resize(count);
-    status = g_api->GetDimensions(info, dims->data(), count);
-  }
-  g_api->ReleaseTensorTypeAndShapeInfo(info);
-  if (status != nullptr) return status;
-  return g_api->GetTensorData(value, data);
-}
-
 OrtStatus* Compute(void* state, OrtKernelContext* context) {
   const int64_t n = static_cast<Width*>(state)->n;
-  Tensor a, scales;
+  Tensor a, b, scales, sums;  // b's bytes and sums' int32s behind Tensor's float pointer
   EP_RETURN_IF_ERROR(Input(context, 0, &a));
+  EP_RETURN_IF_ERROR(Input(context, 1, &b));
   EP_RETURN_IF_ERROR(Input(context, 2, &scales));
-  const void* b = nullptr;
-  const void* sums = nullptr;
-  std::vector<int64_t> b_dims, sums_dims;
-  EP_RETURN_IF_ERROR(RawInput(context, 1, &b, &b_dims));
-  EP_RETURN_IF_ERROR(RawInput(context, 3, &sums, &sums_dims));
+  EP_RETURN_IF_ERROR(Input(context, 3, &sums));
   if (a.dims.empty()) return Fail("MatMulInt8: expects a [..., K]");
   const int64_t k = a.dims.back(), k4 = (k + 3) / 4, panels = (n + kPanel - 1) / kPanel;
-  if (b_dims != std::vector<int64_t>{panels, k4, kPanel, 4} || scales.dims != std::vector<int64_t>{n} ||
-      sums_dims != std::vector<int64_t>{n})
+  if (b.dims != std::vector<int64_t>{panels, k4, kPanel, 4} || scales.dims != std::vector<int64_t>{n} ||
+      sums.dims != std::vector<int64_t>{n})
     return Fail(("MatMulInt8: the packed weight, scales or sums do not fit K=" +
                  std::to_string(k) + ", N=" + std::to_string(n)).c_str());
   std::vector<int64_t> dims = a.dims;
@@ -226,7 +206,8 @@ OrtStatus* Compute(void* state, OrtKernelContext* context) {
   if (m == 0) return nullptr;
   std::vector<uint32_t> quads(static_cast<size_t>(m * k4));
   std::vector<float> row_scale(static_cast<size_t>(m));
-  Job job{a.data, static_cast<const int8_t*>(b), scales.data, static_cast<const int32_t*>(sums),
+  Job job{a.data, reinterpret_cast<const int8_t*>(b.data), scales.data,
+          reinterpret_cast<const int32_t*>(sums.data),
           quads.data(), row_scale.data(), out, m, k, k4, n, panels,
           (m + kRowBlock - 1) / kRowBlock};
   const bool split = 2 * m * k * n >= kMinOpsToSplit || k * n >= kMinWeightsToSplit;
