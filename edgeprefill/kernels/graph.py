@@ -63,9 +63,15 @@ def add_decode_kernel(model: ModelProto, chunk_input: str = INPUT_IDS) -> int:
         graph.node[i].CopyFrom(_switch(graph.node[i], valid_lens))
     for node in reversed(_selector(chunk_input)):
         graph.node.insert(0, node)  # depends on a graph input only
+    declare_domain(model)
+    return len(targets)
+
+
+def declare_domain(model: ModelProto) -> None:
+    """Adds this library's op domain to `model`'s opsets, once (every rewrite that puts one
+    of its ops in a graph calls it)."""
     if all(o.domain != DOMAIN for o in model.opset_import):
         model.opset_import.append(helper.make_opsetid(DOMAIN, 1))
-    return len(targets)
 
 
 def _selector(chunk_input: str) -> list[NodeProto]:

@@ -17,7 +17,7 @@ from collections import defaultdict
 
 from onnx import ModelProto, NodeProto, helper
 
-from edgeprefill.kernels.graph import DOMAIN
+from edgeprefill.kernels.graph import DOMAIN, declare_domain
 
 OP = "SwiGlu"
 
@@ -47,8 +47,7 @@ def fuse_swiglu(model: ModelProto) -> int:
     kept = [replaced.get(id(n), n) for n in graph.node if id(n) not in dropped]
     del graph.node[:]
     graph.node.extend(kept)
-    if all(o.domain != DOMAIN for o in model.opset_import):
-        model.opset_import.append(helper.make_opsetid(DOMAIN, 1))
+    declare_domain(model)
     return len(replaced)
 
 

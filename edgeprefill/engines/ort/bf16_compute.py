@@ -30,7 +30,7 @@ from edgeprefill.engines.base import COMPUTES
 from edgeprefill.engines.ort.derived import Derived, hand_over, initializer
 from edgeprefill.errors import BackendError
 from edgeprefill.kernels.build import cpu_identity
-from edgeprefill.kernels.graph import DOMAIN, PREFILL_OP
+from edgeprefill.kernels.graph import DOMAIN, PREFILL_OP, declare_domain
 
 OP = "MatMulBf16"
 PANEL = 64  # columns per packed panel (kPanel in the .cc)
@@ -89,8 +89,7 @@ def choose(graph: ModelProto, bundle_dir: Path, compute: str, kernels_described:
     if not targets and not attention:
         raise BackendError("--compute bf16 found nothing to run in bf16: no float32 "
                            "projection and no native prefill attention in this bundle")
-    if all(o.domain != DOMAIN for o in graph.opset_import):
-        graph.opset_import.append(helper.make_opsetid(DOMAIN, 1))
+    declare_domain(graph)
     weights = hand_over(graph, derived.arrays, session_options) if derived.arrays else ()
     return Bf16Compute(len(targets) + attention, describe_bf16(bool(targets)), weights)
 

@@ -33,7 +33,7 @@ from onnx import AttributeProto, GraphProto, ModelProto, NodeProto, helper
 from edgeprefill.engines.ort.derived import Derived, hand_over, initializer
 from edgeprefill.engines.ort.int4_prefill import INT8_ACTIVATIONS, IS_DECODE, after_gather
 from edgeprefill.kernels.build import cpu_identity
-from edgeprefill.kernels.graph import DOMAIN
+from edgeprefill.kernels.graph import DOMAIN, declare_domain
 
 OP = "MatMulInt4"
 BLOCK = 32  # the only block size the kernel takes (kBlock in the .cc)
@@ -77,8 +77,7 @@ def choose(graph: ModelProto, bundle_dir: Path, native: bool,
     count = _rewrite(graph.graph, every_row, derived)
     if count == 0:
         return Int4Decode(0, "")
-    if all(o.domain != DOMAIN for o in graph.opset_import):
-        graph.opset_import.append(helper.make_opsetid(DOMAIN, 1))
+    declare_domain(graph)
     weights = hand_over(graph, derived.arrays, session_options)
     rows = "int4 projections of every row" if every_row else "int4 decode projections"
     return Int4Decode(count, f"{rows} {OP} ({count})", weights)

@@ -48,7 +48,7 @@ from edgeprefill.contract import INPUT_IDS
 from edgeprefill.engines.ort.derived import Derived, hand_over, initializer
 from edgeprefill.errors import BackendError
 from edgeprefill.export.quantize import int4_dequantize, int8_per_channel
-from edgeprefill.kernels.graph import DOMAIN
+from edgeprefill.kernels.graph import DOMAIN, declare_domain
 
 MODE_ENV = "EDGEPREFILL_INT4_PREFILL"
 PREFIX = "edgeprefill.int4"  # every name this rewrite adds starts with it
@@ -113,8 +113,8 @@ def choose(graph: ModelProto, bundle_dir: Path, flavor: str, device: str,
         variant = "int8 rows"
     derived = Derived(graph, bundle_dir)
     switch(graph, targets, VARIANTS[variant], derived)
-    if variant == "int8 rows" and all(o.domain != DOMAIN for o in graph.opset_import):
-        graph.opset_import.append(helper.make_opsetid(DOMAIN, 1))
+    if variant == "int8 rows":
+        declare_domain(graph)
     weights = hand_over(graph, derived.arrays, session_options) if derived.arrays else ()
     return Int4Prefill(True, describe_variant(variant), weights)
 

@@ -23,7 +23,7 @@ from onnx import ModelProto, NodeProto, TensorProto, helper
 
 from edgeprefill.engines.ort import int4_decode
 from edgeprefill.engines.ort.derived import Derived, hand_over, initializer
-from edgeprefill.kernels.graph import DOMAIN
+from edgeprefill.kernels.graph import DOMAIN, declare_domain
 
 OP = "MatMulInt8"
 PREFIX = "edgeprefill.int8"  # every name this rewrite adds starts with it
@@ -66,8 +66,7 @@ def choose(graph: ModelProto, bundle_dir: Path, native: bool, session_options: A
             count += 1
     if count == 0:
         return Int8Rows(0, "")
-    if all(o.domain != DOMAIN for o in graph.opset_import):
-        graph.opset_import.append(helper.make_opsetid(DOMAIN, 1))
+    declare_domain(graph)
     weights = hand_over(graph, derived.arrays, session_options)
     return Int8Rows(count, f"int8 projections {OP} ({count}, each row quantized on its own)",
                     weights)
