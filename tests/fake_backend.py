@@ -66,8 +66,8 @@ class FusingFakeBackend(FakeBackend):
     name = "fake-fusing"
 
     @property
-    def fuses_rows(self) -> bool:
-        return True
+    def why_not_fused(self) -> str | None:
+        return None
 
 
 def fake_manifest(vocab: int = 128, chunks: tuple[int, ...] = (16, 64),

@@ -111,22 +111,14 @@ def _derived_line(bundle, manifest) -> list[str]:
 
 
 def _steps_line(graph) -> str:
-    """Whether a step's prefill chunk and decode rows can share one call (the graph packs
-    its valid tokens, the native attention runs and the weights are float:
-    engines/ort/fusing.py)."""
+    """Whether a step's prefill chunk and decode rows can share one call here: what the
+    backend decides (engines/ort/fusing.py), with the native kernels' choice for this CPU."""
+    from edgeprefill.engines.ort.fusing import why_not
     from edgeprefill.kernels.select import NATIVE, describe
 
-    if graph.packed_tokens and graph.quantization is not None:
-        return ("steps       a prefill chunk and the decode rows in two calls "
-                f"({graph.quantization} projections quantize activations: a decode row beside "
-                "a chunk would not get a decode call's tokens)")
-    if not graph.packed_tokens:
-        why = ("a TensorRT-ready graph keeps static shapes" if graph.flavor == "standard"
-               else "exported before packed tokens: re-export to fuse")
+    why = why_not(graph, describe(graph.flavor, graph.dtype) != NATIVE)
+    if why is not None:
         return f"steps       a prefill chunk and the decode rows in two calls ({why})"
-    if describe(graph.flavor, graph.dtype) != NATIVE:
-        return ("steps       two calls here (the stock GroupQueryAttention takes one row per "
-                "call with a past); one call with the native kernels")
     return ("steps       a prefill chunk and the decode rows in one call (packed tokens; "
             "where the native kernels take every attention layer)")
 

@@ -47,11 +47,11 @@ def backend_line(backend) -> str:
     int4_decode = getattr(backend, "int4_decode", None)
     decode = f", {int4_decode.described}" if int4_decode and int4_decode.rewritten else ""
     int8_rows = getattr(backend, "int8_rows", None)
-    if int8_rows and int8_rows.rewritten:
-        decode += f", {int8_rows.described}"
+    int8 = f", {int8_rows.described}" if int8_rows and int8_rows.rewritten else ""
     fused = ", prefill chunk and decode rows in one call" if getattr(
         backend, "fuses_rows", False) else ""
-    return f"backend: {backend.name}, kernels {described}{prefill}{decode}{bf16}{merged}{fused}"
+    return (f"backend: {backend.name}, kernels {described}{prefill}{decode}{int8}{bf16}"
+            f"{merged}{fused}")
 
 
 def _ms(seconds: float | None) -> str:

@@ -67,11 +67,16 @@ class Backend(ABC):
         self.options = options
 
     @property
+    def why_not_fused(self) -> str | None:
+        """Why this backend runs a prefill chunk and the decode rows in two calls, or None
+        where one call gives every row its own tokens at the cost of its valid tokens (the
+        graph packs them: `GraphInfo.packed_tokens`; engines/ort/fusing.py)."""
+        return "this backend's engines take one kind of call at a time"
+
+    @property
     def fuses_rows(self) -> bool:
-        """Rows of different valid lengths in one call cost only their valid tokens' work
-        (the graph packs them: `GraphInfo.packed_tokens`), so the runtime may run a prefill
-        chunk beside the decode rows. Backends with static [B, C] engines say False."""
-        return False
+        """The runtime may run a prefill chunk beside the decode rows in one call."""
+        return self.why_not_fused is None
 
     @property
     def kv_dtype(self) -> np.dtype:

@@ -72,9 +72,8 @@ class Engine:
         self.scheduler = Scheduler(config.scheduler, self.kv, buckets,
                                    backend_fuses=self.backend.fuses_rows)
         if config.scheduler.fuse_steps and not self.backend.fuses_rows:
-            why = getattr(self.backend, "why_not_fused", None) or "this backend does not fuse them"
             log.warning("fuse steps: a prefill chunk and the decode rows run in two calls "
-                        "here: %s", why)
+                        "here: %s", self.backend.why_not_fused)
         self.eos = set(self.manifest.eos_token_ids) | set(self.generation_defaults.eos_token_ids)
         self.counters = EngineCounters()
         self.runner = StepRunner(self.backend, self.kv, self.scheduler.chunks, self.counters,

@@ -29,6 +29,7 @@ from edgeprefill.contract import (
 from edgeprefill.engines.base import Backend, BackendOptions, StepBatch
 from edgeprefill.engines.ort.arena import DeviceArena, HostArena, KVArena
 from edgeprefill.engines.ort.bf16_compute import choose as choose_compute
+from edgeprefill.engines.ort.fusing import stock_attention
 from edgeprefill.engines.ort.fusing import why_not as why_not_fused
 from edgeprefill.engines.ort.int4_decode import choose as choose_int4_decode
 from edgeprefill.engines.ort.int4_prefill import choose as choose_int4_prefill
@@ -131,7 +132,7 @@ class OnnxRuntimeBackend(Backend):
                                           session_options)
         # A chunk and other requests' decode rows share a call where that changes no row's
         # numbers (engines/ort/fusing.py); else this says why not.
-        self.why_not_fused = why_not_fused(graph, manifest.graph)
+        self._why_not_fused = why_not_fused(manifest.graph, stock_attention(graph))
         # Both rewrites switch nodes on "the chunk is one token": one If per step for all.
         self.switches = merge_switches(graph)
         model = loadable(self.kernels.model, graph, self.int4_prefill, session_options)
@@ -152,8 +153,8 @@ class OnnxRuntimeBackend(Backend):
         self._logits = np.empty((0, manifest.model.vocab_size), np.float32)
 
     @property
-    def fuses_rows(self) -> bool:
-        return self.why_not_fused is None
+    def why_not_fused(self) -> str | None:
+        return self._why_not_fused
 
     def _session_options(self) -> Any:
         ort = self._ort

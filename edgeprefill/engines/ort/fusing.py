@@ -25,20 +25,27 @@ from onnx import AttributeProto, GraphProto, ModelProto
 from edgeprefill.bundle import GraphInfo
 
 
-def why_not(graph: ModelProto, info: GraphInfo) -> str | None:
-    """Why a step's chunk and decode rows run as two calls with this graph (after the
-    load-time rewrites; `info`: the manifest's word on it), or None where one call gives
-    every row its own tokens."""
+def why_not(info: GraphInfo, stock_attention: bool) -> str | None:
+    """Why a step's chunk and decode rows run as two calls with this bundle (`info`: the
+    manifest's word on its graph; `stock_attention`: ONNX Runtime's GroupQueryAttention runs
+    here, not the native kernels), or None where one call gives every row its own tokens.
+    The backend and `inspect` both ask."""
     if not info.packed_tokens:
-        return ("a TensorRT-ready (standard) graph keeps static shapes" if info.flavor ==
-                "standard" else "the bundle was exported before packed tokens: re-export it")
-    if "GroupQueryAttention" in set(_op_types(graph.graph)):
-        return ("ONNX Runtime's GroupQueryAttention takes one row per call with a past "
-                "(the native kernels do not run here)")
+        return ("a TensorRT-ready graph keeps static shapes" if info.flavor == "standard"
+                else "exported before packed tokens: re-export to fuse")
     if info.quantization is not None:
         return (f"{info.quantization} projections quantize activations: a decode row beside "
                 "a chunk would not get a decode call's tokens")
+    if stock_attention:
+        return ("the stock GroupQueryAttention takes one row per call with a past; one call "
+                "with the native kernels")
     return None
+
+
+def stock_attention(graph: ModelProto) -> bool:
+    """Whether ONNX Runtime's GroupQueryAttention is left in `graph` after the load-time
+    rewrites, in subgraphs (the switches' Ifs) too."""
+    return "GroupQueryAttention" in set(_op_types(graph.graph))
 
 
 def _op_types(graph: GraphProto) -> Iterator[str]:
