@@ -222,18 +222,32 @@ def _level0(node: NodeProto, derived: Derived) -> list[NodeProto]:
     return [twin]
 
 
+def _int_attr(node: NodeProto, name: str, default: int) -> int:
+    return next((a.i for a in node.attribute if a.name == name), default)
+
+
+def _derivable(node: NodeProto) -> bool:
+    """4-bit weights without zero points: what the int8 variants derive from."""
+    return _int_attr(node, "bits", 4) == 4 and not (len(node.input) > 3 and any(node.input[3:]))
+
+
+def _int8_codes(node: NodeProto, derived: Derived) -> tuple[np.ndarray, np.ndarray]:
+    """The node's int4 weights dequantized and requantized per output channel: int8 [K, N]
+    codes and float32 [N] scales."""
+    packed = initializer(derived.graph, node.input[1], derived.bundle_dir)
+    scales = initializer(derived.graph, node.input[2], derived.bundle_dir)
+    weights = int4_dequantize(packed, scales, _int_attr(node, "K", 0))  # [N, K]
+    return int8_per_channel(weights.T)
+
+
 def _int8(node: NodeProto, derived: Derived) -> list[NodeProto]:
     """DynamicQuantizeMatMul over int8 weights derived from the node's int4 ones."""
-    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
-    if attrs.get("bits", 4) != 4 or len(node.input) > 3 and any(node.input[3:]):
+    if not _derivable(node):
         return _level0(node, derived)  # zero points or other widths: not derived
     base = f"{PREFIX}.{node.input[1]}"
 
     def derive() -> tuple[np.ndarray, np.ndarray]:
-        packed = initializer(derived.graph, node.input[1], derived.bundle_dir)
-        scales = initializer(derived.graph, node.input[2], derived.bundle_dir)
-        weights = int4_dequantize(packed, scales, int(attrs["K"]))  # [N, K]
-        q, scale = int8_per_channel(weights.T)  # [K, N], [N]
+        q, scale = _int8_codes(node, derived)
         return np.ascontiguousarray(q), scale  # ORT reads them in place
 
     derived.cached([f"{base}.int8", f"{base}.int8_scale"], derive)
@@ -250,22 +264,19 @@ def _int8_rows(node: NodeProto, derived: Derived) -> list[NodeProto]:
     from edgeprefill.engines.ort.int8_rows import OP as ROWS_OP  # int8_rows imports this module
     from edgeprefill.engines.ort.int8_rows import pack as pack_rows
 
-    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
-    if attrs.get("bits", 4) != 4 or len(node.input) > 3 and any(node.input[3:]):
+    if not _derivable(node):
         return _level0(node, derived)
     base = f"{PREFIX}.{node.input[1]}.rows"
 
     def derive() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        packed = initializer(derived.graph, node.input[1], derived.bundle_dir)
-        scales = initializer(derived.graph, node.input[2], derived.bundle_dir)
-        q, scale = int8_per_channel(int4_dequantize(packed, scales, int(attrs["K"])).T)
+        q, scale = _int8_codes(node, derived)
         lines, sums = pack_rows(q)
         return lines, scale, sums
 
     derived.cached([base, f"{base}.scale", f"{base}.sums"], derive)
     return [helper.make_node(
         ROWS_OP, [node.input[0], base, f"{base}.scale", f"{base}.sums"], ["out"],
-        domain=DOMAIN, name=f"{PREFIX}.{node.name}.rows", N=int(attrs["N"]),
+        domain=DOMAIN, name=f"{PREFIX}.{node.name}.rows", N=_int_attr(node, "N", 0),
     )]
 
 
