@@ -14,6 +14,7 @@ from edgeprefill.bundle import load_manifest
 from edgeprefill.engines import BackendOptions, StepBatch
 from edgeprefill.engines.ort import int4_decode, int8_rows
 from edgeprefill.engines.ort.backend import OnnxRuntimeBackend
+from edgeprefill.errors import BackendError
 from edgeprefill.export.quantize import int8_per_channel
 from edgeprefill.kernels.graph import DOMAIN
 
@@ -135,6 +136,9 @@ def test_not_without_vnni_or_when_turned_off(monkeypatch):
     assert "no native kernels" in int8_rows.describe(False)
     monkeypatch.setenv(int8_rows.MODE_ENV, "off")
     assert int8_rows.why_not(True) == "EDGEPREFILL_INT8_ROWS=off"
+    monkeypatch.setenv(int8_rows.MODE_ENV, "of")
+    with pytest.raises(BackendError, match="EDGEPREFILL_INT8_ROWS='of': choose one of auto, off"):
+        int8_rows.why_not(True)
     monkeypatch.delenv(int8_rows.MODE_ENV)
     monkeypatch.setattr(int4_decode, "cpu_has_vnni", lambda: False)
     assert "AVX512-VNNI" in int8_rows.why_not(True)

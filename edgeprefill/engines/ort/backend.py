@@ -106,7 +106,7 @@ class OnnxRuntimeBackend(Backend):
         session_options = self._session_options()
         # int4 bundles: a faster prefill projection than decode's (engines.ort.int4_prefill),
         # each row quantized on its own where the native MatMulInt8 will run.
-        rows = int8_rows_why_not(kernels_why_not(
+        rows = manifest.graph.quantization == "int4" and int8_rows_why_not(kernels_why_not(
             manifest.graph.flavor, manifest.graph.dtype, options.device) is None) is None
         self.int4_prefill = choose_int4_prefill(
             graph, bundle_dir, manifest.graph.flavor, options.device, session_options, rows)

@@ -23,6 +23,7 @@ from onnx import ModelProto, NodeProto, TensorProto, helper
 
 from edgeprefill.engines.ort import int4_decode
 from edgeprefill.engines.ort.derived import Derived, hand_over, initializer
+from edgeprefill.errors import BackendError
 from edgeprefill.kernels.graph import DOMAIN, declare_domain
 
 OP = "MatMulInt8"
@@ -37,17 +38,26 @@ class Int8Rows(NamedTuple):
     weights: tuple[object, ...] = ()  # the packed weights, alive as long as the session
 
 
+MODES = ("auto", "off")
+
+
 def why_not(native: bool) -> str | None:
     """Why an int8 bundle keeps DynamicQuantizeMatMul here, or None: turned off, or what
     keeps MatMulInt4 out of int4 decode (the native kernels, VNNI) keeps this out too."""
-    if os.environ.get(MODE_ENV, "").strip().lower() == "off":
+    value = os.environ.get(MODE_ENV, "auto").strip().lower() or "auto"
+    if value not in MODES:
+        raise BackendError(f"{MODE_ENV}={value!r}: choose one of {', '.join(MODES)}")
+    if value == "off":
         return f"{MODE_ENV}=off"
     return int4_decode.why_not(native)
 
 
 def describe(native: bool) -> str:
     """What `inspect` says about an int8 bundle's projections here."""
-    reason = why_not(native)
+    try:
+        reason = why_not(native)
+    except BackendError as err:
+        return str(err)
     return (f"{OP} (native: each row quantized on its own)" if reason is None
             else f"DynamicQuantizeMatMul ({reason}: a call's rows quantized together)")
 
@@ -55,17 +65,14 @@ def describe(native: bool) -> str:
 def choose(graph: ModelProto, bundle_dir: Path, native: bool, session_options: Any) -> Int8Rows:
     """Rewrites `graph`'s eligible DynamicQuantizeMatMul nodes in place (weights not loaded;
     they stay in `bundle_dir`) where the native kernels run on a CPU with VNNI."""
-    if why_not(native) is not None:
-        return Int8Rows(0, "")
     initializers = {t.name: t for t in graph.graph.initializer}
-    derived = Derived(graph, bundle_dir)
-    count = 0
-    for node in graph.graph.node:
-        if _eligible(node, initializers):
-            node.CopyFrom(_swapped(node, initializers[node.input[1]], derived))
-            count += 1
-    if count == 0:
+    targets = [node for node in graph.graph.node if _eligible(node, initializers)]
+    if not targets or why_not(native) is not None:
         return Int8Rows(0, "")
+    derived = Derived(graph, bundle_dir)
+    for node in targets:
+        node.CopyFrom(_swapped(node, initializers[node.input[1]], derived))
+    count = len(targets)
     declare_domain(graph)
     weights = hand_over(graph, derived.arrays, session_options)
     return Int8Rows(count, f"int8 projections {OP} ({count}, each row quantized on its own)",
