@@ -23,9 +23,11 @@ PASTS = np.array([0, 1, 127, 300])
 
 
 
-def layer_model(native: bool, rotary_dim: int, valid_lens: bool = False) -> bytes:
+def layer_model(native: bool, rotary_dim: int, valid_lens: bool = False, decode: bool = False,
+                bf16: bool = False) -> bytes:
     """One attention layer over a bound cache, chunk length free: GQA or the kernel (with
-    `valid_lens`, given each row's valid tokens as an input)."""
+    `valid_lens`, given each row's valid tokens as an input; `decode`: DecodeAttention, for
+    chunks of one token; `bf16`: PrefillAttention's products in bf16)."""
     rng = np.random.default_rng(0)
     tables = [rng.standard_normal((CAPACITY + 1, rotary_dim // 2)).astype(np.float32)
               for _ in range(2)]
@@ -37,7 +39,10 @@ def layer_model(native: bool, rotary_dim: int, valid_lens: bool = False) -> byte
         scale=HEAD_DIM**-0.5, do_rotary=1, rotary_interleaved=0,
     )
     if native:
-        node = graph.kernel_node(node, prefill=True, valid_lens="valid" if valid_lens else None)
+        node = graph.kernel_node(node, prefill=not decode,
+                                 valid_lens="valid" if valid_lens else None)
+    if bf16:
+        node.attribute.append(helper.make_attribute("bf16", 1))
     cache = ["rows", KV_HEADS, "capacity", HEAD_DIM]
     values = [
         helper.make_tensor_value_info("qkv", TensorProto.FLOAT, ["rows", "chunk", WIDTH]),
@@ -135,6 +140,42 @@ def test_valid_lens_skip_each_rows_padding(library):
     np.testing.assert_allclose(got_out, want_out, rtol=1e-5, atol=1e-5)
     for a, b in zip(want, got, strict=True):
         np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-5)  # padding positions untouched
+
+
+@pytest.mark.parametrize("bf16", [False, True])
+def test_a_one_token_row_gets_the_decode_kernels_bits(library, bf16):
+    """A row of one valid token beside a chunk (a fused step's decode row) gets, bit for bit,
+    output and cache, what DecodeAttention computes for it in a call of its own, and a
+    decode row's bits do not depend on the other rows of its call: quantized projections
+    would turn any rounding difference into other codes (engines/ort/fusing.py). Under bf16
+    the one-token rows keep float32 products; the chunk's row does not."""
+    pasts = np.array([5, 600, 129, 40])  # rows 0-2 decode (600: 4 pieces); row 3 prefills 40
+    chunk, valid = 40, np.array([1, 1, 1, 40])
+    rng = np.random.default_rng(7)
+    qkv = rng.standard_normal((4, chunk, WIDTH)).astype(np.float32)
+    shape = (4, KV_HEADS, CAPACITY, HEAD_DIM)
+    cache = [rng.standard_normal(shape).astype(np.float32) for _ in range(2)]
+    fused = [c.copy() for c in cache]
+    prefill = session(layer_model(True, HEAD_DIM, valid_lens=True, bf16=bf16), library, 2)
+    fused_out = run_layer(prefill, pasts, qkv, *fused, valid)
+
+    decode = session(layer_model(True, HEAD_DIM, decode=True), library, 2)
+    together = [c[:3].copy() for c in cache]
+    together_out = run_layer(decode, pasts[:3], qkv[:3, :1].copy(), *together)
+    for r in range(3):
+        alone = [c[r:r + 1].copy() for c in cache]
+        alone_out = run_layer(decode, pasts[r:r + 1], qkv[r:r + 1, :1].copy(), *alone)
+        np.testing.assert_array_equal(fused_out[r, :1], alone_out[0], err_msg=f"row {r}")
+        np.testing.assert_array_equal(together_out[r], alone_out[0], err_msg=f"row {r}")
+        for name, got, want in zip(("keys", "values"), fused, alone, strict=True):
+            np.testing.assert_array_equal(got[r], want[0], err_msg=f"{name}, row {r}")
+    assert not fused_out[:3, 1:].any()  # the decode rows' padding: zero, never computed
+    # The chunk's row is still the prefill kernel's: close to the reference, not the decode.
+    stock = session(layer_model(False, HEAD_DIM), None, 2)
+    want = [c[3:].copy() for c in cache]
+    want_out = run_layer(stock, pasts[3:], qkv[3:], *want)
+    tolerance = 2e-2 if bf16 else 1e-5
+    np.testing.assert_allclose(fused_out[3], want_out[0], rtol=tolerance, atol=tolerance)
 
 
 def test_first_prompt_of_several_rows_matches_group_query_attention(library):

@@ -7,6 +7,9 @@
 // splits every row's positions into pieces run on ONNX Runtime's intra-op pool (a
 // flash-decoding style max/sum merge joins the pieces). With AVX-512 and a head size of
 // 32, 64, 80, 96, 128 or 256 a piece runs RunPieceAvx512, else the portable loops.
+// The work is DecodeRows (decode_rows.h), which PrefillAttention runs for its rows of one
+// valid token too; a row's split depends on its own length only, so its output is the same
+// bits whichever rows share the call.
 //
 // Inputs:  0 qkv [B, 1, (H + 2 KV) * D] float   packed projection of the new token
 //          1 past_key [B, KV, cap, D] float       the cache (bound in place)
@@ -23,6 +26,7 @@
 #include <cstring>
 #include <vector>
 
+#include "decode_rows.h"
 #include "kernel_common.h"
 
 namespace edgeprefill {
@@ -30,7 +34,7 @@ namespace {
 
 constexpr int kLanes = 16;  // accumulators per dot product: one AVX-512 register, two AVX2
 constexpr int64_t kMinPiece = 128;  // positions per parallel piece, at least
-constexpr int64_t kTargetPieces = 16;  // pieces per call to aim for (load balance)
+constexpr int64_t kTargetPieces = 16;  // pieces per row to aim for (load balance)
 
 inline float Dot(const float* a, const float* b, int64_t n) {
   float acc[kLanes] = {};
@@ -39,67 +43,6 @@ inline float Dot(const float* a, const float* b, int64_t n) {
   for (int width = kLanes / 2; width > 0; width /= 2)
     for (int l = 0; l < width; ++l) acc[l] += acc[l + width];
   return acc[0];
-}
-
-struct Shape {
-  int64_t rows, kv_heads, capacity, head_dim, group;
-};
-
-// One parallel piece: a KV head of a row over positions [begin, end). It leaves, per query
-// head of the group, the running max, the sum of exponentials and the unnormalized output.
-struct Piece {
-  int64_t row, kv, begin, end;
-};
-
-struct Job {
-  Shape shape;
-  float scale;
-  const float* q;  // rotated queries [B, H, D]
-  const float* keys;
-  const float* values;
-  std::vector<Piece> pieces;
-  float* scores;  // [pieces, group, longest piece]
-  int64_t longest;
-  float* partial;  // [pieces, group, D + 2]: output, max, sum
-};
-
-void RunPiecePortable(const Job& job, size_t index) {
-  const Shape& s = job.shape;
-  const Piece& piece = job.pieces[index];
-  const int64_t d = s.head_dim, g = s.group, n = piece.end - piece.begin;
-  const int64_t head0 = piece.kv * g;
-  const int64_t cache_offset = ((piece.row * s.kv_heads + piece.kv) * s.capacity) * d;
-  const float* keys = job.keys + cache_offset;
-  const float* values = job.values + cache_offset;
-  const float* q = job.q + (piece.row * s.kv_heads * g + head0) * d;
-  float* scores = job.scores + index * g * job.longest;
-  for (int64_t j = 0; j < n; ++j) {  // each key row is read once for the whole group
-    const float* key = keys + (piece.begin + j) * d;
-    for (int64_t h = 0; h < g; ++h) scores[h * job.longest + j] = Dot(q + h * d, key, d) * job.scale;
-  }
-  float* out = job.partial + index * g * (d + 2);
-  for (int64_t h = 0; h < g; ++h) {
-    float* row = scores + h * job.longest;
-    float top = row[0];
-    for (int64_t j = 1; j < n; ++j) top = std::max(top, row[j]);
-    float sum = 0.0f;
-    for (int64_t j = 0; j < n; ++j) {
-      row[j] = ExpNonPositive(row[j] - top);
-      sum += row[j];
-    }
-    float* acc = out + h * (d + 2);
-    std::fill(acc, acc + d, 0.0f);
-    acc[d] = top;
-    acc[d + 1] = sum;
-  }
-  for (int64_t j = 0; j < n; ++j) {  // each value row is read once for the whole group
-    const float* value = values + (piece.begin + j) * d;
-    for (int64_t h = 0; h < g; ++h) {
-      const float weight = scores[h * job.longest + j];
-      float* acc = out + h * (d + 2);
-      for (int64_t k = 0; k < d; ++k) acc[k] += weight * value[k];
-    }
-  }
 }
 
 #ifdef __AVX512F__
@@ -130,23 +73,109 @@ inline __m512 SumLanes16(const __m512* acc) {
   const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
   return _mm512_permutexvar_ps(order, sums);
 }
+#endif
 
+}  // namespace
+
+DecodeRows::DecodeRows(const Layout& layout, const float* qkv, int64_t qkv_stride,
+                       std::vector<int64_t> rows, std::vector<int64_t> positions, float* keys,
+                       float* values, const float* cos, const float* sin)
+    : layout_(layout), rows_(std::move(rows)), positions_(std::move(positions)), keys_(keys),
+      values_(values) {
+  const Layout& s = layout_;
+  const int64_t d = s.head_dim, heads = s.heads, half = s.rotary / 2;
+  const int64_t group = heads / s.kv_heads;
+  // Rotate q and the new k, write k and v at each row's position.
+  q_.resize(rows_.size() * heads * d);
+  for (size_t i = 0; i < rows_.size(); ++i) {
+    const int64_t row = rows_[i], position = positions_[i];
+    const float* packed = qkv + row * qkv_stride;
+    const float* c = cos + position * half;
+    const float* n = sin + position * half;
+    for (int64_t h = 0; h < heads; ++h)
+      Rotate(packed + h * d, q_.data() + (i * heads + h) * d, c, n, d, s.rotary);
+    for (int64_t kv = 0; kv < s.kv_heads; ++kv) {
+      const int64_t at = ((row * s.kv_heads + kv) * s.capacity + position) * d;
+      Rotate(packed + (heads + kv) * d, keys + at, c, n, d, s.rotary);
+      std::memcpy(values + at, packed + (heads + s.kv_heads + kv) * d, d * sizeof(float));
+    }
+  }
+  // Each (row, KV head) split over its positions so that the pool has enough pieces. The
+  // split depends on the row's own length only, not on the other rows of the call: the
+  // pieces' sums are merged in their order, so a row's output is the same bits in any call.
+  const int64_t wanted = std::max<int64_t>(1, (kTargetPieces + s.kv_heads - 1) / s.kv_heads);
+  for (size_t i = 0; i < rows_.size(); ++i) {
+    const int64_t length = positions_[i] + 1;
+    const int64_t count = std::max<int64_t>(1, std::min(wanted, length / kMinPiece));
+    const int64_t step = (length + count - 1) / count;
+    for (int64_t kv = 0; kv < s.kv_heads; ++kv)
+      for (int64_t begin = 0; begin < length; begin += step)
+        pieces_.push_back({static_cast<int64_t>(i), kv, begin, std::min(length, begin + step)});
+  }
+  for (const Piece& piece : pieces_) longest_ = std::max(longest_, piece.end - piece.begin);
+  scores_.resize(pieces_.size() * group * longest_);
+  partial_.resize(pieces_.size() * group * (d + 2));
+}
+
+// One parallel piece: a KV head of a row over positions [begin, end). It leaves, per query
+// head of the group, the running max, the sum of exponentials and the unnormalized output.
+void DecodeRows::RunPiecePortable(size_t index) {
+  const Layout& s = layout_;
+  const Piece& piece = pieces_[index];
+  const int64_t d = s.head_dim, g = s.heads / s.kv_heads, n = piece.end - piece.begin;
+  const int64_t head0 = piece.kv * g;
+  const int64_t cache_offset = ((rows_[piece.slot] * s.kv_heads + piece.kv) * s.capacity) * d;
+  const float* keys = keys_ + cache_offset;
+  const float* values = values_ + cache_offset;
+  const float* q = q_.data() + (piece.slot * s.heads + head0) * d;
+  float* scores = scores_.data() + index * g * longest_;
+  for (int64_t j = 0; j < n; ++j) {  // each key row is read once for the whole group
+    const float* key = keys + (piece.begin + j) * d;
+    for (int64_t h = 0; h < g; ++h) scores[h * longest_ + j] = Dot(q + h * d, key, d) * s.scale;
+  }
+  float* out = partial_.data() + index * g * (d + 2);
+  for (int64_t h = 0; h < g; ++h) {
+    float* row = scores + h * longest_;
+    float top = row[0];
+    for (int64_t j = 1; j < n; ++j) top = std::max(top, row[j]);
+    float sum = 0.0f;
+    for (int64_t j = 0; j < n; ++j) {
+      row[j] = ExpNonPositive(row[j] - top);
+      sum += row[j];
+    }
+    float* acc = out + h * (d + 2);
+    std::fill(acc, acc + d, 0.0f);
+    acc[d] = top;
+    acc[d + 1] = sum;
+  }
+  for (int64_t j = 0; j < n; ++j) {  // each value row is read once for the whole group
+    const float* value = values + (piece.begin + j) * d;
+    for (int64_t h = 0; h < g; ++h) {
+      const float weight = scores[h * longest_ + j];
+      float* acc = out + h * (d + 2);
+      for (int64_t k = 0; k < d; ++k) acc[k] += weight * value[k];
+    }
+  }
+}
+
+#ifdef __AVX512F__
 // The same piece with head_dim = 16 * C. Keys and values are read in blocks of 16 rows that
 // every query head of the group uses while the block is in L1: the piece's rows come from
 // L2 or memory once, not once per head. The portable loops above ran ~3x slower here (gcc
 // kept each dot product's 16 partial sums on the stack; the value loop had a run-time length).
 template <int C>
-void RunPieceAvx512(const Job& job, size_t index) {
-  const Shape& s = job.shape;
-  const Piece& piece = job.pieces[index];
-  const int64_t d = 16 * C, g = s.group, n = piece.end - piece.begin, stride = job.longest;
-  const int64_t cache_offset = ((piece.row * s.kv_heads + piece.kv) * s.capacity) * d;
-  const float* keys = job.keys + cache_offset + piece.begin * d;
-  const float* values = job.values + cache_offset + piece.begin * d;
-  const float* q = job.q + (piece.row * s.kv_heads * g + piece.kv * g) * d;
-  float* scores = job.scores + index * g * stride;  // [group, stride]
-  float* partial = job.partial + index * g * (d + 2);  // [group, d + 2]
-  const __m512 scale = _mm512_set1_ps(job.scale);
+void DecodeRows::RunPieceAvx512(size_t index) {
+  const Layout& s = layout_;
+  const Piece& piece = pieces_[index];
+  const int64_t d = 16 * C, g = s.heads / s.kv_heads, n = piece.end - piece.begin;
+  const int64_t stride = longest_;
+  const int64_t cache_offset = ((rows_[piece.slot] * s.kv_heads + piece.kv) * s.capacity) * d;
+  const float* keys = keys_ + cache_offset + piece.begin * d;
+  const float* values = values_ + cache_offset + piece.begin * d;
+  const float* q = q_.data() + (piece.slot * s.heads + piece.kv * g) * d;
+  float* scores = scores_.data() + index * g * stride;  // [group, stride]
+  float* partial = partial_.data() + index * g * (d + 2);  // [group, d + 2]
+  const __m512 scale = _mm512_set1_ps(s.scale);
 
   int64_t j = 0;
   for (; j + 16 <= n; j += 16)
@@ -160,7 +189,7 @@ void RunPieceAvx512(const Job& job, size_t index) {
     for (int64_t h = 0; h < g; ++h) {
       __m512 query[C];
       for (int c = 0; c < C; ++c) query[c] = _mm512_loadu_ps(q + h * d + 16 * c);
-      scores[h * stride + j] = _mm512_reduce_add_ps(Dot16<C>(query, keys + j * d)) * job.scale;
+      scores[h * stride + j] = _mm512_reduce_add_ps(Dot16<C>(query, keys + j * d)) * s.scale;
     }
 
   for (int64_t h = 0; h < g; ++h) {  // softmax of each head's scores over the piece
@@ -216,21 +245,57 @@ void RunPieceAvx512(const Job& job, size_t index) {
 }
 #endif
 
-void RunPiece(void* data, size_t index) {
-  const Job& job = *static_cast<const Job*>(data);
+void DecodeRows::RunPiece(size_t index) {
 #ifdef __AVX512F__
-  switch (job.shape.head_dim) {  // the head sizes of the model families edgeprefill exports
-    case 32: return RunPieceAvx512<2>(job, index);
-    case 64: return RunPieceAvx512<4>(job, index);
-    case 80: return RunPieceAvx512<5>(job, index);
-    case 96: return RunPieceAvx512<6>(job, index);
-    case 128: return RunPieceAvx512<8>(job, index);
-    case 256: return RunPieceAvx512<16>(job, index);
+  switch (layout_.head_dim) {  // the head sizes of the model families edgeprefill exports
+    case 32: return RunPieceAvx512<2>(index);
+    case 64: return RunPieceAvx512<4>(index);
+    case 80: return RunPieceAvx512<5>(index);
+    case 96: return RunPieceAvx512<6>(index);
+    case 128: return RunPieceAvx512<8>(index);
+    case 256: return RunPieceAvx512<16>(index);
     default: break;
   }
 #endif
-  RunPiecePortable(job, index);
+  RunPiecePortable(index);
 }
+
+// Merges the pieces of each query head: out = sum_p e^(m_p - M) acc_p / sum_p e^(m_p - M) l_p.
+void DecodeRows::Finish(float* out, int64_t out_stride) const {
+  const Layout& s = layout_;
+  const int64_t d = s.head_dim, g = s.heads / s.kv_heads, heads = s.heads;
+  const size_t slots = rows_.size();
+  std::vector<float> top(slots * heads, -INFINITY);
+  std::vector<float> total(slots * heads, 0.0f);
+  std::vector<float> sum(slots * heads * d, 0.0f);
+  for (size_t i = 0; i < pieces_.size(); ++i)
+    for (int64_t h = 0; h < g; ++h) {
+      const int64_t at = pieces_[i].slot * heads + pieces_[i].kv * g + h;
+      top[at] = std::max(top[at], partial_[(i * g + h) * (d + 2) + d]);
+    }
+  for (size_t i = 0; i < pieces_.size(); ++i)
+    for (int64_t h = 0; h < g; ++h) {
+      const int64_t at = pieces_[i].slot * heads + pieces_[i].kv * g + h;
+      const float* acc = partial_.data() + (i * g + h) * (d + 2);
+      const float weight = std::exp(acc[d] - top[at]);
+      total[at] += weight * acc[d + 1];
+      for (int64_t k = 0; k < d; ++k) sum[at * d + k] += weight * acc[k];
+    }
+  for (size_t slot = 0; slot < slots; ++slot) {
+    float* row = out + rows_[slot] * out_stride;
+    for (int64_t h = 0; h < heads; ++h)
+      for (int64_t k = 0; k < d; ++k)
+        row[h * d + k] = sum[(slot * heads + h) * d + k] / total[slot * heads + h];
+  }
+}
+
+namespace {
+
+void RunDecodePiece(void* data, size_t index) { static_cast<DecodeRows*>(data)->RunPiece(index); }
+
+struct Shape {
+  int64_t rows, kv_heads, capacity, head_dim, group;
+};
 
 OrtStatus* CheckShapes(const Kernel& kernel, const Tensor& qkv, const Tensor& past_k,
                        const Tensor& past_v, const Tensor& positions, const Tensor& cos,
@@ -251,46 +316,6 @@ OrtStatus* CheckShapes(const Kernel& kernel, const Tensor& qkv, const Tensor& pa
     return Fail("DecodeAttention: cos and sin must be [positions, rotary_dim / 2], rotary_dim <= head_dim");
   *shape = {qkv.dims[0], kernel.kv_heads, past_k.dims[2], d, kernel.heads / kernel.kv_heads};
   return nullptr;
-}
-
-// Splits each (row, KV head) over its positions so that the pool has enough pieces.
-std::vector<Piece> Plan(const Shape& s, const int32_t* positions) {
-  std::vector<Piece> pieces;
-  const int64_t streams = s.rows * s.kv_heads;
-  const int64_t wanted = std::max<int64_t>(1, (kTargetPieces + streams - 1) / streams);
-  for (int64_t row = 0; row < s.rows; ++row) {
-    const int64_t length = positions[row] + 1;
-    const int64_t count = std::max<int64_t>(1, std::min(wanted, length / kMinPiece));
-    const int64_t step = (length + count - 1) / count;
-    for (int64_t kv = 0; kv < s.kv_heads; ++kv)
-      for (int64_t begin = 0; begin < length; begin += step)
-        pieces.push_back({row, kv, begin, std::min(length, begin + step)});
-  }
-  return pieces;
-}
-
-// Merges the pieces of each query head: out = sum_p e^(m_p - M) acc_p / sum_p e^(m_p - M) l_p.
-void Merge(const Job& job, float* out) {
-  const Shape& s = job.shape;
-  const int64_t d = s.head_dim, g = s.group, heads = s.kv_heads * g;
-  std::vector<float> top(s.rows * heads, -INFINITY);
-  std::vector<float> total(s.rows * heads, 0.0f);
-  std::fill(out, out + s.rows * heads * d, 0.0f);
-  for (size_t i = 0; i < job.pieces.size(); ++i)
-    for (int64_t h = 0; h < g; ++h) {
-      const int64_t at = job.pieces[i].row * heads + job.pieces[i].kv * g + h;
-      top[at] = std::max(top[at], job.partial[(i * g + h) * (d + 2) + d]);
-    }
-  for (size_t i = 0; i < job.pieces.size(); ++i)
-    for (int64_t h = 0; h < g; ++h) {
-      const int64_t at = job.pieces[i].row * heads + job.pieces[i].kv * g + h;
-      const float* acc = job.partial + (i * g + h) * (d + 2);
-      const float weight = std::exp(acc[d] - top[at]);
-      total[at] += weight * acc[d + 1];
-      for (int64_t k = 0; k < d; ++k) out[at * d + k] += weight * acc[k];
-    }
-  for (int64_t at = 0; at < s.rows * heads; ++at)
-    for (int64_t k = 0; k < d; ++k) out[at * d + k] /= total[at];
 }
 
 OrtStatus* Compute(const Kernel& kernel, OrtKernelContext* context) {
@@ -317,31 +342,13 @@ OrtStatus* Compute(const Kernel& kernel, OrtKernelContext* context) {
   if (keys != past_k.data) std::memcpy(keys, past_k.data, cache_floats * sizeof(float));
   if (values != past_v.data) std::memcpy(values, past_v.data, cache_floats * sizeof(float));
 
-  // Rotate q and the new k, write k and v at each row's position.
-  std::vector<float> q(s.rows * heads * d);
+  std::vector<int64_t> rows(s.rows), at(positions, positions + s.rows);
+  for (int64_t row = 0; row < s.rows; ++row) rows[row] = row;
   const int64_t width = (heads + 2 * s.kv_heads) * d;
-  for (int64_t row = 0; row < s.rows; ++row) {
-    const float* packed = qkv.data + row * width;
-    const int64_t half = cos.dims[1], rotary = 2 * half;
-    const float* c = cos.data + positions[row] * half;
-    const float* n = sin.data + positions[row] * half;
-    for (int64_t h = 0; h < heads; ++h)
-      Rotate(packed + h * d, q.data() + (row * heads + h) * d, c, n, d, rotary);
-    for (int64_t kv = 0; kv < s.kv_heads; ++kv) {
-      const int64_t at = ((row * s.kv_heads + kv) * s.capacity + positions[row]) * d;
-      Rotate(packed + (heads + kv) * d, keys + at, c, n, d, rotary);
-      std::memcpy(values + at, packed + (heads + s.kv_heads + kv) * d, d * sizeof(float));
-    }
-  }
-
-  Job job{s, kernel.scale, q.data(), keys, values, Plan(s, positions), nullptr, 0, nullptr};
-  for (const Piece& piece : job.pieces) job.longest = std::max(job.longest, piece.end - piece.begin);
-  std::vector<float> scores(job.pieces.size() * s.group * job.longest);
-  std::vector<float> partial(job.pieces.size() * s.group * (d + 2));
-  job.scores = scores.data();
-  job.partial = partial.data();
-  ParallelFor(context, RunPiece, job.pieces.size(), &job);
-  Merge(job, out);
+  DecodeRows work({heads, s.kv_heads, s.capacity, d, 2 * cos.dims[1], kernel.scale}, qkv.data,
+                  width, std::move(rows), std::move(at), keys, values, cos.data, sin.data);
+  ParallelFor(context, RunDecodePiece, work.Pieces(), &work);
+  work.Finish(out, heads * d);
   return nullptr;
 }
 

@@ -25,7 +25,9 @@
 //          5 cos [P, R / 2] float, 6 sin [P, R / 2] float   rotary tables (R <= D)
 //          7 valid_lens [B] int32 (optional)    each row's valid tokens, the rest padding:
 //                                               they are not computed nor written to the
-//                                               cache, and their output rows are zero
+//                                               cache, and their output rows are zero; a
+//                                               row of one valid token is DecodeAttention's
+//                                               (decode_rows.h), bit for bit
 // Outputs: 0 out [B, S, H * D] float, 1 present_key, 2 present_value (same shape as past;
 //          when bound to the past buffers nothing is copied, else the past is copied first)
 // Attributes: num_heads, kv_num_heads (int), scale (float).
@@ -43,6 +45,7 @@
 #include <time.h>
 #include <vector>
 
+#include "decode_rows.h"
 #include "kernel_common.h"  // <immintrin.h> where AVX-512 is on
 
 namespace edgeprefill {
@@ -397,9 +400,13 @@ void SoftmaxStep(float* scores, int64_t stride, int64_t n, int64_t k0, const int
 }
 #endif
 
-// Whether a row's products run on bf16 pairs. A row of one valid token (a decode row beside
-// a prefill chunk) keeps float32 products, as a decode call's attention does: its numbers
-// do not depend on sharing a call, and its cache is not paired.
+// A row of one valid token (a decode row beside a prefill chunk) is not this op's pieces:
+// DecodeRows (decode_rows.h) computes it, cache write included, with DecodeAttention's own
+// code, so its output and cache are the same bits as in a decode call (float32 products
+// under bf16 too), whatever else shares the call.
+inline bool OneToken(const Job& job, int64_t row) { return job.valid[row] == 1; }
+
+// Whether a row's products run on bf16 pairs (its cache is paired for the call).
 inline bool PairedRow(const Job& job, int64_t row) { return job.bf16 && job.valid[row] > 1; }
 
 // One piece: a block of queries of the KV group's heads over keys 0 .. its last position.
@@ -584,7 +591,7 @@ void WriteCache(const Job& job, float* keys, float* values) {
   const int64_t d = s.head_dim, half = s.rotary / 2, heads = s.kv_heads * s.group;
   const int64_t width = (heads + 2 * s.kv_heads) * d;
   for (int64_t row = 0; row < s.rows; ++row)
-    for (int64_t token = 0; token < job.valid[row]; ++token) {
+    for (int64_t token = 0; token < job.valid[row] && !OneToken(job, row); ++token) {
       const int64_t position = job.past[row] + token;
       const float* packed = job.qkv + (row * s.chunk + token) * width;
       for (int64_t kv = 0; kv < s.kv_heads; ++kv) {
@@ -599,7 +606,7 @@ void WriteCache(const Job& job, float* keys, float* values) {
 std::vector<Piece> Plan(const Shape& s, const int64_t* past, const int64_t* valid) {
   std::vector<Piece> pieces;
   for (int64_t row = 0; row < s.rows; ++row)
-    for (int64_t first = 0; first < valid[row]; first += s.block) {
+    for (int64_t first = 0; first < valid[row] && valid[row] > 1; first += s.block) {
       const int64_t queries = std::min(s.block, valid[row] - first);
       const int64_t work = queries * (past[row] + first + (queries + 1) / 2);
       for (int64_t kv = 0; kv < s.kv_heads; ++kv) pieces.push_back({row, kv, first, work});
@@ -661,6 +668,20 @@ void RunPairs(void* data, size_t index) {
 }
 #endif
 
+struct Both {
+  Job* job;
+  DecodeRows* decode;
+};
+
+void RunBoth(void* data, size_t index) {
+  Both& both = *static_cast<Both*>(data);
+  const size_t chunk_pieces = both.job->pieces.size();
+  if (index < chunk_pieces)
+    RunPiece(both.job, index);
+  else
+    both.decode->RunPiece(index - chunk_pieces);
+}
+
 OrtStatus* Compute(const Kernel& kernel, OrtKernelContext* context) {
   Tensor qkv, past_k, past_v, seqlens_t, total_t, cos, sin;
   EP_RETURN_IF_ERROR(Input(context, 0, &qkv));
@@ -712,10 +733,19 @@ OrtStatus* Compute(const Kernel& kernel, OrtKernelContext* context) {
     ParallelFor(context, RunPairs, static_cast<size_t>(s.rows * s.kv_heads * (job.span / kPairBlock + 1)), &job);
   }
 #endif
+  std::vector<int64_t> one_token, positions;
+  for (int64_t row = 0; row < s.rows; ++row)
+    if (OneToken(job, row)) one_token.push_back(row), positions.push_back(past[row]);
+  const int64_t width = (heads + 2 * s.kv_heads) * d;
+  DecodeRows decode({heads, s.kv_heads, s.capacity, d, s.rotary, kernel.scale}, qkv.data,
+                    s.chunk * width, std::move(one_token), std::move(positions), keys, values,
+                    cos.data, sin.data);
   job.pieces = Plan(s, past.data(), valid.data());
   if (Profiling()) job.times.resize(job.pieces.size());
   const int64_t pooled = Profiling() ? Now() : 0;
-  ParallelFor(context, RunPiece, job.pieces.size(), &job);
+  Both both{&job, &decode};  // one pass of the pool: the chunk's pieces, then the decode rows'
+  ParallelFor(context, RunBoth, job.pieces.size() + decode.Pieces(), &both);
+  decode.Finish(out, s.chunk * heads * d);
   if (Profiling()) Report(job, begin, pooled, pooled, Now());
   return nullptr;
 }

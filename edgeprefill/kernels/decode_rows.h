@@ -1,0 +1,50 @@
+// The decode attention of one new token per row, as a piece of work both attention ops run:
+// DecodeAttention for every row of its call, PrefillAttention for its rows of one valid
+// token (a fused step's decode rows). One copy of the code, so that such a row's output
+// and cache are the same bits in either op, and the same whichever other rows share the
+// call: quantized projections turn float rounding into other codes, so "the same to
+// float32 rounding" would still change a session's tokens (engines/ort/fusing.py).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace edgeprefill {
+
+class DecodeRows {
+ public:
+  struct Layout {
+    int64_t heads, kv_heads, capacity, head_dim, rotary;  // rotary <= head_dim, even
+    float scale;
+  };
+  // Rotates each listed row's query and new key and writes its key and value into the cache
+  // at `positions[i]` (the row's past length), then plans the pieces. Row r's packed q/k/v
+  // is at qkv + r * qkv_stride; keys and values are the [rows, kv_heads, capacity, head_dim]
+  // cache; cos and sin the rotary tables ([positions, rotary / 2]).
+  DecodeRows(const Layout& layout, const float* qkv, int64_t qkv_stride,
+             std::vector<int64_t> rows, std::vector<int64_t> positions, float* keys,
+             float* values, const float* cos, const float* sin);
+  size_t Pieces() const { return pieces_.size(); }
+  void RunPiece(size_t index);  // on any thread, each index once
+  // After every piece ran: row r's output [heads * head_dim] to out + r * out_stride.
+  void Finish(float* out, int64_t out_stride) const;
+
+ private:
+  struct Piece {
+    int64_t slot, kv, begin, end;  // slot: index into rows_
+  };
+  Layout layout_;
+  std::vector<int64_t> rows_, positions_;
+  const float* keys_;
+  const float* values_;
+  std::vector<float> q_;  // rotated queries [slots, heads, head_dim]
+  std::vector<Piece> pieces_;
+  int64_t longest_ = 0;
+  std::vector<float> scores_;   // [pieces, group, longest]
+  std::vector<float> partial_;  // [pieces, group, head_dim + 2]: output, max, sum
+  template <int C>
+  void RunPieceAvx512(size_t index);
+  void RunPiecePortable(size_t index);
+};
+
+}  // namespace edgeprefill
