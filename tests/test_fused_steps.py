@@ -99,22 +99,80 @@ def test_the_engine_fuses_and_generates_what_it_generates_unfused(bundle, librar
     assert len({(t.start, t.end) for t in fused_trace}) == calls - len(chunks)
 
 
-@pytest.mark.parametrize("kind, mode", [("int8", None), ("int8", "off-rows"), ("int4", None),
-                                        ("int4", "decode")])
-def test_quantized_bundles_run_two_calls(quantized, library, monkeypatch, kind, mode):
-    """Quantized activations turn the float rounding between a fused call's attention and
-    a decode call's into different tokens (and per-tensor quantization would scale other
-    requests' rows together): these bundles never fuse, whatever their projections."""
+def quantized_backend(quantized, monkeypatch, kind: str, mode: str | None):
     if mode == "off-rows":
         monkeypatch.setenv("EDGEPREFILL_INT8_ROWS", "off")  # the bundle's DynamicQuantizeMatMul
     elif mode:
         monkeypatch.setenv("EDGEPREFILL_INT4_PREFILL", mode)
-    path = quantized(kind)
+    return quantized(kind)
+
+
+# Every projection quantizes each row on its own with one native op for all rows: int8
+# bundles' MatMulInt8, int4 bundles' MatMulInt4 with EDGEPREFILL_INT4_PREFILL=decode.
+PER_ROW = [("int8", None), ("int4", "decode")]
+
+
+@pytest.mark.parametrize("compute", ["fp32", "bf16"])
+@pytest.mark.parametrize("kind, mode", PER_ROW)
+def test_a_fused_quantized_call_is_separate_calls_bit_for_bit(quantized, library, monkeypatch,
+                                                              kind, mode, compute):
+    """Where each row's projections are its own, a fused call's rows are the separate calls'
+    bits, logits and KV: the decode rows take the decode attention's code
+    (kernels/decode_rows.h), so quantized activations have no rounding to turn into codes."""
+    path = quantized_backend(quantized, monkeypatch, kind, mode)
+    engine = Engine.load(path, threads=2, background=False, kv_slots=4, compute=compute)
+    backend = engine.backend
+    assert backend.fuses_rows, backend.why_not_fused
+    pasts = [7, 140, 23, 20]  # slots 0-2 decode one token each; slot 3 prefills 37 more
+    for slot, past in enumerate(pasts):
+        prefill(backend, slot, prompt(past, seed=slot))
+    saved = [a.copy() for a in backend.kv_arrays()]
+    chunk, last = prompt(37, seed=9), [11, 12, 13]
+    decoded = backend.run(StepBatch(np.array([last], np.int64).T, np.array(pasts[:3], np.int32),
+                                    np.ones(3, np.int32), 0)).copy()
+    prefilled = backend.run(StepBatch(np.array([chunk], np.int64), np.array([20], np.int32),
+                                      np.array([37], np.int32), 3)).copy()
+    separate_kv = [a.copy() for a in backend.kv_arrays()]
+    for array, old in zip(backend.kv_arrays(), saved, strict=True):
+        array[...] = old
+    ids_ = np.zeros((4, 37), np.int64)
+    ids_[:3, 0] = last
+    ids_[3] = chunk
+    fused = backend.run(StepBatch(ids_, np.array(pasts, np.int32),
+                                  np.array([1, 1, 1, 37], np.int32), 0))
+    np.testing.assert_array_equal(fused[:3], decoded)
+    np.testing.assert_array_equal(fused[3:], prefilled)
+    for array, expected in zip(backend.kv_arrays(), separate_kv, strict=True):
+        for slot, end in enumerate([8, 141, 24, 57]):  # every position holding a token's KV
+            np.testing.assert_array_equal(array[slot, :, :end], expected[slot, :, :end])
+    engine.close()
+
+
+@pytest.mark.parametrize("kind, mode", PER_ROW)
+def test_quantized_bundles_with_per_row_projections_fuse(quantized, library, monkeypatch,
+                                                         kind, mode):
+    path = quantized_backend(quantized, monkeypatch, kind, mode)
+    assert "in one call" in steps(path)
+    tokens, trace = run_mixed(path)
+    assert any(t.fused for t in trace)
+    assert tokens == run_mixed(path, fuse_steps=False)[0]
+
+
+@pytest.mark.parametrize("kind, mode, why", [
+    ("int8", "off-rows", "ONNX Runtime's DynamicQuantizeMatMul"),
+    ("int4", None, "prefill projections run MatMulInt8, decode's MatMulInt4"),
+    ("int4", "level0", "ONNX Runtime's MatMulNBits"),
+])
+def test_other_quantized_bundles_run_two_calls(quantized, library, monkeypatch, kind, mode, why):
+    """Per-tensor quantization scales other requests' rows together; a prefill projection
+    that is not decode's computes another function for the decode rows: quantized
+    activations turn either into other tokens, so these never fuse."""
+    path = quantized_backend(quantized, monkeypatch, kind, mode)
     engine = Engine.load(path, threads=2, background=False)
     assert not engine.backend.fuses_rows
-    assert f"{kind} projections quantize activations" in engine.backend.why_not_fused
+    assert why in engine.backend.why_not_fused
     engine.close()
-    assert f"two calls ({kind} projections" in steps(path)
+    assert f"two calls ({kind} " in steps(path) and why in steps(path)
     tokens, trace = run_mixed(path, fuse_steps=True)
     assert not any(t.fused for t in trace)
     assert tokens == run_mixed(path, fuse_steps=False)[0]

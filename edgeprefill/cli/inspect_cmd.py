@@ -112,15 +112,40 @@ def _derived_line(bundle, manifest) -> list[str]:
 
 def _steps_line(graph) -> str:
     """Whether a step's prefill chunk and decode rows can share one call here: what the
-    backend decides (engines/ort/fusing.py), with the native kernels' choice for this CPU."""
+    backend decides (engines/ort/fusing.py), with the native kernels' choice for this CPU
+    and the projections the load-time rewrites would run."""
     from edgeprefill.engines.ort.fusing import why_not
+    from edgeprefill.errors import BackendError
     from edgeprefill.kernels.select import NATIVE, describe
 
-    why = why_not(graph, describe(graph.flavor, graph.dtype) != NATIVE)
+    native = describe(graph.flavor, graph.dtype) == NATIVE
+    try:
+        projections = _quantized_ops(graph, native)
+    except BackendError as err:  # a refused switch: its own line says it too
+        return f"steps       {err}"
+    why = why_not(graph, not native, projections)
     if why is not None:
         return f"steps       a prefill chunk and the decode rows in two calls ({why})"
     return ("steps       a prefill chunk and the decode rows in one call (packed tokens; "
             "where the native kernels take every attention layer)")
+
+
+def _quantized_ops(graph, native: bool) -> set[str]:
+    """The quantized projections' op types a load would run here (what the backend reads
+    off its rewritten graph: engines.ort.fusing.quantized_ops)."""
+    from edgeprefill.engines.ort import int4_decode, int4_prefill, int8_rows
+
+    per_row = int8_rows.why_not(native) is None  # MatMulInt8 runs
+    if graph.quantization == "int8":
+        return {"MatMulInt8" if per_row else "DynamicQuantizeMatMul"}
+    if graph.quantization != "int4":
+        return set()
+    decode = "MatMulInt4" if int4_decode.why_not(native) is None else "MatMulNBits"
+    if int4_prefill.why_not(graph.flavor, "cpu") is not None:  # unswitched
+        return {decode} if int4_prefill.every_row_as_decode() else {decode, "MatMulNBits"}
+    if int4_prefill.mode() == "level0":
+        return {decode, "MatMulNBits"}
+    return {decode, "MatMulInt8" if per_row else "DynamicQuantizeMatMul"}
 
 
 def _compute_line(graph) -> list[str]:

@@ -29,7 +29,7 @@ from edgeprefill.contract import (
 from edgeprefill.engines.base import Backend, BackendOptions, StepBatch
 from edgeprefill.engines.ort.arena import DeviceArena, HostArena, KVArena
 from edgeprefill.engines.ort.bf16_compute import choose as choose_compute
-from edgeprefill.engines.ort.fusing import stock_attention
+from edgeprefill.engines.ort.fusing import quantized_ops, stock_attention
 from edgeprefill.engines.ort.fusing import why_not as why_not_fused
 from edgeprefill.engines.ort.int4_decode import choose as choose_int4_decode
 from edgeprefill.engines.ort.int4_prefill import choose as choose_int4_prefill
@@ -132,7 +132,8 @@ class OnnxRuntimeBackend(Backend):
                                           session_options)
         # A chunk and other requests' decode rows share a call where that changes no row's
         # numbers (engines/ort/fusing.py); else this says why not.
-        self._why_not_fused = why_not_fused(manifest.graph, stock_attention(graph))
+        self._why_not_fused = why_not_fused(manifest.graph, stock_attention(graph),
+                                            quantized_ops(graph))
         # Both rewrites switch nodes on "the chunk is one token": one If per step for all.
         self.switches = merge_switches(graph)
         model = loadable(self.kernels.model, graph, self.int4_prefill, session_options)

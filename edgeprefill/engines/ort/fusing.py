@@ -2,44 +2,77 @@
 docs/design.md) without changing any row's tokens.
 
 A fused call must give every row what a call of its own gives it. A decode row beside a
-chunk takes the prefill attention (one valid token) where a decode call takes the decode
-attention: the same sum in another order, equal to float32 rounding, which keeps a float
-bundle's greedy tokens (tests/test_fused_steps.py). Three things break it:
+chunk is the prefill attention's row of one valid token, which it computes with the decode
+attention's own code (kernels/decode_rows.h): the same bits as in a decode call. What is
+left is the projections:
 
-- ONNX Runtime's GroupQueryAttention refuses a chunk with a past in more than one row;
+- float bundles: ONNX Runtime's MatMul may sum a row in another order when the call has
+  more rows, equal to float32 rounding, which keeps their greedy tokens
+  (tests/test_fused_steps.py);
 - quantized bundles: their projections round a row's activations to an 8-bit grid, which
-  turns those rounding differences into different codes and, measured on the compare.py
-  int8 and int4 bundles, into different tokens for some sessions. Worse, per-tensor dynamic
-  quantization (`DynamicQuantizeMatMul`: int8 bundles without the native kernels, int4
-  bundles' default prefill) scales a call's rows together, so a session's decode rows moved
-  with another request's prompt: every session's greedy text changed;
-- a graph that does not pack its tokens (exported before them, or the standard flavour).
+  turns any rounding difference into other codes and, measured on the compare.py int8 and
+  int4 bundles, into other tokens; per-tensor dynamic quantization (`DynamicQuantizeMatMul`)
+  even scales a call's rows together, so a session's decode rows moved with another
+  request's prompt. They fuse only where every projection is one of the native ops that
+  quantize each row on its own with integer sums (`PER_ROW`: the same bits for a row in any
+  call), and one op for all rows: an int8 bundle with MatMulInt8, an int4 bundle with
+  `EDGEPREFILL_INT4_PREFILL=decode` (MatMulInt4 for every row; the default gives prefill
+  chunks MatMulInt8 on int8 weights derived from the int4 ones, another function).
+
+Two more things rule it out: ONNX Runtime's GroupQueryAttention refuses a chunk with a past
+in more than one row, and a graph that does not pack its tokens (exported before them, or
+the standard flavour).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 from onnx import AttributeProto, GraphProto, ModelProto
 
 from edgeprefill.bundle import GraphInfo
 
+PER_ROW = ("MatMulInt8", "MatMulInt4")  # native: each row quantized on its own, int32 sums
+# ONNX Runtime's quantized projections: a row's numbers depend on the call's other rows
+# (one scale for the call, or another kernel for a many-row call).
+STOCK_QUANTIZED = ("DynamicQuantizeMatMul", "MatMulNBits", "MatMulInteger")
 
-def why_not(info: GraphInfo, stock_attention: bool) -> str | None:
+
+def why_not(info: GraphInfo, stock_attention: bool,
+            projections: Iterable[str] = ()) -> str | None:
     """Why a step's chunk and decode rows run as two calls with this bundle (`info`: the
     manifest's word on its graph; `stock_attention`: ONNX Runtime's GroupQueryAttention runs
-    here, not the native kernels), or None where one call gives every row its own tokens.
-    The backend and `inspect` both ask."""
+    here, not the native kernels; `projections`: the quantized projections' op types that
+    run, `quantized_ops`), or None where one call gives every row its own tokens. The
+    backend and `inspect` both ask."""
     if not info.packed_tokens:
         return ("a TensorRT-ready graph keeps static shapes" if info.flavor == "standard"
                 else "exported before packed tokens: re-export to fuse")
-    if info.quantization is not None:
-        return (f"{info.quantization} projections quantize activations: a decode row beside "
-                "a chunk would not get a decode call's tokens")
     if stock_attention:
         return ("the stock GroupQueryAttention takes one row per call with a past; one call "
                 "with the native kernels")
+    if info.quantization is not None:
+        return _why_not_quantized(info.quantization, set(projections))
     return None
+
+
+def _why_not_quantized(quantization: str, ops: set[str]) -> str | None:
+    stock = sorted(ops & set(STOCK_QUANTIZED))
+    if stock:
+        return (f"{quantization} projections by ONNX Runtime's {', '.join(stock)}: a row's "
+                "numbers depend on the rows beside it, so a decode row beside a chunk would "
+                "not get a decode call's tokens")
+    if len(ops) > 1:
+        prefill = ", ".join(sorted(ops - {"MatMulInt4"}))
+        return (f"{quantization} prefill projections run {prefill}, decode's MatMulInt4: a "
+                "decode row beside a chunk would not get a decode call's tokens; "
+                "EDGEPREFILL_INT4_PREFILL=decode gives every row decode's")
+    return None
+
+
+def quantized_ops(graph: ModelProto) -> set[str]:
+    """The quantized projections' op types left in `graph` after the load-time rewrites."""
+    return set(_op_types(graph.graph)) & {*PER_ROW, *STOCK_QUANTIZED}
 
 
 def stock_attention(graph: ModelProto) -> bool:
