@@ -119,6 +119,20 @@ def test_int8_prefill_rows_do_not_depend_on_the_chunking(library, int4_bundle, m
     assert "DynamicQuantizeMatMul" in stock.int4_prefill.projections
 
 
+@pytest.mark.parametrize("rows", ["auto", "off"])
+def test_inspect_names_the_prefill_projections_the_backend_runs(library, int4_bundle,
+                                                                monkeypatch, rows):
+    from click.testing import CliRunner
+
+    from edgeprefill.cli.main import cli
+
+    monkeypatch.setenv("EDGEPREFILL_INT8_ROWS", rows)
+    ran = backend(int4_bundle, monkeypatch, "int8").int4_prefill.projections
+    out = CliRunner().invoke(cli, ["inspect", str(int4_bundle)]).output
+    line = next(x for x in out.splitlines() if x.startswith("int4 prefill "))
+    assert line.startswith(f"int4 prefill {ran} ")
+
+
 def test_greedy_text_is_the_same_chunked_and_unchunked(int4_bundle, monkeypatch):
     # Where DynamicQuantizeMatMul runs, a chunk's rows share one scale: the chunking
     # changes the numbers slightly, never the text here (MatMulInt8: not at all).

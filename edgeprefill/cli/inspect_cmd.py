@@ -77,13 +77,19 @@ def _int4_prefill_line(graph) -> list[str]:
     (engines.ort.int4_prefill, engines.ort.int4_decode)."""
     if graph.quantization != "int4":
         return []
+    from edgeprefill.engines.ort import int8_rows
     from edgeprefill.engines.ort.int4_decode import describe as describe_decode
     from edgeprefill.engines.ort.int4_prefill import describe as describe_int4
+    from edgeprefill.errors import BackendError
     from edgeprefill.kernels.select import NATIVE, describe
 
     native = describe(graph.flavor, graph.dtype) == NATIVE
-    return [f"int4 prefill {describe_int4(graph.flavor)} (accuracy-level-4 projections)",
-            f"int4 decode {describe_decode(native)}"]
+    try:
+        rows = int8_rows.why_not(native) is None  # as the backend tells int4_prefill
+    except BackendError as err:
+        return [f"int4 prefill {err}", f"int4 decode {describe_decode(native)}"]
+    return [f"int4 prefill {describe_int4(graph.flavor, rows=rows)} "
+            "(accuracy-level-4 projections)", f"int4 decode {describe_decode(native)}"]
 
 
 def _int8_line(graph) -> list[str]:

@@ -108,9 +108,7 @@ def choose(graph: ModelProto, bundle_dir: Path, flavor: str, device: str,
     reason = why_not(flavor, device)
     if reason is not None:
         return Int4Prefill(False, _unswitched(reason))
-    variant = mode()
-    if variant == "int8" and rows:
-        variant = "int8 rows"
+    variant = _variant(rows)
     derived = Derived(graph, bundle_dir)
     switch(graph, targets, VARIANTS[variant], derived)
     if variant == "int8 rows":
@@ -119,13 +117,21 @@ def choose(graph: ModelProto, bundle_dir: Path, flavor: str, device: str,
     return Int4Prefill(True, describe_variant(variant), weights)
 
 
-def describe(flavor: str, device: str = "cpu") -> str:
-    """What `inspect` says about an int4 bundle's prefill projections here."""
+def describe(flavor: str, device: str = "cpu", rows: bool = False) -> str:
+    """What `inspect` says about an int4 bundle's prefill projections here (`rows`: as
+    `choose`'s)."""
     try:
         reason = why_not(flavor, device)
     except BackendError as err:
         return str(err)
-    return describe_variant(mode()) if reason is None else _unswitched(reason)
+    return describe_variant(_variant(rows)) if reason is None else _unswitched(reason)
+
+
+def _variant(rows: bool) -> str:
+    """The switched variant: `mode()`, its int8 one quantizing each row on its own where
+    MatMulInt8 runs (`rows`)."""
+    variant = mode()
+    return "int8 rows" if variant == "int8" and rows else variant
 
 
 def _unswitched(reason: str) -> str:
