@@ -55,13 +55,19 @@ MIXED_RUNTIMES: dict[str, MixedRuntime] = {
     "edgeprefill-int4": MixedRuntime("run_edgeprefill_mixed.py", "edgeprefill-int4"),
     "edgeprefill-int4-bf16": MixedRuntime("run_edgeprefill_mixed.py", "edgeprefill-int4",
                                           (("compute", "bf16"),)),
+    "edgeprefill-int8-bf16": MixedRuntime("run_edgeprefill_mixed.py", "edgeprefill-int8",
+                                          (("compute", "bf16"),)),
     "edgeprefill-unfused": MixedRuntime("run_edgeprefill_mixed.py", "edgeprefill", UNFUSED,
                                         default=False),
+    "edgeprefill-int8-bf16-unfused": MixedRuntime(
+        "run_edgeprefill_mixed.py", "edgeprefill-int8", (("compute", "bf16"), *UNFUSED),
+        default=False),
     "edgeprefill-bf16-unfused": MixedRuntime("run_edgeprefill_mixed.py", "edgeprefill",
                                              (("compute", "bf16"), *UNFUSED), default=False),
     "openvino-cb-f32": MixedRuntime("run_openvino_cb.py", "openvino",
                                     (("precision_hint", "f32"), ("kv_precision", "f32"))),
     "openvino-cb": MixedRuntime("run_openvino_cb.py", "openvino"),
+    "openvino-cb-int8": MixedRuntime("run_openvino_cb.py", "openvino-int8"),
     "openvino-cb-int4": MixedRuntime("run_openvino_cb.py", "openvino-int4"),
 }
 FIGURES = {  # key -> (label, format)
