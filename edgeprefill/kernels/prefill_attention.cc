@@ -585,13 +585,14 @@ void ZeroPadding(const Job& job) {
                   static_cast<size_t>((s.chunk - job.valid[row]) * width) * sizeof(float));
 }
 
-// Writes the chunk's rotated keys and its values into the cache at each row's past length.
+// Writes the chunk's rotated keys and its values into the cache at each row's past length
+// (not a one-token row's: DecodeRows writes it).
 void WriteCache(const Job& job, float* keys, float* values) {
   const Shape& s = job.shape;
   const int64_t d = s.head_dim, half = s.rotary / 2, heads = s.kv_heads * s.group;
   const int64_t width = (heads + 2 * s.kv_heads) * d;
   for (int64_t row = 0; row < s.rows; ++row)
-    for (int64_t token = 0; token < job.valid[row] && !OneToken(job, row); ++token) {
+    for (int64_t token = 0; token < (OneToken(job, row) ? 0 : job.valid[row]); ++token) {
       const int64_t position = job.past[row] + token;
       const float* packed = job.qkv + (row * s.chunk + token) * width;
       for (int64_t kv = 0; kv < s.kv_heads; ++kv) {
@@ -603,10 +604,11 @@ void WriteCache(const Job& job, float* keys, float* values) {
     }
 }
 
+// The pieces of every row of more than one valid token (DecodeRows computes the others).
 std::vector<Piece> Plan(const Shape& s, const int64_t* past, const int64_t* valid) {
   std::vector<Piece> pieces;
   for (int64_t row = 0; row < s.rows; ++row)
-    for (int64_t first = 0; first < valid[row] && valid[row] > 1; first += s.block) {
+    for (int64_t first = 0; first < (valid[row] == 1 ? 0 : valid[row]); first += s.block) {
       const int64_t queries = std::min(s.block, valid[row] - first);
       const int64_t work = queries * (past[row] + first + (queries + 1) / 2);
       for (int64_t kv = 0; kv < s.kv_heads; ++kv) pieces.push_back({row, kv, first, work});
