@@ -7,6 +7,8 @@ greedy text of the engine with fusing off; the scheduling on a fake backend's ca
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 import pytest
 
@@ -26,39 +28,53 @@ def prefill(backend, slot: int, tokens: list[int]) -> None:
                           np.array([len(tokens)], np.int32), slot))
 
 
-# bf16: the projections round the same way in both; a fused call's decode rows keep float32
-# attention products, as a decode call's attention does.
-@pytest.mark.parametrize("compute", ["fp32", "bf16"])
-def test_a_fused_call_computes_what_separate_calls_compute(bundle, library, compute):
-    engine = Engine.load(bundle("llama"), threads=2, background=False, kv_slots=4,
-                         compute=compute)
-    backend = engine.backend
-    assert engine.manifest.graph.packed_tokens and backend.fuses_rows
-    pasts = [7, 40, 23, 20]  # slots 0-2 decode one token each; slot 3 prefills 37 more
+class Calls(NamedTuple):
+    """One step's rows run as separate calls and as one fused call, from the same cache."""
+    decoded: np.ndarray  # the decode call's logits, 3 rows
+    prefilled: np.ndarray  # the chunk call's logits
+    fused: np.ndarray  # the fused call's logits, decode rows first
+    separate_kv: list[np.ndarray]
+    fused_kv: list[np.ndarray]
+    ends: list[int]  # per slot, the positions holding a token's KV after the step
+
+
+def fused_and_separate(backend, pasts: list[int]) -> Calls:
+    """Slots 0-2 decode one token each at `pasts[:3]`; slot 3 prefills 37 more tokens at
+    `pasts[3]`: as a decode call and a chunk call, then (the cache restored) as one call."""
     for slot, past in enumerate(pasts):
         prefill(backend, slot, prompt(past, seed=slot))
     saved = [a.copy() for a in backend.kv_arrays()]
-    chunk = prompt(37, seed=9)
-    last = [11, 12, 13]
-
+    chunk, last = prompt(37, seed=9), [11, 12, 13]
     decoded = backend.run(StepBatch(np.array([last], np.int64).T, np.array(pasts[:3], np.int32),
                                     np.ones(3, np.int32), 0)).copy()
-    prefilled = backend.run(StepBatch(np.array([chunk], np.int64), np.array([20], np.int32),
+    prefilled = backend.run(StepBatch(np.array([chunk], np.int64), np.array([pasts[3]], np.int32),
                                       np.array([37], np.int32), 3)).copy()
     separate_kv = [a.copy() for a in backend.kv_arrays()]
-
     for array, old in zip(backend.kv_arrays(), saved, strict=True):
         array[...] = old
     ids_ = np.zeros((4, 37), np.int64)
     ids_[:3, 0] = last
     ids_[3] = chunk
     fused = backend.run(StepBatch(ids_, np.array(pasts, np.int32),
-                                  np.array([1, 1, 1, 37], np.int32), 0))
-    np.testing.assert_allclose(fused[:3], decoded, rtol=1e-4, atol=1e-4)
-    np.testing.assert_allclose(fused[3:], prefilled, rtol=1e-4, atol=1e-4)
-    for array, expected in zip(backend.kv_arrays(), separate_kv, strict=True):
-        for slot, end in enumerate([8, 41, 24, 57]):  # every position holding a token's KV
-            np.testing.assert_allclose(array[slot, :, :end], expected[slot, :, :end],
+                                  np.array([1, 1, 1, 37], np.int32), 0)).copy()
+    ends = [p + 1 for p in pasts[:3]] + [pasts[3] + 37]
+    return Calls(decoded, prefilled, fused, separate_kv, [a.copy() for a in backend.kv_arrays()],
+                 ends)
+
+
+# The decode rows take the decode attention's own code; float32 projections may sum a row
+# in another order in a larger call (bf16: they round the same way in both).
+@pytest.mark.parametrize("compute", ["fp32", "bf16"])
+def test_a_fused_call_computes_what_separate_calls_compute(bundle, library, compute):
+    engine = Engine.load(bundle("llama"), threads=2, background=False, kv_slots=4,
+                         compute=compute)
+    assert engine.manifest.graph.packed_tokens and engine.backend.fuses_rows
+    calls = fused_and_separate(engine.backend, [7, 40, 23, 20])
+    np.testing.assert_allclose(calls.fused[:3], calls.decoded, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(calls.fused[3:], calls.prefilled, rtol=1e-4, atol=1e-4)
+    for got, want in zip(calls.fused_kv, calls.separate_kv, strict=True):
+        for slot, end in enumerate(calls.ends):
+            np.testing.assert_allclose(got[slot, :, :end], want[slot, :, :end],
                                        rtol=1e-5, atol=1e-5)
     engine.close()
 
@@ -121,30 +137,13 @@ def test_a_fused_quantized_call_is_separate_calls_bit_for_bit(quantized, library
     (kernels/decode_rows.h), so quantized activations have no rounding to turn into codes."""
     path = quantized_backend(quantized, monkeypatch, kind, mode)
     engine = Engine.load(path, threads=2, background=False, kv_slots=4, compute=compute)
-    backend = engine.backend
-    assert backend.fuses_rows, backend.why_not_fused
-    pasts = [7, 140, 23, 20]  # slots 0-2 decode one token each; slot 3 prefills 37 more
-    for slot, past in enumerate(pasts):
-        prefill(backend, slot, prompt(past, seed=slot))
-    saved = [a.copy() for a in backend.kv_arrays()]
-    chunk, last = prompt(37, seed=9), [11, 12, 13]
-    decoded = backend.run(StepBatch(np.array([last], np.int64).T, np.array(pasts[:3], np.int32),
-                                    np.ones(3, np.int32), 0)).copy()
-    prefilled = backend.run(StepBatch(np.array([chunk], np.int64), np.array([20], np.int32),
-                                      np.array([37], np.int32), 3)).copy()
-    separate_kv = [a.copy() for a in backend.kv_arrays()]
-    for array, old in zip(backend.kv_arrays(), saved, strict=True):
-        array[...] = old
-    ids_ = np.zeros((4, 37), np.int64)
-    ids_[:3, 0] = last
-    ids_[3] = chunk
-    fused = backend.run(StepBatch(ids_, np.array(pasts, np.int32),
-                                  np.array([1, 1, 1, 37], np.int32), 0))
-    np.testing.assert_array_equal(fused[:3], decoded)
-    np.testing.assert_array_equal(fused[3:], prefilled)
-    for array, expected in zip(backend.kv_arrays(), separate_kv, strict=True):
-        for slot, end in enumerate([8, 141, 24, 57]):  # every position holding a token's KV
-            np.testing.assert_array_equal(array[slot, :, :end], expected[slot, :, :end])
+    assert engine.backend.fuses_rows, engine.backend.why_not_fused
+    calls = fused_and_separate(engine.backend, [7, 140, 23, 20])
+    np.testing.assert_array_equal(calls.fused[:3], calls.decoded)
+    np.testing.assert_array_equal(calls.fused[3:], calls.prefilled)
+    for got, want in zip(calls.fused_kv, calls.separate_kv, strict=True):
+        for slot, end in enumerate(calls.ends):
+            np.testing.assert_array_equal(got[slot, :, :end], want[slot, :, :end])
     engine.close()
 
 
