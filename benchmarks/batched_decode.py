@@ -3,12 +3,18 @@
 Batched decode reads every weight once per step for all rows, so on a bandwidth-bound CPU
 N sessions should cost little more than one.
 
-    python benchmarks/batched_decode.py BUNDLE --sessions 1,2,4 --threads 2
+    python benchmarks/batched_decode.py BUNDLE --sessions 1,2,4 --threads 2 --rounds 3
+
+The session counts take turns for `--rounds` rounds (the order reversed every other round),
+so that the host's drift reaches every count alike: a ratio of rates measured minutes apart
+moved by 10% on the 2-vCPU VMs. Prints the median rate per count, its ratio to the first
+count, and each round's ratio with the placement probed after it.
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 import time
 
@@ -44,28 +50,38 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--prompt-tokens", type=int, default=128)
     parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument("--rounds", type=int, default=3, help="turns of every session count")
     args = parser.parse_args()
     try:
         counts = [int(n) for n in args.sessions.split(",")]
     except ValueError:
         parser.error(f"--sessions wants comma-separated counts, got {args.sessions!r}")
-    if min(counts + [args.threads, args.prompt_tokens]) < 1 or args.new_tokens < 2:
-        parser.error("session counts, --threads and --prompt-tokens must be positive, "
-                     "--new-tokens at least 2")
+    if min(counts + [args.threads, args.prompt_tokens, args.rounds]) < 1 or args.new_tokens < 2:
+        parser.error("session counts, --threads, --prompt-tokens and --rounds must be "
+                     "positive, --new-tokens at least 2")
+    rates: dict[int, list[float]] = {n: [] for n in counts}
+    placements: list[str] = []
     try:
         with Engine.load(args.bundle, threads=args.threads, kv_slots=max(counts),
                          prefix_reuse=False) as engine:
             aggregate_decode_rate(engine, 1, 16, 4)  # warm-up
-            rates, placements = {}, {}
-            for n in counts:
-                rates[n] = aggregate_decode_rate(engine, n, args.prompt_tokens, args.new_tokens)
-                placements[n] = placement(core_to_core_ns())  # the host's, right after
+            for turn in range(args.rounds):
+                for n in counts if turn % 2 == 0 else counts[::-1]:
+                    rates[n].append(
+                        aggregate_decode_rate(engine, n, args.prompt_tokens, args.new_tokens))
+                placements.append(placement(core_to_core_ns()))  # the host's, after the round
     except EdgeprefillError as error:
         sys.exit(f"batched_decode.py: {error}")
-    base = rates[counts[0]]
-    print(f"{'sessions':>8} {'aggregate tok/s':>16} {'per session':>12} {'vs 1':>6}")
-    for n, rate in rates.items():
-        print(f"{n:>8} {rate:>16.1f} {rate / n:>12.1f} {rate / base:>5.2f}x   {placements[n]}")
+    base = statistics.median(rates[counts[0]])
+    print(f"{'sessions':>8} {'aggregate tok/s':>16} {'per session':>12} {f'vs {counts[0]}':>6}"
+          f"   (median of {args.rounds} rounds)")
+    for n, runs in rates.items():
+        rate = statistics.median(runs)
+        print(f"{n:>8} {rate:>16.1f} {rate / n:>12.1f} {rate / base:>5.2f}x")
+    for turn, where in enumerate(placements):
+        ratios = ", ".join(f"{n}: {rates[n][turn] / rates[counts[0]][turn]:.2f}x"
+                           for n in counts[1:])
+        print(f"round {turn + 1}: {ratios}   {where}")
 
 
 if __name__ == "__main__":
