@@ -6,9 +6,10 @@ chunk is the prefill attention's row of one valid token, which it computes with 
 attention's own code (kernels/decode_rows.h): the same bits as in a decode call. What is
 left is the projections:
 
-- float bundles: ONNX Runtime's MatMul may sum a row in another order when the call has
+- float bundles: ONNX Runtime's MatMul could sum a row in another order when the call has
   more rows, equal to float32 rounding, which keeps their greedy tokens
-  (tests/test_fused_steps.py);
+  (tests/test_fused_steps.py); measured on the Zen 4 VM it does not: fp32 and `--compute
+  bf16` fused calls were the separate calls bit for bit (docs/benchmarks.md);
 - quantized bundles: their projections round a row's activations to an 8-bit grid, which
   turns any rounding difference into other codes and, measured on the compare.py int8 and
   int4 bundles, into other tokens; per-tensor dynamic quantization (`DynamicQuantizeMatMul`)
