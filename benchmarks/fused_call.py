@@ -8,7 +8,9 @@ times the three calls in one process, taking turns, at one past length for every
 
 It calls the backend directly, whatever the scheduler would decide (`fuses_rows`, printed):
 for a bundle that does not fuse, the fused figure is what fusing would cost, not what runs.
-Prints the medians, the fused call against the sum of the two, the CPU and the placement.
+Prints the medians, the fused call against the sum of the two, the CPU and the placement,
+and how far the fused call's logits are from the two calls' (every call rewrites the same
+cache positions with the same values, so all three start from the same cache).
 """
 
 from __future__ import annotations
@@ -91,12 +93,14 @@ def main() -> None:
         fill(backend, args.rows + 1, args.past, seed=0)
         runs = calls(backend, args.rows, args.past, args.chunk, seed=1)
         times: dict[str, list[float]] = {name: [] for name in runs}
+        logits: dict[str, np.ndarray] = {}
         before = core_to_core_ns()
         for _ in range(args.rounds):
             for name, run in runs.items():
                 start = time.perf_counter()
-                run()
+                out = run()
                 times[name].append(time.perf_counter() - start)
+                logits[name] = np.array(out, copy=True)
         after = core_to_core_ns()
         why = backend.why_not_fused
         engine.close()
@@ -108,6 +112,10 @@ def main() -> None:
           f"{placement(after)}; {args.rows} decode rows and a {args.chunk}-token chunk at past "
           f"{args.past}, --compute {args.compute}")
     print(f"fuses here: {'yes' if why is None else f'no ({why})'}")
+    apart = np.concatenate([logits["decode"], logits["chunk"]])
+    diff = float(np.abs(logits["fused"] - apart).max())
+    print("fused logits: " + ("the two calls' bit for bit" if diff == 0.0
+                               else f"at most {diff:.3g} from the two calls'"))
     print(f"decode call {median['decode']:.2f} ms + chunk call {median['chunk']:.2f} ms = "
           f"{separate:.2f} ms; fused call {median['fused']:.2f} ms "
           f"({median['fused'] / separate:.3f}x)")
