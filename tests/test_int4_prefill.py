@@ -130,7 +130,7 @@ def test_inspect_names_the_prefill_projections_the_backend_runs(library, int4_bu
     ran = backend(int4_bundle, monkeypatch, "int8").int4_prefill.projections
     out = CliRunner().invoke(cli, ["inspect", str(int4_bundle)]).output
     line = next(x for x in out.splitlines() if x.startswith("int4 prefill "))
-    assert line.startswith(f"int4 prefill {ran} ")
+    assert line.startswith(f"int4 prefill {ran}, ")
 
 
 def test_greedy_text_is_the_same_chunked_and_unchunked(int4_bundle, monkeypatch):

@@ -88,8 +88,8 @@ def _int4_prefill_line(graph) -> list[str]:
         rows = int8_rows.why_not(native) is None  # as the backend tells int4_prefill
     except BackendError as err:
         return [f"int4 prefill {err}", f"int4 decode {describe_decode(native)}"]
-    return [f"int4 prefill {describe_int4(graph.flavor, rows=rows)} "
-            "(accuracy-level-4 projections)", f"int4 decode {describe_decode(native)}"]
+    return [f"int4 prefill {describe_int4(graph.flavor, rows=rows)}, for the "
+            "accuracy-level-4 projections", f"int4 decode {describe_decode(native)}"]
 
 
 def _int8_line(graph) -> list[str]:
