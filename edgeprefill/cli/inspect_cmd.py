@@ -132,8 +132,10 @@ def _steps_line(graph) -> str:
     why = why_not(graph, not native, projections)
     if why is not None:
         return f"steps       a prefill chunk and the decode rows in two calls ({why})"
+    rows = (f"; {graph.quantization} projections quantizing each row on its own"
+            if graph.quantization else "")
     return ("steps       a prefill chunk and the decode rows in one call (packed tokens; "
-            "where the native kernels take every attention layer)")
+            f"where the native kernels take every attention layer{rows})")
 
 
 def _quantized_ops(graph, native: bool) -> set[str]:
