@@ -63,10 +63,12 @@ def fused_and_separate(backend, pasts: list[int]) -> Calls:
 
 
 # The decode rows take the decode attention's own code; float32 projections may sum a row
-# in another order in a larger call (bf16: they round the same way in both).
+# in another order in a larger call (bf16: they round the same way in both). qwen3 has q/k
+# norms (q, k and v apart), phi3 a partial rotary.
+@pytest.mark.parametrize("family", ["llama", "qwen3", "phi3"])
 @pytest.mark.parametrize("compute", ["fp32", "bf16"])
-def test_a_fused_call_computes_what_separate_calls_compute(bundle, library, compute):
-    engine = Engine.load(bundle("llama"), threads=2, background=False, kv_slots=4,
+def test_a_fused_call_computes_what_separate_calls_compute(bundle, library, compute, family):
+    engine = Engine.load(bundle(family), threads=2, background=False, kv_slots=4,
                          compute=compute)
     assert engine.manifest.graph.packed_tokens and engine.backend.fuses_rows
     calls = fused_and_separate(engine.backend, [7, 40, 23, 20])
