@@ -128,8 +128,18 @@ void ParallelFor(OrtKernelContext* context, void (*fn)(void*, size_t), size_t co
 void ProjectRows(OrtKernelContext* context, bool split, size_t row_blocks, size_t panels,
                  void (*prepare)(void*, size_t), void (*piece)(void*, size_t), void* job);
 
-// A packed projection's N attribute (positive), `op` naming it in the error.
-OrtStatus* ReadColumns(const OrtKernelInfo* info, const char* op, int64_t* n);
+// Output 0 of a row-wise op on input `a` [..., K]: [..., width] (the projections: N;
+// SwiGlu: K / 2), and `rows`, the product of a's leading axes.
+OrtStatus* RowsOutput(OrtKernelContext* context, const Tensor& a, int64_t width, float** out,
+                      int64_t* rows);
+
+// A packed projection's kernel (MatMulBf16, MatMulInt8): its N attribute, positive (`op`
+// names it in the error), read by CreateColumnsKernel and freed by DestroyColumnsKernel.
+struct Columns {
+  int64_t n;
+};
+OrtStatus* CreateColumnsKernel(const OrtKernelInfo* info, const char* op, void** kernel);
+void ORT_API_CALL DestroyColumnsKernel(void* kernel);
 
 // One op of the library: its name, its inputs (those in `int32_inputs`, a bit mask, are
 // int32, those in `uint8_inputs` uint8, the rest float; every output is float) and its

@@ -110,11 +110,25 @@ void ProjectRows(OrtKernelContext* context, bool split, size_t row_blocks, size_
     for (size_t i = 0; i < pieces; ++i) piece(job, i);
 }
 
-OrtStatus* ReadColumns(const OrtKernelInfo* info, const char* op, int64_t* n) {
-  EP_RETURN_IF_ERROR(g_api->KernelInfoGetAttribute_int64(info, "N", n));
-  if (*n <= 0) return Fail((std::string(op) + ": N must be positive").c_str());
+OrtStatus* RowsOutput(OrtKernelContext* context, const Tensor& a, int64_t width, float** out,
+                      int64_t* rows) {
+  std::vector<int64_t> dims = a.dims;
+  dims.back() = width;
+  EP_RETURN_IF_ERROR(Output(context, 0, dims, out));
+  *rows = 1;
+  for (size_t i = 0; i + 1 < a.dims.size(); ++i) *rows *= a.dims[i];
   return nullptr;
 }
+
+OrtStatus* CreateColumnsKernel(const OrtKernelInfo* info, const char* op, void** kernel) {
+  int64_t n = 0;
+  EP_RETURN_IF_ERROR(g_api->KernelInfoGetAttribute_int64(info, "N", &n));
+  if (n <= 0) return Fail((std::string(op) + ": N must be positive").c_str());
+  *kernel = new Columns{n};
+  return nullptr;
+}
+
+void ORT_API_CALL DestroyColumnsKernel(void* kernel) { delete static_cast<Columns*>(kernel); }
 
 Op MakeOp(const OpSpec& spec) {
   Op op;

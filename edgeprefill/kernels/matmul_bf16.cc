@@ -36,10 +36,6 @@ constexpr int64_t kRowBlock = 48;  // rows per parallel piece (8 register tiles)
 constexpr int64_t kMinFlopsToSplit = 1 << 20;
 constexpr int64_t kMinWeightsToSplit = 1 << 16;
 
-struct Width {
-  int64_t n;  // the N attribute
-};
-
 inline float FromBf16(uint32_t h) {
   const uint32_t u = h << 16;
   float x;
@@ -143,7 +139,7 @@ void RunConvert(void* data, size_t index) {
 }
 
 OrtStatus* Compute(void* state, OrtKernelContext* context) {
-  const int64_t n = static_cast<Width*>(state)->n;
+  const int64_t n = static_cast<Columns*>(state)->n;
   Tensor a, b;
   EP_RETURN_IF_ERROR(Input(context, 0, &a));
   EP_RETURN_IF_ERROR(Input(context, 1, &b));
@@ -154,12 +150,9 @@ OrtStatus* Compute(void* state, OrtKernelContext* context) {
     return Fail(("MatMulBf16: the packed weight " + std::to_string(b.dims[0]) + "x" +
                  std::to_string(b.dims[1]) + "x64 does not fit K=" + std::to_string(k) +
                  ", N=" + std::to_string(n)).c_str());
-  std::vector<int64_t> dims = a.dims;
-  dims.back() = n;
   float* out = nullptr;
-  EP_RETURN_IF_ERROR(Output(context, 0, dims, &out));
-  int64_t m = 1;
-  for (size_t i = 0; i + 1 < a.dims.size(); ++i) m *= a.dims[i];
+  int64_t m = 0;
+  EP_RETURN_IF_ERROR(RowsOutput(context, a, n, &out, &m));
   if (m == 0) return nullptr;
   std::vector<uint32_t> pairs(static_cast<size_t>(m * b.dims[1]));
   Job job{a.data, reinterpret_cast<const uint32_t*>(b.data), pairs.data(), out, m, k,
@@ -171,13 +164,8 @@ OrtStatus* Compute(void* state, OrtKernelContext* context) {
 }
 
 OrtStatus* CreateKernel(const OrtKernelInfo* info, void** kernel) {
-  int64_t n = 0;
-  EP_RETURN_IF_ERROR(ReadColumns(info, "MatMulBf16", &n));
-  *kernel = new Width{n};
-  return nullptr;
+  return CreateColumnsKernel(info, "MatMulBf16", kernel);
 }
-
-void ORT_API_CALL DestroyKernel(void* kernel) { delete static_cast<Width*>(kernel); }
 
 OrtStatus* ORT_API_CALL ComputeKernel(void* kernel, OrtKernelContext* context) {
   return Compute(kernel, context);
@@ -186,7 +174,8 @@ OrtStatus* ORT_API_CALL ComputeKernel(void* kernel, OrtKernelContext* context) {
 }  // namespace
 
 const Op& MatMulBf16Op() {
-  static const Op op = MakeOp({"MatMulBf16", 2, 1, 0b10u, CreateKernel, ComputeKernel, DestroyKernel});
+  static const Op op = MakeOp({"MatMulBf16", 2, 1, 0b10u, CreateKernel, ComputeKernel,
+                               DestroyColumnsKernel});
   return op;
 }
 

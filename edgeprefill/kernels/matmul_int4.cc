@@ -200,12 +200,9 @@ OrtStatus* Compute(void* state, OrtKernelContext* context) {
       scales.dims != std::vector<int64_t>{tiles, blocks, kTile})
     return Fail("MatMulInt4: the weights must be packed by int4_decode.py ([N/16, K/32, 4, 64] "
                 "uint8, [N/16, K/32, 16] scales)");
-  std::vector<int64_t> dims = a.dims;
-  dims.back() = shape.n;
   float* out = nullptr;
-  EP_RETURN_IF_ERROR(Output(context, 0, dims, &out));
-  int64_t rows = 1;
-  for (size_t i = 0; i + 1 < a.dims.size(); ++i) rows *= a.dims[i];
+  int64_t rows = 0;
+  EP_RETURN_IF_ERROR(RowsOutput(context, a, shape.n, &out, &rows));
   if (rows == 0) return nullptr;
   std::vector<Row> quantized(rows);
   for (int64_t r = 0; r < rows; ++r) Quantize(a.data + r * shape.k, shape.k, blocks, &quantized[r]);

@@ -39,10 +39,6 @@ constexpr int64_t kRowBlock = 48;  // rows per parallel piece (8 register tiles)
 constexpr int64_t kMinOpsToSplit = 1 << 20;
 constexpr int64_t kMinWeightsToSplit = 1 << 16;
 
-struct Width {
-  int64_t n;  // the N attribute
-};
-
 struct Job {
   const float* a;       // [M, K]
   const int8_t* b;      // [P, K4, 64, 4]
@@ -185,7 +181,7 @@ void RunQuantize(void* data, size_t index) {
 }
 
 OrtStatus* Compute(void* state, OrtKernelContext* context) {
-  const int64_t n = static_cast<Width*>(state)->n;
+  const int64_t n = static_cast<Columns*>(state)->n;
   Tensor a, b, scales, sums;  // b's bytes and sums' int32s behind Tensor's float pointer
   EP_RETURN_IF_ERROR(Input(context, 0, &a));
   EP_RETURN_IF_ERROR(Input(context, 1, &b));
@@ -197,12 +193,9 @@ OrtStatus* Compute(void* state, OrtKernelContext* context) {
       sums.dims != std::vector<int64_t>{n})
     return Fail(("MatMulInt8: the packed weight, scales or sums do not fit K=" +
                  std::to_string(k) + ", N=" + std::to_string(n)).c_str());
-  std::vector<int64_t> dims = a.dims;
-  dims.back() = n;
   float* out = nullptr;
-  EP_RETURN_IF_ERROR(Output(context, 0, dims, &out));
-  int64_t m = 1;
-  for (size_t i = 0; i + 1 < a.dims.size(); ++i) m *= a.dims[i];
+  int64_t m = 0;
+  EP_RETURN_IF_ERROR(RowsOutput(context, a, n, &out, &m));
   if (m == 0) return nullptr;
   std::vector<uint32_t> quads(static_cast<size_t>(m * k4));
   std::vector<float> row_scale(static_cast<size_t>(m));
@@ -217,13 +210,8 @@ OrtStatus* Compute(void* state, OrtKernelContext* context) {
 }
 
 OrtStatus* CreateKernel(const OrtKernelInfo* info, void** kernel) {
-  int64_t n = 0;
-  EP_RETURN_IF_ERROR(ReadColumns(info, "MatMulInt8", &n));
-  *kernel = new Width{n};
-  return nullptr;
+  return CreateColumnsKernel(info, "MatMulInt8", kernel);
 }
-
-void ORT_API_CALL DestroyKernel(void* kernel) { delete static_cast<Width*>(kernel); }
 
 OrtStatus* ORT_API_CALL ComputeKernel(void* kernel, OrtKernelContext* context) {
   return Compute(kernel, context);
@@ -234,7 +222,7 @@ OrtStatus* ORT_API_CALL ComputeKernel(void* kernel, OrtKernelContext* context) {
 const Op& MatMulInt8Op() {
   // inputs: a float, b uint8 (the int8 codes' bytes), scales float, sums int32
   static const Op op = MakeOp({"MatMulInt8", 4, 1, 0b1000u, CreateKernel, ComputeKernel,
-                               DestroyKernel, 0b10u});
+                               DestroyColumnsKernel, 0b10u});
   return op;
 }
 

@@ -63,13 +63,10 @@ OrtStatus* Compute(void*, OrtKernelContext* context) {
   EP_RETURN_IF_ERROR(Input(context, 0, &x));
   if (x.dims.empty() || x.dims.back() % 2 != 0)
     return Fail("SwiGlu: the input's last axis must hold gate and up, of equal width");
-  std::vector<int64_t> dims = x.dims;
-  dims.back() /= 2;
   float* out = nullptr;
-  EP_RETURN_IF_ERROR(Output(context, 0, dims, &out));
-  int64_t rows = 1;
-  for (size_t i = 0; i + 1 < x.dims.size(); ++i) rows *= x.dims[i];
-  Job job{x.data, out, rows, dims.back()};
+  int64_t rows = 0;
+  EP_RETURN_IF_ERROR(RowsOutput(context, x, x.dims.back() / 2, &out, &rows));
+  Job job{x.data, out, rows, x.dims.back() / 2};
   const int64_t pieces = (rows + kRowsPerPiece - 1) / kRowsPerPiece;
   if (pieces > 1 && rows * job.width >= kParallelFloats)
     ParallelFor(context, RunPiece, static_cast<size_t>(pieces), &job);
