@@ -21,7 +21,7 @@ def inspect(bundle, verify, as_json):
       edgeprefill inspect build/tiny-recall --verify
     """
     from edgeprefill.bundle import load_manifest
-    from edgeprefill.kernels.select import describe
+    from edgeprefill.kernels.select import NATIVE, describe
     from edgeprefill.sdk.generation_defaults import GenerationDefaults
 
     m = load_manifest(bundle, verify_checksums=verify)
@@ -31,6 +31,8 @@ def inspect(bundle, verify, as_json):
     model, graph = m.model, m.graph
     defaults = GenerationDefaults.load(bundle)
     eos = list(dict.fromkeys([*m.eos_token_ids, *defaults.eos_token_ids]))
+    kernels = describe(graph.flavor, graph.dtype)
+    native = kernels == NATIVE  # the native kernels run here: what the switches below need
     lines = [
         f"bundle      {bundle}",
         f"model       {model.family}: {model.num_layers} layers, hidden {model.hidden_size}, "
@@ -41,11 +43,11 @@ def inspect(bundle, verify, as_json):
         f"{json.dumps(graph.opsets)})",
         f"chunks      {', '.join(map(str, m.chunks))} tokens",
         f"max context {m.max_context} tokens",
-        f"kernels     {describe(graph.flavor, graph.dtype)} on this machine's CPU",
-        *_int4_prefill_line(graph),
-        *_int8_line(graph),
+        f"kernels     {kernels} on this machine's CPU",
+        *_int4_prefill_line(graph, native),
+        *_int8_line(graph, native),
         *_compute_line(graph),
-        _steps_line(graph),
+        _steps_line(graph, native),
         *_derived_line(bundle, m),
         f"eos ids     {eos}",
         f"sampling    {defaults.describe()}  (generation_config.json; requests may override)",
@@ -72,7 +74,7 @@ def _io_lines(table: dict, kv_pairs: list[list[str]]) -> list[str]:
     return lines
 
 
-def _int4_prefill_line(graph) -> list[str]:
+def _int4_prefill_line(graph, native: bool) -> list[str]:
     """int4 bundles: what their prefill and decode projections run here
     (engines.ort.int4_prefill, engines.ort.int4_decode)."""
     if graph.quantization != "int4":
@@ -81,9 +83,7 @@ def _int4_prefill_line(graph) -> list[str]:
     from edgeprefill.engines.ort.int4_decode import describe as describe_decode
     from edgeprefill.engines.ort.int4_prefill import describe as describe_int4
     from edgeprefill.errors import BackendError
-    from edgeprefill.kernels.select import NATIVE, describe
 
-    native = describe(graph.flavor, graph.dtype) == NATIVE
     try:
         rows = int8_rows.why_not(native) is None  # as the backend tells int4_prefill
     except BackendError as err:
@@ -92,14 +92,13 @@ def _int4_prefill_line(graph) -> list[str]:
             "accuracy-level-4 projections", f"int4 decode {describe_decode(native)}"]
 
 
-def _int8_line(graph) -> list[str]:
+def _int8_line(graph, native: bool) -> list[str]:
     """int8 bundles: what their projections run here (engines.ort.int8_rows)."""
     if graph.quantization != "int8" or graph.flavor != "ort":
         return []
     from edgeprefill.engines.ort.int8_rows import describe as describe_int8
-    from edgeprefill.kernels.select import NATIVE, describe
 
-    return [f"int8        {describe_int8(describe(graph.flavor, graph.dtype) == NATIVE)}"]
+    return [f"int8        {describe_int8(native)}"]
 
 
 def _derived_line(bundle, manifest) -> list[str]:
@@ -116,15 +115,13 @@ def _derived_line(bundle, manifest) -> list[str]:
     return [f"derived     {describe(Path(bundle), weight_files(proto))}"]
 
 
-def _steps_line(graph) -> str:
+def _steps_line(graph, native: bool) -> str:
     """Whether a step's prefill chunk and decode rows can share one call here: what the
     backend decides (engines/ort/fusing.py), with the native kernels' choice for this CPU
     and the projections the load-time rewrites would run."""
     from edgeprefill.engines.ort.fusing import why_not
     from edgeprefill.errors import BackendError
-    from edgeprefill.kernels.select import NATIVE, describe
 
-    native = describe(graph.flavor, graph.dtype) == NATIVE
     try:
         projections = _quantized_ops(graph, native)
     except BackendError as err:  # a refused switch: its own line says it too
