@@ -16,29 +16,18 @@ cache positions with the same values, so all three start from the same cache).
 from __future__ import annotations
 
 import argparse
-import platform
 import statistics
 import sys
 import time
 from collections.abc import Callable
 
 import numpy as np
+from comparison.report import cpu_name
 from probes.core_latency import core_to_core_ns, placement
 
 from edgeprefill.engines.base import StepBatch
 from edgeprefill.errors import EdgeprefillError
 from edgeprefill.sdk import Engine
-
-
-def cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
 
 
 def calls(backend, rows: int, past: int, chunk: int, seed: int) -> dict[str, Callable[[], object]]:

@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from comparison.report import cpu_name
 
 SCHEMA = {
     "type": "object",
@@ -303,7 +304,7 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=2000, help="tokens per reply")
     parser.add_argument("--json", type=Path, help="also write the rows here")
     args = parser.parse_args()
-    print(f"CPU: {platform.processor() or platform.machine()} ({_cpu_name()})", flush=True)
+    print(f"CPU: {platform.processor() or platform.machine()} ({cpu_name()})", flush=True)
     rows: list = []
     for name in args.only.split(","):
         if name not in SECTIONS:
@@ -311,16 +312,6 @@ def main() -> None:
         SECTIONS[name](rows, args.calls if name == "sampler" else args.tokens)
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))
-
-
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown CPU"
 
 
 if __name__ == "__main__":

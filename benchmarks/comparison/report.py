@@ -249,16 +249,21 @@ def print_report(report: dict[str, Any], settings: Settings, model: ModelInfo) -
 # ---------------------------------------------------------------------------------- main
 
 
-def machine_info() -> dict[str, Any]:
-    cpu = platform.processor() or "unknown CPU"
-    cpuinfo = Path("/proc/cpuinfo")
-    if cpuinfo.exists():
-        for line in cpuinfo.read_text().splitlines():
+def cpu_name() -> str:
+    """The CPU's model name from /proc/cpuinfo (every benchmark table names it), else
+    what `platform` knows."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
+
+def machine_info() -> dict[str, Any]:
     return {
-        "cpu": cpu,
+        "cpu": cpu_name(),
         "cpus": os.cpu_count(),
         "loadavg_start": os.getloadavg()[0],
         "python": sys.version.split()[0],
