@@ -183,3 +183,18 @@ def test_a_value_that_is_neither_off_nor_a_folder_is_refused(tiny_int4_bundle, m
 
     with pytest.raises(BackendError, match=f"{CACHE_ENV}='{value}'.*absolute folder, or off"):
         load(tiny_int4_bundle, value, monkeypatch)
+
+
+def test_names_derived_once_per_load_are_not_derived_again(tiny_int4_bundle, tmp_path,
+                                                           monkeypatch):
+    """A weight two nodes share is derived (or read from the cache) once per load:
+    `Derived.cached` hands back what this load already holds under those names."""
+    from edgeprefill.bundle import load_graph
+    from edgeprefill.engines.ort.derived import Derived
+
+    monkeypatch.setenv(CACHE_ENV, "off")
+    graph = load_graph(tiny_int4_bundle, load_manifest(tiny_int4_bundle))
+    derived = Derived(graph, tiny_int4_bundle)
+    made = derived.cached(["w", "s"], lambda: [np.ones(3, np.float32), np.zeros(2, np.int32)])
+    again = derived.cached(["w", "s"], refuse)
+    assert all(a is b for a, b in zip(made, again, strict=True))

@@ -33,8 +33,12 @@ class Derived:
 
     def cached(self, names: Sequence[str],
                derive: Callable[[], Sequence[np.ndarray]]) -> list[np.ndarray]:
-        """The arrays `derive` makes, under `names`: from the disk cache when an earlier
-        load of this bundle left them there, else derived now (and left there)."""
+        """The arrays `derive` makes, under `names`: those of this load when a node before
+        asked for the same names (a weight two nodes share is derived once), from the disk
+        cache when an earlier load of this bundle left them there, else derived now (and
+        left there)."""
+        if all(name in self.arrays for name in names):
+            return [self.arrays[name] for name in names]
         arrays = self.cache.load(names) if self.cache is not None else None
         if arrays is None:
             arrays = list(derive())

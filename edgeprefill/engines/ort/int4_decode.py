@@ -111,10 +111,9 @@ def _eligible(node: NodeProto) -> bool:
 def _swapped(node: NodeProto, derived: Derived) -> NodeProto:
     attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
     weight, scale = f"{PREFIX}.{node.input[1]}", f"{PREFIX}.{node.input[1]}.scales"
-    if weight not in derived.arrays:  # a weight two nodes share is repacked once
-        derived.cached([weight, scale], lambda: repack(
-            initializer(derived.graph, node.input[1], derived.bundle_dir),
-            initializer(derived.graph, node.input[2], derived.bundle_dir)))
+    derived.cached([weight, scale], lambda: repack(
+        initializer(derived.graph, node.input[1], derived.bundle_dir),
+        initializer(derived.graph, node.input[2], derived.bundle_dir)))
     return helper.make_node(
         OP, [node.input[0], weight, scale], list(node.output), domain=DOMAIN,
         name=f"{node.name or node.output[0]}.int4", K=int(attrs["K"]), N=int(attrs["N"]),

@@ -92,9 +92,8 @@ def _eligible(node: NodeProto, initializers: dict[str, TensorProto]) -> bool:
 
 def _swapped(node: NodeProto, weight: TensorProto, derived: Derived) -> NodeProto:
     packed, sums = f"{PREFIX}.{node.input[1]}", f"{PREFIX}.{node.input[1]}.sums"
-    if packed not in derived.arrays:  # a weight two nodes share is packed once
-        derived.cached([packed, sums], lambda: pack(
-            initializer(derived.graph, node.input[1], derived.bundle_dir)))
+    derived.cached([packed, sums], lambda: pack(
+        initializer(derived.graph, node.input[1], derived.bundle_dir)))
     return helper.make_node(
         OP, [node.input[0], packed, node.input[2], sums], list(node.output), domain=DOMAIN,
         name=f"{node.name or node.output[0]}.rows", N=int(weight.dims[1]),
