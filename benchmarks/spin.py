@@ -3,7 +3,8 @@
     python benchmarks/spin.py BUNDLE --processes 10 --threads 2
 
 Each measurement is a fresh Python process (a new ONNX Runtime thread pool, placed anew by
-the OS): it loads the bundle with `spin` on or off, then runs `--requests` requests of a
+the OS): it loads the bundle with `spin` on or off (and the engine's warm-up calls unless
+`--no-warm-up`; nothing else runs before the first request), then runs `--requests` requests of a
 `--prompt`-token prompt (each its own random tokens) and `--new-tokens` decode tokens, and
 prints one JSON line: the first request's TTFT, and the medians over the requests of TTFT and
 decode rate. The two settings alternate, so both see the same load. Prints each setting's
@@ -41,13 +42,12 @@ from edgeprefill.sdk import Engine, GenerationParams
 bundle, spin, threads, prompt, new, requests = sys.argv[1], sys.argv[2] == "1", \
     int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6])
 sys.path.insert(0, sys.argv[7])
+warm_up = sys.argv[8] == "1"
 from probes.core_latency import FAR_NS, core_to_core_ns
 rng = np.random.default_rng(0)
 ttft, rate, near = [], [], []
-with Engine.load(bundle, threads=threads, spin=spin) as engine:
+with Engine.load(bundle, threads=threads, spin=spin, warm_up=warm_up) as engine:
     vocab = engine.manifest.model.vocab_size
-    warm = rng.integers(3, vocab, 16).tolist()
-    engine.generate(warm, GenerationParams(max_new_tokens=4, ignore_eos=True)).result()
     params = GenerationParams(max_new_tokens=new, ignore_eos=True)
     before = core_to_core_ns(3)
     for _ in range(requests):
@@ -70,9 +70,10 @@ print(json.dumps({"ttft_s": ttft[0], "decode_tok_s": rate[0],
 
 
 def measure(bundle: Path, spin: bool, threads: int, prompt: int, new: int,
-            requests: int) -> dict:
+            requests: int, warm_up: bool) -> dict:
     argv = [sys.executable, "-c", CHILD, str(bundle), "1" if spin else "0", str(threads),
-            str(prompt), str(new), str(requests), str(Path(__file__).resolve().parent)]
+            str(prompt), str(new), str(requests), str(Path(__file__).resolve().parent),
+            "1" if warm_up else "0"]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=600)
     if done.returncode != 0:
         raise SystemExit(f"error: a measurement failed: {done.stderr.strip().splitlines()[-1]}")
@@ -95,6 +96,8 @@ def main() -> int:
     parser.add_argument("--prompt", type=int, default=128, help="prompt tokens")
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--requests", type=int, default=5, help="requests per process")
+    parser.add_argument("--no-warm-up", action="store_true",
+                        help="load without the engine's warm-up calls (EngineConfig.warm_up)")
     parser.add_argument("--json", type=Path, help="also write every run here")
     args = parser.parse_args()
     if min(args.processes, args.threads, args.prompt, args.requests) < 1 or args.new_tokens < 2:
@@ -105,7 +108,7 @@ def main() -> int:
         for name in runs:
             before = core_to_core_ns()
             run = measure(args.bundle, name == "spin", args.threads, args.prompt,
-                          args.new_tokens, args.requests)
+                          args.new_tokens, args.requests, not args.no_warm_up)
             core_ns = [before, core_to_core_ns()]
             runs[name].append({**run, "at": time.time(), "core_ns": core_ns})
             print(f"[{i + 1}/{args.processes}] {name:<8} first request: TTFT "

@@ -169,7 +169,8 @@ def bundle(tmp_path_factory, hf_model):
 @pytest.fixture
 def fake_engine(bundle, monkeypatch):
     """make(backend="fake", **options): Engine.load of the llama bundle on a fake backend of
-    tests/fake_backend.py ("fake" or "fake-fusing"), closed after the test."""
+    tests/fake_backend.py ("fake" or "fake-fusing"), closed after the test. Without the
+    load's warm-up calls unless `warm_up=True`: the tests read the recorded calls."""
     from edgeprefill import engines
     from edgeprefill.sdk import Engine
 
@@ -178,7 +179,7 @@ def fake_engine(bundle, monkeypatch):
     made = []
 
     def make(backend: str = "fake", **options) -> Engine:
-        engine = Engine.load(bundle("llama"), backend=backend, **options)
+        engine = Engine.load(bundle("llama"), backend=backend, **{"warm_up": False, **options})
         made.append(engine)
         return engine
 

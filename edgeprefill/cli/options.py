@@ -63,6 +63,11 @@ ENGINE_OPTIONS: dict[str, Callable] = {
         "attention. bf16: operands rounded to bf16, sums in fp32 (OpenVINO's default on CPUs "
         "with bf16): ~2x faster prefill and decode with AVX512-BF16, not exact; needs the "
         "native kernels."),
+    "warm_up": click.option(
+        "--warm-up/--no-warm-up", default=True, show_default=True,
+        help="At load, run one call of the largest prefill chunk and one decode call, so "
+        "the first request does not pay for ONNX Runtime's lazy set-up (~0.12 s of load "
+        "for a 135M int4 bundle on 2 cores; saves 5-40 ms of the first TTFT)."),
     "kv_slots": click.option(
         "--kv-slots", type=click.IntRange(min=1), default=4, show_default=True,
         help="Conversations whose KV cache is held at once."),

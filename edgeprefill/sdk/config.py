@@ -37,6 +37,7 @@ class EngineConfig:
     verify_checksums: bool = False  # sha256 every bundle file at load
     prefix_reuse: bool = True  # lend retained slots' common prefixes to new requests
     trace: bool = False  # record every engine call in Engine.trace (for timelines)
+    warm_up: bool = True  # at load, one chunk call and one decode call (StepRunner.warm_up)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
 
     def __post_init__(self) -> None:

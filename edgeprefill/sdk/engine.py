@@ -78,6 +78,8 @@ class Engine:
         self.counters = EngineCounters()
         self.runner = StepRunner(self.backend, self.kv, self.scheduler.chunks, self.counters,
                                  self.trace if config.trace else None)
+        if config.warm_up:
+            self.runner.warm_up(min(max(buckets), self.capacity))  # the largest chunk sent
         self._inbox: queue.SimpleQueue[tuple[str, Request]] = queue.SimpleQueue()
         self._ids = iter(range(1, 1 << 62))
         self._step_lock = threading.Lock()
