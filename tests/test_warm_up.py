@@ -5,8 +5,11 @@ differently. (The exactness tests against transformers run with the warm-up on.)
 
 from __future__ import annotations
 
+import pytest
+
+from edgeprefill.errors import BackendError
 from edgeprefill.sdk import GenerationParams
-from tests.fake_backend import Call, ids
+from tests.fake_backend import Call, FakeBackend, ids
 
 
 def test_load_runs_the_largest_chunk_and_a_decode_call_over_every_slot(fake_engine):
@@ -35,3 +38,29 @@ def test_warm_up_keeps_no_books_and_changes_no_answer(fake_engine):
             pass
         answers[warm_up] = [s.result().token_ids for s in streams]
     assert answers[True] == answers[False]
+
+
+def test_a_fixed_chunk_size_is_the_warm_up_chunk(fake_engine):
+    engine = fake_engine(warm_up=True, chunk_size=32, background=False)
+    assert engine.backend.calls[0] == Call("prefill", 0, 1, 32, (0,), (32,))
+
+
+class FailingBackend(FakeBackend):
+    closed = False
+
+    def run(self, step):
+        raise RuntimeError("out of device memory")
+
+    def close(self) -> None:
+        FailingBackend.closed = True
+
+
+def test_a_failing_first_call_fails_the_load_in_one_line_and_frees_the_backend(
+        bundle, monkeypatch):
+    from edgeprefill import engines
+    from edgeprefill.sdk import Engine
+
+    monkeypatch.setitem(engines.BACKENDS, "failing", "tests.test_warm_up:FailingBackend")
+    with pytest.raises(BackendError, match="first call .*: out of device memory"):
+        Engine.load(bundle("llama"), backend="failing")
+    assert FailingBackend.closed

@@ -26,7 +26,7 @@ import numpy as np
 
 from edgeprefill.bundle import Manifest, load_manifest
 from edgeprefill.engines import BackendOptions, create_backend
-from edgeprefill.errors import EngineClosedError, RequestError
+from edgeprefill.errors import BackendError, EdgeprefillError, EngineClosedError, RequestError
 from edgeprefill.sdk.config import EngineConfig, StepTrace
 from edgeprefill.sdk.generation_defaults import GenerationDefaults
 from edgeprefill.sdk.kv_cache import KVCache
@@ -79,7 +79,7 @@ class Engine:
         self.runner = StepRunner(self.backend, self.kv, self.scheduler.chunks, self.counters,
                                  self.trace if config.trace else None)
         if config.warm_up:
-            self.runner.warm_up(min(max(buckets), self.capacity))  # the largest chunk sent
+            self._warm_up()
         self._inbox: queue.SimpleQueue[tuple[str, Request]] = queue.SimpleQueue()
         self._ids = iter(range(1, 1 << 62))
         self._step_lock = threading.Lock()
@@ -103,6 +103,19 @@ class Engine:
         except TypeError as err:
             raise RequestError(f"unknown engine option: {err}") from None
         return cls(bundle_dir, config)
+
+    def _warm_up(self) -> None:
+        """StepRunner.warm_up with the largest chunk the scheduler sends. A call that fails
+        here would fail the first request: the load fails instead, in one line."""
+        chunk = self.config.scheduler.chunk_size or max(self.manifest.chunks)
+        try:
+            self.runner.warm_up(min(chunk, self.capacity))
+        except Exception as err:
+            self.backend.close()
+            if isinstance(err, EdgeprefillError):
+                raise
+            raise BackendError(f"the backend failed its first call (the load's warm-up): "
+                               f"{err}") from err
 
     def _capacity(self) -> int:
         limit = self.manifest.max_context
