@@ -5,6 +5,8 @@ differently. (The exactness tests against transformers run with the warm-up on.)
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 
 from edgeprefill.errors import BackendError
@@ -64,3 +66,24 @@ def test_a_failing_first_call_fails_the_load_in_one_line_and_frees_the_backend(
     with pytest.raises(BackendError, match="first call .*: out of device memory"):
         Engine.load(bundle("llama"), backend="failing")
     assert FailingBackend.closed
+
+
+class ThreadRecordingBackend(FakeBackend):
+    def run(self, step):
+        self.threads = [*getattr(self, "threads", []), threading.current_thread().name]
+        return super().run(step)
+
+
+def test_the_warm_up_runs_on_the_thread_that_runs_the_steps(bundle, monkeypatch):
+    """ONNX Runtime and the kernels keep per-thread state: warming another thread left the
+    first request slow in some processes."""
+    from edgeprefill import engines
+    from edgeprefill.sdk import Engine
+
+    monkeypatch.setitem(engines.BACKENDS, "recording", "tests.test_warm_up:ThreadRecordingBackend")
+    with Engine.load(bundle("llama"), backend="recording") as engine:
+        engine.generate(ids(20), GenerationParams(max_new_tokens=2, ignore_eos=True)).result()
+        assert set(engine.backend.threads) == {"edgeprefill"}  # the loop thread's name
+        assert len(engine.backend.threads) == 2 + 2  # warm-up: two calls; the request: two
+    with Engine.load(bundle("llama"), backend="recording", background=False) as engine:
+        assert engine.backend.threads == [threading.current_thread().name] * 2
