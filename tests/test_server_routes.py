@@ -212,3 +212,10 @@ def test_serve_log_level_and_engine_options(bundle, level, logged):
     assert len(request_lines) == (1 if logged else 0), err
     if logged:
         assert "prompt_tokens=1 completion_tokens=" in request_lines[0]
+
+
+def test_the_server_listens_once_its_prompt_workers_run(engine):
+    """Started in the background, they made the first request after startup wait ~0.2 s."""
+    app = create_app(engine, ServerConfig(model_name=MODEL, prompt_workers=2))
+    with ServerThread(app, port=free_port()):
+        assert app.state.api.prompts.running == 2
