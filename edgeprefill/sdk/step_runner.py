@@ -109,8 +109,8 @@ class StepRunner:
         """One prefill call of `length` tokens into slot 0 and one decode call of a first
         token in every slot, their logits and times dropped, no books kept. A process's
         first calls pay for what ONNX Runtime sets up lazily (its memory arena grown to the
-        largest activations, its threads' first work): on the 2-core Zen 4 VM, +5-40 ms on
-        the first 128-token chunk and +2-8 ms on the first decode step of a fresh process
+        largest activations, its threads' first work): on the 2-core Zen 4 VM, +8-40 ms on
+        the first 128-token chunk and +2-10 ms on the first decode step of a fresh process
         (docs/benchmarks.md). Run at load, that cost leaves the first request. The KV they
         write is garbage that no request reads: no slot records it, and a request writes
         each position it attends to before it does."""
