@@ -67,7 +67,8 @@ ENGINE_OPTIONS: dict[str, Callable] = {
         "--warm-up/--no-warm-up", default=True, show_default=True,
         help="At load, run one call of the largest prefill chunk (or --chunk-size) and one "
         "decode call, so the first request does not pay for ONNX Runtime's lazy set-up "
-        "(~0.12 s of load for a 135M int4 bundle on 2 cores; 8-40 ms off the first TTFT)."),
+        "(one chunk's compute at load: 0.12-0.5 s for a 135M bundle on 2 cores; 8-40 ms "
+        "off the first TTFT)."),
     "kv_slots": click.option(
         "--kv-slots", type=click.IntRange(min=1), default=4, show_default=True,
         help="Conversations whose KV cache is held at once."),
