@@ -58,13 +58,12 @@ class FailingBackend(FakeBackend):
 
 
 def test_a_failing_first_call_fails_the_load_in_one_line_and_frees_the_backend(
-        bundle, monkeypatch):
+        fake_engine, monkeypatch):
     from edgeprefill import engines
-    from edgeprefill.sdk import Engine
 
     monkeypatch.setitem(engines.BACKENDS, "failing", "tests.test_warm_up:FailingBackend")
     with pytest.raises(BackendError, match="first call .*: out of device memory"):
-        Engine.load(bundle("llama"), backend="failing")
+        fake_engine(backend="failing", warm_up=True)
     assert FailingBackend.closed
 
 
@@ -74,16 +73,15 @@ class ThreadRecordingBackend(FakeBackend):
         return super().run(step)
 
 
-def test_the_warm_up_runs_on_the_thread_that_runs_the_steps(bundle, monkeypatch):
+def test_the_warm_up_runs_on_the_thread_that_runs_the_steps(fake_engine, monkeypatch):
     """ONNX Runtime and the kernels keep per-thread state: warming another thread left the
     first request slow in some processes."""
     from edgeprefill import engines
-    from edgeprefill.sdk import Engine
 
     monkeypatch.setitem(engines.BACKENDS, "recording", "tests.test_warm_up:ThreadRecordingBackend")
-    with Engine.load(bundle("llama"), backend="recording") as engine:
-        engine.generate(ids(20), GenerationParams(max_new_tokens=2, ignore_eos=True)).result()
-        assert set(engine.backend.threads) == {"edgeprefill"}  # the loop thread's name
-        assert len(engine.backend.threads) == 2 + 2  # warm-up: two calls; the request: two
-    with Engine.load(bundle("llama"), backend="recording", background=False) as engine:
-        assert engine.backend.threads == [threading.current_thread().name] * 2
+    engine = fake_engine(backend="recording", warm_up=True)
+    engine.generate(ids(20), GenerationParams(max_new_tokens=2, ignore_eos=True)).result()
+    assert set(engine.backend.threads) == {"edgeprefill"}  # the loop thread's name
+    assert len(engine.backend.threads) == 2 + 2  # warm-up: two calls; the request: two
+    engine = fake_engine(backend="recording", warm_up=True, background=False)
+    assert engine.backend.threads == [threading.current_thread().name] * 2
