@@ -605,12 +605,13 @@ void WriteCache(const Job& job, float* keys, float* values) {
 }
 
 // The pieces of every row of more than one valid token (DecodeRows computes the others).
-std::vector<Piece> Plan(const Shape& s, const int64_t* past, const int64_t* valid) {
+std::vector<Piece> Plan(const Job& job) {
+  const Shape& s = job.shape;
   std::vector<Piece> pieces;
   for (int64_t row = 0; row < s.rows; ++row)
-    for (int64_t first = 0; first < (valid[row] == 1 ? 0 : valid[row]); first += s.block) {
-      const int64_t queries = std::min(s.block, valid[row] - first);
-      const int64_t work = queries * (past[row] + first + (queries + 1) / 2);
+    for (int64_t first = 0; first < (OneToken(job, row) ? 0 : job.valid[row]); first += s.block) {
+      const int64_t queries = std::min(s.block, job.valid[row] - first);
+      const int64_t work = queries * (job.past[row] + first + (queries + 1) / 2);
       for (int64_t kv = 0; kv < s.kv_heads; ++kv) pieces.push_back({row, kv, first, work});
     }
   // The pool hands pieces out in order. One (row, KV head) after another, so the threads
@@ -742,7 +743,7 @@ OrtStatus* Compute(const Kernel& kernel, OrtKernelContext* context) {
   DecodeRows decode({heads, s.kv_heads, s.capacity, d, s.rotary, kernel.scale}, qkv.data,
                     s.chunk * width, std::move(one_token), std::move(positions), keys, values,
                     cos.data, sin.data);
-  job.pieces = Plan(s, past.data(), valid.data());
+  job.pieces = Plan(job);
   if (Profiling()) job.times.resize(job.pieces.size());
   const int64_t pooled = Profiling() ? Now() : 0;
   Both both{&job, &decode};  // one pass of the pool: the chunk's pieces, then the decode rows'
