@@ -159,6 +159,34 @@ def test_padded_last_chunk_is_masked(family, bundle, hf_model):
         engine.close()
 
 
+@pytest.mark.parametrize("flavor", FLAVORS)
+@pytest.mark.parametrize("family", ("llama", "gemma2", "olmo2", "phi", "gpt_neox"))
+def test_the_last_layer_runs_past_its_attention_on_the_rows_the_head_reads(
+        family, flavor, bundle):
+    """One family per block kind (pre, sandwich, post, shared, parallel): of the last
+    layer's projections only the packed q/k/v reads every token of a chunk; the rest (output
+    projection, MLP) come after the last-position gather with the LM head. The logits stay
+    transformers' (the tests above), so the gather only takes work away."""
+    import onnx
+
+    from edgeprefill.bundle import load_manifest
+    from edgeprefill.engines.ort.int4_prefill import after_gather
+
+    path = bundle(family, flavor)
+    manifest = load_manifest(path)
+    graph = onnx.load(str(path / manifest.graph.file), load_external_data=False).graph
+    weights = {t.name for t in graph.initializer}
+    one_row = after_gather(graph)
+    last = f"layers.{manifest.model.num_layers - 1}."
+    after, before = [], []  # the projections' weights, after the gather or before it
+    for i, node in enumerate(graph.node):
+        if node.op_type in ("MatMul", "Gemm") and node.input[1] in weights:
+            (after if i in one_row else before).append(node.input[1])
+    assert [name for name in before if last in name] == [before[-1]]  # q/k/v, packed
+    assert len([name for name in after if last in name]) >= 2  # output projection, MLP
+    assert all(last in name or "lm_head" in name or "embed" in name for name in after)
+
+
 def test_bf16_checkpoint_is_converted(tmp_path):
     """Most recent checkpoints ship bf16: export converts them to the graph dtype."""
     from edgeprefill.export.exporter import ExportOptions, export

@@ -14,6 +14,8 @@ shared with the runtime through the manifest:
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from edgeprefill.contract import (
@@ -35,6 +37,12 @@ from edgeprefill.export.model_config import ModelConfig
 from edgeprefill.export.quantize import QuantConfig
 from edgeprefill.export.tokens import PackedTokens, PaddedTokens
 from edgeprefill.export.weights import GraphWeights
+
+Rows = Callable[[str], str]  # which of a layer's tokens go on after its attention
+
+
+def _every_token(x: str) -> str:
+    return x
 
 
 class DecoderBuilder:
@@ -68,12 +76,13 @@ class DecoderBuilder:
             x = g.op("Mul", [x, g.const(cfg.embed_scale, self.dtype)])
         delta = None  # a sublayer's output, added to the residual by the next norm
         for layer in range(cfg.num_layers):
-            x, delta = self._layer(layer, x, delta, step)
+            rows = self.tokens.last if layer == cfg.num_layers - 1 else _every_token
+            x, delta = self._layer(layer, x, delta, step, rows)
         if delta is not None:
             x = g.op("Add", [x, delta])
-        # Only each row's last valid token reaches the LM head: full [C, vocab] logits of
-        # a 256-token chunk would cost more than a layer.
-        hidden = self._norm(self.tokens.last(x), self.names.final_norm)  # [B,hidden]
+        # Only each row's last valid token reaches the LM head (the last layer kept only
+        # those): full [C, vocab] logits of a 256-token chunk would cost more than a layer.
+        hidden = self._norm(x, self.names.final_norm)  # [B,hidden]
         logits = self._logits(self._lm_head(hidden))
         if self.dtype != np.float32:
             logits = g.op("Cast", [logits], to=1)
@@ -95,22 +104,29 @@ class DecoderBuilder:
             self.g.output(names.present_key, self.dtype, shape)
             self.g.output(names.present_value, self.dtype, shape)
 
-    def _layer(self, i: int, x: str, delta: str | None, step: StepTensors) -> tuple[str, str]:
+    def _layer(self, i: int, x: str, delta: str | None, step: StepTensors,
+               rows: Rows) -> tuple[str, str]:
         """One decoder layer wired as its family's block (families.BLOCKS); returns the
         residual stream and a sublayer output still to be added to it, which the next
-        norm adds (one fused residual-add + norm where the flavour has one)."""
+        norm adds (one fused residual-add + norm where the flavour has one).
+
+        Attention reads every token of the layer's input (their keys and values go into the
+        cache); what follows it runs on `rows` of the tokens: in the last layer only each
+        row's last valid token, the one the LM head reads, so a prefill chunk skips that
+        layer's output projection, MLP and norms for its other tokens (as llama.cpp does)."""
         n = self.names
         p = n.layer.format(i=i)
         block = self.cfg.block
         if block == "post":  # OLMo 2: the norms follow the sublayers
             x = x if delta is None else self.g.op("Add", [x, delta])
-            attn = self._norm(self._attention(i, x, step), p + n.post_attn_norm)
-            x = self.g.op("Add", [x, self._scaled(attn)])
+            attn = self._norm(self._attention(i, x, step, rows), p + n.post_attn_norm)
+            x = self.g.op("Add", [rows(x), self._scaled(attn)])
             return x, self._scaled(self._norm(self._mlp(p, x), p + n.post_mlp_norm))
         x, h = self._add_norm(x, delta, p + n.input_norm)
-        attn = self._attention(i, h, step)
+        attn = self._attention(i, h, step, rows)
+        x = rows(x)
         if block == "shared":  # Phi: attention and MLP read the same normed input
-            return self.g.op("Add", [x, attn]), self._mlp(p, h)
+            return self.g.op("Add", [x, attn]), self._mlp(p, rows(h))
         if block == "parallel":  # GPT-NeoX: each has its own norm of the layer's input
             mlp = self._mlp(p, self._norm(x, p + n.post_attn_norm))
             return self.g.op("Add", [x, attn]), mlp
@@ -127,7 +143,7 @@ class DecoderBuilder:
             return sublayer
         return self.g.op("Mul", [sublayer, self.g.const(self.cfg.residual_scale, self.dtype)])
 
-    def _attention(self, i: int, h: str, step: StepTensors) -> str:
+    def _attention(self, i: int, h: str, step: StepTensors, rows: Rows) -> str:
         cfg, n = self.cfg, self.names
         p = n.layer.format(i=i)
         q, k, v = (t if t is None else self.tokens.spread(t) for t in self._qkv(p, h))
@@ -135,7 +151,7 @@ class DecoderBuilder:
         past = (names.past_key, names.past_value)
         present = (names.present_key, names.present_value)
         attn = self.flavor.attention(self.g, q, k, v, past, present, step, cfg.layers[i])
-        attn = self.tokens.gather(attn, cfg.num_heads * cfg.head_dim)
+        attn = rows(self.tokens.gather(attn, cfg.num_heads * cfg.head_dim))
         o_bias = p + n.o + ".bias" if cfg.o_bias else None
         return self.w.linear(attn, [p + n.o + ".weight"], o_bias)
 

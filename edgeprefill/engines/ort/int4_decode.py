@@ -16,10 +16,11 @@ only the order of the float32 sums differs (tests/test_int4_decode.py).
 
 Which nodes: MatMulNBits at accuracy level 4 (4 bits, blocks of 32, no zero points) whose
 rows are one token per sequence: those in int4_prefill's decode branches (the then-branch
-of its If on "the chunk is one token") and those after the last-position gather (the LM
-head). A MatMulNBits on a prefill chunk's rows keeps ONNX Runtime's kernel (a GEMM there,
-where this op is a GEMV). Only on CPUs with AVX512-VNNI: elsewhere the op's portable loops
-would be slower than ONNX Runtime's kernel.
+of its If on "the chunk is one token") and those after the last-position gather (the last
+layer's output projection and MLP, and the LM head). A MatMulNBits on a prefill chunk's
+rows keeps ONNX Runtime's kernel (a GEMM there, where this op is a GEMV). Only on CPUs
+with AVX512-VNNI: elsewhere the op's portable loops would be slower than ONNX Runtime's
+kernel.
 """
 
 from __future__ import annotations
