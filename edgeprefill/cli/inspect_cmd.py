@@ -21,7 +21,7 @@ def inspect(bundle, verify, as_json):
       edgeprefill inspect build/tiny-recall --verify
     """
     from edgeprefill.bundle import load_manifest
-    from edgeprefill.kernels.select import NATIVE, describe
+    from edgeprefill.kernels.select import NATIVE, NO_ATTENTION, STOCK, describe
     from edgeprefill.sdk.generation_defaults import GenerationDefaults
 
     m = load_manifest(bundle, verify_checksums=verify)
@@ -32,7 +32,9 @@ def inspect(bundle, verify, as_json):
     defaults = GenerationDefaults.load(bundle)
     eos = list(dict.fromkeys([*m.eos_token_ids, *defaults.eos_token_ids]))
     kernels = describe(graph.flavor, graph.dtype)
-    native = kernels == NATIVE  # the native kernels run here: what the switches below need
+    native = kernels == NATIVE  # the library runs here: what the projections' switches need
+    if native and not _takes_attention(bundle, m):  # as the backend finds at load
+        kernels = f"{STOCK} ({NO_ATTENTION})"
     lines = [
         f"bundle      {bundle}",
         f"model       {model.family}: {model.num_layers} layers, hidden {model.hidden_size}, "
@@ -47,7 +49,7 @@ def inspect(bundle, verify, as_json):
         *_int4_prefill_line(graph, native),
         *_int8_line(graph, native),
         *_compute_line(graph),
-        _steps_line(graph, native),
+        _steps_line(graph, native, stock_attention=kernels != NATIVE),
         *_derived_line(bundle, m),
         f"eos ids     {eos}",
         f"sampling    {defaults.describe()}  (generation_config.json; requests may override)",
@@ -115,10 +117,19 @@ def _derived_line(bundle, manifest) -> list[str]:
     return [f"derived     {describe(Path(bundle), weight_files(proto))}"]
 
 
-def _steps_line(graph, native: bool) -> str:
+def _takes_attention(bundle, manifest) -> bool:
+    """Whether the native kernels take any of the bundle's attention nodes (Gemma 2's
+    softcap, for one, keeps GroupQueryAttention)."""
+    from edgeprefill.bundle import load_graph
+    from edgeprefill.kernels.select import takes_attention
+
+    return takes_attention(load_graph(Path(bundle), manifest))
+
+
+def _steps_line(graph, native: bool, stock_attention: bool) -> str:
     """Whether a step's prefill chunk and decode rows can share one call here: what the
-    backend decides (engines/ort/fusing.py), with the native kernels' choice for this CPU
-    and the projections the load-time rewrites would run."""
+    backend decides (engines/ort/fusing.py), with the attention that runs here and the
+    projections the load-time rewrites would run."""
     from edgeprefill.engines.ort.fusing import why_not
     from edgeprefill.errors import BackendError
 
@@ -126,7 +137,7 @@ def _steps_line(graph, native: bool) -> str:
         projections = _quantized_ops(graph, native)
     except BackendError as err:  # a refused switch: its own line says it too
         return f"steps       {err}"
-    why = why_not(graph, not native, projections)
+    why = why_not(graph, stock_attention, projections)
     if why is not None:
         return f"steps       a prefill chunk and the decode rows in two calls ({why})"
     rows = (f"; {graph.quantization} projections quantizing each row on its own"

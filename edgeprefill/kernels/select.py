@@ -15,7 +15,7 @@ from typing import NamedTuple
 
 from edgeprefill.errors import BackendError
 from edgeprefill.kernels.build import library_path
-from edgeprefill.kernels.graph import OP, PREFILL_OP, add_decode_kernel
+from edgeprefill.kernels.graph import OP, PREFILL_OP, add_decode_kernel, eligible
 from edgeprefill.kernels.swiglu import OP as SWIGLU_OP
 from edgeprefill.kernels.swiglu import fuse_swiglu
 
@@ -24,6 +24,7 @@ MODES = ("auto", "off", "require")
 STOCK = "GroupQueryAttention"
 # Chunks of more than one token run PREFILL_OP, one-token chunks (decode) OP; SiLU-gated
 # MLPs (most families) run SWIGLU_OP.
+NO_ATTENTION = "no attention node the kernel supports"
 NATIVE = f"native ({PREFILL_OP} + {OP}, {SWIGLU_OP})"
 
 
@@ -59,7 +60,7 @@ def choose(graph_path: Path, graph, flavor: str, dtype: str, device: str,
     `graph` is the bundle's ModelProto without weights (rewritten in place if native)."""
     reason = why_not(flavor, dtype, device)
     if reason is None and add_decode_kernel(graph) == 0:
-        reason = "no attention node the kernel supports"
+        reason = NO_ATTENTION
     if reason is not None:
         if mode() == "require":
             raise BackendError(f"{MODE_ENV}=require but the native kernels cannot run: {reason}")
@@ -72,6 +73,11 @@ def choose(graph_path: Path, graph, flavor: str, dtype: str, device: str,
         "session.model_external_initializers_file_folder_path", str(graph_path.parent)
     )
     return KernelChoice(graph.SerializeToString(), NATIVE, library)
+
+
+def takes_attention(graph) -> bool:
+    """Whether any attention node of `graph` (a ModelProto) is one the kernels take."""
+    return any(eligible(node) for node in graph.graph.node)
 
 
 def describe(flavor: str, dtype: str, device: str = "cpu") -> str:

@@ -33,7 +33,7 @@ from edgeprefill.engines.ort.fusing import quantized_ops, stock_attention
 from edgeprefill.engines.ort.fusing import why_not as why_not_fused
 from edgeprefill.engines.ort.int4_decode import choose as choose_int4_decode
 from edgeprefill.engines.ort.int4_prefill import choose as choose_int4_prefill
-from edgeprefill.engines.ort.int4_prefill import every_row_as_decode, loadable
+from edgeprefill.engines.ort.int4_prefill import every_row_as_decode
 from edgeprefill.engines.ort.int8_rows import choose as choose_int8_rows
 from edgeprefill.engines.ort.int8_rows import why_not as int8_rows_why_not
 from edgeprefill.engines.ort.providers import (
@@ -104,10 +104,16 @@ class OnnxRuntimeBackend(Backend):
         self.threads = options.threads or physical_cores()
         providers = PROVIDERS[options.device]
         session_options = self._session_options()
+        # Whether the native library runs here (built, this CPU, an ort float32 bundle, not
+        # turned off). Every rewrite to its ops asks this, not whether an attention layer
+        # took the kernels: a family whose attention they do not take (Gemma 2's softcap,
+        # sliding windows) still gets the native projections, and `inspect`, which asks
+        # the same, says what runs.
+        native = kernels_why_not(manifest.graph.flavor, manifest.graph.dtype,
+                                 options.device) is None
         # int4 bundles: a faster prefill projection than decode's (engines.ort.int4_prefill),
         # each row quantized on its own where the native MatMulInt8 will run.
-        rows = manifest.graph.quantization == "int4" and int8_rows_why_not(kernels_why_not(
-            manifest.graph.flavor, manifest.graph.dtype, options.device) is None) is None
+        rows = manifest.graph.quantization == "int4" and int8_rows_why_not(native) is None
         self.int4_prefill = choose_int4_prefill(
             graph, bundle_dir, manifest.graph.flavor, options.device, session_options, rows)
         # The native attention kernels where their library is built (edgeprefill.kernels).
@@ -115,32 +121,29 @@ class OnnxRuntimeBackend(Backend):
             graph_path, graph, manifest.graph.flavor, manifest.graph.dtype, options.device,
             session_options,
         )
-        if rows and self.int4_prefill.rewritten and self.kernels.library is None:
-            # MatMulInt8 runs even where no attention layer takes the native kernels.
-            session_options.register_custom_ops_library(str(library_path()))
         # --compute bf16: float32 projections (MatMulBf16) and prefill attention in bf16.
         self.compute = choose_compute(
-            graph, bundle_dir, options.compute, self.kernels.described,
-            self.kernels.library is not None, session_options,
+            graph, bundle_dir, options.compute, self.kernels.described, native,
+            session_options,
         )
         # int4 bundles' decode projections: MatMulInt4 where the native kernels run (VNNI).
         every_row = manifest.graph.quantization == "int4" and every_row_as_decode()
-        self.int4_decode = choose_int4_decode(graph, bundle_dir, self.kernels.library is not None,
-                                              session_options, every_row)
+        self.int4_decode = choose_int4_decode(graph, bundle_dir, native, session_options,
+                                              every_row)
         # int8 bundles' projections: MatMulInt8, each row quantized on its own (VNNI).
-        self.int8_rows = choose_int8_rows(graph, bundle_dir, self.kernels.library is not None,
-                                          session_options)
+        self.int8_rows = choose_int8_rows(graph, bundle_dir, native, session_options)
+        projections = ((rows and self.int4_prefill.rewritten) or self.compute.rewritten
+                       or self.int4_decode.rewritten or self.int8_rows.rewritten)
+        if projections and self.kernels.library is None:
+            session_options.register_custom_ops_library(str(library_path()))
         # A chunk and other requests' decode rows share a call where that changes no row's
         # numbers (engines/ort/fusing.py); else this says why not.
         self._why_not_fused = why_not_fused(manifest.graph, stock_attention(graph),
                                             quantized_ops(graph))
         # Both rewrites switch nodes on "the chunk is one token": one If per step for all.
         self.switches = merge_switches(graph)
-        model = loadable(self.kernels.model, graph, self.int4_prefill, session_options)
-        rewritten = (self.switches.merged or self.compute.rewritten
-                     or self.int4_decode.rewritten or self.int8_rows.rewritten)
-        if rewritten and isinstance(model, bytes):
-            model = graph.SerializeToString()  # the kernels' bytes predate these rewrites
+        rewritten = bool(projections or self.int4_prefill.rewritten or self.switches.merged)
+        model = loadable(self.kernels.model, graph, rewritten, session_options)
         self.session = ort.InferenceSession(
             model, session_options, providers=providers,
             provider_options=self._provider_options(providers),
@@ -267,3 +270,17 @@ class OnnxRuntimeBackend(Backend):
         self._bindings.clear()
         self.arena = None
         self.session = None
+
+
+def loadable(model: str | bytes, graph: Any, rewritten: bool, session_options: Any) -> str | bytes:
+    """What InferenceSession loads: the kernels' choice (the bundle's graph file, or the
+    kernels' rewritten bytes) where no later rewrite changed `graph`, else `graph`'s bytes.
+    The weights stay in the bundle's files either way."""
+    if not rewritten:
+        return model
+    if isinstance(model, str):
+        session_options.add_session_config_entry(
+            "session.model_external_initializers_file_folder_path", str(Path(model).parent)
+        )
+    serialized: bytes = graph.SerializeToString()
+    return serialized

@@ -289,16 +289,3 @@ def _int8_rows(node: NodeProto, derived: Derived) -> list[NodeProto]:
 
 # "int8 rows" is what `int8` becomes where the native MatMulInt8 runs (choose's `rows`).
 VARIANTS: dict[str, Variant] = {"int8": _int8, "int8 rows": _int8_rows, "level0": _level0}
-
-
-def loadable(model: str | bytes, graph: ModelProto, choice: Int4Prefill,
-             session_options: Any) -> str | bytes:
-    """What InferenceSession loads: the kernels' choice, or the rewritten graph's bytes
-    when only this rewrite changed it (its weights stay in the bundle's files)."""
-    if not choice.rewritten or isinstance(model, bytes):
-        return model
-    session_options.add_session_config_entry(
-        "session.model_external_initializers_file_folder_path", str(Path(model).parent)
-    )
-    serialized: bytes = graph.SerializeToString()
-    return serialized
