@@ -1,0 +1,84 @@
+"""Two bundles' prefill, taking turns in one process: what an exporter change does to TTFT.
+
+    python benchmarks/bundle_ab.py OLD_BUNDLE NEW_BUNDLE --compute bf16 --turns 8
+    python benchmarks/bundle_ab.py OLD_BUNDLE NEW_BUNDLE --chunk 61
+
+Loads both bundles (`Engine.load`, warm-up included) and prefills the same `--prompt`
+token ids in `--chunk`-token chunks on each (`Backend.run`, no scheduler), alternating
+`--turns` times after one untimed run each. Prints the CPU and the placement (core-to-core
+latency) before and after, how far apart the two bundles' last logits are (0: the same
+bits), and the median and fastest time of each with new / old.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+from comparison.report import cpu_name
+from probes.core_latency import core_to_core_ns, placement
+
+from edgeprefill.engines.base import COMPUTES, StepBatch
+from edgeprefill.errors import EdgeprefillError
+from edgeprefill.sdk import Engine
+
+
+def prefill(backend, ids: np.ndarray, chunk: int) -> np.ndarray:
+    """The prompt in chunks into slot 0; the last chunk's logits."""
+    out = None
+    for at in range(0, len(ids), chunk):
+        piece = ids[at:at + chunk]
+        out = backend.run(StepBatch(piece[None], np.array([at], np.int32),
+                                    np.array([len(piece)], np.int32), 0))
+    return np.array(out, copy=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("old", type=Path)
+    parser.add_argument("new", type=Path)
+    parser.add_argument("--compute", default="fp32", choices=COMPUTES)
+    parser.add_argument("--prompt", type=int, default=2048, help="prompt tokens")
+    parser.add_argument("--chunk", type=int, default=256, help="tokens per call")
+    parser.add_argument("--turns", type=int, default=6)
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args()
+    if min(args.prompt, args.chunk, args.turns, args.threads) < 1:
+        parser.error("--prompt, --chunk, --turns and --threads must be positive")
+    before = core_to_core_ns()
+    try:
+        engines = [Engine.load(path, threads=args.threads, background=False, kv_slots=1,
+                               compute=args.compute, max_context=args.prompt + 1)
+                   for path in (args.old, args.new)]
+        vocab = engines[0].backend.manifest.model.vocab_size
+        ids = np.random.default_rng(3).integers(5, min(1000, vocab), args.prompt)
+        last = [prefill(e.backend, ids, args.chunk) for e in engines]
+        times: list[list[float]] = [[], []]
+        for _ in range(args.turns):
+            for i, engine in enumerate(engines):
+                start = time.perf_counter()
+                prefill(engine.backend, ids, args.chunk)
+                times[i].append(time.perf_counter() - start)
+        for engine in engines:
+            engine.close()
+    except EdgeprefillError as error:
+        sys.exit(f"bundle_ab.py: {error}")
+    after = core_to_core_ns()
+    old, new = (statistics.median(t) for t in times)
+    print(f"{cpu_name()}, {args.threads} threads, {placement(before)} / {placement(after)}; "
+          f"{args.prompt}-token prompt in {args.chunk}-token chunks, --compute {args.compute}, "
+          f"median of {args.turns} turns")
+    diff = float(np.abs(last[0] - last[1]).max())
+    same = int(last[0].argmax()) == int(last[1].argmax())
+    print("last logits: " + ("the same bits" if diff == 0.0 else
+                             f"at most {diff:.3g} apart, {'same' if same else 'another'} argmax"))
+    print(f"old {old:.3f} s (fastest {min(times[0]):.3f})  new {new:.3f} s (fastest "
+          f"{min(times[1]):.3f})  new / old {new / old:.3f}")
+
+
+if __name__ == "__main__":
+    main()
