@@ -71,6 +71,7 @@ def test_int8_projections_run_natively_beside_the_stock_attention(gemma2, librar
     assert 0 < ours <= 1.1 * theirs, (ours, theirs)  # measured: 0.111 against 0.125
     monkeypatch.delenv(int8_rows.MODE_ENV)
     lines = inspect_lines(gemma2("int8"))
+    assert any(x.startswith("kernels ") and select.NO_ATTENTION in x for x in lines), lines
     assert any(x.startswith("int8 ") and "MatMulInt8 (native" in x for x in lines), lines
     # The steps line says what the backend decided: two calls, for the stock attention.
     assert native.why_not_fused is not None

@@ -151,10 +151,10 @@ def describe_variant(variant: str) -> str:
 def prefill_targets(graph: ModelProto) -> list[int]:
     """Indices of the MatMulNBits nodes whose rows are the chunk's tokens: all but those
     after the last-position gather (the last layer's output projection and MLP, and the
-    logits head, see one row per sequence), and only at
-    accuracy level 4: those already quantize activations to int8, so an int8 prefill is
-    the same class of approximation; a bundle exported at level 0 asked for float
-    activations (exact with the dequantized weights) and keeps them."""
+    logits head, see one row per sequence), and only at accuracy level 4: those already
+    quantize activations to int8, so an int8 prefill is the same class of approximation; a
+    bundle exported at level 0 asked for float activations (exact with the dequantized
+    weights) and keeps them."""
     one_row = after_gather(graph.graph)
     return [i for i, node in enumerate(graph.graph.node)
             if i not in one_row and node.op_type == "MatMulNBits"
