@@ -13,6 +13,7 @@ from edgeprefill.cli.main import cli
 from edgeprefill.engines import BackendOptions, StepBatch
 from edgeprefill.engines.ort import int4_decode, int8_rows
 from edgeprefill.engines.ort.backend import OnnxRuntimeBackend
+from edgeprefill.errors import BackendError
 from edgeprefill.kernels import select
 from tests.conftest import VOCAB
 
@@ -77,6 +78,11 @@ def test_int8_projections_run_natively_beside_the_stock_attention(gemma2, librar
     assert native.why_not_fused is not None
     steps = next(x for x in lines if x.startswith("steps "))
     assert native.why_not_fused in steps
+    # --compute bf16 has nothing to run on it (the load refuses), and inspect says so.
+    compute = next(x for x in lines if x.startswith("compute "))
+    assert "--compute bf16: nothing to run in bf16 here" in compute
+    with pytest.raises(BackendError, match="nothing to run in bf16"):
+        load(gemma2("int8"), compute="bf16")
 
 
 @needs_vnni
@@ -98,6 +104,9 @@ def test_bf16_compute_runs_the_projections_beside_the_stock_attention(gemma2, li
     exact = logits(load(gemma2(None)))
     b = load(gemma2(None), compute="bf16")
     assert b.kernels.library is None and b.compute.rewritten > 0
+    said = "MatMulBf16; AVX512-BF16; the attention GroupQueryAttention, in fp32"
+    assert said in b.compute.described  # --stats
+    assert any(x.startswith("compute ") and said in x for x in inspect_lines(gemma2(None)))
     got = logits(b)
     # bf16 operands: ~3 significant digits per product, float32 sums.
     assert np.abs(got - exact).max() <= 0.05 * np.abs(exact).max()

@@ -48,7 +48,7 @@ def inspect(bundle, verify, as_json):
         f"kernels     {kernels} on this machine's CPU",
         *_int4_prefill_line(graph, native),
         *_int8_line(graph, native),
-        *_compute_line(graph),
+        *_compute_line(graph, native, stock_attention=kernels != NATIVE),
         _steps_line(graph, native, stock_attention=kernels != NATIVE),
         *_derived_line(bundle, m),
         f"eos ids     {eos}",
@@ -164,7 +164,7 @@ def _quantized_ops(graph, native: bool) -> set[str]:
     return {decode, "MatMulInt8" if per_row else "DynamicQuantizeMatMul"}
 
 
-def _compute_line(graph) -> list[str]:
+def _compute_line(graph, native: bool, stock_attention: bool) -> list[str]:
     """What `--compute bf16` would run here (engines.ort.bf16_compute): the projections of a
     float32 bundle, the prefill attention of any bundle the native kernels take."""
     if graph.dtype != "float32" or graph.flavor != "ort":
@@ -172,5 +172,9 @@ def _compute_line(graph) -> list[str]:
     from edgeprefill.engines.ort.bf16_compute import describe_bf16
 
     default = "fp32 (exact, the default)" if not graph.quantization else "fp32 (the default)"
-    bf16 = describe_bf16(projections=not graph.quantization)
+    if native and stock_attention and graph.quantization:  # what the load refuses
+        return [f"compute     {default}; --compute bf16: nothing to run in bf16 here (the "
+                "quantized projections as exported, the attention GroupQueryAttention)"]
+    bf16 = describe_bf16(projections=not graph.quantization,
+                         attention=native and not stock_attention)
     return [f"compute     {default}; --compute bf16: {bf16}, needs the native kernels"]

@@ -49,15 +49,18 @@ def cpu_has_bf16() -> bool:
     return "avx512_bf16" in cpu_identity().split()
 
 
-def describe_bf16(projections: bool = True) -> str:
+def describe_bf16(projections: bool = True, attention: bool = True) -> str:
     """What runs in bf16 here: the float32 projections (if the bundle has them) and, with
-    AVX512-BF16, the prefill attention's products."""
+    AVX512-BF16, the prefill attention's products (`attention`: the native kernels take
+    the bundle's attention; else it stays GroupQueryAttention, in fp32)."""
     fast = cpu_has_bf16()
     ran = [OP if fast else f"{OP} in portable loops"] if projections else []
-    if fast:
+    if fast and attention:
         ran.append(f"{PREFILL_OP}'s products")
     notes = ["AVX512-BF16" if fast else "this CPU has no AVX512-BF16: slower than fp32"]
-    if not fast:
+    if not attention:
+        notes.append("the attention GroupQueryAttention, in fp32")
+    elif not fast:
         notes.append(f"{PREFILL_OP} in fp32")
     if not projections:
         notes.append("the quantized projections as exported")
@@ -91,7 +94,8 @@ def choose(graph: ModelProto, bundle_dir: Path, compute: str, kernels_described:
                            "projection and no native prefill attention in this bundle")
     declare_domain(graph)
     weights = hand_over(graph, derived.arrays, session_options) if derived.arrays else ()
-    return Bf16Compute(len(targets) + attention, describe_bf16(bool(targets)), weights)
+    return Bf16Compute(len(targets) + attention, describe_bf16(bool(targets), bool(attention)),
+                       weights)
 
 
 def _attention_in_bf16(graph: GraphProto) -> int:
