@@ -207,36 +207,6 @@ def test_prefill_attention_in_bf16_stays_near_float32(library):
             np.testing.assert_allclose(b, a, rtol=1e-6, atol=1e-6)
 
 
-def test_switches_merge_around_bf16_projections_and_compute_the_same_bits(library, bundle,
-                                                                         monkeypatch):
-    """MatMulBf16 never prepacks its weight, so the attention switches around it merge into
-    one If per step, with the same logits as apart. (A real fp32 bundle's MatMul weights,
-    above switches.HEAVY_BYTES, keep them apart in fp32; this fixture's are smaller.)"""
-    from edgeprefill.engines.ort import backend as backend_module
-    from edgeprefill.engines.ort.switches import Switches, merge_switches
-
-    path = bundle("llama")
-    ids = np.random.default_rng(4).integers(0, 128, 40).astype(np.int64)
-
-    def run(merge: bool) -> tuple[int, list[np.ndarray]]:
-        monkeypatch.setattr(backend_module, "merge_switches",
-                            merge_switches if merge else (lambda graph: Switches(0)))
-        b = load(path, "bf16")
-        out = [prompt_logits(b, ids, 16)]
-        token, length = out[0].argmax(), 40
-        for _ in range(5):
-            out.append(b.run(StepBatch(np.array([[token]]), np.array([length], np.int32),
-                                       np.ones(1, np.int32), 0))[0].copy())
-            token, length = out[-1].argmax(), length + 1
-        return b.switches.merged, out
-
-    merged, got = run(merge=True)
-    plain, want = run(merge=False)
-    assert merged == load_manifest(path).model.num_layers and plain == 0
-    for a, b in zip(want, got, strict=True):
-        np.testing.assert_array_equal(b, a)
-
-
 def test_rows_decoded_together_match_each_alone(library, bundle):
     """A row's bf16 arithmetic does not depend on the rows beside it: two sessions decoded
     in one call give bit for bit the logits each gets decoded alone."""

@@ -12,7 +12,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from edgeprefill.bundle import load_manifest
+from edgeprefill.bundle import load_graph, load_manifest
 from edgeprefill.engines import BackendOptions, StepBatch
 from edgeprefill.engines.ort.backend import OnnxRuntimeBackend
 from edgeprefill.errors import BackendError
@@ -140,6 +140,68 @@ def test_rows_with_different_past_lengths_decode_the_same_tokens(library, bundle
         np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-5)
 
 
+def if_switched(model) -> int:
+    """The graph switch as it was: each attention an If on "the chunk is one token",
+    DecodeAttention then, PrefillAttention else. The reference for one op in every call."""
+    from edgeprefill.contract import INPUT_IDS, VALID_LENS
+
+    g = model.graph
+    valid = VALID_LENS if any(i.name == VALID_LENS for i in g.input) else None
+    count = 0
+    for node in g.node:
+        if not graph.eligible(node):
+            continue
+        branches = {}
+        for side, kernel in (("then_branch", graph.kernel_node(node, ".decode")),
+                             ("else_branch", graph.kernel_node(node, ".prefill", True, valid))):
+            outs = [helper.make_tensor_value_info(o, TensorProto.FLOAT, None)
+                    for o in kernel.output]
+            branches[side] = helper.make_graph([kernel], f"{kernel.name}.{side}", [], outs)
+        node.CopyFrom(helper.make_node("If", ["t.is_decode"], list(node.output), **branches))
+        count += 1
+    one = helper.make_tensor("t.one", TensorProto.INT64, [1], [1])
+    selector = [helper.make_node("Shape", [INPUT_IDS], ["t.chunk"], start=1, end=2),
+                helper.make_node("Constant", [], ["t.one"], value=one),
+                helper.make_node("Equal", ["t.chunk", "t.one"], ["t.eq"]),
+                helper.make_node("Squeeze", ["t.eq"], ["t.is_decode"])]
+    for node in reversed(selector):
+        g.node.insert(0, node)
+    graph.declare_domain(model)
+    return count
+
+
+@pytest.mark.parametrize("compute", ["fp32", "bf16"])
+def test_one_attention_op_gives_every_call_the_switched_graphs_bits(library, bundle, mode,
+                                                                    monkeypatch, compute):
+    """PrefillAttention serves decode steps too, its rows of one token by DecodeAttention's
+    code: prompts in chunks, then batched decode steps, give the logits and the cache of the
+    If-switched graph bit for bit, and the graph has no If left."""
+    from edgeprefill.engines.ort.bf16_compute import cpu_has_bf16
+
+    if compute == "bf16" and not cpu_has_bf16():
+        pytest.skip("no AVX512-BF16 here")
+    mode("require")
+    rng = np.random.default_rng(6)
+    prompts = [rng.integers(3, 128, n) for n in (3, 150, 37)]
+
+    def loaded(switch) -> OnnxRuntimeBackend:
+        monkeypatch.setattr(select, "add_native_attention", switch)
+        b = OnnxRuntimeBackend(bundle("llama"), load_manifest(bundle("llama")),
+                               BackendOptions(threads=2, compute=compute))
+        b.allocate_kv(4, 256)
+        return b
+
+    one_op = loaded(graph.add_native_attention)
+    switched = loaded(if_switched)
+    proto = load_graph(bundle("llama"), load_manifest(bundle("llama")))
+    assert graph.add_native_attention(proto) == load_manifest(bundle("llama")).model.num_layers
+    assert not any(n.op_type == "If" for n in proto.graph.node)
+    want, got = decode_rows(switched, prompts, 12), decode_rows(one_op, prompts, 12)
+    np.testing.assert_array_equal(got, want)
+    for a, b in zip(switched.kv_arrays(), one_op.kv_arrays(), strict=True):
+        np.testing.assert_array_equal(b, a)
+
+
 def test_engine_greedy_tokens_are_the_same_with_and_without(library, tiny_bundle, mode):
     """The shipped trained model on its demo prompt (~1,000 tokens, then decode)."""
     text = (TINY_MODEL / "demo_prompt.txt").read_text()
@@ -194,7 +256,7 @@ def test_attention_the_kernel_lacks_stays_group_query_attention():
     assert not graph.eligible(gqa(rotary_interleaved=1))
     assert not graph.eligible(gqa(num_heads=194, kv_num_heads=2))  # 97 heads per group
     model = helper.make_model(helper.make_graph([gqa(softcap=30.0)], "g", [], []))
-    assert graph.add_decode_kernel(model) == 0
+    assert graph.add_native_attention(model) == 0
 
 
 def test_inspect_and_stats_say_which_attention_runs(library, bundle, mode):

@@ -178,6 +178,27 @@ def test_a_one_token_row_gets_the_decode_kernels_bits(library, bf16):
     np.testing.assert_allclose(fused_out[3], want_out[0], rtol=tolerance, atol=tolerance)
 
 
+@pytest.mark.parametrize("valid_lens", [False, True])
+@pytest.mark.parametrize("bf16", [False, True])
+def test_a_decode_call_gets_the_decode_kernels_bits(library, bf16, valid_lens):
+    """A call of one token per row (a decode step, which the graph switch now also gives
+    this op): every row is DecodeAttention's, output and cache bit for bit, with the graph's
+    valid_lens or without (a bundle exported before them)."""
+    pasts = np.array([5, 600, 0, 40])  # 600: several pieces
+    rng = np.random.default_rng(8)
+    qkv = rng.standard_normal((4, 1, WIDTH)).astype(np.float32)
+    shape = (4, KV_HEADS, CAPACITY, HEAD_DIM)
+    cache = [rng.standard_normal(shape).astype(np.float32) for _ in range(2)]
+    mine, theirs = [c.copy() for c in cache], [c.copy() for c in cache]
+    prefill = session(layer_model(True, HEAD_DIM, valid_lens=valid_lens, bf16=bf16), library, 2)
+    got = run_layer(prefill, pasts, qkv, *mine, np.ones(4) if valid_lens else None)
+    decode = session(layer_model(True, HEAD_DIM, decode=True), library, 2)
+    want = run_layer(decode, pasts, qkv, *theirs)
+    np.testing.assert_array_equal(got, want)
+    for a, b in zip(theirs, mine, strict=True):
+        np.testing.assert_array_equal(b, a)
+
+
 def test_first_prompt_of_several_rows_matches_group_query_attention(library):
     """total == chunk: every row starts at 0, as GroupQueryAttention reads a first prompt."""
     rng = np.random.default_rng(3)

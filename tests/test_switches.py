@@ -14,7 +14,8 @@ from edgeprefill.bundle import load_manifest
 from edgeprefill.engines import BackendOptions, StepBatch
 from edgeprefill.engines.ort import backend as backend_module
 from edgeprefill.engines.ort.backend import OnnxRuntimeBackend
-from edgeprefill.engines.ort.switches import SELECTORS, Switches, merge_switches
+from edgeprefill.engines.ort.int4_prefill import IS_DECODE
+from edgeprefill.engines.ort.switches import Switches, merge_switches
 from edgeprefill.export.exporter import ExportOptions, export
 from edgeprefill.export.quantize import QuantConfig
 from tests.conftest import TINY_MODEL
@@ -93,7 +94,7 @@ def switch(name: str, weight: str | None = None) -> list[onnx.NodeProto]:
                                   [helper.make_tensor_value_info(f"{name}.{op}",
                                                                  TensorProto.FLOAT, None)])
                 for op in ("Neg", "Abs")]
-    nodes.append(helper.make_node("If", [SELECTORS[0]], [f"{name}.out"],
+    nodes.append(helper.make_node("If", [IS_DECODE], [f"{name}.out"],
                                   then_branch=branches[0], else_branch=branches[1]))
     return nodes
 

@@ -7,9 +7,10 @@ positions split over ONNX Runtime's pool), `prefill_attention.cc` (the
 a whole KV group, online softmax, the causal upper triangle skipped, AVX-512 register
 tiles, pieces on the pool), `kernel_common.h` and `library.cc` (what the ops share, and
 `RegisterCustomOps`), `build.py` (compiles them with g++ against ONNX Runtime's C API
-headers fetched at build time; `python -m edgeprefill.kernels.build`), `graph.py` (switches
-them in behind an `If` on the chunk length, in memory), `select.py` (at load: native or
-the stock graph, and the reason, for `--stats`/`inspect`).
+headers fetched at build time; `python -m edgeprefill.kernels.build`), `graph.py` (puts
+PrefillAttention in for every GroupQueryAttention it supports, in memory: its rows of one
+token run DecodeAttention's code, `decode_rows.h`), `select.py` (at load: native or the
+stock graph, and the reason, for `--stats`/`inspect`).
 
 Everything works without the library: bundles on disk are never changed, and a missing
 library means the stock GroupQueryAttention graph.

@@ -1,11 +1,13 @@
 """Switches the native attention into an `ort`-flavour chunk graph, in memory.
 
-Each `com.microsoft.GroupQueryAttention` node becomes an `If` on "the chunk is one token":
-the then-branch is `edgeprefill.DecodeAttention` on the same inputs (one token: each row's
-positions split over the pool), the else-branch `edgeprefill.PrefillAttention` (a chunk:
-flash-style causal attention over query blocks). Both branches produce the If's outputs,
-so the KV buffers bound to the graph's present outputs are written in place by whichever
-runs (ONNX Runtime hands a subgraph the If's own output buffers).
+Each `com.microsoft.GroupQueryAttention` node the kernels take becomes one
+`edgeprefill.PrefillAttention` on the same inputs (and the graph's `valid_lens`). It serves
+every call: a chunk's rows flash-style (query blocks of a whole KV group, online softmax),
+and each row of one valid token, a decode step's rows included, with `DecodeAttention`'s
+own code (`decode_rows.h`: each row's positions split over the pool), bit for bit. So
+no `If` on the chunk length is needed: an `If` costs ONNX Runtime ~14 us whichever branch
+runs, and 30 of them were 4-5% of an fp32 bundle's decode step (docs/benchmarks.md). The
+KV buffers bound to the graph's present outputs are written in place.
 
 The bundle on disk is never changed: it stays loadable by a stock ONNX Runtime, and the
 switch happens at load time only where the library is present (kernels.select).
@@ -13,17 +15,16 @@ switch happens at load time only where the library is present (kernels.select).
 
 from __future__ import annotations
 
-from onnx import ModelProto, NodeProto, TensorProto, helper
+from onnx import ModelProto, NodeProto, helper
 
-from edgeprefill.contract import INPUT_IDS, VALID_LENS
+from edgeprefill.contract import VALID_LENS
 
 DOMAIN = "edgeprefill"
 OP = "DecodeAttention"
 PREFILL_OP = "PrefillAttention"
-IS_DECODE = "edgeprefill.is_decode"
-# GroupQueryAttention inputs the kernel takes: qkv (packed, or q with k and v apart, which
-# the decode branch concatenates), past k, past v, seqlens_k (the new token's position when
-# the chunk is one token), cos, sin.
+# GroupQueryAttention inputs DecodeAttention takes (the decode rows' code as an op of its
+# own, which benchmarks and tests run): qkv, past k, past v, seqlens_k (the new token's
+# position when the chunk is one token), cos, sin.
 KERNEL_INPUTS = (0, 3, 4, 5, 7, 8)
 # PrefillAttention takes total_sequence_length (6) too: it tells a first prompt (past 0);
 # and the graph's valid_lens where it has them, to skip each row's padding.
@@ -52,17 +53,19 @@ def eligible(node: NodeProto) -> bool:
     )
 
 
-def add_decode_kernel(model: ModelProto, chunk_input: str = INPUT_IDS) -> int:
+def add_native_attention(model: ModelProto) -> int:
     """Rewrites `model` in place; returns how many attention nodes were switched."""
     graph = model.graph
     targets = [i for i, node in enumerate(graph.node) if eligible(node)]
     if not targets:
         return 0
     valid_lens = VALID_LENS if any(i.name == VALID_LENS for i in graph.input) else None
-    for i in targets:
-        graph.node[i].CopyFrom(_switch(graph.node[i], valid_lens))
-    for node in reversed(_selector(chunk_input)):
-        graph.node.insert(0, node)  # depends on a graph input only
+    for i in reversed(targets):  # from the end: a Concat of split q/k/v adds a node
+        gqa = graph.node[i]
+        nodes = _packed(gqa, kernel_node(gqa, prefill=True, valid_lens=valid_lens))
+        graph.node[i].CopyFrom(nodes[-1])
+        for node in reversed(nodes[:-1]):
+            graph.node.insert(i, node)
     declare_domain(model)
     return len(targets)
 
@@ -74,23 +77,13 @@ def declare_domain(model: ModelProto) -> None:
         model.opset_import.append(helper.make_opsetid(DOMAIN, 1))
 
 
-def _selector(chunk_input: str) -> list[NodeProto]:
-    """is_decode = (the chunk axis of input_ids [B, C] is 1), a scalar bool."""
-    one = helper.make_tensor("edgeprefill.one", TensorProto.INT64, [1], [1])
-    return [
-        helper.make_node("Shape", [chunk_input], ["edgeprefill.chunk"], start=1, end=2),
-        helper.make_node("Constant", [], ["edgeprefill.one"], value=one),
-        helper.make_node("Equal", ["edgeprefill.chunk", "edgeprefill.one"], ["edgeprefill.eq"]),
-        helper.make_node("Squeeze", ["edgeprefill.eq"], [IS_DECODE]),
-    ]
-
-
 def kernel_node(
     gqa: NodeProto, suffix: str = "", prefill: bool = False, valid_lens: str | None = None,
 ) -> NodeProto:
     """The DecodeAttention node computing what `gqa` computes for a one-token chunk, or
-    with `prefill` the PrefillAttention node for a longer one (given `valid_lens`, the
-    graph input of each row's valid tokens, it skips the padding)."""
+    with `prefill` the PrefillAttention node, which the graph switch puts in for every call
+    (given `valid_lens`, the graph input of each row's valid tokens, it skips the padding
+    and gives rows of one token the decode rows' code)."""
     attrs = {a.name: helper.get_attribute_value(a) for a in gqa.attribute}
     op, inputs = (PREFILL_OP, PREFILL_INPUTS) if prefill else (OP, KERNEL_INPUTS)
     extra = [valid_lens] if prefill and valid_lens else []
@@ -101,25 +94,10 @@ def kernel_node(
     )
 
 
-def _switch(gqa: NodeProto, valid_lens: str | None) -> NodeProto:
-    decode = _packed(gqa, kernel_node(gqa, ".decode"), "decode")
-    prefill = _packed(gqa, kernel_node(gqa, ".prefill", True, valid_lens), "prefill")
-    return helper.make_node(
-        "If", [IS_DECODE], list(gqa.output), name=f"{gqa.name}.switch",
-        then_branch=_branch(decode, "decode"), else_branch=_branch(prefill, "prefill"),
-    )
-
-
-def _packed(gqa: NodeProto, kernel: NodeProto, kind: str) -> list[NodeProto]:
+def _packed(gqa: NodeProto, kernel: NodeProto) -> list[NodeProto]:
     """`kernel`, after a Concat of q, k and v where the node has them apart (q/k norms)."""
     if not (len(gqa.input) > 2 and gqa.input[1]):
         return [kernel]
-    packed = f"{gqa.name}.{kind}.qkv"
+    packed = f"{gqa.name}.qkv"
     kernel.input[0] = packed
     return [helper.make_node("Concat", list(gqa.input[:3]), [packed], axis=-1), kernel]
-
-
-def _branch(nodes: list[NodeProto], kind: str):
-    last = nodes[-1]
-    outputs = [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in last.output]
-    return helper.make_graph(nodes, f"{last.name}.{kind}", [], outputs)

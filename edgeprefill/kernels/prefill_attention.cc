@@ -729,6 +729,8 @@ OrtStatus* Compute(const Kernel& kernel, OrtKernelContext* context) {
     for (int64_t row = 0; row < s.rows; ++row)
       if (PairedRow(job, row)) job.span = std::max(job.span, past[row] + valid[row]);
     job.span += job.span & 1;
+  }
+  if (job.span > 0) {  // not in a decode step: no row to pair, and no pass on the pool
     const size_t count = static_cast<size_t>(s.rows * s.kv_heads * job.span * d / 2);
     pairs = Pairs(2 * count);
     job.key_pairs = pairs.data;

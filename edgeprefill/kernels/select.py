@@ -15,14 +15,14 @@ from typing import NamedTuple
 
 from edgeprefill.errors import BackendError
 from edgeprefill.kernels.build import library_path
-from edgeprefill.kernels.graph import OP, PREFILL_OP, add_decode_kernel, eligible
+from edgeprefill.kernels.graph import OP, PREFILL_OP, add_native_attention, eligible
 from edgeprefill.kernels.swiglu import OP as SWIGLU_OP
 from edgeprefill.kernels.swiglu import fuse_swiglu
 
 MODE_ENV = "EDGEPREFILL_KERNELS"
 MODES = ("auto", "off", "require")
 STOCK = "GroupQueryAttention"
-# Chunks of more than one token run PREFILL_OP, one-token chunks (decode) OP; SiLU-gated
+# Every call runs PREFILL_OP, whose rows of one token (decode) run OP's code; SiLU-gated
 # MLPs (most families) run SWIGLU_OP.
 NO_ATTENTION = "no attention node the kernel supports"
 NATIVE = f"native ({PREFILL_OP} + {OP}, {SWIGLU_OP})"
@@ -59,7 +59,7 @@ def choose(graph_path: Path, graph, flavor: str, dtype: str, device: str,
     """The model to load; registers the library with `session_options` when native.
     `graph` is the bundle's ModelProto without weights (rewritten in place if native)."""
     reason = why_not(flavor, dtype, device)
-    if reason is None and add_decode_kernel(graph) == 0:
+    if reason is None and add_native_attention(graph) == 0:
         reason = NO_ATTENTION
     if reason is not None:
         if mode() == "require":

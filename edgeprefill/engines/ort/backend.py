@@ -140,7 +140,7 @@ class OnnxRuntimeBackend(Backend):
         # numbers (engines/ort/fusing.py); else this says why not.
         self._why_not_fused = why_not_fused(manifest.graph, stock_attention(graph),
                                             quantized_ops(graph))
-        # Both rewrites switch nodes on "the chunk is one token": one If per step for all.
+        # int4 prefill switches projections on "the chunk is one token": one If per step.
         self.switches = merge_switches(graph)
         rewritten = bool(projections or self.int4_prefill.rewritten or self.switches.merged)
         model = loadable(self.kernels.model, graph, rewritten, session_options)

@@ -1,21 +1,19 @@
 """At load time: one `If` per step instead of one per switched node.
 
-The load-time rewrites give decode steps and prefill chunks different kernels through an
-`If` on "the chunk is one token" around each node they switch: every attention node
-(`edgeprefill.kernels.graph`) and, in int4 bundles, every projection
-(`engines.ort.int4_prefill`). An `If` costs ONNX Runtime ~14 us to run whichever the branch
-(a new frame, its feeds and fetches): 150 of them were ~1.7 ms of a 14 ms int4 decode step
-on the SmolLM2-135M shape (docs/benchmarks.md).
+The int4 prefill rewrite (`engines.ort.int4_prefill`) gives decode steps and prefill chunks
+different projections through an `If` on "the chunk is one token" around each projection it
+switches (the native attention needs none: one op serves both, `edgeprefill.kernels.graph`).
+An `If` costs ONNX Runtime ~14 us to run whichever the branch (a new frame, its feeds and
+fetches): 150 of them were ~1.7 ms of a 14 ms int4 decode step on the SmolLM2-135M shape
+(docs/benchmarks.md).
 
 This pass takes the graph after those rewrites and replaces the nodes from the first
 switch to the last by ONE `If`: its then-branch is that region with each switch's
 then-branch inlined, its else-branch the same with the else-branches. Nodes in the region
 that are not switches (norms, the MLP's activation) are written into both branches; a node
 that reads a large initializer would have it prepacked twice, once per branch, so a region
-holding one (fp32 and int8 bundles: their projections are not switched) is left as it is,
-unless the node is one of the native library's, which never prepack (`--compute bf16`'s
-MatMulBf16: an fp32 bundle in bf16 gets one If per step too). The bundle on disk never
-changes; the computation is the same, node for node.
+holding one is left as it is, unless the node is one of the native library's, which never
+prepack. The bundle on disk never changes; the computation is the same, node for node.
 """
 
 from __future__ import annotations
@@ -25,11 +23,9 @@ from typing import NamedTuple
 
 from onnx import AttributeProto, GraphProto, ModelProto, NodeProto, TensorProto, helper
 
-from edgeprefill.engines.ort.int4_prefill import IS_DECODE as INT4_IS_DECODE
+from edgeprefill.engines.ort.int4_prefill import IS_DECODE
 from edgeprefill.kernels.graph import DOMAIN as KERNELS_DOMAIN
-from edgeprefill.kernels.graph import IS_DECODE as KERNELS_IS_DECODE
 
-SELECTORS = (KERNELS_IS_DECODE, INT4_IS_DECODE)  # both compute "the chunk is one token"
 # A weight its kernel may prepack (MatMul, MatMulNBits, ...): never written into both
 # branches. Norm weights (a few KB) are far below it.
 HEAVY_BYTES = 64 * 1024
@@ -80,7 +76,7 @@ def _prepacks(node: NodeProto) -> bool:
 
 
 def _is_switch(node: NodeProto) -> bool:
-    return node.op_type == "If" and node.domain == "" and node.input[0] in SELECTORS
+    return node.op_type == "If" and node.domain == "" and node.input[0] == IS_DECODE
 
 
 def _inner_nodes(region: list[NodeProto]) -> Iterable[NodeProto]:
