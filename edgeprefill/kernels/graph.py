@@ -6,7 +6,7 @@ every call: a chunk's rows flash-style (query blocks of a whole KV group, online
 and each row of one valid token, a decode step's rows included, with `DecodeAttention`'s
 own code (`decode_rows.h`: each row's positions split over the pool), bit for bit. So
 no `If` on the chunk length is needed: an `If` costs ONNX Runtime ~14 us whichever branch
-runs, and 30 of them were 4-5% of an fp32 bundle's decode step (docs/benchmarks.md). The
+runs, and 30 of them were 1-3% of an fp32 bundle's decode step (docs/benchmarks.md). The
 KV buffers bound to the graph's present outputs are written in place.
 
 The bundle on disk is never changed: it stays loadable by a stock ONNX Runtime, and the
