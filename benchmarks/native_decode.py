@@ -3,10 +3,11 @@
     python -m edgeprefill.kernels.build
     python benchmarks/native_decode.py BUNDLE --past 512,2048 --rows 1,4 --threads 2
 
-Loads the bundle twice in one process, once with `EDGEPREFILL_KERNELS=off` (ONNX Runtime's
-GroupQueryAttention) and once with the kernel switched in, then times bare decode steps
-(`Backend.run`, no engine around it) taking turns: each turn runs `--steps` steps of one
-variant, then of the other, so both see the same drift of a shared machine. Prints the
+Loads the bundle four times in one process, with `EDGEPREFILL_KERNELS=off` (ONNX Runtime's
+GroupQueryAttention) and with the kernel switched in, in the order stock, native, native,
+stock (the first-loaded session runs slower: docs/benchmarks.md, stop 28), then times bare
+decode steps (`Backend.run`, no engine around it) taking turns: each turn runs `--steps`
+steps of each session, so all see the same drift of a shared machine. Prints the
 median step time per variant and their ratio for each (rows, past) point.
 """
 
@@ -68,21 +69,23 @@ def main() -> int:
     try:
         pasts = [int(v) for v in args.past.split(",")]
         rows = [int(v) for v in args.rows.split(",")]
-        variants = {mode: load(args.bundle, mode, args.threads, args.spin)
-                    for mode in ("off", "require")}
+        # Each variant twice, loaded stock, native, native, stock: a process's first-loaded
+        # session ran ~5% slower than later ones (docs/benchmarks.md, stop 28).
+        order = ["off", "require", "require", "off"]
+        variants = [(mode, load(args.bundle, mode, args.threads, args.spin)) for mode in order]
     except (ValueError, EdgeprefillError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
-    assert variants["require"].kernels.described == NATIVE
+    assert variants[1][1].kernels.described == NATIVE
     capacity = max(pasts) + 64
     print(f"{args.bundle}: {args.threads} threads, spin {args.spin}; median ms per decode step "
           f"({args.turns} turns x {args.steps} steps, alternating)")
     for r in rows:
         for past in pasts:
-            runs = {m: step_runner(b, r, past, capacity) for m, b in variants.items()}
-            times: dict[str, list[float]] = {m: [] for m in runs}
+            runs = [(m, step_runner(b, r, past, capacity)) for m, b in variants]
+            times: dict[str, list[float]] = {"off": [], "require": []}
             for _ in range(args.turns):
-                for mode, run in runs.items():
+                for mode, run in runs:
                     times[mode] += timed(run, args.steps)
             stock, native = (statistics.median(times[m]) * 1e3 for m in ("off", "require"))
             print(f"  rows {r} past {past:5d}: GroupQueryAttention {stock:7.2f}  "

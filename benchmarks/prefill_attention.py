@@ -18,8 +18,9 @@ second):
   same inputs, as the runtime switches it in for chunks of more than one token;
 - native-bf16: the same with bf16=1, its two products on bf16 operands (`--compute bf16`).
 
-Whole prompts (`--bundle`): each bundle is loaded twice in one process, with
-`EDGEPREFILL_KERNELS=off` (the stock graph) and `require` (the native kernels), and a
+Whole prompts (`--bundle`): each bundle is loaded four times in one process, with
+`EDGEPREFILL_KERNELS=off` (the stock graph) and `require` (the native kernels), in the order
+stock, native, native, stock (the first-loaded session runs slower), and a
 `--prompt`-token prompt is prefilled in `--chunk`-token chunks (`Backend.run`, no engine),
 the two taking turns `--turns` times; prints the median time to the last chunk's logits.
 """
@@ -129,22 +130,24 @@ def ttft(args) -> int:
           f"median s of {args.turns} turns, alternating")
     for bundle in args.bundle:
         try:
-            runs = {mode: prefill_runner(bundle, mode, args.threads, args.prompt, args.chunk)
-                    for mode in ("off", "require")}
+            # Each twice, loaded stock, native, native, stock: a process's first-loaded
+            # session ran ~5% slower than later ones (docs/benchmarks.md, stop 28).
+            runs = [(mode, *prefill_runner(bundle, mode, args.threads, args.prompt, args.chunk))
+                    for mode in ("off", "require", "require", "off")]
         except EdgeprefillError as err:
             print(f"error: {err}", file=sys.stderr)
             return 1
-        times: dict[str, list[float]] = {mode: [] for mode in runs}
-        for _, run in runs.values():
+        times: dict[str, list[float]] = {"off": [], "require": []}
+        for _, _, run in runs:
             run()  # warm-up
         for _ in range(args.turns):
-            for mode, (_, run) in runs.items():
+            for mode, _, run in runs:
                 start = time.perf_counter()
                 run()
                 times[mode].append(time.perf_counter() - start)
         stock, native = (statistics.median(times[m]) for m in ("off", "require"))
         print(f"  {bundle}: stock {stock:6.3f} s  native {native:6.3f} s  {stock / native:.2f}x"
-              f"  [{runs['require'][0].kernels.described}]")
+              f"  [{runs[1][1].kernels.described}]")
     return 0
 
 
