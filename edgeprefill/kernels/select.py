@@ -29,9 +29,8 @@ NATIVE = f"native ({PREFILL_OP} + {OP}, {SWIGLU_OP})"
 
 
 class KernelChoice(NamedTuple):
-    model: str | bytes  # what InferenceSession loads: the bundle's path or rewritten bytes
     described: str  # NATIVE, or STOCK with the reason: what `--stats` and `inspect` print
-    library: Path | None  # registered with the session options when native
+    library: Path | None  # when native: the backend registers it and loads the rewritten graph
 
 
 def mode() -> str:
@@ -54,25 +53,19 @@ def why_not(flavor: str, dtype: str, device: str) -> str | None:
     return None
 
 
-def choose(graph_path: Path, graph, flavor: str, dtype: str, device: str,
-           session_options) -> KernelChoice:
-    """The model to load; registers the library with `session_options` when native.
-    `graph` is the bundle's ModelProto without weights (rewritten in place if native)."""
+def choose(graph, flavor: str, dtype: str, device: str) -> KernelChoice:
+    """Native or stock, and why. `graph` is the bundle's ModelProto without weights,
+    rewritten in place if native (the backend registers the library and loads it, once,
+    after its other rewrites)."""
     reason = why_not(flavor, dtype, device)
     if reason is None and add_native_attention(graph) == 0:
         reason = NO_ATTENTION
     if reason is not None:
         if mode() == "require":
             raise BackendError(f"{MODE_ENV}=require but the native kernels cannot run: {reason}")
-        return KernelChoice(str(graph_path), f"{STOCK} ({reason})", None)
+        return KernelChoice(f"{STOCK} ({reason})", None)
     fuse_swiglu(graph)
-    library = library_path()
-    session_options.register_custom_ops_library(str(library))
-    # The rewritten graph is loaded from bytes: its weights stay in the bundle's files.
-    session_options.add_session_config_entry(
-        "session.model_external_initializers_file_folder_path", str(graph_path.parent)
-    )
-    return KernelChoice(graph.SerializeToString(), NATIVE, library)
+    return KernelChoice(NATIVE, library_path())
 
 
 def takes_attention(graph) -> bool:

@@ -117,10 +117,8 @@ class OnnxRuntimeBackend(Backend):
         self.int4_prefill = choose_int4_prefill(
             graph, bundle_dir, manifest.graph.flavor, options.device, session_options, rows)
         # The native attention kernels where their library is built (edgeprefill.kernels).
-        self.kernels = choose_kernels(
-            graph_path, graph, manifest.graph.flavor, manifest.graph.dtype, options.device,
-            session_options,
-        )
+        self.kernels = choose_kernels(graph, manifest.graph.flavor, manifest.graph.dtype,
+                                      options.device)
         # --compute bf16: float32 projections (MatMulBf16) and prefill attention in bf16.
         self.compute = choose_compute(
             graph, bundle_dir, options.compute, self.kernels.described, native,
@@ -134,7 +132,7 @@ class OnnxRuntimeBackend(Backend):
         self.int8_rows = choose_int8_rows(graph, bundle_dir, native, session_options)
         projections = ((rows and self.int4_prefill.rewritten) or self.compute.rewritten
                        or self.int4_decode.rewritten or self.int8_rows.rewritten)
-        if projections and self.kernels.library is None:
+        if self.kernels.library is not None or projections:  # the library's ops run
             session_options.register_custom_ops_library(str(library_path()))
         # A chunk and other requests' decode rows share a call where that changes no row's
         # numbers (engines/ort/fusing.py); else this says why not.
@@ -142,8 +140,9 @@ class OnnxRuntimeBackend(Backend):
                                             quantized_ops(graph))
         # int4 prefill switches projections on "the chunk is one token": one If per step.
         self.switches = merge_switches(graph)
-        rewritten = bool(projections or self.int4_prefill.rewritten or self.switches.merged)
-        model = loadable(self.kernels.model, graph, rewritten, session_options)
+        rewritten = bool(self.kernels.library is not None or projections
+                         or self.int4_prefill.rewritten or self.switches.merged)
+        model = loadable(graph_path, graph, rewritten, session_options)
         self.session = ort.InferenceSession(
             model, session_options, providers=providers,
             provider_options=self._provider_options(providers),
@@ -272,15 +271,14 @@ class OnnxRuntimeBackend(Backend):
         self.session = None
 
 
-def loadable(model: str | bytes, graph: Any, rewritten: bool, session_options: Any) -> str | bytes:
-    """What InferenceSession loads: the kernels' choice (the bundle's graph file, or the
-    kernels' rewritten bytes) where no later rewrite changed `graph`, else `graph`'s bytes.
-    The weights stay in the bundle's files either way."""
+def loadable(graph_path: Path, graph: Any, rewritten: bool, session_options: Any) -> str | bytes:
+    """What InferenceSession loads: the bundle's graph file where no load-time rewrite
+    changed `graph`, else `graph`'s bytes, serialized once after all of them; the weights
+    stay in the bundle's files either way."""
     if not rewritten:
-        return model
-    if isinstance(model, str):
-        session_options.add_session_config_entry(
-            "session.model_external_initializers_file_folder_path", str(Path(model).parent)
-        )
+        return str(graph_path)
+    session_options.add_session_config_entry(
+        "session.model_external_initializers_file_folder_path", str(graph_path.parent)
+    )
     serialized: bytes = graph.SerializeToString()
     return serialized
