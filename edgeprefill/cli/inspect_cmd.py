@@ -35,6 +35,7 @@ def inspect(bundle, verify, as_json):
     native = kernels == NATIVE  # the library runs here: what the projections' switches need
     if native and not _takes_attention(bundle, m):  # as the backend finds at load
         kernels = f"{STOCK} ({NO_ATTENTION})"
+    stock_attention = kernels != NATIVE
     lines = [
         f"bundle      {bundle}",
         f"model       {model.family}: {model.num_layers} layers, hidden {model.hidden_size}, "
@@ -48,8 +49,8 @@ def inspect(bundle, verify, as_json):
         f"kernels     {kernels} on this machine's CPU",
         *_int4_prefill_line(graph, native),
         *_int8_line(graph, native),
-        *_compute_line(graph, native, stock_attention=kernels != NATIVE),
-        _steps_line(graph, native, stock_attention=kernels != NATIVE),
+        *_compute_line(graph, native, stock_attention),
+        _steps_line(graph, native, stock_attention),
         *_derived_line(bundle, m),
         f"eos ids     {eos}",
         f"sampling    {defaults.describe()}  (generation_config.json; requests may override)",
@@ -170,11 +171,12 @@ def _compute_line(graph, native: bool, stock_attention: bool) -> list[str]:
     if graph.dtype != "float32" or graph.flavor != "ort":
         return []
     from edgeprefill.engines.ort.bf16_compute import describe_bf16
+    from edgeprefill.kernels.select import STOCK
 
     default = "fp32 (exact, the default)" if not graph.quantization else "fp32 (the default)"
     if native and stock_attention and graph.quantization:  # what the load refuses
         return [f"compute     {default}; --compute bf16: nothing to run in bf16 here (the "
-                "quantized projections as exported, the attention GroupQueryAttention)"]
+                f"quantized projections as exported, the attention {STOCK})"]
     bf16 = describe_bf16(projections=not graph.quantization,
                          attention=native and not stock_attention)
     return [f"compute     {default}; --compute bf16: {bf16}, needs the native kernels"]

@@ -31,6 +31,7 @@ from edgeprefill.engines.ort.derived import Derived, hand_over, initializer
 from edgeprefill.errors import BackendError
 from edgeprefill.kernels.build import cpu_identity
 from edgeprefill.kernels.graph import DOMAIN, PREFILL_OP, declare_domain
+from edgeprefill.kernels.select import STOCK
 
 OP = "MatMulBf16"
 PANEL = 64  # columns per packed panel (kPanel in the .cc)
@@ -59,7 +60,7 @@ def describe_bf16(projections: bool = True, attention: bool = True) -> str:
         ran.append(f"{PREFILL_OP}'s products")
     notes = ["AVX512-BF16" if fast else "this CPU has no AVX512-BF16: slower than fp32"]
     if not attention:
-        notes.append("the attention GroupQueryAttention, in fp32")
+        notes.append(f"the attention {STOCK}, in fp32")
     elif not fast:
         notes.append(f"{PREFILL_OP} in fp32")
     if not projections:
