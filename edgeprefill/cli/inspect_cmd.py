@@ -33,7 +33,8 @@ def inspect(bundle, verify, as_json):
     eos = list(dict.fromkeys([*m.eos_token_ids, *defaults.eos_token_ids]))
     kernels = describe(graph.flavor, graph.dtype)
     native = kernels == NATIVE  # the library runs here: what the projections' switches need
-    if native and not _takes_attention(bundle, m):  # as the backend finds at load
+    taken = _attention_taken(bundle, m) if native else "none"  # as the backend finds at load
+    if native and taken == "none":
         kernels = f"{STOCK} ({NO_ATTENTION})"
     stock_attention = kernels != NATIVE
     lines = [
@@ -49,7 +50,7 @@ def inspect(bundle, verify, as_json):
         f"kernels     {kernels} on this machine's CPU",
         *_int4_prefill_line(graph, native),
         *_int8_line(graph, native),
-        *_compute_line(graph, native, stock_attention),
+        *_compute_line(graph, native, stock_attention, taken == "every"),
         _steps_line(graph, native, stock_attention),
         *_derived_line(bundle, m),
         f"eos ids     {eos}",
@@ -118,13 +119,16 @@ def _derived_line(bundle, manifest) -> list[str]:
     return [f"derived     {describe(Path(bundle), weight_files(proto))}"]
 
 
-def _takes_attention(bundle, manifest) -> bool:
-    """Whether the native kernels take any of the bundle's attention nodes (Gemma 2's
-    softcap, for one, keeps GroupQueryAttention)."""
+def _attention_taken(bundle, manifest) -> str:
+    """Which of the bundle's attention nodes the native kernels take: "every", "some" or
+    "none" (Gemma 2's softcap, for one, keeps GroupQueryAttention)."""
     from edgeprefill.bundle import load_graph
-    from edgeprefill.kernels.select import takes_attention
+    from edgeprefill.kernels.select import takes_attention, takes_every_attention
 
-    return takes_attention(load_graph(Path(bundle), manifest))
+    graph = load_graph(Path(bundle), manifest)
+    if takes_every_attention(graph):
+        return "every"
+    return "some" if takes_attention(graph) else "none"
 
 
 def _steps_line(graph, native: bool, stock_attention: bool) -> str:
@@ -165,18 +169,25 @@ def _quantized_ops(graph, native: bool) -> set[str]:
     return {decode, "MatMulInt8" if per_row else "DynamicQuantizeMatMul"}
 
 
-def _compute_line(graph, native: bool, stock_attention: bool) -> list[str]:
+def _compute_line(graph, native: bool, stock_attention: bool, every: bool) -> list[str]:
     """What `--compute bf16` would run here (engines.ort.bf16_compute): the projections of a
-    float32 bundle, the prefill attention of any bundle the native kernels take."""
+    float32 bundle, the prefill attention of any bundle the native kernels take, and the KV
+    cache where they take `every` attention node (engines.ort.bf16_kv)."""
     if graph.dtype != "float32" or graph.flavor != "ort":
         return []
+    from edgeprefill.engines.ort import bf16_kv
     from edgeprefill.engines.ort.bf16_compute import describe_bf16
+    from edgeprefill.errors import BackendError
     from edgeprefill.kernels.select import STOCK
 
+    try:
+        kv_cache = native and every and bf16_kv.mode() == "auto"
+    except BackendError:  # a bad EDGEPREFILL_BF16_KV: the load says so
+        kv_cache = False
     default = "fp32 (exact, the default)" if not graph.quantization else "fp32 (the default)"
     if native and stock_attention and graph.quantization:  # what the load refuses
         return [f"compute     {default}; --compute bf16: nothing to run in bf16 here (the "
                 f"quantized projections as exported, the attention {STOCK})"]
     bf16 = describe_bf16(projections=not graph.quantization,
-                         attention=native and not stock_attention)
+                         attention=native and not stock_attention, kv_cache=kv_cache)
     return [f"compute     {default}; --compute bf16: {bf16}, needs the native kernels"]

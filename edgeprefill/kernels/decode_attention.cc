@@ -36,21 +36,33 @@ constexpr int kLanes = 16;  // accumulators per dot product: one AVX-512 registe
 constexpr int64_t kMinPiece = 128;  // positions per parallel piece, at least
 constexpr int64_t kTargetPieces = 16;  // pieces per row to aim for (load balance)
 
-inline float Dot(const float* a, const float* b, int64_t n) {
+// A cache element as float32: a float, or bf16 bits.
+inline float Scalar(const float* p) { return *p; }
+inline float Scalar(const uint16_t* p) { return FromBf16(*p); }
+
+template <typename T>
+inline float Dot(const float* a, const T* b, int64_t n) {
   float acc[kLanes] = {};
   for (int64_t i = 0; i < n; i += kLanes)
-    for (int l = 0; l < kLanes; ++l) acc[l] += a[i + l] * b[i + l];
+    for (int l = 0; l < kLanes; ++l) acc[l] += a[i + l] * Scalar(b + i + l);
   for (int width = kLanes / 2; width > 0; width /= 2)
     for (int l = 0; l < width; ++l) acc[l] += acc[l + width];
   return acc[0];
 }
 
 #ifdef __AVX512F__
+// 16 cache elements as float32.
+inline __m512 Load16(const float* p) { return _mm512_loadu_ps(p); }
+inline __m512 Load16(const uint16_t* p) {
+  const __m256i bits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
+}
+
 // q . key over head_dim = 16 * C, left as 16 partial sums.
-template <int C>
-inline __m512 Dot16(const __m512* query, const float* key) {
-  __m512 acc = _mm512_mul_ps(query[0], _mm512_loadu_ps(key));
-  for (int c = 1; c < C; ++c) acc = _mm512_fmadd_ps(query[c], _mm512_loadu_ps(key + 16 * c), acc);
+template <int C, typename T>
+inline __m512 Dot16(const __m512* query, const T* key) {
+  __m512 acc = _mm512_mul_ps(query[0], Load16(key));
+  for (int c = 1; c < C; ++c) acc = _mm512_fmadd_ps(query[c], Load16(key + 16 * c), acc);
   return acc;
 }
 
@@ -78,15 +90,15 @@ inline __m512 SumLanes16(const __m512* acc) {
 }  // namespace
 
 DecodeRows::DecodeRows(const Layout& layout, const float* qkv, int64_t qkv_stride,
-                       std::vector<int64_t> rows, std::vector<int64_t> positions, float* keys,
-                       float* values, const float* cos, const float* sin)
-    : layout_(layout), rows_(std::move(rows)), positions_(std::move(positions)), keys_(keys),
-      values_(values) {
+                       std::vector<int64_t> rows, std::vector<int64_t> positions, Cache cache,
+                       const float* cos, const float* sin)
+    : layout_(layout), rows_(std::move(rows)), positions_(std::move(positions)), cache_(cache) {
   const Layout& s = layout_;
   const int64_t d = s.head_dim, heads = s.heads, half = s.rotary / 2;
   const int64_t group = heads / s.kv_heads;
   // Rotate q and the new k, write k and v at each row's position.
   q_.resize(rows_.size() * heads * d);
+  std::vector<float> rotated(d);
   for (size_t i = 0; i < rows_.size(); ++i) {
     const int64_t row = rows_[i], position = positions_[i];
     const float* packed = qkv + row * qkv_stride;
@@ -96,8 +108,15 @@ DecodeRows::DecodeRows(const Layout& layout, const float* qkv, int64_t qkv_strid
       Rotate(packed + h * d, q_.data() + (i * heads + h) * d, c, n, d, s.rotary);
     for (int64_t kv = 0; kv < s.kv_heads; ++kv) {
       const int64_t at = ((row * s.kv_heads + kv) * s.capacity + position) * d;
-      Rotate(packed + (heads + kv) * d, keys + at, c, n, d, s.rotary);
-      std::memcpy(values + at, packed + (heads + s.kv_heads + kv) * d, d * sizeof(float));
+      const float* value = packed + (heads + s.kv_heads + kv) * d;
+      if (cache.bf16) {  // rounded to nearest even, as PrefillAttention writes its chunk
+        Rotate(packed + (heads + kv) * d, rotated.data(), c, n, d, s.rotary);
+        ToBf16(rotated.data(), d, static_cast<uint16_t*>(cache.keys) + at);
+        ToBf16(value, d, static_cast<uint16_t*>(cache.values) + at);
+        continue;
+      }
+      Rotate(packed + (heads + kv) * d, static_cast<float*>(cache.keys) + at, c, n, d, s.rotary);
+      std::memcpy(static_cast<float*>(cache.values) + at, value, d * sizeof(float));
     }
   }
   // Each (row, KV head) split over its positions so that the pool has enough pieces. The
@@ -119,18 +138,19 @@ DecodeRows::DecodeRows(const Layout& layout, const float* qkv, int64_t qkv_strid
 
 // One parallel piece: a KV head of a row over positions [begin, end). It leaves, per query
 // head of the group, the running max, the sum of exponentials and the unnormalized output.
+template <typename T>
 void DecodeRows::RunPiecePortable(size_t index) {
   const Layout& s = layout_;
   const Piece& piece = pieces_[index];
   const int64_t d = s.head_dim, g = s.heads / s.kv_heads, n = piece.end - piece.begin;
   const int64_t head0 = piece.kv * g;
   const int64_t cache_offset = ((rows_[piece.slot] * s.kv_heads + piece.kv) * s.capacity) * d;
-  const float* keys = keys_ + cache_offset;
-  const float* values = values_ + cache_offset;
+  const T* keys = static_cast<const T*>(cache_.keys) + cache_offset;
+  const T* values = static_cast<const T*>(cache_.values) + cache_offset;
   const float* q = q_.data() + (piece.slot * s.heads + head0) * d;
   float* scores = scores_.data() + index * g * longest_;
   for (int64_t j = 0; j < n; ++j) {  // each key row is read once for the whole group
-    const float* key = keys + (piece.begin + j) * d;
+    const T* key = keys + (piece.begin + j) * d;
     for (int64_t h = 0; h < g; ++h) scores[h * longest_ + j] = Dot(q + h * d, key, d) * s.scale;
   }
   float* out = partial_.data() + index * g * (d + 2);
@@ -149,11 +169,11 @@ void DecodeRows::RunPiecePortable(size_t index) {
     acc[d + 1] = sum;
   }
   for (int64_t j = 0; j < n; ++j) {  // each value row is read once for the whole group
-    const float* value = values + (piece.begin + j) * d;
+    const T* value = values + (piece.begin + j) * d;
     for (int64_t h = 0; h < g; ++h) {
       const float weight = scores[h * longest_ + j];
       float* acc = out + h * (d + 2);
-      for (int64_t k = 0; k < d; ++k) acc[k] += weight * value[k];
+      for (int64_t k = 0; k < d; ++k) acc[k] += weight * Scalar(value + k);
     }
   }
 }
@@ -163,15 +183,15 @@ void DecodeRows::RunPiecePortable(size_t index) {
 // every query head of the group uses while the block is in L1: the piece's rows come from
 // L2 or memory once, not once per head. The portable loops above ran ~3x slower here (gcc
 // kept each dot product's 16 partial sums on the stack; the value loop had a run-time length).
-template <int C>
+template <int C, typename T>
 void DecodeRows::RunPieceAvx512(size_t index) {
   const Layout& s = layout_;
   const Piece& piece = pieces_[index];
   const int64_t d = 16 * C, g = s.heads / s.kv_heads, n = piece.end - piece.begin;
   const int64_t stride = longest_;
   const int64_t cache_offset = ((rows_[piece.slot] * s.kv_heads + piece.kv) * s.capacity) * d;
-  const float* keys = keys_ + cache_offset + piece.begin * d;
-  const float* values = values_ + cache_offset + piece.begin * d;
+  const T* keys = static_cast<const T*>(cache_.keys) + cache_offset + piece.begin * d;
+  const T* values = static_cast<const T*>(cache_.values) + cache_offset + piece.begin * d;
   const float* q = q_.data() + (piece.slot * s.heads + piece.kv * g) * d;
   float* scores = scores_.data() + index * g * stride;  // [group, stride]
   float* partial = partial_.data() + index * g * (d + 2);  // [group, d + 2]
@@ -217,7 +237,7 @@ void DecodeRows::RunPieceAvx512(size_t index) {
 
   for (j = 0; j < n; j += 16) {
     const int64_t m = std::min<int64_t>(16, n - j);
-    const float* block = values + j * d;
+    const T* block = values + j * d;
     for (int64_t h = 0; h < g; ++h) {
       const float* weights = scores + h * stride + j;
       float* out = partial + h * (d + 2);
@@ -230,18 +250,28 @@ void DecodeRows::RunPieceAvx512(size_t index) {
       for (; k + 2 <= m; k += 2) {
         const __m512 w0 = _mm512_set1_ps(weights[k]), w1 = _mm512_set1_ps(weights[k + 1]);
         for (int c = 0; c < C; ++c) {
-          even[c] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(block + k * d + 16 * c), even[c]);
-          odd[c] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(block + (k + 1) * d + 16 * c), odd[c]);
+          even[c] = _mm512_fmadd_ps(w0, Load16(block + k * d + 16 * c), even[c]);
+          odd[c] = _mm512_fmadd_ps(w1, Load16(block + (k + 1) * d + 16 * c), odd[c]);
         }
       }
       if (k < m) {
         const __m512 w0 = _mm512_set1_ps(weights[k]);
         for (int c = 0; c < C; ++c)
-          even[c] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(block + k * d + 16 * c), even[c]);
+          even[c] = _mm512_fmadd_ps(w0, Load16(block + k * d + 16 * c), even[c]);
       }
       for (int c = 0; c < C; ++c) _mm512_storeu_ps(out + 16 * c, _mm512_add_ps(even[c], odd[c]));
     }
   }
+}
+#endif
+
+#ifdef __AVX512F__
+template <int C>
+void DecodeRows::RunPieceAvx512(size_t index) {
+  if (cache_.bf16)
+    RunPieceAvx512<C, uint16_t>(index);
+  else
+    RunPieceAvx512<C, float>(index);
 }
 #endif
 
@@ -257,7 +287,10 @@ void DecodeRows::RunPiece(size_t index) {
     default: break;
   }
 #endif
-  RunPiecePortable(index);
+  if (cache_.bf16)
+    RunPiecePortable<uint16_t>(index);
+  else
+    RunPiecePortable<float>(index);
 }
 
 // Merges the pieces of each query head: out = sum_p e^(m_p - M) acc_p / sum_p e^(m_p - M) l_p.
@@ -346,7 +379,8 @@ OrtStatus* Compute(const Kernel& kernel, OrtKernelContext* context) {
   for (int64_t row = 0; row < s.rows; ++row) rows[row] = row;
   const int64_t width = (heads + 2 * s.kv_heads) * d;
   DecodeRows work({heads, s.kv_heads, s.capacity, d, 2 * cos.dims[1], kernel.scale}, qkv.data,
-                  width, std::move(rows), std::move(at), keys, values, cos.data, sin.data);
+                  width, std::move(rows), std::move(at), {keys, values, false}, cos.data,
+                  sin.data);
   ParallelFor(context, RunDecodePiece, work.Pieces(), &work);
   work.Finish(out, heads * d);
   return nullptr;

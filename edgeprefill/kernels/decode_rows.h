@@ -11,6 +11,15 @@
 
 namespace edgeprefill {
 
+// The KV cache the rows read and write: float32, or bf16 bits (uint16) where the load keeps a
+// bf16 cache (PrefillAttentionBf16KV). Either way the products are float32: a bf16 cache's
+// values are exact in float32.
+struct Cache {
+  void* keys;
+  void* values;
+  bool bf16;
+};
+
 class DecodeRows {
  public:
   struct Layout {
@@ -22,8 +31,8 @@ class DecodeRows {
   // is at qkv + r * qkv_stride; keys and values are the [rows, kv_heads, capacity, head_dim]
   // cache; cos and sin the rotary tables ([positions, rotary / 2]).
   DecodeRows(const Layout& layout, const float* qkv, int64_t qkv_stride,
-             std::vector<int64_t> rows, std::vector<int64_t> positions, float* keys,
-             float* values, const float* cos, const float* sin);
+             std::vector<int64_t> rows, std::vector<int64_t> positions, Cache cache,
+             const float* cos, const float* sin);
   size_t Pieces() const { return pieces_.size(); }
   void RunPiece(size_t index);  // on any thread, each index once
   // After every piece ran: row r's output [heads * head_dim] to out + r * out_stride.
@@ -35,16 +44,18 @@ class DecodeRows {
   };
   Layout layout_;
   std::vector<int64_t> rows_, positions_;
-  const float* keys_;
-  const float* values_;
+  Cache cache_;
   std::vector<float> q_;  // rotated queries [slots, heads, head_dim]
   std::vector<Piece> pieces_;
   int64_t longest_ = 0;
   std::vector<float> scores_;   // [pieces, group, longest]
   std::vector<float> partial_;  // [pieces, group, head_dim + 2]: output, max, sum
-  template <int C>
+  template <int C, typename T>
   void RunPieceAvx512(size_t index);
+  template <typename T>
   void RunPiecePortable(size_t index);
+  template <int C>
+  void RunPieceAvx512(size_t index);  // the cache's element type: T = float or uint16_t
 };
 
 }  // namespace edgeprefill

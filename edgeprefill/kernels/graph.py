@@ -22,6 +22,8 @@ from edgeprefill.contract import VALID_LENS
 DOMAIN = "edgeprefill"
 OP = "DecodeAttention"
 PREFILL_OP = "PrefillAttention"
+# PREFILL_OP over a bf16 KV cache (uint16 bits), under --compute bf16 (engines/ort/bf16_kv.py)
+PREFILL_BF16_KV_OP = "PrefillAttentionBf16KV"
 # GroupQueryAttention inputs DecodeAttention takes (the decode rows' code as an op of its
 # own, which benchmarks and tests run): qkv, past k, past v, seqlens_k (the new token's
 # position when the chunk is one token), cos, sin.

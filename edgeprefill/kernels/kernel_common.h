@@ -72,6 +72,25 @@ inline uint32_t Bf16(float x) {
   return (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
 }
 
+// bf16 bits -> the float32 they stand for (exact).
+inline float FromBf16(uint16_t x) {
+  const uint32_t u = uint32_t{x} << 16;
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+// `count` floats -> their bf16 roundings (to nearest even), as a bf16 KV cache holds them.
+inline void ToBf16(const float* src, int64_t count, uint16_t* dst) {
+  int64_t i = 0;
+#ifdef __AVX512BF16__
+  for (; i + 16 <= count; i += 16)
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i),
+                        reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(_mm512_loadu_ps(src + i))));
+#endif
+  for (; i < count; ++i) dst[i] = static_cast<uint16_t>(Bf16(src[i]));
+}
+
 // `count` floats -> ceil(count / 2) bf16 pairs of neighbours, in order: pair i holds
 // (src[2i], src[2i + 1]) in one uint32, low half first; an odd count's last high half is 0.
 // The layout vdpbf16ps sums over (MatMulBf16's activations, PrefillAttention's keys).
@@ -105,6 +124,7 @@ struct Kernel {
   int64_t kv_heads;
   float scale;
   bool bf16;  // optional attribute bf16=1 (--compute bf16): PrefillAttention's products in bf16
+  bool bf16_cache = false;  // the KV cache holds bf16 bits (uint16): PrefillAttentionBf16KV
 };
 
 // Reads num_heads, kv_num_heads and scale into a new Kernel; `op` names the op in errors.
@@ -142,8 +162,8 @@ OrtStatus* CreateColumnsKernel(const OrtKernelInfo* info, const char* op, void**
 void ORT_API_CALL DestroyColumnsKernel(void* kernel);
 
 // One op of the library: its name, its inputs (those in `int32_inputs`, a bit mask, are
-// int32, those in `uint8_inputs` uint8, the rest float; every output is float) and its
-// kernel's life cycle.
+// int32, those in `uint8_inputs` uint8, those in `uint16_inputs` uint16, the rest float;
+// outputs are float but those in `uint16_outputs`) and its kernel's life cycle.
 struct OpSpec {
   const char* name;
   size_t inputs;
@@ -154,6 +174,8 @@ struct OpSpec {
   void (*destroy)(void* kernel);
   uint32_t uint8_inputs = 0;
   uint32_t optional_inputs = 0;  // a bit mask, like int32_inputs: inputs a node may omit
+  uint32_t uint16_inputs = 0;    // bf16 bits (a bf16 KV cache)
+  uint32_t uint16_outputs = 0;
 };
 
 // The OrtCustomOp table first, so ONNX Runtime's `const OrtCustomOp*` leads back to the spec.
@@ -166,6 +188,7 @@ Op MakeOp(const OpSpec& spec);
 
 const Op& DecodeAttentionOp();
 const Op& PrefillAttentionOp();
+const Op& PrefillAttentionBf16KvOp();
 const Op& SwiGluOp();
 const Op& MatMulBf16Op();
 const Op& MatMulInt4Op();

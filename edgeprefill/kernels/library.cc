@@ -41,11 +41,13 @@ size_t ORT_API_CALL InputCount(const OrtCustomOp* op) { return SpecOf(op).inputs
 size_t ORT_API_CALL OutputCount(const OrtCustomOp* op) { return SpecOf(op).outputs; }
 ONNXTensorElementDataType ORT_API_CALL InputType(const OrtCustomOp* op, size_t index) {
   if ((SpecOf(op).uint8_inputs >> index) & 1u) return ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8;
+  if ((SpecOf(op).uint16_inputs >> index) & 1u) return ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT16;
   return (SpecOf(op).int32_inputs >> index) & 1u ? ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32
                                                   : ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
 }
-ONNXTensorElementDataType ORT_API_CALL OutputType(const OrtCustomOp*, size_t) {
-  return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
+ONNXTensorElementDataType ORT_API_CALL OutputType(const OrtCustomOp* op, size_t index) {
+  return (SpecOf(op).uint16_outputs >> index) & 1u ? ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT16
+                                                   : ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
 }
 OrtCustomOpInputOutputCharacteristic ORT_API_CALL Required(const OrtCustomOp*, size_t) {
   return INPUT_OUTPUT_REQUIRED;
@@ -169,6 +171,7 @@ RegisterCustomOps(OrtSessionOptions* options, const OrtApiBase* api_base) {
   EP_RETURN_IF_ERROR(g_api->CreateCustomOpDomain("edgeprefill", &domain));
   EP_RETURN_IF_ERROR(g_api->CustomOpDomain_Add(domain, &DecodeAttentionOp().table));
   EP_RETURN_IF_ERROR(g_api->CustomOpDomain_Add(domain, &PrefillAttentionOp().table));
+  EP_RETURN_IF_ERROR(g_api->CustomOpDomain_Add(domain, &PrefillAttentionBf16KvOp().table));
   EP_RETURN_IF_ERROR(g_api->CustomOpDomain_Add(domain, &SwiGluOp().table));
   EP_RETURN_IF_ERROR(g_api->CustomOpDomain_Add(domain, &MatMulBf16Op().table));
   EP_RETURN_IF_ERROR(g_api->CustomOpDomain_Add(domain, &MatMulInt4Op().table));

@@ -30,7 +30,14 @@
 //                                               (decode_rows.h), bit for bit
 // Outputs: 0 out [B, S, H * D] float, 1 present_key, 2 present_value (same shape as past;
 //          when bound to the past buffers nothing is copied, else the past is copied first)
-// Attributes: num_heads, kv_num_heads (int), scale (float).
+// Attributes: num_heads, kv_num_heads (int), scale (float), bf16 (int, optional: 1 runs the
+//          chunk's two products on bf16 operands).
+//
+// edgeprefill.PrefillAttentionBf16KV is the same op over a bf16 KV cache: past and present
+// key and value are uint16 tensors of bf16 bits, each written rounded to nearest even. It
+// needs bf16=1. A chunk's products then read the keys straight from the cache (they are
+// already the bf16 pairs the products take) and pair only the values; its rows of one
+// valid token read half the bytes a float32 cache takes (decode_rows.h).
 
 #include <algorithm>
 #include <chrono>
@@ -123,11 +130,14 @@ struct Job {
   const int64_t* valid;  // per row: the chunk's valid tokens (the rest is padding)
   float* out;
   bool bf16;  // the products on bf16 pairs (Product<uint32_t>), where UsesBf16 allows
-  // bf16: the cache's keys [rows, kv, span, D/2] and values [rows, kv, span/2, D] paired
-  // once per call for all pieces (span: the longest row's past + valid tokens, even).
+  // bf16: the cache's keys [rows, kv, key_span, D/2] and values [rows, kv, span/2, D] paired
+  // once per call for all pieces (span: the longest row's past + valid tokens, even). A
+  // bf16 cache is its own key pairs (key_span = capacity): only the values are paired.
   uint32_t* key_pairs = nullptr;
   uint32_t* value_pairs = nullptr;
   int64_t span = 0;
+  int64_t key_span = 0;
+  const uint16_t* values16 = nullptr;  // a bf16 cache's values (keys, values: nullptr)
   std::vector<Piece> pieces;
   std::vector<PieceTime> times;  // per piece, only when profiling
 };
@@ -251,6 +261,21 @@ void PairRows(const float* src, int64_t stride, int64_t rows, int64_t width, uin
     for (int64_t c = 0; c < width; c += kVec) {
       const __m512 high = pair ? _mm512_loadu_ps(low + stride + c) : _mm512_setzero_ps();
       _mm512_storeu_si512(dst + j * width + c, PairVectors(_mm512_loadu_ps(low + c), high));
+    }
+  }
+}
+
+// PairRows for bf16 rows (a bf16 cache's values): the same pairs, nothing to round.
+void PairRows16(const uint16_t* src, int64_t stride, int64_t rows, int64_t width, uint32_t* dst) {
+  for (int64_t j = 0; 2 * j < rows; ++j) {
+    const uint16_t* low = src + 2 * j * stride;
+    const bool pair = 2 * j + 1 < rows;
+    for (int64_t c = 0; c < width; c += kVec) {
+      const __m512i l = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(low + c)));
+      const __m512i h = pair ? _mm512_cvtepu16_epi32(_mm256_loadu_si256(
+                                   reinterpret_cast<const __m256i*>(low + stride + c)))
+                             : _mm512_setzero_si512();
+      _mm512_storeu_si512(dst + j * width + c, _mm512_or_si512(l, _mm512_slli_epi32(h, 16)));
     }
   }
 }
@@ -462,15 +487,16 @@ void RunPiece(void* data, size_t index) {
 #endif
 
   const int64_t head = piece.row * s.kv_heads + piece.kv;
-  const float* keys = job.keys + head * s.capacity * d;
-  const float* values = job.values + head * s.capacity * d;
+  // float32 cache (a bf16 one is read as pairs only: bf16 is set)
+  const float* keys = job.keys != nullptr ? job.keys + head * s.capacity * d : nullptr;
+  const float* values = job.values != nullptr ? job.values + head * s.capacity * d : nullptr;
   const int64_t end = first_position + queries;  // keys [0, end) are seen by some query
   for (int64_t k0 = 0; k0 < end; k0 += kKeyBlock) {
     const int64_t n = std::min(kKeyBlock, end - k0);
 #ifdef __AVX512BF16__
     if (bf16) {
-      Product(n, columns, job.key_pairs + (head * job.span + k0) * d / 2, d / 2, 1, q2, scores,
-              d / 2, nullptr);
+      Product(n, columns, job.key_pairs + (head * job.key_span + k0) * d / 2, d / 2, 1, q2,
+              scores, d / 2, nullptr);
       for (int64_t c = 0; c < columns; c += kVec)
         SoftmaxStepPairs(scores + c, columns, n, k0, positions.data() + c, top + c, total + c,
                          rescale + c, p2 + c, columns);
@@ -586,20 +612,31 @@ void ZeroPadding(const Job& job) {
 }
 
 // Writes the chunk's rotated keys and its values into the cache at each row's past length
-// (not a one-token row's: DecodeRows writes it).
-void WriteCache(const Job& job, float* keys, float* values) {
+// (not a one-token row's: DecodeRows writes it); a bf16 cache gets their bf16 roundings.
+void WriteCache(const Job& job, const Cache& cache) {
   const Shape& s = job.shape;
   const int64_t d = s.head_dim, half = s.rotary / 2, heads = s.kv_heads * s.group;
   const int64_t width = (heads + 2 * s.kv_heads) * d;
+  float* keys = static_cast<float*>(cache.keys);
+  float* values = static_cast<float*>(cache.values);
+  std::vector<float> rotated(cache.bf16 ? d : 0);
   for (int64_t row = 0; row < s.rows; ++row)
     for (int64_t token = 0; token < (OneToken(job, row) ? 0 : job.valid[row]); ++token) {
       const int64_t position = job.past[row] + token;
       const float* packed = job.qkv + (row * s.chunk + token) * width;
       for (int64_t kv = 0; kv < s.kv_heads; ++kv) {
         const int64_t at = ((row * s.kv_heads + kv) * s.capacity + position) * d;
+        const float* value = packed + (heads + s.kv_heads + kv) * d;
+        if (cache.bf16) {
+          Rotate(packed + (heads + kv) * d, rotated.data(), job.cos + position * half,
+                 job.sin + position * half, d, s.rotary);
+          ToBf16(rotated.data(), d, static_cast<uint16_t*>(cache.keys) + at);
+          ToBf16(value, d, static_cast<uint16_t*>(cache.values) + at);
+          continue;
+        }
         Rotate(packed + (heads + kv) * d, keys + at, job.cos + position * half,
                job.sin + position * half, d, s.rotary);
-        std::memcpy(values + at, packed + (heads + s.kv_heads + kv) * d, d * sizeof(float));
+        std::memcpy(values + at, value, d * sizeof(float));
       }
     }
 }
@@ -666,8 +703,13 @@ void RunPairs(void* data, size_t index) {
   if (k0 >= end || !PairedRow(job, row)) return;
   const int64_t n = std::min(kPairBlock, end - k0);
   const int64_t cache = head * s.capacity * d;
+  uint32_t* value_pairs = job.value_pairs + (head * job.span + k0) / 2 * d;
+  if (job.values16 != nullptr) {  // a bf16 cache: its keys are already pairs
+    PairRows16(job.values16 + cache + k0 * d, d, n, d, value_pairs);
+    return;
+  }
   PairUp(job.keys + cache + k0 * d, n * d, job.key_pairs + (head * job.span + k0) * d / 2);
-  PairRows(job.values + cache + k0 * d, d, n, d, job.value_pairs + (head * job.span + k0) / 2 * d);
+  PairRows(job.values + cache + k0 * d, d, n, d, value_pairs);
 }
 #endif
 
@@ -708,20 +750,24 @@ OrtStatus* Compute(const Kernel& kernel, OrtKernelContext* context) {
       return Fail("PrefillAttention: a row's chunk is outside the cache or the rotary table");
   }
 
+  if (kernel.bf16_cache && !UsesBf16(kernel.bf16))
+    return Fail("PrefillAttentionBf16KV: a bf16 KV cache needs bf16=1 and a build with AVX512-BF16");
   const int64_t d = s.head_dim, heads = kernel.heads;
   float *out = nullptr, *keys = nullptr, *values = nullptr;
   EP_RETURN_IF_ERROR(Output(context, 0, {s.rows, s.chunk, heads * d}, &out));
   EP_RETURN_IF_ERROR(Output(context, 1, past_k.dims, &keys));
   EP_RETURN_IF_ERROR(Output(context, 2, past_v.dims, &values));
-  const size_t cache_floats = static_cast<size_t>(s.rows * s.kv_heads * s.capacity * d);
-  if (keys != past_k.data) std::memcpy(keys, past_k.data, cache_floats * sizeof(float));
-  if (values != past_v.data) std::memcpy(values, past_v.data, cache_floats * sizeof(float));
+  const size_t cache_bytes = static_cast<size_t>(s.rows * s.kv_heads * s.capacity * d) *
+                             (kernel.bf16_cache ? sizeof(uint16_t) : sizeof(float));
+  if (keys != past_k.data) std::memcpy(keys, past_k.data, cache_bytes);
+  if (values != past_v.data) std::memcpy(values, past_v.data, cache_bytes);
+  const Cache cache{keys, values, kernel.bf16_cache};
 
   const int64_t begin = Profiling() ? Now() : 0;
-  Job job{s, kernel.scale, qkv.data, keys, values, cos.data, sin.data, past.data(),
-          valid.data(), out, UsesBf16(kernel.bf16), nullptr, nullptr, 0, {}, {}};
+  Job job{s, kernel.scale, qkv.data, cache.bf16 ? nullptr : keys, cache.bf16 ? nullptr : values,
+          cos.data, sin.data, past.data(), valid.data(), out, UsesBf16(kernel.bf16)};
   ZeroPadding(job);
-  WriteCache(job, keys, values);
+  WriteCache(job, cache);
 #ifdef __AVX512BF16__
   // Not zeroed (1.5 MB a call at 2,048 positions): only what RunPairs writes is ever read.
   PairBuffer pairs{nullptr, nullptr};
@@ -732,9 +778,11 @@ OrtStatus* Compute(const Kernel& kernel, OrtKernelContext* context) {
   }
   if (job.span > 0) {  // not in a decode step: no row to pair, and no pass on the pool
     const size_t count = static_cast<size_t>(s.rows * s.kv_heads * job.span * d / 2);
-    pairs = Pairs(2 * count);
-    job.key_pairs = pairs.data;
-    job.value_pairs = pairs.data + count;
+    pairs = Pairs(cache.bf16 ? count : 2 * count);
+    job.value_pairs = pairs.data;
+    job.key_pairs = cache.bf16 ? static_cast<uint32_t*>(cache.keys) : pairs.data + count;
+    job.key_span = cache.bf16 ? s.capacity : job.span;
+    job.values16 = cache.bf16 ? static_cast<const uint16_t*>(cache.values) : nullptr;
     ParallelFor(context, RunPairs, static_cast<size_t>(s.rows * s.kv_heads * (job.span / kPairBlock + 1)), &job);
   }
 #endif
@@ -743,8 +791,8 @@ OrtStatus* Compute(const Kernel& kernel, OrtKernelContext* context) {
     if (OneToken(job, row)) one_token.push_back(row), positions.push_back(past[row]);
   const int64_t width = (heads + 2 * s.kv_heads) * d;
   DecodeRows decode({heads, s.kv_heads, s.capacity, d, s.rotary, kernel.scale}, qkv.data,
-                    s.chunk * width, std::move(one_token), std::move(positions), keys, values,
-                    cos.data, sin.data);
+                    s.chunk * width, std::move(one_token), std::move(positions), cache, cos.data,
+                    sin.data);
   job.pieces = Plan(job);
   if (Profiling()) job.times.resize(job.pieces.size());
   const int64_t pooled = Profiling() ? Now() : 0;
@@ -759,6 +807,12 @@ OrtStatus* CreateKernel(const OrtKernelInfo* info, void** kernel) {
   return CreateAttentionKernel(info, "PrefillAttention", kernel);
 }
 
+OrtStatus* CreateBf16KvKernel(const OrtKernelInfo* info, void** kernel) {
+  EP_RETURN_IF_ERROR(CreateAttentionKernel(info, "PrefillAttentionBf16KV", kernel));
+  static_cast<Kernel*>(*kernel)->bf16_cache = true;
+  return nullptr;
+}
+
 OrtStatus* ORT_API_CALL ComputeKernel(void* kernel, OrtKernelContext* context) {
   return Compute(*static_cast<Kernel*>(kernel), context);
 }
@@ -771,6 +825,15 @@ const Op& PrefillAttentionOp() {
   OpSpec spec{"PrefillAttention", 8, 3, (1u << 3) | (1u << 4) | (1u << 7), CreateKernel,
               ComputeKernel, DestroyKernel};
   spec.optional_inputs = 1u << 7;
+  static const Op op = MakeOp(spec);
+  return op;
+}
+
+const Op& PrefillAttentionBf16KvOp() {
+  OpSpec spec{"PrefillAttentionBf16KV", 8, 3, (1u << 3) | (1u << 4) | (1u << 7),
+              CreateBf16KvKernel, ComputeKernel, DestroyKernel};
+  spec.optional_inputs = 1u << 7;
+  spec.uint16_inputs = spec.uint16_outputs = (1u << 1) | (1u << 2);
   static const Op op = MakeOp(spec);
   return op;
 }

@@ -73,6 +73,13 @@ def takes_attention(graph) -> bool:
     return any(eligible(node) for node in graph.graph.node)
 
 
+def takes_every_attention(graph) -> bool:
+    """Whether the kernels take every attention node of `graph`: then nothing else reads
+    the KV cache, which may then be bf16 under --compute bf16 (engines/ort/bf16_kv.py)."""
+    stock = [n for n in graph.graph.node if n.op_type == STOCK and n.domain == "com.microsoft"]
+    return bool(stock) and all(eligible(node) for node in stock)
+
+
 def describe(flavor: str, dtype: str, device: str = "cpu") -> str:
     """What `inspect` says: the attention this bundle would run with here."""
     try:

@@ -119,10 +119,12 @@ class OnnxRuntimeBackend(Backend):
         # The native attention kernels where their library is built (edgeprefill.kernels).
         self.kernels = choose_kernels(graph, manifest.graph.flavor, manifest.graph.dtype,
                                       options.device)
-        # --compute bf16: float32 projections (MatMulBf16) and prefill attention in bf16.
+        # --compute bf16: float32 projections (MatMulBf16) and prefill attention in bf16,
+        # and a bf16 KV cache where only that attention reads it.
+        self._kv_pairs = kv_pairs(manifest.graph)
         self.compute = choose_compute(
             graph, bundle_dir, options.compute, self.kernels.described, native,
-            session_options,
+            session_options, self._kv_pairs,
         )
         # int4 bundles' decode projections: MatMulInt4 where the native kernels run (VNNI).
         every_row = manifest.graph.quantization == "int4" and every_row_as_decode()
@@ -151,13 +153,16 @@ class OnnxRuntimeBackend(Backend):
         check_loaded_io(manifest, [i.name for i in self.session.get_inputs()],
                         [o.name for o in self.session.get_outputs()])
         self.arena: KVArena | None = None  # host memory on the CPU, device memory on a GPU
-        self._kv_pairs = kv_pairs(manifest.graph)
         self._bindings: dict[tuple[int, int], Any] = {}  # ort.IOBinding per (first, rows)
         self._logits = np.empty((0, manifest.model.vocab_size), np.float32)
 
     @property
     def why_not_fused(self) -> str | None:
         return self._why_not_fused
+
+    @property
+    def kv_dtype(self) -> np.dtype:
+        return self.compute.kv_dtype or super().kv_dtype
 
     def _session_options(self) -> Any:
         ort = self._ort

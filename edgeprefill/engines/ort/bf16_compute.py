@@ -8,8 +8,9 @@ in float32. The prefill attention's two products (scores, and probabilities time
 take bf16 operands the same way (`PrefillAttention` with bf16=1, rounding the float32
 cache's blocks as it reads them). That is what OpenVINO does by default on CPUs with bf16
 instructions. With AVX512-BF16 a prefill chunk multiplies at twice the fp32 rate and a
-decode step reads half the weight bytes. The softmax, norms, decode attention and the KV
-cache stay float32.
+decode step reads half the weight bytes. Where every attention layer runs that kernel the
+KV cache is bf16 too (bf16_kv.py). The softmax, norms and decode attention's products stay
+float32.
 
 Not exact: logits move by about bf16's rounding (8 bits of mantissa), so greedy text can
 part from the fp32 run's after some tokens. fp32 stays the default. The bundle on disk is
@@ -26,7 +27,9 @@ from typing import Any, NamedTuple
 import numpy as np
 from onnx import AttributeProto, GraphProto, ModelProto, NodeProto, TensorProto, helper
 
+from edgeprefill.contract import KVPair
 from edgeprefill.engines.base import COMPUTES
+from edgeprefill.engines.ort import bf16_kv
 from edgeprefill.engines.ort.derived import Derived, hand_over, initializer
 from edgeprefill.errors import BackendError
 from edgeprefill.kernels.build import cpu_identity
@@ -42,6 +45,7 @@ class Bf16Compute(NamedTuple):
     rewritten: int  # nodes now computing in bf16 (0: the graph is unchanged)
     described: str  # what `--stats` says: "fp32" or how bf16 runs here
     weights: tuple[object, ...] = ()  # the packed weights and their OrtValues (session-lived)
+    kv_dtype: np.dtype | None = None  # the arena's element type where the cache is bf16
 
 
 def cpu_has_bf16() -> bool:
@@ -50,14 +54,18 @@ def cpu_has_bf16() -> bool:
     return "avx512_bf16" in cpu_identity().split()
 
 
-def describe_bf16(projections: bool = True, attention: bool = True) -> str:
+def describe_bf16(projections: bool = True, attention: bool = True,
+                  kv_cache: bool = False) -> str:
     """What runs in bf16 here: the float32 projections (if the bundle has them) and, with
     AVX512-BF16, the prefill attention's products (`attention`: the native kernels take
-    the bundle's attention; else it stays GroupQueryAttention, in fp32)."""
+    the bundle's attention; else it stays GroupQueryAttention, in fp32) and the KV cache
+    (`kv_cache`: bf16_kv.why_not found nothing else reading it)."""
     fast = cpu_has_bf16()
     ran = [OP if fast else f"{OP} in portable loops"] if projections else []
     if fast and attention:
         ran.append(f"{PREFILL_OP}'s products")
+    if fast and attention and kv_cache:
+        ran.append("the KV cache")
     notes = ["AVX512-BF16" if fast else "this CPU has no AVX512-BF16: slower than fp32"]
     if not attention:
         notes.append(f"the attention {STOCK}, in fp32")
@@ -69,9 +77,10 @@ def describe_bf16(projections: bool = True, attention: bool = True) -> str:
 
 
 def choose(graph: ModelProto, bundle_dir: Path, compute: str, kernels_described: str,
-           native: bool, session_options: Any) -> Bf16Compute:
+           native: bool, session_options: Any, pairs: list[KVPair]) -> Bf16Compute:
     """Rewrites `graph` in place for bf16 compute, or leaves it for fp32. A quantized
-    bundle's projections keep their int8/int4 kernels; its prefill attention goes bf16."""
+    bundle's projections keep their int8/int4 kernels; its prefill attention goes bf16, and
+    its KV cache (the arena's `pairs`) too where nothing else reads it."""
     if compute not in COMPUTES:
         raise BackendError(f"compute {compute!r}: choose one of {', '.join(COMPUTES)}")
     if compute == "fp32":
@@ -93,10 +102,14 @@ def choose(graph: ModelProto, bundle_dir: Path, compute: str, kernels_described:
     if not targets and not attention:
         raise BackendError("--compute bf16 found nothing to run in bf16: no float32 "
                            "projection and no native prefill attention in this bundle")
+    kv_cache = cpu_has_bf16() and bf16_kv.why_not(graph, pairs, attention) is None
+    if kv_cache:
+        bf16_kv.switch(graph, pairs)
     declare_domain(graph)
     weights = hand_over(graph, derived.arrays, session_options) if derived.arrays else ()
-    return Bf16Compute(len(targets) + attention, describe_bf16(bool(targets), bool(attention)),
-                       weights)
+    described = describe_bf16(bool(targets), bool(attention), kv_cache)
+    return Bf16Compute(len(targets) + attention, described, weights,
+                       bf16_kv.DTYPE if kv_cache else None)
 
 
 def _attention_in_bf16(graph: GraphProto) -> int:

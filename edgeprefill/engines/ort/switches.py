@@ -60,8 +60,8 @@ def merge_switches(model: ModelProto) -> Switches:
     outputs = _region_outputs(region, nodes[last + 1 :], model.graph)
     merged = helper.make_node(
         "If", [region[0].input[0]], outputs, name="edgeprefill.switches",
-        then_branch=_branch(region, outputs, "then_branch", "decode"),
-        else_branch=_branch(region, outputs, "else_branch", "prefill"),
+        then_branch=_branch(region, outputs, "then_branch", "decode", model.graph),
+        else_branch=_branch(region, outputs, "else_branch", "prefill", model.graph),
     )
     del model.graph.node[:]
     model.graph.node.extend([*nodes[:first], merged, *nodes[last + 1 :]])
@@ -122,7 +122,8 @@ def _reads(node: NodeProto) -> Iterable[str]:
                 yield from _reads(inner)
 
 
-def _branch(region: list[NodeProto], outputs: list[str], side: str, kind: str) -> GraphProto:
+def _branch(region: list[NodeProto], outputs: list[str], side: str, kind: str,
+            graph: GraphProto) -> GraphProto:
     """The region as one branch: each switch replaced by its `side` branch's nodes. Every
     name made inside gets a suffix, so nothing shadows a name of the outer graph."""
     made = {o for node in region for o in node.output if o}
@@ -133,9 +134,11 @@ def _branch(region: list[NodeProto], outputs: list[str], side: str, kind: str) -
             body.extend(_inline(node, side, renamed, f"{kind}.{index}"))
         else:
             body.append(_copy(node, renamed, f".{kind}"))
-    # What a layer stack hands on is float: the hidden state and every present K/V (the
-    # kernels only run on float32 bundles).
-    values = [helper.make_tensor_value_info(renamed[o], TensorProto.FLOAT, None)
+    # What a layer stack hands on is float (the kernels only run on float32 bundles): the
+    # hidden state, and every present K/V as the graph declares it (uint16 bf16 bits where
+    # the load keeps a bf16 cache: engines/ort/bf16_kv.py).
+    declared = {o.name: o.type.tensor_type.elem_type for o in graph.output}
+    values = [helper.make_tensor_value_info(renamed[o], declared.get(o, TensorProto.FLOAT), None)
               for o in outputs]
     return helper.make_graph(body, f"edgeprefill.switches.{kind}", [], values)
 
