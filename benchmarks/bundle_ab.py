@@ -2,6 +2,12 @@
 
     python benchmarks/bundle_ab.py OLD_BUNDLE NEW_BUNDLE --compute bf16 --turns 8
     python benchmarks/bundle_ab.py OLD_BUNDLE NEW_BUNDLE --chunk 61
+    python benchmarks/bundle_ab.py B B --compute bf16 --old-env EDGEPREFILL_BF16_KV=off \
+        --decode 32
+
+The two sides may be one bundle loaded two ways: `--old-env` / `--new-env` KEY=VALUE set
+environment variables while that side loads (a load-time switch such as the bf16 KV cache).
+`--decode N` times N decode steps after each prefill too (past = the prompt), separately.
 
 Loads each bundle twice, in the order old, new, new, old (`Engine.load`, warm-up
 included), and prefills the same `--prompt` token ids in `--chunk`-token chunks on each
@@ -17,6 +23,7 @@ new / old.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
@@ -41,6 +48,26 @@ def prefill(backend, ids: np.ndarray, chunk: int) -> np.ndarray:
     return np.array(out, copy=True)
 
 
+def decode(backend, steps: int, past: int) -> None:
+    """`steps` one-token steps into slot 0 after a `past`-token prefill."""
+    token = np.array([[7]])
+    for i in range(steps):
+        backend.run(StepBatch(token, np.array([past + i], np.int32), np.ones(1, np.int32), 0))
+
+
+def load(bundle: Path, env: list[str], **options) -> Engine:
+    """Engine.load with `env` (KEY=VALUE each) set while it loads, restored after."""
+    saved = dict(os.environ)
+    try:
+        for item in env:
+            key, _, value = item.partition("=")
+            os.environ[key] = value
+        return Engine.load(bundle, **options)
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("old", type=Path)
@@ -50,24 +77,38 @@ def main() -> None:
     parser.add_argument("--chunk", type=int, default=256, help="tokens per call")
     parser.add_argument("--turns", type=int, default=6)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--old-env", action="append", default=[], metavar="KEY=VALUE",
+                        help="set while the old side loads (repeatable)")
+    parser.add_argument("--new-env", action="append", default=[], metavar="KEY=VALUE",
+                        help="set while the new side loads (repeatable)")
+    parser.add_argument("--decode", type=int, default=0,
+                        help="decode steps to time after each prefill (0: none)")
     args = parser.parse_args()
-    if min(args.prompt, args.chunk, args.turns, args.threads) < 1:
-        parser.error("--prompt, --chunk, --turns and --threads must be positive")
+    if min(args.prompt, args.chunk, args.turns, args.threads) < 1 or args.decode < 0:
+        parser.error("--prompt, --chunk, --turns and --threads must be positive, --decode >= 0")
+    if any("=" not in item for item in args.old_env + args.new_env):
+        parser.error("--old-env and --new-env take KEY=VALUE")
     before = core_to_core_ns()
     try:
         which = [0, 1, 1, 0]  # old, new, new, old: each bundle loaded first once, last once
-        engines = [Engine.load((args.old, args.new)[i], threads=args.threads, background=False,
-                               kv_slots=1, compute=args.compute, max_context=args.prompt + 1)
+        engines = [load((args.old, args.new)[i], (args.old_env, args.new_env)[i],
+                         threads=args.threads, background=False, kv_slots=1,
+                         compute=args.compute, max_context=args.prompt + args.decode + 1)
                    for i in which]
         vocab = engines[0].backend.manifest.model.vocab_size
         ids = np.random.default_rng(3).integers(5, min(1000, vocab), args.prompt)
         last = [prefill(e.backend, ids, args.chunk) for e in engines[:2]]
         times: list[list[float]] = [[], []]
+        steps: list[list[float]] = [[], []]  # per decode step
         for _ in range(args.turns):
             for i, engine in zip(which, engines, strict=True):
                 start = time.perf_counter()
                 prefill(engine.backend, ids, args.chunk)
                 times[i].append(time.perf_counter() - start)
+                if args.decode:
+                    start = time.perf_counter()
+                    decode(engine.backend, args.decode, args.prompt)
+                    steps[i].append((time.perf_counter() - start) / args.decode)
         for engine in engines:
             engine.close()
     except EdgeprefillError as error:
@@ -83,6 +124,11 @@ def main() -> None:
                              f"at most {diff:.3g} apart, {'same' if same else 'another'} argmax"))
     print(f"old {old:.3f} s (fastest {min(times[0]):.3f})  new {new:.3f} s (fastest "
           f"{min(times[1]):.3f})  new / old {new / old:.3f}")
+    if args.decode:
+        old, new = (statistics.median(t) * 1e3 for t in steps)
+        print(f"decode step at past {args.prompt}: old {old:.2f} ms (fastest "
+              f"{min(steps[0]) * 1e3:.2f})  new {new:.2f} ms (fastest {min(steps[1]) * 1e3:.2f})"
+              f"  new / old {new / old:.3f}")
 
 
 if __name__ == "__main__":
