@@ -108,15 +108,8 @@ DecodeRows::DecodeRows(const Layout& layout, const float* qkv, int64_t qkv_strid
       Rotate(packed + h * d, q_.data() + (i * heads + h) * d, c, n, d, s.rotary);
     for (int64_t kv = 0; kv < s.kv_heads; ++kv) {
       const int64_t at = ((row * s.kv_heads + kv) * s.capacity + position) * d;
-      const float* value = packed + (heads + s.kv_heads + kv) * d;
-      if (cache.bf16) {  // rounded to nearest even, as PrefillAttention writes its chunk
-        Rotate(packed + (heads + kv) * d, rotated.data(), c, n, d, s.rotary);
-        ToBf16(rotated.data(), d, static_cast<uint16_t*>(cache.keys) + at);
-        ToBf16(value, d, static_cast<uint16_t*>(cache.values) + at);
-        continue;
-      }
-      Rotate(packed + (heads + kv) * d, static_cast<float*>(cache.keys) + at, c, n, d, s.rotary);
-      std::memcpy(static_cast<float*>(cache.values) + at, value, d * sizeof(float));
+      WriteKeyValue(cache, at, packed + (heads + kv) * d, packed + (heads + s.kv_heads + kv) * d,
+                    c, n, d, s.rotary, rotated.data());
     }
   }
   // Each (row, KV head) split over its positions so that the pool has enough pieces. The

@@ -9,16 +9,9 @@
 #include <cstdint>
 #include <vector>
 
-namespace edgeprefill {
+#include "kernel_common.h"  // Cache
 
-// The KV cache the rows read and write: float32, or bf16 bits (uint16) where the load keeps a
-// bf16 cache (PrefillAttentionBf16KV). Either way the products are float32: a bf16 cache's
-// values are exact in float32.
-struct Cache {
-  void* keys;
-  void* values;
-  bool bf16;
-};
+namespace edgeprefill {
 
 class DecodeRows {
  public:

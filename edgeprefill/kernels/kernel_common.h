@@ -118,6 +118,32 @@ inline void Rotate(const float* x, float* out, const float* cos, const float* si
   for (int64_t i = rotary; i < d; ++i) out[i] = x[i];
 }
 
+// The KV cache the attention ops read and write: float32, or bf16 bits (uint16) where the
+// load keeps a bf16 cache (PrefillAttentionBf16KV). Either way the products are float32 or
+// bf16 pairs: a bf16 cache's values are exact in float32.
+struct Cache {
+  void* keys;
+  void* values;
+  bool bf16;
+};
+
+// Writes one token's key, rotated, and its value into the cache at element `at` (a bf16
+// cache gets their roundings to nearest even); `rotated`: head_dim floats of scratch. One
+// copy for both writers (PrefillAttention's chunk rows, DecodeRows' one-token rows), so a
+// position holds the same bits whichever wrote it.
+inline void WriteKeyValue(const Cache& cache, int64_t at, const float* key, const float* value,
+                          const float* cos, const float* sin, int64_t d, int64_t rotary,
+                          float* rotated) {
+  if (cache.bf16) {
+    Rotate(key, rotated, cos, sin, d, rotary);
+    ToBf16(rotated, d, static_cast<uint16_t*>(cache.keys) + at);
+    ToBf16(value, d, static_cast<uint16_t*>(cache.values) + at);
+    return;
+  }
+  Rotate(key, static_cast<float*>(cache.keys) + at, cos, sin, d, rotary);
+  std::memcpy(static_cast<float*>(cache.values) + at, value, d * sizeof(float));
+}
+
 // The attributes both attention ops take from their GroupQueryAttention node.
 struct Kernel {
   int64_t heads;

@@ -617,26 +617,16 @@ void WriteCache(const Job& job, const Cache& cache) {
   const Shape& s = job.shape;
   const int64_t d = s.head_dim, half = s.rotary / 2, heads = s.kv_heads * s.group;
   const int64_t width = (heads + 2 * s.kv_heads) * d;
-  float* keys = static_cast<float*>(cache.keys);
-  float* values = static_cast<float*>(cache.values);
-  std::vector<float> rotated(cache.bf16 ? d : 0);
+  std::vector<float> rotated(d);
   for (int64_t row = 0; row < s.rows; ++row)
     for (int64_t token = 0; token < (OneToken(job, row) ? 0 : job.valid[row]); ++token) {
       const int64_t position = job.past[row] + token;
       const float* packed = job.qkv + (row * s.chunk + token) * width;
       for (int64_t kv = 0; kv < s.kv_heads; ++kv) {
         const int64_t at = ((row * s.kv_heads + kv) * s.capacity + position) * d;
-        const float* value = packed + (heads + s.kv_heads + kv) * d;
-        if (cache.bf16) {
-          Rotate(packed + (heads + kv) * d, rotated.data(), job.cos + position * half,
-                 job.sin + position * half, d, s.rotary);
-          ToBf16(rotated.data(), d, static_cast<uint16_t*>(cache.keys) + at);
-          ToBf16(value, d, static_cast<uint16_t*>(cache.values) + at);
-          continue;
-        }
-        Rotate(packed + (heads + kv) * d, keys + at, job.cos + position * half,
-               job.sin + position * half, d, s.rotary);
-        std::memcpy(values + at, value, d * sizeof(float));
+        WriteKeyValue(cache, at, packed + (heads + kv) * d,
+                      packed + (heads + s.kv_heads + kv) * d, job.cos + position * half,
+                      job.sin + position * half, d, s.rotary, rotated.data());
       }
     }
 }
