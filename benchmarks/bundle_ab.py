@@ -30,22 +30,13 @@ import time
 from pathlib import Path
 
 import numpy as np
+from backend_steps import prefill
 from comparison.report import cpu_name
 from probes.core_latency import core_to_core_ns, placement
 
 from edgeprefill.engines.base import COMPUTES, StepBatch
 from edgeprefill.errors import EdgeprefillError
 from edgeprefill.sdk import Engine
-
-
-def prefill(backend, ids: np.ndarray, chunk: int) -> np.ndarray:
-    """The prompt in chunks into slot 0; the last chunk's logits."""
-    out = None
-    for at in range(0, len(ids), chunk):
-        piece = ids[at:at + chunk]
-        out = backend.run(StepBatch(piece[None], np.array([at], np.int32),
-                                    np.array([len(piece)], np.int32), 0))
-    return np.array(out, copy=True)
 
 
 def decode(backend, steps: int, past: int) -> None:

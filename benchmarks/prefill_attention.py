@@ -36,10 +36,11 @@ from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
+from backend_steps import prefill
 from onnx import TensorProto, helper, numpy_helper
 
 from edgeprefill.bundle import load_manifest
-from edgeprefill.engines import BackendOptions, StepBatch
+from edgeprefill.engines import BackendOptions
 from edgeprefill.engines.ort.backend import OnnxRuntimeBackend
 from edgeprefill.errors import EdgeprefillError
 from edgeprefill.kernels.build import KernelBuildError, build
@@ -116,13 +117,7 @@ def prefill_runner(bundle: Path, mode: str, threads: int, prompt: int, chunk: in
     backend = OnnxRuntimeBackend(bundle, load_manifest(bundle), BackendOptions(threads=threads))
     backend.allocate_kv(1, prompt)
     ids = np.random.default_rng(3).integers(3, backend.manifest.model.vocab_size, prompt)
-
-    def run() -> None:
-        for at in range(0, prompt, chunk):
-            piece = ids[at:at + chunk]
-            backend.run(StepBatch(piece[None], np.array([at], np.int32),
-                                  np.array([len(piece)], np.int32), 0))
-    return backend, run
+    return backend, lambda: prefill(backend, ids, chunk)
 
 
 def ttft(args) -> int:

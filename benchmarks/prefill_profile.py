@@ -25,10 +25,11 @@ from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
+from backend_steps import prefill
 from probes.core_latency import core_to_core_ns
 
 from edgeprefill.bundle import load_manifest
-from edgeprefill.engines import BackendOptions, StepBatch
+from edgeprefill.engines import BackendOptions
 from edgeprefill.engines.base import COMPUTES
 from edgeprefill.engines.ort.backend import OnnxRuntimeBackend
 from edgeprefill.errors import EdgeprefillError
@@ -46,14 +47,9 @@ class ProfiledBackend(OnnxRuntimeBackend):
         return so
 
 
-def prefill(backend: OnnxRuntimeBackend, ids: np.ndarray, chunk: int) -> float:
+def timed_prefill(backend: OnnxRuntimeBackend, ids: np.ndarray, chunk: int) -> float:
     start = time.perf_counter()
-    for at in range(0, len(ids), chunk):
-        piece = ids[at : at + chunk]
-        padded = np.zeros((1, chunk), np.int64)
-        padded[0, : len(piece)] = piece
-        backend.run(StepBatch(padded, np.array([at], np.int32),
-                              np.array([len(piece)], np.int32), 0))
+    prefill(backend, ids, chunk, pad=True)
     return time.perf_counter() - start
 
 
@@ -85,10 +81,10 @@ def profile_bundle(bundle: Path, prompt: int, chunk: int, threads: int,
     backend.allocate_kv(1, -(-prompt // chunk) * chunk)
     rng = np.random.default_rng(0)
     prompts = [rng.integers(3, manifest.model.vocab_size, prompt) for _ in range(runs + 1)]
-    prefill(backend, prompts[0], chunk)  # warm-up
+    timed_prefill(backend, prompts[0], chunk)  # warm-up
     walls, latencies = [], []
     for ids in prompts[1:]:
-        walls.append(prefill(backend, ids, chunk))
+        walls.append(timed_prefill(backend, ids, chunk))
         latencies.append(core_to_core_ns() if runs > 1 else None)
     path = Path(backend.session.end_profiling())
     per_run = [op_seconds(part) for part in split_runs(json.loads(path.read_text()), runs + 1)][1:]
