@@ -24,6 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
+import anyio
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
@@ -137,6 +138,10 @@ class OpenAIApi:
         executor = ThreadPoolExecutor(self.config.max_pending + 4, "edgeprefill-http")
         asyncio.get_running_loop().set_default_executor(executor)
         await self.prompts.start()
+        # anyio loads its asyncio backend (~8 ms of imports) on first use, which was the
+        # first streaming request's (EventStreamResponse's task group): load it here.
+        async with anyio.create_task_group():
+            pass
         try:
             yield
         finally:
