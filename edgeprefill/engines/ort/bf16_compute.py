@@ -114,8 +114,9 @@ def choose(graph: ModelProto, bundle_dir: Path, compute: str, kernels_described:
 
 def _attention_in_bf16(graph: GraphProto) -> int:
     """Sets bf16=1 on every PrefillAttention (inside the kernels' Ifs): its two products
-    then run on bf16 operands too (prefill_attention.cc). Decode attention stays float32:
-    it is bound by reading the float32 cache, not by multiplying. Returns how many."""
+    then run on bf16 operands too (prefill_attention.cc). Its rows of one token (decode)
+    keep float32 products: they are bound by reading the cache, not by multiplying (which
+    bf16_kv.py halves). Returns how many."""
     count = 0
     for node in graph.node:
         if node.op_type == PREFILL_OP and node.domain == DOMAIN:
