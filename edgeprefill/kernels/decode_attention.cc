@@ -260,7 +260,7 @@ void DecodeRows::RunPieceAvx512(size_t index) {
 
 #ifdef __AVX512F__
 template <int C>
-void DecodeRows::RunPieceAvx512(size_t index) {
+void DecodeRows::DispatchAvx512(size_t index) {
   if (cache_.bf16)
     RunPieceAvx512<C, uint16_t>(index);
   else
@@ -271,12 +271,12 @@ void DecodeRows::RunPieceAvx512(size_t index) {
 void DecodeRows::RunPiece(size_t index) {
 #ifdef __AVX512F__
   switch (layout_.head_dim) {  // the head sizes of the model families edgeprefill exports
-    case 32: return RunPieceAvx512<2>(index);
-    case 64: return RunPieceAvx512<4>(index);
-    case 80: return RunPieceAvx512<5>(index);
-    case 96: return RunPieceAvx512<6>(index);
-    case 128: return RunPieceAvx512<8>(index);
-    case 256: return RunPieceAvx512<16>(index);
+    case 32: return DispatchAvx512<2>(index);
+    case 64: return DispatchAvx512<4>(index);
+    case 80: return DispatchAvx512<5>(index);
+    case 96: return DispatchAvx512<6>(index);
+    case 128: return DispatchAvx512<8>(index);
+    case 256: return DispatchAvx512<16>(index);
     default: break;
   }
 #endif

@@ -48,7 +48,7 @@ class DecodeRows {
   template <typename T>
   void RunPiecePortable(size_t index);
   template <int C>
-  void RunPieceAvx512(size_t index);  // the cache's element type: T = float or uint16_t
+  void DispatchAvx512(size_t index);  // RunPieceAvx512<C, T> for the cache's element type
 };
 
 }  // namespace edgeprefill
