@@ -62,7 +62,8 @@ ENGINE_OPTIONS: dict[str, Callable] = {
         help="Arithmetic of a float32 bundle's projections and of every bundle's prefill "
         "attention. bf16: operands rounded to bf16, sums in fp32 (OpenVINO's default on CPUs "
         "with bf16): ~2x faster prefill and decode with AVX512-BF16, not exact; needs the "
-        "native kernels."),
+        "native kernels. Where they run every attention layer the KV cache is bf16 too: "
+        "half the memory (EDGEPREFILL_BF16_KV=off keeps it fp32)."),
     "warm_up": click.option(
         "--warm-up/--no-warm-up", default=True, show_default=True,
         help="At load, run one call of the largest prefill chunk (or --chunk-size) and one "

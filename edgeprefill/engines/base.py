@@ -52,7 +52,8 @@ class BackendOptions:
     spin: bool = True
     # "fp32" (exact) or "bf16": float32 bundles' projections and every bundle's prefill
     # attention in bf16 on the native kernels (engines/ort/bf16_compute.py), as OpenVINO
-    # computes by default on CPUs with bf16.
+    # computes by default on CPUs with bf16, and the KV cache where only they read it
+    # (engines/ort/bf16_kv.py).
     compute: str = "fp32"
 
 

@@ -29,7 +29,7 @@ class EngineConfig:
     device: str = "cpu"
     threads: int | None = None  # None: the machine's physical cores
     spin: bool = True  # compute threads busy-wait between ops within a step (BackendOptions)
-    compute: str = "fp32"  # "bf16": projections and prefill attention in bf16 (BackendOptions)
+    compute: str = "fp32"  # "bf16": projections, prefill attention, KV in bf16 (BackendOptions)
     kv_slots: int = 4  # conversations whose KV is held at once
     kv_budget_bytes: int | None = None  # if set, slots = budget // bytes per slot
     max_context: int | None = None  # positions per slot; None: the bundle's max context
