@@ -219,11 +219,20 @@ def test_the_cache_stays_float32_where_another_node_reads_it(library, bundle, mo
 
 
 def test_inspect_says_where_the_cache_goes_bf16(library, bundle, monkeypatch):
-    def compute_line(family: str) -> str:
+    def lines(family: str) -> dict[str, str]:
         out = CliRunner().invoke(cli, ["inspect", str(bundle(family))]).output
-        return next(x for x in out.splitlines() if x.startswith("compute "))
+        return {x[:12].strip(): x[12:] for x in out.splitlines() if x[:12].strip()}
 
-    assert "the KV cache" in compute_line("llama")
-    assert "the KV cache" not in compute_line("gemma2")
+    llama = lines("llama")
+    assert "the KV cache" in llama["compute"]
+    # The slot sizes the loads allocate: what kv_budget_bytes is divided by.
+    capacity = load_manifest(bundle("llama")).max_context
+    fp32, bf16 = (make_backend(bundle("llama"), c).kv_slot_bytes(capacity) / 1e6
+                  for c in ("fp32", "bf16"))
+    assert llama["kv cache"] == (f"{fp32:.1f} MB per slot of {capacity} positions (float32); "
+                                 f"{bf16:.1f} MB under --compute bf16")
+    gemma = lines("gemma2")
+    assert "the KV cache" not in gemma["compute"] and "bf16" not in gemma["kv cache"]
     monkeypatch.setenv(bf16_kv.MODE_ENV, "off")
-    assert "the KV cache" not in compute_line("llama")
+    off = lines("llama")
+    assert "the KV cache" not in off["compute"] and "bf16" not in off["kv cache"]

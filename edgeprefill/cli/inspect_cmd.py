@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import click
+import numpy as np
 
 
 @click.command()
@@ -37,6 +38,7 @@ def inspect(bundle, verify, as_json):
     if native and taken == "none":
         kernels = f"{STOCK} ({NO_ATTENTION})"
     stock_attention = kernels != NATIVE
+    bf16_kv = _bf16_kv_here(native and taken == "every")
     lines = [
         f"bundle      {bundle}",
         f"model       {model.family}: {model.num_layers} layers, hidden {model.hidden_size}, "
@@ -50,7 +52,8 @@ def inspect(bundle, verify, as_json):
         f"kernels     {kernels} on this machine's CPU",
         *_int4_prefill_line(graph, native),
         *_int8_line(graph, native),
-        *_compute_line(graph, native, stock_attention, taken == "every"),
+        *_compute_line(graph, native, stock_attention, bf16_kv),
+        _kv_line(m, bf16_kv),
         _steps_line(graph, native, stock_attention),
         *_derived_line(bundle, m),
         f"eos ids     {eos}",
@@ -169,21 +172,42 @@ def _quantized_ops(graph, native: bool) -> set[str]:
     return {decode, "MatMulInt8" if per_row else "DynamicQuantizeMatMul"}
 
 
-def _compute_line(graph, native: bool, stock_attention: bool, every: bool) -> list[str]:
-    """What `--compute bf16` would run here (engines.ort.bf16_compute): the projections of a
-    float32 bundle, the prefill attention of any bundle the native kernels take, and the KV
-    cache where they take `every` attention node (engines.ort.bf16_kv)."""
-    if graph.dtype != "float32" or graph.flavor != "ort":
-        return []
+def _bf16_kv_here(every: bool) -> bool:
+    """Whether --compute bf16 would keep a bf16 KV cache here (engines.ort.bf16_kv): the
+    native kernels take `every` attention node, the CPU has AVX512-BF16, and it is not
+    turned off (a bad EDGEPREFILL_BF16_KV: the load says so)."""
     from edgeprefill.engines.ort import bf16_kv
-    from edgeprefill.engines.ort.bf16_compute import describe_bf16
+    from edgeprefill.engines.ort.bf16_compute import cpu_has_bf16
     from edgeprefill.errors import BackendError
-    from edgeprefill.kernels.select import STOCK
 
     try:
-        kv_cache = native and every and bf16_kv.mode() == "auto"
-    except BackendError:  # a bad EDGEPREFILL_BF16_KV: the load says so
-        kv_cache = False
+        return every and cpu_has_bf16() and bf16_kv.mode() == "auto"
+    except BackendError:
+        return False
+
+
+def _kv_line(manifest, bf16: bool) -> str:
+    """What one KV slot of the bundle's max context holds (what `kv_budget_bytes` is
+    divided by), and under --compute bf16 where the cache goes bf16."""
+    m, positions = manifest.model, manifest.max_context
+    per_position = 2 * m.num_layers * m.num_kv_heads * m.head_dim
+    itemsize = np.dtype(manifest.graph.dtype).itemsize
+    line = (f"kv cache    {per_position * positions * itemsize / 1e6:.1f} MB per slot of "
+            f"{positions} positions ({manifest.graph.dtype})")
+    if bf16 and manifest.graph.dtype == "float32":
+        line += f"; {per_position * positions * 2 / 1e6:.1f} MB under --compute bf16"
+    return line
+
+
+def _compute_line(graph, native: bool, stock_attention: bool, kv_cache: bool) -> list[str]:
+    """What `--compute bf16` would run here (engines.ort.bf16_compute): the projections of a
+    float32 bundle, the prefill attention of any bundle the native kernels take, and the KV
+    cache where `kv_cache` (_bf16_kv_here)."""
+    if graph.dtype != "float32" or graph.flavor != "ort":
+        return []
+    from edgeprefill.engines.ort.bf16_compute import describe_bf16
+    from edgeprefill.kernels.select import STOCK
+
     default = "fp32 (exact, the default)" if not graph.quantization else "fp32 (the default)"
     if native and stock_attention and graph.quantization:  # what the load refuses
         return [f"compute     {default}; --compute bf16: nothing to run in bf16 here (the "
