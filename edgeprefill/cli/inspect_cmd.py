@@ -6,7 +6,6 @@ import json
 from pathlib import Path
 
 import click
-import numpy as np
 
 
 @click.command()
@@ -189,13 +188,14 @@ def _bf16_kv_here(every: bool) -> bool:
 def _kv_line(manifest, bf16: bool) -> str:
     """What one KV slot of the bundle's max context holds (what `kv_budget_bytes` is
     divided by), and under --compute bf16 where the cache goes bf16."""
-    m, positions = manifest.model, manifest.max_context
-    per_position = 2 * m.num_layers * m.num_kv_heads * m.head_dim
-    itemsize = np.dtype(manifest.graph.dtype).itemsize
-    line = (f"kv cache    {per_position * positions * itemsize / 1e6:.1f} MB per slot of "
-            f"{positions} positions ({manifest.graph.dtype})")
-    if bf16 and manifest.graph.dtype == "float32":
-        line += f"; {per_position * positions * 2 / 1e6:.1f} MB under --compute bf16"
+    from edgeprefill.engines.base import kv_slot_bytes
+    from edgeprefill.engines.ort.bf16_kv import DTYPE
+
+    m, positions, dtype = manifest.model, manifest.max_context, manifest.graph.dtype
+    line = (f"kv cache    {kv_slot_bytes(m, positions, dtype) / 1e6:.1f} MB per slot of "
+            f"{positions} positions ({dtype})")
+    if bf16 and dtype == "float32":
+        line += f"; {kv_slot_bytes(m, positions, DTYPE) / 1e6:.1f} MB under --compute bf16"
     return line
 
 

@@ -15,7 +15,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from edgeprefill.bundle import Manifest
+from edgeprefill.bundle import Manifest, ModelInfo
 
 
 class StepBatch(NamedTuple):
@@ -57,6 +57,13 @@ class BackendOptions:
     compute: str = "fp32"
 
 
+def kv_slot_bytes(model: ModelInfo, capacity: int, dtype: np.dtype | str) -> int:
+    """Bytes of KV cache one slot of `capacity` positions takes, all layers, at `dtype`:
+    what `kv_budget_bytes` is divided by."""
+    per_position = 2 * model.num_layers * model.num_kv_heads * model.head_dim
+    return per_position * capacity * int(np.dtype(dtype).itemsize)
+
+
 class Backend(ABC):
     """Loads a bundle's graph for a device and runs steps. Implementations are small."""
 
@@ -85,8 +92,7 @@ class Backend(ABC):
 
     def kv_slot_bytes(self, capacity: int) -> int:
         """Bytes of KV cache one slot of `capacity` positions takes, all layers."""
-        m = self.manifest.model
-        return 2 * m.num_layers * m.num_kv_heads * capacity * m.head_dim * self.kv_dtype.itemsize
+        return kv_slot_bytes(self.manifest.model, capacity, self.kv_dtype)
 
     @abstractmethod
     def allocate_kv(self, slots: int, capacity: int) -> None:
