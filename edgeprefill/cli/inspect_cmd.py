@@ -176,11 +176,10 @@ def _bf16_kv_here(every: bool) -> bool:
     native kernels take `every` attention node, the CPU has AVX512-BF16, and it is not
     turned off (a bad EDGEPREFILL_BF16_KV: the load says so)."""
     from edgeprefill.engines.ort import bf16_kv
-    from edgeprefill.engines.ort.bf16_compute import cpu_has_bf16
     from edgeprefill.errors import BackendError
 
     try:
-        return every and cpu_has_bf16() and bf16_kv.mode() == "auto"
+        return every and bf16_kv.why_not_here() is None
     except BackendError:
         return False
 

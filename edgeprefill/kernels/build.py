@@ -65,6 +65,12 @@ def cpu_identity() -> str:
     return "\n".join(keep[:2])
 
 
+def cpu_has_bf16() -> bool:
+    """AVX512-BF16 (Zen 4/5, Cooper Lake, Sapphire Rapids and later, which add AMX): in the
+    flags the kernel build keys its library on."""
+    return "avx512_bf16" in cpu_identity().split()
+
+
 def l1_data_bytes(cpu_dir: Path = Path("/sys/devices/system/cpu/cpu0/cache")) -> int | None:
     """The first CPU's level-1 data cache in bytes, from sysfs (None where it says nothing)."""
     for index in sorted(cpu_dir.glob("index*")):

@@ -32,7 +32,7 @@ from edgeprefill.engines.base import COMPUTES
 from edgeprefill.engines.ort import bf16_kv
 from edgeprefill.engines.ort.derived import Derived, hand_over, initializer
 from edgeprefill.errors import BackendError
-from edgeprefill.kernels.build import cpu_identity
+from edgeprefill.kernels.build import cpu_has_bf16
 from edgeprefill.kernels.graph import DOMAIN, PREFILL_OP, declare_domain
 from edgeprefill.kernels.select import STOCK
 
@@ -46,12 +46,6 @@ class Bf16Compute(NamedTuple):
     described: str  # what `--stats` says: "fp32" or how bf16 runs here
     weights: tuple[object, ...] = ()  # the packed weights and their OrtValues (session-lived)
     kv_dtype: np.dtype | None = None  # the arena's element type where the cache is bf16
-
-
-def cpu_has_bf16() -> bool:
-    """AVX512-BF16 (Zen 4/5, Cooper Lake, Sapphire Rapids and later, which add AMX): in the
-    flags the kernel build keys its library on."""
-    return "avx512_bf16" in cpu_identity().split()
 
 
 def describe_bf16(projections: bool = True, attention: bool = True,
@@ -102,7 +96,7 @@ def choose(graph: ModelProto, bundle_dir: Path, compute: str, kernels_described:
     if not targets and not attention:
         raise BackendError("--compute bf16 found nothing to run in bf16: no float32 "
                            "projection and no native prefill attention in this bundle")
-    kv_cache = cpu_has_bf16() and bf16_kv.why_not(graph, pairs, attention) is None
+    kv_cache = bf16_kv.why_not(graph, pairs, attention) is None
     if kv_cache:
         bf16_kv.switch(graph, pairs)
     declare_domain(graph)

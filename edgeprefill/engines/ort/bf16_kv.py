@@ -27,6 +27,7 @@ from onnx import AttributeProto, GraphProto, ModelProto, NodeProto, TensorProto
 
 from edgeprefill.contract import KVPair
 from edgeprefill.errors import BackendError
+from edgeprefill.kernels.build import cpu_has_bf16
 from edgeprefill.kernels.graph import DOMAIN, PREFILL_BF16_KV_OP, PREFILL_OP
 
 MODE_ENV = "EDGEPREFILL_BF16_KV"
@@ -41,11 +42,22 @@ def mode() -> str:
     return value
 
 
-def why_not(graph: ModelProto, pairs: list[KVPair], attention_bf16: int) -> str | None:
-    """Why this load keeps a float32 cache, or None: turned off, no bf16 prefill attention,
-    or a KV input that something other than a bf16 PrefillAttention reads."""
+def why_not_here() -> str | None:
+    """Why no load here keeps a bf16 cache, whatever the bundle, or None: turned off, or
+    a CPU without AVX512-BF16 (the op needs its products). `inspect` asks this too."""
     if mode() == "off":
         return f"{MODE_ENV}=off"
+    if not cpu_has_bf16():
+        return "this CPU has no AVX512-BF16"
+    return None
+
+
+def why_not(graph: ModelProto, pairs: list[KVPair], attention_bf16: int) -> str | None:
+    """Why this load keeps a float32 cache, or None: why_not_here, no bf16 prefill
+    attention, or a KV input that something other than a bf16 PrefillAttention reads."""
+    here = why_not_here()
+    if here is not None:
+        return here
     if not attention_bf16:
         return "the attention is not the native kernels' in bf16"
     names = {name for pair in pairs for name in pair}
