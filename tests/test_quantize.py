@@ -29,6 +29,24 @@ def test_int4_round_trip_is_within_half_a_step():
     assert np.all(np.abs(back - w) <= step / 2 + 1e-6)
 
 
+def test_int4_scales_are_float16_values_where_float16_keeps_them_normal():
+    """half_exact: a scale is rounded to float16 when that is a normal float16 (the native
+    decode kernel then reads it in 2 bytes), kept in float32 when it would overflow or
+    lose precision as a subnormal; each scale moves by at most 2^-11 of itself."""
+    w = np.random.default_rng(2).normal(size=(6, 64)).astype(np.float32)
+    w[1] *= 1e-6  # scales ~4e-7: subnormal in float16
+    w[2] *= 1e6   # scales ~4e5: past float16's largest
+    _, scales = int4_blockwise(w, 32)
+    exact = np.abs(w).reshape(6, 2, 32).max(axis=2).reshape(-1) / 7.0
+    with np.errstate(over="ignore"):
+        as_half = scales.astype(np.float16).astype(np.float32)
+    kept = np.zeros(12, bool)
+    kept[2:6] = True  # rows 1 and 2
+    assert np.array_equal(as_half[~kept], scales[~kept])
+    assert np.array_equal(scales[kept], exact[kept].astype(np.float32))
+    assert np.all(np.abs(scales - exact) <= exact * 2.0**-11)
+
+
 def test_int8_round_trip_is_within_half_a_step():
     w = np.random.default_rng(1).normal(size=(64, 40)).astype(np.float32)
     q, scale = int8_per_channel(w)
