@@ -16,19 +16,24 @@ from edgeprefill.engines import BackendOptions, StepBatch
 from edgeprefill.engines.ort import int4_decode
 from edgeprefill.engines.ort.backend import OnnxRuntimeBackend
 from edgeprefill.engines.ort.int4_prefill import MODE_ENV
-from edgeprefill.export.quantize import int4_blockwise
+from edgeprefill.export import quantize
+from edgeprefill.export.exporter import ExportOptions, export
+from edgeprefill.export.quantize import QuantConfig, int4_blockwise
 from edgeprefill.kernels.graph import DOMAIN
-from tests.conftest import TINY_INT4_CONTEXT
+from tests.conftest import TINY_INT4_CONTEXT, TINY_MODEL
 
 CONTEXT = TINY_INT4_CONTEXT
 
 
-def layer(op: str, k: int, n: int, packed: np.ndarray, scales: np.ndarray) -> bytes:
+def layer(op: str, k: int, n: int, packed: np.ndarray, scales: np.ndarray,
+          scale_type=None) -> bytes:
+    """One projection; `scale_type` (MatMulInt4 only): the repacked scales cast to it."""
     if op == "MatMulNBits":
         node = helper.make_node(op, ["a", "b", "scales"], ["out"], K=k, N=n, block_size=32,
                                 bits=4, accuracy_level=4, domain="com.microsoft")
     else:  # MatMulInt4 on the weights as int4_decode.py repacks them
         packed, scales = int4_decode.repack(packed, scales)
+        scales = scales if scale_type is None else scales.astype(scale_type)
         node = helper.make_node(op, ["a", "b", "scales"], ["out"], K=k, N=n, domain=DOMAIN)
     graph = helper.make_graph(
         [node], "int4", [helper.make_tensor_value_info("a", TensorProto.FLOAT, None)],
@@ -41,14 +46,15 @@ def layer(op: str, k: int, n: int, packed: np.ndarray, scales: np.ndarray) -> by
     return model.SerializeToString()
 
 
-def run_op(op: str, library, a: np.ndarray, weight: np.ndarray, threads: int = 2) -> np.ndarray:
+def run_op(op: str, library, a: np.ndarray, weight: np.ndarray, threads: int = 2,
+           scale_type=None) -> np.ndarray:
     """`weight` [N, K] float, quantized as the exporter does; a [..., K]."""
     packed, scales = int4_blockwise(weight, 32)
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
     options.register_custom_ops_library(str(library))
-    session = ort.InferenceSession(layer(op, weight.shape[1], weight.shape[0], packed, scales),
-                                   options, providers=["CPUExecutionProvider"])
+    model = layer(op, weight.shape[1], weight.shape[0], packed, scales, scale_type)
+    session = ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
     return session.run(None, {"a": a})[0]
 
 
@@ -113,6 +119,35 @@ def test_rows_do_not_depend_on_each_other(library):
                                       together[r:r + 1])
 
 
+@pytest.mark.parametrize("rows", [1, 3, 9])
+def test_float16_scales_give_the_float32_scales_bits(library, rows):
+    """The exporter's scales are float16 values (half_exact), so the load hands the op
+    float16 scales: the same numbers as the float32 ones, hence the same output bits."""
+    rng = np.random.default_rng(rows)
+    weight = rng.standard_normal((70, 300)).astype(np.float32)
+    a = rng.standard_normal((rows, 1, 300)).astype(np.float32)
+    assert int4_decode.repack(*int4_blockwise(weight, 32))[1].dtype == np.float16
+    half = run_op(int4_decode.OP, library, a, weight)
+    single = run_op(int4_decode.OP, library, a, weight, scale_type=np.float32)
+    np.testing.assert_array_equal(half, single)
+
+
+def test_scales_stay_float32_where_float16_would_change_them():
+    """Bundles exported before half_exact have float32 scales: the op keeps reading those."""
+    scales = np.array([0.1, 0.2, 0.3], np.float32)  # not float16 values
+    assert int4_decode.half_if_exact(scales).dtype == np.float32
+    exact = scales.astype(np.float16).astype(np.float32)
+    assert int4_decode.half_if_exact(exact).dtype == np.float16
+
+
+def test_op_refuses_scales_of_another_type(library):
+    rng = np.random.default_rng(6)
+    weight = rng.standard_normal((16, 32)).astype(np.float32)
+    with pytest.raises(Exception, match="float or float16 scales"):
+        run_op(int4_decode.OP, library, np.ones((1, 1, 32), np.float32), weight,
+               scale_type=np.float64)
+
+
 def load(bundle, monkeypatch, **env) -> OnnxRuntimeBackend:
     for name, value in env.items():
         monkeypatch.setenv(name, value)
@@ -158,6 +193,31 @@ def test_decode_mode_gives_every_row_decodes_projection(library, tiny_int4_bundl
         return out[0].copy()
 
     np.testing.assert_array_equal(logits(0, 48), logits(1, 16))
+
+
+@needs_vnni
+def test_bundles_with_float32_scales_still_decode_natively(library, tiny_int4_bundle, tmp_path,
+                                                           monkeypatch):
+    """A bundle exported before half_exact (float32 scales, here made by skipping it) keeps
+    its float32 scales and the native op, decoding as the stock graph does; `--stats` says
+    which scales each load reads."""
+    assert "float16 scales" in load(tiny_int4_bundle, monkeypatch,
+                                    EDGEPREFILL_KERNELS="require").int4_decode.described
+    monkeypatch.setattr(quantize, "half_exact", lambda scale: scale)
+    old = tmp_path / "old"
+    export(TINY_MODEL, old, ExportOptions(chunks=(16,), max_context=CONTEXT,
+                                          show_progress=False, quant=QuantConfig("int4")))
+    native = load(old, monkeypatch, EDGEPREFILL_KERNELS="require")
+    assert native.int4_decode.rewritten and "float32 scales" in native.int4_decode.described
+    stock = load(old, monkeypatch, EDGEPREFILL_KERNELS="off")
+    prompt = StepBatch(np.array([[5, 17, 42, 7]]), np.array([0], np.int32),
+                       np.array([4], np.int32), 0)
+    stock.run(prompt)
+    for theirs, ours in zip(stock.kv_arrays(), native.kv_arrays(), strict=True):
+        ours[...] = theirs
+    step = StepBatch(np.array([[8]]), np.array([4], np.int32), np.ones(1, np.int32), 0)
+    want, got = stock.run(step).copy(), native.run(step).copy()
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * np.abs(want).max())
 
 
 def test_not_without_the_native_kernels_or_vnni(tiny_int4_bundle, monkeypatch):

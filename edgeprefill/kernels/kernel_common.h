@@ -159,6 +159,7 @@ OrtStatus* CreateAttentionKernel(const OrtKernelInfo* info, const char* op, void
 struct Tensor {
   std::vector<int64_t> dims;
   float* data = nullptr;
+  ONNXTensorElementDataType type = ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
 };
 
 OrtStatus* Input(OrtKernelContext* context, size_t index, Tensor* tensor);
@@ -188,8 +189,9 @@ OrtStatus* CreateColumnsKernel(const OrtKernelInfo* info, const char* op, void**
 void ORT_API_CALL DestroyColumnsKernel(void* kernel);
 
 // One op of the library: its name, its inputs (those in `int32_inputs`, a bit mask, are
-// int32, those in `uint8_inputs` uint8, those in `uint16_inputs` uint16, the rest float;
-// outputs are float but those in `uint16_outputs`) and its kernel's life cycle.
+// int32, those in `uint8_inputs` uint8, those in `uint16_inputs` uint16, those in
+// `any_inputs` any type, the rest float; outputs are float but those in `uint16_outputs`)
+// and its kernel's life cycle.
 struct OpSpec {
   const char* name;
   size_t inputs;
@@ -202,6 +204,7 @@ struct OpSpec {
   uint32_t optional_inputs = 0;  // a bit mask, like int32_inputs: inputs a node may omit
   uint32_t uint16_inputs = 0;    // bf16 bits (a bf16 KV cache)
   uint32_t uint16_outputs = 0;
+  uint32_t any_inputs = 0;  // of any element type: the kernel checks Tensor::type
 };
 
 // The OrtCustomOp table first, so ONNX Runtime's `const OrtCustomOp*` leads back to the spec.

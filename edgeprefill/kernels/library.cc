@@ -16,7 +16,8 @@ OrtStatus* Describe(const OrtValue* value, Tensor* tensor) {
   OrtTensorTypeAndShapeInfo* info = nullptr;
   EP_RETURN_IF_ERROR(g_api->GetTensorTypeAndShape(value, &info));
   size_t count = 0;
-  OrtStatus* status = g_api->GetDimensionsCount(info, &count);
+  OrtStatus* status = g_api->GetTensorElementType(info, &tensor->type);
+  if (status == nullptr) status = g_api->GetDimensionsCount(info, &count);
   if (status == nullptr) {
     tensor->dims.resize(count);
     status = g_api->GetDimensions(info, tensor->dims.data(), count);
@@ -40,6 +41,7 @@ const char* ORT_API_CALL Provider(const OrtCustomOp*) { return "CPUExecutionProv
 size_t ORT_API_CALL InputCount(const OrtCustomOp* op) { return SpecOf(op).inputs; }
 size_t ORT_API_CALL OutputCount(const OrtCustomOp* op) { return SpecOf(op).outputs; }
 ONNXTensorElementDataType ORT_API_CALL InputType(const OrtCustomOp* op, size_t index) {
+  if ((SpecOf(op).any_inputs >> index) & 1u) return ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
   if ((SpecOf(op).uint8_inputs >> index) & 1u) return ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8;
   if ((SpecOf(op).uint16_inputs >> index) & 1u) return ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT16;
   return (SpecOf(op).int32_inputs >> index) & 1u ? ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32

@@ -14,7 +14,9 @@
 //          1 b [T, blocks, 4, 64] uint8: T = ceil(N / 16) tiles of 16 columns, blocks of 32
 //            along K; in part h of a block, byte 4 c + i holds column c's codes (w / scale
 //            + 8) for k = 8 h + i (low nibble) and k = 8 h + 4 + i (high nibble)
-//          2 scales [T, blocks, 16] float (0 past N)
+//          2 scales [T, blocks, 16] float, or float16 where the load found every scale
+//            exact in float16 (0 past N): 2 bytes a scale instead of 4, a tenth of the
+//            bytes a decode step reads (export/quantize.py's half_exact)
 // Output:  0 out [..., N] float
 // Attributes: K, N.
 //
@@ -56,10 +58,29 @@ struct Job {
   Shape shape;
   int64_t blocks, tiles, rows;
   const uint8_t* b;  // [tiles, blocks, 4, 64]
-  const float* scales;  // [tiles, blocks, 16]
+  const void* scales;  // [tiles, blocks, 16]: float, or float16 bits when `half`
+  bool half;
   const std::vector<Row>* quantized;
   float* out;  // [rows, N]
 };
+
+// float16 bits -> the float32 they stand for (exact; the scales are normal numbers).
+inline float FromHalf(uint16_t h) {
+  const uint32_t sign = uint32_t{h & 0x8000u} << 16, exponent = (h >> 10) & 0x1fu;
+  const uint32_t mantissa = h & 0x3ffu;
+  uint32_t bits = sign;
+  if (exponent == 0x1fu)
+    bits |= 0x7f800000u | (mantissa << 13);  // inf, NaN
+  else if (exponent != 0)
+    bits |= ((exponent + 112u) << 23) | (mantissa << 13);
+  else if (mantissa != 0)  // subnormal: mantissa * 2^-24, exact in float32
+    return (sign ? -1.0f : 1.0f) * std::ldexp(static_cast<float>(mantissa), -24);
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+inline float Scale(const float* p) { return *p; }
+inline float Scale(const uint16_t* p) { return FromHalf(*p); }
 
 // One block of activations (count <= 32) -> int8 rounded to nearest even (the vector
 // conversion under the default rounding mode, as std::nearbyint); returns its scale.
@@ -105,12 +126,19 @@ void Quantize(const float* a, int64_t k, int64_t blocks, Row* row) {
 }
 
 #ifdef __AVX512VNNI__
-// Tiles [first, last) for R rows (a compile-time count: the sums stay in registers). Lane c
-// of every register is column 16 t + c: no sum across lanes.
-template <int R>
+// A tile block's 16 column scales as float32.
+inline __m512 Scales16(const float* p) { return _mm512_loadu_ps(p); }
+inline __m512 Scales16(const uint16_t* p) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+
+// Tiles [first, last) for R rows (a compile-time count: the sums stay in registers) with
+// scales of type S. Lane c of every register is column 16 t + c: no sum across lanes.
+template <int R, typename S>
 void TilesOf(const Job& job, int64_t first, int64_t last, int64_t row0) {
   const __m512i nibble = _mm512_set1_epi8(0x0f);
   const Row* rows = job.quantized->data() + row0;
+  const S* scales = static_cast<const S*>(job.scales);
   for (int64_t t = first; t < last; ++t) {
     __m512 sum[R];
     for (int r = 0; r < R; ++r) sum[r] = _mm512_setzero_ps();
@@ -128,7 +156,7 @@ void TilesOf(const Job& job, int64_t first, int64_t last, int64_t row0) {
           dot[r] = _mm512_dpbusd_epi32(dot[r], high, _mm512_set1_epi32(quads[2 * half + 1]));
         }
       }
-      const __m512 wscale = _mm512_loadu_ps(job.scales + (t * job.blocks + block) * kTile);
+      const __m512 wscale = Scales16(scales + (t * job.blocks + block) * kTile);
       for (int r = 0; r < R; ++r) {
         const __m512 value = _mm512_cvtepi32_ps(_mm512_sub_epi32(dot[r], _mm512_set1_epi32(rows[r].offset[block])));
         sum[r] = _mm512_fmadd_ps(_mm512_mul_ps(value, _mm512_set1_ps(rows[r].scale[block])), wscale, sum[r]);
@@ -141,21 +169,24 @@ void TilesOf(const Job& job, int64_t first, int64_t last, int64_t row0) {
   }
 }
 
-void Tiles(const Job& job, int64_t first, int64_t last, int64_t row0, int64_t rows) {
+template <typename S>
+void TilesWith(const Job& job, int64_t first, int64_t last, int64_t row0, int64_t rows) {
   switch (rows) {
-    case 1: TilesOf<1>(job, first, last, row0); break;
-    case 2: TilesOf<2>(job, first, last, row0); break;
-    case 3: TilesOf<3>(job, first, last, row0); break;
-    case 4: TilesOf<4>(job, first, last, row0); break;
-    case 5: TilesOf<5>(job, first, last, row0); break;
-    case 6: TilesOf<6>(job, first, last, row0); break;
-    case 7: TilesOf<7>(job, first, last, row0); break;
-    default: TilesOf<8>(job, first, last, row0); break;
+    case 1: TilesOf<1, S>(job, first, last, row0); break;
+    case 2: TilesOf<2, S>(job, first, last, row0); break;
+    case 3: TilesOf<3, S>(job, first, last, row0); break;
+    case 4: TilesOf<4, S>(job, first, last, row0); break;
+    case 5: TilesOf<5, S>(job, first, last, row0); break;
+    case 6: TilesOf<6, S>(job, first, last, row0); break;
+    case 7: TilesOf<7, S>(job, first, last, row0); break;
+    default: TilesOf<8, S>(job, first, last, row0); break;
   }
 }
 #else
 // The same sums, lane by lane: per column and block, the 4 bytes of each 64-byte part.
-void Tiles(const Job& job, int64_t first, int64_t last, int64_t row0, int64_t rows) {
+template <typename S>
+void TilesWith(const Job& job, int64_t first, int64_t last, int64_t row0, int64_t rows) {
+  const S* scales = static_cast<const S*>(job.scales);
   for (int64_t r = row0; r < row0 + rows; ++r) {
     const Row& row = (*job.quantized)[r];
     for (int64_t t = first; t < last; ++t)
@@ -171,13 +202,20 @@ void Tiles(const Job& job, int64_t first, int64_t last, int64_t row0, int64_t ro
               dot += (byte & 0x0f) * q[8 * half + i] + (byte >> 4) * q[8 * half + 4 + i];
             }
           const float value = static_cast<float>(dot - row.offset[block]) * row.scale[block];
-          sum += value * job.scales[(t * job.blocks + block) * kTile + c];
+          sum += value * Scale(scales + (t * job.blocks + block) * kTile + c);
         }
         job.out[r * job.shape.n + t * kTile + c] = sum;
       }
   }
 }
 #endif
+
+void Tiles(const Job& job, int64_t first, int64_t last, int64_t row0, int64_t rows) {
+  if (job.half)
+    TilesWith<uint16_t>(job, first, last, row0, rows);
+  else
+    TilesWith<float>(job, first, last, row0, rows);
+}
 
 void RunPiece(void* data, size_t index) {
   const Job& job = *static_cast<const Job*>(data);
@@ -196,17 +234,19 @@ OrtStatus* Compute(void* state, OrtKernelContext* context) {
   const int64_t blocks = (shape.k + kBlock - 1) / kBlock, tiles = (shape.n + kTile - 1) / kTile;
   if (a.dims.empty() || a.dims.back() != shape.k)
     return Fail(("MatMulInt4: expects activations [..., " + std::to_string(shape.k) + "]").c_str());
+  const bool half = scales.type == ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16;
   if (b.dims != std::vector<int64_t>{tiles, blocks, 4, 64} ||
-      scales.dims != std::vector<int64_t>{tiles, blocks, kTile})
+      scales.dims != std::vector<int64_t>{tiles, blocks, kTile} ||
+      !(half || scales.type == ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT))
     return Fail("MatMulInt4: the weights must be packed by int4_decode.py ([N/16, K/32, 4, 64] "
-                "uint8, [N/16, K/32, 16] scales)");
+                "uint8, [N/16, K/32, 16] float or float16 scales)");
   float* out = nullptr;
   int64_t rows = 0;
   EP_RETURN_IF_ERROR(RowsOutput(context, a, shape.n, &out, &rows));
   if (rows == 0) return nullptr;
   std::vector<Row> quantized(rows);
   for (int64_t r = 0; r < rows; ++r) Quantize(a.data + r * shape.k, shape.k, blocks, &quantized[r]);
-  Job job{shape, blocks, tiles, rows, reinterpret_cast<const uint8_t*>(b.data), scales.data,
+  Job job{shape, blocks, tiles, rows, reinterpret_cast<const uint8_t*>(b.data), scales.data, half,
           &quantized, out};
   ParallelFor(context, RunPiece, static_cast<size_t>((tiles + kPiece - 1) / kPiece), &job);
   return nullptr;
@@ -230,8 +270,11 @@ OrtStatus* ORT_API_CALL ComputeKernel(void* kernel, OrtKernelContext* context) {
 }  // namespace
 
 const Op& MatMulInt4Op() {
-  static const Op op = MakeOp({"MatMulInt4", 3, 1, 0u, CreateKernel, ComputeKernel, DestroyKernel,
-                               0b10u});
+  static const Op op = [] {
+    OpSpec spec{"MatMulInt4", 3, 1, 0u, CreateKernel, ComputeKernel, DestroyKernel, 0b10u};
+    spec.any_inputs = 0b100u;  // the scales: float or float16
+    return MakeOp(spec);
+  }();
   return op;
 }
 

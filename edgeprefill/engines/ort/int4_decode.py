@@ -81,7 +81,14 @@ def choose(graph: ModelProto, bundle_dir: Path, native: bool,
     declare_domain(graph)
     weights = hand_over(graph, derived.arrays, session_options)
     rows = "int4 projections of every row" if every_row else "int4 decode projections"
-    return Int4Decode(count, f"{rows} {OP} ({count})", weights)
+    return Int4Decode(count, f"{rows} {OP} ({count}, {_scale_types(derived)} scales)", weights)
+
+
+def _scale_types(derived: Derived) -> str:
+    """float16 (exports with half_exact scales), float32 (older ones: re-exporting the
+    bundle gives float16 ones) or both."""
+    types = {str(a.dtype) for name, a in derived.arrays.items() if name.endswith(".scales")}
+    return " and ".join(sorted(types, key=["float16", "float32"].index))
 
 
 def _rewrite(graph: GraphProto, decode_branch: bool, derived: Derived) -> int:
@@ -126,8 +133,8 @@ def repack(packed: np.ndarray, scales: np.ndarray) -> tuple[np.ndarray, np.ndarr
     the low nibble) and scales [N * blocks] -> MatMulInt4's: [T, blocks, 4, 64] uint8 with
     T = ceil(N / 16) tiles of 16 columns, where byte 4 c + i of part h holds column c's
     weights k = 8 h + i (low nibble) and 8 h + 4 + i (high): the two quads of k one 64-byte
-    load feeds to two `vpdpbusd`; and the scales as [T, blocks, 16]. Columns past N get
-    the code 8 (weight 0) and scale 0."""
+    load feeds to two `vpdpbusd`; and the scales as [T, blocks, 16], in float16 where that
+    is exact (half_if_exact). Columns past N get the code 8 (weight 0) and scale 0."""
     n, blocks = packed.shape[0], packed.shape[1]
     tiles = -(-n // TILE)
     codes = np.full((tiles * TILE, blocks, BLOCK), 8, np.uint8)
@@ -138,4 +145,14 @@ def repack(packed: np.ndarray, scales: np.ndarray) -> tuple[np.ndarray, np.ndarr
     weight = np.ascontiguousarray(bytes_.transpose(0, 2, 3, 1, 4)).reshape(tiles, blocks, 4, 64)
     padded = np.zeros((tiles * TILE, blocks), np.float32)
     padded[:n] = scales.reshape(n, blocks)
-    return weight, np.ascontiguousarray(padded.reshape(tiles, TILE, blocks).transpose(0, 2, 1))
+    tiled = np.ascontiguousarray(padded.reshape(tiles, TILE, blocks).transpose(0, 2, 1))
+    return weight, half_if_exact(tiled)
+
+
+def half_if_exact(scales: np.ndarray) -> np.ndarray:
+    """float16 scales where each holds its float32 value exactly (exports since
+    export/quantize.py's half_exact): a decode step then reads 2 bytes a scale, not 4, and
+    computes with the same values. Else (older bundles) the float32 scales."""
+    with np.errstate(over="ignore"):
+        half = scales.astype(np.float16)
+    return half if np.array_equal(half.astype(np.float32), scales) else scales
