@@ -30,7 +30,7 @@ from edgeprefill.cache_dir import user_cache_dir
 from edgeprefill.errors import EdgeprefillError
 
 SOURCES = ("library.cc", "decode_attention.cc", "prefill_attention.cc", "swiglu.cc",
-           "matmul_bf16.cc", "matmul_int4.cc", "matmul_int8.cc")
+           "rms_norm.cc", "matmul_bf16.cc", "matmul_int4.cc", "matmul_int8.cc")
 HEADERS = ("kernel_common.h", "decode_rows.h")  # hashed with the sources, not compiled on their own
 FLAGS = ("-O3", "-march=native", "-std=c++17", "-fPIC", "-shared", "-fvisibility=hidden")
 HEADERS_PACKAGE = "com.github.asus4.onnxruntime@0.4.9"  # MIT; ONNX Runtime 1.2x C API headers

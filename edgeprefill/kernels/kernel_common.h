@@ -219,6 +219,7 @@ const Op& DecodeAttentionOp();
 const Op& PrefillAttentionOp();
 const Op& PrefillAttentionBf16KvOp();
 const Op& SwiGluOp();
+const Op& SkipRmsNormOp();
 const Op& MatMulBf16Op();
 const Op& MatMulInt4Op();
 const Op& MatMulInt8Op();

@@ -1,4 +1,4 @@
-"""At load time: use the native kernels (attention, SwiGLU) or the stock graph, and say which.
+"""At load time: the native kernels (attention, SwiGLU, RMS norm) or the stock graph, and which.
 
 `EDGEPREFILL_KERNELS` picks: `auto` (the default: native when the library is built and
 the bundle qualifies), `off` (always the stock graph) or `require` (fail to load rather
@@ -16,6 +16,8 @@ from typing import NamedTuple
 from edgeprefill.errors import BackendError
 from edgeprefill.kernels.build import library_path
 from edgeprefill.kernels.graph import OP, PREFILL_OP, add_native_attention, eligible
+from edgeprefill.kernels.rms_norm import OP as NORM_OP
+from edgeprefill.kernels.rms_norm import fuse_skip_rms_norm
 from edgeprefill.kernels.swiglu import OP as SWIGLU_OP
 from edgeprefill.kernels.swiglu import fuse_swiglu
 
@@ -23,9 +25,9 @@ MODE_ENV = "EDGEPREFILL_KERNELS"
 MODES = ("auto", "off", "require")
 STOCK = "GroupQueryAttention"
 # Every call runs PREFILL_OP, whose rows of one token (decode) run OP's code; SiLU-gated
-# MLPs (most families) run SWIGLU_OP.
+# MLPs (most families) run SWIGLU_OP, the residual adds with their RMS norms NORM_OP.
 NO_ATTENTION = "no attention node the kernel supports"
-NATIVE = f"native ({PREFILL_OP} + {OP}, {SWIGLU_OP})"
+NATIVE = f"native ({PREFILL_OP} + {OP}, {SWIGLU_OP}, {NORM_OP})"
 
 
 class KernelChoice(NamedTuple):
@@ -65,6 +67,7 @@ def choose(graph, flavor: str, dtype: str, device: str) -> KernelChoice:
             raise BackendError(f"{MODE_ENV}=require but the native kernels cannot run: {reason}")
         return KernelChoice(f"{STOCK} ({reason})", None)
     fuse_swiglu(graph)
+    fuse_skip_rms_norm(graph)
     return KernelChoice(NATIVE, library_path())
 
 
