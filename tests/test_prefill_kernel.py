@@ -8,6 +8,7 @@ cannot be built."""
 from __future__ import annotations
 
 import numpy as np
+import onnx
 import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
@@ -24,10 +25,12 @@ PASTS = np.array([0, 1, 127, 300])
 
 
 def layer_model(native: bool, rotary_dim: int, valid_lens: bool = False, decode: bool = False,
-                bf16: bool = False) -> bytes:
+                bf16: bool = False, packed: bool = False) -> bytes:
     """One attention layer over a bound cache, chunk length free: GQA or the kernel (with
     `valid_lens`, given each row's valid tokens as an input; `decode`: DecodeAttention, for
-    chunks of one token; `bf16`: PrefillAttention's products in bf16)."""
+    chunks of one token; `bf16`: PrefillAttention's products in bf16; `packed`: its qkv and
+    output the valid tokens packed, [1, T, ...], with past_lens as input "past")."""
+    valid_lens = valid_lens or packed
     rng = np.random.default_rng(0)
     tables = [rng.standard_normal((CAPACITY + 1, rotary_dim // 2)).astype(np.float32)
               for _ in range(2)]
@@ -43,9 +46,13 @@ def layer_model(native: bool, rotary_dim: int, valid_lens: bool = False, decode:
                                  valid_lens="valid" if valid_lens else None)
     if bf16:
         node.attribute.append(helper.make_attribute("bf16", 1))
+    if packed:
+        node.input.append("past")
+        node.attribute.append(helper.make_attribute("packed", 1))
     cache = ["rows", KV_HEADS, "capacity", HEAD_DIM]
+    qkv_dims = [1, "tokens", WIDTH] if packed else ["rows", "chunk", WIDTH]
     values = [
-        helper.make_tensor_value_info("qkv", TensorProto.FLOAT, ["rows", "chunk", WIDTH]),
+        helper.make_tensor_value_info("qkv", TensorProto.FLOAT, qkv_dims),
         helper.make_tensor_value_info("past_k", TensorProto.FLOAT, cache),
         helper.make_tensor_value_info("past_v", TensorProto.FLOAT, cache),
         helper.make_tensor_value_info("seqlens_k", TensorProto.INT32, ["rows"]),
@@ -53,6 +60,8 @@ def layer_model(native: bool, rotary_dim: int, valid_lens: bool = False, decode:
     ]
     if valid_lens:
         values.append(helper.make_tensor_value_info("valid", TensorProto.INT32, ["rows"]))
+    if packed:
+        values.append(helper.make_tensor_value_info("past", TensorProto.INT32, ["rows"]))
     outputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, None)
                for n in ("out", "present_k", "present_v")]
     g = helper.make_graph([node], "layer", values, outputs, inits)
@@ -73,12 +82,16 @@ def session(model: bytes, library, threads: int) -> ort.InferenceSession:
 
 
 def run_layer(sess, pasts: np.ndarray, qkv: np.ndarray, keys: np.ndarray, values: np.ndarray,
-              valid: np.ndarray | None = None):
-    """One chunk per row with the cache bound in place (updated); returns the output."""
+              valid: np.ndarray | None = None, packed: bool = False):
+    """One chunk per row with the cache bound in place (updated); returns the output.
+    `packed`: the op takes the valid tokens of qkv packed and gives them packed back."""
     chunk = qkv.shape[1]
     binding = sess.io_binding()
     if valid is not None:
         binding.bind_cpu_input("valid", valid.astype(np.int32))
+    if packed:
+        binding.bind_cpu_input("past", pasts.astype(np.int32))
+        qkv = np.concatenate([qkv[r, :n] for r, n in enumerate(valid)])[None]
     binding.bind_cpu_input("qkv", qkv)
     binding.bind_cpu_input("seqlens_k", (pasts + chunk - 1).astype(np.int32))
     binding.bind_cpu_input("total", np.array(pasts.max() + chunk, np.int32))
@@ -90,6 +103,48 @@ def run_layer(sess, pasts: np.ndarray, qkv: np.ndarray, keys: np.ndarray, values
     out = binding.copy_outputs_to_cpu()[0]
     assert out.shape == (*qkv.shape[:2], HEADS * HEAD_DIM)
     return out
+
+
+@pytest.mark.parametrize("bf16", [False, True])
+@pytest.mark.parametrize("valid", [[40, 1, 17, 0], [1, 1, 1, 1], [40, 40, 40, 40]])
+def test_packed_tokens_give_the_unpacked_bits(library, bf16, valid):
+    """packed=1 (the graph's valid tokens packed row after row, as export/tokens.py runs
+    the layers) against the same op on the spread rows: each valid token's output and the
+    cache, bit for bit, for a fused step (a chunk beside decode rows and an empty row), a
+    decode step and a prefill of several rows."""
+    valid = np.array(valid)
+    rng = np.random.default_rng(9)
+    qkv = rng.standard_normal((len(PASTS), 40, WIDTH)).astype(np.float32)
+    shape = (len(PASTS), KV_HEADS, CAPACITY, HEAD_DIM)
+    cache = [rng.standard_normal(shape).astype(np.float32) for _ in range(2)]
+    spread = session(layer_model(True, HEAD_DIM, valid_lens=True, bf16=bf16), library, 2)
+    want = [c.copy() for c in cache]
+    want_out = run_layer(spread, PASTS, qkv, *want, valid)
+    packed = session(layer_model(True, HEAD_DIM, bf16=bf16, packed=True), library, 2)
+    got = [c.copy() for c in cache]
+    got_out = run_layer(packed, PASTS, qkv, *got, valid, packed=True)
+    np.testing.assert_array_equal(
+        got_out[0], np.concatenate([want_out[r, :n] for r, n in enumerate(valid)]))
+    for a, b in zip(want, got, strict=True):
+        np.testing.assert_array_equal(b, a)
+
+
+def test_packed_tokens_must_add_up(library):
+    sess = session(layer_model(True, HEAD_DIM, packed=True), library, 1)
+    qkv = np.zeros((2, 8, WIDTH), np.float32)
+    cache = np.zeros((2, KV_HEADS, 64, HEAD_DIM), np.float32)
+    binding = sess.io_binding()
+    for name, value in (("qkv", qkv[:1, :5]), ("valid", np.array([3, 3], np.int32)),
+                        ("past", np.zeros(2, np.int32)), ("seqlens_k", np.zeros(2, np.int32)),
+                        ("total", np.array(8, np.int32))):
+        binding.bind_cpu_input(name, value)
+    binding.bind_output("out")
+    for name in ("k", "v"):
+        binding.bind_input("past_" + name, "cpu", 0, np.float32, cache.shape, cache.ctypes.data)
+        binding.bind_output("present_" + name, "cpu", 0, np.float32, cache.shape,
+                            cache.ctypes.data)
+    with pytest.raises(Exception, match="as many qkv tokens as valid_lens sums to"):
+        sess.run_with_iobinding(binding)
 
 
 @pytest.mark.parametrize("rotary_dim", [HEAD_DIM, HEAD_DIM // 2])
@@ -349,3 +404,22 @@ def test_tiling_is_chosen_by_the_l1_data_cache_and_keys_the_library():
         with mock.patch.object(kernel_build, "l1_data_bytes", return_value=size):
             digests.add(kernel_build.digest())
     assert len(digests) == 2
+
+
+@pytest.mark.parametrize("family, folded", [("llama", True), ("qwen3", False)])
+def test_the_packing_around_each_attention_folds_into_it(bundle, family, folded):
+    """A packed-qkv graph's spread (Gather, Squeeze) and gather back (Reshape, Gather) go
+    into each PrefillAttention (packed=1, past_lens as input 8); qwen3, whose q/k/v are
+    normed apart and concatenated after their spreads, keeps them."""
+    path = bundle(family)
+    model = onnx.load(str(path / load_manifest(path).graph.file), load_external_data=False)
+    layers = load_manifest(path).model.num_layers
+    gathers = sum(n.op_type == "Gather" for n in model.graph.node)
+    assert graph.add_native_attention(model) == layers
+    attention = [n for n in model.graph.node if n.op_type == graph.PREFILL_OP]
+    packed = [n for n in attention
+              if any(a.name == "packed" and a.i == 1 for a in n.attribute)]
+    assert len(packed) == (layers if folded else 0)
+    assert all(n.input[8] == "past_lens" for n in packed)
+    left = sum(n.op_type == "Gather" for n in model.graph.node)
+    assert left == gathers - (2 * layers if folded else 0)

@@ -89,19 +89,21 @@ inline __m512 SumLanes16(const __m512* acc) {
 
 }  // namespace
 
-DecodeRows::DecodeRows(const Layout& layout, const float* qkv, int64_t qkv_stride,
-                       std::vector<int64_t> rows, std::vector<int64_t> positions, Cache cache,
+DecodeRows::DecodeRows(const Layout& layout, const float* qkv, std::vector<int64_t> rows,
+                       std::vector<int64_t> tokens, std::vector<int64_t> positions, Cache cache,
                        const float* cos, const float* sin)
-    : layout_(layout), rows_(std::move(rows)), positions_(std::move(positions)), cache_(cache) {
+    : layout_(layout), rows_(std::move(rows)), tokens_(std::move(tokens)),
+      positions_(std::move(positions)), cache_(cache) {
   const Layout& s = layout_;
   const int64_t d = s.head_dim, heads = s.heads, half = s.rotary / 2;
+  const int64_t width = (heads + 2 * s.kv_heads) * d;
   const int64_t group = heads / s.kv_heads;
   // Rotate q and the new k, write k and v at each row's position.
   q_.resize(rows_.size() * heads * d);
   std::vector<float> rotated(d);
   for (size_t i = 0; i < rows_.size(); ++i) {
     const int64_t row = rows_[i], position = positions_[i];
-    const float* packed = qkv + row * qkv_stride;
+    const float* packed = qkv + tokens_[i] * width;
     const float* c = cos + position * half;
     const float* n = sin + position * half;
     for (int64_t h = 0; h < heads; ++h)
@@ -287,7 +289,7 @@ void DecodeRows::RunPiece(size_t index) {
 }
 
 // Merges the pieces of each query head: out = sum_p e^(m_p - M) acc_p / sum_p e^(m_p - M) l_p.
-void DecodeRows::Finish(float* out, int64_t out_stride) const {
+void DecodeRows::Finish(float* out) const {
   const Layout& s = layout_;
   const int64_t d = s.head_dim, g = s.heads / s.kv_heads, heads = s.heads;
   const size_t slots = rows_.size();
@@ -308,7 +310,7 @@ void DecodeRows::Finish(float* out, int64_t out_stride) const {
       for (int64_t k = 0; k < d; ++k) sum[at * d + k] += weight * acc[k];
     }
   for (size_t slot = 0; slot < slots; ++slot) {
-    float* row = out + rows_[slot] * out_stride;
+    float* row = out + tokens_[slot] * heads * d;
     for (int64_t h = 0; h < heads; ++h)
       for (int64_t k = 0; k < d; ++k)
         row[h * d + k] = sum[(slot * heads + h) * d + k] / total[slot * heads + h];
@@ -369,13 +371,11 @@ OrtStatus* Compute(const Kernel& kernel, OrtKernelContext* context) {
   if (values != past_v.data) std::memcpy(values, past_v.data, cache_floats * sizeof(float));
 
   std::vector<int64_t> rows(s.rows), at(positions, positions + s.rows);
-  for (int64_t row = 0; row < s.rows; ++row) rows[row] = row;
-  const int64_t width = (heads + 2 * s.kv_heads) * d;
+  for (int64_t row = 0; row < s.rows; ++row) rows[row] = row;  // row r's token is token r
   DecodeRows work({heads, s.kv_heads, s.capacity, d, 2 * cos.dims[1], kernel.scale}, qkv.data,
-                  width, std::move(rows), std::move(at), {keys, values, false}, cos.data,
-                  sin.data);
+                  rows, rows, std::move(at), {keys, values, false}, cos.data, sin.data);
   ParallelFor(context, RunDecodePiece, work.Pieces(), &work);
-  work.Finish(out, heads * d);
+  work.Finish(out);
   return nullptr;
 }
 

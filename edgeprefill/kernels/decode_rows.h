@@ -20,23 +20,25 @@ class DecodeRows {
     float scale;
   };
   // Rotates each listed row's query and new key and writes its key and value into the cache
-  // at `positions[i]` (the row's past length), then plans the pieces. Row r's packed q/k/v
-  // is at qkv + r * qkv_stride; keys and values are the [rows, kv_heads, capacity, head_dim]
-  // cache; cos and sin the rotary tables ([positions, rotary / 2]).
-  DecodeRows(const Layout& layout, const float* qkv, int64_t qkv_stride,
-             std::vector<int64_t> rows, std::vector<int64_t> positions, Cache cache,
+  // at `positions[i]` (the row's past length), then plans the pieces. rows[i] is the row's
+  // cache slot, tokens[i] where its token is in the call: its packed q/k/v at
+  // qkv + tokens[i] * (heads + 2 kv_heads) * head_dim. Keys and values are the
+  // [rows, kv_heads, capacity, head_dim] cache; cos and sin the rotary tables
+  // ([positions, rotary / 2]).
+  DecodeRows(const Layout& layout, const float* qkv, std::vector<int64_t> rows,
+             std::vector<int64_t> tokens, std::vector<int64_t> positions, Cache cache,
              const float* cos, const float* sin);
   size_t Pieces() const { return pieces_.size(); }
   void RunPiece(size_t index);  // on any thread, each index once
-  // After every piece ran: row r's output [heads * head_dim] to out + r * out_stride.
-  void Finish(float* out, int64_t out_stride) const;
+  // After every piece ran: row i's output [heads * head_dim] to out + tokens[i] * that.
+  void Finish(float* out) const;
 
  private:
   struct Piece {
     int64_t slot, kv, begin, end;  // slot: index into rows_
   };
   Layout layout_;
-  std::vector<int64_t> rows_, positions_;
+  std::vector<int64_t> rows_, tokens_, positions_;
   Cache cache_;
   std::vector<float> q_;  // rotated queries [slots, heads, head_dim]
   std::vector<Piece> pieces_;

@@ -9,15 +9,24 @@ no `If` on the chunk length is needed: an `If` costs ONNX Runtime ~14 us whichev
 runs, and 30 of them were 1-3% of an fp32 bundle's decode step (docs/benchmarks.md). The
 KV buffers bound to the graph's present outputs are written in place.
 
+Where the graph packs a call's valid tokens (export/tokens.py: the layers run on [1, T, ...],
+and each attention gets its qkv spread to [B, C, ...] by a Gather and its output gathered
+back), the node takes the packed tokens itself (attribute packed=1, with the graph's
+past_lens): the two copies per layer and the Squeeze and Reshape around them go, 4 of a
+decode step's ~13 nodes per layer (fold_packing).
+
 The bundle on disk is never changed: it stays loadable by a stock ONNX Runtime, and the
 switch happens at load time only where the library is present (kernels.select).
 """
 
 from __future__ import annotations
 
-from onnx import ModelProto, NodeProto, helper
+from collections import defaultdict
 
-from edgeprefill.contract import VALID_LENS
+import numpy as np
+from onnx import GraphProto, ModelProto, NodeProto, TensorProto, helper, numpy_helper
+
+from edgeprefill.contract import PAST_LENS, VALID_LENS
 
 DOMAIN = "edgeprefill"
 OP = "DecodeAttention"
@@ -68,8 +77,99 @@ def add_native_attention(model: ModelProto) -> int:
         graph.node[i].CopyFrom(nodes[-1])
         for node in reversed(nodes[:-1]):
             graph.node.insert(i, node)
+    fold_packing(graph)
     declare_domain(model)
     return len(targets)
+
+
+def fold_packing(graph: GraphProto) -> int:
+    """Gives each PrefillAttention of a packed-token graph its packed qkv and output: from
+    Squeeze(Gather(x, spread_index, axis=1), [0]) -> attention -> Reshape([1, -1, W]) ->
+    Gather(index, axis=1) to attention(x, packed=1) with past_lens as input 8. Only that
+    exact chain, with the indices export/tokens.py's PackedTokens computes and values
+    nothing else reads, is folded; returns how many attention nodes were."""
+    names = {i.name for i in graph.input}
+    if VALID_LENS not in names or PAST_LENS not in names:
+        return 0
+    producer = {o: n for n in graph.node for o in n.output}
+    consumers: dict[str, list[NodeProto]] = defaultdict(list)
+    for node in graph.node:
+        for name in node.input:
+            consumers[name].append(node)
+    outputs = {o.name for o in graph.output}
+    constants = {t.name: t for t in graph.initializer
+                 if t.data_location != TensorProto.EXTERNAL and t.data_type == TensorProto.INT64}
+
+    def only_user(value: str, op: str) -> NodeProto | None:
+        users = consumers[value]
+        ok = len(users) == 1 and users[0].op_type == op and value not in outputs
+        return users[0] if ok else None
+
+    def made_by(value: str, op: str) -> NodeProto | None:
+        node = producer.get(value)
+        return node if node is not None and node.op_type == op else None
+
+    def constant(value: str) -> list[int] | None:
+        t = constants.get(value)
+        return None if t is None else np.atleast_1d(numpy_helper.to_array(t)).tolist()
+
+    def chain(att: NodeProto) -> tuple[NodeProto, ...] | None:
+        """(Squeeze, Gather) before `att` and (Reshape, Gather) after it, or None."""
+        if att.op_type != PREFILL_OP or att.domain != DOMAIN or list(att.input[7:]) != [VALID_LENS]:
+            return None
+        squeeze = made_by(att.input[0], "Squeeze")
+        if squeeze is None or only_user(att.input[0], PREFILL_OP) is not att:
+            return None
+        spread = made_by(squeeze.input[0], "Gather")
+        if spread is None or only_user(squeeze.input[0], "Squeeze") is not squeeze:
+            return None
+        reshape = only_user(att.output[0], "Reshape")
+        gather = only_user(reshape.output[0], "Gather") if reshape is not None else None
+        if reshape is None or gather is None:
+            return None
+        shapes_fit = (len(squeeze.input) == 2 and constant(squeeze.input[1]) == [0]
+                      and (constant(reshape.input[1]) or [])[:2] == [1, -1])
+        indices_fit = (_axis(spread) == 1 and _axis(gather) == 1
+                       and _spread_index(producer, spread.input[1])
+                       and _packed_index(producer, gather.input[1]))
+        return (squeeze, spread, reshape, gather) if shapes_fit and indices_fit else None
+
+    dropped: set[int] = set()
+    count = 0
+    for att in graph.node:
+        found = chain(att)
+        if found is None:
+            continue
+        squeeze, spread, reshape, gather = found
+        att.input[0] = spread.input[0]
+        att.input.append(PAST_LENS)
+        att.output[0] = gather.output[0]
+        att.attribute.append(helper.make_attribute("packed", 1))
+        dropped.update(id(n) for n in found)
+        count += 1
+    if dropped:
+        kept = [n for n in graph.node if id(n) not in dropped]
+        del graph.node[:]
+        graph.node.extend(kept)
+    return count
+
+
+def _axis(node: NodeProto) -> int:
+    return next((int(helper.get_attribute_value(a)) for a in node.attribute if a.name == "axis"), 0)
+
+
+def _spread_index(producer: dict[str, NodeProto], value: str) -> bool:
+    """PackedTokens.spread_index: Add(Unsqueeze(starts), clamped positions)."""
+    node = producer.get(value)
+    return node is not None and node.op_type == "Add" and any(
+        (producer.get(i) is not None and producer[i].op_type == "Unsqueeze") for i in node.input)
+
+
+def _packed_index(producer: dict[str, NodeProto], value: str) -> bool:
+    """PackedTokens.index: Squeeze(NonZero(the flattened valid-token mask))."""
+    node = producer.get(value)
+    inner = producer.get(node.input[0]) if node is not None and node.op_type == "Squeeze" else None
+    return inner is not None and inner.op_type == "NonZero"
 
 
 def declare_domain(model: ModelProto) -> None:

@@ -151,6 +151,7 @@ struct Kernel {
   float scale;
   bool bf16;  // optional attribute bf16=1 (--compute bf16): PrefillAttention's products in bf16
   bool bf16_cache = false;  // the KV cache holds bf16 bits (uint16): PrefillAttentionBf16KV
+  bool packed = false;  // optional attribute packed=1: PrefillAttention on packed tokens
 };
 
 // Reads num_heads, kv_num_heads and scale into a new Kernel; `op` names the op in errors.

@@ -5,6 +5,7 @@
 #include "kernel_common.h"
 
 #include <string>
+#include <utility>
 
 namespace edgeprefill {
 
@@ -70,10 +71,14 @@ OrtStatus* CreateAttentionKernel(const OrtKernelInfo* info, const char* op, void
   EP_RETURN_IF_ERROR(g_api->KernelInfoGetAttribute_float(info, "scale", &scale));
   if (heads <= 0 || kv_heads <= 0 || heads % kv_heads != 0)
     return Fail((std::string(op) + ": num_heads must be a positive multiple of kv_num_heads").c_str());
-  int64_t bf16 = 0;  // optional: absent means 0
-  OrtStatus* missing = g_api->KernelInfoGetAttribute_int64(info, "bf16", &bf16);
-  if (missing != nullptr) g_api->ReleaseStatus(missing);
-  *kernel = new Kernel{heads, kv_heads, scale, bf16 != 0};
+  int64_t bf16 = 0, packed = 0;  // optional: absent means 0
+  for (auto [name, value] : {std::pair{"bf16", &bf16}, std::pair{"packed", &packed}}) {
+    OrtStatus* missing = g_api->KernelInfoGetAttribute_int64(info, name, value);
+    if (missing != nullptr) g_api->ReleaseStatus(missing);
+  }
+  Kernel* made = new Kernel{heads, kv_heads, scale, bf16 != 0};
+  made->packed = packed != 0;
+  *kernel = made;
   return nullptr;
 }
 

@@ -28,10 +28,15 @@
 //                                               cache, and their output rows are zero; a
 //                                               row of one valid token is DecodeAttention's
 //                                               (decode_rows.h), bit for bit
+//          8 past_lens [B] int32 (with packed=1) each row's past length
 // Outputs: 0 out [B, S, H * D] float, 1 present_key, 2 present_value (same shape as past;
 //          when bound to the past buffers nothing is copied, else the past is copied first)
 // Attributes: num_heads, kv_num_heads (int), scale (float), bf16 (int, optional: 1 runs the
-//          chunk's two products on bf16 operands).
+//          chunk's two products on bf16 operands), packed (int, optional: 1 takes the
+//          call's valid tokens packed row after row, qkv [1, T, ...] with T = the sum of
+//          valid_lens, and gives out [1, T, H * D]: the graph's own packing (export/tokens.py)
+//          without the copies that spread qkv to [B, S, ...] and gather the output back;
+//          it needs valid_lens and past_lens).
 //
 // edgeprefill.PrefillAttentionBf16KV is the same op over a bf16 KV cache: past and present
 // key and value are uint16 tensors of bf16 bits, each written rounded to nearest even. It
@@ -128,6 +133,7 @@ struct Job {
   const float* sin;
   const int64_t* past;  // per row
   const int64_t* valid;  // per row: the chunk's valid tokens (the rest is padding)
+  const int64_t* first;  // per row: where its token 0 is in qkv and out (row x S, or packed)
   float* out;
   bool bf16;  // the products on bf16 pairs (Product<uint32_t>), where UsesBf16 allows
   // bf16: the cache's keys [rows, kv, key_span, D/2] and values [rows, kv, span/2, D] paired
@@ -468,7 +474,7 @@ void RunPiece(void* data, size_t index) {
       continue;
     }
     const int64_t position = first_position + i;
-    const float* packed = job.qkv + (piece.row * s.chunk + piece.first + i) * width;
+    const float* packed = job.qkv + (job.first[piece.row] + piece.first + i) * width;
     Rotate(packed + (piece.kv * g + m % g) * d, rotated, job.cos + position * half,
            job.sin + position * half, d, s.rotary);
     for (int64_t k = 0; k < d; ++k) qt[k * columns + m] = rotated[k] * job.scale;
@@ -512,7 +518,7 @@ void RunPiece(void* data, size_t index) {
   }
   for (int64_t m = 0; m < used; ++m) {
     const int64_t i = m / g, h = m % g;
-    float* out = job.out + ((piece.row * s.chunk + piece.first + i) * heads + piece.kv * g + h) * d;
+    float* out = job.out + ((job.first[piece.row] + piece.first + i) * heads + piece.kv * g + h) * d;
     const float inverse = 1.0f / total[m];
     for (int64_t k = 0; k < d; ++k) out[k] = ot[k * columns + m] * inverse;
   }
@@ -559,15 +565,18 @@ OrtStatus* CheckShapes(const Kernel& kernel, const Tensor& qkv, const Tensor& pa
                        const Tensor& cos, const Tensor& sin, Shape* shape) {
   if (qkv.dims.size() != 3)
     return Fail("PrefillAttention: qkv must be [rows, chunk, (heads + 2 kv_heads) * head_dim]");
+  if (kernel.packed && qkv.dims[0] != 1)
+    return Fail("PrefillAttention: packed=1 takes qkv as [1, tokens, (heads + 2 kv_heads) * head_dim]");
   if (past_k.dims.size() != 4 || past_k.dims != past_v.dims)
     return Fail("PrefillAttention: past key and value must both be [rows, kv_heads, capacity, head_dim]");
   const int64_t d = past_k.dims[3];
-  if (past_k.dims[0] != qkv.dims[0] || past_k.dims[1] != kernel.kv_heads ||
+  const int64_t rows = kernel.packed ? past_k.dims[0] : qkv.dims[0];
+  if (past_k.dims[0] != rows || past_k.dims[1] != kernel.kv_heads ||
       qkv.dims[2] != (kernel.heads + 2 * kernel.kv_heads) * d)
     return Fail("PrefillAttention: qkv and the cache disagree on rows, heads or head_dim");
   if (d % kVec != 0 || kernel.heads % kernel.kv_heads != 0)
     return Fail("PrefillAttention: head_dim must be a multiple of 16 and heads of kv_heads");
-  if (seqlens.dims.size() != 1 || seqlens.dims[0] != qkv.dims[0])
+  if (seqlens.dims.size() != 1 || seqlens.dims[0] != rows)
     return Fail("PrefillAttention: seqlens_k must be [rows]");
   if (!(total.dims.empty() || (total.dims.size() == 1 && total.dims[0] == 1)))
     return Fail("PrefillAttention: total_sequence_length must be a scalar");
@@ -576,18 +585,26 @@ OrtStatus* CheckShapes(const Kernel& kernel, const Tensor& qkv, const Tensor& pa
   const int64_t group = kernel.heads / kernel.kv_heads;
   if (group > kMaxColumns)
     return Fail("PrefillAttention: at most 96 query heads per KV head");
-  *shape = {qkv.dims[0], qkv.dims[1], kernel.kv_heads, past_k.dims[2], d, group,
+  *shape = {rows, qkv.dims[1], kernel.kv_heads, past_k.dims[2], d, group,
             2 * cos.dims[1], std::max<int64_t>(1, kColumns / group)};
+  return nullptr;
+}
+
+// Whether the node has input `index` (an optional input: absent, or given as "").
+OrtStatus* HasInput(OrtKernelContext* context, size_t index, bool* has) {
+  size_t count = 0;
+  EP_RETURN_IF_ERROR(g_api->KernelContext_GetInputCount(context, &count));
+  const OrtValue* given = nullptr;
+  if (count > index) EP_RETURN_IF_ERROR(g_api->KernelContext_GetInput(context, index, &given));
+  *has = given != nullptr;
   return nullptr;
 }
 
 // Input 7, valid_lens, where the graph gives it: each row's valid tokens (0 .. chunk).
 OrtStatus* ValidLens(OrtKernelContext* context, const Shape& s, int64_t* valid) {
-  size_t count = 0;
-  EP_RETURN_IF_ERROR(g_api->KernelContext_GetInputCount(context, &count));
-  const OrtValue* given = nullptr;
-  if (count > 7) EP_RETURN_IF_ERROR(g_api->KernelContext_GetInput(context, 7, &given));
-  if (given == nullptr) return nullptr;  // every token valid
+  bool given = false;
+  EP_RETURN_IF_ERROR(HasInput(context, 7, &given));
+  if (!given) return nullptr;  // every token valid
   Tensor lens;
   EP_RETURN_IF_ERROR(Input(context, 7, &lens));
   if (lens.dims.size() != 1 || lens.dims[0] != s.rows)
@@ -598,6 +615,43 @@ OrtStatus* ValidLens(OrtKernelContext* context, const Shape& s, int64_t* valid) 
       return Fail("PrefillAttention: a row's valid_lens is outside 0 .. chunk");
     valid[row] = data[row];
   }
+  return nullptr;
+}
+
+// Each row's past length and where its token 0 is in qkv and out. Unpacked: the past from
+// seqlens_k and total_sequence_length (as GroupQueryAttention), token 0 at row x S. Packed:
+// the past from input 8 (past_lens), token 0 after the valid tokens of the rows before.
+OrtStatus* Places(OrtKernelContext* context, const Kernel& kernel, const Shape& s,
+                  const Tensor& seqlens_t, const Tensor& total_t,
+                  const std::vector<int64_t>& valid, std::vector<int64_t>* past,
+                  std::vector<int64_t>* first) {
+  if (!kernel.packed) {
+    const int32_t* seqlens = reinterpret_cast<const int32_t*>(seqlens_t.data);
+    const int64_t total = *reinterpret_cast<const int32_t*>(total_t.data);
+    for (int64_t row = 0; row < s.rows; ++row) {
+      (*past)[row] = total == s.chunk ? 0 : int64_t{seqlens[row]} + 1 - s.chunk;
+      (*first)[row] = row * s.chunk;
+    }
+    return nullptr;
+  }
+  bool valid_given = false, past_given = false;
+  EP_RETURN_IF_ERROR(HasInput(context, 7, &valid_given));
+  EP_RETURN_IF_ERROR(HasInput(context, 8, &past_given));
+  if (!valid_given || !past_given)
+    return Fail("PrefillAttention: packed=1 needs valid_lens (input 7) and past_lens (input 8)");
+  Tensor lens;
+  EP_RETURN_IF_ERROR(Input(context, 8, &lens));
+  if (lens.dims.size() != 1 || lens.dims[0] != s.rows)
+    return Fail("PrefillAttention: past_lens must be [rows]");
+  const int32_t* data = reinterpret_cast<const int32_t*>(lens.data);
+  int64_t next = 0;
+  for (int64_t row = 0; row < s.rows; ++row) {
+    (*past)[row] = data[row];
+    (*first)[row] = next;
+    next += valid[row];
+  }
+  if (next != s.chunk)
+    return Fail("PrefillAttention: packed=1 takes as many qkv tokens as valid_lens sums to");
   return nullptr;
 }
 
@@ -621,7 +675,7 @@ void WriteCache(const Job& job, const Cache& cache) {
   for (int64_t row = 0; row < s.rows; ++row)
     for (int64_t token = 0; token < (OneToken(job, row) ? 0 : job.valid[row]); ++token) {
       const int64_t position = job.past[row] + token;
-      const float* packed = job.qkv + (row * s.chunk + token) * width;
+      const float* packed = job.qkv + (job.first[row] + token) * width;
       for (int64_t kv = 0; kv < s.kv_heads; ++kv) {
         const int64_t at = ((row * s.kv_heads + kv) * s.capacity + position) * d;
         WriteKeyValue(cache, at, packed + (heads + kv) * d,
@@ -728,13 +782,10 @@ OrtStatus* Compute(const Kernel& kernel, OrtKernelContext* context) {
   EP_RETURN_IF_ERROR(Input(context, 6, &sin));
   Shape s;
   EP_RETURN_IF_ERROR(CheckShapes(kernel, qkv, past_k, past_v, seqlens_t, total_t, cos, sin, &s));
-  const int32_t* seqlens = reinterpret_cast<const int32_t*>(seqlens_t.data);
-  const int64_t total = *reinterpret_cast<const int32_t*>(total_t.data);
-  std::vector<int64_t> valid(s.rows, s.chunk);
+  std::vector<int64_t> valid(s.rows, s.chunk), past(s.rows), first(s.rows);
   EP_RETURN_IF_ERROR(ValidLens(context, s, valid.data()));
-  std::vector<int64_t> past(s.rows);
+  EP_RETURN_IF_ERROR(Places(context, kernel, s, seqlens_t, total_t, valid, &past, &first));
   for (int64_t row = 0; row < s.rows; ++row) {
-    past[row] = total == s.chunk ? 0 : int64_t{seqlens[row]} + 1 - s.chunk;
     const int64_t end = past[row] + valid[row];
     if (past[row] < 0 || end > s.capacity || end > cos.dims[0])
       return Fail("PrefillAttention: a row's chunk is outside the cache or the rotary table");
@@ -744,7 +795,7 @@ OrtStatus* Compute(const Kernel& kernel, OrtKernelContext* context) {
     return Fail("PrefillAttentionBf16KV: a bf16 KV cache needs bf16=1 and a build with AVX512-BF16");
   const int64_t d = s.head_dim, heads = kernel.heads;
   float *out = nullptr, *keys = nullptr, *values = nullptr;
-  EP_RETURN_IF_ERROR(Output(context, 0, {s.rows, s.chunk, heads * d}, &out));
+  EP_RETURN_IF_ERROR(Output(context, 0, {kernel.packed ? 1 : s.rows, s.chunk, heads * d}, &out));
   EP_RETURN_IF_ERROR(Output(context, 1, past_k.dims, &keys));
   EP_RETURN_IF_ERROR(Output(context, 2, past_v.dims, &values));
   const size_t cache_bytes = static_cast<size_t>(s.rows * s.kv_heads * s.capacity * d) *
@@ -755,8 +806,8 @@ OrtStatus* Compute(const Kernel& kernel, OrtKernelContext* context) {
 
   const int64_t begin = Profiling() ? Now() : 0;
   Job job{s, kernel.scale, qkv.data, cache.bf16 ? nullptr : keys, cache.bf16 ? nullptr : values,
-          cos.data, sin.data, past.data(), valid.data(), out, UsesBf16(kernel.bf16)};
-  ZeroPadding(job);
+          cos.data, sin.data, past.data(), valid.data(), first.data(), out, UsesBf16(kernel.bf16)};
+  if (!kernel.packed) ZeroPadding(job);  // packed: no padding rows
   WriteCache(job, cache);
 #ifdef __AVX512BF16__
   // Not zeroed (1.5 MB a call at 2,048 positions): only what RunPairs writes is ever read.
@@ -776,19 +827,22 @@ OrtStatus* Compute(const Kernel& kernel, OrtKernelContext* context) {
     ParallelFor(context, RunPairs, static_cast<size_t>(s.rows * s.kv_heads * (job.span / kPairBlock + 1)), &job);
   }
 #endif
-  std::vector<int64_t> one_token, positions;
+  std::vector<int64_t> one_token, tokens, positions;
   for (int64_t row = 0; row < s.rows; ++row)
-    if (OneToken(job, row)) one_token.push_back(row), positions.push_back(past[row]);
-  const int64_t width = (heads + 2 * s.kv_heads) * d;
+    if (OneToken(job, row)) {
+      one_token.push_back(row);
+      tokens.push_back(first[row]);
+      positions.push_back(past[row]);
+    }
   DecodeRows decode({heads, s.kv_heads, s.capacity, d, s.rotary, kernel.scale}, qkv.data,
-                    s.chunk * width, std::move(one_token), std::move(positions), cache, cos.data,
-                    sin.data);
+                    std::move(one_token), std::move(tokens), std::move(positions), cache,
+                    cos.data, sin.data);
   job.pieces = Plan(job);
   if (Profiling()) job.times.resize(job.pieces.size());
   const int64_t pooled = Profiling() ? Now() : 0;
   Both both{&job, &decode};  // one pass of the pool: the chunk's pieces, then the decode rows'
   ParallelFor(context, RunBoth, job.pieces.size() + decode.Pieces(), &both);
-  decode.Finish(out, s.chunk * heads * d);
+  decode.Finish(out);
   if (Profiling()) Report(job, begin, pooled, pooled, Now());
   return nullptr;
 }
@@ -812,17 +866,17 @@ void ORT_API_CALL DestroyKernel(void* kernel) { delete static_cast<Kernel*>(kern
 }  // namespace
 
 const Op& PrefillAttentionOp() {
-  OpSpec spec{"PrefillAttention", 8, 3, (1u << 3) | (1u << 4) | (1u << 7), CreateKernel,
-              ComputeKernel, DestroyKernel};
-  spec.optional_inputs = 1u << 7;
+  OpSpec spec{"PrefillAttention", 9, 3, (1u << 3) | (1u << 4) | (1u << 7) | (1u << 8),
+              CreateKernel, ComputeKernel, DestroyKernel};
+  spec.optional_inputs = (1u << 7) | (1u << 8);
   static const Op op = MakeOp(spec);
   return op;
 }
 
 const Op& PrefillAttentionBf16KvOp() {
-  OpSpec spec{"PrefillAttentionBf16KV", 8, 3, (1u << 3) | (1u << 4) | (1u << 7),
+  OpSpec spec{"PrefillAttentionBf16KV", 9, 3, (1u << 3) | (1u << 4) | (1u << 7) | (1u << 8),
               CreateBf16KvKernel, ComputeKernel, DestroyKernel};
-  spec.optional_inputs = 1u << 7;
+  spec.optional_inputs = (1u << 7) | (1u << 8);
   spec.uint16_inputs = spec.uint16_outputs = (1u << 1) | (1u << 2);
   static const Op op = MakeOp(spec);
   return op;
