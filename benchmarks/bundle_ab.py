@@ -6,7 +6,10 @@
         --decode 32
 
 The two sides may be one bundle loaded two ways: `--old-env` / `--new-env` KEY=VALUE set
-environment variables while that side loads (a load-time switch such as the bf16 KV cache).
+environment variables while that side loads (a load-time switch such as the bf16 KV cache);
+`--old-without MODULE:FUNCTION` loads the old side with that load-time rewrite skipped (it
+returns 0 and changes nothing), e.g. `edgeprefill.kernels.graph:fold_packing` or
+`edgeprefill.kernels.select:fuse_skip_rms_norm`: a rewrite with no switch of its own.
 `--decode N` times N decode steps after each prefill too (past = the prompt), separately.
 
 Loads each bundle twice, in the order old, new, new, old (`Engine.load`, warm-up
@@ -23,6 +26,7 @@ new / old.
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import statistics
 import sys
@@ -46,17 +50,26 @@ def decode(backend, steps: int, past: int) -> None:
         backend.run(StepBatch(token, np.array([past + i], np.int32), np.ones(1, np.int32), 0))
 
 
-def load(bundle: Path, env: list[str], **options) -> Engine:
-    """Engine.load with `env` (KEY=VALUE each) set while it loads, restored after."""
+def load(bundle: Path, env: list[str], skipped: list[str], **options) -> Engine:
+    """Engine.load with `env` (KEY=VALUE each) set and the `skipped` functions
+    (MODULE:FUNCTION each) returning 0 while it loads, both restored after."""
     saved = dict(os.environ)
+    originals = []
     try:
         for item in env:
             key, _, value = item.partition("=")
             os.environ[key] = value
+        for item in skipped:
+            module_name, _, name = item.partition(":")
+            module = importlib.import_module(module_name)
+            originals.append((module, name, getattr(module, name)))
+            setattr(module, name, lambda *args, **kwargs: 0)
         return Engine.load(bundle, **options)
     finally:
         os.environ.clear()
         os.environ.update(saved)
+        for module, name, function in originals:
+            setattr(module, name, function)
 
 
 def main() -> None:
@@ -72,6 +85,9 @@ def main() -> None:
                         help="set while the old side loads (repeatable)")
     parser.add_argument("--new-env", action="append", default=[], metavar="KEY=VALUE",
                         help="set while the new side loads (repeatable)")
+    parser.add_argument("--old-without", action="append", default=[],
+                        metavar="MODULE:FUNCTION",
+                        help="a load-time rewrite the old side skips (repeatable)")
     parser.add_argument("--decode", type=int, default=0,
                         help="decode steps to time after each prefill (0: none)")
     args = parser.parse_args()
@@ -79,12 +95,20 @@ def main() -> None:
         parser.error("--prompt, --chunk, --turns and --threads must be positive, --decode >= 0")
     if any("=" not in item for item in args.old_env + args.new_env):
         parser.error("--old-env and --new-env take KEY=VALUE")
+    for item in args.old_without:
+        module_name, _, name = item.partition(":")
+        try:
+            if not callable(getattr(importlib.import_module(module_name), name, None)):
+                parser.error(f"--old-without {item}: no function {name} in {module_name}")
+        except ImportError as error:
+            parser.error(f"--old-without {item}: {error}")
     before = core_to_core_ns()
     try:
         which = [0, 1, 1, 0]  # old, new, new, old: each bundle loaded first once, last once
         engines = [load((args.old, args.new)[i], (args.old_env, args.new_env)[i],
-                         threads=args.threads, background=False, kv_slots=1,
-                         compute=args.compute, max_context=args.prompt + args.decode + 1)
+                        (args.old_without, [])[i], threads=args.threads, background=False,
+                        kv_slots=1, compute=args.compute,
+                        max_context=args.prompt + args.decode + 1)
                    for i in which]
         vocab = engines[0].backend.manifest.model.vocab_size
         ids = np.random.default_rng(3).integers(5, min(1000, vocab), args.prompt)
