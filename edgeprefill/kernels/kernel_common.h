@@ -170,6 +170,11 @@ OrtStatus* Output(OrtKernelContext* context, size_t index, const std::vector<int
 // Runs `count` pieces on ONNX Runtime's intra-op pool, or here when there is none.
 void ParallelFor(OrtKernelContext* context, void (*fn)(void*, size_t), size_t count, void* data);
 
+// A row-wise op's rows (SwiGlu, SkipRmsNorm): run(job, first, last) over blocks of 16 rows,
+// on the pool where the op moves enough floats (rows x width) to pay for its hand-out.
+void ForRowBlocks(OrtKernelContext* context, int64_t rows, int64_t width,
+                  void (*run)(void* job, int64_t first, int64_t last), void* job);
+
 // A packed projection's two passes (MatMulBf16, MatMulInt8): `prepare` per block of rows
 // (the activations rounded for the product), then `piece` per (row block, panel), piece i =
 // block * panels + panel; on the pool where `split` says the product is worth it, else here.

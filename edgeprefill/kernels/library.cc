@@ -4,6 +4,7 @@
 
 #include "kernel_common.h"
 
+#include <algorithm>
 #include <string>
 #include <utility>
 
@@ -104,6 +105,35 @@ void ParallelFor(OrtKernelContext* context, void (*fn)(void*, size_t), size_t co
     g_api->ReleaseStatus(pooled);
     for (size_t i = 0; i < count; ++i) fn(data, i);
   }
+}
+
+namespace {
+
+constexpr int64_t kRowsPerBlock = 16;  // a prefill chunk's rows split over the pool
+constexpr int64_t kParallelFloats = 1 << 15;  // below this the pool's hand-out costs more
+
+struct RowBlocks {
+  int64_t rows;
+  void (*run)(void*, int64_t, int64_t);
+  void* job;
+};
+
+void RunRowBlock(void* data, size_t index) {
+  const RowBlocks& blocks = *static_cast<const RowBlocks*>(data);
+  const int64_t first = static_cast<int64_t>(index) * kRowsPerBlock;
+  blocks.run(blocks.job, first, std::min(blocks.rows, first + kRowsPerBlock));
+}
+
+}  // namespace
+
+void ForRowBlocks(OrtKernelContext* context, int64_t rows, int64_t width,
+                  void (*run)(void* job, int64_t first, int64_t last), void* job) {
+  RowBlocks blocks{rows, run, job};
+  const int64_t count = (rows + kRowsPerBlock - 1) / kRowsPerBlock;
+  if (count > 1 && rows * width >= kParallelFloats)
+    ParallelFor(context, RunRowBlock, static_cast<size_t>(count), &blocks);
+  else
+    for (int64_t i = 0; i < count; ++i) RunRowBlock(&blocks, static_cast<size_t>(i));
 }
 
 void ProjectRows(OrtKernelContext* context, bool split, size_t row_blocks, size_t panels,

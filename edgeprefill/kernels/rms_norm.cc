@@ -12,7 +12,6 @@
 // Each row is one piece of work on one thread, with the same sums in the same order
 // whatever the rows around it: a row's numbers do not depend on its batch-mates.
 
-#include <algorithm>
 #include <cmath>
 #include <cstdint>
 
@@ -21,16 +20,13 @@
 namespace edgeprefill {
 namespace {
 
-constexpr int64_t kRowsPerPiece = 16;  // a prefill chunk's rows split over the pool
-constexpr int64_t kParallelFloats = 1 << 15;  // below this the pool's hand-out costs more
-
 struct Job {
   const float* x;
   const float* skip;
   const float* gamma;
   float* out;
   float* sum;
-  int64_t rows, width;
+  int64_t width;
   float epsilon;
 };
 
@@ -74,10 +70,8 @@ void ScaleRow(const float* sum, const float* gamma, float scale, float* out, int
   for (; i < width; ++i) out[i] = sum[i] * scale * gamma[i];
 }
 
-void RunPiece(void* data, size_t index) {
+void RunRows(void* data, int64_t first, int64_t last) {
   const Job& job = *static_cast<const Job*>(data);
-  const int64_t first = static_cast<int64_t>(index) * kRowsPerPiece;
-  const int64_t last = std::min(job.rows, first + kRowsPerPiece);
   const int64_t w = job.width;
   for (int64_t r = first; r < last; ++r) {
     float* sum = job.sum + r * w;
@@ -98,13 +92,8 @@ OrtStatus* Compute(void* kernel, OrtKernelContext* context) {
   int64_t rows = 0;
   EP_RETURN_IF_ERROR(RowsOutput(context, x, x.dims.back(), &out, &rows));
   EP_RETURN_IF_ERROR(Output(context, 1, x.dims, &sum));
-  Job job{x.data, skip.data, gamma.data, out, sum, rows, x.dims.back(),
-                *static_cast<float*>(kernel)};
-  const int64_t pieces = (rows + kRowsPerPiece - 1) / kRowsPerPiece;
-  if (pieces > 1 && rows * job.width >= kParallelFloats)
-    ParallelFor(context, RunPiece, static_cast<size_t>(pieces), &job);
-  else
-    for (int64_t i = 0; i < pieces; ++i) RunPiece(&job, static_cast<size_t>(i));
+  Job job{x.data, skip.data, gamma.data, out, sum, x.dims.back(), *static_cast<float*>(kernel)};
+  ForRowBlocks(context, rows, job.width, RunRows, &job);
   return nullptr;
 }
 

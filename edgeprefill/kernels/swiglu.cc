@@ -7,7 +7,6 @@
 // silu(g) = g * sigmoid(g), with sigmoid(g) = 1 / (1 + e^-g) for g >= 0 and e^g / (1 + e^g)
 // below, both from e^-|g| <= 1 (ExpNonPositive), so nothing overflows at any g.
 
-#include <algorithm>
 #include <cmath>
 #include <cstdint>
 
@@ -16,13 +15,10 @@
 namespace edgeprefill {
 namespace {
 
-constexpr int64_t kRowsPerPiece = 16;  // a prefill chunk's rows split over the pool
-constexpr int64_t kParallelFloats = 1 << 15;  // below this the pool's hand-out costs more
-
 struct Job {
   const float* x;  // [rows, 2 * width]
   float* out;      // [rows, width]
-  int64_t rows, width;
+  int64_t width;
 };
 
 inline float Silu(float g) {
@@ -48,10 +44,8 @@ void Row(const float* gate, const float* up, float* out, int64_t width) {
   for (; i < width; ++i) out[i] = Silu(gate[i]) * up[i];
 }
 
-void RunPiece(void* data, size_t index) {
+void RunRows(void* data, int64_t first, int64_t last) {
   const Job& job = *static_cast<const Job*>(data);
-  const int64_t first = static_cast<int64_t>(index) * kRowsPerPiece;
-  const int64_t last = std::min(job.rows, first + kRowsPerPiece);
   for (int64_t r = first; r < last; ++r) {
     const float* x = job.x + r * 2 * job.width;
     Row(x, x + job.width, job.out + r * job.width, job.width);
@@ -66,12 +60,8 @@ OrtStatus* Compute(void*, OrtKernelContext* context) {
   float* out = nullptr;
   int64_t rows = 0;
   EP_RETURN_IF_ERROR(RowsOutput(context, x, x.dims.back() / 2, &out, &rows));
-  Job job{x.data, out, rows, x.dims.back() / 2};
-  const int64_t pieces = (rows + kRowsPerPiece - 1) / kRowsPerPiece;
-  if (pieces > 1 && rows * job.width >= kParallelFloats)
-    ParallelFor(context, RunPiece, static_cast<size_t>(pieces), &job);
-  else
-    for (int64_t i = 0; i < pieces; ++i) RunPiece(&job, static_cast<size_t>(i));
+  Job job{x.data, out, x.dims.back() / 2};
+  ForRowBlocks(context, rows, job.width, RunRows, &job);
   return nullptr;
 }
 
