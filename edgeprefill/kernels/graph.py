@@ -12,8 +12,8 @@ KV buffers bound to the graph's present outputs are written in place.
 Where the graph packs a call's valid tokens (export/tokens.py: the layers run on [1, T, ...],
 and each attention gets its qkv spread to [B, C, ...] by a Gather and its output gathered
 back), the node takes the packed tokens itself (attribute packed=1, with the graph's
-past_lens): the two copies per layer and the Squeeze and Reshape around them go, 4 of a
-decode step's ~13 nodes per layer (fold_packing).
+past_lens): the two copies per layer and the Squeeze and Reshape around them go, 4 of the
+12 nodes a layer ran per decode step (fold_packing).
 
 The bundle on disk is never changed: it stays loadable by a stock ONNX Runtime, and the
 switch happens at load time only where the library is present (kernels.select).
