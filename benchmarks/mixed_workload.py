@@ -37,7 +37,7 @@ from comparison.report import machine_info, report_placement
 from comparison.runners import artifact_dir, export_artifact
 from comparison.settings import BENCH_DIR, REPO_DIR, RUNNERS_DIR, Settings, StepError, say
 from comparison.venvs import ensure_venv
-from probes.core_latency import FAR_NS, core_to_core_ns
+from probes.core_latency import all_near, core_to_core_ns
 
 
 class MixedRuntime(NamedTuple):
@@ -196,12 +196,9 @@ def near_only(results: dict[str, list[dict[str, Any]]]) -> list[str]:
     """The table again over the runs probed near both before and after (on the 2-vCPU VMs
     the host's placement moves a run by ~30%: compare within one placement), or nothing
     when every run was near."""
-    def near(run: dict[str, Any]) -> bool:
-        ns = run.get("core_ns") or []
-        return bool(ns) and all(n is not None and n <= FAR_NS for n in ns)
-
     measured = {name: [r for r in runs if "error" not in r] for name, runs in results.items()}
-    kept = {name: [r for r in runs if near(r)] for name, runs in measured.items()}
+    kept = {name: [r for r in runs if all_near(r.get("core_ns") or [])]
+            for name, runs in measured.items()}
     if all(len(kept[name]) == len(runs) for name, runs in measured.items()):
         return []
     lines = ["near placement only (runs probed near before and after):"]

@@ -78,6 +78,32 @@ def test_targets_say_when_there_is_nothing_to_judge() -> None:
     assert lines[1:] == ["  none to judge: no edgeprefill row of fp32, int8 or int4 measured"]
 
 
+def test_targets_judged_again_over_the_near_rounds_where_far_ones_were_pooled() -> None:
+    """The pooled verdict, then one over the rounds probed near: pool_rounds keeps those
+    under "near" where some rounds were far, and a result whose every probe was near is its
+    own near view."""
+    from comparison.runners import pool_rounds
+
+    def round_(ttft: float, probes: list[float | None]) -> dict:
+        return {"precision": "fp32", "ttft": {"2048": {"runs_s": [ttft], "median_s": ttft}},
+                "decode_runs_tok_s": [50.0], "decode_tok_s": 50.0, "load_s": 1.0,
+                "peak_rss_mib": 100,
+                "core_ns": probes}
+
+    ours = pool_rounds([round_(1.5, [40, 40]), round_(2.1, [180, 181]), round_(2.2, [40, 179])])
+    theirs = pool_rounds([round_(1.9, [39, 40]), round_(2.0, [40, 41])])  # all near
+    assert ours["near"]["ttft"]["2048"]["median_s"] == 1.5 and "near" not in theirs
+    lines = report_targets({"edgeprefill": ours, "openvino": theirs})
+    # Pooled: 2.1 / 1.95 = 1.08, missed; near only: 1.5 / 1.95 = 0.77, met.
+    assert "1.08x of openvino         target <= 0.80x: MISSED" in lines[1]
+    assert lines[2].strip() == "near placement only:  0.77x of openvino         met"
+    far = pool_rounds([round_(2.1, [180, 181]), round_(2.2, [None, 40])])  # no near round
+    lines = report_targets({"edgeprefill": far, "openvino": theirs})
+    assert lines[2].strip() == "near placement only: no near round of ours"
+    lines = report_targets({"edgeprefill": theirs, "openvino": theirs})
+    assert len(lines) == 3  # every round near: no second line for TTFT nor decode
+
+
 def node(op: str, ts: int, dur: int) -> dict:
     return {"cat": "Node", "name": f"n{ts}_kernel_time", "ts": ts, "dur": dur,
             "args": {"op_name": op}}

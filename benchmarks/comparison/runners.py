@@ -9,6 +9,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from probes.core_latency import all_near
+
 from comparison.models import ModelInfo
 from comparison.procs import last_json_line, run_step
 from comparison.registry import Runtime, is_ours
@@ -126,4 +128,7 @@ def pool_rounds(runs: list[dict[str, Any]]) -> dict[str, Any]:
     pooled["peak_rss_mib"] = max(r["peak_rss_mib"] for r in runs)
     pooled["measure_s"] = sum(r.get("measure_s", 0.0) for r in runs)
     pooled["core_ns"] = [ns for r in runs for ns in r.get("core_ns", [])]
+    near = [r for r in runs if all_near(r.get("core_ns") or [])]
+    if near and len(near) < len(runs):  # for the near-only verdicts (comparison/targets.py)
+        pooled["near"] = pool_rounds(near)
     return pooled

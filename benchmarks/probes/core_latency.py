@@ -54,3 +54,9 @@ def placement(ns: float | None) -> str:
     if ns is None:
         return "core latency n/a"
     return f"core latency {ns:.0f} ns ({'far' if ns > FAR_NS else 'near'})"
+
+
+def all_near(probes: list[float | None]) -> bool:
+    """Whether a run's probes (before and after it) all said near; no probe, or one that
+    could not run, is not near."""
+    return bool(probes) and all(ns is not None and ns <= FAR_NS for ns in probes)
