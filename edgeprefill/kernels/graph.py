@@ -92,10 +92,7 @@ def fold_packing(graph: GraphProto) -> int:
     if VALID_LENS not in names or PAST_LENS not in names:
         return 0
     producer = {o: n for n in graph.node for o in n.output}
-    consumers: dict[str, list[NodeProto]] = defaultdict(list)
-    for node in graph.node:
-        for name in node.input:
-            consumers[name].append(node)
+    consumers = consumers_of(graph)
     outputs = {o.name for o in graph.output}
     constants = {t.name: t for t in graph.initializer
                  if t.data_location != TensorProto.EXTERNAL and t.data_type == TensorProto.INT64}
@@ -129,7 +126,7 @@ def fold_packing(graph: GraphProto) -> int:
             return None
         shapes_fit = (len(squeeze.input) == 2 and constant(squeeze.input[1]) == [0]
                       and (constant(reshape.input[1]) or [])[:2] == [1, -1])
-        indices_fit = (_axis(spread) == 1 and _axis(gather) == 1
+        indices_fit = (axis(spread) == 1 and axis(gather) == 1
                        and _spread_index(producer, spread.input[1])
                        and _packed_index(producer, gather.input[1]))
         return (squeeze, spread, reshape, gather) if shapes_fit and indices_fit else None
@@ -154,7 +151,17 @@ def fold_packing(graph: GraphProto) -> int:
     return count
 
 
-def _axis(node: NodeProto) -> int:
+def consumers_of(graph: GraphProto) -> dict[str, list[NodeProto]]:
+    """Each value's reading nodes, in graph order (a value nothing reads: an empty list)."""
+    consumers: dict[str, list[NodeProto]] = defaultdict(list)
+    for node in graph.node:
+        for name in node.input:
+            consumers[name].append(node)
+    return consumers
+
+
+def axis(node: NodeProto) -> int:
+    """The node's `axis` attribute, 0 where it has none (ONNX's default for Split and Gather)."""
     return next((int(helper.get_attribute_value(a)) for a in node.attribute if a.name == "axis"), 0)
 
 

@@ -13,11 +13,9 @@ value (tests/test_swiglu_kernel.py).
 
 from __future__ import annotations
 
-from collections import defaultdict
-
 from onnx import ModelProto, NodeProto, helper
 
-from edgeprefill.kernels.graph import DOMAIN, declare_domain
+from edgeprefill.kernels.graph import DOMAIN, axis, consumers_of, declare_domain
 
 OP = "SwiGlu"
 
@@ -25,10 +23,7 @@ OP = "SwiGlu"
 def fuse_swiglu(model: ModelProto) -> int:
     """Rewrites `model` in place; returns how many MLPs now run SwiGlu."""
     graph = model.graph
-    consumers: dict[str, list[NodeProto]] = defaultdict(list)
-    for node in graph.node:
-        for name in node.input:
-            consumers[name].append(node)
+    consumers = consumers_of(graph)
     outputs = {o.name for o in graph.output}
     replaced: dict[int, NodeProto] = {}  # id(final Mul) -> SwiGlu
     dropped: set[int] = set()
@@ -56,7 +51,7 @@ def _match(split: NodeProto, consumers: dict[str, list[NodeProto]],
     """(Sigmoid, Mul(gate, sigmoid), Mul(that, up)) when `split` starts the pattern."""
     if split.op_type != "Split" or split.domain not in ("", "ai.onnx"):
         return None
-    if len(split.input) != 1 or len(split.output) != 2 or _axis(split) != -1:
+    if len(split.input) != 1 or len(split.output) != 2 or axis(split) != -1:
         return None  # explicit split sizes, or another axis: not the exporter's gate/up
     gate, up = split.output
     gate_users, up_users = consumers[gate], consumers[up]
@@ -80,7 +75,3 @@ def _match(split: NodeProto, consumers: dict[str, list[NodeProto]],
 def _is_mul_of(node: NodeProto, a: str, b: str) -> bool:
     return (node.op_type == "Mul" and node.domain in ("", "ai.onnx")
             and sorted(node.input) == sorted([a, b]))
-
-
-def _axis(node: NodeProto) -> object:
-    return next((helper.get_attribute_value(a) for a in node.attribute if a.name == "axis"), 0)
