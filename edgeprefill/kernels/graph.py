@@ -22,9 +22,18 @@ switch happens at load time only where the library is present (kernels.select).
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Iterator
 
 import numpy as np
-from onnx import GraphProto, ModelProto, NodeProto, TensorProto, helper, numpy_helper
+from onnx import (
+    AttributeProto,
+    GraphProto,
+    ModelProto,
+    NodeProto,
+    TensorProto,
+    helper,
+    numpy_helper,
+)
 
 from edgeprefill.contract import PAST_LENS, VALID_LENS
 
@@ -149,6 +158,19 @@ def fold_packing(graph: GraphProto) -> int:
         del graph.node[:]
         graph.node.extend(kept)
     return count
+
+
+def every_node(graph: GraphProto) -> Iterator[NodeProto]:
+    """Every node of `graph`, those in subgraphs (the load-time switches' If branches, any
+    Loop or Scan body) too, each before its subgraphs' nodes."""
+    for node in graph.node:
+        yield node
+        for attr in node.attribute:
+            if attr.type == AttributeProto.GRAPH:
+                yield from every_node(attr.g)
+            elif attr.type == AttributeProto.GRAPHS:
+                for sub in attr.graphs:
+                    yield from every_node(sub)
 
 
 def consumers_of(graph: GraphProto) -> dict[str, list[NodeProto]]:

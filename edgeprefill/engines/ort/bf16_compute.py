@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import numpy as np
-from onnx import AttributeProto, GraphProto, ModelProto, NodeProto, TensorProto, helper
+from onnx import GraphProto, ModelProto, NodeProto, TensorProto, helper
 
 from edgeprefill.contract import KVPair
 from edgeprefill.engines.base import COMPUTES
@@ -33,7 +33,7 @@ from edgeprefill.engines.ort import bf16_kv
 from edgeprefill.engines.ort.derived import Derived, hand_over, initializer
 from edgeprefill.errors import BackendError
 from edgeprefill.kernels.build import cpu_has_bf16
-from edgeprefill.kernels.graph import DOMAIN, PREFILL_OP, declare_domain
+from edgeprefill.kernels.graph import DOMAIN, PREFILL_OP, declare_domain, every_node
 from edgeprefill.kernels.select import STOCK
 
 OP = "MatMulBf16"
@@ -107,19 +107,14 @@ def choose(graph: ModelProto, bundle_dir: Path, compute: str, kernels_described:
 
 
 def _attention_in_bf16(graph: GraphProto) -> int:
-    """Sets bf16=1 on every PrefillAttention (inside the kernels' Ifs): its two products
-    then run on bf16 operands too (prefill_attention.cc). Its rows of one token (decode)
-    keep float32 products: they are bound by reading the cache, not by multiplying (which
-    bf16_kv.py halves). Returns how many."""
-    count = 0
-    for node in graph.node:
-        if node.op_type == PREFILL_OP and node.domain == DOMAIN:
-            node.attribute.append(helper.make_attribute("bf16", 1))
-            count += 1
-        for attr in node.attribute:
-            if attr.type == AttributeProto.GRAPH:
-                count += _attention_in_bf16(attr.g)
-    return count
+    """Sets bf16=1 on every PrefillAttention: its two products then run on bf16 operands too
+    (prefill_attention.cc). Its rows of one token (decode) keep float32 products: they are
+    bound by reading the cache, not by multiplying (which bf16_kv.py halves). Returns how
+    many."""
+    attention = [n for n in every_node(graph) if n.op_type == PREFILL_OP and n.domain == DOMAIN]
+    for node in attention:
+        node.attribute.append(helper.make_attribute("bf16", 1))
+    return len(attention)
 
 
 def _is_projection(node: NodeProto, initializers: dict[str, TensorProto]) -> bool:

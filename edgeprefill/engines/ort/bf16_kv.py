@@ -20,15 +20,14 @@ give the same bits either way, decode rows differ by the cache's rounding).
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 
 import numpy as np
-from onnx import AttributeProto, GraphProto, ModelProto, NodeProto, TensorProto
+from onnx import AttributeProto, ModelProto, NodeProto, TensorProto
 
 from edgeprefill.contract import KVPair
 from edgeprefill.errors import BackendError
 from edgeprefill.kernels.build import cpu_has_bf16
-from edgeprefill.kernels.graph import DOMAIN, PREFILL_BF16_KV_OP, PREFILL_OP
+from edgeprefill.kernels.graph import DOMAIN, PREFILL_BF16_KV_OP, PREFILL_OP, every_node
 
 MODE_ENV = "EDGEPREFILL_BF16_KV"
 MODES = ("auto", "off")
@@ -61,7 +60,7 @@ def why_not(graph: ModelProto, pairs: list[KVPair], attention_bf16: int) -> str 
     if not attention_bf16:
         return "the attention is not the native kernels' in bf16"
     names = {name for pair in pairs for name in pair}
-    for node in _nodes(graph.graph):
+    for node in every_node(graph.graph):
         if any(name in names for name in node.input) and not _bf16_attention(node):
             return f"{node.op_type} reads the KV cache"
     return None
@@ -70,7 +69,7 @@ def why_not(graph: ModelProto, pairs: list[KVPair], attention_bf16: int) -> str 
 def switch(graph: ModelProto, pairs: list[KVPair]) -> None:
     """Rewrites `graph` in place: bf16-cache attention ops, uint16 KV inputs and outputs.
     Call only where why_not() is None."""
-    for node in _nodes(graph.graph):
+    for node in every_node(graph.graph):
         if _bf16_attention(node):
             node.op_type = PREFILL_BF16_KV_OP
     names = {name for pair in pairs for name in pair}
@@ -84,11 +83,3 @@ def _bf16_attention(node: NodeProto) -> bool:
     attrs = {a.name: a.i for a in node.attribute if a.type == AttributeProto.INT}
     return node.domain == DOMAIN and node.op_type == PREFILL_OP and attrs.get("bf16") == 1
 
-
-def _nodes(graph: GraphProto) -> Iterator[NodeProto]:
-    """Every node, those inside subgraphs (If branches) too."""
-    for node in graph.node:
-        yield node
-        for attr in node.attribute:
-            if attr.type == AttributeProto.GRAPH:
-                yield from _nodes(attr.g)

@@ -29,9 +29,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 
-from onnx import AttributeProto, GraphProto, ModelProto
+from onnx import GraphProto, ModelProto
 
 from edgeprefill.bundle import GraphInfo
+from edgeprefill.kernels.graph import every_node
 
 PER_ROW = ("MatMulInt8", "MatMulInt4")  # native: each row quantized on its own, int32 sums
 # ONNX Runtime's quantized projections: a row's numbers depend on the call's other rows
@@ -84,11 +85,4 @@ def stock_attention(graph: ModelProto) -> bool:
 
 def _op_types(graph: GraphProto) -> Iterator[str]:
     """Every node's op type, in subgraphs (the load-time switches' Ifs) too."""
-    for node in graph.node:
-        yield node.op_type
-        for attr in node.attribute:
-            if attr.type == AttributeProto.GRAPH:
-                yield from _op_types(attr.g)
-            elif attr.type == AttributeProto.GRAPHS:
-                for sub in attr.graphs:
-                    yield from _op_types(sub)
+    return (node.op_type for node in every_node(graph))
