@@ -77,9 +77,7 @@ OrtStatus* CreateAttentionKernel(const OrtKernelInfo* info, const char* op, void
     OrtStatus* missing = g_api->KernelInfoGetAttribute_int64(info, name, value);
     if (missing != nullptr) g_api->ReleaseStatus(missing);
   }
-  Kernel* made = new Kernel{heads, kv_heads, scale, bf16 != 0};
-  made->packed = packed != 0;
-  *kernel = made;
+  *kernel = new Kernel{heads, kv_heads, scale, bf16 != 0, false, packed != 0};
   return nullptr;
 }
 
