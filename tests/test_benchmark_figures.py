@@ -159,3 +159,17 @@ def test_placement_counts_a_measurement_only_where_both_probes_agree() -> None:
     assert rows[2] == "| 1 | 64 | 49.0 ms (n=3) | 49.0 ms (n=1) | 1.00x | 1.00x | 1.00x |"
     assert rows[3] == "| 2 | 64 | 30.5 ms (n=2) | 46.5 ms (n=2) | 1.52x | 1.61x | 1.05x |"
     assert table({}, [2], [128])[2] == "| 2 | 128 | - | - | - | - | - |"
+
+
+def test_handoff_probe_reports_every_pattern_where_it_can_run() -> None:
+    import os
+    import shutil
+
+    from probes.handoff import PATTERNS, handoff_gbps
+
+    if not (shutil.which("cc") or shutil.which("gcc")) or len(os.sched_getaffinity(0)) < 2:
+        assert handoff_gbps(64, rounds=2) is None
+        return
+    rates = handoff_gbps(64, rounds=4)
+    assert rates is not None and list(rates) == list(PATTERNS)
+    assert all(0.01 < gbps < 10_000.0 for gbps in rates.values())  # a 64 KB pass, timed

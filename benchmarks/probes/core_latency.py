@@ -26,20 +26,22 @@ FAR_NS = 100.0  # above this the two CPUs are far apart (another CCD or socket)
 
 
 @functools.cache
-def _binary() -> Path | None:
+def build(source: Path, *flags: str) -> Path | None:
+    """`source` compiled with `cc` once per process (into a folder removed at exit), or None
+    without a compiler or a second CPU, or where it does not build (handoff.py too)."""
     compiler = shutil.which("cc") or shutil.which("gcc")
     if compiler is None or len(os.sched_getaffinity(0)) < 2:
         return None
     folder = tempfile.mkdtemp(prefix="edgeprefill-probe-")
     atexit.register(shutil.rmtree, folder, ignore_errors=True)
-    out = Path(folder) / "core_latency"
-    built = subprocess.run([compiler, "-O2", "-pthread", str(SOURCE), "-o", str(out)],
+    out = Path(folder) / source.stem
+    built = subprocess.run([compiler, *flags, "-pthread", str(source), "-o", str(out)],
                            capture_output=True, text=True)
     return out if built.returncode == 0 else None
 
 
 def core_to_core_ns(rounds: int = 5) -> float | None:
-    binary = _binary()
+    binary = build(SOURCE, "-O2")
     if binary is None:
         return None
     try:  # a probe that cannot finish must not end the benchmark that asked
