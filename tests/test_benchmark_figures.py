@@ -173,3 +173,15 @@ def test_handoff_probe_reports_every_pattern_where_it_can_run() -> None:
     rates = handoff_gbps(64, rounds=4)
     assert rates is not None and list(rates) == list(PATTERNS)
     assert all(0.01 < gbps < 10_000.0 for gbps in rates.values())  # a 64 KB pass, timed
+
+
+def test_batched_decode_judges_near_rounds_alone() -> None:
+    from batched_decode import describe, near_ratios
+
+    rates = {1: [60.0, 64.0, 62.0], 4: [228.0, 192.0, 217.0]}  # 3.80x, 3.00x, 3.50x
+    probes = [[40.0, 39.0, 41.0], [40.0, 180.0, 179.0], [39.0, 40.0, 40.0]]
+    assert near_ratios(rates, probes) == "near placement only (2 of 3 rounds): 4: 3.65x"
+    assert near_ratios(rates, [[180.0, 40.0]] * 3).endswith("no round with every probe near")
+    assert describe(probes[0]) == "near"
+    assert describe(probes[1]) == "far or mixed (core latency up to 180 ns)"
+    assert describe([None, None]) == "n/a"
