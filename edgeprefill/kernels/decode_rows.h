@@ -30,8 +30,9 @@ class DecodeRows {
              const float* cos, const float* sin);
   size_t Pieces() const { return pieces_.size(); }
   void RunPiece(size_t index);  // on any thread, each index once
-  // After every piece ran: row i's output [heads * head_dim] to out + tokens[i] * that.
-  void Finish(float* out) const;
+  // After every piece ran: row i's output [heads * head_dim] to out + tokens[i] * that, or
+  // to out + at[i] * that where `at` is given (PrefillAttention's last=1: one output per row).
+  void Finish(float* out, const std::vector<int64_t>* at = nullptr) const;
 
  private:
   struct Piece {

@@ -13,7 +13,9 @@ Where the graph packs a call's valid tokens (export/tokens.py: the layers run on
 and each attention gets its qkv spread to [B, C, ...] by a Gather and its output gathered
 back), the node takes the packed tokens itself (attribute packed=1, with the graph's
 past_lens): the two copies per layer and the Squeeze and Reshape around them go, 4 of the
-12 nodes a layer ran per decode step (fold_packing).
+12 nodes a layer ran per decode step (fold_packing). The last layer's attention also takes
+in the gather of each row's last valid token that follows it (fold_last: last=1), and
+computes only that token's query block: the other outputs are never read.
 
 The bundle on disk is never changed: it stays loadable by a stock ONNX Runtime, and the
 switch happens at load time only where the library is present (kernels.select).
@@ -22,7 +24,7 @@ switch happens at load time only where the library is present (kernels.select).
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import numpy as np
 from onnx import (
@@ -38,6 +40,7 @@ from onnx import (
 from edgeprefill.contract import PAST_LENS, VALID_LENS
 
 DOMAIN = "edgeprefill"
+LAST = "last"  # PrefillAttention's attribute: only each row's last valid token out
 OP = "DecodeAttention"
 PREFILL_OP = "PrefillAttention"
 # PREFILL_OP over a bf16 KV cache (uint16 bits), under --compute bf16 (engines/ort/bf16_kv.py)
@@ -87,6 +90,7 @@ def add_native_attention(model: ModelProto) -> int:
         for node in reversed(nodes[:-1]):
             graph.node.insert(i, node)
     fold_packing(graph)
+    fold_last(graph)
     declare_domain(model)
     return len(targets)
 
@@ -101,23 +105,11 @@ def fold_packing(graph: GraphProto) -> int:
     if VALID_LENS not in names or PAST_LENS not in names:
         return 0
     producer = {o: n for n in graph.node for o in n.output}
-    consumers = consumers_of(graph)
-    outputs = {o.name for o in graph.output}
-    constants = {t.name: t for t in graph.initializer
-                 if t.data_location != TensorProto.EXTERNAL and t.data_type == TensorProto.INT64}
-
-    def only_user(value: str, op: str) -> NodeProto | None:
-        users = consumers[value]
-        ok = len(users) == 1 and users[0].op_type == op and value not in outputs
-        return users[0] if ok else None
+    only_user, constant = _readers(graph), _int64_constants(graph)
 
     def made_by(value: str, op: str) -> NodeProto | None:
         node = producer.get(value)
         return node if node is not None and node.op_type == op else None
-
-    def constant(value: str) -> list[int] | None:
-        t = constants.get(value)
-        return None if t is None else np.atleast_1d(numpy_helper.to_array(t)).tolist()
 
     def chain(att: NodeProto) -> tuple[NodeProto, ...] | None:
         """(Squeeze, Gather) before `att` and (Reshape, Gather) after it, or None."""
@@ -160,6 +152,48 @@ def fold_packing(graph: GraphProto) -> int:
     return count
 
 
+def fold_last(graph: GraphProto) -> int:
+    """Gives the last layer's attention only each row's last valid token to compute: from
+    attention(packed=1) -> Squeeze([0]) -> GatherND(last_index), the gather export/tokens.py's
+    PackedTokens.last puts after it, to attention(packed=1, last=1) -> Squeeze([0]). The op
+    then computes one query block per row instead of all of them (its output: [1, B, H*D],
+    the same bits). Only that exact chain, with that index and nothing else reading the
+    attention's or the Squeeze's output, is folded; returns how many attention nodes were."""
+    producer = {o: n for n in graph.node for o in n.output}
+    only_user, constant = _readers(graph), _int64_constants(graph)
+
+    def squeezes_axis_0(node: NodeProto) -> bool:
+        return len(node.input) == 2 and constant(node.input[1]) == [0]
+
+    dropped: list[NodeProto] = []
+    for att in graph.node:
+        packed = any(a.name == "packed" and a.i == 1 for a in att.attribute)
+        if att.op_type != PREFILL_OP or att.domain != DOMAIN or not packed:
+            continue
+        squeeze = only_user(att.output[0], "Squeeze")
+        gather = only_user(squeeze.output[0], "GatherND") if squeeze is not None else None
+        if (squeeze is None or gather is None or not squeezes_axis_0(squeeze)
+                or gather.input[0] != squeeze.output[0] or any(a.i for a in gather.attribute)
+                or not _last_index(producer, gather.input[1])):
+            continue
+        att.attribute.append(helper.make_attribute(LAST, 1))
+        squeeze.output[0] = gather.output[0]
+        dropped.append(gather)
+    if dropped:
+        kept = [n for n in graph.node if all(n is not d for d in dropped)]
+        del graph.node[:]
+        graph.node.extend(kept)
+    return len(dropped)
+
+
+def takes_last_rows(node: NodeProto) -> bool:
+    """Whether `node` is an attention fold_last gave the last-token gather: its output 0 has
+    one row per sequence (what int4_prefill.after_gather looks for after the GatherND).
+    Any op of this library's domain with last=1: PrefillAttention, or the
+    PrefillAttentionBf16KV bf16_kv makes of it."""
+    return node.domain == DOMAIN and any(a.name == LAST and a.i == 1 for a in node.attribute)
+
+
 def every_node(graph: GraphProto) -> Iterator[NodeProto]:
     """Every node of `graph`, those in subgraphs (the load-time switches' If branches, any
     Loop or Scan body) too, each before its subgraphs' nodes."""
@@ -187,6 +221,32 @@ def axis(node: NodeProto) -> int:
     return next((int(helper.get_attribute_value(a)) for a in node.attribute if a.name == "axis"), 0)
 
 
+def _readers(graph: GraphProto) -> Callable[[str, str], NodeProto | None]:
+    """only_user(value, op): the one node reading `value` where it is an `op` and `value` is
+    no graph output, else None (the folds' test that a chain is theirs alone)."""
+    consumers = consumers_of(graph)
+    outputs = {o.name for o in graph.output}
+
+    def only_user(value: str, op: str) -> NodeProto | None:
+        users = consumers[value]
+        ok = len(users) == 1 and users[0].op_type == op and value not in outputs
+        return users[0] if ok else None
+
+    return only_user
+
+
+def _int64_constants(graph: GraphProto) -> Callable[[str], list[int] | None]:
+    """constant(value): an int64 initializer's values as a list, None for any other value."""
+    constants = {t.name: t for t in graph.initializer
+                 if t.data_location != TensorProto.EXTERNAL and t.data_type == TensorProto.INT64}
+
+    def constant(value: str) -> list[int] | None:
+        t = constants.get(value)
+        return None if t is None else np.atleast_1d(numpy_helper.to_array(t)).tolist()
+
+    return constant
+
+
 def _spread_index(producer: dict[str, NodeProto], value: str) -> bool:
     """PackedTokens.spread_index: Add(Unsqueeze(starts), clamped positions)."""
     node = producer.get(value)
@@ -199,6 +259,14 @@ def _packed_index(producer: dict[str, NodeProto], value: str) -> bool:
     node = producer.get(value)
     inner = producer.get(node.input[0]) if node is not None and node.op_type == "Squeeze" else None
     return inner is not None and inner.op_type == "NonZero"
+
+
+def _last_index(producer: dict[str, NodeProto], value: str) -> bool:
+    """PackedTokens.last_index: Unsqueeze(Sub(CumSum(the valid lengths), 1))."""
+    node = producer.get(value)
+    sub = producer.get(node.input[0]) if node is not None and node.op_type == "Unsqueeze" else None
+    ends = producer.get(sub.input[0]) if sub is not None and sub.op_type == "Sub" else None
+    return ends is not None and ends.op_type == "CumSum"
 
 
 def declare_domain(model: ModelProto) -> None:

@@ -152,6 +152,7 @@ struct Kernel {
   bool bf16;  // optional attribute bf16=1 (--compute bf16): PrefillAttention's products in bf16
   bool bf16_cache = false;  // the KV cache holds bf16 bits (uint16): PrefillAttentionBf16KV
   bool packed = false;  // optional attribute packed=1: PrefillAttention on packed tokens
+  bool last = false;  // optional attribute last=1 (with packed=1): only each row's last token out
 };
 
 // Reads num_heads, kv_num_heads and scale into a new Kernel; `op` names the op in errors.

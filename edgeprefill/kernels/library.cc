@@ -72,12 +72,13 @@ OrtStatus* CreateAttentionKernel(const OrtKernelInfo* info, const char* op, void
   EP_RETURN_IF_ERROR(g_api->KernelInfoGetAttribute_float(info, "scale", &scale));
   if (heads <= 0 || kv_heads <= 0 || heads % kv_heads != 0)
     return Fail((std::string(op) + ": num_heads must be a positive multiple of kv_num_heads").c_str());
-  int64_t bf16 = 0, packed = 0;  // optional: absent means 0
-  for (auto [name, value] : {std::pair{"bf16", &bf16}, std::pair{"packed", &packed}}) {
+  int64_t bf16 = 0, packed = 0, last = 0;  // optional: absent means 0
+  for (auto [name, value] : {std::pair{"bf16", &bf16}, std::pair{"packed", &packed},
+                             std::pair{"last", &last}}) {
     OrtStatus* missing = g_api->KernelInfoGetAttribute_int64(info, name, value);
     if (missing != nullptr) g_api->ReleaseStatus(missing);
   }
-  *kernel = new Kernel{heads, kv_heads, scale, bf16 != 0, false, packed != 0};
+  *kernel = new Kernel{heads, kv_heads, scale, bf16 != 0, false, packed != 0, last != 0};
   return nullptr;
 }
 

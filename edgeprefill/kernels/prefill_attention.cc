@@ -36,7 +36,12 @@
 //          call's valid tokens packed row after row, qkv [1, T, ...] with T = the sum of
 //          valid_lens, and gives out [1, T, H * D]: the graph's own packing (export/tokens.py)
 //          without the copies that spread qkv to [B, S, ...] and gather the output back;
-//          it needs valid_lens and past_lens).
+//          it needs valid_lens and past_lens), last (int, optional, with packed=1: 1 gives
+//          out [1, B, H * D], each row's last valid token only, the same bits; a row of no
+//          valid token gets what the graph's GatherND at its index (valid tokens before
+//          it, less one) would: the last valid token before it, else the call's last. The
+//          last layer's attention, whose other outputs nothing reads: kernels/graph.py's
+//          fold_last).
 //
 // edgeprefill.PrefillAttentionBf16KV is the same op over a bf16 KV cache: past and present
 // key and value are uint16 tensors of bf16 bits, each written rounded to nearest even. It
@@ -136,6 +141,7 @@ struct Job {
   const int64_t* first;  // per row: where its token 0 is in qkv and out (row x S, or packed)
   float* out;
   bool bf16;  // the products on bf16 pairs (Product<uint32_t>), where UsesBf16 allows
+  bool last = false;  // only each row's last valid token out, to out + row (attribute last=1)
   // bf16: the cache's keys [rows, kv, key_span, D/2] and values [rows, kv, span/2, D] paired
   // once per call for all pieces (span: the longest row's past + valid tokens, even). A
   // bf16 cache is its own key pairs (key_span = capacity): only the values are paired.
@@ -518,7 +524,9 @@ void RunPiece(void* data, size_t index) {
   }
   for (int64_t m = 0; m < used; ++m) {
     const int64_t i = m / g, h = m % g;
-    float* out = job.out + ((job.first[piece.row] + piece.first + i) * heads + piece.kv * g + h) * d;
+    if (job.last && piece.first + i != job.valid[piece.row] - 1) continue;
+    const int64_t token = job.last ? piece.row : job.first[piece.row] + piece.first + i;
+    float* out = job.out + (token * heads + piece.kv * g + h) * d;
     const float inverse = 1.0f / total[m];
     for (int64_t k = 0; k < d; ++k) out[k] = ot[k * columns + m] * inverse;
   }
@@ -685,12 +693,36 @@ void WriteCache(const Job& job, const Cache& cache) {
     }
 }
 
+// last=1: a row of no valid token gets what GatherND at its packed index (the valid tokens
+// of the rows before it, less one; -1 is the call's last token) gives the stock graph: the
+// output of the nearest row before it with a valid token, else of the last such row.
+void CopyToEmptyRows(const Job& job) {
+  const Shape& s = job.shape;
+  const int64_t width = s.kv_heads * s.group * s.head_dim;
+  int64_t last_valid = -1;
+  for (int64_t row = 0; row < s.rows; ++row)
+    if (job.valid[row] > 0) last_valid = row;
+  int64_t before = last_valid;  // -1: no row has a valid token, and no output is read
+  for (int64_t row = 0; row < s.rows; ++row) {
+    if (job.valid[row] > 0) {
+      before = row;
+    } else if (before >= 0) {
+      std::memcpy(job.out + row * width, job.out + before * width, width * sizeof(float));
+    } else {
+      std::memset(job.out + row * width, 0, width * sizeof(float));
+    }
+  }
+}
+
 // The pieces of every row of more than one valid token (DecodeRows computes the others).
 std::vector<Piece> Plan(const Job& job) {
   const Shape& s = job.shape;
   std::vector<Piece> pieces;
   for (int64_t row = 0; row < s.rows; ++row)
-    for (int64_t first = 0; first < (OneToken(job, row) ? 0 : job.valid[row]); first += s.block) {
+    // last=1: only the query block of the row's last token, at the same block boundaries as
+    // all of them, so that token's output is the same bits.
+    for (int64_t first = job.last ? (job.valid[row] - 1) / s.block * s.block : 0;
+         first < (OneToken(job, row) ? 0 : job.valid[row]); first += s.block) {
       const int64_t queries = std::min(s.block, job.valid[row] - first);
       const int64_t work = queries * (job.past[row] + first + (queries + 1) / 2);
       for (int64_t kv = 0; kv < s.kv_heads; ++kv) pieces.push_back({row, kv, first, work});
@@ -795,7 +827,11 @@ OrtStatus* Compute(const Kernel& kernel, OrtKernelContext* context) {
     return Fail("PrefillAttentionBf16KV: a bf16 KV cache needs bf16=1 and a build with AVX512-BF16");
   const int64_t d = s.head_dim, heads = kernel.heads;
   float *out = nullptr, *keys = nullptr, *values = nullptr;
-  EP_RETURN_IF_ERROR(Output(context, 0, {kernel.packed ? 1 : s.rows, s.chunk, heads * d}, &out));
+  if (kernel.last && !kernel.packed)
+    return Fail("PrefillAttention: last=1 needs packed=1");
+  std::vector<int64_t> out_dims{s.rows, s.chunk, heads * d};
+  if (kernel.packed) out_dims = {1, kernel.last ? s.rows : s.chunk, heads * d};
+  EP_RETURN_IF_ERROR(Output(context, 0, out_dims, &out));
   EP_RETURN_IF_ERROR(Output(context, 1, past_k.dims, &keys));
   EP_RETURN_IF_ERROR(Output(context, 2, past_v.dims, &values));
   const size_t cache_bytes = static_cast<size_t>(s.rows * s.kv_heads * s.capacity * d) *
@@ -806,7 +842,8 @@ OrtStatus* Compute(const Kernel& kernel, OrtKernelContext* context) {
 
   const int64_t begin = Profiling() ? Now() : 0;
   Job job{s, kernel.scale, qkv.data, cache.bf16 ? nullptr : keys, cache.bf16 ? nullptr : values,
-          cos.data, sin.data, past.data(), valid.data(), first.data(), out, UsesBf16(kernel.bf16)};
+          cos.data, sin.data, past.data(), valid.data(), first.data(), out, UsesBf16(kernel.bf16),
+          kernel.last};
   if (!kernel.packed) ZeroPadding(job);  // packed: no padding rows
   WriteCache(job, cache);
 #ifdef __AVX512BF16__
@@ -834,6 +871,7 @@ OrtStatus* Compute(const Kernel& kernel, OrtKernelContext* context) {
       tokens.push_back(first[row]);
       positions.push_back(past[row]);
     }
+  const std::vector<int64_t> decode_rows = one_token;  // last=1: row i's output at row i
   DecodeRows decode({heads, s.kv_heads, s.capacity, d, s.rotary, kernel.scale}, qkv.data,
                     std::move(one_token), std::move(tokens), std::move(positions), cache,
                     cos.data, sin.data);
@@ -842,7 +880,8 @@ OrtStatus* Compute(const Kernel& kernel, OrtKernelContext* context) {
   const int64_t pooled = Profiling() ? Now() : 0;
   Both both{&job, &decode};  // one pass of the pool: the chunk's pieces, then the decode rows'
   ParallelFor(context, RunBoth, job.pieces.size() + decode.Pieces(), &both);
-  decode.Finish(out);
+  decode.Finish(out, kernel.last ? &decode_rows : nullptr);
+  if (kernel.last) CopyToEmptyRows(job);
   if (Profiling()) Report(job, begin, pooled, pooled, Now());
   return nullptr;
 }

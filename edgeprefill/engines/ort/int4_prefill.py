@@ -48,7 +48,7 @@ from edgeprefill.contract import INPUT_IDS
 from edgeprefill.engines.ort.derived import Derived, hand_over, initializer
 from edgeprefill.errors import BackendError
 from edgeprefill.export.quantize import int4_dequantize, int8_per_channel
-from edgeprefill.kernels.graph import DOMAIN, declare_domain
+from edgeprefill.kernels.graph import DOMAIN, declare_domain, takes_last_rows
 
 MODE_ENV = "EDGEPREFILL_INT4_PREFILL"
 PREFIX = "edgeprefill.int4"  # every name this rewrite adds starts with it
@@ -164,12 +164,17 @@ def prefill_targets(graph: ModelProto) -> list[int]:
 
 def after_gather(graph: GraphProto) -> set[int]:
     """Indices of the nodes whose rows are one per sequence: the last-position gather
-    (GatherND) and every node that reads what it, or a node after it, produced."""
+    (GatherND, or the last layer's attention where it took that gather in:
+    kernels.graph.takes_last_rows) and every node that reads what it, or a node after it,
+    produced."""
     produced: set[str] = set()
     found = set()
     for i, node in enumerate(graph.node):
         if node.op_type == "GatherND" or any(x in produced for x in node.input):
             produced.update(node.output)
+            found.add(i)
+        elif takes_last_rows(node):  # its cache outputs are every token's
+            produced.add(node.output[0])
             found.add(i)
     return found
 
