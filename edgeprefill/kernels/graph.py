@@ -167,13 +167,12 @@ def fold_last(graph: GraphProto) -> int:
 
     dropped: list[NodeProto] = []
     for att in graph.node:
-        packed = any(a.name == "packed" and a.i == 1 for a in att.attribute)
-        if att.op_type != PREFILL_OP or att.domain != DOMAIN or not packed:
+        if att.op_type != PREFILL_OP or att.domain != DOMAIN or int_attribute(att, "packed") != 1:
             continue
         squeeze = only_user(att.output[0], "Squeeze")
         gather = only_user(squeeze.output[0], "GatherND") if squeeze is not None else None
         if (squeeze is None or gather is None or not squeezes_axis_0(squeeze)
-                or gather.input[0] != squeeze.output[0] or any(a.i for a in gather.attribute)
+                or gather.input[0] != squeeze.output[0] or int_attribute(gather, "batch_dims")
                 or not _last_index(producer, gather.input[1])):
             continue
         att.attribute.append(helper.make_attribute(LAST, 1))
@@ -191,7 +190,7 @@ def takes_last_rows(node: NodeProto) -> bool:
     one row per sequence (what int4_prefill.after_gather looks for after the GatherND).
     Any op of this library's domain with last=1: PrefillAttention, or the
     PrefillAttentionBf16KV bf16_kv makes of it."""
-    return node.domain == DOMAIN and any(a.name == LAST and a.i == 1 for a in node.attribute)
+    return node.domain == DOMAIN and int_attribute(node, LAST) == 1
 
 
 def every_node(graph: GraphProto) -> Iterator[NodeProto]:
@@ -216,9 +215,19 @@ def consumers_of(graph: GraphProto) -> dict[str, list[NodeProto]]:
     return consumers
 
 
+def int_attribute(node: NodeProto, name: str, default: int = 0) -> int:
+    """An int attribute of `node` (its `i` field), `default` where it has none."""
+    return next((a.i for a in node.attribute if a.name == name), default)
+
+
+def float_attribute(node: NodeProto, name: str, default: float) -> float:
+    """A float attribute of `node` (its `f` field), `default` where it has none."""
+    return next((a.f for a in node.attribute if a.name == name), default)
+
+
 def axis(node: NodeProto) -> int:
     """The node's `axis` attribute, 0 where it has none (ONNX's default for Split and Gather)."""
-    return next((int(helper.get_attribute_value(a)) for a in node.attribute if a.name == "axis"), 0)
+    return int_attribute(node, "axis")
 
 
 def _readers(graph: GraphProto) -> Callable[[str, str], NodeProto | None]:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from onnx import ModelProto, NodeProto, helper
 
-from edgeprefill.kernels.graph import DOMAIN, declare_domain
+from edgeprefill.kernels.graph import DOMAIN, declare_domain, float_attribute
 
 OP = "SkipRmsNorm"
 STOCK = "SkipSimplifiedLayerNormalization"
@@ -41,9 +41,8 @@ def _eligible(node: NodeProto) -> bool:
 
 
 def _swapped(node: NodeProto) -> NodeProto:
-    epsilon = next((helper.get_attribute_value(a) for a in node.attribute
-                    if a.name == "epsilon"), 1e-12)  # the contrib op's default
+    epsilon = float_attribute(node, "epsilon", 1e-12)  # the contrib op's default
     name = node.name or node.output[0]
     total = node.output[3] if len(node.output) > 3 and node.output[3] else f"{name}.sum"
     return helper.make_node(OP, list(node.input), [node.output[0], total], domain=DOMAIN,
-                            name=f"{name}.rms", epsilon=float(epsilon))
+                            name=f"{name}.rms", epsilon=epsilon)

@@ -48,7 +48,7 @@ from edgeprefill.contract import INPUT_IDS
 from edgeprefill.engines.ort.derived import Derived, hand_over, initializer
 from edgeprefill.errors import BackendError
 from edgeprefill.export.quantize import int4_dequantize, int8_per_channel
-from edgeprefill.kernels.graph import DOMAIN, declare_domain, takes_last_rows
+from edgeprefill.kernels.graph import DOMAIN, declare_domain, int_attribute, takes_last_rows
 
 MODE_ENV = "EDGEPREFILL_INT4_PREFILL"
 PREFIX = "edgeprefill.int4"  # every name this rewrite adds starts with it
@@ -159,7 +159,7 @@ def prefill_targets(graph: ModelProto) -> list[int]:
     return [i for i, node in enumerate(graph.graph.node)
             if i not in one_row and node.op_type == "MatMulNBits"
             and node.domain == "com.microsoft"
-            and _attr(node, "accuracy_level") == INT8_ACTIVATIONS]
+            and int_attribute(node, "accuracy_level") == INT8_ACTIVATIONS]
 
 
 def after_gather(graph: GraphProto) -> set[int]:
@@ -177,10 +177,6 @@ def after_gather(graph: GraphProto) -> set[int]:
             produced.add(node.output[0])
             found.add(i)
     return found
-
-
-def _attr(node: NodeProto, name: str) -> object:
-    return next((helper.get_attribute_value(a) for a in node.attribute if a.name == name), 0)
 
 
 def switch(graph: ModelProto, targets: list[int], variant: Variant, derived: Derived) -> None:
@@ -234,13 +230,9 @@ def _level0(node: NodeProto, derived: Derived) -> list[NodeProto]:
     return [twin]
 
 
-def _int_attr(node: NodeProto, name: str, default: int) -> int:
-    return next((a.i for a in node.attribute if a.name == name), default)
-
-
 def _derivable(node: NodeProto) -> bool:
     """4-bit weights without zero points: what the int8 variants derive from."""
-    return _int_attr(node, "bits", 4) == 4 and not (len(node.input) > 3 and any(node.input[3:]))
+    return int_attribute(node, "bits", 4) == 4 and not (len(node.input) > 3 and any(node.input[3:]))
 
 
 def _int8_codes(node: NodeProto, derived: Derived) -> tuple[np.ndarray, np.ndarray]:
@@ -248,7 +240,7 @@ def _int8_codes(node: NodeProto, derived: Derived) -> tuple[np.ndarray, np.ndarr
     codes and float32 [N] scales."""
     packed = initializer(derived.graph, node.input[1], derived.bundle_dir)
     scales = initializer(derived.graph, node.input[2], derived.bundle_dir)
-    weights = int4_dequantize(packed, scales, _int_attr(node, "K", 0))  # [N, K]
+    weights = int4_dequantize(packed, scales, int_attribute(node, "K"))  # [N, K]
     return int8_per_channel(weights.T)
 
 
@@ -288,7 +280,7 @@ def _int8_rows(node: NodeProto, derived: Derived) -> list[NodeProto]:
     derived.cached([base, f"{base}.scale", f"{base}.sums"], derive)
     return [helper.make_node(
         ROWS_OP, [node.input[0], base, f"{base}.scale", f"{base}.sums"], ["out"],
-        domain=DOMAIN, name=f"{PREFIX}.{node.name}.rows", N=_int_attr(node, "N", 0),
+        domain=DOMAIN, name=f"{PREFIX}.{node.name}.rows", N=int_attribute(node, "N"),
     )]
 
 
