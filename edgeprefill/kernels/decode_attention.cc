@@ -289,7 +289,7 @@ void DecodeRows::RunPiece(size_t index) {
 }
 
 // Merges the pieces of each query head: out = sum_p e^(m_p - M) acc_p / sum_p e^(m_p - M) l_p.
-void DecodeRows::Finish(float* out, const std::vector<int64_t>* places) const {
+void DecodeRows::Finish(float* out, bool by_row) const {
   const Layout& s = layout_;
   const int64_t d = s.head_dim, g = s.heads / s.kv_heads, heads = s.heads;
   const size_t slots = rows_.size();
@@ -310,7 +310,7 @@ void DecodeRows::Finish(float* out, const std::vector<int64_t>* places) const {
       for (int64_t k = 0; k < d; ++k) sum[at * d + k] += weight * acc[k];
     }
   for (size_t slot = 0; slot < slots; ++slot) {
-    float* row = out + (places != nullptr ? (*places)[slot] : tokens_[slot]) * heads * d;
+    float* row = out + (by_row ? rows_[slot] : tokens_[slot]) * heads * d;
     for (int64_t h = 0; h < heads; ++h)
       for (int64_t k = 0; k < d; ++k)
         row[h * d + k] = sum[(slot * heads + h) * d + k] / total[slot * heads + h];

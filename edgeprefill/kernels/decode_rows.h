@@ -31,8 +31,8 @@ class DecodeRows {
   size_t Pieces() const { return pieces_.size(); }
   void RunPiece(size_t index);  // on any thread, each index once
   // After every piece ran: row i's output [heads * head_dim] to out + tokens[i] * that, or
-  // to out + places[i] * that where `places` is given (PrefillAttention last=1: one per row).
-  void Finish(float* out, const std::vector<int64_t>* places = nullptr) const;
+  // `by_row`, to out + rows[i] * that (PrefillAttention last=1: one output per row).
+  void Finish(float* out, bool by_row = false) const;
 
  private:
   struct Piece {

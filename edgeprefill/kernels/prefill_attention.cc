@@ -871,7 +871,6 @@ OrtStatus* Compute(const Kernel& kernel, OrtKernelContext* context) {
       tokens.push_back(first[row]);
       positions.push_back(past[row]);
     }
-  const std::vector<int64_t> decode_rows = one_token;  // last=1: row i's output at row i
   DecodeRows decode({heads, s.kv_heads, s.capacity, d, s.rotary, kernel.scale}, qkv.data,
                     std::move(one_token), std::move(tokens), std::move(positions), cache,
                     cos.data, sin.data);
@@ -880,7 +879,7 @@ OrtStatus* Compute(const Kernel& kernel, OrtKernelContext* context) {
   const int64_t pooled = Profiling() ? Now() : 0;
   Both both{&job, &decode};  // one pass of the pool: the chunk's pieces, then the decode rows'
   ParallelFor(context, RunBoth, job.pieces.size() + decode.Pieces(), &both);
-  decode.Finish(out, kernel.last ? &decode_rows : nullptr);
+  decode.Finish(out, kernel.last);  // last=1: each decode row's output at its row
   if (kernel.last) CopyToEmptyRows(job);
   if (Profiling()) Report(job, begin, pooled, pooled, Now());
   return nullptr;
