@@ -33,7 +33,7 @@ import sys
 import time
 from pathlib import Path
 
-from probes.core_latency import FAR_NS, core_to_core_ns, placement
+from probes.core_latency import all_near, core_to_core_ns, placement
 
 CHILD = """
 import json, sys, time
@@ -43,7 +43,7 @@ bundle, spin, threads, prompt, new, requests = sys.argv[1], sys.argv[2] == "1", 
     int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6])
 sys.path.insert(0, sys.argv[7])
 warm_up = sys.argv[8] == "1"
-from probes.core_latency import FAR_NS, core_to_core_ns
+from probes.core_latency import all_near, core_to_core_ns
 # The probe compiles itself on its first call (cc, ~0.2 s on both cores). Right before the
 # first request that made 2 of 12 first requests 80 ms instead of 48; compiled here, 0 of 12.
 core_to_core_ns(1)
@@ -59,7 +59,7 @@ with Engine.load(bundle, threads=threads, spin=spin, warm_up=warm_up) as engine:
         times = m.token_times
         ttft.append(m.ttft)
         rate.append((len(times) - 1) / (times[-1] - times[0]))
-        near.append(all(ns is not None and ns <= FAR_NS for ns in (before, after)))
+        near.append(all_near([before, after]))
         before = after
 kept = [i for i, n in enumerate(near) if n]
 print(json.dumps({"ttft_s": ttft[0], "decode_tok_s": rate[0],
@@ -120,8 +120,7 @@ def main() -> int:
                   f"{run['median_decode_tok_s']:6.1f} tok/s; before: {placement(core_ns[0])}, "
                   f"after: {placement(core_ns[1])}", file=sys.stderr, flush=True)
     for name, values in runs.items():
-        near = [r for r in values  # near before and after the process
-                if all(ns is not None and ns <= FAR_NS for ns in r["core_ns"])]
+        near = [r for r in values if all_near(r["core_ns"])]  # before and after the process
         groups = [("", values)]
         if 0 < len(near) < len(values):
             groups.append((f", near placement only ({len(near)} of {len(values)})", near))
