@@ -19,6 +19,7 @@ from tests.test_prefill_kernel import (
     PASTS,
     WIDTH,
     layer_model,
+    run_layer,
     session,
 )
 
@@ -27,24 +28,6 @@ def with_last(model: bytes) -> bytes:
     proto = onnx.load_from_string(model)
     proto.graph.node[0].attribute.append(onnx.helper.make_attribute("last", 1))
     return proto.SerializeToString()
-
-
-def run_packed(sess, valid: np.ndarray, qkv: np.ndarray, cache: list[np.ndarray]) -> np.ndarray:
-    """One call of the packed layer (the rows' valid tokens of qkv, packed), the cache bound
-    in place; returns output 0."""
-    binding = sess.io_binding()
-    binding.bind_cpu_input("valid", valid.astype(np.int32))
-    binding.bind_cpu_input("past", PASTS.astype(np.int32))
-    binding.bind_cpu_input("qkv", np.concatenate([qkv[r, :n] for r, n in enumerate(valid)])[None])
-    binding.bind_cpu_input("seqlens_k", (PASTS + qkv.shape[1] - 1).astype(np.int32))
-    binding.bind_cpu_input("total", np.array(PASTS.max() + qkv.shape[1], np.int32))
-    binding.bind_output("out")
-    for name, array in zip("kv", cache, strict=True):
-        binding.bind_input("past_" + name, "cpu", 0, np.float32, array.shape, array.ctypes.data)
-        binding.bind_output("present_" + name, "cpu", 0, np.float32, array.shape,
-                            array.ctypes.data)
-    sess.run_with_iobinding(binding)
-    return binding.copy_outputs_to_cpu()[0]
 
 
 @pytest.mark.parametrize("bf16", [False, True])
@@ -60,9 +43,10 @@ def test_last_gives_each_rows_last_token_bit_for_bit(library, bf16, valid):
     cache = [rng.standard_normal(shape).astype(np.float32) for _ in range(2)]
     model = layer_model(True, HEAD_DIM, bf16=bf16, packed=True)
     want_cache = [c.copy() for c in cache]
-    every = run_packed(session(model, library, 2), valid, qkv, want_cache)[0]
+    every = run_layer(session(model, library, 2), PASTS, qkv, *want_cache, valid, packed=True)[0]
     got_cache = [c.copy() for c in cache]
-    got = run_packed(session(with_last(model), library, 2), valid, qkv, got_cache)
+    got = run_layer(session(with_last(model), library, 2), PASTS, qkv, *got_cache, valid,
+                    packed=True, last=True)
     assert got.shape == (1, len(valid), HEADS * HEAD_DIM)
     np.testing.assert_array_equal(got[0], every[np.cumsum(valid) - 1])
     for a, b in zip(want_cache, got_cache, strict=True):

@@ -82,9 +82,10 @@ def session(model: bytes, library, threads: int) -> ort.InferenceSession:
 
 
 def run_layer(sess, pasts: np.ndarray, qkv: np.ndarray, keys: np.ndarray, values: np.ndarray,
-              valid: np.ndarray | None = None, packed: bool = False):
+              valid: np.ndarray | None = None, packed: bool = False, last: bool = False):
     """One chunk per row with the cache bound in place (updated); returns the output.
-    `packed`: the op takes the valid tokens of qkv packed and gives them packed back."""
+    `packed`: the op takes the valid tokens of qkv packed and gives them packed back;
+    `last`: the op (last=1) gives each row's last valid token only, [1, rows, ...]."""
     chunk = qkv.shape[1]
     binding = sess.io_binding()
     if valid is not None:
@@ -101,7 +102,8 @@ def run_layer(sess, pasts: np.ndarray, qkv: np.ndarray, keys: np.ndarray, values
             bind(kind + name, "cpu", 0, np.float32, array.shape, array.ctypes.data)
     sess.run_with_iobinding(binding)
     out = binding.copy_outputs_to_cpu()[0]
-    assert out.shape == (*qkv.shape[:2], HEADS * HEAD_DIM)
+    rows = (1, len(pasts)) if last else qkv.shape[:2]
+    assert out.shape == (*rows, HEADS * HEAD_DIM)
     return out
 
 
