@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 from comparison.report import machine_info
-from probes.core_latency import FAR_NS, core_to_core_ns
+from probes.core_latency import FAR_NS, all_near, core_to_core_ns
 
 from edgeprefill.engines import StepBatch
 from edgeprefill.engines.base import COMPUTES
@@ -39,10 +39,10 @@ from edgeprefill.sdk import Engine
 
 def classify(before: float | None, after: float | None) -> str | None:
     """near or far where both probes agree; None where one failed or the placement flipped."""
+    if all_near([before, after]):
+        return "near"
     if before is None or after is None:
         return None
-    if before <= FAR_NS and after <= FAR_NS:
-        return "near"
     if before > FAR_NS and after > FAR_NS:
         return "far"
     return None
