@@ -48,10 +48,12 @@ def backend_line(backend) -> str:
     decode = f", {int4_decode.described}" if int4_decode and int4_decode.rewritten else ""
     int8_rows = getattr(backend, "int8_rows", None)
     int8 = f", {int8_rows.described}" if int8_rows and int8_rows.rewritten else ""
+    gated = getattr(backend, "gated", 0)
+    gate = f", SwiGlu inside {gated} gate/up projections" if gated else ""
     fused = ", prefill chunk and decode rows in one call" if getattr(
         backend, "fuses_rows", False) else ""
     return (f"backend: {backend.name}, kernels {described}{prefill}{decode}{int8}{bf16}"
-            f"{merged}{fused}")
+            f"{gate}{merged}{fused}")
 
 
 def _ms(seconds: float | None) -> str:

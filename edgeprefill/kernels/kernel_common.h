@@ -188,10 +188,14 @@ OrtStatus* RowsOutput(OrtKernelContext* context, const Tensor& a, int64_t width,
                       int64_t* rows);
 
 // A packed projection's kernel (MatMulBf16, MatMulInt8): its N attribute, positive (`op`
-// names it in the error), read by CreateColumnsKernel and freed by DestroyColumnsKernel.
+// names it in the error), and the optional gated (1: the weight's columns are an MLP's gate
+// then up, N / 2 a whole number of 64-column panels, and the output [..., N / 2] is
+// silu(gate) * up, swiglu.h), read by CreateColumnsKernel and freed by DestroyColumnsKernel.
 struct Columns {
   int64_t n;
+  bool gated;
 };
+constexpr int64_t kGatedPanel = 64;  // both projections' panel width (their kPanel)
 OrtStatus* CreateColumnsKernel(const OrtKernelInfo* info, const char* op, void** kernel);
 void ORT_API_CALL DestroyColumnsKernel(void* kernel);
 

@@ -162,7 +162,14 @@ OrtStatus* CreateColumnsKernel(const OrtKernelInfo* info, const char* op, void**
   int64_t n = 0;
   EP_RETURN_IF_ERROR(g_api->KernelInfoGetAttribute_int64(info, "N", &n));
   if (n <= 0) return Fail((std::string(op) + ": N must be positive").c_str());
-  *kernel = new Columns{n};
+  int64_t gated = 0;  // optional: absent means 0
+  OrtStatus* missing = g_api->KernelInfoGetAttribute_int64(info, "gated", &gated);
+  if (missing != nullptr) g_api->ReleaseStatus(missing);
+  if (gated != 0 && n % (2 * kGatedPanel) != 0)
+    return Fail((std::string(op) + ": gated=1 needs N = 2 x a multiple of " +
+                 std::to_string(kGatedPanel) + " (gate and up in whole panels), not " +
+                 std::to_string(n)).c_str());
+  *kernel = new Columns{n, gated != 0};
   return nullptr;
 }
 

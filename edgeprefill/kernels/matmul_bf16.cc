@@ -11,8 +11,11 @@
 //            bf16_compute.py in panels of 64 columns (P = ceil(N / 64), K2 = ceil(K / 2));
 //            each int32 holds the bf16 pair (k = 2 i, k = 2 i + 1) of one column, low half
 //            first, zero past K, N
-// Output:  0 out [..., N] float
-// Attribute: N (int), the weight's true column count.
+// Output:  0 out [..., N] float, or [..., N / 2] with gated=1
+// Attributes: N (int), the weight's true column count; gated (int, optional): 1 when the
+//          columns are an MLP's gate then up (N / 2 of each, whole panels): the output is
+//          silu(gate) * up, swiglu.h's arithmetic on the same sums, so the same bits as this
+//          op then SwiGlu, without the N columns' round trip (kernels/swiglu.py's fold_gated).
 //
 // Without AVX512-BF16 the same numbers (bf16 inputs, float32 sums) come from portable
 // loops, far slower than fp32: bf16_compute.py says so in `--stats`.
@@ -24,11 +27,13 @@
 #include <vector>
 
 #include "kernel_common.h"
+#include "swiglu.h"
 
 namespace edgeprefill {
 namespace {
 
 constexpr int64_t kPanel = 64;  // columns per packed panel: four 16-lane accumulators
+static_assert(kPanel == kGatedPanel, "gated=1 is checked against this panel width");
 constexpr int64_t kRows = 6;  // rows per register tile: 6 x 4 accumulators + 4 B + 1 A
 constexpr int64_t kRowBlock = 48;  // rows per parallel piece (8 register tiles)
 // Below both, the pool's hand-out costs more than it saves: a chunk's multiply-adds, or a
@@ -47,8 +52,9 @@ struct Job {
   const float* a;  // [M, K]
   const uint32_t* b;  // [P, K2, 64]
   uint32_t* pairs;  // [M, K2]: a rounded to bf16 pairs
-  float* out;  // [M, N]
+  float* out;  // [M, N], or [M, N / 2] when gated
   int64_t m, k, k2, n, panels, row_blocks;
+  bool gated;
 };
 
 void ConvertRows(const Job& job, int64_t first, int64_t last) {
@@ -132,6 +138,24 @@ void RunPiece(void* data, size_t index) {
        job.out + first * job.n + p * kPanel, job.n, columns, rows);
 }
 
+// gated=1, piece i: rows [block * kRowBlock, +kRowBlock) of gate panel p and up panel
+// p + panels / 2, i = block * (panels / 2) + p, kept here (24 KB) until silu(gate) * up
+// goes out: the N columns are never written to the output.
+void RunGatedPiece(void* data, size_t index) {
+  const Job& job = *static_cast<const Job*>(data);
+  const int64_t halves = job.panels / 2;
+  const int64_t block = static_cast<int64_t>(index) / halves;
+  const int64_t p = static_cast<int64_t>(index) % halves;
+  const int64_t first = block * kRowBlock, rows = std::min(kRowBlock, job.m - first);
+  alignas(64) float gate[kRowBlock * kPanel], up[kRowBlock * kPanel];
+  const uint32_t* pairs = job.pairs + first * job.k2;
+  Rows(pairs, job.k2, job.b + p * job.k2 * kPanel, gate, kPanel, kPanel, rows);
+  Rows(pairs, job.k2, job.b + (p + halves) * job.k2 * kPanel, up, kPanel, kPanel, rows);
+  const int64_t width = job.n / 2;
+  for (int64_t r = 0; r < rows; ++r)
+    SwiGluRow(gate + r * kPanel, up + r * kPanel, job.out + (first + r) * width + p * kPanel, kPanel);
+}
+
 void RunConvert(void* data, size_t index) {
   const Job& job = *static_cast<const Job*>(data);
   const int64_t first = static_cast<int64_t>(index) * kRowBlock;
@@ -140,6 +164,7 @@ void RunConvert(void* data, size_t index) {
 
 OrtStatus* Compute(void* state, OrtKernelContext* context) {
   const int64_t n = static_cast<Columns*>(state)->n;
+  const bool gated = static_cast<Columns*>(state)->gated;
   Tensor a, b;
   EP_RETURN_IF_ERROR(Input(context, 0, &a));
   EP_RETURN_IF_ERROR(Input(context, 1, &b));
@@ -152,14 +177,15 @@ OrtStatus* Compute(void* state, OrtKernelContext* context) {
                  ", N=" + std::to_string(n)).c_str());
   float* out = nullptr;
   int64_t m = 0;
-  EP_RETURN_IF_ERROR(RowsOutput(context, a, n, &out, &m));
+  EP_RETURN_IF_ERROR(RowsOutput(context, a, gated ? n / 2 : n, &out, &m));
   if (m == 0) return nullptr;
   std::vector<uint32_t> pairs(static_cast<size_t>(m * b.dims[1]));
   Job job{a.data, reinterpret_cast<const uint32_t*>(b.data), pairs.data(), out, m, k,
-          b.dims[1], n, b.dims[0], (m + kRowBlock - 1) / kRowBlock};
+          b.dims[1], n, b.dims[0], (m + kRowBlock - 1) / kRowBlock, gated};
   const bool split = 2 * m * k * n >= kMinFlopsToSplit || k * n >= kMinWeightsToSplit;
   ProjectRows(context, split, static_cast<size_t>(job.row_blocks),
-              static_cast<size_t>(job.panels), RunConvert, RunPiece, &job);
+              static_cast<size_t>(gated ? job.panels / 2 : job.panels), RunConvert,
+              gated ? RunGatedPiece : RunPiece, &job);
   return nullptr;
 }
 

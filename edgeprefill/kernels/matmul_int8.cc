@@ -14,8 +14,11 @@
 //            k = 4 i .. 4 i + 3 (zero past K, N)
 //          2 scales [N] float: the columns' scales
 //          3 sums [N] int32: each column's sum of codes (takes the activations' +128 out)
-// Output:  0 out [..., N] float
-// Attribute: N (int).
+// Output:  0 out [..., N] float, or [..., N / 2] with gated=1
+// Attributes: N (int); gated (int, optional): 1 when the weight's columns are an MLP's gate
+//          then up (N / 2 of each, whole panels): the output is silu(gate) * up, swiglu.h's
+//          arithmetic on the same sums, so the same bits as this op then SwiGlu, without
+//          writing the N columns out and reading them back (kernels/swiglu.py's fold_gated).
 //
 // Without AVX512-VNNI the same sums come from portable loops, far slower: int8_rows.py
 // switches the op in only on CPUs with VNNI.
@@ -28,11 +31,13 @@
 #include <vector>
 
 #include "kernel_common.h"
+#include "swiglu.h"
 
 namespace edgeprefill {
 namespace {
 
 constexpr int64_t kPanel = 64;     // columns per packed panel: four 16-lane accumulators
+static_assert(kPanel == kGatedPanel, "gated=1 is checked against this panel width");
 constexpr int64_t kRows = 6;       // rows per register tile: 6 x 4 accumulators + 4 B + 1 A
 constexpr int64_t kRowBlock = 48;  // rows per parallel piece (8 register tiles)
 // Below both, the pool's hand-out costs more than it saves (as in MatMulBf16).
@@ -46,8 +51,9 @@ struct Job {
   const int32_t* sums;  // [N]
   uint32_t* quads;      // [M, K4]: a row's codes + 128, four to a uint32, in k order
   float* row_scale;     // [M]
-  float* out;           // [M, N]
+  float* out;           // [M, N], or [M, N / 2] when gated
   int64_t m, k, k4, n, panels, row_blocks;
+  bool gated;
 };
 
 void QuantizeRows(const Job& job, int64_t first, int64_t last) {
@@ -112,10 +118,10 @@ void Sums(const uint32_t* quads, int64_t k4, const int8_t* panel, __m512i* out) 
   for (int q = 0; q < kTile * 4; ++q) out[q] = all[q];
 }
 
-// Rows [row, row + kTile) x the panel's columns of out: the sums, less 128 x each column's
-// code sum, times the row's and the column's scale.
+// Rows [row, row + kTile) x the panel's columns of out (rows `stride` floats apart): the
+// sums, less 128 x each column's code sum, times the row's and the column's scale.
 template <int kTile>
-void Tile(const Job& job, int64_t row, int64_t p, int64_t columns, float* out) {
+void Tile(const Job& job, int64_t row, int64_t p, int64_t columns, float* out, int64_t stride) {
   __m512i sums[kTile * 4];
   Sums<kTile>(job.quads + row * job.k4, job.k4, job.b + p * job.k4 * kPanel * 4, sums);
   const int64_t c0 = p * kPanel;
@@ -129,38 +135,38 @@ void Tile(const Job& job, int64_t row, int64_t p, int64_t columns, float* out) {
       const __m512 scale =
           _mm512_mul_ps(_mm512_maskz_loadu_ps(mask, job.scales + c0 + j * 16), row_scale);
       const __m512 sum = _mm512_cvtepi32_ps(_mm512_sub_epi32(sums[r * 4 + j], offset));
-      _mm512_mask_storeu_ps(out + r * job.n + j * 16, mask, _mm512_mul_ps(sum, scale));
+      _mm512_mask_storeu_ps(out + r * stride + j * 16, mask, _mm512_mul_ps(sum, scale));
     }
   }
 }
 
-void Rows(const Job& job, int64_t first, int64_t rows, int64_t p) {
+// Rows [first, first + rows) x panel p's columns, into out (row r at out + r * stride).
+void Rows(const Job& job, int64_t first, int64_t rows, int64_t p, float* out, int64_t stride) {
   const int64_t columns = std::min(kPanel, job.n - p * kPanel);
-  float* out = job.out + first * job.n + p * kPanel;
   int64_t r = 0;
-  for (; r + kRows <= rows; r += kRows) Tile<kRows>(job, first + r, p, columns, out + r * job.n);
-  float* o = out + r * job.n;
+  for (; r + kRows <= rows; r += kRows) Tile<kRows>(job, first + r, p, columns, out + r * stride, stride);
+  float* o = out + r * stride;
   switch (rows - r) {
-    case 5: Tile<5>(job, first + r, p, columns, o); break;
-    case 4: Tile<4>(job, first + r, p, columns, o); break;
-    case 3: Tile<3>(job, first + r, p, columns, o); break;
-    case 2: Tile<2>(job, first + r, p, columns, o); break;
-    case 1: Tile<1>(job, first + r, p, columns, o); break;
+    case 5: Tile<5>(job, first + r, p, columns, o, stride); break;
+    case 4: Tile<4>(job, first + r, p, columns, o, stride); break;
+    case 3: Tile<3>(job, first + r, p, columns, o, stride); break;
+    case 2: Tile<2>(job, first + r, p, columns, o, stride); break;
+    case 1: Tile<1>(job, first + r, p, columns, o, stride); break;
     default: break;
   }
 }
 #else
-void Rows(const Job& job, int64_t first, int64_t rows, int64_t p) {
+void Rows(const Job& job, int64_t first, int64_t rows, int64_t p, float* out, int64_t stride) {
   const int64_t columns = std::min(kPanel, job.n - p * kPanel);
-  for (int64_t r = first; r < first + rows; ++r) {
-    const uint8_t* q = reinterpret_cast<const uint8_t*>(job.quads + r * job.k4);
+  for (int64_t r = 0; r < rows; ++r) {
+    const uint8_t* q = reinterpret_cast<const uint8_t*>(job.quads + (first + r) * job.k4);
     for (int64_t c = 0; c < columns; ++c) {
       int32_t acc = 0;
       for (int64_t i = 0; i < job.k4 * 4; ++i)
         acc += int32_t{q[i]} * job.b[((p * job.k4 + i / 4) * kPanel + c) * 4 + i % 4];
       const int64_t col = p * kPanel + c;
-      job.out[r * job.n + col] = static_cast<float>(acc - 128 * job.sums[col]) *
-                                 (job.scales[col] * job.row_scale[r]);
+      out[r * stride + c] = static_cast<float>(acc - 128 * job.sums[col]) *
+                            (job.scales[col] * job.row_scale[first + r]);
     }
   }
 }
@@ -170,8 +176,27 @@ void Rows(const Job& job, int64_t first, int64_t rows, int64_t p) {
 void RunPiece(void* data, size_t index) {
   const Job& job = *static_cast<const Job*>(data);
   const int64_t block = static_cast<int64_t>(index) / job.panels;
+  const int64_t p = static_cast<int64_t>(index) % job.panels;
   const int64_t first = block * kRowBlock;
-  Rows(job, first, std::min(kRowBlock, job.m - first), static_cast<int64_t>(index) % job.panels);
+  Rows(job, first, std::min(kRowBlock, job.m - first), p, job.out + first * job.n + p * kPanel,
+       job.n);
+}
+
+// gated=1, piece i: rows [block * kRowBlock, +kRowBlock) of gate panel p and up panel
+// p + panels / 2, i = block * (panels / 2) + p, kept here (24 KB) until silu(gate) * up
+// goes out: the N columns are never written to the output.
+void RunGatedPiece(void* data, size_t index) {
+  const Job& job = *static_cast<const Job*>(data);
+  const int64_t halves = job.panels / 2;
+  const int64_t block = static_cast<int64_t>(index) / halves;
+  const int64_t p = static_cast<int64_t>(index) % halves;
+  const int64_t first = block * kRowBlock, rows = std::min(kRowBlock, job.m - first);
+  alignas(64) float gate[kRowBlock * kPanel], up[kRowBlock * kPanel];
+  Rows(job, first, rows, p, gate, kPanel);
+  Rows(job, first, rows, p + halves, up, kPanel);
+  const int64_t width = job.n / 2;
+  for (int64_t r = 0; r < rows; ++r)
+    SwiGluRow(gate + r * kPanel, up + r * kPanel, job.out + (first + r) * width + p * kPanel, kPanel);
 }
 
 void RunQuantize(void* data, size_t index) {
@@ -182,6 +207,7 @@ void RunQuantize(void* data, size_t index) {
 
 OrtStatus* Compute(void* state, OrtKernelContext* context) {
   const int64_t n = static_cast<Columns*>(state)->n;
+  const bool gated = static_cast<Columns*>(state)->gated;
   Tensor a, b, scales, sums;  // b's bytes and sums' int32s behind Tensor's float pointer
   EP_RETURN_IF_ERROR(Input(context, 0, &a));
   EP_RETURN_IF_ERROR(Input(context, 1, &b));
@@ -195,17 +221,18 @@ OrtStatus* Compute(void* state, OrtKernelContext* context) {
                  std::to_string(k) + ", N=" + std::to_string(n)).c_str());
   float* out = nullptr;
   int64_t m = 0;
-  EP_RETURN_IF_ERROR(RowsOutput(context, a, n, &out, &m));
+  EP_RETURN_IF_ERROR(RowsOutput(context, a, gated ? n / 2 : n, &out, &m));
   if (m == 0) return nullptr;
   std::vector<uint32_t> quads(static_cast<size_t>(m * k4));
   std::vector<float> row_scale(static_cast<size_t>(m));
   Job job{a.data, reinterpret_cast<const int8_t*>(b.data), scales.data,
           reinterpret_cast<const int32_t*>(sums.data),
           quads.data(), row_scale.data(), out, m, k, k4, n, panels,
-          (m + kRowBlock - 1) / kRowBlock};
+          (m + kRowBlock - 1) / kRowBlock, gated};
   const bool split = 2 * m * k * n >= kMinOpsToSplit || k * n >= kMinWeightsToSplit;
   ProjectRows(context, split, static_cast<size_t>(job.row_blocks),
-              static_cast<size_t>(job.panels), RunQuantize, RunPiece, &job);
+              static_cast<size_t>(gated ? panels / 2 : panels), RunQuantize,
+              gated ? RunGatedPiece : RunPiece, &job);
   return nullptr;
 }
 

@@ -9,15 +9,33 @@ function with or without the rewrite. Not the same bits: ONNX Runtime's QuickGel
 approximate sigmoid (off by up to ~1e-3 relative where the gate is very negative), SwiGlu
 an exp accurate to ~1e-7, so the rewritten graph is the closer of the two to the exact
 value (tests/test_swiglu_kernel.py).
+
+Where the gate/up projection is itself a native op (MatMulInt8, MatMulBf16: the int8 and
+int4 bundles' prefill, `--compute bf16`), `fold_gated` then moves the SwiGlu into it
+(attribute gated=1): the projection applies the same arithmetic (kernels/swiglu.h) to its
+gate and up panels before writing anything, so the 2 I columns are never written out and
+read back, and a layer runs one node fewer. The same bits (tests/test_gated_projection.py).
 """
 
 from __future__ import annotations
 
-from onnx import ModelProto, NodeProto, helper
+from collections import Counter
 
-from edgeprefill.kernels.graph import DOMAIN, axis, consumers_of, declare_domain
+from onnx import AttributeProto, GraphProto, ModelProto, NodeProto, helper
+
+from edgeprefill.kernels.graph import (
+    DOMAIN,
+    axis,
+    consumers_of,
+    declare_domain,
+    every_node,
+    int_attribute,
+)
 
 OP = "SwiGlu"
+GATED = "gated"  # the projections' attribute (matmul_int8.cc, matmul_bf16.cc)
+PROJECTIONS = ("MatMulInt8", "MatMulBf16")  # the native projections that take it
+PANEL = 64  # their panel width: gate and up must each fill whole panels
 
 
 def fuse_swiglu(model: ModelProto) -> int:
@@ -75,3 +93,63 @@ def _match(split: NodeProto, consumers: dict[str, list[NodeProto]],
 def _is_mul_of(node: NodeProto, a: str, b: str) -> bool:
     return (node.op_type == "Mul" and node.domain in ("", "ai.onnx")
             and sorted(node.input) == sorted([a, b]))
+
+
+def fold_gated(model: ModelProto) -> int:
+    """Moves each SwiGlu into the native projection that makes its input, where that
+    projection's output feeds nothing else and its gate and up halves fill whole panels:
+    the projection gets gated=1 and the SwiGlu's output, and the SwiGlu goes. Runs on the
+    graph and on every subgraph (the merged If of an int4 prefill, engines/ort/switches.py),
+    each on its own; returns how many SwiGlus were moved."""
+    return _fold_gated(model.graph)
+
+
+def _fold_gated(graph: GraphProto) -> int:
+    count = sum(_fold_gated(sub) for node in graph.node for sub in _subgraphs(node))
+    producer = {o: n for n in graph.node for o in n.output}
+    readers = _readers_with_subgraphs(graph)
+    outputs = {o.name for o in graph.output}
+    dropped: list[NodeProto] = []
+    for node in graph.node:
+        if node.op_type != OP or node.domain != DOMAIN:
+            continue
+        value = node.input[0]
+        projection = producer.get(value)
+        if (projection is None or not _gateable(projection) or readers[value] != 1
+                or value in outputs):
+            continue
+        projection.attribute.append(helper.make_attribute(GATED, 1))
+        projection.output[0] = node.output[0]
+        dropped.append(node)
+    if dropped:
+        gone = {d.input[0] for d in dropped}
+        kept = [n for n in graph.node if all(n is not d for d in dropped)]
+        del graph.node[:]
+        graph.node.extend(kept)
+        infos = [v for v in graph.value_info if v.name not in gone]  # shapes of gone values
+        del graph.value_info[:]
+        graph.value_info.extend(infos)
+    return count + len(dropped)
+
+
+def _gateable(node: NodeProto) -> bool:
+    return (node.op_type in PROJECTIONS and node.domain == DOMAIN
+            and int_attribute(node, GATED) == 0
+            and int_attribute(node, "N") % (2 * PANEL) == 0 and int_attribute(node, "N") > 0)
+
+
+def _subgraphs(node: NodeProto) -> list[GraphProto]:
+    return [a.g for a in node.attribute if a.type == AttributeProto.GRAPH] + [
+        g for a in node.attribute if a.type == AttributeProto.GRAPHS for g in a.graphs]
+
+
+def _readers_with_subgraphs(graph: GraphProto) -> Counter[str]:
+    """How many nodes read each value: the graph's own, and any node of their subgraphs
+    (which read the graph's values by name, not as inputs)."""
+    readers: Counter[str] = Counter()
+    for node in graph.node:
+        readers.update(node.input)
+        for sub in _subgraphs(node):
+            for inner in every_node(sub):
+                readers.update(inner.input)
+    return readers

@@ -53,6 +53,7 @@ from edgeprefill.errors import BackendError
 from edgeprefill.kernels.build import library_path
 from edgeprefill.kernels.select import choose as choose_kernels
 from edgeprefill.kernels.select import why_not as kernels_why_not
+from edgeprefill.kernels.swiglu import fold_gated
 
 PROVIDERS = {
     "cpu": ["CPUExecutionProvider"],
@@ -142,6 +143,9 @@ class OnnxRuntimeBackend(Backend):
                                             quantized_ops(graph))
         # int4 prefill switches projections on "the chunk is one token": one If per step.
         self.switches = merge_switches(graph)
+        # A SwiGlu after a native gate/up projection runs inside it (kernels/swiglu.py);
+        # after the merge, which puts an int4 prefill's projection beside its SwiGlu.
+        self.gated = fold_gated(graph)
         rewritten = bool(self.kernels.library is not None or projections
                          or self.int4_prefill.rewritten or self.switches.merged)
         model = loadable(graph_path, graph, rewritten, session_options)

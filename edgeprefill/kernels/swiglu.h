@@ -1,0 +1,41 @@
+// silu(gate) * up, row by row: the arithmetic of SwiGlu (swiglu.cc) and of the gated
+// projections (MatMulInt8 and MatMulBf16 with gated=1), which apply it to their gate and up
+// panels before writing anything out. One definition, so both give the same bits.
+//
+// silu(g) = g * sigmoid(g), with sigmoid(g) = 1 / (1 + e^-g) for g >= 0 and e^g / (1 + e^g)
+// below, both from e^-|g| <= 1 (ExpNonPositive), so nothing overflows at any g. Lanes run
+// 16 at a time and the tail (width % 16) one by one: a caller that splits a row must split
+// it at multiples of 16 to keep every element on the same path.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include "kernel_common.h"
+
+namespace edgeprefill {
+
+inline float Silu(float g) {
+  const float e = ExpNonPositive(-std::fabs(g));
+  const float r = 1.0f / (1.0f + e);
+  return g * (g >= 0.0f ? r : e * r);
+}
+
+inline void SwiGluRow(const float* gate, const float* up, float* out, int64_t width) {
+  int64_t i = 0;
+#ifdef __AVX512F__
+  const __m512 one = _mm512_set1_ps(1.0f);
+  const __m512 sign = _mm512_set1_ps(-0.0f);
+  for (; i + 16 <= width; i += 16) {
+    const __m512 g = _mm512_loadu_ps(gate + i);
+    const __m512 e = ExpNonPositive16(_mm512_or_ps(g, sign));  // e^-|g|
+    const __m512 r = _mm512_div_ps(one, _mm512_add_ps(one, e));
+    const __mmask16 negative = _mm512_cmp_ps_mask(g, _mm512_setzero_ps(), _CMP_LT_OQ);
+    const __m512 sigmoid = _mm512_mask_mul_ps(r, negative, e, r);
+    _mm512_storeu_ps(out + i, _mm512_mul_ps(_mm512_mul_ps(g, sigmoid), _mm512_loadu_ps(up + i)));
+  }
+#endif
+  for (; i < width; ++i) out[i] = Silu(gate[i]) * up[i];
+}
+
+}  // namespace edgeprefill

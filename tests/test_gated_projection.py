@@ -1,0 +1,196 @@
+"""A SwiGlu inside the native gate/up projection (MatMulInt8 and MatMulBf16 with gated=1,
+kernels/swiglu.py's fold_gated): the same bits as the projection then SwiGlu, for the op,
+for the rewrite's choices, and for whole bundles."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from onnx import GraphProto, NodeProto, TensorProto, helper, numpy_helper
+
+from edgeprefill.bundle import load_manifest
+from edgeprefill.engines import BackendOptions, StepBatch
+from edgeprefill.engines.ort import bf16_compute, int8_rows
+from edgeprefill.engines.ort.backend import OnnxRuntimeBackend
+from edgeprefill.export.quantize import int8_per_channel
+from edgeprefill.kernels import graph, select, swiglu
+from edgeprefill.kernels.graph import DOMAIN
+from tests.conftest import build_hf_model
+
+
+def weights(op: str, k: int, n: int, seed: int) -> tuple[list[str], list[TensorProto]]:
+    """The projection's weight inputs (after `a`) as initializers, packed as its rewrite
+    packs them."""
+    w = np.random.default_rng(seed).standard_normal((k, n)).astype(np.float32)
+    if op == int8_rows.OP:
+        codes, scale = int8_per_channel(w)
+        packed, sums = int8_rows.pack(codes)
+        arrays = {"b": packed, "scale": scale, "sums": sums}
+    else:
+        arrays = {"b": bf16_compute.pack(w)}
+    return list(arrays), [numpy_helper.from_array(v, name) for name, v in arrays.items()]
+
+
+def value(name: str):
+    return helper.make_tensor_value_info(name, TensorProto.FLOAT, None)
+
+
+def run(nodes: list[NodeProto], initializers: list[TensorProto], a: np.ndarray, library,
+        threads: int) -> np.ndarray:
+    g = helper.make_graph(nodes, "gated", [value("a")], [value("y")], initializers)
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 21),
+                                                helper.make_opsetid(DOMAIN, 1)])
+    model.ir_version = 10
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = threads
+    so.register_custom_ops_library(str(library))
+    session = ort.InferenceSession(model.SerializeToString(), so,
+                                   providers=["CPUExecutionProvider"])
+    return session.run(None, {"a": a})[0]
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("op", [int8_rows.OP, bf16_compute.OP])
+@pytest.mark.parametrize("m, k, n", [(1, 576, 3072), (5, 33, 256), (55, 96, 384), (130, 64, 128)])
+def test_gated_op_is_the_projection_then_swiglu(library, op, m, k, n, threads):
+    """Rows past a 48-row block and a 6-row tile, K not a multiple of the pairs or quads,
+    one to 24 panel pairs: the same bits as the two ops."""
+    names, initializers = weights(op, k, n, seed=m + k + n)
+    a = np.random.default_rng(m).standard_normal((1, m, k)).astype(np.float32) * 3
+    two = [helper.make_node(op, ["a", *names], ["gu"], domain=DOMAIN, N=n),
+           helper.make_node(swiglu.OP, ["gu"], ["y"], domain=DOMAIN)]
+    one = [helper.make_node(op, ["a", *names], ["y"], domain=DOMAIN, N=n, gated=1)]
+    want = run(two, initializers, a, library, threads)
+    got = run(one, initializers, a, library, threads)
+    assert got.shape == (1, m, n // 2)
+    np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("op", [int8_rows.OP, bf16_compute.OP])
+def test_gated_needs_gate_and_up_in_whole_panels(library, op):
+    names, initializers = weights(op, 64, 192, seed=1)
+    node = helper.make_node(op, ["a", *names], ["y"], domain=DOMAIN, N=192, gated=1)
+    with pytest.raises(Exception, match=f"{op}: gated=1 needs N = 2 x a multiple of 64"):
+        run([node], initializers, np.ones((1, 2, 64), np.float32), library, 1)
+
+
+def mlp(projection_op: str = int8_rows.OP, n: int = 256, extra_reader: bool = False,
+        output: str = "y") -> GraphProto:
+    """x -> projection -> SwiGlu -> y, the projection's output read by a Relu too where
+    `extra_reader`; the graph's outputs: `output` (y, or the projection's own)."""
+    nodes = [helper.make_node(projection_op, ["x", "b"], ["gu"], domain=DOMAIN, N=n),
+             helper.make_node(swiglu.OP, ["gu"], ["y"], domain=DOMAIN)]
+    if extra_reader:
+        nodes.append(helper.make_node("Relu", ["gu"], ["r"]))
+    return helper.make_graph(nodes, "mlp", [value("x")], [value(output)])
+
+
+def folded(g: GraphProto) -> int:
+    return swiglu.fold_gated(helper.make_model(g))
+
+
+def test_fold_takes_only_a_native_projection_read_by_the_swiglu_alone():
+    model = helper.make_model(mlp())
+    assert swiglu.fold_gated(model) == 1
+    g = model.graph
+    assert [n.op_type for n in g.node] == [int8_rows.OP]
+    assert list(g.node[0].output) == ["y"] and graph.int_attribute(g.node[0], "gated") == 1
+    assert swiglu.fold_gated(model) == 0  # nothing left to fold
+    assert folded(mlp(bf16_compute.OP)) == 1
+    assert folded(mlp("MatMulInt4")) == 0  # no gated form
+    assert folded(mlp(n=192)) == 0  # gate and up not in whole panels
+    assert folded(mlp(extra_reader=True)) == 0
+    assert folded(mlp(output="gu")) == 0
+
+
+def test_fold_reaches_into_branches_and_sees_their_reads():
+    """An If branch's projection and SwiGlu fold there; a value a branch reads from outside
+    counts as read."""
+    inner = mlp()
+    branch = helper.make_graph(list(inner.node), "then", [], [value("y")])
+    switch = helper.make_node("If", ["c"], ["z"], then_branch=branch, else_branch=branch)
+    assert folded(helper.make_graph([switch], "outer", [], [])) == 2  # both branches
+    outer = mlp()
+    reader = helper.make_graph([helper.make_node("Relu", ["gu"], ["q"])], "reads", [], [value("q")])
+    outer.node.append(helper.make_node("If", ["c"], ["z"], then_branch=reader, else_branch=reader))
+    assert folded(outer) == 0
+
+
+@pytest.fixture(scope="module")
+def wide_llama(tmp_path_factory):
+    """kind -> a llama bundle whose MLP fills whole panels (intermediate 128: the shared
+    test model's 96 does not fold), exported once per kind."""
+    from edgeprefill.export.exporter import ExportOptions, export
+    from edgeprefill.export.quantize import QuantConfig
+
+    hf = build_hf_model("llama", tmp_path_factory.mktemp("llama-128"), intermediate_size=128)
+    made = {}
+
+    def get(kind: str):
+        if kind not in made:
+            made[kind] = tmp_path_factory.mktemp(f"llama-128-{kind}")
+            export(hf, made[kind], ExportOptions(
+                chunks=(16, 64), max_context=256, show_progress=False, overwrite=True,
+                quant=QuantConfig(kind) if kind != "float" else None))
+        return made[kind]
+
+    return get
+
+
+@pytest.mark.parametrize("kind, compute", [("float", "bf16"), ("int8", "fp32"), ("int4", "fp32")])
+def test_bundle_logits_and_cache_are_the_unfolded_graphs(library, wide_llama, monkeypatch,
+                                                         kind, compute):
+    """Several rows' prefill and a chunk beside decode rows, then decode steps (int4: the
+    prefill branch's projections, after the switches merge): the same logits and KV cache,
+    bit for bit, and the loads differ only by the SwiGlus folded."""
+    from edgeprefill.engines.ort import backend as backend_module
+
+    if compute == "bf16" and not bf16_compute.cpu_has_bf16():
+        pytest.skip("no AVX512-BF16 here")
+    if kind != "float" and int8_rows.why_not(True) is not None:
+        pytest.skip("no AVX512-VNNI here: no MatMulInt8")
+    monkeypatch.setenv(select.MODE_ENV, "require")
+    path = wide_llama(kind)
+    loaded: list[list[str]] = []
+    loadable = backend_module.loadable
+
+    def capture(graph_path, model, *args, **kwargs):
+        loaded.append(sorted(n.op_type for n in graph.every_node(model.graph)))
+        return loadable(graph_path, model, *args, **kwargs)
+
+    monkeypatch.setattr(backend_module, "loadable", capture)
+
+    def calls() -> tuple[list[np.ndarray], list[np.ndarray], int]:
+        backend = OnnxRuntimeBackend(path, load_manifest(path),
+                                     BackendOptions(threads=2, compute=compute))
+        backend.allocate_kv(3, 256)
+        rng = np.random.default_rng(3)
+        out = [backend.run(StepBatch(rng.integers(3, 128, (3, 60)), np.zeros(3, np.int32),
+                                     np.array([60, 9, 33], np.int32), 0)).copy()]
+        chunk = np.zeros((3, 20), np.int64)
+        chunk[0], chunk[1:, 0] = rng.integers(3, 128, 20), [4, 5]
+        out.append(backend.run(StepBatch(chunk, np.array([60, 9, 33], np.int32),
+                                         np.array([20, 1, 1], np.int32), 0)).copy())
+        lens, token = np.array([80, 10, 34], np.int32), np.array([[6], [7], [8]])
+        for _ in range(3):
+            logits = backend.run(StepBatch(token, lens, np.ones(3, np.int32), 0)).copy()
+            out.append(logits)
+            token, lens = logits.argmax(-1)[:, None], lens + 1
+        return out, [np.array(a, copy=True) for a in backend.kv_arrays()], backend.gated
+
+    got, got_kv, gated = calls()
+    monkeypatch.setattr(backend_module, "fold_gated", lambda model: 0)
+    want, want_kv, _ = calls()
+    # int4: the last layer's MLP runs on each row's last token only, with decode's
+    # MatMulInt4 (int4_prefill.after_gather), which has no gated form.
+    layers = load_manifest(path).model.num_layers
+    assert gated == (layers - 1 if kind == "int4" else layers)
+    with_fold, without = loaded
+    for _ in range(gated):
+        without.remove(swiglu.OP)
+    assert with_fold == without
+    for a, b in zip(want, got, strict=True):
+        np.testing.assert_array_equal(b, a)
+    for a, b in zip(want_kv, got_kv, strict=True):
+        np.testing.assert_array_equal(b, a)
