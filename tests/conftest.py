@@ -247,3 +247,25 @@ def library():
         return build.build()
     except build.KernelBuildError as err:
         pytest.skip(f"native kernels cannot be built here: {err}")
+
+
+@pytest.fixture(scope="session")
+def wide_llama(tmp_path_factory):
+    """kind ("float", "int8", "int4") -> a llama bundle whose MLP fills whole 64-column
+    panels (intermediate 128; the shared test model's 96 does not: the projections'
+    gated=1, tests/test_gated_projection.py), exported once per run."""
+    from edgeprefill.export.exporter import ExportOptions, export
+    from edgeprefill.export.quantize import QuantConfig
+
+    hf = build_hf_model("llama", tmp_path_factory.mktemp("llama-128"), intermediate_size=128)
+    made = {}
+
+    def get(kind: str):
+        if kind not in made:
+            made[kind] = tmp_path_factory.mktemp(f"llama-128-{kind}")
+            export(hf, made[kind], ExportOptions(
+                chunks=(16, 64), max_context=256, show_progress=False, overwrite=True,
+                quant=QuantConfig(kind) if kind != "float" else None))
+        return made[kind]
+
+    return get

@@ -16,7 +16,6 @@ from edgeprefill.engines.ort.backend import OnnxRuntimeBackend
 from edgeprefill.export.quantize import int8_per_channel
 from edgeprefill.kernels import graph, select, swiglu
 from edgeprefill.kernels.graph import DOMAIN
-from tests.conftest import build_hf_model
 
 
 def weights(op: str, k: int, n: int, seed: int) -> tuple[list[str], list[TensorProto]]:
@@ -117,43 +116,30 @@ def test_fold_reaches_into_branches_and_sees_their_reads():
     assert folded(outer) == 0
 
 
-@pytest.fixture(scope="module")
-def wide_llama(tmp_path_factory):
-    """kind -> a llama bundle whose MLP fills whole panels (intermediate 128: the shared
-    test model's 96 does not fold), exported once per kind."""
-    from edgeprefill.export.exporter import ExportOptions, export
-    from edgeprefill.export.quantize import QuantConfig
-
-    hf = build_hf_model("llama", tmp_path_factory.mktemp("llama-128"), intermediate_size=128)
-    made = {}
-
-    def get(kind: str):
-        if kind not in made:
-            made[kind] = tmp_path_factory.mktemp(f"llama-128-{kind}")
-            export(hf, made[kind], ExportOptions(
-                chunks=(16, 64), max_context=256, show_progress=False, overwrite=True,
-                quant=QuantConfig(kind) if kind != "float" else None))
-        return made[kind]
-
-    return get
+KINDS = [("float", "bf16"), ("int8", "fp32"), ("int4", "fp32")]  # the native projections' loads
 
 
-@pytest.mark.parametrize("kind, compute", [("float", "bf16"), ("int8", "fp32"), ("int4", "fp32")])
-def test_bundle_logits_and_cache_are_the_unfolded_graphs(library, wide_llama, monkeypatch,
-                                                         kind, compute):
-    """Several rows' prefill and a chunk beside decode rows, then decode steps (int4: the
-    prefill branch's projections, after the switches merge): the same logits and KV cache,
-    bit for bit, and the loads differ only by the SwiGlus folded."""
+def with_and_without(fold: str, path, compute: str,
+                     monkeypatch) -> tuple[int, list[str], list[str]]:
+    """Loads `path` twice, the second time with the backend's `fold` (fold_gated,
+    fold_norms) a no-op, and runs the same calls on both: several rows' prefill, a chunk
+    beside decode rows, then decode steps. Asserts the same logits and KV cache, bit for
+    bit; returns what the fold returned and each load's op types, sorted."""
     from edgeprefill.engines.ort import backend as backend_module
 
     if compute == "bf16" and not bf16_compute.cpu_has_bf16():
         pytest.skip("no AVX512-BF16 here")
-    if kind != "float" and int8_rows.why_not(True) is not None:
+    if load_manifest(path).graph.quantization and int8_rows.why_not(True) is not None:
         pytest.skip("no AVX512-VNNI here: no MatMulInt8")
     monkeypatch.setenv(select.MODE_ENV, "require")
-    path = wide_llama(kind)
     loaded: list[list[str]] = []
     loadable = backend_module.loadable
+    folded: list[int] = []
+    real = getattr(backend_module, fold)
+
+    def counted(model) -> int:
+        folded.append(real(model))
+        return folded[-1]
 
     def capture(graph_path, model, *args, **kwargs):
         loaded.append(sorted(n.op_type for n in graph.every_node(model.graph)))
@@ -161,7 +147,7 @@ def test_bundle_logits_and_cache_are_the_unfolded_graphs(library, wide_llama, mo
 
     monkeypatch.setattr(backend_module, "loadable", capture)
 
-    def calls() -> tuple[list[np.ndarray], list[np.ndarray], int]:
+    def calls() -> tuple[list[np.ndarray], list[np.ndarray]]:
         backend = OnnxRuntimeBackend(path, load_manifest(path),
                                      BackendOptions(threads=2, compute=compute))
         backend.allocate_kv(3, 256)
@@ -177,20 +163,30 @@ def test_bundle_logits_and_cache_are_the_unfolded_graphs(library, wide_llama, mo
             logits = backend.run(StepBatch(token, lens, np.ones(3, np.int32), 0)).copy()
             out.append(logits)
             token, lens = logits.argmax(-1)[:, None], lens + 1
-        return out, [np.array(a, copy=True) for a in backend.kv_arrays()], backend.gated
+        return out, [np.array(a, copy=True) for a in backend.kv_arrays()]
 
-    got, got_kv, gated = calls()
-    monkeypatch.setattr(backend_module, "fold_gated", lambda model: 0)
-    want, want_kv, _ = calls()
-    # int4: the last layer's MLP runs on each row's last token only, with decode's
-    # MatMulInt4 (int4_prefill.after_gather), which has no gated form.
-    layers = load_manifest(path).model.num_layers
-    assert gated == (layers - 1 if kind == "int4" else layers)
-    with_fold, without = loaded
-    for _ in range(gated):
-        without.remove(swiglu.OP)
-    assert with_fold == without
+    monkeypatch.setattr(backend_module, fold, counted)
+    got, got_kv = calls()
+    monkeypatch.setattr(backend_module, fold, lambda model: 0)
+    want, want_kv = calls()
     for a, b in zip(want, got, strict=True):
         np.testing.assert_array_equal(b, a)
     for a, b in zip(want_kv, got_kv, strict=True):
         np.testing.assert_array_equal(b, a)
+    return folded[0], loaded[0], loaded[1]
+
+
+@pytest.mark.parametrize("kind, compute", KINDS)
+def test_bundle_logits_and_cache_are_the_unfolded_graphs(library, wide_llama, monkeypatch,
+                                                         kind, compute):
+    """The same logits and KV cache bit for bit (int4: the prefill branch's projections,
+    after the switches merge), and the loads differ only by the SwiGlus folded."""
+    path = wide_llama(kind)
+    gated, with_fold, without = with_and_without("fold_gated", path, compute, monkeypatch)
+    # int4: the last layer's MLP runs on each row's last token only, with decode's
+    # MatMulInt4 (int4_prefill.after_gather), which has no gated form.
+    layers = load_manifest(path).model.num_layers
+    assert gated == (layers - 1 if kind == "int4" else layers)
+    for _ in range(gated):
+        without.remove(swiglu.OP)
+    assert with_fold == without

@@ -50,6 +50,8 @@ def backend_line(backend) -> str:
     int8 = f", {int8_rows.described}" if int8_rows and int8_rows.rewritten else ""
     gated = getattr(backend, "gated", 0)
     gate = f", SwiGlu inside {gated} gate/up projections" if gated else ""
+    norms = getattr(backend, "norms", 0)
+    gate += f", SkipRmsNorm inside {norms} projections" if norms else ""
     fused = ", prefill chunk and decode rows in one call" if getattr(
         backend, "fuses_rows", False) else ""
     return (f"backend: {backend.name}, kernels {described}{prefill}{decode}{int8}{bf16}"

@@ -32,7 +32,7 @@ from edgeprefill.errors import EdgeprefillError
 SOURCES = ("library.cc", "decode_attention.cc", "prefill_attention.cc", "swiglu.cc",
            "rms_norm.cc", "matmul_bf16.cc", "matmul_int4.cc", "matmul_int8.cc")
 # Hashed with the sources, not compiled on their own.
-HEADERS = ("kernel_common.h", "decode_rows.h", "swiglu.h")
+HEADERS = ("kernel_common.h", "decode_rows.h", "swiglu.h", "rms_norm.h")
 FLAGS = ("-O3", "-march=native", "-std=c++17", "-fPIC", "-shared", "-fvisibility=hidden")
 HEADERS_PACKAGE = "com.github.asus4.onnxruntime@0.4.9"  # MIT; ONNX Runtime 1.2x C API headers
 HEADERS_IN_PACKAGE = "package/Plugins/Android/onnxruntime.aar"  # a zip with headers/ inside

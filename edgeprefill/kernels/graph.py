@@ -23,7 +23,7 @@ switch happens at load time only where the library is present (kernels.select).
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator
 
 import numpy as np
@@ -198,12 +198,26 @@ def every_node(graph: GraphProto) -> Iterator[NodeProto]:
     Loop or Scan body) too, each before its subgraphs' nodes."""
     for node in graph.node:
         yield node
-        for attr in node.attribute:
-            if attr.type == AttributeProto.GRAPH:
-                yield from every_node(attr.g)
-            elif attr.type == AttributeProto.GRAPHS:
-                for sub in attr.graphs:
-                    yield from every_node(sub)
+        for sub in subgraphs(node):
+            yield from every_node(sub)
+
+
+def subgraphs(node: NodeProto) -> list[GraphProto]:
+    """The node's own subgraphs (an If's two branches, a Loop's or Scan's body)."""
+    return [a.g for a in node.attribute if a.type == AttributeProto.GRAPH] + [
+        g for a in node.attribute if a.type == AttributeProto.GRAPHS for g in a.graphs]
+
+
+def readers_with_subgraphs(graph: GraphProto) -> Counter[str]:
+    """How many nodes read each value of `graph`: its own nodes, and any node of their
+    subgraphs (which read the graph's values by name, not as inputs)."""
+    readers: Counter[str] = Counter()
+    for node in graph.node:
+        readers.update(node.input)
+        for sub in subgraphs(node):
+            for inner in every_node(sub):
+                readers.update(inner.input)
+    return readers
 
 
 def consumers_of(graph: GraphProto) -> dict[str, list[NodeProto]]:

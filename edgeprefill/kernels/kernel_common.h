@@ -165,6 +165,8 @@ struct Tensor {
 };
 
 OrtStatus* Input(OrtKernelContext* context, size_t index, Tensor* tensor);
+// Whether the node has input `index` (an optional input: absent, or given as "").
+OrtStatus* HasInput(OrtKernelContext* context, size_t index, bool* has);
 OrtStatus* Output(OrtKernelContext* context, size_t index, const std::vector<int64_t>& dims,
                   float** data);
 
@@ -188,15 +190,33 @@ OrtStatus* RowsOutput(OrtKernelContext* context, const Tensor& a, int64_t width,
                       int64_t* rows);
 
 // A packed projection's kernel (MatMulBf16, MatMulInt8): its N attribute, positive (`op`
-// names it in the error), and the optional gated (1: the weight's columns are an MLP's gate
+// names it in the error), the optional gated (1: the weight's columns are an MLP's gate
 // then up, N / 2 a whole number of 64-column panels, and the output [..., N / 2] is
-// silu(gate) * up, swiglu.h), read by CreateColumnsKernel and freed by DestroyColumnsKernel.
+// silu(gate) * up, swiglu.h) and the optional epsilon (the SkipRmsNorm before it runs
+// inside: the op takes x, skip and gamma, multiplies RMSNorm(x + skip) * gamma, rms_norm.h,
+// and gives x + skip as output 1), read by CreateColumnsKernel and freed by
+// DestroyColumnsKernel.
 struct Columns {
   int64_t n;
   bool gated;
+  bool norm;      // an epsilon attribute: the rows are x + skip, RMS-normalized (below)
+  float epsilon;  // with norm
 };
 constexpr int64_t kGatedPanel = 64;  // both projections' panel width (their kPanel)
 OrtStatus* CreateColumnsKernel(const OrtKernelInfo* info, const char* op, void** kernel);
+
+// A projection's norm inside (Columns::norm): skip and gamma, the inputs at `index` and
+// index + 1, and output 1, x + skip. All null without the norm, where the node must give
+// neither input nor output 1.
+struct NormRows {
+  const float* skip = nullptr;
+  const float* gamma = nullptr;
+  float* sum = nullptr;
+  float epsilon = 0.0f;
+};
+// Reads them for input 0 `a` [..., K] (`op` names the op in the errors).
+OrtStatus* NormInputs(OrtKernelContext* context, const Columns& columns, const Tensor& a,
+                      size_t index, const char* op, NormRows* norm);
 void ORT_API_CALL DestroyColumnsKernel(void* kernel);
 
 // One op of the library: its name, its inputs (those in `int32_inputs`, a bit mask, are
@@ -216,6 +236,7 @@ struct OpSpec {
   uint32_t uint16_inputs = 0;    // bf16 bits (a bf16 KV cache)
   uint32_t uint16_outputs = 0;
   uint32_t any_inputs = 0;  // of any element type: the kernel checks Tensor::type
+  uint32_t optional_outputs = 0;  // a bit mask: outputs a node may omit
 };
 
 // The OrtCustomOp table first, so ONNX Runtime's `const OrtCustomOp*` leads back to the spec.

@@ -53,8 +53,8 @@ ONNXTensorElementDataType ORT_API_CALL OutputType(const OrtCustomOp* op, size_t 
   return (SpecOf(op).uint16_outputs >> index) & 1u ? ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT16
                                                    : ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
 }
-OrtCustomOpInputOutputCharacteristic ORT_API_CALL Required(const OrtCustomOp*, size_t) {
-  return INPUT_OUTPUT_REQUIRED;
+OrtCustomOpInputOutputCharacteristic ORT_API_CALL OutputRequired(const OrtCustomOp* op, size_t index) {
+  return (SpecOf(op).optional_outputs >> index) & 1u ? INPUT_OUTPUT_OPTIONAL : INPUT_OUTPUT_REQUIRED;
 }
 OrtCustomOpInputOutputCharacteristic ORT_API_CALL InputRequired(const OrtCustomOp* op, size_t index) {
   return (SpecOf(op).optional_inputs >> index) & 1u ? INPUT_OUTPUT_OPTIONAL : INPUT_OUTPUT_REQUIRED;
@@ -86,6 +86,15 @@ OrtStatus* Input(OrtKernelContext* context, size_t index, Tensor* tensor) {
   const OrtValue* value = nullptr;
   EP_RETURN_IF_ERROR(g_api->KernelContext_GetInput(context, index, &value));
   return Describe(value, tensor);
+}
+
+OrtStatus* HasInput(OrtKernelContext* context, size_t index, bool* has) {
+  size_t count = 0;
+  EP_RETURN_IF_ERROR(g_api->KernelContext_GetInputCount(context, &count));
+  const OrtValue* given = nullptr;
+  if (count > index) EP_RETURN_IF_ERROR(g_api->KernelContext_GetInput(context, index, &given));
+  *has = given != nullptr;
+  return nullptr;
 }
 
 OrtStatus* Output(OrtKernelContext* context, size_t index, const std::vector<int64_t>& dims,
@@ -169,8 +178,39 @@ OrtStatus* CreateColumnsKernel(const OrtKernelInfo* info, const char* op, void**
     return Fail((std::string(op) + ": gated=1 needs N = 2 x a multiple of " +
                  std::to_string(kGatedPanel) + " (gate and up in whole panels), not " +
                  std::to_string(n)).c_str());
-  *kernel = new Columns{n, gated != 0};
+  float epsilon = 0.0f;  // optional: present, the norm before the product runs inside
+  missing = g_api->KernelInfoGetAttribute_float(info, "epsilon", &epsilon);
+  const bool norm = missing == nullptr;
+  if (missing != nullptr) g_api->ReleaseStatus(missing);
+  if (norm && !(epsilon >= 0.0f)) return Fail((std::string(op) + ": epsilon must be >= 0").c_str());
+  *kernel = new Columns{n, gated != 0, norm, epsilon};
   return nullptr;
+}
+
+OrtStatus* NormInputs(OrtKernelContext* context, const Columns& columns, const Tensor& a,
+                      size_t index, const char* op, NormRows* norm) {
+  bool skip_given = false;
+  EP_RETURN_IF_ERROR(HasInput(context, index, &skip_given));
+  size_t outputs = 0;
+  EP_RETURN_IF_ERROR(g_api->KernelContext_GetOutputCount(context, &outputs));
+  if (!columns.norm) {
+    if (skip_given || outputs > 1)
+      return Fail((std::string(op) + ": skip, gamma and output 1 need the epsilon attribute").c_str());
+    return nullptr;
+  }
+  Tensor skip, gamma;
+  bool gamma_given = false;
+  EP_RETURN_IF_ERROR(HasInput(context, index + 1, &gamma_given));
+  if (!skip_given || !gamma_given || outputs < 2)
+    return Fail((std::string(op) + ": epsilon needs the inputs skip and gamma and output 1").c_str());
+  EP_RETURN_IF_ERROR(Input(context, index, &skip));
+  EP_RETURN_IF_ERROR(Input(context, index + 1, &gamma));
+  if (skip.dims != a.dims || gamma.dims != std::vector<int64_t>{a.dims.back()})
+    return Fail((std::string(op) + ": skip must have x's shape [..., K] and gamma be [K]").c_str());
+  norm->skip = skip.data;
+  norm->gamma = gamma.data;
+  norm->epsilon = columns.epsilon;
+  return Output(context, 1, a.dims, &norm->sum);
 }
 
 void ORT_API_CALL DestroyColumnsKernel(void* kernel) { delete static_cast<Columns*>(kernel); }
@@ -189,7 +229,7 @@ Op MakeOp(const OpSpec& spec) {
   t.GetOutputTypeCount = OutputCount;
   t.KernelDestroy = spec.destroy;
   t.GetInputCharacteristic = InputRequired;
-  t.GetOutputCharacteristic = Required;
+  t.GetOutputCharacteristic = OutputRequired;
   t.GetInputMemoryType = MemoryType;
   t.GetVariadicInputMinArity = One;
   t.GetVariadicInputHomogeneity = One;

@@ -11,8 +11,13 @@
 //            bf16_compute.py in panels of 64 columns (P = ceil(N / 64), K2 = ceil(K / 2));
 //            each int32 holds the bf16 pair (k = 2 i, k = 2 i + 1) of one column, low half
 //            first, zero past K, N
-// Output:  0 out [..., N] float, or [..., N / 2] with gated=1
-// Attributes: N (int), the weight's true column count; gated (int, optional): 1 when the
+//          2 skip [..., K] float, 3 gamma [K] float (both with epsilon, else absent)
+// Outputs: 0 out [..., N] float, or [..., N / 2] with gated=1
+//          1 sum [..., K] float: a + skip (with epsilon, else absent)
+// Attributes: N (int), the weight's true column count; epsilon (float, optional): the rows
+//          multiplied are RMSNorm(a + skip) * gamma, the SkipRmsNorm before this op run
+//          inside it (rms_norm.h, the same bits; kernels/rms_norm.py's fold_norms);
+//          gated (int, optional): 1 when the
 //          columns are an MLP's gate then up (N / 2 of each, whole panels): the output is
 //          silu(gate) * up, swiglu.h's arithmetic on the same sums, so the same bits as this
 //          op then SwiGlu, without the N columns' round trip (kernels/swiglu.py's fold_gated).
@@ -27,6 +32,7 @@
 #include <vector>
 
 #include "kernel_common.h"
+#include "rms_norm.h"
 #include "swiglu.h"
 
 namespace edgeprefill {
@@ -55,10 +61,13 @@ struct Job {
   float* out;  // [M, N], or [M, N / 2] when gated
   int64_t m, k, k2, n, panels, row_blocks;
   bool gated;
+  NormRows norm;  // the norm inside, or all null
 };
 
 void ConvertRows(const Job& job, int64_t first, int64_t last) {
-  for (int64_t r = first; r < last; ++r) PairUp(job.a + r * job.k, job.k, job.pairs + r * job.k2);
+  std::vector<float> normed(job.norm.skip != nullptr ? job.k : 0);
+  for (int64_t r = first; r < last; ++r)
+    PairUp(NormedRow(job.norm, job.a, r, job.k, normed.data()), job.k, job.pairs + r * job.k2);
 }
 
 #ifdef __AVX512BF16__
@@ -171,6 +180,8 @@ OrtStatus* Compute(void* state, OrtKernelContext* context) {
   if (a.dims.empty() || b.dims.size() != 3 || b.dims[2] != kPanel)
     return Fail("MatMulBf16: expects a [..., K] and a packed weight [P, K2, 64]");
   const int64_t k = a.dims.back();
+  NormRows norm;
+  EP_RETURN_IF_ERROR(NormInputs(context, *static_cast<Columns*>(state), a, 2, "MatMulBf16", &norm));
   if (b.dims[1] != (k + 1) / 2 || b.dims[0] != (n + kPanel - 1) / kPanel)
     return Fail(("MatMulBf16: the packed weight " + std::to_string(b.dims[0]) + "x" +
                  std::to_string(b.dims[1]) + "x64 does not fit K=" + std::to_string(k) +
@@ -181,7 +192,7 @@ OrtStatus* Compute(void* state, OrtKernelContext* context) {
   if (m == 0) return nullptr;
   std::vector<uint32_t> pairs(static_cast<size_t>(m * b.dims[1]));
   Job job{a.data, reinterpret_cast<const uint32_t*>(b.data), pairs.data(), out, m, k,
-          b.dims[1], n, b.dims[0], (m + kRowBlock - 1) / kRowBlock, gated};
+          b.dims[1], n, b.dims[0], (m + kRowBlock - 1) / kRowBlock, gated, norm};
   const bool split = 2 * m * k * n >= kMinFlopsToSplit || k * n >= kMinWeightsToSplit;
   ProjectRows(context, split, static_cast<size_t>(job.row_blocks),
               static_cast<size_t>(gated ? job.panels / 2 : job.panels), RunConvert,
@@ -200,8 +211,14 @@ OrtStatus* ORT_API_CALL ComputeKernel(void* kernel, OrtKernelContext* context) {
 }  // namespace
 
 const Op& MatMulBf16Op() {
-  static const Op op = MakeOp({"MatMulBf16", 2, 1, 0b10u, CreateKernel, ComputeKernel,
-                               DestroyColumnsKernel});
+  // inputs: a float, b int32 (bf16 pairs), skip and gamma float (optional); outputs: out,
+  // sum (optional)
+  static const Op op = [] {
+    OpSpec spec{"MatMulBf16", 4, 2, 0b10u, CreateKernel, ComputeKernel, DestroyColumnsKernel};
+    spec.optional_inputs = 0b1100u;
+    spec.optional_outputs = 0b10u;
+    return MakeOp(spec);
+  }();
   return op;
 }
 

@@ -14,8 +14,12 @@
 //            k = 4 i .. 4 i + 3 (zero past K, N)
 //          2 scales [N] float: the columns' scales
 //          3 sums [N] int32: each column's sum of codes (takes the activations' +128 out)
-// Output:  0 out [..., N] float, or [..., N / 2] with gated=1
-// Attributes: N (int); gated (int, optional): 1 when the weight's columns are an MLP's gate
+//          4 skip [..., K] float, 5 gamma [K] float (both with epsilon, else absent)
+// Outputs: 0 out [..., N] float, or [..., N / 2] with gated=1
+//          1 sum [..., K] float: a + skip (with epsilon, else absent)
+// Attributes: N (int); epsilon (float, optional): the rows multiplied are RMSNorm(a + skip)
+//          * gamma, the SkipRmsNorm before this op run inside it (rms_norm.h, the same bits;
+//          kernels/rms_norm.py's fold_norms); gated (int, optional): 1 when the weight's columns are an MLP's gate
 //          then up (N / 2 of each, whole panels): the output is silu(gate) * up, swiglu.h's
 //          arithmetic on the same sums, so the same bits as this op then SwiGlu, without
 //          writing the N columns out and reading them back (kernels/swiglu.py's fold_gated).
@@ -31,6 +35,7 @@
 #include <vector>
 
 #include "kernel_common.h"
+#include "rms_norm.h"
 #include "swiglu.h"
 
 namespace edgeprefill {
@@ -54,11 +59,13 @@ struct Job {
   float* out;           // [M, N], or [M, N / 2] when gated
   int64_t m, k, k4, n, panels, row_blocks;
   bool gated;
+  NormRows norm;        // the norm inside, or all null
 };
 
 void QuantizeRows(const Job& job, int64_t first, int64_t last) {
+  std::vector<float> normed(job.norm.skip != nullptr ? job.k : 0);
   for (int64_t r = first; r < last; ++r) {
-    const float* a = job.a + r * job.k;
+    const float* a = NormedRow(job.norm, job.a, r, job.k, normed.data());
     float top = 0.0f;
     int64_t i = 0;
 #ifdef __AVX512F__
@@ -214,6 +221,8 @@ OrtStatus* Compute(void* state, OrtKernelContext* context) {
   EP_RETURN_IF_ERROR(Input(context, 2, &scales));
   EP_RETURN_IF_ERROR(Input(context, 3, &sums));
   if (a.dims.empty()) return Fail("MatMulInt8: expects a [..., K]");
+  NormRows norm;
+  EP_RETURN_IF_ERROR(NormInputs(context, *static_cast<Columns*>(state), a, 4, "MatMulInt8", &norm));
   const int64_t k = a.dims.back(), k4 = (k + 3) / 4, panels = (n + kPanel - 1) / kPanel;
   if (b.dims != std::vector<int64_t>{panels, k4, kPanel, 4} || scales.dims != std::vector<int64_t>{n} ||
       sums.dims != std::vector<int64_t>{n})
@@ -228,7 +237,7 @@ OrtStatus* Compute(void* state, OrtKernelContext* context) {
   Job job{a.data, reinterpret_cast<const int8_t*>(b.data), scales.data,
           reinterpret_cast<const int32_t*>(sums.data),
           quads.data(), row_scale.data(), out, m, k, k4, n, panels,
-          (m + kRowBlock - 1) / kRowBlock, gated};
+          (m + kRowBlock - 1) / kRowBlock, gated, norm};
   const bool split = 2 * m * k * n >= kMinOpsToSplit || k * n >= kMinWeightsToSplit;
   ProjectRows(context, split, static_cast<size_t>(job.row_blocks),
               static_cast<size_t>(gated ? panels / 2 : panels), RunQuantize,
@@ -247,9 +256,15 @@ OrtStatus* ORT_API_CALL ComputeKernel(void* kernel, OrtKernelContext* context) {
 }  // namespace
 
 const Op& MatMulInt8Op() {
-  // inputs: a float, b uint8 (the int8 codes' bytes), scales float, sums int32
-  static const Op op = MakeOp({"MatMulInt8", 4, 1, 0b1000u, CreateKernel, ComputeKernel,
-                               DestroyColumnsKernel, 0b10u});
+  // inputs: a float, b uint8 (the int8 codes' bytes), scales float, sums int32, skip and
+  // gamma float (optional); outputs: out, sum (optional)
+  static const Op op = [] {
+    OpSpec spec{"MatMulInt8", 6, 2, 0b1000u, CreateKernel, ComputeKernel, DestroyColumnsKernel,
+                0b10u};
+    spec.optional_inputs = 0b110000u;
+    spec.optional_outputs = 0b10u;
+    return MakeOp(spec);
+  }();
   return op;
 }
 

@@ -598,16 +598,6 @@ OrtStatus* CheckShapes(const Kernel& kernel, const Tensor& qkv, const Tensor& pa
   return nullptr;
 }
 
-// Whether the node has input `index` (an optional input: absent, or given as "").
-OrtStatus* HasInput(OrtKernelContext* context, size_t index, bool* has) {
-  size_t count = 0;
-  EP_RETURN_IF_ERROR(g_api->KernelContext_GetInputCount(context, &count));
-  const OrtValue* given = nullptr;
-  if (count > index) EP_RETURN_IF_ERROR(g_api->KernelContext_GetInput(context, index, &given));
-  *has = given != nullptr;
-  return nullptr;
-}
-
 // Input 7, valid_lens, where the graph gives it: each row's valid tokens (0 .. chunk).
 OrtStatus* ValidLens(OrtKernelContext* context, const Shape& s, int64_t* valid) {
   bool given = false;

@@ -11,12 +11,14 @@
 // Attribute: epsilon (float).
 //
 // Each row is one piece of work on one thread, with the same sums in the same order
-// whatever the rows around it: a row's numbers do not depend on its batch-mates.
+// whatever the rows around it: a row's numbers do not depend on its batch-mates. The row
+// arithmetic is rms_norm.h's; where a native projection reads the norm's output, the
+// projection runs it itself (kernels/rms_norm.py's fold_norms) and this op is not in the graph.
 
-#include <cmath>
 #include <cstdint>
 
 #include "kernel_common.h"
+#include "rms_norm.h"
 
 namespace edgeprefill {
 namespace {
@@ -31,54 +33,13 @@ struct Job {
   float epsilon;
 };
 
-// sum = x + skip; returns the sum of its squares (16 lanes, then halved to one).
-float AddRow(const float* x, const float* skip, float* sum, int64_t width) {
-  int64_t i = 0;
-  float squares = 0.0f;
-#ifdef __AVX512F__
-  __m512 acc = _mm512_setzero_ps();
-  for (; i + 16 <= width; i += 16) {
-    const __m512 s = _mm512_add_ps(_mm512_loadu_ps(x + i), _mm512_loadu_ps(skip + i));
-    _mm512_storeu_ps(sum + i, s);
-    acc = _mm512_fmadd_ps(s, s, acc);
-  }
-  if (i < width) {
-    const __mmask16 tail = static_cast<__mmask16>((1u << (width - i)) - 1u);
-    const __m512 s = _mm512_add_ps(_mm512_maskz_loadu_ps(tail, x + i),
-                                   _mm512_maskz_loadu_ps(tail, skip + i));
-    _mm512_mask_storeu_ps(sum + i, tail, s);
-    acc = _mm512_fmadd_ps(s, s, acc);
-    i = width;
-  }
-  squares = _mm512_reduce_add_ps(acc);
-#endif
-  for (; i < width; ++i) {
-    sum[i] = x[i] + skip[i];
-    squares += sum[i] * sum[i];
-  }
-  return squares;
-}
-
-// out = sum * scale * gamma
-void ScaleRow(const float* sum, const float* gamma, float scale, float* out, int64_t width) {
-  int64_t i = 0;
-#ifdef __AVX512F__
-  const __m512 s = _mm512_set1_ps(scale);
-  for (; i + 16 <= width; i += 16)
-    _mm512_storeu_ps(out + i, _mm512_mul_ps(_mm512_mul_ps(_mm512_loadu_ps(sum + i), s),
-                                            _mm512_loadu_ps(gamma + i)));
-#endif
-  for (; i < width; ++i) out[i] = sum[i] * scale * gamma[i];
-}
-
 void RunRows(void* data, int64_t first, int64_t last) {
   const Job& job = *static_cast<const Job*>(data);
   const int64_t w = job.width;
   for (int64_t r = first; r < last; ++r) {
     float* sum = job.sum + r * w;
     const float squares = AddRow(job.x + r * w, job.skip + r * w, sum, w);
-    const float scale = 1.0f / std::sqrt(squares / static_cast<float>(w) + job.epsilon);
-    ScaleRow(sum, job.gamma, scale, job.out + r * w, w);
+    ScaleRow(sum, job.gamma, InverseRms(squares, w, job.epsilon), job.out + r * w, w);
   }
 }
 

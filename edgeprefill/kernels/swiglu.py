@@ -19,17 +19,16 @@ read back, and a layer runs one node fewer. The same bits (tests/test_gated_proj
 
 from __future__ import annotations
 
-from collections import Counter
-
-from onnx import AttributeProto, GraphProto, ModelProto, NodeProto, helper
+from onnx import GraphProto, ModelProto, NodeProto, helper
 
 from edgeprefill.kernels.graph import (
     DOMAIN,
     axis,
     consumers_of,
     declare_domain,
-    every_node,
     int_attribute,
+    readers_with_subgraphs,
+    subgraphs,
 )
 
 OP = "SwiGlu"
@@ -105,9 +104,9 @@ def fold_gated(model: ModelProto) -> int:
 
 
 def _fold_gated(graph: GraphProto) -> int:
-    count = sum(_fold_gated(sub) for node in graph.node for sub in _subgraphs(node))
+    count = sum(_fold_gated(sub) for node in graph.node for sub in subgraphs(node))
     producer = {o: n for n in graph.node for o in n.output}
-    readers = _readers_with_subgraphs(graph)
+    readers = readers_with_subgraphs(graph)
     outputs = {o.name for o in graph.output}
     dropped: list[NodeProto] = []
     for node in graph.node:
@@ -136,20 +135,3 @@ def _gateable(node: NodeProto) -> bool:
     return (node.op_type in PROJECTIONS and node.domain == DOMAIN
             and int_attribute(node, GATED) == 0
             and int_attribute(node, "N") % (2 * PANEL) == 0 and int_attribute(node, "N") > 0)
-
-
-def _subgraphs(node: NodeProto) -> list[GraphProto]:
-    return [a.g for a in node.attribute if a.type == AttributeProto.GRAPH] + [
-        g for a in node.attribute if a.type == AttributeProto.GRAPHS for g in a.graphs]
-
-
-def _readers_with_subgraphs(graph: GraphProto) -> Counter[str]:
-    """How many nodes read each value: the graph's own, and any node of their subgraphs
-    (which read the graph's values by name, not as inputs)."""
-    readers: Counter[str] = Counter()
-    for node in graph.node:
-        readers.update(node.input)
-        for sub in _subgraphs(node):
-            for inner in every_node(sub):
-                readers.update(inner.input)
-    return readers

@@ -51,6 +51,7 @@ from edgeprefill.engines.ort.providers import (
 from edgeprefill.engines.ort.switches import merge_switches
 from edgeprefill.errors import BackendError
 from edgeprefill.kernels.build import library_path
+from edgeprefill.kernels.rms_norm import fold_norms
 from edgeprefill.kernels.select import choose as choose_kernels
 from edgeprefill.kernels.select import why_not as kernels_why_not
 from edgeprefill.kernels.swiglu import fold_gated
@@ -146,6 +147,8 @@ class OnnxRuntimeBackend(Backend):
         # A SwiGlu after a native gate/up projection runs inside it (kernels/swiglu.py);
         # after the merge, which puts an int4 prefill's projection beside its SwiGlu.
         self.gated = fold_gated(graph)
+        # And a SkipRmsNorm before one runs inside it too (kernels/rms_norm.py).
+        self.norms = fold_norms(graph)
         rewritten = bool(self.kernels.library is not None or projections
                          or self.int4_prefill.rewritten or self.switches.merged)
         model = loadable(graph_path, graph, rewritten, session_options)

@@ -1,0 +1,71 @@
+// The residual add and RMS norm of one row: the arithmetic of SkipRmsNorm (rms_norm.cc) and
+// of the projections that run it before their product (MatMulInt8 and MatMulBf16 with an
+// epsilon attribute), which keep the normalized row to themselves. One definition, so both
+// give the same bits.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include "kernel_common.h"
+
+namespace edgeprefill {
+
+// sum = x + skip; returns the sum of its squares (16 lanes, then halved to one).
+inline float AddRow(const float* x, const float* skip, float* sum, int64_t width) {
+  int64_t i = 0;
+  float squares = 0.0f;
+#ifdef __AVX512F__
+  __m512 acc = _mm512_setzero_ps();
+  for (; i + 16 <= width; i += 16) {
+    const __m512 s = _mm512_add_ps(_mm512_loadu_ps(x + i), _mm512_loadu_ps(skip + i));
+    _mm512_storeu_ps(sum + i, s);
+    acc = _mm512_fmadd_ps(s, s, acc);
+  }
+  if (i < width) {
+    const __mmask16 tail = static_cast<__mmask16>((1u << (width - i)) - 1u);
+    const __m512 s = _mm512_add_ps(_mm512_maskz_loadu_ps(tail, x + i),
+                                   _mm512_maskz_loadu_ps(tail, skip + i));
+    _mm512_mask_storeu_ps(sum + i, tail, s);
+    acc = _mm512_fmadd_ps(s, s, acc);
+    i = width;
+  }
+  squares = _mm512_reduce_add_ps(acc);
+#endif
+  for (; i < width; ++i) {
+    sum[i] = x[i] + skip[i];
+    squares += sum[i] * sum[i];
+  }
+  return squares;
+}
+
+// out = sum * scale * gamma
+inline void ScaleRow(const float* sum, const float* gamma, float scale, float* out, int64_t width) {
+  int64_t i = 0;
+#ifdef __AVX512F__
+  const __m512 s = _mm512_set1_ps(scale);
+  for (; i + 16 <= width; i += 16)
+    _mm512_storeu_ps(out + i, _mm512_mul_ps(_mm512_mul_ps(_mm512_loadu_ps(sum + i), s),
+                                            _mm512_loadu_ps(gamma + i)));
+#endif
+  for (; i < width; ++i) out[i] = sum[i] * scale * gamma[i];
+}
+
+// 1 / sqrt(mean of the squares + epsilon): the row's scale.
+inline float InverseRms(float squares, int64_t width, float epsilon) {
+  return 1.0f / std::sqrt(squares / static_cast<float>(width) + epsilon);
+}
+
+// Row r of a projection's input [rows, width]: `a` itself, or with the norm inside
+// (norm.skip set) the normalized x + skip, left in `scratch` (width floats), x + skip
+// written to norm.sum.
+inline const float* NormedRow(const NormRows& norm, const float* a, int64_t r, int64_t width,
+                              float* scratch) {
+  if (norm.skip == nullptr) return a + r * width;
+  float* sum = norm.sum + r * width;
+  const float squares = AddRow(a + r * width, norm.skip + r * width, sum, width);
+  ScaleRow(sum, norm.gamma, InverseRms(squares, width, norm.epsilon), scratch, width);
+  return scratch;
+}
+
+}  // namespace edgeprefill
