@@ -204,6 +204,7 @@ struct Columns {
 };
 constexpr int64_t kGatedPanel = 64;  // both projections' panel width (their kPanel)
 OrtStatus* CreateColumnsKernel(const OrtKernelInfo* info, const char* op, void** kernel);
+void ORT_API_CALL DestroyColumnsKernel(void* kernel);
 
 // A projection's norm inside (Columns::norm): skip and gamma, the inputs at `index` and
 // index + 1, and output 1, x + skip. All null without the norm, where the node must give
@@ -217,7 +218,6 @@ struct NormRows {
 // Reads them for input 0 `a` [..., K] (`op` names the op in the errors).
 OrtStatus* NormInputs(OrtKernelContext* context, const Columns& columns, const Tensor& a,
                       size_t index, const char* op, NormRows* norm);
-void ORT_API_CALL DestroyColumnsKernel(void* kernel);
 
 // One op of the library: its name, its inputs (those in `int32_inputs`, a bit mask, are
 // int32, those in `uint8_inputs` uint8, those in `uint16_inputs` uint16, those in

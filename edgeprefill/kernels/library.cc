@@ -182,7 +182,8 @@ OrtStatus* CreateColumnsKernel(const OrtKernelInfo* info, const char* op, void**
   missing = g_api->KernelInfoGetAttribute_float(info, "epsilon", &epsilon);
   const bool norm = missing == nullptr;
   if (missing != nullptr) g_api->ReleaseStatus(missing);
-  if (norm && !(epsilon >= 0.0f)) return Fail((std::string(op) + ": epsilon must be >= 0").c_str());
+  if (norm && !(epsilon >= 0.0f))
+    return Fail((std::string(op) + ": epsilon must be >= 0").c_str());
   *kernel = new Columns{n, gated != 0, norm, epsilon};
   return nullptr;
 }
@@ -195,18 +196,21 @@ OrtStatus* NormInputs(OrtKernelContext* context, const Columns& columns, const T
   EP_RETURN_IF_ERROR(g_api->KernelContext_GetOutputCount(context, &outputs));
   if (!columns.norm) {
     if (skip_given || outputs > 1)
-      return Fail((std::string(op) + ": skip, gamma and output 1 need the epsilon attribute").c_str());
+      return Fail(
+          (std::string(op) + ": skip, gamma and output 1 need the epsilon attribute").c_str());
     return nullptr;
   }
   Tensor skip, gamma;
   bool gamma_given = false;
   EP_RETURN_IF_ERROR(HasInput(context, index + 1, &gamma_given));
   if (!skip_given || !gamma_given || outputs < 2)
-    return Fail((std::string(op) + ": epsilon needs the inputs skip and gamma and output 1").c_str());
+    return Fail(
+        (std::string(op) + ": epsilon needs the inputs skip and gamma and output 1").c_str());
   EP_RETURN_IF_ERROR(Input(context, index, &skip));
   EP_RETURN_IF_ERROR(Input(context, index + 1, &gamma));
   if (skip.dims != a.dims || gamma.dims != std::vector<int64_t>{a.dims.back()})
-    return Fail((std::string(op) + ": skip must have x's shape [..., K] and gamma be [K]").c_str());
+    return Fail(
+        (std::string(op) + ": skip must have x's shape [..., K] and gamma be [K]").c_str());
   norm->skip = skip.data;
   norm->gamma = gamma.data;
   norm->epsilon = columns.epsilon;

@@ -162,7 +162,8 @@ void RunGatedPiece(void* data, size_t index) {
   Rows(pairs, job.k2, job.b + (p + halves) * job.k2 * kPanel, up, kPanel, kPanel, rows);
   const int64_t width = job.n / 2;
   for (int64_t r = 0; r < rows; ++r)
-    SwiGluRow(gate + r * kPanel, up + r * kPanel, job.out + (first + r) * width + p * kPanel, kPanel);
+    SwiGluRow(gate + r * kPanel, up + r * kPanel, job.out + (first + r) * width + p * kPanel,
+              kPanel);
 }
 
 void RunConvert(void* data, size_t index) {
@@ -181,7 +182,8 @@ OrtStatus* Compute(void* state, OrtKernelContext* context) {
     return Fail("MatMulBf16: expects a [..., K] and a packed weight [P, K2, 64]");
   const int64_t k = a.dims.back();
   NormRows norm;
-  EP_RETURN_IF_ERROR(NormInputs(context, *static_cast<Columns*>(state), a, 2, "MatMulBf16", &norm));
+  EP_RETURN_IF_ERROR(
+      NormInputs(context, *static_cast<Columns*>(state), a, 2, "MatMulBf16", &norm));
   if (b.dims[1] != (k + 1) / 2 || b.dims[0] != (n + kPanel - 1) / kPanel)
     return Fail(("MatMulBf16: the packed weight " + std::to_string(b.dims[0]) + "x" +
                  std::to_string(b.dims[1]) + "x64 does not fit K=" + std::to_string(k) +

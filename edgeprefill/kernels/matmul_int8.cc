@@ -17,12 +17,14 @@
 //          4 skip [..., K] float, 5 gamma [K] float (both with epsilon, else absent)
 // Outputs: 0 out [..., N] float, or [..., N / 2] with gated=1
 //          1 sum [..., K] float: a + skip (with epsilon, else absent)
-// Attributes: N (int); epsilon (float, optional): the rows multiplied are RMSNorm(a + skip)
-//          * gamma, the SkipRmsNorm before this op run inside it (rms_norm.h, the same bits;
-//          kernels/rms_norm.py's fold_norms); gated (int, optional): 1 when the weight's columns are an MLP's gate
-//          then up (N / 2 of each, whole panels): the output is silu(gate) * up, swiglu.h's
-//          arithmetic on the same sums, so the same bits as this op then SwiGlu, without
-//          writing the N columns out and reading them back (kernels/swiglu.py's fold_gated).
+// Attributes: N (int);
+//          epsilon (float, optional): the rows multiplied are RMSNorm(a + skip) * gamma,
+//          the SkipRmsNorm before this op run inside it (rms_norm.h, the same bits;
+//          kernels/rms_norm.py's fold_norms);
+//          gated (int, optional): 1 when the weight's columns are an MLP's gate then up (N / 2
+//          of each, whole panels): the output is silu(gate) * up, swiglu.h's arithmetic on
+//          the same sums, so the same bits as this op then SwiGlu, without writing the N
+//          columns out and reading them back (kernels/swiglu.py's fold_gated).
 //
 // Without AVX512-VNNI the same sums come from portable loops, far slower: int8_rows.py
 // switches the op in only on CPUs with VNNI.
@@ -151,7 +153,8 @@ void Tile(const Job& job, int64_t row, int64_t p, int64_t columns, float* out, i
 void Rows(const Job& job, int64_t first, int64_t rows, int64_t p, float* out, int64_t stride) {
   const int64_t columns = std::min(kPanel, job.n - p * kPanel);
   int64_t r = 0;
-  for (; r + kRows <= rows; r += kRows) Tile<kRows>(job, first + r, p, columns, out + r * stride, stride);
+  for (; r + kRows <= rows; r += kRows)
+    Tile<kRows>(job, first + r, p, columns, out + r * stride, stride);
   float* o = out + r * stride;
   switch (rows - r) {
     case 5: Tile<5>(job, first + r, p, columns, o, stride); break;
@@ -203,7 +206,8 @@ void RunGatedPiece(void* data, size_t index) {
   Rows(job, first, rows, p + halves, up, kPanel);
   const int64_t width = job.n / 2;
   for (int64_t r = 0; r < rows; ++r)
-    SwiGluRow(gate + r * kPanel, up + r * kPanel, job.out + (first + r) * width + p * kPanel, kPanel);
+    SwiGluRow(gate + r * kPanel, up + r * kPanel, job.out + (first + r) * width + p * kPanel,
+              kPanel);
 }
 
 void RunQuantize(void* data, size_t index) {
@@ -222,7 +226,8 @@ OrtStatus* Compute(void* state, OrtKernelContext* context) {
   EP_RETURN_IF_ERROR(Input(context, 3, &sums));
   if (a.dims.empty()) return Fail("MatMulInt8: expects a [..., K]");
   NormRows norm;
-  EP_RETURN_IF_ERROR(NormInputs(context, *static_cast<Columns*>(state), a, 4, "MatMulInt8", &norm));
+  EP_RETURN_IF_ERROR(
+      NormInputs(context, *static_cast<Columns*>(state), a, 4, "MatMulInt8", &norm));
   const int64_t k = a.dims.back(), k4 = (k + 3) / 4, panels = (n + kPanel - 1) / kPanel;
   if (b.dims != std::vector<int64_t>{panels, k4, kPanel, 4} || scales.dims != std::vector<int64_t>{n} ||
       sums.dims != std::vector<int64_t>{n})
