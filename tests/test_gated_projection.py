@@ -5,7 +5,6 @@ for the rewrite's choices, and for whole bundles."""
 from __future__ import annotations
 
 import numpy as np
-import onnxruntime as ort
 import pytest
 from onnx import GraphProto, NodeProto, TensorProto, helper, numpy_helper
 
@@ -16,6 +15,7 @@ from edgeprefill.engines.ort.backend import OnnxRuntimeBackend
 from edgeprefill.export.quantize import int8_per_channel
 from edgeprefill.kernels import graph, select, swiglu
 from edgeprefill.kernels.graph import DOMAIN
+from tests.test_prefill_kernel import session
 
 
 def weights(op: str, k: int, n: int, seed: int) -> tuple[list[str], list[TensorProto]]:
@@ -35,18 +35,15 @@ def value(name: str):
     return helper.make_tensor_value_info(name, TensorProto.FLOAT, None)
 
 
-def run(nodes: list[NodeProto], initializers: list[TensorProto], a: np.ndarray, library,
-        threads: int) -> np.ndarray:
-    g = helper.make_graph(nodes, "gated", [value("a")], [value("y")], initializers)
+def run(nodes: list[NodeProto], initializers: list[TensorProto], feeds: dict[str, np.ndarray],
+        library, threads: int, outputs: tuple[str, ...] = ("y",)) -> list[np.ndarray]:
+    """The graph of `nodes` on `feeds`, with the native library: its `outputs`."""
+    g = helper.make_graph(nodes, "projection", [value(name) for name in feeds],
+                          [value(name) for name in outputs], initializers)
     model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 21),
                                                 helper.make_opsetid(DOMAIN, 1)])
     model.ir_version = 10
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = threads
-    so.register_custom_ops_library(str(library))
-    session = ort.InferenceSession(model.SerializeToString(), so,
-                                   providers=["CPUExecutionProvider"])
-    return session.run(None, {"a": a})[0]
+    return session(model.SerializeToString(), library, threads).run(None, feeds)
 
 
 @pytest.mark.parametrize("threads", [1, 2])
@@ -60,8 +57,8 @@ def test_gated_op_is_the_projection_then_swiglu(library, op, m, k, n, threads):
     two = [helper.make_node(op, ["a", *names], ["gu"], domain=DOMAIN, N=n),
            helper.make_node(swiglu.OP, ["gu"], ["y"], domain=DOMAIN)]
     one = [helper.make_node(op, ["a", *names], ["y"], domain=DOMAIN, N=n, gated=1)]
-    want = run(two, initializers, a, library, threads)
-    got = run(one, initializers, a, library, threads)
+    want = run(two, initializers, {"a": a}, library, threads)[0]
+    got = run(one, initializers, {"a": a}, library, threads)[0]
     assert got.shape == (1, m, n // 2)
     np.testing.assert_array_equal(got, want)
 
@@ -71,7 +68,7 @@ def test_gated_needs_gate_and_up_in_whole_panels(library, op):
     names, initializers = weights(op, 64, 192, seed=1)
     node = helper.make_node(op, ["a", *names], ["y"], domain=DOMAIN, N=192, gated=1)
     with pytest.raises(Exception, match=f"{op}: gated=1 needs N = 2 x a multiple of 64"):
-        run([node], initializers, np.ones((1, 2, 64), np.float32), library, 1)
+        run([node], initializers, {"a": np.ones((1, 2, 64), np.float32)}, library, 1)
 
 
 def mlp(projection_op: str = int8_rows.OP, n: int = 256, extra_reader: bool = False,

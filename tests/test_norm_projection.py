@@ -5,7 +5,6 @@ projection, for the op, for the rewrite's choices, and for whole bundles."""
 from __future__ import annotations
 
 import numpy as np
-import onnxruntime as ort
 import pytest
 from onnx import GraphProto, helper
 
@@ -13,7 +12,9 @@ from edgeprefill.bundle import load_manifest
 from edgeprefill.engines.ort import bf16_compute, int8_rows
 from edgeprefill.kernels import rms_norm
 from edgeprefill.kernels.graph import DOMAIN, float_attribute
-from tests.test_gated_projection import KINDS, value, weights, with_and_without
+from tests.test_gated_projection import KINDS, run, value, weights, with_and_without
+
+OUT = ("y", "sum")  # the projection's output and the residual sum
 
 
 def norm_then(op: str, names: list[str], n: int, gated: bool) -> list:
@@ -27,21 +28,6 @@ def inside(op: str, names: list[str], n: int, gated: bool) -> list:
     extra = {"gated": 1} if gated else {}
     return [helper.make_node(op, ["x", *names, "skip", "gamma"], ["y", "sum"], domain=DOMAIN,
                              N=n, epsilon=1e-5, **extra)]
-
-
-def run_both(nodes, initializers, feeds: dict, library, threads: int) -> list[np.ndarray]:
-    """The graph's two outputs, y and the residual sum."""
-    g = helper.make_graph(nodes, "norm", [value(name) for name in feeds],
-                          [value("y"), value("sum")], initializers)
-    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 21),
-                                                helper.make_opsetid(DOMAIN, 1)])
-    model.ir_version = 10
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = threads
-    so.register_custom_ops_library(str(library))
-    session = ort.InferenceSession(model.SerializeToString(), so,
-                                   providers=["CPUExecutionProvider"])
-    return session.run(None, feeds)
 
 
 def feeds(m: int, k: int) -> dict[str, np.ndarray]:
@@ -59,8 +45,8 @@ def test_norm_inside_is_the_norm_then_the_projection(library, op, m, k, n, gated
     """Rows past a block, K with a tail past 16 lanes, with and without gated=1: the same
     output and residual sum, bit for bit."""
     names, initializers = weights(op, k, n, seed=m)
-    want = run_both(norm_then(op, names, n, gated), initializers, feeds(m, k), library, threads)
-    got = run_both(inside(op, names, n, gated), initializers, feeds(m, k), library, threads)
+    want = run(norm_then(op, names, n, gated), initializers, feeds(m, k), library, threads, OUT)
+    got = run(inside(op, names, n, gated), initializers, feeds(m, k), library, threads, OUT)
     for a, b in zip(want, got, strict=True):
         np.testing.assert_array_equal(b, a)
 
@@ -72,10 +58,10 @@ def test_norm_inputs_are_checked(library, op):
     without_epsilon = [helper.make_node(op, ["x", *names, "skip", "gamma"], ["y", "sum"],
                                         domain=DOMAIN, N=128)]
     with pytest.raises(Exception, match=f"{op}: skip, gamma and output 1 need the epsilon"):
-        run_both(without_epsilon, initializers, f, library, 1)
+        run(without_epsilon, initializers, f, library, 1, OUT)
     bad = dict(f, gamma=np.ones(32, np.float32))
     with pytest.raises(Exception, match=f"{op}: skip must have x's shape"):
-        run_both(inside(op, names, 128, False), initializers, bad, library, 1)
+        run(inside(op, names, 128, False), initializers, bad, library, 1, OUT)
 
 
 def chain(projection_op: str = int8_rows.OP, second_reader: bool = False,

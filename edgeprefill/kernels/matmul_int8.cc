@@ -192,22 +192,13 @@ void RunPiece(void* data, size_t index) {
        job.n);
 }
 
-// gated=1, piece i: rows [block * kRowBlock, +kRowBlock) of gate panel p and up panel
-// p + panels / 2, i = block * (panels / 2) + p, kept here (24 KB) until silu(gate) * up
-// goes out: the N columns are never written to the output.
+// gated=1: swiglu.h's GatedPiece over this op's panels.
 void RunGatedPiece(void* data, size_t index) {
   const Job& job = *static_cast<const Job*>(data);
-  const int64_t halves = job.panels / 2;
-  const int64_t block = static_cast<int64_t>(index) / halves;
-  const int64_t p = static_cast<int64_t>(index) % halves;
-  const int64_t first = block * kRowBlock, rows = std::min(kRowBlock, job.m - first);
-  alignas(64) float gate[kRowBlock * kPanel], up[kRowBlock * kPanel];
-  Rows(job, first, rows, p, gate, kPanel);
-  Rows(job, first, rows, p + halves, up, kPanel);
-  const int64_t width = job.n / 2;
-  for (int64_t r = 0; r < rows; ++r)
-    SwiGluRow(gate + r * kPanel, up + r * kPanel, job.out + (first + r) * width + p * kPanel,
-              kPanel);
+  GatedPiece<kPanel, kRowBlock>(index, job.m, job.panels, job.out,
+                                [&job](int64_t first, int64_t rows, int64_t q, float* dst) {
+                                  Rows(job, first, rows, q, dst, kPanel);
+                                });
 }
 
 void RunQuantize(void* data, size_t index) {

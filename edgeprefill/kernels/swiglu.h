@@ -8,6 +8,7 @@
 // it at multiples of 16 to keep every element on the same path.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 
@@ -36,6 +37,26 @@ inline void SwiGluRow(const float* gate, const float* up, float* out, int64_t wi
   }
 #endif
   for (; i < width; ++i) out[i] = Silu(gate[i]) * up[i];
+}
+
+// Piece `index` of a gated projection (MatMulInt8, MatMulBf16 with gated=1) over M rows and
+// `panels` panels of kPanel columns, gate then up: rows [block * kRowBlock, +kRowBlock) of
+// gate panel p and up panel p + panels / 2, index = block * (panels / 2) + p. panel(first,
+// rows, q, dst) computes rows [first, first + rows) of panel q into dst (rows kPanel floats
+// apart); both stay here (24 KB at 48 x 64) until silu(gate) * up goes to out [M, N / 2]:
+// the N columns are never written out.
+template <int64_t kPanel, int64_t kRowBlock, typename Panel>
+inline void GatedPiece(size_t index, int64_t m, int64_t panels, float* out, const Panel& panel) {
+  const int64_t halves = panels / 2;
+  const int64_t block = static_cast<int64_t>(index) / halves;
+  const int64_t p = static_cast<int64_t>(index) % halves;
+  const int64_t first = block * kRowBlock, rows = std::min(kRowBlock, m - first);
+  alignas(64) float gate[kRowBlock * kPanel], up[kRowBlock * kPanel];
+  panel(first, rows, p, gate);
+  panel(first, rows, p + halves, up);
+  const int64_t width = halves * kPanel;
+  for (int64_t r = 0; r < rows; ++r)
+    SwiGluRow(gate + r * kPanel, up + r * kPanel, out + (first + r) * width + p * kPanel, kPanel);
 }
 
 }  // namespace edgeprefill
