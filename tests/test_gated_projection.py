@@ -88,9 +88,11 @@ def folded(g: GraphProto) -> int:
 
 def test_fold_takes_only_a_native_projection_read_by_the_swiglu_alone():
     model = helper.make_model(mlp())
+    model.graph.value_info.append(value("gu"))  # a shape recorded for the folded value
     assert swiglu.fold_gated(model) == 1
     g = model.graph
     assert [n.op_type for n in g.node] == [int8_rows.OP]
+    assert not g.value_info  # no shape left for a value no node makes
     assert list(g.node[0].output) == ["y"] and graph.int_attribute(g.node[0], "gated") == 1
     assert swiglu.fold_gated(model) == 0  # nothing left to fold
     assert folded(mlp(bf16_compute.OP)) == 1

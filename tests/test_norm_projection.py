@@ -85,9 +85,11 @@ def chain(projection_op: str = int8_rows.OP, second_reader: bool = False,
 
 def test_fold_puts_the_projection_where_the_norm_was():
     model = helper.make_model(chain())
+    model.graph.value_info.extend([value("normed"), value("sum")])
     assert rms_norm.fold_norms(model) == 1
     g = model.graph
     assert [n.op_type for n in g.node] == [int8_rows.OP, "Relu"]
+    assert [v.name for v in g.value_info] == ["sum"]  # the normalized rows are gone
     fused = g.node[0]
     assert list(fused.input) == ["x", "w1", "w2", "w3", "skip", "gamma"]
     assert list(fused.output) == ["y", "sum"]

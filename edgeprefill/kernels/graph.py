@@ -220,6 +220,13 @@ def readers_with_subgraphs(graph: GraphProto) -> Counter[str]:
     return readers
 
 
+def forget_values(graph: GraphProto, names: set[str]) -> None:
+    """Drops the shapes `graph` records for values no node makes any more (a fold's)."""
+    kept = [v for v in graph.value_info if v.name not in names]
+    del graph.value_info[:]
+    graph.value_info.extend(kept)
+
+
 def consumers_of(graph: GraphProto) -> dict[str, list[NodeProto]]:
     """Each value's reading nodes, in graph order (a value nothing reads: an empty list)."""
     consumers: dict[str, list[NodeProto]] = defaultdict(list)

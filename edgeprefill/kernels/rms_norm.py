@@ -26,6 +26,7 @@ from edgeprefill.kernels.graph import (
     consumers_of,
     declare_domain,
     float_attribute,
+    forget_values,
     readers_with_subgraphs,
     subgraphs,
 )
@@ -81,6 +82,7 @@ def _fold_norms(graph: GraphProto) -> int:
     outputs = {o.name for o in graph.output}
     fused: dict[int, NodeProto] = {}  # id(norm) -> the projection with the norm inside
     dropped: set[int] = set()  # id(projection)
+    normed_values: set[str] = set()  # the norms' outputs no node makes any more
     for norm in graph.node:
         if norm.op_type != OP or norm.domain != DOMAIN or len(norm.output) < 2:
             continue
@@ -92,10 +94,12 @@ def _fold_norms(graph: GraphProto) -> int:
             continue
         fused[id(norm)] = _with_norm(projection, norm)
         dropped.add(id(projection))
+        normed_values.add(normed)
     if fused:
         kept = [fused.get(id(n), n) for n in graph.node if id(n) not in dropped]
         del graph.node[:]
         graph.node.extend(kept)
+        forget_values(graph, normed_values)
     return count + len(fused)
 
 

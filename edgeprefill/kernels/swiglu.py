@@ -26,6 +26,7 @@ from edgeprefill.kernels.graph import (
     axis,
     consumers_of,
     declare_domain,
+    forget_values,
     int_attribute,
     readers_with_subgraphs,
     subgraphs,
@@ -121,13 +122,10 @@ def _fold_gated(graph: GraphProto) -> int:
         projection.output[0] = node.output[0]
         dropped.append(node)
     if dropped:
-        gone = {d.input[0] for d in dropped}
         kept = [n for n in graph.node if all(n is not d for d in dropped)]
         del graph.node[:]
         graph.node.extend(kept)
-        infos = [v for v in graph.value_info if v.name not in gone]  # shapes of gone values
-        del graph.value_info[:]
-        graph.value_info.extend(infos)
+        forget_values(graph, {d.input[0] for d in dropped})
     return count + len(dropped)
 
 
