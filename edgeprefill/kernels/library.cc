@@ -144,13 +144,13 @@ void ForRowBlocks(OrtKernelContext* context, int64_t rows, int64_t width,
     for (int64_t i = 0; i < count; ++i) RunRowBlock(&blocks, static_cast<size_t>(i));
 }
 
-void ProjectRows(OrtKernelContext* context, bool split, size_t row_blocks, size_t panels,
-                 void (*prepare)(void*, size_t), void (*piece)(void*, size_t), void* job) {
-  if (split && row_blocks > 1)
-    ParallelFor(context, prepare, row_blocks, job);
+void ProjectRows(OrtKernelContext* context, bool split, size_t prepares,
+                 void (*prepare)(void*, size_t), size_t pieces, void (*piece)(void*, size_t),
+                 void* job) {
+  if (split && prepares > 1)
+    ParallelFor(context, prepare, prepares, job);
   else
-    for (size_t i = 0; i < row_blocks; ++i) prepare(job, i);
-  const size_t pieces = row_blocks * panels;
+    for (size_t i = 0; i < prepares; ++i) prepare(job, i);
   if (split && pieces > 1)
     ParallelFor(context, piece, pieces, job);
   else

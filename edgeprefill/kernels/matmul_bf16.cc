@@ -160,8 +160,8 @@ void RunGatedPiece(void* data, size_t index) {
 
 void RunConvert(void* data, size_t index) {
   const Job& job = *static_cast<const Job*>(data);
-  const int64_t first = static_cast<int64_t>(index) * kRowBlock;
-  ConvertRows(job, first, std::min(job.m, first + kRowBlock));
+  const int64_t first = static_cast<int64_t>(index) * kPrepareRows;
+  ConvertRows(job, first, std::min(job.m, first + kPrepareRows));
 }
 
 OrtStatus* Compute(void* state, OrtKernelContext* context) {
@@ -188,9 +188,9 @@ OrtStatus* Compute(void* state, OrtKernelContext* context) {
   Job job{a.data, reinterpret_cast<const uint32_t*>(b.data), pairs.data(), out, m, k,
           b.dims[1], n, b.dims[0], (m + kRowBlock - 1) / kRowBlock, gated, norm};
   const bool split = 2 * m * k * n >= kMinFlopsToSplit || k * n >= kMinWeightsToSplit;
-  ProjectRows(context, split, static_cast<size_t>(job.row_blocks),
-              static_cast<size_t>(gated ? job.panels / 2 : job.panels), RunConvert,
-              gated ? RunGatedPiece : RunPiece, &job);
+  const int64_t pieces = job.row_blocks * (gated ? job.panels / 2 : job.panels);
+  ProjectRows(context, split, static_cast<size_t>((m + kPrepareRows - 1) / kPrepareRows),
+              RunConvert, static_cast<size_t>(pieces), gated ? RunGatedPiece : RunPiece, &job);
   return nullptr;
 }
 

@@ -203,8 +203,8 @@ void RunGatedPiece(void* data, size_t index) {
 
 void RunQuantize(void* data, size_t index) {
   const Job& job = *static_cast<const Job*>(data);
-  const int64_t first = static_cast<int64_t>(index) * kRowBlock;
-  QuantizeRows(job, first, std::min(job.m, first + kRowBlock));
+  const int64_t first = static_cast<int64_t>(index) * kPrepareRows;
+  QuantizeRows(job, first, std::min(job.m, first + kPrepareRows));
 }
 
 OrtStatus* Compute(void* state, OrtKernelContext* context) {
@@ -235,9 +235,9 @@ OrtStatus* Compute(void* state, OrtKernelContext* context) {
           quads.data(), row_scale.data(), out, m, k, k4, n, panels,
           (m + kRowBlock - 1) / kRowBlock, gated, norm};
   const bool split = 2 * m * k * n >= kMinOpsToSplit || k * n >= kMinWeightsToSplit;
-  ProjectRows(context, split, static_cast<size_t>(job.row_blocks),
-              static_cast<size_t>(gated ? panels / 2 : panels), RunQuantize,
-              gated ? RunGatedPiece : RunPiece, &job);
+  const int64_t pieces = job.row_blocks * (gated ? panels / 2 : panels);
+  ProjectRows(context, split, static_cast<size_t>((m + kPrepareRows - 1) / kPrepareRows),
+              RunQuantize, static_cast<size_t>(pieces), gated ? RunGatedPiece : RunPiece, &job);
   return nullptr;
 }
 
