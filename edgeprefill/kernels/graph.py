@@ -145,10 +145,7 @@ def fold_packing(graph: GraphProto) -> int:
         att.attribute.append(helper.make_attribute("packed", 1))
         dropped.update(id(n) for n in found)
         count += 1
-    if dropped:
-        kept = [n for n in graph.node if id(n) not in dropped]
-        del graph.node[:]
-        graph.node.extend(kept)
+    rewrite_nodes(graph, dropped=dropped)
     return count
 
 
@@ -178,10 +175,7 @@ def fold_last(graph: GraphProto) -> int:
         att.attribute.append(helper.make_attribute(LAST, 1))
         squeeze.output[0] = gather.output[0]
         dropped.append(gather)
-    if dropped:
-        kept = [n for n in graph.node if all(n is not d for d in dropped)]
-        del graph.node[:]
-        graph.node.extend(kept)
+    rewrite_nodes(graph, dropped={id(n) for n in dropped})
     return len(dropped)
 
 
@@ -218,6 +212,18 @@ def readers_with_subgraphs(graph: GraphProto) -> Counter[str]:
             for inner in every_node(sub):
                 readers.update(inner.input)
     return readers
+
+
+def rewrite_nodes(graph: GraphProto, replaced: dict[int, NodeProto] | None = None,
+                  dropped: set[int] | None = None) -> None:
+    """Rebuilds graph.node in place, in order: a node whose id() is in `replaced` becomes its
+    replacement, one in `dropped` goes (the folds' last step)."""
+    swap, drop = replaced or {}, dropped or set()
+    if not swap and not drop:
+        return
+    kept = [swap.get(id(n), n) for n in graph.node if id(n) not in drop]
+    del graph.node[:]
+    graph.node.extend(kept)
 
 
 def forget_values(graph: GraphProto, names: set[str]) -> None:

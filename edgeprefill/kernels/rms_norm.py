@@ -28,6 +28,7 @@ from edgeprefill.kernels.graph import (
     float_attribute,
     forget_values,
     readers_with_subgraphs,
+    rewrite_nodes,
     subgraphs,
 )
 
@@ -95,11 +96,8 @@ def _fold_norms(graph: GraphProto) -> int:
         fused[id(norm)] = _with_norm(projection, norm)
         dropped.add(id(projection))
         normed_values.add(normed)
-    if fused:
-        kept = [fused.get(id(n), n) for n in graph.node if id(n) not in dropped]
-        del graph.node[:]
-        graph.node.extend(kept)
-        forget_values(graph, normed_values)
+    rewrite_nodes(graph, fused, dropped)
+    forget_values(graph, normed_values)
     return count + len(fused)
 
 

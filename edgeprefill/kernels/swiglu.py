@@ -29,6 +29,7 @@ from edgeprefill.kernels.graph import (
     forget_values,
     int_attribute,
     readers_with_subgraphs,
+    rewrite_nodes,
     subgraphs,
 )
 
@@ -57,9 +58,7 @@ def fuse_swiglu(model: ModelProto) -> int:
         dropped.update({id(node), id(sigmoid), id(first)})
     if not replaced:
         return 0
-    kept = [replaced.get(id(n), n) for n in graph.node if id(n) not in dropped]
-    del graph.node[:]
-    graph.node.extend(kept)
+    rewrite_nodes(graph, replaced, dropped)
     declare_domain(model)
     return len(replaced)
 
@@ -121,11 +120,8 @@ def _fold_gated(graph: GraphProto) -> int:
         projection.attribute.append(helper.make_attribute(GATED, 1))
         projection.output[0] = node.output[0]
         dropped.append(node)
-    if dropped:
-        kept = [n for n in graph.node if all(n is not d for d in dropped)]
-        del graph.node[:]
-        graph.node.extend(kept)
-        forget_values(graph, {d.input[0] for d in dropped})
+    rewrite_nodes(graph, dropped={id(n) for n in dropped})
+    forget_values(graph, {d.input[0] for d in dropped})
     return count + len(dropped)
 
 
