@@ -24,12 +24,6 @@ from tests.test_prefill_kernel import (
 )
 
 
-def with_last(model: bytes) -> bytes:
-    proto = onnx.load_from_string(model)
-    proto.graph.node[0].attribute.append(onnx.helper.make_attribute("last", 1))
-    return proto.SerializeToString()
-
-
 @pytest.mark.parametrize("bf16", [False, True])
 @pytest.mark.parametrize("valid", [[40, 1, 17, 0], [0, 33, 0, 1], [1, 1, 1, 1], [40, 40, 40, 40]])
 def test_last_gives_each_rows_last_token_bit_for_bit(library, bf16, valid):
@@ -45,24 +39,26 @@ def test_last_gives_each_rows_last_token_bit_for_bit(library, bf16, valid):
     want_cache = [c.copy() for c in cache]
     every = run_layer(session(model, library, 2), PASTS, qkv, *want_cache, valid, packed=True)[0]
     got_cache = [c.copy() for c in cache]
-    got = run_layer(session(with_last(model), library, 2), PASTS, qkv, *got_cache, valid,
-                    packed=True, last=True)
+    folded = layer_model(True, HEAD_DIM, bf16=bf16, packed=True, last=True)
+    got = run_layer(session(folded, library, 2), PASTS, qkv, *got_cache, valid, packed=True,
+                    last=True)
     assert got.shape == (1, len(valid), HEADS * HEAD_DIM)
     np.testing.assert_array_equal(got[0], every[np.cumsum(valid) - 1])
     for a, b in zip(want_cache, got_cache, strict=True):
         np.testing.assert_array_equal(b, a)
 
 
-def test_last_without_packed_is_a_one_line_error(library):
-    proto = onnx.load_from_string(layer_model(True, HEAD_DIM, valid_lens=True))
-    proto.graph.node[0].attribute.append(onnx.helper.make_attribute("last", 1))
-    sess = session(proto.SerializeToString(), library, 1)
-    qkv = np.zeros((2, 8, WIDTH), np.float32)
-    cache = np.zeros((2, KV_HEADS, 64, HEAD_DIM), np.float32)
-    with pytest.raises(Exception, match="last=1 needs packed=1"):
-        sess.run(None, {"qkv": qkv, "past_k": cache, "past_v": cache,
-                        "seqlens_k": np.array([7, 7], np.int32), "total": np.array(8, np.int32),
-                        "valid": np.array([8, 8], np.int32)})
+def test_last_without_packed_is_a_one_line_error_at_load(library):
+    """Refused when the session is made, not on the first call; DecodeAttention, whose
+    output is one row per sequence anyway, takes neither packed nor last."""
+    with pytest.raises(Exception, match="PrefillAttention: last=1 needs packed=1"):
+        session(layer_model(True, HEAD_DIM, valid_lens=True, last=True), library, 1)
+    with pytest.raises(Exception, match="DecodeAttention: last=1 needs packed=1"):
+        session(layer_model(True, HEAD_DIM, decode=True, last=True), library, 1)
+    decode = onnx.load_from_string(layer_model(True, HEAD_DIM, decode=True))
+    decode.graph.node[0].attribute.append(onnx.helper.make_attribute("packed", 1))
+    with pytest.raises(Exception, match="DecodeAttention: packed and last are PrefillAttention"):
+        session(decode.SerializeToString(), library, 1)
 
 
 @pytest.mark.parametrize("family, folded", [("llama", 1), ("qwen3", 0)])

@@ -25,11 +25,12 @@ PASTS = np.array([0, 1, 127, 300])
 
 
 def layer_model(native: bool, rotary_dim: int, valid_lens: bool = False, decode: bool = False,
-                bf16: bool = False, packed: bool = False) -> bytes:
+                bf16: bool = False, packed: bool = False, last: bool = False) -> bytes:
     """One attention layer over a bound cache, chunk length free: GQA or the kernel (with
     `valid_lens`, given each row's valid tokens as an input; `decode`: DecodeAttention, for
     chunks of one token; `bf16`: PrefillAttention's products in bf16; `packed`: its qkv and
-    output the valid tokens packed, [1, T, ...], with past_lens as input "past")."""
+    output the valid tokens packed, [1, T, ...], with past_lens as input "past"; `last`: its
+    output each row's last valid token only, last=1)."""
     valid_lens = valid_lens or packed
     rng = np.random.default_rng(0)
     tables = [rng.standard_normal((CAPACITY + 1, rotary_dim // 2)).astype(np.float32)
@@ -49,6 +50,8 @@ def layer_model(native: bool, rotary_dim: int, valid_lens: bool = False, decode:
     if packed:
         node.input.append("past")
         node.attribute.append(helper.make_attribute("packed", 1))
+    if last:
+        node.attribute.append(helper.make_attribute(graph.LAST, 1))
     cache = ["rows", KV_HEADS, "capacity", HEAD_DIM]
     qkv_dims = [1, "tokens", WIDTH] if packed else ["rows", "chunk", WIDTH]
     values = [

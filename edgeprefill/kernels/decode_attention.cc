@@ -380,7 +380,14 @@ OrtStatus* Compute(const Kernel& kernel, OrtKernelContext* context) {
 }
 
 OrtStatus* CreateKernel(const OrtKernelInfo* info, void** kernel) {
-  return CreateAttentionKernel(info, "DecodeAttention", kernel);
+  EP_RETURN_IF_ERROR(CreateAttentionKernel(info, "DecodeAttention", kernel));
+  const Kernel& made = *static_cast<Kernel*>(*kernel);
+  if (made.packed || made.last) {  // its output is [B, 1, H * D], one row per sequence
+    delete static_cast<Kernel*>(*kernel);
+    *kernel = nullptr;
+    return Fail("DecodeAttention: packed and last are PrefillAttention's attributes");
+  }
+  return nullptr;
 }
 
 OrtStatus* ORT_API_CALL ComputeKernel(void* kernel, OrtKernelContext* context) {

@@ -78,6 +78,8 @@ OrtStatus* CreateAttentionKernel(const OrtKernelInfo* info, const char* op, void
     OrtStatus* missing = g_api->KernelInfoGetAttribute_int64(info, name, value);
     if (missing != nullptr) g_api->ReleaseStatus(missing);
   }
+  if (last != 0 && packed == 0)
+    return Fail((std::string(op) + ": last=1 needs packed=1").c_str());
   *kernel = new Kernel{heads, kv_heads, scale, bf16 != 0, false, packed != 0, last != 0};
   return nullptr;
 }

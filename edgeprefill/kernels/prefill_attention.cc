@@ -817,8 +817,6 @@ OrtStatus* Compute(const Kernel& kernel, OrtKernelContext* context) {
     return Fail("PrefillAttentionBf16KV: a bf16 KV cache needs bf16=1 and a build with AVX512-BF16");
   const int64_t d = s.head_dim, heads = kernel.heads;
   float *out = nullptr, *keys = nullptr, *values = nullptr;
-  if (kernel.last && !kernel.packed)
-    return Fail("PrefillAttention: last=1 needs packed=1");
   std::vector<int64_t> out_dims{s.rows, s.chunk, heads * d};
   if (kernel.packed) out_dims = {1, kernel.last ? s.rows : s.chunk, heads * d};
   EP_RETURN_IF_ERROR(Output(context, 0, out_dims, &out));
