@@ -126,6 +126,6 @@ def _fold_gated(graph: GraphProto) -> int:
 
 
 def _gateable(node: NodeProto) -> bool:
+    columns = int_attribute(node, "N")
     return (node.op_type in PROJECTIONS and node.domain == DOMAIN
-            and int_attribute(node, GATED) == 0
-            and int_attribute(node, "N") % (2 * PANEL) == 0 and int_attribute(node, "N") > 0)
+            and int_attribute(node, GATED) == 0 and columns > 0 and columns % (2 * PANEL) == 0)
