@@ -33,6 +33,9 @@ SOURCES = ("library.cc", "decode_attention.cc", "prefill_attention.cc", "swiglu.
            "rms_norm.cc", "matmul_bf16.cc", "matmul_int4.cc", "matmul_int8.cc")
 # Hashed with the sources, not compiled on their own.
 HEADERS = ("kernel_common.h", "decode_rows.h", "swiglu.h", "rms_norm.h")
+# GCC's default -ffp-contract=fast stays: the hot products are explicit FMA intrinsics
+# either way, =off would undo ~400 multiply-adds gcc fuses in single-site code, and the
+# scalar code that several ops share writes its multiply-adds as std::fma (docs/design.md).
 FLAGS = ("-O3", "-march=native", "-std=c++17", "-fPIC", "-shared", "-fvisibility=hidden")
 HEADERS_PACKAGE = "com.github.asus4.onnxruntime@0.4.9"  # MIT; ONNX Runtime 1.2x C API headers
 HEADERS_IN_PACKAGE = "package/Plugins/Android/onnxruntime.aar"  # a zip with headers/ inside

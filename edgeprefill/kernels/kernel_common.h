@@ -4,6 +4,7 @@
 
 #include <onnxruntime_c_api.h>
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <vector>
@@ -29,18 +30,19 @@ inline OrtStatus* Fail(const char* message) {
   } while (0)
 
 // exp(x) for x <= 0 (scores minus their max): Cephes' expf, branch-free so loops over it
-// vectorize; relative error ~1e-7.
+// vectorize; relative error ~1e-7. Every multiply-add is an explicit fma, so the bits do
+// not hang on where the compiler contracts a * b + c (-ffp-contract) at each inline site.
 inline float ExpNonPositive(float x) {
   x = x < -87.0f ? -87.0f : x;
-  const float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;  // round
-  const float r = (x - n * 0.693359375f) - n * -2.12194440e-4f;
+  const float n = std::fma(x, 1.44269504088896341f, 12582912.0f) - 12582912.0f;  // round
+  const float r = std::fma(-n, -2.12194440e-4f, std::fma(-n, 0.693359375f, x));
   float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
+  p = std::fma(p, r, 1.3981999507e-3f);
+  p = std::fma(p, r, 8.3334519073e-3f);
+  p = std::fma(p, r, 4.1665795894e-2f);
+  p = std::fma(p, r, 1.6666665459e-1f);
+  p = std::fma(p, r, 5.0000001201e-1f);
+  p = std::fma(p * r, r, r) + 1.0f;
   const uint32_t bits = static_cast<uint32_t>(static_cast<int32_t>(n) + 127) << 23;
   float scale;
   std::memcpy(&scale, &bits, sizeof scale);
@@ -112,8 +114,8 @@ inline void Rotate(const float* x, float* out, const float* cos, const float* si
                    int64_t rotary) {
   const int64_t half = rotary / 2;
   for (int64_t i = 0; i < half; ++i) {
-    out[i] = x[i] * cos[i] - x[i + half] * sin[i];
-    out[i + half] = x[i + half] * cos[i] + x[i] * sin[i];
+    out[i] = std::fma(x[i], cos[i], -(x[i + half] * sin[i]));  // explicit: see ExpNonPositive
+    out[i + half] = std::fma(x[i + half], cos[i], x[i] * sin[i]);
   }
   for (int64_t i = rotary; i < d; ++i) out[i] = x[i];
 }

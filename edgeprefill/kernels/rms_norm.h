@@ -4,6 +4,7 @@
 // give the same bits.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 
@@ -28,14 +29,22 @@ inline float AddRow(const float* x, const float* skip, float* sum, int64_t width
                                    _mm512_maskz_loadu_ps(tail, skip + i));
     _mm512_mask_storeu_ps(sum + i, tail, s);
     acc = _mm512_fmadd_ps(s, s, acc);
-    i = width;
   }
   squares = _mm512_reduce_add_ps(acc);
-#endif
-  for (; i < width; ++i) {
-    sum[i] = x[i] + skip[i];
-    squares += sum[i] * sum[i];
+#else
+  // 16 running sums, as the vector path keeps, each an explicit fma: the compiler may
+  // vectorize this however it likes without moving a bit (it cannot reorder the sums, and
+  // a * b + c it might contract in one unrolled copy and not in another: ExpNonPositive).
+  float lanes[16] = {};
+  for (; i < width; i += 16) {
+    const int64_t n = std::min<int64_t>(16, width - i);
+    for (int64_t l = 0; l < n; ++l) {
+      sum[i + l] = x[i + l] + skip[i + l];
+      lanes[l] = std::fma(sum[i + l], sum[i + l], lanes[l]);
+    }
   }
+  for (const float lane : lanes) squares += lane;
+#endif
   return squares;
 }
 
