@@ -477,3 +477,26 @@ def test_serve_command_says_which_port_is_taken(bundle):
         result = CliRunner().invoke(cli, ["serve", str(bundle("llama")), "--port", str(port)])
     assert isinstance(result.exception, EdgeprefillError)
     assert f"cannot listen on 127.0.0.1:{port}" in str(result.exception)
+
+
+def test_n_choices_count_against_max_pending(engine, monkeypatch):
+    # Each choice runs as a request of its own in the engine, whose queue `serve` makes
+    # max_pending long: admitting n on one place let later choices fail halfway (a 500).
+    slow_down(monkeypatch, engine, 0.005)
+    app = create_app(engine, ServerConfig(model_name=MODEL, max_pending=3))
+    body = {"model": MODEL, "prompt": "w5", "max_tokens": 300, "stream": True, **NO_EOS}
+    with ServerThread(app, port=free_port()) as server:
+        url = f"{server.url}/v1/completions"
+        assert_error(httpx.post(url, json={"model": MODEL, "prompt": "w5", "n": 4}), 400, "n")
+        with httpx.stream("POST", url, json={**body, "n": 2}) as first:
+            lines = first.iter_lines()
+            next(lines)  # admitted: two of three places taken
+            busy = httpx.post(url, json={"model": MODEL, "prompt": "w6", "n": 2})
+            assert_error(busy, 429, code="queue_full")
+            one = httpx.post(url, json={"model": MODEL, "prompt": "w6", "max_tokens": 2})
+            assert one.status_code == 200
+            rest = list(lines)
+        assert "data: [DONE]" in rest
+        wait_idle(engine)
+        again = httpx.post(url, json={"model": MODEL, "prompt": "w6", "max_tokens": 2, "n": 3})
+        assert len(again.json()["choices"]) == 3

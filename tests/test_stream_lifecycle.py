@@ -177,3 +177,29 @@ def test_close_ends_every_choice_of_an_n_request(make_engine):
     engine.close()
     for stream in (busy, *choices):
         assert finish_within(stream) == "cancelled"
+
+
+def test_the_choices_of_an_admitted_n_request_wait_past_the_queue_limit(make_engine):
+    # One slot and a queue of one: the siblings cannot fork a slot and wait in the queue
+    # one after another. Refusing them there would throw away a request half served.
+    engine = make_engine(background=False, kv_slots=1, max_queue=1)
+    choices = engine.submit_n(ids(30, 1), GenerationParams(max_new_tokens=4), 3)
+    while not all(s.done for s in choices):
+        engine.step()
+    assert [s.finish_reason for s in choices] == ["length"] * 3
+    engine.check_integrity()
+
+
+def test_a_refused_n_request_takes_its_choices_with_it(make_engine):
+    engine = make_engine(background=False, kv_slots=1, max_queue=1)
+    running = engine.generate(ids(20), MANY)
+    engine.step()  # takes the only slot
+    waiting = engine.generate(ids(20, 1), MANY)
+    engine.step()  # fills the queue
+    refused = engine.submit_n(ids(30, 2), MANY, 3)
+    engine.step()
+    for stream in refused:
+        assert stream.done and stream.finish_reason == "error"
+        assert "the queue is full" in stream.error
+    assert not running.done and not waiting.done
+    engine.close()

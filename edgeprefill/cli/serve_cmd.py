@@ -25,7 +25,8 @@ LOG_LEVELS = ("debug", "info", "warning", "error", "critical")  # uvicorn's and 
               help="Require 'Authorization: Bearer KEY' on every route but /health.")
 @engine_options()
 @click.option("--max-pending", type=click.IntRange(min=1), default=64, show_default=True,
-              help="Requests admitted at once, running or queued; more get HTTP 429.")
+              help="Requests admitted at once, running or queued, a request of n choices "
+                   "counting n; more get HTTP 429.")
 @limit_options
 @click.option("--log-level", type=click.Choice(LOG_LEVELS), default="info", show_default=True,
               help="info: one line per request (method, path, status, tokens, TTFT, "

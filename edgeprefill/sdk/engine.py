@@ -349,11 +349,15 @@ class Engine:
                 request.cancelled = True
                 self._finish(request, "cancelled", keep=False)
 
-    def _add(self, request: Request) -> None:
+    def _add(self, request: Request, admitted: bool = False) -> None:
         try:
-            self.scheduler.add(request)
+            self.scheduler.add(request, admitted)
         except RequestError as err:
-            self._finish(request, "error", keep=False, error=str(err))
+            # A refused request's n > 1 siblings share its refusal (admitted, they would
+            # run past the queue's limit).
+            refused, request.followers = request.followers, []
+            for each in (request, *refused):
+                self._finish(each, "error", keep=False, error=str(err))
 
     def _fork_followers(self, request: Request, logits: np.ndarray) -> None:
         """The n > 1 siblings of a request whose prompt just entered the KV cache start
@@ -365,7 +369,7 @@ class Engine:
                 continue
             slot = self.kv.fork(_slot(request))
             if slot is None:
-                self._add(follower)
+                self._add(follower, admitted=True)
                 continue
             follower.slot, follower.kv_len = slot, len(follower.tokens)
             follower.metrics.prefix_reused = follower.kv_len
@@ -380,7 +384,7 @@ class Engine:
             if ended == "cancelled" or self._stopping:
                 self._finish(follower, "cancelled", keep=False)
             elif not follower.cancelled:
-                self._add(follower)
+                self._add(follower, admitted=True)
 
     def _guarded(self, requests: list[Request], run: Callable[[list[Request]], None]) -> None:
         # A failing step ends the requests it carried, never the loop or other requests.

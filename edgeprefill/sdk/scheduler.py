@@ -127,8 +127,11 @@ class Scheduler:
 
     # -- moving requests between groups -------------------------------------------------
 
-    def add(self, request: Request) -> None:
-        if len(self.queued) >= self.config.max_queue:
+    def add(self, request: Request, admitted: bool = False) -> None:
+        """Queue a request. `admitted`: an n > 1 sibling of a request the queue already
+        took, which waits for a slot past the limit (refusing it would fail a request
+        halfway, its tokens generated and thrown away)."""
+        if not admitted and len(self.queued) >= self.config.max_queue:
             raise RequestError(f"the queue is full ({self.config.max_queue} requests waiting)")
         self.queued.append(request)
 

@@ -204,10 +204,17 @@ class OpenAIApi:
             )
 
     async def _submit(self, req: CompletionRequest) -> Choices:
-        if self.pending >= self.config.max_pending:
-            raise ApiError(429, f"the server is busy ({self.pending} requests pending); "
-                           "retry shortly", code="queue_full")
-        self.pending += 1  # held while tokenizing, so concurrent arrivals count it
+        # `pending` counts choices: each of n runs as a request of its own in the engine,
+        # whose queue is as long as max_pending (serve_cmd), so admitting n > 1 on one
+        # place would let its later choices find the queue full halfway through.
+        limit = self.config.max_pending
+        if req.n > limit:
+            raise ApiError(400, f"n={req.n} is more choices than this server runs at once "
+                           f"(max_pending {limit}); ask for at most {limit}", "n")
+        if self.pending + req.n > limit:
+            raise ApiError(429, f"the server is busy ({self.pending} of {limit} places "
+                           "taken); retry shortly", code="queue_full")
+        self.pending += req.n  # held while tokenizing, so concurrent arrivals count it
         admitted = False
         try:
             tokens = await self._encode(req)
@@ -225,7 +232,7 @@ class OpenAIApi:
             raise ApiError(400, str(err)) from None
         finally:
             if not admitted:
-                self.pending -= 1
+                self.pending -= req.n
 
     async def _encode(self, req: CompletionRequest) -> list[int] | int:
         """Token ids of the prompt (text and chat go through a prompt worker), or only
@@ -255,7 +262,7 @@ class OpenAIApi:
                 "context_length_exceeded",
             )
 
-    def _closer(self, endpoint: str, stream: TokenStream) -> Callable[[], None]:
+    def _closer(self, endpoint: str, stream: Choices) -> Callable[[], None]:
         closed = False
 
         def close() -> None:
@@ -265,7 +272,7 @@ class OpenAIApi:
             closed = True
             if not stream.done:
                 stream.cancel()  # the client left, or the reply was cut short: free the KV
-            self.pending -= 1
+            self.pending -= len(stream.streams)
             self.metrics.observe(endpoint, stream)
 
         return close

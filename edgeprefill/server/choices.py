@@ -38,8 +38,10 @@ class Choices:
                     getter.cancel()
             done.result()  # re-raise a failure while reading, if any
         finally:
-            for task in tasks:
-                task.cancel()
+            # A client that leaves early: the pumps are cancelled, and the gather then holds
+            # a CancelledError that asyncio would log with a traceback unless it is read.
+            done.add_done_callback(_read_outcome)
+            done.cancel()
 
     async def __aiter__(self) -> AsyncIterator[TokenEvent]:
         async for _, event in self.indexed():
@@ -73,3 +75,8 @@ class Choices:
     @property
     def completion_tokens(self) -> int:
         return sum(len(s.token_ids) for s in self.streams)
+
+
+def _read_outcome(future: asyncio.Future) -> None:
+    if not future.cancelled():
+        future.exception()
