@@ -150,6 +150,10 @@ def test_run_refuses_empty_prompts_in_one_line(tiny_bundle):
     ('{"prompt": "w5", "priority": "urgent"}', "priority"),
     ('{"prompt": "w5", "delay_s": "soon"}', "soon"),
     ('{"prompt": "w5"', "line 1"),
+    ('{"prompt": "w5", "ignore_eos": "false"}', "ignore_eos must be true or false"),
+    ('{"prompt": "w5", "stop": 5}', "stop must be a string or a list of strings"),
+    ('{"prompt": "w5", "delay_s": 1e300}', "'delay_s' must be a number of seconds"),
+    ('{"prompt": "w5", "logprobs": 3}', "unknown key 'logprobs'"),
 ])
 def test_prompts_file_refuses_bad_lines_in_one_line(tmp_path, line, fragment):
     requests = tmp_path / "requests.jsonl"
@@ -263,3 +267,48 @@ def test_on_a_terminal_the_chat_reads_with_readline_and_its_saved_history(tmp_pa
     (save,) = saved
     save()
     assert history.read_text().splitlines()[-3:] == ["w5 w6", "/system w9", "w7"]
+
+
+def test_a_refused_turn_is_one_line_and_the_chat_goes_on(engine, capsys):
+    out: list[str] = []
+    too_long = " ".join(["w5"] * engine.capacity)
+    ChatLoop(engine, PARAMS, read=lines(too_long, "w6 w7"), write=out.append).run()
+    err = capsys.readouterr().err
+    assert "error: prompt (" in err and f"exceeds the context of {engine.capacity}" in err
+    assert "/reset" in err
+    assert len("".join(out).split()) == 3  # the next turn was answered
+
+
+def test_without_max_new_tokens_run_generates_to_the_end_of_a_small_context(bundle):
+    path = bundle("llama")
+    prompt = " ".join(["w5"] * 20)
+    fits = cli("run", path, "-p", prompt, "--max-context", "32", "--ignore-eos", "--stats")
+    assert fits.returncode == 0, fits.stderr
+    # The last token needs no KV position: 32 positions give the 20-token prompt 13.
+    assert "prompt 20 tok" in fits.stderr and "generated 13 " in fits.stderr
+    assert "finish length" in fits.stderr and len(fits.stdout.split()) == 13
+    # A limit the user gives is a promise: refused rather than cut short.
+    assert_one_line_error(cli("run", path, "-p", prompt, "--max-context", "32",
+                              "--max-new-tokens", "256"), "max_new_tokens (256)",
+                          "exceeds the context of 32")
+
+
+def test_prompts_file_with_a_byte_order_mark_and_a_refused_line(tiny_bundle, tmp_path):
+    requests = tmp_path / "requests.jsonl"
+    requests.write_text(
+        "\ufeff" + json.dumps({"prompt": "the secret is jade .", "max_new_tokens": 2,
+                               "priority": "high"}) + "\n"
+        + json.dumps({"prompt": "w", "max_new_tokens": 100000}) + "\n", encoding="utf-8")
+    result = cli("run", tiny_bundle, "--prompts", requests)
+    assert result.returncode == 2
+    assert "--- request 0 (priority -1)" in result.stdout  # the JSON was read, not a prompt
+    assert "rejected: prompt" in result.stdout
+    assert result.stderr.strip().splitlines()[-1] == \
+        "error: 1 of 2 requests were rejected (see above)"
+
+
+def test_a_prompt_file_that_is_not_utf8_is_one_line(tiny_bundle, tmp_path):
+    bad = tmp_path / "prompt.txt"
+    bad.write_bytes(b"\xff\xfe the secret")
+    assert_one_line_error(cli("run", tiny_bundle, "--prompt-file", bad), "--prompt-file",
+                          "not UTF-8 text")

@@ -27,7 +27,9 @@ def test_prompts_file_runs_concurrent_requests_with_priorities(bundle, tmp_path)
     ]))
     result = cli("run", bundle("llama"), "--prompts", requests, "--max-new-tokens", "4",
                  "--stats")
-    assert result.returncode == 0, result.stderr
+    # The others ran and printed; the refused one makes the command fail, after them.
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.splitlines()[-1] == "error: 1 of 3 requests were rejected (see above)"
     out = result.stdout
     assert "--- request 0 (priority 0)" in out and "--- request 1 (priority 5)" in out
     assert "rejected: prompt (700 tokens)" in out  # too long for the context: refused alone

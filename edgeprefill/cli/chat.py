@@ -18,6 +18,7 @@ import click
 
 from edgeprefill.cli.report import request_line
 from edgeprefill.cli.run_modes import stream_out
+from edgeprefill.errors import RequestError
 from edgeprefill.sdk import Engine, GenerationParams
 from edgeprefill.sdk.stream import TokenStream
 
@@ -87,7 +88,12 @@ class ChatLoop:
         return command.handler(self, argument.strip())
 
     def _reply(self, text: str) -> None:
-        stream = self._submit(text)
+        try:
+            stream = self._submit(text)
+        except RequestError as err:  # the conversation stays as it was: keep chatting
+            _note(f"error: {err}" + ("; /reset starts a new conversation"
+                                     if "context" in str(err) else ""))
+            return
         _note("model> ", newline=False)
         try:
             stream_out(stream, self.write)

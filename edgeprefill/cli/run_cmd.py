@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+from typing import IO
+
 import click
 
 from edgeprefill.cli import run_modes
 from edgeprefill.cli.chat import ChatLoop
 from edgeprefill.cli.options import engine_options
 from edgeprefill.errors import RequestError
+
+DEFAULT_NEW_TOKENS = 256  # GenerationParams' default (edgeprefill.sdk loads onnxruntime)
 
 
 def _priority(ctx: click.Context, param: click.Parameter, value: str) -> int:
@@ -38,7 +42,9 @@ def _priority(ctx: click.Context, param: click.Parameter, value: str) -> int:
 @click.option("--priority", default="0", show_default=True, callback=_priority,
               help="Lower is served first (vLLM's meaning); high, normal, low = -1, 0, 1. "
                    "For --sessions, and --prompts lines that give none.")
-@click.option("--max-new-tokens", type=click.IntRange(1), default=256, show_default=True)
+@click.option("--max-new-tokens", type=click.IntRange(1), default=None,
+              help=f"Default: {DEFAULT_NEW_TOKENS}, or to the end of the context where the "
+                   "prompt leaves less room; a value given here refuses such a prompt.")
 @click.option("--temperature", type=float, default=None,
               help="0 is greedy. Default (as for --top-k, --top-p, --repetition-penalty): "
                    "the bundle's generation_config.json, else 0.")
@@ -70,19 +76,22 @@ def run(bundle, prompt, prompt_file, chat, system, interactive, sessions, prompt
     if prompt is not None and prompt_file is not None:
         raise RequestError("give --prompt or --prompt-file, not both")
     if prompt_file is not None:
-        prompt = prompt_file.read().rstrip("\n")
+        prompt = _text(prompt_file, "--prompt-file").rstrip("\n")
     modes = sum([prompt is not None, interactive, prompts_file is not None])
     if modes != 1:
         raise RequestError("give exactly one of --prompt/--prompt-file, --interactive, --prompts")
+    if sessions > 1 and prompt is None:
+        raise RequestError("--sessions repeats --prompt/--prompt-file; --prompts and "
+                           "--interactive take no --sessions")
     if prompt is not None and not prompt.strip():
         raise RequestError("the prompt is empty")
     explicit = dict(
-        max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
-        repetition_penalty=repetition_penalty, seed=seed, stop=tuple(stop),
-        ignore_eos=ignore_eos,
+        max_new_tokens=max_new_tokens or DEFAULT_NEW_TOKENS, temperature=temperature,
+        top_k=top_k, top_p=top_p, repetition_penalty=repetition_penalty, seed=seed,
+        stop=tuple(stop), ignore_eos=ignore_eos, fit_context=max_new_tokens is None,
     )
     turn = run_modes.Turn(chat or system is not None, system)
-    lines = prompts_file.read().splitlines() if prompts_file is not None else None
+    lines = _text(prompts_file, "--prompts").splitlines() if prompts_file is not None else None
     if lines is not None:  # a bad line fails before the model loads
         given = {k: v for k, v in explicit.items() if v is not None}
         run_modes.read_requests(lines, GenerationParams(**given), priority)
@@ -98,3 +107,11 @@ def run(bundle, prompt, prompt_file, chat, system, interactive, sessions, prompt
                                  * sessions, stats, turn)
         else:
             run_modes.single(loaded, prompt, params, turn, stats)
+
+
+def _text(handle: IO[str], option: str) -> str:
+    try:
+        return handle.read()
+    except UnicodeDecodeError as err:
+        raise RequestError(f"{option} {handle.name}: not UTF-8 text ({err.reason} at byte "
+                           f"{err.start})") from None

@@ -62,6 +62,10 @@ def single(engine: Engine, prompt: str, params: GenerationParams, turn: Turn, st
 
 # The keys of a --prompts line besides GenerationParams' fields.
 JOB_KEYS = ("prompt", "priority", "delay_s")
+# GenerationParams fields a line cannot use: a Constraint is a Python object, and `run`
+# prints no logprobs.
+NOT_FROM_JSON = ("constraint", "logprobs")
+MAX_DELAY_S = 86400.0
 
 
 def read_requests(
@@ -72,7 +76,8 @@ def read_requests(
     silently ignored setting. `priority` is the default of lines that give none."""
     jobs = []
     for number, line in enumerate(handle, 1):
-        line = line.strip()
+        # Notepad and PowerShell start a UTF-8 file with a byte-order mark.
+        line = (line.lstrip("\ufeff") if number == 1 else line).strip()
         if not line:
             continue
         try:
@@ -90,7 +95,7 @@ def _job(line: str, params: GenerationParams, priority: int) -> Job:
     raw = json.loads(line)
     if not isinstance(raw, dict):
         raise ValueError("expected a JSON object")
-    settable = {f.name for f in fields(GenerationParams)}
+    settable = {f.name for f in fields(GenerationParams)} - set(NOT_FROM_JSON)
     unknown = sorted(set(raw) - settable - set(JOB_KEYS))
     if unknown:
         raise ValueError(f"unknown key {', '.join(map(repr, unknown))}; known keys: "
@@ -98,14 +103,22 @@ def _job(line: str, params: GenerationParams, priority: int) -> Job:
     prompt = raw.get("prompt")
     if not isinstance(prompt, str) or not prompt.strip():
         raise ValueError("'prompt' must be a non-empty string")
-    job_params = replace(params, **{k: v for k, v in raw.items() if k in settable})
+    given = {k: v for k, v in raw.items() if k in settable}
+    if "max_new_tokens" in given:  # a line's own limit is a promise, as on the command line
+        given.setdefault("fit_context", False)
+    job_params = replace(params, **given)
     # A priority as people type it: an integer, or high / normal / low (lower first).
-    return Job(prompt, job_params, parse_priority(raw.get("priority", priority)),
-               float(raw.get("delay_s", 0.0)))
+    delay = raw.get("delay_s", 0.0)
+    if isinstance(delay, bool) or not isinstance(delay, (int, float)) or \
+            not 0 <= delay <= MAX_DELAY_S:
+        raise ValueError(f"'delay_s' must be a number of seconds in [0, {MAX_DELAY_S}], "
+                         f"got {delay!r}")
+    return Job(prompt, job_params, parse_priority(raw.get("priority", priority)), float(delay))
 
 
 def concurrent(engine: Engine, jobs: list[Job], stats: bool, turn: Turn = PLAIN) -> None:
-    """Submit every job (after its delay), collect all, print each result in order."""
+    """Submit every job (after its delay), collect all, print each result in order. Any
+    request refused: one error line at the end, after every result (a failing status)."""
     streams: list[TokenStream | None] = [None] * len(jobs)
     errors: list[str | None] = [None] * len(jobs)
     start = time.perf_counter()
@@ -135,3 +148,6 @@ def concurrent(engine: Engine, jobs: list[Job], stats: bool, turn: Turn = PLAIN)
     if stats:
         for line in [*engine_lines(engine.metrics()), backend_line(engine.backend)]:
             click.echo(line, err=True)
+    refused = sum(e is not None for e in errors)
+    if refused:
+        raise RequestError(f"{refused} of {len(jobs)} requests were rejected (see above)")

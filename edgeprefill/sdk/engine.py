@@ -485,12 +485,12 @@ class Engine:
         self._check_ids(tokens)
         if chunk_size is not None and chunk_size < 1:
             raise RequestError(f"chunk size must be >= 1, got {chunk_size}")
-        wanted = len(tokens) + (params.max_new_tokens or 1)
-        if wanted > self.capacity:
-            raise RequestError(
-                f"prompt ({len(tokens)} tokens) + max_new_tokens "
-                f"({params.max_new_tokens}) exceeds the context of {self.capacity} tokens"
-            )
+        room = 1 if params.fit_context or params.max_new_tokens is None \
+            else params.max_new_tokens
+        if len(tokens) + room > self.capacity:
+            asked = "one new token" if room == 1 else f"max_new_tokens ({room})"
+            raise RequestError(f"prompt ({len(tokens)} tokens) + {asked} exceeds the context "
+                               f"of {self.capacity} tokens")
 
     def _check_ids(self, tokens: list[int]) -> None:
         vocab = self.manifest.model.vocab_size

@@ -31,12 +31,18 @@ class GenerationParams:
     logit_bias: Mapping[int, float] | None = None  # token id -> added to its logit
     logprobs: int | None = None  # None: none; 0: the chosen token's; k: plus the top k
     constraint: Constraint | None = None  # structured output (sdk/constraints.py)
+    # max_new_tokens as a cap the context may cut: a prompt that leaves less room than
+    # max_new_tokens generates to the context's end (finish reason "length") instead of
+    # being refused at submit. What `edgeprefill run` does when --max-new-tokens is not given.
+    fit_context: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
             object.__setattr__(self, "stop", (self.stop,))
-        else:
+        elif isinstance(self.stop, (list, tuple)):
             object.__setattr__(self, "stop", tuple(self.stop))
+        else:
+            raise RequestError("stop must be a string or a list of strings")
         self._check_sampling()
         self._check_extras()
 
@@ -54,6 +60,8 @@ class GenerationParams:
                "seed must be an integer >= 0")
         _check(all(isinstance(s, str) and s for s in self.stop),
                "stop strings must be non-empty strings")
+        for name in ("ignore_eos", "fit_context"):  # "false" would be truthy
+            _check(isinstance(getattr(self, name), bool), f"{name} must be true or false")
 
     def _check_extras(self) -> None:
         _check(_finite(self.min_p) and 0 <= self.min_p <= 1, "min_p must be in [0, 1]")
