@@ -155,3 +155,35 @@ def test_inspect_shows_the_contract(bundle):
     for expected in ("input_ids", "past_lens", "valid_lens", "logits", "sha256 verified",
                      "16, 64"):
         assert expected in result.stdout
+
+
+def test_export_refuses_what_would_make_a_bundle_no_load_accepts(hf_copy, tmp_path):
+    (hf_copy / "generation_config.json").write_text(json.dumps({"eos_token_id": [2, 5000]}))
+    assert_one_line_error(cli("export", hf_copy, "-o", tmp_path / "b"),
+                          "generation_config.json: eos_token_id [5000] is outside the vocabulary")
+    (hf_copy / "generation_config.json").unlink()
+    config = json.loads((hf_copy / "config.json").read_text())
+    config["vocab_size"] += 100  # the tokenizer still fits; the embedding table does not
+    (hf_copy / "config.json").write_text(json.dumps(config))
+    assert_one_line_error(cli("export", hf_copy, "-o", tmp_path / "b"), "has shape",
+                          f"vocab_size {config['vocab_size']}")
+    assert not (tmp_path / "b").exists()
+
+
+def test_export_to_a_place_it_cannot_write_is_one_line(hf_copy, tmp_path):
+    (tmp_path / "afile").write_text("mine")
+    assert_one_line_error(cli("export", hf_copy, "-o", tmp_path / "afile" / "sub"),
+                          "cannot write the bundle")
+    assert (tmp_path / "afile").read_text() == "mine"
+
+
+@pytest.mark.parametrize("index, fragment", [
+    ('{"weight_map": 5}', "weight_map must map tensor names to file names"),
+    ('{"weight_map": {"model.embed_tokens.weight": 7}}', "weight_map must map"),
+    ('{"weight_map": {"model.embed_tokens.weight": "shard-2.safetensors"}}',
+     "shard-2.safetensors is listed in model.safetensors.index.json but missing"),
+    ('{"metadata": {}}', "is malformed"),
+])
+def test_a_malformed_shard_index_is_one_line(hf_copy, tmp_path, index, fragment):
+    (hf_copy / "model.safetensors.index.json").write_text(index)
+    assert_one_line_error(cli("export", hf_copy, "-o", tmp_path / "b"), fragment)

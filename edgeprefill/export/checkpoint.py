@@ -66,6 +66,10 @@ def _tensor_files(hf_dir: Path) -> dict[str, Path]:
             weight_map = json.loads(index.read_text())["weight_map"]
         except (json.JSONDecodeError, KeyError, TypeError) as err:
             raise ExportError(f"{index} is malformed: {err}") from None
+        if not isinstance(weight_map, dict) or not all(
+                isinstance(f, str) for f in weight_map.values()):
+            raise ExportError(f"{index} is malformed: weight_map must map tensor names to "
+                              "file names")
         files = {name: hf_dir / file for name, file in weight_map.items()}
         for path in set(files.values()):
             if not path.is_file():

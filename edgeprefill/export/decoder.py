@@ -267,7 +267,21 @@ class DecoderBuilder:
         return logits
 
     def _embedding(self) -> str:
-        return self.w.tensor(self.w.resolve(self.names.embed))
+        name = self.w.resolve(self.names.embed)
+        self._check_vocab_shape(name)
+        return self.w.tensor(name)
+
+    def _check_vocab_shape(self, name: str) -> None:
+        """The embedding table and the LM head are [vocab_size, hidden]: the bundle's logits
+        are as wide as config.json's vocab_size, so a table of another height would export
+        a graph that fails at its first call."""
+        cfg = self.cfg
+        if self.w.shape(name) != (cfg.vocab_size, cfg.hidden_size):
+            raise ExportError(
+                f"{name} has shape {self.w.shape(name)}, but config.json implies "
+                f"{(cfg.vocab_size, cfg.hidden_size)} (vocab_size {cfg.vocab_size}, hidden "
+                f"{cfg.hidden_size})"
+            )
 
     def _lm_head(self, hidden: str) -> str:
         """[B, hidden] -> [B, vocab]. Stored [vocab, hidden] as in the checkpoint, read by
@@ -283,6 +297,7 @@ class DecoderBuilder:
             name = self.w.resolve(self.names.embed)
         else:
             name = self.w.resolve(tuple(h + ".weight" for h in self.names.lm_head))
+        self._check_vocab_shape(name)
         bias = None
         if self.cfg.spec.lm_head_bias:
             bias = self.w.resolve(tuple(h + ".bias" for h in self.names.lm_head))

@@ -87,6 +87,7 @@ def export(hf_dir: str | Path, out_dir: str | Path, options: ExportOptions) -> M
     check_tokenizer_fits(hf_dir / "tokenizer.json", cfg.vocab_size)
     check_export_template(hf_dir)
     check_export_generation_config(hf_dir)
+    _check_generation_eos(hf_dir, cfg.vocab_size)
     with staged(out_dir, options.overwrite) as stage:  # swapped in only when complete
         ckpt = Checkpoint(hf_dir)
         flavor = flavor_class(options.flavor)(cfg, DTYPES[options.dtype], max_context)
@@ -181,6 +182,16 @@ def _token_text(token: Any) -> str | None:
     if isinstance(token, dict):  # AddedToken serialized as {"content": ...}
         return token.get("content")
     return token if isinstance(token, str) else None
+
+
+def _check_generation_eos(hf_dir: Path, vocab_size: int) -> None:
+    """generation_config.json's EOS ids join the bundle's, which a load checks against the
+    vocabulary: refuse here what would make a bundle no load accepts."""
+    gen_config = optional_json_object(hf_dir / "generation_config.json", ExportError)
+    outside = [i for i in _ids(gen_config.get("eos_token_id")) if not 0 <= i < vocab_size]
+    if outside:
+        raise ExportError(f"generation_config.json: eos_token_id {outside} is outside the "
+                          f"vocabulary (vocab_size {vocab_size})")
 
 
 def _ids(value: Any) -> list[int]:

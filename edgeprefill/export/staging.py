@@ -45,19 +45,29 @@ def staged(out_dir: Path, overwrite: bool) -> Iterator[Path]:
     """Yield an empty marked folder beside `out_dir`; on success swap it into `out_dir`,
     on failure delete it and leave `out_dir` exactly as it was."""
     check_target(out_dir, overwrite)
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    _remove_abandoned(out_dir)
     stage = out_dir.parent / f".{out_dir.name}.partial-{os.getpid()}"
-    shutil.rmtree(stage, ignore_errors=True)
-    stage.mkdir()
-    (stage / PARTIAL_MARKER).write_text("an edgeprefill export is writing this folder\n")
+    try:
+        out_dir.parent.mkdir(parents=True, exist_ok=True)
+        _remove_abandoned(out_dir)
+        shutil.rmtree(stage, ignore_errors=True)
+        stage.mkdir()
+        (stage / PARTIAL_MARKER).write_text("an edgeprefill export is writing this folder\n")
+    except OSError as err:  # a parent that is a file, a read-only or missing mount, ...
+        raise ExportError(_failed(out_dir, err)) from None
     try:
         yield stage
         (stage / PARTIAL_MARKER).unlink()
         _swap_in(stage, out_dir)
-    except BaseException:
+    except BaseException as err:
         shutil.rmtree(stage, ignore_errors=True)
+        if isinstance(err, OSError):  # the disk filled up, the folder went away, ...
+            raise ExportError(_failed(out_dir, err)) from None
         raise
+
+
+def _failed(out_dir: Path, err: OSError) -> str:
+    where = f" ({err.filename})" if err.filename else ""
+    return f"cannot write the bundle {out_dir}: {err.strerror or err}{where}"
 
 
 def _swap_in(stage: Path, out_dir: Path) -> None:
