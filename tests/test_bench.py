@@ -60,3 +60,36 @@ def test_help_shows_an_example(command):
     result = CliRunner().invoke(cli, [command, "--help"])
     assert result.exit_code == 0
     assert "Example:" in result.output and f"edgeprefill {command} " in result.output
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--json", "{tmp}/missing/bench.json"], "missing is not a folder"),
+    (["--plot", "{tmp}/missing/x.png"], "missing is not a folder"),
+    (["--plot", "{tmp}/timeline.txt"], "the suffix names no image format"),
+    (["--plot", "{tmp}/t.png", "--plot-config", "chunked/16"],
+     "this sweep has no chunked run to draw"),
+])
+def test_bench_refuses_outputs_it_could_not_write_before_the_sweep(bundle, tmp_path, monkeypatch,
+                                                                    args, message):
+    from edgeprefill.cli import bench_cmd
+
+    def no_sweep(*_):
+        raise AssertionError("the sweep ran before the outputs were checked")
+
+    monkeypatch.setattr(bench_cmd, "_run_all", no_sweep)
+    args = [a.format(tmp=tmp_path) for a in args]
+    result = CliRunner().invoke(cli, ["bench", str(bundle("llama")), "--policies", "fcfs",
+                                      *args])
+    assert result.exit_code != 0
+    assert message in (result.output + str(result.exception))
+
+
+def test_bench_runs_a_policy_named_twice_once(bundle, monkeypatch):
+    from edgeprefill.cli import bench_cmd
+
+    seen = []
+    monkeypatch.setattr(bench_cmd, "_run_all", lambda bundle, specs, workload: seen.extend(
+        s.label for s in specs) or [])
+    monkeypatch.setattr(bench_cmd.report, "table", lambda results: "")
+    CliRunner().invoke(cli, ["bench", str(bundle("llama")), "--policies", "fcfs,fcfs"])
+    assert seen == ["fcfs"]

@@ -187,3 +187,8 @@ def test_export_to_a_place_it_cannot_write_is_one_line(hf_copy, tmp_path):
 def test_a_malformed_shard_index_is_one_line(hf_copy, tmp_path, index, fragment):
     (hf_copy / "model.safetensors.index.json").write_text(index)
     assert_one_line_error(cli("export", hf_copy, "-o", tmp_path / "b"), fragment)
+
+
+def test_a_kv_cache_beyond_the_machines_memory_is_one_line(bundle):
+    assert_one_line_error(cli("run", bundle("llama"), "--prompt", "w3", "--kv-slots",
+                              "100000000"), "KV slots of", "exceed this machine's")

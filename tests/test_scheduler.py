@@ -217,3 +217,14 @@ def test_adaptive_chunking_picks_smaller_chunks_while_sessions_decode(make_engin
     controller.target = 0.05  # 40 ms left for a chunk: 16 fits, 64 does not
     assert controller.choose(decoding=True) == 16
     assert controller.choose(decoding=False) == 64
+
+
+def test_a_kv_cache_that_cannot_be_allocated_is_a_request_error(fake_engine, monkeypatch):
+    from tests.fake_backend import FakeBackend
+
+    def no_memory(self, slots, capacity):
+        raise MemoryError
+
+    monkeypatch.setattr(FakeBackend, "allocate_kv", no_memory)
+    with pytest.raises(RequestError, match="KV slots of .* could not be allocated; lower"):
+        fake_engine(kv_slots=3)

@@ -19,14 +19,21 @@ STALL_COLOR = "#c0392b"
 MIN_BAR_FRACTION = 0.0015  # of the time axis: a 1-ms decode step still shows as a bar
 
 
-def require_matplotlib() -> None:
-    """Fail before a long sweep, not after it."""
+def require_matplotlib(path: Path | None = None) -> None:
+    """Fail before a long sweep, not after it: no matplotlib, or a `path` whose suffix
+    names no format matplotlib writes."""
     try:
-        import matplotlib  # noqa: F401
+        from matplotlib.figure import Figure
     except ImportError:
         raise EdgeprefillError(
             "--plot needs matplotlib: pip install 'edgeprefill[bench]'"
         ) from None
+    if path is None:
+        return
+    formats = Figure().canvas.get_supported_filetypes()
+    if path.suffix.lstrip(".").lower() not in formats:
+        raise EdgeprefillError(f"--plot {path}: the suffix names no image format; use one "
+                               f"of {', '.join('.' + f for f in sorted(formats))}")
 
 
 def draw(results: list[RunResult], path: Path) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import click
@@ -83,8 +84,12 @@ def bench(
     specs = sweep_specs(_policies(policies), sizes)
     _check_plot_config(plot_config, specs)
     check_fits(context, workload)
+    # The sweep takes minutes: an output it could not write must fail now, not after it.
+    for path, option in ((json_path, "--json"), (plot, "--plot")):
+        if path is not None:
+            _check_writable(path, option)
     if plot is not None:
-        timeline.require_matplotlib()
+        timeline.require_matplotlib(plot)
     results = _run_all(bundle, specs, workload)
     click.echo(report.table(results))
     if json_path is not None:
@@ -119,13 +124,24 @@ def _plotted(results: list[RunResult], label: str | None) -> list[RunResult]:
 
 def _check_plot_config(label: str | None, specs: list[RunSpec]) -> None:
     labels = [s.label for s in specs if s.policy != "fcfs"]
+    if label is not None and not labels:
+        raise click.BadParameter("this sweep has no chunked run to draw; add a chunked "
+                                 "policy to --policies", param_hint="--plot-config")
     if label is not None and label not in labels:
         raise click.BadParameter(f"{label!r} is not in this sweep; choose one of: "
                                  f"{', '.join(labels)}", param_hint="--plot-config")
 
 
+def _check_writable(path: Path, option: str) -> None:
+    folder = path.parent
+    if not folder.is_dir():
+        raise click.BadParameter(f"{folder} is not a folder", param_hint=option)
+    if not os.access(folder, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise click.BadParameter(f"cannot write {path}", param_hint=option)
+
+
 def _policies(text: str) -> list[str]:
-    names = [p.strip() for p in text.split(",") if p.strip()]
+    names = list(dict.fromkeys(p.strip() for p in text.split(",") if p.strip()))
     unknown = [p for p in names if p not in SWEEP_POLICIES]
     if unknown or not names:
         raise click.BadParameter(f"unknown policy {', '.join(unknown) or '(none)'}; choose from: "

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import queue
 import threading
 import time
@@ -64,10 +65,18 @@ class Engine:
         self.backend = create_backend(config.backend, self.bundle_dir, self.manifest, options)
         self.capacity = self._capacity()
         buckets = list(self.manifest.chunks)
-        self.kv = KVCache(
-            self.backend, self._slots(), self.capacity, align=buckets[0],
-            share_prefixes=config.prefix_reuse,
-        )
+        try:
+            slots = self._slots()
+            self._check_kv_fits(slots)
+            self.kv = KVCache(
+                self.backend, slots, self.capacity, align=buckets[0],
+                share_prefixes=config.prefix_reuse,
+            )
+        except (RequestError, MemoryError) as err:
+            self.backend.close()  # the session's memory goes back now, not at collection
+            if isinstance(err, MemoryError):
+                raise RequestError(self._kv_too_big(slots, "could not be allocated")) from None
+            raise
         self.trace: list[StepTrace] = []
         self.scheduler = Scheduler(config.scheduler, self.kv, buckets,
                                    backend_fuses=self.backend.fuses_rows)
@@ -141,6 +150,24 @@ class Engine:
                 f"{self.capacity} positions ({per_slot} bytes); raise it or lower max_context"
             )
         return int(slots)
+
+    def _check_kv_fits(self, slots: int) -> None:
+        """A KV cache larger than the machine's memory is refused before it is allocated
+        (numpy would raise MemoryError, or the system would start swapping)."""
+        if self.config.device != "cpu":
+            return  # device memory: the backend's allocation says
+        try:
+            ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        except (AttributeError, OSError, ValueError):  # no sysconf (Windows)
+            return
+        if slots * self.backend.kv_slot_bytes(self.capacity) > ram:
+            raise RequestError(self._kv_too_big(slots, f"exceed this machine's "
+                                                       f"{ram / 2**30:.1f} GiB of memory"))
+
+    def _kv_too_big(self, slots: int, what: str) -> str:
+        total = slots * self.backend.kv_slot_bytes(self.capacity)
+        return (f"{slots} KV slots of {self.capacity} positions ({total / 2**30:.1f} GiB) "
+                f"{what}; lower kv_slots or max_context, or give kv_budget_bytes")
 
     # -- public API (any thread) ------------------------------------------------------
 
