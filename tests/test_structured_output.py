@@ -145,6 +145,25 @@ def test_logprobs_agree_with_greedy_choices(client):
         [(i.token, round(i.logprob, 4)) for i in content]
 
 
+def test_logprob_bytes_are_each_tokens_own_and_join_to_the_reply(client, engine):
+    # An emoji and a CJK character span several byte tokens: their `token` is U+FFFD,
+    # their `bytes` the exact UTF-8 pieces, which OpenAI says to join.
+    reply = client.chat.completions.create(
+        model="bpe", messages=[{"role": "user", "content": "hi"}], max_tokens=12,
+        temperature=0, logprobs=True, top_logprobs=2,
+        extra_body={"guided_choice": ["\U0001F600 \u754c"]})
+    text = reply.choices[0].message.content
+    assert text == "\U0001F600 \u754c"
+    content = reply.choices[0].logprobs.content
+    assert b"".join(bytes(i.bytes) for i in content) == text.encode()
+    assert any(i.token == "\ufffd" for i in content)  # a piece of a character
+    for item in content:
+        for top in item.top_logprobs:
+            token_id = engine.tokenizer.tokenizer.token_to_id(top.token)
+            if token_id is not None and top.token.isascii():
+                assert bytes(top.bytes) == top.token.encode()
+
+
 def test_completion_logprobs_in_the_legacy_shape(client):
     done = client.completions.create(model="bpe", prompt="hello", max_tokens=5,
                                      temperature=0, logprobs=2, extra_body={"ignore_eos": True})

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypeGuard
 
@@ -41,6 +41,7 @@ class BundleTokenizer:
             tokens = special_tokens(bundle_dir, fallback)
             self.chat_template = ChatTemplate(info.chat_template, tokens)
         self.vocab_size = manifest.model.vocab_size
+        self._token_bytes: Callable[[int], bytes] | None = None
 
     def encode(self, prompt: Prompt, **chat: Any) -> list[int]:
         """Token ids of a prompt: text (the tokenizer adds its special tokens, e.g. BOS),
@@ -77,11 +78,19 @@ class BundleTokenizer:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 
     def token_text(self, token_id: int) -> str:
-        """One token's own text, for logprobs (U+FFFD where it holds part of a
-        character, as OpenAI's `token` field does; its `bytes` field is exact)."""
+        """One token's own text, for logprobs: its bytes as text, a word's leading space
+        kept, U+FFFD where it holds part of a character (OpenAI's `token` field)."""
+        return self.token_bytes(token_id).decode("utf-8", errors="replace")
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """One token's exact bytes (OpenAI's `bytes` field; sdk/token_bytes.py)."""
         if self.tokenizer is None:
-            return ""
-        return self.tokenizer.decode([token_id], skip_special_tokens=False)
+            return b""
+        if self._token_bytes is None:  # reads the whole vocabulary once: not at load
+            from edgeprefill.sdk.token_bytes import TokenBytes
+
+            self._token_bytes = TokenBytes(self.tokenizer)
+        return self._token_bytes(token_id)
 
     def _require(self) -> Tokenizer:
         if self.tokenizer is None:

@@ -180,7 +180,8 @@ class OpenAIApi:
             self.metrics.reject(err.status)
             return err.response()
         shape = Shape.new(chat, self.config.model_name,
-                          reply_parser(parsed.tools, self.engine.manifest))
+                          reply_parser(parsed.tools, self.engine.manifest),
+                          self.engine.tokenizer.token_bytes)
         close = self._closer(endpoint, stream)
         if parsed.stream:
             events = completion_events(stream, shape, parsed.include_usage)

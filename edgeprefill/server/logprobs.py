@@ -8,24 +8,28 @@ penalties, constraints and temperature), as vLLM reports them by default.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from edgeprefill.sdk.stream import TokenEvent
 
 
-def logprobs_body(chat: bool, events: Sequence[TokenEvent], text_offset: int = 0) -> dict:
-    return _chat(events) if chat else _completion(events, text_offset)
+def logprobs_body(chat: bool, events: Sequence[TokenEvent], text_offset: int = 0,
+                  token_bytes: Callable[[int], bytes] = lambda _: b"") -> dict:
+    """`token_bytes`: a token id's exact bytes (BundleTokenizer.token_bytes)."""
+    return _chat(events, token_bytes) if chat else _completion(events, text_offset)
 
 
-def _entry(token: str, logprob: float) -> dict:
-    return {"token": token, "logprob": logprob, "bytes": list(token.encode())}
+def _entry(token_id: int | None, token: str, logprob: float,
+           token_bytes: Callable[[int], bytes]) -> dict:
+    raw = token.encode() if token_id is None else token_bytes(token_id)
+    return {"token": token, "logprob": logprob, "bytes": list(raw)}
 
 
-def _chat(events: Sequence[TokenEvent]) -> dict:
+def _chat(events: Sequence[TokenEvent], token_bytes: Callable[[int], bytes]) -> dict:
     content = []
     for e in events:
-        item = _entry(e.token_text or "", e.logprob)
-        item["top_logprobs"] = [_entry(t, lp) for _, t, lp in e.top_logprobs or ()]
+        item = _entry(e.token_id, e.token_text or "", e.logprob, token_bytes)
+        item["top_logprobs"] = [_entry(i, t, lp, token_bytes) for i, t, lp in e.top_logprobs or ()]
         content.append(item)
     return {"content": content, "refusal": None}
 

@@ -23,15 +23,18 @@ class Shape:
     created: int
     # Chat with tools: a new parser per reply (calls are parsed out of the text).
     tool_parser: Callable[[], ToolParser] | None = None
+    # A token id's exact bytes for logprobs (BundleTokenizer.token_bytes).
+    token_bytes: Callable[[int], bytes] = field(default=lambda _: b"", compare=False, repr=False)
     # Streamed replies' tool-call state, by choice index (mutable, one per request).
     _streamed: dict[int, ToolDeltas] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
     def new(cls, chat: bool, model: str,
-            tool_parser: Callable[[], ToolParser] | None = None) -> Shape:
+            tool_parser: Callable[[], ToolParser] | None = None,
+            token_bytes: Callable[[int], bytes] = lambda _: b"") -> Shape:
         prefix = "chatcmpl" if chat else "cmpl"
         return cls(chat, model, f"{prefix}-{uuid.uuid4().hex}", int(time.time()),
-                   tool_parser if chat else None)
+                   tool_parser if chat else None, token_bytes)
 
     @property
     def parses_tools(self) -> bool:
@@ -57,7 +60,8 @@ class Shape:
             choice = {"index": index, "text": stream.text, "logprobs": None,
                       "finish_reason": stream.finish_reason}
         if stream.logprobs:
-            choice["logprobs"] = logprobs_body(self.chat, stream.logprobs)
+            choice["logprobs"] = logprobs_body(self.chat, stream.logprobs,
+                                             token_bytes=self.token_bytes)
         return choice
 
     def _message(self, stream: TokenStream) -> tuple[dict, str | None]:
@@ -116,7 +120,7 @@ class Shape:
         choice = {"index": index, "delta": delta, "logprobs": None,
                   "finish_reason": finish_reason}
         if logprobs:
-            choice["logprobs"] = logprobs_body(True, logprobs, 0)
+            choice["logprobs"] = logprobs_body(True, logprobs, 0, self.token_bytes)
         body = self._head("chat.completion.chunk")
         body["choices"] = [choice]
         return body

@@ -1,0 +1,42 @@
+"""Each token's exact bytes (sdk/token_bytes.py), for logprobs: joined, a text's tokens'
+bytes are the text, whatever the tokenizer's kind."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from tokenizers import Tokenizer, models, pre_tokenizers
+
+from edgeprefill.sdk.token_bytes import TokenBytes
+from tests.bpe_tokenizers import byte_fallback_bpe, byte_level_bpe
+
+ROOT = Path(__file__).resolve().parent.parent
+TEXTS = ["hello world \U0001F600 \u754c", " the secret is jade ."]
+
+
+@pytest.mark.parametrize("make", [byte_level_bpe, byte_fallback_bpe], ids=["byte-level",
+                                                                          "byte-fallback"])
+@pytest.mark.parametrize("text", TEXTS)
+def test_bytes_of_a_texts_tokens_join_to_the_text(make, text):
+    tok = make()
+    ids = tok.encode(text, add_special_tokens=False).ids
+    pieces = [TokenBytes(tok)(i) for i in ids]
+    assert b"".join(pieces) == text.encode()
+    if "\U0001F600" in text:  # some token holds a part of the emoji's four bytes
+        assert any(0 < len(p) < 4 and p[0] >= 0x80 for p in pieces)
+
+
+def test_the_shipped_sentencepiece_style_tokenizer_keeps_each_words_space():
+    tok = Tokenizer.from_file(str(ROOT / "models" / "tiny-recall" / "tokenizer.json"))
+    ids = tok.encode("the secret is jade", add_special_tokens=False).ids
+    # Metaspace prepends the first word's space too: the bytes are what the pieces hold.
+    assert [TokenBytes(tok)(i) for i in ids] == [b" the", b" secret", b" is", b" jade"]
+    assert TokenBytes(tok)(tok.token_to_id("<0x94>")) == b"\x94"
+    assert TokenBytes(tok)(tok.token_to_id("</s>")) == b"</s>"  # an added token: its text
+
+
+def test_a_word_level_tokenizer_gives_each_word_decoded_alone():
+    tok = Tokenizer(models.WordLevel({"<unk>": 0, "jade": 1, "ruby": 2}, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    assert [TokenBytes(tok)(i) for i in tok.encode("jade ruby").ids] == [b"jade", b"ruby"]
