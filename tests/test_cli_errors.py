@@ -192,3 +192,16 @@ def test_a_malformed_shard_index_is_one_line(hf_copy, tmp_path, index, fragment)
 def test_a_kv_cache_beyond_the_machines_memory_is_one_line(bundle):
     assert_one_line_error(cli("run", bundle("llama"), "--prompt", "w3", "--kv-slots",
                               "100000000"), "KV slots of", "exceed this machine's")
+
+
+def test_export_options_that_would_be_ignored_are_refused_or_reported(hf_copy, tmp_path):
+    assert_one_line_error(cli("export", hf_copy, "-o", tmp_path / "b", "--block-size", "64"),
+                          "--block-size apply to --quantize int4 only")
+    assert_one_line_error(cli("export", hf_copy, "-o", tmp_path / "b", "--quantize", "int8",
+                              "--accuracy-level", "2"), "--accuracy-level apply to")
+    assert_one_line_error(cli("export", hf_copy, "-o", tmp_path / "b", "--chunks", "5000"),
+                          "exceeds the max context 1024")
+    done = cli("export", hf_copy, "-o", tmp_path / "b", "--chunks", "16,5000", "--quiet")
+    assert done.returncode == 0, done.stderr
+    assert "warning: chunk sizes [5000] exceed the max context 1024 and were left out" \
+        in done.stderr

@@ -228,3 +228,30 @@ def test_a_kv_cache_that_cannot_be_allocated_is_a_request_error(fake_engine, mon
     monkeypatch.setattr(FakeBackend, "allocate_kv", no_memory)
     with pytest.raises(RequestError, match="KV slots of .* could not be allocated; lower"):
         fake_engine(kv_slots=3)
+
+
+def test_a_chunk_size_under_fcfs_is_refused_not_ignored():
+    from edgeprefill.sdk.scheduler import SchedulerConfig
+
+    with pytest.raises(RequestError, match="does not apply to the fcfs policy"):
+        SchedulerConfig(policy="fcfs", chunk_size=16)
+
+
+@pytest.mark.parametrize("option, value", [("kv_slots", "4"), ("threads", 1.5),
+                                           ("max_context", True)])
+def test_engine_options_of_the_wrong_type_are_one_line(option, value):
+    from edgeprefill.sdk.config import EngineConfig
+
+    with pytest.raises(RequestError, match=f"{option} must be an integer, got {value!r}"):
+        EngineConfig(**{option: value})
+
+
+def test_more_threads_than_cpus_warns(bundle, caplog):
+    import os
+
+    from edgeprefill.sdk import Engine
+
+    many = len(os.sched_getaffinity(0)) + 2
+    with Engine.load(bundle("llama"), threads=many, warm_up=False):
+        pass
+    assert f"{many} compute threads on" in caplog.text

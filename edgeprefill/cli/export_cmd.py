@@ -5,8 +5,10 @@ from __future__ import annotations
 import time
 
 import click
+from click.core import ParameterSource
 
 from edgeprefill.cli.options import parse_int_list
+from edgeprefill.errors import ExportError
 
 
 @click.command()
@@ -48,6 +50,11 @@ def export(hf_dir, out_dir, flavor, dtype, chunks, max_context, quantize, block_
     from edgeprefill.export.exporter import export as run_export
     from edgeprefill.export.quantize import QuantConfig
 
+    given = click.get_current_context().get_parameter_source
+    int4_only = [f"--{n.replace('_', '-')}" for n in ("block_size", "accuracy_level")
+                 if given(n) is ParameterSource.COMMANDLINE]
+    if int4_only and quantize != "int4":
+        raise ExportError(f"{' and '.join(int4_only)} apply to --quantize int4 only")
     quant = None if quantize is None else QuantConfig(quantize, block_size, accuracy_level)
 
     options = ExportOptions(
@@ -57,6 +64,10 @@ def export(hf_dir, out_dir, flavor, dtype, chunks, max_context, quantize, block_
     began = time.perf_counter()
     manifest = run_export(hf_dir, out_dir, options)
     size = sum(f.bytes for f in manifest.files.values())
+    dropped = sorted(set(chunks) - set(manifest.chunks))
+    if dropped and given("chunks") is ParameterSource.COMMANDLINE:
+        click.echo(f"warning: chunk sizes {dropped} exceed the max context "
+                   f"{manifest.max_context} and were left out", err=True)
     click.echo(
         f"exported {manifest.model.family} ({manifest.model.num_layers} layers, "
         f"{manifest.graph.flavor} flavour, {manifest.graph.dtype}"

@@ -77,7 +77,8 @@ def export(hf_dir: str | Path, out_dir: str | Path, options: ExportOptions) -> M
     cfg = cfg.for_context(max_context)  # longrope: the factor set this context uses
     chunks = sorted(set(c for c in options.chunks if c <= max_context))
     if not chunks:
-        raise ExportError(f"every chunk size in {options.chunks} exceeds --max-context")
+        raise ExportError(f"every chunk size in {options.chunks} exceeds the max context "
+                          f"{max_context} (--max-context, or the model's positions)")
     tokenizer_files = [f for f in TOKENIZER_FILES if (hf_dir / f).is_file()]
     if "tokenizer.json" not in tokenizer_files:
         raise ExportError(

@@ -41,6 +41,10 @@ class EngineConfig:
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
 
     def __post_init__(self) -> None:
+        for name in ("kv_slots", "threads", "max_context", "kv_budget_bytes"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
+                raise RequestError(f"{name} must be an integer, got {value!r}")
         if self.kv_slots < 1:
             raise RequestError(f"kv_slots must be >= 1, got {self.kv_slots}")
         if self.threads is not None and self.threads < 1:

@@ -61,6 +61,10 @@ class SchedulerConfig:
             )
         if self.chunk_size is not None and self.chunk_size < 1:
             raise RequestError(f"chunk size must be >= 1, got {self.chunk_size}")
+        if self.chunk_size is not None and self.policy == "fcfs":
+            raise RequestError("a chunk size does not apply to the fcfs policy, which "
+                               "prefills each prompt in one call; use chunked or "
+                               "chunked+priority")
         if not self.itl_target_ms > 0:
             raise RequestError(f"ITL target must be > 0 ms, got {self.itl_target_ms}")
         if self.max_step_tokens < 1 or self.max_queue < 1:

@@ -10,6 +10,7 @@ device) and never branches on where it lives; GPU options come from ort.provider
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 from typing import Any
@@ -56,11 +57,20 @@ from edgeprefill.kernels.select import choose as choose_kernels
 from edgeprefill.kernels.select import why_not as kernels_why_not
 from edgeprefill.kernels.swiglu import fold_gated
 
+log = logging.getLogger(__name__)
+
 PROVIDERS = {
     "cpu": ["CPUExecutionProvider"],
     "cuda": ["CUDAExecutionProvider", "CPUExecutionProvider"],
     "tensorrt": ["TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"],
 }
+
+
+def _usable_cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
 
 
 def physical_cores() -> int:
@@ -104,6 +114,10 @@ class OnnxRuntimeBackend(Backend):
         graph_path = resolve_inside(bundle_dir, manifest.graph.file)
         graph = load_graph(bundle_dir, manifest)  # refuses external data outside the bundle
         self.threads = options.threads or physical_cores()
+        if self.threads > _usable_cpus():
+            log.warning("%d compute threads on %d usable CPUs: they wait for each other "
+                        "(with --spin several times slower); the default is the physical "
+                        "cores", self.threads, _usable_cpus())
         providers = PROVIDERS[options.device]
         session_options = self._session_options()
         # Whether the native library runs here (built, this CPU, an ort float32 bundle, not
