@@ -106,7 +106,10 @@ class Manifest:
                                if k not in ("model", "graph", "tokenizer", "files")},
                          "", unknown),
             )
-        except (KeyError, TypeError) as err:
+        except KeyError as err:  # a required field is missing
+            raise BundleError(f"{MANIFEST_FILE} is malformed: the field {err} is missing; "
+                              "re-export the bundle") from None
+        except TypeError as err:
             raise BundleError(f"{MANIFEST_FILE} is malformed: {err}") from None
         check_manifest(manifest)
         if unknown:
@@ -244,6 +247,11 @@ def load_manifest(bundle_dir: str | Path, verify_checksums: bool = False) -> Man
     root = Path(bundle_dir)
     path = root / MANIFEST_FILE
     if not path.is_file():
+        if not root.exists():
+            raise BundleError(f"{root} does not exist")
+        if (root / "config.json").is_file():
+            raise BundleError(f"{root} is a Hugging Face model folder, not an edgeprefill "
+                              f"bundle: make one with `edgeprefill export {root} -o BUNDLE`")
         raise BundleError(f"{root} is not an edgeprefill bundle (no {MANIFEST_FILE})")
     manifest = Manifest.from_dict(load_json_object(path, BundleError))
     check_graph_io(manifest)

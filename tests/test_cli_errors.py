@@ -205,3 +205,38 @@ def test_export_options_that_would_be_ignored_are_refused_or_reported(hf_copy, t
     assert done.returncode == 0, done.stderr
     assert "warning: chunk sizes [5000] exceed the max context 1024 and were left out" \
         in done.stderr
+
+
+def test_inspect_says_what_a_path_is_when_it_is_no_bundle(hf_copy, tmp_path):
+    assert_one_line_error(cli("inspect", tmp_path / "nope"), "nope does not exist")
+    assert_one_line_error(cli("inspect", hf_copy), "is a Hugging Face model folder",
+                          f"edgeprefill export {hf_copy} -o BUNDLE")
+
+
+def test_a_manifest_missing_a_field_names_it(bundle, tmp_path):
+    copy = tmp_path / "b"
+    shutil.copytree(bundle("llama"), copy)
+    manifest = json.loads((copy / "edgeprefill.json").read_text())
+    del manifest["model"]
+    (copy / "edgeprefill.json").write_text(json.dumps(manifest))
+    assert_one_line_error(cli("inspect", copy), "the field 'model' is missing")
+
+
+def test_export_refuses_weights_holding_nan(hf_copy, tmp_path):
+    from safetensors.numpy import load_file, save_file
+
+    weights = load_file(hf_copy / "model.safetensors")
+    name = next(n for n in weights if n.endswith("mlp.down_proj.weight"))
+    weights[name][0, 0] = float("nan")
+    save_file(weights, hf_copy / "model.safetensors", metadata={"format": "pt"})
+    assert_one_line_error(cli("export", hf_copy, "-o", tmp_path / "b", "--quiet"),
+                          "holds NaN or Inf")
+
+
+def test_a_prompt_with_a_lone_surrogate_is_refused_in_one_line(bundle):
+    from edgeprefill.errors import RequestError
+    from edgeprefill.sdk import Engine
+
+    with Engine.load(bundle("llama"), warm_up=False) as engine:
+        with pytest.raises(RequestError, match="lone surrogate"):
+            engine.generate("w5 \ud800 w6")

@@ -42,6 +42,10 @@ def _checked(weight: Weight) -> np.ndarray:
         raise ExportError(
             f"weight {weight.name} has shape {array.shape}, the config implies {weight.shape}"
         )
+    # A damaged checkpoint's NaN or Inf would export fine and generate nonsense.
+    if array.dtype.kind == "f" and not np.isfinite(array).all():
+        raise ExportError(f"weight {weight.name} holds NaN or Inf values as {array.dtype}: "
+                          "a damaged checkpoint, or values beyond that type's range")
     return array
 
 

@@ -48,12 +48,12 @@ class BundleTokenizer:
         chat messages (rendered with the bundle's chat template; `chat` goes to
         `render_chat`, e.g. tools=...), or ids as given."""
         if isinstance(prompt, str):
-            return self._require().encode(prompt, add_special_tokens=True).ids
+            return self._require().encode(_text(prompt), add_special_tokens=True).ids
         items: list[object] = list(prompt)
         if items and _messages(items):
             text = self.render_chat(items, **chat)
             # The template writes the special tokens itself (as transformers does).
-            return self._require().encode(text, add_special_tokens=False).ids
+            return self._require().encode(_text(text), add_special_tokens=False).ids
         if _token_ids(items):
             bad = [t for t in items if not 0 <= t < self.vocab_size]
             if bad:
@@ -63,7 +63,7 @@ class BundleTokenizer:
 
     def encode_plain(self, text: str) -> list[int]:
         """Text without the tokenizer's special tokens (a continuation, not a new prompt)."""
-        return self._require().encode(text, add_special_tokens=False).ids
+        return self._require().encode(_text(text), add_special_tokens=False).ids
 
     def render_chat(self, messages: Sequence[dict[str, Any]], **kwargs: Any) -> str:
         """Messages -> prompt text with the bundle's chat template, as transformers'
@@ -197,3 +197,14 @@ class _WindowDecoder:
             return ""  # an incomplete character: wait for more bytes
         self.prefix, self.read = self.read, len(self.ids)
         return text[len(before) :]
+
+
+def _text(text: str) -> str:
+    """Text the tokenizer can take: a lone surrogate (U+D800..U+DFFF, half of a UTF-16
+    pair, which Python strings may hold and no UTF-8 can) is refused in one line."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as err:
+        raise RequestError(f"the text holds a lone surrogate ({text[err.start]!a} at "
+                           f"character {err.start}): not valid Unicode") from None
+    return text
