@@ -237,6 +237,11 @@ BAD_COMPLETIONS = [
     (b'{"prompt": "w5", "stop": 5}', 400, "stop", None),
     (b'{"prompt": "w5", "priority": 1.5}', 400, "priority", None),
     (b'{"prompt": "w5", "n": 17}', 400, "n", None),
+    (b'{"prompt": "w5", "user": 5}', 400, "user", None),
+    (b'{"prompt": "w5", "stream_options": {"include_usage": true}}', 400, "stream_options",
+     None),
+    (b'{"prompt": "w5", "stream": true, "stream_options": {"continuous_usage_stats": true}}',
+     400, "stream_options", None),
     (b'{"prompt": [1, 99999]}', 400, "prompt", None),
     (b'{"prompt": "w5", "model": "gpt-4"}', 404, "model", "model_not_found"),
 ]

@@ -256,10 +256,12 @@ class OpenAIApi:
     def _check_context(self, prompt_tokens: int, max_tokens: int | None) -> None:
         context = self.engine.capacity
         if prompt_tokens + (max_tokens or 1) > context:
+            asked = f"plus max_tokens ({max_tokens}) " if max_tokens else ""
+            fix = "shorten the prompt or lower max_tokens" if max_tokens else \
+                "shorten the prompt"
             raise ApiError(
-                400, f"the prompt ({prompt_tokens} tokens) plus max_tokens ({max_tokens}) "
-                f"exceeds the context of {context} tokens; shorten the prompt or lower "
-                "max_tokens", "max_tokens" if max_tokens else "prompt",
+                400, f"the prompt ({prompt_tokens} tokens) {asked}exceeds the context of "
+                f"{context} tokens; {fix}", "max_tokens" if max_tokens else "prompt",
                 "context_length_exceeded",
             )
 

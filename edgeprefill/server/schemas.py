@@ -102,10 +102,12 @@ def _request(
     body: dict, prompt: Prompt, default_max_tokens: int | None, prompt_field: str
 ) -> CompletionRequest:
     _refuse_unsupported(body)
+    for name in ("user", "service_tier", "prompt_cache_key", "safety_identifier"):
+        _str(body, name)  # ignored, but a client sending the wrong type has a bug to hear of
     max_tokens = _int(body, "max_completion_tokens", None, low=1)
     if max_tokens is None:
         max_tokens = _int(body, "max_tokens", default_max_tokens, low=1)
-    stream_options = _dict(body, "stream_options")
+    stream_options = _stream_options(body)
     try:
         params = GenerationParams(
             max_new_tokens=max_tokens,
@@ -254,6 +256,19 @@ def _priority(value: object) -> int:
         raise ApiError(400, str(err), "priority") from None
 
 
+def _stream_options(body: dict) -> dict:
+    """OpenAI refuses stream_options without stream, and knows one option here."""
+    options = _dict(body, "stream_options")
+    if options and not bool_field(body, "stream", False):
+        raise ApiError(400, "'stream_options' is only allowed when 'stream' is true",
+                       "stream_options")
+    unknown = sorted(set(options) - {"include_usage"})
+    if unknown:
+        raise ApiError(400, f"unknown stream option {', '.join(map(repr, unknown))}; this "
+                       "server knows 'include_usage'", "stream_options")
+    return options
+
+
 def _int(
     body: dict, name: str, default: int | None, low: int | None = None, high: int | None = None
 ) -> int | None:
@@ -263,7 +278,9 @@ def _int(
     if not _is_int(value):
         raise ApiError(400, f"'{name}' must be an integer", name)
     if (low is not None and value < low) or (high is not None and value > high):
-        raise ApiError(400, f"'{name}' must be in [{low}, {high}], got {value}", name)
+        bounds = f"in [{low}, {high}]" if low is not None and high is not None else (
+            f">= {low}" if low is not None else f"<= {high}")
+        raise ApiError(400, f"'{name}' must be {bounds}, got {value}", name)
     return value
 
 
