@@ -219,3 +219,27 @@ def test_the_server_listens_once_its_prompt_workers_run(engine):
     app = create_app(engine, ServerConfig(model_name=MODEL, prompt_workers=2))
     with ServerThread(app, port=free_port()):
         assert app.state.api.prompts.running == 2
+
+
+def test_a_request_the_shutdown_cancels_is_logged_with_the_503_it_got(engine, caplog,
+                                                                      monkeypatch):
+    import asyncio
+
+    from edgeprefill.server.app import OpenAIApi
+
+    async def cancelled(self, request, chat):  # what uvicorn's shutdown timeout does
+        raise asyncio.CancelledError
+
+    monkeypatch.setattr(OpenAIApi, "_complete", cancelled)
+    caplog.set_level(logging.INFO, logger="edgeprefill.server")
+    app = create_app(engine, ServerConfig(model_name=MODEL))
+
+    async def post() -> httpx.Response:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://x") as client:
+            return await client.post("/v1/completions", json={"prompt": "w5"})
+
+    response = asyncio.run(post())
+    assert_error(response, 503, code="shutting_down")
+    lines = [r.getMessage() for r in caplog.records if r.name == "edgeprefill.server"]
+    assert [line.split()[:3] for line in lines] == [["POST", "/v1/completions", "503"]]

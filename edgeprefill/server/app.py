@@ -107,8 +107,10 @@ def create_app(engine: Engine, config: ServerConfig) -> Starlette:
         Route("/metrics", api.prometheus, methods=["GET"]),
         *extra.routes(),
     ]
-    middleware = [Middleware(ShutdownCut),  # outermost: sees a shutdown's cancellation
-                  Middleware(AccessLog)]  # outside the key check: it logs the 401s too
+    # AccessLog outermost, so that it logs what the client got: ShutdownCut answers a
+    # request the shutdown cancelled with a 503 (inside it, the log said 500 or 200).
+    # Both outside the key check: the 401s are logged too.
+    middleware = [Middleware(AccessLog), Middleware(ShutdownCut)]
     if config.api_key is not None:
         middleware.append(Middleware(ApiKeyMiddleware, key=config.api_key,
                                      on_reject=api.metrics.reject))
