@@ -170,3 +170,33 @@ def test_bad_tools_are_a_400_naming_the_field(body, param):
     with pytest.raises(ApiError) as err:
         parse_tools(body)
     assert err.value.status == 400 and err.value.param == param
+
+
+CUT = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Par'
+
+
+@pytest.mark.parametrize("text, reason, finish", [
+    (CUT, "stop", "stop"),  # the model stopped inside a call: no call to run
+    (CUT, "length", "length"),  # max_tokens cut it
+    (CUT + 'is"}}\n</tool_call>', "stop", "tool_calls"),
+])
+def test_a_reply_streamed_or_whole_is_the_same_message(text, reason, finish):
+    from edgeprefill.server.responses import Shape
+
+    stream = SimpleNamespace(text=text, finish_reason=reason, logprobs=None, token_ids=[7],
+                             metrics=SimpleNamespace(prompt_tokens=1))
+    whole = Shape.new(True, "m", PARSERS["hermes"]).whole(stream)
+    message = whole["choices"][0]["message"]
+
+    shape = Shape.new(True, "m", PARSERS["hermes"])
+    chunks = [c for i in range(0, len(text), 5) for c in shape.chunks(text[i:i + 5])]
+    chunks += shape.last_chunks(reason)
+    deltas = [c["choices"][0]["delta"] for c in chunks]
+    arguments = "".join(t["function"].get("arguments", "")
+                        for d in deltas for t in d.get("tool_calls", ()))
+    names = [t["function"]["name"] for d in deltas for t in d.get("tool_calls", ())
+             if "name" in t["function"]]
+    assert [c["function"]["name"] for c in message["tool_calls"]] == names == ["get_weather"]
+    assert message["tool_calls"][0]["function"]["arguments"] == arguments
+    assert whole["choices"][0]["finish_reason"] == chunks[-1]["choices"][0]["finish_reason"] \
+        == finish

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from collections.abc import Callable
@@ -10,7 +11,7 @@ from dataclasses import dataclass, field
 from edgeprefill.sdk.stream import TokenEvent, TokenStream
 from edgeprefill.server.choices import Choices
 from edgeprefill.server.logprobs import logprobs_body
-from edgeprefill.server.tool_parsers import Piece, ToolParser
+from edgeprefill.server.tool_parsers import Piece, ToolCall, ToolParser, assemble
 
 
 @dataclass(frozen=True)
@@ -69,12 +70,12 @@ class Shape:
         message = {"role": "assistant", "content": stream.text}
         if self.tool_parser is None:
             return message, stream.finish_reason
-        parsed = self.tool_parser().parse(stream.text)
+        parsed = self.tool_parser().parse(stream.text)  # what the streamed reply adds up to
         if not parsed.calls:
             return {**message, "content": parsed.content}, stream.finish_reason
         message = {"role": "assistant", "content": parsed.content.strip() or None,
                    "tool_calls": [c.to_openai() for c in parsed.calls]}
-        return message, "tool_calls" if stream.finish_reason == "stop" else stream.finish_reason
+        return message, calls_finish_reason(parsed.calls, stream.finish_reason)
 
     def chunks(self, text: str, index: int = 0) -> list[dict]:
         """The streamed chunks of newly generated text: content, or tool-call deltas."""
@@ -150,6 +151,7 @@ class ToolDeltas:
     def __init__(self, parser: ToolParser) -> None:
         self.parser = parser
         self.calls = 0
+        self.sent: list[Piece] = []  # every piece, to assemble the calls at the end
 
     def feed(self, text: str) -> list[dict]:
         return self._deltas(self.parser.feed(text)) if text else []
@@ -158,9 +160,10 @@ class ToolDeltas:
         return self._deltas(self.parser.finish())
 
     def finish_reason(self, reason: str | None) -> str | None:
-        return "tool_calls" if self.calls and reason == "stop" else reason
+        return calls_finish_reason(assemble(self.sent).calls, reason)
 
     def _deltas(self, pieces: list[Piece]) -> list[dict]:
+        self.sent.extend(pieces)
         deltas: list[dict] = []
         for piece in pieces:
             call = piece.call or piece.begin
@@ -176,3 +179,17 @@ class ToolDeltas:
             elif call is None:
                 deltas.append({"content": piece.text})
         return deltas
+
+
+def calls_finish_reason(calls: list[ToolCall], reason: str | None) -> str | None:
+    """`tool_calls` for a reply that stopped on its own with every call's arguments whole
+    JSON; the engine's reason otherwise (`length` for a call max_tokens cut, `stop` for
+    one the model left unfinished): a client acting on `tool_calls` gets calls it can run."""
+    if not calls or reason != "stop":
+        return reason
+    try:
+        for call in calls:
+            json.loads(call.arguments)
+    except ValueError:
+        return reason
+    return "tool_calls"

@@ -108,8 +108,9 @@ class TaggedParser(ToolParser):
 
     Streamed, a call that starts `{"name": "...", "arguments": {` is sent as soon as its
     name is known and its arguments follow as they are generated (as OpenAI streams
-    them); any other call is sent whole at its close tag. A whole reply (`parse`) is
-    only split at complete calls, and a call whose JSON does not parse stays text."""
+    them); any other call is sent whole at its close tag, or stays text if its JSON does
+    not parse. A whole reply (`parse`) is parsed the same way, so that it is the streamed
+    reply's sum: a call cut short (max_tokens) is a call with the arguments it got."""
 
     open_tag = "<tool_call>"
     close_tag = "</tool_call>"
@@ -118,15 +119,10 @@ class TaggedParser(ToolParser):
     head = re.compile(r'\s*\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*'
                       r'"(?:arguments|parameters)"\s*:\s*(?=\{)')
 
-    def __init__(self, stream_arguments: bool = True) -> None:
-        self.stream_arguments = stream_arguments
+    def __init__(self) -> None:
         self.buffer = ""  # text not yet returned
         self.inside = False  # between an open tag and its close tag
         self.scan: _ObjectScan | None = None  # the streaming call's arguments, once begun
-
-    def parse(self, text: str) -> Parsed:
-        whole = type(self)(stream_arguments=False)
-        return assemble([*whole.feed(text), *whole.finish()])
 
     def feed(self, text: str) -> list[Piece]:
         self.buffer += text
@@ -162,7 +158,7 @@ class TaggedParser(ToolParser):
 
     def _inside_step(self, pieces: list[Piece]) -> bool:
         """Inside a call: begin it, stream its arguments, or end it at the close tag."""
-        if self.stream_arguments and self.scan is None:
+        if self.scan is None:
             match = self.head.match(self.buffer)
             if match:
                 pieces.append(Piece(begin=new_call(json.loads(match.group(1)), "")))
