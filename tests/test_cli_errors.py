@@ -240,3 +240,15 @@ def test_a_prompt_with_a_lone_surrogate_is_refused_in_one_line(bundle):
     with Engine.load(bundle("llama"), warm_up=False) as engine:
         with pytest.raises(RequestError, match="lone surrogate"):
             engine.generate("w5 \ud800 w6")
+
+
+def test_a_manifest_claiming_more_context_than_the_graph_holds_is_refused(bundle, tmp_path):
+    copy = tmp_path / "b"
+    shutil.copytree(bundle("llama"), copy)
+    manifest = json.loads((copy / "edgeprefill.json").read_text())
+    exported = manifest["max_context"]
+    manifest["max_context"] = exported * 2
+    (copy / "edgeprefill.json").write_text(json.dumps(manifest))
+    assert_one_line_error(cli("run", copy, "--prompt", "w3"),
+                          f"max_context {exported * 2}, but the graph's rotary tables hold "
+                          f"{exported} positions")

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from edgeprefill.bundle import Manifest, load_graph, resolve_inside
+from edgeprefill.bundle import MANIFEST_FILE, Manifest, load_graph, resolve_inside
 from edgeprefill.contract import (
     CAPACITY,
     INPUT_IDS,
@@ -64,6 +64,19 @@ PROVIDERS = {
     "cuda": ["CUDAExecutionProvider", "CPUExecutionProvider"],
     "tensorrt": ["TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"],
 }
+
+
+def _check_rotary_positions(graph: Any, max_context: int) -> None:
+    """The rotary tables hold max_context + 1 positions (export.flavors): a manifest whose
+    max_context claims more was edited, and its first long request would fail mid-run."""
+    sizes = {t.name: t.dims[0] for t in graph.graph.initializer if t.dims}
+    for node in graph.graph.node:
+        if node.op_type == "GroupQueryAttention" and len(node.input) > 7 and \
+                sizes.get(node.input[7], max_context + 1) < max_context + 1:
+            raise BackendError(
+                f"{MANIFEST_FILE} says max_context {max_context}, but the graph's rotary "
+                f"tables hold {sizes[node.input[7]] - 1} positions: the manifest was "
+                "edited; re-export the bundle")
 
 
 def _usable_cpus() -> int:
@@ -113,6 +126,7 @@ class OnnxRuntimeBackend(Backend):
                 raise BackendError(problem)
         graph_path = resolve_inside(bundle_dir, manifest.graph.file)
         graph = load_graph(bundle_dir, manifest)  # refuses external data outside the bundle
+        _check_rotary_positions(graph, manifest.max_context)
         self.threads = options.threads or physical_cores()
         if self.threads > _usable_cpus():
             log.warning("%d compute threads on %d usable CPUs: they wait for each other "
