@@ -131,6 +131,7 @@ def _known(record: type, raw: dict[str, Any], prefix: str, unknown: list[str]) -
 # Positions a manifest may declare: far beyond any exported model, and small enough that
 # a hand-edited figure cannot make the runtime try to allocate exabytes of KV cache.
 MAX_CONTEXT_LIMIT = 1 << 22
+GRAPH_FLAVORS = ("ort", "standard")  # export/flavors.py: what the backends know
 
 
 def _record(raw: dict[str, Any], name: str) -> dict[str, Any]:
@@ -179,6 +180,9 @@ def check_manifest(manifest: Manifest) -> None:
                                       else [manifest.bos_token_id])]
     if any(not 0 <= i < model.vocab_size for i in ids):
         _malformed(f"a BOS/EOS token id in {ids} is outside the vocabulary of {model.vocab_size}")
+    if manifest.graph.flavor not in GRAPH_FLAVORS:
+        _malformed(f"graph.flavor must be one of {', '.join(GRAPH_FLAVORS)}, "
+                   f"got {manifest.graph.flavor!r}")
     if len(manifest.graph.kv_inputs) != model.num_layers or any(
         len(pair) != 2 for pair in (*manifest.graph.kv_inputs, *manifest.graph.kv_outputs)
     ):

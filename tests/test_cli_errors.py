@@ -252,3 +252,12 @@ def test_a_manifest_claiming_more_context_than_the_graph_holds_is_refused(bundle
     assert_one_line_error(cli("run", copy, "--prompt", "w3"),
                           f"max_context {exported * 2}, but the graph's rotary tables hold "
                           f"{exported} positions")
+
+
+def test_a_manifest_with_an_unknown_graph_flavour_is_refused(bundle, tmp_path):
+    copy = tmp_path / "b"
+    shutil.copytree(bundle("llama"), copy)
+    manifest = json.loads((copy / "edgeprefill.json").read_text())
+    manifest["graph"]["flavor"] = "weird"
+    (copy / "edgeprefill.json").write_text(json.dumps(manifest))
+    assert_one_line_error(cli("inspect", copy), "graph.flavor must be one of ort, standard")
