@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 
 import pytest
 
@@ -203,3 +204,68 @@ def test_a_refused_n_request_takes_its_choices_with_it(make_engine):
         assert "the queue is full" in stream.error
     assert not running.done and not waiting.done
     engine.close()
+
+
+def slow_steps(engine, seconds: float, monkeypatch) -> None:
+    run = engine.backend.run
+
+    def slow(step):
+        time.sleep(seconds)
+        return run(step)
+
+    monkeypatch.setattr(engine.backend, "run", slow)
+
+
+def test_an_async_read_that_times_out_takes_no_event(make_engine, monkeypatch):
+    engine = make_engine()
+    slow_steps(engine, 0.004, monkeypatch)
+    stream = engine.generate(ids(20), GenerationParams(max_new_tokens=40, ignore_eos=True))
+
+    async def read_with_short_timeouts() -> tuple[list[int], int]:
+        events, timeouts = aiter(stream), 0
+        got: list[int] = []
+        while True:
+            try:
+                event = await asyncio.wait_for(anext(events), timeout=0.001)
+            except asyncio.TimeoutError:
+                timeouts += 1
+                continue
+            except StopAsyncIteration:
+                return got, timeouts
+            got.append(event.token_id)
+
+    got, timeouts = asyncio.run(read_with_short_timeouts())
+    assert timeouts > 0  # reads were cancelled mid-wait ...
+    assert got == stream.token_ids and len(got) == 40  # ... and none took an event
+
+
+def test_async_readers_hold_no_threads(make_engine, monkeypatch):
+    # Forty readers of queued streams and one of the decoding stream: more than the
+    # default executor's threads. The decoding stream's reader still gets its tokens as
+    # they come, and the event loop's own thread pool stays free.
+    engine = make_engine(kv_slots=1)
+    slow_steps(engine, 0.002, monkeypatch)
+    running = engine.generate(ids(20), GenerationParams(max_new_tokens=100, ignore_eos=True))
+    queued = [engine.generate(ids(20, i + 1), GenerationParams(max_new_tokens=2))
+              for i in range(40)]
+    first_read: list[float] = []
+
+    async def read(stream, note: bool) -> None:
+        async for _ in stream:
+            if note and not first_read:
+                first_read.append(time.perf_counter())
+
+    async def main() -> float:
+        tasks = [asyncio.create_task(read(s, False)) for s in queued]
+        tasks.append(asyncio.create_task(read(running, True)))
+        await asyncio.sleep(0.05)
+        began = time.perf_counter()
+        await asyncio.to_thread(lambda: None)
+        waited = time.perf_counter() - began
+        await asyncio.gather(*tasks)
+        return waited
+
+    waited = asyncio.run(main())
+    assert waited < 0.1
+    assert first_read[0] < running.metrics.token_times[-1]  # read before the request ended
+    assert all(s.finish_reason == "length" for s in [running, *queued])

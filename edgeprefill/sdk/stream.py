@@ -7,12 +7,16 @@ What a reader can rely on:
   request at the next step boundary and frees its KV slot;
 - several readers at once (threads or tasks) share the stream: each event goes to exactly
   one of them, the end reaches all of them, and `token_ids` / `text` / `logprobs` hold every
-  event in the order it was produced, whoever read it.
+  event in the order it was produced, whoever read it;
+- an `async for` waits on the event loop itself, holding no thread (any number of streams
+  can be read at once), and a read that is cancelled (`asyncio.wait_for`, a task
+  cancelled) takes no event: the next read gets it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import queue
 import threading
 from collections.abc import Callable
@@ -60,6 +64,9 @@ class TokenStream:
         self.finish_reason: str | None = None
         self.error: str | None = None
         self.eos_token_id: int | None = None  # the EOS token that ended generation, if one
+        # `async for` readers waiting for the next event: (their loop, a future to set).
+        self._waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
+        self._waiters_lock = threading.Lock()
 
     # -- producer side (engine loop) --------------------------------------------------
 
@@ -71,11 +78,22 @@ class TokenStream:
                 self.logprobs.append(event)
         self.text += event.text
         self._queue.put(event)
+        self._wake_waiters()
 
     def _finish(self, reason: str, error: str | None = None) -> None:
         self.finish_reason, self.error = reason, error
         self._done.set()
         self._queue.put(_End(reason, error))
+        self._wake_waiters()
+
+    def _wake_waiters(self) -> None:
+        # After the put: a reader that registered before it is woken, one that registers
+        # after it finds the event when it looks at the queue again (_AsyncReader).
+        with self._waiters_lock:
+            waiters, self._waiters = self._waiters, []
+        for loop, future in waiters:
+            with contextlib.suppress(RuntimeError):  # that loop has closed: nobody waits
+                loop.call_soon_threadsafe(_set_once, future)
 
     # -- consumer side ----------------------------------------------------------------
 
@@ -154,8 +172,38 @@ class _AsyncReader(_Loop):
     async def __anext__(self) -> TokenEvent:
         if self.ended:
             raise StopAsyncIteration
-        item = await asyncio.to_thread(self.stream._next_item)
+        item = await self._next()
         if isinstance(item, _End):
+            self.stream._queue.put(item)  # the end stays in the queue: every reader sees it
             self.ended = True
             raise StopAsyncIteration
         return item
+
+    async def _next(self) -> TokenEvent | _End:
+        """The next event, taken only on the event loop's thread: a cancelled wait has
+        taken nothing."""
+        stream = self.stream
+        while True:
+            try:
+                return stream._queue.get_nowait()
+            except queue.Empty:
+                pass
+            if stream._pump is not None:  # no loop thread: run a step, off the event loop
+                await asyncio.to_thread(stream._pump)
+                continue
+            future = asyncio.get_running_loop().create_future()
+            waiter = (asyncio.get_running_loop(), future)
+            with stream._waiters_lock:
+                stream._waiters.append(waiter)
+            try:
+                if stream._queue.empty():  # else an event came between the two looks
+                    await future
+            finally:
+                with stream._waiters_lock:
+                    if waiter in stream._waiters:
+                        stream._waiters.remove(waiter)
+
+
+def _set_once(future: asyncio.Future[None]) -> None:
+    if not future.done():  # a cancelled wait leaves a done future
+        future.set_result(None)

@@ -20,7 +20,6 @@ import asyncio
 import hmac
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
@@ -134,11 +133,8 @@ class OpenAIApi:
 
     @asynccontextmanager
     async def lifespan(self, app: Starlette):
-        # Each stream being read parks one thread in its TokenStream queue (the SDK's
-        # `async for`); the default pool (cpus + 4) would make parked streams wait on
-        # each other, so size it for every request the server admits.
-        executor = ThreadPoolExecutor(self.config.max_pending + 4, "edgeprefill-http")
-        asyncio.get_running_loop().set_default_executor(executor)
+        # Streams are read with `async for`, which waits on the event loop and holds no
+        # thread: the default executor only runs the prompt workers' calls.
         await self.prompts.start()
         # anyio loads its asyncio backend (~8 ms of imports) on first use, which was the
         # first streaming request's (EventStreamResponse's task group): load it here.
@@ -148,7 +144,6 @@ class OpenAIApi:
             yield
         finally:
             self.prompts.close()
-            executor.shutdown(wait=False, cancel_futures=True)
 
     # -- routes -----------------------------------------------------------------------
 
