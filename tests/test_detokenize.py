@@ -64,3 +64,29 @@ def test_a_partial_stop_string_is_released_when_it_does_not_complete(tokenizer):
     ids = tokenizer.tokenizer.encode("hello world").ids
     whole, pieces, streamer = stream(tokenizer, ids, ("lo x",))
     assert not streamer.stopped and whole == "hello world"
+
+
+def test_bytes_that_never_make_a_character_are_flushed_as_replacement_characters(tokenizer):
+    # A reply that ends inside a character (or on bytes no character starts with) shows
+    # them as U+FFFD, as decoding all its ids does, instead of dropping them.
+    tok = tokenizer.tokenizer
+    ids = tok.encode("ok").ids + tok.encode("😀").ids[:2]
+    text, pieces, _ = stream(tokenizer, ids)
+    assert text == tok.decode(ids) and text.startswith("ok") and text.endswith("\ufffd")
+
+
+def test_a_sequence_the_stream_decoder_gives_up_on_still_streams():
+    # tokenizers' DecodeStream raises on an ASCII byte token, then a byte no UTF-8
+    # character starts with, then a word ("Invalid prefix encountered"); a sampled reply
+    # must not end in an error for it.
+    from pathlib import Path
+
+    from tokenizers import Tokenizer
+
+    root = Path(__file__).resolve().parent.parent
+    tok = Tokenizer.from_file(str(root / "models" / "tiny-recall" / "tokenizer.json"))
+    decoder = SimpleNamespace(tokenizer=tok,
+                              decode=lambda ids: tok.decode(ids, skip_special_tokens=True))
+    ids = [tok.token_to_id(t) for t in ("▁the", "<0x35>", "<0xEB>", "▁river", "▁jade")]
+    text, pieces, _ = stream(decoder, ids)
+    assert text == "the5\ufffd river jade"  # the valid byte kept, the invalid one U+FFFD

@@ -127,10 +127,16 @@ class TextStreamer:
         return text[: len(text) - keep]
 
     def flush(self) -> str:
-        """The rest of the text at the end of generation."""
+        """The rest of the text at the end of generation: what was held back, and the
+        text of trailing ids that never made a whole character (as U+FFFD, as decoding
+        all the ids gives)."""
         if self.stopped:
             return ""
-        text, self.held = self.held, ""
+        text, self.held = self.held + self.decoder.finish(), ""
+        cut = self._stop_at(text)
+        if cut is not None:
+            self.stopped = True
+            return text[:cut]
         return text
 
     def _stop_at(self, text: str) -> int | None:
@@ -166,27 +172,61 @@ def _stream_decoder(tokenizer: Decoder) -> _DecodeStream | _WindowDecoder:
 
 
 class _DecodeStream:
-    """`tokenizers`' own streaming decoder: exact for byte-level and byte-fallback BPE."""
+    """`tokenizers`' own streaming decoder, exact for byte-level and byte-fallback BPE,
+    until it gives up: after a byte token, an invalid UTF-8 sequence makes it raise
+    ("Invalid prefix encountered"), where decoding the ids whole gives U+FFFD. From then
+    on the window decoder carries on from the last id whose text was returned."""
 
     def __init__(self, backend: Tokenizer) -> None:
         from tokenizers.decoders import DecodeStream
 
         self.backend = backend
         self.stream = DecodeStream(skip_special_tokens=True)
+        self.window: _WindowDecoder | None = None
+        self.ids: list[int] = []
+        self.settled = 0  # ids before this index have had all their text returned
 
     def step(self, token_id: int) -> str:
-        return self.stream.step(self.backend, token_id) or ""
+        self.ids.append(token_id)
+        if self.window is None:
+            try:
+                text = self.stream.step(self.backend, token_id)
+            except Exception:  # noqa: BLE001 - tokenizers raises a bare Exception
+                self.window = _WindowDecoder(_Skipping(self.backend), self.ids[:-1],
+                                             self.settled)
+            else:
+                if text is not None:
+                    self.settled = len(self.ids)
+                return text or ""
+        return self.window.step(token_id)
+
+    def finish(self) -> str:
+        if self.window is None:
+            self.window = _WindowDecoder(_Skipping(self.backend), self.ids, self.settled)
+        return self.window.finish()
+
+
+class _Skipping:
+    """A tokenizers.Tokenizer as a Decoder, special tokens dropped as the stream drops them."""
+
+    def __init__(self, backend: Tokenizer) -> None:
+        self.backend = backend
+
+    def decode(self, ids: list[int]) -> str:
+        return self.backend.decode(ids, skip_special_tokens=True)
 
 
 class _WindowDecoder:
     """For any object with `decode(ids) -> str`: decode a few trailing ids with and
-    without the new one; the difference is the new text once it is whole characters."""
+    without the new one; the difference is the new text once it is whole characters.
+    `ids` / `read`: ids already pushed, and how many of them have had their text returned
+    (the window starts one id earlier, so a word's leading space survives the decode)."""
 
-    def __init__(self, tokenizer: Decoder) -> None:
+    def __init__(self, tokenizer: Decoder, ids: list[int] | None = None, read: int = 0) -> None:
         self.tokenizer = tokenizer
-        self.ids: list[int] = []
-        self.prefix = 0  # ids before this index are settled and out of the window
-        self.read = 0  # ids before this index have had their text returned
+        self.ids: list[int] = list(ids or [])
+        self.read = read  # ids before this index have had their text returned
+        self.prefix = max(0, read - 1)  # ids before this index are out of the window
 
     def step(self, token_id: int) -> str:
         self.ids.append(token_id)
@@ -197,6 +237,13 @@ class _WindowDecoder:
             return ""  # an incomplete character: wait for more bytes
         self.prefix, self.read = self.read, len(self.ids)
         return text[len(before) :]
+
+    def finish(self) -> str:
+        """The text of the ids after the last returned text, whole or not."""
+        before = self.tokenizer.decode(self.ids[self.prefix : self.read])
+        text = self.tokenizer.decode(self.ids[self.prefix :])
+        self.prefix = self.read = len(self.ids)
+        return text[len(before) :] if text.startswith(before) else text
 
 
 def _text(text: str) -> str:
