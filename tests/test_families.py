@@ -9,6 +9,7 @@ import transformers
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from edgeprefill.errors import ExportError
+from edgeprefill.export.families import FAMILIES
 from edgeprefill.export.model_config import GLOBAL, ModelConfig
 from tests.conftest import build_hf_model
 from tests.test_exactness import prompt_ids, reference_logits
@@ -80,7 +81,7 @@ def test_longrope_beyond_the_original_window_uses_the_long_factors(tmp_path):
     ({"hidden_act": "relu2"}, "activation 'relu2' is not supported"),
     ({"model_type": "stablelm", "qk_layernorm": True}, "per-head LayerNorm on q/k"),
     ({"model_type": "cohere", "use_qk_norm": True}, "per-head LayerNorm on q/k"),
-    ({"sliding_window": 0}, "sliding_window must be at least 1"),
+    ({"model_type": "mistral", "sliding_window": 0}, "sliding_window must be at least 1"),
     ({"partial_rotary_factor": 1.5, "head_dim": 16}, "rotary dimension 24 does not fit"),
     ({"rope_parameters": {"rope_type": "longrope", "short_factor": [1.0], "long_factor": [1.0],
                           "original_max_position_embeddings": 64}}, "longrope short_factor"),
@@ -150,3 +151,96 @@ def test_a_checkpoint_that_disagrees_with_its_config_is_refused_in_one_line(tmp_
         export(hf_dir, tmp_path / "b", ExportOptions(show_progress=False, max_context=64))
     assert "k_proj.weight has shape (32, 64), but config.json implies (64, 64)" in str(err.value)
     assert "\n" not in str(err.value)
+
+
+# -- config.json read as transformers reads it ---------------------------------------------
+
+MINIMAL = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=4,
+               num_attention_heads=4, num_key_value_heads=2, vocab_size=128)
+
+
+def hf_config(family: str, **keys):
+    # Instantiated from the keys config.json would hold, as from_pretrained does.
+    return transformers.AutoConfig.for_model(family, **MINIMAL, **keys)
+
+
+def hf_theta(config, layer_type: str = "full_attention") -> float:
+    params = config.rope_parameters
+    return float((params.get(layer_type) or params)["rope_theta"])
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_keys_a_config_leaves_out_take_transformers_defaults(family):
+    ours = ModelConfig.from_hf({"model_type": family, **MINIMAL})
+    hf = hf_config(family)
+    head_dim = getattr(hf, "head_dim", None) or MINIMAL["hidden_size"] // 4
+    assert ours.head_dim == head_dim
+    eps = next(getattr(hf, k) for k in ("rms_norm_eps", "layer_norm_eps") if hasattr(hf, k))
+    assert ours.norm_eps == pytest.approx(eps)
+    assert ours.ropes[GLOBAL].theta == pytest.approx(hf_theta(hf))
+    partial = (hf.rope_parameters.get("full_attention") or hf.rope_parameters).get(
+        "partial_rotary_factor", 1.0)
+    assert ours.ropes[GLOBAL].rotary_dim == int(head_dim * partial)
+    assert ours.final_softcap == getattr(hf, "final_logit_softcapping", None)
+    if family == "gemma2":
+        assert ours.attn_softcap == hf.attn_logit_softcapping
+    if family == "cohere":
+        assert ours.logits_multiplier == hf.logit_scale
+    if family == "granite":
+        assert ours.attn_scale == hf.attention_multiplier
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_a_sliding_window_key_slides_only_where_the_family_reads_it(family):
+    # Llama, Gemma 1, Granite, ... ignore `sliding_window` (configs copied from Mistral's
+    # carry it); Qwen2/3 and SmolLM3 read it only with `use_sliding_window: true`.
+    for extra in ({}, {"use_sliding_window": True}):
+        raw = {"model_type": family, **MINIMAL, "sliding_window": 8, **extra}
+        ours = [layer.window for layer in ModelConfig.from_hf(raw).layers]
+        hf = hf_config(family, sliding_window=8, **extra)
+        window = getattr(hf, "sliding_window", None)
+        types = getattr(hf, "layer_types", None)
+        if family in ("llama", "gemma", "granite", "olmo2", "phi", "stablelm", "cohere",
+                      "gpt_neox"):
+            expected = [None] * 4
+        elif types is not None:
+            expected = [window if t == "sliding_attention" else None for t in types]
+        else:  # Mistral, Phi-3: every layer
+            expected = [window] * 4
+        assert ours == expected, (extra, types)
+
+
+def test_legacy_values_read_as_transformers_rewrites_them():
+    gemma = ModelConfig.from_hf({"model_type": "gemma", **MINIMAL, "hidden_act": "gelu"})
+    assert gemma.activation == "gelu_tanh"
+    neox = ModelConfig.from_hf({"model_type": "gpt_neox", **MINIMAL, "rotary_emb_base": 100.0})
+    assert neox.ropes[GLOBAL].theta == 100.0
+    phi3 = ModelConfig.from_hf({"model_type": "phi3", **MINIMAL, "max_position_embeddings": 512,
+                                "original_max_position_embeddings": 256, "rope_scaling": {
+                                    "type": "su", "short_factor": [1.0] * 8,
+                                    "long_factor": [2.0] * 8}})
+    assert phi3.ropes[GLOBAL].kind == "longrope"
+    gemma3 = ModelConfig.from_hf({"model_type": "gemma3_text", **MINIMAL,
+                                  "attn_logit_softcapping": 2.0})
+    assert gemma3.attn_softcap is None  # Gemma 3 stores it and never applies it
+
+
+def test_a_yarn_rope_without_its_original_window_uses_max_position_embeddings():
+    raw = {"model_type": "llama", **MINIMAL, "max_position_embeddings": 512,
+           "rope_scaling": {"rope_type": "yarn", "factor": 4.0}}
+    ours = ModelConfig.from_hf(raw).ropes[GLOBAL]
+    hf = hf_config("llama", max_position_embeddings=512,
+                   rope_scaling={"rope_type": "yarn", "factor": 4.0})
+    assert ours.original_max_positions == hf.rope_parameters[
+        "original_max_position_embeddings"] == 512
+
+
+@pytest.mark.parametrize("family, parallel, quirk", [
+    ("gpt_neox", False, None), ("gpt_neox", True, "parallel residual"),
+    ("stablelm", True, "parallel attention and MLP on one norm"), ("stablelm", False, None),
+])
+def test_the_residual_quirk_follows_the_config(family, parallel, quirk):
+    quirks = ModelConfig.from_hf({"model_type": family, **MINIMAL,
+                                  "use_parallel_residual": parallel}).quirks()
+    named = [q for q in quirks if "parallel" in q]
+    assert named == ([] if quirk is None else [next(q for q in quirks if q.startswith(quirk))])

@@ -8,8 +8,8 @@ config.json by `ModelConfig.from_hf`; nothing downstream looks at a family's nam
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 
@@ -69,19 +69,70 @@ class FamilySpec:
     embed_scale: str | None = None  # None, "sqrt_hidden" (Gemma) or "multiplier" (Granite)
     tie_default: bool = False
     act_default: str = "silu"
+    # Whether the family's transformers model reads `sliding_window` at all: "never" (a
+    # key some configs carry anyway, which the model ignores), "always", or "opt_in" (only
+    # with `use_sliding_window: true`, as Qwen2/3 and SmolLM3 do).
+    window: str = "never"
     # Which layers slide when config.json has no `layer_types`: layer index, config -> bool.
     sliding: Callable[[int, dict[str, Any]], bool] = lambda i, raw: True
     # Quirks worth naming to a user (README, manifest, `inspect`).
     quirks: tuple[str, ...] = ()
     block_from_config: Callable[[dict[str, Any]], str] | None = None
+    # transformers' own defaults for the keys config.json may leave out (the config
+    # class's, where they differ from the reader's generic ones), and its rewrites of
+    # legacy values: a hand-written or old config reads as transformers reads it.
+    defaults: Mapping[str, Any] = field(default_factory=dict)
+    legacy: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+    # The soft-caps the family's model applies ("attn", "final"): others keep a key
+    # their model ignores (Gemma 3 stores attn_logit_softcapping and never uses it).
+    softcaps: tuple[str, ...] = ()
+
+    def read(self, raw: dict[str, Any]) -> dict[str, Any]:
+        """config.json as the family's transformers config class reads it."""
+        raw = {**self.defaults, **raw}  # only absent keys: a null is the config's own
+        return self.legacy(raw) if self.legacy is not None else raw
 
 
 def _after_max_window_layers(i: int, raw: dict[str, Any]) -> bool:
     return i >= int(raw.get("max_window_layers", 28))
 
 
+def _nope_layers(i: int, raw: dict[str, Any]) -> bool:
+    """SmolLM3: the layers without rotary slide (its `no_rope_layers`, 1 = rope)."""
+    flags = raw.get("no_rope_layers")
+    if flags is None:
+        interval = int(raw.get("no_rope_layer_interval", 4))
+        return (i + 1) % interval == 0
+    return i < len(flags) and not flags[i]
+
+
 def _every_nth_global(i: int, raw: dict[str, Any]) -> bool:
     return bool((i + 1) % int(raw.get("sliding_window_pattern", 6)))
+
+
+def _gemma_tanh_gelu(raw: dict[str, Any]) -> dict[str, Any]:
+    # GemmaConfig: "gelu" is a legacy value of the official releases meant as the tanh form.
+    if raw.get("hidden_act") == "gelu":
+        raw = {**raw, "hidden_act": "gelu_pytorch_tanh"}
+    return raw
+
+
+def _phi3_longrope(raw: dict[str, Any]) -> dict[str, Any]:
+    # Phi3Config: the rope types "su" and "yarn" of earlier versions are longrope.
+    for key in ("rope_parameters", "rope_scaling"):
+        params = raw.get(key)
+        if isinstance(params, dict) and params.get("rope_type", params.get("type")) in (
+                "su", "yarn"):
+            raw = {**raw, key: {**params, "rope_type": "longrope", "type": "longrope"}}
+    return raw
+
+
+def _neox_rotary_base(raw: dict[str, Any]) -> dict[str, Any]:
+    # GPTNeoXConfig: `rotary_emb_base` is the older name of rope_theta.
+    params = raw.get("rope_parameters") or {}
+    if raw.get("rope_theta") is None and "rope_theta" not in params:
+        raw = {**raw, "rope_theta": raw.get("rotary_emb_base", 10000.0)}
+    return raw
 
 
 def _parallel_if_configured(raw: dict[str, Any]) -> str:
@@ -92,7 +143,7 @@ def _parallel_if_configured(raw: dict[str, Any]) -> str:
 ATTENTION_BIAS: dict[str, Any] = {"bias_key": "attention_bias", "o_bias": None}
 GEMMA = FamilySpec(
     **ATTENTION_BIAS, norm="rms_plus_one", embed_scale="sqrt_hidden", tie_default=True,
-    act_default="gelu_pytorch_tanh",
+    act_default="gelu_pytorch_tanh", defaults={"head_dim": 256}, legacy=_gemma_tanh_gelu,
     quirks=("embedding x sqrt(hidden)", "(1+w) RMSNorm", "gelu-tanh MLP"),
 )
 SANDWICH = ("norms before and after attention and MLP", "query_pre_attn_scalar")
@@ -107,57 +158,69 @@ PHI_NAMES = TensorNames(final_norm="model.final_layernorm", o="self_attn.dense",
 
 FAMILIES: dict[str, FamilySpec] = {
     "llama": FamilySpec(**ATTENTION_BIAS),
-    "mistral": FamilySpec(),
-    "qwen2": FamilySpec(qkv_bias=True, sliding=_after_max_window_layers,
+    "mistral": FamilySpec(window="always"),
+    "qwen2": FamilySpec(qkv_bias=True, window="opt_in", sliding=_after_max_window_layers,
                         quirks=("q/k/v biases",)),
-    "qwen3": FamilySpec(**ATTENTION_BIAS, qk_norm="head", sliding=_after_max_window_layers,
+    "qwen3": FamilySpec(**ATTENTION_BIAS, qk_norm="head", window="opt_in",
+                        sliding=_after_max_window_layers, defaults={"head_dim": 128},
                         quirks=("per-head q/k RMSNorm",)),
     "gemma": GEMMA,
     "gemma2": replace(
-        GEMMA, block="sandwich", sliding=lambda i, raw: i % 2 == 0,
+        GEMMA, block="sandwich", window="always", sliding=lambda i, raw: i % 2 == 0,
+        softcaps=("attn", "final"), legacy=None,
+        defaults={"head_dim": 256, "query_pre_attn_scalar": 256,
+                  "attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0},
         quirks=(*GEMMA.quirks, *SANDWICH, "attention and final-logit soft-capping"),
     ),
     "gemma3_text": replace(
-        GEMMA, block="sandwich", qk_norm="head", sliding=_every_nth_global,
-        quirks=(*GEMMA.quirks, *SANDWICH, "per-head q/k (1+w) RMSNorm",
-                "local layers with their own rope base"),
+        GEMMA, block="sandwich", qk_norm="head", window="always", sliding=_every_nth_global,
+        softcaps=("final",), legacy=None,
+        defaults={"head_dim": 256, "query_pre_attn_scalar": 256, "rope_theta": 1_000_000.0,
+                  "rope_local_base_freq": 10000.0},
+        quirks=(*GEMMA.quirks, *SANDWICH, "per-head q/k (1+w) RMSNorm"),
     ),
     "phi3": FamilySpec(
         names=replace(LLAMA_NAMES, qkv="self_attn.qkv_proj", gate_up="mlp.gate_up_proj"),
+        window="always", defaults={"rms_norm_eps": 1e-5}, legacy=_phi3_longrope,
         quirks=("fused qkv and gate_up weights",),
     ),
-    "smollm3": FamilySpec(**ATTENTION_BIAS, tie_default=True),
+    "smollm3": FamilySpec(**ATTENTION_BIAS, tie_default=True, window="opt_in",
+                          sliding=_nope_layers, defaults={"rope_theta": 2_000_000.0}),
     "granite": FamilySpec(
-        **ATTENTION_BIAS, embed_scale="multiplier",
+        **ATTENTION_BIAS, embed_scale="multiplier", defaults={"attention_multiplier": 1.0},
         quirks=("embedding, attention and residual multipliers", "logits scaling"),
     ),
     "olmo2": FamilySpec(
-        **ATTENTION_BIAS, block="post", qk_norm="full",
+        **ATTENTION_BIAS, block="post", qk_norm="full", defaults={"rms_norm_eps": 1e-5},
         quirks=("norms after attention and MLP", "q/k RMSNorm over the whole projection"),
     ),
     "phi": FamilySpec(
         names=PHI_NAMES, norm="layer", block="shared", gated_mlp=False, qkv_bias=True,
         o_bias=True, mlp_bias=True, lm_head_bias=True, act_default="gelu_new",
-        quirks=("parallel attention and MLP on one norm", "LayerNorm with bias", "gelu MLP",
+        defaults={"layer_norm_eps": 1e-5, "partial_rotary_factor": 0.5},
+        quirks=("LayerNorm with bias", "gelu MLP",
                 "LM head bias"),
     ),
     "stablelm": FamilySpec(
         norm="layer", bias_key="use_qkv_bias", block_from_config=_parallel_if_configured,
+        defaults={"layer_norm_eps": 1e-5, "partial_rotary_factor": 0.25},
         quirks=("LayerNorm with bias",),
     ),
     "cohere": FamilySpec(
         **ATTENTION_BIAS, norm="layer_no_bias", block="shared", tie_default=True,
         rope_interleaved=True,
-        quirks=("parallel attention and MLP on one norm", "LayerNorm without bias",
+        defaults={"layer_norm_eps": 1e-5, "logit_scale": 0.0625, "rope_theta": 500000.0},
+        quirks=("LayerNorm without bias",
                 "interleaved rotary", "logit scale"),
     ),
     "gpt_neox": FamilySpec(
         names=NEOX_NAMES, norm="layer", block="parallel", gated_mlp=False,
         qkv_interleaved=True, bias_key="attention_bias", qkv_bias=True, o_bias=None,
-        mlp_bias=True, act_default="gelu",
+        mlp_bias=True, act_default="gelu", legacy=_neox_rotary_base,
+        defaults={"layer_norm_eps": 1e-5, "rotary_pct": 0.25},
         block_from_config=lambda raw: "parallel" if raw.get("use_parallel_residual", True)
         else "pre",
-        quirks=("parallel residual", "LayerNorm with bias", "gelu MLP",
+        quirks=("LayerNorm with bias", "gelu MLP",
                 "fused q/k/v interleaved per head"),
     ),
 }

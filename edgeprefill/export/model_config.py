@@ -96,6 +96,12 @@ class ModelConfig:
     def quirks(self) -> list[str]:
         """What is special about this model, in words (manifest and `inspect`)."""
         out = list(self.spec.quirks)
+        # From the config, not the family: GPT-NeoX and StableLM choose their residual.
+        out += {"parallel": ["parallel residual (attention and MLP each on its own norm)"],
+                "shared": ["parallel attention and MLP on one norm"]}.get(self.block, [])
+        if any(layer.rope == LOCAL for layer in self.layers) and \
+                self.ropes[LOCAL].theta != self.ropes[GLOBAL].theta:
+            out.append("local layers with their own rope base")
         local = sum(layer.window is not None for layer in self.layers)
         if local:
             out.append(f"sliding window {self.sliding_window} on {local} of {self.num_layers} "
@@ -126,7 +132,8 @@ class ModelConfig:
                 f"model_type {family!r} is not supported; supported: {', '.join(sorted(FAMILIES))}"
             )
         try:
-            return _read(family, FAMILIES[family], raw)
+            spec = FAMILIES[family]
+            return _read(family, spec, spec.read(raw))
         except KeyError as missing:
             raise ExportError(f"config.json lacks the required key {missing}") from None
         except (TypeError, ValueError, ZeroDivisionError) as bad:
@@ -166,8 +173,10 @@ def _read(family: str, spec: FamilySpec, raw: dict[str, Any]) -> ModelConfig:
         ropes=_ropes(raw, _rotary_dim(raw, head_dim)),
         layers=_layers(raw, spec),
         attn_scale=_attn_scale(raw, head_dim),
-        attn_softcap=_optional_float(raw.get("attn_logit_softcapping")),
-        final_softcap=_optional_float(raw.get("final_logit_softcapping")),
+        attn_softcap=_optional_float(raw.get("attn_logit_softcapping"))
+        if "attn" in spec.softcaps else None,
+        final_softcap=_optional_float(raw.get("final_logit_softcapping"))
+        if "final" in spec.softcaps else None,
         embed_scale=_embed_scale(raw, spec, hidden),
         residual_scale=float(raw.get("residual_multiplier", 1.0)),
         logits_divisor=float(raw.get("logits_scaling", 1.0)),
@@ -226,7 +235,7 @@ def _ropes(raw: dict[str, Any], rotary_dim: int) -> dict[str, RopeConfig]:
 
 def _layers(raw: dict[str, Any], spec: FamilySpec) -> tuple[LayerAttention, ...]:
     count = int(raw["num_hidden_layers"])
-    window = _sliding_window(raw)
+    window = _sliding_window(raw, spec.window)
     types = raw.get("layer_types")
     if types is None:
         slides = [window is not None and spec.sliding(i, raw) for i in range(count)]
@@ -263,9 +272,11 @@ def _given(value: Any, default: Any) -> Any:
     return default if value is None else value
 
 
-def _sliding_window(raw: dict[str, Any]) -> int | None:
-    # Qwen2/3 carry `sliding_window` but only use it with `use_sliding_window`.
-    if raw.get("use_sliding_window") is False:
+def _sliding_window(raw: dict[str, Any], rule: str) -> int | None:
+    """The window the family's transformers model applies (FamilySpec.window): Llama,
+    Gemma 1 and the rest ignore a `sliding_window` key; Qwen2/3 and SmolLM3 use it only
+    with `use_sliding_window: true`."""
+    if rule == "never" or (rule == "opt_in" and raw.get("use_sliding_window") is not True):
         return None
     window = raw.get("sliding_window")
     if window is None:

@@ -176,8 +176,10 @@ def rope_from_params(
     or the older `rope_scaling` with `rope_theta` at the top level of `raw`)."""
     kind = params.get("rope_type", params.get("type", "default"))
     max_positions = int(raw.get("max_position_embeddings", 2048))
-    original = params.get("original_max_position_embeddings",
-                          raw.get("original_max_position_embeddings"))
+    # As transformers' standardize_rope_params: a top-level value wins over the rope
+    # dict's (Phi-3 saves both), and without either the window is max_position_embeddings.
+    original = _first(raw.get("original_max_position_embeddings"),
+                      params.get("original_max_position_embeddings"), max_positions)
     factor = params.get("factor")
     if factor is None:
         # longrope/yarn without a factor: the ratio of the extended to the original window.
@@ -189,7 +191,7 @@ def rope_from_params(
         factor=float(factor),
         low_freq_factor=float(params.get("low_freq_factor", 1.0)),
         high_freq_factor=float(params.get("high_freq_factor", 4.0)),
-        original_max_positions=int(original or 8192),
+        original_max_positions=int(original),
         max_positions=max_positions,
         attention_factor=_optional_float(params.get("attention_factor")),
         beta_fast=float(params.get("beta_fast") or 32.0),
@@ -200,6 +202,10 @@ def rope_from_params(
         short_factor=tuple(float(f) for f in params.get("short_factor") or ()),
         long_factor=tuple(float(f) for f in params.get("long_factor") or ()),
     )
+
+
+def _first(*values: Any) -> Any:
+    return next(v for v in values if v is not None)
 
 
 def _optional_float(value: Any) -> float | None:
