@@ -255,3 +255,18 @@ def test_more_threads_than_cpus_warns(bundle, caplog):
     with Engine.load(bundle("llama"), threads=many, warm_up=False):
         pass
     assert f"{many} compute threads on" in caplog.text
+
+
+@pytest.mark.parametrize("option", ["spin", "warm_up", "prefix_reuse"])
+def test_boolean_engine_options_refuse_strings(option):
+    from edgeprefill.sdk.config import EngineConfig
+
+    with pytest.raises(RequestError, match=f"{option} must be True or False, got 'no'"):
+        EngineConfig(**{option: "no"})
+
+
+def test_the_scheduler_is_configured_by_its_fields_not_an_object(bundle):
+    from edgeprefill.sdk import Engine
+
+    with pytest.raises(RequestError, match="not scheduler="):
+        Engine.load(bundle("llama"), scheduler=None)

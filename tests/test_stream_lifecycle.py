@@ -8,6 +8,7 @@ import asyncio
 import threading
 import time
 
+import numpy as np
 import pytest
 
 from edgeprefill.errors import EngineClosedError, RequestError
@@ -269,3 +270,67 @@ def test_async_readers_hold_no_threads(make_engine, monkeypatch):
     assert waited < 0.1
     assert first_read[0] < running.metrics.token_times[-1]  # read before the request ended
     assert all(s.finish_reason == "length" for s in [running, *queued])
+
+
+def test_cancelling_the_first_choice_before_its_prefill_cancels_only_it(make_engine):
+    engine = make_engine(background=False, kv_slots=1)
+    busy = engine.generate(ids(20), GenerationParams(max_new_tokens=3))
+    engine.step()  # the only slot is taken: the n request waits
+    choices = engine.submit_n(ids(30, 1), GenerationParams(max_new_tokens=3), 3)
+    choices[0].cancel()
+    while not all(s.done for s in [busy, *choices]):
+        engine.step()
+    assert [s.finish_reason for s in choices] == ["cancelled", "length", "length"]
+
+
+def test_a_closed_session_starts_a_new_conversation(make_engine):
+    engine = make_engine(background=False)
+    session = engine.session()
+    session.generate(ids(10), GenerationParams(max_new_tokens=2)).result()
+    session.close()
+    again = session.generate(ids(5, 1), GenerationParams(max_new_tokens=2))
+    assert again.metrics.prompt_tokens == 5  # not the old conversation plus 5
+    with pytest.raises(RequestError, match="the turn is empty"):
+        session.generate([])
+
+
+@pytest.mark.parametrize("tokens", [np.array([5, 6, 7]), (t for t in [5, 6, 7]),
+                                    [np.int64(5), np.int64(6)]])
+def test_token_ids_come_as_any_sequence_of_integers(make_engine, tokens):
+    engine = make_engine(background=False)
+    stream = engine.submit(tokens, GenerationParams(max_new_tokens=2), 0, None)
+    assert stream.result().finish_reason == "length"
+
+
+@pytest.mark.parametrize("prompt, message", [(None, "a prompt is a string"),
+                                             (123, "a prompt is a string")])
+def test_a_prompt_of_the_wrong_type_is_one_line(make_engine, prompt, message):
+    engine = make_engine(background=False)
+    with pytest.raises(RequestError, match=message):
+        engine.generate(prompt)
+
+
+@pytest.mark.parametrize("chunk", [2.5, "16", True, 0])
+def test_a_bad_chunk_size_is_refused_at_submit(make_engine, chunk):
+    engine = make_engine(background=False)
+    with pytest.raises(RequestError, match="chunk_size must be an integer >= 1"):
+        engine.generate(ids(10), GenerationParams(max_new_tokens=2), chunk_size=chunk)
+
+
+def test_metrics_count_the_output_not_the_eos_and_idle_is_no_stall(make_engine, monkeypatch):
+    engine = make_engine(background=False)
+    stream = engine.generate(ids(10), GenerationParams(max_new_tokens=50))
+    while not stream.done:
+        engine.step()
+    assert stream.metrics.generated_tokens == len(stream.token_ids)
+    # Leaving a request by cancel, then idling: the next decode steps start no stall.
+    first = engine.generate(ids(10, 1), GenerationParams(max_new_tokens=50, ignore_eos=True))
+    engine.step()
+    engine.step()
+    first.cancel()
+    engine.step()
+    time.sleep(0.3)
+    later = engine.generate(ids(10, 2), GenerationParams(max_new_tokens=4, ignore_eos=True))
+    while not later.done:
+        engine.step()
+    assert engine.metrics().max_decode_stall_s < 0.25

@@ -45,6 +45,10 @@ class EngineConfig:
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
                 raise RequestError(f"{name} must be an integer, got {value!r}")
+        for name in ("spin", "background", "verify_checksums", "prefix_reuse", "trace",
+                     "warm_up"):  # "no" would be truthy
+            if not isinstance(getattr(self, name), bool):
+                raise RequestError(f"{name} must be True or False, got {getattr(self, name)!r}")
         if self.kv_slots < 1:
             raise RequestError(f"kv_slots must be >= 1, got {self.kv_slots}")
         if self.threads is not None and self.threads < 1:

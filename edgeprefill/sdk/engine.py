@@ -111,6 +111,9 @@ class Engine:
     def load(cls, bundle_dir: str | Path, **options: Any) -> Engine:
         """`Engine.load(bundle, threads=2, kv_slots=4, policy="chunked+priority", ...)`:
         keyword options are EngineConfig fields or SchedulerConfig fields."""
+        if "scheduler" in options:
+            raise RequestError("give the scheduler's fields (policy=, chunk_size=, ...) as "
+                               "keyword options, not scheduler=")
         sched_fields = {f.name for f in dataclasses.fields(SchedulerConfig)}
         sched = {k: options.pop(k) for k in list(options) if k in sched_fields}
         try:
@@ -203,7 +206,10 @@ class Engine:
         params = params or self.default_params()
         if not isinstance(n, int) or isinstance(n, bool) or n < 1:
             raise RequestError(f"n must be an integer >= 1, got {n!r}")
+        tokens = _token_list(tokens)
         self._check_request(tokens, params, chunk_size)
+        tokens = [int(t) for t in tokens]  # numpy integers too, once they are checked
+        chunk_size = None if chunk_size is None else int(chunk_size)
         requests = [  # only the first keeps a session's slot
             self._request(tokens, _nth_seed(params, i), parse_priority(priority),
                           session_id if i == 0 else None, chunk_size) for i in range(n)]
@@ -314,6 +320,8 @@ class Engine:
             self._drain_inbox()
             plan = self._plan()
             if plan is None or plan.empty:
+                if not self.scheduler.decoding:
+                    self.runner.idle()  # a cancel emptied it: the idle time is no stall
                 return plan is None
             chunk = plan.prefill
             if plan.fused:
@@ -405,10 +413,11 @@ class Engine:
 
     def _start_followers(self, request: Request, ended: str | None = None) -> None:
         """Queue the n > 1 siblings of a request that `ended` before its prompt was in the
-        KV cache: they run alone, or are cancelled with it."""
+        KV cache (cancelled, or failed): they run alone, as they would had it ended after.
+        A closing engine cancels them with it."""
         followers, request.followers = request.followers, []
         for follower in followers:
-            if ended == "cancelled" or self._stopping:
+            if self._stopping:
                 self._finish(follower, "cancelled", keep=False)
             elif not follower.cancelled:
                 self._add(follower, admitted=True)
@@ -455,6 +464,7 @@ class Engine:
         request.metrics.token_times.append(time.perf_counter())
         if token in self.eos and not request.params.ignore_eos:
             request.stream.eos_token_id = token
+            request.metrics.ended_on_eos = True
             self._finish(request, "stop")
             return
         request.generated.append(token)
@@ -510,8 +520,10 @@ class Engine:
         if not tokens:
             raise RequestError("the prompt is empty")
         self._check_ids(tokens)
-        if chunk_size is not None and chunk_size < 1:
-            raise RequestError(f"chunk size must be >= 1, got {chunk_size}")
+        if chunk_size is not None:
+            if not _is_id(chunk_size) or chunk_size < 1:
+                raise RequestError(f"chunk_size must be an integer >= 1, got {chunk_size!r}")
+
         room = 1 if params.fit_context or params.max_new_tokens is None \
             else params.max_new_tokens
         if len(tokens) + room > self.capacity:
@@ -524,6 +536,15 @@ class Engine:
         bad = next((t for t in tokens if not _is_id(t) or not 0 <= t < vocab), None)
         if bad is not None:
             raise RequestError(f"token id {bad!r} is not in the vocabulary (ids 0..{vocab - 1})")
+
+
+def _token_list(tokens: object) -> list[Any]:
+    """Token ids as a list, from any sequence, array or iterator (_check_ids then checks
+    each); anything else is a RequestError, not a TypeError from deep inside."""
+    if isinstance(tokens, str | bytes) or not hasattr(tokens, "__iter__"):
+        raise RequestError(f"token ids must be a sequence of integers, got "
+                           f"{type(tokens).__name__}")
+    return list(tokens)
 
 
 def _is_id(token: object) -> bool:

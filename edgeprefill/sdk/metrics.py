@@ -18,6 +18,8 @@ class RequestMetrics:
     prefix_reused: int = 0  # prompt tokens whose KV was reused instead of computed
     chunks: int = 0
     finish_reason: str | None = None
+    # The last sampled token was an EOS: timed (token_times), not part of the output.
+    ended_on_eos: bool = False
 
     @property
     def queue_time(self) -> float | None:
@@ -33,7 +35,9 @@ class RequestMetrics:
 
     @property
     def generated_tokens(self) -> int:
-        return len(self.token_times)
+        """The output's tokens (TokenStream.token_ids): a final EOS is sampled and timed,
+        never output."""
+        return len(self.token_times) - self.ended_on_eos
 
     def itl_percentile(self, q: float) -> float | None:
         itl = self.inter_token_latencies
@@ -48,7 +52,7 @@ class RequestMetrics:
             "ttft_s": self.ttft,
             "itl_p50_s": self.itl_percentile(50),
             "itl_p99_s": self.itl_percentile(99),
-            "itl_max_s": max(itl) if itl else None,
+            "itl_max_s": float(max(itl)) if itl else None,
             "chunks": self.chunks,
             "prefix_reused": self.prefix_reused,
             "finish_reason": self.finish_reason,

@@ -16,7 +16,8 @@ It keeps requests in three groups and is the only one that moves them:
   decoding    yes    the prompt is in the cache; one token per step
 
 Policies:
-  fcfs              arrival order, the whole prompt in one call (the unchunked baseline)
+  fcfs              arrival order, the whole prompt in one call (the unchunked baseline;
+                    a request that gives its own chunk_size is chunked as it asks)
   chunked           arrival order, prompts split into chunks between decode steps
   chunked+priority  lower `priority` value first (vLLM's meaning); at equal priority the
                     shortest remaining prefill first, aged so that nothing starves (see
@@ -216,8 +217,8 @@ class Scheduler:
 
     def _chunk_length(self, request: Request) -> int:
         left = request.prefill_left
-        if self.config.policy == "fcfs":
-            return left
+        if self.config.policy == "fcfs" and request.chunk_size is None:
+            return left  # a request's own chunk size is honoured under any policy
         size = (
             request.chunk_size
             or self.config.chunk_size

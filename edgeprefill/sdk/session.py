@@ -33,6 +33,8 @@ class Session:
         priority: int | str = 0,
     ) -> TokenStream:
         """`priority`: lower is served first (vLLM's meaning); `high`/`normal`/`low` too."""
+        if (prompt.strip() if isinstance(prompt, str) else len(prompt)) in ("", 0):
+            raise RequestError("the turn is empty")  # it would resubmit the conversation
         self._settle()
         is_chat = self._turn_kind(prompt)
         messages = self.messages
@@ -52,10 +54,13 @@ class Session:
         return self.generate([{"role": "user", "content": text}], params, priority=priority)
 
     def close(self) -> None:
-        """Forget the conversation; its KV stays only as an evictable prefix entry."""
+        """Forget the conversation; its KV stays only as an evictable prefix entry. A turn
+        after close() starts a new conversation."""
         if self._last is not None and not self._last.done:
             self._last.cancel()
         self.engine.kv_forget(self.id)
+        self.messages, self.tokens, self._chat = [], [], None
+        self._last, self._last_prompt = None, []
 
     def _turn_kind(self, prompt: Prompt) -> bool:
         """True for chat messages; refuses a turn of the other kind than the first."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypeGuard
@@ -49,16 +50,20 @@ class BundleTokenizer:
         `render_chat`, e.g. tools=...), or ids as given."""
         if isinstance(prompt, str):
             return self._require().encode(_text(prompt), add_special_tokens=True).ids
+        if not isinstance(prompt, Sequence) and not hasattr(prompt, "__array__"):
+            raise RequestError("a prompt is a string, a list of token ids, or a list of "
+                               f"messages; got {type(prompt).__name__}")
         items: list[object] = list(prompt)
         if items and _messages(items):
             text = self.render_chat(items, **chat)
             # The template writes the special tokens itself (as transformers does).
             return self._require().encode(_text(text), add_special_tokens=False).ids
         if _token_ids(items):
-            bad = [t for t in items if not 0 <= t < self.vocab_size]
+            ids = [int(t) for t in items]  # numpy integers too
+            bad = [t for t in ids if not 0 <= t < self.vocab_size]
             if bad:
                 raise RequestError(f"token ids out of range [0, {self.vocab_size}): {bad[:5]}")
-            return items
+            return ids
         raise RequestError("a prompt is a string, a list of token ids, or a list of messages")
 
     def encode_plain(self, text: str) -> list[int]:
@@ -149,7 +154,7 @@ def _messages(items: list[object]) -> TypeGuard[list[dict[str, Any]]]:
 
 
 def _token_ids(items: list[object]) -> TypeGuard[list[int]]:
-    return all(isinstance(t, int) and not isinstance(t, bool) for t in items)
+    return all(isinstance(t, numbers.Integral) and not isinstance(t, bool) for t in items)
 
 
 def _held_back(text: str, stop: tuple[str, ...]) -> int:
