@@ -334,3 +334,14 @@ def test_metrics_count_the_output_not_the_eos_and_idle_is_no_stall(make_engine, 
     while not later.done:
         engine.step()
     assert engine.metrics().max_decode_stall_s < 0.25
+
+
+def test_a_request_without_params_fits_its_reply_to_the_context(make_engine):
+    engine = make_engine(background=False)
+    long_prompt = ids(engine.capacity - 10)
+    stream = engine.generate(long_prompt)  # the default 256 new tokens do not fit
+    while not stream.done:
+        engine.step()
+    assert stream.finish_reason in ("length", "stop")
+    with pytest.raises(RequestError, match=r"max_new_tokens \(256\) exceeds the context"):
+        engine.generate(long_prompt, engine.default_params(max_new_tokens=256))

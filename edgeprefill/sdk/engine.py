@@ -255,6 +255,9 @@ class Engine:
         generation_config.json defaults for the sampling fields not given, and
         GenerationParams' own defaults for the rest."""
         given = {k: v for k, v in explicit.items() if v is not None}
+        # No max_new_tokens of the caller's: the default is a cap the context may cut, not
+        # a promise that refuses a long prompt (as `edgeprefill run` without the option).
+        given.setdefault("fit_context", "max_new_tokens" not in given)
         try:
             params = GenerationParams(**given)
         except TypeError as err:
