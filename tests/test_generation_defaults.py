@@ -117,8 +117,9 @@ def test_sdk_requests_without_params_use_the_bundles_eos_list_and_temperature(
 
 def test_sdk_explicit_values_win_over_the_bundles(hot_bundle, greedy):
     with Engine.load(hot_bundle, threads=2) as engine:
+        # No max_new_tokens given: the default 256 is a cap the context may cut.
         assert engine.default_params() == GenerationParams(
-            temperature=1.5, top_p=0.95, repetition_penalty=1.1)
+            temperature=1.5, top_p=0.95, repetition_penalty=1.1, fit_context=True)
         assert engine.default_params(temperature=0.0, top_p=None).temperature == 0.0
         hot = sampled(engine, seed=5)
         assert hot == sampled(engine, seed=5)  # seeded: reproducible
