@@ -211,10 +211,13 @@ def test_each_unsupported_field_is_a_400_that_names_it(client, field, value):
     {"min_p": 2}, {"presence_penalty": 3},
 ])
 def test_bad_values_of_supported_fields_are_400s(client, extra):
-    with pytest.raises(openai.BadRequestError):
+    with pytest.raises(openai.BadRequestError) as err:
         client.chat.completions.create(
             model="bpe", messages=[{"role": "user", "content": "hi"}], max_tokens=2,
             extra_body=extra)
+    # The error names the field, also where the engine refused it at submit (a regex that
+    # does not compile, a logit_bias id beyond the vocabulary).
+    assert err.value.body["param"] in extra
 
 
 # -- n > 1 --------------------------------------------------------------------------------

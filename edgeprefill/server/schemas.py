@@ -20,7 +20,7 @@ from edgeprefill.sdk.params import MAX_LOGPROBS, GenerationParams
 from edgeprefill.sdk.priority import parse_priority
 from edgeprefill.sdk.tokenizer import Prompt
 from edgeprefill.server.errors import ApiError
-from edgeprefill.server.structured import parse_constraint
+from edgeprefill.server.structured import READERS, parse_constraint
 from edgeprefill.server.tools import ToolRequest, message_fields, parse_tools
 
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
@@ -74,6 +74,8 @@ class CompletionRequest:
     # The sampling fields the body set; the others take the bundle's generation_config.
     given: frozenset[str] = frozenset()
     tools: ToolRequest | None = None  # chat: tools and tool_choice (server/tools.py)
+    # The field that gave the structured-output constraint: the `param` of its errors.
+    constraint_field: str | None = None
 
 
 def parse_completion(body: Any) -> CompletionRequest:
@@ -139,6 +141,7 @@ def _request(
         chunk_size=_int(body, "chunk_size", None, low=1),
         prompt_field=prompt_field,
         n=_int(body, "n", 1, low=1, high=MAX_N),
+        constraint_field=next((n for n in READERS if body.get(n) is not None), None),
         given=frozenset(k for k in BUNDLE_DEFAULTED if body.get(k) is not None),
     )
 
