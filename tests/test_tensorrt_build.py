@@ -40,7 +40,7 @@ def test_build_without_tensorrt_prints_one_line_saying_what_to_install(bundle):
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in done.stderr
     assert lines[0].startswith("error: TensorRT is not installed")
-    assert "pip install tensorrt --extra-index-url https://pypi.nvidia.com" in lines[0]
+    assert "edgeprefill[tensorrt-cu12]\" --extra-index-url https://pypi.nvidia.com" in lines[0]
     assert "JetPack" in lines[0]
 
 

@@ -17,7 +17,8 @@ MIN_TRT_TEXT = ".".join(map(str, MIN_TENSORRT))
 TENSORRT_HINT = (
     f"TensorRT >= {MIN_TRT_TEXT} is needed: on a Jetson use the TensorRT Python bindings "
     "that JetPack installs (python3-libnvinfer; see docs/jetson.md); on a desktop "
-    "`pip install tensorrt --extra-index-url https://pypi.nvidia.com`"
+    "`pip install \"edgeprefill[tensorrt-cu12]\" --extra-index-url https://pypi.nvidia.com` "
+    "(or tensorrt-cu13: TensorRT and cuda-python for your CUDA)"
 )
 CUDA_HINT = (
     "cuda-python of your CUDA's major is needed to allocate GPU buffers for TensorRT: "
