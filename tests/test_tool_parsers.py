@@ -179,6 +179,7 @@ CUT = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Par'
     (CUT, "stop", "stop"),  # the model stopped inside a call: no call to run
     (CUT, "length", "length"),  # max_tokens cut it
     (CUT + 'is"}}\n</tool_call>', "stop", "tool_calls"),
+    (CUT + 'is"}}\n</tool_call>\nDone.', "stop", "tool_calls"),  # text after the call
 ])
 def test_a_reply_streamed_or_whole_is_the_same_message(text, reason, finish):
     from edgeprefill.server.responses import Shape
@@ -198,5 +199,39 @@ def test_a_reply_streamed_or_whole_is_the_same_message(text, reason, finish):
              if "name" in t["function"]]
     assert [c["function"]["name"] for c in message["tool_calls"]] == names == ["get_weather"]
     assert message["tool_calls"][0]["function"]["arguments"] == arguments
+    content = "".join(d.get("content") or "" for d in deltas)
+    assert message["content"] == (content or None)
     assert whole["choices"][0]["finish_reason"] == chunks[-1]["choices"][0]["finish_reason"] \
         == finish
+
+
+@pytest.mark.parametrize("choice", ["auto", "required"])
+def test_mistral_calls_get_ids_its_templates_accept(choice):
+    # Mistral's templates raise on any tool_call_id but 9 letters or digits: a round trip
+    # (the call, then its result with that id) failed with a 400 on the second turn.
+    tools = parse_tools({"tools": [WEATHER], "tool_choice": choice})
+    make = tools.parser_factory(manifest("{{ '[TOOL_CALLS]' }}", "mistral"))
+    marker = "[TOOL_CALLS] " if choice == "auto" else ""
+    args = '"parameters"' if choice == "required" else '"arguments"'
+    call = make().parse(marker + f'[{{"name": "get_weather", {args}: {{"city": "P"}}}}]').calls[0]
+    assert len(call.id) == 9 and call.id.isalnum()
+    own = make().parse(marker + f'[{{"name": "get_weather", {args}: {{}}, "id": "abcDEF123"}}]')
+    assert own.calls[0].id == "abcDEF123"  # the model's own id, as Mistral's models write
+    other = parse_tools({"tools": [WEATHER]}).parser_factory(manifest("<tool_call>", "qwen2"))
+    assert other().parse('<tool_call>{"name": "get_weather", "arguments": {}}</tool_call>'
+                         ).calls[0].id.startswith("call_")
+
+
+@pytest.mark.parametrize("step", [3, None])
+def test_parallel_tool_calls_false_keeps_the_first_call_only(step):
+    two = ('<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>\n'
+           '<tool_call>{"name": "get_time", "arguments": {}}</tool_call>')
+    tools = parse_tools({"tools": [WEATHER, TIME], "parallel_tool_calls": False})
+    make = tools.parser_factory(manifest("<tool_call>", "qwen2"))
+    if step is None:
+        calls = make().parse(two).calls
+    else:
+        calls = streamed(make(), two, step)[1]
+    assert calls_of(calls) == [("get_weather", {"city": "Paris"})]
+    both = parse_tools({"tools": [WEATHER, TIME]}).parser_factory(manifest("<tool_call>", "qwen2"))
+    assert len(both().parse(two).calls) == 2

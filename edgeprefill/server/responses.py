@@ -73,7 +73,8 @@ class Shape:
         parsed = self.tool_parser().parse(stream.text)  # what the streamed reply adds up to
         if not parsed.calls:
             return {**message, "content": parsed.content}, stream.finish_reason
-        message = {"role": "assistant", "content": parsed.content.strip() or None,
+        message = {"role": "assistant",  # blanks alone: no content, as the stream sends
+                   "content": parsed.content if parsed.content.strip() else None,
                    "tool_calls": [c.to_openai() for c in parsed.calls]}
         return message, calls_finish_reason(parsed.calls, stream.finish_reason)
 

@@ -67,13 +67,20 @@ def assemble(pieces: list[Piece]) -> Parsed:
     return Parsed("".join(content), calls)
 
 
-def new_call(name: str, arguments: Any) -> ToolCall:
+def new_call(name: str, arguments: Any, short_id: bool = False,
+             given_id: Any = None) -> ToolCall:
+    """`short_id`: Mistral's templates refuse any id but 9 letters or digits (and its
+    models write their own, kept when they are such)."""
     text = arguments if isinstance(arguments, str) else json.dumps(arguments,
                                                                     ensure_ascii=False)
+    if short_id:
+        valid = isinstance(given_id, str) and len(given_id) == 9 and given_id.isalnum()
+        return ToolCall(name, text, given_id if valid else uuid.uuid4().hex[:9])
     return ToolCall(name, text, f"call_{uuid.uuid4().hex[:24]}")
 
 
-def _call_from(obj: Any, argument_keys: tuple[str, ...]) -> ToolCall | None:
+def _call_from(obj: Any, argument_keys: tuple[str, ...], short_id: bool = False
+               ) -> ToolCall | None:
     """`{"name": str, <one of argument_keys>: object}` -> a call; anything else -> None."""
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
         return None
@@ -85,12 +92,14 @@ def _call_from(obj: Any, argument_keys: tuple[str, ...]) -> ToolCall | None:
             return None
     if not isinstance(arguments, dict):
         return None
-    return new_call(obj["name"], arguments)
+    return new_call(obj["name"], arguments, short_id, obj.get("id"))
 
 
 class ToolParser(ABC):
     """Parses one reply. `feed` takes text as it streams and returns the pieces now
     certain; `finish` returns the rest. `parse` does a whole text at once."""
+
+    short_ids = False  # call ids as Mistral's templates require (tools.parser_factory)
 
     def parse(self, text: str) -> Parsed:
         return assemble([*self.feed(text), *self.finish()])
@@ -161,7 +170,8 @@ class TaggedParser(ToolParser):
         if self.scan is None:
             match = self.head.match(self.buffer)
             if match:
-                pieces.append(Piece(begin=new_call(json.loads(match.group(1)), "")))
+                pieces.append(Piece(begin=new_call(json.loads(match.group(1)), "",
+                                                   self.short_ids)))
                 self.buffer, self.scan = self.buffer[match.end():], _ObjectScan()
                 return True
         close = self.buffer.find(self.close_tag)
@@ -182,7 +192,7 @@ class TaggedParser(ToolParser):
 
     def _call_or_text(self, body: str, closed: bool) -> Piece:
         try:
-            call = _call_from(json.loads(body), self.argument_keys)
+            call = _call_from(json.loads(body), self.argument_keys, self.short_ids)
         except ValueError:
             call = None
         if call is None:
@@ -262,7 +272,7 @@ class WholeReplyParser(ToolParser):
         objects = _json_values(text, self.separators)
         if objects is None:
             return None
-        calls = [_call_from(o, self.argument_keys) for o in objects]
+        calls = [_call_from(o, self.argument_keys, self.short_ids) for o in objects]
         return None if not calls or None in calls else calls  # type: ignore[return-value]
 
 
@@ -284,7 +294,7 @@ class MistralParser(WholeReplyParser):
         except ValueError:
             return None
         values = value if isinstance(value, list) else [value]
-        calls = [_call_from(v, self.argument_keys) for v in values]
+        calls = [_call_from(v, self.argument_keys, self.short_ids) for v in values]
         return None if not calls or None in calls else calls  # type: ignore[return-value]
 
 
@@ -302,7 +312,9 @@ class ForcedNamedParser(WholeReplyParser):
             arguments = json.loads(text)
         except ValueError:
             return None
-        return [new_call(self.name, arguments)] if isinstance(arguments, dict) else None
+        if not isinstance(arguments, dict):
+            return None
+        return [new_call(self.name, arguments, self.short_ids)]
 
 
 class ForcedRequiredParser(MistralParser):
@@ -310,6 +322,31 @@ class ForcedRequiredParser(MistralParser):
 
     starts = ("",)
     argument_keys = ("parameters",)
+
+
+class FirstCallOnly(ToolParser):
+    """`parallel_tool_calls: false`: the reply's first call, and its text; any later call
+    is dropped, streamed or whole (OpenAI allows one call per reply then)."""
+
+    def __init__(self, inner: ToolParser) -> None:
+        self.inner = inner
+        self.calls = 0
+
+    def feed(self, text: str) -> list[Piece]:
+        return self._first(self.inner.feed(text))
+
+    def finish(self) -> list[Piece]:
+        return self._first(self.inner.finish())
+
+    def _first(self, pieces: list[Piece]) -> list[Piece]:
+        kept = []
+        for piece in pieces:
+            if piece.call is not None or piece.begin is not None:
+                self.calls += 1
+            if self.calls > 1 and (piece.call or piece.begin or piece.arguments):
+                continue
+            kept.append(piece)
+        return kept
 
 
 PARSERS: dict[str, type[ToolParser]] = {

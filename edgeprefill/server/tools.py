@@ -28,6 +28,7 @@ from edgeprefill.sdk.params import GenerationParams
 from edgeprefill.server.errors import ApiError
 from edgeprefill.server.tool_parsers import (
     PARSERS,
+    FirstCallOnly,
     ForcedNamedParser,
     ForcedRequiredParser,
     ToolParser,
@@ -70,12 +71,25 @@ class ToolRequest:
         """What makes a parser per reply (None: nothing to parse)."""
         if self.choice == "none":
             return None
+        fmt = format_name or call_format(manifest)
+        make: Callable[[], ToolParser]
         if self.choice == "function":
             name = self.function or ""
-            return lambda: ForcedNamedParser(name)
-        if self.choice == "required":
-            return ForcedRequiredParser
-        return PARSERS[format_name or call_format(manifest)]
+            make = lambda: ForcedNamedParser(name)  # noqa: E731
+        elif self.choice == "required":
+            make = ForcedRequiredParser
+        else:
+            make = PARSERS[fmt]
+        if fmt != "mistral" and self.parallel:
+            return make
+        short_ids, one_call = fmt == "mistral", not self.parallel
+
+        def configured() -> ToolParser:
+            parser = make()
+            parser.short_ids = short_ids
+            return FirstCallOnly(parser) if one_call else parser
+
+        return configured
 
     def constrain(self, params: GenerationParams) -> GenerationParams:
         """The params with the JSON-schema constraint a forced choice needs."""
