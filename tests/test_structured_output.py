@@ -280,3 +280,21 @@ def test_a_tokenizer_without_bytes_answers_structured_requests_with_a_clear_400(
                     model="words", messages=[{"role": "user", "content": "w5"}],
                     response_format=Person, max_tokens=20)
     assert "byte-level or byte-fallback" in err.value.body["message"]
+
+
+def test_a_constraint_spelling_an_added_token_runs(tmp_path):
+    # Qwen's <tool_call> is a non-special added token: llguidance took it for a special
+    # one, allowed only it for the text "<tool_call>", then refused it (a 500).
+    from edgeprefill.export.exporter import ExportOptions, export
+
+    model = build_hf_model("llama", tmp_path / "hf", vocab_size=VOCAB + 8)
+    tok = byte_level_bpe(VOCAB)
+    tok.add_tokens(["<tool_call>"])
+    install(tok, model)
+    export(model, tmp_path / "b", ExportOptions(chunks=(16,), max_context=128,
+                                                show_progress=False))
+    with Engine.load(tmp_path / "b", threads=1, kv_slots=1) as engine:
+        params = GenerationParams(max_new_tokens=30, constraint=Constraint.regex("<tool_call> x"))
+        reply = engine.generate("hello", params).result()
+    assert reply.finish_reason == "stop", reply.error
+    assert reply.text == "<tool_call> x"
