@@ -235,3 +235,17 @@ def test_parallel_tool_calls_false_keeps_the_first_call_only(step):
     assert calls_of(calls) == [("get_weather", {"city": "Paris"})]
     both = parse_tools({"tools": [WEATHER, TIME]}).parser_factory(manifest("<tool_call>", "qwen2"))
     assert len(both().parse(two).calls) == 2
+
+
+@pytest.mark.parametrize("template, renders", [
+    ("{% if tools %}{{ tools | tojson }}{% endif %}{% for m in messages %}{{ m.content }}"
+     "{% endfor %}", True),
+    # Phi-4-mini reads tools from a message, never the request's: the model would not see them.
+    ("{% for message in messages %}{% if message['role'] == 'system' and 'tools' in message %}"
+     "{{ message['tools'] }}{% endif %}{{ message['content'] }}{% endfor %}", False),
+    ("{% for m in messages %}{{ m.content }}{% endfor %}", False),
+])
+def test_a_template_renders_tools_only_if_it_reads_the_tools_variable(template, renders):
+    from edgeprefill.server.tools import renders_tools
+
+    assert renders_tools(template) is renders

@@ -16,6 +16,7 @@ transformers passes them (arguments as objects, not JSON text).
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from collections.abc import Callable, Mapping
@@ -162,11 +163,25 @@ def template_vars(tools: ToolRequest | None, manifest: Manifest) -> dict[str, An
     """The chat template's variables for a request's tools (none without tools)."""
     if tools is None:
         return {}
-    if tools.choice == "auto" and "tools" not in (manifest.tokenizer.chat_template or ""):
+    if tools.choice == "auto" and not renders_tools(manifest.tokenizer.chat_template or ""):
         raise ApiError(400, "this bundle's chat template does not render tools, so the model "
                        "would never see them; send tool_choice 'none', 'required' or a named "
                        "function", "tools")
     return tools.template_vars()
+
+
+@functools.lru_cache(maxsize=8)
+def renders_tools(template: str) -> bool:
+    """Whether the chat template reads the top-level `tools` variable. A substring test
+    was fooled by Phi-4-mini's `message['tools']`, which a request's tools never reach."""
+    import jinja2
+    import jinja2.meta
+
+    try:
+        parsed = jinja2.Environment(extensions=["jinja2.ext.loopcontrols"]).parse(template)
+    except jinja2.TemplateSyntaxError:
+        return "tools" in template
+    return "tools" in jinja2.meta.find_undeclared_variables(parsed)
 
 
 def reply_parser(
