@@ -70,6 +70,12 @@ def test_tokenize_messages_renders_the_chat_template(http, engine):
     encode = engine.tokenizer.encode_plain
     assert with_prompt == encode("user: w4 w5 ; assistant: ")
     assert bare == encode("user: w4 w5 ; ")
+    # Content parts as the chat route takes them (joined), so /tokenize shows what runs.
+    parts = [{"role": "user", "content": [{"type": "text", "text": "w4 "},
+                                          {"type": "text", "text": "w5"}]}]
+    assert http.post("/tokenize", json={"messages": parts}).json()["tokens"] == with_prompt
+    chat = http.post("/v1/chat/completions", json={"messages": parts, "max_tokens": 1})
+    assert chat.json()["usage"]["prompt_tokens"] == len(with_prompt)
 
 
 def test_detokenize_inverts_tokenize(http):

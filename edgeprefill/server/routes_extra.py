@@ -25,8 +25,7 @@ from edgeprefill import __version__
 from edgeprefill.errors import RequestError
 from edgeprefill.sdk.engine import Engine
 from edgeprefill.server.errors import ApiError
-from edgeprefill.server.schemas import bool_field
-from edgeprefill.server.tools import message_fields
+from edgeprefill.server.schemas import bool_field, parse_messages
 
 ReadJson = Callable[[Request], Awaitable[Any]]
 # `await call("encode", prompt, **template_vars)`: a BundleTokenizer method, off the loop.
@@ -152,15 +151,9 @@ class ExtraRoutes:
 
 
 def _messages(body: dict) -> list[dict]:
-    messages = body["messages"]
-    if not isinstance(messages, list) or not messages or not all(
-        isinstance(m, dict) and isinstance(m.get("role"), str) for m in messages
-    ):
-        raise ApiError(400, "'messages' must be a non-empty list of messages with a 'role'",
-                       "messages")
-    # Tool calls in the history reach the template as in a chat request (arguments parsed).
-    return [{**m, "content": m.get("content") or "", **message_fields(m, f"messages[{i}]")}
-            for i, m in enumerate(messages)]
+    # What the chat route renders (content parts joined, tool calls' arguments parsed), so
+    # /tokenize shows the prompt a chat request would run.
+    return parse_messages(body["messages"])
 
 
 def _chat_options(body: dict) -> dict:

@@ -88,7 +88,7 @@ def parse_completion(body: Any) -> CompletionRequest:
 
 def parse_chat(body: Any) -> CompletionRequest:
     body = _object(body)
-    messages = _messages(body.get("messages"))
+    messages = parse_messages(body.get("messages"))
     tools = parse_tools(body)
     # Chat replies run to EOS or the context limit unless capped, as with OpenAI.
     request = _request(body, messages, None, "messages")
@@ -210,7 +210,8 @@ def _prompt(value: Any) -> Prompt:
     raise ApiError(400, "'prompt' must be a string or a list of token ids", "prompt")
 
 
-def _messages(value: Any) -> list[dict[str, str]]:
+def parse_messages(value: Any) -> list[dict[str, str]]:
+    """Chat messages as the chat route (and /tokenize) hand them to the template."""
     if not isinstance(value, list) or not value:
         raise ApiError(400, "'messages' must be a non-empty list of messages", "messages")
     return [_message(m, i) for i, m in enumerate(value)]
