@@ -249,3 +249,20 @@ def test_a_request_the_shutdown_cancels_is_logged_with_the_503_it_got(engine, ca
     assert_error(response, 503, code="shutting_down")
     lines = [r.getMessage() for r in caplog.records if r.name == "edgeprefill.server"]
     assert [line.split()[:3] for line in lines] == [["POST", "/v1/completions", "503"]]
+
+
+def test_chat_template_variables_reach_the_template(http):
+    messages = [{"role": "user", "content": "w4 w5"}]
+    bare = http.post("/tokenize", json={"messages": messages,
+                                        "add_generation_prompt": False}).json()["count"]
+    for extra in ({"add_generation_prompt": False},
+                  {"chat_template_kwargs": {"add_generation_prompt": False}}):
+        reply = http.post("/v1/chat/completions",
+                          json={"messages": messages, "max_tokens": 1, **extra})
+        assert reply.json()["usage"]["prompt_tokens"] == bare, extra
+    refused = http.post("/v1/chat/completions", json={
+        "messages": messages, "chat_template_kwargs": {"messages": []}})
+    assert_error(refused, 400, "chat_template_kwargs")
+    chat_only = http.post("/v1/completions", json={"prompt": "w4",
+                                                   "chat_template_kwargs": {"x": 1}})
+    assert_error(chat_only, 400, "chat_template_kwargs")

@@ -242,7 +242,8 @@ class OpenAIApi:
                 raise ApiError(400, str(err), req.prompt_field) from None
         try:
             return await self.prompts.call("encode_bounded", req.prompt, self.engine.capacity,
-                                           **template_vars(req.tools, self.engine.manifest))
+                                           **template_vars(req.tools, self.engine.manifest),
+                                           **req.template_kwargs)
         except PromptTimeout as err:
             raise ApiError(400, str(err), req.prompt_field, "prompt_timeout") from None
         except RequestError as err:  # no chat template, the template raised, ...

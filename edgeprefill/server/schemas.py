@@ -12,7 +12,7 @@ extensions: `priority`, `chunk_size`, `top_k`, `min_p`, `repetition_penalty`,
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from edgeprefill.errors import RequestError
@@ -55,6 +55,7 @@ KNOWN = frozenset({
     "stream", "stream_options", "ignore_eos", "priority", "chunk_size", "response_format",
     "guided_json", "guided_regex", "guided_choice", "guided_grammar", "grammar",
     "json_schema", "n", "tools", "tool_choice", "parallel_tool_calls",
+    "chat_template_kwargs", "add_generation_prompt",
 }) | IGNORED | frozenset(UNSUPPORTED)
 MAX_COMPLETION_LOGPROBS = 5  # /v1/completions' `logprobs` limit (OpenAI)
 MAX_N = 16  # choices per request: each takes a KV slot
@@ -76,11 +77,14 @@ class CompletionRequest:
     tools: ToolRequest | None = None  # chat: tools and tool_choice (server/tools.py)
     # The field that gave the structured-output constraint: the `param` of its errors.
     constraint_field: str | None = None
+    # Chat: variables for the chat template (vLLM's chat_template_kwargs, e.g.
+    # enable_thinking; add_generation_prompt), beside the tools.
+    template_kwargs: dict[str, Any] = field(default_factory=dict)
 
 
 def parse_completion(body: Any) -> CompletionRequest:
     body = _object(body)
-    for name in ("tools", "tool_choice"):
+    for name in ("tools", "tool_choice", "chat_template_kwargs", "add_generation_prompt"):
         if body.get(name) not in (None, []):
             raise ApiError(400, f"'{name}' is a chat field: use /v1/chat/completions", name)
     return _request(body, _prompt(body.get("prompt")), COMPLETION_DEFAULT_MAX_TOKENS, "prompt")
@@ -91,7 +95,8 @@ def parse_chat(body: Any) -> CompletionRequest:
     messages = parse_messages(body.get("messages"))
     tools = parse_tools(body)
     # Chat replies run to EOS or the context limit unless capped, as with OpenAI.
-    request = _request(body, messages, None, "messages")
+    request = replace(_request(body, messages, None, "messages"),
+                      template_kwargs=_template_kwargs(body))
     if tools is None:
         return request
     return replace(request, tools=tools, params=tools.constrain(request.params))
@@ -258,6 +263,18 @@ def _priority(value: object) -> int:
         return parse_priority(value)
     except RequestError as err:
         raise ApiError(400, str(err), "priority") from None
+
+
+def _template_kwargs(body: dict) -> dict[str, Any]:
+    kwargs = dict(_dict(body, "chat_template_kwargs"))
+    reserved = sorted(set(kwargs) & {"messages", "tools", "documents"})
+    if reserved or not all(isinstance(k, str) and k.isidentifier() for k in kwargs):
+        raise ApiError(400, "'chat_template_kwargs' names template variables (identifiers; "
+                       "messages and tools come from their own fields)",
+                       "chat_template_kwargs")
+    if body.get("add_generation_prompt") is not None:
+        kwargs["add_generation_prompt"] = bool_field(body, "add_generation_prompt", True)
+    return kwargs
 
 
 def _stream_options(body: dict) -> dict:
