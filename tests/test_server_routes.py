@@ -255,6 +255,8 @@ def test_chat_template_variables_reach_the_template(http):
     messages = [{"role": "user", "content": "w4 w5"}]
     bare = http.post("/tokenize", json={"messages": messages,
                                         "add_generation_prompt": False}).json()["count"]
+    assert http.post("/tokenize", json={"messages": messages, "chat_template_kwargs": {
+        "add_generation_prompt": False}}).json()["count"] == bare
     for extra in ({"add_generation_prompt": False},
                   {"chat_template_kwargs": {"add_generation_prompt": False}}):
         reply = http.post("/v1/chat/completions",

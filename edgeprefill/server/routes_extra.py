@@ -25,7 +25,7 @@ from edgeprefill import __version__
 from edgeprefill.errors import RequestError
 from edgeprefill.sdk.engine import Engine
 from edgeprefill.server.errors import ApiError
-from edgeprefill.server.schemas import bool_field, parse_messages
+from edgeprefill.server.schemas import bool_field, parse_messages, template_kwargs
 
 ReadJson = Callable[[Request], Awaitable[Any]]
 # `await call("encode", prompt, **template_vars)`: a BundleTokenizer method, off the loop.
@@ -34,7 +34,7 @@ TokenizerCall = Callable[..., Awaitable[Any]]
 # Each route's accepted fields: anything else is a 400 naming it, not silently ignored.
 TOKENIZE_FIELDS = frozenset({"model", "prompt", "content", "messages", "add_special_tokens",
                              "add_special", "add_generation_prompt", "tools",
-                             "return_token_strs", "with_pieces"})
+                             "chat_template_kwargs", "return_token_strs", "with_pieces"})
 DETOKENIZE_FIELDS = frozenset({"model", "tokens", "skip_special_tokens"})
 
 
@@ -157,8 +157,8 @@ def _messages(body: dict) -> list[dict]:
 
 
 def _chat_options(body: dict) -> dict:
-    options: dict[str, Any] = {"add_generation_prompt": bool_field(body, "add_generation_prompt",
-                                                              True)}
+    # The chat route's template variables, so that /tokenize renders what it would run.
+    options: dict[str, Any] = {"add_generation_prompt": True, **template_kwargs(body)}
     tools = body.get("tools")
     if tools is not None:
         if not isinstance(tools, list):

@@ -96,7 +96,7 @@ def parse_chat(body: Any) -> CompletionRequest:
     tools = parse_tools(body)
     # Chat replies run to EOS or the context limit unless capped, as with OpenAI.
     request = replace(_request(body, messages, None, "messages"),
-                      template_kwargs=_template_kwargs(body))
+                      template_kwargs=template_kwargs(body))
     if tools is None:
         return request
     return replace(request, tools=tools, params=tools.constrain(request.params))
@@ -265,7 +265,8 @@ def _priority(value: object) -> int:
         raise ApiError(400, str(err), "priority") from None
 
 
-def _template_kwargs(body: dict) -> dict[str, Any]:
+def template_kwargs(body: dict) -> dict[str, Any]:
+    """The chat template's variables a request gives (chat route and /tokenize)."""
     kwargs = dict(_dict(body, "chat_template_kwargs"))
     reserved = sorted(set(kwargs) & {"messages", "tools", "documents"})
     if reserved or not all(isinstance(k, str) and k.isidentifier() for k in kwargs):
