@@ -50,6 +50,9 @@ RECORDED = [
      [("get_weather", {"city": "Bern"})]),
     ("mistral", '[{"name": "get_time", "arguments": "{}"}]', "", [("get_time", {})]),
     ("mistral", "[1, 2] are numbers", "[1, 2] are numbers", []),
+    ("mistral", 'Sure. [TOOL_CALLS] [{"name": "get_time", "arguments": {}}]', "Sure.",
+     [("get_time", {})]),  # text first, then the calls (as vLLM parses it)
+    ("mistral", "a [TOOL_ reply with no call", "a [TOOL_ reply with no call", []),
 ]
 
 

@@ -284,8 +284,32 @@ class Llama3JsonParser(WholeReplyParser):
 
 
 class MistralParser(WholeReplyParser):
+    """Calls after `[TOOL_CALLS]`, also where text comes first ("Sure. [TOOL_CALLS] [...]",
+    as vLLM parses it): the text is shown, the calls parsed at the end."""
+
     starts = ("[TOOL_CALLS]", "[{")
     argument_keys = ("arguments", "parameters")
+    marker = "[TOOL_CALLS]"
+
+    def feed(self, text: str) -> list[Piece]:
+        if self.mode is None:
+            pieces = super().feed(text)
+            if self.mode != "text":
+                return pieces
+            text = "".join(p.text for p in pieces)  # known now not to open with a call
+        if self.mode != "text":
+            return super().feed(text)
+        self.buffer += text
+        at = self.buffer.find(self.marker)
+        if at >= 0:  # the calls start here: what came before is the reply's text
+            before, self.buffer, self.mode = self.buffer[:at], self.buffer[at:], "calls"
+            return [Piece(before.rstrip())] if before.strip() else []
+        # Up to the last non-blank, keeping back what may begin the marker: blanks right
+        # before the calls are dropped, wherever the stream is cut (as TaggedParser).
+        cut = len(self.buffer) - _partial_suffix(self.buffer, self.marker)
+        cut = len(self.buffer[:cut].rstrip())
+        shown, self.buffer = self.buffer[:cut], self.buffer[cut:]
+        return [Piece(shown)] if shown else []
 
     def calls(self, text: str) -> list[ToolCall] | None:
         text = text.removeprefix("[TOOL_CALLS]").strip()
