@@ -313,3 +313,18 @@ def test_a_failing_fused_call_ends_its_requests_not_the_engine(fusing_engine, mo
     while not later.metrics.finish_reason:
         engine.step()
     assert later.result().finish_reason == "length"
+
+
+def test_inspect_agrees_with_the_backend_where_some_attention_stays_stock(bundle, library):
+    # qwen2's sliding layers keep GroupQueryAttention: no step fuses, and inspect says so.
+    from click.testing import CliRunner
+
+    from edgeprefill.cli.main import cli
+
+    engine = Engine.load(bundle("qwen2"), threads=1, background=False, warm_up=False)
+    fuses = engine.backend.fuses_rows
+    engine.close()
+    assert not fuses
+    assert "two calls" in steps(bundle("qwen2"))
+    out = CliRunner().invoke(cli, ["inspect", str(bundle("qwen2"))]).output
+    assert "some attention layers stay GroupQueryAttention" in out

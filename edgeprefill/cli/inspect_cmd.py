@@ -37,6 +37,10 @@ def inspect(bundle, verify, as_json):
     if native and taken == "none":
         kernels = f"{STOCK} ({NO_ATTENTION})"
     stock_attention = kernels != NATIVE
+    # A step fuses only where no GroupQueryAttention is left (fusing.stock_attention).
+    any_stock_attention = taken != "every"
+    if taken == "some":  # e.g. sliding-window layers keep GroupQueryAttention
+        kernels = f"{kernels}; some attention layers stay {STOCK}"
     bf16_kv = _bf16_kv_here(native and taken == "every")
     lines = [
         f"bundle      {bundle}",
@@ -53,7 +57,7 @@ def inspect(bundle, verify, as_json):
         *_int8_line(graph, native),
         *_compute_line(graph, native, stock_attention, bf16_kv),
         _kv_line(m, bf16_kv),
-        _steps_line(graph, native, stock_attention),
+        _steps_line(graph, native, any_stock_attention),
         *_derived_line(bundle, m),
         f"eos ids     {eos}",
         f"sampling    {defaults.describe()}  (generation_config.json; requests may override)",

@@ -28,7 +28,7 @@ def engine_lines(e: EngineMetrics) -> list[str]:
         f"{f' ({e.fused_steps} fused with a prefill chunk)' if e.fused_steps else ''} at "
         f"{e.decode_tokens_per_s:.1f} tok/s, max decode stall {_ms(e.max_decode_stall_s)}",
         f"kv: {e.kv_active} active + {e.kv_retained} retained of {e.kv_slots} slots, "
-        f"{e.kv_tokens} tokens held, {e.kv_bytes / 1e6:.1f} MB; prefix hit rate "
+        f"{e.kv_tokens} tokens held, {e.kv_bytes / 1e6:.1f} MB allocated; prefix hit rate "
         f"{e.prefix_hit_rate:.0%} ({e.prefix_hits}/{e.prefix_lookups}); queue {e.queue_depth}",
     ]
 
