@@ -345,3 +345,18 @@ def test_a_request_without_params_fits_its_reply_to_the_context(make_engine):
     assert stream.finish_reason in ("length", "stop")
     with pytest.raises(RequestError, match=r"max_new_tokens \(256\) exceeds the context"):
         engine.generate(long_prompt, engine.default_params(max_new_tokens=256))
+
+
+def test_ttft_counts_from_the_generate_call_tokenizing_included(make_engine, monkeypatch):
+    engine = make_engine(background=False)
+    encode = engine.tokenizer.encode
+
+    def slow_encode(prompt, **chat):
+        time.sleep(0.05)
+        return encode(prompt, **chat)
+
+    monkeypatch.setattr(engine.tokenizer, "encode", slow_encode)
+    stream = engine.generate("w5 w6", GenerationParams(max_new_tokens=1))
+    while not stream.done:
+        engine.step()
+    assert stream.metrics.ttft >= 0.05

@@ -184,20 +184,28 @@ class Engine:
         priority: int | str = 0, chunk_size: int | None = None,
     ) -> TokenStream:
         """One request outside any session: its KV stays only as a prefix-cache entry.
-        `priority`: lower is served first (vLLM's meaning); `high`/`normal`/`low` too."""
-        return self.submit(self.tokenizer.encode(prompt), params, priority, None, chunk_size)
+        `priority`: lower is served first (vLLM's meaning); `high`/`normal`/`low` too.
+        Its TTFT counts from this call, tokenizing the prompt included."""
+        arrival = time.perf_counter()
+        return self.submit(self.tokenizer.encode(prompt), params, priority, None, chunk_size,
+                           arrival=arrival)
 
     def submit(
         self, tokens: list[int], params: GenerationParams | None, priority: int | str,
-        session_id: int | None, chunk_size: int | None = None,
+        session_id: int | None, chunk_size: int | None = None, *,
+        arrival: float | None = None,
     ) -> TokenStream:
-        """Queue a request for token ids; raises RequestError at once if it can never run."""
-        return self.submit_n(tokens, params, 1, priority, session_id, chunk_size)[0]
+        """Queue a request for token ids; raises RequestError at once if it can never run.
+        `arrival`: when the request came (time.perf_counter(), default now), from which its
+        TTFT and queue time count."""
+        return self.submit_n(tokens, params, 1, priority, session_id, chunk_size,
+                             arrival=arrival)[0]
 
     def submit_n(
         self, tokens: list[int], params: GenerationParams | None, n: int,
         priority: int | str = 0,
-        session_id: int | None = None, chunk_size: int | None = None,
+        session_id: int | None = None, chunk_size: int | None = None, *,
+        arrival: float | None = None,
     ) -> list[TokenStream]:
         """n completions of one prompt (OpenAI's `n`). The first prefills the prompt; the
         others then start decoding from a copy of its KV slot and its last logits (one
@@ -212,7 +220,8 @@ class Engine:
         chunk_size = None if chunk_size is None else int(chunk_size)
         requests = [  # only the first keeps a session's slot
             self._request(tokens, _nth_seed(params, i), parse_priority(priority),
-                          session_id if i == 0 else None, chunk_size) for i in range(n)]
+                          session_id if i == 0 else None, chunk_size, arrival)
+            for i in range(n)]
         requests[0].followers = requests[1:]
         with self._admission:  # after close() has started, nothing new enters the inbox
             if self._stopping:
@@ -222,9 +231,9 @@ class Engine:
 
     def _request(
         self, tokens: list[int], params: GenerationParams, priority: int,
-        session_id: int | None, chunk_size: int | None,
+        session_id: int | None, chunk_size: int | None, arrival: float | None = None,
     ) -> Request:
-        now = time.perf_counter()
+        now = time.perf_counter() if arrival is None else arrival
         request_id = next(self._ids)
         metrics = RequestMetrics(arrival=now, prompt_tokens=len(tokens))
         pump = None if self._thread else self._pump

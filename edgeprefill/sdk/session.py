@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING, Any
 
 from edgeprefill.errors import RequestError
@@ -35,13 +36,14 @@ class Session:
         """`priority`: lower is served first (vLLM's meaning); `high`/`normal`/`low` too."""
         if (prompt.strip() if isinstance(prompt, str) else len(prompt)) in ("", 0):
             raise RequestError("the turn is empty")  # it would resubmit the conversation
+        arrival = time.perf_counter()  # TTFT counts rendering and tokenizing the turn
         self._settle()
         is_chat = self._turn_kind(prompt)
         messages = self.messages
         if is_chat:
             messages = messages + [dict(m) for m in prompt if isinstance(m, dict)]
         tokens = self.engine.tokenizer.encode(messages) if is_chat else self._continued(prompt)
-        stream = self.engine.submit(tokens, params, priority, self.id)
+        stream = self.engine.submit(tokens, params, priority, self.id, arrival=arrival)
         # Only a turn that was accepted joins the conversation: a template error or a
         # refused prompt leaves the session as it was, so the next turn can succeed.
         self._chat, self.messages = is_chat, messages

@@ -214,6 +214,7 @@ class OpenAIApi:
                            "taken); retry shortly", code="queue_full")
         self.pending += req.n  # held while tokenizing, so concurrent arrivals count it
         admitted = False
+        arrival = time.perf_counter()  # TTFT counts tokenizing and rendering the template
         try:
             tokens = await self._encode(req)
             self._check_context(tokens if isinstance(tokens, int) else len(tokens),
@@ -221,7 +222,7 @@ class OpenAIApi:
             assert isinstance(tokens, list)
             params = self.engine.generation_defaults.fill(req.params, req.given)
             stream = Choices(self.engine.submit_n(
-                tokens, params, req.n, req.priority, None, req.chunk_size))
+                tokens, params, req.n, req.priority, None, req.chunk_size, arrival=arrival))
             admitted = True  # from here the closer gives the place back
             return stream
         except EngineClosedError as err:  # shutting down: the request itself is fine

@@ -157,7 +157,8 @@ def describe(bundle_dir: Path, weight_files: Sequence[str]) -> str:
     if not files:
         return f"{cache.folder} (empty: the first load that derives weights fills it)"
     size = sum(f.stat().st_size for f in files) / 1e6
-    return f"{cache.folder} ({len(files)} arrays, {size:.0f} MB from an earlier load)"
+    shown = f"{size:.0f}" if size >= 10 else f"{size:.2f}"  # a small model's: not "0 MB"
+    return f"{cache.folder} ({len(files)} arrays, {shown} MB from an earlier load)"
 
 
 def _bundle_of(folder: Path) -> str | None:
