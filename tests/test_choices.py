@@ -16,6 +16,7 @@ def test_leaving_the_merged_choices_early_leaves_no_unretrieved_error(fake_engin
     choices = Choices(engine.submit_n(ids(20), GenerationParams(
         max_new_tokens=300, ignore_eos=True), 3))
     unhandled: list[dict] = []
+    left: list[asyncio.Task] = []  # tasks still pending: "destroyed but it is pending!"
 
     async def read_two_then_leave() -> None:
         asyncio.get_running_loop().set_exception_handler(lambda _, ctx: unhandled.append(ctx))
@@ -27,7 +28,36 @@ def test_leaving_the_merged_choices_early_leaves_no_unretrieved_error(fake_engin
         await asyncio.sleep(0.05)  # the pumps see their cancellation
         gc.collect()  # an unretrieved exception is reported when its future is collected
         await asyncio.sleep(0)
+        left.extend(t for t in asyncio.all_tasks() if t is not asyncio.current_task())
 
     asyncio.run(read_two_then_leave())
     assert unhandled == []
+    assert left == []
     assert all(s.finish_reason == "cancelled" for s in choices.streams)
+
+
+def test_a_reader_cancelled_mid_wait_leaves_no_task_behind(fake_engine, monkeypatch):
+    import time
+
+    engine = fake_engine(kv_slots=4)
+    run = engine.backend.run
+    monkeypatch.setattr(engine.backend, "run", lambda step: (time.sleep(0.02), run(step))[1])
+    choices = Choices(engine.submit_n(ids(20), GenerationParams(
+        max_new_tokens=300, ignore_eos=True), 3))
+    left: list[asyncio.Task] = []
+
+    async def read_all() -> None:
+        async for _ in choices.indexed():
+            pass
+
+    async def leave_mid_wait() -> None:
+        reader = asyncio.ensure_future(read_all())
+        await asyncio.sleep(0.1)  # waiting for the next event, in asyncio.wait
+        reader.cancel()  # what the server does when the client disconnects
+        await asyncio.gather(reader, return_exceptions=True)
+        choices.cancel()
+        await asyncio.sleep(0.05)
+        left.extend(t for t in asyncio.all_tasks() if t is not asyncio.current_task())
+
+    asyncio.run(leave_mid_wait())
+    assert left == []  # asyncio logged "Task was destroyed but it is pending!" for each

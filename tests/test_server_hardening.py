@@ -351,3 +351,21 @@ def test_fd_exhaustion_logs_one_line_not_a_flood(bundle):
     assert "Traceback" not in stderr, stderr[:2000]
     lines = [line for line in stderr.splitlines() if line.strip()]
     assert len(lines) < 10, "\n".join(lines[:20])
+
+
+def test_a_client_that_hangs_up_mid_body_is_a_quiet_499(server, caplog):
+    import logging
+
+    caplog.set_level(logging.INFO)
+    body = json.dumps({"prompt": "w5 w6", "max_tokens": 2}).encode()
+    with connect(server) as sock:
+        sock.sendall(post("/v1/completions", body)[:-5])
+    # The client is gone before its body is whole: a 499 line, no 500, no traceback.
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and not any(
+            " 499 " in r.getMessage() for r in caplog.records):
+        time.sleep(0.02)
+    lines = [r.getMessage() for r in caplog.records]
+    assert any(line.startswith("POST /v1/completions 499") for line in lines), lines
+    assert not any(" 500 " in line or "Traceback" in line or "Exception in ASGI" in line
+                   for line in lines)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 
 from edgeprefill.server.errors import ApiError
 
@@ -32,6 +32,9 @@ async def read_json(request: Request, limit: int, timeout: float) -> object:
     except TimeoutError:
         raise ApiError(408, f"the request body did not arrive within {timeout:g} s",
                        code="request_timeout") from None
+    except ClientDisconnect:  # it hung up mid-body: nobody to answer (logged as 499)
+        raise ApiError(499, "the client closed the connection before its body arrived",
+                       code="client_closed") from None
     try:
         body = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as err:  # JSONDecodeError is a ValueError

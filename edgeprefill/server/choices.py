@@ -28,6 +28,7 @@ class Choices:
 
         tasks = [asyncio.ensure_future(pump(i, s)) for i, s in enumerate(self.streams)]
         done = asyncio.ensure_future(asyncio.gather(*tasks))
+        getter: asyncio.Future | None = None
         try:
             while not (done.done() and merged.empty()):
                 getter = asyncio.ensure_future(merged.get())
@@ -42,6 +43,8 @@ class Choices:
             # a CancelledError that asyncio would log with a traceback unless it is read.
             done.add_done_callback(_read_outcome)
             done.cancel()
+            if getter is not None:  # the client left while it waited: no task left behind
+                getter.cancel()
 
     async def __aiter__(self) -> AsyncIterator[TokenEvent]:
         async for _, event in self.indexed():
