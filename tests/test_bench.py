@@ -93,3 +93,26 @@ def test_bench_runs_a_policy_named_twice_once(bundle, monkeypatch):
     monkeypatch.setattr(bench_cmd.report, "table", lambda results: "")
     CliRunner().invoke(cli, ["bench", str(bundle("llama")), "--policies", "fcfs,fcfs"])
     assert seen == ["fcfs"]
+
+
+def test_the_plots_stall_is_the_tables_from_token_to_token():
+    # A decode step fused with a long prefill chunk (fcfs) is the stall the table reports:
+    # from one decode step's end to the next one's, as the engine's max_decode_stall_s.
+    from edgeprefill.bench.timeline import _longest_stall
+    from edgeprefill.bench.workload import Timeline
+    from edgeprefill.sdk.config import StepTrace
+
+    steps = [StepTrace("decode", 0.000, 0.001, (1,), 1),
+             StepTrace("decode", 0.0015, 0.0025, (1,), 1),
+             StepTrace("prefill", 0.003, 0.012, (2,), 512, fused=True),
+             StepTrace("decode", 0.003, 0.012, (1,), 1, fused=True),
+             StepTrace("decode", 0.0125, 0.0135, (1,), 1)]
+    labels: list[str] = []
+
+    class Axes:
+        def fill_betweenx(self, *a, **k): pass
+        def annotate(self, *a, **k): pass
+        def text(self, x, y, s, **k): labels.append(s)
+
+    _longest_stall(Axes(), Timeline(steps, {1: "session 1"}, {}, {}), [0], 0.0)
+    assert labels == ["9.5 ms between tokens"]  # 2.5 ms -> 12 ms, the fused step's end

@@ -99,18 +99,20 @@ def _marks(ax, timeline: Timeline, row: dict[str, int], zero: float) -> None:
 
 
 def _longest_stall(ax, timeline: Timeline, rows: list[int], zero: float) -> None:
-    """Shade the longest wait of the sessions between two decode steps: the cost that
-    chunking is there to cut."""
+    """Shade the longest wait of the sessions between two decode steps, from one's end
+    (a token out) to the next one's (the next token): the cost that chunking is there to
+    cut, measured as the table's max stall is (the engine's max_decode_stall_s). A decode
+    step fused with a prefill chunk ends with it."""
     decodes = [t for t in timeline.steps if t.kind == "decode" and t.end >= zero]
     if len(decodes) < 2 or not rows:
         return
-    before, after = max(pairwise(decodes), key=lambda pair: pair[1].start - pair[0].end)
-    x0, x1 = (before.end - zero) * 1000, (after.start - zero) * 1000
+    before, after = max(pairwise(decodes), key=lambda pair: pair[1].end - pair[0].end)
+    x0, x1 = (before.end - zero) * 1000, (after.end - zero) * 1000
     low, high = min(rows) - 0.45, max(rows) + 0.45
     ax.fill_betweenx([low, high], x0, x1, color=STALL_COLOR, alpha=0.12, linewidth=0)
     ax.annotate("", xy=(x0, high - 0.1), xytext=(x1, high - 0.1),
                 arrowprops={"arrowstyle": "<->", "color": STALL_COLOR, "lw": 1.2})
-    ax.text((x0 + x1) / 2, high + 0.05, f"no decode step for {x1 - x0:.0f} ms", ha="center",
+    ax.text((x0 + x1) / 2, high + 0.05, f"{x1 - x0:.1f} ms between tokens", ha="center",
             va="bottom", color=STALL_COLOR, fontsize=9)
 
 
