@@ -252,3 +252,13 @@ def test_a_template_renders_tools_only_if_it_reads_the_tools_variable(template, 
     from edgeprefill.server.tools import renders_tools
 
     assert renders_tools(template) is renders
+
+
+def test_a_template_with_a_generation_tag_is_read_by_its_own_environment():
+    # SmolLM3-style `{% generation %}` parses only with the environment that renders it: a
+    # plain jinja2 parse failed and fell back to finding the word "tools" anywhere.
+    from edgeprefill.server.tools import renders_tools
+
+    body = "{% for m in messages %}{% generation %}{{ m.content }}{% endgeneration %}"
+    assert renders_tools(body + "{% endfor %}{% if tools %}{{ tools }}{% endif %}")
+    assert not renders_tools(body + "{{ m['tools'] }}{% endfor %}")

@@ -15,6 +15,7 @@ the server answers 400 with the template's message.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
@@ -87,6 +88,21 @@ class ChatTemplate:
                     f"chat template: {err.message} (template line {err.lineno})"
                 ) from None
         return self._compiled
+
+
+@functools.lru_cache(maxsize=8)
+def reads_variable(source: str, name: str) -> bool:
+    """Whether a chat template reads the top-level variable `name` (a request's `tools`,
+    say), parsed with the environment that renders it (its `{% generation %}` tag and loop
+    controls). A template that does not parse: whether the name appears in it at all."""
+    from jinja2 import meta
+    from jinja2.exceptions import TemplateSyntaxError
+
+    try:
+        parsed = _environment().parse(source)
+    except TemplateSyntaxError:
+        return name in source
+    return name in meta.find_undeclared_variables(parsed)
 
 
 def special_tokens(

@@ -16,7 +16,6 @@ transformers passes them (arguments as objects, not JSON text).
 
 from __future__ import annotations
 
-import functools
 import json
 import re
 from collections.abc import Callable, Mapping
@@ -25,6 +24,7 @@ from typing import Any
 
 from edgeprefill.bundle import Manifest
 from edgeprefill.errors import RequestError
+from edgeprefill.sdk.chat_template import reads_variable
 from edgeprefill.sdk.params import GenerationParams
 from edgeprefill.server.errors import ApiError
 from edgeprefill.server.tool_parsers import (
@@ -170,18 +170,10 @@ def template_vars(tools: ToolRequest | None, manifest: Manifest) -> dict[str, An
     return tools.template_vars()
 
 
-@functools.lru_cache(maxsize=8)
 def renders_tools(template: str) -> bool:
     """Whether the chat template reads the top-level `tools` variable. A substring test
     was fooled by Phi-4-mini's `message['tools']`, which a request's tools never reach."""
-    import jinja2
-    import jinja2.meta
-
-    try:
-        parsed = jinja2.Environment(extensions=["jinja2.ext.loopcontrols"]).parse(template)
-    except jinja2.TemplateSyntaxError:
-        return "tools" in template
-    return "tools" in jinja2.meta.find_undeclared_variables(parsed)
+    return reads_variable(template, "tools")
 
 
 def reply_parser(
