@@ -18,7 +18,13 @@ class BackendError(EdgeprefillError):
 
 
 class RequestError(EdgeprefillError):
-    """A generation request is invalid or can never be served (too long, bad parameters)."""
+    """A generation request is invalid or can never be served (too long, bad parameters).
+    `field`: the GenerationParams field it is about, where one is (the server names the
+    request field behind it)."""
+
+    def __init__(self, message: str, field: str | None = None) -> None:
+        super().__init__(message)
+        self.field = field
 
 
 class EngineClosedError(RequestError):

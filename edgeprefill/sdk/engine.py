@@ -251,12 +251,15 @@ class Engine:
         vocab = self.manifest.model.vocab_size
         if params.logit_bias and max(params.logit_bias) >= vocab:
             raise RequestError(f"logit_bias names token {max(params.logit_bias)}, "
-                               f"outside the vocabulary [0, {vocab})")
+                               f"outside the vocabulary [0, {vocab})", "logit_bias")
         mask = None
         if params.constraint is not None:
             from edgeprefill.sdk.constraints import compile_constraint
 
-            mask = compile_constraint(params.constraint, self.tokenizer, sorted(self.eos))
+            try:
+                mask = compile_constraint(params.constraint, self.tokenizer, sorted(self.eos))
+            except RequestError as err:  # a grammar that does not compile, a tokenizer
+                raise RequestError(str(err), "constraint") from None
         return Sampler(params, tokens, mask)
 
     def default_params(self, **explicit: Any) -> GenerationParams:

@@ -228,7 +228,7 @@ class OpenAIApi:
         except EngineClosedError as err:  # shutting down: the request itself is fine
             raise ApiError(503, str(err), code="engine_closed") from None
         except RequestError as err:  # refused at submit: name the field it came from
-            raise ApiError(400, str(err), _param_of(str(err), req)) from None
+            raise ApiError(400, str(err), _param_of(err, req)) from None
         finally:
             if not admitted:
                 self.pending -= req.n
@@ -308,15 +308,10 @@ def _is_chat(prompt) -> bool:
     return bool(prompt) and all(isinstance(m, dict) for m in prompt)
 
 
-def _param_of(message: str, req: CompletionRequest) -> str | None:
+def _param_of(err: RequestError, req: CompletionRequest) -> str | None:
     """The request field a submit-time refusal is about (the engine checks these when it
     builds the request's sampler: a constraint that does not compile, a logit_bias id)."""
-    if message.startswith("logit_bias"):
-        return "logit_bias"
-    if req.constraint_field is not None and any(
-            word in message for word in ("constrain", "grammar", "schema", "regex", "choice")):
-        return req.constraint_field
-    return None
+    return req.constraint_field if err.field == "constraint" else err.field
 
 
 async def _finish_unless_client_leaves(stream: TokenStream, request: Request) -> bool:
