@@ -40,3 +40,13 @@ def test_a_word_level_tokenizer_gives_each_word_decoded_alone():
     tok = Tokenizer(models.WordLevel({"<unk>": 0, "jade": 1, "ruby": 2}, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
     assert [TokenBytes(tok)(i) for i in tok.encode("jade ruby").ids] == [b"jade", b"ruby"]
+
+
+@pytest.mark.parametrize("make", [byte_level_bpe, byte_fallback_bpe], ids=["byte-level",
+                                                                          "byte-fallback"])
+def test_piece_spells_text_as_the_vocabulary_does(make):
+    # The reverse of the reading (constraints.py spells added tokens with it).
+    tok = make()
+    spell = TokenBytes(tok).piece
+    for token_id in tok.encode(" the secret is jade .", add_special_tokens=False).ids:
+        assert spell(TokenBytes(tok)(token_id).decode()) == tok.id_to_token(token_id)

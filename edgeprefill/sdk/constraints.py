@@ -19,10 +19,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from edgeprefill.errors import RequestError
-from edgeprefill.sdk.token_bytes import BYTE_LEVEL
+from edgeprefill.sdk.token_bytes import TokenBytes
 
 if TYPE_CHECKING:  # llguidance is imported when a constraint is first compiled
     from llguidance import LLMatcher, LLTokenizer
+    from tokenizers import Tokenizer
 
     from edgeprefill.sdk.tokenizer import BundleTokenizer
 
@@ -211,7 +212,7 @@ def _ll_tokenizer(tokenizer: BundleTokenizer, eos_ids: tuple[int, ...]) -> LLTok
     if backend is None:
         raise RequestError("constrained output needs the bundle's tokenizer.json")
     try:
-        built = LLTokenizer(_plain_added_tokens_in_vocab(backend.to_str()),
+        built = LLTokenizer(_plain_added_tokens_in_vocab(backend),
                             n_vocab=tokenizer.vocab_size, eos_token=list(eos_ids))
     except ValueError as err:
         raise RequestError(
@@ -221,27 +222,22 @@ def _ll_tokenizer(tokenizer: BundleTokenizer, eos_ids: tuple[int, ...]) -> LLTok
     return built
 
 
-BYTE_CHARS = {b: c for c, b in BYTE_LEVEL.items()}  # a byte -> its byte-level BPE character
-
-
-def _plain_added_tokens_in_vocab(tokenizer_json: str) -> str:
+def _plain_added_tokens_in_vocab(backend: Tokenizer) -> str:
     """The tokenizer as llguidance should see it. llguidance takes every added token for
     a special one, which no text spells; yet a non-special added token (Qwen's <tool_call>,
     <think>) is ordinary text, and tokenizing forced text yields it: its mask then allowed
     only that token and consuming it failed (a 500 for guided_regex "<tool_call>"). Such
-    tokens move into the model's vocabulary, spelled as the model spells its pieces."""
-    data = json.loads(tokenizer_json)
+    tokens move into the model's vocabulary, spelled as the model spells its pieces
+    (TokenBytes.piece: the decoder's reading, reversed)."""
+    text: str = backend.to_str()
+    data = json.loads(text)
     vocab = (data.get("model") or {}).get("vocab")
     plain = [t for t in data.get("added_tokens") or () if not t.get("special")]
     if not isinstance(vocab, dict) or not plain:  # Unigram's vocab is a list: left as is
-        return tokenizer_json
-    byte_level = '"ByteLevel"' in json.dumps(data.get("pre_tokenizer"))
-    spaces = "▁" if any(piece.startswith("▁") for piece in list(vocab)[:1000]) else " "
+        return text
+    spell = TokenBytes(backend, data).piece
     for token in plain:
-        text = token["content"]
-        piece = "".join(BYTE_CHARS[b] for b in text.encode()) if byte_level \
-            else text.replace(" ", spaces)
-        vocab.setdefault(piece, token["id"])
+        vocab.setdefault(spell(token["content"]), token["id"])
     data["added_tokens"] = [t for t in data["added_tokens"] if t.get("special")]
     return json.dumps(data)
 

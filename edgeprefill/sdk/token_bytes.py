@@ -37,12 +37,15 @@ def _byte_level_alphabet() -> dict[str, int]:
 
 
 BYTE_LEVEL = _byte_level_alphabet()
+BYTE_CHARS = {b: c for c, b in BYTE_LEVEL.items()}  # a byte -> its character
 
 
 class TokenBytes:
-    def __init__(self, tokenizer: Tokenizer) -> None:
+    def __init__(self, tokenizer: Tokenizer, data: dict[str, Any] | None = None) -> None:
+        """`data`: tokenizer.json already parsed, where the caller has it."""
         self.tokenizer = tokenizer
-        decoders = list(_decoders(json.loads(tokenizer.to_str()).get("decoder")))
+        data = json.loads(tokenizer.to_str()) if data is None else data
+        decoders = list(_decoders(data.get("decoder")))
         kinds = {d.get("type") for d in decoders}
         self.byte_level = "ByteLevel" in kinds
         self.byte_fallback = "ByteFallback" in kinds
@@ -70,6 +73,16 @@ class TokenBytes:
                 piece = piece.replace(old, new)
             return piece.encode()
         return self.tokenizer.decode([token_id], skip_special_tokens=False).encode()
+
+
+    def piece(self, text: str) -> str:
+        """`text` spelled as the vocabulary spells its pieces, the reading above reversed:
+        GPT-2's byte alphabet, or the decoder's substitutions undone (a space as ▁)."""
+        if self.byte_level:
+            return "".join(BYTE_CHARS[b] for b in text.encode())
+        for old, new in self.replace:
+            text = text.replace(new, old)
+        return text
 
 
 def _decoders(decoder: Any) -> Iterator[dict[str, Any]]:
