@@ -312,3 +312,11 @@ def test_a_prompt_file_that_is_not_utf8_is_one_line(tiny_bundle, tmp_path):
     bad.write_bytes(b"\xff\xfe the secret")
     assert_one_line_error(cli("run", tiny_bundle, "--prompt-file", bad), "--prompt-file",
                           "not UTF-8 text")
+
+
+def test_runs_default_reply_length_is_generation_params_own():
+    # run_cmd keeps its own copy (importing edgeprefill.sdk would load onnxruntime for
+    # --help): the two must not drift apart.
+    from edgeprefill.cli.run_cmd import DEFAULT_NEW_TOKENS
+
+    assert DEFAULT_NEW_TOKENS == GenerationParams().max_new_tokens
