@@ -180,11 +180,11 @@ void ParallelFor(OrtKernelContext* context, void (*fn)(void*, size_t), size_t co
 void ForRowBlocks(OrtKernelContext* context, int64_t rows, int64_t width,
                   void (*run)(void* job, int64_t first, int64_t last), void* job);
 
-// A packed projection's two passes (MatMulBf16, MatMulInt8): `prepare` for each of
-// `prepares` blocks of kPrepareRows rows (the activations normalized where the norm is
-// inside, then rounded for the product), then `piece` for each of `pieces` (row block,
-// panel) pieces; on the pool where `split` says the product is worth it, else here.
-void ProjectRows(OrtKernelContext* context, bool split, size_t prepares,
+// A packed projection's two passes (MatMulBf16, MatMulInt8): `prepare` for each block of
+// kPrepareRows of the `rows` rows (the activations normalized where the norm is inside,
+// then rounded for the product), then `piece` for each of `pieces` (row block, panel)
+// pieces; on the pool where `split` says the product is worth it, else here.
+void ProjectRows(OrtKernelContext* context, bool split, int64_t rows,
                  void (*prepare)(void*, size_t), size_t pieces, void (*piece)(void*, size_t),
                  void* job);
 // Rows per prepare block: finer than the products' row blocks (48), so that the two threads

@@ -146,9 +146,10 @@ void ForRowBlocks(OrtKernelContext* context, int64_t rows, int64_t width,
     for (int64_t i = 0; i < count; ++i) RunRowBlock(&blocks, static_cast<size_t>(i));
 }
 
-void ProjectRows(OrtKernelContext* context, bool split, size_t prepares,
+void ProjectRows(OrtKernelContext* context, bool split, int64_t rows,
                  void (*prepare)(void*, size_t), size_t pieces, void (*piece)(void*, size_t),
                  void* job) {
+  const size_t prepares = static_cast<size_t>((rows + kPrepareRows - 1) / kPrepareRows);
   if (split && prepares > 1)
     ParallelFor(context, prepare, prepares, job);
   else

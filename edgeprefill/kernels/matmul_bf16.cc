@@ -189,8 +189,8 @@ OrtStatus* Compute(void* state, OrtKernelContext* context) {
           b.dims[1], n, b.dims[0], (m + kRowBlock - 1) / kRowBlock, gated, norm};
   const bool split = 2 * m * k * n >= kMinFlopsToSplit || k * n >= kMinWeightsToSplit;
   const int64_t pieces = job.row_blocks * (gated ? job.panels / 2 : job.panels);
-  ProjectRows(context, split, static_cast<size_t>((m + kPrepareRows - 1) / kPrepareRows),
-              RunConvert, static_cast<size_t>(pieces), gated ? RunGatedPiece : RunPiece, &job);
+  ProjectRows(context, split, m, RunConvert, static_cast<size_t>(pieces),
+              gated ? RunGatedPiece : RunPiece, &job);
   return nullptr;
 }
 

@@ -236,8 +236,8 @@ OrtStatus* Compute(void* state, OrtKernelContext* context) {
           (m + kRowBlock - 1) / kRowBlock, gated, norm};
   const bool split = 2 * m * k * n >= kMinOpsToSplit || k * n >= kMinWeightsToSplit;
   const int64_t pieces = job.row_blocks * (gated ? panels / 2 : panels);
-  ProjectRows(context, split, static_cast<size_t>((m + kPrepareRows - 1) / kPrepareRows),
-              RunQuantize, static_cast<size_t>(pieces), gated ? RunGatedPiece : RunPiece, &job);
+  ProjectRows(context, split, m, RunQuantize, static_cast<size_t>(pieces),
+              gated ? RunGatedPiece : RunPiece, &job);
   return nullptr;
 }
 
