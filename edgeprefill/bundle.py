@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, Union, get_args, get_origin, ge
 from edgeprefill.contract import FileRecord, check_graph_io
 from edgeprefill.errors import BundleError
 from edgeprefill.json_file import load_json_object
+from edgeprefill.values import is_int
 
 if TYPE_CHECKING:  # onnx is imported only where a graph is read
     import onnx
@@ -151,7 +152,7 @@ def _file_records(raw: object) -> dict[str, FileRecord]:
     records = {}
     for name, entry in raw.items():
         sha256, size = entry.get("sha256"), entry.get("bytes")
-        if not isinstance(sha256, str) or not isinstance(size, int) or isinstance(size, bool):
+        if not isinstance(sha256, str) or not is_int(size):
             _malformed(f"files[{name!r}] must be {{'sha256': str, 'bytes': int}}")
         records[name] = FileRecord(sha256, size)
     return records

@@ -16,6 +16,7 @@ from edgeprefill.cli.report import backend_line, engine_lines, request_line
 from edgeprefill.errors import RequestError
 from edgeprefill.sdk import Engine, GenerationParams, TokenStream
 from edgeprefill.sdk.priority import parse_priority
+from edgeprefill.values import is_number
 
 
 class Job(NamedTuple):
@@ -109,8 +110,7 @@ def _job(line: str, params: GenerationParams, priority: int) -> Job:
     job_params = replace(params, **given)
     # A priority as people type it: an integer, or high / normal / low (lower first).
     delay = raw.get("delay_s", 0.0)
-    if isinstance(delay, bool) or not isinstance(delay, (int, float)) or \
-            not 0 <= delay <= MAX_DELAY_S:
+    if not is_number(delay) or not 0 <= delay <= MAX_DELAY_S:
         raise ValueError(f"'delay_s' must be a number of seconds in [0, {MAX_DELAY_S}], "
                          f"got {delay!r}")
     return Job(prompt, job_params, parse_priority(raw.get("priority", priority)), float(delay))

@@ -8,6 +8,7 @@ from typing import NamedTuple
 from edgeprefill.engines.base import COMPUTES
 from edgeprefill.errors import RequestError
 from edgeprefill.sdk.scheduler import SchedulerConfig
+from edgeprefill.values import is_int
 
 
 class StepTrace(NamedTuple):
@@ -43,7 +44,7 @@ class EngineConfig:
     def __post_init__(self) -> None:
         for name in ("kv_slots", "threads", "max_context", "kv_budget_bytes"):
             value = getattr(self, name)
-            if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
+            if value is not None and not is_int(value):
                 raise RequestError(f"{name} must be an integer, got {value!r}")
         for name in ("spin", "background", "verify_checksums", "prefix_reuse", "trace",
                      "warm_up"):  # "no" would be truthy

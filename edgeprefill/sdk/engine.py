@@ -40,6 +40,7 @@ from edgeprefill.sdk.scheduler import PrefillChunk, Scheduler, SchedulerConfig, 
 from edgeprefill.sdk.step_runner import StepRunner
 from edgeprefill.sdk.stream import TokenEvent, TokenStream
 from edgeprefill.sdk.tokenizer import BundleTokenizer, Prompt, TextStreamer
+from edgeprefill.values import is_int, is_integral
 
 if TYPE_CHECKING:
     from edgeprefill.sdk.session import Session
@@ -212,7 +213,7 @@ class Engine:
         prefill, n decodes; without a free slot one waits and borrows the prefix later).
         With a seed, choice i draws with seed + i, so the choices differ yet reproduce."""
         params = params or self.default_params()
-        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        if not is_int(n) or n < 1:
             raise RequestError(f"n must be an integer >= 1, got {n!r}")
         tokens = _token_list(tokens)
         self._check_request(tokens, params, chunk_size)
@@ -536,7 +537,7 @@ class Engine:
             raise RequestError("the prompt is empty")
         self._check_ids(tokens)
         if chunk_size is not None:
-            if not _is_id(chunk_size) or chunk_size < 1:
+            if not is_integral(chunk_size) or chunk_size < 1:
                 raise RequestError(f"chunk_size must be an integer >= 1, got {chunk_size!r}")
 
         room = 1 if params.fit_context or params.max_new_tokens is None \
@@ -548,7 +549,7 @@ class Engine:
 
     def _check_ids(self, tokens: list[int]) -> None:
         vocab = self.manifest.model.vocab_size
-        bad = next((t for t in tokens if not _is_id(t) or not 0 <= t < vocab), None)
+        bad = next((t for t in tokens if not is_integral(t) or not 0 <= t < vocab), None)
         if bad is not None:
             raise RequestError(f"token id {bad!r} is not in the vocabulary (ids 0..{vocab - 1})")
 
@@ -560,10 +561,6 @@ def _token_list(tokens: object) -> list[Any]:
         raise RequestError(f"token ids must be a sequence of integers, got "
                            f"{type(tokens).__name__}")
     return list(tokens)
-
-
-def _is_id(token: object) -> bool:
-    return isinstance(token, int | np.integer) and not isinstance(token, bool)
 
 
 def _slot(request: Request) -> int:

@@ -10,15 +10,15 @@ default temperature 0.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Collection
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
-from typing import Any, TypeGuard, TypeVar
+from typing import Any, TypeVar
 
 from edgeprefill.errors import BundleError, ExportError
 from edgeprefill.json_file import load_json_object
 from edgeprefill.sdk.params import GenerationParams
+from edgeprefill.values import is_finite, is_int
 
 FILE = "generation_config.json"
 
@@ -36,15 +36,15 @@ class GenerationDefaults:
     eos_token_ids: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
-        _check("temperature", self.temperature, _finite(self.temperature)
+        _check("temperature", self.temperature, is_finite(self.temperature)
                and self.temperature >= 0, "a finite number >= 0")
-        _check("top_k", self.top_k, _int(self.top_k) and self.top_k >= 0, "an integer >= 0")
-        _check("top_p", self.top_p, _finite(self.top_p) and 0 < self.top_p <= 1,
+        _check("top_k", self.top_k, is_int(self.top_k) and self.top_k >= 0, "an integer >= 0")
+        _check("top_p", self.top_p, is_finite(self.top_p) and 0 < self.top_p <= 1,
                "a number in (0, 1]")
         _check("repetition_penalty", self.repetition_penalty,
-               _finite(self.repetition_penalty) and self.repetition_penalty > 0,
+               is_finite(self.repetition_penalty) and self.repetition_penalty > 0,
                "a finite number > 0")
-        if not all(_int(i) and i >= 0 for i in self.eos_token_ids):
+        if not all(is_int(i) and i >= 0 for i in self.eos_token_ids):
             raise BundleError(f"{FILE}: eos_token_id must be an integer >= 0 or a list of them, "
                               f"got {list(self.eos_token_ids)!r:.80}")
 
@@ -98,14 +98,6 @@ def check_export_generation_config(hf_dir: Path) -> None:
         GenerationDefaults.load(hf_dir)
     except BundleError as err:
         raise ExportError(f"{hf_dir}: {err}") from None
-
-
-def _int(value: object) -> TypeGuard[int]:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _finite(value: object) -> TypeGuard[float]:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _check(name: str, value: Any, ok: bool, what: str) -> None:

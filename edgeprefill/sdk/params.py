@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, TypeGuard
+from typing import TYPE_CHECKING
 
 from edgeprefill.errors import RequestError
+from edgeprefill.values import is_finite, is_int
 
 if TYPE_CHECKING:
     from edgeprefill.sdk.constraints import Constraint
@@ -47,16 +47,16 @@ class GenerationParams:
         self._check_extras()
 
     def _check_sampling(self) -> None:
-        _check(self.max_new_tokens is None or _int(self.max_new_tokens) and
+        _check(self.max_new_tokens is None or is_int(self.max_new_tokens) and
                self.max_new_tokens >= 1, "max_new_tokens must be a positive integer")
-        _check(_finite(self.temperature) and self.temperature >= 0,
+        _check(is_finite(self.temperature) and self.temperature >= 0,
                "temperature must be a finite number >= 0")
-        _check(_int(self.top_k) and self.top_k >= 0, "top_k must be an integer >= 0")
-        _check(_finite(self.top_p) and 0 < self.top_p <= 1, "top_p must be in (0, 1]")
-        _check(_finite(self.repetition_penalty) and self.repetition_penalty > 0,
+        _check(is_int(self.top_k) and self.top_k >= 0, "top_k must be an integer >= 0")
+        _check(is_finite(self.top_p) and 0 < self.top_p <= 1, "top_p must be in (0, 1]")
+        _check(is_finite(self.repetition_penalty) and self.repetition_penalty > 0,
                "repetition_penalty must be a finite number > 0")
         # numpy's default_rng refuses negative seeds: refuse them here, at submit.
-        _check(self.seed is None or _int(self.seed) and self.seed >= 0,
+        _check(self.seed is None or is_int(self.seed) and self.seed >= 0,
                "seed must be an integer >= 0")
         _check(all(isinstance(s, str) and s for s in self.stop),
                "stop strings must be non-empty strings")
@@ -64,17 +64,17 @@ class GenerationParams:
             _check(isinstance(getattr(self, name), bool), f"{name} must be true or false")
 
     def _check_extras(self) -> None:
-        _check(_finite(self.min_p) and 0 <= self.min_p <= 1, "min_p must be in [0, 1]")
+        _check(is_finite(self.min_p) and 0 <= self.min_p <= 1, "min_p must be in [0, 1]")
         for name in ("presence_penalty", "frequency_penalty"):
             value = getattr(self, name)
-            _check(_finite(value) and -2 <= value <= 2, f"{name} must be in [-2, 2]")
+            _check(is_finite(value) and -2 <= value <= 2, f"{name} must be in [-2, 2]")
         if self.logit_bias is not None:
             _check(isinstance(self.logit_bias, Mapping) and all(
-                _int(k) and k >= 0 and _finite(v) and -100 <= v <= 100
+                is_int(k) and k >= 0 and is_finite(v) and -100 <= v <= 100
                 for k, v in self.logit_bias.items()),
                 "logit_bias maps token ids >= 0 to numbers in [-100, 100]")
             object.__setattr__(self, "logit_bias", dict(self.logit_bias))
-        _check(self.logprobs is None or _int(self.logprobs) and
+        _check(self.logprobs is None or is_int(self.logprobs) and
                0 <= self.logprobs <= MAX_LOGPROBS, f"logprobs must be in [0, {MAX_LOGPROBS}]")
         if self.constraint is not None:
             from edgeprefill.sdk.constraints import Constraint
@@ -87,14 +87,6 @@ class GenerationParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0 or self.top_k == 1
-
-
-def _int(value: object) -> TypeGuard[int]:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _finite(value: object) -> TypeGuard[float]:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _check(ok: bool, message: str) -> None:

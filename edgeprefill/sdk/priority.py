@@ -7,6 +7,7 @@ accepted wherever a priority comes from outside (the CLI, a prompts file, the se
 from __future__ import annotations
 
 from edgeprefill.errors import RequestError
+from edgeprefill.values import is_int
 
 PRIORITY_NAMES = {"high": -1, "normal": 0, "low": 1}
 LIMIT = 2**31 - 1  # fits the server's and vLLM's int32 field
@@ -17,7 +18,7 @@ def parse_priority(value: object) -> int:
     an int; raises RequestError otherwise."""
     if isinstance(value, str):
         return _from_text(value)
-    if isinstance(value, bool) or not isinstance(value, int):
+    if not is_int(value):
         raise RequestError(_wrong(value))
     if not -LIMIT <= value <= LIMIT:
         raise RequestError(f"priority must be in [{-LIMIT}, {LIMIT}], got {value}")

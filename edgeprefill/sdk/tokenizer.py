@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import numbers
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypeGuard
@@ -10,6 +9,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeGuard
 from edgeprefill.bundle import Manifest, resolve_inside
 from edgeprefill.errors import BundleError, RequestError
 from edgeprefill.sdk.chat_template import ChatTemplate, special_tokens
+from edgeprefill.values import is_integral
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
@@ -154,7 +154,7 @@ def _messages(items: list[object]) -> TypeGuard[list[dict[str, Any]]]:
 
 
 def _token_ids(items: list[object]) -> TypeGuard[list[int]]:
-    return all(isinstance(t, numbers.Integral) and not isinstance(t, bool) for t in items)
+    return all(is_integral(t) for t in items)
 
 
 def _held_back(text: str, stop: tuple[str, ...]) -> int:

@@ -26,6 +26,7 @@ from edgeprefill.errors import RequestError
 from edgeprefill.sdk.engine import Engine
 from edgeprefill.server.errors import ApiError
 from edgeprefill.server.schemas import bool_field, parse_messages, template_kwargs
+from edgeprefill.values import is_int
 
 ReadJson = Callable[[Request], Awaitable[Any]]
 # `await call("encode", prompt, **template_vars)`: a BundleTokenizer method, off the loop.
@@ -80,7 +81,7 @@ class ExtraRoutes:
         try:
             body = self._checked(await self.read_json(request), DETOKENIZE_FIELDS)
             ids = body.get("tokens")
-            if not isinstance(ids, list) or not all(_is_int(t) for t in ids):
+            if not isinstance(ids, list) or not all(is_int(t) for t in ids):
                 raise ApiError(400, "'tokens' must be a list of token ids", "tokens")
             skip = bool_field(body, "skip_special_tokens")
             text = await run_in_threadpool(self._decode, ids, skip)
@@ -167,10 +168,6 @@ def _chat_options(body: dict) -> dict:
     return options
 
 
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _unknown_model(model: str, served: str) -> ApiError:

@@ -22,6 +22,7 @@ from edgeprefill.sdk.tokenizer import Prompt
 from edgeprefill.server.errors import ApiError
 from edgeprefill.server.structured import READERS, parse_constraint
 from edgeprefill.server.tools import ToolRequest, message_fields, parse_tools
+from edgeprefill.values import is_finite, is_int, is_number
 
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 MAX_SEED = 2**63 - 1
@@ -170,8 +171,7 @@ def _logit_bias(value: Any) -> dict[int, float] | None:
     for key, v in value.items():
         if not (isinstance(key, str) and key.isdigit()):
             raise ApiError(400, f"'logit_bias' keys are token ids, got {key!r}", "logit_bias")
-        if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) \
-                or not -100 <= v <= 100:
+        if not is_finite(v) or not -100 <= v <= 100:
             raise ApiError(400, "'logit_bias' values must be numbers in [-100, 100]",
                            "logit_bias")
         bias[int(key)] = float(v)
@@ -205,7 +205,7 @@ def _prompt(value: Any) -> Prompt:
         if not value:
             raise ApiError(400, "the prompt is empty", "prompt")
         return value
-    if isinstance(value, list) and all(_is_int(t) for t in value):
+    if isinstance(value, list) and all(is_int(t) for t in value):
         if not value:
             raise ApiError(400, "the prompt is empty", "prompt")
         return value
@@ -254,10 +254,6 @@ def _stop(value: Any) -> tuple[str, ...]:
 # -- typed field readers: null means "not given" ------------------------------------------
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
 def _priority(value: object) -> int:
     try:
         return parse_priority(value)
@@ -297,7 +293,7 @@ def _int(
     value = body.get(name)
     if value is None:
         return default
-    if not _is_int(value):
+    if not is_int(value):
         raise ApiError(400, f"'{name}' must be an integer", name)
     if (low is not None and value < low) or (high is not None and value > high):
         bounds = f"in [{low}, {high}]" if low is not None and high is not None else (
@@ -312,7 +308,7 @@ def _number(
     value = body.get(name)
     if value is None:
         return default
-    if not isinstance(value, (int, float)) or isinstance(value, bool):
+    if not is_number(value):
         raise ApiError(400, f"'{name}' must be a number", name)
     # Python's JSON parser accepts NaN and Infinity; they are never valid settings.
     if not math.isfinite(value):

@@ -1,0 +1,31 @@
+"""Type tests for values read from JSON, the command line or a caller.
+
+Here a bool is never a number (JSON's `true` is no count, though Python's bool is an int),
+and NaN or infinity is never a setting (Python's JSON parser accepts both).
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from typing import TypeGuard
+
+
+def is_int(value: object) -> TypeGuard[int]:
+    """A Python int, not a bool."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def is_integral(value: object) -> bool:
+    """An integer of any kind (numpy's too: token ids often come as arrays), not a bool."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def is_number(value: object) -> TypeGuard[int | float]:
+    """An int or a float, not a bool; NaN and infinity included."""
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def is_finite(value: object) -> TypeGuard[int | float]:
+    """An int or a float that is finite, not a bool."""
+    return is_number(value) and math.isfinite(value)
