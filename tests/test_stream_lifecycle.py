@@ -360,3 +360,38 @@ def test_ttft_counts_from_the_generate_call_tokenizing_included(make_engine, mon
     while not stream.done:
         engine.step()
     assert stream.metrics.ttft >= 0.05
+
+
+def test_an_engine_dropped_without_close_is_collected_and_its_thread_ends(bundle,
+                                                                           monkeypatch):
+    """Its loop thread held it for good, with its KV cache and backend session; now the
+    thread holds it only during a step, and the collection warns as an open file does."""
+    import gc
+    import warnings
+    import weakref
+
+    from edgeprefill import engines
+    from edgeprefill.sdk import Engine
+
+    monkeypatch.setitem(engines.BACKENDS, "fake", "tests.fake_backend:FakeBackend")
+    engine = Engine.load(bundle("llama"), backend="fake", warm_up=False, kv_slots=2)
+    assert engine.generate(ids(20), GenerationParams(max_new_tokens=3)).result().token_ids
+    thread, gone = engine._thread, weakref.ref(engine)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        del engine
+        deadline = time.monotonic() + HANG
+        while gone() is not None and time.monotonic() < deadline:
+            gc.collect()
+            time.sleep(0.01)
+        thread.join(HANG)
+    assert gone() is None and not thread.is_alive()
+    assert any(issubclass(w.category, ResourceWarning) and "never closed" in str(w.message)
+               for w in caught)
+
+
+def test_a_closed_engine_does_not_warn_when_collected(make_engine):
+    engine = make_engine()
+    assert engine._unclosed.alive
+    engine.close()
+    assert not engine._unclosed.alive  # close() took the warning back

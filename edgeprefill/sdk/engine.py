@@ -19,6 +19,8 @@ import os
 import queue
 import threading
 import time
+import warnings
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -99,7 +101,11 @@ class Engine:
         if config.background:
             warmed = threading.Event()
             self._warm_up_error: BaseException | None = None
-            self._thread = threading.Thread(target=self._loop, args=(warmed,),
+            # The loop holds the engine weakly between steps: an Engine dropped without
+            # close() is collected (its KV cache and backend session freed) and the
+            # thread ends, instead of the thread keeping both alive for good.
+            self._thread = threading.Thread(target=_step_loop,
+                                            args=(weakref.ref(self), self._wake, warmed),
                                             name="edgeprefill", daemon=True)
             self._thread.start()
             warmed.wait()
@@ -107,6 +113,9 @@ class Engine:
                 raise self._warm_up_error
         elif config.warm_up:
             self._warm_up()
+        # Like an unclosed file: a ResourceWarning (shown by pytest and `python -X dev`).
+        self._unclosed = weakref.finalize(self, _warn_unclosed, str(self.bundle_dir))
+        self._unclosed.atexit = False
 
     @classmethod
     def load(cls, bundle_dir: str | Path, **options: Any) -> Engine:
@@ -310,6 +319,7 @@ class Engine:
             if self._closed:
                 return
             self._stopping = True
+        self._unclosed.detach()
         self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout=30)
@@ -362,23 +372,6 @@ class Engine:
             holding = [r for r in self.scheduler.live() if r.slot is not None]
             self._fail(holding, err)
             return None
-
-    def _loop(self, warmed: threading.Event) -> None:
-        # The warm-up runs on the thread that will run every step: ONNX Runtime and the
-        # kernels keep per-thread state (scratch, the pool's hand-off), and warmed on the
-        # loading thread instead, 2 of 12 first requests still took 86-97 ms against ~50.
-        try:
-            if self.config.warm_up:
-                self._warm_up()
-        except BaseException as err:  # noqa: BLE001 - __init__ raises it on its own thread
-            self._warm_up_error = err
-            return
-        finally:
-            warmed.set()
-        while not self._stopping:
-            self._wake.clear()
-            if not self.step():
-                self._wake.wait(0.1)
 
     def _pump(self) -> None:
         if not self.step():
@@ -561,6 +554,38 @@ def _token_list(tokens: object) -> list[Any]:
         raise RequestError(f"token ids must be a sequence of integers, got "
                            f"{type(tokens).__name__}")
     return list(tokens)
+
+
+def _step_loop(ref: weakref.ref[Engine], wake: threading.Event,
+               warmed: threading.Event) -> None:
+    """The background thread: warm up, then step until close() or until the engine is
+    gone. It takes a strong reference only for one step at a time (Engine.__init__)."""
+    engine = ref()
+    assert engine is not None, "the engine starts its own thread"
+    # The warm-up runs on the thread that will run every step: ONNX Runtime and the
+    # kernels keep per-thread state (scratch, the pool's hand-off), and warmed on the
+    # loading thread instead, 2 of 12 first requests still took 86-97 ms against ~50.
+    try:
+        if engine.config.warm_up:
+            engine._warm_up()
+    except BaseException as err:  # noqa: BLE001 - __init__ raises it on its own thread
+        engine._warm_up_error = err
+        return
+    finally:
+        warmed.set()
+    del engine
+    while (engine := ref()) is not None and not engine._stopping:
+        wake.clear()
+        busy = engine.step()
+        del engine  # not held while idle
+        if not busy:
+            wake.wait(0.1)
+
+
+def _warn_unclosed(bundle: str) -> None:
+    warnings.warn(f"an Engine of {bundle} was never closed: call close() or use it in a "
+                  "with block (its streams then end with 'cancelled')", ResourceWarning,
+                  stacklevel=1)
 
 
 def _slot(request: Request) -> int:
