@@ -320,3 +320,48 @@ def test_runs_default_reply_length_is_generation_params_own():
     from edgeprefill.cli.run_cmd import DEFAULT_NEW_TOKENS
 
     assert DEFAULT_NEW_TOKENS == GenerationParams().max_new_tokens
+
+
+def test_ctrl_c_at_any_moment_of_a_turn_keeps_the_chat(tiny_bundle):
+    """Ctrl-C pressed at random moments of short turns: while a line is submitted, while
+    the reply prints, between its end and the next prompt. It had raised wherever the
+    main thread stood, and outside the two places that caught it the chat died (it died
+    by the second turn here)."""
+    import random
+    import signal
+    import subprocess
+    import sys
+    import threading
+    import time
+
+    command = [sys.executable, "-m", "edgeprefill", "run", str(tiny_bundle), "--interactive",
+               "--max-new-tokens", "3", "--ignore-eos", "--threads", "1"]
+    chat = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    err: list[str] = []
+    ready = threading.Event()
+
+    def read_stderr() -> None:
+        for line in chat.stderr:
+            err.append(line)
+            ready.set()  # the greeting: the engine is loaded
+
+    reader = threading.Thread(target=read_stderr, daemon=True)
+    reader.start()
+    try:
+        assert ready.wait(120), "the chat never started"
+        pick = random.Random(0)
+        for _ in range(30):
+            chat.stdin.write("the secret is jade . what was the secret ?\n")
+            chat.stdin.flush()
+            time.sleep(pick.uniform(0, 0.05))
+            chat.send_signal(signal.SIGINT)
+            time.sleep(0.02)
+            assert chat.poll() is None, "".join(err)
+        chat.stdin.write("/exit\n")
+        chat.stdin.close()
+        assert chat.wait(timeout=60) == 0, "".join(err)
+    finally:
+        chat.kill()
+    reader.join(timeout=10)
+    assert "Traceback" not in "".join(err) and "aborted" not in "".join(err)

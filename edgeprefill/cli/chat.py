@@ -9,7 +9,9 @@ quits. On a terminal the line has readline's editing and a history kept across r
 from __future__ import annotations
 
 import os
+import signal
 import sys
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
@@ -53,23 +55,30 @@ class ChatLoop:
         self.write = write or (lambda text: click.echo(text, nl=False))
         self.session = engine.session()
         self.first_turn = True
+        self.ctrl_c = CtrlC()
 
     def run(self) -> None:
         _note("edgeprefill chat: type a message; /help lists the commands, /exit quits")
+        previous = _handle_sigint(self.ctrl_c)
         try:
             while self._one_line():
                 pass
         finally:
             self.session.close()
+            if previous is not None:
+                signal.signal(signal.SIGINT, previous)
 
     def _one_line(self) -> bool:
         try:
+            self.ctrl_c.at_prompt = True
             text = self.read()
         except EOFError:
             return False
         except KeyboardInterrupt:  # at the prompt: drop the line, keep the chat
             _note("\n(/exit or Ctrl-D quits)")
             return True
+        finally:
+            self.ctrl_c.new_turn()
         text = text.strip()
         if not text:
             return True
@@ -94,13 +103,15 @@ class ChatLoop:
             _note(f"error: {err}" + ("; /reset starts a new conversation"
                                      if "context" in str(err) else ""))
             return
+        self.ctrl_c.reply(stream)
         _note("model> ", newline=False)
         try:
             stream_out(stream, self.write)
-        except KeyboardInterrupt:  # Ctrl-C stops this reply, not the chat
+        except KeyboardInterrupt:  # raised by `write`, or off the main thread (no CtrlC)
             stream.cancel()
             stream.result()  # wait for the cancel, so the next turn can start
             self.write("\n")
+        if stream.finish_reason == "cancelled":
             _note("(reply stopped)")
         if self.stats:
             _note(request_line(stream.metrics))
@@ -148,6 +159,43 @@ COMMANDS: dict[str, Command] = {
     "/exit": Command(ChatLoop.exit, "/exit", "leave (Ctrl-D too)"),
 }
 COMMANDS["/quit"] = COMMANDS["/exit"]._replace(usage="/quit", help="the same as /exit")
+
+
+class CtrlC:
+    """The chat's SIGINT handler. At the prompt it raises KeyboardInterrupt (the line is
+    dropped); from a line's end to the next prompt it stops the turn's reply, now or as
+    soon as it is submitted, and raises nothing. Raised wherever the main thread stood, a
+    Ctrl-C between a reply's end and the next prompt had killed the chat."""
+
+    def __init__(self) -> None:
+        self.at_prompt = True
+        self.pressed = False
+        self.stream: TokenStream | None = None
+
+    def new_turn(self) -> None:
+        self.at_prompt, self.pressed, self.stream = False, False, None
+
+    def reply(self, stream: TokenStream) -> None:
+        self.stream = stream
+        if self.pressed:  # pressed while the turn was being submitted
+            stream.cancel()
+
+    def __call__(self, signum: int, frame: object) -> None:
+        if self.at_prompt:
+            raise KeyboardInterrupt
+        self.pressed = True
+        if self.stream is not None:
+            # On a thread of its own: cancel() takes the engine's wake-up lock, which the
+            # interrupted main thread may hold.
+            threading.Thread(target=self.stream.cancel, daemon=True).start()
+
+
+def _handle_sigint(handler: CtrlC) -> signal.Handlers | Callable | int | None:
+    """Installs `handler` for SIGINT; returns the one it replaced (None off the main
+    thread, where Python takes no handler: there a KeyboardInterrupt still stops a reply)."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    return signal.signal(signal.SIGINT, handler)
 
 
 def _note(text: str, newline: bool = True) -> None:
