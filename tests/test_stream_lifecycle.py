@@ -395,3 +395,29 @@ def test_a_closed_engine_does_not_warn_when_collected(make_engine):
     assert engine._unclosed.alive
     engine.close()
     assert not engine._unclosed.alive  # close() took the warning back
+
+
+@pytest.mark.parametrize("backend", ["fake", "fake-fusing"])
+def test_a_request_whose_sampler_fails_ends_alone(make_engine, backend):
+    """A request's own failure in a step (its constraint, sampler or detokenizer) ended
+    every request of that step: the decode rows beside it, and in a fused call the prompt
+    being prefilled. Now only it ends, with its error; the others run to their length."""
+    engine = make_engine(background=False, kv_slots=4, backend=backend)
+    params = GenerationParams(max_new_tokens=12, ignore_eos=True)
+    doomed, *others = [engine.generate(ids(9, seed), params) for seed in range(3)]
+    while doomed.metrics.generated_tokens < 2:
+        engine.step()
+    request = next(r for r in engine.scheduler.live() if r.stream is doomed)
+
+    def fail(logits):
+        raise RuntimeError("the grammar broke")
+
+    request.sampler.choose = fail
+    others.append(engine.generate(ids(40, 7), params))  # prefilled beside the decode rows
+    while not all(s.done for s in [doomed, *others]):
+        engine.step()
+    assert doomed.finish_reason == "error" and "the grammar broke" in doomed.error
+    assert [s.finish_reason for s in others] == ["length"] * 3
+    assert [len(s.token_ids) for s in others] == [12] * 3
+    engine.check_integrity()
+    assert engine.kv.usage().active == 0

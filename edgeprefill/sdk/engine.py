@@ -448,7 +448,7 @@ class Engine:
 
     def _emit_rows(self, rows: list[Request], logits: np.ndarray) -> None:
         for request, row in zip(rows, logits, strict=True):
-            self._emit(request, row)
+            self._emit_own(request, row)
 
     def _prefill(self, chunk: PrefillChunk) -> None:
         self._prefilled(chunk.request, self.runner.prefill(chunk))
@@ -463,9 +463,17 @@ class Engine:
         if request.prefill_left == 0:
             self.scheduler.prefilled(request)
             self._fork_followers(request, logits[0])
-            self._emit(request, logits[0])
+            self._emit_own(request, logits[0])
 
     # -- tokens out -------------------------------------------------------------------
+
+    def _emit_own(self, request: Request, logits: np.ndarray) -> None:
+        """_emit, whose failure (the request's own constraint, sampler or detokenizer) ends
+        that request alone: the others of its step got their logits and go on."""
+        try:
+            self._emit(request, logits)
+        except Exception as err:  # noqa: BLE001 - reported to the request's stream
+            self._fail([request], err)
 
     def _emit(self, request: Request, logits: np.ndarray) -> None:
         sampled = request.sampler.choose(logits)
