@@ -98,6 +98,15 @@ def test_bad_constraints_and_tokenizers_are_one_line_errors(engine, bundle):
     assert "\n" not in str(err.value)
 
 
+def test_a_grammar_without_a_first_token_is_refused_at_submit(engine):
+    """It compiles, yet admits nothing: refused in one line at submit, not at the first
+    step (where it had ended the request with llguidance's parser-state dump)."""
+    for constraint in (Constraint.grammar("start: start"), Constraint.regex(r"[^\s\S]")):
+        with pytest.raises(RequestError, match="fails at its first token") as err:
+            engine.generate("hello", GenerationParams(max_new_tokens=3, constraint=constraint))
+        assert "<state>" not in str(err.value) and err.value.field == "constraint"
+
+
 # -- the server ---------------------------------------------------------------------------
 
 
@@ -298,3 +307,25 @@ def test_a_constraint_spelling_an_added_token_runs(tmp_path):
         reply = engine.generate("hello", params).result()
     assert reply.finish_reason == "stop", reply.error
     assert reply.text == "<tool_call> x"
+
+
+CHOICES_PAST_LLGUIDANCE = [f"opt{i}" for i in range(5000)]  # it refuses them mid-reply
+
+
+def test_a_constraint_refused_mid_reply_is_a_400_naming_its_field(client):
+    """llguidance takes a 5,000-way choice, then refuses it at the reply's first tokens
+    (its parser's row limit). That is the request's doing: a 400 naming the field, or in a
+    stream an invalid_request_error event; it had been a 500 engine_error with a dump of
+    the parser's state."""
+    with pytest.raises(openai.BadRequestError) as err:
+        client.completions.create(model="bpe", prompt="pick", max_tokens=8,
+                                  extra_body={"guided_choice": CHOICES_PAST_LLGUIDANCE})
+    assert err.value.body["param"] == "guided_choice"
+    assert "max is 2000" in err.value.body["message"]
+    assert "<state>" not in err.value.body["message"]
+    with httpx.stream("POST", f"{client.base_url}completions", timeout=60, json={
+            "model": "bpe", "prompt": "pick", "max_tokens": 8, "stream": True,
+            "guided_choice": CHOICES_PAST_LLGUIDANCE}) as response:
+        events = [line[6:] for line in response.iter_lines() if line.startswith("data: ")]
+    error = json.loads(events[-2])["error"]  # then [DONE]
+    assert (error["type"], error["param"]) == ("invalid_request_error", "guided_choice")

@@ -160,11 +160,20 @@ class GrammarMask:
 
     def __init__(self, matcher: LLMatcher) -> None:
         self.matcher = matcher
+        # The first mask is computed here, at submit: a grammar that compiles but admits
+        # no first token (`start: start`, an empty regex class) is refused in one line
+        # then, instead of failing the request at its first step.
+        self._next: bytes | None = self._bitmask()
+
+    def _bitmask(self) -> bytes:
+        bits = self.matcher.compute_bitmask()
+        self._check()
+        return bits
 
     def allowed(self, vocab: int) -> np.ndarray:
         """bool [vocab]: the tokens the grammar accepts next."""
-        bits = np.frombuffer(self.matcher.compute_bitmask(), np.uint8)
-        self._check()
+        first, self._next = self._next, None
+        bits = np.frombuffer(first if first is not None else self._bitmask(), np.uint8)
         allowed = np.unpackbits(bits, bitorder="little").view(bool)
         if allowed.shape[0] < vocab:  # logits wider than the tokenizer (padded heads)
             allowed = np.concatenate([allowed, np.zeros(vocab - allowed.shape[0], bool)])
@@ -180,7 +189,8 @@ class GrammarMask:
 
     def _check(self) -> None:
         if self.matcher.is_error():
-            raise RequestError(f"constraint: {_one_line(self.matcher.get_error())}")
+            raise RequestError(f"constraint: {_one_line(self.matcher.get_error())}",
+                               "constraint")
 
 
 def compile_constraint(constraint: Constraint, tokenizer: BundleTokenizer,
@@ -191,10 +201,14 @@ def compile_constraint(constraint: Constraint, tokenizer: BundleTokenizer,
 
     grammar = GRAMMARS[constraint.kind](constraint.source)
     matcher = LLMatcher(_ll_tokenizer(tokenizer, tuple(sorted(eos_ids))), grammar, log_level=0)
+    kind = constraint.kind.replace("_", " ")
     if matcher.is_error():
-        raise RequestError(f"invalid {constraint.kind.replace('_', ' ')} constraint: "
-                           f"{_one_line(matcher.get_error())}")
-    return GrammarMask(matcher)
+        raise RequestError(f"invalid {kind} constraint: {_one_line(matcher.get_error())}")
+    try:
+        return GrammarMask(matcher)
+    except RequestError:
+        raise RequestError(f"{kind} constraint fails at its first token: "
+                           f"{_one_line(matcher.get_error())}") from None
 
 
 # llguidance's tokenizer takes ~1 s to build at a 152k vocabulary: one per bundle tokenizer.
@@ -243,4 +257,6 @@ def _plain_added_tokens_in_vocab(backend: Tokenizer) -> str:
 
 
 def _one_line(err: object) -> str:
-    return " ".join(str(err).split())[:300]
+    # llguidance appends a dump of its parser state after "<state>": not for the client.
+    text = str(err).split("<state>")[0]
+    return " ".join(text.split())[:300]

@@ -439,9 +439,13 @@ class Engine:
             self._fail(requests, err)
 
     def _fail(self, requests: list[Request], err: Exception) -> None:
+        # A RequestError is the request's own doing, said in its own words.
+        own = isinstance(err, RequestError)
+        error = str(err) if own else f"{type(err).__name__}: {err}"
+        field = err.field if isinstance(err, RequestError) else None
         for request in requests:
             if request.phase is not Phase.DONE:
-                self._finish(request, "error", keep=False, error=f"{type(err).__name__}: {err}")
+                self._finish(request, "error", keep=False, error=error, field=field)
 
     def _decode(self, rows: list[Request]) -> None:
         self._emit_rows(rows, self.runner.decode(rows))
@@ -513,7 +517,8 @@ class Engine:
         return None
 
     def _finish(
-        self, request: Request, reason: str, keep: bool = True, error: str | None = None
+        self, request: Request, reason: str, keep: bool = True, error: str | None = None,
+        field: str | None = None,
     ) -> None:
         if request.phase is Phase.DONE:
             return
@@ -527,7 +532,7 @@ class Engine:
             self.kv.release(request.slot, keep=keep)
         request.metrics.finish_reason = reason
         self.counters.finished += 1
-        request.stream._finish(reason, error)
+        request.stream._finish(reason, error, field)
 
     def _check_request(
         self, tokens: list[int], params: GenerationParams, chunk_size: int | None

@@ -63,6 +63,9 @@ class TokenStream:
         self.text = ""
         self.finish_reason: str | None = None
         self.error: str | None = None
+        # With an error the request itself caused (a constraint that fails mid-reply), the
+        # GenerationParams field it is about; None for a failure of the engine's own.
+        self.error_field: str | None = None
         self.eos_token_id: int | None = None  # the EOS token that ended generation, if one
         # `async for` readers waiting for the next event: (their loop, a future to set).
         self._waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
@@ -80,8 +83,8 @@ class TokenStream:
         self._queue.put(event)
         self._wake_waiters()
 
-    def _finish(self, reason: str, error: str | None = None) -> None:
-        self.finish_reason, self.error = reason, error
+    def _finish(self, reason: str, error: str | None = None, field: str | None = None) -> None:
+        self.finish_reason, self.error, self.error_field = reason, error, field
         self._done.set()
         self._queue.put(_End(reason, error))
         self._wake_waiters()

@@ -39,7 +39,7 @@ from edgeprefill.server import access_log
 from edgeprefill.server.access_log import AccessLog
 from edgeprefill.server.body import read_json
 from edgeprefill.server.choices import Choices
-from edgeprefill.server.errors import ApiError
+from edgeprefill.server.errors import ApiError, generation_failure
 from edgeprefill.server.metrics import ServerMetrics
 from edgeprefill.server.prompt_worker import PromptTimeout, PromptWorkers
 from edgeprefill.server.responses import Shape
@@ -181,7 +181,8 @@ class OpenAIApi:
                           self.engine.tokenizer.token_bytes)
         close = self._closer(endpoint, stream)
         if parsed.stream:
-            events = completion_events(stream, shape, parsed.include_usage)
+            events = completion_events(stream, shape, parsed.include_usage,
+                                       parsed.constraint_field)
             return EventStreamResponse(events, on_close=close)
         try:
             finished = await _finish_unless_client_leaves(stream, request)
@@ -190,8 +191,8 @@ class OpenAIApi:
         if not finished:
             return Response(status_code=499)  # nobody is listening; the request is cancelled
         if stream.finish_reason == "error":
-            return ApiError(500, stream.error or "generation failed", code="engine_error"
-                            ).response()
+            failed = stream.failed if isinstance(stream, Choices) else stream
+            return generation_failure(failed, parsed.constraint_field).response()
         return JSONResponse(shape.whole(stream))
 
     def _check_model(self, model: str | None) -> None:

@@ -72,6 +72,11 @@ class Choices:
         return next((s.error for s in self.streams if s.error), None)
 
     @property
+    def failed(self) -> TokenStream | None:
+        """The first choice that ended in error."""
+        return next((s for s in self.streams if s.finish_reason == "error"), None)
+
+    @property
     def prompt_tokens(self) -> int:
         return self.streams[0].metrics.prompt_tokens
 

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from starlette.responses import JSONResponse
+
+if TYPE_CHECKING:
+    from edgeprefill.sdk.stream import TokenStream
 
 # HTTP status -> the OpenAI error `type` clients switch on.
 ERROR_TYPES = {
@@ -44,6 +49,17 @@ class ApiError(Exception):
         if self.status in CLOSES_CONNECTION:
             headers["Connection"] = "close"
         return JSONResponse(self.body(), status_code=self.status, headers=headers or None)
+
+
+def generation_failure(stream: TokenStream | None, constraint_param: str | None) -> ApiError:
+    """A reply that ended in error. The request's own fault (a constraint that llguidance
+    refuses mid-reply) is a 400 naming its field (`constraint_param`: the request field
+    that gave the constraint); anything else is the engine's 500."""
+    field = stream.error_field if stream is not None else None
+    message = (stream.error if stream is not None else None) or "generation failed"
+    if field is not None:
+        return ApiError(400, message, constraint_param if field == "constraint" else field)
+    return ApiError(500, message, code="engine_error")
 
 
 # Answered before the body was read whole: the rest of it may still be on its way, so the

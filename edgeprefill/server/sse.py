@@ -12,7 +12,7 @@ from starlette.types import Receive, Scope, Send
 
 from edgeprefill.sdk.stream import TokenStream
 from edgeprefill.server.choices import Choices
-from edgeprefill.server.errors import ApiError
+from edgeprefill.server.errors import generation_failure
 from edgeprefill.server.responses import Shape
 
 
@@ -22,7 +22,8 @@ def sse(data: dict | str) -> bytes:
 
 
 async def completion_events(
-    stream: TokenStream | Choices, shape: Shape, include_usage: bool
+    stream: TokenStream | Choices, shape: Shape, include_usage: bool,
+    constraint_param: str | None = None,
 ) -> AsyncIterator[bytes]:
     """The chunks of one reply (of each of n choices, tagged by index), then
     `data: [DONE]`. A failure after the first byte can no longer change the status code,
@@ -42,7 +43,7 @@ async def completion_events(
                 yield sse(chunk)
         offsets[i] += len(event.text)
     if choices.finish_reason == "error":
-        yield sse(ApiError(500, choices.error or "generation failed", code="engine_error").body())
+        yield sse(generation_failure(choices.failed, constraint_param).body())
     else:
         for i, s in enumerate(choices.streams):
             for chunk in shape.last_chunks(s.finish_reason, index=i):
