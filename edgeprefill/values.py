@@ -27,5 +27,8 @@ def is_number(value: object) -> TypeGuard[int | float]:
 
 
 def is_finite(value: object) -> TypeGuard[int | float]:
-    """An int or a float that is finite, not a bool."""
-    return is_number(value) and math.isfinite(value)
+    """An int or a float that is finite as a float, not a bool (10**400 is not)."""
+    try:
+        return is_number(value) and math.isfinite(value)
+    except OverflowError:  # an int beyond the float range
+        return False

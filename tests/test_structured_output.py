@@ -218,6 +218,9 @@ def test_each_unsupported_field_is_a_400_that_names_it(client, field, value):
     {"response_format": {"type": "json_object"}, "guided_regex": "a"},
     {"logit_bias": {"9999": 5}}, {"top_logprobs": 3}, {"logprobs": True, "top_logprobs": 21},
     {"min_p": 2}, {"presence_penalty": 3},
+    # beyond a float's range (had been 500s: OverflowError), digits that int() refuses
+    {"temperature": 10**400}, {"frequency_penalty": -10**400}, {"logit_bias": {"5": 10**400}},
+    {"logit_bias": {"\u00b2": 1}}, {"logit_bias": {"\u0661": 1}},
 ])
 def test_bad_values_of_supported_fields_are_400s(client, extra):
     with pytest.raises(openai.BadRequestError) as err:

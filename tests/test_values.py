@@ -16,6 +16,7 @@ from edgeprefill.values import is_finite, is_int, is_integral, is_number
     (2.5, False, False, True, True),
     (math.nan, False, False, True, False),
     (math.inf, False, False, True, False),
+    (10**400, True, True, True, False),  # beyond a float: no setting
     ("3", False, False, False, False),
     (None, False, False, False, False),
 ])

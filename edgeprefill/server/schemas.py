@@ -11,7 +11,6 @@ extensions: `priority`, `chunk_size`, `top_k`, `min_p`, `repetition_penalty`,
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -169,7 +168,7 @@ def _logit_bias(value: Any) -> dict[int, float] | None:
         raise ApiError(400, "'logit_bias' must be an object of token id -> bias", "logit_bias")
     bias = {}
     for key, v in value.items():
-        if not (isinstance(key, str) and key.isdigit()):
+        if not (isinstance(key, str) and key.isascii() and key.isdigit()):  # not "²", "١"
             raise ApiError(400, f"'logit_bias' keys are token ids, got {key!r}", "logit_bias")
         if not is_finite(v) or not -100 <= v <= 100:
             raise ApiError(400, "'logit_bias' values must be numbers in [-100, 100]",
@@ -311,7 +310,7 @@ def _number(
     if not is_number(value):
         raise ApiError(400, f"'{name}' must be a number", name)
     # Python's JSON parser accepts NaN and Infinity; they are never valid settings.
-    if not math.isfinite(value):
+    if not is_finite(value):
         raise ApiError(400, f"'{name}' must be a finite number", name)
     if value < low or value > high or (low_open and value == low):
         bracket = "(" if low_open else "["
