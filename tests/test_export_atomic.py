@@ -62,6 +62,32 @@ def test_a_folder_that_is_no_bundle_is_never_overwritten(hf_model, tmp_path):
     assert snapshot(out) == {"holiday.jpg": b"keep me"}
 
 
+def test_overwrite_replaces_a_bundle_never_what_the_user_keeps_beside_it(hf_model, tmp_path):
+    """--overwrite deletes the whole folder: it had taken any folder holding a file named
+    edgeprefill.json (even `{}`), with the notes, runs and checkpoints beside it."""
+    options = ExportOptions(overwrite=True, **OPTIONS)
+    home = tmp_path / "home"
+    (home / "Documents").mkdir(parents=True)
+    (home / "Documents" / "thesis.tex").write_text("keep me")
+    (home / MANIFEST_FILE).write_text("{}")
+    with pytest.raises(ExportError, match="not an edgeprefill bundle"):
+        export(hf_model("llama"), home, options)
+    assert (home / "Documents" / "thesis.tex").read_text() == "keep me"
+
+    bundle = tmp_path / "bundle"
+    export(hf_model("llama"), bundle, options)
+    (bundle / "NOTES.md").write_text("keep me")
+    (bundle / "runs").mkdir()
+    with pytest.raises(ExportError, match=r"besides a bundle it holds NOTES.md, runs/"):
+        export(hf_model("llama"), bundle, options)
+    assert (bundle / "NOTES.md").read_text() == "keep me" and (bundle / "runs").is_dir()
+    (bundle / "NOTES.md").unlink()
+    (bundle / "runs").rmdir()
+    (bundle / "engines").mkdir()  # `edgeprefill build`'s engines: the bundle's own
+    export(hf_model("llama"), bundle, options)
+    assert not (bundle / "engines").exists()
+
+
 def test_a_killed_export_leaves_the_target_alone_and_its_staging_is_cleaned(
     hf_model, tmp_path
 ):

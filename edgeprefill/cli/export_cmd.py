@@ -34,7 +34,9 @@ from edgeprefill.errors import ExportError
               help="int4: MatMulNBits compute type. 4: int8 activations (faster decode; "
                    "on the CPU prefill runs int8 GEMMs derived at load, see "
                    "EDGEPREFILL_INT4_PREFILL); 0: float (exact with the dequantized weights).")
-@click.option("--overwrite", is_flag=True, help="Replace an existing bundle folder.")
+@click.option("--overwrite", is_flag=True,
+              help="Replace an existing bundle folder (one holding only a bundle: other "
+                   "files are never deleted).")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 def export(hf_dir, out_dir, flavor, dtype, chunks, max_context, quantize, block_size,
            accuracy_level, overwrite, quiet):

@@ -10,6 +10,7 @@ it is worth keeping, and `--overwrite` replaces it like a bundle.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from collections.abc import Iterator
@@ -17,6 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from edgeprefill.bundle import MANIFEST_FILE
+from edgeprefill.engines.trt.cache import ENGINES_DIR
 from edgeprefill.errors import ExportError
 
 PARTIAL_MARKER = ".edgeprefill-partial"
@@ -36,8 +38,33 @@ def check_target(out_dir: Path, overwrite: bool) -> None:
     if not overwrite:
         kind = "holds a half-written export" if is_partial(out_dir) else "exists and is not empty"
         raise ExportError(f"{out_dir} {kind} (use --overwrite to replace it)")
-    if not (out_dir / MANIFEST_FILE).is_file() and not is_partial(out_dir):
+    if is_partial(out_dir):
+        return  # half-written: nothing in it is worth keeping
+    strays = _not_the_bundles(out_dir)
+    if strays is None:
         raise ExportError(f"refusing to overwrite {out_dir}: it is not an edgeprefill bundle")
+    if strays:
+        shown = ", ".join(strays[:3]) + (f" and {len(strays) - 3} more" if len(strays) > 3
+                                        else "")
+        raise ExportError(f"refusing to overwrite {out_dir}: besides a bundle it holds "
+                          f"{shown}; move them out or export elsewhere")
+
+
+def _not_the_bundles(out_dir: Path) -> list[str] | None:
+    """What `out_dir` holds beyond the bundle its manifest lists (folders with a `/`);
+    None when it holds no readable manifest with a file list. --overwrite deletes the
+    whole folder, so it replaces nothing of the user's: it had taken a folder with any
+    file named edgeprefill.json, with every note, run or checkpoint beside it."""
+    try:
+        raw = json.loads((out_dir / MANIFEST_FILE).read_text())
+        listed = {name.split("/")[0] for name in raw["files"]} \
+            if isinstance(raw["files"], dict) else None
+    except (OSError, ValueError, TypeError, KeyError):
+        return None
+    if not listed:
+        return None
+    ours = listed | {MANIFEST_FILE, ENGINES_DIR}  # engines/: `edgeprefill build`'s cache
+    return sorted(p.name + "/" * p.is_dir() for p in out_dir.iterdir() if p.name not in ours)
 
 
 @contextmanager
