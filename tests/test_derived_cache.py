@@ -121,6 +121,57 @@ def test_a_damaged_file_is_derived_again(tiny_int4_bundle, tmp_path, monkeypatch
     np.load(victim)  # rewritten whole by the load that derived it again
 
 
+def test_an_empty_file_is_derived_again(tiny_int4_bundle, tmp_path, monkeypatch, caplog):
+    """np.load raises EOFError on an empty file: every load had died ("aborted")."""
+    cache = tmp_path / "cache"
+    want = logits(load(tiny_int4_bundle, cache, monkeypatch))
+    (folder,) = entries(cache)
+    sorted(folder.glob("*.npy"))[0].write_bytes(b"")
+    with caplog.at_level(logging.WARNING):
+        again = load(tiny_int4_bundle, cache, monkeypatch)
+    assert "cannot read it" in caplog.text
+    np.testing.assert_array_equal(logits(again), want)
+
+
+def test_a_cache_folder_the_user_may_not_enter_never_fails_a_load(tiny_int4_bundle, tmp_path,
+                                                                    monkeypatch, caplog):
+    """Path.is_dir raises PermissionError (it swallows only 'no such file'): a service
+    account whose HOME is another user's had a traceback from every command."""
+    cache = tmp_path / "cache"
+    want = logits(load(tiny_int4_bundle, cache, monkeypatch))
+    real = Path.is_dir
+
+    def is_dir(path):
+        if cache in path.parents:
+            raise PermissionError(13, "Permission denied", str(path))
+        return real(path)
+
+    monkeypatch.setattr(Path, "is_dir", is_dir)
+    with caplog.at_level(logging.WARNING):
+        again = load(tiny_int4_bundle, cache, monkeypatch)
+    assert "cannot read it" in caplog.text
+    np.testing.assert_array_equal(logits(again), want)
+
+
+def test_a_copy_of_another_export_with_the_same_sizes_and_times_is_another_entry(
+        tiny_int4_bundle, tmp_path, monkeypatch):
+    """The key had been path, size and modification time only: `cp -a` of another export
+    of the same shapes onto the same path reused the first one's derived weights (wrong
+    output, no error). The manifest's recorded digest is in the key now."""
+    import json
+    import shutil
+
+    bundle, cache = tmp_path / "b", tmp_path / "cache"
+    shutil.copytree(tiny_int4_bundle, bundle)
+    load(bundle, cache, monkeypatch)
+    manifest = json.loads((bundle / "edgeprefill.json").read_text())
+    manifest["files"]["model.onnx.data"]["sha256"] = "0" * 64  # another export's weights
+    (bundle / "edgeprefill.json").write_text(json.dumps(manifest))
+    monkeypatch.setattr(int4_prefill, "int4_dequantize", refuse)
+    with pytest.raises(AssertionError, match="derived again"):
+        load(bundle, cache, monkeypatch)
+
+
 def test_an_unwritable_cache_never_fails_a_load(tiny_int4_bundle, tmp_path, monkeypatch, caplog):
     blocker = tmp_path / "not-a-folder"
     blocker.write_text("a file where the cache folder should be")

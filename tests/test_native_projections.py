@@ -111,3 +111,18 @@ def test_bf16_compute_runs_the_projections_beside_the_stock_attention(gemma2, li
     # bf16 operands: ~3 significant digits per product, float32 sums.
     assert np.abs(got - exact).max() <= 0.05 * np.abs(exact).max()
     assert int(got.argmax()) == int(exact.argmax())
+
+
+def test_a_kernel_library_the_user_may_not_read_means_the_stock_graph(monkeypatch):
+    """Path.is_file raises PermissionError on a cache folder this user may not enter (a
+    service account whose HOME is another user's): every command had a traceback."""
+    from edgeprefill.kernels import select as kernel_select
+
+    class Unreadable:
+        def is_file(self):
+            raise PermissionError(13, "Permission denied", "/root/.cache/edgeprefill/k.so")
+
+    monkeypatch.setenv(kernel_select.MODE_ENV, "auto")
+    monkeypatch.setattr(kernel_select, "library_path", Unreadable)
+    assert kernel_select.why_not("ort", "float32", "cpu") == \
+        "library unreadable: Permission denied (/root/.cache/edgeprefill/k.so)"

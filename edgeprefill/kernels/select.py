@@ -50,7 +50,11 @@ def why_not(flavor: str, dtype: str, device: str) -> str | None:
         return f"device {device}"
     if flavor != "ort" or dtype != "float32":
         return f"needs an ort-flavour float32 bundle, this one is {flavor} {dtype}"
-    if not library_path().is_file():
+    try:
+        built = library_path().is_file()
+    except OSError as err:  # a cache folder this user may not enter
+        return f"library unreadable: {err.strerror} ({err.filename})"
+    if not built:
         return "library not built: python -m edgeprefill.kernels.build"
     return None
 

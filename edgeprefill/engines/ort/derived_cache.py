@@ -9,19 +9,20 @@ their pages.
 Where: `$EDGEPREFILL_DERIVED_CACHE` (an absolute folder), else
 `$XDG_CACHE_HOME/edgeprefill/derived` (or `~/.cache/...`); `EDGEPREFILL_DERIVED_CACHE=off`
 turns it off, any other value is refused in one line. One folder per bundle state:
-its key hashes the bundle's resolved path, the size and modification time of its weight
-files, and the source of the code that derives (an edit there, or a re-export, gives a new
-key; the new folder replaces the ones the same bundle left, and those of bundles that are
-gone). Each array is its own `.npy` file, written under a temporary name and renamed into
-place, so concurrent loads never read half a file. The cache is a speed-up only: a cache
-that cannot be read or written means the weights are derived as without it (a warning says
-why, once per load).
+its key hashes the bundle's resolved path, the size, modification time and recorded
+sha256 of its weight files, and the source of the code that derives (an edit there, or a
+re-export, gives a new key; the new folder replaces the ones the same bundle left, and
+those of bundles that are gone). Each array is its own `.npy` file, written under a
+temporary name and renamed into place, so concurrent loads never read half a file. The
+cache is a speed-up only: a cache that cannot be read or written means the weights are
+derived as without it (a warning says why, once per load).
 """
 
 from __future__ import annotations
 
 import functools
 import hashlib
+import json
 import logging
 import os
 import shutil
@@ -30,6 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
+from edgeprefill.bundle import MANIFEST_FILE
 from edgeprefill.cache_dir import user_cache_dir
 from edgeprefill.errors import BackendError
 
@@ -86,25 +88,30 @@ class DerivedCache:
             return None
         key = hashlib.sha256(code_digest().encode())
         key.update(str(bundle_dir.resolve()).encode())
+        recorded = _recorded_digests(bundle_dir)
         for name in sorted(set(weight_files)):
             try:
                 stat = (bundle_dir / name).stat()
             except OSError:
                 return None  # the session's load reports a missing weight file
-            key.update(f"\0{name}\0{stat.st_size}\0{stat.st_mtime_ns}".encode())
+            # The export's digest of the file too: a copy that keeps modification times
+            # (cp -a, rsync -a, tar) of another export the same size is another key.
+            key.update(f"\0{name}\0{stat.st_size}\0{stat.st_mtime_ns}"
+                       f"\0{recorded.get(name, '')}".encode())
         return cls(root / key.hexdigest()[:32], bundle_dir)
 
     def load(self, names: Sequence[str]) -> list[np.ndarray] | None:
         """The arrays under `names`, mapped read-only, or None when any is missing or
         unreadable."""
-        if not self.folder.is_dir():
-            return None  # nothing cached yet (or no folder can be: store says so)
         try:
+            if not self.folder.is_dir():
+                return None  # nothing cached yet (or no folder can be: store says so)
             return [np.load(self.folder / file_name(n), mmap_mode="r", allow_pickle=False)
                     for n in names]
         except FileNotFoundError:
             return None
-        except (OSError, ValueError) as err:  # truncated or foreign file: derive again
+        # A folder the user may not enter, a truncated, empty or foreign file: derive again.
+        except (OSError, ValueError, EOFError) as err:
             self._warn(f"cannot read it ({err})")
             return None
 
@@ -159,6 +166,16 @@ def describe(bundle_dir: Path, weight_files: Sequence[str]) -> str:
     size = sum(f.stat().st_size for f in files) / 1e6
     shown = f"{size:.0f}" if size >= 10 else f"{size:.2f}"  # a small model's: not "0 MB"
     return f"{cache.folder} ({len(files)} arrays, {shown} MB from an earlier load)"
+
+
+def _recorded_digests(bundle_dir: Path) -> dict[str, str]:
+    """The sha256 the manifest records for each file ({} where it cannot be read: the
+    load reports that)."""
+    try:
+        files = json.loads((bundle_dir / MANIFEST_FILE).read_text())["files"]
+        return {name: str(entry["sha256"]) for name, entry in files.items()}
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        return {}
 
 
 def _bundle_of(folder: Path) -> str | None:
