@@ -184,7 +184,8 @@ def check_manifest(manifest: Manifest) -> None:
     if manifest.graph.flavor not in GRAPH_FLAVORS:
         _malformed(f"graph.flavor must be one of {', '.join(GRAPH_FLAVORS)}, "
                    f"got {manifest.graph.flavor!r}")
-    if len(manifest.graph.kv_inputs) != model.num_layers or any(
+    if len(manifest.graph.kv_inputs) != model.num_layers or len(
+            manifest.graph.kv_outputs) != model.num_layers or any(
         len(pair) != 2 for pair in (*manifest.graph.kv_inputs, *manifest.graph.kv_outputs)
     ):
         _malformed("graph.kv_inputs/kv_outputs must hold one [key, value] pair per layer")

@@ -16,6 +16,8 @@ def load_json(path: Path, error: type[EdgeprefillError]) -> Any:
         return json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise error(f"{path} is not valid JSON: {err}") from None
+    except OSError as err:  # a file of another user's, kept private (umask 077, sudo)
+        raise error(f"cannot read {path}: {err.strerror or err}") from None
 
 
 def load_json_object(path: Path, error: type[EdgeprefillError]) -> dict[str, Any]:

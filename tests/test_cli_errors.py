@@ -213,6 +213,30 @@ def test_inspect_says_what_a_path_is_when_it_is_no_bundle(hf_copy, tmp_path):
                           f"edgeprefill export {hf_copy} -o BUNDLE")
 
 
+def test_a_manifest_with_fewer_kv_outputs_than_layers_is_one_line(bundle, tmp_path):
+    copy = tmp_path / "b"
+    shutil.copytree(bundle("llama"), copy)
+    manifest = json.loads((copy / "edgeprefill.json").read_text())
+    manifest["graph"]["kv_outputs"] = manifest["graph"]["kv_outputs"][:1]
+    (copy / "edgeprefill.json").write_text(json.dumps(manifest))
+    assert_one_line_error(cli("inspect", copy), "one [key, value] pair per layer")
+
+
+def test_a_chat_template_file_that_is_not_utf8_is_one_line(hf_copy, tmp_path):
+    (hf_copy / "chat_template.jinja").write_bytes(b"{{ messages }} \xf5\xff")
+    assert_one_line_error(cli("export", hf_copy, "-o", tmp_path / "out"),
+                          "chat_template.jinja is not UTF-8 text")
+
+
+def test_a_json_file_that_cannot_be_read_is_the_callers_error(tmp_path):
+    """A private file of another user's (umask 077, sudo export) had been a traceback."""
+    from edgeprefill.errors import BundleError
+    from edgeprefill.json_file import load_json
+
+    with pytest.raises(BundleError, match="cannot read"):
+        load_json(tmp_path, BundleError)  # a folder: read_text raises an OSError too
+
+
 def test_a_manifest_missing_a_field_names_it(bundle, tmp_path):
     copy = tmp_path / "b"
     shutil.copytree(bundle("llama"), copy)

@@ -31,7 +31,7 @@ from edgeprefill.export.quantize import QuantConfig
 from edgeprefill.export.staging import staged
 from edgeprefill.export.writer import write_external_data
 from edgeprefill.json_file import optional_json_object
-from edgeprefill.sdk.chat_template import check_export_template
+from edgeprefill.sdk.chat_template import check_export_template, template_source
 from edgeprefill.sdk.generation_defaults import check_export_generation_config
 
 GRAPH_FILE = "model.onnx"
@@ -152,7 +152,7 @@ def _manifest(
         graph=graph,
         tokenizer=TokenizerInfo(
             file="tokenizer.json",
-            chat_template=_chat_template(hf_dir, tok_config),
+            chat_template=template_source(hf_dir),
             bos_token=_token_text(tok_config.get("bos_token")),
             eos_token=_token_text(tok_config.get("eos_token")),
         ),
@@ -166,17 +166,6 @@ def _manifest(
     )
 
 
-
-
-def _chat_template(hf_dir: Path, tok_config: dict[str, Any]) -> str | None:
-    jinja = hf_dir / "chat_template.jinja"
-    if jinja.is_file():
-        return jinja.read_text()
-    template = tok_config.get("chat_template")
-    if isinstance(template, list):  # named templates: take the default one
-        named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
-        template = named.get("default") or next(iter(named.values()), None)
-    return template if isinstance(template, str) else None
 
 
 def _token_text(token: Any) -> str | None:

@@ -129,7 +129,11 @@ def template_source(folder: Path) -> str | None:
     `chat_template` (of named templates, the default one), as export records it."""
     jinja = folder / "chat_template.jinja"
     if jinja.is_file():
-        return jinja.read_text()
+        try:
+            return jinja.read_text(encoding="utf-8")
+        except UnicodeDecodeError as err:
+            raise BundleError(f"{jinja} is not UTF-8 text: {err.reason} at byte "
+                              f"{err.start}") from None
     config = optional_json_object(folder / "tokenizer_config.json", BundleError)
     template = config.get("chat_template")
     if isinstance(template, list):
