@@ -132,7 +132,9 @@ def test_core_latency_probe_measures_where_it_can_run() -> None:
         assert core_to_core_ns() is None
         return
     ns = core_to_core_ns(rounds=1)
-    assert ns is not None and 1.0 < ns < 10_000.0  # one-way latency of one cache line
+    # One cache line's one-way latency, tens to hundreds of ns; no tight upper bound: on a
+    # loaded host a descheduled vCPU made one round 11 us, and this is a test, not a timing.
+    assert ns is not None and 1.0 < ns < 1e9
     assert placement(ns).endswith("(far)" if ns > FAR_NS else "(near)")
     assert placement(None) == "core latency n/a"
 
