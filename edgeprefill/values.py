@@ -18,7 +18,10 @@ def is_int(value: object) -> TypeGuard[int]:
 
 def is_integral(value: object) -> bool:
     """An integer of any kind (numpy's too: token ids often come as arrays), not a bool."""
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+    # `type(...) is int` first: the ABC check costs ~1 us, and prompts of token ids are
+    # checked id by id (60,000 ids had taken 0.3 s of the server's event loop).
+    return type(value) is int or (isinstance(value, numbers.Integral)
+                                  and not isinstance(value, bool))
 
 
 def is_number(value: object) -> TypeGuard[int | float]:

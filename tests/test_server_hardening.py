@@ -369,3 +369,20 @@ def test_a_client_that_hangs_up_mid_body_is_a_quiet_499(server, caplog):
     assert any(line.startswith("POST /v1/completions 499") for line in lines), lines
     assert not any(" 500 " in line or "Traceback" in line or "Exception in ASGI" in line
                    for line in lines)
+
+
+def test_a_token_id_prompt_beyond_the_context_is_refused_before_its_ids_are_read(
+        http, engine, monkeypatch):
+    """The ids were checked one by one on the event loop before the length was: 60,000 of
+    them stalled every client for ~0.3 s a request. Now the length refuses it first."""
+    read = []
+    real = engine.tokenizer.encode
+    monkeypatch.setattr(engine.tokenizer, "encode", lambda p, **k: read.append(1) or real(p, **k))
+    ids = [5] * (engine.capacity + 1)
+    response = http.post("/v1/completions", json={"model": MODEL, "prompt": ids,
+                                                   "max_tokens": 1})
+    assert response.status_code == 400
+    assert response.json()["error"]["code"] == "context_length_exceeded" and not read
+    fitting = http.post("/v1/completions", json={"model": MODEL, "prompt": [5, 6, 7],
+                                                 "max_tokens": 1})
+    assert fitting.status_code == 200 and read  # a prompt that fits is checked

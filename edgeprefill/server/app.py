@@ -238,6 +238,8 @@ class OpenAIApi:
         """Token ids of the prompt (text and chat go through a prompt worker), or only
         their count when they cannot fit the context."""
         if not isinstance(req.prompt, str) and not _is_chat(req.prompt):
+            if len(req.prompt) > self.engine.capacity:
+                return len(req.prompt)  # refused for its length: no need to read each id
             try:
                 return self.engine.tokenizer.encode(req.prompt)  # ids: a cheap range check
             except RequestError as err:
