@@ -386,3 +386,30 @@ def test_a_token_id_prompt_beyond_the_context_is_refused_before_its_ids_are_read
     fitting = http.post("/v1/completions", json={"model": MODEL, "prompt": [5, 6, 7],
                                                  "max_tokens": 1})
     assert fitting.status_code == 200 and read  # a prompt that fits is checked
+
+
+def test_a_client_that_stops_reading_loses_its_stream_after_the_send_timeout(engine):
+    """Its writes had waited for ever: the stream held its place under --max-pending (every
+    other request a 429) and every event the engine produced. Once the connection's
+    buffers are full for --send-timeout, the connection is aborted and the place freed.
+    The full buffers are the transport's own signal, pause_writing, given here at once
+    (loopback's socket buffers would take megabytes of reply to fill)."""
+    config = ServerConfig(model_name=MODEL, max_pending=1)
+    timeouts = HttpTimeouts(header=5, keep_alive=5, graceful_shutdown=1.0, send=0.5)
+    body = json.dumps({"model": MODEL, "prompt": "w5 w6", "max_tokens": 100,
+                       "ignore_eos": True, "stream": True}).encode()
+    with ServerThread(create_app(engine, config), port=free_port(), timeouts=timeouts) as s:
+        stalled = connect(s)
+        stalled.sendall(post("/v1/completions", body, key=""))  # and never reads
+        while not s.server.server_state.connections:
+            time.sleep(0.01)
+        (protocol,) = s.server.server_state.connections
+        protocol.loop.call_soon_threadsafe(protocol.pause_writing)
+        deadline, statuses = time.monotonic() + 20, []
+        with httpx.Client(base_url=s.url, timeout=10) as client:
+            while time.monotonic() < deadline and statuses[-1:] != [200]:
+                statuses.append(client.post("/v1/completions", json={
+                    "model": MODEL, "prompt": "w5", "max_tokens": 1}).status_code)
+                time.sleep(0.1)
+        stalled.close()
+    assert statuses[0] == 429 and statuses[-1] == 200  # held, then freed

@@ -21,6 +21,11 @@ LIMIT_OPTIONS = (
     click.option("--keep-alive-timeout", type=click.FloatRange(min=0, min_open=True),
                  default=5.0, show_default=True,
                  help="Seconds an idle connection stays open between requests."),
+    click.option("--send-timeout", type=click.FloatRange(min=0, min_open=True),
+                 default=30.0, show_default=True,
+                 help="Seconds a client may leave its reply unread (the connection's "
+                      "buffers full); then the connection is closed and the request "
+                      "cancelled."),
     click.option("--shutdown-timeout", type=click.FloatRange(min=0, min_open=True),
                  default=5.0, show_default=True,
                  help="On SIGTERM or Ctrl-C, seconds running requests may finish in."),
@@ -34,7 +39,7 @@ LIMIT_OPTIONS = (
 )
 
 LIMIT_NAMES = ("max_body_mb", "header_timeout", "body_timeout", "keep_alive_timeout",
-               "shutdown_timeout", "prompt_timeout", "prompt_workers")
+               "send_timeout", "shutdown_timeout", "prompt_timeout", "prompt_workers")
 
 
 def limit_options(command):
@@ -62,5 +67,6 @@ def split_limits(options: dict[str, Any]) -> Limits:
     }
     timeouts = HttpTimeouts(header=values["header_timeout"],
                             keep_alive=values["keep_alive_timeout"],
-                            graceful_shutdown=values["shutdown_timeout"])
+                            graceful_shutdown=values["shutdown_timeout"],
+                            send=values["send_timeout"])
     return Limits(config, timeouts)

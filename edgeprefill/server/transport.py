@@ -3,8 +3,10 @@
 uvicorn closes idle keep-alive connections and can bound a graceful shutdown, but it has
 no limit on how long a client may take to send its request headers: a socket that
 connects and sends nothing, or half a header line, stays open for ever, before any API
-key is ever looked at. `GuardedH11Protocol` adds that limit. The body's limit is the
-app's (it answers 408 in the OpenAI error schema, see server/body.py).
+key is ever looked at. `GuardedH11Protocol` adds that limit, and one on a client that
+stops reading: a write then waits for it for ever, and a stream holds its place under
+--max-pending (and every event the engine goes on producing) until it does. The body's
+limit is the app's (it answers 408 in the OpenAI error schema, see server/body.py).
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from edgeprefill.errors import RequestError
 
+log = logging.getLogger("edgeprefill.server")
+
 
 @dataclass(frozen=True)
 class HttpTimeouts:
@@ -32,21 +36,25 @@ class HttpTimeouts:
     header: float = 10.0  # from connect (or the end of the last reply) to a whole header
     keep_alive: float = 5.0  # an idle connection between requests
     graceful_shutdown: float = 5.0  # SIGTERM / Ctrl-C: unfinished requests are cut after it
+    send: float = 30.0  # a reply the client leaves unread (the socket's buffers full)
 
     def __post_init__(self) -> None:
-        for name in ("header", "keep_alive", "graceful_shutdown"):
+        for name in ("header", "keep_alive", "graceful_shutdown", "send"):
             if not getattr(self, name) > 0:
                 raise RequestError(f"the {name.replace('_', ' ')} timeout must be positive, "
                                    f"got {getattr(self, name)}")
 
 
 class GuardedH11Protocol(H11Protocol):
-    """uvicorn's h11 protocol plus a header-read timeout."""
+    """uvicorn's h11 protocol plus a header-read timeout and a send timeout."""
 
-    def __init__(self, *args, header_timeout: float, **kwargs) -> None:
+    def __init__(self, *args, header_timeout: float, send_timeout: float = 30.0,
+                 **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.header_timeout = header_timeout
+        self.send_timeout = send_timeout
         self._header_timer: asyncio.TimerHandle | None = None
+        self._send_timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -58,9 +66,32 @@ class GuardedH11Protocol(H11Protocol):
             self._arm_header_timer()  # the next request's headers get the same limit
 
     def connection_lost(self, exc: Exception | None) -> None:
-        if self._header_timer is not None:
-            self._header_timer.cancel()
+        for timer in (self._header_timer, self._send_timer):
+            if timer is not None:
+                timer.cancel()
         super().connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        # The transport's buffer is past its high-water mark: the client reads nothing.
+        super().pause_writing()
+        if self._send_timer is None:
+            self._send_timer = self.loop.call_later(self.send_timeout, self._reader_stalled)
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        if self._send_timer is not None:
+            self._send_timer.cancel()
+            self._send_timer = None
+
+    def _reader_stalled(self) -> None:
+        self._send_timer = None
+        if self.transport.is_closing():
+            return
+        log.warning("a client left its reply unread for %.0f s (--send-timeout): its "
+                    "connection is closed and its request cancelled", self.send_timeout)
+        # abort(), not close(): close() would wait to flush what the client never reads.
+        # The app then hears the disconnect, cancels the stream and frees its place.
+        self.transport.abort()
 
     def _arm_header_timer(self) -> None:
         if self._header_timer is not None:
@@ -100,7 +131,8 @@ class GuardedLoop(asyncio.SelectorEventLoop):
 
 def uvicorn_config(app: ASGIApp, host: str, port: int, timeouts: HttpTimeouts,
                    log_level: str = "warning") -> uvicorn.Config:
-    protocol = functools.partial(GuardedH11Protocol, header_timeout=timeouts.header)
+    protocol = functools.partial(GuardedH11Protocol, header_timeout=timeouts.header,
+                                 send_timeout=timeouts.send)
     return uvicorn.Config(
         app, host=host, port=port, log_level=log_level, lifespan="on",
         loop=f"{__name__}:GuardedLoop",
