@@ -413,3 +413,18 @@ def test_a_client_that_stops_reading_loses_its_stream_after_the_send_timeout(eng
                 time.sleep(0.1)
         stalled.close()
     assert statuses[0] == 429 and statuses[-1] == 200  # held, then freed
+
+
+def test_an_internal_error_says_the_connection_closes(engine, monkeypatch):
+    """uvicorn closes the connection after an unhandled error's 500; without the header a
+    pooled client sent its next request down the closed socket (httpx: ReadError)."""
+    config = ServerConfig(model_name=MODEL)
+    app = create_app(engine, config)
+    monkeypatch.setattr(app.state.api.metrics, "render", lambda: 1 / 0)
+    with ServerThread(app, port=free_port(), timeouts=TIMEOUTS) as s:
+        with httpx.Client(base_url=s.url, timeout=10) as client:
+            response = client.get("/metrics")
+            assert response.status_code == 500
+            assert response.headers["connection"] == "close"
+            assert response.json()["error"]["type"] == "server_error"
+            assert client.get("/health").status_code == 200  # a new connection, no ReadError

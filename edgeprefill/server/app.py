@@ -349,4 +349,8 @@ async def _http_error(request: Request, exc: Exception) -> Response:
 
 
 async def _internal_error(request: Request, exc: Exception) -> Response:
-    return ApiError(500, f"internal error: {type(exc).__name__}: {exc}").response()
+    response = ApiError(500, f"internal error: {type(exc).__name__}: {exc}").response()
+    # Starlette raises the error again after this reply, and uvicorn then closes the
+    # connection: said here, a client does not send its next request down a dead socket.
+    response.headers["Connection"] = "close"
+    return response
