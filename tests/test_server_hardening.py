@@ -428,3 +428,31 @@ def test_an_internal_error_says_the_connection_closes(engine, monkeypatch):
             assert response.headers["connection"] == "close"
             assert response.json()["error"]["type"] == "server_error"
             assert client.get("/health").status_code == 200  # a new connection, no ReadError
+
+
+def test_a_stream_the_shutdown_cuts_ends_with_an_error_event_and_done(engine, monkeypatch):
+    """At the shutdown timeout uvicorn cancels the request: a stream had stopped mid-body,
+    a chunked reply without its last chunk (httpx: incomplete chunked read)."""
+    from tests.test_serve import slow_down
+
+    slow_down(monkeypatch, engine, 0.05)
+    events: list[str] = []
+    first = threading.Event()
+
+    def read(url: str) -> None:
+        with httpx.stream("POST", f"{url}/v1/completions", timeout=30, json={
+                "model": MODEL, "prompt": "w5", "max_tokens": 200, "ignore_eos": True,
+                "stream": True}) as response:
+            for line in response.iter_lines():
+                if line.startswith("data: "):
+                    events.append(line[6:])
+                    first.set()
+
+    config = ServerConfig(model_name=MODEL)
+    with ServerThread(create_app(engine, config), port=free_port(), timeouts=TIMEOUTS) as s:
+        reader = threading.Thread(target=read, args=(s.url,))
+        reader.start()
+        assert first.wait(30)
+    reader.join(30)
+    assert events[-1] == "[DONE]" and len(events) < 200
+    assert json.loads(events[-2])["error"]["code"] == "shutting_down"

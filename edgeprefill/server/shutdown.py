@@ -17,6 +17,7 @@ from types import FrameType
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from edgeprefill.server.errors import ApiError
+from edgeprefill.server.sse import sse
 
 
 class ShutdownCut:
@@ -27,23 +28,33 @@ class ShutdownCut:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        started = False
+        started = streaming = ended = False
 
         async def tracking_send(message: Message) -> None:
-            nonlocal started
-            started = started or message["type"] == "http.response.start"
+            nonlocal started, streaming, ended
+            if message["type"] == "http.response.start":
+                started = True
+                streaming = (b"content-type", b"text/event-stream") in [
+                    (k.lower(), v.split(b";")[0]) for k, v in message.get("headers", [])]
+            elif message["type"] == "http.response.body":
+                ended = not message.get("more_body", False)
             await send(message)
 
         try:
             await self.app(scope, receive, tracking_send)
         except asyncio.CancelledError:
             # The only canceller of a request task is uvicorn's shutdown timeout.
+            error = ApiError(503, "the server is shutting down; retry on another instance "
+                             "or after it restarts", code="shutting_down")
             if not started:
-                error = ApiError(503, "the server is shutting down; retry on another "
-                                 "instance or after it restarts", code="shutting_down")
                 response = error.response()
                 response.headers["Connection"] = "close"
                 await response(scope, receive, send)
+            elif streaming and not ended:
+                # An error event and [DONE], as a stream that fails mid-way ends: it had
+                # stopped mid-body, a chunked reply without its last chunk.
+                await send({"type": "http.response.body", "more_body": False,
+                            "body": sse(error.body()) + sse("[DONE]")})
 
 
 class Terminated(Exception):
