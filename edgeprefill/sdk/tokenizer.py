@@ -105,7 +105,7 @@ class BundleTokenizer:
 
 
 class TextStreamer:
-    """Incremental detokenization with stop strings, O(1) per generated character.
+    """Incremental detokenization with stop strings, amortized O(1) per character.
 
     Token-by-token decoding breaks characters whose bytes span tokens (byte-fallback and
     byte-level BPE: emoji, CJK) and word-piece spacing, so each token's text comes from a
