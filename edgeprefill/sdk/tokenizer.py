@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeGuard
 from edgeprefill.bundle import Manifest, resolve_inside
 from edgeprefill.errors import BundleError, RequestError
 from edgeprefill.sdk.chat_template import ChatTemplate, special_tokens
+from edgeprefill.sdk.stop_matcher import StopMatcher
 from edgeprefill.values import is_integral
 
 if TYPE_CHECKING:
@@ -104,32 +105,32 @@ class BundleTokenizer:
 
 
 class TextStreamer:
-    """Incremental detokenization with stop strings, O(1) per token.
+    """Incremental detokenization with stop strings, amortized O(1) per character.
 
     Token-by-token decoding breaks characters whose bytes span tokens (byte-fallback and
     byte-level BPE: emoji, CJK) and word-piece spacing, so each token's text comes from a
     stream decoder that waits for complete characters (`tokenizers`' DecodeStream, or a
     short window of ids for a tokenizer without one). Text that could still become a stop
-    string is held back until it cannot; only that held-back tail is searched, so a stop
-    string split across tokens is found without rescanning the reply.
+    string is held back until it cannot: exactly the longest suffix that is a proper
+    prefix of a stop string. A StopMatcher reads only the new text of each token, so a
+    stop string split across tokens is found without rescanning the reply, at a cost that
+    does not grow with the number or length of the stop strings.
+
+    Where several stop strings occur, the one that completes first wins (earliest end),
+    and among those ending at the same character the longest (earliest start); the text
+    ends where the winner begins.
     """
 
     def __init__(self, tokenizer: Decoder, stop: tuple[str, ...]) -> None:
         self.decoder = _stream_decoder(tokenizer)
         self.stop = stop
+        self.matcher = StopMatcher(stop) if stop else None
         self.held = ""  # decoded text not returned yet: it may begin a stop string
         self.stopped = False
 
     def push(self, token_id: int) -> str:
         """Add a token; returns the text now safe to show (maybe empty)."""
-        text = self.held + self.decoder.step(token_id)
-        cut = self._stop_at(text)
-        if cut is not None:
-            self.stopped, self.held = True, ""
-            return text[:cut]
-        keep = _held_back(text, self.stop)
-        self.held = text[len(text) - keep :]
-        return text[: len(text) - keep]
+        return self._release(self.decoder.step(token_id), at_end=False)
 
     def flush(self) -> str:
         """The rest of the text at the end of generation: what was held back, and the
@@ -137,16 +138,19 @@ class TextStreamer:
         all the ids gives)."""
         if self.stopped:
             return ""
-        text, self.held = self.held + self.decoder.finish(), ""
-        cut = self._stop_at(text)
-        if cut is not None:
-            self.stopped = True
-            return text[:cut]
-        return text
+        return self._release(self.decoder.finish(), at_end=True)
 
-    def _stop_at(self, text: str) -> int | None:
-        hits = [i for s in self.stop if (i := text.find(s)) >= 0]
-        return min(hits) if hits else None
+    def _release(self, new: str, at_end: bool) -> str:
+        if self.matcher is None:  # no stop strings: nothing to hold back
+            return new
+        text = self.held + new
+        start = self.matcher.feed(new)
+        if start is not None:
+            self.stopped, self.held = True, ""
+            return text[: len(text) - len(new) + start]
+        keep = 0 if at_end else self.matcher.held
+        self.held = text[len(text) - keep :]
+        return text[: len(text) - keep]
 
 
 def _messages(items: list[object]) -> TypeGuard[list[dict[str, Any]]]:
@@ -155,17 +159,6 @@ def _messages(items: list[object]) -> TypeGuard[list[dict[str, Any]]]:
 
 def _token_ids(items: list[object]) -> TypeGuard[list[int]]:
     return all(is_integral(t) for t in items)
-
-
-def _held_back(text: str, stop: tuple[str, ...]) -> int:
-    """Length of the longest suffix of text that is a proper prefix of a stop string."""
-    longest = 0
-    for s in stop:
-        for n in range(min(len(s) - 1, len(text)), longest, -1):
-            if text.endswith(s[:n]):
-                longest = n
-                break
-    return longest
 
 
 def _stream_decoder(tokenizer: Decoder) -> _DecodeStream | _WindowDecoder:
