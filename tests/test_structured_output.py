@@ -221,6 +221,9 @@ def test_each_unsupported_field_is_a_400_that_names_it(client, field, value):
     # beyond a float's range (had been 500s: OverflowError), digits that int() refuses
     {"temperature": 10**400}, {"frequency_penalty": -10**400}, {"logit_bias": {"5": 10**400}},
     {"logit_bias": {"\u00b2": 1}}, {"logit_bias": {"\u0661": 1}},
+    # the stop strings' automaton is built at submit: bounded (45,000 had stalled others)
+    {"stop": ["a"] * 257}, {"stop": ["ab" * 5000, "b"]},
+    {"ignore_eos": True, "guided_regex": "[a-z]+"},
 ])
 def test_bad_values_of_supported_fields_are_400s(client, extra):
     with pytest.raises(openai.BadRequestError) as err:

@@ -13,6 +13,10 @@ if TYPE_CHECKING:
     from edgeprefill.sdk.constraints import Constraint
 
 MAX_LOGPROBS = 20  # OpenAI's limit on top_logprobs
+# The stop strings' automaton (sdk/stop_matcher.py) is built at submit, ~200 bytes per
+# character: far past what stops a reply (OpenAI allows 4 strings), well short of a cost.
+MAX_STOP_STRINGS = 256
+MAX_STOP_CHARS = 10_000
 
 
 @dataclass(frozen=True)
@@ -59,7 +63,10 @@ class GenerationParams:
         _check(self.seed is None or is_int(self.seed) and self.seed >= 0,
                "seed must be an integer >= 0")
         _check(all(isinstance(s, str) and s for s in self.stop),
-               "stop strings must be non-empty strings")
+               "stop strings must be non-empty strings", "stop")
+        _check(len(self.stop) <= MAX_STOP_STRINGS and sum(map(len, self.stop)) <= MAX_STOP_CHARS,
+               f"at most {MAX_STOP_STRINGS} stop strings of {MAX_STOP_CHARS:,} characters in "
+               f"all, got {len(self.stop)} of {sum(map(len, self.stop)):,}", "stop")
         for name in ("ignore_eos", "fit_context"):  # "false" would be truthy
             _check(isinstance(getattr(self, name), bool), f"{name} must be true or false")
 
@@ -82,13 +89,13 @@ class GenerationParams:
             _check(isinstance(self.constraint, Constraint),
                    "constraint must be an edgeprefill.sdk.constraints.Constraint")
             _check(not self.ignore_eos, "ignore_eos cannot be combined with a constraint "
-                   "(the constraint decides where the output ends)")
+                   "(the constraint decides where the output ends)", "ignore_eos")
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0 or self.top_k == 1
 
 
-def _check(ok: bool, message: str) -> None:
+def _check(ok: bool, message: str, field: str | None = None) -> None:
     if not ok:
-        raise RequestError(message)
+        raise RequestError(message, field)

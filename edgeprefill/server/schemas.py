@@ -135,7 +135,7 @@ def _request(
             constraint=parse_constraint(body),
         )
     except RequestError as err:  # a check the fields above do not repeat
-        raise ApiError(400, str(err)) from None
+        raise ApiError(400, str(err), err.field) from None
     return CompletionRequest(
         model=_str(body, "model"),
         prompt=prompt,
