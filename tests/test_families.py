@@ -6,7 +6,6 @@ import numpy as np
 import pytest
 import torch
 import transformers
-from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from edgeprefill.errors import ExportError
 from edgeprefill.export.families import FAMILIES
@@ -32,22 +31,74 @@ ROPES = {
 }
 
 
-@pytest.mark.parametrize("partial", (1.0, 0.5))
+def model_rotary(family: str, raw: dict):
+    """The rotary embedding module of the family's transformers model built from `raw`."""
+    config = transformers.AutoConfig.for_model(family, **{k: v for k, v in raw.items()
+                                                          if k != "model_type"})
+    return transformers.AutoModelForCausalLM.from_config(config).model.rotary_emb
+
+
+def model_cos(rotary, context: int, family: str = "llama") -> np.ndarray:
+    """cos [context, rotary_dim / 2] of the model over positions 0..context-1 (a longrope
+    model picks its factors from that length, as it does from a sequence's)."""
+    with torch.no_grad():
+        cos, _ = rotary(torch.zeros(1), torch.arange(context)[None])
+    if FAMILIES[family].rope_interleaved:  # each frequency twice in a row (Cohere)
+        return cos[0, :, ::2].numpy()
+    return cos[0, :, : cos.shape[-1] // 2].numpy()
+
+
+# Llama's model rotates all of head_dim; StableLM's (as Phi's, Phi-3's, GPT-NeoX's) part.
+@pytest.mark.parametrize("family, partial", [("llama", 1.0), ("stablelm", 0.5)])
 @pytest.mark.parametrize("name", sorted(ROPES))
-def test_rope_frequencies_and_scale_equal_transformers(name, partial):
+def test_rope_tables_equal_the_transformers_models(name, family, partial):
     params = dict(ROPES[name], rope_theta=50000.0, partial_rotary_factor=partial)
     if name == "longrope" and partial < 1:
         params.update(short_factor=SHORT[:8], long_factor=LONG[:8])
-    raw = dict(BASE, head_dim=32, rope_parameters=params, partial_rotary_factor=partial)
-    hf = transformers.LlamaConfig(**{k: v for k, v in raw.items() if k != "model_type"})
+    raw = dict(BASE, model_type=family, num_attention_heads=2, num_key_value_heads=2,
+               rope_parameters=params)  # head_dim 32
+    rotary = model_rotary(family, raw)
     ours = ModelConfig.from_hf(raw)
-    init = ROPE_INIT_FUNCTIONS[params["rope_type"]]
-    for context, seq_len in ((1024, None), (4096, 4096)):  # longrope: short, then long factors
+    for context in (1024, 4096):  # longrope: the short factors, then the long ones
         rope = ours.for_context(context).ropes[GLOBAL]
-        expected, scale = init(hf, "cpu", seq_len=seq_len) if name != "dynamic" else \
-            init(hf, "cpu")
-        np.testing.assert_allclose(rope.inv_freq(), expected.numpy(), rtol=1e-6)
-        assert rope.cos_sin_scale() == pytest.approx(scale)
+        freqs = np.outer(np.arange(context, dtype=np.float32), rope.inv_freq())
+        np.testing.assert_allclose(np.cos(freqs) * np.float32(rope.cos_sin_scale()),
+                                   model_cos(rotary, context), atol=1e-4)
+
+
+@pytest.mark.parametrize("where", ("rope_parameters", "top level"))
+@pytest.mark.parametrize("family", ("llama", "mistral", "qwen2", "gemma", "cohere"))
+def test_a_partial_rotary_factor_rotates_all_of_head_dim_where_the_model_ignores_it(
+        family, where):
+    params = {"rope_type": "default", "rope_theta": 10000.0}
+    factor = {"partial_rotary_factor": 0.5}
+    raw = dict(BASE, model_type=family, head_dim=32,
+               **({"rope_parameters": {**params, **factor}} if where == "rope_parameters"
+                  else {"rope_parameters": params, **factor}))
+    rope = ModelConfig.from_hf(raw).for_context(1024).ropes[GLOBAL]
+    assert rope.rotary_dim == 32
+    freqs = np.outer(np.arange(1024, dtype=np.float32), rope.inv_freq())
+    np.testing.assert_allclose(np.cos(freqs), model_cos(model_rotary(family, raw), 1024,
+                                                          family), atol=1e-4)
+
+
+def test_a_partial_rotary_factor_the_model_ignores_leaves_the_logits_as_transformers(tmp_path):
+    from edgeprefill.export.exporter import ExportOptions, export
+    from edgeprefill.sdk import Engine
+
+    hf_dir = build_hf_model("llama", tmp_path / "hf", head_dim=32, rope_parameters={
+        "rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5})
+    export(hf_dir, tmp_path / "b", ExportOptions(chunks=(64,), max_context=128,
+                                                  show_progress=False))
+    ids = prompt_ids(40)
+    engine = Engine.load(tmp_path / "b", threads=2, background=False)
+    from edgeprefill.engines import StepBatch
+
+    logits = engine.backend.run(StepBatch(
+        np.array([ids]), np.array([0], np.int32), np.array([len(ids)], np.int32), 0))
+    engine.close()
+    np.testing.assert_allclose(logits[0], reference_logits(hf_dir, ids)[-1],
+                               rtol=1e-4, atol=1e-4)
 
 
 def test_longrope_beyond_the_original_window_uses_the_long_factors(tmp_path):
@@ -82,7 +133,7 @@ def test_longrope_beyond_the_original_window_uses_the_long_factors(tmp_path):
     ({"model_type": "stablelm", "qk_layernorm": True}, "per-head LayerNorm on q/k"),
     ({"model_type": "cohere", "use_qk_norm": True}, "per-head LayerNorm on q/k"),
     ({"model_type": "mistral", "sliding_window": 0}, "sliding_window must be at least 1"),
-    ({"partial_rotary_factor": 1.5, "head_dim": 16}, "rotary dimension 24 does not fit"),
+    ({"model_type": "phi3", "partial_rotary_factor": 1.5}, "rotary dimension 24 does not fit"),
     ({"rope_parameters": {"rope_type": "longrope", "short_factor": [1.0], "long_factor": [1.0],
                           "original_max_position_embeddings": 64}}, "longrope short_factor"),
 ])
@@ -97,7 +148,8 @@ def test_refused_configs_name_what_is_wrong_in_one_line(change, message):
 def test_ort_flavour_refuses_a_rotary_width_its_kernel_cannot_take():
     from edgeprefill.export.flavors import OrtFlavor
 
-    cfg = ModelConfig.from_hf(dict(BASE, head_dim=32, partial_rotary_factor=0.25))
+    cfg = ModelConfig.from_hf(dict(BASE, model_type="phi3", head_dim=32,
+                                   partial_rotary_factor=0.25))
     with pytest.raises(ExportError, match="rotary dimension to be a multiple of 16.*standard"):
         OrtFlavor(cfg, np.float32, 128)
 

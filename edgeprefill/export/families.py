@@ -69,6 +69,10 @@ class FamilySpec:
     embed_scale: str | None = None  # None, "sqrt_hidden" (Gemma) or "multiplier" (Granite)
     tie_default: bool = False
     act_default: str = "silu"
+    # Whether the family's model rotates part of each head (`partial_rotary_factor`, or
+    # GPT-NeoX's `rotary_pct`): Phi, Phi-3, StableLM and GPT-NeoX do; the others' default
+    # rope rotates all of head_dim, a factor in their config.json notwithstanding.
+    partial_rotary: bool = False
     # Whether the family's transformers model reads `sliding_window` at all: "never" (a
     # key some configs carry anyway, which the model ignores), "always", or "opt_in" (only
     # with `use_sliding_window: true`, as Qwen2/3 and SmolLM3 do).
@@ -181,7 +185,8 @@ FAMILIES: dict[str, FamilySpec] = {
     ),
     "phi3": FamilySpec(
         names=replace(LLAMA_NAMES, qkv="self_attn.qkv_proj", gate_up="mlp.gate_up_proj"),
-        window="always", defaults={"rms_norm_eps": 1e-5}, legacy=_phi3_longrope,
+        window="always", partial_rotary=True, defaults={"rms_norm_eps": 1e-5},
+        legacy=_phi3_longrope,
         quirks=("fused qkv and gate_up weights",),
     ),
     "smollm3": FamilySpec(**ATTENTION_BIAS, tie_default=True, window="opt_in",
@@ -196,13 +201,14 @@ FAMILIES: dict[str, FamilySpec] = {
     ),
     "phi": FamilySpec(
         names=PHI_NAMES, norm="layer", block="shared", gated_mlp=False, qkv_bias=True,
-        o_bias=True, mlp_bias=True, lm_head_bias=True, act_default="gelu_new",
+        o_bias=True, mlp_bias=True, lm_head_bias=True, act_default="gelu_new", partial_rotary=True,
         defaults={"layer_norm_eps": 1e-5, "partial_rotary_factor": 0.5},
         quirks=("LayerNorm with bias", "gelu MLP",
                 "LM head bias"),
     ),
     "stablelm": FamilySpec(
         norm="layer", bias_key="use_qkv_bias", block_from_config=_parallel_if_configured,
+        partial_rotary=True,
         defaults={"layer_norm_eps": 1e-5, "partial_rotary_factor": 0.25},
         quirks=("LayerNorm with bias",),
     ),
@@ -216,7 +222,7 @@ FAMILIES: dict[str, FamilySpec] = {
     "gpt_neox": FamilySpec(
         names=NEOX_NAMES, norm="layer", block="parallel", gated_mlp=False,
         qkv_interleaved=True, bias_key="attention_bias", qkv_bias=True, o_bias=None,
-        mlp_bias=True, act_default="gelu", legacy=_neox_rotary_base,
+        mlp_bias=True, act_default="gelu", partial_rotary=True, legacy=_neox_rotary_base,
         defaults={"layer_norm_eps": 1e-5, "rotary_pct": 0.25},
         block_from_config=lambda raw: "parallel" if raw.get("use_parallel_residual", True)
         else "pre",

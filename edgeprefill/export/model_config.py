@@ -170,7 +170,7 @@ def _read(family: str, spec: FamilySpec, raw: dict[str, Any]) -> ModelConfig:
         o_bias=biased if spec.o_bias is None else spec.o_bias,
         activation=_activation(raw, spec),
         block=spec.block_from_config(raw) if spec.block_from_config else spec.block,
-        ropes=_ropes(raw, _rotary_dim(raw, head_dim)),
+        ropes=_ropes(raw, _rotary_dim(raw, spec, head_dim)),
         layers=_layers(raw, spec),
         attn_scale=_attn_scale(raw, head_dim),
         attn_softcap=_optional_float(raw.get("attn_logit_softcapping"))
@@ -206,10 +206,14 @@ def _activation(raw: dict[str, Any], spec: FamilySpec) -> str:
     return ACTIVATIONS[name]
 
 
-def _rotary_dim(raw: dict[str, Any], head_dim: int) -> int:
-    params = raw.get("rope_parameters") or {}
-    factor = params.get("partial_rotary_factor", raw.get("partial_rotary_factor",
-                                                         raw.get("rotary_pct", 1.0)))
+def _rotary_dim(raw: dict[str, Any], spec: FamilySpec, head_dim: int) -> int:
+    factor = 1.0
+    # Elsewhere the factor is a key the model ignores (its default rope uses head_dim; the
+    # other rope types' init would read it and then fail to fit the head in transformers).
+    if spec.partial_rotary:
+        params = raw.get("rope_parameters") or {}
+        factor = params.get("partial_rotary_factor", raw.get("partial_rotary_factor",
+                                                             raw.get("rotary_pct", 1.0)))
     rotary_dim = int(head_dim * float(factor))
     if rotary_dim % 2:
         what = "head_dim" if rotary_dim == head_dim else "head_dim x partial_rotary_factor"
