@@ -262,6 +262,24 @@ def test_a_sliding_window_key_slides_only_where_the_family_reads_it(family):
         assert ours == expected, (extra, types)
 
 
+ACTIVATION_FUNCTIONS = {"silu": torch.nn.functional.silu, "gelu": torch.nn.functional.gelu,
+                        "gelu_tanh": lambda x: torch.nn.functional.gelu(x, approximate="tanh")}
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_the_activation_is_read_from_the_key_the_model_reads(family):
+    # Gemma 1 (as the others) reads hidden_act, Gemma 2/3 hidden_activation; configs
+    # converted between them carry both names.
+    keys = {"hidden_act": "silu", "hidden_activation": "gelu"}
+    ours = ModelConfig.from_hf({"model_type": family, **MINIMAL, **keys}).activation
+    mlp = transformers.AutoModelForCausalLM.from_config(hf_config(family, pad_token_id=0, **keys)) \
+        .base_model.layers[0].mlp
+    act = next(getattr(mlp, name) for name in ("act_fn", "activation_fn", "act")
+               if hasattr(mlp, name))
+    x = torch.linspace(-4, 4, 101)
+    torch.testing.assert_close(ACTIVATION_FUNCTIONS[ours](x), act(x))
+
+
 def test_legacy_values_read_as_transformers_rewrites_them():
     gemma = ModelConfig.from_hf({"model_type": "gemma", **MINIMAL, "hidden_act": "gelu"})
     assert gemma.activation == "gelu_tanh"

@@ -69,6 +69,9 @@ class FamilySpec:
     embed_scale: str | None = None  # None, "sqrt_hidden" (Gemma) or "multiplier" (Granite)
     tie_default: bool = False
     act_default: str = "silu"
+    # The key the family's MLP takes its activation from; the other name is ignored there
+    # (Gemma 1 reads `hidden_act`, Gemma 2/3 `hidden_activation`, and configs carry both).
+    act_key: str = "hidden_act"
     # Whether the family's model rotates part of each head (`partial_rotary_factor`, or
     # GPT-NeoX's `rotary_pct`): Phi, Phi-3, StableLM and GPT-NeoX do; the others' default
     # rope rotates all of head_dim, a factor in their config.json notwithstanding.
@@ -171,14 +174,14 @@ FAMILIES: dict[str, FamilySpec] = {
     "gemma": GEMMA,
     "gemma2": replace(
         GEMMA, block="sandwich", window="always", sliding=lambda i, raw: i % 2 == 0,
-        softcaps=("attn", "final"), legacy=None,
+        softcaps=("attn", "final"), legacy=None, act_key="hidden_activation",
         defaults={"head_dim": 256, "query_pre_attn_scalar": 256,
                   "attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0},
         quirks=(*GEMMA.quirks, *SANDWICH, "attention and final-logit soft-capping"),
     ),
     "gemma3_text": replace(
         GEMMA, block="sandwich", qk_norm="head", window="always", sliding=_every_nth_global,
-        softcaps=("final",), legacy=None,
+        softcaps=("final",), legacy=None, act_key="hidden_activation",
         defaults={"head_dim": 256, "query_pre_attn_scalar": 256, "rope_theta": 1_000_000.0,
                   "rope_local_base_freq": 10000.0},
         quirks=(*GEMMA.quirks, *SANDWICH, "per-head q/k (1+w) RMSNorm"),

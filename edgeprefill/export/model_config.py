@@ -197,8 +197,7 @@ def _refuse_unsupported(family: str, raw: dict[str, Any]) -> None:
 
 
 def _activation(raw: dict[str, Any], spec: FamilySpec) -> str:
-    # Gemma configs carry `hidden_activation` beside a legacy `hidden_act`; it wins.
-    name = raw.get("hidden_activation") or raw.get("hidden_act") or spec.act_default
+    name = raw.get(spec.act_key) or spec.act_default
     if name not in ACTIVATIONS:
         raise ExportError(
             f"activation {name!r} is not supported; supported: {', '.join(ACTIVATIONS)}"
