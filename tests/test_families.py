@@ -33,8 +33,8 @@ ROPES = {
 
 def model_rotary(family: str, raw: dict):
     """The rotary embedding module of the family's transformers model built from `raw`."""
-    config = transformers.AutoConfig.for_model(family, **{k: v for k, v in raw.items()
-                                                          if k != "model_type"})
+    keys = {k: v for k, v in raw.items() if k != "model_type"}
+    config = transformers.AutoConfig.for_model(family, **{"pad_token_id": 0, **keys})
     return transformers.AutoModelForCausalLM.from_config(config).model.rotary_emb
 
 
@@ -234,12 +234,27 @@ def test_keys_a_config_leaves_out_take_transformers_defaults(family):
         "partial_rotary_factor", 1.0)
     assert ours.ropes[GLOBAL].rotary_dim == int(head_dim * partial)
     assert ours.final_softcap == getattr(hf, "final_logit_softcapping", None)
+    assert ours.max_positions == hf.max_position_embeddings
     if family == "gemma2":
         assert ours.attn_softcap == hf.attn_logit_softcapping
     if family == "cohere":
         assert ours.logits_multiplier == hf.logit_scale
     if family == "granite":
         assert ours.attn_scale == hf.attention_multiplier
+
+
+@pytest.mark.parametrize("keys", ({}, {"max_position_embeddings": 8192}))
+def test_a_phi3_longrope_without_its_windows_takes_phi3s_defaults(keys):
+    # Phi3Config: max_position_embeddings 4096 and a top-level original window of 4096 when
+    # config.json has none, which wins over the rope dict's.
+    rope = {"rope_type": "longrope", "short_factor": [1.0] * 8, "long_factor": [2.0] * 8,
+            "original_max_position_embeddings": 64}
+    raw = {"model_type": "phi3", **MINIMAL, **keys, "rope_parameters": rope}
+    ours = ModelConfig.from_hf(raw).ropes[GLOBAL]
+    hf = hf_config("phi3", **keys, rope_parameters=dict(rope))
+    assert (ours.max_positions, ours.original_max_positions) == (
+        hf.max_position_embeddings, hf.rope_parameters["original_max_position_embeddings"])
+    assert ours.cos_sin_scale() == pytest.approx(model_rotary("phi3", raw).attention_scaling)
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))

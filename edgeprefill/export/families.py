@@ -150,7 +150,8 @@ def _parallel_if_configured(raw: dict[str, Any]) -> str:
 ATTENTION_BIAS: dict[str, Any] = {"bias_key": "attention_bias", "o_bias": None}
 GEMMA = FamilySpec(
     **ATTENTION_BIAS, norm="rms_plus_one", embed_scale="sqrt_hidden", tie_default=True,
-    act_default="gelu_pytorch_tanh", defaults={"head_dim": 256}, legacy=_gemma_tanh_gelu,
+    act_default="gelu_pytorch_tanh", legacy=_gemma_tanh_gelu,
+    defaults={"head_dim": 256, "max_position_embeddings": 8192},
     quirks=("embedding x sqrt(hidden)", "(1+w) RMSNorm", "gelu-tanh MLP"),
 )
 SANDWICH = ("norms before and after attention and MLP", "query_pre_attn_scalar")
@@ -165,35 +166,42 @@ PHI_NAMES = TensorNames(final_norm="model.final_layernorm", o="self_attn.dense",
 
 FAMILIES: dict[str, FamilySpec] = {
     "llama": FamilySpec(**ATTENTION_BIAS),
-    "mistral": FamilySpec(window="always"),
+    "mistral": FamilySpec(window="always", defaults={"max_position_embeddings": 131072}),
     "qwen2": FamilySpec(qkv_bias=True, window="opt_in", sliding=_after_max_window_layers,
+                        defaults={"max_position_embeddings": 32768},
                         quirks=("q/k/v biases",)),
     "qwen3": FamilySpec(**ATTENTION_BIAS, qk_norm="head", window="opt_in",
-                        sliding=_after_max_window_layers, defaults={"head_dim": 128},
+                        sliding=_after_max_window_layers,
+                        defaults={"head_dim": 128, "max_position_embeddings": 32768},
                         quirks=("per-head q/k RMSNorm",)),
     "gemma": GEMMA,
     "gemma2": replace(
         GEMMA, block="sandwich", window="always", sliding=lambda i, raw: i % 2 == 0,
         softcaps=("attn", "final"), legacy=None, act_key="hidden_activation",
-        defaults={"head_dim": 256, "query_pre_attn_scalar": 256,
+        defaults={"head_dim": 256, "max_position_embeddings": 8192, "query_pre_attn_scalar": 256,
                   "attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0},
         quirks=(*GEMMA.quirks, *SANDWICH, "attention and final-logit soft-capping"),
     ),
     "gemma3_text": replace(
         GEMMA, block="sandwich", qk_norm="head", window="always", sliding=_every_nth_global,
         softcaps=("final",), legacy=None, act_key="hidden_activation",
-        defaults={"head_dim": 256, "query_pre_attn_scalar": 256, "rope_theta": 1_000_000.0,
+        defaults={"head_dim": 256, "max_position_embeddings": 131072,
+                  "query_pre_attn_scalar": 256, "rope_theta": 1_000_000.0,
                   "rope_local_base_freq": 10000.0},
         quirks=(*GEMMA.quirks, *SANDWICH, "per-head q/k (1+w) RMSNorm"),
     ),
     "phi3": FamilySpec(
         names=replace(LLAMA_NAMES, qkv="self_attn.qkv_proj", gate_up="mlp.gate_up_proj"),
-        window="always", partial_rotary=True, defaults={"rms_norm_eps": 1e-5},
-        legacy=_phi3_longrope,
+        window="always", partial_rotary=True, legacy=_phi3_longrope,
+        # Phi3Config always has a top-level original_max_position_embeddings (4096 unless
+        # given), and it wins over the rope dict's (see rope_from_params).
+        defaults={"rms_norm_eps": 1e-5, "max_position_embeddings": 4096,
+                  "original_max_position_embeddings": 4096},
         quirks=("fused qkv and gate_up weights",),
     ),
     "smollm3": FamilySpec(**ATTENTION_BIAS, tie_default=True, window="opt_in",
-                          sliding=_nope_layers, defaults={"rope_theta": 2_000_000.0}),
+                          sliding=_nope_layers,
+                          defaults={"rope_theta": 2_000_000.0, "max_position_embeddings": 32768}),
     "granite": FamilySpec(
         **ATTENTION_BIAS, embed_scale="multiplier", defaults={"attention_multiplier": 1.0},
         quirks=("embedding, attention and residual multipliers", "logits scaling"),
@@ -212,13 +220,15 @@ FAMILIES: dict[str, FamilySpec] = {
     "stablelm": FamilySpec(
         norm="layer", bias_key="use_qkv_bias", block_from_config=_parallel_if_configured,
         partial_rotary=True,
-        defaults={"layer_norm_eps": 1e-5, "partial_rotary_factor": 0.25},
+        defaults={"layer_norm_eps": 1e-5, "partial_rotary_factor": 0.25,
+                  "max_position_embeddings": 4096},
         quirks=("LayerNorm with bias",),
     ),
     "cohere": FamilySpec(
         **ATTENTION_BIAS, norm="layer_no_bias", block="shared", tie_default=True,
         rope_interleaved=True,
-        defaults={"layer_norm_eps": 1e-5, "logit_scale": 0.0625, "rope_theta": 500000.0},
+        defaults={"layer_norm_eps": 1e-5, "logit_scale": 0.0625, "rope_theta": 500000.0,
+                  "max_position_embeddings": 8192},
         quirks=("LayerNorm without bias",
                 "interleaved rotary", "logit scale"),
     ),

@@ -164,6 +164,7 @@ def _read(family: str, spec: FamilySpec, raw: dict[str, Any]) -> ModelConfig:
         vocab_size=int(raw["vocab_size"]),
         norm_eps=float(_first_present(raw, ("rms_norm_eps", "layer_norm_eps",
                                             "layer_norm_epsilon"), 1e-6)),
+        # Llama's default; families whose config class has another set it in their defaults
         max_positions=int(raw.get("max_position_embeddings", 2048)),
         tie_embeddings=bool(raw.get("tie_word_embeddings", spec.tie_default)),
         qkv_bias=biased,
