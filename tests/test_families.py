@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -82,23 +84,31 @@ def test_a_partial_rotary_factor_rotates_all_of_head_dim_where_the_model_ignores
                                                           family), atol=1e-4)
 
 
-def test_a_partial_rotary_factor_the_model_ignores_leaves_the_logits_as_transformers(tmp_path):
-    from edgeprefill.export.exporter import ExportOptions, export
+def last_logits(bundle_dir, ids: list[int]) -> np.ndarray:
+    """The bundle's logits at the last of `ids`, prefilled in one chunk."""
+    from edgeprefill.engines import StepBatch
     from edgeprefill.sdk import Engine
 
-    hf_dir = build_hf_model("llama", tmp_path / "hf", head_dim=32, rope_parameters={
-        "rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5})
-    export(hf_dir, tmp_path / "b", ExportOptions(chunks=(64,), max_context=128,
-                                                  show_progress=False))
-    ids = prompt_ids(40)
-    engine = Engine.load(tmp_path / "b", threads=2, background=False)
-    from edgeprefill.engines import StepBatch
-
+    engine = Engine.load(bundle_dir, threads=2, background=False)
     logits = engine.backend.run(StepBatch(
         np.array([ids]), np.array([0], np.int32), np.array([len(ids)], np.int32), 0))
     engine.close()
-    np.testing.assert_allclose(logits[0], reference_logits(hf_dir, ids)[-1],
-                               rtol=1e-4, atol=1e-4)
+    return logits[0]
+
+
+def export_small(hf_dir, out):
+    from edgeprefill.export.exporter import ExportOptions, export
+
+    export(hf_dir, out, ExportOptions(chunks=(64,), max_context=128, show_progress=False))
+    return out
+
+
+def test_a_partial_rotary_factor_the_model_ignores_leaves_the_logits_as_transformers(tmp_path):
+    hf_dir = build_hf_model("llama", tmp_path / "hf", head_dim=32, rope_parameters={
+        "rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5})
+    ids = prompt_ids(40)
+    np.testing.assert_allclose(last_logits(export_small(hf_dir, tmp_path / "b"), ids),
+                               reference_logits(hf_dir, ids)[-1], rtol=1e-4, atol=1e-4)
 
 
 def test_longrope_beyond_the_original_window_uses_the_long_factors(tmp_path):
@@ -177,8 +187,6 @@ def test_inspect_names_the_family_and_its_quirks(bundle):
 
 
 def test_unknown_family_is_one_line_from_the_cli(tmp_path):
-    import json
-
     from tests.test_cli_errors import cli
 
     hf_dir = tmp_path / "hf"
@@ -191,8 +199,6 @@ def test_unknown_family_is_one_line_from_the_cli(tmp_path):
 
 
 def test_a_checkpoint_that_disagrees_with_its_config_is_refused_in_one_line(tmp_path):
-    import json
-
     from edgeprefill.export.exporter import ExportOptions, export
 
     hf_dir = build_hf_model("llama", tmp_path / "hf")
@@ -293,6 +299,36 @@ def test_the_activation_is_read_from_the_key_the_model_reads(family):
                if hasattr(mlp, name))
     x = torch.linspace(-4, 4, 101)
     torch.testing.assert_close(ACTIVATION_FUNCTIONS[ours](x), act(x))
+
+
+def weight_shapes(family: str, **keys) -> dict[str, tuple[int, ...]]:
+    config = hf_config(family, pad_token_id=0, **keys)
+    model = transformers.AutoModelForCausalLM.from_config(config)
+    return {name: tuple(p.shape) for name, p in model.state_dict().items()}
+
+
+@pytest.mark.parametrize("key", ("mlp_bias", "qk_layernorm", "use_qk_norm"))
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_a_switch_is_refused_only_where_the_model_reads_it(family, key):
+    # Each switch adds weights where the family's model reads it (MLP biases, q/k norms);
+    # configs copied from another family carry it where the model ignores it (a Qwen2
+    # config with mlp_bias: true), and such a config exports as without the key.
+    raw = {"model_type": family, **MINIMAL}
+    if weight_shapes(family, **{key: True}) != weight_shapes(family):
+        with pytest.raises(ExportError, match=f"{family}: .*{key}"):
+            ModelConfig.from_hf({**raw, key: True})
+    else:
+        assert ModelConfig.from_hf({**raw, key: True}) == ModelConfig.from_hf(raw)
+
+
+def test_gpt_neox_ignores_num_key_value_heads(tmp_path):
+    # GPTNeoXAttention's fused projection is always 3 x hidden: no grouped KV heads.
+    hf_dir = build_hf_model("gpt_neox", tmp_path / "hf", hidden_size=128,
+                            num_attention_heads=4, num_key_value_heads=2)  # head_dim 32
+    assert json.loads((hf_dir / "config.json").read_text())["num_key_value_heads"] == 2
+    ids = prompt_ids(40)
+    np.testing.assert_allclose(last_logits(export_small(hf_dir, tmp_path / "b"), ids),
+                               reference_logits(hf_dir, ids)[-1], rtol=1e-4, atol=1e-4)
 
 
 def test_legacy_values_read_as_transformers_rewrites_them():

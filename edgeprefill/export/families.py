@@ -90,12 +90,20 @@ class FamilySpec:
     # legacy values: a hand-written or old config reads as transformers reads it.
     defaults: Mapping[str, Any] = field(default_factory=dict)
     legacy: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+    # Switches the family's model reads that export does not support: a true value is
+    # refused. Other families' models ignore these keys (configs copied from one family to
+    # another carry them: a Qwen2 config with mlp_bias), and so does export.
+    unsupported: tuple[str, ...] = ()
+    # Keys the family's model ignores although the reader would use them (GPT-NeoX has no
+    # grouped KV heads whatever num_key_value_heads says): dropped before reading.
+    ignores: tuple[str, ...] = ()
     # The soft-caps the family's model applies ("attn", "final"): others keep a key
     # their model ignores (Gemma 3 stores attn_logit_softcapping and never uses it).
     softcaps: tuple[str, ...] = ()
 
     def read(self, raw: dict[str, Any]) -> dict[str, Any]:
         """config.json as the family's transformers config class reads it."""
+        raw = {k: v for k, v in raw.items() if k not in self.ignores}
         raw = {**self.defaults, **raw}  # only absent keys: a null is the config's own
         return self.legacy(raw) if self.legacy is not None else raw
 
@@ -165,7 +173,7 @@ PHI_NAMES = TensorNames(final_norm="model.final_layernorm", o="self_attn.dense",
                         gate="", up="mlp.fc1", down="mlp.fc2")
 
 FAMILIES: dict[str, FamilySpec] = {
-    "llama": FamilySpec(**ATTENTION_BIAS),
+    "llama": FamilySpec(**ATTENTION_BIAS, unsupported=("mlp_bias",)),
     "mistral": FamilySpec(window="always", defaults={"max_position_embeddings": 131072}),
     "qwen2": FamilySpec(qkv_bias=True, window="opt_in", sliding=_after_max_window_layers,
                         defaults={"max_position_embeddings": 32768},
@@ -200,10 +208,11 @@ FAMILIES: dict[str, FamilySpec] = {
         quirks=("fused qkv and gate_up weights",),
     ),
     "smollm3": FamilySpec(**ATTENTION_BIAS, tie_default=True, window="opt_in",
-                          sliding=_nope_layers,
+                          sliding=_nope_layers, unsupported=("mlp_bias",),
                           defaults={"rope_theta": 2_000_000.0, "max_position_embeddings": 32768}),
     "granite": FamilySpec(
-        **ATTENTION_BIAS, embed_scale="multiplier", defaults={"attention_multiplier": 1.0},
+        **ATTENTION_BIAS, embed_scale="multiplier", unsupported=("mlp_bias",),
+        defaults={"attention_multiplier": 1.0},
         quirks=("embedding, attention and residual multipliers", "logits scaling"),
     ),
     "olmo2": FamilySpec(
@@ -213,20 +222,21 @@ FAMILIES: dict[str, FamilySpec] = {
     "phi": FamilySpec(
         names=PHI_NAMES, norm="layer", block="shared", gated_mlp=False, qkv_bias=True,
         o_bias=True, mlp_bias=True, lm_head_bias=True, act_default="gelu_new", partial_rotary=True,
+        unsupported=("qk_layernorm",),
         defaults={"layer_norm_eps": 1e-5, "partial_rotary_factor": 0.5},
         quirks=("LayerNorm with bias", "gelu MLP",
                 "LM head bias"),
     ),
     "stablelm": FamilySpec(
         norm="layer", bias_key="use_qkv_bias", block_from_config=_parallel_if_configured,
-        partial_rotary=True,
+        partial_rotary=True, unsupported=("qk_layernorm",),
         defaults={"layer_norm_eps": 1e-5, "partial_rotary_factor": 0.25,
                   "max_position_embeddings": 4096},
         quirks=("LayerNorm with bias",),
     ),
     "cohere": FamilySpec(
         **ATTENTION_BIAS, norm="layer_no_bias", block="shared", tie_default=True,
-        rope_interleaved=True,
+        rope_interleaved=True, unsupported=("use_qk_norm",),
         defaults={"layer_norm_eps": 1e-5, "logit_scale": 0.0625, "rope_theta": 500000.0,
                   "max_position_embeddings": 8192},
         quirks=("LayerNorm without bias",
@@ -236,6 +246,7 @@ FAMILIES: dict[str, FamilySpec] = {
         names=NEOX_NAMES, norm="layer", block="parallel", gated_mlp=False,
         qkv_interleaved=True, bias_key="attention_bias", qkv_bias=True, o_bias=None,
         mlp_bias=True, act_default="gelu", partial_rotary=True, legacy=_neox_rotary_base,
+        ignores=("num_key_value_heads",),  # its fused qkv is always 3 x hidden
         defaults={"layer_norm_eps": 1e-5, "rotary_pct": 0.25},
         block_from_config=lambda raw: "parallel" if raw.get("use_parallel_residual", True)
         else "pre",

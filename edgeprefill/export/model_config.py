@@ -148,7 +148,7 @@ class ModelConfig:
 
 
 def _read(family: str, spec: FamilySpec, raw: dict[str, Any]) -> ModelConfig:
-    _refuse_unsupported(family, raw)
+    _refuse_unsupported(family, spec, raw)
     heads = int(raw["num_attention_heads"])
     hidden = int(raw["hidden_size"])
     head_dim = int(raw.get("head_dim") or hidden // max(heads, 1))  # 0 heads: refused
@@ -187,12 +187,20 @@ def _read(family: str, spec: FamilySpec, raw: dict[str, Any]) -> ModelConfig:
     )
 
 
-def _refuse_unsupported(family: str, raw: dict[str, Any]) -> None:
-    if raw.get("mlp_bias"):
-        raise ExportError(f"{family}: mlp_bias=true is not supported")
-    if raw.get("qk_layernorm") or raw.get("use_qk_norm"):
-        raise ExportError(f"{family}: per-head LayerNorm on q/k (qk_layernorm / use_qk_norm) "
-                          "is not supported")
+# A FamilySpec.unsupported switch -> what a true value asks for.
+UNSUPPORTED = {
+    "mlp_bias": "mlp_bias=true is not supported",
+    "qk_layernorm": "per-head LayerNorm on q/k (qk_layernorm) is not supported",
+    "use_qk_norm": "per-head LayerNorm on q/k (use_qk_norm) is not supported",
+}
+
+
+def _refuse_unsupported(family: str, spec: FamilySpec, raw: dict[str, Any]) -> None:
+    for key in spec.unsupported:
+        if raw.get(key):
+            raise ExportError(f"{family}: {UNSUPPORTED[key]}")
+    # Refused in every family: a checkpoint trained without the causal mask is no causal
+    # LM, even where the family's transformers model ignores the key.
     if raw.get("use_bidirectional_attention"):
         raise ExportError(f"{family}: use_bidirectional_attention=true is not a causal LM")
 
