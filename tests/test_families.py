@@ -11,7 +11,7 @@ import transformers
 
 from edgeprefill.errors import ExportError
 from edgeprefill.export.families import FAMILIES
-from edgeprefill.export.model_config import GLOBAL, ModelConfig
+from edgeprefill.export.model_config import GLOBAL, LOCAL, ModelConfig
 from tests.conftest import build_hf_model
 from tests.test_exactness import prompt_ids, reference_logits
 
@@ -40,11 +40,12 @@ def model_rotary(family: str, raw: dict):
     return transformers.AutoModelForCausalLM.from_config(config).model.rotary_emb
 
 
-def model_cos(rotary, context: int, family: str = "llama") -> np.ndarray:
+def model_cos(rotary, context: int, family: str = "llama", *layer_type: str) -> np.ndarray:
     """cos [context, rotary_dim / 2] of the model over positions 0..context-1 (a longrope
-    model picks its factors from that length, as it does from a sequence's)."""
+    model picks its factors from that length, as it does from a sequence's); Gemma 3's
+    rotary takes the layer type."""
     with torch.no_grad():
-        cos, _ = rotary(torch.zeros(1), torch.arange(context)[None])
+        cos, _ = rotary(torch.zeros(1), torch.arange(context)[None], *layer_type)
     if FAMILIES[family].rope_interleaved:  # each frequency twice in a row (Cohere)
         return cos[0, :, ::2].numpy()
     return cos[0, :, : cos.shape[-1] // 2].numpy()
@@ -329,6 +330,27 @@ def test_gpt_neox_ignores_num_key_value_heads(tmp_path):
     ids = prompt_ids(40)
     np.testing.assert_allclose(last_logits(export_small(hf_dir, tmp_path / "b"), ids),
                                reference_logits(hf_dir, ids)[-1], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("rope_parameters", [
+    {"full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 1e6}},
+    {"full_attention": {"rope_type": "linear", "factor": 4.0},
+     "sliding_attention": {"rope_type": "default"}},
+    {"sliding_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 5000.0}},
+], ids=("no sliding entry", "sliding entry without theta", "no full entry"))
+def test_gemma3_local_and_global_ropes_are_the_models(rope_parameters):
+    raw = {"model_type": "gemma3_text", **MINIMAL, "head_dim": 16, "sliding_window": 8,
+           "sliding_window_pattern": 4,  # layers 0-2 slide, layer 3 is global
+           "rope_parameters": rope_parameters}
+    ours = ModelConfig.from_hf(raw)
+    assert [layer.rope for layer in ours.layers] == [LOCAL, LOCAL, LOCAL, GLOBAL]
+    rotary = model_rotary("gemma3_text", raw)
+    for name, layer_type in ((GLOBAL, "full_attention"), (LOCAL, "sliding_attention")):
+        rope = ours.ropes[name]
+        freqs = np.outer(np.arange(256, dtype=np.float32), rope.inv_freq())
+        np.testing.assert_allclose(np.cos(freqs) * np.float32(rope.cos_sin_scale()),
+                                   model_cos(rotary, 256, "gemma3_text", layer_type),
+                                   atol=1e-4, err_msg=layer_type)
 
 
 def test_legacy_values_read_as_transformers_rewrites_them():

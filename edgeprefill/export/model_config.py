@@ -234,13 +234,19 @@ def _ropes(raw: dict[str, Any], rotary_dim: int) -> dict[str, RopeConfig]:
     # layers have their own base (Gemma 3); older versions write `rope_theta` plus an
     # optional `rope_scaling` (for the global layers) and `rope_local_base_freq`.
     params = raw.get("rope_parameters") or raw.get("rope_scaling") or {}
-    if "full_attention" in params:
-        global_params = params["full_attention"] or {}
-        local_params = params.get("sliding_attention") or global_params
+    if "full_attention" in params or "sliding_attention" in params:
+        global_params = params.get("full_attention") or {}
+        local_params = params.get("sliding_attention") or {}
     else:
-        global_params = params
-        local_base = raw.get("rope_local_base_freq")
-        local_params = {"rope_theta": local_base} if local_base is not None else global_params
+        global_params, local_params = params, {}
+    # Where the config gives local layers a base of their own (Gemma 3), they never take
+    # the global rope: as Gemma3TextConfig fills them in, a missing sliding_attention entry
+    # is a default rope on rope_local_base_freq, and an entry without rope_theta has it.
+    local_base = raw.get("rope_local_base_freq")
+    if local_base is not None:
+        local_params = {"rope_theta": local_base, **local_params}
+    elif not local_params:
+        local_params = global_params
     return {GLOBAL: rope_from_params(global_params, raw, rotary_dim),
             LOCAL: rope_from_params(local_params, raw, rotary_dim)}
 
