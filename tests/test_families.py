@@ -250,6 +250,24 @@ def test_keys_a_config_leaves_out_take_transformers_defaults(family):
         assert ours.attn_scale == hf.attention_multiplier
 
 
+@pytest.mark.parametrize("family, keys", [
+    ("mistral", {}), ("gemma2", {}), ("gemma3_text", {}),
+    ("qwen2", {"use_sliding_window": True, "max_window_layers": 2}),
+    ("qwen3", {"use_sliding_window": True, "max_window_layers": 2}),
+])
+def test_a_config_without_sliding_window_slides_as_its_config_class(family, keys):
+    # Their config classes' sliding_window is 4096 when config.json has none (a null stays
+    # null: no window).
+    ours = ModelConfig.from_hf({"model_type": family, **MINIMAL, **keys})
+    hf = hf_config(family, **keys)
+    types = getattr(hf, "layer_types", None) or ["sliding_attention"] * 4  # Mistral: all
+    assert [layer.window for layer in ours.layers] == [
+        hf.sliding_window if kind == "sliding_attention" else None for kind in types]
+    # Gemma 3's sliding layers use its local rope whatever the window.
+    assert [layer.rope for layer in ours.layers] == [
+        LOCAL if kind == "sliding_attention" else GLOBAL for kind in types]
+
+
 @pytest.mark.parametrize("keys", ({}, {"max_position_embeddings": 8192}))
 def test_a_phi3_longrope_without_its_windows_takes_phi3s_defaults(keys):
     # Phi3Config: max_position_embeddings 4096 and a top-level original window of 4096 when
