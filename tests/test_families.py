@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
 import transformers
-from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from edgeprefill.errors import ExportError
 from edgeprefill.export.families import FAMILIES
-from edgeprefill.export.model_config import GLOBAL, ModelConfig
+from edgeprefill.export.model_config import GLOBAL, LOCAL, ModelConfig
 from tests.conftest import build_hf_model
 from tests.test_exactness import prompt_ids, reference_logits
 
@@ -32,22 +33,83 @@ ROPES = {
 }
 
 
-@pytest.mark.parametrize("partial", (1.0, 0.5))
+def model_rotary(family: str, raw: dict):
+    """The rotary embedding module of the family's transformers model built from `raw`."""
+    keys = {k: v for k, v in raw.items() if k != "model_type"}
+    config = transformers.AutoConfig.for_model(family, **{"pad_token_id": 0, **keys})
+    return transformers.AutoModelForCausalLM.from_config(config).model.rotary_emb
+
+
+def model_cos(rotary, context: int, family: str = "llama", *layer_type: str) -> np.ndarray:
+    """cos [context, rotary_dim / 2] of the model over positions 0..context-1 (a longrope
+    model picks its factors from that length, as it does from a sequence's); Gemma 3's
+    rotary takes the layer type."""
+    with torch.no_grad():
+        cos, _ = rotary(torch.zeros(1), torch.arange(context)[None], *layer_type)
+    if FAMILIES[family].rope_interleaved:  # each frequency twice in a row (Cohere)
+        return cos[0, :, ::2].numpy()
+    return cos[0, :, : cos.shape[-1] // 2].numpy()
+
+
+# Llama's model rotates all of head_dim; StableLM's (as Phi's, Phi-3's, GPT-NeoX's) part.
+@pytest.mark.parametrize("family, partial", [("llama", 1.0), ("stablelm", 0.5)])
 @pytest.mark.parametrize("name", sorted(ROPES))
-def test_rope_frequencies_and_scale_equal_transformers(name, partial):
+def test_rope_tables_equal_the_transformers_models(name, family, partial):
     params = dict(ROPES[name], rope_theta=50000.0, partial_rotary_factor=partial)
     if name == "longrope" and partial < 1:
         params.update(short_factor=SHORT[:8], long_factor=LONG[:8])
-    raw = dict(BASE, head_dim=32, rope_parameters=params, partial_rotary_factor=partial)
-    hf = transformers.LlamaConfig(**{k: v for k, v in raw.items() if k != "model_type"})
+    raw = dict(BASE, model_type=family, num_attention_heads=2, num_key_value_heads=2,
+               rope_parameters=params)  # head_dim 32
+    rotary = model_rotary(family, raw)
     ours = ModelConfig.from_hf(raw)
-    init = ROPE_INIT_FUNCTIONS[params["rope_type"]]
-    for context, seq_len in ((1024, None), (4096, 4096)):  # longrope: short, then long factors
+    for context in (1024, 4096):  # longrope: the short factors, then the long ones
         rope = ours.for_context(context).ropes[GLOBAL]
-        expected, scale = init(hf, "cpu", seq_len=seq_len) if name != "dynamic" else \
-            init(hf, "cpu")
-        np.testing.assert_allclose(rope.inv_freq(), expected.numpy(), rtol=1e-6)
-        assert rope.cos_sin_scale() == pytest.approx(scale)
+        freqs = np.outer(np.arange(context, dtype=np.float32), rope.inv_freq())
+        np.testing.assert_allclose(np.cos(freqs) * np.float32(rope.cos_sin_scale()),
+                                   model_cos(rotary, context), atol=1e-4)
+
+
+@pytest.mark.parametrize("where", ("rope_parameters", "top level"))
+@pytest.mark.parametrize("family", ("llama", "mistral", "qwen2", "gemma", "cohere"))
+def test_a_partial_rotary_factor_rotates_all_of_head_dim_where_the_model_ignores_it(
+        family, where):
+    params = {"rope_type": "default", "rope_theta": 10000.0}
+    factor = {"partial_rotary_factor": 0.5}
+    raw = dict(BASE, model_type=family, head_dim=32,
+               **({"rope_parameters": {**params, **factor}} if where == "rope_parameters"
+                  else {"rope_parameters": params, **factor}))
+    rope = ModelConfig.from_hf(raw).for_context(1024).ropes[GLOBAL]
+    assert rope.rotary_dim == 32
+    freqs = np.outer(np.arange(1024, dtype=np.float32), rope.inv_freq())
+    np.testing.assert_allclose(np.cos(freqs), model_cos(model_rotary(family, raw), 1024,
+                                                          family), atol=1e-4)
+
+
+def last_logits(bundle_dir, ids: list[int]) -> np.ndarray:
+    """The bundle's logits at the last of `ids`, prefilled in one chunk."""
+    from edgeprefill.engines import StepBatch
+    from edgeprefill.sdk import Engine
+
+    engine = Engine.load(bundle_dir, threads=2, background=False)
+    logits = engine.backend.run(StepBatch(
+        np.array([ids]), np.array([0], np.int32), np.array([len(ids)], np.int32), 0))
+    engine.close()
+    return logits[0]
+
+
+def export_small(hf_dir, out):
+    from edgeprefill.export.exporter import ExportOptions, export
+
+    export(hf_dir, out, ExportOptions(chunks=(64,), max_context=128, show_progress=False))
+    return out
+
+
+def test_a_partial_rotary_factor_the_model_ignores_leaves_the_logits_as_transformers(tmp_path):
+    hf_dir = build_hf_model("llama", tmp_path / "hf", head_dim=32, rope_parameters={
+        "rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5})
+    ids = prompt_ids(40)
+    np.testing.assert_allclose(last_logits(export_small(hf_dir, tmp_path / "b"), ids),
+                               reference_logits(hf_dir, ids)[-1], rtol=1e-4, atol=1e-4)
 
 
 def test_longrope_beyond_the_original_window_uses_the_long_factors(tmp_path):
@@ -82,7 +144,7 @@ def test_longrope_beyond_the_original_window_uses_the_long_factors(tmp_path):
     ({"model_type": "stablelm", "qk_layernorm": True}, "per-head LayerNorm on q/k"),
     ({"model_type": "cohere", "use_qk_norm": True}, "per-head LayerNorm on q/k"),
     ({"model_type": "mistral", "sliding_window": 0}, "sliding_window must be at least 1"),
-    ({"partial_rotary_factor": 1.5, "head_dim": 16}, "rotary dimension 24 does not fit"),
+    ({"model_type": "phi3", "partial_rotary_factor": 1.5}, "rotary dimension 24 does not fit"),
     ({"rope_parameters": {"rope_type": "longrope", "short_factor": [1.0], "long_factor": [1.0],
                           "original_max_position_embeddings": 64}}, "longrope short_factor"),
 ])
@@ -97,7 +159,8 @@ def test_refused_configs_name_what_is_wrong_in_one_line(change, message):
 def test_ort_flavour_refuses_a_rotary_width_its_kernel_cannot_take():
     from edgeprefill.export.flavors import OrtFlavor
 
-    cfg = ModelConfig.from_hf(dict(BASE, head_dim=32, partial_rotary_factor=0.25))
+    cfg = ModelConfig.from_hf(dict(BASE, model_type="phi3", head_dim=32,
+                                   partial_rotary_factor=0.25))
     with pytest.raises(ExportError, match="rotary dimension to be a multiple of 16.*standard"):
         OrtFlavor(cfg, np.float32, 128)
 
@@ -125,8 +188,6 @@ def test_inspect_names_the_family_and_its_quirks(bundle):
 
 
 def test_unknown_family_is_one_line_from_the_cli(tmp_path):
-    import json
-
     from tests.test_cli_errors import cli
 
     hf_dir = tmp_path / "hf"
@@ -139,8 +200,6 @@ def test_unknown_family_is_one_line_from_the_cli(tmp_path):
 
 
 def test_a_checkpoint_that_disagrees_with_its_config_is_refused_in_one_line(tmp_path):
-    import json
-
     from edgeprefill.export.exporter import ExportOptions, export
 
     hf_dir = build_hf_model("llama", tmp_path / "hf")
@@ -182,12 +241,45 @@ def test_keys_a_config_leaves_out_take_transformers_defaults(family):
         "partial_rotary_factor", 1.0)
     assert ours.ropes[GLOBAL].rotary_dim == int(head_dim * partial)
     assert ours.final_softcap == getattr(hf, "final_logit_softcapping", None)
+    assert ours.max_positions == hf.max_position_embeddings
     if family == "gemma2":
         assert ours.attn_softcap == hf.attn_logit_softcapping
     if family == "cohere":
         assert ours.logits_multiplier == hf.logit_scale
     if family == "granite":
         assert ours.attn_scale == hf.attention_multiplier
+
+
+@pytest.mark.parametrize("family, keys", [
+    ("mistral", {}), ("gemma2", {}), ("gemma3_text", {}),
+    ("qwen2", {"use_sliding_window": True, "max_window_layers": 2}),
+    ("qwen3", {"use_sliding_window": True, "max_window_layers": 2}),
+])
+def test_a_config_without_sliding_window_slides_as_its_config_class(family, keys):
+    # Their config classes' sliding_window is 4096 when config.json has none (a null stays
+    # null: no window).
+    ours = ModelConfig.from_hf({"model_type": family, **MINIMAL, **keys})
+    hf = hf_config(family, **keys)
+    types = getattr(hf, "layer_types", None) or ["sliding_attention"] * 4  # Mistral: all
+    assert [layer.window for layer in ours.layers] == [
+        hf.sliding_window if kind == "sliding_attention" else None for kind in types]
+    # Gemma 3's sliding layers use its local rope whatever the window.
+    assert [layer.rope for layer in ours.layers] == [
+        LOCAL if kind == "sliding_attention" else GLOBAL for kind in types]
+
+
+@pytest.mark.parametrize("keys", ({}, {"max_position_embeddings": 8192}))
+def test_a_phi3_longrope_without_its_windows_takes_phi3s_defaults(keys):
+    # Phi3Config: max_position_embeddings 4096 and a top-level original window of 4096 when
+    # config.json has none, which wins over the rope dict's.
+    rope = {"rope_type": "longrope", "short_factor": [1.0] * 8, "long_factor": [2.0] * 8,
+            "original_max_position_embeddings": 64}
+    raw = {"model_type": "phi3", **MINIMAL, **keys, "rope_parameters": rope}
+    ours = ModelConfig.from_hf(raw).ropes[GLOBAL]
+    hf = hf_config("phi3", **keys, rope_parameters=dict(rope))
+    assert (ours.max_positions, ours.original_max_positions) == (
+        hf.max_position_embeddings, hf.rope_parameters["original_max_position_embeddings"])
+    assert ours.cos_sin_scale() == pytest.approx(model_rotary("phi3", raw).attention_scaling)
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
@@ -208,6 +300,75 @@ def test_a_sliding_window_key_slides_only_where_the_family_reads_it(family):
         else:  # Mistral, Phi-3: every layer
             expected = [window] * 4
         assert ours == expected, (extra, types)
+
+
+ACTIVATION_FUNCTIONS = {"silu": torch.nn.functional.silu, "gelu": torch.nn.functional.gelu,
+                        "gelu_tanh": lambda x: torch.nn.functional.gelu(x, approximate="tanh")}
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_the_activation_is_read_from_the_key_the_model_reads(family):
+    # Gemma 1 (as the others) reads hidden_act, Gemma 2/3 hidden_activation; configs
+    # converted between them carry both names.
+    keys = {"hidden_act": "silu", "hidden_activation": "gelu"}
+    ours = ModelConfig.from_hf({"model_type": family, **MINIMAL, **keys}).activation
+    mlp = transformers.AutoModelForCausalLM.from_config(hf_config(family, pad_token_id=0, **keys)) \
+        .base_model.layers[0].mlp
+    act = next(getattr(mlp, name) for name in ("act_fn", "activation_fn", "act")
+               if hasattr(mlp, name))
+    x = torch.linspace(-4, 4, 101)
+    torch.testing.assert_close(ACTIVATION_FUNCTIONS[ours](x), act(x))
+
+
+def weight_shapes(family: str, **keys) -> dict[str, tuple[int, ...]]:
+    config = hf_config(family, pad_token_id=0, **keys)
+    model = transformers.AutoModelForCausalLM.from_config(config)
+    return {name: tuple(p.shape) for name, p in model.state_dict().items()}
+
+
+@pytest.mark.parametrize("key", ("mlp_bias", "qk_layernorm", "use_qk_norm"))
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_a_switch_is_refused_only_where_the_model_reads_it(family, key):
+    # Each switch adds weights where the family's model reads it (MLP biases, q/k norms);
+    # configs copied from another family carry it where the model ignores it (a Qwen2
+    # config with mlp_bias: true), and such a config exports as without the key.
+    raw = {"model_type": family, **MINIMAL}
+    if weight_shapes(family, **{key: True}) != weight_shapes(family):
+        with pytest.raises(ExportError, match=f"{family}: .*{key}"):
+            ModelConfig.from_hf({**raw, key: True})
+    else:
+        assert ModelConfig.from_hf({**raw, key: True}) == ModelConfig.from_hf(raw)
+
+
+def test_gpt_neox_ignores_num_key_value_heads(tmp_path):
+    # GPTNeoXAttention's fused projection is always 3 x hidden: no grouped KV heads.
+    hf_dir = build_hf_model("gpt_neox", tmp_path / "hf", hidden_size=128,
+                            num_attention_heads=4, num_key_value_heads=2)  # head_dim 32
+    assert json.loads((hf_dir / "config.json").read_text())["num_key_value_heads"] == 2
+    ids = prompt_ids(40)
+    np.testing.assert_allclose(last_logits(export_small(hf_dir, tmp_path / "b"), ids),
+                               reference_logits(hf_dir, ids)[-1], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("rope_parameters", [
+    {"full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 1e6}},
+    {"full_attention": {"rope_type": "linear", "factor": 4.0},
+     "sliding_attention": {"rope_type": "default"}},
+    {"sliding_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 5000.0}},
+], ids=("no sliding entry", "sliding entry without theta", "no full entry"))
+def test_gemma3_local_and_global_ropes_are_the_models(rope_parameters):
+    raw = {"model_type": "gemma3_text", **MINIMAL, "head_dim": 16, "sliding_window": 8,
+           "sliding_window_pattern": 4,  # layers 0-2 slide, layer 3 is global
+           "rope_parameters": rope_parameters}
+    ours = ModelConfig.from_hf(raw)
+    assert [layer.rope for layer in ours.layers] == [LOCAL, LOCAL, LOCAL, GLOBAL]
+    rotary = model_rotary("gemma3_text", raw)
+    for name, layer_type in ((GLOBAL, "full_attention"), (LOCAL, "sliding_attention")):
+        rope = ours.ropes[name]
+        freqs = np.outer(np.arange(256, dtype=np.float32), rope.inv_freq())
+        np.testing.assert_allclose(np.cos(freqs) * np.float32(rope.cos_sin_scale()),
+                                   model_cos(rotary, 256, "gemma3_text", layer_type),
+                                   atol=1e-4, err_msg=layer_type)
 
 
 def test_legacy_values_read_as_transformers_rewrites_them():

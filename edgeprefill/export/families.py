@@ -69,6 +69,13 @@ class FamilySpec:
     embed_scale: str | None = None  # None, "sqrt_hidden" (Gemma) or "multiplier" (Granite)
     tie_default: bool = False
     act_default: str = "silu"
+    # The key the family's MLP takes its activation from; the other name is ignored there
+    # (Gemma 1 reads `hidden_act`, Gemma 2/3 `hidden_activation`, and configs carry both).
+    act_key: str = "hidden_act"
+    # Whether the family's model rotates part of each head (`partial_rotary_factor`, or
+    # GPT-NeoX's `rotary_pct`): Phi, Phi-3, StableLM and GPT-NeoX do; the others' default
+    # rope rotates all of head_dim, a factor in their config.json notwithstanding.
+    partial_rotary: bool = False
     # Whether the family's transformers model reads `sliding_window` at all: "never" (a
     # key some configs carry anyway, which the model ignores), "always", or "opt_in" (only
     # with `use_sliding_window: true`, as Qwen2/3 and SmolLM3 do).
@@ -83,12 +90,20 @@ class FamilySpec:
     # legacy values: a hand-written or old config reads as transformers reads it.
     defaults: Mapping[str, Any] = field(default_factory=dict)
     legacy: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+    # Switches the family's model reads that export does not support: a true value is
+    # refused. Other families' models ignore these keys (configs copied from one family to
+    # another carry them: a Qwen2 config with mlp_bias), and so does export.
+    unsupported: tuple[str, ...] = ()
+    # Keys the family's model ignores although the reader would use them (GPT-NeoX has no
+    # grouped KV heads whatever num_key_value_heads says): dropped before reading.
+    ignores: tuple[str, ...] = ()
     # The soft-caps the family's model applies ("attn", "final"): others keep a key
     # their model ignores (Gemma 3 stores attn_logit_softcapping and never uses it).
     softcaps: tuple[str, ...] = ()
 
     def read(self, raw: dict[str, Any]) -> dict[str, Any]:
         """config.json as the family's transformers config class reads it."""
+        raw = {k: v for k, v in raw.items() if k not in self.ignores}
         raw = {**self.defaults, **raw}  # only absent keys: a null is the config's own
         return self.legacy(raw) if self.legacy is not None else raw
 
@@ -143,7 +158,8 @@ def _parallel_if_configured(raw: dict[str, Any]) -> str:
 ATTENTION_BIAS: dict[str, Any] = {"bias_key": "attention_bias", "o_bias": None}
 GEMMA = FamilySpec(
     **ATTENTION_BIAS, norm="rms_plus_one", embed_scale="sqrt_hidden", tie_default=True,
-    act_default="gelu_pytorch_tanh", defaults={"head_dim": 256}, legacy=_gemma_tanh_gelu,
+    act_default="gelu_pytorch_tanh", legacy=_gemma_tanh_gelu,
+    defaults={"head_dim": 256, "max_position_embeddings": 8192},
     quirks=("embedding x sqrt(hidden)", "(1+w) RMSNorm", "gelu-tanh MLP"),
 )
 SANDWICH = ("norms before and after attention and MLP", "query_pre_attn_scalar")
@@ -157,37 +173,49 @@ PHI_NAMES = TensorNames(final_norm="model.final_layernorm", o="self_attn.dense",
                         gate="", up="mlp.fc1", down="mlp.fc2")
 
 FAMILIES: dict[str, FamilySpec] = {
-    "llama": FamilySpec(**ATTENTION_BIAS),
-    "mistral": FamilySpec(window="always"),
+    "llama": FamilySpec(**ATTENTION_BIAS, unsupported=("mlp_bias",)),
+    "mistral": FamilySpec(window="always", defaults={"max_position_embeddings": 131072,
+                                                     "sliding_window": 4096}),
     "qwen2": FamilySpec(qkv_bias=True, window="opt_in", sliding=_after_max_window_layers,
+                        defaults={"max_position_embeddings": 32768, "sliding_window": 4096},
                         quirks=("q/k/v biases",)),
     "qwen3": FamilySpec(**ATTENTION_BIAS, qk_norm="head", window="opt_in",
-                        sliding=_after_max_window_layers, defaults={"head_dim": 128},
+                        sliding=_after_max_window_layers,
+                        defaults={"head_dim": 128, "max_position_embeddings": 32768,
+                                  "sliding_window": 4096},
                         quirks=("per-head q/k RMSNorm",)),
     "gemma": GEMMA,
     "gemma2": replace(
         GEMMA, block="sandwich", window="always", sliding=lambda i, raw: i % 2 == 0,
-        softcaps=("attn", "final"), legacy=None,
-        defaults={"head_dim": 256, "query_pre_attn_scalar": 256,
+        softcaps=("attn", "final"), legacy=None, act_key="hidden_activation",
+        defaults={"head_dim": 256, "max_position_embeddings": 8192, "sliding_window": 4096,
+                  "query_pre_attn_scalar": 256,
                   "attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0},
         quirks=(*GEMMA.quirks, *SANDWICH, "attention and final-logit soft-capping"),
     ),
     "gemma3_text": replace(
         GEMMA, block="sandwich", qk_norm="head", window="always", sliding=_every_nth_global,
-        softcaps=("final",), legacy=None,
-        defaults={"head_dim": 256, "query_pre_attn_scalar": 256, "rope_theta": 1_000_000.0,
+        softcaps=("final",), legacy=None, act_key="hidden_activation",
+        defaults={"head_dim": 256, "max_position_embeddings": 131072, "sliding_window": 4096,
+                  "query_pre_attn_scalar": 256, "rope_theta": 1_000_000.0,
                   "rope_local_base_freq": 10000.0},
         quirks=(*GEMMA.quirks, *SANDWICH, "per-head q/k (1+w) RMSNorm"),
     ),
     "phi3": FamilySpec(
         names=replace(LLAMA_NAMES, qkv="self_attn.qkv_proj", gate_up="mlp.gate_up_proj"),
-        window="always", defaults={"rms_norm_eps": 1e-5}, legacy=_phi3_longrope,
+        window="always", partial_rotary=True, legacy=_phi3_longrope,
+        # Phi3Config always has a top-level original_max_position_embeddings (4096 unless
+        # given), and it wins over the rope dict's (see rope_from_params).
+        defaults={"rms_norm_eps": 1e-5, "max_position_embeddings": 4096,
+                  "original_max_position_embeddings": 4096},
         quirks=("fused qkv and gate_up weights",),
     ),
     "smollm3": FamilySpec(**ATTENTION_BIAS, tie_default=True, window="opt_in",
-                          sliding=_nope_layers, defaults={"rope_theta": 2_000_000.0}),
+                          sliding=_nope_layers, unsupported=("mlp_bias",),
+                          defaults={"rope_theta": 2_000_000.0, "max_position_embeddings": 32768}),
     "granite": FamilySpec(
-        **ATTENTION_BIAS, embed_scale="multiplier", defaults={"attention_multiplier": 1.0},
+        **ATTENTION_BIAS, embed_scale="multiplier", unsupported=("mlp_bias",),
+        defaults={"attention_multiplier": 1.0},
         quirks=("embedding, attention and residual multipliers", "logits scaling"),
     ),
     "olmo2": FamilySpec(
@@ -196,27 +224,32 @@ FAMILIES: dict[str, FamilySpec] = {
     ),
     "phi": FamilySpec(
         names=PHI_NAMES, norm="layer", block="shared", gated_mlp=False, qkv_bias=True,
-        o_bias=True, mlp_bias=True, lm_head_bias=True, act_default="gelu_new",
+        o_bias=True, mlp_bias=True, lm_head_bias=True, act_default="gelu_new", partial_rotary=True,
+        unsupported=("qk_layernorm",),
         defaults={"layer_norm_eps": 1e-5, "partial_rotary_factor": 0.5},
         quirks=("LayerNorm with bias", "gelu MLP",
                 "LM head bias"),
     ),
     "stablelm": FamilySpec(
         norm="layer", bias_key="use_qkv_bias", block_from_config=_parallel_if_configured,
-        defaults={"layer_norm_eps": 1e-5, "partial_rotary_factor": 0.25},
+        partial_rotary=True, unsupported=("qk_layernorm",),
+        defaults={"layer_norm_eps": 1e-5, "partial_rotary_factor": 0.25,
+                  "max_position_embeddings": 4096},
         quirks=("LayerNorm with bias",),
     ),
     "cohere": FamilySpec(
         **ATTENTION_BIAS, norm="layer_no_bias", block="shared", tie_default=True,
-        rope_interleaved=True,
-        defaults={"layer_norm_eps": 1e-5, "logit_scale": 0.0625, "rope_theta": 500000.0},
+        rope_interleaved=True, unsupported=("use_qk_norm",),
+        defaults={"layer_norm_eps": 1e-5, "logit_scale": 0.0625, "rope_theta": 500000.0,
+                  "max_position_embeddings": 8192},
         quirks=("LayerNorm without bias",
                 "interleaved rotary", "logit scale"),
     ),
     "gpt_neox": FamilySpec(
         names=NEOX_NAMES, norm="layer", block="parallel", gated_mlp=False,
         qkv_interleaved=True, bias_key="attention_bias", qkv_bias=True, o_bias=None,
-        mlp_bias=True, act_default="gelu", legacy=_neox_rotary_base,
+        mlp_bias=True, act_default="gelu", partial_rotary=True, legacy=_neox_rotary_base,
+        ignores=("num_key_value_heads",),  # its fused qkv is always 3 x hidden
         defaults={"layer_norm_eps": 1e-5, "rotary_pct": 0.25},
         block_from_config=lambda raw: "parallel" if raw.get("use_parallel_residual", True)
         else "pre",

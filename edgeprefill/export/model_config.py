@@ -148,7 +148,7 @@ class ModelConfig:
 
 
 def _read(family: str, spec: FamilySpec, raw: dict[str, Any]) -> ModelConfig:
-    _refuse_unsupported(family, raw)
+    _refuse_unsupported(family, spec, raw)
     heads = int(raw["num_attention_heads"])
     hidden = int(raw["hidden_size"])
     head_dim = int(raw.get("head_dim") or hidden // max(heads, 1))  # 0 heads: refused
@@ -164,13 +164,14 @@ def _read(family: str, spec: FamilySpec, raw: dict[str, Any]) -> ModelConfig:
         vocab_size=int(raw["vocab_size"]),
         norm_eps=float(_first_present(raw, ("rms_norm_eps", "layer_norm_eps",
                                             "layer_norm_epsilon"), 1e-6)),
+        # Llama's default; families whose config class has another set it in their defaults
         max_positions=int(raw.get("max_position_embeddings", 2048)),
         tie_embeddings=bool(raw.get("tie_word_embeddings", spec.tie_default)),
         qkv_bias=biased,
         o_bias=biased if spec.o_bias is None else spec.o_bias,
         activation=_activation(raw, spec),
         block=spec.block_from_config(raw) if spec.block_from_config else spec.block,
-        ropes=_ropes(raw, _rotary_dim(raw, head_dim)),
+        ropes=_ropes(raw, _rotary_dim(raw, spec, head_dim)),
         layers=_layers(raw, spec),
         attn_scale=_attn_scale(raw, head_dim),
         attn_softcap=_optional_float(raw.get("attn_logit_softcapping"))
@@ -186,19 +187,26 @@ def _read(family: str, spec: FamilySpec, raw: dict[str, Any]) -> ModelConfig:
     )
 
 
-def _refuse_unsupported(family: str, raw: dict[str, Any]) -> None:
-    if raw.get("mlp_bias"):
-        raise ExportError(f"{family}: mlp_bias=true is not supported")
-    if raw.get("qk_layernorm") or raw.get("use_qk_norm"):
-        raise ExportError(f"{family}: per-head LayerNorm on q/k (qk_layernorm / use_qk_norm) "
-                          "is not supported")
+# A FamilySpec.unsupported switch -> what a true value asks for.
+UNSUPPORTED = {
+    "mlp_bias": "mlp_bias=true is not supported",
+    "qk_layernorm": "per-head LayerNorm on q/k (qk_layernorm) is not supported",
+    "use_qk_norm": "per-head LayerNorm on q/k (use_qk_norm) is not supported",
+}
+
+
+def _refuse_unsupported(family: str, spec: FamilySpec, raw: dict[str, Any]) -> None:
+    for key in spec.unsupported:
+        if raw.get(key):
+            raise ExportError(f"{family}: {UNSUPPORTED[key]}")
+    # Refused in every family: a checkpoint trained without the causal mask is no causal
+    # LM, even where the family's transformers model ignores the key.
     if raw.get("use_bidirectional_attention"):
         raise ExportError(f"{family}: use_bidirectional_attention=true is not a causal LM")
 
 
 def _activation(raw: dict[str, Any], spec: FamilySpec) -> str:
-    # Gemma configs carry `hidden_activation` beside a legacy `hidden_act`; it wins.
-    name = raw.get("hidden_activation") or raw.get("hidden_act") or spec.act_default
+    name = raw.get(spec.act_key) or spec.act_default
     if name not in ACTIVATIONS:
         raise ExportError(
             f"activation {name!r} is not supported; supported: {', '.join(ACTIVATIONS)}"
@@ -206,10 +214,14 @@ def _activation(raw: dict[str, Any], spec: FamilySpec) -> str:
     return ACTIVATIONS[name]
 
 
-def _rotary_dim(raw: dict[str, Any], head_dim: int) -> int:
-    params = raw.get("rope_parameters") or {}
-    factor = params.get("partial_rotary_factor", raw.get("partial_rotary_factor",
-                                                         raw.get("rotary_pct", 1.0)))
+def _rotary_dim(raw: dict[str, Any], spec: FamilySpec, head_dim: int) -> int:
+    factor = 1.0
+    # Elsewhere the factor is a key the model ignores (its default rope uses head_dim; the
+    # other rope types' init would read it and then fail to fit the head in transformers).
+    if spec.partial_rotary:
+        params = raw.get("rope_parameters") or {}
+        factor = params.get("partial_rotary_factor", raw.get("partial_rotary_factor",
+                                                             raw.get("rotary_pct", 1.0)))
     rotary_dim = int(head_dim * float(factor))
     if rotary_dim % 2:
         what = "head_dim" if rotary_dim == head_dim else "head_dim x partial_rotary_factor"
@@ -222,13 +234,19 @@ def _ropes(raw: dict[str, Any], rotary_dim: int) -> dict[str, RopeConfig]:
     # layers have their own base (Gemma 3); older versions write `rope_theta` plus an
     # optional `rope_scaling` (for the global layers) and `rope_local_base_freq`.
     params = raw.get("rope_parameters") or raw.get("rope_scaling") or {}
-    if "full_attention" in params:
-        global_params = params["full_attention"] or {}
-        local_params = params.get("sliding_attention") or global_params
+    if "full_attention" in params or "sliding_attention" in params:
+        global_params = params.get("full_attention") or {}
+        local_params = params.get("sliding_attention") or {}
     else:
-        global_params = params
-        local_base = raw.get("rope_local_base_freq")
-        local_params = {"rope_theta": local_base} if local_base is not None else global_params
+        global_params, local_params = params, {}
+    # Where the config gives local layers a base of their own (Gemma 3), they never take
+    # the global rope: as Gemma3TextConfig fills them in, a missing sliding_attention entry
+    # is a default rope on rope_local_base_freq, and an entry without rope_theta has it.
+    local_base = raw.get("rope_local_base_freq")
+    if local_base is not None:
+        local_params = {"rope_theta": local_base, **local_params}
+    elif not local_params:
+        local_params = global_params
     return {GLOBAL: rope_from_params(global_params, raw, rotary_dim),
             LOCAL: rope_from_params(local_params, raw, rotary_dim)}
 
