@@ -14,4 +14,8 @@ def __getattr__(name: str) -> object:
         from edgeprefill import sdk
 
         return getattr(sdk, name)
-    raise AttributeError(name)
+    raise AttributeError(f"module 'edgeprefill' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))  # the lazy names too

@@ -6,16 +6,22 @@ the new words and the model still sees the secret stated at the very start.
 
 import sys
 
-from edgeprefill import Engine, GenerationParams
+from edgeprefill import EdgeprefillError, Engine, GenerationParams
 
 bundle = sys.argv[1] if len(sys.argv) > 1 else "build/tiny-recall"
+if bundle in ("-h", "--help"):
+    sys.exit(__doc__)
 turns = [
     "the secret is jade . kero bala musi . tin rapu . what was the secret ?",
     "lon sose duga . vimi kon . what was the secret ?",
     "bata nela . what was the secret ?",
 ]
 
-with Engine.load(bundle) as engine:
+try:
+    engine = Engine.load(bundle)
+except EdgeprefillError as err:  # a wrong path, not a bundle: one line
+    sys.exit(f"error: {err}")
+with engine:
     session = engine.session()
     for text in turns:
         print(f"you>   {text}")

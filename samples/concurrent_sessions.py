@@ -13,9 +13,11 @@ import sys
 import threading
 from pathlib import Path
 
-from edgeprefill import Engine, GenerationParams
+from edgeprefill import EdgeprefillError, Engine, GenerationParams
 
 bundle = sys.argv[1] if len(sys.argv) > 1 else "build/tiny-recall"
+if bundle in ("-h", "--help"):
+    sys.exit(__doc__)
 models = Path(__file__).resolve().parent.parent / "models"
 requests = {  # name: (prompt, priority: lower is served first, like vLLM's)
     "document": ((models / "tiny-recall" / "demo_prompt.txt").read_text(), 0),
@@ -23,7 +25,11 @@ requests = {  # name: (prompt, priority: lower is served first, like vLLM's)
     "urgent": ("the secret is storm . musi tin . what was the secret ?", -1),  # lower first
 }
 
-with Engine.load(bundle, kv_slots=3, chunk_size=32) as engine:
+try:
+    engine = Engine.load(bundle, kv_slots=3, chunk_size=32)
+except EdgeprefillError as err:  # a wrong path, not a bundle: one line
+    sys.exit(f"error: {err}")
+with engine:
     results = {}
 
     def run(name: str, prompt: str, priority: int) -> None:

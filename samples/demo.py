@@ -8,14 +8,20 @@ right only if every chunk's KV reached the decode.
 import sys
 from pathlib import Path
 
-from edgeprefill import Engine, GenerationParams
+from edgeprefill import EdgeprefillError, Engine, GenerationParams
 
 bundle = sys.argv[1] if len(sys.argv) > 1 else "build/tiny-recall"
+if bundle in ("-h", "--help"):
+    sys.exit(__doc__)
 model_dir = Path(__file__).resolve().parent.parent / "models" / "tiny-recall"
 prompt = (model_dir / "demo_prompt.txt").read_text().strip()
 expected = (model_dir / "demo_answer.txt").read_text().strip()
 
-with Engine.load(bundle) as engine:
+try:
+    engine = Engine.load(bundle)
+except EdgeprefillError as err:  # a wrong path, not a bundle: one line
+    sys.exit(f"error: {err}")
+with engine:
     n_tokens = len(engine.tokenizer.encode(prompt))
     print(f"prompt: {n_tokens} tokens: {prompt[:70]} ... {prompt[-40:]}")
     stream = engine.generate(prompt, GenerationParams(max_new_tokens=16), chunk_size=64)

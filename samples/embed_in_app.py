@@ -8,9 +8,11 @@ import queue
 import sys
 import threading
 
-from edgeprefill import Engine, GenerationParams
+from edgeprefill import EdgeprefillError, Engine, GenerationParams
 
 bundle = sys.argv[1] if len(sys.argv) > 1 else "build/tiny-recall"
+if bundle in ("-h", "--help"):
+    sys.exit(__doc__)
 ui_events: queue.Queue = queue.Queue()
 
 
@@ -23,7 +25,11 @@ def worker(engine: Engine, prompt: str, cancel: threading.Event) -> None:
     ui_events.put(("done", stream.finish_reason))
 
 
-with Engine.load(bundle) as engine:
+try:
+    engine = Engine.load(bundle)
+except EdgeprefillError as err:  # a wrong path, not a bundle: one line
+    sys.exit(f"error: {err}")
+with engine:
     cancel = threading.Event()
     prompt = "the secret is onyx . kero bala . what was the secret ?"
     threading.Thread(target=worker, args=(engine, prompt, cancel)).start()
@@ -34,7 +40,8 @@ with Engine.load(bundle) as engine:
             print(f"\nfinished: {value} after {tokens} tokens")
             break
         tokens += 1
+        print(value, end="", flush=True)  # the UI shows the text as it comes
         if tokens == 5:
-            cancel.set()  # the user pressed "stop"
+            cancel.set()  # the user pressed "stop": a few more tokens may come first
     engine.check_integrity()
     print(f"KV slots in use after cancel: {engine.metrics().kv_active}")

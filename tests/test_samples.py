@@ -56,3 +56,18 @@ def test_embed_in_app_sample_cancels_and_frees_the_kv(tiny_bundle):
     out = run_sample("embed_in_app.py", tiny_bundle)
     assert "finished: cancelled" in out
     assert "KV slots in use after cancel: 0" in out
+
+
+@pytest.mark.parametrize(
+    "name", ["chat.py", "concurrent_sessions.py", "embed_in_app.py", "demo.py"]
+)
+def test_samples_answer_help_and_a_wrong_path_in_a_line(name, tmp_path):
+    """They had run `--help` as a bundle path, and a wrong path ended in a traceback."""
+    sample = str(ROOT / "samples" / name)
+    usage = subprocess.run([sys.executable, sample, "--help"], capture_output=True,
+                           text=True, timeout=60, cwd=ROOT)
+    assert usage.returncode != 0 and f"python samples/{name}" in usage.stderr
+    wrong = subprocess.run([sys.executable, sample, str(tmp_path / "nowhere")],
+                           capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert wrong.returncode != 0 and "Traceback" not in wrong.stderr
+    assert wrong.stderr.strip() == f"error: {tmp_path / 'nowhere'} does not exist"
