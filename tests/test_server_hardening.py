@@ -456,3 +456,19 @@ def test_a_stream_the_shutdown_cuts_ends_with_an_error_event_and_done(engine, mo
     reader.join(30)
     assert events[-1] == "[DONE]" and len(events) < 200
     assert json.loads(events[-2])["error"]["code"] == "shutting_down"
+
+
+def test_serve_on_every_interface_without_a_key_warns(bundle):
+    process, _ = start_serve(bundle("llama"), "--host", "0.0.0.0")
+    process.send_signal(signal.SIGTERM)
+    process.wait(timeout=30)
+    stderr = process.stderr.read()
+    assert "warning: --host 0.0.0.0 takes requests from other machines" in stderr
+    assert "--api-key" in stderr
+
+
+def test_a_host_that_is_not_this_machines_is_one_line_about_host(bundle):
+    from tests.test_cli_errors import assert_one_line_error, cli
+
+    assert_one_line_error(cli("serve", bundle("llama"), "--host", "192.0.2.1", "--port",
+                              str(free_port())), "give --host one of this machine's addresses")

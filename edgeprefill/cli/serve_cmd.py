@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import errno
+import ipaddress
 import socket
 from pathlib import Path
 
@@ -72,6 +74,10 @@ def serve(
         auth = "API key required" if api_key else "no API key"
         click.echo(f"serving {config.model_name!r} on http://{host}:{port}/v1 ({auth}); "
                    "Ctrl-C to stop", err=True)
+        if not api_key and not _loopback(host):
+            click.echo(f"warning: --host {host} takes requests from other machines, and "
+                       "there is no API key: anyone who reaches the port can use the model "
+                       "(--api-key, or EDGEPREFILL_API_KEY)", err=True)
         quiet_fd_exhaustion()
         server_config = uvicorn_config(app, host, port, limits.timeouts,
                                        uvicorn_level(log_level))
@@ -94,7 +100,18 @@ def _check_port_free(host: str, port: int) -> None:
             probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             probe.bind((host, port))
     except OSError as err:
-        raise EdgeprefillError(
-            f"cannot listen on {host}:{port} ({err.strerror}); pick another --port "
-            "or stop the program using it"
-        ) from None
+        # "in use" is about the port; anything else (not one of this machine's
+        # addresses, no such host name) is about --host.
+        fix = ("pick another --port or stop the program using it"
+               if err.errno == errno.EADDRINUSE else
+               "give --host one of this machine's addresses (127.0.0.1: this machine only; "
+               "0.0.0.0: every interface)")
+        raise EdgeprefillError(f"cannot listen on {host}:{port} ({err.strerror}); {fix}") \
+            from None
+
+
+def _loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
