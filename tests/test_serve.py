@@ -279,6 +279,10 @@ def test_openai_client_raises_typed_errors(client):
 def test_unknown_route_is_a_404_in_the_error_schema(http):
     assert_error(http.get("/v1/nothing"), 404)
     assert_error(http.get("/v1/completions"), 405)
+    # not a 307 to a URL built from the Host header
+    slash = http.post("/v1/completions/", json={"prompt": "w5"}, headers={"Host": "evil.example"})
+    assert_error(slash, 404)
+    assert "location" not in slash.headers
 
 
 def test_a_body_over_the_limit_is_a_413_with_or_without_a_length(engine):

@@ -116,6 +116,9 @@ def create_app(engine: Engine, config: ServerConfig) -> Starlette:
     handlers = {HTTPException: _http_error, Exception: _internal_error}
     app = Starlette(routes=routes, middleware=middleware, exception_handlers=handlers,
                     lifespan=api.lifespan)
+    # A trailing slash gets a 404 naming the path, not a 307 to a URL built from the
+    # client's Host header (a POST redirect most clients do not follow anyway).
+    app.router.redirect_slashes = False
     app.state.api = api
     return app
 
