@@ -113,3 +113,23 @@ def test_a_killed_export_leaves_the_target_alone_and_its_staging_is_cleaned(
     export(hf_model("llama"), out, ExportOptions(overwrite=True, **OPTIONS))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bundle"]
     assert (out / MANIFEST_FILE).is_file()
+
+
+def test_sigterm_stops_an_export_as_ctrl_c_does(hf_model, tmp_path):
+    """timeout, docker stop and systemd send SIGTERM: its default action had left the
+    staging folder behind, up to a whole bundle, until the next export to that place."""
+    out = tmp_path / "bundle"
+    script = (
+        "import os, signal, sys\n"
+        "from edgeprefill.export import exporter\n"
+        "def term(*a, **k): os.kill(os.getpid(), signal.SIGTERM)\n"
+        "exporter.onnx.save_model = term\n"  # the signal arrives mid-export
+        "from edgeprefill.cli.main import main\n"
+        "main()\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    done = subprocess.run([sys.executable, "-c", script, "export", str(hf_model("llama")),
+                           "-o", str(out), "--chunks", "16", "--max-context", "64", "--quiet"],
+                          env=env, timeout=120, capture_output=True, text=True)
+    assert done.returncode == 130 and "Traceback" not in done.stderr
+    assert list(tmp_path.iterdir()) == []  # no bundle, no staging folder

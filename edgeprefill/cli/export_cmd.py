@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import time
 
 import click
@@ -64,6 +65,10 @@ def export(hf_dir, out_dir, flavor, dtype, chunks, max_context, quantize, block_
         overwrite=overwrite, show_progress=not quiet, quant=quant,
     )
     began = time.perf_counter()
+    # SIGTERM (timeout, docker stop, systemd) stops an export as Ctrl-C does: the staging
+    # folder is removed on the way out. Killed by the default action, it stayed behind, up
+    # to a whole bundle's size, until the next export to the same place.
+    signal.signal(signal.SIGTERM, _interrupt)
     manifest = run_export(hf_dir, out_dir, options)
     size = sum(f.bytes for f in manifest.files.values())
     dropped = sorted(set(chunks) - set(manifest.chunks))
@@ -79,3 +84,7 @@ def export(hf_dir, out_dir, flavor, dtype, chunks, max_context, quantize, block_
         f"in {time.perf_counter() - began:.1f} s",
         err=True,
     )
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
