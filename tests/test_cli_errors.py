@@ -173,8 +173,36 @@ def test_export_refuses_what_would_make_a_bundle_no_load_accepts(hf_copy, tmp_pa
 def test_export_to_a_place_it_cannot_write_is_one_line(hf_copy, tmp_path):
     (tmp_path / "afile").write_text("mine")
     assert_one_line_error(cli("export", hf_copy, "-o", tmp_path / "afile" / "sub"),
-                          "cannot write the bundle")
+                          "afile is a file, not a folder")
     assert (tmp_path / "afile").read_text() == "mine"
+    # the current folder: renaming it away would pull it from under the shell
+    assert_one_line_error(cli("export", hf_copy, "-o", ".", "--overwrite"),
+                          ". holds the current folder")
+
+
+def test_export_beside_a_folder_it_cannot_write_in_says_where(hf_copy, tmp_path, monkeypatch):
+    """The staging folder goes beside the target: a refusal there had named only the
+    staging folder (Permission denied (ro2/.b.partial-7667))."""
+    from edgeprefill.errors import ExportError
+    from edgeprefill.export import staging
+
+    def refuse(self, *args, **kwargs):
+        raise PermissionError(13, "Permission denied", str(self))
+
+    volume = tmp_path / "volume"  # a Docker volume, say: it had failed after the whole export
+    volume.mkdir()
+    with monkeypatch.context() as m:
+        m.setattr(staging.os.path, "ismount", lambda path: Path(path) == volume)
+        with pytest.raises(ExportError, match="is a mount point: export into a folder inside"):
+            staging.check_target(volume, False)
+    out = tmp_path / "ro" / "bundle"
+    out.parent.mkdir()
+    monkeypatch.setattr(staging.Path, "mkdir", refuse)
+    with pytest.raises(ExportError, match=r"cannot write beside .*bundle in .*ro: Permission "
+                                          r"denied \(the bundle is written there first"):
+        staging.check_target(out, False)
+        with staging.staged(out, False):
+            pass
 
 
 @pytest.mark.parametrize("index, fragment", [

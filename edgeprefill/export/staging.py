@@ -33,6 +33,14 @@ def check_target(out_dir: Path, overwrite: bool) -> None:
     """Refuse, before any work, a target that --overwrite may not or cannot replace."""
     if out_dir.exists() and not out_dir.is_dir():
         raise ExportError(f"{out_dir} exists and is not a folder")
+    nearest = next(p for p in out_dir.absolute().parents if p.exists())
+    if not nearest.is_dir():
+        raise ExportError(f"{nearest} is a file, not a folder: there can be no {out_dir}")
+    if Path.cwd() in (out_dir.resolve(), *out_dir.resolve().parents):
+        raise ExportError(f"{out_dir} holds the current folder: export to a folder of its own")
+    if os.path.ismount(out_dir):  # a volume: the bundle could not be renamed onto it
+        raise ExportError(f"{out_dir} is a mount point: export into a folder inside it (the "
+                          "bundle is written beside its target, then renamed into place)")
     if not out_dir.is_dir() or not any(out_dir.iterdir()):
         return
     if not overwrite:
@@ -80,7 +88,9 @@ def staged(out_dir: Path, overwrite: bool) -> Iterator[Path]:
         stage.mkdir()
         (stage / PARTIAL_MARKER).write_text("an edgeprefill export is writing this folder\n")
     except OSError as err:  # a parent that is a file, a read-only or missing mount, ...
-        raise ExportError(_failed(out_dir, err)) from None
+        raise ExportError(f"cannot write beside {out_dir} in {out_dir.parent}: "
+                          f"{err.strerror or err} (the bundle is written there first, then "
+                          "renamed into place)") from None
     try:
         yield stage
         (stage / PARTIAL_MARKER).unlink()
