@@ -133,3 +133,28 @@ def test_sigterm_stops_an_export_as_ctrl_c_does(hf_model, tmp_path):
                           env=env, timeout=120, capture_output=True, text=True)
     assert done.returncode == 130 and "Traceback" not in done.stderr
     assert list(tmp_path.iterdir()) == []  # no bundle, no staging folder
+
+
+@pytest.mark.parametrize("existing", [False, True])
+def test_a_target_another_export_wrote_meanwhile_is_left_alone(hf_model, tmp_path,
+                                                                 monkeypatch, existing):
+    """Two exports to one place had both reported success, the first one's bundle gone."""
+    out = tmp_path / "bundle"
+    if existing:
+        export(hf_model("llama"), out, ExportOptions(**OPTIONS))
+    real = exporter.write_external_data
+
+    def meanwhile(*args, **kwargs):  # another export finishes while this one writes
+        script = ("import sys\nfrom edgeprefill.export import exporter\n"
+                  "exporter.export(sys.argv[1], sys.argv[2], exporter.ExportOptions("
+                  "chunks=(16,), max_context=64, show_progress=False, overwrite=True))\n")
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+        subprocess.run([sys.executable, "-c", script, str(hf_model("qwen2")), str(out)],
+                       env=env, timeout=120, check=True)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(exporter, "write_external_data", meanwhile)
+    with pytest.raises(ExportError, match="changed while this export ran"):
+        export(hf_model("llama"), out, ExportOptions(overwrite=True, **OPTIONS))
+    assert load_manifest(out).model.family == "qwen2"  # the other export's bundle stands
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bundle"]

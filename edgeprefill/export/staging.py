@@ -80,6 +80,7 @@ def staged(out_dir: Path, overwrite: bool) -> Iterator[Path]:
     """Yield an empty marked folder beside `out_dir`; on success swap it into `out_dir`,
     on failure delete it and leave `out_dir` exactly as it was."""
     check_target(out_dir, overwrite)
+    checked = _state(out_dir)
     stage = out_dir.parent / f".{out_dir.name}.partial-{os.getpid()}"
     try:
         out_dir.parent.mkdir(parents=True, exist_ok=True)
@@ -94,12 +95,25 @@ def staged(out_dir: Path, overwrite: bool) -> Iterator[Path]:
     try:
         yield stage
         (stage / PARTIAL_MARKER).unlink()
+        if _state(out_dir) != checked:
+            raise ExportError(f"{out_dir} changed while this export ran (another export to "
+                              "it?): it is left as it is, and this export's bundle removed")
         _swap_in(stage, out_dir)
     except BaseException as err:
         shutil.rmtree(stage, ignore_errors=True)
         if isinstance(err, OSError):  # the disk filled up, the folder went away, ...
             raise ExportError(_failed(out_dir, err)) from None
         raise
+
+
+def _state(out_dir: Path) -> tuple[int, int] | None:
+    """What the target was when checked: a second export to the same place, or a folder
+    made there meanwhile, is not replaced unasked (both exports had reported success)."""
+    try:
+        manifest = out_dir / MANIFEST_FILE
+        return out_dir.stat().st_ino, manifest.stat().st_mtime_ns if manifest.exists() else 0
+    except OSError:
+        return None
 
 
 def _failed(out_dir: Path, err: OSError) -> str:
