@@ -335,3 +335,71 @@ def test_a_constraint_refused_mid_reply_is_a_400_naming_its_field(client):
         events = [line[6:] for line in response.iter_lines() if line.startswith("data: ")]
     error = json.loads(events[-2])["error"]  # then [DONE]
     assert (error["type"], error["param"]) == ("invalid_request_error", "guided_choice")
+
+
+# -- a tokenizer whose decoder strips the reply's first space ------------------------------
+# The shipped tiny model's tokenizer is SentencePiece style (Llama 2, Mistral): Metaspace
+# gives each word its space (`▁jade`: bytes " jade"), and the decoder drops the space that
+# begins a text, so a reply whose first token is `▁jade` reads "jade". The constraint holds
+# for that text; it had forbidden `▁jade` (bytes " jade" are no choice), so the model had
+# to spell a reply from byte pieces and chose another.
+
+SECRET = "the secret is jade . kero bala musi . what was the secret ?"
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_bundle) -> Iterator[Engine]:
+    with Engine.load(tiny_bundle, threads=1, kv_slots=2) as engine:
+        yield engine
+
+
+def greedy(engine, constraint=None, max_new_tokens=8):
+    params = GenerationParams(max_new_tokens=max_new_tokens, constraint=constraint)
+    return engine.generate(SECRET, params).result()
+
+
+def test_a_choice_gets_the_models_own_first_word(tiny):
+    free = greedy(tiny)
+    assert free.text == "jade" and tiny.tokenizer.token_bytes(free.token_ids[0]) == b" jade"
+    for constraint in (Constraint.choice(["jade", "ruby"]), Constraint.choice(["ruby", "jade"]),
+                       Constraint.grammar('start: "jade" | "ruby"'),
+                       Constraint.gbnf('root ::= "jade" | "ruby"')):
+        out = greedy(tiny, constraint)
+        assert (out.text, out.token_ids) == (free.text, free.token_ids), constraint
+        assert out.finish_reason == "stop"
+
+
+def test_a_regex_gets_the_unconstrained_first_word(tiny):
+    first_word = greedy(tiny).text.split()[0]
+    assert greedy(tiny, Constraint.regex("[a-z]+")).text == first_word == "jade"
+
+
+def test_a_json_reply_may_open_with_the_space_and_still_parses(tiny):
+    schema = {"type": "object", "required": ["secret"],
+              "properties": {"secret": {"type": "string", "maxLength": 8}}}
+    out = greedy(tiny, Constraint.json_schema(schema), max_new_tokens=60)
+    assert out.finish_reason == "stop", out.text
+    assert set(json.loads(out.text)) == {"secret"}
+    # The model opens with a word-start space (its habit after the prompt): allowed now,
+    # and the text the user gets has it stripped, as decoding gives it.
+    assert tiny.tokenizer.token_bytes(out.token_ids[0]).startswith(b" ")
+    assert out.text == tiny.tokenizer.decode(out.token_ids) and out.text.startswith("{")
+
+
+def test_a_byte_level_tokenizer_gets_no_optional_space(engine, tiny):
+    """Byte-level BPE keeps the reply's first space: its grammar is the user's as given,
+    no token that begins with a space may open a choice of words."""
+    from edgeprefill.sdk.constraints import compile_constraint
+
+    def first_tokens(eng, constraint):
+        mask = compile_constraint(constraint, eng.tokenizer, sorted(eng.eos))
+        allowed = mask.allowed(eng.tokenizer.vocab_size).nonzero()[0]
+        return {eng.tokenizer.token_bytes(int(t)) for t in allowed}
+
+    words = Constraint.choice(["the", "hello"])
+    assert b" the" in first_tokens(tiny, words)
+    assert not any(b.startswith(b" ") for b in first_tokens(engine, words))
+    assert not any(b.startswith(b" ") for b in first_tokens(engine, Constraint.json_object()))
+    # and its output is what the user's grammar alone gives
+    params = GenerationParams(max_new_tokens=10, constraint=words)
+    assert engine.generate("hello", params).result().text in {"the", "hello"}
