@@ -116,3 +116,13 @@ def test_the_plots_stall_is_the_tables_from_token_to_token():
 
     _longest_stall(Axes(), Timeline(steps, {1: "session 1"}, {}, {}), [0], 0.0)
     assert labels == ["9.5 ms between tokens"]  # 2.5 ms -> 12 ms, the fused step's end
+    # The longest gap may span the long prompt's arrival (here at 2 ms): the table counts
+    # it, and the plot had left it out (it took only decode steps ending after the arrival).
+    from edgeprefill.bench.workload import _max_stall
+
+    labels.clear()
+    _longest_stall(Axes(), Timeline(steps, {1: "session 1"}, {}, {}), [0], 0.0025)
+    assert labels == ["9.5 ms between tokens"] and round(_max_stall(steps, 0.0025), 4) == 0.0095
+    labels.clear()
+    _longest_stall(Axes(), Timeline(steps, {1: "session 1"}, {}, {}), [0], 0.012)
+    assert labels == ["9.5 ms between tokens"] and round(_max_stall(steps, 0.012), 4) == 0.0095

@@ -7,10 +7,9 @@ behind; a chunked run shows short chunk bars with the sessions' decode steps bet
 
 from __future__ import annotations
 
-from itertools import pairwise
 from pathlib import Path
 
-from edgeprefill.bench.workload import RunResult, Timeline
+from edgeprefill.bench.workload import RunResult, Timeline, longest_decode_gap
 from edgeprefill.errors import EdgeprefillError
 
 PREFILL_COLOR = "#e8772e"
@@ -103,10 +102,10 @@ def _longest_stall(ax, timeline: Timeline, rows: list[int], zero: float) -> None
     (a token out) to the next one's (the next token): the cost that chunking is there to
     cut, measured as the table's max stall is (the engine's max_decode_stall_s). A decode
     step fused with a prefill chunk ends with it."""
-    decodes = [t for t in timeline.steps if t.kind == "decode" and t.end >= zero]
-    if len(decodes) < 2 or not rows:
+    pair = longest_decode_gap(timeline.steps, zero)
+    if pair is None or not rows:
         return
-    before, after = max(pairwise(decodes), key=lambda pair: pair[1].end - pair[0].end)
+    before, after = pair
     x0, x1 = (before.end - zero) * 1000, (after.end - zero) * 1000
     low, high = min(rows) - 0.45, max(rows) + 0.45
     ax.fill_betweenx([low, high], x0, x1, color=STALL_COLOR, alpha=0.12, linewidth=0)

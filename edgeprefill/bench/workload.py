@@ -261,11 +261,19 @@ def _session_gaps(sessions: list[TokenStream], since: float) -> np.ndarray:
     return np.asarray(gaps)
 
 
+def longest_decode_gap(trace: list[StepTrace],
+                       since: float) -> tuple[StepTrace, StepTrace] | None:
+    """The two consecutive decode calls with the longest gap between their ends, the later
+    ending at `since` or after (the sessions decode throughout): the table's max stall,
+    and the stall the plot marks."""
+    decodes = [t for t in trace if t.kind == "decode"]
+    pairs = [(a, b) for a, b in pairwise(decodes) if b.end >= since]
+    return max(pairs, key=lambda pair: pair[1].end - pair[0].end, default=None)
+
+
 def _max_stall(trace: list[StepTrace], since: float) -> float:
-    """Longest gap between the ends of two decode calls (the sessions decode throughout)."""
-    ends = [t.end for t in trace if t.kind == "decode"]
-    gaps = [b - a for a, b in pairwise(ends) if b >= since]
-    return max(gaps, default=0.0)
+    pair = longest_decode_gap(trace, since)
+    return 0.0 if pair is None else pair[1].end - pair[0].end
 
 
 def _throughput(trace: list[StepTrace], kind: str) -> float:
