@@ -272,3 +272,30 @@ def test_inspect_and_stats_say_which_attention_runs(library, bundle, mode):
     ran = cli("run", bundle("llama"), "--prompt", "w5 w6", "--max-new-tokens", "3", "--stats")
     assert ran.returncode == 0, ran.stderr
     assert f"kernels {select.NATIVE}" in ran.stderr
+
+
+def test_the_build_command_says_what_takes_time(tmp_path, monkeypatch, capsys):
+    """It had printed nothing for ~50 s (npm, then g++), and its --help said build.py."""
+    from pathlib import Path
+
+    from edgeprefill.kernels import build as kernel_build
+
+    def fetch(target):
+        target.mkdir(parents=True)
+        (target / "onnxruntime_c_api.h").write_text("")
+
+    def compile_(command, cwd=None, what=""):
+        Path(command[command.index("-o") + 1]).write_bytes(b"")
+
+    monkeypatch.delenv(kernel_build.HEADERS_ENV, raising=False)
+    monkeypatch.setattr(kernel_build, "library_dir", lambda: tmp_path)
+    monkeypatch.setattr(kernel_build, "fetch_headers", fetch)
+    monkeypatch.setattr(kernel_build, "run", compile_)
+    monkeypatch.setattr(kernel_build.shutil, "which", lambda name: f"/usr/bin/{name}")
+    assert kernel_build.main(["--force"]) == 0
+    err = capsys.readouterr().err.splitlines()
+    assert err[0].startswith("fetching ONNX Runtime's C API headers (npm pack ")
+    assert err[1].startswith("compiling the native kernels with ")
+    with pytest.raises(SystemExit):
+        kernel_build.main(["--help"])
+    assert capsys.readouterr().out.startswith("usage: python -m edgeprefill.kernels.build")

@@ -24,6 +24,7 @@ import subprocess
 import sys
 import tempfile
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
 
 from edgeprefill.cache_dir import user_cache_dir
@@ -115,7 +116,7 @@ def library_path() -> Path:
     return library_dir() / f"libedgeprefill_kernels-{digest()}.so"
 
 
-def headers_dir() -> Path:
+def headers_dir(say: Callable[[str], None] = lambda line: None) -> Path:
     """A folder with onnxruntime_c_api.h: the env var's, else the cached npm package's."""
     given = os.environ.get(HEADERS_ENV)
     if given:
@@ -124,6 +125,7 @@ def headers_dir() -> Path:
         return Path(given)
     cached = library_dir() / ("headers-" + HEADERS_PACKAGE.rsplit("@", 1)[1])
     if not (cached / "onnxruntime_c_api.h").is_file():
+        say(f"fetching ONNX Runtime's C API headers (npm pack {HEADERS_PACKAGE}) ...")
         fetch_headers(cached)
     return cached
 
@@ -160,16 +162,17 @@ def run(command: list[str], cwd: str | None = None, what: str = "") -> None:
         raise KernelBuildError(f"{what or command[0]} failed: {last[0]}")
 
 
-def build(force: bool = False) -> Path:
+def build(force: bool = False, say: Callable[[str], None] = lambda line: None) -> Path:
     """The library's path, compiled first if missing (atomically: a half-written file is
-    never loaded)."""
+    never loaded). `say` hears what takes time (the command line's progress)."""
     target = library_path()
     if target.is_file() and not force:
         return target
     if shutil.which(COMPILER) is None:
         raise KernelBuildError(f"no {COMPILER} on PATH to compile the native kernels")
-    headers = headers_dir()
+    headers = headers_dir(say)
     target.parent.mkdir(parents=True, exist_ok=True)
+    say(f"compiling the native kernels with {COMPILER} (a minute or so) ...")
     partial = target.with_suffix(f".{os.getpid()}.tmp")
     sources = [str(source_dir() / name) for name in SOURCES]
     try:
@@ -181,13 +184,15 @@ def build(force: bool = False) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m edgeprefill.kernels.build",
+                                     description=__doc__.splitlines()[0])
     parser.add_argument("--if-possible", action="store_true",
                         help="exit 0 when the library cannot be built (say why)")
     parser.add_argument("--force", action="store_true", help="rebuild even if present")
     args = parser.parse_args(argv)
     try:
-        path = build(force=args.force)
+        path = build(force=args.force, say=lambda line: print(line, file=sys.stderr,
+                                                              flush=True))
     except KernelBuildError as err:
         print(f"native kernels not built: {err}", file=sys.stderr)
         return 0 if args.if_possible else 1
