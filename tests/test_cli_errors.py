@@ -285,6 +285,19 @@ def test_export_refuses_weights_holding_nan(hf_copy, tmp_path):
                           "holds NaN or Inf")
 
 
+def test_export_warns_of_checkpoint_tensors_the_config_leaves_out(hf_copy, tmp_path):
+    """num_hidden_layers 1 over two layers' weights had exported one layer silently."""
+    whole = cli("export", hf_copy, "-o", tmp_path / "whole", "--quiet")
+    assert whole.returncode == 0 and "does not use" not in whole.stderr
+    config = json.loads((hf_copy / "config.json").read_text())
+    assert config["num_hidden_layers"] == 2
+    config["num_hidden_layers"] = 1
+    (hf_copy / "config.json").write_text(json.dumps(config))
+    done = cli("export", hf_copy, "-o", tmp_path / "b", "--quiet")
+    assert done.returncode == 0, done.stderr
+    assert "tensors config.json does not use (model.layers.1." in done.stderr
+
+
 def test_a_prompt_with_a_lone_surrogate_is_refused_in_one_line(bundle):
     from edgeprefill.errors import RequestError
     from edgeprefill.sdk import Engine

@@ -14,6 +14,9 @@ INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
 
 
+BUFFERS = ("rotary_emb.inv_freq", "attention.bias", "attention.masked_bias")
+
+
 class Checkpoint:
     """Lazy access to a checkpoint's tensors; each `get` reads one tensor from disk.
 
@@ -25,6 +28,7 @@ class Checkpoint:
         self.dir = hf_dir
         self._file_of = _tensor_files(hf_dir)
         self._handles: dict[Path, object] = {}
+        self.read: set[str] = set()  # the tensors the export took
 
     def names(self) -> set[str]:
         return set(self._file_of)
@@ -48,7 +52,14 @@ class Checkpoint:
             tensor = self._handle(path).get_tensor(name)
         except (SafetensorError, OSError, ValueError) as err:
             raise ExportError(f"cannot read {name!r} from {path.name}: {err}") from None
+        self.read.add(name)
         return tensor.astype(dtype, copy=False)
+
+    def unused(self) -> list[str]:
+        """Tensors the export did not take, beyond buffers transformers recomputes (rotary
+        inv_freq, GPT-NeoX's causal-mask buffers): a config that disagrees with its
+        checkpoint (num_hidden_layers 1 over two layers' weights) exports silently else."""
+        return sorted(n for n in set(self._file_of) - self.read if not n.endswith(BUFFERS))
 
     def _handle(self, path: Path):
         if path not in self._handles:

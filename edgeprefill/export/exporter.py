@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +34,8 @@ from edgeprefill.export.writer import write_external_data
 from edgeprefill.json_file import optional_json_object
 from edgeprefill.sdk.chat_template import check_export_template, template_source
 from edgeprefill.sdk.generation_defaults import check_export_generation_config
+
+log = logging.getLogger(__name__)
 
 GRAPH_FILE = "model.onnx"
 DATA_FILE = "model.onnx.data"
@@ -94,6 +97,7 @@ def export(hf_dir: str | Path, out_dir: str | Path, options: ExportOptions) -> M
         flavor = flavor_class(options.flavor)(cfg, DTYPES[options.dtype], max_context)
         g = DecoderBuilder(cfg, ckpt, flavor, options.quant).build()
         initializers = write_external_data(g.weights, stage / DATA_FILE, options.show_progress)
+        _warn_unused(ckpt)  # weights are read as they are written
         model = g.to_model(initializers, flavor.opsets, IR_VERSION[options.flavor])
         onnx.save_model(model, stage / GRAPH_FILE)
         for name in tokenizer_files:
@@ -102,6 +106,17 @@ def export(hf_dir: str | Path, out_dir: str | Path, options: ExportOptions) -> M
                              tokenizer_files)
         (stage / MANIFEST_FILE).write_text(manifest.to_json())
     return manifest
+
+
+def _warn_unused(ckpt: Checkpoint) -> None:
+    # A warning, as transformers' "Some weights of the model checkpoint were not used":
+    # a pruned model's config may mean it.
+    unused = ckpt.unused()
+    if unused:
+        shown = ", ".join(unused[:4]) + (f" and {len(unused) - 4} more" if len(unused) > 4
+                                         else "")
+        log.warning("the checkpoint holds %d tensors config.json does not use (%s): "
+                    "are config.json and the weights from the same model?", len(unused), shown)
 
 
 def _max_context(cfg: ModelConfig, requested: int | None) -> int:
