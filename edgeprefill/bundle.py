@@ -92,7 +92,7 @@ class Manifest:
         version = raw.get("format_version")
         if version != FORMAT_VERSION:
             raise BundleError(
-                f"bundle format version {version} is not supported by this edgeprefill "
+                f"bundle format version {version!r} is not supported by this edgeprefill "
                 f"(expects {FORMAT_VERSION}); re-export it with `edgeprefill export`"
             )
         unknown: list[str] = []
@@ -133,6 +133,7 @@ def _known(record: type, raw: dict[str, Any], prefix: str, unknown: list[str]) -
 # a hand-edited figure cannot make the runtime try to allocate exabytes of KV cache.
 MAX_CONTEXT_LIMIT = 1 << 22
 GRAPH_FLAVORS = ("ort", "standard")  # export/flavors.py: what the backends know
+QUANTIZATIONS = (None, "int8", "int4")  # export/quantize.py's KINDS, and none
 
 
 def _record(raw: dict[str, Any], name: str) -> dict[str, Any]:
@@ -181,6 +182,9 @@ def check_manifest(manifest: Manifest) -> None:
                                       else [manifest.bos_token_id])]
     if any(not 0 <= i < model.vocab_size for i in ids):
         _malformed(f"a BOS/EOS token id in {ids} is outside the vocabulary of {model.vocab_size}")
+    if manifest.graph.quantization not in QUANTIZATIONS:
+        _malformed(f"graph.quantization must be int8, int4 or null, got "
+                   f"{manifest.graph.quantization!r}")
     if manifest.graph.flavor not in GRAPH_FLAVORS:
         _malformed(f"graph.flavor must be one of {', '.join(GRAPH_FLAVORS)}, "
                    f"got {manifest.graph.flavor!r}")

@@ -241,6 +241,20 @@ def test_inspect_says_what_a_path_is_when_it_is_no_bundle(hf_copy, tmp_path):
                           f"edgeprefill export {hf_copy} -o BUNDLE")
 
 
+@pytest.mark.parametrize("field, value, fragment", [
+    ("quantization", "fp8", "graph.quantization must be int8, int4 or null, got 'fp8'"),
+    ("format_version", "1", "bundle format version '1' is not supported"),
+])
+def test_a_manifest_with_an_unknown_quantization_or_a_text_version_is_one_line(
+        bundle, tmp_path, field, value, fragment):
+    copy = tmp_path / "b"
+    shutil.copytree(bundle("llama"), copy)
+    manifest = json.loads((copy / "edgeprefill.json").read_text())
+    (manifest["graph"] if field == "quantization" else manifest)[field] = value
+    (copy / "edgeprefill.json").write_text(json.dumps(manifest))
+    assert_one_line_error(cli("inspect", copy), fragment)
+
+
 def test_a_manifest_with_fewer_kv_outputs_than_layers_is_one_line(bundle, tmp_path):
     copy = tmp_path / "b"
     shutil.copytree(bundle("llama"), copy)
