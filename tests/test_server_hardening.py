@@ -472,3 +472,19 @@ def test_a_host_that_is_not_this_machines_is_one_line_about_host(bundle):
 
     assert_one_line_error(cli("serve", bundle("llama"), "--host", "192.0.2.1", "--port",
                               str(free_port())), "give --host one of this machine's addresses")
+
+
+def test_serve_warns_at_start_of_a_chat_template_that_fails(bundle, tmp_path):
+    """Every chat request had been a 400 reading as the client's fault, and nothing said
+    the bundle was to blame (export refuses such a template; an edited manifest has it)."""
+    copy = tmp_path / "bundle"
+    shutil.copytree(bundle("llama"), copy)
+    manifest = json.loads((copy / MANIFEST_FILE).read_text())
+    manifest["tokenizer"]["chat_template"] = "{{ raise_exception('broken on purpose') }}"
+    (copy / MANIFEST_FILE).write_text(json.dumps(manifest))
+    process, _ = start_serve(copy)
+    process.send_signal(signal.SIGTERM)
+    process.wait(timeout=30)
+    stderr = process.stderr.read()
+    assert "warning: the bundle's chat template fails on a sample conversation" in stderr
+    assert "broken on purpose" in stderr

@@ -74,6 +74,7 @@ def serve(
         auth = "API key required" if api_key else "no API key"
         click.echo(f"serving {config.model_name!r} on http://{host}:{port}/v1 ({auth}); "
                    "Ctrl-C to stop", err=True)
+        _warn_if_the_template_fails(loaded)
         if not api_key and not _loopback(host):
             click.echo(f"warning: --host {host} takes requests from other machines, and "
                        "there is no API key: anyone who reaches the port can use the model "
@@ -108,6 +109,23 @@ def _check_port_free(host: str, port: int) -> None:
                "0.0.0.0: every interface)")
         raise EdgeprefillError(f"cannot listen on {host}:{port} ({err.strerror}); {fix}") \
             from None
+
+
+def _warn_if_the_template_fails(engine) -> None:
+    """Export refuses such a template, but a manifest edited since may hold one: then every
+    chat request is a 400 that reads as the client's fault. Said once, at start-up."""
+    from edgeprefill.errors import RequestError
+    from edgeprefill.sdk.chat_template import SAMPLE_CONVERSATION
+
+    template = engine.tokenizer.chat_template
+    if template is None:
+        return
+    try:
+        template.render(list(SAMPLE_CONVERSATION))
+    except RequestError as err:
+        click.echo(f"warning: the bundle's chat template fails on a sample conversation "
+                   f"(user, assistant, user): {err}; /v1/chat/completions will refuse what "
+                   "it cannot render", err=True)
 
 
 def _loopback(host: str) -> bool:
