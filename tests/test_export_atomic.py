@@ -158,3 +158,33 @@ def test_a_target_another_export_wrote_meanwhile_is_left_alone(hf_model, tmp_pat
         export(hf_model("llama"), out, ExportOptions(overwrite=True, **OPTIONS))
     assert load_manifest(out).model.family == "qwen2"  # the other export's bundle stands
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bundle"]
+
+
+def test_a_swap_cut_between_its_renames_leaves_nothing_for_good(hf_model, tmp_path):
+    """Killed between the swap's two renames, an export left the old bundle moved aside and
+    the new one unmarked beside it: twice the bundle, never removed."""
+    out = tmp_path / "bundle"
+    export(hf_model("llama"), out, ExportOptions(**OPTIONS))
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    out.rename(tmp_path / f".bundle.old-{dead}")
+    export(hf_model("llama"), tmp_path / "new", ExportOptions(**OPTIONS))
+    (tmp_path / "new").rename(tmp_path / f".bundle.partial-{dead}")  # complete, unmarked
+    export(hf_model("llama"), out, ExportOptions(**OPTIONS))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bundle"]
+
+
+def test_the_bundle_reaches_the_disk_before_it_is_renamed_into_place(hf_model, tmp_path,
+                                                                      monkeypatch):
+    """A power cut after the rename had been able to leave files of the right sizes and
+    zeros (nothing was flushed)."""
+    from edgeprefill.export import staging
+
+    synced, renamed = [], []
+    real_fsync, real_swap = os.fsync, staging._swap_in
+    monkeypatch.setattr(staging.os, "fsync", lambda fd: synced.append(fd) or real_fsync(fd))
+    monkeypatch.setattr(staging, "_swap_in",
+                        lambda *a: renamed.append(len(synced)) or real_swap(*a))
+    export(hf_model("llama"), tmp_path / "bundle", ExportOptions(**OPTIONS))
+    files = [p for p in (tmp_path / "bundle").iterdir() if p.is_file()]
+    assert renamed == [len(files) + 2]  # every file, the marker, the folder: before the swap

@@ -94,6 +94,7 @@ def staged(out_dir: Path, overwrite: bool) -> Iterator[Path]:
                           "renamed into place)") from None
     try:
         yield stage
+        _sync(stage)
         (stage / PARTIAL_MARKER).unlink()
         if _state(out_dir) != checked:
             raise ExportError(f"{out_dir} changed while this export ran (another export to "
@@ -138,11 +139,30 @@ def _swap_in(stage: Path, out_dir: Path) -> None:
 
 
 def _remove_abandoned(out_dir: Path) -> None:
-    """Delete staging folders of earlier exports to this target that were killed."""
-    for folder in out_dir.parent.glob(f".{out_dir.name}.partial-*"):
-        pid = folder.name.rsplit("-", 1)[-1]
-        if is_partial(folder) and pid.isdigit() and not _alive(int(pid)):
-            shutil.rmtree(folder, ignore_errors=True)
+    """Delete what earlier exports to this target left when killed: marked staging
+    folders, and the two folders of a swap cut between its renames (the old bundle moved
+    aside, the new one unmarked beside it), twice the bundle's size for good."""
+    for kind in ("partial", "old"):
+        for folder in out_dir.parent.glob(f".{out_dir.name}.{kind}-*"):
+            pid = folder.name.rsplit("-", 1)[-1]
+            if pid.isdigit() and not _alive(int(pid)) and (
+                    kind == "old" or is_partial(folder) or _not_the_bundles(folder) == []):
+                shutil.rmtree(folder, ignore_errors=True)
+
+
+def _sync(folder: Path) -> None:
+    """Flush the bundle's files to the disk before it is renamed into place: after a
+    power cut (a Jetson pulled from the wall) the rename may survive while the data,
+    still in the page cache, did not, leaving a bundle of the right sizes and zeros."""
+    for path in folder.iterdir():
+        if path.is_file():
+            with open(path, "rb") as f:
+                os.fsync(f.fileno())
+    descriptor = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
 
 
 def _alive(pid: int) -> bool:
