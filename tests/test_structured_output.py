@@ -335,3 +335,15 @@ def test_a_constraint_refused_mid_reply_is_a_400_naming_its_field(client):
         events = [line[6:] for line in response.iter_lines() if line.startswith("data: ")]
     error = json.loads(events[-2])["error"]  # then [DONE]
     assert (error["type"], error["param"]) == ("invalid_request_error", "guided_choice")
+
+
+def test_a_multi_word_literal_runs_on_a_sentencepiece_tokenizer(tiny_bundle):
+    """The bytes a grammar forces after a word (" amber") must stay reachable: an optional
+    leading space before every grammar (reverted) had made llguidance offer `a` there and
+    then refuse it."""
+    with Engine.load(tiny_bundle, threads=1) as tiny:
+        for constraint in (Constraint.choice(["jade amber"]), Constraint.regex("jade amber"),
+                           Constraint.grammar('start: "jade amber"')):
+            stream = tiny.generate("the secret is jade . what was the secret ?",
+                                   GenerationParams(max_new_tokens=12, constraint=constraint))
+            assert stream.result().text == "jade amber" and stream.finish_reason == "stop"
