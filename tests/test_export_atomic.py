@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -188,3 +189,16 @@ def test_the_bundle_reaches_the_disk_before_it_is_renamed_into_place(hf_model, t
     export(hf_model("llama"), tmp_path / "bundle", ExportOptions(**OPTIONS))
     files = [p for p in (tmp_path / "bundle").iterdir() if p.is_file()]
     assert renamed == [len(files) + 2]  # every file, the marker, the folder: before the swap
+
+
+def test_a_target_inside_the_current_folder_is_exported_and_its_parents_refused(
+        hf_model, tmp_path, monkeypatch):
+    """The current-folder check had been the wrong way round: every target inside the
+    current folder was refused (make demo's `-o build/tiny-recall` from the repo root)."""
+    monkeypatch.chdir(tmp_path)
+    export(hf_model("llama"), Path("build") / "b", ExportOptions(**OPTIONS))
+    assert (tmp_path / "build" / "b" / MANIFEST_FILE).is_file()
+    monkeypatch.chdir(tmp_path / "build")
+    for holding in (".", "..", str(tmp_path)):
+        with pytest.raises(ExportError, match="holds the current folder"):
+            export(hf_model("llama"), Path(holding), ExportOptions(overwrite=True, **OPTIONS))

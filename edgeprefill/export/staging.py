@@ -36,7 +36,8 @@ def check_target(out_dir: Path, overwrite: bool) -> None:
     nearest = next(p for p in out_dir.absolute().parents if p.exists())
     if not nearest.is_dir():
         raise ExportError(f"{nearest} is a file, not a folder: there can be no {out_dir}")
-    if Path.cwd() in (out_dir.resolve(), *out_dir.resolve().parents):
+    here = Path.cwd()
+    if out_dir.resolve() in (here, *here.parents):  # `-o .`, `-o ..`: not a folder beside
         raise ExportError(f"{out_dir} holds the current folder: export to a folder of its own")
     if os.path.ismount(out_dir):  # a volume: the bundle could not be renamed onto it
         raise ExportError(f"{out_dir} is a mount point: export into a folder inside it (the "
