@@ -404,6 +404,7 @@ def test_a_client_that_stops_reading_loses_its_stream_after_the_send_timeout(eng
         while not s.server.server_state.connections:
             time.sleep(0.01)
         (protocol,) = s.server.server_state.connections
+        protocol.transport.get_write_buffer_size = lambda: 100_000  # and none of it read
         protocol.loop.call_soon_threadsafe(protocol.pause_writing)
         deadline, statuses = time.monotonic() + 20, []
         with httpx.Client(base_url=s.url, timeout=10) as client:
@@ -488,3 +489,29 @@ def test_serve_warns_at_start_of_a_chat_template_that_fails(bundle, tmp_path):
     stderr = process.stderr.read()
     assert "warning: the bundle's chat template fails on a sample conversation" in stderr
     assert "broken on purpose" in stderr
+
+
+@pytest.mark.parametrize("unsent, closing, outcome", [
+    (0, False, "nothing"),          # drained meanwhile
+    (60_000, False, "cut"),         # nothing read for the whole timeout
+    (40_000, False, "armed again"),  # read a little: a slow reader
+    (60_000, True, "cut"),          # a whole reply uvicorn is closing: close() never flushes
+])
+def test_the_send_timeout_cuts_only_a_client_that_reads_nothing(unsent, closing, outcome):
+    """A client reading steadily but slowly had been cut (the timer ran from pause to
+    resume, which needs the buffer down to its low-water mark), and a whole reply nobody
+    read was never cut (uvicorn's keep-alive close() had started, and is_closing() made
+    the timer give up)."""
+    from types import SimpleNamespace
+
+    from edgeprefill.server.transport import GuardedH11Protocol
+
+    aborted, armed = [], []
+    transport = SimpleNamespace(get_write_buffer_size=lambda: unsent,
+                                is_closing=lambda: closing, abort=lambda: aborted.append(1))
+    fake = SimpleNamespace(transport=transport, send_timeout=30.0, _unsent=60_000,
+                           _send_timer=object(), cycle=SimpleNamespace(response_complete=closing),
+                           _arm_send_timer=lambda: armed.append(1))
+    GuardedH11Protocol._reader_stalled(fake)  # type: ignore[arg-type]
+    assert {"cut": (1, 0), "armed again": (0, 1), "nothing": (0, 0)}[outcome] == \
+        (len(aborted), len(armed))

@@ -55,6 +55,7 @@ class GuardedH11Protocol(H11Protocol):
         self.send_timeout = send_timeout
         self._header_timer: asyncio.TimerHandle | None = None
         self._send_timer: asyncio.TimerHandle | None = None
+        self._unsent = 0  # the transport's buffer when the send timer was armed
 
     def connection_made(self, transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -72,10 +73,10 @@ class GuardedH11Protocol(H11Protocol):
         super().connection_lost(exc)
 
     def pause_writing(self) -> None:
-        # The transport's buffer is past its high-water mark: the client reads nothing.
+        # The transport's buffer is past its high-water mark: the client is not keeping up.
         super().pause_writing()
         if self._send_timer is None:
-            self._send_timer = self.loop.call_later(self.send_timeout, self._reader_stalled)
+            self._arm_send_timer()
 
     def resume_writing(self) -> None:
         super().resume_writing()
@@ -83,12 +84,26 @@ class GuardedH11Protocol(H11Protocol):
             self._send_timer.cancel()
             self._send_timer = None
 
+    def _arm_send_timer(self) -> None:
+        self._unsent = self.transport.get_write_buffer_size()
+        self._send_timer = self.loop.call_later(self.send_timeout, self._reader_stalled)
+
     def _reader_stalled(self) -> None:
         self._send_timer = None
-        if self.transport.is_closing():
+        unsent = self.transport.get_write_buffer_size()
+        if unsent == 0:
+            return  # drained (or the connection is gone)
+        if unsent < self._unsent:
+            # A slow reader is still a reader: only a whole --send-timeout without a byte
+            # read cuts it (a client reading 1 KB/s needs ~50 s to drain to resume_writing).
+            self._arm_send_timer()
             return
-        log.warning("a client left its reply unread for %.0f s (--send-timeout): its "
-                    "connection is closed and its request cancelled", self.send_timeout)
+        # Also when the transport is already closing: uvicorn's keep-alive close() after a
+        # whole reply waits for ever to flush what the client never reads.
+        done = self.cycle is not None and self.cycle.response_complete
+        log.warning("a client read nothing of its reply for %.0f s (--send-timeout): its "
+                    "connection is closed%s", self.send_timeout,
+                    "" if done else " and its request cancelled")
         # abort(), not close(): close() would wait to flush what the client never reads.
         # The app then hears the disconnect, cancels the stream and frees its place.
         self.transport.abort()
