@@ -347,3 +347,21 @@ def test_a_multi_word_literal_runs_on_a_sentencepiece_tokenizer(tiny_bundle):
             stream = tiny.generate("the secret is jade . what was the secret ?",
                                    GenerationParams(max_new_tokens=12, constraint=constraint))
             assert stream.result().text == "jade amber" and stream.finish_reason == "stop"
+
+
+def test_a_token_the_mask_allowed_and_llguidance_refuses_is_the_engines_fault(tiny_bundle):
+    """On the tiny model's SentencePiece tokenizer llguidance tokenizes the bytes it forces
+    (" s" after "jade") without their space, offers that token, then refuses it. That is
+    no fault of the request: no field is blamed (the server's 500 engine_error), where it
+    had been a 400 naming the constraint."""
+    from edgeprefill.server.errors import generation_failure
+
+    with Engine.load(tiny_bundle, threads=1) as tiny:
+        stream = tiny.generate("the secret is jade . what was the secret ?", GenerationParams(
+            max_new_tokens=8, constraint=Constraint.regex("jade [a-z]+")))
+        stream.result()
+    if stream.finish_reason != "error":
+        pytest.skip("this llguidance tokenizes the forced bytes with their space")
+    assert "refused a token its own mask allowed" in stream.error
+    assert stream.error_field is None
+    assert generation_failure(stream, "guided_regex").status == 500

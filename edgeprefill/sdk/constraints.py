@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from edgeprefill.errors import RequestError
+from edgeprefill.errors import EdgeprefillError, RequestError
 from edgeprefill.sdk.token_bytes import TokenBytes
 
 if TYPE_CHECKING:  # llguidance is imported when a constraint is first compiled
@@ -155,6 +155,10 @@ GRAMMARS: dict[str, Callable[[str], str]] = {
 # -- the per-request matcher -------------------------------------------------------------------
 
 
+class MatcherError(EdgeprefillError):
+    """llguidance refused a token its mask had allowed (the engine's fault)."""
+
+
 class GrammarMask:
     """A constraint's state during one request (the sampler's TokenMask)."""
 
@@ -181,7 +185,14 @@ class GrammarMask:
 
     def accept(self, token: int) -> None:
         self.matcher.consume_token(token)
-        self._check()
+        error = self.matcher.get_error() if self.matcher.is_error() else None
+        if error is not None and "doesn't satisfy the grammar" in error:
+            # The token came from this matcher's own mask: refusing it is a disagreement
+            # between llguidance and the tokenizer (how it tokenizes the bytes it forces on
+            # a SentencePiece tokenizer), not the request's fault: the engine's 500.
+            raise MatcherError("constraint: llguidance refused a token its own mask "
+                               f"allowed: {_one_line(error)}")
+        self._check()  # a limit of the grammar's own (a 5,000-way choice): the request's
 
     @property
     def finished(self) -> bool:
