@@ -310,6 +310,16 @@ def test_export_warns_of_checkpoint_tensors_the_config_leaves_out(hf_copy, tmp_p
     done = cli("export", hf_copy, "-o", tmp_path / "b", "--quiet")
     assert done.returncode == 0, done.stderr
     assert "tensors config.json does not use (model.layers.1." in done.stderr
+    # a tied model with its lm_head saved too: transformers ties it without a word
+    from safetensors.numpy import load_file, save_file
+
+    config.update(num_hidden_layers=2, tie_word_embeddings=True)
+    (hf_copy / "config.json").write_text(json.dumps(config))
+    weights = load_file(hf_copy / "model.safetensors")
+    weights["lm_head.weight"] = weights["model.embed_tokens.weight"].copy()
+    save_file(weights, hf_copy / "model.safetensors", metadata={"format": "pt"})
+    tied = cli("export", hf_copy, "-o", tmp_path / "tied", "--quiet")
+    assert tied.returncode == 0 and "does not use" not in tied.stderr, tied.stderr
 
 
 def test_a_prompt_with_a_lone_surrogate_is_refused_in_one_line(bundle):

@@ -97,7 +97,7 @@ def export(hf_dir: str | Path, out_dir: str | Path, options: ExportOptions) -> M
         flavor = flavor_class(options.flavor)(cfg, DTYPES[options.dtype], max_context)
         g = DecoderBuilder(cfg, ckpt, flavor, options.quant).build()
         initializers = write_external_data(g.weights, stage / DATA_FILE, options.show_progress)
-        _warn_unused(ckpt)  # weights are read as they are written
+        _warn_unused(ckpt, cfg)  # weights are read as they are written
         model = g.to_model(initializers, flavor.opsets, IR_VERSION[options.flavor])
         onnx.save_model(model, stage / GRAPH_FILE)
         for name in tokenizer_files:
@@ -108,15 +108,17 @@ def export(hf_dir: str | Path, out_dir: str | Path, options: ExportOptions) -> M
     return manifest
 
 
-def _warn_unused(ckpt: Checkpoint) -> None:
+def _warn_unused(ckpt: Checkpoint, cfg: ModelConfig) -> None:
     # A warning, as transformers' "Some weights of the model checkpoint were not used":
-    # a pruned model's config may mean it.
-    unused = ckpt.unused()
+    # a pruned model's config may mean it. A tied model's saved lm_head is the embedding
+    # (transformers ties it without a word).
+    unused = [n for n in ckpt.unused() if not (cfg.tie_embeddings and n == "lm_head.weight")]
     if unused:
         shown = ", ".join(unused[:4]) + (f" and {len(unused) - 4} more" if len(unused) > 4
                                          else "")
-        log.warning("the checkpoint holds %d tensors config.json does not use (%s): "
-                    "are config.json and the weights from the same model?", len(unused), shown)
+        log.warning("the checkpoint holds %d tensor%s config.json does not use (%s): are "
+                    "config.json and the weights from the same model?", len(unused),
+                    "s" * (len(unused) > 1), shown)
 
 
 def _max_context(cfg: ModelConfig, requested: int | None) -> int:
