@@ -202,3 +202,14 @@ def test_a_target_inside_the_current_folder_is_exported_and_its_parents_refused(
     for holding in (".", "..", str(tmp_path)):
         with pytest.raises(ExportError, match="holds the current folder"):
             export(hf_model("llama"), Path(holding), ExportOptions(overwrite=True, **OPTIONS))
+
+
+def test_overwriting_a_link_to_a_bundle_replaces_the_link_and_leaves_nothing(hf_model,
+                                                                              tmp_path):
+    """The link moved aside was never removed (rmtree refuses links): `.link.old-PID`."""
+    real = tmp_path / "real"
+    export(hf_model("llama"), real, ExportOptions(**OPTIONS))
+    (tmp_path / "link").symlink_to(real)
+    export(hf_model("llama"), tmp_path / "link", ExportOptions(overwrite=True, **OPTIONS))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["link", "real"]
+    assert not (tmp_path / "link").is_symlink() and (real / MANIFEST_FILE).is_file()

@@ -136,6 +136,8 @@ def _swap_in(stage: Path, out_dir: Path) -> None:
         if old.exists():
             os.rename(old, out_dir)  # put the old bundle back
         raise
+    if old.is_symlink():  # a target that linked to a bundle: the link goes, not the bundle
+        old.unlink()
     shutil.rmtree(old, ignore_errors=True)
 
 
