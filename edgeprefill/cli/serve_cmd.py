@@ -72,7 +72,8 @@ def serve(
     try:
         app = create_app(loaded, config)
         auth = "API key required" if api_key else "no API key"
-        click.echo(f"serving {config.model_name!r} on http://{host}:{port}/v1 ({auth}); "
+        shown = f"[{host}]" if ":" in host else host  # an IPv6 address, as URLs write it
+        click.echo(f"serving {config.model_name!r} on http://{shown}:{port}/v1 ({auth}); "
                    "Ctrl-C to stop", err=True)
         _warn_if_the_template_fails(loaded)
         if not api_key and not _loopback(host):
