@@ -103,7 +103,8 @@ class GuardedH11Protocol(H11Protocol):
         done = self.cycle is not None and self.cycle.response_complete
         log.warning("a client read nothing of its reply for %.0f s (--send-timeout): its "
                     "connection is closed%s", self.send_timeout,
-                    "" if done else " and its request cancelled")
+                    "" if done else ", its reply cut (and its request cancelled if it "
+                    "was still generating)")
         # abort(), not close(): close() would wait to flush what the client never reads.
         # The app then hears the disconnect, cancels the stream and frees its place.
         self.transport.abort()
