@@ -204,12 +204,22 @@ def test_a_target_inside_the_current_folder_is_exported_and_its_parents_refused(
             export(hf_model("llama"), Path(holding), ExportOptions(overwrite=True, **OPTIONS))
 
 
-def test_overwriting_a_link_to_a_bundle_replaces_the_link_and_leaves_nothing(hf_model,
-                                                                              tmp_path):
-    """The link moved aside was never removed (rmtree refuses links): `.link.old-PID`."""
+def test_a_link_to_a_folder_is_exported_where_it_points(hf_model, tmp_path):
+    """`ln -s /mnt/ssd/models out`: the bundle goes where the link points and the link
+    stays. The link had been moved aside and replaced by a folder (and `.link.old-PID`,
+    the moved link, stayed for good); a dangling link failed after the whole export,
+    naming the staging folder."""
     real = tmp_path / "real"
     export(hf_model("llama"), real, ExportOptions(**OPTIONS))
     (tmp_path / "link").symlink_to(real)
-    export(hf_model("llama"), tmp_path / "link", ExportOptions(overwrite=True, **OPTIONS))
+    export(hf_model("qwen2"), tmp_path / "link", ExportOptions(overwrite=True, **OPTIONS))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["link", "real"]
-    assert not (tmp_path / "link").is_symlink() and (real / MANIFEST_FILE).is_file()
+    assert (tmp_path / "link").is_symlink() and load_manifest(real).model.family == "qwen2"
+    (tmp_path / "dangling").symlink_to(tmp_path / "nowhere")
+    with pytest.raises(ExportError, match="is a link to .*nowhere, which does not exist"):
+        export(hf_model("llama"), tmp_path / "dangling", ExportOptions(**OPTIONS))
+
+
+def test_the_root_folder_is_refused_in_one_line(hf_model, tmp_path):
+    with pytest.raises(ExportError, match="holds the current folder"):
+        export(hf_model("llama"), Path("/"), ExportOptions(**OPTIONS))

@@ -31,14 +31,16 @@ def is_partial(folder: Path) -> bool:
 
 def check_target(out_dir: Path, overwrite: bool) -> None:
     """Refuse, before any work, a target that --overwrite may not or cannot replace."""
+    if out_dir.is_symlink() and not out_dir.exists():
+        raise ExportError(f"{out_dir} is a link to {os.readlink(out_dir)}, which does not exist")
     if out_dir.exists() and not out_dir.is_dir():
         raise ExportError(f"{out_dir} exists and is not a folder")
-    nearest = next(p for p in out_dir.absolute().parents if p.exists())
-    if not nearest.is_dir():
-        raise ExportError(f"{nearest} is a file, not a folder: there can be no {out_dir}")
     here = Path.cwd()
-    if out_dir.resolve() in (here, *here.parents):  # `-o .`, `-o ..`: not a folder beside
+    if out_dir.resolve() in (here, *here.parents):  # `-o .`, `-o ..`, `-o /`
         raise ExportError(f"{out_dir} holds the current folder: export to a folder of its own")
+    nearest = next((p for p in out_dir.absolute().parents if p.exists()), None)
+    if nearest is not None and not nearest.is_dir():
+        raise ExportError(f"{nearest} is a file, not a folder: there can be no {out_dir}")
     if os.path.ismount(out_dir):  # a volume: the bundle could not be renamed onto it
         raise ExportError(f"{out_dir} is a mount point: export into a folder inside it (the "
                           "bundle is written beside its target, then renamed into place)")
@@ -79,7 +81,10 @@ def _not_the_bundles(out_dir: Path) -> list[str] | None:
 @contextmanager
 def staged(out_dir: Path, overwrite: bool) -> Iterator[Path]:
     """Yield an empty marked folder beside `out_dir`; on success swap it into `out_dir`,
-    on failure delete it and leave `out_dir` exactly as it was."""
+    on failure delete it and leave `out_dir` exactly as it was. A target that is a link
+    to a folder is written where it points (`ln -s /mnt/ssd/models out`), the link kept."""
+    if out_dir.is_symlink() and out_dir.is_dir():
+        out_dir = out_dir.resolve()
     check_target(out_dir, overwrite)
     checked = _state(out_dir)
     stage = out_dir.parent / f".{out_dir.name}.partial-{os.getpid()}"
@@ -136,8 +141,6 @@ def _swap_in(stage: Path, out_dir: Path) -> None:
         if old.exists():
             os.rename(old, out_dir)  # put the old bundle back
         raise
-    if old.is_symlink():  # a target that linked to a bundle: the link goes, not the bundle
-        old.unlink()
     shutil.rmtree(old, ignore_errors=True)
 
 
@@ -157,7 +160,7 @@ def _sync(folder: Path) -> None:
     """Flush the bundle's files to the disk before it is renamed into place: after a
     power cut (a Jetson pulled from the wall) the rename may survive while the data,
     still in the page cache, did not, leaving a bundle of the right sizes and zeros."""
-    for path in folder.iterdir():
+    for path in folder.rglob("*"):
         if path.is_file():
             with open(path, "rb") as f:
                 os.fsync(f.fileno())
