@@ -5,6 +5,7 @@ and when; each wait is bounded and each test stops by itself."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import signal
@@ -510,8 +511,37 @@ def test_the_send_timeout_cuts_only_a_client_that_reads_nothing(unsent, closing,
     transport = SimpleNamespace(get_write_buffer_size=lambda: unsent,
                                 is_closing=lambda: closing, abort=lambda: aborted.append(1))
     fake = SimpleNamespace(transport=transport, send_timeout=30.0, _unsent=60_000,
+                           _unsent_bytes=lambda: unsent,
                            _send_timer=object(), cycle=SimpleNamespace(response_complete=closing),
                            _arm_send_timer=lambda: armed.append(1))
     GuardedH11Protocol._reader_stalled(fake)  # type: ignore[arg-type]
     assert {"cut": (1, 0), "armed again": (0, 1), "nothing": (0, 0)}[outcome] == \
         (len(aborted), len(armed))
+
+
+def test_unsent_bytes_count_the_kernels_send_queue():
+    """A slow reader drains the kernel's send queue first, while asyncio's buffer stays
+    put: counted alone, it made a client reading 2 KB/s look like one that read nothing."""
+    from types import SimpleNamespace
+
+    from edgeprefill.server.transport import GuardedH11Protocol
+
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        reader = socket.socket()
+        reader.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        reader.connect(server.getsockname())
+        sender, _ = server.accept()
+        sender.setblocking(False)
+        sent = 0
+        with contextlib.suppress(BlockingIOError):
+            while sent < 4 << 20:
+                sent += sender.send(b"x" * 65536)
+        fake = SimpleNamespace(transport=SimpleNamespace(
+            get_write_buffer_size=lambda: 0, get_extra_info=lambda name: sender))
+        queued = GuardedH11Protocol._unsent_bytes(fake)  # type: ignore[arg-type]
+        got = len(reader.recv(65536))
+        time.sleep(0.2)
+        after = GuardedH11Protocol._unsent_bytes(fake)  # type: ignore[arg-type]
+        sender.close()
+        reader.close()
+    assert queued > 0 and after < queued and got > 0

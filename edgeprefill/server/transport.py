@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import sys
 import time
 from dataclasses import dataclass
 
@@ -85,14 +86,31 @@ class GuardedH11Protocol(H11Protocol):
             self._send_timer = None
 
     def _arm_send_timer(self) -> None:
-        self._unsent = self.transport.get_write_buffer_size()
+        self._unsent = self._unsent_bytes()
         self._send_timer = self.loop.call_later(self.send_timeout, self._reader_stalled)
+
+    def _unsent_bytes(self) -> int:
+        """What the client has not read yet: asyncio's buffer, plus the kernel's send queue
+        where it tells (Linux). A client reading slowly empties the kernel's queue first;
+        counted alone, asyncio's buffer did not move for it, and a client reading 2 KB/s
+        through a small receive buffer was cut as one that read nothing."""
+        unsent = self.transport.get_write_buffer_size()
+        sock = self.transport.get_extra_info("socket")
+        try:
+            import fcntl  # POSIX only
+            import termios
+
+            queued = fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, b"\0" * 4)
+            unsent += int.from_bytes(queued, sys.byteorder)
+        except (ImportError, AttributeError, OSError, ValueError):
+            pass  # not a socket this platform tells of
+        return unsent
 
     def _reader_stalled(self) -> None:
         self._send_timer = None
-        unsent = self.transport.get_write_buffer_size()
-        if unsent == 0:
+        if self.transport.get_write_buffer_size() == 0:
             return  # drained (or the connection is gone)
+        unsent = self._unsent_bytes()
         if unsent < self._unsent:
             # A slow reader is still a reader: only a whole --send-timeout without a byte
             # read cuts it (a client reading 1 KB/s needs ~50 s to drain to resume_writing).
