@@ -338,30 +338,116 @@ def test_a_constraint_refused_mid_reply_is_a_400_naming_its_field(client):
 
 
 def test_a_multi_word_literal_runs_on_a_sentencepiece_tokenizer(tiny_bundle):
-    """The bytes a grammar forces after a word (" amber") must stay reachable: an optional
-    leading space before every grammar (reverted) had made llguidance offer `a` there and
-    then refuse it."""
+    """The bytes a grammar forces after a word (" amber") must be tokenized with their
+    space: through the tokenizer's encode (which drops a leading space here) llguidance had
+    offered `a`, then refused it; with the optional leading space in front, every literal
+    after the first word failed so."""
     with Engine.load(tiny_bundle, threads=1) as tiny:
         for constraint in (Constraint.choice(["jade amber"]), Constraint.regex("jade amber"),
                            Constraint.grammar('start: "jade amber"')):
             stream = tiny.generate("the secret is jade . what was the secret ?",
                                    GenerationParams(max_new_tokens=12, constraint=constraint))
             assert stream.result().text == "jade amber" and stream.finish_reason == "stop"
+        words = tiny.generate("the secret is jade . what was the secret ?", GenerationParams(
+            max_new_tokens=8, constraint=Constraint.regex("jade [a-z]+"))).result()
+        assert words.finish_reason in ("stop", "length") and words.text.startswith("jade ")
 
 
-def test_a_token_the_mask_allowed_and_llguidance_refuses_is_the_engines_fault(tiny_bundle):
-    """On the tiny model's SentencePiece tokenizer llguidance tokenizes the bytes it forces
-    (" s" after "jade") without their space, offers that token, then refuses it. That is
-    no fault of the request: no field is blamed (the server's 500 engine_error), where it
-    had been a 400 naming the constraint."""
-    from edgeprefill.server.errors import generation_failure
+@pytest.mark.parametrize("error, blamed", [
+    ('Parser Error: token "t" doesn\'t satisfy the grammar; forced bytes: got \' \'', None),
+    ("Parser Error: Current row has 5001 items; max is 2000", "constraint"),
+])
+def test_llguidance_refusing_its_own_offer_is_the_engines_fault(error, blamed):
+    """A token from the matcher's own mask that it then refuses is a disagreement between
+    llguidance and the tokenizer (a 500 engine_error, no field blamed); a limit of the
+    grammar's own is the request's (a 400 naming its field)."""
+    from edgeprefill.errors import RequestError
+    from edgeprefill.sdk.constraints import GrammarMask, MatcherError
 
-    with Engine.load(tiny_bundle, threads=1) as tiny:
-        stream = tiny.generate("the secret is jade . what was the secret ?", GenerationParams(
-            max_new_tokens=8, constraint=Constraint.regex("jade [a-z]+")))
-        stream.result()
-    if stream.finish_reason != "error":
-        pytest.skip("this llguidance tokenizes the forced bytes with their space")
-    assert "refused a token its own mask allowed" in stream.error
-    assert stream.error_field is None
-    assert generation_failure(stream, "guided_regex").status == 500
+    class Matcher:
+        failed = False
+
+        def compute_bitmask(self):
+            return b"\xff"
+
+        def consume_token(self, token):
+            self.failed = True
+
+        def is_error(self):
+            return self.failed
+
+        def get_error(self):
+            return error + " <state> a dump"
+
+    mask = GrammarMask(Matcher())
+    with pytest.raises(RequestError if blamed else MatcherError) as raised:
+        mask.accept(3)
+    assert getattr(raised.value, "field", None) == blamed and "<state>" not in str(raised.value)
+
+
+# -- a tokenizer whose decoder strips the reply's first space ------------------------------
+# The shipped tiny model's tokenizer is SentencePiece style (Llama 2, Mistral): Metaspace
+# gives each word its space (`▁jade`: bytes " jade"), and the decoder drops the space that
+# begins a text, so a reply whose first token is `▁jade` reads "jade". The constraint holds
+# for that text; it had forbidden `▁jade` (bytes " jade" are no choice), so the model had
+# to spell a reply from byte pieces and chose another.
+
+SECRET = "the secret is jade . kero bala musi . what was the secret ?"
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_bundle) -> Iterator[Engine]:
+    with Engine.load(tiny_bundle, threads=1, kv_slots=2) as engine:
+        yield engine
+
+
+def greedy(engine, constraint=None, max_new_tokens=8):
+    params = GenerationParams(max_new_tokens=max_new_tokens, constraint=constraint)
+    return engine.generate(SECRET, params).result()
+
+
+def test_a_choice_gets_the_models_own_first_word(tiny):
+    free = greedy(tiny)
+    assert free.text == "jade" and tiny.tokenizer.token_bytes(free.token_ids[0]) == b" jade"
+    for constraint in (Constraint.choice(["jade", "ruby"]), Constraint.choice(["ruby", "jade"]),
+                       Constraint.grammar('start: "jade" | "ruby"'),
+                       Constraint.gbnf('root ::= "jade" | "ruby"')):
+        out = greedy(tiny, constraint)
+        assert (out.text, out.token_ids) == (free.text, free.token_ids), constraint
+        assert out.finish_reason == "stop"
+
+
+def test_a_regex_gets_the_unconstrained_first_word(tiny):
+    first_word = greedy(tiny).text.split()[0]
+    assert greedy(tiny, Constraint.regex("[a-z]+")).text == first_word == "jade"
+
+
+def test_a_json_reply_may_open_with_the_space_and_still_parses(tiny):
+    schema = {"type": "object", "required": ["secret"],
+              "properties": {"secret": {"type": "string", "maxLength": 8}}}
+    out = greedy(tiny, Constraint.json_schema(schema), max_new_tokens=60)
+    assert out.finish_reason == "stop", out.text
+    assert set(json.loads(out.text)) == {"secret"}
+    # The model opens with a word-start space (its habit after the prompt): allowed now,
+    # and the text the user gets has it stripped, as decoding gives it.
+    assert tiny.tokenizer.token_bytes(out.token_ids[0]).startswith(b" ")
+    assert out.text == tiny.tokenizer.decode(out.token_ids) and out.text.startswith("{")
+
+
+def test_a_byte_level_tokenizer_gets_no_optional_space(engine, tiny):
+    """Byte-level BPE keeps the reply's first space: its grammar is the user's as given,
+    no token that begins with a space may open a choice of words."""
+    from edgeprefill.sdk.constraints import compile_constraint
+
+    def first_tokens(eng, constraint):
+        mask = compile_constraint(constraint, eng.tokenizer, sorted(eng.eos))
+        allowed = mask.allowed(eng.tokenizer.vocab_size).nonzero()[0]
+        return {eng.tokenizer.token_bytes(int(t)) for t in allowed}
+
+    words = Constraint.choice(["the", "hello"])
+    assert b" the" in first_tokens(tiny, words)
+    assert not any(b.startswith(b" ") for b in first_tokens(engine, words))
+    assert not any(b.startswith(b" ") for b in first_tokens(engine, Constraint.json_object()))
+    # and its output is what the user's grammar alone gives
+    params = GenerationParams(max_new_tokens=10, constraint=words)
+    assert engine.generate("hello", params).result().text in {"the", "hello"}

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from tokenizers import Tokenizer, models, pre_tokenizers
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
 from edgeprefill.sdk.token_bytes import TokenBytes
 from tests.bpe_tokenizers import byte_fallback_bpe, byte_level_bpe
@@ -50,3 +50,18 @@ def test_piece_spells_text_as_the_vocabulary_does(make):
     spell = TokenBytes(tok).piece
     for token_id in tok.encode(" the secret is jade .", add_special_tokens=False).ids:
         assert spell(TokenBytes(tok)(token_id).decode()) == tok.id_to_token(token_id)
+
+
+def test_strips_first_space_follows_what_the_decoder_does():
+    # Llama 2 / Mistral style (the shipped tiny model): Strip(" ", start=1) after Fuse, so
+    # a reply opening with `▁jade` reads "jade". A Metaspace decoder does the same.
+    tiny = Tokenizer.from_file(str(ROOT / "models" / "tiny-recall" / "tokenizer.json"))
+    assert tiny.decode([tiny.token_to_id("▁jade")]) == "jade"
+    assert TokenBytes(tiny).strips_first_space()
+    metaspace = byte_fallback_bpe()
+    metaspace.decoder = decoders.Metaspace(prepend_scheme="always")
+    assert TokenBytes(metaspace).strips_first_space()
+    # Byte-level BPE, and byte fallback without a Strip (Gemma style), keep every space.
+    for tok in (byte_level_bpe(), byte_fallback_bpe()):
+        assert not TokenBytes(tok).strips_first_space()
+        assert tok.decode(tok.encode(" jade", add_special_tokens=False).ids) == " jade"

@@ -6,6 +6,11 @@ docs/design.md for the choice against xgrammar). Per generated token the sampler
 for the allowed tokens, sets every other logit to -inf (greedy too), and the matcher
 advances on the token sampled. When the grammar is complete the mask holds only EOS,
 so output is valid by construction whatever the model's weights.
+
+The constraint holds for the text the user sees. Where the tokenizer's decoder drops the
+space that begins a text (Llama 2, Mistral: the reply's first token `▁jade` reads "jade"),
+the grammar takes one optional space before the user's: a word-start token can begin the
+reply, and its text without the space is what the user's grammar matched.
 """
 
 from __future__ import annotations
@@ -23,7 +28,6 @@ from edgeprefill.sdk.token_bytes import TokenBytes
 
 if TYPE_CHECKING:  # llguidance is imported when a constraint is first compiled
     from llguidance import LLMatcher, LLTokenizer
-    from tokenizers import Tokenizer
 
     from edgeprefill.sdk.tokenizer import BundleTokenizer
 
@@ -211,7 +215,10 @@ def compile_constraint(constraint: Constraint, tokenizer: BundleTokenizer,
     from llguidance import LLMatcher
 
     grammar = GRAMMARS[constraint.kind](constraint.source)
-    matcher = LLMatcher(_ll_tokenizer(tokenizer, tuple(sorted(eos_ids))), grammar, log_level=0)
+    ll_tokenizer, strips_first_space = _ll_tokenizer(tokenizer, tuple(sorted(eos_ids)))
+    if strips_first_space:
+        grammar = after_optional_space(grammar)
+    matcher = LLMatcher(ll_tokenizer, grammar, log_level=0)
     kind = constraint.kind.replace("_", " ")
     if matcher.is_error():
         raise RequestError(f"invalid {kind} constraint: {_one_line(matcher.get_error())}")
@@ -222,47 +229,123 @@ def compile_constraint(constraint: Constraint, tokenizer: BundleTokenizer,
                            f"{_one_line(matcher.get_error())}") from None
 
 
+SPACE_GRAMMAR = "optional_leading_space"  # the wrapper's name in the composed grammar
+
+
+def after_optional_space(grammar: str) -> str:
+    """`grammar` (Lark text, or llguidance's JSON of named grammars) after one optional
+    space, composed as llguidance composes grammars: `start: " "? @inner`.
+
+    Exact where the user's grammar admits no text that begins with a space (a JSON value,
+    a choice or pattern of words): the bytes " v" and "v" both read "v" then. Where it
+    admits " v", the bytes " v" may also read "v", as they did without the wrapper.
+    It needs llguidance to tokenize the bytes a grammar forces byte for byte
+    (`_ExactBytes`): through the tokenizer's encode, which drops a leading space on these
+    tokenizers, its mask for a forced " amber" offered `a`, which it then refused."""
+    top: Any = None
+    if grammar.lstrip().startswith("{"):
+        try:
+            top = json.loads(grammar)
+        except ValueError:
+            top = None
+    if not isinstance(top, dict) or not isinstance(top.get("grammars"), list):
+        top = {"grammars": [{"lark_grammar": grammar}]}
+    inner = [dict(g) for g in top["grammars"]]  # grammar_from_* names at most one
+    name = inner[0]["name"] = inner[0].get("name") or "constraint"
+    outer = {"name": SPACE_GRAMMAR, "lark_grammar": f'start: " "? @{name}'}
+    return json.dumps({**top, "grammars": [outer, *inner]})
+
+
 # llguidance's tokenizer takes ~1 s to build at a 152k vocabulary: one per bundle tokenizer.
-_TOKENIZERS: weakref.WeakKeyDictionary[BundleTokenizer, tuple[tuple[int, ...], LLTokenizer]] = (
-    weakref.WeakKeyDictionary())
+# With it, whether the bundle's decoder drops the reply's first space (TokenBytes).
+_TOKENIZERS: weakref.WeakKeyDictionary[
+    BundleTokenizer, tuple[tuple[int, ...], LLTokenizer, bool]] = weakref.WeakKeyDictionary()
 
 
-def _ll_tokenizer(tokenizer: BundleTokenizer, eos_ids: tuple[int, ...]) -> LLTokenizer:
+def _ll_tokenizer(tokenizer: BundleTokenizer,
+                  eos_ids: tuple[int, ...]) -> tuple[LLTokenizer, bool]:
+    """llguidance's tokenizer for the bundle, and whether decoding strips the space that
+    begins a reply (see after_optional_space)."""
     cached = _TOKENIZERS.get(tokenizer)
     if cached is not None and cached[0] == eos_ids:
-        return cached[1]
+        return cached[1], cached[2]
     from llguidance import LLTokenizer
 
     backend = getattr(tokenizer, "tokenizer", None)
     if backend is None:
         raise RequestError("constrained output needs the bundle's tokenizer.json")
+    text: str = backend.to_str()
+    data = json.loads(text)
+    spell = TokenBytes(backend, data)
+    strips = spell.strips_first_space()
     try:
-        built = LLTokenizer(_plain_added_tokens_in_vocab(backend),
-                            n_vocab=tokenizer.vocab_size, eos_token=list(eos_ids))
+        if strips:
+            from llguidance._tokenizer import TokenizerWrapper
+
+            exact = _ExactBytes(spell, tokenizer.vocab_size, eos_ids)
+            built = LLTokenizer(TokenizerWrapper(exact), n_vocab=tokenizer.vocab_size,
+                                eos_token=list(eos_ids))
+        else:
+            built = LLTokenizer(_plain_added_tokens_in_vocab(text, data, spell),
+                                n_vocab=tokenizer.vocab_size, eos_token=list(eos_ids))
     except ValueError as err:
         raise RequestError(
             "constrained output needs a byte-level or byte-fallback BPE tokenizer; this "
             f"bundle's cannot spell arbitrary text ({_one_line(err)})") from None
-    _TOKENIZERS[tokenizer] = (eos_ids, built)
-    return built
+    _TOKENIZERS[tokenizer] = (eos_ids, built, strips)
+    return built, strips
 
 
-def _plain_added_tokens_in_vocab(backend: Tokenizer) -> str:
+class _ExactBytes:
+    """The tokenizer llguidance sees where decoding strips a reply's first space
+    (SentencePiece style): every token's own bytes, and text tokenized byte for byte,
+    greedily by the longest token. llguidance tokenizes the bytes a grammar forces with
+    it; the tokenizer's own encode drops a leading space (" amber" became `a m b e r`,
+    which llguidance then refused), and its normalizer may rewrite whitespace. Greedy is
+    not always the model's own split, but it spells exactly the bytes asked for."""
+
+    def __init__(self, spell: TokenBytes, vocab_size: int, eos_ids: tuple[int, ...]) -> None:
+        self.eos_token_id = eos_ids[0] if eos_ids else None
+        self.bos_token_id = None  # llguidance asks for it; constraints never use it
+        self.special_token_ids = sorted(i for i, token in
+                                        spell.tokenizer.get_added_tokens_decoder().items()
+                                        if token.special)
+        self.tokens = [spell(i) for i in range(vocab_size)]
+        special = set(self.special_token_ids)
+        self.by_bytes: dict[bytes, int] = {}
+        for i, piece in enumerate(self.tokens):
+            if piece and i not in special:
+                self.by_bytes.setdefault(piece, i)
+        self.longest = max(map(len, self.by_bytes), default=1)
+
+    def __call__(self, text: bytes | str) -> list[int]:
+        data = text.encode() if isinstance(text, str) else text
+        ids, at = [], 0
+        while at < len(data):
+            for n in range(min(self.longest, len(data) - at), 0, -1):
+                token = self.by_bytes.get(data[at:at + n])
+                if token is not None:
+                    ids.append(token)
+                    at += n
+                    break
+            else:  # a byte no token spells: llguidance refuses such a tokenizer anyway
+                raise ValueError(f"no token spells the byte {data[at]:#04x}")
+        return ids
+
+
+def _plain_added_tokens_in_vocab(text: str, data: dict[str, Any], spell: TokenBytes) -> str:
     """The tokenizer as llguidance should see it. llguidance takes every added token for
     a special one, which no text spells; yet a non-special added token (Qwen's <tool_call>,
     <think>) is ordinary text, and tokenizing forced text yields it: its mask then allowed
     only that token and consuming it failed (a 500 for guided_regex "<tool_call>"). Such
     tokens move into the model's vocabulary, spelled as the model spells its pieces
     (TokenBytes.piece: the decoder's reading, reversed)."""
-    text: str = backend.to_str()
-    data = json.loads(text)
     vocab = (data.get("model") or {}).get("vocab")
     plain = [t for t in data.get("added_tokens") or () if not t.get("special")]
     if not isinstance(vocab, dict) or not plain:  # Unigram's vocab is a list: left as is
         return text
-    spell = TokenBytes(backend, data).piece
     for token in plain:
-        vocab.setdefault(spell(token["content"]), token["id"])
+        vocab.setdefault(spell.piece(token["content"]), token["id"])
     data["added_tokens"] = [t for t in data["added_tokens"] if t.get("special")]
     return json.dumps(data)
 

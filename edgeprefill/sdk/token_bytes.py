@@ -74,6 +74,21 @@ class TokenBytes:
             return piece.encode()
         return self.tokenizer.decode([token_id], skip_special_tokens=False).encode()
 
+    def strips_first_space(self) -> bool:
+        """Whether decoding drops the space that begins a text, and only that one: Llama 2
+        and Mistral (Replace ▁, ..., Fuse, Strip(" ", start=1)), a Metaspace decoder. A
+        reply whose first token is `▁jade` (bytes " jade") then reads "jade", as
+        transformers' decode gives it. Asked of the decoder itself, with " x x" spelled
+        as the vocabulary spells it."""
+        decoder = self.tokenizer.decoder
+        if decoder is None:
+            return False
+        word = self.piece(" x")
+        try:
+            text: str = decoder.decode([word, word])
+        except Exception:  # noqa: BLE001 - tokenizers raises plain exceptions
+            return False
+        return text == "x x"
 
     def piece(self, text: str) -> str:
         """`text` spelled as the vocabulary spells its pieces, the reading above reversed:
