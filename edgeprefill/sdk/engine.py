@@ -440,9 +440,10 @@ class Engine:
 
     def _fail(self, requests: list[Request], err: Exception) -> None:
         # A RequestError is the request's own doing, said in its own words.
-        own = isinstance(err, RequestError)
-        error = str(err) if own else f"{type(err).__name__}: {err}"
-        field = err.field if isinstance(err, RequestError) else None
+        if isinstance(err, RequestError):
+            error, field = str(err), err.field
+        else:
+            error, field = f"{type(err).__name__}: {err}", None
         for request in requests:
             if request.phase is not Phase.DONE:
                 self._finish(request, "error", keep=False, error=error, field=field)

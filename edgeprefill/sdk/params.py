@@ -64,10 +64,10 @@ class GenerationParams:
                "seed must be an integer >= 0")
         _check(all(isinstance(s, str) and s for s in self.stop),
                "stop strings must be non-empty strings", "stop")
-        _check(len(self.stop) <= MAX_STOP_STRINGS and sum(map(len, self.stop)) <= MAX_STOP_CHARS,
+        chars = sum(map(len, self.stop))
+        _check(len(self.stop) <= MAX_STOP_STRINGS and chars <= MAX_STOP_CHARS,
                f"at most {MAX_STOP_STRINGS} stop strings of {MAX_STOP_CHARS:,} characters in "
-               f"all, got {len(self.stop)} strings, {sum(map(len, self.stop)):,} characters",
-               "stop")
+               f"all, got {len(self.stop)} strings, {chars:,} characters", "stop")
         for name in ("ignore_eos", "fit_context"):  # "false" would be truthy
             _check(isinstance(getattr(self, name), bool), f"{name} must be true or false")
 

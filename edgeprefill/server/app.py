@@ -194,8 +194,7 @@ class OpenAIApi:
         if not finished:
             return Response(status_code=499)  # nobody is listening; the request is cancelled
         if stream.finish_reason == "error":
-            failed = stream.failed if isinstance(stream, Choices) else stream
-            return generation_failure(failed, parsed.constraint_field).response()
+            return generation_failure(stream.failed, parsed.constraint_field).response()
         return JSONResponse(shape.whole(stream))
 
     def _check_model(self, model: str | None) -> None:

@@ -68,10 +68,6 @@ class Choices:
         return "error" if errors else self.streams[0].finish_reason
 
     @property
-    def error(self) -> str | None:
-        return next((s.error for s in self.streams if s.error), None)
-
-    @property
     def failed(self) -> TokenStream | None:
         """The first choice that ended in error."""
         return next((s for s in self.streams if s.finish_reason == "error"), None)

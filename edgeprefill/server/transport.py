@@ -49,14 +49,13 @@ class HttpTimeouts:
 class GuardedH11Protocol(H11Protocol):
     """uvicorn's h11 protocol plus a header-read timeout and a send timeout."""
 
-    def __init__(self, *args, header_timeout: float, send_timeout: float = 30.0,
-                 **kwargs) -> None:
+    def __init__(self, *args, header_timeout: float, send_timeout: float, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.header_timeout = header_timeout
         self.send_timeout = send_timeout
         self._header_timer: asyncio.TimerHandle | None = None
         self._send_timer: asyncio.TimerHandle | None = None
-        self._unsent = 0  # the transport's buffer when the send timer was armed
+        self._unsent = 0  # what the client had not read when the send timer was armed
 
     def connection_made(self, transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
