@@ -340,8 +340,8 @@ def test_a_constraint_refused_mid_reply_is_a_400_naming_its_field(client):
 def test_a_multi_word_literal_runs_on_a_sentencepiece_tokenizer(tiny_bundle):
     """The bytes a grammar forces after a word (" amber") must be tokenized with their
     space: through the tokenizer's encode (which drops a leading space here) llguidance had
-    offered `a`, then refused it; with the optional leading space in front, every literal
-    after the first word failed so."""
+    offered `a`, then refused it; with the leading space in front, every literal after the
+    first word failed so."""
     with Engine.load(tiny_bundle, threads=1) as tiny:
         for constraint in (Constraint.choice(["jade amber"]), Constraint.regex("jade amber"),
                            Constraint.grammar('start: "jade amber"')):
@@ -428,15 +428,30 @@ def test_a_json_reply_may_open_with_the_space_and_still_parses(tiny):
     out = greedy(tiny, Constraint.json_schema(schema), max_new_tokens=60)
     assert out.finish_reason == "stop", out.text
     assert set(json.loads(out.text)) == {"secret"}
-    # The model opens with a word-start space (its habit after the prompt): allowed now,
-    # and the text the user gets has it stripped, as decoding gives it.
+    # The reply opens with a word-start space (the model's habit after the prompt, and
+    # the grammar's on this tokenizer), and the text the user gets has it stripped.
     assert tiny.tokenizer.token_bytes(out.token_ids[0]).startswith(b" ")
     assert out.text == tiny.tokenizer.decode(out.token_ids) and out.text.startswith("{")
 
 
-def test_a_byte_level_tokenizer_gets_no_optional_space(engine, tiny):
+@pytest.mark.parametrize("pattern", [r".{5}", r"[ -~]{6}", r" jade", r"[a-z ]{4}",
+                                     r"\s?[a-z]+ [a-z]+", r" *"])
+def test_a_grammar_that_may_begin_with_a_space_holds_for_the_text(tiny, pattern):
+    """The decoder drops the reply's first space: where the space in front of the user's
+    grammar was optional, the bytes " jade" satisfied `.{5}` and the user got "jade"."""
+    for seed in range(4):
+        out = tiny.generate(SECRET, GenerationParams(
+            max_new_tokens=12, temperature=1.5, seed=seed,
+            constraint=Constraint.regex(pattern))).result()
+        assert out.finish_reason == "stop", (pattern, seed, out.text)
+        assert re.fullmatch(pattern, out.text, re.S), (pattern, seed, out.text)
+        assert out.text == tiny.tokenizer.decode(out.token_ids)
+
+
+def test_a_byte_level_tokenizer_gets_no_leading_space(engine, tiny):
     """Byte-level BPE keeps the reply's first space: its grammar is the user's as given,
-    no token that begins with a space may open a choice of words."""
+    no token that begins with a space may open a choice of words. Where the decoder drops
+    it, every first token begins with the space the decoder drops."""
     from edgeprefill.sdk.constraints import compile_constraint
 
     def first_tokens(eng, constraint):
@@ -446,6 +461,7 @@ def test_a_byte_level_tokenizer_gets_no_optional_space(engine, tiny):
 
     words = Constraint.choice(["the", "hello"])
     assert b" the" in first_tokens(tiny, words)
+    assert all(b.startswith(b" ") for b in first_tokens(tiny, words))
     assert not any(b.startswith(b" ") for b in first_tokens(engine, words))
     assert not any(b.startswith(b" ") for b in first_tokens(engine, Constraint.json_object()))
     # and its output is what the user's grammar alone gives

@@ -9,8 +9,9 @@ so output is valid by construction whatever the model's weights.
 
 The constraint holds for the text the user sees. Where the tokenizer's decoder drops the
 space that begins a text (Llama 2, Mistral: the reply's first token `▁jade` reads "jade"),
-the grammar takes one optional space before the user's: a word-start token can begin the
-reply, and its text without the space is what the user's grammar matched.
+the grammar takes one space before the user's: the reply begins with a word-start token,
+as the model's own replies do, and its text without that space is what the user's grammar
+matched, a space the grammar itself begins with included.
 """
 
 from __future__ import annotations
@@ -217,7 +218,7 @@ def compile_constraint(constraint: Constraint, tokenizer: BundleTokenizer,
     grammar = GRAMMARS[constraint.kind](constraint.source)
     ll_tokenizer, strips_first_space = _ll_tokenizer(tokenizer, tuple(sorted(eos_ids)))
     if strips_first_space:
-        grammar = after_optional_space(grammar)
+        grammar = after_space(grammar)
     matcher = LLMatcher(ll_tokenizer, grammar, log_level=0)
     kind = constraint.kind.replace("_", " ")
     if matcher.is_error():
@@ -229,16 +230,17 @@ def compile_constraint(constraint: Constraint, tokenizer: BundleTokenizer,
                            f"{_one_line(matcher.get_error())}") from None
 
 
-SPACE_GRAMMAR = "optional_leading_space"  # the wrapper's name in the composed grammar
+SPACE_GRAMMAR = "leading_space"  # the wrapper's name in the composed grammar
 
 
-def after_optional_space(grammar: str) -> str:
-    """`grammar` (Lark text, or llguidance's JSON of named grammars) after one optional
-    space, composed as llguidance composes grammars: `start: " "? @inner`.
+def after_space(grammar: str) -> str:
+    """`grammar` (Lark text, or llguidance's JSON of named grammars) after one space,
+    composed as llguidance composes grammars: `start: " " @inner`.
 
-    Exact where the user's grammar admits no text that begins with a space (a JSON value,
-    a choice or pattern of words): the bytes " v" and "v" both read "v" then. Where it
-    admits " v", the bytes " v" may also read "v", as they did without the wrapper.
+    The decoder drops exactly that space, so the text the user gets is what the inner
+    grammar matched, whatever it begins with: the bytes " jade" read "jade" and satisfy
+    `[a-z]+`; the bytes "  jade" read " jade" and satisfy `.{5}`. (With the space
+    optional, " jade" also satisfied `.{5}` and the user got four characters.)
     It needs llguidance to tokenize the bytes a grammar forces byte for byte
     (`_ExactBytes`): through the tokenizer's encode, which drops a leading space on these
     tokenizers, its mask for a forced " amber" offered `a`, which it then refused."""
@@ -252,7 +254,7 @@ def after_optional_space(grammar: str) -> str:
         top = {"grammars": [{"lark_grammar": grammar}]}
     inner = [dict(g) for g in top["grammars"]]  # grammar_from_* names at most one
     name = inner[0]["name"] = inner[0].get("name") or "constraint"
-    outer = {"name": SPACE_GRAMMAR, "lark_grammar": f'start: " "? @{name}'}
+    outer = {"name": SPACE_GRAMMAR, "lark_grammar": f'start: " " @{name}'}
     return json.dumps({**top, "grammars": [outer, *inner]})
 
 
@@ -265,7 +267,7 @@ _TOKENIZERS: weakref.WeakKeyDictionary[
 def _ll_tokenizer(tokenizer: BundleTokenizer,
                   eos_ids: tuple[int, ...]) -> tuple[LLTokenizer, bool]:
     """llguidance's tokenizer for the bundle, and whether decoding strips the space that
-    begins a reply (see after_optional_space)."""
+    begins a reply (see after_space)."""
     cached = _TOKENIZERS.get(tokenizer)
     if cached is not None and cached[0] == eos_ids:
         return cached[1], cached[2]
