@@ -4,6 +4,7 @@ locally trained byte-level BPE tokenizer: its output is valid only by constructi
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 from collections.abc import Iterator
@@ -467,3 +468,28 @@ def test_a_byte_level_tokenizer_gets_no_leading_space(engine, tiny):
     # and its output is what the user's grammar alone gives
     params = GenerationParams(max_new_tokens=10, constraint=words)
     assert engine.generate("hello", params).result().text in {"the", "hello"}
+
+
+def test_a_llama2_style_tokenizer_keeps_a_grammars_leading_space(tmp_path):
+    """Llama 2's tokenizer has no pre-tokenizer: its normalizer puts `▁` in front and for
+    every space, and the decoder strips the first. It must be recognised as stripping (as
+    a grammar of its own, " jade amber" came back "jade amber") and the wrapper hold."""
+    import shutil
+
+    from edgeprefill.export.exporter import ExportOptions, export
+    from tests.conftest import TINY_MODEL
+
+    model = shutil.copytree(TINY_MODEL, tmp_path / "hf")
+    spec = json.loads((model / "tokenizer.json").read_text())
+    spec["normalizer"] = {"type": "Sequence", "normalizers": [
+        {"type": "Prepend", "prepend": "▁"},
+        {"type": "Replace", "pattern": {"String": " "}, "content": "▁"}]}
+    spec["pre_tokenizer"] = None
+    (model / "tokenizer.json").write_text(json.dumps(spec))
+    export(model, tmp_path / "b", ExportOptions(show_progress=False, max_context=128))
+    with Engine.load(tmp_path / "b", threads=1, kv_slots=1) as engine:
+        for pattern, seed in itertools.product((r".{5}", r" jade amber", r"  two"), range(4)):
+            out = engine.generate(SECRET, GenerationParams(
+                max_new_tokens=12, temperature=1.5, seed=seed,
+                constraint=Constraint.regex(pattern))).result()
+            assert out.finish_reason == "stop" and re.fullmatch(pattern, out.text), out.text
