@@ -545,3 +545,51 @@ def test_unsent_bytes_count_the_kernels_send_queue():
         sender.close()
         reader.close()
     assert queued > 0 and after < queued and got > 0
+
+
+def test_clients_that_reset_mid_stream_leave_no_send_warnings(bundle, tmp_path):
+    """asyncio warns once per write to a connection already lost, past its fifth; a
+    stream with tokens queued wrote them all before the loop could tell it the client had
+    gone (a `--log-level warning` log filled with "socket.send() raised exception.").
+    The server runs in a process of its own, as the clients' load would hide it in one."""
+    import asyncio
+    import struct
+
+    port = free_port()
+    log = tmp_path / "serve.log"
+    command = [sys.executable, "-c", "from edgeprefill.cli.main import main; main()", "serve",
+               str(bundle("llama")), "--port", str(port), "--threads", "1", "--kv-slots", "8",
+               "--max-pending", "64", "--log-level", "warning"]
+    body = json.dumps({"prompt": "w5 w6", "max_tokens": 480, "ignore_eos": True,
+                       "stream": True, "logprobs": 5}).encode()
+    request = (f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
+               f"\r\nContent-Length: {len(body)}\r\n\r\n").encode() + body
+
+    async def read_then_reset(i: int) -> None:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_LINGER,
+                                                   struct.pack("ii", 1, 0))
+        writer.write(request)
+        await reader.read(2000 + 300 * i)
+        writer.close()
+
+    async def clients() -> None:
+        for _ in range(3):
+            await asyncio.gather(*(read_then_reset(i) for i in range(20)))
+            await asyncio.sleep(0.3)
+
+    with log.open("w") as stderr:
+        process = subprocess.Popen(command, stderr=stderr)
+        try:
+            deadline = time.monotonic() + 60
+            while True:
+                with contextlib.suppress(httpx.TransportError):
+                    if httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200:
+                        break
+                assert process.poll() is None and time.monotonic() < deadline, log.read_text()
+                time.sleep(0.1)
+            asyncio.run(clients())
+        finally:
+            process.send_signal(signal.SIGINT)
+            process.wait(timeout=30)
+    assert "socket.send() raised" not in log.read_text()

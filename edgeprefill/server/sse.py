@@ -7,8 +7,9 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import suppress
 
 import anyio
+import anyio.lowlevel
 from starlette.responses import StreamingResponse
-from starlette.types import Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
 from edgeprefill.sdk.stream import TokenStream
 from edgeprefill.server.choices import Choices
@@ -73,7 +74,7 @@ class EventStreamResponse(StreamingResponse):
 
                 async def stream_then_stop() -> None:
                     with suppress(OSError):  # the socket closed under a write
-                        await self.stream_response(send)
+                        await self.stream_response(_yielding(send))
                     group.cancel_scope.cancel()
 
                 group.start_soon(stream_then_stop)
@@ -81,3 +82,17 @@ class EventStreamResponse(StreamingResponse):
                 group.cancel_scope.cancel()
         finally:
             self.on_close()
+
+
+def _yielding(send: Send) -> Send:
+    """`send`, then one turn of the event loop. With tokens already queued the stream
+    writes without ever waiting, so a lost connection's news (asyncio schedules it on the
+    loop) came only after every queued chunk had gone to the dead socket, past the fifth
+    with a "socket.send() raised exception." warning each. After one turn uvicorn knows,
+    its send returns at once, and the disconnect listener stops the stream."""
+
+    async def send_then_yield(message: Message) -> None:
+        await send(message)
+        await anyio.lowlevel.checkpoint()
+
+    return send_then_yield
