@@ -270,3 +270,23 @@ def test_the_scheduler_is_configured_by_its_fields_not_an_object(bundle):
 
     with pytest.raises(RequestError, match="not scheduler="):
         Engine.load(bundle("llama"), scheduler=None)
+
+
+def test_an_n_sibling_waiting_for_a_slot_copies_its_prompt_before_shorter_requests(
+        make_engine):
+    """One slot busy, one for the n = 2 request: its second choice waits. Scored by its
+    prompt's length, it let the short requests that came later take the slot, which
+    evicted the prompt's KV; it prefilled the prompt a second time."""
+    engine = make_engine(kv_slots=2, chunk_size=64)
+    busy = engine.generate(ids(10), GenerationParams(max_new_tokens=400, ignore_eos=True))
+    run_until(engine, lambda: decoding(busy))
+    choices = engine.submit_n(ids(LONG, 1), GenerationParams(max_new_tokens=3,
+                                                            ignore_eos=True), 2)
+    run_until(engine, lambda: decoding(choices[0]))
+    shorts = [engine.generate(ids(20, 2 + k), GenerationParams(max_new_tokens=2))
+              for k in range(3)]
+    run_until(engine, lambda: all(s.done for s in [*choices, *shorts]))
+    # The sibling's prefill is its prompt's last token (the KV before it copied).
+    assert engine.metrics().prefill_tokens == 10 + LONG + 1 + 3 * 20
+    assert choices[1].metrics.prefix_reused == LONG - 1
+    busy.cancel()

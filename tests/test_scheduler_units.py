@@ -268,6 +268,21 @@ def test_every_slot_busy_means_wait_and_eviction_prefers_plain_prefix_entries():
     assert cache.acquire(ids(20, 3), None).slot == plain
 
 
+def test_with_every_slot_taken_a_retained_prefix_is_reused_in_place_not_evicted():
+    cache = make_cache(slots=2)
+    prompt = ids(40)
+    old = fill(cache, ids(20, 1))
+    match = fill(cache, prompt)
+    cache.release(match, keep=True)  # the least recently used: the LRU rule evicted it
+    cache.release(old, keep=True)
+    got = cache.acquire(prompt + ids(5, 2), None)
+    assert (got.slot, got.reused, got.copied_from) == (match, 40, None)
+    assert cache.slots[old].tokens == ids(20, 1)  # the other entry kept
+    cache.release(match, keep=True)
+    unrelated = cache.acquire(ids(30, 3), None)  # no match: the LRU rule as before
+    assert (unrelated.slot, unrelated.reused) == (old, 0)
+
+
 def test_compact_moves_slots_together_and_their_kv_with_them():
     cache = make_cache(slots=4)
     a, b, c = (fill(cache, ids(20, s)) for s in range(3))

@@ -413,6 +413,7 @@ class Engine:
                 continue
             slot = self.kv.fork(_slot(request))
             if slot is None:
+                follower.copies_prompt = True  # it goes first, before the KV is evicted
                 self._add(follower, admitted=True)
                 continue
             follower.slot, follower.kv_len = slot, len(follower.tokens)

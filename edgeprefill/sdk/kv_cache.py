@@ -81,11 +81,12 @@ class KVCache:
         """Make a slot ACTIVE for a request whose full token sequence is `tokens`, reusing
         as much KV as possible. Returns None when every slot is ACTIVE (the caller waits).
         Mutates the cache (may evict a retained slot and copy a prefix)."""
-        slot = self._own_slot(owner) or self._free_slot() or self._evict_lru()
-        if slot is None:
-            return None
         # Never reuse the last prompt token: its logits are what the request needs.
         limit = len(tokens) - 1
+        slot = (self._own_slot(owner) or self._free_slot() or self._matching(tokens, limit)
+                or self._evict_lru())
+        if slot is None:
+            return None
         reused = min(_common_prefix(slot.tokens, tokens), limit)
         source, shared = self._best_prefix(tokens, limit, exclude=slot.index)
         self.prefix_lookups += 1
@@ -207,6 +208,18 @@ class KVCache:
 
     def _free_slot(self) -> Slot | None:
         return next((s for s in self.slots if s.state is SlotState.FREE), None)
+
+    def _matching(self, tokens: list[int], limit: int) -> Slot | None:
+        """With no slot free, the plain retained slot sharing the longest prefix with
+        `tokens`, taken with its KV: evicting the least recently used one instead could
+        evict that very prefix (an n > 1 sibling then prefilled its prompt again)."""
+        if not self.share_prefixes:
+            return None
+        shared, best = max(((min(_common_prefix(s.tokens, tokens), limit), s.index)
+                            for s in self.slots
+                            if s.state is SlotState.RETAINED and s.owner is None),
+                           default=(0, -1))
+        return self.slots[best] if shared > 0 else None
 
     def _evict_lru(self) -> Slot | None:
         retained = [s for s in self.slots if s.state is SlotState.RETAINED]

@@ -40,6 +40,9 @@ class Request:
     waited_chunks: int = 0  # prefill chunks of other requests run while this one waited
     # n > 1: the sibling requests, queued once this prompt's KV exists
     followers: list[Request] = field(default_factory=list)
+    # An n > 1 sibling waiting for a slot while its prompt's KV is in the cache: its
+    # prefill is a copy of that KV, the cheapest there is (Scheduler's prefill_score).
+    copies_prompt: bool = False
 
     @property
     def prefill_left(self) -> int:

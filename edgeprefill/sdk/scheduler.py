@@ -19,10 +19,12 @@ Policies:
   fcfs              arrival order, the whole prompt in one call (the unchunked baseline;
                     a request that gives its own chunk_size is chunked as it asks)
   chunked           arrival order, prompts split into chunks between decode steps
-  chunked+priority  lower `priority` value first (vLLM's meaning); at equal priority the
-                    shortest remaining prefill first, aged so that nothing starves (see
-                    `prefill_score`); the prefill turn may move to another request between
-                    two chunks: the preempted one keeps its KV and resumes later
+  chunked+priority  lower `priority` value first (vLLM's meaning), strictly: a lower
+                    priority waits while higher ones keep coming; at equal priority the
+                    shortest remaining prefill first, aged so that no long prompt starves
+                    behind shorter ones (see `prefill_score`); the prefill turn may move to
+                    another request between two chunks: the preempted one keeps its KV and
+                    resumes later
 """
 
 from __future__ import annotations
@@ -93,8 +95,11 @@ class StepPlan(NamedTuple):
 def prefill_score(request: Request, aging_tokens: int) -> int:
     """Shortest remaining prefill first, aged: each chunk the request waited through
     counts as `aging_tokens` fewer tokens left, so a long prompt overtakes later short
-    ones after a bounded wait."""
-    return request.prefill_left - aging_tokens * request.waited_chunks
+    ones after a bounded wait. An n > 1 sibling that will copy its prompt's KV counts as
+    none left: scored by its prompt's length, it let shorter requests take the slots
+    until that KV was evicted, and prefilled the prompt again."""
+    left = 0 if request.copies_prompt else request.prefill_left
+    return left - aging_tokens * request.waited_chunks
 
 
 class Scheduler:
