@@ -13,6 +13,7 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack
+from pathlib import Path
 
 import pytest
 
@@ -443,6 +444,51 @@ def test_metrics_are_prometheus_text_with_latency_histograms(client, http):
     assert "edgeprefill_max_decode_stall_seconds" in families
     requests = families["edgeprefill_http_requests"].samples
     assert any(s.labels["finish_reason"] == "length" for s in requests)
+    # The README names every metric the server exports.
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    missing = [name for name in families if not name.endswith("_created")  # the client's
+               and f"`{name.removeprefix('edgeprefill_')}" not in readme]
+    assert missing == []
+
+
+def finished_requests(http: httpx.Client, reason: str) -> float:
+    text = http.get("/metrics").text
+    samples = next(f for f in text_string_to_metric_families(text)
+                   if f.name == "edgeprefill_http_requests").samples
+    return sum(s.value for s in samples if s.labels["finish_reason"] == reason)
+
+
+def histogram_count(http: httpx.Client, name: str) -> float:
+    families = text_string_to_metric_families(http.get("/metrics").text)
+    samples = next(f for f in families if f.name == name).samples
+    return next(s.value for s in samples if s.name == f"{name}_count")
+
+
+def test_every_choice_s_gaps_are_inter_token_latencies(http):
+    itl = "edgeprefill_request_inter_token_latency_seconds"
+    before = histogram_count(http, itl)
+    body = {"model": MODEL, "prompt": "w5 w6", "max_tokens": 4, "n": 3, **NO_EOS}
+    assert http.post("/v1/completions", json=body).status_code == 200
+    assert histogram_count(http, itl) - before == 3 * 3  # not only the first choice's
+
+
+def test_n_choices_left_while_one_still_waits_count_as_cancelled(http, engine, monkeypatch):
+    """One KV slot free: choice 1 runs once choice 0 has ended with `length`. The request
+    was counted as that though its client left while choice 1 ran."""
+    slow_down(monkeypatch, engine, 0.005)
+    before = finished_requests(http, "cancelled")
+    busy = {"model": MODEL, "prompt": "w5", "max_tokens": 400, "stream": True, **NO_EOS}
+    with ExitStack() as running:
+        for _ in range(3):  # one KV slot left: choice 0 runs, choice 1 waits for it
+            running.enter_context(http.stream("POST", "/v1/completions", json=busy))
+        body = {"model": MODEL, "prompt": "w5 w6", "max_tokens": 50, "n": 2, "stream": True,
+                **NO_EOS}
+        with http.stream("POST", "/v1/completions", json=body) as response:
+            for line in response.iter_lines():  # leave at choice 1's first token
+                if line.startswith("data: {") and json.loads(line[6:])["choices"][0]["index"]:
+                    break
+        wait_for(lambda: finished_requests(http, "cancelled") == before + 1)
+    wait_idle(engine)
 
 
 # -- the command ---------------------------------------------------------------------------

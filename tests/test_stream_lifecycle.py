@@ -317,12 +317,22 @@ def test_a_bad_chunk_size_is_refused_at_submit(make_engine, chunk):
         engine.generate(ids(10), GenerationParams(max_new_tokens=2), chunk_size=chunk)
 
 
+def test_a_final_eos_is_timed_but_neither_output_nor_an_inter_token_gap():
+    from edgeprefill.sdk.metrics import RequestMetrics
+
+    metrics = RequestMetrics(arrival=0.0, token_times=[1.0, 2.0, 4.0, 7.0], ended_on_eos=True)
+    assert metrics.generated_tokens == 3
+    assert metrics.inter_token_latencies == [1.0, 2.0]  # not the 3.0 to the EOS
+    assert metrics.ttft == 1.0
+
+
 def test_metrics_count_the_output_not_the_eos_and_idle_is_no_stall(make_engine, monkeypatch):
     engine = make_engine(background=False)
     stream = engine.generate(ids(10), GenerationParams(max_new_tokens=50))
     while not stream.done:
         engine.step()
     assert stream.metrics.generated_tokens == len(stream.token_ids)
+    assert len(stream.metrics.inter_token_latencies) == len(stream.token_ids) - 1
     # Leaving a request by cancel, then idling: the next decode steps start no stall.
     first = engine.generate(ids(10, 1), GenerationParams(max_new_tokens=50, ignore_eos=True))
     engine.step()

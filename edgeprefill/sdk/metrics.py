@@ -31,7 +31,9 @@ class RequestMetrics:
 
     @property
     def inter_token_latencies(self) -> list[float]:
-        return list(np.diff(self.token_times)) if len(self.token_times) > 1 else []
+        """Gaps between the output's tokens: a final EOS reaches no one."""
+        times = self.token_times[:self.generated_tokens]
+        return list(np.diff(times)) if len(times) > 1 else []
 
     @property
     def generated_tokens(self) -> int:

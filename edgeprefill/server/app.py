@@ -277,10 +277,12 @@ class OpenAIApi:
             if closed:
                 return
             closed = True
-            if not stream.done:
+            cut = not stream.done
+            if cut:
                 stream.cancel()  # the client left, or the reply was cut short: free the KV
             self.pending -= len(stream.streams)
-            self.metrics.observe(endpoint, stream)
+            # Cut while a choice still ran is `cancelled`, whatever the first choice's end.
+            self.metrics.observe(endpoint, stream, cancelled=cut)
 
         return close
 

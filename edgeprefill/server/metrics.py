@@ -36,7 +36,9 @@ ENGINE_METRICS = (
     EngineMetric("prefill_tokens", "prefill_tokens", True, "Prompt tokens prefilled"),
     EngineMetric("prefill_seconds", "prefill_seconds", True,
                  "Seconds spent in prefill calls (a fused call counts here and in decode's)"),
-    EngineMetric("decode_tokens", "decode_tokens", True, "Tokens produced by decode calls"),
+    EngineMetric("decode_tokens", "decode_tokens", True,
+                 "Tokens sampled by decode calls (a final EOS included; a reply's first "
+                 "token comes from its prefill)"),
     EngineMetric("decode_seconds", "decode_seconds", True,
                  "Seconds spent in decode calls (a fused call counts here and in prefill's)"),
     EngineMetric("decode_steps", "decode_steps", True, "Batched decode calls"),
@@ -89,7 +91,8 @@ class ServerMetrics:
             buckets=LATENCY_BUCKETS, registry=registry,
         )
         self.itl = Histogram(
-            "edgeprefill_request_inter_token_latency_seconds", "Gap between two tokens",
+            "edgeprefill_request_inter_token_latency_seconds",
+            "Gap between two tokens of a reply (every choice's)",
             buckets=LATENCY_BUCKETS, registry=registry,
         )
         self.requests = Counter(
@@ -101,14 +104,15 @@ class ServerMetrics:
             ["status"], registry=registry,
         )
 
-    def observe(self, endpoint: str, stream: TokenStream) -> None:
-        """Record a closed request. One the client left never read its end: cancelled."""
+    def observe(self, endpoint: str, stream: TokenStream, cancelled: bool = False) -> None:
+        """Record a closed request. One the client left before it ended: cancelled."""
         metrics = stream.metrics
         if metrics.ttft is not None:
             self.ttft.observe(metrics.ttft)
-        for gap in metrics.inter_token_latencies:
-            self.itl.observe(gap)
-        reason = stream.finish_reason or "cancelled"
+        for choice in getattr(stream, "streams", (stream,)):  # each of n choices
+            for gap in choice.metrics.inter_token_latencies:
+                self.itl.observe(gap)
+        reason = "cancelled" if cancelled else stream.finish_reason or "cancelled"
         self.requests.labels(endpoint=endpoint, finish_reason=reason).inc()
 
     def reject(self, status: int) -> None:
