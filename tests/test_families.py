@@ -12,7 +12,7 @@ import transformers
 from edgeprefill.errors import ExportError
 from edgeprefill.export.families import FAMILIES
 from edgeprefill.export.model_config import GLOBAL, LOCAL, ModelConfig
-from tests.conftest import build_hf_model
+from tests.conftest import TINY_VISION, build_hf_model
 from tests.test_exactness import prompt_ids, reference_logits
 
 BASE = dict(model_type="llama", hidden_size=64, intermediate_size=96, num_hidden_layers=2,
@@ -219,8 +219,20 @@ MINIMAL = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=4,
 
 
 def hf_config(family: str, **keys):
-    # Instantiated from the keys config.json would hold, as from_pretrained does.
+    # Instantiated from the keys config.json would hold, as from_pretrained does; an
+    # image-text family (Gemma 3) takes them as its text_config.
+    if FAMILIES[family].nested:
+        return transformers.AutoConfig.for_model(
+            family, text_config={**MINIMAL, **keys}, vision_config=TINY_VISION)
     return transformers.AutoConfig.for_model(family, **MINIMAL, **keys)
+
+
+def minimal_raw(family: str, **keys) -> dict:
+    """config.json of `family` holding MINIMAL and `keys` (in text_config where nested)."""
+    nested = FAMILIES[family].nested
+    if nested:
+        return {"model_type": family, nested: {**MINIMAL, **keys}}
+    return {"model_type": family, **MINIMAL, **keys}
 
 
 def hf_theta(config, layer_type: str = "full_attention") -> float:
@@ -230,8 +242,8 @@ def hf_theta(config, layer_type: str = "full_attention") -> float:
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_keys_a_config_leaves_out_take_transformers_defaults(family):
-    ours = ModelConfig.from_hf({"model_type": family, **MINIMAL})
-    hf = hf_config(family)
+    ours = ModelConfig.from_hf(minimal_raw(family))
+    hf = hf_config(family).get_text_config()
     head_dim = getattr(hf, "head_dim", None) or MINIMAL["hidden_size"] // 4
     assert ours.head_dim == head_dim
     eps = next(getattr(hf, k) for k in ("rms_norm_eps", "layer_norm_eps") if hasattr(hf, k))
@@ -287,9 +299,9 @@ def test_a_sliding_window_key_slides_only_where_the_family_reads_it(family):
     # Llama, Gemma 1, Granite, ... ignore `sliding_window` (configs copied from Mistral's
     # carry it); Qwen2/3 and SmolLM3 read it only with `use_sliding_window: true`.
     for extra in ({}, {"use_sliding_window": True}):
-        raw = {"model_type": family, **MINIMAL, "sliding_window": 8, **extra}
+        raw = minimal_raw(family, sliding_window=8, **extra)
         ours = [layer.window for layer in ModelConfig.from_hf(raw).layers]
-        hf = hf_config(family, sliding_window=8, **extra)
+        hf = hf_config(family, sliding_window=8, **extra).get_text_config()
         window = getattr(hf, "sliding_window", None)
         types = getattr(hf, "layer_types", None)
         if family in ("llama", "gemma", "granite", "olmo2", "phi", "stablelm", "cohere",
@@ -311,9 +323,9 @@ def test_the_activation_is_read_from_the_key_the_model_reads(family):
     # Gemma 1 (as the others) reads hidden_act, Gemma 2/3 hidden_activation; configs
     # converted between them carry both names.
     keys = {"hidden_act": "silu", "hidden_activation": "gelu"}
-    ours = ModelConfig.from_hf({"model_type": family, **MINIMAL, **keys}).activation
+    ours = ModelConfig.from_hf(minimal_raw(family, **keys)).activation
     mlp = transformers.AutoModelForCausalLM.from_config(hf_config(family, pad_token_id=0, **keys)) \
-        .base_model.layers[0].mlp
+        .get_decoder().layers[0].mlp
     act = next(getattr(mlp, name) for name in ("act_fn", "activation_fn", "act")
                if hasattr(mlp, name))
     x = torch.linspace(-4, 4, 101)
@@ -332,12 +344,12 @@ def test_a_switch_is_refused_only_where_the_model_reads_it(family, key):
     # Each switch adds weights where the family's model reads it (MLP biases, q/k norms);
     # configs copied from another family carry it where the model ignores it (a Qwen2
     # config with mlp_bias: true), and such a config exports as without the key.
-    raw = {"model_type": family, **MINIMAL}
+    raw, switched = minimal_raw(family), minimal_raw(family, **{key: True})
     if weight_shapes(family, **{key: True}) != weight_shapes(family):
         with pytest.raises(ExportError, match=f"{family}: .*{key}"):
-            ModelConfig.from_hf({**raw, key: True})
+            ModelConfig.from_hf(switched)
     else:
-        assert ModelConfig.from_hf({**raw, key: True}) == ModelConfig.from_hf(raw)
+        assert ModelConfig.from_hf(switched) == ModelConfig.from_hf(raw)
 
 
 def test_gpt_neox_ignores_num_key_value_heads(tmp_path):

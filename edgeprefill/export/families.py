@@ -100,12 +100,31 @@ class FamilySpec:
     # The soft-caps the family's model applies ("attn", "final"): others keep a key
     # their model ignores (Gemma 3 stores attn_logit_softcapping and never uses it).
     softcaps: tuple[str, ...] = ()
+    # Multimodal checkpoints (Gemma 3): the key whose config is the language model's, and
+    # the keys the outer config decides instead, with the outer class's default (None: no
+    # default, the inner config's value stands).
+    nested: str | None = None
+    outer: Mapping[str, Any] = field(default_factory=dict)
+    # Where such a checkpoint stores the language model: (stored prefix, read as) pairs,
+    # and the prefixes of the tensors export leaves out (vision tower, projector).
+    renames: tuple[tuple[str, str], ...] = ()
+    left_out: tuple[str, ...] = ()
 
     def read(self, raw: dict[str, Any]) -> dict[str, Any]:
         """config.json as the family's transformers config class reads it."""
+        if self.nested is not None:
+            raw = self._language_model_config(raw)
         raw = {k: v for k, v in raw.items() if k not in self.ignores}
         raw = {**self.defaults, **raw}  # only absent keys: a null is the config's own
         return self.legacy(raw) if self.legacy is not None else raw
+
+    def _language_model_config(self, raw: dict[str, Any]) -> dict[str, Any]:
+        inner = dict(raw[self.nested])  # a KeyError names the missing key
+        for key, default in self.outer.items():
+            value = raw.get(key, default)
+            if value is not None:
+                inner[key] = value
+        return inner
 
 
 def _after_max_window_layers(i: int, raw: dict[str, Any]) -> bool:
@@ -200,6 +219,28 @@ FAMILIES: dict[str, FamilySpec] = {
                   "query_pre_attn_scalar": 256, "rope_theta": 1_000_000.0,
                   "rope_local_base_freq": 10000.0},
         quirks=(*GEMMA.quirks, *SANDWICH, "per-head q/k (1+w) RMSNorm"),
+    ),
+    # The image-text checkpoints (gemma-3-4b-it and larger): Gemma3ForConditionalGeneration's
+    # language model, exported alone. Their text_config lists only what differs from
+    # Gemma3TextConfig's defaults (the 4B's has no head counts nor vocab_size), so all of
+    # those are defaults here. The outer config decides the tying (true unless it says
+    # otherwise, whatever text_config says) and the EOS ids ([1, 106]). Unlike
+    # Gemma3ForCausalLM, the multimodal model applies no final soft-cap.
+    "gemma3": replace(
+        GEMMA, block="sandwich", qk_norm="head", window="always", sliding=_every_nth_global,
+        legacy=None, act_key="hidden_activation", nested="text_config",
+        outer={"tie_word_embeddings": True, "eos_token_id": None, "bos_token_id": None},
+        renames=(("language_model.model.", "model."), ("model.language_model.", "model."),
+                 ("language_model.lm_head.", "lm_head.")),
+        left_out=("vision_tower.", "multi_modal_projector.", "model.vision_tower.",
+                  "model.multi_modal_projector."),
+        defaults={"vocab_size": 262_208, "hidden_size": 2304, "intermediate_size": 9216,
+                  "num_hidden_layers": 26, "num_attention_heads": 8, "num_key_value_heads": 4,
+                  "head_dim": 256, "max_position_embeddings": 131072, "sliding_window": 4096,
+                  "query_pre_attn_scalar": 256, "rope_theta": 1_000_000.0,
+                  "rope_local_base_freq": 10000.0},
+        quirks=(*GEMMA.quirks, *SANDWICH, "per-head q/k (1+w) RMSNorm",
+                "language model of an image-text checkpoint (vision tower left out)"),
     ),
     "phi3": FamilySpec(
         names=replace(LLAMA_NAMES, qkv="self_attn.qkv_proj", gate_up="mlp.gate_up_proj"),
