@@ -82,6 +82,15 @@ FAMILIES: dict[str, dict] = {
     "granite": {"embedding_multiplier": 2.0, "attention_multiplier": 0.1,
                 "residual_multiplier": 0.5, "logits_scaling": 2.0},
     "olmo2": {},
+    # a local and a global layer, each with its own rope
+    "olmo3": {"sliding_window": 8, "layer_types": ["sliding_attention", "full_attention"],
+              "rope_parameters": {
+                  "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                  "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 5e5}}},
+    "ernie4_5": {"head_dim": 32},  # interleaved rotary
+    # the first layer slides with rotary, the second is global without (hybrid attention)
+    "exaone4": {"sliding_window": 8, "sliding_window_pattern": 2},
+    "arcee": {},  # ReLU-squared MLP without a gate
     "phi": {"num_attention_heads": 2, "num_key_value_heads": 2, "partial_rotary_factor": 0.5},
     "stablelm": {"num_attention_heads": 2, "num_key_value_heads": 2,
                  "partial_rotary_factor": 0.5, "use_qkv_bias": True},
@@ -91,7 +100,7 @@ FAMILIES: dict[str, dict] = {
 }
 # The families the default (fast) suite covers end to end; the rest run under `slow`.
 FAST_FAMILIES = ("llama", "mistral", "qwen2", "gemma2", "gemma3_text", "gemma3", "phi3",
-                 "smollm3", "granite", "olmo2", "phi", "gpt_neox")
+                 "smollm3", "granite", "olmo2", "olmo3", "exaone4", "phi", "gpt_neox")
 
 
 def write_tokenizer(path: Path, vocab: int = VOCAB) -> None:
