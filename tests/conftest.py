@@ -67,10 +67,30 @@ FAMILIES: dict[str, dict] = {
                                                               3.0, 3.5],
                          "long_factor": [1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0, 9.0]},
     },
+    # Gemma3ForConditionalGeneration (a tiny vision tower beside it): these keys are its
+    # text_config's; it applies no final soft-cap, the key notwithstanding.
+    "gemma3": {
+        "head_dim": 16, "sliding_window": 8, "query_pre_attn_scalar": 24,
+        "final_logit_softcapping": 10.0,
+        "layer_types": ["sliding_attention", "full_attention"],
+        "rope_parameters": {
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+            "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e6},
+        },
+    },
     "smollm3": {"no_rope_layer_interval": 2},  # the second layer has no rope
     "granite": {"embedding_multiplier": 2.0, "attention_multiplier": 0.1,
                 "residual_multiplier": 0.5, "logits_scaling": 2.0},
     "olmo2": {},
+    # a local and a global layer, each with its own rope
+    "olmo3": {"sliding_window": 8, "layer_types": ["sliding_attention", "full_attention"],
+              "rope_parameters": {
+                  "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                  "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 5e5}}},
+    "ernie4_5": {"head_dim": 32},  # interleaved rotary
+    # the first layer slides with rotary, the second is global without (hybrid attention)
+    "exaone4": {"sliding_window": 8, "sliding_window_pattern": 2},
+    "arcee": {},  # ReLU-squared MLP without a gate
     "phi": {"num_attention_heads": 2, "num_key_value_heads": 2, "partial_rotary_factor": 0.5},
     "stablelm": {"num_attention_heads": 2, "num_key_value_heads": 2,
                  "partial_rotary_factor": 0.5, "use_qkv_bias": True},
@@ -79,8 +99,8 @@ FAMILIES: dict[str, dict] = {
         "rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}},
 }
 # The families the default (fast) suite covers end to end; the rest run under `slow`.
-FAST_FAMILIES = ("llama", "mistral", "qwen2", "gemma2", "gemma3_text", "phi3", "smollm3",
-                 "granite", "olmo2", "phi", "gpt_neox")
+FAST_FAMILIES = ("llama", "mistral", "qwen2", "gemma2", "gemma3_text", "gemma3", "phi3",
+                 "smollm3", "granite", "olmo2", "olmo3", "exaone4", "phi", "gpt_neox")
 
 
 def write_tokenizer(path: Path, vocab: int = VOCAB) -> None:
@@ -103,7 +123,6 @@ def build_hf_model(family: str, out: Path, seed: int = 0, dtype=None, **override
     import transformers
 
     model_type = family.split("-")[0]
-    config_cls = transformers.AutoConfig.for_model(model_type).__class__
     kwargs = dict(
         hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
         num_key_value_heads=2, vocab_size=VOCAB, max_position_embeddings=1024,
@@ -115,7 +134,7 @@ def build_hf_model(family: str, out: Path, seed: int = 0, dtype=None, **override
     kwargs.update(FAMILIES.get(family, {}))
     kwargs.update(overrides)
     torch.manual_seed(seed)
-    model = transformers.AutoModelForCausalLM.from_config(config_cls(**kwargs))
+    model = transformers.AutoModelForCausalLM.from_config(hf_config_of(model_type, kwargs))
     # Biases start at zero and norm weights at one (Gemma: zero): make them matter. Norms of
     # the Llama-layout fixtures stay as they are, which other tests' tolerances were set on.
     perturb_norms = model_type not in ("llama", "mistral", "qwen2", "qwen3")
@@ -130,6 +149,23 @@ def build_hf_model(family: str, out: Path, seed: int = 0, dtype=None, **override
     model.save_pretrained(out)
     write_tokenizer(out)
     return out
+
+
+# The vision tower of the image-text fixtures, as small as its config allows (2 x 2 patches).
+TINY_VISION = {"hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 1,
+               "num_attention_heads": 2, "image_size": 28, "patch_size": 14}
+
+
+def hf_config_of(model_type: str, kwargs: dict):
+    """The transformers config of a test model; for an image-text family (a config with a
+    text_config) the keys are its language model's, and the outer config ties as told."""
+    import transformers
+
+    config_cls = transformers.AutoConfig.for_model(model_type).__class__
+    if "text_config" not in getattr(config_cls, "sub_configs", {}):
+        return config_cls(**kwargs)
+    return config_cls(text_config=kwargs, vision_config=TINY_VISION, mm_tokens_per_image=4,
+                      tie_word_embeddings=kwargs["tie_word_embeddings"])
 
 
 @pytest.fixture(scope="session")

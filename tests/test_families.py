@@ -12,7 +12,7 @@ import transformers
 from edgeprefill.errors import ExportError
 from edgeprefill.export.families import FAMILIES
 from edgeprefill.export.model_config import GLOBAL, LOCAL, ModelConfig
-from tests.conftest import build_hf_model
+from tests.conftest import TINY_VISION, build_hf_model
 from tests.test_exactness import prompt_ids, reference_logits
 
 BASE = dict(model_type="llama", hidden_size=64, intermediate_size=96, num_hidden_layers=2,
@@ -135,14 +135,16 @@ def test_longrope_beyond_the_original_window_uses_the_long_factors(tmp_path):
 
 
 @pytest.mark.parametrize(("change", "message"), [
-    ({"model_type": "bloom"}, "'bloom' is not supported; supported: cohere, gemma, gemma2"),
+    ({"model_type": "bloom"}, "'bloom' is not supported; supported: arcee, cohere, ernie4_5"),
     ({"rope_parameters": {"rope_type": "mrope", "rope_theta": 1e4}}, "rope type 'mrope'"),
     ({"num_key_value_heads": 3}, "is not a multiple of num_key_value_heads (3)"),
     ({"layer_types": ["full_attention"]}, "layer_types lists 1 layers; there are 2"),
     ({"layer_types": ["full_attention", "chunked_attention"]}, "unsupported kinds"),
-    ({"hidden_act": "relu2"}, "activation 'relu2' is not supported"),
+    ({"hidden_act": "relu6"}, "activation 'relu6' is not supported"),
     ({"model_type": "stablelm", "qk_layernorm": True}, "per-head LayerNorm on q/k"),
     ({"model_type": "cohere", "use_qk_norm": True}, "per-head LayerNorm on q/k"),
+    ({"model_type": "ernie4_5", "use_bias": True}, "ernie4_5: use_bias=true"),
+    ({"model_type": "arcee", "mlp_bias": True}, "arcee: mlp_bias=true is not supported"),
     ({"model_type": "mistral", "sliding_window": 0}, "sliding_window must be at least 1"),
     ({"model_type": "phi3", "partial_rotary_factor": 1.5}, "rotary dimension 24 does not fit"),
     ({"rope_parameters": {"rope_type": "longrope", "short_factor": [1.0], "long_factor": [1.0],
@@ -219,8 +221,20 @@ MINIMAL = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=4,
 
 
 def hf_config(family: str, **keys):
-    # Instantiated from the keys config.json would hold, as from_pretrained does.
+    # Instantiated from the keys config.json would hold, as from_pretrained does; an
+    # image-text family (Gemma 3) takes them as its text_config.
+    if FAMILIES[family].nested:
+        return transformers.AutoConfig.for_model(
+            family, text_config={**MINIMAL, **keys}, vision_config=TINY_VISION)
     return transformers.AutoConfig.for_model(family, **MINIMAL, **keys)
+
+
+def minimal_raw(family: str, **keys) -> dict:
+    """config.json of `family` holding MINIMAL and `keys` (in text_config where nested)."""
+    nested = FAMILIES[family].nested
+    if nested:
+        return {"model_type": family, nested: {**MINIMAL, **keys}}
+    return {"model_type": family, **MINIMAL, **keys}
 
 
 def hf_theta(config, layer_type: str = "full_attention") -> float:
@@ -230,8 +244,8 @@ def hf_theta(config, layer_type: str = "full_attention") -> float:
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_keys_a_config_leaves_out_take_transformers_defaults(family):
-    ours = ModelConfig.from_hf({"model_type": family, **MINIMAL})
-    hf = hf_config(family)
+    ours = ModelConfig.from_hf(minimal_raw(family))
+    hf = hf_config(family).get_text_config()
     head_dim = getattr(hf, "head_dim", None) or MINIMAL["hidden_size"] // 4
     assert ours.head_dim == head_dim
     eps = next(getattr(hf, k) for k in ("rms_norm_eps", "layer_norm_eps") if hasattr(hf, k))
@@ -287,13 +301,13 @@ def test_a_sliding_window_key_slides_only_where_the_family_reads_it(family):
     # Llama, Gemma 1, Granite, ... ignore `sliding_window` (configs copied from Mistral's
     # carry it); Qwen2/3 and SmolLM3 read it only with `use_sliding_window: true`.
     for extra in ({}, {"use_sliding_window": True}):
-        raw = {"model_type": family, **MINIMAL, "sliding_window": 8, **extra}
+        raw = minimal_raw(family, sliding_window=8, **extra)
         ours = [layer.window for layer in ModelConfig.from_hf(raw).layers]
-        hf = hf_config(family, sliding_window=8, **extra)
+        hf = hf_config(family, sliding_window=8, **extra).get_text_config()
         window = getattr(hf, "sliding_window", None)
         types = getattr(hf, "layer_types", None)
         if family in ("llama", "gemma", "granite", "olmo2", "phi", "stablelm", "cohere",
-                      "gpt_neox"):
+                      "gpt_neox", "ernie4_5", "arcee"):
             expected = [None] * 4
         elif types is not None:
             expected = [window if t == "sliding_attention" else None for t in types]
@@ -311,9 +325,9 @@ def test_the_activation_is_read_from_the_key_the_model_reads(family):
     # Gemma 1 (as the others) reads hidden_act, Gemma 2/3 hidden_activation; configs
     # converted between them carry both names.
     keys = {"hidden_act": "silu", "hidden_activation": "gelu"}
-    ours = ModelConfig.from_hf({"model_type": family, **MINIMAL, **keys}).activation
+    ours = ModelConfig.from_hf(minimal_raw(family, **keys)).activation
     mlp = transformers.AutoModelForCausalLM.from_config(hf_config(family, pad_token_id=0, **keys)) \
-        .base_model.layers[0].mlp
+        .get_decoder().layers[0].mlp
     act = next(getattr(mlp, name) for name in ("act_fn", "activation_fn", "act")
                if hasattr(mlp, name))
     x = torch.linspace(-4, 4, 101)
@@ -326,18 +340,18 @@ def weight_shapes(family: str, **keys) -> dict[str, tuple[int, ...]]:
     return {name: tuple(p.shape) for name, p in model.state_dict().items()}
 
 
-@pytest.mark.parametrize("key", ("mlp_bias", "qk_layernorm", "use_qk_norm"))
+@pytest.mark.parametrize("key", ("mlp_bias", "qk_layernorm", "use_qk_norm", "use_bias"))
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_a_switch_is_refused_only_where_the_model_reads_it(family, key):
     # Each switch adds weights where the family's model reads it (MLP biases, q/k norms);
     # configs copied from another family carry it where the model ignores it (a Qwen2
     # config with mlp_bias: true), and such a config exports as without the key.
-    raw = {"model_type": family, **MINIMAL}
+    raw, switched = minimal_raw(family), minimal_raw(family, **{key: True})
     if weight_shapes(family, **{key: True}) != weight_shapes(family):
         with pytest.raises(ExportError, match=f"{family}: .*{key}"):
-            ModelConfig.from_hf({**raw, key: True})
+            ModelConfig.from_hf(switched)
     else:
-        assert ModelConfig.from_hf({**raw, key: True}) == ModelConfig.from_hf(raw)
+        assert ModelConfig.from_hf(switched) == ModelConfig.from_hf(raw)
 
 
 def test_gpt_neox_ignores_num_key_value_heads(tmp_path):
@@ -369,6 +383,44 @@ def test_gemma3_local_and_global_ropes_are_the_models(rope_parameters):
         np.testing.assert_allclose(np.cos(freqs) * np.float32(rope.cos_sin_scale()),
                                    model_cos(rotary, 256, "gemma3_text", layer_type),
                                    atol=1e-4, err_msg=layer_type)
+
+
+@pytest.mark.parametrize("keys", [
+    {},
+    {"rope_theta": 10000.0},
+    {"rope_theta": 10000.0, "rope_scaling": {"rope_type": "linear", "factor": 4.0}},
+    {"rope_parameters": {"full_attention": {"rope_type": "linear", "factor": 2.0,
+                                            "rope_theta": 1e6},
+                         "sliding_attention": {"rope_type": "default", "rope_theta": 5e3}}},
+], ids=("defaults", "legacy theta", "legacy scaling", "per layer type"))
+def test_olmo3_local_and_global_ropes_are_the_models(keys):
+    # Olmo3Config gives a legacy rope_theta and rope_scaling to the global layers only.
+    raw = {"model_type": "olmo3", **MINIMAL, "sliding_window": 8, **keys}
+    ours = ModelConfig.from_hf(raw)
+    assert [layer.rope for layer in ours.layers] == [LOCAL, LOCAL, LOCAL, GLOBAL]
+    rotary = model_rotary("olmo3", raw)
+    for name, layer_type in ((GLOBAL, "full_attention"), (LOCAL, "sliding_attention")):
+        rope = ours.ropes[name]
+        freqs = np.outer(np.arange(256, dtype=np.float32), rope.inv_freq())
+        np.testing.assert_allclose(np.cos(freqs) * np.float32(rope.cos_sin_scale()),
+                                   model_cos(rotary, 256, "olmo3", layer_type),
+                                   atol=1e-4, err_msg=layer_type)
+
+
+@pytest.mark.parametrize("window", (8, None))
+def test_exaone4_global_layers_rotate_only_without_a_window(tmp_path, window):
+    # Exaone4Attention applies rotary where `sliding_window is None or is_sliding`: with a
+    # window the global layers go without; without one every layer rotates.
+    types = ["sliding_attention", "full_attention"] if window else ["full_attention"] * 2
+    raw = {"model_type": "exaone4", **MINIMAL, "num_hidden_layers": 2, "layer_types": types,
+           "sliding_window": window}
+    assert [layer.rope for layer in ModelConfig.from_hf(raw).layers] == (
+        [LOCAL, None] if window else [GLOBAL, GLOBAL])
+    hf_dir = build_hf_model("exaone4", tmp_path / "hf", sliding_window=window,
+                            layer_types=types)
+    ids = prompt_ids(40)
+    np.testing.assert_allclose(last_logits(export_small(hf_dir, tmp_path / "b"), ids),
+                               reference_logits(hf_dir, ids)[-1], rtol=1e-4, atol=1e-4)
 
 
 def test_legacy_values_read_as_transformers_rewrites_them():

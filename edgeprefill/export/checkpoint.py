@@ -22,11 +22,22 @@ class Checkpoint:
 
     bf16 and fp16 tensors are converted to the requested float dtype on read, so the
     exporter never holds more than one converted tensor per weight at a time.
+
+    A multimodal checkpoint keeps its language model under a prefix (`language_model.model.`
+    on the Hub): `renames` maps stored prefixes to the names read (first match wins), as
+    transformers' weight renamings do, and tensors under a `left_out` prefix (a vision
+    tower) are not the export's: they are counted in `left_out`, never read nor warned of.
     """
 
-    def __init__(self, hf_dir: Path) -> None:
+    def __init__(self, hf_dir: Path, renames: tuple[tuple[str, str], ...] = (),
+                 left_out: tuple[str, ...] = ()) -> None:
         self.dir = hf_dir
-        self._file_of = _tensor_files(hf_dir)
+        stored = _tensor_files(hf_dir)
+        self.left_out = sorted(n for n in stored if n.startswith(left_out)) if left_out else []
+        skipped = set(self.left_out)
+        # the name read -> (file, the name stored)
+        self._file_of = {_renamed(n, renames): (path, n) for n, path in stored.items()
+                         if n not in skipped}
         self._handles: dict[Path, object] = {}
         self.read: set[str] = set()  # the tensors the export took
 
@@ -37,19 +48,19 @@ class Checkpoint:
         return name in self._file_of
 
     def shape(self, name: str) -> tuple[int, ...]:
-        path = self._require(name)
-        return tuple(self._handle(path).get_slice(name).get_shape())
+        path, stored = self._require(name)
+        return tuple(self._handle(path).get_slice(stored).get_shape())
 
-    def _require(self, name: str) -> Path:
-        path = self._file_of.get(name)
-        if path is None:
+    def _require(self, name: str) -> tuple[Path, str]:
+        found = self._file_of.get(name)
+        if found is None:
             raise ExportError(f"the checkpoint in {self.dir} lacks the tensor {name!r}")
-        return path
+        return found
 
     def get(self, name: str, dtype: np.dtype = np.float32) -> np.ndarray:
-        path = self._require(name)
+        path, stored = self._require(name)
         try:
-            tensor = self._handle(path).get_tensor(name)
+            tensor = self._handle(path).get_tensor(stored)
         except (SafetensorError, OSError, ValueError) as err:
             raise ExportError(f"cannot read {name!r} from {path.name}: {err}") from None
         self.read.add(name)
@@ -68,6 +79,13 @@ class Checkpoint:
             except (SafetensorError, OSError) as err:
                 raise ExportError(f"{path} is not a readable safetensors file: {err}") from None
         return self._handles[path]
+
+
+def _renamed(name: str, renames: tuple[tuple[str, str], ...]) -> str:
+    for stored, read_as in renames:
+        if name.startswith(stored):
+            return read_as + name[len(stored):]
+    return name
 
 
 def _tensor_files(hf_dir: Path) -> dict[str, Path]:

@@ -251,6 +251,9 @@ class DecoderBuilder:
         g, kind = self.g, self.cfg.activation
         if kind == "silu":
             return g.op("Mul", [x, g.op("Sigmoid", [x])])
+        if kind == "relu2":  # Arcee (transformers' ReLUSquaredActivation)
+            relu = g.op("Relu", [x])
+            return g.op("Mul", [relu, relu])
         return g.op("Gelu", [x], approximate="tanh" if kind == "gelu_tanh" else "none")
 
     def _logits(self, logits: str) -> str:

@@ -93,11 +93,12 @@ def export(hf_dir: str | Path, out_dir: str | Path, options: ExportOptions) -> M
     check_export_generation_config(hf_dir)
     _check_generation_eos(hf_dir, cfg.vocab_size)
     with staged(out_dir, options.overwrite) as stage:  # swapped in only when complete
-        ckpt = Checkpoint(hf_dir)
+        ckpt = Checkpoint(hf_dir, cfg.spec.renames, cfg.spec.left_out)
         flavor = flavor_class(options.flavor)(cfg, DTYPES[options.dtype], max_context)
         g = DecoderBuilder(cfg, ckpt, flavor, options.quant).build()
         initializers = write_external_data(g.weights, stage / DATA_FILE, options.show_progress)
         _warn_unused(ckpt, cfg)  # weights are read as they are written
+        _say_left_out(ckpt)
         model = g.to_model(initializers, flavor.opsets, IR_VERSION[options.flavor])
         onnx.save_model(model, stage / GRAPH_FILE)
         for name in tokenizer_files:
@@ -119,6 +120,15 @@ def _warn_unused(ckpt: Checkpoint, cfg: ModelConfig) -> None:
         log.warning("the checkpoint holds %d tensor%s config.json does not use (%s): are "
                     "config.json and the weights from the same model?", len(unused),
                     "s" * (len(unused) > 1), shown)
+
+
+def _say_left_out(ckpt: Checkpoint) -> None:
+    # One line for the whole vision tower of an image-text checkpoint, not one per tensor:
+    # leaving it out is the export's choice, not a config that disagrees with its weights.
+    if ckpt.left_out:
+        parts = sorted({name.removeprefix("model.").split(".")[0] for name in ckpt.left_out})
+        log.warning("the bundle holds the language model only: %d tensors of the "
+                    "checkpoint's %s are left out", len(ckpt.left_out), ", ".join(parts))
 
 
 def _max_context(cfg: ModelConfig, requested: int | None) -> int:

@@ -100,12 +100,34 @@ class FamilySpec:
     # The soft-caps the family's model applies ("attn", "final"): others keep a key
     # their model ignores (Gemma 3 stores attn_logit_softcapping and never uses it).
     softcaps: tuple[str, ...] = ()
+    # Whether global (full-attention) layers go without rotary when the config has a sliding
+    # window, the local layers carrying the positions (EXAONE 4's hybrid attention).
+    global_nope: bool = False
+    # Multimodal checkpoints (Gemma 3): the key whose config is the language model's, and
+    # the keys the outer config decides instead, with the outer class's default (None: no
+    # default, the inner config's value stands).
+    nested: str | None = None
+    outer: Mapping[str, Any] = field(default_factory=dict)
+    # Where such a checkpoint stores the language model: (stored prefix, read as) pairs,
+    # and the prefixes of the tensors export leaves out (vision tower, projector).
+    renames: tuple[tuple[str, str], ...] = ()
+    left_out: tuple[str, ...] = ()
 
     def read(self, raw: dict[str, Any]) -> dict[str, Any]:
         """config.json as the family's transformers config class reads it."""
+        if self.nested is not None:
+            raw = self._language_model_config(raw)
         raw = {k: v for k, v in raw.items() if k not in self.ignores}
         raw = {**self.defaults, **raw}  # only absent keys: a null is the config's own
         return self.legacy(raw) if self.legacy is not None else raw
+
+    def _language_model_config(self, raw: dict[str, Any]) -> dict[str, Any]:
+        inner = dict(raw[self.nested])  # a KeyError names the missing key
+        for key, default in self.outer.items():
+            value = raw.get(key, default)
+            if value is not None:
+                inner[key] = value
+        return inner
 
 
 def _after_max_window_layers(i: int, raw: dict[str, Any]) -> bool:
@@ -150,10 +172,24 @@ def _neox_rotary_base(raw: dict[str, Any]) -> dict[str, Any]:
     return raw
 
 
+def _olmo3_ropes(raw: dict[str, Any]) -> dict[str, Any]:
+    # Olmo3Config: a rope per layer type. A legacy `rope_scaling` and `rope_theta` go to
+    # the global layers only; the local ones keep a default rope on the default base
+    # (the class pops rope_theta for the global entry, so the local entry never sees it).
+    params = raw.get("rope_parameters") or {}
+    full = {"rope_type": "default", **(params.get("full_attention") or {}),
+            **(raw.get("rope_scaling") or {})}
+    full.setdefault("rope_theta", raw.get("rope_theta", OLMO3_THETA))
+    sliding = {"rope_type": "default", "rope_theta": OLMO3_THETA,
+               **(params.get("sliding_attention") or {})}
+    return {**raw, "rope_parameters": {"full_attention": full, "sliding_attention": sliding}}
+
+
 def _parallel_if_configured(raw: dict[str, Any]) -> str:
     return "shared" if raw.get("use_parallel_residual") else "pre"
 
 
+OLMO3_THETA = 500000.0
 # Llama's convention: `attention_bias` switches the q/k/v and o biases on together.
 ATTENTION_BIAS: dict[str, Any] = {"bias_key": "attention_bias", "o_bias": None}
 GEMMA = FamilySpec(
@@ -168,6 +204,10 @@ NEOX_NAMES = TensorNames(
     lm_head=("embed_out", "lm_head"), layer="gpt_neox.layers.{i}.",
     qkv="attention.query_key_value", o="attention.dense",
     gate="", up="mlp.dense_h_to_4h", down="mlp.dense_4h_to_h",
+)
+OLMO2 = FamilySpec(
+    **ATTENTION_BIAS, block="post", qk_norm="full", defaults={"rms_norm_eps": 1e-5},
+    quirks=("norms after attention and MLP", "q/k RMSNorm over the whole projection"),
 )
 PHI_NAMES = TensorNames(final_norm="model.final_layernorm", o="self_attn.dense",
                         gate="", up="mlp.fc1", down="mlp.fc2")
@@ -201,6 +241,28 @@ FAMILIES: dict[str, FamilySpec] = {
                   "rope_local_base_freq": 10000.0},
         quirks=(*GEMMA.quirks, *SANDWICH, "per-head q/k (1+w) RMSNorm"),
     ),
+    # The image-text checkpoints (gemma-3-4b-it and larger): Gemma3ForConditionalGeneration's
+    # language model, exported alone. Their text_config lists only what differs from
+    # Gemma3TextConfig's defaults (the 4B's has no head counts nor vocab_size), so all of
+    # those are defaults here. The outer config decides the tying (true unless it says
+    # otherwise, whatever text_config says) and the EOS ids ([1, 106]). Unlike
+    # Gemma3ForCausalLM, the multimodal model applies no final soft-cap.
+    "gemma3": replace(
+        GEMMA, block="sandwich", qk_norm="head", window="always", sliding=_every_nth_global,
+        legacy=None, act_key="hidden_activation", nested="text_config",
+        outer={"tie_word_embeddings": True, "eos_token_id": None, "bos_token_id": None},
+        renames=(("language_model.model.", "model."), ("model.language_model.", "model."),
+                 ("language_model.lm_head.", "lm_head.")),
+        left_out=("vision_tower.", "multi_modal_projector.", "model.vision_tower.",
+                  "model.multi_modal_projector."),
+        defaults={"vocab_size": 262_208, "hidden_size": 2304, "intermediate_size": 9216,
+                  "num_hidden_layers": 26, "num_attention_heads": 8, "num_key_value_heads": 4,
+                  "head_dim": 256, "max_position_embeddings": 131072, "sliding_window": 4096,
+                  "query_pre_attn_scalar": 256, "rope_theta": 1_000_000.0,
+                  "rope_local_base_freq": 10000.0},
+        quirks=(*GEMMA.quirks, *SANDWICH, "per-head q/k (1+w) RMSNorm",
+                "language model of an image-text checkpoint (vision tower left out)"),
+    ),
     "phi3": FamilySpec(
         names=replace(LLAMA_NAMES, qkv="self_attn.qkv_proj", gate_up="mlp.gate_up_proj"),
         window="always", partial_rotary=True, legacy=_phi3_longrope,
@@ -218,9 +280,32 @@ FAMILIES: dict[str, FamilySpec] = {
         defaults={"attention_multiplier": 1.0},
         quirks=("embedding, attention and residual multipliers", "logits scaling"),
     ),
-    "olmo2": FamilySpec(
-        **ATTENTION_BIAS, block="post", qk_norm="full", defaults={"rms_norm_eps": 1e-5},
-        quirks=("norms after attention and MLP", "q/k RMSNorm over the whole projection"),
+    "olmo2": OLMO2,
+    # OLMo 2 with sliding windows on three of every four layers, each layer type its rope.
+    "olmo3": replace(OLMO2, window="always", sliding=lambda i, raw: (i + 1) % 4 != 0,
+                     legacy=_olmo3_ropes,
+                     defaults={"rms_norm_eps": 1e-5, "sliding_window": 4096}),
+    # Llama with rotary on interleaved pairs; `use_bias` would bias every projection.
+    "ernie4_5": FamilySpec(
+        rope_interleaved=True, tie_default=True, unsupported=("use_bias",),
+        defaults={"head_dim": 128, "rope_theta": 500000.0, "rms_norm_eps": 1e-5,
+                  "max_position_embeddings": 131072},
+        quirks=("interleaved rotary",),
+    ),
+    # Norms after the sublayers (as OLMo 2) and per-head q/k norms (as Qwen3); with a
+    # window, 3 local layers per global one, and the global layers have no rotary.
+    "exaone4": FamilySpec(
+        block="post", qk_norm="head", window="always", sliding=_every_nth_global,
+        global_nope=True,
+        defaults={"rms_norm_eps": 1e-5, "sliding_window": 4096, "sliding_window_pattern": 4},
+        quirks=("norms after attention and MLP", "per-head q/k RMSNorm"),
+    ),
+    # Llama with a plain (ungated) MLP: down(relu(up(x))^2).
+    "arcee": FamilySpec(
+        **ATTENTION_BIAS, names=replace(LLAMA_NAMES, gate=""), gated_mlp=False,
+        act_default="relu2", unsupported=("mlp_bias",),
+        defaults={"rms_norm_eps": 1e-5, "max_position_embeddings": 4096},
+        quirks=("ReLU-squared MLP without a gate",),
     ),
     "phi": FamilySpec(
         names=PHI_NAMES, norm="layer", block="shared", gated_mlp=False, qkv_bias=True,

@@ -22,7 +22,7 @@ from edgeprefill.json_file import load_json_object
 # hidden_act names -> the activation the builder emits (gelu_new and gelu_pytorch_tanh are
 # the same tanh approximation).
 ACTIVATIONS = {"silu": "silu", "swish": "silu", "gelu": "gelu", "gelu_new": "gelu_tanh",
-               "gelu_pytorch_tanh": "gelu_tanh", "gelu_fast": "gelu_tanh"}
+               "gelu_pytorch_tanh": "gelu_tanh", "gelu_fast": "gelu_tanh", "relu2": "relu2"}
 GLOBAL, LOCAL = "global", "local"  # the rope tables a layer can use
 
 
@@ -192,6 +192,7 @@ UNSUPPORTED = {
     "mlp_bias": "mlp_bias=true is not supported",
     "qk_layernorm": "per-head LayerNorm on q/k (qk_layernorm) is not supported",
     "use_qk_norm": "per-head LayerNorm on q/k (use_qk_norm) is not supported",
+    "use_bias": "use_bias=true (biases on every projection) is not supported",
 }
 
 
@@ -264,11 +265,14 @@ def _layers(raw: dict[str, Any], spec: FamilySpec) -> tuple[LayerAttention, ...]
         if unknown:
             raise ExportError(f"layer_types holds unsupported kinds: {', '.join(sorted(unknown))}")
         slides = [window is not None and kind == "sliding_attention" for kind in types]
+    ropes = _rope_layers(raw, count)
+    if spec.global_nope and window is not None:
+        ropes = [rope and slide for rope, slide in zip(ropes, slides, strict=True)]
     # Sliding layers use the LOCAL rope, which equals GLOBAL unless the config gives local
     # layers their own (Gemma 3); flavours emit one table per distinct rope.
     return tuple(
         LayerAttention(window if slide else None, (LOCAL if slide else GLOBAL) if rope else None)
-        for slide, rope in zip(slides, _rope_layers(raw, count), strict=True)
+        for slide, rope in zip(slides, ropes, strict=True)
     )
 
 
