@@ -37,9 +37,9 @@ OPEN = "<think>"
 CLOSE = "</think>"
 MODES = ("auto", "none")  # --reasoning-parser
 # The reply's reasoning goes out under both names clients read: `reasoning_content`
-# (DeepSeek's API, llama.cpp's server, SGLang, vLLM before 0.11) and `reasoning` (vLLM
-# since its rename after OpenAI's gpt-oss guidance, OpenRouter). Clients read one or
-# the other; the same text under both costs bytes, not correctness.
+# (DeepSeek's API, llama.cpp's server, SGLang, older vLLM) and `reasoning` (vLLM since
+# vllm-project/vllm#27752, after OpenAI's guidance for gpt-oss; #33402 dropped the old
+# name; OpenRouter). Each client reads one; the same text under both costs bytes only.
 FIELDS = ("reasoning_content", "reasoning")
 
 
