@@ -18,7 +18,7 @@ from edgeprefill.server.reasoning import (
     ReasoningParser,
     Split,
     prompt_opens_think,
-    reasoning_parser,
+    reply_reasoning,
 )
 from edgeprefill.server.responses import Shape
 from edgeprefill.server.tool_parsers import TaggedParser
@@ -106,9 +106,9 @@ def test_a_user_message_ending_in_think_does_not_open_the_reply():
 
 
 def test_constrained_replies_and_servers_without_reasoning_are_not_split():
-    assert reasoning_parser(True, constrained=True, opened=True) is None
-    assert reasoning_parser(False, constrained=False, opened=True) is None
-    make = reasoning_parser(True, constrained=False, opened=True)
+    assert reply_reasoning(True, constrained=True, opened=True) is None
+    assert reply_reasoning(False, constrained=False, opened=True) is None
+    make = reply_reasoning(True, constrained=False, opened=True)
     assert make is not None and make().opened
 
 
@@ -128,7 +128,7 @@ def stream(text: str, finish_reason: str = "stop") -> SimpleNamespace:
 
 def shape(opened: bool, tools: bool) -> Shape:
     return Shape.new(True, "m", TaggedParser if tools else None,
-                     reasoning=reasoning_parser(True, False, opened))
+                     reasoning=reply_reasoning(True, False, opened))
 
 
 def streamed(shape: Shape, pieces: list[str], index: int = 0) -> list[dict]:

@@ -43,7 +43,7 @@ from edgeprefill.server.choices import Choices
 from edgeprefill.server.errors import ApiError, generation_failure
 from edgeprefill.server.metrics import ServerMetrics
 from edgeprefill.server.prompt_worker import Encoded, PromptTimeout, PromptWorkers
-from edgeprefill.server.reasoning import MODES, bundle_thinks, reasoning_parser
+from edgeprefill.server.reasoning import MODES, bundle_thinks, reply_reasoning
 from edgeprefill.server.responses import Shape
 from edgeprefill.server.routes_extra import ExtraRoutes, model_card
 from edgeprefill.server.schemas import CompletionRequest, parse_chat, parse_completion
@@ -193,7 +193,7 @@ class OpenAIApi:
             return err.response()
         # A constrained reply (response_format, a forced tool_choice) is not split: its
         # grammar governs the whole reply, which is the content.
-        reasoning = reasoning_parser(self.splits_reasoning and chat,
+        reasoning = reply_reasoning(self.splits_reasoning and chat,
                                      parsed.params.constraint is not None, opens_think)
         shape = Shape.new(chat, self.config.model_name,
                           reply_parser(parsed.tools, self.engine.manifest),

@@ -2,7 +2,7 @@
 DeepSeek-R1 distills, SmolLM3, Phi-4-mini-reasoning, ...), split from the answer after
 it, whole or as the reply streams in.
 
-Which replies are split (`reasoning_parser` below, per request):
+Which replies are split (`reply_reasoning` below, per request):
 - the bundle's chat template (or its tokenizer) knows both tags, and decoding keeps them
   (a tokenizer that drops them as special tokens leaves nothing to split at);
 - the server runs with `--reasoning-parser auto` (the default; `none` leaves the tags in
@@ -77,7 +77,7 @@ def prompt_opens_think(prompt: str) -> bool:
     return prompt.rstrip().endswith(OPEN)
 
 
-def reasoning_parser(
+def reply_reasoning(
     enabled: bool, constrained: bool, opened: bool
 ) -> Callable[[], ReasoningParser] | None:
     """What makes the parser of each reply of a chat request (None: no split). `enabled`:
