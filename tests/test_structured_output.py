@@ -21,6 +21,7 @@ from edgeprefill.sdk import Engine, GenerationParams  # noqa: E402
 from edgeprefill.sdk.constraints import Constraint  # noqa: E402
 from edgeprefill.server import ServerConfig, ServerThread, create_app  # noqa: E402
 from tests.bpe_tokenizers import byte_level_bpe, install  # noqa: E402
+from tests.bundle_variants import variant  # noqa: E402
 from tests.conftest import build_hf_model  # noqa: E402
 from tests.test_serve import free_port  # noqa: E402
 
@@ -268,6 +269,52 @@ def test_chat_n_choices_through_the_server(client):
         for choice in chunk.choices:
             texts[choice.index] += choice.delta.content or ""
     assert [texts[i] for i in range(3)] == [c.message.content for c in reply.choices]
+
+
+# DeepSeek-R1's way: the generation prompt opens a think block (and assistant turns
+# carry theirs), so a free reply starts as reasoning.
+THINKING_TEMPLATE = (
+    "{% for m in messages %}{{ m['role'] }}: {% if m.reasoning_content %}<think>"
+    "{{ m.reasoning_content }}</think>{% endif %}{{ m['content'] }} ; {% endfor %}"
+    "{% if add_generation_prompt %}assistant: <think>\n{% endif %}"
+)
+OK = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
+      "additionalProperties": False}
+
+
+def test_a_constrained_reply_is_content_though_the_prompt_opens_think(bpe_bundle, tmp_path):
+    """A grammar governs the whole reply, so it is not split: JSON the prompt's open
+    `<think>` would have made reasoning comes back as content (or as the forced call)."""
+    thinking = variant(bpe_bundle, tmp_path / "thinking", chat_template=THINKING_TEMPLATE)
+    with Engine.load(thinking, threads=1) as engine:
+        app = create_app(engine, ServerConfig(model_name="bpe", max_pending=2))
+        with ServerThread(app, port=free_port()) as server:
+            client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0)
+
+            def ask(**extra):
+                return client.chat.completions.create(
+                    model="bpe", messages=[{"role": "user", "content": "hello"}],
+                    temperature=0, **{"max_tokens": 40, **extra})
+
+            # Free, the random model never writes </think>: all of its reply is reasoning.
+            free = ask(max_tokens=8).choices[0].message
+            assert free.content == "" and free.model_extra["reasoning_content"]
+            schema = {"type": "json_schema", "json_schema": {"name": "ok", "schema": OK}}
+            for stream in (False, True):
+                reply = ask(response_format=schema, stream=stream)
+                chunks = list(reply) if stream else []
+                deltas = [c.choices[0].delta for c in chunks if c.choices]
+                message = reply.choices[0].message if not stream else None
+                content = "".join(d.content or "" for d in deltas) if stream else \
+                    message.content
+                assert json.loads(content)["ok"] in (True, False)
+                for part in deltas or [message]:
+                    assert not {"reasoning", "reasoning_content"} & set(part.model_extra or {})
+            tool = {"type": "function", "function": {"name": "ping", "parameters": OK}}
+            named = {"type": "function", "function": {"name": "ping"}}
+            forced = ask(tools=[tool], tool_choice=named).choices[0].message
+            assert forced.tool_calls[0].function.name == "ping"
+            assert "reasoning_content" not in (forced.model_extra or {})
 
 
 def test_the_shipped_tiny_model_answers_parse_with_a_parsed_object(tiny_bundle):

@@ -14,6 +14,8 @@ from edgeprefill.cli.serve_limits import limit_options, split_limits
 from edgeprefill.errors import EdgeprefillError
 
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")  # uvicorn's and logging's
+REASONING_MODES = ("auto", "none")  # server.reasoning.MODES (not imported: --help needs no
+# starlette; a test checks they agree)
 
 
 @click.command()
@@ -30,12 +32,18 @@ LOG_LEVELS = ("debug", "info", "warning", "error", "critical")  # uvicorn's and 
               help="Requests admitted at once, running or queued, a request of n choices "
                    "counting n; more get HTTP 429.")
 @limit_options
+@click.option("--reasoning-parser", type=click.Choice(REASONING_MODES), default="auto",
+              show_default=True,
+              help="auto: where the chat template thinks (<think>...</think>: Qwen3, "
+              "DeepSeek-R1, SmolLM3), a chat reply's reasoning comes back apart, as "
+              "message.reasoning_content and .reasoning (streamed as deltas of both), its "
+              "answer as content; none: the reply is all content, tags included.")
 @click.option("--log-level", type=click.Choice(LOG_LEVELS), default="info", show_default=True,
               help="info: one line per request (method, path, status, tokens, TTFT, "
               "duration); warning: problems only.")
 def serve(
     bundle: Path, host: str, port: int, model_name: str | None, api_key: str | None,
-    max_pending: int, log_level: str, engine: dict, **limit_values,
+    max_pending: int, reasoning_parser: str, log_level: str, engine: dict, **limit_values,
 ) -> None:
     """Serve BUNDLE over an OpenAI-compatible HTTP API (completions, chat with tools,
     models, tokenize/detokenize, version, health, Prometheus metrics), logging one line
@@ -65,7 +73,8 @@ def serve(
     _check_port_free(host, port)
     limits = split_limits(limit_values)
     config = ServerConfig(model_name=model_name or bundle.resolve().name, api_key=api_key,
-                          max_pending=max_pending, **limits.config)
+                          max_pending=max_pending, reasoning_parser=reasoning_parser,
+                          **limits.config)
     click.echo(f"loading {bundle} ...", err=True)
     # The engine's queue holds at least what the server admits, so it never refuses one.
     loaded = Engine.load(bundle, max_queue=max_pending, **engine)

@@ -56,9 +56,8 @@ class BundleTokenizer:
                                f"messages; got {type(prompt).__name__}")
         items: list[object] = list(prompt)
         if items and _messages(items):
-            text = self.render_chat(items, **chat)
             # The template writes the special tokens itself (as transformers does).
-            return self._require().encode(_text(text), add_special_tokens=False).ids
+            return self.encode_plain(self.render_chat(items, **chat))
         if _token_ids(items):
             ids = [int(t) for t in items]  # numpy integers too
             bad = [t for t in ids if not 0 <= t < self.vocab_size]

@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import anyio
 from starlette.applications import Starlette
@@ -41,7 +42,8 @@ from edgeprefill.server.body import read_json
 from edgeprefill.server.choices import Choices
 from edgeprefill.server.errors import ApiError, generation_failure
 from edgeprefill.server.metrics import ServerMetrics
-from edgeprefill.server.prompt_worker import PromptTimeout, PromptWorkers
+from edgeprefill.server.prompt_worker import Encoded, PromptTimeout, PromptWorkers
+from edgeprefill.server.reasoning import MODES, bundle_thinks, reply_reasoning
 from edgeprefill.server.responses import Shape
 from edgeprefill.server.routes_extra import ExtraRoutes, model_card
 from edgeprefill.server.schemas import CompletionRequest, parse_chat, parse_completion
@@ -63,6 +65,9 @@ class ServerConfig:
     body_timeout_s: float = 30.0  # headers received -> whole body, else 408
     prompt_timeout_s: float = 10.0  # tokenizing + rendering one prompt, else 400
     prompt_workers: int = 1  # processes that tokenize and render (~50 MB each)
+    # "auto": chat replies of a bundle whose template thinks carry their `<think>` block
+    # apart from the content (server/reasoning.py); "none": the reply is all content.
+    reasoning_parser: str = "auto"
 
     def __post_init__(self) -> None:
         if self.max_pending < 1:
@@ -76,6 +81,9 @@ class ServerConfig:
                 raise RequestError(f"{name} must be positive, got {getattr(self, name)}")
         if self.api_key is not None and not self.api_key:
             raise RequestError("the API key is empty; unset it to serve without a key")
+        if self.reasoning_parser not in MODES:
+            raise RequestError(f"reasoning_parser must be one of {', '.join(MODES)}, got "
+                               f"{self.reasoning_parser!r}")
 
 
 # The derived body limit: a prompt filling the whole context, at a bound on JSON bytes per
@@ -133,6 +141,10 @@ class OpenAIApi:
         self.max_body_bytes = body_limit(config, engine.capacity)
         self.prompts = PromptWorkers(engine.bundle_dir, config.prompt_workers,
                                      config.prompt_timeout_s)
+        # Decided once per bundle; each request then says whether its prompt opened the
+        # block and whether a grammar governs the reply.
+        self.splits_reasoning = config.reasoning_parser == "auto" and \
+            bundle_thinks(engine.tokenizer)
 
     @asynccontextmanager
     async def lifespan(self, app: Starlette):
@@ -174,14 +186,18 @@ class OpenAIApi:
             body = await read_json(request, self.max_body_bytes, self.config.body_timeout_s)
             parsed = parse_chat(body) if chat else parse_completion(body)
             self._check_model(parsed.model)
-            stream = await self._submit(parsed)
+            stream, opens_think = await self._submit(parsed)
             access_log.note(request, stream)
         except ApiError as err:
             self.metrics.reject(err.status)
             return err.response()
+        # A constrained reply (response_format, a forced tool_choice) is not split: its
+        # grammar governs the whole reply, which is the content.
+        reasoning = reply_reasoning(self.splits_reasoning and chat,
+                                     parsed.params.constraint is not None, opens_think)
         shape = Shape.new(chat, self.config.model_name,
                           reply_parser(parsed.tools, self.engine.manifest),
-                          self.engine.tokenizer.token_bytes)
+                          self.engine.tokenizer.token_bytes, reasoning)
         close = self._closer(endpoint, stream)
         if parsed.stream:
             events = completion_events(stream, shape, parsed.include_usage,
@@ -204,7 +220,7 @@ class OpenAIApi:
                 f"{self.config.model_name!r} (see GET /v1/models)", "model", "model_not_found",
             )
 
-    async def _submit(self, req: CompletionRequest) -> Choices:
+    async def _submit(self, req: CompletionRequest) -> Submitted:
         # `pending` counts choices: each of n runs as a request of its own in the engine,
         # whose queue is as long as max_pending (serve_cmd), so admitting n > 1 on one
         # place would let its later choices find the queue full halfway through.
@@ -219,7 +235,8 @@ class OpenAIApi:
         admitted = False
         arrival = time.perf_counter()  # TTFT counts tokenizing and rendering the template
         try:
-            tokens = await self._encode(req)
+            encoded = await self._encode(req)
+            tokens = encoded.ids
             self._check_context(tokens if isinstance(tokens, int) else len(tokens),
                                 req.params.max_new_tokens)
             assert isinstance(tokens, list)
@@ -227,7 +244,7 @@ class OpenAIApi:
             stream = Choices(self.engine.submit_n(
                 tokens, params, req.n, req.priority, None, req.chunk_size, arrival=arrival))
             admitted = True  # from here the closer gives the place back
-            return stream
+            return Submitted(stream, encoded.opens_think)
         except EngineClosedError as err:  # shutting down: the request itself is fine
             raise ApiError(503, str(err), code="engine_closed") from None
         except RequestError as err:  # refused at submit: name the field it came from
@@ -236,14 +253,14 @@ class OpenAIApi:
             if not admitted:
                 self.pending -= req.n
 
-    async def _encode(self, req: CompletionRequest) -> list[int] | int:
+    async def _encode(self, req: CompletionRequest) -> Encoded:
         """Token ids of the prompt (text and chat go through a prompt worker), or only
         their count when they cannot fit the context."""
         if not isinstance(req.prompt, str) and not _is_chat(req.prompt):
             if len(req.prompt) > self.engine.capacity:
-                return len(req.prompt)  # refused for its length: no need to read each id
+                return Encoded(len(req.prompt))  # refused for its length: ids unread
             try:
-                return self.engine.tokenizer.encode(req.prompt)  # ids: a cheap range check
+                return Encoded(self.engine.tokenizer.encode(req.prompt))  # a range check
             except RequestError as err:
                 raise ApiError(400, str(err), req.prompt_field) from None
         try:
@@ -285,6 +302,11 @@ class OpenAIApi:
             self.metrics.observe(endpoint, stream, cancelled=cut)
 
         return close
+
+
+class Submitted(NamedTuple):
+    stream: Choices
+    opens_think: bool  # the rendered chat prompt left a think block open for the reply
 
 
 class ApiKeyMiddleware:

@@ -38,6 +38,14 @@ class PromptTimeout(RequestError):
     """The worker did not finish in time (a huge prompt or a runaway chat template)."""
 
 
+class Encoded(NamedTuple):
+    """A prompt's ids (or only their count, past the limit) and, for chat, whether the
+    rendered prompt leaves a think block open for the reply (server/reasoning.py)."""
+
+    ids: list[int] | int
+    opens_think: bool = False
+
+
 class _Reply(NamedTuple):
     ok: bool
     value: Any  # the method's result, or the one-line error message
@@ -205,13 +213,22 @@ def _serve(conn: Connection, bundle_dir: str) -> None:
         conn.send(_run(tokenizer, method, args, kwargs))
 
 
-def encode_bounded(tokenizer: Any, prompt: Any, limit: int, **chat: Any) -> list[int] | int:
-    """The prompt's ids, or only their count when there are more than `limit`: a prompt
-    that cannot fit is refused anyway, and shipping a million ids back to the server
-    would cost its event loop the time to unpickle them. `chat`: template variables
-    (tools)."""
-    ids = tokenizer.encode(prompt, **chat)
-    return ids if len(ids) <= limit else len(ids)
+def encode_bounded(tokenizer: Any, prompt: Any, limit: int, **chat: Any) -> Encoded:
+    """A text prompt or chat messages -> their ids, or only their count when there are
+    more than `limit`: a prompt that cannot fit is refused anyway, and shipping a million
+    ids back to the server would cost its event loop the time to unpickle them. `chat`:
+    template variables (tools). Messages are rendered once, here, and the text tells
+    whether the reply starts inside a think block."""
+    from edgeprefill.server.reasoning import prompt_opens_think
+
+    if isinstance(prompt, str):
+        return _bounded(tokenizer.encode(prompt), limit, False)
+    text = tokenizer.render_chat(prompt, **chat)
+    return _bounded(tokenizer.encode_plain(text), limit, prompt_opens_think(text))
+
+
+def _bounded(ids: list[int], limit: int, opens_think: bool) -> Encoded:
+    return Encoded(ids if len(ids) <= limit else len(ids), opens_think)
 
 
 # Calls that are not BundleTokenizer methods: name -> function(tokenizer, *args).

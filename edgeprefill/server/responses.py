@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from edgeprefill.sdk.stream import TokenEvent, TokenStream
 from edgeprefill.server.choices import Choices
 from edgeprefill.server.logprobs import logprobs_body
+from edgeprefill.server.reasoning import Part, ReasoningParser, Split, reasoning_fields
 from edgeprefill.server.tool_parsers import Piece, ToolCall, ToolParser, assemble
 
 
@@ -26,16 +27,20 @@ class Shape:
     tool_parser: Callable[[], ToolParser] | None = None
     # A token id's exact bytes for logprobs (BundleTokenizer.token_bytes).
     token_bytes: Callable[[int], bytes] = field(default=lambda _: b"", compare=False, repr=False)
-    # Streamed replies' tool-call state, by choice index (mutable, one per request).
-    _streamed: dict[int, ToolDeltas] = field(default_factory=dict, compare=False, repr=False)
+    # Chat of a model that thinks: a new parser per reply splits its reasoning from its
+    # content (server/reasoning.py); tool calls are parsed in the content only.
+    reasoning: Callable[[], ReasoningParser] | None = None
+    # Streamed replies' state, by choice index (mutable, one per request).
+    _streamed: dict[int, ReplyDeltas] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
     def new(cls, chat: bool, model: str,
             tool_parser: Callable[[], ToolParser] | None = None,
-            token_bytes: Callable[[int], bytes] = lambda _: b"") -> Shape:
+            token_bytes: Callable[[int], bytes] = lambda _: b"",
+            reasoning: Callable[[], ReasoningParser] | None = None) -> Shape:
         prefix = "chatcmpl" if chat else "cmpl"
         return cls(chat, model, f"{prefix}-{uuid.uuid4().hex}", int(time.time()),
-                   tool_parser if chat else None, token_bytes)
+                   tool_parser if chat else None, token_bytes, reasoning if chat else None)
 
     @property
     def parses_tools(self) -> bool:
@@ -66,38 +71,56 @@ class Shape:
         return choice
 
     def _message(self, stream: TokenStream) -> tuple[dict, str | None]:
-        """A whole chat reply's message and finish reason, with its tool calls if any."""
-        message = {"role": "assistant", "content": stream.text}
+        """A whole chat reply's message and finish reason, with its reasoning and tool
+        calls if any: what the streamed reply adds up to."""
+        split = self.reasoning().parse(stream.text) if self.reasoning else \
+            Split("", stream.text)
+        message = {"role": "assistant", "content": split.content,
+                   **reasoning_fields(split.reasoning)}
         if self.tool_parser is None:
             return message, stream.finish_reason
-        parsed = self.tool_parser().parse(stream.text)  # what the streamed reply adds up to
+        parsed = self.tool_parser().parse(split.content)
         if not parsed.calls:
             return {**message, "content": parsed.content}, stream.finish_reason
-        message = {"role": "assistant",  # blanks alone: no content, as the stream sends
+        message = {**message,  # blanks alone: no content, as the stream sends
                    "content": parsed.content if parsed.content.strip() else None,
                    "tool_calls": [c.to_openai() for c in parsed.calls]}
         return message, calls_finish_reason(parsed.calls, stream.finish_reason)
 
     def chunks(self, text: str, index: int = 0) -> list[dict]:
-        """The streamed chunks of newly generated text: content, or tool-call deltas."""
-        tools = self._tool_deltas(index)
-        if tools is None:
+        """The streamed chunks of newly generated text: content, reasoning, or tool-call
+        deltas."""
+        reply = self._reply(index)
+        if reply is None:
             return [self.chunk(text, index=index)] if text else []
-        return [self.delta_chunk(d, index=index) for d in tools.feed(text)]
+        return [self.delta_chunk(d, index=index) for d in reply.feed(text)]
+
+    def token_chunk(self, event: TokenEvent, text_offset: int, index: int = 0) -> dict:
+        """One token's chunk with its logprobs, as OpenAI streams logprobs (chat without
+        tools: the token's reasoning and content share its one delta)."""
+        reply = self._reply(index)
+        if reply is None:
+            return self.chunk(event.text, logprobs=[event], text_offset=text_offset,
+                              index=index)
+        delta = {key: value for d in reply.feed(event.text) for key, value in d.items()}
+        return self.delta_chunk(delta, index=index, logprobs=[event])
 
     def last_chunks(self, finish_reason: str | None, index: int = 0) -> list[dict]:
         """What the reply still holds back, then the chunk with the finish reason."""
-        tools = self._tool_deltas(index)
-        if tools is None:
+        reply = self._reply(index)
+        if reply is None:
             return [self.chunk("", finish_reason, index=index)]
-        rest = [self.delta_chunk(d, index=index) for d in tools.finish()]
-        return [*rest, self.chunk("", tools.finish_reason(finish_reason), index=index)]
+        rest = [self.delta_chunk(d, index=index) for d in reply.finish()]
+        return [*rest, self.chunk("", reply.finish_reason(finish_reason), index=index)]
 
-    def _tool_deltas(self, index: int) -> ToolDeltas | None:
-        if self.tool_parser is None:
+    def _reply(self, index: int) -> ReplyDeltas | None:
+        """The streamed state of choice `index`; None where text goes out as it comes."""
+        if self.tool_parser is None and self.reasoning is None:
             return None
         if index not in self._streamed:
-            self._streamed[index] = ToolDeltas(self.tool_parser())
+            self._streamed[index] = ReplyDeltas(
+                self.reasoning() if self.reasoning else None,
+                ToolDeltas(self.tool_parser()) if self.tool_parser else None)
         return self._streamed[index]
 
     def chunk(self, text: str | None, finish_reason: str | None = None,
@@ -141,6 +164,39 @@ def usage(stream: TokenStream | Choices) -> dict:
         len(stream.token_ids)
     return {"prompt_tokens": prompt, "completion_tokens": completion,
             "total_tokens": prompt + completion}
+
+
+class ReplyDeltas:
+    """The deltas of one streamed chat reply: its reasoning (until `</think>`), then its
+    content, in which the tool calls are parsed."""
+
+    def __init__(self, thinking: ReasoningParser | None, tools: ToolDeltas | None) -> None:
+        self.thinking = thinking
+        self.tools = tools
+
+    def feed(self, text: str) -> list[dict]:
+        if self.thinking is None:
+            return self._content(text)
+        return self._deltas(self.thinking.feed(text)) if text else []
+
+    def finish(self) -> list[dict]:
+        held = self._deltas(self.thinking.finish()) if self.thinking else []
+        return [*held, *(self.tools.finish() if self.tools else [])]
+
+    def finish_reason(self, reason: str | None) -> str | None:
+        return self.tools.finish_reason(reason) if self.tools else reason
+
+    def _deltas(self, parts: list[Part]) -> list[dict]:
+        deltas: list[dict] = []
+        for part in parts:
+            deltas.extend([reasoning_fields(part.text)] if part.reasoning else
+                          self._content(part.text))
+        return deltas
+
+    def _content(self, text: str) -> list[dict]:
+        if self.tools is not None:
+            return self.tools.feed(text)
+        return [{"content": text}] if text else []
 
 
 class ToolDeltas:

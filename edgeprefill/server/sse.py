@@ -37,8 +37,7 @@ async def completion_events(
     async for i, event in choices.indexed():
         if event.logprob is not None and not shape.parses_tools:
             # one chunk per token, as OpenAI streams logprobs
-            yield sse(shape.chunk(event.text, logprobs=[event], text_offset=offsets[i],
-                                  index=i))
+            yield sse(shape.token_chunk(event, offsets[i], index=i))
         else:
             for chunk in shape.chunks(event.text, index=i):  # text, or parsed tool calls
                 yield sse(chunk)

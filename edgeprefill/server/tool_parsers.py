@@ -142,7 +142,7 @@ class TaggedParser(ToolParser):
             # Show the text up to its last non-blank character, keeping back what may
             # begin an open tag: blanks right before a call are dropped, wherever the
             # stream happens to be cut.
-            cut = len(self.buffer) - _partial_suffix(self.buffer, self.open_tag)
+            cut = len(self.buffer) - partial_suffix(self.buffer, self.open_tag)
             end = len(self.buffer[:cut].rstrip())
             pieces.append(Piece(self.buffer[:end]))
             self.buffer = self.buffer[end:]
@@ -306,7 +306,7 @@ class MistralParser(WholeReplyParser):
             return [Piece(before.rstrip())] if before.strip() else []
         # Up to the last non-blank, keeping back what may begin the marker: blanks right
         # before the calls are dropped, wherever the stream is cut (as TaggedParser).
-        cut = len(self.buffer) - _partial_suffix(self.buffer, self.marker)
+        cut = len(self.buffer) - partial_suffix(self.buffer, self.marker)
         cut = len(self.buffer[:cut].rstrip())
         shown, self.buffer = self.buffer[:cut], self.buffer[cut:]
         return [Piece(shown)] if shown else []
@@ -380,7 +380,7 @@ PARSERS: dict[str, type[ToolParser]] = {
 }
 
 
-def _partial_suffix(text: str, tag: str) -> int:
+def partial_suffix(text: str, tag: str) -> int:
     """Length of the longest end of `text` that is a proper start of `tag`."""
     for n in range(min(len(tag) - 1, len(text)), 0, -1):
         if text.endswith(tag[:n]):
