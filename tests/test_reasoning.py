@@ -193,3 +193,23 @@ def test_replies_without_reasoning_keep_their_shape():
     assert message == {"role": "assistant", "content": "Hello"}
     plain = Shape.new(True, "m").whole(stream("<think>x</think>y"))["choices"][0]["message"]
     assert plain == {"role": "assistant", "content": "<think>x</think>y"}
+
+
+def test_reasoning_sent_back_on_an_earlier_reply_reaches_the_template():
+    """A client sends the assistant's reply back as it got it, reasoning included; Qwen3's
+    template replays it for the turns after the last user message. The server had dropped
+    the field, so the model saw its own earlier turn without its thoughts."""
+    from edgeprefill.server.errors import ApiError
+    from edgeprefill.server.schemas import parse_messages
+
+    template = ChatTemplate(
+        "{% for m in messages %}{{ m.role }}:{% if m.reasoning_content %}"
+        "<think>{{ m.reasoning_content }}</think>{% endif %}{{ m.content }};{% endfor %}", {})
+    for name in ("reasoning_content", "reasoning"):
+        messages = parse_messages([{"role": "user", "content": "q"},
+                                   {"role": "assistant", "content": "a", name: "why"},
+                                   {"role": "tool", "content": "r"}])
+        assert template.render(messages) == "user:q;assistant:<think>why</think>a;tool:r;"
+    with pytest.raises(ApiError) as refused:
+        parse_messages([{"role": "assistant", "content": "a", "reasoning": ["why"]}])
+    assert refused.value.param == "messages[0].reasoning"

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from edgeprefill.errors import RequestError
+from edgeprefill.sdk.chat_template import REASONING_FIELDS
 from edgeprefill.sdk.params import MAX_LOGPROBS, GenerationParams
 from edgeprefill.sdk.priority import parse_priority
 from edgeprefill.sdk.tokenizer import Prompt
@@ -237,7 +238,23 @@ def _message(message: Any, index: int) -> dict[str, str]:
     if not isinstance(content, str):
         raise ApiError(400, f"{param}.content must be a string or a list of text parts",
                        f"{param}.content")
-    return {"role": message["role"], "content": content, **message_fields(message, param)}
+    return {"role": message["role"], "content": content, **message_fields(message, param),
+            **_reasoning(message, param)}
+
+
+def _reasoning(message: dict, param: str) -> dict[str, str]:
+    """An earlier reply's reasoning, sent back as this server returned it: templates that
+    replay it (Qwen3's, for the turns after the last user message) find it under each of
+    its names (ChatTemplate aliases them)."""
+    out: dict[str, str] = {}
+    for name in REASONING_FIELDS:
+        value = message.get(name)
+        if value is None:
+            continue
+        if not isinstance(value, str):
+            raise ApiError(400, f"{param}.{name} must be a string", f"{param}.{name}")
+        out[name] = value
+    return out
 
 
 def _stop(value: Any) -> tuple[str, ...]:
