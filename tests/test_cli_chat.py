@@ -284,9 +284,10 @@ def test_without_max_new_tokens_run_generates_to_the_end_of_a_small_context(bund
     prompt = " ".join(["w5"] * 20)
     fits = cli("run", path, "-p", prompt, "--max-context", "32", "--ignore-eos", "--stats")
     assert fits.returncode == 0, fits.stderr
-    # The last token needs no KV position: 32 positions give the 20-token prompt 13.
-    assert "prompt 20 tok" in fits.stderr and "generated 13 " in fits.stderr
-    assert "finish length" in fits.stderr and len(fits.stdout.split()) == 13
+    # prompt + reply fill the context: 32 positions give the 20-token prompt 12 (the
+    # most --max-new-tokens may ask for).
+    assert "prompt 20 tok" in fits.stderr and "generated 12 " in fits.stderr
+    assert "finish length" in fits.stderr and len(fits.stdout.split()) == 12
     # A limit the user gives is a promise: refused rather than cut short.
     assert_one_line_error(cli("run", path, "-p", prompt, "--max-context", "32",
                               "--max-new-tokens", "256"), "max_new_tokens (256)",

@@ -164,7 +164,11 @@ def test_running_out_of_context_ends_with_length(make_engine):
     engine = make_engine(max_context=64)
     stream = engine.generate(ids(50), GenerationParams(max_new_tokens=None)).result()
     assert stream.finish_reason == "length"
-    assert len(stream.token_ids) == 64 - 50 + 1  # the last token needs no KV slot
+    # prompt + reply fill the context, as submit counts it (max_new_tokens=14 runs too)
+    assert len(stream.token_ids) == 64 - 50
+    engine.generate(ids(50), GenerationParams(max_new_tokens=64 - 50)).result()
+    with pytest.raises(RequestError, match="exceeds the context of 64"):
+        engine.generate(ids(50), GenerationParams(max_new_tokens=64 - 50 + 1))
 
 
 def test_prefix_reuse_is_chunk_aligned_and_verified_by_content(make_engine):

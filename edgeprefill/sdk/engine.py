@@ -514,7 +514,10 @@ class Engine:
         total = len(request.tokens) + len(request.generated)
         if request.max_total is not None and total >= request.max_total:
             return "length"
-        if request.kv_len + 1 > self.capacity:  # no room for the next token's KV
+        # The context holds prompt + reply (as submit checks it, and as OpenAI and vLLM
+        # count it): the reply ends as its total reaches it, although its last token
+        # would need no KV position.
+        if total >= self.capacity:
             return "length"
         return None
 
