@@ -41,8 +41,8 @@ from edgeprefill.errors import ExportError
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 def export(hf_dir, out_dir, flavor, dtype, chunks, max_context, quantize, block_size,
            accuracy_level, overwrite, quiet):
-    """Export a Hugging Face causal LM folder (config.json, safetensors, tokenizer.json)
-    to an edgeprefill bundle.
+    """Export a Hugging Face causal LM folder (config.json, safetensors or
+    pytorch_model.bin weights, tokenizer.json) to an edgeprefill bundle.
 
     \b
     Example:

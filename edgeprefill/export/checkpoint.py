@@ -1,4 +1,6 @@
-"""Read tensors of a Hugging Face safetensors checkpoint (single file or sharded) by name."""
+"""Read tensors of a Hugging Face checkpoint (single file or sharded) by name: safetensors,
+or PyTorch's pickled `pytorch_model.bin` (older and community checkpoints), read with
+torch's weights-only loader where torch is installed."""
 
 from __future__ import annotations
 
@@ -12,6 +14,8 @@ from edgeprefill.errors import ExportError
 
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
+TORCH_INDEX_FILE = "pytorch_model.bin.index.json"
+TORCH_FILE = "pytorch_model.bin"
 
 
 BUFFERS = ("rotary_emb.inv_freq", "attention.bias", "attention.masked_bias")
@@ -74,11 +78,58 @@ class Checkpoint:
 
     def _handle(self, path: Path):
         if path not in self._handles:
+            if path.suffix == ".bin":
+                self._handles[path] = TorchFile(path)
+                return self._handles[path]
             try:
                 self._handles[path] = safe_open(str(path), framework="numpy")
             except (SafetensorError, OSError) as err:
                 raise ExportError(f"{path} is not a readable safetensors file: {err}") from None
         return self._handles[path]
+
+
+class TorchFile:
+    """A `pytorch_model.bin` read as safe_open reads safetensors (get_tensor, get_slice's
+    shape, keys). torch.load with weights_only unpickles tensors and plain containers
+    only, never code, and mmap maps the tensors' bytes instead of reading them all."""
+
+    def __init__(self, path: Path) -> None:
+        try:
+            import torch
+        except ImportError:
+            raise ExportError(
+                f"{path.name} is a PyTorch pickle, which needs torch to read: pip install "
+                "'edgeprefill[export]', or save the checkpoint as safetensors") from None
+        try:
+            tensors = torch.load(path, map_location="cpu", mmap=True, weights_only=True)
+        except Exception as err:  # noqa: BLE001 - torch raises many kinds for a bad file
+            first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            raise ExportError(f"{path} is not a readable PyTorch checkpoint: {first}") from None
+        if not isinstance(tensors, dict) or not all(
+                isinstance(t, torch.Tensor) for t in tensors.values()):
+            raise ExportError(f"{path} holds no state dict (a mapping of names to tensors)")
+        self.tensors = tensors
+
+    def keys(self) -> list[str]:
+        return list(self.tensors)
+
+    def get_slice(self, name: str) -> TorchFile._Shape:
+        return TorchFile._Shape(tuple(self.tensors[name].shape))
+
+    def get_tensor(self, name: str) -> np.ndarray:
+        import torch
+
+        tensor = self.tensors[name]
+        if tensor.dtype == torch.bfloat16:  # numpy has no bfloat16: exactly widened
+            tensor = tensor.float()
+        return tensor.numpy()
+
+    class _Shape:
+        def __init__(self, shape: tuple[int, ...]) -> None:
+            self.shape = shape
+
+        def get_shape(self) -> tuple[int, ...]:
+            return self.shape
 
 
 def _renamed(name: str, renames: tuple[tuple[str, str], ...]) -> str:
@@ -89,27 +140,37 @@ def _renamed(name: str, renames: tuple[tuple[str, str], ...]) -> str:
 
 
 def _tensor_files(hf_dir: Path) -> dict[str, Path]:
-    index = hf_dir / INDEX_FILE
-    if index.is_file():
-        try:
-            weight_map = json.loads(index.read_text())["weight_map"]
-        except (json.JSONDecodeError, KeyError, TypeError) as err:
-            raise ExportError(f"{index} is malformed: {err}") from None
-        if not isinstance(weight_map, dict) or not all(
-                isinstance(f, str) for f in weight_map.values()):
-            raise ExportError(f"{index} is malformed: weight_map must map tensor names to "
-                              "file names")
-        files = {name: hf_dir / file for name, file in weight_map.items()}
-        for path in set(files.values()):
-            if not path.is_file():
-                raise ExportError(f"{path} is listed in {INDEX_FILE} but missing")
-        return files
-    single = hf_dir / SINGLE_FILE
-    if not single.is_file():
-        raise ExportError(
-            f"no {SINGLE_FILE} or {INDEX_FILE} in {hf_dir} (only safetensors checkpoints "
-            "are supported; convert .bin files with transformers' save_pretrained)"
-        )
+    """Tensor name -> the file holding it: safetensors where the folder has them (a
+    checkpoint may ship both), else PyTorch's files."""
+    for index_file, single_file in ((INDEX_FILE, SINGLE_FILE), (TORCH_INDEX_FILE, TORCH_FILE)):
+        if (hf_dir / index_file).is_file():
+            return _indexed_files(hf_dir, index_file)
+        if (hf_dir / single_file).is_file():
+            return _single_file(hf_dir / single_file)
+    raise ExportError(
+        f"no {SINGLE_FILE}, {INDEX_FILE}, {TORCH_FILE} or {TORCH_INDEX_FILE} in {hf_dir}")
+
+
+def _indexed_files(hf_dir: Path, index_file: str) -> dict[str, Path]:
+    index = hf_dir / index_file
+    try:
+        weight_map = json.loads(index.read_text())["weight_map"]
+    except (json.JSONDecodeError, KeyError, TypeError) as err:
+        raise ExportError(f"{index} is malformed: {err}") from None
+    if not isinstance(weight_map, dict) or not all(
+            isinstance(f, str) for f in weight_map.values()):
+        raise ExportError(f"{index} is malformed: weight_map must map tensor names to "
+                          "file names")
+    files = {name: hf_dir / file for name, file in weight_map.items()}
+    for path in set(files.values()):
+        if not path.is_file():
+            raise ExportError(f"{path} is listed in {index_file} but missing")
+    return files
+
+
+def _single_file(single: Path) -> dict[str, Path]:
+    if single.suffix == ".bin":
+        return {name: single for name in TorchFile(single).keys()}
     try:
         with safe_open(str(single), framework="numpy") as handle:
             return {name: single for name in handle.keys()}
