@@ -593,3 +593,20 @@ def test_clients_that_reset_mid_stream_leave_no_send_warnings(bundle, tmp_path):
             process.send_signal(signal.SIGINT)
             process.wait(timeout=30)
     assert "socket.send() raised" not in log.read_text()
+
+
+def test_a_second_ctrl_c_logs_no_lifespan_traceback():
+    """uvicorn's forced exit leaves Starlette's lifespan task to be cancelled, and it
+    logged that CancelledError's traceback at ERROR; other errors still get through."""
+    import logging
+
+    from edgeprefill.server.shutdown import ForcedStop
+
+    def record(text: str) -> logging.LogRecord:
+        return logging.LogRecord("uvicorn.error", logging.ERROR, __file__, 1, text, (), None)
+
+    cancelled = ('Traceback (most recent call last):\n  File "starlette/routing.py", line 668, '
+                 'in lifespan\n    await receive()\nasyncio.exceptions.CancelledError\n')
+    assert not ForcedStop().filter(record(cancelled))
+    assert ForcedStop().filter(record(cancelled.replace("CancelledError", "KeyError: 'x'")))
+    assert ForcedStop().filter(record("Application startup failed. Exiting."))

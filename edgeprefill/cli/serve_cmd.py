@@ -61,7 +61,7 @@ def serve(
 
         from edgeprefill.server import ServerConfig, create_app
         from edgeprefill.server.access_log import configure_logging, uvicorn_level
-        from edgeprefill.server.shutdown import run_until_signalled
+        from edgeprefill.server.shutdown import quiet_forced_stop, run_until_signalled
         from edgeprefill.server.transport import quiet_fd_exhaustion, uvicorn_config
     except ImportError as err:
         raise EdgeprefillError(
@@ -90,6 +90,7 @@ def serve(
                        "there is no API key: anyone who reaches the port can use the model "
                        "(--api-key, or EDGEPREFILL_API_KEY)", err=True)
         quiet_fd_exhaustion()
+        quiet_forced_stop()
         server_config = uvicorn_config(app, host, port, limits.timeouts,
                                        uvicorn_level(log_level))
         server_config.access_log = False  # our line per request replaces uvicorn's

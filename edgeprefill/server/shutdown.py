@@ -11,6 +11,7 @@ the engine is closed and the process exits 0.
 from __future__ import annotations
 
 import asyncio
+import logging
 import signal
 from types import FrameType
 
@@ -79,3 +80,21 @@ def run_until_signalled(server) -> None:
         pass
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+class ForcedStop(logging.Filter):
+    """A second Ctrl-C makes uvicorn leave at once; asyncio then cancels Starlette's
+    lifespan task, which reports the CancelledError as a failed shutdown, and uvicorn
+    logged its traceback at ERROR. The stop was asked for (`serve` says "stopped")."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = record.getMessage()
+        return not (text.startswith("Traceback") and "lifespan" in text
+                    and text.rstrip().endswith("CancelledError"))
+
+
+def quiet_forced_stop() -> None:
+    """Install ForcedStop on uvicorn's error logger, where its lifespan logs (idempotent)."""
+    logger = logging.getLogger("uvicorn.error")
+    if not any(isinstance(f, ForcedStop) for f in logger.filters):
+        logger.addFilter(ForcedStop())
