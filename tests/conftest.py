@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -103,18 +104,25 @@ FAST_FAMILIES = ("llama", "mistral", "qwen2", "gemma2", "gemma3_text", "gemma3",
                  "smollm3", "granite", "olmo2", "olmo3", "exaone4", "phi", "gpt_neox")
 
 
-def write_tokenizer(path: Path, vocab: int = VOCAB) -> None:
-    """A WordLevel tokenizer over words w0..w{vocab-1}; w1 is BOS, w2 is EOS."""
+def write_tokenizer(path: Path, vocab: int = VOCAB, top_words: Sequence[str] = (),
+                    chat_template: str = CHAT_TEMPLATE) -> None:
+    """A WordLevel tokenizer over words w0..w{vocab-1}; w1 is BOS, w2 is EOS. `top_words`
+    take the last ids instead (top_word_id), for tests that script replies in words."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
-    words = {f"w{i}": i for i in range(vocab)}
+    words = {f"w{i}": i for i in range(vocab - len(top_words))}
+    words.update({w: top_word_id(top_words, w, vocab) for w in top_words})
     tok = Tokenizer(models.WordLevel(words, unk_token="w0"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     tok.decoder = decoders.WordPiece(prefix="##")  # joins words with spaces
     tok.save(str(path / "tokenizer.json"))
     (path / "tokenizer_config.json").write_text(json.dumps(
-        {"bos_token": "w1", "eos_token": "w2", "chat_template": CHAT_TEMPLATE}
+        {"bos_token": "w1", "eos_token": "w2", "chat_template": chat_template}
     ))
+
+
+def top_word_id(top_words: Sequence[str], word: str, vocab: int = VOCAB) -> int:
+    return vocab - len(top_words) + list(top_words).index(word)
 
 
 def build_hf_model(family: str, out: Path, seed: int = 0, dtype=None, **overrides) -> Path:

@@ -374,14 +374,19 @@ def test_gemma3_local_and_global_ropes_are_the_models(rope_parameters):
     raw = {"model_type": "gemma3_text", **MINIMAL, "head_dim": 16, "sliding_window": 8,
            "sliding_window_pattern": 4,  # layers 0-2 slide, layer 3 is global
            "rope_parameters": rope_parameters}
+    assert_local_and_global_ropes_are_the_models("gemma3_text", raw)
+
+
+def assert_local_and_global_ropes_are_the_models(model_type: str, raw: dict) -> None:
+    """Layers 0-2 slide, layer 3 is global, and each table is the model's own."""
     ours = ModelConfig.from_hf(raw)
     assert [layer.rope for layer in ours.layers] == [LOCAL, LOCAL, LOCAL, GLOBAL]
-    rotary = model_rotary("gemma3_text", raw)
+    rotary = model_rotary(model_type, raw)
     for name, layer_type in ((GLOBAL, "full_attention"), (LOCAL, "sliding_attention")):
         rope = ours.ropes[name]
         freqs = np.outer(np.arange(256, dtype=np.float32), rope.inv_freq())
         np.testing.assert_allclose(np.cos(freqs) * np.float32(rope.cos_sin_scale()),
-                                   model_cos(rotary, 256, "gemma3_text", layer_type),
+                                   model_cos(rotary, 256, model_type, layer_type),
                                    atol=1e-4, err_msg=layer_type)
 
 
@@ -396,15 +401,7 @@ def test_gemma3_local_and_global_ropes_are_the_models(rope_parameters):
 def test_olmo3_local_and_global_ropes_are_the_models(keys):
     # Olmo3Config gives a legacy rope_theta and rope_scaling to the global layers only.
     raw = {"model_type": "olmo3", **MINIMAL, "sliding_window": 8, **keys}
-    ours = ModelConfig.from_hf(raw)
-    assert [layer.rope for layer in ours.layers] == [LOCAL, LOCAL, LOCAL, GLOBAL]
-    rotary = model_rotary("olmo3", raw)
-    for name, layer_type in ((GLOBAL, "full_attention"), (LOCAL, "sliding_attention")):
-        rope = ours.ropes[name]
-        freqs = np.outer(np.arange(256, dtype=np.float32), rope.inv_freq())
-        np.testing.assert_allclose(np.cos(freqs) * np.float32(rope.cos_sin_scale()),
-                                   model_cos(rotary, 256, "olmo3", layer_type),
-                                   atol=1e-4, err_msg=layer_type)
+    assert_local_and_global_ropes_are_the_models("olmo3", raw)
 
 
 @pytest.mark.parametrize("window", (8, None))

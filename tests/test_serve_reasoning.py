@@ -11,10 +11,8 @@ tool call without making one, and its `</think>` arrives in two tokens ("</" and
 
 from __future__ import annotations
 
-import json
 import shutil
 from collections.abc import Iterator
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -25,7 +23,7 @@ pytest.importorskip("starlette")
 
 from edgeprefill.sdk import Engine  # noqa: E402
 from edgeprefill.server import ServerConfig, ServerThread, create_app  # noqa: E402
-from tests.conftest import VOCAB  # noqa: E402
+from tests.conftest import top_word_id, write_tokenizer  # noqa: E402
 from tests.test_serve import MODEL, free_port  # noqa: E402
 from tests.test_serve_tools import CALL, WEATHER  # noqa: E402
 
@@ -49,20 +47,7 @@ QUESTION = [{"role": "user", "content": "weather in Paris ?"}]
 
 
 def word_id(word: str) -> int:
-    return VOCAB - len(WORDS) + WORDS.index(word)
-
-
-def write_thinking_tokenizer(path: Path) -> None:
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-
-    words = {f"w{i}": i for i in range(VOCAB - len(WORDS))}
-    words.update({w: word_id(w) for w in WORDS})
-    tok = Tokenizer(models.WordLevel(words, unk_token="w0"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tok.decoder = decoders.WordPiece(prefix="##")  # spaces between words, none before ##
-    tok.save(str(path / "tokenizer.json"))
-    (path / "tokenizer_config.json").write_text(json.dumps(
-        {"bos_token": "w1", "eos_token": "w2", "chat_template": TEMPLATE}))
+    return top_word_id(WORDS, word)
 
 
 @pytest.fixture(scope="module")
@@ -71,7 +56,7 @@ def engine(hf_model, tmp_path_factory) -> Iterator[Engine]:
 
     hf = tmp_path_factory.mktemp("hf-thinking")
     shutil.copytree(hf_model("llama"), hf, dirs_exist_ok=True)
-    write_thinking_tokenizer(hf)
+    write_tokenizer(hf, top_words=WORDS, chat_template=TEMPLATE)
     out = tmp_path_factory.mktemp("bundle-thinking")
     export(hf, out, ExportOptions(chunks=(16, 64), max_context=256, show_progress=False,
                                   overwrite=True))

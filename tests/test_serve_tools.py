@@ -25,7 +25,7 @@ pytest.importorskip("starlette")
 from edgeprefill.sdk import Engine  # noqa: E402
 from edgeprefill.server import ServerConfig, ServerThread, create_app  # noqa: E402
 from edgeprefill.server.tools import _json_schema_constraint  # noqa: E402
-from tests.conftest import VOCAB  # noqa: E402
+from tests.conftest import top_word_id, write_tokenizer  # noqa: E402
 from tests.test_serve import MODEL, assert_error, free_port  # noqa: E402
 
 EOS = 2
@@ -52,20 +52,7 @@ WEATHER = {"type": "function", "function": {
 
 
 def word_id(word: str) -> int:
-    return VOCAB - len(WORDS) + WORDS.index(word)
-
-
-def write_tool_tokenizer(path: Path) -> None:
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-
-    words = {f"w{i}": i for i in range(VOCAB - len(WORDS))}
-    words.update({w: word_id(w) for w in WORDS})
-    tok = Tokenizer(models.WordLevel(words, unk_token="w0"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tok.decoder = decoders.WordPiece(prefix="##")  # joins words with spaces
-    tok.save(str(path / "tokenizer.json"))
-    (path / "tokenizer_config.json").write_text(json.dumps(
-        {"bos_token": "w1", "eos_token": "w2", "chat_template": TEMPLATE}))
+    return top_word_id(WORDS, word)
 
 
 @pytest.fixture(scope="module")
@@ -74,7 +61,7 @@ def tool_bundle(hf_model, tmp_path_factory) -> Path:
 
     hf = tmp_path_factory.mktemp("hf-tools")
     shutil.copytree(hf_model("llama"), hf, dirs_exist_ok=True)
-    write_tool_tokenizer(hf)
+    write_tokenizer(hf, top_words=WORDS, chat_template=TEMPLATE)
     out = tmp_path_factory.mktemp("bundle-tools")
     export(hf, out, ExportOptions(chunks=(16, 64), max_context=256, show_progress=False,
                                   overwrite=True))
