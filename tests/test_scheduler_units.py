@@ -283,6 +283,20 @@ def test_with_every_slot_taken_a_retained_prefix_is_reused_in_place_not_evicted(
     assert (unrelated.slot, unrelated.reused) == (old, 0)
 
 
+def test_a_prefix_too_short_to_lend_never_takes_a_long_cached_prompts_slot():
+    """A BOS or a chat header is shared with every slot: taking the most recent slot for
+    those tokens evicted a long prompt the next request would have reused."""
+    cache = make_cache(slots=2)
+    header = ids(2, 5)
+    old = fill(cache, header + ids(20, 1))
+    long = fill(cache, header + ids(60, 2))
+    cache.release(old, keep=True)
+    cache.release(long, keep=True)  # the most recent
+    short = cache.acquire(header + ids(10, 3), None)
+    assert short.slot == old  # least recently used, as before
+    assert cache.slots[long].tokens == header + ids(60, 2)
+
+
 def test_compact_moves_slots_together_and_their_kv_with_them():
     cache = make_cache(slots=4)
     a, b, c = (fill(cache, ids(20, s)) for s in range(3))

@@ -212,14 +212,17 @@ class KVCache:
     def _matching(self, tokens: list[int], limit: int) -> Slot | None:
         """With no slot free, the plain retained slot sharing the longest prefix with
         `tokens`, taken with its KV: evicting the least recently used one instead could
-        evict that very prefix (an n > 1 sibling then prefilled its prompt again)."""
+        evict that very prefix (an n > 1 sibling then prefilled its prompt again). Only a
+        prefix worth lending (`align` tokens, as `_best_prefix` lends): every prompt
+        shares a BOS or a chat header with every slot, and taking a long cached prompt's
+        slot for those two tokens evicted what the next request would have reused."""
         if not self.share_prefixes:
             return None
-        shared, best = max(((min(_common_prefix(s.tokens, tokens), limit), s.index)
-                            for s in self.slots
-                            if s.state is SlotState.RETAINED and s.owner is None),
-                           default=(0, -1))
-        return self.slots[best] if shared > 0 else None
+        shared, _, best = max(((min(_common_prefix(s.tokens, tokens), limit), -s.last_used,
+                                s.index) for s in self.slots
+                               if s.state is SlotState.RETAINED and s.owner is None),
+                              default=(0, 0, -1))
+        return self.slots[best] if shared >= self.align else None
 
     def _evict_lru(self) -> Slot | None:
         retained = [s for s in self.slots if s.state is SlotState.RETAINED]

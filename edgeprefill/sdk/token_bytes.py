@@ -75,8 +75,10 @@ class TokenBytes:
         return self.tokenizer.decode([token_id], skip_special_tokens=False).encode()
 
     def strips_first_space(self) -> bool:
-        """Whether decoding drops the space that begins a text, and only that one: Llama 2
-        and Mistral (Replace ▁, ..., Fuse, Strip(" ", start=1)), a Metaspace decoder. A
+        """Whether decoding drops the space that begins a text: Llama 2 and Mistral
+        (Replace ▁, ..., Fuse, Strip(" ", start=1): exactly one), a Metaspace decoder
+        (every `▁` of the first token, and not a byte-fallback space: the constraint
+        wrapper is exact there only for grammars that do not begin with a space). A
         reply whose first token is `▁jade` (bytes " jade") then reads "jade", as
         transformers' decode gives it. Asked of the decoder itself, with " x x" spelled
         as the vocabulary spells it."""
