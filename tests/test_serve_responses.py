@@ -182,9 +182,11 @@ def test_each_unsupported_field_is_a_400_naming_it(http, fields, param, code):
     assert param.split("[")[0].split(".")[0] in error["message"] or param.startswith("input")
 
 
-def test_an_unknown_model_is_a_404(client):
-    with pytest.raises(openai.NotFoundError):
+def test_an_unknown_model_is_a_404_naming_it(client):
+    with pytest.raises(openai.NotFoundError) as missing:
         client.responses.create(model="gpt-5", input="w5")
+    assert (missing.value.body["param"], missing.value.body["code"]) == \
+        ("model", "model_not_found")
 
 
 def test_a_client_leaving_mid_stream_cancels_the_response(http, engine, monkeypatch):
