@@ -46,7 +46,8 @@ def serve(
     max_pending: int, reasoning_parser: str, log_level: str, engine: dict, **limit_values,
 ) -> None:
     """Serve BUNDLE over an OpenAI-compatible HTTP API (completions, chat with tools,
-    models, tokenize/detokenize, version, health, Prometheus metrics), logging one line
+    the Responses API (stateless), models, tokenize/detokenize, version, health,
+    Prometheus metrics), logging one line
     per request. Requests may add edgeprefill's own fields, e.g. "priority": -1 (or
     "high") to jump ahead of long prompts; lower is served first.
 

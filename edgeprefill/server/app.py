@@ -2,6 +2,7 @@
 
     POST /v1/completions         text or token-id prompt
     POST /v1/chat/completions    messages, rendered with the bundle's chat template
+    POST /v1/responses           OpenAI's Responses API, stateless, through the chat path
     GET  /v1/models              the one model this server holds
     /tokenize, /detokenize, /v1/models/{id}, /version: server/routes_extra.py
     GET  /health                 liveness (never needs the API key)
@@ -22,7 +23,7 @@ import time
 from collections.abc import Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import anyio
 from starlette.applications import Starlette
@@ -45,6 +46,13 @@ from edgeprefill.server.metrics import ServerMetrics
 from edgeprefill.server.prompt_worker import Encoded, PromptTimeout, PromptWorkers
 from edgeprefill.server.reasoning import MODES, bundle_thinks, reply_reasoning
 from edgeprefill.server.responses import Shape
+from edgeprefill.server.responses_output import ResponseHead
+from edgeprefill.server.responses_request import (
+    parse_responses,
+    response_echo,
+    responses_error,
+)
+from edgeprefill.server.responses_stream import Reply, response_events
 from edgeprefill.server.routes_extra import ExtraRoutes, model_card
 from edgeprefill.server.schemas import CompletionRequest, parse_chat, parse_completion
 from edgeprefill.server.shutdown import ShutdownCut
@@ -109,6 +117,7 @@ def create_app(engine: Engine, config: ServerConfig) -> Starlette:
     routes = [
         Route("/v1/completions", api.completions, methods=["POST"]),
         Route("/v1/chat/completions", api.chat_completions, methods=["POST"]),
+        Route("/v1/responses", api.responses, methods=["POST"]),
         Route("/v1/models", api.models, methods=["GET"]),
         Route("/health", api.health, methods=["GET"]),
         Route("/metrics", api.prometheus, methods=["GET"]),
@@ -181,37 +190,79 @@ class OpenAIApi:
     # -- one completion ---------------------------------------------------------------
 
     async def _complete(self, request: Request, chat: bool) -> Response:
-        endpoint = "chat" if chat else "completions"
-        try:
-            body = await read_json(request, self.max_body_bytes, self.config.body_timeout_s)
-            parsed = parse_chat(body) if chat else parse_completion(body)
-            self._check_model(parsed.model)
-            stream, opens_think = await self._submit(parsed)
-            access_log.note(request, stream)
-        except ApiError as err:
-            self.metrics.reject(err.status)
-            return err.response()
-        # A constrained reply (response_format, a forced tool_choice) is not split: its
-        # grammar governs the whole reply, which is the content.
-        reasoning = reply_reasoning(self.splits_reasoning and chat,
-                                     parsed.params.constraint is not None, opens_think)
-        shape = Shape.new(chat, self.config.model_name,
-                          reply_parser(parsed.tools, self.engine.manifest),
-                          self.engine.tokenizer.token_bytes, reasoning)
-        close = self._closer(endpoint, stream)
+        admitted = await self._admit(request, parse_chat if chat else parse_completion)
+        if isinstance(admitted, Response):
+            return admitted
+        parsed, stream = admitted.request, admitted.stream
+        shape = self._shape(admitted, chat)
+        close = self._closer("chat" if chat else "completions", stream)
         if parsed.stream:
             events = completion_events(stream, shape, parsed.include_usage,
                                        parsed.constraint_field)
             return EventStreamResponse(events, on_close=close)
+        failed = await self._wait(admitted, request, close)
+        return failed or JSONResponse(shape.whole(stream))
+
+    async def responses(self, request: Request) -> Response:
+        """OpenAI's Responses API: the chat route under other names (its request in
+        server/responses_request.py, its reply in server/responses_stream.py)."""
+        admitted = await self._admit(request, parse_responses, responses_error)
+        if isinstance(admitted, Response):
+            return admitted
+        head = ResponseHead.new(self.config.model_name, response_echo(admitted.body))
+        reply = Reply(admitted.stream, self._shape(admitted, chat=True), head,
+                      lambda text: len(self.engine.tokenizer.encode_plain(text)))
+        close = self._closer("responses", admitted.stream)
+        if admitted.request.stream:
+            events = response_events(reply, admitted.request.constraint_field)
+            return EventStreamResponse(events, on_close=close)
+        failed = await self._wait(admitted, request, close)
+        return failed or JSONResponse(reply.whole())
+
+    async def _admit(self, request: Request, parse: Callable[[Any], CompletionRequest],
+                     rename: Callable[[ApiError], ApiError] = lambda err: err,
+                     ) -> Admitted | Response:
+        """Read, check and submit a request; the error response if it is refused
+        (`rename` puts a refusal at submit in the route's own field names)."""
         try:
-            finished = await _finish_unless_client_leaves(stream, request)
+            body = await read_json(request, self.max_body_bytes, self.config.body_timeout_s)
+            parsed = parse(body)
+            self._check_model(parsed.model)
+            try:
+                stream, opens_think = await self._submit(parsed)
+            except ApiError as err:
+                raise rename(err) from None
+            access_log.note(request, stream)
+        except ApiError as err:
+            self.metrics.reject(err.status)
+            return err.response()
+        return Admitted(body, parsed, stream, opens_think)
+
+    def _shape(self, admitted: Admitted, chat: bool) -> Shape:
+        parsed = admitted.request
+        # A constrained reply (response_format, a forced tool_choice) is not split: its
+        # grammar governs the whole reply, which is the content.
+        reasoning = reply_reasoning(self.splits_reasoning and chat,
+                                    parsed.params.constraint is not None,
+                                    admitted.opens_think)
+        return Shape.new(chat, self.config.model_name,
+                         reply_parser(parsed.tools, self.engine.manifest),
+                         self.engine.tokenizer.token_bytes, reasoning)
+
+    async def _wait(self, admitted: Admitted, request: Request,
+                    close: Callable[[], None]) -> Response | None:
+        """Wait for a whole reply; the response to send instead of it if the client left
+        or generation failed, None when the reply is there."""
+        try:
+            finished = await _finish_unless_client_leaves(admitted.stream, request)
         finally:
             close()
         if not finished:
             return Response(status_code=499)  # nobody is listening; the request is cancelled
-        if stream.finish_reason == "error":
-            return generation_failure(stream.failed, parsed.constraint_field).response()
-        return JSONResponse(shape.whole(stream))
+        if admitted.stream.finish_reason == "error":
+            return generation_failure(admitted.stream.failed,
+                                      admitted.request.constraint_field).response()
+        return None
 
     def _check_model(self, model: str | None) -> None:
         if model is not None and model != self.config.model_name:
@@ -307,6 +358,13 @@ class OpenAIApi:
 class Submitted(NamedTuple):
     stream: Choices
     opens_think: bool  # the rendered chat prompt left a think block open for the reply
+
+
+class Admitted(NamedTuple):
+    body: Any  # the request's JSON, as sent
+    request: CompletionRequest
+    stream: Choices
+    opens_think: bool
 
 
 class ApiKeyMiddleware:

@@ -90,10 +90,26 @@ class Shape:
     def chunks(self, text: str, index: int = 0) -> list[dict]:
         """The streamed chunks of newly generated text: content, reasoning, or tool-call
         deltas."""
+        if self._reply(index) is None:
+            return [self.chunk(text, index=index)] if text else []
+        return [self.delta_chunk(d, index=index) for d in self.deltas(text, index)]
+
+    def deltas(self, text: str, index: int = 0) -> list[dict]:
+        """The chat deltas of newly generated text (`content`, the reasoning fields, or
+        `tool_calls`), as `chunks` sends them; the Responses API re-shapes these."""
         reply = self._reply(index)
         if reply is None:
-            return [self.chunk(text, index=index)] if text else []
-        return [self.delta_chunk(d, index=index) for d in reply.feed(text)]
+            return [{"content": text}] if text else []
+        return reply.feed(text)
+
+    def last_deltas(self, finish_reason: str | None,
+                    index: int = 0) -> tuple[list[dict], str | None]:
+        """What the reply still holds back, and its finish reason (`tool_calls` where the
+        calls are whole)."""
+        reply = self._reply(index)
+        if reply is None:
+            return [], finish_reason
+        return reply.finish(), reply.finish_reason(finish_reason)
 
     def token_chunk(self, event: TokenEvent, text_offset: int, index: int = 0) -> dict:
         """One token's chunk with its logprobs, as OpenAI streams logprobs (chat without
@@ -107,11 +123,9 @@ class Shape:
 
     def last_chunks(self, finish_reason: str | None, index: int = 0) -> list[dict]:
         """What the reply still holds back, then the chunk with the finish reason."""
-        reply = self._reply(index)
-        if reply is None:
-            return [self.chunk("", finish_reason, index=index)]
-        rest = [self.delta_chunk(d, index=index) for d in reply.finish()]
-        return [*rest, self.chunk("", reply.finish_reason(finish_reason), index=index)]
+        deltas, reason = self.last_deltas(finish_reason, index)
+        rest = [self.delta_chunk(d, index=index) for d in deltas]
+        return [*rest, self.chunk("", reason, index=index)]
 
     def _reply(self, index: int) -> ReplyDeltas | None:
         """The streamed state of choice `index`; None where text goes out as it comes."""
