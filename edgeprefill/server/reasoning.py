@@ -1,5 +1,5 @@
 """A chat reply's reasoning: what a model writes between `<think>` and `</think>` (Qwen3,
-DeepSeek-R1 distills, SmolLM3, Phi-4-mini-reasoning, ...), split from the answer after
+DeepSeek-R1 distills, SmolLM3, ...), split from the answer after
 it, whole or as the reply streams in.
 
 Which replies are split (`reply_reasoning` below, per request):
