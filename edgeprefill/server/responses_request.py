@@ -28,7 +28,6 @@ from typing import Any
 from edgeprefill.server.errors import ApiError
 from edgeprefill.server.responses_input import input_messages
 from edgeprefill.server.schemas import CompletionRequest, parse_chat
-from edgeprefill.values import is_int
 
 # Same name and meaning on both routes (edgeprefill's extensions among them).
 SHARED = ("model", "temperature", "top_p", "stream", "parallel_tool_calls", "user",
@@ -67,7 +66,7 @@ def parse_responses(body: Any) -> CompletionRequest:
     _refuse(body)
     chat: dict[str, Any] = {name: body[name] for name in SHARED if name in body}
     chat["messages"] = input_messages(body.get("input"), body.get("instructions"))
-    chat["max_tokens"] = _max_output_tokens(body)
+    chat["max_tokens"] = body.get("max_output_tokens")  # checked as max_tokens, renamed
     chat["response_format"] = _text_format(body.get("text"))
     chat["tools"] = _tools(body.get("tools"))
     chat["tool_choice"] = _tool_choice(body.get("tool_choice"))
@@ -135,15 +134,15 @@ def _check_accepted(body: dict) -> None:
     sending the wrong type has a bug to hear of."""
     if not isinstance(body.get("store", False), (bool, type(None))):
         raise ApiError(400, "'store' must be true or false", "store")
-    _keys(body, "reasoning", ("effort", "summary", "generate_summary"))
-    _keys(body, "stream_options", ("include_obfuscation",))
+    _known_keys(body.get("reasoning"), "reasoning", ("effort", "summary", "generate_summary"))
+    _known_keys(body.get("stream_options"), "stream_options", ("include_obfuscation",))
     include = body.get("include") or []
     if not isinstance(include, list) or any(i not in INCLUDABLE for i in include):
         raise ApiError(400, f"'include' may list only {', '.join(INCLUDABLE)} here", "include")
 
 
-def _keys(body: dict, name: str, known: tuple[str, ...]) -> None:
-    value = body.get(name)
+def _known_keys(value: Any, name: str, known: tuple[str, ...]) -> None:
+    """`value`, the object field `name`, holds only the keys this server knows."""
     if value is None:
         return
     if not isinstance(value, dict):
@@ -154,23 +153,11 @@ def _keys(body: dict, name: str, known: tuple[str, ...]) -> None:
                        f"{name}.{unknown[0]}")
 
 
-def _max_output_tokens(body: dict) -> int | None:
-    value = body.get("max_output_tokens")
-    if value is not None and (not is_int(value) or value < 1):
-        raise ApiError(400, "'max_output_tokens' must be an integer >= 1", "max_output_tokens")
-    return value
-
-
 def _text_format(text: Any) -> dict | None:
     """`text.format` as the chat route's `response_format`."""
     if text is None:
         return None
-    if not isinstance(text, dict):
-        raise ApiError(400, "'text' must be an object", "text")
-    unknown = sorted(set(text) - {"format", "verbosity"})
-    if unknown:
-        raise ApiError(400, f"'text.{unknown[0]}' is not supported by this server",
-                       f"text.{unknown[0]}")
+    _known_keys(text, "text", ("format", "verbosity"))
     if text.get("verbosity") is not None:
         raise ApiError(400, "'text.verbosity' is not supported by this server",
                        "text.verbosity")
