@@ -125,6 +125,24 @@ def top_word_id(top_words: Sequence[str], word: str, vocab: int = VOCAB) -> int:
     return vocab - len(top_words) + list(top_words).index(word)
 
 
+def follow_tokens(engine, following: dict[int, int], otherwise: int) -> None:
+    """Make the engine's greedy choice scripted: after token t comes following[t] (else
+    `otherwise`). The real step still runs, so its KV writes stay."""
+    import numpy as np
+
+    run = engine.backend.run
+
+    def scripted(step):
+        logits = run(step)
+        chosen = np.full_like(logits, -1e4)
+        for row in range(step.rows):
+            last = int(step.input_ids[row, step.valid_lens[row] - 1])
+            chosen[row, following.get(last, otherwise)] = 0.0
+        return chosen
+
+    engine.backend.run = scripted
+
+
 def build_hf_model(family: str, out: Path, seed: int = 0, dtype=None, **overrides) -> Path:
     """Save a tiny random model of `family` (a key of FAMILIES) to `out`."""
     import torch

@@ -14,7 +14,6 @@ from __future__ import annotations
 import shutil
 from collections.abc import Iterator
 
-import numpy as np
 import pytest
 
 openai = pytest.importorskip("openai")
@@ -23,7 +22,7 @@ pytest.importorskip("starlette")
 
 from edgeprefill.sdk import Engine  # noqa: E402
 from edgeprefill.server import ServerConfig, ServerThread, create_app  # noqa: E402
-from tests.conftest import top_word_id, write_tokenizer  # noqa: E402
+from tests.conftest import follow_tokens, top_word_id, write_tokenizer  # noqa: E402
 from tests.test_serve import MODEL, free_port  # noqa: E402
 from tests.test_serve_tools import CALL, WEATHER  # noqa: E402
 
@@ -72,17 +71,7 @@ def follow_script(engine: Engine) -> None:
     script = [word_id(w) for w in ("assistant:", *THOUGHT, *ANSWER)]
     following = dict(zip(script, [*script[1:], EOS], strict=True))
     following[word_id("</think>")] = word_id(ANSWER[0])
-    run = engine.backend.run
-
-    def scripted(step):
-        logits = run(step)  # the real step: its KV writes stay
-        chosen = np.full_like(logits, -1e4)
-        for row in range(step.rows):
-            last = int(step.input_ids[row, step.valid_lens[row] - 1])
-            chosen[row, following.get(last, EOS)] = 0.0
-        return chosen
-
-    engine.backend.run = scripted
+    follow_tokens(engine, following, EOS)
 
 
 def serve(engine: Engine, **config) -> ServerThread:

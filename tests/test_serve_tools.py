@@ -15,7 +15,6 @@ import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 openai = pytest.importorskip("openai")
@@ -25,7 +24,7 @@ pytest.importorskip("starlette")
 from edgeprefill.sdk import Engine  # noqa: E402
 from edgeprefill.server import ServerConfig, ServerThread, create_app  # noqa: E402
 from edgeprefill.server.tools import _json_schema_constraint  # noqa: E402
-from tests.conftest import top_word_id, write_tokenizer  # noqa: E402
+from tests.conftest import follow_tokens, top_word_id, write_tokenizer  # noqa: E402
 from tests.test_serve import MODEL, assert_error, free_port  # noqa: E402
 
 EOS = 2
@@ -74,17 +73,7 @@ def follow_script(engine: Engine) -> None:
     for start, script in (("assistant:", CALL), ("answer:", ANSWER)):
         ids = [word_id(w) for w in (start, *script)]
         following.update(zip(ids, [*ids[1:], EOS], strict=True))
-    run = engine.backend.run
-
-    def scripted(step):
-        logits = run(step)  # the real step: its KV writes stay
-        chosen = np.full_like(logits, -1e4)
-        for row in range(step.rows):
-            last = int(step.input_ids[row, step.valid_lens[row] - 1])
-            chosen[row, following.get(last, EOS)] = 0.0
-        return chosen
-
-    engine.backend.run = scripted
+    follow_tokens(engine, following, EOS)
 
 
 @pytest.fixture(scope="module")
