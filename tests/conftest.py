@@ -125,6 +125,24 @@ def top_word_id(top_words: Sequence[str], word: str, vocab: int = VOCAB) -> int:
     return vocab - len(top_words) + list(top_words).index(word)
 
 
+@pytest.fixture(scope="module")
+def http(server):
+    """An httpx client of the module's `server` fixture. One client for the module: a new
+    httpx client per call costs ~50 ms of TLS setup."""
+    import httpx
+
+    with httpx.Client(base_url=server.url) as client:
+        yield client
+
+
+@pytest.fixture
+def client(server):
+    """The openai client of the module's `server` fixture, no retries."""
+    import openai
+
+    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+
+
 def follow_tokens(engine, following: dict[int, int], otherwise: int) -> None:
     """Make the engine's greedy choice scripted: after token t comes following[t] (else
     `otherwise`). The real step still runs, so its KV writes stay."""

@@ -55,18 +55,6 @@ def server(engine) -> Iterator[ServerThread]:
         yield server
 
 
-@pytest.fixture(scope="module")
-def http(server) -> Iterator[httpx.Client]:
-    # One client for the module: a new httpx client per call costs ~50 ms of TLS setup.
-    with httpx.Client(base_url=server.url) as http:
-        yield http
-
-
-@pytest.fixture
-def client(server) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
-
-
 @pytest.fixture(autouse=True)
 def kv_is_clean_after_each_test(request) -> Iterator[None]:
     yield

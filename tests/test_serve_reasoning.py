@@ -85,11 +85,6 @@ def server(engine) -> Iterator[ServerThread]:
         yield server
 
 
-@pytest.fixture
-def client(server) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
-
-
 def ask(client, open_think: bool = False, **options):
     kwargs = {"open_think": True} if open_think else {}
     options.setdefault("extra_body", {})["chat_template_kwargs"] = \

@@ -86,11 +86,6 @@ def server(tool_bundle) -> Iterator[ServerThread]:
     engine.close()
 
 
-@pytest.fixture
-def client(server) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
-
-
 QUESTION = [{"role": "user", "content": "weather in Paris ?"}]
 
 

@@ -37,12 +37,6 @@ def server(engine) -> Iterator[ServerThread]:
         yield server
 
 
-@pytest.fixture(scope="module")
-def http(server) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=server.url) as http:
-        yield http
-
-
 # -- /tokenize and /detokenize ---------------------------------------------------------
 
 
