@@ -36,13 +36,13 @@ class Checkpoint:
     def __init__(self, hf_dir: Path, renames: tuple[tuple[str, str], ...] = (),
                  left_out: tuple[str, ...] = ()) -> None:
         self.dir = hf_dir
-        stored = _tensor_files(hf_dir)
+        self._handles: dict[Path, object] = {}
+        stored = _tensor_files(hf_dir, self._handles)
         self.left_out = sorted(n for n in stored if n.startswith(left_out)) if left_out else []
         skipped = set(self.left_out)
         # the name read -> (file, the name stored)
         self._file_of = {_renamed(n, renames): (path, n) for n, path in stored.items()
                          if n not in skipped}
-        self._handles: dict[Path, object] = {}
         self.read: set[str] = set()  # the tensors the export took
 
     def names(self) -> set[str]:
@@ -139,14 +139,16 @@ def _renamed(name: str, renames: tuple[tuple[str, str], ...]) -> str:
     return name
 
 
-def _tensor_files(hf_dir: Path) -> dict[str, Path]:
+def _tensor_files(hf_dir: Path, handles: dict[Path, object]) -> dict[str, Path]:
     """Tensor name -> the file holding it: safetensors where the folder has them (a
-    checkpoint may ship both), else PyTorch's files."""
+    checkpoint may ship both), else PyTorch's files. A single PyTorch file is unpickled
+    to list its names: kept in `handles`, so reading the tensors does not unpickle it
+    again."""
     for index_file, single_file in ((INDEX_FILE, SINGLE_FILE), (TORCH_INDEX_FILE, TORCH_FILE)):
         if (hf_dir / index_file).is_file():
             return _indexed_files(hf_dir, index_file)
         if (hf_dir / single_file).is_file():
-            return _single_file(hf_dir / single_file)
+            return _single_file(hf_dir / single_file, handles)
     raise ExportError(
         f"no {SINGLE_FILE}, {INDEX_FILE}, {TORCH_FILE} or {TORCH_INDEX_FILE} in {hf_dir}")
 
@@ -168,9 +170,10 @@ def _indexed_files(hf_dir: Path, index_file: str) -> dict[str, Path]:
     return files
 
 
-def _single_file(single: Path) -> dict[str, Path]:
+def _single_file(single: Path, handles: dict[Path, object]) -> dict[str, Path]:
     if single.suffix == ".bin":
-        return {name: single for name in TorchFile(single).keys()}
+        handle = handles[single] = TorchFile(single)
+        return {name: single for name in handle.keys()}
     try:
         with safe_open(str(single), framework="numpy") as handle:
             return {name: single for name in handle.keys()}
