@@ -18,6 +18,7 @@ part by part, one line each (`ok`, `SKIP` with the reason, or `FAIL` with the re
   fp16          an fp16 bundle's fp16 engine against the CPU; a float32 bundle at fp16 refused
   odd-capacity  an odd --capacity is rounded so every KV slot is 256-byte aligned, and runs
   ort-cuda      ONNX Runtime's CUDA provider with the device KV arena, both graph flavours
+                at fp32 and fp16, and where its nodes ran
 
 Without a GPU (or TensorRT, or onnxruntime-gpu) the parts that need it print `SKIP` and the
 script exits 0; it exits 1 when a part fails. docs/jetson.md says what each failure means.
@@ -390,20 +391,40 @@ class TrtSmoke:
 
 
 def ort_cuda(bundles: Bundles, max_batch: int) -> str:
+    """Both graph flavours at fp32 and fp16 on ONNX Runtime's CUDA provider against the CPU
+    (fp16 against the same weights in float32); every combination runs, then the first
+    that failed is raised with the others' lines."""
+    lines, failed = [], []
+    for flavor in ("standard", "ort"):
+        for dtype in ("fp32", "fp16"):
+            try:
+                lines.append(f"{flavor} {dtype}: {ort_cuda_one(bundles, flavor, dtype, max_batch)}")
+            except Exception as err:  # noqa: BLE001 - each combination reports on its own
+                failed.append(f"{flavor} {dtype} FAILED: {type(err).__name__}: {err}")
+                traceback.print_exc(file=sys.stderr)
+    if failed:
+        raise AssertionError("; ".join(failed + lines))
+    return "; ".join(lines)
+
+
+def ort_cuda_one(bundles: Bundles, flavor: str, dtype: str, max_batch: int) -> str:
     from edgeprefill.bundle import load_manifest
     from edgeprefill.engines.ort.backend import OnnxRuntimeBackend
+    from edgeprefill.engines.ort.providers import CUDA_EP, placement
 
-    lines = []
-    for flavor in ("standard", "ort"):
-        bundle = bundles.get(flavor)
-        gpu = OnnxRuntimeBackend(bundle, load_manifest(bundle), BackendOptions(device="cuda"))
-        summary = compare(gpu, cpu_backend(bundle), MAX_CONTEXT, max_batch, TOLERANCE["fp32"])
+    bundle = bundles.get(flavor, dtype)
+    gpu = OnnxRuntimeBackend(bundle, load_manifest(bundle), BackendOptions(device="cuda"))
+    try:
+        summary = compare(gpu, cpu_backend(bundles.get(flavor)), MAX_CONTEXT, max_batch,
+                          TOLERANCE[dtype])
         # The arena's class says the KV cache lived in device memory (ort/arena.py).
-        arena = getattr(gpu, "_device_kv", None)
-        where = type(arena).__name__ if arena is not None else "its KV arena"
+        arena = type(gpu.arena).__name__ if gpu.arena is not None else "no arena"
+        off = placement(gpu.session, CUDA_EP).elsewhere
+        where = (", ".join(f"{op} x{n}" for op, n in off.most_common()) + " on the CPU"
+                 if off else "every node on CUDA")
+    finally:
         gpu.close()
-        lines.append(f"{flavor} flavour with {where}: {summary.split(':')[0]}")
-    return "; ".join(lines)
+    return f"{arena}, {where}; {summary.split(':')[0]}"
 
 
 # ---- main

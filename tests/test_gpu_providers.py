@@ -272,3 +272,32 @@ def test_a_cuda_onnxruntime_without_the_kv_write_kernel_is_refused_before_loadin
     with pytest.raises(BackendError, match="could not use CUDAExecutionProvider"):
         OnnxRuntimeBackend(flavour, load_manifest(flavour), BackendOptions(device="cuda"))
     assert asked == []
+
+
+@pytest.mark.filterwarnings("ignore:Specified provider 'CUDAExecutionProvider'")
+def test_the_cuda_libraries_are_preloaded_once_and_a_fallback_quotes_what_failed(
+    bundle, monkeypatch
+):
+    """A pip-installed CUDA is not on the loader's path: onnxruntime's preload_dlls loads it
+    before the first GPU session. When the provider still fails, the one-line refusal says
+    which library did not load (preload_dlls prints it; this CPU build then falls back)."""
+    from edgeprefill.engines.ort import providers
+
+    calls = []
+
+    def preload():
+        calls.append(1)
+        print("Failed to load libcublasLt.so.13: cannot open shared object file")
+
+    monkeypatch.setattr(providers, "_PRELOADED", [])
+    monkeypatch.setattr(ort, "preload_dlls", preload, raising=False)
+    monkeypatch.setattr(ort, "get_available_providers", lambda: [CUDA_EP, "CPUExecutionProvider"])
+    flavour = bundle("llama", "ort")
+    for _ in range(2):
+        with pytest.raises(BackendError, match=r"could not use CUDAExecutionProvider .*"
+                           r"\(loading them: Failed to load libcublasLt\.so\.13: cannot open"):
+            OnnxRuntimeBackend(flavour, load_manifest(flavour), BackendOptions(device="cuda"))
+    assert calls == [1], "loaded once per process"
+    # On the CPU nothing is preloaded.
+    OnnxRuntimeBackend(flavour, load_manifest(flavour), BackendOptions()).close()
+    assert calls == [1]

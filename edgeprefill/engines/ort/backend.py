@@ -44,6 +44,7 @@ from edgeprefill.engines.ort.providers import (
     configure_gpu_session,
     dimension_overrides,
     gpu_settings,
+    load_cuda_libraries,
     missing_kernel,
     missing_provider,
     provider_options,
@@ -115,6 +116,7 @@ class OnnxRuntimeBackend(Backend):
             )
         refuse_device(options.device)
         self._gpu: GpuSettings | None = None  # GPU provider settings; None on the CPU
+        self._libraries_said = ""  # what loading the CUDA libraries printed (providers.py)
         if options.device != "cpu":
             self._gpu = gpu_settings(bundle_dir, manifest, options.engine_dir)
             wanted = PROVIDERS[options.device][0]
@@ -124,6 +126,7 @@ class OnnxRuntimeBackend(Backend):
                     ort, wanted, KV_WRITE_OP, manifest.graph.opsets.get("", 24))
             if problem:
                 raise BackendError(problem)
+            self._libraries_said = load_cuda_libraries(ort)
         graph_path = resolve_inside(bundle_dir, manifest.graph.file)
         graph = load_graph(bundle_dir, manifest)  # refuses external data outside the bundle
         _check_rotary_positions(graph, manifest.max_context)
@@ -233,9 +236,10 @@ class OnnxRuntimeBackend(Backend):
         wanted = PROVIDERS[self.options.device][0]
         got = self.session.get_providers()
         if wanted not in got:
+            said = f" (loading them: {self._libraries_said[:400]})" if self._libraries_said else ""
             raise BackendError(
                 f"ONNX Runtime could not use {wanted} (it fell back to {', '.join(got)}); "
-                "check the onnxruntime-gpu install and the CUDA libraries"
+                f"check the onnxruntime-gpu install and the CUDA libraries{said}"
             )
         if self._gpu is not None:
             check_placement(self.session, wanted)

@@ -8,6 +8,10 @@
   ONNX Runtime, and none of that can be checked without a GPU. The `tensorrt` backend
   (`edgeprefill build`, one profile per bucket, chunks padded, decode batches split) is the
   TensorRT path; the CUDA EP is the ONNX Runtime one.
+- CUDA and cuDNN from pip (`onnxruntime-gpu[cuda,cudnn]`, or PyTorch's `nvidia-*` packages)
+  are not on the loader's path: ONNX Runtime's `preload_dlls` loads them before the first
+  GPU session (`load_cuda_libraries`), else the provider fails to load and the session
+  quietly runs on the CPU.
 - ONNX Runtime falls back to the CPU per node without failing. A GPU session records which
   provider got each node: the in-place KV write (TensorScatter) on the CPU is an error
   (every step would copy the cache across the bus), other nodes there are one warning line.
@@ -15,6 +19,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import logging
 from collections import Counter
 from dataclasses import dataclass
@@ -99,6 +105,33 @@ def missing_provider(wanted: str, available: list[str]) -> str | None:
         f"this onnxruntime has no {wanted} (available: {', '.join(available)}); "
         f"{ORT_GPU_HINT}"
     )
+
+
+_PRELOADED: list[str] = []  # what preload_dlls said, once per process
+
+
+def load_cuda_libraries(ort: ModuleType) -> str:
+    """Load the CUDA and cuDNN libraries that onnxruntime-gpu was built for, from the
+    `nvidia` pip packages beside it or the default library path, once per process.
+
+    Without it a pip-installed CUDA (no system CUDA on the loader's path) makes the CUDA
+    provider fail to load, and ONNX Runtime runs the session on the CPU instead (which
+    `_check_providers` refuses). A system CUDA on the path (JetPack) is what it loads then.
+    Returns what preload_dlls printed (it prints, not logs): the refusal quotes it."""
+    preload = getattr(ort, "preload_dlls", None)
+    if preload is None:  # onnxruntime < 1.21: the libraries must be on the loader's path
+        return ""
+    if not _PRELOADED:
+        printed = io.StringIO()
+        with contextlib.redirect_stdout(printed):
+            try:
+                preload()
+            except Exception as err:  # noqa: BLE001 - its errors are advice; the load decides
+                print(f"preload_dlls failed: {err}")
+        _PRELOADED.append(" ".join(printed.getvalue().split()))
+        if _PRELOADED[0]:
+            log.debug("onnxruntime.preload_dlls: %s", _PRELOADED[0])
+    return _PRELOADED[0]
 
 
 def configure_gpu_session(ort: ModuleType, options: Any) -> None:
