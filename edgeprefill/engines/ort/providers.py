@@ -29,7 +29,7 @@ from types import ModuleType
 from typing import Any, NamedTuple
 
 from edgeprefill.bundle import Manifest
-from edgeprefill.engines.gpu_libs import ORT_GPU_HINT
+from edgeprefill.engines.gpu_libs import ORT_GPU_HINT, version_tuple
 from edgeprefill.engines.trt.cache import ENGINES_DIR
 from edgeprefill.errors import BackendError
 
@@ -42,6 +42,16 @@ KV_WRITE_OP = "TensorScatter"  # the standard graph's in-place KV write
 # libonnxruntime_providers_cuda.so has onnxruntime::cuda::TensorScatter, 1.24.4's has none.
 MIN_ORT_GPU = "1.25"
 log = logging.getLogger("edgeprefill")
+# The ops that write the KV cache in each flavour -> what to do when one is on the CPU.
+KV_WRITE_OPS = {
+    KV_WRITE_OP: f"install onnxruntime-gpu>={MIN_ORT_GPU}",
+    # ONNX Runtime's CUDA GroupQueryAttention is float16 and bfloat16 only.
+    "GroupQueryAttention": "for the CUDA provider export the ort flavour with --dtype fp16, "
+                           "or the standard flavour",
+}
+# Shape and position arithmetic that ONNX Runtime places on the CPU on purpose.
+SHAPE_OPS = frozenset({"Shape", "Size", "Squeeze", "Unsqueeze", "Slice", "Cast", "Add", "Sub",
+                       "Gather", "Concat", "Reshape", "Range", "ConstantOfShape"})
 
 # device -> why it is refused and what works instead (one line each).
 REFUSED_DEVICES = {
@@ -122,6 +132,10 @@ def load_cuda_libraries(ort: ModuleType) -> str:
     if preload is None:  # onnxruntime < 1.21: the libraries must be on the loader's path
         return ""
     if not _PRELOADED:
+        # onnxruntime-gpu 1.31 warns on its default logger at every CUDA session that no
+        # plugin EP device is registered, then uses its built-in CUDA provider: not the
+        # user's concern, like the session warnings (session options log errors only).
+        ort.set_default_logger_severity(3)
         printed = io.StringIO()
         with contextlib.redirect_stdout(printed):
             try:
@@ -143,17 +157,16 @@ def configure_gpu_session(ort: ModuleType, options: Any) -> None:
 
 
 def missing_kernel(ort: ModuleType, wanted: str, op_type: str, opset: int) -> str | None:
-    """Why `wanted` cannot run `op_type` at `opset` in this onnxruntime, or None (also when
-    onnxruntime's kernel list does not cover that provider and cannot tell)."""
-    lister = getattr(getattr(ort, "capi", None), "_pybind_state", None)
-    kernels = getattr(lister, "get_all_opkernel_def", None)
-    if kernels is None:
+    """Why `wanted` has no kernel for the KV write `op_type` at `opset` in this onnxruntime,
+    judged by its version (the CUDA provider's TensorScatter came with 1.25), or None.
+
+    Not by listing the kernels (`get_all_opkernel_def`): that loads every provider library
+    in the build, and onnxruntime-gpu's TensorRT one kills the process where TensorRT is not
+    installed (onnxruntime-gpu 1.31.1 on an H100). Once loaded, `check_placement` says where
+    the write really runs."""
+    if wanted != CUDA_EP or op_type != KV_WRITE_OP:
         return None
-    defs = [k for k in kernels() if k.provider == wanted]
-    if not defs:
-        return None
-    if any(k.op_name == op_type and k.version_range[0] <= opset <= k.version_range[1]
-           for k in defs):
+    if version_tuple(ort.__version__) >= version_tuple(MIN_ORT_GPU):
         return None
     return (
         f"onnxruntime {ort.__version__} has no {wanted} kernel for {op_type} (opset {opset}), "
@@ -183,18 +196,22 @@ def placement(session: Any, wanted: str) -> Placement:
 
 
 def check_placement(session: Any, wanted: str) -> None:
-    """BackendError when the KV write left `wanted`; one warning line for other nodes."""
+    """BackendError when a KV write left `wanted`. Other nodes there: an info line where all
+    are the small integer ops of shape and position arithmetic, which ONNX Runtime keeps on
+    the CPU on purpose (on an H100: Squeeze, Slice, Cast, Add, Sub over `past_lens`), else
+    a warning line."""
     found = placement(session, wanted)
     if not found.recorded:
         return
-    if found.elsewhere[KV_WRITE_OP]:
-        raise BackendError(
-            f"ONNX Runtime put the KV-cache write ({KV_WRITE_OP}) on the CPU instead of "
-            f"{wanted}: every step would copy the cache; install onnxruntime-gpu>={MIN_ORT_GPU}"
-        )
+    for op, fix in KV_WRITE_OPS.items():
+        if found.elsewhere[op]:
+            raise BackendError(
+                f"ONNX Runtime put the KV-cache write ({op}) on the CPU instead of "
+                f"{wanted}: every step would copy the cache; {fix}")
     if found.elsewhere:
-        log.warning("ONNX Runtime runs %s off %s (on the CPU): %s", _count(found.elsewhere),
-                    wanted, ", ".join(f"{op} x{n}" for op, n in found.elsewhere.most_common()))
+        level = logging.INFO if set(found.elsewhere) <= SHAPE_OPS else logging.WARNING
+        log.log(level, "ONNX Runtime runs %s off %s (on the CPU): %s", _count(found.elsewhere),
+                wanted, ", ".join(f"{op} x{n}" for op, n in found.elsewhere.most_common()))
 
 
 def _count(ops: Counter[str]) -> str:
