@@ -47,7 +47,11 @@ def settings(tmp_path, **changes) -> GpuSettings:
 
 def test_cuda_provider_options_keep_the_arena_tight(tmp_path):
     options = provider_options(PROVIDERS["cuda"], fake_manifest(), settings(tmp_path))
-    assert options == [{"device_id": "0", "arena_extend_strategy": "kSameAsRequested"}, {}]
+    # A float32 bundle computes in float32, not the provider's default TF32.
+    assert options == [{"device_id": "0", "arena_extend_strategy": "kSameAsRequested",
+                        "use_tf32": "0"}, {}]
+    fp16 = provider_options(PROVIDERS["cuda"], fake_manifest(), settings(tmp_path, fp16=True))
+    assert fp16 == [{"device_id": "0", "arena_extend_strategy": "kSameAsRequested"}, {}]
 
 
 def test_settings_follow_the_bundle(tmp_path):

@@ -97,7 +97,13 @@ def provider_options(
 
 
 def cuda_options(settings: GpuSettings) -> dict[str, str]:
-    return {"device_id": str(settings.device_id), "arena_extend_strategy": "kSameAsRequested"}
+    options = {"device_id": str(settings.device_id), "arena_extend_strategy": "kSameAsRequested"}
+    if not settings.fp16:
+        # The CUDA provider multiplies float32 in TF32 by default (10-bit mantissas): a
+        # float32 bundle's logits then differ from the CPU's by ~1e-3 of their scale (seen
+        # on an H100). A float32 bundle is asked for float32 arithmetic.
+        options["use_tf32"] = "0"
+    return options
 
 
 def dimension_overrides(device: str, settings: GpuSettings) -> dict[str, int]:
