@@ -331,3 +331,48 @@ def test_the_cuda_libraries_are_preloaded_once_and_a_fallback_quotes_what_failed
     # On the CPU nothing is preloaded.
     OnnxRuntimeBackend(flavour, load_manifest(flavour), BackendOptions()).close()
     assert calls == [1]
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma2"])
+def test_the_total_length_fed_from_the_host_gives_the_graphs_numbers(bundle, monkeypatch, family):
+    """On a GPU provider GroupQueryAttention's total length is bound from the host (the
+    in-graph one gave wrong logits on an H100, engines/ort/host_total.py). Run here with the
+    rewrite forced on the CPU: every step's logits equal the graph's own, for chunked
+    prefills, a window smaller than the chunks (gemma2) and rows at different positions."""
+    from edgeprefill.engines.ort import backend as ort_backend
+    from edgeprefill.engines.ort.host_total import HOST_TOTAL
+
+    path = bundle(family, "ort")
+    manifest = load_manifest(path)
+    monkeypatch.setenv("EDGEPREFILL_KERNELS", "off")  # the GPU keeps GroupQueryAttention too
+    stock = OnnxRuntimeBackend(path, manifest, BackendOptions(threads=1))
+    monkeypatch.setattr(ort_backend, "feeds_total", lambda device: True)
+    fed = OnnxRuntimeBackend(path, manifest, BackendOptions(threads=1))
+    assert not stock.host_total and fed.host_total
+    assert HOST_TOTAL in [i.name for i in fed.session.get_inputs()]
+    rng = np.random.default_rng(3)
+    vocab = manifest.model.vocab_size
+    steps = [StepBatch(rng.integers(3, vocab, (1, 16)), np.array([0], np.int32),
+                       np.array([16], np.int32), 0),
+             StepBatch(rng.integers(3, vocab, (1, 16)), np.array([0], np.int32),
+                       np.array([11], np.int32), 1),
+             StepBatch(rng.integers(3, vocab, (1, 16)), np.array([16], np.int32),
+                       np.array([16], np.int32), 0),
+             StepBatch(rng.integers(3, vocab, (2, 1)), np.array([32, 11], np.int32),
+                       np.array([1, 1], np.int32), 0)]
+    for backend in (stock, fed):
+        backend.allocate_kv(slots=2, capacity=64)
+    for step in steps:
+        want = stock.run(step).copy()
+        np.testing.assert_array_equal(fed.run(step), want)
+
+
+def test_the_host_total_is_the_graphs_formula():
+    """max(past_lens) + the chunk's (padded) width, as export/flavors.py computes it: the
+    CPU kernel reads only each row's seqlens_k, so only this pins the longest row."""
+    from edgeprefill.engines.ort.host_total import host_total
+
+    step = StepBatch(np.zeros((2, 5), np.int64), np.array([32, 11], np.int32),
+                     np.array([5, 2], np.int32), 0)
+    total = host_total(step)
+    assert total.dtype == np.int32 and total.shape == () and int(total) == 37

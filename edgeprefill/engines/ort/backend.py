@@ -32,6 +32,12 @@ from edgeprefill.engines.ort.arena import DeviceArena, HostArena, KVArena
 from edgeprefill.engines.ort.bf16_compute import choose as choose_compute
 from edgeprefill.engines.ort.fusing import quantized_ops, stock_attention
 from edgeprefill.engines.ort.fusing import why_not as why_not_fused
+from edgeprefill.engines.ort.host_total import (
+    HOST_TOTAL,
+    feed_total_from_host,
+    feeds_total,
+    host_total,
+)
 from edgeprefill.engines.ort.int4_decode import choose as choose_int4_decode
 from edgeprefill.engines.ort.int4_prefill import choose as choose_int4_prefill
 from edgeprefill.engines.ort.int4_prefill import every_row_as_decode
@@ -180,15 +186,20 @@ class OnnxRuntimeBackend(Backend):
         self.gated = fold_gated(graph)
         # And a SkipRmsNorm before one runs inside it too (kernels/rms_norm.py).
         self.norms = fold_norms(graph)
+        # On a GPU provider GroupQueryAttention's total length is bound from the host
+        # (engines/ort/host_total.py: the in-graph one gave wrong logits on CUDA).
+        self.host_total = feeds_total(options.device) and feed_total_from_host(graph)
         rewritten = bool(self.kernels.library is not None or projections
-                         or self.int4_prefill.rewritten or self.switches.merged)
+                         or self.int4_prefill.rewritten or self.switches.merged
+                         or self.host_total)
         model = loadable(graph_path, graph, rewritten, session_options)
         self.session = ort.InferenceSession(
             model, session_options, providers=providers,
             provider_options=self._provider_options(providers),
         )
         self._check_providers()
-        check_loaded_io(manifest, [i.name for i in self.session.get_inputs()],
+        check_loaded_io(manifest,
+                        [i.name for i in self.session.get_inputs() if i.name != HOST_TOTAL],
                         [o.name for o in self.session.get_outputs()])
         self.arena: KVArena | None = None  # host memory on the CPU, device memory on a GPU
         self._bindings: dict[tuple[int, int], Any] = {}  # ort.IOBinding per (first, rows)
@@ -279,6 +290,8 @@ class OnnxRuntimeBackend(Backend):
         binding.bind_cpu_input(INPUT_IDS, step.input_ids)
         binding.bind_cpu_input(PAST_LENS, step.past_lens)
         binding.bind_cpu_input(VALID_LENS, step.valid_lens)
+        if self.host_total:
+            binding.bind_cpu_input(HOST_TOTAL, host_total(step))
         self.session.run_with_iobinding(binding)
         return self._logits[: step.rows]
 
