@@ -17,8 +17,8 @@ part by part, one line each (`ok`, `SKIP` with the reason, or `FAIL` with the re
                 swap, alternating profiles
   fp16          an fp16 bundle's fp16 engine against the CPU; a float32 bundle at fp16 refused
   odd-capacity  an odd --capacity is rounded so every KV slot is 256-byte aligned, and runs
-  ort-cuda      ONNX Runtime's CUDA provider with the device KV arena, both graph flavours
-                at fp32 and fp16, and where its nodes ran
+  ort-cuda      ONNX Runtime's CUDA provider with the device KV arena: the standard flavour
+                at fp32 and fp16, the ort flavour at fp16 (fp32 is refused), where nodes ran
 
 Without a GPU (or TensorRT, or onnxruntime-gpu) the parts that need it print `SKIP` and the
 script exits 0; it exits 1 when a part fails. docs/jetson.md says what each failure means.
@@ -397,6 +397,9 @@ def ort_cuda(bundles: Bundles, max_batch: int) -> str:
     lines, failed = [], []
     for flavor in ("standard", "ort"):
         for dtype in ("fp32", "fp16"):
+            if (flavor, dtype) == ("ort", "fp32"):
+                lines.append(f"ort fp32: {ort_fp32_refused(bundles)}")
+                continue
             try:
                 lines.append(f"{flavor} {dtype}: {ort_cuda_one(bundles, flavor, dtype, max_batch)}")
             except Exception as err:  # noqa: BLE001 - each combination reports on its own
@@ -405,6 +408,21 @@ def ort_cuda(bundles: Bundles, max_batch: int) -> str:
     if failed:
         raise AssertionError("; ".join(failed + lines))
     return "; ".join(lines)
+
+
+def ort_fp32_refused(bundles: Bundles) -> str:
+    """ONNX Runtime's CUDA GroupQueryAttention is float16/bfloat16 only: a float32 ort bundle
+    is refused in one line rather than run with its attention on the CPU."""
+    from edgeprefill.bundle import load_manifest
+    from edgeprefill.engines.ort.backend import OnnxRuntimeBackend
+
+    bundle = bundles.get("ort", "fp32")
+    try:
+        OnnxRuntimeBackend(bundle, load_manifest(bundle), BackendOptions(device="cuda")).close()
+    except EdgeprefillError as err:
+        assert "GroupQueryAttention" in str(err), str(err)
+        return "refused in one line (CUDA GroupQueryAttention is fp16/bf16 only)"
+    raise AssertionError("a float32 ort bundle loaded on the CUDA provider")
 
 
 def ort_cuda_one(bundles: Bundles, flavor: str, dtype: str, max_batch: int) -> str:
