@@ -9,12 +9,13 @@
   (`edgeprefill build`, one profile per bucket, chunks padded, decode batches split) is the
   TensorRT path; the CUDA EP is the ONNX Runtime one.
 - CUDA and cuDNN from pip (`onnxruntime-gpu[cuda,cudnn]`, or PyTorch's `nvidia-*` packages)
-  are not on the loader's path: ONNX Runtime's `preload_dlls` loads them before the first
-  GPU session (`load_cuda_libraries`), else the provider fails to load and the session
-  quietly runs on the CPU.
+  need not be on the loader's path: ONNX Runtime's `preload_dlls` loads them before the
+  first GPU session (`load_cuda_libraries`), else the provider may fail to load and the
+  session quietly run on the CPU.
 - ONNX Runtime falls back to the CPU per node without failing. A GPU session records which
-  provider got each node: the in-place KV write (TensorScatter) on the CPU is an error
-  (every step would copy the cache across the bus), other nodes there are one warning line.
+  provider got each node: a KV write (TensorScatter, or the ort flavour's
+  GroupQueryAttention, whose CUDA kernel is fp16/bf16 only) on the CPU is an error (every
+  step would copy the cache across the bus); other nodes there are one line.
 """
 
 from __future__ import annotations
