@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from edgeprefill.engines.base import StepBatch
+from edgeprefill.engines.ort import int4_decode
 from edgeprefill.sdk import Engine, GenerationParams
 from tests.fake_backend import ids
 
@@ -129,9 +130,12 @@ def quantized_backend(quantized, monkeypatch, kind: str, mode: str | None):
 
 # Every projection quantizes each row on its own with one native op for all rows: int8
 # bundles' MatMulInt8, int4 bundles' MatMulInt4 with EDGEPREFILL_INT4_PREFILL=decode.
+# Both need AVX512-VNNI; elsewhere these bundles keep ONNX Runtime's ops and never fuse.
 PER_ROW = [("int8", None), ("int4", "decode")]
+needs_vnni = pytest.mark.skipif(not int4_decode.cpu_has_vnni(), reason="no AVX512-VNNI here")
 
 
+@needs_vnni
 @pytest.mark.parametrize("compute", ["fp32", "bf16"])
 @pytest.mark.parametrize("kind, mode", PER_ROW)
 def test_a_fused_quantized_call_is_separate_calls_bit_for_bit(quantized, library, monkeypatch,
@@ -151,6 +155,7 @@ def test_a_fused_quantized_call_is_separate_calls_bit_for_bit(quantized, library
     engine.close()
 
 
+@needs_vnni
 @pytest.mark.parametrize("kind, mode", PER_ROW)
 def test_quantized_bundles_with_per_row_projections_fuse(quantized, library, monkeypatch,
                                                          kind, mode):
@@ -163,7 +168,10 @@ def test_quantized_bundles_with_per_row_projections_fuse(quantized, library, mon
 
 @pytest.mark.parametrize("kind, mode, why", [
     ("int8", "off-rows", "ONNX Runtime's DynamicQuantizeMatMul"),
-    ("int4", None, "prefill projections run MatMulInt8, decode's MatMulInt4"),
+    pytest.param("int4", None, "prefill projections run MatMulInt8, decode's MatMulInt4",
+                 marks=needs_vnni),
+    pytest.param("int4", None, "ONNX Runtime's DynamicQuantizeMatMul, MatMulNBits",
+                 marks=pytest.mark.skipif(int4_decode.cpu_has_vnni(), reason="VNNI here")),
     ("int4", "level0", "ONNX Runtime's MatMulNBits"),
 ])
 def test_other_quantized_bundles_run_two_calls(quantized, library, monkeypatch, kind, mode, why):

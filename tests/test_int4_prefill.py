@@ -67,13 +67,18 @@ def test_the_rewrite_switches_every_chunk_row_projection(int4_bundle, monkeypatc
 @pytest.mark.parametrize("variant, max_rel_error", [("int8", 0.01), ("level0", 0.01)])
 def test_prefill_logits_stay_close_to_the_stock_int4_graph(int4_bundle, monkeypatch,
                                                           variant, max_rel_error):
-    # The stock graph quantizes activations to int8 per row and block of 32; `int8`
-    # per tensor (DynamicQuantizeMatMul) on weights requantized to a grid 18x finer than
-    # int4's; `level0` keeps them float. Each differs from the stock graph by an
-    # activation quantization error: measured 0.36% (int8) and 0.26% (level0) of the
-    # logits' range, against the int4 weights' own 5.0% from fp32 on this model.
+    # The stock graph quantizes activations to int8 per row and block of 32; `int8` per
+    # row too where MatMulInt8 runs (VNNI), else per tensor (DynamicQuantizeMatMul), on
+    # weights requantized to a grid 18x finer than int4's; `level0` keeps them float. Each
+    # differs from the stock graph by an activation quantization error: measured 0.36%
+    # (int8 per row) and 0.26% (level0) of the logits' range, against the int4 weights'
+    # own 5.0% from fp32 on this model; int8 per tensor 1.35% on a Zen 3 (no VNNI, uint8
+    # weights: engines/ort/int8_unsigned.py; 1.8% with its saturating int8 ones).
     stock = run(backend(int4_bundle, monkeypatch, "off"), PROMPT, 0)
-    got = run(backend(int4_bundle, monkeypatch, variant), PROMPT, 0)
+    switched = backend(int4_bundle, monkeypatch, variant)
+    if "DynamicQuantizeMatMul" in switched.int4_prefill.projections:
+        max_rel_error = 0.02  # one scale for the whole chunk
+    got = run(switched, PROMPT, 0)
     assert np.abs(got - stock).max() / np.abs(stock).max() < max_rel_error
 
 

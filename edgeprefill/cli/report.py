@@ -48,6 +48,8 @@ def backend_line(backend) -> str:
     decode = f", {int4_decode.described}" if int4_decode and int4_decode.rewritten else ""
     int8_rows = getattr(backend, "int8_rows", None)
     int8 = f", {int8_rows.described}" if int8_rows and int8_rows.rewritten else ""
+    unsigned = getattr(backend, "int8_unsigned", None)
+    int8 += f", {unsigned.described}" if unsigned and unsigned.rewritten else ""
     gated = getattr(backend, "gated", 0)
     gate = f", SwiGlu inside {gated} gate/up projections" if gated else ""
     norms = getattr(backend, "norms", 0)

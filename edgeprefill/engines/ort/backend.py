@@ -43,6 +43,8 @@ from edgeprefill.engines.ort.int4_prefill import choose as choose_int4_prefill
 from edgeprefill.engines.ort.int4_prefill import every_row_as_decode
 from edgeprefill.engines.ort.int8_rows import choose as choose_int8_rows
 from edgeprefill.engines.ort.int8_rows import why_not as int8_rows_why_not
+from edgeprefill.engines.ort.int8_unsigned import Int8Unsigned
+from edgeprefill.engines.ort.int8_unsigned import choose as choose_int8_unsigned
 from edgeprefill.engines.ort.providers import (
     KV_WRITE_OP,
     GpuSettings,
@@ -175,6 +177,10 @@ class OnnxRuntimeBackend(Backend):
                        or self.int4_decode.rewritten or self.int8_rows.rewritten)
         if self.kernels.library is not None or projections:  # the library's ops run
             session_options.register_custom_ops_library(str(library_path()))
+        # The DynamicQuantizeMatMul left (int8 bundles, int4 prefill's derived int8) on uint8
+        # weights where this CPU's int8 GEMM would saturate (no VNNI: int8_unsigned.py).
+        self.int8_unsigned = (choose_int8_unsigned(graph, bundle_dir, session_options)
+                              if options.device == "cpu" else Int8Unsigned(0, ""))
         # A chunk and other requests' decode rows share a call where that changes no row's
         # numbers (engines/ort/fusing.py); else this says why not.
         self._why_not_fused = why_not_fused(manifest.graph, stock_attention(graph),
@@ -191,7 +197,7 @@ class OnnxRuntimeBackend(Backend):
         self.host_total = feeds_total(options.device) and feed_total_from_host(graph)
         rewritten = bool(self.kernels.library is not None or projections
                          or self.int4_prefill.rewritten or self.switches.merged
-                         or self.host_total)
+                         or self.int8_unsigned.rewritten or self.host_total)
         model = loadable(graph_path, graph, rewritten, session_options)
         self.session = ort.InferenceSession(
             model, session_options, providers=providers,

@@ -45,6 +45,7 @@ from onnx import (
 )
 
 from edgeprefill.contract import INPUT_IDS
+from edgeprefill.engines.ort import int8_unsigned
 from edgeprefill.engines.ort.derived import Derived, hand_over, initializer
 from edgeprefill.errors import BackendError
 from edgeprefill.export.quantize import int4_dequantize, int8_per_channel
@@ -142,7 +143,9 @@ def _unswitched(reason: str) -> str:
 
 def describe_variant(variant: str) -> str:
     # Decode's projections are said apart (engines.ort.int4_decode, `inspect`'s int4 decode).
-    return {"int8": "DynamicQuantizeMatMul on int8 weights derived at load",
+    int8 = ("uint8 weights derived at load (this CPU has no VNNI: int8 ones would saturate)"
+            if int8_unsigned.saturates() else "int8 weights derived at load")
+    return {"int8": f"DynamicQuantizeMatMul on {int8}",
             "int8 rows": "MatMulInt8 on int8 weights derived at load (each row quantized on "
                          "its own)",
             "level0": "MatMulNBits accuracy level 0"}[variant]
@@ -249,6 +252,8 @@ def _int8(node: NodeProto, derived: Derived) -> list[NodeProto]:
     if not _derivable(node):
         return _level0(node, derived)  # zero points or other widths: not derived
     base = f"{PREFIX}.{node.input[1]}"
+    if int8_unsigned.saturates():  # this CPU's int8 GEMM would clip: uint8 weights instead
+        return _uint8(node, derived, f"{base}.uint8")
 
     def derive() -> tuple[np.ndarray, np.ndarray]:
         q, scale = _int8_codes(node, derived)
@@ -258,6 +263,22 @@ def _int8(node: NodeProto, derived: Derived) -> list[NodeProto]:
     return [helper.make_node(
         "DynamicQuantizeMatMul", [node.input[0], f"{base}.int8", f"{base}.int8_scale"],
         ["out"], domain="com.microsoft", name=f"{PREFIX}.{node.name}.int8",
+    )]
+
+
+def _uint8(node: NodeProto, derived: Derived, base: str) -> list[NodeProto]:
+    """`_int8`'s codes as uint8 at a zero point of 128: the same numbers, which a CPU
+    without VNNI multiplies without saturating (engines/ort/int8_unsigned.py)."""
+
+    def derive() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        q, scale = _int8_codes(node, derived)
+        return int8_unsigned.unsigned(q), scale, int8_unsigned.zero_points(q.shape[1])
+
+    names = [base, f"{base}.scale", f"{base}.zero_point"]
+    derived.cached(names, derive)
+    return [helper.make_node(
+        "DynamicQuantizeMatMul", [node.input[0], *names], ["out"], domain="com.microsoft",
+        name=f"{PREFIX}.{node.name}.uint8",
     )]
 
 

@@ -21,8 +21,9 @@ from typing import Any, NamedTuple
 import numpy as np
 from onnx import ModelProto, NodeProto, TensorProto, helper
 
-from edgeprefill.engines.ort import int4_decode
+from edgeprefill.engines.ort import int4_decode, int8_unsigned
 from edgeprefill.engines.ort.derived import Derived, hand_over, initializer
+from edgeprefill.engines.ort.int8_unsigned import int8_projection
 from edgeprefill.errors import BackendError
 from edgeprefill.kernels.graph import DOMAIN, declare_domain
 
@@ -58,15 +59,17 @@ def describe(native: bool) -> str:
         reason = why_not(native)
     except BackendError as err:
         return str(err)
-    return (f"{OP} (native: each row quantized on its own)" if reason is None
-            else f"DynamicQuantizeMatMul ({reason}: a call's rows quantized together)")
+    if reason is None:
+        return f"{OP} (native: each row quantized on its own)"
+    weights = f" on {int8_unsigned.describe()}" if int8_unsigned.saturates() else ""
+    return f"DynamicQuantizeMatMul{weights} ({reason}: a call's rows quantized together)"
 
 
 def choose(graph: ModelProto, bundle_dir: Path, native: bool, session_options: Any) -> Int8Rows:
     """Rewrites `graph`'s eligible DynamicQuantizeMatMul nodes in place (weights not loaded;
     they stay in `bundle_dir`) where the native kernels run on a CPU with VNNI."""
     initializers = {t.name: t for t in graph.graph.initializer}
-    targets = [node for node in graph.graph.node if _eligible(node, initializers)]
+    targets = [node for node in graph.graph.node if int8_projection(node, initializers)]
     if not targets or why_not(native) is not None:
         return Int8Rows(0, "")
     derived = Derived(graph, bundle_dir)
@@ -77,17 +80,6 @@ def choose(graph: ModelProto, bundle_dir: Path, native: bool, session_options: A
     weights = hand_over(graph, derived.arrays, session_options)
     return Int8Rows(count, f"int8 projections {OP} ({count}, each row quantized on its own)",
                     weights)
-
-
-def _eligible(node: NodeProto, initializers: dict[str, TensorProto]) -> bool:
-    """DynamicQuantizeMatMul(a, B int8 [K, N], scale [N]) without zero points or bias."""
-    if node.op_type != "DynamicQuantizeMatMul" or node.domain != "com.microsoft":
-        return False
-    if len(node.input) < 3 or any(node.input[3:]):
-        return False
-    weight, scale = initializers.get(node.input[1]), initializers.get(node.input[2])
-    return (weight is not None and scale is not None and weight.data_type == TensorProto.INT8
-            and len(weight.dims) == 2 and list(scale.dims) == [weight.dims[1]])
 
 
 def _swapped(node: NodeProto, weight: TensorProto, derived: Derived) -> NodeProto:
