@@ -190,34 +190,28 @@ def _olmo3_ropes(raw: dict[str, Any]) -> dict[str, Any]:
     return {**raw, "rope_parameters": {"full_attention": full, "sliding_attention": sliding}}
 
 
-def _rope_scaling_first(raw: dict[str, Any]) -> dict[str, Any]:
-    # transformers 5's config classes take `rope_scaling` over `rope_parameters`.
-    params = raw.get("rope_scaling") or raw.get("rope_parameters")
-    return {**raw, "rope_parameters": params} if params else raw
-
-
 def _mrope_as_default(raw: dict[str, Any]) -> dict[str, Any]:
     # Qwen2VLTextConfig (and 2.5's): the Hub's "mrope" type is the default rope. M-RoPE
     # splits the frequencies into time, height and width sections, each rotated by its own
     # position; a text token's three positions are equal, so on text it is that rope.
-    raw = _rope_scaling_first(raw)
-    params = raw.get("rope_parameters") or {}
-    if params.get("rope_type", params.get("type")) == "mrope":
-        raw = {**raw, "rope_parameters": {**params, "rope_type": "default"}}
+    for key in ("rope_parameters", "rope_scaling"):
+        params = raw.get(key)
+        if isinstance(params, dict) and params.get("rope_type", params.get("type")) == "mrope":
+            raw = {**raw, key: {**params, "rope_type": "default"}}
     return raw
 
 
 def _qwen2_vl_text(raw: dict[str, Any]) -> dict[str, Any]:
     """Qwen2VLConfig and Qwen2_5_VLConfig: a config without `text_config` (the Hub's,
     written before transformers 5) keeps the language model's keys at the top level; with
-    one, the model ties the embeddings when either level says so, and the token ids the
-    text config lacks are the outer config's."""
+    one, the model ties the embeddings when either level says so, and generates with the
+    outer config's BOS and EOS ids where it has them (else text_config's)."""
     inner = raw.get("text_config")
     if inner is None:
         return raw
     tie = bool(raw.get("tie_word_embeddings") or inner.get("tie_word_embeddings"))
     ids = {k: raw[k] for k in ("bos_token_id", "eos_token_id") if raw.get(k) is not None}
-    return {**ids, **inner, "tie_word_embeddings": tie}
+    return {**inner, **ids, "tie_word_embeddings": tie}
 
 
 def _parallel_if_configured(raw: dict[str, Any]) -> str:
@@ -254,11 +248,10 @@ QWEN_VL: dict[str, Any] = {
 }
 MROPE_QUIRKS = ("M-RoPE (text positions: plain rotary)",
                 "language model of an image-text checkpoint (vision tower left out)")
-# Qwen2 language models; their attention takes head_dim = hidden / heads whatever
-# config.json says (as their rotary must, or transformers fails to build them).
+# A Qwen2 language model (Qwen2-VL's and Qwen2.5-VL's alike).
 QWEN2_VL = FamilySpec(
     **QWEN_VL, qkv_bias=True, window="opt_in", sliding=_after_max_window_layers,
-    unnest=_qwen2_vl_text, legacy=_mrope_as_default, ignores=("head_dim",),
+    unnest=_qwen2_vl_text, legacy=_mrope_as_default,
     defaults={"max_position_embeddings": 32768, "sliding_window": 4096,
               "max_window_layers": 80, "rms_norm_eps": 1e-5, "rope_theta": 1_000_000.0},
     quirks=("q/k/v biases", *MROPE_QUIRKS),
@@ -284,7 +277,7 @@ FAMILIES: dict[str, FamilySpec] = {
     # (false unless it says otherwise, whatever text_config says) and a "mrope" rope type is
     # refused, as Qwen3VLForConditionalGeneration fails to build on one.
     "qwen3_vl": FamilySpec(
-        **QWEN_VL, **ATTENTION_BIAS, qk_norm="head", legacy=_rope_scaling_first,
+        **QWEN_VL, **ATTENTION_BIAS, qk_norm="head",
         outer={"tie_word_embeddings": False, "eos_token_id": None, "bos_token_id": None},
         defaults={"head_dim": 128, "max_position_embeddings": 128000, "rms_norm_eps": 1e-6,
                   "rope_theta": 500_000.0},
