@@ -7,6 +7,7 @@ tensor layouts other transformers versions wrote, and what export refuses.
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 
@@ -45,7 +46,9 @@ HEAD_128 = {"hidden_size": 1024, "num_attention_heads": 8, "num_key_value_heads"
 def model_rotary(family: str, raw: dict):
     module, name = ROTARIES[family].rsplit(".", 1)
     cls = getattr(__import__(f"transformers.models.{module}", fromlist=[name]), name)
-    config = transformers.AutoConfig.for_model(family, **IMAGE_TEXT[family], **raw)
+    # a copy: the config class rewrites the rope dict it is given ("mrope" -> "default")
+    config = transformers.AutoConfig.for_model(family, **IMAGE_TEXT[family],
+                                               **copy.deepcopy(raw))
     return cls(config.get_text_config())
 
 
@@ -173,7 +176,8 @@ def test_the_tying_and_token_ids_are_the_models(family, outer, text):
     keys = {**HEAD_128, "num_hidden_layers": 1, "hidden_size": 64, "num_attention_heads": 4,
             "eos_token_id": 9, "bos_token_id": 8, **text}
     raw = {"text_config": keys, **outer, "eos_token_id": 7}
-    config = transformers.AutoConfig.for_model(family, **IMAGE_TEXT[family], **raw)
+    config = transformers.AutoConfig.for_model(family, **IMAGE_TEXT[family],
+                                               **copy.deepcopy(raw))
     model = hf_auto_class(family).from_config(config)
     tied = model.lm_head.weight is model.get_input_embeddings().weight
     ours = ModelConfig.from_hf({"model_type": family, **raw})
