@@ -176,7 +176,6 @@ def follow_tokens(engine, following: dict[int, int], otherwise: int) -> None:
 def build_hf_model(family: str, out: Path, seed: int = 0, dtype=None, **overrides) -> Path:
     """Save a tiny random model of `family` (a key of FAMILIES) to `out`."""
     import torch
-    import transformers
 
     model_type = family.split("-")[0]
     kwargs = dict(
@@ -250,12 +249,12 @@ def hf_auto_class(model_type: str):
     return transformers.AutoModelForImageTextToText
 
 
-def load_hf_model(hf_dir: Path, **options):
+def load_hf_model(hf_dir: Path):
     """The saved test model in `hf_dir`, loaded as transformers loads it (fp32)."""
     import torch
 
     model_type = json.loads((hf_dir / "config.json").read_text())["model_type"]
-    return hf_auto_class(model_type).from_pretrained(hf_dir, dtype=torch.float32, **options)
+    return hf_auto_class(model_type).from_pretrained(hf_dir, dtype=torch.float32)
 
 
 @pytest.fixture(scope="session")

@@ -5,7 +5,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-import transformers
 
 from edgeprefill.sdk import Engine, GenerationParams
 from tests.conftest import FAMILIES, FAST_FAMILIES, VOCAB, load_hf_model
@@ -17,7 +16,8 @@ CHUNK_SIZES = (1, 16, 64, None)  # None: the whole prompt in one chunk
 # several times, with chunks that straddle it); the full matrix runs under `slow`.
 QUICK_LENGTHS = (1, 17, 100)
 QUICK_CHUNKS = (16, None)
-WINDOWED = ("mistral", "qwen2", "qwen2_5_vl", "gemma2", "gemma3_text")  # families whose fixture slides
+# the families whose fixture slides
+WINDOWED = ("mistral", "qwen2", "qwen2_5_vl", "gemma2", "gemma3_text")
 NEW_TOKENS = 8
 
 
