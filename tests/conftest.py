@@ -79,6 +79,17 @@ FAMILIES: dict[str, dict] = {
             "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e6},
         },
     },
+    # Qwen2-VL and Qwen2.5-VL's language model (Qwen2 with M-RoPE sections over head_dim
+    # 16's eight frequencies); Qwen2.5-VL's second layer slides, as qwen2's.
+    "qwen2_vl": {"rope_parameters": {"rope_type": "default", "mrope_section": [2, 3, 3],
+                                     "rope_theta": 10000.0}},
+    "qwen2_5_vl": {"use_sliding_window": True, "sliding_window": 12, "max_window_layers": 1,
+                   "rope_parameters": {"rope_type": "default", "mrope_section": [2, 3, 3],
+                                       "rope_theta": 10000.0}},
+    # Qwen3 with interleaved M-RoPE, tied as the 2B/4B are
+    "qwen3_vl": {"head_dim": 32, "tie_word_embeddings": True, "rope_parameters": {
+        "rope_type": "default", "mrope_section": [8, 4, 4], "mrope_interleaved": True,
+        "rope_theta": 10000.0}},
     "smollm3": {"no_rope_layer_interval": 2},  # the second layer has no rope
     "granite": {"embedding_multiplier": 2.0, "attention_multiplier": 0.1,
                 "residual_multiplier": 0.5, "logits_scaling": 2.0},
@@ -100,8 +111,9 @@ FAMILIES: dict[str, dict] = {
         "rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}},
 }
 # The families the default (fast) suite covers end to end; the rest run under `slow`.
-FAST_FAMILIES = ("llama", "mistral", "qwen2", "gemma2", "gemma3_text", "gemma3", "phi3",
-                 "smollm3", "granite", "olmo2", "olmo3", "exaone4", "phi", "gpt_neox")
+FAST_FAMILIES = ("llama", "mistral", "qwen2", "gemma2", "gemma3_text", "gemma3", "qwen2_5_vl",
+                 "qwen3_vl", "phi3", "smollm3", "granite", "olmo2", "olmo3", "exaone4", "phi",
+                 "gpt_neox")
 
 
 def write_tokenizer(path: Path, vocab: int = VOCAB, top_words: Sequence[str] = (),
@@ -164,7 +176,6 @@ def follow_tokens(engine, following: dict[int, int], otherwise: int) -> None:
 def build_hf_model(family: str, out: Path, seed: int = 0, dtype=None, **overrides) -> Path:
     """Save a tiny random model of `family` (a key of FAMILIES) to `out`."""
     import torch
-    import transformers
 
     model_type = family.split("-")[0]
     kwargs = dict(
@@ -178,7 +189,7 @@ def build_hf_model(family: str, out: Path, seed: int = 0, dtype=None, **override
     kwargs.update(FAMILIES.get(family, {}))
     kwargs.update(overrides)
     torch.manual_seed(seed)
-    model = transformers.AutoModelForCausalLM.from_config(hf_config_of(model_type, kwargs))
+    model = hf_auto_class(model_type).from_config(hf_config_of(model_type, kwargs))
     # Biases start at zero and norm weights at one (Gemma: zero): make them matter. Norms of
     # the Llama-layout fixtures stay as they are, which other tests' tolerances were set on.
     perturb_norms = model_type not in ("llama", "mistral", "qwen2", "qwen3")
@@ -198,6 +209,21 @@ def build_hf_model(family: str, out: Path, seed: int = 0, dtype=None, **override
 # The vision tower of the image-text fixtures, as small as its config allows (2 x 2 patches).
 TINY_VISION = {"hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 1,
                "num_attention_heads": 2, "image_size": 28, "patch_size": 14}
+# The outer config's keys of each image-text family beside its text_config: a vision tower
+# as small as its config allows (the Qwen towers merge into the fixtures' hidden size 64).
+IMAGE_TEXT = {
+    "gemma3": {"vision_config": TINY_VISION, "mm_tokens_per_image": 4},
+    "qwen2_vl": {"vision_config": {"depth": 1, "embed_dim": 16, "hidden_size": 64,
+                                   "num_heads": 2, "mlp_ratio": 2, "patch_size": 14}},
+    "qwen2_5_vl": {"vision_config": {
+        "depth": 1, "hidden_size": 16, "intermediate_size": 32, "num_heads": 2,
+        "out_hidden_size": 64, "patch_size": 14, "window_size": 28,
+        "fullatt_block_indexes": [0]}},
+    "qwen3_vl": {"vision_config": {
+        "depth": 1, "hidden_size": 16, "intermediate_size": 32, "num_heads": 2,
+        "out_hidden_size": 64, "patch_size": 14, "num_position_embeddings": 16,
+        "deepstack_visual_indexes": [0]}},
+}
 
 
 def hf_config_of(model_type: str, kwargs: dict):
@@ -208,8 +234,27 @@ def hf_config_of(model_type: str, kwargs: dict):
     config_cls = transformers.AutoConfig.for_model(model_type).__class__
     if "text_config" not in getattr(config_cls, "sub_configs", {}):
         return config_cls(**kwargs)
-    return config_cls(text_config=kwargs, vision_config=TINY_VISION, mm_tokens_per_image=4,
+    return config_cls(text_config=kwargs, **IMAGE_TEXT[model_type],
                       tie_word_embeddings=kwargs["tie_word_embeddings"])
+
+
+def hf_auto_class(model_type: str):
+    """transformers' auto class that builds `model_type` whole: the causal LM, or for the
+    image-text families without one (Qwen2-VL, ...) their ForConditionalGeneration."""
+    import transformers
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    if model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        return transformers.AutoModelForCausalLM
+    return transformers.AutoModelForImageTextToText
+
+
+def load_hf_model(hf_dir: Path):
+    """The saved test model in `hf_dir`, loaded as transformers loads it (fp32)."""
+    import torch
+
+    model_type = json.loads((hf_dir / "config.json").read_text())["model_type"]
+    return hf_auto_class(model_type).from_pretrained(hf_dir, dtype=torch.float32)
 
 
 @pytest.fixture(scope="session")

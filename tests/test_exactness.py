@@ -5,10 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-import transformers
 
 from edgeprefill.sdk import Engine, GenerationParams
-from tests.conftest import FAMILIES, FAST_FAMILIES, VOCAB
+from tests.conftest import FAMILIES, FAST_FAMILIES, VOCAB, load_hf_model
 
 FLAVORS = ("ort", "standard")
 PROMPT_LENGTHS = (1, 15, 16, 17, 100, 333)
@@ -17,7 +16,8 @@ CHUNK_SIZES = (1, 16, 64, None)  # None: the whole prompt in one chunk
 # several times, with chunks that straddle it); the full matrix runs under `slow`.
 QUICK_LENGTHS = (1, 17, 100)
 QUICK_CHUNKS = (16, None)
-WINDOWED = ("mistral", "qwen2", "gemma2", "gemma3_text")  # families whose fixture slides
+# the families whose fixture slides
+WINDOWED = ("mistral", "qwen2", "qwen2_5_vl", "gemma2", "gemma3_text")
 NEW_TOKENS = 8
 
 
@@ -27,7 +27,7 @@ def prompt_ids(length: int, seed: int = 1) -> list[int]:
 
 
 def reference_logits(hf_dir, ids: list[int]) -> np.ndarray:
-    model = transformers.AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32)
+    model = load_hf_model(hf_dir)
     with torch.no_grad():
         return model(torch.tensor([ids])).logits[0].numpy()
 
@@ -66,7 +66,7 @@ def test_chunk_logits_match_transformers(family, flavor, hf_model, bundle):
 
 
 def check_greedy(hf_dir, bundle_dir, lengths, chunks) -> None:
-    model = transformers.AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32)
+    model = load_hf_model(hf_dir)
     engine = Engine.load(bundle_dir, threads=2, background=False, prefix_reuse=False)
     params = GenerationParams(max_new_tokens=NEW_TOKENS, ignore_eos=True)
     for length in lengths:
@@ -101,8 +101,7 @@ def test_greedy_output_is_identical_across_chunk_sizes_and_to_transformers(
 def test_second_turn_crosses_the_window_again(family, flavor, hf_model, bundle):
     """A session's second turn appends to a cache that already slid past the window; the
     reply equals transformers' greedy continuation of the whole conversation."""
-    model = transformers.AutoModelForCausalLM.from_pretrained(hf_model(family),
-                                                              dtype=torch.float32)
+    model = load_hf_model(hf_model(family))
     engine = Engine.load(bundle(family, flavor), threads=2, background=False,
                          chunk_size=16)
     params = GenerationParams(max_new_tokens=NEW_TOKENS, ignore_eos=True)
@@ -124,8 +123,7 @@ def test_rows_of_different_lengths_decode_together_within_their_windows(
     family, flavor, hf_model, bundle
 ):
     """A decode batch holds rows at different positions: each row's window is its own."""
-    model = transformers.AutoModelForCausalLM.from_pretrained(hf_model(family),
-                                                              dtype=torch.float32)
+    model = load_hf_model(hf_model(family))
     engine = Engine.load(bundle(family, flavor), threads=2, background=False)
     params = GenerationParams(max_new_tokens=NEW_TOKENS, ignore_eos=True)
     prompts = [prompt_ids(n, seed=n) for n in (5, 30, 61)]
@@ -196,7 +194,7 @@ def test_bf16_checkpoint_is_converted(tmp_path):
     export(hf_dir, tmp_path / "b", ExportOptions(chunks=(16,), max_context=128,
                                                   show_progress=False))
     ids = prompt_ids(30)
-    model = transformers.AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32)
+    model = load_hf_model(hf_dir)
     with torch.no_grad():
         expected = model(torch.tensor([ids])).logits[0, -1].numpy()
     engine = Engine.load(tmp_path / "b", threads=2, background=False)

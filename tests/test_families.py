@@ -12,7 +12,7 @@ import transformers
 from edgeprefill.errors import ExportError
 from edgeprefill.export.families import FAMILIES
 from edgeprefill.export.model_config import GLOBAL, LOCAL, ModelConfig
-from tests.conftest import TINY_VISION, build_hf_model
+from tests.conftest import IMAGE_TEXT, build_hf_model, hf_auto_class
 from tests.test_exactness import prompt_ids, reference_logits
 
 BASE = dict(model_type="llama", hidden_size=64, intermediate_size=96, num_hidden_layers=2,
@@ -225,7 +225,7 @@ def hf_config(family: str, **keys):
     # image-text family (Gemma 3) takes them as its text_config.
     if FAMILIES[family].nested:
         return transformers.AutoConfig.for_model(
-            family, text_config={**MINIMAL, **keys}, vision_config=TINY_VISION)
+            family, text_config={**MINIMAL, **keys}, **IMAGE_TEXT[family])
     return transformers.AutoConfig.for_model(family, **MINIMAL, **keys)
 
 
@@ -307,7 +307,7 @@ def test_a_sliding_window_key_slides_only_where_the_family_reads_it(family):
         window = getattr(hf, "sliding_window", None)
         types = getattr(hf, "layer_types", None)
         if family in ("llama", "gemma", "granite", "olmo2", "phi", "stablelm", "cohere",
-                      "gpt_neox", "ernie4_5", "arcee"):
+                      "gpt_neox", "ernie4_5", "arcee", "qwen3_vl"):
             expected = [None] * 4
         elif types is not None:
             expected = [window if t == "sliding_attention" else None for t in types]
@@ -326,7 +326,7 @@ def test_the_activation_is_read_from_the_key_the_model_reads(family):
     # converted between them carry both names.
     keys = {"hidden_act": "silu", "hidden_activation": "gelu"}
     ours = ModelConfig.from_hf(minimal_raw(family, **keys)).activation
-    mlp = transformers.AutoModelForCausalLM.from_config(hf_config(family, pad_token_id=0, **keys)) \
+    mlp = hf_auto_class(family).from_config(hf_config(family, pad_token_id=0, **keys)) \
         .get_decoder().layers[0].mlp
     act = next(getattr(mlp, name) for name in ("act_fn", "activation_fn", "act")
                if hasattr(mlp, name))
@@ -336,7 +336,7 @@ def test_the_activation_is_read_from_the_key_the_model_reads(family):
 
 def weight_shapes(family: str, **keys) -> dict[str, tuple[int, ...]]:
     config = hf_config(family, pad_token_id=0, **keys)
-    model = transformers.AutoModelForCausalLM.from_config(config)
+    model = hf_auto_class(family).from_config(config)
     return {name: tuple(p.shape) for name, p in model.state_dict().items()}
 
 

@@ -112,10 +112,15 @@ class FamilySpec:
     # and the prefixes of the tensors export leaves out (vision tower, projector).
     renames: tuple[tuple[str, str], ...] = ()
     left_out: tuple[str, ...] = ()
+    # Where `nested` and `outer` cannot say how the config class finds its language
+    # model's keys: config.json -> those keys (Qwen2-VL: flat Hub configs, either tying).
+    unnest: Callable[[dict[str, Any]], dict[str, Any]] | None = None
 
     def read(self, raw: dict[str, Any]) -> dict[str, Any]:
         """config.json as the family's transformers config class reads it."""
-        if self.nested is not None:
+        if self.unnest is not None:
+            raw = self.unnest(raw)
+        elif self.nested is not None:
             raw = self._language_model_config(raw)
         raw = {k: v for k, v in raw.items() if k not in self.ignores}
         raw = {**self.defaults, **raw}  # only absent keys: a null is the config's own
@@ -185,6 +190,30 @@ def _olmo3_ropes(raw: dict[str, Any]) -> dict[str, Any]:
     return {**raw, "rope_parameters": {"full_attention": full, "sliding_attention": sliding}}
 
 
+def _mrope_as_default(raw: dict[str, Any]) -> dict[str, Any]:
+    # Qwen2VLTextConfig (and 2.5's): the Hub's "mrope" type is the default rope. M-RoPE
+    # splits the frequencies into time, height and width sections, each rotated by its own
+    # position; a text token's three positions are equal, so on text it is that rope.
+    for key in ("rope_parameters", "rope_scaling"):
+        params = raw.get(key)
+        if isinstance(params, dict) and params.get("rope_type", params.get("type")) == "mrope":
+            raw = {**raw, key: {**params, "rope_type": "default"}}
+    return raw
+
+
+def _qwen2_vl_text(raw: dict[str, Any]) -> dict[str, Any]:
+    """Qwen2VLConfig and Qwen2_5_VLConfig: a config without `text_config` (the Hub's,
+    written before transformers 5) keeps the language model's keys at the top level; with
+    one, the model ties the embeddings when either level says so, and generates with the
+    outer config's BOS and EOS ids where it has them (else text_config's)."""
+    inner = raw.get("text_config")
+    if inner is None:
+        return raw
+    tie = bool(raw.get("tie_word_embeddings") or inner.get("tie_word_embeddings"))
+    ids = {k: raw[k] for k in ("bos_token_id", "eos_token_id") if raw.get(k) is not None}
+    return {**inner, **ids, "tie_word_embeddings": tie}
+
+
 def _parallel_if_configured(raw: dict[str, Any]) -> str:
     return "shared" if raw.get("use_parallel_residual") else "pre"
 
@@ -209,6 +238,24 @@ OLMO2 = FamilySpec(
     **ATTENTION_BIAS, block="post", qk_norm="full", defaults={"rms_norm_eps": 1e-5},
     quirks=("norms after attention and MLP", "q/k RMSNorm over the whole projection"),
 )
+# Image-text Qwen (Qwen2-VL, Qwen2.5-VL, Qwen3-VL): the language model is stored under
+# `model.language_model.` (transformers 5, Qwen3-VL on the Hub) or `model.` (Qwen2-VL and
+# Qwen2.5-VL on the Hub, as transformers 5 still saves them), the vision tower and its
+# merger under `model.visual.` or `visual.`.
+QWEN_VL: dict[str, Any] = {
+    "nested": "text_config", "renames": (("model.language_model.", "model."),),
+    "left_out": ("visual.", "model.visual."),
+}
+MROPE_QUIRKS = ("M-RoPE (text positions: plain rotary)",
+                "language model of an image-text checkpoint (vision tower left out)")
+# A Qwen2 language model (Qwen2-VL's and Qwen2.5-VL's alike).
+QWEN2_VL = FamilySpec(
+    **QWEN_VL, qkv_bias=True, window="opt_in", sliding=_after_max_window_layers,
+    unnest=_qwen2_vl_text, legacy=_mrope_as_default,
+    defaults={"max_position_embeddings": 32768, "sliding_window": 4096,
+              "max_window_layers": 80, "rms_norm_eps": 1e-5, "rope_theta": 1_000_000.0},
+    quirks=("q/k/v biases", *MROPE_QUIRKS),
+)
 PHI_NAMES = TensorNames(final_norm="model.final_layernorm", o="self_attn.dense",
                         gate="", up="mlp.fc1", down="mlp.fc2")
 
@@ -224,6 +271,18 @@ FAMILIES: dict[str, FamilySpec] = {
                         defaults={"head_dim": 128, "max_position_embeddings": 32768,
                                   "sliding_window": 4096},
                         quirks=("per-head q/k RMSNorm",)),
+    "qwen2_vl": QWEN2_VL,
+    "qwen2_5_vl": QWEN2_VL,  # the same language model as Qwen2-VL's
+    # A Qwen3 language model without sliding windows; the outer config decides the tying
+    # (false unless it says otherwise, whatever text_config says) and a "mrope" rope type is
+    # refused, as Qwen3VLForConditionalGeneration fails to build on one.
+    "qwen3_vl": FamilySpec(
+        **QWEN_VL, **ATTENTION_BIAS, qk_norm="head",
+        outer={"tie_word_embeddings": False, "eos_token_id": None, "bos_token_id": None},
+        defaults={"head_dim": 128, "max_position_embeddings": 128000, "rms_norm_eps": 1e-6,
+                  "rope_theta": 500_000.0},
+        quirks=("per-head q/k RMSNorm", *MROPE_QUIRKS),
+    ),
     "gemma": GEMMA,
     "gemma2": replace(
         GEMMA, block="sandwich", window="always", sliding=lambda i, raw: i % 2 == 0,
