@@ -51,3 +51,23 @@ def install(tok, model_dir: Path) -> None:
     tok.save(str(model_dir / "tokenizer.json"))
     (model_dir / "tokenizer_config.json").write_text(json.dumps(
         {"bos_token": "<s>", "eos_token": "</s>", "chat_template": CHAT_TEMPLATE}))
+
+
+def metaspace_bpe(prepend_scheme: str = "always"):
+    """byte_fallback_bpe read by a Metaspace decoder (SentencePiece conversions that keep
+    it), with pieces of several spaces and of two words (`▁▁`, `▁a▁b`), as vocabularies
+    trained without splitting at spaces have them: first in a text, the decoder drops
+    every `▁` of such a piece."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    vocab = byte_fallback_bpe().get_vocab()
+    for piece in ("▁▁", "▁▁▁", "▁▁▁▁", "▁a▁b", "▁of▁the", "▁▁the", "x▁y"):
+        vocab.setdefault(piece, len(vocab))
+    tok = Tokenizer(models.BPE(vocab, [("▁", "t"), ("h", "e"), ("▁t", "he")],
+                               unk_token="<unk>", byte_fallback=True, fuse_unk=True))
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(prepend_scheme=prepend_scheme, split=False)
+    tok.decoder = decoders.Sequence([
+        decoders.Metaspace(prepend_scheme=prepend_scheme, split=False),
+        decoders.ByteFallback(), decoders.Fuse(),
+    ])
+    return tok

@@ -9,7 +9,7 @@ import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
 from edgeprefill.sdk.token_bytes import TokenBytes
-from tests.bpe_tokenizers import byte_fallback_bpe, byte_level_bpe
+from tests.bpe_tokenizers import byte_fallback_bpe, byte_level_bpe, metaspace_bpe
 
 ROOT = Path(__file__).resolve().parent.parent
 TEXTS = ["hello world \U0001F600 \u754c", " the secret is jade ."]
@@ -65,3 +65,35 @@ def test_strips_first_space_follows_what_the_decoder_does():
     for tok in (byte_level_bpe(), byte_fallback_bpe()):
         assert not TokenBytes(tok).strips_first_space()
         assert tok.decode(tok.encode(" jade", add_special_tokens=False).ids) == " jade"
+
+
+@pytest.mark.parametrize("scheme", ["first", "always"])
+def test_a_metaspace_decoder_drops_every_space_of_the_first_token(scheme):
+    # A Metaspace decoder (either scheme, split or not) drops every `▁` of the text's first
+    # token and keeps a byte fallback space; later tokens read as their bytes. The
+    # constraint wrapper needs a first token to lose exactly one space.
+    tok = metaspace_bpe(scheme)
+    spell = TokenBytes(tok)
+    assert spell.strips_first_space()
+    the = tok.token_to_id("▁the")
+    reads = {p: tok.decode([tok.token_to_id(p), the]) for p in
+             ("▁", "▁▁", "▁▁▁", "▁a▁b", "▁▁the", "<0x20>", "▁t")}
+    assert reads == {"▁": " the", "▁▁": " the", "▁▁▁": " the", "▁a▁b": "ab the",
+                     "▁▁the": "the the", "<0x20>": "  the", "▁t": "t the"}
+    for piece, text in reads.items():
+        data = spell(tok.token_to_id(piece))
+        exact = text == (data[1:] + b" the").decode()
+        assert spell.opens_one_space_short(tok.token_to_id(piece)) == exact, piece
+        assert exact == (piece in ("▁", "▁t"))
+
+
+def test_llama2_style_first_tokens_lose_exactly_one_space():
+    # Strip(" ", start=1) after Fuse: whatever opens the text, `▁▁` and `<0x20>` included.
+    tiny = Tokenizer.from_file(str(ROOT / "models" / "tiny-recall" / "tokenizer.json"))
+    spell, the = TokenBytes(tiny), tiny.token_to_id("▁the")
+    spaced = [i for i in range(tiny.get_vocab_size()) if spell(i).startswith(b" ")]
+    assert len(spaced) > 100 and tiny.token_to_id("<0x20>") in spaced
+    for token_id in spaced:
+        text = tiny.decode([token_id, the])
+        assert text == (spell(token_id)[1:] + b" the").decode()
+        assert spell.opens_one_space_short(token_id)

@@ -11,7 +11,8 @@ The constraint holds for the text the user sees. Where the tokenizer's decoder d
 space that begins a text (Llama 2, Mistral: the reply's first token `▁jade` reads "jade"),
 the grammar takes one space before the user's: the reply begins with a word-start token,
 as the model's own replies do, and its text without that space is what the user's grammar
-matched, a space the grammar itself begins with included.
+matched, a space the grammar itself begins with included. A first token the decoder reads
+otherwise (a Metaspace decoder's `▁▁` reads "", not " ") may not open the reply.
 """
 
 from __future__ import annotations
@@ -167,8 +168,11 @@ class MatcherError(EdgeprefillError):
 class GrammarMask:
     """A constraint's state during one request (the sampler's TokenMask)."""
 
-    def __init__(self, matcher: LLMatcher) -> None:
+    def __init__(self, matcher: LLMatcher, first_banned: np.ndarray | None = None) -> None:
+        """`first_banned`: token ids the reply may not begin with, whatever the grammar
+        says (see after_space)."""
         self.matcher = matcher
+        self._first_banned = first_banned
         # The first mask is computed here, at submit: a grammar that compiles but admits
         # no first token (`start: start`, an empty regex class) is refused in one line
         # then, instead of failing the request at its first step.
@@ -184,6 +188,8 @@ class GrammarMask:
         first, self._next = self._next, None
         bits = np.frombuffer(first if first is not None else self._bitmask(), np.uint8)
         allowed = np.unpackbits(bits, bitorder="little").view(bool)
+        if first is not None and self._first_banned is not None:
+            allowed[self._first_banned] = False
         if allowed.shape[0] < vocab:  # logits wider than the tokenizer (padded heads)
             allowed = np.concatenate([allowed, np.zeros(vocab - allowed.shape[0], bool)])
         return allowed[:vocab]
@@ -216,15 +222,15 @@ def compile_constraint(constraint: Constraint, tokenizer: BundleTokenizer,
     from llguidance import LLMatcher
 
     grammar = GRAMMARS[constraint.kind](constraint.source)
-    ll_tokenizer, strips_first_space = _ll_tokenizer(tokenizer, tuple(sorted(eos_ids)))
-    if strips_first_space:
+    ll_tokenizer, first_banned = _ll_tokenizer(tokenizer, tuple(sorted(eos_ids)))
+    if first_banned is not None:  # the decoder strips the reply's first space
         grammar = after_space(grammar)
     matcher = LLMatcher(ll_tokenizer, grammar, log_level=0)
     kind = constraint.kind.replace("_", " ")
     if matcher.is_error():
         raise RequestError(f"invalid {kind} constraint: {_one_line(matcher.get_error())}")
     try:
-        return GrammarMask(matcher)
+        return GrammarMask(matcher, first_banned)
     except RequestError:
         raise RequestError(f"{kind} constraint fails at its first token: "
                            f"{_one_line(matcher.get_error())}") from None
@@ -243,7 +249,14 @@ def after_space(grammar: str) -> str:
     optional, " jade" also satisfied `.{5}` and the user got four characters.)
     It needs llguidance to tokenize the bytes a grammar forces byte for byte
     (`_ExactBytes`): through the tokenizer's encode, which drops a leading space on these
-    tokenizers, its mask for a forced " amber" offered `a`, which it then refused."""
+    tokenizers, its mask for a forced " amber" offered `a`, which it then refused.
+    And it needs the reply's first token to read as its bytes less exactly that space:
+    Llama 2's decoder (Strip(start=1) after Fuse) always does so; a Metaspace decoder drops
+    every `▁` of the first token and keeps a byte fallback space (`▁▁` read "", so `.{5}`
+    got "jade"; `<0x20>` read " ", so `[a-z]+` got " jade"). The tokens that read
+    otherwise may not open the reply (_ExactBytes.first_banned): where the grammar wants
+    two spaces, `▁` then `▁jade` spells them as well, and every token after the first reads
+    as its bytes."""
     top: Any = None
     if grammar.lstrip().startswith("{"):
         try:
@@ -259,15 +272,17 @@ def after_space(grammar: str) -> str:
 
 
 # llguidance's tokenizer takes ~1 s to build at a 152k vocabulary: one per bundle tokenizer.
-# With it, whether the bundle's decoder drops the reply's first space (TokenBytes).
+# With it, the tokens a reply may not begin with where the decoder drops its first space.
 _TOKENIZERS: weakref.WeakKeyDictionary[
-    BundleTokenizer, tuple[tuple[int, ...], LLTokenizer, bool]] = weakref.WeakKeyDictionary()
+    BundleTokenizer, tuple[tuple[int, ...], LLTokenizer, np.ndarray | None]
+] = weakref.WeakKeyDictionary()
 
 
 def _ll_tokenizer(tokenizer: BundleTokenizer,
-                  eos_ids: tuple[int, ...]) -> tuple[LLTokenizer, bool]:
-    """llguidance's tokenizer for the bundle, and whether decoding strips the space that
-    begins a reply (see after_space)."""
+                  eos_ids: tuple[int, ...]) -> tuple[LLTokenizer, np.ndarray | None]:
+    """llguidance's tokenizer for the bundle and, where decoding strips the space that
+    begins a reply, the token ids the reply may not begin with (see after_space); None
+    where it keeps that space."""
     cached = _TOKENIZERS.get(tokenizer)
     if cached is not None and cached[0] == eos_ids:
         return cached[1], cached[2]
@@ -279,14 +294,15 @@ def _ll_tokenizer(tokenizer: BundleTokenizer,
     text: str = backend.to_str()
     data = json.loads(text)
     spell = TokenBytes(backend, data)
-    strips = spell.strips_first_space()
+    first_banned = None
     try:
-        if strips:
+        if spell.strips_first_space():
             from llguidance._tokenizer import TokenizerWrapper
 
             exact = _ExactBytes(spell, tokenizer.vocab_size, eos_ids)
             built = LLTokenizer(TokenizerWrapper(exact), n_vocab=tokenizer.vocab_size,
                                 eos_token=list(eos_ids))
+            first_banned = exact.first_banned
         else:
             built = LLTokenizer(_plain_added_tokens_in_vocab(text, data, spell),
                                 n_vocab=tokenizer.vocab_size, eos_token=list(eos_ids))
@@ -294,8 +310,8 @@ def _ll_tokenizer(tokenizer: BundleTokenizer,
         raise RequestError(
             "constrained output needs a byte-level or byte-fallback BPE tokenizer; this "
             f"bundle's cannot spell arbitrary text ({_one_line(err)})") from None
-    _TOKENIZERS[tokenizer] = (eos_ids, built, strips)
-    return built, strips
+    _TOKENIZERS[tokenizer] = (eos_ids, built, first_banned)
+    return built, first_banned
 
 
 class _ExactBytes:
@@ -304,7 +320,12 @@ class _ExactBytes:
     greedily by the longest token. llguidance tokenizes the bytes a grammar forces with
     it; the tokenizer's own encode drops a leading space (" amber" became `a m b e r`,
     which llguidance then refused), and its normalizer may rewrite whitespace. Greedy is
-    not always the model's own split, but it spells exactly the bytes asked for."""
+    not always the model's own split, but it spells exactly the bytes asked for.
+
+    A text's first token is never one of first_banned: where the grammar forces the
+    reply's first bytes, llguidance's mask offers only the first token of their
+    tokenization (forced "   x" offered `▁▁▁` alone, forced " " then a letter `<0x20>`
+    alone), which GrammarMask then refuses. `▁` then `▁▁` spells those bytes as well."""
 
     def __init__(self, spell: TokenBytes, vocab_size: int, eos_ids: tuple[int, ...]) -> None:
         self.eos_token_id = eos_ids[0] if eos_ids else None
@@ -314,25 +335,45 @@ class _ExactBytes:
                                         if token.special)
         self.tokens = [spell(i) for i in range(vocab_size)]
         special = set(self.special_token_ids)
-        self.by_bytes: dict[bytes, int] = {}
-        for i, piece in enumerate(self.tokens):
-            if piece and i not in special:
-                self.by_bytes.setdefault(piece, i)
+        # The tokens after_space's grammar may open with (bytes " ...") that the decoder
+        # reads as other than those bytes less the one space it drops first in a text.
+        banned = [i for i, piece in enumerate(self.tokens) if piece.startswith(b" ")
+                  and i not in special and not spell.opens_one_space_short(i)]
+        self.first_banned = np.array(banned, np.int64)
+        self.by_bytes = self._by_bytes(special)
+        self.opening = self._by_bytes(special | set(banned))  # for a text's first token
         self.longest = max(map(len, self.by_bytes), default=1)
+
+    def _by_bytes(self, left_out: set[int]) -> dict[bytes, int]:
+        """bytes -> the first token with them, of those not left out."""
+        by_bytes: dict[bytes, int] = {}
+        for i, piece in enumerate(self.tokens):
+            if piece and i not in left_out:
+                by_bytes.setdefault(piece, i)
+        return by_bytes
 
     def __call__(self, text: bytes | str) -> list[int]:
         data = text.encode() if isinstance(text, str) else text
-        ids, at = [], 0
+        ids: list[int] = []
+        at = 0
         while at < len(data):
-            for n in range(min(self.longest, len(data) - at), 0, -1):
-                token = self.by_bytes.get(data[at:at + n])
-                if token is not None:
-                    ids.append(token)
-                    at += n
-                    break
-            else:  # a byte no token spells: llguidance refuses such a tokenizer anyway
+            token, n = self._longest(data, at, self.opening if at == 0 else self.by_bytes)
+            if token is None and at == 0:  # no allowed opening spells it: any token
+                token, n = self._longest(data, at, self.by_bytes)
+            if token is None:  # a byte no token spells: llguidance refuses such a tokenizer
                 raise ValueError(f"no token spells the byte {data[at]:#04x}")
+            ids.append(token)
+            at += n
         return ids
+
+    def _longest(self, data: bytes, at: int,
+                 by_bytes: dict[bytes, int]) -> tuple[int | None, int]:
+        """The longest token of `by_bytes` that data[at:] begins with, and its length."""
+        for n in range(min(self.longest, len(data) - at), 0, -1):
+            token = by_bytes.get(data[at:at + n])
+            if token is not None:
+                return token, n
+        return None, 0
 
 
 def _plain_added_tokens_in_vocab(text: str, data: dict[str, Any], spell: TokenBytes) -> str:

@@ -76,12 +76,11 @@ class TokenBytes:
 
     def strips_first_space(self) -> bool:
         """Whether decoding drops the space that begins a text: Llama 2 and Mistral
-        (Replace ▁, ..., Fuse, Strip(" ", start=1): exactly one), a Metaspace decoder
-        (every `▁` of the first token, and not a byte-fallback space: the constraint
-        wrapper is exact there only for grammars that do not begin with a space). A
-        reply whose first token is `▁jade` (bytes " jade") then reads "jade", as
-        transformers' decode gives it. Asked of the decoder itself, with " x x" spelled
-        as the vocabulary spells it."""
+        (Replace ▁, ..., Fuse, Strip(" ", start=1)), a Metaspace decoder (prepend_scheme
+        "first" or "always"). A reply whose first token is `▁jade` (bytes " jade") then
+        reads "jade", as transformers' decode gives it. Asked of the decoder itself, with
+        " x x" spelled as the vocabulary spells it. How much a first token loses varies
+        by decoder: see opens_one_space_short."""
         decoder = self.tokenizer.decoder
         if decoder is None:
             return False
@@ -91,6 +90,23 @@ class TokenBytes:
         except Exception:  # noqa: BLE001 - tokenizers raises plain exceptions
             return False
         return text == "x x"
+
+    def opens_one_space_short(self, token_id: int) -> bool:
+        """Whether `token_id`, first in a text, reads as its bytes less exactly their
+        leading space (a token whose bytes begin with one). Llama 2's Strip(start=1) after
+        Fuse drops one space of the whole text, whatever the first token. A Metaspace
+        decoder drops every `▁` of the first token instead and keeps a byte fallback
+        space: `▁▁` (bytes "  ") reads "", `▁a▁b` reads "ab", `<0x20>` reads " ".
+        Asked of the decoder, the token followed by " x" (a Strip may go on into it)."""
+        data = self(token_id)
+        piece = self.tokenizer.id_to_token(token_id)
+        if not data.startswith(b" ") or piece is None or self.tokenizer.decoder is None:
+            return False
+        try:
+            text: str = self.tokenizer.decoder.decode([piece, self.piece(" x")])
+        except Exception:  # noqa: BLE001 - tokenizers raises plain exceptions
+            return False
+        return text == (data[1:] + b" x").decode("utf-8", errors="replace")
 
     def piece(self, text: str) -> str:
         """`text` spelled as the vocabulary spells its pieces, the reading above reversed:
