@@ -188,6 +188,22 @@ def test_a_token_whose_text_crosses_the_tag_keeps_its_logprobs_in_one_chunk():
     assert chunk["choices"][0]["logprobs"]["content"][0]["logprob"] == -0.5
 
 
+def test_a_token_that_writes_a_whole_call_sends_one_chunk_with_one_entry_for_it():
+    """A call's id/name delta and its arguments delta, released by one token, go out as
+    one `tool_calls` entry beside the token's logprobs (one chunk per token)."""
+    both = shape(False, tools=True)
+    think = both.token_chunk(TokenEvent(5, "<think>hm</think>", -0.1, [], "x"), 0)
+    assert think["choices"][0]["delta"] == {"reasoning_content": "hm", "reasoning": "hm"}
+    chunk = both.token_chunk(TokenEvent(7, CALL + " ok", -0.5, [], "y"), 0)
+    assert chunk["choices"][0]["logprobs"]["content"][0]["logprob"] == -0.5
+    delta = chunk["choices"][0]["delta"]
+    (call,) = delta["tool_calls"]
+    assert call["index"] == 0 and call["id"].startswith("call_")
+    assert call["function"]["name"] == "get_weather"
+    assert json.loads(call["function"]["arguments"]) == {"city": "Paris"}
+    assert delta["content"] == " ok"
+
+
 def test_replies_without_reasoning_keep_their_shape():
     message = shape(True, tools=False).whole(stream("</think>Hello"))["choices"][0]["message"]
     assert message == {"role": "assistant", "content": "Hello"}

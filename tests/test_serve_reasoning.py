@@ -171,6 +171,21 @@ def test_logprobs_cover_every_token_while_the_fields_split(client):
     assert fields(whole.choices[0].message) == WHOLE
 
 
+@pytest.mark.parametrize("open_think", [False, True], ids=["model-opens", "prompt-opens"])
+def test_streamed_logprobs_with_tools_and_reasoning_are_the_whole_replys(client, open_think):
+    """The reasoning split and the tool parser both hold text back; the stream still
+    carries each token's logprobs once, in order, as the whole reply lists them."""
+    options = {"logprobs": True, "top_logprobs": 2, "tools": [WEATHER]}
+    whole = ask(client, open_think, **options).choices[0].logprobs.content
+    script = [*THOUGHT, *ANSWER][1 if open_think else 0:]
+    assert [t.token for t in whole] == script
+    chunks = list(ask(client, open_think, stream=True, **options))
+    streamed = [t for c in chunks if c.choices and c.choices[0].logprobs
+                for t in c.choices[0].logprobs.content]
+    assert [t.model_dump() for t in streamed] == [t.model_dump() for t in whole]
+    assert added_up(chunks) == WHOLE
+
+
 def test_reasoning_parser_none_and_the_completions_endpoint_leave_the_text_as_written(
         engine, server):
     raw = f"<think> {REASONING} </think> It is sunny."

@@ -138,6 +138,36 @@ def test_a_tool_call_round_trip_streamed(client):
     assert answer[-1].choices[0].finish_reason == "stop"
 
 
+def streamed_logprobs(chunks) -> list:
+    """The logprobs entries of a stream's chunks, in the order they came."""
+    return [t for c in chunks if c.choices and c.choices[0].logprobs
+            for t in c.choices[0].logprobs.content]
+
+
+@pytest.mark.parametrize("top", [0, 2])
+def test_a_streamed_tool_call_carries_every_tokens_logprobs_once_in_order(client, top):
+    """With tools the stream had sent no logprobs at all: the tokens the parser holds
+    back, those of the call's deltas and the swallowed tags each have theirs, as in the
+    whole reply, one chunk per token (vLLM's shape)."""
+    options = {"logprobs": True, "top_logprobs": top}
+    whole = ask(client, QUESTION, **options).choices[0].logprobs.content
+    assert [t.token for t in whole] == CALL  # the script, tags included
+    assert all(len(t.top_logprobs) == top for t in whole)
+    chunks = list(ask(client, QUESTION, stream=True, **options))
+    assert [t.model_dump() for t in streamed_logprobs(chunks)] == \
+        [t.model_dump() for t in whole]
+    with_logprobs = [c for c in chunks if c.choices and c.choices[0].logprobs]
+    assert all(len(c.choices[0].logprobs.content) == 1 for c in with_logprobs)
+
+    # The deltas add up to the same call as without logprobs.
+    calls = [d.tool_calls[0] for c in chunks if c.choices
+             for d in [c.choices[0].delta] if d.tool_calls]
+    assert calls[0].function.name == "get_weather"
+    assert json.loads("".join(c.function.arguments or "" for c in calls)) == {"city": "Paris"}
+    assert not any(c.choices[0].delta.content for c in chunks if c.choices)
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
+
+
 def test_the_openai_stream_helper_accumulates_the_call(client):
     with client.chat.completions.stream(model=MODEL, messages=QUESTION, tools=[WEATHER],
                                         temperature=0) as stream:

@@ -203,7 +203,7 @@ def test_sampling_fields_reach_the_sampler(client, engine):
 @pytest.mark.parametrize("field,value", [
     ("n", 17), ("best_of", 3), ("echo", True), ("suffix", "x"), ("audio", {"voice": "x"}),
     ("modalities", ["audio"]), ("prediction", {"type": "content", "content": "x"}),
-    ("web_search_options", {}), ("reasoning_effort", "low"), ("verbosity", "low"),
+    ("web_search_options", {}), ("reasoning_effort", "extreme"), ("verbosity", "low"),
     ("functions", [{"name": "f"}]), ("guided_decoding_backend", "xgrammar"),
     ("structured_outputs", {"json": {}}), ("made_up_field", 1),
 ])

@@ -42,10 +42,6 @@ class Shape:
         return cls(chat, model, f"{prefix}-{uuid.uuid4().hex}", int(time.time()),
                    tool_parser if chat else None, token_bytes, reasoning if chat else None)
 
-    @property
-    def parses_tools(self) -> bool:
-        return self.tool_parser is not None
-
     def _head(self, obj: str) -> dict:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
 
@@ -112,14 +108,16 @@ class Shape:
         return reply.finish(), reply.finish_reason(finish_reason)
 
     def token_chunk(self, event: TokenEvent, text_offset: int, index: int = 0) -> dict:
-        """One token's chunk with its logprobs, as OpenAI streams logprobs (chat without
-        tools: the token's reasoning and content share its one delta)."""
+        """One token's chunk with its logprobs: every token has exactly one, as OpenAI and
+        vLLM stream logprobs. A chat reply the parsers read (reasoning, tools) sends what
+        the token released as one delta: empty where they hold its text back or swallow
+        it (a tag), so its logprobs still go out, in order."""
         reply = self._reply(index)
         if reply is None:
             return self.chunk(event.text, logprobs=[event], text_offset=text_offset,
                               index=index)
-        delta = {key: value for d in reply.feed(event.text) for key, value in d.items()}
-        return self.delta_chunk(delta, index=index, logprobs=[event])
+        return self.delta_chunk(one_delta(reply.feed(event.text)), index=index,
+                                logprobs=[event])
 
     def last_chunks(self, finish_reason: str | None, index: int = 0) -> list[dict]:
         """What the reply still holds back, then the chunk with the finish reason."""
@@ -211,6 +209,35 @@ class ReplyDeltas:
         if self.tools is not None:
             return self.tools.feed(text)
         return [{"content": text}] if text else []
+
+
+def one_delta(deltas: list[dict]) -> dict:
+    """The deltas one token released, as one delta (what it adds to the reply is the
+    same): text fields joined, a call's pieces joined into one `tool_calls` entry."""
+    merged: dict = {}
+    for delta in deltas:
+        for key, value in delta.items():
+            if key == "tool_calls":
+                merged[key] = _join_calls(merged.get(key, []), value)
+            else:  # content and the reasoning fields
+                merged[key] = merged.get(key, "") + value
+    return merged
+
+
+def _join_calls(calls: list[dict], pieces: list[dict]) -> list[dict]:
+    """`tool_calls` delta entries with `pieces` added: a piece of the last entry's call
+    (same index) extends its arguments, as one entry per call per chunk is what clients'
+    accumulators expect."""
+    out = list(calls)
+    for piece in pieces:
+        if out and out[-1]["index"] == piece["index"]:
+            last = out[-1]
+            arguments = last["function"].get("arguments", "") + \
+                piece["function"].get("arguments", "")
+            out[-1] = {**last, "function": {**last["function"], "arguments": arguments}}
+        else:
+            out.append(piece)
+    return out
 
 
 class ToolDeltas:

@@ -9,7 +9,9 @@ Errors then name the Responses field (`responses_error`).
   `json_schema` flat (`name`, `schema`, `strict` beside `type`);
 - `tools` are function tools with `name`, `description` and `parameters` at the top
   level, and `tool_choice` names a function as `{"type": "function", "name": ...}`;
-- `reasoning` is accepted and its `effort` ignored: a bundle that thinks always does;
+- `reasoning.effort` is the chat route's `reasoning_effort` (the chat template's
+  `reasoning_effort` and `enable_thinking`, server/schemas.py); `reasoning.summary` is
+  accepted and ignored (the reasoning item carries the whole text);
 - `store` is accepted and nothing is stored, as vLLM does by default (it keeps
   responses only behind VLLM_ENABLE_RESPONSES_API_STORE, and then forever) and as
   llama.cpp's server does: OpenAI's default is true, so clients send it without meaning
@@ -70,6 +72,7 @@ def parse_responses(body: Any) -> CompletionRequest:
     chat["response_format"] = _text_format(body.get("text"))
     chat["tools"] = _tools(body.get("tools"))
     chat["tool_choice"] = _tool_choice(body.get("tool_choice"))
+    chat["reasoning_effort"] = (body.get("reasoning") or {}).get("effort")
     try:
         request = parse_chat(chat)
     except ApiError as err:
@@ -96,7 +99,8 @@ def responses_error(err: ApiError) -> ApiError:
     if param is not None:
         param = _param(param)
     message = err.message.replace("max_tokens", "max_output_tokens").replace(
-        "'response_format'", "'text.format'")
+        "'response_format'", "'text.format'").replace("'reasoning_effort'",
+                                                      "'reasoning.effort'")
     return ApiError(err.status, message, param, err.code)
 
 
@@ -105,6 +109,8 @@ def _param(param: str) -> str:
         return "max_output_tokens"
     if param == "response_format":
         return "text.format"
+    if param == "reasoning_effort":
+        return "reasoning.effort"
     if param.startswith("messages") or param == "prompt":
         return "input"  # the messages are built from input items, not one to one
     if param.startswith("tools[") and ".function." in param:

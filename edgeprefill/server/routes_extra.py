@@ -35,7 +35,8 @@ TokenizerCall = Callable[..., Awaitable[Any]]
 # Each route's accepted fields: anything else is a 400 naming it, not silently ignored.
 TOKENIZE_FIELDS = frozenset({"model", "prompt", "content", "messages", "add_special_tokens",
                              "add_special", "add_generation_prompt", "tools",
-                             "chat_template_kwargs", "return_token_strs", "with_pieces"})
+                             "chat_template_kwargs", "reasoning_effort",
+                             "return_token_strs", "with_pieces"})
 DETOKENIZE_FIELDS = frozenset({"model", "tokens", "skip_special_tokens"})
 
 

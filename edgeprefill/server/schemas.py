@@ -40,7 +40,6 @@ UNSUPPORTED: dict[str, tuple[Any, ...]] = {
     "modalities": (["text"],),
     "prediction": (),
     "web_search_options": (),
-    "reasoning_effort": (),
     "verbosity": (),
     "guided_decoding_backend": (),
     "guided_whitespace_pattern": (),
@@ -56,8 +55,11 @@ KNOWN = frozenset({
     "stream", "stream_options", "ignore_eos", "priority", "chunk_size", "response_format",
     "guided_json", "guided_regex", "guided_choice", "guided_grammar", "grammar",
     "json_schema", "n", "tools", "tool_choice", "parallel_tool_calls",
-    "chat_template_kwargs", "add_generation_prompt",
+    "chat_template_kwargs", "add_generation_prompt", "reasoning_effort",
 }) | IGNORED | frozenset(UNSUPPORTED)
+# `reasoning_effort`'s values: OpenAI's (openai-python's ReasoningEffort), which are
+# vLLM's (its "max" is DeepSeek V4's).
+REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max")
 MAX_COMPLETION_LOGPROBS = 5  # /v1/completions' `logprobs` limit (OpenAI)
 MAX_N = 16  # choices per request: each takes a KV slot
 
@@ -79,13 +81,14 @@ class CompletionRequest:
     # The field that gave the structured-output constraint: the `param` of its errors.
     constraint_field: str | None = None
     # Chat: variables for the chat template (vLLM's chat_template_kwargs, e.g.
-    # enable_thinking; add_generation_prompt), beside the tools.
+    # enable_thinking; add_generation_prompt; reasoning_effort), beside the tools.
     template_kwargs: dict[str, Any] = field(default_factory=dict)
 
 
 def parse_completion(body: Any) -> CompletionRequest:
     body = _object(body)
-    for name in ("tools", "tool_choice", "chat_template_kwargs", "add_generation_prompt"):
+    for name in ("tools", "tool_choice", "chat_template_kwargs", "add_generation_prompt",
+                 "reasoning_effort"):
         if body.get(name) not in (None, []):
             raise ApiError(400, f"'{name}' is a chat field: use /v1/chat/completions", name)
     return _request(body, _prompt(body.get("prompt")), COMPLETION_DEFAULT_MAX_TOKENS, "prompt")
@@ -278,7 +281,8 @@ def _priority(value: object) -> int:
 
 
 def template_kwargs(body: dict) -> dict[str, Any]:
-    """The chat template's variables a request gives (chat route and /tokenize)."""
+    """The chat template's variables a request gives (chat route and /tokenize): its
+    chat_template_kwargs, over those reasoning_effort implies."""
     kwargs = dict(_dict(body, "chat_template_kwargs"))
     reserved = sorted(set(kwargs) & {"messages", "tools", "documents"})
     if reserved or not all(isinstance(k, str) and k.isidentifier() for k in kwargs):
@@ -287,7 +291,23 @@ def template_kwargs(body: dict) -> dict[str, Any]:
                        "chat_template_kwargs")
     if body.get("add_generation_prompt") is not None:
         kwargs["add_generation_prompt"] = bool_field(body, "add_generation_prompt", True)
-    return kwargs
+    return {**effort_variables(body), **kwargs}
+
+
+def effort_variables(body: dict) -> dict[str, Any]:
+    """`reasoning_effort` as vLLM hands it to the chat template: the variable
+    `reasoning_effort` (gpt-oss's template reads it) and `enable_thinking`, false for
+    "none" (the switch of Qwen3's and SmolLM3's templates; true, their default, for the
+    others, which turns on a template that thinks only when asked). A template reading
+    neither renders as without the field. The caller lets chat_template_kwargs override
+    these: it names the template's own variables, the more specific request."""
+    effort = body.get("reasoning_effort")
+    if effort is None:
+        return {}
+    if not isinstance(effort, str) or effort not in REASONING_EFFORTS:
+        raise ApiError(400, f"'reasoning_effort' must be one of {', '.join(REASONING_EFFORTS)}"
+                       f", got {effort!r}", "reasoning_effort")
+    return {"reasoning_effort": effort, "enable_thinking": effort != "none"}
 
 
 def _stream_options(body: dict) -> dict:

@@ -35,11 +35,11 @@ async def completion_events(
             yield sse(shape.chunk(None, index=i))  # the role, at once: clients show "typing"
     offsets = [0] * len(choices.streams)
     async for i, event in choices.indexed():
-        if event.logprob is not None and not shape.parses_tools:
+        if event.logprob is not None:
             # one chunk per token, as OpenAI streams logprobs
             yield sse(shape.token_chunk(event, offsets[i], index=i))
         else:
-            for chunk in shape.chunks(event.text, index=i):  # text, or parsed tool calls
+            for chunk in shape.chunks(event.text, index=i):  # text, reasoning, tool calls
                 yield sse(chunk)
         offsets[i] += len(event.text)
     if choices.finish_reason == "error":
