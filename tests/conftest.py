@@ -103,6 +103,10 @@ FAMILIES: dict[str, dict] = {
     # the first layer slides with rotary, the second is global without (hybrid attention)
     "exaone4": {"sliding_window": 8, "sliding_window_pattern": 2},
     "arcee": {},  # ReLU-squared MLP without a gate
+    # q/k norms of the rotated q and k, head_dim != hidden / heads, the Hub's fixed-alpha
+    # NTK rope (written as the checkpoints write it), q/k/v and o biases
+    "hunyuan_v1_dense": {"head_dim": 32, "attention_bias": True, "rope_theta": 10000.0,
+                         "rope_scaling": {"type": "dynamic", "alpha": 1000.0, "factor": 1.0}},
     "phi": {"num_attention_heads": 2, "num_key_value_heads": 2, "partial_rotary_factor": 0.5},
     "stablelm": {"num_attention_heads": 2, "num_key_value_heads": 2,
                  "partial_rotary_factor": 0.5, "use_qkv_bias": True},
@@ -112,8 +116,8 @@ FAMILIES: dict[str, dict] = {
 }
 # The families the default (fast) suite covers end to end; the rest run under `slow`.
 FAST_FAMILIES = ("llama", "mistral", "qwen2", "gemma2", "gemma3_text", "gemma3", "qwen2_5_vl",
-                 "qwen3_vl", "phi3", "smollm3", "granite", "olmo2", "olmo3", "exaone4", "phi",
-                 "gpt_neox")
+                 "qwen3_vl", "phi3", "smollm3", "granite", "olmo2", "olmo3", "exaone4",
+                 "hunyuan_v1_dense", "phi", "gpt_neox")
 
 
 def write_tokenizer(path: Path, vocab: int = VOCAB, top_words: Sequence[str] = (),

@@ -146,6 +146,8 @@ def test_longrope_beyond_the_original_window_uses_the_long_factors(tmp_path):
     ({"model_type": "ernie4_5", "use_bias": True}, "ernie4_5: use_bias=true"),
     ({"model_type": "arcee", "mlp_bias": True}, "arcee: mlp_bias=true is not supported"),
     ({"model_type": "mistral", "sliding_window": 0}, "sliding_window must be at least 1"),
+    # HunYuanDenseV1Attention reads head_dim, null unless config.json gives it
+    ({"model_type": "hunyuan_v1_dense"}, "hunyuan_v1_dense: config.json needs head_dim"),
     ({"model_type": "phi3", "partial_rotary_factor": 1.5}, "rotary dimension 24 does not fit"),
     ({"rope_parameters": {"rope_type": "longrope", "short_factor": [1.0], "long_factor": [1.0],
                           "original_max_position_embeddings": 64}}, "longrope short_factor"),
@@ -220,21 +222,28 @@ MINIMAL = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=4,
                num_attention_heads=4, num_key_value_heads=2, vocab_size=128)
 
 
+def least(family: str) -> dict:
+    """MINIMAL and the keys the family's model cannot do without (FamilySpec.required:
+    HunYuan's attention reads head_dim, which its config class leaves null)."""
+    return {**MINIMAL, **{key: 16 for key in FAMILIES[family].required}}
+
+
 def hf_config(family: str, **keys):
     # Instantiated from the keys config.json would hold, as from_pretrained does; an
     # image-text family (Gemma 3) takes them as its text_config.
     if FAMILIES[family].nested:
         return transformers.AutoConfig.for_model(
-            family, text_config={**MINIMAL, **keys}, **IMAGE_TEXT[family])
-    return transformers.AutoConfig.for_model(family, **MINIMAL, **keys)
+            family, text_config={**least(family), **keys}, **IMAGE_TEXT[family])
+    return transformers.AutoConfig.for_model(family, **least(family), **keys)
 
 
 def minimal_raw(family: str, **keys) -> dict:
-    """config.json of `family` holding MINIMAL and `keys` (in text_config where nested)."""
+    """config.json of `family` holding least(family) and `keys` (in text_config where
+    nested)."""
     nested = FAMILIES[family].nested
     if nested:
-        return {"model_type": family, nested: {**MINIMAL, **keys}}
-    return {"model_type": family, **MINIMAL, **keys}
+        return {"model_type": family, nested: {**least(family), **keys}}
+    return {"model_type": family, **least(family), **keys}
 
 
 def hf_theta(config, layer_type: str = "full_attention") -> float:
@@ -307,7 +316,7 @@ def test_a_sliding_window_key_slides_only_where_the_family_reads_it(family):
         window = getattr(hf, "sliding_window", None)
         types = getattr(hf, "layer_types", None)
         if family in ("llama", "gemma", "granite", "olmo2", "phi", "stablelm", "cohere",
-                      "gpt_neox", "ernie4_5", "arcee", "qwen3_vl"):
+                      "gpt_neox", "ernie4_5", "arcee", "qwen3_vl", "hunyuan_v1_dense"):
             expected = [None] * 4
         elif types is not None:
             expected = [window if t == "sliding_attention" else None for t in types]
@@ -418,6 +427,24 @@ def test_exaone4_global_layers_rotate_only_without_a_window(tmp_path, window):
     ids = prompt_ids(40)
     np.testing.assert_allclose(last_logits(export_small(hf_dir, tmp_path / "b"), ids),
                                reference_logits(hf_dir, ids)[-1], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("keys", [
+    {"rope_theta": 10000.0, "rope_scaling": {"type": "dynamic", "alpha": 1000.0, "factor": 1.0}},
+    {"rope_parameters": {"rope_type": "dynamic", "alpha": 50.0, "factor": 4.0, "rope_theta": 1e5}},
+    {"rope_parameters": {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1e4}},
+    {"rope_parameters": {"rope_type": "linear", "alpha": 50.0, "factor": 2.0,
+                         "rope_theta": 1e4}},
+    {},
+], ids=("hub checkpoints", "alpha", "dynamic without alpha", "alpha ignored", "defaults"))
+def test_hunyuan_ropes_are_the_models(keys):
+    # HunYuanDenseV1RotaryEmbedding: a "dynamic" rope with an alpha stretches the base by
+    # alpha ** (d / (d - 2)) at every length; without one it is transformers' dynamic rope.
+    raw = {"model_type": "hunyuan_v1_dense", **least("hunyuan_v1_dense"), **keys}
+    rope = ModelConfig.from_hf(json.loads(json.dumps(raw))).ropes[GLOBAL]
+    freqs = np.outer(np.arange(2048, dtype=np.float32), rope.inv_freq())
+    np.testing.assert_allclose(np.cos(freqs), model_cos(model_rotary("hunyuan_v1_dense", raw),
+                                                        2048), atol=1e-5)
 
 
 def test_legacy_values_read_as_transformers_rewrites_them():

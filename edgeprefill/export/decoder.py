@@ -15,6 +15,7 @@ shared with the runtime through the manifest:
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 
 import numpy as np
 
@@ -33,7 +34,7 @@ from edgeprefill.export.checkpoint import Checkpoint
 from edgeprefill.export.families import TensorNames
 from edgeprefill.export.flavors import Flavor, StepTensors
 from edgeprefill.export.graph import GraphBuilder
-from edgeprefill.export.model_config import ModelConfig
+from edgeprefill.export.model_config import LayerAttention, ModelConfig
 from edgeprefill.export.quantize import QuantConfig
 from edgeprefill.export.tokens import PackedTokens, PaddedTokens
 from edgeprefill.export.weights import GraphWeights
@@ -147,10 +148,14 @@ class DecoderBuilder:
         cfg, n = self.cfg, self.names
         p = n.layer.format(i=i)
         q, k, v = (t if t is None else self.tokens.spread(t) for t in self._qkv(p, h))
+        layer = cfg.layers[i]
+        if cfg.spec.qk_norm == "head_rotated":
+            q, k = self._rotated_head_norms(p, q, k, step, layer)
+            layer = replace(layer, rope=None)  # attention takes q and k rotated
         names = kv_names(i)
         past = (names.past_key, names.past_value)
         present = (names.present_key, names.present_value)
-        attn = self.flavor.attention(self.g, q, k, v, past, present, step, cfg.layers[i])
+        attn = self.flavor.attention(self.g, q, k, v, past, present, step, layer)
         attn = rows(self.tokens.gather(attn, cfg.num_heads * cfg.head_dim))
         o_bias = p + n.o + ".bias" if cfg.o_bias else None
         return self.w.linear(attn, [p + n.o + ".weight"], o_bias)
@@ -176,6 +181,16 @@ class DecoderBuilder:
         elif cfg.spec.qk_norm == "full":
             q, k = self._norm(q, p + n.q_norm), self._norm(k, p + n.k_norm)
         return [q, k, v]
+
+    def _rotated_head_norms(self, p: str, q: str, k: str, step: StepTensors,
+                            layer: LayerAttention) -> tuple[str, str]:
+        """HunYuan: q [B,C,H*D] and k [B,C,KV*D] rotated, then each head RMS-normed. The
+        rotary goes outside attention (GroupQueryAttention would rotate after the norm)."""
+        cfg, n = self.cfg, self.names
+        if layer.rope is not None:
+            q, k = self.flavor.rotary(self.g, q, k, step, layer.rope)
+        return (self._head_norm(q, cfg.num_heads, p + n.q_norm),
+                self._head_norm(k, cfg.num_kv_heads, p + n.k_norm))
 
     def _check_qkv_shapes(self, weights: list[str]) -> None:
         """A checkpoint that disagrees with its config.json fails here, in one line, not

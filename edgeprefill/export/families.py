@@ -65,7 +65,9 @@ class FamilySpec:
     qkv_interleaved: bool = False  # fused qkv rows ordered [head, q|k|v, dim] (GPT-NeoX)
     rope_interleaved: bool = False  # rotary pairs are dims (2i, 2i+1), not (i, i + D/2)
     lm_head_bias: bool = False
-    qk_norm: str | None = None  # None, "head" (per head, before rotary) or "full" (whole q/k)
+    # None, "head" (per head, before rotary), "head_rotated" (per head, of the rotated q/k:
+    # HunYuan) or "full" (the whole q/k projection)
+    qk_norm: str | None = None
     embed_scale: str | None = None  # None, "sqrt_hidden" (Gemma) or "multiplier" (Granite)
     tie_default: bool = False
     act_default: str = "silu"
@@ -94,6 +96,9 @@ class FamilySpec:
     # refused. Other families' models ignore these keys (configs copied from one family to
     # another carry them: a Qwen2 config with mlp_bias), and so does export.
     unsupported: tuple[str, ...] = ()
+    # Keys the family's model fails without although config.json may leave them out (its
+    # config class defaults them to null): refused when absent.
+    required: tuple[str, ...] = ()
     # Keys the family's model ignores although the reader would use them (GPT-NeoX has no
     # grouped KV heads whatever num_key_value_heads says): dropped before reading.
     ignores: tuple[str, ...] = ()
@@ -212,6 +217,17 @@ def _qwen2_vl_text(raw: dict[str, Any]) -> dict[str, Any]:
     tie = bool(raw.get("tie_word_embeddings") or inner.get("tie_word_embeddings"))
     ids = {k: raw[k] for k in ("bos_token_id", "eos_token_id") if raw.get(k) is not None}
     return {**inner, **ids, "tie_word_embeddings": tie}
+
+
+def _hunyuan_ntk_alpha(raw: dict[str, Any]) -> dict[str, Any]:
+    # HunYuanDenseV1RotaryEmbedding: the checkpoints' "dynamic" rope with an `alpha` is a
+    # fixed NTK stretch of the base, not transformers' length-dependent dynamic rope.
+    for key in ("rope_parameters", "rope_scaling"):
+        params = raw.get(key)
+        if isinstance(params, dict) and params.get("alpha") and \
+                params.get("rope_type", params.get("type")) == "dynamic":
+            raw = {**raw, key: {**params, "rope_type": "ntk_alpha", "type": "ntk_alpha"}}
+    return raw
 
 
 def _parallel_if_configured(raw: dict[str, Any]) -> str:
@@ -365,6 +381,15 @@ FAMILIES: dict[str, FamilySpec] = {
         act_default="relu2", unsupported=("mlp_bias",),
         defaults={"rms_norm_eps": 1e-5, "max_position_embeddings": 4096},
         quirks=("ReLU-squared MLP without a gate",),
+    ),
+    # Llama with per-head q/k RMSNorm of the rotated q and k, and a fixed-alpha NTK rope.
+    # Its attention reads head_dim, null in the config class, with no fallback.
+    "hunyuan_v1_dense": FamilySpec(
+        **ATTENTION_BIAS, qk_norm="head_rotated", legacy=_hunyuan_ntk_alpha,
+        names=replace(LLAMA_NAMES, q_norm="self_attn.query_layernorm",
+                      k_norm="self_attn.key_layernorm"),
+        required=("head_dim",), defaults={"rms_norm_eps": 1e-5},
+        quirks=("per-head q/k RMSNorm after rotary",),
     ),
     "phi": FamilySpec(
         names=PHI_NAMES, norm="layer", block="shared", gated_mlp=False, qkv_bias=True,

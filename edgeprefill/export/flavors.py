@@ -85,6 +85,13 @@ class Flavor(ABC):
         are the cache inputs [B,KV,cap,D]; the updated caches are produced under the
         `present` names. Returns [B,C,H*D]; the layer's rotary (if any) applied."""
 
+    @abstractmethod
+    def rotary(self, g: GraphBuilder, q: str, k: str, step: StepTensors,
+               rope: str) -> tuple[str, str]:
+        """q [B,C,H*D] and k [B,C,KV*D] rotated at each row's positions by the rope named
+        `rope`, for families that change them between rotary and attention (HunYuan's
+        q/k norms); attention then gets a layer without rope."""
+
     def rope_table_names(self) -> dict[str, str]:
         """Rope name used by some layer -> the stem of its table (equal ropes share one)."""
         out: dict[str, str] = {}
@@ -146,6 +153,8 @@ class OrtFlavor(Flavor):
         max_past = g.op("ReduceMax", [past_lens], keepdims=0)
         total = g.op("Add", [max_past, g.op("Squeeze", [chunk32, g.const([0])])])
         extra = {"seqlens_k": seqlens_k, "total": total}
+        if self.cfg.spec.qk_norm == "head_rotated":  # rotary outside attention (rotary())
+            extra["positions"] = positions(g, g.op("Cast", [past_lens], to=7), chunk)
         tables: dict[str, tuple[str, str]] = {}
         for rope, stem in self.rope_table_names().items():
             if stem not in tables:
@@ -169,6 +178,15 @@ class OrtFlavor(Flavor):
             domain="com.microsoft", epsilon=self.cfg.norm_eps,
         )
         return total, normed
+
+    def rotary(self, g, q, k, step, rope):
+        e, d, r = step.extra, self.cfg.head_dim, self.cfg.rotary_dim
+        partial = {"rotary_embedding_dim": r} if r < d else {}
+        return tuple(g.op(  # type: ignore[return-value]
+            "RotaryEmbedding", [x, e["positions"], e[rope + ".cos"], e[rope + ".sin"]],
+            domain="com.microsoft", num_heads=heads,
+            interleaved=int(self.cfg.spec.rope_interleaved), **partial,
+        ) for x, heads in ((q, self.cfg.num_heads), (k, self.cfg.num_kv_heads)))
 
     def attention(self, g, q, k, v, past, present, step, layer):
         cfg = self.cfg
@@ -204,8 +222,7 @@ class StandardFlavor(Flavor):
 
     def step_tensors(self, g, past_lens, chunk, past_key0):
         past64 = g.op("Cast", [past_lens], to=7)
-        steps = g.op("Range", [g.const(0), g.op("Squeeze", [chunk, g.const([0])]), g.const(1)])
-        positions = g.op("Add", [g.op("Unsqueeze", [past64, g.const([1])]), steps])  # [B,C]
+        at = positions(g, past64, chunk)  # [B,C]
         extra = {"write_at": past64}
         unsq1 = g.const([1])
         gathered: dict[str, tuple[str, str]] = {}
@@ -213,12 +230,12 @@ class StandardFlavor(Flavor):
             if stem not in gathered:
                 cos_table, sin_table = self.rotary_tables(g, stem, rope)
                 gathered[stem] = tuple(  # [B,1,C,rotary/2]
-                    g.op("Unsqueeze", [g.op("Gather", [t, positions]), unsq1])
+                    g.op("Unsqueeze", [g.op("Gather", [t, at]), unsq1])
                     for t in (cos_table, sin_table)
                 )
             extra[rope + ".cos"], extra[rope + ".sin"] = gathered[stem]
         for window in {layer.window for layer in self.cfg.layers}:
-            extra[_mask_key(window)] = self.causal_mask(g, past_key0, positions, window)
+            extra[_mask_key(window)] = self.causal_mask(g, past_key0, at, window)
         return StepTensors(past_lens, chunk, extra)
 
     def causal_mask(
@@ -252,13 +269,25 @@ class StandardFlavor(Flavor):
             normed = g.op("Cast", [normed], to=10)
         return g.op("Mul", [normed, weight])
 
-    def rotate(self, g: GraphBuilder, x: str, step: StepTensors, rope: str) -> str:
-        """Rotary (non-interleaved halves) on the first rotary_dim dims of x [B,heads,C,D]."""
+    def rotary(self, g, q, k, step, rope):
+        # The gathered tables are [B,1,C,r/2] for heads-first q/k: [B,C,1,r/2] here.
+        cos, sin = (g.op("Transpose", [step.extra[rope + part]], perm=[0, 2, 1, 3])
+                    for part in (".cos", ".sin"))
+        d = self.cfg.head_dim
+
+        def rotated(x: str, heads: int) -> str:
+            per_head = g.op("Reshape", [x, g.const([0, 0, heads, d])])  # [B,C,heads,D]
+            return g.op("Reshape", [self.rotate(g, per_head, cos, sin), g.const([0, 0, heads * d])])
+
+        return rotated(q, self.cfg.num_heads), rotated(k, self.cfg.num_kv_heads)
+
+    def rotate(self, g: GraphBuilder, x: str, cos: str, sin: str) -> str:
+        """Rotary on the first rotary_dim dims of x [..., D] (halves, or interleaved pairs),
+        by cos and sin [..., rotary_dim/2] that broadcast against it."""
         d, r = self.cfg.head_dim, self.cfg.rotary_dim
         rest = None
         if r < d:  # partial rotary: the remaining dims pass through
             x, rest = g.op("Split", [x, g.const([r, d - r])], 2, axis=-1)
-        cos, sin = step.extra[rope + ".cos"], step.extra[rope + ".sin"]
         if self.cfg.spec.rope_interleaved:  # pairs (2i, 2i+1): [.., r/2, 2] and back
             pairs = g.op("Reshape", [x, g.const([0, 0, 0, r // 2, 2])])
             x1, x2 = g.op("Split", [pairs], 2, axis=-1, num_outputs=2)  # [B,h,C,r/2,1]
@@ -283,7 +312,8 @@ class StandardFlavor(Flavor):
         q4 = self.heads_first(g, q, cfg.num_heads)
         k4 = self.heads_first(g, k, cfg.num_kv_heads)
         if layer.rope is not None:
-            q4, k4 = self.rotate(g, q4, step, layer.rope), self.rotate(g, k4, step, layer.rope)
+            cos, sin = step.extra[layer.rope + ".cos"], step.extra[layer.rope + ".sin"]
+            q4, k4 = self.rotate(g, q4, cos, sin), self.rotate(g, k4, cos, sin)
         v4 = self.heads_first(g, v, cfg.num_kv_heads)
         write_at = step.extra["write_at"]
         keys = g.op("TensorScatter", [past[0], k4, write_at], [present[0]], axis=-2)
@@ -303,6 +333,13 @@ class StandardFlavor(Flavor):
         out = g.op("Reshape", [out, g.const([0, cfg.num_heads, -1, cfg.head_dim])])
         out = g.op("Transpose", [out], perm=[0, 2, 1, 3])
         return g.op("Reshape", [out, g.const([0, 0, cfg.num_heads * cfg.head_dim])])
+
+
+def positions(g: GraphBuilder, past64: str, chunk: str) -> str:
+    """[B,C] int64: each token's position, its row's past length (past64 [B] int64) plus
+    its index in the chunk."""
+    steps = g.op("Range", [g.const(0), g.op("Squeeze", [chunk, g.const([0])]), g.const(1)])
+    return g.op("Add", [g.op("Unsqueeze", [past64, g.const([1])]), steps])
 
 
 def _mask_key(window: int | None) -> str:

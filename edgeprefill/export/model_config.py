@@ -200,6 +200,10 @@ def _refuse_unsupported(family: str, spec: FamilySpec, raw: dict[str, Any]) -> N
     for key in spec.unsupported:
         if raw.get(key):
             raise ExportError(f"{family}: {UNSUPPORTED[key]}")
+    for key in spec.required:
+        if raw.get(key) is None:
+            raise ExportError(f"{family}: config.json needs {key}; the family's model has no "
+                              "default for it")
     # Refused in every family: a checkpoint trained without the causal mask is no causal
     # LM, even where the family's transformers model ignores the key.
     if raw.get("use_bidirectional_attention"):

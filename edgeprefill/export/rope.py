@@ -7,6 +7,8 @@ bundle (see `RopeConfig.for_context` and docs/design.md, "Rotary scaling"):
 
 - `dynamic`: transformers recomputes the base only past `max_position_embeddings`, which
   a bundle never reaches (export refuses a larger context): it is `default` in a bundle.
+- `ntk_alpha`: HunYuan's "dynamic" rope with a fixed `alpha`, which only stretches the base
+  (theta * alpha ** (dim / (dim - 2))): static, whatever the sequence length.
 - `longrope`: transformers takes `short_factor` while the sequence is at most
   `original_max_position_embeddings` long and `long_factor` beyond; a bundle whose context
   fits the original window uses the short factors, a larger one the long factors.
@@ -43,6 +45,7 @@ class RopeConfig:
     short_factor: tuple[float, ...] = ()  # longrope
     long_factor: tuple[float, ...] = ()  # longrope
     use_long_factor: bool = False  # longrope: which set this bundle uses (for_context)
+    alpha: float = 1.0  # ntk_alpha
 
     def __post_init__(self) -> None:
         if self.kind not in ROPE_TYPES:
@@ -81,6 +84,8 @@ class RopeConfig:
     def describe(self) -> str:
         if self.kind == "longrope":
             return f"longrope ({'long' if self.use_long_factor else 'short'} factors)"
+        if self.kind == "ntk_alpha":
+            return f"NTK alpha {self.alpha:g}"
         return self.kind if self.factor == 1.0 else f"{self.kind} x{self.factor:g}"
 
 
@@ -91,6 +96,12 @@ def _exponents(rope: RopeConfig) -> np.ndarray:
 
 def _default(rope: RopeConfig) -> np.ndarray:
     return (1.0 / (np.float32(rope.theta) ** _exponents(rope))).astype(np.float32)
+
+
+def _ntk_alpha(rope: RopeConfig) -> np.ndarray:
+    # HunYuanDenseV1RotaryEmbedding: the base in double precision, then the default rope.
+    dim = rope.rotary_dim
+    return _default(replace(rope, theta=rope.theta * rope.alpha ** (dim / (dim - 2))))
 
 
 def _linear(rope: RopeConfig) -> np.ndarray:
@@ -166,6 +177,7 @@ ROPE_TYPES: dict[str, Callable[[RopeConfig], np.ndarray]] = {
     "llama3": _llama3,
     "yarn": _yarn,
     "longrope": _longrope,
+    "ntk_alpha": _ntk_alpha,
 }
 
 
@@ -201,6 +213,7 @@ def rope_from_params(
         truncate=bool(params.get("truncate", True)),
         short_factor=tuple(float(f) for f in params.get("short_factor") or ()),
         long_factor=tuple(float(f) for f in params.get("long_factor") or ()),
+        alpha=float(params.get("alpha") or 1.0),
     )
 
 

@@ -75,16 +75,22 @@ PROVIDERS = {
 }
 
 
+# Where an op of the ort flavour reads its cos table: GroupQueryAttention rotating inside,
+# or RotaryEmbedding where a family rotates outside attention (HunYuan).
+COS_INPUT = {"GroupQueryAttention": 7, "RotaryEmbedding": 2}
+
+
 def _check_rotary_positions(graph: Any, max_context: int) -> None:
     """The rotary tables hold max_context + 1 positions (export.flavors): a manifest whose
     max_context claims more was edited, and its first long request would fail mid-run."""
     sizes = {t.name: t.dims[0] for t in graph.graph.initializer if t.dims}
     for node in graph.graph.node:
-        if node.op_type == "GroupQueryAttention" and len(node.input) > 7 and \
-                sizes.get(node.input[7], max_context + 1) < max_context + 1:
+        at = COS_INPUT.get(node.op_type)
+        if at is not None and len(node.input) > at and \
+                sizes.get(node.input[at], max_context + 1) < max_context + 1:
             raise BackendError(
                 f"{MANIFEST_FILE} says max_context {max_context}, but the graph's rotary "
-                f"tables hold {sizes[node.input[7]] - 1} positions: the manifest was "
+                f"tables hold {sizes[node.input[at]] - 1} positions: the manifest was "
                 "edited; re-export the bundle")
 
 
