@@ -604,3 +604,35 @@ def test_a_metaspace_decoder_keeps_a_grammars_leading_space(metaspace_bundles, m
             assert out.finish_reason == "stop", (pattern, seed, out.text)
             assert re.fullmatch(pattern, out.text, re.S), (pattern, seed, out.text)
             assert out.text == engine.tokenizer.decode(out.token_ids)
+
+
+def test_a_vocabulary_without_a_bare_space_piece_refuses_at_submit(tmp_path):
+    """Where no token that may open the reply reads as its bytes less the dropped space (a
+    Metaspace vocabulary with `▁▁` and `<0x20>` but no bare `▁`), a grammar that must open
+    with a plain space is refused at submit in one line; it failed mid-request with "the
+    constraint allows no token here". A grammar that a word token opens still runs."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    from edgeprefill.errors import RequestError
+    from edgeprefill.export.exporter import ExportOptions, export
+
+    pieces = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)]
+    pieces += [chr(c) for c in range(33, 127)] + ["▁t", "he", "▁the", "▁▁"]
+    vocab = {p: i for i, p in enumerate(dict.fromkeys(pieces))}
+    tok = Tokenizer(models.BPE(vocab, [("h", "e")], unk_token="<unk>", byte_fallback=True,
+                               fuse_unk=True))
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(prepend_scheme="always", split=False)
+    tok.decoder = decoders.Sequence([decoders.Metaspace(prepend_scheme="always", split=False),
+                                     decoders.ByteFallback(), decoders.Fuse()])
+    model = build_hf_model("llama", tmp_path / "hf", vocab_size=tok.get_vocab_size())
+    install(tok, model)
+    export(model, tmp_path / "b", ExportOptions(show_progress=False, max_context=64))
+    with Engine.load(tmp_path / "b", threads=1, kv_slots=1) as engine:
+        for pattern in ("x", " x", r"\{\}"):
+            with pytest.raises(RequestError, match=r"cannot begin a reply with this tokenizer"):
+                engine.generate("hello", GenerationParams(
+                    max_new_tokens=4, constraint=Constraint.regex(pattern)))
+        out = engine.generate("hello", GenerationParams(
+            max_new_tokens=4, temperature=1.0, seed=0, constraint=Constraint.regex("the"))
+        ).result()
+        assert (out.text, out.finish_reason) == ("the", "stop")

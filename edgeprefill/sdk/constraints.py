@@ -172,11 +172,19 @@ class GrammarMask:
         """`first_banned`: token ids the reply may not begin with, whatever the grammar
         says (see after_space)."""
         self.matcher = matcher
-        self._first_banned = first_banned
         # The first mask is computed here, at submit: a grammar that compiles but admits
         # no first token (`start: start`, an empty regex class) is refused in one line
         # then, instead of failing the request at its first step.
         self._next: bytes | None = self._bitmask()
+        if first_banned is not None and first_banned.size:
+            bits = np.unpackbits(np.frombuffer(self._next, np.uint8), bitorder="little")
+            bits[first_banned[first_banned < bits.shape[0]]] = 0
+            self._next = np.packbits(bits, bitorder="little").tobytes()
+
+    @property
+    def opens(self) -> bool:
+        """Whether some token may begin the reply (before its first step)."""
+        return self._next is None or any(self._next)
 
     def _bitmask(self) -> bytes:
         bits = self.matcher.compute_bitmask()
@@ -188,8 +196,6 @@ class GrammarMask:
         first, self._next = self._next, None
         bits = np.frombuffer(first if first is not None else self._bitmask(), np.uint8)
         allowed = np.unpackbits(bits, bitorder="little").view(bool)
-        if first is not None and self._first_banned is not None:
-            allowed[self._first_banned] = False
         if allowed.shape[0] < vocab:  # logits wider than the tokenizer (padded heads)
             allowed = np.concatenate([allowed, np.zeros(vocab - allowed.shape[0], bool)])
         return allowed[:vocab]
@@ -230,10 +236,16 @@ def compile_constraint(constraint: Constraint, tokenizer: BundleTokenizer,
     if matcher.is_error():
         raise RequestError(f"invalid {kind} constraint: {_one_line(matcher.get_error())}")
     try:
-        return GrammarMask(matcher, first_banned)
+        mask = GrammarMask(matcher, first_banned)
     except RequestError:
         raise RequestError(f"{kind} constraint fails at its first token: "
                            f"{_one_line(matcher.get_error())}") from None
+    if not mask.opens:  # every opening the grammar allows reads other than its bytes
+        raise RequestError(
+            f"{kind} constraint cannot begin a reply with this tokenizer: its decoder drops "
+            "the reply's first space, and no token that could begin this grammar's text "
+            "reads as its bytes less that space (a vocabulary without a bare '▁')")
+    return mask
 
 
 SPACE_GRAMMAR = "leading_space"  # the wrapper's name in the composed grammar
