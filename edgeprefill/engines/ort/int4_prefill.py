@@ -143,7 +143,7 @@ def _unswitched(reason: str) -> str:
 
 def describe_variant(variant: str) -> str:
     # Decode's projections are said apart (engines.ort.int4_decode, `inspect`'s int4 decode).
-    int8 = ("uint8 weights derived at load (this CPU has no VNNI: int8 ones would saturate)"
+    int8 = (f"uint8 weights derived at load {int8_unsigned.reason()}"
             if int8_unsigned.saturates() else "int8 weights derived at load")
     return {"int8": f"DynamicQuantizeMatMul on {int8}",
             "int8 rows": "MatMulInt8 on int8 weights derived at load (each row quantized on "

@@ -61,8 +61,8 @@ def describe(native: bool) -> str:
         return str(err)
     if reason is None:
         return f"{OP} (native: each row quantized on its own)"
-    weights = f" on {int8_unsigned.describe()}" if int8_unsigned.saturates() else ""
-    return f"DynamicQuantizeMatMul{weights} ({reason}: a call's rows quantized together)"
+    weights = f", on {int8_unsigned.describe()}" if int8_unsigned.saturates() else ""
+    return f"DynamicQuantizeMatMul ({reason}: a call's rows quantized together){weights}"
 
 
 def choose(graph: ModelProto, bundle_dir: Path, native: bool, session_options: Any) -> Int8Rows:

@@ -64,9 +64,16 @@ def saturates() -> bool:
     return "avx2" in flags and not any(flag in flags for flag in NON_SATURATING)
 
 
+def reason() -> str:
+    """Why the rewrite runs here, for `inspect` and `--stats`."""
+    if mode() == "on":
+        return f"({MODE_ENV}=on)"
+    return "(int8 ones would saturate: this CPU has no VNNI)"
+
+
 def describe() -> str:
     """What `inspect` and `--stats` say where the rewrite runs."""
-    return "uint8 weights (this CPU has no VNNI: int8 ones would saturate)"
+    return f"uint8 weights {reason()}"
 
 
 def unsigned(codes: np.ndarray) -> np.ndarray:
@@ -97,7 +104,7 @@ def choose(graph: ModelProto, bundle_dir: Path, session_options: Any) -> Int8Uns
         node.input[3] = names[1]
     weights = hand_over(graph, derived.arrays, session_options)
     count = len(targets)
-    return Int8Unsigned(count, f"int8 projections on {describe()} ({count})", weights)
+    return Int8Unsigned(count, f"{count} int8 projections on {describe()}", weights)
 
 
 def _deriver(graph: ModelProto, weight: str,
