@@ -101,10 +101,24 @@ def test_a_reasoning_effort_outside_openais_values_is_a_400_naming_the_field(ser
         assert_error(responses, 400, "reasoning.effort")["message"]
 
 
-def test_completions_refuse_reasoning_effort_as_a_chat_field(server):
+@pytest.mark.parametrize("value", ["low", [], {}, ""])
+def test_completions_refuse_reasoning_effort_as_a_chat_field(server, value):
     response = httpx.post(f"{server.url}/v1/completions",
-                          json={"prompt": "hi", "reasoning_effort": "low"})
+                          json={"prompt": "hi", "reasoning_effort": value})
     assert "chat field" in assert_error(response, 400, "reasoning_effort")["message"]
+
+
+@pytest.mark.parametrize(("field", "value"), [
+    ("reasoning_effort", "bogus"), ("reasoning_effort", "low"), ("tools", [{"type": "x"}]),
+    ("chat_template_kwargs", {"enable_thinking": False}), ("add_generation_prompt", True)])
+def test_tokenize_refuses_chat_fields_beside_a_plain_prompt(server, field, value):
+    """They are read only through the chat template; with `prompt` they were ignored, an
+    invalid reasoning_effort included, where the chat route refuses it."""
+    for text in ("prompt", "content"):
+        response = httpx.post(f"{server.url}/tokenize", json={text: "hi", field: value})
+        assert "is a chat field: send 'messages'" in assert_error(response, 400, field)["message"]
+    plain = httpx.post(f"{server.url}/tokenize", json={"prompt": "hi", "tools": []})
+    assert plain.status_code == 200  # an empty tools list, as clients send by habit
 
 
 def test_tokenize_renders_what_the_chat_route_would(server):

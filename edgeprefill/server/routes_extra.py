@@ -25,7 +25,12 @@ from edgeprefill import __version__
 from edgeprefill.errors import RequestError
 from edgeprefill.sdk.engine import Engine
 from edgeprefill.server.errors import ApiError
-from edgeprefill.server.schemas import bool_field, parse_messages, template_kwargs
+from edgeprefill.server.schemas import (
+    bool_field,
+    chat_field_given,
+    parse_messages,
+    template_kwargs,
+)
 from edgeprefill.values import is_int
 
 ReadJson = Callable[[Request], Awaitable[Any]]
@@ -122,6 +127,9 @@ class ExtraRoutes:
         if field == "messages":
             method, args, kwargs = "encode", (_messages(body),), _chat_options(body)
         else:
+            chat = chat_field_given(body)
+            if chat is not None:  # read only through the chat template
+                raise ApiError(400, f"'{chat}' is a chat field: send 'messages'", chat)
             text = body[field]
             if not isinstance(text, str):
                 raise ApiError(400, f"'{field}' must be a string", field)

@@ -85,12 +85,26 @@ class CompletionRequest:
     template_kwargs: dict[str, Any] = field(default_factory=dict)
 
 
+# Fields only a chat request (messages through the template) reads.
+CHAT_FIELDS = ("tools", "tool_choice", "chat_template_kwargs", "add_generation_prompt",
+               "reasoning_effort")
+
+
+def chat_field_given(body: dict) -> str | None:
+    """The first chat-only field `body` sets, or None; an empty `tools` list (which clients
+    send by habit) is as good as none."""
+    for name in CHAT_FIELDS:
+        value = body.get(name)
+        if value is not None and not (name == "tools" and value == []):
+            return name
+    return None
+
+
 def parse_completion(body: Any) -> CompletionRequest:
     body = _object(body)
-    for name in ("tools", "tool_choice", "chat_template_kwargs", "add_generation_prompt",
-                 "reasoning_effort"):
-        if body.get(name) not in (None, []):
-            raise ApiError(400, f"'{name}' is a chat field: use /v1/chat/completions", name)
+    name = chat_field_given(body)
+    if name is not None:
+        raise ApiError(400, f"'{name}' is a chat field: use /v1/chat/completions", name)
     return _request(body, _prompt(body.get("prompt")), COMPLETION_DEFAULT_MAX_TOKENS, "prompt")
 
 
