@@ -141,6 +141,24 @@ def top_word_id(top_words: Sequence[str], word: str, vocab: int = VOCAB) -> int:
     return vocab - len(top_words) + list(top_words).index(word)
 
 
+def word_bundle(hf_model, tmp_path_factory, name: str, top_words: Sequence[str],
+                chat_template: str) -> Path:
+    """The random llama exported with write_tokenizer's words and `chat_template` (chunks
+    16 and 64, 256 positions): the bundle of the server tests that script replies in
+    words (follow_tokens)."""
+    import shutil
+
+    from edgeprefill.export.exporter import ExportOptions, export
+
+    hf = tmp_path_factory.mktemp(f"hf-{name}")
+    shutil.copytree(hf_model("llama"), hf, dirs_exist_ok=True)
+    write_tokenizer(hf, top_words=top_words, chat_template=chat_template)
+    out = tmp_path_factory.mktemp(f"bundle-{name}")
+    export(hf, out, ExportOptions(chunks=(16, 64), max_context=256, show_progress=False,
+                                  overwrite=True))
+    return out
+
+
 @pytest.fixture(scope="module")
 def http(server):
     """An httpx client of the module's `server` fixture. One client for the module: a new

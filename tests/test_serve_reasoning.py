@@ -11,7 +11,6 @@ tool call without making one, and its `</think>` arrives in two tokens ("</" and
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Iterator
 
 import pytest
@@ -22,7 +21,7 @@ pytest.importorskip("starlette")
 
 from edgeprefill.sdk import Engine  # noqa: E402
 from edgeprefill.server import ServerConfig, ServerThread, create_app  # noqa: E402
-from tests.conftest import follow_tokens, top_word_id, write_tokenizer  # noqa: E402
+from tests.conftest import follow_tokens, top_word_id, word_bundle  # noqa: E402
 from tests.test_serve import MODEL, free_port  # noqa: E402
 from tests.test_serve_tools import CALL, WEATHER  # noqa: E402
 
@@ -51,14 +50,7 @@ def word_id(word: str) -> int:
 
 @pytest.fixture(scope="module")
 def engine(hf_model, tmp_path_factory) -> Iterator[Engine]:
-    from edgeprefill.export.exporter import ExportOptions, export
-
-    hf = tmp_path_factory.mktemp("hf-thinking")
-    shutil.copytree(hf_model("llama"), hf, dirs_exist_ok=True)
-    write_tokenizer(hf, top_words=WORDS, chat_template=TEMPLATE)
-    out = tmp_path_factory.mktemp("bundle-thinking")
-    export(hf, out, ExportOptions(chunks=(16, 64), max_context=256, show_progress=False,
-                                  overwrite=True))
+    out = word_bundle(hf_model, tmp_path_factory, "thinking", WORDS, TEMPLATE)
     engine = Engine.load(out, threads=1, kv_slots=4)
     follow_script(engine)
     yield engine

@@ -8,7 +8,6 @@ rendered: no access to the prompt is needed, and the route under test is the rea
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Iterator
 
 import pytest
@@ -21,7 +20,7 @@ from edgeprefill.sdk import Engine  # noqa: E402
 from edgeprefill.sdk.chat_template import ChatTemplate  # noqa: E402
 from edgeprefill.server import ServerConfig, ServerThread, create_app  # noqa: E402
 from edgeprefill.server.schemas import REASONING_EFFORTS, template_kwargs  # noqa: E402
-from tests.conftest import follow_tokens, top_word_id, write_tokenizer  # noqa: E402
+from tests.conftest import follow_tokens, top_word_id, word_bundle  # noqa: E402
 from tests.test_serve import MODEL, assert_error, free_port  # noqa: E402
 
 EOS = 2
@@ -38,14 +37,7 @@ QUESTION = [{"role": "user", "content": "hi"}]
 
 @pytest.fixture(scope="module")
 def server(hf_model, tmp_path_factory) -> Iterator[ServerThread]:
-    from edgeprefill.export.exporter import ExportOptions, export
-
-    hf = tmp_path_factory.mktemp("hf-effort")
-    shutil.copytree(hf_model("llama"), hf, dirs_exist_ok=True)
-    write_tokenizer(hf, top_words=WORDS, chat_template=TEMPLATE)
-    out = tmp_path_factory.mktemp("bundle-effort")
-    export(hf, out, ExportOptions(chunks=(16, 64), max_context=256, show_progress=False,
-                                  overwrite=True))
+    out = word_bundle(hf_model, tmp_path_factory, "effort", WORDS, TEMPLATE)
     engine = Engine.load(out, threads=1, kv_slots=2)
     word_ids = [top_word_id(WORDS, w) for w in WORDS]
     follow_tokens(engine, dict(zip(word_ids, word_ids, strict=True)), EOS)  # an echo

@@ -11,7 +11,6 @@ template, detokenizer, parser, response and stream shapes) is the real thing."""
 from __future__ import annotations
 
 import json
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,7 +23,7 @@ pytest.importorskip("starlette")
 from edgeprefill.sdk import Engine  # noqa: E402
 from edgeprefill.server import ServerConfig, ServerThread, create_app  # noqa: E402
 from edgeprefill.server.tools import _json_schema_constraint  # noqa: E402
-from tests.conftest import follow_tokens, top_word_id, write_tokenizer  # noqa: E402
+from tests.conftest import follow_tokens, top_word_id, word_bundle  # noqa: E402
 from tests.test_serve import MODEL, assert_error, free_port  # noqa: E402
 
 EOS = 2
@@ -56,15 +55,7 @@ def word_id(word: str) -> int:
 
 @pytest.fixture(scope="module")
 def tool_bundle(hf_model, tmp_path_factory) -> Path:
-    from edgeprefill.export.exporter import ExportOptions, export
-
-    hf = tmp_path_factory.mktemp("hf-tools")
-    shutil.copytree(hf_model("llama"), hf, dirs_exist_ok=True)
-    write_tokenizer(hf, top_words=WORDS, chat_template=TEMPLATE)
-    out = tmp_path_factory.mktemp("bundle-tools")
-    export(hf, out, ExportOptions(chunks=(16, 64), max_context=256, show_progress=False,
-                                  overwrite=True))
-    return out
+    return word_bundle(hf_model, tmp_path_factory, "tools", WORDS, TEMPLATE)
 
 
 def follow_script(engine: Engine) -> None:
