@@ -148,6 +148,8 @@ def test_longrope_beyond_the_original_window_uses_the_long_factors(tmp_path):
     ({"model_type": "mistral", "sliding_window": 0}, "sliding_window must be at least 1"),
     # HunYuanDenseV1Attention reads head_dim, null unless config.json gives it
     ({"model_type": "hunyuan_v1_dense"}, "hunyuan_v1_dense: config.json needs head_dim"),
+    ({"model_type": "qwen3_vl", "text_config": None}, "text_config must be an object, got null"),
+    ({"model_type": "gemma3", "text_config": []}, "text_config must be an object, got list"),
     ({"model_type": "phi3", "partial_rotary_factor": 1.5}, "rotary dimension 24 does not fit"),
     ({"rope_parameters": {"rope_type": "longrope", "short_factor": [1.0], "long_factor": [1.0],
                           "original_max_position_embeddings": 64}}, "longrope short_factor"),

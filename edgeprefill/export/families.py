@@ -132,7 +132,11 @@ class FamilySpec:
         return self.legacy(raw) if self.legacy is not None else raw
 
     def _language_model_config(self, raw: dict[str, Any]) -> dict[str, Any]:
-        inner = dict(raw[self.nested])  # a KeyError names the missing key
+        inner = raw[self.nested]  # a KeyError names the missing key
+        if not isinstance(inner, dict):
+            got = "null" if inner is None else type(inner).__name__
+            raise ValueError(f"{self.nested} must be an object, got {got}")
+        inner = dict(inner)
         for key, default in self.outer.items():
             value = raw.get(key, default)
             if value is not None:
