@@ -120,3 +120,17 @@ def test_an_int8_bundle_stays_close_to_fp32_either_way(hf_model, bundle, tmp_pat
     monkeypatch.setenv(int8_unsigned.MODE_ENV, "on")
     got = logits_at(tmp_path / "int8", ids)
     assert np.abs(got - reference).max() / np.abs(reference).max() < 0.05
+
+
+def test_without_proc_cpuinfo_the_flags_are_numpys(monkeypatch):
+    """Windows and macOS have no /proc/cpuinfo: numpy's detected features decide there."""
+    from numpy._core import _multiarray_umath
+
+    monkeypatch.delenv(int8_unsigned.MODE_ENV, raising=False)
+    monkeypatch.setattr(int8_unsigned, "cpu_identity", lambda: "Intel64 Family 6 Model 158")
+    monkeypatch.setattr(int8_unsigned.platform, "machine", lambda: "AMD64")
+    features = dict(_multiarray_umath.__cpu_features__, AVX2=True, AVX512VNNI=False)
+    monkeypatch.setattr(_multiarray_umath, "__cpu_features__", features)
+    assert int8_unsigned.cpu_flags() == {"avx2"} and int8_unsigned.saturates()
+    monkeypatch.setattr(_multiarray_umath, "__cpu_features__", dict(features, AVX512VNNI=True))
+    assert not int8_unsigned.saturates()

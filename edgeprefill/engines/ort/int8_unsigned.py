@@ -18,6 +18,7 @@ precision is lost, and where VNNI is present nothing changes. `EDGEPREFILL_INT8_
 
 from __future__ import annotations
 
+import importlib
 import os
 import platform
 from collections.abc import Callable
@@ -60,8 +61,26 @@ def saturates() -> bool:
         return chosen == "on"
     if platform.machine().lower() not in ("x86_64", "amd64", "i686", "x86"):
         return False  # Arm's dot products widen first
-    flags = cpu_identity().split()
+    flags = cpu_flags()
     return "avx2" in flags and not any(flag in flags for flag in NON_SATURATING)
+
+
+def cpu_flags() -> set[str]:
+    """The CPU's feature flags as Linux names them: /proc/cpuinfo's, else (Windows, macOS)
+    what numpy detected. numpy knows AVX512-VNNI but not AVX-VNNI or AMX, so there a CPU
+    with only those counts as saturating: uint8 weights, the same numbers, a little slower."""
+    identity = cpu_identity()
+    if "flags" in identity:
+        return set(identity.split())
+    features: dict[str, bool] = {}
+    for module in ("numpy._core._multiarray_umath", "numpy.core._multiarray_umath"):  # 2, 1
+        try:
+            features = importlib.import_module(module).__cpu_features__
+            break
+        except (ImportError, AttributeError):
+            continue
+    names = {"AVX2": "avx2", "AVX512VNNI": "avx512_vnni"}
+    return {linux for ours, linux in names.items() if features.get(ours)}
 
 
 def reason() -> str:
