@@ -34,7 +34,11 @@ from comparison.settings import QUICK_SHAPE, SMOLLM2_135M_SHAPE  # noqa: E402
 
 from edgeprefill.engines import BackendOptions, StepBatch  # noqa: E402
 
-CHUNKS = (512, 2048)
+CHUNKS = (512, 2048)  # prefill chunk sizes, each capped at the prompt's length
+
+
+def chunk_sizes(prompt: int) -> tuple[int, ...]:
+    return tuple(sorted({min(c, prompt) for c in CHUNKS}))
 BUNDLES = (("ort", "fp16"), ("standard", "fp16"), ("standard", "fp32"), ("ort", "fp32"))
 TORCH_DTYPES = {"fp16": "float16", "fp32": "float32"}
 
@@ -56,12 +60,13 @@ def build_model(out: Path, quick: bool) -> Path:
     return folder
 
 
-def export_bundle(model: Path, out: Path, flavor: str, dtype: str, context: int) -> Path:
+def export_bundle(model: Path, out: Path, flavor: str, dtype: str, context: int,
+                  chunks: tuple[int, ...]) -> Path:
     from edgeprefill.export.exporter import ExportOptions, export
 
-    bundle = out / f"bundle-{flavor}-{dtype}"
-    if not (bundle / "manifest.json").exists():
-        export(model, bundle, ExportOptions(flavor=flavor, dtype=dtype, chunks=CHUNKS,
+    bundle = out / f"bundle-{flavor}-{dtype}-{'-'.join(map(str, chunks))}-{context}"
+    if not (bundle / "edgeprefill.json").exists():
+        export(model, bundle, ExportOptions(flavor=flavor, dtype=dtype, chunks=chunks,
                                             max_context=context, overwrite=True,
                                             show_progress=False))
     return bundle
@@ -176,7 +181,7 @@ def measure(runtime: Runtime, ids: np.ndarray, steps: int, rows: int,
             results: dict[str, list[float]], tokens: dict[str, list[int]]) -> None:
     """One round of every measurement of `runtime` into `results` (name -> seconds)."""
     key = f"{runtime.name} {runtime.precision}"
-    chunks = CHUNKS if isinstance(runtime, Edgeprefill) else (len(ids),)
+    chunks = chunk_sizes(len(ids)) if isinstance(runtime, Edgeprefill) else (len(ids),)
     for chunk in chunks:
         seconds, logits = timed(lambda c=chunk: runtime.prefill(ids, c))
         results.setdefault(f"{key}|ttft {chunk}", []).append(seconds)
@@ -185,7 +190,7 @@ def measure(runtime: Runtime, ids: np.ndarray, steps: int, rows: int,
     results.setdefault(f"{key}|decode 1", []).append(steps / seconds)
     tokens[key] = [first, *got]
     if isinstance(runtime, Edgeprefill) and rows > 1:
-        runtime.prefill(ids, CHUNKS[-1])
+        runtime.prefill(ids, chunks[-1])
         seconds, _ = timed(lambda: runtime.decode(first, steps, rows))
         results.setdefault(f"{key}|decode {rows}", []).append(rows * steps / seconds)
 
@@ -269,7 +274,8 @@ def main(argv: list[str] | None = None) -> int:
     pairs = [tuple(p.split("-")) for p in args.bundles.split(",")]
     runtimes: list[Runtime] = []
     for flavor, dtype in pairs:
-        bundle = export_bundle(model, args.work, flavor, dtype, context)
+        bundle = export_bundle(model, args.work, flavor, dtype, context,
+                               chunk_sizes(args.prompt))
         try:
             runtimes.append(Edgeprefill(bundle, flavor, dtype, args.device, args.rows, context))
         except Exception as err:  # noqa: BLE001 - report and go on with the others
