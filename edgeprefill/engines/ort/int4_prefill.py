@@ -129,10 +129,15 @@ def describe(flavor: str, device: str = "cpu", rows: bool = False) -> str:
 
 
 def _variant(rows: bool) -> str:
-    """The switched variant: `mode()`, its int8 one quantizing each row on its own where
-    MatMulInt8 runs (`rows`)."""
+    """The switched variant: `mode()`; its int8 one quantizing each row on its own where
+    MatMulInt8 runs (`rows`), else on uint8 weights where this CPU's int8 GEMM would
+    saturate (engines/ort/int8_unsigned.py)."""
     variant = mode()
-    return "int8 rows" if variant == "int8" and rows else variant
+    if variant == "int8" and rows:
+        return "int8 rows"
+    if variant == "int8" and int8_unsigned.saturates():
+        return "uint8"
+    return variant
 
 
 def _unswitched(reason: str) -> str:
@@ -143,9 +148,9 @@ def _unswitched(reason: str) -> str:
 
 def describe_variant(variant: str) -> str:
     # Decode's projections are said apart (engines.ort.int4_decode, `inspect`'s int4 decode).
-    int8 = (f"uint8 weights derived at load {int8_unsigned.reason()}"
-            if int8_unsigned.saturates() else "int8 weights derived at load")
-    return {"int8": f"DynamicQuantizeMatMul on {int8}",
+    if variant == "uint8":
+        return f"DynamicQuantizeMatMul on uint8 weights derived at load {int8_unsigned.reason()}"
+    return {"int8": "DynamicQuantizeMatMul on int8 weights derived at load",
             "int8 rows": "MatMulInt8 on int8 weights derived at load (each row quantized on "
                          "its own)",
             "level0": "MatMulNBits accuracy level 0"}[variant]
@@ -252,8 +257,6 @@ def _int8(node: NodeProto, derived: Derived) -> list[NodeProto]:
     if not _derivable(node):
         return _level0(node, derived)  # zero points or other widths: not derived
     base = f"{PREFIX}.{node.input[1]}"
-    if int8_unsigned.saturates():  # this CPU's int8 GEMM would clip: uint8 weights instead
-        return _uint8(node, derived, f"{base}.uint8")
 
     def derive() -> tuple[np.ndarray, np.ndarray]:
         q, scale = _int8_codes(node, derived)
@@ -266,9 +269,12 @@ def _int8(node: NodeProto, derived: Derived) -> list[NodeProto]:
     )]
 
 
-def _uint8(node: NodeProto, derived: Derived, base: str) -> list[NodeProto]:
+def _uint8(node: NodeProto, derived: Derived) -> list[NodeProto]:
     """`_int8`'s codes as uint8 at a zero point of 128: the same numbers, which a CPU
     without VNNI multiplies without saturating (engines/ort/int8_unsigned.py)."""
+    if not _derivable(node):
+        return _level0(node, derived)
+    base = f"{PREFIX}.{node.input[1]}.uint8"
 
     def derive() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         q, scale = _int8_codes(node, derived)
@@ -305,5 +311,7 @@ def _int8_rows(node: NodeProto, derived: Derived) -> list[NodeProto]:
     )]
 
 
-# "int8 rows" is what `int8` becomes where the native MatMulInt8 runs (choose's `rows`).
-VARIANTS: dict[str, Variant] = {"int8": _int8, "int8 rows": _int8_rows, "level0": _level0}
+# What `int8` becomes where the native MatMulInt8 runs (choose's `rows`): "int8 rows"; where
+# the int8 GEMM would saturate: "uint8".
+VARIANTS: dict[str, Variant] = {"int8": _int8, "int8 rows": _int8_rows, "uint8": _uint8,
+                                "level0": _level0}
