@@ -22,6 +22,7 @@ import argparse
 import statistics
 import sys
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from pathlib import Path
 
@@ -75,15 +76,21 @@ def export_bundle(model: Path, out: Path, flavor: str, dtype: str, context: int,
 # ---- one runtime's steps: prefill a prompt, decode greedily
 
 
-class Runtime:
+class Runtime(ABC):
     name: str
     precision: str
 
-    def prefill(self, ids: np.ndarray, chunk: int) -> np.ndarray:  # last position's logits
-        raise NotImplementedError
+    @abstractmethod
+    def prefill(self, ids: np.ndarray, chunk: int) -> np.ndarray:
+        """The prompt `ids` in calls of `chunk` tokens; the last position's logits."""
 
-    def decode(self, first: int, steps: int, rows: int) -> list[int]:  # row 0's tokens
-        raise NotImplementedError
+    @abstractmethod
+    def decode(self, first: int, steps: int, rows: int) -> list[int]:
+        """`steps` greedy tokens after `first`, `rows` rows a call; row 0's tokens."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Free the runtime's model and memory."""
 
 
 class Edgeprefill(Runtime):
