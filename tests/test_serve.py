@@ -38,6 +38,26 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def serving(engine: Engine) -> ServerThread:
+    """`engine` behind the app, as MODEL, on a free port: `with serving(engine) as server`."""
+    return ServerThread(create_app(engine, ServerConfig(model_name=MODEL)), port=free_port())
+
+
+def assert_leaving_stops_the_reply(http, engine: Engine, path: str, body: dict,
+                                   lines: int) -> None:
+    """A client that reads `lines` lines of a long streamed reply (400 tokens, slowed down)
+    and closes the connection stops it long before its end."""
+    before = engine.metrics().decode_tokens
+    with http.stream("POST", path, json=body) as response:
+        read = response.iter_lines()
+        for _ in range(lines):
+            next(read)
+        assert engine.metrics().kv_active == 1
+    # Leaving the block closed the connection mid-stream.
+    wait_idle(engine)
+    assert engine.metrics().decode_tokens - before < 200  # stopped long before 400
+
+
 @pytest.fixture(scope="module")
 def engine(bundle) -> Iterator[Engine]:
     # The conftest's tiny llama: words w0..w127, context 512, chunk buckets 16 and 64.
@@ -358,16 +378,8 @@ def test_client_leaving_mid_stream_cancels_the_request_and_frees_its_kv(
     http, engine, monkeypatch
 ):
     slow_down(monkeypatch, engine, 0.005)
-    before = engine.metrics().decode_tokens
     body = {"model": MODEL, "prompt": "w5 w6", "max_tokens": 400, "stream": True, **NO_EOS}
-    with http.stream("POST", "/v1/completions", json=body) as response:
-        lines = response.iter_lines()
-        for _ in range(3):
-            next(lines)
-        assert engine.metrics().kv_active == 1
-    # Leaving the block closed the connection mid-stream.
-    wait_idle(engine)
-    assert engine.metrics().decode_tokens - before < 200  # stopped long before 400
+    assert_leaving_stops_the_reply(http, engine, "/v1/completions", body, lines=3)
     assert engine.kv.usage().active == 0
 
 

@@ -18,10 +18,10 @@ pytest.importorskip("starlette")
 
 from edgeprefill.sdk import Engine  # noqa: E402
 from edgeprefill.sdk.chat_template import ChatTemplate  # noqa: E402
-from edgeprefill.server import ServerConfig, ServerThread, create_app  # noqa: E402
+from edgeprefill.server import ServerThread  # noqa: E402
 from edgeprefill.server.schemas import REASONING_EFFORTS, template_kwargs  # noqa: E402
 from tests.conftest import follow_tokens, top_word_id, word_bundle  # noqa: E402
-from tests.test_serve import MODEL, assert_error, free_port  # noqa: E402
+from tests.test_serve import MODEL, assert_error, serving  # noqa: E402
 
 EOS = 2
 # What the template may end with: the effort (or "unset"), "-off" when thinking is off.
@@ -41,8 +41,7 @@ def server(hf_model, tmp_path_factory) -> Iterator[ServerThread]:
     engine = Engine.load(out, threads=1, kv_slots=2)
     word_ids = [top_word_id(WORDS, w) for w in WORDS]
     follow_tokens(engine, dict(zip(word_ids, word_ids, strict=True)), EOS)  # an echo
-    with ServerThread(create_app(engine, ServerConfig(model_name=MODEL)),
-                      port=free_port()) as server:
+    with serving(engine) as server:
         yield server
     engine.close()
 

@@ -15,12 +15,13 @@ openai = pytest.importorskip("openai")
 pytest.importorskip("starlette")
 
 from edgeprefill.sdk import Engine  # noqa: E402
-from edgeprefill.server import ServerConfig, ServerThread, create_app  # noqa: E402
+from edgeprefill.server import ServerThread  # noqa: E402
 from tests.test_serve import (  # noqa: E402
     MODEL,
     NO_EOS,
     assert_error,
-    free_port,
+    assert_leaving_stops_the_reply,
+    serving,
     slow_down,
     wait_idle,
 )
@@ -35,8 +36,7 @@ def engine(bundle) -> Iterator[Engine]:
 
 @pytest.fixture(scope="module")
 def server(engine) -> Iterator[ServerThread]:
-    with ServerThread(create_app(engine, ServerConfig(model_name=MODEL)),
-                      port=free_port()) as server:
+    with serving(engine) as server:
         yield server
 
 
@@ -181,16 +181,9 @@ def test_an_unknown_model_is_a_404_naming_it(client):
 
 def test_a_client_leaving_mid_stream_cancels_the_response(http, engine, monkeypatch):
     slow_down(monkeypatch, engine, 0.005)
-    before = engine.metrics().decode_tokens
     body = {"model": MODEL, "input": "w5 w6", "max_output_tokens": 400, "stream": True,
             **NO_EOS}
-    with http.stream("POST", "/v1/responses", json=body) as response:
-        lines = response.iter_lines()
-        for _ in range(12):
-            next(lines)
-        assert engine.metrics().kv_active == 1
-    wait_idle(engine)
-    assert engine.metrics().decode_tokens - before < 200  # stopped long before 400
+    assert_leaving_stops_the_reply(http, engine, "/v1/responses", body, lines=12)
 
 
 def test_an_engine_failure_is_a_500_or_error_and_failed_events(client, http, engine,

@@ -21,10 +21,10 @@ httpx = pytest.importorskip("httpx")
 pytest.importorskip("starlette")
 
 from edgeprefill.sdk import Engine  # noqa: E402
-from edgeprefill.server import ServerConfig, ServerThread, create_app  # noqa: E402
+from edgeprefill.server import ServerThread  # noqa: E402
 from edgeprefill.server.tools import _json_schema_constraint  # noqa: E402
 from tests.conftest import follow_tokens, top_word_id, word_bundle  # noqa: E402
-from tests.test_serve import MODEL, assert_error, free_port  # noqa: E402
+from tests.test_serve import MODEL, assert_error, serving  # noqa: E402
 
 EOS = 2
 CALL = ['<tool_call>', '{"name":', '"get_weather",', '"arguments":', '{"city":', '"Paris"}}',
@@ -71,8 +71,7 @@ def follow_script(engine: Engine) -> None:
 def server(tool_bundle) -> Iterator[ServerThread]:
     engine = Engine.load(tool_bundle, threads=1, kv_slots=2)
     follow_script(engine)
-    with ServerThread(create_app(engine, ServerConfig(model_name=MODEL)),
-                      port=free_port()) as server:
+    with serving(engine) as server:
         yield server
     engine.close()
 

@@ -20,7 +20,7 @@ pytest.importorskip("starlette")
 import edgeprefill  # noqa: E402
 from edgeprefill.sdk import Engine  # noqa: E402
 from edgeprefill.server import ServerConfig, ServerThread, create_app  # noqa: E402
-from tests.test_serve import MODEL, NO_EOS, assert_error, free_port  # noqa: E402
+from tests.test_serve import MODEL, NO_EOS, assert_error, free_port, serving  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -32,8 +32,7 @@ def engine(bundle) -> Iterator[Engine]:
 
 @pytest.fixture(scope="module")
 def server(engine) -> Iterator[ServerThread]:
-    with ServerThread(create_app(engine, ServerConfig(model_name=MODEL)),
-                      port=free_port()) as server:
+    with serving(engine) as server:
         yield server
 
 
