@@ -226,7 +226,24 @@ def test_inspect_and_stats_say_whether_steps_fuse(bundle, library, monkeypatch):
     assert backend_line(engine.backend).endswith("prefill chunk and decode rows in one call")
     engine.close()
     monkeypatch.setenv("EDGEPREFILL_KERNELS", "off")
-    assert "two calls (the stock GroupQueryAttention" in steps(bundle("llama"))
+    assert steps(bundle("llama")).endswith(
+        "two calls (the stock GroupQueryAttention takes one row per call with a past; one call "
+        "with the native kernels)")
+
+
+def test_no_native_kernel_hint_where_they_would_not_take_the_attention(bundle, library):
+    """Hunyuan's rotary runs outside its attention node, which the kernels do not take: the
+    stock attention's reason must not send the user to them (inspect and --stats agree)."""
+    from edgeprefill.cli.report import backend_line
+
+    line = steps(bundle("hunyuan_v1_dense"))
+    assert line.endswith("two calls (the stock GroupQueryAttention takes one row per call "
+                         "with a past)")
+    engine = Engine.load(bundle("hunyuan_v1_dense"), threads=1, background=False,
+                         warm_up=False)
+    assert "native kernels" not in engine.backend.why_not_fused
+    assert "native kernels" not in backend_line(engine.backend)
+    engine.close()
 
 
 @pytest.fixture

@@ -33,13 +33,14 @@ def inspect(bundle, verify, as_json):
     eos = list(dict.fromkeys([*m.eos_token_ids, *defaults.eos_token_ids]))
     kernels = describe(graph.flavor, graph.dtype)
     native = kernels == NATIVE  # the library runs here: what the projections' switches need
-    taken = _attention_taken(bundle, m) if native else "none"  # as the backend finds at load
+    # Which attention nodes the kernels take, as the backend finds at load where they run.
+    taken = _attention_taken(bundle, m) if graph.flavor == "ort" else "none"
     if native and taken == "none":
         kernels = f"{STOCK} ({NO_ATTENTION})"
     stock_attention = kernels != NATIVE
     # A step fuses only where no GroupQueryAttention is left (fusing.stock_attention).
-    any_stock_attention = taken != "every"
-    if taken == "some":  # e.g. sliding-window layers keep GroupQueryAttention
+    any_stock_attention = taken != "every" or not native
+    if native and taken == "some":  # e.g. sliding-window layers keep GroupQueryAttention
         kernels = f"{kernels}; some attention layers stay {STOCK}"
     bf16_kv = _bf16_kv_here(native and taken == "every")
     lines = [
@@ -57,7 +58,7 @@ def inspect(bundle, verify, as_json):
         *_int8_line(graph, native),
         *_compute_line(graph, native, stock_attention, bf16_kv),
         _kv_line(m, bf16_kv),
-        _steps_line(graph, native, any_stock_attention),
+        _steps_line(graph, native, any_stock_attention, taken == "every"),
         *_derived_line(bundle, m),
         f"eos ids     {eos}",
         f"sampling    {defaults.describe()}  (generation_config.json; requests may override)",
@@ -137,10 +138,11 @@ def _attention_taken(bundle, manifest) -> str:
     return "some" if takes_attention(graph) else "none"
 
 
-def _steps_line(graph, native: bool, stock_attention: bool) -> str:
+def _steps_line(graph, native: bool, stock_attention: bool, kernels_take_it: bool) -> str:
     """Whether a step's prefill chunk and decode rows can share one call here: what the
     backend decides (engines/ort/fusing.py), with the attention that runs here and the
-    projections the load-time rewrites would run."""
+    projections the load-time rewrites would run (`kernels_take_it`: the native kernels
+    would take every attention node)."""
     from edgeprefill.engines.ort.fusing import why_not
     from edgeprefill.errors import BackendError
 
@@ -148,7 +150,7 @@ def _steps_line(graph, native: bool, stock_attention: bool) -> str:
         projections = _quantized_ops(graph, native)
     except BackendError as err:  # a refused switch: its own line says it too
         return f"steps       {err}"
-    why = why_not(graph, stock_attention, projections)
+    why = why_not(graph, stock_attention, projections, kernels_take_it)
     if why is not None:
         return f"steps       a prefill chunk and the decode rows in two calls ({why})"
     rows = (f"; {graph.quantization} projections quantizing each row on its own"

@@ -76,6 +76,13 @@ def cpu_has_bf16() -> bool:
     return "avx512_bf16" in cpu_identity().split()
 
 
+def cpu_has_avx512() -> bool:
+    """AVX-512 Foundation: the kernels' vector code (Zen 4/5, Intel server since Skylake-SP).
+    Elsewhere (AVX2-only x86: Zen 1-3, Intel client CPUs since Alder Lake; Arm) the library
+    builds its portable loops instead, which run slower than ONNX Runtime's own ops."""
+    return "avx512f" in cpu_identity().split()
+
+
 def l1_data_bytes(cpu_dir: Path = Path("/sys/devices/system/cpu/cpu0/cache")) -> int | None:
     """The first CPU's level-1 data cache in bytes, from sysfs (None where it says nothing)."""
     for index in sorted(cpu_dir.glob("index*")):

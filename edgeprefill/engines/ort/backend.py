@@ -63,6 +63,7 @@ from edgeprefill.errors import BackendError
 from edgeprefill.kernels.build import library_path
 from edgeprefill.kernels.rms_norm import fold_norms
 from edgeprefill.kernels.select import choose as choose_kernels
+from edgeprefill.kernels.select import takes_every_attention
 from edgeprefill.kernels.select import why_not as kernels_why_not
 from edgeprefill.kernels.swiglu import fold_gated
 
@@ -190,7 +191,7 @@ class OnnxRuntimeBackend(Backend):
         # A chunk and other requests' decode rows share a call where that changes no row's
         # numbers (engines/ort/fusing.py); else this says why not.
         self._why_not_fused = why_not_fused(manifest.graph, stock_attention(graph),
-                                            quantized_ops(graph))
+                                            quantized_ops(graph), takes_every_attention(graph))
         # int4 prefill switches projections on "the chunk is one token": one If per step.
         self.switches = merge_switches(graph)
         # A SwiGlu after a native gate/up projection runs inside it (kernels/swiglu.py);

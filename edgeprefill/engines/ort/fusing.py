@@ -41,18 +41,20 @@ STOCK_QUANTIZED = ("DynamicQuantizeMatMul", "MatMulNBits", "MatMulInteger")
 
 
 def why_not(info: GraphInfo, stock_attention: bool,
-            projections: Iterable[str] = ()) -> str | None:
+            projections: Iterable[str] = (), kernels_take_it: bool = False) -> str | None:
     """Why a step's chunk and decode rows run as two calls with this bundle (`info`: the
     manifest's word on its graph; `stock_attention`: ONNX Runtime's GroupQueryAttention runs
     here, not the native kernels; `projections`: the quantized projections' op types that
-    run, `quantized_ops`), or None where one call gives every row its own tokens. The
-    backend and `inspect` both ask."""
+    run, `quantized_ops`; `kernels_take_it`: the native kernels would take every attention
+    node, where they ran: then saying so is a way to one call), or None where one call gives
+    every row its own tokens. The backend and `inspect` both ask."""
     if not info.packed_tokens:
         return ("a TensorRT-ready graph keeps static shapes" if info.flavor == "standard"
                 else "exported before packed tokens: re-export to fuse")
     if stock_attention:
-        return ("the stock GroupQueryAttention takes one row per call with a past; one call "
-                "with the native kernels")
+        # Not a hint where the kernels could not help (softcap, NoPE, rotary outside).
+        return ("the stock GroupQueryAttention takes one row per call with a past"
+                + ("; one call with the native kernels" if kernels_take_it else ""))
     if info.quantization is not None:
         return _why_not_quantized(info.quantization, set(projections))
     return None
