@@ -133,6 +133,26 @@ def test_store_metadata_user_and_reasoning_are_accepted(client):
     assert reply.metadata == {"k": "v"} and reply.user == "u1"
 
 
+
+def test_the_response_echoes_the_request_s_reasoning(http):
+    """As OpenAI's Response does: `effort` and `summary` as sent, null where not sent, in
+    the whole Response and in every event that carries it. It said null for both always."""
+    cases = [(None, {"effort": None, "summary": None}),
+             ({"effort": "low", "summary": "auto"}, {"effort": "low", "summary": "auto"}),
+             ({"effort": "none"}, {"effort": "none", "summary": None}),
+             ({"generate_summary": "concise"}, {"effort": None, "summary": "concise"})]
+    for reasoning, echoed in cases:
+        body = {"model": MODEL, "input": "w4", "max_output_tokens": 2,
+                "reasoning": reasoning, **NO_EOS}
+        assert http.post("/v1/responses", json=body).json()["reasoning"] == echoed
+        with http.stream("POST", "/v1/responses", json={**body, "stream": True}) as response:
+            events = [json.loads(line[6:]) for line in response.iter_lines()
+                      if line.startswith("data: ")]
+        carrying = [e for e in events if "response" in e]
+        assert [e["type"] for e in carrying] == [
+            "response.created", "response.in_progress", "response.incomplete"]
+        assert all(e["response"]["reasoning"] == echoed for e in carrying)
+
 REFUSED = [
     ({"previous_response_id": "resp_1"}, "previous_response_id", None),
     ({"conversation": "conv_1"}, "conversation", None),

@@ -190,8 +190,7 @@ class ResponseHead:
         return {"id": self.id, "object": "response", "created_at": self.created_at,
                 "status": status, "error": error, "incomplete_details": incomplete,
                 "model": self.model, "output": output, "previous_response_id": None,
-                "reasoning": {"effort": None, "summary": None}, "store": False,
-                "truncation": "disabled", **self.echo, "usage": usage}
+                "store": False, "truncation": "disabled", **self.echo, "usage": usage}
 
 
 def response_status(finish_reason: str | None) -> str:

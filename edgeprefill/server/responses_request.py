@@ -11,7 +11,8 @@ Errors then name the Responses field (`responses_error`).
   level, and `tool_choice` names a function as `{"type": "function", "name": ...}`;
 - `reasoning.effort` is the chat route's `reasoning_effort` (the chat template's
   `reasoning_effort` and `enable_thinking`, server/schemas.py); `reasoning.summary` is
-  accepted and ignored (the reasoning item carries the whole text);
+  accepted and ignored (the reasoning item carries the whole text); the Response echoes
+  both;
 - `store` is accepted and nothing is stored, as vLLM does by default (it keeps
   responses only behind VLLM_ENABLE_RESPONSES_API_STORE, and then forever) and as
   llama.cpp's server does: OpenAI's default is true, so clients send it without meaning
@@ -89,7 +90,16 @@ def response_echo(body: dict) -> dict[str, Any]:
     for name, default in ECHOED_DEFAULTS.items():
         if echo[name] is None:
             echo[name] = default
-    return echo
+    return {**echo, "reasoning": _reasoning_echo(body.get("reasoning"))}
+
+
+def _reasoning_echo(reasoning: dict | None) -> dict[str, Any]:
+    """`reasoning` as OpenAI's Response repeats it: `effort` and `summary`, null where
+    not sent (`generate_summary` is the deprecated name of `summary`)."""
+    reasoning = reasoning or {}
+    summary = reasoning.get("summary")
+    return {"effort": reasoning.get("effort"),
+            "summary": reasoning.get("generate_summary") if summary is None else summary}
 
 
 def responses_error(err: ApiError) -> ApiError:
