@@ -55,3 +55,21 @@ def test_a_load_on_an_avx2_cpu_runs_the_stock_graph(tiny_bundle, monkeypatch):
     assert engine.backend.kernels.library is None
     assert "this CPU has no AVX-512" in engine.backend.kernels.described
     engine.close()
+
+
+def test_inspect_says_what_runs_without_the_kernels(tiny_bundle, monkeypatch):
+    """Its kernels, compute and steps lines on an AVX2 CPU under `auto`."""
+    from click.testing import CliRunner
+
+    from edgeprefill.cli.main import cli
+
+    monkeypatch.setattr(select, "cpu_has_avx512", lambda: False)
+    monkeypatch.delenv(select.MODE_ENV, raising=False)
+    lines = CliRunner().invoke(cli, ["inspect", str(tiny_bundle)]).output.splitlines()
+    shown = {line[:12].strip(): line[12:] for line in lines if line[:12].strip()}
+    assert shown["kernels"].startswith(f"{select.STOCK} (this CPU has no AVX-512")
+    assert shown["compute"] == ("fp32 (exact, the default); --compute bf16 needs the native "
+                                "kernels, which do not run here")
+    assert shown["steps"] == ("a prefill chunk and the decode rows in two calls (the stock "
+                              "GroupQueryAttention takes one row per call with a past; one "
+                              "call with the native kernels)")

@@ -214,7 +214,10 @@ def _compute_line(graph, native: bool, stock_attention: bool, kv_cache: bool) ->
     from edgeprefill.kernels.select import STOCK
 
     default = "fp32 (exact, the default)" if not graph.quantization else "fp32 (the default)"
-    if native and stock_attention and graph.quantization:  # what the load refuses
+    if not native:  # what the load refuses (the kernels line says why they do not run)
+        return [f"compute     {default}; --compute bf16 needs the native kernels, which do "
+                "not run here"]
+    if stock_attention and graph.quantization:  # what the load refuses
         return [f"compute     {default}; --compute bf16: nothing to run in bf16 here (the "
                 f"quantized projections as exported, the attention {STOCK})"]
     bf16 = describe_bf16(projections=not graph.quantization,
