@@ -5,6 +5,7 @@ torch's weights-only loader where torch is installed."""
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +20,7 @@ TORCH_FILE = "pytorch_model.bin"
 
 
 BUFFERS = ("rotary_emb.inv_freq", "attention.bias", "attention.masked_bias")
+SAME_BLOCK = 1 << 24  # elements per block compared by Checkpoint.same (64 MB in float32)
 
 
 class Checkpoint:
@@ -70,6 +72,24 @@ class Checkpoint:
         self.read.add(name)
         return tensor.astype(dtype, copy=False)
 
+    def same(self, a: str, b: str) -> bool:
+        """Whether two tensors of at least one dimension hold the same values (as
+        torch.equal), read a block of rows at a time: an embedding and a head of a large
+        vocabulary are never both in memory. Neither counts as read."""
+        shape = self.shape(a)
+        if shape != self.shape(b):
+            return False
+        step = max(1, SAME_BLOCK // max(1, math.prod(shape[1:])))
+        blocks = [(start, min(start + step, shape[0])) for start in range(0, shape[0], step)]
+        return all(np.array_equal(self._rows(a, *block), self._rows(b, *block))
+                   for block in blocks)
+
+    def _rows(self, name: str, start: int, stop: int) -> np.ndarray:
+        path, stored = self._require(name)
+        part = self._handle(path).get_slice(stored)
+        # safetensors' slices do not clip: `stop` is within the tensor
+        return np.asarray(part[start:stop], np.float32)  # bf16 and fp16 widen exactly
+
     def unused(self) -> list[str]:
         """Tensors the export did not take, beyond buffers transformers recomputes (rotary
         inv_freq, GPT-NeoX's causal-mask buffers): a config that disagrees with its
@@ -113,23 +133,31 @@ class TorchFile:
     def keys(self) -> list[str]:
         return list(self.tensors)
 
-    def get_slice(self, name: str) -> TorchFile._Shape:
-        return TorchFile._Shape(tuple(self.tensors[name].shape))
+    def get_slice(self, name: str) -> TorchFile._Slice:
+        return TorchFile._Slice(self.tensors[name])
 
     def get_tensor(self, name: str) -> np.ndarray:
-        import torch
+        return _to_numpy(self.tensors[name])
 
-        tensor = self.tensors[name]
-        if tensor.dtype == torch.bfloat16:  # numpy has no bfloat16: exactly widened
-            tensor = tensor.float()
-        return tensor.numpy()
+    class _Slice:
+        """A tensor's shape and rows, as safetensors' get_slice gives them."""
 
-    class _Shape:
-        def __init__(self, shape: tuple[int, ...]) -> None:
-            self.shape = shape
+        def __init__(self, tensor) -> None:
+            self.tensor = tensor
 
         def get_shape(self) -> tuple[int, ...]:
-            return self.shape
+            return tuple(self.tensor.shape)
+
+        def __getitem__(self, rows) -> np.ndarray:
+            return _to_numpy(self.tensor[rows])
+
+
+def _to_numpy(tensor) -> np.ndarray:
+    import torch
+
+    if tensor.dtype == torch.bfloat16:  # numpy has no bfloat16: exactly widened
+        tensor = tensor.float()
+    return tensor.numpy()
 
 
 def _renamed(name: str, renames: tuple[tuple[str, str], ...]) -> str:

@@ -34,6 +34,7 @@ from edgeprefill.export.checkpoint import Checkpoint
 from edgeprefill.export.families import TensorNames
 from edgeprefill.export.flavors import Flavor, StepTensors
 from edgeprefill.export.graph import GraphBuilder
+from edgeprefill.export.lm_head import head_weight
 from edgeprefill.export.model_config import LayerAttention, ModelConfig
 from edgeprefill.export.quantize import QuantConfig
 from edgeprefill.export.tokens import PackedTokens, PaddedTokens
@@ -311,10 +312,7 @@ class DecoderBuilder:
         original, all of it read by the packing). Kept apart, the Gather's table stays
         memory-mapped and only the rows of tokens seen are resident: 108 MiB less RSS
         after load on the SmolLM2-135M shape, for 113 MB more on disk (docs/benchmarks.md)."""
-        if self.cfg.tie_embeddings:
-            name = self.w.resolve(self.names.embed)
-        else:
-            name = self.w.resolve(tuple(h + ".weight" for h in self.names.lm_head))
+        name = head_weight(self.ckpt, self.cfg)
         self._check_vocab_shape(name)
         bias = None
         if self.cfg.spec.lm_head_bias:

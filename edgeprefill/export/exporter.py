@@ -27,6 +27,7 @@ from edgeprefill.export.config_checks import check_tokenizer_fits
 from edgeprefill.export.decoder import DecoderBuilder
 from edgeprefill.export.flavors import flavor_class
 from edgeprefill.export.graph import GraphBuilder
+from edgeprefill.export.lm_head import warn_if_kept_apart
 from edgeprefill.export.model_config import ModelConfig
 from edgeprefill.export.quantize import QuantConfig
 from edgeprefill.export.staging import staged
@@ -97,7 +98,8 @@ def export(hf_dir: str | Path, out_dir: str | Path, options: ExportOptions) -> M
         flavor = flavor_class(options.flavor)(cfg, DTYPES[options.dtype], max_context)
         g = DecoderBuilder(cfg, ckpt, flavor, options.quant).build()
         initializers = write_external_data(g.weights, stage / DATA_FILE, options.show_progress)
-        _warn_unused(ckpt, cfg)  # weights are read as they are written
+        _warn_unused(ckpt)  # weights are read as they are written
+        warn_if_kept_apart(ckpt, cfg)
         _say_left_out(ckpt)
         model = g.to_model(initializers, flavor.opsets, IR_VERSION[options.flavor])
         onnx.save_model(model, stage / GRAPH_FILE)
@@ -109,11 +111,10 @@ def export(hf_dir: str | Path, out_dir: str | Path, options: ExportOptions) -> M
     return manifest
 
 
-def _warn_unused(ckpt: Checkpoint, cfg: ModelConfig) -> None:
+def _warn_unused(ckpt: Checkpoint) -> None:
     # A warning, as transformers' "Some weights of the model checkpoint were not used":
-    # a pruned model's config may mean it. A tied model's saved lm_head is the embedding
-    # (transformers ties it without a word).
-    unused = [n for n in ckpt.unused() if not (cfg.tie_embeddings and n == "lm_head.weight")]
+    # a pruned model's config may mean it. (A tied model's stored head is read: lm_head.py.)
+    unused = ckpt.unused()
     if unused:
         shown = ", ".join(unused[:4]) + (f" and {len(unused) - 4} more" if len(unused) > 4
                                          else "")
