@@ -37,7 +37,7 @@ def model_rotary(family: str, raw: dict):
     """The rotary embedding module of the family's transformers model built from `raw`."""
     keys = {k: v for k, v in raw.items() if k != "model_type"}
     config = transformers.AutoConfig.for_model(family, **{"pad_token_id": 0, **keys})
-    return transformers.AutoModelForCausalLM.from_config(config).model.rotary_emb
+    return transformers.AutoModelForCausalLM.from_config(config).base_model.rotary_emb
 
 
 def model_cos(rotary, context: int, family: str = "llama", *layer_type: str) -> np.ndarray:
@@ -408,7 +408,10 @@ def assert_local_and_global_ropes_are_the_models(model_type: str, raw: dict) -> 
     {"rope_parameters": {"full_attention": {"rope_type": "linear", "factor": 2.0,
                                             "rope_theta": 1e6},
                          "sliding_attention": {"rope_type": "default", "rope_theta": 5e3}}},
-], ids=("defaults", "legacy theta", "legacy scaling", "per layer type"))
+    {"rope_scaling": {"rope_type": "linear", "factor": 4.0},
+     "rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 1e6},
+                         "sliding_attention": {"rope_type": "default", "rope_theta": 5e3}}},
+], ids=("defaults", "legacy theta", "legacy scaling", "per layer type", "both"))
 def test_olmo3_local_and_global_ropes_are_the_models(keys):
     # Olmo3Config gives a legacy rope_theta and rope_scaling to the global layers only.
     raw = {"model_type": "olmo3", **MINIMAL, "sliding_window": 8, **keys}
@@ -447,6 +450,51 @@ def test_hunyuan_ropes_are_the_models(keys):
     freqs = np.outer(np.arange(2048, dtype=np.float32), rope.inv_freq())
     np.testing.assert_allclose(np.cos(freqs), model_cos(model_rotary("hunyuan_v1_dense", raw),
                                                         2048), atol=1e-5)
+
+
+# A config with both rope keys (a transformers 5 save of an older config, edited by
+# hand): the legacy `rope_scaling` replaces `rope_parameters` whole, its theta and partial
+# rotary factor included, which then come from the top level or the class's defaults.
+BOTH_ROPES = {
+    "llama": {"rope_parameters": {"rope_type": "default", "rope_theta": 1000.0},
+              "rope_scaling": {"rope_type": "linear", "factor": 4.0}},
+    "qwen2": {"rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1000.0},
+              "rope_scaling": {"type": "yarn", "factor": 4.0,
+                               "original_max_position_embeddings": 1024},
+              "rope_theta": 50000.0},
+    "gpt_neox": {"rope_parameters": {"rope_type": "default", "rope_theta": 1000.0,
+                                     "partial_rotary_factor": 1.0},
+                 "rope_scaling": {"rope_type": "linear", "factor": 2.0}},
+    "phi3": {"rope_parameters": {"rope_type": "default", "rope_theta": 1000.0},
+             "rope_scaling": {"type": "longrope", "short_factor": SHORT[:8],
+                              "long_factor": LONG[:8]},
+             "original_max_position_embeddings": 1024},
+}
+
+
+@pytest.mark.parametrize("family", sorted(BOTH_ROPES))
+def test_rope_scaling_wins_over_rope_parameters_as_in_transformers(family):
+    raw = {**BASE, "model_type": family, **BOTH_ROPES[family]}
+    if family == "gpt_neox":
+        raw["num_key_value_heads"] = 4
+    rotary = model_rotary(family, json.loads(json.dumps(raw)))  # the class edits its dicts
+    rope = ModelConfig.from_hf(raw).for_context(2048).ropes[GLOBAL]
+    assert rope.kind != BOTH_ROPES[family]["rope_parameters"]["rope_type"]
+    freqs = np.outer(np.arange(2048, dtype=np.float32), rope.inv_freq())
+    np.testing.assert_allclose(np.cos(freqs) * np.float32(rope.cos_sin_scale()),
+                               model_cos(rotary, 2048, family), atol=1e-4)
+
+
+def test_gemma3_rope_scaling_updates_the_global_entry_of_rope_parameters():
+    # Gemma3TextConfig merges a legacy rope_scaling into rope_parameters' full_attention
+    # (its keys winning), and leaves the local layers' rope alone.
+    raw = {"model_type": "gemma3_text", **MINIMAL, "head_dim": 16, "sliding_window": 8,
+           "sliding_window_pattern": 4, "rope_scaling": {"rope_type": "linear", "factor": 4.0},
+           "rope_parameters": {
+               "full_attention": {"rope_type": "default", "rope_theta": 5e4},
+               "sliding_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 5e3}}}
+    assert ModelConfig.from_hf(raw).ropes[GLOBAL].theta == 5e4
+    assert_local_and_global_ropes_are_the_models("gemma3_text", raw)
 
 
 def test_legacy_values_read_as_transformers_rewrites_them():

@@ -12,6 +12,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from edgeprefill.export.rope import rope_params
+
 
 @dataclass(frozen=True)
 class TensorNames:
@@ -180,7 +182,7 @@ def _phi3_longrope(raw: dict[str, Any]) -> dict[str, Any]:
 
 def _neox_rotary_base(raw: dict[str, Any]) -> dict[str, Any]:
     # GPTNeoXConfig: `rotary_emb_base` is the older name of rope_theta.
-    params = raw.get("rope_parameters") or {}
+    params = rope_params(raw)
     if raw.get("rope_theta") is None and "rope_theta" not in params:
         raw = {**raw, "rope_theta": raw.get("rotary_emb_base", 10000.0)}
     return raw
@@ -196,7 +198,20 @@ def _olmo3_ropes(raw: dict[str, Any]) -> dict[str, Any]:
     full.setdefault("rope_theta", raw.get("rope_theta", OLMO3_THETA))
     sliding = {"rope_type": "default", "rope_theta": OLMO3_THETA,
                **(params.get("sliding_attention") or {})}
-    return {**raw, "rope_parameters": {"full_attention": full, "sliding_attention": sliding}}
+    rest = {k: v for k, v in raw.items() if k != "rope_scaling"}  # merged: read no more
+    return {**rest, "rope_parameters": {"full_attention": full, "sliding_attention": sliding}}
+
+
+def _gemma3_ropes(raw: dict[str, Any]) -> dict[str, Any]:
+    # Gemma3TextConfig: a legacy `rope_scaling` updates the global layers' entry of
+    # `rope_parameters` (its keys win, the entry's others stay), never the local layers'.
+    scaling = raw.get("rope_scaling")
+    if scaling is None:
+        return raw
+    params = raw.get("rope_parameters") or {}
+    full = {"rope_type": "default", **(params.get("full_attention") or {}), **scaling}
+    rest = {k: v for k, v in raw.items() if k != "rope_scaling"}
+    return {**rest, "rope_parameters": {**params, "full_attention": full}}
 
 
 def _mrope_as_default(raw: dict[str, Any]) -> dict[str, Any]:
@@ -314,7 +329,7 @@ FAMILIES: dict[str, FamilySpec] = {
     ),
     "gemma3_text": replace(
         GEMMA, block="sandwich", qk_norm="head", window="always", sliding=_every_nth_global,
-        softcaps=("final",), legacy=None, act_key="hidden_activation",
+        softcaps=("final",), legacy=_gemma3_ropes, act_key="hidden_activation",
         defaults={"head_dim": 256, "max_position_embeddings": 131072, "sliding_window": 4096,
                   "query_pre_attn_scalar": 256, "rope_theta": 1_000_000.0,
                   "rope_local_base_freq": 10000.0},
@@ -328,7 +343,7 @@ FAMILIES: dict[str, FamilySpec] = {
     # Gemma3ForCausalLM, the multimodal model applies no final soft-cap.
     "gemma3": replace(
         GEMMA, block="sandwich", qk_norm="head", window="always", sliding=_every_nth_global,
-        legacy=None, act_key="hidden_activation", nested="text_config",
+        legacy=_gemma3_ropes, act_key="hidden_activation", nested="text_config",
         outer={"tie_word_embeddings": True, "eos_token_id": None, "bos_token_id": None},
         renames=(("language_model.model.", "model."), ("model.language_model.", "model."),
                  ("language_model.lm_head.", "lm_head.")),

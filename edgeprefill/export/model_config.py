@@ -16,7 +16,7 @@ from typing import Any
 from edgeprefill.errors import ExportError
 from edgeprefill.export.config_checks import check_model_config
 from edgeprefill.export.families import BLOCKS, FAMILIES, FamilySpec
-from edgeprefill.export.rope import RopeConfig, rope_from_params
+from edgeprefill.export.rope import RopeConfig, rope_from_params, rope_params
 from edgeprefill.json_file import load_json_object
 
 # hidden_act names -> the activation the builder emits (gelu_new and gelu_pytorch_tanh are
@@ -224,7 +224,7 @@ def _rotary_dim(raw: dict[str, Any], spec: FamilySpec, head_dim: int) -> int:
     # Elsewhere the factor is a key the model ignores (its default rope uses head_dim; the
     # other rope types' init would read it and then fail to fit the head in transformers).
     if spec.partial_rotary:
-        params = raw.get("rope_parameters") or {}
+        params = rope_params(raw)
         factor = params.get("partial_rotary_factor", raw.get("partial_rotary_factor",
                                                              raw.get("rotary_pct", 1.0)))
     rotary_dim = int(head_dim * float(factor))
@@ -237,8 +237,10 @@ def _rotary_dim(raw: dict[str, Any], spec: FamilySpec, head_dim: int) -> int:
 def _ropes(raw: dict[str, Any], rotary_dim: int) -> dict[str, RopeConfig]:
     # transformers >= 5 writes `rope_parameters` (theta inside), per layer type where local
     # layers have their own base (Gemma 3); older versions write `rope_theta` plus an
-    # optional `rope_scaling` (for the global layers) and `rope_local_base_freq`.
-    params = raw.get("rope_parameters") or raw.get("rope_scaling") or {}
+    # optional `rope_scaling` (for the global layers) and `rope_local_base_freq`. Where a
+    # config has both, the family's config class decides (rope_params; Gemma 3 and OLMo 3
+    # merge them in their `legacy`).
+    params = rope_params(raw)
     if "full_attention" in params or "sliding_attention" in params:
         global_params = params.get("full_attention") or {}
         local_params = params.get("sliding_attention") or {}

@@ -181,6 +181,14 @@ ROPE_TYPES: dict[str, Callable[[RopeConfig], np.ndarray]] = {
 }
 
 
+def rope_params(raw: dict[str, Any]) -> dict[str, Any]:
+    """The rope dict transformers 5 reads from a config with one rope (or one per layer
+    type, unmerged): `rope_scaling or rope_parameters`, as PreTrainedConfig's
+    convert_rope_params_to_dict. A legacy `rope_scaling` replaces `rope_parameters` whole,
+    theta included (its own, else the top-level `rope_theta`, else the default)."""
+    return raw.get("rope_scaling") or raw.get("rope_parameters") or {}
+
+
 def rope_from_params(
     params: dict[str, Any], raw: dict[str, Any], rotary_dim: int, theta_default: float = 10000.0
 ) -> RopeConfig:
