@@ -148,6 +148,13 @@ def test_longrope_beyond_the_original_window_uses_the_long_factors(tmp_path):
     ({"model_type": "mistral", "sliding_window": 0}, "sliding_window must be at least 1"),
     # HunYuanDenseV1Attention reads head_dim, null unless config.json gives it
     ({"model_type": "hunyuan_v1_dense"}, "hunyuan_v1_dense: config.json needs head_dim"),
+    # HunYuan's own rope type, which the other families' models fail on (a KeyError)
+    ({"rope_parameters": {"rope_type": "ntk_alpha", "alpha": 50.0, "rope_theta": 1e4}},
+     "llama: rope type 'ntk_alpha' is not supported by this family's model; supported: default"),
+    ({"model_type": "gemma3_text", "rope_parameters": {
+        "full_attention": {"rope_type": "default"},
+        "sliding_attention": {"rope_type": "ntk_alpha", "alpha": 50.0}}},
+     "gemma3_text: rope type 'ntk_alpha' is not supported"),
     ({"model_type": "qwen3_vl", "text_config": None}, "text_config must be an object, got null"),
     ({"model_type": "gemma3", "text_config": []}, "text_config must be an object, got list"),
     ({"model_type": "phi3", "partial_rotary_factor": 1.5}, "rotary dimension 24 does not fit"),
@@ -438,10 +445,12 @@ def test_exaone4_global_layers_rotate_only_without_a_window(tmp_path, window):
     {"rope_theta": 10000.0, "rope_scaling": {"type": "dynamic", "alpha": 1000.0, "factor": 1.0}},
     {"rope_parameters": {"rope_type": "dynamic", "alpha": 50.0, "factor": 4.0, "rope_theta": 1e5}},
     {"rope_parameters": {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1e4}},
+    {"rope_parameters": {"rope_type": "ntk_alpha", "alpha": 50.0, "rope_theta": 1e5}},
     {"rope_parameters": {"rope_type": "linear", "alpha": 50.0, "factor": 2.0,
                          "rope_theta": 1e4}},
     {},
-], ids=("hub checkpoints", "alpha", "dynamic without alpha", "alpha ignored", "defaults"))
+], ids=("hub checkpoints", "alpha", "dynamic without alpha", "ntk_alpha", "alpha ignored",
+        "defaults"))
 def test_hunyuan_ropes_are_the_models(keys):
     # HunYuanDenseV1RotaryEmbedding: a "dynamic" rope with an alpha stretches the base by
     # alpha ** (d / (d - 2)) at every length; without one it is transformers' dynamic rope.

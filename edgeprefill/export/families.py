@@ -107,6 +107,9 @@ class FamilySpec:
     # The soft-caps the family's model applies ("attn", "final"): others keep a key
     # their model ignores (Gemma 3 stores attn_logit_softcapping and never uses it).
     softcaps: tuple[str, ...] = ()
+    # Rope types of the family's own model beyond transformers' shared ones (HunYuan's
+    # ntk_alpha): another family's model fails on them, and export refuses them there.
+    rope_types: tuple[str, ...] = ()
     # Whether global (full-attention) layers go without rotary when the config has a sliding
     # window, the local layers carrying the positions (EXAONE 4's hybrid attention).
     global_nope: bool = False
@@ -407,7 +410,7 @@ FAMILIES: dict[str, FamilySpec] = {
         **ATTENTION_BIAS, qk_norm="head_rotated", legacy=_hunyuan_ntk_alpha,
         names=replace(LLAMA_NAMES, q_norm="self_attn.query_layernorm",
                       k_norm="self_attn.key_layernorm"),
-        required=("head_dim",), defaults={"rms_norm_eps": 1e-5},
+        required=("head_dim",), defaults={"rms_norm_eps": 1e-5}, rope_types=("ntk_alpha",),
         quirks=("per-head q/k RMSNorm after rotary",),
     ),
     "phi": FamilySpec(

@@ -16,7 +16,12 @@ from typing import Any
 from edgeprefill.errors import ExportError
 from edgeprefill.export.config_checks import check_model_config
 from edgeprefill.export.families import BLOCKS, FAMILIES, FamilySpec
-from edgeprefill.export.rope import RopeConfig, rope_from_params, rope_params
+from edgeprefill.export.rope import (
+    SHARED_ROPE_TYPES,
+    RopeConfig,
+    rope_from_params,
+    rope_params,
+)
 from edgeprefill.json_file import load_json_object
 
 # hidden_act names -> the activation the builder emits (gelu_new and gelu_pytorch_tanh are
@@ -153,6 +158,8 @@ def _read(family: str, spec: FamilySpec, raw: dict[str, Any]) -> ModelConfig:
     hidden = int(raw["hidden_size"])
     head_dim = int(raw.get("head_dim") or hidden // max(heads, 1))  # 0 heads: refused
     biased = bool(raw.get(spec.bias_key, spec.qkv_bias)) if spec.bias_key else spec.qkv_bias
+    ropes = _ropes(raw, _rotary_dim(raw, spec, head_dim))
+    _refuse_other_familys_rope(family, spec, ropes)
     return ModelConfig(
         family=family,
         hidden_size=hidden,
@@ -171,7 +178,7 @@ def _read(family: str, spec: FamilySpec, raw: dict[str, Any]) -> ModelConfig:
         o_bias=biased if spec.o_bias is None else spec.o_bias,
         activation=_activation(raw, spec),
         block=spec.block_from_config(raw) if spec.block_from_config else spec.block,
-        ropes=_ropes(raw, _rotary_dim(raw, spec, head_dim)),
+        ropes=ropes,
         layers=_layers(raw, spec),
         attn_scale=_attn_scale(raw, head_dim),
         attn_softcap=_optional_float(raw.get("attn_logit_softcapping"))
@@ -208,6 +215,15 @@ def _refuse_unsupported(family: str, spec: FamilySpec, raw: dict[str, Any]) -> N
     # LM, even where the family's transformers model ignores the key.
     if raw.get("use_bidirectional_attention"):
         raise ExportError(f"{family}: use_bidirectional_attention=true is not a causal LM")
+
+
+def _refuse_other_familys_rope(family: str, spec: FamilySpec,
+                               ropes: dict[str, RopeConfig]) -> None:
+    for rope in ropes.values():
+        if rope.kind not in SHARED_ROPE_TYPES and rope.kind not in spec.rope_types:
+            supported = ", ".join((*SHARED_ROPE_TYPES, *spec.rope_types))
+            raise ExportError(f"{family}: rope type {rope.kind!r} is not supported by this "
+                              f"family's model; supported: {supported}")
 
 
 def _activation(raw: dict[str, Any], spec: FamilySpec) -> str:

@@ -170,6 +170,10 @@ def _longrope_attention_factor(rope: RopeConfig) -> float:
     return math.sqrt(1 + math.log(rope.factor) / math.log(rope.original_max_positions))
 
 
+# transformers' shared rope types (ROPE_INIT_FUNCTIONS, and default), which every family's
+# model computes; the others in ROPE_TYPES are one family's own (FamilySpec.rope_types),
+# which the other families' models fail on.
+SHARED_ROPE_TYPES = ("default", "linear", "dynamic", "llama3", "yarn", "longrope")
 ROPE_TYPES: dict[str, Callable[[RopeConfig], np.ndarray]] = {
     "default": _default,
     "linear": _linear,
