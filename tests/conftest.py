@@ -388,15 +388,15 @@ def library(monkeypatch):
     """The native kernel library (edgeprefill/kernels), built once per run; the test is
     skipped, saying why, only where it cannot be built (no g++, or no way to get ONNX
     Runtime's headers). A test that asks for it runs the kernels on any CPU: on one without
-    AVX-512 `auto` would pick the stock graph (kernels/select.py), but their portable loops
-    must compute the same there (tests/test_kernel_choice.py tests that choice)."""
+    AVX-512 or AVX2 + FMA `auto` would pick the stock graph (kernels/select.py), but their
+    portable loops must compute the same there (tests/test_kernel_choice.py tests that choice)."""
     from edgeprefill.kernels import build, select
 
     try:
         path = build.build()
     except build.KernelBuildError as err:
         pytest.skip(f"native kernels cannot be built here: {err}")
-    monkeypatch.setattr(select, "cpu_has_avx512", lambda: True)
+    monkeypatch.setattr(select, "cpu_has_vector_kernels", lambda: True)
     return path
 
 

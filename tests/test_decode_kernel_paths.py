@@ -1,10 +1,11 @@
 """edgeprefill.DecodeAttention's code paths against a numpy reference of what it computes.
 
 The kernel has an AVX-512 path per head size (16-row key/value blocks shared by a query
-group, 16 dot products summed across lanes at once) and a portable one for other head
-sizes and CPUs without AVX-512. This checks each head size the fast path specializes, one
-that only the portable path takes, group sizes 1 to 7, and positions on either side of
-the 16-row blocks and the 128-position pieces, against attention written out in numpy
+group, 16 dot products summed across lanes at once), an AVX2 + FMA one per head size where
+the build has no AVX-512 (8-row blocks, 8 sums) and a portable one for other head sizes and
+CPUs with neither. This checks each head size the vector paths specialize, one that only
+the portable path takes, group sizes 1 to 7, and positions on either side of the 8- and
+16-row blocks and the 128-position pieces, against attention written out in numpy
 (rotary on the query and the new key, the cache written at each row's position, softmax
 over positions 0..position). Skipped only where the library cannot be built."""
 
@@ -101,8 +102,9 @@ def run_kernel(library, model: bytes, qkv, keys, values, threads: int):
     return binding.copy_outputs_to_cpu()[0]
 
 
-# (heads, kv_heads, head_dim, rotary dims): the AVX-512 path's head sizes 32, 64, 80, 96, 128
-# and 256, group sizes 1, 3, 4 and 7, partial rotary; 48 takes the portable path everywhere.
+# (heads, kv_heads, head_dim, rotary dims): the AVX-512 and AVX2 paths' head sizes 32, 64,
+# 80, 96, 128 and 256, group sizes 1, 3, 4 and 7, partial rotary; 48 takes the portable
+# path everywhere.
 SHAPES = [
     (6, 2, 32, 32), (9, 3, 64, 64), (4, 4, 64, 32), (8, 2, 80, 80), (4, 1, 96, 64),
     (14, 2, 128, 128), (2, 1, 256, 256), (6, 2, 48, 48),

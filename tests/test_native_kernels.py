@@ -266,7 +266,7 @@ def test_attention_the_kernel_lacks_stays_group_query_attention():
 def test_inspect_and_stats_say_which_attention_runs(library, bundle, mode):
     from tests.test_cli_errors import cli
 
-    mode("require")  # `auto` on a CPU without AVX-512 picks the stock graph (kernel_choice)
+    mode("require")  # `auto` on a CPU without vector code picks the stock graph (kernel_choice)
     shown = cli("inspect", bundle("llama"))
     assert f"kernels     {select.NATIVE}" in shown.stdout
     ran = cli("run", bundle("llama"), "--prompt", "w5 w6", "--max-new-tokens", "3", "--stats")

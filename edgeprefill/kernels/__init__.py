@@ -4,8 +4,8 @@ Files: `decode_attention.cc` (the `edgeprefill.DecodeAttention` op: one new toke
 rotary inside, the cache written in place, each KV head read once for its query group,
 positions split over ONNX Runtime's pool), `prefill_attention.cc` (the
 `edgeprefill.PrefillAttention` op: a chunk's causal attention, flash-style: query blocks of
-a whole KV group, online softmax, the causal upper triangle skipped, AVX-512 register
-tiles, pieces on the pool), `kernel_common.h` and `library.cc` (what the ops share, and
+a whole KV group, online softmax, the causal upper triangle skipped, AVX-512 (or AVX2)
+register tiles, pieces on the pool), `kernel_common.h` and `library.cc` (what the ops share, and
 `RegisterCustomOps`), `build.py` (compiles them with g++ against ONNX Runtime's C API
 headers fetched at build time; `python -m edgeprefill.kernels.build`), `graph.py` (puts
 PrefillAttention in for every GroupQueryAttention it supports, in memory: its rows of one

@@ -87,6 +87,26 @@ inline __m512 SumLanes16(const __m512* acc) {
 }
 #endif
 
+#ifdef EP_AVX2
+// 8 cache elements as float32.
+inline __m256 Load8(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 Load8(const uint16_t* p) {
+  const __m128i bits = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(bits), 16));
+}
+
+// Lane k of the result = the sum of acc[k]'s 8 lanes (SumLanes16's idea, 8 keys).
+inline __m256 SumLanes8(const __m256* acc) {
+  const __m256 u0 = _mm256_hadd_ps(_mm256_hadd_ps(acc[0], acc[1]), _mm256_hadd_ps(acc[2], acc[3]));
+  const __m256 u1 = _mm256_hadd_ps(_mm256_hadd_ps(acc[4], acc[5]), _mm256_hadd_ps(acc[6], acc[7]));
+  return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+}
+
+// The value pass's vectors per sweep for head_dim = 8 * C: at most 8 accumulators (with
+// two chains below 8, as an FMA's latency is 4 cycles), a divisor of C.
+constexpr int ValuePass(int c) { return c <= 8 ? c : c % 8 == 0 ? 8 : c % 6 == 0 ? 6 : 5; }
+#endif
+
 }  // namespace
 
 DecodeRows::DecodeRows(const Layout& layout, const float* qkv, std::vector<int64_t> rows,
@@ -260,6 +280,115 @@ void DecodeRows::RunPieceAvx512(size_t index) {
 }
 #endif
 
+#ifdef EP_AVX2
+// RunPieceAvx512 with AVX2 + FMA, head_dim = 8 * C: keys 8 at a time (each key's dot
+// product 8 partial sums, C fmas in order), the values in sweeps of ValuePass(C) vectors.
+template <int C, typename T>
+void DecodeRows::RunPieceAvx2(size_t index) {
+  const Layout& s = layout_;
+  const Piece& piece = pieces_[index];
+  const int64_t d = 8 * C, g = s.heads / s.kv_heads, n = piece.end - piece.begin;
+  const int64_t stride = longest_;
+  const int64_t cache_offset = ((rows_[piece.slot] * s.kv_heads + piece.kv) * s.capacity) * d;
+  const T* keys = static_cast<const T*>(cache_.keys) + cache_offset + piece.begin * d;
+  const T* values = static_cast<const T*>(cache_.values) + cache_offset + piece.begin * d;
+  const float* q = q_.data() + (piece.slot * s.heads + piece.kv * g) * d;
+  float* scores = scores_.data() + index * g * stride;  // [group, stride]
+  float* partial = partial_.data() + index * g * (d + 2);  // [group, d + 2]
+  const __m256 scale = _mm256_set1_ps(s.scale);
+
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8)
+    for (int64_t h = 0; h < g; ++h) {
+      __m256 acc[8];
+      const __m256 first = _mm256_loadu_ps(q + h * d);
+      for (int k = 0; k < 8; ++k) acc[k] = _mm256_mul_ps(first, Load8(keys + (j + k) * d));
+      for (int c = 1; c < C; ++c) {
+        const __m256 query = _mm256_loadu_ps(q + h * d + 8 * c);
+        for (int k = 0; k < 8; ++k)
+          acc[k] = _mm256_fmadd_ps(query, Load8(keys + (j + k) * d + 8 * c), acc[k]);
+      }
+      _mm256_storeu_ps(scores + h * stride + j, _mm256_mul_ps(SumLanes8(acc), scale));
+    }
+  for (; j < n; ++j)
+    for (int64_t h = 0; h < g; ++h) {
+      __m256 acc = _mm256_mul_ps(_mm256_loadu_ps(q + h * d), Load8(keys + j * d));
+      for (int c = 1; c < C; ++c)
+        acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + h * d + 8 * c), Load8(keys + j * d + 8 * c), acc);
+      scores[h * stride + j] = SumLanes(acc) * s.scale;
+    }
+
+  const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  for (int64_t h = 0; h < g; ++h) {  // softmax of each head's scores over the piece
+    float* row = scores + h * stride;
+    __m256 top8 = _mm256_set1_ps(-INFINITY);
+    for (j = 0; j + 8 <= n; j += 8) top8 = _mm256_max_ps(top8, _mm256_loadu_ps(row + j));
+    const __m256i tail = _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(n - j)), lane);
+    const __m256 last = _mm256_maskload_ps(row + j, tail);
+    top8 = _mm256_max_ps(top8, _mm256_blendv_ps(top8, last, _mm256_castsi256_ps(tail)));
+    __m128 top4 = _mm_max_ps(_mm256_castps256_ps128(top8), _mm256_extractf128_ps(top8, 1));
+    top4 = _mm_max_ps(top4, _mm_movehl_ps(top4, top4));
+    const float top = _mm_cvtss_f32(_mm_max_ss(top4, _mm_movehdup_ps(top4)));
+    const __m256 top_v = _mm256_set1_ps(top);
+    __m256 sum8 = _mm256_setzero_ps();
+    for (j = 0; j + 8 <= n; j += 8) {
+      const __m256 e = ExpNonPositive8(_mm256_sub_ps(_mm256_loadu_ps(row + j), top_v));
+      _mm256_storeu_ps(row + j, e);
+      sum8 = _mm256_add_ps(sum8, e);
+    }
+    const __m256 e = _mm256_and_ps(_mm256_castsi256_ps(tail),
+                                   ExpNonPositive8(_mm256_sub_ps(last, top_v)));
+    _mm256_maskstore_ps(row + j, tail, e);
+    sum8 = _mm256_add_ps(sum8, e);
+    float* out = partial + h * (d + 2);
+    std::fill(out, out + d, 0.0f);
+    out[d] = top;
+    out[d + 1] = SumLanes(sum8);
+  }
+
+  constexpr int kPass = ValuePass(C);
+  constexpr bool kTwoChains = kPass < 8;
+  for (j = 0; j < n; j += 8) {
+    const int64_t m = std::min<int64_t>(8, n - j);
+    const T* block = values + j * d;
+    for (int64_t h = 0; h < g; ++h) {
+      const float* weights = scores + h * stride + j;
+      float* out = partial + h * (d + 2);
+      for (int c0 = 0; c0 < C; c0 += kPass) {
+        __m256 even[kPass], odd[kPass];
+        for (int c = 0; c < kPass; ++c) {
+          even[c] = _mm256_loadu_ps(out + 8 * (c0 + c));
+          odd[c] = _mm256_setzero_ps();
+        }
+        int64_t k = 0;
+        for (; kTwoChains && k + 2 <= m; k += 2) {
+          const __m256 w0 = _mm256_set1_ps(weights[k]), w1 = _mm256_set1_ps(weights[k + 1]);
+          for (int c = 0; c < kPass; ++c) {
+            even[c] = _mm256_fmadd_ps(w0, Load8(block + k * d + 8 * (c0 + c)), even[c]);
+            odd[c] = _mm256_fmadd_ps(w1, Load8(block + (k + 1) * d + 8 * (c0 + c)), odd[c]);
+          }
+        }
+        for (; k < m; ++k) {
+          const __m256 w0 = _mm256_set1_ps(weights[k]);
+          for (int c = 0; c < kPass; ++c)
+            even[c] = _mm256_fmadd_ps(w0, Load8(block + k * d + 8 * (c0 + c)), even[c]);
+        }
+        for (int c = 0; c < kPass; ++c)
+          _mm256_storeu_ps(out + 8 * (c0 + c), kTwoChains ? _mm256_add_ps(even[c], odd[c]) : even[c]);
+      }
+    }
+  }
+}
+
+template <int C>
+void DecodeRows::DispatchAvx2(size_t index) {
+  if (cache_.bf16)
+    RunPieceAvx2<C, uint16_t>(index);
+  else
+    RunPieceAvx2<C, float>(index);
+}
+#endif
+
 #ifdef __AVX512F__
 template <int C>
 void DecodeRows::DispatchAvx512(size_t index) {
@@ -279,6 +408,16 @@ void DecodeRows::RunPiece(size_t index) {
     case 96: return DispatchAvx512<6>(index);
     case 128: return DispatchAvx512<8>(index);
     case 256: return DispatchAvx512<16>(index);
+    default: break;
+  }
+#elif defined(EP_AVX2)
+  switch (layout_.head_dim) {
+    case 32: return DispatchAvx2<4>(index);
+    case 64: return DispatchAvx2<8>(index);
+    case 80: return DispatchAvx2<10>(index);
+    case 96: return DispatchAvx2<12>(index);
+    case 128: return DispatchAvx2<16>(index);
+    case 256: return DispatchAvx2<32>(index);
     default: break;
   }
 #endif

@@ -52,6 +52,10 @@ class DecodeRows {
   void RunPiecePortable(size_t index);
   template <int C>
   void DispatchAvx512(size_t index);  // RunPieceAvx512<C, T> for the cache's element type
+  template <int C, typename T>
+  void RunPieceAvx2(size_t index);
+  template <int C>
+  void DispatchAvx2(size_t index);  // RunPieceAvx2<C, T> for the cache's element type
 };
 
 }  // namespace edgeprefill

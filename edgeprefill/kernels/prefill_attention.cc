@@ -9,8 +9,8 @@
 // group), keeps a running max and sum per query (online softmax), and stops at the causal
 // diagonal. Pieces (row, KV head, query block) run on ONNX Runtime's intra-op pool, one KV
 // head after another, the longest first within it. The inner products are register-blocked
-// AVX-512 with the (query, head) pairs as vector lanes (a portable loop nest where the build
-// has no AVX-512).
+// AVX-512 with the (query, head) pairs as vector lanes (AVX2 + FMA where the build has no
+// AVX-512, else a portable loop nest).
 //
 // A row's past length is GroupQueryAttention's: 0 when total_sequence_length == S (a first
 // prompt; the row's valid tokens are its first seqlens_k + 1, the rest padding whose output
@@ -60,10 +60,11 @@
 #include <memory>
 #include <thread>
 #include <time.h>
+#include <type_traits>
 #include <vector>
 
 #include "decode_rows.h"
-#include "kernel_common.h"  // <immintrin.h> where AVX-512 is on
+#include "kernel_common.h"  // <immintrin.h> where AVX-512 or AVX2 is on
 
 namespace edgeprefill {
 namespace {
@@ -240,11 +241,73 @@ void TileRow(int c, const T* x, int64_t xa, int64_t xb, const T* y, int64_t ys, 
   }
 }
 
+#ifdef EP_AVX2
+// Tile's product with AVX2 + FMA for R rows x 16 columns (two 8-lane vectors): the 16 ymm
+// registers hold 2R accumulators, the two y vectors and the broadcast, so a tile is 16
+// columns wide and ProductAvx2 walks the columns strip by strip. Each output is the same
+// chain as in Tile (start, then one fma per b in order), only the tiling differs.
+template <int R>
+void TileAvx2(const float* x, int64_t xa, int64_t xb, const float* y, int64_t ys, float* out,
+              int64_t os, int64_t n, const float* rescale) {
+  __m256 acc[R][2];
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < 2; ++c)
+      acc[r][c] = rescale != nullptr ? _mm256_mul_ps(_mm256_loadu_ps(out + r * os + 8 * c),
+                                                      _mm256_loadu_ps(rescale + 8 * c))
+                                     : _mm256_setzero_ps();
+  for (int64_t b = 0; b < n; ++b) {
+    const __m256 y0 = _mm256_loadu_ps(y + b * ys), y1 = _mm256_loadu_ps(y + b * ys + 8);
+    for (int r = 0; r < R; ++r) {
+      const __m256 broadcast = _mm256_broadcast_ss(x + r * xa + b * xb);
+      acc[r][0] = _mm256_fmadd_ps(broadcast, y0, acc[r][0]);
+      acc[r][1] = _mm256_fmadd_ps(broadcast, y1, acc[r][1]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < 2; ++c) _mm256_storeu_ps(out + r * os + 8 * c, acc[r][c]);
+}
+
+// TileAvx2's rows: 12 accumulators + 2 y + 1 broadcast. On a Zen 3 (2 threads, chunk 256
+// at past 1,792) 6 rows ran ~1.3x faster than 4 (docs/benchmarks.md); -DEP_AVX2_ROWS=1..6
+// compiles others.
+#ifndef EP_AVX2_ROWS
+#define EP_AVX2_ROWS 6
+#endif
+constexpr int kAvx2Rows = EP_AVX2_ROWS;
+
+// Product for float operands with AVX2: row blocks of kAvx2Rows (the rest in one smaller
+// tile), each across the columns 16 at a time.
+void ProductAvx2(int64_t rows, int64_t columns, const float* x, int64_t xa, int64_t xb,
+                 const float* y, float* out, int64_t n, const float* rescale) {
+  for (int64_t r = 0; r < rows; r += kAvx2Rows) {
+    const int64_t left = std::min<int64_t>(kAvx2Rows, rows - r);
+    for (int64_t c = 0; c < columns; c += kVec) {
+      const float* scale = rescale != nullptr ? rescale + c : nullptr;
+      float* o = out + r * columns + c;
+      switch (left) {
+        case 6: TileAvx2<6>(x + r * xa, xa, xb, y + c, columns, o, columns, n, scale); break;
+        case 5: TileAvx2<5>(x + r * xa, xa, xb, y + c, columns, o, columns, n, scale); break;
+        case 4: TileAvx2<4>(x + r * xa, xa, xb, y + c, columns, o, columns, n, scale); break;
+        case 3: TileAvx2<3>(x + r * xa, xa, xb, y + c, columns, o, columns, n, scale); break;
+        case 2: TileAvx2<2>(x + r * xa, xa, xb, y + c, columns, o, columns, n, scale); break;
+        default: TileAvx2<1>(x + r * xa, xa, xb, y + c, columns, o, columns, n, scale); break;
+      }
+    }
+  }
+}
+#endif
+
 // out[rows][columns] = X . y (+ out x rescale), in register tiles; `columns` is a multiple
 // of 16, <= 96; n is the summed length (in pairs for bf16 operands).
 template <typename T>
 void Product(int64_t rows, int64_t columns, const T* x, int64_t xa, int64_t xb, const T* y,
              float* out, int64_t n, const float* rescale) {
+#ifdef EP_AVX2
+  if constexpr (std::is_same_v<T, float>) {
+    ProductAvx2(rows, columns, x, xa, xb, y, out, n, rescale);
+    return;
+  }
+#endif
   const int c = static_cast<int>(columns / kVec);
   int64_t r = 0;
   for (; r + kTileRows <= rows; r += kTileRows)
@@ -416,6 +479,88 @@ void SoftmaxStepPairs(const float* scores, int64_t stride, int64_t n, int64_t k0
   _mm512_storeu_ps(rescale, factor);
 }
 #endif
+#elif defined(EP_AVX2)
+// SoftmaxStep's AVX-512 code for 8 columns (SoftmaxStep runs it on both halves of its 16);
+// the masks are compare results, and a masked score is zeroed (exp) or -inf (max) by them.
+inline bool Inside8(int64_t n, int64_t k0, __m256i position) {
+  __m128i low = _mm_min_epi32(_mm256_castsi256_si128(position), _mm256_extracti128_si256(position, 1));
+  low = _mm_min_epi32(low, _mm_shuffle_epi32(low, 0x4E));
+  low = _mm_min_epi32(low, _mm_shuffle_epi32(low, 0xB1));
+  return k0 + n - 1 <= _mm_cvtsi128_si32(low);
+}
+
+// All ones in the lanes whose position sees `key`.
+inline __m256 Seen8(int64_t key, __m256i position) {
+  const __m256i after = _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int32_t>(key)), position);
+  return _mm256_castsi256_ps(_mm256_xor_si256(after, _mm256_set1_epi32(-1)));
+}
+
+inline __m256 BlockTop8(const float* scores, int64_t stride, int64_t n, int64_t k0,
+                        __m256i position, bool inside) {
+  const __m256 lowest = _mm256_set1_ps(-INFINITY);
+  __m256 block_top = lowest;
+  if (inside) {
+    __m256 other = block_top;  // two chains, as BlockTop
+    int64_t j = 0;
+    for (; j + 1 < n; j += 2) {
+      block_top = _mm256_max_ps(block_top, _mm256_loadu_ps(scores + j * stride));
+      other = _mm256_max_ps(other, _mm256_loadu_ps(scores + (j + 1) * stride));
+    }
+    if (j < n) block_top = _mm256_max_ps(block_top, _mm256_loadu_ps(scores + j * stride));
+    return _mm256_max_ps(block_top, other);
+  }
+  for (int64_t j = 0; j < n; ++j) {
+    const __m256 score = _mm256_blendv_ps(lowest, _mm256_loadu_ps(scores + j * stride),
+                                          Seen8(k0 + j, position));
+    block_top = _mm256_max_ps(block_top, score);
+  }
+  return block_top;
+}
+
+void SoftmaxStep8(float* scores, int64_t stride, int64_t n, int64_t k0, const int32_t* positions,
+                  float* top, float* total, float* rescale) {
+  const __m256i position = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(positions));
+  const bool inside = Inside8(n, k0, position);
+  const __m256 old_top = _mm256_loadu_ps(top);
+  const __m256 new_top = _mm256_max_ps(old_top, BlockTop8(scores, stride, n, k0, position, inside));
+  const __m256 factor = ExpNonPositive8(_mm256_sub_ps(old_top, new_top));
+  __m256 sum = _mm256_setzero_ps();
+  if (inside) {
+    __m256 other = sum;
+    int64_t j = 0;
+    for (; j + 1 < n; j += 2) {
+      const __m256 e0 = ExpNonPositive8(_mm256_sub_ps(_mm256_loadu_ps(scores + j * stride), new_top));
+      const __m256 e1 = ExpNonPositive8(_mm256_sub_ps(_mm256_loadu_ps(scores + (j + 1) * stride), new_top));
+      _mm256_storeu_ps(scores + j * stride, e0);
+      _mm256_storeu_ps(scores + (j + 1) * stride, e1);
+      sum = _mm256_add_ps(sum, e0);
+      other = _mm256_add_ps(other, e1);
+    }
+    for (; j < n; ++j) {
+      const __m256 e = ExpNonPositive8(_mm256_sub_ps(_mm256_loadu_ps(scores + j * stride), new_top));
+      _mm256_storeu_ps(scores + j * stride, e);
+      sum = _mm256_add_ps(sum, e);
+    }
+    sum = _mm256_add_ps(sum, other);
+  }
+  for (int64_t j = 0; j < n && !inside; ++j) {
+    const __m256 e = _mm256_and_ps(
+        Seen8(k0 + j, position),
+        ExpNonPositive8(_mm256_sub_ps(_mm256_loadu_ps(scores + j * stride), new_top)));
+    _mm256_storeu_ps(scores + j * stride, e);
+    sum = _mm256_add_ps(sum, e);
+  }
+  _mm256_storeu_ps(top, new_top);
+  _mm256_storeu_ps(total, _mm256_fmadd_ps(_mm256_loadu_ps(total), factor, sum));
+  _mm256_storeu_ps(rescale, factor);
+}
+
+void SoftmaxStep(float* scores, int64_t stride, int64_t n, int64_t k0, const int32_t* positions,
+                 float* top, float* total, float* rescale) {
+  for (int half = 0; half < kVec; half += 8)
+    SoftmaxStep8(scores + half, stride, n, k0, positions + half, top + half, total + half,
+                 rescale + half);
+}
 #else
 void SoftmaxStep(float* scores, int64_t stride, int64_t n, int64_t k0, const int32_t* positions,
                  float* top, float* total, float* rescale) {

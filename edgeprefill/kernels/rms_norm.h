@@ -31,6 +31,21 @@ inline float AddRow(const float* x, const float* skip, float* sum, int64_t width
     acc = _mm512_fmadd_ps(s, s, acc);
   }
   squares = _mm512_reduce_add_ps(acc);
+#elif defined(EP_AVX2)
+  __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};  // 16 running sums
+  for (; i + 8 <= width; i += 8) {
+    const __m256 s = _mm256_add_ps(_mm256_loadu_ps(x + i), _mm256_loadu_ps(skip + i));
+    _mm256_storeu_ps(sum + i, s);
+    acc[i / 8 % 2] = _mm256_fmadd_ps(s, s, acc[i / 8 % 2]);
+  }
+  if (i < width) {  // the tail: lanes past `width` load and add 0
+    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    const __m256i tail = _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(width - i)), lane);
+    const __m256 s = _mm256_add_ps(_mm256_maskload_ps(x + i, tail), _mm256_maskload_ps(skip + i, tail));
+    _mm256_maskstore_ps(sum + i, tail, s);
+    acc[i / 8 % 2] = _mm256_fmadd_ps(s, s, acc[i / 8 % 2]);
+  }
+  squares = SumLanes(_mm256_add_ps(acc[0], acc[1]));
 #else
   // 16 running sums, as the vector path keeps, each an explicit fma: the compiler may
   // vectorize this however it likes without moving a bit (it cannot reorder the sums, and
@@ -56,6 +71,11 @@ inline void ScaleRow(const float* sum, const float* gamma, float scale, float* o
   for (; i + 16 <= width; i += 16)
     _mm512_storeu_ps(out + i, _mm512_mul_ps(_mm512_mul_ps(_mm512_loadu_ps(sum + i), s),
                                             _mm512_loadu_ps(gamma + i)));
+#elif defined(EP_AVX2)
+  const __m256 s = _mm256_set1_ps(scale);
+  for (; i + 8 <= width; i += 8)
+    _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(sum + i), s),
+                                            _mm256_loadu_ps(gamma + i)));
 #endif
   for (; i < width; ++i) out[i] = sum[i] * scale * gamma[i];
 }

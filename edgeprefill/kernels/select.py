@@ -1,14 +1,14 @@
 """At load time: the native kernels (attention, SwiGLU, RMS norm) or the stock graph, and which.
 
 `EDGEPREFILL_KERNELS` picks: `auto` (the default: native when the library is built, the
-bundle qualifies and the CPU has AVX-512), `off` (always the stock graph) or `require`
-(native wherever the library is built and the bundle qualifies; fail to load rather than
-run without it). The bundle qualifies when it is an `ort`-flavour float32 graph run on the
-CPU; the library when `python -m edgeprefill.kernels.build` has built it for the current
-sources. The CPU matters to `auto` because the kernels' vector code is AVX-512: built for
-a CPU without it (AVX2-only x86, Arm) the library runs portable loops, correct but slower
-than ONNX Runtime's own attention (a 2,048-token prefill took 1.6x as long on a Zen 3,
-docs/benchmarks.md).
+bundle qualifies and the CPU has AVX-512 or AVX2 with FMA), `off` (always the stock graph)
+or `require` (native wherever the library is built and the bundle qualifies; fail to load
+rather than run without it). The bundle qualifies when it is an `ort`-flavour float32
+graph run on the CPU; the library when `python -m edgeprefill.kernels.build` has built it
+for the current sources. The CPU matters to `auto` because the kernels' vector code is
+AVX-512 or AVX2 + FMA: built for a CPU with neither (Arm, older x86) the library runs
+portable loops, correct but slower than ONNX Runtime's own attention (a 2,048-token
+prefill took 1.6x as long on a Zen 3 before its AVX2 path, docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from edgeprefill.errors import BackendError
-from edgeprefill.kernels.build import cpu_has_avx512, library_path
+from edgeprefill.kernels.build import cpu_has_vector_kernels, library_path
 from edgeprefill.kernels.graph import OP, PREFILL_OP, add_native_attention, eligible
 from edgeprefill.kernels.rms_norm import OP as NORM_OP
 from edgeprefill.kernels.rms_norm import fuse_skip_rms_norm
@@ -60,9 +60,9 @@ def why_not(flavor: str, dtype: str, device: str) -> str | None:
         return f"library unreadable: {err.strerror} ({err.filename})"
     if not built:
         return "library not built: python -m edgeprefill.kernels.build"
-    if mode() == "auto" and not cpu_has_avx512():
-        return (f"this CPU has no AVX-512: the kernels' portable loops are slower here than "
-                f"ONNX Runtime's; {MODE_ENV}=require runs them")
+    if mode() == "auto" and not cpu_has_vector_kernels():
+        return (f"this CPU has neither AVX-512 nor AVX2 with FMA: the kernels' portable loops "
+                f"are slower here than ONNX Runtime's; {MODE_ENV}=require runs them")
     return None
 
 

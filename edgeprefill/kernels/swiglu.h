@@ -35,6 +35,18 @@ inline void SwiGluRow(const float* gate, const float* up, float* out, int64_t wi
     const __m512 sigmoid = _mm512_mask_mul_ps(r, negative, e, r);
     _mm512_storeu_ps(out + i, _mm512_mul_ps(_mm512_mul_ps(g, sigmoid), _mm512_loadu_ps(up + i)));
   }
+#elif defined(EP_AVX2)
+  const __m256 one = _mm256_set1_ps(1.0f);
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  for (; i + 16 <= width; i += 16)  // 16 lanes as two halves: the same tail as AVX-512's
+    for (int64_t h = i; h < i + 16; h += 8) {
+      const __m256 g = _mm256_loadu_ps(gate + h);
+      const __m256 e = ExpNonPositive8(_mm256_or_ps(g, sign));  // e^-|g|
+      const __m256 r = _mm256_div_ps(one, _mm256_add_ps(one, e));
+      const __m256 negative = _mm256_cmp_ps(g, _mm256_setzero_ps(), _CMP_LT_OQ);
+      const __m256 sigmoid = _mm256_blendv_ps(r, _mm256_mul_ps(e, r), negative);
+      _mm256_storeu_ps(out + h, _mm256_mul_ps(_mm256_mul_ps(g, sigmoid), _mm256_loadu_ps(up + h)));
+    }
 #endif
   for (; i < width; ++i) out[i] = Silu(gate[i]) * up[i];
 }
