@@ -153,7 +153,7 @@ def test_refusals_and_quantized_bundles(library, bundle, monkeypatch, tmp_path):
 def test_cli_runs_bf16_and_says_so(library, bundle, monkeypatch):
     from tests.test_cli_errors import cli
 
-    monkeypatch.setenv(select.MODE_ENV, "require")  # on any CPU (`auto`: AVX-512 only)
+    monkeypatch.setenv(select.MODE_ENV, "require")  # on any CPU (`auto`: vector builds only)
     shown = cli("inspect", bundle("llama"))
     assert "compute     fp32 (exact, the default); --compute bf16: bf16 (MatMulBf16" in (
         shown.stdout)
