@@ -61,7 +61,7 @@ def test_second_load_maps_the_cached_int8_weights(tiny_int4_bundle, tmp_path, mo
     np.testing.assert_array_equal(logits(second), want)
 
 
-@pytest.mark.skipif(not int4_decode.cpu_has_vnni(), reason="no AVX512-VNNI here")
+@pytest.mark.skipif(not int4_decode.cpu_has_int_kernels(), reason="no AVX512-VNNI nor AVX2 here")
 def test_second_load_maps_the_repacked_int4_weights(library, tiny_int4_bundle, tmp_path,
                                                     monkeypatch):
     cache = tmp_path / "cache"

@@ -130,12 +130,15 @@ def quantized_backend(quantized, monkeypatch, kind: str, mode: str | None):
 
 # Every projection quantizes each row on its own with one native op for all rows: int8
 # bundles' MatMulInt8, int4 bundles' MatMulInt4 with EDGEPREFILL_INT4_PREFILL=decode.
-# Both need AVX512-VNNI; elsewhere these bundles keep ONNX Runtime's ops and never fuse.
-PER_ROW = [("int8", None), ("int4", "decode")]
+# MatMulInt8 needs AVX512-VNNI, MatMulInt4 VNNI or AVX2; elsewhere these bundles keep ONNX
+# Runtime's ops and never fuse.
 needs_vnni = pytest.mark.skipif(not int4_decode.cpu_has_vnni(), reason="no AVX512-VNNI here")
+needs_int_kernels = pytest.mark.skipif(not int4_decode.cpu_has_int_kernels(),
+                                       reason="no AVX512-VNNI nor AVX2 here")
+PER_ROW = [pytest.param("int8", None, marks=needs_vnni),
+           pytest.param("int4", "decode", marks=needs_int_kernels)]
 
 
-@needs_vnni
 @pytest.mark.parametrize("compute", ["fp32", "bf16"])
 @pytest.mark.parametrize("kind, mode", PER_ROW)
 def test_a_fused_quantized_call_is_separate_calls_bit_for_bit(quantized, library, monkeypatch,
@@ -155,7 +158,6 @@ def test_a_fused_quantized_call_is_separate_calls_bit_for_bit(quantized, library
     engine.close()
 
 
-@needs_vnni
 @pytest.mark.parametrize("kind, mode", PER_ROW)
 def test_quantized_bundles_with_per_row_projections_fuse(quantized, library, monkeypatch,
                                                          kind, mode):
@@ -170,7 +172,8 @@ def test_quantized_bundles_with_per_row_projections_fuse(quantized, library, mon
     ("int8", "off-rows", "ONNX Runtime's DynamicQuantizeMatMul"),
     pytest.param("int4", None, "prefill projections run MatMulInt8, decode's MatMulInt4",
                  marks=needs_vnni),
-    pytest.param("int4", None, "ONNX Runtime's DynamicQuantizeMatMul, MatMulNBits",
+    # decode's MatMulNBits too where MatMulInt4 does not run (neither VNNI nor AVX2)
+    pytest.param("int4", None, "ONNX Runtime's DynamicQuantizeMatMul",
                  marks=pytest.mark.skipif(int4_decode.cpu_has_vnni(), reason="VNNI here")),
     ("int4", "level0", "ONNX Runtime's MatMulNBits"),
 ])

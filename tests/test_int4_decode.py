@@ -23,6 +23,8 @@ from edgeprefill.kernels.graph import DOMAIN
 from tests.conftest import TINY_INT4_CONTEXT, TINY_MODEL
 
 CONTEXT = TINY_INT4_CONTEXT
+needs_int_kernels = pytest.mark.skipif(not int4_decode.cpu_has_int_kernels(),
+                                       reason="no AVX512-VNNI nor AVX2 here")
 
 
 def layer(op: str, k: int, n: int, packed: np.ndarray, scales: np.ndarray,
@@ -107,6 +109,58 @@ def test_op_matches_onnx_runtimes_matmulnbits(library):
     np.testing.assert_allclose(ours, theirs, rtol=0, atol=2e-6 * np.abs(theirs).max())
 
 
+def kernel_order(a: np.ndarray, weight: np.ndarray) -> np.ndarray:
+    """The vector code's float32 arithmetic in numpy, for bit-for-bit checks: per block,
+    value = float32(exact int sum - 8 x the codes' sum) x the row's scale, then
+    sum = fma(value, the weight's scale, sum). The fma is a float64 product (exact: 24 +
+    24 bits) plus sum, rounded to float32."""
+    packed, scales = int4_blockwise(weight, 32)
+    n, k = weight.shape
+    blocks = packed.shape[1]
+    codes = np.stack([packed & 15, packed >> 4], axis=-1).reshape(n, blocks, 32)
+    rows = np.zeros((a.size // k, blocks * 32), np.float32)
+    rows[:, :k] = a.reshape(-1, k)
+    grouped = rows.reshape(len(rows), blocks, 32)
+    scale = np.abs(grouped).max(axis=2) / np.float32(127)
+    inverse = np.where(scale != 0, np.float32(1) / np.where(scale != 0, scale, 1), 0)
+    q = np.clip(np.rint(grouped * inverse[:, :, None].astype(np.float32)), -127, 127)
+    dots = np.einsum("rbi,nbi->rnb", q.astype(np.int64), codes.astype(np.int64) - 8)
+    column_scales = scales.reshape(n, blocks).astype(np.float64)
+    out = np.zeros((len(rows), n), np.float32)
+    for b in range(blocks):
+        value = dots[:, :, b].astype(np.float32) * scale[:, b:b + 1]
+        out = (value.astype(np.float64) * column_scales[:, b] + out).astype(np.float32)
+    return out.reshape(*a.shape[:-1], n)
+
+
+@needs_int_kernels
+@pytest.mark.parametrize("k, n, rows", [(576, 960, 1), (1536, 70, 3), (100, 33, 9)])
+def test_vector_code_gives_the_same_bits_on_every_cpu(library, k, n, rows):
+    """AVX512-VNNI and AVX2 both sum the int4 x int8 products exactly in int32 (AVX2's
+    int16 pair sums cannot saturate on 4-bit weights) and scale them in the same float32
+    order, so either gives these bits; the extreme rows (every code 15 and +-127) are the
+    int16 lanes' largest sums."""
+    rng = np.random.default_rng(k + n)
+    weight = rng.standard_normal((n, k)).astype(np.float32)
+    weight[0] = 1.0  # column 0: every code 15 (the block's largest magnitude, positive)
+    a = (rng.standard_normal((rows, 1, k)) * 3).astype(np.float32)
+    a[0, 0] = 2.0  # row 0: every activation 127
+    np.testing.assert_array_equal(run_op(int4_decode.OP, library, a, weight),
+                                  kernel_order(a, weight))
+
+
+@pytest.mark.parametrize("flags, native", [
+    ("avx2 fma avx512f avx512bw avx512_vnni", True),  # Zen 4/5, Ice Lake and later servers
+    ("avx2 fma", True),                                # Zen 1-3, Intel client CPUs
+    ("avx2 fma avx512f avx512bw", False),              # Skylake-SP: the portable loops
+    ("sse4_2 avx", False),
+])
+def test_the_op_runs_where_the_kernels_have_integer_vector_code(monkeypatch, flags, native):
+    monkeypatch.setattr(int4_decode, "cpu_identity", lambda: f"model name\t: x\nflags\t: {flags}")
+    assert int4_decode.cpu_has_int_kernels() == native
+    assert (int4_decode.why_not(True) is None) == native
+
+
 def test_rows_do_not_depend_on_each_other(library):
     """Batched decode rows give each row's numbers alone, bit for bit (per-row quantization
     and sums): what the engine's batch-invariance rests on."""
@@ -161,10 +215,7 @@ def nbits_count(bundle) -> int:
     return sum(n.op_type == "MatMulNBits" for n in graph.graph.node)
 
 
-needs_vnni = pytest.mark.skipif(not int4_decode.cpu_has_vnni(), reason="no AVX512-VNNI here")
-
-
-@needs_vnni
+@needs_int_kernels
 def test_every_decode_projection_and_the_head_switch(library, tiny_int4_bundle, monkeypatch):
     b = load(tiny_int4_bundle, monkeypatch, EDGEPREFILL_KERNELS="require")
     assert b.int4_decode.rewritten == nbits_count(tiny_int4_bundle)  # every layer's and the head
@@ -174,7 +225,7 @@ def test_every_decode_projection_and_the_head_switch(library, tiny_int4_bundle, 
     assert b.int4_decode.rewritten == 4
 
 
-@needs_vnni
+@needs_int_kernels
 def test_decode_mode_gives_every_row_decodes_projection(library, tiny_int4_bundle, monkeypatch):
     """EDGEPREFILL_INT4_PREFILL=decode: no switch, every projection MatMulInt4, so a
     prompt's numbers do not depend on how it was chunked: 48 tokens in one call or three
@@ -195,7 +246,7 @@ def test_decode_mode_gives_every_row_decodes_projection(library, tiny_int4_bundl
     np.testing.assert_array_equal(logits(0, 48), logits(1, 16))
 
 
-@needs_vnni
+@needs_int_kernels
 def test_bundles_with_float32_scales_still_decode_natively(library, tiny_int4_bundle, tmp_path,
                                                            monkeypatch):
     """A bundle exported before half_exact (float32 scales, here made by skipping it) keeps
@@ -220,14 +271,15 @@ def test_bundles_with_float32_scales_still_decode_natively(library, tiny_int4_bu
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * np.abs(want).max())
 
 
-def test_not_without_the_native_kernels_or_vnni(tiny_int4_bundle, monkeypatch):
+def test_not_without_the_native_kernels_or_their_integer_vector_code(tiny_int4_bundle,
+                                                                     monkeypatch):
     assert load(tiny_int4_bundle, monkeypatch, EDGEPREFILL_KERNELS="off").int4_decode.rewritten == 0
-    monkeypatch.setattr(int4_decode, "cpu_has_vnni", lambda: False)
-    assert "no AVX512-VNNI" in int4_decode.describe(True)
+    monkeypatch.setattr(int4_decode, "cpu_has_int_kernels", lambda: False)
+    assert "neither AVX512-VNNI nor AVX2" in int4_decode.describe(True)
     assert int4_decode.choose(onnx.ModelProto(), tiny_int4_bundle, True, None).rewritten == 0
 
 
-@needs_vnni
+@needs_int_kernels
 def test_decode_steps_stay_with_the_stock_graph(library, tiny_int4_bundle, monkeypatch):
     """The same prompt prefilled by the stock graph into both caches, then decode steps of
     two rows at once: logits equal to float32 rounding, the same greedy tokens."""

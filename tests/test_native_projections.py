@@ -18,6 +18,8 @@ from edgeprefill.kernels import select
 from tests.conftest import VOCAB
 
 needs_vnni = pytest.mark.skipif(not int4_decode.cpu_has_vnni(), reason="no AVX512-VNNI here")
+needs_int_kernels = pytest.mark.skipif(not int4_decode.cpu_has_int_kernels(),
+                                       reason="no AVX512-VNNI nor AVX2 here")
 PROMPT = [1] + [int(t) for t in np.random.default_rng(5).integers(3, VOCAB, size=19)]
 
 
@@ -85,7 +87,7 @@ def test_int8_projections_run_natively_beside_the_stock_attention(gemma2, librar
         load(gemma2("int8"), compute="bf16")
 
 
-@needs_vnni
+@needs_int_kernels
 def test_int4_decode_projections_run_natively_beside_the_stock_attention(gemma2, library):
     b = load(gemma2("int4"))
     assert b.kernels.library is None

@@ -182,6 +182,82 @@ void TilesWith(const Job& job, int64_t first, int64_t last, int64_t row0, int64_
     default: TilesOf<8, S>(job, first, last, row0); break;
   }
 }
+#elif defined(EP_AVX2)
+// AVX2 (Zen 1-3, Intel client CPUs): the same int32 sums, 8 columns to a register (the
+// 32-byte halves of a 64-byte part). vpmaddubsw multiplies the unsigned nibbles by the
+// int8 activations and adds neighbours into int16 lanes: at most 2 x 15 x 127 = 3810 in
+// magnitude, and a block's 8 of those per lane (4 parts, low and high) at most 30480 <
+// 32767, so no lane saturates. vpmaddwd by ones then adds each column's two int16 lanes
+// into its int32 lane: VNNI's vpdpbusd sums exactly, hence its float32 arithmetic and bits.
+inline __m256 Scales8(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 Scales8(const uint16_t* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+
+// Tiles [first, last) for R rows: lane c of register g is column 16 t + 8 g + c.
+template <int R, typename S>
+void TilesOf(const Job& job, int64_t first, int64_t last, int64_t row0) {
+  const __m256i nibble = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
+  const Row* rows = job.quantized->data() + row0;
+  const S* scales = static_cast<const S*>(job.scales);
+  for (int64_t t = first; t < last; ++t) {
+    __m256 sum[2][R];
+    for (int g = 0; g < 2; ++g)
+      for (int r = 0; r < R; ++r) sum[g][r] = _mm256_setzero_ps();
+    for (int64_t block = 0; block < job.blocks; ++block) {
+      const uint8_t* w = job.b + (t * job.blocks + block) * kTileBytes;
+      __m256i dot[2][R];  // int16 lanes: two per column
+      for (int g = 0; g < 2; ++g)
+        for (int r = 0; r < R; ++r) dot[g][r] = _mm256_setzero_si256();
+      for (int half = 0; half < 4; ++half)
+        for (int g = 0; g < 2; ++g) {
+          const __m256i packed =
+              _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + half * 64 + g * 32));
+          const __m256i low = _mm256_and_si256(packed, nibble);
+          const __m256i high = _mm256_and_si256(_mm256_srli_epi16(packed, 4), nibble);
+          for (int r = 0; r < R; ++r) {
+            const int32_t* quads = reinterpret_cast<const int32_t*>(rows[r].q.data() + block * kBlock);
+            dot[g][r] = _mm256_add_epi16(dot[g][r], _mm256_maddubs_epi16(low, _mm256_set1_epi32(quads[2 * half])));
+            dot[g][r] = _mm256_add_epi16(dot[g][r], _mm256_maddubs_epi16(high, _mm256_set1_epi32(quads[2 * half + 1])));
+          }
+        }
+      for (int g = 0; g < 2; ++g) {
+        const __m256 wscale = Scales8(scales + (t * job.blocks + block) * kTile + g * 8);
+        for (int r = 0; r < R; ++r) {
+          const __m256i dot32 = _mm256_madd_epi16(dot[g][r], ones);
+          const __m256 value = _mm256_cvtepi32_ps(_mm256_sub_epi32(dot32, _mm256_set1_epi32(rows[r].offset[block])));
+          sum[g][r] = _mm256_fmadd_ps(_mm256_mul_ps(value, _mm256_set1_ps(rows[r].scale[block])), wscale, sum[g][r]);
+        }
+      }
+    }
+    for (int g = 0; g < 2; ++g) {
+      const int64_t column = t * kTile + g * 8, columns = std::min<int64_t>(8, job.shape.n - column);
+      for (int r = 0; r < R && columns > 0; ++r) {
+        float* out = job.out + (row0 + r) * job.shape.n + column;
+        if (columns == 8) {
+          _mm256_storeu_ps(out, sum[g][r]);
+        } else {  // the last tile's columns past N: not ours to write
+          alignas(32) float lanes[8];
+          _mm256_store_ps(lanes, sum[g][r]);
+          std::memcpy(out, lanes, columns * sizeof(float));
+        }
+      }
+    }
+  }
+}
+
+// Up to 4 rows at once: 2 x 4 float sums and 2 x 4 int16 sums fill AVX2's 16 registers.
+template <typename S>
+void TilesWith(const Job& job, int64_t first, int64_t last, int64_t row0, int64_t rows) {
+  for (; rows > 0; row0 += 4, rows -= 4) {
+    switch (rows) {
+      case 1: TilesOf<1, S>(job, first, last, row0); break;
+      case 2: TilesOf<2, S>(job, first, last, row0); break;
+      case 3: TilesOf<3, S>(job, first, last, row0); break;
+      default: TilesOf<4, S>(job, first, last, row0); break;
+    }
+  }
+}
 #else
 // The same sums, lane by lane: per column and block, the 4 bytes of each 64-byte part.
 template <typename S>

@@ -52,12 +52,21 @@ def cpu_has_vnni() -> bool:
     return "avx512_vnni" in cpu_identity().split()
 
 
+def cpu_has_int_kernels() -> bool:
+    """Whether MatMulInt4 builds integer vector code here: AVX512-VNNI, or AVX2 with FMA
+    and no AVX-512 (kernel_common.h's EP_AVX2: Zen 1-3, Intel client CPUs). AVX-512
+    without VNNI (Skylake-SP) builds neither: the portable loops, slower than MatMulNBits."""
+    flags = cpu_identity().split()
+    avx2 = "avx2" in flags and "fma" in flags and "avx512f" not in flags
+    return "avx512_vnni" in flags or avx2
+
+
 def why_not(native: bool) -> str | None:
     """Why decode keeps MatMulNBits here, or None."""
     if not native:
         return "no native kernels"
-    if not cpu_has_vnni():
-        return "this CPU has no AVX512-VNNI"
+    if not cpu_has_int_kernels():
+        return "this CPU has neither AVX512-VNNI nor AVX2 without AVX-512"
     return None
 
 

@@ -50,7 +50,11 @@ def why_not(native: bool) -> str | None:
         raise BackendError(f"{MODE_ENV}={value!r}: choose one of {', '.join(MODES)}")
     if value == "off":
         return f"{MODE_ENV}=off"
-    return int4_decode.why_not(native)
+    if not native:
+        return "no native kernels"
+    if not int4_decode.cpu_has_vnni():
+        return "this CPU has no AVX512-VNNI"
+    return None
 
 
 def describe(native: bool) -> str:
