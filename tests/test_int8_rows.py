@@ -64,6 +64,34 @@ def test_op_matches_per_row_quantization(library, m, k, n, threads):
     np.testing.assert_array_equal(run_op(a[:, 1:2], codes, scale, library, threads), got[:, 1:2])
 
 
+def kernel_order(a: np.ndarray, codes: np.ndarray, scale: np.ndarray) -> np.ndarray:
+    """The op's float32 arithmetic in numpy: the row's scale (largest magnitude / 127, 1
+    for a zero row), codes = rint(a x float32(1 / scale)), exact integer sums, then
+    float32(sum) x (the column's scale x the row's), for bit-for-bit checks."""
+    top = np.abs(a).max(axis=-1, keepdims=True) / np.float32(127)
+    top[top == 0] = 1
+    q = np.rint(a * (np.float32(1) / top)).astype(np.int64)
+    sums = (q @ codes.astype(np.int64)).astype(np.float32)
+    return sums * (scale * top)
+
+
+@pytest.mark.parametrize("m, k, n", [(1, 576, 960), (5, 100, 70), (9, 576, 200)])
+def test_every_path_sums_exactly(library, m, k, n):
+    """VNNI, AVX2 and the portable loops all sum the int8 products exactly and scale them
+    the same way: these bits on every CPU. Column 0's weights are all -128 and row 0's
+    codes all -127 (then +127): AVX2's int16 pairs at their largest, 2 x 128 x 127."""
+    rng = np.random.default_rng(m + k + n)
+    codes, scale = int8_per_channel(rng.standard_normal((k, n)).astype(np.float32))
+    codes[:, 0] = -128
+    a = rng.standard_normal((1, m, k)).astype(np.float32)
+    a[0, 0] = -1.0
+    got = run_op(a, codes, scale, library, 2)
+    np.testing.assert_array_equal(got, kernel_order(a, codes, scale))
+    a[0, 0] = 1.0
+    np.testing.assert_array_equal(run_op(a, codes, scale, library, 2),
+                                  kernel_order(a, codes, scale))
+
+
 def test_pack_layout():
     codes = np.arange(5 * 70, dtype=np.int64).reshape(5, 70).astype(np.int8)
     packed, sums = int8_rows.pack(codes)

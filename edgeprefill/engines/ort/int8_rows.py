@@ -43,8 +43,9 @@ MODES = ("auto", "off")
 
 
 def why_not(native: bool) -> str | None:
-    """Why an int8 bundle keeps DynamicQuantizeMatMul here, or None: turned off, or what
-    keeps MatMulInt4 out of int4 decode (the native kernels, VNNI) keeps this out too."""
+    """Why an int8 bundle keeps DynamicQuantizeMatMul here, or None: turned off, no native
+    kernels, or no AVX512-VNNI (MatMulInt8's AVX2 path sums exactly but prefilled 1.2x as
+    long as DynamicQuantizeMatMul on a Zen 3, docs/benchmarks.md)."""
     value = os.environ.get(MODE_ENV, "auto").strip().lower() or "auto"
     if value not in MODES:
         raise BackendError(f"{MODE_ENV}={value!r}: choose one of {', '.join(MODES)}")
