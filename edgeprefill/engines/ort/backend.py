@@ -174,7 +174,7 @@ class OnnxRuntimeBackend(Backend):
             graph, bundle_dir, options.compute, self.kernels.described, native,
             session_options, self._kv_pairs,
         )
-        # int4 bundles' decode projections: MatMulInt4 where the native kernels run (VNNI).
+        # int4 bundles' decode projections: MatMulInt4 where the native kernels run (VNNI or AVX2).
         every_row = manifest.graph.quantization == "int4" and every_row_as_decode()
         self.int4_decode = choose_int4_decode(graph, bundle_dir, native, session_options,
                                               every_row)

@@ -19,8 +19,10 @@ rows are one token per sequence: those in int4_prefill's decode branches (the th
 of its If on "the chunk is one token") and those after the last-position gather (the last
 layer's output projection and MLP, and the LM head). A MatMulNBits on a prefill chunk's
 rows keeps ONNX Runtime's kernel (a GEMM there, where this op is a GEMV). Only on CPUs
-with AVX512-VNNI: elsewhere the op's portable loops would be slower than ONNX Runtime's
-kernel.
+with AVX512-VNNI or (AVX2 CPUs without AVX-512: Zen 1-3, Intel client CPUs) AVX2, whose
+vpmaddubsw sums the same int32s 8 columns to a register (a decode step 4-15% shorter than
+with MatMulNBits on a Zen 3, docs/benchmarks.md); elsewhere the op's portable loops would
+be slower than ONNX Runtime's kernel.
 """
 
 from __future__ import annotations
@@ -79,7 +81,7 @@ def describe(native: bool) -> str:
 def choose(graph: ModelProto, bundle_dir: Path, native: bool,
            session_options: Any, every_row: bool = False) -> Int4Decode:
     """Rewrites `graph` (weights not loaded; they stay in `bundle_dir`) in place where the
-    native kernels run on a CPU with VNNI. `every_row`: prefill chunks' projections too
+    native kernels run with VNNI or AVX2 code. `every_row`: prefill chunks' projections too
     (EDGEPREFILL_INT4_PREFILL=decode, which leaves them unswitched)."""
     if why_not(native) is not None:
         return Int4Decode(0, "")
