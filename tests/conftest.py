@@ -107,6 +107,19 @@ FAMILIES: dict[str, dict] = {
     # NTK rope (written as the checkpoints write it), q/k/v and o biases
     "hunyuan_v1_dense": {"head_dim": 32, "attention_bias": True, "rope_theta": 10000.0,
                          "rope_scaling": {"type": "dynamic", "alpha": 1000.0, "factor": 1.0}},
+    # rotary on interleaved pairs of half of each head (the default partial_rotary_factor),
+    # fused gate_up, q/k/v biases; GLM-4 adds norms after attention and MLP
+    "glm": {"head_dim": 32},
+    "glm4": {"head_dim": 32},
+    # LayerNorm with bias, biases on every projection, gelu MLP, a window on every layer
+    "starcoder2": {"sliding_window": 24, "tie_word_embeddings": True},
+    # interleaved rotary, q/k/v biases without an o bias
+    "helium": {"head_dim": 16, "attention_bias": True},
+    # a sliding and a global layer
+    "ministral": {"head_dim": 16, "sliding_window": 12,
+                  "layer_types": ["sliding_attention", "full_attention"]},
+    # q/k/v biases by default, the o bias on its own key, head_dim != hidden / heads
+    "seed_oss": {"head_dim": 32, "attention_out_bias": True},
     "phi": {"num_attention_heads": 2, "num_key_value_heads": 2, "partial_rotary_factor": 0.5},
     "stablelm": {"num_attention_heads": 2, "num_key_value_heads": 2,
                  "partial_rotary_factor": 0.5, "use_qkv_bias": True},

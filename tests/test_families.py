@@ -155,6 +155,10 @@ def test_longrope_beyond_the_original_window_uses_the_long_factors(tmp_path):
         "full_attention": {"rope_type": "default"},
         "sliding_attention": {"rope_type": "ntk_alpha", "alpha": 50.0}}},
      "gemma3_text: rope type 'ntk_alpha' is not supported"),
+    ({"model_type": "helium", "mlp_bias": True}, "helium: mlp_bias=true is not supported"),
+    ({"model_type": "seed_oss", "mlp_bias": True}, "seed_oss: mlp_bias=true is not supported"),
+    # MinistralAttention reads head_dim, null unless config.json gives it
+    ({"model_type": "ministral"}, "ministral: config.json needs head_dim"),
     ({"model_type": "qwen3_vl", "text_config": None}, "text_config must be an object, got null"),
     ({"model_type": "gemma3", "text_config": []}, "text_config must be an object, got list"),
     ({"model_type": "phi3", "partial_rotary_factor": 1.5}, "rotary dimension 24 does not fit"),
@@ -266,7 +270,8 @@ def test_keys_a_config_leaves_out_take_transformers_defaults(family):
     hf = hf_config(family).get_text_config()
     head_dim = getattr(hf, "head_dim", None) or MINIMAL["hidden_size"] // 4
     assert ours.head_dim == head_dim
-    eps = next(getattr(hf, k) for k in ("rms_norm_eps", "layer_norm_eps") if hasattr(hf, k))
+    eps = next(getattr(hf, k) for k in ("rms_norm_eps", "layer_norm_eps", "norm_epsilon")
+               if hasattr(hf, k))
     assert ours.norm_eps == pytest.approx(eps)
     assert ours.ropes[GLOBAL].theta == pytest.approx(hf_theta(hf))
     partial = (hf.rope_parameters.get("full_attention") or hf.rope_parameters).get(
@@ -325,7 +330,8 @@ def test_a_sliding_window_key_slides_only_where_the_family_reads_it(family):
         window = getattr(hf, "sliding_window", None)
         types = getattr(hf, "layer_types", None)
         if family in ("llama", "gemma", "granite", "olmo2", "phi", "stablelm", "cohere",
-                      "gpt_neox", "ernie4_5", "arcee", "qwen3_vl", "hunyuan_v1_dense"):
+                      "gpt_neox", "ernie4_5", "arcee", "qwen3_vl", "hunyuan_v1_dense",
+                      "glm", "glm4", "helium", "seed_oss"):
             expected = [None] * 4
         elif types is not None:
             expected = [window if t == "sliding_attention" else None for t in types]
@@ -370,6 +376,20 @@ def test_a_switch_is_refused_only_where_the_model_reads_it(family, key):
             ModelConfig.from_hf(switched)
     else:
         assert ModelConfig.from_hf(switched) == ModelConfig.from_hf(raw)
+
+
+@pytest.mark.parametrize("family, keys", [
+    ("starcoder2", {"use_bias": False}),  # no bias on any projection
+    ("seed_oss", {"attention_out_bias": False}),  # q/k/v biases only, as the checkpoints
+    ("glm", {"attention_bias": False}),
+])
+def test_bias_switches_export_as_transformers(tmp_path, family, keys):
+    # The fixtures switch these biases on; their models' other setting is the checkpoints'
+    # (StarCoder2's and Seed-OSS's biases follow config keys, not the family).
+    hf_dir = build_hf_model(family, tmp_path / "hf", **keys)
+    ids = prompt_ids(40)
+    np.testing.assert_allclose(last_logits(export_small(hf_dir, tmp_path / "b"), ids),
+                               reference_logits(hf_dir, ids)[-1], rtol=1e-4, atol=1e-4)
 
 
 def test_gpt_neox_ignores_num_key_value_heads(tmp_path):

@@ -248,7 +248,7 @@ class DecoderBuilder:
 
     def _mlp(self, p: str, h: str) -> str:
         g, n, cfg = self.g, self.names, self.cfg
-        bias = cfg.spec.mlp_bias
+        bias = cfg.mlp_bias
         if not cfg.spec.gated_mlp:
             up = self.w.linear(h, [p + n.up + ".weight"], p + n.up + ".bias" if bias else None)
             act = self._activation(up)

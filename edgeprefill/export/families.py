@@ -63,7 +63,8 @@ class FamilySpec:
     qkv_bias: bool = False  # q/k/v biases when config.json has no `bias_key`
     bias_key: str | None = None  # the config key that switches q/k/v biases on
     o_bias: bool | None = False  # None: the same as the q/k/v biases
-    mlp_bias: bool = False
+    o_bias_key: str | None = None  # a key of its own for the o bias (Seed-OSS), o_bias unset
+    mlp_bias: bool | None = False  # None: the same as the q/k/v biases (StarCoder2)
     qkv_interleaved: bool = False  # fused qkv rows ordered [head, q|k|v, dim] (GPT-NeoX)
     rope_interleaved: bool = False  # rotary pairs are dims (2i, 2i+1), not (i, i + D/2)
     lm_head_bias: bool = False
@@ -76,6 +77,9 @@ class FamilySpec:
     # The key the family's MLP takes its activation from; the other name is ignored there
     # (Gemma 1 reads `hidden_act`, Gemma 2/3 `hidden_activation`, and configs carry both).
     act_key: str = "hidden_act"
+    # The key the family's norms take their epsilon from (StarCoder2's `norm_epsilon`);
+    # None: the first of rms_norm_eps, layer_norm_eps, layer_norm_epsilon.
+    eps_key: str | None = None
     # Whether the family's model rotates part of each head (`partial_rotary_factor`, or
     # GPT-NeoX's `rotary_pct`): Phi, Phi-3, StableLM and GPT-NeoX do; the others' default
     # rope rotates all of head_dim, a factor in their config.json notwithstanding.
@@ -294,6 +298,17 @@ QWEN2_VL = FamilySpec(
               "max_window_layers": 80, "rms_norm_eps": 1e-5, "rope_theta": 1_000_000.0},
     quirks=("q/k/v biases", *MROPE_QUIRKS),
 )
+# GLM and GLM-4: fused gate_up, rotary on interleaved pairs of the first half of each head
+# (partial_rotary_factor 0.5 unless the config says otherwise), q/k/v biases without an o
+# bias, and the config classes' own defaults (head_dim 128, eps 1.5625e-7).
+GLM_NAMES = replace(LLAMA_NAMES, gate_up="mlp.gate_up_proj")
+GLM = FamilySpec(
+    names=GLM_NAMES, bias_key="attention_bias", qkv_bias=True, rope_interleaved=True,
+    partial_rotary=True,
+    defaults={"head_dim": 128, "rms_norm_eps": 1.5625e-07, "max_position_embeddings": 131072,
+              "partial_rotary_factor": 0.5},
+    quirks=("fused gate_up weights", "q/k/v biases", "interleaved rotary"),
+)
 PHI_NAMES = TensorNames(final_norm="model.final_layernorm", o="self_attn.dense",
                         gate="", up="mlp.fc1", down="mlp.fc2")
 
@@ -412,6 +427,45 @@ FAMILIES: dict[str, FamilySpec] = {
                       k_norm="self_attn.key_layernorm"),
         required=("head_dim",), defaults={"rms_norm_eps": 1e-5}, rope_types=("ntk_alpha",),
         quirks=("per-head q/k RMSNorm after rotary",),
+    ),
+    "glm": GLM,
+    # GLM with norms after attention and MLP too (GLM-4-0414): input_layernorm,
+    # post_self_attn_layernorm, post_attention_layernorm (before the MLP), post_mlp_layernorm.
+    "glm4": replace(
+        GLM, block="sandwich",
+        names=replace(GLM_NAMES, post_attn_norm="post_self_attn_layernorm",
+                      pre_mlp_norm="post_attention_layernorm",
+                      post_mlp_norm="post_mlp_layernorm"),
+        quirks=(*GLM.quirks, "norms before and after attention and MLP"),
+    ),
+    # Llama with interleaved rotary and no o bias; its o_proj is hidden x hidden.
+    "helium": FamilySpec(
+        bias_key="attention_bias", rope_interleaved=True, unsupported=("mlp_bias",),
+        defaults={"head_dim": 128, "rms_norm_eps": 1e-8, "rope_theta": 100000.0,
+                  "max_position_embeddings": 4096, "num_key_value_heads": 20},
+        quirks=("interleaved rotary",),
+    ),
+    # Mistral whose layers slide or not as `layer_types` says (all slide without it). Its
+    # attention reads head_dim, null in the config class, with no fallback.
+    "ministral": FamilySpec(window="always", required=("head_dim",),
+                            defaults={"max_position_embeddings": 131072,
+                                      "sliding_window": 4096}),
+    # Llama with q/k/v biases on by default and the o bias on its own key.
+    "seed_oss": FamilySpec(
+        bias_key="attention_bias", qkv_bias=True, o_bias_key="attention_out_bias",
+        unsupported=("mlp_bias",),
+        defaults={"head_dim": 128, "max_position_embeddings": 524288},
+        quirks=("q/k/v biases",),
+    ),
+    # LayerNorm with bias, biases on every projection (`use_bias`), an ungated gelu MLP,
+    # and a window on every layer where the config has one.
+    "starcoder2": FamilySpec(
+        names=replace(LLAMA_NAMES, gate="", up="mlp.c_fc", down="mlp.c_proj"),
+        norm="layer", gated_mlp=False, bias_key="use_bias", qkv_bias=True, o_bias=None,
+        mlp_bias=None, tie_default=True, act_default="gelu_pytorch_tanh",
+        eps_key="norm_epsilon", window="always",
+        defaults={"norm_epsilon": 1e-5, "max_position_embeddings": 4096},
+        quirks=("LayerNorm with bias", "gelu MLP"),
     ),
     "phi": FamilySpec(
         names=PHI_NAMES, norm="layer", block="shared", gated_mlp=False, qkv_bias=True,

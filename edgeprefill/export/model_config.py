@@ -29,6 +29,8 @@ from edgeprefill.json_file import load_json_object
 ACTIVATIONS = {"silu": "silu", "swish": "silu", "gelu": "gelu", "gelu_new": "gelu_tanh",
                "gelu_pytorch_tanh": "gelu_tanh", "gelu_fast": "gelu_tanh", "relu2": "relu2"}
 GLOBAL, LOCAL = "global", "local"  # the rope tables a layer can use
+# Where a family's norms take their epsilon unless FamilySpec.eps_key names the key.
+EPS_KEYS = ("rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon")
 
 
 @dataclass(frozen=True)
@@ -54,6 +56,7 @@ class ModelConfig:
     tie_embeddings: bool
     qkv_bias: bool
     o_bias: bool
+    mlp_bias: bool
     activation: str  # a value of ACTIVATIONS
     block: str  # a key of BLOCKS (a family may choose it from the config)
     ropes: dict[str, RopeConfig]
@@ -157,7 +160,7 @@ def _read(family: str, spec: FamilySpec, raw: dict[str, Any]) -> ModelConfig:
     heads = int(raw["num_attention_heads"])
     hidden = int(raw["hidden_size"])
     head_dim = int(raw.get("head_dim") or hidden // max(heads, 1))  # 0 heads: refused
-    biased = bool(raw.get(spec.bias_key, spec.qkv_bias)) if spec.bias_key else spec.qkv_bias
+    qkv_bias, o_bias, mlp_bias = _biases(raw, spec)
     ropes = _ropes(raw, _rotary_dim(raw, spec, head_dim))
     _refuse_other_familys_rope(family, spec, ropes)
     return ModelConfig(
@@ -169,13 +172,14 @@ def _read(family: str, spec: FamilySpec, raw: dict[str, Any]) -> ModelConfig:
         num_kv_heads=int(_given(raw.get("num_key_value_heads"), heads)),
         head_dim=head_dim,
         vocab_size=int(raw["vocab_size"]),
-        norm_eps=float(_first_present(raw, ("rms_norm_eps", "layer_norm_eps",
-                                            "layer_norm_epsilon"), 1e-6)),
+        norm_eps=float(_first_present(raw, EPS_KEYS if spec.eps_key is None
+                                      else (spec.eps_key,), 1e-6)),
         # Llama's default; families whose config class has another set it in their defaults
         max_positions=int(raw.get("max_position_embeddings", 2048)),
         tie_embeddings=bool(raw.get("tie_word_embeddings", spec.tie_default)),
-        qkv_bias=biased,
-        o_bias=biased if spec.o_bias is None else spec.o_bias,
+        qkv_bias=qkv_bias,
+        o_bias=o_bias,
+        mlp_bias=mlp_bias,
         activation=_activation(raw, spec),
         block=spec.block_from_config(raw) if spec.block_from_config else spec.block,
         ropes=ropes,
@@ -224,6 +228,17 @@ def _refuse_other_familys_rope(family: str, spec: FamilySpec,
             supported = ", ".join((*SHARED_ROPE_TYPES, *spec.rope_types))
             raise ExportError(f"{family}: rope type {rope.kind!r} is not supported by this "
                               f"family's model; supported: {supported}")
+
+
+def _biases(raw: dict[str, Any], spec: FamilySpec) -> tuple[bool, bool, bool]:
+    """(q/k/v, o, MLP) biases: each the family's fixed choice, or a config switch
+    (`bias_key`, `o_bias_key`); None in the spec follows the q/k/v biases."""
+    qkv = bool(raw.get(spec.bias_key, spec.qkv_bias)) if spec.bias_key else spec.qkv_bias
+    if spec.o_bias_key is not None:
+        o = bool(raw.get(spec.o_bias_key))
+    else:
+        o = qkv if spec.o_bias is None else spec.o_bias
+    return qkv, o, qkv if spec.mlp_bias is None else spec.mlp_bias
 
 
 def _activation(raw: dict[str, Any], spec: FamilySpec) -> str:
