@@ -130,7 +130,7 @@ FAMILIES: dict[str, dict] = {
 # The families the default (fast) suite covers end to end; the rest run under `slow`.
 FAST_FAMILIES = ("llama", "mistral", "qwen2", "gemma2", "gemma3_text", "gemma3", "qwen2_5_vl",
                  "qwen3_vl", "phi3", "smollm3", "granite", "olmo2", "olmo3", "exaone4",
-                 "hunyuan_v1_dense", "phi", "gpt_neox")
+                 "hunyuan_v1_dense", "glm4", "starcoder2", "phi", "gpt_neox")
 
 
 def write_tokenizer(path: Path, vocab: int = VOCAB, top_words: Sequence[str] = (),

@@ -81,7 +81,7 @@ class FamilySpec:
     # None: the first of rms_norm_eps, layer_norm_eps, layer_norm_epsilon.
     eps_key: str | None = None
     # Whether the family's model rotates part of each head (`partial_rotary_factor`, or
-    # GPT-NeoX's `rotary_pct`): Phi, Phi-3, StableLM and GPT-NeoX do; the others' default
+    # GPT-NeoX's `rotary_pct`): Phi, Phi-3, StableLM, GPT-NeoX and GLM do; the others' default
     # rope rotates all of head_dim, a factor in their config.json notwithstanding.
     partial_rotary: bool = False
     # Whether the family's transformers model reads `sliding_window` at all: "never" (a
