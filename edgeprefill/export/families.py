@@ -307,7 +307,7 @@ GLM = FamilySpec(
     partial_rotary=True,
     defaults={"head_dim": 128, "rms_norm_eps": 1.5625e-07, "max_position_embeddings": 131072,
               "partial_rotary_factor": 0.5},
-    quirks=("fused gate_up weights", "q/k/v biases", "interleaved rotary"),
+    quirks=("fused gate_up weights", "interleaved rotary"),
 )
 PHI_NAMES = TensorNames(final_norm="model.final_layernorm", o="self_attn.dense",
                         gate="", up="mlp.fc1", down="mlp.fc2")
@@ -455,7 +455,6 @@ FAMILIES: dict[str, FamilySpec] = {
         bias_key="attention_bias", qkv_bias=True, o_bias_key="attention_out_bias",
         unsupported=("mlp_bias",),
         defaults={"head_dim": 128, "max_position_embeddings": 524288},
-        quirks=("q/k/v biases",),
     ),
     # LayerNorm with bias, biases on every projection (`use_bias`), an ungated gelu MLP,
     # and a window on every layer where the config has one.
