@@ -151,24 +151,29 @@ DecodeRows::DecodeRows(const Layout& layout, const float* qkv, std::vector<int64
   partial_.resize(pieces_.size() * group * (d + 2));
 }
 
+template <typename T>
+DecodeRows::PieceView<T> DecodeRows::View(size_t index) {
+  const Layout& s = layout_;
+  const Piece& piece = pieces_[index];
+  const int64_t d = s.head_dim, g = s.heads / s.kv_heads;
+  const int64_t at = ((rows_[piece.slot] * s.kv_heads + piece.kv) * s.capacity + piece.begin) * d;
+  return {static_cast<const T*>(cache_.keys) + at, static_cast<const T*>(cache_.values) + at,
+          q_.data() + (piece.slot * s.heads + piece.kv * g) * d,
+          scores_.data() + index * g * longest_, partial_.data() + index * g * (d + 2), g,
+          piece.end - piece.begin};
+}
+
 // One parallel piece: a KV head of a row over positions [begin, end). It leaves, per query
 // head of the group, the running max, the sum of exponentials and the unnormalized output.
 template <typename T>
 void DecodeRows::RunPiecePortable(size_t index) {
   const Layout& s = layout_;
-  const Piece& piece = pieces_[index];
-  const int64_t d = s.head_dim, g = s.heads / s.kv_heads, n = piece.end - piece.begin;
-  const int64_t head0 = piece.kv * g;
-  const int64_t cache_offset = ((rows_[piece.slot] * s.kv_heads + piece.kv) * s.capacity) * d;
-  const T* keys = static_cast<const T*>(cache_.keys) + cache_offset;
-  const T* values = static_cast<const T*>(cache_.values) + cache_offset;
-  const float* q = q_.data() + (piece.slot * s.heads + head0) * d;
-  float* scores = scores_.data() + index * g * longest_;
+  const int64_t d = s.head_dim;
+  const auto [keys, values, q, scores, out, g, n] = View<T>(index);
   for (int64_t j = 0; j < n; ++j) {  // each key row is read once for the whole group
-    const T* key = keys + (piece.begin + j) * d;
+    const T* key = keys + j * d;
     for (int64_t h = 0; h < g; ++h) scores[h * longest_ + j] = Dot(q + h * d, key, d) * s.scale;
   }
-  float* out = partial_.data() + index * g * (d + 2);
   for (int64_t h = 0; h < g; ++h) {
     float* row = scores + h * longest_;
     float top = row[0];
@@ -184,7 +189,7 @@ void DecodeRows::RunPiecePortable(size_t index) {
     acc[d + 1] = sum;
   }
   for (int64_t j = 0; j < n; ++j) {  // each value row is read once for the whole group
-    const T* value = values + (piece.begin + j) * d;
+    const T* value = values + j * d;
     for (int64_t h = 0; h < g; ++h) {
       const float weight = scores[h * longest_ + j];
       float* acc = out + h * (d + 2);
@@ -201,15 +206,8 @@ void DecodeRows::RunPiecePortable(size_t index) {
 template <int C, typename T>
 void DecodeRows::RunPieceAvx512(size_t index) {
   const Layout& s = layout_;
-  const Piece& piece = pieces_[index];
-  const int64_t d = 16 * C, g = s.heads / s.kv_heads, n = piece.end - piece.begin;
-  const int64_t stride = longest_;
-  const int64_t cache_offset = ((rows_[piece.slot] * s.kv_heads + piece.kv) * s.capacity) * d;
-  const T* keys = static_cast<const T*>(cache_.keys) + cache_offset + piece.begin * d;
-  const T* values = static_cast<const T*>(cache_.values) + cache_offset + piece.begin * d;
-  const float* q = q_.data() + (piece.slot * s.heads + piece.kv * g) * d;
-  float* scores = scores_.data() + index * g * stride;  // [group, stride]
-  float* partial = partial_.data() + index * g * (d + 2);  // [group, d + 2]
+  const int64_t d = 16 * C, stride = longest_;  // d: the head_dim RunPiece dispatched on
+  const auto [keys, values, q, scores, partial, g, n] = View<T>(index);
   const __m512 scale = _mm512_set1_ps(s.scale);
 
   int64_t j = 0;
@@ -286,15 +284,8 @@ void DecodeRows::RunPieceAvx512(size_t index) {
 template <int C, typename T>
 void DecodeRows::RunPieceAvx2(size_t index) {
   const Layout& s = layout_;
-  const Piece& piece = pieces_[index];
-  const int64_t d = 8 * C, g = s.heads / s.kv_heads, n = piece.end - piece.begin;
-  const int64_t stride = longest_;
-  const int64_t cache_offset = ((rows_[piece.slot] * s.kv_heads + piece.kv) * s.capacity) * d;
-  const T* keys = static_cast<const T*>(cache_.keys) + cache_offset + piece.begin * d;
-  const T* values = static_cast<const T*>(cache_.values) + cache_offset + piece.begin * d;
-  const float* q = q_.data() + (piece.slot * s.heads + piece.kv * g) * d;
-  float* scores = scores_.data() + index * g * stride;  // [group, stride]
-  float* partial = partial_.data() + index * g * (d + 2);  // [group, d + 2]
+  const int64_t d = 8 * C, stride = longest_;  // d: the head_dim RunPiece dispatched on
+  const auto [keys, values, q, scores, partial, g, n] = View<T>(index);
   const __m256 scale = _mm256_set1_ps(s.scale);
 
   int64_t j = 0;

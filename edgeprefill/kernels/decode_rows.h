@@ -46,6 +46,21 @@ class DecodeRows {
   int64_t longest_ = 0;
   std::vector<float> scores_;   // [pieces, group, longest]
   std::vector<float> partial_;  // [pieces, group, head_dim + 2]: output, max, sum
+  // What every RunPiece* reads and writes for piece `index`: its KV head's keys and values
+  // from the piece's first position, its group's rotated queries, its rows of scores_
+  // ([group, longest_]) and of partial_ ([group, head_dim + 2]), the group's size and the
+  // piece's positions.
+  template <typename T>
+  struct PieceView {
+    const T* keys;
+    const T* values;
+    const float* q;
+    float* scores;
+    float* partial;
+    int64_t group, length;
+  };
+  template <typename T>
+  PieceView<T> View(size_t index);
   template <int C, typename T>
   void RunPieceAvx512(size_t index);
   template <typename T>
