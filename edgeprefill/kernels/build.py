@@ -76,13 +76,19 @@ def cpu_has_bf16() -> bool:
     return "avx512_bf16" in cpu_identity().split()
 
 
+def builds_avx2(flags: list[str]) -> bool:
+    """Whether a CPU with these flags builds the kernels' AVX2 path: kernel_common.h's
+    EP_AVX2, AVX2 and FMA without AVX-512 (which takes the AVX-512 code instead)."""
+    return "avx2" in flags and "fma" in flags and "avx512f" not in flags
+
+
 def cpu_has_vector_kernels() -> bool:
     """Whether the fp32 kernels build vector code here: AVX-512, or AVX2 with FMA (Zen 1-3,
     Intel client CPUs since Haswell, Alder Lake and later among them). Elsewhere (Arm, older
     x86) the library builds its portable loops, which run slower than ONNX Runtime's own
     attention (a 2,048-token prefill 1.6x as long on a Zen 3, docs/benchmarks.md)."""
     flags = cpu_identity().split()
-    return "avx512f" in flags or ("avx2" in flags and "fma" in flags)
+    return "avx512f" in flags or builds_avx2(flags)
 
 
 def l1_data_bytes(cpu_dir: Path = Path("/sys/devices/system/cpu/cpu0/cache")) -> int | None:

@@ -35,7 +35,7 @@ from onnx import AttributeProto, GraphProto, ModelProto, NodeProto, helper
 
 from edgeprefill.engines.ort.derived import Derived, hand_over, initializer
 from edgeprefill.engines.ort.int4_prefill import INT8_ACTIVATIONS, IS_DECODE, after_gather
-from edgeprefill.kernels.build import cpu_identity
+from edgeprefill.kernels.build import builds_avx2, cpu_identity
 from edgeprefill.kernels.graph import DOMAIN, declare_domain
 
 OP = "MatMulInt4"
@@ -59,8 +59,7 @@ def cpu_has_int_kernels() -> bool:
     and no AVX-512 (kernel_common.h's EP_AVX2: Zen 1-3, Intel client CPUs). AVX-512
     without VNNI (Skylake-SP) builds neither: the portable loops, slower than MatMulNBits."""
     flags = cpu_identity().split()
-    avx2 = "avx2" in flags and "fma" in flags and "avx512f" not in flags
-    return "avx512_vnni" in flags or avx2
+    return "avx512_vnni" in flags or builds_avx2(flags)
 
 
 def why_not(native: bool) -> str | None:
