@@ -166,6 +166,8 @@ REFUSED = [
     ({"text": {"format": {"type": "grammar"}}}, "text.format", None),
     ({"reasoning": {"budget": 5}}, "reasoning.budget", None),
     ({"reasoning": {"effort": "extreme"}}, "reasoning.effort", None),
+    ({"reasoning": {"summary": "long"}}, "reasoning.summary", None),
+    ({"reasoning": {"generate_summary": True}}, "reasoning.generate_summary", None),
     ({"stream_options": {"include_usage": True}}, "stream_options.include_usage", None),
     ({"tools": [{"type": "web_search"}]}, "tools[0].type", None),
     ({"tools": [{"type": "function", "name": "a b"}]}, "tools[0].name", None),

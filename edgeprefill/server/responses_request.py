@@ -55,6 +55,7 @@ READ_HERE = frozenset({"input", "instructions", "max_output_tokens", "text", "to
                        "tool_choice", "reasoning", "store", "include", "stream_options",
                        "prompt_cache_retention"})
 INCLUDABLE = ("reasoning.encrypted_content",)
+SUMMARIES = ("auto", "concise", "detailed")  # reasoning.summary's values in OpenAI's API
 # The Response object echoes these request fields (OpenAI's defaults where absent).
 ECHOED_DEFAULTS: dict[str, Any] = {
     "instructions": None, "max_output_tokens": None, "metadata": {},
@@ -151,6 +152,11 @@ def _check_accepted(body: dict) -> None:
     if not isinstance(body.get("store", False), (bool, type(None))):
         raise ApiError(400, "'store' must be true or false", "store")
     _known_keys(body.get("reasoning"), "reasoning", ("effort", "summary", "generate_summary"))
+    for key in ("summary", "generate_summary"):  # echoed in the Response: one of OpenAI's
+        value = (body.get("reasoning") or {}).get(key)
+        if value is not None and value not in SUMMARIES:
+            raise ApiError(400, f"'reasoning.{key}' must be one of {', '.join(SUMMARIES)}",
+                           f"reasoning.{key}")
     _known_keys(body.get("stream_options"), "stream_options", ("include_obfuscation",))
     include = body.get("include") or []
     if not isinstance(include, list) or any(i not in INCLUDABLE for i in include):
