@@ -134,16 +134,18 @@ FAST_FAMILIES = ("llama", "mistral", "qwen2", "gemma2", "gemma3_text", "gemma3",
 
 
 def write_tokenizer(path: Path, vocab: int = VOCAB, top_words: Sequence[str] = (),
-                    chat_template: str = CHAT_TEMPLATE) -> None:
+                    chat_template: str = CHAT_TEMPLATE, special: Sequence[str] = ()) -> None:
     """A WordLevel tokenizer over words w0..w{vocab-1}; w1 is BOS, w2 is EOS. `top_words`
-    take the last ids instead (top_word_id), for tests that script replies in words."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    take the last ids instead (top_word_id), for tests that script replies in words;
+    those in `special` are the tokenizer's special tokens (as chat markers are)."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
     words = {f"w{i}": i for i in range(vocab - len(top_words))}
     words.update({w: top_word_id(top_words, w, vocab) for w in top_words})
     tok = Tokenizer(models.WordLevel(words, unk_token="w0"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     tok.decoder = decoders.WordPiece(prefix="##")  # joins words with spaces
+    tok.add_special_tokens([AddedToken(w, special=True) for w in special])
     tok.save(str(path / "tokenizer.json"))
     (path / "tokenizer_config.json").write_text(json.dumps(
         {"bos_token": "w1", "eos_token": "w2", "chat_template": chat_template}
@@ -155,7 +157,7 @@ def top_word_id(top_words: Sequence[str], word: str, vocab: int = VOCAB) -> int:
 
 
 def word_bundle(hf_model, tmp_path_factory, name: str, top_words: Sequence[str],
-                chat_template: str) -> Path:
+                chat_template: str, special: Sequence[str] = ()) -> Path:
     """The random llama exported with write_tokenizer's words and `chat_template` (chunks
     16 and 64, 256 positions): the bundle of the server tests that script replies in
     words (follow_tokens)."""
@@ -165,7 +167,7 @@ def word_bundle(hf_model, tmp_path_factory, name: str, top_words: Sequence[str],
 
     hf = tmp_path_factory.mktemp(f"hf-{name}")
     shutil.copytree(hf_model("llama"), hf, dirs_exist_ok=True)
-    write_tokenizer(hf, top_words=top_words, chat_template=chat_template)
+    write_tokenizer(hf, top_words=top_words, chat_template=chat_template, special=special)
     out = tmp_path_factory.mktemp(f"bundle-{name}")
     export(hf, out, ExportOptions(chunks=(16, 64), max_context=256, show_progress=False,
                                   overwrite=True))

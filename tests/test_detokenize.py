@@ -90,3 +90,26 @@ def test_a_sequence_the_stream_decoder_gives_up_on_still_streams():
     ids = [tok.token_to_id(t) for t in ("▁the", "<0x35>", "<0xEB>", "▁river", "▁jade")]
     text, pieces, _ = stream(decoder, ids)
     assert text == "the5\ufffd river jade"  # the valid byte kept, the invalid one U+FFFD
+
+
+def test_a_reply_keeps_the_special_tokens_a_parser_reads_and_drops_the_others(tokenizer):
+    """LFM2's tool-call tags are special tokens: a reply's text keeps them (as
+    transformers' decode without skipping special tokens writes them) and still drops
+    the others, such as the end of a turn, wherever they come."""
+    from tokenizers import AddedToken, Tokenizer
+
+    from edgeprefill.sdk.tokenizer import KEPT_SPECIAL_TOKENS, _dropped_specials
+
+    tok = Tokenizer.from_str(tokenizer.tokenizer.to_str())  # a copy: the fixture is shared
+    tok.add_special_tokens([AddedToken(t, special=True)
+                            for t in (*KEPT_SPECIAL_TOKENS, "<|im_end|>")])
+    start, end, im_end = (tok.token_to_id(t) for t in (*KEPT_SPECIAL_TOKENS, "<|im_end|>"))
+    text_ids = [tok.encode(t).ids for t in ("naïve 😀 ", '[f(a="你好")]', " ok")]
+    ids = [*text_ids[0], start, *text_ids[1], end, *text_ids[2], im_end]
+    decoder = SimpleNamespace(tokenizer=tok, dropped_specials=_dropped_specials(tok),
+                              decode=lambda ids: tok.decode(ids))
+    text, pieces, _ = stream(decoder, ids)
+    assert text == tok.decode([i for i in ids if i != im_end], skip_special_tokens=False)
+    assert text == 'naïve 😀 <|tool_call_start|>[f(a="你好")]<|tool_call_end|> ok'
+    # Without such tokens every special token is dropped, as before.
+    assert _dropped_specials(byte_level_bpe()) is None

@@ -53,6 +53,24 @@ RECORDED = [
     ("mistral", 'Sure. [TOOL_CALLS] [{"name": "get_time", "arguments": {}}]', "Sure.",
      [("get_time", {})]),  # text first, then the calls (as vLLM parses it)
     ("mistral", "a [TOOL_ reply with no call", "a [TOOL_ reply with no call", []),
+    ("pythonic", 'Let me check. <|tool_call_start|>[get_weather(city="Paris", days=3, '
+     "metric=True), get_time()]<|tool_call_end|>", "Let me check.",
+     [("get_weather", {"city": "Paris", "days": 3, "metric": True}), ("get_time", {})]),
+    ("pythonic", "<|tool_call_start|>[get_weather(city='Oslo', hint=null, ok=false)]"
+     "<|tool_call_end|> done", " done",
+     [("get_weather", {"city": "Oslo", "hint": None, "ok": False})]),  # JSON's names too
+    ("pythonic", '<|tool_call_start|>[{"name": "get_time", "arguments": {}}]'
+     "<|tool_call_end|>", "", [("get_time", {})]),  # a JSON call object in the list
+    ("pythonic", "<|tool_call_start|>[get_weather(city=open('x'))]<|tool_call_end|>",
+     "<|tool_call_start|>[get_weather(city=open('x'))]<|tool_call_end|>", []),  # no code
+    ("pythonic", "<|tool_call_start|>[get_weather('Rome')]<|tool_call_end|>",
+     "<|tool_call_start|>[get_weather('Rome')]<|tool_call_end|>", []),  # positional
+    ("pythonic", "<|tool_call_start|>[f(a=1, a=2)]<|tool_call_end|>",
+     "<|tool_call_start|>[f(a=1, a=2)]<|tool_call_end|>", []),  # a keyword twice
+    ("pythonic", "<|tool_call_start|>[f(a={1, 2})]<|tool_call_end|>",
+     "<|tool_call_start|>[f(a={1, 2})]<|tool_call_end|>", []),  # a set is not JSON
+    ("pythonic", "<|tool_call_start|>[get_time(", "<|tool_call_start|>[get_time(", []),
+    ("pythonic", "x = [1, 2] and f(y=1)", "x = [1, 2] and f(y=1)", []),  # no tags
 ]
 
 
@@ -129,6 +147,8 @@ def manifest(template: str | None, family: str = "llama"):
     (None, "qwen3", "hermes"),
     (None, "mistral", "mistral"),
     (None, "llama", "llama3_json"),
+    ("<|tool_list_start|>{{ tools | tojson }}<|tool_list_end|>", "llama", "pythonic"),
+    (None, "lfm2", "pythonic"),
 ])
 def test_the_call_format_comes_from_the_template_then_the_family(template, family, expected):
     assert call_format(manifest(template, family)) == expected

@@ -17,6 +17,12 @@ if TYPE_CHECKING:
 
 Prompt = str | Sequence[int] | Sequence[dict[str, Any]]
 
+# Special tokens that stay in the reply text where the tokenizer has them as special
+# tokens: markers a reply parser reads (LFM2's tool-call tags; server/tool_parsers.py).
+# Every other special token (end of turn, BOS) is dropped, as transformers' decode with
+# skip_special_tokens does; vLLM keeps them by decoding without skipping for such models.
+KEPT_SPECIAL_TOKENS = ("<|tool_call_start|>", "<|tool_call_end|>")
+
 
 class Decoder(Protocol):
     """What TextStreamer needs of a tokenizer (BundleTokenizer, or any stand-in)."""
@@ -44,6 +50,7 @@ class BundleTokenizer:
             self.chat_template = ChatTemplate(info.chat_template, tokens)
         self.vocab_size = manifest.model.vocab_size
         self._token_bytes: Callable[[int], bytes] | None = None
+        self.dropped_specials = _dropped_specials(self.tokenizer)
 
     def encode(self, prompt: Prompt, **chat: Any) -> list[int]:
         """Token ids of a prompt: text (the tokenizer adds its special tokens, e.g. BOS),
@@ -160,11 +167,22 @@ def _token_ids(items: list[object]) -> TypeGuard[list[int]]:
     return all(is_integral(t) for t in items)
 
 
+def _dropped_specials(tokenizer: Tokenizer | None) -> frozenset[int] | None:
+    """The special token ids a reply's text drops where the tokenizer has some of
+    KEPT_SPECIAL_TOKENS as special tokens; None where it has none (all are dropped)."""
+    if tokenizer is None:
+        return None
+    special = {i: t.content for i, t in tokenizer.get_added_tokens_decoder().items()
+               if t.special}
+    dropped = frozenset(i for i, text in special.items() if text not in KEPT_SPECIAL_TOKENS)
+    return None if len(dropped) == len(special) else dropped
+
+
 def _stream_decoder(tokenizer: Decoder) -> _DecodeStream | _WindowDecoder:
     # A BundleTokenizer holds its `tokenizers` backend (None without tokenizer.json).
     backend: Tokenizer | None = getattr(tokenizer, "tokenizer", None)
     if backend is not None:
-        return _DecodeStream(backend)
+        return _DecodeStream(backend, getattr(tokenizer, "dropped_specials", None))
     return _WindowDecoder(tokenizer)
 
 
@@ -172,25 +190,34 @@ class _DecodeStream:
     """`tokenizers`' own streaming decoder, exact for byte-level and byte-fallback BPE,
     until it gives up: after a byte token, an invalid UTF-8 sequence makes it raise
     ("Invalid prefix encountered"), where decoding the ids whole gives U+FFFD. From then
-    on the window decoder carries on from the last id whose text was returned."""
+    on the window decoder carries on from the last id whose text was returned.
 
-    def __init__(self, backend: Tokenizer) -> None:
+    `dropped`: where a reply keeps some special tokens (KEPT_SPECIAL_TOKENS), the others'
+    ids, which never reach the decoder; the text is then the ids' decode without skipping
+    special tokens, as transformers and vLLM decode for such tool parsers. None: every
+    special token is dropped (skip_special_tokens)."""
+
+    def __init__(self, backend: Tokenizer, dropped: frozenset[int] | None = None) -> None:
         from tokenizers.decoders import DecodeStream
 
         self.backend = backend
-        self.stream = DecodeStream(skip_special_tokens=True)
+        self.skip = dropped is None
+        self.dropped = dropped or frozenset()
+        self.stream = DecodeStream(skip_special_tokens=self.skip)
         self.window: _WindowDecoder | None = None
         self.ids: list[int] = []
         self.settled = 0  # ids before this index have had all their text returned
 
     def step(self, token_id: int) -> str:
+        if token_id in self.dropped:
+            return ""
         self.ids.append(token_id)
         if self.window is None:
             try:
                 text = self.stream.step(self.backend, token_id)
             except Exception:  # noqa: BLE001 - tokenizers raises a bare Exception
-                self.window = _WindowDecoder(_Skipping(self.backend), self.ids[:-1],
-                                             self.settled)
+                self.window = _WindowDecoder(_Skipping(self.backend, self.skip),
+                                             self.ids[:-1], self.settled)
             else:
                 if text is not None:
                     self.settled = len(self.ids)
@@ -199,18 +226,21 @@ class _DecodeStream:
 
     def finish(self) -> str:
         if self.window is None:
-            self.window = _WindowDecoder(_Skipping(self.backend), self.ids, self.settled)
+            self.window = _WindowDecoder(_Skipping(self.backend, self.skip), self.ids,
+                                         self.settled)
         return self.window.finish()
 
 
 class _Skipping:
-    """A tokenizers.Tokenizer as a Decoder, special tokens dropped as the stream drops them."""
+    """A tokenizers.Tokenizer as a Decoder, special tokens dropped (or not) as the stream
+    drops them."""
 
-    def __init__(self, backend: Tokenizer) -> None:
+    def __init__(self, backend: Tokenizer, skip: bool = True) -> None:
         self.backend = backend
+        self.skip = skip
 
     def decode(self, ids: list[int]) -> str:
-        return self.backend.decode(ids, skip_special_tokens=True)
+        return self.backend.decode(ids, skip_special_tokens=self.skip)
 
 
 class _WindowDecoder:

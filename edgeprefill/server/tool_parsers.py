@@ -17,6 +17,7 @@ A parser never loses text: whatever does not parse as a call stays content.
 
 from __future__ import annotations
 
+import ast
 import json
 import re
 import uuid
@@ -152,7 +153,7 @@ class TaggedParser(ToolParser):
         rest, self.buffer = self.buffer, ""
         if self.inside:  # the reply ended inside a call: a call if it is one, else text
             self.inside = False
-            return [] if self.scan is not None else [self._call_or_text(rest, closed=False)]
+            return [] if self.scan is not None else self._calls_or_text(rest, closed=False)
         return [Piece(rest)] if rest.strip() else []
 
     def _outside_step(self, pieces: list[Piece]) -> bool:
@@ -186,18 +187,78 @@ class TaggedParser(ToolParser):
             return False
         body, self.buffer = self.buffer[:close], self.buffer[close + len(self.close_tag):]
         if self.scan is None:
-            pieces.append(self._call_or_text(body, closed=True))
+            pieces.extend(self._calls_or_text(body, closed=True))
         self.inside, self.scan = False, None
         return True
 
-    def _call_or_text(self, body: str, closed: bool) -> Piece:
+    def _calls_or_text(self, body: str, closed: bool) -> list[Piece]:
+        calls = self.calls(body)
+        if calls is None:
+            return [Piece(f"{self.open_tag}{body}{self.close_tag if closed else ''}")]
+        return [Piece(call=call) for call in calls]
+
+    def calls(self, body: str) -> list[ToolCall] | None:
+        """The calls between one open and close tag, or None if it is not calls."""
         try:
             call = _call_from(json.loads(body), self.argument_keys, self.short_ids)
         except ValueError:
-            call = None
-        if call is None:
-            return Piece(f"{self.open_tag}{body}{self.close_tag if closed else ''}")
-        return Piece(call=call)
+            return None
+        return None if call is None else [call]
+
+
+class PythonicParser(TaggedParser):
+    """LFM2's calls: a Python list of calls with keyword arguments between its tags,
+    `<|tool_call_start|>[get_weather(city="Paris"), get_time()]<|tool_call_end|>`, ordinary
+    text around them (llama.cpp and sglang read it so). The tags are special tokens the
+    detokenizer keeps (sdk/tokenizer.py, KEPT_SPECIAL_TOKENS). Python's arguments are not
+    JSON as they stream, so each call is sent whole at the close tag. A list of JSON call
+    objects between the tags, which these models also write, counts too."""
+
+    open_tag = "<|tool_call_start|>"
+    close_tag = "<|tool_call_end|>"
+    head = re.compile(r"(?!)")  # never streams arguments
+
+    def calls(self, body: str) -> list[ToolCall] | None:
+        try:
+            tree = ast.parse(body.strip(), mode="eval").body
+        except (SyntaxError, ValueError, RecursionError, MemoryError):
+            return None
+        nodes = tree.elts if isinstance(tree, ast.List) else [tree]
+        calls = [self._call(node) for node in nodes]
+        return None if not calls or None in calls else calls  # type: ignore[return-value]
+
+    def _call(self, node: ast.expr) -> ToolCall | None:
+        try:
+            if isinstance(node, ast.Dict):  # a JSON call object
+                return _call_from(_literal(node), ("arguments", "parameters"))
+            if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Name):
+                return None
+            names = [k.arg for k in node.keywords]
+            if node.args or None in names or len(set(names)) != len(names):
+                return None  # positional arguments, **kwargs, or a name twice
+            arguments = {k.arg: _literal(k.value) for k in node.keywords}
+            return new_call(node.func.id, arguments)
+        except (TypeError, ValueError):  # not a literal, or one JSON cannot hold (a set)
+            return None
+
+
+class _JsonNames(ast.NodeTransformer):
+    """JSON's true, false and null as the Python constants the model meant."""
+
+    VALUES = {"true": True, "false": False, "null": None}
+
+    def visit_Name(self, node: ast.Name) -> ast.AST:
+        if node.id in self.VALUES:
+            return ast.copy_location(ast.Constant(self.VALUES[node.id]), node)
+        return node
+
+
+def _literal(node: ast.expr) -> Any:
+    """A Python (or JSON) literal's value; ValueError where it is not one."""
+    try:
+        return ast.literal_eval(_JsonNames().visit(node))
+    except (SyntaxError, RecursionError, MemoryError) as err:
+        raise ValueError("not a literal") from err
 
 
 class _ObjectScan:
@@ -377,6 +438,7 @@ PARSERS: dict[str, type[ToolParser]] = {
     "hermes": TaggedParser,
     "llama3_json": Llama3JsonParser,
     "mistral": MistralParser,
+    "pythonic": PythonicParser,
 }
 
 

@@ -40,10 +40,11 @@ CHOICES = ("none", "auto", "required")
 
 # A template marker -> the call format the model was trained on; first match wins.
 TEMPLATE_FORMATS = (("<tool_call>", "hermes"), ("[TOOL_CALLS]", "mistral"),
-                    ("<|python_tag|>", "llama3_json"), ("ipython", "llama3_json"))
+                    ("<|python_tag|>", "llama3_json"), ("ipython", "llama3_json"),
+                    ("<|tool_call_start|>", "pythonic"), ("<|tool_list_start|>", "pythonic"))
 # Without a marker: the family's usual format.
 FAMILY_FORMATS = {"qwen2": "hermes", "qwen3": "hermes", "llama": "llama3_json",
-                  "mistral": "mistral"}
+                  "mistral": "mistral", "lfm2": "pythonic"}
 
 
 @dataclass(frozen=True)
