@@ -76,6 +76,7 @@ def test_run_errors(bundle, tmp_path):
     assert_one_line_error(cli("run", path, "--prompt", ""), "empty")
     assert_one_line_error(cli("run", path, "--prompt", "w3", "--top-p", "0"), "top_p")
     assert_one_line_error(cli("run", path), "exactly one of")
+    assert_one_line_error(cli("run", path, "w3", "--prompt", "w4"), "not both")
 
 
 def test_corrupt_bundle_is_refused(bundle, tmp_path):

@@ -42,3 +42,10 @@ def test_sessions_runs_the_prompt_concurrently(bundle):
     assert result.returncode == 0, result.stderr
     texts = [line for line in result.stdout.splitlines() if line and not line.startswith("---")]
     assert len(texts) == 3 and len(set(texts)) == 1  # greedy: the same reply three times
+
+
+def test_the_prompt_can_follow_the_bundle_as_ollama_run_takes_it(bundle):
+    given = cli("run", bundle("llama"), "w5 w6 w7", "--max-new-tokens", "3")
+    option = cli("run", bundle("llama"), "--prompt", "w5 w6 w7", "--max-new-tokens", "3")
+    assert given.returncode == 0, given.stderr
+    assert given.stdout == option.stdout and len(given.stdout.split()) == 3

@@ -25,7 +25,8 @@ def _priority(ctx: click.Context, param: click.Parameter, value: str) -> int:
 
 @click.command()
 @click.argument("bundle", type=click.Path(path_type=str))
-@click.option("-p", "--prompt", help="Prompt text.")
+@click.argument("prompt_arg", metavar="[PROMPT]", required=False)
+@click.option("-p", "--prompt", help="Prompt text (or give it after BUNDLE).")
 @click.option("--prompt-file", type=click.File("r"), help="Read the prompt from a file.")
 @click.option("--chat", is_flag=True, help="Send the prompt as a user message through the "
               "bundle's chat template.")
@@ -59,7 +60,7 @@ def _priority(ctx: click.Context, param: click.Parameter, value: str) -> int:
 @engine_options()
 @click.option("--stats", is_flag=True, help="Print TTFT, prefill/decode tokens/s and chunks "
               "to stderr.")
-def run(bundle, prompt, prompt_file, chat, system, interactive, sessions, prompts_file,
+def run(bundle, prompt_arg, prompt, prompt_file, chat, system, interactive, sessions, prompts_file,
         priority, stats,
         max_new_tokens, temperature, top_k, top_p, repetition_penalty, seed, stop, ignore_eos,
         engine):
@@ -67,19 +68,25 @@ def run(bundle, prompt, prompt_file, chat, system, interactive, sessions, prompt
 
     \b
     Examples:
+      edgeprefill run build/tiny-recall "the secret is jade . what was the secret ?"
       edgeprefill run build/tiny-recall --prompt-file models/tiny-recall/demo_prompt.txt --stats
       edgeprefill run build/tiny-recall --interactive
       edgeprefill run build/tiny-recall --prompts samples/requests.jsonl --stats
     """
     from edgeprefill.sdk import Engine, GenerationParams
 
+    if prompt_arg is not None:
+        if prompt is not None:
+            raise RequestError("give the prompt after BUNDLE or as --prompt, not both")
+        prompt = prompt_arg
     if prompt is not None and prompt_file is not None:
         raise RequestError("give --prompt or --prompt-file, not both")
     if prompt_file is not None:
         prompt = _text(prompt_file, "--prompt-file").rstrip("\n")
     modes = sum([prompt is not None, interactive, prompts_file is not None])
     if modes != 1:
-        raise RequestError("give exactly one of --prompt/--prompt-file, --interactive, --prompts")
+        raise RequestError("give exactly one of a PROMPT (or --prompt/--prompt-file), "
+                           "--interactive, --prompts")
     if sessions > 1 and prompt is None:
         raise RequestError("--sessions repeats --prompt/--prompt-file; --prompts and "
                            "--interactive take no --sessions")
