@@ -129,6 +129,11 @@ FAMILIES: dict[str, dict] = {
     # as the 3B is
     "mistral3": {"model_type": "ministral3", "head_dim": 16, "tie_word_embeddings": True,
                  "rope_parameters": MINISTRAL3_ROPE},
+    # the Hub's tensor names, a llama3 rope whose original window the prompts cross, tied as
+    # the 2.4B is
+    "exaone": {"tie_word_embeddings": True, "rope_parameters": {
+        "rope_type": "llama3", "rope_theta": 1e6, "factor": 8.0, "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0, "original_max_position_embeddings": 64}},
     # q/k/v biases by default, the o bias on its own key, head_dim != hidden / heads
     "seed_oss": {"head_dim": 32, "attention_out_bias": True},
     "phi": {"num_attention_heads": 2, "num_key_value_heads": 2, "partial_rotary_factor": 0.5},

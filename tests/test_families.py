@@ -334,7 +334,7 @@ def test_a_sliding_window_key_slides_only_where_the_family_reads_it(family):
         types = getattr(hf, "layer_types", None)
         if family in ("llama", "gemma", "granite", "olmo2", "phi", "stablelm", "cohere",
                       "gpt_neox", "ernie4_5", "arcee", "qwen3_vl", "hunyuan_v1_dense",
-                      "glm", "glm4", "helium", "seed_oss"):
+                      "glm", "glm4", "helium", "seed_oss", "exaone"):
             expected = [None] * 4
         elif types is not None:
             expected = [window if t == "sliding_attention" else None for t in types]

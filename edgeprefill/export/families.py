@@ -264,6 +264,15 @@ def _hunyuan_ntk_alpha(raw: dict[str, Any]) -> dict[str, Any]:
     return raw
 
 
+def _exaone_aliases(raw: dict[str, Any]) -> dict[str, Any]:
+    # ExaoneConfig's attribute_map: the Hub's config.json names these keys its own way, and
+    # the alias wins where both are given.
+    for alias, key in EXAONE_ALIASES.items():
+        if alias in raw:
+            raw = {**{k: v for k, v in raw.items() if k != alias}, key: raw[alias]}
+    return raw
+
+
 def _ministral3_rope(raw: dict[str, Any]) -> dict[str, Any]:
     # Ministral3Config: without rope_parameters (absent or null) the model takes its yarn
     # rope with Llama 4's query scale, whatever a top-level rope_theta says.
@@ -277,6 +286,8 @@ def _parallel_if_configured(raw: dict[str, Any]) -> str:
 
 
 OLMO3_THETA = 500000.0
+EXAONE_ALIASES = {"num_layers": "num_hidden_layers", "layer_norm_epsilon": "rms_norm_eps",
+                  "activation_function": "hidden_act"}
 MINISTRAL3_ROPE = {"rope_type": "yarn", "rope_theta": 1_000_000.0, "factor": 16.0,
                    "original_max_position_embeddings": 16384, "beta_fast": 32.0,
                    "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0,
@@ -337,6 +348,13 @@ MINISTRAL3 = FamilySpec(
     quirks=("query x (1 + beta log(1 + floor(position / original window))), Llama 4's",),
 )
 IMAGE_TEXT_QUIRK = "language model of an image-text checkpoint (vision tower left out)"
+# transformers 5 loads EXAONE 3.0/3.5 as Llama, renaming the Hub's tensors.
+EXAONE_NAMES = TensorNames(
+    embed=("transformer.wte.weight",), final_norm="transformer.ln_f",
+    layer="transformer.h.{i}.", q="attn.attention.q_proj", k="attn.attention.k_proj",
+    v="attn.attention.v_proj", o="attn.attention.out_proj", gate="mlp.c_fc_0",
+    up="mlp.c_fc_1", down="mlp.c_proj", input_norm="ln_1", post_attn_norm="ln_2",
+)
 PHI_NAMES = TensorNames(final_norm="model.final_layernorm", o="self_attn.dense",
                         gate="", up="mlp.fc1", down="mlp.fc2")
 
@@ -491,6 +509,12 @@ FAMILIES: dict[str, FamilySpec] = {
         left_out=("vision_tower.", "multi_modal_projector.", "model.vision_tower.",
                   "model.multi_modal_projector."),
         quirks=(*MINISTRAL3.quirks, IMAGE_TEXT_QUIRK),
+    ),
+    # Llama under the Hub's own tensor and config key names (EXAONE 3.0 and 3.5).
+    "exaone": FamilySpec(
+        **ATTENTION_BIAS, names=EXAONE_NAMES, legacy=_exaone_aliases, unsupported=("mlp_bias",),
+        defaults={"rope_theta": 500_000.0, "max_position_embeddings": 4096,
+                  "num_key_value_heads": 8, "rms_norm_eps": 1e-5},
     ),
     # Llama with q/k/v biases on by default and the o bias on its own key.
     "seed_oss": FamilySpec(
