@@ -33,6 +33,10 @@ CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}assistant: {% endif %}"
 )
 
+# Ministral 3's rope dict with an original window of 8 positions instead of 16384.
+MINISTRAL3_ROPE = {"rope_type": "yarn", "rope_theta": 1e6, "factor": 16.0,
+                   "original_max_position_embeddings": 8, "beta_fast": 32.0, "beta_slow": 1.0,
+                   "mscale": 1.0, "mscale_all_dim": 1.0, "llama_4_scaling_beta": 0.1}
 # family -> config overrides; each exercises one thing the exporter must get right. The
 # key's first part (before "-") is the model_type. Windows are small so that the test
 # prompts cross them several times.
@@ -118,6 +122,18 @@ FAMILIES: dict[str, dict] = {
     # a sliding and a global layer
     "ministral": {"head_dim": 16, "sliding_window": 12,
                   "layer_types": ["sliding_attention", "full_attention"]},
+    # Llama 4's query scale from position 8 on (the prompts cross several of its steps), a
+    # yarn rope, and a window on every layer
+    "ministral3": {"head_dim": 16, "sliding_window": 24, "rope_parameters": MINISTRAL3_ROPE},
+    # Mistral3ForConditionalGeneration's Ministral 3 (a tiny vision tower beside it), tied
+    # as the 3B is
+    "mistral3": {"model_type": "ministral3", "head_dim": 16, "tie_word_embeddings": True,
+                 "rope_parameters": MINISTRAL3_ROPE},
+    # the Hub's tensor names, a llama3 rope whose original window the prompts cross, tied as
+    # the 2.4B is
+    "exaone": {"tie_word_embeddings": True, "rope_parameters": {
+        "rope_type": "llama3", "rope_theta": 1e6, "factor": 8.0, "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0, "original_max_position_embeddings": 64}},
     # q/k/v biases by default, the o bias on its own key, head_dim != hidden / heads
     "seed_oss": {"head_dim": 32, "attention_out_bias": True},
     "phi": {"num_attention_heads": 2, "num_key_value_heads": 2, "partial_rotary_factor": 0.5},
@@ -130,7 +146,8 @@ FAMILIES: dict[str, dict] = {
 # The families the default (fast) suite covers end to end; the rest run under `slow`.
 FAST_FAMILIES = ("llama", "mistral", "qwen2", "gemma2", "gemma3_text", "gemma3", "qwen2_5_vl",
                  "qwen3_vl", "phi3", "smollm3", "granite", "olmo2", "olmo3", "exaone4",
-                 "hunyuan_v1_dense", "glm4", "starcoder2", "phi", "gpt_neox")
+                 "hunyuan_v1_dense", "glm4", "starcoder2", "phi", "gpt_neox", "ministral3",
+                 "mistral3")
 
 
 def write_tokenizer(path: Path, vocab: int = VOCAB, top_words: Sequence[str] = (),
@@ -250,6 +267,7 @@ TINY_VISION = {"hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 
 # as small as its config allows (the Qwen towers merge into the fixtures' hidden size 64).
 IMAGE_TEXT = {
     "gemma3": {"vision_config": TINY_VISION, "mm_tokens_per_image": 4},
+    "mistral3": {"vision_config": {**TINY_VISION, "head_dim": 8}},
     "qwen2_vl": {"vision_config": {"depth": 1, "embed_dim": 16, "hidden_size": 64,
                                    "num_heads": 2, "mlp_ratio": 2, "patch_size": 14}},
     "qwen2_5_vl": {"vision_config": {

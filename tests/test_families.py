@@ -237,8 +237,11 @@ MINIMAL = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=4,
 
 def least(family: str) -> dict:
     """MINIMAL and the keys the family's model cannot do without (FamilySpec.required:
-    HunYuan's attention reads head_dim, which its config class leaves null)."""
-    return {**MINIMAL, **{key: 16 for key in FAMILIES[family].required}}
+    HunYuan's attention reads head_dim, which its config class leaves null; the language
+    model's type where an image-text family takes one kind only: Mistral 3's Ministral 3)."""
+    spec = FAMILIES[family]
+    text_type = {"model_type": spec.text_types[0]} if spec.text_types else {}
+    return {**MINIMAL, **{key: 16 for key in spec.required}, **text_type}
 
 
 def hf_config(family: str, **keys):
@@ -331,7 +334,7 @@ def test_a_sliding_window_key_slides_only_where_the_family_reads_it(family):
         types = getattr(hf, "layer_types", None)
         if family in ("llama", "gemma", "granite", "olmo2", "phi", "stablelm", "cohere",
                       "gpt_neox", "ernie4_5", "arcee", "qwen3_vl", "hunyuan_v1_dense",
-                      "glm", "glm4", "helium", "seed_oss"):
+                      "glm", "glm4", "helium", "seed_oss", "exaone"):
             expected = [None] * 4
         elif types is not None:
             expected = [window if t == "sliding_attention" else None for t in types]

@@ -1,4 +1,5 @@
-"""Image-text checkpoints (Gemma 3 4B and larger): the language model is exported alone."""
+"""Image-text checkpoints (Gemma 3 4B and larger, Ministral 3): the language model is exported
+alone."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import json
 import logging
 
 import numpy as np
+import pytest
 import transformers
 from safetensors.numpy import load_file, save_file
 
@@ -63,10 +65,11 @@ def test_the_outer_config_decides_the_tying():
     assert not ModelConfig.from_hf(untied).tie_embeddings
 
 
-def test_transformers_5_layout_exports_as_the_hub_layout(tmp_path):
+@pytest.mark.parametrize("family", ("gemma3", "mistral3"))
+def test_transformers_5_layout_exports_as_the_hub_layout(tmp_path, family):
     """transformers 5 names the language model `model.language_model.…` in memory (and in
     checkpoints some tools save from it); the Hub's are `language_model.model.…`."""
-    hf_dir = build_hf_model("gemma3", tmp_path / "hf")
+    hf_dir = build_hf_model(family, tmp_path / "hf")
     tensors = load_file(hf_dir / "model.safetensors")
     assert any(n.startswith("language_model.model.layers.") for n in tensors)
     moved = {}
@@ -85,8 +88,9 @@ def test_transformers_5_layout_exports_as_the_hub_layout(tmp_path):
                                reference_logits(hf_dir, ids)[-1], rtol=1e-4, atol=1e-4)
 
 
-def test_the_vision_tower_is_left_out_in_one_line(tmp_path, caplog):
-    hf_dir = build_hf_model("gemma3", tmp_path / "hf")
+@pytest.mark.parametrize("family", ("gemma3", "mistral3"))
+def test_the_vision_tower_is_left_out_in_one_line(tmp_path, caplog, family):
+    hf_dir = build_hf_model(family, tmp_path / "hf")
     with caplog.at_level(logging.WARNING, logger="edgeprefill"):
         export_small(hf_dir, tmp_path / "b")
     messages = [r.getMessage() for r in caplog.records]

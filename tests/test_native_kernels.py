@@ -124,7 +124,7 @@ def decode_rows(backend: OnnxRuntimeBackend, prompts: list[np.ndarray], steps: i
     return np.array(logits)
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen3"])
+@pytest.mark.parametrize("family", ["llama", "qwen3", "mistral3"])  # mistral3: q scaled, split
 def test_rows_with_different_past_lengths_decode_the_same_tokens(library, bundle, mode, family):
     rng = np.random.default_rng(2)
     prompts = [rng.integers(3, 128, n) for n in (3, 150, 37)]

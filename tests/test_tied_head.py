@@ -19,7 +19,7 @@ from tests.test_torch_checkpoints import as_torch_files
 # family -> the level of config.json whose tie_word_embeddings the family's model reads
 # (Qwen3-VL's and Gemma 3's outer config, either level of Qwen2-VL's): a true value there.
 TIE_AT = {"llama": "outer", "qwen3_vl": "outer", "qwen2_vl": "text_config",
-          "gemma3": "outer", "phi": "outer"}
+          "gemma3": "outer", "phi": "outer", "mistral3": "outer"}
 KEPT_APART = "ties the embeddings, but the checkpoint's"
 
 

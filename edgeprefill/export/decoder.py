@@ -32,7 +32,7 @@ from edgeprefill.contract import (
 from edgeprefill.errors import ExportError
 from edgeprefill.export.checkpoint import Checkpoint
 from edgeprefill.export.families import TensorNames
-from edgeprefill.export.flavors import Flavor, StepTensors
+from edgeprefill.export.flavors import Flavor, StepTensors, positions
 from edgeprefill.export.graph import GraphBuilder
 from edgeprefill.export.lm_head import head_weight
 from edgeprefill.export.model_config import LayerAttention, ModelConfig
@@ -73,6 +73,7 @@ class DecoderBuilder:
         step = self.flavor.step_tensors(g, past_lens, chunk, kv_names(0).past_key)
         self.tokens = (PackedTokens(g, valid_lens, chunk) if self.flavor.packs_tokens
                        else PaddedTokens(g, valid_lens))
+        self.q_scale = self._query_scale(past_lens, chunk)
         x = self.tokens.embed(self._embedding(), ids)  # [B,C,hidden] or packed [1,T,hidden]
         if cfg.embed_scale is not None:
             x = g.op("Mul", [x, g.const(cfg.embed_scale, self.dtype)])
@@ -90,6 +91,13 @@ class DecoderBuilder:
             logits = g.op("Cast", [logits], to=1)
         g.rename(logits, LOGITS)
         return g
+
+    def _query_scale(self, past_lens: str, chunk: str) -> str | None:
+        """Each token's query factor (Ministral 3), [B,C,1] or packed [1,T,1], or None."""
+        if self.cfg.query_scale is None:
+            return None
+        at = positions(self.g, self.g.op("Cast", [past_lens], to=7), chunk)  # [B,C]
+        return self.tokens.gather(self.cfg.query_scale.emit(self.g, at, self.dtype), 1)
 
     @property
     def names(self) -> TensorNames:
@@ -164,7 +172,7 @@ class DecoderBuilder:
     def _qkv(self, p: str, h: str) -> list[str | None]:
         """One packed projection for q, k and v. Flavours whose attention takes the packed
         tensor get it whole ([qkv, None, None]: no split copies); otherwise it is split,
-        with q/k norms where the family has them."""
+        with q/k norms where the family has them and q times its factor (Ministral 3)."""
         g, cfg, n = self.g, self.cfg, self.names
         parts = [n.qkv] if n.qkv else [n.q, n.k, n.v]
         weights = [p + part + ".weight" for part in parts]
@@ -172,7 +180,7 @@ class DecoderBuilder:
         self._check_qkv_shapes(weights)
         qkv = self.w.linear(h, weights, bias, reorder=self._neox_order if
                             cfg.spec.qkv_interleaved else None)
-        if self.flavor.packed_qkv and cfg.spec.qk_norm is None:
+        if self.flavor.packed_qkv and cfg.spec.qk_norm is None and self.q_scale is None:
             return [qkv, None, None]
         q_size, kv_size = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
         q, k, v = g.op("Split", [qkv, g.const([q_size, kv_size, kv_size])], 3, axis=-1)
@@ -181,6 +189,8 @@ class DecoderBuilder:
             k = self._head_norm(k, cfg.num_kv_heads, p + n.k_norm)
         elif cfg.spec.qk_norm == "full":
             q, k = self._norm(q, p + n.q_norm), self._norm(k, p + n.k_norm)
+        if self.q_scale is not None:  # before rotary, which it commutes with (query_scale.py)
+            q = g.op("Mul", [q, self.q_scale])
         return [q, k, v]
 
     def _rotated_head_norms(self, p: str, q: str, k: str, step: StepTensors,

@@ -117,6 +117,9 @@ class FamilySpec:
     # Whether global (full-attention) layers go without rotary when the config has a sliding
     # window, the local layers carrying the positions (EXAONE 4's hybrid attention).
     global_nope: bool = False
+    # Whether the model multiplies each query by Llama 4's per-position factor, from its rope
+    # dict's llama_4_scaling_beta and original window (Ministral 3; export/query_scale.py).
+    query_scale: bool = False
     # Multimodal checkpoints (Gemma 3): the key whose config is the language model's, and
     # the keys the outer config decides instead, with the outer class's default (None: no
     # default, the inner config's value stands).
@@ -129,6 +132,8 @@ class FamilySpec:
     # Where `nested` and `outer` cannot say how the config class finds its language
     # model's keys: config.json -> those keys (Qwen2-VL: flat Hub configs, either tying).
     unnest: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+    # The text_config model types such a checkpoint's language model may have (empty: any).
+    text_types: tuple[str, ...] = ()
 
     def read(self, raw: dict[str, Any]) -> dict[str, Any]:
         """config.json as the family's transformers config class reads it."""
@@ -146,6 +151,9 @@ class FamilySpec:
             got = "null" if inner is None else type(inner).__name__
             raise ValueError(f"{self.nested} must be an object, got {got}")
         inner = dict(inner)
+        if self.text_types and inner.get("model_type") not in self.text_types:
+            raise ValueError(f"text_config model_type {inner.get('model_type')!r} is not "
+                             f"supported; supported: {', '.join(self.text_types)}")
         for key, default in self.outer.items():
             value = raw.get(key, default)
             if value is not None:
@@ -256,11 +264,34 @@ def _hunyuan_ntk_alpha(raw: dict[str, Any]) -> dict[str, Any]:
     return raw
 
 
+def _exaone_aliases(raw: dict[str, Any]) -> dict[str, Any]:
+    # ExaoneConfig's attribute_map: the Hub's config.json names these keys its own way, and
+    # the alias wins where both are given.
+    for alias, key in EXAONE_ALIASES.items():
+        if alias in raw:
+            raw = {**{k: v for k, v in raw.items() if k != alias}, key: raw[alias]}
+    return raw
+
+
+def _ministral3_rope(raw: dict[str, Any]) -> dict[str, Any]:
+    # Ministral3Config: without rope_parameters (absent or null) the model takes its yarn
+    # rope with Llama 4's query scale, whatever a top-level rope_theta says.
+    if raw.get("rope_parameters") is None and not raw.get("rope_scaling"):
+        raw = {**raw, "rope_parameters": dict(MINISTRAL3_ROPE)}
+    return raw
+
+
 def _parallel_if_configured(raw: dict[str, Any]) -> str:
     return "shared" if raw.get("use_parallel_residual") else "pre"
 
 
 OLMO3_THETA = 500000.0
+EXAONE_ALIASES = {"num_layers": "num_hidden_layers", "layer_norm_epsilon": "rms_norm_eps",
+                  "activation_function": "hidden_act"}
+MINISTRAL3_ROPE = {"rope_type": "yarn", "rope_theta": 1_000_000.0, "factor": 16.0,
+                   "original_max_position_embeddings": 16384, "beta_fast": 32.0,
+                   "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0,
+                   "llama_4_scaling_beta": 0.1}
 # Llama's convention: `attention_bias` switches the q/k/v and o biases on together.
 ATTENTION_BIAS: dict[str, Any] = {"bias_key": "attention_bias", "o_bias": None}
 GEMMA = FamilySpec(
@@ -308,6 +339,21 @@ GLM = FamilySpec(
     defaults={"head_dim": 128, "rms_norm_eps": 1.5625e-07, "max_position_embeddings": 131072,
               "partial_rotary_factor": 0.5},
     quirks=("fused gate_up weights", "interleaved rotary"),
+)
+# Mistral with Llama 4's query scale and a yarn rope by default; a window on every layer
+# where the config has one (MistralModel's mask; a `layer_types` key only draws a warning).
+MINISTRAL3 = FamilySpec(
+    window="always", query_scale=True, legacy=_ministral3_rope, ignores=("layer_types",),
+    defaults={"head_dim": 128, "max_position_embeddings": 262144, "rms_norm_eps": 1e-5},
+    quirks=("query x (1 + beta log(1 + floor(position / original window))), Llama 4's",),
+)
+IMAGE_TEXT_QUIRK = "language model of an image-text checkpoint (vision tower left out)"
+# transformers 5 loads EXAONE 3.0/3.5 as Llama, renaming the Hub's tensors.
+EXAONE_NAMES = TensorNames(
+    embed=("transformer.wte.weight",), final_norm="transformer.ln_f",
+    layer="transformer.h.{i}.", q="attn.attention.q_proj", k="attn.attention.k_proj",
+    v="attn.attention.v_proj", o="attn.attention.out_proj", gate="mlp.c_fc_0",
+    up="mlp.c_fc_1", down="mlp.c_proj", input_norm="ln_1", post_attn_norm="ln_2",
 )
 PHI_NAMES = TensorNames(final_norm="model.final_layernorm", o="self_attn.dense",
                         gate="", up="mlp.fc1", down="mlp.fc2")
@@ -450,6 +496,26 @@ FAMILIES: dict[str, FamilySpec] = {
     "ministral": FamilySpec(window="always", required=("head_dim",),
                             defaults={"max_position_embeddings": 131072,
                                       "sliding_window": 4096}),
+    "ministral3": MINISTRAL3,
+    # Mistral3ForConditionalGeneration (Ministral 3 3B/8B/14B on the Hub): its Ministral 3
+    # language model, exported alone, stored as Gemma 3's is; the outer config decides the
+    # tying (true unless it says otherwise). Its Mistral language models (Mistral Small 3.1,
+    # whose text_config is "mistral") are not this family.
+    "mistral3": replace(
+        MINISTRAL3, nested="text_config", text_types=("ministral3",),
+        outer={"tie_word_embeddings": True, "eos_token_id": None, "bos_token_id": None},
+        renames=(("language_model.model.", "model."), ("model.language_model.", "model."),
+                 ("language_model.lm_head.", "lm_head.")),
+        left_out=("vision_tower.", "multi_modal_projector.", "model.vision_tower.",
+                  "model.multi_modal_projector."),
+        quirks=(*MINISTRAL3.quirks, IMAGE_TEXT_QUIRK),
+    ),
+    # Llama under the Hub's own tensor and config key names (EXAONE 3.0 and 3.5).
+    "exaone": FamilySpec(
+        **ATTENTION_BIAS, names=EXAONE_NAMES, legacy=_exaone_aliases, unsupported=("mlp_bias",),
+        defaults={"rope_theta": 500_000.0, "max_position_embeddings": 4096,
+                  "num_key_value_heads": 8, "rms_norm_eps": 1e-5},
+    ),
     # Llama with q/k/v biases on by default and the o bias on its own key.
     "seed_oss": FamilySpec(
         bias_key="attention_bias", qkv_bias=True, o_bias_key="attention_out_bias",

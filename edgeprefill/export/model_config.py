@@ -16,6 +16,7 @@ from typing import Any
 from edgeprefill.errors import ExportError
 from edgeprefill.export.config_checks import check_model_config
 from edgeprefill.export.families import BLOCKS, FAMILIES, FamilySpec
+from edgeprefill.export.query_scale import QueryScale, read_query_scale
 from edgeprefill.export.rope import (
     SHARED_ROPE_TYPES,
     RopeConfig,
@@ -68,6 +69,7 @@ class ModelConfig:
     residual_scale: float = 1.0  # multiplies each sublayer's output (Granite)
     logits_divisor: float = 1.0  # divides the logits (Granite)
     logits_multiplier: float = 1.0  # multiplies the logits (Cohere's logit_scale)
+    query_scale: QueryScale | None = None  # a per-position factor of q (Ministral 3)
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
 
@@ -139,6 +141,7 @@ class ModelConfig:
             raise ExportError(
                 f"model_type {family!r} is not supported; supported: {', '.join(sorted(FAMILIES))}"
             )
+        _refuse_quantized(family, raw)
         try:
             spec = FAMILIES[family]
             return _read(family, spec, spec.read(raw))
@@ -193,6 +196,7 @@ def _read(family: str, spec: FamilySpec, raw: dict[str, Any]) -> ModelConfig:
         residual_scale=float(raw.get("residual_multiplier", 1.0)),
         logits_divisor=float(raw.get("logits_scaling", 1.0)),
         logits_multiplier=float(raw.get("logit_scale", 1.0)),
+        query_scale=read_query_scale(family, raw, ropes[GLOBAL]) if spec.query_scale else None,
         bos_token_id=_first_id(raw.get("bos_token_id")),
         eos_token_ids=_ids(raw.get("eos_token_id")),
     )
@@ -219,6 +223,16 @@ def _refuse_unsupported(family: str, spec: FamilySpec, raw: dict[str, Any]) -> N
     # LM, even where the family's transformers model ignores the key.
     if raw.get("use_bidirectional_attention"):
         raise ExportError(f"{family}: use_bidirectional_attention=true is not a causal LM")
+
+
+def _refuse_quantized(family: str, raw: dict[str, Any]) -> None:
+    # A quantized checkpoint (FP8 Ministral 3, GPTQ, AWQ, ...) stores its weights in a
+    # format of its own under the float weights' names, or beside scales and zero points.
+    quant = raw.get("quantization_config")
+    if quant:
+        method = quant.get("quant_method", "unknown") if isinstance(quant, dict) else "unknown"
+        raise ExportError(f"{family}: the checkpoint is quantized (quantization_config, "
+                          f"{method}); export reads float weights: take its bf16 release")
 
 
 def _refuse_other_familys_rope(family: str, spec: FamilySpec,
