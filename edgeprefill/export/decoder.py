@@ -40,8 +40,8 @@ from edgeprefill.export.quantize import QuantConfig
 from edgeprefill.export.tokens import PackedTokens, PaddedTokens
 from edgeprefill.export.weights import GraphWeights
 
-Rows = Callable[[str], str]
-LAYER_NORMS = ("layer", "layer_no_bias", "layer_plus_one")  # families.NORMS of LayerNorm  # which of a layer's tokens go on after its attention
+Rows = Callable[[str], str]  # which of a layer's tokens go on after its attention
+LAYER_NORMS = ("layer", "layer_no_bias", "layer_plus_one")  # the families.NORMS of LayerNorm
 
 
 def _every_token(x: str) -> str:
