@@ -254,7 +254,7 @@ def hf_config(family: str, **keys):
     if FAMILIES[family].nested:
         return transformers.AutoConfig.for_model(
             family, text_config={**least(family), **keys}, **IMAGE_TEXT[family])
-    return transformers.AutoConfig.for_model(family, **least(family), **keys)
+    return transformers.AutoConfig.for_model(family, **{**least(family), **keys})
 
 
 def minimal_raw(family: str, **keys) -> dict:
