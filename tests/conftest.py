@@ -37,6 +37,9 @@ CHAT_TEMPLATE = (
 MINISTRAL3_ROPE = {"rope_type": "yarn", "rope_theta": 1e6, "factor": 16.0,
                    "original_max_position_embeddings": 8, "beta_fast": 32.0, "beta_slow": 1.0,
                    "mscale": 1.0, "mscale_all_dim": 1.0, "llama_4_scaling_beta": 0.1}
+GRANITE4 = {"layer_types": ["attention", "attention"], "num_local_experts": 0,
+            "shared_intermediate_size": 48, "embedding_multiplier": 2.0,
+            "attention_multiplier": 0.1, "residual_multiplier": 0.5, "logits_scaling": 2.0}
 # family -> config overrides; each exercises one thing the exporter must get right. The
 # key's first part (before "-") is the model_type. Windows are small so that the test
 # prompts cross them several times.
@@ -140,6 +143,14 @@ FAMILIES: dict[str, dict] = {
     "stablelm": {"num_attention_heads": 2, "num_key_value_heads": 2,
                  "partial_rotary_factor": 0.5, "use_qkv_bias": True},
     "cohere": {"logit_scale": 0.25},
+    # Granite 4.0 dense: attention layers (legacy names), no experts, the dense MLP narrower
+    # than intermediate_size, rotary as granite-4.0-micro; the "nope" variant has none
+    "granitemoehybrid": {**GRANITE4, "position_embedding_type": "rope"},
+    "granitemoehybrid-nope": {**GRANITE4, "position_embedding_type": "nope"},
+    # LayerNorm1P, ReLU-squared MLP, rotary on half of each head (head_dim 32: rotary 16)
+    "nemotron": {"head_dim": 32},
+    # layer 0 slides with rotary, layer 1 is global without
+    "cohere2": {"logit_scale": 0.25, "sliding_window": 8, "sliding_window_pattern": 2},
     "gpt_neox": {"num_attention_heads": 2, "rope_parameters": {
         "rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}},
 }

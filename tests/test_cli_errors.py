@@ -39,8 +39,7 @@ def test_unsupported_model_type_lists_the_supported_ones(hf_copy, tmp_path):
     config["model_type"] = "gpt2"
     (hf_copy / "config.json").write_text(json.dumps(config))
     assert_one_line_error(cli("export", hf_copy, "-o", tmp_path / "b"),
-                          "'gpt2' is not supported",
-                          "llama, ministral, ministral3, mistral, mistral3, olmo2")
+                          "'gpt2' is not supported", "supported: arcee, cohere, cohere2, ernie4_5")
 
 
 @pytest.mark.parametrize("missing", ["config.json", "model.safetensors", "tokenizer.json"])

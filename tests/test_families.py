@@ -135,7 +135,8 @@ def test_longrope_beyond_the_original_window_uses_the_long_factors(tmp_path):
 
 
 @pytest.mark.parametrize(("change", "message"), [
-    ({"model_type": "bloom"}, "'bloom' is not supported; supported: arcee, cohere, ernie4_5"),
+    ({"model_type": "bloom"},
+     "'bloom' is not supported; supported: arcee, cohere, cohere2, ernie4_5"),
     ({"rope_parameters": {"rope_type": "mrope", "rope_theta": 1e4}}, "rope type 'mrope'"),
     ({"num_key_value_heads": 3}, "is not a multiple of num_key_value_heads (3)"),
     ({"layer_types": ["full_attention"]}, "layer_types lists 1 layers; there are 2"),
@@ -235,13 +236,19 @@ MINIMAL = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=4,
                num_attention_heads=4, num_key_value_heads=2, vocab_size=128)
 
 
+# The keys that make a family's minimal config one export takes (Granite 4: all attention
+# layers and no experts, where its config class defaults to mamba layers and 8 experts).
+SUPPORTED = {"granitemoehybrid": {"layer_types": ["attention"] * 4, "num_local_experts": 0}}
+
+
 def least(family: str) -> dict:
     """MINIMAL and the keys the family's model cannot do without (FamilySpec.required:
     HunYuan's attention reads head_dim, which its config class leaves null; the language
     model's type where an image-text family takes one kind only: Mistral 3's Ministral 3)."""
     spec = FAMILIES[family]
     text_type = {"model_type": spec.text_types[0]} if spec.text_types else {}
-    return {**MINIMAL, **{key: 16 for key in spec.required}, **text_type}
+    return {**MINIMAL, **{key: 16 for key in spec.required}, **text_type,
+            **SUPPORTED.get(family, {})}
 
 
 def hf_config(family: str, **keys):
@@ -250,7 +257,7 @@ def hf_config(family: str, **keys):
     if FAMILIES[family].nested:
         return transformers.AutoConfig.for_model(
             family, text_config={**least(family), **keys}, **IMAGE_TEXT[family])
-    return transformers.AutoConfig.for_model(family, **least(family), **keys)
+    return transformers.AutoConfig.for_model(family, **{**least(family), **keys})
 
 
 def minimal_raw(family: str, **keys) -> dict:
@@ -273,7 +280,8 @@ def test_keys_a_config_leaves_out_take_transformers_defaults(family):
     hf = hf_config(family).get_text_config()
     head_dim = getattr(hf, "head_dim", None) or MINIMAL["hidden_size"] // 4
     assert ours.head_dim == head_dim
-    eps = next(getattr(hf, k) for k in ("rms_norm_eps", "layer_norm_eps", "norm_epsilon")
+    eps = next(getattr(hf, k) for k in ("rms_norm_eps", "layer_norm_eps", "norm_epsilon",
+                                        "norm_eps")
                if hasattr(hf, k))
     assert ours.norm_eps == pytest.approx(eps)
     assert ours.ropes[GLOBAL].theta == pytest.approx(hf_theta(hf))
@@ -284,9 +292,9 @@ def test_keys_a_config_leaves_out_take_transformers_defaults(family):
     assert ours.max_positions == hf.max_position_embeddings
     if family == "gemma2":
         assert ours.attn_softcap == hf.attn_logit_softcapping
-    if family == "cohere":
+    if family in ("cohere", "cohere2"):
         assert ours.logits_multiplier == hf.logit_scale
-    if family == "granite":
+    if family in ("granite", "granitemoehybrid"):
         assert ours.attn_scale == hf.attention_multiplier
 
 
@@ -334,7 +342,8 @@ def test_a_sliding_window_key_slides_only_where_the_family_reads_it(family):
         types = getattr(hf, "layer_types", None)
         if family in ("llama", "gemma", "granite", "olmo2", "phi", "stablelm", "cohere",
                       "gpt_neox", "ernie4_5", "arcee", "qwen3_vl", "hunyuan_v1_dense",
-                      "glm", "glm4", "helium", "seed_oss", "exaone"):
+                      "glm", "glm4", "helium", "seed_oss", "exaone", "granitemoehybrid",
+                      "nemotron"):
             expected = [None] * 4
         elif types is not None:
             expected = [window if t == "sliding_attention" else None for t in types]
@@ -353,9 +362,10 @@ def test_the_activation_is_read_from_the_key_the_model_reads(family):
     # converted between them carry both names.
     keys = {"hidden_act": "silu", "hidden_activation": "gelu"}
     ours = ModelConfig.from_hf(minimal_raw(family, **keys)).activation
-    mlp = hf_auto_class(family).from_config(hf_config(family, pad_token_id=0, **keys)) \
-        .get_decoder().layers[0].mlp
-    act = next(getattr(mlp, name) for name in ("act_fn", "activation_fn", "act")
+    layer = hf_auto_class(family).from_config(hf_config(family, pad_token_id=0, **keys)) \
+        .get_decoder().layers[0]
+    mlp = getattr(layer, "mlp", None) or layer.shared_mlp  # Granite 4's dense MLP
+    act = next(getattr(mlp, name) for name in ("act_fn", "activation_fn", "act", "activation")
                if hasattr(mlp, name))
     x = torch.linspace(-4, 4, 101)
     torch.testing.assert_close(ACTIVATION_FUNCTIONS[ours](x), act(x))

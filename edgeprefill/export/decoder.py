@@ -41,6 +41,7 @@ from edgeprefill.export.tokens import PackedTokens, PaddedTokens
 from edgeprefill.export.weights import GraphWeights
 
 Rows = Callable[[str], str]  # which of a layer's tokens go on after its attention
+LAYER_NORMS = ("layer", "layer_no_bias", "layer_plus_one")  # the families.NORMS of LayerNorm
 
 
 def _every_token(x: str) -> str:
@@ -234,22 +235,22 @@ class DecoderBuilder:
     def _norm(self, x: str, name: str) -> str:
         """The family's norm over the last axis; `name` is the module (".weight" added)."""
         norm = self.cfg.spec.norm
-        if norm in ("layer", "layer_no_bias"):
-            bias = self.w.tensor(name + ".bias") if norm == "layer" else None
-            return self.flavor.layer_norm(self.g, x, self.w.tensor(name + ".weight"), bias)
+        if norm in LAYER_NORMS:
+            bias = self.w.tensor(name + ".bias") if norm != "layer_no_bias" else None
+            return self.flavor.layer_norm(self.g, x, self._norm_weight(name), bias)
         return self.flavor.rms_norm(self.g, x, self._norm_weight(name))
 
     def _add_norm(self, x: str, delta: str | None, name: str) -> tuple[str, str]:
         """(x + delta, norm(x + delta)); delta None adds nothing."""
-        if self.cfg.spec.norm in ("layer", "layer_no_bias"):
+        if self.cfg.spec.norm in LAYER_NORMS:
             x = x if delta is None else self.g.op("Add", [x, delta])
             return x, self._norm(x, name)
         return self.flavor.add_rms_norm(self.g, x, delta, self._norm_weight(name))
 
     def _norm_weight(self, name: str) -> str:
-        if self.cfg.spec.norm != "rms_plus_one":
+        if self.cfg.spec.norm not in ("rms_plus_one", "layer_plus_one"):
             return self.w.tensor(name + ".weight")
-        # Gemma scales by (1 + w), computed in float32 as transformers does.
+        # Gemma and Nemotron scale by (1 + w), computed in float32 as transformers does.
         stored = name + ".weight"
         return self.g.weight(
             name + ".weight_plus_one", self.w.shape(stored), self.dtype,

@@ -43,8 +43,9 @@ class TensorNames:
 
 LLAMA_NAMES = TensorNames()
 
-# x*w, x*(1+w) (Gemma), LayerNorm with bias, LayerNorm without bias (Cohere)
-NORMS = ("rms", "rms_plus_one", "layer", "layer_no_bias")
+# x*w, x*(1+w) (Gemma), LayerNorm with bias, LayerNorm without bias (Cohere), LayerNorm
+# with bias scaling by (1+w) (Nemotron's LayerNorm1P)
+NORMS = ("rms", "rms_plus_one", "layer", "layer_no_bias", "layer_plus_one")
 # How a layer wires its norms and residual adds (see DecoderBuilder._layer):
 #   pre        x += attn(n1(x)); x += mlp(n2(x))                         (Llama)
 #   sandwich   x += n2(attn(n1(x))); x += n4(mlp(n3(x)))                 (Gemma 2/3)
@@ -115,7 +116,7 @@ class FamilySpec:
     # ntk_alpha): another family's model fails on them, and export refuses them there.
     rope_types: tuple[str, ...] = ()
     # Whether global (full-attention) layers go without rotary when the config has a sliding
-    # window, the local layers carrying the positions (EXAONE 4's hybrid attention).
+    # window, the local layers carrying the positions (EXAONE 4's hybrid attention, Cohere 2).
     global_nope: bool = False
     # Whether the model multiplies each query by Llama 4's per-position factor, from its rope
     # dict's llama_4_scaling_beta and original window (Ministral 3; export/query_scale.py).
@@ -134,6 +135,9 @@ class FamilySpec:
     unnest: Callable[[dict[str, Any]], dict[str, Any]] | None = None
     # The text_config model types such a checkpoint's language model may have (empty: any).
     text_types: tuple[str, ...] = ()
+    # What the family's model can be that export does not support (Granite 4's mamba layers
+    # and routed experts): config.json as read -> the reason in one line, or None.
+    refuse: Callable[[dict[str, Any]], str | None] | None = None
 
     def read(self, raw: dict[str, Any]) -> dict[str, Any]:
         """config.json as the family's transformers config class reads it."""
@@ -279,6 +283,33 @@ def _ministral3_rope(raw: dict[str, Any]) -> dict[str, Any]:
     if raw.get("rope_parameters") is None and not raw.get("rope_scaling"):
         raw = {**raw, "rope_parameters": dict(MINISTRAL3_ROPE)}
     return raw
+
+
+def _granite4_layers(raw: dict[str, Any]) -> dict[str, Any]:
+    """GraniteMoeHybridConfig: `layers_block_type` is another name of `layer_types`, whose
+    legacy "attention"/"mamba" mean full_attention/linear_attention (all mamba when absent);
+    the dense MLP is `shared_intermediate_size` wide; without `position_embedding_type`
+    "rope" no layer rotates."""
+    types = raw.get("layer_types") or raw.get("layers_block_type") or \
+        ["linear_attention"] * int(raw["num_hidden_layers"])
+    remap = {"attention": "full_attention", "mamba": "linear_attention"}
+    raw = {**raw, "layer_types": [remap.get(t, t) for t in types],
+           "intermediate_size": raw["shared_intermediate_size"]}
+    if raw.get("position_embedding_type") != "rope":
+        raw["no_rope_layers"] = [0] * len(types)
+    return raw
+
+
+def _granite4_unsupported(raw: dict[str, Any]) -> str | None:
+    mamba = [i for i, t in enumerate(raw["layer_types"]) if t == "linear_attention"]
+    if mamba:
+        where = ", ".join(map(str, mamba))
+        return (f"mamba layers are not supported (layer_types marks {len(mamba)} of "
+                f"{len(raw['layer_types'])} as mamba: {where}); only attention-only models")
+    if raw.get("num_local_experts"):
+        return (f"routed experts are not supported (num_local_experts="
+                f"{raw['num_local_experts']}); only dense models (num_local_experts 0)")
+    return None
 
 
 def _parallel_if_configured(raw: dict[str, Any]) -> str:
@@ -554,6 +585,39 @@ FAMILIES: dict[str, FamilySpec] = {
                   "max_position_embeddings": 8192},
         quirks=("LayerNorm without bias",
                 "interleaved rotary", "logit scale"),
+    ),
+    # Granite 4.0 dense (granite-4.0-micro): Granite's multipliers, a gated MLP of fused
+    # weights (`shared_mlp`), and rotary only with position_embedding_type "rope".
+    "granitemoehybrid": FamilySpec(
+        names=replace(LLAMA_NAMES, gate_up="shared_mlp.input_linear",
+                      down="shared_mlp.output_linear"),
+        **ATTENTION_BIAS, embed_scale="multiplier", legacy=_granite4_layers,
+        refuse=_granite4_unsupported,
+        defaults={"attention_multiplier": 1.0, "num_local_experts": 8,
+                  "shared_intermediate_size": 1024},
+        quirks=("embedding, attention and residual multipliers", "logits scaling",
+                "fused gate_up weights"),
+    ),
+    # LayerNorm1P (1+w, with bias) everywhere, an ungated ReLU-squared MLP, rotary on half
+    # of each head unless partial_rotary_factor says otherwise.
+    "nemotron": FamilySpec(
+        **ATTENTION_BIAS, names=replace(LLAMA_NAMES, gate=""), norm="layer_plus_one",
+        gated_mlp=False, act_default="relu2", eps_key="norm_eps", partial_rotary=True,
+        unsupported=("mlp_bias",),
+        defaults={"norm_eps": 1e-5, "partial_rotary_factor": 0.5,
+                  "max_position_embeddings": 4096},
+        quirks=("LayerNorm with bias scaling by (1+w)", "ReLU-squared MLP without a gate"),
+    ),
+    # Cohere with sliding layers (3 of 4 unless layer_types says otherwise); only they
+    # rotate, the global layers go without rope. Its model fails without a window (the
+    # sliding mask is built whatever the layers).
+    "cohere2": FamilySpec(
+        **ATTENTION_BIAS, norm="layer_no_bias", block="shared", tie_default=True,
+        rope_interleaved=True, window="always", sliding=_every_nth_global, global_nope=True,
+        required=("sliding_window",),
+        defaults={"layer_norm_eps": 1e-5, "logit_scale": 0.0625, "sliding_window": 4096,
+                  "sliding_window_pattern": 4, "max_position_embeddings": 8192},
+        quirks=("LayerNorm without bias", "interleaved rotary", "logit scale"),
     ),
     "gpt_neox": FamilySpec(
         names=NEOX_NAMES, norm="layer", block="parallel", gated_mlp=False,

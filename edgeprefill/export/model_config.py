@@ -217,8 +217,11 @@ def _refuse_unsupported(family: str, spec: FamilySpec, raw: dict[str, Any]) -> N
             raise ExportError(f"{family}: {UNSUPPORTED[key]}")
     for key in spec.required:
         if raw.get(key) is None:
-            raise ExportError(f"{family}: config.json needs {key}; the family's model has no "
-                              "default for it")
+            raise ExportError(f"{family}: config.json needs {key}; the family's model cannot "
+                              "run without it")
+    reason = spec.refuse(raw) if spec.refuse is not None else None
+    if reason is not None:
+        raise ExportError(f"{family}: {reason}")
     # Refused in every family: a checkpoint trained without the causal mask is no causal
     # LM, even where the family's transformers model ignores the key.
     if raw.get("use_bidirectional_attention"):
