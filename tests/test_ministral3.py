@@ -87,13 +87,14 @@ def test_the_fixtures_query_scale_changes_transformers_logits(tmp_path):
     assert np.abs(scaled - plain).max() > 1e-1
 
 
+@pytest.mark.parametrize("family", ("ministral3", "mistral"))
 @pytest.mark.parametrize("flavor", ("ort", "standard"))
-def test_every_layer_slides_whatever_layer_types_say(tmp_path, flavor):
+def test_every_layer_slides_whatever_layer_types_say(tmp_path, flavor, family):
     # MistralModel's mask slides every layer where the config has a window; Ministral3Config
-    # only warns of a layer_types key.
+    # and MistralConfig only warn of a layer_types key (Ministral 8B's Hub config has one).
     from edgeprefill.export.exporter import ExportOptions, export
 
-    hf_dir = build_hf_model("ministral3", tmp_path / "hf", sliding_window=8,
+    hf_dir = build_hf_model(family, tmp_path / "hf", sliding_window=8,
                             layer_types=["sliding_attention", "full_attention"])
     ids = prompt_ids(40)
     out = tmp_path / "b"
