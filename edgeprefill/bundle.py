@@ -211,8 +211,8 @@ def check_manifest(manifest: Manifest) -> None:
             manifest.graph.kv_outputs) != model.kv_layers or any(
         len(pair) != 2 for pair in (*manifest.graph.kv_inputs, *manifest.graph.kv_outputs)
     ):
-        _malformed("graph.kv_inputs/kv_outputs must hold one [key, value] pair per "
-                   "attention layer")
+        _malformed("graph.kv_inputs/kv_outputs must hold one [key, value] pair per layer "
+                   "with KV (every layer but model.conv_layers)")
 
 
 def _check_types(record: Any) -> None:

@@ -270,8 +270,8 @@ def test_keys_a_config_leaves_out_take_transformers_defaults(family):
     hf = hf_config(family).get_text_config()
     head_dim = getattr(hf, "head_dim", None) or MINIMAL["hidden_size"] // 4
     assert ours.head_dim == head_dim
-    eps = next(getattr(hf, k) for k in ("rms_norm_eps", "layer_norm_eps", "norm_epsilon")
-               if hasattr(hf, k))
+    eps = next(getattr(hf, k) for k in ("rms_norm_eps", "layer_norm_eps", "norm_epsilon",
+                                        "norm_eps") if hasattr(hf, k))
     assert ours.norm_eps == pytest.approx(eps)
     assert ours.ropes[GLOBAL].theta == pytest.approx(hf_theta(hf))
     partial = (hf.rope_parameters.get("full_attention") or hf.rope_parameters).get(
@@ -350,10 +350,12 @@ def test_the_activation_is_read_from_the_key_the_model_reads(family):
     # converted between them carry both names.
     keys = {"hidden_act": "silu", "hidden_activation": "gelu"}
     ours = ModelConfig.from_hf(minimal_raw(family, **keys)).activation
-    mlp = hf_auto_class(family).from_config(hf_config(family, pad_token_id=0, **keys)) \
-        .get_decoder().layers[0].mlp
-    act = next(getattr(mlp, name) for name in ("act_fn", "activation_fn", "act")
-               if hasattr(mlp, name))
+    layer = hf_auto_class(family).from_config(hf_config(family, pad_token_id=0, **keys)) \
+        .get_decoder().layers[0]
+    mlp = getattr(layer, "mlp", None) or layer.feed_forward  # LFM2's
+    # Lfm2MLP calls F.silu whatever the config says: it has no activation module.
+    act = next((getattr(mlp, name) for name in ("act_fn", "activation_fn", "act")
+                if hasattr(mlp, name)), torch.nn.functional.silu)
     x = torch.linspace(-4, 4, 101)
     torch.testing.assert_close(ACTIVATION_FUNCTIONS[ours](x), act(x))
 

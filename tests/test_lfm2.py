@@ -235,3 +235,25 @@ def test_inspect_says_the_bundle_carries_a_conv_state(bundle):
     result = CliRunner().invoke(cli, ["inspect", str(bundle("lfm2", "ort"))])
     assert result.exit_code == 0, result.output
     assert "lfm2" in result.output and "conv state" in result.output
+
+
+@pytest.mark.parametrize("keys", [
+    {},  # 2/3 x 96 = 64, rounded up to 256
+    {"block_multiple_of": 16, "block_ffn_dim_multiplier": 1.3},  # 83 -> 96
+    {"block_auto_adjust_ff_dim": False},  # intermediate_size as given
+    {"block_ff_dim": 120, "block_multiple_of": 8},  # the older name wins: 80
+    {"full_attn_idxs": [2], "tie_embedding": False},  # older names of layer_types, tying
+])
+def test_the_config_reads_as_lfm2config_and_lfm2mlp_read_it(keys):
+    import transformers
+
+    raw = {"model_type": "lfm2", "hidden_size": 64, "intermediate_size": 96,
+           "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2,
+           "vocab_size": 128, **keys}
+    ours = ModelConfig.from_hf(raw)
+    config = transformers.AutoConfig.for_model(**raw)
+    model = transformers.AutoModelForCausalLM.from_config(config)
+    assert ours.intermediate_size == model.model.layers[0].feed_forward.w1.out_features
+    assert [i for i, kind in enumerate(config.layer_types) if kind == "conv"] == \
+        list(ours.conv_layers)
+    assert ours.tie_embeddings == config.tie_word_embeddings
