@@ -90,7 +90,7 @@ def test_logits_equal_transformers_for_chunks_smaller_and_larger_than_the_kernel
 def test_a_chunk_row_beside_decode_rows_keeps_each_rows_state_its_own(flavor, hf_model, bundle):
     """One call of rows with different valid lengths (a fused step: a prefill chunk and
     decode rows padded to its width): each row's logits and next state are its own."""
-    a, b, c = prompt_ids(30, seed=3), prompt_ids(20, seed=4), prompt_ids(25, seed=5)
+    a, b, c = prompt_ids(30, seed=3), prompt_ids(21, seed=4), prompt_ids(26, seed=5)
     expected = [reference_logits(hf_model("lfm2"), ids) for ids in (a, b, c)]
     engine = Engine.load(bundle("lfm2", flavor), threads=2, background=False)
     if flavor == "ort" and engine.backend.why_not_fused:  # GroupQueryAttention's limit
@@ -109,6 +109,33 @@ def test_a_chunk_row_beside_decode_rows_keeps_each_rows_state_its_own(flavor, hf
     logits = run(StepBatch(np.array([a[26:30]]), np.array([26], np.int32),
                            np.array([4], np.int32), 0))
     np.testing.assert_allclose(logits[0], expected[0][29], rtol=1e-4, atol=1e-4)
+    logits = run(StepBatch(np.array([[b[20]], [c[25]]]), np.array([20, 25], np.int32),
+                           np.array([1, 1], np.int32), 1))
+    for row, (want, position) in enumerate(((expected[1], 20), (expected[2], 25))):
+        np.testing.assert_allclose(logits[row], want[position], rtol=1e-4, atol=1e-4)
+    engine.close()
+
+
+@pytest.mark.parametrize("flavor", FLAVORS)
+def test_copying_and_swapping_a_slot_move_its_state_with_its_kv(flavor, hf_model, bundle):
+    """Prefix lending copies a slot, keeping decode rows adjacent swaps two: the next
+    chunk in the slot the content moved to continues it as transformers does."""
+    ids = prompt_ids(40)
+    expected = reference_logits(hf_model("lfm2"), ids)
+    engine = Engine.load(bundle("lfm2", flavor), threads=2, background=False)
+    backend = engine.backend
+
+    def chunk(start: int, end: int, slot: int) -> np.ndarray:
+        return backend.run(StepBatch(np.array([ids[start:end]]), np.array([start], np.int32),
+                                     np.array([end - start], np.int32), slot))[0]
+
+    chunk(0, 20, 0)
+    chunk(0, 7, 1)  # another sequence's state in the destination
+    backend.copy_kv(0, 1, 20)
+    np.testing.assert_allclose(chunk(20, 30, 1), expected[29], rtol=1e-4, atol=1e-4)
+    chunk(0, 5, 2)
+    backend.swap_kv(1, 2, 30)
+    np.testing.assert_allclose(chunk(30, 40, 2), expected[39], rtol=1e-4, atol=1e-4)
     engine.close()
 
 
