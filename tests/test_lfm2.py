@@ -152,6 +152,8 @@ def test_greedy_text_is_transformers_chunked_or_not_alone_or_batched(flavor, hf_
             assert got.token_ids == want, f"length {len(ids)}, chunk {chunk}"
     streams = [engine.generate(ids, PARAMS, chunk_size=16) for ids in prompts]  # together
     assert [s.result().token_ids for s in streams] == expected
+    # Where the graph takes them, later prompts' chunks ran beside earlier ones' decode rows.
+    assert (engine.metrics().fused_steps > 0) == engine.backend.fuses_rows
     engine.close()
 
 

@@ -46,7 +46,6 @@ from edgeprefill.engines.ort.int8_rows import choose as choose_int8_rows
 from edgeprefill.engines.ort.int8_rows import why_not as int8_rows_why_not
 from edgeprefill.engines.ort.int8_unsigned import Int8Unsigned
 from edgeprefill.engines.ort.int8_unsigned import choose as choose_int8_unsigned
-from edgeprefill.engines.ort.state_arena import StateArena
 from edgeprefill.engines.ort.providers import (
     KV_WRITE_OP,
     GpuSettings,
@@ -60,6 +59,7 @@ from edgeprefill.engines.ort.providers import (
     provider_options,
     refuse_device,
 )
+from edgeprefill.engines.ort.state_arena import StateArena
 from edgeprefill.engines.ort.switches import merge_switches
 from edgeprefill.errors import BackendError
 from edgeprefill.kernels.build import library_path
