@@ -29,6 +29,10 @@ if TYPE_CHECKING:  # onnx is imported only where a graph is read
 # fields it does not know, with a warning.
 FORMAT_VERSION = 1
 MANIFEST_FILE = "edgeprefill.json"
+# The conv state's fields (LFM2), left out of the manifests of models without conv layers:
+# a runtime from before them reads those bundles without a warning.
+CONV_MODEL_FIELDS = ("conv_layers", "conv_state")
+CONV_GRAPH_FIELDS = ("state_inputs", "state_outputs")
 
 log = logging.getLogger("edgeprefill")
 
@@ -98,6 +102,11 @@ class Manifest:
     def to_json(self) -> str:
         raw = asdict(self)  # keeps the records NamedTuples, which JSON would write as lists
         raw["files"] = {name: record._asdict() for name, record in self.files.items()}
+        if not self.model.conv_layers:  # a model without conv state writes what it always did
+            for record, keys in ((raw["model"], CONV_MODEL_FIELDS),
+                                 (raw["graph"], CONV_GRAPH_FIELDS)):
+                for key in keys:
+                    del record[key]
         return json.dumps(raw, indent=2) + "\n"
 
     @classmethod

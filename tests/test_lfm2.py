@@ -286,3 +286,17 @@ def test_the_config_reads_as_lfm2config_and_lfm2mlp_read_it(keys):
     assert [i for i, kind in enumerate(config.layer_types) if kind == "conv"] == \
         list(ours.conv_layers)
     assert ours.tie_embeddings == config.tie_word_embeddings
+
+
+def test_a_bundle_without_conv_layers_writes_and_reads_the_manifest_as_before(bundle):
+    """No conv field in a llama manifest: a runtime from before the conv state reads it
+    without a warning, and this one reads it as every layer attention."""
+    path = bundle("llama")
+    raw = json.loads((path / "edgeprefill.json").read_text())
+    assert not {"conv_layers", "conv_state"} & set(raw["model"])
+    assert not {"state_inputs", "state_outputs"} & set(raw["graph"])
+    manifest = load_manifest(path)
+    assert manifest.model.conv_layers == [] and manifest.model.kv_layers == 2
+    engine = Engine.load(path, threads=2, background=False)
+    assert engine.backend.state is None and not engine.backend.carries_state
+    engine.close()
