@@ -6,7 +6,8 @@ the `past_conv.{i}` input and a scratch buffer of its own as the `present_conv.{
 output, then copies the scratch back into those rows (`store`): not in place like the KV,
 since the graph reads the old state while it computes the new one, and a few KB per row
 cost nothing to copy. The buffers stay in host memory on every provider: ONNX Runtime
-copies a bound host input to the device and a bound host output back.
+copies a bound host input to the device and a bound host output back (the GPU providers'
+path is untested: no test machine had a GPU).
 """
 
 from __future__ import annotations
