@@ -8,9 +8,17 @@ One call runs one step: B rows of C tokens, against KV buffers of a fixed capaci
            valid_lens        [batch]                                 int32
            past_key.{i}      [batch, kv_heads, capacity, head_dim]   model dtype
            past_value.{i}    (the same)
+           past_conv.{i}     [batch, hidden, conv_state]             model dtype
   outputs  logits            [batch, vocab]                          float32
            present_key.{i}   the buffer of past_key.{i}, updated in place
            present_value.{i} the buffer of past_value.{i}
+           present_conv.{i}  [batch, hidden, conv_state]             model dtype
+
+An attention layer i has the four KV tensors; a layer listed in the model's `conv_layers`
+(LFM2's gated short convolutions) has none, and carries instead a recurrent state: the
+last `conv_state` inputs of its convolution, read from `past_conv.{i}` (zeros where a
+row's past length is 0) and written, ending at the row's last valid token, to
+`present_conv.{i}`, a separate buffer the runtime copies back into the slot.
 
 The exporter writes graphs and manifests from these names; the runtime and the backends
 bind by them; `check_graph_io` refuses a manifest whose graph differs, and
@@ -50,6 +58,22 @@ def kv_names(layer: int) -> KVNames:
                    f"present_key.{layer}", f"present_value.{layer}")
 
 
+class StateNames(NamedTuple):
+    """One conv layer's recurrent state: the input read and the output written."""
+
+    past: str
+    present: str
+
+
+def state_names(layer: int) -> StateNames:
+    return StateNames(f"past_conv.{layer}", f"present_conv.{layer}")
+
+
+def attention_layers(num_layers: int, conv_layers: Collection[int]) -> list[int]:
+    """The layers that hold KV: every layer but the conv layers."""
+    return [i for i in range(num_layers) if i not in conv_layers]
+
+
 class KVPair(NamedTuple):
     """One KV arena: the graph input it is bound to and the output aliasing it."""
 
@@ -71,9 +95,13 @@ class GraphIO(NamedTuple):
     outputs: dict[str, list[Any]]
 
 
-def step_io(num_layers: int, kv_heads: int, head_dim: int, vocab: int, dtype: str) -> GraphIO:
-    """Every input and output of a chunk graph with these dimensions."""
+def step_io(num_layers: int, kv_heads: int, head_dim: int, vocab: int, dtype: str,
+            conv_layers: Collection[int] = (), hidden: int = 0,
+            conv_state: int = 0) -> GraphIO:
+    """Every input and output of a chunk graph with these dimensions; `conv_layers` carry
+    a state of [hidden, conv_state] per row instead of KV."""
     kv = [dtype, [BATCH, kv_heads, CAPACITY, head_dim]]
+    state = [dtype, [BATCH, hidden, conv_state]]
     inputs: dict[str, list[Any]] = {
         INPUT_IDS: ["int64", [BATCH, CHUNK]],
         PAST_LENS: ["int32", [BATCH]],
@@ -81,6 +109,10 @@ def step_io(num_layers: int, kv_heads: int, head_dim: int, vocab: int, dtype: st
     }
     outputs: dict[str, list[Any]] = {LOGITS: ["float32", [BATCH, vocab]]}
     for layer in range(num_layers):
+        if layer in conv_layers:
+            conv = state_names(layer)
+            inputs[conv.past], outputs[conv.present] = state, state
+            continue
         names = kv_names(layer)
         inputs |= {names.past_key: kv, names.past_value: kv}
         outputs |= {names.present_key: kv, names.present_value: kv}
@@ -94,6 +126,12 @@ def kv_pairs(graph: GraphInfo) -> list[KVPair]:
     return [KVPair(i, o) for i, o in zip(inputs, outputs, strict=True)]
 
 
+def state_pairs(graph: GraphInfo) -> list[KVPair]:
+    """The conv states in layer order: the input read and the output written."""
+    return [KVPair(i, o) for i, o in zip(graph.state_inputs, graph.state_outputs,
+                                         strict=True)]
+
+
 def file_records(files: Mapping[str, Mapping[str, Any]]) -> dict[str, FileRecord]:
     """The manifest's `files` as typed records."""
     return {name: FileRecord(str(r.get("sha256", "")), int(r.get("bytes", -1)))
@@ -104,15 +142,20 @@ def check_graph_io(manifest: Manifest) -> None:
     """Raise BundleError unless the manifest's graph has exactly the contract's inputs,
     outputs and KV pairs for its model's dimensions."""
     m, graph = manifest.model, manifest.graph
-    expected = step_io(m.num_layers, m.num_kv_heads, m.head_dim, m.vocab_size, graph.dtype)
+    expected = step_io(m.num_layers, m.num_kv_heads, m.head_dim, m.vocab_size, graph.dtype,
+                       m.conv_layers, m.hidden_size, m.conv_state)
     _same("inputs", _plain(graph.inputs), expected.inputs)
     _same("outputs", _plain(graph.outputs), expected.outputs)
-    layers = [kv_names(i) for i in range(m.num_layers)]
+    layers = [kv_names(i) for i in attention_layers(m.num_layers, m.conv_layers)]
     pairs = [p for n in layers for p in (KVPair(n.past_key, n.present_key),
                                          KVPair(n.past_value, n.present_value))]
     if kv_pairs(graph) != pairs:
         raise BundleError("the manifest's KV input/output pairs are not the chunk-graph "
                           "contract's (past_key.{i}/present_key.{i}, ...); re-export")
+    states = [KVPair(*state_names(i)) for i in m.conv_layers]
+    if state_pairs(graph) != states:
+        raise BundleError("the manifest's conv state inputs/outputs are not the chunk-graph "
+                          "contract's (past_conv.{i}/present_conv.{i}); re-export")
 
 
 def check_loaded_io(manifest: Manifest, inputs: Collection[str], outputs: Collection[str]) -> None:

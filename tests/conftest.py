@@ -139,6 +139,11 @@ FAMILIES: dict[str, dict] = {
         "high_freq_factor": 4.0, "original_max_position_embeddings": 64}},
     # q/k/v biases by default, the o bias on its own key, head_dim != hidden / heads
     "seed_oss": {"head_dim": 32, "attention_out_bias": True},
+    # short-conv layers around two attention layers (the conv state beside the KV cache);
+    # an MLP width from block_auto_adjust_ff_dim's rounding (2/3 x 96 x 1.3 -> 83 -> 96)
+    "lfm2": {"num_hidden_layers": 4, "layer_types": ["conv", "full_attention", "conv",
+                                                     "full_attention"],
+             "block_multiple_of": 16, "block_ffn_dim_multiplier": 1.3, "conv_bias": True},
     "phi": {"num_attention_heads": 2, "num_key_value_heads": 2, "partial_rotary_factor": 0.5},
     "stablelm": {"num_attention_heads": 2, "num_key_value_heads": 2,
                  "partial_rotary_factor": 0.5, "use_qkv_bias": True},
@@ -158,7 +163,7 @@ FAMILIES: dict[str, dict] = {
 FAST_FAMILIES = ("llama", "mistral", "qwen2", "gemma2", "gemma3_text", "gemma3", "qwen2_5_vl",
                  "qwen3_vl", "phi3", "smollm3", "granite", "olmo2", "olmo3", "exaone4",
                  "hunyuan_v1_dense", "glm4", "starcoder2", "phi", "gpt_neox", "ministral3",
-                 "mistral3")
+                 "mistral3", "lfm2")
 
 
 def write_tokenizer(path: Path, vocab: int = VOCAB, top_words: Sequence[str] = (),

@@ -364,9 +364,12 @@ def test_the_activation_is_read_from_the_key_the_model_reads(family):
     ours = ModelConfig.from_hf(minimal_raw(family, **keys)).activation
     layer = hf_auto_class(family).from_config(hf_config(family, pad_token_id=0, **keys)) \
         .get_decoder().layers[0]
-    mlp = getattr(layer, "mlp", None) or layer.shared_mlp  # Granite 4's dense MLP
-    act = next(getattr(mlp, name) for name in ("act_fn", "activation_fn", "act", "activation")
-               if hasattr(mlp, name))
+    # Granite 4's dense MLP; LFM2's, whose Lfm2MLP calls F.silu whatever the config says
+    # (it has no activation module)
+    mlp = getattr(layer, "mlp", None) or getattr(layer, "shared_mlp", None) or \
+        layer.feed_forward
+    act = next((getattr(mlp, name) for name in ("act_fn", "activation_fn", "act", "activation")
+                if hasattr(mlp, name)), torch.nn.functional.silu)
     x = torch.linspace(-4, 4, 101)
     torch.testing.assert_close(ACTIVATION_FUNCTIONS[ours](x), act(x))
 

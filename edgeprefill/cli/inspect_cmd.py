@@ -58,15 +58,16 @@ def inspect(bundle, verify, as_json):
         *_int8_line(graph, native),
         *_compute_line(graph, native, stock_attention, bf16_kv),
         _kv_line(m, bf16_kv),
+        *_state_line(m),
         _steps_line(graph, native, any_stock_attention, taken == "every"),
         *_derived_line(bundle, m),
         f"eos ids     {eos}",
         f"sampling    {defaults.describe()}  (generation_config.json; requests may override)",
         f"chat        {'template included' if m.tokenizer.chat_template else 'no template'}",
         "inputs",
-        *_io_lines(graph.inputs, graph.kv_inputs),
+        *_io_lines(graph.inputs, graph.kv_inputs, graph.state_inputs),
         "outputs",
-        *_io_lines(graph.outputs, graph.kv_outputs),
+        *_io_lines(graph.outputs, graph.kv_outputs, graph.state_outputs),
         "files" + ("  (sha256 verified)" if verify else ""),
         *[f"  {name:<24} {rec.bytes / 1e6:10.2f} MB  {rec.sha256[:16]}"
           for name, rec in m.files.items()],
@@ -74,15 +75,28 @@ def inspect(bundle, verify, as_json):
     click.echo("\n".join(lines))
 
 
-def _io_lines(table: dict, kv_pairs: list[list[str]]) -> list[str]:
-    kv = {name for pair in kv_pairs for name in pair}
+def _io_lines(table: dict, kv_pairs: list[list[str]], states: list[str]) -> list[str]:
+    grouped = {name for pair in kv_pairs for name in pair} | set(states)
     lines = [f"  {name:<16} {dtype:<8} {shape}" for name, (dtype, shape) in table.items()
-             if name not in kv]
+             if name not in grouped]
     if kv_pairs:
         dtype, shape = table[kv_pairs[0][0]]
         first, last = kv_pairs[0], kv_pairs[-1]
         lines.append(f"  {first[0]} .. {last[1]}  {dtype} {shape}  ({len(kv_pairs)} layers)")
+    if states:
+        dtype, shape = table[states[0]]
+        lines.append(f"  {states[0]} .. {states[-1]}  {dtype} {shape}  ({len(states)} layers)")
     return lines
+
+
+def _state_line(manifest) -> list[str]:
+    """A model whose conv layers carry a recurrent state beside the KV (LFM2)."""
+    m = manifest.model
+    if not m.conv_layers:
+        return []
+    return [f"conv state  layers {', '.join(map(str, m.conv_layers))} are short convolutions "
+            f"carrying a conv state of [{m.hidden_size}, {m.conv_state}] per slot; a slot's "
+            "cache is reused whole or not at all"]
 
 
 def _int4_prefill_line(graph, native: bool) -> list[str]:

@@ -4,6 +4,11 @@ A backend knows graphs and buffers, nothing about sessions or scheduling. The KV
 is one arena per layer and per K/V, `[slots, kv_heads, capacity, head_dim]`, with the
 slot as the first axis: a prefill chunk of slot s binds `arena[s:s+1]` and a decode batch
 of slots a..b-1 binds `arena[a:b]`, both contiguous views, so no step copies the cache.
+
+A model with conv layers (LFM2) also keeps, per slot, each conv layer's recurrent state
+(`[slots, hidden, conv_state]`): the slot's KV and its state describe the same tokens, so
+copying or swapping a slot's KV copies or swaps its state too. A state cannot be cut
+back to fewer tokens: kv_cache.py reuses such a slot whole or not at all.
 """
 
 from __future__ import annotations
@@ -58,10 +63,13 @@ class BackendOptions:
 
 
 def kv_slot_bytes(model: ModelInfo, capacity: int, dtype: np.dtype | str) -> int:
-    """Bytes of KV cache one slot of `capacity` positions takes, all layers, at `dtype`:
-    what `kv_budget_bytes` is divided by."""
-    per_position = 2 * model.num_layers * model.num_kv_heads * model.head_dim
-    return per_position * capacity * int(np.dtype(dtype).itemsize)
+    """Bytes of KV cache one slot of `capacity` positions takes, all layers, at `dtype`
+    (with the conv layers' state, kept at the graph's dtype): what `kv_budget_bytes` is
+    divided by."""
+    per_position = 2 * model.kv_layers * model.num_kv_heads * model.head_dim
+    state = len(model.conv_layers) * model.hidden_size * model.conv_state
+    # The state keeps the graph dtype: counted at float32, its widest.
+    return per_position * capacity * int(np.dtype(dtype).itemsize) + state * 4
 
 
 class Backend(ABC):
@@ -87,6 +95,12 @@ class Backend(ABC):
         return self.why_not_fused is None
 
     @property
+    def carries_state(self) -> bool:
+        """Slots hold a recurrent state beside the KV (conv layers): a slot's cache is
+        reusable only whole, never cut back to a shorter prefix."""
+        return bool(self.manifest.model.conv_layers)
+
+    @property
     def kv_dtype(self) -> np.dtype:
         return np.dtype(self.manifest.graph.dtype)
 
@@ -96,21 +110,24 @@ class Backend(ABC):
 
     @abstractmethod
     def allocate_kv(self, slots: int, capacity: int) -> None:
-        """(Re)allocate the KV arena: `slots` rows of `capacity` positions, zero-filled.
-        Drops any previous arena."""
+        """(Re)allocate the KV arena: `slots` rows of `capacity` positions, zero-filled
+        (and the conv layers' state, if any). Drops any previous arena."""
 
     @abstractmethod
     def run(self, step: StepBatch) -> np.ndarray:
         """Run one step; returns CPU float32 logits [B, vocab] of each row's last valid
-        token. Writes the rows' K/V into their slots in place; touches no other slot."""
+        token. Writes the rows' K/V (and conv state) into their slots; touches no other
+        slot."""
 
     @abstractmethod
     def copy_kv(self, src_slot: int, dst_slot: int, length: int) -> None:
-        """Copy positions [0, length) of one slot's K/V to another (prefix reuse)."""
+        """Copy positions [0, length) of one slot's K/V to another (prefix reuse), and
+        the slot's conv state, if any (the caller copies only a whole slot then)."""
 
     @abstractmethod
     def swap_kv(self, a: int, b: int, length: int) -> None:
-        """Exchange positions [0, length) of two slots' K/V (keeps decode rows adjacent)."""
+        """Exchange positions [0, length) of two slots' K/V (keeps decode rows adjacent),
+        and their conv states, if any."""
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release device resources."""

@@ -27,7 +27,9 @@ from edgeprefill.contract import (
     LOGITS,
     PAST_LENS,
     VALID_LENS,
+    attention_layers,
     kv_names,
+    state_names,
 )
 from edgeprefill.errors import ExportError
 from edgeprefill.export.checkpoint import Checkpoint
@@ -37,6 +39,7 @@ from edgeprefill.export.graph import GraphBuilder
 from edgeprefill.export.lm_head import head_weight
 from edgeprefill.export.model_config import LayerAttention, ModelConfig
 from edgeprefill.export.quantize import QuantConfig
+from edgeprefill.export.short_conv import ShortConv
 from edgeprefill.export.tokens import PackedTokens, PaddedTokens
 from edgeprefill.export.weights import GraphWeights
 
@@ -71,10 +74,13 @@ class DecoderBuilder:
         g.output(LOGITS, np.float32, [BATCH, cfg.vocab_size])
         self._declare_kv_io()
         chunk = g.op("Slice", [g.op("Shape", [ids]), g.const([1]), g.const([2])])  # [1]
-        step = self.flavor.step_tensors(g, past_lens, chunk, kv_names(0).past_key)
+        first = attention_layers(cfg.num_layers, cfg.conv_layers)[0]
+        step = self.flavor.step_tensors(g, past_lens, chunk, kv_names(first).past_key)
         self.tokens = (PackedTokens(g, valid_lens, chunk) if self.flavor.packs_tokens
                        else PaddedTokens(g, valid_lens))
         self.q_scale = self._query_scale(past_lens, chunk)
+        self.conv = (ShortConv(g, self.w, cfg, self.tokens, past_lens, valid_lens)
+                     if cfg.conv_layers else None)
         x = self.tokens.embed(self._embedding(), ids)  # [B,C,hidden] or packed [1,T,hidden]
         if cfg.embed_scale is not None:
             x = g.op("Mul", [x, g.const(cfg.embed_scale, self.dtype)])
@@ -105,15 +111,22 @@ class DecoderBuilder:
         return self.cfg.spec.names
 
     def _declare_kv_io(self) -> None:
-        shape = [BATCH, self.cfg.num_kv_heads, CAPACITY, self.cfg.head_dim]
-        for layer in range(self.cfg.num_layers):
+        cfg = self.cfg
+        shape = [BATCH, cfg.num_kv_heads, CAPACITY, cfg.head_dim]
+        layers = attention_layers(cfg.num_layers, cfg.conv_layers)
+        for layer in layers:
             names = kv_names(layer)
             self.g.input(names.past_key, self.dtype, shape)
             self.g.input(names.past_value, self.dtype, shape)
-        for layer in range(self.cfg.num_layers):
+        state = [BATCH, cfg.hidden_size, cfg.conv_kernel - 1]
+        for layer in cfg.conv_layers:
+            self.g.input(state_names(layer).past, self.dtype, state)
+        for layer in layers:
             names = kv_names(layer)
             self.g.output(names.present_key, self.dtype, shape)
             self.g.output(names.present_value, self.dtype, shape)
+        for layer in cfg.conv_layers:
+            self.g.output(state_names(layer).present, self.dtype, state)
 
     def _layer(self, i: int, x: str, delta: str | None, step: StepTensors,
                rows: Rows) -> tuple[str, str]:
@@ -130,11 +143,11 @@ class DecoderBuilder:
         block = self.cfg.block
         if block == "post":  # OLMo 2: the norms follow the sublayers
             x = x if delta is None else self.g.op("Add", [x, delta])
-            attn = self._norm(self._attention(i, x, step, rows), p + n.post_attn_norm)
+            attn = self._norm(self._mixer(i, x, step, rows), p + n.post_attn_norm)
             x = self.g.op("Add", [rows(x), self._scaled(attn)])
             return x, self._scaled(self._norm(self._mlp(p, x), p + n.post_mlp_norm))
         x, h = self._add_norm(x, delta, p + n.input_norm)
-        attn = self._attention(i, h, step, rows)
+        attn = self._mixer(i, h, step, rows)
         x = rows(x)
         if block == "shared":  # Phi: attention and MLP read the same normed input
             return self.g.op("Add", [x, attn]), self._mlp(p, rows(h))
@@ -153,6 +166,12 @@ class DecoderBuilder:
         if self.cfg.residual_scale == 1.0:
             return sublayer
         return self.g.op("Mul", [sublayer, self.g.const(self.cfg.residual_scale, self.dtype)])
+
+    def _mixer(self, i: int, h: str, step: StepTensors, rows: Rows) -> str:
+        """The layer's token mixer: attention, or LFM2's short convolution."""
+        if self.conv is not None and i in self.cfg.conv_layers:
+            return self.conv.layer(self.names.layer.format(i=i), h, state_names(i), rows)
+        return self._attention(i, h, step, rows)
 
     def _attention(self, i: int, h: str, step: StepTensors, rows: Rows) -> str:
         cfg, n = self.cfg, self.names

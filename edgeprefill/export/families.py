@@ -77,7 +77,8 @@ class FamilySpec:
     act_default: str = "silu"
     # The key the family's MLP takes its activation from; the other name is ignored there
     # (Gemma 1 reads `hidden_act`, Gemma 2/3 `hidden_activation`, and configs carry both).
-    act_key: str = "hidden_act"
+    # None: the MLP reads no key, its activation is act_default (LFM2's SiLU).
+    act_key: str | None = "hidden_act"
     # The key the family's norms take their epsilon from (StarCoder2's `norm_epsilon`);
     # None: the first of rms_norm_eps, layer_norm_eps, layer_norm_epsilon.
     eps_key: str | None = None
@@ -121,6 +122,9 @@ class FamilySpec:
     # Whether the model multiplies each query by Llama 4's per-position factor, from its rope
     # dict's llama_4_scaling_beta and original window (Ministral 3; export/query_scale.py).
     query_scale: bool = False
+    # Whether `layer_types` may name "conv" layers: LFM2's gated short convolutions, which
+    # hold no KV but a recurrent state (export/short_conv.py).
+    conv: bool = False
     # Multimodal checkpoints (Gemma 3): the key whose config is the language model's, and
     # the keys the outer config decides instead, with the outer class's default (None: no
     # default, the inner config's value stands).
@@ -310,6 +314,33 @@ def _granite4_unsupported(raw: dict[str, Any]) -> str | None:
         return (f"routed experts are not supported (num_local_experts="
                 f"{raw['num_local_experts']}); only dense models (num_local_experts 0)")
     return None
+
+
+def _lfm2_config(raw: dict[str, Any]) -> dict[str, Any]:
+    """Lfm2Config: `tie_embedding` and `block_ff_dim` are older names that win; without
+    `layer_types`, the layers in `full_attn_idxs` attend (every layer when it is absent)
+    and the others convolve. Lfm2MLP's width is `intermediate_size` adjusted as
+    `block_auto_adjust_ff_dim` says (2/3 of it, times `block_ffn_dim_multiplier`, rounded
+    up to a multiple of `block_multiple_of`)."""
+    raw = dict(raw)
+    if "tie_embedding" in raw:
+        raw["tie_word_embeddings"] = raw["tie_embedding"]
+    if "block_ff_dim" in raw:
+        raw["intermediate_size"] = raw["block_ff_dim"]
+    if raw.get("layer_types") is None:
+        count = int(raw["num_hidden_layers"])
+        attends = raw.get("full_attn_idxs")
+        attends = range(count) if attends is None else attends
+        raw["layer_types"] = ["full_attention" if i in attends else "conv" for i in range(count)]
+    if raw.get("block_auto_adjust_ff_dim", True):
+        size = int(2 * int(raw["intermediate_size"]) / 3)
+        multiplier = raw.get("block_ffn_dim_multiplier", 1.0)
+        if multiplier is not None:
+            size = int(multiplier * size)
+            multiple = int(raw.get("block_multiple_of", 256))
+            size = multiple * ((size + multiple - 1) // multiple)
+        raw["intermediate_size"] = size
+    return raw
 
 
 def _parallel_if_configured(raw: dict[str, Any]) -> str:
@@ -562,6 +593,20 @@ FAMILIES: dict[str, FamilySpec] = {
         eps_key="norm_epsilon", window="always",
         defaults={"norm_epsilon": 1e-5, "max_position_embeddings": 4096},
         quirks=("LayerNorm with bias", "gelu MLP"),
+    ),
+    # LFM2: most layers are gated short convolutions (in_proj to B, C, x; a depthwise causal
+    # conv of B*x over conv_L_cache tokens; C times that; out_proj), the rest GQA attention
+    # with per-head q/k RMSNorm; the final norm is `embedding_norm`.
+    "lfm2": FamilySpec(
+        names=replace(LLAMA_NAMES, final_norm="model.embedding_norm", o="self_attn.out_proj",
+                      q_norm="self_attn.q_layernorm", k_norm="self_attn.k_layernorm",
+                      gate="feed_forward.w1", up="feed_forward.w3", down="feed_forward.w2",
+                      input_norm="operator_norm", post_attn_norm="ffn_norm"),
+        qk_norm="head", conv=True, tie_default=True, act_key=None, eps_key="norm_eps",
+        legacy=_lfm2_config,
+        defaults={"norm_eps": 1e-5, "rope_theta": 1_000_000.0,
+                  "max_position_embeddings": 128_000, "conv_L_cache": 3},
+        quirks=("per-head q/k RMSNorm",),
     ),
     "phi": FamilySpec(
         names=PHI_NAMES, norm="layer", block="shared", gated_mlp=False, qkv_bias=True,

@@ -72,6 +72,12 @@ class ModelConfig:
     query_scale: QueryScale | None = None  # a per-position factor of q (Ministral 3)
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
+    # LFM2: the layers that are gated short convolutions (their `layers` entry unused),
+    # the convolution's width in tokens (conv_L_cache) and whether its projections and
+    # convolution have biases (conv_bias).
+    conv_layers: tuple[int, ...] = ()
+    conv_kernel: int = 0
+    conv_bias: bool = False
 
     def __post_init__(self) -> None:
         check_model_config(self)
@@ -88,6 +94,11 @@ class ModelConfig:
                 )
         if self.block not in BLOCKS:
             raise ExportError(f"unknown block layout {self.block!r}")
+        if self.conv_layers and self.conv_kernel < 2:
+            raise ExportError(f"conv_L_cache must be at least 2, got {self.conv_kernel}")
+        if len(self.conv_layers) == self.num_layers:
+            raise ExportError("layer_types has no full_attention layer; export needs at "
+                              "least one")
 
     @property
     def spec(self) -> FamilySpec:
@@ -107,6 +118,9 @@ class ModelConfig:
         """What is special about this model, in words (manifest and `inspect`)."""
         out = list(self.spec.quirks)
         # From the config, not the family: GPT-NeoX and StableLM choose their residual.
+        if self.conv_layers:
+            out.append(f"{len(self.conv_layers)} of {self.num_layers} layers gated short "
+                       f"convolutions of {self.conv_kernel} tokens (a conv state per sequence)")
         out += {"parallel": ["parallel residual (attention and MLP each on its own norm)"],
                 "shared": ["parallel attention and MLP on one norm"]}.get(self.block, [])
         if any(layer.rope == LOCAL for layer in self.layers) and \
@@ -199,7 +213,17 @@ def _read(family: str, spec: FamilySpec, raw: dict[str, Any]) -> ModelConfig:
         query_scale=read_query_scale(family, raw, ropes[GLOBAL]) if spec.query_scale else None,
         bos_token_id=_first_id(raw.get("bos_token_id")),
         eos_token_ids=_ids(raw.get("eos_token_id")),
+        **_conv(raw, spec),
     )
+
+
+def _conv(raw: dict[str, Any], spec: FamilySpec) -> dict[str, Any]:
+    """The conv layers' fields of ModelConfig (LFM2); none for other families."""
+    if not spec.conv:
+        return {}
+    layers = tuple(i for i, kind in enumerate(raw["layer_types"]) if kind == "conv")
+    return {"conv_layers": layers, "conv_kernel": int(raw["conv_L_cache"]),
+            "conv_bias": bool(raw.get("conv_bias", False))}
 
 
 # A FamilySpec.unsupported switch -> what a true value asks for.
@@ -259,7 +283,7 @@ def _biases(raw: dict[str, Any], spec: FamilySpec) -> tuple[bool, bool, bool]:
 
 
 def _activation(raw: dict[str, Any], spec: FamilySpec) -> str:
-    name = raw.get(spec.act_key) or spec.act_default
+    name = (raw.get(spec.act_key) if spec.act_key else None) or spec.act_default
     if name not in ACTIVATIONS:
         raise ExportError(
             f"activation {name!r} is not supported; supported: {', '.join(ACTIVATIONS)}"
@@ -315,9 +339,11 @@ def _layers(raw: dict[str, Any], spec: FamilySpec) -> tuple[LayerAttention, ...]
     else:
         if len(types) != count:
             raise ExportError(f"layer_types lists {len(types)} layers; there are {count}")
-        unknown = set(types) - {"full_attention", "sliding_attention"}
+        kinds = {"full_attention", "sliding_attention", *(("conv",) if spec.conv else ())}
+        unknown = {str(kind) for kind in types} - kinds
         if unknown:
-            raise ExportError(f"layer_types holds unsupported kinds: {', '.join(sorted(unknown))}")
+            raise ExportError(f"layer_types holds unsupported kinds: {', '.join(sorted(unknown))}"
+                              f" (supported: {', '.join(sorted(kinds))})")
         slides = [window is not None and kind == "sliding_attention" for kind in types]
     ropes = _rope_layers(raw, count)
     if spec.global_nope and window is not None:

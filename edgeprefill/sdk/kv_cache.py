@@ -11,6 +11,12 @@ which makes two kinds of reuse one mechanism, both verified by token content:
 
 Retained slots are evicted least recently used when a request needs room.
 
+A model whose conv layers carry a recurrent state beside the KV (LFM2,
+`Backend.carries_state`) cannot cut a slot back to a shorter prefix: the state is that of
+the slot's last token. There a slot is reused only whole (its tokens a proper prefix of
+the new ones), else the request starts from position 0; a prefix is lent only from a
+slot whose whole token list it is (the copy takes the state along).
+
   state     tokens        request   meaning
   FREE      []            none      no data
   RETAINED  KV's tokens   none      kept for reuse; evictable
@@ -67,6 +73,7 @@ class KVCache:
         `share_prefixes`: lend other slots' prefixes (a slot's own reuse always applies)."""
         self.share_prefixes = share_prefixes
         self.backend = backend
+        self.whole_only = backend.carries_state  # reuse a slot whole or not at all
         self.capacity = capacity
         self.align = max(1, align)
         self.slots = [Slot(i) for i in range(slots)]
@@ -87,7 +94,7 @@ class KVCache:
                 or self._evict_lru())
         if slot is None:
             return None
-        reused = min(_common_prefix(slot.tokens, tokens), limit)
+        reused = self._reusable(slot.tokens, tokens, limit)
         source, shared = self._best_prefix(tokens, limit, exclude=slot.index)
         self.prefix_lookups += 1
         copied_from = None
@@ -218,7 +225,7 @@ class KVCache:
         slot for those two tokens evicted what the next request would have reused."""
         if not self.share_prefixes:
             return None
-        shared, _, best = max(((min(_common_prefix(s.tokens, tokens), limit), -s.last_used,
+        shared, _, best = max(((self._reusable(s.tokens, tokens, limit), -s.last_used,
                                 s.index) for s in self.slots
                                if s.state is SlotState.RETAINED and s.owner is None),
                               default=(0, 0, -1))
@@ -240,11 +247,20 @@ class KVCache:
         for slot in self.slots:
             if slot.index == exclude or not slot.tokens:
                 continue
-            shared = min(_common_prefix(slot.tokens, tokens), limit)
-            shared -= shared % self.align
+            shared = self._reusable(slot.tokens, tokens, limit)
+            if not self.whole_only:  # a whole slot's end is where its state is
+                shared -= shared % self.align
             if shared > best_len:
                 best, best_len = slot.index, shared
         return best, best_len
+
+    def _reusable(self, held: list[int], tokens: list[int], limit: int) -> int:
+        """Leading tokens of `tokens` (at most `limit`) whose cache a slot holding `held`
+        can serve: their common prefix, or with a state all of `held` or nothing."""
+        common = min(_common_prefix(held, tokens), limit)
+        if self.whole_only and common < len(held):
+            return 0
+        return common
 
     def _touch(self, slot: Slot) -> None:
         slot.last_used = next(self._clock)

@@ -26,6 +26,7 @@ from edgeprefill.contract import (
     VALID_LENS,
     check_loaded_io,
     kv_pairs,
+    state_pairs,
 )
 from edgeprefill.engines.base import Backend, BackendOptions, StepBatch
 from edgeprefill.engines.ort.arena import DeviceArena, HostArena, KVArena
@@ -58,6 +59,7 @@ from edgeprefill.engines.ort.providers import (
     provider_options,
     refuse_device,
 )
+from edgeprefill.engines.ort.state_arena import StateArena
 from edgeprefill.engines.ort.switches import merge_switches
 from edgeprefill.errors import BackendError
 from edgeprefill.kernels.build import library_path
@@ -215,6 +217,7 @@ class OnnxRuntimeBackend(Backend):
                         [i.name for i in self.session.get_inputs() if i.name != HOST_TOTAL],
                         [o.name for o in self.session.get_outputs()])
         self.arena: KVArena | None = None  # host memory on the CPU, device memory on a GPU
+        self.state: StateArena | None = None  # the conv layers' state (LFM2), host memory
         self._bindings: dict[tuple[int, int], Any] = {}  # ort.IOBinding per (first, rows)
         self._logits = np.empty((0, manifest.model.vocab_size), np.float32)
 
@@ -274,9 +277,12 @@ class OnnxRuntimeBackend(Backend):
         self.arena = None  # free the old arena before the new one
         self._bindings.clear()
         if self._gpu is None:
-            self.arena = HostArena(shape, self.kv_dtype, 2 * m.num_layers)
+            self.arena = HostArena(shape, self.kv_dtype, 2 * m.kv_layers)
         else:
             self.arena = self._device_arena(shape)
+        pairs = state_pairs(self.manifest.graph)
+        self.state = StateArena(pairs, (slots, m.hidden_size, m.conv_state),
+                                np.dtype(self.manifest.graph.dtype)) if pairs else None
         self._logits = np.empty((slots, m.vocab_size), np.float32)
 
     def _device_arena(self, shape: tuple[int, ...]) -> DeviceArena:
@@ -287,7 +293,7 @@ class OnnxRuntimeBackend(Backend):
                 f"the TensorRT provider runs the graph at a KV capacity of {pinned} (the "
                 f"bundle's max context), not {shape[2]}; run with max_context {pinned}"
             )
-        count = 2 * self.manifest.model.num_layers
+        count = 2 * self.manifest.model.kv_layers
         return DeviceArena(self._ort, shape, self.kv_dtype, count, self.session.get_providers())
 
     def kv_arrays(self) -> list[np.ndarray]:
@@ -306,6 +312,8 @@ class OnnxRuntimeBackend(Backend):
         if self.host_total:
             binding.bind_cpu_input(HOST_TOTAL, host_total(step))
         self.session.run_with_iobinding(binding)
+        if self.state is not None:
+            self.state.store(step.first_slot, step.rows)
         return self._logits[: step.rows]
 
     def _binding(self, first: int, rows: int) -> Any:
@@ -321,13 +329,19 @@ class OnnxRuntimeBackend(Backend):
         logits = self._logits[:rows]
         binding.bind_output(LOGITS, "cpu", 0, np.float32, logits.shape, logits.ctypes.data)
         self._allocated().bind(binding, self._kv_pairs, first, rows)
+        if self.state is not None:
+            self.state.bind(binding, first, rows)
         return binding
 
     def copy_kv(self, src_slot: int, dst_slot: int, length: int) -> None:
         self._allocated().copy(src_slot, dst_slot, length)
+        if self.state is not None:
+            self.state.copy(src_slot, dst_slot)
 
     def swap_kv(self, a: int, b: int, length: int) -> None:
         self._allocated().swap(a, b, length)
+        if self.state is not None:
+            self.state.swap(a, b)
 
     def _allocated(self) -> KVArena:
         if self.arena is None:
@@ -338,6 +352,7 @@ class OnnxRuntimeBackend(Backend):
         # Drop the session too: its weights would otherwise stay until a GC cycle.
         self._bindings.clear()
         self.arena = None
+        self.state = None
         self.session = None
 
 

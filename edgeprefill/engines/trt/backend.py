@@ -17,7 +17,7 @@ import numpy as np
 from edgeprefill.bundle import Manifest
 from edgeprefill.contract import INPUT_IDS, LOGITS, PAST_LENS, VALID_LENS
 from edgeprefill.engines.base import Backend, BackendOptions, StepBatch
-from edgeprefill.engines.trt.graph import require_standard
+from edgeprefill.engines.trt.graph import refuse_state, require_standard
 from edgeprefill.engines.trt.plan import aligned_capacity
 from edgeprefill.engines.trt.runtime import EngineRuntime, open_runtime
 from edgeprefill.engines.trt.steps import (
@@ -44,6 +44,7 @@ class TensorRTBackend(Backend):
                                "TensorRT engine's precision is chosen when it is built "
                                "(`edgeprefill build --precision bf16`)")
         require_standard(manifest)
+        refuse_state(manifest)
         self.runtime = runtime or open_runtime(bundle_dir, manifest, options)
         self.device = self.runtime.device
         self.plan = self.runtime.plan

@@ -28,7 +28,11 @@ from edgeprefill.engines.trt.cache import (
     save_engine,
 )
 from edgeprefill.engines.trt.cuda import device_info
-from edgeprefill.engines.trt.graph import parser_ready_graph, require_standard
+from edgeprefill.engines.trt.graph import (
+    parser_ready_graph,
+    refuse_state,
+    require_standard,
+)
 from edgeprefill.engines.trt.logger import capturing_logger
 from edgeprefill.engines.trt.plan import ProfilePlan, aligned_capacity, profile_plan
 from edgeprefill.engines.trt.runtime import check_engine
@@ -113,6 +117,7 @@ def prepare_build(bundle_dir: Path, options: BuildOptions) -> BuildInputs:
     """The CPU half of a build: read and check the bundle, plan the profiles."""
     manifest = load_manifest(bundle_dir, verify_checksums=True)  # weights go into the engine
     require_standard(manifest)
+    refuse_state(manifest)
     requested = options.capacity or manifest.max_context
     capacity = aligned_capacity(manifest, requested)
     plan = profile_plan(manifest, capacity, options.max_batch)

@@ -33,6 +33,15 @@ def require_standard(manifest: Manifest) -> None:
         )
 
 
+def refuse_state(manifest: Manifest) -> None:
+    """The engine binds KV arenas in place and nothing else: a bundle whose conv layers
+    carry a recurrent state (LFM2) runs on the onnxruntime backend only."""
+    if manifest.model.conv_layers:
+        raise BackendError(
+            f"the tensorrt backend cannot run {manifest.model.family} bundles: their conv "
+            "layers carry a recurrent state it does not bind; use --backend onnxruntime")
+
+
 def kv_tensor_names(manifest: Manifest) -> set[str]:
     graph = manifest.graph
     return {n for pair in graph.kv_inputs + graph.kv_outputs for n in pair}

@@ -1,0 +1,302 @@
+"""LFM2: short-conv layers whose recurrent state sits beside the KV cache, computed as
+transformers computes it whatever the chunking, the padding, the batch and the reuse."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from edgeprefill.bundle import load_manifest
+from edgeprefill.engines import BackendOptions, StepBatch
+from edgeprefill.errors import BackendError, BundleError, ExportError
+from edgeprefill.export.exporter import ExportOptions, export
+from edgeprefill.export.model_config import ModelConfig
+from edgeprefill.sdk import Engine, GenerationParams
+from edgeprefill.sdk.kv_cache import KVCache
+from tests.conftest import build_hf_model, load_hf_model
+from tests.fake_backend import FakeBackend, fake_manifest
+from tests.test_exactness import prompt_ids, reference_greedy, reference_logits
+
+FLAVORS = ("ort", "standard")
+# The ort flavour's attention on the native kernels (where they build) and on ONNX
+# Runtime's GroupQueryAttention; the conv layers are stock ops either way.
+GRAPHS = [("ort", "auto"), ("ort", "off"), ("standard", "auto")]
+PARAMS = GenerationParams(max_new_tokens=8, ignore_eos=True)
+# The last layer convolves (as in the released LFM2s), a wider kernel, no biases.
+CONV_LAST = {"num_hidden_layers": 3, "layer_types": ["conv", "full_attention", "conv"],
+             "conv_L_cache": 4, "conv_bias": False}
+
+
+@pytest.fixture(scope="module")
+def conv_last(tmp_path_factory):
+    """flavor -> (hf dir, bundle) of the CONV_LAST model."""
+    hf = build_hf_model("lfm2", tmp_path_factory.mktemp("lfm2-conv-last"), **CONV_LAST)
+    made = {}
+
+    def get(flavor: str):
+        if flavor not in made:
+            out = tmp_path_factory.mktemp(f"lfm2-conv-last-{flavor}")
+            export(hf, out, ExportOptions(flavor=flavor, chunks=(16,), max_context=128,
+                                          show_progress=False, overwrite=True))
+            made[flavor] = out
+        return hf, made[flavor]
+
+    return get
+
+
+def run_padded(backend, ids: list[int], chunk: int, split: int) -> dict[int, np.ndarray]:
+    """Prefill ids[:split] in calls of `chunk` tokens, the last one padded to `chunk` with
+    junk ids, then ids[split:] in one call: {last position of each call: its logits}."""
+    got, start = {}, 0
+    while start < len(ids):
+        end = min(start + chunk, split) if start < split else len(ids)
+        part = ids[start:end]
+        width = chunk if start < split else len(part)
+        padded = np.full((1, width), 77, np.int64)
+        padded[0, : len(part)] = part
+        logits = backend.run(StepBatch(padded, np.array([start], np.int32),
+                                       np.array([len(part)], np.int32), 0))
+        got[end - 1] = logits[0].copy()
+        start = end
+    return got
+
+
+@pytest.mark.parametrize("flavor, kernels", GRAPHS)
+@pytest.mark.parametrize("model", ("mixed", "conv_last"))
+def test_logits_equal_transformers_for_chunks_smaller_and_larger_than_the_kernel_padded(
+        model, flavor, kernels, hf_model, bundle, conv_last, monkeypatch):
+    """Every call's last-token logits equal transformers' at that position, for chunks of
+    1 and 2 tokens (shorter than the convolution's window: the state carries it across
+    several calls) up to the whole prompt, with a padded last chunk whose padding must
+    stay out of the state the next call reads."""
+    monkeypatch.setenv("EDGEPREFILL_KERNELS", kernels)
+    hf_dir, path = (hf_model("lfm2"), bundle("lfm2", flavor)) if model == "mixed" \
+        else conv_last(flavor)
+    ids = prompt_ids(40)
+    expected = reference_logits(hf_dir, ids)
+    engine = Engine.load(path, threads=2, background=False)
+    for chunk in (1, 2, 3, 16, 40):
+        for position, logits in run_padded(engine.backend, ids, chunk, split=37).items():
+            np.testing.assert_allclose(logits, expected[position], rtol=1e-4, atol=1e-4,
+                                       err_msg=f"chunk {chunk}, position {position}")
+    engine.close()
+
+
+@pytest.mark.parametrize("flavor", FLAVORS)
+def test_a_chunk_row_beside_decode_rows_keeps_each_rows_state_its_own(flavor, hf_model, bundle):
+    """One call of rows with different valid lengths (a fused step: a prefill chunk and
+    decode rows padded to its width): each row's logits and next state are its own."""
+    a, b, c = prompt_ids(30, seed=3), prompt_ids(21, seed=4), prompt_ids(26, seed=5)
+    expected = [reference_logits(hf_model("lfm2"), ids) for ids in (a, b, c)]
+    engine = Engine.load(bundle("lfm2", flavor), threads=2, background=False)
+    if flavor == "ort" and engine.backend.why_not_fused:  # GroupQueryAttention's limit
+        pytest.skip(f"this ort graph takes no fused rows: {engine.backend.why_not_fused}")
+    run = engine.backend.run
+    for slot, ids in ((0, a[:10]), (1, b[:19]), (2, c[:24])):
+        run(StepBatch(np.array([ids]), np.array([0], np.int32),
+                      np.array([len(ids)], np.int32), slot))
+    ids = np.full((3, 16), 77, np.int64)
+    ids[0], ids[1, 0], ids[2, 0] = a[10:26], b[19], c[24]
+    logits = run(StepBatch(ids, np.array([10, 19, 24], np.int32),
+                           np.array([16, 1, 1], np.int32), 0))
+    for row, position in enumerate((25, 19, 24)):
+        np.testing.assert_allclose(logits[row], expected[row][position], rtol=1e-4, atol=1e-4)
+    # The chunk row's state ends at its 16th token, the decode rows' at their one token.
+    logits = run(StepBatch(np.array([a[26:30]]), np.array([26], np.int32),
+                           np.array([4], np.int32), 0))
+    np.testing.assert_allclose(logits[0], expected[0][29], rtol=1e-4, atol=1e-4)
+    logits = run(StepBatch(np.array([[b[20]], [c[25]]]), np.array([20, 25], np.int32),
+                           np.array([1, 1], np.int32), 1))
+    for row, (want, position) in enumerate(((expected[1], 20), (expected[2], 25))):
+        np.testing.assert_allclose(logits[row], want[position], rtol=1e-4, atol=1e-4)
+    engine.close()
+
+
+@pytest.mark.parametrize("flavor", FLAVORS)
+def test_copying_and_swapping_a_slot_move_its_state_with_its_kv(flavor, hf_model, bundle):
+    """Prefix lending copies a slot, keeping decode rows adjacent swaps two: the next
+    chunk in the slot the content moved to continues it as transformers does."""
+    ids = prompt_ids(40)
+    expected = reference_logits(hf_model("lfm2"), ids)
+    engine = Engine.load(bundle("lfm2", flavor), threads=2, background=False)
+    backend = engine.backend
+
+    def chunk(start: int, end: int, slot: int) -> np.ndarray:
+        return backend.run(StepBatch(np.array([ids[start:end]]), np.array([start], np.int32),
+                                     np.array([end - start], np.int32), slot))[0]
+
+    chunk(0, 20, 0)
+    chunk(0, 7, 1)  # another sequence's state in the destination
+    backend.copy_kv(0, 1, 20)
+    np.testing.assert_allclose(chunk(20, 30, 1), expected[29], rtol=1e-4, atol=1e-4)
+    chunk(0, 5, 2)
+    backend.swap_kv(1, 2, 30)
+    np.testing.assert_allclose(chunk(30, 40, 2), expected[39], rtol=1e-4, atol=1e-4)
+    engine.close()
+
+
+@pytest.mark.parametrize("flavor", FLAVORS)
+def test_greedy_text_is_transformers_chunked_or_not_alone_or_batched(flavor, hf_model, bundle):
+    model = load_hf_model(hf_model("lfm2"))
+    prompts = [prompt_ids(n, seed=n) for n in (5, 30, 61)]
+    expected = [reference_greedy(model, ids) for ids in prompts]
+    engine = Engine.load(bundle("lfm2", flavor), threads=2, background=False,
+                         prefix_reuse=False)
+    for ids, want in zip(prompts, expected, strict=True):
+        for chunk in (2, 16, None):
+            got = engine.generate(ids, PARAMS, chunk_size=chunk or len(ids)).result()
+            assert got.token_ids == want, f"length {len(ids)}, chunk {chunk}"
+    streams = [engine.generate(ids, PARAMS, chunk_size=16) for ids in prompts]  # together
+    assert [s.result().token_ids for s in streams] == expected
+    # Where the graph takes them, later prompts' chunks ran beside earlier ones' decode rows.
+    assert (engine.metrics().fused_steps > 0) == engine.backend.fuses_rows
+    engine.close()
+
+
+@pytest.mark.parametrize("flavor", FLAVORS)
+def test_a_second_turn_reuses_the_whole_slot_and_continues_its_state(flavor, hf_model, bundle):
+    model = load_hf_model(hf_model("lfm2"))
+    engine = Engine.load(bundle("lfm2", flavor), threads=2, background=False, chunk_size=16)
+    session = engine.session()
+    first, second = prompt_ids(45), prompt_ids(21, seed=7)[1:]
+    reply = session.generate(first, PARAMS).result().token_ids
+    assert reply == reference_greedy(model, first)
+    got = session.generate(second, PARAMS).result()
+    assert got.token_ids == reference_greedy(model, first + reply + second)
+    # The slot held the first prompt and the reply but its last token (never fed back).
+    assert got.metrics.prefix_reused == len(first) + len(reply) - 1
+    engine.close()
+
+
+@pytest.mark.parametrize("flavor", FLAVORS)
+def test_a_prompt_that_diverges_from_a_cached_one_starts_from_zero(flavor, hf_model, bundle):
+    """A retained slot shares the new prompt's first 32 tokens but then differs: its state
+    is that of its own last token, so no part of it is reused."""
+    model = load_hf_model(hf_model("lfm2"))
+    engine = Engine.load(bundle("lfm2", flavor), threads=2, background=False, chunk_size=16)
+    cached = prompt_ids(50)
+    engine.generate(cached, PARAMS).result()
+    diverging = cached[:32] + prompt_ids(20, seed=9)[1:]
+    got = engine.generate(diverging, PARAMS).result()
+    assert got.token_ids == reference_greedy(model, diverging)
+    assert got.metrics.prefix_reused == 0
+    # A prompt the retained slot's whole token list begins is served from it.
+    first = engine.generate(diverging, PARAMS).result()
+    longer = diverging + first.token_ids + prompt_ids(9, seed=11)[1:]
+    got = engine.generate(longer, PARAMS).result()
+    assert got.token_ids == reference_greedy(model, longer)
+    assert got.metrics.prefix_reused == len(diverging) + len(first.token_ids) - 1
+    engine.close()
+
+
+def conv_cache(slots: int = 3) -> KVCache:
+    """A KV cache over the fake backend of a model whose first layer convolves."""
+    manifest = fake_manifest()
+    model = replace(manifest.model, num_layers=2, conv_layers=[0], conv_state=2)
+    backend = FakeBackend(Path("."), replace(manifest, model=model), BackendOptions())
+    return KVCache(backend, slots, 64, align=16)
+
+
+def test_a_cache_with_state_reuses_a_slot_whole_or_not_at_all():
+    kv = conv_cache()
+    a = kv.acquire(list(range(40)), owner=1)
+    kv.extend(a.slot, list(range(40)))
+    kv.release(a.slot, keep=True)
+    # The session's next turn extends the slot's tokens: all of them are reused.
+    again = kv.acquire(list(range(50)), owner=1)
+    assert (again.slot, again.reused) == (a.slot, 40)
+    kv.extend(again.slot, list(range(40, 50)))
+    kv.release(again.slot, keep=True)
+    # A turn that rewrites the end (a common prefix of 45, but not the slot's 50): none.
+    edited = kv.acquire([*range(45), 99, 98], owner=1)
+    assert (edited.slot, edited.reused, edited.copied_from) == (a.slot, 0, None)
+    kv.extend(edited.slot, [*range(45), 99])
+    kv.release(edited.slot, keep=True)
+    # Another request lends only a slot it begins with whole (its 46 tokens, unaligned).
+    lent = kv.acquire([*range(45), 99, 98, 97], owner=None)
+    assert (lent.reused, lent.copied_from) == (46, a.slot)
+    kv.check_integrity()
+
+
+def test_a_config_the_export_cannot_honour_is_refused_in_one_line(hf_model):
+    raw = json.loads((hf_model("lfm2") / "config.json").read_text())
+    for change, message in (({"conv_L_cache": 1}, "conv_L_cache must be at least 2"),
+                            ({"layer_types": ["conv", "mamba", "conv", "full_attention"]},
+                             "layer_types holds unsupported kinds: mamba"),
+                            ({"layer_types": ["conv"] * 4}, "no full_attention layer")):
+        with pytest.raises(ExportError, match=message) as err:
+            ModelConfig.from_hf({**raw, **change})
+        assert "\n" not in str(err.value)
+
+
+def test_tensorrt_refuses_a_bundle_with_state_in_one_line(bundle):
+    from edgeprefill.engines.trt.backend import TensorRTBackend
+    from tests.trt_fakes import OrtEngineRuntime
+
+    path = bundle("lfm2", "standard")
+    manifest = load_manifest(path)
+    with pytest.raises(BackendError, match="recurrent state") as err:
+        TensorRTBackend(path, manifest, BackendOptions(),
+                        runtime=OrtEngineRuntime(path, manifest, 128, 4))
+    assert "\n" not in str(err.value)
+
+
+def test_a_manifest_without_its_state_tensors_is_refused(bundle, tmp_path):
+    import shutil
+
+    path = shutil.copytree(bundle("lfm2", "ort"), tmp_path / "b")
+    raw = json.loads((path / "edgeprefill.json").read_text())
+    raw["graph"]["state_inputs"], raw["graph"]["state_outputs"] = [], []
+    (path / "edgeprefill.json").write_text(json.dumps(raw))
+    with pytest.raises(BundleError, match="past_conv"):
+        load_manifest(path)
+
+
+def test_inspect_says_the_bundle_carries_a_conv_state(bundle):
+    from click.testing import CliRunner
+
+    from edgeprefill.cli.main import cli
+
+    result = CliRunner().invoke(cli, ["inspect", str(bundle("lfm2", "ort"))])
+    assert result.exit_code == 0, result.output
+    assert "lfm2" in result.output and "conv state" in result.output
+
+
+@pytest.mark.parametrize("keys", [
+    {},  # 2/3 x 96 = 64, rounded up to 256
+    {"block_multiple_of": 16, "block_ffn_dim_multiplier": 1.3},  # 83 -> 96
+    {"block_auto_adjust_ff_dim": False},  # intermediate_size as given
+    {"block_ff_dim": 120, "block_multiple_of": 8},  # the older name wins: 80
+    {"full_attn_idxs": [2], "tie_embedding": False},  # older names of layer_types, tying
+])
+def test_the_config_reads_as_lfm2config_and_lfm2mlp_read_it(keys):
+    import transformers
+
+    raw = {"model_type": "lfm2", "hidden_size": 64, "intermediate_size": 96,
+           "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2,
+           "vocab_size": 128, **keys}
+    ours = ModelConfig.from_hf(raw)
+    config = transformers.AutoConfig.for_model(**raw)
+    model = transformers.AutoModelForCausalLM.from_config(config)
+    assert ours.intermediate_size == model.model.layers[0].feed_forward.w1.out_features
+    assert [i for i, kind in enumerate(config.layer_types) if kind == "conv"] == \
+        list(ours.conv_layers)
+    assert ours.tie_embeddings == config.tie_word_embeddings
+
+
+def test_a_bundle_without_conv_layers_writes_and_reads_the_manifest_as_before(bundle):
+    """No conv field in a llama manifest: a runtime from before the conv state reads it
+    without a warning, and this one reads it as every layer attention."""
+    path = bundle("llama")
+    raw = json.loads((path / "edgeprefill.json").read_text())
+    assert not {"conv_layers", "conv_state"} & set(raw["model"])
+    assert not {"state_inputs", "state_outputs"} & set(raw["graph"])
+    manifest = load_manifest(path)
+    assert manifest.model.conv_layers == [] and manifest.model.kv_layers == 2
+    engine = Engine.load(path, threads=2, background=False)
+    assert engine.backend.state is None and not engine.backend.carries_state
+    engine.close()
