@@ -29,10 +29,10 @@ if TYPE_CHECKING:  # onnx is imported only where a graph is read
 # fields it does not know, with a warning.
 FORMAT_VERSION = 1
 MANIFEST_FILE = "edgeprefill.json"
-# The conv state's fields (LFM2), left out of the manifests of models without conv layers:
-# a runtime from before them reads those bundles without a warning.
-CONV_MODEL_FIELDS = ("conv_layers", "conv_state")
-CONV_GRAPH_FIELDS = ("state_inputs", "state_outputs")
+# The recurrent state's fields (LFM2, Qwen3.5), left out of the manifests of models without
+# state layers: a runtime from before them reads those bundles without a warning.
+STATE_MODEL_FIELDS = ("state_layers",)
+STATE_GRAPH_FIELDS = ("state_inputs", "state_outputs")
 
 log = logging.getLogger("edgeprefill")
 
@@ -46,16 +46,16 @@ class ModelInfo:
     head_dim: int
     hidden_size: int
     vocab_size: int
-    # LFM2: the layers that are gated short convolutions, without KV, each carrying a
-    # state of the last `conv_state` inputs of its convolution per sequence (contract.py).
+    # The layers without KV, each carrying recurrent states per sequence instead (LFM2's
+    # short convolutions, Qwen3.5's Gated DeltaNet layers; contract.py): their names in
+    # GraphInfo.state_inputs/state_outputs, their shapes and dtypes in the graph's inputs.
     # Absent (older bundles, every other family): every layer is attention.
-    conv_layers: list[int] = field(default_factory=list)
-    conv_state: int = 0
+    state_layers: list[int] = field(default_factory=list)
 
     @property
     def kv_layers(self) -> int:
         """Layers that hold KV."""
-        return self.num_layers - len(self.conv_layers)
+        return self.num_layers - len(self.state_layers)
 
 
 @dataclass(frozen=True)
@@ -73,7 +73,7 @@ class GraphInfo:
     # The graph runs only each row's valid tokens outside attention (export/tokens.py): rows
     # of different lengths may share a call at the cost of their valid tokens.
     packed_tokens: bool = False
-    # Per conv layer (ModelInfo.conv_layers), the state's input and output names.
+    # The recurrent states of ModelInfo.state_layers in layer order: input and output names.
     state_inputs: list[str] = field(default_factory=list)
     state_outputs: list[str] = field(default_factory=list)
 
@@ -102,9 +102,9 @@ class Manifest:
     def to_json(self) -> str:
         raw = asdict(self)  # keeps the records NamedTuples, which JSON would write as lists
         raw["files"] = {name: record._asdict() for name, record in self.files.items()}
-        if not self.model.conv_layers:  # a model without conv state writes what it always did
-            for record, keys in ((raw["model"], CONV_MODEL_FIELDS),
-                                 (raw["graph"], CONV_GRAPH_FIELDS)):
+        if not self.model.state_layers:  # a model without state writes what it always did
+            for record, keys in ((raw["model"], STATE_MODEL_FIELDS),
+                                 (raw["graph"], STATE_GRAPH_FIELDS)):
                 for key in keys:
                     del record[key]
         return json.dumps(raw, indent=2) + "\n"
@@ -210,18 +210,22 @@ def check_manifest(manifest: Manifest) -> None:
     if manifest.graph.flavor not in GRAPH_FLAVORS:
         _malformed(f"graph.flavor must be one of {', '.join(GRAPH_FLAVORS)}, "
                    f"got {manifest.graph.flavor!r}")
-    convs = model.conv_layers
-    if convs != sorted(set(convs)) or any(not 0 <= i < model.num_layers for i in convs) or \
-            len(convs) == model.num_layers or (model.conv_state < 1) == bool(convs):
-        _malformed(f"model.conv_layers {convs} (conv_state {model.conv_state}) must be "
-                   "distinct layers in ascending order, not all of them, with a positive "
-                   "conv_state")
+    states = model.state_layers
+    if states != sorted(set(states)) or any(not 0 <= i < model.num_layers for i in states) \
+            or len(states) == model.num_layers:
+        _malformed(f"model.state_layers {states} must be distinct layers in ascending "
+                   "order, not all of them")
+    graph = manifest.graph
+    if len(graph.state_inputs) != len(graph.state_outputs) or \
+            bool(graph.state_inputs) != bool(states):
+        _malformed("graph.state_inputs/state_outputs must pair up, and be given exactly "
+                   "where model.state_layers is")
     if len(manifest.graph.kv_inputs) != model.kv_layers or len(
             manifest.graph.kv_outputs) != model.kv_layers or any(
         len(pair) != 2 for pair in (*manifest.graph.kv_inputs, *manifest.graph.kv_outputs)
     ):
         _malformed("graph.kv_inputs/kv_outputs must hold one [key, value] pair per layer "
-                   "with KV (every layer but model.conv_layers)")
+                   "with KV (every layer but model.state_layers)")
 
 
 def _check_types(record: Any) -> None:

@@ -8,17 +8,21 @@ One call runs one step: B rows of C tokens, against KV buffers of a fixed capaci
            valid_lens        [batch]                                 int32
            past_key.{i}      [batch, kv_heads, capacity, head_dim]   model dtype
            past_value.{i}    (the same)
-           past_conv.{i}     [batch, hidden, conv_state]             model dtype
+           past_{kind}.{i}   [batch, ...]                            the graph's own
   outputs  logits            [batch, vocab]                          float32
            present_key.{i}   the buffer of past_key.{i}, updated in place
            present_value.{i} the buffer of past_value.{i}
-           present_conv.{i}  [batch, hidden, conv_state]             model dtype
+           present_{kind}.{i} as past_{kind}.{i}
 
-An attention layer i has the four KV tensors; a layer listed in the model's `conv_layers`
-(LFM2's gated short convolutions) has none, and carries instead a recurrent state: the
-last `conv_state` inputs of its convolution, read from `past_conv.{i}` (zeros where a
-row's past length is 0) and written, ending at the row's last valid token, to
-`present_conv.{i}`, a separate buffer the runtime copies back into the slot.
+An attention layer i has the four KV tensors; a layer listed in the model's
+`state_layers` has none, and carries instead one or more recurrent states (STATE_KINDS):
+`conv`, the last inputs of a causal convolution (LFM2's short convolutions, a Gated
+DeltaNet's q/k/v convolution), and `recurrent`, a Gated DeltaNet's [v_heads, k_dim,
+v_dim] matrix per row (float32 whatever the model's dtype). Each is read from
+`past_{kind}.{i}` (zeros where a row's past length is 0) and written, ending at the row's
+last valid token, to `present_{kind}.{i}`, a separate buffer the runtime copies back into
+the slot. A state's shape and dtype are the graph's own (its input's, batch first); the
+contract fixes its names and that the present one matches the past one.
 
 The exporter writes graphs and manifests from these names; the runtime and the backends
 bind by them; `check_graph_io` refuses a manifest whose graph differs, and
@@ -27,8 +31,12 @@ bind by them; `check_graph_io` refuses a manifest whose graph differs, and
 
 from __future__ import annotations
 
+import math
+import re
 from collections.abc import Collection, Mapping
 from typing import TYPE_CHECKING, Any, NamedTuple
+
+import numpy as np
 
 from edgeprefill.errors import BundleError
 
@@ -58,20 +66,26 @@ def kv_names(layer: int) -> KVNames:
                    f"present_key.{layer}", f"present_value.{layer}")
 
 
+# The kinds of recurrent state a layer without KV may carry, in the order a layer lists them.
+CONV, RECURRENT = "conv", "recurrent"
+STATE_KINDS = (CONV, RECURRENT)
+STATE_NAME = re.compile(r"past_(conv|recurrent)\.(\d+)")
+
+
 class StateNames(NamedTuple):
-    """One conv layer's recurrent state: the input read and the output written."""
+    """One recurrent state of a layer: the input read and the output written."""
 
     past: str
     present: str
 
 
-def state_names(layer: int) -> StateNames:
-    return StateNames(f"past_conv.{layer}", f"present_conv.{layer}")
+def state_names(layer: int, kind: str = CONV) -> StateNames:
+    return StateNames(f"past_{kind}.{layer}", f"present_{kind}.{layer}")
 
 
-def attention_layers(num_layers: int, conv_layers: Collection[int]) -> list[int]:
-    """The layers that hold KV: every layer but the conv layers."""
-    return [i for i in range(num_layers) if i not in conv_layers]
+def attention_layers(num_layers: int, state_layers: Collection[int]) -> list[int]:
+    """The layers that hold KV: every layer but those carrying a state instead."""
+    return [i for i in range(num_layers) if i not in state_layers]
 
 
 class KVPair(NamedTuple):
@@ -96,12 +110,11 @@ class GraphIO(NamedTuple):
 
 
 def step_io(num_layers: int, kv_heads: int, head_dim: int, vocab: int, dtype: str,
-            conv_layers: Collection[int] = (), hidden: int = 0,
-            conv_state: int = 0) -> GraphIO:
-    """Every input and output of a chunk graph with these dimensions; `conv_layers` carry
-    a state of [hidden, conv_state] per row instead of KV."""
+            states: Mapping[int, Mapping[str, list[Any]]] | None = None) -> GraphIO:
+    """Every input and output of a chunk graph with these dimensions; the layers in
+    `states` (layer -> kind -> [dtype, shape]) carry those states instead of KV."""
+    states = states or {}
     kv = [dtype, [BATCH, kv_heads, CAPACITY, head_dim]]
-    state = [dtype, [BATCH, hidden, conv_state]]
     inputs: dict[str, list[Any]] = {
         INPUT_IDS: ["int64", [BATCH, CHUNK]],
         PAST_LENS: ["int32", [BATCH]],
@@ -109,9 +122,10 @@ def step_io(num_layers: int, kv_heads: int, head_dim: int, vocab: int, dtype: st
     }
     outputs: dict[str, list[Any]] = {LOGITS: ["float32", [BATCH, vocab]]}
     for layer in range(num_layers):
-        if layer in conv_layers:
-            conv = state_names(layer)
-            inputs[conv.past], outputs[conv.present] = state, state
+        if layer in states:
+            for kind, spec in states[layer].items():
+                names = state_names(layer, kind)
+                inputs[names.past], outputs[names.present] = spec, spec
             continue
         names = kv_names(layer)
         inputs |= {names.past_key: kv, names.past_value: kv}
@@ -127,9 +141,35 @@ def kv_pairs(graph: GraphInfo) -> list[KVPair]:
 
 
 def state_pairs(graph: GraphInfo) -> list[KVPair]:
-    """The conv states in layer order: the input read and the output written."""
+    """The recurrent states in layer order: the input read and the output written."""
     return [KVPair(i, o) for i, o in zip(graph.state_inputs, graph.state_outputs,
                                          strict=True)]
+
+
+def state_slot_bytes(graph: GraphInfo) -> int:
+    """Bytes of recurrent state one slot holds: each state input's shape past the batch
+    axis, at its own dtype."""
+    total = 0
+    for name in graph.state_inputs:
+        dtype, shape = graph.inputs[name]
+        total += math.prod(int(d) for d in shape[1:]) * np.dtype(dtype).itemsize
+    return total
+
+
+def _graph_states(graph: GraphInfo, state_layers: Collection[int]) -> dict[int, dict[str, Any]]:
+    """layer -> kind -> [dtype, shape] of the graph's state inputs, the names checked."""
+    states: dict[int, dict[str, Any]] = {}
+    for name in graph.state_inputs:
+        match = STATE_NAME.fullmatch(name)
+        if match is None or int(match[2]) not in state_layers or name not in graph.inputs:
+            raise BundleError(f"the manifest's state input {name!r} is not the chunk-graph "
+                              "contract's (past_conv.{i}/past_recurrent.{i} of a layer in "
+                              "model.state_layers); re-export")
+        spec = _plain({name: graph.inputs[name]})[name]
+        if not spec[1] or spec[1][0] != BATCH:
+            raise BundleError(f"the state input {name} must be batch first, got {spec[1]}")
+        states.setdefault(int(match[2]), {})[match[1]] = spec
+    return states
 
 
 def file_records(files: Mapping[str, Mapping[str, Any]]) -> dict[str, FileRecord]:
@@ -142,20 +182,27 @@ def check_graph_io(manifest: Manifest) -> None:
     """Raise BundleError unless the manifest's graph has exactly the contract's inputs,
     outputs and KV pairs for its model's dimensions."""
     m, graph = manifest.model, manifest.graph
+    states = _graph_states(graph, m.state_layers)
+    if sorted(states) != list(m.state_layers):
+        raise BundleError(f"the manifest's state inputs cover layers {sorted(states)}, not "
+                          f"model.state_layers {m.state_layers}; re-export")
     expected = step_io(m.num_layers, m.num_kv_heads, m.head_dim, m.vocab_size, graph.dtype,
-                       m.conv_layers, m.hidden_size, m.conv_state)
+                       states)
     _same("inputs", _plain(graph.inputs), expected.inputs)
     _same("outputs", _plain(graph.outputs), expected.outputs)
-    layers = [kv_names(i) for i in attention_layers(m.num_layers, m.conv_layers)]
+    layers = [kv_names(i) for i in attention_layers(m.num_layers, m.state_layers)]
     pairs = [p for n in layers for p in (KVPair(n.past_key, n.present_key),
                                          KVPair(n.past_value, n.present_value))]
     if kv_pairs(graph) != pairs:
         raise BundleError("the manifest's KV input/output pairs are not the chunk-graph "
                           "contract's (past_key.{i}/present_key.{i}, ...); re-export")
-    states = [KVPair(*state_names(i)) for i in m.conv_layers]
-    if state_pairs(graph) != states:
-        raise BundleError("the manifest's conv state inputs/outputs are not the chunk-graph "
-                          "contract's (past_conv.{i}/present_conv.{i}); re-export")
+    expected_pairs = [KVPair(*state_names(i, kind)) for i in m.state_layers
+                      for kind in STATE_KINDS if kind in states[i]]
+    if state_pairs(graph) != expected_pairs:
+        raise BundleError("the manifest's state inputs/outputs are not the chunk-graph "
+                          "contract's (past_conv.{i}/present_conv.{i}, "
+                          "past_recurrent.{i}/present_recurrent.{i}, in layer order); "
+                          "re-export")
 
 
 def check_loaded_io(manifest: Manifest, inputs: Collection[str], outputs: Collection[str]) -> None:

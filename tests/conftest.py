@@ -40,6 +40,11 @@ MINISTRAL3_ROPE = {"rope_type": "yarn", "rope_theta": 1e6, "factor": 16.0,
 GRANITE4 = {"layer_types": ["attention", "attention"], "num_local_experts": 0,
             "shared_intermediate_size": 48, "embedding_multiplier": 2.0,
             "attention_multiplier": 0.1, "residual_multiplier": 0.5, "logits_scaling": 2.0}
+QWEN3_5 = {"num_hidden_layers": 4, "head_dim": 64,
+           "layer_types": ["linear_attention", "linear_attention", "full_attention",
+                           "linear_attention"],
+           "linear_num_key_heads": 2, "linear_num_value_heads": 4, "linear_key_head_dim": 16,
+           "linear_value_head_dim": 8, "linear_conv_kernel_dim": 4}
 # family -> config overrides; each exercises one thing the exporter must get right. The
 # key's first part (before "-") is the model_type. Windows are small so that the test
 # prompts cross them several times.
@@ -144,6 +149,14 @@ FAMILIES: dict[str, dict] = {
     "lfm2": {"num_hidden_layers": 4, "layer_types": ["conv", "full_attention", "conv",
                                                      "full_attention"],
              "block_multiple_of": 16, "block_ffn_dim_multiplier": 1.3, "conv_bias": True},
+    # Gated DeltaNet layers around one gated attention layer (rotary on a quarter of its
+    # heads); two key heads serving four value heads each of another size
+    "qwen3_5_text": QWEN3_5,
+    # Qwen3_5ForConditionalGeneration's language model (a tiny vision tower beside it),
+    # tied as the 0.8B is, with the Hub's interleaved M-RoPE sections
+    "qwen3_5": {**QWEN3_5, "tie_word_embeddings": True, "rope_parameters": {
+        "rope_type": "default", "mrope_section": [4, 2, 2], "mrope_interleaved": True,
+        "rope_theta": 10000.0, "partial_rotary_factor": 0.25}},
     "phi": {"num_attention_heads": 2, "num_key_value_heads": 2, "partial_rotary_factor": 0.5},
     "stablelm": {"num_attention_heads": 2, "num_key_value_heads": 2,
                  "partial_rotary_factor": 0.5, "use_qkv_bias": True},
@@ -163,7 +176,7 @@ FAMILIES: dict[str, dict] = {
 FAST_FAMILIES = ("llama", "mistral", "qwen2", "gemma2", "gemma3_text", "gemma3", "qwen2_5_vl",
                  "qwen3_vl", "phi3", "smollm3", "granite", "olmo2", "olmo3", "exaone4",
                  "hunyuan_v1_dense", "glm4", "starcoder2", "phi", "gpt_neox", "ministral3",
-                 "mistral3", "lfm2")
+                 "mistral3", "lfm2", "qwen3_5_text", "qwen3_5")
 
 
 def write_tokenizer(path: Path, vocab: int = VOCAB, top_words: Sequence[str] = (),
@@ -290,6 +303,9 @@ IMAGE_TEXT = {
         "depth": 1, "hidden_size": 16, "intermediate_size": 32, "num_heads": 2,
         "out_hidden_size": 64, "patch_size": 14, "window_size": 28,
         "fullatt_block_indexes": [0]}},
+    "qwen3_5": {"vision_config": {
+        "depth": 1, "hidden_size": 16, "intermediate_size": 32, "num_heads": 2,
+        "out_hidden_size": 64, "patch_size": 14, "num_position_embeddings": 16}},
     "qwen3_vl": {"vision_config": {
         "depth": 1, "hidden_size": 16, "intermediate_size": 32, "num_heads": 2,
         "out_hidden_size": 64, "patch_size": 14, "num_position_embeddings": 16,

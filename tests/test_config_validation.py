@@ -84,10 +84,10 @@ def edit(manifest: dict, path: str, value) -> dict:
     ("model.num_heads", 3, "not a multiple"),
     ("model.vocab_size", None, "'vocab_size' must be int"),
     ("graph.kv_inputs", [["a", "b"]], "one \\[key, value\\] pair per layer"),
-    ("model.conv_layers", [1, 0], "model.conv_layers \\[1, 0\\] .* ascending order"),
-    ("model.conv_layers", [0, 1], "not all of them"),  # the llama bundle has 2 layers
-    ("model.conv_state", 2, "with a positive conv_state"),  # a state without conv layers
-    ("model.conv_layers", [1], "with a positive conv_state"),
+    ("model.state_layers", [1, 0], "model.state_layers \\[1, 0\\] .* ascending order"),
+    ("model.state_layers", [0, 1], "not all of them"),  # the llama bundle has 2 layers
+    ("model.state_layers", [1], "exactly where model.state_layers is"),  # no state tensors
+    ("graph.state_inputs", ["past_conv.1"], "must pair up"),
     ("graph.opsets", {"": "17"}, "'opsets' must be"),
     ("tokenizer.chat_template", 5, "'chat_template' must be"),
 ])

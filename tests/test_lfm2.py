@@ -196,8 +196,12 @@ def test_a_prompt_that_diverges_from_a_cached_one_starts_from_zero(flavor, hf_mo
 def conv_cache(slots: int = 3) -> KVCache:
     """A KV cache over the fake backend of a model whose first layer convolves."""
     manifest = fake_manifest()
-    model = replace(manifest.model, num_layers=2, conv_layers=[0], conv_state=2)
-    backend = FakeBackend(Path("."), replace(manifest, model=model), BackendOptions())
+    model = replace(manifest.model, num_layers=2, state_layers=[0])
+    graph = replace(manifest.graph, state_inputs=["past_conv.0"],
+                    state_outputs=["present_conv.0"],
+                    inputs={**manifest.graph.inputs, "past_conv.0": ["float32", ["batch", 64, 2]]})
+    backend = FakeBackend(Path("."), replace(manifest, model=model, graph=graph),
+                          BackendOptions())
     return KVCache(backend, slots, 64, align=16)
 
 
@@ -252,7 +256,7 @@ def test_a_manifest_without_its_state_tensors_is_refused(bundle, tmp_path):
     raw = json.loads((path / "edgeprefill.json").read_text())
     raw["graph"]["state_inputs"], raw["graph"]["state_outputs"] = [], []
     (path / "edgeprefill.json").write_text(json.dumps(raw))
-    with pytest.raises(BundleError, match="past_conv"):
+    with pytest.raises(BundleError, match="state_inputs"):
         load_manifest(path)
 
 
@@ -263,7 +267,8 @@ def test_inspect_says_the_bundle_carries_a_conv_state(bundle):
 
     result = CliRunner().invoke(cli, ["inspect", str(bundle("lfm2", "ort"))])
     assert result.exit_code == 0, result.output
-    assert "lfm2" in result.output and "conv state" in result.output
+    assert "lfm2" in result.output and "layers 0, 2 carry a recurrent state" in result.output
+    assert "conv [64, 2] float32" in result.output
 
 
 @pytest.mark.parametrize("keys", [
@@ -288,15 +293,15 @@ def test_the_config_reads_as_lfm2config_and_lfm2mlp_read_it(keys):
     assert ours.tie_embeddings == config.tie_word_embeddings
 
 
-def test_a_bundle_without_conv_layers_writes_and_reads_the_manifest_as_before(bundle):
-    """No conv field in a llama manifest: a runtime from before the conv state reads it
+def test_a_bundle_without_state_layers_writes_and_reads_the_manifest_as_before(bundle):
+    """No state field in a llama manifest: a runtime from before the conv state reads it
     without a warning, and this one reads it as every layer attention."""
     path = bundle("llama")
     raw = json.loads((path / "edgeprefill.json").read_text())
-    assert not {"conv_layers", "conv_state"} & set(raw["model"])
+    assert "state_layers" not in raw["model"]
     assert not {"state_inputs", "state_outputs"} & set(raw["graph"])
     manifest = load_manifest(path)
-    assert manifest.model.conv_layers == [] and manifest.model.kv_layers == 2
+    assert manifest.model.state_layers == [] and manifest.model.kv_layers == 2
     engine = Engine.load(path, threads=2, background=False)
     assert engine.backend.state is None and not engine.backend.carries_state
     engine.close()

@@ -90,13 +90,19 @@ def _io_lines(table: dict, kv_pairs: list[list[str]], states: list[str]) -> list
 
 
 def _state_line(manifest) -> list[str]:
-    """A model whose conv layers carry a recurrent state beside the KV (LFM2)."""
-    m = manifest.model
-    if not m.conv_layers:
+    """A model whose state layers carry a recurrent state beside the KV (LFM2, Qwen3.5)."""
+    m, graph = manifest.model, manifest.graph
+    if not m.state_layers:
         return []
-    return [f"conv state  layers {', '.join(map(str, m.conv_layers))} are short convolutions "
-            f"carrying a conv state of [{m.hidden_size}, {m.conv_state}] per slot; a slot's "
-            "cache is reused whole or not at all"]
+    from edgeprefill.contract import STATE_NAME
+
+    first = [STATE_NAME.fullmatch(name) for name in graph.state_inputs]
+    shapes = ", ".join(f"{match[1]} {graph.inputs[match[0]][1][1:]} "
+                       f"{graph.inputs[match[0]][0]}" for match in first
+                       if match and int(match[2]) == m.state_layers[0])
+    return [f"state       layers {', '.join(map(str, m.state_layers))} carry a recurrent "
+            f"state instead of KV ({shapes} per slot and layer); a slot's cache is reused "
+            "whole or not at all"]
 
 
 def _int4_prefill_line(graph, native: bool) -> list[str]:
@@ -207,14 +213,17 @@ def _bf16_kv_here(every: bool) -> bool:
 def _kv_line(manifest, bf16: bool) -> str:
     """What one KV slot of the bundle's max context holds (what `kv_budget_bytes` is
     divided by), and under --compute bf16 where the cache goes bf16."""
+    from edgeprefill.contract import state_slot_bytes
     from edgeprefill.engines.base import kv_slot_bytes
     from edgeprefill.engines.ort.bf16_kv import DTYPE
 
     m, positions, dtype = manifest.model, manifest.max_context, manifest.graph.dtype
-    line = (f"kv cache    {kv_slot_bytes(m, positions, dtype) / 1e6:.1f} MB per slot of "
-            f"{positions} positions ({dtype})")
+    state = state_slot_bytes(manifest.graph)
+    line = (f"kv cache    {kv_slot_bytes(m, positions, dtype, state) / 1e6:.1f} MB per slot "
+            f"of {positions} positions ({dtype})")
     if bf16 and dtype == "float32":
-        line += f"; {kv_slot_bytes(m, positions, DTYPE) / 1e6:.1f} MB under --compute bf16"
+        line += (f"; {kv_slot_bytes(m, positions, DTYPE, state) / 1e6:.1f} MB under "
+                 "--compute bf16")
     return line
 
 

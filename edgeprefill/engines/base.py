@@ -5,9 +5,10 @@ is one arena per layer and per K/V, `[slots, kv_heads, capacity, head_dim]`, wit
 slot as the first axis: a prefill chunk of slot s binds `arena[s:s+1]` and a decode batch
 of slots a..b-1 binds `arena[a:b]`, both contiguous views, so no step copies the cache.
 
-A model with conv layers (LFM2) also keeps, per slot, each conv layer's recurrent state
-(`[slots, hidden, conv_state]`): the slot's KV and its state describe the same tokens, so
-copying or swapping a slot's KV copies or swaps its state too. A state cannot be cut
+A model with state layers (LFM2, Qwen3.5) also keeps, per slot, each such layer's
+recurrent states (`[slots, ...]`, shaped as the graph's state inputs): the slot's KV and
+its states describe the same tokens, so copying or swapping a slot's KV copies or swaps
+its states too. A state cannot be cut
 back to fewer tokens: kv_cache.py reuses such a slot whole or not at all.
 """
 
@@ -21,6 +22,7 @@ from typing import NamedTuple
 import numpy as np
 
 from edgeprefill.bundle import Manifest, ModelInfo
+from edgeprefill.contract import state_slot_bytes
 
 
 class StepBatch(NamedTuple):
@@ -62,14 +64,13 @@ class BackendOptions:
     compute: str = "fp32"
 
 
-def kv_slot_bytes(model: ModelInfo, capacity: int, dtype: np.dtype | str) -> int:
-    """Bytes of KV cache one slot of `capacity` positions takes, all layers, at `dtype`
-    (with the conv layers' state, kept at the graph's dtype): what `kv_budget_bytes` is
-    divided by."""
+def kv_slot_bytes(model: ModelInfo, capacity: int, dtype: np.dtype | str,
+                  state_bytes: int = 0) -> int:
+    """Bytes of KV cache one slot of `capacity` positions takes, all layers, at `dtype`,
+    plus the slot's recurrent state (`state_bytes`, contract.state_slot_bytes, which keeps
+    the graph's dtypes): what `kv_budget_bytes` is divided by."""
     per_position = 2 * model.kv_layers * model.num_kv_heads * model.head_dim
-    state = len(model.conv_layers) * model.hidden_size * model.conv_state
-    # The state keeps the graph dtype: counted at float32, its widest.
-    return per_position * capacity * int(np.dtype(dtype).itemsize) + state * 4
+    return per_position * capacity * int(np.dtype(dtype).itemsize) + state_bytes
 
 
 class Backend(ABC):
@@ -96,17 +97,19 @@ class Backend(ABC):
 
     @property
     def carries_state(self) -> bool:
-        """Slots hold a recurrent state beside the KV (conv layers): a slot's cache is
+        """Slots hold a recurrent state beside the KV (state layers): a slot's cache is
         reusable only whole, never cut back to a shorter prefix."""
-        return bool(self.manifest.model.conv_layers)
+        return bool(self.manifest.model.state_layers)
 
     @property
     def kv_dtype(self) -> np.dtype:
         return np.dtype(self.manifest.graph.dtype)
 
     def kv_slot_bytes(self, capacity: int) -> int:
-        """Bytes of KV cache one slot of `capacity` positions takes, all layers."""
-        return kv_slot_bytes(self.manifest.model, capacity, self.kv_dtype)
+        """Bytes of KV cache one slot of `capacity` positions takes, all layers, with its
+        recurrent state."""
+        return kv_slot_bytes(self.manifest.model, capacity, self.kv_dtype,
+                             state_slot_bytes(self.manifest.graph))
 
     @abstractmethod
     def allocate_kv(self, slots: int, capacity: int) -> None:

@@ -29,12 +29,13 @@ from edgeprefill.contract import (
     VALID_LENS,
     attention_layers,
     kv_names,
-    state_names,
 )
 from edgeprefill.errors import ExportError
+from edgeprefill.export.causal_conv import CausalConv
 from edgeprefill.export.checkpoint import Checkpoint
 from edgeprefill.export.families import TensorNames
 from edgeprefill.export.flavors import Flavor, StepTensors, positions
+from edgeprefill.export.gated_delta import GatedDeltaNet
 from edgeprefill.export.graph import GraphBuilder
 from edgeprefill.export.lm_head import head_weight
 from edgeprefill.export.model_config import LayerAttention, ModelConfig
@@ -72,15 +73,19 @@ class DecoderBuilder:
         past_lens = g.input(PAST_LENS, np.int32, [BATCH])
         valid_lens = g.input(VALID_LENS, np.int32, [BATCH])
         g.output(LOGITS, np.float32, [BATCH, cfg.vocab_size])
-        self._declare_kv_io()
         chunk = g.op("Slice", [g.op("Shape", [ids]), g.const([1]), g.const([2])])  # [1]
-        first = attention_layers(cfg.num_layers, cfg.conv_layers)[0]
-        step = self.flavor.step_tensors(g, past_lens, chunk, kv_names(first).past_key)
         self.tokens = (PackedTokens(g, valid_lens, chunk) if self.flavor.packs_tokens
                        else PaddedTokens(g, valid_lens))
+        conv = CausalConv(g, self.dtype, past_lens, valid_lens) if cfg.state_layers else None
+        self.short_conv = (ShortConv(g, self.w, cfg, self.tokens, conv)
+                           if conv is not None and cfg.conv_layers else None)
+        self.delta_net = (GatedDeltaNet(g, self.w, cfg, self.tokens, conv, past_lens,
+                                        valid_lens, chunk)
+                          if conv is not None and cfg.delta_layers else None)
+        self._declare_kv_io()
+        first = attention_layers(cfg.num_layers, cfg.state_layers)[0]
+        step = self.flavor.step_tensors(g, past_lens, chunk, kv_names(first).past_key)
         self.q_scale = self._query_scale(past_lens, chunk)
-        self.conv = (ShortConv(g, self.w, cfg, self.tokens, past_lens, valid_lens)
-                     if cfg.conv_layers else None)
         x = self.tokens.embed(self._embedding(), ids)  # [B,C,hidden] or packed [1,T,hidden]
         if cfg.embed_scale is not None:
             x = g.op("Mul", [x, g.const(cfg.embed_scale, self.dtype)])
@@ -113,20 +118,27 @@ class DecoderBuilder:
     def _declare_kv_io(self) -> None:
         cfg = self.cfg
         shape = [BATCH, cfg.num_kv_heads, CAPACITY, cfg.head_dim]
-        layers = attention_layers(cfg.num_layers, cfg.conv_layers)
+        layers = attention_layers(cfg.num_layers, cfg.state_layers)
         for layer in layers:
             names = kv_names(layer)
             self.g.input(names.past_key, self.dtype, shape)
             self.g.input(names.past_value, self.dtype, shape)
-        state = [BATCH, cfg.hidden_size, cfg.conv_kernel - 1]
-        for layer in cfg.conv_layers:
-            self.g.input(state_names(layer).past, self.dtype, state)
+        states = [spec for layer in cfg.state_layers for spec in self._mixer_of(layer)
+                  .states(layer)]
+        for names, dtype, state in states:
+            self.g.input(names.past, dtype, state)
         for layer in layers:
             names = kv_names(layer)
             self.g.output(names.present_key, self.dtype, shape)
             self.g.output(names.present_value, self.dtype, shape)
-        for layer in cfg.conv_layers:
-            self.g.output(state_names(layer).present, self.dtype, state)
+        for names, dtype, state in states:
+            self.g.output(names.present, dtype, state)
+
+    def _mixer_of(self, layer: int) -> ShortConv | GatedDeltaNet:
+        """The emitter of a state layer's token mixer."""
+        mixer = self.short_conv if layer in self.cfg.conv_layers else self.delta_net
+        assert mixer is not None
+        return mixer
 
     def _layer(self, i: int, x: str, delta: str | None, step: StepTensors,
                rows: Rows) -> tuple[str, str]:
@@ -168,15 +180,17 @@ class DecoderBuilder:
         return self.g.op("Mul", [sublayer, self.g.const(self.cfg.residual_scale, self.dtype)])
 
     def _mixer(self, i: int, h: str, step: StepTensors, rows: Rows) -> str:
-        """The layer's token mixer: attention, or LFM2's short convolution."""
-        if self.conv is not None and i in self.cfg.conv_layers:
-            return self.conv.layer(self.names.layer.format(i=i), h, state_names(i), rows)
+        """The layer's token mixer: attention, LFM2's short convolution or Qwen3.5's Gated
+        DeltaNet."""
+        if i in self.cfg.state_layers:
+            return self._mixer_of(i).layer(self.names.layer.format(i=i), h, i, rows)
         return self._attention(i, h, step, rows)
 
     def _attention(self, i: int, h: str, step: StepTensors, rows: Rows) -> str:
         cfg, n = self.cfg, self.names
         p = n.layer.format(i=i)
-        q, k, v = (t if t is None else self.tokens.spread(t) for t in self._qkv(p, h))
+        q, k, v, gate = self._qkv(p, h)
+        q, k, v = (t if t is None else self.tokens.spread(t) for t in (q, k, v))
         layer = cfg.layers[i]
         if cfg.spec.qk_norm == "head_rotated":
             q, k = self._rotated_head_norms(p, q, k, step, layer)
@@ -186,24 +200,34 @@ class DecoderBuilder:
         present = (names.present_key, names.present_value)
         attn = self.flavor.attention(self.g, q, k, v, past, present, step, layer)
         attn = rows(self.tokens.gather(attn, cfg.num_heads * cfg.head_dim))
+        if gate is not None:  # Qwen3.5: the attention's output times sigmoid(gate)
+            attn = self.g.op("Mul", [attn, self.g.op("Sigmoid", [rows(gate)])])
         o_bias = p + n.o + ".bias" if cfg.o_bias else None
         return self.w.linear(attn, [p + n.o + ".weight"], o_bias)
 
     def _qkv(self, p: str, h: str) -> list[str | None]:
-        """One packed projection for q, k and v. Flavours whose attention takes the packed
-        tensor get it whole ([qkv, None, None]: no split copies); otherwise it is split,
-        with q/k norms where the family has them and q times its factor (Ministral 3)."""
+        """One packed projection for q, k and v (and the output gate where the family has
+        one, else None as the fourth). Flavours whose attention takes the packed tensor get
+        it whole ([qkv, None, None, None]: no split copies); otherwise it is split, with
+        q/k norms where the family has them and q times its factor (Ministral 3)."""
         g, cfg, n = self.g, self.cfg, self.names
         parts = [n.qkv] if n.qkv else [n.q, n.k, n.v]
         weights = [p + part + ".weight" for part in parts]
         bias = p + (n.qkv or "self_attn.qkv_proj") + ".bias" if cfg.qkv_bias else None
         self._check_qkv_shapes(weights)
-        qkv = self.w.linear(h, weights, bias, reorder=self._neox_order if
-                            cfg.spec.qkv_interleaved else None)
-        if self.flavor.packed_qkv and cfg.spec.qk_norm is None and self.q_scale is None:
-            return [qkv, None, None]
+        reorder = self._neox_order if cfg.spec.qkv_interleaved else \
+            self._gate_last if cfg.attn_gate else None
+        qkv = self.w.linear(h, weights, bias, reorder=reorder)
+        if self.flavor.packed_qkv and cfg.spec.qk_norm is None and self.q_scale is None \
+                and not cfg.attn_gate:
+            return [qkv, None, None, None]
         q_size, kv_size = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
-        q, k, v = g.op("Split", [qkv, g.const([q_size, kv_size, kv_size])], 3, axis=-1)
+        gate = None
+        if cfg.attn_gate:
+            q, k, v, gate = g.op("Split", [qkv, g.const([q_size, kv_size, kv_size, q_size])],
+                                 4, axis=-1)
+        else:
+            q, k, v = g.op("Split", [qkv, g.const([q_size, kv_size, kv_size])], 3, axis=-1)
         if cfg.spec.qk_norm == "head":
             q = self._head_norm(q, cfg.num_heads, p + n.q_norm)
             k = self._head_norm(k, cfg.num_kv_heads, p + n.k_norm)
@@ -211,7 +235,7 @@ class DecoderBuilder:
             q, k = self._norm(q, p + n.q_norm), self._norm(k, p + n.k_norm)
         if self.q_scale is not None:  # before rotary, which it commutes with (query_scale.py)
             q = g.op("Mul", [q, self.q_scale])
-        return [q, k, v]
+        return [q, k, v, gate]
 
     def _rotated_head_norms(self, p: str, q: str, k: str, step: StepTensors,
                             layer: LayerAttention) -> tuple[str, str]:
@@ -228,6 +252,7 @@ class DecoderBuilder:
         as a reshape error inside ONNX Runtime."""
         cfg = self.cfg
         q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+        q *= 2 if cfg.attn_gate else 1  # each head's query and its output gate
         expected = [(q + 2 * kv, cfg.hidden_size)] if len(weights) == 1 else [
             (q, cfg.hidden_size), (kv, cfg.hidden_size), (kv, cfg.hidden_size)]
         for name, shape in zip(weights, expected, strict=True):
@@ -244,6 +269,15 @@ class DecoderBuilder:
         d, heads = self.cfg.head_dim, self.cfg.num_heads
         rest = rows.shape[1:]
         return rows.reshape(heads, 3, d, *rest).swapaxes(0, 1).reshape(3 * heads * d, *rest)
+
+    def _gate_last(self, rows: np.ndarray) -> np.ndarray:
+        """Qwen3.5 stores q_proj's rows as [head, query|gate, dim] above k and v; the
+        graph wants [query (head, dim), k, v, gate (head, dim)]."""
+        d, heads = self.cfg.head_dim, self.cfg.num_heads
+        rest = rows.shape[1:]
+        both = rows[: 2 * heads * d].reshape(heads, 2, d, *rest)
+        query, gate = (both[:, i].reshape(heads * d, *rest) for i in (0, 1))
+        return np.concatenate([query, rows[2 * heads * d :], gate])
 
     def _head_norm(self, x: str, heads: int, name: str) -> str:
         g, d = self.g, self.cfg.head_dim

@@ -153,7 +153,8 @@ def _manifest(
     cfg: ModelConfig, g: GraphBuilder, options: ExportOptions, chunks: list[int],
     max_context: int, hf_dir: Path, out_dir: Path, tokenizer_files: list[str],
 ) -> Manifest:
-    layers = [kv_names(i) for i in attention_layers(cfg.num_layers, cfg.conv_layers)]
+    layers = [kv_names(i) for i in attention_layers(cfg.num_layers, cfg.state_layers)]
+    states = [state_names(i, kind) for i in cfg.state_layers for kind in cfg.state_kinds(i)]
     tok_config = optional_json_object(hf_dir / "tokenizer_config.json", ExportError)
     gen_config = optional_json_object(hf_dir / "generation_config.json", ExportError)
     eos = list(dict.fromkeys([*cfg.eos_token_ids, *_ids(gen_config.get("eos_token_id"))]))
@@ -169,8 +170,8 @@ def _manifest(
         kv_outputs=[[n.present_key, n.present_value] for n in layers],
         quantization=None if options.quant is None else options.quant.kind,
         packed_tokens=flavor_class(options.flavor).packs_tokens,
-        state_inputs=[state_names(i).past for i in cfg.conv_layers],
-        state_outputs=[state_names(i).present for i in cfg.conv_layers],
+        state_inputs=[names.past for names in states],
+        state_outputs=[names.present for names in states],
     )
     files = [GRAPH_FILE, DATA_FILE, *tokenizer_files]
     return Manifest(
@@ -178,8 +179,7 @@ def _manifest(
             family=cfg.family, num_layers=cfg.num_layers, num_heads=cfg.num_heads,
             num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
             hidden_size=cfg.hidden_size, vocab_size=cfg.vocab_size,
-            conv_layers=list(cfg.conv_layers),
-            conv_state=cfg.conv_kernel - 1 if cfg.conv_layers else 0,
+            state_layers=list(cfg.state_layers),
         ),
         graph=graph,
         tokenizer=TokenizerInfo(

@@ -125,6 +125,12 @@ class FamilySpec:
     # Whether `layer_types` may name "conv" layers: LFM2's gated short convolutions, which
     # hold no KV but a recurrent state (export/short_conv.py).
     conv: bool = False
+    # Whether `layer_types` may name "linear_attention" layers: Qwen3.5's Gated DeltaNet,
+    # which holds no KV but a conv and a recurrent state (export/gated_delta.py).
+    delta_net: bool = False
+    # Whether q_proj gives each head's query and an output gate (Qwen3-Next's attention:
+    # rows [head, query|gate, dim]; the attention's output times sigmoid(gate)).
+    attn_gate: bool = False
     # Multimodal checkpoints (Gemma 3): the key whose config is the language model's, and
     # the keys the outer config decides instead, with the outer class's default (None: no
     # default, the inner config's value stands).
@@ -343,6 +349,24 @@ def _lfm2_config(raw: dict[str, Any]) -> dict[str, Any]:
     return raw
 
 
+def _qwen3_5_layers(raw: dict[str, Any]) -> dict[str, Any]:
+    """Qwen3_5TextConfig: without `layer_types`, every `full_attention_interval`-th layer
+    (4th by default) attends and the others are Gated DeltaNet."""
+    if raw.get("layer_types") is None:
+        interval = int(raw.get("full_attention_interval", 4))
+        raw = {**raw, "layer_types": [
+            "linear_attention" if (i + 1) % interval else "full_attention"
+            for i in range(int(raw["num_hidden_layers"]))]}
+    return raw
+
+
+def _qwen3_5_unsupported(raw: dict[str, Any]) -> str | None:
+    if raw.get("num_experts"):
+        return (f"routed experts are not supported (num_experts={raw['num_experts']}); "
+                "only the dense Qwen3.5 models")
+    return None
+
+
 def _parallel_if_configured(raw: dict[str, Any]) -> str:
     return "shared" if raw.get("use_parallel_residual") else "pre"
 
@@ -410,6 +434,21 @@ MINISTRAL3 = FamilySpec(
     quirks=("query x (1 + beta log(1 + floor(position / original window))), Llama 4's",),
 )
 IMAGE_TEXT_QUIRK = "language model of an image-text checkpoint (vision tower left out)"
+# Qwen3.5 dense: Gated DeltaNet layers (3 of 4 by default) beside Qwen3-Next's gated
+# attention (per-head (1+w) q/k RMSNorm, rotary on a quarter of each head); every RMSNorm
+# but the DeltaNet's gated one scales by (1+w). Its multi-token-prediction head (`mtp.`)
+# is not the causal LM's.
+QWEN3_5 = FamilySpec(
+    **ATTENTION_BIAS, norm="rms_plus_one", qk_norm="head", partial_rotary=True,
+    delta_net=True, attn_gate=True, legacy=_qwen3_5_layers, refuse=_qwen3_5_unsupported,
+    left_out=("mtp.", "model.visual."),
+    defaults={"head_dim": 256, "max_position_embeddings": 32768, "rms_norm_eps": 1e-6,
+              "partial_rotary_factor": 0.25, "linear_conv_kernel_dim": 4,
+              "linear_key_head_dim": 128, "linear_value_head_dim": 128,
+              "linear_num_key_heads": 16, "linear_num_value_heads": 32},
+    quirks=("gated attention (q_proj gives an output gate)", "per-head q/k (1+w) RMSNorm",
+            "(1+w) RMSNorm"),
+)
 # transformers 5 loads EXAONE 3.0/3.5 as Llama, renaming the Hub's tensors.
 EXAONE_NAMES = TensorNames(
     embed=("transformer.wte.weight",), final_norm="transformer.ln_f",
@@ -443,6 +482,16 @@ FAMILIES: dict[str, FamilySpec] = {
         defaults={"head_dim": 128, "max_position_embeddings": 128000, "rms_norm_eps": 1e-6,
                   "rope_theta": 500_000.0},
         quirks=("per-head q/k RMSNorm", *MROPE_QUIRKS),
+    ),
+    "qwen3_5_text": QWEN3_5,
+    # Qwen3_5ForConditionalGeneration (the Hub's Qwen3.5-0.8B/2B/4B/9B/27B): its language
+    # model, exported alone; the outer config decides the tying (false unless it says
+    # otherwise). M-RoPE sections (interleaved) are plain rotary on text positions.
+    "qwen3_5": replace(
+        QWEN3_5, nested="text_config", text_types=("qwen3_5_text",),
+        renames=QWEN_VL["renames"], left_out=(*QWEN_VL["left_out"], "mtp."),
+        outer={"tie_word_embeddings": False, "eos_token_id": None, "bos_token_id": None},
+        quirks=(*QWEN3_5.quirks, *MROPE_QUIRKS),
     ),
     "gemma": GEMMA,
     "gemma2": replace(

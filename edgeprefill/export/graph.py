@@ -50,7 +50,10 @@ class ValueInfo:
 
 
 class GraphBuilder:
-    def __init__(self) -> None:
+    def __init__(self, prefix: str = "") -> None:
+        """`prefix` starts every name this builder makes: a subgraph's (a loop body's)
+        must not shadow its outer graph's."""
+        self.prefix = prefix
         self.nodes: list[onnx.NodeProto] = []
         self.inputs: list[ValueInfo] = []
         self.outputs: list[ValueInfo] = []
@@ -61,7 +64,7 @@ class GraphBuilder:
 
     def _name(self, hint: str) -> str:
         self._count += 1
-        return f"{hint}_{self._count}"
+        return f"{self.prefix}{hint}_{self._count}"
 
     def op(
         self,
@@ -113,6 +116,12 @@ class GraphBuilder:
         """Expose an intermediate value under a graph output name (an Identity costs nothing
         after ORT's optimizer removes it, and keeps node outputs free of I/O naming)."""
         return self.op("Identity", [value], [new_name])
+
+    def to_graph(self, name: str) -> onnx.GraphProto:
+        """This builder as a subgraph (an op's body attribute), its constants inside; it
+        holds no external weights."""
+        return helper.make_graph(self.nodes, name, [i.proto() for i in self.inputs],
+                                 [o.proto() for o in self.outputs], initializer=self.constants)
 
     def to_model(
         self, initializers: list[TensorProto], opsets: dict[str, int], ir_version: int

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from edgeprefill.contract import CONV, RECURRENT
 from edgeprefill.errors import ExportError
 from edgeprefill.export.config_checks import check_model_config
 from edgeprefill.export.families import BLOCKS, FAMILIES, FamilySpec
@@ -40,6 +41,25 @@ class LayerAttention:
 
     window: int | None  # sliding window: a query sees the last `window` positions, itself incl.
     rope: str | None  # GLOBAL or LOCAL (a key of ModelConfig.ropes); None: no rotary (NoPE)
+
+
+@dataclass(frozen=True)
+class DeltaNetShape:
+    """Qwen3.5's Gated DeltaNet layers (the config's linear_* keys): q and k of
+    `key_heads` heads of `key_dim`, v of `value_heads` heads of `value_dim` (each key head
+    serving value_heads / key_heads consecutive value heads), and a causal convolution of
+    `conv_kernel` tokens over the q/k/v projection."""
+
+    key_heads: int
+    value_heads: int
+    key_dim: int
+    value_dim: int
+    conv_kernel: int
+
+    @property
+    def conv_dim(self) -> int:
+        """Channels of the convolution: q, k and v side by side."""
+        return 2 * self.key_heads * self.key_dim + self.value_heads * self.value_dim
 
 
 @dataclass(frozen=True)
@@ -78,6 +98,13 @@ class ModelConfig:
     conv_layers: tuple[int, ...] = ()
     conv_kernel: int = 0
     conv_bias: bool = False
+    # Qwen3.5: the layers that are Gated DeltaNet linear attention (`linear_attention` in
+    # layer_types; their `layers` entry unused) and their dimensions.
+    delta_layers: tuple[int, ...] = ()
+    delta: DeltaNetShape | None = None
+    # Qwen3.5 (Qwen3-Next's attention): q_proj gives each head's query and an output gate;
+    # attention's output times sigmoid(gate) goes to o_proj.
+    attn_gate: bool = False
 
     def __post_init__(self) -> None:
         check_model_config(self)
@@ -96,13 +123,30 @@ class ModelConfig:
             raise ExportError(f"unknown block layout {self.block!r}")
         if self.conv_layers and self.conv_kernel < 2:
             raise ExportError(f"conv_L_cache must be at least 2, got {self.conv_kernel}")
-        if len(self.conv_layers) == self.num_layers:
+        if len(self.state_layers) == self.num_layers:
             raise ExportError("layer_types has no full_attention layer; export needs at "
                               "least one")
+        delta = self.delta
+        if delta is not None and (delta.conv_kernel < 2 or delta.value_heads % delta.key_heads):
+            raise ExportError(
+                f"linear_conv_kernel_dim must be at least 2 (got {delta.conv_kernel}) and "
+                f"linear_num_value_heads ({delta.value_heads}) a multiple of "
+                f"linear_num_key_heads ({delta.key_heads})")
 
     @property
     def spec(self) -> FamilySpec:
         return FAMILIES[self.family]
+
+    @property
+    def state_layers(self) -> tuple[int, ...]:
+        """The layers without KV, carrying a recurrent state instead."""
+        return tuple(sorted((*self.conv_layers, *self.delta_layers)))
+
+    def state_kinds(self, layer: int) -> tuple[str, ...]:
+        """The recurrent states a state layer carries (contract.STATE_KINDS), in order."""
+        if layer in self.delta_layers:
+            return (CONV, RECURRENT)
+        return (CONV,) if layer in self.conv_layers else ()
 
     @property
     def rotary_dim(self) -> int:
@@ -121,6 +165,9 @@ class ModelConfig:
         if self.conv_layers:
             out.append(f"{len(self.conv_layers)} of {self.num_layers} layers gated short "
                        f"convolutions of {self.conv_kernel} tokens (a conv state per sequence)")
+        if self.delta_layers:
+            out.append(f"{len(self.delta_layers)} of {self.num_layers} layers Gated DeltaNet "
+                       "linear attention (a conv and a recurrent state per sequence)")
         out += {"parallel": ["parallel residual (attention and MLP each on its own norm)"],
                 "shared": ["parallel attention and MLP on one norm"]}.get(self.block, [])
         if any(layer.rope == LOCAL for layer in self.layers) and \
@@ -214,6 +261,8 @@ def _read(family: str, spec: FamilySpec, raw: dict[str, Any]) -> ModelConfig:
         bos_token_id=_first_id(raw.get("bos_token_id")),
         eos_token_ids=_ids(raw.get("eos_token_id")),
         **_conv(raw, spec),
+        **_delta(raw, spec),
+        attn_gate=spec.attn_gate,
     )
 
 
@@ -224,6 +273,18 @@ def _conv(raw: dict[str, Any], spec: FamilySpec) -> dict[str, Any]:
     layers = tuple(i for i, kind in enumerate(raw["layer_types"]) if kind == "conv")
     return {"conv_layers": layers, "conv_kernel": int(raw["conv_L_cache"]),
             "conv_bias": bool(raw.get("conv_bias", False))}
+
+
+def _delta(raw: dict[str, Any], spec: FamilySpec) -> dict[str, Any]:
+    """The Gated DeltaNet layers' fields of ModelConfig (Qwen3.5); none for other families."""
+    if not spec.delta_net:
+        return {}
+    layers = tuple(i for i, kind in enumerate(raw["layer_types"]) if kind == "linear_attention")
+    shape = DeltaNetShape(
+        key_heads=int(raw["linear_num_key_heads"]), value_heads=int(raw["linear_num_value_heads"]),
+        key_dim=int(raw["linear_key_head_dim"]), value_dim=int(raw["linear_value_head_dim"]),
+        conv_kernel=int(raw["linear_conv_kernel_dim"]))
+    return {"delta_layers": layers, "delta": shape}
 
 
 # A FamilySpec.unsupported switch -> what a true value asks for.
@@ -339,7 +400,8 @@ def _layers(raw: dict[str, Any], spec: FamilySpec) -> tuple[LayerAttention, ...]
     else:
         if len(types) != count:
             raise ExportError(f"layer_types lists {len(types)} layers; there are {count}")
-        kinds = {"full_attention", "sliding_attention", *(("conv",) if spec.conv else ())}
+        kinds = {"full_attention", "sliding_attention", *(("conv",) if spec.conv else ()),
+                 *(("linear_attention",) if spec.delta_net else ())}
         unknown = {str(kind) for kind in types} - kinds
         if unknown:
             raise ExportError(f"layer_types holds unsupported kinds: {', '.join(sorted(unknown))}"

@@ -217,7 +217,7 @@ class OnnxRuntimeBackend(Backend):
                         [i.name for i in self.session.get_inputs() if i.name != HOST_TOTAL],
                         [o.name for o in self.session.get_outputs()])
         self.arena: KVArena | None = None  # host memory on the CPU, device memory on a GPU
-        self.state: StateArena | None = None  # the conv layers' state (LFM2), host memory
+        self.state: StateArena | None = None  # the state layers' (LFM2, Qwen3.5), host memory
         self._bindings: dict[tuple[int, int], Any] = {}  # ort.IOBinding per (first, rows)
         self._logits = np.empty((0, manifest.model.vocab_size), np.float32)
 
@@ -281,8 +281,7 @@ class OnnxRuntimeBackend(Backend):
         else:
             self.arena = self._device_arena(shape)
         pairs = state_pairs(self.manifest.graph)
-        self.state = StateArena(pairs, (slots, m.hidden_size, m.conv_state),
-                                np.dtype(self.manifest.graph.dtype)) if pairs else None
+        self.state = StateArena(pairs, self.manifest.graph.inputs, slots) if pairs else None
         self._logits = np.empty((slots, m.vocab_size), np.float32)
 
     def _device_arena(self, shape: tuple[int, ...]) -> DeviceArena:

@@ -1,31 +1,33 @@
-"""The conv layers' recurrent state (LFM2): one host buffer per conv layer, slot first.
+"""The state layers' recurrent states (LFM2, Qwen3.5): one host buffer per state, slot first.
 
-Each conv layer's state is `[slots, hidden, conv_state]`: the last `conv_state` inputs of
-its convolution for the tokens in the slot. A step binds rows [first, first + rows) as
-the `past_conv.{i}` input and a scratch buffer of its own as the `present_conv.{i}`
-output, then copies the scratch back into those rows (`store`): not in place like the KV,
-since the graph reads the old state while it computes the new one, and a few KB per row
-cost nothing to copy. The buffers stay in host memory on every provider: ONNX Runtime
-copies a bound host input to the device and a bound host output back (the GPU providers'
-path is untested: no test machine had a GPU).
+Each state is `[slots, ...]`, shaped and typed as its graph input past the batch axis (a
+short convolution's last inputs, a Gated DeltaNet's conv inputs and its float32 recurrent
+matrix). A step binds rows [first, first + rows) as the `past_*` input and a scratch
+buffer of its own as the `present_*` output, then copies the scratch back into those rows
+(`store`): not in place like the KV, since the graph reads the old state while it computes
+the new one, and a few KB to a few MB per row cost little to copy next to a step. The
+buffers stay in host memory on every provider: ONNX Runtime copies a bound host input to
+the device and a bound host output back (the GPU providers' path is untested: no test
+machine had a GPU).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
-StatePairs = Sequence[tuple[str, str]]  # (past input, present output) per conv layer
+StatePairs = Sequence[tuple[str, str]]  # (past input, present output) per state
 
 
 class StateArena:
-    def __init__(self, pairs: StatePairs, shape: tuple[int, int, int], dtype: np.dtype) -> None:
-        """`shape`: [slots, hidden, conv_state]."""
+    def __init__(self, pairs: StatePairs, inputs: Mapping[str, Any], slots: int) -> None:
+        """`inputs`: the graph's input table (name -> [dtype, shape]), whose entry for each
+        past input gives its state's dtype and per-row shape."""
         self.pairs = list(pairs)
-        self.arrays = [np.zeros(shape, dtype) for _ in self.pairs]
-        self.scratch = [np.zeros(shape, dtype) for _ in self.pairs]
+        self.arrays = [_zeros(inputs[past], slots) for past, _ in self.pairs]
+        self.scratch = [np.zeros_like(state) for state in self.arrays]
 
     def bind(self, binding: Any, first: int, rows: int) -> None:
         """Bind each past input to rows [first, first + rows) and its present output to
@@ -48,3 +50,8 @@ class StateArena:
     def swap(self, a: int, b: int) -> None:
         for state in self.arrays:
             state[[a, b]] = state[[b, a]]
+
+
+def _zeros(spec: Any, slots: int) -> np.ndarray:
+    dtype, shape = spec
+    return np.zeros((slots, *(int(d) for d in shape[1:])), np.dtype(dtype))

@@ -34,11 +34,11 @@ def require_standard(manifest: Manifest) -> None:
 
 
 def refuse_state(manifest: Manifest) -> None:
-    """The engine binds KV arenas in place and nothing else: a bundle whose conv layers
-    carry a recurrent state (LFM2) runs on the onnxruntime backend only."""
-    if manifest.model.conv_layers:
+    """The engine binds KV arenas in place and nothing else: a bundle whose layers carry
+    a recurrent state (LFM2, Qwen3.5) runs on the onnxruntime backend only."""
+    if manifest.model.state_layers:
         raise BackendError(
-            f"the tensorrt backend cannot run {manifest.model.family} bundles: their conv "
+            f"the tensorrt backend cannot run {manifest.model.family} bundles: their "
             "layers carry a recurrent state it does not bind; use --backend onnxruntime")
 
 

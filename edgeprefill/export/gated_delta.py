@@ -1,0 +1,215 @@
+"""Qwen3.5's Gated DeltaNet (linear attention) as stock ONNX ops, with its two states.
+
+transformers' Qwen3_5GatedDeltaNet (Qwen3NextGatedDeltaNet's recurrence):
+
+  qkv, z, b, a = in_proj_qkv(h), in_proj_z(h), in_proj_b(h), in_proj_a(h)
+  qkv          = silu(causal depthwise conv of L tokens over qkv)   state 1: its last L-1
+  q, k, v      = split(qkv); q, k l2-normalized per head, q / sqrt(key_dim)
+                 (each key head serves value_heads / key_heads consecutive value heads)
+  beta, g      = sigmoid(b), -exp(A_log) * softplus(a + dt_bias)    float32
+  per token t:   S = S * exp(g_t)                                   state 2: S, float32
+                 delta = (v_t - k_t S) * beta_t                     [v_heads, k_dim, v_dim]
+                 S = S + k_t (x) delta
+                 o_t = q_t S
+  out          = out_proj(rmsnorm(o) * norm.weight * silu(z))      per value head
+
+The recurrence runs token by token in a `Scan` over the chunk, exactly as
+torch_recurrent_gated_delta_rule does (the chunked form transformers uses for a prompt
+equals it up to float rounding); a chunked formulation would be faster on long chunks.
+A row's padding (t >= valid_len) gets a decay of 1 and a beta of 0, which leave S as it
+is, so the state the Scan ends with is the one at the row's last valid token. Both
+states read as zeros where past_lens is 0 and go to their `present_*` outputs.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from edgeprefill.contract import BATCH, CONV, RECURRENT, state_names
+from edgeprefill.errors import ExportError
+from edgeprefill.export.causal_conv import CausalConv
+from edgeprefill.export.graph import ONNX_DTYPE, GraphBuilder
+from edgeprefill.export.model_config import DeltaNetShape, ModelConfig
+from edgeprefill.export.short_conv import StateSpec
+from edgeprefill.export.tokens import PackedTokens, PaddedTokens
+from edgeprefill.export.weights import GraphWeights
+
+PREFIX = "linear_attn."
+L2_EPS = 1e-6  # transformers' l2norm in the recurrence
+
+
+class GatedDeltaNet:
+    """Emits Gated DeltaNet layers; the values they all share are computed once."""
+
+    def __init__(self, g: GraphBuilder, w: GraphWeights, cfg: ModelConfig,
+                 tokens: PaddedTokens | PackedTokens, conv: CausalConv, past_lens: str,
+                 valid_lens: str, chunk: str) -> None:
+        assert cfg.delta is not None
+        self.g, self.w, self.cfg, self.tokens, self.conv = g, w, cfg, tokens, conv
+        self.d: DeltaNetShape = cfg.delta
+        # [B, 1, 1, 1]: whether the row continues a sequence (else S reads as zeros)
+        self.continues = g.op("Unsqueeze", [g.op("Greater", [past_lens, g.const(0, np.int32)]),
+                                            g.const([1, 2, 3])])
+        column = g.op("Range", [g.const(0, np.int32), g.op("Cast", [
+            g.op("Squeeze", [chunk, g.const([0])])], to=6), g.const(1, np.int32)])  # [C]
+        # [B, C, 1]: the row's valid tokens
+        self.valid = g.op("Unsqueeze", [g.op("Less", [
+            g.op("Unsqueeze", [column, g.const([0])]),
+            g.op("Unsqueeze", [valid_lens, g.const([1])])]), g.const([2])])
+
+    def states(self, layer: int) -> list[StateSpec]:
+        """The layer's conv state (model dtype) and recurrent state (float32)."""
+        d = self.d
+        return [(state_names(layer, CONV), self.w.dtype,
+                 [BATCH, d.conv_dim, d.conv_kernel - 1]),
+                (state_names(layer, RECURRENT), np.dtype(np.float32),
+                 [BATCH, d.value_heads, d.key_dim, d.value_dim])]
+
+    def layer(self, p: str, h: str, layer: int, rows) -> str:
+        """The linear-attention sublayer of layer prefix `p` on its normed input `h`.
+        `rows` keeps the tokens that go on."""
+        g, d, pre = self.g, self.d, p + PREFIX
+        self._check_shapes(pre)
+        value_size = d.value_heads * d.value_dim
+        projected = self.tokens.spread(self.w.linear(
+            h, [pre + n + ".weight" for n in ("in_proj_qkv", "in_proj_z", "in_proj_b",
+                                              "in_proj_a")], None))
+        mixed, z, b, a = g.op("Split", [projected, g.const(
+            [d.conv_dim, value_size, d.value_heads, d.value_heads])], 4, axis=-1)
+        conv_state, recurrent = state_names(layer, CONV), state_names(layer, RECURRENT)
+        full = self.conv.full(conv_state.past, mixed)
+        self.conv.store(full, conv_state.present, d.conv_kernel - 1, d.conv_dim)
+        name = pre + "conv1d.weight"
+        taps = self.conv.taps(name, d.conv_kernel, d.conv_dim,
+                              lambda n: self.w.ckpt.get(n, np.float32))
+        mixed = self._silu(self.conv.convolve(full, taps, d.conv_kernel))
+        q, k, v = self._qkv(self._float(mixed))
+        decay, beta = self._gates(pre, self._float(b), self._float(a))
+        kept = g.op("Where", [self.continues, recurrent.past, g.const(0.0, np.float32)])
+        final, out = g.op("Scan", [kept, q, k, v, decay, beta], 2, num_scan_inputs=5,
+                          scan_input_axes=[1] * 5, scan_output_axes=[1],
+                          body=self._step_body(f"delta{layer}_"))
+        g.op("Identity", [final], [recurrent.present])
+        y = self._gated_norm(pre, out, z)  # [B, C, value_size]
+        y = rows(self.tokens.gather(y, value_size))
+        return self.w.linear(y, [pre + "out_proj.weight"], None)
+
+    def _qkv(self, mixed: str) -> tuple[str, str, str]:
+        """q, k [B, C, value_heads, key_dim] (normalized, q scaled, key heads repeated) and
+        v [B, C, value_heads, value_dim], float32."""
+        g, d = self.g, self.d
+        key_size = d.key_heads * d.key_dim
+        q, k, v = g.op("Split", [mixed, g.const([key_size, key_size,
+                                                 d.value_heads * d.value_dim])], 3, axis=-1)
+        q = g.op("Div", [self._l2norm(q), g.const(d.key_dim**0.5, np.float32)])
+        k = self._l2norm(k)
+        v = g.op("Reshape", [v, g.const([0, 0, d.value_heads, d.value_dim])])
+        return self._repeat_heads(q), self._repeat_heads(k), v
+
+    def _l2norm(self, x: str) -> str:
+        """[B, C, key_heads * key_dim] -> [B, C, key_heads, key_dim], each head x times
+        rsqrt(sum(x^2) + eps)."""
+        g, d = self.g, self.d
+        x = g.op("Reshape", [x, g.const([0, 0, d.key_heads, d.key_dim])])
+        total = g.op("ReduceSum", [g.op("Mul", [x, x]), g.const([-1])], keepdims=1)
+        inverse = g.op("Reciprocal", [g.op("Sqrt", [
+            g.op("Add", [total, g.const(L2_EPS, np.float32)])])])
+        return g.op("Mul", [x, inverse])
+
+    def _repeat_heads(self, x: str) -> str:
+        """[B, C, key_heads, D] -> [B, C, value_heads, D]: value head j reads key head
+        j // (value_heads / key_heads), as repeat_interleave does."""
+        g, d = self.g, self.d
+        if d.value_heads == d.key_heads:
+            return x
+        group = d.value_heads // d.key_heads
+        x = g.op("Unsqueeze", [x, g.const([3])])
+        x = g.op("Expand", [x, g.const([1, 1, 1, group, 1])])
+        return g.op("Reshape", [x, g.const([0, 0, d.value_heads, d.key_dim])])
+
+    def _gates(self, pre: str, b: str, a: str) -> tuple[str, str]:
+        """decay = exp(g) and beta [B, C, value_heads], float32; 1 and 0 on padding."""
+        g = self.g
+        a_log = self.g.weight(pre + "A_log.f32", (self.d.value_heads,), np.float32,
+                                lambda: self.w.ckpt.get(pre + "A_log", np.float32))
+        dt_bias = self.g.weight(pre + "dt_bias.f32", (self.d.value_heads,), np.float32,
+                                  lambda: self.w.ckpt.get(pre + "dt_bias", np.float32))
+        rate = g.op("Neg", [g.op("Exp", [a_log])])
+        gate = g.op("Mul", [rate, g.op("Softplus", [g.op("Add", [a, dt_bias])])])
+        decay = g.op("Where", [self.valid, g.op("Exp", [gate]), g.const(1.0, np.float32)])
+        beta = g.op("Where", [self.valid, g.op("Sigmoid", [b]), g.const(0.0, np.float32)])
+        return decay, beta
+
+    def _step_body(self, prefix: str) -> Any:
+        """The Scan's body: one token's update of S and its output (module docstring)."""
+        d = self.d
+        body = GraphBuilder(prefix)
+        f32 = np.float32
+        state = body.input(prefix + "S", f32, [BATCH, d.value_heads, d.key_dim, d.value_dim])
+        q = body.input(prefix + "q", f32, [BATCH, d.value_heads, d.key_dim])
+        k = body.input(prefix + "k", f32, [BATCH, d.value_heads, d.key_dim])
+        v = body.input(prefix + "v", f32, [BATCH, d.value_heads, d.value_dim])
+        decay = body.input(prefix + "decay", f32, [BATCH, d.value_heads])
+        beta = body.input(prefix + "beta", f32, [BATCH, d.value_heads])
+        last = body.const([2, 3])
+        state = body.op("Mul", [state, body.op("Unsqueeze", [decay, last])])
+        row_k = body.op("Unsqueeze", [k, body.const([2])])  # [B, H, 1, key_dim]
+        remembered = body.op("MatMul", [row_k, state])  # [B, H, 1, value_dim]
+        delta = body.op("Mul", [
+            body.op("Sub", [body.op("Unsqueeze", [v, body.const([2])]), remembered]),
+            body.op("Unsqueeze", [beta, last])])
+        column_k = body.op("Unsqueeze", [k, body.const([3])])  # [B, H, key_dim, 1]
+        state = body.op("Add", [state, body.op("Mul", [column_k, delta])])
+        out = body.op("MatMul", [body.op("Unsqueeze", [q, body.const([2])]), state])
+        body.op("Identity", [state], [prefix + "S_out"])
+        body.op("Squeeze", [out, body.const([2])], [prefix + "o"])
+        body.output(prefix + "S_out", f32, [BATCH, d.value_heads, d.key_dim, d.value_dim])
+        body.output(prefix + "o", f32, [BATCH, d.value_heads, d.value_dim])
+        return body.to_graph(prefix + "step")
+
+    def _gated_norm(self, pre: str, out: str, z: str) -> str:
+        """Qwen3NextRMSNormGated per value head: norm(o) in float32, back to the model's
+        dtype, times the weight, times silu(z) in float32; [B, C, value_heads*value_dim]."""
+        g, d, dtype = self.g, self.d, self.w.dtype
+        out = self._cast(out, dtype)  # the recurrence's output in the model's dtype
+        x = self._float(out)
+        mean = g.op("ReduceMean", [g.op("Mul", [x, x]), g.const([-1])], keepdims=1)
+        inverse = g.op("Reciprocal", [g.op("Sqrt", [
+            g.op("Add", [mean, g.const(self.cfg.norm_eps, np.float32)])])])
+        normed = g.op("Mul", [self._cast(g.op("Mul", [x, inverse]), dtype),
+                              self.w.tensor(pre + "norm.weight")])
+        gate = self._silu(self._float(g.op("Reshape", [
+            z, g.const([0, 0, d.value_heads, d.value_dim])])))
+        y = self._cast(g.op("Mul", [self._float(normed), gate]), dtype)
+        return g.op("Reshape", [y, g.const([0, 0, d.value_heads * d.value_dim])])
+
+    def _silu(self, x: str) -> str:
+        return self.g.op("Mul", [x, self.g.op("Sigmoid", [x])])
+
+    def _float(self, x: str) -> str:
+        return self._cast(x, np.dtype(np.float32))
+
+    def _cast(self, x: str, dtype: np.dtype) -> str:
+        """x in `dtype`, from the model's dtype or float32 (nothing where they agree)."""
+        if self.w.dtype == np.float32:
+            return x
+        return self.g.op("Cast", [x], to=ONNX_DTYPE[np.dtype(dtype)])
+
+    def _check_shapes(self, pre: str) -> None:
+        """A checkpoint that disagrees with config.json fails here in one line."""
+        d, hidden = self.d, self.cfg.hidden_size
+        value_size = d.value_heads * d.value_dim
+        for name, shape in ((pre + "in_proj_qkv.weight", (d.conv_dim, hidden)),
+                            (pre + "in_proj_z.weight", (value_size, hidden)),
+                            (pre + "in_proj_b.weight", (d.value_heads, hidden)),
+                            (pre + "conv1d.weight", (d.conv_dim, 1, d.conv_kernel)),
+                            (pre + "norm.weight", (d.value_dim,)),
+                            (pre + "out_proj.weight", (hidden, value_size))):
+            if self.w.shape(name) != shape:
+                raise ExportError(
+                    f"{name} has shape {self.w.shape(name)}, but config.json implies {shape} "
+                    f"(linear_num_key_heads {d.key_heads} of {d.key_dim}, "
+                    f"linear_num_value_heads {d.value_heads} of {d.value_dim}, "
+                    f"linear_conv_kernel_dim {d.conv_kernel})")
