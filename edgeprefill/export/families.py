@@ -459,6 +459,13 @@ EXAONE_NAMES = TensorNames(
 PHI_NAMES = TensorNames(final_norm="model.final_layernorm", o="self_attn.dense",
                         gate="", up="mlp.fc1", down="mlp.fc2")
 
+# model_types close to a supported family that export refuses -> why, in words.
+REFUSED_TYPES = {
+    "qwen3_5_moe": "Qwen3.5's mixture-of-experts models (routed experts) are not supported; "
+                   "only the dense ones (qwen3_5, qwen3_5_text)",
+}
+REFUSED_TYPES["qwen3_5_moe_text"] = REFUSED_TYPES["qwen3_5_moe"]
+
 FAMILIES: dict[str, FamilySpec] = {
     "llama": FamilySpec(**ATTENTION_BIAS, unsupported=("mlp_bias",)),
     "mistral": FamilySpec(window="always", defaults={"max_position_embeddings": 131072,

@@ -16,7 +16,7 @@ from typing import Any
 from edgeprefill.contract import CONV, RECURRENT
 from edgeprefill.errors import ExportError
 from edgeprefill.export.config_checks import check_model_config
-from edgeprefill.export.families import BLOCKS, FAMILIES, FamilySpec
+from edgeprefill.export.families import BLOCKS, FAMILIES, REFUSED_TYPES, FamilySpec
 from edgeprefill.export.query_scale import QueryScale, read_query_scale
 from edgeprefill.export.rope import (
     SHARED_ROPE_TYPES,
@@ -198,6 +198,8 @@ class ModelConfig:
     @classmethod
     def from_hf(cls, raw: dict[str, Any]) -> ModelConfig:
         family = raw.get("model_type")
+        if family in REFUSED_TYPES:
+            raise ExportError(f"model_type {family!r}: {REFUSED_TYPES[family]}")
         if family not in FAMILIES:
             raise ExportError(
                 f"model_type {family!r} is not supported; supported: {', '.join(sorted(FAMILIES))}"
