@@ -124,8 +124,8 @@ def step_io(num_layers: int, kv_heads: int, head_dim: int, vocab: int, dtype: st
     for layer in range(num_layers):
         if layer in states:
             for kind, spec in states[layer].items():
-                names = state_names(layer, kind)
-                inputs[names.past], outputs[names.present] = spec, spec
+                state = state_names(layer, kind)
+                inputs[state.past], outputs[state.present] = spec, spec
             continue
         names = kv_names(layer)
         inputs |= {names.past_key: kv, names.past_value: kv}

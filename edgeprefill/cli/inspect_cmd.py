@@ -83,9 +83,13 @@ def _io_lines(table: dict, kv_pairs: list[list[str]], states: list[str]) -> list
         dtype, shape = table[kv_pairs[0][0]]
         first, last = kv_pairs[0], kv_pairs[-1]
         lines.append(f"  {first[0]} .. {last[1]}  {dtype} {shape}  ({len(kv_pairs)} layers)")
-    if states:
-        dtype, shape = table[states[0]]
-        lines.append(f"  {states[0]} .. {states[-1]}  {dtype} {shape}  ({len(states)} layers)")
+    kinds: dict[str, list[str]] = {}  # past_conv -> its layers, ...: one line per kind
+    for name in states:
+        stem, layer = name.rsplit(".", 1)
+        kinds.setdefault(stem, []).append(layer)
+    for stem, layers in kinds.items():
+        dtype, shape = table[f"{stem}.{layers[0]}"]
+        lines.append(f"  {stem}.{{{','.join(layers)}}}  {dtype} {shape}  ({len(layers)} layers)")
     return lines
 
 
