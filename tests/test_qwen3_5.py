@@ -143,6 +143,22 @@ def test_copying_and_swapping_a_slot_move_both_states_with_its_kv(hf_model, bund
 
 
 @pytest.mark.parametrize("flavor", FLAVORS)
+def test_a_slot_restarted_at_position_0_reads_its_states_as_zeros(flavor, hf_model, bundle):
+    """A slot whose states are another prompt's (a whole-or-nothing reuse that chose
+    nothing) starts the next one as transformers does, at 1e-4."""
+    first, second = prompt_ids(30, seed=3), prompt_ids(20, seed=4)
+    expected = reference_logits(hf_model("qwen3_5_text"), second)
+    engine = Engine.load(bundle("qwen3_5_text", flavor), threads=2, background=False)
+    run = engine.backend.run
+    run(StepBatch(np.array([first]), np.array([0], np.int32), np.array([30], np.int32), 0))
+    for start, end in ((0, 1), (1, 20)):  # a decode-sized call first, then a chunk
+        logits = run(StepBatch(np.array([second[start:end]]), np.array([start], np.int32),
+                               np.array([end - start], np.int32), 0))
+        np.testing.assert_allclose(logits[0], expected[end - 1], rtol=1e-4, atol=1e-4)
+    engine.close()
+
+
+@pytest.mark.parametrize("flavor", FLAVORS)
 def test_greedy_text_is_transformers_chunked_or_not_alone_or_batched(flavor, hf_model, bundle):
     model = load_hf_model(hf_model("qwen3_5_text"))
     prompts = [prompt_ids(n, seed=n) for n in (5, 30, 61)]
@@ -177,9 +193,11 @@ def test_a_second_turn_reuses_the_whole_slot_and_continues_its_states(flavor, hf
 
 @pytest.mark.parametrize("flavor", FLAVORS)
 def test_a_prompt_that_diverges_from_a_cached_one_starts_from_zero(flavor, hf_model, bundle):
+    """In the one slot there is, whose states are those of another prompt's last token:
+    the graph reads them as zeros at position 0."""
     model = load_hf_model(hf_model("qwen3_5_text"))
     engine = Engine.load(bundle("qwen3_5_text", flavor), threads=2, background=False,
-                         chunk_size=16)
+                         chunk_size=16, kv_slots=1)
     cached = prompt_ids(50)
     engine.generate(cached, PARAMS).result()
     diverging = cached[:32] + prompt_ids(20, seed=9)[1:]
