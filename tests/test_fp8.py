@@ -147,4 +147,5 @@ def test_other_quantizations_and_bad_fp8_configs_are_one_line(tmp_path):
     # scales of the wrong shape for the block size
     path.write_text(json.dumps({**config, "quantization_config": {
         "quant_method": "fp8", "weight_block_size": [16, 16]}}))
-    assert_one_line_error(cli("export", hf, "-o", tmp_path / "out"), "weight_block_size [16, 16] implies")
+    assert_one_line_error(cli("export", hf, "-o", tmp_path / "out"),
+                          "weight_block_size [16, 16] implies")
