@@ -16,7 +16,6 @@ from edgeprefill.errors import ExportError
 from edgeprefill.export.model_config import GLOBAL, ModelConfig
 from edgeprefill.export.query_scale import QueryScale
 from tests.conftest import build_hf_model
-from tests.test_cli_errors import cli
 from tests.test_exactness import prompt_ids, reference_logits
 from tests.test_families import last_logits
 
@@ -102,21 +101,6 @@ def test_every_layer_slides_whatever_layer_types_say(tmp_path, flavor, family):
                                       show_progress=False))
     np.testing.assert_allclose(last_logits(out, ids), reference_logits(hf_dir, ids)[-1],
                                rtol=1e-4, atol=1e-4)
-
-
-def test_an_fp8_checkpoint_is_refused_in_one_line(tmp_path):
-    # The Instruct releases store float8 weights beside their scales (quantization_config).
-    hf_dir = build_hf_model("mistral3", tmp_path / "hf")
-    path = hf_dir / "config.json"
-    config = json.loads(path.read_text())
-    config["quantization_config"] = {"quant_method": "fp8", "activation_scheme": "static",
-                                     "weight_block_size": None}
-    path.write_text(json.dumps(config))
-    result = cli("export", hf_dir, "-o", tmp_path / "out")
-    assert result.returncode != 0
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and "quantized (quantization_config, fp8)" in lines[0], lines
-    assert "bf16" in lines[0]
 
 
 @pytest.mark.parametrize("text", ({"model_type": "mistral"}, {}))

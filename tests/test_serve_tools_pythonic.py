@@ -105,3 +105,22 @@ def test_without_tools_the_reply_keeps_the_tags_as_text(client, pythonic_bundle)
     reply = client.chat.completions.create(model=MODEL, messages=QUESTION, temperature=0)
     assert reply.choices[0].message.content == written
     assert START in written and END in written
+
+
+def test_an_earlier_call_reaches_the_model_as_it_wrote_it(server, client):
+    """LFM2's template renders an assistant turn's content only: the call of the turn
+    before a tool result goes into that content in the model's own syntax, so the model
+    sees its call before the result (the chat route and /tokenize render the same)."""
+    import httpx
+
+    call = {"id": "call_1", "type": "function", "function": {
+        "name": "get_weather", "arguments": json.dumps({"city": "Paris", "days": 2})}}
+    history = [*QUESTION, {"role": "assistant", "content": "Checking.", "tool_calls": [call]},
+               {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}]
+    ids = httpx.post(f"{server.url}/tokenize", json={"messages": history, "tools": [WEATHER]}
+                     ).json()["tokens"]
+    written = [word_id(w) for w in CALL]  # "Checking." then the call, tags included
+    assert any(ids[i:i + len(written)] == written for i in range(len(ids)))
+    reply = client.chat.completions.create(model=MODEL, messages=history, temperature=0,
+                                           tools=[WEATHER], max_tokens=2)
+    assert reply.usage.prompt_tokens == len(ids)

@@ -12,6 +12,14 @@ import numpy as np
 from safetensors import SafetensorError, safe_open
 
 from edgeprefill.errors import ExportError
+from edgeprefill.export.fp8 import (
+    FLOAT8,
+    SCALE_SUFFIX,
+    UNUSED,
+    Fp8Scheme,
+    read_float8,
+    safetensors_header,
+)
 
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
@@ -36,8 +44,12 @@ class Checkpoint:
     """
 
     def __init__(self, hf_dir: Path, renames: tuple[tuple[str, str], ...] = (),
-                 left_out: tuple[str, ...] = ()) -> None:
+                 left_out: tuple[str, ...] = (), fp8: Fp8Scheme | None = None) -> None:
+        """`fp8`: the checkpoint's FP8 scheme (export/fp8.py): float8 weights are read
+        dequantized by the scales stored beside them."""
         self.dir = hf_dir
+        self.fp8 = fp8
+        self._headers: dict[Path, dict] = {}  # safetensors headers, read for float8 tensors
         self._handles: dict[Path, object] = {}
         stored = _tensor_files(hf_dir, self._handles)
         self.left_out = sorted(n for n in stored if n.startswith(left_out)) if left_out else []
@@ -46,6 +58,7 @@ class Checkpoint:
         self._file_of = {_renamed(n, renames): (path, n) for n, path in stored.items()
                          if n not in skipped}
         self.read: set[str] = set()  # the tensors the export took
+        self._check_float8()  # before any weight is written: a bad checkpoint fails at once
 
     def names(self) -> set[str]:
         return set(self._file_of)
@@ -65,12 +78,52 @@ class Checkpoint:
 
     def get(self, name: str, dtype: np.dtype = np.float32) -> np.ndarray:
         path, stored = self._require(name)
-        try:
-            tensor = self._handle(path).get_tensor(stored)
-        except (SafetensorError, OSError, ValueError) as err:
-            raise ExportError(f"cannot read {name!r} from {path.name}: {err}") from None
+        if self._float8(path, stored):
+            tensor = self._dequantized(name, path, stored)
+        else:
+            try:
+                tensor = self._handle(path).get_tensor(stored)
+            except (SafetensorError, OSError, ValueError) as err:
+                raise ExportError(f"cannot read {name!r} from {path.name}: {err}") from None
         self.read.add(name)
         return tensor.astype(dtype, copy=False)
+
+    def _float8(self, path: Path, stored: str) -> bool:
+        return path.suffix != ".bin" and self._header(path)[stored]["dtype"] in FLOAT8
+
+    def _check_float8(self) -> None:
+        """Every float8 weight has the fp8 scheme and a scale of the block grid's shape."""
+        for name, (path, stored) in self._file_of.items():
+            if not self._float8(path, stored) or name.endswith(SCALE_SUFFIX):
+                continue
+            if self.fp8 is None:
+                raise ExportError(f"{stored} in {path.name} is stored as "
+                                  f"{self._header(path)[stored]['dtype']}, but config.json "
+                                  "has no fp8 quantization_config to say how to scale it")
+            if not self.has(name + SCALE_SUFFIX):
+                raise ExportError(f"the fp8 weight {name!r} has no {name + SCALE_SUFFIX!r} "
+                                  "beside it")
+            self.fp8.check(name, self.shape(name), self.shape(name + SCALE_SUFFIX))
+
+    def _dequantized(self, name: str, path: Path, stored: str) -> np.ndarray:
+        """A float8 weight times its `weight_scale_inv`; the module's unused activation
+        scale counts as read."""
+        assert self.fp8 is not None  # _check_float8
+        weight = read_float8(path, stored, self._header(path))
+        scale_name = name + SCALE_SUFFIX
+        scale_path, scale_stored = self._require(scale_name)
+        scale = (read_float8(scale_path, scale_stored, self._header(scale_path))
+                 if self._header(scale_path)[scale_stored]["dtype"] in FLOAT8
+                 else self.get(scale_name))
+        self.read.add(scale_name)
+        module = name.rsplit(".", 1)[0] + "."
+        self.read.update(module + unused for unused in UNUSED if self.has(module + unused))
+        return self.fp8.dequantize(weight, scale)
+
+    def _header(self, path: Path) -> dict:
+        if path not in self._headers:
+            self._headers[path] = safetensors_header(path)
+        return self._headers[path]
 
     def same(self, a: str, b: str) -> bool:
         """Whether two tensors of at least one dimension hold the same values (as

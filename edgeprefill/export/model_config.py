@@ -9,7 +9,7 @@ downstream reads the fields of `ModelConfig` and never looks at the raw dict.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +17,7 @@ from edgeprefill.contract import CONV, RECURRENT
 from edgeprefill.errors import ExportError
 from edgeprefill.export.config_checks import check_model_config
 from edgeprefill.export.families import BLOCKS, FAMILIES, REFUSED_TYPES, FamilySpec
+from edgeprefill.export.fp8 import Fp8Scheme, read_fp8_scheme
 from edgeprefill.export.query_scale import QueryScale, read_query_scale
 from edgeprefill.export.rope import (
     SHARED_ROPE_TYPES,
@@ -92,6 +93,7 @@ class ModelConfig:
     query_scale: QueryScale | None = None  # a per-position factor of q (Ministral 3)
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
+    fp8: Fp8Scheme | None = None  # how an FP8 checkpoint's weights are scaled (export/fp8.py)
     # LFM2: the layers that are gated short convolutions (their `layers` entry unused),
     # the convolution's width in tokens (conv_L_cache) and whether its projections and
     # convolution have biases (conv_bias).
@@ -204,10 +206,10 @@ class ModelConfig:
             raise ExportError(
                 f"model_type {family!r} is not supported; supported: {', '.join(sorted(FAMILIES))}"
             )
-        _refuse_quantized(family, raw)
+        fp8 = read_fp8_scheme(family, raw)  # any other quantization is refused here
         try:
             spec = FAMILIES[family]
-            return _read(family, spec, spec.read(raw))
+            return replace(_read(family, spec, spec.read(raw)), fp8=fp8)
         except KeyError as missing:
             raise ExportError(f"config.json lacks the required key {missing}") from None
         except (TypeError, ValueError, ZeroDivisionError) as bad:
@@ -313,16 +315,6 @@ def _refuse_unsupported(family: str, spec: FamilySpec, raw: dict[str, Any]) -> N
     # LM, even where the family's transformers model ignores the key.
     if raw.get("use_bidirectional_attention"):
         raise ExportError(f"{family}: use_bidirectional_attention=true is not a causal LM")
-
-
-def _refuse_quantized(family: str, raw: dict[str, Any]) -> None:
-    # A quantized checkpoint (FP8 Ministral 3, GPTQ, AWQ, ...) stores its weights in a
-    # format of its own under the float weights' names, or beside scales and zero points.
-    quant = raw.get("quantization_config")
-    if quant:
-        method = quant.get("quant_method", "unknown") if isinstance(quant, dict) else "unknown"
-        raise ExportError(f"{family}: the checkpoint is quantized (quantization_config, "
-                          f"{method}); export reads float weights: take its bf16 release")
 
 
 def _refuse_other_familys_rope(family: str, spec: FamilySpec,

@@ -57,7 +57,7 @@ from edgeprefill.server.routes_extra import ExtraRoutes, model_card
 from edgeprefill.server.schemas import CompletionRequest, parse_chat, parse_completion
 from edgeprefill.server.shutdown import ShutdownCut
 from edgeprefill.server.sse import EventStreamResponse, completion_events
-from edgeprefill.server.tools import reply_parser, template_vars
+from edgeprefill.server.tools import calls_in_content, reply_parser, template_vars
 
 OPEN_PATHS = frozenset({"/health"})  # answered without the API key (liveness probes)
 
@@ -314,8 +314,10 @@ class OpenAIApi:
                 return Encoded(self.engine.tokenizer.encode(req.prompt))  # a range check
             except RequestError as err:
                 raise ApiError(400, str(err), req.prompt_field) from None
+        prompt = req.prompt if isinstance(req.prompt, str) else \
+            calls_in_content(list(req.prompt), self.engine.manifest)
         try:
-            return await self.prompts.call("encode_bounded", req.prompt, self.engine.capacity,
+            return await self.prompts.call("encode_bounded", prompt, self.engine.capacity,
                                            **template_vars(req.tools, self.engine.manifest),
                                            **req.template_kwargs)
         except PromptTimeout as err:

@@ -31,6 +31,7 @@ from edgeprefill.server.schemas import (
     parse_messages,
     template_kwargs,
 )
+from edgeprefill.server.tools import calls_in_content
 from edgeprefill.values import is_int
 
 ReadJson = Callable[[Request], Awaitable[Any]]
@@ -125,7 +126,8 @@ class ExtraRoutes:
             raise ApiError(400, "send exactly one of 'prompt', 'content' or 'messages'")
         field = given[0]
         if field == "messages":
-            method, args, kwargs = "encode", (_messages(body),), _chat_options(body)
+            messages = calls_in_content(_messages(body), self.engine.manifest)
+            method, args, kwargs = "encode", (messages,), _chat_options(body)
         else:
             chat = chat_field_given(body)
             if chat is not None:  # read only through the chat template

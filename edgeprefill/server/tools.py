@@ -32,6 +32,7 @@ from edgeprefill.server.tool_parsers import (
     FirstCallOnly,
     ForcedNamedParser,
     ForcedRequiredParser,
+    PythonicParser,
     ToolParser,
 )
 
@@ -169,6 +170,34 @@ def template_vars(tools: ToolRequest | None, manifest: Manifest) -> dict[str, An
                        "would never see them; send tool_choice 'none', 'required' or a named "
                        "function", "tools")
     return tools.template_vars()
+
+
+def calls_in_content(messages: list[dict[str, Any]], manifest: Manifest
+                     ) -> list[dict[str, Any]]:
+    """The messages the template renders. LFM2's templates render an assistant turn's
+    content only, never its `tool_calls`: there the calls go into the content as the model
+    writes them (`<|tool_call_start|>[name(key=value)]<|tool_call_end|>`), else the model
+    would see a tool's result without its own call before it (llama.cpp's LFM2 template
+    renders them so)."""
+    template = manifest.tokenizer.chat_template or ""
+    if call_format(manifest) != "pythonic" or "tool_calls" in template:
+        return messages
+    return [_with_calls_written(m) if m.get("tool_calls") else m for m in messages]
+
+
+def _with_calls_written(message: dict[str, Any]) -> dict[str, Any]:
+    calls = ", ".join(_python_call(c["function"]) for c in message["tool_calls"])
+    written = f"{PythonicParser.open_tag}[{calls}]{PythonicParser.close_tag}"
+    return {**message, "content": message.get("content", "") + written}
+
+
+def _python_call(function: dict[str, Any]) -> str:
+    """`name(key=value, ...)`, each value as JSON (strings in double quotes, as LFM2 writes
+    them; PythonicParser reads JSON's true/false/null too)."""
+    arguments = function["arguments"] if isinstance(function["arguments"], dict) else {}
+    keywords = ", ".join(f"{key}={json.dumps(value, ensure_ascii=False)}"
+                         for key, value in arguments.items())
+    return f"{function['name']}({keywords})"
 
 
 def renders_tools(template: str) -> bool:
