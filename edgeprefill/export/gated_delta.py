@@ -78,23 +78,32 @@ class GatedDeltaNet:
                                               "in_proj_a")], None))
         mixed, z, b, a = g.op("Split", [projected, g.const(
             [d.conv_dim, value_size, d.value_heads, d.value_heads])], 4, axis=-1)
-        conv_state, recurrent = state_names(layer, CONV), state_names(layer, RECURRENT)
+        conv_state = state_names(layer, CONV)
         full = self.conv.full(conv_state.past, mixed)
         self.conv.store(full, conv_state.present, d.conv_kernel - 1, d.conv_dim)
         name = pre + "conv1d.weight"
         taps = self.conv.taps(name, d.conv_kernel, d.conv_dim,
                               lambda n: self.w.ckpt.get(n, np.float32))
         mixed = self._silu(self.conv.convolve(full, taps, d.conv_kernel))
-        q, k, v = self._qkv(self._float(mixed))
-        decay, beta = self._gates(pre, self._float(b), self._float(a))
-        kept = g.op("Where", [self.continues, recurrent.past, g.const(0.0, np.float32)])
-        final, out = g.op("Scan", [kept, q, k, v, decay, beta], 2, num_scan_inputs=5,
-                          scan_input_axes=[1] * 5, scan_output_axes=[1],
-                          body=self._step_body(f"delta{layer}_"))
-        g.op("Identity", [final], [recurrent.present])
+        out = self._recurrence(pre, layer, self._float(mixed), self._float(b), self._float(a))
         y = self._gated_norm(pre, out, z)  # [B, C, value_size]
         y = rows(self.tokens.gather(y, value_size))
         return self.w.linear(y, [pre + "out_proj.weight"], None)
+
+    def _recurrence(self, pre: str, layer: int, mixed: str, b: str, a: str) -> str:
+        """[B, C, value_heads, value_dim] float32: the delta rule over the chunk's tokens
+        from the layer's recurrent state (zeros at position 0), its last value written
+        to the state's present output."""
+        g = self.g
+        state = state_names(layer, RECURRENT)
+        q, k, v = self._qkv(mixed)
+        decay, beta = self._gates(pre, b, a)
+        kept = g.op("Where", [self.continues, state.past, g.const(0.0, np.float32)])
+        final, out = g.op("Scan", [kept, q, k, v, decay, beta], 2, num_scan_inputs=5,
+                          scan_input_axes=[1] * 5, scan_output_axes=[1],
+                          body=self._step_body(f"delta{layer}_"))
+        g.op("Identity", [final], [state.present])
+        return out
 
     def _qkv(self, mixed: str) -> tuple[str, str, str]:
         """q, k [B, C, value_heads, key_dim] (normalized, q scaled, key heads repeated) and
@@ -204,6 +213,7 @@ class GatedDeltaNet:
         for name, shape in ((pre + "in_proj_qkv.weight", (d.conv_dim, hidden)),
                             (pre + "in_proj_z.weight", (value_size, hidden)),
                             (pre + "in_proj_b.weight", (d.value_heads, hidden)),
+                            (pre + "in_proj_a.weight", (d.value_heads, hidden)),
                             (pre + "conv1d.weight", (d.conv_dim, 1, d.conv_kernel)),
                             (pre + "norm.weight", (d.value_dim,)),
                             (pre + "out_proj.weight", (hidden, value_size))):
