@@ -144,6 +144,11 @@ FAMILIES: dict[str, dict] = {
     "lfm2": {"num_hidden_layers": 4, "layer_types": ["conv", "full_attention", "conv",
                                                      "full_attention"],
              "block_multiple_of": 16, "block_ffn_dim_multiplier": 1.3, "conv_bias": True},
+    # Lfm2VlForConditionalGeneration's LFM2 (a tiny SigLIP 2 tower beside it), tied as the
+    # Hub's are
+    "lfm2_vl": {"model_type": "lfm2", "num_hidden_layers": 4,
+                "layer_types": ["conv", "full_attention", "conv", "full_attention"],
+                "conv_bias": True, "tie_word_embeddings": True},
     "phi": {"num_attention_heads": 2, "num_key_value_heads": 2, "partial_rotary_factor": 0.5},
     "stablelm": {"num_attention_heads": 2, "num_key_value_heads": 2,
                  "partial_rotary_factor": 0.5, "use_qkv_bias": True},
@@ -284,6 +289,7 @@ TINY_VISION = {"hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 
 IMAGE_TEXT = {
     "gemma3": {"vision_config": TINY_VISION, "mm_tokens_per_image": 4},
     "mistral3": {"vision_config": {**TINY_VISION, "head_dim": 8}},
+    "lfm2_vl": {"vision_config": {**TINY_VISION, "num_patches": 16}, "projector_hidden_size": 32},
     "qwen2_vl": {"vision_config": {"depth": 1, "embed_dim": 16, "hidden_size": 64,
                                    "num_heads": 2, "mlp_ratio": 2, "patch_size": 14}},
     "qwen2_5_vl": {"vision_config": {

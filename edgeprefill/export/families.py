@@ -343,6 +343,26 @@ def _lfm2_config(raw: dict[str, Any]) -> dict[str, Any]:
     return raw
 
 
+def _lfm2_vl_text(raw: dict[str, Any]) -> dict[str, Any]:
+    """Lfm2VlConfig: the language model is text_config (an LFM2, also where it names no
+    type); the outer config decides the tying, by its `tie_embedding` (the older name,
+    which wins) or `tie_word_embeddings`, true by default, whatever text_config says, and
+    the EOS/BOS ids where it gives them."""
+    inner = raw["text_config"]  # a KeyError names the missing key
+    if not isinstance(inner, dict):
+        got = "null" if inner is None else type(inner).__name__
+        raise ValueError(f"text_config must be an object, got {got}")
+    if inner.get("model_type", "lfm2") != "lfm2":
+        raise ValueError(f"text_config model_type {inner['model_type']!r} is not supported; "
+                         "supported: lfm2")
+    text = {k: v for k, v in inner.items() if k != "tie_embedding"}
+    text["tie_word_embeddings"] = raw.get("tie_embedding", raw.get("tie_word_embeddings", True))
+    for key in ("eos_token_id", "bos_token_id"):
+        if raw.get(key) is not None:
+            text[key] = raw[key]
+    return text
+
+
 def _parallel_if_configured(raw: dict[str, Any]) -> str:
     return "shared" if raw.get("use_parallel_residual") else "pre"
 
@@ -416,6 +436,18 @@ EXAONE_NAMES = TensorNames(
     layer="transformer.h.{i}.", q="attn.attention.q_proj", k="attn.attention.k_proj",
     v="attn.attention.v_proj", o="attn.attention.out_proj", gate="mlp.c_fc_0",
     up="mlp.c_fc_1", down="mlp.c_proj", input_norm="ln_1", post_attn_norm="ln_2",
+)
+# Liquid's LFM2: gated short convolutions between attention layers (export/short_conv.py).
+LFM2 = FamilySpec(
+    names=replace(LLAMA_NAMES, final_norm="model.embedding_norm", o="self_attn.out_proj",
+                  q_norm="self_attn.q_layernorm", k_norm="self_attn.k_layernorm",
+                  gate="feed_forward.w1", up="feed_forward.w3", down="feed_forward.w2",
+                  input_norm="operator_norm", post_attn_norm="ffn_norm"),
+    qk_norm="head", conv=True, tie_default=True, act_key=None, eps_key="norm_eps",
+    legacy=_lfm2_config,
+    defaults={"norm_eps": 1e-5, "rope_theta": 1_000_000.0,
+              "max_position_embeddings": 128_000, "conv_L_cache": 3},
+    quirks=("per-head q/k RMSNorm",),
 )
 PHI_NAMES = TensorNames(final_norm="model.final_layernorm", o="self_attn.dense",
                         gate="", up="mlp.fc1", down="mlp.fc2")
@@ -597,16 +629,16 @@ FAMILIES: dict[str, FamilySpec] = {
     # LFM2: most layers are gated short convolutions (in_proj to B, C, x; a depthwise causal
     # conv of B*x over conv_L_cache tokens; C times that; out_proj), the rest GQA attention
     # with per-head q/k RMSNorm; the final norm is `embedding_norm`.
-    "lfm2": FamilySpec(
-        names=replace(LLAMA_NAMES, final_norm="model.embedding_norm", o="self_attn.out_proj",
-                      q_norm="self_attn.q_layernorm", k_norm="self_attn.k_layernorm",
-                      gate="feed_forward.w1", up="feed_forward.w3", down="feed_forward.w2",
-                      input_norm="operator_norm", post_attn_norm="ffn_norm"),
-        qk_norm="head", conv=True, tie_default=True, act_key=None, eps_key="norm_eps",
-        legacy=_lfm2_config,
-        defaults={"norm_eps": 1e-5, "rope_theta": 1_000_000.0,
-                  "max_position_embeddings": 128_000, "conv_L_cache": 3},
-        quirks=("per-head q/k RMSNorm",),
+    "lfm2": LFM2,
+    # Lfm2VlForConditionalGeneration (LFM2-VL 450M/1.6B/3B): its LFM2 language model, the
+    # SigLIP 2 tower and projector left out.
+    "lfm2_vl": replace(
+        LFM2, nested="text_config", unnest=_lfm2_vl_text,
+        renames=(("model.language_model.", "model."), ("language_model.model.", "model."),
+                 ("language_model.lm_head.", "lm_head.")),
+        left_out=("model.vision_tower.", "model.multi_modal_projector.", "vision_tower.",
+                  "multi_modal_projector."),
+        quirks=(*LFM2.quirks, IMAGE_TEXT_QUIRK),
     ),
     "phi": FamilySpec(
         names=PHI_NAMES, norm="layer", block="shared", gated_mlp=False, qkv_bias=True,
