@@ -325,10 +325,9 @@ class DecoderBuilder:
 
     def _position_embedding(self, name: str, past_lens: str, chunk: str) -> str:
         """Each token's row of the learned position table (GPT-2's `wpe`), as the tokens
-        are laid out. Positions are clamped to the table: a valid token's is below the
-        bundle's context (at most the table's rows: exporter._max_context), but padding
-        of a chunk near the end, or a dummy decode row parked at a full slot's end, may
-        lie past it, and their outputs are never read."""
+        are laid out. Every position a call computes, its padding included, lies below the
+        KV capacity, which is at most the bundle's context (Engine._capacity), which is at
+        most the table's rows (exporter._max_context)."""
         g, cfg = self.g, self.cfg
         if self.w.shape(name) != (cfg.max_positions, cfg.hidden_size):
             raise ExportError(
@@ -337,7 +336,6 @@ class DecoderBuilder:
                 f"hidden {cfg.hidden_size})"
             )
         at = positions(g, g.op("Cast", [past_lens], to=7), chunk)  # [B,C]
-        at = g.op("Min", [at, g.const(cfg.max_positions - 1)])
         return self.tokens.embed(self.w.tensor(name), at)
 
     def _check_vocab_shape(self, name: str) -> None:
