@@ -55,11 +55,11 @@ def test_config_keys_read_as_the_model_builds_them(family, keys):
             "gelu_tanh": lambda t: torch.nn.functional.gelu(t, approximate="tanh")}
     torch.testing.assert_close(gelu[ours.activation](x), block.mlp.act(x))
     assert [layer.rope for layer in ours.layers] == [None] * ours.num_layers
+    tied = transformers.AutoConfig.for_model(family, **SMALL, **keys).tie_word_embeddings
+    assert ours.tie_embeddings is tied is True
 
 
 @pytest.mark.parametrize(("keys", "message"), [
-    ({"model_type": "gpt2", "scale_attn_by_inverse_layer_idx": True},
-     "gpt2: scale_attn_by_inverse_layer_idx=true"),
     ({"model_type": "gpt_bigcode", "multi_query": False},
      "gpt_bigcode: multi_query=false (a q/k/v projection interleaved per head) is not"),
 ])
@@ -69,12 +69,26 @@ def test_what_export_cannot_compute_is_refused_in_one_line(keys, message):
     assert message in str(err.value) and "\n" not in str(err.value)
 
 
-@pytest.mark.parametrize("family", FAMILIES)
-def test_unscaled_attention_is_the_models(tmp_path, family):
-    hf_dir = build_hf_model(family, tmp_path / "hf", scale_attn_weights=False)
+@pytest.mark.parametrize("family, keys", [
+    ("gpt2", {"scale_attn_weights": False}),
+    ("gpt_bigcode", {"scale_attn_weights": False}),
+    # each layer's scores further divided by its index + 1 (layer 1: by 2)
+    ("gpt2", {"scale_attn_by_inverse_layer_idx": True}),
+    ("gpt2", {"scale_attn_by_inverse_layer_idx": True, "scale_attn_weights": False}),
+    # a key GPTBigCode's model does not read
+    ("gpt_bigcode", {"scale_attn_by_inverse_layer_idx": True}),
+])
+def test_attention_scaling_options_are_the_models(tmp_path, family, keys):
+    from edgeprefill.export.exporter import ExportOptions, export
+
+    hf_dir = build_hf_model(family, tmp_path / "hf", **keys)
     ids = prompt_ids(40)
-    np.testing.assert_allclose(last_logits(export_small(hf_dir, tmp_path / "b"), ids),
-                               reference_logits(hf_dir, ids)[-1], rtol=1e-4, atol=1e-4)
+    expected = reference_logits(hf_dir, ids)[-1]
+    for flavor in FLAVORS:
+        export(hf_dir, tmp_path / flavor, ExportOptions(flavor=flavor, chunks=(64,),
+                                                        max_context=128, show_progress=False))
+        np.testing.assert_allclose(last_logits(tmp_path / flavor, ids), expected, rtol=1e-4,
+                                   atol=1e-4, err_msg=flavor)
 
 
 def test_reorder_and_upcast_attn_changes_nothing_in_float32(tmp_path):

@@ -147,6 +147,9 @@ class FamilySpec:
     # Modules (relative to the layer prefix) whose weights are stored [in, out] (GPT-2's
     # Conv1D), not nn.Linear's [out, in]: the checkpoint reads them transposed.
     transposed: tuple[str, ...] = ()
+    # The config key that scales each layer's attention scores by a further 1 / (layer + 1)
+    # (GPT-2's scale_attn_by_inverse_layer_idx, as Stanford CRFM's Mistral checkpoints use).
+    inverse_layer_scale_key: str | None = None
 
     def read(self, raw: dict[str, Any]) -> dict[str, Any]:
         """config.json as the family's transformers config class reads it."""
@@ -372,9 +375,6 @@ def _gpt2_config(raw: dict[str, Any]) -> dict[str, Any]:
 
 
 def _gpt2_unsupported(raw: dict[str, Any]) -> str | None:
-    if raw.get("scale_attn_by_inverse_layer_idx"):
-        return ("scale_attn_by_inverse_layer_idx=true (attention scaled by 1 / (layer + 1)) "
-                "is not supported")
     if raw.get("model_type") == "gpt_bigcode" and not raw["multi_query"]:
         return "multi_query=false (a q/k/v projection interleaved per head) is not supported"
     return None
@@ -467,6 +467,7 @@ GPT2 = FamilySpec(
     names=GPT2_NAMES, norm="layer", gated_mlp=False, qkv_bias=True, o_bias=True,
     mlp_bias=True, tie_default=True, act_default="gelu_new", act_key="activation_function",
     eps_key="layer_norm_epsilon", legacy=_gpt2_config, refuse=_gpt2_unsupported,
+    inverse_layer_scale_key="scale_attn_by_inverse_layer_idx",
     renames=tuple((p, "transformer." + p) for p in ("h.", "wte.", "wpe.", "ln_f.")),
     # keys other families read that GPT2Config has no use for (its own names win)
     ignores=("intermediate_size", "num_key_value_heads", "head_dim", "no_rope_layers",
@@ -740,7 +741,7 @@ FAMILIES: dict[str, FamilySpec] = {
     # GPT-2 with nn.Linear weights, a tanh gelu by default and multi-query attention (one
     # KV head: c_attn is [q (n_embd), k (head_dim), v (head_dim)]).
     "gpt_bigcode": replace(
-        GPT2, act_default="gelu_pytorch_tanh", transposed=(),
+        GPT2, act_default="gelu_pytorch_tanh", transposed=(), inverse_layer_scale_key=None,
         defaults={**GPT2.defaults, "multi_query": True},
         quirks=("learned absolute position embeddings", "LayerNorm with bias", "gelu MLP",
                 "multi-query attention"),
