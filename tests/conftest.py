@@ -163,12 +163,16 @@ FAMILIES: dict[str, dict] = {
     "cohere2": {"logit_scale": 0.25, "sliding_window": 8, "sliding_window_pattern": 2},
     "gpt_neox": {"num_attention_heads": 2, "rope_parameters": {
         "rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}},
+    # learned absolute positions, Conv1D weights, fused qkv, tied head, an MLP n_inner wide
+    "gpt2": {"n_inner": 80, "tie_word_embeddings": True},
+    # GPT-2 with nn.Linear weights and one KV head (multi-query)
+    "gpt_bigcode": {"n_inner": 80, "tie_word_embeddings": True},
 }
 # The families the default (fast) suite covers end to end; the rest run under `slow`.
 FAST_FAMILIES = ("llama", "mistral", "qwen2", "gemma2", "gemma3_text", "gemma3", "qwen2_5_vl",
                  "qwen3_vl", "phi3", "smollm3", "granite", "olmo2", "olmo3", "exaone4",
                  "hunyuan_v1_dense", "glm4", "starcoder2", "phi", "gpt_neox", "ministral3",
-                 "mistral3", "lfm2")
+                 "mistral3", "lfm2", "gpt2", "gpt_bigcode")
 
 
 def write_tokenizer(path: Path, vocab: int = VOCAB, top_words: Sequence[str] = (),
