@@ -161,6 +161,11 @@ FAMILIES: dict[str, dict] = {
     "qwen3_5": {**QWEN3_5, "tie_word_embeddings": True, "rope_parameters": {
         "rope_type": "default", "mrope_section": [4, 2, 2], "mrope_interleaved": True,
         "rope_theta": 10000.0, "partial_rotary_factor": 0.25}},
+    # Lfm2VlForConditionalGeneration's LFM2 (a tiny SigLIP 2 tower beside it), tied as the
+    # Hub's are
+    "lfm2_vl": {"model_type": "lfm2", "num_hidden_layers": 4,
+                "layer_types": ["conv", "full_attention", "conv", "full_attention"],
+                "conv_bias": True, "tie_word_embeddings": True},
     "phi": {"num_attention_heads": 2, "num_key_value_heads": 2, "partial_rotary_factor": 0.5},
     "stablelm": {"num_attention_heads": 2, "num_key_value_heads": 2,
                  "partial_rotary_factor": 0.5, "use_qkv_bias": True},
@@ -175,12 +180,16 @@ FAMILIES: dict[str, dict] = {
     "cohere2": {"logit_scale": 0.25, "sliding_window": 8, "sliding_window_pattern": 2},
     "gpt_neox": {"num_attention_heads": 2, "rope_parameters": {
         "rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}},
+    # learned absolute positions, Conv1D weights, fused qkv, tied head, an MLP n_inner wide
+    "gpt2": {"n_inner": 80, "tie_word_embeddings": True},
+    # GPT-2 with nn.Linear weights and one KV head (multi-query)
+    "gpt_bigcode": {"n_inner": 80, "tie_word_embeddings": True},
 }
 # The families the default (fast) suite covers end to end; the rest run under `slow`.
 FAST_FAMILIES = ("llama", "mistral", "qwen2", "gemma2", "gemma3_text", "gemma3", "qwen2_5_vl",
                  "qwen3_vl", "phi3", "smollm3", "granite", "olmo2", "olmo3", "exaone4",
                  "hunyuan_v1_dense", "glm4", "starcoder2", "phi", "gpt_neox", "ministral3",
-                 "mistral3", "lfm2", "qwen3_5_text", "qwen3_5")
+                 "mistral3", "lfm2", "gpt2", "gpt_bigcode", "qwen3_5_text", "qwen3_5")
 
 
 def write_tokenizer(path: Path, vocab: int = VOCAB, top_words: Sequence[str] = (),
@@ -301,6 +310,7 @@ TINY_VISION = {"hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 
 IMAGE_TEXT = {
     "gemma3": {"vision_config": TINY_VISION, "mm_tokens_per_image": 4},
     "mistral3": {"vision_config": {**TINY_VISION, "head_dim": 8}},
+    "lfm2_vl": {"vision_config": {**TINY_VISION, "num_patches": 16}, "projector_hidden_size": 32},
     "qwen2_vl": {"vision_config": {"depth": 1, "embed_dim": 16, "hidden_size": 64,
                                    "num_heads": 2, "mlp_ratio": 2, "patch_size": 14}},
     "qwen2_5_vl": {"vision_config": {

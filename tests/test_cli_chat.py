@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -189,7 +190,7 @@ def test_the_readme_commands_after_make_demo_work_as_shown(tiny_bundle):
                 if c.startswith(("edgeprefill run", "edgeprefill inspect"))]
     assert len(commands) >= 4
     for command in commands:
-        args = command.split()[1:]
+        args = shlex.split(command)[1:]  # a quoted prompt is one argument, as in a shell
         args = [str(tiny_bundle) if a == "build/tiny-recall" else a for a in args]
         stdin = "what was the secret ?\n/exit\n" if "--interactive" in args else None
         result = cli(*args, stdin=stdin)

@@ -274,6 +274,10 @@ def hf_theta(config, layer_type: str = "full_attention") -> float:
     return float((params.get(layer_type) or params)["rope_theta"])
 
 
+# The families whose positions are a learned table (GPT-2's wpe), with no rotary at all.
+LEARNED_POSITIONS = ("gpt2", "gpt_bigcode")
+
+
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_keys_a_config_leaves_out_take_transformers_defaults(family):
     ours = ModelConfig.from_hf(minimal_raw(family))
@@ -281,13 +285,16 @@ def test_keys_a_config_leaves_out_take_transformers_defaults(family):
     head_dim = getattr(hf, "head_dim", None) or MINIMAL["hidden_size"] // 4
     assert ours.head_dim == head_dim
     eps = next(getattr(hf, k) for k in ("rms_norm_eps", "layer_norm_eps", "norm_epsilon",
-                                        "norm_eps")
+                                        "norm_eps", "layer_norm_epsilon")
                if hasattr(hf, k))
     assert ours.norm_eps == pytest.approx(eps)
-    assert ours.ropes[GLOBAL].theta == pytest.approx(hf_theta(hf))
-    partial = (hf.rope_parameters.get("full_attention") or hf.rope_parameters).get(
-        "partial_rotary_factor", 1.0)
-    assert ours.ropes[GLOBAL].rotary_dim == int(head_dim * partial)
+    if family in LEARNED_POSITIONS:  # no rope: every layer goes without
+        assert [layer.rope for layer in ours.layers] == [None] * 4
+    else:
+        assert ours.ropes[GLOBAL].theta == pytest.approx(hf_theta(hf))
+        partial = (hf.rope_parameters.get("full_attention") or hf.rope_parameters).get(
+            "partial_rotary_factor", 1.0)
+        assert ours.ropes[GLOBAL].rotary_dim == int(head_dim * partial)
     assert ours.final_softcap == getattr(hf, "final_logit_softcapping", None)
     assert ours.max_positions == hf.max_position_embeddings
     if family == "gemma2":
@@ -343,7 +350,7 @@ def test_a_sliding_window_key_slides_only_where_the_family_reads_it(family):
         if family in ("llama", "gemma", "granite", "olmo2", "phi", "stablelm", "cohere",
                       "gpt_neox", "ernie4_5", "arcee", "qwen3_vl", "hunyuan_v1_dense",
                       "glm", "glm4", "helium", "seed_oss", "exaone", "granitemoehybrid",
-                      "nemotron"):
+                      "nemotron", *LEARNED_POSITIONS):
             expected = [None] * 4
         elif types is not None:
             expected = [window if t == "sliding_attention" else None for t in types]
@@ -362,8 +369,9 @@ def test_the_activation_is_read_from_the_key_the_model_reads(family):
     # converted between them carry both names.
     keys = {"hidden_act": "silu", "hidden_activation": "gelu"}
     ours = ModelConfig.from_hf(minimal_raw(family, **keys)).activation
-    layer = hf_auto_class(family).from_config(hf_config(family, pad_token_id=0, **keys)) \
-        .get_decoder().layers[0]
+    decoder = hf_auto_class(family).from_config(hf_config(family, pad_token_id=0, **keys)) \
+        .get_decoder()
+    layer = (decoder.layers if hasattr(decoder, "layers") else decoder.h)[0]  # GPT-2: h
     # Granite 4's dense MLP; LFM2's, whose Lfm2MLP calls F.silu whatever the config says
     # (it has no activation module)
     mlp = getattr(layer, "mlp", None) or getattr(layer, "shared_mlp", None) or \

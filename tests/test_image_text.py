@@ -88,7 +88,7 @@ def test_transformers_5_layout_exports_as_the_hub_layout(tmp_path, family):
                                reference_logits(hf_dir, ids)[-1], rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("family", ("gemma3", "mistral3"))
+@pytest.mark.parametrize("family", ("gemma3", "mistral3", "lfm2_vl"))
 def test_the_vision_tower_is_left_out_in_one_line(tmp_path, caplog, family):
     hf_dir = build_hf_model(family, tmp_path / "hf")
     with caplog.at_level(logging.WARNING, logger="edgeprefill"):
@@ -99,3 +99,28 @@ def test_the_vision_tower_is_left_out_in_one_line(tmp_path, caplog, family):
     assert "\n" not in messages[0]
     manifest = json.loads((tmp_path / "b" / MANIFEST_FILE).read_text())
     assert any("vision tower left out" in q for q in manifest["source"]["quirks"])
+
+
+def test_lfm2_vl_exports_its_language_model_as_transformers_runs_it(tmp_path):
+    """LFM2-VL: transformers 5 saves its LFM2 under `model.language_model.` (the Hub's
+    layout too); the conv layers' state works as in a plain LFM2."""
+    hf_dir = build_hf_model("lfm2_vl", tmp_path / "hf")
+    assert any(n.startswith("model.language_model.layers.")
+               for n in load_file(hf_dir / "model.safetensors"))
+    ids = prompt_ids(40)
+    np.testing.assert_allclose(last_logits(export_small(hf_dir, tmp_path / "b"), ids),
+                               reference_logits(hf_dir, ids)[-1], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("outer, expected", [
+    ({}, True), ({"tie_word_embeddings": False}, False),
+    ({"tie_embedding": False, "tie_word_embeddings": True}, False),  # the older name wins
+])
+def test_lfm2_vl_ties_as_its_outer_config_says(outer, expected):
+    text = {"model_type": "lfm2", "hidden_size": 64, "intermediate_size": 96,
+            "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+            "vocab_size": 128, "layer_types": ["conv", "full_attention"],
+            "tie_embedding": not expected}  # the language model's own say is not the model's
+    raw = {"model_type": "lfm2_vl", "text_config": text, **outer}
+    assert transformers.Lfm2VlConfig.from_dict(raw).tie_word_embeddings is expected
+    assert ModelConfig.from_hf(raw).tie_embeddings is expected

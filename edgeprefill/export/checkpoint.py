@@ -27,7 +27,9 @@ TORCH_INDEX_FILE = "pytorch_model.bin.index.json"
 TORCH_FILE = "pytorch_model.bin"
 
 
-BUFFERS = ("rotary_emb.inv_freq", "attention.bias", "attention.masked_bias")
+# (GPT-2's Hub checkpoints keep their causal-mask buffers as `h.{i}.attn.bias`.)
+BUFFERS = ("rotary_emb.inv_freq", "attention.bias", "attention.masked_bias", ".attn.bias",
+           ".attn.masked_bias")
 SAME_BLOCK = 1 << 24  # elements per block compared by Checkpoint.same (64 MB in float32)
 
 
@@ -41,15 +43,20 @@ class Checkpoint:
     on the Hub): `renames` maps stored prefixes to the names read (first match wins), as
     transformers' weight renamings do, and tensors under a `left_out` prefix (a vision
     tower) are not the export's: they are counted in `left_out`, never read nor warned of.
+
+    The weights of the modules in `transposed` are stored [in, out] (GPT-2's Conv1D); they
+    are read, and their shapes given, as nn.Linear's [out, in], as every other family's.
     """
 
     def __init__(self, hf_dir: Path, renames: tuple[tuple[str, str], ...] = (),
-                 left_out: tuple[str, ...] = (), fp8: Fp8Scheme | None = None) -> None:
+                 left_out: tuple[str, ...] = (), fp8: Fp8Scheme | None = None,
+                 transposed: tuple[str, ...] = ()) -> None:
         """`fp8`: the checkpoint's FP8 scheme (export/fp8.py): float8 weights are read
         dequantized by the scales stored beside them."""
         self.dir = hf_dir
         self.fp8 = fp8
         self._headers: dict[Path, dict] = {}  # safetensors headers, read for float8 tensors
+        self._transposed = tuple(f".{module}.weight" for module in transposed)
         self._handles: dict[Path, object] = {}
         stored = _tensor_files(hf_dir, self._handles)
         self.left_out = sorted(n for n in stored if n.startswith(left_out)) if left_out else []
@@ -68,7 +75,11 @@ class Checkpoint:
 
     def shape(self, name: str) -> tuple[int, ...]:
         path, stored = self._require(name)
-        return tuple(self._handle(path).get_slice(stored).get_shape())
+        shape = tuple(self._handle(path).get_slice(stored).get_shape())
+        return shape[::-1] if self._is_transposed(name) else shape
+
+    def _is_transposed(self, name: str) -> bool:
+        return bool(self._transposed) and name.endswith(self._transposed)
 
     def _require(self, name: str) -> tuple[Path, str]:
         found = self._file_of.get(name)
@@ -86,6 +97,8 @@ class Checkpoint:
             except (SafetensorError, OSError, ValueError) as err:
                 raise ExportError(f"cannot read {name!r} from {path.name}: {err}") from None
         self.read.add(name)
+        if self._is_transposed(name):
+            tensor = tensor.T
         return tensor.astype(dtype, copy=False)
 
     def _float8(self, path: Path, stored: str) -> bool:
@@ -138,6 +151,7 @@ class Checkpoint:
                    for block in blocks)
 
     def _rows(self, name: str, start: int, stop: int) -> np.ndarray:
+        # (only embeddings and LM heads are compared, never a transposed weight)
         path, stored = self._require(name)
         part = self._handle(path).get_slice(stored)
         # safetensors' slices do not clip: `stop` is within the tensor

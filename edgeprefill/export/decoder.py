@@ -87,6 +87,9 @@ class DecoderBuilder:
         step = self.flavor.step_tensors(g, past_lens, chunk, kv_names(first).past_key)
         self.q_scale = self._query_scale(past_lens, chunk)
         x = self.tokens.embed(self._embedding(), ids)  # [B,C,hidden] or packed [1,T,hidden]
+        if self.names.position_embed is not None:  # GPT-2's learned positions
+            x = g.op("Add", [x, self._position_embedding(self.names.position_embed,
+                                                         past_lens, chunk)])
         if cfg.embed_scale is not None:
             x = g.op("Mul", [x, g.const(cfg.embed_scale, self.dtype)])
         delta = None  # a sublayer's output, added to the residual by the next norm
@@ -353,6 +356,21 @@ class DecoderBuilder:
         name = self.w.resolve(self.names.embed)
         self._check_vocab_shape(name)
         return self.w.tensor(name)
+
+    def _position_embedding(self, name: str, past_lens: str, chunk: str) -> str:
+        """Each token's row of the learned position table (GPT-2's `wpe`), as the tokens
+        are laid out. Every position a call computes, its padding included, lies below the
+        KV capacity, which is at most the bundle's context (Engine._capacity), which is at
+        most the table's rows (exporter._max_context)."""
+        g, cfg = self.g, self.cfg
+        if self.w.shape(name) != (cfg.max_positions, cfg.hidden_size):
+            raise ExportError(
+                f"{name} has shape {self.w.shape(name)}, but config.json implies "
+                f"{(cfg.max_positions, cfg.hidden_size)} (n_positions {cfg.max_positions}, "
+                f"hidden {cfg.hidden_size})"
+            )
+        at = positions(g, g.op("Cast", [past_lens], to=7), chunk)  # [B,C]
+        return self.tokens.embed(self.w.tensor(name), at)
 
     def _check_vocab_shape(self, name: str) -> None:
         """The embedding table and the LM head are [vocab_size, hidden]: the bundle's logits

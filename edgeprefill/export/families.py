@@ -35,6 +35,8 @@ class TensorNames:
     up: str = "mlp.up_proj"
     gate_up: str | None = None  # one fused projection, gate first
     down: str = "mlp.down_proj"
+    # learned absolute positions added to the embedding (GPT-2's `wpe`); None: no such table
+    position_embed: str | None = None
     input_norm: str = "input_layernorm"
     post_attn_norm: str = "post_attention_layernorm"
     pre_mlp_norm: str = "pre_feedforward_layernorm"
@@ -148,6 +150,12 @@ class FamilySpec:
     # What the family's model can be that export does not support (Granite 4's mamba layers
     # and routed experts): config.json as read -> the reason in one line, or None.
     refuse: Callable[[dict[str, Any]], str | None] | None = None
+    # Modules (relative to the layer prefix) whose weights are stored [in, out] (GPT-2's
+    # Conv1D), not nn.Linear's [out, in]: the checkpoint reads them transposed.
+    transposed: tuple[str, ...] = ()
+    # The config key that scales each layer's attention scores by a further 1 / (layer + 1)
+    # (GPT-2's scale_attn_by_inverse_layer_idx, as Stanford CRFM's Mistral checkpoints use).
+    inverse_layer_scale_key: str | None = None
 
     def read(self, raw: dict[str, Any]) -> dict[str, Any]:
         """config.json as the family's transformers config class reads it."""
@@ -367,8 +375,53 @@ def _qwen3_5_unsupported(raw: dict[str, Any]) -> str | None:
     return None
 
 
+def _lfm2_vl_text(raw: dict[str, Any]) -> dict[str, Any]:
+    """Lfm2VlConfig: the language model is text_config (an LFM2, also where it names no
+    type); the outer config decides the tying, by its `tie_embedding` (the older name,
+    which wins) or `tie_word_embeddings`, true by default, whatever text_config says, and
+    the EOS/BOS ids where it gives them."""
+    inner = raw["text_config"]  # a KeyError names the missing key
+    if not isinstance(inner, dict):
+        got = "null" if inner is None else type(inner).__name__
+        raise ValueError(f"text_config must be an object, got {got}")
+    if inner.get("model_type", "lfm2") != "lfm2":
+        raise ValueError(f"text_config model_type {inner['model_type']!r} is not supported; "
+                         "supported: lfm2")
+    text = {k: v for k, v in inner.items() if k != "tie_embedding"}
+    text["tie_word_embeddings"] = raw.get("tie_embedding", raw.get("tie_word_embeddings", True))
+    for key in ("eos_token_id", "bos_token_id"):
+        if raw.get(key) is not None:
+            text[key] = raw[key]
+    return text
+
+
 def _parallel_if_configured(raw: dict[str, Any]) -> str:
     return "shared" if raw.get("use_parallel_residual") else "pre"
+
+
+def _gpt2_config(raw: dict[str, Any]) -> dict[str, Any]:
+    """GPT2Config and GPTBigCodeConfig: their own key names, of which hidden_size,
+    num_hidden_layers, num_attention_heads and max_position_embeddings are aliases that
+    win (attribute_map); an MLP n_inner wide (4 x n_embd when null); no layer rotates
+    (positions are the learned `wpe` table); scale_attn_weights false leaves q.k unscaled;
+    GPTBigCode's multi_query keeps one KV head."""
+    raw = dict(raw)
+    for key, alias in GPT2_ALIASES.items():
+        raw[alias] = raw.get(alias, raw[key])
+    hidden = int(raw["hidden_size"])
+    raw["intermediate_size"] = raw["n_inner"] if raw["n_inner"] is not None else 4 * hidden
+    raw["no_rope_layers"] = [0] * int(raw["num_hidden_layers"])
+    if not raw["scale_attn_weights"]:
+        raw["attention_multiplier"] = 1.0
+    if raw.get("model_type") == "gpt_bigcode" and raw["multi_query"]:
+        raw["num_key_value_heads"] = 1
+    return raw
+
+
+def _gpt2_unsupported(raw: dict[str, Any]) -> str | None:
+    if raw.get("model_type") == "gpt_bigcode" and not raw["multi_query"]:
+        return "multi_query=false (a q/k/v projection interleaved per head) is not supported"
+    return None
 
 
 OLMO3_THETA = 500000.0
@@ -455,6 +508,47 @@ EXAONE_NAMES = TensorNames(
     layer="transformer.h.{i}.", q="attn.attention.q_proj", k="attn.attention.k_proj",
     v="attn.attention.v_proj", o="attn.attention.out_proj", gate="mlp.c_fc_0",
     up="mlp.c_fc_1", down="mlp.c_proj", input_norm="ln_1", post_attn_norm="ln_2",
+)
+# Liquid's LFM2: gated short convolutions between attention layers (export/short_conv.py).
+LFM2 = FamilySpec(
+    names=replace(LLAMA_NAMES, final_norm="model.embedding_norm", o="self_attn.out_proj",
+                  q_norm="self_attn.q_layernorm", k_norm="self_attn.k_layernorm",
+                  gate="feed_forward.w1", up="feed_forward.w3", down="feed_forward.w2",
+                  input_norm="operator_norm", post_attn_norm="ffn_norm"),
+    qk_norm="head", conv=True, tie_default=True, act_key=None, eps_key="norm_eps",
+    legacy=_lfm2_config,
+    defaults={"norm_eps": 1e-5, "rope_theta": 1_000_000.0,
+              "max_position_embeddings": 128_000, "conv_L_cache": 3},
+    quirks=("per-head q/k RMSNorm",),
+)
+# GPT-2's config keys -> the names the reader reads (which win where both are given).
+GPT2_ALIASES = {"n_embd": "hidden_size", "n_layer": "num_hidden_layers",
+                "n_head": "num_attention_heads", "n_positions": "max_position_embeddings"}
+GPT2_NAMES = TensorNames(
+    embed=("transformer.wte.weight",), position_embed="transformer.wpe.weight",
+    final_norm="transformer.ln_f", layer="transformer.h.{i}.", qkv="attn.c_attn",
+    o="attn.c_proj", gate="", up="mlp.c_fc", down="mlp.c_proj", input_norm="ln_1",
+    post_attn_norm="ln_2",
+)
+# GPT-2 and GPTBigCode: LayerNorm with bias, biases on every projection, an ungated gelu
+# MLP, learned absolute positions and no rotary. The Hub's GPT-2 checkpoints store the
+# base model's tensors without the `transformer.` prefix (h.0.attn.c_attn.weight), later
+# saves with it; transformers reads both.
+GPT2 = FamilySpec(
+    names=GPT2_NAMES, norm="layer", gated_mlp=False, qkv_bias=True, o_bias=True,
+    mlp_bias=True, tie_default=True, act_default="gelu_new", act_key="activation_function",
+    eps_key="layer_norm_epsilon", legacy=_gpt2_config, refuse=_gpt2_unsupported,
+    inverse_layer_scale_key="scale_attn_by_inverse_layer_idx",
+    renames=tuple((p, "transformer." + p) for p in ("h.", "wte.", "wpe.", "ln_f.")),
+    # keys other families read that GPT2Config has no use for (its own names win)
+    ignores=("intermediate_size", "num_key_value_heads", "head_dim", "no_rope_layers",
+             "no_rope_layer_interval", "layer_types", "attention_multiplier",
+             "query_pre_attn_scalar", "rope_parameters", "rope_scaling"),
+    defaults={"n_embd": 768, "n_layer": 12, "n_head": 12, "n_positions": 1024, "n_inner": None,
+              "layer_norm_epsilon": 1e-5, "scale_attn_weights": True},
+    transposed=("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj"),
+    quirks=("learned absolute position embeddings", "LayerNorm with bias", "gelu MLP",
+            "Conv1D weights stored [in, out]"),
 )
 PHI_NAMES = TensorNames(final_norm="model.final_layernorm", o="self_attn.dense",
                         gate="", up="mlp.fc1", down="mlp.fc2")
@@ -653,16 +747,16 @@ FAMILIES: dict[str, FamilySpec] = {
     # LFM2: most layers are gated short convolutions (in_proj to B, C, x; a depthwise causal
     # conv of B*x over conv_L_cache tokens; C times that; out_proj), the rest GQA attention
     # with per-head q/k RMSNorm; the final norm is `embedding_norm`.
-    "lfm2": FamilySpec(
-        names=replace(LLAMA_NAMES, final_norm="model.embedding_norm", o="self_attn.out_proj",
-                      q_norm="self_attn.q_layernorm", k_norm="self_attn.k_layernorm",
-                      gate="feed_forward.w1", up="feed_forward.w3", down="feed_forward.w2",
-                      input_norm="operator_norm", post_attn_norm="ffn_norm"),
-        qk_norm="head", conv=True, tie_default=True, act_key=None, eps_key="norm_eps",
-        legacy=_lfm2_config,
-        defaults={"norm_eps": 1e-5, "rope_theta": 1_000_000.0,
-                  "max_position_embeddings": 128_000, "conv_L_cache": 3},
-        quirks=("per-head q/k RMSNorm",),
+    "lfm2": LFM2,
+    # Lfm2VlForConditionalGeneration (LFM2-VL 450M/1.6B/3B): its LFM2 language model, the
+    # SigLIP 2 tower and projector left out.
+    "lfm2_vl": replace(
+        LFM2, nested="text_config", unnest=_lfm2_vl_text,
+        renames=(("model.language_model.", "model."), ("language_model.model.", "model."),
+                 ("language_model.lm_head.", "lm_head.")),
+        left_out=("model.vision_tower.", "model.multi_modal_projector.", "vision_tower.",
+                  "multi_modal_projector."),
+        quirks=(*LFM2.quirks, IMAGE_TEXT_QUIRK),
     ),
     "phi": FamilySpec(
         names=PHI_NAMES, norm="layer", block="shared", gated_mlp=False, qkv_bias=True,
@@ -730,5 +824,14 @@ FAMILIES: dict[str, FamilySpec] = {
         else "pre",
         quirks=("LayerNorm with bias", "gelu MLP",
                 "fused q/k/v interleaved per head"),
+    ),
+    "gpt2": GPT2,
+    # GPT-2 with nn.Linear weights, a tanh gelu by default and multi-query attention (one
+    # KV head: c_attn is [q (n_embd), k (head_dim), v (head_dim)]).
+    "gpt_bigcode": replace(
+        GPT2, act_default="gelu_pytorch_tanh", transposed=(), inverse_layer_scale_key=None,
+        defaults={**GPT2.defaults, "multi_query": True},
+        quirks=("learned absolute position embeddings", "LayerNorm with bias", "gelu MLP",
+                "multi-query attention"),
     ),
 }

@@ -208,7 +208,7 @@ class OrtFlavor(Flavor):
             domain="com.microsoft",
             num_heads=cfg.num_heads,
             kv_num_heads=cfg.num_kv_heads,
-            scale=float(cfg.attn_scale),
+            scale=float(cfg.attn_scale * layer.scale),
             do_rotary=int(rotary),
             rotary_interleaved=int(cfg.spec.rope_interleaved),
             **window,
@@ -322,7 +322,7 @@ class StandardFlavor(Flavor):
         # [B,KV,1,cap,D] broadcasts without materializing repeated keys.
         q5 = g.op("Reshape", [q4, g.const([0, cfg.num_kv_heads, rep, -1, cfg.head_dim])])
         keys_t = g.op("Unsqueeze", [g.op("Transpose", [keys], perm=[0, 1, 3, 2]), g.const([2])])
-        scale = g.const(cfg.attn_scale, self.dtype)
+        scale = g.const(cfg.attn_scale * layer.scale, self.dtype)
         scores = g.op("Mul", [g.op("MatMul", [q5, keys_t]), scale])
         if cfg.attn_softcap is not None:  # Gemma 2: c * tanh(scores / c), before the mask
             cap = g.const(cfg.attn_softcap, self.dtype)

@@ -42,6 +42,7 @@ class LayerAttention:
 
     window: int | None  # sliding window: a query sees the last `window` positions, itself incl.
     rope: str | None  # GLOBAL or LOCAL (a key of ModelConfig.ropes); None: no rotary (NoPE)
+    scale: float = 1.0  # times ModelConfig.attn_scale in this layer (GPT-2's 1 / (layer + 1))
 
 
 @dataclass(frozen=True)
@@ -406,9 +407,11 @@ def _layers(raw: dict[str, Any], spec: FamilySpec) -> tuple[LayerAttention, ...]
         ropes = [rope and slide for rope, slide in zip(ropes, slides, strict=True)]
     # Sliding layers use the LOCAL rope, which equals GLOBAL unless the config gives local
     # layers their own (Gemma 3); flavours emit one table per distinct rope.
+    inverse = spec.inverse_layer_scale_key is not None and raw.get(spec.inverse_layer_scale_key)
     return tuple(
-        LayerAttention(window if slide else None, (LOCAL if slide else GLOBAL) if rope else None)
-        for slide, rope in zip(slides, ropes, strict=True)
+        LayerAttention(window if slide else None, (LOCAL if slide else GLOBAL) if rope else None,
+                       1.0 / (i + 1) if inverse else 1.0)
+        for i, (slide, rope) in enumerate(zip(slides, ropes, strict=True))
     )
 
 
