@@ -71,6 +71,17 @@ RECORDED = [
      "<|tool_call_start|>[f(a={1, 2})]<|tool_call_end|>", []),  # a set is not JSON
     ("pythonic", "<|tool_call_start|>[get_time(", "<|tool_call_start|>[get_time(", []),
     ("pythonic", "x = [1, 2] and f(y=1)", "x = [1, 2] and f(y=1)", []),  # no tags
+    # Qwen3.5 / Qwen3-Coder: XML; without a schema every value stays text
+    ("qwen3_xml", "Let me look.\n<tool_call>\n<function=get_weather>\n<parameter=city>\n"
+     "Paris\n</parameter>\n</function>\n</tool_call>", "Let me look.",
+     [("get_weather", {"city": "Paris"})]),
+    ("qwen3_xml", "<tool_call>\n<function=get_time>\n</function>\n</tool_call>\n<tool_call>"
+     "\n<function=get_weather>\n<parameter=city>\nNew York\n</parameter>\n</function>\n"
+     "</tool_call>", "", [("get_time", {}), ("get_weather", {"city": "New York"})]),
+    ("qwen3_xml", "<tool_call>\n<function=get_weather>\n<parameter=city>\nOslo",
+     "<tool_call>\n<function=get_weather>\n<parameter=city>\nOslo", []),  # cut short
+    ("qwen3_xml", "<tool_call>\n{\"name\": \"get_time\"}\n</tool_call>",
+     "<tool_call>\n{\"name\": \"get_time\"}\n</tool_call>", []),  # JSON is not this format
 ]
 
 
@@ -149,6 +160,9 @@ def manifest(template: str | None, family: str = "llama"):
     (None, "llama", "llama3_json"),
     ("<|tool_list_start|>{{ tools | tojson }}<|tool_list_end|>", "llama", "pythonic"),
     (None, "lfm2", "pythonic"),
+    ("<tool_call>\n<function=example_function_name>\n<parameter=example_parameter_1>",
+     "qwen3", "qwen3_xml"),  # Qwen3.5's and Qwen3-Coder's templates show the XML
+    (None, "qwen3_5", "qwen3_xml"),
 ])
 def test_the_call_format_comes_from_the_template_then_the_family(template, family, expected):
     assert call_format(manifest(template, family)) == expected
@@ -282,3 +296,25 @@ def test_a_template_with_a_generation_tag_is_read_by_its_own_environment():
     body = "{% for m in messages %}{% generation %}{{ m.content }}{% endgeneration %}"
     assert renders_tools(body + "{% endfor %}{% if tools %}{{ tools }}{% endif %}")
     assert not renders_tools(body + "{{ m['tools'] }}{% endfor %}")
+
+
+def test_xml_values_are_typed_by_the_tools_schema_as_vllm_types_them():
+    """Qwen3.5 writes every value as text; the tool's schema says what it is. The parser
+    the request makes carries its tools' schemas."""
+    tool = {"type": "function", "function": {"name": "book", "parameters": {
+        "type": "object", "properties": {
+            "city": {"type": "string"}, "code": {"type": "string"}, "nights": {"type": "integer"},
+            "price": {"type": "number"}, "late": {"type": "boolean"},
+            "guests": {"type": "array"}, "prefs": {"type": "object"}, "note": {"type": "string"},
+            "budget": {"type": "number"}}}}}
+    values = {"city": "Paris", "code": "007", "nights": "3", "price": "99.5", "late": "True",
+              "guests": '["ann", "bo"]', "prefs": "{'view': 'sea'}", "note": "null",
+              "budget": "120", "extra": "42"}
+    body = "".join(f"<parameter={k}>\n{v}\n</parameter>\n" for k, v in values.items())
+    request = parse_tools({"tools": [tool]})
+    parser = request.parser(manifest("<function=", "qwen3"))
+    (call,) = parser.parse(f"<tool_call>\n<function=book>\n{body}</function>\n</tool_call>").calls
+    assert json.loads(call.arguments) == {
+        "city": "Paris", "code": "007", "nights": 3, "price": 99.5, "late": True,
+        "guests": ["ann", "bo"], "prefs": {"view": "sea"}, "note": None, "budget": 120,
+        "extra": "42"}  # a parameter the schema does not list stays text

@@ -101,6 +101,9 @@ class ToolParser(ABC):
     certain; `finish` returns the rest. `parse` does a whole text at once."""
 
     short_ids = False  # call ids as Mistral's templates require (tools.parser_factory)
+    # tool name -> its parameters' JSON schema, for formats whose arguments are untyped
+    # text (XmlParser); set by tools.parser_factory
+    schemas: dict[str, Any] = {}
 
     def parse(self, text: str) -> Parsed:
         return assemble([*self.feed(text), *self.finish()])
@@ -240,6 +243,77 @@ class PythonicParser(TaggedParser):
             return new_call(node.func.id, arguments)
         except (TypeError, ValueError):  # not a literal, or one JSON cannot hold (a set)
             return None
+
+
+class XmlParser(TaggedParser):
+    """Qwen3.5's and Qwen3-Coder's calls: XML between hermes' tags, each argument's value
+    as plain text,
+
+        <tool_call>
+        <function=get_weather>
+        <parameter=city>
+        Paris
+        </parameter>
+        </function>
+        </tool_call>
+
+    (vLLM's qwen3_xml / qwen3_coder). A value is typed by the tool's parameter schema, as
+    vLLM types it: strings stay text, integers, numbers and booleans are read as such,
+    objects and arrays as JSON (else a Python literal); `null` is null. A parameter the
+    schema does not list stays text. Each call is sent whole at its close tag."""
+
+    head = re.compile(r"(?!)")  # the arguments are not JSON as they stream
+
+    def calls(self, body: str) -> list[ToolCall] | None:
+        functions = list(XML_FUNCTION.finditer(body))
+        if not functions or XML_FUNCTION.sub("", body).strip():
+            return None  # not calls alone (or a call cut short)
+        calls = [self._call(f[1].strip(), f[2]) for f in functions]
+        return None if None in calls else calls  # type: ignore[return-value]
+
+    def _call(self, name: str, inner: str) -> ToolCall | None:
+        parameters = list(XML_PARAMETER.finditer(inner))
+        if XML_PARAMETER.sub("", inner).strip():
+            return None
+        schema = self.schemas.get(name, {}).get("properties", {})
+        arguments: dict[str, Any] = {}
+        for parameter in parameters:
+            key = parameter[1].strip()
+            if key in arguments:
+                return None
+            value = parameter[2].removeprefix("\n").removesuffix("\n")
+            arguments[key] = _typed(value, schema.get(key))
+        return new_call(name, arguments, self.short_ids)
+
+
+XML_FUNCTION = re.compile(r"<function=([^>\n]+)>(.*?)</function>", re.S)
+XML_PARAMETER = re.compile(r"<parameter=([^>\n]+)>(.*?)</parameter>", re.S)
+
+
+def _typed(value: str, schema: Any) -> Any:
+    """An XML parameter's text as the value its schema's type says (vLLM's reading)."""
+    kind = schema.get("type") if isinstance(schema, dict) else None
+    if value.strip().lower() == "null":
+        return None
+    if kind is None or kind == "string":
+        return value
+    text = value.strip()
+    try:
+        if kind == "integer":
+            return int(text)
+        if kind == "number":
+            number = float(text)
+            return int(number) if number.is_integer() and "." not in text and "e" not in \
+                text.lower() else number
+        if kind == "boolean":
+            return {"true": True, "false": False}[text.lower()]
+        return json.loads(text)
+    except (ValueError, KeyError):
+        pass
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError, RecursionError, MemoryError):
+        return value
 
 
 class _JsonNames(ast.NodeTransformer):
@@ -439,6 +513,7 @@ PARSERS: dict[str, type[ToolParser]] = {
     "llama3_json": Llama3JsonParser,
     "mistral": MistralParser,
     "pythonic": PythonicParser,
+    "qwen3_xml": XmlParser,
 }
 
 

@@ -39,13 +39,16 @@ from edgeprefill.server.tool_parsers import (
 FUNCTION_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # OpenAI's rule for function names
 CHOICES = ("none", "auto", "required")
 
-# A template marker -> the call format the model was trained on; first match wins.
-TEMPLATE_FORMATS = (("<tool_call>", "hermes"), ("[TOOL_CALLS]", "mistral"),
-                    ("<|python_tag|>", "llama3_json"), ("ipython", "llama3_json"),
+# A template marker -> the call format the model was trained on; first match wins (Qwen3.5's
+# and Qwen3-Coder's templates show `<function=` inside `<tool_call>`).
+TEMPLATE_FORMATS = (("<function=", "qwen3_xml"), ("<tool_call>", "hermes"),
+                    ("[TOOL_CALLS]", "mistral"), ("<|python_tag|>", "llama3_json"),
+                    ("ipython", "llama3_json"),
                     ("<|tool_call_start|>", "pythonic"), ("<|tool_list_start|>", "pythonic"))
 # Without a marker: the family's usual format.
 FAMILY_FORMATS = {"qwen2": "hermes", "qwen3": "hermes", "llama": "llama3_json",
-                  "mistral": "mistral", "lfm2": "pythonic"}
+                  "mistral": "mistral", "lfm2": "pythonic", "qwen3_5": "qwen3_xml",
+                  "qwen3_5_text": "qwen3_xml"}
 
 
 @dataclass(frozen=True)
@@ -83,13 +86,12 @@ class ToolRequest:
             make = ForcedRequiredParser
         else:
             make = PARSERS[fmt]
-        if fmt != "mistral" and self.parallel:
-            return make
         short_ids, one_call = fmt == "mistral", not self.parallel
+        schemas = {t["function"]["name"]: _parameters(t["function"]) for t in self.tools}
 
         def configured() -> ToolParser:
             parser = make()
-            parser.short_ids = short_ids
+            parser.short_ids, parser.schemas = short_ids, schemas
             return FirstCallOnly(parser) if one_call else parser
 
         return configured
