@@ -21,7 +21,13 @@ def inspect(bundle, verify, as_json):
       edgeprefill inspect build/tiny-recall --verify
     """
     from edgeprefill.bundle import load_manifest
-    from edgeprefill.kernels.select import NATIVE, NO_ATTENTION, STOCK, describe
+    from edgeprefill.kernels.select import (
+        NATIVE,
+        NO_ATTENTION,
+        STOCK,
+        describe,
+        native_described,
+    )
     from edgeprefill.sdk.generation_defaults import GenerationDefaults
 
     m = load_manifest(bundle, verify_checksums=verify)
@@ -40,6 +46,8 @@ def inspect(bundle, verify, as_json):
     stock_attention = kernels != NATIVE
     # A step fuses only where no GroupQueryAttention is left (fusing.stock_attention).
     any_stock_attention = taken != "every" or not native
+    if kernels == NATIVE and graph.state_inputs:  # Qwen3.5: the DeltaNet recurrences too
+        kernels = native_described(_delta_layers(bundle, m))
     if native and taken == "some":  # e.g. sliding-window layers keep GroupQueryAttention
         kernels = f"{kernels}; some attention layers stay {STOCK}"
     bf16_kv = _bf16_kv_here(native and taken == "every")
@@ -160,6 +168,14 @@ def _attention_taken(bundle, manifest) -> str:
     if takes_every_attention(graph):
         return "every"
     return "some" if takes_attention(graph) else "none"
+
+
+def _delta_layers(bundle, manifest) -> int:
+    """How many Gated DeltaNet recurrences the native GatedDeltaRule takes."""
+    from edgeprefill.bundle import load_graph
+    from edgeprefill.kernels.gated_delta import delta_scans
+
+    return delta_scans(load_graph(Path(bundle), manifest))
 
 
 def _steps_line(graph, native: bool, stock_attention: bool, kernels_take_it: bool) -> str:

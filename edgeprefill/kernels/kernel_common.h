@@ -301,5 +301,6 @@ const Op& SkipRmsNormOp();
 const Op& MatMulBf16Op();
 const Op& MatMulInt4Op();
 const Op& MatMulInt8Op();
+const Op& GatedDeltaRuleOp();
 
 }  // namespace edgeprefill

@@ -1,4 +1,5 @@
-"""At load time: the native kernels (attention, SwiGLU, RMS norm) or the stock graph, and which.
+"""At load time: the native kernels (attention, SwiGLU, RMS norm, and the Gated DeltaNet
+recurrence where a model has one) or the stock graph, and which.
 
 `EDGEPREFILL_KERNELS` picks: `auto` (the default: native when the library is built, the
 bundle qualifies and the CPU has AVX-512 or AVX2 with FMA), `off` (always the stock graph)
@@ -19,6 +20,8 @@ from typing import NamedTuple
 
 from edgeprefill.errors import BackendError
 from edgeprefill.kernels.build import cpu_has_vector_kernels, library_path
+from edgeprefill.kernels.gated_delta import OP as DELTA_OP
+from edgeprefill.kernels.gated_delta import fuse_gated_delta
 from edgeprefill.kernels.graph import OP, PREFILL_OP, add_native_attention, eligible
 from edgeprefill.kernels.rms_norm import OP as NORM_OP
 from edgeprefill.kernels.rms_norm import fuse_skip_rms_norm
@@ -32,6 +35,13 @@ STOCK = "GroupQueryAttention"
 # MLPs (most families) run SWIGLU_OP, the residual adds with their RMS norms NORM_OP.
 NO_ATTENTION = "no attention node the kernel supports"
 NATIVE = f"native ({PREFILL_OP} + {OP}, {SWIGLU_OP}, {NORM_OP})"
+
+
+def native_described(delta_layers: int) -> str:
+    """NATIVE, naming DELTA_OP where it runs the recurrence of `delta_layers` layers."""
+    if delta_layers == 0:
+        return NATIVE
+    return f"{NATIVE[:-1]}, {DELTA_OP} in {delta_layers} DeltaNet layers)"
 
 
 class KernelChoice(NamedTuple):
@@ -79,7 +89,7 @@ def choose(graph, flavor: str, dtype: str, device: str) -> KernelChoice:
         return KernelChoice(f"{STOCK} ({reason})", None)
     fuse_swiglu(graph)
     fuse_skip_rms_norm(graph)
-    return KernelChoice(NATIVE, library_path())
+    return KernelChoice(native_described(fuse_gated_delta(graph)), library_path())
 
 
 def takes_attention(graph) -> bool:
