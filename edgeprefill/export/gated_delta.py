@@ -16,6 +16,9 @@ transformers' Qwen3_5GatedDeltaNet (Qwen3NextGatedDeltaNet's recurrence):
 The recurrence runs token by token in a `Scan` over the chunk, exactly as
 torch_recurrent_gated_delta_rule does (the chunked form transformers uses for a prompt
 equals it up to float rounding); a chunked formulation would be faster on long chunks.
+Where the native kernels run, the Scan is swapped at load time for one
+`edgeprefill.GatedDeltaRule` node on the same inputs (kernels/gated_delta.py): the bundle
+keeps the Scan, so it still loads on a stock ONNX Runtime.
 A row's padding (t >= valid_len) gets a decay of 1 and a beta of 0, which leave S as it
 is, so the state the Scan ends with is the one at the row's last valid token. Both
 states read as zeros where past_lens is 0 and go to their `present_*` outputs.

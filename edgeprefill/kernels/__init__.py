@@ -10,7 +10,9 @@ register tiles, pieces on the pool), `kernel_common.h` and `library.cc` (what th
 headers fetched at build time; `python -m edgeprefill.kernels.build`), `graph.py` (puts
 PrefillAttention in for every GroupQueryAttention it supports, in memory: its rows of one
 token run DecodeAttention's code, `decode_rows.h`), `select.py` (at load: native or the
-stock graph, and the reason, for `--stats`/`inspect`).
+stock graph, and the reason, for `--stats`/`inspect`); `gated_delta.cc` and `gated_delta.py`
+(the `edgeprefill.GatedDeltaRule` op, Qwen3.5's DeltaNet recurrence per (row, head), and
+its switch in for the exporter's `Scan`).
 
 Everything works without the library: bundles on disk are never changed, and a missing
 library means the stock GroupQueryAttention graph.
