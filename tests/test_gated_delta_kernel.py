@@ -12,7 +12,7 @@ from onnx import ModelProto, NodeProto, TensorProto, helper
 
 from edgeprefill.bundle import load_graph, load_manifest
 from edgeprefill.engines import StepBatch
-from edgeprefill.kernels import gated_delta, graph, select
+from edgeprefill.kernels import graph, select
 from edgeprefill.kernels.gated_delta import OP, delta_scans, fuse_gated_delta, is_delta_scan
 from edgeprefill.sdk import Engine
 from tests.test_exactness import prompt_ids
@@ -259,5 +259,3 @@ def test_inspect_names_the_op_where_it_runs(library, qwen_graph, monkeypatch):
     monkeypatch.setenv(select.MODE_ENV, "off")
     assert OP not in cli("inspect", qwen_graph).stdout
 
-
-assert gated_delta.OP == OP  # the name select and the tests share

@@ -8,13 +8,15 @@
 //
 //   S *= decay;  kv = k S;  delta = (v - kv) * beta;  S += k (x) delta;  o = q S
 //
-// The Scan runs each step as a node over all B x H states, so every token streams every
-// state (B x H x dk x dv floats, 1 MB at 16 heads of 128 x 128) through memory five
-// times, plus ~14 node launches. Here one piece of the pool owns one (row, head): its S
-// (64 KB at 128 x 128) stays in L2 across the chunk's tokens, and each token makes two
-// passes over it (decay with k S, then the update with q S). The dv-wide loops are plain
-// C++ that -O3 -march=native vectorizes; the sums over dk run in the Scan's MatMul order
-// up to float rounding (tests/test_gated_delta_kernel.py).
+// The Scan runs its body's ~14 nodes once per token, each over all B x H states, so
+// every token streams every state (B x H x dk x dv floats, 1 MB at 16 heads of 128 x 128)
+// through memory several times. Here one piece of the pool owns one (row, head) for the
+// whole chunk: its S (64 KB at 128 x 128) stays in L2 across the tokens, and each token
+// makes two passes over it (the decay with k S, then the update with q S). The dv-wide
+// loops are plain C++ that -O3 -march=native vectorizes (an explicit AVX2 tile and L1
+// column blocks measured no faster end to end, docs/benchmarks.md). The sums over dk may
+// run in another order than the Scan's MatMul: the same to float rounding
+// (tests/test_gated_delta_kernel.py).
 
 #include <cstdint>
 #include <cstring>
