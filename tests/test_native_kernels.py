@@ -250,9 +250,9 @@ def test_standard_flavour_and_bad_mode_are_said_plainly(bundle, mode):
 def test_attention_the_kernel_lacks_stays_group_query_attention():
     def gqa(**attrs):
         inputs = ["qkv", "", "", "pk", "pv", "seqlens", "total", "cos", "sin"]
-        attrs = {"num_heads": 4, "kv_num_heads": 2, **attrs}
+        attrs = {"num_heads": 4, "kv_num_heads": 2, "do_rotary": 1, **attrs}
         return helper.make_node("GroupQueryAttention", inputs, ["o", "k", "v"],
-                                domain="com.microsoft", scale=0.25, do_rotary=1, **attrs)
+                                domain="com.microsoft", scale=0.25, **attrs)
 
     assert graph.eligible(gqa())
     assert not graph.eligible(gqa(local_window_size=64))  # sliding window
@@ -261,6 +261,13 @@ def test_attention_the_kernel_lacks_stays_group_query_attention():
     assert not graph.eligible(gqa(num_heads=194, kv_num_heads=2))  # 97 heads per group
     model = helper.make_model(helper.make_graph([gqa(softcap=30.0)], "g", [], []))
     assert graph.add_native_attention(model) == 0
+    # What inspect and --stats say then: why, in a user's words, each distinct reason once.
+    assert graph.why_not_eligible(gqa(do_rotary=0)).startswith("attention without rotary")
+    assert graph.why_not_eligible(gqa(local_window_size=64)) == "a sliding window"
+    both = helper.make_model(helper.make_graph(
+        [gqa(softcap=30.0), gqa(local_window_size=8), gqa(softcap=50.0)], "g", [], []))
+    assert select.no_attention_reason(both) == \
+        f"{select.NO_ATTENTION}: soft-capped scores; a sliding window"
 
 
 def test_inspect_and_stats_say_which_attention_runs(library, bundle, mode):

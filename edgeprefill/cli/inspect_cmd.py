@@ -40,9 +40,10 @@ def inspect(bundle, verify, as_json):
     kernels = describe(graph.flavor, graph.dtype)
     native = kernels == NATIVE  # the library runs here: what the projections' switches need
     # Which attention nodes the kernels take, as the backend finds at load where they run.
-    taken = _attention_taken(bundle, m) if graph.flavor == "ort" else "none"
+    taken, unsupported = _attention_taken(bundle, m) if graph.flavor == "ort" else \
+        ("none", NO_ATTENTION)
     if native and taken == "none":
-        kernels = f"{STOCK} ({NO_ATTENTION})"
+        kernels = f"{STOCK} ({unsupported})"
     stock_attention = kernels != NATIVE
     # A step fuses only where no GroupQueryAttention is left (fusing.stock_attention).
     any_stock_attention = taken != "every" or not native
@@ -158,16 +159,22 @@ def _derived_line(bundle, manifest) -> list[str]:
     return [f"derived     {describe(Path(bundle), weight_files(proto))}"]
 
 
-def _attention_taken(bundle, manifest) -> str:
+def _attention_taken(bundle, manifest) -> tuple[str, str]:
     """Which of the bundle's attention nodes the native kernels take: "every", "some" or
-    "none" (Gemma 2's softcap, for one, keeps GroupQueryAttention)."""
+    "none" (Gemma 2's softcap, for one, keeps GroupQueryAttention), and where none, why."""
     from edgeprefill.bundle import load_graph
-    from edgeprefill.kernels.select import takes_attention, takes_every_attention
+    from edgeprefill.kernels.select import (
+        no_attention_reason,
+        takes_attention,
+        takes_every_attention,
+    )
 
     graph = load_graph(Path(bundle), manifest)
     if takes_every_attention(graph):
-        return "every"
-    return "some" if takes_attention(graph) else "none"
+        return "every", ""
+    if takes_attention(graph):
+        return "some", ""
+    return "none", no_attention_reason(graph)
 
 
 def _delta_layers(bundle, manifest) -> int:

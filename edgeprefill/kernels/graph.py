@@ -58,22 +58,37 @@ UNSUPPORTED = {"local_window_size": -1, "softcap": 0.0, "smooth_softmax": 0,
                "rotary_interleaved": 0, "qk_output": 0}
 
 
+# What a GroupQueryAttention attribute that is not its default means to a user.
+UNSUPPORTED_WHY = {"local_window_size": "a sliding window", "softcap": "soft-capped scores",
+                   "smooth_softmax": "a smooth softmax",
+                   "rotary_interleaved": "interleaved rotary", "qk_output": "q.k outputs"}
+
+
 def eligible(node: NodeProto) -> bool:
     """A packed-qkv GroupQueryAttention with rotary inside and nothing the kernel lacks."""
-    if node.op_type != "GroupQueryAttention" or node.domain != "com.microsoft":
-        return False
+    return node.op_type == "GroupQueryAttention" and node.domain == "com.microsoft" and \
+        why_not_eligible(node) is None
+
+
+def why_not_eligible(node: NodeProto) -> str | None:
+    """Why the kernels do not take this GroupQueryAttention, in a user's words; None if
+    they do."""
     attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
     inputs = list(node.input) + [""] * (9 - len(node.input))
     packed_or_split = (not inputs[1] and not inputs[2]) or (inputs[1] and inputs[2])
     heads, kv_heads = attrs.get("num_heads", 0), attrs.get("kv_num_heads", 0)
+    if attrs.get("do_rotary") != 1:
+        return "attention without rotary (learned positions, or layers without rope)"
+    for key, default in UNSUPPORTED.items():
+        if attrs.get(key, default) != default:
+            return UNSUPPORTED_WHY[key]
     # PrefillAttention's pieces hold at most 96 (query, head) columns: one query of a group.
-    group_fits = kv_heads > 0 and heads % kv_heads == 0 and heads // kv_heads <= MAX_GROUP
-    return (
-        attrs.get("do_rotary") == 1 and "scale" in attrs and group_fits
-        and all(attrs.get(k, default) == default for k, default in UNSUPPORTED.items())
-        and len(node.input) <= 9 and bool(packed_or_split)
-        and all(inputs[i] for i in PREFILL_INPUTS) and len(node.output) == 3
-    )
+    if not (kv_heads > 0 and heads % kv_heads == 0 and heads // kv_heads <= MAX_GROUP):
+        return f"{heads} query heads over {kv_heads} KV heads"
+    if not ("scale" in attrs and len(node.input) <= 9 and packed_or_split
+            and all(inputs[i] for i in PREFILL_INPUTS) and len(node.output) == 3):
+        return "inputs or outputs the kernel does not take"
+    return None
 
 
 def add_native_attention(model: ModelProto) -> int:

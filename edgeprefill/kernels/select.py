@@ -22,7 +22,13 @@ from edgeprefill.errors import BackendError
 from edgeprefill.kernels.build import cpu_has_vector_kernels, library_path
 from edgeprefill.kernels.gated_delta import OP as DELTA_OP
 from edgeprefill.kernels.gated_delta import fuse_gated_delta
-from edgeprefill.kernels.graph import OP, PREFILL_OP, add_native_attention, eligible
+from edgeprefill.kernels.graph import (
+    OP,
+    PREFILL_OP,
+    add_native_attention,
+    eligible,
+    why_not_eligible,
+)
 from edgeprefill.kernels.rms_norm import OP as NORM_OP
 from edgeprefill.kernels.rms_norm import fuse_skip_rms_norm
 from edgeprefill.kernels.swiglu import OP as SWIGLU_OP
@@ -81,8 +87,10 @@ def choose(graph, flavor: str, dtype: str, device: str) -> KernelChoice:
     rewritten in place if native (the backend registers the library and loads it, once,
     after its other rewrites)."""
     reason = why_not(flavor, dtype, device)
-    if reason is None and add_native_attention(graph) == 0:
-        reason = NO_ATTENTION
+    if reason is None:
+        unsupported = no_attention_reason(graph)  # before the rewrite changes the nodes
+        if add_native_attention(graph) == 0:
+            reason = unsupported
     if reason is not None:
         if mode() == "require":
             raise BackendError(f"{MODE_ENV}=require but the native kernels cannot run: {reason}")
@@ -90,6 +98,15 @@ def choose(graph, flavor: str, dtype: str, device: str) -> KernelChoice:
     fuse_swiglu(graph)
     fuse_skip_rms_norm(graph)
     return KernelChoice(native_described(fuse_gated_delta(graph)), library_path())
+
+
+def no_attention_reason(graph) -> str:
+    """NO_ATTENTION with why the kernels take none of `graph`'s attention nodes (the
+    distinct reasons of its GroupQueryAttention nodes)."""
+    reasons = dict.fromkeys(why_not_eligible(n) for n in graph.graph.node
+                            if n.op_type == STOCK and n.domain == "com.microsoft")
+    known = [r for r in reasons if r is not None]
+    return f"{NO_ATTENTION}: {'; '.join(known)}" if known else NO_ATTENTION
 
 
 def takes_attention(graph) -> bool:
