@@ -15,17 +15,15 @@ from edgeprefill.engines import BackendOptions, StepBatch
 from edgeprefill.errors import BackendError, BundleError, ExportError
 from edgeprefill.export.exporter import ExportOptions, export
 from edgeprefill.export.model_config import ModelConfig
-from edgeprefill.sdk import Engine, GenerationParams
+from edgeprefill.sdk import Engine
 from edgeprefill.sdk.kv_cache import KVCache
-from tests.conftest import build_hf_model, load_hf_model
+from tests.conftest import build_hf_model
 from tests.fake_backend import FakeBackend, fake_manifest
-from tests.test_exactness import prompt_ids, reference_greedy, reference_logits
+from tests.test_exactness import prompt_ids, reference_logits
 
-FLAVORS = ("ort", "standard")
 # The ort flavour's attention on the native kernels (where they build) and on ONNX
 # Runtime's GroupQueryAttention; the conv layers are stock ops either way.
 GRAPHS = [("ort", "auto"), ("ort", "off"), ("standard", "auto")]
-PARAMS = GenerationParams(max_new_tokens=8, ignore_eos=True)
 # The last layer convolves (as in the released LFM2s), a wider kernel, no biases.
 CONV_LAST = {"num_hidden_layers": 3, "layer_types": ["conv", "full_attention", "conv"],
              "conv_L_cache": 4, "conv_bias": False}
@@ -83,113 +81,6 @@ def test_logits_equal_transformers_for_chunks_smaller_and_larger_than_the_kernel
         for position, logits in run_padded(engine.backend, ids, chunk, split=37).items():
             np.testing.assert_allclose(logits, expected[position], rtol=1e-4, atol=1e-4,
                                        err_msg=f"chunk {chunk}, position {position}")
-    engine.close()
-
-
-@pytest.mark.parametrize("flavor", FLAVORS)
-def test_a_chunk_row_beside_decode_rows_keeps_each_rows_state_its_own(flavor, hf_model, bundle):
-    """One call of rows with different valid lengths (a fused step: a prefill chunk and
-    decode rows padded to its width): each row's logits and next state are its own."""
-    a, b, c = prompt_ids(30, seed=3), prompt_ids(21, seed=4), prompt_ids(26, seed=5)
-    expected = [reference_logits(hf_model("lfm2"), ids) for ids in (a, b, c)]
-    engine = Engine.load(bundle("lfm2", flavor), threads=2, background=False)
-    if flavor == "ort" and engine.backend.why_not_fused:  # GroupQueryAttention's limit
-        pytest.skip(f"this ort graph takes no fused rows: {engine.backend.why_not_fused}")
-    run = engine.backend.run
-    for slot, ids in ((0, a[:10]), (1, b[:19]), (2, c[:24])):
-        run(StepBatch(np.array([ids]), np.array([0], np.int32),
-                      np.array([len(ids)], np.int32), slot))
-    ids = np.full((3, 16), 77, np.int64)
-    ids[0], ids[1, 0], ids[2, 0] = a[10:26], b[19], c[24]
-    logits = run(StepBatch(ids, np.array([10, 19, 24], np.int32),
-                           np.array([16, 1, 1], np.int32), 0))
-    for row, position in enumerate((25, 19, 24)):
-        np.testing.assert_allclose(logits[row], expected[row][position], rtol=1e-4, atol=1e-4)
-    # The chunk row's state ends at its 16th token, the decode rows' at their one token.
-    logits = run(StepBatch(np.array([a[26:30]]), np.array([26], np.int32),
-                           np.array([4], np.int32), 0))
-    np.testing.assert_allclose(logits[0], expected[0][29], rtol=1e-4, atol=1e-4)
-    logits = run(StepBatch(np.array([[b[20]], [c[25]]]), np.array([20, 25], np.int32),
-                           np.array([1, 1], np.int32), 1))
-    for row, (want, position) in enumerate(((expected[1], 20), (expected[2], 25))):
-        np.testing.assert_allclose(logits[row], want[position], rtol=1e-4, atol=1e-4)
-    engine.close()
-
-
-@pytest.mark.parametrize("flavor", FLAVORS)
-def test_copying_and_swapping_a_slot_move_its_state_with_its_kv(flavor, hf_model, bundle):
-    """Prefix lending copies a slot, keeping decode rows adjacent swaps two: the next
-    chunk in the slot the content moved to continues it as transformers does."""
-    ids = prompt_ids(40)
-    expected = reference_logits(hf_model("lfm2"), ids)
-    engine = Engine.load(bundle("lfm2", flavor), threads=2, background=False)
-    backend = engine.backend
-
-    def chunk(start: int, end: int, slot: int) -> np.ndarray:
-        return backend.run(StepBatch(np.array([ids[start:end]]), np.array([start], np.int32),
-                                     np.array([end - start], np.int32), slot))[0]
-
-    chunk(0, 20, 0)
-    chunk(0, 7, 1)  # another sequence's state in the destination
-    backend.copy_kv(0, 1, 20)
-    np.testing.assert_allclose(chunk(20, 30, 1), expected[29], rtol=1e-4, atol=1e-4)
-    chunk(0, 5, 2)
-    backend.swap_kv(1, 2, 30)
-    np.testing.assert_allclose(chunk(30, 40, 2), expected[39], rtol=1e-4, atol=1e-4)
-    engine.close()
-
-
-@pytest.mark.parametrize("flavor", FLAVORS)
-def test_greedy_text_is_transformers_chunked_or_not_alone_or_batched(flavor, hf_model, bundle):
-    model = load_hf_model(hf_model("lfm2"))
-    prompts = [prompt_ids(n, seed=n) for n in (5, 30, 61)]
-    expected = [reference_greedy(model, ids) for ids in prompts]
-    engine = Engine.load(bundle("lfm2", flavor), threads=2, background=False,
-                         prefix_reuse=False)
-    for ids, want in zip(prompts, expected, strict=True):
-        for chunk in (2, 16, None):
-            got = engine.generate(ids, PARAMS, chunk_size=chunk or len(ids)).result()
-            assert got.token_ids == want, f"length {len(ids)}, chunk {chunk}"
-    streams = [engine.generate(ids, PARAMS, chunk_size=16) for ids in prompts]  # together
-    assert [s.result().token_ids for s in streams] == expected
-    # Where the graph takes them, later prompts' chunks ran beside earlier ones' decode rows.
-    assert (engine.metrics().fused_steps > 0) == engine.backend.fuses_rows
-    engine.close()
-
-
-@pytest.mark.parametrize("flavor", FLAVORS)
-def test_a_second_turn_reuses_the_whole_slot_and_continues_its_state(flavor, hf_model, bundle):
-    model = load_hf_model(hf_model("lfm2"))
-    engine = Engine.load(bundle("lfm2", flavor), threads=2, background=False, chunk_size=16)
-    session = engine.session()
-    first, second = prompt_ids(45), prompt_ids(21, seed=7)[1:]
-    reply = session.generate(first, PARAMS).result().token_ids
-    assert reply == reference_greedy(model, first)
-    got = session.generate(second, PARAMS).result()
-    assert got.token_ids == reference_greedy(model, first + reply + second)
-    # The slot held the first prompt and the reply but its last token (never fed back).
-    assert got.metrics.prefix_reused == len(first) + len(reply) - 1
-    engine.close()
-
-
-@pytest.mark.parametrize("flavor", FLAVORS)
-def test_a_prompt_that_diverges_from_a_cached_one_starts_from_zero(flavor, hf_model, bundle):
-    """A retained slot shares the new prompt's first 32 tokens but then differs: its state
-    is that of its own last token, so no part of it is reused."""
-    model = load_hf_model(hf_model("lfm2"))
-    engine = Engine.load(bundle("lfm2", flavor), threads=2, background=False, chunk_size=16)
-    cached = prompt_ids(50)
-    engine.generate(cached, PARAMS).result()
-    diverging = cached[:32] + prompt_ids(20, seed=9)[1:]
-    got = engine.generate(diverging, PARAMS).result()
-    assert got.token_ids == reference_greedy(model, diverging)
-    assert got.metrics.prefix_reused == 0
-    # A prompt the retained slot's whole token list begins is served from it.
-    first = engine.generate(diverging, PARAMS).result()
-    longer = diverging + first.token_ids + prompt_ids(9, seed=11)[1:]
-    got = engine.generate(longer, PARAMS).result()
-    assert got.token_ids == reference_greedy(model, longer)
-    assert got.metrics.prefix_reused == len(diverging) + len(first.token_ids) - 1
     engine.close()
 
 

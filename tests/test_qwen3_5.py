@@ -18,9 +18,9 @@ from edgeprefill.engines import BackendOptions, StepBatch
 from edgeprefill.errors import BackendError, BundleError, ExportError
 from edgeprefill.export.exporter import ExportOptions, export
 from edgeprefill.export.model_config import ModelConfig
-from edgeprefill.sdk import Engine, GenerationParams
-from tests.conftest import QWEN3_5, build_hf_model, load_hf_model
-from tests.test_exactness import prompt_ids, reference_greedy, reference_logits
+from edgeprefill.sdk import Engine
+from tests.conftest import QWEN3_5, build_hf_model
+from tests.test_exactness import prompt_ids, reference_logits
 from tests.test_families import export_small, last_logits
 from tests.test_lfm2 import run_padded
 
@@ -28,7 +28,6 @@ FLAVORS = ("ort", "standard")
 # The ort flavour's attention on the native kernels (where they build) and on ONNX
 # Runtime's GroupQueryAttention; the DeltaNet layers are stock ops either way.
 GRAPHS = [("ort", "auto"), ("ort", "off"), ("standard", "auto")]
-PARAMS = GenerationParams(max_new_tokens=8, ignore_eos=True)
 # The last layer is linear attention, as many key heads as value heads, a kernel of 2,
 # untied; the attention layer first.
 LINEAR_LAST = {**QWEN3_5, "num_hidden_layers": 3,
@@ -94,55 +93,6 @@ def test_logits_equal_transformers_for_any_chunk_with_a_padded_last_chunk(
 
 
 @pytest.mark.parametrize("flavor", FLAVORS)
-def test_a_chunk_row_beside_decode_rows_keeps_each_rows_state_its_own(flavor, hf_model, bundle):
-    """One call of rows with different valid lengths: each row's logits and next states
-    are its own."""
-    a, b, c = prompt_ids(30, seed=3), prompt_ids(21, seed=4), prompt_ids(26, seed=5)
-    expected = [reference_logits(hf_model("qwen3_5_text"), ids) for ids in (a, b, c)]
-    engine = Engine.load(bundle("qwen3_5_text", flavor), threads=2, background=False)
-    if flavor == "ort" and engine.backend.why_not_fused:
-        pytest.skip(f"this ort graph takes no fused rows: {engine.backend.why_not_fused}")
-    run = engine.backend.run
-    for slot, ids in ((0, a[:10]), (1, b[:19]), (2, c[:24])):
-        run(StepBatch(np.array([ids]), np.array([0], np.int32),
-                      np.array([len(ids)], np.int32), slot))
-    ids = np.full((3, 16), 77, np.int64)
-    ids[0], ids[1, 0], ids[2, 0] = a[10:26], b[19], c[24]
-    logits = run(StepBatch(ids, np.array([10, 19, 24], np.int32),
-                           np.array([16, 1, 1], np.int32), 0))
-    for row, position in enumerate((25, 19, 24)):
-        np.testing.assert_allclose(logits[row], expected[row][position], rtol=1e-4, atol=1e-4)
-    logits = run(StepBatch(np.array([a[26:30]]), np.array([26], np.int32),
-                           np.array([4], np.int32), 0))
-    np.testing.assert_allclose(logits[0], expected[0][29], rtol=1e-4, atol=1e-4)
-    logits = run(StepBatch(np.array([[b[20]], [c[25]]]), np.array([20, 25], np.int32),
-                           np.array([1, 1], np.int32), 1))
-    for row, (want, position) in enumerate(((expected[1], 20), (expected[2], 25))):
-        np.testing.assert_allclose(logits[row], want[position], rtol=1e-4, atol=1e-4)
-    engine.close()
-
-
-def test_copying_and_swapping_a_slot_move_both_states_with_its_kv(hf_model, bundle):
-    ids = prompt_ids(40)
-    expected = reference_logits(hf_model("qwen3_5_text"), ids)
-    engine = Engine.load(bundle("qwen3_5_text"), threads=2, background=False)
-    backend = engine.backend
-
-    def chunk(start: int, end: int, slot: int) -> np.ndarray:
-        return backend.run(StepBatch(np.array([ids[start:end]]), np.array([start], np.int32),
-                                     np.array([end - start], np.int32), slot))[0]
-
-    chunk(0, 20, 0)
-    chunk(0, 7, 1)  # another sequence's states in the destination
-    backend.copy_kv(0, 1, 20)
-    np.testing.assert_allclose(chunk(20, 30, 1), expected[29], rtol=1e-4, atol=1e-4)
-    chunk(0, 5, 2)
-    backend.swap_kv(1, 2, 30)
-    np.testing.assert_allclose(chunk(30, 40, 2), expected[39], rtol=1e-4, atol=1e-4)
-    engine.close()
-
-
-@pytest.mark.parametrize("flavor", FLAVORS)
 def test_a_slot_restarted_at_position_0_reads_its_states_as_zeros(flavor, hf_model, bundle):
     """A slot whose states are another prompt's (a whole-or-nothing reuse that chose
     nothing) starts the next one as transformers does, at 1e-4."""
@@ -155,55 +105,6 @@ def test_a_slot_restarted_at_position_0_reads_its_states_as_zeros(flavor, hf_mod
         logits = run(StepBatch(np.array([second[start:end]]), np.array([start], np.int32),
                                np.array([end - start], np.int32), 0))
         np.testing.assert_allclose(logits[0], expected[end - 1], rtol=1e-4, atol=1e-4)
-    engine.close()
-
-
-@pytest.mark.parametrize("flavor", FLAVORS)
-def test_greedy_text_is_transformers_chunked_or_not_alone_or_batched(flavor, hf_model, bundle):
-    model = load_hf_model(hf_model("qwen3_5_text"))
-    prompts = [prompt_ids(n, seed=n) for n in (5, 30, 61)]
-    expected = [reference_greedy(model, ids) for ids in prompts]
-    engine = Engine.load(bundle("qwen3_5_text", flavor), threads=2, background=False,
-                         prefix_reuse=False)
-    for ids, want in zip(prompts, expected, strict=True):
-        for chunk in (2, 16, None):
-            got = engine.generate(ids, PARAMS, chunk_size=chunk or len(ids)).result()
-            assert got.token_ids == want, f"length {len(ids)}, chunk {chunk}"
-    streams = [engine.generate(ids, PARAMS, chunk_size=16) for ids in prompts]  # together
-    assert [s.result().token_ids for s in streams] == expected
-    assert (engine.metrics().fused_steps > 0) == engine.backend.fuses_rows
-    engine.close()
-
-
-@pytest.mark.parametrize("flavor", FLAVORS)
-def test_a_second_turn_reuses_the_whole_slot_and_continues_its_states(flavor, hf_model,
-                                                                       bundle):
-    model = load_hf_model(hf_model("qwen3_5_text"))
-    engine = Engine.load(bundle("qwen3_5_text", flavor), threads=2, background=False,
-                         chunk_size=16)
-    session = engine.session()
-    first, second = prompt_ids(45), prompt_ids(21, seed=7)[1:]
-    reply = session.generate(first, PARAMS).result().token_ids
-    assert reply == reference_greedy(model, first)
-    got = session.generate(second, PARAMS).result()
-    assert got.token_ids == reference_greedy(model, first + reply + second)
-    assert got.metrics.prefix_reused == len(first) + len(reply) - 1
-    engine.close()
-
-
-@pytest.mark.parametrize("flavor", FLAVORS)
-def test_a_prompt_that_diverges_from_a_cached_one_starts_from_zero(flavor, hf_model, bundle):
-    """In the one slot there is, whose states are those of another prompt's last token:
-    the graph reads them as zeros at position 0."""
-    model = load_hf_model(hf_model("qwen3_5_text"))
-    engine = Engine.load(bundle("qwen3_5_text", flavor), threads=2, background=False,
-                         chunk_size=16, kv_slots=1)
-    cached = prompt_ids(50)
-    engine.generate(cached, PARAMS).result()
-    diverging = cached[:32] + prompt_ids(20, seed=9)[1:]
-    got = engine.generate(diverging, PARAMS).result()
-    assert got.token_ids == reference_greedy(model, diverging)
-    assert got.metrics.prefix_reused == 0
     engine.close()
 
 

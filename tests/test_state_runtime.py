@@ -1,0 +1,133 @@
+"""The runtime of models whose layers carry a recurrent state beside (or instead of) KV:
+LFM2's short convolutions and Qwen3.5's Gated DeltaNet. Whatever the batch, the fused
+rows, the slot moves and the reuse, each sequence's state is its own and the text is
+transformers'. (The families' own graphs are tested in test_lfm2.py and test_qwen3_5.py.)"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from edgeprefill.engines import StepBatch
+from edgeprefill.sdk import Engine, GenerationParams
+from tests.conftest import load_hf_model
+from tests.test_exactness import prompt_ids, reference_greedy, reference_logits
+
+FAMILIES = ("lfm2", "qwen3_5_text")
+FLAVORS = ("ort", "standard")
+PARAMS = GenerationParams(max_new_tokens=8, ignore_eos=True)
+
+pytestmark = pytest.mark.parametrize("family", FAMILIES)
+
+
+@pytest.mark.parametrize("flavor", FLAVORS)
+def test_a_chunk_row_beside_decode_rows_keeps_each_rows_state_its_own(family, flavor,
+                                                                      hf_model, bundle):
+    """One call of rows with different valid lengths: each row's logits and next state
+    are its own (padding never enters a state)."""
+    a, b, c = prompt_ids(30, seed=3), prompt_ids(21, seed=4), prompt_ids(26, seed=5)
+    expected = [reference_logits(hf_model(family), ids) for ids in (a, b, c)]
+    engine = Engine.load(bundle(family, flavor), threads=2, background=False)
+    if flavor == "ort" and engine.backend.why_not_fused:
+        pytest.skip(f"this ort graph takes no fused rows: {engine.backend.why_not_fused}")
+    run = engine.backend.run
+    for slot, ids in ((0, a[:10]), (1, b[:19]), (2, c[:24])):
+        run(StepBatch(np.array([ids]), np.array([0], np.int32),
+                      np.array([len(ids)], np.int32), slot))
+    ids = np.full((3, 16), 77, np.int64)
+    ids[0], ids[1, 0], ids[2, 0] = a[10:26], b[19], c[24]
+    logits = run(StepBatch(ids, np.array([10, 19, 24], np.int32),
+                           np.array([16, 1, 1], np.int32), 0))
+    for row, position in enumerate((25, 19, 24)):
+        np.testing.assert_allclose(logits[row], expected[row][position], rtol=1e-4, atol=1e-4)
+    # The chunk row's state ends at its 16th token, the decode rows' at their one token.
+    logits = run(StepBatch(np.array([a[26:30]]), np.array([26], np.int32),
+                           np.array([4], np.int32), 0))
+    np.testing.assert_allclose(logits[0], expected[0][29], rtol=1e-4, atol=1e-4)
+    logits = run(StepBatch(np.array([[b[20]], [c[25]]]), np.array([20, 25], np.int32),
+                           np.array([1, 1], np.int32), 1))
+    for row, (want, position) in enumerate(((expected[1], 20), (expected[2], 25))):
+        np.testing.assert_allclose(logits[row], want[position], rtol=1e-4, atol=1e-4)
+    engine.close()
+
+
+@pytest.mark.parametrize("flavor", FLAVORS)
+def test_copying_and_swapping_a_slot_move_its_states_with_its_kv(family, flavor, hf_model,
+                                                                 bundle):
+    """Prefix lending copies a slot, keeping decode rows adjacent swaps two: the next
+    chunk in the slot the content moved to continues it as transformers does."""
+    ids = prompt_ids(40)
+    expected = reference_logits(hf_model(family), ids)
+    engine = Engine.load(bundle(family, flavor), threads=2, background=False)
+    backend = engine.backend
+
+    def chunk(start: int, end: int, slot: int) -> np.ndarray:
+        return backend.run(StepBatch(np.array([ids[start:end]]), np.array([start], np.int32),
+                                     np.array([end - start], np.int32), slot))[0]
+
+    chunk(0, 20, 0)
+    chunk(0, 7, 1)  # another sequence's states in the destination
+    backend.copy_kv(0, 1, 20)
+    np.testing.assert_allclose(chunk(20, 30, 1), expected[29], rtol=1e-4, atol=1e-4)
+    chunk(0, 5, 2)
+    backend.swap_kv(1, 2, 30)
+    np.testing.assert_allclose(chunk(30, 40, 2), expected[39], rtol=1e-4, atol=1e-4)
+    engine.close()
+
+
+@pytest.mark.parametrize("flavor", FLAVORS)
+def test_greedy_text_is_transformers_chunked_or_not_alone_or_batched(family, flavor, hf_model,
+                                                                     bundle):
+    model = load_hf_model(hf_model(family))
+    prompts = [prompt_ids(n, seed=n) for n in (5, 30, 61)]
+    expected = [reference_greedy(model, ids) for ids in prompts]
+    engine = Engine.load(bundle(family, flavor), threads=2, background=False,
+                         prefix_reuse=False)
+    for ids, want in zip(prompts, expected, strict=True):
+        for chunk in (2, 16, None):
+            got = engine.generate(ids, PARAMS, chunk_size=chunk or len(ids)).result()
+            assert got.token_ids == want, f"length {len(ids)}, chunk {chunk}"
+    streams = [engine.generate(ids, PARAMS, chunk_size=16) for ids in prompts]  # together
+    assert [s.result().token_ids for s in streams] == expected
+    # Where the graph takes them, later prompts' chunks ran beside earlier ones' decode rows.
+    assert (engine.metrics().fused_steps > 0) == engine.backend.fuses_rows
+    engine.close()
+
+
+@pytest.mark.parametrize("flavor", FLAVORS)
+def test_a_second_turn_reuses_the_whole_slot_and_continues_its_states(family, flavor,
+                                                                      hf_model, bundle):
+    model = load_hf_model(hf_model(family))
+    engine = Engine.load(bundle(family, flavor), threads=2, background=False, chunk_size=16)
+    session = engine.session()
+    first, second = prompt_ids(45), prompt_ids(21, seed=7)[1:]
+    reply = session.generate(first, PARAMS).result().token_ids
+    assert reply == reference_greedy(model, first)
+    got = session.generate(second, PARAMS).result()
+    assert got.token_ids == reference_greedy(model, first + reply + second)
+    # The slot held the first prompt and the reply but its last token (never fed back).
+    assert got.metrics.prefix_reused == len(first) + len(reply) - 1
+    engine.close()
+
+
+@pytest.mark.parametrize("flavor", FLAVORS)
+def test_a_prompt_that_diverges_from_a_cached_one_starts_from_zero(family, flavor, hf_model,
+                                                                   bundle):
+    """In the one slot there is, which shares the new prompt's first 32 tokens but then
+    differs: its states are those of its own last token, so no part of it is reused (and
+    the graph reads them as zeros at position 0)."""
+    model = load_hf_model(hf_model(family))
+    engine = Engine.load(bundle(family, flavor), threads=2, background=False, chunk_size=16,
+                         kv_slots=1)
+    cached = prompt_ids(50)
+    engine.generate(cached, PARAMS).result()
+    diverging = cached[:32] + prompt_ids(20, seed=9)[1:]
+    got = engine.generate(diverging, PARAMS).result()
+    assert got.token_ids == reference_greedy(model, diverging)
+    assert got.metrics.prefix_reused == 0
+    # A prompt the slot's whole token list begins is served from it.
+    longer = diverging + got.token_ids + prompt_ids(9, seed=11)[1:]
+    again = engine.generate(longer, PARAMS).result()
+    assert again.token_ids == reference_greedy(model, longer)
+    assert again.metrics.prefix_reused == len(diverging) + len(got.token_ids) - 1
+    engine.close()
