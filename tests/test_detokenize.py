@@ -101,9 +101,10 @@ def test_a_reply_keeps_the_special_tokens_a_parser_reads_and_drops_the_others(to
     from edgeprefill.sdk.tokenizer import KEPT_SPECIAL_TOKENS, _dropped_specials
 
     tok = Tokenizer.from_str(tokenizer.tokenizer.to_str())  # a copy: the fixture is shared
-    tok.add_special_tokens([AddedToken(t, special=True)
-                            for t in (*KEPT_SPECIAL_TOKENS, "<|im_end|>")])
-    start, end, im_end = (tok.token_to_id(t) for t in (*KEPT_SPECIAL_TOKENS, "<|im_end|>"))
+    tags = ("<|tool_call_start|>", "<|tool_call_end|>")
+    assert set(tags) <= set(KEPT_SPECIAL_TOKENS)
+    tok.add_special_tokens([AddedToken(t, special=True) for t in (*tags, "<|im_end|>")])
+    start, end, im_end = (tok.token_to_id(t) for t in (*tags, "<|im_end|>"))
     text_ids = [tok.encode(t).ids for t in ("naïve 😀 ", '[f(a="你好")]', " ok")]
     ids = [*text_ids[0], start, *text_ids[1], end, *text_ids[2], im_end]
     decoder = SimpleNamespace(tokenizer=tok, dropped_specials=_dropped_specials(tok),

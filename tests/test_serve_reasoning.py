@@ -189,3 +189,24 @@ def test_reasoning_parser_none_and_the_completions_endpoint_leave_the_text_as_wr
         "prompt": "user: weather in Paris ? ; assistant:", "max_tokens": 32,
         "temperature": 0}).json()
     assert body["choices"][0]["text"] == raw
+
+
+def test_thinking_tags_that_are_special_tokens_still_split_the_reply(hf_model,
+                                                                    tmp_path_factory):
+    """A tokenizer may register <think> and </think> as special tokens, which every reply
+    dropped: its reasoning came back as content, untagged. The reply keeps them now."""
+    script = ["assistant:", "<think>", "hmm,", "</think>", *ANSWER]
+    words = [*dict.fromkeys(script)]
+    bundle = word_bundle(hf_model, tmp_path_factory, "special-thinking", words, TEMPLATE,
+                         special=("<think>", "</think>"))
+    engine = Engine.load(bundle, threads=1, kv_slots=2)
+    ids = [top_word_id(words, w) for w in script]
+    follow_tokens(engine, dict(zip(ids, [*ids[1:], EOS], strict=True)), EOS)
+    with serve(engine) as server:
+        client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+        message = ask(client).choices[0].message
+        chunks = list(ask(client, stream=True))
+    engine.close()
+    split = {"content": "It is sunny.", "reasoning_content": "hmm,", "reasoning": "hmm,"}
+    assert fields(message) == split
+    assert added_up(chunks) == split

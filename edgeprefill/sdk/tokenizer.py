@@ -18,10 +18,11 @@ if TYPE_CHECKING:
 Prompt = str | Sequence[int] | Sequence[dict[str, Any]]
 
 # Special tokens that stay in the reply text where the tokenizer has them as special
-# tokens: markers a reply parser reads (LFM2's tool-call tags; server/tool_parsers.py).
-# Every other special token (end of turn, BOS) is dropped, as transformers' decode with
+# tokens: markers a reply parser reads (LFM2's tool-call tags, server/tool_parsers.py; the
+# thinking tags where a tokenizer registers them as special, server/reasoning.py). Every
+# other special token (end of turn, BOS) is dropped, as transformers' decode with
 # skip_special_tokens does; vLLM keeps them by decoding without skipping for such models.
-KEPT_SPECIAL_TOKENS = ("<|tool_call_start|>", "<|tool_call_end|>")
+KEPT_SPECIAL_TOKENS = ("<|tool_call_start|>", "<|tool_call_end|>", "<think>", "</think>")
 
 
 class Decoder(Protocol):
@@ -85,9 +86,14 @@ class BundleTokenizer:
         return self.chat_template.render(messages, **kwargs)
 
     def decode(self, ids: list[int]) -> str:
+        """The ids' text as a reply streams it: special tokens dropped, but those of
+        KEPT_SPECIAL_TOKENS."""
         if self.tokenizer is None:
             return ""
-        return self.tokenizer.decode(ids, skip_special_tokens=True)
+        if self.dropped_specials is None:
+            return self.tokenizer.decode(ids, skip_special_tokens=True)
+        kept = [i for i in ids if i not in self.dropped_specials]
+        return self.tokenizer.decode(kept, skip_special_tokens=False)
 
     def token_text(self, token_id: int) -> str:
         """One token's own text, for logprobs: its bytes as text, a word's leading space

@@ -4,7 +4,7 @@ it, whole or as the reply streams in.
 
 Which replies are split (`reply_reasoning` below, per request):
 - the bundle's chat template (or its tokenizer) knows both tags, and decoding keeps them
-  (a tokenizer that drops them as special tokens leaves nothing to split at);
+  (as it does where they are special tokens: sdk/tokenizer.py's KEPT_SPECIAL_TOKENS);
 - the server runs with `--reasoning-parser auto` (the default; `none` leaves the tags in
   `content`, as before);
 - the reply is not constrained: a grammar (response_format, a forced tool_choice)
@@ -66,7 +66,8 @@ def bundle_thinks(tokenizer: BundleTokenizer) -> bool:
     template = tokenizer.info.chat_template or ""
     known = all(tag in template or tokenizer.tokenizer.token_to_id(tag) is not None
                 for tag in (OPEN, CLOSE))
-    # skip_special_tokens drops a tag registered as special: the reply text lacks it.
+    # The reply's text keeps the tags, also where they are special tokens
+    # (KEPT_SPECIAL_TOKENS); a tokenizer that decodes them to nothing leaves nothing to split.
     return known and CLOSE in tokenizer.decode(tokenizer.encode_plain(CLOSE))
 
 
