@@ -7,23 +7,17 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from edgeprefill.bundle import load_manifest
-from edgeprefill.engines import BackendOptions, StepBatch
+from edgeprefill.engines import BackendOptions
 from edgeprefill.errors import BackendError, BundleError, ExportError
-from edgeprefill.export.exporter import ExportOptions, export
 from edgeprefill.export.model_config import ModelConfig
 from edgeprefill.sdk import Engine
 from edgeprefill.sdk.kv_cache import KVCache
-from tests.conftest import build_hf_model
 from tests.fake_backend import FakeBackend, fake_manifest
-from tests.test_exactness import prompt_ids, reference_logits
+from tests.state_models import GRAPHS, assert_padded_chunks_match, variant_bundles
 
-# The ort flavour's attention on the native kernels (where they build) and on ONNX
-# Runtime's GroupQueryAttention; the conv layers are stock ops either way.
-GRAPHS = [("ort", "auto"), ("ort", "off"), ("standard", "auto")]
 # The last layer convolves (as in the released LFM2s), a wider kernel, no biases.
 CONV_LAST = {"num_hidden_layers": 3, "layer_types": ["conv", "full_attention", "conv"],
              "conv_L_cache": 4, "conv_bias": False}
@@ -32,35 +26,7 @@ CONV_LAST = {"num_hidden_layers": 3, "layer_types": ["conv", "full_attention", "
 @pytest.fixture(scope="module")
 def conv_last(tmp_path_factory):
     """flavor -> (hf dir, bundle) of the CONV_LAST model."""
-    hf = build_hf_model("lfm2", tmp_path_factory.mktemp("lfm2-conv-last"), **CONV_LAST)
-    made = {}
-
-    def get(flavor: str):
-        if flavor not in made:
-            out = tmp_path_factory.mktemp(f"lfm2-conv-last-{flavor}")
-            export(hf, out, ExportOptions(flavor=flavor, chunks=(16,), max_context=128,
-                                          show_progress=False, overwrite=True))
-            made[flavor] = out
-        return hf, made[flavor]
-
-    return get
-
-
-def run_padded(backend, ids: list[int], chunk: int, split: int) -> dict[int, np.ndarray]:
-    """Prefill ids[:split] in calls of `chunk` tokens, the last one padded to `chunk` with
-    junk ids, then ids[split:] in one call: {last position of each call: its logits}."""
-    got, start = {}, 0
-    while start < len(ids):
-        end = min(start + chunk, split) if start < split else len(ids)
-        part = ids[start:end]
-        width = chunk if start < split else len(part)
-        padded = np.full((1, width), 77, np.int64)
-        padded[0, : len(part)] = part
-        logits = backend.run(StepBatch(padded, np.array([start], np.int32),
-                                       np.array([len(part)], np.int32), 0))
-        got[end - 1] = logits[0].copy()
-        start = end
-    return got
+    return variant_bundles(tmp_path_factory, "lfm2", "lfm2-conv-last", CONV_LAST)
 
 
 @pytest.mark.parametrize("flavor, kernels", GRAPHS)
@@ -74,14 +40,7 @@ def test_logits_equal_transformers_for_chunks_smaller_and_larger_than_the_kernel
     monkeypatch.setenv("EDGEPREFILL_KERNELS", kernels)
     hf_dir, path = (hf_model("lfm2"), bundle("lfm2", flavor)) if model == "mixed" \
         else conv_last(flavor)
-    ids = prompt_ids(40)
-    expected = reference_logits(hf_dir, ids)
-    engine = Engine.load(path, threads=2, background=False)
-    for chunk in (1, 2, 3, 16, 40):
-        for position, logits in run_padded(engine.backend, ids, chunk, split=37).items():
-            np.testing.assert_allclose(logits, expected[position], rtol=1e-4, atol=1e-4,
-                                       err_msg=f"chunk {chunk}, position {position}")
-    engine.close()
+    assert_padded_chunks_match(hf_dir, path)
 
 
 def conv_cache(slots: int = 3) -> KVCache:

@@ -20,14 +20,11 @@ from edgeprefill.export.exporter import ExportOptions, export
 from edgeprefill.export.model_config import ModelConfig
 from edgeprefill.sdk import Engine
 from tests.conftest import QWEN3_5, build_hf_model
+from tests.state_models import GRAPHS, assert_padded_chunks_match, run_padded, variant_bundles
 from tests.test_exactness import prompt_ids, reference_logits
 from tests.test_families import export_small, last_logits
-from tests.test_lfm2 import run_padded
 
 FLAVORS = ("ort", "standard")
-# The ort flavour's attention on the native kernels (where they build) and on ONNX
-# Runtime's GroupQueryAttention; the DeltaNet layers are stock ops either way.
-GRAPHS = [("ort", "auto"), ("ort", "off"), ("standard", "auto")]
 # The last layer is linear attention, as many key heads as value heads, a kernel of 2,
 # untied; the attention layer first.
 LINEAR_LAST = {**QWEN3_5, "num_hidden_layers": 3,
@@ -57,19 +54,7 @@ HUB_0_8B = {
 @pytest.fixture(scope="module")
 def linear_last(tmp_path_factory):
     """flavor -> (hf dir, bundle) of the LINEAR_LAST model."""
-    hf = build_hf_model("qwen3_5_text", tmp_path_factory.mktemp("q35-linear-last"),
-                        **LINEAR_LAST)
-    made = {}
-
-    def get(flavor: str):
-        if flavor not in made:
-            out = tmp_path_factory.mktemp(f"q35-linear-last-{flavor}")
-            export(hf, out, ExportOptions(flavor=flavor, chunks=(16,), max_context=128,
-                                          show_progress=False, overwrite=True))
-            made[flavor] = out
-        return hf, made[flavor]
-
-    return get
+    return variant_bundles(tmp_path_factory, "qwen3_5_text", "q35-linear-last", LINEAR_LAST)
 
 
 @pytest.mark.parametrize("flavor, kernels", GRAPHS)
@@ -82,14 +67,7 @@ def test_logits_equal_transformers_for_any_chunk_with_a_padded_last_chunk(
     monkeypatch.setenv("EDGEPREFILL_KERNELS", kernels)
     hf_dir, path = (hf_model(model), bundle(model, flavor)) if model != "linear_last" \
         else linear_last(flavor)
-    ids = prompt_ids(40)
-    expected = reference_logits(hf_dir, ids)
-    engine = Engine.load(path, threads=2, background=False)
-    for chunk in (1, 2, 3, 16, 40):
-        for position, logits in run_padded(engine.backend, ids, chunk, split=37).items():
-            np.testing.assert_allclose(logits, expected[position], rtol=1e-4, atol=1e-4,
-                                       err_msg=f"chunk {chunk}, position {position}")
-    engine.close()
+    assert_padded_chunks_match(hf_dir, path)
 
 
 @pytest.mark.parametrize("flavor", FLAVORS)
