@@ -13,7 +13,7 @@ import transformers
 from edgeprefill.export.model_config import GLOBAL, ModelConfig
 from tests.conftest import build_hf_model
 from tests.test_exactness import prompt_ids, reference_logits
-from tests.test_families import last_logits
+from tests.test_families import export_small, last_logits
 
 # Shaped as LGAI-EXAONE/EXAONE-3.5-2.4B-Instruct's config.json (transformers 4.43 wrote
 # it): num_layers, layer_norm_epsilon and activation_function, a legacy llama3 rope_scaling.
@@ -65,8 +65,6 @@ def test_an_exaone_config_without_kv_heads_takes_the_config_classes_eight():
 def test_a_hub_config_json_exports_as_transformers_loads_it(tmp_path, flavor):
     """The fixture's config.json rewritten as the Hub writes it: the Hub's keys, a legacy
     rope_scaling beside rope_theta, and an epsilon of its own that must be read."""
-    from edgeprefill.export.exporter import ExportOptions, export
-
     hf_dir = build_hf_model("exaone", tmp_path / "hf", rms_norm_eps=1e-2)
     path = hf_dir / "config.json"
     config = json.loads(path.read_text())
@@ -77,8 +75,6 @@ def test_a_hub_config_json_exports_as_transformers_loads_it(tmp_path, flavor):
     config["rope_scaling"] = rope
     path.write_text(json.dumps(config))
     ids = prompt_ids(100)
-    out = tmp_path / "b"
-    export(hf_dir, out, ExportOptions(flavor=flavor, chunks=(64,), max_context=128,
-                                      show_progress=False))
+    out = export_small(hf_dir, tmp_path / "b", flavor)
     np.testing.assert_allclose(last_logits(out, ids), reference_logits(hf_dir, ids)[-1],
                                rtol=1e-4, atol=1e-4)

@@ -97,10 +97,11 @@ def last_logits(bundle_dir, ids: list[int]) -> np.ndarray:
     return logits[0]
 
 
-def export_small(hf_dir, out):
+def export_small(hf_dir, out, flavor: str = "ort"):
     from edgeprefill.export.exporter import ExportOptions, export
 
-    export(hf_dir, out, ExportOptions(chunks=(64,), max_context=128, show_progress=False))
+    export(hf_dir, out, ExportOptions(flavor=flavor, chunks=(64,), max_context=128,
+                                      show_progress=False))
     return out
 
 

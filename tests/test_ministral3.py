@@ -17,7 +17,7 @@ from edgeprefill.export.model_config import GLOBAL, ModelConfig
 from edgeprefill.export.query_scale import QueryScale
 from tests.conftest import build_hf_model
 from tests.test_exactness import prompt_ids, reference_logits
-from tests.test_families import last_logits
+from tests.test_families import export_small, last_logits
 
 # Shaped as mistralai/Ministral-3-3B-Instruct-2512's config.json (the vision config cut
 # down): the language model in text_config, Llama 4's beta in the yarn rope dict.
@@ -86,21 +86,27 @@ def test_the_fixtures_query_scale_changes_transformers_logits(tmp_path):
     assert np.abs(scaled - plain).max() > 1e-1
 
 
-@pytest.mark.parametrize("family", ("ministral3", "mistral"))
-@pytest.mark.parametrize("flavor", ("ort", "standard"))
-def test_every_layer_slides_whatever_layer_types_say(tmp_path, flavor, family):
-    # MistralModel's mask slides every layer where the config has a window; Ministral3Config
-    # and MistralConfig only warn of a layer_types key (Ministral 8B's Hub config has one).
-    from edgeprefill.export.exporter import ExportOptions, export
-
+def assert_layer_types_export_as_transformers(tmp_path, family: str, flavor: str) -> None:
     hf_dir = build_hf_model(family, tmp_path / "hf", sliding_window=8,
                             layer_types=["sliding_attention", "full_attention"])
     ids = prompt_ids(40)
-    out = tmp_path / "b"
-    export(hf_dir, out, ExportOptions(flavor=flavor, chunks=(64,), max_context=128,
-                                      show_progress=False))
+    out = export_small(hf_dir, tmp_path / "b", flavor)
     np.testing.assert_allclose(last_logits(out, ids), reference_logits(hf_dir, ids)[-1],
                                rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("flavor", ("ort", "standard"))
+def test_every_layer_slides_whatever_layer_types_say(tmp_path, flavor):
+    # MistralModel's mask slides every layer where the config has a window; Ministral3Config
+    # only warns of a layer_types key.
+    assert_layer_types_export_as_transformers(tmp_path, "ministral3", flavor)
+
+
+@pytest.mark.parametrize("flavor", ("ort", "standard"))
+def test_a_mistral_config_with_layer_types_slides_as_automodel_builds_it(tmp_path, flavor):
+    # Ministral 8B's Hub config says "mistral" with layer_types: AutoModel builds it as
+    # MinistralForCausalLM, which slides the layers layer_types marks, and so does export.
+    assert_layer_types_export_as_transformers(tmp_path, "mistral", flavor)
 
 
 @pytest.mark.parametrize("text", ({"model_type": "mistral"}, {}))
