@@ -87,10 +87,8 @@ def choose(graph, flavor: str, dtype: str, device: str) -> KernelChoice:
     rewritten in place if native (the backend registers the library and loads it, once,
     after its other rewrites)."""
     reason = why_not(flavor, dtype, device)
-    if reason is None:
-        unsupported = no_attention_reason(graph)  # before the rewrite changes the nodes
-        if add_native_attention(graph) == 0:
-            reason = unsupported
+    if reason is None and add_native_attention(graph) == 0:
+        reason = no_attention_reason(graph)  # no node was rewritten: the same nodes
     if reason is not None:
         if mode() == "require":
             raise BackendError(f"{MODE_ENV}=require but the native kernels cannot run: {reason}")
