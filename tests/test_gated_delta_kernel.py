@@ -15,8 +15,8 @@ from edgeprefill.engines import StepBatch
 from edgeprefill.kernels import graph, select
 from edgeprefill.kernels.gated_delta import OP, delta_scans, fuse_gated_delta, is_delta_scan
 from edgeprefill.sdk import Engine
+from tests.state_models import run_padded
 from tests.test_exactness import prompt_ids
-from tests.test_lfm2 import run_padded
 
 NAMES = ("S", "q", "k", "v", "decay", "beta")
 # The fixture's DeltaNet layers (tests/conftest.py QWEN3_5): three, each over 4 value heads
