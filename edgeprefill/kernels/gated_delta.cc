@@ -116,13 +116,6 @@ OrtStatus* Compute(void*, OrtKernelContext* context) {
   return nullptr;
 }
 
-OrtStatus* CreateKernel(const OrtKernelInfo*, void** kernel) {
-  *kernel = nullptr;  // no attributes, no state
-  return nullptr;
-}
-
-void ORT_API_CALL DestroyKernel(void*) {}
-
 OrtStatus* ORT_API_CALL ComputeKernel(void* kernel, OrtKernelContext* context) {
   return Compute(kernel, context);
 }
@@ -131,7 +124,8 @@ OrtStatus* ORT_API_CALL ComputeKernel(void* kernel, OrtKernelContext* context) {
 
 const Op& GatedDeltaRuleOp() {
   static const Op op =
-      MakeOp({"GatedDeltaRule", 6, 2, 0u, CreateKernel, ComputeKernel, DestroyKernel});
+      MakeOp({"GatedDeltaRule", 6, 2, 0u, CreateStatelessKernel, ComputeKernel,
+              DestroyStatelessKernel});
   return op;
 }
 

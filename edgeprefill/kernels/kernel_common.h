@@ -293,6 +293,10 @@ struct Op {
 
 Op MakeOp(const OpSpec& spec);
 
+// The create and destroy of an op without attributes or state (SwiGlu, GatedDeltaRule).
+OrtStatus* CreateStatelessKernel(const OrtKernelInfo* info, void** kernel);
+void ORT_API_CALL DestroyStatelessKernel(void* kernel);
+
 const Op& DecodeAttentionOp();
 const Op& PrefillAttentionOp();
 const Op& PrefillAttentionBf16KvOp();

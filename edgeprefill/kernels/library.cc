@@ -222,6 +222,13 @@ OrtStatus* NormInputs(OrtKernelContext* context, const Columns& columns, const T
 
 void ORT_API_CALL DestroyColumnsKernel(void* kernel) { delete static_cast<Columns*>(kernel); }
 
+OrtStatus* CreateStatelessKernel(const OrtKernelInfo*, void** kernel) {
+  *kernel = nullptr;  // no attributes, no state
+  return nullptr;
+}
+
+void ORT_API_CALL DestroyStatelessKernel(void*) {}
+
 Op MakeOp(const OpSpec& spec) {
   Op op;
   std::memset(&op.table, 0, sizeof op.table);

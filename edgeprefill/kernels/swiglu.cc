@@ -41,13 +41,6 @@ OrtStatus* Compute(void*, OrtKernelContext* context) {
   return nullptr;
 }
 
-OrtStatus* CreateKernel(const OrtKernelInfo*, void** kernel) {
-  *kernel = nullptr;  // no attributes, no state
-  return nullptr;
-}
-
-void ORT_API_CALL DestroyKernel(void*) {}
-
 OrtStatus* ORT_API_CALL ComputeKernel(void* kernel, OrtKernelContext* context) {
   return Compute(kernel, context);
 }
@@ -55,7 +48,8 @@ OrtStatus* ORT_API_CALL ComputeKernel(void* kernel, OrtKernelContext* context) {
 }  // namespace
 
 const Op& SwiGluOp() {
-  static const Op op = MakeOp({"SwiGlu", 1, 1, 0u, CreateKernel, ComputeKernel, DestroyKernel});
+  static const Op op = MakeOp({"SwiGlu", 1, 1, 0u, CreateStatelessKernel, ComputeKernel,
+                               DestroyStatelessKernel});
   return op;
 }
 
