@@ -37,7 +37,7 @@ from edgeprefill.export.families import TensorNames
 from edgeprefill.export.flavors import Flavor, StepTensors, positions
 from edgeprefill.export.gated_delta import GatedDeltaNet
 from edgeprefill.export.graph import GraphBuilder
-from edgeprefill.export.lm_head import head_weight
+from edgeprefill.export.lm_head import embedding_weight, head_weight
 from edgeprefill.export.model_config import LayerAttention, ModelConfig
 from edgeprefill.export.quantize import QuantConfig
 from edgeprefill.export.short_conv import ShortConv
@@ -353,7 +353,7 @@ class DecoderBuilder:
         return logits
 
     def _embedding(self) -> str:
-        name = self.w.resolve(self.names.embed)
+        name = embedding_weight(self.ckpt, self.cfg)
         self._check_vocab_shape(name)
         return self.w.tensor(name)
 
