@@ -111,11 +111,11 @@ def test_a_second_turn_reuses_the_whole_slot_and_continues_its_states(family, fl
 
 
 @pytest.mark.parametrize("flavor", FLAVORS)
-def test_a_prompt_that_diverges_from_a_cached_one_starts_from_zero(family, flavor, hf_model,
-                                                                   bundle):
+def test_a_prompt_that_diverges_from_a_cached_one_resumes_from_a_snapshot(family, flavor,
+                                                                          hf_model, bundle):
     """In the one slot there is, which shares the new prompt's first 32 tokens but then
-    differs: its states are those of its own last token, so no part of it is reused (and
-    the graph reads them as zeros at position 0)."""
+    differs: its live states are those of its own last token, so the prefix is reused up
+    to the snapshot of its states the cache kept at 32 (test_state_snapshots.py)."""
     model = load_hf_model(hf_model(family))
     engine = Engine.load(bundle(family, flavor), threads=2, background=False, chunk_size=16,
                          kv_slots=1)
@@ -124,7 +124,7 @@ def test_a_prompt_that_diverges_from_a_cached_one_starts_from_zero(family, flavo
     diverging = cached[:32] + prompt_ids(20, seed=9)[1:]
     got = engine.generate(diverging, PARAMS).result()
     assert got.token_ids == reference_greedy(model, diverging)
-    assert got.metrics.prefix_reused == 0
+    assert got.metrics.prefix_reused == 32
     # A prompt the slot's whole token list begins is served from it.
     longer = diverging + got.token_ids + prompt_ids(9, seed=11)[1:]
     again = engine.generate(longer, PARAMS).result()

@@ -11,11 +11,24 @@ which makes two kinds of reuse one mechanism, both verified by token content:
 
 Retained slots are evicted least recently used when a request needs room.
 
-A model whose conv layers carry a recurrent state beside the KV (LFM2,
-`Backend.carries_state`) cannot cut a slot back to a shorter prefix: the state is that of
-the slot's last token. There a slot is reused only whole (its tokens a proper prefix of
-the new ones), else the request starts from position 0; a prefix is lent only from a
-slot whose whole token list it is (the copy takes the state along).
+A model whose layers carry a recurrent state beside the KV (LFM2's short convolutions,
+Qwen3.5's Gated DeltaNet: `Backend.carries_state`) cannot cut a slot back to a shorter
+prefix by its KV alone: the live state is that of the slot's last token. So the cache
+keeps *snapshots*, copies of a slot's states at positions that are multiples of the
+slot's snapshot period (`align` at first; a prefill chunk that would cross such a
+position ends there, `chunk_end`, and a decode step that lands on one takes it too), as
+vLLM keeps mamba states at block boundaries. A slot then serves a prefix whole (its live
+state) or up to its latest snapshot at or before the common prefix (that snapshot's
+states restored into the destination slot, whose KV is the slot's own or a copy).
+
+Snapshots are bounded per slot in bytes (`snapshot_budget`, half a slot's KV and state
+at most): when a slot holds more, its period doubles and the snapshots off the new period
+go, so they stay spread over the whole slot (a shared system prompt's snapshot survives a
+long conversation after it) at a coarser grain. A slot's snapshots past the tokens it
+keeps go when a request takes it (they describe tokens about to be overwritten), all of
+them when it is freed or evicted; they move with the slot (`compact`), and a copy of a
+slot (a lent prefix, a fork) shares those at or before what it copied (a snapshot is
+never changed once taken). An attention-only model keeps none and cuts at any `align`.
 
   state     tokens        request   meaning
   FREE      []            none      no data
@@ -39,6 +52,11 @@ class SlotState(enum.Enum):
     ACTIVE = "active"
 
 
+class Snapshot(NamedTuple):
+    position: int  # the slot held this many tokens when the states were copied
+    states: object  # Backend.save_state's copy, never changed
+
+
 @dataclass
 class Slot:
     index: int
@@ -46,6 +64,13 @@ class Slot:
     tokens: list[int] = field(default_factory=list)  # tokens whose KV is in the slot
     owner: int | None = None  # session id that keeps its conversation here
     last_used: int = 0
+    snapshots: list[Snapshot] = field(default_factory=list)  # ascending positions
+    every: int = 1  # snapshot period: positions that are a multiple of it get one
+
+
+class Reuse(NamedTuple):
+    length: int  # leading tokens a slot can serve
+    snapshot: Snapshot | None  # whose states to restore; None: the slot's live ones (or none)
 
 
 class Acquired(NamedTuple):
@@ -73,10 +98,13 @@ class KVCache:
         `share_prefixes`: lend other slots' prefixes (a slot's own reuse always applies)."""
         self.share_prefixes = share_prefixes
         self.backend = backend
-        self.whole_only = backend.carries_state  # reuse a slot whole or not at all
+        self.whole_only = backend.carries_state  # reuse a slot whole or up to a snapshot
         self.capacity = capacity
         self.align = max(1, align)
-        self.slots = [Slot(i) for i in range(slots)]
+        self.slots = [Slot(i, every=self.align) for i in range(slots)]
+        # Snapshots one slot may hold (a model with states; else none are taken).
+        budget = snapshot_budget(backend, capacity, self.align)
+        self.max_snapshots = budget // max(1, backend.state_bytes()) if budget else 0
         self._clock = itertools.count(1)
         self.prefix_lookups = 0
         self.prefix_hits = 0
@@ -94,13 +122,16 @@ class KVCache:
                 or self._evict_lru())
         if slot is None:
             return None
-        reused = self._reusable(slot.tokens, tokens, limit)
+        own = self._reusable(slot, tokens, limit)
         source, shared = self._best_prefix(tokens, limit, exclude=slot.index)
         self.prefix_lookups += 1
         copied_from = None
-        if shared > reused:
-            self.backend.copy_kv(source, slot.index, shared)
-            reused, copied_from = shared, source
+        if shared.length > own.length:
+            self._lend(self.slots[source], slot, shared)
+            copied_from = source
+        else:
+            self._cut_back(slot, own)
+        reused = max(own.length, shared.length)
         if reused:
             self.prefix_hits += 1
         slot.state, slot.tokens = SlotState.ACTIVE, tokens[:reused]
@@ -116,7 +147,7 @@ class KVCache:
         if slot is None:
             return None
         tokens = self.slots[source].tokens
-        self.backend.copy_kv(source, slot.index, len(tokens))
+        self._lend(self.slots[source], slot, Reuse(len(tokens), None))
         slot.state, slot.tokens, slot.owner = SlotState.ACTIVE, list(tokens), None
         self._touch(slot)
         return slot.index
@@ -127,6 +158,18 @@ class KVCache:
         assert slot.state is SlotState.ACTIVE, slot
         slot.tokens.extend(tokens)
         assert len(slot.tokens) <= self.capacity
+        if self.max_snapshots and slot.tokens and len(slot.tokens) % slot.every == 0:
+            self._snapshot(slot)
+
+    def chunk_end(self, index: int, start: int, end: int) -> int:
+        """Where a prefill chunk of slot `index` over positions [start, end) should end:
+        at the last snapshot position inside it, so that the states there are kept (a
+        model with states), else at `end`. Reads the cache only."""
+        if not self.max_snapshots:
+            return end
+        every = self.slots[index].every
+        cut = end - end % every
+        return cut if cut > start else end
 
     def release(self, index: int, keep: bool) -> None:
         """End a request's use of its slot: keep the KV for reuse, or free it at once."""
@@ -135,7 +178,7 @@ class KVCache:
             slot.state = SlotState.RETAINED
             self._touch(slot)
         else:
-            slot.state, slot.tokens, slot.owner = SlotState.FREE, [], None
+            self._clear(slot)
 
     def forget_owner(self, owner: int) -> None:
         """A closed session's slot stays as a plain prefix-cache entry."""
@@ -192,6 +235,9 @@ class KVCache:
             assert len(slot.tokens) <= self.capacity, f"slot {i} overflows"
             if slot.state is SlotState.FREE:
                 assert not slot.tokens and slot.owner is None, f"free slot {i} holds data"
+                assert not slot.snapshots, f"free slot {i} holds state snapshots"
+            assert all(s.position <= len(slot.tokens) for s in slot.snapshots), \
+                f"slot {i} holds a snapshot past its tokens"
             if slot.state is SlotState.RETAINED:
                 assert slot.tokens, f"retained slot {i} is empty"
         owners = [s.owner for s in self.slots if s.owner is not None]
@@ -225,7 +271,7 @@ class KVCache:
         slot for those two tokens evicted what the next request would have reused."""
         if not self.share_prefixes:
             return None
-        shared, _, best = max(((self._reusable(s.tokens, tokens, limit), -s.last_used,
+        shared, _, best = max(((self._reusable(s, tokens, limit).length, -s.last_used,
                                 s.index) for s in self.slots
                                if s.state is SlotState.RETAINED and s.owner is None),
                               default=(0, 0, -1))
@@ -237,33 +283,82 @@ class KVCache:
             return None
         # Prefer evicting plain prefix entries over another session's conversation.
         victim = min(retained, key=lambda s: (s.owner is not None, s.last_used))
-        victim.state, victim.tokens, victim.owner = SlotState.FREE, [], None
+        self._clear(victim)
         return victim
 
-    def _best_prefix(self, tokens: list[int], limit: int, exclude: int) -> tuple[int, int]:
-        best, best_len = -1, 0
+    def _clear(self, slot: Slot) -> None:
+        slot.state, slot.tokens, slot.owner = SlotState.FREE, [], None
+        slot.snapshots, slot.every = [], self.align  # their memory goes now
+
+    def _best_prefix(self, tokens: list[int], limit: int, exclude: int) -> tuple[int, Reuse]:
+        best, best_reuse = -1, Reuse(0, None)
         if not self.share_prefixes:
-            return best, best_len
+            return best, best_reuse
         for slot in self.slots:
             if slot.index == exclude or not slot.tokens:
                 continue
-            shared = self._reusable(slot.tokens, tokens, limit)
+            reuse = self._reusable(slot, tokens, limit)
             if not self.whole_only:  # a whole slot's end is where its state is
-                shared -= shared % self.align
-            if shared > best_len:
-                best, best_len = slot.index, shared
-        return best, best_len
+                reuse = Reuse(reuse.length - reuse.length % self.align, None)
+            if reuse.length > best_reuse.length:
+                best, best_reuse = slot.index, reuse
+        return best, best_reuse
 
-    def _reusable(self, held: list[int], tokens: list[int], limit: int) -> int:
-        """Leading tokens of `tokens` (at most `limit`) whose cache a slot holding `held`
-        can serve: their common prefix, or with a state all of `held` or nothing."""
-        common = min(_common_prefix(held, tokens), limit)
-        if self.whole_only and common < len(held):
-            return 0
-        return common
+    def _reusable(self, slot: Slot, tokens: list[int], limit: int) -> Reuse:
+        """Leading tokens of `tokens` (at most `limit`) whose cache `slot` can serve:
+        their common prefix, or with a state all of the slot's tokens (its live state) or
+        up to its latest snapshot within the common prefix."""
+        common = min(_common_prefix(slot.tokens, tokens), limit)
+        if not self.whole_only or common == len(slot.tokens):
+            return Reuse(common, None)
+        snapshot = _latest(slot.snapshots, common)
+        return Reuse(snapshot.position, snapshot) if snapshot else Reuse(0, None)
+
+    def _lend(self, source: Slot, slot: Slot, reuse: Reuse) -> None:
+        """Copy `reuse.length` positions of `source` into `slot`, with the states they
+        end at, and the snapshots that describe them (shared: never changed)."""
+        self.backend.copy_kv(source.index, slot.index, reuse.length)
+        if reuse.snapshot is not None:  # copy_kv took the source's live states
+            self.backend.restore_state(reuse.snapshot.states, slot.index)
+        slot.snapshots = [s for s in source.snapshots if s.position <= reuse.length]
+        slot.every = source.every
+
+    def _cut_back(self, slot: Slot, reuse: Reuse) -> None:
+        """The slot keeps its first `reuse.length` tokens' cache: restore the snapshot's
+        states there, and drop the snapshots of tokens about to be overwritten."""
+        if reuse.snapshot is not None:
+            self.backend.restore_state(reuse.snapshot.states, slot.index)
+        slot.snapshots = [s for s in slot.snapshots if s.position <= reuse.length]
+
+    def _snapshot(self, slot: Slot) -> None:
+        """Keep the slot's states at its current length; over the budget, double the
+        period and drop the snapshots off it (the rest stay spread over the slot)."""
+        slot.snapshots.append(Snapshot(len(slot.tokens), self.backend.save_state(slot.index)))
+        while len(slot.snapshots) > self.max_snapshots:
+            slot.every *= 2
+            slot.snapshots = [s for s in slot.snapshots if s.position % slot.every == 0]
 
     def _touch(self, slot: Slot) -> None:
         slot.last_used = next(self._clock)
+
+
+def snapshot_budget(backend: Backend, capacity: int, align: int) -> int:
+    """Bytes of state snapshots one slot may hold: none for a model without states; else
+    half the slot's KV and state (a Qwen3.5-0.8B state is ~18 MB a row against ~100 MB
+    of KV at 4096 positions: 2 snapshots, whose period doubles until they span the slot;
+    an LFM2 state is a few hundred KB: one every `align` positions fits), and never more
+    than one for every `align` positions (all a full slot can take)."""
+    state = backend.state_bytes()
+    if not backend.carries_state or not state:
+        return 0
+    half = backend.kv_slot_bytes(capacity) // 2
+    return min(max(half, state), capacity // align * state)
+
+
+def _latest(snapshots: list[Snapshot], position: int) -> Snapshot | None:
+    """The snapshot at the largest position <= `position`, if any."""
+    return max((s for s in snapshots if s.position <= position),
+               key=lambda s: s.position, default=None)
 
 
 def _common_prefix(a: list[int], b: list[int]) -> int:

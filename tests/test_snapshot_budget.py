@@ -1,0 +1,77 @@
+"""The KV cache's state snapshots on a fake backend: their budget, their period, what is
+dropped with a slot, and that an attention-only model keeps none (kv_cache.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from edgeprefill.engines.base import BackendOptions, StepBatch
+from edgeprefill.sdk.kv_cache import KVCache, snapshot_budget
+from tests.fake_backend import StatefulFakeBackend, fake_backend, fake_manifest, ids, state_hash
+
+
+def _stateful_cache(slots: int = 2, max_snapshots: int | None = None) -> KVCache:
+    backend = StatefulFakeBackend(Path("."), fake_manifest(), BackendOptions())
+    kv = KVCache(backend, slots=slots, capacity=512, align=16)
+    if max_snapshots is not None:
+        kv.max_snapshots = max_snapshots
+    return kv
+
+
+def _prefill(kv: KVCache, slot: int, tokens: list[int], start: int, end: int) -> None:
+    """Chunks of 16 from `start` to `end`, each cut where the cache keeps a snapshot."""
+    while start < end:
+        stop = kv.chunk_end(slot, start, min(start + 16, end))
+        part = tokens[start:stop]
+        kv.backend.run(StepBatch(np.array([part]), np.array([start], np.int32),
+                                 np.array([len(part)], np.int32), slot))
+        kv.extend(slot, part)
+        start = stop
+
+
+def test_over_budget_the_period_doubles_and_the_snapshots_stay_spread():
+    kv = _stateful_cache(max_snapshots=3)
+    tokens = ids(200)
+    slot = kv.acquire(tokens, None).slot
+    _prefill(kv, slot, tokens, 0, 96)
+    assert [s.position for s in kv.slots[slot].snapshots] == [32, 64, 96]
+    # The next chunk crossing a multiple of the new period ends there.
+    assert kv.chunk_end(slot, 96, 150) == 128 and kv.chunk_end(slot, 96, 120) == 120
+    kv.release(slot, keep=True)
+    # A prompt sharing 70 tokens gets 64 of them and the states there.
+    other = tokens[:70] + ids(30, seed=1)
+    got = kv.acquire(other, None)
+    assert (got.reused, got.copied_from) == (64, slot)
+    assert kv.backend.state[got.slot] == state_hash(0, tokens[:64])
+    kv.check_integrity()
+
+
+def test_a_freed_slot_drops_its_snapshots_and_period():
+    kv = _stateful_cache(max_snapshots=1)
+    tokens = ids(100)
+    slot = kv.acquire(tokens, None).slot
+    _prefill(kv, slot, tokens, 0, 64)
+    assert kv.slots[slot].every == 64
+    kv.release(slot, keep=False)
+    assert kv.slots[slot].snapshots == [] and kv.slots[slot].every == 16
+    kv.check_integrity()
+
+
+def test_the_budget_is_half_a_slot_and_at_most_one_snapshot_every_align_positions():
+    backend = StatefulFakeBackend(Path("."), fake_manifest(), BackendOptions())
+    slot_bytes = backend.kv_slot_bytes(512)  # 32 KB of KV per 512 positions, 8 of state
+    assert snapshot_budget(backend, 512, 16) == min(slot_bytes // 2, 32 * 8) == 256
+    assert KVCache(backend, slots=1, capacity=512, align=16).max_snapshots == 32
+
+
+def test_an_attention_only_model_keeps_no_snapshot_and_cuts_no_chunk():
+    backend = fake_backend()
+    assert snapshot_budget(backend, 512, 16) == 0
+    kv = KVCache(backend, slots=1, capacity=512, align=16)
+    tokens = ids(100)
+    slot = kv.acquire(tokens, None).slot
+    assert kv.chunk_end(slot, 0, 40) == 40
+    _prefill(kv, slot, tokens, 0, 64)  # the fake's save_state would raise
+    assert kv.slots[slot].snapshots == []
