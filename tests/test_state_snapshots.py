@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 
 from edgeprefill.sdk import Engine, GenerationParams
+from edgeprefill.sdk.kv_cache import snapshot_budget
 from tests.conftest import load_hf_model
 from tests.test_exactness import prompt_ids, reference_greedy
 
@@ -126,4 +127,18 @@ def test_snapshots_move_with_their_slot_when_decode_rows_are_compacted(family, h
     assert got.token_ids == reference_greedy(model, second)
     assert got.metrics.prefix_reused == 32
     engine.kv.check_integrity()
+    engine.close()
+
+
+def test_a_kv_budget_holds_each_slots_snapshots_too(family, bundle):
+    """kv_budget_bytes is divided by a slot's KV and state and the most its snapshots may
+    take: memory on the device stays within what was asked for."""
+    engine = _load(bundle, family, max_context=512)
+    backend, kv = engine.backend, engine.kv
+    snapshots = snapshot_budget(backend, 512, 16)
+    assert kv.max_snapshots * backend.state_bytes() <= snapshots
+    engine.close()
+    per_slot = backend.kv_slot_bytes(512) + snapshots
+    engine = _load(bundle, family, max_context=512, kv_budget_bytes=3 * per_slot + 1)
+    assert len(engine.kv.slots) == 3
     engine.close()
