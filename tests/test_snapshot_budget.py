@@ -8,7 +8,8 @@ from pathlib import Path
 import numpy as np
 
 from edgeprefill.engines.base import BackendOptions, StepBatch
-from edgeprefill.sdk.kv_cache import KVCache, snapshot_budget
+from edgeprefill.sdk.kv_cache import KVCache
+from edgeprefill.sdk.state_snapshots import snapshot_budget
 from tests.fake_backend import StatefulFakeBackend, fake_backend, fake_manifest, ids, state_hash
 
 

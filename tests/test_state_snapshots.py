@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from edgeprefill.sdk import Engine, GenerationParams
-from edgeprefill.sdk.kv_cache import snapshot_budget
+from edgeprefill.sdk.state_snapshots import snapshot_budget
 from tests.conftest import load_hf_model
 from tests.test_exactness import prompt_ids, reference_greedy
 

@@ -115,7 +115,7 @@ def _state_line(manifest) -> list[str]:
                        if match and int(match[2]) == m.state_layers[0])
     return [f"state       layers {', '.join(map(str, m.state_layers))} carry a recurrent "
             f"state instead of KV ({shapes} per slot and layer); a slot's cache is reused "
-            "whole or not at all"]
+            "whole or up to a snapshot of its states"]
 
 
 def _int4_prefill_line(graph, native: bool) -> list[str]:

@@ -100,7 +100,8 @@ class Backend(ABC):
     @property
     def carries_state(self) -> bool:
         """Slots hold a recurrent state beside the KV (state layers): a slot's cache is
-        reusable only whole, never cut back to a shorter prefix."""
+        reusable whole or up to a snapshot of its states (`save_state`), never cut back
+        by its KV alone."""
         return bool(self.manifest.model.state_layers)
 
     @property

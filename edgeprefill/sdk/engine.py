@@ -32,13 +32,14 @@ from edgeprefill.engines import BackendOptions, create_backend
 from edgeprefill.errors import BackendError, EdgeprefillError, EngineClosedError, RequestError
 from edgeprefill.sdk.config import EngineConfig, StepTrace
 from edgeprefill.sdk.generation_defaults import GenerationDefaults
-from edgeprefill.sdk.kv_cache import KVCache, snapshot_budget
+from edgeprefill.sdk.kv_cache import KVCache
 from edgeprefill.sdk.metrics import EngineCounters, EngineMetrics, RequestMetrics
 from edgeprefill.sdk.params import GenerationParams
 from edgeprefill.sdk.priority import parse_priority
 from edgeprefill.sdk.request import Phase, Request
 from edgeprefill.sdk.sampler import Sampled, Sampler
 from edgeprefill.sdk.scheduler import PrefillChunk, Scheduler, SchedulerConfig, StepPlan
+from edgeprefill.sdk.state_snapshots import snapshot_budget
 from edgeprefill.sdk.step_runner import StepRunner
 from edgeprefill.sdk.stream import TokenEvent, TokenStream
 from edgeprefill.sdk.tokenizer import BundleTokenizer, Prompt, TextStreamer

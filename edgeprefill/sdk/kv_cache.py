@@ -21,14 +21,11 @@ vLLM keeps mamba states at block boundaries. A slot then serves a prefix whole (
 state) or up to its latest snapshot at or before the common prefix (that snapshot's
 states restored into the destination slot, whose KV is the slot's own or a copy).
 
-Snapshots are bounded per slot in bytes (`snapshot_budget`, half a slot's KV and state
-at most): when a slot holds more, its period doubles and the snapshots off the new period
-go, so they stay spread over the whole slot (a shared system prompt's snapshot survives a
-long conversation after it) at a coarser grain. A slot's snapshots past the tokens it
-keeps go when a request takes it (they describe tokens about to be overwritten), all of
-them when it is freed or evicted; they move with the slot (`compact`), and a copy of a
-slot (a lent prefix, a fork) shares those at or before what it copied (a snapshot is
-never changed once taken). An attention-only model keeps none and cuts at any `align`.
+A slot's snapshots past the tokens it keeps go when a request takes it (they describe
+tokens about to be overwritten), all of them when it is freed or evicted; they move with
+the slot (`compact`), and a copy of a slot (a lent prefix, a fork) shares those at or
+before what it copied. Their budget and period: sdk/state_snapshots.py. An attention-only
+model keeps none and cuts a lent prefix at any multiple of `align`.
 
   state     tokens        request   meaning
   FREE      []            none      no data
@@ -44,17 +41,13 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from edgeprefill.engines.base import Backend
+from edgeprefill.sdk.state_snapshots import Snapshot, latest, snapshot_budget, thin
 
 
 class SlotState(enum.Enum):
     FREE = "free"
     RETAINED = "retained"
     ACTIVE = "active"
-
-
-class Snapshot(NamedTuple):
-    position: int  # the slot held this many tokens when the states were copied
-    states: object  # Backend.save_state's copy, never changed
 
 
 @dataclass
@@ -311,7 +304,7 @@ class KVCache:
         common = min(_common_prefix(slot.tokens, tokens), limit)
         if not self.whole_only or common == len(slot.tokens):
             return Reuse(common, None)
-        snapshot = _latest(slot.snapshots, common)
+        snapshot = latest(slot.snapshots, common)
         return Reuse(snapshot.position, snapshot) if snapshot else Reuse(0, None)
 
     def _lend(self, source: Slot, slot: Slot, reuse: Reuse) -> None:
@@ -331,34 +324,12 @@ class KVCache:
         slot.snapshots = [s for s in slot.snapshots if s.position <= reuse.length]
 
     def _snapshot(self, slot: Slot) -> None:
-        """Keep the slot's states at its current length; over the budget, double the
-        period and drop the snapshots off it (the rest stay spread over the slot)."""
+        """Keep the slot's states at its current length, within the budget."""
         slot.snapshots.append(Snapshot(len(slot.tokens), self.backend.save_state(slot.index)))
-        while len(slot.snapshots) > self.max_snapshots:
-            slot.every *= 2
-            slot.snapshots = [s for s in slot.snapshots if s.position % slot.every == 0]
+        slot.snapshots, slot.every = thin(slot.snapshots, slot.every, self.max_snapshots)
 
     def _touch(self, slot: Slot) -> None:
         slot.last_used = next(self._clock)
-
-
-def snapshot_budget(backend: Backend, capacity: int, align: int) -> int:
-    """Bytes of state snapshots one slot may hold: none for a model without states; else
-    half the slot's KV and state (a Qwen3.5-0.8B state is ~18 MB a row against ~100 MB
-    of KV at 4096 positions: 2 snapshots, whose period doubles until they span the slot;
-    an LFM2 state is a few hundred KB: one every `align` positions fits), and never more
-    than one for every `align` positions (all a full slot can take)."""
-    state = backend.state_bytes()
-    if not backend.carries_state or not state:
-        return 0
-    half = backend.kv_slot_bytes(capacity) // 2
-    return min(max(half, state), capacity // align * state)
-
-
-def _latest(snapshots: list[Snapshot], position: int) -> Snapshot | None:
-    """The snapshot at the largest position <= `position`, if any."""
-    return max((s for s in snapshots if s.position <= position),
-               key=lambda s: s.position, default=None)
 
 
 def _common_prefix(a: list[int], b: list[int]) -> int:
