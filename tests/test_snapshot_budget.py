@@ -6,8 +6,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from edgeprefill.engines.base import BackendOptions, StepBatch
+from edgeprefill.errors import BackendError
+from edgeprefill.sdk import GenerationParams
 from edgeprefill.sdk.kv_cache import KVCache
 from edgeprefill.sdk.state_snapshots import snapshot_budget
 from tests.fake_backend import StatefulFakeBackend, fake_backend, fake_manifest, ids, state_hash
@@ -76,3 +79,48 @@ def test_an_attention_only_model_keeps_no_snapshot_and_cuts_no_chunk():
     assert kv.chunk_end(slot, 0, 40) == 40
     _prefill(kv, slot, tokens, 0, 64)  # the fake's save_state would raise
     assert kv.slots[slot].snapshots == []
+    with pytest.raises(BackendError, match="keeps no recurrent state"):
+        backend.save_state(slot)
+
+
+def _greedy(prompt: list[int], new: int, vocab: int) -> list[int]:
+    """What StatefulFakeBackend generates for `prompt` from an empty cache."""
+    state, out = state_hash(0, prompt), []
+    for _ in range(new):
+        out.append(3 + state % (vocab - 3))
+        state = state_hash(state, out[-1:])
+    return out
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_interleaved_requests_sharing_prefixes_get_their_own_states(fake_engine, monkeypatch,
+                                                                    seed):
+    """Requests on a few shared prefixes, n > 1 choices, preemption, evictions and moved
+    slots, on a cache of 3 slots (few snapshots a slot in half the runs): every reply is
+    what its prompt alone gives."""
+    from edgeprefill import engines
+
+    monkeypatch.setitem(engines.BACKENDS, "fake-stateful",
+                        "tests.fake_backend:StatefulFakeBackend")
+    engine = fake_engine(backend="fake-stateful", kv_slots=3, background=False)
+    if seed % 2:
+        engine.kv.max_snapshots = 2
+    vocab = engine.manifest.model.vocab_size
+    rng = np.random.default_rng(seed)
+    bases = [ids(60, seed=seed * 10 + i) for i in range(3)]
+    streams = []
+    for i in range(12):
+        base = bases[rng.integers(len(bases))]
+        prompt = base[: rng.integers(10, 60)] + ids(int(rng.integers(1, 30)), seed=100 + i)
+        params = GenerationParams(max_new_tokens=int(rng.integers(1, 20)), ignore_eos=True)
+        n = int(rng.integers(1, 3))
+        chunk = int(rng.choice([16, 24, 64]))
+        got = engine.submit_n(prompt, params, n, priority=int(rng.integers(0, 3)),
+                              chunk_size=chunk)
+        streams += [(prompt, params.max_new_tokens, s) for s in got]
+        if rng.random() < 0.5:  # let some finish before the next arrive
+            got[0].result()
+    for prompt, new, stream in streams:
+        assert stream.result().token_ids == _greedy(prompt, new, vocab)
+    assert engine.kv.prefix_hits > 0
+    engine.kv.check_integrity()
