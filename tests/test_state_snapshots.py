@@ -45,6 +45,7 @@ def test_a_shared_system_prompt_is_lent_from_a_snapshot(family, hf_model, bundle
     # The lent prefix's snapshots came along: the second slot can lend it in turn.
     assert _positions(engine, 1)[:2] == [16, 32]
     engine.close()
+    assert not any(slot.snapshots for slot in engine.kv.slots)  # freed with the backend
 
 
 def test_an_edited_last_turn_resumes_from_a_snapshot_taken_while_decoding(family, hf_model,

@@ -335,6 +335,7 @@ class Engine:
             self._drain_inbox()  # requests submitted just before close() enter, then end
             for request in self.scheduler.live():
                 self._finish(request, "cancelled", keep=False)
+            self.kv.drop_snapshots()
             self.backend.close()
             self._closed = True
 

@@ -173,6 +173,12 @@ class KVCache:
         else:
             self._clear(slot)
 
+    def drop_snapshots(self) -> None:
+        """Free every slot's state snapshots (the engine closes: their memory goes now, with
+        the backend's, not when the cache is collected)."""
+        for slot in self.slots:
+            slot.snapshots, slot.every = [], self.align
+
     def forget_owner(self, owner: int) -> None:
         """A closed session's slot stays as a plain prefix-cache entry."""
         for slot in self.slots:
