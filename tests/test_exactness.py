@@ -99,22 +99,8 @@ def check_greedy(hf_dir, bundle_dir, lengths, chunks) -> None:
         for chunk in chunks:
             got = engine.generate(ids, params, chunk_size=chunk or length).result()
             assert got.token_ids == expected, f"length {length}, chunk {chunk}"
-            assert got.metrics.chunks == chunk_calls(length, chunk or length,
-                                                     engine.backend.carries_state)
+            assert got.metrics.chunks == -(-length // (chunk or length))
     engine.close()
-
-
-def chunk_calls(length: int, chunk: int, stateful: bool, align: int = 16) -> int:
-    """Prefill calls of a prompt in chunks of `chunk`; with states, each chunk that
-    crosses a multiple of `align` ends at the last one (a state snapshot is kept there)."""
-    if not stateful:
-        return -(-length // chunk)
-    calls, start = 0, 0
-    while start < length:
-        end = min(start + chunk, length)
-        start = end - end % align if end - end % align > start else end
-        calls += 1
-    return calls
 
 
 @pytest.mark.parametrize("flavor", FLAVORS)

@@ -27,7 +27,7 @@ def _stateful_cache(slots: int = 2, max_snapshots: int | None = None) -> KVCache
 def _prefill(kv: KVCache, slot: int, tokens: list[int], start: int, end: int) -> None:
     """Chunks of 16 from `start` to `end`, each cut where the cache keeps a snapshot."""
     while start < end:
-        stop = kv.chunk_end(slot, start, min(start + 16, end))
+        stop = kv.chunk_end(slot, start, min(start + 16, end), finishes=False)
         part = tokens[start:stop]
         kv.backend.run(StepBatch(np.array([part]), np.array([start], np.int32),
                                  np.array([len(part)], np.int32), slot))
@@ -42,7 +42,9 @@ def test_over_budget_the_period_doubles_and_the_snapshots_stay_spread():
     _prefill(kv, slot, tokens, 0, 96)
     assert [s.position for s in kv.slots[slot].snapshots] == [32, 64, 96]
     # The next chunk crossing a multiple of the new period ends there.
-    assert kv.chunk_end(slot, 96, 150) == 128 and kv.chunk_end(slot, 96, 120) == 120
+    assert kv.chunk_end(slot, 96, 150, finishes=False) == 128
+    assert kv.chunk_end(slot, 96, 120, finishes=False) == 120
+    assert kv.chunk_end(slot, 96, 150, finishes=True) == 150  # no call added
     kv.release(slot, keep=True)
     # A prompt sharing 70 tokens gets 64 of them and the states there.
     other = tokens[:70] + ids(30, seed=1)
@@ -76,7 +78,7 @@ def test_an_attention_only_model_keeps_no_snapshot_and_cuts_no_chunk():
     kv = KVCache(backend, slots=1, capacity=512, align=16)
     tokens = ids(100)
     slot = kv.acquire(tokens, None).slot
-    assert kv.chunk_end(slot, 0, 40) == 40
+    assert kv.chunk_end(slot, 0, 40, finishes=False) == 40
     _prefill(kv, slot, tokens, 0, 64)  # the fake's save_state would raise
     assert kv.slots[slot].snapshots == []
     with pytest.raises(BackendError, match="keeps no recurrent state"):

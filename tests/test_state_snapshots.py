@@ -28,15 +28,16 @@ def _positions(engine: Engine, slot: int) -> list[int]:
 
 
 def test_a_shared_system_prompt_is_lent_from_a_snapshot(family, hf_model, bundle):
-    """Chunks of 24 end at 16, 32 and 48 (cut where a snapshot is kept): the second
-    prompt shares 40 tokens, so it copies 32 positions and restores the states there."""
+    """Chunks of 24 end at 16 and 32 (cut where a snapshot is kept; the last, which ends
+    the prompt, is not cut): the second prompt shares 40 tokens, so it copies 32
+    positions and restores the states there."""
     model = load_hf_model(hf_model(family))
     engine = _load(bundle, family, chunk_size=24)
     system = prompt_ids(40)
     first = system + prompt_ids(13, seed=5)[1:]
     second = system + prompt_ids(11, seed=6)[1:]
     assert engine.generate(first, PARAMS).result().token_ids == reference_greedy(model, first)
-    assert _positions(engine, 0) == [16, 32, 48]
+    assert _positions(engine, 0) == [16, 32]
     hits = engine.kv.prefix_hits
     got = engine.generate(second, PARAMS).result()
     assert got.token_ids == reference_greedy(model, second)
@@ -46,6 +47,22 @@ def test_a_shared_system_prompt_is_lent_from_a_snapshot(family, hf_model, bundle
     assert _positions(engine, 1)[:2] == [16, 32]
     engine.close()
     assert not any(slot.snapshots for slot in engine.kv.slots)  # freed with the backend
+
+
+def test_a_request_parting_from_a_cached_prompt_keeps_a_snapshot_there_for_the_next(
+        family, hf_model, bundle):
+    """The first prompt runs in one call (chunks of 64): no snapshot. The second shares
+    its 40-token system prompt, reuses nothing, and its chunk ends at 32 (its mark), so
+    a snapshot is kept there; the third reuses 32 tokens from it."""
+    model = load_hf_model(hf_model(family))
+    engine = _load(bundle, family, chunk_size=64)
+    system = prompt_ids(40)
+    prompts = [system + prompt_ids(13, seed=seed)[1:] for seed in (5, 6, 7)]
+    got = [engine.generate(p, PARAMS).result() for p in prompts]
+    assert [g.token_ids for g in got] == [reference_greedy(model, p) for p in prompts]
+    assert [g.metrics.prefix_reused for g in got] == [0, 0, 32]
+    assert [g.metrics.chunks for g in got] == [1, 2, 1]
+    engine.close()
 
 
 def test_an_edited_last_turn_resumes_from_a_snapshot_taken_while_decoding(family, hf_model,

@@ -14,12 +14,16 @@ Retained slots are evicted least recently used when a request needs room.
 A model whose layers carry a recurrent state beside the KV (LFM2's short convolutions,
 Qwen3.5's Gated DeltaNet: `Backend.carries_state`) cannot cut a slot back to a shorter
 prefix by its KV alone: the live state is that of the slot's last token. So the cache
-keeps *snapshots*, copies of a slot's states at positions that are multiples of the
-slot's snapshot period (`align` at first; a prefill chunk that would cross such a
-position ends there, `chunk_end`, and a decode step that lands on one takes it too), as
-vLLM keeps mamba states at block boundaries. A slot then serves a prefix whole (its live
-state) or up to its latest snapshot at or before the common prefix (that snapshot's
-states restored into the destination slot, whose KV is the slot's own or a copy).
+keeps *snapshots*, copies of a slot's states where a call ended, as vLLM keeps mamba
+states at block boundaries: at positions that are multiples of the slot's snapshot
+period (`align` at first; a prefill chunk that crosses one ends there, but for the
+prompt's last chunk, whose cut would cost a call: `chunk_end`; a decode step that lands
+on one takes it too), and at the slot's *mark*: where its prompt parts from the longest
+aligned prefix it shares with a cached one that kept no snapshot that far (a system
+prompt's end: the request pays one more call, the next ones sharing it reuse it). A
+slot then serves a prefix whole (its live state) or up to its latest snapshot at or
+before the common prefix (that snapshot's states restored into the destination slot,
+whose KV is the slot's own or a copy).
 
 A slot's snapshots past the tokens it keeps go when a request takes it (they describe
 tokens about to be overwritten), all of them when it is freed or evicted; they move with
@@ -59,6 +63,7 @@ class Slot:
     last_used: int = 0
     snapshots: list[Snapshot] = field(default_factory=list)  # ascending positions
     every: int = 1  # snapshot period: positions that are a multiple of it get one
+    mark: int = 0  # where its prompt parts from a cached one: a snapshot goes there too
 
 
 class Reuse(NamedTuple):
@@ -127,6 +132,8 @@ class KVCache:
         reused = max(own.length, shared.length)
         if reused:
             self.prefix_hits += 1
+        parting = self._parting(slot, tokens, limit) if self.max_snapshots else 0
+        slot.mark = parting if parting > reused else 0
         slot.state, slot.tokens = SlotState.ACTIVE, tokens[:reused]
         slot.owner = owner
         self._touch(slot)
@@ -151,18 +158,23 @@ class KVCache:
         assert slot.state is SlotState.ACTIVE, slot
         slot.tokens.extend(tokens)
         assert len(slot.tokens) <= self.capacity
-        if self.max_snapshots and slot.tokens and len(slot.tokens) % slot.every == 0:
+        length = len(slot.tokens)
+        if self.max_snapshots and length and (length % slot.every == 0 or length == slot.mark):
             self._snapshot(slot)
 
-    def chunk_end(self, index: int, start: int, end: int) -> int:
-        """Where a prefill chunk of slot `index` over positions [start, end) should end:
-        at the last snapshot position inside it, so that the states there are kept (a
-        model with states), else at `end`. Reads the cache only."""
+    def chunk_end(self, index: int, start: int, end: int, finishes: bool) -> int:
+        """Where a prefill chunk of slot `index` over positions [start, end) should end
+        (`finishes`: it ends the prompt), so that a snapshot of the states is kept: at
+        the slot's mark inside it; else, but for the prompt's last chunk (a cut there
+        would cost a call), at the last multiple of the period inside it; else at `end`.
+        Reads the cache only."""
         if not self.max_snapshots:
             return end
-        every = self.slots[index].every
-        cut = end - end % every
-        return cut if cut > start else end
+        slot = self.slots[index]
+        if start < slot.mark < end:
+            return slot.mark
+        cut = end - end % slot.every
+        return cut if cut > start and not finishes else end
 
     def release(self, index: int, keep: bool) -> None:
         """End a request's use of its slot: keep the KV for reuse, or free it at once."""
@@ -287,7 +299,7 @@ class KVCache:
 
     def _clear(self, slot: Slot) -> None:
         slot.state, slot.tokens, slot.owner = SlotState.FREE, [], None
-        slot.snapshots, slot.every = [], self.align  # their memory goes now
+        slot.snapshots, slot.every, slot.mark = [], self.align, 0  # their memory goes now
 
     def _best_prefix(self, tokens: list[int], limit: int, exclude: int) -> tuple[int, Reuse]:
         best, best_reuse = -1, Reuse(0, None)
@@ -328,6 +340,15 @@ class KVCache:
         if reuse.snapshot is not None:
             self.backend.restore_state(reuse.snapshot.states, slot.index)
         slot.snapshots = [s for s in slot.snapshots if s.position <= reuse.length]
+
+    def _parting(self, slot: Slot, tokens: list[int], limit: int) -> int:
+        """The longest aligned prefix `tokens` shares with the slot's old tokens or (when
+        prefixes are shared) another slot's: a later request that shares it too could
+        reuse that much if a snapshot were kept there (a system prompt's end, where
+        requests part)."""
+        slots = self.slots if self.share_prefixes else [slot]
+        common = max(min(_common_prefix(s.tokens, tokens), limit) for s in slots)
+        return common - common % self.align
 
     def _snapshot(self, slot: Slot) -> None:
         """Keep the slot's states at its current length, within the budget."""

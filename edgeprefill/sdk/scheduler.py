@@ -233,7 +233,7 @@ class Scheduler:
         length = max(1, min(size, budget, left))
         # A model with states: end where the cache keeps a snapshot, if the chunk crosses one.
         start = request.kv_len
-        return self.kv.chunk_end(_slot(request), start, start + length) - start
+        return self.kv.chunk_end(_slot(request), start, start + length, length == left) - start
 
     # -- keeping decode rows adjacent -------------------------------------------------
 
