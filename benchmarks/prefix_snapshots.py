@@ -5,9 +5,9 @@ one process, a fresh engine each time.
 
     python benchmarks/prefix_snapshots.py BUNDLE --system 512 --user 40 --rounds 3
 
-Each turn sends system + user A (max_new_tokens 1), then system + user B, and records both
-TTFTs and how many tokens the second reused. Prints the CPU and, per mode, the median
-and fastest of each over `--rounds`.
+Each turn sends system + user A (max_new_tokens 1), then system + user B, then system +
+user C, and records their TTFTs and how many tokens each reused. Prints the CPU and, per
+mode, the median and fastest TTFT of each request over `--rounds`.
 """
 
 from __future__ import annotations
@@ -25,14 +25,13 @@ PARAMS = GenerationParams(max_new_tokens=1, ignore_eos=True)
 
 
 def turn(bundle: Path, threads: int, prompts: list[list[int]], snapshots: bool):
-    """(first TTFT s, second TTFT s, tokens the second reused)."""
+    """([TTFT s of each prompt], [tokens each reused])."""
     engine = Engine.load(bundle, threads=threads, background=False)
     if not snapshots:
         engine.kv.max_snapshots = 0  # no snapshot is taken and no chunk cut for one
     got = [engine.submit(p, PARAMS, 0, None).result().metrics for p in prompts]
     engine.close()
-    ttft = [m.token_times[0] - m.arrival for m in got]
-    return ttft[0], ttft[1], got[1].prefix_reused
+    return [m.token_times[0] - m.arrival for m in got], [m.prefix_reused for m in got]
 
 
 def main() -> None:
@@ -52,19 +51,19 @@ def main() -> None:
         return [int(t) for t in rng.integers(3, size, n)]
 
     system = [1, *ids(args.system - 1)]
-    prompts = [system + ids(args.user), system + ids(args.user)]
-    runs: dict[bool, list[tuple[float, float, int]]] = {False: [], True: []}
+    prompts = [system + ids(args.user) for _ in range(3)]
+    runs: dict[bool, list[tuple[list[float], list[int]]]] = {False: [], True: []}
     for _ in range(args.rounds):
         for snapshots in (False, True):
             runs[snapshots].append(turn(args.bundle, args.threads, prompts, snapshots))
     print(f"CPU: {cpu_name()}; {args.threads} threads; system {args.system} + user "
           f"{args.user} tokens; {args.rounds} rounds")
     for snapshots, got in runs.items():
-        first, second = [r[0] * 1e3 for r in got], [r[1] * 1e3 for r in got]
-        print(f"snapshots {'on ' if snapshots else 'off'}: first TTFT median "
-              f"{statistics.median(first):.0f} ms (fastest {min(first):.0f}), second "
-              f"{statistics.median(second):.0f} ms (fastest {min(second):.0f}), "
-              f"reused {got[0][2]}")
+        times = [[ttft[i] * 1e3 for ttft, _ in got] for i in range(len(prompts))]
+        said = ", ".join(f"{statistics.median(t):.0f} ms (fastest {min(t):.0f})"
+                         for t in times)
+        print(f"snapshots {'on ' if snapshots else 'off'}: TTFT median of each request "
+              f"{said}; reused {got[0][1]}")
 
 
 if __name__ == "__main__":
