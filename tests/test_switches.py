@@ -76,6 +76,19 @@ def test_merged_graph_computes_the_same_bits(int4_bundle, library, monkeypatch):
         np.testing.assert_array_equal(b, a)
 
 
+def test_a_hybrid_int4_bundle_loads_merged_and_computes_the_same_bits(
+        hf_model, tmp_path, library, monkeypatch):
+    """Qwen3.5's first DeltaNet layer makes int64 token indices that later layers read: a
+    value the merged If hands on that is not float (declared float, the load failed)."""
+    export(hf_model("qwen3_5_text"), tmp_path / "b", ExportOptions(
+        chunks=(16,), max_context=CONTEXT, show_progress=False, quant=QuantConfig("int4")))
+    plain = load(tmp_path / "b", monkeypatch, merge=False)
+    merged = load(tmp_path / "b", monkeypatch, merge=True)
+    assert merged.switches.merged >= 2 * load_manifest(tmp_path / "b").model.num_layers
+    for a, b in zip(steps(plain), steps(merged), strict=True):
+        np.testing.assert_array_equal(b, a)
+
+
 def test_stats_say_the_switches_were_merged(int4_bundle, library, monkeypatch):
     from edgeprefill.cli.report import backend_line
 

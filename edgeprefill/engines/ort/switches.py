@@ -134,12 +134,13 @@ def _branch(region: list[NodeProto], outputs: list[str], side: str, kind: str,
             body.extend(_inline(node, side, renamed, f"{kind}.{index}"))
         else:
             body.append(_copy(node, renamed, f".{kind}"))
-    # What a layer stack hands on is float (the kernels only run on float32 bundles): the
-    # hidden state, and every present K/V as the graph declares it (uint16 bf16 bits where
-    # the load keeps a bf16 cache: engines/ort/bf16_kv.py).
+    # A graph output keeps the type the graph declares (uint16 bf16 bits where the load keeps
+    # a bf16 cache: engines/ort/bf16_kv.py); any other value is left untyped, for ONNX Runtime
+    # to take from the node that makes it: not all are float (a hybrid's first layer makes
+    # the int64 token indices its later layers read; declared float, the load failed).
     declared = {o.name: o.type.tensor_type.elem_type for o in graph.output}
-    values = [helper.make_tensor_value_info(renamed[o], declared.get(o, TensorProto.FLOAT), None)
-              for o in outputs]
+    values = [helper.make_tensor_value_info(renamed[o], declared[o], None) if o in declared
+              else helper.make_empty_tensor_value_info(renamed[o]) for o in outputs]
     return helper.make_graph(body, f"edgeprefill.switches.{kind}", [], values)
 
 
