@@ -580,8 +580,7 @@ LFM3 = FamilySpec(
               "num_hidden_layers": 24, "num_attention_heads": 16, "num_key_value_heads": 4,
               "head_dim": 128, "max_position_embeddings": 128_000, "norm_eps": 1e-5,
               "rope_theta": 1_000_000.0, "conv_L_cache": 7, "sliding_window": 256,
-              "use_sandwich_norm": True, "use_attention_gate": True,
-              "bos_token_id": 124_894, "eos_token_id": 124_900},
+              "use_sandwich_norm": True, "use_attention_gate": True},
     quirks=("per-head q/k RMSNorm",),
 )
 # GPT-2's config keys -> the names the reader reads (which win where both are given).
