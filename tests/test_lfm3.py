@@ -187,6 +187,9 @@ def test_lfm3_vl_ties_as_its_outer_config_says(outer, expected):
      "layer_types holds unsupported kinds: linear_attention"),
     ({"model_type": "lfm3_vl", "text_config": {"model_type": "lfm2"}},
      "text_config model_type 'lfm2' is not supported; supported: lfm3"),
+    ({"model_type": "lfm3", "sliding_window": None,
+      "layer_types": ["conv", "sliding_attention", "full_attention", "conv"]},
+     "lfm3: layer_types has sliding_attention layers but sliding_window is null"),
     ({"model_type": "llama", "rope_parameters": {"rope_type": "proportional"}},
      "llama: rope type 'proportional' is not supported by this family's model"),
 ])

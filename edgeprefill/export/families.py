@@ -386,6 +386,13 @@ def _lfm3_config(raw: dict[str, Any]) -> dict[str, Any]:
     return raw
 
 
+def _lfm3_unsupported(raw: dict[str, Any]) -> str | None:
+    # Lfm3Model builds the sliding layers' mask from sliding_window and fails without one.
+    if "sliding_attention" in raw["layer_types"] and raw.get("sliding_window") is None:
+        return "layer_types has sliding_attention layers but sliding_window is null"
+    return None
+
+
 def _qwen3_5_layers(raw: dict[str, Any]) -> dict[str, Any]:
     """Qwen3_5TextConfig: without `layer_types`, every `full_attention_interval`-th layer
     (4th by default) attends and the others are Gated DeltaNet."""
@@ -575,6 +582,7 @@ LFM3 = FamilySpec(
     block_from_config=lambda raw: "sandwich" if raw["use_sandwich_norm"] else "pre",
     block_names={"pre": replace(LFM3_NAMES, post_attn_norm="ffn_norm")},
     head_gate_key="use_attention_gate", rope_types=("proportional",), legacy=_lfm3_config,
+    refuse=_lfm3_unsupported,
     # Lfm3Config's defaults (LFM3-1.7B's): head_dim is not hidden_size / heads
     defaults={"vocab_size": 128_000, "hidden_size": 2048, "intermediate_size": 7680,
               "num_hidden_layers": 24, "num_attention_heads": 16, "num_key_value_heads": 4,

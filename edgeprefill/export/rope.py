@@ -91,7 +91,8 @@ class RopeConfig:
         if self.kind == "ntk_alpha":
             return f"NTK alpha {self.alpha:g}"
         if self.kind == "proportional":
-            return f"proportional ({self.proportion:g} of each head's frequencies)"
+            scaled = "" if self.factor == 1.0 else f" x{self.factor:g}"
+            return f"proportional ({self.proportion:g} of each head's frequencies){scaled}"
         return self.kind if self.factor == 1.0 else f"{self.kind} x{self.factor:g}"
 
 
