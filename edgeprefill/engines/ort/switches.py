@@ -51,7 +51,7 @@ def merge_switches(model: ModelProto) -> Switches:
     if len(switches) < 2:
         return Switches(0)
     first, last = switches[0], switches[-1]
-    region = nodes[first : last + 1]
+    hoisted, region = _split_region(nodes[first : last + 1])
     heavy = _heavy_initializers(model.graph)
     if any(not _is_switch(n) and _prepacks(n) and set(n.input) & heavy for n in region):
         return Switches(0, "a weight outside the switches would be held twice")
@@ -64,8 +64,25 @@ def merge_switches(model: ModelProto) -> Switches:
         else_branch=_branch(region, outputs, "else_branch", "prefill", model.graph),
     )
     del model.graph.node[:]
-    model.graph.node.extend([*nodes[:first], merged, *nodes[last + 1 :]])
+    model.graph.node.extend([*nodes[:first], *hoisted, merged, *nodes[last + 1 :]])
     return Switches(len(switches))
+
+
+def _split_region(span: list[NodeProto]) -> tuple[list[NodeProto], list[NodeProto]]:
+    """(the nodes of `span` that read nothing a switch makes, directly or through other
+    nodes of it; the rest). The first run before the If, once, and the branches read their
+    values from outside: a conv layer's state indices, int64 values of the step's lengths
+    that a later layer reads, would otherwise be region outputs, which the branches
+    declare float."""
+    switched: set[str] = set()
+    before, region = [], []
+    for node in span:
+        if _is_switch(node) or switched.intersection(_reads(node)):
+            switched.update(o for o in node.output if o)
+            region.append(node)
+        else:
+            before.append(node)
+    return before, region
 
 
 def _prepacks(node: NodeProto) -> bool:
