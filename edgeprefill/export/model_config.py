@@ -9,7 +9,7 @@ downstream reads the fields of `ModelConfig` and never looks at the raw dict.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +43,10 @@ class LayerAttention:
     window: int | None  # sliding window: a query sees the last `window` positions, itself incl.
     rope: str | None  # GLOBAL or LOCAL (a key of ModelConfig.ropes); None: no rotary (NoPE)
     scale: float = 1.0  # times ModelConfig.attn_scale in this layer (GPT-2's 1 / (layer + 1))
+    # This layer's own head size and KV heads (Gemma 4's full-attention layers); None: the
+    # model's head_dim and num_kv_heads.
+    head_dim: int | None = None
+    kv_heads: int | None = None
 
 
 @dataclass(frozen=True)
@@ -108,6 +112,15 @@ class ModelConfig:
     # Qwen3.5 (Qwen3-Next's attention): q_proj gives each head's query and an output gate;
     # attention's output times sigmoid(gate) goes to o_proj.
     attn_gate: bool = False
+    # Gemma 4: layers without KV of their own, each reading the KV an earlier layer of its
+    # kind wrote in the same step (consumer -> producer; num_kv_shared_layers).
+    shared_kv: dict[int, int] = field(default_factory=dict)
+    # Gemma 4: full-attention layers whose values are their keys' projection (no v_proj).
+    k_eq_v: bool = False
+    # Gemma 4's per-layer inputs (PLE): each layer's `per_layer_input`-wide slice of a second
+    # embedding, mixed with a projection of the main one; 0: none.
+    per_layer_input: int = 0
+    per_layer_vocab: int = 0
 
     def __post_init__(self) -> None:
         check_model_config(self)
@@ -116,11 +129,12 @@ class ModelConfig:
                 f"layer_types lists {len(self.layers)} layers; num_hidden_layers is "
                 f"{self.num_layers}"
             )
-        for rope in self.ropes.values():
-            if not 0 < rope.rotary_dim <= self.head_dim:
+        for i, layer in enumerate(self.layers):
+            rope = self.ropes[layer.rope or GLOBAL]
+            if not 0 < rope.rotary_dim <= self.layer_head_dim(i):
                 raise ExportError(
                     f"the rotary dimension {rope.rotary_dim} does not fit head_dim "
-                    f"{self.head_dim} (check partial_rotary_factor)"
+                    f"{self.layer_head_dim(i)} (check partial_rotary_factor)"
                 )
         if self.block not in BLOCKS:
             raise ExportError(f"unknown block layout {self.block!r}")
@@ -150,6 +164,29 @@ class ModelConfig:
         if layer in self.delta_layers:
             return (CONV, RECURRENT)
         return (CONV,) if layer in self.conv_layers else ()
+
+    def layer_head_dim(self, layer: int) -> int:
+        return self.layers[layer].head_dim or self.head_dim
+
+    def layer_kv_heads(self, layer: int) -> int:
+        return self.layers[layer].kv_heads or self.num_kv_heads
+
+    @property
+    def kv_layers(self) -> tuple[int, ...]:
+        """The layers that hold KV of their own: neither a state nor another layer's KV."""
+        return tuple(i for i in range(self.num_layers)
+                     if i not in self.state_layers and i not in self.shared_kv)
+
+    def for_layer(self, layer: int) -> ModelConfig:
+        """This config as one attention layer sees it: its head size and KV heads as the
+        model's, and its rope under both names (so `rotary_dim` is its own)."""
+        if all(each.head_dim is None and each.kv_heads is None for each in self.layers):
+            return self
+        spec = self.layers[layer]
+        rope = self.ropes[spec.rope or GLOBAL]
+        return replace(self, head_dim=self.layer_head_dim(layer),
+                       num_kv_heads=self.layer_kv_heads(layer),
+                       ropes={GLOBAL: rope, LOCAL: rope})
 
     @property
     def rotary_dim(self) -> int:
@@ -232,6 +269,8 @@ def _read(family: str, spec: FamilySpec, raw: dict[str, Any]) -> ModelConfig:
     qkv_bias, o_bias, mlp_bias = _biases(raw, spec)
     ropes = _ropes(raw, _rotary_dim(raw, spec, head_dim))
     _refuse_other_familys_rope(family, spec, ropes)
+    layers = _layers(raw, spec)
+    ropes = _rope_widths(ropes, layers)
     return ModelConfig(
         family=family,
         hidden_size=hidden,
@@ -252,7 +291,7 @@ def _read(family: str, spec: FamilySpec, raw: dict[str, Any]) -> ModelConfig:
         activation=_activation(raw, spec),
         block=spec.block_from_config(raw) if spec.block_from_config else spec.block,
         ropes=ropes,
-        layers=_layers(raw, spec),
+        layers=layers,
         attn_scale=_attn_scale(raw, head_dim),
         attn_softcap=_optional_float(raw.get("attn_logit_softcapping"))
         if "attn" in spec.softcaps else None,
@@ -268,7 +307,72 @@ def _read(family: str, spec: FamilySpec, raw: dict[str, Any]) -> ModelConfig:
         **_conv(raw, spec),
         **_delta(raw, spec),
         attn_gate=spec.attn_gate,
+        **_gemma4(raw, spec),
     )
+
+
+def _gemma4(raw: dict[str, Any], spec: FamilySpec) -> dict[str, Any]:
+    """Gemma 4's fields of ModelConfig (KV sharing, k = v, per-layer inputs); none for
+    other families."""
+    if not spec.per_layer_heads:
+        return {}
+    return {"shared_kv": _shared_kv(raw), "k_eq_v": bool(raw.get("attention_k_eq_v")),
+            "per_layer_input": int(raw.get("hidden_size_per_layer_input") or 0),
+            "per_layer_vocab": int(raw.get("vocab_size_per_layer_input") or 0)}
+
+
+def _shared_kv(raw: dict[str, Any]) -> dict[int, int]:
+    """Gemma4TextConfig.kv_sharing_modes: the last num_kv_shared_layers layers each read
+    the KV of the last earlier layer of their kind."""
+    types, shared = raw["layer_types"], int(raw.get("num_kv_shared_layers") or 0)
+    first = len(types) - shared
+    if shared and first < 1:
+        raise ExportError(f"num_kv_shared_layers ({shared}) leaves no layer to hold KV")
+    producers = {kind: i for i, kind in enumerate(types[:first])}  # the last of each kind
+    out = {}
+    for i in range(first, len(types)):
+        if types[i] not in producers:
+            raise ExportError(f"layer {i} ({types[i]}) shares KV, but no earlier layer of its "
+                              "kind holds any (num_kv_shared_layers)")
+        out[i] = producers[types[i]]
+    return out
+
+
+def _layer_heads(raw: dict[str, Any], layers: tuple[LayerAttention, ...]
+                 ) -> tuple[LayerAttention, ...]:
+    """Layers with a head size or KV head count of their own (`per_layer_config`, as
+    transformers 5 writes Gemma 4's configs: layer -> {head_dim, num_key_value_heads})."""
+    table = raw.get("per_layer_config") or {}
+    if not isinstance(table, dict):
+        raise ValueError("per_layer_config must be an object of layer -> overrides")
+    out = list(layers)
+    for key, overrides in table.items():
+        unknown = set(overrides) - {"head_dim", "num_key_value_heads"}
+        if unknown:
+            raise ExportError(f"per_layer_config overrides {', '.join(sorted(unknown))}; only "
+                              "head_dim and num_key_value_heads are supported")
+        i = int(key)
+        if not 0 <= i < len(out):
+            raise ExportError(f"per_layer_config names layer {i}; there are {len(out)}")
+        heads = overrides.get("num_key_value_heads")
+        out[i] = replace(out[i], head_dim=int(overrides.get("head_dim") or raw["head_dim"]),
+                         kv_heads=None if heads is None else int(heads))
+    return tuple(out)
+
+
+def _rope_widths(ropes: dict[str, RopeConfig], layers: tuple[LayerAttention, ...]
+                 ) -> dict[str, RopeConfig]:
+    """A rope used by layers with a head size of their own (Gemma 4's global layers)
+    rotates that head: its proportional frequencies span the whole head."""
+    ropes = dict(ropes)
+    for name in ropes:
+        dims = {layer.head_dim for layer in layers if layer.rope == name and layer.head_dim}
+        if len(dims) > 1:
+            raise ExportError(f"layers of one rope have head sizes {sorted(dims)}; export "
+                              "supports one per layer kind")
+        if dims:
+            ropes[name] = replace(ropes[name], rotary_dim=dims.pop())
+    return ropes
 
 
 def _conv(raw: dict[str, Any], spec: FamilySpec) -> dict[str, Any]:
@@ -408,11 +512,12 @@ def _layers(raw: dict[str, Any], spec: FamilySpec) -> tuple[LayerAttention, ...]
     # Sliding layers use the LOCAL rope, which equals GLOBAL unless the config gives local
     # layers their own (Gemma 3); flavours emit one table per distinct rope.
     inverse = spec.inverse_layer_scale_key is not None and raw.get(spec.inverse_layer_scale_key)
-    return tuple(
+    layers = tuple(
         LayerAttention(window if slide else None, (LOCAL if slide else GLOBAL) if rope else None,
                        1.0 / (i + 1) if inverse else 1.0)
         for i, (slide, rope) in enumerate(zip(slides, ropes, strict=True))
     )
+    return _layer_heads(raw, layers) if spec.per_layer_heads else layers
 
 
 def _rope_layers(raw: dict[str, Any], count: int) -> list[bool]:

@@ -9,6 +9,10 @@ bundle (see `RopeConfig.for_context` and docs/design.md, "Rotary scaling"):
   a bundle never reaches (export refuses a larger context): it is `default` in a bundle.
 - `ntk_alpha`: HunYuan's "dynamic" rope with a fixed `alpha`, which only stretches the base
   (theta * alpha ** (dim / (dim - 2))): static, whatever the sequence length.
+- `proportional`: Gemma 4's global layers: the first `proportion` of each head's rotary
+  pairs turn at the default frequencies of the whole head (exponents over head_dim, not
+  over the rotated part), the rest at frequency 0 (cos 1, sin 0: they pass through).
+  A bundle rotates all of head_dim with those frequencies, which is that.
 - `longrope`: transformers takes `short_factor` while the sequence is at most
   `original_max_position_embeddings` long and `long_factor` beyond; a bundle whose context
   fits the original window uses the short factors, a larger one the long factors.
@@ -46,6 +50,7 @@ class RopeConfig:
     long_factor: tuple[float, ...] = ()  # longrope
     use_long_factor: bool = False  # longrope: which set this bundle uses (for_context)
     alpha: float = 1.0  # ntk_alpha
+    proportion: float = 1.0  # proportional: the share of the head's pairs that rotate
 
     def __post_init__(self) -> None:
         if self.kind not in ROPE_TYPES:
@@ -102,6 +107,16 @@ def _ntk_alpha(rope: RopeConfig) -> np.ndarray:
     # HunYuanDenseV1RotaryEmbedding: the base in double precision, then the default rope.
     dim = rope.rotary_dim
     return _default(replace(rope, theta=rope.theta * rope.alpha ** (dim / (dim - 2))))
+
+
+def _proportional(rope: RopeConfig) -> np.ndarray:
+    # transformers' _compute_proportional_rope_parameters: rotary_dim is the whole head.
+    head = rope.rotary_dim
+    angles = int(rope.proportion * head // 2)
+    exponents = np.arange(0, 2 * angles, 2, dtype=np.int64).astype(np.float32) / np.float32(head)
+    turning = 1.0 / (np.float32(rope.theta) ** exponents)
+    still = np.zeros(head // 2 - angles, np.float32)
+    return (np.concatenate([turning, still]) / np.float32(rope.factor)).astype(np.float32)
 
 
 def _linear(rope: RopeConfig) -> np.ndarray:
@@ -182,6 +197,7 @@ ROPE_TYPES: dict[str, Callable[[RopeConfig], np.ndarray]] = {
     "yarn": _yarn,
     "longrope": _longrope,
     "ntk_alpha": _ntk_alpha,
+    "proportional": _proportional,
 }
 
 
@@ -226,6 +242,8 @@ def rope_from_params(
         short_factor=tuple(float(f) for f in params.get("short_factor") or ()),
         long_factor=tuple(float(f) for f in params.get("long_factor") or ()),
         alpha=float(params.get("alpha") or 1.0),
+        proportion=float(params.get("partial_rotary_factor", 1.0)) if kind == "proportional"
+        else 1.0,
     )
 
 

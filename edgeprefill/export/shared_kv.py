@@ -1,0 +1,65 @@
+"""Attention of Gemma 4's KV-shared layers: the last `num_kv_shared_layers` layers compute
+only their queries and attend over the KV an earlier layer of their kind (its producer)
+wrote in the same step.
+
+Such a layer has no cache of its own (no past_key/past_value in the graph): it reads its
+producer's present tensors, the cache after this step's keys and values went in, with
+the mask of its kind (causal, within its window if it slides) as plain ONNX ops over the
+whole capacity, in either flavour. transformers' layer reads its producer's keys and
+values of this forward, the cache included, under the same mask: the same numbers.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from edgeprefill.contract import KVNames
+from edgeprefill.export.flavors import Flavor, StandardFlavor, StepTensors, mask_key, positions
+from edgeprefill.export.graph import GraphBuilder
+from edgeprefill.export.model_config import LayerAttention, ModelConfig
+
+
+class SharedKV:
+    """Emits the shared layers' attention; per-step values (gathered rotary tables,
+    masks) are made once and reused by every shared layer."""
+
+    def __init__(self, g: GraphBuilder, flavor: Flavor, step: StepTensors,
+                 producer_key: str) -> None:
+        self.g, self.flavor, self.step = g, flavor, step
+        self.producer_key = producer_key  # any present key: the capacity for the masks
+        self._values: dict[str, str] = {}
+        self._at: str | None = None
+
+    def attention(self, q: str, cfg: ModelConfig, layer: LayerAttention,
+                  producer: KVNames) -> str:
+        """q [B,C,H*D] of a layer seen as `cfg` (ModelConfig.for_layer) over its producer's
+        present cache; [B,C,H*D] like Flavor.attention."""
+        g = self.g
+        std = StandardFlavor(cfg, self.flavor.dtype, self.flavor.max_context)
+        q4 = std.heads_first(g, q, cfg.num_heads)
+        if layer.rope is not None:
+            q4 = std.rotate(g, q4, self._value(layer.rope + ".cos"),
+                            self._value(layer.rope + ".sin"))
+        mask = self._value(mask_key(layer.window), layer.window)
+        return std.attend(g, q4, producer.present_key, producer.present_value, mask, layer)
+
+    def _value(self, key: str, window: int | None = None) -> str:
+        """The standard flavour's step value `key` (a rotary table gathered at the
+        positions, [B,1,C,r/2], or a mask): its own where the flavour made it, else made
+        here once from the flavour's tables."""
+        if isinstance(self.flavor, StandardFlavor) and key in self.step.extra:
+            return self.step.extra[key]
+        if key not in self._values:
+            self._values[key] = self._make(key, window)
+        return self._values[key]
+
+    def _make(self, key: str, window: int | None) -> str:
+        g = self.g
+        if self._at is None:
+            self._at = positions(g, g.op("Cast", [self.step.past_lens], to=7), self.step.chunk)
+        if key.endswith((".cos", ".sin")):  # the ort flavour's full table [max + 1, r/2]
+            gathered = g.op("Gather", [self.step.extra[key], self._at])  # [B,C,r/2]
+            return g.op("Unsqueeze", [gathered, g.const([1])])
+        std = StandardFlavor(self.flavor.cfg, np.dtype(self.flavor.dtype),
+                             self.flavor.max_context)
+        return std.causal_mask(g, self.producer_key, self._at, window)
