@@ -217,6 +217,15 @@ class ModelConfig:
         if local:
             out.append(f"sliding window {self.sliding_window} on {local} of {self.num_layers} "
                        "layers")
+        own = {(self.layer_kv_heads(i), self.layer_head_dim(i)) for i, layer in
+               enumerate(self.layers) if layer.head_dim or layer.kv_heads}
+        for heads, dim in sorted(own):
+            out.append(f"full-attention layers: {heads} KV heads of {dim}")
+        if self.shared_kv:
+            out.append(f"the last {len(self.shared_kv)} of {self.num_layers} layers read an "
+                       "earlier layer's KV (no cache of their own)")
+        if self.k_eq_v:
+            out.append("full-attention layers' values are their keys' projection")
         nope = sum(layer.rope is None for layer in self.layers)
         if nope:
             out.append(f"{nope} of {self.num_layers} layers without rope")

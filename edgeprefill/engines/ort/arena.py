@@ -1,10 +1,10 @@
 """The KV arena of the ONNX Runtime backend: one interface, a host and a device memory.
 
 Both hold one buffer per layer and per K/V (layer-major: K0, V0, K1, V1, ...), slot-first
-`[slots, KV, cap, D]` (each buffer its layer's KV and D: Gemma 4's layers differ), so the rows of a step are the contiguous bytes from
-`address + first_slot * slot_bytes`: each past input and its present output are bound
-there and the step updates the cache in place. The backend holds one `KVArena` and never
-asks where it lives.
+`[slots, KV, cap, D]` (each its layer's KV and D: Gemma 4's layers differ), so the rows of
+a step are the contiguous bytes from `address + first_slot * slot_bytes`: each past input
+and its present output are bound there and the step updates the cache in place. The
+backend holds one `KVArena` and never asks where it lives.
 
 - `HostArena`: numpy arrays (the CPU provider).
 - `DeviceArena`: OrtValues in device memory (the CUDA and TensorRT providers). Slot copies

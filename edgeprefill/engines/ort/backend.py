@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -285,7 +286,7 @@ class OnnxRuntimeBackend(Backend):
         self.state = StateArena(pairs, self.manifest.graph.inputs, slots) if pairs else None
         self._logits = np.empty((slots, m.vocab_size), np.float32)
 
-    def _device_arena(self, shapes: list[tuple[int, ...]]) -> DeviceArena:
+    def _device_arena(self, shapes: Sequence[tuple[int, ...]]) -> DeviceArena:
         assert self._gpu is not None, "a device arena is for the GPU providers"
         pinned = dimension_overrides(self.options.device, self._gpu).get(CAPACITY)
         capacity = shapes[0][2]
