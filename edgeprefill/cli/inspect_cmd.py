@@ -95,8 +95,9 @@ def _io_lines(table: dict, kv_pairs: list[list[str]], states: list[str]) -> list
     for spec, pairs in shapes.items():
         dtype, shape = json.loads(spec)
         first, last = pairs[0], pairs[-1]
+        layers = ",".join(pair[0].rsplit(".", 1)[1] for pair in pairs)
         names = f"{first[0]} .. {last[1]}" if len(shapes) == 1 else \
-            f"{first[0].rsplit('.', 1)[0]}/value.{{{','.join(p[0].rsplit('.', 1)[1] for p in pairs)}}}"
+            f"{first[0].rsplit('.', 1)[0]}/value.{{{layers}}}"
         lines.append(f"  {names}  {dtype} {shape}  ({len(pairs)} layers)")
     kinds: dict[str, list[str]] = {}  # past_conv -> its layers, ...: one line per kind
     for name in states:
