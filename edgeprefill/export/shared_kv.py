@@ -20,15 +20,24 @@ from edgeprefill.export.model_config import LayerAttention, ModelConfig
 
 
 class SharedKV:
-    """Emits the shared layers' attention; per-step values (gathered rotary tables,
-    masks) are made once and reused by every shared layer."""
+    """Emits the shared layers' attention. The per-step values they read (rotary tables
+    gathered at the positions, masks) are made once, before the layers: a value made
+    inside a layer and read by a later one would cross the region the int4 load rewrite
+    puts in an If (engines/ort/switches.py), which hands on float values only."""
 
     def __init__(self, g: GraphBuilder, flavor: Flavor, step: StepTensors,
                  producer_key: str) -> None:
         self.g, self.flavor, self.step = g, flavor, step
         self.producer_key = producer_key  # any present key: the capacity for the masks
         self._values: dict[str, str] = {}
-        self._at: str | None = None
+        cfg = flavor.cfg
+        layers = [cfg.layers[i] for i in cfg.shared_kv]
+        self._at = positions(g, g.op("Cast", [step.past_lens], to=7), step.chunk)
+        for rope in sorted({layer.rope for layer in layers if layer.rope is not None}):
+            for part in (".cos", ".sin"):
+                self._values[rope + part] = self._value(rope + part)
+        for window in {layer.window for layer in layers}:
+            self._values[mask_key(window)] = self._value(mask_key(window), window)
 
     def attention(self, q: str, cfg: ModelConfig, layer: LayerAttention,
                   producer: KVNames) -> str:
@@ -38,25 +47,18 @@ class SharedKV:
         std = StandardFlavor(cfg, self.flavor.dtype, self.flavor.max_context)
         q4 = std.heads_first(g, q, cfg.num_heads)
         if layer.rope is not None:
-            q4 = std.rotate(g, q4, self._value(layer.rope + ".cos"),
-                            self._value(layer.rope + ".sin"))
-        mask = self._value(mask_key(layer.window), layer.window)
+            q4 = std.rotate(g, q4, self._values[layer.rope + ".cos"],
+                            self._values[layer.rope + ".sin"])
+        mask = self._values[mask_key(layer.window)]
         return std.attend(g, q4, producer.present_key, producer.present_value, mask, layer)
 
     def _value(self, key: str, window: int | None = None) -> str:
         """The standard flavour's step value `key` (a rotary table gathered at the
         positions, [B,1,C,r/2], or a mask): its own where the flavour made it, else made
-        here once from the flavour's tables."""
+        here from the flavour's tables."""
         if isinstance(self.flavor, StandardFlavor) and key in self.step.extra:
             return self.step.extra[key]
-        if key not in self._values:
-            self._values[key] = self._make(key, window)
-        return self._values[key]
-
-    def _make(self, key: str, window: int | None) -> str:
         g = self.g
-        if self._at is None:
-            self._at = positions(g, g.op("Cast", [self.step.past_lens], to=7), self.step.chunk)
         if key.endswith((".cos", ".sin")):  # the ort flavour's full table [max + 1, r/2]
             gathered = g.op("Gather", [self.step.extra[key], self._at])  # [B,C,r/2]
             return g.op("Unsqueeze", [gathered, g.const([1])])
