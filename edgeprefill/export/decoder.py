@@ -67,7 +67,8 @@ class DecoderBuilder:
         self.dtype = flavor.dtype
         self.g = GraphBuilder()
         self.w = GraphWeights(self.g, ckpt, self.dtype, quant)
-        self._flavors: dict[int, Flavor] = {}  # head_dim -> the flavour of layers of that head
+        # (head_dim, kv_heads, rotary_dim) -> the flavour of layers of that shape (Gemma 4)
+        self._flavors: dict[tuple[int, int, int], Flavor] = {}
 
     def build(self) -> GraphBuilder:
         g, cfg = self.g, self.cfg
@@ -204,10 +205,10 @@ class DecoderBuilder:
         or one of the same kind for a layer with a head size of its own."""
         if cfg is self.cfg:
             return self.flavor
-        if cfg.head_dim not in self._flavors:
-            self._flavors[cfg.head_dim] = type(self.flavor)(cfg, self.dtype,
-                                                            self.flavor.max_context)
-        return self._flavors[cfg.head_dim]
+        key = (cfg.head_dim, cfg.num_kv_heads, cfg.rotary_dim)
+        if key not in self._flavors:
+            self._flavors[key] = type(self.flavor)(cfg, self.dtype, self.flavor.max_context)
+        return self._flavors[key]
 
     def _scaled(self, sublayer: str) -> str:
         """A sublayer's output times the residual multiplier (Granite), before the add."""
