@@ -192,10 +192,13 @@ def test_an_int4_bundle_equals_transformers_with_its_dequantized_weights(gemma4,
     np.testing.assert_allclose(last_logits(tmp_path / "b", ids), expected, rtol=1e-3, atol=1e-3)
 
 
-def test_an_int8_bundle_exports_and_generates(gemma4, tmp_path):
+@pytest.mark.parametrize("kind", ["int8", "int4"])
+def test_a_quantized_bundle_exports_loads_and_generates(gemma4, tmp_path, kind):
+    """int4 with its default prefill, whose load puts the layers' projections in one If
+    per step (engines/ort/switches.py): the shared layers' step values stay outside it."""
     hf_dir, _ = gemma4("ort")
     export(hf_dir, tmp_path / "b", ExportOptions(
-        chunks=(16,), max_context=128, show_progress=False, quant=QuantConfig("int8")))
+        chunks=(16,), max_context=128, show_progress=False, quant=QuantConfig(kind)))
     engine = Engine.load(tmp_path / "b", threads=2, background=False)
     got = engine.generate(prompt_ids(30), GenerationParams(max_new_tokens=8, ignore_eos=True))
     assert len(got.result().token_ids) == 8
