@@ -247,7 +247,7 @@ def check_manifest(manifest: Manifest) -> None:
         len(pair) != 2 for pair in (*manifest.graph.kv_inputs, *manifest.graph.kv_outputs)
     ):
         _malformed("graph.kv_inputs/kv_outputs must hold one [key, value] pair per layer "
-                   "with KV (every layer but model.state_layers)")
+                   "with KV (every layer but model.state_layers and model.shared_kv_layers)")
 
 
 def _check_layer_kv(model: ModelInfo) -> None:

@@ -235,13 +235,21 @@ def test_other_families_manifests_carry_no_gemma4_fields(bundle):
     assert not {"shared_kv_layers", "layer_kv"} & set(raw["model"])
 
 
-def test_a_manifest_whose_layer_kv_disagrees_with_its_graph_is_refused(bundle, tmp_path):
+@pytest.mark.parametrize("change, message", [
+    ({"layer_kv": {}}, r"past_key\.1 is .* expected"),
+    ({"layer_kv": {"1": [3, 32], "3": [2, 32]}}, r"layer_kv\['1'\] must be a layer's"),
+    ({"shared_kv_layers": [5]}, "pair per layer with KV .* model.shared_kv_layers"),
+    ({"shared_kv_layers": [0, 4, 5]}, "shared_kv_layers .* must be distinct layers after"),
+])
+def test_a_manifest_whose_layer_kv_disagrees_with_its_graph_is_refused(
+        bundle, tmp_path, change, message):
     path = shutil.copytree(bundle("gemma4_text"), tmp_path / "b")
     raw = json.loads((path / MANIFEST_FILE).read_text())
-    raw["model"]["layer_kv"] = {}
+    raw["model"].update(change)
     (path / MANIFEST_FILE).write_text(json.dumps(raw))
-    with pytest.raises(BundleError, match="past_key.1 is .* expected"):
+    with pytest.raises(BundleError, match=message) as err:
         Engine.load(path, threads=2, background=False)
+    assert "\n" not in str(err.value)
 
 
 def test_tensorrt_refuses_per_layer_kv_shapes_in_one_line(bundle):
