@@ -161,6 +161,31 @@ def test_chunks_of_1_3_and_16_the_last_padded_match_transformers_across_the_wind
 
 
 @pytest.mark.parametrize("flavor", FLAVORS)
+def test_the_kv_shared_layers_run_on_each_rows_last_token_only(bundle, flavor):
+    """Their KV is an earlier layer's: every projection of layers 4 and 5 comes after the
+    last-position gather, before which only the KV-writing layers run on every token (the
+    logits stay transformers', the tests above)."""
+    import onnx
+
+    from edgeprefill.bundle import load_manifest
+    from edgeprefill.engines.ort.int4_prefill import after_gather
+
+    path = bundle("gemma4_text", flavor)
+    graph = onnx.load(str(path / load_manifest(path).graph.file),
+                      load_external_data=False).graph
+    weights = {t.name for t in graph.initializer}
+    one_row = after_gather(graph)
+    projections = {i: node.input[1] for i, node in enumerate(graph.node)
+                   if node.op_type in ("MatMul", "Gemm") and node.input[1] in weights}
+    shared = [i for i, name in projections.items() if name.startswith(("model.layers.4.",
+                                                                       "model.layers.5."))]
+    assert len(shared) >= 2 * 5  # q, o, gate_up, down, the per-layer input's gate and projection
+    assert all(i in one_row for i in shared)
+    assert not any(i in one_row for i, name in projections.items()
+                   if name.startswith("model.layers.3."))
+
+
+@pytest.mark.parametrize("flavor", FLAVORS)
 def test_rows_of_different_lengths_decode_together_as_transformers(gemma4, flavor):
     hf_dir, path = gemma4(flavor)
     model = load_hf_model(hf_dir)

@@ -88,7 +88,8 @@ class DecoderBuilder:
         self._declare_kv_io()
         first = kv_names(cfg.kv_layers[0]).past_key
         step = self.flavor.step_tensors(g, past_lens, chunk, first)
-        self.shared = SharedKV(g, self.flavor, step, first) if cfg.shared_kv else None
+        self.shared = (SharedKV(g, self.flavor, past_lens, valid_lens, first)
+                       if cfg.shared_kv else None)
         self.ple = (PerLayerInputs(g, self.w, cfg, self.tokens, self._norm, self._activation)
                     if cfg.per_layer_input else None)
         self.q_scale = self._query_scale(past_lens, chunk)
@@ -101,8 +102,12 @@ class DecoderBuilder:
         if self.ple is not None:
             self.ple.build(ids, x)
         delta = None  # a sublayer's output, added to the residual by the next norm
+        cut = min(cfg.shared_kv, default=None)  # Gemma 4: from here on, the last tokens only
         for layer in range(cfg.num_layers):
-            rows = self.tokens.last if layer == cfg.num_layers - 1 else _every_token
+            if layer == cut:
+                x, delta = self._last_tokens(x, delta), None
+            last = layer == cfg.num_layers - 1 and cut is None
+            rows = self.tokens.last if last else _every_token
             x, delta = self._layer(layer, x, delta, step, rows)
             x, delta = self._layer_tail(layer, x, delta, rows)
         if delta is not None:
@@ -186,6 +191,15 @@ class DecoderBuilder:
         x, h = self._add_norm(x, self._scaled(attn), p + n.post_attn_norm)
         return x, self._scaled(self._mlp(p, h))
 
+    def _last_tokens(self, x: str, delta: str | None) -> str:
+        """Each row's last valid token of the stream [B, hidden] (and of the per-layer
+        inputs), before the KV-shared layers: their KV is an earlier layer's, so what they
+        compute for the other tokens reaches no cache nor the LM head (shared_kv.py)."""
+        x = x if delta is None else self.g.op("Add", [x, delta])
+        if self.ple is not None:
+            self.ple.keep_last()
+        return self.tokens.last(x)
+
     def _layer_tail(self, i: int, x: str, delta: str | None,
                     rows: Rows) -> tuple[str, str | None]:
         """Gemma 4: after the MLP's residual add, the layer's per-layer input and its
@@ -227,11 +241,11 @@ class DecoderBuilder:
         n, layer = self.names, self.cfg.layers[i]
         cfg = self.cfg.for_layer(i)  # this layer's head size and KV heads
         p = n.layer.format(i=i)
-        if i in cfg.shared_kv:  # Gemma 4: queries only, over an earlier layer's KV
+        if i in cfg.shared_kv:  # Gemma 4: [B, hidden], queries over an earlier layer's KV
             assert self.shared is not None
-            q = self.tokens.spread(self._shared_query(p, h, cfg))
-            attn = self.shared.attention(q, cfg, layer, kv_names(cfg.shared_kv[i]))
-            return self._output(p, rows(self.tokens.gather(attn, cfg.num_heads * cfg.head_dim)))
+            q = self._shared_query(p, h, cfg)
+            return self._output(p, self.shared.attention(q, cfg, layer,
+                                                         kv_names(cfg.shared_kv[i])))
         q, k, v, gate = self._qkv(p, h, cfg, cfg.k_eq_v and layer.window is None)
         q, k, v = (t if t is None else self.tokens.spread(t) for t in (q, k, v))
         if cfg.spec.qk_norm == "head_rotated":
@@ -252,13 +266,15 @@ class DecoderBuilder:
         return self.w.linear(attn, [o + ".weight"], o + ".bias" if self.cfg.o_bias else None)
 
     def _shared_query(self, p: str, h: str, cfg: ModelConfig) -> str:
-        """A KV-shared layer's q [.., H*D]: its projection, per-head norm (Gemma 4)."""
+        """A KV-shared layer's q [B,1,H*D] from h [B,hidden] (each row's last token): its
+        projection and per-head norm (Gemma 4)."""
         name = p + self.names.q + ".weight"
         expected = (cfg.num_heads * cfg.head_dim, cfg.hidden_size)
         if self.w.shape(name) != expected:
             raise ExportError(f"{name} has shape {self.w.shape(name)}, but config.json "
                               f"implies {expected}")
         q = self.w.linear(h, [name], p + self.names.q + ".bias" if cfg.qkv_bias else None)
+        q = self.g.op("Unsqueeze", [q, self.g.const([1])])  # [B,1,H*D]: one token per row
         return self._head_norm(q, cfg.num_heads, p + self.names.q_norm, cfg.head_dim)
 
     def _qkv(self, p: str, h: str, cfg: ModelConfig, k_is_v: bool = False) -> list[str | None]:

@@ -48,11 +48,16 @@ class PerLayerInputs:
         mixed = g.op("Add", [projected, g.op("Reshape", [table, g.const(per_layer)])])
         self.inputs = g.op("Mul", [mixed, g.const(2.0 ** -0.5, dtype)])
 
+    def keep_last(self) -> None:
+        """From here on, each row's last valid token only ([B, L, P]), as the stream."""
+        assert self.inputs is not None, "build() first"
+        self.inputs = self.tokens.last(self.inputs)
+
     def layer(self, prefix: str, x: str, i: int, rows: Callable[[str], str]) -> str:
         """What layer i adds to its stream x (already cut to `rows`)."""
         g = self.g
         assert self.inputs is not None, "build() first"
-        mine = g.op("Gather", [self.inputs, g.const(i)], axis=2)  # [.., P]
+        mine = g.op("Gather", [self.inputs, g.const(i)], axis=-2)  # [.., P]
         gate = self.act(self.w.linear(x, [prefix + "per_layer_input_gate.weight"], None))
         mixed = g.op("Mul", [gate, rows(mine)])
         out = self.w.linear(mixed, [prefix + "per_layer_projection.weight"], None)
