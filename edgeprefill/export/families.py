@@ -166,6 +166,14 @@ class FamilySpec:
     # The config key that scales each layer's attention scores by a further 1 / (layer + 1)
     # (GPT-2's scale_attn_by_inverse_layer_idx, as Stanford CRFM's Mistral checkpoints use).
     inverse_layer_scale_key: str | None = None
+    # Gemma 4: layers may have a head size and KV head count of their own
+    # (`per_layer_config`), the last `num_kv_shared_layers` read an earlier layer's KV,
+    # `attention_k_eq_v` makes full layers' values their keys' projection, and
+    # `hidden_size_per_layer_input` adds per-layer inputs (export/per_layer_input.py).
+    per_layer_heads: bool = False
+    v_norm: bool = False  # a per-head RMSNorm without weight on v (Gemma 4)
+    # Each layer's output times its stored scalar (Gemma 4's `layer_scalar` buffer).
+    layer_scalar: bool = False
 
     def read(self, raw: dict[str, Any]) -> dict[str, Any]:
         """config.json as the family's transformers config class reads it."""
@@ -283,6 +291,41 @@ def _qwen2_vl_text(raw: dict[str, Any]) -> dict[str, Any]:
     tie = bool(raw.get("tie_word_embeddings") or inner.get("tie_word_embeddings"))
     ids = {k: raw[k] for k in ("bos_token_id", "eos_token_id") if raw.get(k) is not None}
     return {**inner, **ids, "tie_word_embeddings": tie}
+
+
+def _gemma4_config(raw: dict[str, Any]) -> dict[str, Any]:
+    """Gemma4TextConfig.__post_init__: without `layer_types` every 6th layer attends
+    globally; the last layer always does; a config without `per_layer_config` (the Hub's)
+    gives the full-attention layers `global_head_dim` (512 unless given) and, with
+    attention_k_eq_v, `num_global_key_value_heads`; rope per layer type. Its attention
+    scales q.k by 1 (its q/k norms stand in for 1/sqrt(head_dim))."""
+    raw = dict(raw)
+    count = int(raw["num_hidden_layers"])
+    types = list(raw.get("layer_types") or ["sliding_attention" if (i + 1) % 6
+                                            else "full_attention" for i in range(count)])
+    if types:
+        types[-1] = "full_attention"
+    raw["layer_types"] = types
+    if raw.get("per_layer_config") is None:
+        full = {"head_dim": raw.get("global_head_dim") or 512}
+        heads = raw.get("num_global_key_value_heads")
+        if heads is not None and raw.get("attention_k_eq_v"):
+            full["num_key_value_heads"] = heads
+        raw["per_layer_config"] = {str(i): full for i, kind in enumerate(types)
+                                   if kind == "full_attention"}
+    if raw.get("rope_parameters") is None:
+        raw["rope_parameters"] = GEMMA4_ROPES
+    raw["attention_multiplier"] = 1.0
+    if raw.get("use_bidirectional_attention") == "vision":
+        raw["use_bidirectional_attention"] = None  # text tokens stay causal
+    return raw
+
+
+def _gemma4_unsupported(raw: dict[str, Any]) -> str | None:
+    if raw.get("enable_moe_block"):
+        return ("the mixture-of-experts block (enable_moe_block, Gemma 4 26B-A4B) is not "
+                "supported; only the dense Gemma 4 models")
+    return None
 
 
 def _hunyuan_ntk_alpha(raw: dict[str, Any]) -> dict[str, Any]:
@@ -473,6 +516,9 @@ def _gpt2_unsupported(raw: dict[str, Any]) -> str | None:
 
 
 OLMO3_THETA = 500000.0
+GEMMA4_ROPES = {"sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
+                "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25,
+                                   "rope_theta": 1_000_000.0}}
 EXAONE_ALIASES = {"num_layers": "num_hidden_layers", "layer_norm_epsilon": "rms_norm_eps",
                   "activation_function": "hidden_act"}
 MINISTRAL3_ROPE = {"rope_type": "yarn", "rope_theta": 1_000_000.0, "factor": 16.0,
@@ -549,6 +595,22 @@ QWEN3_5 = FamilySpec(
               "linear_num_key_heads": 16, "linear_num_value_heads": 32},
     quirks=("gated attention (q_proj gives an output gate)", "per-head q/k (1+w) RMSNorm",
             "(1+w) RMSNorm"),
+)
+GEMMA4 = FamilySpec(
+    **ATTENTION_BIAS, block="sandwich", qk_norm="head", v_norm=True, layer_scalar=True,
+    embed_scale="sqrt_hidden", tie_default=True, act_default="gelu_pytorch_tanh",
+    act_key="hidden_activation", window="always", softcaps=("final",),
+    rope_types=("proportional",), per_layer_heads=True, legacy=_gemma4_config,
+    refuse=_gemma4_unsupported,
+    defaults={"vocab_size": 262_144, "hidden_size": 2304, "intermediate_size": 9216,
+              "num_hidden_layers": 30, "num_attention_heads": 8, "num_key_value_heads": 4,
+              "head_dim": 256, "max_position_embeddings": 131_072, "sliding_window": 512,
+              "rms_norm_eps": 1e-6, "vocab_size_per_layer_input": 262_144,
+              "hidden_size_per_layer_input": 256, "final_logit_softcapping": None},
+    quirks=("embedding x sqrt(hidden)", "gelu-tanh MLP", *SANDWICH[:1],
+            "per-head q/k RMSNorm, v RMSNorm without weight", "q.k unscaled",
+            "per-layer inputs (a second embedding fed to every layer)",
+            "a learned scalar on each layer's output"),
 )
 # transformers 5 loads EXAONE 3.0/3.5 as Llama, renaming the Hub's tensors.
 EXAONE_NAMES = TensorNames(
@@ -702,6 +764,22 @@ FAMILIES: dict[str, FamilySpec] = {
                   "rope_local_base_freq": 10000.0},
         quirks=(*GEMMA.quirks, *SANDWICH, "per-head q/k (1+w) RMSNorm",
                 "language model of an image-text checkpoint (vision tower left out)"),
+    ),
+    # Gemma 4 (E2B, E4B, 31B): Gemma 3's sandwich without (1+w) norms, per-head q/k
+    # RMSNorm and a v norm without weight, q.k unscaled, wider heads on the full-attention
+    # layers with a proportional rope, per-layer inputs, KV shared by the last layers,
+    # a scalar on each layer's output, the final soft-cap.
+    "gemma4_text": GEMMA4,
+    # Gemma4ForConditionalGeneration (the Hub's gemma-4-E2B/E4B, -it): its language model,
+    # exported alone; the vision and audio towers and their embedders left out. The outer
+    # config decides the tying (true unless it says otherwise).
+    "gemma4": replace(
+        GEMMA4, nested="text_config", text_types=("gemma4_text",),
+        outer={"tie_word_embeddings": True, "eos_token_id": None, "bos_token_id": None},
+        renames=(("model.language_model.", "model."),),
+        left_out=("model.vision_tower.", "model.audio_tower.", "model.embed_vision.",
+                  "model.embed_audio."),
+        quirks=(*GEMMA4.quirks, IMAGE_TEXT_QUIRK),
     ),
     "phi3": FamilySpec(
         names=replace(LLAMA_NAMES, qkv="self_attn.qkv_proj", gate_up="mlp.gate_up_proj"),

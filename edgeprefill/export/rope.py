@@ -13,8 +13,9 @@ bundle (see `RopeConfig.for_context` and docs/design.md, "Rotary scaling"):
   `original_max_position_embeddings` long and `long_factor` beyond; a bundle whose context
   fits the original window uses the short factors, a larger one the long factors.
 - `proportional`: the default rope on the first `partial_rotary_factor` of each head's
-  frequencies and zero frequencies (no rotation) on the rest, over the whole head (LFM3's
-  global layers): unlike a partial rotary, the rotated pairs are (i, i + head_dim / 2).
+  frequencies and zero frequencies (no rotation) on the rest, over the whole head (the
+  global layers of LFM3 and Gemma 4): unlike a partial rotary, the rotated pairs are
+  (i, i + head_dim / 2).
 """
 
 from __future__ import annotations
