@@ -33,6 +33,8 @@ MANIFEST_FILE = "edgeprefill.json"
 # state layers: a runtime from before them reads those bundles without a warning.
 STATE_MODEL_FIELDS = ("state_layers",)
 STATE_GRAPH_FIELDS = ("state_inputs", "state_outputs")
+# Gemma 4's fields, left out where empty for the same reason.
+LAYER_KV_FIELDS = ("shared_kv_layers", "layer_kv")
 
 log = logging.getLogger("edgeprefill")
 
@@ -51,11 +53,27 @@ class ModelInfo:
     # GraphInfo.state_inputs/state_outputs, their shapes and dtypes in the graph's inputs.
     # Absent (older bundles, every other family): every layer is attention.
     state_layers: list[int] = field(default_factory=list)
+    # The layers that read KV an earlier layer wrote in the same step, with none of their
+    # own (Gemma 4's KV-shared layers): no KV tensors in the graph. Absent: none.
+    shared_kv_layers: list[int] = field(default_factory=list)
+    # Layer (as a string) -> [kv_heads, head_dim] where a layer's KV differs from
+    # num_kv_heads/head_dim (Gemma 4's full-attention layers). Absent: none differs.
+    layer_kv: dict[str, list[int]] = field(default_factory=dict)
 
     @property
     def kv_layers(self) -> int:
         """Layers that hold KV."""
-        return self.num_layers - len(self.state_layers)
+        return self.num_layers - len(self.state_layers) - len(self.shared_kv_layers)
+
+    @property
+    def no_kv_layers(self) -> list[int]:
+        """Layers without KV tensors of their own: state layers and KV-shared ones."""
+        return sorted({*self.state_layers, *self.shared_kv_layers})
+
+    def kv_dims(self, layer: int) -> tuple[int, int]:
+        """(kv_heads, head_dim) of a layer's KV."""
+        heads, dim = self.layer_kv.get(str(layer), (self.num_kv_heads, self.head_dim))
+        return int(heads), int(dim)
 
 
 @dataclass(frozen=True)
@@ -107,6 +125,9 @@ class Manifest:
                                  (raw["graph"], STATE_GRAPH_FIELDS)):
                 for key in keys:
                     del record[key]
+        for key in LAYER_KV_FIELDS:
+            if not raw["model"][key]:
+                del raw["model"][key]
         return json.dumps(raw, indent=2) + "\n"
 
     @classmethod
@@ -215,6 +236,7 @@ def check_manifest(manifest: Manifest) -> None:
             or len(states) == model.num_layers:
         _malformed(f"model.state_layers {states} must be distinct layers in ascending "
                    "order, not all of them")
+    _check_layer_kv(model)
     graph = manifest.graph
     if len(graph.state_inputs) != len(graph.state_outputs) or \
             bool(graph.state_inputs) != bool(states):
@@ -225,7 +247,20 @@ def check_manifest(manifest: Manifest) -> None:
         len(pair) != 2 for pair in (*manifest.graph.kv_inputs, *manifest.graph.kv_outputs)
     ):
         _malformed("graph.kv_inputs/kv_outputs must hold one [key, value] pair per layer "
-                   "with KV (every layer but model.state_layers)")
+                   "with KV (every layer but model.state_layers and model.shared_kv_layers)")
+
+
+def _check_layer_kv(model: ModelInfo) -> None:
+    shared = model.shared_kv_layers
+    if shared != sorted(set(shared)) or any(not 0 < i < model.num_layers for i in shared) \
+            or set(shared) & set(model.state_layers):
+        _malformed(f"model.shared_kv_layers {shared} must be distinct layers after the "
+                   "first, in ascending order, none of them a state layer")
+    for key, dims in model.layer_kv.items():
+        if not key.isdigit() or int(key) >= model.num_layers or len(dims) != 2 or \
+                min(dims) < 1 or model.num_heads % dims[0]:
+            _malformed(f"model.layer_kv[{key!r}] must be a layer's [kv_heads, head_dim], "
+                       f"kv_heads dividing num_heads; got {dims}")
 
 
 def _check_types(record: Any) -> None:

@@ -7,6 +7,8 @@ One call runs one step: B rows of C tokens, against KV buffers of a fixed capaci
            past_lens         [batch]                                 int32
            valid_lens        [batch]                                 int32
            past_key.{i}      [batch, kv_heads, capacity, head_dim]   model dtype
+                             (the layer's own kv_heads and head_dim where ModelInfo.layer_kv
+                             lists it)
            past_value.{i}    (the same)
            past_{kind}.{i}   [batch, ...]                            the graph's own
   outputs  logits            [batch, vocab]                          float32
@@ -14,7 +16,9 @@ One call runs one step: B rows of C tokens, against KV buffers of a fixed capaci
            present_value.{i} the buffer of past_value.{i}
            present_{kind}.{i} as past_{kind}.{i}
 
-An attention layer i has the four KV tensors; a layer listed in the model's
+An attention layer i has the four KV tensors, unless it is one of the model's
+`shared_kv_layers` (Gemma 4), which has none and reads, inside the graph, the present KV
+of an earlier layer; a layer listed in the model's
 `state_layers` has none, and carries instead one or more recurrent states (STATE_KINDS):
 `conv`, the last inputs of a causal convolution (LFM2's short convolutions, a Gated
 DeltaNet's q/k/v convolution), and `recurrent`, a Gated DeltaNet's [v_heads, k_dim,
@@ -83,9 +87,10 @@ def state_names(layer: int, kind: str = CONV) -> StateNames:
     return StateNames(f"past_{kind}.{layer}", f"present_{kind}.{layer}")
 
 
-def attention_layers(num_layers: int, state_layers: Collection[int]) -> list[int]:
-    """The layers that hold KV: every layer but those carrying a state instead."""
-    return [i for i in range(num_layers) if i not in state_layers]
+def attention_layers(num_layers: int, no_kv_layers: Collection[int]) -> list[int]:
+    """The layers that hold KV: every layer but those carrying a state instead and those
+    reading another layer's KV (Gemma 4)."""
+    return [i for i in range(num_layers) if i not in no_kv_layers]
 
 
 class KVPair(NamedTuple):
@@ -110,11 +115,14 @@ class GraphIO(NamedTuple):
 
 
 def step_io(num_layers: int, kv_heads: int, head_dim: int, vocab: int, dtype: str,
-            states: Mapping[int, Mapping[str, list[Any]]] | None = None) -> GraphIO:
+            states: Mapping[int, Mapping[str, list[Any]]] | None = None,
+            layer_kv: Mapping[int, tuple[int, int]] | None = None,
+            shared: Collection[int] = ()) -> GraphIO:
     """Every input and output of a chunk graph with these dimensions; the layers in
-    `states` (layer -> kind -> [dtype, shape]) carry those states instead of KV."""
-    states = states or {}
-    kv = [dtype, [BATCH, kv_heads, CAPACITY, head_dim]]
+    `states` (layer -> kind -> [dtype, shape]) carry those states instead of KV, those in
+    `layer_kv` (layer -> (kv_heads, head_dim)) KV of their own shape, and those in `shared`
+    nothing (they read another layer's KV inside the graph)."""
+    states, layer_kv = states or {}, layer_kv or {}
     inputs: dict[str, list[Any]] = {
         INPUT_IDS: ["int64", [BATCH, CHUNK]],
         PAST_LENS: ["int32", [BATCH]],
@@ -127,6 +135,10 @@ def step_io(num_layers: int, kv_heads: int, head_dim: int, vocab: int, dtype: st
                 state = state_names(layer, kind)
                 inputs[state.past], outputs[state.present] = spec, spec
             continue
+        if layer in shared:
+            continue
+        heads, dim = layer_kv.get(layer, (kv_heads, head_dim))
+        kv = [dtype, [BATCH, heads, CAPACITY, dim]]
         names = kv_names(layer)
         inputs |= {names.past_key: kv, names.past_value: kv}
         outputs |= {names.present_key: kv, names.present_value: kv}
@@ -138,6 +150,13 @@ def kv_pairs(graph: GraphInfo) -> list[KVPair]:
     inputs = [name for pair in graph.kv_inputs for name in pair]
     outputs = [name for pair in graph.kv_outputs for name in pair]
     return [KVPair(i, o) for i, o in zip(inputs, outputs, strict=True)]
+
+
+def kv_dims(graph: GraphInfo) -> list[tuple[int, int]]:
+    """(kv_heads, head_dim) of each KV arena, in arena order, read from the graph's inputs
+    (check_graph_io has matched them to the model's dimensions)."""
+    return [(int(graph.inputs[pair.input][1][1]), int(graph.inputs[pair.input][1][3]))
+            for pair in kv_pairs(graph)]
 
 
 def state_pairs(graph: GraphInfo) -> list[KVPair]:
@@ -186,11 +205,12 @@ def check_graph_io(manifest: Manifest) -> None:
     if sorted(states) != list(m.state_layers):
         raise BundleError(f"the manifest's state inputs cover layers {sorted(states)}, not "
                           f"model.state_layers {m.state_layers}; re-export")
+    layer_kv = {i: m.kv_dims(i) for i in range(m.num_layers)}
     expected = step_io(m.num_layers, m.num_kv_heads, m.head_dim, m.vocab_size, graph.dtype,
-                       states)
+                       states, layer_kv, m.shared_kv_layers)
     _same("inputs", _plain(graph.inputs), expected.inputs)
     _same("outputs", _plain(graph.outputs), expected.outputs)
-    layers = [kv_names(i) for i in attention_layers(m.num_layers, m.state_layers)]
+    layers = [kv_names(i) for i in attention_layers(m.num_layers, m.no_kv_layers)]
     pairs = [p for n in layers for p in (KVPair(n.past_key, n.present_key),
                                          KVPair(n.past_value, n.present_value))]
     if kv_pairs(graph) != pairs:

@@ -49,9 +49,22 @@ QWEN3_5 = {"num_hidden_layers": 4, "head_dim": 64,
                            "linear_attention"],
            "linear_num_key_heads": 2, "linear_num_value_heads": 4, "linear_key_head_dim": 16,
            "linear_value_head_dim": 8, "linear_conv_kernel_dim": 4, "rms_norm_eps": 1e-3}
+# LFM3 at head_dim 32 (its config class's 128 is not hidden / heads).
+LFM3 = {"num_hidden_layers": 4, "head_dim": 32, "sliding_window": 8, "conv_L_cache": 4,
+        "conv_bias": True, "layer_types": ["conv", "sliding_attention", "full_attention", "conv"],
+        "rope_parameters": {
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+            "full_attention": {"rope_type": "proportional", "rope_theta": 100000.0,
+                               "partial_rotary_factor": 0.5}}}
 # family -> config overrides; each exercises one thing the exporter must get right. The
 # key's first part (before "-") is the model_type. Windows are small so that the test
 # prompts cross them several times.
+GEMMA4 = {
+    "num_hidden_layers": 6, "head_dim": 16, "global_head_dim": 32, "sliding_window": 8,
+    "layer_types": ["sliding_attention", "full_attention"] * 3, "num_kv_shared_layers": 2,
+    "hidden_size_per_layer_input": 8, "vocab_size_per_layer_input": VOCAB,
+    "use_double_wide_mlp": True, "final_logit_softcapping": 10.0,
+}
 FAMILIES: dict[str, dict] = {
     "llama": {},
     "llama-tied-llama3rope": {
@@ -166,6 +179,12 @@ FAMILIES: dict[str, dict] = {
     "lfm2_vl": {"model_type": "lfm2", "num_hidden_layers": 4,
                 "layer_types": ["conv", "full_attention", "conv", "full_attention"],
                 "conv_bias": True, "tie_word_embeddings": True},
+    # LFM3: short-conv layers beside a sliding layer (a window the prompts cross) and a
+    # global one, each with its rope (the global one proportional: half of each head's
+    # frequencies rotate), an output gate per head and norms after each sublayer
+    "lfm3": LFM3,
+    # Lfm3VlForConditionalGeneration's LFM3 (a tiny vision tower beside it), tied
+    "lfm3_vl": {**LFM3, "model_type": "lfm3", "tie_word_embeddings": True},
     "phi": {"num_attention_heads": 2, "num_key_value_heads": 2, "partial_rotary_factor": 0.5},
     "stablelm": {"num_attention_heads": 2, "num_key_value_heads": 2,
                  "partial_rotary_factor": 0.5, "use_qkv_bias": True},
@@ -184,12 +203,22 @@ FAMILIES: dict[str, dict] = {
     "gpt2": {"n_inner": 80, "tie_word_embeddings": True},
     # GPT-2 with nn.Linear weights and one KV head (multi-query)
     "gpt_bigcode": {"n_inner": 80, "tie_word_embeddings": True},
+    # Gemma 4: sliding and full layers, the full ones with heads twice as wide under a
+    # proportional rope, per-layer inputs, the last two layers (one of each kind) reading
+    # the KV of the two before them, double-wide MLPs there, the final soft-cap
+    "gemma4_text": GEMMA4,
+    # Gemma4ForConditionalGeneration's language model (a tiny vision tower beside it), tied
+    # as the Hub's are; its full layers' values are their keys (attention_k_eq_v), on one
+    # KV head of their own
+    "gemma4": {**GEMMA4, "tie_word_embeddings": True, "attention_k_eq_v": True,
+               "num_global_key_value_heads": 1},
 }
 # The families the default (fast) suite covers end to end; the rest run under `slow`.
 FAST_FAMILIES = ("llama", "mistral", "qwen2", "gemma2", "gemma3_text", "gemma3", "qwen2_5_vl",
                  "qwen3_vl", "phi3", "smollm3", "granite", "olmo2", "olmo3", "exaone4",
                  "hunyuan_v1_dense", "glm4", "starcoder2", "phi", "gpt_neox", "ministral3",
-                 "mistral3", "lfm2", "gpt2", "gpt_bigcode", "qwen3_5_text", "qwen3_5")
+                 "mistral3", "lfm2", "lfm3", "gpt2", "gpt_bigcode", "qwen3_5_text", "qwen3_5",
+                 "gemma4_text", "gemma4")
 
 
 def write_tokenizer(path: Path, vocab: int = VOCAB, top_words: Sequence[str] = (),
@@ -295,6 +324,9 @@ def build_hf_model(family: str, out: Path, seed: int = 0, dtype=None, **override
                 param.normal_(0, 0.5)
             elif perturb_norms and "norm" in name:
                 param.add_(torch.randn_like(param) * 0.2)
+        for name, buffer in model.named_buffers():
+            if name.endswith("layer_scalar"):  # Gemma 4's, all ones as initialized
+                buffer.uniform_(0.5, 1.5)
     if dtype is not None:
         model = model.to(dtype)
     model.save_pretrained(out)
@@ -310,7 +342,15 @@ TINY_VISION = {"hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 
 IMAGE_TEXT = {
     "gemma3": {"vision_config": TINY_VISION, "mm_tokens_per_image": 4},
     "mistral3": {"vision_config": {**TINY_VISION, "head_dim": 8}},
+    "gemma4": {"vision_config": {"hidden_size": 16, "intermediate_size": 32,
+                                 "num_hidden_layers": 1, "num_attention_heads": 2,
+                                 "num_key_value_heads": 2, "head_dim": 8,
+                                 "position_embedding_size": 64}, "audio_config": None},
     "lfm2_vl": {"vision_config": {**TINY_VISION, "num_patches": 16}, "projector_hidden_size": 32},
+    "lfm3_vl": {"vision_config": {"hidden_size": 16, "intermediate_size": 32,
+                                  "num_hidden_layers": 2, "num_attention_heads": 2,
+                                  "num_key_value_heads": 2, "patch_size": 14},
+                "projector_hidden_size": 32},
     "qwen2_vl": {"vision_config": {"depth": 1, "embed_dim": 16, "hidden_size": 64,
                                    "num_heads": 2, "mlp_ratio": 2, "patch_size": 14}},
     "qwen2_5_vl": {"vision_config": {

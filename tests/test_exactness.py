@@ -19,7 +19,7 @@ CHUNK_SIZES = (1, 16, 64, None)  # None: the whole prompt in one chunk
 QUICK_LENGTHS = (1, 17, 100)
 QUICK_CHUNKS = (16, None)
 # the families whose fixture slides
-WINDOWED = ("mistral", "qwen2", "qwen2_5_vl", "gemma2", "gemma3_text", "cohere2")
+WINDOWED = ("mistral", "qwen2", "qwen2_5_vl", "gemma2", "gemma3_text", "cohere2", "gemma4_text")
 NEW_TOKENS = 8
 
 

@@ -283,7 +283,9 @@ LEARNED_POSITIONS = ("gpt2", "gpt_bigcode")
 def test_keys_a_config_leaves_out_take_transformers_defaults(family):
     ours = ModelConfig.from_hf(minimal_raw(family))
     hf = hf_config(family).get_text_config()
-    head_dim = getattr(hf, "head_dim", None) or MINIMAL["hidden_size"] // 4
+    per_layer = FAMILIES[family].per_layer_heads  # Gemma 4: head sizes per layer kind
+    head_dim = hf.per_layer_config[hf.layer_types.index("sliding_attention")].head_dim \
+        if per_layer else getattr(hf, "head_dim", None) or MINIMAL["hidden_size"] // 4
     assert ours.head_dim == head_dim
     eps = next(getattr(hf, k) for k in ("rms_norm_eps", "layer_norm_eps", "norm_epsilon",
                                         "norm_eps", "layer_norm_epsilon")
@@ -295,7 +297,16 @@ def test_keys_a_config_leaves_out_take_transformers_defaults(family):
         assert ours.ropes[GLOBAL].theta == pytest.approx(hf_theta(hf))
         partial = (hf.rope_parameters.get("full_attention") or hf.rope_parameters).get(
             "partial_rotary_factor", 1.0)
-        assert ours.ropes[GLOBAL].rotary_dim == int(head_dim * partial)
+        rope = ours.ropes[GLOBAL]
+        if per_layer:  # Gemma 4: the whole head turns, its last pairs at frequency 0
+            full = hf.per_layer_config[hf.layer_types.index("full_attention")]
+            assert rope.rotary_dim == full.head_dim
+            assert [layer.head_dim for layer in ours.layers] == [
+                full.head_dim if kind == "full_attention" else None for kind in hf.layer_types]
+        elif rope.kind == "proportional":  # LFM3: all of head_dim, the rest not rotating
+            assert (rope.rotary_dim, rope.proportion) == (head_dim, partial)
+        else:
+            assert rope.rotary_dim == int(head_dim * partial)
     assert ours.final_softcap == getattr(hf, "final_logit_softcapping", None)
     assert ours.max_positions == hf.max_position_embeddings
     if family == "gemma2":

@@ -197,7 +197,7 @@ class RecordingBinding:
 
 
 def test_device_arena_binds_each_pair_at_its_slot_pointer():
-    arena = DeviceArena(ort, (3, 2, 8, 4), np.float32, 2, ["CPUExecutionProvider"], "cpu")
+    arena = DeviceArena(ort, [(3, 2, 8, 4)] * 2, np.float32, ["CPUExecutionProvider"], "cpu")
     binding = RecordingBinding()
     arena.bind(binding, [("past_key.0", "present_key.0"), ("past_value.0", "present_value.0")],
                first=1, rows=2)
@@ -211,13 +211,31 @@ def test_device_arena_binds_each_pair_at_its_slot_pointer():
 
 
 def test_device_arena_copies_and_swaps_whole_slots():
-    arena = DeviceArena(ort, (3, 2, 8, 4), np.float32, 1, ["CPUExecutionProvider"], "cpu")
+    arena = DeviceArena(ort, [(3, 2, 8, 4)], np.float32, ["CPUExecutionProvider"], "cpu")
     data = np.arange(3 * 2 * 8 * 4, dtype=np.float32).reshape(3, 2, 8, 4)
     arena.values[0].update_inplace(data)
     arena.copy(1, 2)
     arena.swap(0, 1)
     (got,) = arena.host_arrays()
     np.testing.assert_array_equal(got, data[[1, 0, 1]])
+
+
+def test_device_arena_buffers_of_different_shapes_bind_copy_and_swap_each_its_own():
+    """Gemma 4: a full-attention layer's KV is wider than a sliding one's."""
+    shapes = [(3, 2, 8, 4), (3, 1, 8, 16)]
+    arena = DeviceArena(ort, shapes, np.float32, ["CPUExecutionProvider"], "cpu")
+    data = [np.arange(np.prod(s), dtype=np.float32).reshape(s) for s in shapes]
+    for value, array in zip(arena.values, data, strict=True):
+        value.update_inplace(array)
+    binding = RecordingBinding()
+    arena.bind(binding, [("past_key.0", "present_key.0"), ("past_key.1", "present_key.1")],
+               first=1, rows=2)
+    assert binding.bound["past_key.1"][3:] == (
+        (2, 1, 8, 16), arena.values[1].data_ptr() + 1 * 8 * 16 * 4)
+    arena.copy(1, 2)
+    arena.swap(0, 1)
+    for got, array in zip(arena.host_arrays(), data, strict=True):
+        np.testing.assert_array_equal(got, array[[1, 0, 1]])
 
 
 class CpuArenaBackend(OnnxRuntimeBackend):
@@ -227,9 +245,8 @@ class CpuArenaBackend(OnnxRuntimeBackend):
         super().__init__(bundle_dir, manifest, options)
         self._gpu = gpu_settings(bundle_dir, manifest, None)
 
-    def _device_arena(self, shape):
-        count = 2 * self.manifest.model.num_layers
-        return DeviceArena(self._ort, shape, self.kv_dtype, count, ["CPUExecutionProvider"], "cpu")
+    def _device_arena(self, shapes):
+        return DeviceArena(self._ort, shapes, self.kv_dtype, ["CPUExecutionProvider"], "cpu")
 
 
 def test_the_device_arena_path_computes_what_the_numpy_arena_computes(bundle):

@@ -1,4 +1,4 @@
-"""Prefix reuse on models whose layers carry a recurrent state (LFM2, Qwen3.5): the KV
+"""Prefix reuse on models whose layers carry a recurrent state (LFM2, LFM3, Qwen3.5): the KV
 cache keeps snapshots of a slot's states at chunk-aligned positions and reuses a prefix
 up to one (kv_cache.py). Each reuse is checked against transformers' greedy text of the
 whole prompt, run unchunked and uncached, and the reused count against the snapshot the
@@ -13,7 +13,7 @@ from edgeprefill.sdk.state_snapshots import snapshot_budget
 from tests.conftest import load_hf_model
 from tests.test_exactness import prompt_ids, reference_greedy
 
-FAMILIES = ("lfm2", "qwen3_5_text")
+FAMILIES = ("lfm2", "lfm3", "qwen3_5_text")
 PARAMS = GenerationParams(max_new_tokens=8, ignore_eos=True)
 
 pytestmark = pytest.mark.parametrize("family", FAMILIES)

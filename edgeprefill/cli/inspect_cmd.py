@@ -68,6 +68,7 @@ def inspect(bundle, verify, as_json):
         *_compute_line(graph, native, stock_attention, bf16_kv),
         _kv_line(m, bf16_kv),
         *_state_line(m),
+        *_shared_kv_line(m.model),
         _steps_line(graph, native, any_stock_attention, taken == "every"),
         *_derived_line(bundle, m),
         f"eos ids     {eos}",
@@ -88,10 +89,16 @@ def _io_lines(table: dict, kv_pairs: list[list[str]], states: list[str]) -> list
     grouped = {name for pair in kv_pairs for name in pair} | set(states)
     lines = [f"  {name:<16} {dtype:<8} {shape}" for name, (dtype, shape) in table.items()
              if name not in grouped]
-    if kv_pairs:
-        dtype, shape = table[kv_pairs[0][0]]
-        first, last = kv_pairs[0], kv_pairs[-1]
-        lines.append(f"  {first[0]} .. {last[1]}  {dtype} {shape}  ({len(kv_pairs)} layers)")
+    shapes: dict[str, list[list[str]]] = {}  # one line per KV shape (Gemma 4 has two)
+    for pair in kv_pairs:
+        shapes.setdefault(json.dumps(table[pair[0]]), []).append(pair)
+    for spec, pairs in shapes.items():
+        dtype, shape = json.loads(spec)
+        first, last = pairs[0], pairs[-1]
+        layers = ",".join(pair[0].rsplit(".", 1)[1] for pair in pairs)
+        names = f"{first[0]} .. {last[1]}" if len(shapes) == 1 else \
+            f"{first[0].rsplit('.', 1)[0]}/value.{{{layers}}}"
+        lines.append(f"  {names}  {dtype} {shape}  ({len(pairs)} layers)")
     kinds: dict[str, list[str]] = {}  # past_conv -> its layers, ...: one line per kind
     for name in states:
         stem, layer = name.rsplit(".", 1)
@@ -100,6 +107,14 @@ def _io_lines(table: dict, kv_pairs: list[list[str]], states: list[str]) -> list
         dtype, shape = table[f"{stem}.{layers[0]}"]
         lines.append(f"  {stem}.{{{','.join(layers)}}}  {dtype} {shape}  ({len(layers)} layers)")
     return lines
+
+
+def _shared_kv_line(model) -> list[str]:
+    """Gemma 4: the layers reading another layer's KV."""
+    if not model.shared_kv_layers:
+        return []
+    return [f"kv sharing  layers {', '.join(map(str, model.shared_kv_layers))} read the KV an "
+            "earlier layer of their kind writes (no cache of their own)"]
 
 
 def _state_line(manifest) -> list[str]:

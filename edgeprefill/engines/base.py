@@ -15,6 +15,7 @@ reuse a prefix that ends there.
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +24,7 @@ from typing import NamedTuple
 import numpy as np
 
 from edgeprefill.bundle import Manifest, ModelInfo
-from edgeprefill.contract import state_slot_bytes
+from edgeprefill.contract import attention_layers, state_slot_bytes
 from edgeprefill.errors import BackendError
 
 
@@ -71,7 +72,8 @@ def kv_slot_bytes(model: ModelInfo, capacity: int, dtype: np.dtype | str,
     """Bytes of KV cache one slot of `capacity` positions takes, all layers, at `dtype`,
     plus the slot's recurrent state (`state_bytes`, contract.state_slot_bytes, which keeps
     the graph's dtypes): what `kv_budget_bytes` is divided by."""
-    per_position = 2 * model.kv_layers * model.num_kv_heads * model.head_dim
+    layers = attention_layers(model.num_layers, model.no_kv_layers)
+    per_position = 2 * sum(math.prod(model.kv_dims(i)) for i in layers)
     return per_position * capacity * int(np.dtype(dtype).itemsize) + state_bytes
 
 

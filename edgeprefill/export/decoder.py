@@ -27,7 +27,6 @@ from edgeprefill.contract import (
     LOGITS,
     PAST_LENS,
     VALID_LENS,
-    attention_layers,
     kv_names,
 )
 from edgeprefill.errors import ExportError
@@ -39,7 +38,9 @@ from edgeprefill.export.gated_delta import GatedDeltaNet
 from edgeprefill.export.graph import GraphBuilder
 from edgeprefill.export.lm_head import embedding_weight, head_weight
 from edgeprefill.export.model_config import LayerAttention, ModelConfig
+from edgeprefill.export.per_layer_input import PerLayerInputs
 from edgeprefill.export.quantize import QuantConfig
+from edgeprefill.export.shared_kv import SharedKV
 from edgeprefill.export.short_conv import ShortConv
 from edgeprefill.export.tokens import PackedTokens, PaddedTokens
 from edgeprefill.export.weights import GraphWeights
@@ -66,6 +67,8 @@ class DecoderBuilder:
         self.dtype = flavor.dtype
         self.g = GraphBuilder()
         self.w = GraphWeights(self.g, ckpt, self.dtype, quant)
+        # (head_dim, kv_heads, rotary_dim) -> the flavour of layers of that shape (Gemma 4)
+        self._flavors: dict[tuple[int, int, int], Flavor] = {}
 
     def build(self) -> GraphBuilder:
         g, cfg = self.g, self.cfg
@@ -83,8 +86,12 @@ class DecoderBuilder:
                                         valid_lens, chunk)
                           if conv is not None and cfg.delta_layers else None)
         self._declare_kv_io()
-        first = attention_layers(cfg.num_layers, cfg.state_layers)[0]
-        step = self.flavor.step_tensors(g, past_lens, chunk, kv_names(first).past_key)
+        first = kv_names(cfg.kv_layers[0]).past_key
+        step = self.flavor.step_tensors(g, past_lens, chunk, first)
+        self.shared = (SharedKV(g, self.flavor, past_lens, valid_lens, first)
+                       if cfg.shared_kv else None)
+        self.ple = (PerLayerInputs(g, self.w, cfg, self.tokens, self._norm, self._activation)
+                    if cfg.per_layer_input else None)
         self.q_scale = self._query_scale(past_lens, chunk)
         x = self.tokens.embed(self._embedding(), ids)  # [B,C,hidden] or packed [1,T,hidden]
         if self.names.position_embed is not None:  # GPT-2's learned positions
@@ -92,10 +99,17 @@ class DecoderBuilder:
                                                          past_lens, chunk)])
         if cfg.embed_scale is not None:
             x = g.op("Mul", [x, g.const(cfg.embed_scale, self.dtype)])
+        if self.ple is not None:
+            self.ple.build(ids, x)
         delta = None  # a sublayer's output, added to the residual by the next norm
+        cut = min(cfg.shared_kv, default=None)  # Gemma 4: from here on, the last tokens only
         for layer in range(cfg.num_layers):
-            rows = self.tokens.last if layer == cfg.num_layers - 1 else _every_token
+            if layer == cut:
+                x, delta = self._last_tokens(x, delta), None
+            last = layer == cfg.num_layers - 1 and cut is None
+            rows = self.tokens.last if last else _every_token
             x, delta = self._layer(layer, x, delta, step, rows)
+            x, delta = self._layer_tail(layer, x, delta, rows)
         if delta is not None:
             x = g.op("Add", [x, delta])
         # Only each row's last valid token reaches the LM head (the last layer kept only
@@ -116,24 +130,25 @@ class DecoderBuilder:
 
     @property
     def names(self) -> TensorNames:
-        return self.cfg.spec.names
+        return self.cfg.names
 
     def _declare_kv_io(self) -> None:
         cfg = self.cfg
-        shape = [BATCH, cfg.num_kv_heads, CAPACITY, cfg.head_dim]
-        layers = attention_layers(cfg.num_layers, cfg.state_layers)
+        layers = cfg.kv_layers
+        shapes = {i: [BATCH, cfg.layer_kv_heads(i), CAPACITY, cfg.layer_head_dim(i)]
+                  for i in layers}
         for layer in layers:
             names = kv_names(layer)
-            self.g.input(names.past_key, self.dtype, shape)
-            self.g.input(names.past_value, self.dtype, shape)
+            self.g.input(names.past_key, self.dtype, shapes[layer])
+            self.g.input(names.past_value, self.dtype, shapes[layer])
         states = [spec for layer in cfg.state_layers for spec in self._mixer_of(layer)
                   .states(layer)]
         for names, dtype, state in states:
             self.g.input(names.past, dtype, state)
         for layer in layers:
             names = kv_names(layer)
-            self.g.output(names.present_key, self.dtype, shape)
-            self.g.output(names.present_value, self.dtype, shape)
+            self.g.output(names.present_key, self.dtype, shapes[layer])
+            self.g.output(names.present_value, self.dtype, shapes[layer])
         for names, dtype, state in states:
             self.g.output(names.present, dtype, state)
 
@@ -176,6 +191,39 @@ class DecoderBuilder:
         x, h = self._add_norm(x, self._scaled(attn), p + n.post_attn_norm)
         return x, self._scaled(self._mlp(p, h))
 
+    def _last_tokens(self, x: str, delta: str | None) -> str:
+        """Each row's last valid token of the stream [B, hidden] (and of the per-layer
+        inputs), before the KV-shared layers: their KV is an earlier layer's, so what they
+        compute for the other tokens reaches no cache nor the LM head (shared_kv.py)."""
+        x = x if delta is None else self.g.op("Add", [x, delta])
+        if self.ple is not None:
+            self.ple.keep_last()
+        return self.tokens.last(x)
+
+    def _layer_tail(self, i: int, x: str, delta: str | None,
+                    rows: Rows) -> tuple[str, str | None]:
+        """Gemma 4: after the MLP's residual add, the layer's per-layer input and its
+        scalar (x times `layer_scalar`); other families' layers end at the MLP."""
+        if self.ple is None and not self.cfg.spec.layer_scalar:
+            return x, delta
+        p = self.names.layer.format(i=i)
+        x = x if delta is None else self.g.op("Add", [x, delta])
+        if self.ple is not None:
+            x = self.g.op("Add", [x, self.ple.layer(p, x, i, rows)])
+        if self.cfg.spec.layer_scalar:
+            x = self.g.op("Mul", [x, self.w.tensor(p + "layer_scalar")])
+        return x, None
+
+    def _flavor_for(self, cfg: ModelConfig) -> Flavor:
+        """The flavour of a layer seen as `cfg` (ModelConfig.for_layer): the build's own,
+        or one of the same kind for a layer with a head size of its own."""
+        if cfg is self.cfg:
+            return self.flavor
+        key = (cfg.head_dim, cfg.num_kv_heads, cfg.rotary_dim)
+        if key not in self._flavors:
+            self._flavors[key] = type(self.flavor)(cfg, self.dtype, self.flavor.max_context)
+        return self._flavors[key]
+
     def _scaled(self, sublayer: str) -> str:
         """A sublayer's output times the residual multiplier (Granite), before the add."""
         if self.cfg.residual_scale == 1.0:
@@ -190,50 +238,99 @@ class DecoderBuilder:
         return self._attention(i, h, step, rows)
 
     def _attention(self, i: int, h: str, step: StepTensors, rows: Rows) -> str:
-        cfg, n = self.cfg, self.names
+        n, layer = self.names, self.cfg.layers[i]
+        cfg = self.cfg.for_layer(i)  # this layer's head size and KV heads
         p = n.layer.format(i=i)
-        q, k, v, gate = self._qkv(p, h)
+        if i in cfg.shared_kv:  # Gemma 4: [B, hidden], queries over an earlier layer's KV
+            assert self.shared is not None
+            q = self._shared_query(p, h, cfg)
+            return self._output(p, self.shared.attention(q, cfg, layer,
+                                                         kv_names(cfg.shared_kv[i])))
+        q, k, v, gate = self._qkv(p, h, cfg, cfg.k_eq_v and layer.window is None)
         q, k, v = (t if t is None else self.tokens.spread(t) for t in (q, k, v))
-        layer = cfg.layers[i]
         if cfg.spec.qk_norm == "head_rotated":
             q, k = self._rotated_head_norms(p, q, k, step, layer)
             layer = replace(layer, rope=None)  # attention takes q and k rotated
         names = kv_names(i)
         past = (names.past_key, names.past_value)
         present = (names.present_key, names.present_value)
-        attn = self.flavor.attention(self.g, q, k, v, past, present, step, layer)
-        attn = rows(self.tokens.gather(attn, cfg.num_heads * cfg.head_dim))
+        attn = self._flavor_for(cfg).attention(self.g, q, k, v, past, present, step, layer)
+        attn = self.tokens.gather(attn, cfg.num_heads * cfg.head_dim)
+        if cfg.head_gate:
+            attn = self._head_gated(p, h, attn, cfg)
+        attn = rows(attn)
         if gate is not None:  # Qwen3.5: the attention's output times sigmoid(gate)
             attn = self.g.op("Mul", [attn, self.g.op("Sigmoid", [rows(gate)])])
-        o_bias = p + n.o + ".bias" if cfg.o_bias else None
-        return self.w.linear(attn, [p + n.o + ".weight"], o_bias)
+        return self._output(p, attn)
 
-    def _qkv(self, p: str, h: str) -> list[str | None]:
+    def _head_gated(self, p: str, h: str, attn: str, cfg: ModelConfig) -> str:
+        """LFM3: attention's output [B,C,H*D] (or packed [1,T,H*D]), each head's D values
+        times sigmoid of that head's gate, g_proj of the layer's normed input `h`."""
+        g = self.g
+        name = self.w.resolve(tuple(p + gate + ".weight" for gate in self.names.head_gate))
+        if self.w.shape(name) != (cfg.num_heads, cfg.hidden_size):
+            raise ExportError(
+                f"{name} has shape {self.w.shape(name)}, but config.json implies "
+                f"{(cfg.num_heads, cfg.hidden_size)} ({cfg.num_heads} heads, hidden "
+                f"{cfg.hidden_size})")
+        gate = g.op("Sigmoid", [self.w.linear(h, [name], None)])  # [B,C,H]
+        heads = g.op("Reshape", [attn, g.const([0, 0, cfg.num_heads, cfg.head_dim])])
+        gated = g.op("Mul", [heads, g.op("Unsqueeze", [gate, g.const([-1])])])
+        return g.op("Reshape", [gated, g.const([0, 0, cfg.num_heads * cfg.head_dim])])
+
+    def _output(self, p: str, attn: str) -> str:
+        """The attention's output projection."""
+        o = p + self.names.o
+        return self.w.linear(attn, [o + ".weight"], o + ".bias" if self.cfg.o_bias else None)
+
+    def _shared_query(self, p: str, h: str, cfg: ModelConfig) -> str:
+        """A KV-shared layer's q [B,1,H*D] from h [B,hidden] (each row's last token): its
+        projection and per-head norm (Gemma 4)."""
+        name = p + self.names.q + ".weight"
+        expected = (cfg.num_heads * cfg.head_dim, cfg.hidden_size)
+        if self.w.shape(name) != expected:
+            raise ExportError(f"{name} has shape {self.w.shape(name)}, but config.json "
+                              f"implies {expected}")
+        q = self.w.linear(h, [name], p + self.names.q + ".bias" if cfg.qkv_bias else None)
+        q = self.g.op("Unsqueeze", [q, self.g.const([1])])  # [B,1,H*D]: one token per row
+        return self._head_norm(q, cfg.num_heads, p + self.names.q_norm, cfg.head_dim)
+
+    def _qkv(self, p: str, h: str, cfg: ModelConfig, k_is_v: bool = False) -> list[str | None]:
         """One packed projection for q, k and v (and the output gate where the family has
         one, else None as the fourth). Flavours whose attention takes the packed tensor get
         it whole ([qkv, None, None, None]: no split copies); otherwise it is split, with
-        q/k norms where the family has them and q times its factor (Ministral 3)."""
-        g, cfg, n = self.g, self.cfg, self.names
-        parts = [n.qkv] if n.qkv else [n.q, n.k, n.v]
+        q/k norms where the family has them and q times its factor (Ministral 3). `cfg` is
+        the layer's (ModelConfig.for_layer); `k_is_v`: the layer has no v_proj, its values
+        are its keys' projection (Gemma 4's attention_k_eq_v)."""
+        g, n = self.g, self.names
+        parts = [n.qkv] if n.qkv else [n.q, n.k] if k_is_v else [n.q, n.k, n.v]
         weights = [p + part + ".weight" for part in parts]
         bias = p + (n.qkv or "self_attn.qkv_proj") + ".bias" if cfg.qkv_bias else None
-        self._check_qkv_shapes(weights)
+        self._check_qkv_shapes(weights, cfg)
         reorder = self._neox_order if cfg.spec.qkv_interleaved else \
             self._gate_last if cfg.attn_gate else None
         qkv = self.w.linear(h, weights, bias, reorder=reorder)
         if self.flavor.packed_qkv and cfg.spec.qk_norm is None and self.q_scale is None \
-                and not cfg.attn_gate:
+                and not cfg.attn_gate and not k_is_v:
             return [qkv, None, None, None]
         q_size, kv_size = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
         gate = None
         if cfg.attn_gate:
             q, k, v, gate = g.op("Split", [qkv, g.const([q_size, kv_size, kv_size, q_size])],
                                  4, axis=-1)
+        elif k_is_v:
+            q, k = g.op("Split", [qkv, g.const([q_size, kv_size])], 2, axis=-1)
+            v = k  # the keys' projection, before their norm and rotary
         else:
             q, k, v = g.op("Split", [qkv, g.const([q_size, kv_size, kv_size])], 3, axis=-1)
+        if cfg.spec.v_norm:  # Gemma 4: per head, without weight
+            ones = g.const(np.ones(cfg.head_dim), self.dtype)
+            per_head = g.op("Reshape", [v, g.const([0, 0, cfg.num_kv_heads, cfg.head_dim])])
+            v = g.op("Reshape", [self.flavor.rms_norm(g, per_head, ones),
+                                 g.const([0, 0, cfg.num_kv_heads * cfg.head_dim])])
         if cfg.spec.qk_norm == "head":
-            q = self._head_norm(q, cfg.num_heads, p + n.q_norm)
-            k = self._head_norm(k, cfg.num_kv_heads, p + n.k_norm)
+            q = self._head_norm(q, cfg.num_heads, p + n.q_norm, cfg.head_dim)
+            k = self._head_norm(k, cfg.num_kv_heads, p + n.k_norm, cfg.head_dim)
         elif cfg.spec.qk_norm == "full":
             q, k = self._norm(q, p + n.q_norm), self._norm(k, p + n.k_norm)
         if self.q_scale is not None:  # before rotary, which it commutes with (query_scale.py)
@@ -250,14 +347,13 @@ class DecoderBuilder:
         return (self._head_norm(q, cfg.num_heads, p + n.q_norm),
                 self._head_norm(k, cfg.num_kv_heads, p + n.k_norm))
 
-    def _check_qkv_shapes(self, weights: list[str]) -> None:
+    def _check_qkv_shapes(self, weights: list[str], cfg: ModelConfig) -> None:
         """A checkpoint that disagrees with its config.json fails here, in one line, not
         as a reshape error inside ONNX Runtime."""
-        cfg = self.cfg
         q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
         q *= 2 if cfg.attn_gate else 1  # each head's query and its output gate
         expected = [(q + 2 * kv, cfg.hidden_size)] if len(weights) == 1 else [
-            (q, cfg.hidden_size), (kv, cfg.hidden_size), (kv, cfg.hidden_size)]
+            (q, cfg.hidden_size), *[(kv, cfg.hidden_size)] * (len(weights) - 1)]
         for name, shape in zip(weights, expected, strict=True):
             if self.w.shape(name) != shape:
                 raise ExportError(
@@ -282,8 +378,8 @@ class DecoderBuilder:
         query, gate = (both[:, i].reshape(heads * d, *rest) for i in (0, 1))
         return np.concatenate([query, rows[2 * heads * d :], gate])
 
-    def _head_norm(self, x: str, heads: int, name: str) -> str:
-        g, d = self.g, self.cfg.head_dim
+    def _head_norm(self, x: str, heads: int, name: str, d: int | None = None) -> str:
+        g, d = self.g, d or self.cfg.head_dim
         per_head = g.op("Reshape", [x, g.const([0, 0, heads, d])])
         normed = self._norm(per_head, name)
         return g.op("Reshape", [normed, g.const([0, 0, heads * d])])

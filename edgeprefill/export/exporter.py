@@ -20,7 +20,7 @@ from edgeprefill.bundle import (
     TokenizerInfo,
     file_record,
 )
-from edgeprefill.contract import attention_layers, kv_names, state_names
+from edgeprefill.contract import kv_names, state_names
 from edgeprefill.errors import ExportError
 from edgeprefill.export.checkpoint import Checkpoint
 from edgeprefill.export.config_checks import check_tokenizer_fits
@@ -162,7 +162,7 @@ def _manifest(
     cfg: ModelConfig, g: GraphBuilder, options: ExportOptions, chunks: list[int],
     max_context: int, hf_dir: Path, out_dir: Path, tokenizer_files: list[str],
 ) -> Manifest:
-    layers = [kv_names(i) for i in attention_layers(cfg.num_layers, cfg.state_layers)]
+    layers = [kv_names(i) for i in cfg.kv_layers]
     states = [state_names(i, kind) for i in cfg.state_layers for kind in cfg.state_kinds(i)]
     tok_config = optional_json_object(hf_dir / "tokenizer_config.json", ExportError)
     gen_config = optional_json_object(hf_dir / "generation_config.json", ExportError)
@@ -189,6 +189,11 @@ def _manifest(
             num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
             hidden_size=cfg.hidden_size, vocab_size=cfg.vocab_size,
             state_layers=list(cfg.state_layers),
+            shared_kv_layers=sorted(cfg.shared_kv),
+            layer_kv={str(i): [cfg.layer_kv_heads(i), cfg.layer_head_dim(i)]
+                      for i in cfg.kv_layers
+                      if (cfg.layer_kv_heads(i), cfg.layer_head_dim(i)) !=
+                      (cfg.num_kv_heads, cfg.head_dim)},
         ),
         graph=graph,
         tokenizer=TokenizerInfo(

@@ -235,7 +235,7 @@ class StandardFlavor(Flavor):
                 )
             extra[rope + ".cos"], extra[rope + ".sin"] = gathered[stem]
         for window in {layer.window for layer in self.cfg.layers}:
-            extra[_mask_key(window)] = self.causal_mask(g, past_key0, at, window)
+            extra[mask_key(window)] = self.causal_mask(g, past_key0, at, window)
         return StepTensors(past_lens, chunk, extra)
 
     def causal_mask(
@@ -308,7 +308,6 @@ class StandardFlavor(Flavor):
 
     def attention(self, g, q, k, v, past, present, step, layer):
         cfg = self.cfg
-        rep = cfg.num_heads // cfg.num_kv_heads
         q4 = self.heads_first(g, q, cfg.num_heads)
         k4 = self.heads_first(g, k, cfg.num_kv_heads)
         if layer.rope is not None:
@@ -318,6 +317,14 @@ class StandardFlavor(Flavor):
         write_at = step.extra["write_at"]
         keys = g.op("TensorScatter", [past[0], k4, write_at], [present[0]], axis=-2)
         values = g.op("TensorScatter", [past[1], v4, write_at], [present[1]], axis=-2)
+        return self.attend(g, q4, keys, values, step.extra[mask_key(layer.window)], layer)
+
+    def attend(self, g: GraphBuilder, q4: str, keys: str, values: str, mask: str,
+               layer: LayerAttention) -> str:
+        """q4 [B,H,C,D] (rotated) over the whole cache keys/values [B,KV,cap,D] under the
+        additive `mask` [B,1,1,C,cap]; returns [B,C,H*D]."""
+        cfg = self.cfg
+        rep = cfg.num_heads // cfg.num_kv_heads
         # Group the query heads by the KV head they share: [B,KV,rep,C,D] against
         # [B,KV,1,cap,D] broadcasts without materializing repeated keys.
         q5 = g.op("Reshape", [q4, g.const([0, cfg.num_kv_heads, rep, -1, cfg.head_dim])])
@@ -327,7 +334,7 @@ class StandardFlavor(Flavor):
         if cfg.attn_softcap is not None:  # Gemma 2: c * tanh(scores / c), before the mask
             cap = g.const(cfg.attn_softcap, self.dtype)
             scores = g.op("Mul", [g.op("Tanh", [g.op("Div", [scores, cap])]), cap])
-        scores = g.op("Add", [scores, step.extra[_mask_key(layer.window)]])
+        scores = g.op("Add", [scores, mask])
         probs = g.op("Softmax", [scores], axis=-1)
         out = g.op("MatMul", [probs, g.op("Unsqueeze", [values, g.const([2])])])
         out = g.op("Reshape", [out, g.const([0, cfg.num_heads, -1, cfg.head_dim])])
@@ -342,7 +349,7 @@ def positions(g: GraphBuilder, past64: str, chunk: str) -> str:
     return g.op("Add", [g.op("Unsqueeze", [past64, g.const([1])]), steps])
 
 
-def _mask_key(window: int | None) -> str:
+def mask_key(window: int | None) -> str:
     return "mask" if window is None else f"mask.window{window}"
 
 

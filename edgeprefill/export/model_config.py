@@ -9,15 +9,22 @@ downstream reads the fields of `ModelConfig` and never looks at the raw dict.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from edgeprefill.contract import CONV, RECURRENT
 from edgeprefill.errors import ExportError
 from edgeprefill.export.config_checks import check_model_config
-from edgeprefill.export.families import BLOCKS, FAMILIES, REFUSED_TYPES, FamilySpec
+from edgeprefill.export.families import (
+    BLOCKS,
+    FAMILIES,
+    REFUSED_TYPES,
+    FamilySpec,
+    TensorNames,
+)
 from edgeprefill.export.fp8 import Fp8Scheme, read_fp8_scheme
+from edgeprefill.export.layer_heads import gemma4_fields, layer_heads, rope_widths
 from edgeprefill.export.query_scale import QueryScale, read_query_scale
 from edgeprefill.export.rope import (
     SHARED_ROPE_TYPES,
@@ -43,6 +50,10 @@ class LayerAttention:
     window: int | None  # sliding window: a query sees the last `window` positions, itself incl.
     rope: str | None  # GLOBAL or LOCAL (a key of ModelConfig.ropes); None: no rotary (NoPE)
     scale: float = 1.0  # times ModelConfig.attn_scale in this layer (GPT-2's 1 / (layer + 1))
+    # This layer's own head size and KV heads (Gemma 4's full-attention layers); None: the
+    # model's head_dim and num_kv_heads.
+    head_dim: int | None = None
+    kv_heads: int | None = None
 
 
 @dataclass(frozen=True)
@@ -108,6 +119,18 @@ class ModelConfig:
     # Qwen3.5 (Qwen3-Next's attention): q_proj gives each head's query and an output gate;
     # attention's output times sigmoid(gate) goes to o_proj.
     attn_gate: bool = False
+    # LFM3: each head's attention output times sigmoid of its gate, a projection of the
+    # layer's normed input (hidden -> heads; TensorNames.head_gate).
+    head_gate: bool = False
+    # Gemma 4: layers without KV of their own, each reading the KV an earlier layer of its
+    # kind wrote in the same step (consumer -> producer; num_kv_shared_layers).
+    shared_kv: dict[int, int] = field(default_factory=dict)
+    # Gemma 4: full-attention layers whose values are their keys' projection (no v_proj).
+    k_eq_v: bool = False
+    # Gemma 4's per-layer inputs (PLE): each layer's `per_layer_input`-wide slice of a second
+    # embedding, mixed with a projection of the main one; 0: none.
+    per_layer_input: int = 0
+    per_layer_vocab: int = 0
 
     def __post_init__(self) -> None:
         check_model_config(self)
@@ -116,11 +139,12 @@ class ModelConfig:
                 f"layer_types lists {len(self.layers)} layers; num_hidden_layers is "
                 f"{self.num_layers}"
             )
-        for rope in self.ropes.values():
-            if not 0 < rope.rotary_dim <= self.head_dim:
+        for i, layer in enumerate(self.layers):
+            rope = self.ropes[layer.rope or GLOBAL]
+            if not 0 < rope.rotary_dim <= self.layer_head_dim(i):
                 raise ExportError(
                     f"the rotary dimension {rope.rotary_dim} does not fit head_dim "
-                    f"{self.head_dim} (check partial_rotary_factor)"
+                    f"{self.layer_head_dim(i)} (check partial_rotary_factor)"
                 )
         if self.block not in BLOCKS:
             raise ExportError(f"unknown block layout {self.block!r}")
@@ -141,6 +165,11 @@ class ModelConfig:
         return FAMILIES[self.family]
 
     @property
+    def names(self) -> TensorNames:
+        """The checkpoint's tensor names for the block this config chose."""
+        return self.spec.block_names.get(self.block, self.spec.names)
+
+    @property
     def state_layers(self) -> tuple[int, ...]:
         """The layers without KV, carrying a recurrent state instead."""
         return tuple(sorted((*self.conv_layers, *self.delta_layers)))
@@ -150,6 +179,29 @@ class ModelConfig:
         if layer in self.delta_layers:
             return (CONV, RECURRENT)
         return (CONV,) if layer in self.conv_layers else ()
+
+    def layer_head_dim(self, layer: int) -> int:
+        return self.layers[layer].head_dim or self.head_dim
+
+    def layer_kv_heads(self, layer: int) -> int:
+        return self.layers[layer].kv_heads or self.num_kv_heads
+
+    @property
+    def kv_layers(self) -> tuple[int, ...]:
+        """The layers that hold KV of their own: neither a state nor another layer's KV."""
+        return tuple(i for i in range(self.num_layers)
+                     if i not in self.state_layers and i not in self.shared_kv)
+
+    def for_layer(self, layer: int) -> ModelConfig:
+        """This config as one attention layer sees it: its head size and KV heads as the
+        model's, and its rope under both names (so `rotary_dim` is its own)."""
+        if all(each.head_dim is None and each.kv_heads is None for each in self.layers):
+            return self
+        spec = self.layers[layer]
+        rope = self.ropes[spec.rope or GLOBAL]
+        return replace(self, head_dim=self.layer_head_dim(layer),
+                       num_kv_heads=self.layer_kv_heads(layer),
+                       ropes={GLOBAL: rope, LOCAL: rope})
 
     @property
     def rotary_dim(self) -> int:
@@ -172,7 +224,10 @@ class ModelConfig:
             out.append(f"{len(self.delta_layers)} of {self.num_layers} layers Gated DeltaNet "
                        "linear attention (a conv and a recurrent state per sequence)")
         out += {"parallel": ["parallel residual (attention and MLP each on its own norm)"],
-                "shared": ["parallel attention and MLP on one norm"]}.get(self.block, [])
+                "shared": ["parallel attention and MLP on one norm"],
+                "sandwich": ["norms before and after attention and MLP"]}.get(self.block, [])
+        if self.head_gate:
+            out.append("a sigmoid output gate per attention head")
         if any(layer.rope == LOCAL for layer in self.layers) and \
                 self.ropes[LOCAL].theta != self.ropes[GLOBAL].theta:
             out.append("local layers with their own rope base")
@@ -180,6 +235,15 @@ class ModelConfig:
         if local:
             out.append(f"sliding window {self.sliding_window} on {local} of {self.num_layers} "
                        "layers")
+        own = {(self.layer_kv_heads(i), self.layer_head_dim(i)) for i, layer in
+               enumerate(self.layers) if layer.head_dim or layer.kv_heads}
+        for heads, dim in sorted(own):
+            out.append(f"full-attention layers: {heads} KV heads of {dim}")
+        if self.shared_kv:
+            out.append(f"the last {len(self.shared_kv)} of {self.num_layers} layers read an "
+                       "earlier layer's KV (no cache of their own)")
+        if self.k_eq_v:
+            out.append("full-attention layers' values are their keys' projection")
         nope = sum(layer.rope is None for layer in self.layers)
         if nope:
             out.append(f"{nope} of {self.num_layers} layers without rope")
@@ -232,6 +296,8 @@ def _read(family: str, spec: FamilySpec, raw: dict[str, Any]) -> ModelConfig:
     qkv_bias, o_bias, mlp_bias = _biases(raw, spec)
     ropes = _ropes(raw, _rotary_dim(raw, spec, head_dim))
     _refuse_other_familys_rope(family, spec, ropes)
+    layers = _layers(raw, spec)
+    ropes = rope_widths(ropes, layers)
     return ModelConfig(
         family=family,
         hidden_size=hidden,
@@ -252,7 +318,7 @@ def _read(family: str, spec: FamilySpec, raw: dict[str, Any]) -> ModelConfig:
         activation=_activation(raw, spec),
         block=spec.block_from_config(raw) if spec.block_from_config else spec.block,
         ropes=ropes,
-        layers=_layers(raw, spec),
+        layers=layers,
         attn_scale=_attn_scale(raw, head_dim),
         attn_softcap=_optional_float(raw.get("attn_logit_softcapping"))
         if "attn" in spec.softcaps else None,
@@ -268,6 +334,8 @@ def _read(family: str, spec: FamilySpec, raw: dict[str, Any]) -> ModelConfig:
         **_conv(raw, spec),
         **_delta(raw, spec),
         attn_gate=spec.attn_gate,
+        head_gate=bool(raw.get(spec.head_gate_key)) if spec.head_gate_key else False,
+        **gemma4_fields(raw) if spec.per_layer_heads else {},
     )
 
 
@@ -408,11 +476,12 @@ def _layers(raw: dict[str, Any], spec: FamilySpec) -> tuple[LayerAttention, ...]
     # Sliding layers use the LOCAL rope, which equals GLOBAL unless the config gives local
     # layers their own (Gemma 3); flavours emit one table per distinct rope.
     inverse = spec.inverse_layer_scale_key is not None and raw.get(spec.inverse_layer_scale_key)
-    return tuple(
+    layers = tuple(
         LayerAttention(window if slide else None, (LOCAL if slide else GLOBAL) if rope else None,
                        1.0 / (i + 1) if inverse else 1.0)
         for i, (slide, rope) in enumerate(zip(slides, ropes, strict=True))
     )
+    return layer_heads(raw, layers) if spec.per_layer_heads else layers
 
 
 def _rope_layers(raw: dict[str, Any], count: int) -> list[bool]:

@@ -1,10 +1,10 @@
 """The KV arena of the ONNX Runtime backend: one interface, a host and a device memory.
 
 Both hold one buffer per layer and per K/V (layer-major: K0, V0, K1, V1, ...), slot-first
-`[slots, KV, cap, D]`, so the rows of a step are the contiguous bytes from
-`address + first_slot * slot_bytes`: each past input and its present output are bound
-there and the step updates the cache in place. The backend holds one `KVArena` and never
-asks where it lives.
+`[slots, KV, cap, D]` (each its layer's KV and D: Gemma 4's layers differ), so the rows of
+a step are the contiguous bytes from `address + first_slot * slot_bytes`: each past input
+and its present output are bound there and the step updates the cache in place. The
+backend holds one `KVArena` and never asks where it lives.
 
 - `HostArena`: numpy arrays (the CPU provider).
 - `DeviceArena`: OrtValues in device memory (the CUDA and TensorRT providers). Slot copies
@@ -31,11 +31,11 @@ KVPairs = Sequence[tuple[str, str]]  # (past input, present output) per buffer, 
 class KVArena(ABC):
     """Slot-first KV buffers bound to a step's IOBinding in place."""
 
-    shape: tuple[int, ...]  # [slots, KV, cap, D]
+    shapes: list[tuple[int, ...]]  # per buffer [slots, KV, cap, D]
 
     @property
     def slots(self) -> int:
-        return self.shape[0]
+        return self.shapes[0][0]
 
     @abstractmethod
     def bind(self, binding: Any, pairs: KVPairs, first: int, rows: int) -> None:
@@ -55,9 +55,9 @@ class KVArena(ABC):
 
 
 class HostArena(KVArena):
-    def __init__(self, shape: tuple[int, ...], dtype: np.dtype, count: int) -> None:
-        self.shape = shape
-        self.arrays = [np.zeros(shape, dtype) for _ in range(count)]
+    def __init__(self, shapes: Sequence[tuple[int, ...]], dtype: np.dtype) -> None:
+        self.shapes = list(shapes)
+        self.arrays = [np.zeros(shape, dtype) for shape in self.shapes]
         # np.zeros maps its pages lazily. Measured on the 2-core VM: the first prefill into
         # each fresh slot took 3-4x as long (a 128-token chunk 274-462 ms against ~95 ms),
         # which made short-prompt TTFT bimodal across processes. Touching every page here
@@ -87,18 +87,20 @@ class HostArena(KVArena):
 
 class DeviceArena(KVArena):
     def __init__(
-        self, ort: ModuleType, shape: tuple[int, ...], dtype: np.dtype, count: int,
+        self, ort: ModuleType, shapes: Sequence[tuple[int, ...]], dtype: np.dtype,
         providers: list[str], device: str = "cuda", device_id: int = 0,
     ) -> None:
-        self.shape, self.dtype = shape, np.dtype(dtype)
+        self.shapes, self.dtype = list(shapes), np.dtype(dtype)
         self.device, self.device_id = device, device_id
         # Zero-filled: the standard graph attends over the whole capacity with an additive
-        # mask, so never-written positions must hold finite numbers. One host buffer of a
-        # single arena is reused for every upload.
-        zeros = np.zeros(shape, self.dtype)
-        self.values = [self._zeroed(ort, zeros) for _ in range(count)]
-        self._spare = self._zeroed(ort, zeros[:1])
-        self._copier = SlotCopier(ort, shape[1:], self.dtype, providers, device, device_id)
+        # mask, so never-written positions must hold finite numbers. One host buffer per
+        # distinct shape is reused for every upload.
+        zeros = {shape: np.zeros(shape, self.dtype) for shape in self.shapes}
+        self.values = [self._zeroed(ort, zeros[shape]) for shape in self.shapes]
+        largest = max(self.shapes, key=lambda shape: int(np.prod(shape[1:])))
+        self._spare = self._zeroed(ort, zeros[largest][:1])
+        self._copiers = {shape[1:]: SlotCopier(ort, shape[1:], self.dtype, providers, device,
+                                               device_id) for shape in zeros}
 
     def _zeroed(self, ort: ModuleType, zeros: np.ndarray) -> Any:
         value = ort.OrtValue.ortvalue_from_shape_and_type(
@@ -107,31 +109,35 @@ class DeviceArena(KVArena):
         value.update_inplace(zeros)
         return value
 
-    @property
-    def slot_bytes(self) -> int:
-        return int(np.prod(self.shape[1:])) * self.dtype.itemsize
+    def slot_bytes(self, index: int) -> int:
+        return int(np.prod(self.shapes[index][1:])) * self.dtype.itemsize
 
     def slot_address(self, index: int, slot: int) -> int:
         address: int = self.values[index].data_ptr()
-        return address + slot * self.slot_bytes
+        return address + slot * self.slot_bytes(index)
 
     def bind(self, binding: Any, pairs: KVPairs, first: int, rows: int) -> None:
-        shape = (rows, *self.shape[1:])
         for index, (past, present) in enumerate(pairs):
+            shape = (rows, *self.shapes[index][1:])
             address = self.slot_address(index, first)
             binding.bind_input(past, self.device, self.device_id, self.dtype, shape, address)
             binding.bind_output(present, self.device, self.device_id, self.dtype, shape, address)
 
     def copy(self, src: int, dst: int, length: int | None = None) -> None:
         for index in range(len(self.values)):
-            self._copier.copy(self.slot_address(index, src), self.slot_address(index, dst))
+            self._copier(index).copy(self.slot_address(index, src),
+                                     self.slot_address(index, dst))
 
     def swap(self, a: int, b: int, length: int | None = None) -> None:
         spare = self._spare.data_ptr()
         for index in range(len(self.values)):
-            self._copier.copy(self.slot_address(index, a), spare)
-            self._copier.copy(self.slot_address(index, b), self.slot_address(index, a))
-            self._copier.copy(spare, self.slot_address(index, b))
+            copier = self._copier(index)
+            copier.copy(self.slot_address(index, a), spare)
+            copier.copy(self.slot_address(index, b), self.slot_address(index, a))
+            copier.copy(spare, self.slot_address(index, b))
+
+    def _copier(self, index: int) -> SlotCopier:
+        return self._copiers[self.shapes[index][1:]]
 
     def host_arrays(self) -> list[np.ndarray]:
         return [value.numpy() for value in self.values]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,7 @@ from edgeprefill.contract import (
     PAST_LENS,
     VALID_LENS,
     check_loaded_io,
+    kv_dims,
     kv_pairs,
     state_pairs,
 )
@@ -273,27 +275,27 @@ class OnnxRuntimeBackend(Backend):
 
     def allocate_kv(self, slots: int, capacity: int) -> None:
         m = self.manifest.model
-        shape = (slots, m.num_kv_heads, capacity, m.head_dim)
+        shapes = [(slots, heads, capacity, dim) for heads, dim in kv_dims(self.manifest.graph)]
         self.arena = None  # free the old arena before the new one
         self._bindings.clear()
         if self._gpu is None:
-            self.arena = HostArena(shape, self.kv_dtype, 2 * m.kv_layers)
+            self.arena = HostArena(shapes, self.kv_dtype)
         else:
-            self.arena = self._device_arena(shape)
+            self.arena = self._device_arena(shapes)
         pairs = state_pairs(self.manifest.graph)
         self.state = StateArena(pairs, self.manifest.graph.inputs, slots) if pairs else None
         self._logits = np.empty((slots, m.vocab_size), np.float32)
 
-    def _device_arena(self, shape: tuple[int, ...]) -> DeviceArena:
+    def _device_arena(self, shapes: Sequence[tuple[int, ...]]) -> DeviceArena:
         assert self._gpu is not None, "a device arena is for the GPU providers"
         pinned = dimension_overrides(self.options.device, self._gpu).get(CAPACITY)
-        if pinned is not None and pinned != shape[2]:
+        capacity = shapes[0][2]
+        if pinned is not None and pinned != capacity:
             raise BackendError(
                 f"the TensorRT provider runs the graph at a KV capacity of {pinned} (the "
-                f"bundle's max context), not {shape[2]}; run with max_context {pinned}"
+                f"bundle's max context), not {capacity}; run with max_context {pinned}"
             )
-        count = 2 * self.manifest.model.kv_layers
-        return DeviceArena(self._ort, shape, self.kv_dtype, count, self.session.get_providers())
+        return DeviceArena(self._ort, shapes, self.kv_dtype, self.session.get_providers())
 
     def kv_arrays(self) -> list[np.ndarray]:
         """The arena, layer-major [K0, V0, K1, V1, ...] (CPU numpy, for inspection; a copy

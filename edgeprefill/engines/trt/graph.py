@@ -34,12 +34,17 @@ def require_standard(manifest: Manifest) -> None:
 
 
 def refuse_state(manifest: Manifest) -> None:
-    """The engine binds KV arenas in place and nothing else: a bundle whose layers carry
-    a recurrent state (LFM2, Qwen3.5) runs on the onnxruntime backend only."""
+    """The engine binds KV arenas of one shape in place and nothing else: a bundle whose
+    layers carry a recurrent state (LFM2, Qwen3.5) or KV of their own shapes (Gemma 4)
+    runs on the onnxruntime backend only."""
     if manifest.model.state_layers:
         raise BackendError(
             f"the tensorrt backend cannot run {manifest.model.family} bundles: their "
             "layers carry a recurrent state it does not bind; use --backend onnxruntime")
+    if manifest.model.layer_kv:  # its plan sizes every arena alike (plan.position_bytes)
+        raise BackendError(
+            f"the tensorrt backend cannot run {manifest.model.family} bundles: their layers' "
+            "KV caches differ in shape (heads or head size); use --backend onnxruntime")
 
 
 def kv_tensor_names(manifest: Manifest) -> set[str]:
