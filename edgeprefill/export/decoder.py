@@ -39,6 +39,7 @@ from edgeprefill.export.gated_delta import GatedDeltaNet
 from edgeprefill.export.graph import GraphBuilder
 from edgeprefill.export.lm_head import head_weight
 from edgeprefill.export.model_config import LayerAttention, ModelConfig
+from edgeprefill.export.moe import MixtureOfExperts
 from edgeprefill.export.quantize import QuantConfig
 from edgeprefill.export.short_conv import ShortConv
 from edgeprefill.export.tokens import PackedTokens, PaddedTokens
@@ -66,6 +67,11 @@ class DecoderBuilder:
         self.dtype = flavor.dtype
         self.g = GraphBuilder()
         self.w = GraphWeights(self.g, ckpt, self.dtype, quant)
+        moe, spec = cfg.moe, cfg.spec.moe
+        self.experts = None if moe is None or spec is None else MixtureOfExperts(
+            self.g, self.w, ckpt, moe, spec.names, cfg.hidden_size, self.dtype, self._activation)
+        # the layer prefixes whose MLP is routed experts
+        self.expert_layers = {self.names.layer.format(i=i) for i in (moe.layers if moe else ())}
 
     def build(self) -> GraphBuilder:
         g, cfg = self.g, self.cfg
@@ -315,6 +321,9 @@ class DecoderBuilder:
 
     def _mlp(self, p: str, h: str) -> str:
         g, n, cfg = self.g, self.names, self.cfg
+        if p in self.expert_layers:
+            assert self.experts is not None
+            return self.experts.block(p, h)
         bias = cfg.mlp_bias
         if not cfg.spec.gated_mlp:
             up = self.w.linear(h, [p + n.up + ".weight"], p + n.up + ".bias" if bias else None)

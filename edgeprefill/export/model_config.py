@@ -16,6 +16,7 @@ from typing import Any
 from edgeprefill.contract import CONV, RECURRENT
 from edgeprefill.errors import ExportError
 from edgeprefill.export.config_checks import check_model_config
+from edgeprefill.export.experts import MoeConfig, read_moe
 from edgeprefill.export.families import BLOCKS, FAMILIES, REFUSED_TYPES, FamilySpec
 from edgeprefill.export.fp8 import Fp8Scheme, read_fp8_scheme
 from edgeprefill.export.query_scale import QueryScale, read_query_scale
@@ -108,6 +109,8 @@ class ModelConfig:
     # Qwen3.5 (Qwen3-Next's attention): q_proj gives each head's query and an output gate;
     # attention's output times sigmoid(gate) goes to o_proj.
     attn_gate: bool = False
+    # Routed experts in place of the MLP on moe.layers (export/moe.py); None: dense.
+    moe: MoeConfig | None = None
 
     def __post_init__(self) -> None:
         check_model_config(self)
@@ -171,6 +174,8 @@ class ModelConfig:
         if self.delta_layers:
             out.append(f"{len(self.delta_layers)} of {self.num_layers} layers Gated DeltaNet "
                        "linear attention (a conv and a recurrent state per sequence)")
+        if self.moe is not None:
+            out.append(self.moe.describe(self.num_layers))
         out += {"parallel": ["parallel residual (attention and MLP each on its own norm)"],
                 "shared": ["parallel attention and MLP on one norm"]}.get(self.block, [])
         if any(layer.rope == LOCAL for layer in self.layers) and \
@@ -268,6 +273,7 @@ def _read(family: str, spec: FamilySpec, raw: dict[str, Any]) -> ModelConfig:
         **_conv(raw, spec),
         **_delta(raw, spec),
         attn_gate=spec.attn_gate,
+        moe=read_moe(raw, spec.moe) if spec.moe is not None else None,
     )
 
 
@@ -298,6 +304,7 @@ UNSUPPORTED = {
     "qk_layernorm": "per-head LayerNorm on q/k (qk_layernorm) is not supported",
     "use_qk_norm": "per-head LayerNorm on q/k (use_qk_norm) is not supported",
     "use_bias": "use_bias=true (biases on every projection) is not supported",
+    "clip_qkv": "clip_qkv (q/k/v clamped) is not supported",
 }
 
 

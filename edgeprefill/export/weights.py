@@ -41,14 +41,20 @@ class GraphWeights:
             rows = np.concatenate([self.ckpt.get(n, np.float32) for n in weight_names])
             return rows if reorder is None else reorder(rows)
 
-        if self.quant is None:
-            produce = lambda: np.ascontiguousarray(out_in().T.astype(self.dtype))  # noqa: E731
-            y = g.op("MatMul", [x, g.weight(name, (in_dim, out_dim), self.dtype, produce)])
-        else:
-            y = self.quantized_matmul(x, name, in_dim, out_dim, out_in)
+        y = self.project(x, name, in_dim, out_dim, out_in)
         if bias_name is None:
             return y
-        return g.op("Add", [y, self._bias(bias_name, weight_names, out_dim, reorder)])
+        return self.g.op("Add", [y, self._bias(bias_name, weight_names, out_dim, reorder)])
+
+    def project(self, x: str, name: str, in_dim: int, out_dim: int,
+                out_in: Callable[[], np.ndarray]) -> str:
+        """x @ W^T for the [out, in] weight `out_in` reads when the writer asks, written as
+        `name`: a float MatMul, or the bundle's quantized one."""
+        g = self.g
+        if self.quant is None:
+            produce = lambda: np.ascontiguousarray(out_in().T.astype(self.dtype))  # noqa: E731
+            return g.op("MatMul", [x, g.weight(name, (in_dim, out_dim), self.dtype, produce)])
+        return self.quantized_matmul(x, name, in_dim, out_dim, out_in)
 
     def quantized_matmul(self, x: str, name: str, k: int, n: int, out_in) -> str:
         g, q = self.g, self.quant

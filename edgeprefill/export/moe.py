@@ -1,0 +1,196 @@
+"""The graph of a mixture-of-experts block: routing, then sparse dispatch per expert.
+
+Built from stock ONNX ops, the same in both flavours. For a layer's N tokens x [N, H]:
+
+  route       router logits [N, E] (float32) -> the top k experts of each token and their
+              weights (experts.py: each family's routing)
+  dispatch    for each expert e, unrolled: the tokens that chose it (NonZero of its column
+              of the [E, N] choice mask), gathered [n_e, H]; its gated MLP as ordinary
+              MatMuls (so the int8/int4 quantizer and the native kernels take them as any
+              projection); times each token's weight
+  combine     every expert's rows scattered back into [N, H] (ScatterND, reduction add)
+
+A decode step therefore reads only the chosen experts' weights (an expert no token chose
+runs its MatMuls on zero rows), and a prefill chunk computes each token's k experts only.
+Padding tokens of a chunk (the `standard` flavour's) are routed like any token; their rows
+are dropped later as before.
+
+TopK keeps the lower index first among equal scores (ONNX's rule); torch.topk does the
+same on the CPU, though it does not promise it: tied router scores are the one place the
+two could choose differently.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from edgeprefill.errors import ExportError
+from edgeprefill.export.checkpoint import Checkpoint
+from edgeprefill.export.experts import MoeConfig, MoeNames
+from edgeprefill.export.graph import GraphBuilder
+from edgeprefill.export.weights import GraphWeights
+
+FLOAT = 1  # onnx TensorProto.FLOAT
+Activation = Callable[[str], str]
+
+
+class MixtureOfExperts:
+    def __init__(self, g: GraphBuilder, w: GraphWeights, ckpt: Checkpoint, moe: MoeConfig,
+                 names: MoeNames, hidden: int, dtype: np.dtype, act: Activation) -> None:
+        self.g, self.w, self.ckpt = g, w, ckpt
+        self.moe, self.names, self.hidden = moe, names, hidden
+        self.dtype = np.dtype(dtype)
+        self.act = act
+
+    def block(self, p: str, h: str) -> str:
+        """The block's output for h [..., H] (any leading shape), shaped as h."""
+        g = self.g
+        x = g.op("Reshape", [h, g.const([-1, self.hidden])])  # [N, H]
+        chosen, weights = self._route(p, x)  # [N, k] int64, [N, k] model dtype
+        out = self._dispatch(p, x, chosen, weights)
+        if self.moe.shared_width:
+            out = g.op("Add", [out, self._shared(p, x)])
+        return g.op("Reshape", [out, g.op("Shape", [h])])
+
+    def _route(self, p: str, x: str) -> tuple[str, str]:
+        """Each token's k experts and their weights, as the family's router computes them
+        (in float32, as transformers' routers do)."""
+        g, moe, k = self.g, self.moe, self.g.const([self.moe.top_k])
+        logits = g.op("MatMul", [x, self._router(p)])
+        if self.dtype != np.float32:
+            logits = g.op("Cast", [logits], to=FLOAT)
+        if moe.routing == "topk_softmax":  # Granite MoE
+            top, chosen = g.op("TopK", [logits, k], 2, axis=-1)
+            weights = g.op("Softmax", [top], axis=-1)
+        elif moe.routing == "sigmoid":  # LFM2-MoE: the bias chooses, the sigmoid weighs
+            scores = g.op("Sigmoid", [logits])
+            ranked = scores
+            if moe.expert_bias:
+                ranked = g.op("Add", [scores, self._expert_bias(p)])
+            _, chosen = g.op("TopK", [ranked, k], 2, axis=-1)
+            weights = g.op("GatherElements", [scores, chosen], axis=-1)
+        else:
+            top, chosen = g.op("TopK", [g.op("Softmax", [logits], axis=-1), k], 2, axis=-1)
+            weights = top
+        if moe.norm_topk:
+            total = g.op("ReduceSum", [weights, g.const([-1])], keepdims=1)
+            if moe.norm_eps:
+                total = g.op("Add", [total, g.const(moe.norm_eps, np.float32)])
+            weights = g.op("Div", [weights, total])
+        if moe.scaling != 1.0:
+            weights = g.op("Mul", [weights, g.const(moe.scaling, np.float32)])
+        if self.dtype != np.float32:
+            weights = g.op("Cast", [weights], to=10)
+        return chosen, weights
+
+    def _dispatch(self, p: str, x: str, chosen: str, weights: str) -> str:
+        g, experts = self.g, self.moe.experts
+        # [N, k, E]: whether a token's i-th choice is expert e
+        hit = g.op("Equal", [g.op("Unsqueeze", [chosen, g.const([-1])]),
+                             g.const(np.arange(experts).reshape(1, 1, -1))])
+        zero = g.const(0.0, self.dtype)
+        # [E, N]: each token's weight for each expert (0 where not chosen), and the choices
+        per_expert = g.op("ReduceSum", [g.op("Where", [hit, g.op("Unsqueeze", [
+            weights, g.const([-1])]), zero]), g.const([1])], keepdims=0)
+        weight_rows = g.op("Split", [g.op("Transpose", [per_expert], perm=[1, 0])], experts,
+                           axis=0, num_outputs=experts)
+        mask = g.op("Transpose", [g.op("ReduceMax", [g.op("Cast", [hit], to=6),
+                                                     g.const([1])], keepdims=0)], perm=[1, 0])
+        mask_rows = g.op("Split", [mask], experts, axis=0, num_outputs=experts)
+        if experts == 1:
+            weight_rows, mask_rows = [weight_rows], [mask_rows]
+        outputs, tokens = [], []
+        for e in range(experts):
+            # [n_e]: the tokens that chose expert e (NonZero of a [1, N] row: row 1)
+            rows = g.op("Gather", [g.op("NonZero", [mask_rows[e]]), g.const(1)], axis=0)
+            y = self._expert(p, e, g.op("Gather", [x, rows], axis=0))  # [n_e, H]
+            weight = g.op("Gather", [weight_rows[e], rows], axis=1)  # [1, n_e]
+            outputs.append(g.op("Mul", [y, g.op("Transpose", [weight], perm=[1, 0])]))
+            tokens.append(rows)
+        index = g.op("Unsqueeze", [g.op("Concat", tokens, axis=0), g.const([1])])  # [N k, 1]
+        start = g.op("ConstantOfShape", [g.op("Shape", [x])],
+                     value=_tensor(np.zeros(1, self.dtype)))
+        return g.op("ScatterND", [start, index, g.op("Concat", outputs, axis=0)],
+                    reduction="add")
+
+    def _expert(self, p: str, e: int, x: str) -> str:
+        """Expert e's gated MLP on its tokens x [n_e, H]."""
+        g, width, hidden = self.g, self.moe.width, self.hidden
+        stem = p + self.names.expert.format(j=e)
+        gate_up = self.w.project(x, stem + "gate_up.weight", hidden, 2 * width,
+                                 self._gate_up_reader(p, e))
+        gate, up = g.op("Split", [gate_up], 2, axis=-1, num_outputs=2)
+        act = g.op("Mul", [self.act(gate), up])
+        return self.w.project(act, stem + "down.weight", width, hidden, self._down_reader(p, e))
+
+    def _shared(self, p: str, x: str) -> str:
+        """Qwen2-MoE's shared expert: its MLP times sigmoid(shared_expert_gate(x))."""
+        g, n = self.g, self.names
+        assert n.shared is not None and n.shared_gate is not None
+        stem = p + n.shared
+        gate_up = self.w.linear(x, [stem + n.gate + ".weight", stem + n.up + ".weight"], None)
+        gate, up = g.op("Split", [gate_up], 2, axis=-1, num_outputs=2)
+        mlp = self.w.linear(g.op("Mul", [self.act(gate), up]), [stem + n.down + ".weight"], None)
+        return g.op("Mul", [mlp, g.op("Sigmoid", [g.op("MatMul", [x, self._transposed(
+            p + n.shared_gate, (1, self.hidden))])])])
+
+    def _router(self, p: str) -> str:
+        """The router's [H, E] weight, kept in float (never quantized: a quantized router
+        would choose other experts)."""
+        return self._transposed(p + self.names.router, (self.moe.experts, self.hidden))
+
+    def _transposed(self, name: str, shape: tuple[int, int]) -> str:
+        if self.ckpt.shape(name) != shape:
+            raise ExportError(f"{name} has shape {self.ckpt.shape(name)}, but config.json "
+                              f"implies {shape}")
+        return self.g.weight(name, shape[::-1], self.dtype, lambda: np.ascontiguousarray(
+            self.ckpt.get(name, np.float32).T.astype(self.dtype)))
+
+    def _expert_bias(self, p: str) -> str:
+        assert self.names.expert_bias is not None
+        name = p + self.names.expert_bias
+        return self.g.weight(name, (self.moe.experts,), np.dtype(np.float32),
+                             lambda: self.ckpt.get(name, np.float32))
+
+    def _gate_up_reader(self, p: str, e: int) -> Callable[[], np.ndarray]:
+        """Expert e's [2I, H] gate and up rows (gate first), from either layout."""
+        n, stem = self.names, p + self.names.expert.format(j=e)
+        separate = [stem + n.gate + ".weight", stem + n.up + ".weight"]
+        if all(self.ckpt.has(name) for name in separate):
+            self._check(separate[0], (self.moe.width, self.hidden))
+            return lambda: np.concatenate([self.ckpt.get(name) for name in separate])
+        fused = self._fused(p, n.fused_gate_up, separate[0])
+        self._check(fused, (self.moe.experts, 2 * self.moe.width, self.hidden))
+        return lambda: self.ckpt.get_index(fused, e)
+
+    def _down_reader(self, p: str, e: int) -> Callable[[], np.ndarray]:
+        n, stem = self.names, p + self.names.expert.format(j=e)
+        separate = stem + n.down + ".weight"
+        if self.ckpt.has(separate):
+            self._check(separate, (self.hidden, self.moe.width))
+            return lambda: self.ckpt.get(separate)
+        fused = self._fused(p, n.fused_down, separate)
+        self._check(fused, (self.moe.experts, self.hidden, self.moe.width))
+        return lambda: self.ckpt.get_index(fused, e)
+
+    def _fused(self, p: str, candidates: tuple[str, ...], separate: str) -> str:
+        found = next((p + c for c in candidates if self.ckpt.has(p + c)), None)
+        if found is None:
+            fused = " or ".join(repr(p + c) for c in candidates)
+            raise ExportError(f"the checkpoint lacks the expert tensor {separate!r} (or the "
+                              f"fused {fused})")
+        return found
+
+    def _check(self, name: str, shape: tuple[int, ...]) -> None:
+        if self.ckpt.shape(name) != shape:
+            raise ExportError(f"{name} has shape {self.ckpt.shape(name)}, but config.json "
+                              f"implies {shape} ({self.moe.experts} experts of width "
+                              f"{self.moe.width}, hidden {self.hidden})")
+
+
+def _tensor(array: np.ndarray):
+    from onnx import numpy_helper
+
+    return numpy_helper.from_array(array)
