@@ -29,7 +29,7 @@ class MoeNames:
     what transformers 5 saves) or fused [E, 2I, H] / [E, H, I] tensors (the transformers 5
     modules' own `experts.gate_up_proj`, Granite MoE's `input_linear`)."""
 
-    router: str = "mlp.gate.weight"
+    router: tuple[str, ...] = ("mlp.gate.weight",)  # first found wins
     expert: str = "mlp.experts.{j}."  # + gate/up/down + ".weight"
     gate: str = "gate_proj"
     up: str = "up_proj"

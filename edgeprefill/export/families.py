@@ -583,7 +583,7 @@ QWEN3_MOE = FamilySpec(
     **ATTENTION_BIAS, qk_norm="head", window="opt_in",
     moe=MoeSpec(experts_keys=EXPERT_ALIASES, layers=sparse_layers),
     defaults={**QWEN_MOE_DEFAULTS, "num_experts": 128, "num_experts_per_tok": 8,
-              "moe_intermediate_size": 768, "head_dim": 128},
+              "moe_intermediate_size": 768},
     quirks=("per-head q/k RMSNorm",),
 )
 # Qwen1.5/2-MoE: Qwen2 (q/k/v biases) with routed experts beside a shared expert whose
@@ -610,7 +610,8 @@ OLMOE = FamilySpec(
 # stored fused (input_linear [E, 2I, H], gate first; output_linear [E, H, I]).
 GRANITE_MOE = FamilySpec(
     **ATTENTION_BIAS, embed_scale="multiplier",
-    moe=MoeSpec(names=MoeNames(router="block_sparse_moe.router.layer.weight",
+    moe=MoeSpec(names=MoeNames(router=("block_sparse_moe.router.layer.weight",
+                                       "block_sparse_moe.router.weight"),
                                expert="block_sparse_moe.experts.{j}.",
                                fused_gate_up=("block_sparse_moe.input_linear.weight",
                                               "block_sparse_moe.experts.gate_up_proj"),
@@ -626,7 +627,7 @@ GRANITE_MOE = FamilySpec(
 # num_dense_layers and routed experts after (sigmoid routing, an expert bias that chooses).
 LFM2_MOE = replace(
     LFM2, legacy=_lfm2_moe_config, required=("layer_types",),
-    moe=MoeSpec(names=MoeNames(router="feed_forward.gate.weight",
+    moe=MoeSpec(names=MoeNames(router=("feed_forward.gate.weight",),
                                expert="feed_forward.experts.{j}.", gate="w1", up="w3",
                                down="w2",
                                fused_gate_up=("feed_forward.experts.gate_up_proj",),

@@ -139,7 +139,8 @@ class MixtureOfExperts:
     def _router(self, p: str) -> str:
         """The router's [H, E] weight, kept in float (never quantized: a quantized router
         would choose other experts)."""
-        return self._transposed(p + self.names.router, (self.moe.experts, self.hidden))
+        name = self.w.resolve(tuple(p + name for name in self.names.router))
+        return self._transposed(name, (self.moe.experts, self.hidden))
 
     def _transposed(self, name: str, shape: tuple[int, int]) -> str:
         if self.ckpt.shape(name) != shape:

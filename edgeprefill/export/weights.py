@@ -32,7 +32,6 @@ class GraphWeights:
     ) -> str:
         """x @ concat(W_i^T) (+ bias): HF stores [out, in]; MatMul wants [in, out].
         `reorder` permutes the output rows of weight and bias (GPT-NeoX's fused qkv)."""
-        g = self.g
         in_dim = self.shape(weight_names[0])[1]
         out_dim = sum(self.shape(n)[0] for n in weight_names)
         name = weight_names[0] if len(weight_names) == 1 else _packed_name(weight_names)
