@@ -40,6 +40,7 @@ from edgeprefill.export.graph import GraphBuilder
 from edgeprefill.export.lm_head import head_weight
 from edgeprefill.export.model_config import LayerAttention, ModelConfig
 from edgeprefill.export.moe import MixtureOfExperts
+from edgeprefill.export.moe_op import MoeOp, takes_moe_op
 from edgeprefill.export.quantize import QuantConfig
 from edgeprefill.export.short_conv import ShortConv
 from edgeprefill.export.tokens import PackedTokens, PaddedTokens
@@ -67,11 +68,22 @@ class DecoderBuilder:
         self.dtype = flavor.dtype
         self.g = GraphBuilder()
         self.w = GraphWeights(self.g, ckpt, self.dtype, quant)
-        moe, spec = cfg.moe, cfg.spec.moe
-        self.experts = None if moe is None or spec is None else MixtureOfExperts(
-            self.g, self.w, ckpt, moe, spec.names, cfg.hidden_size, self.dtype, self._activation)
+        self.experts = self._experts()
         # the layer prefixes whose MLP is routed experts
-        self.expert_layers = {self.names.layer.format(i=i) for i in (moe.layers if moe else ())}
+        self.expert_layers = {self.names.layer.format(i=i)
+                              for i in (cfg.moe.layers if cfg.moe else ())}
+
+    def _experts(self) -> MixtureOfExperts | None:
+        """The emitter of the model's mixture-of-experts blocks: ONNX Runtime's op where the
+        flavour has it and it computes the family's routing, else the unrolled dispatch."""
+        cfg, spec = self.cfg, self.cfg.spec.moe
+        if cfg.moe is None or spec is None:
+            return None
+        experts = MixtureOfExperts(self.g, self.w, self.ckpt, cfg.moe, spec.names,
+                                   cfg.hidden_size, self.dtype, self._activation)
+        if self.flavor.moe_op and takes_moe_op(experts, cfg.activation, self.quant):
+            return MoeOp(experts, self.quant)
+        return experts
 
     def build(self) -> GraphBuilder:
         g, cfg = self.g, self.cfg

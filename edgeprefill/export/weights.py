@@ -58,12 +58,12 @@ class GraphWeights:
     def quantized_matmul(self, x: str, name: str, k: int, n: int, out_in) -> str:
         g, q = self.g, self.quant
         if q.kind == "int8":
-            parts = self._quantized(name, lambda: int8_per_channel(out_in().T))
+            parts = self.memoized(name, lambda: int8_per_channel(out_in().T))
             weight = g.weight(name + ".int8", (k, n), np.int8, lambda: parts()[0])
             scale = g.weight(name + ".scale", (n,), np.float32, lambda: parts()[1])
             return g.op("DynamicQuantizeMatMul", [x, weight, scale], domain="com.microsoft")
         blocks = -(-k // q.block_size)
-        parts = self._quantized(name, lambda: int4_blockwise(out_in(), q.block_size))
+        parts = self.memoized(name, lambda: int4_blockwise(out_in(), q.block_size))
         weight = g.weight(name + ".int4", (n, blocks, q.block_size // 2), np.uint8,
                           lambda: parts()[0])
         scale = g.weight(name + ".scale", (n * blocks,), np.float32, lambda: parts()[1])
@@ -72,7 +72,7 @@ class GraphWeights:
             block_size=q.block_size, accuracy_level=q.accuracy_level,
         )
 
-    def _quantized(self, name: str, compute):
+    def memoized(self, name: str, compute):
         """Quantize a weight once for its several initializers (the writer asks for them
         one after another)."""
 
