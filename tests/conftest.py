@@ -210,7 +210,8 @@ FAMILIES: dict[str, dict] = {
 FAST_FAMILIES = ("llama", "mistral", "qwen2", "gemma2", "gemma3_text", "gemma3", "qwen2_5_vl",
                  "qwen3_vl", "phi3", "smollm3", "granite", "olmo2", "olmo3", "exaone4",
                  "hunyuan_v1_dense", "glm4", "starcoder2", "phi", "gpt_neox", "ministral3",
-                 "mistral3", "lfm2", "gpt2", "gpt_bigcode", "qwen3_5_text", "qwen3_5")
+                 "mistral3", "lfm2", "gpt2", "gpt_bigcode", "qwen3_5_text", "qwen3_5", "qwen3_moe",
+                 "lfm2_moe")
 
 
 def write_tokenizer(path: Path, vocab: int = VOCAB, top_words: Sequence[str] = (),
