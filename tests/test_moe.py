@@ -133,18 +133,22 @@ def dequantized_int4(model, block: int = 32) -> None:
                 *int4_blockwise(flat, block), flat.shape[1])).reshape(param.shape))
 
 
-@pytest.mark.parametrize("family", ("qwen3_moe", "granitemoe", "lfm2_moe"))
-def test_int4_experts_equal_transformers_with_dequantized_weights(family, hf_model, tmp_path):
+@pytest.mark.parametrize("family, block", [
+    ("qwen3_moe", 32), ("granitemoe", 32), ("lfm2_moe", 32),
+    ("qwen3_moe", 64),  # blocks wider than an expert (32): the unrolled MatMulNBits
+])
+def test_int4_experts_equal_transformers_with_dequantized_weights(family, block, hf_model,
+                                                                  tmp_path):
     """int4 at float compute (accuracy level 0) is exact up to rounding against the model
     whose projections (each expert's included; the router stays float) are the bundle's
-    dequantized int4, prefilled in chunks of 3: through QMoE (Qwen3-MoE, Granite MoE) and
-    through the unrolled experts' MatMulNBits (LFM2-MoE)."""
+    dequantized int4, prefilled in chunks of 3: through QMoE, and through the unrolled
+    experts' MatMulNBits where QMoE cannot take the block size."""
     hf_dir = hf_model(family)
     export(hf_dir, tmp_path / "b", ExportOptions(
         chunks=(16,), max_context=128, show_progress=False,
-        quant=QuantConfig("int4", 32, accuracy_level=0)))
+        quant=QuantConfig("int4", block, accuracy_level=0)))
     model = load_hf_model(hf_dir)
-    dequantized_int4(model)
+    dequantized_int4(model, block)
     ids = prompt_ids(20)
     with torch.no_grad():
         expected = model(torch.tensor([ids])).logits[0].numpy()
@@ -382,11 +386,9 @@ def test_the_ort_flavour_runs_a_hub_sized_mixture_as_one_op_per_layer(quant, op)
 
 @pytest.mark.parametrize("family, flavor, quant, op", [
     ("qwen3_moe", "ort", None, "MoE"), ("granitemoe", "ort", "int4", "QMoE"),
-    ("qwen2_moe", "ort", None, "MoE"),
-    # LFM2-MoE's sigmoid routing and int8 bundles are not the op's; nor is the standard
-    # flavour (stock ops only)
-    ("lfm2_moe", "ort", None, "ScatterND"), ("qwen3_moe", "ort", "int8", "ScatterND"),
-    ("qwen3_moe", "standard", None, "ScatterND"),
+    ("qwen2_moe", "ort", None, "MoE"), ("lfm2_moe", "ort", "int4", "QMoE"),
+    # int8 bundles are not the op's; nor is the standard flavour (stock ops only)
+    ("qwen3_moe", "ort", "int8", "ScatterND"), ("lfm2_moe", "standard", None, "ScatterND"),
 ])
 def test_each_bundle_gets_the_op_or_the_unrolled_experts(family, flavor, quant, op, hf_model):
     from edgeprefill.export.checkpoint import Checkpoint

@@ -111,7 +111,7 @@ class MixtureOfExperts:
             tokens.append(rows)
         index = g.op("Unsqueeze", [g.op("Concat", tokens, axis=0), g.const([1])])  # [N k, 1]
         start = g.op("ConstantOfShape", [g.op("Shape", [x])],
-                     value=_tensor(np.zeros(1, self.dtype)))
+                     value=tensor_attribute(np.zeros(1, self.dtype)))
         return g.op("ScatterND", [start, index, g.op("Concat", outputs, axis=0)],
                     reduction="add")
 
@@ -191,7 +191,7 @@ class MixtureOfExperts:
                               f"{self.moe.width}, hidden {self.hidden})")
 
 
-def _tensor(array: np.ndarray):
+def tensor_attribute(array: np.ndarray):
     from onnx import numpy_helper
 
     return numpy_helper.from_array(array)

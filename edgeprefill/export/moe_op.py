@@ -8,9 +8,13 @@ it or not: a decode step of a 128-expert model ran ~7 us of ONNX Runtime overhea
 logits and does softmax, top-k and (normalize_routing_weights) the renormalization itself,
 then runs each chosen expert's SwiGLU on its tokens: Qwen2/3-MoE's and OLMoE's routing.
 Granite MoE's softmax over the top k logits is the same renormalized top k of the softmax
-over all (exp(l_i) / sum_topk exp(l_j)). LFM2-MoE's sigmoid routing with its expert bias
-is not the op's: it keeps the unrolled graph, as the `standard` flavour and int8 and fp16
-bundles do (export/moe.py).
+over all (exp(l_i) / sum_topk exp(l_j)). LFM2-MoE's routing (the top k of sigmoid + bias,
+weighed by the sigmoid alone, renormalized with an epsilon, scaled) is computed in the
+graph as the unrolled form computes it, and handed to the op as logits it cannot read
+otherwise: log(weight) at the k chosen experts and -inf elsewhere, so the op's softmax and
+top k find exactly those k and renormalize their weights to sum 1; the output times each
+token's sum of weights undoes that. The `standard` flavour and int8 and fp16 bundles keep
+the unrolled graph (export/moe.py).
 
 Weights: fc1 [E, 2I, H] with each expert's gate and up rows interleaved (g0, u0, g1, ...,
 the CPU kernel's only layout, swiglu_fusion=1), fc2 [E, H, I]. int4: each expert's rows
@@ -23,16 +27,16 @@ from __future__ import annotations
 
 import numpy as np
 
-from edgeprefill.export.moe import MixtureOfExperts
+from edgeprefill.export.moe import MixtureOfExperts, tensor_attribute
 from edgeprefill.export.quantize import QuantConfig, int4_blockwise
 
-OP_ROUTINGS = ("softmax", "topk_softmax")
+OP_ROUTINGS = ("softmax", "topk_softmax")  # the op's own; "sigmoid" goes in as chosen
 
 
 def takes_moe_op(experts: MixtureOfExperts, activation: str, quant: QuantConfig | None) -> bool:
     """Whether the block can be ONNX Runtime's MoE/QMoE op (else the unrolled graph)."""
     moe = experts.moe
-    if moe.routing not in OP_ROUTINGS or activation != "silu" or experts.dtype != np.float32:
+    if activation != "silu" or experts.dtype != np.float32:
         return False
     if quant is None:
         return True
@@ -51,8 +55,13 @@ class MoeOp(MixtureOfExperts):
     def block(self, p: str, h: str) -> str:
         g, moe = self.g, self.moe
         x = g.op("Reshape", [h, g.const([-1, self.hidden])])  # [N, H]
-        logits = g.op("MatMul", [x, self._router(p)])  # [N, E]
-        normalize = int(moe.norm_topk or moe.routing == "topk_softmax")
+        total = None
+        if moe.routing in OP_ROUTINGS:
+            logits = g.op("MatMul", [x, self._router(p)])  # [N, E]
+            normalize = int(moe.norm_topk or moe.routing == "topk_softmax")
+        else:
+            logits, total = self._chosen_logits(p, x)
+            normalize = 1
         attrs = {"k": moe.top_k, "normalize_routing_weights": normalize,
                  "activation_type": "swiglu", "swiglu_fusion": 1, "activation_alpha": 1.0,
                  "activation_beta": 0.0}
@@ -69,9 +78,23 @@ class MoeOp(MixtureOfExperts):
             out = g.op("QMoE", [x, logits, fc1, scale1, "", fc2, scale2],
                        domain="com.microsoft", expert_weight_bits=4, block_size=q.block_size,
                        accuracy_level=q.accuracy_level, **attrs)
+        if total is not None:
+            out = g.op("Mul", [out, total])
         if moe.shared_width:
             out = g.op("Add", [out, self._shared(p, x)])
         return g.op("Reshape", [out, g.op("Shape", [h])])
+
+    def _chosen_logits(self, p: str, x: str) -> tuple[str, str]:
+        """([N, E] log(weight) at each token's k chosen experts, -inf elsewhere; [N, 1] the
+        sum of its k weights), from the routing of MixtureOfExperts._route."""
+        g = self.g
+        chosen, weights = self._route(p, x)  # [N, k], [N, k] float32 (the dtype's)
+        shape = g.op("Concat", [g.op("Shape", [chosen], end=1),
+                                g.const([self.moe.experts])], axis=0)
+        empty = g.op("ConstantOfShape", [shape],
+                     value=tensor_attribute(np.array([-np.inf], np.float32)))
+        logits = g.op("ScatterElements", [empty, chosen, g.op("Log", [weights])], axis=1)
+        return logits, g.op("ReduceSum", [weights, g.const([-1])], keepdims=1)
 
     def _fc1(self, p: str, e: int) -> np.ndarray:
         """Expert e's [2I, H] gate and up rows, interleaved (g0, u0, g1, u1, ...)."""
