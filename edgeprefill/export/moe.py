@@ -8,7 +8,8 @@ Built from stock ONNX ops, the same in both flavours. For a layer's N tokens x [
               of the [E, N] choice mask), gathered [n_e, H]; its gated MLP as ordinary
               MatMuls (so the int8/int4 quantizer and the native kernels take them as any
               projection); times each token's weight
-  combine     every expert's rows scattered back into [N, H] (ScatterND, reduction add)
+  combine     every expert's rows scattered to their token's slot [N k, H] (ScatterND;
+              each slot is one expert's), the k slots of a token summed
 
 A decode step therefore reads only the chosen experts' weights (an expert no token chose
 runs its MatMuls on zero rows), and a prefill chunk computes each token's k experts only.
@@ -86,34 +87,34 @@ class MixtureOfExperts:
         return chosen, weights
 
     def _dispatch(self, p: str, x: str, chosen: str, weights: str) -> str:
-        g, experts = self.g, self.moe.experts
-        # [N, k, E]: whether a token's i-th choice is expert e
+        """Each expert on the tokens that chose it; their rows summed per token. Rows are
+        indexed by slot (token * k + the token's i-th choice): every slot is one expert's,
+        so the rows scatter to distinct places (no reduction: TensorRT's parser takes
+        ScatterND without one only) and the k slots of a token are summed after."""
+        g, experts, k = self.g, self.moe.experts, self.moe.top_k
         hit = g.op("Equal", [g.op("Unsqueeze", [chosen, g.const([-1])]),
-                             g.const(np.arange(experts).reshape(1, 1, -1))])
-        zero = g.const(0.0, self.dtype)
-        # [E, N]: each token's weight for each expert (0 where not chosen), and the choices
-        per_expert = g.op("ReduceSum", [g.op("Where", [hit, g.op("Unsqueeze", [
-            weights, g.const([-1])]), zero]), g.const([1])], keepdims=0)
-        weight_rows = g.op("Split", [g.op("Transpose", [per_expert], perm=[1, 0])], experts,
-                           axis=0, num_outputs=experts)
-        mask = g.op("Transpose", [g.op("ReduceMax", [g.op("Cast", [hit], to=6),
-                                                     g.const([1])], keepdims=0)], perm=[1, 0])
-        mask_rows = g.op("Split", [mask], experts, axis=0, num_outputs=experts)
+                             g.const(np.arange(experts).reshape(1, 1, -1))])  # [N, k, E]
+        per_expert = g.op("Reshape", [g.op("Transpose", [hit], perm=[2, 0, 1]),
+                                      g.const([experts, -1])])  # [E, N k]
+        expert_rows = g.op("Split", [per_expert], experts, axis=0, num_outputs=experts)
         if experts == 1:
-            weight_rows, mask_rows = [weight_rows], [mask_rows]
-        outputs, tokens = [], []
+            expert_rows = [expert_rows]
+        flat_weights = g.op("Reshape", [weights, g.const([-1])])  # [N k]
+        outputs, slots = [], []
         for e in range(experts):
-            # [n_e]: the tokens that chose expert e (NonZero of a [1, N] row: row 1)
-            rows = g.op("Gather", [g.op("NonZero", [mask_rows[e]]), g.const(1)], axis=0)
-            y = self._expert(p, e, g.op("Gather", [x, rows], axis=0))  # [n_e, H]
-            weight = g.op("Gather", [weight_rows[e], rows], axis=1)  # [1, n_e]
-            outputs.append(g.op("Mul", [y, g.op("Transpose", [weight], perm=[1, 0])]))
-            tokens.append(rows)
-        index = g.op("Unsqueeze", [g.op("Concat", tokens, axis=0), g.const([1])])  # [N k, 1]
-        start = g.op("ConstantOfShape", [g.op("Shape", [x])],
-                     value=tensor_attribute(np.zeros(1, self.dtype)))
-        return g.op("ScatterND", [start, index, g.op("Concat", outputs, axis=0)],
-                    reduction="add")
+            # [n_e]: the slots that chose expert e (NonZero of a [1, N k] row: its row 1)
+            slot = g.op("Gather", [g.op("NonZero", [expert_rows[e]]), g.const(1)], axis=0)
+            tokens = g.op("Div", [slot, g.const(k)])
+            y = self._expert(p, e, g.op("Gather", [x, tokens], axis=0))  # [n_e, H]
+            weight = g.op("Unsqueeze", [g.op("Gather", [flat_weights, slot]), g.const([1])])
+            outputs.append(g.op("Mul", [y, weight]))
+            slots.append(slot)
+        index = g.op("Unsqueeze", [g.op("Concat", slots, axis=0), g.const([1])])  # [N k, 1]
+        shape = g.op("Concat", [g.op("Shape", [flat_weights]), g.const([self.hidden])], axis=0)
+        start = g.op("ConstantOfShape", [shape], value=tensor_attribute(np.zeros(1, self.dtype)))
+        combined = g.op("ScatterND", [start, index, g.op("Concat", outputs, axis=0)])
+        return g.op("ReduceSum", [g.op("Reshape", [combined, g.const([-1, k, self.hidden])]),
+                                  g.const([1])], keepdims=0)
 
     def _expert(self, p: str, e: int, x: str) -> str:
         """Expert e's gated MLP on its tokens x [n_e, H]."""
