@@ -16,9 +16,10 @@ runs its MatMuls on zero rows), and a prefill chunk computes each token's k expe
 Padding tokens of a chunk (the `standard` flavour's) are routed like any token; their rows
 are dropped later as before.
 
-TopK keeps the lower index first among equal scores (ONNX's rule); torch.topk does the
-same on the CPU, though it does not promise it: tied router scores are the one place the
-two could choose differently.
+TopK keeps the lower index first among equal scores (ONNX's rule); torch.topk on the CPU
+follows no fixed order among ties (all-zero scores of 128 experts, top 8: experts 81-88),
+so exactly tied router scores are the one place the bundle and transformers may choose
+different experts.
 """
 
 from __future__ import annotations
