@@ -86,3 +86,27 @@ def test_the_rows_are_compared_in_blocks(tmp_path, monkeypatch):
     ckpt = Checkpoint(tmp_path)
     assert ckpt.same("a", "a2") and not ckpt.same("a", "b") and not ckpt.same("a", "c")
     assert ckpt.read == set()
+
+
+def test_a_tied_checkpoint_that_stores_only_the_head_embeds_with_it(tmp_path, caplog):
+    """transformers ties the other way too: the stored head is loaded as the embedding."""
+    hf_dir = build_hf_model("llama", tmp_path / "hf", tie_word_embeddings=True)
+    weights = load_file(hf_dir / "model.safetensors")
+    weights["lm_head.weight"] = weights.pop("model.embed_tokens.weight")
+    save_file(weights, hf_dir / "model.safetensors", metadata={"format": "pt"})
+    ids = prompt_ids(40)
+    with caplog.at_level(logging.WARNING, logger="edgeprefill"):
+        bundle_dir = export_flavour(hf_dir, tmp_path / "b", "ort")
+    assert_chunks_match(bundle_dir, ids, reference_logits(hf_dir, ids))
+    assert caplog.records == [], caplog.text
+
+
+def test_an_untied_checkpoint_without_an_embedding_is_refused_in_one_line(tmp_path):
+    from edgeprefill.errors import ExportError
+
+    hf_dir = build_hf_model("llama", tmp_path / "hf", tie_word_embeddings=False)
+    weights = load_file(hf_dir / "model.safetensors")
+    del weights["model.embed_tokens.weight"]
+    save_file(weights, hf_dir / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(ExportError, match="lacks the tensor 'model.embed_tokens.weight'"):
+        export_flavour(hf_dir, tmp_path / "b", "ort")

@@ -44,6 +44,9 @@ TOKENIZER_FILES = (
     "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
     "generation_config.json", "chat_template.jinja",
 )
+# A checkpoint's terms travel with its weights: Llama's and Gemma's licenses ask that a
+# copy go wherever the model goes, so export copies them into the bundle as they are.
+LICENSE_GLOBS = ("LICEN[CS]E*", "NOTICE*", "USE_POLICY*")
 DTYPES = {"fp32": np.float32, "fp16": np.float16}
 DEFAULT_CHUNKS = (16, 64, 256)
 # onnxruntime 1.22+ loads IR <= 10 for these opsets; newer onnx writes a higher IR by default.
@@ -104,12 +107,17 @@ def export(hf_dir: str | Path, out_dir: str | Path, options: ExportOptions) -> M
         _say_left_out(ckpt)
         model = g.to_model(initializers, flavor.opsets, IR_VERSION[options.flavor])
         onnx.save_model(model, stage / GRAPH_FILE)
-        for name in tokenizer_files:
+        for name in tokenizer_files + _license_files(hf_dir):
             shutil.copyfile(hf_dir / name, stage / name)
         manifest = _manifest(cfg, g, options, chunks, max_context, hf_dir, stage,
                              tokenizer_files)
         (stage / MANIFEST_FILE).write_text(manifest.to_json())
     return manifest
+
+
+def _license_files(hf_dir: Path) -> list[str]:
+    found = {p.name for g in LICENSE_GLOBS for p in hf_dir.glob(g) if p.is_file()}
+    return sorted(found)
 
 
 def _warn_unused(ckpt: Checkpoint) -> None:

@@ -5,7 +5,8 @@ Qwen3-VL and Gemma 3, either level of Qwen2-VL) says to tie the head to the embe
 `PreTrainedModel.tie_weights` ties only a head the checkpoint lacks or holds equal to the
 embedding: a stored head that differs is kept, with a warning ("... so we will NOT tie
 them"). A stored head is therefore always the head; the embedding stands in only where a
-tied config's checkpoint has none.
+tied config's checkpoint has none, and the other way round: a tied checkpoint that stores
+only the head gets it as the embedding too.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ log = logging.getLogger(__name__)
 
 def head_weight(ckpt: Checkpoint, cfg: ModelConfig) -> str:
     """The name of the tensor the bundle's LM head reads."""
-    names = cfg.spec.names
+    names = cfg.names
     heads = tuple(h + ".weight" for h in names.lm_head)
     stored = _first_stored(ckpt, heads)
     if stored is None and cfg.tie_embeddings:
@@ -31,10 +32,21 @@ def head_weight(ckpt: Checkpoint, cfg: ModelConfig) -> str:
     return stored
 
 
+def embedding_weight(ckpt: Checkpoint, cfg: ModelConfig) -> str:
+    """The name of the tensor the bundle's token embedding reads."""
+    names = cfg.names
+    stored = _first_stored(ckpt, names.embed)
+    if stored is None and cfg.tie_embeddings:
+        stored = _first_stored(ckpt, tuple(h + ".weight" for h in names.lm_head))
+    if stored is None:
+        raise ExportError(f"the checkpoint lacks the tensor {' or '.join(map(repr, names.embed))}")
+    return stored
+
+
 def warn_if_kept_apart(ckpt: Checkpoint, cfg: ModelConfig) -> None:
     """transformers' warning, where the config ties but the stored head differs from the
     embedding: the bundle keeps the head apart, as transformers does."""
-    names = cfg.spec.names
+    names = cfg.names
     head = head_weight(ckpt, cfg)
     embedding = _first_stored(ckpt, names.embed)
     if not cfg.tie_embeddings or embedding is None or head == embedding:

@@ -17,7 +17,13 @@ from edgeprefill.contract import CONV, RECURRENT
 from edgeprefill.errors import ExportError
 from edgeprefill.export.config_checks import check_model_config
 from edgeprefill.export.experts import MoeConfig, read_moe
-from edgeprefill.export.families import BLOCKS, FAMILIES, REFUSED_TYPES, FamilySpec
+from edgeprefill.export.families import (
+    BLOCKS,
+    FAMILIES,
+    REFUSED_TYPES,
+    FamilySpec,
+    TensorNames,
+)
 from edgeprefill.export.fp8 import Fp8Scheme, read_fp8_scheme
 from edgeprefill.export.query_scale import QueryScale, read_query_scale
 from edgeprefill.export.rope import (
@@ -109,6 +115,9 @@ class ModelConfig:
     # Qwen3.5 (Qwen3-Next's attention): q_proj gives each head's query and an output gate;
     # attention's output times sigmoid(gate) goes to o_proj.
     attn_gate: bool = False
+    # LFM3: each head's attention output times sigmoid of its gate, a projection of the
+    # layer's normed input (hidden -> heads; TensorNames.head_gate).
+    head_gate: bool = False
     # Routed experts in place of the MLP on moe.layers (export/moe.py); None: dense.
     moe: MoeConfig | None = None
 
@@ -144,6 +153,11 @@ class ModelConfig:
         return FAMILIES[self.family]
 
     @property
+    def names(self) -> TensorNames:
+        """The checkpoint's tensor names for the block this config chose."""
+        return self.spec.block_names.get(self.block, self.spec.names)
+
+    @property
     def state_layers(self) -> tuple[int, ...]:
         """The layers without KV, carrying a recurrent state instead."""
         return tuple(sorted((*self.conv_layers, *self.delta_layers)))
@@ -177,7 +191,10 @@ class ModelConfig:
         if self.moe is not None:
             out.append(self.moe.describe(self.num_layers))
         out += {"parallel": ["parallel residual (attention and MLP each on its own norm)"],
-                "shared": ["parallel attention and MLP on one norm"]}.get(self.block, [])
+                "shared": ["parallel attention and MLP on one norm"],
+                "sandwich": ["norms before and after attention and MLP"]}.get(self.block, [])
+        if self.head_gate:
+            out.append("a sigmoid output gate per attention head")
         if any(layer.rope == LOCAL for layer in self.layers) and \
                 self.ropes[LOCAL].theta != self.ropes[GLOBAL].theta:
             out.append("local layers with their own rope base")
@@ -273,6 +290,7 @@ def _read(family: str, spec: FamilySpec, raw: dict[str, Any]) -> ModelConfig:
         **_conv(raw, spec),
         **_delta(raw, spec),
         attn_gate=spec.attn_gate,
+        head_gate=bool(raw.get(spec.head_gate_key)) if spec.head_gate_key else False,
         moe=read_moe(raw, spec.moe) if spec.moe is not None else None,
     )
 
