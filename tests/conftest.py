@@ -212,13 +212,34 @@ FAMILIES: dict[str, dict] = {
     # KV head of their own
     "gemma4": {**GEMMA4, "tie_word_embeddings": True, "attention_k_eq_v": True,
                "num_global_key_value_heads": 1},
+    # Mixture-of-experts families (export/moe.py); 8 experts, so that in a chunk some get
+    # no token. Qwen3-MoE: a dense layer between two of experts, renormalized top-k.
+    "qwen3_moe": {"head_dim": 32, "num_hidden_layers": 3, "mlp_only_layers": [1],
+                  "num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+                  "norm_topk_prob": True},
+    # OLMoE: q/k norms over the whole projection; top-k weights not renormalized
+    "olmoe": {"num_experts": 8, "num_experts_per_tok": 3, "intermediate_size": 32},
+    # Granite MoE: the top 2 logits then softmax, Granite's multipliers, fused experts
+    "granitemoe": {"num_local_experts": 8, "num_experts_per_tok": 2, "intermediate_size": 32,
+                   "embedding_multiplier": 2.0, "attention_multiplier": 0.1,
+                   "residual_multiplier": 0.5, "logits_scaling": 2.0},
+    # LFM2-MoE: conv and attention layers, a dense first layer, sigmoid routing chosen by
+    # an expert bias (randomized: build_hf_model), renormalized and scaled
+    "lfm2_moe": {"num_hidden_layers": 4, "layer_types": ["conv", "full_attention", "conv",
+                                                         "full_attention"],
+                 "num_dense_layers": 1, "num_experts": 8, "num_experts_per_tok": 3,
+                 "moe_intermediate_size": 32, "routed_scaling_factor": 2.5,
+                 "conv_bias": True},
+    # Qwen2-MoE: q/k/v biases, a shared expert gated by a sigmoid beside the routed ones
+    "qwen2_moe": {"num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+                  "shared_expert_intermediate_size": 48},
 }
 # The families the default (fast) suite covers end to end; the rest run under `slow`.
 FAST_FAMILIES = ("llama", "mistral", "qwen2", "gemma2", "gemma3_text", "gemma3", "qwen2_5_vl",
                  "qwen3_vl", "phi3", "smollm3", "granite", "olmo2", "olmo3", "exaone4",
                  "hunyuan_v1_dense", "glm4", "starcoder2", "phi", "gpt_neox", "ministral3",
                  "mistral3", "lfm2", "lfm3", "gpt2", "gpt_bigcode", "qwen3_5_text", "qwen3_5",
-                 "gemma4_text", "gemma4")
+                 "gemma4_text", "gemma4", "qwen3_moe", "lfm2_moe")
 
 
 def write_tokenizer(path: Path, vocab: int = VOCAB, top_words: Sequence[str] = (),
@@ -327,6 +348,8 @@ def build_hf_model(family: str, out: Path, seed: int = 0, dtype=None, **override
         for name, buffer in model.named_buffers():
             if name.endswith("layer_scalar"):  # Gemma 4's, all ones as initialized
                 buffer.uniform_(0.5, 1.5)
+            elif name.endswith("expert_bias"):  # LFM2-MoE's: zero at init, chooses experts
+                buffer.normal_(0, 0.5)
     if dtype is not None:
         model = model.to(dtype)
     model.save_pretrained(out)

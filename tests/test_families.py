@@ -164,6 +164,11 @@ def test_longrope_beyond_the_original_window_uses_the_long_factors(tmp_path):
     ({"model_type": "qwen3_vl", "text_config": None}, "text_config must be an object, got null"),
     ({"model_type": "gemma3", "text_config": []}, "text_config must be an object, got list"),
     ({"model_type": "phi3", "partial_rotary_factor": 1.5}, "rotary dimension 24 does not fit"),
+    ({"model_type": "gpt_oss"}, "model_type 'gpt_oss': gpt-oss is not supported"),
+    ({"model_type": "olmoe", "clip_qkv": 8.0}, "olmoe: clip_qkv (q/k/v clamped) is not"),
+    ({"model_type": "qwen3_moe", "num_experts": 4, "num_experts_per_tok": 6},
+     "num_experts_per_tok (6) must be 1 to num_experts (4)"),
+    ({"model_type": "lfm2_moe"}, "lfm2_moe: config.json needs layer_types"),
     ({"rope_parameters": {"rope_type": "longrope", "short_factor": [1.0], "long_factor": [1.0],
                           "original_max_position_embeddings": 64}}, "longrope short_factor"),
 ])
@@ -239,7 +244,8 @@ MINIMAL = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=4,
 
 # The keys that make a family's minimal config one export takes (Granite 4: all attention
 # layers and no experts, where its config class defaults to mamba layers and 8 experts).
-SUPPORTED = {"granitemoehybrid": {"layer_types": ["attention"] * 4, "num_local_experts": 0}}
+SUPPORTED = {"granitemoehybrid": {"layer_types": ["attention"] * 4, "num_local_experts": 0},
+             "lfm2_moe": {"layer_types": ["conv", "full_attention"] * 2}}
 
 
 def least(family: str) -> dict:
@@ -362,7 +368,7 @@ def test_a_sliding_window_key_slides_only_where_the_family_reads_it(family):
         if family in ("llama", "gemma", "granite", "olmo2", "phi", "stablelm", "cohere",
                       "gpt_neox", "ernie4_5", "arcee", "qwen3_vl", "hunyuan_v1_dense",
                       "glm", "glm4", "helium", "seed_oss", "exaone", "granitemoehybrid",
-                      "nemotron", *LEARNED_POSITIONS):
+                      "nemotron", "olmoe", "granitemoe", "lfm2_moe", *LEARNED_POSITIONS):
             expected = [None] * 4
         elif types is not None:
             expected = [window if t == "sliding_attention" else None for t in types]
@@ -387,7 +393,8 @@ def test_the_activation_is_read_from_the_key_the_model_reads(family):
     # Granite 4's dense MLP; LFM2's, whose Lfm2MLP calls F.silu whatever the config says
     # (it has no activation module)
     mlp = getattr(layer, "mlp", None) or getattr(layer, "shared_mlp", None) or \
-        layer.feed_forward
+        getattr(layer, "block_sparse_moe", None) or layer.feed_forward
+    mlp = getattr(mlp, "experts", mlp)  # a mixture of experts: its experts' activation
     act = next((getattr(mlp, name) for name in ("act_fn", "activation_fn", "act", "activation")
                 if hasattr(mlp, name)), torch.nn.functional.silu)
     x = torch.linspace(-4, 4, 101)

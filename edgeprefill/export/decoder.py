@@ -38,6 +38,8 @@ from edgeprefill.export.gated_delta import GatedDeltaNet
 from edgeprefill.export.graph import GraphBuilder
 from edgeprefill.export.lm_head import embedding_weight, head_weight
 from edgeprefill.export.model_config import LayerAttention, ModelConfig
+from edgeprefill.export.moe import MixtureOfExperts
+from edgeprefill.export.moe_op import MoeOp, takes_moe_op
 from edgeprefill.export.per_layer_input import PerLayerInputs
 from edgeprefill.export.quantize import QuantConfig
 from edgeprefill.export.shared_kv import SharedKV
@@ -69,6 +71,22 @@ class DecoderBuilder:
         self.w = GraphWeights(self.g, ckpt, self.dtype, quant)
         # (head_dim, kv_heads, rotary_dim) -> the flavour of layers of that shape (Gemma 4)
         self._flavors: dict[tuple[int, int, int], Flavor] = {}
+        self.experts = self._experts()
+        # the layer prefixes whose MLP is routed experts
+        self.expert_layers = {self.names.layer.format(i=i)
+                              for i in (cfg.moe.layers if cfg.moe else ())}
+
+    def _experts(self) -> MixtureOfExperts | None:
+        """The emitter of the model's mixture-of-experts blocks: ONNX Runtime's op where the
+        flavour has it and it computes the family's routing, else the unrolled dispatch."""
+        cfg, spec = self.cfg, self.cfg.spec.moe
+        if cfg.moe is None or spec is None:
+            return None
+        experts = MixtureOfExperts(self.g, self.w, self.ckpt, cfg.moe, spec.names,
+                                   cfg.hidden_size, self.dtype, self._activation)
+        if self.flavor.moe_op and takes_moe_op(experts, cfg.activation, self.quant):
+            return MoeOp(experts, self.quant)
+        return experts
 
     def build(self) -> GraphBuilder:
         g, cfg = self.g, self.cfg
@@ -411,6 +429,9 @@ class DecoderBuilder:
 
     def _mlp(self, p: str, h: str) -> str:
         g, n, cfg = self.g, self.names, self.cfg
+        if p in self.expert_layers:
+            assert self.experts is not None
+            return self.experts.block(p, h)
         bias = cfg.mlp_bias
         if not cfg.spec.gated_mlp:
             up = self.w.linear(h, [p + n.up + ".weight"], p + n.up + ".bias" if bias else None)

@@ -12,6 +12,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from edgeprefill.export.experts import (
+    MoeNames,
+    MoeSpec,
+    after_dense_layers,
+    sparse_layers,
+)
 from edgeprefill.export.rope import rope_params
 
 
@@ -137,6 +143,8 @@ class FamilySpec:
     # Whether `layer_types` may name "linear_attention" layers: Qwen3.5's Gated DeltaNet,
     # which holds no KV but a conv and a recurrent state (export/gated_delta.py).
     delta_net: bool = False
+    # Routed experts in place of the MLP on the layers the spec's rule gives (export/moe.py).
+    moe: MoeSpec | None = None
     # Whether q_proj gives each head's query and an output gate (Qwen3-Next's attention:
     # rows [head, query|gate, dim]; the attention's output times sigmoid(gate)).
     attn_gate: bool = False
@@ -685,12 +693,93 @@ GPT2 = FamilySpec(
 PHI_NAMES = TensorNames(final_norm="model.final_layernorm", o="self_attn.dense",
                         gate="", up="mlp.fc1", down="mlp.fc2")
 
+def _qwen2_moe_window(i: int, raw: dict[str, Any]) -> bool:
+    """Qwen2MoeConfig without layer_types: the even layers below max_window_layers slide."""
+    return bool((i + 1) % 2) and i < int(raw.get("max_window_layers", 28))
+
+
+def _lfm2_moe_config(raw: dict[str, Any]) -> dict[str, Any]:
+    # Lfm2MoeConfig: `tie_embedding`, the older name, wins; the dense MLP is
+    # intermediate_size wide as given (no auto-adjust, unlike LFM2's).
+    if "tie_embedding" in raw:
+        raw = {**raw, "tie_word_embeddings": raw["tie_embedding"]}
+    return raw
+
+
+# Qwen3-MoE's and OLMoE's configs alias num_experts to num_local_experts, which wins.
+EXPERT_ALIASES = ("num_local_experts", "num_experts")
+QWEN_MOE_DEFAULTS = {"decoder_sparse_step": 1, "norm_topk_prob": False,
+                     "max_position_embeddings": 32768, "sliding_window": 4096}
+# Qwen3-MoE: Qwen3 (per-head q/k norms) whose MLPs are routed experts, softmax then top-k.
+QWEN3_MOE = FamilySpec(
+    **ATTENTION_BIAS, qk_norm="head", window="opt_in",
+    moe=MoeSpec(experts_keys=EXPERT_ALIASES, layers=sparse_layers),
+    defaults={**QWEN_MOE_DEFAULTS, "num_experts": 128, "num_experts_per_tok": 8,
+              "moe_intermediate_size": 768},
+    quirks=("per-head q/k RMSNorm",),
+)
+# Qwen1.5/2-MoE: Qwen2 (q/k/v biases) with routed experts beside a shared expert whose
+# output is gated by sigmoid(shared_expert_gate(x)).
+QWEN2_MOE = FamilySpec(
+    bias_key="qkv_bias", qkv_bias=True, window="opt_in", sliding=_qwen2_moe_window,
+    moe=MoeSpec(names=MoeNames(shared="mlp.shared_expert.",
+                               shared_gate="mlp.shared_expert_gate.weight"),
+                layers=sparse_layers),
+    defaults={**QWEN_MOE_DEFAULTS, "num_experts": 60, "num_experts_per_tok": 4,
+              "moe_intermediate_size": 1408, "shared_expert_intermediate_size": 5632,
+              "max_window_layers": 28, "num_key_value_heads": 16},
+    quirks=("q/k/v biases",),
+)
+# OLMoE: OLMo's q/k RMSNorm over the whole projection in a pre-norm block, 64 experts.
+OLMOE = FamilySpec(
+    **ATTENTION_BIAS, qk_norm="full", unsupported=("clip_qkv",),
+    moe=MoeSpec(experts_keys=EXPERT_ALIASES, width_key="intermediate_size"),
+    defaults={"rms_norm_eps": 1e-5, "max_position_embeddings": 4096, "num_experts": 64,
+              "num_experts_per_tok": 8, "norm_topk_prob": False},
+    quirks=("q/k RMSNorm over the whole projection",),
+)
+# Granite 3.x MoE: Granite's multipliers; the top k router logits, then softmax; experts
+# stored fused (input_linear [E, 2I, H], gate first; output_linear [E, H, I]).
+GRANITE_MOE = FamilySpec(
+    **ATTENTION_BIAS, embed_scale="multiplier",
+    moe=MoeSpec(names=MoeNames(router=("block_sparse_moe.router.layer.weight",
+                                       "block_sparse_moe.router.weight"),
+                               expert="block_sparse_moe.experts.{j}.",
+                               fused_gate_up=("block_sparse_moe.input_linear.weight",
+                                              "block_sparse_moe.experts.gate_up_proj"),
+                               fused_down=("block_sparse_moe.output_linear.weight",
+                                           "block_sparse_moe.experts.down_proj")),
+                routing="topk_softmax", experts_keys=("num_local_experts",),
+                width_key="intermediate_size", norm_key=None),
+    defaults={"attention_multiplier": 1.0, "rms_norm_eps": 1e-6, "num_local_experts": 8,
+              "num_experts_per_tok": 2},
+    quirks=("embedding, attention and residual multipliers", "logits scaling"),
+)
+# LFM2-MoE (LFM2-8B-A1B): LFM2's short convolutions and attention, a dense MLP in the first
+# num_dense_layers and routed experts after (sigmoid routing, an expert bias that chooses).
+LFM2_MOE = replace(
+    LFM2, legacy=_lfm2_moe_config, required=("layer_types",),
+    moe=MoeSpec(names=MoeNames(router=("feed_forward.gate.weight",),
+                               expert="feed_forward.experts.{j}.", gate="w1", up="w3",
+                               down="w2",
+                               fused_gate_up=("feed_forward.experts.gate_up_proj",),
+                               fused_down=("feed_forward.experts.down_proj",),
+                               expert_bias="feed_forward.expert_bias"),
+                routing="sigmoid", layers=after_dense_layers, norm_eps=1e-6),
+    defaults={**LFM2.defaults, "num_dense_layers": 2, "num_experts": 32,
+              "num_experts_per_tok": 4, "moe_intermediate_size": 1792, "norm_topk_prob": True,
+              "use_expert_bias": True, "routed_scaling_factor": 1.0, "intermediate_size": 7168,
+              "tie_word_embeddings": True},
+)
+
 # model_types close to a supported family that export refuses -> why, in words.
 REFUSED_TYPES = {
     "qwen3_5_moe": "Qwen3.5's mixture-of-experts models (routed experts) are not supported; "
                    "only the dense ones (qwen3_5, qwen3_5_text)",
 }
 REFUSED_TYPES["qwen3_5_moe_text"] = REFUSED_TYPES["qwen3_5_moe"]
+REFUSED_TYPES["gpt_oss"] = ("gpt-oss is not supported (its experts' clamped SwiGLU, biases "
+                            "and MXFP4 weights, attention sinks)")
 
 FAMILIES: dict[str, FamilySpec] = {
     "llama": FamilySpec(**ATTENTION_BIAS, unsupported=("mlp_bias",)),
@@ -940,6 +1029,11 @@ FAMILIES: dict[str, FamilySpec] = {
         quirks=("LayerNorm without bias",
                 "interleaved rotary", "logit scale"),
     ),
+    "qwen3_moe": QWEN3_MOE,
+    "qwen2_moe": QWEN2_MOE,
+    "olmoe": OLMOE,
+    "granitemoe": GRANITE_MOE,
+    "lfm2_moe": LFM2_MOE,
     # Granite 4.0 dense (granite-4.0-micro): Granite's multipliers, a gated MLP of fused
     # weights (`shared_mlp`), and rotary only with position_embedding_type "rope".
     "granitemoehybrid": FamilySpec(

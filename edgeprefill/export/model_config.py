@@ -16,6 +16,7 @@ from typing import Any
 from edgeprefill.contract import CONV, RECURRENT
 from edgeprefill.errors import ExportError
 from edgeprefill.export.config_checks import check_model_config
+from edgeprefill.export.experts import MoeConfig, read_moe
 from edgeprefill.export.families import (
     BLOCKS,
     FAMILIES,
@@ -131,6 +132,8 @@ class ModelConfig:
     # embedding, mixed with a projection of the main one; 0: none.
     per_layer_input: int = 0
     per_layer_vocab: int = 0
+    # Routed experts in place of the MLP on moe.layers (export/moe.py); None: dense.
+    moe: MoeConfig | None = None
 
     def __post_init__(self) -> None:
         check_model_config(self)
@@ -223,6 +226,8 @@ class ModelConfig:
         if self.delta_layers:
             out.append(f"{len(self.delta_layers)} of {self.num_layers} layers Gated DeltaNet "
                        "linear attention (a conv and a recurrent state per sequence)")
+        if self.moe is not None:
+            out.append(self.moe.describe(self.num_layers))
         out += {"parallel": ["parallel residual (attention and MLP each on its own norm)"],
                 "shared": ["parallel attention and MLP on one norm"],
                 "sandwich": ["norms before and after attention and MLP"]}.get(self.block, [])
@@ -336,6 +341,7 @@ def _read(family: str, spec: FamilySpec, raw: dict[str, Any]) -> ModelConfig:
         attn_gate=spec.attn_gate,
         head_gate=bool(raw.get(spec.head_gate_key)) if spec.head_gate_key else False,
         **gemma4_fields(raw) if spec.per_layer_heads else {},
+        moe=read_moe(raw, spec.moe) if spec.moe is not None else None,
     )
 
 
@@ -366,6 +372,7 @@ UNSUPPORTED = {
     "qk_layernorm": "per-head LayerNorm on q/k (qk_layernorm) is not supported",
     "use_qk_norm": "per-head LayerNorm on q/k (use_qk_norm) is not supported",
     "use_bias": "use_bias=true (biases on every projection) is not supported",
+    "clip_qkv": "clip_qkv (q/k/v clamped) is not supported",
 }
 
 
