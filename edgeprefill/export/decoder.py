@@ -36,6 +36,7 @@ from edgeprefill.export.checkpoint import Checkpoint
 from edgeprefill.export.families import TensorNames
 from edgeprefill.export.flavors import Flavor, StepTensors, positions
 from edgeprefill.export.gated_delta import GatedDeltaNet
+from edgeprefill.export.mamba2 import Mamba2
 from edgeprefill.export.graph import GraphBuilder
 from edgeprefill.export.lm_head import embedding_weight, head_weight
 from edgeprefill.export.model_config import LayerAttention, ModelConfig
@@ -82,6 +83,8 @@ class DecoderBuilder:
         self.delta_net = (GatedDeltaNet(g, self.w, cfg, self.tokens, conv, past_lens,
                                         valid_lens, chunk)
                           if conv is not None and cfg.delta_layers else None)
+        self.mamba = (Mamba2(g, self.w, cfg, self.tokens, conv, past_lens, valid_lens, chunk)
+                      if conv is not None and cfg.mamba_layers else None)
         self._declare_kv_io()
         first = attention_layers(cfg.num_layers, cfg.state_layers)[0]
         step = self.flavor.step_tensors(g, past_lens, chunk, kv_names(first).past_key)
@@ -137,9 +140,11 @@ class DecoderBuilder:
         for names, dtype, state in states:
             self.g.output(names.present, dtype, state)
 
-    def _mixer_of(self, layer: int) -> ShortConv | GatedDeltaNet:
+    def _mixer_of(self, layer: int) -> ShortConv | GatedDeltaNet | Mamba2:
         """The emitter of a state layer's token mixer."""
-        mixer = self.short_conv if layer in self.cfg.conv_layers else self.delta_net
+        mixer: ShortConv | GatedDeltaNet | Mamba2 | None = (
+            self.short_conv if layer in self.cfg.conv_layers else
+            self.mamba if layer in self.cfg.mamba_layers else self.delta_net)
         assert mixer is not None
         return mixer
 
@@ -183,8 +188,8 @@ class DecoderBuilder:
         return self.g.op("Mul", [sublayer, self.g.const(self.cfg.residual_scale, self.dtype)])
 
     def _mixer(self, i: int, h: str, step: StepTensors, rows: Rows) -> str:
-        """The layer's token mixer: attention, LFM2's short convolution or Qwen3.5's Gated
-        DeltaNet."""
+        """The layer's token mixer: attention, LFM2's short convolution, Qwen3.5's Gated
+        DeltaNet or a Mamba-2 mixer."""
         if i in self.cfg.state_layers:
             return self._mixer_of(i).layer(self.names.layer.format(i=i), h, i, rows)
         return self._attention(i, h, step, rows)

@@ -41,6 +41,7 @@ class TensorNames:
     post_attn_norm: str = "post_attention_layernorm"
     pre_mlp_norm: str = "pre_feedforward_layernorm"
     post_mlp_norm: str = "post_feedforward_layernorm"
+    mamba: str = "mamba."  # a Mamba-2 layer's mixer module (in_proj, conv1d, norm, ...)
 
 
 LLAMA_NAMES = TensorNames()
@@ -130,6 +131,9 @@ class FamilySpec:
     # Whether `layer_types` may name "linear_attention" layers: Qwen3.5's Gated DeltaNet,
     # which holds no KV but a conv and a recurrent state (export/gated_delta.py).
     delta_net: bool = False
+    # Whether `layer_types` may name "mamba" layers: Mamba-2 mixers (Granite 4.0-H), which
+    # hold no KV but a conv and a recurrent state (export/mamba2.py).
+    mamba: bool = False
     # Whether q_proj gives each head's query and an output gate (Qwen3-Next's attention:
     # rows [head, query|gate, dim]; the attention's output times sigmoid(gate)).
     attn_gate: bool = False
@@ -147,8 +151,8 @@ class FamilySpec:
     unnest: Callable[[dict[str, Any]], dict[str, Any]] | None = None
     # The text_config model types such a checkpoint's language model may have (empty: any).
     text_types: tuple[str, ...] = ()
-    # What the family's model can be that export does not support (Granite 4's mamba layers
-    # and routed experts): config.json as read -> the reason in one line, or None.
+    # What the family's model can be that export does not support (Granite 4's routed
+    # experts): config.json as read -> the reason in one line, or None.
     refuse: Callable[[dict[str, Any]], str | None] | None = None
     # Modules (relative to the layer prefix) whose weights are stored [in, out] (GPT-2's
     # Conv1D), not nn.Linear's [out, in]: the checkpoint reads them transposed.
@@ -305,12 +309,13 @@ def _ministral3_rope(raw: dict[str, Any]) -> dict[str, Any]:
 
 def _granite4_layers(raw: dict[str, Any]) -> dict[str, Any]:
     """GraniteMoeHybridConfig: `layers_block_type` is another name of `layer_types`, whose
-    legacy "attention"/"mamba" mean full_attention/linear_attention (all mamba when absent);
+    legacy "attention" means full_attention and its "linear_attention" the legacy
+    "mamba" (export's name for them; all mamba when absent);
     the dense MLP is `shared_intermediate_size` wide; without `position_embedding_type`
     "rope" no layer rotates."""
     types = raw.get("layer_types") or raw.get("layers_block_type") or \
-        ["linear_attention"] * int(raw["num_hidden_layers"])
-    remap = {"attention": "full_attention", "mamba": "linear_attention"}
+        ["mamba"] * int(raw["num_hidden_layers"])
+    remap = {"attention": "full_attention", "linear_attention": "mamba"}
     raw = {**raw, "layer_types": [remap.get(t, t) for t in types],
            "intermediate_size": raw["shared_intermediate_size"]}
     if raw.get("position_embedding_type") != "rope":
@@ -319,11 +324,6 @@ def _granite4_layers(raw: dict[str, Any]) -> dict[str, Any]:
 
 
 def _granite4_unsupported(raw: dict[str, Any]) -> str | None:
-    mamba = [i for i, t in enumerate(raw["layer_types"]) if t == "linear_attention"]
-    if mamba:
-        where = ", ".join(map(str, mamba))
-        return (f"mamba layers are not supported (layer_types marks {len(mamba)} of "
-                f"{len(raw['layer_types'])} as mamba: {where}); only attention-only models")
     if raw.get("num_local_experts"):
         return (f"routed experts are not supported (num_local_experts="
                 f"{raw['num_local_experts']}); only dense models (num_local_experts 0)")
@@ -781,15 +781,19 @@ FAMILIES: dict[str, FamilySpec] = {
         quirks=("LayerNorm without bias",
                 "interleaved rotary", "logit scale"),
     ),
-    # Granite 4.0 dense (granite-4.0-micro): Granite's multipliers, a gated MLP of fused
-    # weights (`shared_mlp`), and rotary only with position_embedding_type "rope".
+    # Granite 4.0 dense (granite-4.0-micro, the -H models' Mamba-2 layers among attention
+    # ones): Granite's multipliers, a gated MLP of fused weights (`shared_mlp`), and
+    # rotary only with position_embedding_type "rope".
     "granitemoehybrid": FamilySpec(
         names=replace(LLAMA_NAMES, gate_up="shared_mlp.input_linear",
                       down="shared_mlp.output_linear"),
         **ATTENTION_BIAS, embed_scale="multiplier", legacy=_granite4_layers,
-        refuse=_granite4_unsupported,
+        refuse=_granite4_unsupported, mamba=True,
         defaults={"attention_multiplier": 1.0, "num_local_experts": 8,
-                  "shared_intermediate_size": 1024},
+                  "shared_intermediate_size": 1024, "mamba_n_heads": 128,
+                  "mamba_n_groups": 1, "mamba_d_state": 256, "mamba_d_head": "auto",
+                  "mamba_d_conv": 4, "mamba_expand": 2, "mamba_conv_bias": True,
+                  "mamba_proj_bias": False},
         quirks=("embedding, attention and residual multipliers", "logits scaling",
                 "fused gate_up weights"),
     ),

@@ -65,6 +65,34 @@ class DeltaNetShape:
 
 
 @dataclass(frozen=True)
+class MambaShape:
+    """Mamba-2 layers (export/mamba2.py): `heads` heads of `head_dim` channels, B and C of
+    `groups` groups (each serving heads / groups consecutive heads) of `state_size`, a
+    causal convolution of `conv_kernel` tokens over x, B and C, and dt clamped to
+    [dt_min, dt_max] (time_step_limit)."""
+
+    heads: int
+    head_dim: int
+    groups: int
+    state_size: int
+    conv_kernel: int
+    conv_bias: bool
+    proj_bias: bool
+    dt_min: float = 0.0
+    dt_max: float = float("inf")
+
+    @property
+    def inner(self) -> int:
+        """Channels of x, z and the output: heads x head_dim."""
+        return self.heads * self.head_dim
+
+    @property
+    def conv_dim(self) -> int:
+        """Channels of the convolution: x, B and C side by side."""
+        return self.inner + 2 * self.groups * self.state_size
+
+
+@dataclass(frozen=True)
 class ModelConfig:
     family: str
     hidden_size: int
@@ -105,6 +133,10 @@ class ModelConfig:
     # layer_types; their `layers` entry unused) and their dimensions.
     delta_layers: tuple[int, ...] = ()
     delta: DeltaNetShape | None = None
+    # Granite 4.0-H: the layers that are Mamba-2 (`mamba` in layer_types; their `layers`
+    # entry unused) and their dimensions.
+    mamba_layers: tuple[int, ...] = ()
+    mamba: MambaShape | None = None
     # Qwen3.5 (Qwen3-Next's attention): q_proj gives each head's query and an output gate;
     # attention's output times sigmoid(gate) goes to o_proj.
     attn_gate: bool = False
@@ -135,6 +167,11 @@ class ModelConfig:
                 f"linear_conv_kernel_dim must be at least 2 (got {delta.conv_kernel}) and "
                 f"linear_num_value_heads ({delta.value_heads}) a multiple of "
                 f"linear_num_key_heads ({delta.key_heads})")
+        mamba = self.mamba
+        if mamba is not None and (mamba.conv_kernel < 2 or mamba.heads % mamba.groups):
+            raise ExportError(
+                f"mamba_d_conv must be at least 2 (got {mamba.conv_kernel}) and "
+                f"mamba_n_heads ({mamba.heads}) a multiple of mamba_n_groups ({mamba.groups})")
 
     @property
     def spec(self) -> FamilySpec:
@@ -143,11 +180,11 @@ class ModelConfig:
     @property
     def state_layers(self) -> tuple[int, ...]:
         """The layers without KV, carrying a recurrent state instead."""
-        return tuple(sorted((*self.conv_layers, *self.delta_layers)))
+        return tuple(sorted((*self.conv_layers, *self.delta_layers, *self.mamba_layers)))
 
     def state_kinds(self, layer: int) -> tuple[str, ...]:
         """The recurrent states a state layer carries (contract.STATE_KINDS), in order."""
-        if layer in self.delta_layers:
+        if layer in self.delta_layers or layer in self.mamba_layers:
             return (CONV, RECURRENT)
         return (CONV,) if layer in self.conv_layers else ()
 
@@ -171,6 +208,9 @@ class ModelConfig:
         if self.delta_layers:
             out.append(f"{len(self.delta_layers)} of {self.num_layers} layers Gated DeltaNet "
                        "linear attention (a conv and a recurrent state per sequence)")
+        if self.mamba_layers:
+            out.append(f"{len(self.mamba_layers)} of {self.num_layers} layers Mamba-2 "
+                       "(a conv and a recurrent state per sequence)")
         out += {"parallel": ["parallel residual (attention and MLP each on its own norm)"],
                 "shared": ["parallel attention and MLP on one norm"]}.get(self.block, [])
         if any(layer.rope == LOCAL for layer in self.layers) and \
@@ -267,6 +307,7 @@ def _read(family: str, spec: FamilySpec, raw: dict[str, Any]) -> ModelConfig:
         eos_token_ids=_ids(raw.get("eos_token_id")),
         **_conv(raw, spec),
         **_delta(raw, spec),
+        **_mamba(raw, spec),
         attn_gate=spec.attn_gate,
     )
 
@@ -290,6 +331,33 @@ def _delta(raw: dict[str, Any], spec: FamilySpec) -> dict[str, Any]:
         key_dim=int(raw["linear_key_head_dim"]), value_dim=int(raw["linear_value_head_dim"]),
         conv_kernel=int(raw["linear_conv_kernel_dim"]))
     return {"delta_layers": layers, "delta": shape}
+
+
+def _mamba(raw: dict[str, Any], spec: FamilySpec) -> dict[str, Any]:
+    """The Mamba-2 layers' fields of ModelConfig (the config's mamba_* keys, as
+    GraniteMoeHybridConfig reads them); none for other families."""
+    if not spec.mamba:
+        return {}
+    layers = tuple(i for i, kind in enumerate(raw["layer_types"]) if kind == "mamba")
+    heads = int(raw["mamba_n_heads"])
+    head_dim = raw.get("mamba_d_head", "auto")
+    if head_dim == "auto":
+        head_dim = int(raw["mamba_expand"]) * int(raw["hidden_size"]) // heads
+    limit = raw.get("time_step_limit") or (0.0, float("inf"))
+    shape = MambaShape(
+        heads=heads, head_dim=int(head_dim), groups=int(raw["mamba_n_groups"]),
+        state_size=int(raw["mamba_d_state"]), conv_kernel=int(raw["mamba_d_conv"]),
+        conv_bias=bool(raw["mamba_conv_bias"]), proj_bias=bool(raw["mamba_proj_bias"]),
+        dt_min=_json_float(limit[0]), dt_max=_json_float(limit[1]))
+    return {"mamba_layers": layers, "mamba": shape}
+
+
+def _json_float(value: Any) -> float:
+    """A float as config.json holds it; transformers writes infinity as
+    {"__float__": "Infinity"} (time_step_limit), Python's json as Infinity."""
+    if isinstance(value, dict) and set(value) == {"__float__"}:
+        return float(value["__float__"])
+    return float(value)
 
 
 # A FamilySpec.unsupported switch -> what a true value asks for.
@@ -396,7 +464,8 @@ def _layers(raw: dict[str, Any], spec: FamilySpec) -> tuple[LayerAttention, ...]
         if len(types) != count:
             raise ExportError(f"layer_types lists {len(types)} layers; there are {count}")
         kinds = {"full_attention", "sliding_attention", *(("conv",) if spec.conv else ()),
-                 *(("linear_attention",) if spec.delta_net else ())}
+                 *(("linear_attention",) if spec.delta_net else ()),
+                 *(("mamba",) if spec.mamba else ())}
         unknown = {str(kind) for kind in types} - kinds
         if unknown:
             raise ExportError(f"layer_types holds unsupported kinds: {', '.join(sorted(unknown))}"
