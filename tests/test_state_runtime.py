@@ -1,7 +1,8 @@
 """The runtime of models whose layers carry a recurrent state beside (or instead of) KV:
-LFM2's short convolutions and Qwen3.5's Gated DeltaNet. Whatever the batch, the fused
-rows, the slot moves and the reuse, each sequence's state is its own and the text is
-transformers'. (The families' own graphs are tested in test_lfm2.py and test_qwen3_5.py.)"""
+LFM2's short convolutions, Qwen3.5's Gated DeltaNet and Granite 4.0-H's Mamba-2. Whatever
+the batch, the fused rows, the slot moves and the reuse, each sequence's state is its own
+and the text is transformers'. (The families' own graphs are tested in test_lfm2.py, test_qwen3_5.py and
+test_mamba2.py.)"""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from edgeprefill.sdk import Engine, GenerationParams
 from tests.conftest import load_hf_model
 from tests.test_exactness import prompt_ids, reference_greedy, reference_logits
 
-FAMILIES = ("lfm2", "qwen3_5_text")
+FAMILIES = ("lfm2", "qwen3_5_text", "granitemoehybrid-mamba")
 FLAVORS = ("ort", "standard")
 PARAMS = GenerationParams(max_new_tokens=8, ignore_eos=True)
 
