@@ -36,9 +36,9 @@ from edgeprefill.export.checkpoint import Checkpoint
 from edgeprefill.export.families import TensorNames
 from edgeprefill.export.flavors import Flavor, StepTensors, positions
 from edgeprefill.export.gated_delta import GatedDeltaNet
-from edgeprefill.export.mamba2 import Mamba2
 from edgeprefill.export.graph import GraphBuilder
 from edgeprefill.export.lm_head import embedding_weight, head_weight
+from edgeprefill.export.mamba2 import Mamba2
 from edgeprefill.export.model_config import LayerAttention, ModelConfig
 from edgeprefill.export.quantize import QuantConfig
 from edgeprefill.export.short_conv import ShortConv
@@ -169,6 +169,8 @@ class DecoderBuilder:
         x, h = self._add_norm(x, delta, p + n.input_norm)
         attn = self._mixer(i, h, step, rows)
         x = rows(x)
+        if i in self.cfg.mlp_less:  # Nemotron-H: a mixer block another mixer follows
+            return x, self._scaled(attn)
         if block == "shared":  # Phi: attention and MLP read the same normed input
             return self.g.op("Add", [x, attn]), self._mlp(p, rows(h))
         if block == "parallel":  # GPT-NeoX: each has its own norm of the layer's input

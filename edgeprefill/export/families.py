@@ -134,6 +134,10 @@ class FamilySpec:
     # Whether `layer_types` may name "mamba" layers: Mamba-2 mixers (Granite 4.0-H), which
     # hold no KV but a conv and a recurrent state (export/mamba2.py).
     mamba: bool = False
+    # Whether each of the model's layers is one sublayer after a norm (Nemotron-H's blocks),
+    # which export reads as pre-norm layers of a mixer and the MLP after it
+    # (export/layer_groups.py).
+    blocks: bool = False
     # Whether q_proj gives each head's query and an output gate (Qwen3-Next's attention:
     # rows [head, query|gate, dim]; the attention's output times sigmoid(gate)).
     attn_gate: bool = False
@@ -327,6 +331,40 @@ def _granite4_unsupported(raw: dict[str, Any]) -> str | None:
     if raw.get("num_local_experts"):
         return (f"routed experts are not supported (num_local_experts="
                 f"{raw['num_local_experts']}); only dense models (num_local_experts 0)")
+    return None
+
+
+# NemotronHConfig's hybrid_override_pattern characters -> its block kinds
+NEMOTRON_H_PATTERN = {"M": "linear_attention", "E": "moe", "*": "full_attention", "-": "mlp"}
+
+
+def _nemotron_h_config(raw: dict[str, Any]) -> dict[str, Any]:
+    """NemotronHConfig: the blocks are `layers_block_type` (or `layer_types`), else the
+    legacy `hybrid_override_pattern`; its older mamba_* names win over the newer ones (its
+    __post_init__ pops them). Read under Granite 4.0-H's mamba keys: the mixer's width is
+    mamba_num_heads x mamba_head_dim, its projections take `use_bias`, and its dt is
+    clamped below at time_step_min only. No layer rotates."""
+    kinds = raw.get("layers_block_type") or raw.get("layer_types")
+    if kinds is None:
+        pattern = raw.get("hybrid_override_pattern")
+        kinds = ["linear_attention", "moe", "full_attention", "mlp"] if pattern is None \
+            else [NEMOTRON_H_PATTERN[c] for c in pattern]
+    return {**raw, "layer_types": list(kinds), "num_hidden_layers": len(kinds),
+            "mamba_n_heads": raw["mamba_num_heads"], "mamba_d_head": raw["mamba_head_dim"],
+            "mamba_n_groups": raw.get("mamba_n_groups", raw["n_groups"]),
+            "mamba_d_state": raw["ssm_state_size"],
+            "mamba_d_conv": raw.get("mamba_d_conv", raw["conv_kernel"]),
+            "mamba_conv_bias": raw.get("mamba_conv_bias", raw["use_conv_bias"]),
+            "mamba_proj_bias": raw["use_bias"],
+            "time_step_limit": [raw.get("mamba_dt_min", raw["time_step_min"]), float("inf")],
+            "no_rope_layer_interval": 1}  # every layer a NoPE one
+
+
+def _nemotron_h_unsupported(raw: dict[str, Any]) -> str | None:
+    moe = [i for i, kind in enumerate(raw["layer_types"]) if kind == "moe"]
+    if moe:
+        return (f"mixture-of-experts blocks are not supported (layer_types marks {len(moe)} "
+                f"of {len(raw['layer_types'])} as moe); only the dense Nemotron-H models")
     return None
 
 
@@ -796,6 +834,24 @@ FAMILIES: dict[str, FamilySpec] = {
                   "mamba_proj_bias": False},
         quirks=("embedding, attention and residual multipliers", "logits scaling",
                 "fused gate_up weights"),
+    ),
+    # Nemotron-H (Nemotron Nano 9B v2, Nemotron-H 4B/8B): blocks of one Mamba-2 mixer,
+    # attention (without rotary) or ReLU-squared MLP each, read as pre-norm layers of a mixer
+    # and the MLP after it (export/layer_groups.py).
+    "nemotron_h": FamilySpec(
+        names=replace(LLAMA_NAMES, embed=("model.embeddings.weight",), final_norm="model.norm_f",
+                      gate="", up="mlp.up_proj", down="mlp.down_proj"),
+        gated_mlp=False, act_default="relu2", act_key="mlp_hidden_act",
+        eps_key="layer_norm_epsilon", mamba=True, blocks=True, legacy=_nemotron_h_config,
+        refuse=_nemotron_h_unsupported, unsupported=("mlp_bias",),
+        renames=(("backbone.", "model."),),
+        defaults={"head_dim": 128, "num_key_value_heads": 8, "max_position_embeddings": 4096,
+                  "intermediate_size": 21504, "layer_norm_epsilon": 1e-5,
+                  "mamba_num_heads": 128, "mamba_head_dim": 64, "n_groups": 8,
+                  "ssm_state_size": 128, "conv_kernel": 4, "use_conv_bias": True,
+                  "use_bias": False, "time_step_min": 0.001},
+        quirks=("blocks of one Mamba-2 mixer, attention or MLP, each after its own norm",
+                "ReLU-squared MLP without a gate"),
     ),
     # LayerNorm1P (1+w, with bias) everywhere, an ungated ReLU-squared MLP, rotary on half
     # of each head unless partial_rotary_factor says otherwise.

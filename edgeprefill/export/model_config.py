@@ -18,6 +18,7 @@ from edgeprefill.errors import ExportError
 from edgeprefill.export.config_checks import check_model_config
 from edgeprefill.export.families import BLOCKS, FAMILIES, REFUSED_TYPES, FamilySpec
 from edgeprefill.export.fp8 import Fp8Scheme, read_fp8_scheme
+from edgeprefill.export.layer_groups import group_blocks
 from edgeprefill.export.query_scale import QueryScale, read_query_scale
 from edgeprefill.export.rope import (
     SHARED_ROPE_TYPES,
@@ -137,6 +138,10 @@ class ModelConfig:
     # entry unused) and their dimensions.
     mamba_layers: tuple[int, ...] = ()
     mamba: MambaShape | None = None
+    # Nemotron-H: the layers without an MLP (a mixer block another mixer follows), and the
+    # checkpoint's block tensors read under the layers' names (export/layer_groups.py).
+    mlp_less: tuple[int, ...] = ()
+    renames: tuple[tuple[str, str], ...] = ()
     # Qwen3.5 (Qwen3-Next's attention): q_proj gives each head's query and an output gate;
     # attention's output times sigmoid(gate) goes to o_proj.
     attn_gate: bool = False
@@ -266,6 +271,10 @@ class ModelConfig:
 
 def _read(family: str, spec: FamilySpec, raw: dict[str, Any]) -> ModelConfig:
     _refuse_unsupported(family, spec, raw)
+    groups = group_blocks(raw["layer_types"]) if spec.blocks else None
+    if groups is not None:
+        raw = {**raw, "layer_types": groups.layer_types,
+               "num_hidden_layers": len(groups.layer_types)}
     heads = int(raw["num_attention_heads"])
     hidden = int(raw["hidden_size"])
     head_dim = int(raw.get("head_dim") or hidden // max(heads, 1))  # 0 heads: refused
@@ -308,6 +317,8 @@ def _read(family: str, spec: FamilySpec, raw: dict[str, Any]) -> ModelConfig:
         **_conv(raw, spec),
         **_delta(raw, spec),
         **_mamba(raw, spec),
+        mlp_less=groups.mlp_less if groups is not None else (),
+        renames=groups.renames if groups is not None else (),
         attn_gate=spec.attn_gate,
     )
 
