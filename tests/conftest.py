@@ -184,6 +184,13 @@ FAMILIES: dict[str, dict] = {
     "granitemoehybrid-nope": {**GRANITE4, "position_embedding_type": "nope"},
     # Granite 4.0-H: Mamba-2 layers (a conv and a float32 recurrent state) around attention
     "granitemoehybrid-mamba": GRANITE4_H,
+    # Nemotron-H: blocks of one Mamba-2 mixer, attention (no rotary) or ReLU-squared MLP;
+    # the second mamba block has no MLP after it, 8 heads of 16 in 2 groups, biases on the
+    # mamba projections (use_bias)
+    "nemotron_h": {"layers_block_type": ["linear_attention", "mlp", "linear_attention",
+                                         "full_attention", "mlp", "linear_attention", "mlp"],
+                   "head_dim": 16, "mamba_num_heads": 8, "mamba_head_dim": 16, "n_groups": 2,
+                   "ssm_state_size": 16, "conv_kernel": 4, "chunk_size": 16, "use_bias": True},
     # LayerNorm1P, ReLU-squared MLP, rotary on half of each head (head_dim 32: rotary 16)
     "nemotron": {"head_dim": 32},
     # layer 0 slides with rotary, layer 1 is global without
@@ -200,7 +207,7 @@ FAST_FAMILIES = ("llama", "mistral", "qwen2", "gemma2", "gemma3_text", "gemma3",
                  "qwen3_vl", "phi3", "smollm3", "granite", "olmo2", "olmo3", "exaone4",
                  "hunyuan_v1_dense", "glm4", "starcoder2", "phi", "gpt_neox", "ministral3",
                  "mistral3", "lfm2", "gpt2", "gpt_bigcode", "qwen3_5_text", "qwen3_5",
-                 "granitemoehybrid-mamba")
+                 "granitemoehybrid-mamba", "nemotron_h")
 
 
 def write_tokenizer(path: Path, vocab: int = VOCAB, top_words: Sequence[str] = (),
