@@ -17,8 +17,9 @@ One call runs one step: B rows of C tokens, against KV buffers of a fixed capaci
 An attention layer i has the four KV tensors; a layer listed in the model's
 `state_layers` has none, and carries instead one or more recurrent states (STATE_KINDS):
 `conv`, the last inputs of a causal convolution (LFM2's short convolutions, a Gated
-DeltaNet's q/k/v convolution), and `recurrent`, a Gated DeltaNet's [v_heads, k_dim,
-v_dim] matrix per row (float32 whatever the model's dtype). Each is read from
+DeltaNet's q/k/v convolution, a Mamba-2 mixer's x/B/C convolution), and `recurrent`, a
+Gated DeltaNet's [v_heads, k_dim, v_dim] matrix or a Mamba-2 mixer's [heads, head_dim,
+state_size] state per row (float32 whatever the model's dtype). Each is read from
 `past_{kind}.{i}` (zeros where a row's past length is 0) and written, ending at the row's
 last valid token, to `present_{kind}.{i}`, a separate buffer the runtime copies back into
 the slot. A state's shape and dtype are the graph's own (its input's, batch first); the

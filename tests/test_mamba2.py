@@ -38,13 +38,14 @@ MAMBA_LAST = {**GRANITE4_H, "num_hidden_layers": 3, "position_embedding_type": "
               "mamba_d_conv": 2, "mamba_conv_bias": False, "mamba_proj_bias": True,
               "time_step_limit": [0.05, 0.5]}
 # ibm-granite/granite-4.0-h-1b's config.json as we know its shape (the Hub was not
-# reachable here): NoPE attention, 48 Mamba-2 heads of 64, a state of 128, one group.
+# reachable here): 40 layers, 4 of them NoPE attention (where is illustrative), 48 Mamba-2
+# heads of 64, a state of 128, one group.
 HUB_H_1B = {
     "architectures": ["GraniteMoeHybridForCausalLM"], "model_type": "granitemoehybrid",
     "attention_bias": False, "attention_multiplier": 0.0078125, "bos_token_id": 100257,
     "embedding_multiplier": 12, "eos_token_id": 100257, "hidden_act": "silu",
     "hidden_size": 1536, "intermediate_size": 4096, "logits_scaling": 6,
-    "layer_types": ["mamba"] * 10 + ["attention"] + ["mamba"] * 29,
+    "layer_types": ["attention" if i in (10, 13, 17, 27) else "mamba" for i in range(40)],
     "mamba_chunk_size": 256, "mamba_conv_bias": True, "mamba_d_conv": 4, "mamba_d_head": 64,
     "mamba_d_state": 128, "mamba_expand": 2, "mamba_n_groups": 1, "mamba_n_heads": 48,
     "mamba_proj_bias": False, "max_position_embeddings": 131072, "num_attention_heads": 12,
