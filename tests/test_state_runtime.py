@@ -1,8 +1,8 @@
 """The runtime of models whose layers carry a recurrent state beside (or instead of) KV:
 LFM2's short convolutions, Qwen3.5's Gated DeltaNet and Granite 4.0-H's Mamba-2. Whatever
 the batch, the fused rows, the slot moves and the reuse, each sequence's state is its own
-and the text is transformers'. (The families' own graphs are tested in test_lfm2.py, test_qwen3_5.py and
-test_mamba2.py.)"""
+and the text is transformers'. (The families' own graphs are tested in test_lfm2.py,
+test_qwen3_5.py and test_mamba2.py.)"""
 
 from __future__ import annotations
 
