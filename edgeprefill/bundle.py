@@ -32,6 +32,8 @@ MANIFEST_FILE = "edgeprefill.json"
 # The recurrent state's fields (LFM2, Qwen3.5), left out of the manifests of models without
 # state layers: a runtime from before them reads those bundles without a warning.
 STATE_MODEL_FIELDS = ("state_layers",)
+# Left out where empty too: only Falcon-H1's layers keep KV beside their states.
+KV_STATE_FIELDS = ("kv_state_layers",)
 STATE_GRAPH_FIELDS = ("state_inputs", "state_outputs")
 
 log = logging.getLogger("edgeprefill")
@@ -51,11 +53,13 @@ class ModelInfo:
     # GraphInfo.state_inputs/state_outputs, their shapes and dtypes in the graph's inputs.
     # Absent (older bundles, every other family): every layer is attention.
     state_layers: list[int] = field(default_factory=list)
+    # The state layers that hold KV too (Falcon-H1's attention beside its Mamba-2).
+    kv_state_layers: list[int] = field(default_factory=list)
 
     @property
     def kv_layers(self) -> int:
         """Layers that hold KV."""
-        return self.num_layers - len(self.state_layers)
+        return self.num_layers - len(self.state_layers) + len(self.kv_state_layers)
 
 
 @dataclass(frozen=True)
@@ -107,6 +111,9 @@ class Manifest:
                                  (raw["graph"], STATE_GRAPH_FIELDS)):
                 for key in keys:
                     del record[key]
+        if not self.model.kv_state_layers:
+            for key in KV_STATE_FIELDS:
+                raw["model"].pop(key, None)
         return json.dumps(raw, indent=2) + "\n"
 
     @classmethod
@@ -212,9 +219,13 @@ def check_manifest(manifest: Manifest) -> None:
                    f"got {manifest.graph.flavor!r}")
     states = model.state_layers
     if states != sorted(set(states)) or any(not 0 <= i < model.num_layers for i in states) \
-            or len(states) == model.num_layers:
+            or model.kv_layers == 0:
         _malformed(f"model.state_layers {states} must be distinct layers in ascending "
                    "order, not all of them")
+    both = model.kv_state_layers
+    if both != sorted(set(both)) or not set(both) <= set(states):
+        _malformed(f"model.kv_state_layers {both} must be distinct state layers in "
+                   "ascending order")
     graph = manifest.graph
     if len(graph.state_inputs) != len(graph.state_outputs) or \
             bool(graph.state_inputs) != bool(states):
@@ -225,7 +236,7 @@ def check_manifest(manifest: Manifest) -> None:
         len(pair) != 2 for pair in (*manifest.graph.kv_inputs, *manifest.graph.kv_outputs)
     ):
         _malformed("graph.kv_inputs/kv_outputs must hold one [key, value] pair per layer "
-                   "with KV (every layer but model.state_layers)")
+                   "with KV (every layer but model.state_layers, and model.kv_state_layers)")
 
 
 def _check_types(record: Any) -> None:

@@ -19,7 +19,9 @@ An attention layer i has the four KV tensors; a layer listed in the model's
 `conv`, the last inputs of a causal convolution (LFM2's short convolutions, a Gated
 DeltaNet's q/k/v convolution, a Mamba-2 mixer's x/B/C convolution), and `recurrent`, a
 Gated DeltaNet's [v_heads, k_dim, v_dim] matrix or a Mamba-2 mixer's [heads, head_dim,
-state_size] state per row (float32 whatever the model's dtype). Each is read from
+state_size] state per row (float32 whatever the model's dtype). A layer also in the
+model's `kv_state_layers` keeps its KV beside its states (Falcon-H1: attention and Mamba-2
+side by side in each layer). Each is read from
 `past_{kind}.{i}` (zeros where a row's past length is 0) and written, ending at the row's
 last valid token, to `present_{kind}.{i}`, a separate buffer the runtime copies back into
 the slot. A state's shape and dtype are the graph's own (its input's, batch first); the
@@ -84,9 +86,11 @@ def state_names(layer: int, kind: str = CONV) -> StateNames:
     return StateNames(f"past_{kind}.{layer}", f"present_{kind}.{layer}")
 
 
-def attention_layers(num_layers: int, state_layers: Collection[int]) -> list[int]:
-    """The layers that hold KV: every layer but those carrying a state instead."""
-    return [i for i in range(num_layers) if i not in state_layers]
+def attention_layers(num_layers: int, state_layers: Collection[int],
+                     kv_state_layers: Collection[int] = ()) -> list[int]:
+    """The layers that hold KV: every layer but those carrying a state instead (a layer
+    in `kv_state_layers` carries both: Falcon-H1's attention beside its Mamba-2)."""
+    return [i for i in range(num_layers) if i not in state_layers or i in kv_state_layers]
 
 
 class KVPair(NamedTuple):
@@ -111,9 +115,11 @@ class GraphIO(NamedTuple):
 
 
 def step_io(num_layers: int, kv_heads: int, head_dim: int, vocab: int, dtype: str,
-            states: Mapping[int, Mapping[str, list[Any]]] | None = None) -> GraphIO:
+            states: Mapping[int, Mapping[str, list[Any]]] | None = None,
+            kv_state_layers: Collection[int] = ()) -> GraphIO:
     """Every input and output of a chunk graph with these dimensions; the layers in
-    `states` (layer -> kind -> [dtype, shape]) carry those states instead of KV."""
+    `states` (layer -> kind -> [dtype, shape]) carry those states instead of KV, those
+    also in `kv_state_layers` beside it."""
     states = states or {}
     kv = [dtype, [BATCH, kv_heads, CAPACITY, head_dim]]
     inputs: dict[str, list[Any]] = {
@@ -127,7 +133,8 @@ def step_io(num_layers: int, kv_heads: int, head_dim: int, vocab: int, dtype: st
             for kind, spec in states[layer].items():
                 state = state_names(layer, kind)
                 inputs[state.past], outputs[state.present] = spec, spec
-            continue
+            if layer not in kv_state_layers:
+                continue
         names = kv_names(layer)
         inputs |= {names.past_key: kv, names.past_value: kv}
         outputs |= {names.present_key: kv, names.present_value: kv}
@@ -188,10 +195,11 @@ def check_graph_io(manifest: Manifest) -> None:
         raise BundleError(f"the manifest's state inputs cover layers {sorted(states)}, not "
                           f"model.state_layers {m.state_layers}; re-export")
     expected = step_io(m.num_layers, m.num_kv_heads, m.head_dim, m.vocab_size, graph.dtype,
-                       states)
+                       states, m.kv_state_layers)
     _same("inputs", _plain(graph.inputs), expected.inputs)
     _same("outputs", _plain(graph.outputs), expected.outputs)
-    layers = [kv_names(i) for i in attention_layers(m.num_layers, m.state_layers)]
+    layers = [kv_names(i) for i in attention_layers(m.num_layers, m.state_layers,
+                                                    m.kv_state_layers)]
     pairs = [p for n in layers for p in (KVPair(n.past_key, n.present_key),
                                          KVPair(n.past_value, n.present_value))]
     if kv_pairs(graph) != pairs:

@@ -86,7 +86,7 @@ class DecoderBuilder:
         self.mamba = (Mamba2(g, self.w, cfg, self.tokens, conv, past_lens, valid_lens, chunk)
                       if conv is not None and cfg.mamba_layers else None)
         self._declare_kv_io()
-        first = attention_layers(cfg.num_layers, cfg.state_layers)[0]
+        first = attention_layers(cfg.num_layers, cfg.state_layers, cfg.kv_state_layers)[0]
         step = self.flavor.step_tensors(g, past_lens, chunk, kv_names(first).past_key)
         self.q_scale = self._query_scale(past_lens, chunk)
         x = self.tokens.embed(self._embedding(), ids)  # [B,C,hidden] or packed [1,T,hidden]
@@ -124,7 +124,7 @@ class DecoderBuilder:
     def _declare_kv_io(self) -> None:
         cfg = self.cfg
         shape = [BATCH, cfg.num_kv_heads, CAPACITY, cfg.head_dim]
-        layers = attention_layers(cfg.num_layers, cfg.state_layers)
+        layers = attention_layers(cfg.num_layers, cfg.state_layers, cfg.kv_state_layers)
         for layer in layers:
             names = kv_names(layer)
             self.g.input(names.past_key, self.dtype, shape)
@@ -167,6 +167,10 @@ class DecoderBuilder:
             x = self.g.op("Add", [rows(x), self._scaled(attn)])
             return x, self._scaled(self._norm(self._mlp(p, x), p + n.post_mlp_norm))
         x, h = self._add_norm(x, delta, p + n.input_norm)
+        if block == "hybrid":  # Falcon-H1: attention and Mamba-2 side by side
+            x, h = self._add_norm(rows(x), self._hybrid_mixers(i, h, step, rows),
+                                  p + n.post_attn_norm)
+            return x, self._mlp(p, h)
         attn = self._mixer(i, h, step, rows)
         x = rows(x)
         if i in self.cfg.mlp_less:  # Nemotron-H: a mixer block another mixer follows
@@ -182,6 +186,21 @@ class DecoderBuilder:
             return x, self._norm(self._mlp(p, h), p + n.post_mlp_norm)
         x, h = self._add_norm(x, self._scaled(attn), p + n.post_attn_norm)
         return x, self._scaled(self._mlp(p, h))
+
+    def _hybrid_mixers(self, i: int, h: str, step: StepTensors, rows: Rows) -> str:
+        """Falcon-H1's mixers of layer i on its normed input `h`: attention of
+        h x attention_in times attention_out plus Mamba-2 times ssm_out (the mixer scales
+        its own input)."""
+        g, scales = self.g, self.cfg.scales
+        assert scales is not None and self.mamba is not None
+        attn = self._attention(i, self._times(h, scales.attention_in), step, rows)
+        mamba = self.mamba.layer(self.names.layer.format(i=i), h, i, rows)
+        return g.op("Add", [self._times(attn, scales.attention_out),
+                            self._times(mamba, scales.ssm_out)])
+
+    def _times(self, x: str, factor: float) -> str:
+        """x times a constant (nothing where it is 1)."""
+        return x if factor == 1.0 else self.g.op("Mul", [x, self.g.const(factor, self.dtype)])
 
     def _scaled(self, sublayer: str) -> str:
         """A sublayer's output times the residual multiplier (Granite), before the add."""
@@ -226,7 +245,8 @@ class DecoderBuilder:
         bias = p + (n.qkv or "self_attn.qkv_proj") + ".bias" if cfg.qkv_bias else None
         self._check_qkv_shapes(weights)
         reorder = self._neox_order if cfg.spec.qkv_interleaved else \
-            self._gate_last if cfg.attn_gate else None
+            self._gate_last if cfg.attn_gate else \
+            self._scaled_keys if cfg.scales is not None and cfg.scales.key != 1.0 else None
         qkv = self.w.linear(h, weights, bias, reorder=reorder)
         if self.flavor.packed_qkv and cfg.spec.qk_norm is None and self.q_scale is None \
                 and not cfg.attn_gate:
@@ -279,6 +299,16 @@ class DecoderBuilder:
         d, heads = self.cfg.head_dim, self.cfg.num_heads
         rest = rows.shape[1:]
         return rows.reshape(heads, 3, d, *rest).swapaxes(0, 1).reshape(3 * heads * d, *rest)
+
+    def _scaled_keys(self, rows: np.ndarray) -> np.ndarray:
+        """Falcon-H1 multiplies k by key_multiplier after its projection (bias included):
+        the k rows of the packed projection times it."""
+        cfg = self.cfg
+        assert cfg.scales is not None
+        start = cfg.num_heads * cfg.head_dim
+        rows = rows.copy()
+        rows[start : start + cfg.num_kv_heads * cfg.head_dim] *= cfg.scales.key
+        return rows
 
     def _gate_last(self, rows: np.ndarray) -> np.ndarray:
         """Qwen3.5 stores q_proj's rows as [head, query|gate, dim] above k and v; the
@@ -334,8 +364,9 @@ class DecoderBuilder:
         parts = [n.gate_up] if n.gate_up else [n.gate, n.up]
         gate_up = self.w.linear(h, [p + part + ".weight" for part in parts], None)
         gate, up = g.op("Split", [gate_up], 2, axis=-1, num_outputs=2)
-        act = g.op("Mul", [self._activation(gate), up])
-        return self.w.linear(act, [p + n.down + ".weight"], None)
+        gate_scale, down_scale = cfg.scales.mlp if cfg.scales is not None else (1.0, 1.0)
+        act = g.op("Mul", [self._activation(self._times(gate, gate_scale)), up])
+        return self._times(self.w.linear(act, [p + n.down + ".weight"], None), down_scale)
 
     def _activation(self, x: str) -> str:
         g, kind = self.g, self.cfg.activation

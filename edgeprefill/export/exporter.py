@@ -162,7 +162,8 @@ def _manifest(
     cfg: ModelConfig, g: GraphBuilder, options: ExportOptions, chunks: list[int],
     max_context: int, hf_dir: Path, out_dir: Path, tokenizer_files: list[str],
 ) -> Manifest:
-    layers = [kv_names(i) for i in attention_layers(cfg.num_layers, cfg.state_layers)]
+    layers = [kv_names(i) for i in attention_layers(cfg.num_layers, cfg.state_layers,
+                                                    cfg.kv_state_layers)]
     states = [state_names(i, kind) for i in cfg.state_layers for kind in cfg.state_kinds(i)]
     tok_config = optional_json_object(hf_dir / "tokenizer_config.json", ExportError)
     gen_config = optional_json_object(hf_dir / "generation_config.json", ExportError)
@@ -188,7 +189,7 @@ def _manifest(
             family=cfg.family, num_layers=cfg.num_layers, num_heads=cfg.num_heads,
             num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
             hidden_size=cfg.hidden_size, vocab_size=cfg.vocab_size,
-            state_layers=list(cfg.state_layers),
+            state_layers=list(cfg.state_layers), kv_state_layers=list(cfg.kv_state_layers),
         ),
         graph=graph,
         tokenizer=TokenizerInfo(

@@ -55,7 +55,8 @@ NORMS = ("rms", "rms_plus_one", "layer", "layer_no_bias", "layer_plus_one")
 #   post       x += n2(attn(x)); x += n4(mlp(x))                         (OLMo 2)
 #   parallel   x += attn(n1(x)) + mlp(n2(x))                             (GPT-NeoX)
 #   shared     x += attn(n1(x)) + mlp(n1(x))                             (Phi, parallel StableLM)
-BLOCKS = ("pre", "sandwich", "post", "parallel", "shared")
+#   hybrid     x += attn(n1(x)) + mamba(n1(x)); x += mlp(n2(x))          (Falcon-H1)
+BLOCKS = ("pre", "sandwich", "post", "parallel", "shared", "hybrid")
 
 
 @dataclass(frozen=True)
@@ -366,6 +367,23 @@ def _nemotron_h_unsupported(raw: dict[str, Any]) -> str | None:
         return (f"mixture-of-experts blocks are not supported (layer_types marks {len(moe)} "
                 f"of {len(raw['layer_types'])} as moe); only the dense Nemotron-H models")
     return None
+
+
+def _falcon_h1_config(raw: dict[str, Any]) -> dict[str, Any]:
+    """FalconH1Config: every layer is attention and Mamba-2 side by side (export reads
+    them as mamba layers that keep KV); the mixer is mamba_d_ssm wide (mamba_expand x
+    hidden where null), its out_proj biased by `projectors_bias`, its gated RMSNorm only
+    with `mamba_rms_norm` (norm before the gate by `mamba_norm_before_gate`); the logits
+    times lm_head_multiplier."""
+    heads = int(raw["mamba_n_heads"])
+    inner = raw.get("mamba_d_ssm") or int(raw["mamba_expand"]) * int(raw["hidden_size"])
+    head_dim = raw["mamba_d_head"]
+    norm = None if not raw["mamba_rms_norm"] else \
+        "norm_first" if raw["mamba_norm_before_gate"] else "gate_first"
+    return {**raw, "layer_types": ["mamba"] * int(raw["num_hidden_layers"]),
+            "mamba_d_head": int(inner) // heads if head_dim == "auto" else head_dim,
+            "mamba_out_bias": raw["projectors_bias"], "mamba_norm": norm,
+            "logit_scale": raw["lm_head_multiplier"]}
 
 
 def _lfm2_config(raw: dict[str, Any]) -> dict[str, Any]:
@@ -834,6 +852,23 @@ FAMILIES: dict[str, FamilySpec] = {
                   "mamba_proj_bias": False},
         quirks=("embedding, attention and residual multipliers", "logits scaling",
                 "fused gate_up weights"),
+    ),
+    # Falcon-H1: attention and a Mamba-2 mixer side by side on each layer's input norm
+    # (each keeps KV and states), muP multipliers on both and on the MLP.
+    "falcon_h1": FamilySpec(
+        names=replace(LLAMA_NAMES, final_norm="model.final_layernorm",
+                      gate="feed_forward.gate_proj", up="feed_forward.up_proj",
+                      down="feed_forward.down_proj", post_attn_norm="pre_ff_layernorm"),
+        block="hybrid", bias_key="attention_bias", o_bias=None, embed_scale="multiplier",
+        mamba=True, legacy=_falcon_h1_config, unsupported=("mlp_bias",),
+        defaults={"num_key_value_heads": 8, "max_position_embeddings": 8192,
+                  "rms_norm_eps": 1e-5, "mamba_d_ssm": 1024, "mamba_n_heads": 128,
+                  "mamba_d_head": "auto", "mamba_n_groups": 1, "mamba_d_state": 256,
+                  "mamba_d_conv": 4, "mamba_expand": 2, "mamba_conv_bias": True,
+                  "mamba_proj_bias": False, "mamba_norm_before_gate": True,
+                  "mamba_rms_norm": False, "projectors_bias": False,
+                  "lm_head_multiplier": 1.0, "embedding_multiplier": 1.0},
+        quirks=("attention and Mamba-2 side by side in every layer", "muP multipliers"),
     ),
     # Nemotron-H (Nemotron Nano 9B v2, Nemotron-H 4B/8B): blocks of one Mamba-2 mixer,
     # attention (without rotary) or ReLU-squared MLP each, read as pre-norm layers of a mixer

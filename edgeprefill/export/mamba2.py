@@ -70,7 +70,8 @@ class Mamba2:
         g, m, pre = self.g, self.m, p + self.cfg.spec.names.mamba
         self._check_shapes(pre)
         bias = pre + "in_proj.bias" if m.proj_bias else None
-        projected = self.tokens.spread(self.w.linear(h, [pre + "in_proj.weight"], bias))
+        projected = self.tokens.spread(self._scaled(
+            self.w.linear(self._input(h), [pre + "in_proj.weight"], bias)))
         z, xbc, dt = g.op("Split", [projected, g.const([m.inner, m.conv_dim, m.heads])], 3,
                           axis=-1)
         conv_state = state_names(layer, CONV)
@@ -83,8 +84,27 @@ class Mamba2:
         y = self._recurrence(pre, layer, self._float(xbc), self._float(dt))
         y = self._gated_norm(pre, y, z)  # [B, C, inner]
         y = rows(self.tokens.gather(y, m.inner))
-        bias = pre + "out_proj.bias" if m.proj_bias else None
+        bias = pre + "out_proj.bias" if m.out_bias else None
         return self.w.linear(y, [pre + "out_proj.weight"], bias)
+
+    def _input(self, h: str) -> str:
+        """The mixer's input times Falcon-H1's ssm_in_multiplier."""
+        scales = self.cfg.scales
+        if scales is None or scales.ssm_in == 1.0:
+            return h
+        return self.g.op("Mul", [h, self.g.const(scales.ssm_in, self.w.dtype)])
+
+    def _scaled(self, projected: str) -> str:
+        """in_proj's output times Falcon-H1's muP vector: one multiplier each for z, x, B,
+        C and dt (transformers' compute_mup_vector)."""
+        scales, m = self.cfg.scales, self.m
+        if scales is None or scales.ssm == (1.0,) * 5:
+            return projected
+        group = m.groups * m.state_size
+        sizes = (m.inner, m.inner, group, group, m.heads)
+        vector = np.concatenate([np.full(n, f, np.float32) for n, f in zip(sizes, scales.ssm,
+                                                                            strict=True)])
+        return self.g.op("Mul", [projected, self.g.const(vector, self.w.dtype)])
 
     def _recurrence(self, pre: str, layer: int, xbc: str, dt: str) -> str:
         """[B, C, inner] float32: the SSM over the chunk's tokens from the layer's
@@ -147,18 +167,24 @@ class Mamba2:
         return body.to_graph(prefix + "step")
 
     def _gated_norm(self, pre: str, y: str, z: str) -> str:
-        """GraniteMoeHybridRMSNormGated (norm_before_gate=False): y * silu(z), RMS-normed per
-        group of inner / groups channels in float32, times the weight; [B, C, inner] in the
-        model's dtype."""
+        """The gated RMSNorm (MambaShape.norm) in float32: the gate y * silu(z) before or
+        after an RMS norm per group of inner / groups channels times the weight, or the gate
+        alone; [B, C, inner] in the model's dtype."""
         g, m = self.g, self.m
-        gated = g.op("Mul", [y, self._silu(self._float(z))])
-        grouped = g.op("Reshape", [gated, g.const([0, 0, m.groups, m.inner // m.groups])])
+        gate = self._silu(self._float(z))
+        if m.norm is None:
+            return self._cast(g.op("Mul", [y, gate]), self.w.dtype)
+        if m.norm == "gate_first":
+            y = g.op("Mul", [y, gate])
+        grouped = g.op("Reshape", [y, g.const([0, 0, m.groups, m.inner // m.groups])])
         mean = g.op("ReduceMean", [g.op("Mul", [grouped, grouped]), g.const([-1])], keepdims=1)
         inverse = g.op("Reciprocal", [g.op("Sqrt", [
             g.op("Add", [mean, g.const(self.cfg.norm_eps, np.float32)])])])
         normed = g.op("Reshape", [g.op("Mul", [grouped, inverse]), g.const([0, 0, m.inner])])
-        return self._cast(g.op("Mul", [normed, self._f32(pre + "norm.weight", (m.inner,))]),
-                          self.w.dtype)
+        y = g.op("Mul", [normed, self._f32(pre + "norm.weight", (m.inner,))])
+        if m.norm == "norm_first":
+            y = g.op("Mul", [y, gate])
+        return self._cast(y, self.w.dtype)
 
     def _f32(self, name: str, shape: tuple[int, ...]) -> str:
         """A checkpoint tensor kept in float32 (the SSM's parameters are used so)."""
@@ -183,7 +209,8 @@ class Mamba2:
         for name, shape in ((pre + "in_proj.weight", (m.inner + m.conv_dim + m.heads, hidden)),
                             (pre + "conv1d.weight", (m.conv_dim, 1, m.conv_kernel)),
                             (pre + "A_log", (m.heads,)), (pre + "D", (m.heads,)),
-                            (pre + "dt_bias", (m.heads,)), (pre + "norm.weight", (m.inner,)),
+                            (pre + "dt_bias", (m.heads,)),
+                            *(((pre + "norm.weight", (m.inner,)),) if m.norm else ()),
                             (pre + "out_proj.weight", (hidden, m.inner))):
             if self.w.shape(name) != shape:
                 raise ExportError(

@@ -81,6 +81,11 @@ class MambaShape:
     proj_bias: bool
     dt_min: float = 0.0
     dt_max: float = float("inf")
+    out_bias: bool = False  # out_proj's bias (proj_bias is in_proj's)
+    # The gated RMSNorm of y and z: "gate_first" rmsnorm(y * silu(z)) (Granite 4.0-H,
+    # Nemotron-H), "norm_first" rmsnorm(y) * silu(z), or None: y * silu(z) alone (Falcon-H1
+    # without mamba_rms_norm).
+    norm: str | None = "gate_first"
 
     @property
     def inner(self) -> int:
@@ -91,6 +96,19 @@ class MambaShape:
     def conv_dim(self) -> int:
         """Channels of the convolution: x, B and C side by side."""
         return self.inner + 2 * self.groups * self.state_size
+
+
+@dataclass(frozen=True)
+class HybridScales:
+    """Falcon-H1's muP multipliers of its parallel attention and Mamba-2 and its MLP."""
+
+    attention_in: float = 1.0  # the attention's input
+    attention_out: float = 1.0  # its output
+    key: float = 1.0  # k after its projection
+    ssm_in: float = 1.0  # the mixer's input
+    ssm_out: float = 1.0  # its output
+    ssm: tuple[float, ...] = (1.0,) * 5  # its in_proj's z, x, B, C and dt sections
+    mlp: tuple[float, float] = (1.0, 1.0)  # the MLP's gate and output
 
 
 @dataclass(frozen=True)
@@ -142,6 +160,8 @@ class ModelConfig:
     # checkpoint's block tensors read under the layers' names (export/layer_groups.py).
     mlp_less: tuple[int, ...] = ()
     renames: tuple[tuple[str, str], ...] = ()
+    # Falcon-H1 (block "hybrid"): its multipliers.
+    scales: HybridScales | None = None
     # Qwen3.5 (Qwen3-Next's attention): q_proj gives each head's query and an output gate;
     # attention's output times sigmoid(gate) goes to o_proj.
     attn_gate: bool = False
@@ -163,7 +183,7 @@ class ModelConfig:
             raise ExportError(f"unknown block layout {self.block!r}")
         if self.conv_layers and self.conv_kernel < 2:
             raise ExportError(f"conv_L_cache must be at least 2, got {self.conv_kernel}")
-        if len(self.state_layers) == self.num_layers:
+        if len(self.state_layers) == self.num_layers and not self.kv_state_layers:
             raise ExportError("layer_types has no full_attention layer; export needs at "
                               "least one")
         delta = self.delta
@@ -186,6 +206,11 @@ class ModelConfig:
     def state_layers(self) -> tuple[int, ...]:
         """The layers without KV, carrying a recurrent state instead."""
         return tuple(sorted((*self.conv_layers, *self.delta_layers, *self.mamba_layers)))
+
+    @property
+    def kv_state_layers(self) -> tuple[int, ...]:
+        """The state layers that keep KV too: Falcon-H1's, attention beside Mamba-2."""
+        return self.mamba_layers if self.block == "hybrid" else ()
 
     def state_kinds(self, layer: int) -> tuple[str, ...]:
         """The recurrent states a state layer carries (contract.STATE_KINDS), in order."""
@@ -317,6 +342,7 @@ def _read(family: str, spec: FamilySpec, raw: dict[str, Any]) -> ModelConfig:
         **_conv(raw, spec),
         **_delta(raw, spec),
         **_mamba(raw, spec),
+        scales=_hybrid_scales(raw) if spec.block == "hybrid" else None,
         mlp_less=groups.mlp_less if groups is not None else (),
         renames=groups.renames if groups is not None else (),
         attn_gate=spec.attn_gate,
@@ -355,12 +381,32 @@ def _mamba(raw: dict[str, Any], spec: FamilySpec) -> dict[str, Any]:
     if head_dim == "auto":
         head_dim = int(raw["mamba_expand"]) * int(raw["hidden_size"]) // heads
     limit = raw.get("time_step_limit") or (0.0, float("inf"))
+    proj_bias = bool(raw["mamba_proj_bias"])
     shape = MambaShape(
         heads=heads, head_dim=int(head_dim), groups=int(raw["mamba_n_groups"]),
         state_size=int(raw["mamba_d_state"]), conv_kernel=int(raw["mamba_d_conv"]),
-        conv_bias=bool(raw["mamba_conv_bias"]), proj_bias=bool(raw["mamba_proj_bias"]),
-        dt_min=_json_float(limit[0]), dt_max=_json_float(limit[1]))
+        conv_bias=bool(raw["mamba_conv_bias"]), proj_bias=proj_bias,
+        dt_min=_json_float(limit[0]), dt_max=_json_float(limit[1]),
+        out_bias=bool(raw.get("mamba_out_bias", proj_bias)),
+        norm=raw.get("mamba_norm", "gate_first"))
     return {"mamba_layers": layers, "mamba": shape}
+
+
+def _hybrid_scales(raw: dict[str, Any]) -> HybridScales:
+    """FalconH1Config's multipliers (1 where absent or null)."""
+    def scale(key: str) -> float:
+        return float(_given(raw.get(key), 1.0))
+
+    ssm = tuple(float(v) for v in raw.get("ssm_multipliers") or (1.0,) * 5)
+    mlp = tuple(float(v) for v in raw.get("mlp_multipliers") or (1.0, 1.0))
+    if len(ssm) != 5 or len(mlp) != 2:
+        raise ExportError(f"ssm_multipliers must hold 5 values and mlp_multipliers 2, got "
+                          f"{len(ssm)} and {len(mlp)}")
+    return HybridScales(
+        attention_in=scale("attention_in_multiplier"),
+        attention_out=scale("attention_out_multiplier"), key=scale("key_multiplier"),
+        ssm_in=scale("ssm_in_multiplier"), ssm_out=scale("ssm_out_multiplier"), ssm=ssm,
+        mlp=(mlp[0], mlp[1]))
 
 
 def _json_float(value: Any) -> float:
