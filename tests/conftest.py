@@ -191,6 +191,16 @@ FAMILIES: dict[str, dict] = {
                                          "full_attention", "mlp", "linear_attention", "mlp"],
                    "head_dim": 16, "mamba_num_heads": 8, "mamba_head_dim": 16, "n_groups": 2,
                    "ssm_state_size": 16, "conv_kernel": 4, "chunk_size": 16, "use_bias": True},
+    # Falcon-H1: attention and Mamba-2 side by side in each layer (KV and both states),
+    # every muP multiplier away from 1, the mixer's gated RMSNorm (gate first), 8 heads of
+    # 16 in 2 groups
+    "falcon_h1": {"head_dim": 16, "mamba_d_ssm": 128, "mamba_n_heads": 8, "mamba_n_groups": 2,
+                  "mamba_d_state": 16, "mamba_d_conv": 4, "mamba_chunk_size": 16,
+                  "mamba_rms_norm": True, "mamba_norm_before_gate": False,
+                  "attention_in_multiplier": 0.7, "attention_out_multiplier": 0.9,
+                  "key_multiplier": 1.3, "ssm_in_multiplier": 0.8, "ssm_out_multiplier": 1.1,
+                  "ssm_multipliers": [0.5, 1.5, 0.8, 1.2, 0.9], "mlp_multipliers": [1.2, 0.8],
+                  "embedding_multiplier": 2.0, "lm_head_multiplier": 0.5},
     # LayerNorm1P, ReLU-squared MLP, rotary on half of each head (head_dim 32: rotary 16)
     "nemotron": {"head_dim": 32},
     # layer 0 slides with rotary, layer 1 is global without
@@ -207,7 +217,7 @@ FAST_FAMILIES = ("llama", "mistral", "qwen2", "gemma2", "gemma3_text", "gemma3",
                  "qwen3_vl", "phi3", "smollm3", "granite", "olmo2", "olmo3", "exaone4",
                  "hunyuan_v1_dense", "glm4", "starcoder2", "phi", "gpt_neox", "ministral3",
                  "mistral3", "lfm2", "gpt2", "gpt_bigcode", "qwen3_5_text", "qwen3_5",
-                 "granitemoehybrid-mamba", "nemotron_h")
+                 "granitemoehybrid-mamba", "nemotron_h", "falcon_h1")
 
 
 def write_tokenizer(path: Path, vocab: int = VOCAB, top_words: Sequence[str] = (),
