@@ -386,6 +386,18 @@ def _falcon_h1_config(raw: dict[str, Any]) -> dict[str, Any]:
             "logit_scale": raw["lm_head_multiplier"]}
 
 
+def _bamba_config(raw: dict[str, Any]) -> dict[str, Any]:
+    """BambaConfig: the layers in `attn_layer_indices` attend, the others are Mamba-2; its
+    rotary covers half of each head whatever the config says (hard-coded there)."""
+    attends = raw.get("attn_layer_indices") or ()
+    raw = {**raw, "layer_types": ["full_attention" if i in attends else "mamba"
+                                  for i in range(int(raw["num_hidden_layers"]))],
+           "partial_rotary_factor": 0.5}
+    if isinstance(raw.get("rope_parameters"), dict):
+        raw["rope_parameters"] = {**raw["rope_parameters"], "partial_rotary_factor": 0.5}
+    return raw
+
+
 def _lfm2_config(raw: dict[str, Any]) -> dict[str, Any]:
     """Lfm2Config: `tie_embedding` and `block_ff_dim` are older names that win; without
     `layer_types`, the layers in `full_attn_idxs` attend (every layer when it is absent)
@@ -565,6 +577,15 @@ EXAONE_NAMES = TensorNames(
     v="attn.attention.v_proj", o="attn.attention.out_proj", gate="mlp.c_fc_0",
     up="mlp.c_fc_1", down="mlp.c_proj", input_norm="ln_1", post_attn_norm="ln_2",
 )
+# GraniteMoeHybridConfig's Mamba-2 keys and their defaults (BambaConfig's and
+# FalconH1Config's too).
+MAMBA_DEFAULTS = {"mamba_n_heads": 128, "mamba_n_groups": 1, "mamba_d_state": 256,
+                  "mamba_d_head": "auto", "mamba_d_conv": 4, "mamba_expand": 2,
+                  "mamba_conv_bias": True, "mamba_proj_bias": False}
+# Bamba's and Falcon-H1's names: the MLP is `feed_forward`, its norm `pre_ff_layernorm`.
+HYBRID_NAMES = replace(LLAMA_NAMES, final_norm="model.final_layernorm",
+                       gate="feed_forward.gate_proj", up="feed_forward.up_proj",
+                       down="feed_forward.down_proj", post_attn_norm="pre_ff_layernorm")
 # Liquid's LFM2: gated short convolutions between attention layers (export/short_conv.py).
 LFM2 = FamilySpec(
     names=replace(LLAMA_NAMES, final_norm="model.embedding_norm", o="self_attn.out_proj",
@@ -846,26 +867,26 @@ FAMILIES: dict[str, FamilySpec] = {
         **ATTENTION_BIAS, embed_scale="multiplier", legacy=_granite4_layers,
         refuse=_granite4_unsupported, mamba=True,
         defaults={"attention_multiplier": 1.0, "num_local_experts": 8,
-                  "shared_intermediate_size": 1024, "mamba_n_heads": 128,
-                  "mamba_n_groups": 1, "mamba_d_state": 256, "mamba_d_head": "auto",
-                  "mamba_d_conv": 4, "mamba_expand": 2, "mamba_conv_bias": True,
-                  "mamba_proj_bias": False},
+                  "shared_intermediate_size": 1024, **MAMBA_DEFAULTS},
         quirks=("embedding, attention and residual multipliers", "logits scaling",
                 "fused gate_up weights"),
+    ),
+    # Bamba: Mamba-2 layers, and attention ones (rotary on half of each head) where
+    # attn_layer_indices says, each followed by a gated MLP.
+    "bamba": FamilySpec(
+        names=HYBRID_NAMES, bias_key="attention_bias", o_bias=None, partial_rotary=True,
+        mamba=True, legacy=_bamba_config, unsupported=("mlp_bias",),
+        defaults={"num_key_value_heads": 8, "max_position_embeddings": 262144,
+                  "rms_norm_eps": 1e-5, **MAMBA_DEFAULTS},
     ),
     # Falcon-H1: attention and a Mamba-2 mixer side by side on each layer's input norm
     # (each keeps KV and states), muP multipliers on both and on the MLP.
     "falcon_h1": FamilySpec(
-        names=replace(LLAMA_NAMES, final_norm="model.final_layernorm",
-                      gate="feed_forward.gate_proj", up="feed_forward.up_proj",
-                      down="feed_forward.down_proj", post_attn_norm="pre_ff_layernorm"),
-        block="hybrid", bias_key="attention_bias", o_bias=None, embed_scale="multiplier",
-        mamba=True, legacy=_falcon_h1_config, unsupported=("mlp_bias",),
+        names=HYBRID_NAMES, block="hybrid", bias_key="attention_bias", o_bias=None,
+        embed_scale="multiplier", mamba=True, legacy=_falcon_h1_config, unsupported=("mlp_bias",),
         defaults={"num_key_value_heads": 8, "max_position_embeddings": 8192,
-                  "rms_norm_eps": 1e-5, "mamba_d_ssm": 1024, "mamba_n_heads": 128,
-                  "mamba_d_head": "auto", "mamba_n_groups": 1, "mamba_d_state": 256,
-                  "mamba_d_conv": 4, "mamba_expand": 2, "mamba_conv_bias": True,
-                  "mamba_proj_bias": False, "mamba_norm_before_gate": True,
+                  "rms_norm_eps": 1e-5, **MAMBA_DEFAULTS, "mamba_d_ssm": 1024,
+                  "mamba_norm_before_gate": True,
                   "mamba_rms_norm": False, "projectors_bias": False,
                   "lm_head_multiplier": 1.0, "embedding_multiplier": 1.0},
         quirks=("attention and Mamba-2 side by side in every layer", "muP multipliers"),
