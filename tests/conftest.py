@@ -191,6 +191,11 @@ FAMILIES: dict[str, dict] = {
                                          "full_attention", "mlp", "linear_attention", "mlp"],
                    "head_dim": 16, "mamba_num_heads": 8, "mamba_head_dim": 16, "n_groups": 2,
                    "ssm_state_size": 16, "conv_kernel": 4, "chunk_size": 16, "use_bias": True},
+    # Bamba: Mamba-2 layers around an attention layer (rotary on half of head_dim 32, q/k/v/o
+    # biases), 8 heads in 2 groups
+    "bamba": {"num_hidden_layers": 3, "attn_layer_indices": [1], "head_dim": 32,
+              "attention_bias": True, "mamba_n_heads": 8, "mamba_n_groups": 2,
+              "mamba_d_state": 16, "mamba_d_conv": 4, "mamba_chunk_size": 16},
     # Falcon-H1: attention and Mamba-2 side by side in each layer (KV and both states),
     # every muP multiplier away from 1, the mixer's gated RMSNorm (gate first), 8 heads of
     # 16 in 2 groups
@@ -217,7 +222,7 @@ FAST_FAMILIES = ("llama", "mistral", "qwen2", "gemma2", "gemma3_text", "gemma3",
                  "qwen3_vl", "phi3", "smollm3", "granite", "olmo2", "olmo3", "exaone4",
                  "hunyuan_v1_dense", "glm4", "starcoder2", "phi", "gpt_neox", "ministral3",
                  "mistral3", "lfm2", "gpt2", "gpt_bigcode", "qwen3_5_text", "qwen3_5",
-                 "granitemoehybrid-mamba", "nemotron_h", "falcon_h1")
+                 "granitemoehybrid-mamba", "nemotron_h", "falcon_h1", "bamba")
 
 
 def write_tokenizer(path: Path, vocab: int = VOCAB, top_words: Sequence[str] = (),

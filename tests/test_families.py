@@ -239,10 +239,12 @@ MINIMAL = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=4,
 
 # The keys that make a family's minimal config one export takes (Granite 4: all attention
 # layers and no experts, where its config class defaults to mamba layers and 8 experts;
-# Nemotron-H: no experts, where its config class defaults to a block of them).
+# Nemotron-H: no experts, where its config class defaults to a block of them; Bamba: an
+# attention layer, where its config class makes every layer mamba).
 SUPPORTED = {"granitemoehybrid": {"layer_types": ["attention"] * 4, "num_local_experts": 0},
              "nemotron_h": {"layers_block_type": ["linear_attention", "mlp",
-                                                  "full_attention", "mlp"]}}
+                                                  "full_attention", "mlp"]},
+             "bamba": {"attn_layer_indices": [1]}}
 
 
 def least(family: str) -> dict:
