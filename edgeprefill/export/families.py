@@ -636,6 +636,9 @@ REFUSED_TYPES = {
                    "only the dense ones (qwen3_5, qwen3_5_text)",
 }
 REFUSED_TYPES["qwen3_5_moe_text"] = REFUSED_TYPES["qwen3_5_moe"]
+REFUSED_TYPES["mamba2"] = ("plain Mamba-2 models (every layer mamba, none attending) are "
+                           "not supported; the hybrid ones are: bamba, falcon_h1, "
+                           "granitemoehybrid, nemotron_h")
 
 FAMILIES: dict[str, FamilySpec] = {
     "llama": FamilySpec(**ATTENTION_BIAS, unsupported=("mlp_bias",)),
