@@ -57,6 +57,13 @@ QWEN3_5 = {"num_hidden_layers": 4, "head_dim": 64,
                            "linear_attention"],
            "linear_num_key_heads": 2, "linear_num_value_heads": 4, "linear_key_head_dim": 16,
            "linear_value_head_dim": 8, "linear_conv_kernel_dim": 4, "rms_norm_eps": 1e-3}
+# LFM3 at head_dim 32 (its config class's 128 is not hidden / heads).
+LFM3 = {"num_hidden_layers": 4, "head_dim": 32, "sliding_window": 8, "conv_L_cache": 4,
+        "conv_bias": True, "layer_types": ["conv", "sliding_attention", "full_attention", "conv"],
+        "rope_parameters": {
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+            "full_attention": {"rope_type": "proportional", "rope_theta": 100000.0,
+                               "partial_rotary_factor": 0.5}}}
 # family -> config overrides; each exercises one thing the exporter must get right. The
 # key's first part (before "-") is the model_type. Windows are small so that the test
 # prompts cross them several times.
@@ -174,6 +181,12 @@ FAMILIES: dict[str, dict] = {
     "lfm2_vl": {"model_type": "lfm2", "num_hidden_layers": 4,
                 "layer_types": ["conv", "full_attention", "conv", "full_attention"],
                 "conv_bias": True, "tie_word_embeddings": True},
+    # LFM3: short-conv layers beside a sliding layer (a window the prompts cross) and a
+    # global one, each with its rope (the global one proportional: half of each head's
+    # frequencies rotate), an output gate per head and norms after each sublayer
+    "lfm3": LFM3,
+    # Lfm3VlForConditionalGeneration's LFM3 (a tiny vision tower beside it), tied
+    "lfm3_vl": {**LFM3, "model_type": "lfm3", "tie_word_embeddings": True},
     "phi": {"num_attention_heads": 2, "num_key_value_heads": 2, "partial_rotary_factor": 0.5},
     "stablelm": {"num_attention_heads": 2, "num_key_value_heads": 2,
                  "partial_rotary_factor": 0.5, "use_qkv_bias": True},
@@ -221,7 +234,7 @@ FAMILIES: dict[str, dict] = {
 FAST_FAMILIES = ("llama", "mistral", "qwen2", "gemma2", "gemma3_text", "gemma3", "qwen2_5_vl",
                  "qwen3_vl", "phi3", "smollm3", "granite", "olmo2", "olmo3", "exaone4",
                  "hunyuan_v1_dense", "glm4", "starcoder2", "phi", "gpt_neox", "ministral3",
-                 "mistral3", "lfm2", "gpt2", "gpt_bigcode", "qwen3_5_text", "qwen3_5",
+                 "mistral3", "lfm2", "lfm3", "gpt2", "gpt_bigcode", "qwen3_5_text", "qwen3_5",
                  "granitemoehybrid-mamba", "nemotron_h", "falcon_h1", "bamba")
 
 
@@ -344,6 +357,10 @@ IMAGE_TEXT = {
     "gemma3": {"vision_config": TINY_VISION, "mm_tokens_per_image": 4},
     "mistral3": {"vision_config": {**TINY_VISION, "head_dim": 8}},
     "lfm2_vl": {"vision_config": {**TINY_VISION, "num_patches": 16}, "projector_hidden_size": 32},
+    "lfm3_vl": {"vision_config": {"hidden_size": 16, "intermediate_size": 32,
+                                  "num_hidden_layers": 2, "num_attention_heads": 2,
+                                  "num_key_value_heads": 2, "patch_size": 14},
+                "projector_hidden_size": 32},
     "qwen2_vl": {"vision_config": {"depth": 1, "embed_dim": 16, "hidden_size": 64,
                                    "num_heads": 2, "mlp_ratio": 2, "patch_size": 14}},
     "qwen2_5_vl": {"vision_config": {

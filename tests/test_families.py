@@ -302,7 +302,11 @@ def test_keys_a_config_leaves_out_take_transformers_defaults(family):
         assert ours.ropes[GLOBAL].theta == pytest.approx(hf_theta(hf))
         partial = (hf.rope_parameters.get("full_attention") or hf.rope_parameters).get(
             "partial_rotary_factor", 1.0)
-        assert ours.ropes[GLOBAL].rotary_dim == int(head_dim * partial)
+        rope = ours.ropes[GLOBAL]
+        if rope.kind == "proportional":  # LFM3: all of head_dim, the rest not rotating
+            assert (rope.rotary_dim, rope.proportion) == (head_dim, partial)
+        else:
+            assert rope.rotary_dim == int(head_dim * partial)
     assert ours.final_softcap == getattr(hf, "final_logit_softcapping", None)
     assert ours.max_positions == hf.max_position_embeddings
     if family == "gemma2":

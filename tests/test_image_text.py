@@ -88,7 +88,7 @@ def test_transformers_5_layout_exports_as_the_hub_layout(tmp_path, family):
                                reference_logits(hf_dir, ids)[-1], rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("family", ("gemma3", "mistral3", "lfm2_vl"))
+@pytest.mark.parametrize("family", ("gemma3", "mistral3", "lfm2_vl", "lfm3_vl"))
 def test_the_vision_tower_is_left_out_in_one_line(tmp_path, caplog, family):
     hf_dir = build_hf_model(family, tmp_path / "hf")
     with caplog.at_level(logging.WARNING, logger="edgeprefill"):

@@ -76,6 +76,49 @@ def test_merged_graph_computes_the_same_bits(int4_bundle, library, monkeypatch):
         np.testing.assert_array_equal(b, a)
 
 
+def test_a_hybrid_int4_bundle_loads_merged_and_computes_the_same_bits(
+        hf_model, tmp_path, library, monkeypatch):
+    """Qwen3.5's first DeltaNet layer makes int64 token indices that later layers read: a
+    value the merged If hands on that is not float (declared float, the load failed)."""
+    export(hf_model("qwen3_5_text"), tmp_path / "b", ExportOptions(
+        chunks=(16,), max_context=CONTEXT, show_progress=False, quant=QuantConfig("int4")))
+    plain = load(tmp_path / "b", monkeypatch, merge=False)
+    merged = load(tmp_path / "b", monkeypatch, merge=True)
+    assert merged.switches.merged >= 2 * load_manifest(tmp_path / "b").model.num_layers
+    for a, b in zip(steps(plain), steps(merged), strict=True):
+        np.testing.assert_array_equal(b, a)
+
+
+def test_an_int4_model_whose_last_layer_convolves_merges_and_computes_the_same_bits(
+        hf_model, tmp_path, library, monkeypatch):
+    """LFM3's fixture (LFM2's and LFM3's released layouts too) ends with a conv layer,
+    whose state indices (int64, from valid_lens) are made between the switches and read
+    after the last one: they run before the If, which would otherwise declare them float
+    and fail to load."""
+    out = tmp_path / "b"
+    export(hf_model("lfm3"), out, ExportOptions(
+        chunks=(16, 64), max_context=CONTEXT, show_progress=False, quant=QuantConfig("int4")))
+    plain, merged = load(out, monkeypatch, merge=False), load(out, monkeypatch, merge=True)
+    assert merged.switches.merged >= 2
+    for a, b in zip(steps(plain), steps(merged), strict=True):
+        np.testing.assert_array_equal(b, a)
+
+
+def test_nodes_that_read_no_switch_run_before_the_if():
+    made = helper.make_node("Cast", ["lens"], ["lens64"], to=TensorProto.INT64)
+    read = helper.make_node("Add", ["lens64", "lens64"], ["late"])
+    nodes = [*switch("a"), made, helper.make_node("Identity", ["a.out"], ["b.in"]),
+             *switch("b"), read]
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("lens", TensorProto.INT32, [1])],
+        [helper.make_tensor_value_info(n, t, None) for n, t in (
+            ("b.out", TensorProto.FLOAT), ("late", TensorProto.INT64))])
+    model = helper.make_model(graph)
+    assert merge_switches(model) == Switches(2)
+    assert [n.op_type for n in model.graph.node] == ["Cast", "If", "Add"]
+    assert list(model.graph.node[1].output) == ["b.out"]
+
+
 def test_stats_say_the_switches_were_merged(int4_bundle, library, monkeypatch):
     from edgeprefill.cli.report import backend_line
 

@@ -119,7 +119,7 @@ class DecoderBuilder:
 
     @property
     def names(self) -> TensorNames:
-        return self.cfg.spec.names
+        return self.cfg.names
 
     def _declare_kv_io(self) -> None:
         cfg = self.cfg
@@ -228,11 +228,29 @@ class DecoderBuilder:
         past = (names.past_key, names.past_value)
         present = (names.present_key, names.present_value)
         attn = self.flavor.attention(self.g, q, k, v, past, present, step, layer)
-        attn = rows(self.tokens.gather(attn, cfg.num_heads * cfg.head_dim))
+        attn = self.tokens.gather(attn, cfg.num_heads * cfg.head_dim)
+        if cfg.head_gate:
+            attn = self._head_gated(p, h, attn)
+        attn = rows(attn)
         if gate is not None:  # Qwen3.5: the attention's output times sigmoid(gate)
             attn = self.g.op("Mul", [attn, self.g.op("Sigmoid", [rows(gate)])])
         o_bias = p + n.o + ".bias" if cfg.o_bias else None
         return self.w.linear(attn, [p + n.o + ".weight"], o_bias)
+
+    def _head_gated(self, p: str, h: str, attn: str) -> str:
+        """LFM3: attention's output [B,C,H*D] (or packed [1,T,H*D]), each head's D values
+        times sigmoid of that head's gate, g_proj of the layer's normed input `h`."""
+        g, cfg = self.g, self.cfg
+        name = self.w.resolve(tuple(p + gate + ".weight" for gate in self.names.head_gate))
+        if self.w.shape(name) != (cfg.num_heads, cfg.hidden_size):
+            raise ExportError(
+                f"{name} has shape {self.w.shape(name)}, but config.json implies "
+                f"{(cfg.num_heads, cfg.hidden_size)} ({cfg.num_heads} heads, hidden "
+                f"{cfg.hidden_size})")
+        gate = g.op("Sigmoid", [self.w.linear(h, [name], None)])  # [B,C,H]
+        heads = g.op("Reshape", [attn, g.const([0, 0, cfg.num_heads, cfg.head_dim])])
+        gated = g.op("Mul", [heads, g.op("Unsqueeze", [gate, g.const([-1])])])
+        return g.op("Reshape", [gated, g.const([0, 0, cfg.num_heads * cfg.head_dim])])
 
     def _qkv(self, p: str, h: str) -> list[str | None]:
         """One packed projection for q, k and v (and the output gate where the family has

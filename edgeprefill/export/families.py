@@ -41,6 +41,9 @@ class TensorNames:
     post_attn_norm: str = "post_attention_layernorm"
     pre_mlp_norm: str = "pre_feedforward_layernorm"
     post_mlp_norm: str = "post_feedforward_layernorm"
+    # LFM3's output gate per head (hidden -> heads), which the Hub's checkpoints call
+    # gate_proj and transformers renames g_proj when it loads them
+    head_gate: tuple[str, ...] = ("self_attn.g_proj", "self_attn.gate_proj")
     mamba: str = "mamba."  # a Mamba-2 layer's mixer module (in_proj, conv1d, norm, ...)
 
 
@@ -99,6 +102,10 @@ class FamilySpec:
     # Quirks worth naming to a user (README, manifest, `inspect`).
     quirks: tuple[str, ...] = ()
     block_from_config: Callable[[dict[str, Any]], str] | None = None
+    # The tensor names where block_from_config picks a block whose norms the checkpoint
+    # names otherwise (LFM3 without sandwich norms: the MLP's norm is ffn_norm, which the
+    # "pre" block reads as post_attn_norm); other blocks use `names`.
+    block_names: Mapping[str, TensorNames] = field(default_factory=dict)
     # transformers' own defaults for the keys config.json may leave out (the config
     # class's, where they differ from the reader's generic ones), and its rewrites of
     # legacy values: a hand-written or old config reads as transformers reads it.
@@ -142,6 +149,9 @@ class FamilySpec:
     # Whether q_proj gives each head's query and an output gate (Qwen3-Next's attention:
     # rows [head, query|gate, dim]; the attention's output times sigmoid(gate)).
     attn_gate: bool = False
+    # The config key that switches on a sigmoid output gate per head, from its own
+    # projection of the layer's input (LFM3's use_attention_gate; names.head_gate).
+    head_gate_key: str | None = None
     # Multimodal checkpoints (Gemma 3): the key whose config is the language model's, and
     # the keys the outer config decides instead, with the outer class's default (None: no
     # default, the inner config's value stands).
@@ -425,6 +435,32 @@ def _lfm2_config(raw: dict[str, Any]) -> dict[str, Any]:
     return raw
 
 
+def _lfm3_config(raw: dict[str, Any]) -> dict[str, Any]:
+    """Lfm3Config: without rope_parameters, the sliding layers take a default rope on
+    10000 and the global ones a proportional rope on 1e6 over half of each head's
+    frequencies; without layer_types, layer 2 of every four attends globally, layer 0 of
+    every four but the first slides and the others convolve. Unlike Lfm2Config it reads
+    none of LFM2's older key names, and its MLP is intermediate_size wide as given."""
+    raw = dict(raw)
+    if raw.get("rope_parameters") is None:
+        raw["rope_parameters"] = {
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
+            "full_attention": {"rope_type": "proportional", "rope_theta": 1_000_000.0,
+                               "partial_rotary_factor": 0.5}}
+    if raw.get("layer_types") is None:
+        raw["layer_types"] = [
+            "full_attention" if i % 4 == 2 else "sliding_attention" if i % 4 == 0 and i > 0
+            else "conv" for i in range(int(raw["num_hidden_layers"]))]
+    return raw
+
+
+def _lfm3_unsupported(raw: dict[str, Any]) -> str | None:
+    # Lfm3Model builds the sliding layers' mask from sliding_window and fails without one.
+    if "sliding_attention" in raw["layer_types"] and raw.get("sliding_window") is None:
+        return "layer_types has sliding_attention layers but sliding_window is null"
+    return None
+
+
 def _qwen3_5_layers(raw: dict[str, Any]) -> dict[str, Any]:
     """Qwen3_5TextConfig: without `layer_types`, every `full_attention_interval`-th layer
     (4th by default) attends and the others are Gated DeltaNet."""
@@ -444,19 +480,31 @@ def _qwen3_5_unsupported(raw: dict[str, Any]) -> str | None:
 
 
 def _lfm2_vl_text(raw: dict[str, Any]) -> dict[str, Any]:
-    """Lfm2VlConfig: the language model is text_config (an LFM2, also where it names no
-    type); the outer config decides the tying, by its `tie_embedding` (the older name,
-    which wins) or `tie_word_embeddings`, true by default, whatever text_config says, and
-    the EOS/BOS ids where it gives them."""
+    """Lfm2VlConfig: its LFM2 language model, tied by the outer `tie_embedding` (the older
+    name, which wins) or `tie_word_embeddings`, true by default (_liquid_vl_text)."""
+    tie = raw.get("tie_embedding", raw.get("tie_word_embeddings", True))
+    return _liquid_vl_text(raw, "lfm2", tie)
+
+
+def _lfm3_vl_text(raw: dict[str, Any]) -> dict[str, Any]:
+    """Lfm3VlConfig: its LFM3 language model, tied by the outer `tie_word_embeddings`,
+    true by default (it has no older name; _liquid_vl_text)."""
+    return _liquid_vl_text(raw, "lfm3", raw.get("tie_word_embeddings", True))
+
+
+def _liquid_vl_text(raw: dict[str, Any], text_type: str, tie: Any) -> dict[str, Any]:
+    """LFM2-VL's and LFM3-VL's config: the language model is text_config (of `text_type`,
+    also where it names no type); the outer config decides the tying (`tie`, whatever
+    text_config says) and the EOS/BOS ids where it gives them."""
     inner = raw["text_config"]  # a KeyError names the missing key
     if not isinstance(inner, dict):
         got = "null" if inner is None else type(inner).__name__
         raise ValueError(f"text_config must be an object, got {got}")
-    if inner.get("model_type", "lfm2") != "lfm2":
+    if inner.get("model_type", text_type) != text_type:
         raise ValueError(f"text_config model_type {inner['model_type']!r} is not supported; "
-                         "supported: lfm2")
+                         f"supported: {text_type}")
     text = {k: v for k, v in inner.items() if k != "tie_embedding"}
-    text["tie_word_embeddings"] = raw.get("tie_embedding", raw.get("tie_word_embeddings", True))
+    text["tie_word_embeddings"] = tie
     for key in ("eos_token_id", "bos_token_id"):
         if raw.get(key) is not None:
             text[key] = raw[key]
@@ -596,6 +644,28 @@ LFM2 = FamilySpec(
     legacy=_lfm2_config,
     defaults={"norm_eps": 1e-5, "rope_theta": 1_000_000.0,
               "max_position_embeddings": 128_000, "conv_L_cache": 3},
+    quirks=("per-head q/k RMSNorm",),
+)
+# Liquid's LFM3: LFM2's layers (as Qwen3's attention: o_proj, q_norm, k_norm) with sliding
+# layers beside the global ones, each kind its own rope; an output gate per head and norms
+# after each sublayer, each switched by the config; an MLP of intermediate_size as given.
+LFM3_NAMES = replace(LLAMA_NAMES, final_norm="model.embedding_norm", gate="feed_forward.w1",
+                     up="feed_forward.w3", down="feed_forward.w2", input_norm="operator_norm",
+                     post_attn_norm="post_operator_norm", pre_mlp_norm="ffn_norm",
+                     post_mlp_norm="post_ffn_norm")
+LFM3 = FamilySpec(
+    **ATTENTION_BIAS, names=LFM3_NAMES, block="sandwich", qk_norm="head", conv=True,
+    window="always", tie_default=True, act_key=None, eps_key="norm_eps",
+    block_from_config=lambda raw: "sandwich" if raw["use_sandwich_norm"] else "pre",
+    block_names={"pre": replace(LFM3_NAMES, post_attn_norm="ffn_norm")},
+    head_gate_key="use_attention_gate", rope_types=("proportional",), legacy=_lfm3_config,
+    refuse=_lfm3_unsupported,
+    # Lfm3Config's defaults (LFM3-1.7B's): head_dim is not hidden_size / heads
+    defaults={"vocab_size": 128_000, "hidden_size": 2048, "intermediate_size": 7680,
+              "num_hidden_layers": 24, "num_attention_heads": 16, "num_key_value_heads": 4,
+              "head_dim": 128, "max_position_embeddings": 128_000, "norm_eps": 1e-5,
+              "rope_theta": 1_000_000.0, "conv_L_cache": 7, "sliding_window": 256,
+              "use_sandwich_norm": True, "use_attention_gate": True},
     quirks=("per-head q/k RMSNorm",),
 )
 # GPT-2's config keys -> the names the reader reads (which win where both are given).
@@ -837,6 +907,17 @@ FAMILIES: dict[str, FamilySpec] = {
         left_out=("model.vision_tower.", "model.multi_modal_projector.", "vision_tower.",
                   "multi_modal_projector."),
         quirks=(*LFM2.quirks, IMAGE_TEXT_QUIRK),
+    ),
+    "lfm3": LFM3,
+    # Lfm3VlForConditionalGeneration (LFM3-VL): its LFM3 language model, stored as LFM2-VL's;
+    # the vision tower and projector left out.
+    "lfm3_vl": replace(
+        LFM3, nested="text_config", unnest=_lfm3_vl_text,
+        renames=(("model.language_model.", "model."), ("language_model.model.", "model."),
+                 ("language_model.lm_head.", "lm_head.")),
+        left_out=("model.vision_tower.", "model.multi_modal_projector.", "vision_tower.",
+                  "multi_modal_projector."),
+        quirks=(*LFM3.quirks, IMAGE_TEXT_QUIRK),
     ),
     "phi": FamilySpec(
         names=PHI_NAMES, norm="layer", block="shared", gated_mlp=False, qkv_bias=True,

@@ -22,7 +22,7 @@ log = logging.getLogger(__name__)
 
 def head_weight(ckpt: Checkpoint, cfg: ModelConfig) -> str:
     """The name of the tensor the bundle's LM head reads."""
-    names = cfg.spec.names
+    names = cfg.names
     heads = tuple(h + ".weight" for h in names.lm_head)
     stored = _first_stored(ckpt, heads)
     if stored is None and cfg.tie_embeddings:
@@ -34,7 +34,7 @@ def head_weight(ckpt: Checkpoint, cfg: ModelConfig) -> str:
 
 def embedding_weight(ckpt: Checkpoint, cfg: ModelConfig) -> str:
     """The name of the tensor the bundle's token embedding reads."""
-    names = cfg.spec.names
+    names = cfg.names
     stored = _first_stored(ckpt, names.embed)
     if stored is None and cfg.tie_embeddings:
         stored = _first_stored(ckpt, tuple(h + ".weight" for h in names.lm_head))
@@ -46,7 +46,7 @@ def embedding_weight(ckpt: Checkpoint, cfg: ModelConfig) -> str:
 def warn_if_kept_apart(ckpt: Checkpoint, cfg: ModelConfig) -> None:
     """transformers' warning, where the config ties but the stored head differs from the
     embedding: the bundle keeps the head apart, as transformers does."""
-    names = cfg.spec.names
+    names = cfg.names
     head = head_weight(ckpt, cfg)
     embedding = _first_stored(ckpt, names.embed)
     if not cfg.tie_embeddings or embedding is None or head == embedding:

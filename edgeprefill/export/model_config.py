@@ -16,7 +16,13 @@ from typing import Any
 from edgeprefill.contract import CONV, RECURRENT
 from edgeprefill.errors import ExportError
 from edgeprefill.export.config_checks import check_model_config
-from edgeprefill.export.families import BLOCKS, FAMILIES, REFUSED_TYPES, FamilySpec
+from edgeprefill.export.families import (
+    BLOCKS,
+    FAMILIES,
+    REFUSED_TYPES,
+    FamilySpec,
+    TensorNames,
+)
 from edgeprefill.export.fp8 import Fp8Scheme, read_fp8_scheme
 from edgeprefill.export.layer_groups import group_blocks
 from edgeprefill.export.query_scale import QueryScale, read_query_scale
@@ -165,6 +171,9 @@ class ModelConfig:
     # Qwen3.5 (Qwen3-Next's attention): q_proj gives each head's query and an output gate;
     # attention's output times sigmoid(gate) goes to o_proj.
     attn_gate: bool = False
+    # LFM3: each head's attention output times sigmoid of its gate, a projection of the
+    # layer's normed input (hidden -> heads; TensorNames.head_gate).
+    head_gate: bool = False
 
     def __post_init__(self) -> None:
         check_model_config(self)
@@ -201,6 +210,11 @@ class ModelConfig:
     @property
     def spec(self) -> FamilySpec:
         return FAMILIES[self.family]
+
+    @property
+    def names(self) -> TensorNames:
+        """The checkpoint's tensor names for the block this config chose."""
+        return self.spec.block_names.get(self.block, self.spec.names)
 
     @property
     def state_layers(self) -> tuple[int, ...]:
@@ -242,7 +256,10 @@ class ModelConfig:
             out.append(f"{len(self.mamba_layers)} of {self.num_layers} layers Mamba-2 "
                        "(a conv and a recurrent state per sequence)")
         out += {"parallel": ["parallel residual (attention and MLP each on its own norm)"],
-                "shared": ["parallel attention and MLP on one norm"]}.get(self.block, [])
+                "shared": ["parallel attention and MLP on one norm"],
+                "sandwich": ["norms before and after attention and MLP"]}.get(self.block, [])
+        if self.head_gate:
+            out.append("a sigmoid output gate per attention head")
         if any(layer.rope == LOCAL for layer in self.layers) and \
                 self.ropes[LOCAL].theta != self.ropes[GLOBAL].theta:
             out.append("local layers with their own rope base")
@@ -346,6 +363,7 @@ def _read(family: str, spec: FamilySpec, raw: dict[str, Any]) -> ModelConfig:
         mlp_less=groups.mlp_less if groups is not None else (),
         renames=groups.renames if groups is not None else (),
         attn_gate=spec.attn_gate,
+        head_gate=bool(raw.get(spec.head_gate_key)) if spec.head_gate_key else False,
     )
 
 

@@ -12,6 +12,9 @@ bundle (see `RopeConfig.for_context` and docs/design.md, "Rotary scaling"):
 - `longrope`: transformers takes `short_factor` while the sequence is at most
   `original_max_position_embeddings` long and `long_factor` beyond; a bundle whose context
   fits the original window uses the short factors, a larger one the long factors.
+- `proportional`: the default rope on the first `partial_rotary_factor` of each head's
+  frequencies and zero frequencies (no rotation) on the rest, over the whole head (LFM3's
+  global layers): unlike a partial rotary, the rotated pairs are (i, i + head_dim / 2).
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ class RopeConfig:
     long_factor: tuple[float, ...] = ()  # longrope
     use_long_factor: bool = False  # longrope: which set this bundle uses (for_context)
     alpha: float = 1.0  # ntk_alpha
+    proportion: float = 1.0  # proportional: the share of frequencies that rotate
 
     def __post_init__(self) -> None:
         if self.kind not in ROPE_TYPES:
@@ -86,6 +90,9 @@ class RopeConfig:
             return f"longrope ({'long' if self.use_long_factor else 'short'} factors)"
         if self.kind == "ntk_alpha":
             return f"NTK alpha {self.alpha:g}"
+        if self.kind == "proportional":
+            scaled = "" if self.factor == 1.0 else f" x{self.factor:g}"
+            return f"proportional ({self.proportion:g} of each head's frequencies){scaled}"
         return self.kind if self.factor == 1.0 else f"{self.kind} x{self.factor:g}"
 
 
@@ -102,6 +109,19 @@ def _ntk_alpha(rope: RopeConfig) -> np.ndarray:
     # HunYuanDenseV1RotaryEmbedding: the base in double precision, then the default rope.
     dim = rope.rotary_dim
     return _default(replace(rope, theta=rope.theta * rope.alpha ** (dim / (dim - 2))))
+
+
+def _proportional(rope: RopeConfig) -> np.ndarray:
+    # transformers' _compute_proportional_rope_parameters: the exponents' denominator is
+    # the whole head (rotary_dim, which is head_dim), the frequencies past the rotated
+    # share are zero (cos 1, sin 0), and all are divided by the factor.
+    half = rope.rotary_dim // 2
+    rotated = int(rope.proportion * rope.rotary_dim // 2)
+    exponents = np.arange(0, 2 * rotated, 2, dtype=np.int64).astype(np.float32) \
+        / np.float32(rope.rotary_dim)
+    inv_freq = np.zeros(half, np.float32)
+    inv_freq[:rotated] = 1.0 / (np.float32(rope.theta) ** exponents)
+    return (inv_freq / np.float32(rope.factor)).astype(np.float32)
 
 
 def _linear(rope: RopeConfig) -> np.ndarray:
@@ -182,6 +202,7 @@ ROPE_TYPES: dict[str, Callable[[RopeConfig], np.ndarray]] = {
     "yarn": _yarn,
     "longrope": _longrope,
     "ntk_alpha": _ntk_alpha,
+    "proportional": _proportional,
 }
 
 
@@ -226,6 +247,8 @@ def rope_from_params(
         short_factor=tuple(float(f) for f in params.get("short_factor") or ()),
         long_factor=tuple(float(f) for f in params.get("long_factor") or ()),
         alpha=float(params.get("alpha") or 1.0),
+        proportion=float(params.get("partial_rotary_factor", 1.0))
+        if kind == "proportional" else 1.0,
     )
 
 

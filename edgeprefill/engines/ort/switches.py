@@ -51,7 +51,7 @@ def merge_switches(model: ModelProto) -> Switches:
     if len(switches) < 2:
         return Switches(0)
     first, last = switches[0], switches[-1]
-    region = nodes[first : last + 1]
+    hoisted, region = _split_region(nodes[first : last + 1])
     heavy = _heavy_initializers(model.graph)
     if any(not _is_switch(n) and _prepacks(n) and set(n.input) & heavy for n in region):
         return Switches(0, "a weight outside the switches would be held twice")
@@ -64,8 +64,25 @@ def merge_switches(model: ModelProto) -> Switches:
         else_branch=_branch(region, outputs, "else_branch", "prefill", model.graph),
     )
     del model.graph.node[:]
-    model.graph.node.extend([*nodes[:first], merged, *nodes[last + 1 :]])
+    model.graph.node.extend([*nodes[:first], *hoisted, merged, *nodes[last + 1 :]])
     return Switches(len(switches))
+
+
+def _split_region(span: list[NodeProto]) -> tuple[list[NodeProto], list[NodeProto]]:
+    """(the nodes of `span` that read nothing a switch makes, directly or through other
+    nodes of it; the rest). The first run before the If, once, and the branches read their
+    values from outside: a conv layer's state indices, int64 values of the step's lengths
+    that a later layer reads, would otherwise be region outputs, which the branches
+    declare float."""
+    switched: set[str] = set()
+    before, region = [], []
+    for node in span:
+        if _is_switch(node) or switched.intersection(_reads(node)):
+            switched.update(o for o in node.output if o)
+            region.append(node)
+        else:
+            before.append(node)
+    return before, region
 
 
 def _prepacks(node: NodeProto) -> bool:
@@ -134,12 +151,13 @@ def _branch(region: list[NodeProto], outputs: list[str], side: str, kind: str,
             body.extend(_inline(node, side, renamed, f"{kind}.{index}"))
         else:
             body.append(_copy(node, renamed, f".{kind}"))
-    # What a layer stack hands on is float (the kernels only run on float32 bundles): the
-    # hidden state, and every present K/V as the graph declares it (uint16 bf16 bits where
-    # the load keeps a bf16 cache: engines/ort/bf16_kv.py).
+    # A graph output keeps the type the graph declares (uint16 bf16 bits where the load keeps
+    # a bf16 cache: engines/ort/bf16_kv.py); any other value is left untyped, for ONNX Runtime
+    # to take from the node that makes it: not all are float (a hybrid's first layer makes
+    # the int64 token indices its later layers read; declared float, the load failed).
     declared = {o.name: o.type.tensor_type.elem_type for o in graph.output}
-    values = [helper.make_tensor_value_info(renamed[o], declared.get(o, TensorProto.FLOAT), None)
-              for o in outputs]
+    values = [helper.make_tensor_value_info(renamed[o], declared[o], None) if o in declared
+              else helper.make_empty_tensor_value_info(renamed[o]) for o in outputs]
     return helper.make_graph(body, f"edgeprefill.switches.{kind}", [], values)
 
 
