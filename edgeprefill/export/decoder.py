@@ -263,9 +263,8 @@ class DecoderBuilder:
         bias = p + (n.qkv or "self_attn.qkv_proj") + ".bias" if cfg.qkv_bias else None
         self._check_qkv_shapes(weights)
         reorder = self._neox_order if cfg.spec.qkv_interleaved else \
-            self._gate_last if cfg.attn_gate else \
-            self._scaled_keys if cfg.scales is not None and cfg.scales.key != 1.0 else None
-        qkv = self.w.linear(h, weights, bias, reorder=reorder)
+            self._gate_last if cfg.attn_gate else None
+        qkv = self._scaled_keys(self.w.linear(h, weights, bias, reorder=reorder))
         if self.flavor.packed_qkv and cfg.spec.qk_norm is None and self.q_scale is None \
                 and not cfg.attn_gate:
             return [qkv, None, None, None]
@@ -318,15 +317,16 @@ class DecoderBuilder:
         rest = rows.shape[1:]
         return rows.reshape(heads, 3, d, *rest).swapaxes(0, 1).reshape(3 * heads * d, *rest)
 
-    def _scaled_keys(self, rows: np.ndarray) -> np.ndarray:
+    def _scaled_keys(self, qkv: str) -> str:
         """Falcon-H1 multiplies k by key_multiplier after its projection (bias included):
-        the k rows of the packed projection times it."""
+        the packed q|k|v times 1|key_multiplier|1. (Folded into k's weights instead, an
+        int4 bundle drifted 0.02 from transformers with the dequantized weights.)"""
         cfg = self.cfg
-        assert cfg.scales is not None
-        start = cfg.num_heads * cfg.head_dim
-        rows = rows.copy()
-        rows[start : start + cfg.num_kv_heads * cfg.head_dim] *= cfg.scales.key
-        return rows
+        if cfg.scales is None or cfg.scales.key == 1.0:
+            return qkv
+        q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+        factors = np.concatenate([np.ones(q), np.full(kv, cfg.scales.key), np.ones(kv)])
+        return self.g.op("Mul", [qkv, self.g.const(factors, self.dtype)])
 
     def _gate_last(self, rows: np.ndarray) -> np.ndarray:
         """Qwen3.5 stores q_proj's rows as [head, query|gate, dim] above k and v; the
