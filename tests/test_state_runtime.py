@@ -1,8 +1,9 @@
 """The runtime of models whose layers carry a recurrent state beside (or instead of) KV:
-LFM2's and LFM3's short convolutions and Qwen3.5's Gated DeltaNet. Whatever the batch,
-the fused rows, the slot moves and the reuse, each sequence's state is its own and the
-text is transformers'. (The families' own graphs are tested in test_lfm2.py, test_lfm3.py
-and test_qwen3_5.py.)"""
+LFM2's and LFM3's short convolutions, Qwen3.5's Gated DeltaNet, Granite 4.0-H's and
+Falcon-H1's Mamba-2. Whatever the batch, the fused rows, the slot moves and the reuse, each
+sequence's state is its own and the text is transformers'. (The families' own graphs are
+tested in test_lfm2.py, test_lfm3.py, test_qwen3_5.py, test_mamba2.py and
+test_falcon_h1.py.)"""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ from edgeprefill.sdk import Engine, GenerationParams
 from tests.conftest import load_hf_model
 from tests.test_exactness import prompt_ids, reference_greedy, reference_logits
 
-FAMILIES = ("lfm2", "lfm3", "qwen3_5_text")
+# Falcon-H1's layers keep KV and states both.
+FAMILIES = ("lfm2", "lfm3", "qwen3_5_text", "granitemoehybrid-mamba", "falcon_h1")
 FLAVORS = ("ort", "standard")
 PARAMS = GenerationParams(max_new_tokens=8, ignore_eos=True)
 

@@ -13,7 +13,7 @@ from edgeprefill.sdk.state_snapshots import snapshot_budget
 from tests.conftest import load_hf_model
 from tests.test_exactness import prompt_ids, reference_greedy
 
-FAMILIES = ("lfm2", "lfm3", "qwen3_5_text")
+FAMILIES = ("lfm2", "lfm3", "qwen3_5_text", "granitemoehybrid-mamba", "falcon_h1")
 PARAMS = GenerationParams(max_new_tokens=8, ignore_eos=True)
 
 pytestmark = pytest.mark.parametrize("family", FAMILIES)
