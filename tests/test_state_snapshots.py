@@ -20,7 +20,11 @@ pytestmark = pytest.mark.parametrize("family", FAMILIES)
 
 
 def _load(bundle, family: str, **options) -> Engine:
-    return Engine.load(bundle(family), threads=2, background=False, **options)
+    """An engine whose slots keep a snapshot at every multiple of 16 these tests reach,
+    whatever the fixture's state size (the budget is tested on its own)."""
+    engine = Engine.load(bundle(family), threads=2, background=False, **options)
+    engine.kv.max_snapshots = 32
+    return engine
 
 
 def _positions(engine: Engine, slot: int) -> list[int]:
@@ -151,12 +155,13 @@ def test_snapshots_move_with_their_slot_when_decode_rows_are_compacted(family, h
 def test_a_kv_budget_holds_each_slots_snapshots_too(family, bundle):
     """kv_budget_bytes is divided by a slot's KV and state and the most its snapshots may
     take: memory on the device stays within what was asked for."""
-    engine = _load(bundle, family, max_context=512)
+    engine = Engine.load(bundle(family), threads=2, background=False, max_context=512)
     backend, kv = engine.backend, engine.kv
     snapshots = snapshot_budget(backend, 512, 16)
     assert kv.max_snapshots * backend.state_bytes() <= snapshots
     engine.close()
     per_slot = backend.kv_slot_bytes(512) + snapshots
-    engine = _load(bundle, family, max_context=512, kv_budget_bytes=3 * per_slot + 1)
+    engine = Engine.load(bundle(family), threads=2, background=False, max_context=512,
+                         kv_budget_bytes=3 * per_slot + 1)
     assert len(engine.kv.slots) == 3
     engine.close()
