@@ -47,14 +47,14 @@ def export_bundle(hf: Path, out: Path, quantize: str, unrolled: bool) -> Path:
     from edgeprefill.export.exporter import ExportOptions, export
     from edgeprefill.export.quantize import QuantConfig
 
-    takes = decoder.takes_moe_op
+    why = decoder.why_unrolled
     if unrolled:  # what the builder gives a block the op cannot compute
-        decoder.takes_moe_op = lambda *args: False  # type: ignore[assignment]
+        decoder.why_unrolled = lambda *args: "measured unrolled"  # type: ignore[assignment]
     try:
         export(hf, out, ExportOptions(chunks=(16,), max_context=256, show_progress=False,
                                       quant=None if quantize == "none" else QuantConfig(quantize)))
     finally:
-        decoder.takes_moe_op = takes  # type: ignore[assignment]
+        decoder.why_unrolled = why  # type: ignore[assignment]
     return out
 
 

@@ -5,6 +5,7 @@ quantized experts; the checkpoint layouts a user may hold; configs shaped as the
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 
 import numpy as np
@@ -400,3 +401,25 @@ def test_each_bundle_gets_the_op_or_the_unrolled_experts(family, flavor, quant, 
                        flavor_class(flavor)(cfg, np.float32, 128),
                        QuantConfig(quant) if quant else None).build()
     assert sum(n.op_type == op for n in g.nodes) == len(cfg.moe.layers)
+
+
+@pytest.mark.parametrize("flavor, quant, warned", [
+    ("ort", "int8", True), ("ort", None, False), ("ort", "int4", False),
+    ("standard", None, False),  # stock ops by design: nothing to warn of
+])
+def test_an_ort_bundle_whose_experts_miss_the_op_says_so_and_why(flavor, quant, warned,
+                                                                 hf_model, caplog):
+    from edgeprefill.export.checkpoint import Checkpoint
+    from edgeprefill.export.decoder import DecoderBuilder
+    from edgeprefill.export.flavors import flavor_class
+
+    hf_dir = hf_model("qwen3_moe")
+    cfg = ModelConfig.from_dir(hf_dir)
+    with caplog.at_level(logging.WARNING, logger="edgeprefill"):
+        DecoderBuilder(cfg, Checkpoint(hf_dir), flavor_class(flavor)(cfg, np.float32, 128),
+                       QuantConfig(quant) if quant else None).build()
+    messages = [r.getMessage() for r in caplog.records if "experts per layer" in r.getMessage()]
+    assert messages == (["the 8 experts per layer are written out one by one, not as ONNX "
+                         "Runtime's MoE op: int8 weights (the op's 8-bit mode does not compute "
+                         "this bundle's per-channel int8); decode runs several times slower "
+                         "than an fp32 or int4 `ort` bundle"] if warned else [])

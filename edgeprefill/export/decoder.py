@@ -14,6 +14,7 @@ shared with the runtime through the manifest:
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import replace
 
@@ -40,13 +41,15 @@ from edgeprefill.export.lm_head import embedding_weight, head_weight
 from edgeprefill.export.mamba2 import Mamba2
 from edgeprefill.export.model_config import LayerAttention, ModelConfig
 from edgeprefill.export.moe import MixtureOfExperts
-from edgeprefill.export.moe_op import MoeOp, takes_moe_op
+from edgeprefill.export.moe_op import MoeOp, why_unrolled
 from edgeprefill.export.per_layer_input import PerLayerInputs
 from edgeprefill.export.quantize import QuantConfig
 from edgeprefill.export.shared_kv import SharedKV
 from edgeprefill.export.short_conv import ShortConv
 from edgeprefill.export.tokens import PackedTokens, PaddedTokens
 from edgeprefill.export.weights import GraphWeights
+
+log = logging.getLogger(__name__)
 
 Rows = Callable[[str], str]  # which of a layer's tokens go on after its attention
 LAYER_NORMS = ("layer", "layer_no_bias", "layer_plus_one")  # the families.NORMS of LayerNorm
@@ -85,8 +88,16 @@ class DecoderBuilder:
             return None
         experts = MixtureOfExperts(self.g, self.w, self.ckpt, cfg.moe, spec.names,
                                    cfg.hidden_size, self.dtype, self._activation)
-        if self.flavor.moe_op and takes_moe_op(experts, cfg.activation, self.quant):
+        if not self.flavor.moe_op:
+            return experts
+        reason = why_unrolled(experts, cfg.activation, self.quant)
+        if reason is None:
             return MoeOp(experts, self.quant)
+        # A dozen nodes per expert run each step whether chosen or not: with many experts
+        # that is most of a decode step (docs/benchmarks.md, mixture-of-experts decode).
+        log.warning("the %d experts per layer are written out one by one, not as ONNX "
+                    "Runtime's MoE op: %s; decode runs several times slower than an fp32 or "
+                    "int4 `ort` bundle", cfg.moe.experts, reason)
         return experts
 
     def build(self) -> GraphBuilder:

@@ -32,15 +32,23 @@ from edgeprefill.export.quantize import QuantConfig, int4_blockwise
 OP_ROUTINGS = ("softmax", "topk_softmax")  # the op's own; "sigmoid" goes in as chosen
 
 
-def takes_moe_op(experts: MixtureOfExperts, activation: str, quant: QuantConfig | None) -> bool:
-    """Whether the block can be ONNX Runtime's MoE/QMoE op (else the unrolled graph)."""
+def why_unrolled(experts: MixtureOfExperts, activation: str,
+                 quant: QuantConfig | None) -> str | None:
+    """Why the block cannot be the op, in words (None: it can)."""
     moe = experts.moe
-    if activation != "silu" or experts.dtype != np.float32:
-        return False
+    if activation != "silu":
+        return f"the experts' activation is {activation}, the op's CPU kernel takes SiLU"
+    if experts.dtype != np.float32:
+        return "the op's CPU kernel runs float32 only (this bundle is fp16)"
     if quant is None:
-        return True
-    return quant.kind == "int4" and not (experts.hidden % quant.block_size
-                                         or moe.width % quant.block_size)
+        return None
+    if quant.kind != "int4":
+        return (f"{quant.kind} weights (the op's 8-bit mode does not compute this bundle's "
+                "per-channel int8)")
+    if experts.hidden % quant.block_size or moe.width % quant.block_size:
+        return (f"hidden {experts.hidden} and expert width {moe.width} are not multiples of "
+                f"the int4 block size {quant.block_size}")
+    return None
 
 
 class MoeOp(MixtureOfExperts):
