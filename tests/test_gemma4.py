@@ -30,6 +30,7 @@ from tests.conftest import GEMMA4, build_hf_model, load_hf_model
 from tests.state_models import run_padded, variant_bundles
 from tests.test_exactness import prompt_ids, reference_greedy, reference_logits
 from tests.test_families import last_logits
+from tests.test_quantize import dequantize_embeddings
 
 FLAVORS = ("ort", "standard")
 # Shaped as google/gemma-4-E2B-it's config.json (its text_config; the vision and audio
@@ -199,7 +200,8 @@ def test_rows_of_different_lengths_decode_together_as_transformers(gemma4, flavo
 
 
 def test_an_int4_bundle_equals_transformers_with_its_dequantized_weights(gemma4, tmp_path):
-    """Every projection (the per-layer inputs' too) and the LM head quantized, float
+    """Every projection (the per-layer inputs' too), the LM head and both embedding tables
+    (GatherBlockQuantized) quantized, float
     compute: transformers' logits with the weights the quantizer says they hold."""
     hf_dir, _ = gemma4("ort")
     export(hf_dir, tmp_path / "b", ExportOptions(
@@ -212,6 +214,7 @@ def test_an_int4_bundle_equals_transformers_with_its_dequantized_weights(gemma4,
                 w = module.weight.numpy()
                 module.weight.copy_(torch.from_numpy(
                     int4_dequantize(*int4_blockwise(w, 32), w.shape[1])))
+        dequantize_embeddings(model, "int4")  # the main table and the per-layer one
         ids = prompt_ids(30)
         expected = model(torch.tensor([ids])).logits[0, -1].numpy()
     np.testing.assert_allclose(last_logits(tmp_path / "b", ids), expected, rtol=1e-3, atol=1e-3)
