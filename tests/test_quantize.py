@@ -117,7 +117,7 @@ def test_int4_graph_equals_transformers_with_dequantized_weights(hf_model, tmp_p
                 w = module.weight.numpy()
                 packed, scales = int4_blockwise(w, 32)
                 module.weight.copy_(torch.from_numpy(int4_dequantize(packed, scales, w.shape[1])))
-        dequantize_embeddings(model, "int4")  # llama's untied table (the others are tied)
+        dequantize_embeddings(model, "int4")  # the fixtures' tables are untied
         expected = model(torch.tensor([ids])).logits[0, -1].numpy()
     np.testing.assert_allclose(logits_at(tmp_path / "b", ids), expected, rtol=1e-3, atol=1e-3)
 
@@ -174,4 +174,4 @@ def test_a_quantized_embedding_shrinks_the_bundle_by_the_tables_float_bytes(
         out = export_llama(hf_model("llama"), tmp_path / str(embeddings), kind, embeddings)
         sizes[embeddings] = sum(f.stat().st_size for f in out.glob("*.data"))
     saved = sizes[False] - sizes[True]
-    assert abs(saved - (vocab * hidden * 4 - quantized)) <= 4096  # the data file's alignment
+    assert abs(saved - (vocab * hidden * 4 - quantized)) <= 2 * 64  # writer.ALIGN_SMALL, each
