@@ -10,6 +10,7 @@ import json
 import shutil
 
 import numpy as np
+import onnx
 import pytest
 import torch
 import transformers
@@ -223,10 +224,15 @@ def test_an_int4_bundle_equals_transformers_with_its_dequantized_weights(gemma4,
 @pytest.mark.parametrize("kind", ["int8", "int4"])
 def test_a_quantized_bundle_exports_loads_and_generates(gemma4, tmp_path, kind):
     """int4 with its default prefill, whose load puts the layers' projections in one If
-    per step (engines/ort/switches.py): the shared layers' step values stay outside it."""
+    per step (engines/ort/switches.py): the shared layers' step values stay outside it; both
+    embedding tables are read quantized (GatherBlockQuantized) through those rewrites."""
     hf_dir, _ = gemma4("ort")
     export(hf_dir, tmp_path / "b", ExportOptions(
         chunks=(16,), max_context=128, show_progress=False, quant=QuantConfig(kind)))
+    graph = onnx.load(tmp_path / "b" / "model.onnx", load_external_data=False).graph
+    tables = [n.input[0] for n in graph.node if n.op_type == "GatherBlockQuantized"]
+    assert sorted(tables) == [f"model.embed_tokens.weight.{kind}",
+                              f"model.embed_tokens_per_layer.weight.{kind}"]
     engine = Engine.load(tmp_path / "b", threads=2, background=False)
     got = engine.generate(prompt_ids(30), GenerationParams(max_new_tokens=8, ignore_eos=True))
     assert len(got.result().token_ids) == 8
