@@ -10,6 +10,7 @@ from edgeprefill.engines import StepBatch
 from edgeprefill.export.exporter import ExportOptions, export
 from edgeprefill.export.quantize import (
     QuantConfig,
+    in_row_chunks,
     int4_blockwise,
     int4_dequantize,
     int4_rows,
@@ -71,6 +72,13 @@ def test_int8_rows_round_trip_is_within_half_a_step():
     data, scale = int8_rows(w)
     assert data.dtype == np.uint8 and scale.shape == (40, 1)
     assert np.all(np.abs((data.astype(np.float32) - 128) * scale - w) <= scale / 2 + 1e-6)
+
+
+def test_row_chunks_quantize_as_the_whole_table():
+    w = np.random.default_rng(5).normal(size=(10, 64)).astype(np.float32)
+    for quantize in (int8_rows, lambda t: int4_rows(t, 32)):
+        for whole, chunked in zip(quantize(w), in_row_chunks(quantize, w, rows=3), strict=True):
+            np.testing.assert_array_equal(whole, chunked)
 
 
 def dequantized_table(w: np.ndarray, kind: str) -> np.ndarray:

@@ -132,3 +132,11 @@ def int8_rows(table: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     data = (np.clip(np.rint(w / scale), -127, 127) + 128).astype(np.uint8)
     return data, scale.astype(np.float32)
 
+
+
+def in_row_chunks(quantize, table: np.ndarray, rows: int = 8192) -> tuple[np.ndarray, ...]:
+    """A row-wise quantizer (int4_rows, int8_rows) over `rows` rows at a time: its float
+    temporaries are a few times its input, and Gemma 4 E2B's per-layer table alone is
+    9.4 GB in float32."""
+    parts = [quantize(table[i:i + rows]) for i in range(0, len(table), rows)]
+    return tuple(np.concatenate(p) for p in zip(*parts, strict=True))

@@ -15,6 +15,7 @@ from edgeprefill.export.checkpoint import Checkpoint
 from edgeprefill.export.graph import GraphBuilder
 from edgeprefill.export.quantize import (
     QuantConfig,
+    in_row_chunks,
     int4_blockwise,
     int4_rows,
     int8_per_channel,
@@ -84,12 +85,13 @@ class GraphWeights:
         vocab, width = self.shape(name)
         table = lambda: self.ckpt.get(name, np.float32)  # noqa: E731
         if q.kind == "int8":
-            parts = self._quantized(name, lambda: int8_rows(table()))
+            parts = self._quantized(name, lambda: in_row_chunks(int8_rows, table()))
             block, data_shape, blocks = 16, (vocab, width), 1
             while block < width:  # one block spans the row: one scale per row
                 block *= 2
         else:
-            parts = self._quantized(name, lambda: int4_rows(table(), q.block_size))
+            parts = self._quantized(name, lambda: in_row_chunks(
+                lambda t: int4_rows(t, q.block_size), table()))
             block, data_shape = q.block_size, (vocab, -(-width // 2))
             blocks = -(-width // block)
         data = g.weight(name + f".{q.kind}", data_shape, np.uint8, lambda: parts()[0])
