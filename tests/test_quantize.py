@@ -132,8 +132,11 @@ def test_int4_graph_equals_transformers_with_dequantized_weights(hf_model, tmp_p
 
 @pytest.mark.parametrize("kind, max_rel_error", [("int8", 0.05), ("int4", 0.3)])
 def test_quantized_logits_stay_close_to_fp32(hf_model, bundle, tmp_path, kind, max_rel_error):
+    """The projections' drift (the quantized table's is checked exactly below: on this
+    random fixture it takes int4's from 0.19 to 0.30, docs/design.md)."""
     export(hf_model("llama"), tmp_path / kind, ExportOptions(
-        chunks=(16,), max_context=128, show_progress=False, quant=QuantConfig(kind),
+        chunks=(16,), max_context=128, show_progress=False,
+        quant=QuantConfig(kind, embeddings=False),
     ))
     ids = [1, 5, 9, 33, 70, 4, 18, 99, 100, 3]
     reference = logits_at(bundle("llama"), ids)
