@@ -133,7 +133,6 @@ def int8_rows(table: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return data, scale.astype(np.float32)
 
 
-
 def in_row_chunks(quantize, table: np.ndarray, rows: int = 8192) -> tuple[np.ndarray, ...]:
     """A row-wise quantizer (int4_rows, int8_rows) over `rows` rows at a time: its float
     temporaries are a few times its input, and Gemma 4 E2B's per-layer table alone is
