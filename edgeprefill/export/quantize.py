@@ -14,8 +14,9 @@ projections' blocks (the same packing, as [rows, width/2] bytes), int8 with one 
 row (as int8 projections have per output channel), both as uint8 with the op's implicit zero
 point (8, 128). The main table is quantized where it is untied. A tied one stays float in its
 Gather for now: the LM head already holds its own quantized copy (decoder._lm_head keeps the
-two apart; ONNX Runtime repacks a MatMulNBits weight at load, so one initializer shared by
-both would be held twice), and a quantized Gather copy would dequantize to the head's very
+two apart; the two ops take the same bytes in different shapes, and ONNX Runtime repacks a
+MatMulNBits weight at load, so one initializer shared by both would likely be held twice),
+and a quantized Gather copy would dequantize to the head's very
 values (same blocks, same per-row int8 scale), which is left to do. GPT-2's learned
 position table stays float (small). Gemma 4's per-layer-input table
 ([vocab, layers x 256], the largest tensor of E2B) is always its own, always quantized. The
