@@ -32,6 +32,8 @@ MANIFEST_FILE = "edgeprefill.json"
 # The recurrent state's fields (LFM2, Qwen3.5), left out of the manifests of models without
 # state layers: a runtime from before them reads those bundles without a warning.
 STATE_MODEL_FIELDS = ("state_layers",)
+# Left out where empty too: only Falcon-H1's layers keep KV beside their states.
+KV_STATE_FIELDS = ("kv_state_layers",)
 STATE_GRAPH_FIELDS = ("state_inputs", "state_outputs")
 # Gemma 4's fields, left out where empty for the same reason.
 LAYER_KV_FIELDS = ("shared_kv_layers", "layer_kv")
@@ -53,6 +55,8 @@ class ModelInfo:
     # GraphInfo.state_inputs/state_outputs, their shapes and dtypes in the graph's inputs.
     # Absent (older bundles, every other family): every layer is attention.
     state_layers: list[int] = field(default_factory=list)
+    # The state layers that hold KV too (Falcon-H1's attention beside its Mamba-2).
+    kv_state_layers: list[int] = field(default_factory=list)
     # The layers that read KV an earlier layer wrote in the same step, with none of their
     # own (Gemma 4's KV-shared layers): no KV tensors in the graph. Absent: none.
     shared_kv_layers: list[int] = field(default_factory=list)
@@ -63,12 +67,13 @@ class ModelInfo:
     @property
     def kv_layers(self) -> int:
         """Layers that hold KV."""
-        return self.num_layers - len(self.state_layers) - len(self.shared_kv_layers)
+        return self.num_layers - len(self.no_kv_layers)
 
     @property
     def no_kv_layers(self) -> list[int]:
-        """Layers without KV tensors of their own: state layers and KV-shared ones."""
-        return sorted({*self.state_layers, *self.shared_kv_layers})
+        """Layers without KV tensors of their own: state layers (but those that keep KV
+        beside their states) and KV-shared ones."""
+        return sorted({*self.state_layers} - {*self.kv_state_layers} | {*self.shared_kv_layers})
 
     def kv_dims(self, layer: int) -> tuple[int, int]:
         """(kv_heads, head_dim) of a layer's KV."""
@@ -125,7 +130,7 @@ class Manifest:
                                  (raw["graph"], STATE_GRAPH_FIELDS)):
                 for key in keys:
                     del record[key]
-        for key in LAYER_KV_FIELDS:
+        for key in (*LAYER_KV_FIELDS, *KV_STATE_FIELDS):
             if not raw["model"][key]:
                 del raw["model"][key]
         return json.dumps(raw, indent=2) + "\n"
@@ -233,9 +238,13 @@ def check_manifest(manifest: Manifest) -> None:
                    f"got {manifest.graph.flavor!r}")
     states = model.state_layers
     if states != sorted(set(states)) or any(not 0 <= i < model.num_layers for i in states) \
-            or len(states) == model.num_layers:
+            or model.kv_layers == 0:
         _malformed(f"model.state_layers {states} must be distinct layers in ascending "
                    "order, not all of them")
+    both = model.kv_state_layers
+    if both != sorted(set(both)) or not set(both) <= set(states):
+        _malformed(f"model.kv_state_layers {both} must be distinct state layers in "
+                   "ascending order")
     _check_layer_kv(model)
     graph = manifest.graph
     if len(graph.state_inputs) != len(graph.state_outputs) or \
@@ -247,7 +256,8 @@ def check_manifest(manifest: Manifest) -> None:
         len(pair) != 2 for pair in (*manifest.graph.kv_inputs, *manifest.graph.kv_outputs)
     ):
         _malformed("graph.kv_inputs/kv_outputs must hold one [key, value] pair per layer "
-                   "with KV (every layer but model.state_layers and model.shared_kv_layers)")
+                   "with KV (every layer but model.state_layers not in model.kv_state_layers, and "
+                   "model.shared_kv_layers)")
 
 
 def _check_layer_kv(model: ModelInfo) -> None:

@@ -21,8 +21,11 @@ An attention layer i has the four KV tensors, unless it is one of the model's
 of an earlier layer; a layer listed in the model's
 `state_layers` has none, and carries instead one or more recurrent states (STATE_KINDS):
 `conv`, the last inputs of a causal convolution (LFM2's short convolutions, a Gated
-DeltaNet's q/k/v convolution), and `recurrent`, a Gated DeltaNet's [v_heads, k_dim,
-v_dim] matrix per row (float32 whatever the model's dtype). Each is read from
+DeltaNet's q/k/v convolution, a Mamba-2 mixer's x/B/C convolution), and `recurrent`, a
+Gated DeltaNet's [v_heads, k_dim, v_dim] matrix or a Mamba-2 mixer's [heads, head_dim,
+state_size] state per row (float32 whatever the model's dtype). A layer also in the
+model's `kv_state_layers` keeps its KV beside its states (Falcon-H1: attention and Mamba-2
+side by side in each layer). Each is read from
 `past_{kind}.{i}` (zeros where a row's past length is 0) and written, ending at the row's
 last valid token, to `present_{kind}.{i}`, a separate buffer the runtime copies back into
 the slot. A state's shape and dtype are the graph's own (its input's, batch first); the
@@ -88,8 +91,8 @@ def state_names(layer: int, kind: str = CONV) -> StateNames:
 
 
 def attention_layers(num_layers: int, no_kv_layers: Collection[int]) -> list[int]:
-    """The layers that hold KV: every layer but those carrying a state instead and those
-    reading another layer's KV (Gemma 4)."""
+    """The layers that hold KV: every layer but those carrying a state instead (not
+    Falcon-H1's, which keep KV beside it) and those reading another layer's KV (Gemma 4)."""
     return [i for i in range(num_layers) if i not in no_kv_layers]
 
 
@@ -117,11 +120,12 @@ class GraphIO(NamedTuple):
 def step_io(num_layers: int, kv_heads: int, head_dim: int, vocab: int, dtype: str,
             states: Mapping[int, Mapping[str, list[Any]]] | None = None,
             layer_kv: Mapping[int, tuple[int, int]] | None = None,
-            shared: Collection[int] = ()) -> GraphIO:
+            shared: Collection[int] = (), kv_state_layers: Collection[int] = ()) -> GraphIO:
     """Every input and output of a chunk graph with these dimensions; the layers in
-    `states` (layer -> kind -> [dtype, shape]) carry those states instead of KV, those in
-    `layer_kv` (layer -> (kv_heads, head_dim)) KV of their own shape, and those in `shared`
-    nothing (they read another layer's KV inside the graph)."""
+    `states` (layer -> kind -> [dtype, shape]) carry those states instead of KV (those also
+    in `kv_state_layers` beside it), those in `layer_kv` (layer -> (kv_heads, head_dim)) KV
+    of their own shape, and those in `shared` nothing (they read another layer's KV inside
+    the graph)."""
     states, layer_kv = states or {}, layer_kv or {}
     inputs: dict[str, list[Any]] = {
         INPUT_IDS: ["int64", [BATCH, CHUNK]],
@@ -134,7 +138,8 @@ def step_io(num_layers: int, kv_heads: int, head_dim: int, vocab: int, dtype: st
             for kind, spec in states[layer].items():
                 state = state_names(layer, kind)
                 inputs[state.past], outputs[state.present] = spec, spec
-            continue
+            if layer not in kv_state_layers:
+                continue
         if layer in shared:
             continue
         heads, dim = layer_kv.get(layer, (kv_heads, head_dim))
@@ -207,7 +212,7 @@ def check_graph_io(manifest: Manifest) -> None:
                           f"model.state_layers {m.state_layers}; re-export")
     layer_kv = {i: m.kv_dims(i) for i in range(m.num_layers)}
     expected = step_io(m.num_layers, m.num_kv_heads, m.head_dim, m.vocab_size, graph.dtype,
-                       states, layer_kv, m.shared_kv_layers)
+                       states, layer_kv, m.shared_kv_layers, m.kv_state_layers)
     _same("inputs", _plain(graph.inputs), expected.inputs)
     _same("outputs", _plain(graph.outputs), expected.outputs)
     layers = [kv_names(i) for i in attention_layers(m.num_layers, m.no_kv_layers)]

@@ -40,6 +40,14 @@ MINISTRAL3_ROPE = {"rope_type": "yarn", "rope_theta": 1e6, "factor": 16.0,
 GRANITE4 = {"layer_types": ["attention", "attention"], "num_local_experts": 0,
             "shared_intermediate_size": 48, "embedding_multiplier": 2.0,
             "attention_multiplier": 0.1, "residual_multiplier": 0.5, "logits_scaling": 2.0}
+# Granite 4.0-H: Mamba-2 layers around one attention layer (rotary, so that its ort bundle
+# takes fused rows where the native kernels build; the Hub's are NoPE), 8 heads of 16 in 2
+# groups of B and C, a state of 16; transformers' prompt form in chunks of 16 tokens, so
+# the test prompts cross several of them.
+GRANITE4_H = {**GRANITE4, "position_embedding_type": "rope", "num_hidden_layers": 4,
+              "layer_types": ["mamba", "attention", "mamba", "mamba"], "mamba_n_heads": 8,
+              "mamba_n_groups": 2, "mamba_d_state": 16, "mamba_d_conv": 4, "mamba_expand": 2,
+              "mamba_chunk_size": 16}
 # Qwen3.5: a larger eps than the checkpoints' 1e-6 for the DeltaNet's gated RMSNorm, which
 # at 1e-6 scales a value head's near-zero output (RMS 2e-6 at one token of the test
 # prompts) up to unit size, and with it the rounding of that output: half the 1e-4
@@ -193,6 +201,30 @@ FAMILIES: dict[str, dict] = {
     # than intermediate_size, rotary as granite-4.0-micro; the "nope" variant has none
     "granitemoehybrid": {**GRANITE4, "position_embedding_type": "rope"},
     "granitemoehybrid-nope": {**GRANITE4, "position_embedding_type": "nope"},
+    # Granite 4.0-H: Mamba-2 layers (a conv and a float32 recurrent state) around attention
+    "granitemoehybrid-mamba": GRANITE4_H,
+    # Nemotron-H: blocks of one Mamba-2 mixer, attention (no rotary) or ReLU-squared MLP;
+    # the second mamba block has no MLP after it, 8 heads of 16 in 2 groups, biases on the
+    # mamba projections (use_bias)
+    "nemotron_h": {"layers_block_type": ["linear_attention", "mlp", "linear_attention",
+                                         "full_attention", "mlp", "linear_attention", "mlp"],
+                   "head_dim": 16, "mamba_num_heads": 8, "mamba_head_dim": 16, "n_groups": 2,
+                   "ssm_state_size": 16, "conv_kernel": 4, "chunk_size": 16, "use_bias": True},
+    # Bamba: Mamba-2 layers around an attention layer (rotary on half of head_dim 32, q/k/v/o
+    # biases), 8 heads in 2 groups
+    "bamba": {"num_hidden_layers": 3, "attn_layer_indices": [1], "head_dim": 32,
+              "attention_bias": True, "mamba_n_heads": 8, "mamba_n_groups": 2,
+              "mamba_d_state": 16, "mamba_d_conv": 4, "mamba_chunk_size": 16},
+    # Falcon-H1: attention and Mamba-2 side by side in each layer (KV and both states),
+    # every muP multiplier away from 1, the mixer's gated RMSNorm (gate first), 8 heads of
+    # 16 in 2 groups
+    "falcon_h1": {"head_dim": 16, "mamba_d_ssm": 128, "mamba_n_heads": 8, "mamba_n_groups": 2,
+                  "mamba_d_state": 16, "mamba_d_conv": 4, "mamba_chunk_size": 16,
+                  "mamba_rms_norm": True, "mamba_norm_before_gate": False,
+                  "attention_in_multiplier": 0.7, "attention_out_multiplier": 0.9,
+                  "key_multiplier": 1.3, "ssm_in_multiplier": 0.8, "ssm_out_multiplier": 1.1,
+                  "ssm_multipliers": [0.5, 1.5, 0.8, 1.2, 0.9], "mlp_multipliers": [1.2, 0.8],
+                  "embedding_multiplier": 2.0, "lm_head_multiplier": 0.5},
     # LayerNorm1P, ReLU-squared MLP, rotary on half of each head (head_dim 32: rotary 16)
     "nemotron": {"head_dim": 32},
     # layer 0 slides with rotary, layer 1 is global without
@@ -212,13 +244,35 @@ FAMILIES: dict[str, dict] = {
     # KV head of their own
     "gemma4": {**GEMMA4, "tie_word_embeddings": True, "attention_k_eq_v": True,
                "num_global_key_value_heads": 1},
+    # Mixture-of-experts families (export/moe.py); 8 experts, so that in a chunk some get
+    # no token. Qwen3-MoE: a dense layer between two of experts, renormalized top-k.
+    "qwen3_moe": {"head_dim": 32, "num_hidden_layers": 3, "mlp_only_layers": [1],
+                  "num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+                  "norm_topk_prob": True},
+    # OLMoE: q/k norms over the whole projection; top-k weights not renormalized
+    "olmoe": {"num_experts": 8, "num_experts_per_tok": 3, "intermediate_size": 32},
+    # Granite MoE: the top 2 logits then softmax, Granite's multipliers, fused experts
+    "granitemoe": {"num_local_experts": 8, "num_experts_per_tok": 2, "intermediate_size": 32,
+                   "embedding_multiplier": 2.0, "attention_multiplier": 0.1,
+                   "residual_multiplier": 0.5, "logits_scaling": 2.0},
+    # LFM2-MoE: conv and attention layers, a dense first layer, sigmoid routing chosen by
+    # an expert bias (randomized: build_hf_model), renormalized and scaled
+    "lfm2_moe": {"num_hidden_layers": 4, "layer_types": ["conv", "full_attention", "conv",
+                                                         "full_attention"],
+                 "num_dense_layers": 1, "num_experts": 8, "num_experts_per_tok": 3,
+                 "moe_intermediate_size": 32, "routed_scaling_factor": 2.5,
+                 "conv_bias": True},
+    # Qwen2-MoE: q/k/v biases, a shared expert gated by a sigmoid beside the routed ones
+    "qwen2_moe": {"num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+                  "shared_expert_intermediate_size": 48},
 }
 # The families the default (fast) suite covers end to end; the rest run under `slow`.
 FAST_FAMILIES = ("llama", "mistral", "qwen2", "gemma2", "gemma3_text", "gemma3", "qwen2_5_vl",
                  "qwen3_vl", "phi3", "smollm3", "granite", "olmo2", "olmo3", "exaone4",
                  "hunyuan_v1_dense", "glm4", "starcoder2", "phi", "gpt_neox", "ministral3",
                  "mistral3", "lfm2", "lfm3", "gpt2", "gpt_bigcode", "qwen3_5_text", "qwen3_5",
-                 "gemma4_text", "gemma4")
+                 "gemma4_text", "gemma4", "qwen3_moe", "lfm2_moe",
+                 "granitemoehybrid-mamba", "nemotron_h", "falcon_h1", "bamba")
 
 
 def write_tokenizer(path: Path, vocab: int = VOCAB, top_words: Sequence[str] = (),
@@ -327,6 +381,8 @@ def build_hf_model(family: str, out: Path, seed: int = 0, dtype=None, **override
         for name, buffer in model.named_buffers():
             if name.endswith("layer_scalar"):  # Gemma 4's, all ones as initialized
                 buffer.uniform_(0.5, 1.5)
+            elif name.endswith("expert_bias"):  # LFM2-MoE's: zero at init, chooses experts
+                buffer.normal_(0, 0.5)
     if dtype is not None:
         model = model.to(dtype)
     model.save_pretrained(out)

@@ -91,3 +91,54 @@ def fake_backend(**manifest_options) -> FakeBackend:
 def ids(n: int, seed: int = 0) -> list[int]:
     """A prompt of n token ids inside the tiny vocabulary (no special tokens)."""
     return [int(t) for t in np.random.default_rng(seed).integers(3, 100, size=n)]
+
+
+class StatefulFakeBackend(FakeBackend):
+    """The fake backend of a model whose layers carry a recurrent state: each slot's
+    "state" is a hash of the tokens it was fed since position 0, and the next token is a
+    function of it alone, so a wrong restored state shows in the output."""
+
+    name = "fake-stateful"
+
+    @property
+    def carries_state(self) -> bool:
+        return True
+
+    def state_bytes(self) -> int:
+        return 8
+
+    def allocate_kv(self, slots: int, capacity: int) -> None:
+        super().allocate_kv(slots, capacity)
+        self.state = np.zeros(slots, np.int64)
+
+    def run(self, step: StepBatch) -> np.ndarray:
+        super().run(step)
+        vocab = self.manifest.model.vocab_size
+        logits = np.zeros((step.rows, vocab), np.float32)
+        for row in range(step.rows):
+            slot, valid = step.first_slot + row, int(step.valid_lens[row])
+            state = int(self.state[slot]) if step.past_lens[row] else 0  # zeros at 0
+            self.state[slot] = state_hash(state, step.input_ids[row, :valid].tolist())
+            logits[row, 3 + int(self.state[slot]) % (vocab - 3)] = 1.0
+        return logits
+
+    def copy_kv(self, src_slot: int, dst_slot: int, length: int) -> None:
+        super().copy_kv(src_slot, dst_slot, length)
+        self.state[dst_slot] = self.state[src_slot]
+
+    def swap_kv(self, a: int, b: int, length: int) -> None:
+        super().swap_kv(a, b, length)
+        self.state[[a, b]] = self.state[[b, a]]
+
+    def save_state(self, slot: int) -> object:
+        return int(self.state[slot])
+
+    def restore_state(self, saved: object, slot: int) -> None:
+        assert isinstance(saved, int)
+        self.state[slot] = saved
+
+
+def state_hash(state: int, tokens: list[int]) -> int:
+    for token in tokens:
+        state = (state * 1_000_003 + token) % (1 << 61)
+    return state

@@ -137,7 +137,7 @@ def test_longrope_beyond_the_original_window_uses_the_long_factors(tmp_path):
 
 @pytest.mark.parametrize(("change", "message"), [
     ({"model_type": "bloom"},
-     "'bloom' is not supported; supported: arcee, cohere, cohere2, ernie4_5"),
+     "'bloom' is not supported; supported: arcee, bamba, cohere, cohere2, ernie4_5"),
     ({"rope_parameters": {"rope_type": "mrope", "rope_theta": 1e4}}, "rope type 'mrope'"),
     ({"num_key_value_heads": 3}, "is not a multiple of num_key_value_heads (3)"),
     ({"layer_types": ["full_attention"]}, "layer_types lists 1 layers; there are 2"),
@@ -164,6 +164,11 @@ def test_longrope_beyond_the_original_window_uses_the_long_factors(tmp_path):
     ({"model_type": "qwen3_vl", "text_config": None}, "text_config must be an object, got null"),
     ({"model_type": "gemma3", "text_config": []}, "text_config must be an object, got list"),
     ({"model_type": "phi3", "partial_rotary_factor": 1.5}, "rotary dimension 24 does not fit"),
+    ({"model_type": "gpt_oss"}, "model_type 'gpt_oss': gpt-oss is not supported"),
+    ({"model_type": "olmoe", "clip_qkv": 8.0}, "olmoe: clip_qkv (q/k/v clamped) is not"),
+    ({"model_type": "qwen3_moe", "num_experts": 4, "num_experts_per_tok": 6},
+     "num_experts_per_tok (6) must be 1 to num_experts (4)"),
+    ({"model_type": "lfm2_moe"}, "lfm2_moe: config.json needs layer_types"),
     ({"rope_parameters": {"rope_type": "longrope", "short_factor": [1.0], "long_factor": [1.0],
                           "original_max_position_embeddings": 64}}, "longrope short_factor"),
 ])
@@ -238,8 +243,15 @@ MINIMAL = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=4,
 
 
 # The keys that make a family's minimal config one export takes (Granite 4: all attention
-# layers and no experts, where its config class defaults to mamba layers and 8 experts).
-SUPPORTED = {"granitemoehybrid": {"layer_types": ["attention"] * 4, "num_local_experts": 0}}
+# layers and no experts, where its config class defaults to mamba layers and 8 experts;
+# Nemotron-H: no experts, where its config class defaults to a block of them; Bamba: an
+# attention layer, where its config class makes every layer mamba; LFM2-MoE: as many
+# layers as the minimal config).
+SUPPORTED = {"granitemoehybrid": {"layer_types": ["attention"] * 4, "num_local_experts": 0},
+             "lfm2_moe": {"layer_types": ["conv", "full_attention"] * 2},
+             "nemotron_h": {"layers_block_type": ["linear_attention", "mlp",
+                                                  "full_attention", "mlp"]},
+             "bamba": {"attn_layer_indices": [1]}}
 
 
 def least(family: str) -> dict:
@@ -277,6 +289,8 @@ def hf_theta(config, layer_type: str = "full_attention") -> float:
 
 # The families whose positions are a learned table (GPT-2's wpe), with no rotary at all.
 LEARNED_POSITIONS = ("gpt2", "gpt_bigcode")
+# ... and those without rotary nor positions (Nemotron-H: its mamba layers order the tokens).
+NO_ROTARY = (*LEARNED_POSITIONS, "nemotron_h")
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
@@ -291,8 +305,8 @@ def test_keys_a_config_leaves_out_take_transformers_defaults(family):
                                         "norm_eps", "layer_norm_epsilon")
                if hasattr(hf, k))
     assert ours.norm_eps == pytest.approx(eps)
-    if family in LEARNED_POSITIONS:  # no rope: every layer goes without
-        assert [layer.rope for layer in ours.layers] == [None] * 4
+    if family in NO_ROTARY:  # no rope: every layer goes without
+        assert [layer.rope for layer in ours.layers] == [None] * len(ours.layers)
     else:
         assert ours.ropes[GLOBAL].theta == pytest.approx(hf_theta(hf))
         partial = (hf.rope_parameters.get("full_attention") or hf.rope_parameters).get(
@@ -362,8 +376,8 @@ def test_a_sliding_window_key_slides_only_where_the_family_reads_it(family):
         if family in ("llama", "gemma", "granite", "olmo2", "phi", "stablelm", "cohere",
                       "gpt_neox", "ernie4_5", "arcee", "qwen3_vl", "hunyuan_v1_dense",
                       "glm", "glm4", "helium", "seed_oss", "exaone", "granitemoehybrid",
-                      "nemotron", *LEARNED_POSITIONS):
-            expected = [None] * 4
+                      "nemotron", "olmoe", "granitemoe", "lfm2_moe", *NO_ROTARY):
+            expected = [None] * len(ours)  # Nemotron-H: 2 layers of its 4 blocks
         elif types is not None:
             expected = [window if t == "sliding_attention" else None for t in types]
         else:  # Mistral, Phi-3: every layer
@@ -372,7 +386,8 @@ def test_a_sliding_window_key_slides_only_where_the_family_reads_it(family):
 
 
 ACTIVATION_FUNCTIONS = {"silu": torch.nn.functional.silu, "gelu": torch.nn.functional.gelu,
-                        "gelu_tanh": lambda x: torch.nn.functional.gelu(x, approximate="tanh")}
+                        "gelu_tanh": lambda x: torch.nn.functional.gelu(x, approximate="tanh"),
+                        "relu2": lambda x: torch.relu(x) ** 2}
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
@@ -383,11 +398,14 @@ def test_the_activation_is_read_from_the_key_the_model_reads(family):
     ours = ModelConfig.from_hf(minimal_raw(family, **keys)).activation
     decoder = hf_auto_class(family).from_config(hf_config(family, pad_token_id=0, **keys)) \
         .get_decoder()
-    layer = (decoder.layers if hasattr(decoder, "layers") else decoder.h)[0]  # GPT-2: h
+    layers = decoder.layers if hasattr(decoder, "layers") else decoder.h  # GPT-2: h
+    layer = layers[0]
     # Granite 4's dense MLP; LFM2's, whose Lfm2MLP calls F.silu whatever the config says
-    # (it has no activation module)
+    # (it has no activation module); Nemotron-H's MLP block
     mlp = getattr(layer, "mlp", None) or getattr(layer, "shared_mlp", None) or \
-        layer.feed_forward
+        getattr(layer, "block_sparse_moe", None) or getattr(layer, "feed_forward", None) or \
+        next(block.mixer for block in layers if block.block_type == "mlp")
+    mlp = getattr(mlp, "experts", mlp)  # a mixture of experts: its experts' activation
     act = next((getattr(mlp, name) for name in ("act_fn", "activation_fn", "act", "activation")
                 if hasattr(mlp, name)), torch.nn.functional.silu)
     x = torch.linspace(-4, 4, 101)
@@ -400,6 +418,10 @@ def weight_shapes(family: str, **keys) -> dict[str, tuple[int, ...]]:
     return {name: tuple(p.shape) for name, p in model.state_dict().items()}
 
 
+# The switches export honours (Nemotron-H's Mamba-2 projection biases: its fixture sets it).
+HONOURED = {("nemotron_h", "use_bias")}
+
+
 @pytest.mark.parametrize("key", ("mlp_bias", "qk_layernorm", "use_qk_norm", "use_bias"))
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_a_switch_is_refused_only_where_the_model_reads_it(family, key):
@@ -407,7 +429,9 @@ def test_a_switch_is_refused_only_where_the_model_reads_it(family, key):
     # configs copied from another family carry it where the model ignores it (a Qwen2
     # config with mlp_bias: true), and such a config exports as without the key.
     raw, switched = minimal_raw(family), minimal_raw(family, **{key: True})
-    if weight_shapes(family, **{key: True}) != weight_shapes(family):
+    if (family, key) in HONOURED:
+        assert ModelConfig.from_hf(switched) != ModelConfig.from_hf(raw)
+    elif weight_shapes(family, **{key: True}) != weight_shapes(family):
         with pytest.raises(ExportError, match=f"{family}: .*{key}"):
             ModelConfig.from_hf(switched)
     else:

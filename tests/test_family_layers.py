@@ -35,15 +35,21 @@ def refusal(raw: dict) -> str:
     {"layer_types": ["attention", "mamba", "attention", "mamba"]},
     {"layers_block_type": ["mamba", "attention", "attention", "attention"]},
     {"layer_types": ["full_attention"] * 3 + ["linear_attention"]},
-    {},  # GraniteMoeHybridConfig: every layer is mamba unless layer_types says otherwise
-], ids=("legacy names", "layers_block_type", "transformers 5 names", "absent"))
-def test_granite4_mamba_layers_are_refused_naming_the_layers_transformers_makes_mamba(keys):
-    mamba = [i for i, kind in enumerate(hf_granite4(num_local_experts=0, **keys).layer_types)
-             if kind == "linear_attention"]
-    message = refusal(granite4(num_local_experts=0, **keys))
-    assert message == ("granitemoehybrid: mamba layers are not supported (layer_types marks "
-                       f"{len(mamba)} of 4 as mamba: {', '.join(map(str, mamba))}); only "
-                       "attention-only models")
+], ids=("legacy names", "layers_block_type", "transformers 5 names"))
+def test_granite4_mamba_layers_are_where_transformers_makes_them(keys):
+    model = transformers.AutoModelForCausalLM.from_config(
+        hf_granite4(num_local_experts=0, pad_token_id=0, **keys))
+    mamba = [i for i, layer in enumerate(model.model.layers) if layer.mamba is not None]
+    assert list(ModelConfig.from_hf(granite4(num_local_experts=0, **keys)).mamba_layers) == \
+        mamba
+
+
+def test_granite4_without_layer_types_is_all_mamba_and_refused_in_one_line():
+    """GraniteMoeHybridConfig makes every layer mamba unless layer_types says otherwise;
+    export needs an attention layer."""
+    assert set(hf_granite4(num_local_experts=0).layer_types) == {"linear_attention"}
+    assert refusal(granite4(num_local_experts=0)) == (
+        "layer_types has no full_attention layer; export needs at least one")
 
 
 @pytest.mark.parametrize("keys", ({}, {"num_local_experts": 4}), ids=("default", "given"))

@@ -55,7 +55,10 @@ def conv_cache(slots: int = 3) -> KVCache:
     return KVCache(backend, slots, 64, align=16)
 
 
-def test_a_cache_with_state_reuses_a_slot_whole_or_not_at_all():
+def test_a_cache_with_state_reuses_a_slot_whole_or_not_at_all_without_a_snapshot():
+    """No length below is a multiple of 16, so no snapshot of the states is taken (the
+    fake backend would refuse to): a slot serves whole or not at all
+    (test_state_snapshots.py has the reuse from a snapshot)."""
     kv = conv_cache()
     a = kv.acquire(list(range(40)), owner=1)
     kv.extend(a.slot, list(range(40)))

@@ -106,10 +106,11 @@ def logits_at(bundle_dir, ids) -> np.ndarray:
                                             np.array([len(ids)], np.int32), 0))[0]
 
 
-@pytest.mark.parametrize("family", ("llama", "lfm2", "qwen3_5_text"))
+@pytest.mark.parametrize("family", ("llama", "lfm2", "qwen3_5_text", "granitemoehybrid-mamba",
+                                    "falcon_h1"))
 def test_int4_graph_equals_transformers_with_dequantized_weights(hf_model, tmp_path, family):
     """Every projection of the bundle computes with its dequantized int4 weights and nothing
-    else moves: the hybrids' conv and DeltaNet layers too (their logits drift further from
+    else moves: the hybrids' conv, DeltaNet and Mamba-2 layers too (their logits drift further from
     fp32 than a transformer's on these fixtures; this says the drift is the model's, as
     transformers computes it, not the export's)."""
     hf_dir = hf_model(family)

@@ -1,8 +1,9 @@
 """The runtime of models whose layers carry a recurrent state beside (or instead of) KV:
-LFM2's and LFM3's short convolutions and Qwen3.5's Gated DeltaNet. Whatever the batch,
-the fused rows, the slot moves and the reuse, each sequence's state is its own and the
-text is transformers'. (The families' own graphs are tested in test_lfm2.py, test_lfm3.py
-and test_qwen3_5.py.)"""
+LFM2's and LFM3's short convolutions, Qwen3.5's Gated DeltaNet, Granite 4.0-H's and
+Falcon-H1's Mamba-2. Whatever the batch, the fused rows, the slot moves and the reuse, each
+sequence's state is its own and the text is transformers'. (The families' own graphs are
+tested in test_lfm2.py, test_lfm3.py, test_qwen3_5.py, test_mamba2.py and
+test_falcon_h1.py.)"""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ from edgeprefill.sdk import Engine, GenerationParams
 from tests.conftest import load_hf_model
 from tests.test_exactness import prompt_ids, reference_greedy, reference_logits
 
-FAMILIES = ("lfm2", "lfm3", "qwen3_5_text")
+# Falcon-H1's layers keep KV and states both.
+FAMILIES = ("lfm2", "lfm3", "qwen3_5_text", "granitemoehybrid-mamba", "falcon_h1")
 FLAVORS = ("ort", "standard")
 PARAMS = GenerationParams(max_new_tokens=8, ignore_eos=True)
 
@@ -112,11 +114,11 @@ def test_a_second_turn_reuses_the_whole_slot_and_continues_its_states(family, fl
 
 
 @pytest.mark.parametrize("flavor", FLAVORS)
-def test_a_prompt_that_diverges_from_a_cached_one_starts_from_zero(family, flavor, hf_model,
-                                                                   bundle):
+def test_a_prompt_that_diverges_from_a_cached_one_resumes_from_a_snapshot(family, flavor,
+                                                                          hf_model, bundle):
     """In the one slot there is, which shares the new prompt's first 32 tokens but then
-    differs: its states are those of its own last token, so no part of it is reused (and
-    the graph reads them as zeros at position 0)."""
+    differs: its live states are those of its own last token, so the prefix is reused up
+    to the snapshot of its states the cache kept at 32 (test_state_snapshots.py)."""
     model = load_hf_model(hf_model(family))
     engine = Engine.load(bundle(family, flavor), threads=2, background=False, chunk_size=16,
                          kv_slots=1)
@@ -125,7 +127,7 @@ def test_a_prompt_that_diverges_from_a_cached_one_starts_from_zero(family, flavo
     diverging = cached[:32] + prompt_ids(20, seed=9)[1:]
     got = engine.generate(diverging, PARAMS).result()
     assert got.token_ids == reference_greedy(model, diverging)
-    assert got.metrics.prefix_reused == 0
+    assert got.metrics.prefix_reused == 32
     # A prompt the slot's whole token list begins is served from it.
     longer = diverging + got.token_ids + prompt_ids(9, seed=11)[1:]
     again = engine.generate(longer, PARAMS).result()

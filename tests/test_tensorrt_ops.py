@@ -58,6 +58,17 @@ def test_the_fp16_standard_graph_is_in_the_parser_table_too(fp16_standard):
     assert graph_problems(prepared, kv_tensor_names(manifest)) == []
 
 
+@pytest.mark.parametrize("family", ("qwen3_moe", "qwen2_moe"))
+def test_a_mixture_of_experts_standard_graph_breaks_no_parser_restriction(bundle, family):
+    """The unrolled experts combine through a ScatterND without a reduction (TensorRT's
+    parser refuses one with), and their TopK is sorted."""
+    bundle_dir = bundle(family, "standard")
+    manifest = load_manifest(bundle_dir)
+    prepared = parser_ready_graph(bundle_dir, manifest, 256)
+    assert graph_problems(prepared, kv_tensor_names(manifest)) == []
+    assert {"NonZero", "ScatterND", "TopK"} <= {n.op_type for n in prepared.graph.node}
+
+
 def test_the_ort_flavour_uses_operators_tensorrt_cannot_parse(bundle):
     bundle_dir = bundle("llama", "ort")
     model = load_graph(bundle_dir, load_manifest(bundle_dir))
@@ -123,6 +134,8 @@ def test_restriction_checks_catch_what_the_parser_would_refuse():
         helper.make_node("ReduceMean", ["upd", "axes"], ["mean"], name="rm"),
         helper.make_node("GroupQueryAttention", ["upd"], ["gqa"], name="gqa",
                          domain="com.microsoft"),
+        helper.make_node("ScatterND", ["upd", "axes", "upd"], ["sum"], name="sn",
+                         reduction="add"),
     ]
     graph = helper.make_graph(nodes, "g", [past, update, axes], [out])
     problems = "\n".join(restriction_problems(helper.make_model(graph)))
@@ -130,3 +143,4 @@ def test_restriction_checks_catch_what_the_parser_would_refuse():
     assert "updated cache must be a graph output" in problems
     assert "ReduceMean input 1 must be a constant" in problems
     assert "custom-domain op com.microsoft.GroupQueryAttention" in problems
+    assert "ScatterND reduction 'add', TensorRT needs 'none'" in problems

@@ -118,7 +118,8 @@ def _shared_kv_line(model) -> list[str]:
 
 
 def _state_line(manifest) -> list[str]:
-    """A model whose state layers carry a recurrent state beside the KV (LFM2, Qwen3.5)."""
+    """A model whose state layers carry a recurrent state instead of KV (LFM2, Qwen3.5,
+    Granite 4.0-H, Nemotron-H) or beside it (Falcon-H1)."""
     m, graph = manifest.model, manifest.graph
     if not m.state_layers:
         return []
@@ -128,9 +129,10 @@ def _state_line(manifest) -> list[str]:
     shapes = ", ".join(f"{match[1]} {graph.inputs[match[0]][1][1:]} "
                        f"{graph.inputs[match[0]][0]}" for match in first
                        if match and int(match[2]) == m.state_layers[0])
+    how = "beside their KV" if m.kv_state_layers == m.state_layers else "instead of KV"
     return [f"state       layers {', '.join(map(str, m.state_layers))} carry a recurrent "
-            f"state instead of KV ({shapes} per slot and layer); a slot's cache is reused "
-            "whole or not at all"]
+            f"state {how} ({shapes} per slot and layer); a slot's cache is reused "
+            "whole or up to a snapshot of its states"]
 
 
 def _int4_prefill_line(graph, native: bool) -> list[str]:

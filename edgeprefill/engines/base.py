@@ -8,8 +8,9 @@ of slots a..b-1 binds `arena[a:b]`, both contiguous views, so no step copies the
 A model with state layers (LFM2, Qwen3.5) also keeps, per slot, each such layer's
 recurrent states (`[slots, ...]`, shaped as the graph's state inputs): the slot's KV and
 its states describe the same tokens, so copying or swapping a slot's KV copies or swaps
-its states too. A state cannot be cut
-back to fewer tokens: kv_cache.py reuses such a slot whole or not at all.
+its states too. A state cannot be cut back to fewer tokens: kv_cache.py keeps copies of a
+slot's states at some positions (`save_state`) and restores one (`restore_state`) to
+reuse a prefix that ends there.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import numpy as np
 
 from edgeprefill.bundle import Manifest, ModelInfo
 from edgeprefill.contract import attention_layers, state_slot_bytes
+from edgeprefill.errors import BackendError
 
 
 class StepBatch(NamedTuple):
@@ -100,7 +102,8 @@ class Backend(ABC):
     @property
     def carries_state(self) -> bool:
         """Slots hold a recurrent state beside the KV (state layers): a slot's cache is
-        reusable only whole, never cut back to a shorter prefix."""
+        reusable whole or up to a snapshot of its states (`save_state`), never cut back
+        by its KV alone."""
         return bool(self.manifest.model.state_layers)
 
     @property
@@ -110,8 +113,11 @@ class Backend(ABC):
     def kv_slot_bytes(self, capacity: int) -> int:
         """Bytes of KV cache one slot of `capacity` positions takes, all layers, with its
         recurrent state."""
-        return kv_slot_bytes(self.manifest.model, capacity, self.kv_dtype,
-                             state_slot_bytes(self.manifest.graph))
+        return kv_slot_bytes(self.manifest.model, capacity, self.kv_dtype, self.state_bytes())
+
+    def state_bytes(self) -> int:
+        """Bytes of recurrent state one slot holds (0 without state layers)."""
+        return state_slot_bytes(self.manifest.graph)
 
     @abstractmethod
     def allocate_kv(self, slots: int, capacity: int) -> None:
@@ -133,6 +139,16 @@ class Backend(ABC):
     def swap_kv(self, a: int, b: int, length: int) -> None:
         """Exchange positions [0, length) of two slots' K/V (keeps decode rows adjacent),
         and their conv states, if any."""
+
+    def save_state(self, slot: int) -> object:
+        """A copy of the slot's recurrent states as they are now (after its last step),
+        which `restore_state` can put into any slot later; never changed once made. Only
+        for a backend that `carries_state`."""
+        raise BackendError(f"the {self.name} backend keeps no recurrent state")
+
+    def restore_state(self, saved: object, slot: int) -> None:
+        """Overwrite the slot's recurrent states with `saved` (from `save_state`)."""
+        raise BackendError(f"the {self.name} backend keeps no recurrent state")
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release device resources."""

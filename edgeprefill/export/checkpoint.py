@@ -101,6 +101,19 @@ class Checkpoint:
             tensor = tensor.T
         return tensor.astype(dtype, copy=False)
 
+    def get_index(self, name: str, index: int, dtype: np.dtype = np.float32) -> np.ndarray:
+        """`name`[index] along its first axis, read alone (one expert of a fused [E, ...]
+        tensor: the whole tensor of a large model's layer is gigabytes)."""
+        path, stored = self._require(name)
+        if self._float8(path, stored):
+            raise ExportError(f"{name!r} is a fused float8 tensor, which export cannot read")
+        try:
+            tensor = np.asarray(self._handle(path).get_slice(stored)[index])
+        except (SafetensorError, OSError, ValueError) as err:
+            raise ExportError(f"cannot read {name!r} from {path.name}: {err}") from None
+        self.read.add(name)
+        return tensor.astype(dtype, copy=False)
+
     def _float8(self, path: Path, stored: str) -> bool:
         return path.suffix != ".bin" and self._header(path)[stored]["dtype"] in FLOAT8
 

@@ -37,7 +37,10 @@ from edgeprefill.export.flavors import Flavor, StepTensors, positions
 from edgeprefill.export.gated_delta import GatedDeltaNet
 from edgeprefill.export.graph import GraphBuilder
 from edgeprefill.export.lm_head import embedding_weight, head_weight
+from edgeprefill.export.mamba2 import Mamba2
 from edgeprefill.export.model_config import LayerAttention, ModelConfig
+from edgeprefill.export.moe import MixtureOfExperts
+from edgeprefill.export.moe_op import MoeOp, takes_moe_op
 from edgeprefill.export.per_layer_input import PerLayerInputs
 from edgeprefill.export.quantize import QuantConfig
 from edgeprefill.export.shared_kv import SharedKV
@@ -69,6 +72,22 @@ class DecoderBuilder:
         self.w = GraphWeights(self.g, ckpt, self.dtype, quant)
         # (head_dim, kv_heads, rotary_dim) -> the flavour of layers of that shape (Gemma 4)
         self._flavors: dict[tuple[int, int, int], Flavor] = {}
+        self.experts = self._experts()
+        # the layer prefixes whose MLP is routed experts
+        self.expert_layers = {self.names.layer.format(i=i)
+                              for i in (cfg.moe.layers if cfg.moe else ())}
+
+    def _experts(self) -> MixtureOfExperts | None:
+        """The emitter of the model's mixture-of-experts blocks: ONNX Runtime's op where the
+        flavour has it and it computes the family's routing, else the unrolled dispatch."""
+        cfg, spec = self.cfg, self.cfg.spec.moe
+        if cfg.moe is None or spec is None:
+            return None
+        experts = MixtureOfExperts(self.g, self.w, self.ckpt, cfg.moe, spec.names,
+                                   cfg.hidden_size, self.dtype, self._activation)
+        if self.flavor.moe_op and takes_moe_op(experts, cfg.activation, self.quant):
+            return MoeOp(experts, self.quant)
+        return experts
 
     def build(self) -> GraphBuilder:
         g, cfg = self.g, self.cfg
@@ -85,6 +104,8 @@ class DecoderBuilder:
         self.delta_net = (GatedDeltaNet(g, self.w, cfg, self.tokens, conv, past_lens,
                                         valid_lens, chunk)
                           if conv is not None and cfg.delta_layers else None)
+        self.mamba = (Mamba2(g, self.w, cfg, self.tokens, conv, past_lens, valid_lens, chunk)
+                      if conv is not None and cfg.mamba_layers else None)
         self._declare_kv_io()
         first = kv_names(cfg.kv_layers[0]).past_key
         step = self.flavor.step_tensors(g, past_lens, chunk, first)
@@ -152,9 +173,11 @@ class DecoderBuilder:
         for names, dtype, state in states:
             self.g.output(names.present, dtype, state)
 
-    def _mixer_of(self, layer: int) -> ShortConv | GatedDeltaNet:
+    def _mixer_of(self, layer: int) -> ShortConv | GatedDeltaNet | Mamba2:
         """The emitter of a state layer's token mixer."""
-        mixer = self.short_conv if layer in self.cfg.conv_layers else self.delta_net
+        mixer: ShortConv | GatedDeltaNet | Mamba2 | None = (
+            self.short_conv if layer in self.cfg.conv_layers else
+            self.mamba if layer in self.cfg.mamba_layers else self.delta_net)
         assert mixer is not None
         return mixer
 
@@ -177,8 +200,14 @@ class DecoderBuilder:
             x = self.g.op("Add", [rows(x), self._scaled(attn)])
             return x, self._scaled(self._norm(self._mlp(p, x), p + n.post_mlp_norm))
         x, h = self._add_norm(x, delta, p + n.input_norm)
+        if block == "hybrid":  # Falcon-H1: attention and Mamba-2 side by side
+            x, h = self._add_norm(rows(x), self._hybrid_mixers(i, h, step, rows),
+                                  p + n.post_attn_norm)
+            return x, self._mlp(p, h)
         attn = self._mixer(i, h, step, rows)
         x = rows(x)
+        if i in self.cfg.mlp_less:  # Nemotron-H: a mixer block another mixer follows
+            return x, self._scaled(attn)
         if block == "shared":  # Phi: attention and MLP read the same normed input
             return self.g.op("Add", [x, attn]), self._mlp(p, rows(h))
         if block == "parallel":  # GPT-NeoX: each has its own norm of the layer's input
@@ -224,6 +253,21 @@ class DecoderBuilder:
             self._flavors[key] = type(self.flavor)(cfg, self.dtype, self.flavor.max_context)
         return self._flavors[key]
 
+    def _hybrid_mixers(self, i: int, h: str, step: StepTensors, rows: Rows) -> str:
+        """Falcon-H1's mixers of layer i on its normed input `h`: attention of
+        h x attention_in times attention_out plus Mamba-2 times ssm_out (the mixer scales
+        its own input)."""
+        g, scales = self.g, self.cfg.scales
+        assert scales is not None and self.mamba is not None
+        attn = self._attention(i, self._times(h, scales.attention_in), step, rows)
+        mamba = self.mamba.layer(self.names.layer.format(i=i), h, i, rows)
+        return g.op("Add", [self._times(attn, scales.attention_out),
+                            self._times(mamba, scales.ssm_out)])
+
+    def _times(self, x: str, factor: float) -> str:
+        """x times a constant (nothing where it is 1)."""
+        return x if factor == 1.0 else self.g.op("Mul", [x, self.g.const(factor, self.dtype)])
+
     def _scaled(self, sublayer: str) -> str:
         """A sublayer's output times the residual multiplier (Granite), before the add."""
         if self.cfg.residual_scale == 1.0:
@@ -231,8 +275,8 @@ class DecoderBuilder:
         return self.g.op("Mul", [sublayer, self.g.const(self.cfg.residual_scale, self.dtype)])
 
     def _mixer(self, i: int, h: str, step: StepTensors, rows: Rows) -> str:
-        """The layer's token mixer: attention, LFM2's short convolution or Qwen3.5's Gated
-        DeltaNet."""
+        """The layer's token mixer: attention, LFM2's short convolution, Qwen3.5's Gated
+        DeltaNet or a Mamba-2 mixer."""
         if i in self.cfg.state_layers:
             return self._mixer_of(i).layer(self.names.layer.format(i=i), h, i, rows)
         return self._attention(i, h, step, rows)
@@ -309,7 +353,7 @@ class DecoderBuilder:
         self._check_qkv_shapes(weights, cfg)
         reorder = self._neox_order if cfg.spec.qkv_interleaved else \
             self._gate_last if cfg.attn_gate else None
-        qkv = self.w.linear(h, weights, bias, reorder=reorder)
+        qkv = self._scaled_keys(self.w.linear(h, weights, bias, reorder=reorder))
         if self.flavor.packed_qkv and cfg.spec.qk_norm is None and self.q_scale is None \
                 and not cfg.attn_gate and not k_is_v:
             return [qkv, None, None, None]
@@ -369,6 +413,17 @@ class DecoderBuilder:
         rest = rows.shape[1:]
         return rows.reshape(heads, 3, d, *rest).swapaxes(0, 1).reshape(3 * heads * d, *rest)
 
+    def _scaled_keys(self, qkv: str) -> str:
+        """Falcon-H1 multiplies k by key_multiplier after its projection (bias included):
+        the packed q|k|v times 1|key_multiplier|1. (Folded into k's weights instead, an
+        int4 bundle drifted 0.02 from transformers with the dequantized weights.)"""
+        cfg = self.cfg
+        if cfg.scales is None or cfg.scales.key == 1.0:
+            return qkv
+        q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+        factors = np.concatenate([np.ones(q), np.full(kv, cfg.scales.key), np.ones(kv)])
+        return self.g.op("Mul", [qkv, self.g.const(factors, self.dtype)])
+
     def _gate_last(self, rows: np.ndarray) -> np.ndarray:
         """Qwen3.5 stores q_proj's rows as [head, query|gate, dim] above k and v; the
         graph wants [query (head, dim), k, v, gate (head, dim)]."""
@@ -411,6 +466,9 @@ class DecoderBuilder:
 
     def _mlp(self, p: str, h: str) -> str:
         g, n, cfg = self.g, self.names, self.cfg
+        if p in self.expert_layers:
+            assert self.experts is not None
+            return self.experts.block(p, h)
         bias = cfg.mlp_bias
         if not cfg.spec.gated_mlp:
             up = self.w.linear(h, [p + n.up + ".weight"], p + n.up + ".bias" if bias else None)
@@ -423,8 +481,9 @@ class DecoderBuilder:
         parts = [n.gate_up] if n.gate_up else [n.gate, n.up]
         gate_up = self.w.linear(h, [p + part + ".weight" for part in parts], None)
         gate, up = g.op("Split", [gate_up], 2, axis=-1, num_outputs=2)
-        act = g.op("Mul", [self._activation(gate), up])
-        return self.w.linear(act, [p + n.down + ".weight"], None)
+        gate_scale, down_scale = cfg.scales.mlp if cfg.scales is not None else (1.0, 1.0)
+        act = g.op("Mul", [self._activation(self._times(gate, gate_scale)), up])
+        return self._times(self.w.linear(act, [p + n.down + ".weight"], None), down_scale)
 
     def _activation(self, x: str) -> str:
         g, kind = self.g, self.cfg.activation

@@ -97,7 +97,7 @@ def export(hf_dir: str | Path, out_dir: str | Path, options: ExportOptions) -> M
     check_export_generation_config(hf_dir)
     _check_generation_eos(hf_dir, cfg.vocab_size)
     with staged(out_dir, options.overwrite) as stage:  # swapped in only when complete
-        ckpt = Checkpoint(hf_dir, cfg.spec.renames, cfg.spec.left_out, cfg.fp8,
+        ckpt = Checkpoint(hf_dir, cfg.renames + cfg.spec.renames, cfg.spec.left_out, cfg.fp8,
                           transposed=cfg.spec.transposed)
         flavor = flavor_class(options.flavor)(cfg, DTYPES[options.dtype], max_context)
         g = DecoderBuilder(cfg, ckpt, flavor, options.quant).build()
@@ -188,7 +188,7 @@ def _manifest(
             family=cfg.family, num_layers=cfg.num_layers, num_heads=cfg.num_heads,
             num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
             hidden_size=cfg.hidden_size, vocab_size=cfg.vocab_size,
-            state_layers=list(cfg.state_layers),
+            state_layers=list(cfg.state_layers), kv_state_layers=list(cfg.kv_state_layers),
             shared_kv_layers=sorted(cfg.shared_kv),
             layer_kv={str(i): [cfg.layer_kv_heads(i), cfg.layer_head_dim(i)]
                       for i in cfg.kv_layers

@@ -12,6 +12,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from edgeprefill.export.experts import (
+    MoeNames,
+    MoeSpec,
+    after_dense_layers,
+    sparse_layers,
+)
 from edgeprefill.export.rope import rope_params
 
 
@@ -44,6 +50,7 @@ class TensorNames:
     # LFM3's output gate per head (hidden -> heads), which the Hub's checkpoints call
     # gate_proj and transformers renames g_proj when it loads them
     head_gate: tuple[str, ...] = ("self_attn.g_proj", "self_attn.gate_proj")
+    mamba: str = "mamba."  # a Mamba-2 layer's mixer module (in_proj, conv1d, norm, ...)
 
 
 LLAMA_NAMES = TensorNames()
@@ -57,7 +64,8 @@ NORMS = ("rms", "rms_plus_one", "layer", "layer_no_bias", "layer_plus_one")
 #   post       x += n2(attn(x)); x += n4(mlp(x))                         (OLMo 2)
 #   parallel   x += attn(n1(x)) + mlp(n2(x))                             (GPT-NeoX)
 #   shared     x += attn(n1(x)) + mlp(n1(x))                             (Phi, parallel StableLM)
-BLOCKS = ("pre", "sandwich", "post", "parallel", "shared")
+#   hybrid     x += attn(n1(x)) + mamba(n1(x)); x += mlp(n2(x))          (Falcon-H1)
+BLOCKS = ("pre", "sandwich", "post", "parallel", "shared", "hybrid")
 
 
 @dataclass(frozen=True)
@@ -137,6 +145,15 @@ class FamilySpec:
     # Whether `layer_types` may name "linear_attention" layers: Qwen3.5's Gated DeltaNet,
     # which holds no KV but a conv and a recurrent state (export/gated_delta.py).
     delta_net: bool = False
+    # Routed experts in place of the MLP on the layers the spec's rule gives (export/moe.py).
+    moe: MoeSpec | None = None
+    # Whether `layer_types` may name "mamba" layers: Mamba-2 mixers (Granite 4.0-H), which
+    # hold no KV but a conv and a recurrent state (export/mamba2.py).
+    mamba: bool = False
+    # Whether each of the model's layers is one sublayer after a norm (Nemotron-H's blocks),
+    # which export reads as pre-norm layers of a mixer and the MLP after it
+    # (export/layer_groups.py).
+    blocks: bool = False
     # Whether q_proj gives each head's query and an output gate (Qwen3-Next's attention:
     # rows [head, query|gate, dim]; the attention's output times sigmoid(gate)).
     attn_gate: bool = False
@@ -157,8 +174,8 @@ class FamilySpec:
     unnest: Callable[[dict[str, Any]], dict[str, Any]] | None = None
     # The text_config model types such a checkpoint's language model may have (empty: any).
     text_types: tuple[str, ...] = ()
-    # What the family's model can be that export does not support (Granite 4's mamba layers
-    # and routed experts): config.json as read -> the reason in one line, or None.
+    # What the family's model can be that export does not support (Granite 4's routed
+    # experts): config.json as read -> the reason in one line, or None.
     refuse: Callable[[dict[str, Any]], str | None] | None = None
     # Modules (relative to the layer prefix) whose weights are stored [in, out] (GPT-2's
     # Conv1D), not nn.Linear's [out, in]: the checkpoint reads them transposed.
@@ -358,12 +375,13 @@ def _ministral3_rope(raw: dict[str, Any]) -> dict[str, Any]:
 
 def _granite4_layers(raw: dict[str, Any]) -> dict[str, Any]:
     """GraniteMoeHybridConfig: `layers_block_type` is another name of `layer_types`, whose
-    legacy "attention"/"mamba" mean full_attention/linear_attention (all mamba when absent);
+    legacy "attention" means full_attention and its "linear_attention" the legacy
+    "mamba" (export's name for them; all mamba when absent);
     the dense MLP is `shared_intermediate_size` wide; without `position_embedding_type`
     "rope" no layer rotates."""
     types = raw.get("layer_types") or raw.get("layers_block_type") or \
-        ["linear_attention"] * int(raw["num_hidden_layers"])
-    remap = {"attention": "full_attention", "mamba": "linear_attention"}
+        ["mamba"] * int(raw["num_hidden_layers"])
+    remap = {"attention": "full_attention", "linear_attention": "mamba"}
     raw = {**raw, "layer_types": [remap.get(t, t) for t in types],
            "intermediate_size": raw["shared_intermediate_size"]}
     if raw.get("position_embedding_type") != "rope":
@@ -372,15 +390,73 @@ def _granite4_layers(raw: dict[str, Any]) -> dict[str, Any]:
 
 
 def _granite4_unsupported(raw: dict[str, Any]) -> str | None:
-    mamba = [i for i, t in enumerate(raw["layer_types"]) if t == "linear_attention"]
-    if mamba:
-        where = ", ".join(map(str, mamba))
-        return (f"mamba layers are not supported (layer_types marks {len(mamba)} of "
-                f"{len(raw['layer_types'])} as mamba: {where}); only attention-only models")
     if raw.get("num_local_experts"):
         return (f"routed experts are not supported (num_local_experts="
                 f"{raw['num_local_experts']}); only dense models (num_local_experts 0)")
     return None
+
+
+# NemotronHConfig's hybrid_override_pattern characters -> its block kinds
+NEMOTRON_H_PATTERN = {"M": "linear_attention", "E": "moe", "*": "full_attention", "-": "mlp"}
+
+
+def _nemotron_h_config(raw: dict[str, Any]) -> dict[str, Any]:
+    """NemotronHConfig: the blocks are `layers_block_type` (or `layer_types`), else the
+    legacy `hybrid_override_pattern`; its older mamba_* names win over the newer ones (its
+    __post_init__ pops them). Read under Granite 4.0-H's mamba keys: the mixer's width is
+    mamba_num_heads x mamba_head_dim, its projections take `use_bias`, and its dt is
+    clamped below at time_step_min only. No layer rotates."""
+    kinds = raw.get("layers_block_type") or raw.get("layer_types")
+    if kinds is None:
+        pattern = raw.get("hybrid_override_pattern")
+        kinds = ["linear_attention", "moe", "full_attention", "mlp"] if pattern is None \
+            else [NEMOTRON_H_PATTERN[c] for c in pattern]
+    return {**raw, "layer_types": list(kinds), "num_hidden_layers": len(kinds),
+            "mamba_n_heads": raw["mamba_num_heads"], "mamba_d_head": raw["mamba_head_dim"],
+            "mamba_n_groups": raw.get("mamba_n_groups", raw["n_groups"]),
+            "mamba_d_state": raw["ssm_state_size"],
+            "mamba_d_conv": raw.get("mamba_d_conv", raw["conv_kernel"]),
+            "mamba_conv_bias": raw.get("mamba_conv_bias", raw["use_conv_bias"]),
+            "mamba_proj_bias": raw["use_bias"],
+            "time_step_limit": [raw.get("mamba_dt_min", raw["time_step_min"]), float("inf")],
+            "no_rope_layer_interval": 1}  # every layer a NoPE one
+
+
+def _nemotron_h_unsupported(raw: dict[str, Any]) -> str | None:
+    moe = [i for i, kind in enumerate(raw["layer_types"]) if kind == "moe"]
+    if moe:
+        return (f"mixture-of-experts blocks are not supported (layer_types marks {len(moe)} "
+                f"of {len(raw['layer_types'])} as moe); only the dense Nemotron-H models")
+    return None
+
+
+def _falcon_h1_config(raw: dict[str, Any]) -> dict[str, Any]:
+    """FalconH1Config: every layer is attention and Mamba-2 side by side (export reads
+    them as mamba layers that keep KV); the mixer is mamba_d_ssm wide (mamba_expand x
+    hidden where null), its out_proj biased by `projectors_bias`, its gated RMSNorm only
+    with `mamba_rms_norm` (norm before the gate by `mamba_norm_before_gate`); the logits
+    times lm_head_multiplier."""
+    heads = int(raw["mamba_n_heads"])
+    inner = raw.get("mamba_d_ssm") or int(raw["mamba_expand"]) * int(raw["hidden_size"])
+    head_dim = raw["mamba_d_head"]
+    norm = None if not raw["mamba_rms_norm"] else \
+        "norm_first" if raw["mamba_norm_before_gate"] else "gate_first"
+    return {**raw, "layer_types": ["mamba"] * int(raw["num_hidden_layers"]),
+            "mamba_d_head": int(inner) // heads if head_dim == "auto" else head_dim,
+            "mamba_out_bias": raw["projectors_bias"], "mamba_norm": norm,
+            "logit_scale": raw["lm_head_multiplier"]}
+
+
+def _bamba_config(raw: dict[str, Any]) -> dict[str, Any]:
+    """BambaConfig: the layers in `attn_layer_indices` attend, the others are Mamba-2; its
+    rotary covers half of each head whatever the config says (hard-coded there)."""
+    attends = raw.get("attn_layer_indices") or ()
+    raw = {**raw, "layer_types": ["full_attention" if i in attends else "mamba"
+                                  for i in range(int(raw["num_hidden_layers"]))],
+           "partial_rotary_factor": 0.5}
+    if isinstance(raw.get("rope_parameters"), dict):
+        raw["rope_parameters"] = {**raw["rope_parameters"], "partial_rotary_factor": 0.5}
+    return raw
 
 
 def _lfm2_config(raw: dict[str, Any]) -> dict[str, Any]:
@@ -619,6 +695,15 @@ EXAONE_NAMES = TensorNames(
     v="attn.attention.v_proj", o="attn.attention.out_proj", gate="mlp.c_fc_0",
     up="mlp.c_fc_1", down="mlp.c_proj", input_norm="ln_1", post_attn_norm="ln_2",
 )
+# GraniteMoeHybridConfig's Mamba-2 keys and their defaults (BambaConfig's and
+# FalconH1Config's too).
+MAMBA_DEFAULTS = {"mamba_n_heads": 128, "mamba_n_groups": 1, "mamba_d_state": 256,
+                  "mamba_d_head": "auto", "mamba_d_conv": 4, "mamba_expand": 2,
+                  "mamba_conv_bias": True, "mamba_proj_bias": False}
+# Bamba's and Falcon-H1's names: the MLP is `feed_forward`, its norm `pre_ff_layernorm`.
+HYBRID_NAMES = replace(LLAMA_NAMES, final_norm="model.final_layernorm",
+                       gate="feed_forward.gate_proj", up="feed_forward.up_proj",
+                       down="feed_forward.down_proj", post_attn_norm="pre_ff_layernorm")
 # Liquid's LFM2: gated short convolutions between attention layers (export/short_conv.py).
 LFM2 = FamilySpec(
     names=replace(LLAMA_NAMES, final_norm="model.embedding_norm", o="self_attn.out_proj",
@@ -685,12 +770,96 @@ GPT2 = FamilySpec(
 PHI_NAMES = TensorNames(final_norm="model.final_layernorm", o="self_attn.dense",
                         gate="", up="mlp.fc1", down="mlp.fc2")
 
+def _qwen2_moe_window(i: int, raw: dict[str, Any]) -> bool:
+    """Qwen2MoeConfig without layer_types: the even layers below max_window_layers slide."""
+    return bool((i + 1) % 2) and i < int(raw.get("max_window_layers", 28))
+
+
+def _lfm2_moe_config(raw: dict[str, Any]) -> dict[str, Any]:
+    # Lfm2MoeConfig: `tie_embedding`, the older name, wins; the dense MLP is
+    # intermediate_size wide as given (no auto-adjust, unlike LFM2's).
+    if "tie_embedding" in raw:
+        raw = {**raw, "tie_word_embeddings": raw["tie_embedding"]}
+    return raw
+
+
+# Qwen3-MoE's and OLMoE's configs alias num_experts to num_local_experts, which wins.
+EXPERT_ALIASES = ("num_local_experts", "num_experts")
+QWEN_MOE_DEFAULTS = {"decoder_sparse_step": 1, "norm_topk_prob": False,
+                     "max_position_embeddings": 32768, "sliding_window": 4096}
+# Qwen3-MoE: Qwen3 (per-head q/k norms) whose MLPs are routed experts, softmax then top-k.
+QWEN3_MOE = FamilySpec(
+    **ATTENTION_BIAS, qk_norm="head", window="opt_in",
+    moe=MoeSpec(experts_keys=EXPERT_ALIASES, layers=sparse_layers),
+    defaults={**QWEN_MOE_DEFAULTS, "num_experts": 128, "num_experts_per_tok": 8,
+              "moe_intermediate_size": 768},
+    quirks=("per-head q/k RMSNorm",),
+)
+# Qwen1.5/2-MoE: Qwen2 (q/k/v biases) with routed experts beside a shared expert whose
+# output is gated by sigmoid(shared_expert_gate(x)).
+QWEN2_MOE = FamilySpec(
+    bias_key="qkv_bias", qkv_bias=True, window="opt_in", sliding=_qwen2_moe_window,
+    moe=MoeSpec(names=MoeNames(shared="mlp.shared_expert.",
+                               shared_gate="mlp.shared_expert_gate.weight"),
+                layers=sparse_layers),
+    defaults={**QWEN_MOE_DEFAULTS, "num_experts": 60, "num_experts_per_tok": 4,
+              "moe_intermediate_size": 1408, "shared_expert_intermediate_size": 5632,
+              "max_window_layers": 28, "num_key_value_heads": 16},
+    quirks=("q/k/v biases",),
+)
+# OLMoE: OLMo's q/k RMSNorm over the whole projection in a pre-norm block, 64 experts.
+OLMOE = FamilySpec(
+    **ATTENTION_BIAS, qk_norm="full", unsupported=("clip_qkv",),
+    moe=MoeSpec(experts_keys=EXPERT_ALIASES, width_key="intermediate_size"),
+    defaults={"rms_norm_eps": 1e-5, "max_position_embeddings": 4096, "num_experts": 64,
+              "num_experts_per_tok": 8, "norm_topk_prob": False},
+    quirks=("q/k RMSNorm over the whole projection",),
+)
+# Granite 3.x MoE: Granite's multipliers; the top k router logits, then softmax; experts
+# stored fused (input_linear [E, 2I, H], gate first; output_linear [E, H, I]).
+GRANITE_MOE = FamilySpec(
+    **ATTENTION_BIAS, embed_scale="multiplier",
+    moe=MoeSpec(names=MoeNames(router=("block_sparse_moe.router.layer.weight",
+                                       "block_sparse_moe.router.weight"),
+                               expert="block_sparse_moe.experts.{j}.",
+                               fused_gate_up=("block_sparse_moe.input_linear.weight",
+                                              "block_sparse_moe.experts.gate_up_proj"),
+                               fused_down=("block_sparse_moe.output_linear.weight",
+                                           "block_sparse_moe.experts.down_proj")),
+                routing="topk_softmax", experts_keys=("num_local_experts",),
+                width_key="intermediate_size", norm_key=None),
+    defaults={"attention_multiplier": 1.0, "rms_norm_eps": 1e-6, "num_local_experts": 8,
+              "num_experts_per_tok": 2},
+    quirks=("embedding, attention and residual multipliers", "logits scaling"),
+)
+# LFM2-MoE (LFM2-8B-A1B): LFM2's short convolutions and attention, a dense MLP in the first
+# num_dense_layers and routed experts after (sigmoid routing, an expert bias that chooses).
+LFM2_MOE = replace(
+    LFM2, legacy=_lfm2_moe_config, required=("layer_types",),
+    moe=MoeSpec(names=MoeNames(router=("feed_forward.gate.weight",),
+                               expert="feed_forward.experts.{j}.", gate="w1", up="w3",
+                               down="w2",
+                               fused_gate_up=("feed_forward.experts.gate_up_proj",),
+                               fused_down=("feed_forward.experts.down_proj",),
+                               expert_bias="feed_forward.expert_bias"),
+                routing="sigmoid", layers=after_dense_layers, norm_eps=1e-6),
+    defaults={**LFM2.defaults, "num_dense_layers": 2, "num_experts": 32,
+              "num_experts_per_tok": 4, "moe_intermediate_size": 1792, "norm_topk_prob": True,
+              "use_expert_bias": True, "routed_scaling_factor": 1.0, "intermediate_size": 7168,
+              "tie_word_embeddings": True},
+)
+
 # model_types close to a supported family that export refuses -> why, in words.
 REFUSED_TYPES = {
     "qwen3_5_moe": "Qwen3.5's mixture-of-experts models (routed experts) are not supported; "
                    "only the dense ones (qwen3_5, qwen3_5_text)",
 }
 REFUSED_TYPES["qwen3_5_moe_text"] = REFUSED_TYPES["qwen3_5_moe"]
+REFUSED_TYPES["gpt_oss"] = ("gpt-oss is not supported (its experts' clamped SwiGLU, biases "
+                            "and MXFP4 weights, attention sinks)")
+REFUSED_TYPES["mamba2"] = ("plain Mamba-2 models (every layer mamba, none attending) are "
+                           "not supported; the hybrid ones are: bamba, falcon_h1, "
+                           "granitemoehybrid, nemotron_h")
 
 FAMILIES: dict[str, FamilySpec] = {
     "llama": FamilySpec(**ATTENTION_BIAS, unsupported=("mlp_bias",)),
@@ -940,17 +1109,61 @@ FAMILIES: dict[str, FamilySpec] = {
         quirks=("LayerNorm without bias",
                 "interleaved rotary", "logit scale"),
     ),
-    # Granite 4.0 dense (granite-4.0-micro): Granite's multipliers, a gated MLP of fused
-    # weights (`shared_mlp`), and rotary only with position_embedding_type "rope".
+    "qwen3_moe": QWEN3_MOE,
+    "qwen2_moe": QWEN2_MOE,
+    "olmoe": OLMOE,
+    "granitemoe": GRANITE_MOE,
+    "lfm2_moe": LFM2_MOE,
+    # Granite 4.0 dense (granite-4.0-micro, the -H models' Mamba-2 layers among attention
+    # ones): Granite's multipliers, a gated MLP of fused weights (`shared_mlp`), and
+    # rotary only with position_embedding_type "rope".
     "granitemoehybrid": FamilySpec(
         names=replace(LLAMA_NAMES, gate_up="shared_mlp.input_linear",
                       down="shared_mlp.output_linear"),
         **ATTENTION_BIAS, embed_scale="multiplier", legacy=_granite4_layers,
-        refuse=_granite4_unsupported,
+        refuse=_granite4_unsupported, mamba=True,
         defaults={"attention_multiplier": 1.0, "num_local_experts": 8,
-                  "shared_intermediate_size": 1024},
+                  "shared_intermediate_size": 1024, **MAMBA_DEFAULTS},
         quirks=("embedding, attention and residual multipliers", "logits scaling",
                 "fused gate_up weights"),
+    ),
+    # Bamba: Mamba-2 layers, and attention ones (rotary on half of each head) where
+    # attn_layer_indices says, each followed by a gated MLP.
+    "bamba": FamilySpec(
+        names=HYBRID_NAMES, bias_key="attention_bias", o_bias=None, partial_rotary=True,
+        mamba=True, legacy=_bamba_config, unsupported=("mlp_bias",),
+        defaults={"num_key_value_heads": 8, "max_position_embeddings": 262144,
+                  "rms_norm_eps": 1e-5, **MAMBA_DEFAULTS},
+    ),
+    # Falcon-H1: attention and a Mamba-2 mixer side by side on each layer's input norm
+    # (each keeps KV and states), muP multipliers on both and on the MLP.
+    "falcon_h1": FamilySpec(
+        names=HYBRID_NAMES, block="hybrid", bias_key="attention_bias", o_bias=None,
+        embed_scale="multiplier", mamba=True, legacy=_falcon_h1_config, unsupported=("mlp_bias",),
+        defaults={"num_key_value_heads": 8, "max_position_embeddings": 8192,
+                  "rms_norm_eps": 1e-5, **MAMBA_DEFAULTS, "mamba_d_ssm": 1024,
+                  "mamba_norm_before_gate": True,
+                  "mamba_rms_norm": False, "projectors_bias": False,
+                  "lm_head_multiplier": 1.0, "embedding_multiplier": 1.0},
+        quirks=("attention and Mamba-2 side by side in every layer", "muP multipliers"),
+    ),
+    # Nemotron-H (Nemotron Nano 9B v2, Nemotron-H 4B/8B): blocks of one Mamba-2 mixer,
+    # attention (without rotary) or ReLU-squared MLP each, read as pre-norm layers of a mixer
+    # and the MLP after it (export/layer_groups.py).
+    "nemotron_h": FamilySpec(
+        names=replace(LLAMA_NAMES, embed=("model.embeddings.weight",), final_norm="model.norm_f",
+                      gate="", up="mlp.up_proj", down="mlp.down_proj"),
+        gated_mlp=False, act_default="relu2", act_key="mlp_hidden_act",
+        eps_key="layer_norm_epsilon", mamba=True, blocks=True, legacy=_nemotron_h_config,
+        refuse=_nemotron_h_unsupported, unsupported=("mlp_bias",),
+        renames=(("backbone.", "model."),),
+        defaults={"head_dim": 128, "num_key_value_heads": 8, "max_position_embeddings": 4096,
+                  "intermediate_size": 21504, "layer_norm_epsilon": 1e-5,
+                  "mamba_num_heads": 128, "mamba_head_dim": 64, "n_groups": 8,
+                  "ssm_state_size": 128, "conv_kernel": 4, "use_conv_bias": True,
+                  "use_bias": False, "time_step_min": 0.001},
+        quirks=("blocks of one Mamba-2 mixer, attention or MLP, each after its own norm",
+                "ReLU-squared MLP without a gate"),
     ),
     # LayerNorm1P (1+w, with bias) everywhere, an ungated ReLU-squared MLP, rotary on half
     # of each head unless partial_rotary_factor says otherwise.

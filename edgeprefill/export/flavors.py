@@ -41,6 +41,9 @@ class Flavor(ABC):
     # whose rows have different valid lengths (a prefill chunk beside decode rows) costs
     # what its valid tokens cost. TensorRT engines keep static [B, C] activations.
     packs_tokens = False
+    # A mixture of experts may be ONNX Runtime's com.microsoft MoE/QMoE op (export/moe_op.py)
+    # rather than the unrolled dispatch of stock ops (export/moe.py).
+    moe_op = False
 
     def __init__(self, cfg: ModelConfig, dtype: np.dtype, max_context: int) -> None:
         self.cfg = cfg
@@ -128,6 +131,7 @@ class OrtFlavor(Flavor):
     opsets = {"": 21, "com.microsoft": 1}
     packed_qkv = True  # GroupQueryAttention splits the packed projection itself
     packs_tokens = True
+    moe_op = True
 
     def __init__(self, cfg: ModelConfig, dtype: np.dtype, max_context: int) -> None:
         super().__init__(cfg, dtype, max_context)

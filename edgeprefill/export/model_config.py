@@ -16,6 +16,7 @@ from typing import Any
 from edgeprefill.contract import CONV, RECURRENT
 from edgeprefill.errors import ExportError
 from edgeprefill.export.config_checks import check_model_config
+from edgeprefill.export.experts import MoeConfig, read_moe
 from edgeprefill.export.families import (
     BLOCKS,
     FAMILIES,
@@ -24,6 +25,7 @@ from edgeprefill.export.families import (
     TensorNames,
 )
 from edgeprefill.export.fp8 import Fp8Scheme, read_fp8_scheme
+from edgeprefill.export.layer_groups import group_blocks
 from edgeprefill.export.layer_heads import gemma4_fields, layer_heads, rope_widths
 from edgeprefill.export.query_scale import QueryScale, read_query_scale
 from edgeprefill.export.rope import (
@@ -76,6 +78,52 @@ class DeltaNetShape:
 
 
 @dataclass(frozen=True)
+class MambaShape:
+    """Mamba-2 layers (export/mamba2.py): `heads` heads of `head_dim` channels, B and C of
+    `groups` groups (each serving heads / groups consecutive heads) of `state_size`, a
+    causal convolution of `conv_kernel` tokens over x, B and C, and dt clamped to
+    [dt_min, dt_max] (time_step_limit)."""
+
+    heads: int
+    head_dim: int
+    groups: int
+    state_size: int
+    conv_kernel: int
+    conv_bias: bool
+    proj_bias: bool
+    dt_min: float = 0.0
+    dt_max: float = float("inf")
+    out_bias: bool = False  # out_proj's bias (proj_bias is in_proj's)
+    # The gated RMSNorm of y and z: "gate_first" rmsnorm(y * silu(z)) (Granite 4.0-H,
+    # Nemotron-H), "norm_first" rmsnorm(y) * silu(z), or None: y * silu(z) alone (Falcon-H1
+    # without mamba_rms_norm).
+    norm: str | None = "gate_first"
+
+    @property
+    def inner(self) -> int:
+        """Channels of x, z and the output: heads x head_dim."""
+        return self.heads * self.head_dim
+
+    @property
+    def conv_dim(self) -> int:
+        """Channels of the convolution: x, B and C side by side."""
+        return self.inner + 2 * self.groups * self.state_size
+
+
+@dataclass(frozen=True)
+class HybridScales:
+    """Falcon-H1's muP multipliers of its parallel attention and Mamba-2 and its MLP."""
+
+    attention_in: float = 1.0  # the attention's input
+    attention_out: float = 1.0  # its output
+    key: float = 1.0  # k after its projection
+    ssm_in: float = 1.0  # the mixer's input
+    ssm_out: float = 1.0  # its output
+    ssm: tuple[float, ...] = (1.0,) * 5  # its in_proj's z, x, B, C and dt sections
+    mlp: tuple[float, float] = (1.0, 1.0)  # the MLP's gate and output
+
+
+@dataclass(frozen=True)
 class ModelConfig:
     family: str
     hidden_size: int
@@ -116,6 +164,16 @@ class ModelConfig:
     # layer_types; their `layers` entry unused) and their dimensions.
     delta_layers: tuple[int, ...] = ()
     delta: DeltaNetShape | None = None
+    # Granite 4.0-H: the layers that are Mamba-2 (`mamba` in layer_types; their `layers`
+    # entry unused) and their dimensions.
+    mamba_layers: tuple[int, ...] = ()
+    mamba: MambaShape | None = None
+    # Nemotron-H: the layers without an MLP (a mixer block another mixer follows), and the
+    # checkpoint's block tensors read under the layers' names (export/layer_groups.py).
+    mlp_less: tuple[int, ...] = ()
+    renames: tuple[tuple[str, str], ...] = ()
+    # Falcon-H1 (block "hybrid"): its multipliers.
+    scales: HybridScales | None = None
     # Qwen3.5 (Qwen3-Next's attention): q_proj gives each head's query and an output gate;
     # attention's output times sigmoid(gate) goes to o_proj.
     attn_gate: bool = False
@@ -131,6 +189,8 @@ class ModelConfig:
     # embedding, mixed with a projection of the main one; 0: none.
     per_layer_input: int = 0
     per_layer_vocab: int = 0
+    # Routed experts in place of the MLP on moe.layers (export/moe.py); None: dense.
+    moe: MoeConfig | None = None
 
     def __post_init__(self) -> None:
         check_model_config(self)
@@ -150,7 +210,7 @@ class ModelConfig:
             raise ExportError(f"unknown block layout {self.block!r}")
         if self.conv_layers and self.conv_kernel < 2:
             raise ExportError(f"conv_L_cache must be at least 2, got {self.conv_kernel}")
-        if len(self.state_layers) == self.num_layers:
+        if len(self.state_layers) == self.num_layers and not self.kv_state_layers:
             raise ExportError("layer_types has no full_attention layer; export needs at "
                               "least one")
         delta = self.delta
@@ -159,6 +219,11 @@ class ModelConfig:
                 f"linear_conv_kernel_dim must be at least 2 (got {delta.conv_kernel}) and "
                 f"linear_num_value_heads ({delta.value_heads}) a multiple of "
                 f"linear_num_key_heads ({delta.key_heads})")
+        mamba = self.mamba
+        if mamba is not None and (mamba.conv_kernel < 2 or mamba.heads % mamba.groups):
+            raise ExportError(
+                f"mamba_d_conv must be at least 2 (got {mamba.conv_kernel}) and "
+                f"mamba_n_heads ({mamba.heads}) a multiple of mamba_n_groups ({mamba.groups})")
 
     @property
     def spec(self) -> FamilySpec:
@@ -172,11 +237,16 @@ class ModelConfig:
     @property
     def state_layers(self) -> tuple[int, ...]:
         """The layers without KV, carrying a recurrent state instead."""
-        return tuple(sorted((*self.conv_layers, *self.delta_layers)))
+        return tuple(sorted((*self.conv_layers, *self.delta_layers, *self.mamba_layers)))
+
+    @property
+    def kv_state_layers(self) -> tuple[int, ...]:
+        """The state layers that keep KV too: Falcon-H1's, attention beside Mamba-2."""
+        return self.mamba_layers if self.block == "hybrid" else ()
 
     def state_kinds(self, layer: int) -> tuple[str, ...]:
         """The recurrent states a state layer carries (contract.STATE_KINDS), in order."""
-        if layer in self.delta_layers:
+        if layer in self.delta_layers or layer in self.mamba_layers:
             return (CONV, RECURRENT)
         return (CONV,) if layer in self.conv_layers else ()
 
@@ -188,9 +258,11 @@ class ModelConfig:
 
     @property
     def kv_layers(self) -> tuple[int, ...]:
-        """The layers that hold KV of their own: neither a state nor another layer's KV."""
+        """The layers that hold KV of their own: neither a state layer (but Falcon-H1's,
+        which keep KV beside it) nor one reading another layer's KV."""
         return tuple(i for i in range(self.num_layers)
-                     if i not in self.state_layers and i not in self.shared_kv)
+                     if (i not in self.state_layers or i in self.kv_state_layers)
+                     and i not in self.shared_kv)
 
     def for_layer(self, layer: int) -> ModelConfig:
         """This config as one attention layer sees it: its head size and KV heads as the
@@ -223,6 +295,11 @@ class ModelConfig:
         if self.delta_layers:
             out.append(f"{len(self.delta_layers)} of {self.num_layers} layers Gated DeltaNet "
                        "linear attention (a conv and a recurrent state per sequence)")
+        if self.moe is not None:
+            out.append(self.moe.describe(self.num_layers))
+        if self.mamba_layers:
+            out.append(f"{len(self.mamba_layers)} of {self.num_layers} layers Mamba-2 "
+                       "(a conv and a recurrent state per sequence)")
         out += {"parallel": ["parallel residual (attention and MLP each on its own norm)"],
                 "shared": ["parallel attention and MLP on one norm"],
                 "sandwich": ["norms before and after attention and MLP"]}.get(self.block, [])
@@ -290,6 +367,10 @@ class ModelConfig:
 
 def _read(family: str, spec: FamilySpec, raw: dict[str, Any]) -> ModelConfig:
     _refuse_unsupported(family, spec, raw)
+    groups = group_blocks(raw["layer_types"]) if spec.blocks else None
+    if groups is not None:
+        raw = {**raw, "layer_types": groups.layer_types,
+               "num_hidden_layers": len(groups.layer_types)}
     heads = int(raw["num_attention_heads"])
     hidden = int(raw["hidden_size"])
     head_dim = int(raw.get("head_dim") or hidden // max(heads, 1))  # 0 heads: refused
@@ -333,9 +414,14 @@ def _read(family: str, spec: FamilySpec, raw: dict[str, Any]) -> ModelConfig:
         eos_token_ids=_ids(raw.get("eos_token_id")),
         **_conv(raw, spec),
         **_delta(raw, spec),
+        **_mamba(raw, spec),
+        scales=_hybrid_scales(raw) if spec.block == "hybrid" else None,
+        mlp_less=groups.mlp_less if groups is not None else (),
+        renames=groups.renames if groups is not None else (),
         attn_gate=spec.attn_gate,
         head_gate=bool(raw.get(spec.head_gate_key)) if spec.head_gate_key else False,
         **gemma4_fields(raw) if spec.per_layer_heads else {},
+        moe=read_moe(raw, spec.moe) if spec.moe is not None else None,
     )
 
 
@@ -360,12 +446,60 @@ def _delta(raw: dict[str, Any], spec: FamilySpec) -> dict[str, Any]:
     return {"delta_layers": layers, "delta": shape}
 
 
+def _mamba(raw: dict[str, Any], spec: FamilySpec) -> dict[str, Any]:
+    """The Mamba-2 layers' fields of ModelConfig (the config's mamba_* keys, as
+    GraniteMoeHybridConfig reads them); none for other families."""
+    if not spec.mamba:
+        return {}
+    layers = tuple(i for i, kind in enumerate(raw["layer_types"]) if kind == "mamba")
+    heads = int(raw["mamba_n_heads"])
+    head_dim = raw.get("mamba_d_head", "auto")
+    if head_dim == "auto":
+        head_dim = int(raw["mamba_expand"]) * int(raw["hidden_size"]) // heads
+    limit = raw.get("time_step_limit") or (0.0, float("inf"))
+    proj_bias = bool(raw["mamba_proj_bias"])
+    shape = MambaShape(
+        heads=heads, head_dim=int(head_dim), groups=int(raw["mamba_n_groups"]),
+        state_size=int(raw["mamba_d_state"]), conv_kernel=int(raw["mamba_d_conv"]),
+        conv_bias=bool(raw["mamba_conv_bias"]), proj_bias=proj_bias,
+        dt_min=_json_float(limit[0]), dt_max=_json_float(limit[1]),
+        out_bias=bool(raw.get("mamba_out_bias", proj_bias)),
+        norm=raw.get("mamba_norm", "gate_first"))
+    return {"mamba_layers": layers, "mamba": shape}
+
+
+def _hybrid_scales(raw: dict[str, Any]) -> HybridScales:
+    """FalconH1Config's multipliers (1 where absent or null)."""
+    def scale(key: str) -> float:
+        return float(_given(raw.get(key), 1.0))
+
+    ssm = tuple(float(v) for v in raw.get("ssm_multipliers") or (1.0,) * 5)
+    mlp = tuple(float(v) for v in raw.get("mlp_multipliers") or (1.0, 1.0))
+    if len(ssm) != 5 or len(mlp) != 2:
+        raise ExportError(f"ssm_multipliers must hold 5 values and mlp_multipliers 2, got "
+                          f"{len(ssm)} and {len(mlp)}")
+    return HybridScales(
+        attention_in=scale("attention_in_multiplier"),
+        attention_out=scale("attention_out_multiplier"), key=scale("key_multiplier"),
+        ssm_in=scale("ssm_in_multiplier"), ssm_out=scale("ssm_out_multiplier"), ssm=ssm,
+        mlp=(mlp[0], mlp[1]))
+
+
+def _json_float(value: Any) -> float:
+    """A float as config.json holds it; transformers writes infinity as
+    {"__float__": "Infinity"} (time_step_limit), Python's json as Infinity."""
+    if isinstance(value, dict) and set(value) == {"__float__"}:
+        return float(value["__float__"])
+    return float(value)
+
+
 # A FamilySpec.unsupported switch -> what a true value asks for.
 UNSUPPORTED = {
     "mlp_bias": "mlp_bias=true is not supported",
     "qk_layernorm": "per-head LayerNorm on q/k (qk_layernorm) is not supported",
     "use_qk_norm": "per-head LayerNorm on q/k (use_qk_norm) is not supported",
     "use_bias": "use_bias=true (biases on every projection) is not supported",
+    "clip_qkv": "clip_qkv (q/k/v clamped) is not supported",
 }
 
 
@@ -464,7 +598,8 @@ def _layers(raw: dict[str, Any], spec: FamilySpec) -> tuple[LayerAttention, ...]
         if len(types) != count:
             raise ExportError(f"layer_types lists {len(types)} layers; there are {count}")
         kinds = {"full_attention", "sliding_attention", *(("conv",) if spec.conv else ()),
-                 *(("linear_attention",) if spec.delta_net else ())}
+                 *(("linear_attention",) if spec.delta_net else ()),
+                 *(("mamba",) if spec.mamba else ())}
         unknown = {str(kind) for kind in types} - kinds
         if unknown:
             raise ExportError(f"layer_types holds unsupported kinds: {', '.join(sorted(unknown))}"

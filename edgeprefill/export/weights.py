@@ -39,7 +39,6 @@ class GraphWeights:
     ) -> str:
         """x @ concat(W_i^T) (+ bias): HF stores [out, in]; MatMul wants [in, out].
         `reorder` permutes the output rows of weight and bias (GPT-NeoX's fused qkv)."""
-        g = self.g
         in_dim = self.shape(weight_names[0])[1]
         out_dim = sum(self.shape(n)[0] for n in weight_names)
         name = weight_names[0] if len(weight_names) == 1 else _packed_name(weight_names)
@@ -48,24 +47,30 @@ class GraphWeights:
             rows = np.concatenate([self.ckpt.get(n, np.float32) for n in weight_names])
             return rows if reorder is None else reorder(rows)
 
-        if self.quant is None:
-            produce = lambda: np.ascontiguousarray(out_in().T.astype(self.dtype))  # noqa: E731
-            y = g.op("MatMul", [x, g.weight(name, (in_dim, out_dim), self.dtype, produce)])
-        else:
-            y = self.quantized_matmul(x, name, in_dim, out_dim, out_in)
+        y = self.project(x, name, in_dim, out_dim, out_in)
         if bias_name is None:
             return y
-        return g.op("Add", [y, self._bias(bias_name, weight_names, out_dim, reorder)])
+        return self.g.op("Add", [y, self._bias(bias_name, weight_names, out_dim, reorder)])
+
+    def project(self, x: str, name: str, in_dim: int, out_dim: int,
+                out_in: Callable[[], np.ndarray]) -> str:
+        """x @ W^T for the [out, in] weight `out_in` reads when the writer asks, written as
+        `name`: a float MatMul, or the bundle's quantized one."""
+        g = self.g
+        if self.quant is None:
+            produce = lambda: np.ascontiguousarray(out_in().T.astype(self.dtype))  # noqa: E731
+            return g.op("MatMul", [x, g.weight(name, (in_dim, out_dim), self.dtype, produce)])
+        return self.quantized_matmul(x, name, in_dim, out_dim, out_in)
 
     def quantized_matmul(self, x: str, name: str, k: int, n: int, out_in) -> str:
         g, q = self.g, self.quant
         if q.kind == "int8":
-            parts = self._quantized(name, lambda: int8_per_channel(out_in().T))
+            parts = self.memoized(name, lambda: int8_per_channel(out_in().T))
             weight = g.weight(name + ".int8", (k, n), np.int8, lambda: parts()[0])
             scale = g.weight(name + ".scale", (n,), np.float32, lambda: parts()[1])
             return g.op("DynamicQuantizeMatMul", [x, weight, scale], domain="com.microsoft")
         blocks = -(-k // q.block_size)
-        parts = self._quantized(name, lambda: int4_blockwise(out_in(), q.block_size))
+        parts = self.memoized(name, lambda: int4_blockwise(out_in(), q.block_size))
         weight = g.weight(name + ".int4", (n, blocks, q.block_size // 2), np.uint8,
                           lambda: parts()[0])
         scale = g.weight(name + ".scale", (n * blocks,), np.float32, lambda: parts()[1])
@@ -85,12 +90,12 @@ class GraphWeights:
         vocab, width = self.shape(name)
         table = lambda: self.ckpt.get(name, np.float32)  # noqa: E731
         if q.kind == "int8":
-            parts = self._quantized(name, lambda: in_row_chunks(int8_rows, table()))
+            parts = self.memoized(name, lambda: in_row_chunks(int8_rows, table()))
             block, data_shape, blocks = 16, (vocab, width), 1
             while block < width:  # one block spans the row: one scale per row
                 block *= 2
         else:
-            parts = self._quantized(name, lambda: in_row_chunks(
+            parts = self.memoized(name, lambda: in_row_chunks(
                 lambda t: int4_rows(t, q.block_size), table()))
             block, data_shape = q.block_size, (vocab, -(-width // 2))
             blocks = -(-width // block)
@@ -99,7 +104,7 @@ class GraphWeights:
         return g.op("GatherBlockQuantized", [data, indices, scale], domain="com.microsoft",
                     gather_axis=0, quantize_axis=1, block_size=block, bits=int(q.kind[3:]))
 
-    def _quantized(self, name: str, compute):
+    def memoized(self, name: str, compute):
         """Quantize a weight once for its several initializers (the writer asks for them
         one after another)."""
 

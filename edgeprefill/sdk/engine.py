@@ -39,6 +39,7 @@ from edgeprefill.sdk.priority import parse_priority
 from edgeprefill.sdk.request import Phase, Request
 from edgeprefill.sdk.sampler import Sampled, Sampler
 from edgeprefill.sdk.scheduler import PrefillChunk, Scheduler, SchedulerConfig, StepPlan
+from edgeprefill.sdk.state_snapshots import snapshot_budget
 from edgeprefill.sdk.step_runner import StepRunner
 from edgeprefill.sdk.stream import TokenEvent, TokenStream
 from edgeprefill.sdk.tokenizer import BundleTokenizer, Prompt, TextStreamer
@@ -155,7 +156,7 @@ class Engine:
     def _slots(self) -> int:
         if self.config.kv_budget_bytes is None:
             return self.config.kv_slots
-        per_slot = self.backend.kv_slot_bytes(self.capacity)
+        per_slot = self._slot_bytes()
         slots = self.config.kv_budget_bytes // per_slot
         if slots < 1:
             raise RequestError(
@@ -163,6 +164,11 @@ class Engine:
                 f"{self.capacity} positions ({per_slot} bytes); raise it or lower max_context"
             )
         return int(slots)
+
+    def _slot_bytes(self) -> int:
+        """One slot's KV and state, and the most its state snapshots may take."""
+        return (self.backend.kv_slot_bytes(self.capacity)
+                + snapshot_budget(self.backend, self.capacity, self.manifest.chunks[0]))
 
     def _check_kv_fits(self, slots: int) -> None:
         """A KV cache larger than the machine's memory is refused before it is allocated
@@ -173,12 +179,12 @@ class Engine:
             ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
         except (AttributeError, OSError, ValueError):  # no sysconf (Windows)
             return
-        if slots * self.backend.kv_slot_bytes(self.capacity) > ram:
+        if slots * self._slot_bytes() > ram:
             raise RequestError(self._kv_too_big(slots, f"exceed this machine's "
                                                        f"{ram / 2**30:.1f} GiB of memory"))
 
     def _kv_too_big(self, slots: int, what: str) -> str:
-        total = slots * self.backend.kv_slot_bytes(self.capacity)
+        total = slots * self._slot_bytes()
         return (f"{slots} KV slots of {self.capacity} positions ({total / 2**30:.1f} GiB) "
                 f"{what}; lower kv_slots or max_context, or give kv_budget_bytes")
 
@@ -329,6 +335,7 @@ class Engine:
             self._drain_inbox()  # requests submitted just before close() enter, then end
             for request in self.scheduler.live():
                 self._finish(request, "cancelled", keep=False)
+            self.kv.drop_snapshots()
             self.backend.close()
             self._closed = True
 

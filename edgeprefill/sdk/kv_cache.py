@@ -11,11 +11,25 @@ which makes two kinds of reuse one mechanism, both verified by token content:
 
 Retained slots are evicted least recently used when a request needs room.
 
-A model whose conv layers carry a recurrent state beside the KV (LFM2,
-`Backend.carries_state`) cannot cut a slot back to a shorter prefix: the state is that of
-the slot's last token. There a slot is reused only whole (its tokens a proper prefix of
-the new ones), else the request starts from position 0; a prefix is lent only from a
-slot whose whole token list it is (the copy takes the state along).
+A model whose layers carry a recurrent state beside the KV (LFM2's short convolutions,
+Qwen3.5's Gated DeltaNet: `Backend.carries_state`) cannot cut a slot back to a shorter
+prefix by its KV alone: the live state is that of the slot's last token. So the cache
+keeps *snapshots*, copies of a slot's states where a call ended, as vLLM keeps mamba
+states at block boundaries: at positions that are multiples of the slot's snapshot
+period (`align` at first; a prefill chunk that crosses one ends there, but for the
+prompt's last chunk, whose cut would cost a call: `chunk_end`; a decode step that lands
+on one takes it too), and at the slot's *mark*: where its prompt parts from the longest
+aligned prefix it shares with a cached one that kept no snapshot that far (a system
+prompt's end: the request pays one more call, the next ones sharing it reuse it). A
+slot then serves a prefix whole (its live state) or up to its latest snapshot at or
+before the common prefix (that snapshot's states restored into the destination slot,
+whose KV is the slot's own or a copy).
+
+A slot's snapshots past the tokens it keeps go when a request takes it (they describe
+tokens about to be overwritten), all of them when it is freed or evicted; they move with
+the slot (`compact`), and a copy of a slot (a lent prefix, a fork) shares those at or
+before what it copied. Their budget and period: sdk/state_snapshots.py. An attention-only
+model keeps none and cuts a lent prefix at any multiple of `align`.
 
   state     tokens        request   meaning
   FREE      []            none      no data
@@ -31,6 +45,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from edgeprefill.engines.base import Backend
+from edgeprefill.sdk.state_snapshots import Snapshot, latest, snapshot_budget, thin
 
 
 class SlotState(enum.Enum):
@@ -46,6 +61,14 @@ class Slot:
     tokens: list[int] = field(default_factory=list)  # tokens whose KV is in the slot
     owner: int | None = None  # session id that keeps its conversation here
     last_used: int = 0
+    snapshots: list[Snapshot] = field(default_factory=list)  # ascending positions
+    every: int = 1  # snapshot period: positions that are a multiple of it get one
+    mark: int = 0  # where its prompt parts from a cached one: a snapshot goes there too
+
+
+class Reuse(NamedTuple):
+    length: int  # leading tokens a slot can serve
+    snapshot: Snapshot | None  # whose states to restore; None: the slot's live ones (or none)
 
 
 class Acquired(NamedTuple):
@@ -73,10 +96,13 @@ class KVCache:
         `share_prefixes`: lend other slots' prefixes (a slot's own reuse always applies)."""
         self.share_prefixes = share_prefixes
         self.backend = backend
-        self.whole_only = backend.carries_state  # reuse a slot whole or not at all
+        self.whole_only = backend.carries_state  # reuse a slot whole or up to a snapshot
         self.capacity = capacity
         self.align = max(1, align)
-        self.slots = [Slot(i) for i in range(slots)]
+        self.slots = [Slot(i, every=self.align) for i in range(slots)]
+        # Snapshots one slot may hold (a model with states; else none are taken).
+        budget = snapshot_budget(backend, capacity, self.align)
+        self.max_snapshots = budget // max(1, backend.state_bytes()) if budget else 0
         self._clock = itertools.count(1)
         self.prefix_lookups = 0
         self.prefix_hits = 0
@@ -94,15 +120,20 @@ class KVCache:
                 or self._evict_lru())
         if slot is None:
             return None
-        reused = self._reusable(slot.tokens, tokens, limit)
+        own = self._reusable(slot, tokens, limit)
         source, shared = self._best_prefix(tokens, limit, exclude=slot.index)
         self.prefix_lookups += 1
         copied_from = None
-        if shared > reused:
-            self.backend.copy_kv(source, slot.index, shared)
-            reused, copied_from = shared, source
+        if shared.length > own.length:
+            self._lend(self.slots[source], slot, shared)
+            copied_from = source
+        else:
+            self._cut_back(slot, own)
+        reused = max(own.length, shared.length)
         if reused:
             self.prefix_hits += 1
+        parting = self._parting(slot, tokens, limit) if self.max_snapshots else 0
+        slot.mark = parting if parting > reused else 0
         slot.state, slot.tokens = SlotState.ACTIVE, tokens[:reused]
         slot.owner = owner
         self._touch(slot)
@@ -116,7 +147,7 @@ class KVCache:
         if slot is None:
             return None
         tokens = self.slots[source].tokens
-        self.backend.copy_kv(source, slot.index, len(tokens))
+        self._lend(self.slots[source], slot, Reuse(len(tokens), None))
         slot.state, slot.tokens, slot.owner = SlotState.ACTIVE, list(tokens), None
         self._touch(slot)
         return slot.index
@@ -127,6 +158,23 @@ class KVCache:
         assert slot.state is SlotState.ACTIVE, slot
         slot.tokens.extend(tokens)
         assert len(slot.tokens) <= self.capacity
+        length = len(slot.tokens)
+        if self.max_snapshots and length and (length % slot.every == 0 or length == slot.mark):
+            self._snapshot(slot)
+
+    def chunk_end(self, index: int, start: int, end: int, finishes: bool) -> int:
+        """Where a prefill chunk of slot `index` over positions [start, end) should end
+        (`finishes`: it ends the prompt), so that a snapshot of the states is kept: at
+        the slot's mark inside it; else, but for the prompt's last chunk (a cut there
+        would cost a call), at the last multiple of the period inside it; else at `end`.
+        Reads the cache only."""
+        if not self.max_snapshots:
+            return end
+        slot = self.slots[index]
+        if start < slot.mark < end:
+            return slot.mark
+        cut = end - end % slot.every
+        return cut if cut > start and not finishes else end
 
     def release(self, index: int, keep: bool) -> None:
         """End a request's use of its slot: keep the KV for reuse, or free it at once."""
@@ -135,7 +183,13 @@ class KVCache:
             slot.state = SlotState.RETAINED
             self._touch(slot)
         else:
-            slot.state, slot.tokens, slot.owner = SlotState.FREE, [], None
+            self._clear(slot)
+
+    def drop_snapshots(self) -> None:
+        """Free every slot's state snapshots (the engine closes: their memory goes now, with
+        the backend's, not when the cache is collected)."""
+        for slot in self.slots:
+            slot.snapshots, slot.every = [], self.align
 
     def forget_owner(self, owner: int) -> None:
         """A closed session's slot stays as a plain prefix-cache entry."""
@@ -192,6 +246,9 @@ class KVCache:
             assert len(slot.tokens) <= self.capacity, f"slot {i} overflows"
             if slot.state is SlotState.FREE:
                 assert not slot.tokens and slot.owner is None, f"free slot {i} holds data"
+                assert not slot.snapshots, f"free slot {i} holds state snapshots"
+            assert all(s.position <= len(slot.tokens) for s in slot.snapshots), \
+                f"slot {i} holds a snapshot past its tokens"
             if slot.state is SlotState.RETAINED:
                 assert slot.tokens, f"retained slot {i} is empty"
         owners = [s.owner for s in self.slots if s.owner is not None]
@@ -225,7 +282,7 @@ class KVCache:
         slot for those two tokens evicted what the next request would have reused."""
         if not self.share_prefixes:
             return None
-        shared, _, best = max(((self._reusable(s.tokens, tokens, limit), -s.last_used,
+        shared, _, best = max(((self._reusable(s, tokens, limit).length, -s.last_used,
                                 s.index) for s in self.slots
                                if s.state is SlotState.RETAINED and s.owner is None),
                               default=(0, 0, -1))
@@ -237,30 +294,66 @@ class KVCache:
             return None
         # Prefer evicting plain prefix entries over another session's conversation.
         victim = min(retained, key=lambda s: (s.owner is not None, s.last_used))
-        victim.state, victim.tokens, victim.owner = SlotState.FREE, [], None
+        self._clear(victim)
         return victim
 
-    def _best_prefix(self, tokens: list[int], limit: int, exclude: int) -> tuple[int, int]:
-        best, best_len = -1, 0
+    def _clear(self, slot: Slot) -> None:
+        slot.state, slot.tokens, slot.owner = SlotState.FREE, [], None
+        slot.snapshots, slot.every, slot.mark = [], self.align, 0  # their memory goes now
+
+    def _best_prefix(self, tokens: list[int], limit: int, exclude: int) -> tuple[int, Reuse]:
+        best, best_reuse = -1, Reuse(0, None)
         if not self.share_prefixes:
-            return best, best_len
+            return best, best_reuse
         for slot in self.slots:
             if slot.index == exclude or not slot.tokens:
                 continue
-            shared = self._reusable(slot.tokens, tokens, limit)
+            reuse = self._reusable(slot, tokens, limit)
             if not self.whole_only:  # a whole slot's end is where its state is
-                shared -= shared % self.align
-            if shared > best_len:
-                best, best_len = slot.index, shared
-        return best, best_len
+                reuse = Reuse(reuse.length - reuse.length % self.align, None)
+            if reuse.length > best_reuse.length:
+                best, best_reuse = slot.index, reuse
+        return best, best_reuse
 
-    def _reusable(self, held: list[int], tokens: list[int], limit: int) -> int:
-        """Leading tokens of `tokens` (at most `limit`) whose cache a slot holding `held`
-        can serve: their common prefix, or with a state all of `held` or nothing."""
-        common = min(_common_prefix(held, tokens), limit)
-        if self.whole_only and common < len(held):
-            return 0
-        return common
+    def _reusable(self, slot: Slot, tokens: list[int], limit: int) -> Reuse:
+        """Leading tokens of `tokens` (at most `limit`) whose cache `slot` can serve:
+        their common prefix, or with a state all of the slot's tokens (its live state) or
+        up to its latest snapshot within the common prefix."""
+        common = min(_common_prefix(slot.tokens, tokens), limit)
+        if not self.whole_only or common == len(slot.tokens):
+            return Reuse(common, None)
+        snapshot = latest(slot.snapshots, common)
+        return Reuse(snapshot.position, snapshot) if snapshot else Reuse(0, None)
+
+    def _lend(self, source: Slot, slot: Slot, reuse: Reuse) -> None:
+        """Copy `reuse.length` positions of `source` into `slot`, with the states they
+        end at, and the snapshots that describe them (shared: never changed)."""
+        self.backend.copy_kv(source.index, slot.index, reuse.length)
+        if reuse.snapshot is not None:  # copy_kv took the source's live states
+            self.backend.restore_state(reuse.snapshot.states, slot.index)
+        slot.snapshots = [s for s in source.snapshots if s.position <= reuse.length]
+        slot.every = source.every
+
+    def _cut_back(self, slot: Slot, reuse: Reuse) -> None:
+        """The slot keeps its first `reuse.length` tokens' cache: restore the snapshot's
+        states there, and drop the snapshots of tokens about to be overwritten."""
+        if reuse.snapshot is not None:
+            self.backend.restore_state(reuse.snapshot.states, slot.index)
+        slot.snapshots = [s for s in slot.snapshots if s.position <= reuse.length]
+
+    def _parting(self, slot: Slot, tokens: list[int], limit: int) -> int:
+        """The longest aligned prefix `tokens` shares with the slot's old tokens or (when
+        prefixes are shared) another slot's: a later request that shares it too could
+        reuse that much if a snapshot were kept there (a system prompt's end, where
+        requests part)."""
+        slots = self.slots if self.share_prefixes else [slot]
+        common = max(min(_common_prefix(s.tokens, tokens), limit) for s in slots)
+        return common - common % self.align
+
+    def _snapshot(self, slot: Slot) -> None:
+        """Keep the slot's states at its current length, within the budget."""
+        slot.snapshots.append(Snapshot(len(slot.tokens), self.backend.save_state(slot.index)))
+        slot.snapshots, slot.every = thin(slot.snapshots, slot.every, self.max_snapshots)
 
     def _touch(self, slot: Slot) -> None:
         slot.last_used = next(self._clock)

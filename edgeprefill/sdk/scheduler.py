@@ -230,7 +230,10 @@ class Scheduler:
             or self.chunks.choose(decoding=bool(self.decoding), fused=self.fuse)
         )
         budget = max(1, self.config.max_step_tokens - len(self.decoding))
-        return max(1, min(size, budget, left))
+        length = max(1, min(size, budget, left))
+        # A model with states: end where the cache keeps a snapshot, if the chunk crosses one.
+        start = request.kv_len
+        return self.kv.chunk_end(_slot(request), start, start + length, length == left) - start
 
     # -- keeping decode rows adjacent -------------------------------------------------
 

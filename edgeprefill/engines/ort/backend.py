@@ -344,6 +344,19 @@ class OnnxRuntimeBackend(Backend):
         if self.state is not None:
             self.state.swap(a, b)
 
+    def save_state(self, slot: int) -> object:
+        return self._states().save(slot)
+
+    def restore_state(self, saved: object, slot: int) -> None:
+        assert isinstance(saved, list), "a snapshot is StateArena.save's list of rows"
+        self._states().restore(saved, slot)
+
+    def _states(self) -> StateArena:
+        if self.state is None:
+            raise BackendError("this bundle's layers carry no recurrent state (or "
+                               "allocate_kv was not called)")
+        return self.state
+
     def _allocated(self) -> KVArena:
         if self.arena is None:
             raise BackendError("allocate_kv must be called before the KV cache is used")

@@ -51,6 +51,14 @@ class StateArena:
         for state in self.arrays:
             state[[a, b]] = state[[b, a]]
 
+    def save(self, slot: int) -> list[np.ndarray]:
+        """A copy of one slot's states (a snapshot: kv_cache.py keeps it by position)."""
+        return [state[slot].copy() for state in self.arrays]
+
+    def restore(self, saved: list[np.ndarray], slot: int) -> None:
+        for state, row in zip(self.arrays, saved, strict=True):
+            state[slot] = row
+
 
 def _zeros(spec: Any, slots: int) -> np.ndarray:
     dtype, shape = spec

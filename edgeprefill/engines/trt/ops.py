@@ -101,6 +101,10 @@ def restriction_problems(model: onnx.ModelProto) -> list[str]:
                 problems.append(f"{node.name}: {node.op_type} input {index} must be a constant")
         if node.op_type == "TensorScatter":
             problems += _tensor_scatter_problems(node, ranks, outputs)
+        reduction = next((a.s.decode() for a in node.attribute if a.name == "reduction"), "none")
+        if node.op_type == "ScatterND" and reduction != "none":
+            problems.append(f"{node.name}: ScatterND reduction {reduction!r}, TensorRT needs "
+                            "'none'")
     return problems
 
 

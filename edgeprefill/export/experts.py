@@ -1,0 +1,123 @@
+"""Mixture-of-experts decoders, declared: how a family names and routes its experts
+(`MoeSpec`, in families.py) and what one config.json makes of it (`MoeConfig`, read once by
+`read_moe`). The graph of the block is export/moe.py's.
+
+Routing, as each family's transformers router computes it (float32 throughout):
+  softmax          softmax over all experts, then the top k (Qwen2/3-MoE, OLMoE);
+                   `norm_topk_prob` rescales the k to sum to 1
+  topk_softmax     the top k logits, then softmax over those k (Granite MoE)
+  sigmoid          sigmoid of each logit; the top k of sigmoid + `expert_bias` (the bias
+                   chooses, it never weighs); `norm_topk_prob` divides by their sum + 1e-6;
+                   times `routed_scaling_factor` (LFM2-MoE)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from edgeprefill.errors import ExportError
+
+ROUTINGS = ("softmax", "topk_softmax", "sigmoid")
+
+
+@dataclass(frozen=True)
+class MoeNames:
+    """Tensor names relative to a layer prefix. Experts are read one by one from either
+    layout a checkpoint may hold: per expert (`experts.{j}.gate_proj.weight`, the Hub's and
+    what transformers 5 saves) or fused [E, 2I, H] / [E, H, I] tensors (the transformers 5
+    modules' own `experts.gate_up_proj`, Granite MoE's `input_linear`)."""
+
+    router: tuple[str, ...] = ("mlp.gate.weight",)  # first found wins
+    expert: str = "mlp.experts.{j}."  # + gate/up/down + ".weight"
+    gate: str = "gate_proj"
+    up: str = "up_proj"
+    down: str = "down_proj"
+    fused_gate_up: tuple[str, ...] = ("mlp.experts.gate_up_proj",)
+    fused_down: tuple[str, ...] = ("mlp.experts.down_proj",)
+    expert_bias: str | None = None  # LFM2-MoE's selection bias
+    shared: str | None = None  # a shared expert's MLP prefix (Qwen2-MoE), + gate/up/down
+    shared_gate: str | None = None  # its sigmoid gate [1, H]
+
+
+@dataclass(frozen=True)
+class MoeSpec:
+    """A family's experts: names, routing and the config keys it reads them from."""
+
+    names: MoeNames = MoeNames()
+    routing: str = "softmax"  # one of ROUTINGS
+    # the keys of the expert count, first present wins (transformers' attribute_map aliases)
+    experts_keys: tuple[str, ...] = ("num_experts",)
+    width_key: str = "moe_intermediate_size"
+    # config.json -> the layers with experts (the others keep the dense MLP)
+    layers: Callable[[dict[str, Any]], tuple[int, ...]] = lambda raw: tuple(
+        range(int(raw["num_hidden_layers"])))
+    norm_key: str | None = "norm_topk_prob"  # None: never renormalized (Granite MoE)
+    norm_eps: float = 0.0  # added to the sum before renormalizing (LFM2-MoE's 1e-6)
+
+
+@dataclass(frozen=True)
+class MoeConfig:
+    """One model's experts, as its config.json gives them."""
+
+    experts: int
+    top_k: int
+    width: int  # each expert's intermediate size
+    routing: str
+    norm_topk: bool
+    norm_eps: float
+    scaling: float  # routed_scaling_factor
+    expert_bias: bool
+    shared_width: int  # a shared expert's intermediate size; 0: none
+    layers: tuple[int, ...]
+
+    def describe(self, num_layers: int) -> str:
+        shared = f", a gated shared expert of width {self.shared_width}" \
+            if self.shared_width else ""
+        return (f"mixture of experts: {self.experts} experts of width {self.width}, top "
+                f"{self.top_k} per token ({self.routing} routing), on {len(self.layers)} of "
+                f"{num_layers} layers{shared}")
+
+
+def read_moe(raw: dict[str, Any], spec: MoeSpec) -> MoeConfig | None:
+    """The MoeConfig of config.json as the family reads it (a KeyError names a missing key);
+    None where no layer has experts (num_experts 0, as Qwen2/3-MoE's model reads it)."""
+    names = spec.names
+    key = next((k for k in spec.experts_keys if raw.get(k) is not None), spec.experts_keys[0])
+    experts = int(raw[key])
+    layers = spec.layers(raw) if experts else ()
+    if not layers:
+        return None
+    moe = MoeConfig(
+        experts=experts,
+        top_k=int(raw["num_experts_per_tok"]),
+        width=int(raw[spec.width_key]),
+        routing=spec.routing,
+        norm_topk=bool(raw.get(spec.norm_key)) if spec.norm_key else False,
+        norm_eps=spec.norm_eps,
+        scaling=float(raw.get("routed_scaling_factor") or 1.0),
+        expert_bias=names.expert_bias is not None and bool(raw.get("use_expert_bias")),
+        shared_width=int(raw.get("shared_expert_intermediate_size") or 0)
+        if names.shared else 0,
+        layers=layers,
+    )
+    if moe.experts < 1 or not 1 <= moe.top_k <= moe.experts:
+        raise ExportError(f"config.json: num_experts_per_tok ({moe.top_k}) must be 1 to "
+                          f"{key} ({moe.experts})")
+    if moe.width < 1:
+        raise ExportError(f"config.json: {spec.width_key} must be positive, got {moe.width}")
+    return moe
+
+
+def sparse_layers(raw: dict[str, Any]) -> tuple[int, ...]:
+    """Qwen2/3-MoE: every `decoder_sparse_step`-th layer not in `mlp_only_layers`."""
+    step = int(raw.get("decoder_sparse_step") or 1)
+    dense = set(raw.get("mlp_only_layers") or ())
+    return tuple(i for i in range(int(raw["num_hidden_layers"]))
+                 if i not in dense and (i + 1) % step == 0)
+
+
+def after_dense_layers(raw: dict[str, Any]) -> tuple[int, ...]:
+    """LFM2-MoE: the layers after the first `num_dense_layers`."""
+    return tuple(range(int(raw.get("num_dense_layers", 2)), int(raw["num_hidden_layers"])))

@@ -1,0 +1,199 @@
+"""The graph of a mixture-of-experts block: routing, then sparse dispatch per expert.
+
+Built from stock ONNX ops, the same in both flavours. For a layer's N tokens x [N, H]:
+
+  route       router logits [N, E] (float32) -> the top k experts of each token and their
+              weights (experts.py: each family's routing)
+  dispatch    for each expert e, unrolled: the tokens that chose it (NonZero of its column
+              of the [E, N] choice mask), gathered [n_e, H]; its gated MLP as ordinary
+              MatMuls (so the int8/int4 quantizer and the native kernels take them as any
+              projection); times each token's weight
+  combine     every expert's rows scattered to their token's slot [N k, H] (ScatterND;
+              each slot is one expert's), the k slots of a token summed
+
+A decode step therefore reads only the chosen experts' weights (an expert no token chose
+runs its MatMuls on zero rows), and a prefill chunk computes each token's k experts only.
+Padding tokens of a chunk (the `standard` flavour's) are routed like any token; their rows
+are dropped later as before.
+
+TopK keeps the lower index first among equal scores (ONNX's rule); torch.topk on the CPU
+follows no fixed order among ties (all-zero scores of 128 experts, top 8: experts 81-88),
+so exactly tied router scores are the one place the bundle and transformers may choose
+different experts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from edgeprefill.errors import ExportError
+from edgeprefill.export.checkpoint import Checkpoint
+from edgeprefill.export.experts import MoeConfig, MoeNames
+from edgeprefill.export.graph import GraphBuilder
+from edgeprefill.export.weights import GraphWeights
+
+FLOAT = 1  # onnx TensorProto.FLOAT
+Activation = Callable[[str], str]
+
+
+class MixtureOfExperts:
+    def __init__(self, g: GraphBuilder, w: GraphWeights, ckpt: Checkpoint, moe: MoeConfig,
+                 names: MoeNames, hidden: int, dtype: np.dtype, act: Activation) -> None:
+        self.g, self.w, self.ckpt = g, w, ckpt
+        self.moe, self.names, self.hidden = moe, names, hidden
+        self.dtype = np.dtype(dtype)
+        self.act = act
+
+    def block(self, p: str, h: str) -> str:
+        """The block's output for h [..., H] (any leading shape), shaped as h."""
+        g = self.g
+        x = g.op("Reshape", [h, g.const([-1, self.hidden])])  # [N, H]
+        chosen, weights = self._route(p, x)  # [N, k] int64, [N, k] model dtype
+        out = self._dispatch(p, x, chosen, weights)
+        if self.moe.shared_width:
+            out = g.op("Add", [out, self._shared(p, x)])
+        return g.op("Reshape", [out, g.op("Shape", [h])])
+
+    def _route(self, p: str, x: str) -> tuple[str, str]:
+        """Each token's k experts and their weights, as the family's router computes them
+        (in float32, as transformers' routers do)."""
+        g, moe, k = self.g, self.moe, self.g.const([self.moe.top_k])
+        logits = g.op("MatMul", [x, self._router(p)])
+        if self.dtype != np.float32:
+            logits = g.op("Cast", [logits], to=FLOAT)
+        if moe.routing == "topk_softmax":  # Granite MoE
+            top, chosen = g.op("TopK", [logits, k], 2, axis=-1)
+            weights = g.op("Softmax", [top], axis=-1)
+        elif moe.routing == "sigmoid":  # LFM2-MoE: the bias chooses, the sigmoid weighs
+            scores = g.op("Sigmoid", [logits])
+            ranked = scores
+            if moe.expert_bias:
+                ranked = g.op("Add", [scores, self._expert_bias(p)])
+            _, chosen = g.op("TopK", [ranked, k], 2, axis=-1)
+            weights = g.op("GatherElements", [scores, chosen], axis=-1)
+        else:
+            top, chosen = g.op("TopK", [g.op("Softmax", [logits], axis=-1), k], 2, axis=-1)
+            weights = top
+        if moe.norm_topk:
+            total = g.op("ReduceSum", [weights, g.const([-1])], keepdims=1)
+            if moe.norm_eps:
+                total = g.op("Add", [total, g.const(moe.norm_eps, np.float32)])
+            weights = g.op("Div", [weights, total])
+        if moe.scaling != 1.0:
+            weights = g.op("Mul", [weights, g.const(moe.scaling, np.float32)])
+        if self.dtype != np.float32:
+            weights = g.op("Cast", [weights], to=10)
+        return chosen, weights
+
+    def _dispatch(self, p: str, x: str, chosen: str, weights: str) -> str:
+        """Each expert on the tokens that chose it; their rows summed per token. Rows are
+        indexed by slot (token * k + the token's i-th choice): every slot is one expert's,
+        so the rows scatter to distinct places (no reduction: TensorRT's parser takes
+        ScatterND without one only) and the k slots of a token are summed after."""
+        g, experts, k = self.g, self.moe.experts, self.moe.top_k
+        hit = g.op("Equal", [g.op("Unsqueeze", [chosen, g.const([-1])]),
+                             g.const(np.arange(experts).reshape(1, 1, -1))])  # [N, k, E]
+        per_expert = g.op("Reshape", [g.op("Transpose", [hit], perm=[2, 0, 1]),
+                                      g.const([experts, -1])])  # [E, N k]
+        expert_rows = g.op("Split", [per_expert], experts, axis=0, num_outputs=experts)
+        if experts == 1:
+            expert_rows = [expert_rows]
+        flat_weights = g.op("Reshape", [weights, g.const([-1])])  # [N k]
+        outputs, slots = [], []
+        for e in range(experts):
+            # [n_e]: the slots that chose expert e (NonZero of a [1, N k] row: its row 1)
+            slot = g.op("Gather", [g.op("NonZero", [expert_rows[e]]), g.const(1)], axis=0)
+            tokens = g.op("Div", [slot, g.const(k)])
+            y = self._expert(p, e, g.op("Gather", [x, tokens], axis=0))  # [n_e, H]
+            weight = g.op("Unsqueeze", [g.op("Gather", [flat_weights, slot]), g.const([1])])
+            outputs.append(g.op("Mul", [y, weight]))
+            slots.append(slot)
+        index = g.op("Unsqueeze", [g.op("Concat", slots, axis=0), g.const([1])])  # [N k, 1]
+        shape = g.op("Concat", [g.op("Shape", [flat_weights]), g.const([self.hidden])], axis=0)
+        start = g.op("ConstantOfShape", [shape], value=tensor_attribute(np.zeros(1, self.dtype)))
+        combined = g.op("ScatterND", [start, index, g.op("Concat", outputs, axis=0)])
+        return g.op("ReduceSum", [g.op("Reshape", [combined, g.const([-1, k, self.hidden])]),
+                                  g.const([1])], keepdims=0)
+
+    def _expert(self, p: str, e: int, x: str) -> str:
+        """Expert e's gated MLP on its tokens x [n_e, H]."""
+        g, width, hidden = self.g, self.moe.width, self.hidden
+        stem = p + self.names.expert.format(j=e)
+        gate_up = self.w.project(x, stem + "gate_up.weight", hidden, 2 * width,
+                                 self._gate_up_reader(p, e))
+        gate, up = g.op("Split", [gate_up], 2, axis=-1, num_outputs=2)
+        act = g.op("Mul", [self.act(gate), up])
+        return self.w.project(act, stem + "down.weight", width, hidden, self._down_reader(p, e))
+
+    def _shared(self, p: str, x: str) -> str:
+        """Qwen2-MoE's shared expert: its MLP times sigmoid(shared_expert_gate(x))."""
+        g, n = self.g, self.names
+        assert n.shared is not None and n.shared_gate is not None
+        stem = p + n.shared
+        gate_up = self.w.linear(x, [stem + n.gate + ".weight", stem + n.up + ".weight"], None)
+        gate, up = g.op("Split", [gate_up], 2, axis=-1, num_outputs=2)
+        mlp = self.w.linear(g.op("Mul", [self.act(gate), up]), [stem + n.down + ".weight"], None)
+        return g.op("Mul", [mlp, g.op("Sigmoid", [g.op("MatMul", [x, self._transposed(
+            p + n.shared_gate, (1, self.hidden))])])])
+
+    def _router(self, p: str) -> str:
+        """The router's [H, E] weight, kept in float (never quantized: a quantized router
+        would choose other experts)."""
+        name = self.w.resolve(tuple(p + name for name in self.names.router))
+        return self._transposed(name, (self.moe.experts, self.hidden))
+
+    def _transposed(self, name: str, shape: tuple[int, int]) -> str:
+        if self.ckpt.shape(name) != shape:
+            raise ExportError(f"{name} has shape {self.ckpt.shape(name)}, but config.json "
+                              f"implies {shape}")
+        return self.g.weight(name, shape[::-1], self.dtype, lambda: np.ascontiguousarray(
+            self.ckpt.get(name, np.float32).T.astype(self.dtype)))
+
+    def _expert_bias(self, p: str) -> str:
+        assert self.names.expert_bias is not None
+        name = p + self.names.expert_bias
+        return self.g.weight(name, (self.moe.experts,), np.dtype(np.float32),
+                             lambda: self.ckpt.get(name, np.float32))
+
+    def _gate_up_reader(self, p: str, e: int) -> Callable[[], np.ndarray]:
+        """Expert e's [2I, H] gate and up rows (gate first), from either layout."""
+        n, stem = self.names, p + self.names.expert.format(j=e)
+        separate = [stem + n.gate + ".weight", stem + n.up + ".weight"]
+        if all(self.ckpt.has(name) for name in separate):
+            self._check(separate[0], (self.moe.width, self.hidden))
+            return lambda: np.concatenate([self.ckpt.get(name) for name in separate])
+        fused = self._fused(p, n.fused_gate_up, separate[0])
+        self._check(fused, (self.moe.experts, 2 * self.moe.width, self.hidden))
+        return lambda: self.ckpt.get_index(fused, e)
+
+    def _down_reader(self, p: str, e: int) -> Callable[[], np.ndarray]:
+        n, stem = self.names, p + self.names.expert.format(j=e)
+        separate = stem + n.down + ".weight"
+        if self.ckpt.has(separate):
+            self._check(separate, (self.hidden, self.moe.width))
+            return lambda: self.ckpt.get(separate)
+        fused = self._fused(p, n.fused_down, separate)
+        self._check(fused, (self.moe.experts, self.hidden, self.moe.width))
+        return lambda: self.ckpt.get_index(fused, e)
+
+    def _fused(self, p: str, candidates: tuple[str, ...], separate: str) -> str:
+        found = next((p + c for c in candidates if self.ckpt.has(p + c)), None)
+        if found is None:
+            fused = " or ".join(repr(p + c) for c in candidates)
+            raise ExportError(f"the checkpoint lacks the expert tensor {separate!r} (or the "
+                              f"fused {fused})")
+        return found
+
+    def _check(self, name: str, shape: tuple[int, ...]) -> None:
+        if self.ckpt.shape(name) != shape:
+            raise ExportError(f"{name} has shape {self.ckpt.shape(name)}, but config.json "
+                              f"implies {shape} ({self.moe.experts} experts of width "
+                              f"{self.moe.width}, hidden {self.hidden})")
+
+
+def tensor_attribute(array: np.ndarray):
+    from onnx import numpy_helper
+
+    return numpy_helper.from_array(array)

@@ -1,0 +1,128 @@
+"""The `ort` flavour's mixture-of-experts block: one com.microsoft `MoE` (float32) or
+`QMoE` (int4) node per layer over the experts' stacked weights.
+
+The unrolled dispatch of export/moe.py costs a dozen nodes per expert whether a token chose
+it or not: 8 layers of 128 experts decoded 4.2 tokens/s in int4 that way on the 2-core VM,
+861 through the op (docs/benchmarks.md, *Mixture of experts*). The op takes the router
+logits and does softmax, top-k and (normalize_routing_weights) the renormalization itself,
+then runs each chosen expert's SwiGLU on its tokens: Qwen2/3-MoE's and OLMoE's routing.
+Granite MoE's softmax over the top k logits is the same renormalized top k of the softmax
+over all (exp(l_i) / sum_topk exp(l_j)). LFM2-MoE's routing (the top k of sigmoid + bias,
+weighed by the sigmoid alone, renormalized with an epsilon, scaled) is computed in the
+graph as the unrolled form computes it, and handed to the op as logits it cannot read
+otherwise: log(weight) at the k chosen experts and -inf elsewhere, so the op's softmax and
+top k find exactly those k and renormalize their weights to sum 1; the output times each
+token's sum of weights undoes that. The `standard` flavour and int8 and fp16 bundles keep
+the unrolled graph (export/moe.py).
+
+Weights: fc1 [E, 2I, H] with each expert's gate and up rows interleaved (g0, u0, g1, ...,
+the CPU kernel's only layout, swiglu_fusion=1), fc2 [E, H, I]. int4: each expert's rows
+quantized as MatMulNBits' are (export/quantize.py: blocks along the input, zero point 8),
+stored [E, out, in / 2] with float32 scales [E, out, blocks]: the op's layout, which needs
+H and I to be multiples of the block size.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from edgeprefill.export.moe import MixtureOfExperts, tensor_attribute
+from edgeprefill.export.quantize import QuantConfig, int4_blockwise
+
+OP_ROUTINGS = ("softmax", "topk_softmax")  # the op's own; "sigmoid" goes in as chosen
+
+
+def takes_moe_op(experts: MixtureOfExperts, activation: str, quant: QuantConfig | None) -> bool:
+    """Whether the block can be ONNX Runtime's MoE/QMoE op (else the unrolled graph)."""
+    moe = experts.moe
+    if activation != "silu" or experts.dtype != np.float32:
+        return False
+    if quant is None:
+        return True
+    return quant.kind == "int4" and not (experts.hidden % quant.block_size
+                                         or moe.width % quant.block_size)
+
+
+class MoeOp(MixtureOfExperts):
+    """MixtureOfExperts (its router and checkpoint readers) as one contrib op."""
+
+    def __init__(self, experts: MixtureOfExperts, quant: QuantConfig | None) -> None:
+        super().__init__(experts.g, experts.w, experts.ckpt, experts.moe, experts.names,
+                         experts.hidden, experts.dtype, experts.act)
+        self.quant = quant
+
+    def block(self, p: str, h: str) -> str:
+        g, moe = self.g, self.moe
+        x = g.op("Reshape", [h, g.const([-1, self.hidden])])  # [N, H]
+        total = None
+        if moe.routing in OP_ROUTINGS:
+            logits = g.op("MatMul", [x, self._router(p)])  # [N, E]
+            normalize = int(moe.norm_topk or moe.routing == "topk_softmax")
+        else:
+            logits, total = self._chosen_logits(p, x)
+            normalize = 1
+        attrs = {"k": moe.top_k, "normalize_routing_weights": normalize,
+                 "activation_type": "swiglu", "swiglu_fusion": 1, "activation_alpha": 1.0,
+                 "activation_beta": 0.0}
+        if self.quant is None:
+            fc1 = self.g.weight(p + "experts.fc1", (moe.experts, 2 * moe.width, self.hidden),
+                                self.dtype, lambda: self._stacked(p, self._fc1))
+            fc2 = self.g.weight(p + "experts.fc2", (moe.experts, self.hidden, moe.width),
+                                self.dtype, lambda: self._stacked(p, self._fc2))
+            out = g.op("MoE", [x, logits, fc1, "", fc2], domain="com.microsoft", **attrs)
+        else:
+            q = self.quant
+            fc1, scale1 = self._int4(p + "experts.fc1", 2 * moe.width, self.hidden, p, self._fc1)
+            fc2, scale2 = self._int4(p + "experts.fc2", self.hidden, moe.width, p, self._fc2)
+            out = g.op("QMoE", [x, logits, fc1, scale1, "", fc2, scale2],
+                       domain="com.microsoft", expert_weight_bits=4, block_size=q.block_size,
+                       accuracy_level=q.accuracy_level, **attrs)
+        if total is not None:
+            out = g.op("Mul", [out, total])
+        if moe.shared_width:
+            out = g.op("Add", [out, self._shared(p, x)])
+        return g.op("Reshape", [out, g.op("Shape", [h])])
+
+    def _chosen_logits(self, p: str, x: str) -> tuple[str, str]:
+        """([N, E] log(weight) at each token's k chosen experts, -inf elsewhere; [N, 1] the
+        sum of its k weights), from the routing of MixtureOfExperts._route."""
+        g = self.g
+        chosen, weights = self._route(p, x)  # [N, k], [N, k] float32 (the dtype's)
+        shape = g.op("Concat", [g.op("Shape", [chosen], end=1),
+                                g.const([self.moe.experts])], axis=0)
+        empty = g.op("ConstantOfShape", [shape],
+                     value=tensor_attribute(np.array([-np.inf], np.float32)))
+        logits = g.op("ScatterElements", [empty, chosen, g.op("Log", [weights])], axis=1)
+        return logits, g.op("ReduceSum", [weights, g.const([-1])], keepdims=1)
+
+    def _fc1(self, p: str, e: int) -> np.ndarray:
+        """Expert e's [2I, H] gate and up rows, interleaved (g0, u0, g1, u1, ...)."""
+        gate_up = self._gate_up_reader(p, e)()
+        width = self.moe.width
+        out = np.empty_like(gate_up)
+        out[0::2], out[1::2] = gate_up[:width], gate_up[width:]
+        return out
+
+    def _fc2(self, p: str, e: int) -> np.ndarray:
+        return self._down_reader(p, e)()
+
+    def _stacked(self, p: str, read) -> np.ndarray:
+        return np.stack([read(p, e).astype(self.dtype) for e in range(self.moe.experts)])
+
+    def _int4(self, name: str, rows: int, cols: int, p: str, read) -> tuple[str, str]:
+        """(packed [E, rows, cols / 2] uint8, scales [E, rows, blocks] float32)."""
+        q, experts = self.quant, self.moe.experts
+        assert q is not None
+        blocks = cols // q.block_size
+
+        def compute() -> tuple[np.ndarray, np.ndarray]:
+            parts = [int4_blockwise(read(p, e), q.block_size) for e in range(experts)]
+            return (np.stack([packed.reshape(rows, -1) for packed, _ in parts]),
+                    np.stack([scale.reshape(rows, blocks) for _, scale in parts]))
+
+        parts = self.w.memoized(name, compute)
+        weight = self.g.weight(name + ".int4", (experts, rows, cols // 2), np.dtype(np.uint8),
+                               lambda: parts()[0])
+        scale = self.g.weight(name + ".scale", (experts, rows, blocks), np.dtype(np.float32),
+                              lambda: parts()[1])
+        return weight, scale

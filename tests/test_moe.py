@@ -1,0 +1,402 @@
+"""Mixture-of-experts decoders (export/moe.py): each family's routing and experts as
+transformers computes them, whatever the chunking, the padding and the rows of a call;
+quantized experts; the checkpoint layouts a user may hold; configs shaped as the Hub's."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+import torch
+from safetensors.numpy import load_file, save_file
+
+from edgeprefill.engines import StepBatch
+from edgeprefill.export.exporter import ExportOptions, export
+from edgeprefill.export.model_config import ModelConfig
+from edgeprefill.export.quantize import QuantConfig, int4_blockwise, int4_dequantize
+from edgeprefill.sdk import Engine, GenerationParams
+from tests.conftest import FAMILIES, load_hf_model
+from tests.state_models import GRAPHS, assert_padded_chunks_match
+from tests.test_exactness import check_greedy, prompt_ids, reference_greedy, reference_logits
+from tests.test_families import export_small, last_logits
+
+MOE_FAMILIES = ("qwen3_moe", "olmoe", "granitemoe", "lfm2_moe", "qwen2_moe")
+
+
+def routers(model) -> list[torch.nn.Module]:
+    """The router modules of a transformers MoE model, in layer order."""
+    return [m for name, m in model.named_modules() if type(m).__name__.endswith("TopKRouter")]
+
+
+def chosen_experts(hf_dir, ids: list[int]) -> list[np.ndarray]:
+    """Per MoE layer, the [tokens, k] experts transformers' routers choose for `ids`."""
+    model = load_hf_model(hf_dir)
+    chosen: list[np.ndarray] = []
+    hooks = [r.register_forward_hook(lambda m, i, out: chosen.append(out[2].numpy()))
+             for r in routers(model)]
+    with torch.no_grad():
+        model(torch.tensor([ids]))
+    for hook in hooks:
+        hook.remove()
+    return chosen
+
+
+@pytest.mark.parametrize("family", MOE_FAMILIES)
+def test_the_fixture_routes_a_chunks_tokens_to_different_experts_and_leaves_some_idle(
+        family, hf_model):
+    """What the chunked tests below rest on: within a 3-token chunk the tokens choose
+    different experts, and some expert gets no token (its MatMuls run on zero rows)."""
+    ids = prompt_ids(40)
+    experts = FAMILIES[family].get("num_experts") or FAMILIES[family]["num_local_experts"]
+    for layer in chosen_experts(hf_model(family), ids):
+        chunk = layer[16:19]
+        assert len(np.unique(chunk)) > chunk.shape[1]  # not all the same k experts
+        assert len(np.unique(chunk)) < experts  # some expert idle
+
+
+@pytest.mark.parametrize("flavor, kernels", GRAPHS)
+@pytest.mark.parametrize("family", MOE_FAMILIES)
+def test_logits_equal_transformers_for_chunks_of_1_3_16_and_a_padded_last_chunk(
+        family, flavor, kernels, hf_model, bundle, monkeypatch):
+    """Every call's last-token logits equal transformers' at that position for chunks of
+    1, 2, 3, 16 and 40 tokens, the last chunk before the split padded: the padding is
+    routed like any token and must stay out of the result."""
+    monkeypatch.setenv("EDGEPREFILL_KERNELS", kernels)
+    assert_padded_chunks_match(hf_model(family), bundle(family, flavor))
+
+
+def run_rows(backend, prompts: list[list[int]], done: list[int]) -> np.ndarray:
+    """Prefill prompt r's first done[r] tokens into slot r, then the rest of every prompt
+    in one call of rows of different valid lengths (padded to the longest): its logits."""
+    for row, (ids, past) in enumerate(zip(prompts, done, strict=True)):
+        backend.run(StepBatch(np.array([ids[:past]]), np.array([0], np.int32),
+                              np.array([past], np.int32), row))
+    rest = [ids[past:] for ids, past in zip(prompts, done, strict=True)]
+    width = max(map(len, rest))
+    batch = np.full((len(rest), width), 5, np.int64)
+    for row, part in enumerate(rest):
+        batch[row, : len(part)] = part
+    return backend.run(StepBatch(batch, np.array(done, np.int32),
+                                 np.array(list(map(len, rest)), np.int32), 0))
+
+
+@pytest.mark.parametrize("flavor", ("ort", "standard"))
+@pytest.mark.parametrize("family", ("qwen3_moe", "lfm2_moe", "qwen2_moe"))
+def test_rows_of_different_valid_lengths_in_one_call_each_equal_transformers(
+        family, flavor, hf_model, bundle):
+    """One call of three rows (a 9-token chunk, a decode token, 4 tokens): their tokens
+    are routed together, each row's logits are its own prompt's."""
+    hf_dir = hf_model(family)
+    prompts = [prompt_ids(30, seed=s) for s in (3, 4, 5)]
+    done = [21, 29, 26]
+    engine = Engine.load(bundle(family, flavor), threads=2, background=False, kv_slots=3)
+    got = run_rows(engine.backend, prompts, done)
+    engine.close()
+    for row, ids in enumerate(prompts):
+        np.testing.assert_allclose(got[row], reference_logits(hf_dir, ids)[-1], rtol=1e-4,
+                                   atol=1e-4, err_msg=f"row {row}")
+
+
+@pytest.mark.parametrize("family", ("qwen3_moe", "lfm2_moe"))
+def test_concurrent_sessions_generate_transformers_greedy_text(family, hf_model, bundle):
+    """Sessions decoding together (and a prompt's chunks fused with their decode rows)
+    each reply as transformers' greedy decoding of their prompt."""
+    model = load_hf_model(hf_model(family))
+    engine = Engine.load(bundle(family), threads=2, background=False, chunk_size=16)
+    params = GenerationParams(max_new_tokens=8, ignore_eos=True)
+    prompts = [prompt_ids(n, seed=n) for n in (5, 30, 61)]
+    streams = [engine.generate(ids, params) for ids in prompts]
+    for ids, stream in zip(prompts, streams, strict=True):
+        assert stream.result().token_ids == reference_greedy(model, ids)
+    engine.close()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("flavor", ("ort", "standard"))
+@pytest.mark.parametrize("family", MOE_FAMILIES)
+def test_greedy_output_matches_transformers_across_chunk_sizes(family, flavor, hf_model,
+                                                               bundle):
+    check_greedy(hf_model(family), bundle(family, flavor), (1, 17, 100), (1, 16, None))
+
+
+def dequantized_int4(model, block: int = 32) -> None:
+    """Every projection of `model` but its routers' as the int4 bundle stores it."""
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if param.dim() != 2 and "experts" not in name or "embed" in name or \
+                    name.endswith(("gate.weight", "router.weight")):
+                continue  # (LFM2's depthwise conv weights are not projections)
+            flat = param.reshape(-1, param.shape[-1]).numpy()
+            param.copy_(torch.from_numpy(int4_dequantize(
+                *int4_blockwise(flat, block), flat.shape[1])).reshape(param.shape))
+
+
+@pytest.mark.parametrize("family, block", [
+    ("qwen3_moe", 32), ("granitemoe", 32), ("lfm2_moe", 32),
+    ("qwen3_moe", 64),  # blocks wider than an expert (32): the unrolled MatMulNBits
+])
+def test_int4_experts_equal_transformers_with_dequantized_weights(family, block, hf_model,
+                                                                  tmp_path):
+    """int4 at float compute (accuracy level 0) is exact up to rounding against the model
+    whose projections (each expert's included; the router stays float) are the bundle's
+    dequantized int4, prefilled in chunks of 3: through QMoE, and through the unrolled
+    experts' MatMulNBits where QMoE cannot take the block size."""
+    hf_dir = hf_model(family)
+    export(hf_dir, tmp_path / "b", ExportOptions(
+        chunks=(16,), max_context=128, show_progress=False,
+        quant=QuantConfig("int4", block, accuracy_level=0)))
+    model = load_hf_model(hf_dir)
+    dequantized_int4(model, block)
+    ids = prompt_ids(20)
+    with torch.no_grad():
+        expected = model(torch.tensor([ids])).logits[0].numpy()
+    engine = Engine.load(tmp_path / "b", threads=2, background=False)
+    for start in range(0, 20, 3):
+        part = ids[start:start + 3]
+        got = engine.backend.run(StepBatch(np.array([part]), np.array([start], np.int32),
+                                           np.array([len(part)], np.int32), 0))
+        np.testing.assert_allclose(got[0], expected[start + len(part) - 1], rtol=1e-3,
+                                   atol=1e-3, err_msg=f"chunk at {start}")
+    engine.close()
+
+
+def quantized_bundle(hf_dir, out, kind: str, accuracy_level: int = 4):
+    export(hf_dir, out, ExportOptions(chunks=(16,), max_context=128, show_progress=False,
+                                      quant=QuantConfig(kind, accuracy_level=accuracy_level)))
+    return out
+
+
+def relative_error(got: np.ndarray, reference: np.ndarray) -> float:
+    return float(np.abs(got - reference).max() / np.abs(reference).max())
+
+
+@pytest.mark.parametrize("kernels", ("auto", "off"))
+def test_quantized_experts_stay_close(kernels, hf_model, bundle, tmp_path, monkeypatch):
+    """The default int8 bundle (the unrolled experts on DynamicQuantizeMatMul, the native
+    kernels' rewrites where they build) stays within 5% of fp32; the default int4 one
+    (QMoE and MatMulNBits on int8 activations) within 15% of the float-compute int4 bundle,
+    which equals transformers on the dequantized weights (the test above). Against fp32,
+    int4's own rounding moves this wide random fixture's logits by 30-80%: routing flips."""
+    monkeypatch.setenv("EDGEPREFILL_KERNELS", kernels)
+    hf_dir = hf_model("olmoe")
+    ids = prompt_ids(12)
+    int8 = quantized_bundle(hf_dir, tmp_path / "int8", "int8")
+    assert relative_error(last_logits(int8, ids), last_logits(bundle("olmoe"), ids)) < 0.05
+    int4 = quantized_bundle(hf_dir, tmp_path / "int4", "int4")
+    exact = quantized_bundle(hf_dir, tmp_path / "int4-float", "int4", accuracy_level=0)
+    assert relative_error(last_logits(int4, ids), last_logits(exact, ids)) < 0.15
+    for path in (int8, int4):
+        with Engine.load(path, threads=2, background=False) as engine:
+            reply = engine.generate(ids, GenerationParams(max_new_tokens=4, ignore_eos=True))
+            assert len(reply.result().token_ids) == 4
+
+
+def fused_experts(hf_dir, out, prefix: str = "mlp.experts") -> None:
+    """hf_dir's checkpoint with each layer's experts stored as transformers 5's modules
+    hold them: `experts.gate_up_proj` [E, 2I, H] (gate first) and `experts.down_proj`."""
+    shutil.copytree(hf_dir, out)
+    tensors = load_file(hf_dir / "model.safetensors")
+    layers = sorted({n.split(f".{prefix}.")[0] for n in tensors if f".{prefix}." in n})
+    for layer in layers:
+        stem = f"{layer}.{prefix}."
+        count = len({n for n in tensors if n.startswith(stem) and n.endswith("down_proj.weight")})
+        parts = {kind: [tensors.pop(f"{stem}{j}.{kind}.weight") for j in range(count)]
+                 for kind in ("gate_proj", "up_proj", "down_proj")}
+        tensors[stem + "gate_up_proj"] = np.stack([np.concatenate([g, u]) for g, u in zip(
+            parts["gate_proj"], parts["up_proj"], strict=True)])
+        tensors[stem + "down_proj"] = np.stack(parts["down_proj"])
+    save_file(tensors, out / "model.safetensors")
+
+
+def test_fused_expert_tensors_export_as_the_per_expert_ones(hf_model, tmp_path):
+    """The fused layout transformers 5's modules hold (save_pretrained writes the Hub's
+    per-expert one) exports the same logits."""
+    hf_dir = hf_model("qwen3_moe")
+    fused_experts(hf_dir, tmp_path / "fused")
+    ids = prompt_ids(20)
+    np.testing.assert_allclose(last_logits(export_small(tmp_path / "fused", tmp_path / "b"),
+                                           ids),
+                               reference_logits(hf_dir, ids)[-1], rtol=1e-4, atol=1e-4)
+
+
+def test_a_checkpoint_missing_an_expert_is_refused_in_one_line(hf_model, tmp_path):
+    from edgeprefill.errors import ExportError
+
+    hf_dir = tmp_path / "hf"
+    shutil.copytree(hf_model("olmoe"), hf_dir)
+    tensors = load_file(hf_dir / "model.safetensors")
+    del tensors["model.layers.1.mlp.experts.5.up_proj.weight"]
+    save_file(tensors, hf_dir / "model.safetensors")
+    with pytest.raises(ExportError, match="experts.5.gate_proj.weight") as err:
+        export_small(hf_dir, tmp_path / "b")
+    assert "\n" not in str(err.value)
+
+
+def test_inspect_says_the_experts_and_top_k(bundle):
+    from click.testing import CliRunner
+
+    from edgeprefill.cli.main import cli
+
+    result = CliRunner().invoke(cli, ["inspect", str(bundle("qwen3_moe"))])
+    assert result.exit_code == 0, result.output
+    assert "mixture of experts: 8 experts of width 32, top 2 per token (softmax routing), " \
+        "on 2 of 3 layers" in result.output
+
+
+# Shaped as the Hub's config.json files (their routing keys, shapes and defaults).
+QWEN3_30B_A3B = {
+    "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe",
+    "attention_bias": False, "bos_token_id": 151643, "decoder_sparse_step": 1,
+    "eos_token_id": 151645, "head_dim": 128, "hidden_act": "silu", "hidden_size": 2048,
+    "intermediate_size": 6144, "max_position_embeddings": 40960, "max_window_layers": 48,
+    "mlp_only_layers": [], "moe_intermediate_size": 768, "norm_topk_prob": True,
+    "num_attention_heads": 32, "num_experts": 128, "num_experts_per_tok": 8,
+    "num_hidden_layers": 48, "num_key_value_heads": 4, "rms_norm_eps": 1e-06,
+    "rope_theta": 1000000.0, "sliding_window": None, "tie_word_embeddings": False,
+    "use_sliding_window": False, "vocab_size": 151936,
+}
+OLMOE_1B_7B = {
+    "architectures": ["OlmoeForCausalLM"], "model_type": "olmoe", "clip_qkv": None,
+    "eos_token_id": 50279, "hidden_act": "silu", "hidden_size": 2048,
+    "intermediate_size": 1024, "max_position_embeddings": 4096, "norm_topk_prob": False,
+    "num_attention_heads": 16, "num_experts": 64, "num_experts_per_tok": 8,
+    "num_hidden_layers": 16, "num_key_value_heads": 16, "pad_token_id": 1,
+    "rms_norm_eps": 1e-05, "rope_theta": 10000.0, "tie_word_embeddings": False,
+    "vocab_size": 50304,
+}
+GRANITE_3B_A800M = {
+    "architectures": ["GraniteMoeForCausalLM"], "model_type": "granitemoe",
+    "attention_multiplier": 0.015625, "bos_token_id": 0, "embedding_multiplier": 12.0,
+    "eos_token_id": 0, "hidden_size": 1536, "intermediate_size": 512,
+    "logits_scaling": 6.0, "max_position_embeddings": 4096, "num_attention_heads": 24,
+    "num_experts_per_tok": 8, "num_hidden_layers": 32, "num_key_value_heads": 8,
+    "num_local_experts": 40, "residual_multiplier": 0.22, "rms_norm_eps": 1e-06,
+    "rope_theta": 10000, "tie_word_embeddings": True, "vocab_size": 49155,
+}
+LFM2_8B_A1B = {
+    "architectures": ["Lfm2MoeForCausalLM"], "model_type": "lfm2_moe", "conv_L_cache": 3,
+    "hidden_size": 2048, "intermediate_size": 7168, "moe_intermediate_size": 1792,
+    "layer_types": ["conv", "conv", "full_attention", "conv", "conv", "conv",
+                    "full_attention", "conv", "conv", "conv", "full_attention", "conv",
+                    "conv", "conv", "full_attention", "conv", "conv", "conv", "full_attention",
+                    "conv", "conv", "full_attention", "conv", "conv"],
+    "max_position_embeddings": 128000, "norm_eps": 1e-05, "norm_topk_prob": True,
+    "num_attention_heads": 32, "num_dense_layers": 2, "num_experts": 32,
+    "num_experts_per_tok": 4, "num_hidden_layers": 24, "num_key_value_heads": 8,
+    "rope_theta": 1000000.0, "routed_scaling_factor": 1.0, "use_expert_bias": True,
+    "vocab_size": 65536, "tie_embedding": True,
+}
+QWEN15_MOE_A27B = {
+    "architectures": ["Qwen2MoeForCausalLM"], "model_type": "qwen2_moe",
+    "decoder_sparse_step": 1, "hidden_size": 2048, "intermediate_size": 5632,
+    "max_position_embeddings": 8192, "max_window_layers": 21, "moe_intermediate_size": 1408,
+    "norm_topk_prob": False, "num_attention_heads": 16, "num_experts": 60,
+    "num_experts_per_tok": 4, "num_hidden_layers": 24, "num_key_value_heads": 16,
+    "rms_norm_eps": 1e-06, "rope_theta": 1000000.0, "shared_expert_intermediate_size": 5632,
+    "sliding_window": 32768, "tie_word_embeddings": False, "use_sliding_window": False,
+    "vocab_size": 151936,
+}
+HUB_CONFIGS = [QWEN3_30B_A3B, OLMOE_1B_7B, GRANITE_3B_A800M, LFM2_8B_A1B, QWEN15_MOE_A27B]
+
+
+def hf_moe_model_shapes(raw: dict) -> tuple[int, int, int, list[int], int, float, bool, bool]:
+    """What transformers' model of `raw` has: experts, top-k, expert width, the layers
+    with experts, the shared expert's width, the routed scaling, renormalization and the
+    expert bias (read off one layer's modules, built on the meta device)."""
+    import transformers
+
+    config = transformers.AutoConfig.for_model(**raw)
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(config)
+    moe_layers, block = [], None
+    for i, layer in enumerate(model.model.layers):
+        mlp = getattr(layer, "mlp", None) or getattr(layer, "block_sparse_moe", None) or \
+            layer.feed_forward
+        if hasattr(mlp, "experts"):
+            moe_layers.append(i)
+            block = mlp
+    assert block is not None
+    router = next(m for m in block.modules() if type(m).__name__.endswith("TopKRouter"))
+    experts = block.experts
+    shared = getattr(block, "shared_expert", None)
+    return (experts.num_experts, router.top_k, experts.intermediate_dim, moe_layers,
+            shared.intermediate_size if shared is not None else 0,
+            float(getattr(router, "routed_scaling_factor", 1.0)),
+            bool(getattr(router, "norm_topk_prob", False)), hasattr(block, "expert_bias"))
+
+
+@pytest.mark.parametrize("raw", HUB_CONFIGS, ids=lambda raw: raw["model_type"])
+def test_a_hub_config_reads_as_transformers_builds_its_experts(raw):
+    moe = ModelConfig.from_hf(raw).moe
+    assert moe is not None
+    assert (moe.experts, moe.top_k, moe.width, list(moe.layers), moe.shared_width,
+            moe.scaling, moe.norm_topk, moe.expert_bias) == hf_moe_model_shapes(raw)
+
+
+class ShapesOnly:
+    """A checkpoint of the tensors transformers' model of a config has, shapes only: the
+    graph of a Hub-sized model builds without its weights (none is read)."""
+
+    def __init__(self, raw: dict) -> None:
+        import transformers
+
+        config = transformers.AutoConfig.for_model(**raw)
+        with torch.device("meta"):
+            model = transformers.AutoModelForCausalLM.from_config(config)
+        self.shapes = {name: tuple(t.shape) for name, t in model.state_dict().items()}
+        self.fp8 = None
+
+    def has(self, name: str) -> bool:
+        return name in self.shapes
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return self.shapes[name]
+
+
+def built_graph(raw: dict, flavor: str, quant: QuantConfig | None = None):
+    from edgeprefill.export.decoder import DecoderBuilder
+    from edgeprefill.export.flavors import flavor_class
+
+    cfg = ModelConfig.from_hf(raw)
+    builder = DecoderBuilder(cfg, ShapesOnly(raw), flavor_class(flavor)(cfg, np.float32, 4096),
+                             quant)  # type: ignore[arg-type]
+    return cfg, builder.build()
+
+
+def test_a_hub_sized_graph_unrolls_one_projection_pair_per_expert_in_the_standard_flavour():
+    """OLMoE-1B-7B's graph without its weights: 16 layers x 64 experts, each a gate/up and
+    a down MatMul, read expert by expert from the fused layout transformers' modules hold;
+    one ScatterND per layer combines them (Qwen3-30B-A3B's 48 x 128 take 16 s to build)."""
+    cfg, g = built_graph(OLMOE_1B_7B, "standard")
+    experts = {w.name for w in g.weights if ".experts." in w.name}
+    assert cfg.moe is not None and len(experts) == 2 * cfg.num_layers * cfg.moe.experts
+    assert sum(n.op_type == "ScatterND" for n in g.nodes) == cfg.num_layers
+    assert json.dumps(cfg.quirks())  # the manifest's quirks serialize
+
+
+@pytest.mark.parametrize("quant, op", [(None, "MoE"), (QuantConfig("int4"), "QMoE")])
+def test_the_ort_flavour_runs_a_hub_sized_mixture_as_one_op_per_layer(quant, op):
+    cfg, g = built_graph(QWEN3_30B_A3B, "ort", quant)
+    assert sum(n.op_type == op for n in g.nodes) == cfg.num_layers == 48
+    assert not any(n.op_type == "ScatterND" for n in g.nodes)
+    assert len(g.nodes) < 40 * cfg.num_layers  # not a dozen nodes per expert
+
+
+@pytest.mark.parametrize("family, flavor, quant, op", [
+    ("qwen3_moe", "ort", None, "MoE"), ("granitemoe", "ort", "int4", "QMoE"),
+    ("qwen2_moe", "ort", None, "MoE"), ("lfm2_moe", "ort", "int4", "QMoE"),
+    # int8 bundles are not the op's; nor is the standard flavour (stock ops only)
+    ("qwen3_moe", "ort", "int8", "ScatterND"), ("lfm2_moe", "standard", None, "ScatterND"),
+])
+def test_each_bundle_gets_the_op_or_the_unrolled_experts(family, flavor, quant, op, hf_model):
+    from edgeprefill.export.checkpoint import Checkpoint
+    from edgeprefill.export.decoder import DecoderBuilder
+    from edgeprefill.export.flavors import flavor_class
+
+    cfg = ModelConfig.from_dir(hf_model(family))
+    g = DecoderBuilder(cfg, Checkpoint(hf_model(family)),
+                       flavor_class(flavor)(cfg, np.float32, 128),
+                       QuantConfig(quant) if quant else None).build()
+    assert sum(n.op_type == op for n in g.nodes) == len(cfg.moe.layers)
