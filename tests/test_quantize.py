@@ -81,15 +81,15 @@ def test_row_chunks_quantize_as_the_whole_table():
             np.testing.assert_array_equal(whole, chunked)
 
 
-def dequantized_table(w: np.ndarray, kind: str) -> np.ndarray:
+def dequantized_table(w: np.ndarray, kind: str, block: int = 32) -> np.ndarray:
     """What a quantized bundle's GatherBlockQuantized gives for the table w [rows, width]."""
     if kind == "int4":
-        return int4_dequantize(*int4_blockwise(w, 32), w.shape[1])
+        return int4_dequantize(*int4_blockwise(w, block), w.shape[1])
     data, scale = int8_rows(w)
     return (data.astype(np.float32) - 128) * scale
 
 
-def dequantize_embeddings(model, kind: str) -> None:
+def dequantize_embeddings(model, kind: str, block: int = 32) -> None:
     """Puts into `model` the embedding tables a quantized bundle holds: every token table
     but a tied one (the LM head's) and GPT-2's positions, which stay float."""
     head = model.get_output_embeddings().weight
@@ -97,7 +97,7 @@ def dequantize_embeddings(model, kind: str) -> None:
         if (isinstance(module, torch.nn.Embedding) and module.weight is not head
                 and not name.endswith("wpe")):
             w = module.weight.numpy()
-            module.weight.copy_(torch.from_numpy(dequantized_table(w, kind)))
+            module.weight.copy_(torch.from_numpy(dequantized_table(w, kind, block)))
 
 
 def logits_at(bundle_dir, ids) -> np.ndarray:
