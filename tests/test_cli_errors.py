@@ -358,3 +358,19 @@ def test_a_manifest_with_an_unknown_graph_flavour_is_refused(bundle, tmp_path):
     manifest["graph"]["flavor"] = "weird"
     (copy / "edgeprefill.json").write_text(json.dumps(manifest))
     assert_one_line_error(cli("inspect", copy), "graph.flavor must be one of ort, standard")
+
+
+def test_export_embeddings_float_keeps_the_table_float_and_needs_quantize(hf_copy, tmp_path):
+    import onnx
+
+    assert_one_line_error(cli("export", hf_copy, "-o", tmp_path / "b", "--embeddings", "float"),
+                          "--embeddings applies with --quantize")
+    ops = {}
+    for embeddings in ("quantized", "float"):
+        out = tmp_path / embeddings
+        done = cli("export", hf_copy, "-o", out, "--quantize", "int4", "--embeddings",
+                   embeddings, "--quiet")
+        assert done.returncode == 0, done.stderr
+        graph = onnx.load(out / "model.onnx", load_external_data=False).graph
+        ops[embeddings] = sum(n.op_type == "GatherBlockQuantized" for n in graph.node)
+    assert ops == {"quantized": 1, "float": 0}

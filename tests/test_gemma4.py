@@ -10,6 +10,7 @@ import json
 import shutil
 
 import numpy as np
+import onnx
 import pytest
 import torch
 import transformers
@@ -30,6 +31,7 @@ from tests.conftest import GEMMA4, build_hf_model, load_hf_model
 from tests.state_models import run_padded, variant_bundles
 from tests.test_exactness import prompt_ids, reference_greedy, reference_logits
 from tests.test_families import last_logits
+from tests.test_quantize import dequantize_embeddings
 
 FLAVORS = ("ort", "standard")
 # Shaped as google/gemma-4-E2B-it's config.json (its text_config; the vision and audio
@@ -199,7 +201,8 @@ def test_rows_of_different_lengths_decode_together_as_transformers(gemma4, flavo
 
 
 def test_an_int4_bundle_equals_transformers_with_its_dequantized_weights(gemma4, tmp_path):
-    """Every projection (the per-layer inputs' too) and the LM head quantized, float
+    """Every projection (the per-layer inputs' too), the LM head and both embedding tables
+    (GatherBlockQuantized) quantized, float
     compute: transformers' logits with the weights the quantizer says they hold."""
     hf_dir, _ = gemma4("ort")
     export(hf_dir, tmp_path / "b", ExportOptions(
@@ -212,6 +215,7 @@ def test_an_int4_bundle_equals_transformers_with_its_dequantized_weights(gemma4,
                 w = module.weight.numpy()
                 module.weight.copy_(torch.from_numpy(
                     int4_dequantize(*int4_blockwise(w, 32), w.shape[1])))
+        dequantize_embeddings(model, "int4")  # the main table and the per-layer one
         ids = prompt_ids(30)
         expected = model(torch.tensor([ids])).logits[0, -1].numpy()
     np.testing.assert_allclose(last_logits(tmp_path / "b", ids), expected, rtol=1e-3, atol=1e-3)
@@ -220,10 +224,15 @@ def test_an_int4_bundle_equals_transformers_with_its_dequantized_weights(gemma4,
 @pytest.mark.parametrize("kind", ["int8", "int4"])
 def test_a_quantized_bundle_exports_loads_and_generates(gemma4, tmp_path, kind):
     """int4 with its default prefill, whose load puts the layers' projections in one If
-    per step (engines/ort/switches.py): the shared layers' step values stay outside it."""
+    per step (engines/ort/switches.py): the shared layers' step values stay outside it; both
+    embedding tables are read quantized (GatherBlockQuantized) through those rewrites."""
     hf_dir, _ = gemma4("ort")
     export(hf_dir, tmp_path / "b", ExportOptions(
         chunks=(16,), max_context=128, show_progress=False, quant=QuantConfig(kind)))
+    graph = onnx.load(tmp_path / "b" / "model.onnx", load_external_data=False).graph
+    tables = [n.input[0] for n in graph.node if n.op_type == "GatherBlockQuantized"]
+    assert sorted(tables) == [f"model.embed_tokens.weight.{kind}",
+                              f"model.embed_tokens_per_layer.weight.{kind}"]
     engine = Engine.load(tmp_path / "b", threads=2, background=False)
     got = engine.generate(prompt_ids(30), GenerationParams(max_new_tokens=8, ignore_eos=True))
     assert len(got.result().token_ids) == 8

@@ -22,6 +22,7 @@ from tests.conftest import FAMILIES, load_hf_model
 from tests.state_models import GRAPHS, assert_padded_chunks_match
 from tests.test_exactness import check_greedy, prompt_ids, reference_greedy, reference_logits
 from tests.test_families import export_small, last_logits
+from tests.test_quantize import dequantize_embeddings
 
 MOE_FAMILIES = ("qwen3_moe", "olmoe", "granitemoe", "lfm2_moe", "qwen2_moe")
 
@@ -123,8 +124,10 @@ def test_greedy_output_matches_transformers_across_chunk_sizes(family, flavor, h
 
 
 def dequantized_int4(model, block: int = 32) -> None:
-    """Every projection of `model` but its routers' as the int4 bundle stores it."""
+    """Every projection of `model` but its routers', and its (untied) embedding table, as
+    the int4 bundle stores them."""
     with torch.no_grad():
+        dequantize_embeddings(model, "int4", block)
         for name, param in model.named_parameters():
             if param.dim() != 2 and "experts" not in name or "embed" in name or \
                     name.endswith(("gate.weight", "router.weight")):

@@ -125,7 +125,7 @@ class DecoderBuilder:
         self.ple = (PerLayerInputs(g, self.w, cfg, self.tokens, self._norm, self._activation)
                     if cfg.per_layer_input else None)
         self.q_scale = self._query_scale(past_lens, chunk)
-        x = self.tokens.embed(self._embedding(), ids)  # [B,C,hidden] or packed [1,T,hidden]
+        x = self._embed(ids)  # [B,C,hidden] or packed [1,T,hidden]
         if self.names.position_embed is not None:  # GPT-2's learned positions
             x = g.op("Add", [x, self._position_embedding(self.names.position_embed,
                                                          past_lens, chunk)])
@@ -518,10 +518,13 @@ class DecoderBuilder:
             logits = g.op("Mul", [g.op("Tanh", [g.op("Div", [logits, cap])]), cap])
         return logits
 
-    def _embedding(self) -> str:
+    def _embed(self, ids: str) -> str:
+        """The tokens' rows of the embedding table: quantized with the weights where the
+        table is its own; a tied one stays float (quantize.py's docstring says why)."""
         name = embedding_weight(self.ckpt, self.cfg)
         self._check_vocab_shape(name)
-        return self.w.tensor(name)
+        untied = head_weight(self.ckpt, self.cfg) != name
+        return self.w.rows(name, self.tokens.indices(ids), quantize=untied)
 
     def _position_embedding(self, name: str, past_lens: str, chunk: str) -> str:
         """Each token's row of the learned position table (GPT-2's `wpe`), as the tokens

@@ -39,7 +39,7 @@ class PerLayerInputs:
         g, cfg, dtype = self.g, self.cfg, self.w.dtype
         width = cfg.num_layers * cfg.per_layer_input
         self._check(TABLE, (cfg.per_layer_vocab, width))
-        table = self.tokens.embed(self.w.tensor(TABLE), ids)
+        table = self.w.rows(TABLE, self.tokens.indices(ids))  # quantized where weights are
         table = g.op("Mul", [table, g.const(cfg.per_layer_input ** 0.5, dtype)])
         projected = self.w.linear(embedded, [PROJECTION], None)
         projected = g.op("Mul", [projected, g.const(cfg.hidden_size ** -0.5, dtype)])

@@ -7,7 +7,19 @@
 - int4: blockwise symmetric 4-bit weights (`com.microsoft.MatMulNBits`), activations in
   float: an eighth of the fp32 bytes per decode step, the decode (bandwidth) lever.
 
-Every projection (`GraphWeights.linear`) and the LM head is quantized; the embedding table,
+Every projection (`GraphWeights.linear`) and the LM head is quantized, and so are the
+embedding tables a Gather reads (`com.microsoft.GatherBlockQuantized`, which dequantizes only
+the rows it gathers; `QuantConfig.embeddings` False keeps them float): int4 in the
+projections' blocks (the same packing, as [rows, width/2] bytes), int8 with one scale per
+row (as int8 projections have per output channel), both as uint8 with the op's implicit zero
+point (8, 128). The main table is quantized where it is untied. A tied one stays float in its
+Gather for now: the LM head already holds its own quantized copy (decoder._lm_head keeps the
+two apart; the two ops take the same bytes in different shapes, and ONNX Runtime repacks a
+MatMulNBits weight at load, so one initializer shared by both would likely be held twice),
+and a quantized Gather copy would dequantize to the head's very
+values (same blocks, same per-row int8 scale), which is left to do. GPT-2's learned
+position table stays float (small). Gemma 4's per-layer-input table
+([vocab, layers x 256], the largest tensor of E2B) is always its own, always quantized. The
 norms, biases and the state layers' own small tensors stay float: the short-conv and
 DeltaNet conv kernels, A_log and dt_bias (llama.cpp keeps these too: conv1d and 1-D
 tensors). The DeltaNet's gate projections `in_proj_a`/`in_proj_b` are quantized with the
@@ -38,6 +50,8 @@ class QuantConfig:
     # (float) on x86 and prefills ~0.7x as fast (docs/benchmarks.md): int4 is the decode lever.
     # At load, level-4 projections get an int8-GEMM prefill branch (engines/ort/int4_prefill).
     accuracy_level: int = 4
+    # Untied embedding tables (and Gemma 4's per-layer one) quantized too (GatherBlockQuantized)
+    embeddings: bool = True
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -97,3 +111,32 @@ def int4_dequantize(packed: np.ndarray, scales: np.ndarray, cols: int) -> np.nda
     q[:, :, 1::2] = packed >> 4
     w = (q - 8).astype(np.float32) * scales.reshape(rows, blocks)[:, :, None]
     return w.reshape(rows, -1)[:, :cols]
+
+
+def int4_rows(table: np.ndarray, block: int) -> tuple[np.ndarray, np.ndarray]:
+    """An embedding table [rows, width] -> GatherBlockQuantized's int4 operands: uint8
+    [rows, ceil(width/2)] (int4_blockwise's bytes, its padding past the width dropped: the op
+    takes a partial last block) and float32 scales [rows, blocks]."""
+    rows, width = table.shape
+    packed, scales = int4_blockwise(table, block)
+    data = packed.reshape(rows, -1)[:, : -(-width // 2)]
+    return np.ascontiguousarray(data), scales.reshape(rows, -1)
+
+
+def int8_rows(table: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """An embedding table [rows, width] -> GatherBlockQuantized's int8 operands: uint8
+    [rows, width] (symmetric -127..127 stored plus 128, the op's implicit zero point) and one
+    float32 scale per row [rows, 1]; row ~ (data - 128) * scale."""
+    w = table.astype(np.float32)
+    scale = np.abs(w).max(axis=1, keepdims=True) / 127.0
+    scale[scale == 0] = 1.0
+    data = (np.clip(np.rint(w / scale), -127, 127) + 128).astype(np.uint8)
+    return data, scale.astype(np.float32)
+
+
+def in_row_chunks(quantize, table: np.ndarray, rows: int = 8192) -> tuple[np.ndarray, ...]:
+    """A row-wise quantizer (int4_rows, int8_rows) over `rows` rows at a time: its float
+    temporaries are a few times its input, and Gemma 4 E2B's per-layer table alone is
+    9.4 GB in float32."""
+    parts = [quantize(table[i:i + rows]) for i in range(0, len(table), rows)]
+    return tuple(np.concatenate(p) for p in zip(*parts, strict=True))

@@ -30,7 +30,11 @@ class PaddedTokens:
         self.valid_lens = valid_lens
 
     def embed(self, table: str, ids: str) -> str:
-        return self.g.op("Gather", [table, ids])  # [B, C, hidden]
+        return self.g.op("Gather", [table, self.indices(ids)])  # [B, C, hidden]
+
+    def indices(self, ids: str) -> str:
+        """The ids [B, C] as a table's Gather takes them (every token's)."""
+        return ids
 
     def spread(self, x: str) -> str:
         return x
@@ -69,9 +73,13 @@ class PackedTokens:
                                              g.const([1])])  # [B, 1]
 
     def embed(self, table: str, ids: str) -> str:
+        return self.g.op("Gather", [table, self.indices(ids)])  # [1, T, hidden]
+
+    def indices(self, ids: str) -> str:
+        """The valid tokens' ids, packed [1, T], as a table's Gather takes them."""
         g = self.g
         valid_ids = g.op("Gather", [g.op("Reshape", [ids, g.const([-1])]), self.index])
-        return g.op("Gather", [table, g.op("Unsqueeze", [valid_ids, g.const([0])])])
+        return g.op("Unsqueeze", [valid_ids, g.const([0])])
 
     def spread(self, x: str) -> str:
         """[1, T, w] -> [B, C, w]."""

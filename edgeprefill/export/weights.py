@@ -13,7 +13,14 @@ import numpy as np
 from edgeprefill.errors import ExportError
 from edgeprefill.export.checkpoint import Checkpoint
 from edgeprefill.export.graph import GraphBuilder
-from edgeprefill.export.quantize import QuantConfig, int4_blockwise, int8_per_channel
+from edgeprefill.export.quantize import (
+    QuantConfig,
+    in_row_chunks,
+    int4_blockwise,
+    int4_rows,
+    int8_per_channel,
+    int8_rows,
+)
 
 
 class GraphWeights:
@@ -71,6 +78,31 @@ class GraphWeights:
             "MatMulNBits", [x, weight, scale], domain="com.microsoft", K=k, N=n, bits=4,
             block_size=q.block_size, accuracy_level=q.accuracy_level,
         )
+
+    def rows(self, name: str, indices: str, quantize: bool = True) -> str:
+        """Rows `indices` of the embedding table `name` [vocab, width]: a Gather of the
+        float table, or, in a quantized bundle (unless `quantize` is False or
+        QuantConfig.embeddings is), GatherBlockQuantized, which dequantizes the rows it
+        gathers only: the table stays int4/int8 in the file and in memory."""
+        g, q = self.g, self.quant
+        if q is None or not q.embeddings or not quantize:
+            return g.op("Gather", [self.tensor(name), indices])
+        vocab, width = self.shape(name)
+        table = lambda: self.ckpt.get(name, np.float32)  # noqa: E731
+        if q.kind == "int8":
+            parts = self.memoized(name, lambda: in_row_chunks(int8_rows, table()))
+            block, data_shape, blocks = 16, (vocab, width), 1
+            while block < width:  # one block spans the row: one scale per row
+                block *= 2
+        else:
+            parts = self.memoized(name, lambda: in_row_chunks(
+                lambda t: int4_rows(t, q.block_size), table()))
+            block, data_shape = q.block_size, (vocab, -(-width // 2))
+            blocks = -(-width // block)
+        data = g.weight(name + f".{q.kind}", data_shape, np.uint8, lambda: parts()[0])
+        scale = g.weight(name + ".scale", (vocab, blocks), np.float32, lambda: parts()[1])
+        return g.op("GatherBlockQuantized", [data, indices, scale], domain="com.microsoft",
+                    gather_axis=0, quantize_axis=1, block_size=block, bits=int(q.kind[3:]))
 
     def memoized(self, name: str, compute):
         """Quantize a weight once for its several initializers (the writer asks for them
