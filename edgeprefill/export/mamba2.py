@@ -31,6 +31,7 @@ from edgeprefill.errors import ExportError
 from edgeprefill.export.causal_conv import CausalConv
 from edgeprefill.export.graph import ONNX_DTYPE, GraphBuilder
 from edgeprefill.export.model_config import MambaShape, ModelConfig
+from edgeprefill.export.row_masks import continues, valid_tokens
 from edgeprefill.export.short_conv import StateSpec
 from edgeprefill.export.tokens import PackedTokens, PaddedTokens
 from edgeprefill.export.weights import GraphWeights
@@ -47,15 +48,8 @@ class Mamba2:
         assert cfg.mamba is not None
         self.g, self.w, self.cfg, self.tokens, self.conv = g, w, cfg, tokens, conv
         self.m: MambaShape = cfg.mamba
-        # [B, 1, 1, 1]: whether the row continues a sequence (else h reads as zeros)
-        self.continues = g.op("Unsqueeze", [g.op("Greater", [past_lens, g.const(0, np.int32)]),
-                                            g.const([1, 2, 3])])
-        column = g.op("Range", [g.const(0, np.int32), g.op("Cast", [
-            g.op("Squeeze", [chunk, g.const([0])])], to=6), g.const(1, np.int32)])  # [C]
-        # [B, C, 1]: the row's valid tokens
-        self.valid = g.op("Unsqueeze", [g.op("Less", [
-            g.op("Unsqueeze", [column, g.const([0])]),
-            g.op("Unsqueeze", [valid_lens, g.const([1])])]), g.const([2])])
+        self.continues = continues(g, past_lens)  # else h reads as zeros
+        self.valid = valid_tokens(g, valid_lens, chunk)
 
     def states(self, layer: int) -> list[StateSpec]:
         """The layer's conv state (model dtype) and recurrent state (float32)."""
