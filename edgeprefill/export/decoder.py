@@ -281,9 +281,7 @@ class DecoderBuilder:
 
     def _scaled(self, sublayer: str) -> str:
         """A sublayer's output times the residual multiplier (Granite), before the add."""
-        if self.cfg.residual_scale == 1.0:
-            return sublayer
-        return self.g.op("Mul", [sublayer, self.g.const(self.cfg.residual_scale, self.dtype)])
+        return self._times(sublayer, self.cfg.residual_scale)
 
     def _mixer(self, i: int, h: str, step: StepTensors, rows: Rows) -> str:
         """The layer's token mixer: attention, LFM2's short convolution, Qwen3.5's Gated

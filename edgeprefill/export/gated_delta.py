@@ -33,9 +33,9 @@ import numpy as np
 from edgeprefill.contract import BATCH, CONV, RECURRENT, state_names
 from edgeprefill.errors import ExportError
 from edgeprefill.export.causal_conv import CausalConv
-from edgeprefill.export.graph import ONNX_DTYPE, GraphBuilder
+from edgeprefill.export.graph import GraphBuilder
 from edgeprefill.export.model_config import DeltaNetShape, ModelConfig
-from edgeprefill.export.row_masks import continues, valid_tokens
+from edgeprefill.export.recurrent_mixer import RecurrentMixer
 from edgeprefill.export.short_conv import StateSpec
 from edgeprefill.export.tokens import PackedTokens, PaddedTokens
 from edgeprefill.export.weights import GraphWeights
@@ -44,17 +44,15 @@ PREFIX = "linear_attn."
 L2_EPS = 1e-6  # transformers' l2norm in the recurrence
 
 
-class GatedDeltaNet:
+class GatedDeltaNet(RecurrentMixer):
     """Emits Gated DeltaNet layers; the values they all share are computed once."""
 
     def __init__(self, g: GraphBuilder, w: GraphWeights, cfg: ModelConfig,
                  tokens: PaddedTokens | PackedTokens, conv: CausalConv, past_lens: str,
                  valid_lens: str, chunk: str) -> None:
+        super().__init__(g, w, cfg, tokens, conv, past_lens, valid_lens, chunk)
         assert cfg.delta is not None
-        self.g, self.w, self.cfg, self.tokens, self.conv = g, w, cfg, tokens, conv
         self.d: DeltaNetShape = cfg.delta
-        self.continues = continues(g, past_lens)  # else S reads as zeros
-        self.valid = valid_tokens(g, valid_lens, chunk)
 
     def states(self, layer: int) -> list[StateSpec]:
         """The layer's conv state (model dtype) and recurrent state (float32)."""
@@ -190,18 +188,6 @@ class GatedDeltaNet:
             z, g.const([0, 0, d.value_heads, d.value_dim])])))
         y = self._cast(g.op("Mul", [self._float(normed), gate]), dtype)
         return g.op("Reshape", [y, g.const([0, 0, d.value_heads * d.value_dim])])
-
-    def _silu(self, x: str) -> str:
-        return self.g.op("Mul", [x, self.g.op("Sigmoid", [x])])
-
-    def _float(self, x: str) -> str:
-        return self._cast(x, np.dtype(np.float32))
-
-    def _cast(self, x: str, dtype: np.dtype) -> str:
-        """x in `dtype`, from the model's dtype or float32 (nothing where they agree)."""
-        if self.w.dtype == np.float32:
-            return x
-        return self.g.op("Cast", [x], to=ONNX_DTYPE[np.dtype(dtype)])
 
     def _check_shapes(self, pre: str) -> None:
         """A checkpoint that disagrees with config.json fails here in one line."""

@@ -29,9 +29,9 @@ import numpy as np
 from edgeprefill.contract import BATCH, CONV, RECURRENT, state_names
 from edgeprefill.errors import ExportError
 from edgeprefill.export.causal_conv import CausalConv
-from edgeprefill.export.graph import ONNX_DTYPE, GraphBuilder
+from edgeprefill.export.graph import GraphBuilder
 from edgeprefill.export.model_config import MambaShape, ModelConfig
-from edgeprefill.export.row_masks import continues, valid_tokens
+from edgeprefill.export.recurrent_mixer import RecurrentMixer
 from edgeprefill.export.short_conv import StateSpec
 from edgeprefill.export.tokens import PackedTokens, PaddedTokens
 from edgeprefill.export.weights import GraphWeights
@@ -39,17 +39,15 @@ from edgeprefill.export.weights import GraphWeights
 F32 = np.dtype(np.float32)
 
 
-class Mamba2:
+class Mamba2(RecurrentMixer):
     """Emits Mamba-2 layers; the values they all share are computed once."""
 
     def __init__(self, g: GraphBuilder, w: GraphWeights, cfg: ModelConfig,
                  tokens: PaddedTokens | PackedTokens, conv: CausalConv, past_lens: str,
                  valid_lens: str, chunk: str) -> None:
+        super().__init__(g, w, cfg, tokens, conv, past_lens, valid_lens, chunk)
         assert cfg.mamba is not None
-        self.g, self.w, self.cfg, self.tokens, self.conv = g, w, cfg, tokens, conv
         self.m: MambaShape = cfg.mamba
-        self.continues = continues(g, past_lens)  # else h reads as zeros
-        self.valid = valid_tokens(g, valid_lens, chunk)
 
     def states(self, layer: int) -> list[StateSpec]:
         """The layer's conv state (model dtype) and recurrent state (float32)."""
@@ -184,18 +182,6 @@ class Mamba2:
         """A checkpoint tensor kept in float32 (the SSM's parameters are used so)."""
         return self.g.weight(name + ".f32", shape, np.float32,
                              lambda: self.w.ckpt.get(name, np.float32))
-
-    def _silu(self, x: str) -> str:
-        return self.g.op("Mul", [x, self.g.op("Sigmoid", [x])])
-
-    def _float(self, x: str) -> str:
-        return self._cast(x, F32)
-
-    def _cast(self, x: str, dtype: np.dtype) -> str:
-        """x in `dtype`, from the model's dtype or float32 (nothing where they agree)."""
-        if self.w.dtype == np.float32:
-            return x
-        return self.g.op("Cast", [x], to=ONNX_DTYPE[np.dtype(dtype)])
 
     def _check_shapes(self, pre: str) -> None:
         """A checkpoint that disagrees with config.json fails here in one line."""
