@@ -120,7 +120,7 @@ class DecoderBuilder:
         self._declare_kv_io()
         first = kv_names(cfg.kv_layers[0]).past_key
         step = self.flavor.step_tensors(g, past_lens, chunk, first)
-        self.shared = (SharedKV(g, self.flavor, past_lens, valid_lens, first)
+        self.shared = (SharedKV(g, self.flavor, past_lens, valid_lens)
                        if cfg.shared_kv else None)
         self.ple = (PerLayerInputs(g, self.w, cfg, self.tokens, self._norm, self._activation)
                     if cfg.per_layer_input else None)

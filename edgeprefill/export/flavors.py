@@ -254,6 +254,11 @@ class StandardFlavor(Flavor):
         """
         capacity = g.op("Gather", [g.op("Shape", [past_key]), g.const(2)])
         key_pos = g.op("Range", [g.const(0), capacity, g.const(1)])  # [cap]
+        return self.mask_over(g, key_pos, positions, window)
+
+    def mask_over(self, g: GraphBuilder, key_pos: str, positions: str,
+                  window: int | None) -> str:
+        """causal_mask over the keys at `key_pos` ([K] int64) alone: [B,1,1,C,K]."""
         query_pos = g.op("Unsqueeze", [positions, g.const([2])])  # [B,C,1]
         visible = g.op("LessOrEqual", [key_pos, query_pos])  # [B,C,cap]
         if window is not None:

@@ -5,8 +5,9 @@ wrote in the same step.
 Such a layer has no cache of its own (no past_key/past_value in the graph): it reads its
 producer's present tensors, the cache after this step's keys and values went in, with
 the mask of its kind (causal, within its window if it slides) as plain ONNX ops over the
-whole capacity, in either flavour. transformers' layer reads its producer's keys and
-values of this forward, the cache included, under the same mask: the same numbers.
+positions some row's last token can see (not the whole capacity), in either flavour.
+transformers' layer reads its producer's keys and values of this forward, the cache
+included, under the same mask: the same numbers.
 
 Since no later layer reads what a shared layer computes for a token but that token's own
 stream, and only each row's last valid token reaches the LM head, the shared layers run
@@ -31,8 +32,8 @@ class SharedKV:
     made inside a layer and read by a later one would cross the region the int4 load
     rewrite puts in an If (engines/ort/switches.py), which hands on float values only."""
 
-    def __init__(self, g: GraphBuilder, flavor: Flavor, past_lens: str, valid_lens: str,
-                 producer_key: str) -> None:
+    def __init__(self, g: GraphBuilder, flavor: Flavor, past_lens: str,
+                 valid_lens: str) -> None:
         self.g, self.flavor = g, flavor
         cfg = flavor.cfg
         last = g.op("Sub", [g.op("Add", [past_lens, valid_lens]), g.const([1], np.int32)])
@@ -45,8 +46,20 @@ class SharedKV:
                 gathered = g.op("Gather", [tables[rope] + part, at])
                 self._values[rope + part] = g.op("Unsqueeze", [gathered, g.const([1])])
         std = StandardFlavor(cfg, np.dtype(flavor.dtype), flavor.max_context)
+        # The keys any row's last token may see: up to the longest row's last position,
+        # from the shortest row's oldest in its window. Not the whole capacity: a decode
+        # step would read every slot position (0.69x the decode rate at 8192 against 512,
+        # benchmarks/shared_kv_decode.py).
+        end = g.op("Add", [g.op("ReduceMax", [at], keepdims=0), g.const(1)])
+        self._spans: dict[int | None, tuple[str, str]] = {}
         for window in {layer.window for layer in layers}:
-            self._values[mask_key(window)] = std.causal_mask(g, producer_key, at, window)
+            start = g.const(0) if window is None else g.op("Max", [
+                g.op("Sub", [g.op("ReduceMin", [at], keepdims=0), g.const(window - 1)]),
+                g.const(0)])
+            key_pos = g.op("Range", [start, end, g.const(1)])
+            self._values[mask_key(window)] = std.mask_over(g, key_pos, at, window)
+            self._spans[window] = (g.op("Unsqueeze", [start, g.const([0])]),
+                                   g.op("Unsqueeze", [end, g.const([0])]))
 
     def attention(self, q: str, cfg: ModelConfig, layer: LayerAttention,
                   producer: KVNames) -> str:
@@ -59,5 +72,14 @@ class SharedKV:
             q4 = std.rotate(g, q4, self._values[layer.rope + ".cos"],
                             self._values[layer.rope + ".sin"])
         mask = self._values[mask_key(layer.window)]
-        out = std.attend(g, q4, producer.present_key, producer.present_value, mask, layer)
+        keys, values = (self._span(cache, layer.window)
+                        for cache in (producer.present_key, producer.present_value))
+        out = std.attend(g, q4, keys, values, mask, layer)
         return g.op("Squeeze", [out, g.const([1])])
+
+    def _span(self, cache: str, window: int | None) -> str:
+        """`cache` [B,KV,cap,D] cut to the positions the mask of `window` covers. Cut
+        again by each shared layer: a cut made in one layer and read by a later one would
+        cross the int4 load rewrite's If (see the class docstring)."""
+        start, end = self._spans[window]
+        return self.g.op("Slice", [cache, start, end, self.g.const([2])])
