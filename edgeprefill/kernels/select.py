@@ -1,5 +1,5 @@
 """At load time: the native kernels (attention, SwiGLU, RMS norm, and the Gated DeltaNet
-recurrence where a model has one) or the stock graph, and which.
+and Mamba-2 recurrences where a model has them) or the stock graph, and which.
 
 `EDGEPREFILL_KERNELS` picks: `auto` (the default: native when the library is built, the
 bundle qualifies and the CPU has AVX-512 or AVX2 with FMA), `off` (always the stock graph)
@@ -29,6 +29,8 @@ from edgeprefill.kernels.graph import (
     eligible,
     why_not_eligible,
 )
+from edgeprefill.kernels.mamba2_scan import OP as MAMBA2_OP
+from edgeprefill.kernels.mamba2_scan import fuse_mamba2
 from edgeprefill.kernels.rms_norm import OP as NORM_OP
 from edgeprefill.kernels.rms_norm import fuse_skip_rms_norm
 from edgeprefill.kernels.swiglu import OP as SWIGLU_OP
@@ -43,11 +45,14 @@ NO_ATTENTION = "no attention node the kernel supports"
 NATIVE = f"native ({PREFILL_OP} + {OP}, {SWIGLU_OP}, {NORM_OP})"
 
 
-def native_described(delta_layers: int) -> str:
-    """NATIVE, naming DELTA_OP where it runs the recurrence of `delta_layers` layers."""
-    if delta_layers == 0:
+def native_described(delta_layers: int, mamba2_layers: int = 0) -> str:
+    """NATIVE, naming DELTA_OP where it runs the recurrence of `delta_layers` layers and
+    MAMBA2_OP where it runs that of `mamba2_layers`."""
+    recurrences = [f"{op} in {n} {kind} layers" for op, n, kind in (
+        (DELTA_OP, delta_layers, "DeltaNet"), (MAMBA2_OP, mamba2_layers, "Mamba-2")) if n]
+    if not recurrences:
         return NATIVE
-    return f"{NATIVE[:-1]}, {DELTA_OP} in {delta_layers} DeltaNet layers)"
+    return f"{NATIVE[:-1]}, {', '.join(recurrences)})"
 
 
 class KernelChoice(NamedTuple):
@@ -95,7 +100,8 @@ def choose(graph, flavor: str, dtype: str, device: str) -> KernelChoice:
         return KernelChoice(f"{STOCK} ({reason})", None)
     fuse_swiglu(graph)
     fuse_skip_rms_norm(graph)
-    return KernelChoice(native_described(fuse_gated_delta(graph)), library_path())
+    return KernelChoice(native_described(fuse_gated_delta(graph), fuse_mamba2(graph)),
+                        library_path())
 
 
 def no_attention_reason(graph) -> str:
