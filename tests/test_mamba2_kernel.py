@@ -12,6 +12,7 @@ from onnx import ModelProto, NodeProto, TensorProto, helper
 
 from edgeprefill.bundle import load_graph, load_manifest
 from edgeprefill.engines import StepBatch
+from edgeprefill.errors import BackendError
 from edgeprefill.kernels import graph, select
 from edgeprefill.kernels.mamba2_scan import OP, fuse_mamba2, is_mamba2_scan, mamba2_scans
 from edgeprefill.sdk import Engine
@@ -172,8 +173,10 @@ def mamba2_layers(path) -> int:
 
 
 def native_engine(path, monkeypatch) -> Engine:
-    """The bundle on the native kernels, every Mamba-2 recurrence on the op."""
-    monkeypatch.setenv(select.MODE_ENV, "require")
+    """The bundle on the native kernels (`auto`, the library built: the fixture `library`
+    makes any CPU count), every Mamba-2 recurrence on the op, whether or not the attention
+    kernels take the bundle's attention."""
+    monkeypatch.setenv(select.MODE_ENV, "auto")
     engine = Engine.load(path, threads=2, background=False)
     assert f"{OP} in {mamba2_layers(path)} Mamba-2 layers" in engine.backend.kernels.described
     return engine
@@ -194,13 +197,16 @@ def assert_chunks_match_transformers(hf_dir, path, monkeypatch) -> None:
     engine.close()
 
 
-def test_granite_4_h_on_the_op_equals_transformers_chunk_by_chunk(
-        library, hf_model, bundle, monkeypatch):
-    assert_chunks_match_transformers(hf_model(FAMILY), bundle(FAMILY), monkeypatch)
+@pytest.mark.parametrize("family", [FAMILY, "nemotron_h"])
+def test_the_families_on_the_op_equal_transformers_chunk_by_chunk(
+        library, hf_model, bundle, monkeypatch, family):
+    """Granite 4.0-H's fixture on the native attention, Nemotron-H's on ONNX Runtime's
+    (attention without rotary, which the kernels do not take): the op either way."""
+    assert_chunks_match_transformers(hf_model(family), bundle(family), monkeypatch)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("family", ["bamba", "falcon_h1", "nemotron_h"])
+@pytest.mark.parametrize("family", ["bamba", "falcon_h1"])
 def test_every_mamba2_family_on_the_op_equals_transformers_chunk_by_chunk(
         library, hf_model, bundle, monkeypatch, family):
     assert_chunks_match_transformers(hf_model(family), bundle(family), monkeypatch)
@@ -249,3 +255,21 @@ def test_kernels_off_keeps_the_scan_and_inspect_names_the_op(library, bundle, mo
     assert choice.described == select.native_described(0, LAYERS) and scans(m) == []
     shown = cli("inspect", path)
     assert f"kernels     {select.native_described(0, LAYERS)}" in shown.stdout, shown.stderr
+
+
+def test_a_bundle_whose_attention_stays_stock_still_runs_the_op(library, bundle, monkeypatch):
+    """Nemotron-H attends without rotary: GroupQueryAttention stays, its three Mamba-2
+    recurrences go native, and `inspect` says both; `require` still refuses the load."""
+    from tests.test_cli_errors import cli
+
+    path = bundle("nemotron_h")
+    m = load_graph(path, load_manifest(path))
+    reason = select.no_attention_reason(m)
+    choice = select.choose(m, "ort", "float32", "cpu")
+    assert choice.described == select.stock_described(reason, 0, 3) and scans(m) == []
+    assert choice.library is not None
+    shown = cli("inspect", path)
+    assert f"kernels     {choice.described}" in shown.stdout, shown.stderr
+    monkeypatch.setenv(select.MODE_ENV, "require")
+    with pytest.raises(BackendError, match="require but the native kernels cannot run"):
+        select.choose(load_graph(path, load_manifest(path)), "ort", "float32", "cpu")

@@ -27,6 +27,7 @@ def inspect(bundle, verify, as_json):
         STOCK,
         describe,
         native_described,
+        stock_described,
     )
     from edgeprefill.sdk.generation_defaults import GenerationDefaults
 
@@ -47,8 +48,10 @@ def inspect(bundle, verify, as_json):
     stock_attention = kernels != NATIVE
     # A step fuses only where no GroupQueryAttention is left (fusing.stock_attention).
     any_stock_attention = taken != "every" or not native
-    if kernels == NATIVE and graph.state_inputs:  # the DeltaNet and Mamba-2 recurrences too
-        kernels = native_described(*_recurrent_layers(bundle, m))
+    if native and graph.state_inputs:  # the DeltaNet and Mamba-2 ops run, whatever attends
+        layers = _recurrent_layers(bundle, m)
+        kernels = native_described(*layers) if kernels == NATIVE else \
+            stock_described(unsupported, *layers)
     if native and taken == "some":  # e.g. sliding-window layers keep GroupQueryAttention
         kernels = f"{kernels}; some attention layers stay {STOCK}"
     bf16_kv = _bf16_kv_here(native and taken == "every")
