@@ -14,7 +14,14 @@ from edgeprefill.bundle import load_graph, load_manifest
 from edgeprefill.engines import StepBatch
 from edgeprefill.errors import BackendError
 from edgeprefill.kernels import graph, select
-from edgeprefill.kernels.mamba2_scan import OP, fuse_mamba2, is_mamba2_scan, mamba2_scans
+from edgeprefill.kernels.mamba2_scan import (
+    BODY,
+    OP,
+    fuse_mamba2,
+    is_mamba2_scan,
+    mamba2_scans,
+)
+from edgeprefill.kernels.scan_body import matches
 from edgeprefill.sdk import Engine
 from tests.state_models import run_padded
 from tests.test_exactness import prompt_ids, reference_logits
@@ -110,13 +117,31 @@ def one_scan_model(bundle_graph: ModelProto) -> ModelProto:
     return m
 
 
-def test_the_op_computes_what_the_exporters_scan_does(library, bundle):
+def body(node: NodeProto):
+    return next(a.g for a in node.attribute if a.name == "body")
+
+
+def with_copy(scan: NodeProto) -> None:
+    """The body as bundles exported before stop 40 hold it: h_out an Identity of the sum."""
+    b = body(scan)
+    prefix = b.name[: -len("step")]
+    for node in b.node:
+        node.input[:] = [prefix + "h_sum" if i == prefix + "h_out" else i for i in node.input]
+        node.output[:] = [prefix + "h_sum" if o == prefix + "h_out" else o for o in node.output]
+    b.node.append(helper.make_node("Identity", [prefix + "h_sum"], [prefix + "h_out"]))
+
+
+@pytest.mark.parametrize("copy", [False, True])
+def test_the_op_computes_what_the_exporters_scan_does(library, bundle, copy):
     """The exporter's Scan itself (stock ONNX Runtime) against the op it is rewritten to,
     on a chunk with a padded row. The state is the Scan's to the bit: each element rounded
     as the body's Mul, Mul and Add round it. y sums h C over N = 16 in another order than
-    the body's MatMul: a few float32 roundings of terms of order 1 (1e-6)."""
+    the body's MatMul: a few float32 roundings of terms of order 1 (1e-6). Bundles exported
+    before stop 40 (`copy`: their body copies h to its output) are switched too."""
     path = bundle(FAMILY)
     m = one_scan_model(load_graph(path, load_manifest(path)))
+    if copy:
+        with_copy(m.graph.node[0])
     feeds = inputs(2, 21, HEADS, P, N, [21, 6], seed=7)
     stock = run(m, None, feeds)
     assert fuse_mamba2(m) == 1
@@ -131,6 +156,8 @@ def test_rewrite_switches_every_mamba2_scan_and_nothing_else(bundle):
     m = load_graph(path, load_manifest(path))
     before = [n.op_type for n in m.graph.node]
     assert len(scans(m)) == LAYERS and mamba2_scans(m) == LAYERS
+    # the exporter's body adds into h_out itself: no Identity copying h every token
+    assert all(matches(scan, BODY) for scan in scans(m))
     assert fuse_mamba2(m) == LAYERS
     assert scans(m) == [] and [n.op_type for n in m.graph.node].count(OP) == LAYERS
     assert len(m.graph.node) == len(before)
@@ -146,9 +173,6 @@ def test_near_misses_keep_their_scan(bundle):
         node.CopyFrom(base)
         change(node)
         return node
-
-    def body(node: NodeProto):
-        return next(a.g for a in node.attribute if a.name == "body")
 
     def drop_decay(node):  # a body without the decay's Mul
         b = body(node)

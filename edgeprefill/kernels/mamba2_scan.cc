@@ -8,7 +8,7 @@
 //
 //   h = h * decay + dtx (x) B;   y = h C
 //
-// The Scan runs its body's ~10 nodes once per token, each over all B x H states, so every
+// The Scan runs its body's 9 nodes once per token, each over all B x H states, so every
 // token streams every state (48 heads of 64 x 128 floats, 1.5 MB at Granite-4.0-H-1B's
 // widths) through memory several times. Here one piece of the pool owns one (row, head)
 // for the whole chunk: its h (32 KB at 64 x 128) stays in cache across the tokens, and
