@@ -26,8 +26,13 @@
 
 #include "kernel_common.h"
 
-// h's update rounded as the Scan's separate Mul, Mul and Add (the header says why).
+// h's update rounded as the Scan's separate Mul, Mul and Add (the header says why): GCC
+// per function; clang (whose attribute this is not) by the pragma in Step.
+#if defined(__clang__)
+#define EP_SEPARATE_ROUNDING
+#else
 #define EP_SEPARATE_ROUNDING __attribute__((optimize("fp-contract=off")))
+#endif
 
 namespace edgeprefill {
 namespace {
@@ -57,6 +62,9 @@ inline float SumLanes16(float* lanes) {
 EP_SEPARATE_ROUNDING inline void Step(float* __restrict h, const float* __restrict dtx,
                                       const float* __restrict b, const float* __restrict c,
                                       float decay, float* __restrict y, int64_t p, int64_t n) {
+#if defined(__clang__)
+#pragma clang fp contract(off)
+#endif
   for (int64_t i = 0; i < p; ++i) {
     float* __restrict row = h + i * n;
     const float x = dtx[i];
