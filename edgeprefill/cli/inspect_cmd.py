@@ -27,6 +27,7 @@ def inspect(bundle, verify, as_json):
         STOCK,
         describe,
         native_described,
+        stock_described,
     )
     from edgeprefill.sdk.generation_defaults import GenerationDefaults
 
@@ -47,8 +48,10 @@ def inspect(bundle, verify, as_json):
     stock_attention = kernels != NATIVE
     # A step fuses only where no GroupQueryAttention is left (fusing.stock_attention).
     any_stock_attention = taken != "every" or not native
-    if kernels == NATIVE and graph.state_inputs:  # Qwen3.5: the DeltaNet recurrences too
-        kernels = native_described(_delta_layers(bundle, m))
+    if native and graph.state_inputs:  # the DeltaNet and Mamba-2 ops run, whatever attends
+        layers = _recurrent_layers(bundle, m)
+        kernels = native_described(*layers) if kernels == NATIVE else \
+            stock_described(unsupported, *layers)
     if native and taken == "some":  # e.g. sliding-window layers keep GroupQueryAttention
         kernels = f"{kernels}; some attention layers stay {STOCK}"
     bf16_kv = _bf16_kv_here(native and taken == "every")
@@ -194,12 +197,15 @@ def _attention_taken(bundle, manifest) -> tuple[str, str]:
     return "none", no_attention_reason(graph)
 
 
-def _delta_layers(bundle, manifest) -> int:
-    """How many Gated DeltaNet recurrences the native GatedDeltaRule takes."""
+def _recurrent_layers(bundle, manifest) -> tuple[int, int]:
+    """How many Gated DeltaNet recurrences the native GatedDeltaRule takes, and how many
+    Mamba-2 ones Mamba2Scan takes."""
     from edgeprefill.bundle import load_graph
     from edgeprefill.kernels.gated_delta import delta_scans
+    from edgeprefill.kernels.mamba2_scan import mamba2_scans
 
-    return delta_scans(load_graph(Path(bundle), manifest))
+    graph = load_graph(Path(bundle), manifest)
+    return delta_scans(graph), mamba2_scans(graph)
 
 
 def _steps_line(graph, native: bool, stock_attention: bool, kernels_take_it: bool) -> str:

@@ -12,7 +12,9 @@ PrefillAttention in for every GroupQueryAttention it supports, in memory: its ro
 token run DecodeAttention's code, `decode_rows.h`), `select.py` (at load: native or the
 stock graph, and the reason, for `--stats`/`inspect`); `gated_delta.cc` and `gated_delta.py`
 (the `edgeprefill.GatedDeltaRule` op, Qwen3.5's DeltaNet recurrence per (row, head), and
-its switch in for the exporter's `Scan`).
+its switch in for the exporter's `Scan`); `mamba2_scan.cc` and `mamba2_scan.py` (the
+`edgeprefill.Mamba2Scan` op, the Mamba-2 SSM recurrence per (row, head), and its switch);
+`scan_body.py` (how both switches know the exporter's Scan by its body).
 
 Everything works without the library: bundles on disk are never changed, and a missing
 library means the stock GroupQueryAttention graph.

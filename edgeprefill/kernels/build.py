@@ -32,7 +32,7 @@ from edgeprefill.errors import EdgeprefillError
 
 SOURCES = ("library.cc", "decode_attention.cc", "prefill_attention.cc", "swiglu.cc",
            "rms_norm.cc", "matmul_bf16.cc", "matmul_int4.cc", "matmul_int8.cc",
-           "gated_delta.cc")
+           "gated_delta.cc", "mamba2_scan.cc")
 # Hashed with the sources, not compiled on their own.
 HEADERS = ("kernel_common.h", "decode_rows.h", "swiglu.h", "rms_norm.h")
 # GCC's default -ffp-contract=fast stays: the hot products are explicit FMA intrinsics

@@ -293,7 +293,7 @@ struct Op {
 
 Op MakeOp(const OpSpec& spec);
 
-// The create and destroy of an op without attributes or state (SwiGlu, GatedDeltaRule).
+// The create and destroy of an op without attributes or state (SwiGlu, GatedDeltaRule, Mamba2Scan).
 OrtStatus* CreateStatelessKernel(const OrtKernelInfo* info, void** kernel);
 void ORT_API_CALL DestroyStatelessKernel(void* kernel);
 
@@ -306,5 +306,6 @@ const Op& MatMulBf16Op();
 const Op& MatMulInt4Op();
 const Op& MatMulInt8Op();
 const Op& GatedDeltaRuleOp();
+const Op& Mamba2ScanOp();
 
 }  // namespace edgeprefill

@@ -275,5 +275,6 @@ RegisterCustomOps(OrtSessionOptions* options, const OrtApiBase* api_base) {
   EP_RETURN_IF_ERROR(g_api->CustomOpDomain_Add(domain, &MatMulInt4Op().table));
   EP_RETURN_IF_ERROR(g_api->CustomOpDomain_Add(domain, &MatMulInt8Op().table));
   EP_RETURN_IF_ERROR(g_api->CustomOpDomain_Add(domain, &GatedDeltaRuleOp().table));
+  EP_RETURN_IF_ERROR(g_api->CustomOpDomain_Add(domain, &Mamba2ScanOp().table));
   return g_api->AddCustomOpDomain(options, domain);
 }

@@ -1,5 +1,5 @@
 """At load time: the native kernels (attention, SwiGLU, RMS norm, and the Gated DeltaNet
-recurrence where a model has one) or the stock graph, and which.
+and Mamba-2 recurrences where a model has them) or the stock graph, and which.
 
 `EDGEPREFILL_KERNELS` picks: `auto` (the default: native when the library is built, the
 bundle qualifies and the CPU has AVX-512 or AVX2 with FMA), `off` (always the stock graph)
@@ -29,6 +29,8 @@ from edgeprefill.kernels.graph import (
     eligible,
     why_not_eligible,
 )
+from edgeprefill.kernels.mamba2_scan import OP as MAMBA2_OP
+from edgeprefill.kernels.mamba2_scan import fuse_mamba2
 from edgeprefill.kernels.rms_norm import OP as NORM_OP
 from edgeprefill.kernels.rms_norm import fuse_skip_rms_norm
 from edgeprefill.kernels.swiglu import OP as SWIGLU_OP
@@ -43,11 +45,22 @@ NO_ATTENTION = "no attention node the kernel supports"
 NATIVE = f"native ({PREFILL_OP} + {OP}, {SWIGLU_OP}, {NORM_OP})"
 
 
-def native_described(delta_layers: int) -> str:
-    """NATIVE, naming DELTA_OP where it runs the recurrence of `delta_layers` layers."""
-    if delta_layers == 0:
-        return NATIVE
-    return f"{NATIVE[:-1]}, {DELTA_OP} in {delta_layers} DeltaNet layers)"
+def native_described(delta_layers: int, mamba2_layers: int = 0) -> str:
+    """NATIVE, naming DELTA_OP where it runs the recurrence of `delta_layers` layers and
+    MAMBA2_OP where it runs that of `mamba2_layers`."""
+    recurrences = _recurrences(delta_layers, mamba2_layers)
+    return f"{NATIVE[:-1]}, {recurrences})" if recurrences else NATIVE
+
+
+def stock_described(reason: str, delta_layers: int = 0, mamba2_layers: int = 0) -> str:
+    """STOCK with `reason`, and the recurrences the native ops run all the same."""
+    recurrences = _recurrences(delta_layers, mamba2_layers)
+    return f"{STOCK} ({reason}){'; native ' + recurrences if recurrences else ''}"
+
+
+def _recurrences(delta_layers: int, mamba2_layers: int) -> str:
+    return ", ".join(f"{op} in {n} {kind} layers" for op, n, kind in (
+        (DELTA_OP, delta_layers, "DeltaNet"), (MAMBA2_OP, mamba2_layers, "Mamba-2")) if n)
 
 
 class KernelChoice(NamedTuple):
@@ -89,13 +102,28 @@ def choose(graph, flavor: str, dtype: str, device: str) -> KernelChoice:
     reason = why_not(flavor, dtype, device)
     if reason is None and add_native_attention(graph) == 0:
         reason = no_attention_reason(graph)  # no node was rewritten: the same nodes
+        if mode() != "require":
+            return recurrences_only(graph, reason)
     if reason is not None:
         if mode() == "require":
             raise BackendError(f"{MODE_ENV}=require but the native kernels cannot run: {reason}")
         return KernelChoice(f"{STOCK} ({reason})", None)
     fuse_swiglu(graph)
     fuse_skip_rms_norm(graph)
-    return KernelChoice(native_described(fuse_gated_delta(graph)), library_path())
+    return KernelChoice(native_described(*fuse_recurrences(graph)), library_path())
+
+
+def recurrences_only(graph, reason: str) -> KernelChoice:
+    """The library runs here but takes no attention node of `graph` (`reason`): the
+    recurrent mixers' ops run all the same, as they read no KV cache (Granite-4.0-H and
+    Nemotron-H attend without rotary, which the attention kernels do not take)."""
+    layers = fuse_recurrences(graph)
+    return KernelChoice(stock_described(reason, *layers), library_path() if any(layers) else None)
+
+
+def fuse_recurrences(graph) -> tuple[int, int]:
+    """Switches `graph`'s DeltaNet and Mamba-2 Scans to their ops: how many of each."""
+    return fuse_gated_delta(graph), fuse_mamba2(graph)
 
 
 def no_attention_reason(graph) -> str:
