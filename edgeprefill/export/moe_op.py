@@ -12,7 +12,9 @@ weighed by the sigmoid alone, renormalized with an epsilon, scaled) is computed 
 graph as the unrolled form computes it, and handed to the op as logits it cannot read
 otherwise: log(weight) at the k chosen experts and -inf elsewhere, so the op's softmax and
 top k find exactly those k and renormalize their weights to sum 1; the output times each
-token's sum of weights undoes that. The `standard` flavour and int8 and fp16 bundles keep
+token's sum of weights undoes that. gpt-oss's router logits carry its bias; its experts'
+biases are the op's fc1/fc2 bias inputs and its clamped SwiGLU the op's activation
+attributes (_swiglu). The `standard` flavour and int8 and fp16 bundles keep
 the unrolled graph (export/moe.py).
 
 Weights: fc1 [E, 2I, H] with each expert's gate and up rows interleaved (g0, u0, g1, ...,
