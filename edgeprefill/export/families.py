@@ -885,7 +885,7 @@ GPT_OSS = FamilySpec(
               "rope_theta": 150000.0, "num_experts_per_tok": 4, "swiglu_alpha": 1.702,
               "swiglu_limit": 7.0, "attention_bias": True},
     quirks=("q/k/v/o biases", "attention sinks (a learned logit per head)",
-            "experts with biases and a clamped SwiGLU"),
+            "experts and router with biases"),
 )
 
 # model_types close to a supported family that export refuses -> why, in words.
