@@ -195,3 +195,95 @@ def test_a_config_without_layer_types_alternates_sliding_and_full_layers(tmp_pat
     ids = prompt_ids(30)
     np.testing.assert_allclose(last_logits(export_small(hf_dir, tmp_path / "b"), ids),
                                reference_logits(hf_dir, ids)[-1], rtol=1e-4, atol=1e-4)
+
+
+# Shaped as the Hub's gpt-oss-20b config.json (its legacy rope_scaling, MXFP4 experts).
+GPT_OSS_20B = {
+    "architectures": ["GptOssForCausalLM"], "model_type": "gpt_oss", "attention_bias": True,
+    "attention_dropout": 0.0, "eos_token_id": 200002, "experts_per_token": 4,
+    "head_dim": 64, "hidden_act": "silu", "hidden_size": 2880,
+    "initial_context_length": 4096, "initializer_range": 0.02, "intermediate_size": 2880,
+    "layer_types": ["sliding_attention", "full_attention"] * 12,
+    "max_position_embeddings": 131072, "num_attention_heads": 64,
+    "num_experts_per_tok": 4, "num_hidden_layers": 24, "num_key_value_heads": 8,
+    "num_local_experts": 32, "output_router_logits": False, "pad_token_id": 199999,
+    "quantization_config": {"modules_to_not_convert": [
+        "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens",
+        "lm_head"], "quant_method": "mxfp4"},
+    "rms_norm_eps": 1e-05, "rope_scaling": {
+        "beta_fast": 32.0, "beta_slow": 1.0, "factor": 32.0,
+        "original_max_position_embeddings": 4096, "rope_type": "yarn", "truncate": False},
+    "rope_theta": 150000, "router_aux_loss_coef": 0.9, "sliding_window": 128,
+    "swiglu_limit": 7.0, "tie_word_embeddings": False, "vocab_size": 201088,
+}
+
+
+def test_the_hub_config_reads_as_transformers_builds_it():
+    """Windows per layer, experts, the clamped SwiGLU and the yarn rope's cos table (its
+    attention factor included) as transformers' GptOssConfig and rotary embedding have them."""
+    import transformers
+    from transformers.models.gpt_oss.modeling_gpt_oss import GptOssRotaryEmbedding
+
+    from edgeprefill.export.model_config import GLOBAL, ModelConfig
+
+    config = transformers.AutoConfig.for_model(**GPT_OSS_20B)
+    cfg = ModelConfig.from_hf(GPT_OSS_20B)
+    assert [layer.window for layer in cfg.layers] == [
+        config.sliding_window if kind == "sliding_attention" else None
+        for kind in config.layer_types]
+    assert cfg.moe is not None and cfg.moe.clamped is not None
+    assert (cfg.moe.experts, cfg.moe.top_k, cfg.moe.width, cfg.moe.routing,
+            cfg.moe.clamped.alpha, cfg.moe.clamped.limit) == (
+        config.num_local_experts, config.num_experts_per_tok, config.intermediate_size,
+        "topk_softmax", config.swiglu_alpha, config.swiglu_limit)
+    assert (cfg.head_dim, cfg.num_heads, cfg.num_kv_heads) == (64, 64, 8)
+    rope = cfg.for_context(8192).ropes[GLOBAL]
+    with torch.no_grad():
+        cos, _ = GptOssRotaryEmbedding(config)(torch.zeros(1), torch.arange(8192)[None])
+    freqs = np.outer(np.arange(8192, dtype=np.float32), rope.inv_freq())
+    np.testing.assert_allclose(np.cos(freqs) * np.float32(rope.cos_sin_scale()),
+                               cos[0].numpy(), atol=1e-4)
+
+
+class Mxfp4Shapes:
+    """The tensors of the Hub's gpt-oss checkpoint of a config, shapes only (the experts
+    as MXFP4 blocks and scales): its graph builds without its weights (none is read)."""
+
+    def __init__(self, raw: dict) -> None:
+        import transformers
+
+        config = transformers.AutoConfig.for_model(**raw)
+        with torch.device("meta"):
+            model = transformers.AutoModelForCausalLM.from_config(config)
+        self.shapes: dict[str, tuple[int, ...]] = {}
+        for name, tensor in model.state_dict().items():
+            if name.endswith(EXPERTS):
+                experts, cols, rows = tensor.shape
+                blocks, scales = mxfp4.stored_shapes(experts, rows, cols)
+                self.shapes[name + mxfp4.BLOCKS], self.shapes[name + mxfp4.SCALES] = \
+                    blocks, scales
+            else:
+                self.shapes[name] = tuple(tensor.shape)
+        self.fp8 = None
+
+    def has(self, name: str) -> bool:
+        return name in self.shapes
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return self.shapes[name]
+
+
+@pytest.mark.parametrize("quant, op", [(None, "MoE"), (QuantConfig("int4"), "QMoE")])
+def test_the_hub_sized_mxfp4_model_builds_one_moe_op_and_one_sinked_attention_per_layer(
+        quant, op):
+    from edgeprefill.export.decoder import DecoderBuilder
+    from edgeprefill.export.flavors import flavor_class
+    from edgeprefill.export.model_config import ModelConfig
+
+    cfg = ModelConfig.from_hf(GPT_OSS_20B)
+    g = DecoderBuilder(cfg, Mxfp4Shapes(GPT_OSS_20B),  # type: ignore[arg-type]
+                       flavor_class("ort")(cfg, np.float32, 4096), quant).build()
+    assert sum(n.op_type == op for n in g.nodes) == cfg.num_layers == 24
+    attention = [n for n in g.nodes if n.op_type == "GroupQueryAttention"]
+    assert [n.input[11] for n in attention] == [
+        f"model.layers.{i}.self_attn.sinks" for i in range(24)]
