@@ -168,15 +168,18 @@ def dequantized_int4(model, block: int = 32) -> None:
                 param.copy_(rounded(param))
 
 
-def test_int4_experts_equal_transformers_with_dequantized_weights(hf_model, tmp_path):
-    """QMoE with the experts' biases and clamped SwiGLU, at float compute (accuracy level
-    0), against the model whose projections are the bundle's dequantized int4."""
+@pytest.mark.parametrize("block", (32, 128))
+def test_int4_experts_equal_transformers_with_dequantized_weights(block, hf_model, tmp_path):
+    """QMoE with the experts' biases and clamped SwiGLU (block 32), and the unrolled
+    experts' MatMulNBits where QMoE cannot take the block (128, wider than the fixture's
+    64), at float compute (accuracy level 0), against the model whose projections are the
+    bundle's dequantized int4."""
     hf_dir = hf_model(FAMILY)
     export(hf_dir, tmp_path / "b", ExportOptions(
         chunks=(16,), max_context=128, show_progress=False,
-        quant=QuantConfig("int4", 32, accuracy_level=0)))
+        quant=QuantConfig("int4", block, accuracy_level=0)))
     model = load_hf_model(hf_dir)
-    dequantized_int4(model)
+    dequantized_int4(model, block)
     ids = prompt_ids(20)
     with torch.no_grad():
         expected = model(torch.tensor([ids])).logits[0, -1].numpy()
