@@ -265,6 +265,12 @@ FAMILIES: dict[str, dict] = {
     # Qwen2-MoE: q/k/v biases, a shared expert gated by a sigmoid beside the routed ones
     "qwen2_moe": {"num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
                   "shared_expert_intermediate_size": 48},
+    # gpt-oss: a sliding then a full layer, each with sinks; experts with biases and the
+    # clamped SwiGLU, fused [E, in, out] as GptOssExperts saves them (gate_up [8, 64, 128]);
+    # a limit low enough that the clamps bite on these weights (the Hub's is 7)
+    "gpt_oss": {"num_local_experts": 8, "num_experts_per_tok": 2, "intermediate_size": 64,
+                "head_dim": 16, "sliding_window": 8, "swiglu_limit": 1.5,
+                "swiglu_alpha": 1.5},
 }
 # The families the default (fast) suite covers end to end; the rest run under `slow`.
 FAST_FAMILIES = ("llama", "mistral", "qwen2", "gemma2", "gemma3_text", "gemma3", "qwen2_5_vl",

@@ -264,6 +264,10 @@ def test_attention_the_kernel_lacks_stays_group_query_attention():
     # What inspect and --stats say then: why, in a user's words, each distinct reason once.
     assert graph.why_not_eligible(gqa(do_rotary=0)).startswith("attention without rotary")
     assert graph.why_not_eligible(gqa(local_window_size=64)) == "a sliding window"
+    sinks = gqa()
+    sinks.input.extend(["", "", "sinks"])  # gpt-oss's head_sink, input 11
+    assert not graph.eligible(sinks)
+    assert graph.why_not_eligible(sinks) == "attention sinks"
     both = helper.make_model(helper.make_graph(
         [gqa(softcap=30.0), gqa(local_window_size=8), gqa(softcap=50.0)], "g", [], []))
     assert select.no_attention_reason(both) == \

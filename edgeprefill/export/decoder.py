@@ -307,7 +307,9 @@ class DecoderBuilder:
         names = kv_names(i)
         past = (names.past_key, names.past_value)
         present = (names.present_key, names.present_value)
-        attn = self._flavor_for(cfg).attention(self.g, q, k, v, past, present, step, layer)
+        sink = self._sinks(p, cfg) if cfg.spec.sinks else None
+        attn = self._flavor_for(cfg).attention(self.g, q, k, v, past, present, step, layer,
+                                               sink)
         attn = self.tokens.gather(attn, cfg.num_heads * cfg.head_dim)
         if cfg.head_gate:
             attn = self._head_gated(p, h, attn, cfg)
@@ -315,6 +317,14 @@ class DecoderBuilder:
         if gate is not None:  # Qwen3.5: the attention's output times sigmoid(gate)
             attn = self.g.op("Mul", [attn, self.g.op("Sigmoid", [rows(gate)])])
         return self._output(p, attn)
+
+    def _sinks(self, p: str, cfg: ModelConfig) -> str:
+        """gpt-oss: the layer's sink logit per query head, [H]."""
+        name = p + self.names.sinks
+        if self.w.shape(name) != (cfg.num_heads,):
+            raise ExportError(f"{name} has shape {self.w.shape(name)}, but config.json "
+                              f"implies ({cfg.num_heads},) (one sink per query head)")
+        return self.w.tensor(name)
 
     def _head_gated(self, p: str, h: str, attn: str, cfg: ModelConfig) -> str:
         """LFM3: attention's output [B,C,H*D] (or packed [1,T,H*D]), each head's D values

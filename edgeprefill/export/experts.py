@@ -5,7 +5,8 @@
 Routing, as each family's transformers router computes it (float32 throughout):
   softmax          softmax over all experts, then the top k (Qwen2/3-MoE, OLMoE);
                    `norm_topk_prob` rescales the k to sum to 1
-  topk_softmax     the top k logits, then softmax over those k (Granite MoE)
+  topk_softmax     the top k logits, then softmax over those k (Granite MoE; gpt-oss, whose
+                   router adds a bias to its logits)
   sigmoid          sigmoid of each logit; the top k of sigmoid + `expert_bias` (the bias
                    chooses, it never weighs); `norm_topk_prob` divides by their sum + 1e-6;
                    times `routed_scaling_factor` (LFM2-MoE)
@@ -37,6 +38,18 @@ class MoeNames:
     fused_gate_up: tuple[str, ...] = ("mlp.experts.gate_up_proj",)
     fused_down: tuple[str, ...] = ("mlp.experts.down_proj",)
     expert_bias: str | None = None  # LFM2-MoE's selection bias
+    router_bias: str | None = None  # added to the router's logits (gpt-oss)
+    # the experts' own biases, fused [E, 2I] (rows as the fused gate_up's) and [E, H]
+    gate_up_bias: str | None = None
+    down_bias: str | None = None
+    # gpt-oss's fused layout: gate and up rows interleaved (g0, u0, g1, ...) and the fused
+    # tensors stored [E, in, out] (GptOssExperts' gate_up_proj [E, H, 2I], down_proj
+    # [E, I, H]); the Hub's checkpoints store them as MXFP4 `_blocks`/`_scales` of the
+    # [E, out, in] weights instead (export/mxfp4.py), which config.json's
+    # quantization_config (quant_method mxfp4) announces
+    interleaved: bool = False
+    transposed: bool = False
+    mxfp4: bool = False
     shared: str | None = None  # a shared expert's MLP prefix (Qwen2-MoE), + gate/up/down
     shared_gate: str | None = None  # its sigmoid gate [1, H]
 
@@ -55,6 +68,17 @@ class MoeSpec:
         range(int(raw["num_hidden_layers"])))
     norm_key: str | None = "norm_topk_prob"  # None: never renormalized (Granite MoE)
     norm_eps: float = 0.0  # added to the sum before renormalizing (LFM2-MoE's 1e-6)
+    # gpt-oss's clamped SwiGLU: (clamp(up, -limit, limit) + 1) * g * sigmoid(alpha g), with
+    # g = min(gate, limit), alpha and limit from swiglu_alpha and swiglu_limit
+    clamped_swiglu: bool = False
+
+
+@dataclass(frozen=True)
+class ClampedSwiglu:
+    """gpt-oss's expert activation (GptOssExperts._apply_gate)."""
+
+    alpha: float
+    limit: float
 
 
 @dataclass(frozen=True)
@@ -71,13 +95,15 @@ class MoeConfig:
     expert_bias: bool
     shared_width: int  # a shared expert's intermediate size; 0: none
     layers: tuple[int, ...]
+    clamped: ClampedSwiglu | None = None  # None: act(gate) * up
 
     def describe(self, num_layers: int) -> str:
         shared = f", a gated shared expert of width {self.shared_width}" \
             if self.shared_width else ""
+        clamped = f", clamped SwiGLU (limit {self.clamped.limit:g})" if self.clamped else ""
         return (f"mixture of experts: {self.experts} experts of width {self.width}, top "
                 f"{self.top_k} per token ({self.routing} routing), on {len(self.layers)} of "
-                f"{num_layers} layers{shared}")
+                f"{num_layers} layers{shared}{clamped}")
 
 
 def read_moe(raw: dict[str, Any], spec: MoeSpec) -> MoeConfig | None:
@@ -101,6 +127,8 @@ def read_moe(raw: dict[str, Any], spec: MoeSpec) -> MoeConfig | None:
         shared_width=int(raw.get("shared_expert_intermediate_size") or 0)
         if names.shared else 0,
         layers=layers,
+        clamped=ClampedSwiglu(float(raw["swiglu_alpha"]), float(raw["swiglu_limit"]))
+        if spec.clamped_swiglu else None,
     )
     if moe.experts < 1 or not 1 <= moe.top_k <= moe.experts:
         raise ExportError(f"config.json: num_experts_per_tok ({moe.top_k}) must be 1 to "

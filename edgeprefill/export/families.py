@@ -51,6 +51,7 @@ class TensorNames:
     # gate_proj and transformers renames g_proj when it loads them
     head_gate: tuple[str, ...] = ("self_attn.g_proj", "self_attn.gate_proj")
     mamba: str = "mamba."  # a Mamba-2 layer's mixer module (in_proj, conv1d, norm, ...)
+    sinks: str = "self_attn.sinks"  # gpt-oss's attention sinks, one logit per query head
 
 
 LLAMA_NAMES = TensorNames()
@@ -191,6 +192,9 @@ class FamilySpec:
     v_norm: bool = False  # a per-head RMSNorm without weight on v (Gemma 4)
     # Each layer's output times its stored scalar (Gemma 4's `layer_scalar` buffer).
     layer_scalar: bool = False
+    # Attention sinks (gpt-oss): a learned logit per query head (names.sinks) joins each
+    # query's softmax denominator, and its share of the weight attends to nothing.
+    sinks: bool = False
 
     def read(self, raw: dict[str, Any]) -> dict[str, Any]:
         """config.json as the family's transformers config class reads it."""
@@ -849,14 +853,47 @@ LFM2_MOE = replace(
               "tie_word_embeddings": True},
 )
 
+
+def _gpt_oss_rope(raw: dict[str, Any]) -> dict[str, Any]:
+    # GptOssConfig: without rope_parameters (and no legacy rope_scaling) its yarn rope.
+    if raw.get("rope_parameters") is None and not raw.get("rope_scaling"):
+        raw = {**raw, "rope_parameters": {**GPT_OSS_ROPE, "rope_theta": raw["rope_theta"]}}
+    return raw
+
+
+GPT_OSS_ROPE = {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                "truncate": False, "original_max_position_embeddings": 4096}
+# gpt-oss (20b, 120b): Llama attention with q/k/v/o biases and a sink logit per head,
+# sliding (128) and full layers alternating, a yarn rope; every MLP routed experts: the top
+# k of biased router logits, softmax over those k; experts with biases and a clamped
+# SwiGLU of interleaved gate/up rows, stored MXFP4 on the Hub.
+GPT_OSS = FamilySpec(
+    **ATTENTION_BIAS, sinks=True, window="always", sliding=lambda i, raw: bool((i + 1) % 2),
+    legacy=_gpt_oss_rope,
+    moe=MoeSpec(names=MoeNames(router=("mlp.router.weight",), router_bias="mlp.router.bias",
+                               fused_gate_up=("mlp.experts.gate_up_proj",),
+                               fused_down=("mlp.experts.down_proj",),
+                               gate_up_bias="mlp.experts.gate_up_proj_bias",
+                               down_bias="mlp.experts.down_proj_bias",
+                               interleaved=True, transposed=True, mxfp4=True),
+                routing="topk_softmax", experts_keys=("num_local_experts", "num_experts"),
+                width_key="intermediate_size", norm_key=None, clamped_swiglu=True),
+    defaults={"num_hidden_layers": 36, "num_local_experts": 128, "vocab_size": 201088,
+              "hidden_size": 2880, "intermediate_size": 2880, "head_dim": 64,
+              "num_attention_heads": 64, "num_key_value_heads": 8, "sliding_window": 128,
+              "max_position_embeddings": 131072, "rms_norm_eps": 1e-5,
+              "rope_theta": 150000.0, "num_experts_per_tok": 4, "swiglu_alpha": 1.702,
+              "swiglu_limit": 7.0, "attention_bias": True},
+    quirks=("q/k/v/o biases", "attention sinks (a learned logit per head)",
+            "experts and router with biases"),
+)
+
 # model_types close to a supported family that export refuses -> why, in words.
 REFUSED_TYPES = {
     "qwen3_5_moe": "Qwen3.5's mixture-of-experts models (routed experts) are not supported; "
                    "only the dense ones (qwen3_5, qwen3_5_text)",
 }
 REFUSED_TYPES["qwen3_5_moe_text"] = REFUSED_TYPES["qwen3_5_moe"]
-REFUSED_TYPES["gpt_oss"] = ("gpt-oss is not supported (its experts' clamped SwiGLU, biases "
-                            "and MXFP4 weights, attention sinks)")
 REFUSED_TYPES["mamba2"] = ("plain Mamba-2 models (every layer mamba, none attending) are "
                            "not supported; the hybrid ones are: bamba, falcon_h1, "
                            "granitemoehybrid, nemotron_h")
@@ -1114,6 +1151,7 @@ FAMILIES: dict[str, FamilySpec] = {
     "olmoe": OLMOE,
     "granitemoe": GRANITE_MOE,
     "lfm2_moe": LFM2_MOE,
+    "gpt_oss": GPT_OSS,
     # Granite 4.0 dense (granite-4.0-micro, the -H models' Mamba-2 layers among attention
     # ones): Granite's multipliers, a gated MLP of fused weights (`shared_mlp`), and
     # rotary only with position_embedding_type "rope".

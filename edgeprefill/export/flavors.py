@@ -82,11 +82,14 @@ class Flavor(ABC):
     def attention(
         self, g: GraphBuilder, q: str, k: str, v: str, past: tuple[str, str],
         present: tuple[str, str], step: StepTensors, layer: LayerAttention,
+        sink: str | None = None,
     ) -> str:
         """Causal attention of q [B,C,H*D] over the cache after writing k, v [B,C,KV*D]
         at each row's past length, within the layer's sliding window if it has one. `past`
         are the cache inputs [B,KV,cap,D]; the updated caches are produced under the
-        `present` names. Returns [B,C,H*D]; the layer's rotary (if any) applied."""
+        `present` names. `sink` [H] (gpt-oss): each head's sink logit, which joins the
+        softmax's denominator (its weight attends to nothing). Returns [B,C,H*D]; the
+        layer's rotary (if any) applied."""
 
     @abstractmethod
     def rotary(self, g: GraphBuilder, q: str, k: str, step: StepTensors,
@@ -192,7 +195,7 @@ class OrtFlavor(Flavor):
             interleaved=int(self.cfg.spec.rope_interleaved), **partial,
         ) for x, heads in ((q, self.cfg.num_heads), (k, self.cfg.num_kv_heads)))
 
-    def attention(self, g, q, k, v, past, present, step, layer):
+    def attention(self, g, q, k, v, past, present, step, layer, sink=None):
         cfg = self.cfg
         e = step.extra
         rotary = layer.rope is not None
@@ -205,9 +208,14 @@ class OrtFlavor(Flavor):
             window["local_window_size"] = layer.window
         if cfg.attn_softcap is not None:
             window["softcap"] = float(cfg.attn_softcap)
+        inputs = [q, k or "", v or "", past[0], past[1], e["seqlens_k"], e["total"], *cos_sin]
+        if sink is not None:
+            # input 11, head_sink: the CPU kernel adds exp(sink - max) to each head's
+            # softmax denominator, as transformers' eager attention (measured against it,
+            # tests/test_gpt_oss.py)
+            inputs = inputs + [""] * (11 - len(inputs)) + [sink]
         out, _, _ = g.op(
-            "GroupQueryAttention",
-            [q, k or "", v or "", past[0], past[1], e["seqlens_k"], e["total"], *cos_sin],
+            "GroupQueryAttention", inputs,
             [g._name("gqa_out"), present[0], present[1]],
             domain="com.microsoft",
             num_heads=cfg.num_heads,
@@ -315,7 +323,7 @@ class StandardFlavor(Flavor):
         split = g.op("Reshape", [x, g.const([0, 0, heads, self.cfg.head_dim])])
         return g.op("Transpose", [split], perm=[0, 2, 1, 3])
 
-    def attention(self, g, q, k, v, past, present, step, layer):
+    def attention(self, g, q, k, v, past, present, step, layer, sink=None):
         cfg = self.cfg
         q4 = self.heads_first(g, q, cfg.num_heads)
         k4 = self.heads_first(g, k, cfg.num_kv_heads)
@@ -326,12 +334,14 @@ class StandardFlavor(Flavor):
         write_at = step.extra["write_at"]
         keys = g.op("TensorScatter", [past[0], k4, write_at], [present[0]], axis=-2)
         values = g.op("TensorScatter", [past[1], v4, write_at], [present[1]], axis=-2)
-        return self.attend(g, q4, keys, values, step.extra[mask_key(layer.window)], layer)
+        return self.attend(g, q4, keys, values, step.extra[mask_key(layer.window)], layer,
+                           sink)
 
     def attend(self, g: GraphBuilder, q4: str, keys: str, values: str, mask: str,
-               layer: LayerAttention) -> str:
+               layer: LayerAttention, sink: str | None = None) -> str:
         """q4 [B,H,C,D] (rotated) over the whole cache keys/values [B,KV,cap,D] under the
-        additive `mask` [B,1,1,C,cap]; returns [B,C,H*D]."""
+        additive `mask` [B,1,1,C,cap], with each head's `sink` logit [H] in the softmax
+        where given; returns [B,C,H*D]."""
         cfg = self.cfg
         rep = cfg.num_heads // cfg.num_kv_heads
         # Group the query heads by the KV head they share: [B,KV,rep,C,D] against
@@ -344,11 +354,23 @@ class StandardFlavor(Flavor):
             cap = g.const(cfg.attn_softcap, self.dtype)
             scores = g.op("Mul", [g.op("Tanh", [g.op("Div", [scores, cap])]), cap])
         scores = g.op("Add", [scores, mask])
-        probs = g.op("Softmax", [scores], axis=-1)
+        probs = (g.op("Softmax", [scores], axis=-1) if sink is None
+                 else self._softmax_with_sink(g, scores, sink))
         out = g.op("MatMul", [probs, g.op("Unsqueeze", [values, g.const([2])])])
         out = g.op("Reshape", [out, g.const([0, cfg.num_heads, -1, cfg.head_dim])])
         out = g.op("Transpose", [out], perm=[0, 2, 1, 3])
         return g.op("Reshape", [out, g.const([0, 0, cfg.num_heads * cfg.head_dim])])
+
+    def _softmax_with_sink(self, g: GraphBuilder, scores: str, sink: str) -> str:
+        """Softmax of scores [B,KV,rep,C,cap] with each head's sink logit as one more
+        column, that column dropped after (transformers' eager gpt-oss attention)."""
+        cfg = self.cfg
+        rep = cfg.num_heads // cfg.num_kv_heads
+        per_head = g.op("Reshape", [sink, g.const([1, cfg.num_kv_heads, rep, 1, 1])])
+        shape = g.op("Concat", [g.op("Shape", [scores], end=-1), g.const([1])], axis=0)
+        combined = g.op("Concat", [scores, g.op("Expand", [per_head, shape])], axis=-1)
+        probs = g.op("Softmax", [combined], axis=-1)
+        return g.op("Slice", [probs, g.const([0]), g.const([-1]), g.const([-1])])
 
 
 def positions(g: GraphBuilder, past64: str, chunk: str) -> str:

@@ -348,9 +348,10 @@ class ModelConfig:
             raise ExportError(
                 f"model_type {family!r} is not supported; supported: {', '.join(sorted(FAMILIES))}"
             )
-        fp8 = read_fp8_scheme(family, raw)  # any other quantization is refused here
+        spec = FAMILIES[family]
+        mxfp4 = spec.moe is not None and spec.moe.names.mxfp4
+        fp8 = read_fp8_scheme(family, raw, mxfp4)  # any other quantization is refused here
         try:
-            spec = FAMILIES[family]
             return replace(_read(family, spec, spec.read(raw)), fp8=fp8)
         except KeyError as missing:
             raise ExportError(f"config.json lacks the required key {missing}") from None

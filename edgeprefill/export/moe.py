@@ -29,6 +29,7 @@ from collections.abc import Callable
 import numpy as np
 
 from edgeprefill.errors import ExportError
+from edgeprefill.export import mxfp4
 from edgeprefill.export.checkpoint import Checkpoint
 from edgeprefill.export.experts import MoeConfig, MoeNames
 from edgeprefill.export.graph import GraphBuilder
@@ -60,7 +61,7 @@ class MixtureOfExperts:
         """Each token's k experts and their weights, as the family's router computes them
         (in float32, as transformers' routers do)."""
         g, moe, k = self.g, self.moe, self.g.const([self.moe.top_k])
-        logits = g.op("MatMul", [x, self._router(p)])
+        logits = self._router_logits(p, x)
         if self.dtype != np.float32:
             logits = g.op("Cast", [logits], to=FLOAT)
         if moe.routing == "topk_softmax":  # Granite MoE
@@ -123,9 +124,51 @@ class MixtureOfExperts:
         stem = p + self.names.expert.format(j=e)
         gate_up = self.w.project(x, stem + "gate_up.weight", hidden, 2 * width,
                                  self._gate_up_reader(p, e))
+        if self.names.gate_up_bias is not None:
+            gate_up = g.op("Add", [gate_up, self._bias(stem + "gate_up.bias", 2 * width,
+                                                       self._gate_up_bias(p, e))])
         gate, up = g.op("Split", [gate_up], 2, axis=-1, num_outputs=2)
-        act = g.op("Mul", [self.act(gate), up])
-        return self.w.project(act, stem + "down.weight", width, hidden, self._down_reader(p, e))
+        out = self.w.project(self._gated(gate, up), stem + "down.weight", width, hidden,
+                             self._down_reader(p, e))
+        if self.names.down_bias is not None:
+            out = g.op("Add", [out, self._bias(stem + "down.bias", hidden,
+                                               self._down_bias(p, e))])
+        return out
+
+    def _gated(self, gate: str, up: str) -> str:
+        """act(gate) * up, or gpt-oss's clamped SwiGLU:
+        (clamp(up, -limit, limit) + 1) * g * sigmoid(alpha g), g = min(gate, limit)."""
+        g, clamped = self.g, self.moe.clamped
+        if clamped is None:
+            return g.op("Mul", [self.act(gate), up])
+        limit = g.const(clamped.limit, self.dtype)
+        gate = g.op("Min", [gate, limit])
+        up = g.op("Clip", [up, g.const(-clamped.limit, self.dtype), limit])
+        glu = g.op("Mul", [gate, g.op("Sigmoid", [g.op("Mul", [
+            gate, g.const(clamped.alpha, self.dtype)])])])
+        return g.op("Mul", [g.op("Add", [up, g.const(1.0, self.dtype)]), glu])
+
+    def _bias(self, name: str, size: int, read: Callable[[], np.ndarray]) -> str:
+        return self.g.weight(name, (size,), self.dtype, lambda: read().astype(self.dtype))
+
+    def _gate_up_bias(self, p: str, e: int) -> Callable[[], np.ndarray]:
+        """Expert e's [2I] gate and up biases, gate first (as _gate_up_reader's rows)."""
+        assert self.names.gate_up_bias is not None
+        name = p + self.names.gate_up_bias
+        self._check(name, (self.moe.experts, 2 * self.moe.width))
+        return lambda: self._gate_first(self.ckpt.get_index(name, e))
+
+    def _down_bias(self, p: str, e: int) -> Callable[[], np.ndarray]:
+        assert self.names.down_bias is not None
+        name = p + self.names.down_bias
+        self._check(name, (self.moe.experts, self.hidden))
+        return lambda: self.ckpt.get_index(name, e)
+
+    def _gate_first(self, rows: np.ndarray) -> np.ndarray:
+        """Fused gate/up rows as gate then up (gpt-oss interleaves them: g0, u0, g1, ...)."""
+        if not self.names.interleaved:
+            return rows
+        return np.concatenate([rows[0::2], rows[1::2]])
 
     def _shared(self, p: str, x: str) -> str:
         """Qwen2-MoE's shared expert: its MLP times sigmoid(shared_expert_gate(x))."""
@@ -137,6 +180,15 @@ class MixtureOfExperts:
         mlp = self.w.linear(g.op("Mul", [self.act(gate), up]), [stem + n.down + ".weight"], None)
         return g.op("Mul", [mlp, g.op("Sigmoid", [g.op("MatMul", [x, self._transposed(
             p + n.shared_gate, (1, self.hidden))])])])
+
+    def _router_logits(self, p: str, x: str) -> str:
+        """[N, E] router logits of x [N, H], in the model dtype (with gpt-oss's bias)."""
+        logits = self.g.op("MatMul", [x, self._router(p)])
+        if self.names.router_bias is None:
+            return logits
+        name = p + self.names.router_bias
+        self._check(name, (self.moe.experts,))
+        return self.g.op("Add", [logits, self.w.tensor(name)])
 
     def _router(self, p: str) -> str:
         """The router's [H, E] weight, kept in float (never quantized: a quantized router
@@ -158,15 +210,15 @@ class MixtureOfExperts:
                              lambda: self.ckpt.get(name, np.float32))
 
     def _gate_up_reader(self, p: str, e: int) -> Callable[[], np.ndarray]:
-        """Expert e's [2I, H] gate and up rows (gate first), from either layout."""
+        """Expert e's [2I, H] gate and up rows (gate first), from any layout."""
         n, stem = self.names, p + self.names.expert.format(j=e)
         separate = [stem + n.gate + ".weight", stem + n.up + ".weight"]
         if all(self.ckpt.has(name) for name in separate):
             self._check(separate[0], (self.moe.width, self.hidden))
             return lambda: np.concatenate([self.ckpt.get(name) for name in separate])
-        fused = self._fused(p, n.fused_gate_up, separate[0])
-        self._check(fused, (self.moe.experts, 2 * self.moe.width, self.hidden))
-        return lambda: self.ckpt.get_index(fused, e)
+        read = self._fused_reader(p, e, n.fused_gate_up, separate[0], 2 * self.moe.width,
+                                  self.hidden)
+        return lambda: self._gate_first(read())
 
     def _down_reader(self, p: str, e: int) -> Callable[[], np.ndarray]:
         n, stem = self.names, p + self.names.expert.format(j=e)
@@ -174,8 +226,28 @@ class MixtureOfExperts:
         if self.ckpt.has(separate):
             self._check(separate, (self.hidden, self.moe.width))
             return lambda: self.ckpt.get(separate)
-        fused = self._fused(p, n.fused_down, separate)
-        self._check(fused, (self.moe.experts, self.hidden, self.moe.width))
+        return self._fused_reader(p, e, n.fused_down, separate, self.hidden, self.moe.width)
+
+    def _fused_reader(self, p: str, e: int, candidates: tuple[str, ...], separate: str,
+                      rows: int, cols: int) -> Callable[[], np.ndarray]:
+        """Expert e's [rows, cols] ([out, in]) weight of a fused tensor: [E, out, in], or
+        gpt-oss's [E, in, out], or its MXFP4 blocks and scales of [E, out, in]."""
+        experts = self.moe.experts
+        if self.names.mxfp4:
+            stored = next((p + c for c in candidates if self.ckpt.has(p + c + mxfp4.BLOCKS)),
+                          None)
+            if stored is not None:
+                blocks, scales = stored + mxfp4.BLOCKS, stored + mxfp4.SCALES
+                blocks_shape, scales_shape = mxfp4.stored_shapes(experts, rows, cols)
+                self._check(blocks, blocks_shape)
+                self._check(scales, scales_shape)
+                return lambda: mxfp4.dequantize(self.ckpt.get_index(blocks, e, np.uint8),
+                                                self.ckpt.get_index(scales, e, np.uint8))
+        fused = self._fused(p, candidates, separate)
+        if self.names.transposed:
+            self._check(fused, (experts, cols, rows))
+            return lambda: np.ascontiguousarray(self.ckpt.get_index(fused, e).T)
+        self._check(fused, (experts, rows, cols))
         return lambda: self.ckpt.get_index(fused, e)
 
     def _fused(self, p: str, candidates: tuple[str, ...], separate: str) -> str:

@@ -12,7 +12,9 @@ weighed by the sigmoid alone, renormalized with an epsilon, scaled) is computed 
 graph as the unrolled form computes it, and handed to the op as logits it cannot read
 otherwise: log(weight) at the k chosen experts and -inf elsewhere, so the op's softmax and
 top k find exactly those k and renormalize their weights to sum 1; the output times each
-token's sum of weights undoes that. The `standard` flavour and int8 and fp16 bundles keep
+token's sum of weights undoes that. gpt-oss's router logits carry its bias; its experts'
+biases are the op's fc1/fc2 bias inputs and its clamped SwiGLU the op's activation
+attributes (_swiglu). The `standard` flavour and int8 and fp16 bundles keep
 the unrolled graph (export/moe.py).
 
 Weights: fc1 [E, 2I, H] with each expert's gate and up rows interleaved (g0, u0, g1, ...,
@@ -64,25 +66,26 @@ class MoeOp(MixtureOfExperts):
         x = g.op("Reshape", [h, g.const([-1, self.hidden])])  # [N, H]
         total = None
         if moe.routing in OP_ROUTINGS:
-            logits = g.op("MatMul", [x, self._router(p)])  # [N, E]
+            logits = self._router_logits(p, x)  # [N, E]
             normalize = int(moe.norm_topk or moe.routing == "topk_softmax")
         else:
             logits, total = self._chosen_logits(p, x)
             normalize = 1
         attrs = {"k": moe.top_k, "normalize_routing_weights": normalize,
-                 "activation_type": "swiglu", "swiglu_fusion": 1, "activation_alpha": 1.0,
-                 "activation_beta": 0.0}
+                 "activation_type": "swiglu", "swiglu_fusion": 1, **self._swiglu()}
+        bias1, bias2 = self._biases(p)
         if self.quant is None:
             fc1 = self.g.weight(p + "experts.fc1", (moe.experts, 2 * moe.width, self.hidden),
                                 self.dtype, lambda: self._stacked(p, self._fc1))
             fc2 = self.g.weight(p + "experts.fc2", (moe.experts, self.hidden, moe.width),
                                 self.dtype, lambda: self._stacked(p, self._fc2))
-            out = g.op("MoE", [x, logits, fc1, "", fc2], domain="com.microsoft", **attrs)
+            out = g.op("MoE", [x, logits, fc1, bias1, fc2, bias2], domain="com.microsoft",
+                       **attrs)
         else:
             q = self.quant
             fc1, scale1 = self._int4(p + "experts.fc1", 2 * moe.width, self.hidden, p, self._fc1)
             fc2, scale2 = self._int4(p + "experts.fc2", self.hidden, moe.width, p, self._fc2)
-            out = g.op("QMoE", [x, logits, fc1, scale1, "", fc2, scale2],
+            out = g.op("QMoE", [x, logits, fc1, scale1, bias1, fc2, scale2, bias2],
                        domain="com.microsoft", expert_weight_bits=4, block_size=q.block_size,
                        accuracy_level=q.accuracy_level, **attrs)
         if total is not None:
@@ -90,6 +93,33 @@ class MoeOp(MixtureOfExperts):
         if moe.shared_width:
             out = g.op("Add", [out, self._shared(p, x)])
         return g.op("Reshape", [out, g.op("Shape", [h])])
+
+    def _swiglu(self) -> dict[str, float]:
+        """The op's activation attributes: silu(gate) * up is alpha 1, beta 0, no limit;
+        gpt-oss's clamped SwiGLU (clamp(up) + 1) * g * sigmoid(alpha g), g = min(gate,
+        limit), is its alpha, beta 1 and swiglu_limit (the CPU kernel clamps the gate
+        above and up on both sides, as GptOssExperts does)."""
+        clamped = self.moe.clamped
+        if clamped is None:
+            return {"activation_alpha": 1.0, "activation_beta": 0.0}
+        return {"activation_alpha": clamped.alpha, "activation_beta": 1.0,
+                "swiglu_limit": clamped.limit}
+
+    def _biases(self, p: str) -> tuple[str, str]:
+        """The stacked expert biases fc1 [E, 2I] (interleaved as fc1's rows) and fc2
+        [E, H]; "" where the family has none."""
+        moe, n = self.moe, self.names
+        fc1 = fc2 = ""
+        if n.gate_up_bias is not None:
+            gate_up = [self._gate_up_bias(p, e) for e in range(moe.experts)]
+            fc1 = self.g.weight(p + "experts.fc1.bias", (moe.experts, 2 * moe.width),
+                                self.dtype, lambda: np.stack([
+                                    _interleaved(read()) for read in gate_up]).astype(self.dtype))
+        if n.down_bias is not None:
+            down = [self._down_bias(p, e) for e in range(moe.experts)]
+            fc2 = self.g.weight(p + "experts.fc2.bias", (moe.experts, self.hidden), self.dtype,
+                                lambda: np.stack([read() for read in down]).astype(self.dtype))
+        return fc1, fc2
 
     def _chosen_logits(self, p: str, x: str) -> tuple[str, str]:
         """([N, E] log(weight) at each token's k chosen experts, -inf elsewhere; [N, 1] the
@@ -105,11 +135,7 @@ class MoeOp(MixtureOfExperts):
 
     def _fc1(self, p: str, e: int) -> np.ndarray:
         """Expert e's [2I, H] gate and up rows, interleaved (g0, u0, g1, u1, ...)."""
-        gate_up = self._gate_up_reader(p, e)()
-        width = self.moe.width
-        out = np.empty_like(gate_up)
-        out[0::2], out[1::2] = gate_up[:width], gate_up[width:]
-        return out
+        return _interleaved(self._gate_up_reader(p, e)())
 
     def _fc2(self, p: str, e: int) -> np.ndarray:
         return self._down_reader(p, e)()
@@ -134,3 +160,11 @@ class MoeOp(MixtureOfExperts):
         scale = self.g.weight(name + ".scale", (experts, rows, blocks), np.dtype(np.float32),
                               lambda: parts()[1])
         return weight, scale
+
+
+def _interleaved(gate_up: np.ndarray) -> np.ndarray:
+    """Gate-first rows [2I, ...] (gate, then up) as the op's g0, u0, g1, u1, ..."""
+    width = gate_up.shape[0] // 2
+    out = np.empty_like(gate_up)
+    out[0::2], out[1::2] = gate_up[:width], gate_up[width:]
+    return out

@@ -53,6 +53,7 @@ KERNEL_INPUTS = (0, 3, 4, 5, 7, 8)
 # and the graph's valid_lens where it has them, to skip each row's padding.
 PREFILL_INPUTS = (0, 3, 4, 5, 6, 7, 8)
 MAX_GROUP = 96  # query heads per KV head the prefill kernel takes (kColumns in the .cc)
+HEAD_SINK = 11  # GroupQueryAttention's head_sink input (gpt-oss's attention sinks)
 # Attributes whose non-default values change the math; the kernel has none of them.
 UNSUPPORTED = {"local_window_size": -1, "softcap": 0.0, "smooth_softmax": 0,
                "rotary_interleaved": 0, "qk_output": 0}
@@ -79,6 +80,8 @@ def why_not_eligible(node: NodeProto) -> str | None:
     heads, kv_heads = attrs.get("num_heads", 0), attrs.get("kv_num_heads", 0)
     if attrs.get("do_rotary") != 1:
         return "attention without rotary (learned positions, or layers without rope)"
+    if len(node.input) > HEAD_SINK and node.input[HEAD_SINK]:
+        return "attention sinks"  # a sink logit in each head's softmax; the kernels have none
     for key, default in UNSUPPORTED.items():
         if attrs.get(key, default) != default:
             return UNSUPPORTED_WHY[key]
