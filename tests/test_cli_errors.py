@@ -43,7 +43,7 @@ def test_unsupported_model_type_lists_the_supported_ones(hf_copy, tmp_path):
                           "supported: arcee, bamba, cohere, cohere2, ernie4_5",
                           "gemma3_text, gemma4, gemma4_text, glm",
                           "granitemoe, granitemoehybrid", "lfm2, lfm2_moe", "olmo3, olmoe",
-                          "qwen2_moe", "qwen3_moe")
+                          "qwen2_moe", "qwen3_5_moe, qwen3_5_moe_text", "qwen3_moe")
 
 
 @pytest.mark.parametrize("missing", ["config.json", "model.safetensors", "tokenizer.json"])

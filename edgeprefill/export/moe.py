@@ -66,8 +66,9 @@ class MixtureOfExperts:
         if moe.routing == "topk_softmax":  # Granite MoE
             top, chosen = g.op("TopK", [logits, k], 2, axis=-1)
             weights = g.op("Softmax", [top], axis=-1)
-        elif moe.routing == "sigmoid":  # LFM2-MoE: the bias chooses, the sigmoid weighs
-            scores = g.op("Sigmoid", [logits])
+        elif moe.routing in ("sigmoid", "softmax_bias"):  # the bias chooses, never weighs
+            scores = g.op("Sigmoid", [logits]) if moe.routing == "sigmoid" else \
+                g.op("Softmax", [logits], axis=-1)
             ranked = scores
             if moe.expert_bias:
                 ranked = g.op("Add", [scores, self._expert_bias(p)])
@@ -80,6 +81,8 @@ class MixtureOfExperts:
             total = g.op("ReduceSum", [weights, g.const([-1])], keepdims=1)
             if moe.norm_eps:
                 total = g.op("Add", [total, g.const(moe.norm_eps, np.float32)])
+            if moe.norm_min:
+                total = g.op("Max", [total, g.const(moe.norm_min, np.float32)])
             weights = g.op("Div", [weights, total])
         if moe.scaling != 1.0:
             weights = g.op("Mul", [weights, g.const(moe.scaling, np.float32)])
@@ -128,13 +131,16 @@ class MixtureOfExperts:
         return self.w.project(act, stem + "down.weight", width, hidden, self._down_reader(p, e))
 
     def _shared(self, p: str, x: str) -> str:
-        """Qwen2-MoE's shared expert: its MLP times sigmoid(shared_expert_gate(x))."""
+        """The shared expert: its MLP, times sigmoid(shared_expert_gate(x)) where gated
+        (Qwen2-MoE)."""
         g, n = self.g, self.names
-        assert n.shared is not None and n.shared_gate is not None
+        assert n.shared is not None
         stem = p + n.shared
         gate_up = self.w.linear(x, [stem + n.gate + ".weight", stem + n.up + ".weight"], None)
         gate, up = g.op("Split", [gate_up], 2, axis=-1, num_outputs=2)
         mlp = self.w.linear(g.op("Mul", [self.act(gate), up]), [stem + n.down + ".weight"], None)
+        if n.shared_gate is None:
+            return mlp
         return g.op("Mul", [mlp, g.op("Sigmoid", [g.op("MatMul", [x, self._transposed(
             p + n.shared_gate, (1, self.hidden))])])])
 
@@ -152,10 +158,14 @@ class MixtureOfExperts:
             self.ckpt.get(name, np.float32).T.astype(self.dtype)))
 
     def _expert_bias(self, p: str) -> str:
-        assert self.names.expert_bias is not None
-        name = p + self.names.expert_bias
-        return self.g.weight(name, (self.moe.experts,), np.dtype(np.float32),
-                             lambda: self.ckpt.get(name, np.float32))
+        """The selection bias [E], stored [E] or [1, E]."""
+        name = self.w.resolve(tuple(p + name for name in self.names.expert_bias))
+        experts = self.moe.experts
+        if self.ckpt.shape(name) not in ((experts,), (1, experts)):
+            raise ExportError(f"{name} has shape {self.ckpt.shape(name)}, but config.json "
+                              f"implies {experts} experts")
+        return self.g.weight(name, (experts,), np.dtype(np.float32),
+                             lambda: self.ckpt.get(name, np.float32).reshape(experts))
 
     def _gate_up_reader(self, p: str, e: int) -> Callable[[], np.ndarray]:
         """Expert e's [2I, H] gate and up rows (gate first), from either layout."""
@@ -165,8 +175,7 @@ class MixtureOfExperts:
             self._check(separate[0], (self.moe.width, self.hidden))
             return lambda: np.concatenate([self.ckpt.get(name) for name in separate])
         fused = self._fused(p, n.fused_gate_up, separate[0])
-        self._check(fused, (self.moe.experts, 2 * self.moe.width, self.hidden))
-        return lambda: self.ckpt.get_index(fused, e)
+        return self._fused_reader(fused, e, 2 * self.moe.width, self.hidden)
 
     def _down_reader(self, p: str, e: int) -> Callable[[], np.ndarray]:
         n, stem = self.names, p + self.names.expert.format(j=e)
@@ -175,8 +184,18 @@ class MixtureOfExperts:
             self._check(separate, (self.hidden, self.moe.width))
             return lambda: self.ckpt.get(separate)
         fused = self._fused(p, n.fused_down, separate)
-        self._check(fused, (self.moe.experts, self.hidden, self.moe.width))
-        return lambda: self.ckpt.get_index(fused, e)
+        return self._fused_reader(fused, e, self.hidden, self.moe.width)
+
+    def _fused_reader(self, name: str, e: int, rows: int, cols: int) -> Callable[[], np.ndarray]:
+        """Expert e's [rows, cols] slice of a fused tensor stored [E, rows, cols] or, where
+        the family's may be transposed and that shape is not the stored one, [E, cols, rows]
+        (transformers' Transpose(check_dims=True) as it loads)."""
+        shape = (self.moe.experts, rows, cols)
+        if not self.names.fused_transposable or self.ckpt.shape(name) == shape:
+            self._check(name, shape)
+            return lambda: self.ckpt.get_index(name, e)
+        self._check(name, (self.moe.experts, cols, rows))
+        return lambda: np.ascontiguousarray(self.ckpt.get_index(name, e).T)
 
     def _fused(self, p: str, candidates: tuple[str, ...], separate: str) -> str:
         found = next((p + c for c in candidates if self.ckpt.has(p + c)), None)
