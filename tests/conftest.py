@@ -197,6 +197,9 @@ FAMILIES: dict[str, dict] = {
                      "num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 96,
                      "rope_parameters": {"rope_type": "default", "mrope_section": [8, 4, 4],
                                          "mrope_interleaved": True, "rope_theta": 10000.0}},
+    # Qwen3-Next: the Qwen3.5 layers above (their DeltaNet projections grouped per key
+    # head), experts beside a gated shared expert on all but the last layer (dense)
+    "qwen3_next": {**QWEN3_5_MOE, "mlp_only_layers": [3], "norm_topk_prob": True},
     # Lfm2VlForConditionalGeneration's LFM2 (a tiny SigLIP 2 tower beside it), tied as the
     # Hub's are
     "lfm2_vl": {"model_type": "lfm2", "num_hidden_layers": 4,

@@ -34,7 +34,7 @@ MOE_FAMILIES = ("qwen3_moe", "olmoe", "granitemoe", "lfm2_moe", "qwen2_moe")
 # Families whose matrix here runs under `slow` only (the default suite checks each one's chunk
 # logits in both flavours: test_exactness.test_chunk_logits_match_transformers).
 SLOW_MOE_FAMILIES = ("qwen3_5_moe_text", "qwen3_5_moe", "qwen3_vl_moe", "mixtral",
-                     "ernie4_5_moe")
+                     "ernie4_5_moe", "qwen3_next")
 
 
 def slow(*params) -> list:
@@ -103,9 +103,18 @@ def run_rows(backend, prompts: list[list[int]], done: list[int]) -> np.ndarray:
                                  np.array(list(map(len, rest)), np.int32), 0))
 
 
-@pytest.mark.parametrize("flavor", ("ort", "standard"))
-@pytest.mark.parametrize("family", ("qwen3_moe", "lfm2_moe", "qwen2_moe",
-                                    *slow(*SLOW_MOE_FAMILIES)))
+# Families whose `ort` bundle runs the stock GroupQueryAttention (Mixtral's window, ERNIE's
+# interleaved rotary: the native kernels take neither), which takes one row per call with
+# a past: the engine runs a chunk and decode rows in two calls there.
+UNFUSED_ORT = ("mixtral", "ernie4_5_moe")
+
+
+@pytest.mark.parametrize("family, flavor", [
+    *((family, flavor) for family in ("qwen3_moe", "lfm2_moe", "qwen2_moe")
+      for flavor in ("ort", "standard")),
+    *slow(*((family, flavor) for family in SLOW_MOE_FAMILIES for flavor in ("ort", "standard")
+            if family not in UNFUSED_ORT or flavor == "standard")),
+])
 def test_rows_of_different_valid_lengths_in_one_call_each_equal_transformers(
         family, flavor, hf_model, bundle):
     """One call of three rows (a 9-token chunk, a decode token, 4 tokens): their tokens
@@ -121,7 +130,7 @@ def test_rows_of_different_valid_lengths_in_one_call_each_equal_transformers(
                                    atol=1e-4, err_msg=f"row {row}")
 
 
-@pytest.mark.parametrize("family", ("qwen3_moe", "lfm2_moe"))
+@pytest.mark.parametrize("family", ("qwen3_moe", "lfm2_moe", *slow(*UNFUSED_ORT)))
 def test_concurrent_sessions_generate_transformers_greedy_text(family, hf_model, bundle):
     """Sessions decoding together (and a prompt's chunks fused with their decode rows)
     each reply as transformers' greedy decoding of their prompt."""
@@ -150,8 +159,9 @@ def dequantized_int4(model, block: int = 32) -> None:
         dequantize_embeddings(model, "int4", block)
         for name, param in model.named_parameters():
             if param.dim() != 2 and "experts" not in name or "embed" in name or \
-                    name.endswith(("gate.weight", "router.weight")):
-                continue  # (LFM2's depthwise conv weights are not projections)
+                    name.endswith(("gate.weight", "router.weight", "e_score_correction_bias")):
+                continue  # (LFM2's depthwise conv weights are not projections, nor ERNIE's
+                # [1, E] selection bias)
             flat = param.reshape(-1, param.shape[-1]).numpy()
             param.copy_(torch.from_numpy(int4_dequantize(
                 *int4_blockwise(flat, block), flat.shape[1])).reshape(param.shape))
@@ -350,8 +360,34 @@ QWEN3_5_35B_A3B = {
     "moe_intermediate_size": 512, "shared_expert_intermediate_size": 512,
     "num_experts_per_tok": 8, "num_experts": 256, "full_attention_interval": 4,
 }
+MIXTRAL_8X7B = {
+    "architectures": ["MixtralForCausalLM"], "model_type": "mixtral", "bos_token_id": 1,
+    "eos_token_id": 2, "hidden_act": "silu", "hidden_size": 4096, "intermediate_size": 14336,
+    "max_position_embeddings": 32768, "num_attention_heads": 32, "num_experts_per_tok": 2,
+    "num_hidden_layers": 32, "num_key_value_heads": 8, "num_local_experts": 8,
+    "rms_norm_eps": 1e-05, "rope_theta": 1000000.0, "sliding_window": None,
+    "tie_word_embeddings": False, "vocab_size": 32000,
+}
+# ERNIE-4.5-21B-A3B's routing keys (Ernie4_5_MoeConfig's defaults name that model)
+ERNIE_21B_A3B = {
+    "architectures": ["Ernie4_5_MoeForCausalLM"], "model_type": "ernie4_5_moe",
+    "hidden_size": 2560, "intermediate_size": 12288, "num_hidden_layers": 28,
+    "num_attention_heads": 20, "num_key_value_heads": 4, "vocab_size": 103424,
+    "moe_num_experts": 64, "moe_k": 6, "moe_intermediate_size": 1536,
+    "moe_num_shared_experts": 2, "moe_layer_start_index": 1, "moe_layer_interval": 1,
+    "tie_word_embeddings": True, "use_bias": False,
+}
+# Qwen3NextConfig's defaults, which its docstring gives as Qwen3-Next-80B-A3B's
+QWEN3_NEXT_80B_A3B = {
+    "model_type": "qwen3_next", "vocab_size": 151936, "hidden_size": 2048,
+    "intermediate_size": 5632, "num_hidden_layers": 48, "num_attention_heads": 16,
+    "num_key_value_heads": 2, "head_dim": 256, "linear_num_key_heads": 16,
+    "linear_num_value_heads": 32, "decoder_sparse_step": 1, "moe_intermediate_size": 512,
+    "shared_expert_intermediate_size": 512, "num_experts_per_tok": 10, "num_experts": 512,
+    "norm_topk_prob": True, "mlp_only_layers": [],
+}
 HUB_CONFIGS = [QWEN3_30B_A3B, OLMOE_1B_7B, GRANITE_3B_A800M, LFM2_8B_A1B, QWEN15_MOE_A27B,
-               QWEN3_5_35B_A3B]
+               QWEN3_5_35B_A3B, MIXTRAL_8X7B, ERNIE_21B_A3B, QWEN3_NEXT_80B_A3B]
 
 
 def weights_sum_to_one(router: torch.nn.Module, config) -> bool:
@@ -387,11 +423,12 @@ def hf_moe_model_shapes(raw: dict) -> tuple[int, int, int, list[int], int, float
     assert block is not None
     router = next(m for m in block.modules() if type(m).__name__.endswith("TopKRouter"))
     experts = block.experts
-    shared = getattr(block, "shared_expert", None)
+    shared = getattr(block, "shared_expert", None) or getattr(block, "shared_experts", None)
     return (experts.num_experts, router.top_k, experts.intermediate_dim, moe_layers,
             shared.intermediate_size if shared is not None else 0,
             float(getattr(router, "routed_scaling_factor", 1.0)),
-            weights_sum_to_one(router, model.config), hasattr(block, "expert_bias"))
+            weights_sum_to_one(router, model.config),
+            hasattr(block, "expert_bias") or hasattr(router, "moe_statics"))  # LFM2, ERNIE
 
 
 @pytest.mark.parametrize("raw", HUB_CONFIGS, ids=lambda raw: raw["model_type"])

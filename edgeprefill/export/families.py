@@ -146,6 +146,9 @@ class FamilySpec:
     # Whether `layer_types` may name "linear_attention" layers: Qwen3.5's Gated DeltaNet,
     # which holds no KV but a conv and a recurrent state (export/gated_delta.py).
     delta_net: bool = False
+    # Whether its input projections are Qwen3-Next's two, rows grouped per key head
+    # (in_proj_qkvz [key head, q|k|v|z], in_proj_ba [key head, b|a]), not Qwen3.5's four.
+    delta_grouped: bool = False
     # Routed experts in place of the MLP on the layers the spec's rule gives (export/moe.py).
     moe: MoeSpec | None = None
     # Whether `layer_types` may name "mamba" layers: Mamba-2 mixers (Granite 4.0-H), which
@@ -700,6 +703,17 @@ QWEN3_5_MOE = replace(
     defaults={**QWEN3_5.defaults, "num_experts": 256, "num_experts_per_tok": 8,
               "moe_intermediate_size": 512, "shared_expert_intermediate_size": 512},
 )
+# Qwen3-Next (Qwen3-Next-80B-A3B): Qwen3.5-MoE's layers, its DeltaNet's input projections
+# two whose rows are grouped per key head; experts (norm_topk_prob, true by default) on
+# Qwen3-MoE's sparse layers, a dense MLP on the others (mlp_only_layers).
+QWEN3_NEXT = replace(
+    QWEN3_5, legacy=_qwen3_5_layers, refuse=None, delta_grouped=True, left_out=("mtp.",),
+    moe=MoeSpec(names=QWEN_SHARED_EXPERT, layers=sparse_layers),
+    defaults={**QWEN3_5.defaults, "intermediate_size": 5632, "num_experts": 512,
+              "num_experts_per_tok": 10, "moe_intermediate_size": 512,
+              "shared_expert_intermediate_size": 512, "norm_topk_prob": True,
+              "decoder_sparse_step": 1},
+)
 GEMMA4 = FamilySpec(
     **ATTENTION_BIAS, block="sandwich", qk_norm="head", v_norm=True, layer_scalar=True,
     embed_scale="sqrt_hidden", tie_default=True, act_default="gelu_pytorch_tanh",
@@ -967,6 +981,7 @@ FAMILIES: dict[str, FamilySpec] = {
         quirks=(*QWEN3_5.quirks, *MROPE_QUIRKS),
     ),
     "qwen3_5_moe_text": QWEN3_5_MOE,
+    "qwen3_next": QWEN3_NEXT,
     # Qwen3_5MoeForConditionalGeneration (the Hub's Qwen3.5-35B-A3B etc.), as `qwen3_5`.
     "qwen3_5_moe": replace(
         QWEN3_5_MOE, nested="text_config", text_types=("qwen3_5_moe_text",),
