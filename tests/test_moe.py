@@ -146,7 +146,7 @@ def test_concurrent_sessions_generate_transformers_greedy_text(family, hf_model,
 
 @pytest.mark.slow
 @pytest.mark.parametrize("flavor", ("ort", "standard"))
-@pytest.mark.parametrize("family", MOE_FAMILIES)
+@pytest.mark.parametrize("family", (*MOE_FAMILIES, *SLOW_MOE_FAMILIES))
 def test_greedy_output_matches_transformers_across_chunk_sizes(family, flavor, hf_model,
                                                                bundle):
     check_greedy(hf_model(family), bundle(family, flavor), (1, 17, 100), (1, 16, None))
