@@ -861,6 +861,8 @@ MIXTRAL = FamilySpec(
               "rms_norm_eps": 1e-5, "num_key_value_heads": 8, "num_local_experts": 8,
               "num_experts_per_tok": 2},
 )
+
+
 def _ernie4_5_moe_config(raw: dict[str, Any]) -> dict[str, Any]:
     """Ernie4_5_MoeConfig: moe_k and moe_num_experts, aliased num_experts_per_tok and
     num_experts (the moe_ names win; 6 and 64 where neither is given); its shared experts
