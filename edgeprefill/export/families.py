@@ -537,6 +537,15 @@ def _qwen3_5_unsupported(raw: dict[str, Any]) -> str | None:
     if raw.get("num_experts"):
         return (f"routed experts are not supported in a qwen3_5_text config (num_experts="
                 f"{raw['num_experts']}); Qwen3.5's MoE models are model_type qwen3_5_moe_text")
+    return _delta_net_unsupported(raw)
+
+
+def _delta_net_unsupported(raw: dict[str, Any]) -> str | None:
+    # Qwen3.5's and Qwen3-Next's DeltaNet convolution takes hidden_act; export's is SiLU.
+    act = raw.get("hidden_act", "silu")
+    if act != "silu":
+        return (f"hidden_act {act!r} is not supported: the Gated DeltaNet layers' convolution "
+                "takes it, and export's is SiLU (every Qwen3.5 and Qwen3-Next checkpoint's)")
     return None
 
 
@@ -698,7 +707,7 @@ QWEN3_5 = FamilySpec(
 QWEN_SHARED_EXPERT = MoeNames(shared="mlp.shared_expert.",
                               shared_gate="mlp.shared_expert_gate.weight")
 QWEN3_5_MOE = replace(
-    QWEN3_5, legacy=_qwen3_5_moe_config, refuse=None,
+    QWEN3_5, legacy=_qwen3_5_moe_config, refuse=_delta_net_unsupported,
     moe=MoeSpec(names=QWEN_SHARED_EXPERT, norm_key=None, renormalize=True),
     defaults={**QWEN3_5.defaults, "num_experts": 256, "num_experts_per_tok": 8,
               "moe_intermediate_size": 512, "shared_expert_intermediate_size": 512},
@@ -707,7 +716,8 @@ QWEN3_5_MOE = replace(
 # two whose rows are grouped per key head; experts (norm_topk_prob, true by default) on
 # Qwen3-MoE's sparse layers, a dense MLP on the others (mlp_only_layers).
 QWEN3_NEXT = replace(
-    QWEN3_5, legacy=_qwen3_5_layers, refuse=None, delta_grouped=True, left_out=("mtp.",),
+    QWEN3_5, legacy=_qwen3_5_layers, refuse=_delta_net_unsupported, delta_grouped=True,
+    left_out=("mtp.",),
     moe=MoeSpec(names=QWEN_SHARED_EXPERT, layers=sparse_layers),
     defaults={**QWEN3_5.defaults, "intermediate_size": 5632, "num_experts": 512,
               "num_experts_per_tok": 10, "moe_intermediate_size": 512,
