@@ -256,6 +256,30 @@ def test_fused_expert_tensors_export_as_the_per_expert_ones(hf_model, tmp_path):
                                reference_logits(hf_dir, ids)[-1], rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.slow
+def test_mixtrals_experts_as_transformers_5_modules_hold_them_export_as_the_hubs(hf_model,
+                                                                                tmp_path):
+    """Mixtral's Hub layout (block_sparse_moe.experts.{j}.w1/w3/w2, the fixture's) and its
+    modules' (mlp.gate, mlp.experts.gate_up_proj [E, 2I, H] gate first, down_proj)."""
+    hf_dir = hf_model("mixtral")
+    modules = shutil.copytree(hf_dir, tmp_path / "modules")
+    tensors = load_file(hf_dir / "model.safetensors")
+    for i in range(FAMILIES["mixtral"].get("num_hidden_layers", 2)):
+        stem = f"model.layers.{i}."
+        moe = {n: tensors.pop(n) for n in list(tensors) if n.startswith(stem + "block_sparse")}
+        expert = stem + "block_sparse_moe.experts.{j}.{w}.weight"
+        tensors[stem + "mlp.gate.weight"] = moe[stem + "block_sparse_moe.gate.weight"]
+        tensors[stem + "mlp.experts.gate_up_proj"] = np.stack([np.concatenate(
+            [moe[expert.format(j=j, w="w1")], moe[expert.format(j=j, w="w3")]])
+            for j in range(8)])
+        tensors[stem + "mlp.experts.down_proj"] = np.stack(
+            [moe[expert.format(j=j, w="w2")] for j in range(8)])
+    save_file(tensors, modules / "model.safetensors", metadata={"format": "pt"})
+    ids = prompt_ids(20)
+    np.testing.assert_allclose(last_logits(export_small(modules, tmp_path / "b"), ids),
+                               reference_logits(hf_dir, ids)[-1], rtol=1e-4, atol=1e-4)
+
+
 def test_experts_stored_transposed_as_on_the_hub_export_as_transformers_loads_them(
         hf_model, tmp_path):
     """Qwen3-VL-MoE's Hub checkpoints store the fused experts [E, H, 2I] and [E, I, H];
