@@ -57,6 +57,8 @@ QWEN3_5 = {"num_hidden_layers": 4, "head_dim": 64,
                            "linear_attention"],
            "linear_num_key_heads": 2, "linear_num_value_heads": 4, "linear_key_head_dim": 16,
            "linear_value_head_dim": 8, "linear_conv_kernel_dim": 4, "rms_norm_eps": 1e-3}
+QWEN3_5_MOE = {**QWEN3_5, "num_experts": 8, "num_experts_per_tok": 2,
+               "moe_intermediate_size": 32, "shared_expert_intermediate_size": 48}
 # LFM3 at head_dim 32 (its config class's 128 is not hidden / heads).
 LFM3 = {"num_hidden_layers": 4, "head_dim": 32, "sliding_window": 8, "conv_L_cache": 4,
         "conv_bias": True, "layer_types": ["conv", "sliding_attention", "full_attention", "conv"],
@@ -182,6 +184,22 @@ FAMILIES: dict[str, dict] = {
     "qwen3_5": {**QWEN3_5, "tie_word_embeddings": True, "rope_parameters": {
         "rope_type": "default", "mrope_section": [4, 2, 2], "mrope_interleaved": True,
         "rope_theta": 10000.0, "partial_rotary_factor": 0.25}},
+    # Qwen3.5-MoE: the Qwen3.5 layers above, each with 8 routed experts (top 2, always
+    # renormalized) beside a gated shared expert
+    "qwen3_5_moe_text": QWEN3_5_MOE,
+    # Qwen3_5MoeForConditionalGeneration's language model (a tiny vision tower beside it)
+    "qwen3_5_moe": {**QWEN3_5_MOE, "rope_parameters": {
+        "rope_type": "default", "mrope_section": [4, 2, 2], "mrope_interleaved": True,
+        "rope_theta": 10000.0, "partial_rotary_factor": 0.25}},
+    # Qwen3-VL-MoE's language model (a tiny vision tower beside it): a dense layer between
+    # two of 8 experts (top 2, always renormalized), stored fused (neither I nor 2I is hidden)
+    "qwen3_vl_moe": {"head_dim": 32, "num_hidden_layers": 3, "mlp_only_layers": [1],
+                     "num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 96,
+                     "rope_parameters": {"rope_type": "default", "mrope_section": [8, 4, 4],
+                                         "mrope_interleaved": True, "rope_theta": 10000.0}},
+    # Qwen3-Next: the Qwen3.5 layers above (their DeltaNet projections grouped per key
+    # head), experts beside a gated shared expert on all but the last layer (dense)
+    "qwen3_next": {**QWEN3_5_MOE, "mlp_only_layers": [3], "norm_topk_prob": True},
     # Lfm2VlForConditionalGeneration's LFM2 (a tiny SigLIP 2 tower beside it), tied as the
     # Hub's are
     "lfm2_vl": {"model_type": "lfm2", "num_hidden_layers": 4,
@@ -262,6 +280,15 @@ FAMILIES: dict[str, dict] = {
                  "num_dense_layers": 1, "num_experts": 8, "num_experts_per_tok": 3,
                  "moe_intermediate_size": 32, "routed_scaling_factor": 2.5,
                  "conv_bias": True},
+    # Mixtral: the Hub's w1/w3/w2 experts, softmax top 2 renormalized, a window on every
+    # layer
+    "mixtral": {"num_local_experts": 8, "num_experts_per_tok": 2, "intermediate_size": 32,
+                "sliding_window": 12},
+    # ERNIE-4.5-MoE: a dense first layer, softmax routing chosen by a selection bias
+    # (randomized: build_hf_model), two shared experts (one ungated MLP), interleaved rotary
+    "ernie4_5_moe": {"num_hidden_layers": 3, "moe_num_experts": 8, "moe_k": 2,
+                     "moe_intermediate_size": 32, "moe_num_shared_experts": 2,
+                     "moe_layer_start_index": 1},
     # Qwen2-MoE: q/k/v biases, a shared expert gated by a sigmoid beside the routed ones
     "qwen2_moe": {"num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
                   "shared_expert_intermediate_size": 48},
@@ -389,6 +416,9 @@ def build_hf_model(family: str, out: Path, seed: int = 0, dtype=None, **override
                 buffer.uniform_(0.5, 1.5)
             elif name.endswith("expert_bias"):  # LFM2-MoE's: zero at init, chooses experts
                 buffer.normal_(0, 0.5)
+        for name, param in model.named_parameters():
+            if name.endswith("e_score_correction_bias"):  # ERNIE-4.5-MoE's, as LFM2-MoE's
+                param.normal_(0, 0.05)
     if dtype is not None:
         model = model.to(dtype)
     model.save_pretrained(out)
@@ -422,7 +452,14 @@ IMAGE_TEXT = {
     "qwen3_5": {"vision_config": {
         "depth": 1, "hidden_size": 16, "intermediate_size": 32, "num_heads": 2,
         "out_hidden_size": 64, "patch_size": 14, "num_position_embeddings": 16}},
+    "qwen3_5_moe": {"vision_config": {
+        "depth": 1, "hidden_size": 16, "intermediate_size": 32, "num_heads": 2,
+        "out_hidden_size": 64, "patch_size": 14, "num_position_embeddings": 16}},
     "qwen3_vl": {"vision_config": {
+        "depth": 1, "hidden_size": 16, "intermediate_size": 32, "num_heads": 2,
+        "out_hidden_size": 64, "patch_size": 14, "num_position_embeddings": 16,
+        "deepstack_visual_indexes": [0]}},
+    "qwen3_vl_moe": {"vision_config": {
         "depth": 1, "hidden_size": 16, "intermediate_size": 32, "num_heads": 2,
         "out_hidden_size": 64, "patch_size": 14, "num_position_embeddings": 16,
         "deepstack_visual_indexes": [0]}},
@@ -448,8 +485,10 @@ def hf_auto_class(model_type: str):
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
     # transformers maps "qwen3_5" to Qwen3_5ForCausalLM, which holds the language model
-    # alone; the Hub's checkpoints are the whole Qwen3_5ForConditionalGeneration.
-    if model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and model_type != "qwen3_5":
+    # alone; the Hub's checkpoints are the whole Qwen3_5ForConditionalGeneration (and so
+    # for "qwen3_5_moe").
+    if model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and \
+            model_type not in ("qwen3_5", "qwen3_5_moe"):
         return transformers.AutoModelForCausalLM
     return transformers.AutoModelForImageTextToText
 

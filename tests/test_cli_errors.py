@@ -44,7 +44,20 @@ def test_unsupported_model_type_lists_the_supported_ones(hf_copy, tmp_path):
                           "gemma3_text, gemma4, gemma4_text, glm",
                           "gpt_neox, gpt_oss, granite",
                           "granitemoe, granitemoehybrid", "lfm2, lfm2_moe", "olmo3, olmoe",
-                          "qwen2_moe", "qwen3_moe")
+                          "qwen2_moe", "qwen3_5_moe, qwen3_5_moe_text", "qwen3_moe")
+
+
+@pytest.mark.parametrize("family, change, fragment", [
+    ("ernie4_5_moe", {"use_bias": True}, "ernie4_5_moe: "),  # biases on every projection
+    ("qwen3_5_moe_text", {"num_experts_per_tok": 9}, "num_experts_per_tok (9) must be 1 to"),
+])
+def test_a_mixture_of_experts_config_export_cannot_honour_is_one_line(
+        family, change, fragment, hf_model, tmp_path):
+    hf = shutil.copytree(hf_model(family), tmp_path / "hf")
+    config = json.loads((hf / "config.json").read_text())
+    (hf / "config.json").write_text(json.dumps({**config, **change}))
+    assert_one_line_error(cli("export", hf, "-o", tmp_path / "b"), fragment,
+                          next(iter(change)))
 
 
 @pytest.mark.parametrize("missing", ["config.json", "model.safetensors", "tokenizer.json"])

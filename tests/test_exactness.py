@@ -30,24 +30,26 @@ def prompt_ids(length: int, seed: int = 1) -> list[int]:
 
 @contextmanager
 def recurrent_delta_rule():
-    """Qwen3.5's Gated DeltaNet in transformers' recurrent form (its decode steps') for a
-    prompt too, as the bundle runs it. transformers runs a prompt in its chunked form,
-    which equals it up to rounding; on the fixtures the two differ by up to 2e-4 over 100
-    tokens, more than the comparisons' 1e-4 (test_qwen3_5.py compares the chunked form
-    over 40). Other families never call it."""
-    from transformers.models.qwen3_5 import modeling_qwen3_5 as qwen3_5
+    """Qwen3.5's Gated DeltaNet (and Qwen3.5-MoE's and Qwen3-Next's) in transformers' recurrent
+    form (its decode steps') for a prompt too, as the bundle runs it. transformers runs a
+    prompt in its chunked form, which equals it up to rounding; on the fixtures the two
+    differ by up to 2e-4 over 100 tokens, more than the comparisons' 1e-4 (test_qwen3_5.py
+    compares the chunked form over 40). Other families never call it."""
+    from transformers.models.qwen3_5 import modeling_qwen3_5
+    from transformers.models.qwen3_5_moe import modeling_qwen3_5_moe
+    from transformers.models.qwen3_next import modeling_qwen3_next
 
-    chunked, recurrent = qwen3_5.torch_chunk_gated_delta_rule, \
-        qwen3_5.torch_recurrent_gated_delta_rule
-
-    def unchunked(*args, chunk_size=None, **kwargs):
-        return recurrent(*args, **kwargs)
-
-    qwen3_5.torch_chunk_gated_delta_rule = unchunked
+    modules = (modeling_qwen3_5, modeling_qwen3_5_moe, modeling_qwen3_next)
+    chunked = [m.torch_chunk_gated_delta_rule for m in modules]
+    for module in modules:
+        recurrent = module.torch_recurrent_gated_delta_rule
+        module.torch_chunk_gated_delta_rule = \
+            lambda *args, chunk_size=None, _rule=recurrent, **kwargs: _rule(*args, **kwargs)
     try:
         yield
     finally:
-        qwen3_5.torch_chunk_gated_delta_rule = chunked
+        for module, rule in zip(modules, chunked, strict=True):
+            module.torch_chunk_gated_delta_rule = rule
 
 
 def reference_logits(hf_dir, ids: list[int], chunked_delta_rule: bool = False) -> np.ndarray:

@@ -20,11 +20,29 @@ from edgeprefill.export.quantize import QuantConfig, int4_blockwise, int4_dequan
 from edgeprefill.sdk import Engine, GenerationParams
 from tests.conftest import FAMILIES, load_hf_model
 from tests.state_models import GRAPHS, assert_padded_chunks_match
-from tests.test_exactness import check_greedy, prompt_ids, reference_greedy, reference_logits
+from tests.test_exactness import (
+    check_greedy,
+    prompt_ids,
+    recurrent_delta_rule,
+    reference_greedy,
+    reference_logits,
+)
 from tests.test_families import export_small, last_logits
 from tests.test_quantize import dequantize_embeddings
 
 MOE_FAMILIES = ("qwen3_moe", "olmoe", "granitemoe", "lfm2_moe", "qwen2_moe")
+# Families whose matrix here runs under `slow` only (the default suite checks each one's chunk
+# logits in both flavours: test_exactness.test_chunk_logits_match_transformers).
+SLOW_MOE_FAMILIES = ("qwen3_5_moe_text", "qwen3_5_moe", "qwen3_vl_moe", "mixtral",
+                     "ernie4_5_moe", "qwen3_next")
+
+
+def slow(*params) -> list:
+    return [pytest.param(*(p if isinstance(p, tuple) else (p,)), marks=pytest.mark.slow)
+            for p in params]
+
+
+EVERY_MOE_FAMILY = [*MOE_FAMILIES, *slow(*SLOW_MOE_FAMILIES)]
 
 
 def routers(model) -> list[torch.nn.Module]:
@@ -38,20 +56,21 @@ def chosen_experts(hf_dir, ids: list[int]) -> list[np.ndarray]:
     chosen: list[np.ndarray] = []
     hooks = [r.register_forward_hook(lambda m, i, out: chosen.append(out[2].numpy()))
              for r in routers(model)]
-    with torch.no_grad():
+    with torch.no_grad(), recurrent_delta_rule():
         model(torch.tensor([ids]))
     for hook in hooks:
         hook.remove()
     return chosen
 
 
-@pytest.mark.parametrize("family", MOE_FAMILIES)
+@pytest.mark.parametrize("family", EVERY_MOE_FAMILY)
 def test_the_fixture_routes_a_chunks_tokens_to_different_experts_and_leaves_some_idle(
         family, hf_model):
     """What the chunked tests below rest on: within a 3-token chunk the tokens choose
     different experts, and some expert gets no token (its MatMuls run on zero rows)."""
     ids = prompt_ids(40)
-    experts = FAMILIES[family].get("num_experts") or FAMILIES[family]["num_local_experts"]
+    keys = FAMILIES[family]
+    experts = keys.get("num_experts") or keys.get("num_local_experts") or keys["moe_num_experts"]
     for layer in chosen_experts(hf_model(family), ids):
         chunk = layer[16:19]
         assert len(np.unique(chunk)) > chunk.shape[1]  # not all the same k experts
@@ -59,7 +78,7 @@ def test_the_fixture_routes_a_chunks_tokens_to_different_experts_and_leaves_some
 
 
 @pytest.mark.parametrize("flavor, kernels", GRAPHS)
-@pytest.mark.parametrize("family", MOE_FAMILIES)
+@pytest.mark.parametrize("family", EVERY_MOE_FAMILY)
 def test_logits_equal_transformers_for_chunks_of_1_3_16_and_a_padded_last_chunk(
         family, flavor, kernels, hf_model, bundle, monkeypatch):
     """Every call's last-token logits equal transformers' at that position for chunks of
@@ -84,8 +103,18 @@ def run_rows(backend, prompts: list[list[int]], done: list[int]) -> np.ndarray:
                                  np.array(list(map(len, rest)), np.int32), 0))
 
 
-@pytest.mark.parametrize("flavor", ("ort", "standard"))
-@pytest.mark.parametrize("family", ("qwen3_moe", "lfm2_moe", "qwen2_moe"))
+# Families whose `ort` bundle runs the stock GroupQueryAttention (Mixtral's window, ERNIE's
+# interleaved rotary: the native kernels take neither), which takes one row per call with
+# a past: the engine runs a chunk and decode rows in two calls there.
+UNFUSED_ORT = ("mixtral", "ernie4_5_moe")
+
+
+@pytest.mark.parametrize("family, flavor", [
+    *((family, flavor) for family in ("qwen3_moe", "lfm2_moe", "qwen2_moe")
+      for flavor in ("ort", "standard")),
+    *slow(*((family, flavor) for family in SLOW_MOE_FAMILIES for flavor in ("ort", "standard")
+            if family not in UNFUSED_ORT or flavor == "standard")),
+])
 def test_rows_of_different_valid_lengths_in_one_call_each_equal_transformers(
         family, flavor, hf_model, bundle):
     """One call of three rows (a 9-token chunk, a decode token, 4 tokens): their tokens
@@ -101,7 +130,7 @@ def test_rows_of_different_valid_lengths_in_one_call_each_equal_transformers(
                                    atol=1e-4, err_msg=f"row {row}")
 
 
-@pytest.mark.parametrize("family", ("qwen3_moe", "lfm2_moe"))
+@pytest.mark.parametrize("family", ("qwen3_moe", "lfm2_moe", *slow(*UNFUSED_ORT)))
 def test_concurrent_sessions_generate_transformers_greedy_text(family, hf_model, bundle):
     """Sessions decoding together (and a prompt's chunks fused with their decode rows)
     each reply as transformers' greedy decoding of their prompt."""
@@ -117,7 +146,7 @@ def test_concurrent_sessions_generate_transformers_greedy_text(family, hf_model,
 
 @pytest.mark.slow
 @pytest.mark.parametrize("flavor", ("ort", "standard"))
-@pytest.mark.parametrize("family", MOE_FAMILIES)
+@pytest.mark.parametrize("family", (*MOE_FAMILIES, *SLOW_MOE_FAMILIES))
 def test_greedy_output_matches_transformers_across_chunk_sizes(family, flavor, hf_model,
                                                                bundle):
     check_greedy(hf_model(family), bundle(family, flavor), (1, 17, 100), (1, 16, None))
@@ -130,8 +159,9 @@ def dequantized_int4(model, block: int = 32) -> None:
         dequantize_embeddings(model, "int4", block)
         for name, param in model.named_parameters():
             if param.dim() != 2 and "experts" not in name or "embed" in name or \
-                    name.endswith(("gate.weight", "router.weight")):
-                continue  # (LFM2's depthwise conv weights are not projections)
+                    name.endswith(("gate.weight", "router.weight", "e_score_correction_bias")):
+                continue  # (LFM2's depthwise conv weights are not projections, nor ERNIE's
+                # [1, E] selection bias)
             flat = param.reshape(-1, param.shape[-1]).numpy()
             param.copy_(torch.from_numpy(int4_dequantize(
                 *int4_blockwise(flat, block), flat.shape[1])).reshape(param.shape))
@@ -140,6 +170,7 @@ def dequantized_int4(model, block: int = 32) -> None:
 @pytest.mark.parametrize("family, block", [
     ("qwen3_moe", 32), ("granitemoe", 32), ("lfm2_moe", 32),
     ("qwen3_moe", 64),  # blocks wider than an expert (32): the unrolled MatMulNBits
+    *slow(*((family, block) for family in SLOW_MOE_FAMILIES for block in (32, 64))),
 ])
 def test_int4_experts_equal_transformers_with_dequantized_weights(family, block, hf_model,
                                                                   tmp_path):
@@ -154,7 +185,7 @@ def test_int4_experts_equal_transformers_with_dequantized_weights(family, block,
     model = load_hf_model(hf_dir)
     dequantized_int4(model, block)
     ids = prompt_ids(20)
-    with torch.no_grad():
+    with torch.no_grad(), recurrent_delta_rule():
         expected = model(torch.tensor([ids])).logits[0].numpy()
     engine = Engine.load(tmp_path / "b", threads=2, background=False)
     for start in range(0, 20, 3):
@@ -223,6 +254,49 @@ def test_fused_expert_tensors_export_as_the_per_expert_ones(hf_model, tmp_path):
     np.testing.assert_allclose(last_logits(export_small(tmp_path / "fused", tmp_path / "b"),
                                            ids),
                                reference_logits(hf_dir, ids)[-1], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.slow
+def test_mixtrals_experts_as_transformers_5_modules_hold_them_export_as_the_hubs(hf_model,
+                                                                                tmp_path):
+    """Mixtral's Hub layout (block_sparse_moe.experts.{j}.w1/w3/w2, the fixture's) and its
+    modules' (mlp.gate, mlp.experts.gate_up_proj [E, 2I, H] gate first, down_proj)."""
+    hf_dir = hf_model("mixtral")
+    modules = shutil.copytree(hf_dir, tmp_path / "modules")
+    tensors = load_file(hf_dir / "model.safetensors")
+    for i in range(FAMILIES["mixtral"].get("num_hidden_layers", 2)):
+        stem = f"model.layers.{i}."
+        moe = {n: tensors.pop(n) for n in list(tensors) if n.startswith(stem + "block_sparse")}
+        expert = stem + "block_sparse_moe.experts.{j}.{w}.weight"
+        tensors[stem + "mlp.gate.weight"] = moe[stem + "block_sparse_moe.gate.weight"]
+        tensors[stem + "mlp.experts.gate_up_proj"] = np.stack([np.concatenate(
+            [moe[expert.format(j=j, w="w1")], moe[expert.format(j=j, w="w3")]])
+            for j in range(8)])
+        tensors[stem + "mlp.experts.down_proj"] = np.stack(
+            [moe[expert.format(j=j, w="w2")] for j in range(8)])
+    save_file(tensors, modules / "model.safetensors", metadata={"format": "pt"})
+    ids = prompt_ids(20)
+    np.testing.assert_allclose(last_logits(export_small(modules, tmp_path / "b"), ids),
+                               reference_logits(hf_dir, ids)[-1], rtol=1e-4, atol=1e-4)
+
+
+def test_experts_stored_transposed_as_on_the_hub_export_as_transformers_loads_them(
+        hf_model, tmp_path):
+    """Qwen3-VL-MoE's Hub checkpoints store the fused experts [E, H, 2I] and [E, I, H];
+    transformers transposes them as it loads (save_pretrained writes the modules' layout,
+    the fixture's). Both are one model, and the bundle of either computes it."""
+    hf_dir = hf_model("qwen3_vl_moe")
+    hub = shutil.copytree(hf_dir, tmp_path / "hub")
+    tensors = load_file(hf_dir / "model.safetensors")
+    for name in [n for n in tensors if n.endswith(("experts.gate_up_proj", "experts.down_proj"))]:
+        tensors[name] = np.ascontiguousarray(tensors[name].transpose(0, 2, 1))
+    save_file(tensors, hub / "model.safetensors", metadata={"format": "pt"})
+    ids = prompt_ids(20)
+    expected = reference_logits(hub, ids)[-1]
+    np.testing.assert_allclose(expected, reference_logits(hf_dir, ids)[-1], rtol=1e-5,
+                               atol=1e-5)
+    np.testing.assert_allclose(last_logits(export_small(hub, tmp_path / "b"), ids), expected,
+                               rtol=1e-4, atol=1e-4)
 
 
 def test_a_checkpoint_missing_an_expert_is_refused_in_one_line(hf_model, tmp_path):
@@ -302,13 +376,62 @@ QWEN15_MOE_A27B = {
     "sliding_window": 32768, "tie_word_embeddings": False, "use_sliding_window": False,
     "vocab_size": 151936,
 }
-HUB_CONFIGS = [QWEN3_30B_A3B, OLMOE_1B_7B, GRANITE_3B_A800M, LFM2_8B_A1B, QWEN15_MOE_A27B]
+# Qwen3_5MoeTextConfig's defaults, which its docstring gives as Qwen3.5-35B-A3B's
+QWEN3_5_35B_A3B = {
+    "model_type": "qwen3_5_moe_text", "vocab_size": 248320, "hidden_size": 2048,
+    "num_hidden_layers": 40, "num_attention_heads": 16, "num_key_value_heads": 2,
+    "head_dim": 256, "linear_num_key_heads": 16, "linear_num_value_heads": 32,
+    "moe_intermediate_size": 512, "shared_expert_intermediate_size": 512,
+    "num_experts_per_tok": 8, "num_experts": 256, "full_attention_interval": 4,
+}
+MIXTRAL_8X7B = {
+    "architectures": ["MixtralForCausalLM"], "model_type": "mixtral", "bos_token_id": 1,
+    "eos_token_id": 2, "hidden_act": "silu", "hidden_size": 4096, "intermediate_size": 14336,
+    "max_position_embeddings": 32768, "num_attention_heads": 32, "num_experts_per_tok": 2,
+    "num_hidden_layers": 32, "num_key_value_heads": 8, "num_local_experts": 8,
+    "rms_norm_eps": 1e-05, "rope_theta": 1000000.0, "sliding_window": None,
+    "tie_word_embeddings": False, "vocab_size": 32000,
+}
+# ERNIE-4.5-21B-A3B's routing keys (Ernie4_5_MoeConfig's defaults name that model)
+ERNIE_21B_A3B = {
+    "architectures": ["Ernie4_5_MoeForCausalLM"], "model_type": "ernie4_5_moe",
+    "hidden_size": 2560, "intermediate_size": 12288, "num_hidden_layers": 28,
+    "num_attention_heads": 20, "num_key_value_heads": 4, "vocab_size": 103424,
+    "moe_num_experts": 64, "moe_k": 6, "moe_intermediate_size": 1536,
+    "moe_num_shared_experts": 2, "moe_layer_start_index": 1, "moe_layer_interval": 1,
+    "tie_word_embeddings": True, "use_bias": False,
+}
+# Qwen3NextConfig's defaults, which its docstring gives as Qwen3-Next-80B-A3B's
+QWEN3_NEXT_80B_A3B = {
+    "model_type": "qwen3_next", "vocab_size": 151936, "hidden_size": 2048,
+    "intermediate_size": 5632, "num_hidden_layers": 48, "num_attention_heads": 16,
+    "num_key_value_heads": 2, "head_dim": 256, "linear_num_key_heads": 16,
+    "linear_num_value_heads": 32, "decoder_sparse_step": 1, "moe_intermediate_size": 512,
+    "shared_expert_intermediate_size": 512, "num_experts_per_tok": 10, "num_experts": 512,
+    "norm_topk_prob": True, "mlp_only_layers": [],
+}
+HUB_CONFIGS = [QWEN3_30B_A3B, OLMOE_1B_7B, GRANITE_3B_A800M, LFM2_8B_A1B, QWEN15_MOE_A27B,
+               QWEN3_5_35B_A3B, MIXTRAL_8X7B, ERNIE_21B_A3B, QWEN3_NEXT_80B_A3B]
+
+
+def weights_sum_to_one(router: torch.nn.Module, config) -> bool:
+    """Whether a router of `router`'s class, built on the CPU with random weights, gives
+    each token top-k weights that sum to 1 (renormalized, or softmax over the top k)."""
+    real = type(router)(config)
+    torch.manual_seed(0)
+    with torch.no_grad():
+        real.weight.normal_(std=config.hidden_size ** -0.5)  # logits of unit size
+        bias = (torch.zeros(real.num_experts),) if getattr(real, "use_expert_bias", 0) else ()
+        _, weights, _ = real(torch.randn(6, config.hidden_size), *bias)  # LFM2-MoE's bias
+    total = weights.sum(-1) / getattr(real, "routed_scaling_factor", 1.0)
+    return bool(torch.allclose(total, torch.ones(6), atol=1e-5))
 
 
 def hf_moe_model_shapes(raw: dict) -> tuple[int, int, int, list[int], int, float, bool, bool]:
     """What transformers' model of `raw` has: experts, top-k, expert width, the layers
-    with experts, the shared expert's width, the routed scaling, renormalization and the
-    expert bias (read off one layer's modules, built on the meta device)."""
+    with experts, the shared expert's width, the routed scaling, whether the top-k weights
+    sum to 1 (before the scaling) and the expert bias (read off one layer's modules, built
+    on the meta device; the router's weights run on the CPU)."""
     import transformers
 
     config = transformers.AutoConfig.for_model(**raw)
@@ -324,19 +447,21 @@ def hf_moe_model_shapes(raw: dict) -> tuple[int, int, int, list[int], int, float
     assert block is not None
     router = next(m for m in block.modules() if type(m).__name__.endswith("TopKRouter"))
     experts = block.experts
-    shared = getattr(block, "shared_expert", None)
+    shared = getattr(block, "shared_expert", None) or getattr(block, "shared_experts", None)
     return (experts.num_experts, router.top_k, experts.intermediate_dim, moe_layers,
             shared.intermediate_size if shared is not None else 0,
             float(getattr(router, "routed_scaling_factor", 1.0)),
-            bool(getattr(router, "norm_topk_prob", False)), hasattr(block, "expert_bias"))
+            weights_sum_to_one(router, model.config),
+            hasattr(block, "expert_bias") or hasattr(router, "moe_statics"))  # LFM2, ERNIE
 
 
 @pytest.mark.parametrize("raw", HUB_CONFIGS, ids=lambda raw: raw["model_type"])
 def test_a_hub_config_reads_as_transformers_builds_its_experts(raw):
     moe = ModelConfig.from_hf(raw).moe
     assert moe is not None
+    sums_to_one = moe.norm_topk or moe.routing == "topk_softmax"
     assert (moe.experts, moe.top_k, moe.width, list(moe.layers), moe.shared_width,
-            moe.scaling, moe.norm_topk, moe.expert_bias) == hf_moe_model_shapes(raw)
+            moe.scaling, sums_to_one, moe.expert_bias) == hf_moe_model_shapes(raw)
 
 
 class ShapesOnly:
@@ -391,6 +516,7 @@ def test_the_ort_flavour_runs_a_hub_sized_mixture_as_one_op_per_layer(quant, op)
 @pytest.mark.parametrize("family, flavor, quant, op", [
     ("qwen3_moe", "ort", None, "MoE"), ("granitemoe", "ort", "int4", "QMoE"),
     ("qwen2_moe", "ort", None, "MoE"), ("lfm2_moe", "ort", "int4", "QMoE"),
+    ("qwen3_5_moe_text", "ort", "int4", "QMoE"),
     # int8 bundles are not the op's; nor is the standard flavour (stock ops only)
     ("qwen3_moe", "ort", "int8", "ScatterND"), ("lfm2_moe", "standard", None, "ScatterND"),
 ])

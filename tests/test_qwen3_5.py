@@ -136,9 +136,8 @@ def test_a_hub_config_reads_as_transformers_reads_it():
 
 
 @pytest.mark.parametrize("change, message", [
-    ({"model_type": "qwen3_5_moe"}, "mixture-of-experts models .* not supported"),
-    ({"model_type": "qwen3_5_moe_text"}, "mixture-of-experts models .* not supported"),
-    ({"num_experts": 8}, "routed experts are not supported"),
+    ({"num_experts": 8}, "routed experts are not supported .* qwen3_5_moe_text"),
+    ({"hidden_act": "gelu"}, "hidden_act 'gelu' is not supported: the Gated DeltaNet"),
     ({"layer_types": ["linear_attention", "mamba", "full_attention", "linear_attention"]},
      "layer_types holds unsupported kinds: mamba"),
     ({"layer_types": ["linear_attention"] * 4}, "no full_attention layer"),
@@ -148,6 +147,15 @@ def test_a_config_the_export_cannot_honour_is_refused_in_one_line(hf_model, chan
     raw = json.loads((hf_model("qwen3_5_text") / "config.json").read_text())
     with pytest.raises(ExportError, match=message) as err:
         ModelConfig.from_hf({**raw, **change})
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("family", ("qwen3_5_moe_text", "qwen3_next"))
+def test_a_moe_delta_net_model_with_another_activation_is_refused_in_one_line(family, hf_model):
+    """Their DeltaNet convolution takes hidden_act as the dense model's does."""
+    raw = json.loads((hf_model(family) / "config.json").read_text())
+    with pytest.raises(ExportError, match="hidden_act 'gelu' is not supported") as err:
+        ModelConfig.from_hf({**raw, "hidden_act": "gelu"})
     assert "\n" not in str(err.value)
 
 

@@ -4,12 +4,16 @@
 
 Routing, as each family's transformers router computes it (float32 throughout):
   softmax          softmax over all experts, then the top k (Qwen2/3-MoE, OLMoE);
-                   `norm_topk_prob` rescales the k to sum to 1
+                   `norm_topk_prob` rescales the k to sum to 1 (the routers of
+                   Qwen3.5-MoE, Qwen3-VL-MoE and Mixtral always)
   topk_softmax     the top k logits, then softmax over those k (Granite MoE; gpt-oss, whose
                    router adds a bias to its logits)
   sigmoid          sigmoid of each logit; the top k of sigmoid + `expert_bias` (the bias
                    chooses, it never weighs); `norm_topk_prob` divides by their sum + 1e-6;
                    times `routed_scaling_factor` (LFM2-MoE)
+  softmax_bias     softmax over all experts; the top k of softmax + `e_score_correction_bias`
+                   (chooses, never weighs); divided by max(their sum, `moe_norm_min`)
+                   (ERNIE-4.5-MoE)
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from typing import Any
 
 from edgeprefill.errors import ExportError
 
-ROUTINGS = ("softmax", "topk_softmax", "sigmoid")
+ROUTINGS = ("softmax", "topk_softmax", "sigmoid", "softmax_bias")
 
 
 @dataclass(frozen=True)
@@ -37,7 +41,12 @@ class MoeNames:
     down: str = "down_proj"
     fused_gate_up: tuple[str, ...] = ("mlp.experts.gate_up_proj",)
     fused_down: tuple[str, ...] = ("mlp.experts.down_proj",)
-    expert_bias: str | None = None  # LFM2-MoE's selection bias
+    # Whether the fused tensors may be stored transposed, [E, H, 2I] / [E, I, H] (Qwen3-VL-MoE
+    # on the Hub): read as transformers reads them, as stored where the shape is the
+    # module's (what save_pretrained writes), else transposed.
+    fused_transposable: bool = False
+    # the selection bias [E] or [1, E] (LFM2-MoE's, ERNIE-4.5-MoE's); first found wins
+    expert_bias: tuple[str, ...] = ()
     router_bias: str | None = None  # added to the router's logits (gpt-oss)
     # the experts' own biases, fused [E, 2I] (rows as the fused gate_up's) and [E, H]
     gate_up_bias: str | None = None
@@ -51,7 +60,7 @@ class MoeNames:
     transposed: bool = False
     mxfp4: bool = False
     shared: str | None = None  # a shared expert's MLP prefix (Qwen2-MoE), + gate/up/down
-    shared_gate: str | None = None  # its sigmoid gate [1, H]
+    shared_gate: str | None = None  # its sigmoid gate [1, H]; None: ungated (ERNIE)
 
 
 @dataclass(frozen=True)
@@ -66,8 +75,15 @@ class MoeSpec:
     # config.json -> the layers with experts (the others keep the dense MLP)
     layers: Callable[[dict[str, Any]], tuple[int, ...]] = lambda raw: tuple(
         range(int(raw["num_hidden_layers"])))
-    norm_key: str | None = "norm_topk_prob"  # None: never renormalized (Granite MoE)
+    # The config key that switches renormalizing the top k on; None: the router's own fixed
+    # choice, `renormalize` (Granite MoE never; Qwen3.5-MoE, Qwen3-VL-MoE, Mixtral always).
+    norm_key: str | None = "norm_topk_prob"
+    renormalize: bool = False
     norm_eps: float = 0.0  # added to the sum before renormalizing (LFM2-MoE's 1e-6)
+    # the key of a floor of the sum before renormalizing (ERNIE-4.5-MoE's moe_norm_min)
+    norm_min_key: str | None = None
+    # the key that switches the selection bias on; None: always there where named
+    bias_key: str | None = "use_expert_bias"
     # gpt-oss's clamped SwiGLU: (clamp(up, -limit, limit) + 1) * g * sigmoid(alpha g), with
     # g = min(gate, limit), alpha and limit from swiglu_alpha and swiglu_limit
     clamped_swiglu: bool = False
@@ -91,6 +107,7 @@ class MoeConfig:
     routing: str
     norm_topk: bool
     norm_eps: float
+    norm_min: float  # the floor of the sum before renormalizing; 0: none
     scaling: float  # routed_scaling_factor
     expert_bias: bool
     shared_width: int  # a shared expert's intermediate size; 0: none
@@ -120,10 +137,12 @@ def read_moe(raw: dict[str, Any], spec: MoeSpec) -> MoeConfig | None:
         top_k=int(raw["num_experts_per_tok"]),
         width=int(raw[spec.width_key]),
         routing=spec.routing,
-        norm_topk=bool(raw.get(spec.norm_key)) if spec.norm_key else False,
+        norm_topk=bool(raw.get(spec.norm_key)) if spec.norm_key else spec.renormalize,
         norm_eps=spec.norm_eps,
+        norm_min=float(raw[spec.norm_min_key]) if spec.norm_min_key else 0.0,
         scaling=float(raw.get("routed_scaling_factor") or 1.0),
-        expert_bias=names.expert_bias is not None and bool(raw.get("use_expert_bias")),
+        expert_bias=bool(names.expert_bias) and (spec.bias_key is None
+                                                  or bool(raw.get(spec.bias_key))),
         shared_width=int(raw.get("shared_expert_intermediate_size") or 0)
         if names.shared else 0,
         layers=layers,
@@ -144,6 +163,16 @@ def sparse_layers(raw: dict[str, Any]) -> tuple[int, ...]:
     dense = set(raw.get("mlp_only_layers") or ())
     return tuple(i for i in range(int(raw["num_hidden_layers"]))
                  if i not in dense and (i + 1) % step == 0)
+
+
+def interval_layers(raw: dict[str, Any]) -> tuple[int, ...]:
+    """ERNIE-4.5-MoE: every `moe_layer_interval`-th layer from `moe_layer_start_index` to
+    `moe_layer_end_index` (-1: the last)."""
+    count = int(raw["num_hidden_layers"])
+    end = int(raw["moe_layer_end_index"])
+    end = count - 1 if end == -1 else end
+    start, step = int(raw["moe_layer_start_index"]), int(raw["moe_layer_interval"])
+    return tuple(i for i in range(count) if (i + 1) % step == 0 and start <= i <= end)
 
 
 def after_dense_layers(raw: dict[str, Any]) -> tuple[int, ...]:

@@ -16,6 +16,7 @@ from edgeprefill.export.experts import (
     MoeNames,
     MoeSpec,
     after_dense_layers,
+    interval_layers,
     sparse_layers,
 )
 from edgeprefill.export.rope import rope_params
@@ -146,6 +147,9 @@ class FamilySpec:
     # Whether `layer_types` may name "linear_attention" layers: Qwen3.5's Gated DeltaNet,
     # which holds no KV but a conv and a recurrent state (export/gated_delta.py).
     delta_net: bool = False
+    # Whether its input projections are Qwen3-Next's two, rows grouped per key head
+    # (in_proj_qkvz [key head, q|k|v|z], in_proj_ba [key head, b|a]), not Qwen3.5's four.
+    delta_grouped: bool = False
     # Routed experts in place of the MLP on the layers the spec's rule gives (export/moe.py).
     moe: MoeSpec | None = None
     # Whether `layer_types` may name "mamba" layers: Mamba-2 mixers (Granite 4.0-H), which
@@ -527,10 +531,25 @@ def _qwen3_5_layers(raw: dict[str, Any]) -> dict[str, Any]:
     return raw
 
 
+def _qwen3_5_moe_config(raw: dict[str, Any]) -> dict[str, Any]:
+    """Qwen3_5MoeTextConfig: Qwen3.5's layer types; it has no dense MLP (every layer's is
+    experts), so the reader's intermediate_size, which no layer uses, is the experts'."""
+    return {**_qwen3_5_layers(raw), "intermediate_size": raw["moe_intermediate_size"]}
+
+
 def _qwen3_5_unsupported(raw: dict[str, Any]) -> str | None:
     if raw.get("num_experts"):
-        return (f"routed experts are not supported (num_experts={raw['num_experts']}); "
-                "only the dense Qwen3.5 models")
+        return (f"routed experts are not supported in a qwen3_5_text config (num_experts="
+                f"{raw['num_experts']}); Qwen3.5's MoE models are model_type qwen3_5_moe_text")
+    return _delta_net_unsupported(raw)
+
+
+def _delta_net_unsupported(raw: dict[str, Any]) -> str | None:
+    # Qwen3.5's and Qwen3-Next's DeltaNet convolution takes hidden_act; export's is SiLU.
+    act = raw.get("hidden_act", "silu")
+    if act != "silu":
+        return (f"hidden_act {act!r} is not supported: the Gated DeltaNet layers' convolution "
+                "takes it, and export's is SiLU (every Qwen3.5 and Qwen3-Next checkpoint's)")
     return None
 
 
@@ -634,6 +653,16 @@ QWEN_VL: dict[str, Any] = {
 }
 MROPE_QUIRKS = ("M-RoPE (text positions: plain rotary)",
                 "language model of an image-text checkpoint (vision tower left out)")
+# A Qwen3 language model without sliding windows; the outer config decides the tying
+# (false unless it says otherwise, whatever text_config says) and a "mrope" rope type is
+# refused, as Qwen3VLForConditionalGeneration fails to build on one.
+QWEN3_VL = FamilySpec(
+    **QWEN_VL, **ATTENTION_BIAS, qk_norm="head",
+    outer={"tie_word_embeddings": False, "eos_token_id": None, "bos_token_id": None},
+    defaults={"head_dim": 128, "max_position_embeddings": 128000, "rms_norm_eps": 1e-6,
+              "rope_theta": 500_000.0},
+    quirks=("per-head q/k RMSNorm", *MROPE_QUIRKS),
+)
 # A Qwen2 language model (Qwen2-VL's and Qwen2.5-VL's alike).
 QWEN2_VL = FamilySpec(
     **QWEN_VL, qkv_bias=True, window="opt_in", sliding=_after_max_window_layers,
@@ -675,6 +704,29 @@ QWEN3_5 = FamilySpec(
               "linear_num_key_heads": 16, "linear_num_value_heads": 32},
     quirks=("gated attention (q_proj gives an output gate)", "per-head q/k (1+w) RMSNorm",
             "(1+w) RMSNorm"),
+)
+# Qwen3.5-MoE (Qwen3.5-35B-A3B and larger): Qwen3.5's layers, each one's MLP routed experts
+# beside a shared expert gated by sigmoid(shared_expert_gate(x)), as Qwen2-MoE's; its router
+# always renormalizes the top k (it reads no norm_topk_prob).
+QWEN_SHARED_EXPERT = MoeNames(shared="mlp.shared_expert.",
+                              shared_gate="mlp.shared_expert_gate.weight")
+QWEN3_5_MOE = replace(
+    QWEN3_5, legacy=_qwen3_5_moe_config, refuse=_delta_net_unsupported,
+    moe=MoeSpec(names=QWEN_SHARED_EXPERT, norm_key=None, renormalize=True),
+    defaults={**QWEN3_5.defaults, "num_experts": 256, "num_experts_per_tok": 8,
+              "moe_intermediate_size": 512, "shared_expert_intermediate_size": 512},
+)
+# Qwen3-Next (Qwen3-Next-80B-A3B): Qwen3.5-MoE's layers, its DeltaNet's input projections
+# two whose rows are grouped per key head; experts (norm_topk_prob, true by default) on
+# Qwen3-MoE's sparse layers, a dense MLP on the others (mlp_only_layers).
+QWEN3_NEXT = replace(
+    QWEN3_5, legacy=_qwen3_5_layers, refuse=_delta_net_unsupported, delta_grouped=True,
+    left_out=("mtp.",),
+    moe=MoeSpec(names=QWEN_SHARED_EXPERT, layers=sparse_layers),
+    defaults={**QWEN3_5.defaults, "intermediate_size": 5632, "num_experts": 512,
+              "num_experts_per_tok": 10, "moe_intermediate_size": 512,
+              "shared_expert_intermediate_size": 512, "norm_topk_prob": True,
+              "decoder_sparse_step": 1},
 )
 GEMMA4 = FamilySpec(
     **ATTENTION_BIAS, block="sandwich", qk_norm="head", v_norm=True, layer_scalar=True,
@@ -803,13 +855,58 @@ QWEN3_MOE = FamilySpec(
 # output is gated by sigmoid(shared_expert_gate(x)).
 QWEN2_MOE = FamilySpec(
     bias_key="qkv_bias", qkv_bias=True, window="opt_in", sliding=_qwen2_moe_window,
-    moe=MoeSpec(names=MoeNames(shared="mlp.shared_expert.",
-                               shared_gate="mlp.shared_expert_gate.weight"),
-                layers=sparse_layers),
+    moe=MoeSpec(names=QWEN_SHARED_EXPERT, layers=sparse_layers),
     defaults={**QWEN_MOE_DEFAULTS, "num_experts": 60, "num_experts_per_tok": 4,
               "moe_intermediate_size": 1408, "shared_expert_intermediate_size": 5632,
               "max_window_layers": 28, "num_key_value_heads": 16},
     quirks=("q/k/v biases",),
+)
+# Mixtral: Mistral (a window on every layer where the config sets one) whose MLPs are 8
+# experts, softmax then top 2, always renormalized; the Hub's experts are w1 (gate), w3
+# (up) and w2 (down) under block_sparse_moe, transformers 5's modules' under mlp.
+MIXTRAL = FamilySpec(
+    window="always",
+    moe=MoeSpec(names=MoeNames(router=("block_sparse_moe.gate.weight", "mlp.gate.weight"),
+                               expert="block_sparse_moe.experts.{j}.", gate="w1", up="w3",
+                               down="w2"),
+                experts_keys=EXPERT_ALIASES, width_key="intermediate_size", norm_key=None,
+                renormalize=True),
+    defaults={"max_position_embeddings": 131072, "rope_theta": 1_000_000.0,
+              "rms_norm_eps": 1e-5, "num_key_value_heads": 8, "num_local_experts": 8,
+              "num_experts_per_tok": 2},
+)
+
+
+def _ernie4_5_moe_config(raw: dict[str, Any]) -> dict[str, Any]:
+    """Ernie4_5_MoeConfig: moe_k and moe_num_experts, aliased num_experts_per_tok and
+    num_experts (the moe_ names win; 6 and 64 where neither is given); its shared experts
+    are one MLP moe_num_shared_experts x moe_intermediate_size wide."""
+    def first(keys: tuple[str, str], default: int) -> Any:
+        return next((raw[k] for k in keys if k in raw), default)
+
+    shared = int(raw["moe_num_shared_experts"] or 0) * int(raw["moe_intermediate_size"])
+    return {**raw, "num_experts_per_tok": first(("moe_k", "num_experts_per_tok"), 6),
+            "num_experts": first(("moe_num_experts", "num_experts"), 64),
+            "shared_expert_intermediate_size": shared}
+
+
+# ERNIE-4.5-MoE (ERNIE-4.5-21B-A3B): ERNIE 4.5 (interleaved rotary) with experts on every
+# moe_layer_interval-th layer from moe_layer_start_index: softmax, the top k of softmax +
+# e_score_correction_bias (which chooses, never weighs), divided by max(sum, moe_norm_min);
+# an ungated shared MLP beside them.
+ERNIE4_5_MOE = FamilySpec(
+    rope_interleaved=True, tie_default=True, unsupported=("use_bias",),
+    legacy=_ernie4_5_moe_config,
+    moe=MoeSpec(names=MoeNames(expert_bias=("mlp.moe_statics.e_score_correction_bias",
+                                            "mlp.gate.moe_statics.e_score_correction_bias"),
+                               shared="mlp.shared_experts."),
+                routing="softmax_bias", layers=interval_layers, norm_key=None,
+                renormalize=True, norm_min_key="moe_norm_min", bias_key=None),
+    defaults={"rope_theta": 500000.0, "rms_norm_eps": 1e-5, "max_position_embeddings": 131072,
+              "num_key_value_heads": 4, "moe_intermediate_size": 1536,
+              "moe_num_shared_experts": 2, "moe_layer_start_index": 1,
+              "moe_layer_end_index": -1, "moe_layer_interval": 1, "moe_norm_min": 1e-12},
+    quirks=("interleaved rotary",),
 )
 # OLMoE: OLMo's q/k RMSNorm over the whole projection in a pre-norm block, 64 experts.
 OLMOE = FamilySpec(
@@ -845,7 +942,7 @@ LFM2_MOE = replace(
                                down="w2",
                                fused_gate_up=("feed_forward.experts.gate_up_proj",),
                                fused_down=("feed_forward.experts.down_proj",),
-                               expert_bias="feed_forward.expert_bias"),
+                               expert_bias=("feed_forward.expert_bias",)),
                 routing="sigmoid", layers=after_dense_layers, norm_eps=1e-6),
     defaults={**LFM2.defaults, "num_dense_layers": 2, "num_experts": 32,
               "num_experts_per_tok": 4, "moe_intermediate_size": 1792, "norm_topk_prob": True,
@@ -890,13 +987,9 @@ GPT_OSS = FamilySpec(
 
 # model_types close to a supported family that export refuses -> why, in words.
 REFUSED_TYPES = {
-    "qwen3_5_moe": "Qwen3.5's mixture-of-experts models (routed experts) are not supported; "
-                   "only the dense ones (qwen3_5, qwen3_5_text)",
+    "mamba2": "plain Mamba-2 models (every layer mamba, none attending) are not supported; "
+              "the hybrid ones are: bamba, falcon_h1, granitemoehybrid, nemotron_h",
 }
-REFUSED_TYPES["qwen3_5_moe_text"] = REFUSED_TYPES["qwen3_5_moe"]
-REFUSED_TYPES["mamba2"] = ("plain Mamba-2 models (every layer mamba, none attending) are "
-                           "not supported; the hybrid ones are: bamba, falcon_h1, "
-                           "granitemoehybrid, nemotron_h")
 
 FAMILIES: dict[str, FamilySpec] = {
     "llama": FamilySpec(**ATTENTION_BIAS, unsupported=("mlp_bias",)),
@@ -912,15 +1005,19 @@ FAMILIES: dict[str, FamilySpec] = {
                         quirks=("per-head q/k RMSNorm",)),
     "qwen2_vl": QWEN2_VL,
     "qwen2_5_vl": QWEN2_VL,  # the same language model as Qwen2-VL's
-    # A Qwen3 language model without sliding windows; the outer config decides the tying
-    # (false unless it says otherwise, whatever text_config says) and a "mrope" rope type is
-    # refused, as Qwen3VLForConditionalGeneration fails to build on one.
-    "qwen3_vl": FamilySpec(
-        **QWEN_VL, **ATTENTION_BIAS, qk_norm="head",
-        outer={"tie_word_embeddings": False, "eos_token_id": None, "bos_token_id": None},
-        defaults={"head_dim": 128, "max_position_embeddings": 128000, "rms_norm_eps": 1e-6,
-                  "rope_theta": 500_000.0},
-        quirks=("per-head q/k RMSNorm", *MROPE_QUIRKS),
+    "qwen3_vl": QWEN3_VL,
+    # Qwen3-VL-MoE (Qwen3-VL-30B-A3B, 235B-A22B): Qwen3-VL's language model with Qwen3-MoE's
+    # experts (on the layers sparse_layers gives, where num_experts is not 0); its router
+    # always renormalizes the top k, and the Hub stores each layer's experts fused and
+    # transposed ([E, H, 2I], [E, I, H]; save_pretrained writes them untransposed).
+    "qwen3_vl_moe": replace(
+        QWEN3_VL,
+        moe=MoeSpec(names=MoeNames(fused_transposable=True), experts_keys=EXPERT_ALIASES,
+                    layers=sparse_layers, norm_key=None, renormalize=True),
+        defaults={"max_position_embeddings": 128000, "rms_norm_eps": 1e-6,
+                  "rope_theta": 500_000.0, "intermediate_size": 5632,
+                  "num_key_value_heads": 16, "decoder_sparse_step": 1, "num_experts": 60,
+                  "num_experts_per_tok": 4, "moe_intermediate_size": 1408},
     ),
     "qwen3_5_text": QWEN3_5,
     # Qwen3_5ForConditionalGeneration (the Hub's Qwen3.5-0.8B/2B/4B/9B/27B): its language
@@ -928,6 +1025,15 @@ FAMILIES: dict[str, FamilySpec] = {
     # otherwise). M-RoPE sections (interleaved) are plain rotary on text positions.
     "qwen3_5": replace(
         QWEN3_5, nested="text_config", text_types=("qwen3_5_text",),
+        renames=QWEN_VL["renames"], left_out=(*QWEN_VL["left_out"], "mtp."),
+        outer={"tie_word_embeddings": False, "eos_token_id": None, "bos_token_id": None},
+        quirks=(*QWEN3_5.quirks, *MROPE_QUIRKS),
+    ),
+    "qwen3_5_moe_text": QWEN3_5_MOE,
+    "qwen3_next": QWEN3_NEXT,
+    # Qwen3_5MoeForConditionalGeneration (the Hub's Qwen3.5-35B-A3B etc.), as `qwen3_5`.
+    "qwen3_5_moe": replace(
+        QWEN3_5_MOE, nested="text_config", text_types=("qwen3_5_moe_text",),
         renames=QWEN_VL["renames"], left_out=(*QWEN_VL["left_out"], "mtp."),
         outer={"tie_word_embeddings": False, "eos_token_id": None, "bos_token_id": None},
         quirks=(*QWEN3_5.quirks, *MROPE_QUIRKS),
@@ -1149,6 +1255,8 @@ FAMILIES: dict[str, FamilySpec] = {
     "qwen3_moe": QWEN3_MOE,
     "qwen2_moe": QWEN2_MOE,
     "olmoe": OLMOE,
+    "mixtral": MIXTRAL,
+    "ernie4_5_moe": ERNIE4_5_MOE,
     "granitemoe": GRANITE_MOE,
     "lfm2_moe": LFM2_MOE,
     "gpt_oss": GPT_OSS,

@@ -3,6 +3,8 @@
 transformers' Qwen3_5GatedDeltaNet (Qwen3NextGatedDeltaNet's recurrence):
 
   qkv, z, b, a = in_proj_qkv(h), in_proj_z(h), in_proj_b(h), in_proj_a(h)
+                 (Qwen3-Next: in_proj_qkvz(h), in_proj_ba(h), their rows grouped per key
+                 head, which export reorders into these four: grouped_rows)
   qkv          = silu(causal depthwise conv of L tokens over qkv)   state 1: its last L-1
   q, k, v      = split(qkv); q, k l2-normalized per head, q / sqrt(key_dim)
                  (each key head serves value_heads / key_heads consecutive value heads)
@@ -41,6 +43,8 @@ from edgeprefill.export.tokens import PackedTokens, PaddedTokens
 from edgeprefill.export.weights import GraphWeights
 
 PREFIX = "linear_attn."
+SPLIT = ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a")  # Qwen3.5's projections
+GROUPED = ("in_proj_qkvz", "in_proj_ba")  # Qwen3-Next's
 L2_EPS = 1e-6  # transformers' l2norm in the recurrence
 
 
@@ -68,9 +72,7 @@ class GatedDeltaNet(RecurrentMixer):
         g, d, pre = self.g, self.d, p + PREFIX
         self._check_shapes(pre)
         value_size = d.value_heads * d.value_dim
-        projected = self.tokens.spread(self.w.linear(
-            h, [pre + n + ".weight" for n in ("in_proj_qkv", "in_proj_z", "in_proj_b",
-                                              "in_proj_a")], None))
+        projected = self.tokens.spread(self._projected(pre, h))
         mixed, z, b, a = g.op("Split", [projected, g.const(
             [d.conv_dim, value_size, d.value_heads, d.value_heads])], 4, axis=-1)
         conv_state = state_names(layer, CONV)
@@ -84,6 +86,14 @@ class GatedDeltaNet(RecurrentMixer):
         y = self._gated_norm(pre, out, z)  # [B, C, value_size]
         y = rows(self.tokens.gather(y, value_size))
         return self.w.linear(y, [pre + "out_proj.weight"], None)
+
+    def _projected(self, pre: str, h: str) -> str:
+        """[..., conv_dim + value_size + 2 value_heads]: qkv, z, b and a of h, side by side."""
+        if not self.cfg.spec.delta_grouped:
+            return self.w.linear(h, [pre + n + ".weight" for n in SPLIT], None)
+        order = grouped_rows(self.d)
+        return self.w.linear(h, [pre + n + ".weight" for n in GROUPED], None,
+                             reorder=lambda rows: rows[order])
 
     def _recurrence(self, pre: str, layer: int, mixed: str, b: str, a: str) -> str:
         """[B, C, value_heads, value_dim] float32: the delta rule over the chunk's tokens
@@ -193,10 +203,11 @@ class GatedDeltaNet(RecurrentMixer):
         """A checkpoint that disagrees with config.json fails here in one line."""
         d, hidden = self.d, self.cfg.hidden_size
         value_size = d.value_heads * d.value_dim
-        for name, shape in ((pre + "in_proj_qkv.weight", (d.conv_dim, hidden)),
-                            (pre + "in_proj_z.weight", (value_size, hidden)),
-                            (pre + "in_proj_b.weight", (d.value_heads, hidden)),
-                            (pre + "in_proj_a.weight", (d.value_heads, hidden)),
+        projections = ((("in_proj_qkvz", d.conv_dim + value_size),
+                        ("in_proj_ba", 2 * d.value_heads)) if self.cfg.spec.delta_grouped
+                       else (("in_proj_qkv", d.conv_dim), ("in_proj_z", value_size),
+                             ("in_proj_b", d.value_heads), ("in_proj_a", d.value_heads)))
+        for name, shape in (*((pre + n + ".weight", (rows, hidden)) for n, rows in projections),
                             (pre + "conv1d.weight", (d.conv_dim, 1, d.conv_kernel)),
                             (pre + "norm.weight", (d.value_dim,)),
                             (pre + "out_proj.weight", (hidden, value_size))):
@@ -206,3 +217,23 @@ class GatedDeltaNet(RecurrentMixer):
                     f"(linear_num_key_heads {d.key_heads} of {d.key_dim}, "
                     f"linear_num_value_heads {d.value_heads} of {d.value_dim}, "
                     f"linear_conv_kernel_dim {d.conv_kernel})")
+
+
+def grouped_rows(d: DeltaNetShape) -> np.ndarray:
+    """The row order that takes Qwen3-Next's stacked in_proj_qkvz and in_proj_ba rows
+    ([key head, q | k | v | z], then [key head, b | a]; each key head's v, z, b and a are
+    its value_heads / key_heads value heads') to Qwen3.5's q, k, v, z, b, a (each all heads
+    in order), as transformers' fix_query_key_value_ordering splits them."""
+    per = d.value_heads // d.key_heads
+    width = per * d.value_dim  # a key head's v (and z) rows
+    block = 2 * d.key_dim + 2 * width  # a key head's qkvz rows
+    heads = np.arange(d.key_heads)[:, None]
+
+    def part(base: int, stride: int, start: int, size: int) -> np.ndarray:
+        return (base + heads * stride + start + np.arange(size)).reshape(-1)
+
+    qkvz = d.key_heads * block
+    return np.concatenate([
+        part(0, block, 0, d.key_dim), part(0, block, d.key_dim, d.key_dim),
+        part(0, block, 2 * d.key_dim, width), part(0, block, 2 * d.key_dim + width, width),
+        part(qkvz, 2 * per, 0, per), part(qkvz, 2 * per, per, per)])

@@ -67,8 +67,9 @@ class MixtureOfExperts:
         if moe.routing == "topk_softmax":  # Granite MoE
             top, chosen = g.op("TopK", [logits, k], 2, axis=-1)
             weights = g.op("Softmax", [top], axis=-1)
-        elif moe.routing == "sigmoid":  # LFM2-MoE: the bias chooses, the sigmoid weighs
-            scores = g.op("Sigmoid", [logits])
+        elif moe.routing in ("sigmoid", "softmax_bias"):  # the bias chooses, never weighs
+            scores = g.op("Sigmoid", [logits]) if moe.routing == "sigmoid" else \
+                g.op("Softmax", [logits], axis=-1)
             ranked = scores
             if moe.expert_bias:
                 ranked = g.op("Add", [scores, self._expert_bias(p)])
@@ -81,6 +82,8 @@ class MixtureOfExperts:
             total = g.op("ReduceSum", [weights, g.const([-1])], keepdims=1)
             if moe.norm_eps:
                 total = g.op("Add", [total, g.const(moe.norm_eps, np.float32)])
+            if moe.norm_min:
+                total = g.op("Max", [total, g.const(moe.norm_min, np.float32)])
             weights = g.op("Div", [weights, total])
         if moe.scaling != 1.0:
             weights = g.op("Mul", [weights, g.const(moe.scaling, np.float32)])
@@ -171,13 +174,16 @@ class MixtureOfExperts:
         return np.concatenate([rows[0::2], rows[1::2]])
 
     def _shared(self, p: str, x: str) -> str:
-        """Qwen2-MoE's shared expert: its MLP times sigmoid(shared_expert_gate(x))."""
+        """The shared expert: its MLP, times sigmoid(shared_expert_gate(x)) where gated
+        (Qwen2-MoE)."""
         g, n = self.g, self.names
-        assert n.shared is not None and n.shared_gate is not None
+        assert n.shared is not None
         stem = p + n.shared
         gate_up = self.w.linear(x, [stem + n.gate + ".weight", stem + n.up + ".weight"], None)
         gate, up = g.op("Split", [gate_up], 2, axis=-1, num_outputs=2)
         mlp = self.w.linear(g.op("Mul", [self.act(gate), up]), [stem + n.down + ".weight"], None)
+        if n.shared_gate is None:
+            return mlp
         return g.op("Mul", [mlp, g.op("Sigmoid", [g.op("MatMul", [x, self._transposed(
             p + n.shared_gate, (1, self.hidden))])])])
 
@@ -204,10 +210,14 @@ class MixtureOfExperts:
             self.ckpt.get(name, np.float32).T.astype(self.dtype)))
 
     def _expert_bias(self, p: str) -> str:
-        assert self.names.expert_bias is not None
-        name = p + self.names.expert_bias
-        return self.g.weight(name, (self.moe.experts,), np.dtype(np.float32),
-                             lambda: self.ckpt.get(name, np.float32))
+        """The selection bias [E], stored [E] or [1, E]."""
+        name = self.w.resolve(tuple(p + name for name in self.names.expert_bias))
+        experts = self.moe.experts
+        if self.ckpt.shape(name) not in ((experts,), (1, experts)):
+            raise ExportError(f"{name} has shape {self.ckpt.shape(name)}, but config.json "
+                              f"implies {experts} experts")
+        return self.g.weight(name, (experts,), np.dtype(np.float32),
+                             lambda: self.ckpt.get(name, np.float32).reshape(experts))
 
     def _gate_up_reader(self, p: str, e: int) -> Callable[[], np.ndarray]:
         """Expert e's [2I, H] gate and up rows (gate first), from any layout."""
@@ -230,8 +240,10 @@ class MixtureOfExperts:
 
     def _fused_reader(self, p: str, e: int, candidates: tuple[str, ...], separate: str,
                       rows: int, cols: int) -> Callable[[], np.ndarray]:
-        """Expert e's [rows, cols] ([out, in]) weight of a fused tensor: [E, out, in], or
-        gpt-oss's [E, in, out], or its MXFP4 blocks and scales of [E, out, in]."""
+        """Expert e's [rows, cols] ([out, in]) weight of a fused tensor: stored [E, out,
+        in]; or [E, in, out] (gpt-oss always; Qwen3-VL-MoE where the stored shape is not
+        [E, out, in], as transformers' Transpose(check_dims=True) reads it); or gpt-oss's
+        MXFP4 blocks and scales of [E, out, in]."""
         experts = self.moe.experts
         if self.names.mxfp4:
             stored = next((p + c for c in candidates if self.ckpt.has(p + c + mxfp4.BLOCKS)),
@@ -244,10 +256,12 @@ class MixtureOfExperts:
                 return lambda: mxfp4.dequantize(self.ckpt.get_index(blocks, e, np.uint8),
                                                 self.ckpt.get_index(scales, e, np.uint8))
         fused = self._fused(p, candidates, separate)
-        if self.names.transposed:
+        shape = (experts, rows, cols)
+        if self.names.transposed or (self.names.fused_transposable
+                                     and self.ckpt.shape(fused) != shape):
             self._check(fused, (experts, cols, rows))
             return lambda: np.ascontiguousarray(self.ckpt.get_index(fused, e).T)
-        self._check(fused, (experts, rows, cols))
+        self._check(fused, shape)
         return lambda: self.ckpt.get_index(fused, e)
 
     def _fused(self, p: str, candidates: tuple[str, ...], separate: str) -> str:

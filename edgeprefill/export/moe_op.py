@@ -5,17 +5,19 @@ The unrolled dispatch of export/moe.py costs a dozen nodes per expert whether a 
 it or not: 8 layers of 128 experts decoded 4.2 tokens/s in int4 that way on the 2-core VM,
 861 through the op (docs/benchmarks.md, *Mixture of experts*). The op takes the router
 logits and does softmax, top-k and (normalize_routing_weights) the renormalization itself,
-then runs each chosen expert's SwiGLU on its tokens: Qwen2/3-MoE's and OLMoE's routing.
-Granite MoE's softmax over the top k logits is the same renormalized top k of the softmax
-over all (exp(l_i) / sum_topk exp(l_j)). LFM2-MoE's routing (the top k of sigmoid + bias,
-weighed by the sigmoid alone, renormalized with an epsilon, scaled) is computed in the
-graph as the unrolled form computes it, and handed to the op as logits it cannot read
-otherwise: log(weight) at the k chosen experts and -inf elsewhere, so the op's softmax and
-top k find exactly those k and renormalize their weights to sum 1; the output times each
-token's sum of weights undoes that. gpt-oss's router logits carry its bias; its experts'
-biases are the op's fc1/fc2 bias inputs and its clamped SwiGLU the op's activation
-attributes (_swiglu). The `standard` flavour and int8 and fp16 bundles keep
-the unrolled graph (export/moe.py).
+then runs each chosen expert's SwiGLU on its tokens: the routing of Qwen2/3-MoE, OLMoE,
+Qwen3.5-MoE, Qwen3-Next, Qwen3-VL-MoE and Mixtral. Granite MoE's softmax over the top k
+logits is the same renormalized top k of the softmax over all (exp(l_i) / sum_topk
+exp(l_j)). LFM2-MoE's routing (the top k of sigmoid + bias, weighed by the sigmoid alone,
+renormalized with an epsilon, scaled) and ERNIE-4.5-MoE's (the top k of softmax + bias,
+weighed by the softmax, renormalized with a floor) are computed in the graph as the
+unrolled form computes them, and handed to the op as logits it cannot read otherwise:
+log(weight) at the k chosen experts and -inf elsewhere, so the op's softmax and top k find
+exactly those k and renormalize their weights to sum 1; the output times each token's sum
+of weights undoes that. gpt-oss's router logits carry its bias; its experts' biases are
+the op's fc1/fc2 bias inputs and its clamped SwiGLU the op's activation attributes
+(_swiglu). The `standard` flavour and int8 and fp16 bundles keep the unrolled graph
+(export/moe.py).
 
 Weights: fc1 [E, 2I, H] with each expert's gate and up rows interleaved (g0, u0, g1, ...,
 the CPU kernel's only layout, swiglu_fusion=1), fc2 [E, H, I]. int4: each expert's rows
@@ -31,7 +33,8 @@ import numpy as np
 from edgeprefill.export.moe import MixtureOfExperts, tensor_attribute
 from edgeprefill.export.quantize import QuantConfig, int4_blockwise
 
-OP_ROUTINGS = ("softmax", "topk_softmax")  # the op's own; "sigmoid" goes in as chosen
+# the op's own; "sigmoid" and "softmax_bias" go in as chosen
+OP_ROUTINGS = ("softmax", "topk_softmax")
 
 
 def why_unrolled(experts: MixtureOfExperts, activation: str,
