@@ -186,7 +186,7 @@ def _dropped_specials(tokenizer: Tokenizer | None) -> frozenset[int] | None:
         return None
     special = {i: t.content for i, t in tokenizer.get_added_tokens_decoder().items()
                if t.special}
-    kept = KEPT_SPECIAL_TOKENS
+    kept: tuple[str, ...] = KEPT_SPECIAL_TOKENS
     if "<|channel|>" in special.values():
         kept += HARMONY_TOKENS
     dropped = frozenset(i for i, text in special.items() if text not in kept)

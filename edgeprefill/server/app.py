@@ -42,9 +42,9 @@ from edgeprefill.server.access_log import AccessLog
 from edgeprefill.server.body import read_json
 from edgeprefill.server.choices import Choices
 from edgeprefill.server.errors import ApiError, generation_failure
+from edgeprefill.server.harmony import bundle_harmony, reply_harmony
 from edgeprefill.server.metrics import ServerMetrics
 from edgeprefill.server.prompt_worker import Encoded, PromptTimeout, PromptWorkers
-from edgeprefill.server.harmony import bundle_harmony, reply_harmony
 from edgeprefill.server.reasoning import MODES, bundle_thinks, reply_reasoning
 from edgeprefill.server.responses import Shape
 from edgeprefill.server.responses_output import ResponseHead
