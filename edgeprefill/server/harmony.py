@@ -15,7 +15,8 @@ channel: `<|channel|>commentary to=functions.get_weather <|constrain|>json<|mess
 - `final`, and `commentary` without a recipient (a preamble the user may see) -> content;
 - a recipient `functions.NAME` -> a tool call of NAME, its body the JSON arguments (sent
   as they are generated); another recipient (a built-in tool this server does not run)
-  -> reasoning, so no text is lost.
+  -> reasoning, so no text is lost. A call is one whether or not the request sent tools:
+  the format marks it unambiguously.
 Messages of the same kind are joined by a newline. Blanks at both ends of a body are
 dropped (the model writes none; a tokenizer that spaces its words writes some). Headers
 never reach a field; a header cut by max_tokens is dropped, and a reply with no harmony
