@@ -158,6 +158,19 @@ def test_a_harmony_reply_splits_whole_and_streamed_token_by_token(client, engine
     assert chunks[-1].choices[0].finish_reason == whole.finish_reason
 
 
+def test_streamed_logprobs_cover_every_token_while_the_channels_split(client, engine):
+    """A marker's token sends an empty delta with its logprobs; the call's pieces of one
+    token are one `tool_calls` entry."""
+    script = SCRIPTS["analysis-then-call"]
+    chunks = list(ask(client, engine, "analysis-then-call", tools=[WEATHER], stream=True,
+                      logprobs=True))
+    tokens = [t.token for c in chunks if c.choices and c.choices[0].logprobs
+              for t in c.choices[0].logprobs.content]
+    assert len(tokens) == len(script)  # the markers' too, `<|call|>` (dropped from the text) too
+    assert added_up(chunks) == {"content": "", "reasoning_content": THOUGHT,
+                                "reasoning": THOUGHT, "calls": TOKYO}
+
+
 def test_a_reply_cut_inside_its_analysis_is_all_reasoning(client, engine):
     cut = {"content": "", "reasoning_content": "Need the", "reasoning": "Need the",
            "calls": []}
