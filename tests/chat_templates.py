@@ -282,3 +282,35 @@ an initial optional system message!') }}
 
 PUBLISHED = {"chatml": CHATML, "llama3.1": LLAMA31, "gemma": GEMMA, "phi3": PHI3,
              "mistral": MISTRAL}
+
+# gpt-oss's harmony layout, written from OpenAI's description of the format (not copied
+# from the Hub's template), for the cases the server tests: the tools as a `functions`
+# namespace, an assistant turn's reasoning (`thinking`, as gpt-oss's template reads it)
+# on the analysis channel before its calls, each call to `functions.NAME` on the
+# commentary channel ending in `<|call|>`, a tool's result from `functions.NAME` back to
+# the assistant, and the generation prompt `<|start|>assistant`. Like gpt-oss's, it
+# drops the reasoning of a turn that ended in a final answer.
+HARMONY = """\
+<|start|>system<|message|>Reasoning: {{ reasoning_effort | default('medium') }}
+# Valid channels: analysis, commentary, final.<|end|>
+{%- if tools %}<|start|>developer<|message|># Tools
+namespace functions {
+{% for t in tools %}type {{ t.function.name }} = (_: {{ t.function.parameters | tojson }}) => any;
+{% endfor %}} // namespace functions<|end|>{% endif %}
+{%- set ns = namespace(last_call='') %}
+{%- for m in messages %}
+{%- if m.role in ('system', 'developer') %}<|start|>developer<|message|>{{ m.content }}<|end|>
+{%- elif m.role == 'user' %}<|start|>user<|message|>{{ m.content }}<|end|>
+{%- elif m.role == 'assistant' and m.tool_calls %}
+{%- if m.thinking %}<|start|>assistant<|channel|>analysis<|message|>{{ m.thinking }}<|end|>
+{%- endif %}
+{%- for c in m.tool_calls %}<|start|>assistant to=functions.{{ c.function.name }}\
+<|channel|>commentary json<|message|>{{ c.function.arguments | tojson }}<|call|>
+{%- set ns.last_call = c.function.name %}{% endfor %}
+{%- elif m.role == 'assistant' %}<|start|>assistant<|channel|>final<|message|>\
+{{ m.content }}<|end|>
+{%- elif m.role == 'tool' %}<|start|>functions.{{ ns.last_call }} to=assistant\
+<|channel|>commentary<|message|>{{ m.content | tojson }}<|end|>
+{%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}<|start|>assistant{% endif %}"""

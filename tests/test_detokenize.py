@@ -114,3 +114,29 @@ def test_a_reply_keeps_the_special_tokens_a_parser_reads_and_drops_the_others(to
     assert text == 'naïve 😀 <|tool_call_start|>[f(a="你好")]<|tool_call_end|> ok'
     # Without such tokens every special token is dropped, as before.
     assert _dropped_specials(byte_level_bpe()) is None
+
+
+def test_a_harmony_reply_keeps_its_markers_where_the_tokenizer_is_harmonys(tokenizer):
+    """gpt-oss's markers are special tokens: a reply keeps them (the server splits its
+    channels on them; without them it read "analysisHmm.assistantfinalHi"), but only
+    where the tokenizer has `<|channel|>`: Phi-3's end of turn is `<|end|>` too."""
+    from tokenizers import AddedToken, Tokenizer
+
+    from edgeprefill.sdk.tokenizer import _dropped_specials
+
+    harmony = ("<|start|>", "<|channel|>", "<|message|>", "<|end|>", "<|return|>")
+    tok = Tokenizer.from_str(tokenizer.tokenizer.to_str())  # a copy: the fixture is shared
+    tok.add_special_tokens([AddedToken(t, special=True) for t in harmony])
+    start, channel, message, end, ret = (tok.token_to_id(t) for t in harmony)
+    words = {w: tok.encode(w).ids for w in ("analysis", "Hmm.", "assistant", "final", "Hi")}
+    ids = [channel, *words["analysis"], message, *words["Hmm."], end, start,
+           *words["assistant"], channel, *words["final"], message, *words["Hi"], ret]
+    decoder = SimpleNamespace(tokenizer=tok, dropped_specials=_dropped_specials(tok),
+                              decode=lambda ids: tok.decode(ids))
+    text, _, _ = stream(decoder, ids)
+    assert text == tok.decode(ids[:-1], skip_special_tokens=False)  # <|return|> dropped
+    assert "<|channel|>" in text and "<|end|>" in text and "<|return|>" not in text
+
+    phi3 = Tokenizer.from_str(tokenizer.tokenizer.to_str())
+    phi3.add_special_tokens([AddedToken("<|end|>", special=True)])
+    assert _dropped_specials(phi3) is None  # every special token dropped, as before

@@ -23,6 +23,11 @@ Prompt = str | Sequence[int] | Sequence[dict[str, Any]]
 # other special token (end of turn, BOS) is dropped, as transformers' decode with
 # skip_special_tokens does; vLLM keeps them by decoding without skipping for such models.
 KEPT_SPECIAL_TOKENS = ("<|tool_call_start|>", "<|tool_call_end|>", "<think>", "</think>")
+# The harmony markers that frame gpt-oss's messages (server/harmony.py), kept where the
+# tokenizer has `<|channel|>` (o200k_harmony): without them a reply reads "analysisThe
+# user asks...assistantfinalHello". Only there, as Phi-3's end of turn is `<|end|>` too.
+# `<|return|>` and `<|call|>` end generation, and are dropped as other ends are.
+HARMONY_TOKENS = ("<|start|>", "<|channel|>", "<|message|>", "<|end|>", "<|constrain|>")
 
 
 class Decoder(Protocol):
@@ -175,12 +180,16 @@ def _token_ids(items: list[object]) -> TypeGuard[list[int]]:
 
 def _dropped_specials(tokenizer: Tokenizer | None) -> frozenset[int] | None:
     """The special token ids a reply's text drops where the tokenizer has some of
-    KEPT_SPECIAL_TOKENS as special tokens; None where it has none (all are dropped)."""
+    KEPT_SPECIAL_TOKENS (or HARMONY_TOKENS) as special tokens; None where it has none (all
+    are dropped)."""
     if tokenizer is None:
         return None
     special = {i: t.content for i, t in tokenizer.get_added_tokens_decoder().items()
                if t.special}
-    dropped = frozenset(i for i, text in special.items() if text not in KEPT_SPECIAL_TOKENS)
+    kept: tuple[str, ...] = KEPT_SPECIAL_TOKENS
+    if "<|channel|>" in special.values():
+        kept += HARMONY_TOKENS
+    dropped = frozenset(i for i, text in special.items() if text not in kept)
     return None if len(dropped) == len(special) else dropped
 
 

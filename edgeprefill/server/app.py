@@ -42,6 +42,7 @@ from edgeprefill.server.access_log import AccessLog
 from edgeprefill.server.body import read_json
 from edgeprefill.server.choices import Choices
 from edgeprefill.server.errors import ApiError, generation_failure
+from edgeprefill.server.harmony import bundle_harmony, reply_harmony
 from edgeprefill.server.metrics import ServerMetrics
 from edgeprefill.server.prompt_worker import Encoded, PromptTimeout, PromptWorkers
 from edgeprefill.server.reasoning import MODES, bundle_thinks, reply_reasoning
@@ -154,6 +155,9 @@ class OpenAIApi:
         # block and whether a grammar governs the reply.
         self.splits_reasoning = config.reasoning_parser == "auto" and \
             bundle_thinks(engine.tokenizer)
+        # gpt-oss's harmony replies (server/harmony.py): reasoning, content and calls
+        self.splits_harmony = config.reasoning_parser == "auto" and \
+            bundle_harmony(engine.tokenizer)
 
     @asynccontextmanager
     async def lifespan(self, app: Starlette):
@@ -242,12 +246,13 @@ class OpenAIApi:
         parsed = admitted.request
         # A constrained reply (response_format, a forced tool_choice) is not split: its
         # grammar governs the whole reply, which is the content.
-        reasoning = reply_reasoning(self.splits_reasoning and chat,
-                                    parsed.params.constraint is not None,
+        constrained = parsed.params.constraint is not None
+        reasoning = reply_reasoning(self.splits_reasoning and chat, constrained,
                                     admitted.opens_think)
+        harmony = reply_harmony(self.splits_harmony and chat, constrained)
         return Shape.new(chat, self.config.model_name,
                          reply_parser(parsed.tools, self.engine.manifest),
-                         self.engine.tokenizer.token_bytes, reasoning)
+                         self.engine.tokenizer.token_bytes, reasoning, harmony)
 
     async def _wait(self, admitted: Admitted, request: Request,
                     close: Callable[[], None]) -> Response | None:

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 from edgeprefill.sdk.stream import TokenEvent, TokenStream
 from edgeprefill.server.choices import Choices
+from edgeprefill.server.harmony import HarmonyParser
 from edgeprefill.server.logprobs import logprobs_body
 from edgeprefill.server.reasoning import Part, ReasoningParser, Split, reasoning_fields
 from edgeprefill.server.tool_parsers import Piece, ToolCall, ToolParser, assemble
@@ -30,6 +31,9 @@ class Shape:
     # Chat of a model that thinks: a new parser per reply splits its reasoning from its
     # content (server/reasoning.py); tool calls are parsed in the content only.
     reasoning: Callable[[], ReasoningParser] | None = None
+    # Chat of a model that writes harmony (gpt-oss): a new parser per reply splits its
+    # reasoning, content and tool calls (server/harmony.py), in place of the two above.
+    harmony: Callable[[], HarmonyParser] | None = None
     # Streamed replies' state, by choice index (mutable, one per request).
     _streamed: dict[int, ReplyDeltas] = field(default_factory=dict, compare=False, repr=False)
 
@@ -37,10 +41,12 @@ class Shape:
     def new(cls, chat: bool, model: str,
             tool_parser: Callable[[], ToolParser] | None = None,
             token_bytes: Callable[[int], bytes] = lambda _: b"",
-            reasoning: Callable[[], ReasoningParser] | None = None) -> Shape:
+            reasoning: Callable[[], ReasoningParser] | None = None,
+            harmony: Callable[[], HarmonyParser] | None = None) -> Shape:
         prefix = "chatcmpl" if chat else "cmpl"
         return cls(chat, model, f"{prefix}-{uuid.uuid4().hex}", int(time.time()),
-                   tool_parser if chat else None, token_bytes, reasoning if chat else None)
+                   tool_parser if chat else None, token_bytes, reasoning if chat else None,
+                   harmony if chat else None)
 
     def _head(self, obj: str) -> dict:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
@@ -69,6 +75,8 @@ class Shape:
     def _message(self, stream: TokenStream) -> tuple[dict, str | None]:
         """A whole chat reply's message and finish reason, with its reasoning and tool
         calls if any: what the streamed reply adds up to."""
+        if self.harmony is not None:
+            return self._harmony_message(stream)
         split = self.reasoning().parse(stream.text) if self.reasoning else \
             Split("", stream.text)
         message = {"role": "assistant", "content": split.content,
@@ -82,6 +90,16 @@ class Shape:
                    "content": parsed.content if parsed.content.strip() else None,
                    "tool_calls": [c.to_openai() for c in parsed.calls]}
         return message, calls_finish_reason(parsed.calls, stream.finish_reason)
+
+    def _harmony_message(self, stream: TokenStream) -> tuple[dict, str | None]:
+        reply = self.harmony().parse(stream.text)  # type: ignore[misc]
+        message = {"role": "assistant", "content": reply.content,
+                   **reasoning_fields(reply.reasoning)}
+        if not reply.calls:
+            return message, stream.finish_reason
+        message = {**message, "content": reply.content or None,
+                   "tool_calls": [c.to_openai() for c in reply.calls]}
+        return message, calls_finish_reason(reply.calls, stream.finish_reason)
 
     def chunks(self, text: str, index: int = 0) -> list[dict]:
         """The streamed chunks of newly generated text: content, reasoning, or tool-call
@@ -127,9 +145,12 @@ class Shape:
 
     def _reply(self, index: int) -> ReplyDeltas | None:
         """The streamed state of choice `index`; None where text goes out as it comes."""
-        if self.tool_parser is None and self.reasoning is None:
+        if self.tool_parser is None and self.reasoning is None and self.harmony is None:
             return None
-        if index not in self._streamed:
+        if index not in self._streamed and self.harmony is not None:
+            # harmony marks its calls itself: its content is not parsed for others
+            self._streamed[index] = ReplyDeltas(self.harmony(), ToolDeltas(None))
+        elif index not in self._streamed:
             self._streamed[index] = ReplyDeltas(
                 self.reasoning() if self.reasoning else None,
                 ToolDeltas(self.tool_parser()) if self.tool_parser else None)
@@ -180,9 +201,10 @@ def usage(stream: TokenStream | Choices) -> dict:
 
 class ReplyDeltas:
     """The deltas of one streamed chat reply: its reasoning (until `</think>`), then its
-    content, in which the tool calls are parsed."""
+    content, in which the tool calls are parsed; or a harmony reply's parts and calls."""
 
-    def __init__(self, thinking: ReasoningParser | None, tools: ToolDeltas | None) -> None:
+    def __init__(self, thinking: ReasoningParser | HarmonyParser | None,
+                 tools: ToolDeltas | None) -> None:
         self.thinking = thinking
         self.tools = tools
 
@@ -198,11 +220,15 @@ class ReplyDeltas:
     def finish_reason(self, reason: str | None) -> str | None:
         return self.tools.finish_reason(reason) if self.tools else reason
 
-    def _deltas(self, parts: list[Part]) -> list[dict]:
+    def _deltas(self, parts: list[Part] | list[Part | Piece]) -> list[dict]:
         deltas: list[dict] = []
         for part in parts:
-            deltas.extend([reasoning_fields(part.text)] if part.reasoning else
-                          self._content(part.text))
+            if isinstance(part, Piece):  # a harmony call
+                assert self.tools is not None
+                deltas.extend(self.tools.pieces([part]))
+            else:
+                deltas.extend([reasoning_fields(part.text)] if part.reasoning else
+                              self._content(part.text))
         return deltas
 
     def _content(self, text: str) -> list[dict]:
@@ -244,23 +270,27 @@ class ToolDeltas:
     """The tool-call side of one streamed chat reply. OpenAI streams a call as deltas
     of `tool_calls[index]`: first its id, type and function name with empty arguments,
     then pieces of the arguments (as they are generated where the format allows it, in
-    one piece once the call has parsed otherwise)."""
+    one piece once the call has parsed otherwise). Without a parser (harmony's calls come
+    as pieces already) text is content as it comes."""
 
-    def __init__(self, parser: ToolParser) -> None:
+    def __init__(self, parser: ToolParser | None) -> None:
         self.parser = parser
         self.calls = 0
         self.sent: list[Piece] = []  # every piece, to assemble the calls at the end
 
     def feed(self, text: str) -> list[dict]:
-        return self._deltas(self.parser.feed(text)) if text else []
+        if self.parser is None:
+            return [{"content": text}] if text else []
+        return self.pieces(self.parser.feed(text)) if text else []
 
     def finish(self) -> list[dict]:
-        return self._deltas(self.parser.finish())
+        return self.pieces(self.parser.finish()) if self.parser else []
 
     def finish_reason(self, reason: str | None) -> str | None:
         return calls_finish_reason(assemble(self.sent).calls, reason)
 
-    def _deltas(self, pieces: list[Piece]) -> list[dict]:
+    def pieces(self, pieces: list[Piece]) -> list[dict]:
+        """The deltas of parsed pieces (the calls are kept for the finish reason)."""
         self.sent.extend(pieces)
         deltas: list[dict] = []
         for piece in pieces:
