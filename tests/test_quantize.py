@@ -187,3 +187,51 @@ def test_a_quantized_embedding_shrinks_the_bundle_by_the_tables_float_bytes(
         sizes[embeddings] = sum(f.stat().st_size for f in out.glob("*.data"))
     saved = sizes[False] - sizes[True]
     assert abs(saved - (vocab * hidden * 4 - quantized)) <= 2 * 64  # writer.ALIGN_SMALL, each
+
+
+def int8_head_reference(model, head: np.ndarray) -> None:
+    """Makes `model`'s LM head compute what an int8 head's DynamicQuantizeMatMul does: its
+    own Linear (a tied one is untied) on the per-channel int8 weights, and its input
+    quantized on the fly to uint8 with one scale and zero point, as ONNX Runtime's MLAS does
+    (range widened to hold 0, round half to even). Per position: the bundle's head reads
+    one row per sequence, transformers' every position."""
+    q, scale = int8_per_channel(head.T)
+    linear = torch.nn.Linear(head.shape[1], head.shape[0], bias=False)
+    linear.weight.data = torch.from_numpy((q * scale).T.copy())
+
+    def fake_quantized(module, args):
+        x = args[0]
+        low = x.amin(dim=-1, keepdim=True).clamp(max=0)
+        high = x.amax(dim=-1, keepdim=True).clamp(min=0)
+        step = (high - low) / 255
+        zero = torch.clamp(torch.round(-low / step), 0, 255)
+        return (torch.clamp(torch.round(x / step) + zero, 0, 255) - zero) * step,
+
+    linear.register_forward_pre_hook(fake_quantized)
+    model.lm_head = linear
+
+
+def test_an_int8_head_and_a_quantized_tied_table_in_an_int4_bundle(hf_model, tmp_path):
+    """`--lm-head int8 --embeddings all`: the int4 bundle's head computes with per-channel
+    int8 weights (and int8 activations), its tied table is read quantized (int4, as the
+    projections), its projections stay int4: transformers with those dequantized weights,
+    the head and table untied, computes the same logits."""
+    hf_dir = hf_model("llama-tied-llama3rope")
+    export(hf_dir, tmp_path / "b", ExportOptions(
+        chunks=(16,), max_context=128, show_progress=False,
+        quant=QuantConfig("int4", 32, accuracy_level=0, tied_embeddings=True, head="int8")))
+    model = load_hf_model(hf_dir)
+    ids = [1, 5, 9, 33, 70, 4, 18]
+    with torch.no_grad():
+        table = model.get_input_embeddings().weight.numpy().copy()
+        for name, module in model.named_modules():
+            if isinstance(module, torch.nn.Linear) and name != "lm_head":
+                w = module.weight.numpy()
+                module.weight.copy_(torch.from_numpy(int4_dequantize(*int4_blockwise(w, 32),
+                                                                     w.shape[1])))
+        int8_head_reference(model, table)
+        model.model.embed_tokens.weight = torch.nn.Parameter(
+            torch.from_numpy(dequantized_table(table, "int4")))
+        expected = model(torch.tensor([ids])).logits[0, -1].numpy()
+    got = logits_at(tmp_path / "b", ids)
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4 * np.abs(expected).max())
