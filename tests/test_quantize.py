@@ -235,3 +235,41 @@ def test_an_int8_head_and_a_quantized_tied_table_in_an_int4_bundle(hf_model, tmp
         expected = model(torch.tensor([ids])).logits[0, -1].numpy()
     got = logits_at(tmp_path / "b", ids)
     np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4 * np.abs(expected).max())
+
+
+@pytest.mark.parametrize("kind", ["int8", "int4"])
+def test_a_quantized_tied_table_shrinks_the_bundle_and_reads_the_heads_values(
+        hf_model, tmp_path, kind):
+    """`--embeddings all` on a tied model: the table, float by default, is stored quantized
+    (its own copy beside the head's), the bundle smaller by the table's float bytes less its
+    quantized ones, and its rows are the head's dequantized rows: exported from a checkpoint
+    holding those values, the float-table bundle gives the same logits."""
+    hf_dir = hf_model("llama-tied-llama3rope")
+    vocab, hidden = 128, 64
+    quantized = vocab * hidden + vocab * 4 if kind == "int8" else (
+        vocab * hidden // 2 + vocab * (hidden // 32) * 4)
+    sizes = {}
+    for tied in (True, False):
+        export(hf_dir, tmp_path / str(tied), ExportOptions(
+            chunks=(16,), max_context=128, show_progress=False,
+            quant=QuantConfig(kind, 32, accuracy_level=0, tied_embeddings=tied)))
+        sizes[tied] = sum(f.stat().st_size for f in (tmp_path / str(tied)).glob("*.data"))
+    assert abs(sizes[False] - sizes[True] - (vocab * hidden * 4 - quantized)) <= 2 * 64
+    # The reference: the table's dequantized values, kept apart from the float head.
+    model = load_hf_model(hf_dir)
+    with torch.no_grad():
+        table = model.get_input_embeddings().weight.numpy().copy()
+        model.config.tie_word_embeddings = False
+        model.lm_head.weight = torch.nn.Parameter(torch.from_numpy(table))
+        model.model.embed_tokens.weight = torch.nn.Parameter(
+            torch.from_numpy(dequantized_table(table, kind)))
+    model.save_pretrained(tmp_path / "hf")
+    for f in hf_dir.iterdir():
+        if f.name.startswith("tokenizer"):
+            (tmp_path / "hf" / f.name).write_bytes(f.read_bytes())
+    export(tmp_path / "hf", tmp_path / "ref", ExportOptions(
+        chunks=(16,), max_context=128, show_progress=False,
+        quant=QuantConfig(kind, 32, accuracy_level=0, embeddings=False)))
+    ids = [1, 5, 9, 33, 70, 4, 18, 127, 0]
+    np.testing.assert_allclose(logits_at(tmp_path / "True", ids),
+                               logits_at(tmp_path / "ref", ids), rtol=1e-5, atol=1e-5)
