@@ -2,6 +2,7 @@
 
     python benchmarks/lm_head.py drift --families llama,qwen3,gemma3_text,lfm2
     python benchmarks/lm_head.py speed --rounds 3
+    python benchmarks/lm_head.py share
 
 `drift`: each family's random test fixture (tests/conftest.py) exported as fp32 and as int4
 with the LM head at int4 (`--quantize int4`, the default), int8 and float (`--lm-head`);
@@ -10,7 +11,10 @@ prompt, and the head's share alone: each head against the float head on the same
 body. `speed`: a SmolLM2-135M-shaped model (vocab 49152, hidden 576, 30 layers, tied:
 the head is 28 M of its 135 M weights) with random weights, int4 with each head; decode
 tokens/s after a 16-token prompt, the variants taking turns `--rounds` times (the machine's
-drift hits each alike), with the bundle sizes and what runs the head here.
+drift hits each alike), with the bundle sizes. `share`: an int4 table of Gemma 3 1B's
+half height (131072 x 1152) read by MatMulNBits and GatherBlockQuantized, as one shared
+initializer or two copies: file size and resident memory after load, each in a fresh process
+(why export/quantize.py keeps a tied table's quantized copy apart from the head's).
 """
 
 from __future__ import annotations
@@ -112,15 +116,74 @@ def speed(args, work: Path) -> None:
           f"{time.strftime('%Y-%m-%d %H:%M')}; load average {open('/proc/loadavg').read()[:14]})")
 
 
+def share_probe(mode: str, work: Path) -> None:
+    """One graph: MatMulNBits over an int4 [rows, blocks, 16] initializer and
+    GatherBlockQuantized over it (`shared`) or over a copy (`copy`); prints the data file's
+    size and the RSS a session adds at load and after one run."""
+    import onnx
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    rows, width, block = 131072, 1152, 32
+    blocks = width // block
+    rng = np.random.default_rng(0)
+    data = rng.integers(0, 256, (rows, blocks, block // 2), dtype=np.uint8)
+    scales = rng.random((rows, blocks), dtype=np.float32)
+    weights = [numpy_helper.from_array(data, "w"), numpy_helper.from_array(scales.ravel(), "s"),
+               numpy_helper.from_array(scales.reshape(rows, blocks, 1), "s3")]
+    if mode == "copy":
+        weights.append(numpy_helper.from_array(data, "w2"))
+    nodes = [helper.make_node("MatMulNBits", ["x", "w", "s"], ["y"], domain="com.microsoft",
+                              K=width, N=rows, bits=4, block_size=block, accuracy_level=4),
+             helper.make_node("GatherBlockQuantized", ["w2" if mode == "copy" else "w", "ids",
+                                                       "s3"], ["e"], domain="com.microsoft",
+                              gather_axis=0, quantize_axis=2, block_size=block, bits=4)]
+    graph = helper.make_graph(
+        nodes, "probe", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, width]),
+                         helper.make_tensor_value_info("ids", TensorProto.INT64, [2])],
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("y", "e")],
+        weights)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21),
+                                                    helper.make_opsetid("com.microsoft", 1)])
+    path = work / f"{mode}.onnx"
+    onnx.save(model, path, save_as_external_data=True, location=f"{mode}.data",
+              size_threshold=1024)
+    del data, weights, model, graph
+
+    def rss_mb() -> float:
+        return int(Path("/proc/self/status").read_text().split("VmRSS:")[1].split()[0]) / 1024
+
+    before = rss_mb()
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    loaded = rss_mb() - before
+    session.run(None, {"x": np.ones((1, width), np.float32), "ids": np.array([3, 7])})
+    size = (work / f"{mode}.data").stat().st_size / 1e6
+    print(f"{mode:7} file {size:6.1f} MB, RSS +{loaded:.0f} MB after load, "
+          f"+{rss_mb() - before:.0f} MB after a run", flush=True)
+
+
+def share(args, work: Path) -> None:
+    import subprocess
+
+    for mode in ("copy", "shared"):
+        subprocess.run([sys.executable, __file__, "share-probe", "--mode", mode,
+                        "--work", str(work)], check=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("what", choices=("drift", "speed"))
+    parser.add_argument("what", choices=("drift", "speed", "share", "share-probe"))
+    parser.add_argument("--mode", default="copy")  # share-probe's (one process per mode)
+    parser.add_argument("--work", type=Path, default=None)
     parser.add_argument("--families", default="llama,qwen3,gemma3_text,lfm2,qwen3_5_text")
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
+    if args.what == "share-probe":
+        share_probe(args.mode, args.work)
+        return
     with tempfile.TemporaryDirectory() as tmp:
-        (drift if args.what == "drift" else speed)(args, Path(tmp))
+        {"drift": drift, "speed": speed, "share": share}[args.what](args, Path(tmp))
 
 
 if __name__ == "__main__":
