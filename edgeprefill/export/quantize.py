@@ -19,7 +19,7 @@ head's very values where the two share a kind (same blocks, same per-row int8 sc
 initializer for both is possible for int4 (GatherBlockQuantized reads MatMulNBits' [rows,
 blocks, block/2] bytes with quantize_axis 2, given its own [rows, blocks, 1] scales, as
 MatMulNBits refuses rank-3 scales), but ONNX Runtime then holds it whole beside the head's
-repacked copy: on a 131072 x 1152 table one shared initializer measured 72 MB less on disk
+repacked copy: on a 131072 x 1152 table one shared initializer measured 76 MB less on disk
 and 72 MB more resident after load than two (docs/benchmarks.md), so the copies stay apart,
 as the float ones do (decoder._lm_head). GPT-2's learned position table stays float (small).
 Gemma 4's per-layer-input table ([vocab, layers x 256], the largest tensor of E2B) is always
