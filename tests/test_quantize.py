@@ -189,18 +189,22 @@ def test_a_quantized_embedding_shrinks_the_bundle_by_the_tables_float_bytes(
     assert abs(saved - (vocab * hidden * 4 - quantized)) <= 2 * 64  # writer.ALIGN_SMALL, each
 
 
-def int8_head_reference(model, head: np.ndarray) -> None:
-    """Makes `model`'s LM head compute what an int8 head's DynamicQuantizeMatMul does: its
-    own Linear (a tied one is untied) on the per-channel int8 weights, and its input
-    quantized on the fly to uint8 with one scale and zero point, as ONNX Runtime's MLAS does
-    (range widened to hold 0, round half to even). Per position: the bundle's head reads
-    one row per sequence, transformers' every position."""
+def int8_head_reference(model, head: np.ndarray, symmetric: bool) -> None:
+    """Makes `model`'s LM head compute what an int8 head does: its own Linear (a tied one is
+    untied) on the per-channel int8 weights, and its input quantized on the fly per
+    position (the bundle's head reads one row per sequence, transformers' every position):
+    `symmetric`, as the native MatMulInt8 does (codes -127..127, the row's largest magnitude
+    / 127), else as ONNX Runtime's DynamicQuantizeMatMul does (uint8 with a zero point, the
+    range widened to hold 0); both round half to even."""
     q, scale = int8_per_channel(head.T)
     linear = torch.nn.Linear(head.shape[1], head.shape[0], bias=False)
     linear.weight.data = torch.from_numpy((q * scale).T.copy())
 
     def fake_quantized(module, args):
         x = args[0]
+        if symmetric:
+            step = x.abs().amax(dim=-1, keepdim=True) / 127
+            return torch.round(x / step) * step,
         low = x.amin(dim=-1, keepdim=True).clamp(max=0)
         high = x.amax(dim=-1, keepdim=True).clamp(min=0)
         step = (high - low) / 255
@@ -211,9 +215,15 @@ def int8_head_reference(model, head: np.ndarray) -> None:
     model.lm_head = linear
 
 
+def native_int8(bundle_dir) -> bool:
+    """Whether the bundle's int8 projections load as the native MatMulInt8 here (VNNI)."""
+    with Engine.load(bundle_dir, threads=2, background=False) as engine:
+        return engine.backend.int8_rows.rewritten > 0
+
+
 def test_an_int8_head_and_a_quantized_tied_table_in_an_int4_bundle(hf_model, tmp_path):
     """`--lm-head int8 --embeddings all`: the int4 bundle's head computes with per-channel
-    int8 weights (and int8 activations), its tied table is read quantized (int4, as the
+    int8 weights (and int8 activations, by whichever op runs it here), its tied table is read quantized (int4, as the
     projections), its projections stay int4: transformers with those dequantized weights,
     the head and table untied, computes the same logits."""
     hf_dir = hf_model("llama-tied-llama3rope")
@@ -229,7 +239,7 @@ def test_an_int8_head_and_a_quantized_tied_table_in_an_int4_bundle(hf_model, tmp
                 w = module.weight.numpy()
                 module.weight.copy_(torch.from_numpy(int4_dequantize(*int4_blockwise(w, 32),
                                                                      w.shape[1])))
-        int8_head_reference(model, table)
+        int8_head_reference(model, table, symmetric=native_int8(tmp_path / "b"))
         model.model.embed_tokens.weight = torch.nn.Parameter(
             torch.from_numpy(dequantized_table(table, "int4")))
         expected = model(torch.tensor([ids])).logits[0, -1].numpy()
