@@ -59,8 +59,8 @@ class QuantConfig:
     # A tied table quantized too, its own copy beside the head's (off: it stays float)
     tied_embeddings: bool = False
     # The LM head's weights: None is the bundle's kind. int8 in an int4 bundle, as llama.cpp
-    # keeps its Q4 files' output matrix at Q6_K/Q8_0: int4 alone moved the logits by
-    # 0.09-0.12 of the largest (docs/benchmarks.md, "The LM head at int8").
+    # keeps its Q4 files' output matrix at Q6_K/Q8_0: int4 alone moved the random fixtures'
+    # logits by 0.085-0.133 of the largest, int8 by 0.007-0.012 (docs/benchmarks.md, stop 40).
     head: str | None = None
 
     def __post_init__(self) -> None:
