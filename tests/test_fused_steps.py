@@ -379,3 +379,22 @@ def test_inspect_agrees_with_the_backend_where_some_attention_stays_stock(bundle
     assert "two calls" in steps(bundle("qwen2"))
     out = CliRunner().invoke(cli, ["inspect", str(bundle("qwen2"))]).output
     assert "some attention layers stay GroupQueryAttention" in out
+
+
+@pytest.mark.parametrize("family", ["gemma2", "granite"])
+def test_the_lm_head_is_found_behind_the_ops_after_it(hf_model, tmp_path, family):
+    """fusing.lm_head walks back from the logits through a soft-cap (Gemma 2) or a logits
+    scaling (Granite) to the head's node, which `quantized_ops` treats apart."""
+    import onnx
+
+    from edgeprefill.engines.ort.fusing import lm_head
+    from edgeprefill.export.exporter import ExportOptions, export
+    from edgeprefill.export.quantize import QuantConfig
+
+    export(hf_model(family), tmp_path, ExportOptions(
+        chunks=(16,), max_context=64, show_progress=False, overwrite=True,
+        quant=QuantConfig("int4", head="int8")))
+    graph = onnx.load(tmp_path / "model.onnx", load_external_data=False).graph
+    head = lm_head(graph)
+    assert head is not None and head.op_type == "DynamicQuantizeMatMul"
+    assert head.input[1] == "lm_head.int8"

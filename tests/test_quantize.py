@@ -223,9 +223,9 @@ def native_int8(bundle_dir) -> bool:
 
 def test_an_int8_head_and_a_quantized_tied_table_in_an_int4_bundle(hf_model, tmp_path):
     """`--lm-head int8 --embeddings all`: the int4 bundle's head computes with per-channel
-    int8 weights (and int8 activations, by whichever op runs it here), its tied table is read quantized (int4, as the
-    projections), its projections stay int4: transformers with those dequantized weights,
-    the head and table untied, computes the same logits."""
+    int8 weights (and int8 activations, by whichever op runs it here), its tied table is
+    read quantized (int4, as the projections), its projections stay int4: transformers with
+    those dequantized weights, the head and table untied, computes the same logits."""
     hf_dir = hf_model("llama-tied-llama3rope")
     export(hf_dir, tmp_path / "b", ExportOptions(
         chunks=(16,), max_context=128, show_progress=False,
