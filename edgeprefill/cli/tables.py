@@ -2,7 +2,7 @@
 its graph (so bundles exported before `--lm-head` and `--embeddings all` are described too).
 
 The token tables are the Gather / GatherBlockQuantized nodes on an initializer whose
-indices come from `input_ids` (the main table, Gemma 4's per-layer one; not GPT-2's
+indices come from the ids input (the main table, Gemma 4's per-layer one; not GPT-2's
 positions). The LM head is the node reading the initializer the exporter names
 `lm_head.weight` (float Gemm), `lm_head.int8` (DynamicQuantizeMatMul) or `lm_head.int4`
 (MatMulNBits): export/decoder.py's `_lm_head`.
@@ -11,6 +11,8 @@ positions). The LM head is the node reading the initializer the exporter names
 from __future__ import annotations
 
 from onnx import GraphProto, NodeProto, TensorProto, helper
+
+from edgeprefill.contract import INPUT_IDS
 
 HEAD_WEIGHTS = ("lm_head.weight", "lm_head.int8", "lm_head.int4")
 TABLE_OPS = ("Gather", "GatherBlockQuantized")
@@ -49,7 +51,7 @@ def embeddings_line(graph: GraphProto) -> str:
 
 def token_tables(graph: GraphProto, initializers: dict[str, TensorProto]) -> list[NodeProto]:
     """The Gathers of an initializer's rows at the token ids, in graph order."""
-    from_ids, tables = {"input_ids"}, []
+    from_ids, tables = {INPUT_IDS}, []
     for node in graph.node:
         if (node.op_type in TABLE_OPS and node.input[0] in initializers
                 and node.input[1] in from_ids):
