@@ -559,8 +559,8 @@ def fake_engine(bundle, monkeypatch):
 
 @pytest.fixture(scope="session")
 def quantized(hf_model, tmp_path_factory):
-    """kind ("int8", "int4") -> the llama test model exported with those weights (chunks 16
-    and 64, 512 positions), once per run."""
+    """kind ("int8", "int4"; "int4/int8": an int8 LM head) -> the llama test model exported
+    with those weights (chunks 16 and 64, 512 positions), once per run."""
     from edgeprefill.export.exporter import ExportOptions, export
     from edgeprefill.export.quantize import QuantConfig
 
@@ -568,10 +568,11 @@ def quantized(hf_model, tmp_path_factory):
 
     def get(kind: str) -> Path:
         if kind not in made:
-            made[kind] = tmp_path_factory.mktemp(f"bundle-llama-{kind}")
+            weights, _, head = kind.partition("/")
+            made[kind] = tmp_path_factory.mktemp(f"bundle-llama-{weights}-{head}")
             export(hf_model("llama"), made[kind], ExportOptions(
                 chunks=(16, 64), max_context=512, show_progress=False, overwrite=True,
-                quant=QuantConfig(kind)))
+                quant=QuantConfig(weights, head=head or None)))
         return made[kind]
 
     return get

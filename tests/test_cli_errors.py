@@ -388,3 +388,52 @@ def test_export_embeddings_float_keeps_the_table_float_and_needs_quantize(hf_cop
         graph = onnx.load(out / "model.onnx", load_external_data=False).graph
         ops[embeddings] = sum(n.op_type == "GatherBlockQuantized" for n in graph.node)
     assert ops == {"quantized": 1, "float": 0}
+
+
+def test_export_lm_head_values_are_checked_in_one_line(hf_copy, tmp_path):
+    out = tmp_path / "b"
+    assert_one_line_error(cli("export", hf_copy, "-o", out, "--lm-head", "int8"),
+                          "--lm-head applies with --quantize")
+    assert_one_line_error(cli("export", hf_copy, "-o", out, "--quantize", "int8",
+                              "--lm-head", "int4"), "an int8 bundle's LM head is int8 or float")
+    refused = cli("export", hf_copy, "-o", out, "--quantize", "int4", "--lm-head", "int2")
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr
+    assert "'int2' is not one of 'int8', 'int4', 'float'" in refused.stderr
+    assert not out.exists()
+
+
+def inspect_lines(bundle) -> dict[str, str]:
+    """`inspect`'s embeddings and lm head lines, by their first word."""
+    shown = cli("inspect", bundle)
+    assert shown.returncode == 0, shown.stderr
+    return {line.split()[0]: line for line in shown.stdout.splitlines()
+            if line.startswith(("embeddings ", "lm head "))}
+
+
+def test_inspect_says_whether_the_tables_and_the_head_are_quantized(hf_copy, bundle,
+                                                                   tmp_path):
+    """One line each, read off the graph: a float bundle's, the default int4 bundle's of a
+    tied model (the table stays float), and with `--lm-head int8 --embeddings all`."""
+    assert inspect_lines(bundle("llama")) == {
+        "embeddings": "embeddings  model.embed_tokens.weight float32 (Gather)",
+        "lm": "lm head     float32 (Gemm)"}
+    from safetensors.numpy import load_file, save_file
+
+    config = json.loads((hf_copy / "config.json").read_text())
+    (hf_copy / "config.json").write_text(json.dumps({**config, "tie_word_embeddings": True}))
+    weights = load_file(hf_copy / "model.safetensors")
+    del weights["lm_head.weight"]  # tied: the head is the table
+    save_file(weights, hf_copy / "model.safetensors", metadata={"format": "pt"})
+    lines = {}
+    for name, options in (("int4", ()), ("mixed", ("--lm-head", "int8", "--embeddings", "all"))):
+        done = cli("export", hf_copy, "-o", tmp_path / name, "--quantize", "int4", *options,
+                   "--quiet")
+        assert done.returncode == 0, done.stderr
+        lines[name] = inspect_lines(tmp_path / name)
+    assert lines["int4"] == {
+        "embeddings": "embeddings  model.embed_tokens.weight float32 (Gather)",
+        "lm": "lm head     int4 (MatMulNBits, blocks of 32)"}
+    assert lines["mixed"]["embeddings"] == ("embeddings  model.embed_tokens.weight int4 "
+                                            "(GatherBlockQuantized, blocks of 32)")
+    assert lines["mixed"]["lm"].startswith(
+        "lm head     int8 (DynamicQuantizeMatMul, one scale per vocabulary row); here ")

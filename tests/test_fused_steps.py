@@ -192,6 +192,27 @@ def test_other_quantized_bundles_run_two_calls(quantized, library, monkeypatch, 
     assert tokens == run_mixed(path, fuse_steps=False)[0]
 
 
+@needs_int_kernels
+def test_an_int8_head_beside_int4_decode_projections(quantized, library, monkeypatch):
+    """`--lm-head int8`, every int4 row on MatMulInt4 (EDGEPREFILL_INT4_PREFILL=decode):
+    where MatMulInt8 runs the head (VNNI) it quantizes each row by itself, so its op differing
+    from the body's is no reason for two calls and a fused call is the separate calls bit for
+    bit; elsewhere the head stays ONNX Runtime's DynamicQuantizeMatMul, two calls, and
+    `inspect` says the same as the backend."""
+    path = quantized_backend(quantized, monkeypatch, "int4/int8", "decode")
+    engine = Engine.load(path, threads=2, background=False, kv_slots=4)
+    if int4_decode.cpu_has_vnni():
+        assert engine.backend.fuses_rows, engine.backend.why_not_fused
+        assert "in one call" in steps(path)
+        calls = fused_and_separate(engine.backend, [7, 140, 23, 20])
+        np.testing.assert_array_equal(calls.fused[:3], calls.decoded)
+        np.testing.assert_array_equal(calls.fused[3:], calls.prefilled)
+    else:
+        assert "ONNX Runtime's DynamicQuantizeMatMul" in engine.backend.why_not_fused
+        assert engine.backend.why_not_fused in steps(path)
+    engine.close()
+
+
 def test_stock_attention_runs_separate_calls(bundle, monkeypatch):
     """ONNX Runtime's GroupQueryAttention takes one row per call with a past: no fusing."""
     monkeypatch.setenv("EDGEPREFILL_KERNELS", "off")
@@ -358,3 +379,22 @@ def test_inspect_agrees_with_the_backend_where_some_attention_stays_stock(bundle
     assert "two calls" in steps(bundle("qwen2"))
     out = CliRunner().invoke(cli, ["inspect", str(bundle("qwen2"))]).output
     assert "some attention layers stay GroupQueryAttention" in out
+
+
+@pytest.mark.parametrize("family", ["gemma2", "granite"])
+def test_the_lm_head_is_found_behind_the_ops_after_it(hf_model, tmp_path, family):
+    """fusing.lm_head walks back from the logits through a soft-cap (Gemma 2) or a logits
+    scaling (Granite) to the head's node, which `quantized_ops` treats apart."""
+    import onnx
+
+    from edgeprefill.engines.ort.fusing import lm_head
+    from edgeprefill.export.exporter import ExportOptions, export
+    from edgeprefill.export.quantize import QuantConfig
+
+    export(hf_model(family), tmp_path, ExportOptions(
+        chunks=(16,), max_context=64, show_progress=False, overwrite=True,
+        quant=QuantConfig("int4", head="int8")))
+    graph = onnx.load(tmp_path / "model.onnx", load_external_data=False).graph
+    head = lm_head(graph)
+    assert head is not None and head.op_type == "DynamicQuantizeMatMul"
+    assert head.input[1] == "lm_head.int8"

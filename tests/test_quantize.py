@@ -187,3 +187,99 @@ def test_a_quantized_embedding_shrinks_the_bundle_by_the_tables_float_bytes(
         sizes[embeddings] = sum(f.stat().st_size for f in out.glob("*.data"))
     saved = sizes[False] - sizes[True]
     assert abs(saved - (vocab * hidden * 4 - quantized)) <= 2 * 64  # writer.ALIGN_SMALL, each
+
+
+def int8_head_reference(model, head: np.ndarray, symmetric: bool) -> None:
+    """Makes `model`'s LM head compute what an int8 head does: its own Linear (a tied one is
+    untied) on the per-channel int8 weights, and its input quantized on the fly per
+    position (the bundle's head reads one row per sequence, transformers' every position):
+    `symmetric`, as the native MatMulInt8 does (codes -127..127, the row's largest magnitude
+    / 127), else as ONNX Runtime's DynamicQuantizeMatMul does (uint8 with a zero point, the
+    range widened to hold 0); both round half to even."""
+    q, scale = int8_per_channel(head.T)
+    linear = torch.nn.Linear(head.shape[1], head.shape[0], bias=False)
+    linear.weight.data = torch.from_numpy((q * scale).T.copy())
+
+    def fake_quantized(module, args):
+        x = args[0]
+        if symmetric:
+            step = x.abs().amax(dim=-1, keepdim=True) / 127
+            return torch.round(x / step) * step,
+        low = x.amin(dim=-1, keepdim=True).clamp(max=0)
+        high = x.amax(dim=-1, keepdim=True).clamp(min=0)
+        step = (high - low) / 255
+        zero = torch.clamp(torch.round(-low / step), 0, 255)
+        return (torch.clamp(torch.round(x / step) + zero, 0, 255) - zero) * step,
+
+    linear.register_forward_pre_hook(fake_quantized)
+    model.lm_head = linear
+
+
+def native_int8(bundle_dir) -> bool:
+    """Whether the bundle's int8 projections load as the native MatMulInt8 here (VNNI)."""
+    with Engine.load(bundle_dir, threads=2, background=False) as engine:
+        return engine.backend.int8_rows.rewritten > 0
+
+
+def test_an_int8_head_and_a_quantized_tied_table_in_an_int4_bundle(hf_model, tmp_path):
+    """`--lm-head int8 --embeddings all`: the int4 bundle's head computes with per-channel
+    int8 weights (and int8 activations, by whichever op runs it here), its tied table is
+    read quantized (int4, as the projections), its projections stay int4: transformers with
+    those dequantized weights, the head and table untied, computes the same logits."""
+    hf_dir = hf_model("llama-tied-llama3rope")
+    export(hf_dir, tmp_path / "b", ExportOptions(
+        chunks=(16,), max_context=128, show_progress=False,
+        quant=QuantConfig("int4", 32, accuracy_level=0, tied_embeddings=True, head="int8")))
+    model = load_hf_model(hf_dir)
+    ids = [1, 5, 9, 33, 70, 4, 18]
+    with torch.no_grad():
+        table = model.get_input_embeddings().weight.numpy().copy()
+        for name, module in model.named_modules():
+            if isinstance(module, torch.nn.Linear) and name != "lm_head":
+                w = module.weight.numpy()
+                module.weight.copy_(torch.from_numpy(int4_dequantize(*int4_blockwise(w, 32),
+                                                                     w.shape[1])))
+        int8_head_reference(model, table, symmetric=native_int8(tmp_path / "b"))
+        model.model.embed_tokens.weight = torch.nn.Parameter(
+            torch.from_numpy(dequantized_table(table, "int4")))
+        expected = model(torch.tensor([ids])).logits[0, -1].numpy()
+    got = logits_at(tmp_path / "b", ids)
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4 * np.abs(expected).max())
+
+
+@pytest.mark.parametrize("kind", ["int8", "int4"])
+def test_a_quantized_tied_table_shrinks_the_bundle_and_reads_the_heads_values(
+        hf_model, tmp_path, kind):
+    """`--embeddings all` on a tied model: the table, float by default, is stored quantized
+    (its own copy beside the head's), the bundle smaller by the table's float bytes less its
+    quantized ones, and its rows are the head's dequantized rows: exported from a checkpoint
+    holding those values, the float-table bundle gives the same logits."""
+    hf_dir = hf_model("llama-tied-llama3rope")
+    vocab, hidden = 128, 64
+    quantized = vocab * hidden + vocab * 4 if kind == "int8" else (
+        vocab * hidden // 2 + vocab * (hidden // 32) * 4)
+    sizes = {}
+    for tied in (True, False):
+        export(hf_dir, tmp_path / str(tied), ExportOptions(
+            chunks=(16,), max_context=128, show_progress=False,
+            quant=QuantConfig(kind, 32, accuracy_level=0, tied_embeddings=tied)))
+        sizes[tied] = sum(f.stat().st_size for f in (tmp_path / str(tied)).glob("*.data"))
+    assert abs(sizes[False] - sizes[True] - (vocab * hidden * 4 - quantized)) <= 2 * 64
+    # The reference: the table's dequantized values, kept apart from the float head.
+    model = load_hf_model(hf_dir)
+    with torch.no_grad():
+        table = model.get_input_embeddings().weight.numpy().copy()
+        model.config.tie_word_embeddings = False
+        model.lm_head.weight = torch.nn.Parameter(torch.from_numpy(table))
+        model.model.embed_tokens.weight = torch.nn.Parameter(
+            torch.from_numpy(dequantized_table(table, kind)))
+    model.save_pretrained(tmp_path / "hf")
+    for f in hf_dir.iterdir():
+        if f.name.startswith("tokenizer"):
+            (tmp_path / "hf" / f.name).write_bytes(f.read_bytes())
+    export(tmp_path / "hf", tmp_path / "ref", ExportOptions(
+        chunks=(16,), max_context=128, show_progress=False,
+        quant=QuantConfig(kind, 32, accuracy_level=0, embeddings=False)))
+    ids = [1, 5, 9, 33, 70, 4, 18, 127, 0]
+    np.testing.assert_allclose(logits_at(tmp_path / "True", ids),
+                               logits_at(tmp_path / "ref", ids), rtol=1e-5, atol=1e-5)

@@ -20,7 +20,8 @@ def inspect(bundle, verify, as_json):
     Example:
       edgeprefill inspect build/tiny-recall --verify
     """
-    from edgeprefill.bundle import load_manifest
+    from edgeprefill.bundle import load_graph, load_manifest
+    from edgeprefill.cli.tables import embeddings_line, head_kind
     from edgeprefill.kernels.select import (
         NATIVE,
         NO_ATTENTION,
@@ -55,6 +56,8 @@ def inspect(bundle, verify, as_json):
     if native and taken == "some":  # e.g. sliding-window layers keep GroupQueryAttention
         kernels = f"{kernels}; some attention layers stay {STOCK}"
     bf16_kv = _bf16_kv_here(native and taken == "every")
+    proto = load_graph(Path(bundle), m).graph  # checked: a corrupt graph is one line
+    head = head_kind(proto)  # "int8" in an int4 bundle exported with --lm-head int8
     lines = [
         f"bundle      {bundle}",
         f"model       {model.family}: {model.num_layers} layers, hidden {model.hidden_size}, "
@@ -63,16 +66,18 @@ def inspect(bundle, verify, as_json):
         f"quirks      {'; '.join(m.source.get('quirks') or ['none (plain Llama layout)'])}",
         f"graph       {graph.file} ({graph.flavor} flavour, {graph.dtype}, opsets "
         f"{json.dumps(graph.opsets)})",
+        embeddings_line(proto),
+        _head_line(proto, graph, native),
         f"chunks      {', '.join(map(str, m.chunks))} tokens",
         f"max context {m.max_context} tokens",
         f"kernels     {kernels} on this machine's CPU",
         *_int4_prefill_line(graph, native),
         *_int8_line(graph, native),
-        *_compute_line(graph, native, stock_attention, bf16_kv),
+        *_compute_line(graph, native, stock_attention, bf16_kv, head),
         _kv_line(m, bf16_kv),
         *_state_line(m),
         *_shared_kv_line(m.model),
-        _steps_line(graph, native, any_stock_attention, taken == "every"),
+        _steps_line(graph, native, any_stock_attention, taken == "every", head),
         *_derived_line(bundle, m),
         f"eos ids     {eos}",
         f"sampling    {defaults.describe()}  (generation_config.json; requests may override)",
@@ -136,6 +141,19 @@ def _state_line(manifest) -> list[str]:
     return [f"state       layers {', '.join(map(str, m.state_layers))} carry a recurrent "
             f"state {how} ({shapes} per slot and layer); a slot's cache is reused "
             "whole or up to a snapshot of its states"]
+
+
+def _head_line(proto, graph, native: bool) -> str:
+    """The LM head's weights (cli/tables.py), and where an int8 head sits in an int4 bundle
+    (`--lm-head int8`), what runs it here (engines.ort.int8_rows, as for int8 bundles)."""
+    from edgeprefill.cli.tables import head_kind, head_line
+
+    line = head_line(proto)
+    if head_kind(proto) == "int8" and graph.quantization != "int8":
+        from edgeprefill.engines.ort.int8_rows import describe as describe_int8
+
+        line += f"; here {describe_int8(native)}"
+    return line
 
 
 def _int4_prefill_line(graph, native: bool) -> list[str]:
@@ -208,7 +226,8 @@ def _recurrent_layers(bundle, manifest) -> tuple[int, int]:
     return delta_scans(graph), mamba2_scans(graph)
 
 
-def _steps_line(graph, native: bool, stock_attention: bool, kernels_take_it: bool) -> str:
+def _steps_line(graph, native: bool, stock_attention: bool, kernels_take_it: bool,
+                head: str | None) -> str:
     """Whether a step's prefill chunk and decode rows can share one call here: what the
     backend decides (engines/ort/fusing.py), with the attention that runs here and the
     projections the load-time rewrites would run (`kernels_take_it`: the native kernels
@@ -217,7 +236,7 @@ def _steps_line(graph, native: bool, stock_attention: bool, kernels_take_it: boo
     from edgeprefill.errors import BackendError
 
     try:
-        projections = _quantized_ops(graph, native)
+        projections = _quantized_ops(graph, native, head)
     except BackendError as err:  # a refused switch: its own line says it too
         return f"steps       {err}"
     why = why_not(graph, stock_attention, projections, kernels_take_it)
@@ -229,12 +248,15 @@ def _steps_line(graph, native: bool, stock_attention: bool, kernels_take_it: boo
             f"where the native kernels take every attention layer{rows})")
 
 
-def _quantized_ops(graph, native: bool) -> set[str]:
+def _quantized_ops(graph, native: bool, head: str | None) -> set[str]:
     """The quantized projections' op types a load would run here (what the backend reads
-    off its rewritten graph: engines.ort.fusing.quantized_ops)."""
+    off its rewritten graph: engines.ort.fusing.quantized_ops, where an LM head counts
+    only as a stock op: an int8 one in an int4 bundle where MatMulInt8 does not run)."""
     from edgeprefill.engines.ort import int4_decode, int4_prefill, int8_rows
 
     per_row = int8_rows.why_not(native) is None  # MatMulInt8 runs
+    if head == "int8" and graph.quantization == "int4" and not per_row:
+        return {"DynamicQuantizeMatMul"} | _quantized_ops(graph, native, None)
     if graph.quantization == "int8":
         return {"MatMulInt8" if per_row else "DynamicQuantizeMatMul"}
     if graph.quantization != "int4":
@@ -277,10 +299,13 @@ def _kv_line(manifest, bf16: bool) -> str:
     return line
 
 
-def _compute_line(graph, native: bool, stock_attention: bool, kv_cache: bool) -> list[str]:
+def _compute_line(graph, native: bool, stock_attention: bool, kv_cache: bool,
+                  head: str | None) -> list[str]:
     """What `--compute bf16` would run here (engines.ort.bf16_compute): the projections of a
-    float32 bundle, the prefill attention of any bundle the native kernels take, and the KV
-    cache where `kv_cache` (_bf16_kv_here)."""
+    float32 bundle (a quantized bundle's float32 LM head, `--lm-head float`, too), the
+    prefill attention of any bundle the native kernels take, and the KV cache where
+    `kv_cache` (_bf16_kv_here)."""
+    floats = not graph.quantization or head == "float32"
     if graph.dtype != "float32" or graph.flavor != "ort":
         return []
     from edgeprefill.engines.ort.bf16_compute import describe_bf16
@@ -290,9 +315,9 @@ def _compute_line(graph, native: bool, stock_attention: bool, kv_cache: bool) ->
     if not native:  # what the load refuses (the kernels line says why they do not run)
         return [f"compute     {default}; --compute bf16 needs the native kernels, which do "
                 "not run here"]
-    if stock_attention and graph.quantization:  # what the load refuses
+    if stock_attention and not floats:  # what the load refuses
         return [f"compute     {default}; --compute bf16: nothing to run in bf16 here (the "
                 f"quantized projections as exported, the attention {STOCK})"]
-    bf16 = describe_bf16(projections=not graph.quantization,
+    bf16 = describe_bf16(projections=floats,
                          attention=native and not stock_attention, kv_cache=kv_cache)
     return [f"compute     {default}; --compute bf16: {bf16}, needs the native kernels"]

@@ -528,11 +528,13 @@ class DecoderBuilder:
 
     def _embed(self, ids: str) -> str:
         """The tokens' rows of the embedding table: quantized with the weights where the
-        table is its own; a tied one stays float (quantize.py's docstring says why)."""
+        table is its own; a tied one stays float unless QuantConfig.tied_embeddings
+        (quantize.py's docstring says why)."""
         name = embedding_weight(self.ckpt, self.cfg)
         self._check_vocab_shape(name)
         untied = head_weight(self.ckpt, self.cfg) != name
-        return self.w.rows(name, self.tokens.indices(ids), quantize=untied)
+        quantize = untied or (self.quant is not None and self.quant.tied_embeddings)
+        return self.w.rows(name, self.tokens.indices(ids), quantize=quantize)
 
     def _position_embedding(self, name: str, past_lens: str, chunk: str) -> str:
         """Each token's row of the learned position table (GPT-2's `wpe`), as the tokens
@@ -576,11 +578,12 @@ class DecoderBuilder:
         bias = None
         if self.cfg.spec.lm_head_bias:
             bias = self.w.resolve(tuple(h + ".bias" for h in self.names.lm_head))
-        if self.quant is not None:
+        if self.quant is not None and self.quant.head_kind != "float":
             vocab, hidden_size = self.w.shape(name)
             def out_in():
                 return self.ckpt.get(name, np.float32)
-            logits = self.w.quantized_matmul(hidden, "lm_head", hidden_size, vocab, out_in)
+            logits = self.w.quantized_matmul(hidden, "lm_head", hidden_size, vocab, out_in,
+                                             self.quant.head_kind)
             return logits if bias is None else self.g.op("Add", [logits, self.w.tensor(bias)])
         head = self.g.weight("lm_head.weight", self.w.shape(name), self.dtype,
                              lambda: self.ckpt.get(name, self.dtype))

@@ -7,25 +7,28 @@
 - int4: blockwise symmetric 4-bit weights (`com.microsoft.MatMulNBits`), activations in
   float: an eighth of the fp32 bytes per decode step, the decode (bandwidth) lever.
 
-Every projection (`GraphWeights.linear`) and the LM head is quantized, and so are the
-embedding tables a Gather reads (`com.microsoft.GatherBlockQuantized`, which dequantizes only
-the rows it gathers; `QuantConfig.embeddings` False keeps them float): int4 in the
-projections' blocks (the same packing, as [rows, width/2] bytes), int8 with one scale per
-row (as int8 projections have per output channel), both as uint8 with the op's implicit zero
-point (8, 128). The main table is quantized where it is untied. A tied one stays float in its
-Gather for now: the LM head already holds its own quantized copy (decoder._lm_head keeps the
-two apart; the two ops take the same bytes in different shapes, and ONNX Runtime repacks a
-MatMulNBits weight at load, so one initializer shared by both would likely be held twice),
-and a quantized Gather copy would dequantize to the head's very
-values (same blocks, same per-row int8 scale), which is left to do. GPT-2's learned
-position table stays float (small). Gemma 4's per-layer-input table
-([vocab, layers x 256], the largest tensor of E2B) is always its own, always quantized. The
-norms, biases and the state layers' own small tensors stay float: the short-conv and
-DeltaNet conv kernels, A_log and dt_bias (llama.cpp keeps these too: conv1d and 1-D
-tensors). The DeltaNet's gate projections `in_proj_a`/`in_proj_b` are quantized with the
-rest (ONNX Runtime GenAI keeps them dense): keeping them float changed the logits' drift
-from fp32 by under 5%, either way, on the test fixtures and on wider ones scaled like
-trained weights.
+Every projection (`GraphWeights.linear`) and the LM head is quantized (the head at int8 or
+float instead where `QuantConfig.head` says), and so are the embedding tables a Gather reads
+(`com.microsoft.GatherBlockQuantized`, which dequantizes only the rows it gathers;
+`QuantConfig.embeddings` False keeps them float): int4 in the projections' blocks (the same
+packing, as [rows, width/2] bytes), int8 with one scale per row (as int8 projections have
+per output channel), both as uint8 with the op's implicit zero point (8, 128). The main
+table is quantized where it is untied. A tied one stays float in its Gather unless
+`QuantConfig.tied_embeddings`: then it gets its own quantized copy, which dequantizes to the
+head's very values where the two share a kind (same blocks, same per-row int8 scale). One
+initializer for both is possible for int4 (GatherBlockQuantized reads MatMulNBits' [rows,
+blocks, block/2] bytes with quantize_axis 2, given its own [rows, blocks, 1] scales, as
+MatMulNBits refuses rank-3 scales), but ONNX Runtime then holds it whole beside the head's
+repacked copy: on a 131072 x 1152 table one shared initializer measured 76 MB less on disk
+and 72 MB more resident after load than two (docs/benchmarks.md), so the copies stay apart,
+as the float ones do (decoder._lm_head). GPT-2's learned position table stays float (small).
+Gemma 4's per-layer-input table ([vocab, layers x 256], the largest tensor of E2B) is always
+its own, always quantized. The norms, biases and the state layers' own small tensors stay
+float: the short-conv and DeltaNet conv kernels, A_log and dt_bias (llama.cpp keeps these
+too: conv1d and 1-D tensors). The DeltaNet's gate projections `in_proj_a`/`in_proj_b` are
+quantized with the rest (ONNX Runtime GenAI keeps them dense): keeping them float changed
+the logits' drift from fp32 by under 5%, either way, on the test fixtures and on wider ones
+scaled like trained weights.
 The hybrids' larger drift on the fixtures is the model's (transformers with the same
 dequantized weights computes the same logits, tests/test_quantize.py), mostly through the
 DeltaNet's in_proj_qkv.
@@ -40,6 +43,7 @@ import numpy as np
 from edgeprefill.errors import ExportError
 
 KINDS = ("int8", "int4")
+HEADS = ("int8", "int4", "float")  # the LM head's weights (QuantConfig.head)
 
 
 @dataclass(frozen=True)
@@ -52,14 +56,33 @@ class QuantConfig:
     accuracy_level: int = 4
     # Untied embedding tables (and Gemma 4's per-layer one) quantized too (GatherBlockQuantized)
     embeddings: bool = True
+    # A tied table quantized too, its own copy beside the head's (off: it stays float)
+    tied_embeddings: bool = False
+    # The LM head's weights: None is the bundle's kind. int8 in an int4 bundle, as llama.cpp
+    # keeps its Q4 files' output matrix at Q6_K/Q8_0: int4 alone moved the random fixtures'
+    # logits by 0.085-0.133 of the largest, int8 by 0.007-0.012 (docs/benchmarks.md, stop 40).
+    head: str | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise ExportError(f"unknown quantization {self.kind!r}; choose one of: int8, int4")
+        if self.head is not None and self.head not in HEADS:
+            raise ExportError(f"unknown LM head {self.head!r}; choose one of: "
+                              f"{', '.join(HEADS)}")
+        if self.kind == "int8" and self.head == "int4":
+            raise ExportError("an int8 bundle's LM head is int8 or float (an int4 head needs "
+                              "--quantize int4)")
+        if self.tied_embeddings and not self.embeddings:
+            raise ExportError("a tied embedding table is quantized only with the others")
         if self.block_size not in (16, 32, 64, 128, 256):
             raise ExportError(f"int4 block size must be 16..256, a power of 2: {self.block_size}")
         if self.accuracy_level not in (0, 1, 2, 3, 4):
             raise ExportError(f"accuracy level must be 0..4, got {self.accuracy_level}")
+
+    @property
+    def head_kind(self) -> str:
+        """The LM head's weights: "int8", "int4" or "float"."""
+        return self.head or self.kind
 
 
 def int8_per_channel(w_in_out: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

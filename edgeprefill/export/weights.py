@@ -62,9 +62,12 @@ class GraphWeights:
             return g.op("MatMul", [x, g.weight(name, (in_dim, out_dim), self.dtype, produce)])
         return self.quantized_matmul(x, name, in_dim, out_dim, out_in)
 
-    def quantized_matmul(self, x: str, name: str, k: int, n: int, out_in) -> str:
+    def quantized_matmul(self, x: str, name: str, k: int, n: int, out_in,
+                         kind: str | None = None) -> str:
+        """x @ W^T with W quantized as `kind` (default: the bundle's; the LM head's may
+        differ, QuantConfig.head)."""
         g, q = self.g, self.quant
-        if q.kind == "int8":
+        if (kind or q.kind) == "int8":
             parts = self.memoized(name, lambda: int8_per_channel(out_in().T))
             weight = g.weight(name + ".int8", (k, n), np.int8, lambda: parts()[0])
             scale = g.weight(name + ".scale", (n,), np.float32, lambda: parts()[1])

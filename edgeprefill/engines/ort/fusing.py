@@ -29,9 +29,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 
-from onnx import GraphProto, ModelProto
+from onnx import GraphProto, ModelProto, NodeProto
 
 from edgeprefill.bundle import GraphInfo
+from edgeprefill.contract import LOGITS
 from edgeprefill.kernels.graph import every_node
 
 PER_ROW = ("MatMulInt8", "MatMulInt4")  # native: each row quantized on its own, int32 sums
@@ -75,8 +76,31 @@ def _why_not_quantized(quantization: str, ops: set[str]) -> str | None:
 
 
 def quantized_ops(graph: ModelProto) -> set[str]:
-    """The quantized projections' op types left in `graph` after the load-time rewrites."""
-    return set(_op_types(graph.graph)) & {*PER_ROW, *STOCK_QUANTIZED}
+    """The quantized projections' op types left in `graph` after the load-time rewrites.
+    The LM head counts only where it is a stock op: a native one computes each of its rows
+    (one per sequence) by itself in any call, so an int8 head (MatMulInt8) beside an int4
+    body (`--lm-head int8`) changes no row's numbers in a fused call, though its op differs
+    from the body's."""
+    quantized = {*PER_ROW, *STOCK_QUANTIZED}
+    head = lm_head(graph.graph)
+    ops = {node.op_type for node in every_node(graph.graph)
+           if node.op_type in quantized and node is not head}
+    if head is not None and head.op_type in STOCK_QUANTIZED:
+        ops.add(head.op_type)
+    return ops
+
+
+PROJECTIONS = ("MatMul", "Gemm", "MatMulBf16", *PER_ROW, *STOCK_QUANTIZED)
+
+
+def lm_head(graph: GraphProto) -> NodeProto | None:
+    """The node computing the logits: back from the `logits` output through the ops after
+    the head (bias, scaling, soft-cap, a float16 graph's cast) to the first projection."""
+    producers = {out: node for node in graph.node for out in node.output}
+    node = producers.get(LOGITS)
+    while node is not None and node.op_type not in PROJECTIONS:
+        node = producers.get(node.input[0]) if node.input else None
+    return node
 
 
 def stock_attention(graph: ModelProto) -> bool:
