@@ -255,7 +255,7 @@ def test_attention_the_kernel_lacks_stays_group_query_attention():
                                 domain="com.microsoft", scale=0.25, **attrs)
 
     assert graph.eligible(gqa())
-    assert not graph.eligible(gqa(local_window_size=64))  # sliding window
+    assert graph.eligible(gqa(local_window_size=64))  # a sliding window: the kernels take it
     assert not graph.eligible(gqa(softcap=30.0))
     assert not graph.eligible(gqa(rotary_interleaved=1))
     assert not graph.eligible(gqa(num_heads=194, kv_num_heads=2))  # 97 heads per group
@@ -263,15 +263,18 @@ def test_attention_the_kernel_lacks_stays_group_query_attention():
     assert graph.add_native_attention(model) == 0
     # What inspect and --stats say then: why, in a user's words, each distinct reason once.
     assert graph.why_not_eligible(gqa(do_rotary=0)).startswith("attention without rotary")
-    assert graph.why_not_eligible(gqa(local_window_size=64)) == "a sliding window"
     sinks = gqa()
     sinks.input.extend(["", "", "sinks"])  # gpt-oss's head_sink, input 11
     assert not graph.eligible(sinks)
     assert graph.why_not_eligible(sinks) == "attention sinks"
     both = helper.make_model(helper.make_graph(
-        [gqa(softcap=30.0), gqa(local_window_size=8), gqa(softcap=50.0)], "g", [], []))
+        [gqa(softcap=30.0), gqa(rotary_interleaved=1), gqa(softcap=50.0)], "g", [], []))
     assert select.no_attention_reason(both) == \
-        f"{select.NO_ATTENTION}: soft-capped scores; a sliding window"
+        f"{select.NO_ATTENTION}: soft-capped scores; interleaved rotary"
+    # The window goes along to the kernel node (tests/test_sliding_window.py: its numbers).
+    window = graph.kernel_node(gqa(local_window_size=64), prefill=True)
+    assert graph.int_attribute(window, graph.WINDOW) == 64
+    assert graph.int_attribute(graph.kernel_node(gqa(), prefill=True), graph.WINDOW, -1) == -1
 
 
 def test_inspect_and_stats_say_which_attention_runs(library, bundle, mode):

@@ -18,7 +18,9 @@
 //          4 cos [P, D / 2] float, 5 sin [P, D / 2] float   rotary tables
 // Outputs: 0 out [B, 1, H * D] float, 1 present_key, 2 present_value (same shape as past;
 //          when bound to the past buffers nothing is copied, else the past is copied first)
-// Attributes: num_heads, kv_num_heads (int), scale (float).
+// Attributes: num_heads, kv_num_heads (int), scale (float), local_window_size (int,
+//          optional: GroupQueryAttention's sliding window, FirstKey in kernel_common.h; a
+//          row then reads only the window's keys).
 
 #include <algorithm>
 #include <cmath>
@@ -139,12 +141,13 @@ DecodeRows::DecodeRows(const Layout& layout, const float* qkv, std::vector<int64
   // pieces' sums are merged in their order, so a row's output is the same bits in any call.
   const int64_t wanted = std::max<int64_t>(1, (kTargetPieces + s.kv_heads - 1) / s.kv_heads);
   for (size_t i = 0; i < rows_.size(); ++i) {
-    const int64_t length = positions_[i] + 1;
+    const int64_t start = FirstKey(positions_[i], s.window), end = positions_[i] + 1;
+    const int64_t length = end - start;
     const int64_t count = std::max<int64_t>(1, std::min(wanted, length / kMinPiece));
     const int64_t step = (length + count - 1) / count;
     for (int64_t kv = 0; kv < s.kv_heads; ++kv)
-      for (int64_t begin = 0; begin < length; begin += step)
-        pieces_.push_back({static_cast<int64_t>(i), kv, begin, std::min(length, begin + step)});
+      for (int64_t begin = start; begin < end; begin += step)
+        pieces_.push_back({static_cast<int64_t>(i), kv, begin, std::min(end, begin + step)});
   }
   for (const Piece& piece : pieces_) longest_ = std::max(longest_, piece.end - piece.begin);
   scores_.resize(pieces_.size() * group * longest_);
@@ -502,8 +505,8 @@ OrtStatus* Compute(const Kernel& kernel, OrtKernelContext* context) {
 
   std::vector<int64_t> rows(s.rows), at(positions, positions + s.rows);
   for (int64_t row = 0; row < s.rows; ++row) rows[row] = row;  // row r's token is token r
-  DecodeRows work({heads, s.kv_heads, s.capacity, d, 2 * cos.dims[1], kernel.scale}, qkv.data,
-                  rows, rows, std::move(at), {keys, values, false}, cos.data, sin.data);
+  DecodeRows work({heads, s.kv_heads, s.capacity, d, 2 * cos.dims[1], kernel.scale, kernel.window},
+                  qkv.data, rows, rows, std::move(at), {keys, values, false}, cos.data, sin.data);
   ParallelFor(context, RunDecodePiece, work.Pieces(), &work);
   work.Finish(out);
   return nullptr;
