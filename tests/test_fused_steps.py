@@ -346,15 +346,16 @@ def test_a_failing_fused_call_ends_its_requests_not_the_engine(fusing_engine, mo
 
 
 def test_inspect_agrees_with_the_backend_where_some_attention_stays_stock(bundle, library):
-    # qwen2's sliding layers keep GroupQueryAttention: no step fuses, and inspect says so.
+    # smollm3's layer without rope keeps GroupQueryAttention: no step fuses, and inspect
+    # says so. (Sliding layers no longer do: tests/test_sliding_window.py.)
     from click.testing import CliRunner
 
     from edgeprefill.cli.main import cli
 
-    engine = Engine.load(bundle("qwen2"), threads=1, background=False, warm_up=False)
+    engine = Engine.load(bundle("smollm3"), threads=1, background=False, warm_up=False)
     fuses = engine.backend.fuses_rows
     engine.close()
     assert not fuses
-    assert "two calls" in steps(bundle("qwen2"))
-    out = CliRunner().invoke(cli, ["inspect", str(bundle("qwen2"))]).output
+    assert "two calls" in steps(bundle("smollm3"))
+    out = CliRunner().invoke(cli, ["inspect", str(bundle("smollm3"))]).output
     assert "some attention layers stay GroupQueryAttention" in out
