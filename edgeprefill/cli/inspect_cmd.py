@@ -52,7 +52,7 @@ def inspect(bundle, verify, as_json):
         layers = _recurrent_layers(bundle, m)
         kernels = native_described(*layers) if kernels == NATIVE else \
             stock_described(unsupported, *layers)
-    if native and taken == "some":  # e.g. sliding-window layers keep GroupQueryAttention
+    if native and taken == "some":  # e.g. layers without rope keep GroupQueryAttention
         kernels = f"{kernels}; some attention layers stay {STOCK}"
     bf16_kv = _bf16_kv_here(native and taken == "every")
     lines = [
