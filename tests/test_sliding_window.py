@@ -35,10 +35,10 @@ def mode(monkeypatch):
 
 
 def stock_rows(window: int, qkv: np.ndarray, cache: list[np.ndarray], valid=None,
-               pasts: np.ndarray = PASTS) -> np.ndarray:
+               pasts: np.ndarray = PASTS, softcap: float = 0.0) -> np.ndarray:
     """GroupQueryAttention's output, each row run alone over its valid tokens (it takes
     several rows of a chunk only when all start at 0); `cache` is updated in place."""
-    stock = session(layer_model(False, HEAD_DIM, window=window), None, 2)
+    stock = session(layer_model(False, HEAD_DIM, window=window, softcap=softcap), None, 2)
     valid = np.full(len(pasts), qkv.shape[1]) if valid is None else valid
     out = np.zeros((len(pasts), qkv.shape[1], HEADS * HEAD_DIM), np.float32)
     for r, n in enumerate(valid):
@@ -121,10 +121,17 @@ def test_windowed_bundle_with_the_kernels_matches_transformers(
     assert backend.kernels.described == select.NATIVE  # every layer native, windowed too
     assert backend.why_not_fused is None  # so a step's chunk and decode rows are one call
     ids = prompt_ids(4 * window + 3)
-    expected = reference_logits(hf_model(family), ids)
+    check_chunks(backend, ids, reference_logits(hf_model(family), ids), chunk)
+
+
+def check_chunks(backend, ids: list[int], expected: np.ndarray, chunk: int) -> None:
+    """Runs `ids` in `chunk`-token chunks, its last `chunk` tokens one at a time (decode
+    steps), each call's last logits against `expected` (transformers')."""
     backend.allocate_kv(1, 256)
-    for start in range(0, len(ids), chunk):
-        part = ids[start:start + chunk]
+    tail = len(ids) - chunk
+    starts = list(range(0, tail, chunk)) + list(range(tail, len(ids)))
+    for start, end in zip(starts, starts[1:] + [len(ids)], strict=True):
+        part = ids[start:min(end, start + chunk)]
         logits = backend.run(StepBatch(np.array([part]), np.array([start], np.int32),
                                        np.array([len(part)], np.int32), 0))
         np.testing.assert_allclose(logits[0], expected[start + len(part) - 1],

@@ -181,7 +181,7 @@ def _derived_line(bundle, manifest) -> list[str]:
 
 def _attention_taken(bundle, manifest) -> tuple[str, str]:
     """Which of the bundle's attention nodes the native kernels take: "every", "some" or
-    "none" (Gemma 2's softcap, for one, keeps GroupQueryAttention), and where none, why."""
+    "none" (interleaved rotary, for one, keeps GroupQueryAttention), and where none, why."""
     from edgeprefill.bundle import load_graph
     from edgeprefill.kernels.select import (
         no_attention_reason,

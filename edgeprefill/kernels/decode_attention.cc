@@ -20,7 +20,8 @@
 //          when bound to the past buffers nothing is copied, else the past is copied first)
 // Attributes: num_heads, kv_num_heads (int), scale (float), local_window_size (int,
 //          optional: GroupQueryAttention's sliding window, FirstKey in kernel_common.h; a
-//          row then reads only the window's keys).
+//          row then reads only the window's keys), softcap (float, optional: each scaled
+//          score -> softcap tanh(score / softcap), soft_cap.h).
 
 #include <algorithm>
 #include <cmath>
@@ -30,6 +31,7 @@
 
 #include "decode_rows.h"
 #include "kernel_common.h"
+#include "soft_cap.h"
 
 namespace edgeprefill {
 namespace {
@@ -166,6 +168,13 @@ DecodeRows::PieceView<T> DecodeRows::View(size_t index) {
           piece.end - piece.begin};
 }
 
+// Each query head's n scores of a piece (rows of scores_, longest_ apart) soft-capped,
+// where the layer caps them (Gemma 2), before their softmax.
+void DecodeRows::CapScores(float* scores, int64_t group, int64_t n) const {
+  if (layout_.softcap <= 0.0f) return;
+  for (int64_t h = 0; h < group; ++h) SoftCap(scores + h * longest_, n, layout_.softcap);
+}
+
 // One parallel piece: a KV head of a row over positions [begin, end). It leaves, per query
 // head of the group, the running max, the sum of exponentials and the unnormalized output.
 template <typename T>
@@ -177,6 +186,7 @@ void DecodeRows::RunPiecePortable(size_t index) {
     const T* key = keys + j * d;
     for (int64_t h = 0; h < g; ++h) scores[h * longest_ + j] = Dot(q + h * d, key, d) * s.scale;
   }
+  CapScores(scores, g, n);
   for (int64_t h = 0; h < g; ++h) {
     float* row = scores + h * longest_;
     float top = row[0];
@@ -227,6 +237,7 @@ void DecodeRows::RunPieceAvx512(size_t index) {
       for (int c = 0; c < C; ++c) query[c] = _mm512_loadu_ps(q + h * d + 16 * c);
       scores[h * stride + j] = _mm512_reduce_add_ps(Dot16<C>(query, keys + j * d)) * s.scale;
     }
+  CapScores(scores, g, n);
 
   for (int64_t h = 0; h < g; ++h) {  // softmax of each head's scores over the piece
     float* row = scores + h * stride;
@@ -311,6 +322,7 @@ void DecodeRows::RunPieceAvx2(size_t index) {
         acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + h * d + 8 * c), Load8(keys + j * d + 8 * c), acc);
       scores[h * stride + j] = SumLanes(acc) * s.scale;
     }
+  CapScores(scores, g, n);
 
   const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
   for (int64_t h = 0; h < g; ++h) {  // softmax of each head's scores over the piece
@@ -505,8 +517,8 @@ OrtStatus* Compute(const Kernel& kernel, OrtKernelContext* context) {
 
   std::vector<int64_t> rows(s.rows), at(positions, positions + s.rows);
   for (int64_t row = 0; row < s.rows; ++row) rows[row] = row;  // row r's token is token r
-  DecodeRows work({heads, s.kv_heads, s.capacity, d, 2 * cos.dims[1], kernel.scale, kernel.window},
-                  qkv.data, rows, rows, std::move(at), {keys, values, false}, cos.data, sin.data);
+  DecodeRows work({heads, s.kv_heads, s.capacity, d, 2 * cos.dims[1], kernel.scale, kernel.window,
+                   kernel.softcap}, qkv.data, rows, rows, std::move(at), {keys, values, false}, cos.data, sin.data);
   ParallelFor(context, RunDecodePiece, work.Pieces(), &work);
   work.Finish(out);
   return nullptr;

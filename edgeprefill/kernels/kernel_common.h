@@ -193,6 +193,7 @@ struct Kernel {
   bool packed = false;  // optional attribute packed=1: PrefillAttention on packed tokens
   bool last = false;  // optional attribute last=1 (with packed=1): only each row's last token out
   int64_t window = 0;  // optional attribute local_window_size (FirstKey); 0: every key
+  float softcap = 0.0f;  // optional attribute softcap: scores -> c tanh(scores / c) (soft_cap.h)
 };
 
 // The first key a query at `position` sees under GroupQueryAttention's local_window_size

@@ -43,7 +43,8 @@
 //          last layer's attention, whose other outputs nothing reads: kernels/graph.py's
 //          fold_last), local_window_size (int, optional: GroupQueryAttention's sliding
 //          window, FirstKey in kernel_common.h; a piece then walks only the key blocks its
-//          queries' windows touch).
+//          queries' windows touch), softcap (float, optional: each scaled score ->
+//          softcap tanh(score / softcap) before the mask, soft_cap.h; Gemma 2).
 //
 // edgeprefill.PrefillAttentionBf16KV is the same op over a bf16 KV cache: past and present
 // key and value are uint16 tensors of bf16 bits, each written rounded to nearest even. It
@@ -67,6 +68,7 @@
 
 #include "decode_rows.h"
 #include "kernel_common.h"  // <immintrin.h> where AVX-512 or AVX2 is on
+#include "soft_cap.h"
 
 namespace edgeprefill {
 namespace {
@@ -149,6 +151,7 @@ struct Job {
   bool bf16;  // the products on bf16 pairs (Product<uint32_t>), where UsesBf16 allows
   bool last = false;  // only each row's last valid token out, to out + row (attribute last=1)
   int64_t window = 0;  // local_window_size: a query sees keys FirstKey(position) .. position
+  float softcap = 0.0f;  // > 0: each score -> softcap tanh(score / softcap), before the mask
   // bf16: the cache's keys [rows, kv, key_span, D/2] and values [rows, kv, span/2, D] paired
   // once per call for all pieces (span: the longest row's past + valid tokens, even). A
   // bf16 cache is its own key pairs (key_span = capacity): only the values are paired.
@@ -680,6 +683,7 @@ void RunPiece(void* data, size_t index) {
     if (bf16) {
       Product(n, columns, job.key_pairs + (head * job.key_span + k0) * d / 2, d / 2, 1, q2,
               scores, d / 2, nullptr);
+      if (job.softcap > 0.0f) SoftCap(scores, n * columns, job.softcap);
       for (int64_t c = 0; c < columns; c += kVec)
         SoftmaxStepPairs(scores + c, columns, n, k0, positions.data() + c, lows.data() + c,
                          top + c, total + c, rescale + c, p2 + c, columns);
@@ -689,6 +693,7 @@ void RunPiece(void* data, size_t index) {
     }
 #endif
     Product(n, columns, keys + k0 * d, d, 1, qt, scores, d, nullptr);
+    if (job.softcap > 0.0f) SoftCap(scores, n * columns, job.softcap);
     for (int64_t c = 0; c < columns; c += kVec)
       SoftmaxStep(scores + c, columns, n, k0, positions.data() + c, lows.data() + c, top + c,
                   total + c, rescale + c);
@@ -1004,7 +1009,7 @@ OrtStatus* Compute(const Kernel& kernel, OrtKernelContext* context) {
   const int64_t begin = Profiling() ? Now() : 0;
   Job job{s, kernel.scale, qkv.data, cache.bf16 ? nullptr : keys, cache.bf16 ? nullptr : values,
           cos.data, sin.data, past.data(), valid.data(), first.data(), out, UsesBf16(kernel.bf16),
-          kernel.last, kernel.window};
+          kernel.last, kernel.window, kernel.softcap};
   if (!kernel.packed) ZeroPadding(job);  // packed: no padding rows
   WriteCache(job, cache);
 #ifdef __AVX512BF16__
@@ -1032,8 +1037,8 @@ OrtStatus* Compute(const Kernel& kernel, OrtKernelContext* context) {
       tokens.push_back(first[row]);
       positions.push_back(past[row]);
     }
-  DecodeRows decode({heads, s.kv_heads, s.capacity, d, s.rotary, kernel.scale, kernel.window},
-                    qkv.data,
+  DecodeRows decode({heads, s.kv_heads, s.capacity, d, s.rotary, kernel.scale, kernel.window,
+                     kernel.softcap}, qkv.data,
                     std::move(one_token), std::move(tokens), std::move(positions), cache,
                     cos.data, sin.data);
   job.pieces = Plan(job);
