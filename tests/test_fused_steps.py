@@ -14,6 +14,7 @@ import pytest
 
 from edgeprefill.engines.base import StepBatch
 from edgeprefill.engines.ort import int4_decode
+from edgeprefill.kernels import select
 from edgeprefill.sdk import Engine, GenerationParams
 from tests.fake_backend import ids
 
@@ -353,9 +354,13 @@ def test_inspect_agrees_with_the_backend_where_some_attention_stays_stock(bundle
     from edgeprefill.cli.main import cli
 
     engine = Engine.load(bundle("smollm3"), threads=1, background=False, warm_up=False)
-    fuses = engine.backend.fuses_rows
+    fuses, described = engine.backend.fuses_rows, engine.backend.kernels.described
     engine.close()
     assert not fuses
     assert "two calls" in steps(bundle("smollm3"))
     out = CliRunner().invoke(cli, ["inspect", str(bundle("smollm3"))]).output
-    assert "some attention layers stay GroupQueryAttention" in out
+    # Both say how many stay, and why (--stats prints `described`).
+    left = ("; 1 of 2 attention layers stay GroupQueryAttention (attention without rotary "
+            "(learned positions, or layers without rope))")
+    assert described == select.NATIVE + left
+    assert f"kernels     {select.NATIVE}{left} on this machine's CPU" in out
