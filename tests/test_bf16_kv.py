@@ -208,7 +208,7 @@ def test_a_kv_budget_holds_twice_the_slots(library, bundle):
 
 
 def test_the_cache_stays_float32_where_another_node_reads_it(library, bundle, monkeypatch):
-    gemma = make_backend(bundle("gemma2"))  # softcapped: the stock attention reads it
+    gemma = make_backend(bundle("helium"))  # interleaved rotary: the stock attention reads it
     assert gemma.kv_dtype == np.float32
     assert "the KV cache" not in gemma.compute.described
     monkeypatch.setenv(bf16_kv.MODE_ENV, "off")
@@ -231,7 +231,7 @@ def test_inspect_says_where_the_cache_goes_bf16(library, bundle, monkeypatch):
                   for c in ("fp32", "bf16"))
     assert llama["kv cache"] == (f"{fp32:.1f} MB per slot of {capacity} positions (float32); "
                                  f"{bf16:.1f} MB under --compute bf16")
-    gemma = lines("gemma2")
+    gemma = lines("helium")
     assert "the KV cache" not in gemma["compute"] and "bf16" not in gemma["kv cache"]
     monkeypatch.setenv(bf16_kv.MODE_ENV, "off")
     off = lines("llama")

@@ -14,6 +14,7 @@ import pytest
 
 from edgeprefill.engines.base import StepBatch
 from edgeprefill.engines.ort import int4_decode
+from edgeprefill.kernels import select
 from edgeprefill.sdk import Engine, GenerationParams
 from tests.fake_backend import ids
 
@@ -367,18 +368,23 @@ def test_a_failing_fused_call_ends_its_requests_not_the_engine(fusing_engine, mo
 
 
 def test_inspect_agrees_with_the_backend_where_some_attention_stays_stock(bundle, library):
-    # qwen2's sliding layers keep GroupQueryAttention: no step fuses, and inspect says so.
+    # smollm3's layer without rope keeps GroupQueryAttention: no step fuses, and inspect
+    # says so. (Sliding layers no longer do: tests/test_sliding_window.py.)
     from click.testing import CliRunner
 
     from edgeprefill.cli.main import cli
 
-    engine = Engine.load(bundle("qwen2"), threads=1, background=False, warm_up=False)
-    fuses = engine.backend.fuses_rows
+    engine = Engine.load(bundle("smollm3"), threads=1, background=False, warm_up=False)
+    fuses, described = engine.backend.fuses_rows, engine.backend.kernels.described
     engine.close()
     assert not fuses
-    assert "two calls" in steps(bundle("qwen2"))
-    out = CliRunner().invoke(cli, ["inspect", str(bundle("qwen2"))]).output
-    assert "some attention layers stay GroupQueryAttention" in out
+    assert "two calls" in steps(bundle("smollm3"))
+    out = CliRunner().invoke(cli, ["inspect", str(bundle("smollm3"))]).output
+    # Both say how many stay, and why (--stats prints `described`).
+    left = ("; 1 of 2 attention layers stay GroupQueryAttention (attention without rotary "
+            "(learned positions, or layers without rope))")
+    assert described == select.NATIVE + left
+    assert f"kernels     {select.NATIVE}{left} on this machine's CPU" in out
 
 
 @pytest.mark.parametrize("family", ["gemma2", "granite"])

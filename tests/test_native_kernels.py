@@ -255,23 +255,30 @@ def test_attention_the_kernel_lacks_stays_group_query_attention():
                                 domain="com.microsoft", scale=0.25, **attrs)
 
     assert graph.eligible(gqa())
-    assert not graph.eligible(gqa(local_window_size=64))  # sliding window
-    assert not graph.eligible(gqa(softcap=30.0))
+    assert graph.eligible(gqa(local_window_size=64))  # a sliding window: the kernels take it
+    assert graph.eligible(gqa(softcap=30.0))  # Gemma 2's soft-capped scores: taken too
     assert not graph.eligible(gqa(rotary_interleaved=1))
+    assert not graph.eligible(gqa(smooth_softmax=1))
     assert not graph.eligible(gqa(num_heads=194, kv_num_heads=2))  # 97 heads per group
-    model = helper.make_model(helper.make_graph([gqa(softcap=30.0)], "g", [], []))
+    model = helper.make_model(helper.make_graph([gqa(rotary_interleaved=1)], "g", [], []))
     assert graph.add_native_attention(model) == 0
     # What inspect and --stats say then: why, in a user's words, each distinct reason once.
     assert graph.why_not_eligible(gqa(do_rotary=0)).startswith("attention without rotary")
-    assert graph.why_not_eligible(gqa(local_window_size=64)) == "a sliding window"
     sinks = gqa()
     sinks.input.extend(["", "", "sinks"])  # gpt-oss's head_sink, input 11
     assert not graph.eligible(sinks)
     assert graph.why_not_eligible(sinks) == "attention sinks"
     both = helper.make_model(helper.make_graph(
-        [gqa(softcap=30.0), gqa(local_window_size=8), gqa(softcap=50.0)], "g", [], []))
+        [gqa(smooth_softmax=1), gqa(rotary_interleaved=1), gqa(smooth_softmax=1)], "g", [], []))
     assert select.no_attention_reason(both) == \
-        f"{select.NO_ATTENTION}: soft-capped scores; a sliding window"
+        f"{select.NO_ATTENTION}: a smooth softmax; interleaved rotary"
+    # The window and the softcap go along to the kernel node (their numbers:
+    # tests/test_sliding_window.py, tests/test_soft_cap.py).
+    taken = graph.kernel_node(gqa(local_window_size=64, softcap=30.0), prefill=True)
+    assert graph.int_attribute(taken, graph.WINDOW) == 64
+    assert graph.float_attribute(taken, graph.SOFTCAP, 0.0) == 30.0
+    plain = graph.kernel_node(gqa(), prefill=True)
+    assert {a.name for a in plain.attribute} == {"num_heads", "kv_num_heads", "scale"}
 
 
 def test_inspect_and_stats_say_which_attention_runs(library, bundle, mode):

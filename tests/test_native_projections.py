@@ -1,6 +1,6 @@
-"""The native projection ops where the native attention does not run: Gemma 2's softcapped
-attention keeps GroupQueryAttention, and its bundles still get MatMulInt8 (int8),
-MatMulInt4 (int4 decode) and MatMulBf16 (`--compute bf16`), with `inspect` saying so."""
+"""The native projection ops where the native attention does not run: Helium's interleaved
+rotary keeps GroupQueryAttention, and its bundles still get MatMulInt8 (int8), MatMulInt4
+(int4 decode) and MatMulBf16 (`--compute bf16`), with `inspect` saying so."""
 
 from __future__ import annotations
 
@@ -24,8 +24,8 @@ PROMPT = [1] + [int(t) for t in np.random.default_rng(5).integers(3, VOCAB, size
 
 
 @pytest.fixture(scope="module")
-def gemma2(hf_model, tmp_path_factory):
-    """quantization (None, "int8", "int4") -> the gemma2 test model's bundle."""
+def helium(hf_model, tmp_path_factory):
+    """quantization (None, "int8", "int4") -> the helium test model's bundle."""
     from edgeprefill.export.exporter import ExportOptions, export
     from edgeprefill.export.quantize import QuantConfig
 
@@ -33,8 +33,8 @@ def gemma2(hf_model, tmp_path_factory):
 
     def get(kind: str | None):
         if kind not in made:
-            made[kind] = tmp_path_factory.mktemp(f"gemma2-{kind}")
-            export(hf_model("gemma2"), made[kind], ExportOptions(
+            made[kind] = tmp_path_factory.mktemp(f"helium-{kind}")
+            export(hf_model("helium"), made[kind], ExportOptions(
                 chunks=(16, 64), max_context=128, show_progress=False, overwrite=True,
                 quant=QuantConfig(kind) if kind else None))
         return made[kind]
@@ -59,21 +59,21 @@ def inspect_lines(bundle) -> list[str]:
 
 
 @needs_vnni
-def test_int8_projections_run_natively_beside_the_stock_attention(gemma2, library,
+def test_int8_projections_run_natively_beside_the_stock_attention(helium, library,
                                                                  monkeypatch):
     monkeypatch.setenv(select.MODE_ENV, "auto")
-    native = load(gemma2("int8"))
+    native = load(helium("int8"))
     assert native.kernels.library is None  # no attention node the kernel supports
     assert "no attention node" in native.kernels.described
     assert native.int8_rows.rewritten > 0
-    exact = logits(load(gemma2(None)))
+    exact = logits(load(helium(None)))
     monkeypatch.setenv(int8_rows.MODE_ENV, "off")
-    stock = load(gemma2("int8"))
+    stock = load(helium("int8"))
     assert stock.int8_rows.rewritten == 0
     ours, theirs = (np.abs(logits(b) - exact).max() for b in (native, stock))
     assert 0 < ours <= 1.1 * theirs, (ours, theirs)  # measured: 0.111 against 0.125
     monkeypatch.delenv(int8_rows.MODE_ENV)
-    lines = inspect_lines(gemma2("int8"))
+    lines = inspect_lines(helium("int8"))
     assert any(x.startswith("kernels ") and select.NO_ATTENTION in x for x in lines), lines
     assert any(x.startswith("int8 ") and "MatMulInt8 (native" in x for x in lines), lines
     # The steps line says what the backend decided: two calls, for the stock attention.
@@ -84,31 +84,31 @@ def test_int8_projections_run_natively_beside_the_stock_attention(gemma2, librar
     compute = next(x for x in lines if x.startswith("compute "))
     assert "--compute bf16: nothing to run in bf16 here" in compute
     with pytest.raises(BackendError, match="nothing to run in bf16"):
-        load(gemma2("int8"), compute="bf16")
+        load(helium("int8"), compute="bf16")
 
 
 @needs_int_kernels
-def test_int4_decode_projections_run_natively_beside_the_stock_attention(gemma2, library):
-    b = load(gemma2("int4"))
+def test_int4_decode_projections_run_natively_beside_the_stock_attention(helium, library):
+    b = load(helium("int4"))
     assert b.kernels.library is None
     assert b.int4_decode.rewritten > 0
     step = b.run(StepBatch(np.array([[PROMPT[0]]]), np.array([0], np.int32),
                            np.array([1], np.int32), 0))
     assert np.isfinite(step).all()
-    assert any("int4 decode MatMulInt4 (native)" in x for x in inspect_lines(gemma2("int4")))
+    assert any("int4 decode MatMulInt4 (native)" in x for x in inspect_lines(helium("int4")))
 
 
-def test_bf16_compute_runs_the_projections_beside_the_stock_attention(gemma2, library):
+def test_bf16_compute_runs_the_projections_beside_the_stock_attention(helium, library):
     from edgeprefill.engines.ort.bf16_compute import cpu_has_bf16
 
     if not cpu_has_bf16():
         pytest.skip("no AVX512-BF16 here")
-    exact = logits(load(gemma2(None)))
-    b = load(gemma2(None), compute="bf16")
+    exact = logits(load(helium(None)))
+    b = load(helium(None), compute="bf16")
     assert b.kernels.library is None and b.compute.rewritten > 0
     said = "MatMulBf16; AVX512-BF16; the attention GroupQueryAttention, in fp32"
     assert said in b.compute.described  # --stats
-    assert any(x.startswith("compute ") and said in x for x in inspect_lines(gemma2(None)))
+    assert any(x.startswith("compute ") and said in x for x in inspect_lines(helium(None)))
     got = logits(b)
     # bf16 operands: ~3 significant digits per product, float32 sums.
     assert np.abs(got - exact).max() <= 0.05 * np.abs(exact).max()

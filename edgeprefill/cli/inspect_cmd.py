@@ -42,8 +42,8 @@ def inspect(bundle, verify, as_json):
     kernels = describe(graph.flavor, graph.dtype)
     native = kernels == NATIVE  # the library runs here: what the projections' switches need
     # Which attention nodes the kernels take, as the backend finds at load where they run.
-    taken, unsupported = _attention_taken(bundle, m) if graph.flavor == "ort" else \
-        ("none", NO_ATTENTION)
+    taken, unsupported, left = _attention_taken(bundle, m) if graph.flavor == "ort" else \
+        ("none", NO_ATTENTION, "")
     if native and taken == "none":
         kernels = f"{STOCK} ({unsupported})"
     stock_attention = kernels != NATIVE
@@ -53,8 +53,8 @@ def inspect(bundle, verify, as_json):
         layers = _recurrent_layers(bundle, m)
         kernels = native_described(*layers) if kernels == NATIVE else \
             stock_described(unsupported, *layers)
-    if native and taken == "some":  # e.g. sliding-window layers keep GroupQueryAttention
-        kernels = f"{kernels}; some attention layers stay {STOCK}"
+    if native and taken == "some":  # e.g. layers without rope keep GroupQueryAttention
+        kernels += left  # how many, and why: as --stats says (select.stock_layers)
     bf16_kv = _bf16_kv_here(native and taken == "every")
     proto = load_graph(Path(bundle), m).graph  # checked: a corrupt graph is one line
     head = head_kind(proto)  # "int8" in an int4 bundle exported with --lm-head int8
@@ -197,22 +197,24 @@ def _derived_line(bundle, manifest) -> list[str]:
     return [f"derived     {describe(Path(bundle), weight_files(proto))}"]
 
 
-def _attention_taken(bundle, manifest) -> tuple[str, str]:
+def _attention_taken(bundle, manifest) -> tuple[str, str, str]:
     """Which of the bundle's attention nodes the native kernels take: "every", "some" or
-    "none" (Gemma 2's softcap, for one, keeps GroupQueryAttention), and where none, why."""
+    "none" (interleaved rotary, for one, keeps GroupQueryAttention), where none, why, and
+    where some, how many stay and why (select.stock_layers)."""
     from edgeprefill.bundle import load_graph
     from edgeprefill.kernels.select import (
         no_attention_reason,
+        stock_layers,
         takes_attention,
         takes_every_attention,
     )
 
     graph = load_graph(Path(bundle), manifest)
     if takes_every_attention(graph):
-        return "every", ""
+        return "every", "", ""
     if takes_attention(graph):
-        return "some", ""
-    return "none", no_attention_reason(graph)
+        return "some", "", stock_layers(graph)
+    return "none", no_attention_reason(graph), ""
 
 
 def _recurrent_layers(bundle, manifest) -> tuple[int, int]:

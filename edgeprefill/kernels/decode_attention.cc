@@ -18,7 +18,10 @@
 //          4 cos [P, D / 2] float, 5 sin [P, D / 2] float   rotary tables
 // Outputs: 0 out [B, 1, H * D] float, 1 present_key, 2 present_value (same shape as past;
 //          when bound to the past buffers nothing is copied, else the past is copied first)
-// Attributes: num_heads, kv_num_heads (int), scale (float).
+// Attributes: num_heads, kv_num_heads (int), scale (float), local_window_size (int,
+//          optional: GroupQueryAttention's sliding window, FirstKey in kernel_common.h; a
+//          row then reads only the window's keys), softcap (float, optional: each scaled
+//          score -> softcap tanh(score / softcap), soft_cap.h).
 
 #include <algorithm>
 #include <cmath>
@@ -28,6 +31,7 @@
 
 #include "decode_rows.h"
 #include "kernel_common.h"
+#include "soft_cap.h"
 
 namespace edgeprefill {
 namespace {
@@ -139,12 +143,13 @@ DecodeRows::DecodeRows(const Layout& layout, const float* qkv, std::vector<int64
   // pieces' sums are merged in their order, so a row's output is the same bits in any call.
   const int64_t wanted = std::max<int64_t>(1, (kTargetPieces + s.kv_heads - 1) / s.kv_heads);
   for (size_t i = 0; i < rows_.size(); ++i) {
-    const int64_t length = positions_[i] + 1;
+    const int64_t start = FirstKey(positions_[i], s.window), end = positions_[i] + 1;
+    const int64_t length = end - start;
     const int64_t count = std::max<int64_t>(1, std::min(wanted, length / kMinPiece));
     const int64_t step = (length + count - 1) / count;
     for (int64_t kv = 0; kv < s.kv_heads; ++kv)
-      for (int64_t begin = 0; begin < length; begin += step)
-        pieces_.push_back({static_cast<int64_t>(i), kv, begin, std::min(length, begin + step)});
+      for (int64_t begin = start; begin < end; begin += step)
+        pieces_.push_back({static_cast<int64_t>(i), kv, begin, std::min(end, begin + step)});
   }
   for (const Piece& piece : pieces_) longest_ = std::max(longest_, piece.end - piece.begin);
   scores_.resize(pieces_.size() * group * longest_);
@@ -163,6 +168,13 @@ DecodeRows::PieceView<T> DecodeRows::View(size_t index) {
           piece.end - piece.begin};
 }
 
+// Each query head's n scores of a piece (rows of scores_, longest_ apart) soft-capped,
+// where the layer caps them (Gemma 2), before their softmax.
+void DecodeRows::CapScores(float* scores, int64_t group, int64_t n) const {
+  if (layout_.softcap <= 0.0f) return;
+  for (int64_t h = 0; h < group; ++h) SoftCap(scores + h * longest_, n, layout_.softcap);
+}
+
 // One parallel piece: a KV head of a row over positions [begin, end). It leaves, per query
 // head of the group, the running max, the sum of exponentials and the unnormalized output.
 template <typename T>
@@ -174,6 +186,7 @@ void DecodeRows::RunPiecePortable(size_t index) {
     const T* key = keys + j * d;
     for (int64_t h = 0; h < g; ++h) scores[h * longest_ + j] = Dot(q + h * d, key, d) * s.scale;
   }
+  CapScores(scores, g, n);
   for (int64_t h = 0; h < g; ++h) {
     float* row = scores + h * longest_;
     float top = row[0];
@@ -224,6 +237,7 @@ void DecodeRows::RunPieceAvx512(size_t index) {
       for (int c = 0; c < C; ++c) query[c] = _mm512_loadu_ps(q + h * d + 16 * c);
       scores[h * stride + j] = _mm512_reduce_add_ps(Dot16<C>(query, keys + j * d)) * s.scale;
     }
+  CapScores(scores, g, n);
 
   for (int64_t h = 0; h < g; ++h) {  // softmax of each head's scores over the piece
     float* row = scores + h * stride;
@@ -308,6 +322,7 @@ void DecodeRows::RunPieceAvx2(size_t index) {
         acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + h * d + 8 * c), Load8(keys + j * d + 8 * c), acc);
       scores[h * stride + j] = SumLanes(acc) * s.scale;
     }
+  CapScores(scores, g, n);
 
   const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
   for (int64_t h = 0; h < g; ++h) {  // softmax of each head's scores over the piece
@@ -502,8 +517,8 @@ OrtStatus* Compute(const Kernel& kernel, OrtKernelContext* context) {
 
   std::vector<int64_t> rows(s.rows), at(positions, positions + s.rows);
   for (int64_t row = 0; row < s.rows; ++row) rows[row] = row;  // row r's token is token r
-  DecodeRows work({heads, s.kv_heads, s.capacity, d, 2 * cos.dims[1], kernel.scale}, qkv.data,
-                  rows, rows, std::move(at), {keys, values, false}, cos.data, sin.data);
+  DecodeRows work({heads, s.kv_heads, s.capacity, d, 2 * cos.dims[1], kernel.scale, kernel.window,
+                   kernel.softcap}, qkv.data, rows, rows, std::move(at), {keys, values, false}, cos.data, sin.data);
   ParallelFor(context, RunDecodePiece, work.Pieces(), &work);
   work.Finish(out);
   return nullptr;

@@ -18,9 +18,12 @@ class DecodeRows {
   struct Layout {
     int64_t heads, kv_heads, capacity, head_dim, rotary;  // rotary <= head_dim, even
     float scale;
+    int64_t window;  // local_window_size: a row reads keys FirstKey(position) .. position
+    float softcap;   // > 0: each score -> softcap tanh(score / softcap) (soft_cap.h)
   };
   // Rotates each listed row's query and new key and writes its key and value into the cache
-  // at `positions[i]` (the row's past length), then plans the pieces. rows[i] is the row's
+  // at `positions[i]` (the row's past length), then plans the pieces over the keys it
+  // sees (with a window, only the window's: the cost is bounded by it). rows[i] is the row's
   // cache slot, tokens[i] where its token is in the call: its packed q/k/v at
   // qkv + tokens[i] * (heads + 2 kv_heads) * head_dim. Keys and values are the
   // [rows, kv_heads, capacity, head_dim] cache; cos and sin the rotary tables
@@ -61,6 +64,7 @@ class DecodeRows {
   };
   template <typename T>
   PieceView<T> View(size_t index);
+  void CapScores(float* scores, int64_t group, int64_t n) const;  // with a softcap
   template <int C, typename T>
   void RunPieceAvx512(size_t index);
   template <typename T>

@@ -55,14 +55,17 @@ PREFILL_INPUTS = (0, 3, 4, 5, 6, 7, 8)
 MAX_GROUP = 96  # query heads per KV head the prefill kernel takes (kColumns in the .cc)
 HEAD_SINK = 11  # GroupQueryAttention's head_sink input (gpt-oss's attention sinks)
 # Attributes whose non-default values change the math; the kernel has none of them.
-UNSUPPORTED = {"local_window_size": -1, "softcap": 0.0, "smooth_softmax": 0,
-               "rotary_interleaved": 0, "qk_output": 0}
+UNSUPPORTED = {"smooth_softmax": 0, "rotary_interleaved": 0, "qk_output": 0}
+# GroupQueryAttention's sliding window, which the kernels take as it is (kernel_common.h's
+# FirstKey: a query sees the last `local_window_size` keys, its own included); -1 is none.
+WINDOW = "local_window_size"
+# Its soft-capped scores (Gemma 2: c tanh(score / c), soft_cap.h), which they take too; 0 is none.
+SOFTCAP = "softcap"
 
 
 # What a GroupQueryAttention attribute that is not its default means to a user.
-UNSUPPORTED_WHY = {"local_window_size": "a sliding window", "softcap": "soft-capped scores",
-                   "smooth_softmax": "a smooth softmax",
-                   "rotary_interleaved": "interleaved rotary", "qk_output": "q.k outputs"}
+UNSUPPORTED_WHY = {"smooth_softmax": "a smooth softmax", "rotary_interleaved": "interleaved rotary",
+                   "qk_output": "q.k outputs"}
 
 
 def eligible(node: NodeProto) -> bool:
@@ -336,14 +339,18 @@ def kernel_node(
     """The DecodeAttention node computing what `gqa` computes for a one-token chunk, or
     with `prefill` the PrefillAttention node, which the graph switch puts in for every call
     (given `valid_lens`, the graph input of each row's valid tokens, it skips the padding
-    and gives rows of one token the decode rows' code)."""
+    and gives rows of one token the decode rows' code). A sliding window and a softcap go
+    along."""
     attrs = {a.name: helper.get_attribute_value(a) for a in gqa.attribute}
     op, inputs = (PREFILL_OP, PREFILL_INPUTS) if prefill else (OP, KERNEL_INPUTS)
     extra = [valid_lens] if prefill and valid_lens else []
+    math = {WINDOW: attrs[WINDOW]} if attrs.get(WINDOW, -1) > 0 else {}
+    if attrs.get(SOFTCAP, 0.0) > 0.0:
+        math[SOFTCAP] = attrs[SOFTCAP]
     return helper.make_node(
         op, [gqa.input[i] for i in inputs] + extra, [o + suffix for o in gqa.output],
         domain=DOMAIN, name=gqa.name + suffix, num_heads=attrs["num_heads"],
-        kv_num_heads=attrs["kv_num_heads"], scale=attrs["scale"],
+        kv_num_heads=attrs["kv_num_heads"], scale=attrs["scale"], **math,
     )
 
 

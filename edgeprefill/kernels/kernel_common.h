@@ -192,7 +192,16 @@ struct Kernel {
   bool bf16_cache = false;  // the KV cache holds bf16 bits (uint16): PrefillAttentionBf16KV
   bool packed = false;  // optional attribute packed=1: PrefillAttention on packed tokens
   bool last = false;  // optional attribute last=1 (with packed=1): only each row's last token out
+  int64_t window = 0;  // optional attribute local_window_size (FirstKey); 0: every key
+  float softcap = 0.0f;  // optional attribute softcap: scores -> c tanh(scores / c) (soft_cap.h)
 };
+
+// The first key a query at `position` sees under GroupQueryAttention's local_window_size
+// `window` (0: no window, key 0): ONNX Runtime's CPU kernel (1.32) shows a query the last
+// `window` keys, its own included (measured: tests/test_sliding_window.py).
+inline int64_t FirstKey(int64_t position, int64_t window) {
+  return window > 0 && position >= window ? position - window + 1 : 0;
+}
 
 // Reads num_heads, kv_num_heads and scale into a new Kernel; `op` names the op in errors.
 OrtStatus* CreateAttentionKernel(const OrtKernelInfo* info, const char* op, void** kernel);

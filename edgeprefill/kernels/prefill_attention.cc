@@ -41,7 +41,10 @@
 //          valid token gets what the graph's GatherND at its index (valid tokens before
 //          it, less one) would: the last valid token before it, else the call's last. The
 //          last layer's attention, whose other outputs nothing reads: kernels/graph.py's
-//          fold_last).
+//          fold_last), local_window_size (int, optional: GroupQueryAttention's sliding
+//          window, FirstKey in kernel_common.h; a piece then walks only the key blocks its
+//          queries' windows touch), softcap (float, optional: each scaled score ->
+//          softcap tanh(score / softcap) before the mask, soft_cap.h; Gemma 2).
 //
 // edgeprefill.PrefillAttentionBf16KV is the same op over a bf16 KV cache: past and present
 // key and value are uint16 tensors of bf16 bits, each written rounded to nearest even. It
@@ -65,6 +68,7 @@
 
 #include "decode_rows.h"
 #include "kernel_common.h"  // <immintrin.h> where AVX-512 or AVX2 is on
+#include "soft_cap.h"
 
 namespace edgeprefill {
 namespace {
@@ -89,6 +93,9 @@ constexpr int64_t kMaxColumns = 96;          // columns a piece may have (6 AVX-
 constexpr int64_t kKeyBlock = EP_KEY_BLOCK;  // keys per step of the online softmax
 constexpr int kVec = 16;
 constexpr int kTileRows = EP_TILE_ROWS;      // register tile rows (x up to 6 vectors)
+// A column's running max before it has seen a key: finite, as a window may hide a whole key
+// block from it (RunPiece); exp(kNoScore - score) clamps to the same ~0 as exp(-inf).
+constexpr float kNoScore = -3.0e38f;
 
 struct Shape {
   int64_t rows, chunk, kv_heads, capacity, head_dim, group, rotary;
@@ -143,6 +150,8 @@ struct Job {
   float* out;
   bool bf16;  // the products on bf16 pairs (Product<uint32_t>), where UsesBf16 allows
   bool last = false;  // only each row's last valid token out, to out + row (attribute last=1)
+  int64_t window = 0;  // local_window_size: a query sees keys FirstKey(position) .. position
+  float softcap = 0.0f;  // > 0: each score -> softcap tanh(score / softcap), before the mask
   // bf16: the cache's keys [rows, kv, key_span, D/2] and values [rows, kv, span/2, D] paired
   // once per call for all pieces (span: the longest row's past + valid tokens, even). A
   // bf16 cache is its own key pairs (key_span = capacity): only the values are paired.
@@ -368,17 +377,26 @@ bool UsesBf16(bool asked) {
 }
 
 // One key block of the online softmax for 16 columns. scores[j * stride] holds key k0 + j's
-// scores; a column sees the keys up to its position. They become exp(score - new max), 0
-// where masked; the running max, sum and the factor for the earlier output are updated.
+// scores; a column sees the keys from its low (lows[], FirstKey: 0 without a window) up to
+// its position. They become exp(score - new max), 0 where masked; the running max, sum and
+// the factor for the earlier output are updated. A column that sees no key of the block
+// keeps its max (a finite floor at first, kNoScore), sum and output (factor 1).
 #ifdef __AVX512F__
-// Below the diagonal (every column sees the whole block) nothing needs masking.
-inline bool Inside(int64_t n, int64_t k0, __m512i position) {
-  return k0 + n - 1 <= _mm512_reduce_min_epi32(position);
+// Below the diagonal and inside every window (every column sees the whole block) nothing
+// needs masking.
+inline bool Inside(int64_t n, int64_t k0, __m512i position, __m512i low) {
+  return k0 + n - 1 <= _mm512_reduce_min_epi32(position) && k0 >= _mm512_reduce_max_epi32(low);
+}
+
+// The columns that see `key`: low <= key <= position.
+inline __mmask16 Seen(int64_t key, __m512i position, __m512i low) {
+  const __m512i k = _mm512_set1_epi32(static_cast<int32_t>(key));
+  return _mm512_mask_cmple_epi32_mask(_mm512_cmple_epi32_mask(low, k), k, position);
 }
 
 // The largest score each column sees in the block.
 inline __m512 BlockTop(const float* scores, int64_t stride, int64_t n, int64_t k0,
-                       __m512i position, bool inside) {
+                       __m512i position, __m512i low, bool inside) {
   __m512 block_top = _mm512_set1_ps(-INFINITY);
   if (inside) {
     __m512 other = block_top;  // two chains: max has a latency of 4
@@ -391,18 +409,18 @@ inline __m512 BlockTop(const float* scores, int64_t stride, int64_t n, int64_t k
     return _mm512_max_ps(block_top, other);
   }
   for (int64_t j = 0; j < n; ++j) {
-    const __mmask16 seen = _mm512_cmple_epi32_mask(_mm512_set1_epi32(static_cast<int32_t>(k0 + j)), position);
+    const __mmask16 seen = Seen(k0 + j, position, low);
     block_top = _mm512_mask_max_ps(block_top, seen, block_top, _mm512_loadu_ps(scores + j * stride));
   }
   return block_top;
 }
 
 void SoftmaxStep(float* scores, int64_t stride, int64_t n, int64_t k0, const int32_t* positions,
-                 float* top, float* total, float* rescale) {
-  const __m512i position = _mm512_loadu_si512(positions);
-  const bool inside = Inside(n, k0, position);
+                 const int32_t* lows, float* top, float* total, float* rescale) {
+  const __m512i position = _mm512_loadu_si512(positions), low = _mm512_loadu_si512(lows);
+  const bool inside = Inside(n, k0, position, low);
   const __m512 old_top = _mm512_loadu_ps(top);
-  const __m512 block_top = BlockTop(scores, stride, n, k0, position, inside);
+  const __m512 block_top = BlockTop(scores, stride, n, k0, position, low, inside);
   const __m512 new_top = _mm512_max_ps(old_top, block_top);
   const __m512 factor = ExpNonPositive16(_mm512_sub_ps(old_top, new_top));
   __m512 sum = _mm512_setzero_ps();
@@ -425,7 +443,7 @@ void SoftmaxStep(float* scores, int64_t stride, int64_t n, int64_t k0, const int
     sum = _mm512_add_ps(sum, other);
   }
   for (int64_t j = 0; j < n && !inside; ++j) {
-    const __mmask16 seen = _mm512_cmple_epi32_mask(_mm512_set1_epi32(static_cast<int32_t>(k0 + j)), position);
+    const __mmask16 seen = Seen(k0 + j, position, low);
     const __m512 e = _mm512_maskz_mov_ps(
         seen, ExpNonPositive16(_mm512_sub_ps(_mm512_loadu_ps(scores + j * stride), new_top)));
     _mm512_storeu_ps(scores + j * stride, e);
@@ -453,12 +471,12 @@ inline __m512 ExpForBf16(__m512 x) {
 // bf16 pairs of neighbouring keys (pairs[(j / 2) * pair_stride], as PairRows lays them out),
 // without writing the float32 probabilities back and reading them again.
 void SoftmaxStepPairs(const float* scores, int64_t stride, int64_t n, int64_t k0,
-                      const int32_t* positions, float* top, float* total, float* rescale,
-                      uint32_t* pairs, int64_t pair_stride) {
-  const __m512i position = _mm512_loadu_si512(positions);
-  const bool inside = Inside(n, k0, position);
+                      const int32_t* positions, const int32_t* lows, float* top, float* total,
+                      float* rescale, uint32_t* pairs, int64_t pair_stride) {
+  const __m512i position = _mm512_loadu_si512(positions), low = _mm512_loadu_si512(lows);
+  const bool inside = Inside(n, k0, position, low);
   const __m512 old_top = _mm512_loadu_ps(top);
-  const __m512 new_top = _mm512_max_ps(old_top, BlockTop(scores, stride, n, k0, position, inside));
+  const __m512 new_top = _mm512_max_ps(old_top, BlockTop(scores, stride, n, k0, position, low, inside));
   const __m512 factor = ExpForBf16(_mm512_sub_ps(old_top, new_top));
   __m512 sum = _mm512_setzero_ps(), sum1 = sum;
   for (int64_t j = 0; j < n; j += 2) {
@@ -466,9 +484,8 @@ void SoftmaxStepPairs(const float* scores, int64_t stride, int64_t n, int64_t k0
     __m512 e1 = j + 1 < n ? ExpForBf16(_mm512_sub_ps(_mm512_loadu_ps(scores + (j + 1) * stride), new_top))
                           : _mm512_setzero_ps();
     if (!inside) {
-      const __m512i key = _mm512_set1_epi32(static_cast<int32_t>(k0 + j));
-      e0 = _mm512_maskz_mov_ps(_mm512_cmple_epi32_mask(key, position), e0);
-      e1 = _mm512_maskz_mov_ps(_mm512_cmple_epi32_mask(_mm512_add_epi32(key, _mm512_set1_epi32(1)), position), e1);
+      e0 = _mm512_maskz_mov_ps(Seen(k0 + j, position, low), e0);
+      e1 = _mm512_maskz_mov_ps(Seen(k0 + j + 1, position, low), e1);
     }
     sum = _mm512_add_ps(sum, e0);
     sum1 = _mm512_add_ps(sum1, e1);
@@ -482,21 +499,25 @@ void SoftmaxStepPairs(const float* scores, int64_t stride, int64_t n, int64_t k0
 #elif defined(EP_AVX2)
 // SoftmaxStep's AVX-512 code for 8 columns (SoftmaxStep runs it on both halves of its 16);
 // the masks are compare results, and a masked score is zeroed (exp) or -inf (max) by them.
-inline bool Inside8(int64_t n, int64_t k0, __m256i position) {
-  __m128i low = _mm_min_epi32(_mm256_castsi256_si128(position), _mm256_extracti128_si256(position, 1));
-  low = _mm_min_epi32(low, _mm_shuffle_epi32(low, 0x4E));
-  low = _mm_min_epi32(low, _mm_shuffle_epi32(low, 0xB1));
-  return k0 + n - 1 <= _mm_cvtsi128_si32(low);
+inline bool Inside8(int64_t n, int64_t k0, __m256i position, __m256i low) {
+  __m128i first = _mm_min_epi32(_mm256_castsi256_si128(position), _mm256_extracti128_si256(position, 1));
+  first = _mm_min_epi32(first, _mm_shuffle_epi32(first, 0x4E));
+  first = _mm_min_epi32(first, _mm_shuffle_epi32(first, 0xB1));
+  __m128i last = _mm_max_epi32(_mm256_castsi256_si128(low), _mm256_extracti128_si256(low, 1));
+  last = _mm_max_epi32(last, _mm_shuffle_epi32(last, 0x4E));
+  last = _mm_max_epi32(last, _mm_shuffle_epi32(last, 0xB1));
+  return k0 + n - 1 <= _mm_cvtsi128_si32(first) && k0 >= _mm_cvtsi128_si32(last);
 }
 
-// All ones in the lanes whose position sees `key`.
-inline __m256 Seen8(int64_t key, __m256i position) {
-  const __m256i after = _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int32_t>(key)), position);
-  return _mm256_castsi256_ps(_mm256_xor_si256(after, _mm256_set1_epi32(-1)));
+// All ones in the lanes that see `key` (low <= key <= position).
+inline __m256 Seen8(int64_t key, __m256i position, __m256i low) {
+  const __m256i k = _mm256_set1_epi32(static_cast<int32_t>(key));
+  const __m256i outside = _mm256_or_si256(_mm256_cmpgt_epi32(k, position), _mm256_cmpgt_epi32(low, k));
+  return _mm256_castsi256_ps(_mm256_xor_si256(outside, _mm256_set1_epi32(-1)));
 }
 
 inline __m256 BlockTop8(const float* scores, int64_t stride, int64_t n, int64_t k0,
-                        __m256i position, bool inside) {
+                        __m256i position, __m256i low, bool inside) {
   const __m256 lowest = _mm256_set1_ps(-INFINITY);
   __m256 block_top = lowest;
   if (inside) {
@@ -511,18 +532,19 @@ inline __m256 BlockTop8(const float* scores, int64_t stride, int64_t n, int64_t 
   }
   for (int64_t j = 0; j < n; ++j) {
     const __m256 score = _mm256_blendv_ps(lowest, _mm256_loadu_ps(scores + j * stride),
-                                          Seen8(k0 + j, position));
+                                          Seen8(k0 + j, position, low));
     block_top = _mm256_max_ps(block_top, score);
   }
   return block_top;
 }
 
 void SoftmaxStep8(float* scores, int64_t stride, int64_t n, int64_t k0, const int32_t* positions,
-                  float* top, float* total, float* rescale) {
+                  const int32_t* lows, float* top, float* total, float* rescale) {
   const __m256i position = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(positions));
-  const bool inside = Inside8(n, k0, position);
+  const __m256i low = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(lows));
+  const bool inside = Inside8(n, k0, position, low);
   const __m256 old_top = _mm256_loadu_ps(top);
-  const __m256 new_top = _mm256_max_ps(old_top, BlockTop8(scores, stride, n, k0, position, inside));
+  const __m256 new_top = _mm256_max_ps(old_top, BlockTop8(scores, stride, n, k0, position, low, inside));
   const __m256 factor = ExpNonPositive8(_mm256_sub_ps(old_top, new_top));
   __m256 sum = _mm256_setzero_ps();
   if (inside) {
@@ -545,7 +567,7 @@ void SoftmaxStep8(float* scores, int64_t stride, int64_t n, int64_t k0, const in
   }
   for (int64_t j = 0; j < n && !inside; ++j) {
     const __m256 e = _mm256_and_ps(
-        Seen8(k0 + j, position),
+        Seen8(k0 + j, position, low),
         ExpNonPositive8(_mm256_sub_ps(_mm256_loadu_ps(scores + j * stride), new_top)));
     _mm256_storeu_ps(scores + j * stride, e);
     sum = _mm256_add_ps(sum, e);
@@ -556,23 +578,24 @@ void SoftmaxStep8(float* scores, int64_t stride, int64_t n, int64_t k0, const in
 }
 
 void SoftmaxStep(float* scores, int64_t stride, int64_t n, int64_t k0, const int32_t* positions,
-                 float* top, float* total, float* rescale) {
+                 const int32_t* lows, float* top, float* total, float* rescale) {
   for (int half = 0; half < kVec; half += 8)
-    SoftmaxStep8(scores + half, stride, n, k0, positions + half, top + half, total + half,
-                 rescale + half);
+    SoftmaxStep8(scores + half, stride, n, k0, positions + half, lows + half, top + half,
+                 total + half, rescale + half);
 }
 #else
 void SoftmaxStep(float* scores, int64_t stride, int64_t n, int64_t k0, const int32_t* positions,
-                 float* top, float* total, float* rescale) {
+                 const int32_t* lows, float* top, float* total, float* rescale) {
   for (int l = 0; l < kVec; ++l) {
+    const auto seen = [&](int64_t j) { return lows[l] <= k0 + j && k0 + j <= positions[l]; };
     float block_top = -INFINITY;
-    for (int64_t j = 0; j < n && k0 + j <= positions[l]; ++j)
-      block_top = std::max(block_top, scores[j * stride + l]);
+    for (int64_t j = 0; j < n; ++j)
+      if (seen(j)) block_top = std::max(block_top, scores[j * stride + l]);
     const float new_top = std::max(top[l], block_top);
-    rescale[l] = ExpNonPositive(top[l] - new_top);  // top[l] = -inf: a clamped ~0
+    rescale[l] = ExpNonPositive(top[l] - new_top);  // top[l] = kNoScore: a clamped ~0
     float sum = 0.0f;
     for (int64_t j = 0; j < n; ++j) {
-      const float e = k0 + j <= positions[l] ? ExpNonPositive(scores[j * stride + l] - new_top) : 0.0f;
+      const float e = seen(j) ? ExpNonPositive(scores[j * stride + l] - new_top) : 0.0f;
       scores[j * stride + l] = e;
       sum += e;
     }
@@ -591,8 +614,11 @@ inline bool OneToken(const Job& job, int64_t row) { return job.valid[row] == 1; 
 // Whether a row's products run on bf16 pairs (its cache is paired for the call).
 inline bool PairedRow(const Job& job, int64_t row) { return job.bf16 && job.valid[row] > 1; }
 
-// One piece: a block of queries of the KV group's heads over keys 0 .. its last position.
-// Every column sees key 0, so after the first key block every running max is finite.
+// One piece: a block of queries of the KV group's heads over the keys they see: 0 (with a
+// window, its first query's FirstKey, down to a key block's start) .. its last position.
+// Without a window every column sees key 0, so after the first key block every running max
+// is a score; with one, a column may see none of the first blocks: its max starts at a
+// finite floor, so that such a block leaves it as it was (exp(floor - floor) = 1, not NaN).
 void RunPiece(void* data, size_t index) {
   const Job& job = *static_cast<const Job*>(data);
   const Shape& s = job.shape;
@@ -615,11 +641,12 @@ void RunPiece(void* data, size_t index) {
   float* total = top + columns;               // [columns] running sum
   float* rescale = total + columns;           // [columns]
   float* rotated = rescale + columns;         // [D]
-  std::vector<int32_t> positions(columns);
+  std::vector<int32_t> positions(columns), lows(columns);
   for (int64_t m = 0; m < columns; ++m) {
     // Padding columns repeat the last query's position: finite scores, never written out.
     const int64_t i = std::min(m / g, queries - 1);
     positions[m] = static_cast<int32_t>(first_position + i);
+    lows[m] = static_cast<int32_t>(FirstKey(first_position + i, job.window));
     if (m >= used) {
       for (int64_t k = 0; k < d; ++k) qt[k * columns + m] = 0.0f;
       continue;
@@ -631,7 +658,7 @@ void RunPiece(void* data, size_t index) {
     for (int64_t k = 0; k < d; ++k) qt[k * columns + m] = rotated[k] * job.scale;
   }
   std::fill(ot, ot + d * columns, 0.0f);
-  std::fill(top, top + columns, -INFINITY);
+  std::fill(top, top + columns, kNoScore);
   std::fill(total, total + columns, 0.0f);
 #ifdef __AVX512BF16__
   // bf16: the queries paired once ([D/2, columns]); per key block the probabilities
@@ -647,24 +674,29 @@ void RunPiece(void* data, size_t index) {
   // float32 cache (a bf16 one is read as pairs only: bf16 is set)
   const float* keys = job.keys != nullptr ? job.keys + head * s.capacity * d : nullptr;
   const float* values = job.values != nullptr ? job.values + head * s.capacity * d : nullptr;
-  const int64_t end = first_position + queries;  // keys [0, end) are seen by some query
-  for (int64_t k0 = 0; k0 < end; k0 += kKeyBlock) {
+  const int64_t end = first_position + queries;  // keys [start, end) are seen by some query
+  // At a key block's start, as without a window (bf16: an even key, a pair's first).
+  const int64_t start = FirstKey(first_position, job.window) / kKeyBlock * kKeyBlock;
+  for (int64_t k0 = start; k0 < end; k0 += kKeyBlock) {
     const int64_t n = std::min(kKeyBlock, end - k0);
 #ifdef __AVX512BF16__
     if (bf16) {
       Product(n, columns, job.key_pairs + (head * job.key_span + k0) * d / 2, d / 2, 1, q2,
               scores, d / 2, nullptr);
+      if (job.softcap > 0.0f) SoftCap(scores, n * columns, job.softcap);
       for (int64_t c = 0; c < columns; c += kVec)
-        SoftmaxStepPairs(scores + c, columns, n, k0, positions.data() + c, top + c, total + c,
-                         rescale + c, p2 + c, columns);
+        SoftmaxStepPairs(scores + c, columns, n, k0, positions.data() + c, lows.data() + c,
+                         top + c, total + c, rescale + c, p2 + c, columns);
       Product(d, columns, job.value_pairs + (head * job.span + k0) / 2 * d, 1, d, p2, ot,
               (n + 1) / 2, rescale);
       continue;
     }
 #endif
     Product(n, columns, keys + k0 * d, d, 1, qt, scores, d, nullptr);
+    if (job.softcap > 0.0f) SoftCap(scores, n * columns, job.softcap);
     for (int64_t c = 0; c < columns; c += kVec)
-      SoftmaxStep(scores + c, columns, n, k0, positions.data() + c, top + c, total + c, rescale + c);
+      SoftmaxStep(scores + c, columns, n, k0, positions.data() + c, lows.data() + c, top + c,
+                  total + c, rescale + c);
     Product(d, columns, values + k0 * d, 1, d, scores, ot, n, rescale);
   }
   for (int64_t m = 0; m < used; ++m) {
@@ -859,7 +891,8 @@ std::vector<Piece> Plan(const Job& job) {
     for (int64_t first = job.last ? (job.valid[row] - 1) / s.block * s.block : 0;
          first < (OneToken(job, row) ? 0 : job.valid[row]); first += s.block) {
       const int64_t queries = std::min(s.block, job.valid[row] - first);
-      const int64_t work = queries * (job.past[row] + first + (queries + 1) / 2);
+      const int64_t last_key = job.past[row] + first + queries;  // keys [lowest, last_key)
+      const int64_t work = queries * (last_key - FirstKey(last_key - queries, job.window));
       for (int64_t kv = 0; kv < s.kv_heads; ++kv) pieces.push_back({row, kv, first, work});
     }
   // The pool hands pieces out in order. One (row, KV head) after another, so the threads
@@ -976,7 +1009,7 @@ OrtStatus* Compute(const Kernel& kernel, OrtKernelContext* context) {
   const int64_t begin = Profiling() ? Now() : 0;
   Job job{s, kernel.scale, qkv.data, cache.bf16 ? nullptr : keys, cache.bf16 ? nullptr : values,
           cos.data, sin.data, past.data(), valid.data(), first.data(), out, UsesBf16(kernel.bf16),
-          kernel.last};
+          kernel.last, kernel.window, kernel.softcap};
   if (!kernel.packed) ZeroPadding(job);  // packed: no padding rows
   WriteCache(job, cache);
 #ifdef __AVX512BF16__
@@ -1004,7 +1037,8 @@ OrtStatus* Compute(const Kernel& kernel, OrtKernelContext* context) {
       tokens.push_back(first[row]);
       positions.push_back(past[row]);
     }
-  DecodeRows decode({heads, s.kv_heads, s.capacity, d, s.rotary, kernel.scale}, qkv.data,
+  DecodeRows decode({heads, s.kv_heads, s.capacity, d, s.rotary, kernel.scale, kernel.window,
+                     kernel.softcap}, qkv.data,
                     std::move(one_token), std::move(tokens), std::move(positions), cache,
                     cos.data, sin.data);
   job.pieces = Plan(job);

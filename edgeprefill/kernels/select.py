@@ -100,6 +100,7 @@ def choose(graph, flavor: str, dtype: str, device: str) -> KernelChoice:
     rewritten in place if native (the backend registers the library and loads it, once,
     after its other rewrites)."""
     reason = why_not(flavor, dtype, device)
+    left = stock_layers(graph)  # before the rewrite, which takes the other nodes
     if reason is None and add_native_attention(graph) == 0:
         reason = no_attention_reason(graph)  # no node was rewritten: the same nodes
         if mode() != "require":
@@ -110,7 +111,7 @@ def choose(graph, flavor: str, dtype: str, device: str) -> KernelChoice:
         return KernelChoice(f"{STOCK} ({reason})", None)
     fuse_swiglu(graph)
     fuse_skip_rms_norm(graph)
-    return KernelChoice(native_described(*fuse_recurrences(graph)), library_path())
+    return KernelChoice(native_described(*fuse_recurrences(graph)) + left, library_path())
 
 
 def recurrences_only(graph, reason: str) -> KernelChoice:
@@ -133,6 +134,18 @@ def no_attention_reason(graph) -> str:
                             if n.op_type == STOCK and n.domain == "com.microsoft")
     known = [r for r in reasons if r is not None]
     return f"{NO_ATTENTION}: {'; '.join(known)}" if known else NO_ATTENTION
+
+
+def stock_layers(graph) -> str:
+    """Where the kernels take some but not all of `graph`'s attention nodes (a ModelProto
+    not yet rewritten): "; N of M attention layers stay GroupQueryAttention (why)", what
+    `--stats` and `inspect` add to NATIVE; else ""."""
+    nodes = [n for n in graph.graph.node if n.op_type == STOCK and n.domain == "com.microsoft"]
+    kept = [n for n in nodes if not eligible(n)]
+    if not kept or len(kept) == len(nodes):
+        return ""
+    reasons = "; ".join(dict.fromkeys(str(why_not_eligible(n)) for n in kept))
+    return f"; {len(kept)} of {len(nodes)} attention layers stay {STOCK} ({reasons})"
 
 
 def takes_attention(graph) -> bool:

@@ -158,9 +158,9 @@ class OnnxRuntimeBackend(Backend):
         session_options = self._session_options()
         # Whether the native library runs here (built, this CPU, an ort float32 bundle, not
         # turned off). Every rewrite to its ops asks this, not whether an attention layer
-        # took the kernels: a family whose attention they do not take (Gemma 2's softcap,
-        # sliding windows) still gets the native projections, and `inspect`, which asks
-        # the same, says what runs.
+        # took the kernels: a family whose attention they do not take (interleaved rotary,
+        # layers without rope) still gets the native projections, and `inspect`, which
+        # asks the same, says what runs.
         native = kernels_why_not(manifest.graph.flavor, manifest.graph.dtype,
                                  options.device) is None
         # int4 bundles: a faster prefill projection than decode's (engines.ort.int4_prefill),
