@@ -134,13 +134,13 @@ def test_rows_of_different_valid_lengths_in_one_call_each_equal_transformers(
 def test_concurrent_sessions_generate_transformers_greedy_text(family, hf_model, bundle):
     """Sessions decoding together (and a prompt's chunks fused with their decode rows)
     each reply as transformers' greedy decoding of their prompt."""
-    model = load_hf_model(hf_model(family))
+    hf_dir = hf_model(family)
     engine = Engine.load(bundle(family), threads=2, background=False, chunk_size=16)
     params = GenerationParams(max_new_tokens=8, ignore_eos=True)
     prompts = [prompt_ids(n, seed=n) for n in (5, 30, 61)]
     streams = [engine.generate(ids, params) for ids in prompts]
     for ids, stream in zip(prompts, streams, strict=True):
-        assert stream.result().token_ids == reference_greedy(model, ids)
+        assert stream.result().token_ids == reference_greedy(hf_dir, ids)
     engine.close()
 
 

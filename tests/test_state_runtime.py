@@ -12,7 +12,6 @@ import pytest
 
 from edgeprefill.engines import StepBatch
 from edgeprefill.sdk import Engine, GenerationParams
-from tests.conftest import load_hf_model
 from tests.test_exactness import prompt_ids, reference_greedy, reference_logits
 
 # Falcon-H1's layers keep KV and states both.
@@ -81,9 +80,9 @@ def test_copying_and_swapping_a_slot_move_its_states_with_its_kv(family, flavor,
 @pytest.mark.parametrize("flavor", FLAVORS)
 def test_greedy_text_is_transformers_chunked_or_not_alone_or_batched(family, flavor, hf_model,
                                                                      bundle):
-    model = load_hf_model(hf_model(family))
+    hf_dir = hf_model(family)
     prompts = [prompt_ids(n, seed=n) for n in (5, 30, 61)]
-    expected = [reference_greedy(model, ids) for ids in prompts]
+    expected = [reference_greedy(hf_dir, ids) for ids in prompts]
     engine = Engine.load(bundle(family, flavor), threads=2, background=False,
                          prefix_reuse=False)
     for ids, want in zip(prompts, expected, strict=True):
@@ -100,14 +99,14 @@ def test_greedy_text_is_transformers_chunked_or_not_alone_or_batched(family, fla
 @pytest.mark.parametrize("flavor", FLAVORS)
 def test_a_second_turn_reuses_the_whole_slot_and_continues_its_states(family, flavor,
                                                                       hf_model, bundle):
-    model = load_hf_model(hf_model(family))
+    hf_dir = hf_model(family)
     engine = Engine.load(bundle(family, flavor), threads=2, background=False, chunk_size=16)
     session = engine.session()
     first, second = prompt_ids(45), prompt_ids(21, seed=7)[1:]
     reply = session.generate(first, PARAMS).result().token_ids
-    assert reply == reference_greedy(model, first)
+    assert reply == reference_greedy(hf_dir, first)
     got = session.generate(second, PARAMS).result()
-    assert got.token_ids == reference_greedy(model, first + reply + second)
+    assert got.token_ids == reference_greedy(hf_dir, first + reply + second)
     # The slot held the first prompt and the reply but its last token (never fed back).
     assert got.metrics.prefix_reused == len(first) + len(reply) - 1
     engine.close()
@@ -119,18 +118,18 @@ def test_a_prompt_that_diverges_from_a_cached_one_resumes_from_a_snapshot(family
     """In the one slot there is, which shares the new prompt's first 32 tokens but then
     differs: its live states are those of its own last token, so the prefix is reused up
     to the snapshot of its states the cache kept at 32 (test_state_snapshots.py)."""
-    model = load_hf_model(hf_model(family))
+    hf_dir = hf_model(family)
     engine = Engine.load(bundle(family, flavor), threads=2, background=False, chunk_size=16,
                          kv_slots=1)
     cached = prompt_ids(50)
     engine.generate(cached, PARAMS).result()
     diverging = cached[:32] + prompt_ids(20, seed=9)[1:]
     got = engine.generate(diverging, PARAMS).result()
-    assert got.token_ids == reference_greedy(model, diverging)
+    assert got.token_ids == reference_greedy(hf_dir, diverging)
     assert got.metrics.prefix_reused == 32
     # A prompt the slot's whole token list begins is served from it.
     longer = diverging + got.token_ids + prompt_ids(9, seed=11)[1:]
     again = engine.generate(longer, PARAMS).result()
-    assert again.token_ids == reference_greedy(model, longer)
+    assert again.token_ids == reference_greedy(hf_dir, longer)
     assert again.metrics.prefix_reused == len(diverging) + len(got.token_ids) - 1
     engine.close()

@@ -10,7 +10,6 @@ import pytest
 
 from edgeprefill.sdk import Engine, GenerationParams
 from edgeprefill.sdk.state_snapshots import snapshot_budget
-from tests.conftest import load_hf_model
 from tests.test_exactness import prompt_ids, reference_greedy
 
 FAMILIES = ("lfm2", "lfm3", "qwen3_5_text", "granitemoehybrid-mamba", "falcon_h1")
@@ -35,16 +34,16 @@ def test_a_shared_system_prompt_is_lent_from_a_snapshot(family, hf_model, bundle
     """Chunks of 24 end at 16 and 32 (cut where a snapshot is kept; the last, which ends
     the prompt, is not cut): the second prompt shares 40 tokens, so it copies 32
     positions and restores the states there."""
-    model = load_hf_model(hf_model(family))
+    hf_dir = hf_model(family)
     engine = _load(bundle, family, chunk_size=24)
     system = prompt_ids(40)
     first = system + prompt_ids(13, seed=5)[1:]
     second = system + prompt_ids(11, seed=6)[1:]
-    assert engine.generate(first, PARAMS).result().token_ids == reference_greedy(model, first)
+    assert engine.generate(first, PARAMS).result().token_ids == reference_greedy(hf_dir, first)
     assert _positions(engine, 0) == [16, 32]
     hits = engine.kv.prefix_hits
     got = engine.generate(second, PARAMS).result()
-    assert got.token_ids == reference_greedy(model, second)
+    assert got.token_ids == reference_greedy(hf_dir, second)
     assert got.metrics.prefix_reused == 32
     assert engine.kv.prefix_hits == hits + 1
     # The lent prefix's snapshots came along: the second slot can lend it in turn.
@@ -58,12 +57,12 @@ def test_a_request_parting_from_a_cached_prompt_keeps_a_snapshot_there_for_the_n
     """The first prompt runs in one call (chunks of 64): no snapshot. The second shares
     its 40-token system prompt, reuses nothing, and its chunk ends at 32 (its mark), so
     a snapshot is kept there; the third reuses 32 tokens from it."""
-    model = load_hf_model(hf_model(family))
+    hf_dir = hf_model(family)
     engine = _load(bundle, family, chunk_size=64)
     system = prompt_ids(40)
     prompts = [system + prompt_ids(13, seed=seed)[1:] for seed in (5, 6, 7)]
     got = [engine.generate(p, PARAMS).result() for p in prompts]
-    assert [g.token_ids for g in got] == [reference_greedy(model, p) for p in prompts]
+    assert [g.token_ids for g in got] == [reference_greedy(hf_dir, p) for p in prompts]
     assert [g.metrics.prefix_reused for g in got] == [0, 0, 32]
     assert [g.metrics.chunks for g in got] == [1, 2, 1]
     engine.close()
@@ -73,14 +72,14 @@ def test_an_edited_last_turn_resumes_from_a_snapshot_taken_while_decoding(family
                                                                           bundle):
     """The slot holds the first prompt (45) and 7 of its reply's tokens; a decode step
     landed on 48. The edit keeps 5 reply tokens (50 in common): 48 are reused."""
-    model = load_hf_model(hf_model(family))
+    hf_dir = hf_model(family)
     engine = _load(bundle, family, chunk_size=16, kv_slots=1)
     first = prompt_ids(45)
     reply = engine.generate(first, PARAMS).result().token_ids
     assert _positions(engine, 0) == [16, 32, 48]
     edited = first + reply[:5] + prompt_ids(12, seed=8)[1:]
     got = engine.generate(edited, PARAMS).result()
-    assert got.token_ids == reference_greedy(model, edited)
+    assert got.token_ids == reference_greedy(hf_dir, edited)
     assert got.metrics.prefix_reused == 48
     engine.close()
 
@@ -91,11 +90,11 @@ def test_n_choices_are_greedy_whether_forked_or_resumed_from_a_snapshot(family, 
     """With a free slot the sibling forks the prompt's slot; with none it waits, then
     takes the slot back (its prompt is a prefix of the slot's tokens but for the last
     one) from the snapshot at 32."""
-    model = load_hf_model(hf_model(family))
+    hf_dir = hf_model(family)
     engine = _load(bundle, family, chunk_size=16, kv_slots=slots)
     prompt = prompt_ids(40)
     streams = engine.submit_n(prompt, PARAMS, 2)
-    want = reference_greedy(model, prompt)
+    want = reference_greedy(hf_dir, prompt)
     assert [s.result().token_ids for s in streams] == [want, want]
     assert streams[1].metrics.prefix_reused == (40 if slots > 1 else 32)
     engine.close()
@@ -105,7 +104,7 @@ def test_a_slots_snapshots_past_what_it_keeps_are_dropped(family, hf_model, bund
     """The one slot holds a first prompt's states at 16 and 32; a second prompt shares
     20 tokens, takes the slot back to 16 and writes its own 32. A third sharing 35 tokens
     with the second restores the second's states at 32, never the first's."""
-    model = load_hf_model(hf_model(family))
+    hf_dir = hf_model(family)
     engine = _load(bundle, family, chunk_size=16, kv_slots=1)
     first = prompt_ids(40)
     engine.generate(first, PARAMS).result()
@@ -114,7 +113,7 @@ def test_a_slots_snapshots_past_what_it_keeps_are_dropped(family, hf_model, bund
     assert _positions(engine, 0) == [16, 32]
     third = second[:35] + prompt_ids(9, seed=4)[1:]
     got = engine.generate(third, PARAMS).result()
-    assert got.token_ids == reference_greedy(model, third)
+    assert got.token_ids == reference_greedy(hf_dir, third)
     assert got.metrics.prefix_reused == 32
     engine.close()
 
@@ -122,7 +121,7 @@ def test_a_slots_snapshots_past_what_it_keeps_are_dropped(family, hf_model, bund
 def test_an_evicted_slots_snapshots_are_never_restored(family, hf_model, bundle):
     """A second prompt sharing only 10 tokens with the one slot's evicts it and is
     prefilled from 0; a third sharing 35 with the second gets the second's states."""
-    model = load_hf_model(hf_model(family))
+    hf_dir = hf_model(family)
     engine = _load(bundle, family, chunk_size=16, kv_slots=1)
     head = prompt_ids(10)
     engine.generate(head + prompt_ids(31, seed=2)[1:], PARAMS).result()
@@ -130,14 +129,14 @@ def test_an_evicted_slots_snapshots_are_never_restored(family, hf_model, bundle)
     assert engine.generate(second, PARAMS).result().metrics.prefix_reused == 0
     third = second[:35] + prompt_ids(9, seed=4)[1:]
     got = engine.generate(third, PARAMS).result()
-    assert got.token_ids == reference_greedy(model, third)
+    assert got.token_ids == reference_greedy(hf_dir, third)
     assert got.metrics.prefix_reused == 32
     engine.close()
 
 
 def test_snapshots_move_with_their_slot_when_decode_rows_are_compacted(family, hf_model,
                                                                        bundle):
-    model = load_hf_model(hf_model(family))
+    hf_dir = hf_model(family)
     engine = _load(bundle, family, chunk_size=16, kv_slots=3)
     engine.generate(prompt_ids(20, seed=9), PARAMS).result()  # slot 0
     first = prompt_ids(40)
@@ -146,7 +145,7 @@ def test_snapshots_move_with_their_slot_when_decode_rows_are_compacted(family, h
     assert _positions(engine, 2) == [16, 32] and _positions(engine, 1) == []
     second = first[:38] + prompt_ids(9, seed=4)[1:]
     got = engine.generate(second, PARAMS).result()  # into slot 1, lent by slot 2
-    assert got.token_ids == reference_greedy(model, second)
+    assert got.token_ids == reference_greedy(hf_dir, second)
     assert got.metrics.prefix_reused == 32
     engine.kv.check_integrity()
     engine.close()
