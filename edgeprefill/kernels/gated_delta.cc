@@ -83,10 +83,6 @@ void RunHead(void* data, size_t index) {
   }
 }
 
-bool Dims(const Tensor& t, std::initializer_list<int64_t> want) {
-  return t.dims == std::vector<int64_t>(want);
-}
-
 OrtStatus* Compute(void*, OrtKernelContext* context) {
   Tensor s, q, k, v, decay, beta;
   EP_RETURN_IF_ERROR(Input(context, 0, &s));
@@ -99,20 +95,16 @@ OrtStatus* Compute(void*, OrtKernelContext* context) {
     return Fail("GatedDeltaRule: the state must be [B, H, dk, dv] and q [B, C, H, dk]");
   const int64_t rows = s.dims[0], heads = s.dims[1], dk = s.dims[2], dv = s.dims[3];
   const int64_t chunk = q.dims[1];
-  if (!Dims(q, {rows, chunk, heads, dk}) || !Dims(k, {rows, chunk, heads, dk}) ||
-      !Dims(v, {rows, chunk, heads, dv}) || !Dims(decay, {rows, chunk, heads}) ||
-      !Dims(beta, {rows, chunk, heads}))
+  if (!HasDims(q, {rows, chunk, heads, dk}) || !HasDims(k, {rows, chunk, heads, dk}) ||
+      !HasDims(v, {rows, chunk, heads, dv}) || !HasDims(decay, {rows, chunk, heads}) ||
+      !HasDims(beta, {rows, chunk, heads}))
     return Fail("GatedDeltaRule: q, k [B, C, H, dk], v [B, C, H, dv] and decay, beta "
                 "[B, C, H] must agree with the state [B, H, dk, dv]");
   Job job{s.data, q.data, k.data, v.data, decay.data, beta.data, nullptr, nullptr,
           chunk, heads, dk, dv};
   EP_RETURN_IF_ERROR(Output(context, 0, s.dims, &job.state));
   EP_RETURN_IF_ERROR(Output(context, 1, {rows, chunk, heads, dv}, &job.out));
-  const size_t pieces = static_cast<size_t>(rows * heads);
-  if (pieces > 1)
-    ParallelFor(context, RunHead, pieces, &job);
-  else
-    for (size_t i = 0; i < pieces; ++i) RunHead(&job, i);
+  ParallelFor(context, RunHead, static_cast<size_t>(rows * heads), &job);
   return nullptr;
 }
 

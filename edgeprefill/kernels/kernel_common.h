@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <initializer_list>
 #include <vector>
 
 #if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
@@ -212,13 +213,18 @@ struct Tensor {
   ONNXTensorElementDataType type = ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
 };
 
+// Whether `t` is shaped exactly `want`.
+inline bool HasDims(const Tensor& t, std::initializer_list<int64_t> want) {
+  return t.dims == std::vector<int64_t>(want);
+}
+
 OrtStatus* Input(OrtKernelContext* context, size_t index, Tensor* tensor);
 // Whether the node has input `index` (an optional input: absent, or given as "").
 OrtStatus* HasInput(OrtKernelContext* context, size_t index, bool* has);
 OrtStatus* Output(OrtKernelContext* context, size_t index, const std::vector<int64_t>& dims,
                   float** data);
 
-// Runs `count` pieces on ONNX Runtime's intra-op pool, or here when there is none.
+// Runs `count` pieces on ONNX Runtime's intra-op pool, or here when there is none (or one).
 void ParallelFor(OrtKernelContext* context, void (*fn)(void*, size_t), size_t count, void* data);
 
 // A row-wise op's rows (SwiGlu, SkipRmsNorm): run(job, first, last) over blocks of 16 rows,

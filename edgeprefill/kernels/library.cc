@@ -116,6 +116,10 @@ OrtStatus* Output(OrtKernelContext* context, size_t index, const std::vector<int
 }
 
 void ParallelFor(OrtKernelContext* context, void (*fn)(void*, size_t), size_t count, void* data) {
+  if (count <= 1) {  // nothing to hand out
+    for (size_t i = 0; i < count; ++i) fn(data, i);
+    return;
+  }
   OrtStatus* pooled = g_api->KernelContext_ParallelFor(context, fn, count, 0, data);
   if (pooled != nullptr) {  // no pool available: run the pieces here
     g_api->ReleaseStatus(pooled);

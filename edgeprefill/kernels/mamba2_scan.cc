@@ -101,10 +101,6 @@ EP_SEPARATE_ROUNDING void RunHead(void* data, size_t index) {
   }
 }
 
-bool Dims(const Tensor& t, std::initializer_list<int64_t> want) {
-  return t.dims == std::vector<int64_t>(want);
-}
-
 OrtStatus* Compute(void*, OrtKernelContext* context) {
   Tensor h, dtx, b, c, decay;
   EP_RETURN_IF_ERROR(Input(context, 0, &h));
@@ -116,18 +112,14 @@ OrtStatus* Compute(void*, OrtKernelContext* context) {
     return Fail("Mamba2Scan: the state must be [B, H, P, N] and dtx [B, C, H, P]");
   const int64_t rows = h.dims[0], heads = h.dims[1], p = h.dims[2], n = h.dims[3];
   const int64_t chunk = dtx.dims[1];
-  if (!Dims(dtx, {rows, chunk, heads, p}) || !Dims(b, {rows, chunk, heads, n}) ||
-      !Dims(c, {rows, chunk, heads, n}) || !Dims(decay, {rows, chunk, heads}))
+  if (!HasDims(dtx, {rows, chunk, heads, p}) || !HasDims(b, {rows, chunk, heads, n}) ||
+      !HasDims(c, {rows, chunk, heads, n}) || !HasDims(decay, {rows, chunk, heads}))
     return Fail("Mamba2Scan: dtx [B, C, H, P], B and C [B, C, H, N] and decay [B, C, H] "
                 "must agree with the state [B, H, P, N]");
   Job job{h.data, dtx.data, b.data, c.data, decay.data, nullptr, nullptr, chunk, heads, p, n};
   EP_RETURN_IF_ERROR(Output(context, 0, h.dims, &job.state));
   EP_RETURN_IF_ERROR(Output(context, 1, {rows, chunk, heads, p}, &job.out));
-  const size_t pieces = static_cast<size_t>(rows * heads);
-  if (pieces > 1)
-    ParallelFor(context, RunHead, pieces, &job);
-  else
-    for (size_t i = 0; i < pieces; ++i) RunHead(&job, i);
+  ParallelFor(context, RunHead, static_cast<size_t>(rows * heads), &job);
   return nullptr;
 }
 
