@@ -117,14 +117,15 @@ def scans(m: ModelProto) -> list[NodeProto]:
     return [n for n in m.graph.node if n.op_type == "Scan"]
 
 
-def one_scan_model(bundle_graph: ModelProto) -> ModelProto:
-    """The bundle's first DeltaNet Scan alone, its six inputs and two outputs the graph's."""
+def one_scan_model(bundle_graph: ModelProto, names: tuple[str, ...] = NAMES) -> ModelProto:
+    """The bundle's first recurrence Scan (a DeltaNet's, or test_mamba2_kernel's Mamba-2
+    one) alone, its inputs (`names`) and two outputs the graph's."""
     scan = scans(bundle_graph)[0]
     f = TensorProto.FLOAT
-    node = helper.make_node("Scan", list(NAMES), ["final", "out"])
+    node = helper.make_node("Scan", list(names), ["final", "out"])
     node.attribute.extend(scan.attribute)
     m = helper.make_model(helper.make_graph(
-        [node], "one", [helper.make_tensor_value_info(n, f, None) for n in NAMES],
+        [node], "one", [helper.make_tensor_value_info(n, f, None) for n in names],
         [helper.make_tensor_value_info(n, f, None) for n in ("final", "out")]),
         opset_imports=list(bundle_graph.opset_import))
     m.ir_version = bundle_graph.ir_version

@@ -25,7 +25,7 @@ from edgeprefill.kernels.scan_body import matches
 from edgeprefill.sdk import Engine
 from tests.state_models import run_padded
 from tests.test_exactness import prompt_ids, reference_logits
-from tests.test_gated_delta_kernel import run
+from tests.test_gated_delta_kernel import one_scan_model, run, scans
 
 NAMES = ("h", "dtx", "B", "C", "decay")
 FAMILY = "granitemoehybrid-mamba"
@@ -99,24 +99,6 @@ def test_op_matches_the_recurrence_and_padding_leaves_the_state_alone(
             np.testing.assert_array_equal(final[row], feeds["h"][row])
 
 
-def scans(m: ModelProto) -> list[NodeProto]:
-    return [n for n in m.graph.node if n.op_type == "Scan"]
-
-
-def one_scan_model(bundle_graph: ModelProto) -> ModelProto:
-    """The bundle's first Mamba-2 Scan alone, its five inputs and two outputs the graph's."""
-    scan = scans(bundle_graph)[0]
-    f = TensorProto.FLOAT
-    node = helper.make_node("Scan", list(NAMES), ["final", "out"])
-    node.attribute.extend(scan.attribute)
-    m = helper.make_model(helper.make_graph(
-        [node], "one", [helper.make_tensor_value_info(n, f, None) for n in NAMES],
-        [helper.make_tensor_value_info(n, f, None) for n in ("final", "out")]),
-        opset_imports=list(bundle_graph.opset_import))
-    m.ir_version = bundle_graph.ir_version
-    return m
-
-
 def body(node: NodeProto):
     return next(a.g for a in node.attribute if a.name == "body")
 
@@ -139,7 +121,7 @@ def test_the_op_computes_what_the_exporters_scan_does(library, bundle, copy):
     the body's MatMul: a few float32 roundings of terms of order 1 (1e-6). Bundles exported
     before stop 40 (`copy`: their body copies h to its output) are switched too."""
     path = bundle(FAMILY)
-    m = one_scan_model(load_graph(path, load_manifest(path)))
+    m = one_scan_model(load_graph(path, load_manifest(path)), NAMES)
     if copy:
         with_copy(m.graph.node[0])
     feeds = inputs(2, 21, HEADS, P, N, [21, 6], seed=7)
