@@ -16,7 +16,7 @@ from safetensors.numpy import load_file, save_file
 from edgeprefill.export import mxfp4
 from edgeprefill.export.exporter import ExportOptions, export
 from edgeprefill.export.quantize import QuantConfig, int4_blockwise, int4_dequantize
-from edgeprefill.sdk import Engine, GenerationParams
+from edgeprefill.sdk import Engine
 from tests.conftest import build_hf_model, load_hf_model
 from tests.state_models import GRAPHS, assert_padded_chunks_match
 from tests.test_cli_errors import cli
@@ -67,19 +67,6 @@ def test_rows_of_different_valid_lengths_in_one_call_each_equal_transformers(
     for row, ids in enumerate(prompts):
         np.testing.assert_allclose(got[row], reference_logits(hf_dir, ids)[-1], rtol=1e-4,
                                    atol=1e-4, err_msg=f"row {row}")
-
-
-def test_concurrent_sessions_generate_transformers_greedy_text(hf_model, bundle):
-    """Sessions decoding together (their decode rows in one call) each reply as
-    transformers' greedy decoding of their prompt."""
-    model = load_hf_model(hf_model(FAMILY))
-    engine = Engine.load(bundle(FAMILY), threads=2, background=False, chunk_size=16)
-    params = GenerationParams(max_new_tokens=8, ignore_eos=True)
-    prompts = [prompt_ids(n, seed=n) for n in (5, 30, 61)]
-    streams = [engine.generate(ids, params) for ids in prompts]
-    for ids, stream in zip(prompts, streams, strict=True):
-        assert stream.result().token_ids == reference_greedy(model, ids)
-    engine.close()
 
 
 def test_greedy_text_equals_transformers_unchunked_generate(hf_model, bundle):

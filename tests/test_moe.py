@@ -130,7 +130,7 @@ def test_rows_of_different_valid_lengths_in_one_call_each_equal_transformers(
                                    atol=1e-4, err_msg=f"row {row}")
 
 
-@pytest.mark.parametrize("family", ("qwen3_moe", "lfm2_moe", *slow(*UNFUSED_ORT)))
+@pytest.mark.parametrize("family", ("qwen3_moe", "lfm2_moe", "gpt_oss", *slow(*UNFUSED_ORT)))
 def test_concurrent_sessions_generate_transformers_greedy_text(family, hf_model, bundle):
     """Sessions decoding together (and a prompt's chunks fused with their decode rows)
     each reply as transformers' greedy decoding of their prompt."""
