@@ -145,11 +145,16 @@ def settle_log(http, caplog) -> None:
 def test_each_request_logs_one_line_with_tokens_ttft_and_duration(http, caplog):
     caplog.set_level(logging.DEBUG, logger="edgeprefill.server")
     settle_log(http, caplog)
+    # Each line is awaited before the next request: a streamed reply's line is written
+    # after its last byte, so under load it could land after the next request's.
     reply = http.post("/v1/completions", json={"prompt": "w5 w6", "max_tokens": 4, **NO_EOS})
+    wait_for_lines(caplog, 1)
     streamed = http.post("/v1/chat/completions", json={
         "messages": [{"role": "user", "content": "w7"}], "max_tokens": 3, "stream": True,
         **NO_EOS})
+    wait_for_lines(caplog, 2)
     http.post("/v1/completions", json={"prompt": ""})
+    wait_for_lines(caplog, 3)
     http.get("/health")  # a probe: logged at debug only
     http.get("/v1/nothing")
     lines = wait_for_lines(caplog, 4)
