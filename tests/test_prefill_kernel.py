@@ -26,24 +26,27 @@ PASTS = np.array([0, 1, 127, 300])
 
 def layer_model(native: bool, rotary_dim: int, valid_lens: bool = False, decode: bool = False,
                 bf16: bool = False, packed: bool = False, last: bool = False,
-                window: int = -1, softcap: float = 0.0) -> bytes:
+                window: int = -1, softcap: float = 0.0, rotary: bool = True) -> bytes:
     """One attention layer over a bound cache, chunk length free: GQA or the kernel (with
     `valid_lens`, given each row's valid tokens as an input; `decode`: DecodeAttention, for
     chunks of one token; `bf16`: PrefillAttention's products in bf16; `packed`: its qkv and
     output the valid tokens packed, [1, T, ...], with past_lens as input "past"; `last`: its
     output each row's last valid token only, last=1; `window`: GroupQueryAttention's
-    local_window_size, `softcap` its softcap, which graph.kernel_node carries over)."""
+    local_window_size, `softcap` its softcap, which graph.kernel_node carries over;
+    `rotary` False: do_rotary=0 and no rotary tables, a NoPE layer)."""
     valid_lens = valid_lens or packed
     rng = np.random.default_rng(0)
     tables = [rng.standard_normal((CAPACITY + 1, rotary_dim // 2)).astype(np.float32)
               for _ in range(2)]
     inits = [numpy_helper.from_array(t, n) for t, n in zip(tables, ("cos", "sin"), strict=True)]
     inputs = ["qkv", "", "", "past_k", "past_v", "seqlens_k", "total", "cos", "sin"]
+    if not rotary:
+        inputs, inits = inputs[:7], []
     node = helper.make_node(
         "GroupQueryAttention", inputs, ["out", "present_k", "present_v"], name="gqa",
         domain="com.microsoft", num_heads=HEADS, kv_num_heads=KV_HEADS,
-        scale=HEAD_DIM**-0.5, do_rotary=1, rotary_interleaved=0, local_window_size=window,
-        softcap=softcap,
+        scale=HEAD_DIM**-0.5, do_rotary=int(rotary), rotary_interleaved=0,
+        local_window_size=window, softcap=softcap,
     )
     if native:
         node = graph.kernel_node(node, prefill=not decode,

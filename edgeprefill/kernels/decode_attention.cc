@@ -15,7 +15,8 @@
 //          1 past_key [B, KV, cap, D] float       the cache (bound in place)
 //          2 past_value [B, KV, cap, D] float
 //          3 positions [B] int32                  the new token's position = row's past length
-//          4 cos [P, D / 2] float, 5 sin [P, D / 2] float   rotary tables
+//          4 cos [P, R / 2] float, 5 sin [P, R / 2] float   rotary tables (R <= D;
+//                                               optional: neither is do_rotary=0)
 // Outputs: 0 out [B, 1, H * D] float, 1 present_key, 2 present_value (same shape as past;
 //          when bound to the past buffers nothing is copied, else the past is copied first)
 // Attributes: num_heads, kv_num_heads (int), scale (float), local_window_size (int,
@@ -471,8 +472,7 @@ struct Shape {
 };
 
 OrtStatus* CheckShapes(const Kernel& kernel, const Tensor& qkv, const Tensor& past_k,
-                       const Tensor& past_v, const Tensor& positions, const Tensor& cos,
-                       const Tensor& sin, Shape* shape) {
+                       const Tensor& past_v, const Tensor& positions, Shape* shape) {
   if (qkv.dims.size() != 3 || qkv.dims[1] != 1)
     return Fail("DecodeAttention: qkv must be [rows, 1, (heads + 2 kv_heads) * head_dim]");
   if (past_k.dims.size() != 4 || past_k.dims != past_v.dims)
@@ -485,25 +485,23 @@ OrtStatus* CheckShapes(const Kernel& kernel, const Tensor& qkv, const Tensor& pa
     return Fail("DecodeAttention: head_dim must be a multiple of 16 and heads of kv_heads");
   if (positions.dims.size() != 1 || positions.dims[0] != qkv.dims[0])
     return Fail("DecodeAttention: positions must be [rows]");
-  if (cos.dims.size() != 2 || cos.dims != sin.dims || cos.dims[1] < 1 || cos.dims[1] * 2 > d)
-    return Fail("DecodeAttention: cos and sin must be [positions, rotary_dim / 2], rotary_dim <= head_dim");
   *shape = {qkv.dims[0], kernel.kv_heads, past_k.dims[2], d, kernel.heads / kernel.kv_heads};
   return nullptr;
 }
 
 OrtStatus* Compute(const Kernel& kernel, OrtKernelContext* context) {
-  Tensor qkv, past_k, past_v, positions_t, cos, sin;
+  Tensor qkv, past_k, past_v, positions_t;
   EP_RETURN_IF_ERROR(Input(context, 0, &qkv));
   EP_RETURN_IF_ERROR(Input(context, 1, &past_k));
   EP_RETURN_IF_ERROR(Input(context, 2, &past_v));
   EP_RETURN_IF_ERROR(Input(context, 3, &positions_t));
-  EP_RETURN_IF_ERROR(Input(context, 4, &cos));
-  EP_RETURN_IF_ERROR(Input(context, 5, &sin));
   Shape s;
-  EP_RETURN_IF_ERROR(CheckShapes(kernel, qkv, past_k, past_v, positions_t, cos, sin, &s));
+  EP_RETURN_IF_ERROR(CheckShapes(kernel, qkv, past_k, past_v, positions_t, &s));
+  RotaryTables rotary;
+  EP_RETURN_IF_ERROR(RotaryInputs(context, 4, s.head_dim, "DecodeAttention", &rotary));
   const int32_t* positions = reinterpret_cast<const int32_t*>(positions_t.data);
   for (int64_t row = 0; row < s.rows; ++row)
-    if (positions[row] < 0 || positions[row] >= s.capacity || positions[row] >= cos.dims[0])
+    if (positions[row] < 0 || positions[row] >= s.capacity || positions[row] >= rotary.positions)
       return Fail("DecodeAttention: a row's position is outside the cache or the rotary table");
 
   const int64_t d = s.head_dim, heads = kernel.heads;
@@ -517,8 +515,9 @@ OrtStatus* Compute(const Kernel& kernel, OrtKernelContext* context) {
 
   std::vector<int64_t> rows(s.rows), at(positions, positions + s.rows);
   for (int64_t row = 0; row < s.rows; ++row) rows[row] = row;  // row r's token is token r
-  DecodeRows work({heads, s.kv_heads, s.capacity, d, 2 * cos.dims[1], kernel.scale, kernel.window,
-                   kernel.softcap}, qkv.data, rows, rows, std::move(at), {keys, values, false}, cos.data, sin.data);
+  DecodeRows work({heads, s.kv_heads, s.capacity, d, rotary.rotary, kernel.scale, kernel.window,
+                   kernel.softcap}, qkv.data, rows, rows, std::move(at), {keys, values, false},
+                  rotary.cos, rotary.sin);
   ParallelFor(context, RunDecodePiece, work.Pieces(), &work);
   work.Finish(out);
   return nullptr;
@@ -544,8 +543,9 @@ void ORT_API_CALL DestroyKernel(void* kernel) { delete static_cast<Kernel*>(kern
 }  // namespace
 
 const Op& DecodeAttentionOp() {
-  static const Op op = MakeOp({"DecodeAttention", 6, 3, 1u << 3, CreateKernel, ComputeKernel,
-                               DestroyKernel});
+  OpSpec spec{"DecodeAttention", 6, 3, 1u << 3, CreateKernel, ComputeKernel, DestroyKernel};
+  spec.optional_inputs = (1u << 4) | (1u << 5);  // no rotary tables: do_rotary=0
+  static const Op op = MakeOp(spec);
   return op;
 }
 

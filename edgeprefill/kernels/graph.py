@@ -52,9 +52,11 @@ KERNEL_INPUTS = (0, 3, 4, 5, 7, 8)
 # PrefillAttention takes total_sequence_length (6) too: it tells a first prompt (past 0);
 # and the graph's valid_lens where it has them, to skip each row's padding.
 PREFILL_INPUTS = (0, 3, 4, 5, 6, 7, 8)
+ROTARY_INPUTS = (7, 8)  # cos, sin: with do_rotary=0 the kernel nodes get "" (no rotation)
 MAX_GROUP = 96  # query heads per KV head the prefill kernel takes (kColumns in the .cc)
 HEAD_SINK = 11  # GroupQueryAttention's head_sink input (gpt-oss's attention sinks)
-# Attributes whose non-default values change the math; the kernel has none of them.
+# Attributes whose non-default values change the math; the kernel has none of them
+# (rotary_interleaved only where the node rotates: do_rotary=1).
 UNSUPPORTED = {"smooth_softmax": 0, "rotary_interleaved": 0, "qk_output": 0}
 # GroupQueryAttention's sliding window, which the kernels take as it is (kernel_common.h's
 # FirstKey: a query sees the last `local_window_size` keys, its own included); -1 is none.
@@ -69,7 +71,8 @@ UNSUPPORTED_WHY = {"smooth_softmax": "a smooth softmax", "rotary_interleaved": "
 
 
 def eligible(node: NodeProto) -> bool:
-    """A packed-qkv GroupQueryAttention with rotary inside and nothing the kernel lacks."""
+    """A GroupQueryAttention (packed qkv or q, k, v apart; rotary inside or none) with
+    nothing the kernel lacks."""
     return node.op_type == "GroupQueryAttention" and node.domain == "com.microsoft" and \
         why_not_eligible(node) is None
 
@@ -81,18 +84,23 @@ def why_not_eligible(node: NodeProto) -> str | None:
     inputs = list(node.input) + [""] * (9 - len(node.input))
     packed_or_split = (not inputs[1] and not inputs[2]) or (inputs[1] and inputs[2])
     heads, kv_heads = attrs.get("num_heads", 0), attrs.get("kv_num_heads", 0)
-    if attrs.get("do_rotary") != 1:
-        return "attention without rotary (learned positions, or layers without rope)"
+    rotary = attrs.get("do_rotary", 0) == 1
+    # Without rotary (NoPE layers: Granite-4.0-H, Nemotron-H, SmolLM3's and EXAONE 4's every
+    # fourth, Cohere 2's global layers) the kernels rotate nothing: kernel_node gives them
+    # no rotary tables.
     if len(node.input) > HEAD_SINK and node.input[HEAD_SINK]:
         return "attention sinks"  # a sink logit in each head's softmax; the kernels have none
     for key, default in UNSUPPORTED.items():
+        if key == "rotary_interleaved" and not rotary:
+            continue  # nothing rotates: the pairing does not matter
         if attrs.get(key, default) != default:
             return UNSUPPORTED_WHY[key]
     # PrefillAttention's pieces hold at most 96 (query, head) columns: one query of a group.
     if not (kv_heads > 0 and heads % kv_heads == 0 and heads // kv_heads <= MAX_GROUP):
         return f"{heads} query heads over {kv_heads} KV heads"
     if not ("scale" in attrs and len(node.input) <= 9 and packed_or_split
-            and all(inputs[i] for i in PREFILL_INPUTS) and len(node.output) == 3):
+            and all(inputs[i] for i in PREFILL_INPUTS if rotary or i not in ROTARY_INPUTS)
+            and len(node.output) == 3):
         return "inputs or outputs the kernel does not take"
     return None
 
@@ -340,15 +348,20 @@ def kernel_node(
     with `prefill` the PrefillAttention node, which the graph switch puts in for every call
     (given `valid_lens`, the graph input of each row's valid tokens, it skips the padding
     and gives rows of one token the decode rows' code). A sliding window and a softcap go
-    along."""
+    along; without rotary (do_rotary=0) the rotary tables are "", which the ops take as no
+    rotation."""
     attrs = {a.name: helper.get_attribute_value(a) for a in gqa.attribute}
     op, inputs = (PREFILL_OP, PREFILL_INPUTS) if prefill else (OP, KERNEL_INPUTS)
+    given = list(gqa.input) + [""] * (9 - len(gqa.input))
+    if attrs.get("do_rotary", 0) != 1:
+        for i in ROTARY_INPUTS:
+            given[i] = ""
     extra = [valid_lens] if prefill and valid_lens else []
     math = {WINDOW: attrs[WINDOW]} if attrs.get(WINDOW, -1) > 0 else {}
     if attrs.get(SOFTCAP, 0.0) > 0.0:
         math[SOFTCAP] = attrs[SOFTCAP]
     return helper.make_node(
-        op, [gqa.input[i] for i in inputs] + extra, [o + suffix for o in gqa.output],
+        op, [given[i] for i in inputs] + extra, [o + suffix for o in gqa.output],
         domain=DOMAIN, name=gqa.name + suffix, num_heads=attrs["num_heads"],
         kv_num_heads=attrs["kv_num_heads"], scale=attrs["scale"], **math,
     )

@@ -148,6 +148,7 @@ inline void PairUp(const float* src, int64_t count, uint32_t* dst) {
 // Non-interleaved rotary (the halves of the first `rotary` dims rotate against each other),
 // as GroupQueryAttention's rotary_interleaved=0 and transformers' rotate_half. With partial
 // rotary (Phi-3/Phi-4-mini, StableLM, GPT-NeoX) the dims past `rotary` pass through unchanged.
+// `rotary` 0 (no tables: do_rotary=0) copies x as it is; cos and sin are then never read.
 inline void Rotate(const float* x, float* out, const float* cos, const float* sin, int64_t d,
                    int64_t rotary) {
   const int64_t half = rotary / 2;
@@ -221,6 +222,18 @@ inline bool HasDims(const Tensor& t, std::initializer_list<int64_t> want) {
 OrtStatus* Input(OrtKernelContext* context, size_t index, Tensor* tensor);
 // Whether the node has input `index` (an optional input: absent, or given as "").
 OrtStatus* HasInput(OrtKernelContext* context, size_t index, bool* has);
+// The rotary tables cos and sin, inputs `index` and index + 1 (`op` names the op in the
+// error): [positions, rotary_dim / 2] each, rotary_dim even and <= head_dim `d`. Both absent
+// (GroupQueryAttention's do_rotary=0: NoPE layers, Granite-4.0-H, Nemotron-H) leave
+// `rotary` 0, which Rotate takes as no rotation, and the tables' rows unbounded.
+struct RotaryTables {
+  const float* cos = nullptr;
+  const float* sin = nullptr;
+  int64_t rotary = 0;     // rotary_dim: 0 without tables
+  int64_t positions = 0;  // the tables' rows; without tables, INT64_MAX (no bound)
+};
+OrtStatus* RotaryInputs(OrtKernelContext* context, size_t index, int64_t d, const char* op,
+                        RotaryTables* tables);
 OrtStatus* Output(OrtKernelContext* context, size_t index, const std::vector<int64_t>& dims,
                   float** data);
 

@@ -105,6 +105,27 @@ OrtStatus* HasInput(OrtKernelContext* context, size_t index, bool* has) {
   return nullptr;
 }
 
+OrtStatus* RotaryInputs(OrtKernelContext* context, size_t index, int64_t d, const char* op,
+                        RotaryTables* tables) {
+  bool has_cos = false, has_sin = false;
+  EP_RETURN_IF_ERROR(HasInput(context, index, &has_cos));
+  EP_RETURN_IF_ERROR(HasInput(context, index + 1, &has_sin));
+  if (has_cos != has_sin)
+    return Fail((std::string(op) + ": cos and sin must be given both or neither").c_str());
+  if (!has_cos) {
+    *tables = {nullptr, nullptr, 0, INT64_MAX};
+    return nullptr;
+  }
+  Tensor cos, sin;
+  EP_RETURN_IF_ERROR(Input(context, index, &cos));
+  EP_RETURN_IF_ERROR(Input(context, index + 1, &sin));
+  if (cos.dims.size() != 2 || cos.dims != sin.dims || cos.dims[1] < 1 || cos.dims[1] * 2 > d)
+    return Fail((std::string(op) +
+                 ": cos and sin must be [positions, rotary_dim / 2], rotary_dim <= head_dim").c_str());
+  *tables = {cos.data, sin.data, 2 * cos.dims[1], cos.dims[0]};
+  return nullptr;
+}
+
 OrtStatus* Output(OrtKernelContext* context, size_t index, const std::vector<int64_t>& dims,
                   float** data) {
   OrtValue* value = nullptr;

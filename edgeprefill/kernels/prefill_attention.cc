@@ -22,7 +22,8 @@
 //          2 past_value [B, KV, cap, D] float
 //          3 seqlens_k [B] int32                  row's total length - 1, padding included
 //          4 total_sequence_length [] int32
-//          5 cos [P, R / 2] float, 6 sin [P, R / 2] float   rotary tables (R <= D)
+//          5 cos [P, R / 2] float, 6 sin [P, R / 2] float   rotary tables (R <= D;
+//                                               optional: neither is do_rotary=0)
 //          7 valid_lens [B] int32 (optional)    each row's valid tokens, the rest padding:
 //                                               they are not computed nor written to the
 //                                               cache, and their output rows are zero; a
@@ -747,7 +748,7 @@ void Report(const Job& job, int64_t begin, int64_t written, int64_t pooled, int6
 
 OrtStatus* CheckShapes(const Kernel& kernel, const Tensor& qkv, const Tensor& past_k,
                        const Tensor& past_v, const Tensor& seqlens, const Tensor& total,
-                       const Tensor& cos, const Tensor& sin, Shape* shape) {
+                       int64_t rotary, Shape* shape) {
   if (qkv.dims.size() != 3)
     return Fail("PrefillAttention: qkv must be [rows, chunk, (heads + 2 kv_heads) * head_dim]");
   if (kernel.packed && qkv.dims[0] != 1)
@@ -765,13 +766,11 @@ OrtStatus* CheckShapes(const Kernel& kernel, const Tensor& qkv, const Tensor& pa
     return Fail("PrefillAttention: seqlens_k must be [rows]");
   if (!(total.dims.empty() || (total.dims.size() == 1 && total.dims[0] == 1)))
     return Fail("PrefillAttention: total_sequence_length must be a scalar");
-  if (cos.dims.size() != 2 || cos.dims != sin.dims || cos.dims[1] < 1 || cos.dims[1] * 2 > d)
-    return Fail("PrefillAttention: cos and sin must be [positions, rotary_dim / 2], rotary_dim <= head_dim");
   const int64_t group = kernel.heads / kernel.kv_heads;
   if (group > kMaxColumns)
     return Fail("PrefillAttention: at most 96 query heads per KV head");
   *shape = {rows, qkv.dims[1], kernel.kv_heads, past_k.dims[2], d, group,
-            2 * cos.dims[1], std::max<int64_t>(1, kColumns / group)};
+            rotary, std::max<int64_t>(1, kColumns / group)};
   return nullptr;
 }
 
@@ -972,22 +971,24 @@ void RunBoth(void* data, size_t index) {
 }
 
 OrtStatus* Compute(const Kernel& kernel, OrtKernelContext* context) {
-  Tensor qkv, past_k, past_v, seqlens_t, total_t, cos, sin;
+  Tensor qkv, past_k, past_v, seqlens_t, total_t;
   EP_RETURN_IF_ERROR(Input(context, 0, &qkv));
   EP_RETURN_IF_ERROR(Input(context, 1, &past_k));
   EP_RETURN_IF_ERROR(Input(context, 2, &past_v));
   EP_RETURN_IF_ERROR(Input(context, 3, &seqlens_t));
   EP_RETURN_IF_ERROR(Input(context, 4, &total_t));
-  EP_RETURN_IF_ERROR(Input(context, 5, &cos));
-  EP_RETURN_IF_ERROR(Input(context, 6, &sin));
+  if (past_k.dims.size() != 4)
+    return Fail("PrefillAttention: past key and value must both be [rows, kv_heads, capacity, head_dim]");
+  RotaryTables rotary;
+  EP_RETURN_IF_ERROR(RotaryInputs(context, 5, past_k.dims[3], "PrefillAttention", &rotary));
   Shape s;
-  EP_RETURN_IF_ERROR(CheckShapes(kernel, qkv, past_k, past_v, seqlens_t, total_t, cos, sin, &s));
+  EP_RETURN_IF_ERROR(CheckShapes(kernel, qkv, past_k, past_v, seqlens_t, total_t, rotary.rotary, &s));
   std::vector<int64_t> valid(s.rows, s.chunk), past(s.rows), first(s.rows);
   EP_RETURN_IF_ERROR(ValidLens(context, s, valid.data()));
   EP_RETURN_IF_ERROR(Places(context, kernel, s, seqlens_t, total_t, valid, &past, &first));
   for (int64_t row = 0; row < s.rows; ++row) {
     const int64_t end = past[row] + valid[row];
-    if (past[row] < 0 || end > s.capacity || end > cos.dims[0])
+    if (past[row] < 0 || end > s.capacity || end > rotary.positions)
       return Fail("PrefillAttention: a row's chunk is outside the cache or the rotary table");
   }
 
@@ -1008,7 +1009,7 @@ OrtStatus* Compute(const Kernel& kernel, OrtKernelContext* context) {
 
   const int64_t begin = Profiling() ? Now() : 0;
   Job job{s, kernel.scale, qkv.data, cache.bf16 ? nullptr : keys, cache.bf16 ? nullptr : values,
-          cos.data, sin.data, past.data(), valid.data(), first.data(), out, UsesBf16(kernel.bf16),
+          rotary.cos, rotary.sin, past.data(), valid.data(), first.data(), out, UsesBf16(kernel.bf16),
           kernel.last, kernel.window, kernel.softcap};
   if (!kernel.packed) ZeroPadding(job);  // packed: no padding rows
   WriteCache(job, cache);
@@ -1040,7 +1041,7 @@ OrtStatus* Compute(const Kernel& kernel, OrtKernelContext* context) {
   DecodeRows decode({heads, s.kv_heads, s.capacity, d, s.rotary, kernel.scale, kernel.window,
                      kernel.softcap}, qkv.data,
                     std::move(one_token), std::move(tokens), std::move(positions), cache,
-                    cos.data, sin.data);
+                    rotary.cos, rotary.sin);
   job.pieces = Plan(job);
   if (Profiling()) job.times.resize(job.pieces.size());
   const int64_t pooled = Profiling() ? Now() : 0;
@@ -1073,7 +1074,7 @@ void ORT_API_CALL DestroyKernel(void* kernel) { delete static_cast<Kernel*>(kern
 const Op& PrefillAttentionOp() {
   OpSpec spec{"PrefillAttention", 9, 3, (1u << 3) | (1u << 4) | (1u << 7) | (1u << 8),
               CreateKernel, ComputeKernel, DestroyKernel};
-  spec.optional_inputs = (1u << 7) | (1u << 8);
+  spec.optional_inputs = (1u << 5) | (1u << 6) | (1u << 7) | (1u << 8);
   static const Op op = MakeOp(spec);
   return op;
 }
@@ -1081,7 +1082,7 @@ const Op& PrefillAttentionOp() {
 const Op& PrefillAttentionBf16KvOp() {
   OpSpec spec{"PrefillAttentionBf16KV", 9, 3, (1u << 3) | (1u << 4) | (1u << 7) | (1u << 8),
               CreateBf16KvKernel, ComputeKernel, DestroyKernel};
-  spec.optional_inputs = (1u << 7) | (1u << 8);
+  spec.optional_inputs = (1u << 5) | (1u << 6) | (1u << 7) | (1u << 8);
   spec.uint16_inputs = spec.uint16_outputs = (1u << 1) | (1u << 2);
   static const Op op = MakeOp(spec);
   return op;
