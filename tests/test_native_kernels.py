@@ -263,7 +263,9 @@ def test_attention_the_kernel_lacks_stays_group_query_attention():
     model = helper.make_model(helper.make_graph([gqa(rotary_interleaved=1)], "g", [], []))
     assert graph.add_native_attention(model) == 0
     # What inspect and --stats say then: why, in a user's words, each distinct reason once.
-    assert graph.why_not_eligible(gqa(do_rotary=0)).startswith("attention without rotary")
+    assert graph.eligible(gqa(do_rotary=0))  # no rotary: its tables go (tests/test_no_rotary.py)
+    assert graph.eligible(gqa(do_rotary=0, rotary_interleaved=1))  # nothing rotates
+    assert graph.why_not_eligible(gqa(smooth_softmax=1)) == "a smooth softmax"
     sinks = gqa()
     sinks.input.extend(["", "", "sinks"])  # gpt-oss's head_sink, input 11
     assert not graph.eligible(sinks)

@@ -26,14 +26,16 @@ PASTS = np.array([0, 1, 127, 300])
 
 def layer_model(native: bool, rotary_dim: int, valid_lens: bool = False, decode: bool = False,
                 bf16: bool = False, packed: bool = False, last: bool = False,
-                window: int = -1, softcap: float = 0.0, rotary: bool = True) -> bytes:
+                window: int = -1, softcap: float = 0.0, rotary: bool = True,
+                sink: np.ndarray | None = None) -> bytes:
     """One attention layer over a bound cache, chunk length free: GQA or the kernel (with
     `valid_lens`, given each row's valid tokens as an input; `decode`: DecodeAttention, for
     chunks of one token; `bf16`: PrefillAttention's products in bf16; `packed`: its qkv and
     output the valid tokens packed, [1, T, ...], with past_lens as input "past"; `last`: its
     output each row's last valid token only, last=1; `window`: GroupQueryAttention's
     local_window_size, `softcap` its softcap, which graph.kernel_node carries over;
-    `rotary` False: do_rotary=0 and no rotary tables, a NoPE layer)."""
+    `rotary` False: do_rotary=0 and no rotary tables, a NoPE layer; `sink`: [HEADS] logits
+    as head_sink, gpt-oss's attention sinks)."""
     valid_lens = valid_lens or packed
     rng = np.random.default_rng(0)
     tables = [rng.standard_normal((CAPACITY + 1, rotary_dim // 2)).astype(np.float32)
@@ -42,6 +44,9 @@ def layer_model(native: bool, rotary_dim: int, valid_lens: bool = False, decode:
     inputs = ["qkv", "", "", "past_k", "past_v", "seqlens_k", "total", "cos", "sin"]
     if not rotary:
         inputs, inits = inputs[:7], []
+    if sink is not None:
+        inputs = inputs + [""] * (11 - len(inputs)) + ["sink"]
+        inits.append(numpy_helper.from_array(sink.astype(np.float32), "sink"))
     node = helper.make_node(
         "GroupQueryAttention", inputs, ["out", "present_k", "present_v"], name="gqa",
         domain="com.microsoft", num_heads=HEADS, kv_num_heads=KV_HEADS,
@@ -54,7 +59,10 @@ def layer_model(native: bool, rotary_dim: int, valid_lens: bool = False, decode:
     if bf16:
         node.attribute.append(helper.make_attribute("bf16", 1))
     if packed:
-        node.input.append("past")
+        if len(node.input) > 8:  # a head_sink after it (graph.PREFILL_SINK)
+            node.input[8] = "past"
+        else:
+            node.input.append("past")
         node.attribute.append(helper.make_attribute("packed", 1))
     if last:
         node.attribute.append(helper.make_attribute(graph.LAST, 1))

@@ -17,6 +17,8 @@
 //          3 positions [B] int32                  the new token's position = row's past length
 //          4 cos [P, R / 2] float, 5 sin [P, R / 2] float   rotary tables (R <= D;
 //                                               optional: neither is do_rotary=0)
+//          6 head_sink [H] float (optional)     each head's sink logit (gpt-oss): it joins
+//                                               the softmax's denominator (AddSink)
 // Outputs: 0 out [B, 1, H * D] float, 1 present_key, 2 present_value (same shape as past;
 //          when bound to the past buffers nothing is copied, else the past is copied first)
 // Attributes: num_heads, kv_num_heads (int), scale (float), local_window_size (int,
@@ -457,9 +459,10 @@ void DecodeRows::Finish(float* out, bool by_row) const {
     }
   for (size_t slot = 0; slot < slots; ++slot) {
     float* row = out + (by_row ? rows_[slot] : tokens_[slot]) * heads * d;
-    for (int64_t h = 0; h < heads; ++h)
-      for (int64_t k = 0; k < d; ++k)
-        row[h * d + k] = sum[(slot * heads + h) * d + k] / total[slot * heads + h];
+    for (int64_t h = 0; h < heads; ++h) {
+      const float denominator = AddSink(total[slot * heads + h], top[slot * heads + h], s.sink, h);
+      for (int64_t k = 0; k < d; ++k) row[h * d + k] = sum[(slot * heads + h) * d + k] / denominator;
+    }
   }
 }
 
@@ -499,6 +502,8 @@ OrtStatus* Compute(const Kernel& kernel, OrtKernelContext* context) {
   EP_RETURN_IF_ERROR(CheckShapes(kernel, qkv, past_k, past_v, positions_t, &s));
   RotaryTables rotary;
   EP_RETURN_IF_ERROR(RotaryInputs(context, 4, s.head_dim, "DecodeAttention", &rotary));
+  const float* sink = nullptr;
+  EP_RETURN_IF_ERROR(SinkInput(context, 6, kernel.heads, "DecodeAttention", &sink));
   const int32_t* positions = reinterpret_cast<const int32_t*>(positions_t.data);
   for (int64_t row = 0; row < s.rows; ++row)
     if (positions[row] < 0 || positions[row] >= s.capacity || positions[row] >= rotary.positions)
@@ -516,7 +521,7 @@ OrtStatus* Compute(const Kernel& kernel, OrtKernelContext* context) {
   std::vector<int64_t> rows(s.rows), at(positions, positions + s.rows);
   for (int64_t row = 0; row < s.rows; ++row) rows[row] = row;  // row r's token is token r
   DecodeRows work({heads, s.kv_heads, s.capacity, d, rotary.rotary, kernel.scale, kernel.window,
-                   kernel.softcap}, qkv.data, rows, rows, std::move(at), {keys, values, false},
+                   kernel.softcap, sink}, qkv.data, rows, rows, std::move(at), {keys, values, false},
                   rotary.cos, rotary.sin);
   ParallelFor(context, RunDecodePiece, work.Pieces(), &work);
   work.Finish(out);
@@ -543,8 +548,9 @@ void ORT_API_CALL DestroyKernel(void* kernel) { delete static_cast<Kernel*>(kern
 }  // namespace
 
 const Op& DecodeAttentionOp() {
-  OpSpec spec{"DecodeAttention", 6, 3, 1u << 3, CreateKernel, ComputeKernel, DestroyKernel};
-  spec.optional_inputs = (1u << 4) | (1u << 5);  // no rotary tables: do_rotary=0
+  OpSpec spec{"DecodeAttention", 7, 3, 1u << 3, CreateKernel, ComputeKernel, DestroyKernel};
+  // No rotary tables: do_rotary=0; no head_sink: no attention sinks.
+  spec.optional_inputs = (1u << 4) | (1u << 5) | (1u << 6);
   static const Op op = MakeOp(spec);
   return op;
 }

@@ -55,6 +55,9 @@ PREFILL_INPUTS = (0, 3, 4, 5, 6, 7, 8)
 ROTARY_INPUTS = (7, 8)  # cos, sin: with do_rotary=0 the kernel nodes get "" (no rotation)
 MAX_GROUP = 96  # query heads per KV head the prefill kernel takes (kColumns in the .cc)
 HEAD_SINK = 11  # GroupQueryAttention's head_sink input (gpt-oss's attention sinks)
+# Where the kernel nodes take it: DecodeAttention's input 6, PrefillAttention's 9 (after
+# valid_lens and past_lens, "" where the node has none).
+KERNEL_SINK, PREFILL_SINK = 6, 9
 # Attributes whose non-default values change the math; the kernel has none of them
 # (rotary_interleaved only where the node rotates: do_rotary=1).
 UNSUPPORTED = {"smooth_softmax": 0, "rotary_interleaved": 0, "qk_output": 0}
@@ -88,8 +91,6 @@ def why_not_eligible(node: NodeProto) -> str | None:
     # Without rotary (NoPE layers: Granite-4.0-H, Nemotron-H, SmolLM3's and EXAONE 4's every
     # fourth, Cohere 2's global layers) the kernels rotate nothing: kernel_node gives them
     # no rotary tables.
-    if len(node.input) > HEAD_SINK and node.input[HEAD_SINK]:
-        return "attention sinks"  # a sink logit in each head's softmax; the kernels have none
     for key, default in UNSUPPORTED.items():
         if key == "rotary_interleaved" and not rotary:
             continue  # nothing rotates: the pairing does not matter
@@ -98,7 +99,8 @@ def why_not_eligible(node: NodeProto) -> str | None:
     # PrefillAttention's pieces hold at most 96 (query, head) columns: one query of a group.
     if not (kv_heads > 0 and heads % kv_heads == 0 and heads // kv_heads <= MAX_GROUP):
         return f"{heads} query heads over {kv_heads} KV heads"
-    if not ("scale" in attrs and len(node.input) <= 9 and packed_or_split
+    # Inputs 9 and 10 (position_ids, attention_bias) the kernels lack; 11, head_sink, they take.
+    if not ("scale" in attrs and not any(node.input[9:HEAD_SINK]) and packed_or_split
             and all(inputs[i] for i in PREFILL_INPUTS if rotary or i not in ROTARY_INPUTS)
             and len(node.output) == 3):
         return "inputs or outputs the kernel does not take"
@@ -142,7 +144,8 @@ def fold_packing(graph: GraphProto) -> int:
 
     def chain(att: NodeProto) -> tuple[NodeProto, ...] | None:
         """(Squeeze, Gather) before `att` and (Reshape, Gather) after it, or None."""
-        if att.op_type != PREFILL_OP or att.domain != DOMAIN or list(att.input[7:]) != [VALID_LENS]:
+        if (att.op_type != PREFILL_OP or att.domain != DOMAIN or att.input[7:8] != [VALID_LENS]
+                or any(att.input[8:PREFILL_SINK])):
             return None
         squeeze = made_by(att.input[0], "Squeeze")
         if squeeze is None or only_user(att.input[0], PREFILL_OP) is not att:
@@ -169,7 +172,10 @@ def fold_packing(graph: GraphProto) -> int:
             continue
         squeeze, spread, reshape, gather = found
         att.input[0] = spread.input[0]
-        att.input.append(PAST_LENS)
+        if len(att.input) > 8:  # a head_sink after it
+            att.input[8] = PAST_LENS
+        else:
+            att.input.append(PAST_LENS)
         att.output[0] = gather.output[0]
         att.attribute.append(helper.make_attribute("packed", 1))
         dropped.update(id(n) for n in found)
@@ -349,7 +355,7 @@ def kernel_node(
     (given `valid_lens`, the graph input of each row's valid tokens, it skips the padding
     and gives rows of one token the decode rows' code). A sliding window and a softcap go
     along; without rotary (do_rotary=0) the rotary tables are "", which the ops take as no
-    rotation."""
+    rotation; attention sinks (head_sink) go to input KERNEL_SINK or PREFILL_SINK."""
     attrs = {a.name: helper.get_attribute_value(a) for a in gqa.attribute}
     op, inputs = (PREFILL_OP, PREFILL_INPUTS) if prefill else (OP, KERNEL_INPUTS)
     given = list(gqa.input) + [""] * (9 - len(gqa.input))
@@ -357,6 +363,10 @@ def kernel_node(
         for i in ROTARY_INPUTS:
             given[i] = ""
     extra = [valid_lens] if prefill and valid_lens else []
+    sink = gqa.input[HEAD_SINK] if len(gqa.input) > HEAD_SINK else ""
+    if sink:
+        at = PREFILL_SINK if prefill else KERNEL_SINK
+        extra += [""] * (at - len(inputs) - len(extra)) + [sink]
     math = {WINDOW: attrs[WINDOW]} if attrs.get(WINDOW, -1) > 0 else {}
     if attrs.get(SOFTCAP, 0.0) > 0.0:
         math[SOFTCAP] = attrs[SOFTCAP]

@@ -234,6 +234,20 @@ struct RotaryTables {
 };
 OrtStatus* RotaryInputs(OrtKernelContext* context, size_t index, int64_t d, const char* op,
                         RotaryTables* tables);
+// GroupQueryAttention's head_sink, input `index` where the node gives it (gpt-oss): [heads]
+// logits, each joining its head's softmax denominator as exp(sink - max) with no value
+// (AddSink); `sink` stays null without it.
+OrtStatus* SinkInput(OrtKernelContext* context, size_t index, int64_t heads, const char* op,
+                     const float** sink);
+
+// A softmax's denominator with a head's sink: `total`, the sum of exp(score - top) over
+// the scores (top their max), plus exp(sink - top), the sink's share, which attends to
+// nothing. ONNX Runtime 1.32's GroupQueryAttention takes the max over the scores and the
+// sink; the weights are the same up to rounding (measured: tests/test_attention_sinks.py).
+// A sink far above every score leaves an infinite denominator: weights of 0, as its limit.
+inline float AddSink(float total, float top, const float* sink, int64_t head) {
+  return sink == nullptr ? total : total + std::exp(sink[head] - top);
+}
 OrtStatus* Output(OrtKernelContext* context, size_t index, const std::vector<int64_t>& dims,
                   float** data);
 

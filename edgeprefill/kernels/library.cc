@@ -126,6 +126,20 @@ OrtStatus* RotaryInputs(OrtKernelContext* context, size_t index, int64_t d, cons
   return nullptr;
 }
 
+OrtStatus* SinkInput(OrtKernelContext* context, size_t index, int64_t heads, const char* op,
+                     const float** sink) {
+  bool given = false;
+  EP_RETURN_IF_ERROR(HasInput(context, index, &given));
+  *sink = nullptr;
+  if (!given) return nullptr;
+  Tensor t;
+  EP_RETURN_IF_ERROR(Input(context, index, &t));
+  if (t.dims.size() != 1 || t.dims[0] != heads)
+    return Fail((std::string(op) + ": head_sink must be [num_heads]").c_str());
+  *sink = t.data;
+  return nullptr;
+}
+
 OrtStatus* Output(OrtKernelContext* context, size_t index, const std::vector<int64_t>& dims,
                   float** data) {
   OrtValue* value = nullptr;

@@ -30,6 +30,8 @@
 //                                               row of one valid token is DecodeAttention's
 //                                               (decode_rows.h), bit for bit
 //          8 past_lens [B] int32 (with packed=1) each row's past length
+//          9 head_sink [H] float (optional)     each head's sink logit (gpt-oss): it joins
+//                                               the softmax's denominator (AddSink)
 // Outputs: 0 out [B, S, H * D] float, 1 present_key, 2 present_value (same shape as past;
 //          when bound to the past buffers nothing is copied, else the past is copied first)
 // Attributes: num_heads, kv_num_heads (int), scale (float), bf16 (int, optional: 1 runs the
@@ -153,6 +155,7 @@ struct Job {
   bool last = false;  // only each row's last valid token out, to out + row (attribute last=1)
   int64_t window = 0;  // local_window_size: a query sees keys FirstKey(position) .. position
   float softcap = 0.0f;  // > 0: each score -> softcap tanh(score / softcap), before the mask
+  const float* sink = nullptr;  // [heads] or null: each head's sink logit (AddSink)
   // bf16: the cache's keys [rows, kv, key_span, D/2] and values [rows, kv, span/2, D] paired
   // once per call for all pieces (span: the longest row's past + valid tokens, even). A
   // bf16 cache is its own key pairs (key_span = capacity): only the values are paired.
@@ -705,7 +708,7 @@ void RunPiece(void* data, size_t index) {
     if (job.last && piece.first + i != job.valid[piece.row] - 1) continue;
     const int64_t token = job.last ? piece.row : job.first[piece.row] + piece.first + i;
     float* out = job.out + (token * heads + piece.kv * g + h) * d;
-    const float inverse = 1.0f / total[m];
+    const float inverse = 1.0f / AddSink(total[m], top[m], job.sink, piece.kv * g + h);
     for (int64_t k = 0; k < d; ++k) out[k] = ot[k * columns + m] * inverse;
   }
   if (!job.times.empty()) {
@@ -981,6 +984,8 @@ OrtStatus* Compute(const Kernel& kernel, OrtKernelContext* context) {
     return Fail("PrefillAttention: past key and value must both be [rows, kv_heads, capacity, head_dim]");
   RotaryTables rotary;
   EP_RETURN_IF_ERROR(RotaryInputs(context, 5, past_k.dims[3], "PrefillAttention", &rotary));
+  const float* sink = nullptr;
+  EP_RETURN_IF_ERROR(SinkInput(context, 9, kernel.heads, "PrefillAttention", &sink));
   Shape s;
   EP_RETURN_IF_ERROR(CheckShapes(kernel, qkv, past_k, past_v, seqlens_t, total_t, rotary.rotary, &s));
   std::vector<int64_t> valid(s.rows, s.chunk), past(s.rows), first(s.rows);
@@ -1010,7 +1015,7 @@ OrtStatus* Compute(const Kernel& kernel, OrtKernelContext* context) {
   const int64_t begin = Profiling() ? Now() : 0;
   Job job{s, kernel.scale, qkv.data, cache.bf16 ? nullptr : keys, cache.bf16 ? nullptr : values,
           rotary.cos, rotary.sin, past.data(), valid.data(), first.data(), out, UsesBf16(kernel.bf16),
-          kernel.last, kernel.window, kernel.softcap};
+          kernel.last, kernel.window, kernel.softcap, sink};
   if (!kernel.packed) ZeroPadding(job);  // packed: no padding rows
   WriteCache(job, cache);
 #ifdef __AVX512BF16__
@@ -1039,7 +1044,7 @@ OrtStatus* Compute(const Kernel& kernel, OrtKernelContext* context) {
       positions.push_back(past[row]);
     }
   DecodeRows decode({heads, s.kv_heads, s.capacity, d, s.rotary, kernel.scale, kernel.window,
-                     kernel.softcap}, qkv.data,
+                     kernel.softcap, sink}, qkv.data,
                     std::move(one_token), std::move(tokens), std::move(positions), cache,
                     rotary.cos, rotary.sin);
   job.pieces = Plan(job);
@@ -1072,17 +1077,17 @@ void ORT_API_CALL DestroyKernel(void* kernel) { delete static_cast<Kernel*>(kern
 }  // namespace
 
 const Op& PrefillAttentionOp() {
-  OpSpec spec{"PrefillAttention", 9, 3, (1u << 3) | (1u << 4) | (1u << 7) | (1u << 8),
+  OpSpec spec{"PrefillAttention", 10, 3, (1u << 3) | (1u << 4) | (1u << 7) | (1u << 8),
               CreateKernel, ComputeKernel, DestroyKernel};
-  spec.optional_inputs = (1u << 5) | (1u << 6) | (1u << 7) | (1u << 8);
+  spec.optional_inputs = (1u << 5) | (1u << 6) | (1u << 7) | (1u << 8) | (1u << 9);
   static const Op op = MakeOp(spec);
   return op;
 }
 
 const Op& PrefillAttentionBf16KvOp() {
-  OpSpec spec{"PrefillAttentionBf16KV", 9, 3, (1u << 3) | (1u << 4) | (1u << 7) | (1u << 8),
+  OpSpec spec{"PrefillAttentionBf16KV", 10, 3, (1u << 3) | (1u << 4) | (1u << 7) | (1u << 8),
               CreateBf16KvKernel, ComputeKernel, DestroyKernel};
-  spec.optional_inputs = (1u << 5) | (1u << 6) | (1u << 7) | (1u << 8);
+  spec.optional_inputs = (1u << 5) | (1u << 6) | (1u << 7) | (1u << 8) | (1u << 9);
   spec.uint16_inputs = spec.uint16_outputs = (1u << 1) | (1u << 2);
   static const Op op = MakeOp(spec);
   return op;

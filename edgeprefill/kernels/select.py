@@ -116,8 +116,8 @@ def choose(graph, flavor: str, dtype: str, device: str) -> KernelChoice:
 
 def recurrences_only(graph, reason: str) -> KernelChoice:
     """The library runs here but takes no attention node of `graph` (`reason`): the
-    recurrent mixers' ops run all the same, as they read no KV cache (Granite-4.0-H and
-    Nemotron-H attend without rotary, which the attention kernels do not take)."""
+    recurrent mixers' ops run all the same, as they read no KV cache (a hybrid whose
+    attention has what the attention kernels lack: interleaved rotary, sinks)."""
     layers = fuse_recurrences(graph)
     return KernelChoice(stock_described(reason, *layers), library_path() if any(layers) else None)
 
