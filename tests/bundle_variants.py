@@ -6,10 +6,11 @@ from __future__ import annotations
 import json
 import shutil
 import socket
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import onnx
 import pytest
 
 from edgeprefill.bundle import MANIFEST_FILE, file_record
@@ -17,10 +18,18 @@ from edgeprefill.sdk import Engine
 
 
 def variant(src: Path, dst: Path, generation_config: dict | None = None,
-            chat_template: str | None = None) -> Path:
-    """`src` copied to `dst` with a new generation_config.json and/or chat template."""
+            chat_template: str | None = None,
+            graph_edit: Callable[[onnx.ModelProto], None] | None = None) -> Path:
+    """`src` copied to `dst` with a new generation_config.json and/or chat template, and/or
+    its graph (without weights) changed in place by `graph_edit`."""
     shutil.copytree(src, dst)
     manifest = json.loads((dst / MANIFEST_FILE).read_text())
+    if graph_edit is not None:
+        name = manifest["graph"]["file"]
+        model = onnx.load(str(dst / name), load_external_data=False)
+        graph_edit(model)
+        onnx.save(model, str(dst / name))
+        manifest["files"][name] = file_record(dst / name)._asdict()
     if generation_config is not None:
         (dst / "generation_config.json").write_text(json.dumps(generation_config))
         record = file_record(dst / "generation_config.json")

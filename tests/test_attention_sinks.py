@@ -21,8 +21,8 @@ from tests.test_prefill_kernel import (
     KV_HEADS,
     PASTS,
     WIDTH,
+    check_against_stock,
     layer_model,
-    run_layer,
     session,
 )
 from tests.test_sliding_window import check_chunks
@@ -38,35 +38,11 @@ def mode(monkeypatch):
     return lambda value: monkeypatch.setenv(select.MODE_ENV, value)
 
 
-def stock_rows(qkv: np.ndarray, cache: list[np.ndarray], pasts: np.ndarray,
-               valid: np.ndarray | None = None) -> np.ndarray:
-    """GroupQueryAttention's output with SINKS, each row run alone over its valid tokens (it
-    takes several rows of a chunk only when all start at 0); `cache` is updated in place."""
-    stock = session(layer_model(False, HEAD_DIM, sink=SINKS), None, 2)
-    valid = np.full(len(pasts), qkv.shape[1]) if valid is None else valid
-    out = np.zeros((len(pasts), qkv.shape[1], HEADS * HEAD_DIM), np.float32)
-    for r, n in enumerate(valid):
-        if n:
-            out[r, :n] = run_layer(stock, pasts[r:r + 1], qkv[r:r + 1, :n],
-                                   cache[0][r:r + 1], cache[1][r:r + 1])[0]
-    return out
-
-
 def check_layer(native, pasts: np.ndarray, qkv: np.ndarray, valid=None, seed: int = 0,
                 packed: bool = False) -> None:
-    """`native` against GroupQueryAttention on one call: outputs and the cache it writes."""
-    rng = np.random.default_rng(seed)
-    shape = (len(pasts), KV_HEADS, CAPACITY, HEAD_DIM)
-    cache = [rng.standard_normal(shape).astype(np.float32) for _ in range(2)]
-    want = [c.copy() for c in cache]
-    want_out = stock_rows(qkv, want, pasts, valid)
-    got = [c.copy() for c in cache]
-    got_out = run_layer(native, pasts, qkv, *got, valid, packed=packed)
-    if packed:
-        want_out = np.concatenate([want_out[r, :n] for r, n in enumerate(valid)])[None]
-    np.testing.assert_allclose(got_out, want_out, rtol=1e-5, atol=1e-5)
-    for a, b in zip(want, got, strict=True):
-        np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-5)
+    """`native` against GroupQueryAttention (sink=SINKS) on one call."""
+    stock = session(layer_model(False, HEAD_DIM, sink=SINKS), None, 2)
+    check_against_stock(native, stock, pasts, qkv, valid, seed, packed)
 
 
 def test_the_sinks_go_to_the_kernel_nodes():

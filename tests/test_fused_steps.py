@@ -16,6 +16,7 @@ from edgeprefill.engines.base import StepBatch
 from edgeprefill.engines.ort import int4_decode
 from edgeprefill.kernels import select
 from edgeprefill.sdk import Engine, GenerationParams
+from tests.bundle_variants import variant
 from tests.fake_backend import ids
 
 LONG = 300
@@ -256,16 +257,30 @@ def test_inspect_and_stats_say_whether_steps_fuse(bundle, library, monkeypatch):
         "with the native kernels)")
 
 
-def test_no_native_kernel_hint_where_they_would_not_take_the_attention(bundle, library):
-    """Hunyuan's rotary runs outside its attention node, which the kernels do not take: the
-    stock attention's reason must not send the user to them (inspect and --stats agree)."""
+def lacking_bundle(bundle_dir, dst, layers: int | None = None):
+    """A copy of `bundle_dir` whose first `layers` attention nodes (None: all) have a smooth
+    softmax, which the native kernels lack (every exported attention they take)."""
+    from onnx import helper
+
+    def smooth(model):
+        nodes = [n for n in model.graph.node if n.op_type == select.STOCK]
+        for node in nodes[:layers]:
+            node.attribute.append(helper.make_attribute("smooth_softmax", 1))
+
+    return variant(bundle_dir, dst, graph_edit=smooth)
+
+
+def test_no_native_kernel_hint_where_they_would_not_take_the_attention(
+        bundle, library, tmp_path):
+    """Attention the kernels lack (a smooth softmax): the stock attention's reason must not
+    send the user to them (inspect and --stats agree)."""
     from edgeprefill.cli.report import backend_line
 
-    line = steps(bundle("hunyuan_v1_dense"))
+    path = lacking_bundle(bundle("llama"), tmp_path / "smooth")
+    line = steps(path)
     assert line.endswith("two calls (the stock GroupQueryAttention takes one row per call "
                          "with a past)")
-    engine = Engine.load(bundle("hunyuan_v1_dense"), threads=1, background=False,
-                         warm_up=False)
+    engine = Engine.load(path, threads=1, background=False, warm_up=False)
     assert "native kernels" not in engine.backend.why_not_fused
     assert "native kernels" not in backend_line(engine.backend)
     engine.close()
@@ -367,22 +382,25 @@ def test_a_failing_fused_call_ends_its_requests_not_the_engine(fusing_engine, mo
     assert later.result().finish_reason == "length"
 
 
-def test_inspect_agrees_with_the_backend_where_some_attention_stays_stock(bundle, library):
-    # smollm3's layer without rope keeps GroupQueryAttention: no step fuses, and inspect
-    # says so. (Sliding layers no longer do: tests/test_sliding_window.py.)
+def test_inspect_agrees_with_the_backend_where_some_attention_stays_stock(
+        bundle, library, tmp_path):
+    # A layer with what the kernels lack (a smooth softmax) keeps GroupQueryAttention: no
+    # step fuses, and inspect says so. (Every exported attention goes native: windows,
+    # softcaps, sinks, no or interleaved rotary; tests/test_sliding_window.py,
+    # test_soft_cap.py, test_attention_sinks.py, test_no_rotary.py, test_interleaved_rotary.py.)
     from click.testing import CliRunner
 
     from edgeprefill.cli.main import cli
 
-    engine = Engine.load(bundle("smollm3"), threads=1, background=False, warm_up=False)
+    path = lacking_bundle(bundle("llama"), tmp_path / "smooth", layers=1)
+    engine = Engine.load(path, threads=1, background=False, warm_up=False)
     fuses, described = engine.backend.fuses_rows, engine.backend.kernels.described
     engine.close()
     assert not fuses
-    assert "two calls" in steps(bundle("smollm3"))
-    out = CliRunner().invoke(cli, ["inspect", str(bundle("smollm3"))]).output
+    assert "two calls" in steps(path)
+    out = CliRunner().invoke(cli, ["inspect", str(path)]).output
     # Both say how many stay, and why (--stats prints `described`).
-    left = ("; 1 of 2 attention layers stay GroupQueryAttention (attention without rotary "
-            "(learned positions, or layers without rope))")
+    left = "; 1 of 2 attention layers stay GroupQueryAttention (a smooth softmax)"
     assert described == select.NATIVE + left
     assert f"kernels     {select.NATIVE}{left} on this machine's CPU" in out
 

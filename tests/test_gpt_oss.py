@@ -35,7 +35,7 @@ def test_logits_equal_transformers_for_chunks_of_1_3_16_and_a_padded_last_chunk(
         flavor, kernels, hf_model, bundle, monkeypatch):
     """Chunks of 1 to 40 tokens over a window of 8, the last before the split padded:
     sinks, window, experts and routing as transformers' eager attention computes them.
-    The native kernels take no layer here (sliding, or sinks), so `auto` is the stock op."""
+    With `auto` the native kernels take both layers (tests/test_attention_sinks.py)."""
     monkeypatch.setenv("EDGEPREFILL_KERNELS", kernels)
     assert_padded_chunks_match(hf_model(FAMILY), bundle(FAMILY, flavor))
 

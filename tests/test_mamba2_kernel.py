@@ -206,8 +206,8 @@ def assert_chunks_match_transformers(hf_dir, path, monkeypatch) -> None:
 @pytest.mark.parametrize("family", [FAMILY, "nemotron_h"])
 def test_the_families_on_the_op_equal_transformers_chunk_by_chunk(
         library, hf_model, bundle, monkeypatch, family):
-    """Granite 4.0-H's fixture on the native attention, Nemotron-H's on ONNX Runtime's
-    (attention without rotary, which the kernels do not take): the op either way."""
+    """Granite 4.0-H's and Nemotron-H's fixtures (the latter's attention without rotary)
+    on the native attention and the op."""
     assert_chunks_match_transformers(hf_model(family), bundle(family), monkeypatch)
 
 
@@ -264,18 +264,32 @@ def test_kernels_off_keeps_the_scan_and_inspect_names_the_op(library, bundle, mo
 
 
 def test_a_bundle_whose_attention_stays_stock_still_runs_the_op(library, bundle, monkeypatch):
-    """Nemotron-H attends without rotary: GroupQueryAttention stays, its three Mamba-2
-    recurrences go native, and `inspect` says both; `require` still refuses the load."""
+    """Nemotron-H's attention (without rotary) and its three Mamba-2 recurrences go native,
+    and `inspect` says so. Given attention the kernels lack (a smooth softmax, here set in
+    memory), GroupQueryAttention stays, the recurrences still go native, and `require`
+    refuses the load."""
     from tests.test_cli_errors import cli
 
     path = bundle("nemotron_h")
     m = load_graph(path, load_manifest(path))
+    choice = select.choose(m, "ort", "float32", "cpu")
+    assert choice.described == select.native_described(0, 3) and scans(m) == []
+    shown = cli("inspect", path)
+    assert f"kernels     {choice.described}" in shown.stdout, shown.stderr
+
+    def lacking():
+        m = load_graph(path, load_manifest(path))
+        for node in m.graph.node:
+            if node.op_type == select.STOCK:
+                node.attribute.append(helper.make_attribute("smooth_softmax", 1))
+        return m
+
+    m = lacking()
     reason = select.no_attention_reason(m)
+    assert reason == f"{select.NO_ATTENTION}: a smooth softmax"
     choice = select.choose(m, "ort", "float32", "cpu")
     assert choice.described == select.stock_described(reason, 0, 3) and scans(m) == []
     assert choice.library is not None
-    shown = cli("inspect", path)
-    assert f"kernels     {choice.described}" in shown.stdout, shown.stderr
     monkeypatch.setenv(select.MODE_ENV, "require")
     with pytest.raises(BackendError, match="require but the native kernels cannot run"):
-        select.choose(load_graph(path, load_manifest(path)), "ort", "float32", "cpu")
+        select.choose(lacking(), "ort", "float32", "cpu")

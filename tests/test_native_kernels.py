@@ -257,23 +257,22 @@ def test_attention_the_kernel_lacks_stays_group_query_attention():
     assert graph.eligible(gqa())
     assert graph.eligible(gqa(local_window_size=64))  # a sliding window: the kernels take it
     assert graph.eligible(gqa(softcap=30.0))  # Gemma 2's soft-capped scores: taken too
-    assert not graph.eligible(gqa(rotary_interleaved=1))
+    assert graph.eligible(gqa(rotary_interleaved=1))  # (tests/test_interleaved_rotary.py)
     assert not graph.eligible(gqa(smooth_softmax=1))
     assert not graph.eligible(gqa(num_heads=194, kv_num_heads=2))  # 97 heads per group
-    model = helper.make_model(helper.make_graph([gqa(rotary_interleaved=1)], "g", [], []))
+    model = helper.make_model(helper.make_graph([gqa(smooth_softmax=1)], "g", [], []))
     assert graph.add_native_attention(model) == 0
     # What inspect and --stats say then: why, in a user's words, each distinct reason once.
     assert graph.eligible(gqa(do_rotary=0))  # no rotary: its tables go (tests/test_no_rotary.py)
     assert graph.eligible(gqa(do_rotary=0, rotary_interleaved=1))  # nothing rotates
     assert graph.why_not_eligible(gqa(smooth_softmax=1)) == "a smooth softmax"
     sinks = gqa()
-    sinks.input.extend(["", "", "sinks"])  # gpt-oss's head_sink, input 11
-    assert not graph.eligible(sinks)
-    assert graph.why_not_eligible(sinks) == "attention sinks"
+    sinks.input.extend(["", "", "sinks"])  # gpt-oss's head_sink, input 11: taken
+    assert graph.eligible(sinks)  # (tests/test_attention_sinks.py)
     both = helper.make_model(helper.make_graph(
-        [gqa(smooth_softmax=1), gqa(rotary_interleaved=1), gqa(smooth_softmax=1)], "g", [], []))
+        [gqa(smooth_softmax=1), gqa(qk_output=1), gqa(smooth_softmax=1)], "g", [], []))
     assert select.no_attention_reason(both) == \
-        f"{select.NO_ATTENTION}: a smooth softmax; interleaved rotary"
+        f"{select.NO_ATTENTION}: a smooth softmax; q.k outputs"
     # The window and the softcap go along to the kernel node (their numbers:
     # tests/test_sliding_window.py, tests/test_soft_cap.py).
     taken = graph.kernel_node(gqa(local_window_size=64, softcap=30.0), prefill=True)

@@ -27,7 +27,7 @@ PASTS = np.array([0, 1, 127, 300])
 def layer_model(native: bool, rotary_dim: int, valid_lens: bool = False, decode: bool = False,
                 bf16: bool = False, packed: bool = False, last: bool = False,
                 window: int = -1, softcap: float = 0.0, rotary: bool = True,
-                sink: np.ndarray | None = None) -> bytes:
+                sink: np.ndarray | None = None, interleaved: bool = False) -> bytes:
     """One attention layer over a bound cache, chunk length free: GQA or the kernel (with
     `valid_lens`, given each row's valid tokens as an input; `decode`: DecodeAttention, for
     chunks of one token; `bf16`: PrefillAttention's products in bf16; `packed`: its qkv and
@@ -35,7 +35,7 @@ def layer_model(native: bool, rotary_dim: int, valid_lens: bool = False, decode:
     output each row's last valid token only, last=1; `window`: GroupQueryAttention's
     local_window_size, `softcap` its softcap, which graph.kernel_node carries over;
     `rotary` False: do_rotary=0 and no rotary tables, a NoPE layer; `sink`: [HEADS] logits
-    as head_sink, gpt-oss's attention sinks)."""
+    as head_sink, gpt-oss's attention sinks; `interleaved`: rotary_interleaved=1)."""
     valid_lens = valid_lens or packed
     rng = np.random.default_rng(0)
     tables = [rng.standard_normal((CAPACITY + 1, rotary_dim // 2)).astype(np.float32)
@@ -50,7 +50,7 @@ def layer_model(native: bool, rotary_dim: int, valid_lens: bool = False, decode:
     node = helper.make_node(
         "GroupQueryAttention", inputs, ["out", "present_k", "present_v"], name="gqa",
         domain="com.microsoft", num_heads=HEADS, kv_num_heads=KV_HEADS,
-        scale=HEAD_DIM**-0.5, do_rotary=int(rotary), rotary_interleaved=0,
+        scale=HEAD_DIM**-0.5, do_rotary=int(rotary), rotary_interleaved=int(interleaved),
         local_window_size=window, softcap=softcap,
     )
     if native:
@@ -123,6 +123,32 @@ def run_layer(sess, pasts: np.ndarray, qkv: np.ndarray, keys: np.ndarray, values
     assert out.shape == (*rows, HEADS * HEAD_DIM)
     return out
 
+
+
+def check_against_stock(native, stock, pasts: np.ndarray, qkv: np.ndarray,
+                        valid: np.ndarray | None = None, seed: int = 0,
+                        packed: bool = False) -> None:
+    """One call of `native` (a kernel layer's session) against `stock` (GroupQueryAttention's)
+    over a random cache: the outputs of each row's valid tokens, and the cache each writes.
+    GroupQueryAttention takes several rows of a chunk only when all start at 0: it runs
+    each row alone over its valid tokens."""
+    rng = np.random.default_rng(seed)
+    shape = (len(pasts), KV_HEADS, CAPACITY, HEAD_DIM)
+    cache = [rng.standard_normal(shape).astype(np.float32) for _ in range(2)]
+    lens = np.full(len(pasts), qkv.shape[1]) if valid is None else valid
+    want = [c.copy() for c in cache]
+    want_out = np.zeros((len(pasts), qkv.shape[1], HEADS * HEAD_DIM), np.float32)
+    for r, n in enumerate(lens):
+        if n:
+            want_out[r, :n] = run_layer(stock, pasts[r:r + 1], qkv[r:r + 1, :n],
+                                        want[0][r:r + 1], want[1][r:r + 1])[0]
+    got = [c.copy() for c in cache]
+    got_out = run_layer(native, pasts, qkv, *got, valid, packed=packed)
+    if packed:
+        want_out = np.concatenate([want_out[r, :n] for r, n in enumerate(lens)])[None]
+    np.testing.assert_allclose(got_out, want_out, rtol=1e-5, atol=1e-5)
+    for a, b in zip(want, got, strict=True):
+        np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-5)
 
 @pytest.mark.parametrize("bf16", [False, True])
 @pytest.mark.parametrize("valid", [[40, 1, 17, 0], [1, 1, 1, 1], [40, 40, 40, 40]])

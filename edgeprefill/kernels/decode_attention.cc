@@ -2,7 +2,7 @@
 // fixed-capacity KV cache, as an ONNX Runtime custom op (library.cc registers it).
 //
 // It computes what com.microsoft.GroupQueryAttention computes for a chunk of one token
-// (packed q/k/v, non-interleaved rotary inside, cache written at each row's position), but
+// (packed q/k/v, rotary inside or none, cache written at each row's position), but
 // reads each KV head once for its whole query group instead of once per query head, and
 // splits every row's positions into pieces run on ONNX Runtime's intra-op pool (a
 // flash-decoding style max/sum merge joins the pieces). With AVX-512 and a head size of
@@ -24,7 +24,8 @@
 // Attributes: num_heads, kv_num_heads (int), scale (float), local_window_size (int,
 //          optional: GroupQueryAttention's sliding window, FirstKey in kernel_common.h; a
 //          row then reads only the window's keys), softcap (float, optional: each scaled
-//          score -> softcap tanh(score / softcap), soft_cap.h).
+//          score -> softcap tanh(score / softcap), soft_cap.h), rotary_interleaved (int,
+//          optional: 1 rotates pairs (2i, 2i + 1), not halves: Rotate in kernel_common.h).
 
 #include <algorithm>
 #include <cmath>
@@ -134,11 +135,11 @@ DecodeRows::DecodeRows(const Layout& layout, const float* qkv, std::vector<int64
     const float* c = cos + position * half;
     const float* n = sin + position * half;
     for (int64_t h = 0; h < heads; ++h)
-      Rotate(packed + h * d, q_.data() + (i * heads + h) * d, c, n, d, s.rotary);
+      Rotate(packed + h * d, q_.data() + (i * heads + h) * d, c, n, d, s.rotary, s.interleaved);
     for (int64_t kv = 0; kv < s.kv_heads; ++kv) {
       const int64_t at = ((row * s.kv_heads + kv) * s.capacity + position) * d;
       WriteKeyValue(cache, at, packed + (heads + kv) * d, packed + (heads + s.kv_heads + kv) * d,
-                    c, n, d, s.rotary, rotated.data());
+                    c, n, d, s.rotary, s.interleaved, rotated.data());
     }
   }
   // Each (row, KV head) split over its positions so that the pool has enough pieces. The
@@ -521,7 +522,7 @@ OrtStatus* Compute(const Kernel& kernel, OrtKernelContext* context) {
   std::vector<int64_t> rows(s.rows), at(positions, positions + s.rows);
   for (int64_t row = 0; row < s.rows; ++row) rows[row] = row;  // row r's token is token r
   DecodeRows work({heads, s.kv_heads, s.capacity, d, rotary.rotary, kernel.scale, kernel.window,
-                   kernel.softcap, sink}, qkv.data, rows, rows, std::move(at), {keys, values, false},
+                   kernel.softcap, sink, kernel.interleaved}, qkv.data, rows, rows, std::move(at), {keys, values, false},
                   rotary.cos, rotary.sin);
   ParallelFor(context, RunDecodePiece, work.Pieces(), &work);
   work.Finish(out);

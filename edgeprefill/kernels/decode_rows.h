@@ -21,6 +21,7 @@ class DecodeRows {
     int64_t window;  // local_window_size: a row reads keys FirstKey(position) .. position
     float softcap;   // > 0: each score -> softcap tanh(score / softcap) (soft_cap.h)
     const float* sink = nullptr;  // [heads] or null: each head's sink logit (AddSink)
+    bool interleaved = false;     // Rotate's pairs (2i, 2i + 1): rotary_interleaved=1
   };
   // Rotates each listed row's query and new key and writes its key and value into the cache
   // at `positions[i]` (the row's past length), then plans the pieces over the keys it

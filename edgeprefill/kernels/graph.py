@@ -58,9 +58,11 @@ HEAD_SINK = 11  # GroupQueryAttention's head_sink input (gpt-oss's attention sin
 # Where the kernel nodes take it: DecodeAttention's input 6, PrefillAttention's 9 (after
 # valid_lens and past_lens, "" where the node has none).
 KERNEL_SINK, PREFILL_SINK = 6, 9
-# Attributes whose non-default values change the math; the kernel has none of them
-# (rotary_interleaved only where the node rotates: do_rotary=1).
-UNSUPPORTED = {"smooth_softmax": 0, "rotary_interleaved": 0, "qk_output": 0}
+# Attributes whose non-default values change the math; the kernel has none of them.
+UNSUPPORTED = {"smooth_softmax": 0, "qk_output": 0}
+# GroupQueryAttention's rotary of pairs (2i, 2i + 1) (Cohere, GLM, Helium), which the
+# kernels take (kernel_common.h's Rotate); 0 is halves.
+INTERLEAVED = "rotary_interleaved"
 # GroupQueryAttention's sliding window, which the kernels take as it is (kernel_common.h's
 # FirstKey: a query sees the last `local_window_size` keys, its own included); -1 is none.
 WINDOW = "local_window_size"
@@ -69,8 +71,7 @@ SOFTCAP = "softcap"
 
 
 # What a GroupQueryAttention attribute that is not its default means to a user.
-UNSUPPORTED_WHY = {"smooth_softmax": "a smooth softmax", "rotary_interleaved": "interleaved rotary",
-                   "qk_output": "q.k outputs"}
+UNSUPPORTED_WHY = {"smooth_softmax": "a smooth softmax", "qk_output": "q.k outputs"}
 
 
 def eligible(node: NodeProto) -> bool:
@@ -92,8 +93,6 @@ def why_not_eligible(node: NodeProto) -> str | None:
     # fourth, Cohere 2's global layers) the kernels rotate nothing: kernel_node gives them
     # no rotary tables.
     for key, default in UNSUPPORTED.items():
-        if key == "rotary_interleaved" and not rotary:
-            continue  # nothing rotates: the pairing does not matter
         if attrs.get(key, default) != default:
             return UNSUPPORTED_WHY[key]
     # PrefillAttention's pieces hold at most 96 (query, head) columns: one query of a group.
@@ -353,9 +352,10 @@ def kernel_node(
     """The DecodeAttention node computing what `gqa` computes for a one-token chunk, or
     with `prefill` the PrefillAttention node, which the graph switch puts in for every call
     (given `valid_lens`, the graph input of each row's valid tokens, it skips the padding
-    and gives rows of one token the decode rows' code). A sliding window and a softcap go
-    along; without rotary (do_rotary=0) the rotary tables are "", which the ops take as no
-    rotation; attention sinks (head_sink) go to input KERNEL_SINK or PREFILL_SINK."""
+    and gives rows of one token the decode rows' code). A sliding window, a softcap and
+    interleaved rotary go along; without rotary (do_rotary=0) the rotary tables are "",
+    which the ops take as no rotation; attention sinks (head_sink) go to input KERNEL_SINK
+    or PREFILL_SINK."""
     attrs = {a.name: helper.get_attribute_value(a) for a in gqa.attribute}
     op, inputs = (PREFILL_OP, PREFILL_INPUTS) if prefill else (OP, KERNEL_INPUTS)
     given = list(gqa.input) + [""] * (9 - len(gqa.input))
@@ -370,6 +370,8 @@ def kernel_node(
     math = {WINDOW: attrs[WINDOW]} if attrs.get(WINDOW, -1) > 0 else {}
     if attrs.get(SOFTCAP, 0.0) > 0.0:
         math[SOFTCAP] = attrs[SOFTCAP]
+    if attrs.get(INTERLEAVED, 0) == 1 and attrs.get("do_rotary", 0) == 1:
+        math[INTERLEAVED] = 1
     return helper.make_node(
         op, [given[i] for i in inputs] + extra, [o + suffix for o in gqa.output],
         domain=DOMAIN, name=gqa.name + suffix, num_heads=attrs["num_heads"],

@@ -145,16 +145,21 @@ inline void PairUp(const float* src, int64_t count, uint32_t* dst) {
     dst[i / 2] = Bf16(src[i]) | (i + 1 < count ? Bf16(src[i + 1]) << 16 : 0u);
 }
 
-// Non-interleaved rotary (the halves of the first `rotary` dims rotate against each other),
-// as GroupQueryAttention's rotary_interleaved=0 and transformers' rotate_half. With partial
-// rotary (Phi-3/Phi-4-mini, StableLM, GPT-NeoX) the dims past `rotary` pass through unchanged.
-// `rotary` 0 (no tables: do_rotary=0) copies x as it is; cos and sin are then never read.
+// Rotary over the first `rotary` dims: non-interleaved, the halves rotate against each
+// other (GroupQueryAttention's rotary_interleaved=0, transformers' rotate_half), or
+// `interleaved`, each pair (2i, 2i + 1) (rotary_interleaved=1: Cohere, GLM, Helium), by
+// angle i either way. With partial rotary (Phi-3/Phi-4-mini, StableLM, GPT-NeoX, GLM) the
+// dims past `rotary` pass through unchanged. `rotary` 0 (no tables: do_rotary=0) copies x
+// as it is; cos and sin are then never read.
 inline void Rotate(const float* x, float* out, const float* cos, const float* sin, int64_t d,
-                   int64_t rotary) {
+                   int64_t rotary, bool interleaved) {
   const int64_t half = rotary / 2;
+  // The partner of dim i is i + `step` (the first of a pair at i * `stride`).
+  const int64_t stride = interleaved ? 2 : 1, step = interleaved ? 1 : half;
   for (int64_t i = 0; i < half; ++i) {
-    out[i] = std::fma(x[i], cos[i], -(x[i + half] * sin[i]));  // explicit: see ExpNonPositive
-    out[i + half] = std::fma(x[i + half], cos[i], x[i] * sin[i]);
+    const float a = x[i * stride], b = x[i * stride + step];
+    out[i * stride] = std::fma(a, cos[i], -(b * sin[i]));  // explicit: see ExpNonPositive
+    out[i * stride + step] = std::fma(b, cos[i], a * sin[i]);
   }
   for (int64_t i = rotary; i < d; ++i) out[i] = x[i];
 }
@@ -174,14 +179,14 @@ struct Cache {
 // position holds the same bits whichever wrote it.
 inline void WriteKeyValue(const Cache& cache, int64_t at, const float* key, const float* value,
                           const float* cos, const float* sin, int64_t d, int64_t rotary,
-                          float* rotated) {
+                          bool interleaved, float* rotated) {
   if (cache.bf16) {
-    Rotate(key, rotated, cos, sin, d, rotary);
+    Rotate(key, rotated, cos, sin, d, rotary, interleaved);
     ToBf16(rotated, d, static_cast<uint16_t*>(cache.keys) + at);
     ToBf16(value, d, static_cast<uint16_t*>(cache.values) + at);
     return;
   }
-  Rotate(key, static_cast<float*>(cache.keys) + at, cos, sin, d, rotary);
+  Rotate(key, static_cast<float*>(cache.keys) + at, cos, sin, d, rotary, interleaved);
   std::memcpy(static_cast<float*>(cache.values) + at, value, d * sizeof(float));
 }
 
@@ -196,6 +201,7 @@ struct Kernel {
   bool last = false;  // optional attribute last=1 (with packed=1): only each row's last token out
   int64_t window = 0;  // optional attribute local_window_size (FirstKey); 0: every key
   float softcap = 0.0f;  // optional attribute softcap: scores -> c tanh(scores / c) (soft_cap.h)
+  bool interleaved = false;  // optional attribute rotary_interleaved: Rotate's pairs (2i, 2i + 1)
 };
 
 // The first key a query at `position` sees under GroupQueryAttention's local_window_size

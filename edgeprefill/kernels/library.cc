@@ -72,9 +72,10 @@ OrtStatus* CreateAttentionKernel(const OrtKernelInfo* info, const char* op, void
   EP_RETURN_IF_ERROR(g_api->KernelInfoGetAttribute_float(info, "scale", &scale));
   if (heads <= 0 || kv_heads <= 0 || heads % kv_heads != 0)
     return Fail((std::string(op) + ": num_heads must be a positive multiple of kv_num_heads").c_str());
-  int64_t bf16 = 0, packed = 0, last = 0, window = 0;  // optional: absent means 0
+  int64_t bf16 = 0, packed = 0, last = 0, window = 0, interleaved = 0;  // absent means 0
   for (auto [name, value] : {std::pair{"bf16", &bf16}, std::pair{"packed", &packed},
-                             std::pair{"last", &last}, std::pair{"local_window_size", &window}}) {
+                             std::pair{"last", &last}, std::pair{"local_window_size", &window},
+                             std::pair{"rotary_interleaved", &interleaved}}) {
     OrtStatus* missing = g_api->KernelInfoGetAttribute_int64(info, name, value);
     if (missing != nullptr) g_api->ReleaseStatus(missing);
   }
@@ -86,7 +87,7 @@ OrtStatus* CreateAttentionKernel(const OrtKernelInfo* info, const char* op, void
     return Fail((std::string(op) + ": last=1 needs packed=1").c_str());
   // GroupQueryAttention's local_window_size: -1 (its default) or 0 is no window.
   *kernel = new Kernel{heads, kv_heads, scale, bf16 != 0, false, packed != 0, last != 0,
-                       std::max<int64_t>(window, 0), softcap};
+                       std::max<int64_t>(window, 0), softcap, interleaved != 0};
   return nullptr;
 }
 

@@ -2,7 +2,7 @@
 // over a fixed-capacity KV cache, flash-attention style (library.cc registers it).
 //
 // It computes what com.microsoft.GroupQueryAttention computes for a chunk of S > 1 tokens
-// (packed q/k/v, non-interleaved rotary inside, the chunk's keys and values written into the
+// (packed q/k/v, rotary inside or none, the chunk's keys and values written into the
 // cache at the row's past length) without the S x total score matrix GroupQueryAttention
 // writes out per query head: one piece of work is a block of queries of ALL query heads of
 // one KV group, which walks the keys block by block (a key block is read once for the whole
@@ -47,7 +47,9 @@
 //          fold_last), local_window_size (int, optional: GroupQueryAttention's sliding
 //          window, FirstKey in kernel_common.h; a piece then walks only the key blocks its
 //          queries' windows touch), softcap (float, optional: each scaled score ->
-//          softcap tanh(score / softcap) before the mask, soft_cap.h; Gemma 2).
+//          softcap tanh(score / softcap) before the mask, soft_cap.h; Gemma 2),
+//          rotary_interleaved (int, optional: 1 rotates pairs (2i, 2i + 1), not halves:
+//          Rotate in kernel_common.h; Cohere, GLM, Helium).
 //
 // edgeprefill.PrefillAttentionBf16KV is the same op over a bf16 KV cache: past and present
 // key and value are uint16 tensors of bf16 bits, each written rounded to nearest even. It
@@ -156,6 +158,7 @@ struct Job {
   int64_t window = 0;  // local_window_size: a query sees keys FirstKey(position) .. position
   float softcap = 0.0f;  // > 0: each score -> softcap tanh(score / softcap), before the mask
   const float* sink = nullptr;  // [heads] or null: each head's sink logit (AddSink)
+  bool interleaved = false;  // Rotate's pairs (2i, 2i + 1): rotary_interleaved=1
   // bf16: the cache's keys [rows, kv, key_span, D/2] and values [rows, kv, span/2, D] paired
   // once per call for all pieces (span: the longest row's past + valid tokens, even). A
   // bf16 cache is its own key pairs (key_span = capacity): only the values are paired.
@@ -658,7 +661,7 @@ void RunPiece(void* data, size_t index) {
     const int64_t position = first_position + i;
     const float* packed = job.qkv + (job.first[piece.row] + piece.first + i) * width;
     Rotate(packed + (piece.kv * g + m % g) * d, rotated, job.cos + position * half,
-           job.sin + position * half, d, s.rotary);
+           job.sin + position * half, d, s.rotary, job.interleaved);
     for (int64_t k = 0; k < d; ++k) qt[k * columns + m] = rotated[k] * job.scale;
   }
   std::fill(ot, ot + d * columns, 0.0f);
@@ -857,7 +860,7 @@ void WriteCache(const Job& job, const Cache& cache) {
         const int64_t at = ((row * s.kv_heads + kv) * s.capacity + position) * d;
         WriteKeyValue(cache, at, packed + (heads + kv) * d,
                       packed + (heads + s.kv_heads + kv) * d, job.cos + position * half,
-                      job.sin + position * half, d, s.rotary, rotated.data());
+                      job.sin + position * half, d, s.rotary, job.interleaved, rotated.data());
       }
     }
 }
@@ -1015,7 +1018,7 @@ OrtStatus* Compute(const Kernel& kernel, OrtKernelContext* context) {
   const int64_t begin = Profiling() ? Now() : 0;
   Job job{s, kernel.scale, qkv.data, cache.bf16 ? nullptr : keys, cache.bf16 ? nullptr : values,
           rotary.cos, rotary.sin, past.data(), valid.data(), first.data(), out, UsesBf16(kernel.bf16),
-          kernel.last, kernel.window, kernel.softcap, sink};
+          kernel.last, kernel.window, kernel.softcap, sink, kernel.interleaved};
   if (!kernel.packed) ZeroPadding(job);  // packed: no padding rows
   WriteCache(job, cache);
 #ifdef __AVX512BF16__
@@ -1044,7 +1047,7 @@ OrtStatus* Compute(const Kernel& kernel, OrtKernelContext* context) {
       positions.push_back(past[row]);
     }
   DecodeRows decode({heads, s.kv_heads, s.capacity, d, s.rotary, kernel.scale, kernel.window,
-                     kernel.softcap, sink}, qkv.data,
+                     kernel.softcap, sink, kernel.interleaved}, qkv.data,
                     std::move(one_token), std::move(tokens), std::move(positions), cache,
                     rotary.cos, rotary.sin);
   job.pieces = Plan(job);
