@@ -82,11 +82,19 @@ def test_a_fused_step_without_rotary(library):
     check_layer(native, PASTS, qkv, np.array([40, 1, 17, 0]), seed=4)
 
 
-def test_nope_layers_with_the_kernels_match_transformers(library, bundle, hf_model, mode):
-    """SmolLM3's fixture: its second layer has no rope (no_rope_layer_interval 2)."""
+# SmolLM3's fixture: its second layer has no rope (no_rope_layer_interval 2); HunYuan's
+# rotary runs outside attention; Granite 4's "nope" and GPT-2 rotate no layer (Nemotron-H's
+# attention, beside Mamba-2 layers: tests/test_mamba2_kernel.py).
+FAMILIES = ["smollm3"] + [pytest.param(f, marks=pytest.mark.slow) for f in (
+    "hunyuan_v1_dense", "granitemoehybrid-nope", "gpt2", "exaone4")]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_nope_layers_with_the_kernels_match_transformers(
+        library, bundle, hf_model, mode, family):
     mode("require")
-    backend = make_backend(bundle("smollm3"))
+    backend = make_backend(bundle(family))
     assert backend.kernels.described == select.NATIVE  # every layer native, NoPE too
     assert backend.why_not_fused is None  # so a step's chunk and decode rows are one call
     ids = prompt_ids(23)
-    check_chunks(backend, ids, reference_logits(hf_model("smollm3"), ids), 5)
+    check_chunks(backend, ids, reference_logits(hf_model(family), ids), 5)

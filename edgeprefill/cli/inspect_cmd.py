@@ -53,7 +53,7 @@ def inspect(bundle, verify, as_json):
         layers = _recurrent_layers(bundle, m)
         kernels = native_described(*layers) if kernels == NATIVE else \
             stock_described(unsupported, *layers)
-    if native and taken == "some":  # e.g. layers without rope keep GroupQueryAttention
+    if native and taken == "some":  # e.g. layers with a smooth softmax keep GroupQueryAttention
         kernels += left  # how many, and why: as --stats says (select.stock_layers)
     bf16_kv = _bf16_kv_here(native and taken == "every")
     proto = load_graph(Path(bundle), m).graph  # checked: a corrupt graph is one line

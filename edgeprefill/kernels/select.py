@@ -117,7 +117,7 @@ def choose(graph, flavor: str, dtype: str, device: str) -> KernelChoice:
 def recurrences_only(graph, reason: str) -> KernelChoice:
     """The library runs here but takes no attention node of `graph` (`reason`): the
     recurrent mixers' ops run all the same, as they read no KV cache (a hybrid whose
-    attention has what the attention kernels lack: interleaved rotary, sinks)."""
+    attention has what the attention kernels lack, as a smooth softmax)."""
     layers = fuse_recurrences(graph)
     return KernelChoice(stock_described(reason, *layers), library_path() if any(layers) else None)
 

@@ -158,8 +158,8 @@ class OnnxRuntimeBackend(Backend):
         session_options = self._session_options()
         # Whether the native library runs here (built, this CPU, an ort float32 bundle, not
         # turned off). Every rewrite to its ops asks this, not whether an attention layer
-        # took the kernels: a family whose attention they do not take (interleaved rotary,
-        # layers without rope) still gets the native projections, and `inspect`, which
+        # took the kernels: a graph whose attention they do not take (a smooth softmax)
+        # still gets the native projections, and `inspect`, which
         # asks the same, says what runs.
         native = kernels_why_not(manifest.graph.flavor, manifest.graph.dtype,
                                  options.device) is None

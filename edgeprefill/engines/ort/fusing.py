@@ -53,7 +53,7 @@ def why_not(info: GraphInfo, stock_attention: bool,
         return ("a TensorRT-ready graph keeps static shapes" if info.flavor == "standard"
                 else "exported before packed tokens: re-export to fuse")
     if stock_attention:
-        # Not a hint where the kernels could not help (interleaved rotary, NoPE, rotary outside).
+        # Not a hint where the kernels could not help (attributes they lack: a smooth softmax).
         return ("the stock GroupQueryAttention takes one row per call with a past"
                 + ("; one call with the native kernels" if kernels_take_it else ""))
     if info.quantization is not None:
