@@ -1,5 +1,6 @@
-"""The native projection ops where the native attention does not run: Helium's interleaved
-rotary keeps GroupQueryAttention, and its bundles still get MatMulInt8 (int8), MatMulInt4
+"""The native projection ops where the native attention does not run: Helium's bundles with
+a smooth softmax set in their attention (which the native kernels lack; every exported
+attention they take) keep GroupQueryAttention, and still get MatMulInt8 (int8), MatMulInt4
 (int4 decode) and MatMulBf16 (`--compute bf16`), with `inspect` saying so."""
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from edgeprefill.engines.ort.backend import OnnxRuntimeBackend
 from edgeprefill.errors import BackendError
 from edgeprefill.kernels import select
 from tests.conftest import VOCAB
+from tests.test_fused_steps import lacking_bundle
 
 needs_vnni = pytest.mark.skipif(not int4_decode.cpu_has_vnni(), reason="no AVX512-VNNI here")
 needs_int_kernels = pytest.mark.skipif(not int4_decode.cpu_has_int_kernels(),
@@ -25,7 +27,8 @@ PROMPT = [1] + [int(t) for t in np.random.default_rng(5).integers(3, VOCAB, size
 
 @pytest.fixture(scope="module")
 def helium(hf_model, tmp_path_factory):
-    """quantization (None, "int8", "int4") -> the helium test model's bundle."""
+    """quantization (None, "int8", "int4") -> the helium test model's bundle, its attention
+    with a smooth softmax (tests/test_fused_steps.py's lacking_bundle)."""
     from edgeprefill.export.exporter import ExportOptions, export
     from edgeprefill.export.quantize import QuantConfig
 
@@ -33,10 +36,11 @@ def helium(hf_model, tmp_path_factory):
 
     def get(kind: str | None):
         if kind not in made:
-            made[kind] = tmp_path_factory.mktemp(f"helium-{kind}")
-            export(hf_model("helium"), made[kind], ExportOptions(
+            exported = tmp_path_factory.mktemp(f"helium-{kind}")
+            export(hf_model("helium"), exported, ExportOptions(
                 chunks=(16, 64), max_context=128, show_progress=False, overwrite=True,
                 quant=QuantConfig(kind) if kind else None))
+            made[kind] = lacking_bundle(exported, exported.with_name(exported.name + "-smooth"))
         return made[kind]
 
     return get
