@@ -461,8 +461,9 @@ void DecodeRows::Finish(float* out, bool by_row) const {
   for (size_t slot = 0; slot < slots; ++slot) {
     float* row = out + (by_row ? rows_[slot] : tokens_[slot]) * heads * d;
     for (int64_t h = 0; h < heads; ++h) {
-      const float denominator = AddSink(total[slot * heads + h], top[slot * heads + h], s.sink, h);
-      for (int64_t k = 0; k < d; ++k) row[h * d + k] = sum[(slot * heads + h) * d + k] / denominator;
+      const int64_t at = slot * heads + h;
+      const float denominator = AddSink(total[at], top[at], s.sink, h);
+      for (int64_t k = 0; k < d; ++k) row[h * d + k] = sum[at * d + k] / denominator;
     }
   }
 }
@@ -522,8 +523,8 @@ OrtStatus* Compute(const Kernel& kernel, OrtKernelContext* context) {
   std::vector<int64_t> rows(s.rows), at(positions, positions + s.rows);
   for (int64_t row = 0; row < s.rows; ++row) rows[row] = row;  // row r's token is token r
   DecodeRows work({heads, s.kv_heads, s.capacity, d, rotary.rotary, kernel.scale, kernel.window,
-                   kernel.softcap, sink, kernel.interleaved}, qkv.data, rows, rows, std::move(at), {keys, values, false},
-                  rotary.cos, rotary.sin);
+                   kernel.softcap, sink, kernel.interleaved},
+                  qkv.data, rows, rows, std::move(at), {keys, values, false}, rotary.cos, rotary.sin);
   ParallelFor(context, RunDecodePiece, work.Pieces(), &work);
   work.Finish(out);
   return nullptr;
