@@ -1,0 +1,151 @@
+"""Attention sinks, no rotary, interleaved rotary: GroupQueryAttention against the native kernels.
+
+    python -m edgeprefill.kernels.build
+    python benchmarks/attention_variants.py --past 512,2048 --chunk 1,256 --threads 2
+
+The SmolLM2-135M attention shape (9 query heads, 3 KV heads, head_dim 64) in graphs of 8
+chained layers (each its own cache, bound in place as past and present), as each kind of
+layer the kernels took at stop 40 exports it: `sinks` (gpt-oss: a head_sink input),
+`nope` (do_rotary=0, no tables: SmolLM3's and EXAONE 4's NoPE layers, Granite-4.0-H,
+Nemotron-H) and `interleaved` (rotary_interleaved=1: Cohere, GLM, Helium). A
+`--chunk`-token chunk (1: a decode step) attends over `--past` cached positions plus itself.
+For each kind, gqa (com.microsoft.GroupQueryAttention) and native (edgeprefill.PrefillAttention
+on the same node, kernels/graph.py's kernel_node, as the runtime switches it in) take turns
+`--turns` times in one process; prints milliseconds per layer (median of the turns' medians).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+import onnxruntime as ort
+from onnx import TensorProto, helper, numpy_helper
+
+from edgeprefill.kernels.build import KernelBuildError, build
+from edgeprefill.kernels.graph import kernel_node
+
+HEADS, KV_HEADS, HEAD_DIM, LAYERS = 9, 3, 64, 8
+QKV_WIDTH = (HEADS + 2 * KV_HEADS) * HEAD_DIM
+KINDS = ("sinks", "nope", "interleaved")
+
+
+def gqa_node(layer: int, kind: str):
+    inputs = ["qkv", "", "", f"past_k{layer}", f"past_v{layer}", "seqlens_k", "total"]
+    rotary = {"do_rotary": 0} if kind == "nope" else {
+        "do_rotary": 1, "rotary_interleaved": int(kind == "interleaved")}
+    if kind != "nope":
+        inputs += ["cos", "sin"]
+    if kind == "sinks":
+        inputs += ["", "", "sink"]
+    return helper.make_node(
+        "GroupQueryAttention", inputs, [f"out{layer}", f"present_k{layer}", f"present_v{layer}"],
+        domain="com.microsoft", num_heads=HEADS, kv_num_heads=KV_HEADS,
+        scale=HEAD_DIM**-0.5, name=f"gqa{layer}", **rotary)
+
+
+def model(capacity: int, kind: str, native: bool) -> bytes:
+    rng = np.random.default_rng(0)
+    angles = rng.random((capacity + 1, HEAD_DIM // 2), np.float32) * 6.28
+    inits = []
+    if kind != "nope":
+        inits = [numpy_helper.from_array(np.cos(angles), "cos"),
+                 numpy_helper.from_array(np.sin(angles), "sin")]
+    if kind == "sinks":
+        inits.append(numpy_helper.from_array(rng.standard_normal(HEADS).astype(np.float32), "sink"))
+    nodes = [gqa_node(i, kind) for i in range(LAYERS)]
+    if native:
+        nodes = [kernel_node(n, prefill=True) for n in nodes]
+    nodes.append(helper.make_node("Concat", [f"out{i}" for i in range(LAYERS)], ["out"], axis=-1))
+    cache = [1, KV_HEADS, "capacity", HEAD_DIM]
+    inputs = [
+        helper.make_tensor_value_info("qkv", TensorProto.FLOAT, [1, "chunk", QKV_WIDTH]),
+        helper.make_tensor_value_info("seqlens_k", TensorProto.INT32, [1]),
+        helper.make_tensor_value_info("total", TensorProto.INT32, []),
+    ] + [helper.make_tensor_value_info(f"past_{k}{i}", TensorProto.FLOAT, cache)
+         for i in range(LAYERS) for k in "kv"]
+    outputs = [helper.make_tensor_value_info("out", TensorProto.FLOAT, None)] + [
+        helper.make_tensor_value_info(f"present_{k}{i}", TensorProto.FLOAT, None)
+        for i in range(LAYERS) for k in "kv"]
+    graph = helper.make_graph(nodes, kind, inputs, outputs, inits)
+    proto = helper.make_model(graph, opset_imports=[
+        helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1),
+        helper.make_opsetid("edgeprefill", 1)])
+    proto.ir_version = 10
+    return proto.SerializeToString()
+
+
+def bound_run(session, past: int, chunk: int, caches: list[np.ndarray]):
+    """One call, every input bound once, each cache bound in place as past and present."""
+    qkv = np.random.default_rng(1).random((1, chunk, QKV_WIDTH), np.float32)
+    binding = session.io_binding()
+    binding.bind_cpu_input("qkv", qkv)
+    binding.bind_cpu_input("seqlens_k", np.array([past + chunk - 1], np.int32))
+    binding.bind_cpu_input("total", np.array(past + chunk, np.int32))
+    for i in range(LAYERS):
+        for j, kind in enumerate("kv"):
+            value = ort.OrtValue.ortvalue_from_numpy(caches[2 * i + j])
+            binding.bind_ortvalue_input(f"past_{kind}{i}", value)
+            binding.bind_ortvalue_output(f"present_{kind}{i}", value)
+    binding.bind_output("out")
+    return lambda: session.run_with_iobinding(binding)
+
+
+def measure(kind: str, past: int, chunk: int, args, library) -> dict[str, list[float]]:
+    capacity = past + chunk
+    rng = np.random.default_rng(2)
+    caches = [rng.random((1, KV_HEADS, capacity, HEAD_DIM), np.float32)
+              for _ in range(2 * LAYERS)]
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = args.threads
+    options.log_severity_level = 3  # the unused tables of a `nope` graph are no news
+    options.register_custom_ops_library(str(library))
+    runs = {name: bound_run(ort.InferenceSession(model(capacity, kind, name == "native"),
+                                                 options, providers=["CPUExecutionProvider"]),
+                            past, chunk, caches) for name in ("gqa", "native")}
+    turns: dict[str, list[float]] = {name: [] for name in runs}
+    for _ in range(args.turns):
+        for name, run in runs.items():
+            run()  # warm
+            times = []
+            for _ in range(args.calls if chunk == 1 else max(1, args.calls // 10)):
+                start = time.perf_counter()
+                run()
+                times.append(time.perf_counter() - start)
+            turns[name].append(float(np.median(times)) / LAYERS * 1e3)
+    return turns
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--past", default="512,2048", help="cached positions, comma-separated")
+    parser.add_argument("--chunk", default="1,256", help="chunk lengths (1: decode)")
+    parser.add_argument("--kinds", default=",".join(KINDS), help="comma-separated, of " +
+                        ", ".join(KINDS))
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--turns", type=int, default=3)
+    parser.add_argument("--calls", type=int, default=50, help="timed calls per turn (decode)")
+    args = parser.parse_args()
+    kinds = args.kinds.split(",")
+    if any(k not in KINDS for k in kinds):
+        parser.error(f"--kinds takes {', '.join(KINDS)}")
+    try:
+        library = build()
+    except KernelBuildError as err:
+        parser.error(f"the native kernels cannot be built here: {err}")
+    print(f"{HEADS} heads / {KV_HEADS} KV heads of {HEAD_DIM}, {args.threads} threads; "
+          f"ms per layer, median of {args.turns} turns")
+    for kind in kinds:
+        for chunk in (int(c) for c in args.chunk.split(",")):
+            for past in (int(p) for p in args.past.split(",")):
+                turns = measure(kind, past, chunk, args, library)
+                line = ", ".join(f"{v} {np.median(t):.3f} ({'/'.join(f'{x:.3f}' for x in t)})"
+                                 for v, t in turns.items())
+                ratio = np.median(turns["gqa"]) / np.median(turns["native"])
+                print(f"{kind:11s} chunk {chunk:4d} past {past:5d}: {line}; "
+                      f"gqa/native {ratio:.2f}x", flush=True)
+
+
+if __name__ == "__main__":
+    main()
