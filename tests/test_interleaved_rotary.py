@@ -66,8 +66,8 @@ def test_a_fused_step_rotates_interleaved_pairs(library, packed):
                         packed=packed)
 
 
-FAMILIES = ["cohere2", pytest.param("glm", marks=pytest.mark.slow),
-            pytest.param("helium", marks=pytest.mark.slow)]
+FAMILIES = ["cohere2"] + [pytest.param(f, marks=pytest.mark.slow)
+                          for f in ("cohere", "glm", "helium", "ernie4_5")]
 
 
 @pytest.mark.parametrize("family", FAMILIES)
