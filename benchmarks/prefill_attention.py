@@ -36,18 +36,19 @@ from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
+from attention_stack import Stack, bound_run, stack_model
 from backend_steps import prefill
-from onnx import TensorProto, helper, numpy_helper
+from onnx import helper, numpy_helper
 
 from edgeprefill.bundle import load_manifest
 from edgeprefill.engines import BackendOptions
 from edgeprefill.engines.ort.backend import OnnxRuntimeBackend
 from edgeprefill.errors import EdgeprefillError
 from edgeprefill.kernels.build import KernelBuildError, build
-from edgeprefill.kernels.graph import DOMAIN, kernel_node
+from edgeprefill.kernels.graph import kernel_node
 
 HEADS, KV_HEADS, HEAD_DIM, LAYERS = 9, 3, 64, 8
-QKV_WIDTH = (HEADS + 2 * KV_HEADS) * HEAD_DIM
+STACK = Stack(HEADS, KV_HEADS, HEAD_DIM, LAYERS)
 
 
 def gqa_node(layer: int):
@@ -72,39 +73,7 @@ def model(capacity: int, variant: str) -> bytes:
     if variant == "native-bf16":
         for node in nodes:
             node.attribute.append(helper.make_attribute("bf16", 1))
-    nodes.append(helper.make_node("Concat", [f"out{i}" for i in range(LAYERS)], ["out"], axis=-1))
-    cache = [1, KV_HEADS, "capacity", HEAD_DIM]
-    inputs = [
-        helper.make_tensor_value_info("qkv", TensorProto.FLOAT, [1, "chunk", QKV_WIDTH]),
-        helper.make_tensor_value_info("seqlens_k", TensorProto.INT32, [1]),
-        helper.make_tensor_value_info("total", TensorProto.INT32, []),
-    ] + [helper.make_tensor_value_info(f"past_{kind}{i}", TensorProto.FLOAT, cache)
-         for i in range(LAYERS) for kind in "kv"]
-    outputs = [helper.make_tensor_value_info("out", TensorProto.FLOAT, None)] + [
-        helper.make_tensor_value_info(f"present_{kind}{i}", TensorProto.FLOAT, None)
-        for i in range(LAYERS) for kind in "kv"]
-    graph = helper.make_graph(nodes, "prefill_attention", inputs, outputs, inits)
-    proto = helper.make_model(graph, opset_imports=[
-        helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1),
-        helper.make_opsetid(DOMAIN, 1)])
-    proto.ir_version = 10
-    return proto.SerializeToString()
-
-
-def runner(session, chunk: int, past: int, caches: list[np.ndarray]):
-    """One call with every input bound once; the caches are the present outputs too."""
-    rng = np.random.default_rng(1)
-    binding = session.io_binding()
-    binding.bind_cpu_input("qkv", rng.standard_normal((1, chunk, QKV_WIDTH)).astype(np.float32))
-    binding.bind_cpu_input("seqlens_k", np.array([past + chunk - 1], np.int32))
-    binding.bind_cpu_input("total", np.array(past + chunk, np.int32))
-    for i in range(LAYERS):
-        for j, kind in enumerate("kv"):
-            value = ort.OrtValue.ortvalue_from_numpy(caches[2 * i + j])
-            binding.bind_ortvalue_input(f"past_{kind}{i}", value)
-            binding.bind_ortvalue_output(f"present_{kind}{i}", value)
-    binding.bind_output("out")
-    return lambda: session.run_with_iobinding(binding)
+    return stack_model(STACK, nodes, inits, "prefill_attention")
 
 
 def causal_gflop(chunk: int, past: int) -> float:
@@ -184,7 +153,8 @@ def main() -> int:
     print(f"chunk {args.chunk}, {args.threads} threads; ms per layer, median of "
           f"{args.turns} turns x {args.calls} calls of {LAYERS} layers, alternating")
     for past in pasts:
-        runs = {name: runner(s, args.chunk, past, caches) for name, s in sessions.items()}
+        runs = {name: bound_run(s, STACK, past, args.chunk, caches)
+                for name, s in sessions.items()}
         times: dict[str, list[float]] = {name: [] for name in runs}
         for run in runs.values():
             run()  # warm-up

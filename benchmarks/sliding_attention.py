@@ -22,13 +22,14 @@ import time
 
 import numpy as np
 import onnxruntime as ort
-from onnx import TensorProto, helper, numpy_helper
+from attention_stack import Stack, bound_run, stack_model
+from onnx import helper, numpy_helper
 
 from edgeprefill.kernels.build import KernelBuildError, build
 from edgeprefill.kernels.graph import kernel_node
 
 HEADS, KV_HEADS, HEAD_DIM, WINDOW, LAYERS = 4, 1, 256, 512, 8
-QKV_WIDTH = (HEADS + 2 * KV_HEADS) * HEAD_DIM
+STACK = Stack(HEADS, KV_HEADS, HEAD_DIM, LAYERS)
 VARIANTS = ("gqa", "native", "native-global")
 
 
@@ -51,39 +52,7 @@ def model(capacity: int, variant: str) -> bytes:
     nodes = [gqa_node(i, window) for i in range(LAYERS)]
     if variant != "gqa":
         nodes = [kernel_node(n, prefill=True) for n in nodes]
-    nodes.append(helper.make_node("Concat", [f"out{i}" for i in range(LAYERS)], ["out"], axis=-1))
-    cache = [1, KV_HEADS, "capacity", HEAD_DIM]
-    inputs = [
-        helper.make_tensor_value_info("qkv", TensorProto.FLOAT, [1, "chunk", QKV_WIDTH]),
-        helper.make_tensor_value_info("seqlens_k", TensorProto.INT32, [1]),
-        helper.make_tensor_value_info("total", TensorProto.INT32, []),
-    ] + [helper.make_tensor_value_info(f"past_{kind}{i}", TensorProto.FLOAT, cache)
-         for i in range(LAYERS) for kind in "kv"]
-    outputs = [helper.make_tensor_value_info("out", TensorProto.FLOAT, None)] + [
-        helper.make_tensor_value_info(f"present_{kind}{i}", TensorProto.FLOAT, None)
-        for i in range(LAYERS) for kind in "kv"]
-    graph = helper.make_graph(nodes, "sliding", inputs, outputs, inits)
-    proto = helper.make_model(graph, opset_imports=[
-        helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1),
-        helper.make_opsetid("edgeprefill", 1)])
-    proto.ir_version = 10
-    return proto.SerializeToString()
-
-
-def bound_run(session, past: int, chunk: int, caches: list[np.ndarray]):
-    """One call, every input bound once, each cache bound in place as past and present."""
-    qkv = np.random.default_rng(1).random((1, chunk, QKV_WIDTH), np.float32)
-    binding = session.io_binding()
-    binding.bind_cpu_input("qkv", qkv)
-    binding.bind_cpu_input("seqlens_k", np.array([past + chunk - 1], np.int32))
-    binding.bind_cpu_input("total", np.array(past + chunk, np.int32))
-    for i in range(LAYERS):
-        for j, kind in enumerate("kv"):
-            value = ort.OrtValue.ortvalue_from_numpy(caches[2 * i + j])
-            binding.bind_ortvalue_input(f"past_{kind}{i}", value)
-            binding.bind_ortvalue_output(f"present_{kind}{i}", value)
-    binding.bind_output("out")
-    return lambda: session.run_with_iobinding(binding)
+    return stack_model(STACK, nodes, inits, "sliding")
 
 
 def measure(past: int, chunk: int, args, library) -> dict[str, list[float]]:
@@ -96,7 +65,7 @@ def measure(past: int, chunk: int, args, library) -> dict[str, list[float]]:
     options.register_custom_ops_library(str(library))
     runs = {v: bound_run(ort.InferenceSession(model(capacity, v), options,
                                               providers=["CPUExecutionProvider"]),
-                         past, chunk, caches) for v in VARIANTS}
+                         STACK, past, chunk, caches) for v in VARIANTS}
     turns: dict[str, list[float]] = {v: [] for v in VARIANTS}
     for _ in range(args.turns):
         for name, run in runs.items():
