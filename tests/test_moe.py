@@ -103,17 +103,15 @@ def run_rows(backend, prompts: list[list[int]], done: list[int]) -> np.ndarray:
                                  np.array(list(map(len, rest)), np.int32), 0))
 
 
-# Families whose `ort` bundle runs the stock GroupQueryAttention (Mixtral's window, ERNIE's
-# interleaved rotary: the native kernels take neither), which takes one row per call with
-# a past: the engine runs a chunk and decode rows in two calls there.
-UNFUSED_ORT = ("mixtral", "ernie4_5_moe")
+# Families whose attention has a window (Mixtral) or interleaved rotary (ERNIE): their
+# `ort` bundles fuse a chunk with decode rows through the native kernels (which take both).
+WINDOWED_OR_INTERLEAVED = ("mixtral", "ernie4_5_moe")
 
 
 @pytest.mark.parametrize("family, flavor", [
     *((family, flavor) for family in ("qwen3_moe", "lfm2_moe", "qwen2_moe")
       for flavor in ("ort", "standard")),
-    *slow(*((family, flavor) for family in SLOW_MOE_FAMILIES for flavor in ("ort", "standard")
-            if family not in UNFUSED_ORT or flavor == "standard")),
+    *slow(*((family, flavor) for family in SLOW_MOE_FAMILIES for flavor in ("ort", "standard"))),
 ])
 def test_rows_of_different_valid_lengths_in_one_call_each_equal_transformers(
         family, flavor, hf_model, bundle):
@@ -130,7 +128,8 @@ def test_rows_of_different_valid_lengths_in_one_call_each_equal_transformers(
                                    atol=1e-4, err_msg=f"row {row}")
 
 
-@pytest.mark.parametrize("family", ("qwen3_moe", "lfm2_moe", "gpt_oss", *slow(*UNFUSED_ORT)))
+@pytest.mark.parametrize("family", ("qwen3_moe", "lfm2_moe", "gpt_oss",
+                                    *slow(*WINDOWED_OR_INTERLEAVED)))
 def test_concurrent_sessions_generate_transformers_greedy_text(family, hf_model, bundle):
     """Sessions decoding together (and a prompt's chunks fused with their decode rows)
     each reply as transformers' greedy decoding of their prompt."""
