@@ -42,7 +42,8 @@ def inspect(bundle, verify, as_json):
     kernels = describe(graph.flavor, graph.dtype)
     native = kernels == NATIVE  # the library runs here: what the projections' switches need
     # Which attention nodes the kernels take, as the backend finds at load where they run.
-    taken, unsupported, left = _attention_taken(bundle, m) if graph.flavor == "ort" else \
+    model_proto = load_graph(Path(bundle), m)  # checked: a corrupt graph is one line
+    taken, unsupported, left = _attention_taken(model_proto) if graph.flavor == "ort" else \
         ("none", NO_ATTENTION, "")
     if native and taken == "none":
         kernels = f"{STOCK} ({unsupported})"
@@ -50,13 +51,13 @@ def inspect(bundle, verify, as_json):
     # A step fuses only where no GroupQueryAttention is left (fusing.stock_attention).
     any_stock_attention = taken != "every" or not native
     if native and graph.state_inputs:  # the DeltaNet and Mamba-2 ops run, whatever attends
-        layers = _recurrent_layers(bundle, m)
+        layers = _recurrent_layers(model_proto)
         kernels = native_described(*layers) if kernels == NATIVE else \
             stock_described(unsupported, *layers)
     if native and taken == "some":  # e.g. layers with a smooth softmax keep GroupQueryAttention
         kernels += left  # how many, and why: as --stats says (select.stock_layers)
     bf16_kv = _bf16_kv_here(native and taken == "every")
-    proto = load_graph(Path(bundle), m).graph  # checked: a corrupt graph is one line
+    proto = model_proto.graph
     head = head_kind(proto)  # "int8" in an int4 bundle exported with --lm-head int8
     lines = [
         f"bundle      {bundle}",
@@ -78,7 +79,7 @@ def inspect(bundle, verify, as_json):
         *_state_line(m),
         *_shared_kv_line(m.model),
         _steps_line(graph, native, any_stock_attention, taken == "every", head),
-        *_derived_line(bundle, m),
+        *_derived_line(bundle, m, model_proto),
         f"eos ids     {eos}",
         f"sampling    {defaults.describe()}  (generation_config.json; requests may override)",
         f"chat        {'template included' if m.tokenizer.chat_template else 'no template'}",
@@ -183,25 +184,22 @@ def _int8_line(graph, native: bool) -> list[str]:
     return [f"int8        {describe_int8(native)}"]
 
 
-def _derived_line(bundle, manifest) -> list[str]:
+def _derived_line(bundle, manifest, proto) -> list[str]:
     """Bundles whose weights a load may derive from (int4 ones, and float32 ones under
     `--compute bf16`): where the derived weights are cached (engines.ort.derived_cache)."""
     graph = manifest.graph
     if graph.dtype != "float32" or graph.flavor != "ort" or graph.quantization == "int8":
         return []
-    from edgeprefill.bundle import load_graph
     from edgeprefill.engines.ort.derived import weight_files
     from edgeprefill.engines.ort.derived_cache import describe
 
-    proto = load_graph(Path(bundle), manifest)  # checked: a corrupt graph is one line
     return [f"derived     {describe(Path(bundle), weight_files(proto))}"]
 
 
-def _attention_taken(bundle, manifest) -> tuple[str, str, str]:
-    """Which of the bundle's attention nodes the native kernels take: "every", "some" or
-    "none" (interleaved rotary, for one, keeps GroupQueryAttention), where none, why, and
-    where some, how many stay and why (select.stock_layers)."""
-    from edgeprefill.bundle import load_graph
+def _attention_taken(graph) -> tuple[str, str, str]:
+    """Which of the bundle's attention nodes (`graph`, its ModelProto) the native kernels
+    take: "every", "some" or "none" (a smooth softmax, for one, keeps GroupQueryAttention),
+    where none, why, and where some, how many stay and why (select.stock_layers)."""
     from edgeprefill.kernels.select import (
         no_attention_reason,
         stock_layers,
@@ -209,7 +207,6 @@ def _attention_taken(bundle, manifest) -> tuple[str, str, str]:
         takes_every_attention,
     )
 
-    graph = load_graph(Path(bundle), manifest)
     if takes_every_attention(graph):
         return "every", "", ""
     if takes_attention(graph):
@@ -217,14 +214,12 @@ def _attention_taken(bundle, manifest) -> tuple[str, str, str]:
     return "none", no_attention_reason(graph), ""
 
 
-def _recurrent_layers(bundle, manifest) -> tuple[int, int]:
+def _recurrent_layers(graph) -> tuple[int, int]:
     """How many Gated DeltaNet recurrences the native GatedDeltaRule takes, and how many
-    Mamba-2 ones Mamba2Scan takes."""
-    from edgeprefill.bundle import load_graph
+    Mamba-2 ones Mamba2Scan takes, in the bundle's ModelProto `graph`."""
     from edgeprefill.kernels.gated_delta import delta_scans
     from edgeprefill.kernels.mamba2_scan import mamba2_scans
 
-    graph = load_graph(Path(bundle), manifest)
     return delta_scans(graph), mamba2_scans(graph)
 
 
