@@ -9,6 +9,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from edgeprefill.contract import LOGITS
 from edgeprefill.engines.ort import int8_unsigned
 from edgeprefill.errors import BackendError
 from edgeprefill.export.quantize import QuantConfig
@@ -97,7 +98,7 @@ def test_the_rewritten_projection_computes_the_codes_exactly(tmp_path, monkeypat
     result's scale off this.)"""
     done, session, (x, codes, scale) = one_projection(tmp_path, monkeypatch, "on")
     assert done.rewritten == 1
-    assert done.described == "1 int8 projections on uint8 weights (EDGEPREFILL_INT8_UNSIGNED=on)"
+    assert done.described == "1 int8 projection on uint8 weights (EDGEPREFILL_INT8_UNSIGNED=on)"
     want = emulated(x, codes, scale)
     got = session.run(None, {"x": x})[0]
     assert float(np.abs(got - want).max() / np.abs(want).max()) < 1e-6
@@ -134,3 +135,26 @@ def test_without_proc_cpuinfo_the_flags_are_numpys(monkeypatch):
     assert int8_unsigned.cpu_flags() == {"avx2"} and int8_unsigned.saturates()
     monkeypatch.setattr(_multiarray_umath, "__cpu_features__", dict(features, AVX512VNNI=True))
     assert not int8_unsigned.saturates()
+
+
+def test_the_count_of_int8_projections_names_the_lm_head():
+    """`--stats` names the LM head among the int8 projections (an int4 bundle exported with
+    `--lm-head int8` has it alone): the projection the graph's logits come from, through
+    the ops after it."""
+    def graph(outputs: list[str]):
+        nodes = [helper.make_node("DynamicQuantizeMatMul", ["x", "w", "s"], [name],
+                                  domain="com.microsoft") for name in outputs]
+        nodes.append(helper.make_node("Tanh", [outputs[-1]], ["capped"]))
+        if "head" in outputs:
+            nodes.append(helper.make_node("Identity", ["capped"], [LOGITS]))
+        return helper.make_model(helper.make_graph(nodes, "g", [], []))
+
+    def said(outputs: list[str]) -> str:
+        g = graph(outputs)
+        return int8_unsigned.counted(g, [n for n in g.graph.node
+                                         if n.op_type == "DynamicQuantizeMatMul"])
+
+    assert said(["head"]) == "the LM head's int8 projection"
+    assert said(["q", "k", "head"]) == "3 int8 projections (the LM head among them)"
+    assert said(["q"]) == "1 int8 projection"
+    assert said(["q", "k"]) == "2 int8 projections"

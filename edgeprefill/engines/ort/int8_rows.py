@@ -78,13 +78,12 @@ def choose(graph: ModelProto, bundle_dir: Path, native: bool, session_options: A
     if not targets or why_not(native) is not None:
         return Int8Rows(0, "")
     derived = Derived(graph, bundle_dir)
+    said = int8_unsigned.counted(graph, targets)
     for node in targets:
         node.CopyFrom(_swapped(node, initializers[node.input[1]], derived))
-    count = len(targets)
     declare_domain(graph)
     weights = hand_over(graph, derived.arrays, session_options)
-    return Int8Rows(count, f"int8 projections {OP} ({count}, each row quantized on its own)",
-                    weights)
+    return Int8Rows(len(targets), f"{said}: {OP} (each row quantized on its own)", weights)
 
 
 def _swapped(node: NodeProto, weight: TensorProto, derived: Derived) -> NodeProto:

@@ -29,6 +29,7 @@ import numpy as np
 from onnx import ModelProto, NodeProto, TensorProto
 
 from edgeprefill.engines.ort.derived import Derived, hand_over, initializer
+from edgeprefill.engines.ort.fusing import lm_head
 from edgeprefill.errors import BackendError
 from edgeprefill.kernels.build import cpu_identity
 
@@ -123,7 +124,18 @@ def choose(graph: ModelProto, bundle_dir: Path, session_options: Any) -> Int8Uns
         node.input[3] = names[1]
     weights = hand_over(graph, derived.arrays, session_options)
     count = len(targets)
-    return Int8Unsigned(count, f"{count} int8 projections on {describe()}", weights)
+    return Int8Unsigned(count, f"{counted(graph, targets)} on {describe()}", weights)
+
+
+def counted(graph: ModelProto, targets: list[NodeProto]) -> str:
+    """"N int8 projections", naming the LM head where it is one of them (an int4 bundle
+    exported with `--lm-head int8` has it alone)."""
+    head = lm_head(graph.graph)
+    if not any(node is head for node in targets):
+        return f"{len(targets)} int8 projection{'s' if len(targets) != 1 else ''}"
+    if len(targets) == 1:
+        return "the LM head's int8 projection"
+    return f"{len(targets)} int8 projections (the LM head among them)"
 
 
 def _deriver(graph: ModelProto, weight: str,
