@@ -132,10 +132,30 @@ def one_scan_model(bundle_graph: ModelProto, names: tuple[str, ...] = NAMES) -> 
     return m
 
 
-def test_the_op_computes_what_the_exporters_scan_does(library, qwen_graph):
+def body(node: NodeProto):
+    return next(a.g for a in node.attribute if a.name == "body")
+
+
+def with_copy(scan: NodeProto, state_out: str) -> None:
+    """The body as bundles exported before stop 40 hold it: the state's output
+    (`state_out` after the prefix) an Identity of the sum."""
+    b = body(scan)
+    prefix = b.name[: -len("step")]
+    out, total = prefix + state_out, prefix + "state_sum"
+    for node in b.node:
+        node.input[:] = [total if i == out else i for i in node.input]
+        node.output[:] = [total if o == out else o for o in node.output]
+    b.node.append(helper.make_node("Identity", [total], [out]))
+
+
+@pytest.mark.parametrize("copy", [False, True])
+def test_the_op_computes_what_the_exporters_scan_does(library, qwen_graph, copy):
     """The exporter's Scan itself (stock ONNX Runtime) against the op it is rewritten to,
-    on a chunk with a padded row: the same values to float rounding."""
+    on a chunk with a padded row: the same values to float rounding. Bundles exported
+    before stop 40 (`copy`: their body copies S to its output) are switched too."""
     m = one_scan_model(load_graph(qwen_graph, load_manifest(qwen_graph)))
+    if copy:
+        with_copy(m.graph.node[0], "S_out")
     feeds = inputs(2, 21, HEADS, DK, DV, [21, 6], seed=7)
     stock = run(m, None, feeds)
     assert fuse_gated_delta(m) == 1
@@ -149,6 +169,8 @@ def test_rewrite_switches_every_delta_scan_and_nothing_else(qwen_graph):
     m = load_graph(qwen_graph, load_manifest(qwen_graph))
     before = [n.op_type for n in m.graph.node]
     assert len(scans(m)) == LAYERS and delta_scans(m) == LAYERS
+    # the exporter's body adds into S_out itself: no Identity copying S every token
+    assert not any(n.op_type == "Identity" for scan in scans(m) for n in body(scan).node)
     assert fuse_gated_delta(m) == LAYERS
     assert scans(m) == [] and [n.op_type for n in m.graph.node].count(OP) == LAYERS
     assert len(m.graph.node) == len(before)
@@ -163,9 +185,6 @@ def test_near_misses_keep_their_scan(qwen_graph):
         node.CopyFrom(base)
         change(node)
         return node
-
-    def body(node: NodeProto):
-        return next(a.g for a in node.attribute if a.name == "body")
 
     def drop_decay(node):  # a body without the decay's Mul
         b = body(node)

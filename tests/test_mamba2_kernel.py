@@ -25,7 +25,7 @@ from edgeprefill.kernels.scan_body import matches
 from edgeprefill.sdk import Engine
 from tests.state_models import run_padded
 from tests.test_exactness import prompt_ids, reference_logits
-from tests.test_gated_delta_kernel import one_scan_model, run, scans
+from tests.test_gated_delta_kernel import body, one_scan_model, run, scans, with_copy
 
 NAMES = ("h", "dtx", "B", "C", "decay")
 FAMILY = "granitemoehybrid-mamba"
@@ -99,20 +99,6 @@ def test_op_matches_the_recurrence_and_padding_leaves_the_state_alone(
             np.testing.assert_array_equal(final[row], feeds["h"][row])
 
 
-def body(node: NodeProto):
-    return next(a.g for a in node.attribute if a.name == "body")
-
-
-def with_copy(scan: NodeProto) -> None:
-    """The body as bundles exported before stop 40 hold it: h_out an Identity of the sum."""
-    b = body(scan)
-    prefix = b.name[: -len("step")]
-    for node in b.node:
-        node.input[:] = [prefix + "h_sum" if i == prefix + "h_out" else i for i in node.input]
-        node.output[:] = [prefix + "h_sum" if o == prefix + "h_out" else o for o in node.output]
-    b.node.append(helper.make_node("Identity", [prefix + "h_sum"], [prefix + "h_out"]))
-
-
 @pytest.mark.parametrize("copy", [False, True])
 def test_the_op_computes_what_the_exporters_scan_does(library, bundle, copy):
     """The exporter's Scan itself (stock ONNX Runtime) against the op it is rewritten to,
@@ -123,7 +109,7 @@ def test_the_op_computes_what_the_exporters_scan_does(library, bundle, copy):
     path = bundle(FAMILY)
     m = one_scan_model(load_graph(path, load_manifest(path)), NAMES)
     if copy:
-        with_copy(m.graph.node[0])
+        with_copy(m.graph.node[0], "h_out")
     feeds = inputs(2, 21, HEADS, P, N, [21, 6], seed=7)
     stock = run(m, None, feeds)
     assert fuse_mamba2(m) == 1

@@ -25,7 +25,7 @@ OP = "GatedDeltaRule"
 # (after the prefix) and the ops of one token's update.
 BODY = ScanBody(OP, re.compile(r"delta\d+_step"), ("S", "q", "k", "v", "decay", "beta"),
                 ("S_out", "o"), Counter({"Unsqueeze": 6, "Mul": 3, "MatMul": 2, "Sub": 1,
-                                         "Add": 1, "Identity": 1, "Squeeze": 1}))
+                                         "Add": 1, "Squeeze": 1}))
 
 
 def fuse_gated_delta(model: ModelProto) -> int:

@@ -26,23 +26,19 @@ OP = "Mamba2Scan"
 BODY = ScanBody(OP, re.compile(r"mamba\d+_step"), ("h", "dtx", "B", "C", "decay"),
                 ("h_out", "y"), Counter({"Unsqueeze": 4, "Mul": 2, "Add": 1, "MatMul": 1,
                                          "Squeeze": 1}))
-# The same body as bundles exported before stop 40 hold it: the new h copied to its output
-# by an Identity.
-BODY_WITH_COPY = BODY._replace(ops=BODY.ops + Counter({"Identity": 1}))
-BODIES = (BODY, BODY_WITH_COPY)
 
 
 def fuse_mamba2(model: ModelProto) -> int:
     """Rewrites `model`'s top-level graph in place; returns how many Scans now run OP."""
-    return sum(fuse(model, body) for body in BODIES)
+    return fuse(model, BODY)
 
 
 def mamba2_scans(model: ModelProto) -> int:
     """How many Scans of `model`'s graph the rewrite would switch (what `inspect` says)."""
-    return sum(count(model, body) for body in BODIES)
+    return count(model, BODY)
 
 
 def is_mamba2_scan(node: NodeProto) -> bool:
     """A Scan over the chunk's axis 1 (four scanned inputs, one scanned output, forward)
     whose body is the exporter's Mamba-2 step (either form)."""
-    return any(matches(node, body) for body in BODIES)
+    return matches(node, BODY)
