@@ -1,10 +1,12 @@
-"""A stack of attention layers as one ONNX graph over one packed qkv input, and one call of
-it with every input bound once: what the attention benchmarks (prefill_attention.py,
-sliding_attention.py, attention_variants.py) time, ONNX Runtime's GroupQueryAttention
-against the native ops. Each benchmark makes its own layer nodes and tables."""
+"""A stack of attention layers as one ONNX graph over one packed qkv input, one call of it
+with every input bound once, and its variants timed taking turns: what the attention
+benchmarks (prefill_attention.py, sliding_attention.py, attention_variants.py) time, ONNX
+Runtime's GroupQueryAttention against the native ops. Each benchmark makes its own layer
+nodes and tables."""
 
 from __future__ import annotations
 
+import time
 from typing import NamedTuple
 
 import numpy as np
@@ -64,3 +66,31 @@ def bound_run(session, stack: Stack, past: int, chunk: int, caches: list[np.ndar
             binding.bind_ortvalue_output(f"present_{kind}{i}", value)
     binding.bind_output("out")
     return lambda: session.run_with_iobinding(binding)
+
+
+def take_turns(stack: Stack, models: dict[str, bytes], past: int, chunk: int, threads: int,
+               library, turns: int, calls: int) -> dict[str, list[float]]:
+    """Each model's ms per layer in each of `turns` turns (the median of its calls: `calls`
+    for decode, a tenth of them for a chunk), the models taking turns over the same caches
+    of `past` positions."""
+    rng = np.random.default_rng(2)
+    caches = [rng.random((1, stack.kv_heads, past + chunk, stack.head_dim), np.float32)
+              for _ in range(2 * stack.layers)]
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.log_severity_level = 3  # e.g. the unused tables of a graph without rotary
+    options.register_custom_ops_library(str(library))
+    runs = {name: bound_run(ort.InferenceSession(model, options,
+                                                 providers=["CPUExecutionProvider"]),
+                            stack, past, chunk, caches) for name, model in models.items()}
+    times: dict[str, list[float]] = {name: [] for name in runs}
+    for _ in range(turns):
+        for name, run in runs.items():
+            run()  # warm
+            each = []
+            for _ in range(calls if chunk == 1 else max(1, calls // 10)):
+                start = time.perf_counter()
+                run()
+                each.append(time.perf_counter() - start)
+            times[name].append(float(np.median(each)) / stack.layers * 1e3)
+    return times

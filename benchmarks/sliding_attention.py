@@ -18,11 +18,9 @@ layer (median of the turns' medians):
 from __future__ import annotations
 
 import argparse
-import time
 
 import numpy as np
-import onnxruntime as ort
-from attention_stack import Stack, bound_run, stack_model
+from attention_stack import Stack, stack_model, take_turns
 from onnx import helper, numpy_helper
 
 from edgeprefill.kernels.build import KernelBuildError, build
@@ -56,27 +54,8 @@ def model(capacity: int, variant: str) -> bytes:
 
 
 def measure(past: int, chunk: int, args, library) -> dict[str, list[float]]:
-    capacity = past + chunk
-    rng = np.random.default_rng(2)
-    caches = [rng.random((1, KV_HEADS, capacity, HEAD_DIM), np.float32)
-              for _ in range(2 * LAYERS)]
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = args.threads
-    options.register_custom_ops_library(str(library))
-    runs = {v: bound_run(ort.InferenceSession(model(capacity, v), options,
-                                              providers=["CPUExecutionProvider"]),
-                         STACK, past, chunk, caches) for v in VARIANTS}
-    turns: dict[str, list[float]] = {v: [] for v in VARIANTS}
-    for _ in range(args.turns):
-        for name, run in runs.items():
-            run()  # warm
-            times = []
-            for _ in range(args.calls if chunk == 1 else max(1, args.calls // 10)):
-                start = time.perf_counter()
-                run()
-                times.append(time.perf_counter() - start)
-            turns[name].append(float(np.median(times)) / LAYERS * 1e3)
-    return turns
+    models = {v: model(past + chunk, v) for v in VARIANTS}
+    return take_turns(STACK, models, past, chunk, args.threads, library, args.turns, args.calls)
 
 
 def main() -> None:
