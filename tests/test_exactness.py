@@ -187,14 +187,20 @@ def test_rows_of_different_lengths_decode_together_within_their_windows(
     family, flavor, hf_model, bundle
 ):
     """A decode batch holds rows at different positions: each row's window is its own."""
-    hf_dir = hf_model(family)
     engine = Engine.load(bundle(family, flavor), threads=2, background=False)
-    params = GenerationParams(max_new_tokens=NEW_TOKENS, ignore_eos=True)
+    check_together(engine, hf_model(family), NEW_TOKENS)
+    engine.close()
+
+
+def check_together(engine: Engine, hf_dir, new_tokens: int) -> None:
+    """Three prompts (5, 30 and 61 tokens) generated at once by `engine` (their decode rows,
+    and where the graph takes them a prompt's chunks, in shared calls): each reply is
+    transformers' greedy decoding of its own prompt."""
+    params = GenerationParams(max_new_tokens=new_tokens, ignore_eos=True)
     prompts = [prompt_ids(n, seed=n) for n in (5, 30, 61)]
     streams = [engine.generate(ids, params) for ids in prompts]
     for ids, stream in zip(prompts, streams, strict=True):
         assert stream.result().token_ids == reference_greedy(hf_dir, ids)
-    engine.close()
 
 
 @pytest.mark.parametrize("family", ("llama", "mistral"))

@@ -29,7 +29,7 @@ from edgeprefill.kernels.build import library_path
 from edgeprefill.sdk import Engine, GenerationParams
 from tests.conftest import GEMMA4, build_hf_model, load_hf_model
 from tests.state_models import run_padded, variant_bundles
-from tests.test_exactness import prompt_ids, reference_greedy, reference_logits
+from tests.test_exactness import check_together, prompt_ids, reference_logits
 from tests.test_families import last_logits
 from tests.test_quantize import dequantize_embeddings
 
@@ -191,11 +191,7 @@ def test_the_kv_shared_layers_run_on_each_rows_last_token_only(bundle, flavor):
 def test_rows_of_different_lengths_decode_together_as_transformers(gemma4, flavor):
     hf_dir, path = gemma4(flavor)
     engine = Engine.load(path, threads=2, background=False, chunk_size=16)
-    params = GenerationParams(max_new_tokens=8, ignore_eos=True)
-    prompts = [prompt_ids(n, seed=n) for n in (5, 30, 61)]
-    streams = [engine.generate(ids, params) for ids in prompts]
-    for ids, stream in zip(prompts, streams, strict=True):
-        assert stream.result().token_ids == reference_greedy(hf_dir, ids)
+    check_together(engine, hf_dir, 8)
     engine.close()
 
 

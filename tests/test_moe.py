@@ -22,9 +22,9 @@ from tests.conftest import FAMILIES, load_hf_model
 from tests.state_models import GRAPHS, assert_padded_chunks_match
 from tests.test_exactness import (
     check_greedy,
+    check_together,
     prompt_ids,
     recurrent_delta_rule,
-    reference_greedy,
     reference_logits,
 )
 from tests.test_families import export_small, last_logits
@@ -133,13 +133,8 @@ def test_rows_of_different_valid_lengths_in_one_call_each_equal_transformers(
 def test_concurrent_sessions_generate_transformers_greedy_text(family, hf_model, bundle):
     """Sessions decoding together (and a prompt's chunks fused with their decode rows)
     each reply as transformers' greedy decoding of their prompt."""
-    hf_dir = hf_model(family)
     engine = Engine.load(bundle(family), threads=2, background=False, chunk_size=16)
-    params = GenerationParams(max_new_tokens=8, ignore_eos=True)
-    prompts = [prompt_ids(n, seed=n) for n in (5, 30, 61)]
-    streams = [engine.generate(ids, params) for ids in prompts]
-    for ids, stream in zip(prompts, streams, strict=True):
-        assert stream.result().token_ids == reference_greedy(hf_dir, ids)
+    check_together(engine, hf_model(family), 8)
     engine.close()
 
 
