@@ -159,8 +159,8 @@ class OnnxRuntimeBackend(Backend):
         # Whether the native library runs here (built, this CPU, an ort float32 bundle, not
         # turned off). Every rewrite to its ops asks this, not whether an attention layer
         # took the kernels: a graph whose attention they do not take (a smooth softmax)
-        # still gets the native projections, and `inspect`, which
-        # asks the same, says what runs.
+        # still gets the native projections, and `inspect`, which asks the same, says what
+        # runs.
         native = kernels_why_not(manifest.graph.flavor, manifest.graph.dtype,
                                  options.device) is None
         # int4 bundles: a faster prefill projection than decode's (engines.ort.int4_prefill),
