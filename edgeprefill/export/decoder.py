@@ -118,8 +118,7 @@ class DecoderBuilder:
         self.mamba = (Mamba2(g, self.w, cfg, self.tokens, conv, past_lens, valid_lens, chunk)
                       if conv is not None and cfg.mamba_layers else None)
         self._declare_kv_io()
-        first = kv_names(cfg.kv_layers[0]).past_key
-        step = self.flavor.step_tensors(g, past_lens, chunk, first)
+        step = self._step_tensors(past_lens, chunk)
         self.shared = (SharedKV(g, self.flavor, past_lens, valid_lens)
                        if cfg.shared_kv else None)
         self.ple = (PerLayerInputs(g, self.w, cfg, self.tokens, self._norm, self._activation)
@@ -152,6 +151,14 @@ class DecoderBuilder:
             logits = g.op("Cast", [logits], to=1)
         g.rename(logits, LOGITS)
         return g
+
+    def _step_tensors(self, past_lens: str, chunk: str) -> StepTensors:
+        """What every attention layer reads; none where no layer attends (Mamba-2), whose
+        graph has no KV input to size a mask or rotary table by."""
+        if not self.cfg.kv_layers:
+            return StepTensors(past_lens, chunk, {})
+        first = kv_names(self.cfg.kv_layers[0]).past_key
+        return self.flavor.step_tensors(self.g, past_lens, chunk, first)
 
     def _query_scale(self, past_lens: str, chunk: str) -> str | None:
         """Each token's query factor (Ministral 3), [B,C,1] or packed [1,T,1], or None."""

@@ -438,6 +438,31 @@ def _nemotron_h_unsupported(raw: dict[str, Any]) -> str | None:
     return None
 
 
+def _mamba2_config(raw: dict[str, Any]) -> dict[str, Any]:
+    """Mamba2Config: every layer one Mamba-2 mixer after an RMS norm (no MLP, no
+    attention), read as Nemotron-H's mixer blocks are: the same checkpoint names
+    (backbone.layers.{i}.norm / .mixer) and the same gated RMSNorm, gate first. Its keys
+    go to Granite 4.0-H's mamba names; the attention keys it lacks get placeholders that
+    no layer reads."""
+    count = int(raw["num_hidden_layers"])
+    return {**raw, "layer_types": ["linear_attention"] * count,
+            "mamba_n_heads": raw["num_heads"], "mamba_d_head": raw["head_dim"],
+            "mamba_n_groups": raw["n_groups"], "mamba_d_state": raw["state_size"],
+            "mamba_d_conv": raw["conv_kernel"], "mamba_conv_bias": raw["use_conv_bias"],
+            "mamba_proj_bias": raw["use_bias"], "num_attention_heads": 1,
+            "num_key_value_heads": 1, "intermediate_size": 1,
+            "no_rope_layer_interval": 1}  # no layer rotates (none attends)
+
+
+def _mamba2_unsupported(raw: dict[str, Any]) -> str | None:
+    # Mamba2Mixer applies hidden_act after its convolution; export's mixer applies SiLU
+    # (the Hub's models' and the mamba_ssm kernels' only choice).
+    act = raw.get("hidden_act", "silu")
+    if act not in ("silu", "swish"):
+        return f"hidden_act {act!r} is not supported; Mamba-2's convolution takes silu only"
+    return None
+
+
 def _falcon_h1_config(raw: dict[str, Any]) -> dict[str, Any]:
     """FalconH1Config: every layer is attention and Mamba-2 side by side (export reads
     them as mamba layers that keep KV); the mixer is mamba_d_ssm wide (mamba_expand x
@@ -986,10 +1011,7 @@ GPT_OSS = FamilySpec(
 )
 
 # model_types close to a supported family that export refuses -> why, in words.
-REFUSED_TYPES = {
-    "mamba2": "plain Mamba-2 models (every layer mamba, none attending) are not supported; "
-              "the hybrid ones are: bamba, falcon_h1, granitemoehybrid, nemotron_h",
-}
+REFUSED_TYPES: dict[str, str] = {}
 
 FAMILIES: dict[str, FamilySpec] = {
     "llama": FamilySpec(**ATTENTION_BIAS, unsupported=("mlp_bias",)),
@@ -1310,6 +1332,22 @@ FAMILIES: dict[str, FamilySpec] = {
                   "use_bias": False, "time_step_min": 0.001},
         quirks=("blocks of one Mamba-2 mixer, attention or MLP, each after its own norm",
                 "ReLU-squared MLP without a gate"),
+    ),
+    # Mamba-2 (Mamba2ForCausalLM: mamba-codestral, the state-spaces mamba2 models): every
+    # layer one Mamba-2 mixer after an RMS norm, nothing attends, so the bundle has no KV
+    # (export/layer_groups.py reads the layers as Nemotron-H's mixer blocks).
+    "mamba2": FamilySpec(
+        names=replace(LLAMA_NAMES, embed=("model.embeddings.weight", "model.embedding.weight"),
+                      final_norm="model.norm_f"),
+        eps_key="layer_norm_epsilon", mamba=True, blocks=True, legacy=_mamba2_config,
+        refuse=_mamba2_unsupported, renames=(("backbone.", "model."),),
+        # Mamba2Config's defaults; a recurrent model has no position limit, so a bundle's
+        # context defaults to export's cap
+        defaults={"num_heads": 128, "head_dim": 64, "n_groups": 8, "state_size": 128,
+                  "conv_kernel": 4, "expand": 2, "use_bias": False, "use_conv_bias": True,
+                  "layer_norm_epsilon": 1e-5, "max_position_embeddings": 4096,
+                  "tie_word_embeddings": False},
+        quirks=("no attention (no KV cache)",),
     ),
     # LayerNorm1P (1+w, with bias) everywhere, an ungated ReLU-squared MLP, rotary on half
     # of each head unless partial_rotary_factor says otherwise.

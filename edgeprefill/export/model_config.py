@@ -210,9 +210,6 @@ class ModelConfig:
             raise ExportError(f"unknown block layout {self.block!r}")
         if self.conv_layers and self.conv_kernel < 2:
             raise ExportError(f"conv_L_cache must be at least 2, got {self.conv_kernel}")
-        if len(self.state_layers) == self.num_layers and not self.kv_state_layers:
-            raise ExportError("layer_types has no full_attention layer; export needs at "
-                              "least one")
         delta = self.delta
         if delta is not None and (delta.conv_kernel < 2 or delta.value_heads % delta.key_heads):
             raise ExportError(
@@ -322,7 +319,7 @@ class ModelConfig:
         if self.k_eq_v:
             out.append("full-attention layers' values are their keys' projection")
         nope = sum(layer.rope is None for layer in self.layers)
-        if nope:
+        if nope and self.kv_layers:  # none attending (Mamba-2), no rope is no news
             out.append(f"{nope} of {self.num_layers} layers without rope")
         if self.rotary_dim < self.head_dim:
             out.append(f"rotary on {self.rotary_dim} of {self.head_dim} head dims")
