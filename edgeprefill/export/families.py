@@ -155,6 +155,10 @@ class FamilySpec:
     # Whether `layer_types` may name "mamba" layers: Mamba-2 mixers (Granite 4.0-H), which
     # hold no KV but a conv and a recurrent state (export/mamba2.py).
     mamba: bool = False
+    # Whether no layer attends (Mamba-2: a bundle without KV). Elsewhere a config without an
+    # attention layer is refused: the hybrids' transformers models fail on one (their
+    # cache's get_seq_length needs an attention layer).
+    attention_free: bool = False
     # Whether each of the model's layers is one sublayer after a norm (Nemotron-H's blocks),
     # which export reads as pre-norm layers of a mixer and the MLP after it
     # (export/layer_groups.py).
@@ -1339,7 +1343,8 @@ FAMILIES: dict[str, FamilySpec] = {
     "mamba2": FamilySpec(
         names=replace(LLAMA_NAMES, embed=("model.embeddings.weight", "model.embedding.weight"),
                       final_norm="model.norm_f"),
-        eps_key="layer_norm_epsilon", mamba=True, blocks=True, legacy=_mamba2_config,
+        eps_key="layer_norm_epsilon", mamba=True, blocks=True, attention_free=True,
+        legacy=_mamba2_config,
         refuse=_mamba2_unsupported, renames=(("backbone.", "model."),),
         # Mamba2Config's defaults; a recurrent model has no position limit, so a bundle's
         # context defaults to export's cap

@@ -210,6 +210,9 @@ class ModelConfig:
             raise ExportError(f"unknown block layout {self.block!r}")
         if self.conv_layers and self.conv_kernel < 2:
             raise ExportError(f"conv_L_cache must be at least 2, got {self.conv_kernel}")
+        if not self.kv_layers and not self.spec.attention_free:
+            raise ExportError("layer_types has no full_attention layer; export needs at "
+                              "least one")
         delta = self.delta
         if delta is not None and (delta.conv_kernel < 2 or delta.value_heads % delta.key_heads):
             raise ExportError(
