@@ -53,7 +53,7 @@ def test_a_hub_config_reads_as_transformers_reads_it():
 
 def test_a_convolution_activation_other_than_silu_is_refused_in_one_line():
     with pytest.raises(ExportError, match="^mamba2: hidden_act 'gelu' is not supported; "
-                                          "Mamba-2's convolution takes silu only$"):
+                                          "the mixer's convolution takes silu only$"):
         ModelConfig.from_hf({**HUB_CODESTRAL, "hidden_act": "gelu"})
 
 

@@ -38,6 +38,7 @@ from edgeprefill.export.flavors import Flavor, StepTensors, positions
 from edgeprefill.export.gated_delta import GatedDeltaNet
 from edgeprefill.export.graph import GraphBuilder
 from edgeprefill.export.lm_head import embedding_weight, head_weight
+from edgeprefill.export.mamba1 import Mamba1
 from edgeprefill.export.mamba2 import Mamba2
 from edgeprefill.export.model_config import LayerAttention, ModelConfig
 from edgeprefill.export.moe import MixtureOfExperts
@@ -115,7 +116,8 @@ class DecoderBuilder:
         self.delta_net = (GatedDeltaNet(g, self.w, cfg, self.tokens, conv, past_lens,
                                         valid_lens, chunk)
                           if conv is not None and cfg.delta_layers else None)
-        self.mamba = (Mamba2(g, self.w, cfg, self.tokens, conv, past_lens, valid_lens, chunk)
+        mamba = Mamba1 if cfg.selective is not None else Mamba2
+        self.mamba = (mamba(g, self.w, cfg, self.tokens, conv, past_lens, valid_lens, chunk)
                       if conv is not None and cfg.mamba_layers else None)
         self._declare_kv_io()
         step = self._step_tensors(past_lens, chunk)
@@ -191,9 +193,9 @@ class DecoderBuilder:
         for names, dtype, state in states:
             self.g.output(names.present, dtype, state)
 
-    def _mixer_of(self, layer: int) -> ShortConv | GatedDeltaNet | Mamba2:
+    def _mixer_of(self, layer: int) -> ShortConv | GatedDeltaNet | Mamba1 | Mamba2:
         """The emitter of a state layer's token mixer."""
-        mixer: ShortConv | GatedDeltaNet | Mamba2 | None = (
+        mixer: ShortConv | GatedDeltaNet | Mamba1 | Mamba2 | None = (
             self.short_conv if layer in self.cfg.conv_layers else
             self.mamba if layer in self.cfg.mamba_layers else self.delta_net)
         assert mixer is not None
