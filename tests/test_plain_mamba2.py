@@ -70,6 +70,11 @@ def test_the_load_runs_the_native_scan_and_says_no_layer_attends(bundle, monkeyp
     assert described.startswith("no layer attends; native (") and "Mamba2Scan in 2" in described
     assert engine.backend.fuses_rows
     engine.close()
+    # --compute bf16: the projections, and no word of an attention that is not there
+    engine = Engine.load(bundle("mamba2", "ort"), threads=2, background=False, compute="bf16")
+    assert engine.backend.compute.described.startswith("bf16 (MatMulBf16")
+    assert "ttention" not in engine.backend.compute.described
+    engine.close()
 
 
 def test_export_run_and_serve_give_transformers_greedy_text(hf_model, tmp_path):

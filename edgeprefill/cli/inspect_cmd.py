@@ -325,9 +325,11 @@ def _compute_line(graph, native: bool, stock_attention: bool, kv_cache: bool,
     if not native:  # what the load refuses (the kernels line says why they do not run)
         return [f"compute     {default}; --compute bf16 needs the native kernels, which do "
                 "not run here"]
-    if stock_attention and not floats:  # what the load refuses
+    attends = bool(graph.kv_inputs)  # Mamba: no attention to run in bf16 or not
+    if (stock_attention or not attends) and not floats:  # what the load refuses
+        attention = f"the attention {STOCK}" if attends else "no layer attends"
         return [f"compute     {default}; --compute bf16: nothing to run in bf16 here (the "
-                f"quantized projections as exported, the attention {STOCK})"]
-    bf16 = describe_bf16(projections=floats,
-                         attention=native and not stock_attention, kv_cache=kv_cache)
+                f"quantized projections as exported, {attention})"]
+    bf16 = describe_bf16(projections=floats, attention=attends and not stock_attention,
+                         kv_cache=kv_cache, attends=attends)
     return [f"compute     {default}; --compute bf16: {bf16}, needs the native kernels"]
