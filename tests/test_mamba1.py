@@ -53,6 +53,11 @@ def test_a_hub_config_reads_as_transformers_reads_it(raw, config_class):
     assert ours.tie_embeddings == hf.tie_word_embeddings
 
 
+def test_only_falcon_mamba_norms_b_c_and_dt():
+    """MambaMixer ignores a mixer_rms_eps its config carries (copied from Falcon-Mamba's)."""
+    assert ModelConfig.from_hf({**HUB_130M, "mixer_rms_eps": 1e-6}).selective.bc_dt_eps is None
+
+
 def test_an_auto_time_step_rank_is_hidden_over_16_rounded_up():
     raw = {**HUB_130M, "hidden_size": 100, "time_step_rank": "auto"}
     del raw["intermediate_size"]

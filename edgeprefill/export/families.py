@@ -478,8 +478,14 @@ def _mamba1_config(raw: dict[str, Any]) -> dict[str, Any]:
     count = int(raw["num_hidden_layers"])
     inner = raw.get("intermediate_size") or int(raw["expand"]) * int(raw["hidden_size"])
     return {**raw, "layer_types": ["linear_attention"] * count, "mamba_inner": inner,
-            "num_attention_heads": 1,
-            "num_key_value_heads": 1, "intermediate_size": 1, "no_rope_layer_interval": 1}
+            "num_attention_heads": 1, "num_key_value_heads": 1, "intermediate_size": 1,
+            "no_rope_layer_interval": 1}
+
+
+def _falcon_mamba_config(raw: dict[str, Any]) -> dict[str, Any]:
+    """FalconMambaConfig: as MambaConfig, and its mixer RMS-normalizes B, C and dt
+    (without weight) at mixer_rms_eps; MambaMixer ignores the key where a config has it."""
+    return {**_mamba1_config(raw), "mamba_bc_dt_eps": raw["mixer_rms_eps"]}
 
 
 def _falcon_h1_config(raw: dict[str, Any]) -> dict[str, Any]:
@@ -1373,8 +1379,7 @@ FAMILIES: dict[str, FamilySpec] = {
         names=replace(LLAMA_NAMES, embed=("model.embeddings.weight", "model.embedding.weight"),
                       final_norm="model.norm_f"),
         eps_key="layer_norm_epsilon", mamba=True, blocks=True, attention_free=True,
-        legacy=_mamba2_config,
-        refuse=_mamba_unsupported, renames=(("backbone.", "model."),),
+        legacy=_mamba2_config, refuse=_mamba_unsupported, renames=(("backbone.", "model."),),
         # Mamba2Config's defaults; a recurrent model has no position limit, so a bundle's
         # context defaults to export's cap
         defaults={"num_heads": 128, "head_dim": 64, "n_groups": 8, "state_size": 128,
@@ -1387,7 +1392,8 @@ FAMILIES: dict[str, FamilySpec] = {
     # B, C and dt without weight: every layer one selective-scan mixer after an RMS norm,
     # nothing attends (export/mamba1.py, on Mamba-2's Scan body).
     "mamba": MAMBA1,
-    "falcon_mamba": replace(MAMBA1, defaults={**MAMBA1.defaults, "mixer_rms_eps": 1e-6},
+    "falcon_mamba": replace(MAMBA1, legacy=_falcon_mamba_config,
+                            defaults={**MAMBA1.defaults, "mixer_rms_eps": 1e-6},
                             quirks=(*MAMBA1.quirks, "B, C and dt RMS-normed without weight")),
     # LayerNorm1P (1+w, with bias) everywhere, an ungated ReLU-squared MLP, rotary on half
     # of each head unless partial_rotary_factor says otherwise.

@@ -622,7 +622,7 @@ def _selective(raw: dict[str, Any]) -> SelectiveShape:
         conv_kernel=int(raw["conv_kernel"]),
         dt_rank=-(-hidden // 16) if rank == "auto" else int(rank),
         conv_bias=bool(raw["use_conv_bias"]), proj_bias=bool(raw["use_bias"]),
-        bc_dt_eps=float(raw["mixer_rms_eps"]) if "mixer_rms_eps" in raw else None)
+        bc_dt_eps=_optional_float(raw.get("mamba_bc_dt_eps")))
 
 
 def _layers(raw: dict[str, Any], spec: FamilySpec) -> tuple[LayerAttention, ...]:
