@@ -237,10 +237,12 @@ def check_manifest(manifest: Manifest) -> None:
         _malformed(f"graph.flavor must be one of {', '.join(GRAPH_FLAVORS)}, "
                    f"got {manifest.graph.flavor!r}")
     states = model.state_layers
+    # A bundle without KV is one whose every layer carries states (Mamba-2): a layer that
+    # is neither attends.
     if states != sorted(set(states)) or any(not 0 <= i < model.num_layers for i in states) \
-            or model.kv_layers == 0:
+            or (model.kv_layers == 0 and len(states) != model.num_layers):
         _malformed(f"model.state_layers {states} must be distinct layers in ascending "
-                   "order, not all of them")
+                   "order, leaving a layer with KV unless every layer carries states")
     both = model.kv_state_layers
     if both != sorted(set(both)) or not set(both) <= set(states):
         _malformed(f"model.kv_state_layers {both} must be distinct state layers in "

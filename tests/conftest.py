@@ -243,6 +243,18 @@ FAMILIES: dict[str, dict] = {
                   "key_multiplier": 1.3, "ssm_in_multiplier": 0.8, "ssm_out_multiplier": 1.1,
                   "ssm_multipliers": [0.5, 1.5, 0.8, 1.2, 0.9], "mlp_multipliers": [1.2, 0.8],
                   "embedding_multiplier": 2.0, "lm_head_multiplier": 0.5},
+    # Mamba-2: every layer a mixer, nothing attends (a bundle without KV); 8 heads of 16 in
+    # 2 groups, biases on the projections (use_bias), tied as mamba2-130m is
+    "mamba2": {"num_heads": 8, "head_dim": 16, "n_groups": 2, "state_size": 16,
+               "conv_kernel": 4, "chunk_size": 16, "use_bias": True,
+               "tie_word_embeddings": True},
+    # Mamba-1: every layer a selective-scan mixer (128 channels, a state of 8, dt rank 6),
+    # biased projections, tied as the Hub's are; Falcon-Mamba adds weightless norms on B,
+    # C and dt
+    "mamba": {"state_size": 8, "time_step_rank": 6, "use_bias": True,
+              "tie_word_embeddings": True},
+    "falcon_mamba": {"state_size": 8, "time_step_rank": 6, "mixer_rms_eps": 1e-3,
+                     "tie_word_embeddings": True},
     # LayerNorm1P, ReLU-squared MLP, rotary on half of each head (head_dim 32: rotary 16)
     "nemotron": {"head_dim": 32},
     # layer 0 slides with rotary, layer 1 is global without

@@ -85,7 +85,9 @@ def edit(manifest: dict, path: str, value) -> dict:
     ("model.vocab_size", None, "'vocab_size' must be int"),
     ("graph.kv_inputs", [["a", "b"]], "one \\[key, value\\] pair per layer"),
     ("model.state_layers", [1, 0], "model.state_layers \\[1, 0\\] .* ascending order"),
-    ("model.state_layers", [0, 1], "not all of them"),  # the llama bundle has 2 layers
+    # the llama bundle's 2 layers all carrying states: a bundle without KV (Mamba-2's), whose
+    # graph lacks the state tensors
+    ("model.state_layers", [0, 1], "exactly where model.state_layers is"),
     ("model.state_layers", [1], "exactly where model.state_layers is"),  # no state tensors
     ("graph.state_inputs", ["past_conv.1"], "must pair up"),
     ("graph.opsets", {"": "17"}, "'opsets' must be"),

@@ -255,7 +255,8 @@ SUPPORTED = {"granitemoehybrid": {"layer_types": ["attention"] * 4, "num_local_e
              "lfm2_moe": {"layer_types": ["conv", "full_attention"] * 2},
              "nemotron_h": {"layers_block_type": ["linear_attention", "mlp",
                                                   "full_attention", "mlp"]},
-             "bamba": {"attn_layer_indices": [1]}}
+             "bamba": {"attn_layer_indices": [1]},
+             "mamba2": {"num_heads": 8, "head_dim": 16}}  # hidden x expand = heads x dim
 
 
 def least(family: str) -> dict:
@@ -293,8 +294,9 @@ def hf_theta(config, layer_type: str = "full_attention") -> float:
 
 # The families whose positions are a learned table (GPT-2's wpe), with no rotary at all.
 LEARNED_POSITIONS = ("gpt2", "gpt_bigcode")
-# ... and those without rotary nor positions (Nemotron-H: its mamba layers order the tokens).
-NO_ROTARY = (*LEARNED_POSITIONS, "nemotron_h")
+# ... and those without rotary nor positions (Nemotron-H, Mamba-2, Mamba-1: their mamba
+# layers order the tokens).
+NO_ROTARY = (*LEARNED_POSITIONS, "nemotron_h", "mamba2", "mamba", "falcon_mamba")
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
@@ -304,7 +306,8 @@ def test_keys_a_config_leaves_out_take_transformers_defaults(family):
     per_layer = FAMILIES[family].per_layer_heads  # Gemma 4: head sizes per layer kind
     head_dim = hf.per_layer_config[hf.layer_types.index("sliding_attention")].head_dim \
         if per_layer else getattr(hf, "head_dim", None) or MINIMAL["hidden_size"] // 4
-    assert ours.head_dim == head_dim
+    if not FAMILIES[family].attention_free:  # Mamba's attention fields are placeholders
+        assert ours.head_dim == head_dim
     eps = next(getattr(hf, k) for k in ("rms_norm_eps", "layer_norm_eps", "norm_epsilon",
                                         "norm_eps", "layer_norm_epsilon")
                if hasattr(hf, k))
@@ -326,7 +329,8 @@ def test_keys_a_config_leaves_out_take_transformers_defaults(family):
         else:
             assert rope.rotary_dim == int(head_dim * partial)
     assert ours.final_softcap == getattr(hf, "final_logit_softcapping", None)
-    assert ours.max_positions == hf.max_position_embeddings
+    # Mamba-1/2 have no position limit (nor the key): export's cap of 4096 stands for it
+    assert ours.max_positions == getattr(hf, "max_position_embeddings", 4096)
     if family == "gemma2":
         assert ours.attn_softcap == hf.attn_logit_softcapping
     if family in ("cohere", "cohere2"):
@@ -406,7 +410,9 @@ def test_the_activation_is_read_from_the_key_the_model_reads(family):
     layer = layers[0]
     # Granite 4's dense MLP; LFM2's, whose Lfm2MLP calls F.silu whatever the config says
     # (it has no activation module); Nemotron-H's MLP block
-    mlp = getattr(layer, "mlp", None) or getattr(layer, "shared_mlp", None) or \
+    # Mamba-1/2 have no MLP: their hidden_act is the mixer's, after the convolution
+    mlp = layer.mixer if family in ("mamba2", "mamba", "falcon_mamba") else \
+        getattr(layer, "mlp", None) or getattr(layer, "shared_mlp", None) or \
         getattr(layer, "block_sparse_moe", None) or getattr(layer, "feed_forward", None) or \
         next(block.mixer for block in layers if block.block_type == "mlp")
     mlp = getattr(mlp, "experts", mlp)  # a mixture of experts: its experts' activation
@@ -428,8 +434,10 @@ def weight_shapes(family: str, **keys) -> dict[str, tuple[int, ...]]:
     return {name: tuple(p.shape) for name, p in meta_model(family, **keys).state_dict().items()}
 
 
-# The switches export honours (Nemotron-H's Mamba-2 projection biases: its fixture sets it).
-HONOURED = {("nemotron_h", "use_bias")}
+# The switches export honours (the Mamba mixers' projection biases: the fixtures of
+# Nemotron-H, Mamba-2 and Mamba-1 set it).
+HONOURED = {("nemotron_h", "use_bias"), ("mamba2", "use_bias"), ("mamba", "use_bias"),
+            ("falcon_mamba", "use_bias")}
 
 
 @pytest.mark.parametrize("key", ("mlp_bias", "qk_layernorm", "use_qk_norm", "use_bias"))

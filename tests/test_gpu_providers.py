@@ -197,7 +197,8 @@ class RecordingBinding:
 
 
 def test_device_arena_binds_each_pair_at_its_slot_pointer():
-    arena = DeviceArena(ort, [(3, 2, 8, 4)] * 2, np.float32, ["CPUExecutionProvider"], "cpu")
+    arena = DeviceArena(ort, [(3, 2, 8, 4)] * 2, np.float32, 3, ["CPUExecutionProvider"],
+                        "cpu")
     binding = RecordingBinding()
     arena.bind(binding, [("past_key.0", "present_key.0"), ("past_value.0", "present_value.0")],
                first=1, rows=2)
@@ -211,7 +212,7 @@ def test_device_arena_binds_each_pair_at_its_slot_pointer():
 
 
 def test_device_arena_copies_and_swaps_whole_slots():
-    arena = DeviceArena(ort, [(3, 2, 8, 4)], np.float32, ["CPUExecutionProvider"], "cpu")
+    arena = DeviceArena(ort, [(3, 2, 8, 4)], np.float32, 3, ["CPUExecutionProvider"], "cpu")
     data = np.arange(3 * 2 * 8 * 4, dtype=np.float32).reshape(3, 2, 8, 4)
     arena.values[0].update_inplace(data)
     arena.copy(1, 2)
@@ -223,7 +224,7 @@ def test_device_arena_copies_and_swaps_whole_slots():
 def test_device_arena_buffers_of_different_shapes_bind_copy_and_swap_each_its_own():
     """Gemma 4: a full-attention layer's KV is wider than a sliding one's."""
     shapes = [(3, 2, 8, 4), (3, 1, 8, 16)]
-    arena = DeviceArena(ort, shapes, np.float32, ["CPUExecutionProvider"], "cpu")
+    arena = DeviceArena(ort, shapes, np.float32, 3, ["CPUExecutionProvider"], "cpu")
     data = [np.arange(np.prod(s), dtype=np.float32).reshape(s) for s in shapes]
     for value, array in zip(arena.values, data, strict=True):
         value.update_inplace(array)
@@ -238,6 +239,16 @@ def test_device_arena_buffers_of_different_shapes_bind_copy_and_swap_each_its_ow
         np.testing.assert_array_equal(got, array[[1, 0, 1]])
 
 
+def test_a_device_arena_without_buffers_keeps_its_slots():
+    """A bundle in which no layer attends (Mamba) has no KV: its slots hold states alone."""
+    arena = DeviceArena(ort, [], np.float32, 4, ["CPUExecutionProvider"], "cpu")
+    binding = RecordingBinding()
+    arena.bind(binding, [], first=1, rows=3)
+    arena.copy(0, 1)
+    arena.swap(0, 1)
+    assert (arena.slots, arena.host_arrays(), binding.bound) == (4, [], {})
+
+
 class CpuArenaBackend(OnnxRuntimeBackend):
     """The GPU code path of the ONNX Runtime backend with its arena in CPU OrtValues."""
 
@@ -245,8 +256,9 @@ class CpuArenaBackend(OnnxRuntimeBackend):
         super().__init__(bundle_dir, manifest, options)
         self._gpu = gpu_settings(bundle_dir, manifest, None)
 
-    def _device_arena(self, shapes):
-        return DeviceArena(self._ort, shapes, self.kv_dtype, ["CPUExecutionProvider"], "cpu")
+    def _device_arena(self, shapes, slots):
+        return DeviceArena(self._ort, shapes, self.kv_dtype, slots, ["CPUExecutionProvider"],
+                           "cpu")
 
 
 def test_the_device_arena_path_computes_what_the_numpy_arena_computes(bundle):

@@ -219,11 +219,3 @@ def test_a_checkpoint_that_disagrees_with_its_config_is_refused_in_one_line(hf_m
         export(hf_dir, tmp_path / "b", ExportOptions(chunks=(16,), max_context=64,
                                                      show_progress=False))
     assert "\n" not in str(err.value)
-
-
-def test_a_plain_mamba2_model_is_refused_in_one_line():
-    with pytest.raises(ExportError, match=r"^model_type 'mamba2': plain Mamba-2 models "
-                                          r"\(every layer mamba, none attending\) are not "
-                                          "supported; the hybrid ones are: bamba,") as err:
-        ModelConfig.from_hf({"model_type": "mamba2", "hidden_size": 64})
-    assert "\n" not in str(err.value)

@@ -26,6 +26,7 @@ def inspect(bundle, verify, as_json):
         NATIVE,
         NO_ATTENTION,
         STOCK,
+        attentionless_described,
         describe,
         native_described,
         stock_described,
@@ -56,14 +57,17 @@ def inspect(bundle, verify, as_json):
             stock_described(unsupported, *layers)
     if native and taken == "some":  # e.g. layers with a smooth softmax keep GroupQueryAttention
         kernels += left  # how many, and why: as --stats says (select.stock_layers)
+    if not model.kv_layers:  # no layer attends (Mamba-2): as select.without_attention says
+        kernels = attentionless_described(None, *_recurrent_layers(model_proto)) if native \
+            else attentionless_described(kernels.removeprefix(f"{STOCK} (")[:-1])
+        stock_attention = any_stock_attention = False
     bf16_kv = _bf16_kv_here(native and taken == "every")
     proto = model_proto.graph
     head = head_kind(proto)  # "int8" in an int4 bundle exported with --lm-head int8
     lines = [
         f"bundle      {bundle}",
         f"model       {model.family}: {model.num_layers} layers, hidden {model.hidden_size}, "
-        f"{model.num_heads} heads / {model.num_kv_heads} KV heads of {model.head_dim}, "
-        f"vocab {model.vocab_size}",
+        f"{_heads(model)}, vocab {model.vocab_size}",
         f"quirks      {'; '.join(m.source.get('quirks') or ['none (plain Llama layout)'])}",
         f"graph       {graph.file} ({graph.flavor} flavour, {graph.dtype}, opsets "
         f"{json.dumps(graph.opsets)})",
@@ -92,6 +96,12 @@ def inspect(bundle, verify, as_json):
           for name, rec in m.files.items()],
     ]
     click.echo("\n".join(lines))
+
+
+def _heads(model) -> str:
+    if not model.kv_layers:  # Mamba-2: the manifest's head fields are placeholders
+        return "no attention"
+    return f"{model.num_heads} heads / {model.num_kv_heads} KV heads of {model.head_dim}"
 
 
 def _io_lines(table: dict, kv_pairs: list[list[str]], states: list[str]) -> list[str]:
@@ -288,6 +298,9 @@ def _kv_line(manifest, bf16: bool) -> str:
 
     m, positions, dtype = manifest.model, manifest.max_context, manifest.graph.dtype
     state = state_slot_bytes(manifest.graph)
+    if not m.kv_layers:  # a slot holds the states alone, whatever its positions
+        return (f"kv cache    none (no layer attends); a slot holds {state / 1e6:.1f} MB of "
+                "recurrent state")
     line = (f"kv cache    {kv_slot_bytes(m, positions, dtype, state) / 1e6:.1f} MB per slot "
             f"of {positions} positions ({dtype})")
     if bf16 and dtype == "float32":
@@ -312,9 +325,11 @@ def _compute_line(graph, native: bool, stock_attention: bool, kv_cache: bool,
     if not native:  # what the load refuses (the kernels line says why they do not run)
         return [f"compute     {default}; --compute bf16 needs the native kernels, which do "
                 "not run here"]
-    if stock_attention and not floats:  # what the load refuses
+    attends = bool(graph.kv_inputs)  # Mamba: no attention to run in bf16 or not
+    if (stock_attention or not attends) and not floats:  # what the load refuses
+        attention = f"the attention {STOCK}" if attends else "no layer attends"
         return [f"compute     {default}; --compute bf16: nothing to run in bf16 here (the "
-                f"quantized projections as exported, the attention {STOCK})"]
-    bf16 = describe_bf16(projections=floats,
-                         attention=native and not stock_attention, kv_cache=kv_cache)
+                f"quantized projections as exported, {attention})"]
+    bf16 = describe_bf16(projections=floats, attention=attends and not stock_attention,
+                         kv_cache=kv_cache, attends=attends)
     return [f"compute     {default}; --compute bf16: {bf16}, needs the native kernels"]

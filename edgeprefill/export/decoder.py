@@ -38,6 +38,7 @@ from edgeprefill.export.flavors import Flavor, StepTensors, positions
 from edgeprefill.export.gated_delta import GatedDeltaNet
 from edgeprefill.export.graph import GraphBuilder
 from edgeprefill.export.lm_head import embedding_weight, head_weight
+from edgeprefill.export.mamba1 import Mamba1
 from edgeprefill.export.mamba2 import Mamba2
 from edgeprefill.export.model_config import LayerAttention, ModelConfig
 from edgeprefill.export.moe import MixtureOfExperts
@@ -115,11 +116,11 @@ class DecoderBuilder:
         self.delta_net = (GatedDeltaNet(g, self.w, cfg, self.tokens, conv, past_lens,
                                         valid_lens, chunk)
                           if conv is not None and cfg.delta_layers else None)
-        self.mamba = (Mamba2(g, self.w, cfg, self.tokens, conv, past_lens, valid_lens, chunk)
+        mamba = Mamba1 if cfg.selective is not None else Mamba2
+        self.mamba = (mamba(g, self.w, cfg, self.tokens, conv, past_lens, valid_lens, chunk)
                       if conv is not None and cfg.mamba_layers else None)
         self._declare_kv_io()
-        first = kv_names(cfg.kv_layers[0]).past_key
-        step = self.flavor.step_tensors(g, past_lens, chunk, first)
+        step = self._step_tensors(past_lens, chunk)
         self.shared = (SharedKV(g, self.flavor, past_lens, valid_lens)
                        if cfg.shared_kv else None)
         self.ple = (PerLayerInputs(g, self.w, cfg, self.tokens, self._norm, self._activation)
@@ -153,6 +154,14 @@ class DecoderBuilder:
         g.rename(logits, LOGITS)
         return g
 
+    def _step_tensors(self, past_lens: str, chunk: str) -> StepTensors:
+        """What every attention layer reads; none where no layer attends (Mamba-2), whose
+        graph has no KV input to size a mask or rotary table by."""
+        if not self.cfg.kv_layers:
+            return StepTensors(past_lens, chunk, {})
+        first = kv_names(self.cfg.kv_layers[0]).past_key
+        return self.flavor.step_tensors(self.g, past_lens, chunk, first)
+
     def _query_scale(self, past_lens: str, chunk: str) -> str | None:
         """Each token's query factor (Ministral 3), [B,C,1] or packed [1,T,1], or None."""
         if self.cfg.query_scale is None:
@@ -184,9 +193,9 @@ class DecoderBuilder:
         for names, dtype, state in states:
             self.g.output(names.present, dtype, state)
 
-    def _mixer_of(self, layer: int) -> ShortConv | GatedDeltaNet | Mamba2:
+    def _mixer_of(self, layer: int) -> ShortConv | GatedDeltaNet | Mamba1 | Mamba2:
         """The emitter of a state layer's token mixer."""
-        mixer: ShortConv | GatedDeltaNet | Mamba2 | None = (
+        mixer: ShortConv | GatedDeltaNet | Mamba1 | Mamba2 | None = (
             self.short_conv if layer in self.cfg.conv_layers else
             self.mamba if layer in self.cfg.mamba_layers else self.delta_net)
         assert mixer is not None

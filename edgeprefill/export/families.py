@@ -155,6 +155,13 @@ class FamilySpec:
     # Whether `layer_types` may name "mamba" layers: Mamba-2 mixers (Granite 4.0-H), which
     # hold no KV but a conv and a recurrent state (export/mamba2.py).
     mamba: bool = False
+    # Whether the `mamba` layers are Mamba-1's selective scan (mamba, falcon_mamba:
+    # export/mamba1.py), not Mamba-2 mixers.
+    selective: bool = False
+    # Whether no layer attends (Mamba-2: a bundle without KV). Elsewhere a config without an
+    # attention layer is refused: the hybrids' transformers models fail on one (their
+    # cache's get_seq_length needs an attention layer).
+    attention_free: bool = False
     # Whether each of the model's layers is one sublayer after a norm (Nemotron-H's blocks),
     # which export reads as pre-norm layers of a mixer and the MLP after it
     # (export/layer_groups.py).
@@ -436,6 +443,49 @@ def _nemotron_h_unsupported(raw: dict[str, Any]) -> str | None:
         return (f"mixture-of-experts blocks are not supported (layer_types marks {len(moe)} "
                 f"of {len(raw['layer_types'])} as moe); only the dense Nemotron-H models")
     return None
+
+
+def _mamba2_config(raw: dict[str, Any]) -> dict[str, Any]:
+    """Mamba2Config: every layer one Mamba-2 mixer after an RMS norm (no MLP, no
+    attention), read as Nemotron-H's mixer blocks are: the same checkpoint names
+    (backbone.layers.{i}.norm / .mixer) and the same gated RMSNorm, gate first. Its keys
+    go to Granite 4.0-H's mamba names; the attention keys it lacks get placeholders that
+    no layer reads."""
+    count = int(raw["num_hidden_layers"])
+    return {**raw, "layer_types": ["linear_attention"] * count,
+            "mamba_n_heads": raw["num_heads"], "mamba_d_head": raw["head_dim"],
+            "mamba_n_groups": raw["n_groups"], "mamba_d_state": raw["state_size"],
+            "mamba_d_conv": raw["conv_kernel"], "mamba_conv_bias": raw["use_conv_bias"],
+            "mamba_proj_bias": raw["use_bias"], "num_attention_heads": 1,
+            "num_key_value_heads": 1, "intermediate_size": 1,
+            "no_rope_layer_interval": 1}  # no layer rotates (none attends)
+
+
+def _mamba_unsupported(raw: dict[str, Any]) -> str | None:
+    # Mamba2Mixer (MambaMixer too) applies hidden_act after its convolution; export's
+    # mixers apply SiLU (the Hub's models' and the mamba_ssm kernels' only choice).
+    act = raw.get("hidden_act", "silu")
+    if act not in ("silu", "swish"):
+        return f"hidden_act {act!r} is not supported; the mixer's convolution takes silu only"
+    return None
+
+
+def _mamba1_config(raw: dict[str, Any]) -> dict[str, Any]:
+    """MambaConfig (FalconMambaConfig): every layer one Mamba-1 mixer after an RMS norm,
+    read as Mamba-2's are (_mamba2_config), its own keys kept for export/mamba1.py. The
+    mixer is `intermediate_size` wide where config.json has the key (the config class sets
+    expand x hidden_size, then the keys it was given over it), else expand x hidden."""
+    count = int(raw["num_hidden_layers"])
+    inner = raw.get("intermediate_size") or int(raw["expand"]) * int(raw["hidden_size"])
+    return {**raw, "layer_types": ["linear_attention"] * count, "mamba_inner": inner,
+            "num_attention_heads": 1, "num_key_value_heads": 1, "intermediate_size": 1,
+            "no_rope_layer_interval": 1}
+
+
+def _falcon_mamba_config(raw: dict[str, Any]) -> dict[str, Any]:
+    """FalconMambaConfig: as MambaConfig, and its mixer RMS-normalizes B, C and dt
+    (without weight) at mixer_rms_eps; MambaMixer ignores the key where a config has it."""
+    return {**_mamba1_config(raw), "mamba_bc_dt_eps": raw["mixer_rms_eps"]}
 
 
 def _falcon_h1_config(raw: dict[str, Any]) -> dict[str, Any]:
@@ -985,11 +1035,22 @@ GPT_OSS = FamilySpec(
             "experts and router with biases"),
 )
 
+# Mamba-1 (MambaForCausalLM): Mamba-2's layout (`backbone.`, no MLP), its own mixer.
+MAMBA1 = FamilySpec(
+    names=replace(LLAMA_NAMES, embed=("model.embeddings.weight", "model.embedding.weight"),
+                  final_norm="model.norm_f"),
+    eps_key="layer_norm_epsilon", mamba=True, selective=True, blocks=True,
+    attention_free=True, legacy=_mamba1_config, refuse=_mamba_unsupported,
+    renames=(("backbone.", "model."),),
+    # MambaConfig's defaults (a recurrent model has no position limit: export's cap)
+    defaults={"state_size": 16, "expand": 2, "conv_kernel": 4, "use_bias": False,
+              "use_conv_bias": True, "layer_norm_epsilon": 1e-5, "time_step_rank": "auto",
+              "max_position_embeddings": 4096, "tie_word_embeddings": True},
+    quirks=("no attention (no KV cache)",),
+)
+
 # model_types close to a supported family that export refuses -> why, in words.
-REFUSED_TYPES = {
-    "mamba2": "plain Mamba-2 models (every layer mamba, none attending) are not supported; "
-              "the hybrid ones are: bamba, falcon_h1, granitemoehybrid, nemotron_h",
-}
+REFUSED_TYPES: dict[str, str] = {}
 
 FAMILIES: dict[str, FamilySpec] = {
     "llama": FamilySpec(**ATTENTION_BIAS, unsupported=("mlp_bias",)),
@@ -1311,6 +1372,29 @@ FAMILIES: dict[str, FamilySpec] = {
         quirks=("blocks of one Mamba-2 mixer, attention or MLP, each after its own norm",
                 "ReLU-squared MLP without a gate"),
     ),
+    # Mamba-2 (Mamba2ForCausalLM: mamba-codestral, the state-spaces mamba2 models): every
+    # layer one Mamba-2 mixer after an RMS norm, nothing attends, so the bundle has no KV
+    # (export/layer_groups.py reads the layers as Nemotron-H's mixer blocks).
+    "mamba2": FamilySpec(
+        names=replace(LLAMA_NAMES, embed=("model.embeddings.weight", "model.embedding.weight"),
+                      final_norm="model.norm_f"),
+        eps_key="layer_norm_epsilon", mamba=True, blocks=True, attention_free=True,
+        legacy=_mamba2_config, refuse=_mamba_unsupported, renames=(("backbone.", "model."),),
+        # Mamba2Config's defaults; a recurrent model has no position limit, so a bundle's
+        # context defaults to export's cap
+        defaults={"num_heads": 128, "head_dim": 64, "n_groups": 8, "state_size": 128,
+                  "conv_kernel": 4, "expand": 2, "use_bias": False, "use_conv_bias": True,
+                  "layer_norm_epsilon": 1e-5, "max_position_embeddings": 4096,
+                  "tie_word_embeddings": False},
+        quirks=("no attention (no KV cache)",),
+    ),
+    # Mamba (Mamba-1, state-spaces/mamba-*-hf) and Falcon-Mamba 7B, whose mixer RMS-norms
+    # B, C and dt without weight: every layer one selective-scan mixer after an RMS norm,
+    # nothing attends (export/mamba1.py, on Mamba-2's Scan body).
+    "mamba": MAMBA1,
+    "falcon_mamba": replace(MAMBA1, legacy=_falcon_mamba_config,
+                            defaults={**MAMBA1.defaults, "mixer_rms_eps": 1e-6},
+                            quirks=(*MAMBA1.quirks, "B, C and dt RMS-normed without weight")),
     # LayerNorm1P (1+w, with bias) everywhere, an ungated ReLU-squared MLP, rotary on half
     # of each head unless partial_rotary_factor says otherwise.
     "nemotron": FamilySpec(

@@ -140,24 +140,8 @@ class Mamba2(RecurrentMixer):
     def _step_body(self, prefix: str) -> Any:
         """The Scan's body: one token's update of h and its output (module docstring)."""
         m = self.m
-        body = GraphBuilder(prefix)
-        shape = [BATCH, m.heads, m.head_dim, m.state_size]
-        state = body.input(prefix + "h", F32, shape)
-        dtx = body.input(prefix + "dtx", F32, [BATCH, m.heads, m.head_dim])
-        b = body.input(prefix + "B", F32, [BATCH, m.heads, m.state_size])
-        c = body.input(prefix + "C", F32, [BATCH, m.heads, m.state_size])
-        decay = body.input(prefix + "decay", F32, [BATCH, m.heads])
-        state = body.op("Mul", [state, body.op("Unsqueeze", [decay, body.const([2, 3])])])
-        update = body.op("Mul", [body.op("Unsqueeze", [dtx, body.const([3])]),
-                                 body.op("Unsqueeze", [b, body.const([2])])])
-        # The sum is the output itself: an Identity to it copied h once per token (1.5 MB
-        # at Granite-4.0-H-1B's widths; the Scan ran 0.82x as long without, same bits).
-        state = body.op("Add", [state, update], [prefix + "h_out"])
-        out = body.op("MatMul", [state, body.op("Unsqueeze", [c, body.const([3])])])
-        body.op("Squeeze", [out, body.const([3])], [prefix + "y"])
-        body.output(prefix + "h_out", F32, shape)
-        body.output(prefix + "y", F32, [BATCH, m.heads, m.head_dim])
-        return body.to_graph(prefix + "step")
+        return ssm_step_body(prefix, [m.heads, m.head_dim, m.state_size],
+                             [m.heads, m.state_size], [m.heads], [2, 3])
 
     def _gated_norm(self, pre: str, y: str, z: str) -> str:
         """The gated RMSNorm (MambaShape.norm) in float32: the gate y * silu(z) before or
@@ -198,3 +182,31 @@ class Mamba2(RecurrentMixer):
                     f"{name} has shape {self.w.shape(name)}, but config.json implies {shape} "
                     f"(mamba_n_heads {m.heads} of {m.head_dim}, mamba_n_groups {m.groups}, "
                     f"mamba_d_state {m.state_size}, mamba_d_conv {m.conv_kernel})")
+
+
+def ssm_step_body(prefix: str, state: list[int], group: list[int], decay: list[int],
+                  decay_axes: list[int]) -> Any:
+    """A selective SSM's Scan body, one token: h = decay h + dtx (x) B, y = h C, float32.
+    `state` is h's shape past the batch axis, [channels, width, state_size]; B and C are
+    `group` ([channels or 1, state_size], broadcast over the channels), dtx is [channels,
+    width], and decay `decay`, unsqueezed at `decay_axes` to h's rank: Mamba-2's is one per
+    head ([heads], axes 2 and 3), Mamba-1's one per channel and state ([channels,
+    state_size] of a width of 1, axis 2)."""
+    body = GraphBuilder(prefix)
+    shape = [BATCH, *state]
+    h = body.input(prefix + "h", F32, shape)
+    dtx = body.input(prefix + "dtx", F32, [BATCH, *state[:2]])
+    b = body.input(prefix + "B", F32, [BATCH, *group])
+    c = body.input(prefix + "C", F32, [BATCH, *group])
+    factor = body.input(prefix + "decay", F32, [BATCH, *decay])
+    h = body.op("Mul", [h, body.op("Unsqueeze", [factor, body.const(decay_axes)])])
+    update = body.op("Mul", [body.op("Unsqueeze", [dtx, body.const([3])]),
+                             body.op("Unsqueeze", [b, body.const([2])])])
+    # The sum is the output itself: an Identity to it copied h once per token (1.5 MB
+    # at Granite-4.0-H-1B's widths; the Scan ran 0.82x as long without, same bits).
+    h = body.op("Add", [h, update], [prefix + "h_out"])
+    out = body.op("MatMul", [h, body.op("Unsqueeze", [c, body.const([3])])])
+    body.op("Squeeze", [out, body.const([3])], [prefix + "y"])
+    body.output(prefix + "h_out", F32, shape)
+    body.output(prefix + "y", F32, [BATCH, *state[:2]])
+    return body.to_graph(prefix + "step")

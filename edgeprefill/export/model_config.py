@@ -111,6 +111,22 @@ class MambaShape:
 
 
 @dataclass(frozen=True)
+class SelectiveShape:
+    """Mamba-1 mixers (export/mamba1.py): `inner` channels, each with its own dt (from
+    x_proj's `dt_rank` columns through dt_proj) and its own decay per state element (A
+    [inner, state_size]), a causal convolution of `conv_kernel` tokens over x; B, C and dt
+    RMS-normed without weight where `bc_dt_eps` is given (Falcon-Mamba's mixer_rms_eps)."""
+
+    inner: int
+    state_size: int
+    conv_kernel: int
+    dt_rank: int
+    conv_bias: bool
+    proj_bias: bool
+    bc_dt_eps: float | None = None
+
+
+@dataclass(frozen=True)
 class HybridScales:
     """Falcon-H1's muP multipliers of its parallel attention and Mamba-2 and its MLP."""
 
@@ -168,6 +184,8 @@ class ModelConfig:
     # entry unused) and their dimensions.
     mamba_layers: tuple[int, ...] = ()
     mamba: MambaShape | None = None
+    # Mamba-1 (mamba, falcon_mamba): mamba_layers are its selective-scan mixers instead.
+    selective: SelectiveShape | None = None
     # Nemotron-H: the layers without an MLP (a mixer block another mixer follows), and the
     # checkpoint's block tensors read under the layers' names (export/layer_groups.py).
     mlp_less: tuple[int, ...] = ()
@@ -210,7 +228,7 @@ class ModelConfig:
             raise ExportError(f"unknown block layout {self.block!r}")
         if self.conv_layers and self.conv_kernel < 2:
             raise ExportError(f"conv_L_cache must be at least 2, got {self.conv_kernel}")
-        if len(self.state_layers) == self.num_layers and not self.kv_state_layers:
+        if not self.kv_layers and not self.spec.attention_free:
             raise ExportError("layer_types has no full_attention layer; export needs at "
                               "least one")
         delta = self.delta
@@ -219,6 +237,8 @@ class ModelConfig:
                 f"linear_conv_kernel_dim must be at least 2 (got {delta.conv_kernel}) and "
                 f"linear_num_value_heads ({delta.value_heads}) a multiple of "
                 f"linear_num_key_heads ({delta.key_heads})")
+        if self.selective is not None and self.selective.conv_kernel < 2:
+            raise ExportError(f"conv_kernel must be at least 2, got {self.selective.conv_kernel}")
         mamba = self.mamba
         if mamba is not None and (mamba.conv_kernel < 2 or mamba.heads % mamba.groups):
             raise ExportError(
@@ -298,7 +318,8 @@ class ModelConfig:
         if self.moe is not None:
             out.append(self.moe.describe(self.num_layers))
         if self.mamba_layers:
-            out.append(f"{len(self.mamba_layers)} of {self.num_layers} layers Mamba-2 "
+            kind = "Mamba-1" if self.selective is not None else "Mamba-2"
+            out.append(f"{len(self.mamba_layers)} of {self.num_layers} layers {kind} "
                        "(a conv and a recurrent state per sequence)")
         out += {"parallel": ["parallel residual (attention and MLP each on its own norm)"],
                 "shared": ["parallel attention and MLP on one norm"],
@@ -322,7 +343,7 @@ class ModelConfig:
         if self.k_eq_v:
             out.append("full-attention layers' values are their keys' projection")
         nope = sum(layer.rope is None for layer in self.layers)
-        if nope:
+        if nope and self.kv_layers:  # none attending (Mamba-2), no rope is no news
             out.append(f"{nope} of {self.num_layers} layers without rope")
         if self.rotary_dim < self.head_dim:
             out.append(f"rotary on {self.rotary_dim} of {self.head_dim} head dims")
@@ -453,6 +474,8 @@ def _mamba(raw: dict[str, Any], spec: FamilySpec) -> dict[str, Any]:
     if not spec.mamba:
         return {}
     layers = tuple(i for i, kind in enumerate(raw["layer_types"]) if kind == "mamba")
+    if spec.selective:
+        return {"mamba_layers": layers, "selective": _selective(raw)}
     heads = int(raw["mamba_n_heads"])
     head_dim = raw.get("mamba_d_head", "auto")
     if head_dim == "auto":
@@ -587,6 +610,19 @@ def _ropes(raw: dict[str, Any], rotary_dim: int) -> dict[str, RopeConfig]:
         local_params = global_params
     return {GLOBAL: rope_from_params(global_params, raw, rotary_dim),
             LOCAL: rope_from_params(local_params, raw, rotary_dim)}
+
+
+def _selective(raw: dict[str, Any]) -> SelectiveShape:
+    """MambaConfig's (FalconMambaConfig's) mixer: `mamba_inner` channels
+    (families._mamba1_config), a dt rank of hidden / 16 rounded up where "auto"."""
+    hidden = int(raw["hidden_size"])
+    rank = raw["time_step_rank"]
+    return SelectiveShape(
+        inner=int(raw["mamba_inner"]), state_size=int(raw["state_size"]),
+        conv_kernel=int(raw["conv_kernel"]),
+        dt_rank=-(-hidden // 16) if rank == "auto" else int(rank),
+        conv_bias=bool(raw["use_conv_bias"]), proj_bias=bool(raw["use_bias"]),
+        bc_dt_eps=_optional_float(raw.get("mamba_bc_dt_eps")))
 
 
 def _layers(raw: dict[str, Any], spec: FamilySpec) -> tuple[LayerAttention, ...]:

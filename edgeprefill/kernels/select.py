@@ -27,6 +27,7 @@ from edgeprefill.kernels.graph import (
     PREFILL_OP,
     add_native_attention,
     eligible,
+    every_node,
     why_not_eligible,
 )
 from edgeprefill.kernels.mamba2_scan import OP as MAMBA2_OP
@@ -42,6 +43,7 @@ STOCK = "GroupQueryAttention"
 # Every call runs PREFILL_OP, whose rows of one token (decode) run OP's code; SiLU-gated
 # MLPs (most families) run SWIGLU_OP, the residual adds with their RMS norms NORM_OP.
 NO_ATTENTION = "no attention node the kernel supports"
+ATTENTIONLESS = "no layer attends"
 NATIVE = f"native ({PREFILL_OP} + {OP}, {SWIGLU_OP}, {NORM_OP})"
 
 
@@ -100,6 +102,8 @@ def choose(graph, flavor: str, dtype: str, device: str) -> KernelChoice:
     rewritten in place if native (the backend registers the library and loads it, once,
     after its other rewrites)."""
     reason = why_not(flavor, dtype, device)
+    if not attends(graph):
+        return without_attention(graph, reason)
     left = stock_layers(graph)  # before the rewrite, which takes the other nodes
     if reason is None and add_native_attention(graph) == 0:
         reason = no_attention_reason(graph)  # no node was rewritten: the same nodes
@@ -112,6 +116,32 @@ def choose(graph, flavor: str, dtype: str, device: str) -> KernelChoice:
     fuse_swiglu(graph)
     fuse_skip_rms_norm(graph)
     return KernelChoice(native_described(*fuse_recurrences(graph)) + left, library_path())
+
+
+def attends(graph) -> bool:
+    """Whether any layer of `graph` (a ModelProto) attends: a Mamba-2 model's none does."""
+    return any(node.op_type == STOCK for node in every_node(graph.graph))
+
+
+def without_attention(graph, reason: str | None) -> KernelChoice:
+    """A graph in which no layer attends (Mamba-2): no attention to choose, the recurrences'
+    and the RMS norms' ops where the library runs (`reason` None), else the stock graph."""
+    if reason is not None:
+        if mode() == "require":
+            raise BackendError(f"{MODE_ENV}=require but the native kernels cannot run: {reason}")
+        return KernelChoice(attentionless_described(reason), None)
+    fuse_skip_rms_norm(graph)
+    return KernelChoice(attentionless_described(None, *fuse_recurrences(graph)), library_path())
+
+
+def attentionless_described(reason: str | None, delta_layers: int = 0,
+                            mamba2_layers: int = 0) -> str:
+    """What `--stats` and `inspect` say of a graph without attention: the native ops that
+    run, or the stock graph and `reason`."""
+    if reason is not None:
+        return f"{ATTENTIONLESS}; stock ONNX Runtime ops ({reason})"
+    recurrences = _recurrences(delta_layers, mamba2_layers)
+    return f"{ATTENTIONLESS}; native ({NORM_OP}{', ' + recurrences if recurrences else ''})"
 
 
 def recurrences_only(graph, reason: str) -> KernelChoice:

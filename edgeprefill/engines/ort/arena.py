@@ -32,10 +32,9 @@ class KVArena(ABC):
     """Slot-first KV buffers bound to a step's IOBinding in place."""
 
     shapes: list[tuple[int, ...]]  # per buffer [slots, KV, cap, D]
-
-    @property
-    def slots(self) -> int:
-        return self.shapes[0][0]
+    # Its own count, not shapes[0][0]: a bundle whose every layer carries states instead
+    # (Mamba-2) has no buffer, yet its slots hold those states.
+    slots: int
 
     @abstractmethod
     def bind(self, binding: Any, pairs: KVPairs, first: int, rows: int) -> None:
@@ -55,8 +54,8 @@ class KVArena(ABC):
 
 
 class HostArena(KVArena):
-    def __init__(self, shapes: Sequence[tuple[int, ...]], dtype: np.dtype) -> None:
-        self.shapes = list(shapes)
+    def __init__(self, shapes: Sequence[tuple[int, ...]], dtype: np.dtype, slots: int) -> None:
+        self.shapes, self.slots = list(shapes), slots
         self.arrays = [np.zeros(shape, dtype) for shape in self.shapes]
         # np.zeros maps its pages lazily. Measured on the 2-core VM: the first prefill into
         # each fresh slot took 3-4x as long (a 128-token chunk 274-462 ms against ~95 ms),
@@ -87,18 +86,18 @@ class HostArena(KVArena):
 
 class DeviceArena(KVArena):
     def __init__(
-        self, ort: ModuleType, shapes: Sequence[tuple[int, ...]], dtype: np.dtype,
+        self, ort: ModuleType, shapes: Sequence[tuple[int, ...]], dtype: np.dtype, slots: int,
         providers: list[str], device: str = "cuda", device_id: int = 0,
     ) -> None:
-        self.shapes, self.dtype = list(shapes), np.dtype(dtype)
+        self.shapes, self.dtype, self.slots = list(shapes), np.dtype(dtype), slots
         self.device, self.device_id = device, device_id
         # Zero-filled: the standard graph attends over the whole capacity with an additive
         # mask, so never-written positions must hold finite numbers. One host buffer per
         # distinct shape is reused for every upload.
         zeros = {shape: np.zeros(shape, self.dtype) for shape in self.shapes}
         self.values = [self._zeroed(ort, zeros[shape]) for shape in self.shapes]
-        largest = max(self.shapes, key=lambda shape: int(np.prod(shape[1:])))
-        self._spare = self._zeroed(ort, zeros[largest][:1])
+        largest = max(self.shapes, key=lambda shape: int(np.prod(shape[1:])), default=None)
+        self._spare = None if largest is None else self._zeroed(ort, zeros[largest][:1])
         self._copiers = {shape[1:]: SlotCopier(ort, shape[1:], self.dtype, providers, device,
                                                device_id) for shape in zeros}
 
@@ -129,6 +128,8 @@ class DeviceArena(KVArena):
                                      self.slot_address(index, dst))
 
     def swap(self, a: int, b: int, length: int | None = None) -> None:
+        if self._spare is None:  # no buffer to swap
+            return
         spare = self._spare.data_ptr()
         for index in range(len(self.values)):
             copier = self._copier(index)

@@ -279,23 +279,24 @@ class OnnxRuntimeBackend(Backend):
         self.arena = None  # free the old arena before the new one
         self._bindings.clear()
         if self._gpu is None:
-            self.arena = HostArena(shapes, self.kv_dtype)
+            self.arena = HostArena(shapes, self.kv_dtype, slots)
         else:
-            self.arena = self._device_arena(shapes)
+            self.arena = self._device_arena(shapes, slots)
         pairs = state_pairs(self.manifest.graph)
         self.state = StateArena(pairs, self.manifest.graph.inputs, slots) if pairs else None
         self._logits = np.empty((slots, m.vocab_size), np.float32)
 
-    def _device_arena(self, shapes: Sequence[tuple[int, ...]]) -> DeviceArena:
+    def _device_arena(self, shapes: Sequence[tuple[int, ...]], slots: int) -> DeviceArena:
         assert self._gpu is not None, "a device arena is for the GPU providers"
         pinned = dimension_overrides(self.options.device, self._gpu).get(CAPACITY)
-        capacity = shapes[0][2]
-        if pinned is not None and pinned != capacity:
+        capacity = shapes[0][2] if shapes else None  # None: no KV (Mamba-2)
+        if pinned is not None and capacity is not None and pinned != capacity:
             raise BackendError(
                 f"the TensorRT provider runs the graph at a KV capacity of {pinned} (the "
                 f"bundle's max context), not {capacity}; run with max_context {pinned}"
             )
-        return DeviceArena(self._ort, shapes, self.kv_dtype, self.session.get_providers())
+        return DeviceArena(self._ort, shapes, self.kv_dtype, slots,
+                           self.session.get_providers())
 
     def kv_arrays(self) -> list[np.ndarray]:
         """The arena, layer-major [K0, V0, K1, V1, ...] (CPU numpy, for inspection; a copy

@@ -49,11 +49,12 @@ class Bf16Compute(NamedTuple):
 
 
 def describe_bf16(projections: bool = True, attention: bool = True,
-                  kv_cache: bool = False) -> str:
+                  kv_cache: bool = False, attends: bool = True) -> str:
     """What runs in bf16 here: the float32 projections (if the bundle has them) and, with
     AVX512-BF16, the prefill attention's products (`attention`: the native kernels take
-    the bundle's attention; else it stays GroupQueryAttention, in fp32) and the KV cache
-    (`kv_cache`: bf16_kv.why_not found nothing else reading it)."""
+    the bundle's attention; else it stays GroupQueryAttention, in fp32, where any layer
+    `attends`) and the KV cache (`kv_cache`: bf16_kv.why_not found nothing else reading
+    it)."""
     fast = cpu_has_bf16()
     ran = [OP if fast else f"{OP} in portable loops"] if projections else []
     if fast and attention:
@@ -62,7 +63,8 @@ def describe_bf16(projections: bool = True, attention: bool = True,
         ran.append("the KV cache")
     notes = ["AVX512-BF16" if fast else "this CPU has no AVX512-BF16: slower than fp32"]
     if not attention:
-        notes.append(f"the attention {STOCK}, in fp32")
+        if attends:
+            notes.append(f"the attention {STOCK}, in fp32")
     elif not fast:
         notes.append(f"{PREFILL_OP} in fp32")
     if not projections:
@@ -101,7 +103,7 @@ def choose(graph: ModelProto, bundle_dir: Path, compute: str, kernels_described:
         bf16_kv.switch(graph, pairs)
     declare_domain(graph)
     weights = hand_over(graph, derived.arrays, session_options) if derived.arrays else ()
-    described = describe_bf16(bool(targets), bool(attention), kv_cache)
+    described = describe_bf16(bool(targets), bool(attention), kv_cache, bool(pairs))
     return Bf16Compute(len(targets) + attention, described, weights,
                        bf16_kv.DTYPE if kv_cache else None)
 
