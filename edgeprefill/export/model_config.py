@@ -25,8 +25,8 @@ from edgeprefill.export.families import (
     TensorNames,
 )
 from edgeprefill.export.fp8 import Fp8Scheme, read_fp8_scheme
-from edgeprefill.export.layer_groups import group_blocks
 from edgeprefill.export.latent_attention import LatentShape, latent_scale, read_latent
+from edgeprefill.export.layer_groups import group_blocks
 from edgeprefill.export.layer_heads import gemma4_fields, layer_heads, rope_widths
 from edgeprefill.export.query_scale import QueryScale, read_query_scale
 from edgeprefill.export.rope import (
