@@ -1044,7 +1044,7 @@ YOUTU = FamilySpec(
               "num_hidden_layers": 32, "num_attention_heads": 16,
               "max_position_embeddings": 131072, "rms_norm_eps": 1e-6, "kv_lora_rank": 512,
               "q_lora_rank": 1536, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64,
-              "v_head_dim": 128, "bos_token_id": 128000, "eos_token_id": 128001},
+              "v_head_dim": 128},
     quirks=(*MLA_QUIRKS, "interleaved rotary"),
 )
 
