@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import onnx
 import pytest
 import torch
 import transformers
@@ -22,12 +23,12 @@ from edgeprefill.export.model_config import GLOBAL, ModelConfig
 from edgeprefill.export.quantize import QuantConfig, int4_blockwise, int4_dequantize
 from edgeprefill.sdk import Engine
 from tests.conftest import load_hf_model
-from tests.state_models import run_padded
+from tests.state_models import run_padded, variant_bundles
 from tests.test_exactness import check_together, prompt_ids, reference_logits
 from tests.test_families import last_logits
 from tests.test_quantize import dequantize_embeddings
 
-MLA_FAMILIES = ("minicpm3", "youtu")
+MLA_FAMILIES = ("minicpm3", "youtu", "deepseek_v2")
 # Shaped as openbmb/MiniCPM3-4B's config.json: a longrope over the 32 rope dims.
 MINICPM3_4B = {
     "model_type": "minicpm3", "hidden_size": 2560, "intermediate_size": 6400,
@@ -83,8 +84,9 @@ def test_the_cache_holds_one_head_of_rope_and_latent_per_token(family, bundle):
     path = bundle(family)
     model = json.loads((path / MANIFEST_FILE).read_text())["model"]
     assert (model["num_kv_heads"], model["head_dim"]) == (1, 16 + 32)
-    # 2 layers, K and V, float32: what `inspect` and the KV budget count
-    assert kv_slot_bytes(load_manifest(path).model, 128, np.float32) == 2 * 2 * 48 * 4 * 128
+    # each layer's K and V, float32: what `inspect` and the KV budget count
+    assert kv_slot_bytes(load_manifest(path).model, 128, np.float32) == \
+        model["num_layers"] * 2 * 48 * 4 * 128
 
 
 @pytest.mark.parametrize("flavor", ("ort", "standard"))
@@ -132,14 +134,16 @@ def test_a_kv_b_proj_of_another_shape_is_refused_in_one_line(hf_model, tmp_path)
 
 
 def dequantized_int4_but_kv_b(model, block: int = 32) -> None:
-    """The projections an int4 bundle quantizes, as it stores them; kv_b_proj, which the
-    bundle folds into W_UK and W_UV, stays float there and here."""
+    """The projections an int4 bundle quantizes (DeepSeek-V2's experts included), as it
+    stores them; kv_b_proj, which the bundle folds into W_UK and W_UV, and the router stay
+    float there and here."""
     with torch.no_grad():
         dequantize_embeddings(model, "int4", block)
         for name, param in model.named_parameters():
-            if param.dim() != 2 or "embed" in name or "kv_b_proj" in name:
+            if param.dim() != 2 and "experts" not in name or "embed" in name or \
+                    "kv_b_proj" in name or name.endswith("mlp.gate.weight"):
                 continue
-            flat = param.numpy()
+            flat = param.reshape(-1, param.shape[-1]).numpy()
             param.copy_(torch.from_numpy(int4_dequantize(
                 *int4_blockwise(flat, block), flat.shape[1])).reshape(param.shape))
 
@@ -178,3 +182,43 @@ def test_quantized_bundles_stay_within_the_usual_drift(kind, bound, hf_model, bu
     reference = last_logits(bundle(family), ids)
     drift = np.abs(last_logits(tmp_path / "b", ids) - reference).max() / np.abs(reference).max()
     assert drift < bound
+
+
+@pytest.fixture(scope="module")
+def greedy_deepseek(tmp_path_factory):
+    """flavor -> (hf dir, bundle): the deepseek_v2 fixture routed by topk_method greedy."""
+    return variant_bundles(tmp_path_factory, "deepseek_v2", "dsv2-greedy",
+                           {"topk_method": "greedy", "n_group": None, "topk_group": None})
+
+
+@pytest.mark.parametrize("flavor", ("ort", "standard"))
+def test_deepseek_v2s_greedy_routing_matches_transformers(flavor, greedy_deepseek,
+                                                          hf_model):
+    """Greedy routing (softmax top 2 of all 8 experts, times routed_scaling_factor 2.5): in
+    the ort flavour ONNX Runtime's MoE op, its output scaled after. The group-limited
+    fixture (test_exactness) routes otherwise: its logits differ from these."""
+    hf_dir, path = greedy_deepseek(flavor)
+    ids = prompt_ids(40)
+    expected = reference_logits(hf_dir, ids)
+    assert np.abs(expected - reference_logits(hf_model("deepseek_v2"), ids)).max() > 0.1
+    if flavor == "ort":
+        graph = onnx.load(path / "model.onnx", load_external_data=False).graph
+        assert sum(node.op_type == "MoE" for node in graph.node) == 2  # layers 1 and 2
+    with Engine.load(path, threads=2, background=False) as engine:
+        for position, logits in run_padded(engine.backend, ids, 16, split=40).items():
+            np.testing.assert_allclose(logits, expected[position], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("keys, message", [
+    ({"topk_method": "noaux_tc"}, "topk_method 'noaux_tc' is not supported; supported: "
+                                  "greedy, group_limited_greedy"),
+    ({"topk_method": "group_limited_greedy"}, "topk_method group_limited_greedy needs "
+                                              "n_group and topk_group"),
+    ({"topk_method": "group_limited_greedy", "n_group": 3, "topk_group": 1,
+      "n_routed_experts": 8}, "n_group (3) must divide the 8 experts"),
+])
+def test_a_deepseek_v2_routing_export_does_not_compute_is_refused_in_one_line(keys, message):
+    raw = {"model_type": "deepseek_v2", "num_experts_per_tok": 2, **keys}
+    with pytest.raises(ExportError, match="^[^\n]*" + message.replace("(", r"\(").replace(
+            ")", r"\)")):
+        ModelConfig.from_hf(raw)

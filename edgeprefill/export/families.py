@@ -1048,6 +1048,49 @@ YOUTU = FamilySpec(
     quirks=(*MLA_QUIRKS, "interleaved rotary"),
 )
 
+def _deepseek_v2_config(raw: dict[str, Any]) -> dict[str, Any]:
+    """DeepseekV2Config: its shared experts one ungated MLP of moe_intermediate_size x
+    n_shared_experts; topk_method greedy is group-limited routing over one group."""
+    shared = int(raw.get("n_shared_experts") or 0) * int(raw["moe_intermediate_size"])
+    raw = {**raw, "shared_expert_intermediate_size": shared}
+    if raw.get("topk_method") == "greedy":
+        raw = {**raw, "n_group": 1, "topk_group": 1}
+    return raw
+
+
+def _deepseek_v2_unsupported(raw: dict[str, Any]) -> str | None:
+    method = raw.get("topk_method")
+    if method not in ("greedy", "group_limited_greedy"):
+        return (f"topk_method {method!r} is not supported; supported: greedy, "
+                "group_limited_greedy")
+    if method == "group_limited_greedy" and (raw.get("n_group") is None
+                                             or raw.get("topk_group") is None):
+        return "topk_method group_limited_greedy needs n_group and topk_group"
+    return None
+
+
+# DeepSeek-V2 (V2-Lite, V2, V2.5): latent attention with DeepSeek's complex rotary (on
+# interleaved pairs), dense MLPs on the first `first_k_dense_replace` layers, then routed
+# experts (softmax, the top k within the best groups, times routed_scaling_factor; the
+# router ignores norm_topk_prob) beside ungated shared experts.
+DEEPSEEK_V2 = FamilySpec(
+    **ATTENTION_BIAS, latent=True, rope_interleaved=True, legacy=_deepseek_v2_config,
+    refuse=_deepseek_v2_unsupported, unsupported=("mlp_bias",),
+    required=("num_experts_per_tok",),
+    moe=MoeSpec(names=MoeNames(shared="mlp.shared_experts."),
+                routing="softmax_group_limited",
+                experts_keys=("n_routed_experts", "num_experts"), norm_key=None,
+                layers=lambda raw: tuple(range(int(raw.get("first_k_dense_replace") or 0),
+                                               int(raw["num_hidden_layers"])))),
+    defaults={"vocab_size": 102400, "hidden_size": 4096, "intermediate_size": 11008,
+              "num_hidden_layers": 32, "num_attention_heads": 32, "rms_norm_eps": 1e-6,
+              "max_position_embeddings": 2048, "kv_lora_rank": 512, "q_lora_rank": 1536,
+              "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128,
+              "n_routed_experts": 64, "n_shared_experts": 2, "moe_intermediate_size": 1407,
+              "routed_scaling_factor": 1.0, "topk_method": "greedy"},
+    quirks=(*MLA_QUIRKS, "interleaved rotary"),
+)
+
 # model_types close to a supported family that export refuses -> why, in words.
 REFUSED_TYPES = {
     "mamba2": "plain Mamba-2 models (every layer mamba, none attending) are not supported; "
@@ -1408,6 +1451,7 @@ FAMILIES: dict[str, FamilySpec] = {
     ),
     "gpt2": GPT2,
     "minicpm3": MINICPM3,
+    "deepseek_v2": DEEPSEEK_V2,
     "youtu": YOUTU,
     # GPT-2 with nn.Linear weights, a tanh gelu by default and multi-query attention (one
     # KV head: c_attn is [q (n_embd), k (head_dim), v (head_dim)]).

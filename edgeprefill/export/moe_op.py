@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from edgeprefill.export.experts import MoeConfig
 from edgeprefill.export.moe import MixtureOfExperts, tensor_attribute
 from edgeprefill.export.quantize import QuantConfig, int4_blockwise
 
@@ -68,7 +69,7 @@ class MoeOp(MixtureOfExperts):
         g, moe = self.g, self.moe
         x = g.op("Reshape", [h, g.const([-1, self.hidden])])  # [N, H]
         total = None
-        if moe.routing in OP_ROUTINGS:
+        if _op_routes(moe):
             logits = self._router_logits(p, x)  # [N, E]
             normalize = int(moe.norm_topk or moe.routing == "topk_softmax")
         else:
@@ -92,7 +93,9 @@ class MoeOp(MixtureOfExperts):
                        domain="com.microsoft", expert_weight_bits=4, block_size=q.block_size,
                        accuracy_level=q.accuracy_level, **attrs)
         if total is not None:
-            out = g.op("Mul", [out, total])
+            out = g.op("Mul", [out, total])  # the chosen routings' weights, scaling included
+        elif moe.scaling != 1.0:  # the op's own routing knows no routed_scaling_factor
+            out = g.op("Mul", [out, g.const(moe.scaling, self.dtype)])
         if moe.shared_width:
             out = g.op("Add", [out, self._shared(p, x)])
         return g.op("Reshape", [out, g.op("Shape", [h])])
@@ -163,6 +166,13 @@ class MoeOp(MixtureOfExperts):
         scale = self.g.weight(name + ".scale", (experts, rows, blocks), np.dtype(np.float32),
                               lambda: parts()[1])
         return weight, scale
+
+
+def _op_routes(moe: MoeConfig) -> bool:
+    """Whether the op's own softmax and top k route as the family does: DeepSeek-V2's
+    group-limited routing over one group is the plain softmax top k (its greedy)."""
+    return moe.routing in OP_ROUTINGS or (moe.routing == "softmax_group_limited"
+                                          and moe.groups == 1)
 
 
 def _interleaved(gate_up: np.ndarray) -> np.ndarray:
