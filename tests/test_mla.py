@@ -49,13 +49,36 @@ YOUTU_YARN = {
                      "rope_theta": 10000},
 }
 
+# Shaped as deepseek-ai/DeepSeek-V2-Lite's config.json (its keys transformers ignores left
+# out): a dense query, greedy routing over 64 experts after one dense layer.
+DEEPSEEK_V2_LITE = {
+    "model_type": "deepseek_v2", "hidden_size": 2048, "intermediate_size": 10944,
+    "moe_intermediate_size": 1408, "num_hidden_layers": 27, "num_attention_heads": 16,
+    "num_key_value_heads": 16, "n_shared_experts": 2, "n_routed_experts": 64,
+    "routed_scaling_factor": 1.0, "kv_lora_rank": 512, "q_lora_rank": None,
+    "qk_rope_head_dim": 64, "v_head_dim": 128, "qk_nope_head_dim": 128,
+    "topk_method": "greedy", "n_group": 1, "topk_group": 1, "num_experts_per_tok": 6,
+    "first_k_dense_replace": 1, "norm_topk_prob": False, "max_position_embeddings": 163840,
+    "rms_norm_eps": 1e-6, "vocab_size": 102400, "rope_theta": 10000,
+    "rope_scaling": {"beta_fast": 32, "beta_slow": 1, "factor": 40, "mscale": 0.707,
+                     "mscale_all_dim": 0.707, "original_max_position_embeddings": 4096,
+                     "type": "yarn"},
+    "bos_token_id": 100000, "eos_token_id": 100001,
+}
 
-@pytest.mark.parametrize("raw", (MINICPM3_4B, YOUTU_YARN), ids=("minicpm3", "youtu"))
+
+@pytest.mark.parametrize("raw", (MINICPM3_4B, YOUTU_YARN, DEEPSEEK_V2_LITE),
+                         ids=("minicpm3", "youtu", "deepseek_v2"))
 def test_a_hub_config_reads_as_transformers_builds_its_attention(raw):
     ours = ModelConfig.from_hf(raw)
     config = transformers.AutoConfig.for_model(**raw)
     with torch.device("meta"):
-        attn = transformers.AutoModelForCausalLM.from_config(config).model.layers[0].self_attn
+        model = transformers.AutoModelForCausalLM.from_config(config).model
+    attn = model.layers[0].self_attn
+    rotary = type(model.rotary_emb)(config)  # on the CPU: its inv_freq computed
+    rope = ours.ropes[GLOBAL]
+    np.testing.assert_allclose(rope.inv_freq(), rotary.inv_freq.numpy(), rtol=1e-6)
+    assert rope.cos_sin_scale() == pytest.approx(rotary.attention_scaling, rel=1e-6)
     assert ours.latent is not None
     assert (ours.latent.q_lora_rank, ours.latent.kv_lora_rank, ours.latent.nope_dim,
             ours.latent.rope_dim, ours.latent.v_dim) == (
@@ -222,3 +245,18 @@ def test_a_deepseek_v2_routing_export_does_not_compute_is_refused_in_one_line(ke
     with pytest.raises(ExportError, match="^[^\n]*" + message.replace("(", r"\(").replace(
             ")", r"\)")):
         ModelConfig.from_hf(raw)
+
+
+def test_deepseek_v2_lites_experts_read_as_transformers_builds_them():
+    ours = ModelConfig.from_hf(DEEPSEEK_V2_LITE).moe
+    config = transformers.AutoConfig.for_model(**DEEPSEEK_V2_LITE)
+    with torch.device("meta"):
+        layers = transformers.AutoModelForCausalLM.from_config(config).model.layers
+    moe_layers = tuple(i for i, layer in enumerate(layers) if hasattr(layer.mlp, "experts"))
+    assert ours is not None and ours.layers == moe_layers == tuple(range(1, 27))
+    block = layers[1].mlp
+    assert (ours.experts, ours.top_k, ours.width, ours.scaling, ours.norm_topk) == (
+        block.experts.num_experts, block.gate.top_k, block.experts.intermediate_dim,
+        block.gate.routed_scaling_factor, False)
+    assert ours.shared_width == block.shared_experts.intermediate_size == 2 * 1408
+    assert (ours.routing, ours.groups, ours.top_groups) == ("softmax_group_limited", 1, 1)
