@@ -6,12 +6,14 @@ it or not: 8 layers of 128 experts decoded 4.2 tokens/s in int4 that way on the 
 861 through the op (docs/benchmarks.md, *Mixture of experts*). The op takes the router
 logits and does softmax, top-k and (normalize_routing_weights) the renormalization itself,
 then runs each chosen expert's SwiGLU on its tokens: the routing of Qwen2/3-MoE, OLMoE,
-Qwen3.5-MoE, Qwen3-Next, Qwen3-VL-MoE and Mixtral. Granite MoE's softmax over the top k
-logits is the same renormalized top k of the softmax over all (exp(l_i) / sum_topk
-exp(l_j)). LFM2-MoE's routing (the top k of sigmoid + bias, weighed by the sigmoid alone,
-renormalized with an epsilon, scaled) and ERNIE-4.5-MoE's (the top k of softmax + bias,
-weighed by the softmax, renormalized with a floor) are computed in the graph as the
-unrolled form computes them, and handed to the op as logits it cannot read otherwise:
+Qwen3.5-MoE, Qwen3-Next, Qwen3-VL-MoE and Mixtral, and DeepSeek-V2's greedy (one group;
+its routed_scaling_factor, which the op lacks, multiplies the op's output). Granite MoE's
+softmax over the top k logits is the same renormalized top k of the softmax over all
+(exp(l_i) / sum_topk exp(l_j)). LFM2-MoE's routing (the top k of sigmoid + bias, weighed
+by the sigmoid alone, renormalized with an epsilon, scaled), ERNIE-4.5-MoE's (the top k of
+softmax + bias, weighed by the softmax, renormalized with a floor) and DeepSeek-V2's
+group-limited one are computed in the graph as the unrolled form computes them, and
+handed to the op as logits it cannot read otherwise:
 log(weight) at the k chosen experts and -inf elsewhere, so the op's softmax and top k find
 exactly those k and renormalize their weights to sum 1; the output times each token's sum
 of weights undoes that. gpt-oss's router logits carry its bias; its experts' biases are
