@@ -113,28 +113,31 @@ def test_the_cache_holds_one_head_of_rope_and_latent_per_token(family, bundle):
 
 
 @pytest.mark.parametrize("flavor", ("ort", "standard"))
-def test_rows_of_different_lengths_generate_transformers_greedy_text(flavor, hf_model,
-                                                                      bundle):
+@pytest.mark.parametrize("family", ("minicpm3", *(pytest.param(f, marks=pytest.mark.slow)
+                                                  for f in MLA_FAMILIES[1:])))
+def test_rows_of_different_lengths_generate_transformers_greedy_text(family, flavor,
+                                                                      hf_model, bundle):
     """Three prompts at once (their chunks and decode rows in shared calls where the graph
     packs tokens): each reply is transformers' greedy text of its prompt."""
-    with Engine.load(bundle("minicpm3", flavor), threads=2) as engine:
-        check_together(engine, hf_model("minicpm3"), 8)
+    with Engine.load(bundle(family, flavor), threads=2) as engine:
+        check_together(engine, hf_model(family), 8)
 
 
-def test_the_native_kernels_take_the_latent_attention(library, monkeypatch, hf_model,
-                                                       bundle):
+@pytest.mark.parametrize("family", MLA_FAMILIES)
+def test_the_native_kernels_take_the_latent_attention(family, library, monkeypatch,
+                                                       hf_model, bundle):
     """With EDGEPREFILL_KERNELS=require the ort bundle's MQA of 48-wide heads runs in
     PrefillAttention/DecodeAttention (rotary outside, do_rotary=0): padded chunks and
     rows of different lengths as transformers computes them."""
     monkeypatch.setenv("EDGEPREFILL_KERNELS", "require")
-    hf_dir = hf_model("youtu")
+    hf_dir = hf_model(family)
     ids = prompt_ids(30)
     expected = reference_logits(hf_dir, ids)
-    with Engine.load(bundle("youtu"), threads=2, background=False) as engine:
+    with Engine.load(bundle(family), threads=2, background=False) as engine:
         assert engine.backend.kernels.described.startswith("native (PrefillAttention")
         for position, logits in run_padded(engine.backend, ids, 16, split=30).items():
             np.testing.assert_allclose(logits, expected[position], rtol=1e-4, atol=1e-4)
-    with Engine.load(bundle("youtu"), threads=2) as engine:
+    with Engine.load(bundle(family), threads=2) as engine:
         check_together(engine, hf_dir, 8)
 
 
