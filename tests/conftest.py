@@ -274,6 +274,31 @@ FAMILIES: dict[str, dict] = {
     # KV head of their own
     "gemma4": {**GEMMA4, "tie_word_embeddings": True, "attention_k_eq_v": True,
                "num_global_key_value_heads": 1},
+    # Multi-head latent attention (export/latent_attention.py): one cached head of rope 16
+    # + latent 32, values (24) narrower than keys (16 + 16). MiniCPM3: a low-rank query,
+    # MiniCPM's embedding, residual and logits scales (hidden / dim_model_base = 2)
+    # (transformers' MLA needs as many KV heads as heads)
+    "minicpm3": {"num_key_value_heads": 4, "q_lora_rank": 32, "kv_lora_rank": 32,
+                 "qk_nope_head_dim": 16, "qk_rope_head_dim": 16, "v_head_dim": 24,
+                 "dim_model_base": 32},
+    # Youtu-LLM: a dense q_proj, biases (attention_bias), interleaved rotary, and a yarn
+    # rope with mscale_all_dim (the softmax scale times mscale^2)
+    "youtu": {"num_key_value_heads": 4, "q_lora_rank": None, "kv_lora_rank": 32,
+              "qk_nope_head_dim": 16, "qk_rope_head_dim": 16, "v_head_dim": 24,
+              "attention_bias": True,
+              "rope_parameters": {"rope_type": "yarn", "factor": 4.0, "rope_theta": 10000.0,
+                                  "original_max_position_embeddings": 256, "mscale": 0.707,
+                                  "mscale_all_dim": 1.0}},
+    # DeepSeek-V2: MLA as V2-Lite's (a dense q_proj) with DeepSeek's complex rotary; a dense
+    # first layer, then 8 experts in 2 groups, the top 2 from the best group (so unlike
+    # greedy's, the second expert may not be the second best), scaled, beside a shared
+    # expert
+    "deepseek_v2": {"num_hidden_layers": 3, "num_key_value_heads": 4, "q_lora_rank": None,
+                    "kv_lora_rank": 32, "qk_nope_head_dim": 16, "qk_rope_head_dim": 16,
+                    "v_head_dim": 24, "first_k_dense_replace": 1, "n_routed_experts": 8,
+                    "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+                    "n_shared_experts": 1, "topk_method": "group_limited_greedy",
+                    "n_group": 2, "topk_group": 1, "routed_scaling_factor": 2.5},
     # Mixture-of-experts families (export/moe.py); 8 experts, so that in a chunk some get
     # no token. Qwen3-MoE: a dense layer between two of experts, renormalized top-k.
     "qwen3_moe": {"head_dim": 32, "num_hidden_layers": 3, "mlp_only_layers": [1],

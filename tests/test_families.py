@@ -137,7 +137,7 @@ def test_longrope_beyond_the_original_window_uses_the_long_factors(tmp_path):
 
 @pytest.mark.parametrize(("change", "message"), [
     ({"model_type": "bloom"},
-     "'bloom' is not supported; supported: arcee, bamba, cohere, cohere2, ernie4_5"),
+     "'bloom' is not supported; supported: arcee, bamba, cohere, cohere2, deepseek_v2, ernie4_5"),
     ({"rope_parameters": {"rope_type": "mrope", "rope_theta": 1e4}}, "rope type 'mrope'"),
     ({"num_key_value_heads": 3}, "is not a multiple of num_key_value_heads (3)"),
     ({"layer_types": ["full_attention"]}, "layer_types lists 1 layers; there are 2"),
@@ -306,6 +306,11 @@ def test_keys_a_config_leaves_out_take_transformers_defaults(family):
     per_layer = FAMILIES[family].per_layer_heads  # Gemma 4: head sizes per layer kind
     head_dim = hf.per_layer_config[hf.layer_types.index("sliding_attention")].head_dim \
         if per_layer else getattr(hf, "head_dim", None) or MINIMAL["hidden_size"] // 4
+    latent = FAMILIES[family].latent  # MLA: hf's head_dim is the rope part
+    if latent:  # the bundle's one cached head: rope part and latent
+        assert (ours.latent.q_lora_rank, ours.latent.nope_dim, ours.latent.v_dim) == (
+            hf.q_lora_rank, hf.qk_nope_head_dim, hf.v_head_dim)
+        head_dim = hf.qk_rope_head_dim + hf.kv_lora_rank
     if not FAMILIES[family].attention_free:  # Mamba's attention fields are placeholders
         assert ours.head_dim == head_dim
     eps = next(getattr(hf, k) for k in ("rms_norm_eps", "layer_norm_eps", "norm_epsilon",
@@ -324,6 +329,8 @@ def test_keys_a_config_leaves_out_take_transformers_defaults(family):
             assert rope.rotary_dim == full.head_dim
             assert [layer.head_dim for layer in ours.layers] == [
                 full.head_dim if kind == "full_attention" else None for kind in hf.layer_types]
+        elif latent:
+            assert rope.rotary_dim == hf.qk_rope_head_dim == hf.head_dim
         elif rope.kind == "proportional":  # LFM3: all of head_dim, the rest not rotating
             assert (rope.rotary_dim, rope.proportion) == (head_dim, partial)
         else:
@@ -385,7 +392,8 @@ def test_a_sliding_window_key_slides_only_where_the_family_reads_it(family):
                       "gpt_neox", "ernie4_5", "ernie4_5_moe", "arcee", "qwen3_vl",
                       "qwen3_vl_moe", "hunyuan_v1_dense", "glm", "glm4", "helium",
                       "seed_oss", "exaone", "granitemoehybrid", "nemotron", "olmoe",
-                      "granitemoe", "lfm2_moe", *NO_ROTARY):
+                      "granitemoe", "lfm2_moe", "minicpm3", "youtu", "deepseek_v2",
+                      *NO_ROTARY):
             expected = [None] * len(ours)  # Nemotron-H: 2 layers of its 4 blocks
         elif types is not None:
             expected = [window if t == "sliding_attention" else None for t in types]

@@ -37,6 +37,7 @@ from edgeprefill.export.families import TensorNames
 from edgeprefill.export.flavors import Flavor, StepTensors, positions
 from edgeprefill.export.gated_delta import GatedDeltaNet
 from edgeprefill.export.graph import GraphBuilder
+from edgeprefill.export.latent_attention import LatentAttention
 from edgeprefill.export.lm_head import embedding_weight, head_weight
 from edgeprefill.export.mamba1 import Mamba1
 from edgeprefill.export.mamba2 import Mamba2
@@ -126,6 +127,7 @@ class DecoderBuilder:
         self.ple = (PerLayerInputs(g, self.w, cfg, self.tokens, self._norm, self._activation)
                     if cfg.per_layer_input else None)
         self.q_scale = self._query_scale(past_lens, chunk)
+        self.latent = LatentAttention(self) if cfg.latent is not None else None
         x = self._embed(ids)  # [B,C,hidden] or packed [1,T,hidden]
         if self.names.position_embed is not None:  # GPT-2's learned positions
             x = g.op("Add", [x, self._position_embedding(self.names.position_embed,
@@ -303,6 +305,8 @@ class DecoderBuilder:
         n, layer = self.names, self.cfg.layers[i]
         cfg = self.cfg.for_layer(i)  # this layer's head size and KV heads
         p = n.layer.format(i=i)
+        if self.latent is not None:  # DeepSeek's MLA: its own projections and cache layout
+            return self._output(p, self.latent.attention(p, h, i, step, layer, rows))
         if i in cfg.shared_kv:  # Gemma 4: [B, hidden], queries over an earlier layer's KV
             assert self.shared is not None
             q = self._shared_query(p, h, cfg)

@@ -14,6 +14,12 @@ Routing, as each family's transformers router computes it (float32 throughout):
   softmax_bias     softmax over all experts; the top k of softmax + `e_score_correction_bias`
                    (chooses, never weighs); divided by max(their sum, `moe_norm_min`)
                    (ERNIE-4.5-MoE)
+  softmax_group_limited
+                   softmax over all experts; the experts in `n_group` equal groups, each
+                   group ranked by its best score; the top k of the experts in the best
+                   `topk_group` groups, weighed by their softmax, times
+                   `routed_scaling_factor` (DeepSeek-V2's group_limited_greedy; its greedy
+                   is one group)
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ from typing import Any
 
 from edgeprefill.errors import ExportError
 
-ROUTINGS = ("softmax", "topk_softmax", "sigmoid", "softmax_bias")
+ROUTINGS = ("softmax", "topk_softmax", "sigmoid", "softmax_bias", "softmax_group_limited")
 
 
 @dataclass(frozen=True)
@@ -113,6 +119,10 @@ class MoeConfig:
     shared_width: int  # a shared expert's intermediate size; 0: none
     layers: tuple[int, ...]
     clamped: ClampedSwiglu | None = None  # None: act(gate) * up
+    # softmax_group_limited: the experts in `groups` equal groups, the best `top_groups`
+    # of which a token's experts come from (1 and 1: every expert)
+    groups: int = 1
+    top_groups: int = 1
 
     def describe(self, num_layers: int) -> str:
         shared = f", a gated shared expert of width {self.shared_width}" \
@@ -148,13 +158,24 @@ def read_moe(raw: dict[str, Any], spec: MoeSpec) -> MoeConfig | None:
         layers=layers,
         clamped=ClampedSwiglu(float(raw["swiglu_alpha"]), float(raw["swiglu_limit"]))
         if spec.clamped_swiglu else None,
+        **_groups(raw) if spec.routing == "softmax_group_limited" else {},
     )
     if moe.experts < 1 or not 1 <= moe.top_k <= moe.experts:
         raise ExportError(f"config.json: num_experts_per_tok ({moe.top_k}) must be 1 to "
                           f"{key} ({moe.experts})")
     if moe.width < 1:
         raise ExportError(f"config.json: {spec.width_key} must be positive, got {moe.width}")
+    if moe.groups < 1 or moe.experts % moe.groups or not 1 <= moe.top_groups <= moe.groups \
+            or moe.top_k > moe.top_groups * moe.experts // moe.groups:
+        raise ExportError(f"config.json: n_group ({moe.groups}) must divide the {moe.experts} "
+                          f"experts, topk_group ({moe.top_groups}) be 1 to n_group, and its "
+                          f"groups hold num_experts_per_tok ({moe.top_k})")
     return moe
+
+
+def _groups(raw: dict[str, Any]) -> dict[str, int]:
+    """softmax_group_limited's groups: n_group and topk_group (1 and 1 where null)."""
+    return {"groups": int(raw.get("n_group") or 1), "top_groups": int(raw.get("topk_group") or 1)}
 
 
 def sparse_layers(raw: dict[str, Any]) -> tuple[int, ...]:

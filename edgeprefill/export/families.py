@@ -8,6 +8,7 @@ config.json by `ModelConfig.from_hf`; nothing downstream looks at a family's nam
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -53,6 +54,14 @@ class TensorNames:
     head_gate: tuple[str, ...] = ("self_attn.g_proj", "self_attn.gate_proj")
     mamba: str = "mamba."  # a Mamba-2 layer's mixer module (in_proj, conv1d, norm, ...)
     sinks: str = "self_attn.sinks"  # gpt-oss's attention sinks, one logit per query head
+    # Multi-head latent attention (export/latent_attention.py): q_a_proj, its norm and
+    # q_b_proj (or `q` alone without q_lora_rank); kv_a_proj_with_mqa, its norm, kv_b_proj
+    q_a: str = "self_attn.q_a_proj"
+    q_a_norm: str = "self_attn.q_a_layernorm"
+    q_b: str = "self_attn.q_b_proj"
+    kv_a: str = "self_attn.kv_a_proj_with_mqa"
+    kv_a_norm: str = "self_attn.kv_a_layernorm"
+    kv_b: str = "self_attn.kv_b_proj"
 
 
 LLAMA_NAMES = TensorNames()
@@ -206,6 +215,10 @@ class FamilySpec:
     # Attention sinks (gpt-oss): a learned logit per query head (names.sinks) joins each
     # query's softmax denominator, and its share of the weight attends to nothing.
     sinks: bool = False
+    # Multi-head latent attention (DeepSeek-V2's MLA, export/latent_attention.py): the
+    # cache holds each token's latent and rotated key part, one KV head of
+    # qk_rope_head_dim + kv_lora_rank.
+    latent: bool = False
 
     def read(self, raw: dict[str, Any]) -> dict[str, Any]:
         """config.json as the family's transformers config class reads it."""
@@ -1049,6 +1062,100 @@ MAMBA1 = FamilySpec(
     quirks=("no attention (no KV cache)",),
 )
 
+
+def _minicpm3_config(raw: dict[str, Any]) -> dict[str, Any]:
+    """MiniCPM3Config: v_head_dim hidden / heads unless given; its scale_emb, residual
+    scale_depth / sqrt(layers) (sqrt(layers) where null: none) and logits divisor
+    hidden / dim_model_base (hidden where null) are Granite's embedding and residual
+    multipliers and logits scaling."""
+    layers, hidden = int(raw["num_hidden_layers"]), int(raw["hidden_size"])
+    depth = raw.get("scale_depth")
+    depth = math.sqrt(layers) if depth is None else float(depth)
+    return {**raw, "v_head_dim": raw.get("v_head_dim") or hidden // int(
+                raw["num_attention_heads"]),
+            "embedding_multiplier": float(raw["scale_emb"]),
+            "residual_multiplier": depth / math.sqrt(layers),
+            "logits_scaling": hidden / float(raw.get("dim_model_base") or hidden)}
+
+
+def _rope_halves_refused(raw: dict[str, Any]) -> str | None:
+    # DeepseekV3Attention rotates halves (apply_rotary_pos_emb) with rope_interleave false;
+    # the family's flavours rotate interleaved pairs.
+    if raw.get("rope_interleave") is False:
+        return "rope_interleave=false (rotary on halves) is not supported"
+    return None
+
+
+MLA_QUIRKS = ("multi-head latent attention (one cached KV head: the rotated key part and "
+              "the normed latent)",)
+# MiniCPM3 (MiniCPM3-4B): Llama layers with DeepSeek-V2's latent attention (rotary on
+# halves), MiniCPM's scaled embeddings, residual branches and logits; tied.
+MINICPM3 = FamilySpec(
+    **ATTENTION_BIAS, latent=True, tie_default=True, embed_scale="multiplier",
+    legacy=_minicpm3_config, unsupported=("mlp_bias",),
+    defaults={"vocab_size": 73448, "hidden_size": 2560, "intermediate_size": 6400,
+              "num_hidden_layers": 62, "num_attention_heads": 40,
+              "max_position_embeddings": 32768, "rms_norm_eps": 1e-5, "kv_lora_rank": 256,
+              "q_lora_rank": 768, "qk_nope_head_dim": 64, "qk_rope_head_dim": 32,
+              "scale_emb": 12, "scale_depth": 1.4, "dim_model_base": 256},
+    quirks=(*MLA_QUIRKS, "embedding, residual and logits scaling"),
+)
+# Youtu-LLM: Llama layers (Qwen3's MLP) with DeepSeek-V3's latent attention, rotary on
+# interleaved pairs; tied.
+YOUTU = FamilySpec(
+    **ATTENTION_BIAS, latent=True, tie_default=True, rope_interleaved=True,
+    refuse=_rope_halves_refused,
+    defaults={"vocab_size": 128256, "hidden_size": 2048, "intermediate_size": 6144,
+              "num_hidden_layers": 32, "num_attention_heads": 16,
+              "max_position_embeddings": 131072, "rms_norm_eps": 1e-6, "kv_lora_rank": 512,
+              "q_lora_rank": 1536, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64,
+              "v_head_dim": 128},
+    quirks=(*MLA_QUIRKS, "interleaved rotary"),
+)
+
+def _deepseek_v2_config(raw: dict[str, Any]) -> dict[str, Any]:
+    """DeepseekV2Config: its shared experts one ungated MLP of moe_intermediate_size x
+    n_shared_experts; topk_method greedy is group-limited routing over one group."""
+    shared = int(raw.get("n_shared_experts") or 0) * int(raw["moe_intermediate_size"])
+    raw = {**raw, "shared_expert_intermediate_size": shared}
+    if raw.get("topk_method") == "greedy":
+        raw = {**raw, "n_group": 1, "topk_group": 1}
+    return raw
+
+
+def _deepseek_v2_unsupported(raw: dict[str, Any]) -> str | None:
+    method = raw.get("topk_method")
+    if method not in ("greedy", "group_limited_greedy"):
+        return (f"topk_method {method!r} is not supported; supported: greedy, "
+                "group_limited_greedy")
+    if method == "group_limited_greedy" and (raw.get("n_group") is None
+                                             or raw.get("topk_group") is None):
+        return "topk_method group_limited_greedy needs n_group and topk_group"
+    return None
+
+
+# DeepSeek-V2 (V2-Lite, V2, V2.5): latent attention with DeepSeek's complex rotary (on
+# interleaved pairs), dense MLPs on the first `first_k_dense_replace` layers, then routed
+# experts (softmax, the top k within the best groups, times routed_scaling_factor; the
+# router ignores norm_topk_prob) beside ungated shared experts.
+DEEPSEEK_V2 = FamilySpec(
+    **ATTENTION_BIAS, latent=True, rope_interleaved=True, legacy=_deepseek_v2_config,
+    refuse=_deepseek_v2_unsupported, unsupported=("mlp_bias",),
+    required=("num_experts_per_tok",),
+    moe=MoeSpec(names=MoeNames(shared="mlp.shared_experts."),
+                routing="softmax_group_limited",
+                experts_keys=("n_routed_experts", "num_experts"), norm_key=None,
+                layers=lambda raw: tuple(range(int(raw.get("first_k_dense_replace") or 0),
+                                               int(raw["num_hidden_layers"])))),
+    defaults={"vocab_size": 102400, "hidden_size": 4096, "intermediate_size": 11008,
+              "num_hidden_layers": 32, "num_attention_heads": 32, "rms_norm_eps": 1e-6,
+              "max_position_embeddings": 2048, "kv_lora_rank": 512, "q_lora_rank": 1536,
+              "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128,
+              "n_routed_experts": 64, "n_shared_experts": 2, "moe_intermediate_size": 1407,
+              "routed_scaling_factor": 1.0, "topk_method": "greedy"},
+    quirks=(*MLA_QUIRKS, "interleaved rotary"),
+)
+
 # model_types close to a supported family that export refuses -> why, in words.
 REFUSED_TYPES: dict[str, str] = {}
 
@@ -1428,6 +1535,9 @@ FAMILIES: dict[str, FamilySpec] = {
                 "fused q/k/v interleaved per head"),
     ),
     "gpt2": GPT2,
+    "minicpm3": MINICPM3,
+    "deepseek_v2": DEEPSEEK_V2,
+    "youtu": YOUTU,
     # GPT-2 with nn.Linear weights, a tanh gelu by default and multi-query attention (one
     # KV head: c_attn is [q (n_embd), k (head_dim), v (head_dim)]).
     "gpt_bigcode": replace(

@@ -25,6 +25,7 @@ from edgeprefill.export.families import (
     TensorNames,
 )
 from edgeprefill.export.fp8 import Fp8Scheme, read_fp8_scheme
+from edgeprefill.export.latent_attention import LatentShape, latent_scale, read_latent
 from edgeprefill.export.layer_groups import group_blocks
 from edgeprefill.export.layer_heads import gemma4_fields, layer_heads, rope_widths
 from edgeprefill.export.query_scale import QueryScale, read_query_scale
@@ -209,6 +210,10 @@ class ModelConfig:
     per_layer_vocab: int = 0
     # Routed experts in place of the MLP on moe.layers (export/moe.py); None: dense.
     moe: MoeConfig | None = None
+    # Multi-head latent attention's dimensions (export/latent_attention.py); None: none.
+    # Where set, num_kv_heads is 1 and head_dim the cached head's width (rope + latent),
+    # rotary_dim the rope part, attn_scale transformers' (qk_head_dim^-0.5, yarn's mscale).
+    latent: LatentShape | None = None
 
     def __post_init__(self) -> None:
         check_model_config(self)
@@ -345,7 +350,10 @@ class ModelConfig:
         nope = sum(layer.rope is None for layer in self.layers)
         if nope and self.kv_layers:  # none attending (Mamba-2), no rope is no news
             out.append(f"{nope} of {self.num_layers} layers without rope")
-        if self.rotary_dim < self.head_dim:
+        if self.latent is not None:
+            out.append(f"KV cache: one head of {self.head_dim} per token and layer (rope "
+                       f"{self.latent.rope_dim} + latent {self.latent.kv_lora_rank})")
+        elif self.rotary_dim < self.head_dim:
             out.append(f"rotary on {self.rotary_dim} of {self.head_dim} head dims")
         for name, rope in self.ropes.items():
             used = any(layer.rope == name for layer in self.layers)
@@ -395,9 +403,11 @@ def _read(family: str, spec: FamilySpec, raw: dict[str, Any]) -> ModelConfig:
                "num_hidden_layers": len(groups.layer_types)}
     heads = int(raw["num_attention_heads"])
     hidden = int(raw["hidden_size"])
-    head_dim = int(raw.get("head_dim") or hidden // max(heads, 1))  # 0 heads: refused
+    latent = read_latent(raw) if spec.latent else None
+    head_dim = latent.cache_dim if latent else \
+        int(raw.get("head_dim") or hidden // max(heads, 1))  # 0 heads: refused
     qkv_bias, o_bias, mlp_bias = _biases(raw, spec)
-    ropes = _ropes(raw, _rotary_dim(raw, spec, head_dim))
+    ropes = _ropes(raw, latent.rope_dim if latent else _rotary_dim(raw, spec, head_dim))
     _refuse_other_familys_rope(family, spec, ropes)
     layers = _layers(raw, spec)
     ropes = rope_widths(ropes, layers)
@@ -407,7 +417,7 @@ def _read(family: str, spec: FamilySpec, raw: dict[str, Any]) -> ModelConfig:
         intermediate_size=int(raw["intermediate_size"]),
         num_layers=int(raw["num_hidden_layers"]),
         num_heads=heads,
-        num_kv_heads=int(_given(raw.get("num_key_value_heads"), heads)),
+        num_kv_heads=1 if latent else int(_given(raw.get("num_key_value_heads"), heads)),
         head_dim=head_dim,
         vocab_size=int(raw["vocab_size"]),
         norm_eps=float(_first_present(raw, EPS_KEYS if spec.eps_key is None
@@ -422,7 +432,8 @@ def _read(family: str, spec: FamilySpec, raw: dict[str, Any]) -> ModelConfig:
         block=spec.block_from_config(raw) if spec.block_from_config else spec.block,
         ropes=ropes,
         layers=layers,
-        attn_scale=_attn_scale(raw, head_dim),
+        attn_scale=latent_scale(latent, rope_params(raw)) if latent else
+        _attn_scale(raw, head_dim),
         attn_softcap=_optional_float(raw.get("attn_logit_softcapping"))
         if "attn" in spec.softcaps else None,
         final_softcap=_optional_float(raw.get("final_logit_softcapping"))
@@ -444,6 +455,7 @@ def _read(family: str, spec: FamilySpec, raw: dict[str, Any]) -> ModelConfig:
         head_gate=bool(raw.get(spec.head_gate_key)) if spec.head_gate_key else False,
         **gemma4_fields(raw) if spec.per_layer_heads else {},
         moe=read_moe(raw, spec.moe) if spec.moe is not None else None,
+        latent=latent,
     )
 
 

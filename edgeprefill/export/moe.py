@@ -75,6 +75,9 @@ class MixtureOfExperts:
                 ranked = g.op("Add", [scores, self._expert_bias(p)])
             _, chosen = g.op("TopK", [ranked, k], 2, axis=-1)
             weights = g.op("GatherElements", [scores, chosen], axis=-1)
+        elif moe.routing == "softmax_group_limited":  # DeepSeek-V2
+            scores = self._in_top_groups(g.op("Softmax", [logits], axis=-1))
+            weights, chosen = g.op("TopK", [scores, k], 2, axis=-1)
         else:
             top, chosen = g.op("TopK", [g.op("Softmax", [logits], axis=-1), k], 2, axis=-1)
             weights = top
@@ -90,6 +93,22 @@ class MixtureOfExperts:
         if self.dtype != np.float32:
             weights = g.op("Cast", [weights], to=10)
         return chosen, weights
+
+    def _in_top_groups(self, scores: str) -> str:
+        """scores [N, E] (float32, >= 0) with the experts outside each token's best
+        top_groups groups (a group ranked by its best score) set to 0, as DeepSeek-V2's
+        router masks them; one group keeps every expert."""
+        g, moe = self.g, self.moe
+        if moe.groups == 1:
+            return scores
+        grouped = g.op("Reshape", [scores, g.const([0, moe.groups, -1])])  # [N, G, E/G]
+        best = g.op("ReduceMax", [grouped, g.const([-1])], keepdims=0)  # [N, G]
+        _, top = g.op("TopK", [best, g.const([moe.top_groups])], 2, axis=-1)  # [N, tg]
+        ones = g.op("Expand", [g.const(1.0, np.float32), g.op("Shape", [top])])
+        keep = g.op("ScatterElements", [g.op("Mul", [best, g.const(0.0, np.float32)]), top,
+                                        ones], axis=1)  # [N, G]: 1 in the best groups
+        kept = g.op("Mul", [grouped, g.op("Unsqueeze", [keep, g.const([-1])])])
+        return g.op("Reshape", [kept, g.op("Shape", [scores])])
 
     def _dispatch(self, p: str, x: str, chosen: str, weights: str) -> str:
         """Each expert on the tokens that chose it; their rows summed per token. Rows are

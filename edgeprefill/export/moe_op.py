@@ -6,12 +6,14 @@ it or not: 8 layers of 128 experts decoded 4.2 tokens/s in int4 that way on the 
 861 through the op (docs/benchmarks.md, *Mixture of experts*). The op takes the router
 logits and does softmax, top-k and (normalize_routing_weights) the renormalization itself,
 then runs each chosen expert's SwiGLU on its tokens: the routing of Qwen2/3-MoE, OLMoE,
-Qwen3.5-MoE, Qwen3-Next, Qwen3-VL-MoE and Mixtral. Granite MoE's softmax over the top k
-logits is the same renormalized top k of the softmax over all (exp(l_i) / sum_topk
-exp(l_j)). LFM2-MoE's routing (the top k of sigmoid + bias, weighed by the sigmoid alone,
-renormalized with an epsilon, scaled) and ERNIE-4.5-MoE's (the top k of softmax + bias,
-weighed by the softmax, renormalized with a floor) are computed in the graph as the
-unrolled form computes them, and handed to the op as logits it cannot read otherwise:
+Qwen3.5-MoE, Qwen3-Next, Qwen3-VL-MoE and Mixtral, and DeepSeek-V2's greedy (one group;
+its routed_scaling_factor, which the op lacks, multiplies the op's output). Granite MoE's
+softmax over the top k logits is the same renormalized top k of the softmax over all
+(exp(l_i) / sum_topk exp(l_j)). LFM2-MoE's routing (the top k of sigmoid + bias, weighed
+by the sigmoid alone, renormalized with an epsilon, scaled), ERNIE-4.5-MoE's (the top k of
+softmax + bias, weighed by the softmax, renormalized with a floor) and DeepSeek-V2's
+group-limited one are computed in the graph as the unrolled form computes them, and
+handed to the op as logits it cannot read otherwise:
 log(weight) at the k chosen experts and -inf elsewhere, so the op's softmax and top k find
 exactly those k and renormalize their weights to sum 1; the output times each token's sum
 of weights undoes that. gpt-oss's router logits carry its bias; its experts' biases are
@@ -30,6 +32,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from edgeprefill.export.experts import MoeConfig
 from edgeprefill.export.moe import MixtureOfExperts, tensor_attribute
 from edgeprefill.export.quantize import QuantConfig, int4_blockwise
 
@@ -68,7 +71,7 @@ class MoeOp(MixtureOfExperts):
         g, moe = self.g, self.moe
         x = g.op("Reshape", [h, g.const([-1, self.hidden])])  # [N, H]
         total = None
-        if moe.routing in OP_ROUTINGS:
+        if _op_routes(moe):
             logits = self._router_logits(p, x)  # [N, E]
             normalize = int(moe.norm_topk or moe.routing == "topk_softmax")
         else:
@@ -92,7 +95,9 @@ class MoeOp(MixtureOfExperts):
                        domain="com.microsoft", expert_weight_bits=4, block_size=q.block_size,
                        accuracy_level=q.accuracy_level, **attrs)
         if total is not None:
-            out = g.op("Mul", [out, total])
+            out = g.op("Mul", [out, total])  # the chosen routings' weights, scaling included
+        elif moe.scaling != 1.0:  # the op's own routing knows no routed_scaling_factor
+            out = g.op("Mul", [out, g.const(moe.scaling, self.dtype)])
         if moe.shared_width:
             out = g.op("Add", [out, self._shared(p, x)])
         return g.op("Reshape", [out, g.op("Shape", [h])])
@@ -163,6 +168,13 @@ class MoeOp(MixtureOfExperts):
         scale = self.g.weight(name + ".scale", (experts, rows, blocks), np.dtype(np.float32),
                               lambda: parts()[1])
         return weight, scale
+
+
+def _op_routes(moe: MoeConfig) -> bool:
+    """Whether the op's own softmax and top k route as the family does: DeepSeek-V2's
+    group-limited routing over one group is the plain softmax top k (its greedy)."""
+    return moe.routing in OP_ROUTINGS or (moe.routing == "softmax_group_limited"
+                                          and moe.groups == 1)
 
 
 def _interleaved(gate_up: np.ndarray) -> np.ndarray:

@@ -1,0 +1,192 @@
+"""Multi-head latent attention (DeepSeek-V2's MLA: MiniCPM3, Youtu-LLM, DeepSeek-V2),
+absorbed as llama.cpp and vLLM decode it, so that a token's cache is its latent.
+
+transformers projects each token to a latent c (kv_lora_rank wide, RMS-normed) and a key
+part k_pe (qk_rope_head_dim, rotated, shared by every head), caches those, and expands
+them per head with kv_b_proj into keys [k_nope | k_pe] and values v. Since
+q_nope . (W_UK c) = (W_UK^T q_nope) . c, the bundle folds W_UK into the query and caches
+one KV head of width r + L holding [k_pe | c]: multi-query attention whose value is the
+key itself, whose output's last L columns are softmax . c, and W_UV turns those into each
+head's value output. Rope comes first in the head so that a partial rotary on the first
+r dims (either flavour's, or ONNX Runtime's RotaryEmbedding) rotates exactly k_pe and
+q_pe; it runs outside the attention op, which gets do_rotary=0.
+
+    q      [N, H, nope | r] --W_UK--> [N, H, r | L]    (q_pe first, then W_UK^T q_nope)
+    k      [N, 1, r | L]   = [k_pe | RMSNorm(c)]        (the cache's one KV head)
+    v      = k
+    out    [N, H, r | L]   --last L, W_UV--> [N, H * v_head_dim] -> o_proj
+
+The scale is transformers': qk_head_dim^-0.5, times yarn's mscale^2 where the rope has
+mscale_all_dim (ModelConfig.attn_scale).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from edgeprefill.contract import kv_names
+from edgeprefill.errors import ExportError
+
+if TYPE_CHECKING:
+    from edgeprefill.export.decoder import DecoderBuilder, Rows
+    from edgeprefill.export.flavors import StepTensors
+    from edgeprefill.export.model_config import LayerAttention
+
+# DeepseekV2RMSNorm's default, which q_a_layernorm and kv_a_layernorm keep whatever the
+# model's rms_norm_eps (they are built without an eps).
+LATENT_EPS = 1e-6
+
+
+@dataclass(frozen=True)
+class LatentShape:
+    """The config's MLA dimensions; q_lora_rank None: q_proj is one dense projection."""
+
+    q_lora_rank: int | None
+    kv_lora_rank: int
+    nope_dim: int  # qk_nope_head_dim
+    rope_dim: int  # qk_rope_head_dim
+    v_dim: int  # v_head_dim
+
+    @property
+    def qk_dim(self) -> int:
+        """Each head's query/key width in transformers (nope + rope)."""
+        return self.nope_dim + self.rope_dim
+
+    @property
+    def cache_dim(self) -> int:
+        """The width of the one cached KV head: [k_pe | c]."""
+        return self.rope_dim + self.kv_lora_rank
+
+
+def read_latent(raw: dict[str, Any]) -> LatentShape:
+    """The MLA dimensions of config.json (DeepseekV2Config's keys)."""
+    q_rank = raw.get("q_lora_rank")
+    shape = LatentShape(
+        q_lora_rank=None if q_rank is None else int(q_rank),
+        kv_lora_rank=int(raw["kv_lora_rank"]), nope_dim=int(raw["qk_nope_head_dim"]),
+        rope_dim=int(raw["qk_rope_head_dim"]), v_dim=int(raw["v_head_dim"]))
+    if min(shape.kv_lora_rank, shape.rope_dim, shape.v_dim) < 1 or shape.nope_dim < 0 \
+            or shape.rope_dim % 2 or (q_rank is not None and int(q_rank) < 1):
+        raise ExportError(f"config.json: MLA dimensions must be positive and "
+                          f"qk_rope_head_dim even, got {shape}")
+    return shape
+
+
+def latent_scale(shape: LatentShape, rope_params: dict[str, Any]) -> float:
+    """transformers' yarn_apply_mscale: qk_head_dim^-0.5, times mscale(factor,
+    mscale_all_dim)^2 where a non-default rope has mscale_all_dim."""
+    scale = shape.qk_dim**-0.5
+    kind = rope_params.get("rope_type", rope_params.get("type", "default"))
+    all_dim = rope_params.get("mscale_all_dim") or 0
+    if kind != "default" and all_dim:
+        factor = float(rope_params["factor"])
+        mscale = 1.0 if factor <= 1 else 0.1 * float(all_dim) * math.log(factor) + 1.0
+        scale *= mscale * mscale
+    return scale
+
+
+class LatentAttention:
+    """Emits one MLA layer's attention up to o_proj's input. `builder` is the
+    DecoderBuilder (its graph, weights, flavour, token layout and config)."""
+
+    def __init__(self, builder: DecoderBuilder) -> None:
+        self.b = builder
+        cfg = builder.cfg
+        assert cfg.latent is not None
+        self.shape: LatentShape = cfg.latent
+        # The latent norms keep their own epsilon (LATENT_EPS), not rms_norm_eps.
+        self.norms = type(builder.flavor)(replace(cfg, norm_eps=LATENT_EPS), builder.dtype,
+                                          builder.flavor.max_context)
+
+    def attention(self, p: str, h: str, i: int, step: StepTensors, layer: LayerAttention,
+                  rows: Rows) -> str:
+        """h [B,C,hidden] or packed [1,T,hidden] -> [.., H * v_dim] (rows of the tokens)."""
+        b, g, cfg = self.b, self.b.g, self.b.cfg
+        n = cfg.names
+        q = self._absorbed_query(p, h)
+        kv = b.w.linear(h, [p + n.kv_a + ".weight"],
+                        p + n.kv_a + ".bias" if cfg.qkv_bias else None)
+        latent, k_pe = g.op("Split", [kv, g.const([self.shape.kv_lora_rank,
+                                                   self.shape.rope_dim])], 2, axis=-1)
+        latent = self.norms.rms_norm(g, latent, b.w.tensor(p + n.kv_a_norm + ".weight"))
+        k = g.op("Concat", [k_pe, latent], axis=-1)  # [.., r + L]
+        q, k = b.tokens.spread(q), b.tokens.spread(k)
+        q, k = b.flavor.rotary(g, q, k, step, layer.rope)
+        names = kv_names(i)
+        out = b.flavor.attention(g, q, k, k, (names.past_key, names.past_value),
+                                 (names.present_key, names.present_value), step,
+                                 replace(layer, rope=None))
+        out = rows(b.tokens.gather(out, cfg.num_heads * self.shape.cache_dim))
+        return self._values(p, out)
+
+    def _absorbed_query(self, p: str, h: str) -> str:
+        """[.., H * (r + L)]: each head's q_pe, then its q_nope through W_UK."""
+        b, g, s, heads = self.b, self.b.g, self.shape, self.b.cfg.num_heads
+        n = b.cfg.names
+        last = p + (n.q if s.q_lora_rank is None else n.q_b) + ".weight"
+        self._check(last, (heads * s.qk_dim, s.q_lora_rank or b.cfg.hidden_size))
+        if s.q_lora_rank is None:
+            q = b.w.linear(h, [last], None)
+        else:
+            q = b.w.linear(h, [p + n.q_a + ".weight"],
+                           p + n.q_a + ".bias" if b.cfg.qkv_bias else None)
+            q = self.norms.rms_norm(g, q, b.w.tensor(p + n.q_a_norm + ".weight"))
+            q = b.w.linear(q, [last], None)
+        per_head = g.op("Reshape", [q, g.const([-1, heads, s.qk_dim])])  # [N,H,nope+r]
+        nope, pe = g.op("Split", [per_head, g.const([s.nope_dim, s.rope_dim])], 2, axis=-1)
+        absorbed = self._per_head(nope, self._up_weight(p, "uk"))  # [N,H,L]
+        both = g.op("Concat", [pe, absorbed], axis=-1)
+        return g.op("Reshape", [both, self._leading(q, heads * s.cache_dim)])
+
+    def _values(self, p: str, out: str) -> str:
+        """attention's output [.., H * (r + L)] -> each head's value output [.., H * v]."""
+        g, s, heads = self.b.g, self.shape, self.b.cfg.num_heads
+        per_head = g.op("Reshape", [out, g.const([-1, heads, s.cache_dim])])
+        latent = g.op("Slice", [per_head, g.const([s.rope_dim]), g.const([s.cache_dim]),
+                                g.const([2])])  # softmax . c: [N,H,L]
+        values = self._per_head(latent, self._up_weight(p, "uv"))  # [N,H,v]
+        return g.op("Reshape", [values, self._leading(out, heads * s.v_dim)])
+
+    def _check(self, name: str, expected: tuple[int, int]) -> None:
+        """A checkpoint that disagrees with its config.json fails here, in one line."""
+        s, got = self.shape, self.b.w.shape(name)
+        if got != expected:
+            raise ExportError(
+                f"{name} has shape {got}, but config.json implies {expected} "
+                f"({self.b.cfg.num_heads} heads, qk_nope_head_dim {s.nope_dim}, "
+                f"qk_rope_head_dim {s.rope_dim}, v_head_dim {s.v_dim}, kv_lora_rank "
+                f"{s.kv_lora_rank}, q_lora_rank {s.q_lora_rank})")
+
+    def _per_head(self, x: str, weight: str) -> str:
+        """x [N,H,a] times each head's own [a, b] (weight [H,a,b]) -> [N,H,b]."""
+        g = self.b.g
+        heads_first = g.op("Transpose", [x], perm=[1, 0, 2])  # [H,N,a]
+        return g.op("Transpose", [g.op("MatMul", [heads_first, weight])], perm=[1, 0, 2])
+
+    def _leading(self, x: str, width: int) -> str:
+        """The shape of x with its last axis `width` wide."""
+        g = self.b.g
+        return g.op("Concat", [g.op("Shape", [x], end=-1), g.const([width])], axis=0)
+
+    def _up_weight(self, p: str, which: str) -> str:
+        """kv_b_proj [H * (nope + v), L] as W_UK [H, nope, L] ("uk", multiplying q_nope)
+        or W_UV^T [H, L, v] ("uv", multiplying the attended latent). Kept float in
+        quantized bundles: batched per head, no quantized op takes it."""
+        b, s, heads = self.b, self.shape, self.b.cfg.num_heads
+        name = p + b.cfg.names.kv_b + ".weight"
+        self._check(name, (heads * (s.nope_dim + s.v_dim), s.kv_lora_rank))
+
+        def produce() -> np.ndarray:
+            w = b.ckpt.get(name, np.float32).reshape(heads, s.nope_dim + s.v_dim,
+                                                     s.kv_lora_rank)
+            part = w[:, : s.nope_dim] if which == "uk" else \
+                w[:, s.nope_dim :].transpose(0, 2, 1)
+            return np.ascontiguousarray(part).astype(b.dtype)
+
+        shape = (heads, s.nope_dim, s.kv_lora_rank) if which == "uk" else \
+            (heads, s.kv_lora_rank, s.v_dim)
+        return b.g.weight(f"{p}self_attn.w_{which}", shape, b.dtype, produce)
