@@ -190,13 +190,13 @@ def expected_weights(found: dict, dequantized: dict[str, np.ndarray]) -> None:
 CASES = {  # family, method, group size, symmetric, gptq v1
     "gptq-v1-asym-llama-32": ("llama", "gptq", 32, False, True),
     "awq-qwen3-128": ("qwen3", "awq", 128, False, False),
-    "compressed-tensors-sym-llama-32": ("llama", "compressed-tensors", 32, True, False),
+    "compressed-tensors-asym-qwen3-128": ("qwen3", "compressed-tensors", 128, False, False),
 }
 SLOW_CASES = {
     "gptq-v1-sym-qwen3-128": ("qwen3", "gptq", 128, True, True),
     "gptq-v2-asym-qwen3-128": ("qwen3", "gptq", 128, False, False),
     "awq-llama-32": ("llama", "awq", 32, False, False),
-    "compressed-tensors-asym-qwen3-128": ("qwen3", "compressed-tensors", 128, False, False),
+    "compressed-tensors-sym-llama-32": ("llama", "compressed-tensors", 32, True, False),
 }
 
 
@@ -232,14 +232,17 @@ def test_int4_checkpoint_matrix(tmp_path, case):
     check_case(tmp_path, *SLOW_CASES[case])
 
 
-def test_without_quantize_only_the_checkpoints_int4_layers_are_int4(tmp_path):
+def test_without_quantize_only_the_checkpoints_int4_layers_are_int4(tmp_path, caplog):
     """No --quantize: int4 is implied for the layers the checkpoint quantized; what it kept
-    float (the LM head, the embeddings, modules_to_not_convert) stays float."""
+    float (the LM head, the embeddings, modules_to_not_convert) stays float. Every stored
+    part is read (no "tensors config.json does not use" warning)."""
     src = source_model(tmp_path, "llama", 32)
     dequantized = write_quantized(src, tmp_path / "q", "awq", 32, sym=False)
+    caplog.set_level("WARNING")
     manifest = export(tmp_path / "q", tmp_path / "b", ExportOptions(
         chunks=(16,), max_context=128, show_progress=False))
     assert manifest.graph.quantization == "int4"
+    assert not caplog.records, [r.getMessage() for r in caplog.records]
     expected_weights(bundle_int4_weights(tmp_path / "b"), dequantized)
     model = onnx.load(tmp_path / "b" / "model.onnx", load_external_data=False)
     floats = {t.name for t in model.graph.initializer if t.data_type == onnx.TensorProto.FLOAT}
@@ -247,6 +250,20 @@ def test_without_quantize_only_the_checkpoints_int4_layers_are_int4(tmp_path):
     got = logits_at(tmp_path / "b", IDS)  # accuracy level 4: int8 activations, near
     expected = reference_logits(src, dequantized)
     assert np.abs(got - expected).max() < 0.02 * np.abs(expected).max()
+
+
+def test_an_fp16_bundle_reads_the_int4_layers_dequantized(tmp_path):
+    """A bundle that holds no quantized weights (--dtype fp16, --flavor standard) reads the
+    int4 layers as float: the checkpoint's dequantized values, in its dtype."""
+    src = source_model(tmp_path, "llama", 32)
+    dequantized = write_quantized(src, tmp_path / "q", "gptq", 32, sym=False)
+    manifest = export(tmp_path / "q", tmp_path / "b", ExportOptions(
+        dtype="fp16", chunks=(16,), max_context=128, show_progress=False))
+    assert manifest.graph.quantization is None
+    model = onnx.load(tmp_path / "b" / "model.onnx")
+    weights = {t.name: numpy_helper.to_array(t, tmp_path / "b") for t in model.graph.initializer}
+    down = "model.layers.0.mlp.down_proj.weight"  # [in, out], as MatMul takes it
+    np.testing.assert_array_equal(weights[down], dequantized[down].T.astype(np.float16))
 
 
 def test_act_order_weights_are_refused_in_one_line(tmp_path):
