@@ -29,11 +29,10 @@ from edgeprefill.export.int4_layouts import Int4Weight
 
 METHODS = ("gptq", "awq", "compressed-tensors")
 BLOCK_SIZES = (16, 32, 64, 128, 256)  # MatMulNBits' block_size: a power of 2, 16..256
-# A module's stored tensors beside its codes, per method (the codes' name is first)
-PARTS = {"gptq": ("qweight", "qzeros", "scales", "g_idx"),
-         "awq": ("qweight", "qzeros", "scales"),
-         "compressed-tensors": ("weight_packed", "weight_scale", "weight_zero_point",
-                                "weight_shape", "weight_g_idx")}
+# The name of a quantized module's codes, per method (`{module}.{codes}`); beside them GPTQ
+# stores qzeros, scales and g_idx, AWQ qzeros and scales, compressed-tensors weight_scale,
+# weight_shape and (asymmetric) weight_zero_point, (act-order) weight_g_idx.
+CODES = {"gptq": "qweight", "awq": "qweight", "compressed-tensors": "weight_packed"}
 
 Reader = Callable[[str], np.ndarray]  # a stored tensor by name, as it is stored
 
@@ -50,10 +49,7 @@ class Int4Scheme:
     @property
     def codes(self) -> str:
         """The suffix of a quantized module's codes (`{module}.{codes}`)."""
-        return PARTS[self.method][0]
-
-    def parts(self, module: str) -> list[str]:
-        return [f"{module}.{part}" for part in PARTS[self.method]]
+        return CODES[self.method]
 
     def shape(self, module: str, stored_shape: Callable[[str], tuple[int, ...]],
               read: Reader) -> tuple[int, int]:
@@ -63,8 +59,7 @@ class Int4Scheme:
             return codes[1], codes[0] * int4_layouts.NIBBLES
         if self.method == "awq":
             return codes[1] * int4_layouts.NIBBLES, codes[0]
-        out, cols = (int(v) for v in read(f"{module}.weight_shape"))
-        return out, cols
+        return _ct_shape(module, read)
 
     def read(self, module: str, read: Reader, has: Callable[[str], bool]) -> Int4Weight:
         """The layer's codes, scales and zero points (export/int4_layouts.py); a symmetric
@@ -88,24 +83,29 @@ class Int4Scheme:
         weight = int4_layouts.compressed_tensors(
             read(f"{module}.weight_packed"), read(f"{module}.weight_scale"),
             read(zero_name) if has(zero_name) else None,
-            self.shape(module, lambda _: (), read), self.group_size)
+            _ct_shape(module, read), self.group_size)
         _check_group_order(module, read, has, f"{module}.weight_g_idx", weight)
         return weight
+
+
+def _ct_shape(module: str, read: Reader) -> tuple[int, int]:
+    out, cols = (int(v) for v in read(f"{module}.weight_shape"))
+    return out, cols
 
 
 def _check_group_order(module: str, read: Reader, has: Callable[[str], bool], name: str,
                        weight: Int4Weight) -> None:
     """A stored g_idx must be the plain k // group_size. ONNX Runtime's MatMulNBits takes a
     g_idx input, but its CPU kernel (1.32) computes wrong numbers with one (measured: off
-    by the logits' own size at accuracy levels 0 and 4), so act-order weights are refused."""
+    by the outputs' own size at accuracy levels 0 and 4), so act-order weights are refused."""
     if not has(name):
         return
     g_idx = read(name)
     plain = np.arange(weight.codes.shape[1]) // weight.group_size
     if not np.array_equal(g_idx, plain):
         raise ExportError(f"{module} is quantized in act-order (its g_idx permutes the groups), "
-                          "which export cannot read: ONNX Runtime's MatMulNBits ignores g_idx "
-                          "on the CPU; take a release without desc_act/actorder")
+                          "which ONNX Runtime's CPU MatMulNBits does not compute exactly: "
+                          "take a release without desc_act/actorder")
 
 
 def read_int4_scheme(family: str, raw: dict[str, Any]) -> Int4Scheme | None:
