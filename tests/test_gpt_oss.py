@@ -262,6 +262,9 @@ class Mxfp4Shapes:
     def shape(self, name: str) -> tuple[int, ...]:
         return self.shapes[name]
 
+    def is_int4(self, name: str) -> bool:
+        return False  # MXFP4 experts are not GPTQ/AWQ int4 layers
+
 
 @pytest.mark.parametrize("quant, op", [(None, "MoE"), (QuantConfig("int4"), "QMoE")])
 def test_the_hub_sized_mxfp4_model_builds_one_moe_op_and_one_sinked_attention_per_layer(

@@ -477,6 +477,9 @@ class ShapesOnly:
     def shape(self, name: str) -> tuple[int, ...]:
         return self.shapes[name]
 
+    def is_int4(self, name: str) -> bool:
+        return False  # a float checkpoint's
+
 
 def built_graph(raw: dict, flavor: str, quant: QuantConfig | None = None):
     from edgeprefill.export.decoder import DecoderBuilder

@@ -20,6 +20,8 @@ from edgeprefill.export.fp8 import (
     read_float8,
     safetensors_header,
 )
+from edgeprefill.export.int4_layouts import Int4Weight
+from edgeprefill.export.prequantized import Int4Scheme
 
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
@@ -46,15 +48,21 @@ class Checkpoint:
 
     The weights of the modules in `transposed` are stored [in, out] (GPT-2's Conv1D); they
     are read, and their shapes given, as nn.Linear's [out, in], as every other family's.
+
+    In a pre-quantized int4 checkpoint (`int4`, export/prequantized.py) a quantized layer
+    stores its codes, scales and zero points instead of its `weight`: the weight's name
+    still reads it (`has`, `shape`, and `get`, dequantized to float), and `int4_weight`
+    gives it as it is stored, for a MatMulNBits.
     """
 
     def __init__(self, hf_dir: Path, renames: tuple[tuple[str, str], ...] = (),
                  left_out: tuple[str, ...] = (), fp8: Fp8Scheme | None = None,
-                 transposed: tuple[str, ...] = ()) -> None:
+                 transposed: tuple[str, ...] = (), int4: Int4Scheme | None = None) -> None:
         """`fp8`: the checkpoint's FP8 scheme (export/fp8.py): float8 weights are read
-        dequantized by the scales stored beside them."""
+        dequantized by the scales stored beside them. `int4`: its int4 scheme."""
         self.dir = hf_dir
         self.fp8 = fp8
+        self.int4 = int4
         self._headers: dict[Path, dict] = {}  # safetensors headers, read for float8 tensors
         self._transposed = tuple(f".{module}.weight" for module in transposed)
         self._handles: dict[Path, object] = {}
@@ -65,15 +73,22 @@ class Checkpoint:
         self._file_of = {_renamed(n, renames): (path, n) for n, path in stored.items()
                          if n not in skipped}
         self.read: set[str] = set()  # the tensors the export took
+        self._int4_modules = self._quantized_modules()  # `{module}.weight` -> module
         self._check_float8()  # before any weight is written: a bad checkpoint fails at once
 
     def names(self) -> set[str]:
-        return set(self._file_of)
+        return set(self._file_of) | set(self._int4_modules)
 
     def has(self, name: str) -> bool:
-        return name in self._file_of
+        return name in self._file_of or name in self._int4_modules
 
     def shape(self, name: str) -> tuple[int, ...]:
+        if name in self._int4_modules:
+            assert self.int4 is not None
+            return self.int4.shape(self._int4_modules[name], self._stored_shape, self._stored)
+        return self._stored_shape(name)
+
+    def _stored_shape(self, name: str) -> tuple[int, ...]:
         path, stored = self._require(name)
         shape = tuple(self._handle(path).get_slice(stored).get_shape())
         return shape[::-1] if self._is_transposed(name) else shape
@@ -88,6 +103,35 @@ class Checkpoint:
         return found
 
     def get(self, name: str, dtype: np.dtype = np.float32) -> np.ndarray:
+        int4 = self.int4_weight(name)
+        if int4 is not None:  # a float weight wanted of an int4 layer: its exact values
+            return int4.dequantize().astype(dtype, copy=False)
+        return self._stored(name).astype(dtype, copy=False)
+
+    def int4_weight(self, name: str) -> Int4Weight | None:
+        """The weight `name` as the checkpoint stores it in 4 bits, or None for a float
+        one. Its stored parts count as read."""
+        module = self._int4_modules.get(name)
+        if module is None:
+            return None
+        assert self.int4 is not None
+        weight = self.int4.read(module, self._stored, self.has)
+        self.read.add(name)
+        return weight
+
+    def is_int4(self, name: str) -> bool:
+        return name in self._int4_modules
+
+    def _quantized_modules(self) -> dict[str, str]:
+        """`{module}.weight` -> module, for each module stored as int4 codes."""
+        if self.int4 is None:
+            return {}
+        suffix = "." + self.int4.codes
+        return {n.removesuffix(suffix) + ".weight": n.removesuffix(suffix)
+                for n in self._file_of if n.endswith(suffix)}
+
+    def _stored(self, name: str) -> np.ndarray:
+        """A tensor as stored (float8 ones dequantized), counted as read."""
         path, stored = self._require(name)
         if self._float8(path, stored):
             tensor = self._dequantized(name, path, stored)
@@ -97,9 +141,7 @@ class Checkpoint:
             except (SafetensorError, OSError, ValueError) as err:
                 raise ExportError(f"cannot read {name!r} from {path.name}: {err}") from None
         self.read.add(name)
-        if self._is_transposed(name):
-            tensor = tensor.T
-        return tensor.astype(dtype, copy=False)
+        return tensor.T if self._is_transposed(name) else tensor
 
     def get_index(self, name: str, index: int, dtype: np.dtype = np.float32) -> np.ndarray:
         """`name`[index] along its first axis, read alone (one expert of a fused [E, ...]

@@ -92,9 +92,12 @@ class DecoderBuilder:
                                    cfg.hidden_size, self.dtype, self._activation)
         if not self.flavor.moe_op:
             return experts
-        reason = why_unrolled(experts, cfg.activation, self.quant)
+        # A pre-quantized checkpoint's experts are read dequantized (export/prequantized.py):
+        # float where only its own int4 layers are int4 (QuantConfig.float_layers False).
+        quant = self.quant if self.quant is None or self.quant.float_layers else None
+        reason = why_unrolled(experts, cfg.activation, quant)
         if reason is None:
-            return MoeOp(experts, self.quant)
+            return MoeOp(experts, quant)
         # A dozen nodes per expert run each step whether chosen or not: with many experts
         # that is most of a decode step (docs/benchmarks.md, mixture-of-experts decode).
         log.warning("the %d experts per layer are written out one by one, not as ONNX "

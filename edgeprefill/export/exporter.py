@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -80,6 +80,7 @@ def export(hf_dir: str | Path, out_dir: str | Path, options: ExportOptions) -> M
     if not hf_dir.is_dir():
         raise ExportError(f"{hf_dir} is not a folder")
     cfg = ModelConfig.from_dir(hf_dir)
+    options = _for_int4_checkpoint(cfg, options)
     max_context = _max_context(cfg, options.max_context)
     cfg = cfg.for_context(max_context)  # longrope: the factor set this context uses
     chunks = sorted(set(c for c in options.chunks if c <= max_context))
@@ -98,7 +99,7 @@ def export(hf_dir: str | Path, out_dir: str | Path, options: ExportOptions) -> M
     _check_generation_eos(hf_dir, cfg.vocab_size)
     with staged(out_dir, options.overwrite) as stage:  # swapped in only when complete
         ckpt = Checkpoint(hf_dir, cfg.renames + cfg.spec.renames, cfg.spec.left_out, cfg.fp8,
-                          transposed=cfg.spec.transposed)
+                          transposed=cfg.spec.transposed, int4=cfg.int4)
         flavor = flavor_class(options.flavor)(cfg, DTYPES[options.dtype], max_context)
         g = DecoderBuilder(cfg, ckpt, flavor, options.quant).build()
         initializers = write_external_data(g.weights, stage / DATA_FILE, options.show_progress)
@@ -113,6 +114,24 @@ def export(hf_dir: str | Path, out_dir: str | Path, options: ExportOptions) -> M
                              tokenizer_files)
         (stage / MANIFEST_FILE).write_text(manifest.to_json())
     return manifest
+
+
+def _for_int4_checkpoint(cfg: ModelConfig, options: ExportOptions) -> ExportOptions:
+    """A pre-quantized int4 checkpoint (export/prequantized.py) exports int4: its int4 layers
+    as it stores them. Without --quantize, the layers it keeps float stay float (the LM head,
+    the embeddings, its ignored projections); --quantize int4 quantizes those as any int4
+    export does. --quantize int8 would requantize 4-bit weights: refused. A bundle that
+    holds no quantized weights (--flavor standard, --dtype fp16) reads them dequantized."""
+    if cfg.int4 is None:
+        return options
+    quant = options.quant
+    if quant is not None and quant.kind != "int4":
+        raise ExportError(f"the checkpoint's weights are int4 ({cfg.int4.method}): export "
+                          f"it with --quantize int4 or without --quantize, not {quant.kind}")
+    if quant is None and options.flavor == "ort" and options.dtype == "fp32":
+        implied = QuantConfig("int4", embeddings=False, head="float", float_layers=False)
+        return replace(options, quant=implied)
+    return options
 
 
 def _license_files(hf_dir: Path) -> list[str]:

@@ -78,8 +78,8 @@ def read_fp8_scheme(family: str, raw: dict[str, Any],
         return None
     if method != "fp8":
         raise ExportError(f"{family}: the checkpoint is quantized (quantization_config, "
-                          f"{method}); export reads float or fp8 weights: take its bf16 "
-                          "release")
+                          f"{method}); export reads float, fp8 or int4 gptq, awq and "
+                          "compressed-tensors weights: take its bf16 release")
     block = quant.get("weight_block_size")
     if block is None:
         return Fp8Scheme(None)

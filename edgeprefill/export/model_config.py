@@ -28,6 +28,7 @@ from edgeprefill.export.fp8 import Fp8Scheme, read_fp8_scheme
 from edgeprefill.export.latent_attention import LatentShape, latent_scale, read_latent
 from edgeprefill.export.layer_groups import group_blocks
 from edgeprefill.export.layer_heads import gemma4_fields, layer_heads, rope_widths
+from edgeprefill.export.prequantized import Int4Scheme, read_int4_scheme
 from edgeprefill.export.query_scale import QueryScale, read_query_scale
 from edgeprefill.export.rope import (
     SHARED_ROPE_TYPES,
@@ -171,6 +172,7 @@ class ModelConfig:
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
     fp8: Fp8Scheme | None = None  # how an FP8 checkpoint's weights are scaled (export/fp8.py)
+    int4: Int4Scheme | None = None  # a GPTQ/AWQ/compressed-tensors one's (export/prequantized.py)
     # LFM2: the layers that are gated short convolutions (their `layers` entry unused),
     # the convolution's width in tokens (conv_L_cache) and whether its projections and
     # convolution have biases (conv_bias).
@@ -379,9 +381,11 @@ class ModelConfig:
             )
         spec = FAMILIES[family]
         mxfp4 = spec.moe is not None and spec.moe.names.mxfp4
-        fp8 = read_fp8_scheme(family, raw, mxfp4)  # any other quantization is refused here
+        int4 = read_int4_scheme(family, raw)
+        # any other quantization is refused here
+        fp8 = None if int4 is not None else read_fp8_scheme(family, raw, mxfp4)
         try:
-            return replace(_read(family, spec, spec.read(raw)), fp8=fp8)
+            return replace(_read(family, spec, spec.read(raw)), fp8=fp8, int4=int4)
         except KeyError as missing:
             raise ExportError(f"config.json lacks the required key {missing}") from None
         except (TypeError, ValueError, ZeroDivisionError) as bad:

@@ -62,6 +62,9 @@ class QuantConfig:
     # keeps its Q4 files' output matrix at Q6_K/Q8_0: int4 alone moved the random fixtures'
     # logits by 0.085-0.133 of the largest, int8 by 0.007-0.012 (docs/benchmarks.md, stop 40).
     head: str | None = None
+    # The projections stored float quantized too. False: only a pre-quantized checkpoint's
+    # int4 layers are (export/prequantized.py), the layers it keeps float stay float.
+    float_layers: bool = True
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:

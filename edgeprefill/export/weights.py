@@ -13,6 +13,8 @@ import numpy as np
 from edgeprefill.errors import ExportError
 from edgeprefill.export.checkpoint import Checkpoint
 from edgeprefill.export.graph import GraphBuilder
+from edgeprefill.export.int4_layouts import Int4Weight
+from edgeprefill.export.prequantized import matmul_nbits, stacked
 from edgeprefill.export.quantize import (
     QuantConfig,
     in_row_chunks,
@@ -47,7 +49,10 @@ class GraphWeights:
             rows = np.concatenate([self.ckpt.get(n, np.float32) for n in weight_names])
             return rows if reorder is None else reorder(rows)
 
-        y = self.project(x, name, in_dim, out_dim, out_in)
+        if self.quant is not None and all(self.ckpt.is_int4(n) for n in weight_names):
+            y = self.stored_int4_matmul(x, name, in_dim, out_dim, weight_names, reorder)
+        else:
+            y = self.project(x, name, in_dim, out_dim, out_in)
         if bias_name is None:
             return y
         return self.g.op("Add", [y, self._bias(bias_name, weight_names, out_dim, reorder)])
@@ -57,7 +62,7 @@ class GraphWeights:
         """x @ W^T for the [out, in] weight `out_in` reads when the writer asks, written as
         `name`: a float MatMul, or the bundle's quantized one."""
         g = self.g
-        if self.quant is None:
+        if self.quant is None or not self.quant.float_layers:
             produce = lambda: np.ascontiguousarray(out_in().T.astype(self.dtype))  # noqa: E731
             return g.op("MatMul", [x, g.weight(name, (in_dim, out_dim), self.dtype, produce)])
         return self.quantized_matmul(x, name, in_dim, out_dim, out_in)
@@ -81,6 +86,34 @@ class GraphWeights:
             "MatMulNBits", [x, weight, scale], domain="com.microsoft", K=k, N=n, bits=4,
             block_size=q.block_size, accuracy_level=q.accuracy_level,
         )
+
+    def stored_int4_matmul(self, x: str, name: str, k: int, n: int, weight_names: list[str],
+                           reorder: Callable[[np.ndarray], np.ndarray] | None) -> str:
+        """x @ W^T for layers a pre-quantized checkpoint stores in 4 bits: MatMulNBits on
+        its own codes, scales and zero points (export/prequantized.py), its group size as
+        the block size."""
+        g, q = self.g, self.quant
+        assert q is not None
+
+        def compute() -> tuple:
+            weight = stacked([self.ckpt.int4_weight(w) for w in weight_names])
+            if reorder is not None:  # rows of codes, scales and zero points alike
+                weight = Int4Weight(reorder(weight.codes), reorder(weight.scales),
+                                    reorder(weight.zeros), weight.group_size)
+            return matmul_nbits(weight)
+
+        assert self.ckpt.int4 is not None  # is_int4
+        block = self.ckpt.int4.group_size
+        blocks = -(-k // block)
+        parts = self.memoized(name, compute)
+        inputs = [x, g.weight(name + ".int4", (n, blocks, block // 2), np.uint8,
+                              lambda: parts()[0]),
+                  g.weight(name + ".scale", (n * blocks,), np.float32, lambda: parts()[1])]
+        if not self.ckpt.int4.symmetric:
+            inputs.append(g.weight(name + ".zero_point", (n, -(-blocks // 2)), np.uint8,
+                                   lambda: parts()[2]))
+        return g.op("MatMulNBits", inputs, domain="com.microsoft", K=k, N=n, bits=4,
+                    block_size=block, accuracy_level=q.accuracy_level)
 
     def rows(self, name: str, indices: str, quantize: bool = True) -> str:
         """Rows `indices` of the embedding table `name` [vocab, width]: a Gather of the

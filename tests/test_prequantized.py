@@ -1,0 +1,328 @@
+"""Pre-quantized int4 checkpoints (GPTQ, AWQ, compressed-tensors W4A16) export their layers
+as they store them: MatMulNBits on the checkpoint's own codes, scales and zero points.
+
+The checkpoints are written here from the random fixtures: each projection quantized in
+numpy, then packed the way each format's reference code packs it (AutoGPTQ's and AutoAWQ's
+packing loops, written out again here; compressed-tensors' own `pack_to_int32`). The
+reference is transformers' float model with those dequantized weights put in (transformers
+cannot run these formats' kernels on a CPU), so nothing here shares export's unpacking."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+import torch
+from onnx import numpy_helper
+
+from edgeprefill.errors import ExportError
+from edgeprefill.export.exporter import ExportOptions, export
+from edgeprefill.export.model_config import ModelConfig
+from edgeprefill.export.quantize import QuantConfig
+from tests.conftest import build_hf_model, load_hf_model
+from tests.test_cli_errors import assert_one_line_error, cli
+from tests.test_families import BASE
+from tests.test_quantize import logits_at
+
+IDS = [1, 5, 9, 33, 70, 4, 18]
+AWQ_ORDER = [0, 2, 4, 6, 1, 3, 5, 7]  # AutoAWQ's order_map in WQLinear_GEMM.from_linear
+KEPT_FLOAT = "model.layers.1.mlp.down_proj"  # the config's modules_to_not_convert / ignore
+FLOAT_TOLERANCE = dict(rtol=1e-3, atol=1e-3)  # an int4 graph at level 0 vs its own weights
+
+
+class Quantized:
+    """One layer's weight W [out, in] quantized: W ~ (codes - zeros) * scales per group."""
+
+    def __init__(self, w: np.ndarray, group: int, sym: bool, scale_dtype, min_zero: int = 0):
+        out, cols = w.shape
+        g = w.reshape(out, cols // group, group)
+        if sym:
+            scale, zero = np.abs(g).max(2) / 7, np.full((out, cols // group), 8)
+        else:
+            lo, hi = np.minimum(g.min(2), 0), np.maximum(g.max(2), 0)
+            scale = (hi - lo) / 15
+        self.scales = torch.tensor(scale).to(scale_dtype)  # as stored
+        s = self.scales.float().numpy()
+        if not sym:
+            zero = np.clip(np.rint(-lo / s), min_zero, 15)
+        self.zeros = zero.astype(np.int64)  # [out, groups]
+        codes = np.clip(np.rint(g / s[:, :, None]) + self.zeros[:, :, None], 0, 15)
+        self.codes = codes.reshape(out, cols).astype(np.int64)  # [out, in]
+        self.group = group
+
+    def dequantized(self) -> np.ndarray:
+        s = np.repeat(self.scales.float().numpy(), self.group, axis=1)
+        return ((self.codes - np.repeat(self.zeros, self.group, axis=1)) * s).astype(np.float32)
+
+
+def _words(values: np.ndarray, order=range(8)) -> np.ndarray:
+    """[rows, 8 m] 4-bit values -> int32 [rows, m]: nibble t of word c holds value
+    8 c + order[t]."""
+    words = np.zeros((values.shape[0], values.shape[1] // 8), np.uint32)
+    for t, column in enumerate(order):
+        words |= (values[:, column::8].astype(np.uint32) & 0xF) << (4 * t)
+    return words.view(np.int32)
+
+
+def gptq_parts(q: Quantized, v1: bool) -> dict[str, torch.Tensor]:
+    """AutoGPTQ's QuantLinear.pack: qweight packs 8 inputs per word down each column,
+    qzeros 8 outputs per word along each group's row, v1 storing each zero minus one."""
+    cols = q.codes.shape[1]
+    return {"qweight": torch.from_numpy(np.ascontiguousarray(_words(q.codes).T)),
+            "qzeros": torch.from_numpy(_words(q.zeros.T - (1 if v1 else 0))),
+            "scales": q.scales.T.contiguous(),
+            "g_idx": torch.arange(cols, dtype=torch.int32) // q.group}
+
+
+def awq_parts(q: Quantized) -> dict[str, torch.Tensor]:
+    """AutoAWQ's WQLinear_GEMM.from_linear: [in, out / 8] words in AWQ's column order."""
+    return {"qweight": torch.from_numpy(_words(q.codes.T, AWQ_ORDER)),
+            "qzeros": torch.from_numpy(_words(q.zeros.T, AWQ_ORDER)),
+            "scales": q.scales.T.contiguous()}
+
+
+def ct_parts(q: Quantized, sym: bool) -> dict[str, torch.Tensor]:
+    """compressed-tensors' own packer, as its PackedQuantizationCompressor.compress calls it."""
+    from compressed_tensors.compressors.pack_quantized.helpers import pack_to_int32
+
+    parts = {"weight_packed": pack_to_int32(torch.tensor(q.codes - 8, dtype=torch.int8), 4),
+             "weight_scale": q.scales, "weight_shape": torch.tensor(q.codes.shape)}
+    if not sym:
+        zero = torch.tensor(q.zeros - 8, dtype=torch.int8)
+        parts["weight_zero_point"] = pack_to_int32(zero, 4, packed_dim=0)
+    return parts
+
+
+def quant_config(method: str, group: int, sym: bool, v1: bool) -> dict:
+    if method == "gptq":
+        return {"quant_method": "gptq", "bits": 4, "group_size": group, "sym": sym,
+                "desc_act": False, "checkpoint_format": "gptq" if v1 else "gptq_v2"}
+    if method == "awq":
+        return {"quant_method": "awq", "bits": 4, "group_size": group, "zero_point": True,
+                "version": "gemm", "modules_to_not_convert": [KEPT_FLOAT]}
+    weights = {"num_bits": 4, "type": "int", "symmetric": sym, "strategy": "group",
+               "group_size": group, "actorder": None, "dynamic": False}
+    return {"quant_method": "compressed-tensors", "format": "pack-quantized",
+            "quantization_status": "compressed", "ignore": ["lm_head", KEPT_FLOAT],
+            "config_groups": {"group_0": {"targets": ["Linear"], "weights": weights,
+                                          "input_activations": None,
+                                          "format": "pack-quantized"}}}
+
+
+def write_quantized(src: Path, out: Path, method: str, group: int, sym: bool,
+                    v1: bool = False) -> dict[str, np.ndarray]:
+    """`src` saved as a pre-quantized release: every projection but KEPT_FLOAT quantized.
+    Returns each quantized weight's dequantized values by its float name."""
+    from safetensors.torch import load_file, save_file
+
+    out.mkdir(parents=True)
+    for path in src.iterdir():
+        if path.name != "model.safetensors":
+            shutil.copy(path, out / path.name)
+    tensors, dequantized = {}, {}
+    scale_dtype = torch.bfloat16 if method == "compressed-tensors" else torch.float16
+    for name, weight in load_file(src / "model.safetensors").items():
+        module = name.removesuffix(".weight")
+        if not name.endswith("_proj.weight") or module == KEPT_FLOAT:
+            tensors[name] = weight
+            continue
+        q = Quantized(weight.float().numpy(), group, sym, scale_dtype, min_zero=int(v1))
+        parts = (gptq_parts(q, v1) if method == "gptq" else awq_parts(q) if method == "awq"
+                 else ct_parts(q, sym))
+        tensors.update({f"{module}.{part}": t for part, t in parts.items()})
+        dequantized[name] = q.dequantized()
+    save_file(tensors, out / "model.safetensors")
+    config = json.loads((out / "config.json").read_text())
+    config["quantization_config"] = quant_config(method, group, sym, v1)
+    (out / "config.json").write_text(json.dumps(config))
+    return dequantized
+
+
+def reference_logits(src: Path, dequantized: dict[str, np.ndarray]) -> np.ndarray:
+    """transformers' float model of `src` with the dequantized weights put in."""
+    model = load_hf_model(src)
+    params = dict(model.named_parameters())
+    with torch.no_grad():
+        for name, w in dequantized.items():
+            params[name].copy_(torch.from_numpy(w))
+        return model(torch.tensor([IDS])).logits[0, -1].numpy()
+
+
+def bundle_int4_weights(bundle: Path) -> dict[str, np.ndarray]:
+    """Each MatMulNBits of the bundle, dequantized from its operands as the op defines them
+    (per output row, blocks along K, even k low; zero points packed two a byte, default 8),
+    by the checkpoint weight names it computes with (a fused node's parts, concatenated)."""
+    model = onnx.load(bundle / "model.onnx")
+    inits = {t.name: t for t in model.graph.initializer}
+    found = {}
+    for node in model.graph.node:
+        if node.op_type != "MatMulNBits":
+            continue
+        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+        data, scales = (numpy_helper.to_array(inits[n], bundle) for n in node.input[1:3])
+        n, blocks, half = data.shape
+        codes = np.empty((n, blocks * half * 2), np.float32)
+        codes[:, 0::2], codes[:, 1::2] = data.reshape(n, -1) & 15, data.reshape(n, -1) >> 4
+        zeros = np.full((n, blocks), 8.0, np.float32)
+        if len(node.input) > 3 and node.input[3]:
+            zp = numpy_helper.to_array(inits[node.input[3]], bundle)
+            both = np.stack([zp & 15, zp >> 4], axis=-1).reshape(n, -1)
+            zeros = both[:, :blocks].astype(np.float32)
+        block = attrs["block_size"]
+        w = (codes - np.repeat(zeros, block, 1)) * np.repeat(scales.reshape(n, blocks), block, 1)
+        stem, last = node.input[1].removesuffix(".weight.int4").rsplit(".", 1)
+        names = [f"{stem}.{p}_proj.weight" for p in last.removesuffix("_proj").split("_")]
+        found[tuple(names)] = w[:, :attrs["K"]]
+    return found
+
+
+def expected_weights(found: dict, dequantized: dict[str, np.ndarray]) -> None:
+    """The bundle's int4 weights are exactly the checkpoint's dequantized ones, all of them."""
+    assert sorted(n for names in found for n in names) == sorted(dequantized)
+    for names, w in found.items():
+        np.testing.assert_array_equal(w, np.concatenate([dequantized[n] for n in names]))
+
+
+CASES = {  # family, method, group size, symmetric, gptq v1
+    "gptq-v1-asym-llama-32": ("llama", "gptq", 32, False, True),
+    "awq-qwen3-128": ("qwen3", "awq", 128, False, False),
+    "compressed-tensors-asym-qwen3-128": ("qwen3", "compressed-tensors", 128, False, False),
+}
+SLOW_CASES = {
+    "gptq-v1-sym-qwen3-128": ("qwen3", "gptq", 128, True, True),
+    "gptq-v2-asym-qwen3-128": ("qwen3", "gptq", 128, False, False),
+    "awq-llama-32": ("llama", "awq", 32, False, False),
+    "compressed-tensors-sym-llama-32": ("llama", "compressed-tensors", 32, True, False),
+}
+
+
+def source_model(tmp_path: Path, family: str, group: int) -> Path:
+    """The tiny random model; a group of 128 gets inputs of 128 and 256 (several groups)."""
+    wide = {"hidden_size": 128, "intermediate_size": 256} if group == 128 else {}
+    return build_hf_model(family, tmp_path / "src", **wide)
+
+
+def check_case(tmp_path: Path, family: str, method: str, group: int, sym: bool,
+               v1: bool) -> None:
+    if method == "compressed-tensors":
+        pytest.importorskip("compressed_tensors")
+    src = source_model(tmp_path, family, group)
+    dequantized = write_quantized(src, tmp_path / "q", method, group, sym, v1)
+    export(tmp_path / "q", tmp_path / "b", ExportOptions(
+        chunks=(16,), max_context=128, show_progress=False,
+        quant=QuantConfig("int4", accuracy_level=0, embeddings=False, head="float",
+                          float_layers=False)))
+    expected_weights(bundle_int4_weights(tmp_path / "b"), dequantized)
+    np.testing.assert_allclose(logits_at(tmp_path / "b", IDS),
+                               reference_logits(src, dequantized), **FLOAT_TOLERANCE)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_int4_checkpoint_exports_its_own_weights_and_transformers_logits(tmp_path, case):
+    check_case(tmp_path, *CASES[case])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", SLOW_CASES)
+def test_int4_checkpoint_matrix(tmp_path, case):
+    check_case(tmp_path, *SLOW_CASES[case])
+
+
+def test_without_quantize_only_the_checkpoints_int4_layers_are_int4(tmp_path, caplog):
+    """No --quantize: int4 is implied for the layers the checkpoint quantized; what it kept
+    float (the LM head, the embeddings, modules_to_not_convert) stays float. Every stored
+    part is read (no "tensors config.json does not use" warning)."""
+    src = source_model(tmp_path, "llama", 32)
+    dequantized = write_quantized(src, tmp_path / "q", "awq", 32, sym=False)
+    caplog.set_level("WARNING")
+    manifest = export(tmp_path / "q", tmp_path / "b", ExportOptions(
+        chunks=(16,), max_context=128, show_progress=False))
+    assert manifest.graph.quantization == "int4"
+    assert not caplog.records, [r.getMessage() for r in caplog.records]
+    expected_weights(bundle_int4_weights(tmp_path / "b"), dequantized)
+    model = onnx.load(tmp_path / "b" / "model.onnx", load_external_data=False)
+    floats = {t.name for t in model.graph.initializer if t.data_type == onnx.TensorProto.FLOAT}
+    assert {"lm_head.weight", "model.embed_tokens.weight", KEPT_FLOAT + ".weight"} <= floats
+    got = logits_at(tmp_path / "b", IDS)  # accuracy level 4: int8 activations, near
+    expected = reference_logits(src, dequantized)
+    assert np.abs(got - expected).max() < 0.02 * np.abs(expected).max()
+
+
+def test_an_fp16_bundle_reads_the_int4_layers_dequantized(tmp_path):
+    """A bundle that holds no quantized weights (--dtype fp16, --flavor standard) reads the
+    int4 layers as float: the checkpoint's dequantized values, in its dtype."""
+    src = source_model(tmp_path, "llama", 32)
+    dequantized = write_quantized(src, tmp_path / "q", "gptq", 32, sym=False)
+    manifest = export(tmp_path / "q", tmp_path / "b", ExportOptions(
+        dtype="fp16", chunks=(16,), max_context=128, show_progress=False))
+    assert manifest.graph.quantization is None
+    model = onnx.load(tmp_path / "b" / "model.onnx")
+    weights = {t.name: numpy_helper.to_array(t, tmp_path / "b") for t in model.graph.initializer}
+    down = "model.layers.0.mlp.down_proj.weight"  # [in, out], as MatMul takes it
+    np.testing.assert_array_equal(weights[down], dequantized[down].T.astype(np.float16))
+
+
+def test_act_order_weights_are_refused_in_one_line(tmp_path):
+    """A g_idx that permutes the groups (act-order) is refused, even where the config does
+    not say desc_act: ONNX Runtime's CPU MatMulNBits does not compute with g_idx."""
+    src = source_model(tmp_path, "llama", 32)
+    write_quantized(src, tmp_path / "q", "gptq", 32, sym=True, v1=True)
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(tmp_path / "q" / "model.safetensors")
+    name = "model.layers.0.self_attn.q_proj.g_idx"
+    tensors[name] = tensors[name].flip(0).contiguous()
+    save_file(tensors, tmp_path / "q" / "model.safetensors")
+    with pytest.raises(ExportError, match="act-order") as err:
+        export(tmp_path / "q", tmp_path / "b", ExportOptions(chunks=(16,), max_context=128,
+                                                            show_progress=False))
+    assert "\n" not in str(err.value)
+    assert not (tmp_path / "b").exists()
+
+
+def test_quantize_int8_of_an_int4_checkpoint_is_one_line(tmp_path):
+    src = source_model(tmp_path, "llama", 32)
+    write_quantized(src, tmp_path / "q", "gptq", 32, sym=True, v1=True)
+    assert_one_line_error(cli("export", tmp_path / "q", "-o", tmp_path / "b", "--quantize",
+                              "int8", "--quiet"), "int4 (gptq)", "not int8")
+
+
+GPTQ = {"quant_method": "gptq", "bits": 4, "group_size": 128, "sym": True, "desc_act": False}
+CT_WEIGHTS = {"num_bits": 4, "type": "int", "symmetric": True, "strategy": "group",
+              "group_size": 128}
+
+
+def ct(weights=None, **group) -> dict:
+    return {"quant_method": "compressed-tensors", "format": "pack-quantized",
+            "config_groups": {"group_0": {"targets": ["Linear"],
+                                          "weights": {**CT_WEIGHTS, **(weights or {})},
+                                          **group}}}
+
+
+@pytest.mark.parametrize("quant, message", [
+    ({**GPTQ, "bits": 3}, "gptq quantization has 3-bit weights; export reads 4-bit"),
+    ({**GPTQ, "bits": 8}, "gptq quantization has 8-bit weights"),
+    ({**GPTQ, "desc_act": True}, "act-order (desc_act true)"),
+    ({**GPTQ, "group_size": -1}, "group_size -1"),
+    ({**GPTQ, "checkpoint_format": "marlin"}, "stored as 'marlin'"),
+    ({"quant_method": "awq", "bits": 4, "group_size": 128, "version": "exllama"},
+     "awq quantization is packed for 'exllama'"),
+    ({"quant_method": "awq", "bits": 4, "group_size": 128, "version": "gemv"},
+     "packed for 'gemv'"),
+    (ct({"num_bits": 8}), "compressed-tensors quantization has 8-bit weights"),
+    (ct({"strategy": "channel"}), "the 'channel' strategy"),
+    (ct(format="marlin-24"), "format 'marlin-24'"),
+    (ct(input_activations={"num_bits": 8}), "quantizes activations too"),
+    ({"quant_method": "bitsandbytes", "load_in_4bit": True},
+     "quantized (quantization_config, bitsandbytes)"),
+    ({"quant_method": "exl2"}, "quantized (quantization_config, exl2)"),
+])
+def test_unsupported_quantization_is_refused_in_one_line_naming_it(quant, message):
+    with pytest.raises(ExportError) as err:
+        ModelConfig.from_hf(dict(BASE, quantization_config=quant))
+    assert message in str(err.value)
+    assert "\n" not in str(err.value)
