@@ -322,7 +322,7 @@ FAST_FAMILIES = ("llama", "mistral", "qwen2", "gemma2", "gemma3_text", "gemma3",
                  "qwen3_vl", "phi3", "smollm3", "granite", "olmo2", "olmo3", "exaone4",
                  "hunyuan_v1_dense", "glm4", "starcoder2", "phi", "gpt_neox", "ministral3",
                  "mistral3", "lfm2", "lfm3", "gpt2", "gpt_bigcode", "qwen3_5_text", "qwen3_5",
-                 "gemma4_text", "gemma4", "gemma3n_text", "gemma3n", "qwen3_moe", "lfm2_moe",
+                 "gemma4_text", "gemma4", "gemma3n_text", "qwen3_moe", "lfm2_moe",
                  "granitemoehybrid-mamba", "nemotron_h", "falcon_h1", "bamba")
 
 
@@ -460,6 +460,7 @@ IMAGE_TEXT = {
                                  "num_hidden_layers": 1, "num_attention_heads": 2,
                                  "num_key_value_heads": 2, "head_dim": 8,
                                  "position_embedding_size": 64}, "audio_config": None},
+    "gemma3n": {},  # its towers' default configs: image_text_gemma3n writes no tower
     "lfm2_vl": {"vision_config": {**TINY_VISION, "num_patches": 16}, "projector_hidden_size": 32},
     "lfm3_vl": {"vision_config": {"hidden_size": 16, "intermediate_size": 32,
                                   "num_hidden_layers": 2, "num_attention_heads": 2,

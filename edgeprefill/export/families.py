@@ -189,15 +189,16 @@ class FamilySpec:
     # The config key that scales each layer's attention scores by a further 1 / (layer + 1)
     # (GPT-2's scale_attn_by_inverse_layer_idx, as Stanford CRFM's Mistral checkpoints use).
     inverse_layer_scale_key: str | None = None
-    # Gemma 4 (and 3n): layers may have a head size and KV head count of their own
+    # Gemma 4: layers may have a head size and KV head count of their own
     # (`per_layer_config`), the last `num_kv_shared_layers` read an earlier layer's KV,
     # `attention_k_eq_v` makes full layers' values their keys' projection, and
     # `hidden_size_per_layer_input` adds per-layer inputs (export/per_layer_input.py).
     per_layer_heads: bool = False
-    # Gemma 3n: the stream is `altup_num_inputs` streams (AltUp: predict before each layer,
-    # correct after it), each layer adds a LAuReL branch, and an MLP's gate may keep only
-    # its activations above a gaussian quantile (activation_sparsity_pattern):
-    # export/altup.py, export/sparse_gate.py. Its block is "altup".
+    # Gemma 3n: Gemma 4's KV sharing and per-layer inputs (not its per-layer heads), on
+    # `altup_num_inputs` streams (AltUp: predict before each layer, correct after it), a
+    # LAuReL branch in each layer, and MLP gates that keep only their values above a
+    # gaussian quantile (activation_sparsity_pattern): export/altup.py,
+    # export/sparse_gate.py. Its block is "altup".
     altup: bool = False
     v_norm: bool = False  # a per-head RMSNorm without weight on v (Gemma 4)
     # Each layer's output times its stored scalar (Gemma 4's `layer_scalar` buffer).
@@ -781,7 +782,7 @@ GEMMA3N = FamilySpec(
     **ATTENTION_BIAS, block="altup", qk_norm="head", v_norm=True, altup=True,
     embed_scale="sqrt_hidden", tie_default=True, act_default="gelu_pytorch_tanh",
     act_key="hidden_activation", window="always", softcaps=("final",),
-    per_layer_heads=True, legacy=_gemma3n_config,
+    legacy=_gemma3n_config,
     defaults={"vocab_size": 262_400, "hidden_size": 2048, "intermediate_size": 16_384,
               "num_hidden_layers": 35, "num_attention_heads": 8, "num_key_value_heads": 2,
               "head_dim": 256, "max_position_embeddings": 32_768, "sliding_window": 512,

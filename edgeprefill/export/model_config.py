@@ -432,7 +432,7 @@ def _read(family: str, spec: FamilySpec, raw: dict[str, Any]) -> ModelConfig:
         renames=groups.renames if groups is not None else (),
         attn_gate=spec.attn_gate,
         head_gate=bool(raw.get(spec.head_gate_key)) if spec.head_gate_key else False,
-        **gemma4_fields(raw) if spec.per_layer_heads else {},
+        **gemma4_fields(raw) if spec.per_layer_heads or spec.altup else {},
         moe=read_moe(raw, spec.moe) if spec.moe is not None else None,
         **_altup(raw, spec),
     )
