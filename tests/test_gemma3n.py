@@ -8,6 +8,7 @@ config readings in test_families)."""
 from __future__ import annotations
 
 import json
+import shutil
 
 import numpy as np
 import pytest
@@ -206,3 +207,22 @@ def test_the_fixture_exercises_what_gemma3n_adds(hf_model):
     with safe_open(str(hf_dir / "model.safetensors"), "pt") as stored:
         scale = stored.get_tensor("model.layers.0.altup.correct_output_scale")
     assert scale.abs().min() > 0  # zero at init: the per-layer inputs would add nothing
+
+
+def test_the_shared_layers_stored_kv_projections_are_dropped_without_a_warning(
+        hf_model, tmp_path, caplog):
+    """Gemma 3n checkpoints keep k/v projections and norms on the KV-shared layers, which
+    transformers drops at load; a tensor nothing reads is still named."""
+    from safetensors.numpy import load_file, save_file
+
+    hf_dir = tmp_path / "hf"
+    shutil.copytree(hf_model("gemma3n_text"), hf_dir)
+    tensors = load_file(str(hf_dir / "model.safetensors"))
+    for part in ("k_proj.weight", "v_proj.weight", "k_norm.weight"):
+        tensors[f"model.layers.5.self_attn.{part}"] = np.ones((2, 2), np.float32)
+    tensors["model.layers.5.stray.weight"] = np.ones((2, 2), np.float32)
+    save_file(tensors, str(hf_dir / "model.safetensors"), metadata={"format": "pt"})
+    export(hf_dir, tmp_path / "b", ExportOptions(chunks=(16,), max_context=64,
+                                                 show_progress=False))
+    unused = [r.getMessage() for r in caplog.records if "does not use" in r.getMessage()]
+    assert len(unused) == 1 and "1 tensor " in unused[0] and "stray" in unused[0]
