@@ -75,6 +75,20 @@ GEMMA4 = {
     "hidden_size_per_layer_input": 8, "vocab_size_per_layer_input": VOCAB,
     "use_double_wide_mlp": True, "final_logit_softcapping": 10.0,
 }
+# Gemma 3n: sliding and full layers, the last two (one of each kind) reading the KV of
+# the two before them; three AltUp streams, the second active (the Hub's is the first:
+# this one tells "active" from "first" apart); activation sparsity on a layer of each
+# kind and on a KV-shared one; an MLP width per layer; a per-layer table shorter than
+# the vocabulary (the test prompts hold ids past it, which read its row 0).
+GEMMA3N = {
+    "num_hidden_layers": 6, "head_dim": 16, "sliding_window": 8,
+    "layer_types": ["sliding_attention", "full_attention"] * 3, "num_kv_shared_layers": 2,
+    "hidden_size_per_layer_input": 8, "vocab_size_per_layer_input": 100,
+    "intermediate_size": [96, 80, 96, 64, 96, 80],
+    "activation_sparsity_pattern": [0.95, 0.6, 0.0, 0.0, 0.95, 0.0],
+    "altup_num_inputs": 3, "altup_active_idx": 1, "laurel_rank": 8,
+    "final_logit_softcapping": 10.0,
+}
 FAMILIES: dict[str, dict] = {
     "llama": {},
     "llama-tied-llama3rope": {
@@ -299,6 +313,10 @@ FAMILIES: dict[str, dict] = {
                     "num_experts_per_tok": 2, "moe_intermediate_size": 32,
                     "n_shared_experts": 1, "topk_method": "group_limited_greedy",
                     "n_group": 2, "topk_group": 1, "routed_scaling_factor": 2.5},
+    # Gemma 3n (GEMMA3N), and Gemma3nForConditionalGeneration's language model, tied as
+    # the Hub's are (written by hand: image_text_gemma3n)
+    "gemma3n_text": GEMMA3N,
+    "gemma3n": {**GEMMA3N, "tie_word_embeddings": True},
     # Mixture-of-experts families (export/moe.py); 8 experts, so that in a chunk some get
     # no token. Qwen3-MoE: a dense layer between two of experts, renormalized top-k.
     "qwen3_moe": {"head_dim": 32, "num_hidden_layers": 3, "mlp_only_layers": [1],
@@ -341,7 +359,7 @@ FAST_FAMILIES = ("llama", "mistral", "qwen2", "gemma2", "gemma3_text", "gemma3",
                  "qwen3_vl", "phi3", "smollm3", "granite", "olmo2", "olmo3", "exaone4",
                  "hunyuan_v1_dense", "glm4", "starcoder2", "phi", "gpt_neox", "ministral3",
                  "mistral3", "lfm2", "lfm3", "gpt2", "gpt_bigcode", "qwen3_5_text", "qwen3_5",
-                 "gemma4_text", "gemma4", "qwen3_moe", "lfm2_moe",
+                 "gemma4_text", "gemma4", "gemma3n_text", "qwen3_moe", "lfm2_moe",
                  "granitemoehybrid-mamba", "nemotron_h", "falcon_h1", "bamba")
 
 
@@ -427,6 +445,8 @@ def build_hf_model(family: str, out: Path, seed: int = 0, dtype=None, **override
     import torch
 
     model_type = family.split("-")[0]
+    if model_type == "gemma3n":
+        return image_text_gemma3n(out, seed, **overrides)
     kwargs = dict(
         hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
         num_key_value_heads=2, vocab_size=VOCAB, max_position_embeddings=1024,
@@ -456,6 +476,8 @@ def build_hf_model(family: str, out: Path, seed: int = 0, dtype=None, **override
         for name, param in model.named_parameters():
             if name.endswith("e_score_correction_bias"):  # ERNIE-4.5-MoE's, as LFM2-MoE's
                 param.normal_(0, 0.05)
+            elif name.endswith("correct_output_scale"):  # Gemma 3n's AltUp: zero at init
+                param.uniform_(0.5, 1.5)
     if dtype is not None:
         model = model.to(dtype)
     model.save_pretrained(out)
@@ -475,6 +497,7 @@ IMAGE_TEXT = {
                                  "num_hidden_layers": 1, "num_attention_heads": 2,
                                  "num_key_value_heads": 2, "head_dim": 8,
                                  "position_embedding_size": 64}, "audio_config": None},
+    "gemma3n": {},  # its towers' default configs: image_text_gemma3n writes no tower
     "lfm2_vl": {"vision_config": {**TINY_VISION, "num_patches": 16}, "projector_hidden_size": 32},
     "lfm3_vl": {"vision_config": {"hidden_size": 16, "intermediate_size": 32,
                                   "num_hidden_layers": 2, "num_attention_heads": 2,
@@ -535,7 +558,55 @@ def load_hf_model(hf_dir: Path):
     import torch
 
     model_type = json.loads((hf_dir / "config.json").read_text())["model_type"]
+    if model_type == "gemma3n":
+        return gemma3n_language_model(hf_dir)
     return hf_auto_class(model_type).from_pretrained(hf_dir, dtype=torch.float32)
+
+
+GEMMA3N_LM = "model.language_model."
+
+
+def image_text_gemma3n(out: Path, seed: int = 0, **overrides) -> Path:
+    """Gemma3nForConditionalGeneration's checkpoint layout, written by hand: its vision
+    tower is a timm model, and timm is not installed. The language model is the random
+    gemma3n_text model of the same keys, its tensors under model.language_model. as the
+    Hub's, beside a stand-in tensor for each part export leaves out."""
+    import torch
+    import transformers
+    from safetensors.torch import save_file
+
+    text = build_hf_model("gemma3n_text", out.with_name(out.name + "-text"), seed, **{
+        **FAMILIES["gemma3n"], **overrides})
+    model = transformers.Gemma3nForCausalLM.from_pretrained(text, dtype=torch.float32)
+    tensors = {GEMMA3N_LM + name.removeprefix("model."): t.contiguous()
+               for name, t in model.state_dict().items() if name != "lm_head.weight"}
+    for part in ("vision_tower.stem.weight", "audio_tower.conv.weight",
+                 "embed_vision.embedding.weight", "embed_audio.embedding.weight"):
+        tensors["model." + part] = torch.ones(4, 4)
+    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    config = transformers.Gemma3nConfig(text_config=model.config.to_dict(),
+                                        tie_word_embeddings=True)
+    (out / "config.json").write_text(config.to_json_string())
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (out / name).write_bytes((text / name).read_bytes())
+    return out
+
+
+def gemma3n_language_model(hf_dir: Path):
+    """The language model of image_text_gemma3n's checkpoint as Gemma3nForCausalLM: what
+    Gemma3nForConditionalGeneration computes on text (ids below its embedders' 262144:
+    Gemma3nModel.forward hands the text model's own embeddings on, and the head and
+    soft-cap are the same)."""
+    import transformers
+    from safetensors.torch import load_file
+
+    config = transformers.Gemma3nConfig.from_pretrained(hf_dir).get_text_config()
+    model = transformers.Gemma3nForCausalLM(config).eval()
+    stored = load_file(str(hf_dir / "model.safetensors"))
+    weights = {"model." + name.removeprefix(GEMMA3N_LM): t for name, t in stored.items()
+               if name.startswith(GEMMA3N_LM)}
+    model.load_state_dict({**weights, "lm_head.weight": weights["model.embed_tokens.weight"]})
+    return model
 
 
 @pytest.fixture(scope="session")

@@ -256,7 +256,9 @@ SUPPORTED = {"granitemoehybrid": {"layer_types": ["attention"] * 4, "num_local_e
              "nemotron_h": {"layers_block_type": ["linear_attention", "mlp",
                                                   "full_attention", "mlp"]},
              "bamba": {"attn_layer_indices": [1]},
-             "mamba2": {"num_heads": 8, "head_dim": 16}}  # hidden x expand = heads x dim
+             "mamba2": {"num_heads": 8, "head_dim": 16},  # hidden x expand = heads x dim
+             # Gemma 3n: its config class shares the KV of 15 layers, more than there are
+             "gemma3n_text": {"num_kv_shared_layers": 2}, "gemma3n": {"num_kv_shared_layers": 2}}
 
 
 def least(family: str) -> dict:
@@ -434,8 +436,12 @@ def meta_model(family: str, **keys):
     """The family's transformers model of hf_config(family, **keys) on the meta device: its
     modules and weight shapes without the weights (Gemma 4's default per-layer embedding
     table of 262,144 rows took 20 s to initialise per model)."""
+    config = hf_config(family, pad_token_id=0, **keys)
     with torch.device("meta"):
-        return hf_auto_class(family).from_config(hf_config(family, pad_token_id=0, **keys))
+        if family == "gemma3n":  # its vision tower is a timm model (timm is not installed):
+            # the language model alone, which is what export reads
+            return transformers.Gemma3nForCausalLM(config.get_text_config())
+        return hf_auto_class(family).from_config(config)
 
 
 def weight_shapes(family: str, **keys) -> dict[str, tuple[int, ...]]:

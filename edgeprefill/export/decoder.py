@@ -31,6 +31,7 @@ from edgeprefill.contract import (
     kv_names,
 )
 from edgeprefill.errors import ExportError
+from edgeprefill.export.altup import AltUp
 from edgeprefill.export.causal_conv import CausalConv
 from edgeprefill.export.checkpoint import Checkpoint
 from edgeprefill.export.families import TensorNames
@@ -48,6 +49,7 @@ from edgeprefill.export.per_layer_input import PerLayerInputs
 from edgeprefill.export.quantize import QuantConfig
 from edgeprefill.export.shared_kv import SharedKV
 from edgeprefill.export.short_conv import ShortConv
+from edgeprefill.export.sparse_gate import sparse_gate
 from edgeprefill.export.tokens import PackedTokens, PaddedTokens
 from edgeprefill.export.weights import GraphWeights
 
@@ -81,6 +83,11 @@ class DecoderBuilder:
         # the layer prefixes whose MLP is routed experts
         self.expert_layers = {self.names.layer.format(i=i)
                               for i in (cfg.moe.layers if cfg.moe else ())}
+        # layer prefix -> the activation sparsity of its MLP's gate (Gemma 3n), where any
+        self.sparse_layers = {self.names.layer.format(i=i): s
+                              for i, s in enumerate(cfg.sparsity) if s > 0}
+        self.altup = (AltUp(self.g, self.w, cfg.altup, cfg.hidden_size, self._norm)
+                      if cfg.altup is not None else None)
 
     def _experts(self) -> MixtureOfExperts | None:
         """The emitter of the model's mixture-of-experts blocks: ONNX Runtime's op where the
@@ -139,6 +146,8 @@ class DecoderBuilder:
             x = g.op("Mul", [x, g.const(cfg.embed_scale, self.dtype)])
         if self.ple is not None:
             self.ple.build(ids, x)
+        if self.altup is not None:  # Gemma 3n: x is the AltUp streams [.., N, hidden]
+            x = self.altup.expand(x)
         delta = None  # a sublayer's output, added to the residual by the next norm
         cut = min(cfg.shared_kv, default=None)  # Gemma 4: from here on, the last tokens only
         for layer in range(cfg.num_layers):
@@ -150,6 +159,8 @@ class DecoderBuilder:
             x, delta = self._layer_tail(layer, x, delta, rows)
         if delta is not None:
             x = g.op("Add", [x, delta])
+        if self.altup is not None:
+            x = self.altup.collapse(x)
         # Only each row's last valid token reaches the LM head (the last layer kept only
         # those): full [C, vocab] logits of a 256-token chunk would cost more than a layer.
         hidden = self._norm(x, self.names.final_norm)  # [B,hidden]
@@ -219,6 +230,8 @@ class DecoderBuilder:
         n = self.names
         p = n.layer.format(i=i)
         block = self.cfg.block
+        if block == "altup":
+            return self._altup_layer(i, x, step, rows), None
         if block == "post":  # OLMo 2: the norms follow the sublayers
             x = x if delta is None else self.g.op("Add", [x, delta])
             attn = self._norm(self._mixer(i, x, step, rows), p + n.post_attn_norm)
@@ -245,6 +258,31 @@ class DecoderBuilder:
         x, h = self._add_norm(x, self._scaled(attn), p + n.post_attn_norm)
         return x, self._scaled(self._mlp(p, h))
 
+    def _altup_layer(self, i: int, streams: str, step: StepTensors, rows: Rows) -> str:
+        """Gemma 3n's layer on AltUp's streams [.., N, hidden] (export/altup.py): Gemma 3's
+        sandwich on the predicted active stream, with a LAuReL branch beside the attention
+        and the per-layer input added to the corrected streams but the first."""
+        g, n, altup = self.g, self.names, self.altup
+        assert altup is not None and self.ple is not None
+        p = n.layer.format(i=i)
+        predictions = altup.predict(p, streams)
+        active = altup.active(predictions)
+        h = self._norm(active, p + n.input_norm)
+        attn = self._norm(self._mixer(i, h, step, rows), p + n.post_attn_norm)
+        h, active, predictions = rows(h), rows(active), rows(predictions)
+        both = g.op("Add", [g.op("Add", [active, attn]), self._laurel(p, h)])
+        x = g.op("Div", [both, g.const(2.0 ** 0.5, self.dtype)])
+        mlp = self._norm(self._mlp(p, self._norm(x, p + n.pre_mlp_norm)), p + n.post_mlp_norm)
+        corrected = altup.correct(p, predictions, g.op("Add", [x, mlp]))
+        gated = self.ple.layer(p, altup.scaled_active(p, corrected), i, rows)
+        return altup.add_to_others(corrected, gated)
+
+    def _laurel(self, p: str, h: str) -> str:
+        """Gemma 3n's LAuReL: h plus the norm of a rank-`laurel_rank` projection of it."""
+        left = self.w.linear(h, [p + "laurel.linear_left.weight"], None)
+        right = self.w.linear(left, [p + "laurel.linear_right.weight"], None)
+        return self.g.op("Add", [h, self._norm(right, p + "laurel.post_laurel_norm")])
+
     def _last_tokens(self, x: str, delta: str | None) -> str:
         """Each row's last valid token of the stream [B, hidden] (and of the per-layer
         inputs), before the KV-shared layers: their KV is an earlier layer's, so what they
@@ -257,8 +295,9 @@ class DecoderBuilder:
     def _layer_tail(self, i: int, x: str, delta: str | None,
                     rows: Rows) -> tuple[str, str | None]:
         """Gemma 4: after the MLP's residual add, the layer's per-layer input and its
-        scalar (x times `layer_scalar`); other families' layers end at the MLP."""
-        if self.ple is None and not self.cfg.spec.layer_scalar:
+        scalar (x times `layer_scalar`); other families' layers end at the MLP (Gemma 3n's
+        add their per-layer input to the AltUp streams themselves)."""
+        if (self.ple is None or self.altup is not None) and not self.cfg.spec.layer_scalar:
             return x, delta
         p = self.names.layer.format(i=i)
         x = x if delta is None else self.g.op("Add", [x, delta])
@@ -516,6 +555,8 @@ class DecoderBuilder:
         parts = [n.gate_up] if n.gate_up else [n.gate, n.up]
         gate_up = self.w.linear(h, [p + part + ".weight" for part in parts], None)
         gate, up = g.op("Split", [gate_up], 2, axis=-1, num_outputs=2)
+        if p in self.sparse_layers:  # Gemma 3n
+            gate = sparse_gate(g, gate, self.sparse_layers[p], self.dtype)
         gate_scale, down_scale = cfg.scales.mlp if cfg.scales is not None else (1.0, 1.0)
         act = g.op("Mul", [self._activation(self._times(gate, gate_scale)), up])
         return self._times(self.w.linear(act, [p + n.down + ".weight"], None), down_scale)

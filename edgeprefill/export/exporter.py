@@ -103,7 +103,7 @@ def export(hf_dir: str | Path, out_dir: str | Path, options: ExportOptions) -> M
         flavor = flavor_class(options.flavor)(cfg, DTYPES[options.dtype], max_context)
         g = DecoderBuilder(cfg, ckpt, flavor, options.quant).build()
         initializers = write_external_data(g.weights, stage / DATA_FILE, options.show_progress)
-        _warn_unused(ckpt)  # weights are read as they are written
+        _warn_unused(ckpt, cfg)  # weights are read as they are written
         warn_if_kept_apart(ckpt, cfg)
         _say_left_out(ckpt)
         model = g.to_model(initializers, flavor.opsets, IR_VERSION[options.flavor])
@@ -139,16 +139,27 @@ def _license_files(hf_dir: Path) -> list[str]:
     return sorted(found)
 
 
-def _warn_unused(ckpt: Checkpoint) -> None:
+def _warn_unused(ckpt: Checkpoint, cfg: ModelConfig) -> None:
     # A warning, as transformers' "Some weights of the model checkpoint were not used":
     # a pruned model's config may mean it. (A tied model's stored head is read: lm_head.py.)
-    unused = ckpt.unused()
+    shared = _shared_kv_projections(cfg)
+    unused = [name for name in ckpt.unused() if not name.startswith(shared)]
     if unused:
         shown = ", ".join(unused[:4]) + (f" and {len(unused) - 4} more" if len(unused) > 4
                                          else "")
         log.warning("the checkpoint holds %d tensor%s config.json does not use (%s): are "
                     "config.json and the weights from the same model?", len(unused),
                     "s" * (len(unused) > 1), shown)
+
+
+def _shared_kv_projections(cfg: ModelConfig) -> tuple[str, ...]:
+    """The k/v projections and norms of the KV-shared layers, which Gemma 3n checkpoints
+    hold and its transformers model drops at load (`_keys_to_ignore_on_load_unexpected`):
+    those layers read an earlier layer's KV."""
+    names = cfg.names
+    return tuple(names.layer.format(i=i) + part + "."
+                 for i in cfg.shared_kv for part in (names.k, names.v, names.k_norm,
+                                                     "self_attn.v_norm"))
 
 
 def _say_left_out(ckpt: Checkpoint) -> None:

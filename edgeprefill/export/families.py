@@ -76,7 +76,8 @@ NORMS = ("rms", "rms_plus_one", "layer", "layer_no_bias", "layer_plus_one")
 #   parallel   x += attn(n1(x)) + mlp(n2(x))                             (GPT-NeoX)
 #   shared     x += attn(n1(x)) + mlp(n1(x))                             (Phi, parallel StableLM)
 #   hybrid     x += attn(n1(x)) + mamba(n1(x)); x += mlp(n2(x))          (Falcon-H1)
-BLOCKS = ("pre", "sandwich", "post", "parallel", "shared", "hybrid")
+#   altup      Gemma 3n: the sandwich on AltUp's active stream, with LAuReL (altup.py)
+BLOCKS = ("pre", "sandwich", "post", "parallel", "shared", "hybrid", "altup")
 
 
 @dataclass(frozen=True)
@@ -209,6 +210,12 @@ class FamilySpec:
     # `attention_k_eq_v` makes full layers' values their keys' projection, and
     # `hidden_size_per_layer_input` adds per-layer inputs (export/per_layer_input.py).
     per_layer_heads: bool = False
+    # Gemma 3n: Gemma 4's KV sharing and per-layer inputs (not its per-layer heads), on
+    # `altup_num_inputs` streams (AltUp: predict before each layer, correct after it), a
+    # LAuReL branch in each layer, and MLP gates that keep only their values above a
+    # gaussian quantile (activation_sparsity_pattern): export/altup.py,
+    # export/sparse_gate.py. Its block is "altup".
+    altup: bool = False
     v_norm: bool = False  # a per-head RMSNorm without weight on v (Gemma 4)
     # Each layer's output times its stored scalar (Gemma 4's `layer_scalar` buffer).
     layer_scalar: bool = False
@@ -363,6 +370,30 @@ def _gemma4_config(raw: dict[str, Any]) -> dict[str, Any]:
     raw["attention_multiplier"] = 1.0
     if raw.get("use_bidirectional_attention") == "vision":
         raw["use_bidirectional_attention"] = None  # text tokens stay causal
+    return raw
+
+
+def _gemma3n_config(raw: dict[str, Any]) -> dict[str, Any]:
+    """Gemma3nTextConfig.__post_init__: without `layer_types` every 5th layer attends
+    globally; `intermediate_size` may be one width per layer (read by the checkpoint's
+    shapes: the widest stands for all); without `activation_sparsity_pattern` the first
+    10 layers of a model of more than 10 keep 5% of their gate; the legacy rope keys as
+    Gemma 3's. Its attention scales q.k by 1 (a Hub config's query_pre_attn_scalar is
+    never read)."""
+    raw = _gemma3_ropes(dict(raw))
+    count = int(raw["num_hidden_layers"])
+    if raw.get("layer_types") is None:
+        raw["layer_types"] = ["full_attention" if (i + 1) % 5 == 0 else "sliding_attention"
+                              for i in range(count)]
+    widths = raw["intermediate_size"]
+    if isinstance(widths, list):
+        if len(widths) != count:
+            raise ValueError(f"intermediate_size lists {len(widths)} widths for {count} layers")
+        raw["intermediate_size"] = max(widths)
+    if raw.get("activation_sparsity_pattern") is None:
+        sparse = 10 if count > 10 else 0
+        raw["activation_sparsity_pattern"] = [0.95] * sparse + [0.0] * (count - sparse)
+    raw["attention_multiplier"] = 1.0
     return raw
 
 
@@ -806,6 +837,28 @@ GEMMA4 = FamilySpec(
             "per-head q/k RMSNorm, v RMSNorm without weight", "q.k unscaled",
             "per-layer inputs (a second embedding fed to every layer)",
             "a learned scalar on each layer's output"),
+)
+# Gemma 3n (E2B, E4B): Gemma 4's attention (per-head q/k RMSNorm, v norm without weight,
+# q.k unscaled), per-layer inputs and KV sharing, on AltUp's streams with LAuReL and
+# activation sparsity (block "altup"), the final soft-cap.
+GEMMA3N = FamilySpec(
+    **ATTENTION_BIAS, block="altup", qk_norm="head", v_norm=True, altup=True,
+    embed_scale="sqrt_hidden", tie_default=True, act_default="gelu_pytorch_tanh",
+    act_key="hidden_activation", window="always", softcaps=("final",),
+    legacy=_gemma3n_config,
+    defaults={"vocab_size": 262_400, "hidden_size": 2048, "intermediate_size": 16_384,
+              "num_hidden_layers": 35, "num_attention_heads": 8, "num_key_value_heads": 2,
+              "head_dim": 256, "max_position_embeddings": 32_768, "sliding_window": 512,
+              "rms_norm_eps": 1e-6, "vocab_size_per_layer_input": 262_144,
+              "hidden_size_per_layer_input": 256, "final_logit_softcapping": 30.0,
+              "num_kv_shared_layers": 15, "altup_num_inputs": 4, "altup_active_idx": 0,
+              "altup_correct_scale": True, "laurel_rank": 64,
+              "rope_theta": 1_000_000.0, "rope_local_base_freq": 10_000.0},
+    quirks=("embedding x sqrt(hidden)", "gelu-tanh MLP",
+            "per-head q/k RMSNorm, v RMSNorm without weight", "q.k unscaled",
+            "per-layer inputs (a second embedding fed to every layer)",
+            "AltUp streams (predicted before each layer, corrected after it)",
+            "a LAuReL low-rank branch beside each layer's attention"),
 )
 # transformers 5 loads EXAONE 3.0/3.5 as Llama, renaming the Hub's tensors.
 EXAONE_NAMES = TensorNames(
@@ -1260,6 +1313,19 @@ FAMILIES: dict[str, FamilySpec] = {
         left_out=("model.vision_tower.", "model.audio_tower.", "model.embed_vision.",
                   "model.embed_audio."),
         quirks=(*GEMMA4.quirks, IMAGE_TEXT_QUIRK),
+    ),
+    # Gemma 3n: see GEMMA3N.
+    "gemma3n_text": GEMMA3N,
+    # Gemma3nForConditionalGeneration (the Hub's gemma-3n-E2B/E4B, -it): its language model,
+    # exported alone, as Gemma 4's; the vision and audio towers and their embedders (which
+    # embed only the ids from 262144 up, none of them text) left out.
+    "gemma3n": replace(
+        GEMMA3N, nested="text_config", text_types=("gemma3n_text",),
+        outer={"tie_word_embeddings": True, "eos_token_id": None, "bos_token_id": None},
+        renames=(("model.language_model.", "model."),),
+        left_out=("model.vision_tower.", "model.audio_tower.", "model.embed_vision.",
+                  "model.embed_audio."),
+        quirks=(*GEMMA3N.quirks, IMAGE_TEXT_QUIRK),
     ),
     "phi3": FamilySpec(
         names=replace(LLAMA_NAMES, qkv="self_attn.qkv_proj", gate_up="mlp.gate_up_proj"),

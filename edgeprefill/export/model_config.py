@@ -15,6 +15,7 @@ from typing import Any
 
 from edgeprefill.contract import CONV, RECURRENT
 from edgeprefill.errors import ExportError
+from edgeprefill.export.altup import AltUpConfig, read_altup
 from edgeprefill.export.config_checks import check_model_config
 from edgeprefill.export.experts import MoeConfig, read_moe
 from edgeprefill.export.families import (
@@ -216,6 +217,11 @@ class ModelConfig:
     # Where set, num_kv_heads is 1 and head_dim the cached head's width (rope + latent),
     # rotary_dim the rope part, attn_scale transformers' (qk_head_dim^-0.5, yarn's mscale).
     latent: LatentShape | None = None
+    # Gemma 3n: AltUp's streams (export/altup.py; None: one stream), and each layer's
+    # activation sparsity, the share of its MLP's gate cut away (0: none;
+    # export/sparse_gate.py).
+    altup: AltUpConfig | None = None
+    sparsity: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         check_model_config(self)
@@ -349,6 +355,11 @@ class ModelConfig:
                        "earlier layer's KV (no cache of their own)")
         if self.k_eq_v:
             out.append("full-attention layers' values are their keys' projection")
+        if self.altup is not None:
+            out.append(f"{self.altup.streams} AltUp streams")
+        sparse = sum(s > 0 for s in self.sparsity)
+        if sparse:
+            out.append(f"activation sparsity on {sparse} of {self.num_layers} layers' MLPs")
         nope = sum(layer.rope is None for layer in self.layers)
         if nope and self.kv_layers:  # none attending (Mamba-2), no rope is no news
             out.append(f"{nope} of {self.num_layers} layers without rope")
@@ -457,10 +468,24 @@ def _read(family: str, spec: FamilySpec, raw: dict[str, Any]) -> ModelConfig:
         renames=groups.renames if groups is not None else (),
         attn_gate=spec.attn_gate,
         head_gate=bool(raw.get(spec.head_gate_key)) if spec.head_gate_key else False,
-        **gemma4_fields(raw) if spec.per_layer_heads else {},
+        **gemma4_fields(raw) if spec.per_layer_heads or spec.altup else {},
         moe=read_moe(raw, spec.moe) if spec.moe is not None else None,
         latent=latent,
+        **_altup(raw, spec),
     )
+
+
+def _altup(raw: dict[str, Any], spec: FamilySpec) -> dict[str, Any]:
+    """Gemma 3n's AltUp and activation sparsity fields of ModelConfig; none elsewhere."""
+    if not spec.altup:
+        return {}
+    sparsity = tuple(float(s) for s in raw["activation_sparsity_pattern"])
+    if len(sparsity) != int(raw["num_hidden_layers"]):
+        raise ExportError(f"activation_sparsity_pattern lists {len(sparsity)} layers; there "
+                          f"are {raw['num_hidden_layers']}")
+    if not all(0.0 <= s < 1.0 for s in sparsity):
+        raise ExportError("activation_sparsity_pattern values must lie in [0, 1)")
+    return {"altup": read_altup(raw), "sparsity": sparsity}
 
 
 def _conv(raw: dict[str, Any], spec: FamilySpec) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""Gemma 4's per-layer inputs (PLE): a second embedding feeds every decoder layer.
+"""Gemma 4's (and Gemma 3n's) per-layer inputs (PLE): a second embedding feeds every decoder layer.
 
 `embed_tokens_per_layer` holds, per token, one `P`-wide vector per layer ([vocab, L*P],
 times sqrt(P)); a projection of the (scaled) main embedding gives another
@@ -39,6 +39,10 @@ class PerLayerInputs:
         g, cfg, dtype = self.g, self.cfg, self.w.dtype
         width = cfg.num_layers * cfg.per_layer_input
         self._check(TABLE, (cfg.per_layer_vocab, width))
+        if cfg.per_layer_vocab < cfg.vocab_size:  # Gemma 3n: its table ends before the
+            # vocabulary (the image and audio tokens); the ids past it read row 0
+            inside = g.op("Less", [ids, g.const(cfg.per_layer_vocab)])
+            ids = g.op("Where", [inside, ids, g.const(0)])
         table = self.w.rows(TABLE, self.tokens.indices(ids))  # quantized where weights are
         table = g.op("Mul", [table, g.const(cfg.per_layer_input ** 0.5, dtype)])
         projected = self.w.linear(embedded, [PROJECTION], None)
