@@ -59,6 +59,11 @@ QWEN3_5 = {"num_hidden_layers": 4, "head_dim": 64,
            "linear_value_head_dim": 8, "linear_conv_kernel_dim": 4, "rms_norm_eps": 1e-3}
 QWEN3_5_MOE = {**QWEN3_5, "num_experts": 8, "num_experts_per_tok": 2,
                "moe_intermediate_size": 32, "shared_expert_intermediate_size": 48}
+# Lara Mini: Qwen3.5's DeltaNet layers (as QWEN3_5) around a sliding layer with rotary and
+# a full one without; 8 experts (top 2, renormalized) beside an ungated shared expert
+LARA_MINI = {**QWEN3_5_MOE, "head_dim": 32, "sliding_window": 8,
+             "layer_types": ["linear_attention", "sliding_attention", "full_attention",
+                             "linear_attention"]}
 # LFM3 at head_dim 32 (its config class's 128 is not hidden / heads).
 LFM3 = {"num_hidden_layers": 4, "head_dim": 32, "sliding_window": 8, "conv_L_cache": 4,
         "conv_bias": True, "layer_types": ["conv", "sliding_attention", "full_attention", "conv"],
@@ -75,6 +80,9 @@ GEMMA4 = {
     "hidden_size_per_layer_input": 8, "vocab_size_per_layer_input": VOCAB,
     "use_double_wide_mlp": True, "final_logit_softcapping": 10.0,
 }
+# Gemma 4 Unified: Gemma 4's fixture without per-layer inputs (its config has none)
+GEMMA4_UNIFIED = {k: v for k, v in GEMMA4.items()
+                  if k not in ("hidden_size_per_layer_input", "vocab_size_per_layer_input")}
 FAMILIES: dict[str, dict] = {
     "llama": {},
     "llama-tied-llama3rope": {
@@ -262,6 +270,12 @@ FAMILIES: dict[str, dict] = {
     # KV head of their own
     "gemma4": {**GEMMA4, "tie_word_embeddings": True, "attention_k_eq_v": True,
                "num_global_key_value_heads": 1},
+    # Gemma 4 Unified: the Gemma 4 fixture without per-layer inputs; the image-text one
+    # (an encoder-free vision embedder beside it) tied, k = v on its full layers
+    "gemma4_unified_text": GEMMA4_UNIFIED,
+    "gemma4_unified": {**GEMMA4_UNIFIED, "tie_word_embeddings": True, "attention_k_eq_v": True,
+                       "num_global_key_value_heads": 1},
+    "lara_mini": LARA_MINI,
     # Mixture-of-experts families (export/moe.py); 8 experts, so that in a chunk some get
     # no token. Qwen3-MoE: a dense layer between two of experts, renormalized top-k.
     "qwen3_moe": {"head_dim": 32, "num_hidden_layers": 3, "mlp_only_layers": [1],
@@ -438,6 +452,9 @@ IMAGE_TEXT = {
                                  "num_hidden_layers": 1, "num_attention_heads": 2,
                                  "num_key_value_heads": 2, "head_dim": 8,
                                  "position_embedding_size": 64}, "audio_config": None},
+    "gemma4_unified": {"vision_config": {"patch_size": 4, "pooling_kernel_size": 2,
+                                         "mm_embed_dim": 16, "mm_posemb_size": 8},
+                       "audio_config": None},
     "lfm2_vl": {"vision_config": {**TINY_VISION, "num_patches": 16}, "projector_hidden_size": 32},
     "lfm3_vl": {"vision_config": {"hidden_size": 16, "intermediate_size": 32,
                                   "num_hidden_layers": 2, "num_attention_heads": 2,

@@ -57,6 +57,21 @@ class TensorNames:
 
 LLAMA_NAMES = TensorNames()
 
+
+@dataclass(frozen=True)
+class DeltaNames:
+    """A Gated DeltaNet layer's tensor names (export/gated_delta.py), relative to the layer
+    prefix + `mixer`. `projections` are the input projections whose rows, stacked in this
+    order, are Qwen3.5's q | k | v, z, b and a (each all heads in order)."""
+
+    mixer: str = "linear_attn."
+    projections: tuple[str, ...] = ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a")
+    out: str = "out_proj"
+    norm: str = "norm"  # the gated RMSNorm per value head
+
+
+QWEN_DELTA_NAMES = DeltaNames()
+
 # x*w, x*(1+w) (Gemma), LayerNorm with bias, LayerNorm without bias (Cohere), LayerNorm
 # with bias scaling by (1+w) (Nemotron's LayerNorm1P)
 NORMS = ("rms", "rms_plus_one", "layer", "layer_no_bias", "layer_plus_one")
@@ -150,6 +165,7 @@ class FamilySpec:
     # Whether its input projections are Qwen3-Next's two, rows grouped per key head
     # (in_proj_qkvz [key head, q|k|v|z], in_proj_ba [key head, b|a]), not Qwen3.5's four.
     delta_grouped: bool = False
+    delta_names: DeltaNames = QWEN_DELTA_NAMES
     # Routed experts in place of the MLP on the layers the spec's rule gives (export/moe.py).
     moe: MoeSpec | None = None
     # Whether `layer_types` may name "mamba" layers: Mamba-2 mixers (Granite 4.0-H), which
@@ -553,6 +569,19 @@ def _delta_net_unsupported(raw: dict[str, Any]) -> str | None:
     return None
 
 
+# LaraMiniConfig's layers without `layer_types`: the released pattern, period five
+LARA_MINI_PATTERN = ("linear_attention", "sliding_attention", "linear_attention",
+                     "full_attention", "sliding_attention")
+
+
+def _lara_mini_config(raw: dict[str, Any]) -> dict[str, Any]:
+    """LaraMiniConfig: LARA_MINI_PATTERN without `layer_types`; no dense MLP (every layer's
+    is experts), so the reader's intermediate_size, which no layer uses, is the experts'."""
+    types = raw.get("layer_types") or [LARA_MINI_PATTERN[i % len(LARA_MINI_PATTERN)]
+                                       for i in range(int(raw["num_hidden_layers"]))]
+    return {**raw, "layer_types": types, "intermediate_size": raw["moe_intermediate_size"]}
+
+
 def _lfm2_vl_text(raw: dict[str, Any]) -> dict[str, Any]:
     """Lfm2VlConfig: its LFM2 language model, tied by the outer `tie_embedding` (the older
     name, which wins) or `tie_word_embeddings`, true by default (_liquid_vl_text)."""
@@ -728,6 +757,27 @@ QWEN3_NEXT = replace(
               "shared_expert_intermediate_size": 512, "norm_topk_prob": True,
               "decoder_sparse_step": 1},
 )
+# Lara Mini (Lara-4-Mini): Qwen3-Next's layers with plain RMSNorms (x * w), Qwen3's
+# attention (no output gate) sliding on `sliding_attention` layers, its `full_attention`
+# layers without rotary; Qwen3.5's DeltaNet projections fused into one `in_proj` (as the
+# checkpoints store them and transformers saves them) and its gated norm named out_norm;
+# every layer's MLP experts (softmax, norm_topk_prob) beside an ungated shared expert.
+LARA_MINI = FamilySpec(
+    **ATTENTION_BIAS, qk_norm="head", window="always", global_nope=True, tie_default=True,
+    delta_net=True, delta_names=DeltaNames(projections=("in_proj",), norm="out_norm"),
+    legacy=_lara_mini_config, refuse=_delta_net_unsupported,
+    moe=MoeSpec(names=replace(QWEN_SHARED_EXPERT, shared_gate=None)),
+    defaults={"vocab_size": 151_936, "hidden_size": 1024, "num_hidden_layers": 34,
+              "num_attention_heads": 16, "num_key_value_heads": 4, "head_dim": 128,
+              "max_position_embeddings": 131_072, "sliding_window": 512, "rms_norm_eps": 1e-6,
+              "linear_conv_kernel_dim": 4, "linear_key_head_dim": 128,
+              "linear_value_head_dim": 128, "linear_num_key_heads": 8,
+              "linear_num_value_heads": 16, "num_experts": 128, "num_experts_per_tok": 4,
+              "moe_intermediate_size": 512, "shared_expert_intermediate_size": 512,
+              "norm_topk_prob": True},
+    quirks=("per-head q/k RMSNorm", "full-attention layers without rotary",
+            "an ungated shared expert"),
+)
 GEMMA4 = FamilySpec(
     **ATTENTION_BIAS, block="sandwich", qk_norm="head", v_norm=True, layer_scalar=True,
     embed_scale="sqrt_hidden", tie_default=True, act_default="gelu_pytorch_tanh",
@@ -743,6 +793,18 @@ GEMMA4 = FamilySpec(
             "per-head q/k RMSNorm, v RMSNorm without weight", "q.k unscaled",
             "per-layer inputs (a second embedding fed to every layer)",
             "a learned scalar on each layer's output"),
+)
+# Gemma 4 Unified (gemma-4-12B): Gemma 4's language model without per-layer inputs nor
+# experts (its config class has no such keys, and its model reads none that a config.json
+# may carry), its own defaults (window 1024, 262,144 positions).
+PER_LAYER_INPUT_KEYS = ("hidden_size_per_layer_input", "vocab_size_per_layer_input")
+GEMMA4_UNIFIED = replace(
+    GEMMA4, ignores=(*PER_LAYER_INPUT_KEYS, "enable_moe_block", "num_experts",
+                     "top_k_experts", "moe_intermediate_size"),
+    refuse=None,
+    defaults={**{k: v for k, v in GEMMA4.defaults.items() if k not in PER_LAYER_INPUT_KEYS},
+              "max_position_embeddings": 262_144, "sliding_window": 1024},
+    quirks=tuple(q for q in GEMMA4.quirks if not q.startswith("per-layer inputs")),
 )
 # transformers 5 loads EXAONE 3.0/3.5 as Llama, renaming the Hub's tensors.
 EXAONE_NAMES = TensorNames(
@@ -1038,6 +1100,7 @@ FAMILIES: dict[str, FamilySpec] = {
         outer={"tie_word_embeddings": False, "eos_token_id": None, "bos_token_id": None},
         quirks=(*QWEN3_5.quirks, *MROPE_QUIRKS),
     ),
+    "lara_mini": LARA_MINI,
     "gemma": GEMMA,
     "gemma2": replace(
         GEMMA, block="sandwich", window="always", sliding=lambda i, raw: i % 2 == 0,
@@ -1092,6 +1155,16 @@ FAMILIES: dict[str, FamilySpec] = {
         left_out=("model.vision_tower.", "model.audio_tower.", "model.embed_vision.",
                   "model.embed_audio."),
         quirks=(*GEMMA4.quirks, IMAGE_TEXT_QUIRK),
+    ),
+    "gemma4_unified_text": GEMMA4_UNIFIED,
+    # Gemma4UnifiedForConditionalGeneration: its language model, exported alone; the
+    # encoder-free vision and audio embedders left out, the tying as gemma4's.
+    "gemma4_unified": replace(
+        GEMMA4_UNIFIED, nested="text_config", text_types=("gemma4_unified_text",),
+        outer={"tie_word_embeddings": True, "eos_token_id": None, "bos_token_id": None},
+        renames=(("model.language_model.", "model."),),
+        left_out=("model.vision_embedder.", "model.embed_vision.", "model.embed_audio."),
+        quirks=(*GEMMA4_UNIFIED.quirks, IMAGE_TEXT_QUIRK),
     ),
     "phi3": FamilySpec(
         names=replace(LLAMA_NAMES, qkv="self_attn.qkv_proj", gate_up="mlp.gate_up_proj"),

@@ -42,8 +42,6 @@ from edgeprefill.export.short_conv import StateSpec
 from edgeprefill.export.tokens import PackedTokens, PaddedTokens
 from edgeprefill.export.weights import GraphWeights
 
-PREFIX = "linear_attn."
-SPLIT = ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a")  # Qwen3.5's projections
 GROUPED = ("in_proj_qkvz", "in_proj_ba")  # Qwen3-Next's
 L2_EPS = 1e-6  # transformers' l2norm in the recurrence
 
@@ -69,7 +67,8 @@ class GatedDeltaNet(RecurrentMixer):
     def layer(self, p: str, h: str, layer: int, rows) -> str:
         """The linear-attention sublayer of layer prefix `p` on its normed input `h`.
         `rows` keeps the tokens that go on."""
-        g, d, pre = self.g, self.d, p + PREFIX
+        g, d, names = self.g, self.d, self.cfg.spec.delta_names
+        pre = p + names.mixer
         self._check_shapes(pre)
         value_size = d.value_heads * d.value_dim
         projected = self.tokens.spread(self._projected(pre, h))
@@ -85,12 +84,13 @@ class GatedDeltaNet(RecurrentMixer):
         out = self._recurrence(pre, layer, self._float(mixed), self._float(b), self._float(a))
         y = self._gated_norm(pre, out, z)  # [B, C, value_size]
         y = rows(self.tokens.gather(y, value_size))
-        return self.w.linear(y, [pre + "out_proj.weight"], None)
+        return self.w.linear(y, [pre + names.out + ".weight"], None)
 
     def _projected(self, pre: str, h: str) -> str:
         """[..., conv_dim + value_size + 2 value_heads]: qkv, z, b and a of h, side by side."""
         if not self.cfg.spec.delta_grouped:
-            return self.w.linear(h, [pre + n + ".weight" for n in SPLIT], None)
+            names = self.cfg.spec.delta_names.projections
+            return self.w.linear(h, [pre + n + ".weight" for n in names], None)
         order = grouped_rows(self.d)
         return self.w.linear(h, [pre + n + ".weight" for n in GROUPED], None,
                              reorder=lambda rows: rows[order])
@@ -194,30 +194,37 @@ class GatedDeltaNet(RecurrentMixer):
         inverse = g.op("Reciprocal", [g.op("Sqrt", [
             g.op("Add", [mean, g.const(self.cfg.norm_eps, np.float32)])])])
         normed = g.op("Mul", [self._cast(g.op("Mul", [x, inverse]), dtype),
-                              self.w.tensor(pre + "norm.weight")])
+                              self.w.tensor(pre + self.cfg.spec.delta_names.norm + ".weight")])
         gate = self._silu(self._float(g.op("Reshape", [
             z, g.const([0, 0, d.value_heads, d.value_dim])])))
         y = self._cast(g.op("Mul", [self._float(normed), gate]), dtype)
         return g.op("Reshape", [y, g.const([0, 0, d.value_heads * d.value_dim])])
 
     def _check_shapes(self, pre: str) -> None:
-        """A checkpoint that disagrees with config.json fails here in one line."""
-        d, hidden = self.d, self.cfg.hidden_size
+        """A checkpoint that disagrees with config.json fails here in one line. The input
+        projections are checked together: families split their rows differently."""
+        d, hidden, names = self.d, self.cfg.hidden_size, self.cfg.spec.delta_names
         value_size = d.value_heads * d.value_dim
-        projections = ((("in_proj_qkvz", d.conv_dim + value_size),
-                        ("in_proj_ba", 2 * d.value_heads)) if self.cfg.spec.delta_grouped
-                       else (("in_proj_qkv", d.conv_dim), ("in_proj_z", value_size),
-                             ("in_proj_b", d.value_heads), ("in_proj_a", d.value_heads)))
-        for name, shape in (*((pre + n + ".weight", (rows, hidden)) for n, rows in projections),
-                            (pre + "conv1d.weight", (d.conv_dim, 1, d.conv_kernel)),
-                            (pre + "norm.weight", (d.value_dim,)),
-                            (pre + "out_proj.weight", (hidden, value_size))):
+        sources = GROUPED if self.cfg.spec.delta_grouped else names.projections
+        projections = [pre + n + ".weight" for n in sources]
+        rows = sum(self.w.shape(n)[0] for n in projections)
+        expected = d.conv_dim + value_size + 2 * d.value_heads  # q|k|v, z, b, a
+        if rows != expected or any(self.w.shape(n)[1:] != (hidden,) for n in projections):
+            self._refuse(" + ".join(projections), (rows, *self.w.shape(projections[0])[1:]),
+                         (expected, hidden))
+        for name, shape in ((pre + "conv1d.weight", (d.conv_dim, 1, d.conv_kernel)),
+                            (pre + names.norm + ".weight", (d.value_dim,)),
+                            (pre + names.out + ".weight", (hidden, value_size))):
             if self.w.shape(name) != shape:
-                raise ExportError(
-                    f"{name} has shape {self.w.shape(name)}, but config.json implies {shape} "
-                    f"(linear_num_key_heads {d.key_heads} of {d.key_dim}, "
-                    f"linear_num_value_heads {d.value_heads} of {d.value_dim}, "
-                    f"linear_conv_kernel_dim {d.conv_kernel})")
+                self._refuse(name, self.w.shape(name), shape)
+
+    def _refuse(self, name: str, got: tuple[int, ...], shape: tuple[int, ...]) -> None:
+        d = self.d
+        raise ExportError(
+            f"{name} has shape {got}, but config.json implies {shape} "
+            f"(linear_num_key_heads {d.key_heads} of {d.key_dim}, "
+            f"linear_num_value_heads {d.value_heads} of {d.value_dim}, "
+            f"linear_conv_kernel_dim {d.conv_kernel})")
 
 
 def grouped_rows(d: DeltaNetShape) -> np.ndarray:
