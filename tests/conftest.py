@@ -64,6 +64,13 @@ QWEN3_5_MOE = {**QWEN3_5, "num_experts": 8, "num_experts_per_tok": 2,
 LARA_MINI = {**QWEN3_5_MOE, "head_dim": 32, "sliding_window": 8,
              "layer_types": ["linear_attention", "sliding_attention", "full_attention",
                              "linear_attention"]}
+# OLMo Hybrid: OLMo 3's post-norm attention layers between pre-norm DeltaNet layers (two
+# key heads serving four value heads each of another size, beta doubled)
+OLMO_HYBRID = {"num_hidden_layers": 4,
+               "layer_types": ["linear_attention", "full_attention", "linear_attention",
+                               "full_attention"],
+               "linear_num_key_heads": 2, "linear_num_value_heads": 4,
+               "linear_key_head_dim": 16, "linear_value_head_dim": 8, "rms_norm_eps": 1e-3}
 # LFM3 at head_dim 32 (its config class's 128 is not hidden / heads).
 LFM3 = {"num_hidden_layers": 4, "head_dim": 32, "sliding_window": 8, "conv_L_cache": 4,
         "conv_bias": True, "layer_types": ["conv", "sliding_attention", "full_attention", "conv"],
@@ -276,6 +283,7 @@ FAMILIES: dict[str, dict] = {
     "gemma4_unified": {**GEMMA4_UNIFIED, "tie_word_embeddings": True, "attention_k_eq_v": True,
                        "num_global_key_value_heads": 1},
     "lara_mini": LARA_MINI,
+    "olmo_hybrid": OLMO_HYBRID,
     # Mixture-of-experts families (export/moe.py); 8 experts, so that in a chunk some get
     # no token. Qwen3-MoE: a dense layer between two of experts, renormalized top-k.
     "qwen3_moe": {"head_dim": 32, "num_hidden_layers": 3, "mlp_only_layers": [1],

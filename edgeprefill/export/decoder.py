@@ -204,7 +204,7 @@ class DecoderBuilder:
         layer's output projection, MLP and norms for its other tokens (as llama.cpp does)."""
         n = self.names
         p = n.layer.format(i=i)
-        block = self.cfg.block
+        block = self.cfg.block_of(i)
         if block == "post":  # OLMo 2: the norms follow the sublayers
             x = x if delta is None else self.g.op("Add", [x, delta])
             attn = self._norm(self._mixer(i, x, step, rows), p + n.post_attn_norm)

@@ -62,10 +62,12 @@ LLAMA_NAMES = TensorNames()
 class DeltaNames:
     """A Gated DeltaNet layer's tensor names (export/gated_delta.py), relative to the layer
     prefix + `mixer`. `projections` are the input projections whose rows, stacked in this
-    order, are Qwen3.5's q | k | v, z, b and a (each all heads in order)."""
+    order, are Qwen3.5's q | k | v, z, b and a (each all heads in order); `conv` the
+    convolution weights whose channels, stacked, are its q | k | v."""
 
     mixer: str = "linear_attn."
     projections: tuple[str, ...] = ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a")
+    conv: tuple[str, ...] = ("conv1d",)
     out: str = "out_proj"
     norm: str = "norm"  # the gated RMSNorm per value head
 
@@ -166,6 +168,13 @@ class FamilySpec:
     # (in_proj_qkvz [key head, q|k|v|z], in_proj_ba [key head, b|a]), not Qwen3.5's four.
     delta_grouped: bool = False
     delta_names: DeltaNames = QWEN_DELTA_NAMES
+    # OLMo Hybrid's DeltaNet: its gated norm's epsilon, fixed (None: the model's norm
+    # epsilon), and the key that doubles beta (linear_allow_neg_eigval: beta in [0, 2]).
+    delta_norm_eps: float | None = None
+    delta_beta_key: str | None = None
+    # The block of the state layers (linear attention) where it differs from `block` (OLMo
+    # Hybrid: OLMo 3's post-norm attention layers beside Llama's pre-norm DeltaNet layers).
+    state_block: str | None = None
     # Routed experts in place of the MLP on the layers the spec's rule gives (export/moe.py).
     moe: MoeSpec | None = None
     # Whether `layer_types` may name "mamba" layers: Mamba-2 mixers (Granite 4.0-H), which
@@ -582,6 +591,36 @@ def _lara_mini_config(raw: dict[str, Any]) -> dict[str, Any]:
     return {**raw, "layer_types": types, "intermediate_size": raw["moe_intermediate_size"]}
 
 
+def _olmo_hybrid_config(raw: dict[str, Any]) -> dict[str, Any]:
+    """OlmoHybridConfig: without `layer_types` every 4th layer attends (the last one where
+    none would); the DeltaNet's heads default from the attention's (num_attention_heads,
+    key heads of 0.75 hidden / heads, value heads twice as wide)."""
+    raw = dict(raw)
+    count, heads = int(raw["num_hidden_layers"]), int(raw["num_attention_heads"])
+    if raw.get("layer_types") is None:
+        types = ["full_attention" if i % 4 == 3 else "linear_attention" for i in range(count)]
+        if "full_attention" not in types:
+            types[-1] = "full_attention"
+        raw["layer_types"] = types
+    defaults = {"linear_num_key_heads": heads, "linear_num_value_heads": heads}
+    for key, value in defaults.items():
+        raw[key] = value if raw.get(key) is None else raw[key]
+    if raw.get("linear_key_head_dim") is None:
+        raw["linear_key_head_dim"] = int(0.75 * int(raw["hidden_size"])
+                                         / int(raw["linear_num_key_heads"]))
+    if raw.get("linear_value_head_dim") is None:
+        raw["linear_value_head_dim"] = 2 * int(raw["linear_key_head_dim"])
+    return raw
+
+
+def _olmo_hybrid_unsupported(raw: dict[str, Any]) -> str | None:
+    params = raw.get("rope_parameters") or {}
+    if "rope_theta" in params and params["rope_theta"] is None:
+        return ("rope_parameters without a rope_theta (OLMo Hybrid's NoPE mode, no rotary "
+                "on any layer) is not supported")
+    return _delta_net_unsupported(raw)
+
+
 def _lfm2_vl_text(raw: dict[str, Any]) -> dict[str, Any]:
     """Lfm2VlConfig: its LFM2 language model, tied by the outer `tie_embedding` (the older
     name, which wins) or `tie_word_embeddings`, true by default (_liquid_vl_text)."""
@@ -777,6 +816,32 @@ LARA_MINI = FamilySpec(
               "norm_topk_prob": True},
     quirks=("per-head q/k RMSNorm", "full-attention layers without rotary",
             "an ungated shared expert"),
+)
+# OLMo Hybrid (Olmo-Hybrid-7B): OLMo 3's attention layers (norms after the sublayers, q/k
+# RMSNorm over the whole projection, no window) beside Llama-style pre-norm Gated DeltaNet
+# layers, whose projections are separate (q, k, v, the gate g, b, a), whose gated norm has
+# an epsilon of its own (1e-5) and whose beta doubles (linear_allow_neg_eigval).
+# As transformers saves it (and loads it, conversion_mapping.py): every layer's norm after
+# its mixer (before the MLP in a DeltaNet layer, after the attention in an attention layer)
+# is feedforward_layer_norm, a DeltaNet layer's input norm attention_layer_norm.
+OLMO_HYBRID_NAMES = replace(LLAMA_NAMES, input_norm="attention_layer_norm",
+                            post_attn_norm="feedforward_layer_norm")
+OLMO_HYBRID = replace(
+    OLMO2, delta_net=True, state_block="pre",
+    names=OLMO_HYBRID_NAMES,
+    delta_names=DeltaNames(projections=("q_proj", "k_proj", "v_proj", "g_proj", "b_proj",
+                                        "a_proj"),
+                           conv=("q_conv1d", "k_conv1d", "v_conv1d"), out="o_proj",
+                           norm="o_norm"),
+    delta_norm_eps=1e-5, delta_beta_key="linear_allow_neg_eigval",
+    legacy=_olmo_hybrid_config, refuse=_olmo_hybrid_unsupported, ignores=("head_dim",),
+    defaults={"vocab_size": 100_352, "hidden_size": 3840, "intermediate_size": 11_008,
+              "num_hidden_layers": 32, "num_attention_heads": 30,
+              "max_position_embeddings": 65_536, "rms_norm_eps": 1e-6,
+              "linear_conv_kernel_dim": 4, "linear_allow_neg_eigval": True},
+    quirks=("norms after attention and MLP on the attention layers",
+            "q/k RMSNorm over the whole projection", "Gated DeltaNet layers (pre-norm)",
+            "DeltaNet beta doubled (linear_allow_neg_eigval)"),
 )
 GEMMA4 = FamilySpec(
     **ATTENTION_BIAS, block="sandwich", qk_norm="head", v_norm=True, layer_scalar=True,
@@ -1184,6 +1249,7 @@ FAMILIES: dict[str, FamilySpec] = {
         quirks=("embedding, attention and residual multipliers", "logits scaling"),
     ),
     "olmo2": OLMO2,
+    "olmo_hybrid": OLMO_HYBRID,
     # OLMo 2 with sliding windows on three of every four layers, each layer type its rope.
     "olmo3": replace(OLMO2, window="always", sliding=lambda i, raw: (i + 1) % 4 != 0,
                      legacy=_olmo3_ropes,

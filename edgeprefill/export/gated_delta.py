@@ -55,6 +55,7 @@ class GatedDeltaNet(RecurrentMixer):
         super().__init__(g, w, cfg, tokens, conv, past_lens, valid_lens, chunk)
         assert cfg.delta is not None
         self.d: DeltaNetShape = cfg.delta
+        self._norm_eps = cfg.norm_eps if cfg.delta.norm_eps is None else cfg.delta.norm_eps
 
     def states(self, layer: int) -> list[StateSpec]:
         """The layer's conv state (model dtype) and recurrent state (float32)."""
@@ -77,9 +78,9 @@ class GatedDeltaNet(RecurrentMixer):
         conv_state = state_names(layer, CONV)
         full = self.conv.full(conv_state.past, mixed)
         self.conv.store(full, conv_state.present, d.conv_kernel - 1, d.conv_dim)
-        name = pre + "conv1d.weight"
-        taps = self.conv.taps(name, d.conv_kernel, d.conv_dim,
-                              lambda n: self.w.ckpt.get(n, np.float32))
+        convs = [pre + n + ".weight" for n in names.conv]
+        taps = self.conv.taps(convs[0], d.conv_kernel, d.conv_dim, lambda _: np.concatenate(
+            [self.w.ckpt.get(n, np.float32) for n in convs]))
         mixed = self._silu(self.conv.convolve(full, taps, d.conv_kernel))
         out = self._recurrence(pre, layer, self._float(mixed), self._float(b), self._float(a))
         y = self._gated_norm(pre, out, z)  # [B, C, value_size]
@@ -153,7 +154,10 @@ class GatedDeltaNet(RecurrentMixer):
         rate = g.op("Neg", [g.op("Exp", [a_log])])
         gate = g.op("Mul", [rate, g.op("Softplus", [g.op("Add", [a, dt_bias])])])
         decay = g.op("Where", [self.valid, g.op("Exp", [gate]), g.const(1.0, np.float32)])
-        beta = g.op("Where", [self.valid, g.op("Sigmoid", [b]), g.const(0.0, np.float32)])
+        beta = g.op("Sigmoid", [b])
+        if self.d.beta_scale != 1.0:  # OLMo Hybrid: negative eigenvalues allowed
+            beta = g.op("Mul", [beta, g.const(self.d.beta_scale, np.float32)])
+        beta = g.op("Where", [self.valid, beta, g.const(0.0, np.float32)])
         return decay, beta
 
     def _step_body(self, prefix: str) -> Any:
@@ -192,7 +196,7 @@ class GatedDeltaNet(RecurrentMixer):
         x = self._float(out)
         mean = g.op("ReduceMean", [g.op("Mul", [x, x]), g.const([-1])], keepdims=1)
         inverse = g.op("Reciprocal", [g.op("Sqrt", [
-            g.op("Add", [mean, g.const(self.cfg.norm_eps, np.float32)])])])
+            g.op("Add", [mean, g.const(self._norm_eps, np.float32)])])])
         normed = g.op("Mul", [self._cast(g.op("Mul", [x, inverse]), dtype),
                               self.w.tensor(pre + self.cfg.spec.delta_names.norm + ".weight")])
         gate = self._silu(self._float(g.op("Reshape", [
@@ -212,8 +216,13 @@ class GatedDeltaNet(RecurrentMixer):
         if rows != expected or any(self.w.shape(n)[1:] != (hidden,) for n in projections):
             self._refuse(" + ".join(projections), (rows, *self.w.shape(projections[0])[1:]),
                          (expected, hidden))
-        for name, shape in ((pre + "conv1d.weight", (d.conv_dim, 1, d.conv_kernel)),
-                            (pre + names.norm + ".weight", (d.value_dim,)),
+        convs = [pre + n + ".weight" for n in names.conv]
+        channels = sum(self.w.shape(n)[0] for n in convs)
+        if channels != d.conv_dim or any(self.w.shape(n)[1:] != (1, d.conv_kernel)
+                                         for n in convs):
+            self._refuse(" + ".join(convs), (channels, *self.w.shape(convs[0])[1:]),
+                         (d.conv_dim, 1, d.conv_kernel))
+        for name, shape in ((pre + names.norm + ".weight", (d.value_dim,)),
                             (pre + names.out + ".weight", (hidden, value_size))):
             if self.w.shape(name) != shape:
                 self._refuse(name, self.w.shape(name), shape)
