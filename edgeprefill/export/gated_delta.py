@@ -4,16 +4,19 @@ transformers' Qwen3_5GatedDeltaNet (Qwen3NextGatedDeltaNet's recurrence):
 
   qkv, z, b, a = in_proj_qkv(h), in_proj_z(h), in_proj_b(h), in_proj_a(h)
                  (Qwen3-Next: in_proj_qkvz(h), in_proj_ba(h), their rows grouped per key
-                 head, which export reorders into these four: grouped_rows)
+                 head, which export reorders into these four: grouped_rows; Lara Mini's
+                 and OLMo Hybrid's stored otherwise: FamilySpec.delta_names)
   qkv          = silu(causal depthwise conv of L tokens over qkv)   state 1: its last L-1
   q, k, v      = split(qkv); q, k l2-normalized per head, q / sqrt(key_dim)
                  (each key head serves value_heads / key_heads consecutive value heads)
   beta, g      = sigmoid(b), -exp(A_log) * softplus(a + dt_bias)    float32
+                 (OLMo Hybrid: beta doubled, DeltaNetShape.beta_scale)
   per token t:   S = S * exp(g_t)                                   state 2: S, float32
                  delta = (v_t - k_t S) * beta_t                     [v_heads, k_dim, v_dim]
                  S = S + k_t (x) delta
                  o_t = q_t S
   out          = out_proj(rmsnorm(o) * norm.weight * silu(z))      per value head
+                 (OLMo Hybrid: at its own epsilon, DeltaNetShape.norm_eps)
 
 The recurrence runs token by token in a `Scan` over the chunk, exactly as
 torch_recurrent_gated_delta_rule does (the chunked form transformers uses for a prompt
