@@ -289,6 +289,22 @@ FAMILIES: dict[str, dict] = {
     "qwen3_moe": {"head_dim": 32, "num_hidden_layers": 3, "mlp_only_layers": [1],
                   "num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
                   "norm_topk_prob": True},
+    # Mellum: Qwen3-MoE's layers, a sliding one (window 8) between full ones, each kind with
+    # its rope base, experts on the sparse layers and a dense MLP on the first
+    "mellum": {"head_dim": 32, "num_hidden_layers": 3, "sliding_window": 8,
+               "layer_types": ["full_attention", "sliding_attention", "full_attention"],
+               "mlp_layer_types": ["dense", "sparse", "sparse"], "num_experts": 8,
+               "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+               "rope_parameters": {
+                   "full_attention": {"rope_type": "default", "rope_theta": 500000.0},
+                   "sliding_attention": {"rope_type": "default", "rope_theta": 100.0}}},
+    # Flint: sinks on every layer, a sliding layer with rotary between full ones without,
+    # a dense first layer, sigmoid routing (top 2 of 8, renormalized) beside an ungated
+    # shared expert
+    "flint": {"head_dim": 16, "num_hidden_layers": 3, "sliding_window": 8,
+              "layer_types": ["full_attention", "sliding_attention", "full_attention"],
+              "mlp_only_layers": [0], "num_experts": 8, "num_experts_per_tok": 2,
+              "moe_intermediate_size": 32, "shared_expert_intermediate_size": 48},
     # OLMoE: q/k norms over the whole projection; top-k weights not renormalized
     "olmoe": {"num_experts": 8, "num_experts_per_tok": 3, "intermediate_size": 32},
     # Granite MoE: the top 2 logits then softmax, Granite's multipliers, fused experts

@@ -1,11 +1,14 @@
 """Families transformers 5.24 builds on bases export already has, each declared in
 families.py by what differs: Gemma 4 Unified (Gemma 4 without per-layer inputs), Lara Mini
 (Qwen3-Next's layers with plain norms, rotary-free full layers, an ungated shared expert,
-fused DeltaNet tensors) and OLMo Hybrid (OLMo 3's post-norm attention beside pre-norm
-Gated DeltaNet layers of their own projections, beta doubled). The fixtures
-(conftest.FAMILIES) run in the generic suites too: test_exactness compares every chunk's
-logits with transformers in both flavours (and, under slow, greedy text over the whole
-length and chunk matrix); test_families reads their configs' defaults as transformers."""
+fused DeltaNet tensors), OLMo Hybrid (OLMo 3's post-norm attention beside pre-norm
+Gated DeltaNet layers of their own projections, beta doubled), Mellum (Qwen3-MoE with a
+rope per layer type and dense or sparse layers by `mlp_layer_types`) and Flint (Qwen3-MoE
+with sinks, rotary-free full layers, sigmoid routing and an ungated shared expert). The
+fixtures (conftest.FAMILIES) run in the generic suites too: test_exactness compares every
+chunk's logits with transformers in both flavours (and, under slow, greedy text over the
+whole length and chunk matrix); test_families reads their configs' defaults as
+transformers; test_moe runs its matrix on the MoE ones under slow."""
 
 from __future__ import annotations
 
@@ -17,14 +20,14 @@ import transformers
 
 from edgeprefill.bundle import MANIFEST_FILE
 from edgeprefill.errors import ExportError
-from edgeprefill.export.model_config import ModelConfig
+from edgeprefill.export.model_config import GLOBAL, LOCAL, ModelConfig
 from edgeprefill.sdk import Engine
 from tests.conftest import GEMMA4
 from tests.state_models import assert_padded_chunks_match
 from tests.test_exactness import check_together
 
 FLAVORS = ("ort", "standard")
-TEXT_FAMILIES = ("gemma4_unified_text", "lara_mini", "olmo_hybrid")
+TEXT_FAMILIES = ("gemma4_unified_text", "lara_mini", "olmo_hybrid", "mellum", "flint")
 ALL_FAMILIES = (*TEXT_FAMILIES, "gemma4_unified")
 
 
@@ -111,11 +114,46 @@ def test_olmo_hybrid_default_layers_and_deltanet_widths_are_transformers():
     assert no_neg.delta is not None and no_neg.delta.beta_scale == 1.0
 
 
+def test_mellum_default_layers_and_ropes_are_transformers():
+    """Without layer_types every layer is full, without mlp_layer_types every one sparse;
+    each layer type has its rope base."""
+    raw = {"model_type": "mellum", "num_hidden_layers": 3, "hidden_size": 64,
+           "num_attention_heads": 4, "head_dim": 16, "vocab_size": 128}
+    cfg, hf = ModelConfig.from_hf(raw), transformers.MellumConfig(**raw)
+    assert [layer.window for layer in cfg.layers] == [None] * 3 == [
+        hf.sliding_window if kind == "sliding_attention" else None for kind in hf.layer_types]
+    assert cfg.moe is not None and cfg.moe.layers == (0, 1, 2)
+    assert cfg.moe.experts == hf.num_experts and cfg.moe.norm_topk == hf.norm_topk_prob
+    for kind, rope in (("full_attention", GLOBAL), ("sliding_attention", LOCAL)):
+        assert cfg.ropes[rope].theta == hf.rope_parameters[kind]["rope_theta"]
+    dense = ModelConfig.from_hf({**raw, "mlp_layer_types": ["dense", "sparse", "dense"]})
+    assert dense.moe is not None and dense.moe.layers == (1,)
+
+
+def test_flint_default_layers_are_transformers():
+    """Full attention (without rotary) on the first two layers, every fourth and the last,
+    a window elsewhere; the first two layers dense."""
+    raw = {"model_type": "flint", "num_hidden_layers": 11, "hidden_size": 64,
+           "num_attention_heads": 4, "head_dim": 16, "vocab_size": 128}
+    cfg, hf = ModelConfig.from_hf(raw), transformers.FlintConfig(**raw)
+    sliding = [kind == "sliding_attention" for kind in hf.layer_types]
+    assert [layer.window is not None for layer in cfg.layers] == sliding
+    assert [layer.rope is not None for layer in cfg.layers] == sliding
+    assert cfg.moe is not None and cfg.moe.layers == tuple(
+        i for i in range(11) if i not in hf.mlp_only_layers)
+    assert cfg.moe.routing == "sigmoid" and cfg.moe.norm_eps == 0.0
+
+
 @pytest.mark.parametrize("family, change, message", [
     ("olmo_hybrid", {"rope_parameters": {"rope_type": "default", "rope_theta": None}},
      "NoPE mode.* not supported"),
     ("olmo_hybrid", {"hidden_act": "gelu"}, "hidden_act 'gelu' is not supported"),
     ("lara_mini", {"hidden_act": "gelu"}, "hidden_act 'gelu' is not supported"),
+    ("mellum", {"rope_parameters": {
+        "full_attention": {"rope_type": "default", "rope_theta": 1e4,
+                           "partial_rotary_factor": 0.5},
+        "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}},
+     "partial_rotary_factor per layer type .full_attention: 0.5. is not supported"),
 ])
 def test_what_export_cannot_honour_is_refused_in_one_line(hf_model, family, change, message):
     raw = {**json.loads((hf_model(family) / "config.json").read_text()), **change}

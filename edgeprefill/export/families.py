@@ -978,6 +978,78 @@ QWEN3_MOE = FamilySpec(
               "moe_intermediate_size": 768},
     quirks=("per-head q/k RMSNorm",),
 )
+# Mellum: Qwen3-MoE's layers, sliding on its `sliding_attention` ones (all full without
+# `layer_types`), a rope per layer type (500,000 and 10,000 by default), experts on the
+# `sparse` layers of `mlp_layer_types` (all without it), a dense MLP on the `dense` ones.
+MELLUM_ROPES = {"full_attention": {"rope_type": "default", "rope_theta": 500_000.0},
+                "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0}}
+
+
+def _mellum_config(raw: dict[str, Any]) -> dict[str, Any]:
+    count = int(raw["num_hidden_layers"])
+    return {**raw, "layer_types": raw.get("layer_types") or ["full_attention"] * count,
+            "rope_parameters": raw.get("rope_parameters") or MELLUM_ROPES}
+
+
+def _mlp_layer_types_sparse(raw: dict[str, Any]) -> tuple[int, ...]:
+    """Laguna's and Mellum's `mlp_layer_types`: the `sparse` layers (all without it)."""
+    kinds = raw.get("mlp_layer_types") or ["sparse"] * int(raw["num_hidden_layers"])
+    return tuple(i for i, kind in enumerate(kinds) if kind == "sparse")
+
+
+def _per_type_partial_rotary(raw: dict[str, Any]) -> str | None:
+    # Laguna's rotary reads a partial_rotary_factor per layer type; export's is one.
+    for kind, params in (raw.get("rope_parameters") or {}).items():
+        factor = params.get("partial_rotary_factor", 1.0) if isinstance(params, dict) else 1.0
+        if factor != 1.0:
+            return (f"a partial_rotary_factor per layer type ({kind}: {factor}) is not "
+                    "supported; export rotates whole heads")
+    return None
+
+
+MELLUM = replace(
+    QWEN3_MOE, window="always", sliding=lambda i, raw: False, legacy=_mellum_config,
+    refuse=_per_type_partial_rotary, left_out=("mtp.",),
+    moe=MoeSpec(experts_keys=EXPERT_ALIASES, layers=_mlp_layer_types_sparse),
+    defaults={"vocab_size": 98_304, "hidden_size": 2304, "intermediate_size": 7168,
+              "num_hidden_layers": 28, "num_attention_heads": 32, "num_key_value_heads": 4,
+              "head_dim": 128, "max_position_embeddings": 131_072, "sliding_window": 1024,
+              "num_local_experts": 64, "num_experts_per_tok": 8,
+              "moe_intermediate_size": 896, "norm_topk_prob": True, "rms_norm_eps": 1e-6},
+    quirks=("per-head q/k RMSNorm", "a rope per layer type",
+            "dense and sparse layers (mlp_layer_types)"),
+)
+# Flint: Qwen3-MoE's layers with attention sinks, sliding windows on its
+# `sliding_attention` layers (FlintConfig's pattern without `layer_types`), no rotary on its
+# full ones; sigmoid routing without a bias (`norm_topk_prob` renormalizes, no epsilon)
+# beside an ungated shared expert; the first two layers dense (mlp_only_layers). Its sinks
+# are stored as `softmax_offset` (the checkpoints' name, which transformers saves).
+def _flint_layers(raw: dict[str, Any]) -> dict[str, Any]:
+    """FlintConfig: without `layer_types`, full attention on the first two layers, every
+    fourth from the second and the last; without `mlp_only_layers`, [0, 1]."""
+    count = int(raw["num_hidden_layers"])
+    types = raw.get("layer_types") or [
+        "full_attention" if i < 2 or i % 4 == 1 or i == count - 1 else "sliding_attention"
+        for i in range(count)]
+    dense = raw.get("mlp_only_layers")
+    return {**raw, "layer_types": types, "mlp_only_layers": [0, 1] if dense is None else dense}
+
+
+FLINT = replace(
+    QWEN3_MOE, names=replace(LLAMA_NAMES, sinks="self_attn.softmax_offset"), sinks=True,
+    window="always", global_nope=True, legacy=_flint_layers,
+    moe=MoeSpec(names=MoeNames(shared="mlp.shared_expert."), routing="sigmoid",
+                layers=sparse_layers),
+    defaults={"vocab_size": 150_144, "hidden_size": 2048, "intermediate_size": 6144,
+              "num_hidden_layers": 49, "num_attention_heads": 32, "num_key_value_heads": 4,
+              "head_dim": 128, "max_position_embeddings": 262_144, "sliding_window": 513,
+              "moe_intermediate_size": 512, "shared_expert_intermediate_size": 1024,
+              "num_experts_per_tok": 6, "num_experts": 256, "norm_topk_prob": True,
+              "decoder_sparse_step": 1, "rms_norm_eps": 1e-6},
+    quirks=("per-head q/k RMSNorm", "attention sinks (a learned logit per head)",
+            "full-attention layers without rotary", "sigmoid routing",
+            "an ungated shared expert"),
+)
 # Qwen1.5/2-MoE: Qwen2 (q/k/v biases) with routed experts beside a shared expert whose
 # output is gated by sigmoid(shared_expert_gate(x)).
 QWEN2_MOE = FamilySpec(
@@ -1393,6 +1465,8 @@ FAMILIES: dict[str, FamilySpec] = {
     ),
     "qwen3_moe": QWEN3_MOE,
     "qwen2_moe": QWEN2_MOE,
+    "flint": FLINT,
+    "mellum": MELLUM,
     "olmoe": OLMOE,
     "mixtral": MIXTRAL,
     "ernie4_5_moe": ERNIE4_5_MOE,
