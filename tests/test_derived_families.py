@@ -93,6 +93,7 @@ def test_lara_mini_default_layers_and_widths_are_transformers():
     assert (cfg.moe.experts, cfg.moe.top_k, cfg.moe.width, cfg.moe.norm_topk) == (
         hf.num_experts, hf.num_experts_per_tok, hf.moe_intermediate_size, hf.norm_topk_prob)
     assert cfg.tie_embeddings is hf.tie_word_embeddings is True
+    assert cfg.moe.describe(7).endswith("an ungated shared expert of width 512")
 
 
 def test_olmo_hybrid_default_layers_and_deltanet_widths_are_transformers():

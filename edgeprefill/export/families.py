@@ -814,8 +814,7 @@ LARA_MINI = FamilySpec(
               "linear_num_value_heads": 16, "num_experts": 128, "num_experts_per_tok": 4,
               "moe_intermediate_size": 512, "shared_expert_intermediate_size": 512,
               "norm_topk_prob": True},
-    quirks=("per-head q/k RMSNorm", "full-attention layers without rotary",
-            "an ungated shared expert"),
+    quirks=("per-head q/k RMSNorm", "full-attention layers without rotary"),
 )
 # OLMo Hybrid (Olmo-Hybrid-7B): OLMo 3's attention layers (norms after the sublayers, q/k
 # RMSNorm over the whole projection, no window) beside Llama-style pre-norm Gated DeltaNet
@@ -1047,8 +1046,7 @@ FLINT = replace(
               "num_experts_per_tok": 6, "num_experts": 256, "norm_topk_prob": True,
               "decoder_sparse_step": 1, "rms_norm_eps": 1e-6},
     quirks=("per-head q/k RMSNorm", "attention sinks (a learned logit per head)",
-            "full-attention layers without rotary", "sigmoid routing",
-            "an ungated shared expert"),
+            "full-attention layers without rotary", "sigmoid routing"),
 )
 # Qwen1.5/2-MoE: Qwen2 (q/k/v biases) with routed experts beside a shared expert whose
 # output is gated by sigmoid(shared_expert_gate(x)).
