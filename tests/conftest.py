@@ -59,6 +59,18 @@ QWEN3_5 = {"num_hidden_layers": 4, "head_dim": 64,
            "linear_value_head_dim": 8, "linear_conv_kernel_dim": 4, "rms_norm_eps": 1e-3}
 QWEN3_5_MOE = {**QWEN3_5, "num_experts": 8, "num_experts_per_tok": 2,
                "moe_intermediate_size": 32, "shared_expert_intermediate_size": 48}
+# Lara Mini: Qwen3.5's DeltaNet layers (as QWEN3_5) around a sliding layer with rotary and
+# a full one without; 8 experts (top 2, renormalized) beside an ungated shared expert
+LARA_MINI = {**QWEN3_5_MOE, "head_dim": 32, "sliding_window": 8,
+             "layer_types": ["linear_attention", "sliding_attention", "full_attention",
+                             "linear_attention"]}
+# OLMo Hybrid: OLMo 3's post-norm attention layers between pre-norm DeltaNet layers (two
+# key heads serving four value heads each of another size, beta doubled)
+OLMO_HYBRID = {"num_hidden_layers": 4,
+               "layer_types": ["linear_attention", "full_attention", "linear_attention",
+                               "full_attention"],
+               "linear_num_key_heads": 2, "linear_num_value_heads": 4,
+               "linear_key_head_dim": 16, "linear_value_head_dim": 8, "rms_norm_eps": 1e-3}
 # LFM3 at head_dim 32 (its config class's 128 is not hidden / heads).
 LFM3 = {"num_hidden_layers": 4, "head_dim": 32, "sliding_window": 8, "conv_L_cache": 4,
         "conv_bias": True, "layer_types": ["conv", "sliding_attention", "full_attention", "conv"],
@@ -89,6 +101,9 @@ GEMMA3N = {
     "altup_num_inputs": 3, "altup_active_idx": 1, "laurel_rank": 8,
     "final_logit_softcapping": 10.0,
 }
+# Gemma 4 Unified: Gemma 4's fixture without per-layer inputs (its config has none)
+GEMMA4_UNIFIED = {k: v for k, v in GEMMA4.items()
+                  if k not in ("hidden_size_per_layer_input", "vocab_size_per_layer_input")}
 FAMILIES: dict[str, dict] = {
     "llama": {},
     "llama-tied-llama3rope": {
@@ -317,11 +332,34 @@ FAMILIES: dict[str, dict] = {
     # the Hub's are (written by hand: image_text_gemma3n)
     "gemma3n_text": GEMMA3N,
     "gemma3n": {**GEMMA3N, "tie_word_embeddings": True},
+    # Gemma 4 Unified: the Gemma 4 fixture without per-layer inputs; the image-text one
+    # (an encoder-free vision embedder beside it) tied, k = v on its full layers
+    "gemma4_unified_text": GEMMA4_UNIFIED,
+    "gemma4_unified": {**GEMMA4_UNIFIED, "tie_word_embeddings": True, "attention_k_eq_v": True,
+                       "num_global_key_value_heads": 1},
+    "lara_mini": LARA_MINI,
+    "olmo_hybrid": OLMO_HYBRID,
     # Mixture-of-experts families (export/moe.py); 8 experts, so that in a chunk some get
     # no token. Qwen3-MoE: a dense layer between two of experts, renormalized top-k.
     "qwen3_moe": {"head_dim": 32, "num_hidden_layers": 3, "mlp_only_layers": [1],
                   "num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
                   "norm_topk_prob": True},
+    # Mellum: Qwen3-MoE's layers, a sliding one (window 8) between full ones, each kind with
+    # its rope base, experts on the sparse layers and a dense MLP on the first
+    "mellum": {"head_dim": 32, "num_hidden_layers": 3, "sliding_window": 8,
+               "layer_types": ["full_attention", "sliding_attention", "full_attention"],
+               "mlp_layer_types": ["dense", "sparse", "sparse"], "num_experts": 8,
+               "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+               "rope_parameters": {
+                   "full_attention": {"rope_type": "default", "rope_theta": 500000.0},
+                   "sliding_attention": {"rope_type": "default", "rope_theta": 100.0}}},
+    # Flint: sinks on every layer, a sliding layer with rotary between full ones without,
+    # a dense first layer, sigmoid routing (top 2 of 8, renormalized) beside an ungated
+    # shared expert
+    "flint": {"head_dim": 16, "num_hidden_layers": 3, "sliding_window": 8,
+              "layer_types": ["full_attention", "sliding_attention", "full_attention"],
+              "mlp_only_layers": [0], "num_experts": 8, "num_experts_per_tok": 2,
+              "moe_intermediate_size": 32, "shared_expert_intermediate_size": 48},
     # OLMoE: q/k norms over the whole projection; top-k weights not renormalized
     "olmoe": {"num_experts": 8, "num_experts_per_tok": 3, "intermediate_size": 32},
     # Granite MoE: the top 2 logits then softmax, Granite's multipliers, fused experts
@@ -498,6 +536,9 @@ IMAGE_TEXT = {
                                  "num_key_value_heads": 2, "head_dim": 8,
                                  "position_embedding_size": 64}, "audio_config": None},
     "gemma3n": {},  # its towers' default configs: image_text_gemma3n writes no tower
+    "gemma4_unified": {"vision_config": {"patch_size": 4, "pooling_kernel_size": 2,
+                                         "mm_embed_dim": 16, "mm_posemb_size": 8},
+                       "audio_config": None},
     "lfm2_vl": {"vision_config": {**TINY_VISION, "num_patches": 16}, "projector_hidden_size": 32},
     "lfm3_vl": {"vision_config": {"hidden_size": 16, "intermediate_size": 32,
                                   "num_hidden_layers": 2, "num_attention_heads": 2,

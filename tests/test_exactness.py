@@ -31,16 +31,20 @@ def prompt_ids(length: int, seed: int = 1) -> list[int]:
 
 @contextmanager
 def recurrent_delta_rule():
-    """Qwen3.5's Gated DeltaNet (and Qwen3.5-MoE's and Qwen3-Next's) in transformers' recurrent
-    form (its decode steps') for a prompt too, as the bundle runs it. transformers runs a
+    """Qwen3.5's Gated DeltaNet (and Qwen3.5-MoE's, Qwen3-Next's, Lara Mini's and OLMo
+    Hybrid's) in transformers' recurrent form (its decode steps') for a prompt too, as the
+    bundle runs it. transformers runs a
     prompt in its chunked form, which equals it up to rounding; on the fixtures the two
     differ by up to 2e-4 over 100 tokens, more than the comparisons' 1e-4 (test_qwen3_5.py
     compares the chunked form over 40). Other families never call it."""
+    from transformers.models.lara_mini import modeling_lara_mini
+    from transformers.models.olmo_hybrid import modeling_olmo_hybrid
     from transformers.models.qwen3_5 import modeling_qwen3_5
     from transformers.models.qwen3_5_moe import modeling_qwen3_5_moe
     from transformers.models.qwen3_next import modeling_qwen3_next
 
-    modules = (modeling_qwen3_5, modeling_qwen3_5_moe, modeling_qwen3_next)
+    modules = (modeling_qwen3_5, modeling_qwen3_5_moe, modeling_qwen3_next, modeling_lara_mini,
+               modeling_olmo_hybrid)
     chunked = [m.torch_chunk_gated_delta_rule for m in modules]
     for module in modules:
         recurrent = module.torch_recurrent_gated_delta_rule

@@ -34,7 +34,7 @@ MOE_FAMILIES = ("qwen3_moe", "olmoe", "granitemoe", "lfm2_moe", "qwen2_moe")
 # Families whose matrix here runs under `slow` only (the default suite checks each one's chunk
 # logits in both flavours: test_exactness.test_chunk_logits_match_transformers).
 SLOW_MOE_FAMILIES = ("qwen3_5_moe_text", "qwen3_5_moe", "qwen3_vl_moe", "mixtral",
-                     "ernie4_5_moe", "qwen3_next")
+                     "ernie4_5_moe", "qwen3_next", "lara_mini", "mellum", "flint")
 
 
 def slow(*params) -> list:

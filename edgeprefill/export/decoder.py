@@ -229,7 +229,7 @@ class DecoderBuilder:
         layer's output projection, MLP and norms for its other tokens (as llama.cpp does)."""
         n = self.names
         p = n.layer.format(i=i)
-        block = self.cfg.block
+        block = self.cfg.block_of(i)
         if block == "altup":
             return self._altup_layer(i, x, step, rows), None
         if block == "post":  # OLMo 2: the norms follow the sublayers

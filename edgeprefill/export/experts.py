@@ -117,6 +117,7 @@ class MoeConfig:
     scaling: float  # routed_scaling_factor
     expert_bias: bool
     shared_width: int  # a shared expert's intermediate size; 0: none
+    shared_gated: bool  # whether its output is gated (Qwen2-MoE), or added whole (ERNIE)
     layers: tuple[int, ...]
     clamped: ClampedSwiglu | None = None  # None: act(gate) * up
     # softmax_group_limited: the experts in `groups` equal groups, the best `top_groups`
@@ -125,7 +126,8 @@ class MoeConfig:
     top_groups: int = 1
 
     def describe(self, num_layers: int) -> str:
-        shared = f", a gated shared expert of width {self.shared_width}" \
+        gated = "a gated" if self.shared_gated else "an ungated"
+        shared = f", {gated} shared expert of width {self.shared_width}" \
             if self.shared_width else ""
         clamped = f", clamped SwiGLU (limit {self.clamped.limit:g})" if self.clamped else ""
         return (f"mixture of experts: {self.experts} experts of width {self.width}, top "
@@ -155,6 +157,7 @@ def read_moe(raw: dict[str, Any], spec: MoeSpec) -> MoeConfig | None:
                                                   or bool(raw.get(spec.bias_key))),
         shared_width=int(raw.get("shared_expert_intermediate_size") or 0)
         if names.shared else 0,
+        shared_gated=names.shared_gate is not None,
         layers=layers,
         clamped=ClampedSwiglu(float(raw["swiglu_alpha"]), float(raw["swiglu_limit"]))
         if spec.clamped_swiglu else None,

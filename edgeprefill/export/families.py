@@ -66,6 +66,23 @@ class TensorNames:
 
 LLAMA_NAMES = TensorNames()
 
+
+@dataclass(frozen=True)
+class DeltaNames:
+    """A Gated DeltaNet layer's tensor names (export/gated_delta.py), relative to the layer
+    prefix + `mixer`. `projections` are the input projections whose rows, stacked in this
+    order, are Qwen3.5's q | k | v, z, b and a (each all heads in order); `conv` the
+    convolution weights whose channels, stacked, are its q | k | v."""
+
+    mixer: str = "linear_attn."
+    projections: tuple[str, ...] = ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a")
+    conv: tuple[str, ...] = ("conv1d",)
+    out: str = "out_proj"
+    norm: str = "norm"  # the gated RMSNorm per value head
+
+
+QWEN_DELTA_NAMES = DeltaNames()
+
 # x*w, x*(1+w) (Gemma), LayerNorm with bias, LayerNorm without bias (Cohere), LayerNorm
 # with bias scaling by (1+w) (Nemotron's LayerNorm1P)
 NORMS = ("rms", "rms_plus_one", "layer", "layer_no_bias", "layer_plus_one")
@@ -160,6 +177,14 @@ class FamilySpec:
     # Whether its input projections are Qwen3-Next's two, rows grouped per key head
     # (in_proj_qkvz [key head, q|k|v|z], in_proj_ba [key head, b|a]), not Qwen3.5's four.
     delta_grouped: bool = False
+    delta_names: DeltaNames = QWEN_DELTA_NAMES
+    # OLMo Hybrid's DeltaNet: its gated norm's epsilon, fixed (None: the model's norm
+    # epsilon), and the key that doubles beta (linear_allow_neg_eigval: beta in [0, 2]).
+    delta_norm_eps: float | None = None
+    delta_beta_key: str | None = None
+    # The block of the state layers (linear attention) where it differs from `block` (OLMo
+    # Hybrid: OLMo 3's post-norm attention layers beside Llama's pre-norm DeltaNet layers).
+    state_block: str | None = None
     # Routed experts in place of the MLP on the layers the spec's rule gives (export/moe.py).
     moe: MoeSpec | None = None
     # Whether `layer_types` may name "mamba" layers: Mamba-2 mixers (Granite 4.0-H), which
@@ -647,6 +672,49 @@ def _delta_net_unsupported(raw: dict[str, Any]) -> str | None:
     return None
 
 
+# LaraMiniConfig's layers without `layer_types`: the released pattern, period five
+LARA_MINI_PATTERN = ("linear_attention", "sliding_attention", "linear_attention",
+                     "full_attention", "sliding_attention")
+
+
+def _lara_mini_config(raw: dict[str, Any]) -> dict[str, Any]:
+    """LaraMiniConfig: LARA_MINI_PATTERN without `layer_types`; no dense MLP (every layer's
+    is experts), so the reader's intermediate_size, which no layer uses, is the experts'."""
+    types = raw.get("layer_types") or [LARA_MINI_PATTERN[i % len(LARA_MINI_PATTERN)]
+                                       for i in range(int(raw["num_hidden_layers"]))]
+    return {**raw, "layer_types": types, "intermediate_size": raw["moe_intermediate_size"]}
+
+
+def _olmo_hybrid_config(raw: dict[str, Any]) -> dict[str, Any]:
+    """OlmoHybridConfig: without `layer_types` every 4th layer attends (the last one where
+    none would); the DeltaNet's heads default from the attention's (num_attention_heads,
+    key heads of 0.75 hidden / heads, value heads twice as wide)."""
+    raw = dict(raw)
+    count, heads = int(raw["num_hidden_layers"]), int(raw["num_attention_heads"])
+    if raw.get("layer_types") is None:
+        types = ["full_attention" if i % 4 == 3 else "linear_attention" for i in range(count)]
+        if "full_attention" not in types:
+            types[-1] = "full_attention"
+        raw["layer_types"] = types
+    defaults = {"linear_num_key_heads": heads, "linear_num_value_heads": heads}
+    for key, value in defaults.items():
+        raw[key] = value if raw.get(key) is None else raw[key]
+    if raw.get("linear_key_head_dim") is None:
+        raw["linear_key_head_dim"] = int(0.75 * int(raw["hidden_size"])
+                                         / int(raw["linear_num_key_heads"]))
+    if raw.get("linear_value_head_dim") is None:
+        raw["linear_value_head_dim"] = 2 * int(raw["linear_key_head_dim"])
+    return raw
+
+
+def _olmo_hybrid_unsupported(raw: dict[str, Any]) -> str | None:
+    params = raw.get("rope_parameters") or {}
+    if "rope_theta" in params and params["rope_theta"] is None:
+        return ("rope_parameters without a rope_theta (OLMo Hybrid's NoPE mode, no rotary "
+                "on any layer) is not supported")
+    return _delta_net_unsupported(raw)
+
+
 def _lfm2_vl_text(raw: dict[str, Any]) -> dict[str, Any]:
     """Lfm2VlConfig: its LFM2 language model, tied by the outer `tie_embedding` (the older
     name, which wins) or `tie_word_embeddings`, true by default (_liquid_vl_text)."""
@@ -822,6 +890,52 @@ QWEN3_NEXT = replace(
               "shared_expert_intermediate_size": 512, "norm_topk_prob": True,
               "decoder_sparse_step": 1},
 )
+# Lara Mini (Lara-4-Mini): Qwen3-Next's layers with plain RMSNorms (x * w), Qwen3's
+# attention (no output gate) sliding on `sliding_attention` layers, its `full_attention`
+# layers without rotary; Qwen3.5's DeltaNet projections fused into one `in_proj` (as the
+# checkpoints store them and transformers saves them) and its gated norm named out_norm;
+# every layer's MLP experts (softmax, norm_topk_prob) beside an ungated shared expert.
+LARA_MINI = FamilySpec(
+    **ATTENTION_BIAS, qk_norm="head", window="always", global_nope=True, tie_default=True,
+    delta_net=True, delta_names=DeltaNames(projections=("in_proj",), norm="out_norm"),
+    legacy=_lara_mini_config, refuse=_delta_net_unsupported,
+    moe=MoeSpec(names=replace(QWEN_SHARED_EXPERT, shared_gate=None)),
+    defaults={"vocab_size": 151_936, "hidden_size": 1024, "num_hidden_layers": 34,
+              "num_attention_heads": 16, "num_key_value_heads": 4, "head_dim": 128,
+              "max_position_embeddings": 131_072, "sliding_window": 512, "rms_norm_eps": 1e-6,
+              "linear_conv_kernel_dim": 4, "linear_key_head_dim": 128,
+              "linear_value_head_dim": 128, "linear_num_key_heads": 8,
+              "linear_num_value_heads": 16, "num_experts": 128, "num_experts_per_tok": 4,
+              "moe_intermediate_size": 512, "shared_expert_intermediate_size": 512,
+              "norm_topk_prob": True},
+    quirks=("per-head q/k RMSNorm", "full-attention layers without rotary"),
+)
+# OLMo Hybrid (Olmo-Hybrid-7B): OLMo 3's attention layers (norms after the sublayers, q/k
+# RMSNorm over the whole projection, no window) beside Llama-style pre-norm Gated DeltaNet
+# layers, whose projections are separate (q, k, v, the gate g, b, a), whose gated norm has
+# an epsilon of its own (1e-5) and whose beta doubles (linear_allow_neg_eigval).
+# As transformers saves it (and loads it, conversion_mapping.py): every layer's norm after
+# its mixer (before the MLP in a DeltaNet layer, after the attention in an attention layer)
+# is feedforward_layer_norm, a DeltaNet layer's input norm attention_layer_norm.
+OLMO_HYBRID_NAMES = replace(LLAMA_NAMES, input_norm="attention_layer_norm",
+                            post_attn_norm="feedforward_layer_norm")
+OLMO_HYBRID = replace(
+    OLMO2, delta_net=True, state_block="pre",
+    names=OLMO_HYBRID_NAMES,
+    delta_names=DeltaNames(projections=("q_proj", "k_proj", "v_proj", "g_proj", "b_proj",
+                                        "a_proj"),
+                           conv=("q_conv1d", "k_conv1d", "v_conv1d"), out="o_proj",
+                           norm="o_norm"),
+    delta_norm_eps=1e-5, delta_beta_key="linear_allow_neg_eigval",
+    legacy=_olmo_hybrid_config, refuse=_olmo_hybrid_unsupported, ignores=("head_dim",),
+    defaults={"vocab_size": 100_352, "hidden_size": 3840, "intermediate_size": 11_008,
+              "num_hidden_layers": 32, "num_attention_heads": 30,
+              "max_position_embeddings": 65_536, "rms_norm_eps": 1e-6,
+              "linear_conv_kernel_dim": 4, "linear_allow_neg_eigval": True},
+    quirks=("norms after attention and MLP on the attention layers",
+            "q/k RMSNorm over the whole projection", "Gated DeltaNet layers (pre-norm)",
+            "DeltaNet beta doubled (linear_allow_neg_eigval)"),
+)
 GEMMA4 = FamilySpec(
     **ATTENTION_BIAS, block="sandwich", qk_norm="head", v_norm=True, layer_scalar=True,
     embed_scale="sqrt_hidden", tie_default=True, act_default="gelu_pytorch_tanh",
@@ -859,6 +973,18 @@ GEMMA3N = FamilySpec(
             "per-layer inputs (a second embedding fed to every layer)",
             "AltUp streams (predicted before each layer, corrected after it)",
             "a LAuReL low-rank branch beside each layer's attention"),
+)
+# Gemma 4 Unified (gemma-4-12B): Gemma 4's language model without per-layer inputs nor
+# experts (its config class has no such keys, and its model reads none that a config.json
+# may carry), its own defaults (window 1024, 262,144 positions).
+PER_LAYER_INPUT_KEYS = ("hidden_size_per_layer_input", "vocab_size_per_layer_input")
+GEMMA4_UNIFIED = replace(
+    GEMMA4, ignores=(*PER_LAYER_INPUT_KEYS, "enable_moe_block", "num_experts",
+                     "top_k_experts", "moe_intermediate_size"),
+    refuse=None,
+    defaults={**{k: v for k, v in GEMMA4.defaults.items() if k not in PER_LAYER_INPUT_KEYS},
+              "max_position_embeddings": 262_144, "sliding_window": 1024},
+    quirks=tuple(q for q in GEMMA4.quirks if not q.startswith("per-layer inputs")),
 )
 # transformers 5 loads EXAONE 3.0/3.5 as Llama, renaming the Hub's tensors.
 EXAONE_NAMES = TensorNames(
@@ -966,6 +1092,77 @@ QWEN3_MOE = FamilySpec(
     defaults={**QWEN_MOE_DEFAULTS, "num_experts": 128, "num_experts_per_tok": 8,
               "moe_intermediate_size": 768},
     quirks=("per-head q/k RMSNorm",),
+)
+# Mellum: Qwen3-MoE's layers, sliding on its `sliding_attention` ones (all full without
+# `layer_types`), a rope per layer type (500,000 and 10,000 by default), experts on the
+# `sparse` layers of `mlp_layer_types` (all without it), a dense MLP on the `dense` ones.
+MELLUM_ROPES = {"full_attention": {"rope_type": "default", "rope_theta": 500_000.0},
+                "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0}}
+
+
+def _mellum_config(raw: dict[str, Any]) -> dict[str, Any]:
+    count = int(raw["num_hidden_layers"])
+    return {**raw, "layer_types": raw.get("layer_types") or ["full_attention"] * count,
+            "rope_parameters": raw.get("rope_parameters") or MELLUM_ROPES}
+
+
+def _mlp_layer_types_sparse(raw: dict[str, Any]) -> tuple[int, ...]:
+    """Laguna's and Mellum's `mlp_layer_types`: the `sparse` layers (all without it)."""
+    kinds = raw.get("mlp_layer_types") or ["sparse"] * int(raw["num_hidden_layers"])
+    return tuple(i for i, kind in enumerate(kinds) if kind == "sparse")
+
+
+def _per_type_partial_rotary(raw: dict[str, Any]) -> str | None:
+    # Laguna's rotary reads a partial_rotary_factor per layer type; export's is one.
+    for kind, params in (raw.get("rope_parameters") or {}).items():
+        factor = params.get("partial_rotary_factor", 1.0) if isinstance(params, dict) else 1.0
+        if factor != 1.0:
+            return (f"a partial_rotary_factor per layer type ({kind}: {factor}) is not "
+                    "supported; export rotates whole heads")
+    return None
+
+
+MELLUM = replace(
+    QWEN3_MOE, window="always", sliding=lambda i, raw: False, legacy=_mellum_config,
+    refuse=_per_type_partial_rotary, left_out=("mtp.",),
+    moe=MoeSpec(experts_keys=EXPERT_ALIASES, layers=_mlp_layer_types_sparse),
+    defaults={"vocab_size": 98_304, "hidden_size": 2304, "intermediate_size": 7168,
+              "num_hidden_layers": 28, "num_attention_heads": 32, "num_key_value_heads": 4,
+              "head_dim": 128, "max_position_embeddings": 131_072, "sliding_window": 1024,
+              "num_local_experts": 64, "num_experts_per_tok": 8,
+              "moe_intermediate_size": 896, "norm_topk_prob": True, "rms_norm_eps": 1e-6},
+    quirks=("per-head q/k RMSNorm", "a rope per layer type",
+            "dense and sparse layers (mlp_layer_types)"),
+)
+# Flint: Qwen3-MoE's layers with attention sinks, sliding windows on its
+# `sliding_attention` layers (FlintConfig's pattern without `layer_types`), no rotary on its
+# full ones; sigmoid routing without a bias (`norm_topk_prob` renormalizes, no epsilon)
+# beside an ungated shared expert; the first two layers dense (mlp_only_layers). Its sinks
+# are stored as `softmax_offset` (the checkpoints' name, which transformers saves).
+def _flint_layers(raw: dict[str, Any]) -> dict[str, Any]:
+    """FlintConfig: without `layer_types`, full attention on the first two layers, every
+    fourth from the second and the last; without `mlp_only_layers`, [0, 1]."""
+    count = int(raw["num_hidden_layers"])
+    types = raw.get("layer_types") or [
+        "full_attention" if i < 2 or i % 4 == 1 or i == count - 1 else "sliding_attention"
+        for i in range(count)]
+    dense = raw.get("mlp_only_layers")
+    return {**raw, "layer_types": types, "mlp_only_layers": [0, 1] if dense is None else dense}
+
+
+FLINT = replace(
+    QWEN3_MOE, names=replace(LLAMA_NAMES, sinks="self_attn.softmax_offset"), sinks=True,
+    window="always", global_nope=True, legacy=_flint_layers,
+    moe=MoeSpec(names=MoeNames(shared="mlp.shared_expert."), routing="sigmoid",
+                layers=sparse_layers),
+    defaults={"vocab_size": 150_144, "hidden_size": 2048, "intermediate_size": 6144,
+              "num_hidden_layers": 49, "num_attention_heads": 32, "num_key_value_heads": 4,
+              "head_dim": 128, "max_position_embeddings": 262_144, "sliding_window": 513,
+              "moe_intermediate_size": 512, "shared_expert_intermediate_size": 1024,
+              "num_experts_per_tok": 6, "num_experts": 256, "norm_topk_prob": True,
+              "decoder_sparse_step": 1, "rms_norm_eps": 1e-6},
+    quirks=("per-head q/k RMSNorm", "attention sinks (a learned logit per head)",
+            "full-attention layers without rotary", "sigmoid routing"),
 )
 # Qwen1.5/2-MoE: Qwen2 (q/k/v biases) with routed experts beside a shared expert whose
 # output is gated by sigmoid(shared_expert_gate(x)).
@@ -1259,6 +1456,7 @@ FAMILIES: dict[str, FamilySpec] = {
         outer={"tie_word_embeddings": False, "eos_token_id": None, "bos_token_id": None},
         quirks=(*QWEN3_5.quirks, *MROPE_QUIRKS),
     ),
+    "lara_mini": LARA_MINI,
     "gemma": GEMMA,
     "gemma2": replace(
         GEMMA, block="sandwich", window="always", sliding=lambda i, raw: i % 2 == 0,
@@ -1327,6 +1525,16 @@ FAMILIES: dict[str, FamilySpec] = {
                   "model.embed_audio."),
         quirks=(*GEMMA3N.quirks, IMAGE_TEXT_QUIRK),
     ),
+    "gemma4_unified_text": GEMMA4_UNIFIED,
+    # Gemma4UnifiedForConditionalGeneration: its language model, exported alone; the
+    # encoder-free vision and audio embedders left out, the tying as gemma4's.
+    "gemma4_unified": replace(
+        GEMMA4_UNIFIED, nested="text_config", text_types=("gemma4_unified_text",),
+        outer={"tie_word_embeddings": True, "eos_token_id": None, "bos_token_id": None},
+        renames=(("model.language_model.", "model."),),
+        left_out=("model.vision_embedder.", "model.embed_vision.", "model.embed_audio."),
+        quirks=(*GEMMA4_UNIFIED.quirks, IMAGE_TEXT_QUIRK),
+    ),
     "phi3": FamilySpec(
         names=replace(LLAMA_NAMES, qkv="self_attn.qkv_proj", gate_up="mlp.gate_up_proj"),
         window="always", partial_rotary=True, legacy=_phi3_longrope,
@@ -1345,6 +1553,7 @@ FAMILIES: dict[str, FamilySpec] = {
         quirks=("embedding, attention and residual multipliers", "logits scaling"),
     ),
     "olmo2": OLMO2,
+    "olmo_hybrid": OLMO_HYBRID,
     # OLMo 2 with sliding windows on three of every four layers, each layer type its rope.
     "olmo3": replace(OLMO2, window="always", sliding=lambda i, raw: (i + 1) % 4 != 0,
                      legacy=_olmo3_ropes,
@@ -1488,6 +1697,8 @@ FAMILIES: dict[str, FamilySpec] = {
     ),
     "qwen3_moe": QWEN3_MOE,
     "qwen2_moe": QWEN2_MOE,
+    "flint": FLINT,
+    "mellum": MELLUM,
     "olmoe": OLMOE,
     "mixtral": MIXTRAL,
     "ernie4_5_moe": ERNIE4_5_MOE,

@@ -4,16 +4,19 @@ transformers' Qwen3_5GatedDeltaNet (Qwen3NextGatedDeltaNet's recurrence):
 
   qkv, z, b, a = in_proj_qkv(h), in_proj_z(h), in_proj_b(h), in_proj_a(h)
                  (Qwen3-Next: in_proj_qkvz(h), in_proj_ba(h), their rows grouped per key
-                 head, which export reorders into these four: grouped_rows)
+                 head, which export reorders into these four: grouped_rows; Lara Mini's
+                 and OLMo Hybrid's stored otherwise: FamilySpec.delta_names)
   qkv          = silu(causal depthwise conv of L tokens over qkv)   state 1: its last L-1
   q, k, v      = split(qkv); q, k l2-normalized per head, q / sqrt(key_dim)
                  (each key head serves value_heads / key_heads consecutive value heads)
   beta, g      = sigmoid(b), -exp(A_log) * softplus(a + dt_bias)    float32
+                 (OLMo Hybrid: beta doubled, DeltaNetShape.beta_scale)
   per token t:   S = S * exp(g_t)                                   state 2: S, float32
                  delta = (v_t - k_t S) * beta_t                     [v_heads, k_dim, v_dim]
                  S = S + k_t (x) delta
                  o_t = q_t S
   out          = out_proj(rmsnorm(o) * norm.weight * silu(z))      per value head
+                 (OLMo Hybrid: at its own epsilon, DeltaNetShape.norm_eps)
 
 The recurrence runs token by token in a `Scan` over the chunk, exactly as
 torch_recurrent_gated_delta_rule does (the chunked form transformers uses for a prompt
@@ -42,8 +45,6 @@ from edgeprefill.export.short_conv import StateSpec
 from edgeprefill.export.tokens import PackedTokens, PaddedTokens
 from edgeprefill.export.weights import GraphWeights
 
-PREFIX = "linear_attn."
-SPLIT = ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a")  # Qwen3.5's projections
 GROUPED = ("in_proj_qkvz", "in_proj_ba")  # Qwen3-Next's
 L2_EPS = 1e-6  # transformers' l2norm in the recurrence
 
@@ -57,6 +58,7 @@ class GatedDeltaNet(RecurrentMixer):
         super().__init__(g, w, cfg, tokens, conv, past_lens, valid_lens, chunk)
         assert cfg.delta is not None
         self.d: DeltaNetShape = cfg.delta
+        self._norm_eps = cfg.norm_eps if cfg.delta.norm_eps is None else cfg.delta.norm_eps
 
     def states(self, layer: int) -> list[StateSpec]:
         """The layer's conv state (model dtype) and recurrent state (float32)."""
@@ -69,7 +71,8 @@ class GatedDeltaNet(RecurrentMixer):
     def layer(self, p: str, h: str, layer: int, rows) -> str:
         """The linear-attention sublayer of layer prefix `p` on its normed input `h`.
         `rows` keeps the tokens that go on."""
-        g, d, pre = self.g, self.d, p + PREFIX
+        g, d, names = self.g, self.d, self.cfg.spec.delta_names
+        pre = p + names.mixer
         self._check_shapes(pre)
         value_size = d.value_heads * d.value_dim
         projected = self.tokens.spread(self._projected(pre, h))
@@ -78,19 +81,20 @@ class GatedDeltaNet(RecurrentMixer):
         conv_state = state_names(layer, CONV)
         full = self.conv.full(conv_state.past, mixed)
         self.conv.store(full, conv_state.present, d.conv_kernel - 1, d.conv_dim)
-        name = pre + "conv1d.weight"
-        taps = self.conv.taps(name, d.conv_kernel, d.conv_dim,
-                              lambda n: self.w.ckpt.get(n, np.float32))
+        convs = [pre + n + ".weight" for n in names.conv]
+        taps = self.conv.taps(convs[0], d.conv_kernel, d.conv_dim, lambda _: np.concatenate(
+            [self.w.ckpt.get(n, np.float32) for n in convs]))
         mixed = self._silu(self.conv.convolve(full, taps, d.conv_kernel))
         out = self._recurrence(pre, layer, self._float(mixed), self._float(b), self._float(a))
         y = self._gated_norm(pre, out, z)  # [B, C, value_size]
         y = rows(self.tokens.gather(y, value_size))
-        return self.w.linear(y, [pre + "out_proj.weight"], None)
+        return self.w.linear(y, [pre + names.out + ".weight"], None)
 
     def _projected(self, pre: str, h: str) -> str:
         """[..., conv_dim + value_size + 2 value_heads]: qkv, z, b and a of h, side by side."""
         if not self.cfg.spec.delta_grouped:
-            return self.w.linear(h, [pre + n + ".weight" for n in SPLIT], None)
+            names = self.cfg.spec.delta_names.projections
+            return self.w.linear(h, [pre + n + ".weight" for n in names], None)
         order = grouped_rows(self.d)
         return self.w.linear(h, [pre + n + ".weight" for n in GROUPED], None,
                              reorder=lambda rows: rows[order])
@@ -153,7 +157,10 @@ class GatedDeltaNet(RecurrentMixer):
         rate = g.op("Neg", [g.op("Exp", [a_log])])
         gate = g.op("Mul", [rate, g.op("Softplus", [g.op("Add", [a, dt_bias])])])
         decay = g.op("Where", [self.valid, g.op("Exp", [gate]), g.const(1.0, np.float32)])
-        beta = g.op("Where", [self.valid, g.op("Sigmoid", [b]), g.const(0.0, np.float32)])
+        beta = g.op("Sigmoid", [b])
+        if self.d.beta_scale != 1.0:  # OLMo Hybrid: negative eigenvalues allowed
+            beta = g.op("Mul", [beta, g.const(self.d.beta_scale, np.float32)])
+        beta = g.op("Where", [self.valid, beta, g.const(0.0, np.float32)])
         return decay, beta
 
     def _step_body(self, prefix: str) -> Any:
@@ -192,32 +199,44 @@ class GatedDeltaNet(RecurrentMixer):
         x = self._float(out)
         mean = g.op("ReduceMean", [g.op("Mul", [x, x]), g.const([-1])], keepdims=1)
         inverse = g.op("Reciprocal", [g.op("Sqrt", [
-            g.op("Add", [mean, g.const(self.cfg.norm_eps, np.float32)])])])
+            g.op("Add", [mean, g.const(self._norm_eps, np.float32)])])])
         normed = g.op("Mul", [self._cast(g.op("Mul", [x, inverse]), dtype),
-                              self.w.tensor(pre + "norm.weight")])
+                              self.w.tensor(pre + self.cfg.spec.delta_names.norm + ".weight")])
         gate = self._silu(self._float(g.op("Reshape", [
             z, g.const([0, 0, d.value_heads, d.value_dim])])))
         y = self._cast(g.op("Mul", [self._float(normed), gate]), dtype)
         return g.op("Reshape", [y, g.const([0, 0, d.value_heads * d.value_dim])])
 
     def _check_shapes(self, pre: str) -> None:
-        """A checkpoint that disagrees with config.json fails here in one line."""
-        d, hidden = self.d, self.cfg.hidden_size
+        """A checkpoint that disagrees with config.json fails here in one line. The input
+        projections are checked together: families split their rows differently."""
+        d, hidden, names = self.d, self.cfg.hidden_size, self.cfg.spec.delta_names
         value_size = d.value_heads * d.value_dim
-        projections = ((("in_proj_qkvz", d.conv_dim + value_size),
-                        ("in_proj_ba", 2 * d.value_heads)) if self.cfg.spec.delta_grouped
-                       else (("in_proj_qkv", d.conv_dim), ("in_proj_z", value_size),
-                             ("in_proj_b", d.value_heads), ("in_proj_a", d.value_heads)))
-        for name, shape in (*((pre + n + ".weight", (rows, hidden)) for n, rows in projections),
-                            (pre + "conv1d.weight", (d.conv_dim, 1, d.conv_kernel)),
-                            (pre + "norm.weight", (d.value_dim,)),
-                            (pre + "out_proj.weight", (hidden, value_size))):
+        sources = GROUPED if self.cfg.spec.delta_grouped else names.projections
+        projections = [pre + n + ".weight" for n in sources]
+        rows = sum(self.w.shape(n)[0] for n in projections)
+        expected = d.conv_dim + value_size + 2 * d.value_heads  # q|k|v, z, b, a
+        if rows != expected or any(self.w.shape(n)[1:] != (hidden,) for n in projections):
+            self._refuse(" + ".join(projections), (rows, *self.w.shape(projections[0])[1:]),
+                         (expected, hidden))
+        convs = [pre + n + ".weight" for n in names.conv]
+        channels = sum(self.w.shape(n)[0] for n in convs)
+        if channels != d.conv_dim or any(self.w.shape(n)[1:] != (1, d.conv_kernel)
+                                         for n in convs):
+            self._refuse(" + ".join(convs), (channels, *self.w.shape(convs[0])[1:]),
+                         (d.conv_dim, 1, d.conv_kernel))
+        for name, shape in ((pre + names.norm + ".weight", (d.value_dim,)),
+                            (pre + names.out + ".weight", (hidden, value_size))):
             if self.w.shape(name) != shape:
-                raise ExportError(
-                    f"{name} has shape {self.w.shape(name)}, but config.json implies {shape} "
-                    f"(linear_num_key_heads {d.key_heads} of {d.key_dim}, "
-                    f"linear_num_value_heads {d.value_heads} of {d.value_dim}, "
-                    f"linear_conv_kernel_dim {d.conv_kernel})")
+                self._refuse(name, self.w.shape(name), shape)
+
+    def _refuse(self, name: str, got: tuple[int, ...], shape: tuple[int, ...]) -> None:
+        d = self.d
+        raise ExportError(
+            f"{name} has shape {got}, but config.json implies {shape} "
+            f"(linear_num_key_heads {d.key_heads} of {d.key_dim}, "
+            f"linear_num_value_heads {d.value_heads} of {d.value_dim}, "
+            f"linear_conv_kernel_dim {d.conv_kernel})")
 
 
 def grouped_rows(d: DeltaNetShape) -> np.ndarray:

@@ -73,6 +73,8 @@ class DeltaNetShape:
     key_dim: int
     value_dim: int
     conv_kernel: int
+    norm_eps: float | None = None  # the gated norm's epsilon; None: the model's
+    beta_scale: float = 1.0  # beta times this (OLMo Hybrid's linear_allow_neg_eigval: 2)
 
     @property
     def conv_dim(self) -> int:
@@ -276,6 +278,11 @@ class ModelConfig:
     def kv_state_layers(self) -> tuple[int, ...]:
         """The state layers that keep KV too: Falcon-H1's, attention beside Mamba-2."""
         return self.mamba_layers if self.block == "hybrid" else ()
+
+    def block_of(self, layer: int) -> str:
+        """The block layout of one layer: the spec's state_block for its state layers."""
+        state_block = self.spec.state_block
+        return state_block if state_block and layer in self.delta_layers else self.block
 
     def state_kinds(self, layer: int) -> tuple[str, ...]:
         """The recurrent states a state layer carries (contract.STATE_KINDS), in order."""
@@ -505,7 +512,9 @@ def _delta(raw: dict[str, Any], spec: FamilySpec) -> dict[str, Any]:
     shape = DeltaNetShape(
         key_heads=int(raw["linear_num_key_heads"]), value_heads=int(raw["linear_num_value_heads"]),
         key_dim=int(raw["linear_key_head_dim"]), value_dim=int(raw["linear_value_head_dim"]),
-        conv_kernel=int(raw["linear_conv_kernel_dim"]))
+        conv_kernel=int(raw["linear_conv_kernel_dim"]),
+        norm_eps=spec.delta_norm_eps, beta_scale=2.0 if spec.delta_beta_key
+        and raw.get(spec.delta_beta_key) else 1.0)
     return {"delta_layers": layers, "delta": shape}
 
 
