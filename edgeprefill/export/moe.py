@@ -70,9 +70,11 @@ class MixtureOfExperts:
         elif moe.routing in ("sigmoid", "softmax_bias"):  # the bias chooses, never weighs
             scores = g.op("Sigmoid", [logits]) if moe.routing == "sigmoid" else \
                 g.op("Softmax", [logits], axis=-1)
-            ranked = scores
+            ranked = logits if moe.bias_on_logits else scores
             if moe.expert_bias:
-                ranked = g.op("Add", [scores, self._expert_bias(p)])
+                ranked = g.op("Add", [ranked, self._expert_bias(p)])
+            if moe.grouped:
+                ranked = self._in_best_groups(ranked)
             _, chosen = g.op("TopK", [ranked, k], 2, axis=-1)
             weights = g.op("GatherElements", [scores, chosen], axis=-1)
         else:
@@ -90,6 +92,25 @@ class MixtureOfExperts:
         if self.dtype != np.float32:
             weights = g.op("Cast", [weights], to=10)
         return chosen, weights
+
+    def _in_best_groups(self, ranked: str) -> str:
+        """ranked [N, E] float32 with -inf outside each token's best `top_groups` groups
+        (DeepSeek-V3's n_group groups of consecutive experts, each scored by the sum of its
+        two highest ranked values), so that the top k are chosen within those groups."""
+        g, moe = self.g, self.moe
+        grouped = g.op("Reshape", [ranked, g.const([-1, moe.groups,
+                                                    moe.experts // moe.groups])])  # [N, G, S]
+        two, _ = g.op("TopK", [grouped, g.const([2])], 2, axis=-1)
+        score = g.op("ReduceSum", [two, g.const([-1])], keepdims=0)  # [N, G]
+        _, best = g.op("TopK", [score, g.const([moe.top_groups])], 2, axis=-1)  # [N, tg]
+        zeros = g.op("ConstantOfShape", [g.op("Shape", [score])],
+                     value=tensor_attribute(np.zeros(1, np.float32)))
+        ones = g.op("ConstantOfShape", [g.op("Shape", [best])],
+                    value=tensor_attribute(np.ones(1, np.float32)))
+        kept = g.op("Cast", [g.op("ScatterElements", [zeros, best, ones], axis=1)], to=9)
+        masked = g.op("Where", [g.op("Unsqueeze", [kept, g.const([-1])]), grouped,
+                                g.const(-np.inf, np.float32)])  # [N, G, S]
+        return g.op("Reshape", [masked, g.const([-1, moe.experts])])
 
     def _dispatch(self, p: str, x: str, chosen: str, weights: str) -> str:
         """Each expert on the tokens that chose it; their rows summed per token. Rows are

@@ -9,7 +9,8 @@ then runs each chosen expert's SwiGLU on its tokens: the routing of Qwen2/3-MoE,
 Qwen3.5-MoE, Qwen3-Next, Qwen3-VL-MoE and Mixtral. Granite MoE's softmax over the top k
 logits is the same renormalized top k of the softmax over all (exp(l_i) / sum_topk
 exp(l_j)). LFM2-MoE's routing (the top k of sigmoid + bias, weighed by the sigmoid alone,
-renormalized with an epsilon, scaled) and ERNIE-4.5-MoE's (the top k of softmax + bias,
+renormalized with an epsilon, scaled; DeepSeek-V3's within its best groups, Kolibri-1's
+biased on the logits) and ERNIE-4.5-MoE's (the top k of softmax + bias,
 weighed by the softmax, renormalized with a floor) are computed in the graph as the
 unrolled form computes them, and handed to the op as logits it cannot read otherwise:
 log(weight) at the k chosen experts and -inf elsewhere, so the op's softmax and top k find
