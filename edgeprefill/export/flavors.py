@@ -160,7 +160,7 @@ class OrtFlavor(Flavor):
         max_past = g.op("ReduceMax", [past_lens], keepdims=0)
         total = g.op("Add", [max_past, g.op("Squeeze", [chunk32, g.const([0])])])
         extra = {"seqlens_k": seqlens_k, "total": total}
-        if self.cfg.spec.qk_norm == "head_rotated":  # rotary outside attention (rotary())
+        if self.cfg.qk_norm == "head_rotated":  # rotary outside attention (rotary())
             extra["positions"] = positions(g, g.op("Cast", [past_lens], to=7), chunk)
         tables: dict[str, tuple[str, str]] = {}
         for rope, stem in self.rope_table_names().items():

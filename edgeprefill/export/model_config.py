@@ -191,6 +191,8 @@ class ModelConfig:
     per_layer_vocab: int = 0
     # Routed experts in place of the MLP on moe.layers (export/moe.py); None: dense.
     moe: MoeConfig | None = None
+    # Whether config.json switches the family's q/k norms off (GLM-4.5's use_qk_norm false).
+    qk_norm_off: bool = False
 
     def __post_init__(self) -> None:
         check_model_config(self)
@@ -228,6 +230,11 @@ class ModelConfig:
     @property
     def spec(self) -> FamilySpec:
         return FAMILIES[self.family]
+
+    @property
+    def qk_norm(self) -> str | None:
+        """The q/k norms this model has (FamilySpec.qk_norm's kinds; None: none)."""
+        return None if self.qk_norm_off else self.spec.qk_norm
 
     @property
     def names(self) -> TensorNames:
@@ -423,6 +430,7 @@ def _read(family: str, spec: FamilySpec, raw: dict[str, Any]) -> ModelConfig:
         head_gate=bool(raw.get(spec.head_gate_key)) if spec.head_gate_key else False,
         **gemma4_fields(raw) if spec.per_layer_heads else {},
         moe=read_moe(raw, spec.moe) if spec.moe is not None else None,
+        qk_norm_off=spec.qk_norm_key is not None and not raw.get(spec.qk_norm_key),
     )
 
 
