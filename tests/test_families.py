@@ -381,7 +381,7 @@ def test_a_sliding_window_key_slides_only_where_the_family_reads_it(family):
                       "gpt_neox", "ernie4_5", "ernie4_5_moe", "arcee", "qwen3_vl",
                       "qwen3_vl_moe", "hunyuan_v1_dense", "glm", "glm4", "helium",
                       "seed_oss", "exaone", "granitemoehybrid", "nemotron", "olmoe",
-                      "granitemoe", "lfm2_moe", *NO_ROTARY):
+                      "granitemoe", "lfm2_moe", "glm4_moe", "solar_open", *NO_ROTARY):
             expected = [None] * len(ours)  # Nemotron-H: 2 layers of its 4 blocks
         elif types is not None:
             expected = [window if t == "sliding_attention" else None for t in types]
@@ -429,7 +429,7 @@ def weight_shapes(family: str, **keys) -> dict[str, tuple[int, ...]]:
 
 
 # The switches export honours (Nemotron-H's Mamba-2 projection biases: its fixture sets it).
-HONOURED = {("nemotron_h", "use_bias")}
+HONOURED = {("nemotron_h", "use_bias"), ("glm4_moe", "use_qk_norm")}
 
 
 @pytest.mark.parametrize("key", ("mlp_bias", "qk_layernorm", "use_qk_norm", "use_bias"))
