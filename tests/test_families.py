@@ -452,6 +452,7 @@ def test_a_switch_is_refused_only_where_the_model_reads_it(family, key):
     ("starcoder2", {"use_bias": False}),  # no bias on any projection
     ("seed_oss", {"attention_out_bias": False}),  # q/k/v biases only, as the checkpoints
     ("glm", {"attention_bias": False}),
+    ("glm4_moe", {"attention_bias": False, "use_qk_norm": False}),  # GLM-4.5-Air's
 ])
 def test_bias_switches_export_as_transformers(tmp_path, family, keys):
     # The fixtures switch these biases on; their models' other setting is the checkpoints'

@@ -538,6 +538,28 @@ def test_a_hub_config_reads_as_transformers_builds_its_experts(raw):
             moe.top_groups) == hf_moe_model_shapes(raw)
 
 
+@pytest.mark.parametrize("keys, message", [
+    ({"scoring_func": "softmax"}, "scoring_func 'softmax' is not supported"),
+    ({"topk_method": "group_limited_greedy"}, "topk_method 'group_limited_greedy' is not"),
+    ({"n_group": 5}, r"n_group \(5\) must divide the 128 experts"),
+    ({"n_group": 128, "topk_group": 64}, "fewer than 2 of the 128 experts per group"),
+    ({"n_group": 8, "topk_group": 9}, r"topk_group \(9\) must be 1 to n_group \(8\)"),
+    ({"n_group": 64, "topk_group": 2}, r"hold num_experts_per_tok \(8\) experts"),
+])
+def test_a_deepseek_routing_export_cannot_compute_is_refused_in_one_line(keys, message):
+    from edgeprefill.errors import ExportError
+
+    with pytest.raises(ExportError, match=message) as err:
+        ModelConfig.from_hf({**GLM_45_AIR, **keys})
+    assert "\n" not in str(err.value)
+
+
+def test_null_groups_read_as_one_group():
+    """dots.llm1's configs hold n_group and topk_group null: every expert one group."""
+    moe = ModelConfig.from_hf({**DOTS_LLM1, "n_group": None, "topk_group": None}).moe
+    assert moe is not None and (moe.groups, moe.top_groups, moe.grouped) == (1, 1, False)
+
+
 class ShapesOnly:
     """A checkpoint of the tensors transformers' model of a config has, shapes only: the
     graph of a Hub-sized model builds without its weights (none is read)."""
