@@ -69,6 +69,10 @@ class MoeNames:
     shared_gate: str | None = None  # its sigmoid gate [1, H]; None: ungated (ERNIE)
 
 
+def every_layer(raw: dict[str, Any]) -> tuple[int, ...]:
+    return tuple(range(int(raw["num_hidden_layers"])))
+
+
 @dataclass(frozen=True)
 class MoeSpec:
     """A family's experts: names, routing and the config keys it reads them from."""
@@ -79,8 +83,7 @@ class MoeSpec:
     experts_keys: tuple[str, ...] = ("num_experts",)
     width_key: str = "moe_intermediate_size"
     # config.json -> the layers with experts (the others keep the dense MLP)
-    layers: Callable[[dict[str, Any]], tuple[int, ...]] = lambda raw: tuple(
-        range(int(raw["num_hidden_layers"])))
+    layers: Callable[[dict[str, Any]], tuple[int, ...]] = lambda raw: every_layer(raw)
     # The config key that switches renormalizing the top k on; None: the router's own fixed
     # choice, `renormalize` (Granite MoE never; Qwen3.5-MoE, Qwen3-VL-MoE, Mixtral always).
     norm_key: str | None = "norm_topk_prob"

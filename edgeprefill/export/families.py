@@ -17,6 +17,7 @@ from edgeprefill.export.experts import (
     MoeSpec,
     after_dense_layers,
     after_first_k_dense,
+    every_layer,
     interval_layers,
     sparse_layers,
     sparse_mlp_layers,
@@ -1030,7 +1031,7 @@ EXAONE_MOE = FamilySpec(
 SOLAR_OPEN = FamilySpec(
     bias_key="attention_bias", qkv_bias=False,
     legacy=lambda raw: _experts_only(_shared_experts("n_shared_experts")(raw)),
-    moe=replace(DEEPSEEK_MOE, layers=lambda raw: tuple(range(int(raw["num_hidden_layers"])))),
+    moe=replace(DEEPSEEK_MOE, layers=every_layer),
     defaults={**DEEPSEEK_MOE_DEFAULTS, "head_dim": 128,
               "rope_theta": 1_000_000.0, "max_position_embeddings": 131072,
               "rms_norm_eps": 1e-5, "num_key_value_heads": 8, "n_routed_experts": 128,
@@ -1050,9 +1051,8 @@ KOLIBRI1 = FamilySpec(
     global_nope=True, legacy=_experts_only,
     moe=MoeSpec(names=replace(DEEPSEEK_MOE.names, expert_bias=(
         "moe.router.expert_bias", "mlp.gate.e_score_correction_bias")),
-                routing="sigmoid", experts_keys=EXPERT_ALIASES,
-                layers=lambda raw: tuple(range(int(raw["num_hidden_layers"]))),
-                bias_key=None, bias_on_logits=True, scaling_key=None),
+                routing="sigmoid", experts_keys=EXPERT_ALIASES, bias_key=None,
+                bias_on_logits=True, scaling_key=None),
     defaults={"head_dim": 128, "rms_norm_eps": 1e-6,
               "max_position_embeddings": 262144, "sliding_window": 513,
               "num_key_value_heads": 4, "num_experts": 384, "num_experts_per_tok": 6,
