@@ -301,6 +301,15 @@ FAMILIES: dict[str, dict] = {
                  "n_group": 3, "topk_group": 2, "num_experts_per_tok": 3,
                  "moe_intermediate_size": 32, "n_shared_experts": 1,
                  "routed_scaling_factor": 2.5, "norm_topk_prob": True},
+    # GLM-4.5V's language model (its vision tower beside it): GLM-4.5's without q/k norms,
+    # M-RoPE sections of the rotary half of each head
+    "glm4v_moe": {"num_hidden_layers": 3, "first_k_dense_replace": 1, "head_dim": 32,
+                  "attention_bias": True, "n_routed_experts": 12, "n_group": 3,
+                  "topk_group": 2, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+                  "n_shared_experts": 1, "routed_scaling_factor": 1.5,
+                  "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0,
+                                      "partial_rotary_factor": 0.5,
+                                      "mrope_section": [2, 3, 3]}},
     # dots.llm1: Qwen3's attention, sliding from layer 1; top-k weights not renormalized
     "dots1": {"num_hidden_layers": 3, "first_k_dense_replace": 1, "n_routed_experts": 8,
               "n_group": 2, "topk_group": 1, "num_experts_per_tok": 2,
@@ -491,6 +500,9 @@ IMAGE_TEXT = {
         "depth": 1, "hidden_size": 16, "intermediate_size": 32, "num_heads": 2,
         "out_hidden_size": 64, "patch_size": 14, "num_position_embeddings": 16,
         "deepstack_visual_indexes": [0]}},
+    "glm4v_moe": {"vision_config": {
+        "depth": 1, "hidden_size": 16, "intermediate_size": 32, "num_heads": 2,
+        "out_hidden_size": 64, "patch_size": 14, "image_size": 28}},
     "qwen3_vl_moe": {"vision_config": {
         "depth": 1, "hidden_size": 16, "intermediate_size": 32, "num_heads": 2,
         "out_hidden_size": 64, "patch_size": 14, "num_position_embeddings": 16,

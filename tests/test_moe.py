@@ -35,9 +35,9 @@ MOE_FAMILIES = ("qwen3_moe", "olmoe", "granitemoe", "lfm2_moe", "qwen2_moe", "gl
 # logits in both flavours: test_exactness.test_chunk_logits_match_transformers).
 SLOW_MOE_FAMILIES = ("qwen3_5_moe_text", "qwen3_5_moe", "qwen3_vl_moe", "mixtral",
                      "ernie4_5_moe", "qwen3_next", "dots1", "exaone_moe", "solar_open",
-                     "kolibri1")
+                     "kolibri1", "glm4v_moe")
 # DeepSeek-V3's grouped routing (glm4_moe's fixture is the default suite's representative)
-GROUPED_FAMILIES = ("glm4_moe", "dots1", "exaone_moe", "solar_open")
+GROUPED_FAMILIES = ("glm4_moe", "dots1", "exaone_moe", "solar_open", "glm4v_moe")
 
 
 def slow(*params) -> list:

@@ -997,6 +997,31 @@ GLM4_MOE = FamilySpec(
               "num_experts_per_tok": 8, "moe_intermediate_size": 1408,
               "first_k_dense_replace": 1},
 )
+
+
+def _glm4v_moe_text(raw: dict[str, Any]) -> dict[str, Any]:
+    """Glm4vMoeConfig: its text_config, tied where either level says so (pre-v5 saves
+    kept tie_word_embeddings inside text_config); M-RoPE is the default rope on text."""
+    inner = raw["text_config"]  # a KeyError names the missing key
+    if not isinstance(inner, dict) or inner.get("model_type", "glm4v_moe_text") != \
+            "glm4v_moe_text":
+        raise ValueError("text_config must be an object of model_type glm4v_moe_text")
+    tie = bool(raw.get("tie_word_embeddings") or inner.get("tie_word_embeddings"))
+    return {**inner, "tie_word_embeddings": tie}
+
+
+# GLM-4.5V: GLM-4.5's language model (no q/k norms; attention_bias true by default) under
+# model.language_model., beside its vision tower (model.visual.), left out. Its M-RoPE
+# turns each section by the token's time, height or width position, all equal on text.
+GLM4V_MOE = replace(
+    GLM4_MOE, qk_norm=None, qk_norm_key=None, nested="text_config",
+    unnest=_glm4v_moe_text,
+    legacy=lambda raw: _shared_experts("n_shared_experts")(_mrope_as_default(raw)),
+    renames=(("model.language_model.", "model."),), left_out=("model.visual.", "visual."),
+    defaults={**GLM4_MOE.defaults, "vocab_size": 151424, "max_position_embeddings": 65536,
+              "attention_bias": True},
+    quirks=(*MROPE_QUIRKS[:1], IMAGE_TEXT_QUIRK),
+)
 # dots.llm1: Qwen3's attention (per-head q/k RMSNorm; a window on the layers from
 # max_window_layers where the config has one), DeepSeek-V3's experts.
 DOTS1 = FamilySpec(
@@ -1376,6 +1401,7 @@ FAMILIES: dict[str, FamilySpec] = {
     "exaone_moe": EXAONE_MOE,
     "solar_open": SOLAR_OPEN,
     "kolibri1": KOLIBRI1,
+    "glm4v_moe": GLM4V_MOE,
     # Granite 4.0 dense (granite-4.0-micro, the -H models' Mamba-2 layers among attention
     # ones): Granite's multipliers, a gated MLP of fused weights (`shared_mlp`), and
     # rotary only with position_embedding_type "rope".
