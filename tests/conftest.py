@@ -385,6 +385,45 @@ FAMILIES: dict[str, dict] = {
     # Qwen2-MoE: q/k/v biases, a shared expert gated by a sigmoid beside the routed ones
     "qwen2_moe": {"num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
                   "shared_expert_intermediate_size": 48},
+    # DeepSeek-V3's routing (export/experts.py): sigmoid scores chosen by a random
+    # correction bias (build_hf_model) within the best topk_group of n_group groups, so that
+    # a wrong group rule chooses other experts; shared experts beside them.
+    # GLM-4.5: a dense first layer, rotary on half of each head, q/k/v biases, q/k norms
+    "glm4_moe": {"num_hidden_layers": 3, "first_k_dense_replace": 1, "head_dim": 32,
+                 "attention_bias": True, "use_qk_norm": True, "n_routed_experts": 12,
+                 "n_group": 3, "topk_group": 2, "num_experts_per_tok": 3,
+                 "moe_intermediate_size": 32, "n_shared_experts": 1,
+                 "routed_scaling_factor": 2.5, "norm_topk_prob": True},
+    # GLM-4.5V's language model (its vision tower beside it): GLM-4.5's without q/k norms,
+    # M-RoPE sections of the rotary half of each head
+    "glm4v_moe": {"num_hidden_layers": 3, "first_k_dense_replace": 1, "head_dim": 32,
+                  "attention_bias": True, "n_routed_experts": 12, "n_group": 3,
+                  "topk_group": 2, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+                  "n_shared_experts": 1, "routed_scaling_factor": 1.5,
+                  "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0,
+                                      "partial_rotary_factor": 0.5,
+                                      "mrope_section": [2, 3, 3]}},
+    # dots.llm1: Qwen3's attention, sliding from layer 1; top-k weights not renormalized
+    "dots1": {"num_hidden_layers": 3, "first_k_dense_replace": 1, "n_routed_experts": 8,
+              "n_group": 2, "topk_group": 1, "num_experts_per_tok": 2,
+              "moe_intermediate_size": 32, "n_shared_experts": 2, "norm_topk_prob": False,
+              "sliding_window": 12, "max_window_layers": 1},
+    # EXAONE-MoE: EXAONE 4's sliding and (unrotated) global layers, experts where
+    # mlp_layer_types says
+    "exaone_moe": {"num_hidden_layers": 4, "sliding_window": 12, "sliding_window_pattern": 2,
+                   "mlp_layer_types": ["dense", "sparse", "dense", "sparse"],
+                   "num_experts": 8, "n_group": 4, "topk_group": 2, "num_experts_per_tok": 3,
+                   "moe_intermediate_size": 32, "num_shared_experts": 1},
+    # Solar Open: Llama attention with q/k/v biases, experts on every layer
+    "solar_open": {"head_dim": 16, "attention_bias": True, "n_routed_experts": 12,
+                   "n_group": 4, "topk_group": 2, "num_experts_per_tok": 2,
+                   "moe_intermediate_size": 32, "routed_scaling_factor": 1.5},
+    # Kolibri-1: GLM-4's sandwich norms around EXAONE 4's attention; the bias chooses on
+    # the router's logits, the sigmoid of the chosen logits weighs
+    "kolibri1": {"num_hidden_layers": 3, "head_dim": 16, "sliding_window": 12,
+                 "layer_types": ["sliding_attention", "full_attention", "sliding_attention"],
+                 "num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+                 "shared_expert_intermediate_size": 48, "norm_topk_prob": True},
     # gpt-oss: a sliding then a full layer, each with sinks; experts with biases and the
     # clamped SwiGLU, fused [E, in, out] as GptOssExperts saves them (gate_up [8, 64, 128]);
     # a limit low enough that the clamps bite on these weights (the Hub's is 7)
@@ -511,6 +550,8 @@ def build_hf_model(family: str, out: Path, seed: int = 0, dtype=None, **override
                 buffer.uniform_(0.5, 1.5)
             elif name.endswith("expert_bias"):  # LFM2-MoE's: zero at init, chooses experts
                 buffer.normal_(0, 0.5)
+            elif name.endswith("e_score_correction_bias"):  # DeepSeek-V3's, as LFM2-MoE's
+                buffer.normal_(0, 0.1)
         for name, param in model.named_parameters():
             if name.endswith("e_score_correction_bias"):  # ERNIE-4.5-MoE's, as LFM2-MoE's
                 param.normal_(0, 0.05)
@@ -560,6 +601,9 @@ IMAGE_TEXT = {
         "depth": 1, "hidden_size": 16, "intermediate_size": 32, "num_heads": 2,
         "out_hidden_size": 64, "patch_size": 14, "num_position_embeddings": 16,
         "deepstack_visual_indexes": [0]}},
+    "glm4v_moe": {"vision_config": {
+        "depth": 1, "hidden_size": 16, "intermediate_size": 32, "num_heads": 2,
+        "out_hidden_size": 64, "patch_size": 14, "image_size": 28}},
     "qwen3_vl_moe": {"vision_config": {
         "depth": 1, "hidden_size": 16, "intermediate_size": 32, "num_heads": 2,
         "out_hidden_size": 64, "patch_size": 14, "num_position_embeddings": 16,

@@ -30,11 +30,14 @@ from tests.test_exactness import (
 from tests.test_families import export_small, last_logits
 from tests.test_quantize import dequantize_embeddings
 
-MOE_FAMILIES = ("qwen3_moe", "olmoe", "granitemoe", "lfm2_moe", "qwen2_moe")
+MOE_FAMILIES = ("qwen3_moe", "olmoe", "granitemoe", "lfm2_moe", "qwen2_moe", "glm4_moe")
 # Families whose matrix here runs under `slow` only (the default suite checks each one's chunk
 # logits in both flavours: test_exactness.test_chunk_logits_match_transformers).
 SLOW_MOE_FAMILIES = ("qwen3_5_moe_text", "qwen3_5_moe", "qwen3_vl_moe", "mixtral",
-                     "ernie4_5_moe", "qwen3_next", "lara_mini", "mellum", "flint")
+                     "ernie4_5_moe", "qwen3_next", "lara_mini", "mellum", "flint", "dots1",
+                     "exaone_moe", "solar_open", "kolibri1", "glm4v_moe")
+# DeepSeek-V3's grouped routing (glm4_moe's fixture is the default suite's representative)
+GROUPED_FAMILIES = ("glm4_moe", "dots1", "exaone_moe", "solar_open", "glm4v_moe")
 
 
 def slow(*params) -> list:
@@ -45,9 +48,14 @@ def slow(*params) -> list:
 EVERY_MOE_FAMILY = [*MOE_FAMILIES, *slow(*SLOW_MOE_FAMILIES)]
 
 
+def is_router(module: torch.nn.Module) -> bool:
+    # Qwen3-MoE's TopKRouter, DeepSeek-V3's TopkRouter
+    return type(module).__name__.lower().endswith("topkrouter")
+
+
 def routers(model) -> list[torch.nn.Module]:
     """The router modules of a transformers MoE model, in layer order."""
-    return [m for name, m in model.named_modules() if type(m).__name__.endswith("TopKRouter")]
+    return [m for name, m in model.named_modules() if is_router(m)]
 
 
 def chosen_experts(hf_dir, ids: list[int]) -> list[np.ndarray]:
@@ -70,11 +78,46 @@ def test_the_fixture_routes_a_chunks_tokens_to_different_experts_and_leaves_some
     different experts, and some expert gets no token (its MatMuls run on zero rows)."""
     ids = prompt_ids(40)
     keys = FAMILIES[family]
-    experts = keys.get("num_experts") or keys.get("num_local_experts") or keys["moe_num_experts"]
+    experts = keys.get("num_experts") or keys.get("num_local_experts") or \
+        keys.get("n_routed_experts") or keys["moe_num_experts"]
     for layer in chosen_experts(hf_model(family), ids):
         chunk = layer[16:19]
         assert len(np.unique(chunk)) > chunk.shape[1]  # not all the same k experts
         assert len(np.unique(chunk)) < experts  # some expert idle
+
+
+@pytest.mark.parametrize("family", [GROUPED_FAMILIES[0], *slow(*GROUPED_FAMILIES[1:])])
+def test_the_fixtures_groups_and_correction_bias_change_the_experts_transformers_chooses(
+        family, hf_model):
+    """What makes the logits tests check DeepSeek-V3's routing: transformers' routers
+    choose other experts for some tokens when every group is kept, and when the correction
+    bias is 0."""
+    ids = prompt_ids(40)
+    model = load_hf_model(hf_model(family))
+    layers = routers(model)
+    assert all(r.topk_group < r.num_group for r in layers)
+
+    def chosen() -> np.ndarray:
+        picked: list[np.ndarray] = []
+        hooks = [r.register_forward_hook(lambda m, i, out: picked.append(out[2].numpy()))
+                 for r in layers]
+        with torch.no_grad():
+            model(torch.tensor([ids]))
+        for hook in hooks:
+            hook.remove()
+        return np.sort(np.concatenate(picked), axis=-1)
+
+    routed = chosen()
+    kept = [r.topk_group for r in layers]
+    for r in layers:
+        r.topk_group = r.num_group
+    assert (chosen() != routed).any(), "every group kept"
+    for r, top_groups in zip(layers, kept, strict=True):
+        r.topk_group = top_groups
+    with torch.no_grad():
+        for r in layers:
+            r.e_score_correction_bias.zero_()
+    assert (chosen() != routed).any(), "no correction bias"
 
 
 @pytest.mark.parametrize("flavor, kernels", GRAPHS)
@@ -109,7 +152,7 @@ WINDOWED_OR_INTERLEAVED = ("mixtral", "ernie4_5_moe")
 
 
 @pytest.mark.parametrize("family, flavor", [
-    *((family, flavor) for family in ("qwen3_moe", "lfm2_moe", "qwen2_moe")
+    *((family, flavor) for family in ("qwen3_moe", "lfm2_moe", "qwen2_moe", "glm4_moe")
       for flavor in ("ort", "standard")),
     *slow(*((family, flavor) for family in SLOW_MOE_FAMILIES for flavor in ("ort", "standard"))),
 ])
@@ -162,7 +205,7 @@ def dequantized_int4(model, block: int = 32) -> None:
 
 
 @pytest.mark.parametrize("family, block", [
-    ("qwen3_moe", 32), ("granitemoe", 32), ("lfm2_moe", 32),
+    ("qwen3_moe", 32), ("granitemoe", 32), ("lfm2_moe", 32), ("glm4_moe", 32),
     ("qwen3_moe", 64),  # blocks wider than an expert (32): the unrolled MatMulNBits
     *slow(*((family, block) for family in SLOW_MOE_FAMILIES for block in (32, 64))),
 ])
@@ -404,8 +447,41 @@ QWEN3_NEXT_80B_A3B = {
     "shared_expert_intermediate_size": 512, "num_experts_per_tok": 10, "num_experts": 512,
     "norm_topk_prob": True, "mlp_only_layers": [],
 }
+GLM_45_AIR = {
+    "architectures": ["Glm4MoeForCausalLM"], "model_type": "glm4_moe", "attention_bias": True,
+    "head_dim": 128, "hidden_act": "silu", "hidden_size": 4096, "partial_rotary_factor": 0.5,
+    "intermediate_size": 10944, "max_position_embeddings": 131072,
+    "moe_intermediate_size": 1408, "norm_topk_prob": True, "num_attention_heads": 96,
+    "n_group": 1, "topk_group": 1, "n_routed_experts": 128, "n_shared_experts": 1,
+    "routed_scaling_factor": 1.0, "num_experts_per_tok": 8, "first_k_dense_replace": 1,
+    "num_hidden_layers": 46, "num_key_value_heads": 8, "rms_norm_eps": 1e-05,
+    "rope_theta": 1000000, "num_nextn_predict_layers": 1, "tie_word_embeddings": False,
+    "use_qk_norm": False, "vocab_size": 151552,
+}
+# dots.llm1's routing keys (its configs hold n_group and topk_group null, which
+# transformers' router cannot run; export reads them as 1)
+DOTS_LLM1 = {
+    "architectures": ["Dots1ForCausalLM"], "model_type": "dots1", "hidden_size": 4096,
+    "num_hidden_layers": 62, "intermediate_size": 10944, "num_attention_heads": 32,
+    "num_key_value_heads": 32, "rms_norm_eps": 1e-05, "vocab_size": 152064,
+    "first_k_dense_replace": 1, "moe_intermediate_size": 1408, "n_routed_experts": 128,
+    "n_shared_experts": 2, "num_experts_per_tok": 6, "norm_topk_prob": True,
+    "routed_scaling_factor": 2.5, "max_position_embeddings": 32768, "rope_theta": 10000000,
+    "scoring_func": "sigmoid", "n_group": 1, "topk_group": 1,
+}
+# The config classes' defaults, which their docstrings give as K-EXAONE-236B-A23B's,
+# Solar-Open-100B's and Kolibri-1's
+EXAONE_MOE = {"model_type": "exaone_moe", "vocab_size": 102400, "hidden_size": 4096,
+              "intermediate_size": 16384, "num_hidden_layers": 32, "num_attention_heads": 32,
+              "num_key_value_heads": 32}
+SOLAR_OPEN_100B = {"model_type": "solar_open", "vocab_size": 196608, "hidden_size": 4096,
+                   "num_hidden_layers": 48, "num_attention_heads": 64,
+                   "num_key_value_heads": 8}
+KOLIBRI_1 = {"model_type": "kolibri1", "vocab_size": 128000, "hidden_size": 2560,
+             "num_hidden_layers": 50, "num_attention_heads": 48, "num_key_value_heads": 4}
 HUB_CONFIGS = [QWEN3_30B_A3B, OLMOE_1B_7B, GRANITE_3B_A800M, LFM2_8B_A1B, QWEN15_MOE_A27B,
-               QWEN3_5_35B_A3B, MIXTRAL_8X7B, ERNIE_21B_A3B, QWEN3_NEXT_80B_A3B]
+               QWEN3_5_35B_A3B, MIXTRAL_8X7B, ERNIE_21B_A3B, QWEN3_NEXT_80B_A3B, GLM_45_AIR,
+               DOTS_LLM1, EXAONE_MOE, SOLAR_OPEN_100B, KOLIBRI_1]
 
 
 def weights_sum_to_one(router: torch.nn.Module, config) -> bool:
@@ -421,11 +497,12 @@ def weights_sum_to_one(router: torch.nn.Module, config) -> bool:
     return bool(torch.allclose(total, torch.ones(6), atol=1e-5))
 
 
-def hf_moe_model_shapes(raw: dict) -> tuple[int, int, int, list[int], int, float, bool, bool]:
+def hf_moe_model_shapes(raw: dict) -> tuple:
     """What transformers' model of `raw` has: experts, top-k, expert width, the layers
     with experts, the shared expert's width, the routed scaling, whether the top-k weights
-    sum to 1 (before the scaling) and the expert bias (read off one layer's modules, built
-    on the meta device; the router's weights run on the CPU)."""
+    sum to 1 (before the scaling), the expert bias and the groups and groups kept (read
+    off one layer's modules, built on the meta device; the router's weights run on the
+    CPU)."""
     import transformers
 
     config = transformers.AutoConfig.for_model(**raw)
@@ -439,14 +516,16 @@ def hf_moe_model_shapes(raw: dict) -> tuple[int, int, int, list[int], int, float
             moe_layers.append(i)
             block = mlp
     assert block is not None
-    router = next(m for m in block.modules() if type(m).__name__.endswith("TopKRouter"))
+    router = next(m for m in block.modules() if is_router(m))
     experts = block.experts
     shared = getattr(block, "shared_expert", None) or getattr(block, "shared_experts", None)
     return (experts.num_experts, router.top_k, experts.intermediate_dim, moe_layers,
             shared.intermediate_size if shared is not None else 0,
             float(getattr(router, "routed_scaling_factor", 1.0)),
             weights_sum_to_one(router, model.config),
-            hasattr(block, "expert_bias") or hasattr(router, "moe_statics"))  # LFM2, ERNIE
+            hasattr(block, "expert_bias") or hasattr(router, "moe_statics")  # LFM2, ERNIE
+            or hasattr(router, "e_score_correction_bias"),  # DeepSeek-V3's
+            getattr(router, "num_group", 1), getattr(router, "topk_group", 1))
 
 
 @pytest.mark.parametrize("raw", HUB_CONFIGS, ids=lambda raw: raw["model_type"])
@@ -455,7 +534,30 @@ def test_a_hub_config_reads_as_transformers_builds_its_experts(raw):
     assert moe is not None
     sums_to_one = moe.norm_topk or moe.routing == "topk_softmax"
     assert (moe.experts, moe.top_k, moe.width, list(moe.layers), moe.shared_width,
-            moe.scaling, sums_to_one, moe.expert_bias) == hf_moe_model_shapes(raw)
+            moe.scaling, sums_to_one, moe.expert_bias, moe.groups,
+            moe.top_groups) == hf_moe_model_shapes(raw)
+
+
+@pytest.mark.parametrize("keys, message", [
+    ({"scoring_func": "softmax"}, "scoring_func 'softmax' is not supported"),
+    ({"topk_method": "group_limited_greedy"}, "topk_method 'group_limited_greedy' is not"),
+    ({"n_group": 5}, r"n_group \(5\) must divide the 128 experts"),
+    ({"n_group": 128, "topk_group": 64}, "fewer than 2 of the 128 experts per group"),
+    ({"n_group": 8, "topk_group": 9}, r"topk_group \(9\) must be 1 to n_group \(8\)"),
+    ({"n_group": 64, "topk_group": 2}, r"hold num_experts_per_tok \(8\) experts"),
+])
+def test_a_deepseek_routing_export_cannot_compute_is_refused_in_one_line(keys, message):
+    from edgeprefill.errors import ExportError
+
+    with pytest.raises(ExportError, match=message) as err:
+        ModelConfig.from_hf({**GLM_45_AIR, **keys})
+    assert "\n" not in str(err.value)
+
+
+def test_null_groups_read_as_one_group():
+    """dots.llm1's configs hold n_group and topk_group null: every expert one group."""
+    moe = ModelConfig.from_hf({**DOTS_LLM1, "n_group": None, "topk_group": None}).moe
+    assert moe is not None and (moe.groups, moe.top_groups, moe.grouped) == (1, 1, False)
 
 
 class ShapesOnly:
@@ -513,7 +615,7 @@ def test_the_ort_flavour_runs_a_hub_sized_mixture_as_one_op_per_layer(quant, op)
 @pytest.mark.parametrize("family, flavor, quant, op", [
     ("qwen3_moe", "ort", None, "MoE"), ("granitemoe", "ort", "int4", "QMoE"),
     ("qwen2_moe", "ort", None, "MoE"), ("lfm2_moe", "ort", "int4", "QMoE"),
-    ("qwen3_5_moe_text", "ort", "int4", "QMoE"),
+    ("qwen3_5_moe_text", "ort", "int4", "QMoE"), ("glm4_moe", "ort", "int4", "QMoE"),
     # int8 bundles are not the op's; nor is the standard flavour (stock ops only)
     ("qwen3_moe", "ort", "int8", "ScatterND"), ("lfm2_moe", "standard", None, "ScatterND"),
 ])

@@ -356,7 +356,7 @@ class DecoderBuilder:
                                                          kv_names(cfg.shared_kv[i])))
         q, k, v, gate = self._qkv(p, h, cfg, cfg.k_eq_v and layer.window is None)
         q, k, v = (t if t is None else self.tokens.spread(t) for t in (q, k, v))
-        if cfg.spec.qk_norm == "head_rotated":
+        if cfg.qk_norm == "head_rotated":
             q, k = self._rotated_head_norms(p, q, k, step, layer)
             layer = replace(layer, rope=None)  # attention takes q and k rotated
         names = kv_names(i)
@@ -428,7 +428,7 @@ class DecoderBuilder:
         reorder = self._neox_order if cfg.spec.qkv_interleaved else \
             self._gate_last if cfg.attn_gate else None
         qkv = self._scaled_keys(self.w.linear(h, weights, bias, reorder=reorder))
-        if self.flavor.packed_qkv and cfg.spec.qk_norm is None and self.q_scale is None \
+        if self.flavor.packed_qkv and cfg.qk_norm is None and self.q_scale is None \
                 and not cfg.attn_gate and not k_is_v:
             return [qkv, None, None, None]
         q_size, kv_size = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
@@ -446,10 +446,10 @@ class DecoderBuilder:
             per_head = g.op("Reshape", [v, g.const([0, 0, cfg.num_kv_heads, cfg.head_dim])])
             v = g.op("Reshape", [self.flavor.rms_norm(g, per_head, ones),
                                  g.const([0, 0, cfg.num_kv_heads * cfg.head_dim])])
-        if cfg.spec.qk_norm == "head":
+        if cfg.qk_norm == "head":
             q = self._head_norm(q, cfg.num_heads, p + n.q_norm, cfg.head_dim)
             k = self._head_norm(k, cfg.num_kv_heads, p + n.k_norm, cfg.head_dim)
-        elif cfg.spec.qk_norm == "full":
+        elif cfg.qk_norm == "full":
             q, k = self._norm(q, p + n.q_norm), self._norm(k, p + n.k_norm)
         if self.q_scale is not None:  # before rotary, which it commutes with (query_scale.py)
             q = g.op("Mul", [q, self.q_scale])

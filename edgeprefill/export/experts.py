@@ -10,7 +10,13 @@ Routing, as each family's transformers router computes it (float32 throughout):
                    router adds a bias to its logits)
   sigmoid          sigmoid of each logit; the top k of sigmoid + `expert_bias` (the bias
                    chooses, it never weighs); `norm_topk_prob` divides by their sum + 1e-6;
-                   times `routed_scaling_factor` (LFM2-MoE)
+                   times `routed_scaling_factor` (LFM2-MoE). DeepSeek-V3's "noaux_tc"
+                   (GLM-4.5, dots.llm1, EXAONE-MoE, Solar Open) is this routing with
+                   groups: the E experts form `n_group` groups of E / n_group, each scored
+                   by the sum of its top 2 biased scores, and the top k are chosen within
+                   the best `topk_group` groups (with all of them kept, LFM2-MoE's
+                   choice); its sum gets + 1e-20. Kolibri-1 adds its bias to the logits,
+                   not to the sigmoid.
   softmax_bias     softmax over all experts; the top k of softmax + `e_score_correction_bias`
                    (chooses, never weighs); divided by max(their sum, `moe_norm_min`)
                    (ERNIE-4.5-MoE)
@@ -69,6 +75,10 @@ class MoeNames:
     shared_gate: str | None = None  # its sigmoid gate [1, H]; None: ungated (ERNIE)
 
 
+def every_layer(raw: dict[str, Any]) -> tuple[int, ...]:
+    return tuple(range(int(raw["num_hidden_layers"])))
+
+
 @dataclass(frozen=True)
 class MoeSpec:
     """A family's experts: names, routing and the config keys it reads them from."""
@@ -79,8 +89,7 @@ class MoeSpec:
     experts_keys: tuple[str, ...] = ("num_experts",)
     width_key: str = "moe_intermediate_size"
     # config.json -> the layers with experts (the others keep the dense MLP)
-    layers: Callable[[dict[str, Any]], tuple[int, ...]] = lambda raw: tuple(
-        range(int(raw["num_hidden_layers"])))
+    layers: Callable[[dict[str, Any]], tuple[int, ...]] = lambda raw: every_layer(raw)
     # The config key that switches renormalizing the top k on; None: the router's own fixed
     # choice, `renormalize` (Granite MoE never; Qwen3.5-MoE, Qwen3-VL-MoE, Mixtral always).
     norm_key: str | None = "norm_topk_prob"
@@ -93,6 +102,20 @@ class MoeSpec:
     # gpt-oss's clamped SwiGLU: (clamp(up, -limit, limit) + 1) * g * sigmoid(alpha g), with
     # g = min(gate, limit), alpha and limit from swiglu_alpha and swiglu_limit
     clamped_swiglu: bool = False
+    # DeepSeek-V3's grouped choice: the router reads `n_group` and `topk_group` (a null
+    # counts as 1, one group: dots.llm1's configs hold nulls)
+    grouped: bool = False
+    # Whether the selection bias is added to the router's logits rather than to its
+    # sigmoid scores (Kolibri-1)
+    bias_on_logits: bool = False
+    # the key of the factor the weights are multiplied by; None: the router has none
+    scaling_key: str | None = "routed_scaling_factor"
+
+
+# config.json keys that name a routing, and the one value each family here computes
+# (DeepSeek-V3's; transformers' routers ignore the keys, so another value would be a
+# checkpoint trained to route otherwise)
+ROUTING_KEYS = {"scoring_func": "sigmoid", "topk_method": "noaux_tc"}
 
 
 @dataclass(frozen=True)
@@ -120,19 +143,27 @@ class MoeConfig:
     shared_gated: bool  # whether its output is gated (Qwen2-MoE), or added whole (ERNIE)
     layers: tuple[int, ...]
     clamped: ClampedSwiglu | None = None  # None: act(gate) * up
-    # softmax_group_limited: the experts in `groups` equal groups, the best `top_groups`
-    # of which a token's experts come from (1 and 1: every expert)
+    # The experts in `groups` equal groups, the best `top_groups` of which a token's
+    # experts come from (1 and 1: every expert): DeepSeek-V2's and -V3's routers.
     groups: int = 1
     top_groups: int = 1
+    bias_on_logits: bool = False  # Kolibri-1: the bias is added to the logits
+
+    @property
+    def grouped(self) -> bool:
+        """Whether the choice is limited to some groups (with all of them it is not)."""
+        return self.top_groups < self.groups
 
     def describe(self, num_layers: int) -> str:
         gated = "a gated" if self.shared_gated else "an ungated"
         shared = f", {gated} shared expert of width {self.shared_width}" \
             if self.shared_width else ""
         clamped = f", clamped SwiGLU (limit {self.clamped.limit:g})" if self.clamped else ""
+        groups = f" within the best {self.top_groups} of {self.groups} groups" \
+            if self.grouped else ""
         return (f"mixture of experts: {self.experts} experts of width {self.width}, top "
-                f"{self.top_k} per token ({self.routing} routing), on {len(self.layers)} of "
-                f"{num_layers} layers{shared}{clamped}")
+                f"{self.top_k} per token{groups} ({self.routing} routing), on "
+                f"{len(self.layers)} of {num_layers} layers{shared}{clamped}")
 
 
 def read_moe(raw: dict[str, Any], spec: MoeSpec) -> MoeConfig | None:
@@ -152,7 +183,7 @@ def read_moe(raw: dict[str, Any], spec: MoeSpec) -> MoeConfig | None:
         norm_topk=bool(raw.get(spec.norm_key)) if spec.norm_key else spec.renormalize,
         norm_eps=spec.norm_eps,
         norm_min=float(raw[spec.norm_min_key]) if spec.norm_min_key else 0.0,
-        scaling=float(raw.get("routed_scaling_factor") or 1.0),
+        scaling=float(raw.get(spec.scaling_key) or 1.0) if spec.scaling_key else 1.0,
         expert_bias=bool(names.expert_bias) and (spec.bias_key is None
                                                   or bool(raw.get(spec.bias_key))),
         shared_width=int(raw.get("shared_expert_intermediate_size") or 0)
@@ -161,24 +192,40 @@ def read_moe(raw: dict[str, Any], spec: MoeSpec) -> MoeConfig | None:
         layers=layers,
         clamped=ClampedSwiglu(float(raw["swiglu_alpha"]), float(raw["swiglu_limit"]))
         if spec.clamped_swiglu else None,
-        **_groups(raw) if spec.routing == "softmax_group_limited" else {},
+        groups=int(raw.get("n_group") or 1) if spec.grouped else 1,
+        top_groups=int(raw.get("topk_group") or 1) if spec.grouped else 1,
+        bias_on_logits=spec.bias_on_logits,
     )
     if moe.experts < 1 or not 1 <= moe.top_k <= moe.experts:
         raise ExportError(f"config.json: num_experts_per_tok ({moe.top_k}) must be 1 to "
                           f"{key} ({moe.experts})")
     if moe.width < 1:
         raise ExportError(f"config.json: {spec.width_key} must be positive, got {moe.width}")
-    if moe.groups < 1 or moe.experts % moe.groups or not 1 <= moe.top_groups <= moe.groups \
-            or moe.top_k > moe.top_groups * moe.experts // moe.groups:
-        raise ExportError(f"config.json: n_group ({moe.groups}) must divide the {moe.experts} "
-                          f"experts, topk_group ({moe.top_groups}) be 1 to n_group, and its "
-                          f"groups hold num_experts_per_tok ({moe.top_k})")
+    if spec.grouped:
+        _check_groups(raw, moe)
     return moe
 
 
-def _groups(raw: dict[str, Any]) -> dict[str, int]:
-    """softmax_group_limited's groups: n_group and topk_group (1 and 1 where null)."""
-    return {"groups": int(raw.get("n_group") or 1), "top_groups": int(raw.get("topk_group") or 1)}
+def _check_groups(raw: dict[str, Any], moe: MoeConfig) -> None:
+    """What DeepSeek-V2's and -V3's routers compute: groups that divide the experts and
+    leave k experts to choose from; V3's (sigmoid) a routing it names, and groups of 2 or
+    more (each is scored by its top 2)."""
+    for key, value in ROUTING_KEYS.items() if moe.routing == "sigmoid" else ():
+        if raw.get(key) not in (None, value):
+            raise ExportError(f"config.json: {key} {raw[key]!r} is not supported (the "
+                              f"router computes {value!r})")
+    groups, size = moe.groups, moe.experts // max(moe.groups, 1)
+    if groups < 1 or moe.experts % groups:
+        raise ExportError(f"config.json: n_group ({groups}) must divide the {moe.experts} "
+                          "experts")
+    if moe.routing == "sigmoid" and groups > 1 and size < 2:
+        raise ExportError(f"config.json: n_group ({groups}) leaves fewer than 2 of the "
+                          f"{moe.experts} experts per group (each group is scored by its "
+                          "top 2)")
+    if not 1 <= moe.top_groups <= groups or moe.top_k > moe.top_groups * size:
+        raise ExportError(f"config.json: topk_group ({moe.top_groups}) must be 1 to n_group "
+                          f"({groups}) and its groups hold num_experts_per_tok "
+                          f"({moe.top_k}) experts")
 
 
 def sparse_layers(raw: dict[str, Any]) -> tuple[int, ...]:
@@ -202,3 +249,17 @@ def interval_layers(raw: dict[str, Any]) -> tuple[int, ...]:
 def after_dense_layers(raw: dict[str, Any]) -> tuple[int, ...]:
     """LFM2-MoE: the layers after the first `num_dense_layers`."""
     return tuple(range(int(raw.get("num_dense_layers", 2)), int(raw["num_hidden_layers"])))
+
+
+def after_first_k_dense(raw: dict[str, Any]) -> tuple[int, ...]:
+    """DeepSeek-V3 (GLM-4.5, dots.llm1): the layers after the first `first_k_dense_replace`."""
+    return tuple(range(int(raw["first_k_dense_replace"]), int(raw["num_hidden_layers"])))
+
+
+def sparse_mlp_layers(raw: dict[str, Any]) -> tuple[int, ...]:
+    """EXAONE-MoE: the layers `mlp_layer_types` marks "sparse"; without it, those after the
+    first `first_k_dense_replace`."""
+    kinds = raw.get("mlp_layer_types")
+    if kinds is None:
+        return after_first_k_dense(raw)
+    return tuple(i for i, kind in enumerate(kinds) if kind == "sparse")

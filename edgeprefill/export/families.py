@@ -17,8 +17,11 @@ from edgeprefill.export.experts import (
     MoeNames,
     MoeSpec,
     after_dense_layers,
+    after_first_k_dense,
+    every_layer,
     interval_layers,
     sparse_layers,
+    sparse_mlp_layers,
 )
 from edgeprefill.export.rope import rope_params
 
@@ -114,6 +117,8 @@ class FamilySpec:
     # None, "head" (per head, before rotary), "head_rotated" (per head, of the rotated q/k:
     # HunYuan) or "full" (the whole q/k projection)
     qk_norm: str | None = None
+    # The config key that switches those norms on; None: always there (GLM-4.5's use_qk_norm)
+    qk_norm_key: str | None = None
     embed_scale: str | None = None  # None, "sqrt_hidden" (Gemma) or "multiplier" (Granite)
     tie_default: bool = False
     act_default: str = "silu"
@@ -1264,6 +1269,137 @@ LFM2_MOE = replace(
 )
 
 
+def _shared_experts(key: str) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    """DeepSeek-V3's shared experts are one MLP `key` x moe_intermediate_size wide (none
+    where the count is 0 or null)."""
+    def read(raw: dict[str, Any]) -> dict[str, Any]:
+        width = int(raw.get(key) or 0) * int(raw["moe_intermediate_size"])
+        return {**raw, "shared_expert_intermediate_size": width}
+
+    return read
+
+
+def _experts_only(raw: dict[str, Any]) -> dict[str, Any]:
+    """Solar Open, Kolibri-1: experts on every layer and no dense MLP, whose
+    intermediate_size their config classes drop; the experts' width stands in for it."""
+    return {**raw, "intermediate_size": raw["moe_intermediate_size"]}
+
+
+# DeepSeek-V3's experts ("noaux_tc"): sigmoid scores, the top k of scores +
+# e_score_correction_bias within the best topk_group of n_group groups, weighed by the
+# scores alone, renormalized (+ 1e-20) where norm_topk_prob, times routed_scaling_factor;
+# an ungated shared MLP beside them; a dense MLP on the first first_k_dense_replace layers.
+DEEPSEEK_MOE = MoeSpec(
+    names=MoeNames(expert_bias=("mlp.gate.e_score_correction_bias",),
+                   shared="mlp.shared_experts."),
+    routing="sigmoid", experts_keys=("num_local_experts", "n_routed_experts"),
+    layers=after_first_k_dense, norm_eps=1e-20, bias_key=None, grouped=True)
+DEEPSEEK_MOE_DEFAULTS = {"n_shared_experts": 1, "n_group": 1, "topk_group": 1,
+                         "routed_scaling_factor": 1.0, "norm_topk_prob": True}
+# GLM-4.5/4.6 (-Air): Cohere's attention as GLM-4.5 configures it (q/k/v biases by
+# attention_bias, no o bias; rotary on the first partial_rotary_factor of each head, not
+# interleaved; per-head q/k RMSNorm where use_qk_norm) in a pre-norm block, DeepSeek-V3's
+# experts. Its multi-token-prediction layers (model.layers.{num_hidden_layers}...) are not
+# the causal LM's.
+GLM4_MOE = FamilySpec(
+    bias_key="attention_bias", qkv_bias=False, partial_rotary=True, qk_norm="head",
+    qk_norm_key="use_qk_norm", legacy=_shared_experts("n_shared_experts"), moe=DEEPSEEK_MOE,
+    defaults={**DEEPSEEK_MOE_DEFAULTS, "partial_rotary_factor": 0.5,
+              "intermediate_size": 10944, "max_position_embeddings": 131072,
+              "rms_norm_eps": 1e-5, "num_key_value_heads": 8, "n_routed_experts": 128,
+              "num_experts_per_tok": 8, "moe_intermediate_size": 1408,
+              "first_k_dense_replace": 1},
+)
+
+
+def _glm4v_moe_text(raw: dict[str, Any]) -> dict[str, Any]:
+    """Glm4vMoeConfig: its text_config, tied where either level says so (pre-v5 saves
+    kept tie_word_embeddings inside text_config); M-RoPE is the default rope on text."""
+    inner = raw["text_config"]  # a KeyError names the missing key
+    if not isinstance(inner, dict) or inner.get("model_type", "glm4v_moe_text") != \
+            "glm4v_moe_text":
+        raise ValueError("text_config must be an object of model_type glm4v_moe_text")
+    tie = bool(raw.get("tie_word_embeddings") or inner.get("tie_word_embeddings"))
+    return {**inner, "tie_word_embeddings": tie}
+
+
+# GLM-4.5V: GLM-4.5's language model (no q/k norms; attention_bias true by default) under
+# model.language_model., beside its vision tower (model.visual.), left out. Its M-RoPE
+# turns each section by the token's time, height or width position, all equal on text.
+GLM4V_MOE = replace(
+    GLM4_MOE, qk_norm=None, qk_norm_key=None, nested="text_config",
+    unnest=_glm4v_moe_text,
+    legacy=lambda raw: _shared_experts("n_shared_experts")(_mrope_as_default(raw)),
+    renames=(("model.language_model.", "model."),), left_out=("model.visual.", "visual."),
+    defaults={**GLM4_MOE.defaults, "vocab_size": 151424, "max_position_embeddings": 65536,
+              "attention_bias": True},
+    quirks=(*MROPE_QUIRKS[:1], IMAGE_TEXT_QUIRK),
+)
+# dots.llm1: Qwen3's attention (per-head q/k RMSNorm; a window on the layers from
+# max_window_layers where the config has one), DeepSeek-V3's experts.
+DOTS1 = FamilySpec(
+    **ATTENTION_BIAS, qk_norm="head", window="always", sliding=_after_max_window_layers,
+    legacy=_shared_experts("n_shared_experts"), moe=DEEPSEEK_MOE,
+    # Dots1Config leaves these null, which its model cannot build with
+    required=("n_routed_experts", "num_experts_per_tok", "n_shared_experts"),
+    defaults={**DEEPSEEK_MOE_DEFAULTS, "norm_topk_prob": False, "intermediate_size": 10944,
+              "moe_intermediate_size": 1408, "max_position_embeddings": 2048,
+              "rms_norm_eps": 1e-6, "first_k_dense_replace": 0, "sliding_window": 4096,
+              "max_window_layers": 62},
+    quirks=("per-head q/k RMSNorm",),
+)
+# EXAONE-MoE: EXAONE 4's attention (per-head q/k RMSNorm; with a window, 3 local layers
+# per global one, the global ones without rotary) in a pre-norm block, DeepSeek-V3's
+# experts (num_experts, num_shared_experts) on the layers mlp_layer_types marks "sparse".
+EXAONE_MOE = FamilySpec(
+    qk_norm="head", window="always", sliding=_every_nth_global, global_nope=True,
+    legacy=_shared_experts("num_shared_experts"), left_out=("mtp.",),
+    moe=replace(DEEPSEEK_MOE, experts_keys=("num_experts",), layers=sparse_mlp_layers,
+                names=replace(DEEPSEEK_MOE.names, expert_bias=(
+                    "mlp.e_score_correction_bias", "mlp.gate.e_score_correction_bias"))),
+    defaults={**DEEPSEEK_MOE_DEFAULTS, "routed_scaling_factor": 2.5, "rms_norm_eps": 1e-5,
+              "intermediate_size": 16384, "max_position_embeddings": 2048,
+              "sliding_window": 4096, "sliding_window_pattern": 4, "num_experts": 64,
+              "num_experts_per_tok": 8, "moe_intermediate_size": 1024,
+              "num_shared_experts": 1, "first_k_dense_replace": 1},
+    quirks=("per-head q/k RMSNorm",),
+)
+# Solar Open: Llama's attention (q/k/v biases by attention_bias, no o bias), experts on
+# every layer (its config class has no first_k_dense_replace, nor a dense MLP).
+SOLAR_OPEN = FamilySpec(
+    bias_key="attention_bias", qkv_bias=False,
+    legacy=lambda raw: _experts_only(_shared_experts("n_shared_experts")(raw)),
+    moe=replace(DEEPSEEK_MOE, layers=every_layer),
+    defaults={**DEEPSEEK_MOE_DEFAULTS, "head_dim": 128,
+              "rope_theta": 1_000_000.0, "max_position_embeddings": 131072,
+              "rms_norm_eps": 1e-5, "num_key_value_heads": 8, "n_routed_experts": 128,
+              "num_experts_per_tok": 8, "moe_intermediate_size": 1280},
+)
+# Kolibri-1: EXAONE 4's attention (sliding on four of five layers unless layer_types says
+# otherwise; the global ones without rotary) in GLM-4's sandwich of norms (stored under
+# the Hub's names, post_attn_norm and post_ffn_norm), experts on every layer: the top k of
+# the router's logits + its bias (the Hub's moe.router.expert_bias), weighed by the
+# sigmoid of those logits, renormalized where norm_topk_prob (no epsilon, no scaling); an
+# ungated shared MLP shared_expert_intermediate_size wide.
+KOLIBRI1 = FamilySpec(
+    block="sandwich",
+    names=replace(LLAMA_NAMES, post_attn_norm="post_attn_norm",
+                  pre_mlp_norm="post_attention_layernorm", post_mlp_norm="post_ffn_norm"),
+    qk_norm="head", window="always", sliding=lambda i, raw: (i + 1) % 5 != 0,
+    global_nope=True, legacy=_experts_only,
+    moe=MoeSpec(names=replace(DEEPSEEK_MOE.names, expert_bias=(
+        "moe.router.expert_bias", "mlp.gate.e_score_correction_bias")),
+                routing="sigmoid", experts_keys=EXPERT_ALIASES, bias_key=None,
+                bias_on_logits=True, scaling_key=None),
+    defaults={"head_dim": 128, "rms_norm_eps": 1e-6,
+              "max_position_embeddings": 262144, "sliding_window": 513,
+              "num_key_value_heads": 4, "num_experts": 384, "num_experts_per_tok": 6,
+              "moe_intermediate_size": 512, "shared_expert_intermediate_size": 512,
+              "norm_topk_prob": False},
+    quirks=("norms before and after attention and MLP", "per-head q/k RMSNorm"),
+)
+
+
 def _gpt_oss_rope(raw: dict[str, Any]) -> dict[str, Any]:
     # GptOssConfig: without rope_parameters (and no legacy rope_scaling) its yarn rope.
     if raw.get("rope_parameters") is None and not raw.get("rope_scaling"):
@@ -1393,7 +1529,7 @@ DEEPSEEK_V2 = FamilySpec(
     refuse=_deepseek_v2_unsupported, unsupported=("mlp_bias",),
     required=("num_experts_per_tok",),
     moe=MoeSpec(names=MoeNames(shared="mlp.shared_experts."),
-                routing="softmax_group_limited",
+                routing="softmax_group_limited", grouped=True,
                 experts_keys=("n_routed_experts", "num_experts"), norm_key=None,
                 layers=lambda raw: tuple(range(int(raw.get("first_k_dense_replace") or 0),
                                                int(raw["num_hidden_layers"])))),
@@ -1705,6 +1841,12 @@ FAMILIES: dict[str, FamilySpec] = {
     "granitemoe": GRANITE_MOE,
     "lfm2_moe": LFM2_MOE,
     "gpt_oss": GPT_OSS,
+    "glm4_moe": GLM4_MOE,
+    "dots1": DOTS1,
+    "exaone_moe": EXAONE_MOE,
+    "solar_open": SOLAR_OPEN,
+    "kolibri1": KOLIBRI1,
+    "glm4v_moe": GLM4V_MOE,
     # Granite 4.0 dense (granite-4.0-micro, the -H models' Mamba-2 layers among attention
     # ones): Granite's multipliers, a gated MLP of fused weights (`shared_mlp`), and
     # rotary only with position_embedding_type "rope".

@@ -162,7 +162,7 @@ class OrtFlavor(Flavor):
         extra = {"seqlens_k": seqlens_k, "total": total}
         # rotary outside attention (rotary()): HunYuan's norms of the rotated q/k, MLA's
         # rope part of a head
-        if self.cfg.spec.qk_norm == "head_rotated" or self.cfg.latent is not None:
+        if self.cfg.qk_norm == "head_rotated" or self.cfg.latent is not None:
             extra["positions"] = positions(g, g.op("Cast", [past_lens], to=7), chunk)
         tables: dict[str, tuple[str, str]] = {}
         for rope, stem in self.rope_table_names().items():

@@ -224,6 +224,8 @@ class ModelConfig:
     # export/sparse_gate.py).
     altup: AltUpConfig | None = None
     sparsity: tuple[float, ...] = ()
+    # Whether config.json switches the family's q/k norms off (GLM-4.5's use_qk_norm false).
+    qk_norm_off: bool = False
 
     def __post_init__(self) -> None:
         check_model_config(self)
@@ -263,6 +265,11 @@ class ModelConfig:
     @property
     def spec(self) -> FamilySpec:
         return FAMILIES[self.family]
+
+    @property
+    def qk_norm(self) -> str | None:
+        """The q/k norms this model has (FamilySpec.qk_norm's kinds; None: none)."""
+        return None if self.qk_norm_off else self.spec.qk_norm
 
     @property
     def names(self) -> TensorNames:
@@ -479,6 +486,7 @@ def _read(family: str, spec: FamilySpec, raw: dict[str, Any]) -> ModelConfig:
         moe=read_moe(raw, spec.moe) if spec.moe is not None else None,
         latent=latent,
         **_altup(raw, spec),
+        qk_norm_off=spec.qk_norm_key is not None and not raw.get(spec.qk_norm_key),
     )
 
 

@@ -70,14 +70,18 @@ class MixtureOfExperts:
         elif moe.routing in ("sigmoid", "softmax_bias"):  # the bias chooses, never weighs
             scores = g.op("Sigmoid", [logits]) if moe.routing == "sigmoid" else \
                 g.op("Softmax", [logits], axis=-1)
-            ranked = scores
+            ranked = logits if moe.bias_on_logits else scores
             if moe.expert_bias:
-                ranked = g.op("Add", [scores, self._expert_bias(p)])
+                ranked = g.op("Add", [ranked, self._expert_bias(p)])
+            if moe.grouped:  # DeepSeek-V3: a group scored by its two best
+                ranked = self._in_best_groups(ranked, 2)
             _, chosen = g.op("TopK", [ranked, k], 2, axis=-1)
             weights = g.op("GatherElements", [scores, chosen], axis=-1)
-        elif moe.routing == "softmax_group_limited":  # DeepSeek-V2
-            scores = self._in_top_groups(g.op("Softmax", [logits], axis=-1))
-            weights, chosen = g.op("TopK", [scores, k], 2, axis=-1)
+        elif moe.routing == "softmax_group_limited":  # DeepSeek-V2: a group by its best
+            scores = g.op("Softmax", [logits], axis=-1)
+            ranked = self._in_best_groups(scores, 1) if moe.grouped else scores
+            _, chosen = g.op("TopK", [ranked, k], 2, axis=-1)
+            weights = g.op("GatherElements", [scores, chosen], axis=-1)
         else:
             top, chosen = g.op("TopK", [g.op("Softmax", [logits], axis=-1), k], 2, axis=-1)
             weights = top
@@ -94,21 +98,25 @@ class MixtureOfExperts:
             weights = g.op("Cast", [weights], to=10)
         return chosen, weights
 
-    def _in_top_groups(self, scores: str) -> str:
-        """scores [N, E] (float32, >= 0) with the experts outside each token's best
-        top_groups groups (a group ranked by its best score) set to 0, as DeepSeek-V2's
-        router masks them; one group keeps every expert."""
+    def _in_best_groups(self, ranked: str, best_of: int) -> str:
+        """ranked [N, E] float32 with -inf outside each token's best `top_groups` groups
+        (n_group groups of consecutive experts, each scored by the sum of its `best_of`
+        highest ranked values: DeepSeek-V3's 2, V2's 1), so that the top k are chosen
+        within those groups (V2 masks with 0 instead: the same choice, its scores > 0)."""
         g, moe = self.g, self.moe
-        if moe.groups == 1:
-            return scores
-        grouped = g.op("Reshape", [scores, g.const([0, moe.groups, -1])])  # [N, G, E/G]
-        best = g.op("ReduceMax", [grouped, g.const([-1])], keepdims=0)  # [N, G]
-        _, top = g.op("TopK", [best, g.const([moe.top_groups])], 2, axis=-1)  # [N, tg]
-        ones = g.op("Expand", [g.const(1.0, np.float32), g.op("Shape", [top])])
-        keep = g.op("ScatterElements", [g.op("Mul", [best, g.const(0.0, np.float32)]), top,
-                                        ones], axis=1)  # [N, G]: 1 in the best groups
-        kept = g.op("Mul", [grouped, g.op("Unsqueeze", [keep, g.const([-1])])])
-        return g.op("Reshape", [kept, g.op("Shape", [scores])])
+        grouped = g.op("Reshape", [ranked, g.const([-1, moe.groups,
+                                                    moe.experts // moe.groups])])  # [N, G, S]
+        tops, _ = g.op("TopK", [grouped, g.const([best_of])], 2, axis=-1)
+        score = g.op("ReduceSum", [tops, g.const([-1])], keepdims=0)  # [N, G]
+        _, best = g.op("TopK", [score, g.const([moe.top_groups])], 2, axis=-1)  # [N, tg]
+        zeros = g.op("ConstantOfShape", [g.op("Shape", [score])],
+                     value=tensor_attribute(np.zeros(1, np.float32)))
+        ones = g.op("ConstantOfShape", [g.op("Shape", [best])],
+                    value=tensor_attribute(np.ones(1, np.float32)))
+        kept = g.op("Cast", [g.op("ScatterElements", [zeros, best, ones], axis=1)], to=9)
+        masked = g.op("Where", [g.op("Unsqueeze", [kept, g.const([-1])]), grouped,
+                                g.const(-np.inf, np.float32)])  # [N, G, S]
+        return g.op("Reshape", [masked, g.const([-1, moe.experts])])
 
     def _dispatch(self, p: str, x: str, chosen: str, weights: str) -> str:
         """Each expert on the tokens that chose it; their rows summed per token. Rows are

@@ -10,10 +10,11 @@ Qwen3.5-MoE, Qwen3-Next, Qwen3-VL-MoE and Mixtral, and DeepSeek-V2's greedy (one
 its routed_scaling_factor, which the op lacks, multiplies the op's output). Granite MoE's
 softmax over the top k logits is the same renormalized top k of the softmax over all
 (exp(l_i) / sum_topk exp(l_j)). LFM2-MoE's routing (the top k of sigmoid + bias, weighed
-by the sigmoid alone, renormalized with an epsilon, scaled), ERNIE-4.5-MoE's (the top k of
-softmax + bias, weighed by the softmax, renormalized with a floor) and DeepSeek-V2's
-group-limited one are computed in the graph as the unrolled form computes them, and
-handed to the op as logits it cannot read otherwise:
+by the sigmoid alone, renormalized with an epsilon, scaled; DeepSeek-V3's within its best
+groups, Kolibri-1's biased on the logits), ERNIE-4.5-MoE's (the top k of softmax + bias,
+weighed by the softmax, renormalized with a floor) and DeepSeek-V2's group-limited one are
+computed in the graph as the unrolled form computes them, and handed to the op as logits
+it cannot read otherwise:
 log(weight) at the k chosen experts and -inf elsewhere, so the op's softmax and top k find
 exactly those k and renormalize their weights to sum 1; the output times each token's sum
 of weights undoes that. gpt-oss's router logits carry its bias; its experts' biases are
