@@ -11,6 +11,9 @@ from pathlib import Path
 import pytest
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# transformers' BitNet layers are torch.compile'd: compiling them took 34 s per input shape
+# on CPU. The references run the same Python eagerly.
+os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -253,6 +256,12 @@ FAMILIES: dict[str, dict] = {
     "gpt2": {"n_inner": 80, "tie_word_embeddings": True},
     # GPT-2 with nn.Linear weights and one KV head (multi-query)
     "gpt_bigcode": {"n_inner": 80, "tie_word_embeddings": True},
+    # BitNet: sub-norms before o_proj and down_proj, a gated ReLU-squared MLP; as float
+    # weights (no quantization_config: plain projections), as the Hub's packed ternary
+    # BitLinear weights with a scale each, and as master weights quantized online
+    "bitnet": {},
+    "bitnet-packed": {},
+    "bitnet-online": {},
     # Gemma 4: sliding and full layers, the full ones with heads twice as wide under a
     # proportional rope, per-layer inputs, the last two layers (one of each kind) reading
     # the KV of the two before them, double-wide MLPs there, the final soft-cap
@@ -299,6 +308,8 @@ FAMILIES: dict[str, dict] = {
                 "head_dim": 16, "sliding_window": 8, "swiglu_limit": 1.5,
                 "swiglu_alpha": 1.5},
 }
+# The fixtures stored as a BitNet quantization_config announces (tests/bitnet_checkpoints.py)
+BITNET_LAYOUTS = {"bitnet-packed": "bitlinear", "bitnet-online": "online"}
 # The families the default (fast) suite covers end to end; the rest run under `slow`.
 FAST_FAMILIES = ("llama", "mistral", "qwen2", "gemma2", "gemma3_text", "gemma3", "qwen2_5_vl",
                  "qwen3_vl", "phi3", "smollm3", "granite", "olmo2", "olmo3", "exaone4",
@@ -423,6 +434,10 @@ def build_hf_model(family: str, out: Path, seed: int = 0, dtype=None, **override
         model = model.to(dtype)
     model.save_pretrained(out)
     write_tokenizer(out)
+    if family in BITNET_LAYOUTS:
+        from tests.bitnet_checkpoints import as_bitnet
+
+        as_bitnet(out, BITNET_LAYOUTS[family])
     return out
 
 

@@ -381,7 +381,7 @@ def test_a_sliding_window_key_slides_only_where_the_family_reads_it(family):
                       "gpt_neox", "ernie4_5", "ernie4_5_moe", "arcee", "qwen3_vl",
                       "qwen3_vl_moe", "hunyuan_v1_dense", "glm", "glm4", "helium",
                       "seed_oss", "exaone", "granitemoehybrid", "nemotron", "olmoe",
-                      "granitemoe", "lfm2_moe", *NO_ROTARY):
+                      "granitemoe", "lfm2_moe", "bitnet", *NO_ROTARY):
             expected = [None] * len(ours)  # Nemotron-H: 2 layers of its 4 blocks
         elif types is not None:
             expected = [window if t == "sliding_attention" else None for t in types]

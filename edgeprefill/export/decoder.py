@@ -31,6 +31,7 @@ from edgeprefill.contract import (
     kv_names,
 )
 from edgeprefill.errors import ExportError
+from edgeprefill.export.bitlinear import BitWeights
 from edgeprefill.export.causal_conv import CausalConv
 from edgeprefill.export.checkpoint import Checkpoint
 from edgeprefill.export.families import TensorNames
@@ -72,7 +73,8 @@ class DecoderBuilder:
         self.quant = quant
         self.dtype = flavor.dtype
         self.g = GraphBuilder()
-        self.w = GraphWeights(self.g, ckpt, self.dtype, quant)
+        self.w = GraphWeights(self.g, ckpt, self.dtype, quant) if cfg.bitnet is None else \
+            BitWeights(self.g, ckpt, self.dtype, quant, cfg.bitnet)
         # (head_dim, kv_heads, rotary_dim) -> the flavour of layers of that shape (Gemma 4)
         self._flavors: dict[tuple[int, int, int], Flavor] = {}
         self.experts = self._experts()
@@ -342,7 +344,9 @@ class DecoderBuilder:
         return g.op("Reshape", [gated, g.const([0, 0, cfg.num_heads * cfg.head_dim])])
 
     def _output(self, p: str, attn: str) -> str:
-        """The attention's output projection."""
+        """The attention's output projection (after BitNet's sub-norm)."""
+        if self.names.attn_sub_norm is not None:
+            attn = self._norm(attn, p + self.names.attn_sub_norm)
         o = p + self.names.o
         return self.w.linear(attn, [o + ".weight"], o + ".bias" if self.cfg.o_bias else None)
 
@@ -502,6 +506,8 @@ class DecoderBuilder:
         gate, up = g.op("Split", [gate_up], 2, axis=-1, num_outputs=2)
         gate_scale, down_scale = cfg.scales.mlp if cfg.scales is not None else (1.0, 1.0)
         act = g.op("Mul", [self._activation(self._times(gate, gate_scale)), up])
+        if n.mlp_sub_norm is not None:  # BitNet
+            act = self._norm(act, p + n.mlp_sub_norm)
         return self._times(self.w.linear(act, [p + n.down + ".weight"], None), down_scale)
 
     def _activation(self, x: str) -> str:

@@ -53,6 +53,10 @@ class TensorNames:
     head_gate: tuple[str, ...] = ("self_attn.g_proj", "self_attn.gate_proj")
     mamba: str = "mamba."  # a Mamba-2 layer's mixer module (in_proj, conv1d, norm, ...)
     sinks: str = "self_attn.sinks"  # gpt-oss's attention sinks, one logit per query head
+    # BitNet's sub-norms: an RMSNorm of the attention's output before o_proj, and of the
+    # gated MLP's act(gate) * up before down_proj; None: the family has none
+    attn_sub_norm: str | None = None
+    mlp_sub_norm: str | None = None
 
 
 LLAMA_NAMES = TensorNames()
@@ -199,6 +203,9 @@ class FamilySpec:
     # Attention sinks (gpt-oss): a learned logit per query head (names.sinks) joins each
     # query's softmax denominator, and its share of the weight attends to nothing.
     sinks: bool = False
+    # Whether the family's model reads a BitNet quantization_config (export/bitlinear.py):
+    # its projections then BitLinear layers, the activations fake-quantized to int8.
+    bitnet: bool = False
 
     def read(self, raw: dict[str, Any]) -> dict[str, Any]:
         """config.json as the family's transformers config class reads it."""
@@ -1136,6 +1143,17 @@ FAMILIES: dict[str, FamilySpec] = {
         act_default="relu2", unsupported=("mlp_bias",),
         defaults={"rms_norm_eps": 1e-5, "max_position_embeddings": 4096},
         quirks=("ReLU-squared MLP without a gate",),
+    ),
+    # BitNet b1.58: Llama with a gated ReLU-squared MLP and sub-norms before o_proj and
+    # down_proj; with a BitNet quantization_config its projections are BitLinear layers
+    # (ternary weights, int8 fake-quantized activations: export/bitlinear.py).
+    "bitnet": FamilySpec(
+        **ATTENTION_BIAS, names=replace(LLAMA_NAMES, attn_sub_norm="self_attn.attn_sub_norm",
+                                        mlp_sub_norm="mlp.ffn_sub_norm"),
+        act_default="relu2", bitnet=True,
+        defaults={"rope_theta": 500000.0, "rms_norm_eps": 1e-5, "num_key_value_heads": 5},
+        quirks=("RMSNorm of the attention output and of the MLP's gated product",
+                "ReLU-squared gated MLP"),
     ),
     # Llama with per-head q/k RMSNorm of the rotated q and k, and a fixed-alpha NTK rope.
     # Its attention reads head_dim, null in the config class, with no fallback.

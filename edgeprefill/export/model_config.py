@@ -15,6 +15,7 @@ from typing import Any
 
 from edgeprefill.contract import CONV, RECURRENT
 from edgeprefill.errors import ExportError
+from edgeprefill.export.bitlinear import BitNetScheme, read_bitnet_scheme
 from edgeprefill.export.config_checks import check_model_config
 from edgeprefill.export.experts import MoeConfig, read_moe
 from edgeprefill.export.families import (
@@ -154,6 +155,7 @@ class ModelConfig:
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
     fp8: Fp8Scheme | None = None  # how an FP8 checkpoint's weights are scaled (export/fp8.py)
+    bitnet: BitNetScheme | None = None  # BitNet's layers (export/bitlinear.py); None: float
     # LFM2: the layers that are gated short convolutions (their `layers` entry unused),
     # the convolution's width in tokens (conv_L_cache) and whether its projections and
     # convolution have biases (conv_bias).
@@ -350,9 +352,11 @@ class ModelConfig:
             )
         spec = FAMILIES[family]
         mxfp4 = spec.moe is not None and spec.moe.names.mxfp4
-        fp8 = read_fp8_scheme(family, raw, mxfp4)  # any other quantization is refused here
+        # any other quantization is refused here
+        fp8 = read_fp8_scheme(family, raw, mxfp4, spec.bitnet)
+        bitnet = read_bitnet_scheme(family, raw) if spec.bitnet else None
         try:
-            return replace(_read(family, spec, spec.read(raw)), fp8=fp8)
+            return replace(_read(family, spec, spec.read(raw)), fp8=fp8, bitnet=bitnet)
         except KeyError as missing:
             raise ExportError(f"config.json lacks the required key {missing}") from None
         except (TypeError, ValueError, ZeroDivisionError) as bad:
