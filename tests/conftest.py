@@ -40,6 +40,8 @@ CHAT_TEMPLATE = (
 MINISTRAL3_ROPE = {"rope_type": "yarn", "rope_theta": 1e6, "factor": 16.0,
                    "original_max_position_embeddings": 8, "beta_fast": 32.0, "beta_slow": 1.0,
                    "mscale": 1.0, "mscale_all_dim": 1.0, "llama_4_scaling_beta": 0.1}
+APERTUS_ROPE = {"rope_type": "llama3", "rope_theta": 1.2e7, "factor": 8.0, "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
 GRANITE4 = {"layer_types": ["attention", "attention"], "num_local_experts": 0,
             "shared_intermediate_size": 48, "embedding_multiplier": 2.0,
             "attention_multiplier": 0.1, "residual_multiplier": 0.5, "logits_scaling": 2.0}
@@ -259,6 +261,10 @@ FAMILIES: dict[str, dict] = {
     # BitNet: sub-norms before o_proj and down_proj, a gated ReLU-squared MLP; as float
     # weights (no quantization_config: plain projections), as the Hub's packed ternary
     # BitLinear weights with a scale each, and as master weights quantized online
+    # Apertus: per-head q/k norms, xIELU with alphas of each layer's own (randomized:
+    # build_hf_model), its default llama3 rope on a 64-position original window
+    "apertus": {"rope_parameters": {**APERTUS_ROPE}},
+    "apertus1p5_text": {"tie_word_embeddings": True, "rope_parameters": {**APERTUS_ROPE}},
     "bitnet": {},
     "bitnet-packed": {},
     "bitnet-online": {},
@@ -420,6 +426,8 @@ def build_hf_model(family: str, out: Path, seed: int = 0, dtype=None, **override
         for name, param in model.named_parameters():
             if name.endswith(".bias"):
                 param.normal_(0, 0.5)
+            elif name.endswith(("act_fn.alpha_p", "act_fn.alpha_n")):  # Apertus's xIELU
+                param.add_(torch.randn_like(param) * 0.5)
             elif perturb_norms and "norm" in name:
                 param.add_(torch.randn_like(param) * 0.2)
         for name, buffer in model.named_buffers():

@@ -137,7 +137,7 @@ def test_longrope_beyond_the_original_window_uses_the_long_factors(tmp_path):
 
 @pytest.mark.parametrize(("change", "message"), [
     ({"model_type": "bloom"},
-     "'bloom' is not supported; supported: arcee, bamba, cohere, cohere2, ernie4_5"),
+     "'bloom' is not supported; supported: apertus, apertus1p5_text, arcee, bamba, bitnet"),
     ({"rope_parameters": {"rope_type": "mrope", "rope_theta": 1e4}}, "rope type 'mrope'"),
     ({"num_key_value_heads": 3}, "is not a multiple of num_key_value_heads (3)"),
     ({"layer_types": ["full_attention"]}, "layer_types lists 1 layers; there are 2"),
@@ -170,6 +170,8 @@ def test_longrope_beyond_the_original_window_uses_the_long_factors(tmp_path):
     ({"model_type": "gpt_oss", "quantization_config": {"quant_method": "awq"}},
      "gpt_oss: the checkpoint is quantized (quantization_config, awq)"),
     ({"model_type": "olmoe", "clip_qkv": 8.0}, "olmoe: clip_qkv (q/k/v clamped) is not"),
+    ({"model_type": "apertus1p5_text", "vocab_size": 128, "output_vocab_size": 100},
+     "apertus1p5_text: output_vocab_size 100 (an LM head pruned below vocab_size 128)"),
     ({"model_type": "qwen3_moe", "num_experts": 4, "num_experts_per_tok": 6},
      "num_experts_per_tok (6) must be 1 to num_experts (4)"),
     ({"model_type": "lfm2_moe"}, "lfm2_moe: config.json needs layer_types"),
@@ -381,7 +383,8 @@ def test_a_sliding_window_key_slides_only_where_the_family_reads_it(family):
                       "gpt_neox", "ernie4_5", "ernie4_5_moe", "arcee", "qwen3_vl",
                       "qwen3_vl_moe", "hunyuan_v1_dense", "glm", "glm4", "helium",
                       "seed_oss", "exaone", "granitemoehybrid", "nemotron", "olmoe",
-                      "granitemoe", "lfm2_moe", "bitnet", *NO_ROTARY):
+                      "granitemoe", "lfm2_moe", "bitnet", "apertus", "apertus1p5_text",
+                      *NO_ROTARY):
             expected = [None] * len(ours)  # Nemotron-H: 2 layers of its 4 blocks
         elif types is not None:
             expected = [window if t == "sliding_attention" else None for t in types]

@@ -49,6 +49,7 @@ from edgeprefill.export.shared_kv import SharedKV
 from edgeprefill.export.short_conv import ShortConv
 from edgeprefill.export.tokens import PackedTokens, PaddedTokens
 from edgeprefill.export.weights import GraphWeights
+from edgeprefill.export.xielu import xielu
 
 log = logging.getLogger(__name__)
 
@@ -495,7 +496,7 @@ class DecoderBuilder:
         bias = cfg.mlp_bias
         if not cfg.spec.gated_mlp:
             up = self.w.linear(h, [p + n.up + ".weight"], p + n.up + ".bias" if bias else None)
-            act = self._activation(up)
+            act = self._mlp_activation(p, up)
             return self.w.linear(act, [p + n.down + ".weight"],
                                 p + n.down + ".bias" if bias else None)
         # One packed projection: a decode step is dominated by per-kernel overhead, so one
@@ -505,13 +506,21 @@ class DecoderBuilder:
         gate_up = self.w.linear(h, [p + part + ".weight" for part in parts], None)
         gate, up = g.op("Split", [gate_up], 2, axis=-1, num_outputs=2)
         gate_scale, down_scale = cfg.scales.mlp if cfg.scales is not None else (1.0, 1.0)
-        act = g.op("Mul", [self._activation(self._times(gate, gate_scale)), up])
+        act = g.op("Mul", [self._mlp_activation(p, self._times(gate, gate_scale)), up])
         if n.mlp_sub_norm is not None:  # BitNet
             act = self._norm(act, p + n.mlp_sub_norm)
         return self._times(self.w.linear(act, [p + n.down + ".weight"], None), down_scale)
 
+    def _mlp_activation(self, p: str, x: str) -> str:
+        """The activation of layer `p`'s dense MLP: xIELU reads the layer's own alphas."""
+        if self.cfg.activation == "xielu":
+            return xielu(self.g, self.ckpt, x, p + self.names.act, self.dtype)
+        return self._activation(x)
+
     def _activation(self, x: str) -> str:
         g, kind = self.g, self.cfg.activation
+        if kind == "xielu":  # its weights are a dense MLP's (_mlp_activation)
+            raise ExportError("the xielu activation is supported in dense MLPs only")
         if kind == "silu":
             return g.op("Mul", [x, g.op("Sigmoid", [x])])
         if kind == "relu2":  # Arcee (transformers' ReLUSquaredActivation)

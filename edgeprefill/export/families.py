@@ -51,6 +51,7 @@ class TensorNames:
     # LFM3's output gate per head (hidden -> heads), which the Hub's checkpoints call
     # gate_proj and transformers renames g_proj when it loads them
     head_gate: tuple[str, ...] = ("self_attn.g_proj", "self_attn.gate_proj")
+    act: str = "mlp.act_fn."  # an activation with weights of its own (Apertus's xIELU)
     mamba: str = "mamba."  # a Mamba-2 layer's mixer module (in_proj, conv1d, norm, ...)
     sinks: str = "self_attn.sinks"  # gpt-oss's attention sinks, one logit per query head
     # BitNet's sub-norms: an RMSNorm of the attention's output before o_proj, and of the
@@ -380,12 +381,16 @@ def _exaone_aliases(raw: dict[str, Any]) -> dict[str, Any]:
     return raw
 
 
-def _ministral3_rope(raw: dict[str, Any]) -> dict[str, Any]:
-    # Ministral3Config: without rope_parameters (absent or null) the model takes its yarn
-    # rope with Llama 4's query scale, whatever a top-level rope_theta says.
-    if raw.get("rope_parameters") is None and not raw.get("rope_scaling"):
-        raw = {**raw, "rope_parameters": dict(MINISTRAL3_ROPE)}
-    return raw
+def _rope_unless_given(rope: dict[str, Any]) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    """A config class that, without rope_parameters (absent or null) nor a legacy
+    rope_scaling, takes `rope` whatever a top-level rope_theta says (Ministral3Config's
+    yarn rope with Llama 4's query scale, ApertusConfig's and CwmConfig's llama3 rope)."""
+    def read(raw: dict[str, Any]) -> dict[str, Any]:
+        if raw.get("rope_parameters") is None and not raw.get("rope_scaling"):
+            raw = {**raw, "rope_parameters": dict(rope)}
+        return raw
+
+    return read
 
 
 def _granite4_layers(raw: dict[str, Any]) -> dict[str, Any]:
@@ -692,10 +697,36 @@ GLM = FamilySpec(
 # Mistral with Llama 4's query scale and a yarn rope by default; a window on every layer
 # where the config has one (MistralModel's mask; a `layer_types` key only draws a warning).
 MINISTRAL3 = FamilySpec(
-    window="always", query_scale=True, legacy=_ministral3_rope, ignores=("layer_types",),
+    window="always", query_scale=True, legacy=_rope_unless_given(MINISTRAL3_ROPE),
+    ignores=("layer_types",),
     defaults={"head_dim": 128, "max_position_embeddings": 262144, "rms_norm_eps": 1e-5},
     quirks=("query x (1 + beta log(1 + floor(position / original window))), Llama 4's",),
 )
+APERTUS_ROPE = {"rope_type": "llama3", "rope_theta": 12_000_000.0, "factor": 8.0,
+                "original_max_position_embeddings": 8192, "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0}
+# Apertus: Llama with per-head q/k RMSNorm and an ungated MLP, down(xielu(up(x))), whose
+# xIELU has learned alphas in every layer (export/xielu.py); its norms named for the
+# sublayer they precede.
+APERTUS = FamilySpec(
+    **ATTENTION_BIAS, names=replace(LLAMA_NAMES, gate="", input_norm="attention_layernorm",
+                                    post_attn_norm="feedforward_layernorm"),
+    qk_norm="head", gated_mlp=False, act_default="xielu", legacy=_rope_unless_given(APERTUS_ROPE),
+    defaults={"max_position_embeddings": 65536, "rms_norm_eps": 1e-5},
+    quirks=("per-head q/k RMSNorm", "xIELU MLP without a gate (learned alphas per layer)"),
+)
+
+
+def _pruned_head(raw: dict[str, Any]) -> str | None:
+    # Apertus1p5TextConfig: an LM head of output_vocab_size rows (the multimodal tokens'
+    # rows pruned); the bundle's logits are as wide as the vocabulary.
+    rows = raw.get("output_vocab_size")
+    if rows is not None and rows != raw.get("vocab_size"):
+        return (f"output_vocab_size {rows} (an LM head pruned below vocab_size "
+                f"{raw.get('vocab_size')}) is not supported")
+    return None
+
+
 IMAGE_TEXT_QUIRK = "language model of an image-text checkpoint (vision tower left out)"
 # Qwen3.5 dense: Gated DeltaNet layers (3 of 4 by default) beside Qwen3-Next's gated
 # attention (per-head (1+w) q/k RMSNorm, rotary on a quarter of each head); every RMSNorm
@@ -1157,6 +1188,11 @@ FAMILIES: dict[str, FamilySpec] = {
     ),
     # Llama with per-head q/k RMSNorm of the rotated q and k, and a fixed-alpha NTK rope.
     # Its attention reads head_dim, null in the config class, with no fallback.
+    "apertus": APERTUS,
+    # Apertus 1.5's language model: Apertus with a larger vocabulary, its LM head maybe
+    # pruned to the text tokens (output_vocab_size, refused).
+    "apertus1p5_text": replace(APERTUS, refuse=_pruned_head,
+                               defaults={**APERTUS.defaults, "vocab_size": 266752}),
     "hunyuan_v1_dense": FamilySpec(
         **ATTENTION_BIAS, qk_norm="head_rotated", legacy=_hunyuan_ntk_alpha,
         names=replace(LLAMA_NAMES, q_norm="self_attn.query_layernorm",
