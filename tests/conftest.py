@@ -265,6 +265,24 @@ FAMILIES: dict[str, dict] = {
     # build_hf_model), its default llama3 rope on a 64-position original window
     "apertus": {"rope_parameters": {**APERTUS_ROPE}},
     "apertus1p5_text": {"tie_word_embeddings": True, "rope_parameters": {**APERTUS_ROPE}},
+    # VaultGemma: Gemma 2's soft-caps and sliding layers, pre-norm layers
+    "vaultgemma": {"head_dim": 16, "sliding_window": 8, "query_pre_attn_scalar": 24,
+                   "attn_logit_softcapping": 5.0, "final_logit_softcapping": 10.0},
+    # CWM: a global layer then a sliding one (its default pattern), a llama3 rope whose
+    # original window the prompts cross
+    "cwm": {"head_dim": 16, "sliding_window": 12, "rope_parameters": {
+        **APERTUS_ROPE, "rope_theta": 1e6, "factor": 16.0}},
+    "iquestcoder": {"head_dim": 32},  # Llama, head_dim != hidden / heads
+    # Jais 2: LayerNorm with bias, ReLU-squared MLP, biases everywhere (its defaults)
+    "jais2": {},
+    # OLMo 1: LayerNorm without weights, q/k/v clamped where they reach 1.5
+    "olmo": {"clip_qkv": 1.5},
+    # HyperCLOVA X: Granite's multipliers (the logits times logits_scaling), norms after
+    # attention and MLP; the "pre" variant without them
+    "hyperclovax": {"embedding_multiplier": 2.0, "attention_multiplier": 0.1,
+                    "residual_multiplier": 0.5, "logits_scaling": 2.0},
+    "hyperclovax-pre": {"use_post_norm": False, "residual_multiplier": 0.5,
+                        "logits_scaling": 2.0},
     "bitnet": {},
     "bitnet-packed": {},
     "bitnet-online": {},

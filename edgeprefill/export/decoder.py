@@ -54,7 +54,8 @@ from edgeprefill.export.xielu import xielu
 log = logging.getLogger(__name__)
 
 Rows = Callable[[str], str]  # which of a layer's tokens go on after its attention
-LAYER_NORMS = ("layer", "layer_no_bias", "layer_plus_one")  # the families.NORMS of LayerNorm
+# the families.NORMS of LayerNorm
+LAYER_NORMS = ("layer", "layer_no_bias", "layer_plus_one", "layer_no_affine")
 
 
 def _every_token(x: str) -> str:
@@ -228,9 +229,9 @@ class DecoderBuilder:
             mlp = self._mlp(p, self._norm(x, p + n.post_attn_norm))
             return self.g.op("Add", [x, attn]), mlp
         if block == "sandwich":  # Gemma 2/3: norms before and after each sublayer
-            attn = self._norm(attn, p + n.post_attn_norm)
+            attn = self._scaled(self._norm(attn, p + n.post_attn_norm))
             x, h = self._add_norm(x, attn, p + n.pre_mlp_norm)
-            return x, self._norm(self._mlp(p, h), p + n.post_mlp_norm)
+            return x, self._scaled(self._norm(self._mlp(p, h), p + n.post_mlp_norm))
         x, h = self._add_norm(x, self._scaled(attn), p + n.post_attn_norm)
         return x, self._scaled(self._mlp(p, h))
 
@@ -378,6 +379,9 @@ class DecoderBuilder:
         reorder = self._neox_order if cfg.spec.qkv_interleaved else \
             self._gate_last if cfg.attn_gate else None
         qkv = self._scaled_keys(self.w.linear(h, weights, bias, reorder=reorder))
+        if cfg.clip_qkv is not None:  # OLMo 1
+            bound = cfg.clip_qkv
+            qkv = g.op("Clip", [qkv, g.const(-bound, self.dtype), g.const(bound, self.dtype)])
         if self.flavor.packed_qkv and cfg.spec.qk_norm is None and self.q_scale is None \
                 and not cfg.attn_gate and not k_is_v:
             return [qkv, None, None, None]
@@ -466,6 +470,9 @@ class DecoderBuilder:
     def _norm(self, x: str, name: str) -> str:
         """The family's norm over the last axis; `name` is the module (".weight" added)."""
         norm = self.cfg.spec.norm
+        if norm == "layer_no_affine":  # OLMo 1: statistics only, over the hidden size
+            ones = self.g.const(np.ones(self.cfg.hidden_size), self.dtype)
+            return self.flavor.layer_norm(self.g, x, ones, None)
         if norm in LAYER_NORMS:
             bias = self.w.tensor(name + ".bias") if norm != "layer_no_bias" else None
             return self.flavor.layer_norm(self.g, x, self._norm_weight(name), bias)

@@ -63,8 +63,9 @@ class TensorNames:
 LLAMA_NAMES = TensorNames()
 
 # x*w, x*(1+w) (Gemma), LayerNorm with bias, LayerNorm without bias (Cohere), LayerNorm
-# with bias scaling by (1+w) (Nemotron's LayerNorm1P)
-NORMS = ("rms", "rms_plus_one", "layer", "layer_no_bias", "layer_plus_one")
+# with bias scaling by (1+w) (Nemotron's LayerNorm1P), LayerNorm with neither weight nor
+# bias (OLMo 1)
+NORMS = ("rms", "rms_plus_one", "layer", "layer_no_bias", "layer_plus_one", "layer_no_affine")
 # How a layer wires its norms and residual adds (see DecoderBuilder._layer):
 #   pre        x += attn(n1(x)); x += mlp(n2(x))                         (Llama)
 #   sandwich   x += n2(attn(n1(x))); x += n4(mlp(n3(x)))                 (Gemma 2/3)
@@ -86,6 +87,7 @@ class FamilySpec:
     o_bias: bool | None = False  # None: the same as the q/k/v biases
     o_bias_key: str | None = None  # a key of its own for the o bias (Seed-OSS), o_bias unset
     mlp_bias: bool | None = False  # None: the same as the q/k/v biases (StarCoder2)
+    mlp_bias_key: str | None = None  # a key of its own for the MLP biases (Jais 2), mlp_bias unset
     qkv_interleaved: bool = False  # fused qkv rows ordered [head, q|k|v, dim] (GPT-NeoX)
     rope_interleaved: bool = False  # rotary pairs are dims (2i, 2i+1), not (i, i + D/2)
     lm_head_bias: bool = False
@@ -207,6 +209,9 @@ class FamilySpec:
     # Whether the family's model reads a BitNet quantization_config (export/bitlinear.py):
     # its projections then BitLinear layers, the activations fake-quantized to int8.
     bitnet: bool = False
+    # Whether the family's attention clamps q, k and v to [-clip_qkv, clip_qkv] where the
+    # config sets clip_qkv (OLMo 1).
+    clip_qkv: bool = False
 
     def read(self, raw: dict[str, Any]) -> dict[str, Any]:
         """config.json as the family's transformers config class reads it."""
@@ -645,6 +650,14 @@ GEMMA = FamilySpec(
     quirks=("embedding x sqrt(hidden)", "(1+w) RMSNorm", "gelu-tanh MLP"),
 )
 SANDWICH = ("norms before and after attention and MLP", "query_pre_attn_scalar")
+GEMMA2 = replace(
+    GEMMA, block="sandwich", window="always", sliding=lambda i, raw: i % 2 == 0,
+    softcaps=("attn", "final"), legacy=None, act_key="hidden_activation",
+    defaults={"head_dim": 256, "max_position_embeddings": 8192, "sliding_window": 4096,
+              "query_pre_attn_scalar": 256,
+              "attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0},
+    quirks=(*GEMMA.quirks, *SANDWICH, "attention and final-logit soft-capping"),
+)
 NEOX_NAMES = TensorNames(
     embed=("gpt_neox.embed_in.weight",), final_norm="gpt_neox.final_layer_norm",
     lm_head=("embed_out", "lm_head"), layer="gpt_neox.layers.{i}.",
@@ -725,6 +738,25 @@ def _pruned_head(raw: dict[str, Any]) -> str | None:
         return (f"output_vocab_size {rows} (an LM head pruned below vocab_size "
                 f"{raw.get('vocab_size')}) is not supported")
     return None
+
+
+CWM_ROPE = {"rope_type": "llama3", "rope_theta": 1_000_000.0, "factor": 16.0,
+            "high_freq_factor": 4.0, "low_freq_factor": 1.0,
+            "original_max_position_embeddings": 8192}
+
+
+def _iquestcoder_unsupported(raw: dict[str, Any]) -> str | None:
+    # IQuestCoderConfig refuses these (the original code's options no release enables).
+    for key in ("clip_qkv", "use_sliding_window"):
+        if raw.get(key):
+            return f"{key} is not supported (IQuestCoderConfig refuses it too)"
+    return None
+
+
+def _logits_times_scaling(raw: dict[str, Any]) -> dict[str, Any]:
+    # HyperCLOVAXForCausalLM multiplies the logits by logits_scaling, where Granite divides.
+    rest = {k: v for k, v in raw.items() if k != "logits_scaling"}
+    return {**rest, "logit_scale": raw.get("logits_scaling", 1.0)}
 
 
 IMAGE_TEXT_QUIRK = "language model of an image-text checkpoint (vision tower left out)"
@@ -1077,13 +1109,11 @@ FAMILIES: dict[str, FamilySpec] = {
         quirks=(*QWEN3_5.quirks, *MROPE_QUIRKS),
     ),
     "gemma": GEMMA,
-    "gemma2": replace(
-        GEMMA, block="sandwich", window="always", sliding=lambda i, raw: i % 2 == 0,
-        softcaps=("attn", "final"), legacy=None, act_key="hidden_activation",
-        defaults={"head_dim": 256, "max_position_embeddings": 8192, "sliding_window": 4096,
-                  "query_pre_attn_scalar": 256,
-                  "attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0},
-        quirks=(*GEMMA.quirks, *SANDWICH, "attention and final-logit soft-capping"),
+    "gemma2": GEMMA2,
+    # VaultGemma: Gemma 2 without the norms after attention and MLP (pre-norm layers).
+    "vaultgemma": replace(
+        GEMMA2, block="pre", names=replace(LLAMA_NAMES, post_attn_norm="pre_feedforward_layernorm"),
+        quirks=(*GEMMA.quirks, SANDWICH[1], "attention and final-logit soft-capping"),
     ),
     "gemma3_text": replace(
         GEMMA, block="sandwich", qk_norm="head", window="always", sliding=_every_nth_global,
@@ -1147,6 +1177,46 @@ FAMILIES: dict[str, FamilySpec] = {
         **ATTENTION_BIAS, embed_scale="multiplier", unsupported=("mlp_bias",),
         defaults={"attention_multiplier": 1.0},
         quirks=("embedding, attention and residual multipliers", "logits scaling"),
+    ),
+    # HyperCLOVA X: Granite's multipliers, its logits times logits_scaling (not divided), and
+    # with use_post_norm (the default) a norm after attention and MLP too, before the
+    # residual multiplier; attention_multiplier null is 1 / sqrt(head_dim).
+    "hyperclovax": FamilySpec(
+        **ATTENTION_BIAS, embed_scale="multiplier", unsupported=("mlp_bias",),
+        names=replace(LLAMA_NAMES, post_attn_norm="post_norm1",
+                      pre_mlp_norm="post_attention_layernorm", post_mlp_norm="post_norm2"),
+        block_from_config=lambda raw: "sandwich" if raw["use_post_norm"] else "pre",
+        block_names={"pre": LLAMA_NAMES}, legacy=_logits_times_scaling,
+        defaults={"use_post_norm": True},
+        quirks=("embedding, attention and residual multipliers", "logits scaling"),
+    ),
+    # IQuest-Coder: Llama under its own config class (head_dim 128 unless given).
+    "iquestcoder": FamilySpec(
+        **ATTENTION_BIAS, unsupported=("mlp_bias",), refuse=_iquestcoder_unsupported,
+        defaults={"head_dim": 128, "max_position_embeddings": 131072, "rms_norm_eps": 1e-5,
+                  "num_key_value_heads": 8}),
+    # CWM: Llama whose layers slide but every fourth (layer_types), a llama3 rope by default.
+    "cwm": FamilySpec(
+        window="always", sliding=lambda i, raw: i % 4 != 0, unsupported=("mlp_bias",),
+        legacy=_rope_unless_given(CWM_ROPE),
+        defaults={"head_dim": 128, "max_position_embeddings": 131072, "rms_norm_eps": 1e-5,
+                  "num_key_value_heads": 8, "sliding_window": 8192}),
+    # Jais 2: LayerNorm with bias, an ungated ReLU-squared MLP, biases on every projection
+    # (attention_bias and mlp_bias, both true by default).
+    "jais2": FamilySpec(
+        names=replace(LLAMA_NAMES, gate=""), norm="layer", gated_mlp=False,
+        bias_key="attention_bias", qkv_bias=True, o_bias=None, mlp_bias_key="mlp_bias",
+        act_default="relu2", eps_key="layer_norm_eps",
+        defaults={"layer_norm_eps": 1e-5, "max_position_embeddings": 8192,
+                  "attention_bias": True, "mlp_bias": True},
+        quirks=("LayerNorm with bias", "ReLU-squared MLP without a gate"),
+    ),
+    # OLMo 1: LayerNorm without weight or bias (eps 1e-5 whatever the config says), q/k/v
+    # clamped where clip_qkv is set.
+    "olmo": FamilySpec(
+        **ATTENTION_BIAS, norm="layer_no_affine", clip_qkv=True, eps_key="layer_norm_eps",
+        legacy=lambda raw: {**raw, "layer_norm_eps": 1e-5},  # OlmoLayerNorm's, fixed
+        quirks=("LayerNorm without weight or bias",),
     ),
     "olmo2": OLMO2,
     # OLMo 2 with sliding windows on three of every four layers, each layer type its rope.

@@ -157,6 +157,7 @@ class ModelConfig:
     eos_token_ids: tuple[int, ...] = ()
     fp8: Fp8Scheme | None = None  # how an FP8 checkpoint's weights are scaled (export/fp8.py)
     bitnet: BitNetScheme | None = None  # BitNet's layers (export/bitlinear.py); None: float
+    clip_qkv: float | None = None  # q, k and v clamped to [-clip_qkv, clip_qkv] (OLMo 1)
     # LFM2: the layers that are gated short convolutions (their `layers` entry unused),
     # the convolution's width in tokens (conv_L_cache) and whether its projections and
     # convolution have biases (conv_bias).
@@ -425,6 +426,7 @@ def _read(family: str, spec: FamilySpec, raw: dict[str, Any]) -> ModelConfig:
         mlp_less=groups.mlp_less if groups is not None else (),
         renames=groups.renames if groups is not None else (),
         attn_gate=spec.attn_gate,
+        clip_qkv=_optional_float(raw.get("clip_qkv")) if spec.clip_qkv else None,
         head_gate=bool(raw.get(spec.head_gate_key)) if spec.head_gate_key else False,
         **gemma4_fields(raw) if spec.per_layer_heads else {},
         moe=read_moe(raw, spec.moe) if spec.moe is not None else None,
@@ -543,6 +545,8 @@ def _biases(raw: dict[str, Any], spec: FamilySpec) -> tuple[bool, bool, bool]:
         o = bool(raw.get(spec.o_bias_key))
     else:
         o = qkv if spec.o_bias is None else spec.o_bias
+    if spec.mlp_bias_key is not None:
+        return qkv, o, bool(raw.get(spec.mlp_bias_key))
     return qkv, o, qkv if spec.mlp_bias is None else spec.mlp_bias
 
 
