@@ -283,6 +283,11 @@ FAMILIES: dict[str, dict] = {
                     "residual_multiplier": 0.5, "logits_scaling": 2.0},
     "hyperclovax-pre": {"use_post_norm": False, "residual_multiplier": 0.5,
                         "logits_scaling": 2.0},
+    # Granite SWA: a global layer without rotary, then a sliding one with a rope base of its
+    # own, each with a sink per head (randomized: build_hf_model), Granite's multipliers
+    "granite_swa": {"sliding_window": 8, "layer_rope_theta": [0, 5000.0],
+                    "embedding_multiplier": 2.0, "attention_multiplier": 0.1,
+                    "residual_multiplier": 0.5, "logits_scaling": 2.0},
     "bitnet": {},
     "bitnet-packed": {},
     "bitnet-online": {},
@@ -446,6 +451,8 @@ def build_hf_model(family: str, out: Path, seed: int = 0, dtype=None, **override
                 param.normal_(0, 0.5)
             elif name.endswith(("act_fn.alpha_p", "act_fn.alpha_n")):  # Apertus's xIELU
                 param.add_(torch.randn_like(param) * 0.5)
+            elif name.endswith("self_attn.sinks") and not param.any():  # Granite SWA's
+                param.normal_(0, 1.0)
             elif perturb_norms and "norm" in name:
                 param.add_(torch.randn_like(param) * 0.2)
         for name, buffer in model.named_buffers():

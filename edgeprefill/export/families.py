@@ -650,6 +650,11 @@ GEMMA = FamilySpec(
     quirks=("embedding x sqrt(hidden)", "(1+w) RMSNorm", "gelu-tanh MLP"),
 )
 SANDWICH = ("norms before and after attention and MLP", "query_pre_attn_scalar")
+GRANITE = FamilySpec(
+    **ATTENTION_BIAS, embed_scale="multiplier", unsupported=("mlp_bias",),
+    defaults={"attention_multiplier": 1.0},
+    quirks=("embedding, attention and residual multipliers", "logits scaling"),
+)
 GEMMA2 = replace(
     GEMMA, block="sandwich", window="always", sliding=lambda i, raw: i % 2 == 0,
     softcaps=("attn", "final"), legacy=None, act_key="hidden_activation",
@@ -750,6 +755,45 @@ def _iquestcoder_unsupported(raw: dict[str, Any]) -> str | None:
     for key in ("clip_qkv", "use_sliding_window"):
         if raw.get(key):
             return f"{key} is not supported (IQuestCoderConfig refuses it too)"
+    return None
+
+
+def _granite_swa_layers(raw: dict[str, Any]) -> dict[str, Any]:
+    """GraniteSWAConfig (and GraniteMoeSWAConfig): without layer_types every fourth layer
+    from the first attends globally and the others slide; `layer_rope_theta` gives each
+    layer its rope's base over the rope's other parameters, 0 for no rotary. Read as one
+    rope per layer type (_layer_rope_thetas_unsupported refuses what is not) and
+    no_rope_layers."""
+    count = int(raw["num_hidden_layers"])
+    types = list(raw.get("layer_types") or ["full_attention" if i % 4 == 0 else
+                                            "sliding_attention" for i in range(count)])
+    raw = {**raw, "layer_types": types}
+    thetas = raw.get("layer_rope_theta")
+    if thetas is None:
+        return raw
+    base = {"rope_type": "default", "rope_theta": raw.get("rope_theta", 10000.0),
+            **rope_params(raw)}
+    ropes = {kind: {**base, "rope_theta": next((float(t) for t, k in zip(thetas, types)
+                                                 if k == kind and t), base["rope_theta"])}
+             for kind in ("full_attention", "sliding_attention")}
+    rest = {k: v for k, v in raw.items() if k != "rope_scaling"}
+    return {**rest, "rope_parameters": ropes, "no_rope_layers": [int(bool(t)) for t in thetas]}
+
+
+def _layer_rope_thetas_unsupported(raw: dict[str, Any]) -> str | None:
+    thetas = raw.get("layer_rope_theta")
+    if thetas is None:
+        return None
+    if len(thetas) != len(raw["layer_types"]):
+        return f"layer_rope_theta lists {len(thetas)} layers; there are {len(raw['layer_types'])}"
+    for kind in ("full_attention", "sliding_attention"):
+        bases = {float(t) for t, k in zip(thetas, raw["layer_types"], strict=True)
+                 if k == kind and t}
+        if len(bases) > 1:
+            return (f"layer_rope_theta gives the {kind} layers {len(bases)} rope bases; "
+                    "export takes one per layer type")
+    if raw.get("sliding_window") is None and len(set(thetas) - {0}) > 1:
+        return "layer_rope_theta gives layers their own rope bases but sliding_window is null"
     return None
 
 
@@ -1173,10 +1217,15 @@ FAMILIES: dict[str, FamilySpec] = {
     "smollm3": FamilySpec(**ATTENTION_BIAS, tie_default=True, window="opt_in",
                           sliding=_nope_layers, unsupported=("mlp_bias",),
                           defaults={"rope_theta": 2_000_000.0, "max_position_embeddings": 32768}),
-    "granite": FamilySpec(
-        **ATTENTION_BIAS, embed_scale="multiplier", unsupported=("mlp_bias",),
-        defaults={"attention_multiplier": 1.0},
-        quirks=("embedding, attention and residual multipliers", "logits scaling"),
+    "granite": GRANITE,
+    # Granite SWA (granite-swash): Granite with sliding layers but every fourth, a sink logit
+    # per head, and a rope base per layer (0: no rotary).
+    "granite_swa": replace(
+        GRANITE, sinks=True, window="always", tie_default=True, legacy=_granite_swa_layers,
+        refuse=_layer_rope_thetas_unsupported,
+        defaults={"attention_multiplier": 1.0, "sliding_window": 128, "rms_norm_eps": 1e-5,
+                  "max_position_embeddings": 8192, "num_key_value_heads": 4},
+        quirks=(*GRANITE.quirks, "attention sinks (a learned logit per head)"),
     ),
     # HyperCLOVA X: Granite's multipliers, its logits times logits_scaling (not divided), and
     # with use_post_norm (the default) a norm after attention and MLP too, before the
