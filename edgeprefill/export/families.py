@@ -773,7 +773,7 @@ def _granite_swa_layers(raw: dict[str, Any]) -> dict[str, Any]:
         return raw
     base = {"rope_type": "default", "rope_theta": raw.get("rope_theta", 10000.0),
             **rope_params(raw)}
-    ropes = {kind: {**base, "rope_theta": next((float(t) for t, k in zip(thetas, types)
+    ropes = {kind: {**base, "rope_theta": next((float(t) for t, k in zip(thetas, types, strict=False)
                                                  if k == kind and t), base["rope_theta"])}
              for kind in ("full_attention", "sliding_attention")}
     rest = {k: v for k, v in raw.items() if k != "rope_scaling"}
