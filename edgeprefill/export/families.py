@@ -773,8 +773,9 @@ def _granite_swa_layers(raw: dict[str, Any]) -> dict[str, Any]:
         return raw
     base = {"rope_type": "default", "rope_theta": raw.get("rope_theta", 10000.0),
             **rope_params(raw)}
-    ropes = {kind: {**base, "rope_theta": next((float(t) for t, k in zip(thetas, types, strict=False)
-                                                 if k == kind and t), base["rope_theta"])}
+    pairs = list(zip(thetas, types, strict=False))  # lengths: _layer_rope_thetas_unsupported
+    ropes = {kind: {**base, "rope_theta": next((float(t) for t, k in pairs if k == kind and t),
+                                               base["rope_theta"])}
              for kind in ("full_attention", "sliding_attention")}
     rest = {k: v for k, v in raw.items() if k != "rope_scaling"}
     return {**rest, "rope_parameters": ropes, "no_rope_layers": [int(bool(t)) for t in thetas]}
