@@ -288,6 +288,15 @@ FAMILIES: dict[str, dict] = {
     "granite_swa": {"sliding_window": 8, "layer_rope_theta": [0, 5000.0],
                     "embedding_multiplier": 2.0, "attention_multiplier": 0.1,
                     "residual_multiplier": 0.5, "logits_scaling": 2.0},
+    # Granite MoE Shared: Granite MoE's experts beside a gated shared MLP (fused input_linear)
+    "granitemoeshared": {"num_local_experts": 8, "num_experts_per_tok": 2,
+                         "intermediate_size": 32, "shared_intermediate_size": 48,
+                         "embedding_multiplier": 2.0, "residual_multiplier": 0.5},
+    # Granite MoE SWA: those experts under Granite SWA's attention
+    "granitemoe_swa": {"num_local_experts": 8, "num_experts_per_tok": 2,
+                       "intermediate_size": 32, "shared_intermediate_size": 48,
+                       "sliding_window": 8, "layer_rope_theta": [0, 5000.0],
+                       "attention_multiplier": 0.1},
     "bitnet": {},
     "bitnet-packed": {},
     "bitnet-online": {},

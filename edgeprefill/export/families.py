@@ -1048,6 +1048,22 @@ GRANITE_MOE = FamilySpec(
               "num_experts_per_tok": 2},
     quirks=("embedding, attention and residual multipliers", "logits scaling"),
 )
+
+
+def _granite_shared_width(raw: dict[str, Any]) -> dict[str, Any]:
+    # GraniteMoeSharedConfig: the shared MLP is shared_intermediate_size wide (0: none).
+    return {**raw, "shared_expert_intermediate_size": raw["shared_intermediate_size"]}
+
+
+# Granite MoE Shared: Granite MoE with a gated shared MLP (fused input_linear) beside the
+# experts where shared_intermediate_size is not 0.
+GRANITE_MOE_SHARED = replace(
+    GRANITE_MOE, legacy=_granite_shared_width,
+    moe=replace(GRANITE_MOE.moe, names=replace(
+        GRANITE_MOE.moe.names, shared="shared_mlp.", shared_gate_up="input_linear",
+        shared_down="output_linear")),
+    defaults={**GRANITE_MOE.defaults, "shared_intermediate_size": 0},
+)
 # LFM2-MoE (LFM2-8B-A1B): LFM2's short convolutions and attention, a dense MLP in the first
 # num_dense_layers and routed experts after (sigmoid routing, an expert bias that chooses).
 LFM2_MOE = replace(
@@ -1432,6 +1448,16 @@ FAMILIES: dict[str, FamilySpec] = {
     "mixtral": MIXTRAL,
     "ernie4_5_moe": ERNIE4_5_MOE,
     "granitemoe": GRANITE_MOE,
+    "granitemoeshared": GRANITE_MOE_SHARED,
+    # Granite MoE SWA: Granite MoE Shared with Granite SWA's attention (sinks, windows on
+    # all layers but every fourth, a rope base per layer).
+    "granitemoe_swa": replace(
+        GRANITE_MOE_SHARED, sinks=True, window="always",
+        legacy=lambda raw: _granite_swa_layers(_granite_shared_width(raw)),
+        refuse=_layer_rope_thetas_unsupported,
+        defaults={**GRANITE_MOE_SHARED.defaults, "sliding_window": 128},
+        quirks=(*GRANITE_MOE.quirks, "attention sinks (a learned logit per head)"),
+    ),
     "lfm2_moe": LFM2_MOE,
     "gpt_oss": GPT_OSS,
     # Granite 4.0 dense (granite-4.0-micro, the -H models' Mamba-2 layers among attention
