@@ -11,7 +11,7 @@ import transformers
 
 from edgeprefill.errors import ExportError
 from edgeprefill.export.families import FAMILIES
-from edgeprefill.export.model_config import GLOBAL, LOCAL, ModelConfig
+from edgeprefill.export.model_config import ACTIVATIONS, GLOBAL, LOCAL, ModelConfig
 from tests.conftest import IMAGE_TEXT, build_hf_model, hf_auto_class
 from tests.test_exactness import prompt_ids, reference_logits
 
@@ -337,6 +337,9 @@ def test_keys_a_config_leaves_out_take_transformers_defaults(family):
             assert rope.rotary_dim == int(head_dim * partial)
     assert ours.final_softcap == getattr(hf, "final_logit_softcapping", None)
     assert ours.max_positions == hf.max_position_embeddings
+    act_key = FAMILIES[family].act_key
+    if act_key is not None and getattr(hf, act_key, None) is not None:  # BitNet's relu2
+        assert ours.activation == ACTIVATIONS[getattr(hf, act_key)]
     if family == "gemma2":
         assert ours.attn_softcap == hf.attn_logit_softcapping
     if family in ("cohere", "cohere2"):
