@@ -297,6 +297,9 @@ FAMILIES: dict[str, dict] = {
                        "intermediate_size": 32, "shared_intermediate_size": 48,
                        "sliding_window": 8, "layer_rope_theta": [0, 5000.0],
                        "attention_multiplier": 0.1},
+    # nanochat: weightless RMSNorms (the embedding's too), q/k norms after its reversed
+    # rotary, ReLU-squared MLP, a final soft-cap that bites
+    "nanochat": {"head_dim": 16, "final_logit_softcapping": 3.0},
     "bitnet": {},
     "bitnet-packed": {},
     "bitnet-online": {},

@@ -56,6 +56,8 @@ log = logging.getLogger(__name__)
 Rows = Callable[[str], str]  # which of a layer's tokens go on after its attention
 # the families.NORMS of LayerNorm
 LAYER_NORMS = ("layer", "layer_no_bias", "layer_plus_one", "layer_no_affine")
+UNBIASED = ("layer_no_bias", "layer_no_affine")  # LayerNorms without bias
+WEIGHTLESS = ("layer_no_affine", "rms_no_weight")  # norms without weight
 
 
 def _every_token(x: str) -> str:
@@ -135,6 +137,8 @@ class DecoderBuilder:
                                                          past_lens, chunk)])
         if cfg.embed_scale is not None:
             x = g.op("Mul", [x, g.const(cfg.embed_scale, self.dtype)])
+        if cfg.spec.embed_norm:  # nanochat
+            x = self._norm(x, self.names.final_norm)
         if self.ple is not None:
             self.ple.build(ids, x)
         delta = None  # a sublayer's output, added to the residual by the next norm
@@ -377,7 +381,8 @@ class DecoderBuilder:
         bias = p + (n.qkv or "self_attn.qkv_proj") + ".bias" if cfg.qkv_bias else None
         self._check_qkv_shapes(weights, cfg)
         reorder = self._neox_order if cfg.spec.qkv_interleaved else \
-            self._gate_last if cfg.attn_gate else None
+            self._gate_last if cfg.attn_gate else \
+            self._reflected if cfg.spec.rotary_reflected else None
         qkv = self._scaled_keys(self.w.linear(h, weights, bias, reorder=reorder))
         if cfg.clip_qkv is not None:  # OLMo 1
             bound = cfg.clip_qkv
@@ -452,6 +457,16 @@ class DecoderBuilder:
         factors = np.concatenate([np.ones(q), np.full(kv, cfg.scales.key), np.ones(kv)])
         return self.g.op("Mul", [qkv, self.g.const(factors, self.dtype)])
 
+    def _reflected(self, rows: np.ndarray) -> np.ndarray:
+        """nanochat: q's and k's rows of each head's rotated second half negated
+        (FamilySpec.rotary_reflected); v's as they are."""
+        cfg = self.cfg
+        signs = np.ones(cfg.head_dim, np.float32)
+        signs[cfg.rotary_dim // 2 : cfg.rotary_dim] = -1.0
+        factors = np.concatenate([np.tile(signs, cfg.num_heads), np.tile(signs, cfg.num_kv_heads),
+                                  np.ones(cfg.num_kv_heads * cfg.head_dim, np.float32)])
+        return rows * factors.reshape(-1, *[1] * (rows.ndim - 1))
+
     def _gate_last(self, rows: np.ndarray) -> np.ndarray:
         """Qwen3.5 stores q_proj's rows as [head, query|gate, dim] above k and v; the
         graph wants [query (head, dim), k, v, gate (head, dim)]."""
@@ -464,19 +479,17 @@ class DecoderBuilder:
     def _head_norm(self, x: str, heads: int, name: str, d: int | None = None) -> str:
         g, d = self.g, d or self.cfg.head_dim
         per_head = g.op("Reshape", [x, g.const([0, 0, heads, d])])
-        normed = self._norm(per_head, name)
+        normed = self._norm(per_head, name, d)
         return g.op("Reshape", [normed, g.const([0, 0, heads * d])])
 
-    def _norm(self, x: str, name: str) -> str:
-        """The family's norm over the last axis; `name` is the module (".weight" added)."""
+    def _norm(self, x: str, name: str, width: int | None = None) -> str:
+        """The family's norm over the last axis (`width` wide: hidden unless given); `name`
+        is the module (".weight" added)."""
         norm = self.cfg.spec.norm
-        if norm == "layer_no_affine":  # OLMo 1: statistics only, over the hidden size
-            ones = self.g.const(np.ones(self.cfg.hidden_size), self.dtype)
-            return self.flavor.layer_norm(self.g, x, ones, None)
         if norm in LAYER_NORMS:
-            bias = self.w.tensor(name + ".bias") if norm != "layer_no_bias" else None
-            return self.flavor.layer_norm(self.g, x, self._norm_weight(name), bias)
-        return self.flavor.rms_norm(self.g, x, self._norm_weight(name))
+            bias = self.w.tensor(name + ".bias") if norm not in UNBIASED else None
+            return self.flavor.layer_norm(self.g, x, self._norm_weight(name, width), bias)
+        return self.flavor.rms_norm(self.g, x, self._norm_weight(name, width))
 
     def _add_norm(self, x: str, delta: str | None, name: str) -> tuple[str, str]:
         """(x + delta, norm(x + delta)); delta None adds nothing."""
@@ -485,7 +498,9 @@ class DecoderBuilder:
             return x, self._norm(x, name)
         return self.flavor.add_rms_norm(self.g, x, delta, self._norm_weight(name))
 
-    def _norm_weight(self, name: str) -> str:
+    def _norm_weight(self, name: str, width: int | None = None) -> str:
+        if self.cfg.spec.norm in WEIGHTLESS:  # statistics only (OLMo 1, nanochat)
+            return self.g.const(np.ones(width or self.cfg.hidden_size), self.dtype)
         if self.cfg.spec.norm not in ("rms_plus_one", "layer_plus_one"):
             return self.w.tensor(name + ".weight")
         # Gemma and Nemotron scale by (1 + w), computed in float32 as transformers does.

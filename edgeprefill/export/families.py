@@ -64,8 +64,9 @@ LLAMA_NAMES = TensorNames()
 
 # x*w, x*(1+w) (Gemma), LayerNorm with bias, LayerNorm without bias (Cohere), LayerNorm
 # with bias scaling by (1+w) (Nemotron's LayerNorm1P), LayerNorm with neither weight nor
-# bias (OLMo 1)
-NORMS = ("rms", "rms_plus_one", "layer", "layer_no_bias", "layer_plus_one", "layer_no_affine")
+# bias (OLMo 1), RMSNorm without weight (nanochat)
+NORMS = ("rms", "rms_plus_one", "layer", "layer_no_bias", "layer_plus_one", "layer_no_affine",
+         "rms_no_weight")
 # How a layer wires its norms and residual adds (see DecoderBuilder._layer):
 #   pre        x += attn(n1(x)); x += mlp(n2(x))                         (Llama)
 #   sandwich   x += n2(attn(n1(x))); x += n4(mlp(n3(x)))                 (Gemma 2/3)
@@ -212,6 +213,13 @@ class FamilySpec:
     # Whether the family's attention clamps q, k and v to [-clip_qkv, clip_qkv] where the
     # config sets clip_qkv (OLMo 1).
     clip_qkv: bool = False
+    # Whether the final norm also normalizes the embedding before the first layer (nanochat).
+    embed_norm: bool = False
+    # Whether the model's rotate_half is cat(x2, -x1), a rotation by -angle (nanochat).
+    # Exported as the standard rotary of q and k whose rotated second halves are negated in
+    # their projection: q.k is the same (each is the reflected model's q or k reflected),
+    # and so is a weightless q/k norm of it.
+    rotary_reflected: bool = False
 
     def read(self, raw: dict[str, Any]) -> dict[str, Any]:
         """config.json as the family's transformers config class reads it."""
@@ -1255,6 +1263,17 @@ FAMILIES: dict[str, FamilySpec] = {
         block_names={"pre": LLAMA_NAMES}, legacy=_logits_times_scaling,
         defaults={"use_post_norm": True},
         quirks=("embedding, attention and residual multipliers", "logits scaling"),
+    ),
+    # nanochat: RMSNorms without weight (the embedding normed too), per-head q/k norms after a
+    # rotary turning the other way, an ungated ReLU-squared MLP, the final soft-cap.
+    "nanochat": FamilySpec(
+        **ATTENTION_BIAS, names=replace(LLAMA_NAMES, gate="", up="mlp.fc1", down="mlp.fc2"),
+        norm="rms_no_weight", gated_mlp=False, qk_norm="head_rotated", embed_norm=True,
+        rotary_reflected=True, act_default="relu2", softcaps=("final",),
+        defaults={"final_logit_softcapping": 15.0, "rms_norm_eps": 1e-6},
+        quirks=("RMSNorm without weight, of the embedding too",
+                "per-head q/k norms after rotary", "ReLU-squared MLP without a gate",
+                "final-logit soft-capping"),
     ),
     # IQuest-Coder: Llama under its own config class (head_dim 128 unless given).
     "iquestcoder": FamilySpec(
