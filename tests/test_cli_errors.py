@@ -40,10 +40,12 @@ def test_unsupported_model_type_lists_the_supported_ones(hf_copy, tmp_path):
     (hf_copy / "config.json").write_text(json.dumps(config))
     assert_one_line_error(cli("export", hf_copy, "-o", tmp_path / "b"),
                           "'bert' is not supported",
-                          "supported: arcee, bamba, cohere, cohere2, ernie4_5",
+                          "supported: apertus, apertus1p5_text, arcee, bamba, bitnet, cohere, "
+                          "cohere2, cwm, ernie4_5",
                           "gemma3_text, gemma4, gemma4_text, glm",
                           "gpt_neox, gpt_oss, granite",
-                          "granitemoe, granitemoehybrid", "lfm2, lfm2_moe", "olmo3, olmoe",
+                          "granitemoe, granitemoe_swa, granitemoehybrid, granitemoeshared",
+                          "lfm2, lfm2_moe", "olmo3, olmoe",
                           "qwen2_moe", "qwen3_5_moe, qwen3_5_moe_text", "qwen3_moe")
 
 
