@@ -37,7 +37,8 @@ def test_packed_bitlinear_logits_equal_transformers_for_any_chunk(
     assert_padded_chunks_match(hf_model("bitnet-packed"), bundle("bitnet-packed", flavor))
 
 
-@pytest.mark.parametrize("packed", (True, False), ids=("packed", "float ternary"))
+@pytest.mark.parametrize("packed", (True, pytest.param(False, marks=pytest.mark.slow)),
+                         ids=("packed", "float ternary"))
 def test_autobitlinear_offline_weights_export_as_transformers_reads_them(tmp_path, packed):
     hf_dir = build_hf_model("bitnet", tmp_path / "hf")
     as_bitnet(hf_dir, "autobitlinear", packed=packed)
