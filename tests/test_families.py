@@ -413,7 +413,8 @@ def test_a_sliding_window_key_slides_only_where_the_family_reads_it(family):
                       "seed_oss", "exaone", "granitemoehybrid", "nemotron", "olmoe",
                       "granitemoe", "lfm2_moe", "minicpm3", "youtu", "deepseek_v2",
                       "glm4_moe", "glm4v_moe", "solar_open",
-                      "iquestcoder", "jais2", "olmo", "hyperclovax", "granitemoeshared",
+                      "bitnet", "apertus", "apertus1p5_text", "iquestcoder", "jais2", "olmo",
+                      "hyperclovax", "granitemoeshared",
                       "nanochat",
                       *NO_ROTARY):
             expected = [None] * len(ours)  # Nemotron-H: 2 layers of its 4 blocks
