@@ -1601,7 +1601,9 @@ def _glm4_moe_lite_config(raw: dict[str, Any]) -> dict[str, Any]:
 def _glm4_moe_lite_unsupported(raw: dict[str, Any]) -> str | None:
     # Glm4MoeLiteRotaryEmbedding would rotate fewer dims than qk_rope_head_dim, which its
     # attention cannot apply.
-    if float(rope_params(raw).get("partial_rotary_factor", 1.0)) != 1.0:
+    # (transformers folds a top-level partial_rotary_factor into the rope parameters)
+    factor = rope_params(raw).get("partial_rotary_factor", raw.get("partial_rotary_factor"))
+    if factor is not None and float(factor) != 1.0:
         return "partial_rotary_factor other than 1 is not supported"
     return _rope_halves_refused(raw)
 
@@ -1621,7 +1623,16 @@ GLM4_MOE_LITE = replace(
 )
 
 # model_types close to a supported family that export refuses -> why, in words.
-REFUSED_TYPES: dict[str, str] = {}
+REFUSED_TYPES: dict[str, str] = {
+    "deepseek_v32": "DeepSeek-V3.2's sparse attention (an indexer choosing each query's "
+                    "keys) is not supported",
+    "glm_moe_dsa": "GLM-5's DeepSeek sparse attention (an indexer choosing each query's keys) "
+                   "is not supported",
+    "kimi_linear": "Kimi Linear's KDA (Kimi delta attention) layers are not supported",
+    "axk1": "A.X K1's RMSNorm after the experts (post_mlp_layernorm) is not supported",
+    "mistral4": "Mistral 4's position-scaled queries and softmax group routing are not "
+                "supported",
+}
 
 FAMILIES: dict[str, FamilySpec] = {
     "llama": FamilySpec(**ATTENTION_BIAS, unsupported=("mlp_bias",)),
