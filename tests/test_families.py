@@ -395,7 +395,8 @@ def test_a_sliding_window_key_slides_only_where_the_family_reads_it(family):
                       "qwen3_vl_moe", "hunyuan_v1_dense", "glm", "glm4", "helium",
                       "seed_oss", "exaone", "granitemoehybrid", "nemotron", "olmoe",
                       "granitemoe", "lfm2_moe", "minicpm3", "youtu", "deepseek_v2",
-                      "glm4_moe", "glm4v_moe", "solar_open",
+                      "glm4_moe", "glm4v_moe", "solar_open", "deepseek_v3", "glm4_moe_lite",
+                      "sarvam_mla",
                       *NO_ROTARY):
             expected = [None] * len(ours)  # Nemotron-H: 2 layers of its 4 blocks
         elif types is not None:
