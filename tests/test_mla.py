@@ -92,6 +92,23 @@ MOONLIGHT_16B_A3B = {
     "max_position_embeddings": 8192, "rms_norm_eps": 1e-5, "rope_theta": 50000.0,
     "rope_scaling": None,
 }
+# Shaped as moonshotai/Kimi-K2-Instruct's config.json: 384 experts in one group, 64 heads,
+# a yarn rope of factor 32 (its own model_type, "kimi_k2", is remote code's: transformers
+# reads the config as deepseek_v3 only inside Kimi-K2.5's text_config)
+KIMI_K2 = {
+    "model_type": "deepseek_v3", "vocab_size": 163840, "hidden_size": 7168,
+    "intermediate_size": 18432, "moe_intermediate_size": 2048, "num_hidden_layers": 61,
+    "num_attention_heads": 64, "num_key_value_heads": 64, "n_shared_experts": 1,
+    "n_routed_experts": 384, "routed_scaling_factor": 2.827, "kv_lora_rank": 512,
+    "q_lora_rank": 1536, "qk_rope_head_dim": 64, "v_head_dim": 128, "qk_nope_head_dim": 128,
+    "topk_method": "noaux_tc", "n_group": 1, "topk_group": 1, "num_experts_per_tok": 8,
+    "first_k_dense_replace": 1, "norm_topk_prob": True, "scoring_func": "sigmoid",
+    "max_position_embeddings": 131072, "rms_norm_eps": 1e-6, "rope_theta": 50000.0,
+    "num_nextn_predict_layers": 0,
+    "rope_scaling": {"beta_fast": 1.0, "beta_slow": 1.0, "factor": 32.0, "mscale": 1.0,
+                     "mscale_all_dim": 1.0, "original_max_position_embeddings": 4096,
+                     "type": "yarn"},
+}
 # Glm4MoeLiteConfig's defaults (GLM-4.7-Flash's shape)
 GLM_47_FLASH = {"model_type": "glm4_moe_lite", "rope_theta": 1000000.0}
 # sarvam-105b as its remote code's config.json names things: num_experts,
@@ -103,8 +120,8 @@ SARVAM_105B = {
                      "mscale_all_dim": 1.0, "beta_fast": 32, "beta_slow": 1,
                      "original_max_position_embeddings": 4096, "rope_theta": 10000},
 }
-DEEPSEEK_V3_HUB = (DEEPSEEK_V3, MOONLIGHT_16B_A3B, GLM_47_FLASH, SARVAM_105B)
-DEEPSEEK_V3_IDS = ("deepseek_v3", "moonlight", "glm4_moe_lite", "sarvam_mla")
+DEEPSEEK_V3_HUB = (DEEPSEEK_V3, MOONLIGHT_16B_A3B, KIMI_K2, GLM_47_FLASH, SARVAM_105B)
+DEEPSEEK_V3_IDS = ("deepseek_v3", "moonlight", "kimi_k2", "glm4_moe_lite", "sarvam_mla")
 
 
 @pytest.mark.parametrize("raw", (MINICPM3_4B, YOUTU_YARN, DEEPSEEK_V2_LITE, *DEEPSEEK_V3_HUB),
