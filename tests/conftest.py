@@ -11,6 +11,9 @@ from pathlib import Path
 import pytest
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# transformers' BitNet layers are torch.compile'd: compiling them took 34 s per input shape
+# on CPU. The references run the same Python eagerly.
+os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -37,6 +40,8 @@ CHAT_TEMPLATE = (
 MINISTRAL3_ROPE = {"rope_type": "yarn", "rope_theta": 1e6, "factor": 16.0,
                    "original_max_position_embeddings": 8, "beta_fast": 32.0, "beta_slow": 1.0,
                    "mscale": 1.0, "mscale_all_dim": 1.0, "llama_4_scaling_beta": 0.1}
+APERTUS_ROPE = {"rope_type": "llama3", "rope_theta": 1.2e7, "factor": 8.0, "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
 GRANITE4 = {"layer_types": ["attention", "attention"], "num_local_experts": 0,
             "shared_intermediate_size": 48, "embedding_multiplier": 2.0,
             "attention_multiplier": 0.1, "residual_multiplier": 0.5, "logits_scaling": 2.0}
@@ -294,6 +299,51 @@ FAMILIES: dict[str, dict] = {
     "gpt2": {"n_inner": 80, "tie_word_embeddings": True},
     # GPT-2 with nn.Linear weights and one KV head (multi-query)
     "gpt_bigcode": {"n_inner": 80, "tie_word_embeddings": True},
+    # BitNet: sub-norms before o_proj and down_proj, a gated ReLU-squared MLP; as float
+    # weights (no quantization_config: plain projections), as the Hub's packed ternary
+    # BitLinear weights with a scale each, and as master weights quantized online
+    # Apertus: per-head q/k norms, xIELU with alphas of each layer's own (randomized:
+    # build_hf_model), its default llama3 rope on a 64-position original window
+    "apertus": {"rope_parameters": {**APERTUS_ROPE}},
+    "apertus1p5_text": {"tie_word_embeddings": True, "rope_parameters": {**APERTUS_ROPE}},
+    # VaultGemma: Gemma 2's soft-caps and sliding layers, pre-norm layers
+    "vaultgemma": {"head_dim": 16, "sliding_window": 8, "query_pre_attn_scalar": 24,
+                   "attn_logit_softcapping": 5.0, "final_logit_softcapping": 10.0},
+    # CWM: a global layer then a sliding one (its default pattern), a llama3 rope whose
+    # original window the prompts cross
+    "cwm": {"head_dim": 16, "sliding_window": 12, "rope_parameters": {
+        **APERTUS_ROPE, "rope_theta": 1e6, "factor": 16.0}},
+    "iquestcoder": {"head_dim": 32},  # Llama, head_dim != hidden / heads
+    # Jais 2: LayerNorm with bias, ReLU-squared MLP, biases everywhere (its defaults)
+    "jais2": {},
+    # OLMo 1: LayerNorm without weights, q/k/v clamped where they reach 1.5
+    "olmo": {"clip_qkv": 1.5},
+    # HyperCLOVA X: Granite's multipliers (the logits times logits_scaling), norms after
+    # attention and MLP; the "pre" variant without them
+    "hyperclovax": {"embedding_multiplier": 2.0, "attention_multiplier": 0.1,
+                    "residual_multiplier": 0.5, "logits_scaling": 2.0},
+    "hyperclovax-pre": {"use_post_norm": False, "residual_multiplier": 0.5,
+                        "logits_scaling": 2.0},
+    # Granite SWA: a global layer without rotary, then a sliding one with a rope base of its
+    # own, each with a sink per head (randomized: build_hf_model), Granite's multipliers
+    "granite_swa": {"sliding_window": 8, "layer_rope_theta": [0, 5000.0],
+                    "embedding_multiplier": 2.0, "attention_multiplier": 0.1,
+                    "residual_multiplier": 0.5, "logits_scaling": 2.0},
+    # Granite MoE Shared: Granite MoE's experts beside a gated shared MLP (fused input_linear)
+    "granitemoeshared": {"num_local_experts": 8, "num_experts_per_tok": 2,
+                         "intermediate_size": 32, "shared_intermediate_size": 48,
+                         "embedding_multiplier": 2.0, "residual_multiplier": 0.5},
+    # Granite MoE SWA: those experts under Granite SWA's attention
+    "granitemoe_swa": {"num_local_experts": 8, "num_experts_per_tok": 2,
+                       "intermediate_size": 32, "shared_intermediate_size": 48,
+                       "sliding_window": 8, "layer_rope_theta": [0, 5000.0],
+                       "attention_multiplier": 0.1},
+    # nanochat: weightless RMSNorms (the embedding's too), q/k norms after its reversed
+    # rotary, ReLU-squared MLP, a final soft-cap that bites
+    "nanochat": {"head_dim": 16, "final_logit_softcapping": 3.0},
+    "bitnet": {},
+    "bitnet-packed": {},
+    "bitnet-online": {},
     # Gemma 4: sliding and full layers, the full ones with heads twice as wide under a
     # proportional rope, per-layer inputs, the last two layers (one of each kind) reading
     # the KV of the two before them, double-wide MLPs there, the final soft-cap
@@ -461,6 +511,8 @@ FAMILIES: dict[str, dict] = {
                 "head_dim": 16, "sliding_window": 8, "swiglu_limit": 1.5,
                 "swiglu_alpha": 1.5},
 }
+# The fixtures stored as a BitNet quantization_config announces (tests/bitnet_checkpoints.py)
+BITNET_LAYOUTS = {"bitnet-packed": "bitlinear", "bitnet-online": "online"}
 # The families the default (fast) suite covers end to end; the rest run under `slow`.
 FAST_FAMILIES = ("llama", "mistral", "qwen2", "gemma2", "gemma3_text", "gemma3", "qwen2_5_vl",
                  "qwen3_vl", "phi3", "smollm3", "granite", "olmo2", "olmo3", "exaone4",
@@ -573,6 +625,10 @@ def build_hf_model(family: str, out: Path, seed: int = 0, dtype=None, **override
         for name, param in model.named_parameters():
             if name.endswith(".bias"):
                 param.normal_(0, 0.5)
+            elif name.endswith(("act_fn.alpha_p", "act_fn.alpha_n")):  # Apertus's xIELU
+                param.add_(torch.randn_like(param) * 0.5)
+            elif name.endswith("self_attn.sinks") and not param.any():  # Granite SWA's
+                param.normal_(0, 1.0)
             elif perturb_norms and "norm" in name:
                 param.add_(torch.randn_like(param) * 0.2)
         for name, buffer in model.named_buffers():
@@ -591,6 +647,10 @@ def build_hf_model(family: str, out: Path, seed: int = 0, dtype=None, **override
         model = model.to(dtype)
     model.save_pretrained(out)
     write_tokenizer(out)
+    if family in BITNET_LAYOUTS:
+        from tests.bitnet_checkpoints import as_bitnet
+
+        as_bitnet(out, BITNET_LAYOUTS[family])
     return out
 
 

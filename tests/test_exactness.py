@@ -196,6 +196,25 @@ def test_rows_of_different_lengths_decode_together_within_their_windows(
     engine.close()
 
 
+# The dense families that declare what differs from a base family (BitNet's layers, xIELU,
+# sinks, ...): their rows of different lengths batched, under `slow` (the default suite
+# checks their chunk logits above).
+DECLARED = ("bitnet", "bitnet-packed", "bitnet-online", "apertus", "apertus1p5_text",
+            "vaultgemma", "cwm", "iquestcoder", "jais2", "olmo", "hyperclovax",
+            "hyperclovax-pre", "granite_swa", "granitemoeshared", "granitemoe_swa", "nanochat")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("flavor", FLAVORS)
+@pytest.mark.parametrize("family", DECLARED)
+def test_rows_of_different_lengths_generate_together_as_transformers(
+    family, flavor, hf_model, bundle
+):
+    engine = Engine.load(bundle(family, flavor), threads=2, background=False)
+    check_together(engine, hf_model(family), NEW_TOKENS)
+    engine.close()
+
+
 def check_together(engine: Engine, hf_dir, new_tokens: int) -> None:
     """Three prompts (5, 30 and 61 tokens) generated at once by `engine` (their decode rows,
     and where the graph takes them a prompt's chunks, in shared calls): each reply is

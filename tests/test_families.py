@@ -11,7 +11,7 @@ import transformers
 
 from edgeprefill.errors import ExportError
 from edgeprefill.export.families import FAMILIES
-from edgeprefill.export.model_config import GLOBAL, LOCAL, ModelConfig
+from edgeprefill.export.model_config import ACTIVATIONS, GLOBAL, LOCAL, ModelConfig
 from tests.conftest import IMAGE_TEXT, build_hf_model, hf_auto_class
 from tests.test_exactness import prompt_ids, reference_logits
 
@@ -137,7 +137,7 @@ def test_longrope_beyond_the_original_window_uses_the_long_factors(tmp_path):
 
 @pytest.mark.parametrize(("change", "message"), [
     ({"model_type": "bloom"},
-     "'bloom' is not supported; supported: arcee, bamba, cohere, cohere2, "),
+     "'bloom' is not supported; supported: apertus, apertus1p5_text, arcee, bamba, bitnet"),
     ({"rope_parameters": {"rope_type": "mrope", "rope_theta": 1e4}}, "rope type 'mrope'"),
     ({"num_key_value_heads": 3}, "is not a multiple of num_key_value_heads (3)"),
     ({"layer_types": ["full_attention"]}, "layer_types lists 1 layers; there are 2"),
@@ -170,6 +170,12 @@ def test_longrope_beyond_the_original_window_uses_the_long_factors(tmp_path):
     ({"model_type": "gpt_oss", "quantization_config": {"quant_method": "bitsandbytes"}},
      "gpt_oss: the checkpoint is quantized (quantization_config, bitsandbytes)"),
     ({"model_type": "olmoe", "clip_qkv": 8.0}, "olmoe: clip_qkv (q/k/v clamped) is not"),
+    ({"model_type": "granite_swa", "layer_rope_theta": [1e4, 1e4, 1e4]},
+     "granite_swa: layer_rope_theta lists 3 layers; there are 2"),
+    ({"model_type": "granite_swa", "num_hidden_layers": 3, "layer_rope_theta": [1e4, 1e4, 2e4]},
+     "granite_swa: layer_rope_theta gives the sliding_attention layers 2 rope bases"),
+    ({"model_type": "apertus1p5_text", "vocab_size": 128, "output_vocab_size": 100},
+     "apertus1p5_text: output_vocab_size 100 (an LM head pruned below vocab_size 128)"),
     ({"model_type": "qwen3_moe", "num_experts": 4, "num_experts_per_tok": 6},
      "num_experts_per_tok (6) must be 1 to num_experts (4)"),
     ({"model_type": "lfm2_moe"}, "lfm2_moe: config.json needs layer_types"),
@@ -301,6 +307,10 @@ LEARNED_POSITIONS = ("gpt2", "gpt_bigcode")
 NO_ROTARY = (*LEARNED_POSITIONS, "nemotron_h", "mamba2", "mamba", "falcon_mamba")
 
 
+# The families whose norms' eps is their model's constant, not a config key.
+FIXED_EPS = {"olmo": 1e-5}  # OlmoLayerNorm's
+
+
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_keys_a_config_leaves_out_take_transformers_defaults(family):
     ours = ModelConfig.from_hf(minimal_raw(family))
@@ -315,9 +325,9 @@ def test_keys_a_config_leaves_out_take_transformers_defaults(family):
         head_dim = hf.qk_rope_head_dim + hf.kv_lora_rank
     if not FAMILIES[family].attention_free:  # Mamba's attention fields are placeholders
         assert ours.head_dim == head_dim
-    eps = next(getattr(hf, k) for k in ("rms_norm_eps", "layer_norm_eps", "norm_epsilon",
-                                        "norm_eps", "layer_norm_epsilon")
-               if hasattr(hf, k))
+    eps = next((getattr(hf, k) for k in ("rms_norm_eps", "layer_norm_eps", "norm_epsilon",
+                                         "norm_eps", "layer_norm_epsilon")
+                if hasattr(hf, k)), FIXED_EPS.get(family))
     assert ours.norm_eps == pytest.approx(eps)
     if family in NO_ROTARY:  # no rope: every layer goes without
         assert [layer.rope for layer in ours.layers] == [None] * len(ours.layers)
@@ -340,6 +350,9 @@ def test_keys_a_config_leaves_out_take_transformers_defaults(family):
     assert ours.final_softcap == getattr(hf, "final_logit_softcapping", None)
     # Mamba-1/2 have no position limit (nor the key): export's cap of 4096 stands for it
     assert ours.max_positions == getattr(hf, "max_position_embeddings", 4096)
+    act_key = FAMILIES[family].act_key
+    if act_key is not None and getattr(hf, act_key, None) is not None:  # BitNet's relu2
+        assert ours.activation == ACTIVATIONS[getattr(hf, act_key)]
     if family == "gemma2":
         assert ours.attn_softcap == hf.attn_logit_softcapping
     if family in ("cohere", "cohere2"):
@@ -386,6 +399,10 @@ def test_a_sliding_window_key_slides_only_where_the_family_reads_it(family):
     # carry it); Qwen2/3 and SmolLM3 read it only with `use_sliding_window: true`.
     for extra in ({}, {"use_sliding_window": True}):
         raw = minimal_raw(family, sliding_window=8, **extra)
+        if family == "iquestcoder" and extra:  # its config class refuses the switch
+            with pytest.raises(ExportError, match="iquestcoder: use_sliding_window"):
+                ModelConfig.from_hf(raw)
+            continue
         ours = [layer.window for layer in ModelConfig.from_hf(raw).layers]
         hf = hf_config(family, sliding_window=8, **extra).get_text_config()
         window = getattr(hf, "sliding_window", None)
@@ -397,6 +414,8 @@ def test_a_sliding_window_key_slides_only_where_the_family_reads_it(family):
                       "granitemoe", "lfm2_moe", "minicpm3", "youtu", "deepseek_v2",
                       "glm4_moe", "glm4v_moe", "solar_open", "deepseek_v3", "glm4_moe_lite",
                       "sarvam_mla",
+                      "iquestcoder", "jais2", "olmo", "hyperclovax", "granitemoeshared",
+                      "nanochat",
                       *NO_ROTARY):
             expected = [None] * len(ours)  # Nemotron-H: 2 layers of its 4 blocks
         elif types is not None:

@@ -93,6 +93,13 @@ class Checkpoint:
         shape = tuple(self._handle(path).get_slice(stored).get_shape())
         return shape[::-1] if self._is_transposed(name) else shape
 
+    def stored_bytes(self, name: str) -> bool:
+        """Whether the tensor is stored as uint8 (BitNet's packed ternary weights)."""
+        path, stored = self._require(name)
+        if path.suffix == ".bin":
+            return self._handle(path).get_tensor(stored).dtype == np.uint8
+        return self._header(path)[stored]["dtype"] == "U8"
+
     def _is_transposed(self, name: str) -> bool:
         return bool(self._transposed) and name.endswith(self._transposed)
 

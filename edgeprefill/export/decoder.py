@@ -32,6 +32,7 @@ from edgeprefill.contract import (
 )
 from edgeprefill.errors import ExportError
 from edgeprefill.export.altup import AltUp
+from edgeprefill.export.bitlinear import BitWeights
 from edgeprefill.export.causal_conv import CausalConv
 from edgeprefill.export.checkpoint import Checkpoint
 from edgeprefill.export.families import TensorNames
@@ -52,11 +53,15 @@ from edgeprefill.export.short_conv import ShortConv
 from edgeprefill.export.sparse_gate import sparse_gate
 from edgeprefill.export.tokens import PackedTokens, PaddedTokens
 from edgeprefill.export.weights import GraphWeights
+from edgeprefill.export.xielu import xielu
 
 log = logging.getLogger(__name__)
 
 Rows = Callable[[str], str]  # which of a layer's tokens go on after its attention
-LAYER_NORMS = ("layer", "layer_no_bias", "layer_plus_one")  # the families.NORMS of LayerNorm
+# the families.NORMS of LayerNorm
+LAYER_NORMS = ("layer", "layer_no_bias", "layer_plus_one", "layer_no_affine")
+UNBIASED = ("layer_no_bias", "layer_no_affine")  # LayerNorms without bias
+WEIGHTLESS = ("layer_no_affine", "rms_no_weight")  # norms without weight
 
 
 def _every_token(x: str) -> str:
@@ -76,7 +81,8 @@ class DecoderBuilder:
         self.quant = quant
         self.dtype = flavor.dtype
         self.g = GraphBuilder()
-        self.w = GraphWeights(self.g, ckpt, self.dtype, quant)
+        self.w = GraphWeights(self.g, ckpt, self.dtype, quant) if cfg.bitnet is None else \
+            BitWeights(self.g, ckpt, self.dtype, quant, cfg.bitnet)
         # (head_dim, kv_heads, rotary_dim) -> the flavour of layers of that shape (Gemma 4)
         self._flavors: dict[tuple[int, int, int], Flavor] = {}
         self.experts = self._experts()
@@ -144,6 +150,8 @@ class DecoderBuilder:
                                                          past_lens, chunk)])
         if cfg.embed_scale is not None:
             x = g.op("Mul", [x, g.const(cfg.embed_scale, self.dtype)])
+        if cfg.spec.embed_norm:  # nanochat
+            x = self._norm(x, self.names.final_norm)
         if self.ple is not None:
             self.ple.build(ids, x)
         if self.altup is not None:  # Gemma 3n: x is the AltUp streams [.., N, hidden]
@@ -252,9 +260,9 @@ class DecoderBuilder:
             mlp = self._mlp(p, self._norm(x, p + n.post_attn_norm))
             return self.g.op("Add", [x, attn]), mlp
         if block == "sandwich":  # Gemma 2/3: norms before and after each sublayer
-            attn = self._norm(attn, p + n.post_attn_norm)
+            attn = self._scaled(self._norm(attn, p + n.post_attn_norm))
             x, h = self._add_norm(x, attn, p + n.pre_mlp_norm)
-            return x, self._norm(self._mlp(p, h), p + n.post_mlp_norm)
+            return x, self._scaled(self._norm(self._mlp(p, h), p + n.post_mlp_norm))
         x, h = self._add_norm(x, self._scaled(attn), p + n.post_attn_norm)
         return x, self._scaled(self._mlp(p, h))
 
@@ -397,7 +405,9 @@ class DecoderBuilder:
         return g.op("Reshape", [gated, g.const([0, 0, cfg.num_heads * cfg.head_dim])])
 
     def _output(self, p: str, attn: str) -> str:
-        """The attention's output projection."""
+        """The attention's output projection (after BitNet's sub-norm)."""
+        if self.names.attn_sub_norm is not None:
+            attn = self._norm(attn, p + self.names.attn_sub_norm)
         o = p + self.names.o
         return self.w.linear(attn, [o + ".weight"], o + ".bias" if self.cfg.o_bias else None)
 
@@ -426,8 +436,12 @@ class DecoderBuilder:
         bias = p + (n.qkv or "self_attn.qkv_proj") + ".bias" if cfg.qkv_bias else None
         self._check_qkv_shapes(weights, cfg)
         reorder = self._neox_order if cfg.spec.qkv_interleaved else \
-            self._gate_last if cfg.attn_gate else None
+            self._gate_last if cfg.attn_gate else \
+            self._reflected if cfg.spec.rotary_reflected else None
         qkv = self._scaled_keys(self.w.linear(h, weights, bias, reorder=reorder))
+        if cfg.clip_qkv is not None:  # OLMo 1
+            bound = cfg.clip_qkv
+            qkv = g.op("Clip", [qkv, g.const(-bound, self.dtype), g.const(bound, self.dtype)])
         if self.flavor.packed_qkv and cfg.qk_norm is None and self.q_scale is None \
                 and not cfg.attn_gate and not k_is_v:
             return [qkv, None, None, None]
@@ -498,6 +512,16 @@ class DecoderBuilder:
         factors = np.concatenate([np.ones(q), np.full(kv, cfg.scales.key), np.ones(kv)])
         return self.g.op("Mul", [qkv, self.g.const(factors, self.dtype)])
 
+    def _reflected(self, rows: np.ndarray) -> np.ndarray:
+        """nanochat: q's and k's rows of each head's rotated second half negated
+        (FamilySpec.rotary_reflected); v's as they are."""
+        cfg = self.cfg
+        signs = np.ones(cfg.head_dim, np.float32)
+        signs[cfg.rotary_dim // 2 : cfg.rotary_dim] = -1.0
+        factors = np.concatenate([np.tile(signs, cfg.num_heads), np.tile(signs, cfg.num_kv_heads),
+                                  np.ones(cfg.num_kv_heads * cfg.head_dim, np.float32)])
+        return rows * factors.reshape(-1, *[1] * (rows.ndim - 1))
+
     def _gate_last(self, rows: np.ndarray) -> np.ndarray:
         """Qwen3.5 stores q_proj's rows as [head, query|gate, dim] above k and v; the
         graph wants [query (head, dim), k, v, gate (head, dim)]."""
@@ -510,16 +534,17 @@ class DecoderBuilder:
     def _head_norm(self, x: str, heads: int, name: str, d: int | None = None) -> str:
         g, d = self.g, d or self.cfg.head_dim
         per_head = g.op("Reshape", [x, g.const([0, 0, heads, d])])
-        normed = self._norm(per_head, name)
+        normed = self._norm(per_head, name, d)
         return g.op("Reshape", [normed, g.const([0, 0, heads * d])])
 
-    def _norm(self, x: str, name: str) -> str:
-        """The family's norm over the last axis; `name` is the module (".weight" added)."""
+    def _norm(self, x: str, name: str, width: int | None = None) -> str:
+        """The family's norm over the last axis (`width` wide: hidden unless given); `name`
+        is the module (".weight" added)."""
         norm = self.cfg.spec.norm
         if norm in LAYER_NORMS:
-            bias = self.w.tensor(name + ".bias") if norm != "layer_no_bias" else None
-            return self.flavor.layer_norm(self.g, x, self._norm_weight(name), bias)
-        return self.flavor.rms_norm(self.g, x, self._norm_weight(name))
+            bias = self.w.tensor(name + ".bias") if norm not in UNBIASED else None
+            return self.flavor.layer_norm(self.g, x, self._norm_weight(name, width), bias)
+        return self.flavor.rms_norm(self.g, x, self._norm_weight(name, width))
 
     def _add_norm(self, x: str, delta: str | None, name: str) -> tuple[str, str]:
         """(x + delta, norm(x + delta)); delta None adds nothing."""
@@ -528,7 +553,9 @@ class DecoderBuilder:
             return x, self._norm(x, name)
         return self.flavor.add_rms_norm(self.g, x, delta, self._norm_weight(name))
 
-    def _norm_weight(self, name: str) -> str:
+    def _norm_weight(self, name: str, width: int | None = None) -> str:
+        if self.cfg.spec.norm in WEIGHTLESS:  # statistics only (OLMo 1, nanochat)
+            return self.g.const(np.ones(width or self.cfg.hidden_size), self.dtype)
         if self.cfg.spec.norm not in ("rms_plus_one", "layer_plus_one"):
             return self.w.tensor(name + ".weight")
         # Gemma and Nemotron scale by (1 + w), computed in float32 as transformers does.
@@ -546,7 +573,7 @@ class DecoderBuilder:
         bias = cfg.mlp_bias
         if not cfg.spec.gated_mlp:
             up = self.w.linear(h, [p + n.up + ".weight"], p + n.up + ".bias" if bias else None)
-            act = self._activation(up)
+            act = self._mlp_activation(p, up)
             return self.w.linear(act, [p + n.down + ".weight"],
                                 p + n.down + ".bias" if bias else None)
         # One packed projection: a decode step is dominated by per-kernel overhead, so one
@@ -558,11 +585,21 @@ class DecoderBuilder:
         if p in self.sparse_layers:  # Gemma 3n
             gate = sparse_gate(g, gate, self.sparse_layers[p], self.dtype)
         gate_scale, down_scale = cfg.scales.mlp if cfg.scales is not None else (1.0, 1.0)
-        act = g.op("Mul", [self._activation(self._times(gate, gate_scale)), up])
+        act = g.op("Mul", [self._mlp_activation(p, self._times(gate, gate_scale)), up])
+        if n.mlp_sub_norm is not None:  # BitNet
+            act = self._norm(act, p + n.mlp_sub_norm)
         return self._times(self.w.linear(act, [p + n.down + ".weight"], None), down_scale)
+
+    def _mlp_activation(self, p: str, x: str) -> str:
+        """The activation of layer `p`'s dense MLP: xIELU reads the layer's own alphas."""
+        if self.cfg.activation == "xielu":
+            return xielu(self.g, self.ckpt, x, p + self.names.act, self.dtype)
+        return self._activation(x)
 
     def _activation(self, x: str) -> str:
         g, kind = self.g, self.cfg.activation
+        if kind == "xielu":  # its weights are a dense MLP's (_mlp_activation)
+            raise ExportError("the xielu activation is supported in dense MLPs only")
         if kind == "silu":
             return g.op("Mul", [x, g.op("Sigmoid", [x])])
         if kind == "relu2":  # Arcee (transformers' ReLUSquaredActivation)

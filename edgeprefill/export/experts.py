@@ -73,6 +73,10 @@ class MoeNames:
     mxfp4: bool = False
     shared: str | None = None  # a shared expert's MLP prefix (Qwen2-MoE), + gate/up/down
     shared_gate: str | None = None  # its sigmoid gate [1, H]; None: ungated (ERNIE)
+    # a shared MLP whose gate and up are one projection, gate first, and its down (Granite
+    # MoE Shared's input_linear and output_linear); None: gate, up and down as above
+    shared_gate_up: str | None = None
+    shared_down: str | None = None
 
 
 def every_layer(raw: dict[str, Any]) -> tuple[int, ...]:

@@ -55,6 +55,7 @@ class TensorNames:
     # LFM3's output gate per head (hidden -> heads), which the Hub's checkpoints call
     # gate_proj and transformers renames g_proj when it loads them
     head_gate: tuple[str, ...] = ("self_attn.g_proj", "self_attn.gate_proj")
+    act: str = "mlp.act_fn."  # an activation with weights of its own (Apertus's xIELU)
     mamba: str = "mamba."  # a Mamba-2 layer's mixer module (in_proj, conv1d, norm, ...)
     sinks: str = "self_attn.sinks"  # gpt-oss's attention sinks, one logit per query head
     # Multi-head latent attention (export/latent_attention.py): q_a_proj, its norm and
@@ -65,6 +66,10 @@ class TensorNames:
     kv_a: str = "self_attn.kv_a_proj_with_mqa"
     kv_a_norm: str = "self_attn.kv_a_layernorm"
     kv_b: str = "self_attn.kv_b_proj"
+    # BitNet's sub-norms: an RMSNorm of the attention's output before o_proj, and of the
+    # gated MLP's act(gate) * up before down_proj; None: the family has none
+    attn_sub_norm: str | None = None
+    mlp_sub_norm: str | None = None
 
 
 LLAMA_NAMES = TensorNames()
@@ -87,8 +92,10 @@ class DeltaNames:
 QWEN_DELTA_NAMES = DeltaNames()
 
 # x*w, x*(1+w) (Gemma), LayerNorm with bias, LayerNorm without bias (Cohere), LayerNorm
-# with bias scaling by (1+w) (Nemotron's LayerNorm1P)
-NORMS = ("rms", "rms_plus_one", "layer", "layer_no_bias", "layer_plus_one")
+# with bias scaling by (1+w) (Nemotron's LayerNorm1P), LayerNorm with neither weight nor
+# bias (OLMo 1), RMSNorm without weight (nanochat)
+NORMS = ("rms", "rms_plus_one", "layer", "layer_no_bias", "layer_plus_one", "layer_no_affine",
+         "rms_no_weight")
 # How a layer wires its norms and residual adds (see DecoderBuilder._layer):
 #   pre        x += attn(n1(x)); x += mlp(n2(x))                         (Llama)
 #   sandwich   x += n2(attn(n1(x))); x += n4(mlp(n3(x)))                 (Gemma 2/3)
@@ -111,6 +118,7 @@ class FamilySpec:
     o_bias: bool | None = False  # None: the same as the q/k/v biases
     o_bias_key: str | None = None  # a key of its own for the o bias (Seed-OSS), o_bias unset
     mlp_bias: bool | None = False  # None: the same as the q/k/v biases (StarCoder2)
+    mlp_bias_key: str | None = None  # a key of its own for the MLP biases (Jais 2), mlp_bias unset
     qkv_interleaved: bool = False  # fused qkv rows ordered [head, q|k|v, dim] (GPT-NeoX)
     rope_interleaved: bool = False  # rotary pairs are dims (2i, 2i+1), not (i, i + D/2)
     lm_head_bias: bool = False
@@ -256,6 +264,19 @@ class FamilySpec:
     # cache holds each token's latent and rotated key part, one KV head of
     # qk_rope_head_dim + kv_lora_rank.
     latent: bool = False
+    # Whether the family's model reads a BitNet quantization_config (export/bitlinear.py):
+    # its projections then BitLinear layers, the activations fake-quantized to int8.
+    bitnet: bool = False
+    # Whether the family's attention clamps q, k and v to [-clip_qkv, clip_qkv] where the
+    # config sets clip_qkv (OLMo 1).
+    clip_qkv: bool = False
+    # Whether the final norm also normalizes the embedding before the first layer (nanochat).
+    embed_norm: bool = False
+    # Whether the model's rotate_half is cat(x2, -x1), a rotation by -angle (nanochat).
+    # Exported as the standard rotary of q and k whose rotated second halves are negated in
+    # their projection: q.k is the same (each is the reflected model's q or k reflected),
+    # and so is a weightless q/k norm of it.
+    rotary_reflected: bool = False
 
     def read(self, raw: dict[str, Any]) -> dict[str, Any]:
         """config.json as the family's transformers config class reads it."""
@@ -454,12 +475,16 @@ def _exaone_aliases(raw: dict[str, Any]) -> dict[str, Any]:
     return raw
 
 
-def _ministral3_rope(raw: dict[str, Any]) -> dict[str, Any]:
-    # Ministral3Config: without rope_parameters (absent or null) the model takes its yarn
-    # rope with Llama 4's query scale, whatever a top-level rope_theta says.
-    if raw.get("rope_parameters") is None and not raw.get("rope_scaling"):
-        raw = {**raw, "rope_parameters": dict(MINISTRAL3_ROPE)}
-    return raw
+def _rope_unless_given(rope: dict[str, Any]) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    """A config class that, without rope_parameters (absent or null) nor a legacy
+    rope_scaling, takes `rope` whatever a top-level rope_theta says (Ministral3Config's
+    yarn rope with Llama 4's query scale, ApertusConfig's and CwmConfig's llama3 rope)."""
+    def read(raw: dict[str, Any]) -> dict[str, Any]:
+        if raw.get("rope_parameters") is None and not raw.get("rope_scaling"):
+            raw = {**raw, "rope_parameters": dict(rope)}
+        return raw
+
+    return read
 
 
 def _granite4_layers(raw: dict[str, Any]) -> dict[str, Any]:
@@ -800,6 +825,19 @@ GEMMA = FamilySpec(
     quirks=("embedding x sqrt(hidden)", "(1+w) RMSNorm", "gelu-tanh MLP"),
 )
 SANDWICH = ("norms before and after attention and MLP", "query_pre_attn_scalar")
+GRANITE = FamilySpec(
+    **ATTENTION_BIAS, embed_scale="multiplier", unsupported=("mlp_bias",),
+    defaults={"attention_multiplier": 1.0},
+    quirks=("embedding, attention and residual multipliers", "logits scaling"),
+)
+GEMMA2 = replace(
+    GEMMA, block="sandwich", window="always", sliding=lambda i, raw: i % 2 == 0,
+    softcaps=("attn", "final"), legacy=None, act_key="hidden_activation",
+    defaults={"head_dim": 256, "max_position_embeddings": 8192, "sliding_window": 4096,
+              "query_pre_attn_scalar": 256,
+              "attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0},
+    quirks=(*GEMMA.quirks, *SANDWICH, "attention and final-logit soft-capping"),
+)
 NEOX_NAMES = TensorNames(
     embed=("gpt_neox.embed_in.weight",), final_norm="gpt_neox.final_layer_norm",
     lm_head=("embed_out", "lm_head"), layer="gpt_neox.layers.{i}.",
@@ -852,10 +890,95 @@ GLM = FamilySpec(
 # Mistral with Llama 4's query scale and a yarn rope by default; a window on every layer
 # where the config has one (MistralModel's mask; a `layer_types` key only draws a warning).
 MINISTRAL3 = FamilySpec(
-    window="always", query_scale=True, legacy=_ministral3_rope, ignores=("layer_types",),
+    window="always", query_scale=True, legacy=_rope_unless_given(MINISTRAL3_ROPE),
+    ignores=("layer_types",),
     defaults={"head_dim": 128, "max_position_embeddings": 262144, "rms_norm_eps": 1e-5},
     quirks=("query x (1 + beta log(1 + floor(position / original window))), Llama 4's",),
 )
+APERTUS_ROPE = {"rope_type": "llama3", "rope_theta": 12_000_000.0, "factor": 8.0,
+                "original_max_position_embeddings": 8192, "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0}
+# Apertus: Llama with per-head q/k RMSNorm and an ungated MLP, down(xielu(up(x))), whose
+# xIELU has learned alphas in every layer (export/xielu.py); its norms named for the
+# sublayer they precede.
+APERTUS = FamilySpec(
+    **ATTENTION_BIAS, names=replace(LLAMA_NAMES, gate="", input_norm="attention_layernorm",
+                                    post_attn_norm="feedforward_layernorm"),
+    qk_norm="head", gated_mlp=False, act_default="xielu", legacy=_rope_unless_given(APERTUS_ROPE),
+    defaults={"max_position_embeddings": 65536, "rms_norm_eps": 1e-5},
+    quirks=("per-head q/k RMSNorm", "xIELU MLP without a gate (learned alphas per layer)"),
+)
+
+
+def _pruned_head(raw: dict[str, Any]) -> str | None:
+    # Apertus1p5TextConfig: an LM head of output_vocab_size rows (the multimodal tokens'
+    # rows pruned); the bundle's logits are as wide as the vocabulary.
+    rows = raw.get("output_vocab_size")
+    if rows is not None and rows != raw.get("vocab_size"):
+        return (f"output_vocab_size {rows} (an LM head pruned below vocab_size "
+                f"{raw.get('vocab_size')}) is not supported")
+    return None
+
+
+CWM_ROPE = {"rope_type": "llama3", "rope_theta": 1_000_000.0, "factor": 16.0,
+            "high_freq_factor": 4.0, "low_freq_factor": 1.0,
+            "original_max_position_embeddings": 8192}
+
+
+def _iquestcoder_unsupported(raw: dict[str, Any]) -> str | None:
+    # IQuestCoderConfig refuses these (the original code's options no release enables).
+    for key in ("clip_qkv", "use_sliding_window"):
+        if raw.get(key):
+            return f"{key} is not supported (IQuestCoderConfig refuses it too)"
+    return None
+
+
+def _granite_swa_layers(raw: dict[str, Any]) -> dict[str, Any]:
+    """GraniteSWAConfig (and GraniteMoeSWAConfig): without layer_types every fourth layer
+    from the first attends globally and the others slide; `layer_rope_theta` gives each
+    layer its rope's base over the rope's other parameters, 0 for no rotary. Read as one
+    rope per layer type (_layer_rope_thetas_unsupported refuses what is not) and
+    no_rope_layers."""
+    count = int(raw["num_hidden_layers"])
+    types = list(raw.get("layer_types") or ["full_attention" if i % 4 == 0 else
+                                            "sliding_attention" for i in range(count)])
+    raw = {**raw, "layer_types": types}
+    thetas = raw.get("layer_rope_theta")
+    if thetas is None:
+        return raw
+    base = {"rope_type": "default", "rope_theta": raw.get("rope_theta", 10000.0),
+            **rope_params(raw)}
+    pairs = list(zip(thetas, types, strict=False))  # lengths: _layer_rope_thetas_unsupported
+    ropes = {kind: {**base, "rope_theta": next((float(t) for t, k in pairs if k == kind and t),
+                                               base["rope_theta"])}
+             for kind in ("full_attention", "sliding_attention")}
+    rest = {k: v for k, v in raw.items() if k != "rope_scaling"}
+    return {**rest, "rope_parameters": ropes, "no_rope_layers": [int(bool(t)) for t in thetas]}
+
+
+def _layer_rope_thetas_unsupported(raw: dict[str, Any]) -> str | None:
+    thetas = raw.get("layer_rope_theta")
+    if thetas is None:
+        return None
+    if len(thetas) != len(raw["layer_types"]):
+        return f"layer_rope_theta lists {len(thetas)} layers; there are {len(raw['layer_types'])}"
+    for kind in ("full_attention", "sliding_attention"):
+        bases = {float(t) for t, k in zip(thetas, raw["layer_types"], strict=True)
+                 if k == kind and t}
+        if len(bases) > 1:
+            return (f"layer_rope_theta gives the {kind} layers {len(bases)} rope bases; "
+                    "export takes one per layer type")
+    if raw.get("sliding_window") is None and len(set(thetas) - {0}) > 1:
+        return "layer_rope_theta gives layers their own rope bases but sliding_window is null"
+    return None
+
+
+def _logits_times_scaling(raw: dict[str, Any]) -> dict[str, Any]:
+    # HyperCLOVAXForCausalLM multiplies the logits by logits_scaling, where Granite divides.
+    rest = {k: v for k, v in raw.items() if k != "logits_scaling"}
+    return {**rest, "logit_scale": raw.get("logits_scaling", 1.0)}
+
+
 IMAGE_TEXT_QUIRK = "language model of an image-text checkpoint (vision tower left out)"
 # Qwen3.5 dense: Gated DeltaNet layers (3 of 4 by default) beside Qwen3-Next's gated
 # attention (per-head (1+w) q/k RMSNorm, rotary on a quarter of each head); every RMSNorm
@@ -1250,6 +1373,22 @@ GRANITE_MOE = FamilySpec(
     defaults={"attention_multiplier": 1.0, "rms_norm_eps": 1e-6, "num_local_experts": 8,
               "num_experts_per_tok": 2},
     quirks=("embedding, attention and residual multipliers", "logits scaling"),
+)
+
+
+def _granite_shared_width(raw: dict[str, Any]) -> dict[str, Any]:
+    # GraniteMoeSharedConfig: the shared MLP is shared_intermediate_size wide (0: none).
+    return {**raw, "shared_expert_intermediate_size": raw["shared_intermediate_size"]}
+
+
+# Granite MoE Shared: Granite MoE with a gated shared MLP (fused input_linear) beside the
+# experts where shared_intermediate_size is not 0.
+GRANITE_MOE_SHARED = replace(
+    GRANITE_MOE, legacy=_granite_shared_width,
+    moe=replace(GRANITE_MOE.moe, names=replace(
+        GRANITE_MOE.moe.names, shared="shared_mlp.", shared_gate_up="input_linear",
+        shared_down="output_linear")),
+    defaults={**GRANITE_MOE.defaults, "shared_intermediate_size": 0},
 )
 # LFM2-MoE (LFM2-8B-A1B): LFM2's short convolutions and attention, a dense MLP in the first
 # num_dense_layers and routed experts after (sigmoid routing, an expert bias that chooses).
@@ -1683,13 +1822,11 @@ FAMILIES: dict[str, FamilySpec] = {
     ),
     "lara_mini": LARA_MINI,
     "gemma": GEMMA,
-    "gemma2": replace(
-        GEMMA, block="sandwich", window="always", sliding=lambda i, raw: i % 2 == 0,
-        softcaps=("attn", "final"), legacy=None, act_key="hidden_activation",
-        defaults={"head_dim": 256, "max_position_embeddings": 8192, "sliding_window": 4096,
-                  "query_pre_attn_scalar": 256,
-                  "attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0},
-        quirks=(*GEMMA.quirks, *SANDWICH, "attention and final-logit soft-capping"),
+    "gemma2": GEMMA2,
+    # VaultGemma: Gemma 2 without the norms after attention and MLP (pre-norm layers).
+    "vaultgemma": replace(
+        GEMMA2, block="pre", names=replace(LLAMA_NAMES, post_attn_norm="pre_feedforward_layernorm"),
+        quirks=(*GEMMA.quirks, SANDWICH[1], "attention and final-logit soft-capping"),
     ),
     "gemma3_text": replace(
         GEMMA, block="sandwich", qk_norm="head", window="always", sliding=_every_nth_global,
@@ -1772,10 +1909,66 @@ FAMILIES: dict[str, FamilySpec] = {
     "smollm3": FamilySpec(**ATTENTION_BIAS, tie_default=True, window="opt_in",
                           sliding=_nope_layers, unsupported=("mlp_bias",),
                           defaults={"rope_theta": 2_000_000.0, "max_position_embeddings": 32768}),
-    "granite": FamilySpec(
+    "granite": GRANITE,
+    # Granite SWA (granite-swash): Granite with sliding layers but every fourth, a sink logit
+    # per head, and a rope base per layer (0: no rotary).
+    "granite_swa": replace(
+        GRANITE, sinks=True, window="always", tie_default=True, legacy=_granite_swa_layers,
+        refuse=_layer_rope_thetas_unsupported,
+        defaults={"attention_multiplier": 1.0, "sliding_window": 128, "rms_norm_eps": 1e-5,
+                  "max_position_embeddings": 8192, "num_key_value_heads": 4},
+        quirks=(*GRANITE.quirks, "attention sinks (a learned logit per head)"),
+    ),
+    # HyperCLOVA X: Granite's multipliers, its logits times logits_scaling (not divided), and
+    # with use_post_norm (the default) a norm after attention and MLP too, before the
+    # residual multiplier; attention_multiplier null is 1 / sqrt(head_dim).
+    "hyperclovax": FamilySpec(
         **ATTENTION_BIAS, embed_scale="multiplier", unsupported=("mlp_bias",),
-        defaults={"attention_multiplier": 1.0},
+        names=replace(LLAMA_NAMES, post_attn_norm="post_norm1",
+                      pre_mlp_norm="post_attention_layernorm", post_mlp_norm="post_norm2"),
+        block_from_config=lambda raw: "sandwich" if raw["use_post_norm"] else "pre",
+        block_names={"pre": LLAMA_NAMES}, legacy=_logits_times_scaling,
+        defaults={"use_post_norm": True},
         quirks=("embedding, attention and residual multipliers", "logits scaling"),
+    ),
+    # nanochat: RMSNorms without weight (the embedding normed too), per-head q/k norms after a
+    # rotary turning the other way, an ungated ReLU-squared MLP, the final soft-cap.
+    "nanochat": FamilySpec(
+        **ATTENTION_BIAS, names=replace(LLAMA_NAMES, gate="", up="mlp.fc1", down="mlp.fc2"),
+        norm="rms_no_weight", gated_mlp=False, qk_norm="head_rotated", embed_norm=True,
+        rotary_reflected=True, act_default="relu2", softcaps=("final",),
+        defaults={"final_logit_softcapping": 15.0, "rms_norm_eps": 1e-6},
+        quirks=("RMSNorm without weight, of the embedding too",
+                "per-head q/k norms after rotary", "ReLU-squared MLP without a gate",
+                "final-logit soft-capping"),
+    ),
+    # IQuest-Coder: Llama under its own config class (head_dim 128 unless given).
+    "iquestcoder": FamilySpec(
+        **ATTENTION_BIAS, unsupported=("mlp_bias",), refuse=_iquestcoder_unsupported,
+        defaults={"head_dim": 128, "max_position_embeddings": 131072, "rms_norm_eps": 1e-5,
+                  "num_key_value_heads": 8}),
+    # CWM: Llama whose layers slide but every fourth (layer_types), a llama3 rope by default.
+    "cwm": FamilySpec(
+        window="always", sliding=lambda i, raw: i % 4 != 0, unsupported=("mlp_bias",),
+        legacy=_rope_unless_given(CWM_ROPE),
+        defaults={"head_dim": 128, "max_position_embeddings": 131072, "rms_norm_eps": 1e-5,
+                  "num_key_value_heads": 8, "sliding_window": 8192}),
+    # Jais 2: LayerNorm with bias, an ungated ReLU-squared MLP, biases on every projection
+    # (attention_bias and mlp_bias, both true by default).
+    "jais2": FamilySpec(
+        names=replace(LLAMA_NAMES, gate=""), norm="layer", gated_mlp=False,
+        bias_key="attention_bias", qkv_bias=True, o_bias=None, mlp_bias_key="mlp_bias",
+        act_default="relu2", eps_key="layer_norm_eps",
+        defaults={"layer_norm_eps": 1e-5, "max_position_embeddings": 8192,
+                  "attention_bias": True, "mlp_bias": True},
+        quirks=("LayerNorm with bias", "ReLU-squared MLP without a gate"),
+    ),
+    # OLMo 1: LayerNorm without weight or bias (eps 1e-5 whatever the config says), q/k/v
+    # clamped where clip_qkv is set.
+    "olmo": FamilySpec(
+        **ATTENTION_BIAS, norm="layer_no_affine", clip_qkv=True, eps_key="layer_norm_eps",
+        legacy=lambda raw: {**raw, "layer_norm_eps": 1e-5},  # OlmoLayerNorm's, fixed
+        quirks=("LayerNorm without weight or bias",),
     ),
     "olmo2": OLMO2,
     "olmo_hybrid": OLMO_HYBRID,
@@ -1805,8 +1998,24 @@ FAMILIES: dict[str, FamilySpec] = {
         defaults={"rms_norm_eps": 1e-5, "max_position_embeddings": 4096},
         quirks=("ReLU-squared MLP without a gate",),
     ),
+    # BitNet b1.58: Llama with a gated ReLU-squared MLP and sub-norms before o_proj and
+    # down_proj; with a BitNet quantization_config its projections are BitLinear layers
+    # (ternary weights, int8 fake-quantized activations: export/bitlinear.py).
+    "bitnet": FamilySpec(
+        **ATTENTION_BIAS, names=replace(LLAMA_NAMES, attn_sub_norm="self_attn.attn_sub_norm",
+                                        mlp_sub_norm="mlp.ffn_sub_norm"),
+        act_default="relu2", bitnet=True,
+        defaults={"rope_theta": 500000.0, "rms_norm_eps": 1e-5, "num_key_value_heads": 5},
+        quirks=("RMSNorm of the attention output and of the MLP's gated product",
+                "ReLU-squared gated MLP"),
+    ),
     # Llama with per-head q/k RMSNorm of the rotated q and k, and a fixed-alpha NTK rope.
     # Its attention reads head_dim, null in the config class, with no fallback.
+    "apertus": APERTUS,
+    # Apertus 1.5's language model: Apertus with a larger vocabulary, its LM head maybe
+    # pruned to the text tokens (output_vocab_size, refused).
+    "apertus1p5_text": replace(APERTUS, refuse=_pruned_head,
+                               defaults={**APERTUS.defaults, "vocab_size": 266752}),
     "hunyuan_v1_dense": FamilySpec(
         **ATTENTION_BIAS, qk_norm="head_rotated", legacy=_hunyuan_ntk_alpha,
         names=replace(LLAMA_NAMES, q_norm="self_attn.query_layernorm",
@@ -1928,6 +2137,16 @@ FAMILIES: dict[str, FamilySpec] = {
     "mixtral": MIXTRAL,
     "ernie4_5_moe": ERNIE4_5_MOE,
     "granitemoe": GRANITE_MOE,
+    "granitemoeshared": GRANITE_MOE_SHARED,
+    # Granite MoE SWA: Granite MoE Shared with Granite SWA's attention (sinks, windows on
+    # all layers but every fourth, a rope base per layer).
+    "granitemoe_swa": replace(
+        GRANITE_MOE_SHARED, sinks=True, window="always",
+        legacy=lambda raw: _granite_swa_layers(_granite_shared_width(raw)),
+        refuse=_layer_rope_thetas_unsupported,
+        defaults={**GRANITE_MOE_SHARED.defaults, "sliding_window": 128},
+        quirks=(*GRANITE_MOE.quirks, "attention sinks (a learned logit per head)"),
+    ),
     "lfm2_moe": LFM2_MOE,
     "gpt_oss": GPT_OSS,
     "glm4_moe": GLM4_MOE,

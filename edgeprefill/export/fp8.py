@@ -65,16 +65,17 @@ class Fp8Scheme:
         return weight * full[..., :rows, :cols]
 
 
-def read_fp8_scheme(family: str, raw: dict[str, Any],
-                    mxfp4_experts: bool = False) -> Fp8Scheme | None:
+def read_fp8_scheme(family: str, raw: dict[str, Any], mxfp4_experts: bool = False,
+                    bitnet: bool = False) -> Fp8Scheme | None:
     """The checkpoint's FP8 scheme from config.json's `quantization_config` (None without
     one, or for the MXFP4 experts of a family that reads them: `mxfp4_experts`, gpt-oss,
-    export/mxfp4.py); any other quantization is refused in one line."""
+    export/mxfp4.py; or for BitNet's layers where the family has them: `bitnet`,
+    export/bitlinear.py); any other quantization is refused in one line."""
     quant = raw.get("quantization_config")
     if not quant:
         return None
     method = quant.get("quant_method", "unknown") if isinstance(quant, dict) else "unknown"
-    if method == "mxfp4" and mxfp4_experts:
+    if (method == "mxfp4" and mxfp4_experts) or (method == "bitnet" and bitnet):
         return None
     if method != "fp8":
         raise ExportError(f"{family}: the checkpoint is quantized (quantization_config, "

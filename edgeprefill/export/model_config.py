@@ -16,6 +16,7 @@ from typing import Any
 from edgeprefill.contract import CONV, RECURRENT
 from edgeprefill.errors import ExportError
 from edgeprefill.export.altup import AltUpConfig, read_altup
+from edgeprefill.export.bitlinear import BitNetScheme, read_bitnet_scheme
 from edgeprefill.export.config_checks import check_model_config
 from edgeprefill.export.experts import MoeConfig, read_moe
 from edgeprefill.export.families import (
@@ -42,7 +43,8 @@ from edgeprefill.json_file import load_json_object
 # hidden_act names -> the activation the builder emits (gelu_new and gelu_pytorch_tanh are
 # the same tanh approximation).
 ACTIVATIONS = {"silu": "silu", "swish": "silu", "gelu": "gelu", "gelu_new": "gelu_tanh",
-               "gelu_pytorch_tanh": "gelu_tanh", "gelu_fast": "gelu_tanh", "relu2": "relu2"}
+               "gelu_pytorch_tanh": "gelu_tanh", "gelu_fast": "gelu_tanh", "relu2": "relu2",
+               "xielu": "xielu"}
 GLOBAL, LOCAL = "global", "local"  # the rope tables a layer can use
 # Where a family's norms take their epsilon unless FamilySpec.eps_key names the key.
 EPS_KEYS = ("rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon")
@@ -176,6 +178,8 @@ class ModelConfig:
     eos_token_ids: tuple[int, ...] = ()
     fp8: Fp8Scheme | None = None  # how an FP8 checkpoint's weights are scaled (export/fp8.py)
     int4: Int4Scheme | None = None  # a GPTQ/AWQ/compressed-tensors one's (export/prequantized.py)
+    bitnet: BitNetScheme | None = None  # BitNet's layers (export/bitlinear.py); None: float
+    clip_qkv: float | None = None  # q, k and v clamped to [-clip_qkv, clip_qkv] (OLMo 1)
     # LFM2: the layers that are gated short convolutions (their `layers` entry unused),
     # the convolution's width in tokens (conv_L_cache) and whether its projections and
     # convolution have biases (conv_bias).
@@ -411,9 +415,11 @@ class ModelConfig:
         mxfp4 = spec.moe is not None and spec.moe.names.mxfp4
         int4 = read_int4_scheme(family, raw)
         # any other quantization is refused here
-        fp8 = None if int4 is not None else read_fp8_scheme(family, raw, mxfp4)
+        fp8 = None if int4 is not None else read_fp8_scheme(family, raw, mxfp4, spec.bitnet)
+        bitnet = read_bitnet_scheme(family, raw) if spec.bitnet else None
         try:
-            return replace(_read(family, spec, spec.read(raw)), fp8=fp8, int4=int4)
+            return replace(_read(family, spec, spec.read(raw)), fp8=fp8, int4=int4,
+                           bitnet=bitnet)
         except KeyError as missing:
             raise ExportError(f"config.json lacks the required key {missing}") from None
         except (TypeError, ValueError, ZeroDivisionError) as bad:
@@ -484,6 +490,7 @@ def _read(family: str, spec: FamilySpec, raw: dict[str, Any]) -> ModelConfig:
         mlp_less=groups.mlp_less if groups is not None else (),
         renames=groups.renames if groups is not None else (),
         attn_gate=spec.attn_gate,
+        clip_qkv=_optional_float(raw.get("clip_qkv")) if spec.clip_qkv else None,
         head_gate=bool(raw.get(spec.head_gate_key)) if spec.head_gate_key else False,
         **gemma4_fields(raw) if spec.per_layer_heads or spec.altup else {},
         moe=read_moe(raw, spec.moe) if spec.moe is not None else None,
@@ -623,6 +630,8 @@ def _biases(raw: dict[str, Any], spec: FamilySpec) -> tuple[bool, bool, bool]:
         o = bool(raw.get(spec.o_bias_key))
     else:
         o = qkv if spec.o_bias is None else spec.o_bias
+    if spec.mlp_bias_key is not None:
+        return qkv, o, bool(raw.get(spec.mlp_bias_key))
     return qkv, o, qkv if spec.mlp_bias is None else spec.mlp_bias
 
 

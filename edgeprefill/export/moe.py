@@ -206,9 +206,11 @@ class MixtureOfExperts:
         g, n = self.g, self.names
         assert n.shared is not None
         stem = p + n.shared
-        gate_up = self.w.linear(x, [stem + n.gate + ".weight", stem + n.up + ".weight"], None)
+        parts = [n.shared_gate_up] if n.shared_gate_up else [n.gate, n.up]
+        gate_up = self.w.linear(x, [stem + part + ".weight" for part in parts], None)
         gate, up = g.op("Split", [gate_up], 2, axis=-1, num_outputs=2)
-        mlp = self.w.linear(g.op("Mul", [self.act(gate), up]), [stem + n.down + ".weight"], None)
+        down = stem + (n.shared_down or n.down) + ".weight"
+        mlp = self.w.linear(g.op("Mul", [self.act(gate), up]), [down], None)
         if n.shared_gate is None:
             return mlp
         return g.op("Mul", [mlp, g.op("Sigmoid", [g.op("MatMul", [x, self._transposed(
