@@ -378,6 +378,36 @@ FAMILIES: dict[str, dict] = {
                     "num_experts_per_tok": 2, "moe_intermediate_size": 32,
                     "n_shared_experts": 1, "topk_method": "group_limited_greedy",
                     "n_group": 2, "topk_group": 1, "routed_scaling_factor": 2.5},
+    # DeepSeek-V3: MLA as test_mla's with a low-rank query, interleaved rotary and a yarn
+    # rope with mscale_all_dim; a dense first layer, then 12 experts in 3 groups, the top 3
+    # from the best 2 groups chosen by a random correction bias (build_hf_model), scaled,
+    # beside a shared expert
+    "deepseek_v3": {"num_hidden_layers": 3, "num_key_value_heads": 4, "q_lora_rank": 32,
+                    "kv_lora_rank": 32, "qk_nope_head_dim": 16, "qk_rope_head_dim": 16,
+                    "v_head_dim": 24, "first_k_dense_replace": 1, "n_routed_experts": 12,
+                    "n_group": 3, "topk_group": 2, "num_experts_per_tok": 3,
+                    "moe_intermediate_size": 32, "n_shared_experts": 1,
+                    "routed_scaling_factor": 2.5,
+                    "rope_parameters": {"rope_type": "yarn", "factor": 4.0,
+                                        "rope_theta": 10000.0, "mscale": 0.707,
+                                        "mscale_all_dim": 1.0,
+                                        "original_max_position_embeddings": 256}},
+    # Sarvam: DeepSeek-V3 with a dense query, 8 experts in 4 groups (the best 2), q/k/v/o
+    # biases (attention_bias)
+    "sarvam_mla": {"num_hidden_layers": 3, "num_key_value_heads": 4, "q_lora_rank": None,
+                   "kv_lora_rank": 32, "qk_nope_head_dim": 16, "qk_rope_head_dim": 16,
+                   "v_head_dim": 24, "first_k_dense_replace": 1, "n_routed_experts": 8,
+                   "n_group": 4, "topk_group": 2, "num_experts_per_tok": 2,
+                   "moe_intermediate_size": 32, "n_shared_experts": 2,
+                   "attention_bias": True},
+    # GLM-4.7-Flash: DeepSeek-V3's MLA, experts where mlp_layer_types says (layers 1 and 3)
+    "glm4_moe_lite": {"num_hidden_layers": 4, "num_key_value_heads": 4, "q_lora_rank": 32,
+                      "kv_lora_rank": 32, "qk_nope_head_dim": 16, "qk_rope_head_dim": 16,
+                      "v_head_dim": 24, "mlp_layer_types": ["dense", "sparse", "dense",
+                                                            "sparse"],
+                      "n_routed_experts": 12, "n_group": 4, "topk_group": 3,
+                      "num_experts_per_tok": 3, "moe_intermediate_size": 32,
+                      "n_shared_experts": 1, "routed_scaling_factor": 1.8},
     # Gemma 3n (GEMMA3N), and Gemma3nForConditionalGeneration's language model, tied as
     # the Hub's are (written by hand: image_text_gemma3n)
     "gemma3n_text": GEMMA3N,

@@ -8,6 +8,7 @@ rows of different lengths at once, and quantized bundles."""
 from __future__ import annotations
 
 import json
+import shutil
 
 import numpy as np
 import onnx
@@ -26,9 +27,13 @@ from tests.conftest import load_hf_model
 from tests.state_models import run_padded, variant_bundles
 from tests.test_exactness import check_together, prompt_ids, reference_logits
 from tests.test_families import last_logits
+from tests.test_moe import hf_moe_model_shapes
 from tests.test_quantize import dequantize_embeddings
 
-MLA_FAMILIES = ("minicpm3", "youtu", "deepseek_v2")
+MLA_FAMILIES = ("minicpm3", "youtu", "deepseek_v2", "deepseek_v3", "glm4_moe_lite",
+                "sarvam_mla")
+# MLA with DeepSeek-V3's experts (noaux_tc); deepseek_v3's is the default suite's
+DEEPSEEK_V3_FAMILIES = ("deepseek_v3", "glm4_moe_lite", "sarvam_mla")
 # Shaped as openbmb/MiniCPM3-4B's config.json: a longrope over the 32 rope dims.
 MINICPM3_4B = {
     "model_type": "minicpm3", "hidden_size": 2560, "intermediate_size": 6400,
@@ -67,8 +72,60 @@ DEEPSEEK_V2_LITE = {
 }
 
 
-@pytest.mark.parametrize("raw", (MINICPM3_4B, YOUTU_YARN, DEEPSEEK_V2_LITE),
-                         ids=("minicpm3", "youtu", "deepseek_v2"))
+# DeepseekV3Config's defaults (DeepSeek-V3's and R1's shape) under the Hub's yarn rope
+DEEPSEEK_V3 = {
+    "model_type": "deepseek_v3", "max_position_embeddings": 163840, "rope_theta": 10000,
+    "rope_scaling": {"beta_fast": 32, "beta_slow": 1, "factor": 40, "mscale": 1.0,
+                     "mscale_all_dim": 1.0, "original_max_position_embeddings": 4096,
+                     "type": "yarn"},
+}
+# Shaped as moonshotai/Moonlight-16B-A3B's config.json: a dense query, one group of 64
+# experts, no yarn
+MOONLIGHT_16B_A3B = {
+    "model_type": "deepseek_v3", "vocab_size": 163840, "hidden_size": 2048,
+    "intermediate_size": 11264, "moe_intermediate_size": 1408, "num_hidden_layers": 27,
+    "num_attention_heads": 16, "num_key_value_heads": 16, "n_shared_experts": 2,
+    "n_routed_experts": 64, "routed_scaling_factor": 2.446, "kv_lora_rank": 512,
+    "q_lora_rank": None, "qk_rope_head_dim": 64, "v_head_dim": 128, "qk_nope_head_dim": 128,
+    "topk_method": "noaux_tc", "scoring_func": "sigmoid", "n_group": 1, "topk_group": 1,
+    "num_experts_per_tok": 6, "first_k_dense_replace": 1, "norm_topk_prob": True,
+    "max_position_embeddings": 8192, "rms_norm_eps": 1e-5, "rope_theta": 50000.0,
+    "rope_scaling": None,
+}
+# Shaped as moonshotai/Kimi-K2-Instruct's config.json: 384 experts in one group, 64 heads,
+# a yarn rope of factor 32 (its own model_type, "kimi_k2", is remote code's: transformers
+# reads the config as deepseek_v3 only inside Kimi-K2.5's text_config)
+KIMI_K2 = {
+    "model_type": "deepseek_v3", "vocab_size": 163840, "hidden_size": 7168,
+    "intermediate_size": 18432, "moe_intermediate_size": 2048, "num_hidden_layers": 61,
+    "num_attention_heads": 64, "num_key_value_heads": 64, "n_shared_experts": 1,
+    "n_routed_experts": 384, "routed_scaling_factor": 2.827, "kv_lora_rank": 512,
+    "q_lora_rank": 1536, "qk_rope_head_dim": 64, "v_head_dim": 128, "qk_nope_head_dim": 128,
+    "topk_method": "noaux_tc", "n_group": 1, "topk_group": 1, "num_experts_per_tok": 8,
+    "first_k_dense_replace": 1, "norm_topk_prob": True, "scoring_func": "sigmoid",
+    "max_position_embeddings": 131072, "rms_norm_eps": 1e-6, "rope_theta": 50000.0,
+    "num_nextn_predict_layers": 0,
+    "rope_scaling": {"beta_fast": 1.0, "beta_slow": 1.0, "factor": 32.0, "mscale": 1.0,
+                     "mscale_all_dim": 1.0, "original_max_position_embeddings": 4096,
+                     "type": "yarn"},
+}
+# Glm4MoeLiteConfig's defaults (GLM-4.7-Flash's shape)
+GLM_47_FLASH = {"model_type": "glm4_moe_lite", "rope_theta": 1000000.0}
+# sarvam-105b as its remote code's config.json names things: num_experts,
+# num_shared_experts, a head_dim of the cached width, a "deepseek_yarn" rope
+SARVAM_105B = {
+    "model_type": "sarvam_mla", "num_experts": 128, "num_shared_experts": 1,
+    "head_dim": 576, "q_head_dim": 192, "num_experts_per_tok": 8,
+    "rope_scaling": {"type": "deepseek_yarn", "factor": 40, "mscale": 1.0,
+                     "mscale_all_dim": 1.0, "beta_fast": 32, "beta_slow": 1,
+                     "original_max_position_embeddings": 4096, "rope_theta": 10000},
+}
+DEEPSEEK_V3_HUB = (DEEPSEEK_V3, MOONLIGHT_16B_A3B, KIMI_K2, GLM_47_FLASH, SARVAM_105B)
+DEEPSEEK_V3_IDS = ("deepseek_v3", "moonlight", "kimi_k2", "glm4_moe_lite", "sarvam_mla")
+
+
+@pytest.mark.parametrize("raw", (MINICPM3_4B, YOUTU_YARN, DEEPSEEK_V2_LITE, *DEEPSEEK_V3_HUB),
+                         ids=("minicpm3", "youtu", "deepseek_v2", *DEEPSEEK_V3_IDS))
 def test_a_hub_config_reads_as_transformers_builds_its_attention(raw):
     ours = ModelConfig.from_hf(raw)
     config = transformers.AutoConfig.for_model(**raw)
@@ -123,7 +180,8 @@ def test_rows_of_different_lengths_generate_transformers_greedy_text(family, fla
         check_together(engine, hf_model(family), 8)
 
 
-@pytest.mark.parametrize("family", MLA_FAMILIES)
+@pytest.mark.parametrize("family", (*MLA_FAMILIES[:4], *(
+    pytest.param(f, marks=pytest.mark.slow) for f in DEEPSEEK_V3_FAMILIES[1:])))
 def test_the_native_kernels_take_the_latent_attention(family, library, monkeypatch,
                                                        hf_model, bundle):
     """With EDGEPREFILL_KERNELS=require the ort bundle's MQA of 48-wide heads runs in
@@ -263,3 +321,55 @@ def test_deepseek_v2_lites_experts_read_as_transformers_builds_them():
         block.gate.routed_scaling_factor, False)
     assert ours.shared_width == block.shared_experts.intermediate_size == 2 * 1408
     assert (ours.routing, ours.groups, ours.top_groups) == ("softmax_group_limited", 1, 1)
+
+
+@pytest.mark.parametrize("raw", DEEPSEEK_V3_HUB, ids=DEEPSEEK_V3_IDS)
+def test_a_deepseek_v3_hub_config_reads_its_experts_as_transformers_builds_them(raw):
+    moe = ModelConfig.from_hf(raw).moe
+    assert moe is not None and moe.routing == "sigmoid"
+    assert (moe.experts, moe.top_k, moe.width, list(moe.layers), moe.shared_width,
+            moe.scaling, moe.norm_topk, moe.expert_bias, moe.groups,
+            moe.top_groups) == hf_moe_model_shapes(raw)
+
+
+def test_a_deepseek_v3_routing_unlike_transformers_is_refused_in_one_line():
+    with pytest.raises(ExportError, match=r"^config.json: scoring_func 'softmax' is not "
+                                          r"supported \(the router computes 'sigmoid'\)$"):
+        ModelConfig.from_hf({**MOONLIGHT_16B_A3B, "scoring_func": "softmax"})
+
+
+@pytest.mark.parametrize("raw, message", [
+    ({"model_type": "deepseek_v3", "rope_interleave": False},
+     r"^deepseek_v3: rope_interleave=false \(rotary on halves\) is not supported$"),
+    ({**GLM_47_FLASH, "partial_rotary_factor": 0.5},
+     r"^glm4_moe_lite: partial_rotary_factor other than 1 is not supported$"),
+    ({"model_type": "deepseek_v32"}, r"^model_type 'deepseek_v32': DeepSeek-V3.2's sparse "),
+])
+def test_a_deepseek_v3_option_export_does_not_compute_is_refused_in_one_line(raw, message):
+    with pytest.raises(ExportError, match=message):
+        ModelConfig.from_hf(raw)
+
+
+@pytest.mark.parametrize("mtp_layers, warned", ((1, False), (0, True)))
+def test_deepseek_v3s_multi_token_prediction_layer_is_left_out_quietly(
+        mtp_layers, warned, hf_model, tmp_path, caplog):
+    """DeepSeek-V3 checkpoints hold num_nextn_predict_layers layers after the last
+    (model.layers.61 of V3's 61), a draft model's that transformers ignores at load: export
+    leaves them out without a warning. A config that counts none names them."""
+    from safetensors.numpy import load_file, save_file
+
+    hf_dir = tmp_path / "hf"
+    shutil.copytree(hf_model("deepseek_v3"), hf_dir)
+    tensors = load_file(str(hf_dir / "model.safetensors"))
+    for part in ("eh_proj.weight", "enorm.weight", "self_attn.kv_b_proj.weight",
+                 "mlp.experts.0.up_proj.weight"):
+        tensors[f"model.layers.3.{part}"] = np.ones((2, 2), np.float32)
+    save_file(tensors, str(hf_dir / "model.safetensors"), metadata={"format": "pt"})
+    raw = json.loads((hf_dir / "config.json").read_text())
+    (hf_dir / "config.json").write_text(json.dumps({**raw,
+                                                    "num_nextn_predict_layers": mtp_layers}))
+    export(hf_dir, tmp_path / "b", ExportOptions(chunks=(16,), max_context=64,
+                                                 show_progress=False))
+    unused = [r.getMessage() for r in caplog.records if "does not use" in r.getMessage()]
+    assert bool(unused) == warned
+    assert not warned or "4 tensors config.json does not use (model.layers.3." in unused[0]

@@ -142,7 +142,7 @@ def _license_files(hf_dir: Path) -> list[str]:
 def _warn_unused(ckpt: Checkpoint, cfg: ModelConfig) -> None:
     # A warning, as transformers' "Some weights of the model checkpoint were not used":
     # a pruned model's config may mean it. (A tied model's stored head is read: lm_head.py.)
-    shared = _shared_kv_projections(cfg)
+    shared = _shared_kv_projections(cfg) + _mtp_layers(cfg)
     unused = [name for name in ckpt.unused() if not name.startswith(shared)]
     if unused:
         shown = ", ".join(unused[:4]) + (f" and {len(unused) - 4} more" if len(unused) > 4
@@ -160,6 +160,12 @@ def _shared_kv_projections(cfg: ModelConfig) -> tuple[str, ...]:
     return tuple(names.layer.format(i=i) + part + "."
                  for i in cfg.shared_kv for part in (names.k, names.v, names.k_norm,
                                                      "self_attn.v_norm"))
+
+
+def _mtp_layers(cfg: ModelConfig) -> tuple[str, ...]:
+    """The multi-token-prediction layers after the last (DeepSeek-V3's, GLM-4.5's), which
+    transformers ignores at load: a draft model's, not the causal LM's."""
+    return tuple(cfg.names.layer.format(i=cfg.num_layers + k) for k in range(cfg.mtp_layers))
 
 
 def _say_left_out(ckpt: Checkpoint) -> None:

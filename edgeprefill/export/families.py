@@ -1438,8 +1438,8 @@ DEEPSEEK_MOE_DEFAULTS = {"n_shared_experts": 1, "n_group": 1, "topk_group": 1,
 # GLM-4.5/4.6 (-Air): Cohere's attention as GLM-4.5 configures it (q/k/v biases by
 # attention_bias, no o bias; rotary on the first partial_rotary_factor of each head, not
 # interleaved; per-head q/k RMSNorm where use_qk_norm) in a pre-norm block, DeepSeek-V3's
-# experts. Its multi-token-prediction layers (model.layers.{num_hidden_layers}...) are not
-# the causal LM's.
+# experts. Its multi-token-prediction layers (model.layers.{num_hidden_layers}...,
+# num_nextn_predict_layers of them) are not the causal LM's: left out, as transformers does.
 GLM4_MOE = FamilySpec(
     bias_key="attention_bias", qkv_bias=False, partial_rotary=True, qk_norm="head",
     qk_norm_key="use_qk_norm", legacy=_shared_experts("n_shared_experts"), moe=DEEPSEEK_MOE,
@@ -1447,7 +1447,7 @@ GLM4_MOE = FamilySpec(
               "intermediate_size": 10944, "max_position_embeddings": 131072,
               "rms_norm_eps": 1e-5, "num_key_value_heads": 8, "n_routed_experts": 128,
               "num_experts_per_tok": 8, "moe_intermediate_size": 1408,
-              "first_k_dense_replace": 1},
+              "first_k_dense_replace": 1, "num_nextn_predict_layers": 1},
 )
 
 
@@ -1681,8 +1681,97 @@ DEEPSEEK_V2 = FamilySpec(
     quirks=(*MLA_QUIRKS, "interleaved rotary"),
 )
 
+
+# DeepSeek-V3 (V3, R1, Moonlight, Kimi-K2): DeepSeek-V2's latent attention (rotary on
+# interleaved pairs, yarn's mscale_all_dim in the softmax scale) with DeepSeek-V3's experts
+# (DEEPSEEK_MOE: noaux_tc after first_k_dense_replace dense layers). Its
+# multi-token-prediction layers (model.layers.{num_hidden_layers}..., num_nextn_predict_layers
+# of them) are not the causal LM's: transformers ignores them, export leaves them out.
+DEEPSEEK_V3 = FamilySpec(
+    **ATTENTION_BIAS, latent=True, rope_interleaved=True, refuse=_rope_halves_refused,
+    legacy=_shared_experts("n_shared_experts"), moe=DEEPSEEK_MOE,
+    defaults={**DEEPSEEK_MOE_DEFAULTS, "vocab_size": 129280, "hidden_size": 7168,
+              "intermediate_size": 18432, "moe_intermediate_size": 2048,
+              "num_hidden_layers": 61, "num_attention_heads": 128, "n_routed_experts": 256,
+              "routed_scaling_factor": 2.5, "kv_lora_rank": 512, "q_lora_rank": 1536,
+              "qk_rope_head_dim": 64, "v_head_dim": 128, "qk_nope_head_dim": 128,
+              "n_group": 8, "topk_group": 4, "num_experts_per_tok": 8,
+              "first_k_dense_replace": 3, "max_position_embeddings": 4096,
+              "rms_norm_eps": 1e-6, "num_nextn_predict_layers": 1},
+    quirks=(*MLA_QUIRKS, "interleaved rotary"),
+)
+
+
+def _sarvam_mla_config(raw: dict[str, Any]) -> dict[str, Any]:
+    """SarvamMLAConfig: DeepseekV3Config read from the remote code's keys too (num_experts,
+    num_shared_experts; a `deepseek_yarn` rope_scaling is yarn)."""
+    for old, new in (("num_experts", "n_routed_experts"),
+                     ("num_shared_experts", "n_shared_experts")):
+        if old in raw:
+            raw = {**raw, new: raw[old]}
+    scaling = raw.get("rope_scaling") or {}
+    if "deepseek_yarn" in (scaling.get("type"), scaling.get("rope_type")):
+        raw = {k: v for k, v in raw.items() if k != "rope_scaling"}
+        raw["rope_parameters"] = {**{k: v for k, v in scaling.items() if k != "type"},
+                                  "rope_type": "yarn"}
+    return _shared_experts("n_shared_experts")(raw)
+
+
+# Sarvam (sarvam-105b): DeepSeek-V3 under its own defaults (a dense query, one group).
+SARVAM_MLA = replace(
+    DEEPSEEK_V3, legacy=_sarvam_mla_config,
+    defaults={**DEEPSEEK_V3.defaults, "vocab_size": 262144, "hidden_size": 4096,
+              "intermediate_size": 16384, "num_hidden_layers": 32,
+              "num_attention_heads": 64, "n_routed_experts": 128, "q_lora_rank": None,
+              "n_group": 1, "topk_group": 1, "first_k_dense_replace": 1,
+              "num_nextn_predict_layers": 0},
+)
+
+
+def _glm4_moe_lite_config(raw: dict[str, Any]) -> dict[str, Any]:
+    """Glm4MoeLiteConfig: experts where mlp_layer_types says "sparse", by default on every
+    layer but the first (first_k_dense_replace, which Hub configs carry, is ignored)."""
+    if raw.get("mlp_layer_types") is None:
+        layers = int(raw["num_hidden_layers"])
+        raw = {**raw, "mlp_layer_types": ["dense"] + ["sparse"] * (layers - 1)}
+    return _shared_experts("n_shared_experts")(raw)
+
+
+def _glm4_moe_lite_unsupported(raw: dict[str, Any]) -> str | None:
+    # Glm4MoeLiteRotaryEmbedding would rotate fewer dims than qk_rope_head_dim, which its
+    # attention cannot apply.
+    # (transformers folds a top-level partial_rotary_factor into the rope parameters)
+    factor = rope_params(raw).get("partial_rotary_factor", raw.get("partial_rotary_factor"))
+    if factor is not None and float(factor) != 1.0:
+        return "partial_rotary_factor other than 1 is not supported"
+    return _rope_halves_refused(raw)
+
+
+# GLM-4.7-Flash: DeepSeek-V3's latent attention and GLM-4.5's experts (DeepSeek-V3's) on
+# the layers mlp_layer_types marks "sparse". Its multi-token-prediction layer is left out.
+GLM4_MOE_LITE = replace(
+    DEEPSEEK_V3, legacy=_glm4_moe_lite_config, refuse=_glm4_moe_lite_unsupported,
+    moe=replace(DEEPSEEK_MOE, layers=sparse_mlp_layers),
+    defaults={**DEEPSEEK_MOE_DEFAULTS, "vocab_size": 154880, "hidden_size": 2048,
+              "intermediate_size": 10240, "moe_intermediate_size": 1536,
+              "num_hidden_layers": 47, "num_attention_heads": 20, "n_routed_experts": 64,
+              "routed_scaling_factor": 1.8, "kv_lora_rank": 512, "q_lora_rank": 768,
+              "qk_rope_head_dim": 64, "v_head_dim": 256, "qk_nope_head_dim": 192,
+              "num_experts_per_tok": 4, "max_position_embeddings": 202752,
+              "rms_norm_eps": 1e-5, "num_nextn_predict_layers": 1},
+)
+
 # model_types close to a supported family that export refuses -> why, in words.
-REFUSED_TYPES: dict[str, str] = {}
+REFUSED_TYPES: dict[str, str] = {
+    "deepseek_v32": "DeepSeek-V3.2's sparse attention (an indexer choosing each query's "
+                    "keys) is not supported",
+    "glm_moe_dsa": "GLM-5's DeepSeek sparse attention (an indexer choosing each query's keys) "
+                   "is not supported",
+    "kimi_linear": "Kimi Linear's KDA (Kimi delta attention) layers are not supported",
+    "axk1": "A.X K1's RMSNorm after the experts (post_mlp_layernorm) is not supported",
+    "mistral4": "Mistral 4's position-scaled queries and softmax group routing are not "
+                "supported",
+}
 
 FAMILIES: dict[str, FamilySpec] = {
     "llama": FamilySpec(**ATTENTION_BIAS, unsupported=("mlp_bias",)),
@@ -2175,6 +2264,9 @@ FAMILIES: dict[str, FamilySpec] = {
     "gpt2": GPT2,
     "minicpm3": MINICPM3,
     "deepseek_v2": DEEPSEEK_V2,
+    "deepseek_v3": DEEPSEEK_V3,
+    "sarvam_mla": SARVAM_MLA,
+    "glm4_moe_lite": GLM4_MOE_LITE,
     "youtu": YOUTU,
     # GPT-2 with nn.Linear weights, a tanh gelu by default and multi-query attention (one
     # KV head: c_attn is [q (n_embd), k (head_dim), v (head_dim)]).

@@ -223,6 +223,9 @@ class ModelConfig:
     # Where set, num_kv_heads is 1 and head_dim the cached head's width (rope + latent),
     # rotary_dim the rope part, attn_scale transformers' (qk_head_dim^-0.5, yarn's mscale).
     latent: LatentShape | None = None
+    # DeepSeek-V3's multi-token-prediction layers (num_nextn_predict_layers), stored after
+    # the last as model.layers.{num_layers + k}.: not the causal LM's, left out of export.
+    mtp_layers: int = 0
     # Gemma 3n: AltUp's streams (export/altup.py; None: one stream), and each layer's
     # activation sparsity, the share of its MLP's gate cut away (0: none;
     # export/sparse_gate.py).
@@ -492,6 +495,7 @@ def _read(family: str, spec: FamilySpec, raw: dict[str, Any]) -> ModelConfig:
         **gemma4_fields(raw) if spec.per_layer_heads or spec.altup else {},
         moe=read_moe(raw, spec.moe) if spec.moe is not None else None,
         latent=latent,
+        mtp_layers=int(raw.get("num_nextn_predict_layers") or 0),
         **_altup(raw, spec),
         qk_norm_off=spec.qk_norm_key is not None and not raw.get(spec.qk_norm_key),
     )
