@@ -28,7 +28,7 @@ from tests.conftest import GEMMA3N, VOCAB, load_hf_model
 from tests.state_models import run_padded
 from tests.test_exactness import check_together, prompt_ids, reference_logits
 from tests.test_families import last_logits
-from tests.test_gemma4 import ShapeCheckpoint
+from tests.test_gemma4 import ShapeCheckpoint, assert_windows_and_kv_sharing_as_transformers
 from tests.test_quantize import dequantize_embeddings
 
 FLAVORS = ("ort", "standard")
@@ -61,13 +61,7 @@ def hub_text_config() -> transformers.Gemma3nTextConfig:
 
 def test_the_hub_e2b_config_reads_as_transformers_reads_it():
     ours, hf = ModelConfig.from_hf(HUB_E2B), hub_text_config()
-    assert [layer.window for layer in ours.layers] == [
-        512 if kind == "sliding_attention" else None for kind in hf.layer_types]
-    # transformers: a "reuse" layer reads what the last "store" layer of its type stored.
-    modes = hf.kv_sharing_modes
-    stores = {hf.layer_types[i]: i for i, mode in enumerate(modes) if mode == "store"}
-    assert ours.shared_kv == {i: stores[hf.layer_types[i]] for i, mode in enumerate(modes)
-                              if mode == "reuse"}
+    assert_windows_and_kv_sharing_as_transformers(ours, hf, 512)
     assert ours.kv_layers == tuple(range(20))
     assert ours.sparsity == tuple(hf.activation_sparsity_pattern)
     altup = ours.altup

@@ -62,19 +62,24 @@ def hub_text_config() -> transformers.Gemma4TextConfig:
     return transformers.Gemma4Config.from_dict(HUB_E2B).get_text_config()
 
 
+def assert_windows_and_kv_sharing_as_transformers(ours: ModelConfig, hf, window: int) -> None:
+    """Gemma 4's and Gemma 3n's sliding layers, and their KV sharing: in transformers a
+    "reuse" layer reads what the last "store" layer of its type stored."""
+    assert [layer.window for layer in ours.layers] == [
+        window if kind == "sliding_attention" else None for kind in hf.layer_types]
+    modes = hf.kv_sharing_modes
+    stores = {hf.layer_types[i]: i for i, mode in enumerate(modes) if mode == "store"}
+    assert ours.shared_kv == {i: stores[hf.layer_types[i]] for i, mode in enumerate(modes)
+                              if mode == "reuse"}
+
+
 def test_the_hub_e2b_config_reads_as_transformers_reads_it():
     ours, hf = ModelConfig.from_hf(HUB_E2B), hub_text_config()
     assert [layer.head_dim or ours.head_dim for layer in ours.layers] == [
         hf.per_layer_config[i].head_dim for i in range(35)]
     assert [ours.layer_kv_heads(i) for i in range(35)] == [
         hf.per_layer_config[i].num_key_value_heads for i in range(35)]
-    assert [layer.window for layer in ours.layers] == [
-        512 if kind == "sliding_attention" else None for kind in hf.layer_types]
-    # transformers: a "reuse" layer reads what the last "store" layer of its type stored.
-    modes = hf.kv_sharing_modes
-    stores = {hf.layer_types[i]: i for i, mode in enumerate(modes) if mode == "store"}
-    assert ours.shared_kv == {i: stores[hf.layer_types[i]] for i, mode in enumerate(modes)
-                              if mode == "reuse"}
+    assert_windows_and_kv_sharing_as_transformers(ours, hf, 512)
     assert ours.kv_layers == tuple(range(15))
     assert (ours.per_layer_input, ours.per_layer_vocab) == (256, 262144)
     assert ours.final_softcap == 30.0 and ours.attn_scale == 1.0
