@@ -275,7 +275,7 @@ def test_not_without_the_native_kernels_or_their_integer_vector_code(tiny_int4_b
                                                                      monkeypatch):
     assert load(tiny_int4_bundle, monkeypatch, EDGEPREFILL_KERNELS="off").int4_decode.rewritten == 0
     monkeypatch.setattr(int4_decode, "cpu_has_int_kernels", lambda: False)
-    assert "neither AVX512-VNNI nor AVX2" in int4_decode.describe(True)
+    assert "neither AVX512-VNNI nor AVX2" in int4_decode.describe(onnx.ModelProto(), True)
     assert int4_decode.choose(onnx.ModelProto(), tiny_int4_bundle, True, None).rewritten == 0
 
 

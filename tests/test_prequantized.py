@@ -17,8 +17,10 @@ import numpy as np
 import onnx
 import pytest
 import torch
+from click.testing import CliRunner
 from onnx import numpy_helper
 
+from edgeprefill.cli.main import cli as main_cli
 from edgeprefill.errors import ExportError
 from edgeprefill.export.exporter import ExportOptions, export
 from edgeprefill.export.model_config import ModelConfig
@@ -26,6 +28,7 @@ from edgeprefill.export.quantize import QuantConfig
 from tests.conftest import build_hf_model, load_hf_model
 from tests.test_cli_errors import assert_one_line_error, cli
 from tests.test_families import BASE
+from tests.test_int4_decode import load
 from tests.test_quantize import logits_at
 
 IDS = [1, 5, 9, 33, 70, 4, 18]
@@ -326,3 +329,22 @@ def test_unsupported_quantization_is_refused_in_one_line_naming_it(quant, messag
         ModelConfig.from_hf(dict(BASE, quantization_config=quant))
     assert message in str(err.value)
     assert "\n" not in str(err.value)
+
+
+def test_zero_pointed_layers_are_said_to_run_matmulnbits(tmp_path, monkeypatch):
+    """An asymmetric checkpoint's layers (AWQ's always are) have zero points, from which
+    neither the int8 prefill weights derive nor MatMulInt4 reads: the backend keeps
+    MatMulNBits for both, and `inspect` and `--stats` say so rather than what a symmetric
+    bundle would run on this CPU."""
+    src = source_model(tmp_path, "llama", 32)
+    write_quantized(src, tmp_path / "q", "awq", 32, sym=False)
+    export(tmp_path / "q", tmp_path / "b", ExportOptions(chunks=(16,), max_context=128,
+                                                         show_progress=False))
+    backend = load(tmp_path / "b", monkeypatch)
+    assert backend.int4_decode.rewritten == 0
+    assert "accuracy level 0 (the weights have zero points" in backend.int4_prefill.projections
+    result = CliRunner().invoke(main_cli, ["inspect", str(tmp_path / "b")])
+    assert result.exit_code == 0, result.output
+    assert "int4 prefill MatMulNBits accuracy level 0 (the weights have zero points" \
+        in result.output
+    assert "int4 decode MatMulNBits (" in result.output

@@ -76,7 +76,7 @@ def inspect(bundle, verify, as_json):
         f"chunks      {', '.join(map(str, m.chunks))} tokens",
         f"max context {m.max_context} tokens",
         f"kernels     {kernels} on this machine's CPU",
-        *_int4_prefill_line(graph, native),
+        *_int4_prefill_line(graph, model_proto, native),
         *_int8_line(graph, native),
         *_compute_line(graph, native, stock_attention, bf16_kv, head),
         _kv_line(m, bf16_kv),
@@ -167,7 +167,7 @@ def _head_line(proto, graph, native: bool) -> str:
     return line
 
 
-def _int4_prefill_line(graph, native: bool) -> list[str]:
+def _int4_prefill_line(graph, proto, native: bool) -> list[str]:
     """int4 bundles: what their prefill and decode projections run here
     (engines.ort.int4_prefill, engines.ort.int4_decode)."""
     if graph.quantization != "int4":
@@ -180,9 +180,9 @@ def _int4_prefill_line(graph, native: bool) -> list[str]:
     try:
         rows = int8_rows.why_not(native) is None  # as the backend tells int4_prefill
     except BackendError as err:
-        return [f"int4 prefill {err}", f"int4 decode {describe_decode(native)}"]
-    return [f"int4 prefill {describe_int4(graph.flavor, rows=rows)}, for the "
-            "accuracy-level-4 projections", f"int4 decode {describe_decode(native)}"]
+        return [f"int4 prefill {err}", f"int4 decode {describe_decode(proto, native)}"]
+    return [f"int4 prefill {describe_int4(proto, graph.flavor, rows=rows)}, for the "
+            "accuracy-level-4 projections", f"int4 decode {describe_decode(proto, native)}"]
 
 
 def _int8_line(graph, native: bool) -> list[str]:

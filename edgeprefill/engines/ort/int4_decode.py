@@ -71,9 +71,12 @@ def why_not(native: bool) -> str | None:
     return None
 
 
-def describe(native: bool) -> str:
+def describe(graph: ModelProto, native: bool) -> str:
     """What `inspect` says about an int4 bundle's decode projections here."""
     reason = why_not(native)
+    if reason is None and not any(_eligible(n) for n in graph.graph.node):
+        reason = (f"{OP} takes 4-bit blocks of {BLOCK} at accuracy level 4 without zero "
+                  "points; these projections are not")
     return f"{OP} (native)" if reason is None else f"MatMulNBits ({reason})"
 
 

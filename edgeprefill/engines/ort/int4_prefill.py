@@ -110,22 +110,38 @@ def choose(graph: ModelProto, bundle_dir: Path, flavor: str, device: str,
     if reason is not None:
         return Int4Prefill(False, _unswitched(reason))
     variant = _variant(rows)
+    described = _described(variant, graph, targets)  # before the switch rewrites the nodes
     derived = Derived(graph, bundle_dir)
     switch(graph, targets, VARIANTS[variant], derived)
     if variant == "int8 rows":
         declare_domain(graph)
     weights = hand_over(graph, derived.arrays, session_options) if derived.arrays else ()
-    return Int4Prefill(True, describe_variant(variant), weights)
+    return Int4Prefill(True, described, weights)
 
 
-def describe(flavor: str, device: str = "cpu", rows: bool = False) -> str:
+def describe(graph: ModelProto, flavor: str, device: str = "cpu", rows: bool = False) -> str:
     """What `inspect` says about an int4 bundle's prefill projections here (`rows`: as
     `choose`'s)."""
     try:
         reason = why_not(flavor, device)
     except BackendError as err:
         return str(err)
-    return describe_variant(_variant(rows)) if reason is None else _unswitched(reason)
+    if reason is not None:
+        return _unswitched(reason)
+    return _described(_variant(rows), graph, prefill_targets(graph))
+
+
+def _described(variant: str, graph: ModelProto, targets: list[int]) -> str:
+    """The variant, and which targets it cannot take: weights with zero points (a
+    pre-quantized asymmetric checkpoint's, export/prequantized.py) derive no int8 ones and
+    run MatMulNBits at accuracy level 0 instead."""
+    said = describe_variant(variant)
+    left = sum(not _derivable(graph.graph.node[i]) for i in targets)
+    if variant == "level0" or not left:
+        return said
+    if left == len(targets):
+        return f"{describe_variant('level0')} (the weights have zero points: no int8 ones derive)"
+    return f"{said}; {left} of {len(targets)} with zero points at MatMulNBits accuracy level 0"
 
 
 def _variant(rows: bool) -> str:
