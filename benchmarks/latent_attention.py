@@ -14,11 +14,15 @@ on the same node, kernels/graph.py's kernel_node, as the runtime switches it in)
 `--turns` times in one process; prints milliseconds per layer (median of the turns'
 medians). Where the graph switch keeps stock attention (more than graph.MAX_GROUP query
 heads per KV head: 576x128) native is edgeprefill.DecodeAttention, decode only.
+`--baseline LIBRARY` adds `before`: the same native node run by another build of the
+kernels (e.g. an older checkout's, from its `python -m edgeprefill.kernels.build`), taking
+turns with the others.
 """
 
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 import numpy as np
 from attention_stack import Stack, stack_model, take_turns
@@ -55,6 +59,16 @@ def native_variant(heads: int, chunk: int) -> str | None:
     return "decode" if chunk == 1 else None
 
 
+def summary(turns: dict[str, list[float]], variant: str) -> str:
+    """Each variant's median and turns, and the ratios to the native op."""
+    medians = {v: float(np.median(t)) for v, t in turns.items()}
+    line = ", ".join(f"{v} {medians[v]:.3f} ({'/'.join(f'{x:.3f}' for x in t)})"
+                     for v, t in turns.items())
+    ratios = "; ".join(f"{v}/{variant} {medians[v] / medians[variant]:.2f}x"
+                       for v in medians if v != variant)
+    return f"{line}; {ratios}"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shapes", default=",".join(SHAPES), help="comma-separated, of " +
@@ -65,6 +79,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--turns", type=int, default=3)
     parser.add_argument("--calls", type=int, default=20, help="timed calls per turn (decode)")
+    parser.add_argument("--baseline", type=Path, help="another kernel library, timed as before")
     args = parser.parse_args()
     shapes = args.shapes.split(",")
     if any(s not in SHAPES for s in shapes):
@@ -85,13 +100,12 @@ def main() -> None:
                 continue
             for past in (int(p) for p in args.past.split(",")):
                 models = {"gqa": model(stack, "gqa"), variant: model(stack, variant)}
+                if args.baseline:
+                    models["before"] = models[variant]
                 turns = take_turns(stack, models, past, chunk, args.threads, library,
-                                   args.turns, args.calls)
-                line = ", ".join(f"{v} {np.median(t):.3f} ({'/'.join(f'{x:.3f}' for x in t)})"
-                                 for v, t in turns.items())
-                ratio = np.median(turns["gqa"]) / np.median(turns[variant])
-                print(f"{shape:8s} chunk {chunk:4d} past {past:5d}: {line}; "
-                      f"gqa/{variant} {ratio:.2f}x", flush=True)
+                                   args.turns, args.calls, {"before": args.baseline})
+                print(f"{shape:8s} chunk {chunk:4d} past {past:5d}: "
+                      f"{summary(turns, variant)}", flush=True)
 
 
 if __name__ == "__main__":
