@@ -69,20 +69,25 @@ def bound_run(session, stack: Stack, past: int, chunk: int, caches: list[np.ndar
 
 
 def take_turns(stack: Stack, models: dict[str, bytes], past: int, chunk: int, threads: int,
-               library, turns: int, calls: int) -> dict[str, list[float]]:
+               library, turns: int, calls: int,
+               libraries: dict | None = None) -> dict[str, list[float]]:
     """Each model's ms per layer in each of `turns` turns (the median of its calls: `calls`
     for decode, a tenth of them for a chunk), the models taking turns over the same caches
-    of `past` positions."""
+    of `past` positions. `libraries` names another kernel library for some models (an A/B
+    of two builds of the kernels in one process); the others get `library`."""
     rng = np.random.default_rng(2)
     caches = [rng.random((1, stack.kv_heads, past + chunk, stack.head_dim), np.float32)
               for _ in range(2 * stack.layers)]
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = threads
-    options.log_severity_level = 3  # e.g. the unused tables of a graph without rotary
-    options.register_custom_ops_library(str(library))
-    runs = {name: bound_run(ort.InferenceSession(model, options,
-                                                 providers=["CPUExecutionProvider"]),
-                            stack, past, chunk, caches) for name, model in models.items()}
+
+    def session(name: str, model: bytes) -> ort.InferenceSession:
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = threads
+        options.log_severity_level = 3  # e.g. the unused tables of a graph without rotary
+        options.register_custom_ops_library(str((libraries or {}).get(name, library)))
+        return ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
+
+    runs = {name: bound_run(session(name, model), stack, past, chunk, caches)
+            for name, model in models.items()}
     times: dict[str, list[float]] = {name: [] for name in runs}
     for _ in range(turns):
         for name, run in runs.items():

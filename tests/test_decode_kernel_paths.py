@@ -1,7 +1,8 @@
 """edgeprefill.DecodeAttention's code paths against a numpy reference of what it computes.
 
 The kernel has an AVX-512 path per head size (16-row key/value blocks shared by a query
-group, 16 dot products summed across lanes at once), an AVX2 + FMA one per head size where
+group, 16 dot products summed across lanes at once; above 256 the query read a vector at a
+time and the values swept in parts), an AVX2 + FMA one per head size where
 the build has no AVX-512 (8-row blocks, 8 sums) and a portable one for other head sizes and
 CPUs with neither. This checks each head size the vector paths specialize, one that only
 the portable path takes, group sizes 1 to 7, and positions on either side of the 8- and
@@ -104,10 +105,12 @@ def run_kernel(library, model: bytes, qkv, keys, values, threads: int):
 
 # (heads, kv_heads, head_dim, rotary dims): the AVX-512 and AVX2 paths' head sizes 32, 64,
 # 80, 96, 128 and 256, group sizes 1, 3, 4 and 7, partial rotary; 48 takes the portable
-# path everywhere.
+# path everywhere. 288 and 576 are absorbed multi-head latent attention's one KV head
+# (MiniCPM3's 32 + 256, DeepSeek's 64 + 512), whose query the AVX-512 path does not keep
+# in registers and whose values both paths sweep in parts.
 SHAPES = [
     (6, 2, 32, 32), (9, 3, 64, 64), (4, 4, 64, 32), (8, 2, 80, 80), (4, 1, 96, 64),
-    (14, 2, 128, 128), (2, 1, 256, 256), (6, 2, 48, 48),
+    (14, 2, 128, 128), (2, 1, 256, 256), (6, 2, 48, 48), (5, 1, 288, 32), (3, 1, 576, 64),
 ]
 
 

@@ -5,8 +5,9 @@
 // (packed q/k/v, rotary inside or none, cache written at each row's position), but
 // reads each KV head once for its whole query group instead of once per query head, and
 // splits every row's positions into pieces run on ONNX Runtime's intra-op pool (a
-// flash-decoding style max/sum merge joins the pieces). With AVX-512 and a head size of
-// 32, 64, 80, 96, 128 or 256 a piece runs RunPieceAvx512, else the portable loops.
+// flash-decoding style max/sum merge joins the pieces). With AVX-512 (or AVX2 + FMA) and a
+// head size of 32, 64, 80, 96, 128, 256, 288 or 576 (the last two: multi-head latent
+// attention, absorbed) a piece runs RunPieceAvx512 (RunPieceAvx2), else the portable loops.
 // The work is DecodeRows (decode_rows.h), which PrefillAttention runs for its rows of one
 // valid token too; a row's split depends on its own length only, so its output is the same
 // bits whichever rows share the call.
@@ -59,6 +60,10 @@ inline float Dot(const float* a, const T* b, int64_t n) {
 }
 
 #ifdef __AVX512F__
+// The widest head (16 * C) whose query the key pass keeps in C registers beside 16 sums: up
+// to 256. Wider (MLA's 288 and 576) it loads the query a vector at a time.
+constexpr int kQueryInRegisters = 16;
+
 // 16 cache elements as float32.
 inline __m512 Load16(const float* p) { return _mm512_loadu_ps(p); }
 inline __m512 Load16(const uint16_t* p) {
@@ -110,10 +115,12 @@ inline __m256 SumLanes8(const __m256* acc) {
   return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
 }
 
-// The value pass's vectors per sweep for head_dim = 8 * C: at most 8 accumulators (with
-// two chains below 8, as an FMA's latency is 4 cycles), a divisor of C.
-constexpr int ValuePass(int c) { return c <= 8 ? c : c % 8 == 0 ? 8 : c % 6 == 0 ? 6 : 5; }
 #endif
+
+// The value pass's vectors per sweep for head_dim = 8 * C (AVX2) or 16 * C (AVX-512's
+// heads wider than 256): at most 8 accumulators (with two chains below 8, as an FMA's
+// latency is 4 cycles), a divisor of C.
+constexpr int ValuePass(int c) { return c <= 8 ? c : c % 8 == 0 ? 8 : c % 6 == 0 ? 6 : 5; }
 
 }  // namespace
 
@@ -230,16 +237,28 @@ void DecodeRows::RunPieceAvx512(size_t index) {
   int64_t j = 0;
   for (; j + 16 <= n; j += 16)
     for (int64_t h = 0; h < g; ++h) {
-      __m512 query[C], acc[16];
-      for (int c = 0; c < C; ++c) query[c] = _mm512_loadu_ps(q + h * d + 16 * c);
-      for (int k = 0; k < 16; ++k) acc[k] = Dot16<C>(query, keys + (j + k) * d);
+      __m512 acc[16];
+      if constexpr (C <= kQueryInRegisters) {
+        __m512 query[C];
+        for (int c = 0; c < C; ++c) query[c] = _mm512_loadu_ps(q + h * d + 16 * c);
+        for (int k = 0; k < 16; ++k) acc[k] = Dot16<C>(query, keys + (j + k) * d);
+      } else {  // the query a vector at a time: 16 sums + 1, no spills (RunPieceAvx2's order)
+        const __m512 first = _mm512_loadu_ps(q + h * d);
+        for (int k = 0; k < 16; ++k) acc[k] = _mm512_mul_ps(first, Load16(keys + (j + k) * d));
+        for (int c = 1; c < C; ++c) {
+          const __m512 query = _mm512_loadu_ps(q + h * d + 16 * c);
+          for (int k = 0; k < 16; ++k)
+            acc[k] = _mm512_fmadd_ps(query, Load16(keys + (j + k) * d + 16 * c), acc[k]);
+        }
+      }
       _mm512_storeu_ps(scores + h * stride + j, _mm512_mul_ps(SumLanes16(acc), scale));
     }
   for (; j < n; ++j)
     for (int64_t h = 0; h < g; ++h) {
-      __m512 query[C];
-      for (int c = 0; c < C; ++c) query[c] = _mm512_loadu_ps(q + h * d + 16 * c);
-      scores[h * stride + j] = _mm512_reduce_add_ps(Dot16<C>(query, keys + j * d)) * s.scale;
+      __m512 acc = _mm512_mul_ps(_mm512_loadu_ps(q + h * d), Load16(keys + j * d));
+      for (int c = 1; c < C; ++c)
+        acc = _mm512_fmadd_ps(_mm512_loadu_ps(q + h * d + 16 * c), Load16(keys + j * d + 16 * c), acc);
+      scores[h * stride + j] = _mm512_reduce_add_ps(acc) * s.scale;
     }
   CapScores(scores, g, n);
 
@@ -266,31 +285,37 @@ void DecodeRows::RunPieceAvx512(size_t index) {
     out[d + 1] = _mm512_reduce_add_ps(sum16);
   }
 
+  // Heads up to 256 wide sweep all C vectors at once, wider ones ValuePass(C) at a time
+  // (2 C accumulators would spill: 72 at 576).
+  constexpr int kPass = C <= kQueryInRegisters ? C : ValuePass(C);
   for (j = 0; j < n; j += 16) {
     const int64_t m = std::min<int64_t>(16, n - j);
     const T* block = values + j * d;
     for (int64_t h = 0; h < g; ++h) {
       const float* weights = scores + h * stride + j;
       float* out = partial + h * (d + 2);
-      __m512 even[C], odd[C];  // two chains: an FMA's latency is 4 cycles
-      for (int c = 0; c < C; ++c) {
-        even[c] = _mm512_loadu_ps(out + 16 * c);
-        odd[c] = _mm512_setzero_ps();
-      }
-      int64_t k = 0;
-      for (; k + 2 <= m; k += 2) {
-        const __m512 w0 = _mm512_set1_ps(weights[k]), w1 = _mm512_set1_ps(weights[k + 1]);
-        for (int c = 0; c < C; ++c) {
-          even[c] = _mm512_fmadd_ps(w0, Load16(block + k * d + 16 * c), even[c]);
-          odd[c] = _mm512_fmadd_ps(w1, Load16(block + (k + 1) * d + 16 * c), odd[c]);
+      for (int c0 = 0; c0 < C; c0 += kPass) {
+        __m512 even[kPass], odd[kPass];  // two chains: an FMA's latency is 4 cycles
+        for (int c = 0; c < kPass; ++c) {
+          even[c] = _mm512_loadu_ps(out + 16 * (c0 + c));
+          odd[c] = _mm512_setzero_ps();
         }
+        int64_t k = 0;
+        for (; k + 2 <= m; k += 2) {
+          const __m512 w0 = _mm512_set1_ps(weights[k]), w1 = _mm512_set1_ps(weights[k + 1]);
+          for (int c = 0; c < kPass; ++c) {
+            even[c] = _mm512_fmadd_ps(w0, Load16(block + k * d + 16 * (c0 + c)), even[c]);
+            odd[c] = _mm512_fmadd_ps(w1, Load16(block + (k + 1) * d + 16 * (c0 + c)), odd[c]);
+          }
+        }
+        if (k < m) {
+          const __m512 w0 = _mm512_set1_ps(weights[k]);
+          for (int c = 0; c < kPass; ++c)
+            even[c] = _mm512_fmadd_ps(w0, Load16(block + k * d + 16 * (c0 + c)), even[c]);
+        }
+        for (int c = 0; c < kPass; ++c)
+          _mm512_storeu_ps(out + 16 * (c0 + c), _mm512_add_ps(even[c], odd[c]));
       }
-      if (k < m) {
-        const __m512 w0 = _mm512_set1_ps(weights[k]);
-        for (int c = 0; c < C; ++c)
-          even[c] = _mm512_fmadd_ps(w0, Load16(block + k * d + 16 * c), even[c]);
-      }
-      for (int c = 0; c < C; ++c) _mm512_storeu_ps(out + 16 * c, _mm512_add_ps(even[c], odd[c]));
     }
   }
 }
@@ -418,6 +443,8 @@ void DecodeRows::RunPiece(size_t index) {
     case 96: return DispatchAvx512<6>(index);
     case 128: return DispatchAvx512<8>(index);
     case 256: return DispatchAvx512<16>(index);
+    case 288: return DispatchAvx512<18>(index);  // MLA absorbed: MiniCPM3 (32 + 256)
+    case 576: return DispatchAvx512<36>(index);  // DeepSeek-V2/V3, Youtu, GLM-4.7-Flash (64 + 512)
     default: break;
   }
 #elif defined(EP_AVX2)
@@ -428,6 +455,8 @@ void DecodeRows::RunPiece(size_t index) {
     case 96: return DispatchAvx2<12>(index);
     case 128: return DispatchAvx2<16>(index);
     case 256: return DispatchAvx2<32>(index);
+    case 288: return DispatchAvx2<36>(index);
+    case 576: return DispatchAvx2<72>(index);
     default: break;
   }
 #endif
