@@ -18,9 +18,7 @@ from safetensors import safe_open
 
 from edgeprefill.bundle import MANIFEST_FILE
 from edgeprefill.errors import ExportError
-from edgeprefill.export.decoder import DecoderBuilder
 from edgeprefill.export.exporter import ExportOptions, export
-from edgeprefill.export.flavors import flavor_class
 from edgeprefill.export.model_config import GLOBAL, LOCAL, ModelConfig
 from edgeprefill.export.quantize import QuantConfig, int4_blockwise, int4_dequantize
 from edgeprefill.sdk import Engine, GenerationParams
@@ -28,7 +26,10 @@ from tests.conftest import GEMMA3N, VOCAB, load_hf_model
 from tests.state_models import run_padded
 from tests.test_exactness import check_together, prompt_ids, reference_logits
 from tests.test_families import last_logits
-from tests.test_gemma4 import ShapeCheckpoint, assert_windows_and_kv_sharing_as_transformers
+from tests.test_gemma4 import (
+    assert_windows_and_kv_sharing_as_transformers,
+    meta_graph,
+)
 from tests.test_quantize import dequantize_embeddings
 
 FLAVORS = ("ort", "standard")
@@ -79,11 +80,7 @@ def test_the_hub_e2b_config_reads_as_transformers_reads_it():
 @pytest.mark.parametrize("flavor", FLAVORS)
 def test_the_hub_e2b_shaped_graph_holds_kv_for_its_first_20_layers(flavor):
     cfg = ModelConfig.from_hf(HUB_E2B)
-    with torch.device("meta"):
-        model = transformers.Gemma3nForCausalLM(hub_text_config())
-    g = DecoderBuilder(cfg, ShapeCheckpoint(model), flavor_class(flavor)(
-        cfg, np.dtype(np.float32), 4096)).build()
-    inputs = {v.name: list(v.shape) for v in g.inputs}
+    _, inputs = meta_graph(cfg, transformers.Gemma3nForCausalLM, hub_text_config(), flavor)
     assert [n for n in inputs if n.startswith("past_key.")] == [
         f"past_key.{i}" for i in range(20)]
     assert inputs["past_value.19"] == ["batch", 2, "capacity", 256]

@@ -113,15 +113,21 @@ class ShapeCheckpoint:
         return self.shapes[name]
 
 
+def meta_graph(cfg: ModelConfig, model_class, hf_config, flavor: str):
+    """The graph export builds for `cfg` from a meta-device model's shapes (no weights: a
+    Hub-sized model in seconds), and its inputs' shapes by name."""
+    with torch.device("meta"):
+        model = model_class(hf_config)
+    g = DecoderBuilder(cfg, ShapeCheckpoint(model), flavor_class(flavor)(
+        cfg, np.dtype(np.float32), 4096)).build()
+    return g, {v.name: list(v.shape) for v in g.inputs}
+
+
 @pytest.mark.parametrize("flavor", FLAVORS)
 def test_the_hub_e2b_shaped_graph_holds_kv_for_its_first_15_layers_and_its_manifest_checks(
         flavor):
     cfg = ModelConfig.from_hf(HUB_E2B)
-    with torch.device("meta"):
-        model = transformers.Gemma4ForCausalLM(hub_text_config())
-    g = DecoderBuilder(cfg, ShapeCheckpoint(model), flavor_class(flavor)(
-        cfg, np.dtype(np.float32), 4096)).build()
-    inputs = {v.name: list(v.shape) for v in g.inputs}
+    g, inputs = meta_graph(cfg, transformers.Gemma4ForCausalLM, hub_text_config(), flavor)
     assert [n for n in inputs if n.startswith("past_key.")] == [
         f"past_key.{i}" for i in range(15)]
     assert inputs["past_key.13"] == ["batch", 1, "capacity", 256]  # sliding
