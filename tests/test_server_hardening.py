@@ -72,8 +72,11 @@ def server(engine) -> Iterator[ServerThread]:
 
 @pytest.fixture(scope="module")
 def http(server) -> Iterator[httpx.Client]:
+    # A connection per request: the server closes an idle one after TIMEOUTS.keep_alive
+    # (0.5 s), and a pooled connection reused as it closes is "Server disconnected without
+    # sending a response" (seen once in a clean clone, after a slow fixture between tests).
     with httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {KEY}"},
-                      timeout=10) as client:
+                      timeout=10, limits=httpx.Limits(max_keepalive_connections=0)) as client:
         yield client
 
 
