@@ -54,14 +54,23 @@ def run_padded(backend, ids: list[int], chunk: int, split: int) -> dict[int, np.
     return got
 
 
-def assert_padded_chunks_match(hf_dir: Path, path: Path) -> None:
-    """Every call's last-token logits equal transformers' at that position, for chunks of
-    1 to 40 tokens, the last chunk before the split padded (its padding must stay out of
-    the states the next call reads)."""
+CHUNKS = (1, 2, 3, 16, 40)
+
+
+def assert_padded_chunks_match(hf_dir: Path, path: Path,
+                               chunks: tuple[int, ...] = CHUNKS) -> None:
+    """assert_engine_chunks_match on the bundle at `path`, loaded as it is."""
+    assert_engine_chunks_match(Engine.load(path, threads=2, background=False), hf_dir, chunks)
+
+
+def assert_engine_chunks_match(engine: Engine, hf_dir: Path,
+                               chunks: tuple[int, ...] = CHUNKS) -> None:
+    """Every call's last-token logits equal transformers' at that position, for calls of
+    each of `chunks` tokens, the last chunk before the split padded (its padding must stay
+    out of the states and caches the next call reads). Closes `engine`."""
     ids = prompt_ids(40)
     expected = reference_logits(hf_dir, ids)
-    engine = Engine.load(path, threads=2, background=False)
-    for chunk in (1, 2, 3, 16, 40):
+    for chunk in chunks:
         for position, logits in run_padded(engine.backend, ids, chunk, split=37).items():
             np.testing.assert_allclose(logits, expected[position], rtol=1e-4, atol=1e-4,
                                        err_msg=f"chunk {chunk}, position {position}")

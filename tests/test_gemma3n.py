@@ -23,8 +23,8 @@ from edgeprefill.export.model_config import GLOBAL, LOCAL, ModelConfig
 from edgeprefill.export.quantize import QuantConfig, int4_blockwise, int4_dequantize
 from edgeprefill.sdk import Engine, GenerationParams
 from tests.conftest import GEMMA3N, VOCAB, load_hf_model
-from tests.state_models import run_padded
-from tests.test_exactness import check_together, prompt_ids, reference_logits
+from tests.state_models import assert_padded_chunks_match
+from tests.test_exactness import check_together, prompt_ids
 from tests.test_families import last_logits
 from tests.test_gemma4 import (
     assert_windows_and_kv_sharing_as_transformers,
@@ -98,16 +98,8 @@ def test_chunks_of_1_3_and_16_the_last_padded_match_transformers_across_the_wind
     (they read its row 0, as transformers'); the `ort` bundle runs the native kernels."""
     if flavor == "ort":  # the kernels take ort bundles only
         monkeypatch.setenv("EDGEPREFILL_KERNELS", "require")
-    hf_dir, path = gemma3n(flavor)
-    ids = prompt_ids(40)
-    assert max(ids) >= GEMMA3N["vocab_size_per_layer_input"]
-    expected = reference_logits(hf_dir, ids)
-    engine = Engine.load(path, threads=2, background=False)
-    for chunk in (1, 3, 16):
-        for position, logits in run_padded(engine.backend, ids, chunk, split=37).items():
-            np.testing.assert_allclose(logits, expected[position], rtol=1e-4, atol=1e-4,
-                                       err_msg=f"chunk {chunk}, position {position}")
-    engine.close()
+    assert max(prompt_ids(40)) >= GEMMA3N["vocab_size_per_layer_input"]
+    assert_padded_chunks_match(*gemma3n(flavor), chunks=(1, 3, 16))
 
 
 @pytest.mark.slow

@@ -28,7 +28,7 @@ from edgeprefill.export.quantize import QuantConfig, int4_blockwise, int4_dequan
 from edgeprefill.kernels.build import library_path
 from edgeprefill.sdk import Engine, GenerationParams
 from tests.conftest import GEMMA4, build_hf_model, load_hf_model
-from tests.state_models import run_padded, variant_bundles
+from tests.state_models import assert_padded_chunks_match, run_padded, variant_bundles
 from tests.test_exactness import check_together, prompt_ids, reference_logits
 from tests.test_families import last_logits
 from tests.test_quantize import dequantize_embeddings
@@ -162,15 +162,7 @@ def test_chunks_of_1_3_and_16_the_last_padded_match_transformers_across_the_wind
         gemma4, flavor):
     """Window 8: every chunking crosses it; the producer layers' caches that the shared
     layers read hold the padding of the padded chunk, which must stay masked."""
-    hf_dir, path = gemma4(flavor)
-    ids = prompt_ids(40)
-    expected = reference_logits(hf_dir, ids)
-    engine = Engine.load(path, threads=2, background=False)
-    for chunk in (1, 3, 16):
-        for position, logits in run_padded(engine.backend, ids, chunk, split=37).items():
-            np.testing.assert_allclose(logits, expected[position], rtol=1e-4, atol=1e-4,
-                                       err_msg=f"chunk {chunk}, position {position}")
-    engine.close()
+    assert_padded_chunks_match(*gemma4(flavor), chunks=(1, 3, 16))
 
 
 @pytest.mark.parametrize("flavor", FLAVORS)

@@ -23,7 +23,7 @@ from edgeprefill.kernels.mamba2_scan import (
 )
 from edgeprefill.kernels.scan_body import matches
 from edgeprefill.sdk import Engine
-from tests.state_models import run_padded
+from tests.state_models import assert_engine_chunks_match
 from tests.test_exactness import prompt_ids, reference_logits
 from tests.test_gated_delta_kernel import body, one_scan_model, run, scans, with_copy
 
@@ -179,14 +179,7 @@ def assert_chunks_match_transformers(hf_dir, path, monkeypatch) -> None:
     SSD, within rounding of the recurrent form the op runs: 1e-4, tests/test_mamba2.py) at
     that position, in calls of 1 to 40 tokens with a padded last chunk (its padding must
     leave the states as the row's last valid token left them)."""
-    ids = prompt_ids(40)
-    expected = reference_logits(hf_dir, ids)
-    engine = native_engine(path, monkeypatch)
-    for chunk in (1, 3, 16, 40):
-        for position, logits in run_padded(engine.backend, ids, chunk, split=37).items():
-            np.testing.assert_allclose(logits, expected[position], rtol=1e-4, atol=1e-4,
-                                       err_msg=f"chunk {chunk}, position {position}")
-    engine.close()
+    assert_engine_chunks_match(native_engine(path, monkeypatch), hf_dir, (1, 3, 16, 40))
 
 
 @pytest.mark.parametrize("family", [FAMILY, "nemotron_h"])
