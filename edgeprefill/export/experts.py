@@ -93,7 +93,7 @@ class MoeSpec:
     experts_keys: tuple[str, ...] = ("num_experts",)
     width_key: str = "moe_intermediate_size"
     # config.json -> the layers with experts (the others keep the dense MLP)
-    layers: Callable[[dict[str, Any]], tuple[int, ...]] = lambda raw: every_layer(raw)
+    layers: Callable[[dict[str, Any]], tuple[int, ...]] = every_layer
     # The config key that switches renormalizing the top k on; None: the router's own fixed
     # choice, `renormalize` (Granite MoE never; Qwen3.5-MoE, Qwen3-VL-MoE, Mixtral always).
     norm_key: str | None = "norm_topk_prob"
