@@ -1,5 +1,5 @@
 """Families transformers 5.24 builds on bases export already has, each declared in
-families.py by what differs: Gemma 4 Unified (Gemma 4 without per-layer inputs), Lara Mini
+export/families/ by what differs: Gemma 4 Unified (Gemma 4 without per-layer inputs), Lara Mini
 (Qwen3-Next's layers with plain norms, rotary-free full layers, an ungated shared expert,
 fused DeltaNet tensors), OLMo Hybrid (OLMo 3's post-norm attention beside pre-norm
 Gated DeltaNet layers of their own projections, beta doubled), Mellum (Qwen3-MoE with a

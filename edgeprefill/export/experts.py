@@ -1,5 +1,5 @@
 """Mixture-of-experts decoders, declared: how a family names and routes its experts
-(`MoeSpec`, in families.py) and what one config.json makes of it (`MoeConfig`, read once by
+(`MoeSpec`, in families/spec.py) and what one config.json makes of it (`MoeConfig`, read once by
 `read_moe`). The graph of the block is export/moe.py's.
 
 Routing, as each family's transformers router computes it (float32 throughout):

@@ -685,7 +685,7 @@ def _ropes(raw: dict[str, Any], rotary_dim: int) -> dict[str, RopeConfig]:
 
 def _selective(raw: dict[str, Any]) -> SelectiveShape:
     """MambaConfig's (FalconMambaConfig's) mixer: `mamba_inner` channels
-    (families._mamba1_config), a dt rank of hidden / 16 rounded up where "auto"."""
+    (families/recurrent.py's _mamba1_config), a dt rank of hidden / 16 rounded up where "auto"."""
     hidden = int(raw["hidden_size"])
     rank = raw["time_step_rank"]
     return SelectiveShape(

@@ -1,0 +1,179 @@
+"""Image-text checkpoints whose language model is another kind's family, read from its
+nested config and stored prefix (vision tower left out).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from edgeprefill.export.experts import (
+    MoeNames,
+    MoeSpec,
+    sparse_layers,
+)
+from edgeprefill.export.families.dense import (
+    ATTENTION_BIAS,
+    IMAGE_TEXT_QUIRK,
+    MINISTRAL3,
+    MROPE_QUIRKS,
+    QWEN_VL,
+    after_max_window_layers,
+)
+from edgeprefill.export.families.moe import EXPERT_ALIASES, GLM4_MOE, shared_experts
+from edgeprefill.export.families.recurrent import LFM2, LFM3
+from edgeprefill.export.families.spec import FamilySpec
+
+
+def _mrope_as_default(raw: dict[str, Any]) -> dict[str, Any]:
+    # Qwen2VLTextConfig (and 2.5's): the Hub's "mrope" type is the default rope. M-RoPE
+    # splits the frequencies into time, height and width sections, each rotated by its own
+    # position; a text token's three positions are equal, so on text it is that rope.
+    for key in ("rope_parameters", "rope_scaling"):
+        params = raw.get(key)
+        if isinstance(params, dict) and params.get("rope_type", params.get("type")) == "mrope":
+            raw = {**raw, key: {**params, "rope_type": "default"}}
+    return raw
+
+
+def _qwen2_vl_text(raw: dict[str, Any]) -> dict[str, Any]:
+    """Qwen2VLConfig and Qwen2_5_VLConfig: a config without `text_config` (the Hub's,
+    written before transformers 5) keeps the language model's keys at the top level; with
+    one, the model ties the embeddings when either level says so, and generates with the
+    outer config's BOS and EOS ids where it has them (else text_config's)."""
+    inner = raw.get("text_config")
+    if inner is None:
+        return raw
+    tie = bool(raw.get("tie_word_embeddings") or inner.get("tie_word_embeddings"))
+    ids = {k: raw[k] for k in ("bos_token_id", "eos_token_id") if raw.get(k) is not None}
+    return {**inner, **ids, "tie_word_embeddings": tie}
+
+
+def _lfm2_vl_text(raw: dict[str, Any]) -> dict[str, Any]:
+    """Lfm2VlConfig: its LFM2 language model, tied by the outer `tie_embedding` (the older
+    name, which wins) or `tie_word_embeddings`, true by default (_liquid_vl_text)."""
+    tie = raw.get("tie_embedding", raw.get("tie_word_embeddings", True))
+    return _liquid_vl_text(raw, "lfm2", tie)
+
+
+def _lfm3_vl_text(raw: dict[str, Any]) -> dict[str, Any]:
+    """Lfm3VlConfig: its LFM3 language model, tied by the outer `tie_word_embeddings`,
+    true by default (it has no older name; _liquid_vl_text)."""
+    return _liquid_vl_text(raw, "lfm3", raw.get("tie_word_embeddings", True))
+
+
+def _liquid_vl_text(raw: dict[str, Any], text_type: str, tie: Any) -> dict[str, Any]:
+    """LFM2-VL's and LFM3-VL's config: the language model is text_config (of `text_type`,
+    also where it names no type); the outer config decides the tying (`tie`, whatever
+    text_config says) and the EOS/BOS ids where it gives them."""
+    inner = raw["text_config"]  # a KeyError names the missing key
+    if not isinstance(inner, dict):
+        got = "null" if inner is None else type(inner).__name__
+        raise ValueError(f"text_config must be an object, got {got}")
+    if inner.get("model_type", text_type) != text_type:
+        raise ValueError(f"text_config model_type {inner['model_type']!r} is not supported; "
+                         f"supported: {text_type}")
+    text = {k: v for k, v in inner.items() if k != "tie_embedding"}
+    text["tie_word_embeddings"] = tie
+    for key in ("eos_token_id", "bos_token_id"):
+        if raw.get(key) is not None:
+            text[key] = raw[key]
+    return text
+
+
+# A Qwen3 language model without sliding windows; the outer config decides the tying
+# (false unless it says otherwise, whatever text_config says) and a "mrope" rope type is
+# refused, as Qwen3VLForConditionalGeneration fails to build on one.
+QWEN3_VL = FamilySpec(
+    **QWEN_VL, **ATTENTION_BIAS, qk_norm="head",
+    outer={"tie_word_embeddings": False, "eos_token_id": None, "bos_token_id": None},
+    defaults={"head_dim": 128, "max_position_embeddings": 128000, "rms_norm_eps": 1e-6,
+              "rope_theta": 500_000.0},
+    quirks=("per-head q/k RMSNorm", *MROPE_QUIRKS),
+)
+# A Qwen2 language model (Qwen2-VL's and Qwen2.5-VL's alike).
+QWEN2_VL = FamilySpec(
+    **QWEN_VL, qkv_bias=True, window="opt_in", sliding=after_max_window_layers,
+    unnest=_qwen2_vl_text, legacy=_mrope_as_default,
+    defaults={"max_position_embeddings": 32768, "sliding_window": 4096,
+              "max_window_layers": 80, "rms_norm_eps": 1e-5, "rope_theta": 1_000_000.0},
+    quirks=("q/k/v biases", *MROPE_QUIRKS),
+)
+
+
+def _glm4v_moe_text(raw: dict[str, Any]) -> dict[str, Any]:
+    """Glm4vMoeConfig: its text_config, tied where either level says so (pre-v5 saves
+    kept tie_word_embeddings inside text_config); M-RoPE is the default rope on text."""
+    inner = raw["text_config"]  # a KeyError names the missing key
+    if not isinstance(inner, dict) or inner.get("model_type", "glm4v_moe_text") != \
+            "glm4v_moe_text":
+        raise ValueError("text_config must be an object of model_type glm4v_moe_text")
+    tie = bool(raw.get("tie_word_embeddings") or inner.get("tie_word_embeddings"))
+    return {**inner, "tie_word_embeddings": tie}
+
+
+# GLM-4.5V: GLM-4.5's language model (no q/k norms; attention_bias true by default) under
+# model.language_model., beside its vision tower (model.visual.), left out. Its M-RoPE
+# turns each section by the token's time, height or width position, all equal on text.
+GLM4V_MOE = replace(
+    GLM4_MOE, qk_norm=None, qk_norm_key=None, nested="text_config",
+    unnest=_glm4v_moe_text,
+    legacy=lambda raw: shared_experts("n_shared_experts")(_mrope_as_default(raw)),
+    renames=(("model.language_model.", "model."),), left_out=("model.visual.", "visual."),
+    defaults={**GLM4_MOE.defaults, "vocab_size": 151424, "max_position_embeddings": 65536,
+              "attention_bias": True},
+    quirks=(*MROPE_QUIRKS[:1], IMAGE_TEXT_QUIRK),
+)
+
+FAMILIES: dict[str, FamilySpec] = {
+    "qwen2_vl": QWEN2_VL,
+    "qwen2_5_vl": QWEN2_VL,  # the same language model as Qwen2-VL's
+    "qwen3_vl": QWEN3_VL,
+    # Qwen3-VL-MoE (Qwen3-VL-30B-A3B, 235B-A22B): Qwen3-VL's language model with Qwen3-MoE's
+    # experts (on the layers sparse_layers gives, where num_experts is not 0); its router
+    # always renormalizes the top k, and the Hub stores each layer's experts fused and
+    # transposed ([E, H, 2I], [E, I, H]; save_pretrained writes them untransposed).
+    "qwen3_vl_moe": replace(
+        QWEN3_VL,
+        moe=MoeSpec(names=MoeNames(fused_transposable=True), experts_keys=EXPERT_ALIASES,
+                    layers=sparse_layers, norm_key=None, renormalize=True),
+        defaults={"max_position_embeddings": 128000, "rms_norm_eps": 1e-6,
+                  "rope_theta": 500_000.0, "intermediate_size": 5632,
+                  "num_key_value_heads": 16, "decoder_sparse_step": 1, "num_experts": 60,
+                  "num_experts_per_tok": 4, "moe_intermediate_size": 1408},
+    ),
+    # Mistral3ForConditionalGeneration (Ministral 3 3B/8B/14B on the Hub): its Ministral 3
+    # language model, exported alone, stored as Gemma 3's is; the outer config decides the
+    # tying (true unless it says otherwise). Its Mistral language models (Mistral Small 3.1,
+    # whose text_config is "mistral") are not this family.
+    "mistral3": replace(
+        MINISTRAL3, nested="text_config", text_types=("ministral3",),
+        outer={"tie_word_embeddings": True, "eos_token_id": None, "bos_token_id": None},
+        renames=(("language_model.model.", "model."), ("model.language_model.", "model."),
+                 ("language_model.lm_head.", "lm_head.")),
+        left_out=("vision_tower.", "multi_modal_projector.", "model.vision_tower.",
+                  "model.multi_modal_projector."),
+        quirks=(*MINISTRAL3.quirks, IMAGE_TEXT_QUIRK),
+    ),
+    # Lfm2VlForConditionalGeneration (LFM2-VL 450M/1.6B/3B): its LFM2 language model, the
+    # SigLIP 2 tower and projector left out.
+    "lfm2_vl": replace(
+        LFM2, nested="text_config", unnest=_lfm2_vl_text,
+        renames=(("model.language_model.", "model."), ("language_model.model.", "model."),
+                 ("language_model.lm_head.", "lm_head.")),
+        left_out=("model.vision_tower.", "model.multi_modal_projector.", "vision_tower.",
+                  "multi_modal_projector."),
+        quirks=(*LFM2.quirks, IMAGE_TEXT_QUIRK),
+    ),
+    # Lfm3VlForConditionalGeneration (LFM3-VL): its LFM3 language model, stored as LFM2-VL's;
+    # the vision tower and projector left out.
+    "lfm3_vl": replace(
+        LFM3, nested="text_config", unnest=_lfm3_vl_text,
+        renames=(("model.language_model.", "model."), ("language_model.model.", "model."),
+                 ("language_model.lm_head.", "lm_head.")),
+        left_out=("model.vision_tower.", "model.multi_modal_projector.", "vision_tower.",
+                  "multi_modal_projector."),
+        quirks=(*LFM3.quirks, IMAGE_TEXT_QUIRK),
+    ),
+    "glm4v_moe": GLM4V_MOE,
+}

@@ -1,0 +1,292 @@
+"""What a family is: `FamilySpec`, the switches the graph builder understands, and the
+tensor names (`TensorNames`, `DeltaNames`) a family's checkpoints store.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from edgeprefill.export.experts import (
+    MoeSpec,
+)
+
+
+@dataclass(frozen=True)
+class TensorNames:
+    """Checkpoint tensor names relative to a layer prefix (`layer`, with `{i}`); a tuple
+    lists the names one tensor has had across transformers versions, first found wins."""
+
+    embed: tuple[str, ...] = ("model.embed_tokens.weight",)
+    final_norm: str = "model.norm"
+    lm_head: tuple[str, ...] = ("lm_head",)
+    layer: str = "model.layers.{i}."
+    q: str = "self_attn.q_proj"
+    k: str = "self_attn.k_proj"
+    v: str = "self_attn.v_proj"
+    qkv: str | None = None  # one fused projection instead of q, k, v
+    o: str = "self_attn.o_proj"
+    q_norm: str = "self_attn.q_norm"
+    k_norm: str = "self_attn.k_norm"
+    gate: str = "mlp.gate_proj"
+    up: str = "mlp.up_proj"
+    gate_up: str | None = None  # one fused projection, gate first
+    down: str = "mlp.down_proj"
+    # learned absolute positions added to the embedding (GPT-2's `wpe`); None: no such table
+    position_embed: str | None = None
+    input_norm: str = "input_layernorm"
+    post_attn_norm: str = "post_attention_layernorm"
+    pre_mlp_norm: str = "pre_feedforward_layernorm"
+    post_mlp_norm: str = "post_feedforward_layernorm"
+    # LFM3's output gate per head (hidden -> heads), which the Hub's checkpoints call
+    # gate_proj and transformers renames g_proj when it loads them
+    head_gate: tuple[str, ...] = ("self_attn.g_proj", "self_attn.gate_proj")
+    act: str = "mlp.act_fn."  # an activation with weights of its own (Apertus's xIELU)
+    mamba: str = "mamba."  # a Mamba-2 layer's mixer module (in_proj, conv1d, norm, ...)
+    sinks: str = "self_attn.sinks"  # gpt-oss's attention sinks, one logit per query head
+    # Multi-head latent attention (export/latent_attention.py): q_a_proj, its norm and
+    # q_b_proj (or `q` alone without q_lora_rank); kv_a_proj_with_mqa, its norm, kv_b_proj
+    q_a: str = "self_attn.q_a_proj"
+    q_a_norm: str = "self_attn.q_a_layernorm"
+    q_b: str = "self_attn.q_b_proj"
+    kv_a: str = "self_attn.kv_a_proj_with_mqa"
+    kv_a_norm: str = "self_attn.kv_a_layernorm"
+    kv_b: str = "self_attn.kv_b_proj"
+    # BitNet's sub-norms: an RMSNorm of the attention's output before o_proj, and of the
+    # gated MLP's act(gate) * up before down_proj; None: the family has none
+    attn_sub_norm: str | None = None
+    mlp_sub_norm: str | None = None
+
+
+LLAMA_NAMES = TensorNames()
+
+
+@dataclass(frozen=True)
+class DeltaNames:
+    """A Gated DeltaNet layer's tensor names (export/gated_delta.py), relative to the layer
+    prefix + `mixer`. `projections` are the input projections whose rows, stacked in this
+    order, are Qwen3.5's q | k | v, z, b and a (each all heads in order); `conv` the
+    convolution weights whose channels, stacked, are its q | k | v."""
+
+    mixer: str = "linear_attn."
+    projections: tuple[str, ...] = ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a")
+    conv: tuple[str, ...] = ("conv1d",)
+    out: str = "out_proj"
+    norm: str = "norm"  # the gated RMSNorm per value head
+
+
+QWEN_DELTA_NAMES = DeltaNames()
+# x*w, x*(1+w) (Gemma), LayerNorm with bias, LayerNorm without bias (Cohere), LayerNorm
+# with bias scaling by (1+w) (Nemotron's LayerNorm1P), LayerNorm with neither weight nor
+# bias (OLMo 1), RMSNorm without weight (nanochat)
+NORMS = ("rms", "rms_plus_one", "layer", "layer_no_bias", "layer_plus_one", "layer_no_affine",
+         "rms_no_weight")
+# How a layer wires its norms and residual adds (see DecoderBuilder._layer):
+#   pre        x += attn(n1(x)); x += mlp(n2(x))                         (Llama)
+#   sandwich   x += n2(attn(n1(x))); x += n4(mlp(n3(x)))                 (Gemma 2/3)
+#   post       x += n2(attn(x)); x += n4(mlp(x))                         (OLMo 2)
+#   parallel   x += attn(n1(x)) + mlp(n2(x))                             (GPT-NeoX)
+#   shared     x += attn(n1(x)) + mlp(n1(x))                             (Phi, parallel StableLM)
+#   hybrid     x += attn(n1(x)) + mamba(n1(x)); x += mlp(n2(x))          (Falcon-H1)
+#   altup      Gemma 3n: the sandwich on AltUp's active stream, with LAuReL (altup.py)
+BLOCKS = ("pre", "sandwich", "post", "parallel", "shared", "hybrid", "altup")
+
+
+@dataclass(frozen=True)
+class FamilySpec:
+    names: TensorNames = LLAMA_NAMES
+    norm: str = "rms"  # one of NORMS
+    block: str = "pre"  # one of BLOCKS
+    gated_mlp: bool = True  # act(gate) * up, else act(fc1)
+    qkv_bias: bool = False  # q/k/v biases when config.json has no `bias_key`
+    bias_key: str | None = None  # the config key that switches q/k/v biases on
+    o_bias: bool | None = False  # None: the same as the q/k/v biases
+    o_bias_key: str | None = None  # a key of its own for the o bias (Seed-OSS), o_bias unset
+    mlp_bias: bool | None = False  # None: the same as the q/k/v biases (StarCoder2)
+    mlp_bias_key: str | None = None  # a key of its own for the MLP biases (Jais 2), mlp_bias unset
+    qkv_interleaved: bool = False  # fused qkv rows ordered [head, q|k|v, dim] (GPT-NeoX)
+    rope_interleaved: bool = False  # rotary pairs are dims (2i, 2i+1), not (i, i + D/2)
+    lm_head_bias: bool = False
+    # None, "head" (per head, before rotary), "head_rotated" (per head, of the rotated q/k:
+    # HunYuan) or "full" (the whole q/k projection)
+    qk_norm: str | None = None
+    # The config key that switches those norms on; None: always there (GLM-4.5's use_qk_norm)
+    qk_norm_key: str | None = None
+    embed_scale: str | None = None  # None, "sqrt_hidden" (Gemma) or "multiplier" (Granite)
+    tie_default: bool = False
+    act_default: str = "silu"
+    # The key the family's MLP takes its activation from; the other name is ignored there
+    # (Gemma 1 reads `hidden_act`, Gemma 2/3 `hidden_activation`, and configs carry both).
+    # None: the MLP reads no key, its activation is act_default (LFM2's SiLU).
+    act_key: str | None = "hidden_act"
+    # The key the family's norms take their epsilon from (StarCoder2's `norm_epsilon`);
+    # None: the first of rms_norm_eps, layer_norm_eps, layer_norm_epsilon.
+    eps_key: str | None = None
+    # Whether the family's model rotates part of each head (`partial_rotary_factor`, or
+    # GPT-NeoX's `rotary_pct`): Phi, Phi-3, StableLM, GPT-NeoX and GLM do; the others' default
+    # rope rotates all of head_dim, a factor in their config.json notwithstanding.
+    partial_rotary: bool = False
+    # Whether the family's transformers model reads `sliding_window` at all: "never" (a
+    # key some configs carry anyway, which the model ignores), "always", or "opt_in" (only
+    # with `use_sliding_window: true`, as Qwen2/3 and SmolLM3 do).
+    window: str = "never"
+    # Which layers slide when config.json has no `layer_types`: layer index, config -> bool.
+    sliding: Callable[[int, dict[str, Any]], bool] = lambda i, raw: True
+    # Quirks worth naming to a user (README, manifest, `inspect`).
+    quirks: tuple[str, ...] = ()
+    block_from_config: Callable[[dict[str, Any]], str] | None = None
+    # The tensor names where block_from_config picks a block whose norms the checkpoint
+    # names otherwise (LFM3 without sandwich norms: the MLP's norm is ffn_norm, which the
+    # "pre" block reads as post_attn_norm); other blocks use `names`.
+    block_names: Mapping[str, TensorNames] = field(default_factory=dict)
+    # transformers' own defaults for the keys config.json may leave out (the config
+    # class's, where they differ from the reader's generic ones), and its rewrites of
+    # legacy values: a hand-written or old config reads as transformers reads it.
+    defaults: Mapping[str, Any] = field(default_factory=dict)
+    legacy: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+    # Switches the family's model reads that export does not support: a true value is
+    # refused. Other families' models ignore these keys (configs copied from one family to
+    # another carry them: a Qwen2 config with mlp_bias), and so does export.
+    unsupported: tuple[str, ...] = ()
+    # Keys the family's model fails without although config.json may leave them out (its
+    # config class defaults them to null): refused when absent.
+    required: tuple[str, ...] = ()
+    # Keys the family's model ignores although the reader would use them (GPT-NeoX has no
+    # grouped KV heads whatever num_key_value_heads says): dropped before reading.
+    ignores: tuple[str, ...] = ()
+    # The soft-caps the family's model applies ("attn", "final"): others keep a key
+    # their model ignores (Gemma 3 stores attn_logit_softcapping and never uses it).
+    softcaps: tuple[str, ...] = ()
+    # Rope types of the family's own model beyond transformers' shared ones (HunYuan's
+    # ntk_alpha): another family's model fails on them, and export refuses them there.
+    rope_types: tuple[str, ...] = ()
+    # Whether global (full-attention) layers go without rotary when the config has a sliding
+    # window, the local layers carrying the positions (EXAONE 4's hybrid attention, Cohere 2).
+    global_nope: bool = False
+    # Whether the model multiplies each query by Llama 4's per-position factor, from its rope
+    # dict's llama_4_scaling_beta and original window (Ministral 3; export/query_scale.py).
+    query_scale: bool = False
+    # Whether `layer_types` may name "conv" layers: LFM2's gated short convolutions, which
+    # hold no KV but a recurrent state (export/short_conv.py).
+    conv: bool = False
+    # Whether `layer_types` may name "linear_attention" layers: Qwen3.5's Gated DeltaNet,
+    # which holds no KV but a conv and a recurrent state (export/gated_delta.py).
+    delta_net: bool = False
+    # Whether its input projections are Qwen3-Next's two, rows grouped per key head
+    # (in_proj_qkvz [key head, q|k|v|z], in_proj_ba [key head, b|a]), not Qwen3.5's four.
+    delta_grouped: bool = False
+    delta_names: DeltaNames = QWEN_DELTA_NAMES
+    # OLMo Hybrid's DeltaNet: its gated norm's epsilon, fixed (None: the model's norm
+    # epsilon), and the key that doubles beta (linear_allow_neg_eigval: beta in [0, 2]).
+    delta_norm_eps: float | None = None
+    delta_beta_key: str | None = None
+    # The block of the state layers (linear attention) where it differs from `block` (OLMo
+    # Hybrid: OLMo 3's post-norm attention layers beside Llama's pre-norm DeltaNet layers).
+    state_block: str | None = None
+    # Routed experts in place of the MLP on the layers the spec's rule gives (export/moe.py).
+    moe: MoeSpec | None = None
+    # Whether `layer_types` may name "mamba" layers: Mamba-2 mixers (Granite 4.0-H), which
+    # hold no KV but a conv and a recurrent state (export/mamba2.py).
+    mamba: bool = False
+    # Whether the `mamba` layers are Mamba-1's selective scan (mamba, falcon_mamba:
+    # export/mamba1.py), not Mamba-2 mixers.
+    selective: bool = False
+    # Whether no layer attends (Mamba-2: a bundle without KV). Elsewhere a config without an
+    # attention layer is refused: the hybrids' transformers models fail on one (their
+    # cache's get_seq_length needs an attention layer).
+    attention_free: bool = False
+    # Whether each of the model's layers is one sublayer after a norm (Nemotron-H's blocks),
+    # which export reads as pre-norm layers of a mixer and the MLP after it
+    # (export/layer_groups.py).
+    blocks: bool = False
+    # Whether q_proj gives each head's query and an output gate (Qwen3-Next's attention:
+    # rows [head, query|gate, dim]; the attention's output times sigmoid(gate)).
+    attn_gate: bool = False
+    # The config key that switches on a sigmoid output gate per head, from its own
+    # projection of the layer's input (LFM3's use_attention_gate; names.head_gate).
+    head_gate_key: str | None = None
+    # Multimodal checkpoints (Gemma 3): the key whose config is the language model's, and
+    # the keys the outer config decides instead, with the outer class's default (None: no
+    # default, the inner config's value stands).
+    nested: str | None = None
+    outer: Mapping[str, Any] = field(default_factory=dict)
+    # Where such a checkpoint stores the language model: (stored prefix, read as) pairs,
+    # and the prefixes of the tensors export leaves out (vision tower, projector).
+    renames: tuple[tuple[str, str], ...] = ()
+    left_out: tuple[str, ...] = ()
+    # Where `nested` and `outer` cannot say how the config class finds its language
+    # model's keys: config.json -> those keys (Qwen2-VL: flat Hub configs, either tying).
+    unnest: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+    # The text_config model types such a checkpoint's language model may have (empty: any).
+    text_types: tuple[str, ...] = ()
+    # What the family's model can be that export does not support (Granite 4's routed
+    # experts): config.json as read -> the reason in one line, or None.
+    refuse: Callable[[dict[str, Any]], str | None] | None = None
+    # Modules (relative to the layer prefix) whose weights are stored [in, out] (GPT-2's
+    # Conv1D), not nn.Linear's [out, in]: the checkpoint reads them transposed.
+    transposed: tuple[str, ...] = ()
+    # The config key that scales each layer's attention scores by a further 1 / (layer + 1)
+    # (GPT-2's scale_attn_by_inverse_layer_idx, as Stanford CRFM's Mistral checkpoints use).
+    inverse_layer_scale_key: str | None = None
+    # Gemma 4: layers may have a head size and KV head count of their own
+    # (`per_layer_config`), the last `num_kv_shared_layers` read an earlier layer's KV,
+    # `attention_k_eq_v` makes full layers' values their keys' projection, and
+    # `hidden_size_per_layer_input` adds per-layer inputs (export/per_layer_input.py).
+    per_layer_heads: bool = False
+    # Gemma 3n: Gemma 4's KV sharing and per-layer inputs (not its per-layer heads), on
+    # `altup_num_inputs` streams (AltUp: predict before each layer, correct after it), a
+    # LAuReL branch in each layer, and MLP gates that keep only their values above a
+    # gaussian quantile (activation_sparsity_pattern): export/altup.py,
+    # export/sparse_gate.py. Its block is "altup".
+    altup: bool = False
+    v_norm: bool = False  # a per-head RMSNorm without weight on v (Gemma 4)
+    # Each layer's output times its stored scalar (Gemma 4's `layer_scalar` buffer).
+    layer_scalar: bool = False
+    # Attention sinks (gpt-oss): a learned logit per query head (names.sinks) joins each
+    # query's softmax denominator, and its share of the weight attends to nothing.
+    sinks: bool = False
+    # Multi-head latent attention (DeepSeek-V2's MLA, export/latent_attention.py): the
+    # cache holds each token's latent and rotated key part, one KV head of
+    # qk_rope_head_dim + kv_lora_rank.
+    latent: bool = False
+    # Whether the family's model reads a BitNet quantization_config (export/bitlinear.py):
+    # its projections then BitLinear layers, the activations fake-quantized to int8.
+    bitnet: bool = False
+    # Whether the family's attention clamps q, k and v to [-clip_qkv, clip_qkv] where the
+    # config sets clip_qkv (OLMo 1).
+    clip_qkv: bool = False
+    # Whether the final norm also normalizes the embedding before the first layer (nanochat).
+    embed_norm: bool = False
+    # Whether the model's rotate_half is cat(x2, -x1), a rotation by -angle (nanochat).
+    # Exported as the standard rotary of q and k whose rotated second halves are negated in
+    # their projection: q.k is the same (each is the reflected model's q or k reflected),
+    # and so is a weightless q/k norm of it.
+    rotary_reflected: bool = False
+
+    def read(self, raw: dict[str, Any]) -> dict[str, Any]:
+        """config.json as the family's transformers config class reads it."""
+        if self.unnest is not None:
+            raw = self.unnest(raw)
+        elif self.nested is not None:
+            raw = self._language_model_config(raw)
+        raw = {k: v for k, v in raw.items() if k not in self.ignores}
+        raw = {**self.defaults, **raw}  # only absent keys: a null is the config's own
+        return self.legacy(raw) if self.legacy is not None else raw
+
+    def _language_model_config(self, raw: dict[str, Any]) -> dict[str, Any]:
+        inner = raw[self.nested]  # a KeyError names the missing key
+        if not isinstance(inner, dict):
+            got = "null" if inner is None else type(inner).__name__
+            raise ValueError(f"{self.nested} must be an object, got {got}")
+        inner = dict(inner)
+        if self.text_types and inner.get("model_type") not in self.text_types:
+            raise ValueError(f"text_config model_type {inner.get('model_type')!r} is not "
+                             f"supported; supported: {', '.join(self.text_types)}")
+        for key, default in self.outer.items():
+            value = raw.get(key, default)
+            if value is not None:
+                inner[key] = value
+        return inner
+
+
