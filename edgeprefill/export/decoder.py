@@ -82,7 +82,7 @@ class DecoderBuilder:
         self.dtype = flavor.dtype
         self.g = GraphBuilder()
         self.w = GraphWeights(self.g, ckpt, self.dtype, quant) if cfg.bitnet is None else \
-            BitWeights(self.g, ckpt, self.dtype, quant, cfg.bitnet)
+            BitWeights(self.g, ckpt, self.dtype, quant, cfg.bitnet, flavor.integer_matmul)
         # (head_dim, kv_heads, rotary_dim) -> the flavour of layers of that shape (Gemma 4)
         self._flavors: dict[tuple[int, int, int], Flavor] = {}
         self.experts = self._experts()

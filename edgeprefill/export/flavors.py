@@ -44,6 +44,9 @@ class Flavor(ABC):
     # A mixture of experts may be ONNX Runtime's com.microsoft MoE/QMoE op (export/moe_op.py)
     # rather than the unrolled dispatch of stock ops (export/moe.py).
     moe_op = False
+    # BitNet's ternary projections may be MatMulInteger (export/bitlinear.py): ONNX
+    # Runtime runs it; TensorRT's parser has none.
+    integer_matmul = False
 
     def __init__(self, cfg: ModelConfig, dtype: np.dtype, max_context: int) -> None:
         self.cfg = cfg
@@ -135,6 +138,7 @@ class OrtFlavor(Flavor):
     packed_qkv = True  # GroupQueryAttention splits the packed projection itself
     packs_tokens = True
     moe_op = True
+    integer_matmul = True
 
     def __init__(self, cfg: ModelConfig, dtype: np.dtype, max_context: int) -> None:
         super().__init__(cfg, dtype, max_context)
