@@ -21,15 +21,15 @@ sum (|sum| <= 128 * in), so integer arithmetic computes it exactly:
 
   ort flavour: MatMulInteger of the codes q(x) + 128 as uint8 (zero point 128) by the int8
       T, an int32 sum cast to the graph's float. uint8 x int8 is the GEMM ONNX Runtime's x86
-      MLAS packs (int8 x int8 ran ~60x slower on an AVX2 CPU), and with |T| <= 1 its
+      MLAS packs (int8 x int8 ran ~65x slower on an AVX2 CPU), and with |T| <= 1 its
       saturating int16 pair sums (vpmaddubsw, without VNNI) hold at most 2 * 255.
   standard flavour: TensorRT's parser has no MatMulInteger; T goes through a
       DequantizeLinear of scale 1 (exact) into the float MatMul, whose integer-valued
       operands sum exactly in float32.
 
 ONNX Runtime's 2-bit MatMulNBits would store T in a quarter of int8's bytes, but it is exact
-only at accuracy level 0 (float dequantization, 15-100x slower than the float MatMul on one
-CPU thread); level 4 re-quantizes q(x) per block of 256 or fewer and is off by several units.
+only at accuracy level 0 (float dequantization, 15-28x slower than the float MatMul for one
+row on one CPU thread); level 4 re-quantizes q(x) per block of 256 or fewer (sums off by 22).
 Without a quantization_config (a plain float checkpoint) the family's projections are plain
 MatMuls.
 """
