@@ -14,7 +14,7 @@ from edgeprefill.errors import ExportError
 from edgeprefill.export.checkpoint import Checkpoint
 from edgeprefill.export.graph import GraphBuilder
 from edgeprefill.export.int4_layouts import Int4Weight
-from edgeprefill.export.prequantized import matmul_nbits, stacked
+from edgeprefill.export.prequantized import matmul_nbits, same_order, stacked
 from edgeprefill.export.quantize import (
     QuantConfig,
     in_row_chunks,
@@ -34,6 +34,7 @@ class GraphWeights:
         self.dtype = dtype
         self.quant = quant
         self._memo: tuple[str, tuple] | None = None  # last quantized weight's parts
+        self._in_order: dict[tuple[str, bytes], str] = {}  # (x, order) -> x gathered so
 
     def linear(
         self, x: str, weight_names: list[str], bias_name: str | None,
@@ -43,14 +44,14 @@ class GraphWeights:
         `reorder` permutes the output rows of weight and bias (GPT-NeoX's fused qkv)."""
         in_dim = self.shape(weight_names[0])[1]
         out_dim = sum(self.shape(n)[0] for n in weight_names)
-        name = weight_names[0] if len(weight_names) == 1 else _packed_name(weight_names)
+        name = _packed_name(weight_names)
 
         def out_in() -> np.ndarray:  # [out, in], the checkpoint's layout, packed
             rows = np.concatenate([self.ckpt.get(n, np.float32) for n in weight_names])
             return rows if reorder is None else reorder(rows)
 
         if self.quant is not None and all(self.ckpt.is_int4(n) for n in weight_names):
-            y = self.stored_int4_matmul(x, name, in_dim, out_dim, weight_names, reorder)
+            y = self.stored_int4(x, in_dim, out_dim, weight_names, reorder)
         else:
             y = self.project(x, name, in_dim, out_dim, out_in)
         if bias_name is None:
@@ -86,6 +87,44 @@ class GraphWeights:
             "MatMulNBits", [x, weight, scale], domain="com.microsoft", K=k, N=n, bits=4,
             block_size=q.block_size, accuracy_level=q.accuracy_level,
         )
+
+    def stored_int4(self, x: str, k: int, n: int, weight_names: list[str],
+                    reorder: Callable[[np.ndarray], np.ndarray] | None) -> str:
+        """x @ concat(W_i^T) for layers a pre-quantized checkpoint stores in 4 bits. An
+        act-order layer's MatMulNBits takes x's last axis gathered into its input order
+        (export/act_order.py). Fused parts of one order share one MatMulNBits (GPTQ orders
+        q, k and v by the Hessian of their one input, so alike); parts of different orders
+        cannot: each run of one order gets its own, their outputs concatenated (and their
+        rows reordered after, where `reorder` asks)."""
+        runs = _runs_of_one_order(weight_names, self.ckpt.int4_order)
+        if len(runs) == 1:
+            return self.stored_int4_matmul(self.in_order(x, runs[0][1]),
+                                           _packed_name(weight_names), k, n, weight_names,
+                                           reorder)
+        ys = [self.stored_int4_matmul(self.in_order(x, order), _packed_name(names), k,
+                                      sum(self.shape(w)[0] for w in names), names, None)
+              for names, order in runs]
+        y = self.g.op("Concat", ys, axis=-1)
+        return y if reorder is None else self._reordered(y, n, reorder)
+
+    def in_order(self, x: str, order: np.ndarray | None) -> str:
+        """x [..., in] with its last axis gathered into `order` (None: x itself), once per
+        x and order."""
+        if order is None:
+            return x
+        key = (x, order.tobytes())
+        if key not in self._in_order:
+            self._in_order[key] = self.g.op("Gather", [x, self.g.const(order)], axis=-1)
+        return self._in_order[key]
+
+    def _reordered(self, y: str, n: int, reorder: Callable[[np.ndarray], np.ndarray]) -> str:
+        """y [..., n] with its last axis in the order `reorder` puts rows in."""
+        index = np.asarray(reorder(np.arange(n)))
+        if not np.array_equal(np.sort(index), np.arange(n)):
+            raise ExportError("the parts of this family's fused projection are in different "
+                              "act-order input orders, and its rows are not only reordered: "
+                              "export cannot split it")
+        return self.g.op("Gather", [y, self.g.const(index)], axis=-1)
 
     def stored_int4_matmul(self, x: str, name: str, k: int, n: int, weight_names: list[str],
                            reorder: Callable[[np.ndarray], np.ndarray] | None) -> str:
@@ -181,7 +220,23 @@ class GraphWeights:
 
 
 
+def _runs_of_one_order(names: list[str], order_of: Callable[[str], np.ndarray | None]
+                       ) -> list[tuple[list[str], np.ndarray | None]]:
+    """`names` cut into runs of consecutive weights of one input order, with that order."""
+    runs: list[tuple[list[str], np.ndarray | None]] = []
+    for name in names:
+        order = order_of(name)
+        if runs and same_order(runs[-1][1], order):
+            runs[-1][0].append(name)
+        else:
+            runs.append(([name], order))
+    return runs
+
+
 def _packed_name(names: list[str]) -> str:
+    """A fused projection's name (`{stem}.q_k_v_proj.weight`); one weight's, its own."""
+    if len(names) == 1:
+        return names[0]
     stem = names[0].rsplit(".", 2)[0]
     parts = "_".join(n.rsplit(".", 2)[1].removesuffix("_proj") for n in names)
     return f"{stem}.{parts}_proj.weight"
