@@ -23,6 +23,7 @@ from onnx import numpy_helper
 
 from edgeprefill.cli.main import cli as main_cli
 from edgeprefill.errors import ExportError
+from edgeprefill.export import act_order
 from edgeprefill.export.exporter import ExportOptions, export
 from edgeprefill.export.model_config import ModelConfig
 from edgeprefill.export.quantize import QuantConfig
@@ -397,6 +398,12 @@ def test_act_order_groups_of_other_sizes_are_refused_in_one_line(tmp_path):
                                                             show_progress=False))
     assert "\n" not in str(err.value)
     assert not (tmp_path / "b").exists()
+
+
+def test_g_idx_of_another_length_is_refused_in_one_line():
+    with pytest.raises(ExportError, match="a g_idx of shape \\[63\\] for a weight of 64") as err:
+        act_order.input_order("q_proj", np.arange(63) // 32, 32, 64)
+    assert "\n" not in str(err.value)
 
 
 def test_quantize_int8_of_an_int4_checkpoint_is_one_line(tmp_path):

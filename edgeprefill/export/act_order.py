@@ -25,11 +25,15 @@ from edgeprefill.errors import ExportError
 from edgeprefill.export.int4_layouts import Int4Weight
 
 
-def input_order(module: str, g_idx: np.ndarray, group_size: int) -> np.ndarray | None:
-    """The order P (int64 [in]) that makes `module`'s groups contiguous, or None where the
-    g_idx is already the plain k // group_size. Groups of other sizes than the plain ones
-    (every group group_size inputs, the last one the rest) are refused."""
-    plain = np.arange(len(g_idx)) // group_size
+def input_order(module: str, g_idx: np.ndarray, group_size: int,
+                inputs: int) -> np.ndarray | None:
+    """The order P (int64 [inputs]) that makes `module`'s groups contiguous, or None where
+    the g_idx is already the plain k // group_size. Groups of other sizes than the plain
+    ones (every group group_size inputs, the last one the rest) are refused."""
+    if g_idx.shape != (inputs,):
+        raise ExportError(f"{module} has a g_idx of shape {list(g_idx.shape)} for a weight "
+                          f"of {inputs} inputs")
+    plain = np.arange(inputs) // group_size
     if np.array_equal(g_idx, plain):
         return None
     order = np.argsort(g_idx, kind="stable")
@@ -39,11 +43,8 @@ def input_order(module: str, g_idx: np.ndarray, group_size: int) -> np.ndarray |
     return order
 
 
-def in_order(module: str, weight: Int4Weight, order: np.ndarray | None) -> Int4Weight:
+def in_order(weight: Int4Weight, order: np.ndarray | None) -> Int4Weight:
     """`weight` (codes in the input order) with its codes' columns taken in `order`."""
     if order is None:
         return weight
-    if len(order) != weight.codes.shape[1]:
-        raise ExportError(f"{module} has a g_idx of {len(order)} inputs, but its weight "
-                          f"{weight.codes.shape[1]}")
     return replace(weight, codes=np.ascontiguousarray(weight.codes[:, order]), order=order)

@@ -132,7 +132,7 @@ class Checkpoint:
         export/act_order.py), or None for the inputs in order; reads its g_idx only."""
         module = self._int4_modules[name]
         assert self.int4 is not None
-        return self.int4.order(module, self._stored, self.has)
+        return self.int4.order(module, self._stored, self.has, self.shape(name)[1])
 
     def is_int4(self, name: str) -> bool:
         return name in self._int4_modules

@@ -72,15 +72,16 @@ class Int4Scheme:
         if self.symmetric and not (weight.zeros == 8).all():
             raise ExportError(f"{module}: the {self.method} config says symmetric, but the "
                               "layer's zero points are not all 8")
-        return act_order.in_order(module, weight, self.order(module, read, has))
+        return act_order.in_order(weight, self.order(module, read, has, weight.codes.shape[1]))
 
-    def order(self, module: str, read: Reader, has: Callable[[str], bool]) -> np.ndarray | None:
-        """The order of the layer's inputs that makes its groups contiguous (act-order), or
-        None where they already are (no g_idx, or the plain one)."""
+    def order(self, module: str, read: Reader, has: Callable[[str], bool],
+              inputs: int) -> np.ndarray | None:
+        """The order of the layer's `inputs` inputs that makes its groups contiguous
+        (act-order), or None where they already are (no g_idx, or the plain one)."""
         name = f"{module}.{G_IDX[self.method]}" if self.method in G_IDX else None
         if name is None or not has(name):
             return None
-        return act_order.input_order(module, read(name), self.group_size)
+        return act_order.input_order(module, read(name), self.group_size, inputs)
 
     def _unpacked(self, module: str, read: Reader, has: Callable[[str], bool]) -> Int4Weight:
         if self.method == "gptq":
@@ -173,10 +174,12 @@ def _group_size(what: str, size: Any) -> int:
 
 def matmul_nbits(weight: Int4Weight) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """MatMulNBits' operands: uint8 [out, groups, group/2] (per output row, blocks along the
-    input, even k in the low nibble; the last block padded with code 0, which its K leaves
-    unread), float32 scales [out * groups], and uint8 zero points [out, ceil(groups / 2)]
-    (two per byte, the even group low; a symmetric scheme's, all 8, the op's default, are
-    left out of the graph: the int4 kernels engines/ort swaps in at load take only those)."""
+    input as the codes hold them, an act-order weight's in its `order`, which the graph
+    gathers its inputs into, export/weights.py; even k in the low nibble; the last block
+    padded with code 0, which its K leaves unread), float32 scales [out * groups], and
+    uint8 zero points [out, ceil(groups / 2)] (two per byte, the even group low; a
+    symmetric scheme's, all 8, the op's default, are left out of the graph: the int4
+    kernels engines/ort swaps in at load take only those)."""
     out, cols = weight.codes.shape
     groups, block = weight.scales.shape[1], weight.group_size
     codes = np.zeros((out, groups * block), np.uint8)
