@@ -343,11 +343,14 @@ def test_without_quantize_only_the_checkpoints_int4_layers_are_int4(tmp_path, ca
     assert np.abs(got - expected).max() < 0.02 * np.abs(expected).max()
 
 
-def test_an_fp16_bundle_reads_the_int4_layers_dequantized(tmp_path):
+@pytest.mark.parametrize("act_order", [None, "each"])
+def test_an_fp16_bundle_reads_the_int4_layers_dequantized(tmp_path, act_order):
     """A bundle that holds no quantized weights (--dtype fp16, --flavor standard) reads the
-    int4 layers as float: the checkpoint's dequantized values, in its dtype."""
+    int4 layers as float: the checkpoint's dequantized values (act-order ones in the input
+    order), in its dtype."""
     src = source_model(tmp_path, "llama", 32)
-    dequantized = write_quantized(src, tmp_path / "q", "gptq", 32, sym=False)
+    dequantized = write_quantized(src, tmp_path / "q", "gptq", 32, sym=False,
+                                  act_order=act_order)
     manifest = export(tmp_path / "q", tmp_path / "b", ExportOptions(
         dtype="fp16", chunks=(16,), max_context=128, show_progress=False))
     assert manifest.graph.quantization is None
