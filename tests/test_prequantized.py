@@ -237,11 +237,16 @@ def input_orders(model: onnx.ModelProto) -> dict[str, np.ndarray]:
     return found
 
 
-def expected_weights(found: dict, dequantized: dict[str, np.ndarray]) -> None:
-    """The bundle's int4 weights are exactly the checkpoint's dequantized ones, all of them."""
+def expected_weights(found: dict, dequantized: dict[str, np.ndarray],
+                     negated_rows: bool = False) -> None:
+    """The bundle's int4 weights are exactly the checkpoint's dequantized ones, all of them
+    (`negated_rows`: up to the sign of rows the family negates, which the logits check)."""
     assert sorted(n for names in found for n in names) == sorted(dequantized)
     for names, w in found.items():
-        np.testing.assert_array_equal(w, np.concatenate([dequantized[n] for n in names]))
+        want = np.concatenate([dequantized[n] for n in names])
+        if negated_rows:
+            w, want = np.abs(w), np.abs(want)
+        np.testing.assert_array_equal(w, want)
 
 
 CASES = {  # family, method, group size, symmetric, gptq v1, act-order (write_quantized)
@@ -265,6 +270,9 @@ SLOW_CASES = {
     # q|k|v and the DeltaNet projections reordered after their split products
     "gptq-desc-act-v2-asym-qwen3_5-32-each": ("qwen3_5_text", "gptq", 32, False, False,
                                               "each"),
+    # q's and k's rows of each head's rotated second half negated (its reflected rotary)
+    "gptq-v2-asym-nanochat-32": ("nanochat", "gptq", 32, False, False, None),
+    "gptq-desc-act-v2-sym-nanochat-32-each": ("nanochat", "gptq", 32, True, False, "each"),
 }
 
 
@@ -285,7 +293,7 @@ def check_case(tmp_path: Path, family: str, method: str, group: int, sym: bool,
         quant=QuantConfig("int4", accuracy_level=0, embeddings=False, head="float",
                           float_layers=False)))
     found = bundle_int4_weights(tmp_path / "b")
-    expected_weights(found, dequantized)
+    expected_weights(found, dequantized, negated_rows=family == "nanochat")
     check_input_orders(tmp_path / "b", found, act_order)
     np.testing.assert_allclose(logits_at(tmp_path / "b", IDS),
                                reference_logits(src, dequantized), **FLOAT_TOLERANCE)

@@ -131,14 +131,11 @@ class GraphWeights:
 
     def _reordered(self, y: str, n: int, reorder: Callable[[np.ndarray], np.ndarray],
                    first: str) -> str:
-        """y [..., n] with its last axis in the order `reorder` puts rows in (a family whose
-        reorder also scales rows cannot take it after the product: refused)."""
-        index = np.asarray(reorder(np.arange(n)))
-        if not np.array_equal(np.sort(index), np.arange(n)):
-            raise ExportError(f"the fused projection of {first} has parts of different "
-                              "act-order input orders and rows that export rescales: "
-                              "export cannot split it")
-        return self.g.op("Gather", [y, self.g.const(index)], axis=-1)
+        """y [..., n] with its last axis as `reorder` puts rows: gathered, and negated where
+        it negates rows (nanochat's reflected rotary)."""
+        index, signs = _signed_order(reorder, n, first)
+        y = self.g.op("Gather", [y, self.g.const(index)], axis=-1)
+        return y if (signs > 0).all() else self.g.op("Mul", [y, self.g.const(signs, self.dtype)])
 
     def stored_int4_matmul(self, x: str, name: str, k: int, n: int, weight_names: list[str],
                            reorder: Callable[[np.ndarray], np.ndarray] | None) -> str:
@@ -150,9 +147,11 @@ class GraphWeights:
 
         def compute() -> tuple:
             weight = stacked([self.ckpt.int4_weight(w) for w in weight_names])
-            if reorder is not None:  # rows of codes, scales and zero points alike
-                weight = replace(weight, codes=reorder(weight.codes),
-                                 scales=reorder(weight.scales), zeros=reorder(weight.zeros))
+            if reorder is not None:  # rows of codes, scales and zero points alike; a
+                # negated row's scale negated (its codes and zero point are 0..15)
+                index, signs = _signed_order(reorder, n, weight_names[0])
+                weight = replace(weight, codes=weight.codes[index], zeros=weight.zeros[index],
+                                 scales=weight.scales[index] * signs[:, None])
             return matmul_nbits(weight)
 
         assert self.ckpt.int4 is not None  # is_int4
@@ -245,6 +244,20 @@ def _runs_of_one_order(names: list[str], order_of: Callable[[str], np.ndarray | 
         else:
             runs.append(([name], order))
     return runs
+
+
+def _signed_order(reorder: Callable[[np.ndarray], np.ndarray], n: int,
+                  first: str) -> tuple[np.ndarray, np.ndarray]:
+    """What `reorder` does to n rows, as (row index, sign +-1 per row): the families'
+    reorders permute rows and negate some (nanochat); one that scales rows otherwise
+    cannot apply to 4-bit codes: refused."""
+    moved = np.asarray(reorder(np.arange(1, n + 1, dtype=np.float64)[:, None]))[:, 0]
+    index = np.abs(moved).astype(np.int64) - 1
+    if not (np.array_equal(np.sort(index), np.arange(n))
+            and np.array_equal(np.abs(moved), index + 1)):
+        raise ExportError(f"the fused projection of {first} rescales its rows, which export "
+                          "cannot apply to 4-bit codes")
+    return index, np.sign(moved).astype(np.float32)
 
 
 def _packed_name(names: list[str]) -> str:
