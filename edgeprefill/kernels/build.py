@@ -78,8 +78,13 @@ def cpu_identity() -> str:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:
         return platform.processor() or platform.machine()
+    return identity_lines(text)
+
+
+def identity_lines(cpuinfo: str) -> str:
+    """The first of each IDENTITY_KEYS line of /proc/cpuinfo text, in its order."""
     keep: dict[str, str] = {}
-    for line in text.splitlines():
+    for line in cpuinfo.splitlines():
         key = line.split(":")[0].strip()
         if key in IDENTITY_KEYS:
             keep.setdefault(key, line)
