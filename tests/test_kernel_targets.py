@@ -9,9 +9,11 @@ from edgeprefill.kernels import build, targets
 
 # /proc/cpuinfo's first CPU on a Jetson AGX Orin (Cortex-A78AE) and on a Raspberry Pi 3
 # (Cortex-A53, Armv8.0: no dot products, no half precision arithmetic).
-ORIN = """processor\t: 0
+ORIN_FEATURES = ("fp asimd evtstrm aes pmull sha1 sha2 crc32 atomics fphp asimdhp cpuid "
+                 "asimdrdm lrcpc dcpop asimddp uscat ilrcpc flagm paca pacg")
+ORIN = f"""processor\t: 0
 BogoMIPS\t: 62.50
-Features\t: fp asimd evtstrm aes pmull sha1 sha2 crc32 atomics fphp asimdhp cpuid asimdrdm lrcpc dcpop asimddp uscat ilrcpc flagm paca pacg
+Features\t: {ORIN_FEATURES}
 CPU implementer\t: 0x41
 CPU architecture: 8
 CPU variant\t: 0x1
@@ -37,9 +39,7 @@ def test_arm_build_flags_and_identity_come_from_the_features(monkeypatch):
     assert build.flags()[1] == "-march=armv8.2-a+dotprod+fp16"
     # the library's digest keys on the first CPU's Features and part (Arm has no model name)
     assert build.identity_lines(ORIN).splitlines() == [
-        "Features\t: fp asimd evtstrm aes pmull sha1 sha2 crc32 atomics fphp asimdhp cpuid "
-        "asimdrdm lrcpc dcpop asimddp uscat ilrcpc flagm paca pacg",
-        "CPU implementer\t: 0x41", "CPU part\t: 0xd42"]
+        f"Features\t: {ORIN_FEATURES}", "CPU implementer\t: 0x41", "CPU part\t: 0xd42"]
 
 
 def test_x86_identity_and_flags_are_unchanged():

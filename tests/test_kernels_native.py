@@ -6,14 +6,17 @@ apt install g++-aarch64-linux-gnu qemu-user)."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from edgeprefill.kernels import build
 from edgeprefill.kernels.targets import TARGETS, Target, is_arm64
+from tests.test_native_kernels import CAPACITY, HEAD_DIM, KV_HEADS, WIDTH, one_layer_model
 
 HARNESS = Path(__file__).parent / "kernels_native"
 # The kernel sources the checks link besides their own files (check_int8.cc includes
@@ -22,6 +25,7 @@ KERNEL_SOURCES = ("decode_attention.cc",)
 # One line per check: 5 decode attention cases x (cache, output), 2 MatMulInt8, 2 rows.
 CHECKS = 14
 ARM_SYSROOT = "/usr/aarch64-linux-gnu"  # the cross toolchain's libraries, for qemu's -L
+ARM_PYTHON_ENV = "EDGEPREFILL_ARM_PYTHON"  # an aarch64 Python with numpy and onnxruntime
 
 
 def headers() -> Path:
@@ -67,3 +71,30 @@ def test_kernel_rows_match_scalar_references_on_arm_under_qemu(name, tmp_path):
     output = checked(["qemu-aarch64", "-L", ARM_SYSROOT, str(binary)])
     dotprod = int("+dotprod" in target.march)  # MatMulInt8's sdot path, else its portable one
     assert f"neon=1 dotprod={dotprod}" in output
+
+
+@pytest.mark.slow
+def test_the_cross_built_library_runs_in_aarch64_onnx_runtime(tmp_path, monkeypatch):
+    """The whole library for Jetson Orin, registered in an aarch64 ONNX Runtime (PyPI's
+    wheel under qemu-user, docs/jetson.md), against that runtime's GroupQueryAttention."""
+    arm_python = os.environ.get(ARM_PYTHON_ENV)
+    if not arm_python:
+        pytest.skip(f"{ARM_PYTHON_ENV} names no aarch64 Python with onnxruntime (docs/jetson.md)")
+    monkeypatch.setenv(build.HEADERS_ENV, str(headers()))
+    monkeypatch.setenv(build.DIR_ENV, str(tmp_path))
+    orin = TARGETS["jetson-orin"]
+    if shutil.which(orin.chosen_compiler()) is None:
+        pytest.skip(f"no {orin.chosen_compiler()} on PATH")
+    library = build.build(cross=orin)
+    positions = np.array([0, 127, 128, 300, 511, CAPACITY - 1], np.int32)
+    rng = np.random.default_rng(1)
+    shape = (len(positions), KV_HEADS, CAPACITY, HEAD_DIM)
+    np.savez(tmp_path / "feeds.npz", positions=positions,
+             qkv=rng.standard_normal((len(positions), 1, WIDTH)).astype(np.float32),
+             keys=rng.standard_normal(shape).astype(np.float32) * 2,
+             values=rng.standard_normal(shape).astype(np.float32) * 2)
+    (tmp_path / "stock.onnx").write_bytes(one_layer_model(False))
+    (tmp_path / "native.onnx").write_bytes(one_layer_model(True))
+    done = subprocess.run([arm_python, str(HARNESS / "one_layer.py"), str(tmp_path), str(library)],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0 and done.stdout.rstrip().endswith("ok"), done.stdout + done.stderr
