@@ -57,6 +57,7 @@ def checked(command: list[str]) -> str:
     return done.stdout
 
 
+@pytest.mark.slow  # x86's paths have ONNX Runtime's own checks (test_native_kernels.py)
 def test_kernel_rows_match_scalar_references_on_this_cpu(tmp_path):
     output = checked([str(compile_harness(build.COMPILER, None, tmp_path / "harness"))])
     assert "neon=0" in output or is_arm64()
