@@ -107,7 +107,8 @@ def cpu_has_vector_kernels() -> bool:
     """Whether the fp32 kernels build vector code here: AVX-512, or AVX2 with FMA (Zen 1-3,
     Intel client CPUs since Haswell, Alder Lake and later among them). Elsewhere (Arm, older
     x86) the library builds its portable loops, which run slower than ONNX Runtime's own
-    attention (a 2,048-token prefill 1.6x as long on a Zen 3, docs/benchmarks.md)."""
+    attention (a 2,048-token prefill 1.6x as long on a Zen 3, docs/benchmarks.md); 64-bit
+    Arm's NEON decode attention is unmeasured, its prefill portable (docs/jetson.md)."""
     flags = cpu_identity().split()
     return "avx512f" in flags or builds_avx2(flags)
 
@@ -211,24 +212,24 @@ def build(force: bool = False, say: Callable[[str], None] = lambda line: None,
     """The library's path, compiled first if missing (atomically: a half-written file is
     never loaded), for this machine or, `cross`, for that target with its compiler. `say`
     hears what takes time (the command line's progress)."""
-    target = library_path(cross)
-    if target.is_file() and not force:
-        return target
+    path = library_path(cross)
+    if path.is_file() and not force:
+        return path
     compiler = COMPILER if cross is None else cross.chosen_compiler()
     if shutil.which(compiler) is None:
         raise KernelBuildError(f"no {compiler} on PATH to compile the native kernels")
     headers = headers_dir(say)
-    target.parent.mkdir(parents=True, exist_ok=True)
+    path.parent.mkdir(parents=True, exist_ok=True)
     say(f"compiling the native kernels with {compiler} (a minute or so) ...")
-    partial = target.with_suffix(f".{os.getpid()}.tmp")
+    partial = path.with_suffix(f".{os.getpid()}.tmp")
     sources = [str(source_dir() / name) for name in SOURCES]
     try:
         run([compiler, *flags(cross), f"-I{headers}", *sources, "-o", str(partial)],
             what=compiler)
-        os.replace(partial, target)
+        os.replace(partial, path)
     finally:
         partial.unlink(missing_ok=True)
-    return target
+    return path
 
 
 def main(argv: list[str] | None = None) -> int:
