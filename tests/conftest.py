@@ -109,6 +109,12 @@ GEMMA3N = {
 # Gemma 4 Unified: Gemma 4's fixture without per-layer inputs (its config has none)
 GEMMA4_UNIFIED = {k: v for k, v in GEMMA4.items()
                   if k not in ("hidden_size_per_layer_input", "vocab_size_per_layer_input")}
+COMPASS = {"sliding_window": 8, "logit_scale": 0.25, "attention_bias": True,
+           "layer_types": ["sliding_attention", "full_attention"],
+           "rope_parameters": {"sliding_attention": {"rope_type": "default",
+                                                     "rope_theta": 10000.0},
+                               "full_attention": None}}
+
 FAMILIES: dict[str, dict] = {
     "llama": {},
     "llama-tied-llama3rope": {
@@ -510,6 +516,13 @@ FAMILIES: dict[str, dict] = {
     "gpt_oss": {"num_local_experts": 8, "num_experts_per_tok": 2, "intermediate_size": 64,
                 "head_dim": 16, "sliding_window": 8, "swiglu_limit": 1.5,
                 "swiglu_alpha": 1.5},
+    # Newer families (tests/test_newer_families.py). Cohere Compass: a sliding layer with
+    # rotary, then a full one without (its rope entry null), biases, a logit scale; its
+    # image-text checkpoint (a tiny Qwen3-VL tower beside it) tied.
+    "cohere_compass_text": COMPASS,
+    "cohere_compass": {**COMPASS, "tie_word_embeddings": True},
+    # Emu3's image-text checkpoint: Llama under text_model., a tiny VQ-VAE beside it
+    "emu3": {},
 }
 # The fixtures stored as a BitNet quantization_config announces (tests/bitnet_checkpoints.py)
 BITNET_LAYOUTS = {"bitnet-packed": "bitlinear", "bitnet-online": "online"}
@@ -698,6 +711,15 @@ IMAGE_TEXT = {
         "depth": 1, "hidden_size": 16, "intermediate_size": 32, "num_heads": 2,
         "out_hidden_size": 64, "patch_size": 14, "num_position_embeddings": 16,
         "deepstack_visual_indexes": [0]}},
+    "cohere_compass": {"vision_config": {
+        "depth": 1, "hidden_size": 16, "intermediate_size": 32, "num_heads": 2,
+        "out_hidden_size": 64, "patch_size": 14, "num_position_embeddings": 16,
+        "deepstack_visual_indexes": [0]}},
+    # Emu3: a VQ-VAE as small as its GroupNorms allow, and the vocabulary map it reads
+    "emu3": {"vq_config": {"base_channels": 32, "channel_multiplier": [1], "num_res_blocks": 1,
+                           "attn_resolutions": [], "codebook_size": 16, "embed_dim": 4,
+                           "latent_channels": 4, "hidden_size": 8},
+             "vocabulary_map": {"<image>": 120, "<|extra_200|>": 121}},
 }
 
 
@@ -723,7 +745,7 @@ def hf_auto_class(model_type: str):
     # alone; the Hub's checkpoints are the whole Qwen3_5ForConditionalGeneration (and so
     # for "qwen3_5_moe").
     if model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and \
-            model_type not in ("qwen3_5", "qwen3_5_moe"):
+            model_type not in ("qwen3_5", "qwen3_5_moe", "emu3"):  # (and for Emu3)
         return transformers.AutoModelForCausalLM
     return transformers.AutoModelForImageTextToText
 

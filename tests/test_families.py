@@ -264,7 +264,10 @@ SUPPORTED = {"granitemoehybrid": {"layer_types": ["attention"] * 4, "num_local_e
              "bamba": {"attn_layer_indices": [1]},
              "mamba2": {"num_heads": 8, "head_dim": 16},  # hidden x expand = heads x dim
              # Gemma 3n: its config class shares the KV of 15 layers, more than there are
-             "gemma3n_text": {"num_kv_shared_layers": 2}, "gemma3n": {"num_kv_shared_layers": 2}}
+             "gemma3n_text": {"num_kv_shared_layers": 2}, "gemma3n": {"num_kv_shared_layers": 2},
+             # Cohere Compass: its model reads a rope dict per layer type, no default
+             **dict.fromkeys(("cohere_compass_text", "cohere_compass"), {"rope_parameters": {
+                 "full_attention": {"rope_type": "default", "rope_theta": 20000.0}}})}
 
 
 def least(family: str) -> dict:
@@ -416,7 +419,7 @@ def test_a_sliding_window_key_slides_only_where_the_family_reads_it(family):
                       "sarvam_mla",
                       "bitnet", "apertus", "apertus1p5_text", "iquestcoder", "jais2", "olmo",
                       "hyperclovax", "granitemoeshared",
-                      "nanochat",
+                      "nanochat", "emu3",
                       *NO_ROTARY):
             expected = [None] * len(ours)  # Nemotron-H: 2 layers of its 4 blocks
         elif types is not None:

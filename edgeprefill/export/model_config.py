@@ -714,6 +714,10 @@ def _layers(raw: dict[str, Any], spec: FamilySpec) -> tuple[LayerAttention, ...]
                               f" (supported: {', '.join(sorted(kinds))})")
         slides = [window is not None and kind == "sliding_attention" for kind in types]
     ropes = _rope_layers(raw, count)
+    if spec.nope_types and types is not None:  # Cohere Compass: a null entry is NoPE
+        params = rope_params(raw)
+        ropes = [rope and params.get(kind) is not None for rope, kind in zip(ropes, types,
+                                                                             strict=True)]
     if spec.global_nope and window is not None:
         ropes = [rope and slide for rope, slide in zip(ropes, slides, strict=True)]
     # Sliding layers use the LOCAL rope, which equals GLOBAL unless the config gives local

@@ -260,6 +260,36 @@ def _logits_times_scaling(raw: dict[str, Any]) -> dict[str, Any]:
     return {**rest, "logit_scale": raw.get("logits_scaling", 1.0)}
 
 
+def _compass_rope_unsupported(raw: dict[str, Any]) -> str | None:
+    """Cohere Compass's model reads a rope dict for each of its layer types (null: NoPE);
+    it fails on a config without one."""
+    params = raw.get("rope_parameters")
+    types = set(raw.get("layer_types") or ["full_attention"])
+    if not isinstance(params, dict) or not types <= params.keys():
+        return ("config.json needs rope_parameters per layer type ("
+                f"{', '.join(sorted(types))}; null for no rotary), as its model reads them")
+    return None
+
+
+# Cohere 2's layers (LayerNorm without bias, attention and MLP on one norm, a logit scale
+# where given) with Qwen's rotary of half-split pairs (not interleaved) and a rope per
+# layer type, null for NoPE; every layer full unless layer_types says otherwise. On text
+# its M-RoPE is plain rotary (a token's three positions are equal).
+COHERE_COMPASS = FamilySpec(
+    **ATTENTION_BIAS, norm="layer_no_bias", block="shared", tie_default=True,
+    window="always", sliding=lambda i, raw: False, nope_types=True,
+    required=("sliding_window",), refuse=_compass_rope_unsupported,
+    legacy=lambda raw: {**raw, "logit_scale": _given_or(raw.get("logit_scale"), 1.0)},
+    defaults={"layer_norm_eps": 1e-5, "sliding_window": 4096, "max_position_embeddings": 8192},
+    quirks=("LayerNorm without bias", "rope per layer type (null: no rotary)", "logit scale",
+            MROPE_QUIRKS[0]),
+)
+
+
+def _given_or(value: Any, default: Any) -> Any:
+    return default if value is None else value
+
+
 IMAGE_TEXT_QUIRK = "language model of an image-text checkpoint (vision tower left out)"
 # transformers 5 loads EXAONE 3.0/3.5 as Llama, renaming the Hub's tensors.
 EXAONE_NAMES = TensorNames(
@@ -526,6 +556,7 @@ FAMILIES: dict[str, FamilySpec] = {
                   "sliding_window_pattern": 4, "max_position_embeddings": 8192},
         quirks=("LayerNorm without bias", "interleaved rotary", "logit scale"),
     ),
+    "cohere_compass_text": COHERE_COMPASS,
     "gpt_neox": FamilySpec(
         names=NEOX_NAMES, norm="layer", block="parallel", gated_mlp=False,
         qkv_interleaved=True, bias_key="attention_bias", qkv_bias=True, o_bias=None,

@@ -14,6 +14,7 @@ from edgeprefill.export.experts import (
 )
 from edgeprefill.export.families.dense import (
     ATTENTION_BIAS,
+    COHERE_COMPASS,
     IMAGE_TEXT_QUIRK,
     MINISTRAL3,
     MROPE_QUIRKS,
@@ -176,4 +177,25 @@ FAMILIES: dict[str, FamilySpec] = {
         quirks=(*LFM3.quirks, IMAGE_TEXT_QUIRK),
     ),
     "glm4v_moe": GLM4V_MOE,
+    # CohereCompassForConditionalGeneration (North Vision): its Cohere Compass language
+    # model under model.language_model., the Qwen3-VL tower left out; the outer config
+    # decides the tying (false unless it says otherwise).
+    "cohere_compass": replace(
+        COHERE_COMPASS, nested="text_config", text_types=("cohere_compass_text",),
+        outer={"tie_word_embeddings": False},
+        renames=(("model.language_model.", "model."),), left_out=("model.visual.",),
+        quirks=(*COHERE_COMPASS.quirks, IMAGE_TEXT_QUIRK),
+    ),
+    # Emu3ForConditionalGeneration (Emu3-Chat/Gen): a Llama language model (rope base 1e6 by
+    # default) stored under text_model. (model.text_model. as transformers 5 names it), its
+    # VQ-VAE image tokenizer left out; the outer config decides the tying.
+    "emu3": FamilySpec(
+        **ATTENTION_BIAS, unsupported=("mlp_bias",), nested="text_config", outer={"tie_word_embeddings": False},
+        renames=(("text_model.model.", "model."), ("text_model.lm_head.", "lm_head."),
+                 ("model.text_model.", "model.")),
+        left_out=("vqmodel.", "model.vqmodel."),
+        defaults={"rope_theta": 1_000_000.0, "max_position_embeddings": 9216,
+                  "rms_norm_eps": 1e-5},
+        quirks=(IMAGE_TEXT_QUIRK.replace("vision tower", "VQ-VAE image tokenizer"),),
+    ),
 }

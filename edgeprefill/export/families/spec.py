@@ -164,6 +164,9 @@ class FamilySpec:
     # Whether global (full-attention) layers go without rotary when the config has a sliding
     # window, the local layers carrying the positions (EXAONE 4's hybrid attention, Cohere 2).
     global_nope: bool = False
+    # Whether a layer type whose `rope_parameters` entry is null goes without rotary (Cohere
+    # Compass's NoPE layers: its model reads a rope dict per layer type, null for none).
+    nope_types: bool = False
     # Whether the model multiplies each query by Llama 4's per-position factor, from its rope
     # dict's llama_4_scaling_beta and original window (Ministral 3; export/query_scale.py).
     query_scale: bool = False
