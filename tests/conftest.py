@@ -523,6 +523,11 @@ FAMILIES: dict[str, dict] = {
     "cohere_compass": {**COMPASS, "tie_word_embeddings": True},
     # Emu3's image-text checkpoint: Llama under text_model., a tiny VQ-VAE beside it
     "emu3": {},
+    # GPT-NeoX Japanese: an MLP twice hidden wide, rotary on half of each head, the last
+    # layer's output bias (randomized: build_hf_model)
+    "gpt_neox_japanese": {"num_attention_heads": 2, "intermediate_multiple_size": 2,
+                          "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0,
+                                              "partial_rotary_factor": 0.5}},
 }
 # The fixtures stored as a BitNet quantization_config announces (tests/bitnet_checkpoints.py)
 BITNET_LAYOUTS = {"bitnet-packed": "bitlinear", "bitnet-online": "online"}
@@ -636,7 +641,7 @@ def build_hf_model(family: str, out: Path, seed: int = 0, dtype=None, **override
     perturb_norms = model_type not in ("llama", "mistral", "qwen2", "qwen3")
     with torch.no_grad():
         for name, param in model.named_parameters():
-            if name.endswith(".bias"):
+            if name.endswith((".bias", "dense_bias")):  # (GPT-NeoX Japanese's dense_bias)
                 param.normal_(0, 0.5)
             elif name.endswith(("act_fn.alpha_p", "act_fn.alpha_n")):  # Apertus's xIELU
                 param.add_(torch.randn_like(param) * 0.5)

@@ -409,7 +409,11 @@ class DecoderBuilder:
         if self.names.attn_sub_norm is not None:
             attn = self._norm(attn, p + self.names.attn_sub_norm)
         o = p + self.names.o
-        return self.w.linear(attn, [o + ".weight"], o + ".bias" if self.cfg.o_bias else None)
+        out = self.w.linear(attn, [o + ".weight"], o + ".bias" if self.cfg.o_bias else None)
+        extra = self.names.o_extra_bias
+        if extra is not None and self.ckpt.has(p + extra):  # GPT-NeoX Japanese's last layer
+            out = self.g.op("Add", [out, self.w.tensor(p + extra)])
+        return out
 
     def _shared_query(self, p: str, h: str, cfg: ModelConfig) -> str:
         """A KV-shared layer's q [B,1,H*D] from h [B,hidden] (each row's last token): its

@@ -290,6 +290,30 @@ def _given_or(value: Any, default: Any) -> Any:
     return default if value is None else value
 
 
+def _neox_japanese_config(raw: dict[str, Any]) -> dict[str, Any]:
+    """GPTNeoXJapaneseConfig: the MLP is `intermediate_multiple_size` times hidden wide, and
+    the rope base may be GPT-NeoX's older `rotary_emb_base`."""
+    width = int(int(raw["hidden_size"]) * float(raw["intermediate_multiple_size"]))
+    return _neox_rotary_base({**raw, "intermediate_size": width})
+
+
+# GPT-NeoX Japanese: GPT-NeoX's fused q/k/v interleaved per head and LayerNorms, as
+# pre-norm layers (attention, then the MLP) without biases but for the one its last
+# layer adds after the attention's output projection.
+GPT_NEOX_JAPANESE = FamilySpec(
+    names=replace(NEOX_NAMES, embed=("gpt_neox_japanese.embed_in.weight",),
+                  final_norm="gpt_neox_japanese.final_layer_norm", lm_head=("embed_out",),
+                  layer="gpt_neox_japanese.layers.{i}.", o_extra_bias="attention.dense_bias"),
+    norm="layer", gated_mlp=False, qkv_interleaved=True, act_default="gelu",
+    partial_rotary=True, tie_default=True, legacy=_neox_japanese_config,
+    ignores=("num_key_value_heads", "intermediate_size"),  # its fused qkv is 3 x hidden
+    defaults={"layer_norm_eps": 1e-5, "intermediate_multiple_size": 4,
+              "max_position_embeddings": 2048},
+    quirks=("LayerNorm with bias", "gelu MLP", "fused q/k/v interleaved per head",
+            "an output bias on the last layer's attention"),
+)
+
+
 IMAGE_TEXT_QUIRK = "language model of an image-text checkpoint (vision tower left out)"
 # transformers 5 loads EXAONE 3.0/3.5 as Llama, renaming the Hub's tensors.
 EXAONE_NAMES = TensorNames(
@@ -569,6 +593,7 @@ FAMILIES: dict[str, FamilySpec] = {
                 "fused q/k/v interleaved per head"),
     ),
     "gpt2": GPT2,
+    "gpt_neox_japanese": GPT_NEOX_JAPANESE,
     # GPT-2 with nn.Linear weights, a tanh gelu by default and multi-query attention (one
     # KV head: c_attn is [q (n_embd), k (head_dim), v (head_dim)]).
     "gpt_bigcode": replace(

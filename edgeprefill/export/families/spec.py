@@ -57,6 +57,9 @@ class TensorNames:
     # gated MLP's act(gate) * up before down_proj; None: the family has none
     attn_sub_norm: str | None = None
     mlp_sub_norm: str | None = None
+    # A bias added after the attention's output projection in the layers whose checkpoint
+    # has it (GPT-NeoX Japanese: the last layer's `attention.dense_bias`); None: no such bias
+    o_extra_bias: str | None = None
 
 
 LLAMA_NAMES = TensorNames()
