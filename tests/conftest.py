@@ -523,12 +523,16 @@ FAMILIES: dict[str, dict] = {
     "cohere_compass": {**COMPASS, "tie_word_embeddings": True},
     # Emu3's image-text checkpoint: Llama under text_model., a tiny VQ-VAE beside it
     "emu3": {},
+    # GPT-1: post-LN layers, no final norm, GPT-2's learned positions and Conv1D weights
+    "openai-gpt": {"tie_word_embeddings": True},
     # GPT-NeoX Japanese: an MLP twice hidden wide, rotary on half of each head, the last
     # layer's output bias (randomized: build_hf_model)
     "gpt_neox_japanese": {"num_attention_heads": 2, "intermediate_multiple_size": 2,
                           "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0,
                                               "partial_rotary_factor": 0.5}},
 }
+# model_types with a hyphen of their own (not a fixture's variant suffix)
+HYPHENATED_TYPES = ("openai-gpt", "gpt-sw3")
 # The fixtures stored as a BitNet quantization_config announces (tests/bitnet_checkpoints.py)
 BITNET_LAYOUTS = {"bitnet-packed": "bitlinear", "bitnet-online": "online"}
 # The families the default (fast) suite covers end to end; the rest run under `slow`.
@@ -621,7 +625,7 @@ def build_hf_model(family: str, out: Path, seed: int = 0, dtype=None, **override
     """Save a tiny random model of `family` (a key of FAMILIES) to `out`."""
     import torch
 
-    model_type = family.split("-")[0]
+    model_type = family if family in HYPHENATED_TYPES else family.split("-")[0]
     if model_type == "gemma3n":
         return image_text_gemma3n(out, seed, **overrides)
     kwargs = dict(

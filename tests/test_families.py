@@ -304,7 +304,7 @@ def hf_theta(config, layer_type: str = "full_attention") -> float:
 
 
 # The families whose positions are a learned table (GPT-2's wpe), with no rotary at all.
-LEARNED_POSITIONS = ("gpt2", "gpt_bigcode")
+LEARNED_POSITIONS = ("gpt2", "gpt_bigcode", "gpt-sw3", "openai-gpt")
 # ... and those without rotary nor positions (Nemotron-H, Mamba-2, Mamba-1: their mamba
 # layers order the tokens).
 NO_ROTARY = (*LEARNED_POSITIONS, "nemotron_h", "mamba2", "mamba", "falcon_mamba")
@@ -355,7 +355,10 @@ def test_keys_a_config_leaves_out_take_transformers_defaults(family):
     assert ours.max_positions == getattr(hf, "max_position_embeddings", 4096)
     act_key = FAMILIES[family].act_key
     if act_key is not None and getattr(hf, act_key, None) is not None:  # BitNet's relu2
-        assert ours.activation == ACTIVATIONS[getattr(hf, act_key)]
+        name = getattr(hf, act_key)
+        if family == "openai-gpt":  # its afn names modeling_openai.ACT_FNS: gelu is gelu_new
+            name = {"gelu": "gelu_new"}.get(name, name)
+        assert ours.activation == ACTIVATIONS[name]
     if family == "gemma2":
         assert ours.attn_softcap == hf.attn_logit_softcapping
     if family in ("cohere", "cohere2"):

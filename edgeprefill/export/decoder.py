@@ -145,12 +145,12 @@ class DecoderBuilder:
         self.q_scale = self._query_scale(past_lens, chunk)
         self.latent = LatentAttention(self) if cfg.latent is not None else None
         x = self._embed(ids)  # [B,C,hidden] or packed [1,T,hidden]
+        if cfg.embed_scale is not None:
+            x = g.op("Mul", [x, g.const(cfg.embed_scale, self.dtype)])
         if self.names.position_embed is not None:  # GPT-2's learned positions
             x = g.op("Add", [x, self._position_embedding(self.names.position_embed,
                                                          past_lens, chunk)])
-        if cfg.embed_scale is not None:
-            x = g.op("Mul", [x, g.const(cfg.embed_scale, self.dtype)])
-        if cfg.spec.embed_norm:  # nanochat
+        if cfg.spec.embed_norm and self.names.final_norm is not None:  # nanochat
             x = self._norm(x, self.names.final_norm)
         if self.ple is not None:
             self.ple.build(ids, x)
@@ -171,7 +171,8 @@ class DecoderBuilder:
             x = self.altup.collapse(x)
         # Only each row's last valid token reaches the LM head (the last layer kept only
         # those): full [C, vocab] logits of a 256-token chunk would cost more than a layer.
-        hidden = self._norm(x, self.names.final_norm)  # [B,hidden]
+        final = self.names.final_norm  # None: GPT-1's layers end normalized
+        hidden = x if final is None else self._norm(x, final)  # [B,hidden]
         logits = self._logits(self._lm_head(hidden))
         if self.dtype != np.float32:
             logits = g.op("Cast", [logits], to=1)
@@ -240,6 +241,8 @@ class DecoderBuilder:
         block = self.cfg.block_of(i)
         if block == "altup":
             return self._altup_layer(i, x, step, rows), None
+        if block == "post_ln":  # GPT-1: each residual sum normalized, the original Transformer
+            return self._post_ln_layer(i, x, delta, step, rows), None
         if block == "post":  # OLMo 2: the norms follow the sublayers
             x = x if delta is None else self.g.op("Add", [x, delta])
             attn = self._norm(self._mixer(i, x, step, rows), p + n.post_attn_norm)
@@ -265,6 +268,16 @@ class DecoderBuilder:
             return x, self._scaled(self._norm(self._mlp(p, h), p + n.post_mlp_norm))
         x, h = self._add_norm(x, self._scaled(attn), p + n.post_attn_norm)
         return x, self._scaled(self._mlp(p, h))
+
+    def _post_ln_layer(self, i: int, x: str, delta: str | None, step: StepTensors,
+                       rows: Rows) -> str:
+        """GPT-1's layer: n1(x + attn(x)), then n2(h + mlp(h)) of that h."""
+        n = self.names
+        p = n.layer.format(i=i)
+        x = x if delta is None else self.g.op("Add", [x, delta])
+        attn = self._mixer(i, x, step, rows)
+        _, h = self._add_norm(rows(x), attn, p + n.input_norm)
+        return self._add_norm(h, self._mlp(p, h), p + n.post_attn_norm)[1]
 
     def _altup_layer(self, i: int, streams: str, step: StepTensors, rows: Rows) -> str:
         """Gemma 3n's layer on AltUp's streams [.., N, hidden] (export/altup.py): Gemma 3's
@@ -606,6 +619,8 @@ class DecoderBuilder:
             raise ExportError("the xielu activation is supported in dense MLPs only")
         if kind == "silu":
             return g.op("Mul", [x, g.op("Sigmoid", [x])])
+        if kind == "relu":  # GPT-1's afn "relu"
+            return g.op("Relu", [x])
         if kind == "relu2":  # Arcee (transformers' ReLUSquaredActivation)
             relu = g.op("Relu", [x])
             return g.op("Mul", [relu, relu])

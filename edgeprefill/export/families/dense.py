@@ -351,6 +351,29 @@ GPT2 = FamilySpec(
     quirks=("learned absolute position embeddings", "LayerNorm with bias", "gelu MLP",
             "Conv1D weights stored [in, out]"),
 )
+
+def _openai_gpt_config(raw: dict[str, Any]) -> dict[str, Any]:
+    """OpenAIGPTConfig: GPT-2's key names (its `n_inner`-less MLP 4 x n_embd wide, q.k
+    scaled); its `afn` "gelu" is transformers' gelu_new (tanh), "swish" SiLU."""
+    raw = _gpt2_config({**raw, "n_inner": None, "scale_attn_weights": True})
+    afn = raw["afn"]
+    return {**raw, "afn": {"gelu": "gelu_new", "swish": "silu"}.get(afn, afn)}
+
+
+# GPT-1 (openai-gpt): GPT-2's Conv1D projections and learned positions, wired as the
+# original Transformer (each residual sum normalized, no final norm), no KV cache in
+# transformers (its logits are those of the whole prefix each step).
+OPENAI_GPT = replace(
+    GPT2, names=replace(GPT2_NAMES, embed=("transformer.tokens_embed.weight",),
+                        position_embed="transformer.positions_embed.weight", final_norm=None),
+    block="post_ln", act_key="afn", legacy=_openai_gpt_config, refuse=None,
+    inverse_layer_scale_key=None,
+    renames=tuple((p, "transformer." + p) for p in ("h.", "tokens_embed.", "positions_embed.")),
+    defaults={"n_embd": 768, "n_layer": 12, "n_head": 12, "n_positions": 512,
+              "layer_norm_epsilon": 1e-5, "afn": "gelu"},
+    quirks=("learned absolute position embeddings", "LayerNorm after each residual add",
+            "no final norm", "gelu MLP", "Conv1D weights stored [in, out]"),
+)
 PHI_NAMES = TensorNames(final_norm="model.final_layernorm", o="self_attn.dense",
                         gate="", up="mlp.fc1", down="mlp.fc2")
 
@@ -593,6 +616,8 @@ FAMILIES: dict[str, FamilySpec] = {
                 "fused q/k/v interleaved per head"),
     ),
     "gpt2": GPT2,
+    "gpt-sw3": GPT2,  # AI Sweden's GPT-SW3: GPT2Config and GPT2LMHeadModel, as transformers maps it
+    "openai-gpt": OPENAI_GPT,
     "gpt_neox_japanese": GPT_NEOX_JAPANESE,
     # GPT-2 with nn.Linear weights, a tanh gelu by default and multi-query attention (one
     # KV head: c_attn is [q (n_embd), k (head_dim), v (head_dim)]).

@@ -19,7 +19,7 @@ class TensorNames:
     lists the names one tensor has had across transformers versions, first found wins."""
 
     embed: tuple[str, ...] = ("model.embed_tokens.weight",)
-    final_norm: str = "model.norm"
+    final_norm: str | None = "model.norm"  # None: no norm before the LM head (GPT-1)
     lm_head: tuple[str, ...] = ("lm_head",)
     layer: str = "model.layers.{i}."
     q: str = "self_attn.q_proj"
@@ -93,7 +93,8 @@ NORMS = ("rms", "rms_plus_one", "layer", "layer_no_bias", "layer_plus_one", "lay
 #   shared     x += attn(n1(x)) + mlp(n1(x))                             (Phi, parallel StableLM)
 #   hybrid     x += attn(n1(x)) + mamba(n1(x)); x += mlp(n2(x))          (Falcon-H1)
 #   altup      Gemma 3n: the sandwich on AltUp's active stream, with LAuReL (altup.py)
-BLOCKS = ("pre", "sandwich", "post", "parallel", "shared", "hybrid", "altup")
+#   post_ln    x = n1(x + attn(x)); x = n2(x + mlp(x))                   (GPT-1)
+BLOCKS = ("pre", "sandwich", "post", "parallel", "shared", "hybrid", "altup", "post_ln")
 
 
 @dataclass(frozen=True)
