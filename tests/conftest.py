@@ -525,6 +525,8 @@ FAMILIES: dict[str, dict] = {
     "emu3": {},
     # GPT-1: post-LN layers, no final norm, GPT-2's learned positions and Conv1D weights
     "openai-gpt": {"tie_word_embeddings": True},
+    # CTRL: the embedding scaled, a sinusoidal position table, a ReLU MLP, a biased head
+    "ctrl": {"dff": 80, "tie_word_embeddings": True},
     # GPT-NeoX Japanese: an MLP twice hidden wide, rotary on half of each head, the last
     # layer's output bias (randomized: build_hf_model)
     "gpt_neox_japanese": {"num_attention_heads": 2, "intermediate_multiple_size": 2,

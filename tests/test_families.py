@@ -304,7 +304,7 @@ def hf_theta(config, layer_type: str = "full_attention") -> float:
 
 
 # The families whose positions are a learned table (GPT-2's wpe), with no rotary at all.
-LEARNED_POSITIONS = ("gpt2", "gpt_bigcode", "gpt-sw3", "openai-gpt")
+LEARNED_POSITIONS = ("gpt2", "gpt_bigcode", "gpt-sw3", "openai-gpt", "ctrl")
 # ... and those without rotary nor positions (Nemotron-H, Mamba-2, Mamba-1: their mamba
 # layers order the tokens).
 NO_ROTARY = (*LEARNED_POSITIONS, "nemotron_h", "mamba2", "mamba", "falcon_mamba")
@@ -434,7 +434,7 @@ def test_a_sliding_window_key_slides_only_where_the_family_reads_it(family):
 
 ACTIVATION_FUNCTIONS = {"silu": torch.nn.functional.silu, "gelu": torch.nn.functional.gelu,
                         "gelu_tanh": lambda x: torch.nn.functional.gelu(x, approximate="tanh"),
-                        "relu2": lambda x: torch.relu(x) ** 2}
+                        "relu2": lambda x: torch.relu(x) ** 2, "relu": torch.relu}
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
@@ -452,10 +452,13 @@ def test_the_activation_is_read_from_the_key_the_model_reads(family):
     mlp = layer.mixer if family in ("mamba2", "mamba", "falcon_mamba") else \
         getattr(layer, "mlp", None) or getattr(layer, "shared_mlp", None) or \
         getattr(layer, "block_sparse_moe", None) or getattr(layer, "feed_forward", None) or \
+        getattr(layer, "ffn", None) or \
         next(block.mixer for block in layers if block.block_type == "mlp")
     mlp = getattr(mlp, "experts", mlp)  # a mixture of experts: its experts' activation
     act = next((getattr(mlp, name) for name in ("act_fn", "activation_fn", "act", "activation")
                 if hasattr(mlp, name)), torch.nn.functional.silu)
+    if isinstance(mlp, torch.nn.Sequential):  # CTRL's: Linear, its activation, Linear
+        act = mlp[1]
     x = torch.linspace(-4, 4, 101)
     torch.testing.assert_close(ACTIVATION_FUNCTIONS[ours](x), act(x))
 

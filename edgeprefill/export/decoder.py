@@ -50,6 +50,7 @@ from edgeprefill.export.per_layer_input import PerLayerInputs
 from edgeprefill.export.quantize import QuantConfig
 from edgeprefill.export.shared_kv import SharedKV
 from edgeprefill.export.short_conv import ShortConv
+from edgeprefill.export.sinusoid import sinusoid_table
 from edgeprefill.export.sparse_gate import sparse_gate
 from edgeprefill.export.tokens import PackedTokens, PaddedTokens
 from edgeprefill.export.weights import GraphWeights
@@ -655,13 +656,18 @@ class DecoderBuilder:
         KV capacity, which is at most the bundle's context (Engine._capacity), which is at
         most the table's rows (exporter._max_context)."""
         g, cfg = self.g, self.cfg
+        at = positions(g, g.op("Cast", [past_lens], to=7), chunk)  # [B,C]
+        if cfg.spec.sinusoid_positions:  # CTRL: a fixed table no checkpoint stores
+            shape = (cfg.max_positions, cfg.hidden_size)
+            table = g.weight(name, shape, self.dtype,
+                             lambda: sinusoid_table(*shape).astype(self.dtype))
+            return self.tokens.embed(table, at)
         if self.w.shape(name) != (cfg.max_positions, cfg.hidden_size):
             raise ExportError(
                 f"{name} has shape {self.w.shape(name)}, but config.json implies "
                 f"{(cfg.max_positions, cfg.hidden_size)} (n_positions {cfg.max_positions}, "
                 f"hidden {cfg.hidden_size})"
             )
-        at = positions(g, g.op("Cast", [past_lens], to=7), chunk)  # [B,C]
         return self.tokens.embed(self.w.tensor(name), at)
 
     def _check_vocab_shape(self, name: str) -> None:

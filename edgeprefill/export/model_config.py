@@ -43,8 +43,8 @@ from edgeprefill.json_file import load_json_object
 # hidden_act names -> the activation the builder emits (gelu_new and gelu_pytorch_tanh are
 # the same tanh approximation).
 ACTIVATIONS = {"silu": "silu", "swish": "silu", "gelu": "gelu", "gelu_new": "gelu_tanh",
-               "gelu_pytorch_tanh": "gelu_tanh", "gelu_fast": "gelu_tanh", "relu2": "relu2", "relu": "relu",
-               "xielu": "xielu"}
+               "gelu_pytorch_tanh": "gelu_tanh", "gelu_fast": "gelu_tanh", "relu2": "relu2",
+               "relu": "relu", "xielu": "xielu"}
 GLOBAL, LOCAL = "global", "local"  # the rope tables a layer can use
 # Where a family's norms take their epsilon unless FamilySpec.eps_key names the key.
 EPS_KEYS = ("rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon")

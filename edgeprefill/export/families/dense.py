@@ -374,6 +374,43 @@ OPENAI_GPT = replace(
     quirks=("learned absolute position embeddings", "LayerNorm after each residual add",
             "no final norm", "gelu MLP", "Conv1D weights stored [in, out]"),
 )
+def _ctrl_config(raw: dict[str, Any]) -> dict[str, Any]:
+    """CTRLConfig: GPT-2's key names (attribute_map), an MLP `dff` wide, no rotary (its
+    positions are the sinusoidal table)."""
+    raw = dict(raw)
+    for key, alias in GPT2_ALIASES.items():
+        raw[alias] = raw.get(alias, raw[key])
+    raw["intermediate_size"] = raw["dff"]
+    raw["no_rope_layers"] = [0] * int(raw["num_hidden_layers"])
+    return raw
+
+
+def _ctrl_unsupported(raw: dict[str, Any]) -> str | None:
+    # The layers' LayerNorms have a fixed epsilon of 1e-6; only the final one reads the key.
+    if float(raw["layer_norm_epsilon"]) != 1e-6:
+        return "layer_norm_epsilon other than its layers' fixed 1e-6 is not supported"
+    return None
+
+
+# CTRL: pre-norm layers (LayerNorm with bias) of biased q/k/v/o projections and a ReLU MLP,
+# the embedding times sqrt(hidden) plus a fixed sinusoidal position table, a biased LM head.
+CTRL = FamilySpec(
+    names=TensorNames(
+        embed=("transformer.w.weight",), position_embed="transformer.pos_encoding",
+        final_norm="transformer.layernorm", layer="transformer.h.{i}.",
+        q="multi_head_attention.Wq", k="multi_head_attention.Wk",
+        v="multi_head_attention.Wv", o="multi_head_attention.dense", gate="", up="ffn.0",
+        down="ffn.2", input_norm="layernorm1", post_attn_norm="layernorm2"),
+    norm="layer", gated_mlp=False, qkv_bias=True, o_bias=True, mlp_bias=True,
+    lm_head_bias=True, tie_default=True, act_default="relu", act_key=None,
+    eps_key="layer_norm_epsilon", embed_scale="sqrt_hidden", sinusoid_positions=True,
+    legacy=_ctrl_config, refuse=_ctrl_unsupported,
+    ignores=GPT2.ignores,
+    defaults={"n_embd": 1280, "n_layer": 48, "n_head": 16, "n_positions": 256, "dff": 8192,
+              "layer_norm_epsilon": 1e-6},
+    quirks=("fixed sinusoidal position embeddings", "embedding times sqrt(hidden)",
+            "LayerNorm with bias", "ReLU MLP", "LM head with bias"),
+)
 PHI_NAMES = TensorNames(final_norm="model.final_layernorm", o="self_attn.dense",
                         gate="", up="mlp.fc1", down="mlp.fc2")
 
@@ -618,6 +655,7 @@ FAMILIES: dict[str, FamilySpec] = {
     "gpt2": GPT2,
     "gpt-sw3": GPT2,  # AI Sweden's GPT-SW3: GPT2Config and GPT2LMHeadModel, as transformers maps it
     "openai-gpt": OPENAI_GPT,
+    "ctrl": CTRL,
     "gpt_neox_japanese": GPT_NEOX_JAPANESE,
     # GPT-2 with nn.Linear weights, a tanh gelu by default and multi-query attention (one
     # KV head: c_attn is [q (n_embd), k (head_dim), v (head_dim)]).

@@ -190,7 +190,8 @@ FAMILIES: dict[str, FamilySpec] = {
     # default) stored under text_model. (model.text_model. as transformers 5 names it), its
     # VQ-VAE image tokenizer left out; the outer config decides the tying.
     "emu3": FamilySpec(
-        **ATTENTION_BIAS, unsupported=("mlp_bias",), nested="text_config", outer={"tie_word_embeddings": False},
+        **ATTENTION_BIAS, unsupported=("mlp_bias",), nested="text_config",
+        outer={"tie_word_embeddings": False},
         renames=(("text_model.model.", "model."), ("text_model.lm_head.", "lm_head."),
                  ("model.text_model.", "model.")),
         left_out=("vqmodel.", "model.vqmodel."),

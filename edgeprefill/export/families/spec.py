@@ -233,6 +233,9 @@ class FamilySpec:
     # Modules (relative to the layer prefix) whose weights are stored [in, out] (GPT-2's
     # Conv1D), not nn.Linear's [out, in]: the checkpoint reads them transposed.
     transposed: tuple[str, ...] = ()
+    # Whether names.position_embed is CTRL's fixed sinusoidal table, computed at export
+    # (export/sinusoid.py), not a stored one.
+    sinusoid_positions: bool = False
     # The config key that scales each layer's attention scores by a further 1 / (layer + 1)
     # (GPT-2's scale_attn_by_inverse_layer_idx, as Stanford CRFM's Mistral checkpoints use).
     inverse_layer_scale_key: str | None = None
