@@ -26,6 +26,40 @@ REFUSED_TYPES: dict[str, str] = {
     "axk1": "A.X K1's RMSNorm after the experts (post_mlp_layernorm) is not supported",
     "mistral4": "Mistral 4's position-scaled queries and softmax group routing are not "
                 "supported",
+    # transformers 5.24's newer causal LMs that need a new state, attention or structure
+    "zaya": "ZAYA's compressed convolutional attention (q/k convolved over time, values "
+            "from a delayed recurrent state) is not supported",
+    "dots3_note_text": "dots.3's DeepSeek sparse attention (an indexer choosing each query's "
+                       "keys) is not supported",
+    "dots3_note": "dots.3's DeepSeek sparse attention (an indexer choosing each query's keys) "
+                  "is not supported",
+    "inkling_text": "Inkling's relative-position attention logits (a learned bias per distance "
+                    "from each token's state) are not supported",
+    "inkling2_text": "Inkling 2's relative-position attention logits and dynamic short "
+                     "convolutions are not supported",
+    "inkling2_loop_text": "Inkling 2 Loop's looped layers (a second pass over depth, mixing "
+                          "the first pass's messages) are not supported",
+    "doge": "Doge's dynamic mask attention (a per-key bias from the values, top-k keys kept) "
+            "is not supported",
+    "minimax_m3_vl_text": "MiniMax-M3's sparse attention (an indexer choosing each query's "
+                          "keys) is not supported",
+    "gemma4_assistant": "the Gemma 4 assistant is a drafter that reads its target model's "
+                        "hidden states; it is not a language model export can run alone",
+    "gemma4_unified_assistant": "the Gemma 4 Unified assistant is a drafter that reads its "
+                                "target model's hidden states; it is not a language model "
+                                "export can run alone",
+    "hrm_text": "HRM-Text's recurrence over depth (high- and low-level cycles through its "
+                "layer stacks) and prefix-LM attention are not supported",
+    "blt": "BLT's byte-level patching (local byte encoder and decoder around a global "
+           "patch transformer) is not supported",
+    "axk2": "A.X K2's DeepSeek sparse attention (an indexer choosing each query's keys) is "
+            "not supported",
+    "deepseek_v4": "DeepSeek-V4's compressed sparse attention and hyper-connections are not "
+                   "supported",
+    "hy_v4": "Hy4's DeepSeek sparse attention (an indexer choosing each query's keys) and "
+             "hyper-connections are not supported",
+    "qwen4_exp_text": "Qwen4-Exp's sparse attention indexer, n-gram embeddings and gated "
+                      "residuals are not supported",
 }
 
 
