@@ -527,6 +527,9 @@ FAMILIES: dict[str, dict] = {
     "openai-gpt": {"tie_word_embeddings": True},
     # CTRL: the embedding scaled, a sinusoidal position table, a ReLU MLP, a biased head
     "ctrl": {"dff": 80, "tie_word_embeddings": True},
+    # Llama 3.2 Vision's language model: 4 layers, the second a cross-attention layer that
+    # text skips; the embedding 8 rows taller than the head
+    "mllama": {"num_hidden_layers": 4, "cross_attention_layers": [1]},
     # GPT-NeoX Japanese: an MLP twice hidden wide, rotary on half of each head, the last
     # layer's output bias (randomized: build_hf_model)
     "gpt_neox_japanese": {"num_attention_heads": 2, "intermediate_multiple_size": 2,
@@ -726,6 +729,11 @@ IMAGE_TEXT = {
         "depth": 1, "hidden_size": 16, "intermediate_size": 32, "num_heads": 2,
         "out_hidden_size": 64, "patch_size": 14, "num_position_embeddings": 16,
         "deepstack_visual_indexes": [0]}},
+    "mllama": {"vision_config": {
+        "hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 1,
+        "num_global_layers": 1, "attention_heads": 2, "image_size": 28, "patch_size": 14,
+        "vision_output_dim": 32, "intermediate_layers_indices": [0], "max_num_tiles": 1,
+        "supported_aspect_ratios": [[1, 1]]}},
     # Emu3: a VQ-VAE as small as its GroupNorms allow, and the vocabulary map it reads
     "emu3": {"vq_config": {"base_channels": 32, "channel_multiplier": [1], "num_res_blocks": 1,
                            "attn_resolutions": [], "codebook_size": 16, "embed_dim": 4,
@@ -756,7 +764,7 @@ def hf_auto_class(model_type: str):
     # alone; the Hub's checkpoints are the whole Qwen3_5ForConditionalGeneration (and so
     # for "qwen3_5_moe").
     if model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and \
-            model_type not in ("qwen3_5", "qwen3_5_moe", "emu3"):  # (and for Emu3)
+            model_type not in ("qwen3_5", "qwen3_5_moe", "emu3", "mllama"):  # (and so on)
         return transformers.AutoModelForCausalLM
     return transformers.AutoModelForImageTextToText
 

@@ -3,7 +3,8 @@ Cohere Compass (Cohere 2's layers with a rope per layer type, null for NoPE; and
 image-text checkpoint), Emu3 (a Llama language model beside a VQ-VAE), GPT-NeoX Japanese
 (GPT-NeoX's tensors as pre-norm layers, one output bias on the last layer), GPT-1
 (openai-gpt: post-LN layers, no final norm), CTRL (a fixed sinusoidal position table, the
-embedding scaled) and GPT-SW3 (GPT-2 under its own model_type). The fixtures
+embedding scaled), GPT-SW3 (GPT-2 under its own model_type) and Mllama's language model
+(Llama without the cross-attention layers text skips). The fixtures
 (conftest.FAMILIES) also run in the generic suites: test_exactness compares every chunk's
 logits with transformers in both flavours, test_families reads their configs' defaults as
 transformers. Here: rows of different lengths in one call, each family's own piece."""
@@ -28,9 +29,9 @@ from tests.test_exactness import check_together, prompt_ids, reference_logits
 
 FLAVORS = ("ort", "standard")
 NEWER = ("cohere_compass_text", "cohere_compass", "emu3", "gpt_neox_japanese", "openai-gpt",
-         "ctrl")
+         "ctrl", "mllama")
 # The default suite batches one family per new graph piece; the rest run under slow.
-QUICK = ("cohere_compass_text", "gpt_neox_japanese", "openai-gpt", "ctrl")
+QUICK = ("cohere_compass_text", "gpt_neox_japanese", "openai-gpt", "ctrl", "mllama")
 BATCHED = [family if family in QUICK else pytest.param(family, marks=pytest.mark.slow)
            for family in NEWER]
 
@@ -172,3 +173,14 @@ def test_a_gpt_sw3_config_exports_as_gpt2(tmp_path, hf_model):
                                           np.array([len(ids)], np.int32), first_slot=0))
     np.testing.assert_allclose(logits[0], expected[-1], rtol=1e-4, atol=1e-4)
     engine.close()
+
+
+def test_mllama_leaves_out_the_cross_attention_layers_text_skips(hf_model, bundle):
+    """The fixture's 4 layers: the second attends to an image only; the other three are
+    exported as layers 0-2 (their logits are transformers': test_exactness)."""
+    cfg = ModelConfig.from_dir(hf_model("mllama"))
+    assert cfg.num_layers == 3
+    assert cfg.left_out == ("language_model.model.layers.1.", "model.language_model.layers.1.")
+    assert ("language_model.model.layers.2.", "model.layers.1.") in cfg.renames
+    raw = json.loads((bundle("mllama") / MANIFEST_FILE).read_text())
+    assert "cross-attention layers left out (text skips them)" in raw["source"]["quirks"]

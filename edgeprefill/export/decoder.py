@@ -645,7 +645,7 @@ class DecoderBuilder:
         table is its own; a tied one stays float unless QuantConfig.tied_embeddings
         (quantize.py's docstring says why)."""
         name = embedding_weight(self.ckpt, self.cfg)
-        self._check_vocab_shape(name)
+        self._check_vocab_shape(name, self.cfg.spec.embed_extra_rows)
         untied = head_weight(self.ckpt, self.cfg) != name
         quantize = untied or (self.quant is not None and self.quant.tied_embeddings)
         return self.w.rows(name, self.tokens.indices(ids), quantize=quantize)
@@ -670,15 +670,17 @@ class DecoderBuilder:
             )
         return self.tokens.embed(self.w.tensor(name), at)
 
-    def _check_vocab_shape(self, name: str) -> None:
+    def _check_vocab_shape(self, name: str, extra_rows: int = 0) -> None:
         """The embedding table and the LM head are [vocab_size, hidden]: the bundle's logits
         are as wide as config.json's vocab_size, so a table of another height would export
-        a graph that fails at its first call."""
+        a graph that fails at its first call. `extra_rows`: the embedding's rows beyond the
+        vocabulary (Mllama's image tokens), which no text token reads."""
         cfg = self.cfg
-        if self.w.shape(name) != (cfg.vocab_size, cfg.hidden_size):
+        rows = cfg.vocab_size + extra_rows
+        if self.w.shape(name) != (rows, cfg.hidden_size):
             raise ExportError(
                 f"{name} has shape {self.w.shape(name)}, but config.json implies "
-                f"{(cfg.vocab_size, cfg.hidden_size)} (vocab_size {cfg.vocab_size}, hidden "
+                f"{(rows, cfg.hidden_size)} (vocab_size {cfg.vocab_size}, hidden "
                 f"{cfg.hidden_size})"
             )
 

@@ -103,7 +103,8 @@ def export(hf_dir: str | Path, out_dir: str | Path, options: ExportOptions) -> M
     check_export_generation_config(hf_dir)
     _check_generation_eos(hf_dir, cfg.vocab_size)
     with staged(out_dir, options.overwrite) as stage:  # swapped in only when complete
-        ckpt = Checkpoint(hf_dir, cfg.renames + cfg.spec.renames, cfg.spec.left_out, cfg.fp8,
+        ckpt = Checkpoint(hf_dir, cfg.renames + cfg.spec.renames,
+                          cfg.spec.left_out + cfg.left_out, cfg.fp8,
                           transposed=cfg.spec.transposed, int4=cfg.int4)
         flavor = flavor_class(options.flavor)(cfg, DTYPES[options.dtype], max_context)
         g = DecoderBuilder(cfg, ckpt, flavor, options.quant).build()

@@ -38,6 +38,7 @@ from edgeprefill.export.rope import (
     rope_from_params,
     rope_params,
 )
+from edgeprefill.export.skipped_layers import skip_layers
 from edgeprefill.json_file import load_json_object
 
 # hidden_act names -> the activation the builder emits (gelu_new and gelu_pytorch_tanh are
@@ -200,6 +201,8 @@ class ModelConfig:
     # checkpoint's block tensors read under the layers' names (export/layer_groups.py).
     mlp_less: tuple[int, ...] = ()
     renames: tuple[tuple[str, str], ...] = ()
+    # Mllama: the stored prefixes of the layers it skips on text (export/skipped_layers.py)
+    left_out: tuple[str, ...] = ()
     # Falcon-H1 (block "hybrid"): its multipliers.
     scales: HybridScales | None = None
     # Qwen3.5 (Qwen3-Next's attention): q_proj gives each head's query and an output gate;
@@ -439,6 +442,11 @@ def _read(family: str, spec: FamilySpec, raw: dict[str, Any]) -> ModelConfig:
     if groups is not None:
         raw = {**raw, "layer_types": groups.layer_types,
                "num_hidden_layers": len(groups.layer_types)}
+    skipped = skip_layers(raw, spec.skipped_layers_key, tuple(
+        (stored, read) for stored, read in spec.renames if read == "model.")) \
+        if spec.skipped_layers_key else None
+    if skipped is not None:
+        raw = {**raw, "num_hidden_layers": len(skipped.kept)}
     heads = int(raw["num_attention_heads"])
     hidden = int(raw["hidden_size"])
     latent = read_latent(raw) if spec.latent else None
@@ -488,7 +496,9 @@ def _read(family: str, spec: FamilySpec, raw: dict[str, Any]) -> ModelConfig:
         **_mamba(raw, spec),
         scales=_hybrid_scales(raw) if spec.block == "hybrid" else None,
         mlp_less=groups.mlp_less if groups is not None else (),
-        renames=groups.renames if groups is not None else (),
+        renames=groups.renames if groups is not None else
+        skipped.renames if skipped is not None else (),
+        left_out=skipped.left_out if skipped is not None else (),
         attn_gate=spec.attn_gate,
         clip_qkv=_optional_float(raw.get("clip_qkv")) if spec.clip_qkv else None,
         head_gate=bool(raw.get(spec.head_gate_key)) if spec.head_gate_key else False,

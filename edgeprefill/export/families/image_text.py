@@ -199,4 +199,22 @@ FAMILIES: dict[str, FamilySpec] = {
                   "rms_norm_eps": 1e-5},
         quirks=(IMAGE_TEXT_QUIRK.replace("vision tower", "VQ-VAE image tokenizer"),),
     ),
+    # MllamaForConditionalGeneration (Llama 3.2 11B/90B Vision): its Llama language model as
+    # text runs it. Its cross-attention layers (cross_attention_layers) attend to an image
+    # only, and transformers runs past them without one: left out, the others read in order.
+    # The embedding holds 8 image-token rows more than the head, which transformers never
+    # ties to it whatever tie_word_embeddings says.
+    "mllama": FamilySpec(
+        nested="text_config", text_types=("mllama_text_model",),
+        renames=(("language_model.model.", "model."), ("model.language_model.", "model."),
+                 ("language_model.lm_head.", "lm_head.")),
+        left_out=("vision_model.", "multi_modal_projector.", "model.vision_model.",
+                  "model.multi_modal_projector."),
+        skipped_layers_key="cross_attention_layers", embed_extra_rows=8,
+        ignores=("tie_word_embeddings",),
+        defaults={"rope_theta": 500_000.0, "max_position_embeddings": 131072,
+                  "rms_norm_eps": 1e-5, "cross_attention_layers": [3, 8, 13, 18, 23, 28, 33, 38]},
+        quirks=("cross-attention layers left out (text skips them)",
+                "embedding 8 rows taller than the LM head", IMAGE_TEXT_QUIRK),
+    ),
 }

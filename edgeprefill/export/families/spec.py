@@ -233,6 +233,13 @@ class FamilySpec:
     # Modules (relative to the layer prefix) whose weights are stored [in, out] (GPT-2's
     # Conv1D), not nn.Linear's [out, in]: the checkpoint reads them transposed.
     transposed: tuple[str, ...] = ()
+    # The config key listing layers the model skips on text (Mllama's cross_attention_layers,
+    # which attend to an image only): left out, the others read under consecutive indices
+    # (export/skipped_layers.py).
+    skipped_layers_key: str | None = None
+    # Rows the embedding table has beyond vocab_size (Mllama's 8 image-token rows), which
+    # the LM head does not.
+    embed_extra_rows: int = 0
     # Whether names.position_embed is CTRL's fixed sinusoidal table, computed at export
     # (export/sinusoid.py), not a stored one.
     sinusoid_positions: bool = False
