@@ -23,6 +23,7 @@ from edgeprefill.export.families.dense import (
 from edgeprefill.export.families.moe import EXPERT_ALIASES, GLM4_MOE, shared_experts
 from edgeprefill.export.families.recurrent import LFM2, LFM3
 from edgeprefill.export.families.spec import FamilySpec
+from edgeprefill.export.families.wrapped import Wrapper
 
 
 def _mrope_as_default(raw: dict[str, Any]) -> dict[str, Any]:
@@ -176,4 +177,37 @@ FAMILIES: dict[str, FamilySpec] = {
         quirks=(*LFM3.quirks, IMAGE_TEXT_QUIRK),
     ),
     "glm4v_moe": GLM4V_MOE,
+}
+
+# The checkpoints whose language model is whichever text family of ours text_config names
+# (families/wrapped.py), as transformers 5.24's config classes default and tie them. Their
+# FAMILIES entry is their default language model's (__init__.py).
+_LLAVA_NEXT = ("vision_tower.", "multi_modal_projector.", "image_newline")
+_IDEFICS = {"lm": "text_model", "towers": ("vision_model.", "connector.")}
+WRAPPERS: dict[str, Wrapper] = {
+    # LlavaConfig and its kin forward text_config's tying to the model (either_ties)
+    "llava": Wrapper("llama", tie=False, either_ties=True),
+    "llava_next": Wrapper("llama", tie=False, towers=_LLAVA_NEXT),
+    "llava_next_video": Wrapper("llama", tie=False, either_ties=True, towers=_LLAVA_NEXT),
+    "llava_onevision": Wrapper("qwen2", tie=False, either_ties=True, towers=_LLAVA_NEXT),
+    "video_llava": Wrapper("llama", tie=False, towers=(
+        "image_tower.", "video_tower.", "multi_modal_projector.")),
+    "vipllava": Wrapper("llama", tie=False),
+    # SmolVLM and Idefics 3: the language model is `model.text_model.`
+    "smolvlm": Wrapper("llama", tie=False, **_IDEFICS),
+    "idefics3": Wrapper("llama", tie=False, **_IDEFICS),
+    # Aya Vision, Command A Vision: Cohere 2, without Cohere2ForCausalLM's logit_scale
+    "aya_vision": Wrapper("cohere2", tie=True),
+    "cohere2_vision": Wrapper("cohere2", tie=True),
+    # InternVL 3/3.5 (-hf): Qwen2, Qwen3 or Llama language models
+    "internvl": Wrapper("qwen2", tie=True),
+    # FastVLM (its tower a timm model) and LightOnOCR (its encoder Pixtral's)
+    "fast_vlm": Wrapper("qwen2", tie=False, either_ties=True),
+    "lighton_ocr": Wrapper("qwen3", tie=True, towers=("vision_encoder.",
+                                                       "vision_projection.")),
+    # PerceptionLM: its tower a timm model; tied as text_config says where it says nothing
+    "perception_lm": Wrapper("llama", tie=None),
+    # GOT-OCR 2.0 and PP-Chart2Table (GotOcr2ForConditionalGeneration)
+    "got_ocr2": Wrapper("qwen2", tie=True),
+    "pp_chart2table": Wrapper("qwen2", tie=True),
 }
