@@ -722,8 +722,17 @@ IMAGE_TEXT = {
                                 "global_attn_indexes": [0], "window_size": 2}}
        for name in ("got_ocr2", "pp_chart2table")},
     # their towers are timm models (not installed): the configs alone, no model
-    "fast_vlm": {}, "perception_lm": {},
+    **{name: {} for name in ("fast_vlm", "perception_lm")},
+    "shieldgemma2": {"vision_config": TINY_VISION, "mm_tokens_per_image": 4},
+    **{name: {"vision_config": {"depth": 1, "hidden_size": 16, "intermediate_size": 32,
+                                "num_heads": 2, "out_hidden_size": 64, "patch_size": 14,
+                                "image_size": 28}} for name in ("glm4v", "glm46v")},
 }
+
+
+# The image-text families whose vision tower is a timm model (timm is not installed):
+# transformers cannot build their model, only their config.
+TIMM_TOWERS = ("fast_vlm", "perception_lm")
 
 
 def hf_config_of(model_type: str, kwargs: dict):

@@ -23,10 +23,10 @@ from edgeprefill.export.families import (
     BLOCKS,
     FAMILIES,
     REFUSED_TYPES,
-    family_spec,
-    wrapped_text_type,
     FamilySpec,
     TensorNames,
+    family_spec,
+    wrapped_text_type,
 )
 from edgeprefill.export.fp8 import Fp8Scheme, read_fp8_scheme
 from edgeprefill.export.latent_attention import LatentShape, latent_scale, read_latent

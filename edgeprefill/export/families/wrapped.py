@@ -15,7 +15,6 @@ from typing import Any
 from edgeprefill.export.families.dense import IMAGE_TEXT_QUIRK
 from edgeprefill.export.families.spec import FamilySpec
 
-
 # The text families' logit multipliers (Cohere's logit_scale, Granite's logits_scaling),
 # which their CausalLM applies and a wrapper's head does not.
 _HEAD_KEYS = ("logit_scale", "logits_scaling")
