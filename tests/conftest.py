@@ -710,6 +710,11 @@ IMAGE_TEXT = {
                  "vision_feature_layers": [-1]},
     "smolvlm": {"vision_config": TINY_VISION},
     "idefics3": {"vision_config": TINY_VISION},
+    "idefics2": {"vision_config": TINY_VISION, "perceiver_config": {
+        "hidden_size": 64, "resampler_n_latents": 4, "resampler_depth": 1,
+        "resampler_n_heads": 2, "resampler_head_dim": 8, "num_key_value_heads": 1}},
+    "deepseek_vl": {"vision_config": {"model_type": "siglip_vision_model", **TINY_VISION}},
+    "video_llama_3": {"vision_config": TINY_VISION},
     "aya_vision": {"vision_config": {"model_type": "siglip_vision_model", **TINY_VISION}},
     "cohere2_vision": {"vision_config": {"model_type": "siglip_vision_model", **TINY_VISION},
                        "alignment_intermediate_size": 32},

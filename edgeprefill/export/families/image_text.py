@@ -242,6 +242,7 @@ WRAPPERS: dict[str, Wrapper] = {
     # SmolVLM and Idefics 3: the language model is `model.text_model.`
     "smolvlm": Wrapper("llama", tie=False, **_IDEFICS),
     "idefics3": Wrapper("llama", tie=False, **_IDEFICS),
+    "idefics2": Wrapper("mistral", tie=False, **_IDEFICS),
     # Aya Vision, Command A Vision: Cohere 2, without Cohere2ForCausalLM's logit_scale
     "aya_vision": Wrapper("cohere2", tie=True),
     "cohere2_vision": Wrapper("cohere2", tie=True),
@@ -259,4 +260,9 @@ WRAPPERS: dict[str, Wrapper] = {
     # GOT-OCR 2.0 and PP-Chart2Table (GotOcr2ForConditionalGeneration)
     "got_ocr2": Wrapper("qwen2", tie=True),
     "pp_chart2table": Wrapper("qwen2", tie=True),
+    # DeepSeek-VL 1.3B/7B (the -hf conversions)
+    "deepseek_vl": Wrapper("llama", tie=True, towers=("vision_model.", "aligner.")),
+    # VideoLLaMA 3: its Qwen2 beside a vision model and projector
+    "video_llama_3": Wrapper("qwen2", tie=False, either_ties=True,
+                             towers=("vision_model.", "projector.")),
 }
