@@ -119,7 +119,9 @@ def check_exports_as_transformers(outer: str, text_type: str, tmp_path: Path) ->
 def test_a_wrapper_exports_the_language_model_its_text_config_names(tmp_path):
     # LlavaConfig's default is Llama; this one holds a Qwen2 (q/k/v biases), and so
     # does the bundle.
-    assert ModelConfig.from_dir(build_wrapped("llava", "qwen2", tmp_path / "x")[0]).qkv_bias
+    text = {"model_type": "qwen2", "hidden_size": 64, "intermediate_size": 96,
+            "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 128}
+    assert ModelConfig.from_hf({"model_type": "llava", "text_config": text}).qkv_bias
     check_exports_as_transformers("llava", "qwen2", tmp_path)
 
 
