@@ -11,8 +11,9 @@ import transformers
 
 from edgeprefill.errors import ExportError
 from edgeprefill.export.families import FAMILIES
+from edgeprefill.export.families.image_text import WRAPPERS
 from edgeprefill.export.model_config import ACTIVATIONS, GLOBAL, LOCAL, ModelConfig
-from tests.conftest import IMAGE_TEXT, build_hf_model, hf_auto_class
+from tests.conftest import IMAGE_TEXT, TIMM_TOWERS, build_hf_model, hf_auto_class
 from tests.test_exactness import prompt_ids, reference_logits
 
 BASE = dict(model_type="llama", hidden_size=64, intermediate_size=96, num_hidden_layers=2,
@@ -137,7 +138,7 @@ def test_longrope_beyond_the_original_window_uses_the_long_factors(tmp_path):
 
 @pytest.mark.parametrize(("change", "message"), [
     ({"model_type": "bloom"},
-     "'bloom' is not supported; supported: apertus, apertus1p5_text, arcee, bamba, bitnet"),
+     "'bloom' is not supported; supported: apertus, apertus1p5_text, arcee, "),
     ({"rope_parameters": {"rope_type": "mrope", "rope_theta": 1e4}}, "rope type 'mrope'"),
     ({"num_key_value_heads": 3}, "is not a multiple of num_key_value_heads (3)"),
     ({"layer_types": ["full_attention"]}, "layer_types lists 1 layers; there are 2"),
@@ -407,12 +408,15 @@ def test_a_sliding_window_key_slides_only_where_the_family_reads_it(family):
         hf = hf_config(family, sliding_window=8, **extra).get_text_config()
         window = getattr(hf, "sliding_window", None)
         types = getattr(hf, "layer_types", None)
-        if family in ("llama", "gemma", "granite", "olmo2", "phi", "stablelm", "cohere",
+        # a wrapper (LLaVA's kin) slides as its default language model
+        text = WRAPPERS[family].default_text if family in WRAPPERS else family
+        if text in ("llama", "gemma", "granite", "olmo2", "phi", "stablelm", "cohere",
                       "gpt_neox", "ernie4_5", "ernie4_5_moe", "arcee", "qwen3_vl",
                       "qwen3_vl_moe", "hunyuan_v1_dense", "glm", "glm4", "helium",
                       "seed_oss", "exaone", "granitemoehybrid", "nemotron", "olmoe",
                       "granitemoe", "lfm2_moe", "minicpm3", "youtu", "deepseek_v2",
                       "glm4_moe", "glm4v_moe", "solar_open", "deepseek_v3", "glm4_moe_lite",
+                      "glm4v", "glm46v",
                       "sarvam_mla",
                       "bitnet", "apertus", "apertus1p5_text", "iquestcoder", "jais2", "olmo",
                       "hyperclovax", "granitemoeshared",
@@ -463,6 +467,8 @@ def meta_model(family: str, **keys):
         if family == "gemma3n":  # its vision tower is a timm model (timm is not installed):
             # the language model alone, which is what export reads
             return transformers.Gemma3nForCausalLM(config.get_text_config())
+        if family in TIMM_TOWERS:  # as Gemma 3n's: the language model alone
+            return transformers.AutoModelForCausalLM.from_config(config.get_text_config())
         return hf_auto_class(family).from_config(config)
 
 

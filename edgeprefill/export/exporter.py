@@ -178,8 +178,8 @@ def _say_left_out(ckpt: Checkpoint) -> None:
     # leaving it out is the export's choice, not a config that disagrees with its weights.
     if ckpt.left_out:
         parts = sorted({name.removeprefix("model.").split(".")[0] for name in ckpt.left_out})
-        log.warning("the bundle holds the language model only: %d tensors of the "
-                    "checkpoint's %s are left out", len(ckpt.left_out), ", ".join(parts))
+        log.warning("the bundle is text-only, it holds the language model only: %d tensors "
+                    "of the checkpoint's %s are left out", len(ckpt.left_out), ", ".join(parts))
 
 
 def _max_context(cfg: ModelConfig, requested: int | None) -> int:

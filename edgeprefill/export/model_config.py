@@ -25,6 +25,8 @@ from edgeprefill.export.families import (
     REFUSED_TYPES,
     FamilySpec,
     TensorNames,
+    family_spec,
+    wrapped_text_type,
 )
 from edgeprefill.export.fp8 import Fp8Scheme, read_fp8_scheme
 from edgeprefill.export.latent_attention import LatentShape, latent_scale, read_latent
@@ -200,6 +202,9 @@ class ModelConfig:
     # checkpoint's block tensors read under the layers' names (export/layer_groups.py).
     mlp_less: tuple[int, ...] = ()
     renames: tuple[tuple[str, str], ...] = ()
+    # The text family of a checkpoint that wraps one (LLaVA's: families/wrapped.py); None
+    # elsewhere, the family's own spec.
+    text_type: str | None = None
     # Falcon-H1 (block "hybrid"): its multipliers.
     scales: HybridScales | None = None
     # Qwen3.5 (Qwen3-Next's attention): q_proj gives each head's query and an output gate;
@@ -271,7 +276,7 @@ class ModelConfig:
 
     @property
     def spec(self) -> FamilySpec:
-        return FAMILIES[self.family]
+        return family_spec(self.family, self.text_type)
 
     @property
     def qk_norm(self) -> str | None:
@@ -411,14 +416,20 @@ class ModelConfig:
             raise ExportError(
                 f"model_type {family!r} is not supported; supported: {', '.join(sorted(FAMILIES))}"
             )
-        spec = FAMILIES[family]
+        try:
+            text_type = wrapped_text_type(family, raw)
+        except KeyError as missing:
+            raise ExportError(f"config.json lacks the required key {missing}") from None
+        except ValueError as bad:
+            raise ExportError(str(bad)) from None
+        spec = family_spec(family, text_type)
         mxfp4 = spec.moe is not None and spec.moe.names.mxfp4
         int4 = read_int4_scheme(family, raw)
         # any other quantization is refused here
         fp8 = None if int4 is not None else read_fp8_scheme(family, raw, mxfp4, spec.bitnet)
         bitnet = read_bitnet_scheme(family, raw) if spec.bitnet else None
         try:
-            return replace(_read(family, spec, spec.read(raw)), fp8=fp8, int4=int4,
+            return replace(_read(family, spec, spec.read(raw), text_type), fp8=fp8, int4=int4,
                            bitnet=bitnet)
         except KeyError as missing:
             raise ExportError(f"config.json lacks the required key {missing}") from None
@@ -433,7 +444,8 @@ class ModelConfig:
         return cls.from_hf(load_json_object(path, ExportError))
 
 
-def _read(family: str, spec: FamilySpec, raw: dict[str, Any]) -> ModelConfig:
+def _read(family: str, spec: FamilySpec, raw: dict[str, Any],
+          text_type: str | None = None) -> ModelConfig:
     _refuse_unsupported(family, spec, raw)
     groups = group_blocks(raw["layer_types"]) if spec.blocks else None
     if groups is not None:
@@ -451,6 +463,7 @@ def _read(family: str, spec: FamilySpec, raw: dict[str, Any]) -> ModelConfig:
     ropes = rope_widths(ropes, layers)
     return ModelConfig(
         family=family,
+        text_type=text_type,
         hidden_size=hidden,
         intermediate_size=int(raw["intermediate_size"]),
         num_layers=int(raw["num_hidden_layers"]),
