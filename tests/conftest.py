@@ -510,6 +510,12 @@ FAMILIES: dict[str, dict] = {
     "gpt_oss": {"num_local_experts": 8, "num_experts_per_tok": 2, "intermediate_size": 64,
                 "head_dim": 16, "sliding_window": 8, "swiglu_limit": 1.5,
                 "swiglu_alpha": 1.5},
+    # ALiBi: 6 heads of 16, a head count that is no power of two (whose slopes interleave);
+    # BLOOM tied as the Hub's, MPT untied with its q/k/v clamped (the bound bites on these
+    # weights) and an alibi table longer than the bundles' context
+    "bloom": {"hidden_size": 96, "num_attention_heads": 6, "tie_word_embeddings": True},
+    "mpt": {"hidden_size": 96, "num_attention_heads": 6, "max_seq_len": 1024,
+            "attn_config": {"clip_qkv": 3.0}},
 }
 # The fixtures stored as a BitNet quantization_config announces (tests/bitnet_checkpoints.py)
 BITNET_LAYOUTS = {"bitnet-packed": "bitlinear", "bitnet-online": "online"}

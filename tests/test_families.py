@@ -137,8 +137,8 @@ def test_longrope_beyond_the_original_window_uses_the_long_factors(tmp_path):
 
 
 @pytest.mark.parametrize(("change", "message"), [
-    ({"model_type": "bloom"},
-     "'bloom' is not supported; supported: apertus, apertus1p5_text, arcee, "),
+    ({"model_type": "reformer"},
+     "'reformer' is not supported; supported: apertus, apertus1p5_text, arcee, "),
     ({"rope_parameters": {"rope_type": "mrope", "rope_theta": 1e4}}, "rope type 'mrope'"),
     ({"num_key_value_heads": 3}, "is not a multiple of num_key_value_heads (3)"),
     ({"layer_types": ["full_attention"]}, "layer_types lists 1 layers; there are 2"),
@@ -227,11 +227,11 @@ def test_unknown_family_is_one_line_from_the_cli(tmp_path):
 
     hf_dir = tmp_path / "hf"
     hf_dir.mkdir()
-    (hf_dir / "config.json").write_text(json.dumps(dict(BASE, model_type="bloom")))
+    (hf_dir / "config.json").write_text(json.dumps(dict(BASE, model_type="reformer")))
     result = cli("export", hf_dir, "-o", tmp_path / "out")
     assert result.returncode != 0
     lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and "model_type 'bloom' is not supported" in lines[0], lines
+    assert len(lines) == 1 and "model_type 'reformer' is not supported" in lines[0], lines
 
 
 def test_a_checkpoint_that_disagrees_with_its_config_is_refused_in_one_line(tmp_path):
@@ -306,6 +306,7 @@ LEARNED_POSITIONS = ("gpt2", "gpt_bigcode")
 # ... and those without rotary nor positions (Nemotron-H, Mamba-2, Mamba-1: their mamba
 # layers order the tokens).
 NO_ROTARY = (*LEARNED_POSITIONS, "nemotron_h", "mamba2", "mamba", "falcon_mamba")
+ALIBI = ("bloom", "mpt")  # ... and those whose attention biases by distance instead
 
 
 # The families whose norms' eps is their model's constant, not a config key.
@@ -330,7 +331,7 @@ def test_keys_a_config_leaves_out_take_transformers_defaults(family):
                                          "norm_eps", "layer_norm_epsilon")
                 if hasattr(hf, k)), FIXED_EPS.get(family))
     assert ours.norm_eps == pytest.approx(eps)
-    if family in NO_ROTARY:  # no rope: every layer goes without
+    if family in (*NO_ROTARY, *ALIBI):  # no rope: every layer goes without
         assert [layer.rope for layer in ours.layers] == [None] * len(ours.layers)
     else:
         assert ours.ropes[GLOBAL].theta == pytest.approx(hf_theta(hf))
@@ -349,8 +350,10 @@ def test_keys_a_config_leaves_out_take_transformers_defaults(family):
         else:
             assert rope.rotary_dim == int(head_dim * partial)
     assert ours.final_softcap == getattr(hf, "final_logit_softcapping", None)
-    # Mamba-1/2 have no position limit (nor the key): export's cap of 4096 stands for it
-    assert ours.max_positions == getattr(hf, "max_position_embeddings", 4096)
+    # Mamba-1/2 and BLOOM have no position limit (nor the key): export's cap of 4096 stands
+    # for it; MPT's is its alibi table's, max_seq_len
+    assert ours.max_positions == getattr(hf, "max_position_embeddings",
+                                         getattr(hf, "max_seq_len", 4096))
     act_key = FAMILIES[family].act_key
     if act_key is not None and getattr(hf, act_key, None) is not None:  # BitNet's relu2
         assert ours.activation == ACTIVATIONS[getattr(hf, act_key)]
@@ -421,7 +424,7 @@ def test_a_sliding_window_key_slides_only_where_the_family_reads_it(family):
                       "bitnet", "apertus", "apertus1p5_text", "iquestcoder", "jais2", "olmo",
                       "hyperclovax", "granitemoeshared",
                       "nanochat",
-                      *NO_ROTARY):
+                      *NO_ROTARY, *ALIBI):
             expected = [None] * len(ours)  # Nemotron-H: 2 layers of its 4 blocks
         elif types is not None:
             expected = [window if t == "sliding_attention" else None for t in types]
@@ -442,7 +445,9 @@ def test_the_activation_is_read_from_the_key_the_model_reads(family):
     keys = {"hidden_act": "silu", "hidden_activation": "gelu"}
     ours = ModelConfig.from_hf(minimal_raw(family, **keys)).activation
     decoder = meta_model(family, **keys).get_decoder()
-    layers = decoder.layers if hasattr(decoder, "layers") else decoder.h  # GPT-2: h
+    # GPT-2 and BLOOM: h; MPT: blocks
+    layers = next(getattr(decoder, name) for name in ("layers", "h", "blocks")
+                  if hasattr(decoder, name))
     layer = layers[0]
     # Granite 4's dense MLP; LFM2's, whose Lfm2MLP calls F.silu whatever the config says
     # (it has no activation module); Nemotron-H's MLP block
@@ -450,9 +455,11 @@ def test_the_activation_is_read_from_the_key_the_model_reads(family):
     mlp = layer.mixer if family in ("mamba2", "mamba", "falcon_mamba") else \
         getattr(layer, "mlp", None) or getattr(layer, "shared_mlp", None) or \
         getattr(layer, "block_sparse_moe", None) or getattr(layer, "feed_forward", None) or \
+        getattr(layer, "ffn", None) or \
         next(block.mixer for block in layers if block.block_type == "mlp")
     mlp = getattr(mlp, "experts", mlp)  # a mixture of experts: its experts' activation
-    act = next((getattr(mlp, name) for name in ("act_fn", "activation_fn", "act", "activation")
+    act = next((getattr(mlp, name) for name in ("act_fn", "activation_fn", "act", "activation",
+                                                "gelu_impl")  # BLOOM's
                 if hasattr(mlp, name)), torch.nn.functional.silu)
     x = torch.linspace(-4, 4, 101)
     torch.testing.assert_close(ACTIVATION_FUNCTIONS[ours](x), act(x))

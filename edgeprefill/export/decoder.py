@@ -152,6 +152,8 @@ class DecoderBuilder:
             x = g.op("Mul", [x, g.const(cfg.embed_scale, self.dtype)])
         if cfg.spec.embed_norm:  # nanochat
             x = self._norm(x, self.names.final_norm)
+        if self.names.embed_norm is not None:  # BLOOM's word_embeddings_layernorm
+            x = self._norm(x, self.names.embed_norm)
         if self.ple is not None:
             self.ple.build(ids, x)
         if self.altup is not None:  # Gemma 3n: x is the AltUp streams [.., N, hidden]

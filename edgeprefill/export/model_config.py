@@ -15,6 +15,7 @@ from typing import Any
 
 from edgeprefill.contract import CONV, RECURRENT
 from edgeprefill.errors import ExportError
+from edgeprefill.export.alibi import slopes as alibi_slopes
 from edgeprefill.export.altup import AltUpConfig, read_altup
 from edgeprefill.export.bitlinear import BitNetScheme, read_bitnet_scheme
 from edgeprefill.export.config_checks import check_model_config
@@ -238,6 +239,9 @@ class ModelConfig:
     sparsity: tuple[float, ...] = ()
     # Whether config.json switches the family's q/k norms off (GLM-4.5's use_qk_norm false).
     qk_norm_off: bool = False
+    # ALiBi (BLOOM, MPT): each head's slope, its scores plus slope * (key position - query
+    # position) (export/alibi.py); None: no such bias.
+    alibi: tuple[float, ...] | None = None
 
     def __post_init__(self) -> None:
         check_model_config(self)
@@ -386,8 +390,12 @@ class ModelConfig:
         sparse = sum(s > 0 for s in self.sparsity)
         if sparse:
             out.append(f"activation sparsity on {sparse} of {self.num_layers} layers' MLPs")
+        if self.alibi is not None:
+            out.append("ALiBi: each head's scores biased by its slope times the distance "
+                       "(no rotary)")
         nope = sum(layer.rope is None for layer in self.layers)
-        if nope and self.kv_layers:  # none attending (Mamba-2), no rope is no news
+        # none attending (Mamba-2), no rope is no news; nor under ALiBi, which said it
+        if nope and self.kv_layers and self.alibi is None:
             out.append(f"{nope} of {self.num_layers} layers without rope")
         if self.latent is not None:
             out.append(f"KV cache: one head of {self.head_dim} per token and layer (rope "
@@ -511,6 +519,7 @@ def _read(family: str, spec: FamilySpec, raw: dict[str, Any],
         mtp_layers=int(raw.get("num_nextn_predict_layers") or 0),
         **_altup(raw, spec),
         qk_norm_off=spec.qk_norm_key is not None and not raw.get(spec.qk_norm_key),
+        alibi=alibi_slopes(heads) if spec.alibi else None,
     )
 
 

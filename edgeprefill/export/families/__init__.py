@@ -5,7 +5,7 @@ layout, MLP kind, q/k norms, embedding scaling, tensor names, which layers slide
 numbers behind the switches (soft-caps, multipliers, windows, rope) are read from
 config.json by `ModelConfig.from_hf`; nothing downstream looks at a family's name.
 
-One module per kind of language model (dense, gemma, moe, latent, recurrent) and the
+One module per kind of language model (dense, gemma, moe, latent, recurrent, alibi) and the
 image-text checkpoints that wrap one; `FamilySpec` and the tensor names in `spec`. The
 checkpoints that wrap any text family (LLaVA's kin, `wrapped`) take the spec of the one
 their text_config names: `family_spec`.
@@ -16,7 +16,15 @@ from __future__ import annotations
 from functools import cache
 from typing import Any
 
-from edgeprefill.export.families import dense, gemma, image_text, latent, moe, recurrent
+from edgeprefill.export.families import (
+    alibi,
+    dense,
+    gemma,
+    image_text,
+    latent,
+    moe,
+    recurrent,
+)
 from edgeprefill.export.families.spec import BLOCKS, NORMS, FamilySpec, TensorNames
 from edgeprefill.export.families.wrapped import text_type_of, wrapped_spec
 
@@ -55,6 +63,7 @@ _TEXT: dict[str, FamilySpec] = _merged(
     moe.FAMILIES,
     latent.FAMILIES,
     recurrent.FAMILIES,
+    alibi.FAMILIES,
 )
 # A wrapper's entry is the spec of its default language model (its config class's).
 FAMILIES: dict[str, FamilySpec] = _merged(
