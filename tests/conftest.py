@@ -109,6 +109,9 @@ GEMMA3N = {
 # Gemma 4 Unified: Gemma 4's fixture without per-layer inputs (its config has none)
 GEMMA4_UNIFIED = {k: v for k, v in GEMMA4.items()
                   if k not in ("hidden_size_per_layer_input", "vocab_size_per_layer_input")}
+LLAMA4 = {"num_hidden_layers": 4, "head_dim": 16, "num_local_experts": 8,
+          "num_experts_per_tok": 1, "intermediate_size": 32, "intermediate_size_mlp": 96,
+          "interleave_moe_layer_step": 2, "floor_scale": 8, "attn_scale": 0.5}
 FAMILIES: dict[str, dict] = {
     "llama": {},
     "llama-tied-llama3rope": {
@@ -510,6 +513,14 @@ FAMILIES: dict[str, dict] = {
     "gpt_oss": {"num_local_experts": 8, "num_experts_per_tok": 2, "intermediate_size": 64,
                 "head_dim": 16, "sliding_window": 8, "swiglu_limit": 1.5,
                 "swiglu_alpha": 1.5},
+    # Llama 4: three rope layers (L2 q/k norm) and a NoPE one whose queries the temperature
+    # scales (floor_scale 8: a step every 8 positions), experts on every second layer (a
+    # dense MLP on the others) taking the token times sigmoid of its top logit, beside a
+    # shared expert; chunks of 8192 (the cap is test_llama4's). The image-text fixture:
+    # the top 2 experts on every layer (the ort flavour unrolls them), no q/k norm.
+    "llama4_text": LLAMA4,
+    "llama4": {**LLAMA4, "num_experts_per_tok": 2, "interleave_moe_layer_step": 1,
+               "use_qk_norm": False},
 }
 # The fixtures stored as a BitNet quantization_config announces (tests/bitnet_checkpoints.py)
 BITNET_LAYOUTS = {"bitnet-packed": "bitlinear", "bitnet-online": "online"}
@@ -698,6 +709,8 @@ IMAGE_TEXT = {
         "depth": 1, "hidden_size": 16, "intermediate_size": 32, "num_heads": 2,
         "out_hidden_size": 64, "patch_size": 14, "num_position_embeddings": 16,
         "deepstack_visual_indexes": [0]}},
+    "llama4": {"vision_config": {**TINY_VISION, "vision_output_dim": 16,
+                                 "projector_input_dim": 16, "projector_output_dim": 16}},
 }
 
 
@@ -721,9 +734,9 @@ def hf_auto_class(model_type: str):
 
     # transformers maps "qwen3_5" to Qwen3_5ForCausalLM, which holds the language model
     # alone; the Hub's checkpoints are the whole Qwen3_5ForConditionalGeneration (and so
-    # for "qwen3_5_moe").
+    # for "qwen3_5_moe"; and Llama 4's Llama4ForConditionalGeneration).
     if model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and \
-            model_type not in ("qwen3_5", "qwen3_5_moe"):
+            model_type not in ("qwen3_5", "qwen3_5_moe", "llama4"):
         return transformers.AutoModelForCausalLM
     return transformers.AutoModelForImageTextToText
 
@@ -735,7 +748,13 @@ def load_hf_model(hf_dir: Path):
     model_type = json.loads((hf_dir / "config.json").read_text())["model_type"]
     if model_type == "gemma3n":
         return gemma3n_language_model(hf_dir)
-    return hf_auto_class(model_type).from_pretrained(hf_dir, dtype=torch.float32)
+    model = hf_auto_class(model_type).from_pretrained(hf_dir, dtype=torch.float32)
+    if model_type == "llama4":
+        # transformers 5.24's Llama4ForConditionalGeneration fails on text alone (building
+        # its output it reads image_outputs the language model's lacks); on text its
+        # forward is its language_model's on the embedded ids, which this runs.
+        return model.language_model
+    return model
 
 
 GEMMA3N_LM = "model.language_model."

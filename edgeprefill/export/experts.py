@@ -8,6 +8,8 @@ Routing, as each family's transformers router computes it (float32 throughout):
                    Qwen3.5-MoE, Qwen3-VL-MoE and Mixtral always)
   topk_softmax     the top k logits, then softmax over those k (Granite MoE; gpt-oss, whose
                    router adds a bias to its logits)
+  topk_sigmoid     the top k logits, each weight the sigmoid of its logit (Llama 4, whose
+                   experts take the token times its weight: `input_scaled`)
   sigmoid          sigmoid of each logit; the top k of sigmoid + `expert_bias` (the bias
                    chooses, it never weighs); `norm_topk_prob` divides by their sum + 1e-6;
                    times `routed_scaling_factor` (LFM2-MoE). DeepSeek-V3's "noaux_tc"
@@ -36,7 +38,8 @@ from typing import Any
 
 from edgeprefill.errors import ExportError
 
-ROUTINGS = ("softmax", "topk_softmax", "sigmoid", "softmax_bias", "softmax_group_limited")
+ROUTINGS = ("softmax", "topk_softmax", "topk_sigmoid", "sigmoid", "softmax_bias",
+            "softmax_group_limited")
 
 
 @dataclass(frozen=True)
@@ -114,6 +117,9 @@ class MoeSpec:
     bias_on_logits: bool = False
     # the key of the factor the weights are multiplied by; None: the router has none
     scaling_key: str | None = "routed_scaling_factor"
+    # Whether each chosen expert runs on the token times its weight, its output added
+    # unweighed (Llama 4's experts take routed_in = x * score), not weight * expert(x)
+    input_scaled: bool = False
 
 
 # config.json keys that name a routing, and the one value each family here computes
@@ -152,6 +158,7 @@ class MoeConfig:
     groups: int = 1
     top_groups: int = 1
     bias_on_logits: bool = False  # Kolibri-1: the bias is added to the logits
+    input_scaled: bool = False  # Llama 4: expert(weight * x), not weight * expert(x)
 
     @property
     def grouped(self) -> bool:
@@ -199,6 +206,7 @@ def read_moe(raw: dict[str, Any], spec: MoeSpec) -> MoeConfig | None:
         groups=int(raw.get("n_group") or 1) if spec.grouped else 1,
         top_groups=int(raw.get("topk_group") or 1) if spec.grouped else 1,
         bias_on_logits=spec.bias_on_logits,
+        input_scaled=spec.input_scaled,
     )
     if moe.experts < 1 or not 1 <= moe.top_k <= moe.experts:
         raise ExportError(f"config.json: num_experts_per_tok ({moe.top_k}) must be 1 to "

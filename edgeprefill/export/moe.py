@@ -7,7 +7,8 @@ Built from stock ONNX ops, the same in both flavours. For a layer's N tokens x [
   dispatch    for each expert e, unrolled: the tokens that chose it (NonZero of its column
               of the [E, N] choice mask), gathered [n_e, H]; its gated MLP as ordinary
               MatMuls (so the int8/int4 quantizer and the native kernels take them as any
-              projection); times each token's weight
+              projection); times each token's weight (Llama 4: the tokens times their
+              weights go in, the output is not weighed)
   combine     every expert's rows scattered to their token's slot [N k, H] (ScatterND;
               each slot is one expert's), the k slots of a token summed
 
@@ -67,6 +68,9 @@ class MixtureOfExperts:
         if moe.routing == "topk_softmax":  # Granite MoE
             top, chosen = g.op("TopK", [logits, k], 2, axis=-1)
             weights = g.op("Softmax", [top], axis=-1)
+        elif moe.routing == "topk_sigmoid":  # Llama 4
+            top, chosen = g.op("TopK", [logits, k], 2, axis=-1)
+            weights = g.op("Sigmoid", [top])
         elif moe.routing in ("sigmoid", "softmax_bias"):  # the bias chooses, never weighs
             scores = g.op("Sigmoid", [logits]) if moe.routing == "sigmoid" else \
                 g.op("Softmax", [logits], axis=-1)
@@ -137,9 +141,12 @@ class MixtureOfExperts:
             # [n_e]: the slots that chose expert e (NonZero of a [1, N k] row: its row 1)
             slot = g.op("Gather", [g.op("NonZero", [expert_rows[e]]), g.const(1)], axis=0)
             tokens = g.op("Div", [slot, g.const(k)])
-            y = self._expert(p, e, g.op("Gather", [x, tokens], axis=0))  # [n_e, H]
             weight = g.op("Unsqueeze", [g.op("Gather", [flat_weights, slot]), g.const([1])])
-            outputs.append(g.op("Mul", [y, weight]))
+            rows = g.op("Gather", [x, tokens], axis=0)  # [n_e, H]
+            if self.moe.input_scaled:  # Llama 4: expert(weight * x)
+                outputs.append(self._expert(p, e, g.op("Mul", [rows, weight])))
+            else:
+                outputs.append(g.op("Mul", [self._expert(p, e, rows), weight]))
             slots.append(slot)
         index = g.op("Unsqueeze", [g.op("Concat", slots, axis=0), g.const([1])])  # [N k, 1]
         shape = g.op("Concat", [g.op("Shape", [flat_weights]), g.const([self.hidden])], axis=0)

@@ -20,7 +20,12 @@ from edgeprefill.export.families.dense import (
     QWEN_VL,
     after_max_window_layers,
 )
-from edgeprefill.export.families.moe import EXPERT_ALIASES, GLM4_MOE, shared_experts
+from edgeprefill.export.families.moe import (
+    EXPERT_ALIASES,
+    GLM4_MOE,
+    LLAMA4_TEXT,
+    shared_experts,
+)
 from edgeprefill.export.families.recurrent import LFM2, LFM3
 from edgeprefill.export.families.spec import FamilySpec
 
@@ -176,4 +181,15 @@ FAMILIES: dict[str, FamilySpec] = {
         quirks=(*LFM3.quirks, IMAGE_TEXT_QUIRK),
     ),
     "glm4v_moe": GLM4V_MOE,
+    # Llama4ForConditionalGeneration (Llama 4 Scout and Maverick on the Hub): its Llama 4
+    # language model (language_model.model.*), the vision model and projector left out.
+    "llama4": replace(
+        LLAMA4_TEXT, nested="text_config", text_types=("llama4_text",),
+        outer={"tie_word_embeddings": False},
+        renames=(("language_model.model.", "model."), ("model.language_model.", "model."),
+                 ("language_model.lm_head.", "lm_head.")),
+        left_out=("vision_model.", "multi_modal_projector.", "model.vision_model.",
+                  "model.multi_modal_projector."),
+        quirks=(*LLAMA4_TEXT.quirks, IMAGE_TEXT_QUIRK),
+    ),
 }

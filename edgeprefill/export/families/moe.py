@@ -363,6 +363,62 @@ GPT_OSS = FamilySpec(
             "experts and router with biases"),
 )
 
+def _llama4_text_config(raw: dict[str, Any]) -> dict[str, Any]:
+    """Llama4TextConfig's derived keys: without `no_rope_layers` (or with an empty one) a
+    NoPE layer every no_rope_layer_interval-th; without `moe_layers` experts on every
+    interleave_moe_layer_step-th layer from step - 1; without `layer_types` its rope layers
+    chunked where attention_chunk_size is set. Its dense MLPs are intermediate_size_mlp
+    wide; its experts and shared expert intermediate_size."""
+    count = int(raw["num_hidden_layers"])
+    interval = int(raw["no_rope_layer_interval"])
+    rope = raw.get("no_rope_layers") or [int((i + 1) % interval != 0) for i in range(count)]
+    step = int(raw["interleave_moe_layer_step"])
+    moe_layers = raw.get("moe_layers")
+    chunked = raw.get("attention_chunk_size") is not None
+    types = raw.get("layer_types") or [
+        "chunked_attention" if flag and chunked else "full_attention" for flag in rope]
+    return {**raw, "no_rope_layers": rope, "layer_types": types,
+            "moe_layers": list(range(step - 1, count, step)) if moe_layers is None
+            else moe_layers,
+            "intermediate_size": raw["intermediate_size_mlp"],
+            "moe_intermediate_size": raw["intermediate_size"],
+            "shared_expert_intermediate_size": raw["intermediate_size"]}
+
+
+# Llama 4 (Scout, Maverick) language model: Llama's attention with interleaved rotary
+# (complex pairs) on most layers and none on every fourth (no_rope_layers), whose queries
+# are scaled by position (attn_temperature_tuning); an L2 norm of each rotated q/k head on
+# the rope layers (use_qk_norm); those attend within chunks of attention_chunk_size, which
+# within the first chunk is causal attention: the bundle's context is capped there. Experts
+# on every interleave_moe_layer_step-th layer (a dense MLP intermediate_size_mlp wide on
+# the others): the top k router logits, each expert taking the token times the sigmoid of
+# its logit, beside an ungated shared expert; the experts stored fused [E, in, out].
+LLAMA4_TEXT = FamilySpec(
+    names=replace(LLAMA_NAMES, gate="feed_forward.gate_proj", up="feed_forward.up_proj",
+                  down="feed_forward.down_proj"),
+    **ATTENTION_BIAS, rope_interleaved=True, qk_norm="l2", qk_norm_key="use_qk_norm",
+    temperature_tuning=True, chunked_attention=True, legacy=_llama4_text_config,
+    moe=MoeSpec(names=MoeNames(router=("feed_forward.router.weight",),
+                               expert="feed_forward.experts.{j}.",
+                               fused_gate_up=("feed_forward.experts.gate_up_proj",),
+                               fused_down=("feed_forward.experts.down_proj",),
+                               transposed=True, shared="feed_forward.shared_expert."),
+                routing="topk_sigmoid", experts_keys=("num_local_experts",),
+                layers=lambda raw: tuple(int(i) for i in raw["moe_layers"]), norm_key=None,
+                scaling_key=None, input_scaled=True),
+    defaults={"vocab_size": 202048, "hidden_size": 5120, "intermediate_size": 8192,
+              "intermediate_size_mlp": 16384, "num_hidden_layers": 48,
+              "num_attention_heads": 40, "num_key_value_heads": 8, "head_dim": 128,
+              "max_position_embeddings": 131072, "rms_norm_eps": 1e-5,
+              "rope_theta": 500000.0, "num_experts_per_tok": 1, "num_local_experts": 16,
+              "interleave_moe_layer_step": 1, "use_qk_norm": True,
+              "no_rope_layer_interval": 4, "attention_chunk_size": 8192,
+              "attn_temperature_tuning": True, "floor_scale": 8192, "attn_scale": 0.1},
+    quirks=("interleaved rotary", "NoPE layers with attention temperature tuning",
+            "L2 q/k norm on the rope layers",
+            "experts scaled on their input by sigmoid(router logit), a shared expert"),
+)
+
 FAMILIES: dict[str, FamilySpec] = {
     "qwen3_moe": QWEN3_MOE,
     "qwen2_moe": QWEN2_MOE,
@@ -388,4 +444,6 @@ FAMILIES: dict[str, FamilySpec] = {
     "exaone_moe": EXAONE_MOE,
     "solar_open": SOLAR_OPEN,
     "kolibri1": KOLIBRI1,
+    "llama4_text": LLAMA4_TEXT,
 }
+
