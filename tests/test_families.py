@@ -438,6 +438,7 @@ def test_the_activation_is_read_from_the_key_the_model_reads(family):
     keys = {"hidden_act": "silu", "hidden_activation": "gelu"}
     ours = ModelConfig.from_hf(minimal_raw(family, **keys)).activation
     decoder = meta_model(family, **keys).get_decoder()
+    decoder = getattr(decoder, "model", decoder)  # Llama 4's get_decoder: its causal LM
     layers = decoder.layers if hasattr(decoder, "layers") else decoder.h  # GPT-2: h
     layer = layers[0]
     # Granite 4's dense MLP; LFM2's, whose Lfm2MLP calls F.silu whatever the config says

@@ -15,6 +15,7 @@ from safetensors.numpy import load_file, save_file
 
 from edgeprefill.engines import StepBatch
 from edgeprefill.export.exporter import ExportOptions, export
+from edgeprefill.export.families import FAMILIES as FAMILY_SPECS
 from edgeprefill.export.model_config import ModelConfig
 from edgeprefill.export.quantize import QuantConfig, int4_blockwise, int4_dequantize
 from edgeprefill.sdk import Engine, GenerationParams
@@ -35,7 +36,8 @@ MOE_FAMILIES = ("qwen3_moe", "olmoe", "granitemoe", "lfm2_moe", "qwen2_moe", "gl
 # logits in both flavours: test_exactness.test_chunk_logits_match_transformers).
 SLOW_MOE_FAMILIES = ("qwen3_5_moe_text", "qwen3_5_moe", "qwen3_vl_moe", "mixtral",
                      "ernie4_5_moe", "qwen3_next", "lara_mini", "mellum", "flint", "dots1",
-                     "exaone_moe", "solar_open", "kolibri1", "glm4v_moe")
+                     "exaone_moe", "solar_open", "kolibri1", "glm4v_moe", "llama4_text",
+                     "llama4")
 # DeepSeek-V3's grouped routing (glm4_moe's fixture is the default suite's representative)
 GROUPED_FAMILIES = ("glm4_moe", "dots1", "exaone_moe", "solar_open", "glm4v_moe",
                     "deepseek_v3", "glm4_moe_lite", "sarvam_mla")  # the last three: MLA
@@ -50,8 +52,17 @@ EVERY_MOE_FAMILY = [*MOE_FAMILIES, *slow(*SLOW_MOE_FAMILIES)]
 
 
 def is_router(module: torch.nn.Module) -> bool:
-    # Qwen3-MoE's TopKRouter, DeepSeek-V3's TopkRouter
-    return type(module).__name__.lower().endswith("topkrouter")
+    # Qwen3-MoE's TopKRouter, DeepSeek-V3's TopkRouter, Llama 4's Llama4Router
+    name = type(module).__name__.lower()
+    return name.endswith("topkrouter") or name == "llama4router"
+
+
+def router_choice(router: torch.nn.Module, out: tuple) -> np.ndarray:
+    """The [tokens, k] experts a router chose, from its output: the TopKRouters' third
+    output; Llama 4's router returns its scores and logits, and chooses the top k logits."""
+    if type(router).__name__ == "Llama4Router":
+        return torch.topk(out[1], router.top_k, dim=-1).indices.numpy()
+    return out[2].numpy()
 
 
 def routers(model) -> list[torch.nn.Module]:
@@ -63,7 +74,7 @@ def chosen_experts(hf_dir, ids: list[int]) -> list[np.ndarray]:
     """Per MoE layer, the [tokens, k] experts transformers' routers choose for `ids`."""
     model = load_hf_model(hf_dir)
     chosen: list[np.ndarray] = []
-    hooks = [r.register_forward_hook(lambda m, i, out: chosen.append(out[2].numpy()))
+    hooks = [r.register_forward_hook(lambda m, i, out: chosen.append(router_choice(m, out)))
              for r in routers(model)]
     with torch.no_grad(), recurrent_delta_rule():
         model(torch.tensor([ids]))
@@ -190,9 +201,10 @@ def test_greedy_output_matches_transformers_across_chunk_sizes(family, flavor, h
     check_greedy(hf_model(family), bundle(family, flavor), (1, 17, 100), (1, 16, None))
 
 
-def dequantized_int4(model, block: int = 32) -> None:
+def dequantized_int4(model, block: int = 32, transposed: bool = False) -> None:
     """Every projection of `model` but its routers', and its (untied) embedding table, as
-    the int4 bundle stores them."""
+    the int4 bundle stores them; `transposed`: the fused experts are stored [E, in, out]
+    (Llama 4's), quantized along their input as the bundle's are."""
     with torch.no_grad():
         dequantize_embeddings(model, "int4", block)
         for name, param in model.named_parameters():
@@ -200,9 +212,12 @@ def dequantized_int4(model, block: int = 32) -> None:
                     name.endswith(("gate.weight", "router.weight", "e_score_correction_bias")):
                 continue  # (LFM2's depthwise conv weights are not projections, nor ERNIE's
                 # [1, E] selection bias)
-            flat = param.reshape(-1, param.shape[-1]).numpy()
-            param.copy_(torch.from_numpy(int4_dequantize(
-                *int4_blockwise(flat, block), flat.shape[1])).reshape(param.shape))
+            turned = transposed and param.dim() == 3
+            weight = param.transpose(1, 2) if turned else param
+            flat = weight.reshape(-1, weight.shape[-1]).numpy()
+            out = torch.from_numpy(int4_dequantize(
+                *int4_blockwise(flat, block), flat.shape[1])).reshape(weight.shape)
+            param.copy_(out.transpose(1, 2) if turned else out)
 
 
 @pytest.mark.parametrize("family, block", [
@@ -221,7 +236,7 @@ def test_int4_experts_equal_transformers_with_dequantized_weights(family, block,
         chunks=(16,), max_context=128, show_progress=False,
         quant=QuantConfig("int4", block, accuracy_level=0)))
     model = load_hf_model(hf_dir)
-    dequantized_int4(model, block)
+    dequantized_int4(model, block, FAMILY_SPECS[family.split("-")[0]].moe.names.transposed)
     ids = prompt_ids(20)
     with torch.no_grad(), recurrent_delta_rule():
         expected = model(torch.tensor([ids])).logits[0].numpy()
@@ -619,6 +634,9 @@ def test_the_ort_flavour_runs_a_hub_sized_mixture_as_one_op_per_layer(quant, op)
     ("qwen3_5_moe_text", "ort", "int4", "QMoE"), ("glm4_moe", "ort", "int4", "QMoE"),
     # int8 bundles are not the op's; nor is the standard flavour (stock ops only)
     ("qwen3_moe", "ort", "int8", "ScatterND"), ("lfm2_moe", "standard", None, "ScatterND"),
+    # Llama 4's input-scaled experts: the op for one expert per token, unrolled for two
+    ("llama4_text", "ort", None, "MoE"), ("llama4_text", "ort", "int4", "QMoE"),
+    ("llama4", "ort", None, "ScatterND"),
 ])
 def test_each_bundle_gets_the_op_or_the_unrolled_experts(family, flavor, quant, op, hf_model):
     from edgeprefill.export.checkpoint import Checkpoint
