@@ -521,6 +521,15 @@ FAMILIES: dict[str, dict] = {
     "llama4_text": LLAMA4,
     "llama4": {**LLAMA4, "num_experts_per_tok": 2, "interleave_moe_layer_step": 1,
                "use_qk_norm": False},
+    # PhiMoE: sparsemixer's two choices among 8 experts (a gap of 2 x 0.3 relative to the
+    # best logit, so that several logits share each softmax), LayerNorms, every bias, a
+    # longrope with short_mscale up to its original window (the bundle's context)
+    "phimoe": {"num_local_experts": 8, "intermediate_size": 32, "router_jitter_noise": 0.3,
+               "attention_bias": True, "lm_head_bias": True, "rope_parameters": {
+                   "rope_type": "longrope", "rope_theta": 10000.0,
+                   "short_factor": [1.0 + 0.1 * i for i in range(8)],
+                   "long_factor": [1.0 + 0.5 * i for i in range(8)], "short_mscale": 1.1,
+                   "long_mscale": 1.3, "original_max_position_embeddings": 1024}},
 }
 # The fixtures stored as a BitNet quantization_config announces (tests/bitnet_checkpoints.py)
 BITNET_LAYOUTS = {"bitnet-packed": "bitlinear", "bitnet-online": "online"}

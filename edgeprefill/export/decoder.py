@@ -689,7 +689,7 @@ class DecoderBuilder:
         name = head_weight(self.ckpt, self.cfg)
         self._check_vocab_shape(name)
         bias = None
-        if self.cfg.spec.lm_head_bias:
+        if self.cfg.lm_head_bias:
             bias = self.w.resolve(tuple(h + ".bias" for h in self.names.lm_head))
         if self.quant is not None and self.quant.head_kind != "float":
             vocab, hidden_size = self.w.shape(name)

@@ -10,6 +10,10 @@ Routing, as each family's transformers router computes it (float32 throughout):
                    router adds a bias to its logits)
   topk_sigmoid     the top k logits, each weight the sigmoid of its logit (Llama 4, whose
                    experts take the token times its weight: `input_scaled`)
+  sparsemixer      PhiMoE's (in eval mode, always 2 experts): the best logit's expert, weighed
+                   by its softmax over the logits within a relative gap of it, (m - l) /
+                   max(|l|, m) <= 2 `router_jitter_noise` (m the best logit); then the same
+                   over the logits without that expert, m the second best
   sigmoid          sigmoid of each logit; the top k of sigmoid + `expert_bias` (the bias
                    chooses, it never weighs); `norm_topk_prob` divides by their sum + 1e-6;
                    times `routed_scaling_factor` (LFM2-MoE). DeepSeek-V3's "noaux_tc"
@@ -39,7 +43,7 @@ from typing import Any
 from edgeprefill.errors import ExportError
 
 ROUTINGS = ("softmax", "topk_softmax", "topk_sigmoid", "sigmoid", "softmax_bias",
-            "softmax_group_limited")
+            "softmax_group_limited", "sparsemixer")
 
 
 @dataclass(frozen=True)
@@ -120,6 +124,8 @@ class MoeSpec:
     # Whether each chosen expert runs on the token times its weight, its output added
     # unweighed (Llama 4's experts take routed_in = x * score), not weight * expert(x)
     input_scaled: bool = False
+    # the key of sparsemixer's relative gap (PhiMoE's router_jitter_noise)
+    jitter_key: str | None = None
 
 
 # config.json keys that name a routing, and the one value each family here computes
@@ -159,6 +165,7 @@ class MoeConfig:
     top_groups: int = 1
     bias_on_logits: bool = False  # Kolibri-1: the bias is added to the logits
     input_scaled: bool = False  # Llama 4: expert(weight * x), not weight * expert(x)
+    jitter: float = 0.0  # sparsemixer: a logit within 2 jitter (relative) of the best counts
 
     @property
     def grouped(self) -> bool:
@@ -207,10 +214,14 @@ def read_moe(raw: dict[str, Any], spec: MoeSpec) -> MoeConfig | None:
         top_groups=int(raw.get("topk_group") or 1) if spec.grouped else 1,
         bias_on_logits=spec.bias_on_logits,
         input_scaled=spec.input_scaled,
+        jitter=float(raw[spec.jitter_key]) if spec.jitter_key else 0.0,
     )
     if moe.experts < 1 or not 1 <= moe.top_k <= moe.experts:
         raise ExportError(f"config.json: num_experts_per_tok ({moe.top_k}) must be 1 to "
                           f"{key} ({moe.experts})")
+    if moe.routing == "sparsemixer" and (moe.top_k != 2 or moe.experts < 2):
+        raise ExportError(f"config.json: sparsemixer routing chooses 2 of 2 or more experts; "
+                          f"num_experts_per_tok is {moe.top_k}, {key} {moe.experts}")
     if moe.width < 1:
         raise ExportError(f"config.json: {spec.width_key} must be positive, got {moe.width}")
     if spec.grouped:

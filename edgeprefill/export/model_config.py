@@ -181,6 +181,7 @@ class ModelConfig:
     # Llama 4's attention_chunk_size where some layers attend within chunks: the longest
     # context export supports (within one chunk they are causal); None: no such layers.
     attention_chunk: int | None = None
+    lm_head_bias: bool = False  # the LM head has a bias (FamilySpec.lm_head_bias or its key)
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
     fp8: Fp8Scheme | None = None  # how an FP8 checkpoint's weights are scaled (export/fp8.py)
@@ -493,6 +494,8 @@ def _read(family: str, spec: FamilySpec, raw: dict[str, Any]) -> ModelConfig:
         query_scale=read_query_scale(family, raw, ropes[GLOBAL]) if spec.query_scale else
         read_temperature_tuning(raw) if spec.temperature_tuning else None,
         attention_chunk=_attention_chunk(raw, spec),
+        lm_head_bias=spec.lm_head_bias or bool(spec.lm_head_bias_key
+                                                 and raw.get(spec.lm_head_bias_key)),
         bos_token_id=_first_id(raw.get("bos_token_id")),
         eos_token_ids=_ids(raw.get("eos_token_id")),
         **_conv(raw, spec),

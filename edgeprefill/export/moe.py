@@ -68,6 +68,8 @@ class MixtureOfExperts:
         if moe.routing == "topk_softmax":  # Granite MoE
             top, chosen = g.op("TopK", [logits, k], 2, axis=-1)
             weights = g.op("Softmax", [top], axis=-1)
+        elif moe.routing == "sparsemixer":  # PhiMoE
+            chosen, weights = self._sparsemixer(logits)
         elif moe.routing == "topk_sigmoid":  # Llama 4
             top, chosen = g.op("TopK", [logits, k], 2, axis=-1)
             weights = g.op("Sigmoid", [top])
@@ -101,6 +103,30 @@ class MixtureOfExperts:
         if self.dtype != np.float32:
             weights = g.op("Cast", [weights], to=10)
         return chosen, weights
+
+    def _sparsemixer(self, logits: str) -> tuple[str, str]:
+        """PhiMoE's two choices ([N, 2] experts, weights): the best logit's expert, then the
+        best of the others, each weighed by its softmax over the logits near it."""
+        g = self.g
+        first, first_weight = self._mixed(logits, logits)
+        without = g.op("ScatterElements", [logits, first, g.op(
+            "Expand", [g.const(-np.inf, np.float32), g.op("Shape", [first])])], axis=1)
+        second, second_weight = self._mixed(logits, without)
+        return (g.op("Concat", [first, second], axis=1),
+                g.op("Concat", [first_weight, second_weight], axis=1))
+
+    def _mixed(self, logits: str, candidates: str) -> tuple[str, str]:
+        """sparsemixer's step: the best of `candidates` [N, E] (logits, or logits with -inf
+        at earlier choices) and its softmax over the candidates whose logit l is within
+        (best - l) / max(|l|, best) <= 2 jitter of it."""
+        g = self.g
+        best, chosen = g.op("TopK", [candidates, g.const([1])], 2, axis=-1)  # [N, 1]
+        factor = g.op("Max", [g.op("Abs", [logits]), best])
+        gap = g.op("Div", [g.op("Sub", [best, logits]), factor])
+        far = g.op("Greater", [gap, g.const(2 * self.moe.jitter, np.float32)])
+        near = g.op("Where", [far, g.const(-np.inf, np.float32), candidates])
+        weight = g.op("GatherElements", [g.op("Softmax", [near], axis=-1), chosen], axis=-1)
+        return chosen, weight
 
     def _in_best_groups(self, ranked: str, best_of: int) -> str:
         """ranked [N, E] float32 with -inf outside each token's best `top_groups` groups

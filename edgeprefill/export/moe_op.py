@@ -12,18 +12,17 @@ softmax over the top k logits is the same renormalized top k of the softmax over
 (exp(l_i) / sum_topk exp(l_j)). LFM2-MoE's routing (the top k of sigmoid + bias, weighed
 by the sigmoid alone, renormalized with an epsilon, scaled; DeepSeek-V3's within its best
 groups, Kolibri-1's biased on the logits), ERNIE-4.5-MoE's (the top k of softmax + bias,
-weighed by the softmax, renormalized with a floor) and DeepSeek-V2's group-limited one are
-computed in the graph as the unrolled form computes them, and handed to the op as logits
-it cannot read otherwise:
-log(weight) at the k chosen experts and -inf elsewhere, so the op's softmax and top k find
-exactly those k and renormalize their weights to sum 1; the output times each token's sum
-of weights undoes that. Llama 4's experts take the token times its weight, unweighed after:
-with its one expert per token, x times that weight goes in and the chosen expert's logit
-is 0 (weight 1); with more, each expert would need its own input, and the block stays
-unrolled. gpt-oss's router logits carry its bias; its experts' biases are
-the op's fc1/fc2 bias inputs and its clamped SwiGLU the op's activation attributes
-(_swiglu). The `standard` flavour and int8 and fp16 bundles keep the unrolled graph
-(export/moe.py).
+weighed by the softmax, renormalized with a floor), PhiMoE's sparsemixer and DeepSeek-V2's
+group-limited one are computed in the graph as the unrolled form computes them, and handed
+to the op as logits it cannot read otherwise: log(weight) at the k chosen experts and -inf
+elsewhere, so the op's softmax and top k find exactly those k and renormalize their weights
+to sum 1; the output times each token's sum of weights undoes that. Llama 4's experts
+take the token times its weight, unweighed after: with its one expert per token, x times
+that weight goes in and the chosen expert's logit is 0 (weight 1); with more, each expert
+would need its own input, and the block stays unrolled. gpt-oss's router logits carry its
+bias; its experts' biases are the op's fc1/fc2 bias inputs and its clamped SwiGLU the op's
+activation attributes (_swiglu). The `standard` flavour and int8 and fp16 bundles keep the
+unrolled graph (export/moe.py).
 
 Weights: fc1 [E, 2I, H] with each expert's gate and up rows interleaved (g0, u0, g1, ...,
 the CPU kernel's only layout, swiglu_fusion=1), fc2 [E, H, I]. int4: each expert's rows
@@ -40,7 +39,7 @@ from edgeprefill.export.experts import MoeConfig
 from edgeprefill.export.moe import MixtureOfExperts, tensor_attribute
 from edgeprefill.export.quantize import QuantConfig, int4_blockwise
 
-# the op's own; "sigmoid" and "softmax_bias" go in as chosen
+# the op's own; the others ("sigmoid", "softmax_bias", "sparsemixer", ...) go in as chosen
 OP_ROUTINGS = ("softmax", "topk_softmax")
 
 

@@ -419,6 +419,45 @@ LLAMA4_TEXT = FamilySpec(
             "experts scaled on their input by sigmoid(router logit), a shared expert"),
 )
 
+def _phimoe_config(raw: dict[str, Any]) -> dict[str, Any]:
+    """PhimoeConfig as its model computes it: sparsemixer always chooses 2 experts. Its
+    longrope turns by the short factors, cos and sin times short_mscale while a forward
+    call's positions stay within original_max_position_embeddings and times long_mscale
+    past it (the keys cached by earlier calls keeping theirs), which a bundle cannot
+    follow: read as the short factors times short_mscale, the context capped there."""
+    raw = {**raw, "num_experts_per_tok": 2}
+    key = "rope_scaling" if raw.get("rope_scaling") else "rope_parameters"
+    params = raw.get(key) or {}
+    if params.get("rope_type", params.get("type")) != "longrope":
+        return raw
+    original = int(raw.get("original_max_position_embeddings")
+                   or params["original_max_position_embeddings"])
+    return {**raw, key: {**params, "attention_factor": float(params["short_mscale"])},
+            "max_position_embeddings": min(int(raw["max_position_embeddings"]), original)}
+
+
+# PhiMoE (Phi-3.5-MoE): Mixtral's layout with LayerNorms (with biases), q/k/v/o biases by
+# attention_bias and an LM head bias by lm_head_bias; sparsemixer routing (experts.py) of
+# the Hub's block_sparse_moe (w1, w3, w2), or transformers 5's fused mlp.experts.
+PHIMOE = FamilySpec(
+    norm="layer", **ATTENTION_BIAS, lm_head_bias_key="lm_head_bias", window="always",
+    legacy=_phimoe_config,
+    moe=MoeSpec(names=MoeNames(router=("block_sparse_moe.gate.weight", "mlp.router.weight"),
+                               expert="block_sparse_moe.experts.{j}.", gate="w1", up="w3",
+                               down="w2"),
+                routing="sparsemixer", experts_keys=("num_local_experts",),
+                width_key="intermediate_size", norm_key=None, scaling_key=None,
+                jitter_key="router_jitter_noise"),
+    defaults={"vocab_size": 32064, "hidden_size": 4096, "intermediate_size": 6400,
+              "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+              "max_position_embeddings": 131072, "rms_norm_eps": 1e-5,
+              "rope_theta": 1_000_000.0, "num_local_experts": 16,
+              "router_jitter_noise": 0.01},
+    quirks=("LayerNorm with biases", "sparsemixer routing (top 2)",
+            "longrope read as its short factors and short_mscale: the context is capped at "
+            "original_max_position_embeddings"),
+)
+
 FAMILIES: dict[str, FamilySpec] = {
     "qwen3_moe": QWEN3_MOE,
     "qwen2_moe": QWEN2_MOE,
@@ -445,5 +484,6 @@ FAMILIES: dict[str, FamilySpec] = {
     "solar_open": SOLAR_OPEN,
     "kolibri1": KOLIBRI1,
     "llama4_text": LLAMA4_TEXT,
+    "phimoe": PHIMOE,
 }
 

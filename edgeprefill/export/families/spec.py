@@ -108,6 +108,7 @@ class FamilySpec:
     qkv_interleaved: bool = False  # fused qkv rows ordered [head, q|k|v, dim] (GPT-NeoX)
     rope_interleaved: bool = False  # rotary pairs are dims (2i, 2i+1), not (i, i + D/2)
     lm_head_bias: bool = False
+    lm_head_bias_key: str | None = None  # a key that switches the LM head's bias on (PhiMoE)
     # None, "head" (per head, before rotary), "head_rotated" (per head, of the rotated q/k:
     # HunYuan), "full" (the whole q/k projection) or "l2" (Llama 4's: per head, without
     # weight, on the layers with rotary only; of the rotated q/k in transformers, which is
