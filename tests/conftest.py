@@ -530,6 +530,12 @@ FAMILIES: dict[str, dict] = {
                    "short_factor": [1.0 + 0.1 * i for i in range(8)],
                    "long_factor": [1.0 + 0.5 * i for i in range(8)], "short_mscale": 1.1,
                    "long_mscale": 1.3, "original_max_position_embeddings": 1024}},
+    # Hunyuan-A13B: HunYuan's attention (q/k norms of the rotated q/k, an NTK-alpha rope),
+    # softmax top 2 of 8 renormalized on every layer, a shared MLP beside them
+    "hunyuan_v1_moe": {"head_dim": 16, "num_experts": 8, "moe_topk": 2,
+                       "intermediate_size": 32, "attention_bias": True,
+                       "rope_parameters": {"rope_type": "dynamic", "alpha": 1000.0,
+                                           "factor": 1.0, "rope_theta": 10000.0}},
 }
 # The fixtures stored as a BitNet quantization_config announces (tests/bitnet_checkpoints.py)
 BITNET_LAYOUTS = {"bitnet-packed": "bitlinear", "bitnet-online": "online"}

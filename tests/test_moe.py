@@ -14,6 +14,7 @@ import torch
 from safetensors.numpy import load_file, save_file
 
 from edgeprefill.engines import StepBatch
+from edgeprefill.errors import ExportError
 from edgeprefill.export.exporter import ExportOptions, export
 from edgeprefill.export.families import FAMILIES as FAMILY_SPECS
 from edgeprefill.export.model_config import ModelConfig
@@ -37,7 +38,7 @@ MOE_FAMILIES = ("qwen3_moe", "olmoe", "granitemoe", "lfm2_moe", "qwen2_moe", "gl
 SLOW_MOE_FAMILIES = ("qwen3_5_moe_text", "qwen3_5_moe", "qwen3_vl_moe", "mixtral",
                      "ernie4_5_moe", "qwen3_next", "lara_mini", "mellum", "flint", "dots1",
                      "exaone_moe", "solar_open", "kolibri1", "glm4v_moe", "llama4_text",
-                     "llama4", "phimoe")
+                     "llama4", "phimoe", "hunyuan_v1_moe")
 # DeepSeek-V3's grouped routing (glm4_moe's fixture is the default suite's representative)
 GROUPED_FAMILIES = ("glm4_moe", "dots1", "exaone_moe", "solar_open", "glm4v_moe",
                     "deepseek_v3", "glm4_moe_lite", "sarvam_mla")  # the last three: MLA
@@ -52,9 +53,10 @@ EVERY_MOE_FAMILY = [*MOE_FAMILIES, *slow(*SLOW_MOE_FAMILIES)]
 
 
 def is_router(module: torch.nn.Module) -> bool:
-    # Qwen3-MoE's TopKRouter, DeepSeek-V3's TopkRouter, Llama 4's Llama4Router
+    # Qwen3-MoE's TopKRouter, DeepSeek-V3's TopkRouter, Llama 4's Llama4Router, Hunyuan's
+    # HunYuanMoEV1Gate
     name = type(module).__name__.lower()
-    return name.endswith("topkrouter") or name == "llama4router"
+    return name.endswith("topkrouter") or name in ("llama4router", "hunyuanmoev1gate")
 
 
 def router_choice(router: torch.nn.Module, out: tuple) -> np.ndarray:
@@ -209,7 +211,8 @@ def dequantized_int4(model, block: int = 32, transposed: bool = False) -> None:
         dequantize_embeddings(model, "int4", block)
         for name, param in model.named_parameters():
             if param.dim() != 2 and "experts" not in name or "embed" in name or \
-                    name.endswith(("gate.weight", "router.weight", "e_score_correction_bias")):
+                    name.endswith(("gate.weight", "router.weight", "e_score_correction_bias",
+                                      "gate.wg.weight")):
                 continue  # (LFM2's depthwise conv weights are not projections, nor ERNIE's
                 # [1, E] selection bias)
             turned = transposed and param.dim() == 3
@@ -670,3 +673,23 @@ def test_an_ort_bundle_whose_experts_miss_the_op_says_so_and_why(flavor, quant, 
                          "Runtime's MoE op: int8 weights (the op's 8-bit mode does not compute "
                          "this bundle's per-channel int8); decode runs several times slower "
                          "than an fp32 or int4 `ort` bundle"] if warned else [])
+
+
+# tencent/Hunyuan-A13B-Instruct's config.json (its keys transformers' model reads): top 8 of
+# 64 experts as wide as intermediate_size on every layer, moe_topk given per layer
+HUNYUAN_A13B = {"model_type": "hunyuan_v1_moe", "vocab_size": 128167, "hidden_size": 4096,
+                "intermediate_size": 3072, "num_hidden_layers": 32,
+                "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
+                "num_experts": 64, "moe_topk": [8] * 32, "attention_bias": False,
+                "max_position_embeddings": 32768, "rope_theta": 10000.0,
+                "rope_scaling": {"type": "dynamic", "alpha": 1000.0, "factor": 1.0}}
+
+
+def test_hunyuans_per_layer_top_k_reads_as_its_one_value_and_several_are_refused():
+    moe = ModelConfig.from_hf(HUNYUAN_A13B).moe
+    assert (moe.experts, moe.top_k, moe.width, moe.shared_width, moe.layers, moe.norm_topk) \
+        == (64, 8, 3072, 3072, tuple(range(32)), True)
+    with pytest.raises(ExportError, match=r"^hunyuan_v1_moe: num_experts_per_tok per layer "
+                                          r"\(\[8, 4\]\) is not supported; export takes one "
+                                          r"value$"):
+        ModelConfig.from_hf({**HUNYUAN_A13B, "num_hidden_layers": 2, "moe_topk": [8, 4]})

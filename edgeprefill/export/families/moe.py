@@ -20,9 +20,11 @@ from edgeprefill.export.experts import (
 )
 from edgeprefill.export.families.dense import (
     ATTENTION_BIAS,
+    HUNYUAN_V1_DENSE,
     after_max_window_layers,
     every_nth_global,
     granite_swa_layers,
+    hunyuan_ntk_alpha,
     layer_rope_thetas_unsupported,
 )
 from edgeprefill.export.families.spec import LLAMA_NAMES, FamilySpec
@@ -458,6 +460,36 @@ PHIMOE = FamilySpec(
             "original_max_position_embeddings"),
 )
 
+def _hunyuan_moe_config(raw: dict[str, Any]) -> dict[str, Any]:
+    """HunYuanMoEV1Config: moe_topk (aliased num_experts_per_tok) may be a list per layer,
+    one value throughout read as that value; its shared MLP is intermediate_size wide."""
+    raw = hunyuan_ntk_alpha(raw)
+    top_k = raw.get("moe_topk", raw.get("num_experts_per_tok", 1))
+    if isinstance(top_k, list) and len(set(top_k)) == 1:
+        top_k = top_k[0]
+    return {**raw, "num_experts_per_tok": top_k,
+            "shared_expert_intermediate_size": raw["intermediate_size"]}
+
+
+def _hunyuan_moe_lists(raw: dict[str, Any]) -> str | None:
+    for key in ("num_experts_per_tok", "num_experts"):
+        if isinstance(raw.get(key), list):
+            return f"{key} per layer ({raw[key]}) is not supported; export takes one value"
+    return None
+
+
+# Hunyuan-A13B (HunYuanMoEV1): HunYuan's dense attention (per-head q/k RMSNorm of the
+# rotated q/k, its NTK-alpha rope), experts on every layer as wide as intermediate_size:
+# softmax, the top k, renormalized; the router mlp.gate.wg; an ungated shared MLP beside
+# them.
+HUNYUAN_V1_MOE = replace(
+    HUNYUAN_V1_DENSE, legacy=_hunyuan_moe_config, refuse=_hunyuan_moe_lists,
+    moe=MoeSpec(names=MoeNames(router=("mlp.gate.wg.weight",), shared="mlp.shared_mlp."),
+                experts_keys=("num_experts",), width_key="intermediate_size", norm_key=None,
+                renormalize=True, scaling_key=None),
+    defaults={**HUNYUAN_V1_DENSE.defaults, "num_experts": 1, "max_position_embeddings": 2048},
+)
+
 FAMILIES: dict[str, FamilySpec] = {
     "qwen3_moe": QWEN3_MOE,
     "qwen2_moe": QWEN2_MOE,
@@ -485,5 +517,6 @@ FAMILIES: dict[str, FamilySpec] = {
     "kolibri1": KOLIBRI1,
     "llama4_text": LLAMA4_TEXT,
     "phimoe": PHIMOE,
+    "hunyuan_v1_moe": HUNYUAN_V1_MOE,
 }
 
