@@ -536,6 +536,11 @@ FAMILIES: dict[str, dict] = {
                        "intermediate_size": 32, "attention_bias": True,
                        "rope_parameters": {"rope_type": "dynamic", "alpha": 1000.0,
                                            "factor": 1.0, "rope_theta": 10000.0}},
+    # DBRX: its own config keys (d_model, ...: build_hf_model's common ones go unread), q/k/v
+    # clamped at 0.5, the top 2 of 8 experts renormalized, stacked [E * I, H]
+    "dbrx": {"d_model": 64, "n_heads": 4, "n_layers": 2, "max_seq_len": 1024,
+             "attn_config": {"kv_n_heads": 2, "clip_qkv": 0.5, "rope_theta": 10000.0},
+             "ffn_config": {"ffn_hidden_size": 32, "moe_num_experts": 8, "moe_top_k": 2}},
 }
 # The fixtures stored as a BitNet quantization_config announces (tests/bitnet_checkpoints.py)
 BITNET_LAYOUTS = {"bitnet-packed": "bitlinear", "bitnet-online": "online"}

@@ -264,7 +264,10 @@ SUPPORTED = {"granitemoehybrid": {"layer_types": ["attention"] * 4, "num_local_e
              "bamba": {"attn_layer_indices": [1]},
              "mamba2": {"num_heads": 8, "head_dim": 16},  # hidden x expand = heads x dim
              # Gemma 3n: its config class shares the KV of 15 layers, more than there are
-             "gemma3n_text": {"num_kv_shared_layers": 2}, "gemma3n": {"num_kv_shared_layers": 2}}
+             "gemma3n_text": {"num_kv_shared_layers": 2}, "gemma3n": {"num_kv_shared_layers": 2},
+             # DBRX: transformers 5.24's attention reads attn_config.rope_theta, which its
+             # config class does not default
+             "dbrx": {"attn_config": {"rope_theta": 10000.0}}}
 
 
 def least(family: str) -> dict:
@@ -308,7 +311,7 @@ NO_ROTARY = (*LEARNED_POSITIONS, "nemotron_h", "mamba2", "mamba", "falcon_mamba"
 
 
 # The families whose norms' eps is their model's constant, not a config key.
-FIXED_EPS = {"olmo": 1e-5}  # OlmoLayerNorm's
+FIXED_EPS = {"olmo": 1e-5, "dbrx": 1e-5}  # OlmoLayerNorm's, DBRX's torch LayerNorm
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
@@ -417,7 +420,7 @@ def test_a_sliding_window_key_slides_only_where_the_family_reads_it(family):
                       "bitnet", "apertus", "apertus1p5_text", "iquestcoder", "jais2", "olmo",
                       "hyperclovax", "granitemoeshared",
                       "nanochat",
-                      "hunyuan_v1_moe",
+                      "hunyuan_v1_moe", "dbrx",
                       *NO_ROTARY):
             expected = [None] * len(ours)  # Nemotron-H: 2 layers of its 4 blocks
         elif types is not None:
@@ -440,7 +443,8 @@ def test_the_activation_is_read_from_the_key_the_model_reads(family):
     ours = ModelConfig.from_hf(minimal_raw(family, **keys)).activation
     decoder = meta_model(family, **keys).get_decoder()
     decoder = getattr(decoder, "model", decoder)  # Llama 4's get_decoder: its causal LM
-    layers = decoder.layers if hasattr(decoder, "layers") else decoder.h  # GPT-2: h
+    layers = decoder.layers if hasattr(decoder, "layers") else \
+        getattr(decoder, "blocks", None) or decoder.h  # DBRX: blocks, GPT-2: h
     layer = layers[0]
     # Granite 4's dense MLP; LFM2's, whose Lfm2MLP calls F.silu whatever the config says
     # (it has no activation module); Nemotron-H's MLP block
@@ -448,8 +452,10 @@ def test_the_activation_is_read_from_the_key_the_model_reads(family):
     mlp = layer.mixer if family in ("mamba2", "mamba", "falcon_mamba") else \
         getattr(layer, "mlp", None) or getattr(layer, "shared_mlp", None) or \
         getattr(layer, "block_sparse_moe", None) or getattr(layer, "feed_forward", None) or \
+        getattr(layer, "ffn", None) or \
         next(block.mixer for block in layers if block.block_type == "mlp")
     mlp = getattr(mlp, "experts", mlp)  # a mixture of experts: its experts' activation
+    mlp = getattr(mlp, "mlp", mlp)  # DBRX's experts: their GLU
     act = next((getattr(mlp, name) for name in ("act_fn", "activation_fn", "act", "activation")
                 if hasattr(mlp, name)), torch.nn.functional.silu)
     x = torch.linspace(-4, 4, 101)

@@ -38,7 +38,7 @@ MOE_FAMILIES = ("qwen3_moe", "olmoe", "granitemoe", "lfm2_moe", "qwen2_moe", "gl
 SLOW_MOE_FAMILIES = ("qwen3_5_moe_text", "qwen3_5_moe", "qwen3_vl_moe", "mixtral",
                      "ernie4_5_moe", "qwen3_next", "lara_mini", "mellum", "flint", "dots1",
                      "exaone_moe", "solar_open", "kolibri1", "glm4v_moe", "llama4_text",
-                     "llama4", "phimoe", "hunyuan_v1_moe")
+                     "llama4", "phimoe", "hunyuan_v1_moe", "dbrx")
 # DeepSeek-V3's grouped routing (glm4_moe's fixture is the default suite's representative)
 GROUPED_FAMILIES = ("glm4_moe", "dots1", "exaone_moe", "solar_open", "glm4v_moe",
                     "deepseek_v3", "glm4_moe_lite", "sarvam_mla")  # the last three: MLA
@@ -56,14 +56,18 @@ def is_router(module: torch.nn.Module) -> bool:
     # Qwen3-MoE's TopKRouter, DeepSeek-V3's TopkRouter, Llama 4's Llama4Router, Hunyuan's
     # HunYuanMoEV1Gate
     name = type(module).__name__.lower()
-    return name.endswith("topkrouter") or name in ("llama4router", "hunyuanmoev1gate")
+    return name.endswith("topkrouter") or name in ("llama4router", "hunyuanmoev1gate",
+                                                   "dbrxrouter")
 
 
-def router_choice(router: torch.nn.Module, out: tuple) -> np.ndarray:
+def router_choice(router: torch.nn.Module, out) -> np.ndarray:
     """The [tokens, k] experts a router chose, from its output: the TopKRouters' third
-    output; Llama 4's router returns its scores and logits, and chooses the top k logits."""
+    output; Llama 4's router returns its scores and logits, DBRX's its logits, and both
+    choose the top k logits (DBRX's k is its block's: top_k, set by chosen_experts)."""
     if type(router).__name__ == "Llama4Router":
         return torch.topk(out[1], router.top_k, dim=-1).indices.numpy()
+    if type(router).__name__ == "DbrxRouter":
+        return torch.topk(out, router.top_k, dim=-1).indices.numpy()
     return out[2].numpy()
 
 
@@ -75,6 +79,9 @@ def routers(model) -> list[torch.nn.Module]:
 def chosen_experts(hf_dir, ids: list[int]) -> list[np.ndarray]:
     """Per MoE layer, the [tokens, k] experts transformers' routers choose for `ids`."""
     model = load_hf_model(hf_dir)
+    for block in model.modules():  # DBRX: its router leaves the top k to its block
+        if type(block).__name__ == "DbrxFFN":
+            block.router.top_k = block.top_k
     chosen: list[np.ndarray] = []
     hooks = [r.register_forward_hook(lambda m, i, out: chosen.append(router_choice(m, out)))
              for r in routers(model)]
@@ -91,7 +98,7 @@ def test_the_fixture_routes_a_chunks_tokens_to_different_experts_and_leaves_some
     """What the chunked tests below rest on: within a 3-token chunk the tokens choose
     different experts, and some expert gets no token (its MatMuls run on zero rows)."""
     ids = prompt_ids(40)
-    keys = FAMILIES[family]
+    keys = FAMILIES[family].get("ffn_config", FAMILIES[family])  # DBRX's are its ffn_config's
     experts = keys.get("num_experts") or keys.get("num_local_experts") or \
         keys.get("n_routed_experts") or keys["moe_num_experts"]
     for layer in chosen_experts(hf_model(family), ids):
@@ -212,15 +219,19 @@ def dequantized_int4(model, block: int = 32, transposed: bool = False) -> None:
         for name, param in model.named_parameters():
             if param.dim() != 2 and "experts" not in name or "embed" in name or \
                     name.endswith(("gate.weight", "router.weight", "e_score_correction_bias",
-                                      "gate.wg.weight")):
+                                   "gate.wg.weight", "router.layer.weight")):
                 continue  # (LFM2's depthwise conv weights are not projections, nor ERNIE's
                 # [1, E] selection bias)
-            turned = transposed and param.dim() == 3
-            weight = param.transpose(1, 2) if turned else param
+            weight, turned = param, transposed and param.dim() == 3
+            if name.endswith("experts.mlp.w2"):  # DBRX: each expert's [I, H], in by out
+                weight = param.reshape(-1, model.config.ffn_config.ffn_hidden_size,
+                                       param.shape[-1])
+                turned = True
+            weight = weight.transpose(1, 2) if turned else weight
             flat = weight.reshape(-1, weight.shape[-1]).numpy()
             out = torch.from_numpy(int4_dequantize(
                 *int4_blockwise(flat, block), flat.shape[1])).reshape(weight.shape)
-            param.copy_(out.transpose(1, 2) if turned else out)
+            param.copy_((out.transpose(1, 2) if turned else out).reshape(param.shape))
 
 
 @pytest.mark.parametrize("family, block", [
@@ -693,3 +704,16 @@ def test_hunyuans_per_layer_top_k_reads_as_its_one_value_and_several_are_refused
                                           r"\(\[8, 4\]\) is not supported; export takes one "
                                           r"value$"):
         ModelConfig.from_hf({**HUNYUAN_A13B, "num_hidden_layers": 2, "moe_topk": [8, 4]})
+
+
+def test_dbrxs_top_k_weights_over_another_norm_than_their_sum_are_refused_in_one_line():
+    raw = {"model_type": "dbrx", "d_model": 64, "n_heads": 4, "n_layers": 2,
+           "ffn_config": {"moe_num_experts": 8, "moe_top_k": 2,
+                          "moe_normalize_expert_weights": 2.0}}
+    with pytest.raises(ExportError, match=r"^dbrx: moe_normalize_expert_weights 2.0 \(the "
+                                          r"top-k weights over their 2.0-norm\) is not "
+                                          r"supported; export divides them by their sum "
+                                          r"\(1\)$"):
+        ModelConfig.from_hf(raw)
+    raw["ffn_config"]["moe_normalize_expert_weights"] = None  # not renormalized at all
+    assert not ModelConfig.from_hf(raw).moe.norm_topk

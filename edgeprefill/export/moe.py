@@ -284,6 +284,9 @@ class MixtureOfExperts:
     def _gate_up_reader(self, p: str, e: int) -> Callable[[], np.ndarray]:
         """Expert e's [2I, H] gate and up rows (gate first), from any layout."""
         n, stem = self.names, p + self.names.expert.format(j=e)
+        if n.stacked is not None:  # DBRX
+            gate, up = (self._stacked_rows(p + name, e) for name in n.stacked[:2])
+            return lambda: np.concatenate([gate(), up()])
         separate = [stem + n.gate + ".weight", stem + n.up + ".weight"]
         if all(self.ckpt.has(name) for name in separate):
             self._check(separate[0], (self.moe.width, self.hidden))
@@ -294,11 +297,20 @@ class MixtureOfExperts:
 
     def _down_reader(self, p: str, e: int) -> Callable[[], np.ndarray]:
         n, stem = self.names, p + self.names.expert.format(j=e)
+        if n.stacked is not None:  # DBRX: stored [I, H], in by out
+            rows = self._stacked_rows(p + n.stacked[2], e)
+            return lambda: np.ascontiguousarray(rows().T)
         separate = stem + n.down + ".weight"
         if self.ckpt.has(separate):
             self._check(separate, (self.hidden, self.moe.width))
             return lambda: self.ckpt.get(separate)
         return self._fused_reader(p, e, n.fused_down, separate, self.hidden, self.moe.width)
+
+    def _stacked_rows(self, name: str, e: int) -> Callable[[], np.ndarray]:
+        """Expert e's [I, H] rows of a DBRX tensor stacked [E * I, H]."""
+        width = self.moe.width
+        self._check(name, (self.moe.experts * width, self.hidden))
+        return lambda: self.ckpt.get_index(name, slice(e * width, (e + 1) * width))
 
     def _fused_reader(self, p: str, e: int, candidates: tuple[str, ...], separate: str,
                       rows: int, cols: int) -> Callable[[], np.ndarray]:

@@ -490,6 +490,55 @@ HUNYUAN_V1_MOE = replace(
     defaults={**HUNYUAN_V1_DENSE.defaults, "num_experts": 1, "max_position_embeddings": 2048},
 )
 
+def _dbrx_config(raw: dict[str, Any]) -> dict[str, Any]:
+    """DbrxConfig's keys under the common names: d_model, n_heads, n_layers, max_seq_len
+    (or those names, its aliases); attn_config's kv_n_heads and clip_qkv; ffn_config's
+    experts (renormalized where moe_normalize_expert_weights is 1, the sum of the top k)
+    and activation. Its LayerNorms are torch's default, epsilon 1e-5."""
+    attn, ffn = raw.get("attn_config") or {}, raw.get("ffn_config") or {}
+
+    def aliased(key: str, alias: str, default: int) -> Any:  # DbrxConfig's attribute_map
+        return next((raw[k] for k in (key, alias) if raw.get(k) is not None), default)
+
+    return {**raw, "hidden_size": aliased("d_model", "hidden_size", 2048),
+            "num_attention_heads": aliased("n_heads", "num_attention_heads", 16),
+            "num_hidden_layers": aliased("n_layers", "num_hidden_layers", 24),
+            "max_position_embeddings": aliased("max_seq_len", "max_position_embeddings", 2048),
+            "num_key_value_heads": attn.get("kv_n_heads", 1), "clip_qkv": attn.get("clip_qkv"),
+            "intermediate_size": ffn.get("ffn_hidden_size", 3584),
+            "num_experts": ffn.get("moe_num_experts", 4),
+            "num_experts_per_tok": ffn.get("moe_top_k", 1),
+            "norm_topk_prob": ffn.get("moe_normalize_expert_weights", 1.0) is not None,
+            "hidden_act": (ffn.get("ffn_act_fn") or {}).get("name", "silu"),
+            "layer_norm_eps": 1e-5}
+
+
+def _dbrx_p_norm(raw: dict[str, Any]) -> str | None:
+    p = (raw.get("ffn_config") or {}).get("moe_normalize_expert_weights", 1.0)
+    if p is not None and float(p) != 1.0:
+        return (f"moe_normalize_expert_weights {p} (the top-k weights over their {p}-norm) "
+                "is not supported; export divides them by their sum (1)")
+    return None
+
+
+# DBRX: pre-norm blocks of LayerNorms without bias, one fused Wqkv clamped to clip_qkv,
+# experts on every layer (softmax, the top k, divided by their sum), stored as three
+# [E * I, H] tensors (w1 gate, v1 up, w2 down transposed).
+DBRX = FamilySpec(
+    names=replace(LLAMA_NAMES, embed=("transformer.wte.weight",),
+                  final_norm="transformer.norm_f", layer="transformer.blocks.{i}.",
+                  qkv="norm_attn_norm.attn.Wqkv", o="norm_attn_norm.attn.out_proj",
+                  input_norm="norm_attn_norm.norm_1", post_attn_norm="norm_attn_norm.norm_2"),
+    norm="layer_no_bias", clip_qkv=True, legacy=_dbrx_config, refuse=_dbrx_p_norm,
+    moe=MoeSpec(names=MoeNames(router=("ffn.router.layer.weight",),
+                               expert="ffn.experts.{j}.",
+                               stacked=("ffn.experts.mlp.w1", "ffn.experts.mlp.v1",
+                                        "ffn.experts.mlp.w2")),
+                width_key="intermediate_size", scaling_key=None),
+    defaults={"vocab_size": 32000},
+    quirks=("LayerNorm without bias", "q/k/v clamped to clip_qkv"),
+)
+
 FAMILIES: dict[str, FamilySpec] = {
     "qwen3_moe": QWEN3_MOE,
     "qwen2_moe": QWEN2_MOE,
@@ -518,5 +567,6 @@ FAMILIES: dict[str, FamilySpec] = {
     "llama4_text": LLAMA4_TEXT,
     "phimoe": PHIMOE,
     "hunyuan_v1_moe": HUNYUAN_V1_MOE,
+    "dbrx": DBRX,
 }
 
