@@ -541,6 +541,9 @@ FAMILIES: dict[str, dict] = {
     "dbrx": {"d_model": 64, "n_heads": 4, "n_layers": 2, "max_seq_len": 1024,
              "attn_config": {"kv_n_heads": 2, "clip_qkv": 0.5, "rope_theta": 10000.0},
              "ffn_config": {"ffn_hidden_size": 32, "moe_num_experts": 8, "moe_top_k": 2}},
+    # FlexOlmo: OLMo 2's post-norm layers, OLMoE's top 3 of 8 experts renormalized
+    "flex_olmo": {"num_experts": 8, "num_experts_per_tok": 3, "intermediate_size": 32,
+                  "norm_topk_prob": True},
 }
 # The fixtures stored as a BitNet quantization_config announces (tests/bitnet_checkpoints.py)
 BITNET_LAYOUTS = {"bitnet-packed": "bitlinear", "bitnet-online": "online"}

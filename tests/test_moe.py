@@ -38,7 +38,7 @@ MOE_FAMILIES = ("qwen3_moe", "olmoe", "granitemoe", "lfm2_moe", "qwen2_moe", "gl
 SLOW_MOE_FAMILIES = ("qwen3_5_moe_text", "qwen3_5_moe", "qwen3_vl_moe", "mixtral",
                      "ernie4_5_moe", "qwen3_next", "lara_mini", "mellum", "flint", "dots1",
                      "exaone_moe", "solar_open", "kolibri1", "glm4v_moe", "llama4_text",
-                     "llama4", "phimoe", "hunyuan_v1_moe", "dbrx")
+                     "llama4", "phimoe", "hunyuan_v1_moe", "dbrx", "flex_olmo")
 # DeepSeek-V3's grouped routing (glm4_moe's fixture is the default suite's representative)
 GROUPED_FAMILIES = ("glm4_moe", "dots1", "exaone_moe", "solar_open", "glm4v_moe",
                     "deepseek_v3", "glm4_moe_lite", "sarvam_mla")  # the last three: MLA

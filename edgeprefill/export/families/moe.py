@@ -21,6 +21,7 @@ from edgeprefill.export.experts import (
 from edgeprefill.export.families.dense import (
     ATTENTION_BIAS,
     HUNYUAN_V1_DENSE,
+    OLMO2,
     after_max_window_layers,
     every_nth_global,
     granite_swa_layers,
@@ -539,6 +540,15 @@ DBRX = FamilySpec(
     quirks=("LayerNorm without bias", "q/k/v clamped to clip_qkv"),
 )
 
+# FlexOlmo: OLMo 2's layers (norms after attention and MLP, q/k RMSNorm over the whole
+# projection) with OLMoE's experts (softmax, the top k, renormalized where norm_topk_prob).
+FLEX_OLMO = replace(
+    OLMO2, moe=OLMOE.moe,
+    defaults={"rms_norm_eps": 1e-6, "max_position_embeddings": 4096, "num_experts": 7,
+              "rope_theta": 500000.0,
+              "num_experts_per_tok": 5, "norm_topk_prob": False},
+)
+
 FAMILIES: dict[str, FamilySpec] = {
     "qwen3_moe": QWEN3_MOE,
     "qwen2_moe": QWEN2_MOE,
@@ -568,5 +578,6 @@ FAMILIES: dict[str, FamilySpec] = {
     "phimoe": PHIMOE,
     "hunyuan_v1_moe": HUNYUAN_V1_MOE,
     "dbrx": DBRX,
+    "flex_olmo": FLEX_OLMO,
 }
 
