@@ -544,6 +544,10 @@ FAMILIES: dict[str, dict] = {
     # FlexOlmo: OLMo 2's post-norm layers, OLMoE's top 3 of 8 experts renormalized
     "flex_olmo": {"num_experts": 8, "num_experts_per_tok": 3, "intermediate_size": 32,
                   "norm_topk_prob": True},
+    # MiniMax-M2: q/k norms over the whole projection, rotary on half of each head, the
+    # top 2 of 8 by sigmoid + a correction bias (randomized: build_hf_model), renormalized
+    "minimax_m2": {"head_dim": 32, "rotary_dim": 16, "num_local_experts": 8,
+                   "num_experts_per_tok": 2, "intermediate_size": 32},
 }
 # The fixtures stored as a BitNet quantization_config announces (tests/bitnet_checkpoints.py)
 BITNET_LAYOUTS = {"bitnet-packed": "bitlinear", "bitnet-online": "online"}

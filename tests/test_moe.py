@@ -38,7 +38,8 @@ MOE_FAMILIES = ("qwen3_moe", "olmoe", "granitemoe", "lfm2_moe", "qwen2_moe", "gl
 SLOW_MOE_FAMILIES = ("qwen3_5_moe_text", "qwen3_5_moe", "qwen3_vl_moe", "mixtral",
                      "ernie4_5_moe", "qwen3_next", "lara_mini", "mellum", "flint", "dots1",
                      "exaone_moe", "solar_open", "kolibri1", "glm4v_moe", "llama4_text",
-                     "llama4", "phimoe", "hunyuan_v1_moe", "dbrx", "flex_olmo")
+                     "llama4", "phimoe", "hunyuan_v1_moe", "dbrx", "flex_olmo",
+                     "minimax_m2")
 # DeepSeek-V3's grouped routing (glm4_moe's fixture is the default suite's representative)
 GROUPED_FAMILIES = ("glm4_moe", "dots1", "exaone_moe", "solar_open", "glm4v_moe",
                     "deepseek_v3", "glm4_moe_lite", "sarvam_mla")  # the last three: MLA
@@ -717,3 +718,27 @@ def test_dbrxs_top_k_weights_over_another_norm_than_their_sum_are_refused_in_one
         ModelConfig.from_hf(raw)
     raw["ffn_config"]["moe_normalize_expert_weights"] = None  # not renormalized at all
     assert not ModelConfig.from_hf(raw).moe.norm_topk
+
+
+def test_minimax_m2s_correction_bias_changes_the_experts_transformers_chooses(hf_model):
+    """What makes the logits tests check MiniMax-M2's biased choice: without the bias
+    transformers' routers choose other experts for some tokens."""
+    model = load_hf_model(hf_model("minimax_m2"))
+    ids = torch.tensor([prompt_ids(40)])
+
+    def chosen() -> np.ndarray:
+        picked: list[np.ndarray] = []
+        hooks = [r.register_forward_hook(lambda m, i, out: picked.append(out[2].numpy()))
+                 for r in routers(model)]
+        with torch.no_grad():
+            model(ids)
+        for hook in hooks:
+            hook.remove()
+        return np.sort(np.concatenate(picked), axis=-1)
+
+    routed = chosen()
+    with torch.no_grad():
+        for name, buffer in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                buffer.zero_()
+    assert (chosen() != routed).any()

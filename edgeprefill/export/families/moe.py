@@ -549,6 +549,29 @@ FLEX_OLMO = replace(
               "num_experts_per_tok": 5, "norm_topk_prob": False},
 )
 
+def _minimax_rotary_dim(raw: dict[str, Any]) -> dict[str, Any]:
+    """MiniMaxM2Config: `rotary_dim` (the Hub's key) rotates that part of each head."""
+    if raw.get("rotary_dim") is None or "partial_rotary_factor" in raw:
+        return raw
+    return {**raw, "partial_rotary_factor": int(raw["rotary_dim"]) / int(raw["head_dim"])}
+
+
+# MiniMax-M2: Mixtral's layers with q/k RMSNorm over the whole projection and rotary on
+# the first rotary_dim of each head; the top k of sigmoid + e_score_correction_bias,
+# weighed by the sigmoid, renormalized; the Hub's block_sparse_moe (w1, w3, w2).
+MINIMAX_M2 = FamilySpec(
+    qk_norm="full", partial_rotary=True, legacy=_minimax_rotary_dim,
+    moe=replace(MIXTRAL.moe, names=replace(
+        MIXTRAL.moe.names, expert_bias=("block_sparse_moe.e_score_correction_bias",
+                                        "mlp.e_score_correction_bias")),
+        routing="sigmoid", bias_key=None, scaling_key=None),
+    defaults={"vocab_size": 200064, "hidden_size": 3072, "intermediate_size": 1536,
+              "num_hidden_layers": 62, "num_attention_heads": 48, "num_key_value_heads": 8,
+              "head_dim": 128, "max_position_embeddings": 196608, "rms_norm_eps": 1e-6,
+              "rope_theta": 5_000_000.0, "num_experts_per_tok": 8, "num_local_experts": 256},
+    quirks=("q/k RMSNorm over the whole projection", "sigmoid routing"),
+)
+
 FAMILIES: dict[str, FamilySpec] = {
     "qwen3_moe": QWEN3_MOE,
     "qwen2_moe": QWEN2_MOE,
@@ -579,5 +602,6 @@ FAMILIES: dict[str, FamilySpec] = {
     "hunyuan_v1_moe": HUNYUAN_V1_MOE,
     "dbrx": DBRX,
     "flex_olmo": FLEX_OLMO,
+    "minimax_m2": MINIMAX_M2,
 }
 
