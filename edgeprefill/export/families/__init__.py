@@ -26,6 +26,10 @@ REFUSED_TYPES: dict[str, str] = {
     "axk1": "A.X K1's RMSNorm after the experts (post_mlp_layernorm) is not supported",
     "mistral4": "Mistral 4's position-scaled queries and softmax group routing are not "
                 "supported",
+    "jetmoe": "JetMoE's mixture of attention heads (routed query and output projections) "
+              "is not supported",
+    "longcat_flash": "LongCat-Flash's zero-computation experts and two attentions per layer "
+                     "are not supported",
 }
 
 
