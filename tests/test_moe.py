@@ -659,7 +659,7 @@ def test_each_bundle_gets_the_op_or_the_unrolled_experts(family, flavor, quant, 
     from edgeprefill.export.flavors import flavor_class
 
     cfg = ModelConfig.from_dir(hf_model(family))
-    g = DecoderBuilder(cfg, Checkpoint(hf_model(family)),
+    g = DecoderBuilder(cfg, Checkpoint(hf_model(family), cfg.spec.renames, cfg.spec.left_out),
                        flavor_class(flavor)(cfg, np.float32, 128),
                        QuantConfig(quant) if quant else None).build()
     assert sum(n.op_type == op for n in g.nodes) == len(cfg.moe.layers)
