@@ -14,6 +14,7 @@ from transformers.models.llama4 import modeling_llama4
 from edgeprefill.bundle import load_manifest
 from edgeprefill.errors import ExportError
 from edgeprefill.export.exporter import ExportOptions, export
+from edgeprefill.export.model_config import GLOBAL, ModelConfig
 from tests.conftest import build_hf_model, load_hf_model
 from tests.test_exactness import prompt_ids, reference_logits
 from tests.test_families import last_logits
@@ -80,3 +81,36 @@ def test_chunked_attention_caps_the_context_at_one_chunk(tmp_path):
     unchunked = build_hf_model("llama4_text", tmp_path / "hf8192")
     assert np.abs(reference_logits(hf_dir, longer)[-1]
                   - reference_logits(unchunked, longer)[-1]).max() > 1e-2
+
+
+# meta-llama/Llama-4-Scout-17B-16E's text_config (its keys transformers' model reads), as
+# the Hub's image-text config.json nests it; Maverick's differs in the keys below.
+SCOUT_TEXT = {
+    "model_type": "llama4_text", "vocab_size": 202048, "hidden_size": 5120,
+    "intermediate_size": 8192, "intermediate_size_mlp": 16384, "num_hidden_layers": 48,
+    "num_attention_heads": 40, "num_key_value_heads": 8, "head_dim": 128,
+    "max_position_embeddings": 10485760, "rms_norm_eps": 1e-5, "rope_theta": 500000.0,
+    "rope_scaling": {"rope_type": "llama3", "factor": 16.0, "low_freq_factor": 1.0,
+                     "high_freq_factor": 1.0, "original_max_position_embeddings": 8192},
+    "num_experts_per_tok": 1, "num_local_experts": 16, "interleave_moe_layer_step": 1,
+    "use_qk_norm": True, "no_rope_layers": [], "attention_chunk_size": 8192,
+    "attn_temperature_tuning": True, "floor_scale": 8192, "attn_scale": 0.1,
+}
+MAVERICK_TEXT = {**SCOUT_TEXT, "num_local_experts": 128, "interleave_moe_layer_step": 2,
+                 "use_qk_norm": False, "rope_scaling": None}
+
+
+@pytest.mark.parametrize("text", (SCOUT_TEXT, MAVERICK_TEXT), ids=("scout", "maverick"))
+def test_the_hub_configs_read_as_transformers_builds_the_model(text):
+    import transformers
+
+    ours = ModelConfig.from_hf({"model_type": "llama4", "text_config": text})
+    hf = transformers.Llama4TextConfig(**{k: v for k, v in text.items() if k != "model_type"})
+    assert [layer.rope is not None for layer in ours.layers] == \
+        [bool(flag) for flag in hf.no_rope_layers]
+    assert list(ours.moe.layers) == hf.moe_layers
+    assert (ours.moe.experts, ours.moe.top_k, ours.moe.width, ours.moe.shared_width,
+            ours.intermediate_size) == (hf.num_local_experts, 1, 8192, 8192, 16384)
+    assert ours.attention_chunk == 8192 and ours.query_scale.window == 8192
+    assert ours.qk_norm == ("l2" if hf.use_qk_norm else None)
+    assert ours.ropes[GLOBAL].kind == (hf.rope_parameters["rope_type"])
