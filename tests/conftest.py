@@ -109,6 +109,9 @@ GEMMA3N = {
 # Gemma 4 Unified: Gemma 4's fixture without per-layer inputs (its config has none)
 GEMMA4_UNIFIED = {k: v for k, v in GEMMA4.items()
                   if k not in ("hidden_size_per_layer_input", "vocab_size_per_layer_input")}
+LLAMA4 = {"num_hidden_layers": 4, "head_dim": 16, "num_local_experts": 8,
+          "num_experts_per_tok": 1, "intermediate_size": 32, "intermediate_size_mlp": 96,
+          "interleave_moe_layer_step": 2, "floor_scale": 8, "attn_scale": 0.5}
 FAMILIES: dict[str, dict] = {
     "llama": {},
     "llama-tied-llama3rope": {
@@ -516,6 +519,41 @@ FAMILIES: dict[str, dict] = {
     "bloom": {"hidden_size": 96, "num_attention_heads": 6, "tie_word_embeddings": True},
     "mpt": {"hidden_size": 96, "num_attention_heads": 6, "max_seq_len": 1024,
             "attn_config": {"clip_qkv": 3.0}},
+    # Llama 4: three rope layers (L2 q/k norm) and a NoPE one whose queries the temperature
+    # scales (floor_scale 8: a step every 8 positions), experts on every second layer (a
+    # dense MLP on the others) taking the token times sigmoid of its top logit, beside a
+    # shared expert; chunks of 8192 (the cap is test_llama4's). The image-text fixture:
+    # the top 2 experts on every layer (the ort flavour unrolls them), no q/k norm.
+    "llama4_text": LLAMA4,
+    "llama4": {**LLAMA4, "num_experts_per_tok": 2, "interleave_moe_layer_step": 1,
+               "use_qk_norm": False},
+    # PhiMoE: sparsemixer's two choices among 8 experts (a gap of 2 x 0.3 relative to the
+    # best logit, so that several logits share each softmax), LayerNorms, every bias, a
+    # longrope with short_mscale up to its original window (the bundle's context)
+    "phimoe": {"num_local_experts": 8, "intermediate_size": 32, "router_jitter_noise": 0.3,
+               "attention_bias": True, "lm_head_bias": True, "rope_parameters": {
+                   "rope_type": "longrope", "rope_theta": 10000.0,
+                   "short_factor": [1.0 + 0.1 * i for i in range(8)],
+                   "long_factor": [1.0 + 0.5 * i for i in range(8)], "short_mscale": 1.1,
+                   "long_mscale": 1.3, "original_max_position_embeddings": 1024}},
+    # Hunyuan-A13B: HunYuan's attention (q/k norms of the rotated q/k, an NTK-alpha rope),
+    # softmax top 2 of 8 renormalized on every layer, a shared MLP beside them
+    "hunyuan_v1_moe": {"head_dim": 16, "num_experts": 8, "moe_topk": 2,
+                       "intermediate_size": 32, "attention_bias": True,
+                       "rope_parameters": {"rope_type": "dynamic", "alpha": 1000.0,
+                                           "factor": 1.0, "rope_theta": 10000.0}},
+    # DBRX: its own config keys (d_model, ...: build_hf_model's common ones go unread), q/k/v
+    # clamped at 0.5, the top 2 of 8 experts renormalized, stacked [E * I, H]
+    "dbrx": {"d_model": 64, "n_heads": 4, "n_layers": 2, "max_seq_len": 1024,
+             "attn_config": {"kv_n_heads": 2, "clip_qkv": 0.5, "rope_theta": 10000.0},
+             "ffn_config": {"ffn_hidden_size": 32, "moe_num_experts": 8, "moe_top_k": 2}},
+    # FlexOlmo: OLMo 2's post-norm layers, OLMoE's top 3 of 8 experts renormalized
+    "flex_olmo": {"num_experts": 8, "num_experts_per_tok": 3, "intermediate_size": 32,
+                  "norm_topk_prob": True},
+    # MiniMax-M2: q/k norms over the whole projection, rotary on half of each head, the
+    # top 2 of 8 by sigmoid + a correction bias (randomized: build_hf_model), renormalized
+    "minimax_m2": {"head_dim": 32, "rotary_dim": 16, "num_local_experts": 8,
+                   "num_experts_per_tok": 2, "intermediate_size": 32},
 }
 # The fixtures stored as a BitNet quantization_config announces (tests/bitnet_checkpoints.py)
 BITNET_LAYOUTS = {"bitnet-packed": "bitlinear", "bitnet-online": "online"}
@@ -738,6 +776,8 @@ IMAGE_TEXT = {
     **{name: {"vision_config": {"depth": 1, "hidden_size": 16, "intermediate_size": 32,
                                 "num_heads": 2, "out_hidden_size": 64, "patch_size": 14,
                                 "image_size": 28}} for name in ("glm4v", "glm46v")},
+    "llama4": {"vision_config": {**TINY_VISION, "vision_output_dim": 16,
+                                 "projector_input_dim": 16, "projector_output_dim": 16}},
 }
 
 
@@ -766,9 +806,9 @@ def hf_auto_class(model_type: str):
 
     # transformers maps "qwen3_5" to Qwen3_5ForCausalLM, which holds the language model
     # alone; the Hub's checkpoints are the whole Qwen3_5ForConditionalGeneration (and so
-    # for "qwen3_5_moe").
+    # for "qwen3_5_moe"; and Llama 4's Llama4ForConditionalGeneration).
     if model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and \
-            model_type not in ("qwen3_5", "qwen3_5_moe"):
+            model_type not in ("qwen3_5", "qwen3_5_moe", "llama4"):
         return transformers.AutoModelForCausalLM
     return transformers.AutoModelForImageTextToText
 
@@ -780,7 +820,13 @@ def load_hf_model(hf_dir: Path):
     model_type = json.loads((hf_dir / "config.json").read_text())["model_type"]
     if model_type == "gemma3n":
         return gemma3n_language_model(hf_dir)
-    return hf_auto_class(model_type).from_pretrained(hf_dir, dtype=torch.float32)
+    model = hf_auto_class(model_type).from_pretrained(hf_dir, dtype=torch.float32)
+    if model_type == "llama4":
+        # transformers 5.24's Llama4ForConditionalGeneration fails on text alone (building
+        # its output it reads image_outputs the language model's lacks); on text its
+        # forward is its language_model's on the embedded ids, which this runs.
+        return model.language_model
+    return model
 
 
 GEMMA3N_LM = "model.language_model."

@@ -265,7 +265,10 @@ SUPPORTED = {"granitemoehybrid": {"layer_types": ["attention"] * 4, "num_local_e
              "bamba": {"attn_layer_indices": [1]},
              "mamba2": {"num_heads": 8, "head_dim": 16},  # hidden x expand = heads x dim
              # Gemma 3n: its config class shares the KV of 15 layers, more than there are
-             "gemma3n_text": {"num_kv_shared_layers": 2}, "gemma3n": {"num_kv_shared_layers": 2}}
+             "gemma3n_text": {"num_kv_shared_layers": 2}, "gemma3n": {"num_kv_shared_layers": 2},
+             # DBRX: transformers 5.24's attention reads attn_config.rope_theta, which its
+             # config class does not default
+             "dbrx": {"attn_config": {"rope_theta": 10000.0}}}
 
 
 def least(family: str) -> dict:
@@ -310,7 +313,7 @@ ALIBI = ("bloom", "mpt")  # ... and those whose attention biases by distance ins
 
 
 # The families whose norms' eps is their model's constant, not a config key.
-FIXED_EPS = {"olmo": 1e-5}  # OlmoLayerNorm's
+FIXED_EPS = {"olmo": 1e-5, "dbrx": 1e-5}  # OlmoLayerNorm's, DBRX's torch LayerNorm
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
@@ -424,6 +427,7 @@ def test_a_sliding_window_key_slides_only_where_the_family_reads_it(family):
                       "bitnet", "apertus", "apertus1p5_text", "iquestcoder", "jais2", "olmo",
                       "hyperclovax", "granitemoeshared",
                       "nanochat",
+                      "hunyuan_v1_moe", "dbrx", "flex_olmo", "minimax_m2",
                       *NO_ROTARY, *ALIBI):
             expected = [None] * len(ours)  # Nemotron-H: 2 layers of its 4 blocks
         elif types is not None:
@@ -445,7 +449,8 @@ def test_the_activation_is_read_from_the_key_the_model_reads(family):
     keys = {"hidden_act": "silu", "hidden_activation": "gelu"}
     ours = ModelConfig.from_hf(minimal_raw(family, **keys)).activation
     decoder = meta_model(family, **keys).get_decoder()
-    # GPT-2 and BLOOM: h; MPT: blocks
+    decoder = getattr(decoder, "model", decoder)  # Llama 4's get_decoder: its causal LM
+    # GPT-2 and BLOOM: h; MPT and DBRX: blocks
     layers = next(getattr(decoder, name) for name in ("layers", "h", "blocks")
                   if hasattr(decoder, name))
     layer = layers[0]
@@ -458,6 +463,7 @@ def test_the_activation_is_read_from_the_key_the_model_reads(family):
         getattr(layer, "ffn", None) or \
         next(block.mixer for block in layers if block.block_type == "mlp")
     mlp = getattr(mlp, "experts", mlp)  # a mixture of experts: its experts' activation
+    mlp = getattr(mlp, "mlp", mlp)  # DBRX's experts: their GLU
     act = next((getattr(mlp, name) for name in ("act_fn", "activation_fn", "act", "activation",
                                                 "gelu_impl")  # BLOOM's
                 if hasattr(mlp, name)), torch.nn.functional.silu)

@@ -364,7 +364,7 @@ class DecoderBuilder:
             q = self._shared_query(p, h, cfg)
             return self._output(p, self.shared.attention(q, cfg, layer,
                                                          kv_names(cfg.shared_kv[i])))
-        q, k, v, gate = self._qkv(p, h, cfg, cfg.k_eq_v and layer.window is None)
+        q, k, v, gate = self._qkv(p, h, cfg, layer, cfg.k_eq_v and layer.window is None)
         q, k, v = (t if t is None else self.tokens.spread(t) for t in (q, k, v))
         if cfg.qk_norm == "head_rotated":
             q, k = self._rotated_head_norms(p, q, k, step, layer)
@@ -425,13 +425,14 @@ class DecoderBuilder:
         q = self.g.op("Unsqueeze", [q, self.g.const([1])])  # [B,1,H*D]: one token per row
         return self._head_norm(q, cfg.num_heads, p + self.names.q_norm, cfg.head_dim)
 
-    def _qkv(self, p: str, h: str, cfg: ModelConfig, k_is_v: bool = False) -> list[str | None]:
+    def _qkv(self, p: str, h: str, cfg: ModelConfig, layer: LayerAttention,
+             k_is_v: bool = False) -> list[str | None]:
         """One packed projection for q, k and v (and the output gate where the family has
         one, else None as the fourth). Flavours whose attention takes the packed tensor get
         it whole ([qkv, None, None, None]: no split copies); otherwise it is split, with
         q/k norms where the family has them and q times its factor (Ministral 3). `cfg` is
-        the layer's (ModelConfig.for_layer); `k_is_v`: the layer has no v_proj, its values
-        are its keys' projection (Gemma 4's attention_k_eq_v)."""
+        the layer's (ModelConfig.for_layer), `layer` its attention; `k_is_v`: the layer has
+        no v_proj, its values are its keys' projection (Gemma 4's attention_k_eq_v)."""
         g, n = self.g, self.names
         parts = [n.qkv] if n.qkv else [n.q, n.k] if k_is_v else [n.q, n.k, n.v]
         weights = [p + part + ".weight" for part in parts]
@@ -444,8 +445,10 @@ class DecoderBuilder:
         if cfg.clip_qkv is not None:  # OLMo 1
             bound = cfg.clip_qkv
             qkv = g.op("Clip", [qkv, g.const(-bound, self.dtype), g.const(bound, self.dtype)])
-        if self.flavor.packed_qkv and cfg.qk_norm is None and self.q_scale is None \
-                and not cfg.attn_gate and not k_is_v:
+        l2_norm = cfg.qk_norm == "l2" and layer.rope is not None  # Llama 4: rope layers
+        q_scale = self._layer_query_scale(layer)
+        if self.flavor.packed_qkv and cfg.qk_norm in (None, "l2") and not l2_norm \
+                and q_scale is None and not cfg.attn_gate and not k_is_v:
             return [qkv, None, None, None]
         q_size, kv_size = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
         gate = None
@@ -467,9 +470,25 @@ class DecoderBuilder:
             k = self._head_norm(k, cfg.num_kv_heads, p + n.k_norm, cfg.head_dim)
         elif cfg.qk_norm == "full":
             q, k = self._norm(q, p + n.q_norm), self._norm(k, p + n.k_norm)
-        if self.q_scale is not None:  # before rotary, which it commutes with (query_scale.py)
-            q = g.op("Mul", [q, self.q_scale])
+        elif l2_norm:  # before rotary, which keeps each head's length (FamilySpec.qk_norm)
+            q, k = self._l2_norm(q, cfg.num_heads), self._l2_norm(k, cfg.num_kv_heads)
+        if q_scale is not None:  # before rotary, which it commutes with (query_scale.py)
+            q = g.op("Mul", [q, q_scale])
         return [q, k, v, gate]
+
+    def _layer_query_scale(self, layer: LayerAttention) -> str | None:
+        """The query factor of this layer: Ministral 3's on all, Llama 4's on NoPE ones."""
+        scale = self.cfg.query_scale
+        if scale is None or (scale.nope_only and layer.rope is not None):
+            return None
+        return self.q_scale
+
+    def _l2_norm(self, x: str, heads: int) -> str:
+        """Llama 4's L2 norm: each head of x [B,C,heads*D] RMS-normed without weight."""
+        g, d = self.g, self.cfg.head_dim
+        per_head = g.op("Reshape", [x, g.const([0, 0, heads, d])])
+        normed = self.flavor.rms_norm(g, per_head, g.const(np.ones(d), self.dtype))
+        return g.op("Reshape", [normed, g.const([0, 0, heads * d])])
 
     def _rotated_head_norms(self, p: str, q: str, k: str, step: StepTensors,
                             layer: LayerAttention) -> tuple[str, str]:
@@ -672,7 +691,7 @@ class DecoderBuilder:
         name = head_weight(self.ckpt, self.cfg)
         self._check_vocab_shape(name)
         bias = None
-        if self.cfg.spec.lm_head_bias:
+        if self.cfg.lm_head_bias:
             bias = self.w.resolve(tuple(h + ".bias" for h in self.names.lm_head))
         if self.quant is not None and self.quant.head_kind != "float":
             vocab, hidden_size = self.w.shape(name)

@@ -183,12 +183,20 @@ def _say_left_out(ckpt: Checkpoint) -> None:
 
 
 def _max_context(cfg: ModelConfig, requested: int | None) -> int:
+    chunk = cfg.attention_chunk
     if requested is None:
-        limit = min(cfg.max_positions, 4096)
+        limit = min(cfg.max_positions, 4096, chunk or cfg.max_positions)
     elif requested > cfg.max_positions:
         raise ExportError(
             f"--max-context {requested} exceeds the model's max_position_embeddings "
             f"({cfg.max_positions})"
+        )
+    elif chunk is not None and requested > chunk:
+        # Past one chunk Llama 4's rope layers attend within their own chunk only, which
+        # neither the KV cache nor the masks of a bundle express.
+        raise ExportError(
+            f"--max-context {requested} exceeds attention_chunk_size ({chunk}): chunked "
+            "attention past one chunk is not supported"
         )
     else:
         limit = requested

@@ -34,7 +34,11 @@ from edgeprefill.export.latent_attention import LatentShape, latent_scale, read_
 from edgeprefill.export.layer_groups import group_blocks
 from edgeprefill.export.layer_heads import gemma4_fields, layer_heads, rope_widths
 from edgeprefill.export.prequantized import Int4Scheme, read_int4_scheme
-from edgeprefill.export.query_scale import QueryScale, read_query_scale
+from edgeprefill.export.query_scale import (
+    QueryScale,
+    read_query_scale,
+    read_temperature_tuning,
+)
 from edgeprefill.export.rope import (
     SHARED_ROPE_TYPES,
     RopeConfig,
@@ -177,6 +181,10 @@ class ModelConfig:
     logits_divisor: float = 1.0  # divides the logits (Granite)
     logits_multiplier: float = 1.0  # multiplies the logits (Cohere's logit_scale)
     query_scale: QueryScale | None = None  # a per-position factor of q (Ministral 3)
+    # Llama 4's attention_chunk_size where some layers attend within chunks: the longest
+    # context export supports (within one chunk they are causal); None: no such layers.
+    attention_chunk: int | None = None
+    lm_head_bias: bool = False  # the LM head has a bias (FamilySpec.lm_head_bias or its key)
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
     fp8: Fp8Scheme | None = None  # how an FP8 checkpoint's weights are scaled (export/fp8.py)
@@ -376,6 +384,9 @@ class ModelConfig:
         if local:
             out.append(f"sliding window {self.sliding_window} on {local} of {self.num_layers} "
                        "layers")
+        if self.attention_chunk is not None:
+            out.append(f"chunked attention (chunks of {self.attention_chunk}): the context is "
+                       "capped at one chunk")
         own = {(self.layer_kv_heads(i), self.layer_head_dim(i)) for i, layer in
                enumerate(self.layers) if layer.head_dim or layer.kv_heads}
         for heads, dim in sorted(own):
@@ -501,7 +512,11 @@ def _read(family: str, spec: FamilySpec, raw: dict[str, Any],
         residual_scale=float(raw.get("residual_multiplier", 1.0)),
         logits_divisor=float(raw.get("logits_scaling", 1.0)),
         logits_multiplier=float(raw.get("logit_scale", 1.0)),
-        query_scale=read_query_scale(family, raw, ropes[GLOBAL]) if spec.query_scale else None,
+        query_scale=read_query_scale(family, raw, ropes[GLOBAL]) if spec.query_scale else
+        read_temperature_tuning(raw) if spec.temperature_tuning else None,
+        attention_chunk=_attention_chunk(raw, spec),
+        lm_head_bias=spec.lm_head_bias or bool(spec.lm_head_bias_key
+                                                 and raw.get(spec.lm_head_bias_key)),
         bos_token_id=_first_id(raw.get("bos_token_id")),
         eos_token_ids=_ids(raw.get("eos_token_id")),
         **_conv(raw, spec),
@@ -729,7 +744,8 @@ def _layers(raw: dict[str, Any], spec: FamilySpec) -> tuple[LayerAttention, ...]
             raise ExportError(f"layer_types lists {len(types)} layers; there are {count}")
         kinds = {"full_attention", "sliding_attention", *(("conv",) if spec.conv else ()),
                  *(("linear_attention",) if spec.delta_net else ()),
-                 *(("mamba",) if spec.mamba else ())}
+                 *(("mamba",) if spec.mamba else ()),
+                 *(("chunked_attention",) if spec.chunked_attention else ())}
         unknown = {str(kind) for kind in types} - kinds
         if unknown:
             raise ExportError(f"layer_types holds unsupported kinds: {', '.join(sorted(unknown))}"
@@ -747,6 +763,16 @@ def _layers(raw: dict[str, Any], spec: FamilySpec) -> tuple[LayerAttention, ...]
         for i, (slide, rope) in enumerate(zip(slides, ropes, strict=True))
     )
     return layer_heads(raw, layers) if spec.per_layer_heads else layers
+
+
+def _attention_chunk(raw: dict[str, Any], spec: FamilySpec) -> int | None:
+    """Llama 4's chunk size where some layer attends within chunks (None: none does)."""
+    if not spec.chunked_attention or "chunked_attention" not in (raw.get("layer_types") or ()):
+        return None
+    chunk = int(raw["attention_chunk_size"])
+    if chunk < 1:
+        raise ExportError(f"attention_chunk_size must be at least 1, got {chunk}")
+    return chunk
 
 
 def _rope_layers(raw: dict[str, Any], count: int) -> list[bool]:

@@ -45,6 +45,10 @@ REFUSED_TYPES: dict[str, str] = {
     # attends bidirectionally: a causal bundle computes other logits for any prompt.
     "paligemma": "PaliGemma attends its whole prompt bidirectionally (a prefix LM), which a "
                  "causal bundle cannot compute",
+    "jetmoe": "JetMoE's mixture of attention heads (routed query and output projections) "
+              "is not supported",
+    "longcat_flash": "LongCat-Flash's zero-computation experts and two attentions per layer "
+                     "are not supported",
 }
 
 

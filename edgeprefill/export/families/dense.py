@@ -62,7 +62,7 @@ def _olmo3_ropes(raw: dict[str, Any]) -> dict[str, Any]:
     return {**rest, "rope_parameters": {"full_attention": full, "sliding_attention": sliding}}
 
 
-def _hunyuan_ntk_alpha(raw: dict[str, Any]) -> dict[str, Any]:
+def hunyuan_ntk_alpha(raw: dict[str, Any]) -> dict[str, Any]:
     # HunYuanDenseV1RotaryEmbedding: the checkpoints' "dynamic" rope with an `alpha` is a
     # fixed NTK stretch of the base, not transformers' length-dependent dynamic rope.
     for key in ("rope_parameters", "rope_scaling"):
@@ -300,6 +300,13 @@ GPT2 = FamilySpec(
 PHI_NAMES = TensorNames(final_norm="model.final_layernorm", o="self_attn.dense",
                         gate="", up="mlp.fc1", down="mlp.fc2")
 
+HUNYUAN_V1_DENSE = FamilySpec(
+    **ATTENTION_BIAS, qk_norm="head_rotated", legacy=hunyuan_ntk_alpha,
+    names=replace(LLAMA_NAMES, q_norm="self_attn.query_layernorm",
+                  k_norm="self_attn.key_layernorm"),
+    required=("head_dim",), defaults={"rms_norm_eps": 1e-5}, rope_types=("ntk_alpha",),
+    quirks=("per-head q/k RMSNorm after rotary",),
+)
 FAMILIES: dict[str, FamilySpec] = {
     "llama": FamilySpec(**ATTENTION_BIAS, unsupported=("mlp_bias",)),
     "mistral": FamilySpec(window="always", defaults={"max_position_embeddings": 131072,
@@ -430,13 +437,7 @@ FAMILIES: dict[str, FamilySpec] = {
     # pruned to the text tokens (output_vocab_size, refused).
     "apertus1p5_text": replace(APERTUS, refuse=_pruned_head,
                                defaults={**APERTUS.defaults, "vocab_size": 266752}),
-    "hunyuan_v1_dense": FamilySpec(
-        **ATTENTION_BIAS, qk_norm="head_rotated", legacy=_hunyuan_ntk_alpha,
-        names=replace(LLAMA_NAMES, q_norm="self_attn.query_layernorm",
-                      k_norm="self_attn.key_layernorm"),
-        required=("head_dim",), defaults={"rms_norm_eps": 1e-5}, rope_types=("ntk_alpha",),
-        quirks=("per-head q/k RMSNorm after rotary",),
-    ),
+    "hunyuan_v1_dense": HUNYUAN_V1_DENSE,
     "glm": GLM,
     # GLM with norms after attention and MLP too (GLM-4-0414): input_layernorm,
     # post_self_attn_layernorm, post_attention_layernorm (before the MLP), post_mlp_layernorm.

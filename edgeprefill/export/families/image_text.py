@@ -21,7 +21,12 @@ from edgeprefill.export.families.dense import (
 )
 from edgeprefill.export.families.dense import FAMILIES as DENSE_FAMILIES
 from edgeprefill.export.families.gemma import FAMILIES as GEMMA_FAMILIES
-from edgeprefill.export.families.moe import EXPERT_ALIASES, GLM4_MOE, shared_experts
+from edgeprefill.export.families.moe import (
+    EXPERT_ALIASES,
+    GLM4_MOE,
+    LLAMA4_TEXT,
+    shared_experts,
+)
 from edgeprefill.export.families.recurrent import LFM2, LFM3
 from edgeprefill.export.families.spec import FamilySpec
 from edgeprefill.export.families.wrapped import Wrapper
@@ -223,6 +228,17 @@ FAMILIES: dict[str, FamilySpec] = {
     "shieldgemma2": SHIELDGEMMA2,
     "glm4v": GLM4V,
     "glm46v": GLM4V,  # GLM-4.6V: Glm46VConfig, the same language model and layout
+    # Llama4ForConditionalGeneration (Llama 4 Scout and Maverick on the Hub): its Llama 4
+    # language model (language_model.model.*), the vision model and projector left out.
+    "llama4": replace(
+        LLAMA4_TEXT, nested="text_config", text_types=("llama4_text",),
+        outer={"tie_word_embeddings": False},
+        renames=(("language_model.model.", "model."), ("model.language_model.", "model."),
+                 ("language_model.lm_head.", "lm_head.")),
+        left_out=("vision_model.", "multi_modal_projector.", "model.vision_model.",
+                  "model.multi_modal_projector."),
+        quirks=(*LLAMA4_TEXT.quirks, IMAGE_TEXT_QUIRK),
+    ),
 }
 
 # The checkpoints whose language model is whichever text family of ours text_config names

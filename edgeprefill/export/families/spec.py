@@ -110,8 +110,11 @@ class FamilySpec:
     qkv_interleaved: bool = False  # fused qkv rows ordered [head, q|k|v, dim] (GPT-NeoX)
     rope_interleaved: bool = False  # rotary pairs are dims (2i, 2i+1), not (i, i + D/2)
     lm_head_bias: bool = False
+    lm_head_bias_key: str | None = None  # a key that switches the LM head's bias on (PhiMoE)
     # None, "head" (per head, before rotary), "head_rotated" (per head, of the rotated q/k:
-    # HunYuan) or "full" (the whole q/k projection)
+    # HunYuan), "full" (the whole q/k projection) or "l2" (Llama 4's: per head, without
+    # weight, on the layers with rotary only; of the rotated q/k in transformers, which is
+    # the rotation of the normed q/k: rotary keeps each head's length)
     qk_norm: str | None = None
     # The config key that switches those norms on; None: always there (GLM-4.5's use_qk_norm)
     qk_norm_key: str | None = None
@@ -169,6 +172,13 @@ class FamilySpec:
     # Whether the model multiplies each query by Llama 4's per-position factor, from its rope
     # dict's llama_4_scaling_beta and original window (Ministral 3; export/query_scale.py).
     query_scale: bool = False
+    # Whether the model multiplies its NoPE layers' queries by a factor of the position
+    # where attn_temperature_tuning is on (Llama 4; export/query_scale.py).
+    temperature_tuning: bool = False
+    # Whether `layer_types` may name "chunked_attention" layers (Llama 4's rope layers: a
+    # token attends within its attention_chunk_size block only). Within the first block
+    # that is causal attention: export caps the bundle's context there.
+    chunked_attention: bool = False
     # Whether `layer_types` may name "conv" layers: LFM2's gated short convolutions, which
     # hold no KV but a recurrent state (export/short_conv.py).
     conv: bool = False
