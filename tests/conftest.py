@@ -510,6 +510,19 @@ FAMILIES: dict[str, dict] = {
     "gpt_oss": {"num_local_experts": 8, "num_experts_per_tok": 2, "intermediate_size": 64,
                 "head_dim": 16, "sliding_window": 8, "swiglu_limit": 1.5,
                 "swiglu_alpha": 1.5},
+    # The GPT-2-era classics (export/families/classic.py). OPT: learned positions from row 2
+    # of their table, ReLU MLP, tied as the Hub's are; OPT-350m's post-norm layers without a
+    # final norm, and its narrower embedding projected in and out.
+    "opt": {"ffn_dim": 80, "tie_word_embeddings": True},
+    "opt-350m": {"ffn_dim": 80, "tie_word_embeddings": True, "do_layer_norm_before": False,
+                 "word_embed_proj_dim": 32},
+    # GPT-J: a parallel layer on one norm, rotary on interleaved pairs of 16 of the 32 head
+    # dims, an LM head with a bias; CodeGen the same with its sharded fused q/k/v
+    "gptj": {"n_inner": 80, "num_attention_heads": 2, "rotary_dim": 16},
+    "codegen": {"n_inner": 80, "num_attention_heads": 2, "rotary_dim": 16},
+    # GPT-Neo: a global then a local layer (a window of 8), q.k unscaled, tied
+    "gpt_neo": {"attention_types": [[["global", "local"], 1]], "window_size": 8,
+                "tie_word_embeddings": True},
 }
 # The fixtures stored as a BitNet quantization_config announces (tests/bitnet_checkpoints.py)
 BITNET_LAYOUTS = {"bitnet-packed": "bitlinear", "bitnet-online": "online"}

@@ -145,6 +145,8 @@ class DecoderBuilder:
         self.q_scale = self._query_scale(past_lens, chunk)
         self.latent = LatentAttention(self) if cfg.latent is not None else None
         x = self._embed(ids)  # [B,C,hidden] or packed [1,T,hidden]
+        if cfg.embed_width is not None:  # OPT-350m: a narrower table, projected
+            x = self.w.linear(x, [self.names.project_in + ".weight"], None)
         if self.names.position_embed is not None:  # GPT-2's learned positions
             x = g.op("Add", [x, self._position_embedding(self.names.position_embed,
                                                          past_lens, chunk)])
@@ -171,7 +173,9 @@ class DecoderBuilder:
             x = self.altup.collapse(x)
         # Only each row's last valid token reaches the LM head (the last layer kept only
         # those): full [C, vocab] logits of a 256-token chunk would cost more than a layer.
-        hidden = self._norm(x, self.names.final_norm)  # [B,hidden]
+        hidden = self._norm(x, self.names.final_norm) if cfg.final_norm else x  # [B,hidden]
+        if cfg.embed_width is not None:
+            hidden = self.w.linear(hidden, [self.names.project_out + ".weight"], None)
         logits = self._logits(self._lm_head(hidden))
         if self.dtype != np.float32:
             logits = g.op("Cast", [logits], to=1)
@@ -246,6 +250,8 @@ class DecoderBuilder:
             x = self.g.op("Add", [rows(x), self._scaled(attn)])
             return x, self._scaled(self._norm(self._mlp(p, x), p + n.post_mlp_norm))
         x, h = self._add_norm(x, delta, p + n.input_norm)
+        if block == "postln":  # OPT-350m: each norm after its residual add
+            return self._post_norm_layer(i, x, delta, step, rows), None
         if block == "hybrid":  # Falcon-H1: attention and Mamba-2 side by side
             x, h = self._add_norm(rows(x), self._hybrid_mixers(i, h, step, rows),
                                   p + n.post_attn_norm)
@@ -265,6 +271,17 @@ class DecoderBuilder:
             return x, self._scaled(self._norm(self._mlp(p, h), p + n.post_mlp_norm))
         x, h = self._add_norm(x, self._scaled(attn), p + n.post_attn_norm)
         return x, self._scaled(self._mlp(p, h))
+
+    def _post_norm_layer(self, i: int, x: str, delta: str | None, step: StepTensors,
+                         rows: Rows) -> str:
+        """OPT-350m's layer: attention and MLP read the residual stream itself, and each
+        residual add is normed."""
+        g, n = self.g, self.names
+        p = n.layer.format(i=i)
+        x = x if delta is None else g.op("Add", [x, delta])
+        attn = self._mixer(i, x, step, rows)
+        x = self._norm(g.op("Add", [rows(x), attn]), p + n.input_norm)
+        return self._norm(g.op("Add", [x, self._mlp(p, x)]), p + n.post_attn_norm)
 
     def _altup_layer(self, i: int, streams: str, step: StepTensors, rows: Rows) -> str:
         """Gemma 3n's layer on AltUp's streams [.., N, hidden] (export/altup.py): Gemma 3's
@@ -436,6 +453,7 @@ class DecoderBuilder:
         bias = p + (n.qkv or "self_attn.qkv_proj") + ".bias" if cfg.qkv_bias else None
         self._check_qkv_shapes(weights, cfg)
         reorder = self._neox_order if cfg.spec.qkv_interleaved else \
+            self._shard_order if cfg.spec.qkv_shards else \
             self._gate_last if cfg.attn_gate else \
             self._reflected if cfg.spec.rotary_reflected else None
         qkv = self._scaled_keys(self.w.linear(h, weights, bias, reorder=reorder))
@@ -500,6 +518,15 @@ class DecoderBuilder:
         d, heads = self.cfg.head_dim, self.cfg.num_heads
         rest = rows.shape[1:]
         return rows.reshape(heads, 3, d, *rest).swapaxes(0, 1).reshape(3 * heads * d, *rest)
+
+    def _shard_order(self, rows: np.ndarray) -> np.ndarray:
+        """CodeGen stores the fused projection's rows as [shard, q|v|k, hidden / shards]
+        (the model-parallel layout it was trained in, CodeGenAttention's mp_num); each of
+        q, k and v is its shards' slices in order. The graph wants [q|k|v, hidden]."""
+        shards, hidden = self.cfg.spec.qkv_shards, self.cfg.hidden_size
+        rest = rows.shape[1:]
+        parts = rows.reshape(shards, 3, hidden // shards, *rest)
+        return np.concatenate([parts[:, j].reshape(hidden, *rest) for j in (0, 2, 1)])
 
     def _scaled_keys(self, qkv: str) -> str:
         """Falcon-H1 multiplies k by key_multiplier after its projection (bias included):
@@ -602,6 +629,8 @@ class DecoderBuilder:
             raise ExportError("the xielu activation is supported in dense MLPs only")
         if kind == "silu":
             return g.op("Mul", [x, g.op("Sigmoid", [x])])
+        if kind == "relu":  # OPT
+            return g.op("Relu", [x])
         if kind == "relu2":  # Arcee (transformers' ReLUSquaredActivation)
             relu = g.op("Relu", [x])
             return g.op("Mul", [relu, relu])
@@ -636,25 +665,31 @@ class DecoderBuilder:
         KV capacity, which is at most the bundle's context (Engine._capacity), which is at
         most the table's rows (exporter._max_context)."""
         g, cfg = self.g, self.cfg
-        if self.w.shape(name) != (cfg.max_positions, cfg.hidden_size):
+        offset = cfg.spec.position_offset  # OPT's table starts 2 rows before position 0
+        shape = (cfg.max_positions + offset, cfg.hidden_size)
+        if self.w.shape(name) != shape:
             raise ExportError(
-                f"{name} has shape {self.w.shape(name)}, but config.json implies "
-                f"{(cfg.max_positions, cfg.hidden_size)} (n_positions {cfg.max_positions}, "
-                f"hidden {cfg.hidden_size})"
+                f"{name} has shape {self.w.shape(name)}, but config.json implies {shape} "
+                f"(max_position_embeddings {cfg.max_positions}"
+                f"{f' + offset {offset}' if offset else ''}, hidden {cfg.hidden_size})"
             )
+        table = self.w.tensor(name) if not offset else g.weight(
+            name + ".from_position_0", (cfg.max_positions, cfg.hidden_size), self.dtype,
+            lambda: self.ckpt.get(name, self.dtype)[offset:])
         at = positions(g, g.op("Cast", [past_lens], to=7), chunk)  # [B,C]
-        return self.tokens.embed(self.w.tensor(name), at)
+        return self.tokens.embed(table, at)
 
     def _check_vocab_shape(self, name: str) -> None:
         """The embedding table and the LM head are [vocab_size, hidden]: the bundle's logits
         are as wide as config.json's vocab_size, so a table of another height would export
         a graph that fails at its first call."""
         cfg = self.cfg
-        if self.w.shape(name) != (cfg.vocab_size, cfg.hidden_size):
+        width = cfg.embed_width or cfg.hidden_size
+        if self.w.shape(name) != (cfg.vocab_size, width):
             raise ExportError(
                 f"{name} has shape {self.w.shape(name)}, but config.json implies "
-                f"{(cfg.vocab_size, cfg.hidden_size)} (vocab_size {cfg.vocab_size}, hidden "
-                f"{cfg.hidden_size})"
+                f"{(cfg.vocab_size, width)} (vocab_size {cfg.vocab_size}, "
+                f"{'word_embed_proj_dim' if cfg.embed_width else 'hidden'} {width})"
             )
 
     def _lm_head(self, hidden: str) -> str:

@@ -44,7 +44,7 @@ from edgeprefill.json_file import load_json_object
 # the same tanh approximation).
 ACTIVATIONS = {"silu": "silu", "swish": "silu", "gelu": "gelu", "gelu_new": "gelu_tanh",
                "gelu_pytorch_tanh": "gelu_tanh", "gelu_fast": "gelu_tanh", "relu2": "relu2",
-               "xielu": "xielu"}
+               "xielu": "xielu", "relu": "relu"}
 GLOBAL, LOCAL = "global", "local"  # the rope tables a layer can use
 # Where a family's norms take their epsilon unless FamilySpec.eps_key names the key.
 EPS_KEYS = ("rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon")
@@ -233,6 +233,11 @@ class ModelConfig:
     sparsity: tuple[float, ...] = ()
     # Whether config.json switches the family's q/k norms off (GLM-4.5's use_qk_norm false).
     qk_norm_off: bool = False
+    # Whether the last layer's output is normed before the LM head (OPT's post-norm layers
+    # are not), and the embedding's width where it is narrower than hidden and projected
+    # to and from it (OPT-350m's word_embed_proj_dim); None: hidden.
+    final_norm: bool = True
+    embed_width: int | None = None
 
     def __post_init__(self) -> None:
         check_model_config(self)
@@ -498,7 +503,15 @@ def _read(family: str, spec: FamilySpec, raw: dict[str, Any]) -> ModelConfig:
         mtp_layers=int(raw.get("num_nextn_predict_layers") or 0),
         **_altup(raw, spec),
         qk_norm_off=spec.qk_norm_key is not None and not raw.get(spec.qk_norm_key),
+        final_norm=spec.final_norm_from_config(raw) if spec.final_norm_from_config else True,
+        embed_width=_embed_width(raw, spec, hidden),
     )
+
+
+def _embed_width(raw: dict[str, Any], spec: FamilySpec, hidden: int) -> int | None:
+    """The embedding's own width where the family's key makes it differ from hidden."""
+    width = raw.get(spec.embed_width_key) if spec.embed_width_key else None
+    return None if width is None or int(width) == hidden else int(width)
 
 
 def _altup(raw: dict[str, Any], spec: FamilySpec) -> dict[str, Any]:

@@ -5,13 +5,22 @@ layout, MLP kind, q/k norms, embedding scaling, tensor names, which layers slide
 numbers behind the switches (soft-caps, multipliers, windows, rope) are read from
 config.json by `ModelConfig.from_hf`; nothing downstream looks at a family's name.
 
-One module per kind of language model (dense, gemma, moe, latent, recurrent) and the
-image-text checkpoints that wrap one; `FamilySpec` and the tensor names in `spec`.
+One module per kind of language model (dense, gemma, moe, latent, recurrent, and the
+GPT-2-era classic) and the image-text checkpoints that wrap one; `FamilySpec` and the
+tensor names in `spec`.
 """
 
 from __future__ import annotations
 
-from edgeprefill.export.families import dense, gemma, image_text, latent, moe, recurrent
+from edgeprefill.export.families import (
+    classic,
+    dense,
+    gemma,
+    image_text,
+    latent,
+    moe,
+    recurrent,
+)
 from edgeprefill.export.families.spec import BLOCKS, NORMS, FamilySpec, TensorNames
 
 __all__ = ["BLOCKS", "FAMILIES", "NORMS", "REFUSED_TYPES", "FamilySpec", "TensorNames"]
@@ -45,4 +54,5 @@ FAMILIES: dict[str, FamilySpec] = _merged(
     latent.FAMILIES,
     recurrent.FAMILIES,
     image_text.FAMILIES,
+    classic.FAMILIES,
 )

@@ -35,6 +35,10 @@ class TensorNames:
     down: str = "mlp.down_proj"
     # learned absolute positions added to the embedding (GPT-2's `wpe`); None: no such table
     position_embed: str | None = None
+    # OPT-350m's projections between a narrower embedding (word_embed_proj_dim) and the
+    # layers' width: after the embedding, and before the LM head
+    project_in: str = "model.decoder.project_in"
+    project_out: str = "model.decoder.project_out"
     input_norm: str = "input_layernorm"
     post_attn_norm: str = "post_attention_layernorm"
     pre_mlp_norm: str = "pre_feedforward_layernorm"
@@ -89,8 +93,9 @@ NORMS = ("rms", "rms_plus_one", "layer", "layer_no_bias", "layer_plus_one", "lay
 #   parallel   x += attn(n1(x)) + mlp(n2(x))                             (GPT-NeoX)
 #   shared     x += attn(n1(x)) + mlp(n1(x))                             (Phi, parallel StableLM)
 #   hybrid     x += attn(n1(x)) + mamba(n1(x)); x += mlp(n2(x))          (Falcon-H1)
+#   postln     x = n1(x + attn(x)); x = n2(x + mlp(x))                   (OPT-350m)
 #   altup      Gemma 3n: the sandwich on AltUp's active stream, with LAuReL (altup.py)
-BLOCKS = ("pre", "sandwich", "post", "parallel", "shared", "hybrid", "altup")
+BLOCKS = ("pre", "sandwich", "post", "parallel", "shared", "hybrid", "altup", "postln")
 
 
 @dataclass(frozen=True)
@@ -106,6 +111,9 @@ class FamilySpec:
     mlp_bias: bool | None = False  # None: the same as the q/k/v biases (StarCoder2)
     mlp_bias_key: str | None = None  # a key of its own for the MLP biases (Jais 2), mlp_bias unset
     qkv_interleaved: bool = False  # fused qkv rows ordered [head, q|k|v, dim] (GPT-NeoX)
+    # CodeGen: fused qkv rows ordered [shard, q|v|k, hidden / shards] over this many
+    # model-parallel shards (its mp_num, 4); 0: not so
+    qkv_shards: int = 0
     rope_interleaved: bool = False  # rotary pairs are dims (2i, 2i+1), not (i, i + D/2)
     lm_head_bias: bool = False
     # None, "head" (per head, before rotary), "head_rotated" (per head, of the rotated q/k:
@@ -133,6 +141,14 @@ class FamilySpec:
     window: str = "never"
     # Which layers slide when config.json has no `layer_types`: layer index, config -> bool.
     sliding: Callable[[int, dict[str, Any]], bool] = lambda i, raw: True
+    # Rows of the learned position table before position 0's (OPT's and BioGPT's offset 2).
+    position_offset: int = 0
+    # Whether the last layer's output is normed before the LM head, from config.json (OPT:
+    # only its pre-norm layers are followed by a final norm); None: always.
+    final_norm_from_config: Callable[[dict[str, Any]], bool] | None = None
+    # The key of an embedding width of its own (OPT's word_embed_proj_dim): where it
+    # differs from hidden_size, names.project_in and project_out map between them.
+    embed_width_key: str | None = None
     # Quirks worth naming to a user (README, manifest, `inspect`).
     quirks: tuple[str, ...] = ()
     block_from_config: Callable[[dict[str, Any]], str] | None = None

@@ -1,0 +1,179 @@
+"""The older causal LMs of the GPT-2 era that people still bring: OPT, GPT-J, CodeGen and
+GPT-Neo. LayerNorm with bias, ungated MLPs, their own config key names, and positions that
+are either a learned table (OPT with its offset of 2, GPT-Neo) or GPT-J's rotary on
+interleaved pairs of the first `rotary_dim` dims of each head.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from edgeprefill.export.families.dense import GPT2_ALIASES
+from edgeprefill.export.families.spec import FamilySpec, TensorNames
+
+# Keys other families read that these config classes have no use for: their own keys
+# decide (dropped before reading).
+FOREIGN_KEYS = ("num_key_value_heads", "head_dim", "no_rope_layers", "no_rope_layer_interval",
+                "layer_types", "attention_multiplier", "query_pre_attn_scalar",
+                "rope_parameters", "rope_scaling", "rope_theta", "partial_rotary_factor",
+                "rotary_pct", "sliding_window", "original_max_position_embeddings")
+
+
+def _aliased(raw: dict[str, Any], aliases: dict[str, str]) -> dict[str, Any]:
+    """The config class's own key names read as the reader's; the reader's name wins where
+    both are given (attribute_map)."""
+    raw = dict(raw)
+    for key, alias in aliases.items():
+        raw[alias] = raw.get(alias, raw[key])
+    return raw
+
+
+def _opt_config(raw: dict[str, Any]) -> dict[str, Any]:
+    """OPTConfig: an MLP ffn_dim wide, LayerNorms of torch's default eps (the class has no
+    key for it), learned positions only."""
+    raw = {**raw, "intermediate_size": raw["ffn_dim"], "layer_norm_eps": 1e-5}
+    raw["no_rope_layers"] = [0] * int(raw["num_hidden_layers"])
+    return raw
+
+
+def _opt_unsupported(raw: dict[str, Any]) -> str | None:
+    if not raw["layer_norm_elementwise_affine"]:
+        return "layer_norm_elementwise_affine=false (LayerNorms without weights) is not supported"
+    return None
+
+
+def _opt_block(raw: dict[str, Any]) -> str:
+    return "pre" if raw["do_layer_norm_before"] else "postln"
+
+
+def _opt_final_norm(raw: dict[str, Any]) -> bool:
+    # OPTDecoder: no final norm after post-norm layers, nor where an old fine-tune dropped it
+    return bool(raw["do_layer_norm_before"]) and not raw["_remove_final_layer_norm"]
+
+
+def _rotary_config(raw: dict[str, Any]) -> dict[str, Any]:
+    """GPTJConfig and CodeGenConfig: GPT-2's key names, an MLP n_inner wide (4 x n_embd
+    when null), rotary on the first rotary_dim dims of each head on the base 10000 (their
+    create_sinusoidal_positions)."""
+    raw = _aliased(raw, GPT2_ALIASES)
+    hidden, heads = int(raw["hidden_size"]), int(raw["num_attention_heads"])
+    raw["intermediate_size"] = raw["n_inner"] if raw["n_inner"] is not None else 4 * hidden
+    raw["rope_theta"] = 10000.0
+    if raw["rotary_dim"] is not None:
+        raw["partial_rotary_factor"] = int(raw["rotary_dim"]) / (hidden // max(heads, 1))
+    return raw
+
+
+def _rotary_unsupported(raw: dict[str, Any]) -> str | None:
+    if raw["rotary_dim"] is None:
+        return "rotary_dim null (a rotary table as wide as hidden_size) is not supported"
+    return None
+
+
+def _codegen_unsupported(raw: dict[str, Any]) -> str | None:
+    if int(raw["hidden_size"]) % CODEGEN_SHARDS:
+        return (f"n_embd {raw['hidden_size']} is not a multiple of the {CODEGEN_SHARDS} shards "
+                "of its fused q/k/v projection")
+    return _rotary_unsupported(raw)
+
+
+def _gpt_neo_config(raw: dict[str, Any]) -> dict[str, Any]:
+    """GPTNeoConfig: num_heads and num_layers (aliased), an MLP intermediate_size wide
+    (4 x hidden when null), learned positions only, q.k not scaled at all, and layers
+    global or local (a window of window_size) as attention_types lists them."""
+    raw = _aliased(raw, {"num_heads": "num_attention_heads", "num_layers": "num_hidden_layers"})
+    hidden = int(raw["hidden_size"])
+    if raw["intermediate_size"] is None:
+        raw["intermediate_size"] = 4 * hidden
+    kinds = [kind for group, repeat in raw["attention_types"] for _ in range(int(repeat))
+             for kind in group]
+    unknown = set(kinds) - set(NEO_LAYER_TYPES)
+    if unknown:
+        raise ValueError(f"attention_types holds {sorted(unknown)}; GPT-Neo's layers are "
+                         "global or local")
+    if len(kinds) != int(raw["num_hidden_layers"]):
+        raise ValueError(f"attention_types lists {len(kinds)} layers; num_layers is "
+                         f"{raw['num_hidden_layers']}")
+    raw["layer_types"] = [NEO_LAYER_TYPES[kind] for kind in kinds]
+    raw["sliding_window"] = raw["window_size"]
+    raw["no_rope_layers"] = [0] * len(kinds)
+    raw["attention_multiplier"] = 1.0  # GPTNeoSelfAttention._attn: q.k as it is
+    return raw
+
+
+NEO_LAYER_TYPES = {"global": "full_attention", "local": "sliding_attention"}
+CODEGEN_SHARDS = 4  # CodeGenAttention.mp_num
+OPT_NAMES = TensorNames(
+    embed=("model.decoder.embed_tokens.weight",),
+    position_embed="model.decoder.embed_positions.weight",
+    final_norm="model.decoder.final_layer_norm", layer="model.decoder.layers.{i}.",
+    o="self_attn.out_proj", gate="", up="fc1", down="fc2",
+    input_norm="self_attn_layer_norm", post_attn_norm="final_layer_norm",
+)
+GPTJ_NAMES = TensorNames(
+    embed=("transformer.wte.weight",), final_norm="transformer.ln_f",
+    layer="transformer.h.{i}.", q="attn.q_proj", k="attn.k_proj", v="attn.v_proj",
+    o="attn.out_proj", gate="", up="mlp.fc_in", down="mlp.fc_out", input_norm="ln_1",
+)
+GPT_NEO_NAMES = TensorNames(
+    embed=("transformer.wte.weight",), position_embed="transformer.wpe.weight",
+    final_norm="transformer.ln_f", layer="transformer.h.{i}.",
+    q="attn.attention.q_proj", k="attn.attention.k_proj", v="attn.attention.v_proj",
+    o="attn.attention.out_proj", gate="", up="mlp.c_fc", down="mlp.c_proj",
+    input_norm="ln_1", post_attn_norm="ln_2",
+)
+GPTJ_DEFAULTS = {"n_embd": 4096, "n_layer": 28, "n_head": 16, "n_positions": 2048,
+                 "n_inner": None, "rotary_dim": 64, "layer_norm_epsilon": 1e-5}
+# GPT-J's layer: attention and MLP side by side on one LayerNorm, rotary on interleaved
+# pairs of each head's first rotary_dim dims, no q/k/v/o biases, an LM head with a bias.
+GPTJ = FamilySpec(
+    names=GPTJ_NAMES, norm="layer", block="shared", gated_mlp=False, mlp_bias=True,
+    lm_head_bias=True, rope_interleaved=True, partial_rotary=True, act_default="gelu_new",
+    act_key="activation_function", eps_key="layer_norm_epsilon", legacy=_rotary_config,
+    refuse=_rotary_unsupported, ignores=("intermediate_size", *FOREIGN_KEYS),
+    defaults=GPTJ_DEFAULTS,
+    quirks=("LayerNorm with bias", "gelu MLP", "interleaved rotary", "LM head bias"),
+)
+
+FAMILIES: dict[str, FamilySpec] = {
+    # OPT: learned positions from row 2 of their table, ReLU MLP, biases everywhere
+    # (enable_bias); OPT-350m's layers norm after the residual add, with no final norm, and
+    # its embedding is word_embed_proj_dim wide, projected in and out.
+    "opt": FamilySpec(
+        names=OPT_NAMES, norm="layer", gated_mlp=False, bias_key="enable_bias", qkv_bias=True,
+        o_bias=None, mlp_bias=None, tie_default=True, act_default="relu",
+        act_key="activation_function", eps_key="layer_norm_eps", position_offset=2,
+        legacy=_opt_config, refuse=_opt_unsupported, block_from_config=_opt_block,
+        final_norm_from_config=_opt_final_norm, embed_width_key="word_embed_proj_dim",
+        renames=(("decoder.", "model.decoder."),),
+        ignores=("intermediate_size", "layer_norm_eps", *FOREIGN_KEYS),
+        defaults={"hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12,
+                  "ffn_dim": 3072, "max_position_embeddings": 2048, "enable_bias": True,
+                  "do_layer_norm_before": True, "_remove_final_layer_norm": False,
+                  "layer_norm_elementwise_affine": True},
+        quirks=("learned absolute position embeddings (offset 2)", "LayerNorm with bias",
+                "ReLU MLP"),
+    ),
+    "gptj": GPTJ,
+    # GPT-J's layer with one fused q/k/v projection in CodeGen's model-parallel layout.
+    "codegen": replace(
+        GPTJ, names=replace(GPTJ_NAMES, qkv="attn.qkv_proj"), qkv_shards=CODEGEN_SHARDS,
+        refuse=_codegen_unsupported,
+        quirks=(*GPTJ.quirks, "fused q/k/v in 4 model-parallel shards"),
+    ),
+    # GPT-Neo: GPT-2's layer with nn.Linear projections (an o bias only), learned
+    # positions, q.k unscaled, and local layers attending to the last window_size tokens.
+    "gpt_neo": FamilySpec(
+        names=GPT_NEO_NAMES, norm="layer", gated_mlp=False, o_bias=True, mlp_bias=True,
+        tie_default=True, act_default="gelu_new", act_key="activation_function",
+        eps_key="layer_norm_epsilon", window="always", legacy=_gpt_neo_config,
+        ignores=FOREIGN_KEYS,
+        defaults={"hidden_size": 2048, "num_layers": 24, "num_heads": 16,
+                  "intermediate_size": None, "window_size": 256,
+                  "max_position_embeddings": 2048, "layer_norm_epsilon": 1e-5,
+                  "attention_types": [[["global", "local"], 12]]},
+        quirks=("learned absolute position embeddings", "LayerNorm with bias", "gelu MLP",
+                "q.k not scaled by 1/sqrt(head_dim)"),
+    ),
+}
