@@ -264,7 +264,11 @@ SUPPORTED = {"granitemoehybrid": {"layer_types": ["attention"] * 4, "num_local_e
              "bamba": {"attn_layer_indices": [1]},
              "mamba2": {"num_heads": 8, "head_dim": 16},  # hidden x expand = heads x dim
              # Gemma 3n: its config class shares the KV of 15 layers, more than there are
-             "gemma3n_text": {"num_kv_shared_layers": 2}, "gemma3n": {"num_kv_shared_layers": 2}}
+             "gemma3n_text": {"num_kv_shared_layers": 2}, "gemma3n": {"num_kv_shared_layers": 2},
+             # their config classes rotate 64 dims (more than MINIMAL's heads have) and
+             # list 24 layers
+             "gptj": {"rotary_dim": 8}, "codegen": {"rotary_dim": 8},
+             "gpt_neo": {"attention_types": [[["global", "local"], 2]]}}
 
 
 def least(family: str) -> dict:
@@ -301,14 +305,17 @@ def hf_theta(config, layer_type: str = "full_attention") -> float:
 
 
 # The families whose positions are a learned table (GPT-2's wpe), with no rotary at all.
-LEARNED_POSITIONS = ("gpt2", "gpt_bigcode")
+LEARNED_POSITIONS = ("gpt2", "gpt_bigcode", "opt", "gpt_neo")
+# The families whose rotary is a table of their own (GPT-J's create_sinusoidal_positions on
+# the base 10000 over rotary_dim), not a rope_parameters dict.
+OWN_ROTARY = ("gptj", "codegen")
 # ... and those without rotary nor positions (Nemotron-H, Mamba-2, Mamba-1: their mamba
 # layers order the tokens).
 NO_ROTARY = (*LEARNED_POSITIONS, "nemotron_h", "mamba2", "mamba", "falcon_mamba")
 
 
 # The families whose norms' eps is their model's constant, not a config key.
-FIXED_EPS = {"olmo": 1e-5}  # OlmoLayerNorm's
+FIXED_EPS = {"olmo": 1e-5, "opt": 1e-5}  # OlmoLayerNorm's, torch's LayerNorm default (OPT)
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
@@ -331,6 +338,9 @@ def test_keys_a_config_leaves_out_take_transformers_defaults(family):
     assert ours.norm_eps == pytest.approx(eps)
     if family in NO_ROTARY:  # no rope: every layer goes without
         assert [layer.rope for layer in ours.layers] == [None] * len(ours.layers)
+    elif family in OWN_ROTARY:
+        rotary = meta_model(family).get_decoder().rotary_emb
+        assert (ours.ropes[GLOBAL].theta, ours.rotary_dim) == (10000.0, rotary.pos_embd_dim)
     else:
         assert ours.ropes[GLOBAL].theta == pytest.approx(hf_theta(hf))
         partial = (hf.rope_parameters.get("full_attention") or hf.rope_parameters).get(
@@ -407,7 +417,10 @@ def test_a_sliding_window_key_slides_only_where_the_family_reads_it(family):
         hf = hf_config(family, sliding_window=8, **extra).get_text_config()
         window = getattr(hf, "sliding_window", None)
         types = getattr(hf, "layer_types", None)
-        if family in ("llama", "gemma", "granite", "olmo2", "phi", "stablelm", "cohere",
+        if family == "gpt_neo":  # its own window on its local layers, whatever the key
+            expected = [hf.window_size if kind == "local" else None
+                        for kind in hf.attention_layers]
+        elif family in ("llama", "gemma", "granite", "olmo2", "phi", "stablelm", "cohere",
                       "gpt_neox", "ernie4_5", "ernie4_5_moe", "arcee", "qwen3_vl",
                       "qwen3_vl_moe", "hunyuan_v1_dense", "glm", "glm4", "helium",
                       "seed_oss", "exaone", "granitemoehybrid", "nemotron", "olmoe",
@@ -416,7 +429,7 @@ def test_a_sliding_window_key_slides_only_where_the_family_reads_it(family):
                       "sarvam_mla",
                       "bitnet", "apertus", "apertus1p5_text", "iquestcoder", "jais2", "olmo",
                       "hyperclovax", "granitemoeshared",
-                      "nanochat",
+                      "nanochat", "gptj", "codegen",
                       *NO_ROTARY):
             expected = [None] * len(ours)  # Nemotron-H: 2 layers of its 4 blocks
         elif types is not None:
@@ -428,7 +441,7 @@ def test_a_sliding_window_key_slides_only_where_the_family_reads_it(family):
 
 ACTIVATION_FUNCTIONS = {"silu": torch.nn.functional.silu, "gelu": torch.nn.functional.gelu,
                         "gelu_tanh": lambda x: torch.nn.functional.gelu(x, approximate="tanh"),
-                        "relu2": lambda x: torch.relu(x) ** 2}
+                        "relu2": lambda x: torch.relu(x) ** 2, "relu": torch.relu}
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
@@ -446,6 +459,7 @@ def test_the_activation_is_read_from_the_key_the_model_reads(family):
     mlp = layer.mixer if family in ("mamba2", "mamba", "falcon_mamba") else \
         getattr(layer, "mlp", None) or getattr(layer, "shared_mlp", None) or \
         getattr(layer, "block_sparse_moe", None) or getattr(layer, "feed_forward", None) or \
+        (layer if hasattr(layer, "fc1") else None) or \
         next(block.mixer for block in layers if block.block_type == "mlp")
     mlp = getattr(mlp, "experts", mlp)  # a mixture of experts: its experts' activation
     act = next((getattr(mlp, name) for name in ("act_fn", "activation_fn", "act", "activation")

@@ -68,6 +68,9 @@ def _rotary_config(raw: dict[str, Any]) -> dict[str, Any]:
 def _rotary_unsupported(raw: dict[str, Any]) -> str | None:
     if raw["rotary_dim"] is None:
         return "rotary_dim null (a rotary table as wide as hidden_size) is not supported"
+    head_dim = int(raw["hidden_size"]) // max(int(raw["num_attention_heads"]), 1)
+    if int(raw["rotary_dim"]) > head_dim:  # the model fails on it too
+        return f"rotary_dim {raw['rotary_dim']} exceeds the head size {head_dim}"
     return None
 
 

@@ -1,0 +1,171 @@
+"""OPT, GPT-J, CodeGen and GPT-Neo (export/families/classic.py): their config keys and
+switches as transformers reads them, the Hub's OPT layout, and rows of different lengths
+batched. Every chunk's logits and greedy output of the fixtures are checked in
+tests/test_exactness.py."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+import transformers
+from safetensors.numpy import load_file, save_file
+
+from edgeprefill.errors import ExportError
+from edgeprefill.export.model_config import GLOBAL, ModelConfig
+from edgeprefill.sdk import Engine
+from tests.conftest import build_hf_model
+from tests.test_exactness import FLAVORS, NEW_TOKENS, check_together, prompt_ids, \
+    reference_logits
+from tests.test_families import export_small, last_logits
+
+SMALL = {"vocab_size": 128, "max_position_embeddings": 128}
+CASES = {
+    "opt": [{"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+             "ffn_dim": 80},
+            {"hidden_size": 64, "num_hidden_layers": 3, "num_attention_heads": 2,
+             "ffn_dim": 96, "do_layer_norm_before": False, "word_embed_proj_dim": 32,
+             "enable_bias": False, "activation_function": "gelu"}],
+    "gptj": [{"n_embd": 64, "n_layer": 2, "n_head": 2, "rotary_dim": 16},
+             # the reader's names win where both are given (attribute_map)
+             {"n_embd": 32, "hidden_size": 64, "n_layer": 2, "num_hidden_layers": 3,
+              "n_head": 8, "num_attention_heads": 4, "rotary_dim": 8, "n_inner": 80,
+              "layer_norm_epsilon": 1e-3}],
+    "codegen": [{"n_embd": 64, "n_layer": 2, "n_head": 4, "rotary_dim": 16,
+                 "activation_function": "gelu"}],
+    "gpt_neo": [{"hidden_size": 64, "num_layers": 3, "num_heads": 4, "window_size": 5,
+                 "attention_types": [[["local"], 1], [["global", "local"], 1]]},
+                {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2,
+                 "intermediate_size": 80, "attention_types": [[["global"], 2]]}],
+}
+# keys other families read, which these models ignore
+FOREIGN = {"num_key_value_heads": 1, "head_dim": 8, "rope_theta": 5.0, "sliding_window": 3,
+           "partial_rotary_factor": 0.25, "no_rope_layer_interval": 2}
+
+
+def hf_model_of(family: str, keys: dict):
+    config = transformers.AutoConfig.for_model(family, pad_token_id=0, **SMALL, **keys)
+    with torch.device("meta"):
+        return transformers.AutoModelForCausalLM.from_config(config)
+
+
+def ffn_width(layer) -> int:
+    mlp = getattr(layer, "mlp", layer)  # OPT's layer holds fc1 itself
+    fc = next(getattr(mlp, name) for name in ("fc1", "fc_in", "c_fc") if hasattr(mlp, name))
+    return fc.out_features
+
+
+@pytest.mark.parametrize(("family", "keys"), [
+    pytest.param(family, {**keys, **foreign}, id=f"{family}-{i}{'-foreign' if foreign else ''}")
+    for family, cases in CASES.items() for i, keys in enumerate(cases)
+    for foreign in ({}, FOREIGN)])
+def test_config_keys_read_as_the_model_builds_them(family, keys):
+    ours = ModelConfig.from_hf({"model_type": family, **SMALL, **keys})
+    model = hf_model_of(family, keys)
+    config, decoder = model.config, model.get_decoder()
+    layers = getattr(decoder, "layers", None) or decoder.h
+    first = layers[0]
+    attn = getattr(first, "self_attn", None) or first.attn
+    attn = getattr(attn, "attention", attn)  # GPT-Neo's module inside its module
+    assert (ours.hidden_size, ours.num_layers, ours.num_heads, ours.num_kv_heads) == (
+        config.hidden_size, len(layers), config.num_attention_heads, config.num_attention_heads)
+    assert ours.intermediate_size == ffn_width(first)
+    norm = getattr(first, "self_attn_layer_norm", None) or first.ln_1
+    assert ours.norm_eps == norm.eps
+    assert ours.attn_scale == getattr(attn, "scaling", 1.0)  # GPT-Neo: none
+    assert ours.tie_embeddings is config.tie_word_embeddings
+    assert ours.final_norm is (getattr(decoder, "final_layer_norm", True) is not None)
+    projected = getattr(decoder, "project_in", None)
+    assert ours.embed_width == (projected.in_features if projected is not None else None)
+    qkv = getattr(attn, "k_proj", None) or attn.qkv_proj  # CodeGen's is fused
+    assert (ours.qkv_bias, ours.o_bias) == (qkv.bias is not None, attn.out_proj.bias is not None)
+    x = torch.linspace(-4, 4, 101)
+    act = getattr(first, "activation_fn", None) or first.mlp.act
+    ours_act = {"relu": torch.relu, "gelu": torch.nn.functional.gelu,
+                "gelu_tanh": lambda t: torch.nn.functional.gelu(t, approximate="tanh")}
+    torch.testing.assert_close(ours_act[ours.activation](x), act(x))
+    if family in ("gptj", "codegen"):
+        assert ours.rotary_dim == decoder.rotary_emb.pos_embd_dim
+        assert ours.ropes[GLOBAL].theta == 10000.0
+        assert [layer.window for layer in ours.layers] == [None] * len(layers)
+    else:
+        assert [layer.rope for layer in ours.layers] == [None] * len(layers)
+        windows = [getattr(layer.attn, "attention_type", None) == "local" and config.window_size
+                   or None for layer in layers] if family == "gpt_neo" else [None] * len(layers)
+        assert [layer.window for layer in ours.layers] == windows
+
+
+@pytest.mark.parametrize(("keys", "message"), [
+    ({"model_type": "opt", "layer_norm_elementwise_affine": False},
+     "opt: layer_norm_elementwise_affine=false (LayerNorms without weights) is not supported"),
+    ({"model_type": "gptj", "rotary_dim": None},
+     "gptj: rotary_dim null (a rotary table as wide as hidden_size) is not supported"),
+    ({"model_type": "gptj", "rotary_dim": 64}, "gptj: rotary_dim 64 exceeds the head size 16"),
+    ({"model_type": "codegen", "hidden_size": 66, "num_attention_heads": 2, "rotary_dim": 8},
+     "codegen: n_embd 66 is not a multiple of the 4 shards of its fused q/k/v projection"),
+    ({"model_type": "gpt_neo", "attention_types": [[["global", "local"], 12]]},
+     "attention_types lists 24 layers; num_layers is 4"),
+    ({"model_type": "gpt_neo", "attention_types": [[["global", "sparse"], 2]]},
+     "attention_types holds ['sparse']; GPT-Neo's layers are global or local"),
+])
+def test_what_export_cannot_compute_is_refused_in_one_line(keys, message):
+    base = {"hidden_size": 64, "num_hidden_layers": 4, "num_attention_heads": 4,
+            "n_embd": 64, "n_layer": 4, "n_head": 4, "vocab_size": 128}
+    with pytest.raises(ExportError) as err:
+        ModelConfig.from_hf({**base, **keys})
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize(("family", "keys"), [
+    ("opt", {"enable_bias": False}),
+    ("opt", {"_remove_final_layer_norm": True}),
+    ("opt", {"do_layer_norm_before": False}),  # post-norm layers, the embedding as wide
+    ("opt", {"word_embed_proj_dim": 32}),  # pre-norm layers, a projected embedding
+    ("opt", {"tie_word_embeddings": False}),
+    ("gpt_neo", {"attention_types": [[["local"], 2]], "window_size": 1}),  # itself only
+])
+def test_the_switches_export_as_transformers_computes_them(tmp_path, family, keys):
+    from edgeprefill.export.exporter import ExportOptions, export
+
+    hf_dir = build_hf_model(family, tmp_path / "hf", **keys)
+    saved = json.loads((hf_dir / "config.json").read_text())
+    assert all(saved[key] == value for key, value in keys.items())  # as config.json holds it
+    ids = prompt_ids(40)
+    expected = reference_logits(hf_dir, ids)[-1]
+    for flavor in FLAVORS:
+        export(hf_dir, tmp_path / flavor, ExportOptions(flavor=flavor, chunks=(16,),
+                                                        max_context=128, show_progress=False))
+        np.testing.assert_allclose(last_logits(tmp_path / flavor, ids), expected, rtol=1e-4,
+                                   atol=1e-4, err_msg=flavor)
+
+
+def test_a_hub_opt_checkpoint_without_the_model_prefix_exports(tmp_path):
+    """facebook/opt-125m and its fine-tunes store OPTModel's tensors (decoder.layers.0...,
+    no `model.`, no lm_head: the head is the tied embedding)."""
+    hf_dir = build_hf_model("opt", tmp_path / "hf")
+    ids = prompt_ids(40)
+    expected = reference_logits(hf_dir, ids)[-1]
+    path = hf_dir / "model.safetensors"
+    tensors = {name.removeprefix("model."): array for name, array in load_file(path).items()
+               if name != "lm_head.weight"}
+    assert "decoder.embed_positions.weight" in tensors
+    save_file(tensors, path, metadata={"format": "pt"})
+    np.testing.assert_allclose(last_logits(export_small(hf_dir, tmp_path / "b"), ids),
+                               expected, rtol=1e-4, atol=1e-4)
+
+
+CLASSIC = ("opt", "opt-350m", "gptj", "codegen", "gpt_neo")
+
+
+@pytest.mark.parametrize(("family", "flavor"), [
+    pytest.param(family, flavor, marks=() if (family, flavor) in (
+        ("gpt_neo", "ort"), ("opt-350m", "standard")) else pytest.mark.slow)
+    for family in CLASSIC for flavor in FLAVORS])
+def test_rows_of_different_lengths_generate_together_as_transformers(
+    family, flavor, hf_model, bundle
+):
+    engine = Engine.load(bundle(family, flavor), threads=2, background=False)
+    check_together(engine, hf_model(family), NEW_TOKENS)
+    engine.close()
