@@ -17,8 +17,7 @@ from edgeprefill.errors import ExportError
 from edgeprefill.export.model_config import GLOBAL, ModelConfig
 from edgeprefill.sdk import Engine
 from tests.conftest import build_hf_model
-from tests.test_exactness import FLAVORS, NEW_TOKENS, check_together, prompt_ids, \
-    reference_logits
+from tests.test_exactness import FLAVORS, NEW_TOKENS, check_together, prompt_ids, reference_logits
 from tests.test_families import export_small, last_logits
 
 SMALL = {"vocab_size": 128, "max_position_embeddings": 128}
