@@ -523,6 +523,13 @@ FAMILIES: dict[str, dict] = {
     # GPT-Neo: a global then a local layer (a window of 8), q.k unscaled, tied
     "gpt_neo": {"attention_types": [[["global", "local"], 1]], "window_size": 8,
                 "tie_word_embeddings": True},
+    # Falcon-40B's layout: 4 heads in 2 KV groups, ln_attn and ln_mlp; Falcon-7B's: one KV
+    # head, one norm for both; the old layout without multi-query (per-head q|k|v) with
+    # sequential attention and MLP and biases
+    "falcon": {"new_decoder_architecture": True, "num_kv_heads": 2, "ffn_hidden_size": 80},
+    "falcon-7b": {"multi_query": True, "ffn_hidden_size": 80},
+    "falcon-sequential": {"multi_query": False, "parallel_attn": False, "bias": True,
+                          "ffn_hidden_size": 80},
 }
 # The fixtures stored as a BitNet quantization_config announces (tests/bitnet_checkpoints.py)
 BITNET_LAYOUTS = {"bitnet-packed": "bitlinear", "bitnet-online": "online"}

@@ -1,4 +1,4 @@
-"""OPT, GPT-J, CodeGen and GPT-Neo (export/families/classic.py): their config keys and
+"""OPT, GPT-J, CodeGen, GPT-Neo and Falcon (export/families/classic.py): their config keys and
 switches as transformers reads them, the Hub's OPT layout, and rows of different lengths
 batched. Every chunk's logits and greedy output of the fixtures are checked in
 tests/test_exactness.py."""
@@ -38,6 +38,14 @@ CASES = {
                  "attention_types": [[["local"], 1], [["global", "local"], 1]]},
                 {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2,
                  "intermediate_size": 80, "attention_types": [[["global"], 2]]}],
+    "falcon": [{"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4},
+               {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+                "new_decoder_architecture": True, "num_kv_heads": 2, "ffn_hidden_size": 80,
+                "bias": True, "activation": "gelu_pytorch_tanh"},
+               {"n_embed": 64, "num_hidden_layers": 2, "num_attention_heads": 8,
+                "new_decoder_architecture": True, "num_ln_in_parallel_attn": 1},
+               {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+                "multi_query": False, "parallel_attn": False, "layer_norm_epsilon": 1e-3}],
 }
 # keys other families read, which these models ignore
 FOREIGN = {"num_key_value_heads": 1, "head_dim": 8, "rope_theta": 5.0, "sliding_window": 3,
@@ -52,34 +60,46 @@ def hf_model_of(family: str, keys: dict):
 
 def ffn_width(layer) -> int:
     mlp = getattr(layer, "mlp", layer)  # OPT's layer holds fc1 itself
-    fc = next(getattr(mlp, name) for name in ("fc1", "fc_in", "c_fc") if hasattr(mlp, name))
-    return fc.out_features
+    fc = next(getattr(mlp, name) for name in ("fc1", "fc_in", "c_fc", "dense_h_to_4h")
+              if hasattr(mlp, name))
+    return fc.weight.shape[0]
 
 
 @pytest.mark.parametrize(("family", "keys"), [
     pytest.param(family, {**keys, **foreign}, id=f"{family}-{i}{'-foreign' if foreign else ''}")
     for family, cases in CASES.items() for i, keys in enumerate(cases)
-    for foreign in ({}, FOREIGN)])
+    for foreign in ({}, {k: v for k, v in FOREIGN.items()  # FalconConfig fails on head_dim
+                         if (family, k) != ("falcon", "head_dim")})])
 def test_config_keys_read_as_the_model_builds_them(family, keys):
     ours = ModelConfig.from_hf({"model_type": family, **SMALL, **keys})
     model = hf_model_of(family, keys)
     config, decoder = model.config, model.get_decoder()
     layers = getattr(decoder, "layers", None) or decoder.h
     first = layers[0]
-    attn = getattr(first, "self_attn", None) or first.attn
+    attn = getattr(first, "self_attn", None) or getattr(first, "self_attention", None) or \
+        first.attn
     attn = getattr(attn, "attention", attn)  # GPT-Neo's module inside its module
+    kv_heads = getattr(attn, "num_kv_heads", config.num_attention_heads)
+    if getattr(attn, "new_decoder_architecture", False):  # Falcon's attention says heads
+        kv_heads = config.num_kv_heads
     assert (ours.hidden_size, ours.num_layers, ours.num_heads, ours.num_kv_heads) == (
-        config.hidden_size, len(layers), config.num_attention_heads, config.num_attention_heads)
+        config.hidden_size, len(layers), config.num_attention_heads, kv_heads)
     assert ours.intermediate_size == ffn_width(first)
-    norm = getattr(first, "self_attn_layer_norm", None) or first.ln_1
+    norm = next(getattr(first, name) for name in ("self_attn_layer_norm", "ln_1",
+                                                  "input_layernorm", "ln_attn")
+                if hasattr(first, name))
     assert ours.norm_eps == norm.eps
-    assert ours.attn_scale == getattr(attn, "scaling", 1.0)  # GPT-Neo: none
+    # GPT-Neo: none; Falcon's attention divides by sqrt(head_dim)
+    assert ours.attn_scale == pytest.approx(getattr(attn, "scaling", None) or getattr(
+        attn, "inv_norm_factor", 1.0))
     assert ours.tie_embeddings is config.tie_word_embeddings
     assert ours.final_norm is (getattr(decoder, "final_layer_norm", True) is not None)
     projected = getattr(decoder, "project_in", None)
     assert ours.embed_width == (projected.in_features if projected is not None else None)
-    qkv = getattr(attn, "k_proj", None) or attn.qkv_proj  # CodeGen's is fused
-    assert (ours.qkv_bias, ours.o_bias) == (qkv.bias is not None, attn.out_proj.bias is not None)
+    qkv = next(getattr(attn, name) for name in ("k_proj", "qkv_proj", "query_key_value")
+               if hasattr(attn, name))  # CodeGen's and Falcon's are fused
+    out = getattr(attn, "out_proj", None) or attn.dense
+    assert (ours.qkv_bias, ours.o_bias) == (qkv.bias is not None, out.bias is not None)
     x = torch.linspace(-4, 4, 101)
     act = getattr(first, "activation_fn", None) or first.mlp.act
     ours_act = {"relu": torch.relu, "gelu": torch.nn.functional.gelu,
@@ -89,6 +109,13 @@ def test_config_keys_read_as_the_model_builds_them(family, keys):
         assert ours.rotary_dim == decoder.rotary_emb.pos_embd_dim
         assert ours.ropes[GLOBAL].theta == 10000.0
         assert [layer.window for layer in ours.layers] == [None] * len(layers)
+    elif family == "falcon":
+        assert (ours.rotary_dim, ours.ropes[GLOBAL].theta) == (
+            ours.head_dim, config.rope_parameters["rope_theta"])
+        assert [layer.window for layer in ours.layers] == [None] * len(layers)
+        parallel = hasattr(first, "ln_mlp")
+        assert ours.block == ("parallel" if parallel else "shared" if config.parallel_attn
+                              else "pre")
     else:
         assert [layer.rope for layer in ours.layers] == [None] * len(layers)
         windows = [getattr(layer.attn, "attention_type", None) == "local" and config.window_size
@@ -104,6 +131,12 @@ def test_config_keys_read_as_the_model_builds_them(family, keys):
     ({"model_type": "gptj", "rotary_dim": 64}, "gptj: rotary_dim 64 exceeds the head size 16"),
     ({"model_type": "codegen", "hidden_size": 66, "num_attention_heads": 2, "rotary_dim": 8},
      "codegen: n_embd 66 is not a multiple of the 4 shards of its fused q/k/v projection"),
+    ({"model_type": "falcon", "alibi": True},
+     "falcon: alibi=true (ALiBi position biases, Falcon-RW) is not supported"),
+    ({"model_type": "falcon", "new_decoder_architecture": True, "parallel_attn": False},
+     "falcon: new_decoder_architecture with parallel_attn=false (its model fails) is not"),
+    ({"model_type": "falcon", "multi_query": False, "num_kv_heads": 2},
+     "falcon: num_kv_heads other than num_attention_heads without multi_query"),
     ({"model_type": "gpt_neo", "attention_types": [[["global", "local"], 12]]},
      "attention_types lists 24 layers; num_layers is 4"),
     ({"model_type": "gpt_neo", "attention_types": [[["global", "sparse"], 2]]},
@@ -155,12 +188,13 @@ def test_a_hub_opt_checkpoint_without_the_model_prefix_exports(tmp_path):
                                expected, rtol=1e-4, atol=1e-4)
 
 
-CLASSIC = ("opt", "opt-350m", "gptj", "codegen", "gpt_neo")
+CLASSIC = ("opt", "opt-350m", "gptj", "codegen", "gpt_neo", "falcon", "falcon-7b",
+           "falcon-sequential")
 
 
 @pytest.mark.parametrize(("family", "flavor"), [
     pytest.param(family, flavor, marks=() if (family, flavor) in (
-        ("gpt_neo", "ort"), ("opt-350m", "standard")) else pytest.mark.slow)
+        ("gpt_neo", "ort"), ("opt-350m", "standard"), ("falcon", "ort")) else pytest.mark.slow)
     for family in CLASSIC for flavor in FLAVORS])
 def test_rows_of_different_lengths_generate_together_as_transformers(
     family, flavor, hf_model, bundle

@@ -452,7 +452,8 @@ class DecoderBuilder:
         weights = [p + part + ".weight" for part in parts]
         bias = p + (n.qkv or "self_attn.qkv_proj") + ".bias" if cfg.qkv_bias else None
         self._check_qkv_shapes(weights, cfg)
-        reorder = self._neox_order if cfg.spec.qkv_interleaved else \
+        reorder = self._neox_order if cfg.spec.qkv_interleaved or cfg.qkv_layout == "heads" \
+            else self._group_order if cfg.qkv_layout == "groups" else \
             self._shard_order if cfg.spec.qkv_shards else \
             self._gate_last if cfg.attn_gate else \
             self._reflected if cfg.spec.rotary_reflected else None
@@ -518,6 +519,17 @@ class DecoderBuilder:
         d, heads = self.cfg.head_dim, self.cfg.num_heads
         rest = rows.shape[1:]
         return rows.reshape(heads, 3, d, *rest).swapaxes(0, 1).reshape(3 * heads * d, *rest)
+
+    def _group_order(self, rows: np.ndarray) -> np.ndarray:
+        """Falcon's new decoder architecture stores the fused projection's rows per KV head:
+        [KV head, its heads / KV queries | k | v, dim]; the graph wants [q|k|v, head, dim]
+        (a query head's KV head is then its group's, as transformers broadcasts it)."""
+        d, heads, kv = self.cfg.head_dim, self.cfg.num_heads, self.cfg.num_kv_heads
+        rest = rows.shape[1:]
+        groups = rows.reshape(kv, heads // kv + 2, d, *rest)
+        return np.concatenate([groups[:, :-2].reshape(heads * d, *rest),
+                               groups[:, -2].reshape(kv * d, *rest),
+                               groups[:, -1].reshape(kv * d, *rest)])
 
     def _shard_order(self, rows: np.ndarray) -> np.ndarray:
         """CodeGen stores the fused projection's rows as [shard, q|v|k, hidden / shards]

@@ -238,6 +238,9 @@ class ModelConfig:
     # to and from it (OPT-350m's word_embed_proj_dim); None: hidden.
     final_norm: bool = True
     embed_width: int | None = None
+    # The fused qkv's stored row layout where config.json decides it (Falcon: "heads" or
+    # "groups", FamilySpec.qkv_layout_from_config); None: the spec's.
+    qkv_layout: str | None = None
 
     def __post_init__(self) -> None:
         check_model_config(self)
@@ -505,6 +508,7 @@ def _read(family: str, spec: FamilySpec, raw: dict[str, Any]) -> ModelConfig:
         qk_norm_off=spec.qk_norm_key is not None and not raw.get(spec.qk_norm_key),
         final_norm=spec.final_norm_from_config(raw) if spec.final_norm_from_config else True,
         embed_width=_embed_width(raw, spec, hidden),
+        qkv_layout=spec.qkv_layout_from_config(raw) if spec.qkv_layout_from_config else None,
     )
 
 

@@ -1,5 +1,5 @@
-"""The older causal LMs of the GPT-2 era that people still bring: OPT, GPT-J, CodeGen and
-GPT-Neo. LayerNorm with bias, ungated MLPs, their own config key names, and positions that
+"""The older causal LMs of the GPT-2 era that people still bring: OPT, GPT-J, CodeGen,
+GPT-Neo and Falcon. LayerNorm with bias, ungated MLPs, their own config key names, and positions that
 are either a learned table (OPT with its offset of 2, GPT-Neo) or GPT-J's rotary on
 interleaved pairs of the first `rotary_dim` dims of each head.
 """
@@ -105,6 +105,49 @@ def _gpt_neo_config(raw: dict[str, Any]) -> dict[str, Any]:
     return raw
 
 
+def _falcon_config(raw: dict[str, Any]) -> dict[str, Any]:
+    """FalconConfig: n_embed (an older name that wins), an MLP ffn_hidden_size wide (4 x
+    hidden when null), and KV heads as its attention takes them: num_kv_heads (all heads
+    when null) in the new decoder architecture, one with multi_query, else every head."""
+    raw = dict(raw)
+    if raw.get("n_embed") is not None:
+        raw["hidden_size"] = raw["n_embed"]
+    hidden, heads = int(raw["hidden_size"]), int(raw["num_attention_heads"])
+    ffn = raw["ffn_hidden_size"]
+    raw["intermediate_size"] = ffn if ffn is not None else 4 * hidden
+    kv = raw["num_kv_heads"] if raw["num_kv_heads"] is not None else heads
+    raw["num_key_value_heads"] = kv if raw["new_decoder_architecture"] else \
+        1 if raw["multi_query"] else heads
+    if raw["new_decoder_architecture"] and raw["num_ln_in_parallel_attn"] is None:
+        raw["num_ln_in_parallel_attn"] = 2  # FalconDecoderLayer's default there
+    return raw
+
+
+def _falcon_unsupported(raw: dict[str, Any]) -> str | None:
+    if raw["alibi"]:
+        return "alibi=true (ALiBi position biases, Falcon-RW) is not supported"
+    if raw["new_decoder_architecture"] and not raw["parallel_attn"]:
+        return "new_decoder_architecture with parallel_attn=false (its model fails) is not supported"
+    if not raw["new_decoder_architecture"] and not raw["multi_query"] and \
+            raw["num_kv_heads"] not in (None, raw["num_attention_heads"]):
+        return "num_kv_heads other than num_attention_heads without multi_query (its model " \
+               "fails) is not supported"
+    return None
+
+
+def _falcon_block(raw: dict[str, Any]) -> str:
+    if raw["new_decoder_architecture"]:
+        # ln_attn and ln_mlp, or one input_layernorm for both
+        return "parallel" if raw["num_ln_in_parallel_attn"] == 2 else "shared"
+    return "shared" if raw["parallel_attn"] else "pre"
+
+
+def _falcon_qkv_layout(raw: dict[str, Any]) -> str | None:
+    if raw["new_decoder_architecture"]:
+        return "groups"
+    return None if raw["multi_query"] else "heads"  # multi-query: [q heads, k, v]
+
+
 NEO_LAYER_TYPES = {"global": "full_attention", "local": "sliding_attention"}
 CODEGEN_SHARDS = 4  # CodeGenAttention.mp_num
 OPT_NAMES = TensorNames(
@@ -125,6 +168,11 @@ GPT_NEO_NAMES = TensorNames(
     q="attn.attention.q_proj", k="attn.attention.k_proj", v="attn.attention.v_proj",
     o="attn.attention.out_proj", gate="", up="mlp.c_fc", down="mlp.c_proj",
     input_norm="ln_1", post_attn_norm="ln_2",
+)
+FALCON_NAMES = TensorNames(
+    embed=("transformer.word_embeddings.weight",), final_norm="transformer.ln_f",
+    layer="transformer.h.{i}.", qkv="self_attention.query_key_value",
+    o="self_attention.dense", gate="", up="mlp.dense_h_to_4h", down="mlp.dense_4h_to_h",
 )
 GPTJ_DEFAULTS = {"n_embd": 4096, "n_layer": 28, "n_head": 16, "n_positions": 2048,
                  "n_inner": None, "rotary_dim": 64, "layer_norm_epsilon": 1e-5}
@@ -164,6 +212,24 @@ FAMILIES: dict[str, FamilySpec] = {
         GPTJ, names=replace(GPTJ_NAMES, qkv="attn.qkv_proj"), qkv_shards=CODEGEN_SHARDS,
         refuse=_codegen_unsupported,
         quirks=(*GPTJ.quirks, "fused q/k/v in 4 model-parallel shards"),
+    ),
+    # Falcon-7B/40B/180B: rotary, a fused q/k/v in one of three layouts, attention and MLP
+    # side by side (on one norm, or ln_attn and ln_mlp in the new decoder architecture).
+    "falcon": FamilySpec(
+        names=FALCON_NAMES, norm="layer", gated_mlp=False, bias_key="bias", o_bias=None,
+        mlp_bias=None, tie_default=True, act_default="gelu", act_key="activation",
+        eps_key="layer_norm_epsilon", legacy=_falcon_config, refuse=_falcon_unsupported,
+        block_from_config=_falcon_block, qkv_layout_from_config=_falcon_qkv_layout,
+        block_names={"parallel": replace(FALCON_NAMES, input_norm="ln_attn",
+                                          post_attn_norm="ln_mlp")},
+        ignores=("intermediate_size", "num_key_value_heads", "head_dim"),
+        defaults={"hidden_size": 4544, "num_hidden_layers": 32, "num_attention_heads": 71,
+                  "num_kv_heads": None, "num_ln_in_parallel_attn": None,
+                  "layer_norm_epsilon": 1e-5, "alibi": False,
+                  "new_decoder_architecture": False, "multi_query": True,
+                  "parallel_attn": True, "bias": False, "ffn_hidden_size": None,
+                  "max_position_embeddings": 2048},
+        quirks=("LayerNorm with bias", "gelu MLP", "fused q/k/v"),
     ),
     # GPT-Neo: GPT-2's layer with nn.Linear projections (an o bias only), learned
     # positions, q.k unscaled, and local layers attending to the last window_size tokens.

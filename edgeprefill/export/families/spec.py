@@ -114,6 +114,10 @@ class FamilySpec:
     # CodeGen: fused qkv rows ordered [shard, q|v|k, hidden / shards] over this many
     # model-parallel shards (its mp_num, 4); 0: not so
     qkv_shards: int = 0
+    # The fused qkv's row layout where config.json decides it (Falcon): "heads" as GPT-NeoX's
+    # [head, q|k|v, dim], "groups" [KV head, its queries|k|v, dim]; None: [q|k|v] (or the
+    # spec's own layout above).
+    qkv_layout_from_config: Callable[[dict[str, Any]], str | None] | None = None
     rope_interleaved: bool = False  # rotary pairs are dims (2i, 2i+1), not (i, i + D/2)
     lm_head_bias: bool = False
     # None, "head" (per head, before rotary), "head_rotated" (per head, of the rotated q/k:
