@@ -1,7 +1,7 @@
-"""The older causal LMs of the GPT-2 era that people still bring: OPT, GPT-J, CodeGen,
-GPT-Neo and Falcon. LayerNorm with bias, ungated MLPs, their own config key names, and positions that
-are either a learned table (OPT with its offset of 2, GPT-Neo) or GPT-J's rotary on
-interleaved pairs of the first `rotary_dim` dims of each head.
+"""The older causal LMs that people still bring: OPT, GPT-J, CodeGen, GPT-Neo and Falcon.
+LayerNorm with bias, ungated MLPs, their own config key names, and positions that are a
+learned table (OPT with its offset of 2, GPT-Neo), GPT-J's rotary on interleaved pairs of
+the first `rotary_dim` dims of each head, or Falcon's plain rotary.
 """
 
 from __future__ import annotations
@@ -127,7 +127,8 @@ def _falcon_unsupported(raw: dict[str, Any]) -> str | None:
     if raw["alibi"]:
         return "alibi=true (ALiBi position biases, Falcon-RW) is not supported"
     if raw["new_decoder_architecture"] and not raw["parallel_attn"]:
-        return "new_decoder_architecture with parallel_attn=false (its model fails) is not supported"
+        return ("new_decoder_architecture with parallel_attn=false (its model fails) is not "
+                "supported")
     if not raw["new_decoder_architecture"] and not raw["multi_query"] and \
             raw["num_kv_heads"] not in (None, raw["num_attention_heads"]):
         return "num_kv_heads other than num_attention_heads without multi_query (its model " \
