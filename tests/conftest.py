@@ -530,6 +530,8 @@ FAMILIES: dict[str, dict] = {
     "falcon-7b": {"multi_query": True, "ffn_hidden_size": 80},
     "falcon-sequential": {"multi_query": False, "parallel_attn": False, "bias": True,
                           "ffn_hidden_size": 80},
+    # Persimmon: per-head LayerNorms of q and k, rotary on 16 of the 32 head dims
+    "persimmon": {"num_attention_heads": 2},
 }
 # The fixtures stored as a BitNet quantization_config announces (tests/bitnet_checkpoints.py)
 BITNET_LAYOUTS = {"bitnet-packed": "bitlinear", "bitnet-online": "online"}

@@ -1,4 +1,4 @@
-"""OPT, GPT-J, CodeGen, GPT-Neo and Falcon (export/families/classic.py): their config keys and
+"""OPT, GPT-J, CodeGen, GPT-Neo, Falcon and Persimmon (export/families/classic.py): their config keys and
 switches as transformers reads them, the Hub's OPT layout, and rows of different lengths
 batched. Every chunk's logits and greedy output of the fixtures are checked in
 tests/test_exactness.py."""
@@ -157,6 +157,9 @@ def test_what_export_cannot_compute_is_refused_in_one_line(keys, message):
     ("opt", {"word_embed_proj_dim": 32}),  # pre-norm layers, a projected embedding
     ("opt", {"tie_word_embeddings": False}),
     ("gpt_neo", {"attention_types": [[["local"], 2]], "window_size": 1}),  # itself only
+    ("persimmon", {"qk_layernorm": False}),
+    ("persimmon", {"rope_parameters": {"rope_type": "default", "rope_theta": 500.0,
+                                       "partial_rotary_factor": 1.0}}),
 ])
 def test_the_switches_export_as_transformers_computes_them(tmp_path, family, keys):
     from edgeprefill.export.exporter import ExportOptions, export
@@ -189,7 +192,7 @@ def test_a_hub_opt_checkpoint_without_the_model_prefix_exports(tmp_path):
 
 
 CLASSIC = ("opt", "opt-350m", "gptj", "codegen", "gpt_neo", "falcon", "falcon-7b",
-           "falcon-sequential")
+           "falcon-sequential", "persimmon")
 
 
 @pytest.mark.parametrize(("family", "flavor"), [

@@ -429,7 +429,7 @@ def test_a_sliding_window_key_slides_only_where_the_family_reads_it(family):
                       "sarvam_mla",
                       "bitnet", "apertus", "apertus1p5_text", "iquestcoder", "jais2", "olmo",
                       "hyperclovax", "granitemoeshared",
-                      "nanochat", "gptj", "codegen", "falcon",
+                      "nanochat", "gptj", "codegen", "falcon", "persimmon",
                       *NO_ROTARY):
             expected = [None] * len(ours)  # Nemotron-H: 2 layers of its 4 blocks
         elif types is not None:

@@ -1,7 +1,7 @@
-"""The older causal LMs that people still bring: OPT, GPT-J, CodeGen, GPT-Neo and Falcon.
-LayerNorm with bias, ungated MLPs, their own config key names, and positions that are a
-learned table (OPT with its offset of 2, GPT-Neo), GPT-J's rotary on interleaved pairs of
-the first `rotary_dim` dims of each head, or Falcon's plain rotary.
+"""The older causal LMs that people still bring: OPT, GPT-J, CodeGen, GPT-Neo, Falcon and
+Persimmon. LayerNorm with bias, ungated MLPs, their own config key names, and positions
+that are a learned table (OPT with its offset of 2, GPT-Neo), GPT-J's rotary on
+interleaved pairs of the first `rotary_dim` dims of each head, or plain rotary.
 """
 
 from __future__ import annotations
@@ -175,6 +175,11 @@ FALCON_NAMES = TensorNames(
     layer="transformer.h.{i}.", qkv="self_attention.query_key_value",
     o="self_attention.dense", gate="", up="mlp.dense_h_to_4h", down="mlp.dense_4h_to_h",
 )
+PERSIMMON_NAMES = TensorNames(
+    final_norm="model.final_layernorm", qkv="self_attn.query_key_value", o="self_attn.dense",
+    q_norm="self_attn.q_layernorm", k_norm="self_attn.k_layernorm", gate="",
+    up="mlp.dense_h_to_4h", down="mlp.dense_4h_to_h",
+)
 GPTJ_DEFAULTS = {"n_embd": 4096, "n_layer": 28, "n_head": 16, "n_positions": 2048,
                  "n_inner": None, "rotary_dim": 64, "layer_norm_epsilon": 1e-5}
 # GPT-J's layer: attention and MLP side by side on one LayerNorm, rotary on interleaved
@@ -231,6 +236,20 @@ FAMILIES: dict[str, FamilySpec] = {
                   "parallel_attn": True, "bias": False, "ffn_hidden_size": None,
                   "max_position_embeddings": 2048},
         quirks=("LayerNorm with bias", "gelu MLP", "fused q/k/v"),
+    ),
+    # Persimmon-8B (and Fuyu's language model): a per-head fused q/k/v as GPT-NeoX's, each
+    # head's q and k LayerNormed (qk_layernorm), rotary on half of each head by default, an
+    # ungated ReLU-squared MLP, biases everywhere.
+    "persimmon": FamilySpec(
+        names=PERSIMMON_NAMES, norm="layer", gated_mlp=False, qkv_bias=True, o_bias=True,
+        mlp_bias=True, qkv_interleaved=True, qk_norm="head", qk_norm_key="qk_layernorm",
+        act_default="relu2", eps_key="layer_norm_eps", partial_rotary=True,
+        ignores=("num_key_value_heads", "head_dim"),  # its fused q/k/v is 3 x hidden
+        defaults={"hidden_size": 4096, "intermediate_size": 16384, "num_hidden_layers": 36,
+                  "num_attention_heads": 64, "max_position_embeddings": 16384,
+                  "layer_norm_eps": 1e-5, "qk_layernorm": True, "partial_rotary_factor": 0.5},
+        quirks=("LayerNorm with bias", "per-head LayerNorm on q/k",
+                "ReLU-squared MLP without a gate", "fused q/k/v interleaved per head"),
     ),
     # GPT-Neo: GPT-2's layer with nn.Linear projections (an o bias only), learned
     # positions, q.k unscaled, and local layers attending to the last window_size tokens.
