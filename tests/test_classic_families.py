@@ -1,7 +1,7 @@
-"""OPT, GPT-J, CodeGen, GPT-Neo, Falcon and Persimmon (export/families/classic.py): their config keys and
-switches as transformers reads them, the Hub's OPT layout, and rows of different lengths
-batched. Every chunk's logits and greedy output of the fixtures are checked in
-tests/test_exactness.py."""
+"""OPT, GPT-J, CodeGen, GPT-Neo, Falcon and Persimmon (export/families/classic.py): their
+config keys and switches as transformers reads them, the Hub's OPT layout, and rows of
+different lengths batched. Every chunk's logits and greedy output of the fixtures are
+checked in tests/test_exactness.py."""
 
 from __future__ import annotations
 
