@@ -532,6 +532,10 @@ FAMILIES: dict[str, dict] = {
                           "ffn_hidden_size": 80},
     # Persimmon: per-head LayerNorms of q and k, rotary on 16 of the 32 head dims
     "persimmon": {"num_attention_heads": 2},
+    # XGLM: sinusoidal positions, BioGPT: learned ones, each from row 2 of its table, the
+    # token embedding times sqrt(hidden)
+    "xglm": {"ffn_dim": 80, "tie_word_embeddings": True},
+    "biogpt": {"tie_word_embeddings": True},
 }
 # The fixtures stored as a BitNet quantization_config announces (tests/bitnet_checkpoints.py)
 BITNET_LAYOUTS = {"bitnet-packed": "bitlinear", "bitnet-online": "online"}

@@ -1,7 +1,7 @@
-"""OPT, GPT-J, CodeGen, GPT-Neo, Falcon and Persimmon (export/families/classic.py): their
-config keys and switches as transformers reads them, the Hub's OPT layout, and rows of
-different lengths batched. Every chunk's logits and greedy output of the fixtures are
-checked in tests/test_exactness.py."""
+"""OPT, GPT-J, CodeGen, GPT-Neo, Falcon, Persimmon, XGLM and BioGPT
+(export/families/classic.py): their config keys and switches as transformers reads them,
+the Hub's OPT layout, and rows of different lengths batched. Every chunk's logits and
+greedy output of the fixtures are checked in tests/test_exactness.py."""
 
 from __future__ import annotations
 
@@ -46,6 +46,13 @@ CASES = {
                 "new_decoder_architecture": True, "num_ln_in_parallel_attn": 1},
                {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
                 "multi_query": False, "parallel_attn": False, "layer_norm_epsilon": 1e-3}],
+    "xglm": [{"d_model": 64, "num_layers": 2, "attention_heads": 4, "ffn_dim": 80},
+             {"hidden_size": 64, "num_hidden_layers": 3, "num_attention_heads": 2,
+              "scale_embedding": False, "activation_function": "relu"}],
+    "biogpt": [{"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+                "intermediate_size": 80, "layer_norm_eps": 1e-3},
+               {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+                "scale_embedding": False, "hidden_act": "gelu_new"}],
 }
 # keys other families read, which these models ignore
 FOREIGN = {"num_key_value_heads": 1, "head_dim": 8, "rope_theta": 5.0, "sliding_window": 3,
@@ -85,6 +92,9 @@ def test_config_keys_read_as_the_model_builds_them(family, keys):
     assert (ours.hidden_size, ours.num_layers, ours.num_heads, ours.num_kv_heads) == (
         config.hidden_size, len(layers), config.num_attention_heads, kv_heads)
     assert ours.intermediate_size == ffn_width(first)
+    embed_scale = getattr(decoder, "embed_scale", None) or getattr(
+        decoder.get_input_embeddings(), "embed_scale", 1.0)  # XGLM's, BioGPT's
+    assert (ours.embed_scale or 1.0) == pytest.approx(embed_scale)
     norm = next(getattr(first, name) for name in ("self_attn_layer_norm", "ln_1",
                                                   "input_layernorm", "ln_attn")
                 if hasattr(first, name))
@@ -158,6 +168,9 @@ def test_what_export_cannot_compute_is_refused_in_one_line(keys, message):
     ("opt", {"tie_word_embeddings": False}),
     ("gpt_neo", {"attention_types": [[["local"], 2]], "window_size": 1}),  # itself only
     ("persimmon", {"qk_layernorm": False}),
+    ("xglm", {"scale_embedding": False}),
+    ("xglm", {"pad_token_id": 5}),  # position 3's sinusoids are zeros
+    ("biogpt", {"scale_embedding": False}),
     ("persimmon", {"rope_parameters": {"rope_type": "default", "rope_theta": 500.0,
                                        "partial_rotary_factor": 1.0}}),
 ])
@@ -192,7 +205,7 @@ def test_a_hub_opt_checkpoint_without_the_model_prefix_exports(tmp_path):
 
 
 CLASSIC = ("opt", "opt-350m", "gptj", "codegen", "gpt_neo", "falcon", "falcon-7b",
-           "falcon-sequential", "persimmon")
+           "falcon-sequential", "persimmon", "xglm", "biogpt")
 
 
 @pytest.mark.parametrize(("family", "flavor"), [

@@ -305,7 +305,8 @@ def hf_theta(config, layer_type: str = "full_attention") -> float:
 
 
 # The families whose positions are a learned table (GPT-2's wpe), with no rotary at all.
-LEARNED_POSITIONS = ("gpt2", "gpt_bigcode", "opt", "gpt_neo")
+LEARNED_POSITIONS = ("gpt2", "gpt_bigcode", "opt", "gpt_neo", "biogpt",
+                     "xglm")  # XGLM's table is fixed sinusoids
 # The families whose rotary is a table of their own (GPT-J's create_sinusoidal_positions on
 # the base 10000 over rotary_dim), not a rope_parameters dict.
 OWN_ROTARY = ("gptj", "codegen")
@@ -315,7 +316,9 @@ NO_ROTARY = (*LEARNED_POSITIONS, "nemotron_h", "mamba2", "mamba", "falcon_mamba"
 
 
 # The families whose norms' eps is their model's constant, not a config key.
-FIXED_EPS = {"olmo": 1e-5, "opt": 1e-5}  # OlmoLayerNorm's, torch's LayerNorm default (OPT)
+# OlmoLayerNorm's; torch's LayerNorm default (OPT, XGLM, BioGPT: BioGptConfig's
+# layer_norm_eps is a key its model never reads)
+FIXED_EPS = {"olmo": 1e-5, "opt": 1e-5, "xglm": 1e-5, "biogpt": 1e-5}
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
@@ -332,9 +335,9 @@ def test_keys_a_config_leaves_out_take_transformers_defaults(family):
         head_dim = hf.qk_rope_head_dim + hf.kv_lora_rank
     if not FAMILIES[family].attention_free:  # Mamba's attention fields are placeholders
         assert ours.head_dim == head_dim
-    eps = next((getattr(hf, k) for k in ("rms_norm_eps", "layer_norm_eps", "norm_epsilon",
-                                         "norm_eps", "layer_norm_epsilon")
-                if hasattr(hf, k)), FIXED_EPS.get(family))
+    eps = FIXED_EPS.get(family) or next(
+        getattr(hf, k) for k in ("rms_norm_eps", "layer_norm_eps", "norm_epsilon", "norm_eps",
+                                 "layer_norm_epsilon") if hasattr(hf, k))
     assert ours.norm_eps == pytest.approx(eps)
     if family in NO_ROTARY:  # no rope: every layer goes without
         assert [layer.rope for layer in ours.layers] == [None] * len(ours.layers)

@@ -50,6 +50,7 @@ from edgeprefill.export.per_layer_input import PerLayerInputs
 from edgeprefill.export.quantize import QuantConfig
 from edgeprefill.export.shared_kv import SharedKV
 from edgeprefill.export.short_conv import ShortConv
+from edgeprefill.export.sinusoids import sinusoids
 from edgeprefill.export.sparse_gate import sparse_gate
 from edgeprefill.export.tokens import PackedTokens, PaddedTokens
 from edgeprefill.export.weights import GraphWeights
@@ -147,11 +148,10 @@ class DecoderBuilder:
         x = self._embed(ids)  # [B,C,hidden] or packed [1,T,hidden]
         if cfg.embed_width is not None:  # OPT-350m: a narrower table, projected
             x = self.w.linear(x, [self.names.project_in + ".weight"], None)
-        if self.names.position_embed is not None:  # GPT-2's learned positions
-            x = g.op("Add", [x, self._position_embedding(self.names.position_embed,
-                                                         past_lens, chunk)])
-        if cfg.embed_scale is not None:
+        if cfg.embed_scale is not None:  # the tokens' embedding only, not the positions'
             x = g.op("Mul", [x, g.const(cfg.embed_scale, self.dtype)])
+        if self.names.position_embed is not None or cfg.spec.sinusoidal_positions:
+            x = g.op("Add", [x, self._position_embedding(past_lens, chunk)])
         if cfg.spec.embed_norm:  # nanochat
             x = self._norm(x, self.names.final_norm)
         if self.ple is not None:
@@ -671,25 +671,37 @@ class DecoderBuilder:
         quantize = untied or (self.quant is not None and self.quant.tied_embeddings)
         return self.w.rows(name, self.tokens.indices(ids), quantize=quantize)
 
-    def _position_embedding(self, name: str, past_lens: str, chunk: str) -> str:
-        """Each token's row of the learned position table (GPT-2's `wpe`), as the tokens
-        are laid out. Every position a call computes, its padding included, lies below the
-        KV capacity, which is at most the bundle's context (Engine._capacity), which is at
-        most the table's rows (exporter._max_context)."""
+    def _position_embedding(self, past_lens: str, chunk: str) -> str:
+        """Each token's row of the position table (GPT-2's learned `wpe`, XGLM's sinusoids),
+        as the tokens are laid out. Every position a call computes, its padding included,
+        lies below the KV capacity, which is at most the bundle's context
+        (Engine._capacity), which is at most the table's rows (exporter._max_context)."""
+        at = positions(self.g, self.g.op("Cast", [past_lens], to=7), chunk)  # [B,C]
+        return self.tokens.embed(self._position_table(), at)
+
+    def _position_table(self) -> str:
+        """[max_positions, hidden] from position 0: the stored table from its row `offset`
+        on (OPT's 2), or XGLM's sinusoidal table computed here."""
         g, cfg = self.g, self.cfg
-        offset = cfg.spec.position_offset  # OPT's table starts 2 rows before position 0
-        shape = (cfg.max_positions + offset, cfg.hidden_size)
-        if self.w.shape(name) != shape:
+        offset = cfg.spec.position_offset
+        shape = (cfg.max_positions, cfg.hidden_size)
+        if cfg.spec.sinusoidal_positions:
+            return g.weight("sinusoidal_positions", shape, self.dtype, lambda: sinusoids(
+                cfg.max_positions + offset, cfg.hidden_size, cfg.pad_token_id)[offset:]
+                .astype(self.dtype))
+        name = self.names.position_embed
+        assert name is not None
+        stored = (cfg.max_positions + offset, cfg.hidden_size)
+        if self.w.shape(name) != stored:
             raise ExportError(
-                f"{name} has shape {self.w.shape(name)}, but config.json implies {shape} "
+                f"{name} has shape {self.w.shape(name)}, but config.json implies {stored} "
                 f"(max_position_embeddings {cfg.max_positions}"
                 f"{f' + offset {offset}' if offset else ''}, hidden {cfg.hidden_size})"
             )
-        table = self.w.tensor(name) if not offset else g.weight(
-            name + ".from_position_0", (cfg.max_positions, cfg.hidden_size), self.dtype,
-            lambda: self.ckpt.get(name, self.dtype)[offset:])
-        at = positions(g, g.op("Cast", [past_lens], to=7), chunk)  # [B,C]
-        return self.tokens.embed(table, at)
+        if not offset:
+            return self.w.tensor(name)
+        return g.weight(name + ".from_position_0", shape, self.dtype,
+                        lambda: self.ckpt.get(name, self.dtype)[offset:])
 
     def _check_vocab_shape(self, name: str) -> None:
         """The embedding table and the LM head are [vocab_size, hidden]: the bundle's logits

@@ -241,6 +241,8 @@ class ModelConfig:
     # The fused qkv's stored row layout where config.json decides it (Falcon: "heads" or
     # "groups", FamilySpec.qkv_layout_from_config); None: the spec's.
     qkv_layout: str | None = None
+    # The row of XGLM's sinusoidal position table that is zeros (its padding index).
+    pad_token_id: int | None = None
 
     def __post_init__(self) -> None:
         check_model_config(self)
@@ -509,6 +511,7 @@ def _read(family: str, spec: FamilySpec, raw: dict[str, Any]) -> ModelConfig:
         final_norm=spec.final_norm_from_config(raw) if spec.final_norm_from_config else True,
         embed_width=_embed_width(raw, spec, hidden),
         qkv_layout=spec.qkv_layout_from_config(raw) if spec.qkv_layout_from_config else None,
+        pad_token_id=_first_id(raw.get("pad_token_id")) if spec.sinusoidal_positions else None,
     )
 
 
@@ -785,6 +788,8 @@ def _attn_scale(raw: dict[str, Any], head_dim: int) -> float:
 
 
 def _embed_scale(raw: dict[str, Any], spec: FamilySpec, hidden: int) -> float | None:
+    if spec.embed_scale_key is not None and not raw.get(spec.embed_scale_key):
+        return None
     if spec.embed_scale == "sqrt_hidden":
         return hidden**0.5
     if spec.embed_scale == "multiplier":

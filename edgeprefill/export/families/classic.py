@@ -1,7 +1,8 @@
-"""The older causal LMs that people still bring: OPT, GPT-J, CodeGen, GPT-Neo, Falcon and
-Persimmon. LayerNorm with bias, ungated MLPs, their own config key names, and positions
-that are a learned table (OPT with its offset of 2, GPT-Neo), GPT-J's rotary on
-interleaved pairs of the first `rotary_dim` dims of each head, or plain rotary.
+"""The older causal LMs that people still bring: OPT, GPT-J, CodeGen, GPT-Neo, Falcon,
+Persimmon, XGLM and BioGPT. LayerNorm with bias, ungated MLPs, their own config key names,
+and positions that are a learned table (OPT and BioGPT with an offset of 2, GPT-Neo), a
+fixed sinusoidal one (XGLM), GPT-J's rotary on interleaved pairs of the first `rotary_dim`
+dims of each head, or plain rotary.
 """
 
 from __future__ import annotations
@@ -149,6 +150,18 @@ def _falcon_qkv_layout(raw: dict[str, Any]) -> str | None:
     return None if raw["multi_query"] else "heads"  # multi-query: [q heads, k, v]
 
 
+def _fairseq_config(raw: dict[str, Any]) -> dict[str, Any]:
+    """XGLMConfig and BioGptConfig: the layers' nn.LayerNorm at torch's default eps (a
+    layer_norm_eps key notwithstanding), positions only from their table; XGLM's own key
+    names (the reader's names win where both are given) and an MLP ffn_dim wide."""
+    if raw.get("model_type") == "xglm":
+        raw = _aliased(raw, XGLM_ALIASES)
+        raw["intermediate_size"] = raw["ffn_dim"]
+    raw = {**raw, "layer_norm_eps": 1e-5}
+    raw["no_rope_layers"] = [0] * int(raw["num_hidden_layers"])
+    return raw
+
+
 NEO_LAYER_TYPES = {"global": "full_attention", "local": "sliding_attention"}
 CODEGEN_SHARDS = 4  # CodeGenAttention.mp_num
 OPT_NAMES = TensorNames(
@@ -180,6 +193,23 @@ PERSIMMON_NAMES = TensorNames(
     q_norm="self_attn.q_layernorm", k_norm="self_attn.k_layernorm", gate="",
     up="mlp.dense_h_to_4h", down="mlp.dense_4h_to_h",
 )
+XGLM_ALIASES = {"d_model": "hidden_size", "num_layers": "num_hidden_layers",
+                "attention_heads": "num_attention_heads"}
+# The fairseq decoders (OPT's layout under `model.`, BioGPT's under `biogpt.`)
+XGLM_NAMES = replace(OPT_NAMES, embed=("model.embed_tokens.weight",), position_embed=None,
+                     final_norm="model.layer_norm", layer="model.layers.{i}.")
+BIOGPT_NAMES = replace(OPT_NAMES, embed=("biogpt.embed_tokens.weight",),
+                       position_embed="biogpt.embed_positions.weight",
+                       final_norm="biogpt.layer_norm", layer="biogpt.layers.{i}.",
+                       lm_head=("output_projection",))
+# XGLM and BioGPT: pre-norm layers with biases everywhere, the token embedding times
+# sqrt(hidden) (scale_embedding), positions from row 2 of their table; tied.
+FAIRSEQ: dict[str, Any] = {
+    "norm": "layer", "gated_mlp": False, "qkv_bias": True, "o_bias": True, "mlp_bias": True,
+    "tie_default": True, "act_default": "gelu", "eps_key": "layer_norm_eps",
+    "embed_scale": "sqrt_hidden", "embed_scale_key": "scale_embedding", "position_offset": 2,
+    "legacy": _fairseq_config,
+}
 GPTJ_DEFAULTS = {"n_embd": 4096, "n_layer": 28, "n_head": 16, "n_positions": 2048,
                  "n_inner": None, "rotary_dim": 64, "layer_norm_epsilon": 1e-5}
 # GPT-J's layer: attention and MLP side by side on one LayerNorm, rotary on interleaved
@@ -250,6 +280,25 @@ FAMILIES: dict[str, FamilySpec] = {
                   "layer_norm_eps": 1e-5, "qk_layernorm": True, "partial_rotary_factor": 0.5},
         quirks=("LayerNorm with bias", "per-head LayerNorm on q/k",
                 "ReLU-squared MLP without a gate", "fused q/k/v interleaved per head"),
+    ),
+    # XGLM: fixed sinusoidal positions (the row of pad_token_id zeroed), computed at export
+    "xglm": FamilySpec(
+        **FAIRSEQ, names=XGLM_NAMES, sinusoidal_positions=True, act_key="activation_function",
+        ignores=("intermediate_size", "layer_norm_eps", *FOREIGN_KEYS),
+        defaults={"d_model": 1024, "num_layers": 24, "attention_heads": 16, "ffn_dim": 4096,
+                  "max_position_embeddings": 2048, "scale_embedding": True,
+                  "pad_token_id": 1},
+        quirks=("sinusoidal absolute positions (offset 2)", "embedding times sqrt(hidden)",
+                "LayerNorm with bias", "gelu MLP"),
+    ),
+    # BioGPT: learned positions
+    "biogpt": FamilySpec(
+        **FAIRSEQ, names=BIOGPT_NAMES, ignores=("layer_norm_eps", *FOREIGN_KEYS),
+        defaults={"hidden_size": 1024, "num_hidden_layers": 24, "num_attention_heads": 16,
+                  "intermediate_size": 4096, "max_position_embeddings": 1024,
+                  "scale_embedding": True},
+        quirks=("learned absolute position embeddings (offset 2)",
+                "embedding times sqrt(hidden)", "LayerNorm with bias", "gelu MLP"),
     ),
     # GPT-Neo: GPT-2's layer with nn.Linear projections (an o bias only), learned
     # positions, q.k unscaled, and local layers attending to the last window_size tokens.

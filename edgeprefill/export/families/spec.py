@@ -126,6 +126,7 @@ class FamilySpec:
     # The config key that switches those norms on; None: always there (GLM-4.5's use_qk_norm)
     qk_norm_key: str | None = None
     embed_scale: str | None = None  # None, "sqrt_hidden" (Gemma) or "multiplier" (Granite)
+    embed_scale_key: str | None = None  # the key that switches it on (XGLM's scale_embedding)
     tie_default: bool = False
     act_default: str = "silu"
     # The key the family's MLP takes its activation from; the other name is ignored there
@@ -145,8 +146,11 @@ class FamilySpec:
     window: str = "never"
     # Which layers slide when config.json has no `layer_types`: layer index, config -> bool.
     sliding: Callable[[int, dict[str, Any]], bool] = lambda i, raw: True
-    # Rows of the learned position table before position 0's (OPT's and BioGPT's offset 2).
+    # Rows of the position table before position 0's (OPT's, BioGPT's and XGLM's offset 2).
     position_offset: int = 0
+    # Whether positions are XGLM's fixed sinusoidal table (sin | cos of each position, the
+    # row of pad_token_id zeroed), computed at export: no tensor of the checkpoint.
+    sinusoidal_positions: bool = False
     # Whether the last layer's output is normed before the LM head, from config.json (OPT:
     # only its pre-norm layers are followed by a final norm); None: always.
     final_norm_from_config: Callable[[dict[str, Any]], bool] | None = None
