@@ -536,6 +536,9 @@ FAMILIES: dict[str, dict] = {
     # token embedding times sqrt(hidden)
     "xglm": {"ffn_dim": 80, "tie_word_embeddings": True},
     "biogpt": {"tie_word_embeddings": True},
+    # InternLM3: Llama with the Hub's key names for its (absent) biases, head_dim 16 given
+    # (its config class's default is 128)
+    "internlm3": {"qkv_bias": False, "bias": False, "head_dim": 16},
 }
 # The fixtures stored as a BitNet quantization_config announces (tests/bitnet_checkpoints.py)
 BITNET_LAYOUTS = {"bitnet-packed": "bitlinear", "bitnet-online": "online"}

@@ -1,7 +1,8 @@
 """OPT, GPT-J, CodeGen, GPT-Neo, Falcon, Persimmon, XGLM and BioGPT
 (export/families/classic.py): their config keys and switches as transformers reads them,
-the Hub's OPT layout, and rows of different lengths batched. Every chunk's logits and
-greedy output of the fixtures are checked in tests/test_exactness.py."""
+the Hub's OPT layout, and rows of different lengths batched; InternLM3's config keys.
+Every chunk's logits and greedy output of the fixtures are checked in
+tests/test_exactness.py."""
 
 from __future__ import annotations
 
@@ -218,3 +219,31 @@ def test_rows_of_different_lengths_generate_together_as_transformers(
     engine = Engine.load(bundle(family, flavor), threads=2, background=False)
     check_together(engine, hf_model(family), NEW_TOKENS)
     engine.close()
+
+
+@pytest.mark.parametrize("keys", [
+    {},
+    {"head_dim": None},  # hidden / heads, as InternLM3Config fills it in
+    # the Hub's names win over the config class's where both are given (attribute_map)
+    {"qkv_bias": False, "bias": False, "attention_bias": True, "mlp_bias": True},
+])
+def test_internlm3_config_reads_as_its_config_class(keys):
+    base = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+            "vocab_size": 128}
+    ours = ModelConfig.from_hf({"model_type": "internlm3", **base, **keys})
+    hf = transformers.AutoConfig.for_model("internlm3", **base, **keys)
+    assert (ours.head_dim, ours.num_kv_heads, ours.qkv_bias, ours.o_bias, ours.mlp_bias) == (
+        hf.head_dim, hf.num_key_value_heads, hf.attention_bias, hf.attention_bias, hf.mlp_bias)
+    assert (ours.norm_eps, ours.max_positions) == (hf.rms_norm_eps, hf.max_position_embeddings)
+
+
+@pytest.mark.parametrize(("keys", "message"), [
+    ({"qkv_bias": True, "bias": True}, "internlm3: bias=true (biases on the gated MLP) is not"),
+    ({"qkv_bias": True}, "internlm3: qkv_bias (attention_bias) and bias (mlp_bias) must be"),
+])
+def test_internlm3_biases_are_refused_in_one_line(keys, message):
+    with pytest.raises(ExportError) as err:
+        ModelConfig.from_hf({"model_type": "internlm3", "hidden_size": 64,
+                             "num_hidden_layers": 2, "num_attention_heads": 4,
+                             "vocab_size": 128, **keys})
+    assert message in str(err.value) and "\n" not in str(err.value)

@@ -123,6 +123,23 @@ def _gpt2_unsupported(raw: dict[str, Any]) -> str | None:
     return None
 
 
+def _internlm3_aliases(raw: dict[str, Any]) -> dict[str, Any]:
+    # InternLM3Config's attribute_map: the Hub's qkv_bias and bias win where both are given
+    for alias, key in (("qkv_bias", "attention_bias"), ("bias", "mlp_bias")):
+        if alias in raw:
+            raw = {**{k: v for k, v in raw.items() if k != alias}, key: raw[alias]}
+    return raw
+
+
+def _internlm3_unsupported(raw: dict[str, Any]) -> str | None:
+    if bool(raw["attention_bias"]) != bool(raw["mlp_bias"]):  # InternLM3Config refuses it
+        return ("qkv_bias (attention_bias) and bias (mlp_bias) must be equal (its config "
+                "class refuses them otherwise)")
+    if raw["mlp_bias"]:
+        return "bias=true (biases on the gated MLP) is not supported"
+    return None
+
+
 OLMO3_THETA = 500000.0
 EXAONE_ALIASES = {"num_layers": "num_hidden_layers", "layer_norm_epsilon": "rms_norm_eps",
                   "activation_function": "hidden_act"}
@@ -545,5 +562,15 @@ FAMILIES: dict[str, FamilySpec] = {
         defaults={**GPT2.defaults, "multi_query": True},
         quirks=("learned absolute position embeddings", "LayerNorm with bias", "gelu MLP",
                 "multi-query attention"),
+    ),
+    # InternLM3: Llama under its own config class, whose qkv_bias and bias are aliases of
+    # attention_bias and mlp_bias (and win), head_dim 128 and 2 KV heads by default.
+    "internlm3": FamilySpec(
+        **ATTENTION_BIAS, legacy=_internlm3_aliases, refuse=_internlm3_unsupported,
+        defaults={"hidden_size": 4096, "intermediate_size": 10240, "num_hidden_layers": 48,
+                  "num_attention_heads": 32, "vocab_size": 128512, "head_dim": 128,
+                  "num_key_value_heads": 2, "rms_norm_eps": 1e-5,
+                  "max_position_embeddings": 32768, "attention_bias": False,
+                  "mlp_bias": False},
     ),
 }
