@@ -539,7 +539,15 @@ FAMILIES: dict[str, dict] = {
     # InternLM3: Llama with the Hub's key names for its (absent) biases, head_dim 16 given
     # (its config class's default is 128)
     "internlm3": {"qkv_bias": False, "bias": False, "head_dim": 16},
+    # ModernBERT decoder: a sliding (window 8 / 2 = 4), then a global layer (global every
+    # other one), the first without a norm of its own; a tanh-gelu prediction head
+    "modernbert-decoder": {"local_attention": 8, "global_attn_every_n_layers": 2,
+                           "num_hidden_layers": 3, "attention_bias": True,
+                           "classifier_activation": "gelu_new", "cls_token_id": 1,
+                           "sep_token_id": 2},
 }
+# model_types with a "-" of their own (not a fixture's variant)
+HYPHENATED_TYPES = ("modernbert-decoder",)
 # The fixtures stored as a BitNet quantization_config announces (tests/bitnet_checkpoints.py)
 BITNET_LAYOUTS = {"bitnet-packed": "bitlinear", "bitnet-online": "online"}
 # The families the default (fast) suite covers end to end; the rest run under `slow`.
@@ -632,7 +640,8 @@ def build_hf_model(family: str, out: Path, seed: int = 0, dtype=None, **override
     """Save a tiny random model of `family` (a key of FAMILIES) to `out`."""
     import torch
 
-    model_type = family.split("-")[0]
+    # a fixture's variant follows a "-" (falcon-7b), except in the model types that hold one
+    model_type = family if family in HYPHENATED_TYPES else family.split("-")[0]
     if model_type == "gemma3n":
         return image_text_gemma3n(out, seed, **overrides)
     kwargs = dict(

@@ -1,6 +1,7 @@
 """OPT, GPT-J, CodeGen, GPT-Neo, Falcon, Persimmon, XGLM and BioGPT
 (export/families/classic.py): their config keys and switches as transformers reads them,
-the Hub's OPT layout, and rows of different lengths batched; InternLM3's config keys.
+the Hub's OPT layout, and rows of different lengths batched; InternLM3's and ModernBERT
+decoder's config keys.
 Every chunk's logits and greedy output of the fixtures are checked in
 tests/test_exactness.py."""
 
@@ -206,12 +207,14 @@ def test_a_hub_opt_checkpoint_without_the_model_prefix_exports(tmp_path):
 
 
 CLASSIC = ("opt", "opt-350m", "gptj", "codegen", "gpt_neo", "falcon", "falcon-7b",
-           "falcon-sequential", "persimmon", "xglm", "biogpt")
+           "falcon-sequential", "persimmon", "xglm", "biogpt", "internlm3",
+           "modernbert-decoder")
 
 
 @pytest.mark.parametrize(("family", "flavor"), [
     pytest.param(family, flavor, marks=() if (family, flavor) in (
-        ("gpt_neo", "ort"), ("opt-350m", "standard"), ("falcon", "ort")) else pytest.mark.slow)
+        ("gpt_neo", "ort"), ("opt-350m", "standard"), ("falcon", "ort"),
+        ("modernbert-decoder", "standard")) else pytest.mark.slow)
     for family in CLASSIC for flavor in FLAVORS])
 def test_rows_of_different_lengths_generate_together_as_transformers(
     family, flavor, hf_model, bundle
@@ -247,3 +250,43 @@ def test_internlm3_biases_are_refused_in_one_line(keys, message):
                              "num_hidden_layers": 2, "num_attention_heads": 4,
                              "vocab_size": 128, **keys})
     assert message in str(err.value) and "\n" not in str(err.value)
+
+
+MODERNBERT = {"model_type": "modernbert-decoder", "hidden_size": 64, "num_hidden_layers": 4,
+              "num_attention_heads": 4, "intermediate_size": 96, "vocab_size": 128}
+
+
+@pytest.mark.parametrize("keys", [
+    {},
+    {"global_attn_every_n_layers": 2, "local_attention": 16, "global_rope_theta": 5e5,
+     "local_rope_theta": 500.0},
+    {"sliding_window": 5, "rope_scaling": {"rope_type": "linear", "factor": 2.0}},
+    {"layer_types": ["full_attention", "full_attention", "sliding_attention",
+                     "full_attention"], "rope_theta": 7.0},  # a theta its class ignores
+])
+def test_modernbert_decoder_layers_and_ropes_read_as_its_config_class(keys):
+    from edgeprefill.export.model_config import LOCAL
+
+    ours = ModelConfig.from_hf({**MODERNBERT, **keys})
+    hf = transformers.AutoConfig.for_model(**{**MODERNBERT, **keys})
+    assert [layer.window for layer in ours.layers] == [
+        hf.sliding_window if kind == "sliding_attention" else None for kind in hf.layer_types]
+    for name, kind in ((GLOBAL, "full_attention"), (LOCAL, "sliding_attention")):
+        params = hf.rope_parameters[kind]
+        assert (ours.ropes[name].theta, ours.ropes[name].kind, ours.ropes[name].factor) == (
+            params["rope_theta"], params["rope_type"], params.get("factor", 1.0))
+    assert ours.head_activation == "gelu" and ours.embed_scale is None
+
+
+@pytest.mark.parametrize(("keys", "message"), [
+    ({"norm_bias": True}, "norm_bias=true (LayerNorms with bias) is not supported"),
+    ({"mlp_bias": True}, "mlp_bias=true (biases on the gated MLP) is not supported"),
+    ({"classifier_bias": True}, "classifier_bias=true (a bias on the prediction head's"),
+    ({"decoder_bias": False}, "decoder_bias=false (an LM head without bias) is not supported"),
+    ({"local_attention": None}, "sliding layers without a window (sliding_window null, or"),
+    ({"sliding_window": None}, "sliding layers without a window (sliding_window null, or"),
+])
+def test_modernbert_decoder_switches_it_cannot_compute_are_refused_in_one_line(keys, message):
+    with pytest.raises(ExportError) as err:
+        ModelConfig.from_hf({**MODERNBERT, **keys})
+    assert f"modernbert-decoder: {message}" in str(err.value) and "\n" not in str(err.value)

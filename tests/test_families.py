@@ -453,7 +453,10 @@ def test_the_activation_is_read_from_the_key_the_model_reads(family):
     # converted between them carry both names.
     keys = {"hidden_act": "silu", "hidden_activation": "gelu"}
     ours = ModelConfig.from_hf(minimal_raw(family, **keys)).activation
-    decoder = meta_model(family, **keys).get_decoder()
+    model = meta_model(family, **keys)
+    decoder = model.get_decoder()
+    if isinstance(decoder, torch.nn.Linear):  # ModernBERT decoder's LM head is `decoder`
+        decoder = model.model
     layers = decoder.layers if hasattr(decoder, "layers") else decoder.h  # GPT-2: h
     layer = layers[0]
     # Granite 4's dense MLP; LFM2's, whose Lfm2MLP calls F.silu whatever the config says

@@ -152,8 +152,8 @@ class DecoderBuilder:
             x = g.op("Mul", [x, g.const(cfg.embed_scale, self.dtype)])
         if self.names.position_embed is not None or cfg.spec.sinusoidal_positions:
             x = g.op("Add", [x, self._position_embedding(past_lens, chunk)])
-        if cfg.spec.embed_norm:  # nanochat
-            x = self._norm(x, self.names.final_norm)
+        if cfg.spec.embed_norm:  # nanochat (the final norm), ModernBERT decoder (its own)
+            x = self._norm(x, self.names.embed_norm or self.names.final_norm)
         if self.ple is not None:
             self.ple.build(ids, x)
         if self.altup is not None:  # Gemma 3n: x is the AltUp streams [.., N, hidden]
@@ -176,6 +176,10 @@ class DecoderBuilder:
         hidden = self._norm(x, self.names.final_norm) if cfg.final_norm else x  # [B,hidden]
         if cfg.embed_width is not None:
             hidden = self.w.linear(hidden, [self.names.project_out + ".weight"], None)
+        if cfg.head_activation is not None:  # ModernBERT decoder's prediction head
+            dense = self.w.linear(hidden, [self.names.head_dense + ".weight"], None)
+            hidden = self._norm(self._activation(dense, cfg.head_activation),
+                                self.names.head_norm)
         logits = self._logits(self._lm_head(hidden))
         if self.dtype != np.float32:
             logits = g.op("Cast", [logits], to=1)
@@ -249,9 +253,12 @@ class DecoderBuilder:
             attn = self._norm(self._mixer(i, x, step, rows), p + n.post_attn_norm)
             x = self.g.op("Add", [rows(x), self._scaled(attn)])
             return x, self._scaled(self._norm(self._mlp(p, x), p + n.post_mlp_norm))
-        x, h = self._add_norm(x, delta, p + n.input_norm)
         if block == "postln":  # OPT-350m: each norm after its residual add
             return self._post_norm_layer(i, x, delta, step, rows), None
+        if i == 0 and self.cfg.spec.first_layer_unnormed:  # ModernBERT decoder
+            h = x
+        else:
+            x, h = self._add_norm(x, delta, p + n.input_norm)
         if block == "hybrid":  # Falcon-H1: attention and Mamba-2 side by side
             x, h = self._add_norm(rows(x), self._hybrid_mixers(i, h, step, rows),
                                   p + n.post_attn_norm)
@@ -635,8 +642,9 @@ class DecoderBuilder:
             return xielu(self.g, self.ckpt, x, p + self.names.act, self.dtype)
         return self._activation(x)
 
-    def _activation(self, x: str) -> str:
-        g, kind = self.g, self.cfg.activation
+    def _activation(self, x: str, kind: str | None = None) -> str:
+        """x through `kind` (a value of ACTIVATIONS; the model's MLP's unless given)."""
+        g, kind = self.g, kind or self.cfg.activation
         if kind == "xielu":  # its weights are a dense MLP's (_mlp_activation)
             raise ExportError("the xielu activation is supported in dense MLPs only")
         if kind == "silu":

@@ -243,6 +243,9 @@ class ModelConfig:
     qkv_layout: str | None = None
     # The row of XGLM's sinusoidal position table that is zeros (its padding index).
     pad_token_id: int | None = None
+    # The activation of the prediction head before the LM head (ModernBERT decoder's, a
+    # value of ACTIVATIONS); None: no such head.
+    head_activation: str | None = None
 
     def __post_init__(self) -> None:
         check_model_config(self)
@@ -512,6 +515,8 @@ def _read(family: str, spec: FamilySpec, raw: dict[str, Any]) -> ModelConfig:
         embed_width=_embed_width(raw, spec, hidden),
         qkv_layout=spec.qkv_layout_from_config(raw) if spec.qkv_layout_from_config else None,
         pad_token_id=_first_id(raw.get("pad_token_id")) if spec.sinusoidal_positions else None,
+        head_activation=_activation(raw, spec, spec.head_act_key) if spec.head_act_key
+        else None,
     )
 
 
@@ -655,8 +660,10 @@ def _biases(raw: dict[str, Any], spec: FamilySpec) -> tuple[bool, bool, bool]:
     return qkv, o, qkv if spec.mlp_bias is None else spec.mlp_bias
 
 
-def _activation(raw: dict[str, Any], spec: FamilySpec) -> str:
-    name = (raw.get(spec.act_key) if spec.act_key else None) or spec.act_default
+def _activation(raw: dict[str, Any], spec: FamilySpec, key: str | None = None) -> str:
+    """The activation config.json names under `key` (the MLP's: spec.act_key)."""
+    key = key or spec.act_key
+    name = (raw.get(key) if key else None) or spec.act_default
     if name not in ACTIVATIONS:
         raise ExportError(
             f"activation {name!r} is not supported; supported: {', '.join(ACTIVATIONS)}"

@@ -38,6 +38,12 @@ class TensorNames:
     # OPT-350m's projections between a narrower embedding (word_embed_proj_dim) and the
     # layers' width: after the embedding, and before the LM head
     project_in: str = "model.decoder.project_in"
+    # the norm of the embedding before the first layer (FamilySpec.embed_norm) where it has
+    # one of its own (ModernBERT decoder's); None: the final norm's (nanochat)
+    embed_norm: str | None = None
+    # ModernBERT decoder's prediction head before the LM head: dense, activation, norm
+    head_dense: str = "lm_head.dense"
+    head_norm: str = "lm_head.norm"
     project_out: str = "model.decoder.project_out"
     input_norm: str = "input_layernorm"
     post_attn_norm: str = "post_attention_layernorm"
@@ -280,8 +286,16 @@ class FamilySpec:
     # Whether the family's attention clamps q, k and v to [-clip_qkv, clip_qkv] where the
     # config sets clip_qkv (OLMo 1).
     clip_qkv: bool = False
-    # Whether the final norm also normalizes the embedding before the first layer (nanochat).
+    # Whether the embedding is normed before the first layer: by the final norm (nanochat) or
+    # by names.embed_norm.
     embed_norm: bool = False
+    # Whether the first layer's attention reads the (normed) embedding without a norm of its
+    # own (ModernBERT decoder's layer 0: an Identity attn_norm).
+    first_layer_unnormed: bool = False
+    # Whether a prediction head (names.head_dense, the activation of `head_act_key`,
+    # names.head_norm) transforms the final hidden state before the LM head (ModernBERT
+    # decoder's).
+    head_act_key: str | None = None
     # Whether the model's rotate_half is cat(x2, -x1), a rotation by -angle (nanochat).
     # Exported as the standard rotary of q and k whose rotated second halves are negated in
     # their projection: q.k is the same (each is the reflected model's q or k reflected),
