@@ -35,6 +35,8 @@ REFUSED_TYPES: dict[str, str] = {
     "axk1": "A.X K1's RMSNorm after the experts (post_mlp_layernorm) is not supported",
     "mistral4": "Mistral 4's position-scaled queries and softmax group routing are not "
                 "supported",
+    "diffllama": "DiffLlama's differential attention (two softmaxes subtracted with a "
+                 "learned lambda) is not supported",
 }
 
 
