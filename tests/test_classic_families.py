@@ -301,3 +301,17 @@ def test_diffllama_is_refused_in_one_line_by_the_cli(tmp_path):
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "model_type 'diffllama': DiffLlama's differential attention" \
         in lines[0], lines
+
+
+def test_an_opt_position_table_that_disagrees_with_its_config_is_refused(tmp_path):
+    from edgeprefill.export.exporter import ExportOptions, export
+
+    hf_dir = build_hf_model("opt", tmp_path / "hf")  # a table of 1024 + 2 rows
+    config = json.loads((hf_dir / "config.json").read_text())
+    (hf_dir / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 64}))
+    with pytest.raises(ExportError) as err:
+        export(hf_dir, tmp_path / "b", ExportOptions(chunks=(16,), max_context=32,
+                                                     show_progress=False))
+    assert str(err.value) == (
+        "model.decoder.embed_positions.weight has shape (1026, 64), but config.json implies "
+        "(66, 64) (max_position_embeddings 64 + offset 2, hidden 64)")

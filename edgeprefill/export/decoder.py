@@ -700,10 +700,12 @@ class DecoderBuilder:
         name = self.names.position_embed
         assert name is not None
         stored = (cfg.max_positions + offset, cfg.hidden_size)
+        # the key as config.json names it (GPT-2's and GPTBigCode's n_positions)
+        key = "n_positions" if "n_positions" in cfg.spec.defaults else "max_position_embeddings"
         if self.w.shape(name) != stored:
             raise ExportError(
                 f"{name} has shape {self.w.shape(name)}, but config.json implies {stored} "
-                f"(max_position_embeddings {cfg.max_positions}"
+                f"({key} {cfg.max_positions}"
                 f"{f' + offset {offset}' if offset else ''}, hidden {cfg.hidden_size})"
             )
         if not offset:
