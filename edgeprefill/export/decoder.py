@@ -83,7 +83,7 @@ class DecoderBuilder:
         self.dtype = flavor.dtype
         self.g = GraphBuilder()
         self.w = GraphWeights(self.g, ckpt, self.dtype, quant) if cfg.bitnet is None else \
-            BitWeights(self.g, ckpt, self.dtype, quant, cfg.bitnet)
+            BitWeights(self.g, ckpt, self.dtype, quant, cfg.bitnet, flavor.integer_matmul)
         # (head_dim, kv_heads, rotary_dim) -> the flavour of layers of that shape (Gemma 4)
         self._flavors: dict[tuple[int, int, int], Flavor] = {}
         self.experts = self._experts()
@@ -152,8 +152,10 @@ class DecoderBuilder:
             x = g.op("Mul", [x, g.const(cfg.embed_scale, self.dtype)])
         if self.names.position_embed is not None or cfg.spec.sinusoidal_positions:
             x = g.op("Add", [x, self._position_embedding(past_lens, chunk)])
-        if cfg.spec.embed_norm:  # nanochat (the final norm), ModernBERT decoder (its own)
-            x = self._norm(x, self.names.embed_norm or self.names.final_norm)
+        if cfg.spec.embed_norm:  # nanochat
+            x = self._norm(x, self.names.final_norm)
+        if self.names.embed_norm is not None:  # BLOOM's, ModernBERT decoder's
+            x = self._norm(x, self.names.embed_norm)
         if self.ple is not None:
             self.ple.build(ids, x)
         if self.altup is not None:  # Gemma 3n: x is the AltUp streams [.., N, hidden]

@@ -619,7 +619,7 @@ FAMILIES: dict[str, FamilySpec] = {
     # second, global and sliding layers with a rope each, and a prediction head (dense,
     # activation, norm) before the biased, tied LM head.
     "modernbert-decoder": FamilySpec(
-        **ATTENTION_BIAS, names=MODERNBERT_NAMES, norm="layer_no_bias", embed_norm=True,
+        **ATTENTION_BIAS, names=MODERNBERT_NAMES, norm="layer_no_bias",
         first_layer_unnormed=True, act_default="gelu", act_key="hidden_activation",
         head_act_key="classifier_activation", lm_head_bias=True, tie_default=True,
         eps_key="norm_eps", window="always", legacy=_modernbert_decoder_config,

@@ -35,16 +35,15 @@ class TensorNames:
     down: str = "mlp.down_proj"
     # learned absolute positions added to the embedding (GPT-2's `wpe`); None: no such table
     position_embed: str | None = None
+    # a norm of the embedding before the first layer (BLOOM's word_embeddings_layernorm)
+    embed_norm: str | None = None
     # OPT-350m's projections between a narrower embedding (word_embed_proj_dim) and the
     # layers' width: after the embedding, and before the LM head
     project_in: str = "model.decoder.project_in"
-    # the norm of the embedding before the first layer (FamilySpec.embed_norm) where it has
-    # one of its own (ModernBERT decoder's); None: the final norm's (nanochat)
-    embed_norm: str | None = None
+    project_out: str = "model.decoder.project_out"
     # ModernBERT decoder's prediction head before the LM head: dense, activation, norm
     head_dense: str = "lm_head.dense"
     head_norm: str = "lm_head.norm"
-    project_out: str = "model.decoder.project_out"
     input_norm: str = "input_layernorm"
     post_attn_norm: str = "post_attention_layernorm"
     pre_mlp_norm: str = "pre_feedforward_layernorm"
@@ -286,8 +285,7 @@ class FamilySpec:
     # Whether the family's attention clamps q, k and v to [-clip_qkv, clip_qkv] where the
     # config sets clip_qkv (OLMo 1).
     clip_qkv: bool = False
-    # Whether the embedding is normed before the first layer: by the final norm (nanochat) or
-    # by names.embed_norm.
+    # Whether the final norm also normalizes the embedding before the first layer (nanochat).
     embed_norm: bool = False
     # Whether the first layer's attention reads the (normed) embedding without a norm of its
     # own (ModernBERT decoder's layer 0: an Identity attn_norm).
@@ -301,6 +299,10 @@ class FamilySpec:
     # their projection: q.k is the same (each is the reflected model's q or k reflected),
     # and so is a weightless q/k norm of it.
     rotary_reflected: bool = False
+    # ALiBi (BLOOM, MPT; export/alibi.py): no rotary, and each head adds slope_h * (key
+    # position - query position) to its scaled scores, the slopes computed at export
+    # (ModelConfig.alibi, which is all the builder and the flavours read).
+    alibi: bool = False
 
     def read(self, raw: dict[str, Any]) -> dict[str, Any]:
         """config.json as the family's transformers config class reads it."""
