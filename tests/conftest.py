@@ -554,7 +554,44 @@ FAMILIES: dict[str, dict] = {
     # top 2 of 8 by sigmoid + a correction bias (randomized: build_hf_model), renormalized
     "minimax_m2": {"head_dim": 32, "rotary_dim": 16, "num_local_experts": 8,
                    "num_experts_per_tok": 2, "intermediate_size": 32},
+    # The GPT-2-era classics (export/families/classic.py). OPT: learned positions from row 2
+    # of their table, ReLU MLP, tied as the Hub's are; OPT-350m's post-norm layers without a
+    # final norm, and its narrower embedding projected in and out.
+    "opt": {"ffn_dim": 80, "tie_word_embeddings": True},
+    "opt-350m": {"ffn_dim": 80, "tie_word_embeddings": True, "do_layer_norm_before": False,
+                 "word_embed_proj_dim": 32},
+    # GPT-J: a parallel layer on one norm, rotary on interleaved pairs of 16 of the 32 head
+    # dims, an LM head with a bias; CodeGen the same with its sharded fused q/k/v
+    "gptj": {"n_inner": 80, "num_attention_heads": 2, "rotary_dim": 16},
+    "codegen": {"n_inner": 80, "num_attention_heads": 2, "rotary_dim": 16},
+    # GPT-Neo: a global then a local layer (a window of 8), q.k unscaled, tied
+    "gpt_neo": {"attention_types": [[["global", "local"], 1]], "window_size": 8,
+                "tie_word_embeddings": True},
+    # Falcon-40B's layout: 4 heads in 2 KV groups, ln_attn and ln_mlp; Falcon-7B's: one KV
+    # head, one norm for both; the old layout without multi-query (per-head q|k|v) with
+    # sequential attention and MLP and biases
+    "falcon": {"new_decoder_architecture": True, "num_kv_heads": 2, "ffn_hidden_size": 80},
+    "falcon-7b": {"multi_query": True, "ffn_hidden_size": 80},
+    "falcon-sequential": {"multi_query": False, "parallel_attn": False, "bias": True,
+                          "ffn_hidden_size": 80},
+    # Persimmon: per-head LayerNorms of q and k, rotary on 16 of the 32 head dims
+    "persimmon": {"num_attention_heads": 2},
+    # XGLM: sinusoidal positions, BioGPT: learned ones, each from row 2 of its table, the
+    # token embedding times sqrt(hidden)
+    "xglm": {"ffn_dim": 80, "tie_word_embeddings": True},
+    "biogpt": {"tie_word_embeddings": True},
+    # InternLM3: Llama with the Hub's key names for its (absent) biases, head_dim 16 given
+    # (its config class's default is 128)
+    "internlm3": {"qkv_bias": False, "bias": False, "head_dim": 16},
+    # ModernBERT decoder: a sliding (window 8 / 2 = 4), then a global layer (global every
+    # other one), the first without a norm of its own; a tanh-gelu prediction head
+    "modernbert-decoder": {"local_attention": 8, "global_attn_every_n_layers": 2,
+                           "num_hidden_layers": 3, "attention_bias": True,
+                           "classifier_activation": "gelu_new", "cls_token_id": 1,
+                           "sep_token_id": 2},
 }
+# model_types with a "-" of their own (not a fixture's variant)
+HYPHENATED_TYPES = ("modernbert-decoder",)
 # The fixtures stored as a BitNet quantization_config announces (tests/bitnet_checkpoints.py)
 BITNET_LAYOUTS = {"bitnet-packed": "bitlinear", "bitnet-online": "online"}
 # The families the default (fast) suite covers end to end; the rest run under `slow`.
@@ -647,7 +684,8 @@ def build_hf_model(family: str, out: Path, seed: int = 0, dtype=None, **override
     """Save a tiny random model of `family` (a key of FAMILIES) to `out`."""
     import torch
 
-    model_type = family.split("-")[0]
+    # a fixture's variant follows a "-" (falcon-7b), except in the model types that hold one
+    model_type = family if family in HYPHENATED_TYPES else family.split("-")[0]
     if model_type == "gemma3n":
         return image_text_gemma3n(out, seed, **overrides)
     kwargs = dict(

@@ -268,7 +268,11 @@ SUPPORTED = {"granitemoehybrid": {"layer_types": ["attention"] * 4, "num_local_e
              "gemma3n_text": {"num_kv_shared_layers": 2}, "gemma3n": {"num_kv_shared_layers": 2},
              # DBRX: transformers 5.24's attention reads attn_config.rope_theta, which its
              # config class does not default
-             "dbrx": {"attn_config": {"rope_theta": 10000.0}}}
+             "dbrx": {"attn_config": {"rope_theta": 10000.0}},
+             # their config classes rotate 64 dims (more than MINIMAL's heads have) and
+             # list 24 layers
+             "gptj": {"rotary_dim": 8}, "codegen": {"rotary_dim": 8},
+             "gpt_neo": {"attention_types": [[["global", "local"], 2]]}}
 
 
 def least(family: str) -> dict:
@@ -305,7 +309,11 @@ def hf_theta(config, layer_type: str = "full_attention") -> float:
 
 
 # The families whose positions are a learned table (GPT-2's wpe), with no rotary at all.
-LEARNED_POSITIONS = ("gpt2", "gpt_bigcode")
+LEARNED_POSITIONS = ("gpt2", "gpt_bigcode", "opt", "gpt_neo", "biogpt",
+                     "xglm")  # XGLM's table is fixed sinusoids
+# The families whose rotary is a table of their own (GPT-J's create_sinusoidal_positions on
+# the base 10000 over rotary_dim), not a rope_parameters dict.
+OWN_ROTARY = ("gptj", "codegen")
 # ... and those without rotary nor positions (Nemotron-H, Mamba-2, Mamba-1: their mamba
 # layers order the tokens).
 NO_ROTARY = (*LEARNED_POSITIONS, "nemotron_h", "mamba2", "mamba", "falcon_mamba")
@@ -313,7 +321,9 @@ ALIBI = ("bloom", "mpt")  # ... and those whose attention biases by distance ins
 
 
 # The families whose norms' eps is their model's constant, not a config key.
-FIXED_EPS = {"olmo": 1e-5, "dbrx": 1e-5}  # OlmoLayerNorm's, DBRX's torch LayerNorm
+# OlmoLayerNorm's; torch's LayerNorm default (DBRX; OPT, XGLM, BioGPT: BioGptConfig's
+# layer_norm_eps is a key its model never reads)
+FIXED_EPS = {"olmo": 1e-5, "dbrx": 1e-5, "opt": 1e-5, "xglm": 1e-5, "biogpt": 1e-5}
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
@@ -330,12 +340,15 @@ def test_keys_a_config_leaves_out_take_transformers_defaults(family):
         head_dim = hf.qk_rope_head_dim + hf.kv_lora_rank
     if not FAMILIES[family].attention_free:  # Mamba's attention fields are placeholders
         assert ours.head_dim == head_dim
-    eps = next((getattr(hf, k) for k in ("rms_norm_eps", "layer_norm_eps", "norm_epsilon",
-                                         "norm_eps", "layer_norm_epsilon")
-                if hasattr(hf, k)), FIXED_EPS.get(family))
+    eps = FIXED_EPS.get(family) or next(
+        getattr(hf, k) for k in ("rms_norm_eps", "layer_norm_eps", "norm_epsilon", "norm_eps",
+                                 "layer_norm_epsilon") if hasattr(hf, k))
     assert ours.norm_eps == pytest.approx(eps)
     if family in (*NO_ROTARY, *ALIBI):  # no rope: every layer goes without
         assert [layer.rope for layer in ours.layers] == [None] * len(ours.layers)
+    elif family in OWN_ROTARY:
+        rotary = meta_model(family).get_decoder().rotary_emb
+        assert (ours.ropes[GLOBAL].theta, ours.rotary_dim) == (10000.0, rotary.pos_embd_dim)
     else:
         assert ours.ropes[GLOBAL].theta == pytest.approx(hf_theta(hf))
         partial = (hf.rope_parameters.get("full_attention") or hf.rope_parameters).get(
@@ -416,7 +429,10 @@ def test_a_sliding_window_key_slides_only_where_the_family_reads_it(family):
         types = getattr(hf, "layer_types", None)
         # a wrapper (LLaVA's kin) slides as its default language model
         text = WRAPPERS[family].default_text if family in WRAPPERS else family
-        if text in ("llama", "gemma", "granite", "olmo2", "phi", "stablelm", "cohere",
+        if text == "gpt_neo":  # its own window on its local layers, whatever the key
+            expected = [hf.window_size if kind == "local" else None
+                        for kind in hf.attention_layers]
+        elif text in ("llama", "gemma", "granite", "olmo2", "phi", "stablelm", "cohere",
                       "gpt_neox", "ernie4_5", "ernie4_5_moe", "arcee", "qwen3_vl",
                       "qwen3_vl_moe", "hunyuan_v1_dense", "glm", "glm4", "helium",
                       "seed_oss", "exaone", "granitemoehybrid", "nemotron", "olmoe",
@@ -426,7 +442,7 @@ def test_a_sliding_window_key_slides_only_where_the_family_reads_it(family):
                       "sarvam_mla",
                       "bitnet", "apertus", "apertus1p5_text", "iquestcoder", "jais2", "olmo",
                       "hyperclovax", "granitemoeshared",
-                      "nanochat",
+                      "nanochat", "gptj", "codegen", "falcon", "persimmon", "internlm3",
                       "hunyuan_v1_moe", "dbrx", "flex_olmo", "minimax_m2",
                       *NO_ROTARY, *ALIBI):
             expected = [None] * len(ours)  # Nemotron-H: 2 layers of its 4 blocks
@@ -439,7 +455,7 @@ def test_a_sliding_window_key_slides_only_where_the_family_reads_it(family):
 
 ACTIVATION_FUNCTIONS = {"silu": torch.nn.functional.silu, "gelu": torch.nn.functional.gelu,
                         "gelu_tanh": lambda x: torch.nn.functional.gelu(x, approximate="tanh"),
-                        "relu2": lambda x: torch.relu(x) ** 2}
+                        "relu2": lambda x: torch.relu(x) ** 2, "relu": torch.relu}
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
@@ -448,7 +464,10 @@ def test_the_activation_is_read_from_the_key_the_model_reads(family):
     # converted between them carry both names.
     keys = {"hidden_act": "silu", "hidden_activation": "gelu"}
     ours = ModelConfig.from_hf(minimal_raw(family, **keys)).activation
-    decoder = meta_model(family, **keys).get_decoder()
+    model = meta_model(family, **keys)
+    decoder = model.get_decoder()
+    if isinstance(decoder, torch.nn.Linear):  # ModernBERT decoder's LM head is `decoder`
+        decoder = model.model
     decoder = getattr(decoder, "model", decoder)  # Llama 4's get_decoder: its causal LM
     # GPT-2 and BLOOM: h; MPT and DBRX: blocks
     layers = next(getattr(decoder, name) for name in ("layers", "h", "blocks")
@@ -461,6 +480,7 @@ def test_the_activation_is_read_from_the_key_the_model_reads(family):
         getattr(layer, "mlp", None) or getattr(layer, "shared_mlp", None) or \
         getattr(layer, "block_sparse_moe", None) or getattr(layer, "feed_forward", None) or \
         getattr(layer, "ffn", None) or \
+        (layer if hasattr(layer, "fc1") else None) or \
         next(block.mixer for block in layers if block.block_type == "mlp")
     mlp = getattr(mlp, "experts", mlp)  # a mixture of experts: its experts' activation
     mlp = getattr(mlp, "mlp", mlp)  # DBRX's experts: their GLU
@@ -495,6 +515,11 @@ HONOURED = {("nemotron_h", "use_bias"), ("mamba2", "use_bias"), ("mamba", "use_b
             ("falcon_mamba", "use_bias"), ("glm4_moe", "use_qk_norm")}
 
 
+# The switches the family's config class refuses alone (InternLM3: mlp_bias without
+# attention_bias), and so does export.
+CLASS_REFUSED = {("internlm3", "mlp_bias")}
+
+
 @pytest.mark.parametrize("key", ("mlp_bias", "qk_layernorm", "use_qk_norm", "use_bias"))
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_a_switch_is_refused_only_where_the_model_reads_it(family, key):
@@ -502,7 +527,10 @@ def test_a_switch_is_refused_only_where_the_model_reads_it(family, key):
     # configs copied from another family carry it where the model ignores it (a Qwen2
     # config with mlp_bias: true), and such a config exports as without the key.
     raw, switched = minimal_raw(family), minimal_raw(family, **{key: True})
-    if (family, key) in HONOURED:
+    if (family, key) in CLASS_REFUSED:
+        with pytest.raises(ExportError, match=f"{family}: .*{key}"):
+            ModelConfig.from_hf(switched)
+    elif (family, key) in HONOURED:
         assert ModelConfig.from_hf(switched) != ModelConfig.from_hf(raw)
     elif weight_shapes(family, **{key: True}) != weight_shapes(family):
         with pytest.raises(ExportError, match=f"{family}: .*{key}"):

@@ -50,6 +50,7 @@ from edgeprefill.export.per_layer_input import PerLayerInputs
 from edgeprefill.export.quantize import QuantConfig
 from edgeprefill.export.shared_kv import SharedKV
 from edgeprefill.export.short_conv import ShortConv
+from edgeprefill.export.sinusoids import sinusoids
 from edgeprefill.export.sparse_gate import sparse_gate
 from edgeprefill.export.tokens import PackedTokens, PaddedTokens
 from edgeprefill.export.weights import GraphWeights
@@ -145,14 +146,15 @@ class DecoderBuilder:
         self.q_scale = self._query_scale(past_lens, chunk)
         self.latent = LatentAttention(self) if cfg.latent is not None else None
         x = self._embed(ids)  # [B,C,hidden] or packed [1,T,hidden]
-        if self.names.position_embed is not None:  # GPT-2's learned positions
-            x = g.op("Add", [x, self._position_embedding(self.names.position_embed,
-                                                         past_lens, chunk)])
-        if cfg.embed_scale is not None:
+        if cfg.embed_width is not None:  # OPT-350m: a narrower table, projected
+            x = self.w.linear(x, [self.names.project_in + ".weight"], None)
+        if cfg.embed_scale is not None:  # the tokens' embedding only, not the positions'
             x = g.op("Mul", [x, g.const(cfg.embed_scale, self.dtype)])
+        if self.names.position_embed is not None or cfg.spec.sinusoidal_positions:
+            x = g.op("Add", [x, self._position_embedding(past_lens, chunk)])
         if cfg.spec.embed_norm:  # nanochat
             x = self._norm(x, self.names.final_norm)
-        if self.names.embed_norm is not None:  # BLOOM's word_embeddings_layernorm
+        if self.names.embed_norm is not None:  # BLOOM's, ModernBERT decoder's
             x = self._norm(x, self.names.embed_norm)
         if self.ple is not None:
             self.ple.build(ids, x)
@@ -173,7 +175,13 @@ class DecoderBuilder:
             x = self.altup.collapse(x)
         # Only each row's last valid token reaches the LM head (the last layer kept only
         # those): full [C, vocab] logits of a 256-token chunk would cost more than a layer.
-        hidden = self._norm(x, self.names.final_norm)  # [B,hidden]
+        hidden = self._norm(x, self.names.final_norm) if cfg.final_norm else x  # [B,hidden]
+        if cfg.embed_width is not None:
+            hidden = self.w.linear(hidden, [self.names.project_out + ".weight"], None)
+        if cfg.head_activation is not None:  # ModernBERT decoder's prediction head
+            dense = self.w.linear(hidden, [self.names.head_dense + ".weight"], None)
+            hidden = self._norm(self._activation(dense, cfg.head_activation),
+                                self.names.head_norm)
         logits = self._logits(self._lm_head(hidden))
         if self.dtype != np.float32:
             logits = g.op("Cast", [logits], to=1)
@@ -247,7 +255,12 @@ class DecoderBuilder:
             attn = self._norm(self._mixer(i, x, step, rows), p + n.post_attn_norm)
             x = self.g.op("Add", [rows(x), self._scaled(attn)])
             return x, self._scaled(self._norm(self._mlp(p, x), p + n.post_mlp_norm))
-        x, h = self._add_norm(x, delta, p + n.input_norm)
+        if block == "postln":  # OPT-350m: each norm after its residual add
+            return self._post_norm_layer(i, x, delta, step, rows), None
+        if i == 0 and self.cfg.spec.first_layer_unnormed:  # ModernBERT decoder
+            h = x
+        else:
+            x, h = self._add_norm(x, delta, p + n.input_norm)
         if block == "hybrid":  # Falcon-H1: attention and Mamba-2 side by side
             x, h = self._add_norm(rows(x), self._hybrid_mixers(i, h, step, rows),
                                   p + n.post_attn_norm)
@@ -267,6 +280,17 @@ class DecoderBuilder:
             return x, self._scaled(self._norm(self._mlp(p, h), p + n.post_mlp_norm))
         x, h = self._add_norm(x, self._scaled(attn), p + n.post_attn_norm)
         return x, self._scaled(self._mlp(p, h))
+
+    def _post_norm_layer(self, i: int, x: str, delta: str | None, step: StepTensors,
+                         rows: Rows) -> str:
+        """OPT-350m's layer: attention and MLP read the residual stream itself, and each
+        residual add is normed."""
+        g, n = self.g, self.names
+        p = n.layer.format(i=i)
+        x = x if delta is None else g.op("Add", [x, delta])
+        attn = self._mixer(i, x, step, rows)
+        x = self._norm(g.op("Add", [rows(x), attn]), p + n.input_norm)
+        return self._norm(g.op("Add", [x, self._mlp(p, x)]), p + n.post_attn_norm)
 
     def _altup_layer(self, i: int, streams: str, step: StepTensors, rows: Rows) -> str:
         """Gemma 3n's layer on AltUp's streams [.., N, hidden] (export/altup.py): Gemma 3's
@@ -438,7 +462,9 @@ class DecoderBuilder:
         weights = [p + part + ".weight" for part in parts]
         bias = p + (n.qkv or "self_attn.qkv_proj") + ".bias" if cfg.qkv_bias else None
         self._check_qkv_shapes(weights, cfg)
-        reorder = self._neox_order if cfg.spec.qkv_interleaved else \
+        reorder = self._neox_order if cfg.spec.qkv_interleaved or cfg.qkv_layout == "heads" \
+            else self._group_order if cfg.qkv_layout == "groups" else \
+            self._shard_order if cfg.spec.qkv_shards else \
             self._gate_last if cfg.attn_gate else \
             self._reflected if cfg.spec.rotary_reflected else None
         qkv = self._scaled_keys(self.w.linear(h, weights, bias, reorder=reorder))
@@ -521,6 +547,26 @@ class DecoderBuilder:
         d, heads = self.cfg.head_dim, self.cfg.num_heads
         rest = rows.shape[1:]
         return rows.reshape(heads, 3, d, *rest).swapaxes(0, 1).reshape(3 * heads * d, *rest)
+
+    def _group_order(self, rows: np.ndarray) -> np.ndarray:
+        """Falcon's new decoder architecture stores the fused projection's rows per KV head:
+        [KV head, its heads / KV queries | k | v, dim]; the graph wants [q|k|v, head, dim]
+        (a query head's KV head is then its group's, as transformers broadcasts it)."""
+        d, heads, kv = self.cfg.head_dim, self.cfg.num_heads, self.cfg.num_kv_heads
+        rest = rows.shape[1:]
+        groups = rows.reshape(kv, heads // kv + 2, d, *rest)
+        return np.concatenate([groups[:, :-2].reshape(heads * d, *rest),
+                               groups[:, -2].reshape(kv * d, *rest),
+                               groups[:, -1].reshape(kv * d, *rest)])
+
+    def _shard_order(self, rows: np.ndarray) -> np.ndarray:
+        """CodeGen stores the fused projection's rows as [shard, q|v|k, hidden / shards]
+        (the model-parallel layout it was trained in, CodeGenAttention's mp_num); each of
+        q, k and v is its shards' slices in order. The graph wants [q|k|v, hidden]."""
+        shards, hidden = self.cfg.spec.qkv_shards, self.cfg.hidden_size
+        rest = rows.shape[1:]
+        parts = rows.reshape(shards, 3, hidden // shards, *rest)
+        return np.concatenate([parts[:, j].reshape(hidden, *rest) for j in (0, 2, 1)])
 
     def _scaled_keys(self, qkv: str) -> str:
         """Falcon-H1 multiplies k by key_multiplier after its projection (bias included):
@@ -617,12 +663,15 @@ class DecoderBuilder:
             return xielu(self.g, self.ckpt, x, p + self.names.act, self.dtype)
         return self._activation(x)
 
-    def _activation(self, x: str) -> str:
-        g, kind = self.g, self.cfg.activation
+    def _activation(self, x: str, kind: str | None = None) -> str:
+        """x through `kind` (a value of ACTIVATIONS; the model's MLP's unless given)."""
+        g, kind = self.g, kind or self.cfg.activation
         if kind == "xielu":  # its weights are a dense MLP's (_mlp_activation)
             raise ExportError("the xielu activation is supported in dense MLPs only")
         if kind == "silu":
             return g.op("Mul", [x, g.op("Sigmoid", [x])])
+        if kind == "relu":  # OPT
+            return g.op("Relu", [x])
         if kind == "relu2":  # Arcee (transformers' ReLUSquaredActivation)
             relu = g.op("Relu", [x])
             return g.op("Mul", [relu, relu])
@@ -651,31 +700,51 @@ class DecoderBuilder:
         quantize = untied or (self.quant is not None and self.quant.tied_embeddings)
         return self.w.rows(name, self.tokens.indices(ids), quantize=quantize)
 
-    def _position_embedding(self, name: str, past_lens: str, chunk: str) -> str:
-        """Each token's row of the learned position table (GPT-2's `wpe`), as the tokens
-        are laid out. Every position a call computes, its padding included, lies below the
-        KV capacity, which is at most the bundle's context (Engine._capacity), which is at
-        most the table's rows (exporter._max_context)."""
+    def _position_embedding(self, past_lens: str, chunk: str) -> str:
+        """Each token's row of the position table (GPT-2's learned `wpe`, XGLM's sinusoids),
+        as the tokens are laid out. Every position a call computes, its padding included,
+        lies below the KV capacity, which is at most the bundle's context
+        (Engine._capacity), which is at most the table's rows (exporter._max_context)."""
+        at = positions(self.g, self.g.op("Cast", [past_lens], to=7), chunk)  # [B,C]
+        return self.tokens.embed(self._position_table(), at)
+
+    def _position_table(self) -> str:
+        """[max_positions, hidden] from position 0: the stored table from its row `offset`
+        on (OPT's 2), or XGLM's sinusoidal table computed here."""
         g, cfg = self.g, self.cfg
-        if self.w.shape(name) != (cfg.max_positions, cfg.hidden_size):
+        offset = cfg.spec.position_offset
+        shape = (cfg.max_positions, cfg.hidden_size)
+        if cfg.spec.sinusoidal_positions:
+            return g.weight("sinusoidal_positions", shape, self.dtype, lambda: sinusoids(
+                cfg.max_positions + offset, cfg.hidden_size, cfg.pad_token_id)[offset:]
+                .astype(self.dtype))
+        name = self.names.position_embed
+        assert name is not None
+        stored = (cfg.max_positions + offset, cfg.hidden_size)
+        # the key as config.json names it (GPT-2's and GPTBigCode's n_positions)
+        key = "n_positions" if "n_positions" in cfg.spec.defaults else "max_position_embeddings"
+        if self.w.shape(name) != stored:
             raise ExportError(
-                f"{name} has shape {self.w.shape(name)}, but config.json implies "
-                f"{(cfg.max_positions, cfg.hidden_size)} (n_positions {cfg.max_positions}, "
-                f"hidden {cfg.hidden_size})"
+                f"{name} has shape {self.w.shape(name)}, but config.json implies {stored} "
+                f"({key} {cfg.max_positions}"
+                f"{f' + offset {offset}' if offset else ''}, hidden {cfg.hidden_size})"
             )
-        at = positions(g, g.op("Cast", [past_lens], to=7), chunk)  # [B,C]
-        return self.tokens.embed(self.w.tensor(name), at)
+        if not offset:
+            return self.w.tensor(name)
+        return g.weight(name + ".from_position_0", shape, self.dtype,
+                        lambda: self.ckpt.get(name, self.dtype)[offset:])
 
     def _check_vocab_shape(self, name: str) -> None:
         """The embedding table and the LM head are [vocab_size, hidden]: the bundle's logits
         are as wide as config.json's vocab_size, so a table of another height would export
         a graph that fails at its first call."""
         cfg = self.cfg
-        if self.w.shape(name) != (cfg.vocab_size, cfg.hidden_size):
+        width = cfg.embed_width or cfg.hidden_size
+        if self.w.shape(name) != (cfg.vocab_size, width):
             raise ExportError(
                 f"{name} has shape {self.w.shape(name)}, but config.json implies "
-                f"{(cfg.vocab_size, cfg.hidden_size)} (vocab_size {cfg.vocab_size}, hidden "
-                f"{cfg.hidden_size})"
+                f"{(cfg.vocab_size, width)} (vocab_size {cfg.vocab_size}, "
+                f"{'word_embed_proj_dim' if cfg.embed_width else 'hidden'} {width})"
             )
 
     def _lm_head(self, hidden: str) -> str:

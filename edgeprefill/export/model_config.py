@@ -51,7 +51,7 @@ from edgeprefill.json_file import load_json_object
 # the same tanh approximation).
 ACTIVATIONS = {"silu": "silu", "swish": "silu", "gelu": "gelu", "gelu_new": "gelu_tanh",
                "gelu_pytorch_tanh": "gelu_tanh", "gelu_fast": "gelu_tanh", "relu2": "relu2",
-               "xielu": "xielu"}
+               "xielu": "xielu", "relu": "relu"}
 GLOBAL, LOCAL = "global", "local"  # the rope tables a layer can use
 # Where a family's norms take their epsilon unless FamilySpec.eps_key names the key.
 EPS_KEYS = ("rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon")
@@ -250,6 +250,19 @@ class ModelConfig:
     # ALiBi (BLOOM, MPT): each head's slope, its scores plus slope * (key position - query
     # position) (export/alibi.py); None: no such bias.
     alibi: tuple[float, ...] | None = None
+    # Whether the last layer's output is normed before the LM head (OPT's post-norm layers
+    # are not), and the embedding's width where it is narrower than hidden and projected
+    # to and from it (OPT-350m's word_embed_proj_dim); None: hidden.
+    final_norm: bool = True
+    embed_width: int | None = None
+    # The fused qkv's stored row layout where config.json decides it (Falcon: "heads" or
+    # "groups", FamilySpec.qkv_layout_from_config); None: the spec's.
+    qkv_layout: str | None = None
+    # The row of XGLM's sinusoidal position table that is zeros (its padding index).
+    pad_token_id: int | None = None
+    # The activation of the prediction head before the LM head (ModernBERT decoder's, a
+    # value of ACTIVATIONS); None: no such head.
+    head_activation: str | None = None
 
     def __post_init__(self) -> None:
         check_model_config(self)
@@ -535,7 +548,19 @@ def _read(family: str, spec: FamilySpec, raw: dict[str, Any],
         **_altup(raw, spec),
         qk_norm_off=spec.qk_norm_key is not None and not raw.get(spec.qk_norm_key),
         alibi=alibi_slopes(heads) if spec.alibi else None,
+        final_norm=spec.final_norm_from_config(raw) if spec.final_norm_from_config else True,
+        embed_width=_embed_width(raw, spec, hidden),
+        qkv_layout=spec.qkv_layout_from_config(raw) if spec.qkv_layout_from_config else None,
+        pad_token_id=_first_id(raw.get("pad_token_id")) if spec.sinusoidal_positions else None,
+        head_activation=_activation(raw, spec, spec.head_act_key) if spec.head_act_key
+        else None,
     )
+
+
+def _embed_width(raw: dict[str, Any], spec: FamilySpec, hidden: int) -> int | None:
+    """The embedding's own width where the family's key makes it differ from hidden."""
+    width = raw.get(spec.embed_width_key) if spec.embed_width_key else None
+    return None if width is None or int(width) == hidden else int(width)
 
 
 def _altup(raw: dict[str, Any], spec: FamilySpec) -> dict[str, Any]:
@@ -672,8 +697,10 @@ def _biases(raw: dict[str, Any], spec: FamilySpec) -> tuple[bool, bool, bool]:
     return qkv, o, qkv if spec.mlp_bias is None else spec.mlp_bias
 
 
-def _activation(raw: dict[str, Any], spec: FamilySpec) -> str:
-    name = (raw.get(spec.act_key) if spec.act_key else None) or spec.act_default
+def _activation(raw: dict[str, Any], spec: FamilySpec, key: str | None = None) -> str:
+    """The activation config.json names under `key` (the MLP's: spec.act_key)."""
+    key = key or spec.act_key
+    name = (raw.get(key) if key else None) or spec.act_default
     if name not in ACTIVATIONS:
         raise ExportError(
             f"activation {name!r} is not supported; supported: {', '.join(ACTIVATIONS)}"
@@ -816,6 +843,8 @@ def _attn_scale(raw: dict[str, Any], head_dim: int) -> float:
 
 
 def _embed_scale(raw: dict[str, Any], spec: FamilySpec, hidden: int) -> float | None:
+    if spec.embed_scale_key is not None and not raw.get(spec.embed_scale_key):
+        return None
     if spec.embed_scale == "sqrt_hidden":
         return hidden**0.5
     if spec.embed_scale == "multiplier":

@@ -5,10 +5,10 @@ layout, MLP kind, q/k norms, embedding scaling, tensor names, which layers slide
 numbers behind the switches (soft-caps, multipliers, windows, rope) are read from
 config.json by `ModelConfig.from_hf`; nothing downstream looks at a family's name.
 
-One module per kind of language model (dense, gemma, moe, latent, recurrent, alibi) and the
-image-text checkpoints that wrap one; `FamilySpec` and the tensor names in `spec`. The
-checkpoints that wrap any text family (LLaVA's kin, `wrapped`) take the spec of the one
-their text_config names: `family_spec`.
+One module per kind of language model (dense, gemma, moe, latent, recurrent, alibi, and
+the GPT-2-era classic) and the image-text checkpoints that wrap one; `FamilySpec` and the
+tensor names in `spec`. The checkpoints that wrap any text family (LLaVA's kin, `wrapped`)
+take the spec of the one their text_config names: `family_spec`.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from typing import Any
 
 from edgeprefill.export.families import (
     alibi,
+    classic,
     dense,
     gemma,
     image_text,
@@ -49,6 +50,8 @@ REFUSED_TYPES: dict[str, str] = {
               "is not supported",
     "longcat_flash": "LongCat-Flash's zero-computation experts and two attentions per layer "
                      "are not supported",
+    "diffllama": "DiffLlama's differential attention (two softmaxes subtracted with a "
+                 "learned lambda) is not supported",
 }
 
 
@@ -68,6 +71,7 @@ _TEXT: dict[str, FamilySpec] = _merged(
     latent.FAMILIES,
     recurrent.FAMILIES,
     alibi.FAMILIES,
+    classic.FAMILIES,
 )
 # A wrapper's entry is the spec of its default language model (its config class's).
 FAMILIES: dict[str, FamilySpec] = _merged(

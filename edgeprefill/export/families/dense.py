@@ -123,6 +123,74 @@ def _gpt2_unsupported(raw: dict[str, Any]) -> str | None:
     return None
 
 
+def _internlm3_aliases(raw: dict[str, Any]) -> dict[str, Any]:
+    # InternLM3Config's attribute_map: the Hub's qkv_bias and bias win where both are given
+    for alias, key in (("qkv_bias", "attention_bias"), ("bias", "mlp_bias")):
+        if alias in raw:
+            raw = {**{k: v for k, v in raw.items() if k != alias}, key: raw[alias]}
+    return raw
+
+
+def _internlm3_unsupported(raw: dict[str, Any]) -> str | None:
+    if bool(raw["attention_bias"]) != bool(raw["mlp_bias"]):  # InternLM3Config refuses it
+        return ("qkv_bias (attention_bias) and bias (mlp_bias) must be equal (its config "
+                "class refuses them otherwise)")
+    if raw["mlp_bias"]:
+        return "bias=true (biases on the gated MLP) is not supported"
+    return None
+
+
+def _modernbert_decoder_config(raw: dict[str, Any]) -> dict[str, Any]:
+    """ModernBertDecoderConfig: every global_attn_every_n_layers-th layer (from the first)
+    global, the others sliding over sliding_window tokens (local_attention // 2 unless
+    config.json has the key, as saved configs do); a rope per layer type, a
+    legacy rope_scaling merged into both, thetas from global_rope_theta and
+    local_rope_theta (160000 and 10000 by default)."""
+    raw = dict(raw)
+    count = int(raw["num_hidden_layers"])
+    if raw.get("layer_types") is None:
+        every = int(raw.get("global_attn_every_n_layers", 3))
+        raw["layer_types"] = ["sliding_attention" if i % every else "full_attention"
+                              for i in range(count)]
+    if "sliding_window" not in raw:  # a key of its own wins, null included
+        local = raw["local_attention"]
+        raw["sliding_window"] = int(local) // 2 if local else -1
+    params = raw.get("rope_parameters") or {}
+    scaling = raw.pop("rope_scaling", None) or {}
+    ropes = {}
+    for kind, theta in (("full_attention", raw.get("global_rope_theta", 160_000.0)),
+                        ("sliding_attention", raw.get("local_rope_theta", 10_000.0))):
+        ropes[kind] = {"rope_type": "default", **(params.get(kind) or {}), **scaling}
+        ropes[kind].setdefault("rope_theta", theta)
+    raw["rope_parameters"] = ropes
+    return raw
+
+
+def _modernbert_decoder_unsupported(raw: dict[str, Any]) -> str | None:
+    for key, value, what in MODERNBERT_SWITCHES:
+        if bool(raw[key]) != value:
+            return f"{key}={str(not value).lower()} ({what}) is not supported"
+    window = raw["sliding_window"]
+    if window is None or int(window) < 1:
+        return ("sliding layers without a window (sliding_window null, or local_attention "
+                "null) are not supported")
+    return None
+
+
+# ModernBERT decoder's switches export supports one way only: key, that value, what the
+# other asks for.
+MODERNBERT_SWITCHES = (
+    ("norm_bias", False, "LayerNorms with bias"),
+    ("mlp_bias", False, "biases on the gated MLP"),
+    ("classifier_bias", False, "a bias on the prediction head's dense layer"),
+    ("decoder_bias", True, "an LM head without bias"),
+)
+MODERNBERT_NAMES = TensorNames(
+    embed=("model.embeddings.tok_embeddings.weight",), embed_norm="model.embeddings.norm",
+    final_norm="model.final_norm", lm_head=("decoder",), q="attn.q_proj", k="attn.k_proj",
+    v="attn.v_proj", o="attn.Wo", gate_up="mlp.Wi", down="mlp.Wo", input_norm="attn_norm",
+    post_attn_norm="mlp_norm",
+)
 OLMO3_THETA = 500000.0
 EXAONE_ALIASES = {"num_layers": "num_hidden_layers", "layer_norm_epsilon": "rms_norm_eps",
                   "activation_function": "hidden_act"}
@@ -546,5 +614,34 @@ FAMILIES: dict[str, FamilySpec] = {
         defaults={**GPT2.defaults, "multi_query": True},
         quirks=("learned absolute position embeddings", "LayerNorm with bias", "gelu MLP",
                 "multi-query attention"),
+    ),
+    # ModernBERT decoder (Ettin): the embedding LayerNormed, layer 0's attention on it
+    # without a norm of its own, LayerNorms without bias, Wi's first half activated times its
+    # second, global and sliding layers with a rope each, and a prediction head (dense,
+    # activation, norm) before the biased, tied LM head.
+    "modernbert-decoder": FamilySpec(
+        **ATTENTION_BIAS, names=MODERNBERT_NAMES, norm="layer_no_bias",
+        first_layer_unnormed=True, act_default="gelu", act_key="hidden_activation",
+        head_act_key="classifier_activation", lm_head_bias=True, tie_default=True,
+        eps_key="norm_eps", window="always", legacy=_modernbert_decoder_config,
+        refuse=_modernbert_decoder_unsupported,
+        ignores=("rope_theta", "num_key_value_heads", "head_dim", "partial_rotary_factor"),
+        defaults={"hidden_size": 768, "intermediate_size": 1152, "num_hidden_layers": 22,
+                  "num_attention_heads": 12, "max_position_embeddings": 8192,
+                  "norm_eps": 1e-5, "norm_bias": False, "mlp_bias": False,
+                  "classifier_bias": False, "decoder_bias": True,
+                  "classifier_activation": "gelu", "local_attention": 128},
+        quirks=("the embedding LayerNormed", "LayerNorm without bias",
+                "a prediction head before the LM head", "LM head bias"),
+    ),
+    # InternLM3: Llama under its own config class, whose qkv_bias and bias are aliases of
+    # attention_bias and mlp_bias (and win), head_dim 128 and 2 KV heads by default.
+    "internlm3": FamilySpec(
+        **ATTENTION_BIAS, legacy=_internlm3_aliases, refuse=_internlm3_unsupported,
+        defaults={"hidden_size": 4096, "intermediate_size": 10240, "num_hidden_layers": 48,
+                  "num_attention_heads": 32, "vocab_size": 128512, "head_dim": 128,
+                  "num_key_value_heads": 2, "rms_norm_eps": 1e-5,
+                  "max_position_embeddings": 32768, "attention_bias": False,
+                  "mlp_bias": False},
     ),
 }

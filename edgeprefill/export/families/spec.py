@@ -37,6 +37,13 @@ class TensorNames:
     position_embed: str | None = None
     # a norm of the embedding before the first layer (BLOOM's word_embeddings_layernorm)
     embed_norm: str | None = None
+    # OPT-350m's projections between a narrower embedding (word_embed_proj_dim) and the
+    # layers' width: after the embedding, and before the LM head
+    project_in: str = "model.decoder.project_in"
+    project_out: str = "model.decoder.project_out"
+    # ModernBERT decoder's prediction head before the LM head: dense, activation, norm
+    head_dense: str = "lm_head.dense"
+    head_norm: str = "lm_head.norm"
     input_norm: str = "input_layernorm"
     post_attn_norm: str = "post_attention_layernorm"
     pre_mlp_norm: str = "pre_feedforward_layernorm"
@@ -91,8 +98,9 @@ NORMS = ("rms", "rms_plus_one", "layer", "layer_no_bias", "layer_plus_one", "lay
 #   parallel   x += attn(n1(x)) + mlp(n2(x))                             (GPT-NeoX)
 #   shared     x += attn(n1(x)) + mlp(n1(x))                             (Phi, parallel StableLM)
 #   hybrid     x += attn(n1(x)) + mamba(n1(x)); x += mlp(n2(x))          (Falcon-H1)
+#   postln     x = n1(x + attn(x)); x = n2(x + mlp(x))                   (OPT-350m)
 #   altup      Gemma 3n: the sandwich on AltUp's active stream, with LAuReL (altup.py)
-BLOCKS = ("pre", "sandwich", "post", "parallel", "shared", "hybrid", "altup")
+BLOCKS = ("pre", "sandwich", "post", "parallel", "shared", "hybrid", "altup", "postln")
 
 
 @dataclass(frozen=True)
@@ -108,6 +116,13 @@ class FamilySpec:
     mlp_bias: bool | None = False  # None: the same as the q/k/v biases (StarCoder2)
     mlp_bias_key: str | None = None  # a key of its own for the MLP biases (Jais 2), mlp_bias unset
     qkv_interleaved: bool = False  # fused qkv rows ordered [head, q|k|v, dim] (GPT-NeoX)
+    # CodeGen: fused qkv rows ordered [shard, q|v|k, hidden / shards] over this many
+    # model-parallel shards (its mp_num, 4); 0: not so
+    qkv_shards: int = 0
+    # The fused qkv's row layout where config.json decides it (Falcon): "heads" as GPT-NeoX's
+    # [head, q|k|v, dim], "groups" [KV head, its queries|k|v, dim]; None: [q|k|v] (or the
+    # spec's own layout above).
+    qkv_layout_from_config: Callable[[dict[str, Any]], str | None] | None = None
     rope_interleaved: bool = False  # rotary pairs are dims (2i, 2i+1), not (i, i + D/2)
     lm_head_bias: bool = False
     lm_head_bias_key: str | None = None  # a key that switches the LM head's bias on (PhiMoE)
@@ -119,6 +134,7 @@ class FamilySpec:
     # The config key that switches those norms on; None: always there (GLM-4.5's use_qk_norm)
     qk_norm_key: str | None = None
     embed_scale: str | None = None  # None, "sqrt_hidden" (Gemma) or "multiplier" (Granite)
+    embed_scale_key: str | None = None  # the key that switches it on (XGLM's scale_embedding)
     tie_default: bool = False
     act_default: str = "silu"
     # The key the family's MLP takes its activation from; the other name is ignored there
@@ -138,6 +154,17 @@ class FamilySpec:
     window: str = "never"
     # Which layers slide when config.json has no `layer_types`: layer index, config -> bool.
     sliding: Callable[[int, dict[str, Any]], bool] = lambda i, raw: True
+    # Rows of the position table before position 0's (OPT's, BioGPT's and XGLM's offset 2).
+    position_offset: int = 0
+    # Whether positions are XGLM's fixed sinusoidal table (sin | cos of each position, the
+    # row of pad_token_id zeroed), computed at export: no tensor of the checkpoint.
+    sinusoidal_positions: bool = False
+    # Whether the last layer's output is normed before the LM head, from config.json (OPT:
+    # only its pre-norm layers are followed by a final norm); None: always.
+    final_norm_from_config: Callable[[dict[str, Any]], bool] | None = None
+    # The key of an embedding width of its own (OPT's word_embed_proj_dim): where it
+    # differs from hidden_size, names.project_in and project_out map between them.
+    embed_width_key: str | None = None
     # Quirks worth naming to a user (README, manifest, `inspect`).
     quirks: tuple[str, ...] = ()
     block_from_config: Callable[[dict[str, Any]], str] | None = None
@@ -270,6 +297,13 @@ class FamilySpec:
     clip_qkv: bool = False
     # Whether the final norm also normalizes the embedding before the first layer (nanochat).
     embed_norm: bool = False
+    # Whether the first layer's attention reads the (normed) embedding without a norm of its
+    # own (ModernBERT decoder's layer 0: an Identity attn_norm).
+    first_layer_unnormed: bool = False
+    # Whether a prediction head (names.head_dense, the activation of `head_act_key`,
+    # names.head_norm) transforms the final hidden state before the LM head (ModernBERT
+    # decoder's).
+    head_act_key: str | None = None
     # Whether the model's rotate_half is cat(x2, -x1), a rotation by -angle (nanochat).
     # Exported as the standard rotary of q and k whose rotated second halves are negated in
     # their projection: q.k is the same (each is the reflected model's q or k reflected),
