@@ -154,3 +154,13 @@ def test_a_malformed_value_is_key_is_refused_in_one_line(flavor, layers, message
     path = edited(bundle(FAMILY, flavor), tmp_path / "b", value_is_key=layers)
     with pytest.raises(BundleError, match=f"^{MANIFEST_FILE} is malformed: {message}"):
         load_manifest(path)
+
+
+def test_the_tensorrt_backend_refuses_the_one_cache_bundle_in_one_line(bundle):
+    """It runs the standard flavour only, whose manifest never holds the field (above)."""
+    from edgeprefill.engines.trt.backend import TensorRTBackend
+
+    path = bundle(FAMILY)
+    with pytest.raises(BackendError, match=r"^this bundle holds the 'ort' graph flavour, "
+                                           r"which TensorRT cannot parse"):
+        TensorRTBackend(path, load_manifest(path), BackendOptions(device="tensorrt"))
