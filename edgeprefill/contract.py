@@ -175,13 +175,11 @@ def kv_buffers(graph: GraphInfo, value_is_key: bool = True) -> list[list[KVPair]
     return buffers
 
 
-def kv_dims(graph: GraphInfo, buffers: list[list[KVPair]] | None = None) -> list[tuple[int, int]]:
-    """(kv_heads, head_dim) of each KV buffer (`buffers`, by default one per pair), in
-    arena order, read from the graph's inputs (check_graph_io has matched them to the
-    model's dimensions)."""
-    firsts = kv_pairs(graph) if buffers is None else [pairs[0] for pairs in buffers]
-    return [(int(graph.inputs[pair.input][1][1]), int(graph.inputs[pair.input][1][3]))
-            for pair in firsts]
+def kv_dims(graph: GraphInfo, buffers: list[list[KVPair]]) -> list[tuple[int, int]]:
+    """(kv_heads, head_dim) of each KV buffer (kv_buffers), in arena order, read from the
+    graph's inputs (check_graph_io has matched them to the model's dimensions)."""
+    return [(int(graph.inputs[pairs[0].input][1][1]), int(graph.inputs[pairs[0].input][1][3]))
+            for pairs in buffers]
 
 
 def state_pairs(graph: GraphInfo) -> list[KVPair]:

@@ -1,7 +1,8 @@
 """The backend contract: run one step of the chunk graph against a KV arena it owns.
 
 A backend knows graphs and buffers, nothing about sessions or scheduling. The KV cache
-is one arena per layer and per K/V, `[slots, kv_heads, capacity, head_dim]`, with the
+is one arena per layer and per K/V (one per layer where its value is its key:
+contract.kv_buffers), `[slots, kv_heads, capacity, head_dim]`, with the
 slot as the first axis: a prefill chunk of slot s binds `arena[s:s+1]` and a decode batch
 of slots a..b-1 binds `arena[a:b]`, both contiguous views, so no step copies the cache.
 

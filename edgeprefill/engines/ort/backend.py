@@ -1,11 +1,13 @@
 """ONNX Runtime backend: one InferenceSession, the KV arena bound in place with IOBinding.
 
-Every KV input and its present output are bound to the same address, which makes
-GroupQueryAttention share the buffer and TensorScatter update it in place: no step copies
-the cache. Bindings are cached per (first slot, rows), so a step rebinds only the three
-small inputs. On the CUDA and TensorRT providers the arena lives in device memory and is
-bound by pointer the same way: the backend holds one `KVArena` (ort.arena, host or
-device) and never branches on where it lives; GPU options come from ort.providers.
+Every KV input and its present output are bound to the same address (a layer whose value
+is its key, multi-head latent attention: its key and value pairs to one, value_cache.py),
+which makes GroupQueryAttention share the buffer and TensorScatter update it in place: no
+step copies the cache. Bindings are cached per (first slot, rows), so a step rebinds only
+the three small inputs. On the CUDA and TensorRT providers the arena lives in device
+memory and is bound by pointer the same way: the backend holds one `KVArena` (ort.arena,
+host or device) and never branches on where it lives; GPU options come from
+ort.providers.
 """
 
 from __future__ import annotations
