@@ -11,8 +11,10 @@ import shutil
 
 import numpy as np
 import pytest
+from click.testing import CliRunner
 
 from edgeprefill.bundle import MANIFEST_FILE, load_manifest
+from edgeprefill.cli.main import cli
 from edgeprefill.engines import create_backend
 from edgeprefill.engines.base import BackendOptions, StepBatch, kv_slot_bytes
 from edgeprefill.errors import BackendError, BundleError
@@ -75,6 +77,18 @@ def test_one_buffer_per_layer_takes_half_the_bytes_and_gives_the_same_logits(
     manifest = load_manifest(bundle(FAMILY))
     assert kv_slot_bytes(manifest.model, 128, np.float32, 0,
                          manifest.graph.value_is_key) == LAYERS * PER_CACHE
+
+
+def test_inspect_counts_one_cache(bundle, two_caches):
+    """2 layers x 512 positions x 48 floats: 0.2 MB a slot, 0.4 MB with two caches."""
+    def kv_line(path) -> str:
+        out = CliRunner().invoke(cli, ["inspect", str(path)]).output
+        return next(line for line in out.splitlines() if line.startswith("kv cache"))
+
+    one, two = kv_line(bundle(FAMILY)), kv_line(two_caches)
+    assert one.startswith("kv cache    0.2 MB per slot of 512 positions (float32)")
+    assert one.endswith("; one cache per layer, its value the key (on a GPU: 0.4 MB, two)")
+    assert two.startswith("kv cache    0.4 MB per slot") and "one cache" not in two
 
 
 def test_a_kv_budget_holds_twice_the_slots(bundle, two_caches):
