@@ -207,6 +207,13 @@ def _io_table(values) -> dict[str, list[Any]]:
     return {v.name: [v.dtype.name, list(v.shape)] for v in values}
 
 
+def _value_is_key(cfg: ModelConfig, flavor: str) -> list[int]:
+    """The layers whose value cache would repeat their key cache: multi-head latent
+    attention's (export/latent_attention.py: v = k), in the ort flavour; the standard one,
+    which TensorRT runs, keeps a buffer per cache."""
+    return list(cfg.kv_layers) if cfg.latent is not None and flavor == "ort" else []
+
+
 def _manifest(
     cfg: ModelConfig, g: GraphBuilder, options: ExportOptions, chunks: list[int],
     max_context: int, hf_dir: Path, out_dir: Path, tokenizer_files: list[str],
@@ -230,6 +237,7 @@ def _manifest(
         packed_tokens=flavor_class(options.flavor).packs_tokens,
         state_inputs=[names.past for names in states],
         state_outputs=[names.present for names in states],
+        value_is_key=_value_is_key(cfg, options.flavor),
     )
     files = [GRAPH_FILE, DATA_FILE, *tokenizer_files]
     return Manifest(
