@@ -510,6 +510,13 @@ FAMILIES: dict[str, dict] = {
     "gpt_oss": {"num_local_experts": 8, "num_experts_per_tok": 2, "intermediate_size": 64,
                 "head_dim": 16, "sliding_window": 8, "swiglu_limit": 1.5,
                 "swiglu_alpha": 1.5},
+    # Jamba: Mamba-1 mixers (dt, B and C normed by weights) on layers 0, 2, 3, attention
+    # without rotary on 1; experts (softmax top 2 of 4, not renormalized) on the attention
+    # layer and a mamba one, a dense MLP on the others; biased mixer projections
+    "jamba": {"num_hidden_layers": 4, "attn_layer_period": 3, "attn_layer_offset": 1,
+              "expert_layer_period": 2, "expert_layer_offset": 1, "num_experts": 4,
+              "num_experts_per_tok": 2, "intermediate_size": 32, "mamba_d_state": 8,
+              "mamba_dt_rank": 6, "mamba_proj_bias": True},
 }
 # The fixtures stored as a BitNet quantization_config announces (tests/bitnet_checkpoints.py)
 BITNET_LAYOUTS = {"bitnet-packed": "bitlinear", "bitnet-online": "online"}

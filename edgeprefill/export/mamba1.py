@@ -5,7 +5,8 @@ transformers' MambaMixer (its torch path; FalconMambaMixer adds the norms marked
   x, z         = split(in_proj(h))                              [inner, inner]
   x            = silu(causal depthwise conv of L tokens over x)  state 1: its last L-1
   dt, B, C     = split(x_proj(x))                               [dt_rank, N, N]
-  *dt, B, C    = each x / rms(x), no weight (mixer_rms_eps)
+  *dt, B, C    = each x / rms(x), no weight (mixer_rms_eps); Jamba's times its own
+                 weight (dt_layernorm, b_layernorm, c_layernorm; rms_norm_eps)
   dt           = softplus(dt_proj(dt))                          [inner], float32
   per token t:   h = exp(dt_t A) h + dt_t x_t (x) B_t            state 2: h, float32
                                                                  [inner, N]; A [inner, N]
@@ -35,6 +36,10 @@ from edgeprefill.export.recurrent_mixer import RecurrentMixer
 from edgeprefill.export.short_conv import StateSpec
 from edgeprefill.export.tokens import PackedTokens, PaddedTokens
 from edgeprefill.export.weights import GraphWeights
+
+
+# Jamba's norms of dt, B and C (the mixer's modules, in x_proj's order)
+NORMS = ("dt_layernorm", "b_layernorm", "c_layernorm")
 
 
 class Mamba1(RecurrentMixer):
@@ -80,8 +85,10 @@ class Mamba1(RecurrentMixer):
         state's present output; D x added. `x` is the convolution's output."""
         g, s = self.g, self.s
         params = self.w.linear(x, [pre + "x_proj.weight"], None)
-        dt, b, c = (self._norm(self._float(t)) for t in g.op(
-            "Split", [params, g.const([s.dt_rank, s.state_size, s.state_size])], 3, axis=-1))
+        parts = g.op("Split", [params, g.const([s.dt_rank, s.state_size, s.state_size])], 3,
+                     axis=-1)
+        dt, b, c = (self._norm(self._float(t), pre + norm) for t, norm in zip(
+            parts, NORMS, strict=True))
         dt = self._dt(pre, dt)  # [B, C, inner]
         x = self._float(x)
         a = g.op("Neg", [g.op("Exp", [self._f32(pre + "A_log", (s.inner, s.state_size))])])
@@ -108,20 +115,34 @@ class Mamba1(RecurrentMixer):
                                                                     (s.inner,))])
         return g.op("Where", [self.valid, g.op("Softplus", [dt]), g.const(0.0, np.float32)])
 
-    def _norm(self, x: str) -> str:
-        """Falcon-Mamba's RMS norm without weight over the last axis (float32); else x."""
+    def _norm(self, x: str, name: str) -> str:
+        """Falcon-Mamba's RMS norm without weight over the last axis (float32), Jamba's
+        times the weight of module `name`; else x."""
         eps = self.s.bc_dt_eps
         if eps is None:
             return x
         g = self.g
         mean = g.op("ReduceMean", [g.op("Mul", [x, x]), g.const([-1])], keepdims=1)
-        return g.op("Mul", [x, g.op("Reciprocal", [g.op("Sqrt", [
+        normed = g.op("Mul", [x, g.op("Reciprocal", [g.op("Sqrt", [
             g.op("Add", [mean, g.const(eps, np.float32)])])])])
+        if not self.s.bc_dt_weighted:
+            return normed
+        weight = name + ".weight"
+        return g.op("Mul", [normed, self._f32(weight, self.w.shape(weight))])
 
     def _f32(self, name: str, shape: tuple[int, ...]) -> str:
         """A checkpoint tensor kept in float32 (the SSM's parameters are used so)."""
         return self.g.weight(name + ".f32", shape, np.float32,
                              lambda: self.w.ckpt.get(name, np.float32))
+
+    def _norm_shapes(self, pre: str) -> list[tuple[str, tuple[int, ...]]]:
+        """Jamba's dt, B and C norm weights and their shapes; none elsewhere."""
+        s = self.s
+        if not s.bc_dt_weighted:
+            return []
+        return [(pre + norm + ".weight", (width,))
+                for norm, width in zip(NORMS, (s.dt_rank, s.state_size, s.state_size),
+                                       strict=True)]
 
     def _check_shapes(self, pre: str) -> None:
         """A checkpoint that disagrees with config.json fails here in one line."""
@@ -131,7 +152,8 @@ class Mamba1(RecurrentMixer):
                             (pre + "x_proj.weight", (s.dt_rank + 2 * s.state_size, s.inner)),
                             (pre + "dt_proj.weight", (s.inner, s.dt_rank)),
                             (pre + "A_log", (s.inner, s.state_size)), (pre + "D", (s.inner,)),
-                            (pre + "out_proj.weight", (hidden, s.inner))):
+                            (pre + "out_proj.weight", (hidden, s.inner)),
+                            *self._norm_shapes(pre)):
             if self.w.shape(name) != shape:
                 raise ExportError(
                     f"{name} has shape {self.w.shape(name)}, but config.json implies {shape} "

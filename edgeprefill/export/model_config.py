@@ -122,7 +122,8 @@ class SelectiveShape:
     """Mamba-1 mixers (export/mamba1.py): `inner` channels, each with its own dt (from
     x_proj's `dt_rank` columns through dt_proj) and its own decay per state element (A
     [inner, state_size]), a causal convolution of `conv_kernel` tokens over x; B, C and dt
-    RMS-normed without weight where `bc_dt_eps` is given (Falcon-Mamba's mixer_rms_eps)."""
+    RMS-normed where `bc_dt_eps` is given: without weight (Falcon-Mamba's mixer_rms_eps), or
+    by their own weights where `bc_dt_weighted` (Jamba's dt/b/c_layernorm, rms_norm_eps)."""
 
     inner: int
     state_size: int
@@ -131,6 +132,7 @@ class SelectiveShape:
     conv_bias: bool
     proj_bias: bool
     bc_dt_eps: float | None = None
+    bc_dt_weighted: bool = False
 
 
 @dataclass(frozen=True)
@@ -693,7 +695,8 @@ def _selective(raw: dict[str, Any]) -> SelectiveShape:
         conv_kernel=int(raw["conv_kernel"]),
         dt_rank=-(-hidden // 16) if rank == "auto" else int(rank),
         conv_bias=bool(raw["use_conv_bias"]), proj_bias=bool(raw["use_bias"]),
-        bc_dt_eps=_optional_float(raw.get("mamba_bc_dt_eps")))
+        bc_dt_eps=_optional_float(raw.get("mamba_bc_dt_eps")),
+        bc_dt_weighted=bool(raw.get("mamba_bc_dt_weighted")))
 
 
 def _layers(raw: dict[str, Any], spec: FamilySpec) -> tuple[LayerAttention, ...]:

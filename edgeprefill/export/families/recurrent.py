@@ -442,6 +442,63 @@ MAMBA1 = FamilySpec(
     quirks=("no attention (no KV cache)",),
 )
 
+def _jamba_config(raw: dict[str, Any]) -> dict[str, Any]:
+    """JambaConfig: layer i attends where i % attn_layer_period == attn_layer_offset, the
+    others are Mamba-1 mixers (expand x hidden wide, read under MambaConfig's keys), whose
+    dt, B and C RMS norms have weights (rms_norm_eps); no layer rotates."""
+    count = int(raw["num_hidden_layers"])
+    period, offset = int(raw["attn_layer_period"]), int(raw["attn_layer_offset"])
+    return {**raw, "layer_types": ["full_attention" if i % period == offset else "mamba"
+                                   for i in range(count)],
+            "mamba_inner": int(raw["mamba_expand"]) * int(raw["hidden_size"]),
+            "state_size": raw["mamba_d_state"], "conv_kernel": raw["mamba_d_conv"],
+            "time_step_rank": raw["mamba_dt_rank"], "use_conv_bias": raw["mamba_conv_bias"],
+            "use_bias": raw["mamba_proj_bias"], "mamba_bc_dt_eps": raw["rms_norm_eps"],
+            "mamba_bc_dt_weighted": True, "no_rope_layer_interval": 1}
+
+
+def _jamba_unsupported(raw: dict[str, Any]) -> str | None:
+    # JambaConfig's validate_architecture
+    for kind in ("attn", "expert"):
+        period, offset = raw[f"{kind}_layer_period"], raw[f"{kind}_layer_offset"]
+        if not 0 <= int(offset) < int(period):
+            return f"{kind}_layer_offset ({offset}) must be 0 to {kind}_layer_period ({period})"
+    return _mamba_unsupported(raw)
+
+
+def _jamba_expert_layers(raw: dict[str, Any]) -> tuple[int, ...]:
+    """JambaConfig's layers_num_experts: experts where i % expert_layer_period is
+    expert_layer_offset, and only with more than one expert (one is the dense MLP)."""
+    if int(raw["num_experts"]) < 2:
+        return ()
+    period, offset = int(raw["expert_layer_period"]), int(raw["expert_layer_offset"])
+    return tuple(i for i in range(int(raw["num_hidden_layers"])) if i % period == offset)
+
+
+# AI21's Jamba: Mamba-1 mixers (dt, B and C RMS-normed with weights) and attention without
+# rotary, each followed by a gated MLP or, every expert_layer_period layers, routed experts
+# (softmax top k, the weights not renormalized).
+JAMBA = FamilySpec(
+    names=HYBRID_NAMES,
+    mamba=True, selective=True, legacy=_jamba_config, refuse=_jamba_unsupported,
+    moe=MoeSpec(names=MoeNames(router=("feed_forward.router.weight",),
+                               expert="feed_forward.experts.{j}.",
+                               fused_gate_up=("feed_forward.experts.gate_up_proj",),
+                               fused_down=("feed_forward.experts.down_proj",)),
+                experts_keys=("num_experts", "num_local_experts"), width_key="intermediate_size",
+                layers=_jamba_expert_layers, norm_key=None, scaling_key=None),
+    # JambaConfig's defaults (Jamba-v0.1's)
+    defaults={"vocab_size": 65_536, "hidden_size": 4096, "intermediate_size": 14_336,
+              "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+              "rms_norm_eps": 1e-6, "max_position_embeddings": 262_144,
+              "num_experts_per_tok": 2, "num_experts": 16, "expert_layer_period": 2,
+              "expert_layer_offset": 1, "attn_layer_period": 8, "attn_layer_offset": 4,
+              "mamba_d_state": 16, "mamba_d_conv": 4, "mamba_expand": 2,
+              "mamba_dt_rank": "auto", "mamba_conv_bias": True, "mamba_proj_bias": False},
+    quirks=("Mamba-1 mixers with dt, B and C RMS norms", "attention without rotary",
+            "softmax top-k experts, not renormalized"),
+)
+
 FAMILIES: dict[str, FamilySpec] = {
     "qwen3_5_text": QWEN3_5,
     # Qwen3_5ForConditionalGeneration (the Hub's Qwen3.5-0.8B/2B/4B/9B/27B): its language
@@ -544,4 +601,6 @@ FAMILIES: dict[str, FamilySpec] = {
     "falcon_mamba": replace(MAMBA1, legacy=_falcon_mamba_config,
                             defaults={**MAMBA1.defaults, "mixer_rms_eps": 1e-6},
                             quirks=(*MAMBA1.quirks, "B, C and dt RMS-normed without weight")),
+    # Jamba (ai21labs/Jamba-v0.1, AI21-Jamba-Mini-1.6, AI21-Jamba-Large-1.6)
+    "jamba": JAMBA,
 }
