@@ -517,6 +517,17 @@ FAMILIES: dict[str, dict] = {
               "expert_layer_period": 2, "expert_layer_offset": 1, "num_experts": 4,
               "num_experts_per_tok": 2, "intermediate_size": 32, "mamba_d_state": 8,
               "mamba_dt_rank": 6, "mamba_proj_bias": True},
+    # Zamba2: Mamba-2 layers (8 heads of 16 in 2 groups), two shared blocks applied before
+    # the mixers of layers 1, 3 and 4 (block 0, 1, 0), each application with its own
+    # q/k/v and gate_up adapters and KV; rotary (use_mem_rope); heads of 2 x 64 / 4; tied
+    # as the Hub's (which ties the blocks too). Weights of 0.1, not 0.2: at 0.2 the shared
+    # attention (its inputs twice as wide) makes transformers' own fp32 logits drift 1e-3
+    # from its fp64 ones over 100 tokens; at 0.1, 3e-6.
+    "zamba2": {"num_hidden_layers": 5, "num_key_value_heads": 4, "tie_word_embeddings": True,
+               "layers_block_type": ["mamba", "hybrid", "mamba", "hybrid", "hybrid"],
+               "num_mem_blocks": 2, "use_shared_attention_adapter": True, "adapter_rank": 8,
+               "use_mem_rope": True, "n_mamba_heads": 8, "mamba_ngroups": 2,
+               "mamba_d_state": 16, "chunk_size": 16, "initializer_range": 0.1},
 }
 # The fixtures stored as a BitNet quantization_config announces (tests/bitnet_checkpoints.py)
 BITNET_LAYOUTS = {"bitnet-packed": "bitlinear", "bitnet-online": "online"}

@@ -48,6 +48,7 @@ from edgeprefill.export.moe import MixtureOfExperts
 from edgeprefill.export.moe_op import MoeOp, why_unrolled
 from edgeprefill.export.per_layer_input import PerLayerInputs
 from edgeprefill.export.quantize import QuantConfig
+from edgeprefill.export.shared_block import SharedBlock
 from edgeprefill.export.shared_kv import SharedKV
 from edgeprefill.export.short_conv import ShortConv
 from edgeprefill.export.sparse_gate import sparse_gate
@@ -145,6 +146,7 @@ class DecoderBuilder:
         self.q_scale = self._query_scale(past_lens, chunk)
         self.latent = LatentAttention(self) if cfg.latent is not None else None
         x = self._embed(ids)  # [B,C,hidden] or packed [1,T,hidden]
+        self.shared_block = SharedBlock(self, x) if cfg.shared_block is not None else None
         if self.names.position_embed is not None:  # GPT-2's learned positions
             x = g.op("Add", [x, self._position_embedding(self.names.position_embed,
                                                          past_lens, chunk)])
@@ -245,6 +247,11 @@ class DecoderBuilder:
             attn = self._norm(self._mixer(i, x, step, rows), p + n.post_attn_norm)
             x = self.g.op("Add", [rows(x), self._scaled(attn)])
             return x, self._scaled(self._norm(self._mlp(p, x), p + n.post_mlp_norm))
+        if self.shared_block is not None and i in self.cfg.kv_state_layers:  # Zamba2
+            x = x if delta is None else self.g.op("Add", [x, delta])
+            shared = self.shared_block.apply(i, x, step)
+            h = self._norm(self.g.op("Add", [x, shared]), p + n.input_norm)
+            return rows(x), self._mixer(i, h, step, rows)
         x, h = self._add_norm(x, delta, p + n.input_norm)
         if block == "hybrid":  # Falcon-H1: attention and Mamba-2 side by side
             x, h = self._add_norm(rows(x), self._hybrid_mixers(i, h, step, rows),

@@ -37,7 +37,6 @@ from edgeprefill.export.short_conv import StateSpec
 from edgeprefill.export.tokens import PackedTokens, PaddedTokens
 from edgeprefill.export.weights import GraphWeights
 
-
 # Jamba's norms of dt, B and C (the mixer's modules, in x_proj's order)
 NORMS = ("dt_layernorm", "b_layernorm", "c_layernorm")
 

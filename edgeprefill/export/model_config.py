@@ -38,6 +38,7 @@ from edgeprefill.export.rope import (
     rope_from_params,
     rope_params,
 )
+from edgeprefill.export.shared_block import SharedBlockShape, read_shared_block
 from edgeprefill.json_file import load_json_object
 
 # hidden_act names -> the activation the builder emits (gelu_new and gelu_pytorch_tanh are
@@ -105,6 +106,7 @@ class MambaShape:
     # Nemotron-H), "norm_first" rmsnorm(y) * silu(z), or None: y * silu(z) alone (Falcon-H1
     # without mamba_rms_norm).
     norm: str | None = "gate_first"
+    norm_eps: float | None = None  # the gated RMSNorm's epsilon; None: the model's
 
     @property
     def inner(self) -> int:
@@ -202,6 +204,9 @@ class ModelConfig:
     # checkpoint's block tensors read under the layers' names (export/layer_groups.py).
     mlp_less: tuple[int, ...] = ()
     renames: tuple[tuple[str, str], ...] = ()
+    # Zamba2: the shared transformer blocks applied before the mixers of some layers, each
+    # application with its own KV (export/shared_block.py); None: none.
+    shared_block: SharedBlockShape | None = None
     # Falcon-H1 (block "hybrid"): its multipliers.
     scales: HybridScales | None = None
     # Qwen3.5 (Qwen3-Next's attention): q_proj gives each head's query and an output gate;
@@ -292,7 +297,10 @@ class ModelConfig:
 
     @property
     def kv_state_layers(self) -> tuple[int, ...]:
-        """The state layers that keep KV too: Falcon-H1's, attention beside Mamba-2."""
+        """The state layers that keep KV too: Falcon-H1's, attention beside Mamba-2, and
+        Zamba2's hybrid layers, a shared block's attention before Mamba-2."""
+        if self.shared_block is not None:
+            return self.shared_block.layers
         return self.mamba_layers if self.block == "hybrid" else ()
 
     def block_of(self, layer: int) -> str:
@@ -451,6 +459,7 @@ def _read(family: str, spec: FamilySpec, raw: dict[str, Any]) -> ModelConfig:
     _refuse_other_familys_rope(family, spec, ropes)
     layers = _layers(raw, spec)
     ropes = rope_widths(ropes, layers)
+    shared = read_shared_block(raw) if spec.shared_block else None
     return ModelConfig(
         family=family,
         hidden_size=hidden,
@@ -489,8 +498,10 @@ def _read(family: str, spec: FamilySpec, raw: dict[str, Any]) -> ModelConfig:
         **_delta(raw, spec),
         **_mamba(raw, spec),
         scales=_hybrid_scales(raw) if spec.block == "hybrid" else None,
-        mlp_less=groups.mlp_less if groups is not None else (),
-        renames=groups.renames if groups is not None else (),
+        mlp_less=groups.mlp_less if groups is not None else
+        tuple(range(int(raw["num_hidden_layers"]))) if shared else (),
+        renames=groups.renames if groups is not None else shared.renames if shared else (),
+        shared_block=shared,
         attn_gate=spec.attn_gate,
         clip_qkv=_optional_float(raw.get("clip_qkv")) if spec.clip_qkv else None,
         head_gate=bool(raw.get(spec.head_gate_key)) if spec.head_gate_key else False,
@@ -559,7 +570,8 @@ def _mamba(raw: dict[str, Any], spec: FamilySpec) -> dict[str, Any]:
         conv_bias=bool(raw["mamba_conv_bias"]), proj_bias=proj_bias,
         dt_min=_json_float(limit[0]), dt_max=_json_float(limit[1]),
         out_bias=bool(raw.get("mamba_out_bias", proj_bias)),
-        norm=raw.get("mamba_norm", "gate_first"))
+        norm=raw.get("mamba_norm", "gate_first"),
+        norm_eps=_optional_float(raw.get("mamba_norm_eps")))
     return {"mamba_layers": layers, "mamba": shape}
 
 

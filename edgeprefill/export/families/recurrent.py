@@ -499,6 +499,62 @@ JAMBA = FamilySpec(
             "softmax top-k experts, not renormalized"),
 )
 
+# Zamba2Config's layers without `layers_block_type` (Zamba2-2.7B's 54)
+ZAMBA2_LAYERS = (["mamba"] + (["mamba"] * 5 + ["hybrid"]) * 7 + ["mamba"] * 4 + ["hybrid"]
+                 + ["mamba"] * 3 + ["hybrid"] + ["mamba"] * 2)
+
+
+def _zamba2_config(raw: dict[str, Any]) -> dict[str, Any]:
+    """Zamba2Config: every layer (`layers_block_type`, whose legacy "mamba" is
+    "linear_attention") a Mamba-2 mixer, the `hybrid` ones after a shared block
+    (export/shared_block.py) whose attention has heads of 2 x hidden / heads scaled by
+    (head_dim / 2)^-0.5 and rotary only with use_mem_rope; the mixer is n_mamba_heads of
+    mamba_expand x hidden / n_mamba_heads, its conv biased whatever use_conv_bias says, its
+    gated RMSNorm (gate first, per group) at 1e-5 and dt clamped below at time_step_min."""
+    kinds = raw.get("layers_block_type") or raw.get("layer_types") or ZAMBA2_LAYERS
+    hidden, heads = int(raw["hidden_size"]), int(raw["num_attention_heads"])
+    inner, mamba_heads = int(raw["mamba_expand"]) * hidden, int(raw["n_mamba_heads"])
+    head_dim = 2 * hidden // heads
+    return {**raw, "layer_types": ["mamba"] * len(kinds), "num_hidden_layers": len(kinds),
+            "zamba_hybrid_layers": [i for i, kind in enumerate(kinds) if kind == "hybrid"],
+            "head_dim": head_dim, "query_pre_attn_scalar": head_dim / 2,
+            "intermediate_size": raw.get("intermediate_size") or 4 * hidden,
+            "mamba_n_heads": mamba_heads, "mamba_d_head": inner // mamba_heads,
+            "mamba_n_groups": raw["mamba_ngroups"], "mamba_conv_bias": True,
+            "mamba_proj_bias": raw["add_bias_linear"], "mamba_norm_eps": 1e-5,
+            "time_step_limit": [raw["time_step_min"], float("inf")],
+            **({} if raw["use_mem_rope"] else {"no_rope_layer_interval": 1})}
+
+
+def _zamba2_unsupported(raw: dict[str, Any]) -> str | None:
+    kinds = set(raw.get("layers_block_type") or raw.get("layer_types") or ZAMBA2_LAYERS)
+    if not kinds <= {"mamba", "linear_attention", "hybrid"}:
+        return (f"layers_block_type holds unsupported kinds: "
+                f"{', '.join(sorted(kinds - {'mamba', 'linear_attention', 'hybrid'}))}")
+    if "hybrid" not in kinds:
+        return "layers_block_type has no hybrid layer; export needs at least one"
+    if raw.get("use_long_context"):
+        return "use_long_context (its rescaled rope_theta) is not supported"
+    return None
+
+
+# Zyphra's Zamba2: Mamba-2 layers, a shared attention + MLP block (of num_mem_blocks)
+# before the mixer of every `hybrid` layer, on the stream beside the embeddings.
+ZAMBA2 = FamilySpec(
+    names=replace(LLAMA_NAMES, final_norm="model.final_layernorm"), mamba=True,
+    shared_block=True, tie_default=True, legacy=_zamba2_config, refuse=_zamba2_unsupported,
+    # Zamba2Config's defaults (Zamba2-2.7B's)
+    defaults={"vocab_size": 32_000, "max_position_embeddings": 4096, "hidden_size": 2560,
+              "mamba_d_state": 64, "mamba_d_conv": 4, "mamba_expand": 2, "mamba_ngroups": 1,
+              "time_step_min": 0.001, "n_mamba_heads": 8, "add_bias_linear": False,
+              "hidden_act": "gelu", "num_attention_heads": 32, "num_mem_blocks": 1,
+              "use_shared_attention_adapter": False, "adapter_rank": 128,
+              "use_mem_rope": False, "rms_norm_eps": 1e-5, "tie_word_embeddings": True},
+    quirks=("Mamba-2 layers, shared attention + MLP blocks before some of them",
+            "the shared blocks read the stream beside the embeddings",
+            "per-application LoRA adapters"),
+)
+
 FAMILIES: dict[str, FamilySpec] = {
     "qwen3_5_text": QWEN3_5,
     # Qwen3_5ForConditionalGeneration (the Hub's Qwen3.5-0.8B/2B/4B/9B/27B): its language
@@ -603,4 +659,6 @@ FAMILIES: dict[str, FamilySpec] = {
                             quirks=(*MAMBA1.quirks, "B, C and dt RMS-normed without weight")),
     # Jamba (ai21labs/Jamba-v0.1, AI21-Jamba-Mini-1.6, AI21-Jamba-Large-1.6)
     "jamba": JAMBA,
+    # Zamba2 (Zyphra/Zamba2-1.2B, -2.7B, -7B and their -instruct models)
+    "zamba2": ZAMBA2,
 }

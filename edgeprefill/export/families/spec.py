@@ -192,6 +192,9 @@ class FamilySpec:
     # Whether the `mamba` layers are Mamba-1's selective scan (mamba, falcon_mamba:
     # export/mamba1.py), not Mamba-2 mixers.
     selective: bool = False
+    # Whether shared transformer blocks run before the mixers of the `hybrid` layers
+    # (Zamba2: export/shared_block.py); every layer is a Mamba-2 mixer without an MLP.
+    shared_block: bool = False
     # Whether no layer attends (Mamba-2: a bundle without KV). Elsewhere a config without an
     # attention layer is refused: the hybrids' transformers models fail on one (their
     # cache's get_seq_length needs an attention layer).
