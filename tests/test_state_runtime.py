@@ -20,7 +20,7 @@ from tests.test_exactness import prompt_ids, reference_greedy, reference_logits
 # states alone).
 FAMILIES = ("lfm2", "lfm3", "qwen3_5_text", "granitemoehybrid-mamba", "falcon_h1", "mamba2",
             *(pytest.param(family, marks=pytest.mark.slow)  # Mamba-1: as Mamba-2, slow
-              for family in ("mamba", "falcon_mamba", "jamba")))
+              for family in ("mamba", "falcon_mamba", "jamba", "zamba2")))
 FLAVORS = ("ort", "standard")
 PARAMS = GenerationParams(max_new_tokens=8, ignore_eos=True)
 
