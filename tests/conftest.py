@@ -528,6 +528,13 @@ FAMILIES: dict[str, dict] = {
                "num_mem_blocks": 2, "use_shared_attention_adapter": True, "adapter_rank": 8,
                "use_mem_rope": True, "n_mamba_heads": 8, "mamba_ngroups": 2,
                "mamba_d_state": 16, "chunk_size": 16, "initializer_range": 0.1},
+    # RecurrentGemma: RG-LRU blocks on layers 0, 1 and 3 (3 heads of 32), local attention
+    # (a window of 12, one KV head, rotary on half of each head) on layer 2; hidden 96, so
+    # that sqrt(hidden) is not a bfloat16 (the model's embedding scale is rounded to one)
+    "recurrent_gemma": {"num_hidden_layers": 4, "hidden_size": 96, "num_attention_heads": 3,
+                        "num_key_value_heads": 1,
+                        "attention_window_size": 12, "logits_soft_cap": 5.0,
+                        "attention_bias": True},
 }
 # The fixtures stored as a BitNet quantization_config announces (tests/bitnet_checkpoints.py)
 BITNET_LAYOUTS = {"bitnet-packed": "bitlinear", "bitnet-online": "online"}

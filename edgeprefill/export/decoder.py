@@ -48,6 +48,7 @@ from edgeprefill.export.moe import MixtureOfExperts
 from edgeprefill.export.moe_op import MoeOp, why_unrolled
 from edgeprefill.export.per_layer_input import PerLayerInputs
 from edgeprefill.export.quantize import QuantConfig
+from edgeprefill.export.rg_lru import RgLru
 from edgeprefill.export.shared_block import SharedBlock
 from edgeprefill.export.shared_kv import SharedKV
 from edgeprefill.export.short_conv import ShortConv
@@ -137,6 +138,8 @@ class DecoderBuilder:
         mamba = Mamba1 if cfg.selective is not None else Mamba2
         self.mamba = (mamba(g, self.w, cfg, self.tokens, conv, past_lens, valid_lens, chunk)
                       if conv is not None and cfg.mamba_layers else None)
+        self.lru = (RgLru(g, self.w, cfg, self.tokens, conv, past_lens, valid_lens, chunk)
+                    if conv is not None and cfg.lru_layers else None)
         self._declare_kv_io()
         step = self._step_tensors(past_lens, chunk)
         self.shared = (SharedKV(g, self.flavor, past_lens, valid_lens)
@@ -219,11 +222,12 @@ class DecoderBuilder:
         for names, dtype, state in states:
             self.g.output(names.present, dtype, state)
 
-    def _mixer_of(self, layer: int) -> ShortConv | GatedDeltaNet | Mamba1 | Mamba2:
+    def _mixer_of(self, layer: int) -> ShortConv | GatedDeltaNet | Mamba1 | Mamba2 | RgLru:
         """The emitter of a state layer's token mixer."""
-        mixer: ShortConv | GatedDeltaNet | Mamba1 | Mamba2 | None = (
+        mixer: ShortConv | GatedDeltaNet | Mamba1 | Mamba2 | RgLru | None = (
             self.short_conv if layer in self.cfg.conv_layers else
-            self.mamba if layer in self.cfg.mamba_layers else self.delta_net)
+            self.mamba if layer in self.cfg.mamba_layers else
+            self.lru if layer in self.cfg.lru_layers else self.delta_net)
         assert mixer is not None
         return mixer
 
@@ -587,7 +591,10 @@ class DecoderBuilder:
         # MatMul and a split beat two MatMuls (int4 decode ~10% faster, measured); in a
         # prefill chunk the split's copy costs ~1%.
         parts = [n.gate_up] if n.gate_up else [n.gate, n.up]
-        gate_up = self.w.linear(h, [p + part + ".weight" for part in parts], None)
+        # the packed bias (RecurrentGemma's): its parts' biases, concatenated (weights.py)
+        packed_bias = p + parts[0] + ".bias" + ("" if len(parts) == 1 else ".packed")
+        gate_up = self.w.linear(h, [p + part + ".weight" for part in parts],
+                                packed_bias if bias else None)
         gate, up = g.op("Split", [gate_up], 2, axis=-1, num_outputs=2)
         if p in self.sparse_layers:  # Gemma 3n
             gate = sparse_gate(g, gate, self.sparse_layers[p], self.dtype)
@@ -595,7 +602,8 @@ class DecoderBuilder:
         act = g.op("Mul", [self._mlp_activation(p, self._times(gate, gate_scale)), up])
         if n.mlp_sub_norm is not None:  # BitNet
             act = self._norm(act, p + n.mlp_sub_norm)
-        return self._times(self.w.linear(act, [p + n.down + ".weight"], None), down_scale)
+        down = self.w.linear(act, [p + n.down + ".weight"], p + n.down + ".bias" if bias else None)
+        return self._times(down, down_scale)
 
     def _mlp_activation(self, p: str, x: str) -> str:
         """The activation of layer `p`'s dense MLP: xIELU reads the layer's own alphas."""

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from edgeprefill.contract import CONV, RECURRENT
 from edgeprefill.errors import ExportError
 from edgeprefill.export.altup import AltUpConfig, read_altup
@@ -138,6 +140,17 @@ class SelectiveShape:
 
 
 @dataclass(frozen=True)
+class LruShape:
+    """RecurrentGemma's recurrent blocks (export/rg_lru.py): `width` channels (lru_width) in
+    `heads` blocks of the gates' block-diagonal projections, a causal convolution of
+    `conv_kernel` tokens (conv1d_width)."""
+
+    width: int
+    heads: int
+    conv_kernel: int
+
+
+@dataclass(frozen=True)
 class HybridScales:
     """Falcon-H1's muP multipliers of its parallel attention and Mamba-2 and its MLP."""
 
@@ -200,6 +213,10 @@ class ModelConfig:
     mamba: MambaShape | None = None
     # Mamba-1 (mamba, falcon_mamba): mamba_layers are its selective-scan mixers instead.
     selective: SelectiveShape | None = None
+    # RecurrentGemma: the layers that are RG-LRU recurrent blocks (`rg_lru` in layer_types;
+    # their `layers` entry unused) and their dimensions.
+    lru_layers: tuple[int, ...] = ()
+    lru: LruShape | None = None
     # Nemotron-H: the layers without an MLP (a mixer block another mixer follows), and the
     # checkpoint's block tensors read under the layers' names (export/layer_groups.py).
     mlp_less: tuple[int, ...] = ()
@@ -293,7 +310,8 @@ class ModelConfig:
     @property
     def state_layers(self) -> tuple[int, ...]:
         """The layers without KV, carrying a recurrent state instead."""
-        return tuple(sorted((*self.conv_layers, *self.delta_layers, *self.mamba_layers)))
+        return tuple(sorted((*self.conv_layers, *self.delta_layers, *self.mamba_layers,
+                             *self.lru_layers)))
 
     @property
     def kv_state_layers(self) -> tuple[int, ...]:
@@ -310,7 +328,7 @@ class ModelConfig:
 
     def state_kinds(self, layer: int) -> tuple[str, ...]:
         """The recurrent states a state layer carries (contract.STATE_KINDS), in order."""
-        if layer in self.delta_layers or layer in self.mamba_layers:
+        if layer in self.delta_layers or layer in self.mamba_layers or layer in self.lru_layers:
             return (CONV, RECURRENT)
         return (CONV,) if layer in self.conv_layers else ()
 
@@ -497,6 +515,7 @@ def _read(family: str, spec: FamilySpec, raw: dict[str, Any]) -> ModelConfig:
         **_conv(raw, spec),
         **_delta(raw, spec),
         **_mamba(raw, spec),
+        **_lru(raw, spec),
         scales=_hybrid_scales(raw) if spec.block == "hybrid" else None,
         mlp_less=groups.mlp_less if groups is not None else
         tuple(range(int(raw["num_hidden_layers"]))) if shared else (),
@@ -573,6 +592,20 @@ def _mamba(raw: dict[str, Any], spec: FamilySpec) -> dict[str, Any]:
         norm=raw.get("mamba_norm", "gate_first"),
         norm_eps=_optional_float(raw.get("mamba_norm_eps")))
     return {"mamba_layers": layers, "mamba": shape}
+
+
+def _lru(raw: dict[str, Any], spec: FamilySpec) -> dict[str, Any]:
+    """RecurrentGemma's recurrent blocks' fields of ModelConfig; none elsewhere."""
+    if not spec.rg_lru:
+        return {}
+    shape = LruShape(width=int(raw["lru_width"]), heads=int(raw["num_attention_heads"]),
+                     conv_kernel=int(raw["conv1d_width"]))
+    if shape.conv_kernel < 2 or shape.width % shape.heads:
+        raise ExportError(f"conv1d_width must be at least 2 (got {shape.conv_kernel}) and "
+                          f"lru_width ({shape.width}) a multiple of num_attention_heads "
+                          f"({shape.heads})")
+    layers = tuple(i for i, kind in enumerate(raw["layer_types"]) if kind == "rg_lru")
+    return {"lru_layers": layers, "lru": shape}
 
 
 def _hybrid_scales(raw: dict[str, Any]) -> HybridScales:
@@ -722,7 +755,7 @@ def _layers(raw: dict[str, Any], spec: FamilySpec) -> tuple[LayerAttention, ...]
             raise ExportError(f"layer_types lists {len(types)} layers; there are {count}")
         kinds = {"full_attention", "sliding_attention", *(("conv",) if spec.conv else ()),
                  *(("linear_attention",) if spec.delta_net else ()),
-                 *(("mamba",) if spec.mamba else ())}
+                 *(("mamba",) if spec.mamba else ()), *(("rg_lru",) if spec.rg_lru else ())}
         unknown = {str(kind) for kind in types} - kinds
         if unknown:
             raise ExportError(f"layer_types holds unsupported kinds: {', '.join(sorted(unknown))}"
@@ -785,9 +818,18 @@ def _attn_scale(raw: dict[str, Any], head_dim: int) -> float:
 def _embed_scale(raw: dict[str, Any], spec: FamilySpec, hidden: int) -> float | None:
     if spec.embed_scale == "sqrt_hidden":
         return hidden**0.5
+    if spec.embed_scale == "sqrt_hidden_bf16":  # a bfloat16 buffer in RecurrentGemma
+        return _bfloat16(hidden**0.5)
     if spec.embed_scale == "multiplier":
         return float(raw.get("embedding_multiplier", 1.0))
     return None
+
+
+def _bfloat16(value: float) -> float:
+    """`value` rounded to the nearest bfloat16 (ties to even), as torch rounds it."""
+    bits = int(np.array(value, np.float32).view(np.uint32))
+    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+    return float(np.array(bits, np.uint32).view(np.float32))
 
 
 def _first_present(raw: dict[str, Any], keys: tuple[str, ...], default: Any) -> Any:

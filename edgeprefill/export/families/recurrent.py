@@ -555,6 +555,64 @@ ZAMBA2 = FamilySpec(
             "per-application LoRA adapters"),
 )
 
+def _recurrent_gemma_config(raw: dict[str, Any]) -> dict[str, Any]:
+    """RecurrentGemmaConfig: `block_types` repeated over the layers ("recurrent": an RG-LRU
+    block, "attention": local attention within attention_window_size); its MLP is
+    intermediate_size / 2 wide, its head_dim hidden / heads whatever the config says, its
+    rotary on half of each head unless partial_rotary_factor says otherwise; the logits
+    soft-capped at logits_soft_cap."""
+    count = int(raw["num_hidden_layers"])
+    kinds = (list(raw["block_types"]) * count)[:count]
+    factor = raw.get("partial_rotary_factor", 0.5)
+    raw = {**raw, "layer_types": ["rg_lru" if kind == "recurrent" else "sliding_attention"
+                                  for kind in kinds],
+           "sliding_window": raw.get("attention_window_size", raw.get("sliding_window")),
+           "final_logit_softcapping": raw["logits_soft_cap"],
+           "intermediate_size": int(raw["intermediate_size"]) // 2,
+           "lru_width": raw.get("lru_width") or raw["hidden_size"],
+           "head_dim": int(raw["hidden_size"]) // int(raw["num_attention_heads"]),
+           "partial_rotary_factor": factor}
+    params = raw.get("rope_parameters")
+    if isinstance(params, dict):
+        raw["rope_parameters"] = {"partial_rotary_factor": factor, **params}
+    return raw
+
+
+def _recurrent_gemma_unsupported(raw: dict[str, Any]) -> str | None:
+    kinds = set(raw["block_types"]) - {"recurrent", "attention"}
+    if kinds:
+        return f"block_types holds unsupported kinds: {', '.join(sorted(map(str, kinds)))}"
+    if "attention" not in raw["block_types"][: int(raw["num_hidden_layers"])]:
+        return "block_types gives no attention layer; export needs at least one"
+    return None
+
+
+# Google's RecurrentGemma (Griffin): RG-LRU recurrent blocks and local attention (MQA,
+# rotary on half of each head), Gemma's (1+w) RMSNorms, scaled embeddings and soft-capped
+# logits; biases on the MLP, the recurrent block and o_proj.
+RECURRENT_GEMMA = FamilySpec(
+    names=replace(LLAMA_NAMES, final_norm="model.final_norm", q="temporal_block.q_proj",
+                  k="temporal_block.k_proj", v="temporal_block.v_proj",
+                  o="temporal_block.o_proj", gate="mlp_block.gate_proj",
+                  up="mlp_block.up_proj", down="mlp_block.down_proj",
+                  input_norm="temporal_pre_norm", post_attn_norm="channel_pre_norm"),
+    norm="rms_plus_one", bias_key="attention_bias", o_bias=True, mlp_bias=True,
+    partial_rotary=True, embed_scale="sqrt_hidden_bf16", tie_default=True,
+    act_default="gelu_tanh", act_key="hidden_activation", window="always",
+    softcaps=("final",), rg_lru=True, legacy=_recurrent_gemma_config,
+    refuse=_recurrent_gemma_unsupported,
+    # RecurrentGemmaConfig's defaults (recurrentgemma-2b's); export caps the context
+    defaults={"num_hidden_layers": 26, "vocab_size": 256_000, "hidden_size": 2560,
+              "intermediate_size": 3 * 2560, "num_attention_heads": 10,
+              "attention_window_size": 2048, "conv1d_width": 4, "logits_soft_cap": 30.0,
+              "rms_norm_eps": 1e-6, "hidden_activation": "gelu_pytorch_tanh",
+              "block_types": ["recurrent", "recurrent", "attention"],
+              "attention_bias": False, "tie_word_embeddings": True,
+              "max_position_embeddings": 8192},
+    quirks=("RG-LRU recurrent blocks (a conv and a float32 state) beside local attention",
+            "embeddings times sqrt(hidden) rounded to bfloat16", "soft-capped logits"),
+)
+
 FAMILIES: dict[str, FamilySpec] = {
     "qwen3_5_text": QWEN3_5,
     # Qwen3_5ForConditionalGeneration (the Hub's Qwen3.5-0.8B/2B/4B/9B/27B): its language
@@ -661,4 +719,6 @@ FAMILIES: dict[str, FamilySpec] = {
     "jamba": JAMBA,
     # Zamba2 (Zyphra/Zamba2-1.2B, -2.7B, -7B and their -instruct models)
     "zamba2": ZAMBA2,
+    # RecurrentGemma (google/recurrentgemma-2b, -9b and their -it models)
+    "recurrent_gemma": RECURRENT_GEMMA,
 }
