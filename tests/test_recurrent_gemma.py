@@ -45,9 +45,12 @@ def test_prompts_of_different_lengths_generated_together_are_transformers_greedy
     engine.close()
 
 
-def test_a_hub_config_reads_as_transformers_reads_it():
-    ours = ModelConfig.from_hf(HUB_2B)
-    hf = transformers.RecurrentGemmaConfig.from_dict(HUB_2B)
+@pytest.mark.parametrize("drop", ((), ("partial_rotary_factor",)))
+def test_a_hub_config_reads_as_transformers_reads_it(drop):
+    """Without partial_rotary_factor the rotary covers half of each head all the same."""
+    raw = {k: v for k, v in HUB_2B.items() if k not in drop}
+    ours = ModelConfig.from_hf(raw)
+    hf = transformers.RecurrentGemmaConfig.from_dict(raw)
     assert [i for i, kind in enumerate(hf.layers_block_type) if kind == "linear_attention"] \
         == list(ours.lru_layers)
     assert list(ours.kv_layers) == [i for i in range(26) if i % 3 == 2]
