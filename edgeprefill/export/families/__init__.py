@@ -26,6 +26,12 @@ REFUSED_TYPES: dict[str, str] = {
     "axk1": "A.X K1's RMSNorm after the experts (post_mlp_layernorm) is not supported",
     "mistral4": "Mistral 4's position-scaled queries and softmax group routing are not "
                 "supported",
+    "bailing_hybrid": "Bailing hybrid's gated delta attention with per-channel forget gates "
+                      "(KDA) is not supported",
+    "minimax": "MiniMax's lightning attention layers (linear attention with a decay per head) "
+               "are not supported",
+    "xlstm": "xLSTM's mLSTM blocks (a matrix memory with exponential gates) are not supported",
+    "rwkv": "RWKV's time-mix (WKV) and channel-mix blocks are not supported",
 }
 
 
