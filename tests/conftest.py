@@ -528,6 +528,13 @@ FAMILIES: dict[str, dict] = {
                "num_mem_blocks": 2, "use_shared_attention_adapter": True, "adapter_rank": 8,
                "use_mem_rope": True, "n_mamba_heads": 8, "mamba_ngroups": 2,
                "mamba_d_state": 16, "chunk_size": 16, "initializer_range": 0.1},
+    # Zamba: multi-head Mamba-1 layers (2 heads of 64, a state of 8), one shared block
+    # before the mixers of layers 1 and 3, heads of 2 x 64 / 4 without rotary; weights of
+    # 0.1 as zamba2's
+    "zamba": {"num_hidden_layers": 5, "num_key_value_heads": 4, "tie_word_embeddings": True,
+              "layers_block_type": ["mamba", "hybrid", "mamba", "hybrid", "mamba"],
+              "n_mamba_heads": 2, "mamba_d_state": 8, "mamba_proj_bias": True,
+              "initializer_range": 0.1},
     # RecurrentGemma: RG-LRU blocks on layers 0, 1 and 3 (3 heads of 32), local attention
     # (a window of 12, one KV head, rotary on half of each head) on layer 2; hidden 96, so
     # that sqrt(hidden) is not a bfloat16 (the model's embedding scale is rounded to one)

@@ -91,8 +91,19 @@ def test_the_applications_of_a_block_read_its_first_copy_where_tied():
     ({"use_long_context": True}, "use_long_context (its rescaled rope_theta) is not supported"),
     ({"layers_block_type": ["mamba"] * 38},
      "layers_block_type has no hybrid layer; export needs at least one"),
+    ({"num_hidden_layers": 40},
+     "num_hidden_layers (40) must equal the number of layers_block_type (38)"),
 ))
 def test_what_export_does_not_support_is_refused_in_one_line(overrides, reason):
     with pytest.raises(ExportError, match=f"^zamba2: {reason}$".replace("(", r"\(")
                        .replace(")", r"\)")):
         ModelConfig.from_hf({**HUB_1_2B, **overrides})
+
+
+def test_the_default_layers_read_as_transformers_reads_them():
+    """Without layers_block_type: Zamba2Config's 54 layers, 9 of them hybrid."""
+    raw = {k: v for k, v in HUB_1_2B.items()
+           if k not in ("layers_block_type", "num_hidden_layers")}
+    shared = ModelConfig.from_hf(raw).shared_block
+    assert shared is not None
+    assert list(shared.layers) == transformers.Zamba2Config.from_dict(raw).hybrid_layer_ids

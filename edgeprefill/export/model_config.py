@@ -137,6 +137,9 @@ class SelectiveShape:
     proj_bias: bool
     bc_dt_eps: float | None = None
     bc_dt_weighted: bool = False
+    # Zamba's multi-head mixers (export/mamba1_heads.py): `heads` heads, each with its own
+    # x_proj and dt_proj, stored per head; 0: Mamba-1's single x_proj and dt_proj.
+    heads: int = 0
 
 
 @dataclass(frozen=True)
@@ -741,7 +744,8 @@ def _selective(raw: dict[str, Any]) -> SelectiveShape:
         dt_rank=-(-hidden // 16) if rank == "auto" else int(rank),
         conv_bias=bool(raw["use_conv_bias"]), proj_bias=bool(raw["use_bias"]),
         bc_dt_eps=_optional_float(raw.get("mamba_bc_dt_eps")),
-        bc_dt_weighted=bool(raw.get("mamba_bc_dt_weighted")))
+        bc_dt_weighted=bool(raw.get("mamba_bc_dt_weighted")),
+        heads=int(raw.get("mamba_heads_per_layer") or 0))
 
 
 def _layers(raw: dict[str, Any], spec: FamilySpec) -> tuple[LayerAttention, ...]:

@@ -42,6 +42,10 @@ class SharedBlockShape:
     attention_adapters: bool  # use_shared_attention_adapter (the MLP's always has them)
     bias: bool  # add_bias_linear: the MLP's gate_up and down biases
     tied: bool  # tie_word_embeddings: the applications of a block share its weights
+    # Zamba (v1)'s block instead: stored as `shared_transf.`, its MLP's gate and up apart and
+    # without adapters
+    module: str = "shared_transformer."
+    mlp_adapters: bool = True
 
     @property
     def renames(self) -> tuple[tuple[str, str], ...]:
@@ -54,19 +58,21 @@ class SharedBlockShape:
         """The prefix of the weights of the block hybrid layer `layer` runs."""
         if self.tied:
             layer = self.layers[self.layers.index(layer) % self.blocks]
-        return f"model.layers.{layer}.shared_transformer."
+        return f"model.layers.{layer}.{self.module}"
 
 
 def read_shared_block(raw: dict[str, Any]) -> SharedBlockShape:
     """Zamba2Config's shared blocks (families/recurrent.py's _zamba2_config lists the
-    hybrid layers under `zamba_hybrid_layers`)."""
+    hybrid layers under `zamba_hybrid_layers`; _zamba_config adds Zamba's names)."""
     blocks = int(raw["num_mem_blocks"])
     if blocks < 1:
         raise ExportError(f"num_mem_blocks must be at least 1, got {blocks}")
     return SharedBlockShape(layers=tuple(raw["zamba_hybrid_layers"]), blocks=blocks,
                             attention_adapters=bool(raw["use_shared_attention_adapter"]),
                             bias=bool(raw["add_bias_linear"]),
-                            tied=bool(raw["tie_word_embeddings"]))
+                            tied=bool(raw["tie_word_embeddings"]),
+                            module=raw.get("zamba_shared_module", "shared_transformer."),
+                            mlp_adapters=bool(raw.get("zamba_mlp_adapters", True)))
 
 
 class SharedBlock:
@@ -113,10 +119,15 @@ class SharedBlock:
         """The block's gated MLP, its gate|up plus the application's adapter."""
         b, g = self.b, self.b.g
         bias = self.s.bias
-        proj = pre + "feed_forward.gate_up_proj"
-        gate_up = g.op("Add", [
-            b.w.linear(h, [proj + ".weight"], proj + ".bias" if bias else None),
-            self._adapter(pre + f"feed_forward.gate_up_proj_adapter_list.{application}.", h)])
+        if not self.s.mlp_adapters:  # Zamba: gate_proj and up_proj
+            gate_up = b.w.linear(h, [pre + f"feed_forward.{part}_proj.weight"
+                                     for part in ("gate", "up")], None)
+        else:
+            proj = pre + "feed_forward.gate_up_proj"
+            gate_up = g.op("Add", [
+                b.w.linear(h, [proj + ".weight"], proj + ".bias" if bias else None),
+                self._adapter(pre + f"feed_forward.gate_up_proj_adapter_list.{application}.",
+                              h)])
         gate, up = g.op("Split", [gate_up], 2, axis=-1, num_outputs=2)
         act = g.op("Mul", [b._activation(gate), up])
         down = pre + "feed_forward.down_proj"

@@ -516,6 +516,7 @@ def _zamba2_config(raw: dict[str, Any]) -> dict[str, Any]:
     inner, mamba_heads = int(raw["mamba_expand"]) * hidden, int(raw["n_mamba_heads"])
     head_dim = 2 * hidden // heads
     return {**raw, "layer_types": ["mamba"] * len(kinds), "num_hidden_layers": len(kinds),
+            "zamba_layer_kinds": kinds, "zamba_layer_count": raw["num_hidden_layers"],
             "zamba_hybrid_layers": [i for i, kind in enumerate(kinds) if kind == "hybrid"],
             "head_dim": head_dim, "query_pre_attn_scalar": head_dim / 2,
             "intermediate_size": raw.get("intermediate_size") or 4 * hidden,
@@ -527,16 +528,85 @@ def _zamba2_config(raw: dict[str, Any]) -> dict[str, Any]:
 
 
 def _zamba2_unsupported(raw: dict[str, Any]) -> str | None:
-    kinds = set(raw.get("layers_block_type") or raw.get("layer_types") or ZAMBA2_LAYERS)
+    # the layer kinds as config.json gives them (the legacy reader made them all mamba)
+    kinds = set(map(str, raw["zamba_layer_kinds"]))
     if not kinds <= {"mamba", "linear_attention", "hybrid"}:
         return (f"layers_block_type holds unsupported kinds: "
                 f"{', '.join(sorted(kinds - {'mamba', 'linear_attention', 'hybrid'}))}")
     if "hybrid" not in kinds:
         return "layers_block_type has no hybrid layer; export needs at least one"
+    count = raw["zamba_layer_count"]
+    if int(count) != len(raw["zamba_layer_kinds"]):
+        return (f"num_hidden_layers ({count}) must equal the number of layers_block_type "
+                f"({len(raw['zamba_layer_kinds'])})")
     if raw.get("use_long_context"):
         return "use_long_context (its rescaled rope_theta) is not supported"
     return None
 
+
+# ZambaConfig's layers without `layers_block_type`: two mamba layers, a hybrid one, then a
+# hybrid one where i % attn_layer_period is attn_layer_offset (i counting from the fourth)
+def _zamba_layers(raw: dict[str, Any]) -> list[str]:
+    period, offset = int(raw["attn_layer_period"]), int(raw["attn_layer_offset"])
+    return ["mamba", "mamba", "hybrid"] + [
+        "hybrid" if i % period == offset else "mamba"
+        for i in range(int(raw["num_hidden_layers"]) - 3)]
+
+
+def _zamba_config(raw: dict[str, Any]) -> dict[str, Any]:
+    """ZambaConfig: Zamba2's layout (one shared block, `shared_transf.`, with a plain gated
+    MLP, no adapters, no rotary) around multi-head Mamba-1 mixers (export/mamba1_heads.py):
+    mamba_expand x hidden channels in n_mamba_heads heads, a dt rank of hidden / 16 rounded
+    up where "auto"; attention heads of attention_head_dim (2 x hidden / heads by default)
+    scaled by (head_dim / 2)^-0.5."""
+    kinds = raw.get("layers_block_type") or raw.get("layer_types") or _zamba_layers(raw)
+    hidden, heads = int(raw["hidden_size"]), int(raw["num_attention_heads"])
+    head_dim = int(raw.get("attention_head_dim") or 2 * hidden // heads)
+    return {**raw, "layer_types": ["mamba"] * len(kinds), "num_hidden_layers": len(kinds),
+            "zamba_layer_kinds": kinds, "zamba_layer_count": raw["num_hidden_layers"],
+            "zamba_hybrid_layers": [i for i, kind in enumerate(kinds) if kind == "hybrid"],
+            "head_dim": head_dim, "query_pre_attn_scalar": head_dim / 2,
+            "num_mem_blocks": 1, "use_shared_attention_adapter": False,
+            "add_bias_linear": False, "zamba_shared_module": "shared_transf.",
+            "zamba_mlp_adapters": False,
+            "mamba_inner": int(raw["mamba_expand"]) * hidden,
+            "mamba_heads_per_layer": raw["n_mamba_heads"], "state_size": raw["mamba_d_state"],
+            "conv_kernel": raw["mamba_d_conv"], "time_step_rank": raw["mamba_dt_rank"],
+            "use_conv_bias": raw["mamba_conv_bias"], "use_bias": raw["mamba_proj_bias"],
+            "no_rope_layer_interval": 1}
+
+
+def _zamba_unsupported(raw: dict[str, Any]) -> str | None:
+    hidden = int(raw["hidden_size"])
+    width = raw.get("attention_hidden_size")
+    if width is not None and int(width) != 2 * hidden:
+        return (f"attention_hidden_size {width} is not 2 x hidden_size ({2 * hidden}), the "
+                "width of the shared block's input")
+    act = raw.get("hidden_mamba_act", "silu")
+    if act not in ("silu", "swish"):
+        return f"hidden_mamba_act {act!r} is not supported; the mixer's convolution takes silu only"
+    if (int(raw["mamba_expand"]) * hidden) % int(raw["n_mamba_heads"]):
+        return "mamba_expand x hidden_size must be a multiple of n_mamba_heads"
+    return _zamba2_unsupported(raw)
+
+
+# Zyphra's Zamba (v1): Zamba2's shared block (one, without adapters) before the mixers of
+# the hybrid layers, multi-head Mamba-1 mixers.
+ZAMBA = FamilySpec(
+    names=replace(LLAMA_NAMES, final_norm="model.final_layernorm"), mamba=True,
+    selective=True, shared_block=True, tie_default=True, legacy=_zamba_config,
+    refuse=_zamba_unsupported,
+    # ZambaConfig's defaults (Zamba-7B-v1's)
+    defaults={"vocab_size": 32_000, "hidden_size": 3712, "intermediate_size": 14_848,
+              "num_hidden_layers": 76, "num_attention_heads": 16, "num_key_value_heads": 16,
+              "n_mamba_heads": 2, "hidden_act": "gelu", "hidden_mamba_act": "silu",
+              "rms_norm_eps": 1e-5, "max_position_embeddings": 4096, "attn_layer_period": 6,
+              "attn_layer_offset": 4, "mamba_d_state": 16, "mamba_d_conv": 4,
+              "mamba_expand": 2, "mamba_dt_rank": "auto", "mamba_conv_bias": True,
+              "mamba_proj_bias": False, "tie_word_embeddings": True},
+    quirks=("multi-head Mamba-1 layers, a shared attention + MLP block before some of them",
+            "the shared block reads the stream beside the embeddings"),
+)
 
 # Zyphra's Zamba2: Mamba-2 layers, a shared attention + MLP block (of num_mem_blocks)
 # before the mixer of every `hybrid` layer, on the stream beside the embeddings.
@@ -545,6 +615,7 @@ ZAMBA2 = FamilySpec(
     shared_block=True, tie_default=True, legacy=_zamba2_config, refuse=_zamba2_unsupported,
     # Zamba2Config's defaults (Zamba2-2.7B's)
     defaults={"vocab_size": 32_000, "max_position_embeddings": 4096, "hidden_size": 2560,
+              "num_hidden_layers": 54,
               "mamba_d_state": 64, "mamba_d_conv": 4, "mamba_expand": 2, "mamba_ngroups": 1,
               "time_step_min": 0.001, "n_mamba_heads": 8, "add_bias_linear": False,
               "hidden_act": "gelu", "num_attention_heads": 32, "num_mem_blocks": 1,
@@ -721,4 +792,6 @@ FAMILIES: dict[str, FamilySpec] = {
     "zamba2": ZAMBA2,
     # RecurrentGemma (google/recurrentgemma-2b, -9b and their -it models)
     "recurrent_gemma": RECURRENT_GEMMA,
+    # Zamba (Zyphra/Zamba-7B-v1)
+    "zamba": ZAMBA,
 }
