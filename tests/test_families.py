@@ -264,7 +264,13 @@ SUPPORTED = {"granitemoehybrid": {"layer_types": ["attention"] * 4, "num_local_e
              "bamba": {"attn_layer_indices": [1]},
              "mamba2": {"num_heads": 8, "head_dim": 16},  # hidden x expand = heads x dim
              # Gemma 3n: its config class shares the KV of 15 layers, more than there are
-             "gemma3n_text": {"num_kv_shared_layers": 2}, "gemma3n": {"num_kv_shared_layers": 2}}
+             "gemma3n_text": {"num_kv_shared_layers": 2}, "gemma3n": {"num_kv_shared_layers": 2},
+             # Jamba: an attention layer among the 4 (its config class's is the 5th of 8);
+             # Zamba2: 4 layers (its config class lists 54)
+             "jamba": {"attn_layer_period": 2, "attn_layer_offset": 1},
+             "zamba2": {"layers_block_type": ["mamba", "hybrid", "mamba", "hybrid"]},
+             # Zamba: two hybrid layers (with one, transformers fails to tie its block)
+             "zamba": {"layers_block_type": ["mamba", "hybrid", "mamba", "hybrid"]}}
 
 
 def least(family: str) -> dict:
@@ -304,7 +310,8 @@ def hf_theta(config, layer_type: str = "full_attention") -> float:
 LEARNED_POSITIONS = ("gpt2", "gpt_bigcode")
 # ... and those without rotary nor positions (Nemotron-H, Mamba-2, Mamba-1: their mamba
 # layers order the tokens).
-NO_ROTARY = (*LEARNED_POSITIONS, "nemotron_h", "mamba2", "mamba", "falcon_mamba")
+NO_ROTARY = (*LEARNED_POSITIONS, "nemotron_h", "mamba2", "mamba", "falcon_mamba", "jamba",
+             "zamba", "zamba2")
 
 
 # The families whose norms' eps is their model's constant, not a config key.
@@ -347,7 +354,8 @@ def test_keys_a_config_leaves_out_take_transformers_defaults(family):
             assert (rope.rotary_dim, rope.proportion) == (head_dim, partial)
         else:
             assert rope.rotary_dim == int(head_dim * partial)
-    assert ours.final_softcap == getattr(hf, "final_logit_softcapping", None)
+    assert ours.final_softcap == getattr(hf, "final_logit_softcapping",
+                                         getattr(hf, "logits_soft_cap", None))  # RecurrentGemma
     # Mamba-1/2 have no position limit (nor the key): export's cap of 4096 stands for it
     assert ours.max_positions == getattr(hf, "max_position_embeddings", 4096)
     act_key = FAMILIES[family].act_key
@@ -440,12 +448,16 @@ def test_the_activation_is_read_from_the_key_the_model_reads(family):
     decoder = meta_model(family, **keys).get_decoder()
     layers = decoder.layers if hasattr(decoder, "layers") else decoder.h  # GPT-2: h
     layer = layers[0]
+    if family in ("zamba", "zamba2"):  # no MLP but the shared block's (in a hybrid layer)
+        hybrid = next(block for block in layers if hasattr(block, "linear"))
+        layer = getattr(hybrid, "shared_transf", None) or hybrid.shared_transformer
     # Granite 4's dense MLP; LFM2's, whose Lfm2MLP calls F.silu whatever the config says
     # (it has no activation module); Nemotron-H's MLP block
     # Mamba-1/2 have no MLP: their hidden_act is the mixer's, after the convolution
     mlp = layer.mixer if family in ("mamba2", "mamba", "falcon_mamba") else \
         getattr(layer, "mlp", None) or getattr(layer, "shared_mlp", None) or \
         getattr(layer, "block_sparse_moe", None) or getattr(layer, "feed_forward", None) or \
+        getattr(layer, "mlp_block", None) or \
         next(block.mixer for block in layers if block.block_type == "mlp")
     mlp = getattr(mlp, "experts", mlp)  # a mixture of experts: its experts' activation
     act = next((getattr(mlp, name) for name in ("act_fn", "activation_fn", "act", "activation")

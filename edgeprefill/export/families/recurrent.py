@@ -637,7 +637,8 @@ def _recurrent_gemma_config(raw: dict[str, Any]) -> dict[str, Any]:
     factor = raw.get("partial_rotary_factor", 0.5)
     raw = {**raw, "layer_types": ["rg_lru" if kind == "recurrent" else "sliding_attention"
                                   for kind in kinds],
-           "sliding_window": raw.get("attention_window_size", raw.get("sliding_window")),
+           # sliding_window is the config class's alias of attention_window_size
+           "sliding_window": raw.get("attention_window_size", raw.get("sliding_window", 2048)),
            "final_logit_softcapping": raw["logits_soft_cap"],
            "intermediate_size": int(raw["intermediate_size"]) // 2,
            "lru_width": raw.get("lru_width") or raw["hidden_size"],
@@ -672,14 +673,14 @@ RECURRENT_GEMMA = FamilySpec(
     act_default="gelu_tanh", act_key="hidden_activation", window="always",
     softcaps=("final",), rg_lru=True, legacy=_recurrent_gemma_config,
     refuse=_recurrent_gemma_unsupported,
-    # RecurrentGemmaConfig's defaults (recurrentgemma-2b's); export caps the context
+    # RecurrentGemmaConfig's defaults (recurrentgemma-2b's); it has no position limit (nor
+    # the key): export's cap stands for it
     defaults={"num_hidden_layers": 26, "vocab_size": 256_000, "hidden_size": 2560,
               "intermediate_size": 3 * 2560, "num_attention_heads": 10,
-              "attention_window_size": 2048, "conv1d_width": 4, "logits_soft_cap": 30.0,
+              "conv1d_width": 4, "logits_soft_cap": 30.0,
               "rms_norm_eps": 1e-6, "hidden_activation": "gelu_pytorch_tanh",
               "block_types": ["recurrent", "recurrent", "attention"],
-              "attention_bias": False, "tie_word_embeddings": True,
-              "max_position_embeddings": 8192},
+              "attention_bias": False, "tie_word_embeddings": True},
     quirks=("RG-LRU recurrent blocks (a conv and a float32 state) beside local attention",
             "embeddings times sqrt(hidden) rounded to bfloat16", "soft-capped logits"),
 )
