@@ -680,7 +680,8 @@ RECURRENT_GEMMA = FamilySpec(
               "conv1d_width": 4, "logits_soft_cap": 30.0,
               "rms_norm_eps": 1e-6, "hidden_activation": "gelu_pytorch_tanh",
               "block_types": ["recurrent", "recurrent", "attention"],
-              "attention_bias": False, "tie_word_embeddings": True},
+              "attention_bias": False, "tie_word_embeddings": True,
+              "max_position_embeddings": 4096},
     quirks=("RG-LRU recurrent blocks (a conv and a float32 state) beside local attention",
             "embeddings times sqrt(hidden) rounded to bfloat16", "soft-capped logits"),
 )
