@@ -542,6 +542,12 @@ FAMILIES: dict[str, dict] = {
                         "num_key_value_heads": 1,
                         "attention_window_size": 12, "logits_soft_cap": 5.0,
                         "attention_bias": True},
+    # ALiBi: 6 heads of 16, a head count that is no power of two (whose slopes interleave);
+    # BLOOM tied as the Hub's, MPT untied with its q/k/v clamped (the bound bites on these
+    # weights) and an alibi table longer than the bundles' context
+    "bloom": {"hidden_size": 96, "num_attention_heads": 6, "tie_word_embeddings": True},
+    "mpt": {"hidden_size": 96, "num_attention_heads": 6, "max_seq_len": 1024,
+            "attn_config": {"clip_qkv": 3.0}},
 }
 # The fixtures stored as a BitNet quantization_config announces (tests/bitnet_checkpoints.py)
 BITNET_LAYOUTS = {"bitnet-packed": "bitlinear", "bitnet-online": "online"}
@@ -730,7 +736,46 @@ IMAGE_TEXT = {
         "depth": 1, "hidden_size": 16, "intermediate_size": 32, "num_heads": 2,
         "out_hidden_size": 64, "patch_size": 14, "num_position_embeddings": 16,
         "deepstack_visual_indexes": [0]}},
+    # The checkpoints that wrap any text family (families/wrapped.py; their text_config's
+    # model_type is the test's): their towers as small as their configs allow.
+    **{name: {"vision_config": {"model_type": "clip_vision_model", **TINY_VISION}}
+       for name in ("llava", "video_llava")},
+    **{name: {"vision_config": {"model_type": "clip_vision_model", **TINY_VISION},
+              "image_grid_pinpoints": [[28, 28]]} for name in ("llava_next", "llava_next_video")},
+    "llava_onevision": {"vision_config": {"model_type": "siglip_vision_model", **TINY_VISION},
+                        "image_grid_pinpoints": [[28, 28]]},
+    "vipllava": {"vision_config": {"model_type": "clip_vision_model", **TINY_VISION},
+                 "vision_feature_layers": [-1]},
+    "smolvlm": {"vision_config": TINY_VISION},
+    "idefics3": {"vision_config": TINY_VISION},
+    "idefics2": {"vision_config": TINY_VISION, "perceiver_config": {
+        "hidden_size": 64, "resampler_n_latents": 4, "resampler_depth": 1,
+        "resampler_n_heads": 2, "resampler_head_dim": 8, "num_key_value_heads": 1}},
+    "deepseek_vl": {"vision_config": {"model_type": "siglip_vision_model", **TINY_VISION}},
+    "video_llama_3": {"vision_config": TINY_VISION},
+    "aya_vision": {"vision_config": {"model_type": "siglip_vision_model", **TINY_VISION}},
+    "cohere2_vision": {"vision_config": {"model_type": "siglip_vision_model", **TINY_VISION},
+                       "alignment_intermediate_size": 32},
+    "internvl": {"vision_config": {**TINY_VISION, "image_size": [28, 28],
+                                   "patch_size": [14, 14]}},
+    "lighton_ocr": {"vision_config": {**TINY_VISION, "head_dim": 8}},
+    **{name: {"vision_config": {"hidden_size": 16, "output_channels": 16,
+                                "num_hidden_layers": 1, "num_attention_heads": 2,
+                                "image_size": 32, "patch_size": 16, "mlp_dim": 32,
+                                "global_attn_indexes": [0], "window_size": 2}}
+       for name in ("got_ocr2", "pp_chart2table")},
+    # their towers are timm models (not installed): the configs alone, no model
+    **{name: {} for name in ("fast_vlm", "perception_lm")},
+    "shieldgemma2": {"vision_config": TINY_VISION, "mm_tokens_per_image": 4},
+    **{name: {"vision_config": {"depth": 1, "hidden_size": 16, "intermediate_size": 32,
+                                "num_heads": 2, "out_hidden_size": 64, "patch_size": 14,
+                                "image_size": 28}} for name in ("glm4v", "glm46v")},
 }
+
+
+# The image-text families whose vision tower is a timm model (timm is not installed):
+# transformers cannot build their model, only their config.
+TIMM_TOWERS = ("fast_vlm", "perception_lm")
 
 
 def hf_config_of(model_type: str, kwargs: dict):

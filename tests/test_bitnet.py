@@ -6,13 +6,17 @@ too."""
 from __future__ import annotations
 
 import numpy as np
+import onnx
 import pytest
 import torch
 from transformers.integrations.bitnet import unpack_weights
 
+from edgeprefill.bundle import load_graph, load_manifest
 from edgeprefill.errors import ExportError
-from edgeprefill.export.bitlinear import unpack_ternary
+from edgeprefill.export.bitlinear import stored_ternary, unpack_ternary
+from edgeprefill.export.exporter import ExportOptions, export
 from edgeprefill.export.model_config import ModelConfig
+from edgeprefill.export.quantize import QuantConfig
 from tests.bitnet_checkpoints import LAYOUTS, as_bitnet
 from tests.conftest import build_hf_model
 from tests.state_models import assert_padded_chunks_match
@@ -23,13 +27,66 @@ from tests.test_families import MINIMAL, export_small, last_logits
 def test_packed_rows_unpack_as_transformers_unpacks_them():
     packed = torch.randint(0, 256, (6, 5), dtype=torch.uint8)
     expected = unpack_weights(packed, torch.float32).numpy()
-    np.testing.assert_array_equal(unpack_ternary(packed.numpy()), expected)
+    unpacked = unpack_ternary(packed.numpy())
+    assert unpacked.dtype == np.int8
+    np.testing.assert_array_equal(unpacked, expected)
+
+
+@pytest.mark.parametrize("flavor, op", [("ort", "MatMulInteger"), ("standard", "DequantizeLinear")])
+def test_ternary_projections_are_stored_as_int8_a_quarter_of_their_float_bytes(
+        flavor, op, hf_model, bundle):
+    """Against the same model's float export (no quantization_config: plain MatMuls), the
+    weights file holds one byte per ternary weight instead of four (beside one float32
+    divisor per output row), and only the integer op reads them."""
+    from safetensors.numpy import load_file
+
+    float_dir, packed_dir = bundle("bitnet", flavor), bundle("bitnet-packed", flavor)
+    graph = load_graph(packed_dir, load_manifest(packed_dir)).graph
+    ternary = {t.name: t for t in graph.initializer if t.name.endswith(".ternary")}
+    assert len(ternary) == 4 * 2  # q/k/v packed, o, gate/up packed, down; 2 layers
+    assert {t.data_type for t in ternary.values()} == {onnx.TensorProto.INT8}
+    assert {n.op_type for n in graph.node if set(n.input) & set(ternary)} == {op}
+    weights = [w for name, w in load_file(hf_model("bitnet") / "model.safetensors").items()
+               if name.endswith("_proj.weight")]
+    data = "model.onnx.data"
+    expected = (load_manifest(float_dir).files[data].bytes - 3 * sum(w.size for w in weights)
+                + 4 * sum(w.shape[0] for w in weights))
+    assert load_manifest(packed_dir).files[data].bytes == expected
+
+
+def test_an_offline_weight_stored_as_floats_must_be_ternary():
+    np.testing.assert_array_equal(stored_ternary("w", np.array([[-1.0, 0.0, 1.0]])), [[-1, 0, 1]])
+    with pytest.raises(ExportError, match="w: an AutoBitLinear offline weight stored as floats "
+                                          "must hold only -1, 0 and 1"):
+        stored_ternary("w", np.array([[0.5, 1.0]], np.float32))
+
+
+def test_quantize_is_refused_on_a_bitnet_checkpoint_in_one_line(hf_model, tmp_path):
+    options = ExportOptions(chunks=(16,), max_context=64, show_progress=False,
+                            quant=QuantConfig("int4"))
+    with pytest.raises(ExportError) as err:
+        export(hf_model("bitnet-packed"), tmp_path / "b", options)
+    assert "already 1.58-bit" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_inspect_and_stats_say_the_projections_are_int8_integer_gemms(bundle):
+    from tests.test_cli_errors import cli
+
+    shown = cli("inspect", bundle("bitnet-packed", "ort"))
+    assert ("projections 8 BitNet ternary weights, int8 (0.06 MB; MatMulInteger on each "
+            "token's int8 codes: exact int32 sums)") in shown.stdout, shown.stdout
+    ran = cli("run", bundle("bitnet-packed", "ort"), "--prompt", "w5 w6",
+              "--max-new-tokens", "2", "--stats")
+    assert ran.returncode == 0, ran.stderr
+    assert "8 BitNet ternary projections as int8 integer GEMMs (MatMulInteger, exact)" in (
+        ran.stderr)
 
 
 # Not ("ort", "off"): ONNX Runtime's stock decode attention is up to 1e-5 from transformers
 # (on the float fixture too), and at one decode position of this prompt that moves an
 # activation across a rounding boundary of its int8 quantization (logits 0.02 apart). The
-# fake quantization is discontinuous: any runtime's rounding can flip a tie somewhere.
+# fake quantization is discontinuous: any runtime's rounding can flip a tie somewhere. The
+# integer product changes nothing there: the tie flips in q(x), before it.
 @pytest.mark.parametrize("flavor, kernels", [("ort", "require"), ("standard", "auto")])
 def test_packed_bitlinear_logits_equal_transformers_for_any_chunk(
         flavor, kernels, hf_model, bundle, monkeypatch):
@@ -44,7 +101,7 @@ def test_autobitlinear_offline_weights_export_as_transformers_reads_them(tmp_pat
     as_bitnet(hf_dir, "autobitlinear", packed=packed)
     ids = prompt_ids(40)
     np.testing.assert_allclose(last_logits(export_small(hf_dir, tmp_path / "b"), ids),
-                               reference_logits(hf_dir, ids)[-1], rtol=1e-4, atol=1e-4)
+                               reference_logits(hf_dir, ids)[-1], rtol=1e-5, atol=1e-5)
 
 
 def test_the_activation_quantization_changes_transformers_logits(hf_model):

@@ -11,8 +11,9 @@ import transformers
 
 from edgeprefill.errors import ExportError
 from edgeprefill.export.families import FAMILIES
+from edgeprefill.export.families.image_text import WRAPPERS
 from edgeprefill.export.model_config import ACTIVATIONS, GLOBAL, LOCAL, ModelConfig
-from tests.conftest import IMAGE_TEXT, build_hf_model, hf_auto_class
+from tests.conftest import IMAGE_TEXT, TIMM_TOWERS, build_hf_model, hf_auto_class
 from tests.test_exactness import prompt_ids, reference_logits
 
 BASE = dict(model_type="llama", hidden_size=64, intermediate_size=96, num_hidden_layers=2,
@@ -136,8 +137,8 @@ def test_longrope_beyond_the_original_window_uses_the_long_factors(tmp_path):
 
 
 @pytest.mark.parametrize(("change", "message"), [
-    ({"model_type": "bloom"},
-     "'bloom' is not supported; supported: apertus, apertus1p5_text, arcee, bamba, bitnet"),
+    ({"model_type": "reformer"},
+     "'reformer' is not supported; supported: apertus, apertus1p5_text, arcee, "),
     ({"rope_parameters": {"rope_type": "mrope", "rope_theta": 1e4}}, "rope type 'mrope'"),
     ({"num_key_value_heads": 3}, "is not a multiple of num_key_value_heads (3)"),
     ({"layer_types": ["full_attention"]}, "layer_types lists 1 layers; there are 2"),
@@ -226,11 +227,11 @@ def test_unknown_family_is_one_line_from_the_cli(tmp_path):
 
     hf_dir = tmp_path / "hf"
     hf_dir.mkdir()
-    (hf_dir / "config.json").write_text(json.dumps(dict(BASE, model_type="bloom")))
+    (hf_dir / "config.json").write_text(json.dumps(dict(BASE, model_type="reformer")))
     result = cli("export", hf_dir, "-o", tmp_path / "out")
     assert result.returncode != 0
     lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and "model_type 'bloom' is not supported" in lines[0], lines
+    assert len(lines) == 1 and "model_type 'reformer' is not supported" in lines[0], lines
 
 
 def test_a_checkpoint_that_disagrees_with_its_config_is_refused_in_one_line(tmp_path):
@@ -312,6 +313,7 @@ LEARNED_POSITIONS = ("gpt2", "gpt_bigcode")
 # layers order the tokens).
 NO_ROTARY = (*LEARNED_POSITIONS, "nemotron_h", "mamba2", "mamba", "falcon_mamba", "jamba",
              "zamba", "zamba2")
+ALIBI = ("bloom", "mpt")  # ... and those whose attention biases by distance instead
 
 
 # The families whose norms' eps is their model's constant, not a config key.
@@ -336,7 +338,7 @@ def test_keys_a_config_leaves_out_take_transformers_defaults(family):
                                          "norm_eps", "layer_norm_epsilon")
                 if hasattr(hf, k)), FIXED_EPS.get(family))
     assert ours.norm_eps == pytest.approx(eps)
-    if family in NO_ROTARY:  # no rope: every layer goes without
+    if family in (*NO_ROTARY, *ALIBI):  # no rope: every layer goes without
         assert [layer.rope for layer in ours.layers] == [None] * len(ours.layers)
     else:
         assert ours.ropes[GLOBAL].theta == pytest.approx(hf_theta(hf))
@@ -356,8 +358,10 @@ def test_keys_a_config_leaves_out_take_transformers_defaults(family):
             assert rope.rotary_dim == int(head_dim * partial)
     assert ours.final_softcap == getattr(hf, "final_logit_softcapping",
                                          getattr(hf, "logits_soft_cap", None))  # RecurrentGemma
-    # Mamba-1/2 have no position limit (nor the key): export's cap of 4096 stands for it
-    assert ours.max_positions == getattr(hf, "max_position_embeddings", 4096)
+    # Mamba-1/2 and BLOOM have no position limit (nor the key): export's cap of 4096 stands
+    # for it; MPT's is its alibi table's, max_seq_len
+    assert ours.max_positions == getattr(hf, "max_position_embeddings",
+                                         getattr(hf, "max_seq_len", 4096))
     act_key = FAMILIES[family].act_key
     if act_key is not None and getattr(hf, act_key, None) is not None:  # BitNet's relu2
         assert ours.activation == ACTIVATIONS[getattr(hf, act_key)]
@@ -415,17 +419,20 @@ def test_a_sliding_window_key_slides_only_where_the_family_reads_it(family):
         hf = hf_config(family, sliding_window=8, **extra).get_text_config()
         window = getattr(hf, "sliding_window", None)
         types = getattr(hf, "layer_types", None)
-        if family in ("llama", "gemma", "granite", "olmo2", "phi", "stablelm", "cohere",
+        # a wrapper (LLaVA's kin) slides as its default language model
+        text = WRAPPERS[family].default_text if family in WRAPPERS else family
+        if text in ("llama", "gemma", "granite", "olmo2", "phi", "stablelm", "cohere",
                       "gpt_neox", "ernie4_5", "ernie4_5_moe", "arcee", "qwen3_vl",
                       "qwen3_vl_moe", "hunyuan_v1_dense", "glm", "glm4", "helium",
                       "seed_oss", "exaone", "granitemoehybrid", "nemotron", "olmoe",
                       "granitemoe", "lfm2_moe", "minicpm3", "youtu", "deepseek_v2",
                       "glm4_moe", "glm4v_moe", "solar_open", "deepseek_v3", "glm4_moe_lite",
+                      "glm4v", "glm46v",
                       "sarvam_mla",
                       "bitnet", "apertus", "apertus1p5_text", "iquestcoder", "jais2", "olmo",
                       "hyperclovax", "granitemoeshared",
                       "nanochat",
-                      *NO_ROTARY):
+                      *NO_ROTARY, *ALIBI):
             expected = [None] * len(ours)  # Nemotron-H: 2 layers of its 4 blocks
         elif types is not None:
             expected = [window if t == "sliding_attention" else None for t in types]
@@ -446,7 +453,9 @@ def test_the_activation_is_read_from_the_key_the_model_reads(family):
     keys = {"hidden_act": "silu", "hidden_activation": "gelu"}
     ours = ModelConfig.from_hf(minimal_raw(family, **keys)).activation
     decoder = meta_model(family, **keys).get_decoder()
-    layers = decoder.layers if hasattr(decoder, "layers") else decoder.h  # GPT-2: h
+    # GPT-2 and BLOOM: h; MPT: blocks
+    layers = next(getattr(decoder, name) for name in ("layers", "h", "blocks")
+                  if hasattr(decoder, name))
     layer = layers[0]
     if family in ("zamba", "zamba2"):  # no MLP but the shared block's (in a hybrid layer)
         hybrid = next(block for block in layers if hasattr(block, "linear"))
@@ -458,9 +467,11 @@ def test_the_activation_is_read_from_the_key_the_model_reads(family):
         getattr(layer, "mlp", None) or getattr(layer, "shared_mlp", None) or \
         getattr(layer, "block_sparse_moe", None) or getattr(layer, "feed_forward", None) or \
         getattr(layer, "mlp_block", None) or \
+        getattr(layer, "ffn", None) or \
         next(block.mixer for block in layers if block.block_type == "mlp")
     mlp = getattr(mlp, "experts", mlp)  # a mixture of experts: its experts' activation
-    act = next((getattr(mlp, name) for name in ("act_fn", "activation_fn", "act", "activation")
+    act = next((getattr(mlp, name) for name in ("act_fn", "activation_fn", "act", "activation",
+                                                "gelu_impl")  # BLOOM's
                 if hasattr(mlp, name)), torch.nn.functional.silu)
     x = torch.linspace(-4, 4, 101)
     torch.testing.assert_close(ACTIVATION_FUNCTIONS[ours](x), act(x))
@@ -475,6 +486,8 @@ def meta_model(family: str, **keys):
         if family == "gemma3n":  # its vision tower is a timm model (timm is not installed):
             # the language model alone, which is what export reads
             return transformers.Gemma3nForCausalLM(config.get_text_config())
+        if family in TIMM_TOWERS:  # as Gemma 3n's: the language model alone
+            return transformers.AutoModelForCausalLM.from_config(config.get_text_config())
         return hf_auto_class(family).from_config(config)
 
 

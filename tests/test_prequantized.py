@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -22,13 +23,16 @@ from onnx import numpy_helper
 
 from edgeprefill.cli.main import cli as main_cli
 from edgeprefill.errors import ExportError
+from edgeprefill.export import act_order
 from edgeprefill.export.exporter import ExportOptions, export
 from edgeprefill.export.model_config import ModelConfig
 from edgeprefill.export.quantize import QuantConfig
+from edgeprefill.sdk import Engine, GenerationParams
 from tests.conftest import build_hf_model, load_hf_model
 from tests.test_cli_errors import assert_one_line_error, cli
+from tests.test_exactness import NEW_TOKENS, model_greedy
 from tests.test_families import BASE
-from tests.test_int4_decode import load
+from tests.test_int4_decode import load, needs_int_kernels
 from tests.test_quantize import logits_at
 
 IDS = [1, 5, 9, 33, 70, 4, 18]
@@ -38,11 +42,19 @@ FLOAT_TOLERANCE = dict(rtol=1e-3, atol=1e-3)  # an int4 graph at level 0 vs its 
 
 
 class Quantized:
-    """One layer's weight W [out, in] quantized: W ~ (codes - zeros) * scales per group."""
+    """One layer's weight W [out, in] quantized: W ~ (codes - zeros) * scales per group.
+    With `perm` (act-order) the groups are taken in that order of the inputs, as GPTQ's
+    desc_act does (its Hessian's order), and the codes stored back in the input order
+    with g_idx = invperm // group (GPTQModel's and AutoGPTQ's `g_idx[invperm]` of the
+    groups' i // group, llm-compressor's actorder "group" the same)."""
 
-    def __init__(self, w: np.ndarray, group: int, sym: bool, scale_dtype, min_zero: int = 0):
+    def __init__(self, w: np.ndarray, group: int, sym: bool, scale_dtype, min_zero: int = 0,
+                 perm: np.ndarray | None = None):
         out, cols = w.shape
-        g = w.reshape(out, cols // group, group)
+        perm = np.arange(cols) if perm is None else perm
+        invperm = np.argsort(perm)
+        self.g_idx = invperm // group  # [in]: each input's group
+        g = np.ascontiguousarray(w[:, perm]).reshape(out, cols // group, group)
         if sym:
             scale, zero = np.abs(g).max(2) / 7, np.full((out, cols // group), 8)
         else:
@@ -54,12 +66,14 @@ class Quantized:
             zero = np.clip(np.rint(-lo / s), min_zero, 15)
         self.zeros = zero.astype(np.int64)  # [out, groups]
         codes = np.clip(np.rint(g / s[:, :, None]) + self.zeros[:, :, None], 0, 15)
-        self.codes = codes.reshape(out, cols).astype(np.int64)  # [out, in]
+        self.codes = codes.reshape(out, cols)[:, invperm].astype(np.int64)  # [out, in]
         self.group = group
 
     def dequantized(self) -> np.ndarray:
-        s = np.repeat(self.scales.float().numpy(), self.group, axis=1)
-        return ((self.codes - np.repeat(self.zeros, self.group, axis=1)) * s).astype(np.float32)
+        """(code - zero) * scale of each input's group, g_idx's (as transformers' GPTQ
+        and compressed-tensors dequantize)."""
+        s = self.scales.float().numpy()[:, self.g_idx]
+        return ((self.codes - self.zeros[:, self.g_idx]) * s).astype(np.float32)
 
 
 def _words(values: np.ndarray, order=range(8)) -> np.ndarray:
@@ -74,11 +88,10 @@ def _words(values: np.ndarray, order=range(8)) -> np.ndarray:
 def gptq_parts(q: Quantized, v1: bool) -> dict[str, torch.Tensor]:
     """AutoGPTQ's QuantLinear.pack: qweight packs 8 inputs per word down each column,
     qzeros 8 outputs per word along each group's row, v1 storing each zero minus one."""
-    cols = q.codes.shape[1]
     return {"qweight": torch.from_numpy(np.ascontiguousarray(_words(q.codes).T)),
             "qzeros": torch.from_numpy(_words(q.zeros.T - (1 if v1 else 0))),
             "scales": q.scales.T.contiguous(),
-            "g_idx": torch.arange(cols, dtype=torch.int32) // q.group}
+            "g_idx": torch.tensor(q.g_idx, dtype=torch.int32)}
 
 
 def awq_parts(q: Quantized) -> dict[str, torch.Tensor]:
@@ -88,7 +101,7 @@ def awq_parts(q: Quantized) -> dict[str, torch.Tensor]:
             "scales": q.scales.T.contiguous()}
 
 
-def ct_parts(q: Quantized, sym: bool) -> dict[str, torch.Tensor]:
+def ct_parts(q: Quantized, sym: bool, act_order: bool) -> dict[str, torch.Tensor]:
     """compressed-tensors' own packer, as its PackedQuantizationCompressor.compress calls it."""
     from compressed_tensors.compressors.pack_quantized.helpers import pack_to_int32
 
@@ -97,18 +110,21 @@ def ct_parts(q: Quantized, sym: bool) -> dict[str, torch.Tensor]:
     if not sym:
         zero = torch.tensor(q.zeros - 8, dtype=torch.int8)
         parts["weight_zero_point"] = pack_to_int32(zero, 4, packed_dim=0)
+    if act_order:  # llm-compressor's actorder "group" keeps the weight_g_idx parameter
+        parts["weight_g_idx"] = torch.tensor(q.g_idx, dtype=torch.int32)
     return parts
 
 
-def quant_config(method: str, group: int, sym: bool, v1: bool) -> dict:
+def quant_config(method: str, group: int, sym: bool, v1: bool, act_order: bool) -> dict:
     if method == "gptq":
         return {"quant_method": "gptq", "bits": 4, "group_size": group, "sym": sym,
-                "desc_act": False, "checkpoint_format": "gptq" if v1 else "gptq_v2"}
+                "desc_act": act_order, "checkpoint_format": "gptq" if v1 else "gptq_v2"}
     if method == "awq":
         return {"quant_method": "awq", "bits": 4, "group_size": group, "zero_point": True,
                 "version": "gemm", "modules_to_not_convert": [KEPT_FLOAT]}
     weights = {"num_bits": 4, "type": "int", "symmetric": sym, "strategy": "group",
-               "group_size": group, "actorder": None, "dynamic": False}
+               "group_size": group, "actorder": "group" if act_order else None,
+               "dynamic": False}
     return {"quant_method": "compressed-tensors", "format": "pack-quantized",
             "quantization_status": "compressed", "ignore": ["lm_head", KEPT_FLOAT],
             "config_groups": {"group_0": {"targets": ["Linear"], "weights": weights,
@@ -117,9 +133,11 @@ def quant_config(method: str, group: int, sym: bool, v1: bool) -> dict:
 
 
 def write_quantized(src: Path, out: Path, method: str, group: int, sym: bool,
-                    v1: bool = False) -> dict[str, np.ndarray]:
-    """`src` saved as a pre-quantized release: every projection but KEPT_FLOAT quantized.
-    Returns each quantized weight's dequantized values by its float name."""
+                    v1: bool = False, act_order: str | None = None) -> dict[str, np.ndarray]:
+    """`src` saved as a pre-quantized release: every projection but KEPT_FLOAT quantized,
+    in act-order where `act_order` says ("shared": one random order per input, as GPTQ
+    orders q, k and v by their one input's Hessian; "each": one per projection). Returns
+    each quantized weight's dequantized values by its float name."""
     from safetensors.torch import load_file, save_file
 
     out.mkdir(parents=True)
@@ -133,16 +151,30 @@ def write_quantized(src: Path, out: Path, method: str, group: int, sym: bool,
         if not name.endswith("_proj.weight") or module == KEPT_FLOAT:
             tensors[name] = weight
             continue
-        q = Quantized(weight.float().numpy(), group, sym, scale_dtype, min_zero=int(v1))
+        perm = input_perm(module, weight.shape[1], act_order)
+        q = Quantized(weight.float().numpy(), group, sym, scale_dtype, min_zero=int(v1),
+                      perm=perm)
         parts = (gptq_parts(q, v1) if method == "gptq" else awq_parts(q) if method == "awq"
-                 else ct_parts(q, sym))
+                 else ct_parts(q, sym, act_order is not None))
         tensors.update({f"{module}.{part}": t for part, t in parts.items()})
         dequantized[name] = q.dequantized()
     save_file(tensors, out / "model.safetensors")
     config = json.loads((out / "config.json").read_text())
-    config["quantization_config"] = quant_config(method, group, sym, v1)
+    config["quantization_config"] = quant_config(method, group, sym, v1, act_order is not None)
     (out / "config.json").write_text(json.dumps(config))
     return dequantized
+
+
+def input_perm(module: str, cols: int, act_order: str | None) -> np.ndarray | None:
+    """A random order of the module's inputs, the same for the modules of one input
+    where `act_order` is "shared"."""
+    if act_order is None:
+        return None
+    key = module
+    if act_order == "shared":
+        key = module.replace("q_proj", "qkv").replace("k_proj", "qkv").replace(
+            "v_proj", "qkv").replace("gate_proj", "gate_up").replace("up_proj", "gate_up")
+    return np.random.default_rng(zlib.crc32(key.encode())).permutation(cols)
 
 
 def reference_logits(src: Path, dequantized: dict[str, np.ndarray]) -> np.ndarray:
@@ -161,6 +193,7 @@ def bundle_int4_weights(bundle: Path) -> dict[str, np.ndarray]:
     by the checkpoint weight names it computes with (a fused node's parts, concatenated)."""
     model = onnx.load(bundle / "model.onnx")
     inits = {t.name: t for t in model.graph.initializer}
+    orders = input_orders(model)
     found = {}
     for node in model.graph.node:
         if node.op_type != "MatMulNBits":
@@ -180,26 +213,66 @@ def bundle_int4_weights(bundle: Path) -> dict[str, np.ndarray]:
         stem, last = node.input[1].removesuffix(".weight.int4").rsplit(".", 1)
         names = [f"{stem}.{p}_proj.weight" for p in last.removesuffix("_proj").split("_")]
         found[tuple(names)] = w[:, :attrs["K"]]
+        order = orders.get(node.input[0])
+        if order is not None:  # act-order: column j computes with input order[j]
+            found[tuple(names)] = np.empty_like(w[:, :attrs["K"]])
+            found[tuple(names)][:, order] = w[:, :attrs["K"]]
     return found
 
 
-def expected_weights(found: dict, dequantized: dict[str, np.ndarray]) -> None:
-    """The bundle's int4 weights are exactly the checkpoint's dequantized ones, all of them."""
+def input_orders(model: onnx.ModelProto) -> dict[str, np.ndarray]:
+    """The inputs that act-order gathers (x[..., order]: the rows of x flattened and
+    transposed, Gather, Transpose back, Reshape), by name, with their order."""
+    nodes = {out: node for node in model.graph.node for out in node.output}
+    consts = {t.name: t for t in model.graph.initializer}
+    found = {}
+    for node in model.graph.node:
+        if node.op_type != "Reshape":
+            continue
+        back = nodes.get(node.input[0])
+        gather = nodes.get(back.input[0]) if back is not None and \
+            back.op_type == "Transpose" else None
+        if gather is not None and gather.op_type == "Gather":
+            found[node.output[0]] = numpy_helper.to_array(consts[gather.input[1]])
+    return found
+
+
+def expected_weights(found: dict, dequantized: dict[str, np.ndarray],
+                     negated_rows: bool = False) -> None:
+    """The bundle's int4 weights are exactly the checkpoint's dequantized ones, all of them
+    (`negated_rows`: up to the sign of rows the family negates, which the logits check)."""
     assert sorted(n for names in found for n in names) == sorted(dequantized)
     for names, w in found.items():
-        np.testing.assert_array_equal(w, np.concatenate([dequantized[n] for n in names]))
+        want = np.concatenate([dequantized[n] for n in names])
+        if negated_rows:
+            w, want = np.abs(w), np.abs(want)
+        np.testing.assert_array_equal(w, want)
 
 
-CASES = {  # family, method, group size, symmetric, gptq v1
-    "gptq-v1-asym-llama-32": ("llama", "gptq", 32, False, True),
-    "awq-qwen3-128": ("qwen3", "awq", 128, False, False),
-    "compressed-tensors-asym-qwen3-128": ("qwen3", "compressed-tensors", 128, False, False),
+CASES = {  # family, method, group size, symmetric, gptq v1, act-order (write_quantized)
+    "gptq-v1-asym-llama-32": ("llama", "gptq", 32, False, True, None),
+    "awq-qwen3-128": ("qwen3", "awq", 128, False, False, None),
+    "compressed-tensors-asym-qwen3-128": ("qwen3", "compressed-tensors", 128, False, False,
+                                          None),
+    "gptq-desc-act-v1-asym-llama-32": ("llama", "gptq", 32, False, True, "shared"),
+    "compressed-tensors-actorder-sym-qwen3-32-each": ("qwen3", "compressed-tensors", 32, True,
+                                                      False, "each"),
 }
 SLOW_CASES = {
-    "gptq-v1-sym-qwen3-128": ("qwen3", "gptq", 128, True, True),
-    "gptq-v2-asym-qwen3-128": ("qwen3", "gptq", 128, False, False),
-    "awq-llama-32": ("llama", "awq", 32, False, False),
-    "compressed-tensors-sym-llama-32": ("llama", "compressed-tensors", 32, True, False),
+    "gptq-v1-sym-qwen3-128": ("qwen3", "gptq", 128, True, True, None),
+    "gptq-v2-asym-qwen3-128": ("qwen3", "gptq", 128, False, False, None),
+    "awq-llama-32": ("llama", "awq", 32, False, False, None),
+    "compressed-tensors-sym-llama-32": ("llama", "compressed-tensors", 32, True, False, None),
+    "gptq-desc-act-v2-sym-qwen3-32-each": ("qwen3", "gptq", 32, True, False, "each"),
+    "gptq-desc-act-v2-asym-qwen3-128": ("qwen3", "gptq", 128, False, False, "shared"),
+    "compressed-tensors-actorder-asym-llama-32": ("llama", "compressed-tensors", 32, False,
+                                                  False, "shared"),
+    # q|k|v and the DeltaNet projections reordered after their split products
+    "gptq-desc-act-v2-asym-qwen3_5-32-each": ("qwen3_5_text", "gptq", 32, False, False,
+                                              "each"),
+    # q's and k's rows of each head's rotated second half negated (its reflected rotary)
+    "gptq-v2-asym-nanochat-32": ("nanochat", "gptq", 32, False, False, None),
+    "gptq-desc-act-v2-sym-nanochat-32-each": ("nanochat", "gptq", 32, True, False, "each"),
 }
 
 
@@ -210,18 +283,41 @@ def source_model(tmp_path: Path, family: str, group: int) -> Path:
 
 
 def check_case(tmp_path: Path, family: str, method: str, group: int, sym: bool,
-               v1: bool) -> None:
+               v1: bool, act_order: str | None) -> None:
     if method == "compressed-tensors":
         pytest.importorskip("compressed_tensors")
     src = source_model(tmp_path, family, group)
-    dequantized = write_quantized(src, tmp_path / "q", method, group, sym, v1)
-    export(tmp_path / "q", tmp_path / "b", ExportOptions(
-        chunks=(16,), max_context=128, show_progress=False,
+    dequantized = write_quantized(src, tmp_path / "q", method, group, sym, v1, act_order)
+    export(tmp_path / "q", tmp_path / "b", ExportOptions(  # IDS in two chunks
+        chunks=(4,), max_context=128, show_progress=False,
         quant=QuantConfig("int4", accuracy_level=0, embeddings=False, head="float",
                           float_layers=False)))
-    expected_weights(bundle_int4_weights(tmp_path / "b"), dequantized)
+    found = bundle_int4_weights(tmp_path / "b")
+    expected_weights(found, dequantized, negated_rows=family == "nanochat")
+    check_input_orders(tmp_path / "b", found, act_order)
     np.testing.assert_allclose(logits_at(tmp_path / "b", IDS),
                                reference_logits(src, dequantized), **FLOAT_TOLERANCE)
+
+
+def check_input_orders(bundle: Path, found: dict, act_order: str | None) -> None:
+    """No Gather of the inputs without act-order; with it, each MatMulNBits of several
+    groups takes its input gathered (the fixtures give each input its own orders; one
+    group is in order whatever its g_idx), and q, k and v (gate and up) of one order stay
+    one MatMulNBits, those of their own orders each get one."""
+    model = onnx.load(bundle / "model.onnx", load_external_data=False)
+    gathered = input_orders(model)
+    nodes = [n for n in model.graph.node if n.op_type == "MatMulNBits"]
+    if act_order is None:
+        assert not gathered
+        assert not any(n.op_type in ("Transpose", "Flatten") for n in model.graph.node)
+        return
+    attrs = [{a.name: a.i for a in n.attribute} for n in nodes]
+    several = [n for n, a in zip(nodes, attrs, strict=True) if a["K"] > a["block_size"]]
+    taking = [n.input[0] for n in nodes if n.input[0] in gathered]
+    assert sorted(taking) == sorted(n.input[0] for n in several)
+    assert len(set(taking)) == len(taking)
+    fused = max(len(names) for names in found)
+    assert fused == (3 if act_order == "shared" else 1), list(found)
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -255,11 +351,14 @@ def test_without_quantize_only_the_checkpoints_int4_layers_are_int4(tmp_path, ca
     assert np.abs(got - expected).max() < 0.02 * np.abs(expected).max()
 
 
-def test_an_fp16_bundle_reads_the_int4_layers_dequantized(tmp_path):
+@pytest.mark.parametrize("act_order", [None, "each"])
+def test_an_fp16_bundle_reads_the_int4_layers_dequantized(tmp_path, act_order):
     """A bundle that holds no quantized weights (--dtype fp16, --flavor standard) reads the
-    int4 layers as float: the checkpoint's dequantized values, in its dtype."""
+    int4 layers as float: the checkpoint's dequantized values (act-order ones in the input
+    order), in its dtype."""
     src = source_model(tmp_path, "llama", 32)
-    dequantized = write_quantized(src, tmp_path / "q", "gptq", 32, sym=False)
+    dequantized = write_quantized(src, tmp_path / "q", "gptq", 32, sym=False,
+                                  act_order=act_order)
     manifest = export(tmp_path / "q", tmp_path / "b", ExportOptions(
         dtype="fp16", chunks=(16,), max_context=128, show_progress=False))
     assert manifest.graph.quantization is None
@@ -269,22 +368,53 @@ def test_an_fp16_bundle_reads_the_int4_layers_dequantized(tmp_path):
     np.testing.assert_array_equal(weights[down], dequantized[down].T.astype(np.float16))
 
 
-def test_act_order_weights_are_refused_in_one_line(tmp_path):
-    """A g_idx that permutes the groups (act-order) is refused, even where the config does
-    not say desc_act: ONNX Runtime's CPU MatMulNBits does not compute with g_idx."""
+@needs_int_kernels
+def test_act_order_bundle_greedy_on_the_int4_kernels_is_transformers(tmp_path, library,
+                                                                    monkeypatch):
+    """The implied int4 bundle (int8 activations) of a symmetric group-32 act-order
+    checkpoint runs the native decode kernel and int4 prefill's int8 GEMMs on the gathered
+    inputs, in chunks of 4 and one token at a time: transformers' greedy tokens on the
+    dequantized weights."""
     src = source_model(tmp_path, "llama", 32)
-    write_quantized(src, tmp_path / "q", "gptq", 32, sym=True, v1=True)
+    dequantized = write_quantized(src, tmp_path / "q", "gptq", 32, sym=True, act_order="each")
+    export(tmp_path / "q", tmp_path / "b", ExportOptions(chunks=(4,), max_context=128,
+                                                         show_progress=False))
+    monkeypatch.setenv("EDGEPREFILL_KERNELS", "require")
+    model = load_hf_model(src)
+    params = dict(model.named_parameters())
+    with torch.no_grad():
+        for name, w in dequantized.items():
+            params[name].copy_(torch.from_numpy(w))
+    with Engine.load(tmp_path / "b", threads=2, background=False) as engine:
+        assert engine.backend.int4_decode.rewritten > 0
+        got = engine.generate(IDS, GenerationParams(max_new_tokens=NEW_TOKENS, ignore_eos=True),
+                              chunk_size=4).result()
+    assert got.token_ids == model_greedy(model, IDS)
+
+
+def test_act_order_groups_of_other_sizes_are_refused_in_one_line(tmp_path):
+    """A g_idx whose groups are not group_size inputs each (here 33 and 31) has no plain
+    grouped order for MatMulNBits' blocks: refused, where the equal-sized act-order groups
+    above export."""
+    src = source_model(tmp_path, "llama", 32)
+    write_quantized(src, tmp_path / "q", "gptq", 32, sym=True, v1=True, act_order="shared")
     from safetensors.torch import load_file, save_file
 
     tensors = load_file(tmp_path / "q" / "model.safetensors")
     name = "model.layers.0.self_attn.q_proj.g_idx"
-    tensors[name] = tensors[name].flip(0).contiguous()
+    tensors[name] = (torch.arange(64, dtype=torch.int32) > 32).int().flip(0).contiguous()
     save_file(tensors, tmp_path / "q" / "model.safetensors")
-    with pytest.raises(ExportError, match="act-order") as err:
+    with pytest.raises(ExportError, match="g_idx gives groups other than 32 inputs") as err:
         export(tmp_path / "q", tmp_path / "b", ExportOptions(chunks=(16,), max_context=128,
                                                             show_progress=False))
     assert "\n" not in str(err.value)
     assert not (tmp_path / "b").exists()
+
+
+def test_g_idx_of_another_length_is_refused_in_one_line():
+    with pytest.raises(ExportError, match="a g_idx of shape \\[63\\] for a weight of 64") as err:
+        act_order.input_order("q_proj", np.arange(63) // 32, 32, 64)
+    assert "\n" not in str(err.value)
 
 
 def test_quantize_int8_of_an_int4_checkpoint_is_one_line(tmp_path):
@@ -309,7 +439,6 @@ def ct(weights=None, **group) -> dict:
 @pytest.mark.parametrize("quant, message", [
     ({**GPTQ, "bits": 3}, "gptq quantization has 3-bit weights; export reads 4-bit"),
     ({**GPTQ, "bits": 8}, "gptq quantization has 8-bit weights"),
-    ({**GPTQ, "desc_act": True}, "act-order (desc_act true)"),
     ({**GPTQ, "group_size": -1}, "group_size -1"),
     ({**GPTQ, "checkpoint_format": "marlin"}, "stored as 'marlin'"),
     ({"quant_method": "awq", "bits": 4, "group_size": 128, "version": "exllama"},

@@ -21,7 +21,7 @@ def inspect(bundle, verify, as_json):
       edgeprefill inspect build/tiny-recall --verify
     """
     from edgeprefill.bundle import load_graph, load_manifest
-    from edgeprefill.cli.tables import embeddings_line, head_kind
+    from edgeprefill.cli.tables import embeddings_line, head_kind, ternary_line
     from edgeprefill.kernels.select import (
         NATIVE,
         NO_ATTENTION,
@@ -73,6 +73,7 @@ def inspect(bundle, verify, as_json):
         f"{json.dumps(graph.opsets)})",
         embeddings_line(proto),
         _head_line(proto, graph, native),
+        *ternary_line(proto),
         f"chunks      {', '.join(map(str, m.chunks))} tokens",
         f"max context {m.max_context} tokens",
         f"kernels     {kernels} on this machine's CPU",

@@ -54,6 +54,9 @@ def backend_line(backend) -> str:
     gate = f", SwiGlu inside {gated} gate/up projections" if gated else ""
     norms = getattr(backend, "norms", 0)
     gate += f", SkipRmsNorm inside {norms} projections" if norms else ""
+    ternary = getattr(backend, "integer_projections", 0)
+    gate += (f", {ternary} BitNet ternary projections as int8 integer GEMMs (MatMulInteger, "
+             "exact)" if ternary else "")
     fused = ", prefill chunk and decode rows in one call" if getattr(
         backend, "fuses_rows", False) else ""
     return (f"backend: {backend.name}, kernels {described}{prefill}{decode}{int8}{bf16}"

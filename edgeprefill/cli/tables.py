@@ -10,6 +10,8 @@ positions). The LM head is the node reading the initializer the exporter names
 
 from __future__ import annotations
 
+import math
+
 from onnx import GraphProto, NodeProto, TensorProto, helper
 
 from edgeprefill.contract import INPUT_IDS
@@ -17,6 +19,9 @@ from edgeprefill.contract import INPUT_IDS
 HEAD_WEIGHTS = ("lm_head.weight", "lm_head.int8", "lm_head.int4")
 TABLE_OPS = ("Gather", "GatherBlockQuantized")
 QUANTIZED = {"MatMulNBits": "int4", "DynamicQuantizeMatMul": "int8"}
+TERNARY = ".ternary"  # BitNet's ternary projection weights (export/bitlinear.py)
+TERNARY_OPS = {"MatMulInteger": "MatMulInteger on each token's int8 codes: exact int32 sums",
+               "DequantizeLinear": "DequantizeLinear into the float MatMul: exact float sums"}
 
 
 def head_kind(graph: GraphProto) -> str | None:
@@ -36,6 +41,22 @@ def head_line(graph: GraphProto) -> str:
         return "lm head     not found in the graph"
     how = {"int4": f", {_blocks(node)}", "int8": ", one scale per vocabulary row"}
     return f"lm head     {kind} ({node.op_type}{how.get(kind or '', '')})"
+
+
+def ternary_line(graph: GraphProto) -> list[str]:
+    """BitNet bundles (export/bitlinear.py): their ternary projections' weights (int8; float
+    where exported before they were), how many bytes they hold and the op that multiplies
+    by them; [] for other bundles."""
+    weights = [t for t in graph.initializer if t.name.endswith(TERNARY)]
+    if not weights:
+        return []
+    names = {t.name for t in weights}
+    ops = sorted({n.op_type for n in graph.node if any(i in names for i in n.input)})
+    types = [helper.tensor_dtype_to_np_dtype(t.data_type) for t in weights]
+    size = sum(math.prod(t.dims) * k.itemsize for t, k in zip(weights, types, strict=True))
+    return [f"projections {len(weights)} BitNet ternary weights, "
+            f"{'/'.join(sorted({k.name for k in types}))} ({size / 1e6:.2f} MB; "
+            f"{'; '.join(TERNARY_OPS.get(op, op) for op in ops)})"]
 
 
 def _head(graph: GraphProto) -> NodeProto | None:

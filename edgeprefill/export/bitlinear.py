@@ -15,9 +15,23 @@ and transformers then replaces every nn.Linear but the LM head with one of three
 
 q(x) is each token's int8 fake-quantization, s(x) = 127 / max(|x|, 1e-5) over the token's
 row, q(x) = clamp(round(x * s(x)), -128, 127). All three are y = (q(x) @ T^T) / (s(x) * d)
-with T ternary and d one divisor per projection, which is how the graph computes them:
-the integer-valued q(x) times a {-1, 0, 1} weight sums exactly in float32. Without a
-quantization_config (a plain float checkpoint) the family's projections are plain MatMuls.
+with T ternary and d one divisor per projection, which is how the graph computes them.
+T is stored as int8 [in, out] (a quarter of float32's bytes), and q(x) @ T^T is an integer
+sum (|sum| <= 128 * in), so integer arithmetic computes it exactly:
+
+  ort flavour: MatMulInteger of the codes q(x) + 128 as uint8 (zero point 128) by the int8
+      T, an int32 sum cast to the graph's float. uint8 x int8 is the GEMM ONNX Runtime's x86
+      MLAS packs (int8 x int8 ran ~65x slower on an AVX2 CPU), and with |T| <= 1 its
+      saturating int16 pair sums (vpmaddubsw, without VNNI) hold at most 2 * 255.
+  standard flavour: TensorRT's parser has no MatMulInteger; T goes through a
+      DequantizeLinear of scale 1 (exact) into the float MatMul, whose integer-valued
+      operands sum exactly in float32.
+
+ONNX Runtime's 2-bit MatMulNBits would store T in a quarter of int8's bytes, but it is exact
+only at accuracy level 0 (float dequantization, 15-28x slower than the float MatMul for one
+row on one CPU thread); level 4 re-quantizes q(x) per block of 256 or fewer (sums off by 22).
+Without a quantization_config (a plain float checkpoint) the family's projections are plain
+MatMuls.
 """
 
 from __future__ import annotations
@@ -27,13 +41,15 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from onnx import TensorProto
 
 from edgeprefill.errors import ExportError
 from edgeprefill.export.checkpoint import Checkpoint
-from edgeprefill.export.graph import GraphBuilder
+from edgeprefill.export.graph import ONNX_DTYPE, GraphBuilder
 from edgeprefill.export.quantize import QuantConfig
 from edgeprefill.export.weights import GraphWeights
 
+CODE_OFFSET = 128  # q(x) + 128 is q(x)'s uint8 code; MatMulInteger's zero point takes it back
 ROWS_PER_BYTE = 4  # transformers' VALUES_PER_ITEM: four 2-bit values per stored byte
 LAYOUTS = ("bitlinear", "autobitlinear_offline", "autobitlinear_online")
 
@@ -71,16 +87,25 @@ def read_bitnet_scheme(family: str, raw: dict[str, Any]) -> BitNetScheme | None:
 
 
 def unpack_ternary(packed: np.ndarray) -> np.ndarray:
-    """uint8 [rows, in] -> float32 [4 * rows, in] in {-1, 0, 1} (transformers'
+    """uint8 [rows, in] -> int8 [4 * rows, in] in {-1, 0, 1} (transformers'
     unpack_weights: the i-th 2-bit field of every stored row makes the i-th block of rows)."""
     fields = [(packed >> (2 * i)) & 3 for i in range(ROWS_PER_BYTE)]
-    return np.concatenate(fields).astype(np.float32) - 1.0
+    return np.concatenate(fields).astype(np.int8) - np.int8(1)
 
 
 def ternary_online(weight: np.ndarray) -> tuple[np.ndarray, float]:
-    """AutoBitLinear's online WeightQuant of a float32 [out, in] weight: (T, c)."""
+    """AutoBitLinear's online WeightQuant of a float32 [out, in] weight: (T as int8, c)."""
     c = np.float32(1.0) / max(np.abs(weight).mean(dtype=np.float32), np.float32(1e-5))
-    return np.clip(np.round(weight * c), -1, 1).astype(np.float32), float(c)
+    return np.clip(np.round(weight * c), -1, 1).astype(np.int8), float(c)
+
+
+def stored_ternary(name: str, weight: np.ndarray) -> np.ndarray:
+    """An offline AutoBitLinear weight stored as floats, as int8; one that is not
+    integer-valued would not be the ternary weight transformers multiplies by: refused."""
+    if not np.array_equal(weight, np.clip(np.round(weight), -1, 1)):
+        raise ExportError(f"{name}: an AutoBitLinear offline weight stored as floats must "
+                          "hold only -1, 0 and 1")
+    return weight.astype(np.int8)
 
 
 class BitWeights(GraphWeights):
@@ -88,9 +113,10 @@ class BitWeights(GraphWeights):
     stay float: transformers never converts them)."""
 
     def __init__(self, g: GraphBuilder, ckpt: Checkpoint, dtype: np.dtype,
-                 quant: QuantConfig | None, scheme: BitNetScheme) -> None:
+                 quant: QuantConfig | None, scheme: BitNetScheme, integer_matmul: bool) -> None:
         super().__init__(g, ckpt, dtype, quant)
         self.scheme = scheme
+        self.integer_matmul = integer_matmul  # MatMulInteger runs (the ort flavour)
 
     def shape(self, name: str) -> tuple[int, ...]:
         """A packed weight's shape as transformers unpacks it, [out, in]."""
@@ -114,19 +140,33 @@ class BitWeights(GraphWeights):
         out_dim = sum(self.shape(n)[0] for n in weight_names)
         stem = weight_names[0].removesuffix(".weight") + ("" if len(weight_names) == 1
                                                           else ".packed")
-        y = self.project(quantized, stem + ".ternary", in_dim, out_dim,
-                         lambda: np.concatenate([self._ternary(n) for n in weight_names]))
+        ternary = g.weight(stem + ".ternary", (in_dim, out_dim), np.int8,
+                           lambda: np.ascontiguousarray(
+                               np.concatenate([self._ternary(n) for n in weight_names]).T))
+        y = self._integer_product(quantized, ternary)
         inverse = self.g.weight(stem + ".inverse_divisor", (out_dim,), self.dtype,
                                 lambda: self._inverse_divisors(weight_names))
         return g.op("Mul", [g.op("Div", [y, scale]), inverse])
 
+    def _integer_product(self, quantized: str, ternary: str) -> str:
+        """q(x) @ T in the graph's float type, computed exactly: the integer-valued q(x)
+        (floats) times the int8 T [in, out]."""
+        g = self.g
+        if not self.integer_matmul:  # a scale of 1 dequantizes T exactly
+            weight = g.op("DequantizeLinear", [ternary, g.const(1.0, self.dtype)])
+            return g.op("MatMul", [quantized, weight])
+        codes = g.op("Cast", [g.op("Add", [quantized, g.const(float(CODE_OFFSET), self.dtype)])],
+                     to=TensorProto.UINT8)
+        sums = g.op("MatMulInteger", [codes, ternary, g.const(CODE_OFFSET, np.uint8)])
+        return g.op("Cast", [sums], to=ONNX_DTYPE[np.dtype(self.dtype)])
+
     def _ternary(self, name: str) -> np.ndarray:
-        """The projection's T, float32 [out, in] in {-1, 0, 1}."""
+        """The projection's T, int8 [out, in] in {-1, 0, 1}."""
         if self.scheme.layout == "autobitlinear_online":
             return ternary_online(self.ckpt.get(name, np.float32))[0]
         if self._packed(name):
             return unpack_ternary(self.ckpt.get(name, np.uint8))
-        return self.ckpt.get(name, np.float32)
+        return stored_ternary(name, self.ckpt.get(name, np.float32))
 
     def _inverse_divisors(self, names: list[str]) -> np.ndarray:
         """1 / d of each projection, once per output column [sum of outs]."""

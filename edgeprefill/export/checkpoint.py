@@ -52,7 +52,8 @@ class Checkpoint:
     In a pre-quantized int4 checkpoint (`int4`, export/prequantized.py) a quantized layer
     stores its codes, scales and zero points instead of its `weight`: the weight's name
     still reads it (`has`, `shape`, and `get`, dequantized to float), and `int4_weight`
-    gives it as it is stored, for a MatMulNBits.
+    gives it as it is stored, for a MatMulNBits (an act-order one's inputs in group order,
+    `int4_order`).
     """
 
     def __init__(self, hf_dir: Path, renames: tuple[tuple[str, str], ...] = (),
@@ -125,6 +126,13 @@ class Checkpoint:
         weight = self.int4.read(module, self._stored, self.has)
         self.read.add(name)
         return weight
+
+    def int4_order(self, name: str) -> np.ndarray | None:
+        """The input order of the int4 weight `name`'s codes (act-order,
+        export/act_order.py), or None for the inputs in order; reads its g_idx only."""
+        module = self._int4_modules[name]
+        assert self.int4 is not None
+        return self.int4.order(module, self._stored, self.has, self.shape(name)[1])
 
     def is_int4(self, name: str) -> bool:
         return name in self._int4_modules

@@ -85,7 +85,7 @@ class DecoderBuilder:
         self.dtype = flavor.dtype
         self.g = GraphBuilder()
         self.w = GraphWeights(self.g, ckpt, self.dtype, quant) if cfg.bitnet is None else \
-            BitWeights(self.g, ckpt, self.dtype, quant, cfg.bitnet)
+            BitWeights(self.g, ckpt, self.dtype, quant, cfg.bitnet, flavor.integer_matmul)
         # (head_dim, kv_heads, rotary_dim) -> the flavour of layers of that shape (Gemma 4)
         self._flavors: dict[tuple[int, int, int], Flavor] = {}
         self.experts = self._experts()
@@ -159,6 +159,8 @@ class DecoderBuilder:
             x = g.op("Mul", [x, g.const(cfg.embed_scale, self.dtype)])
         if cfg.spec.embed_norm:  # nanochat
             x = self._norm(x, self.names.final_norm)
+        if self.names.embed_norm is not None:  # BLOOM's word_embeddings_layernorm
+            x = self._norm(x, self.names.embed_norm)
         if self.ple is not None:
             self.ple.build(ids, x)
         if self.altup is not None:  # Gemma 3n: x is the AltUp streams [.., N, hidden]

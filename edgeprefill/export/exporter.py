@@ -81,6 +81,11 @@ def export(hf_dir: str | Path, out_dir: str | Path, options: ExportOptions) -> M
         raise ExportError(f"{hf_dir} is not a folder")
     cfg = ModelConfig.from_dir(hf_dir)
     options = _for_int4_checkpoint(cfg, options)
+    if cfg.bitnet is not None and options.quant is not None:
+        # Re-quantizing 1.58-bit weights to int8/int4 would save nothing on the projections
+        # and move the logits off transformers' (export/bitlinear.py).
+        raise ExportError("BitNet's projections are already 1.58-bit (stored as int8 ternary "
+                          "weights): export it without --quantize")
     max_context = _max_context(cfg, options.max_context)
     cfg = cfg.for_context(max_context)  # longrope: the factor set this context uses
     chunks = sorted(set(c for c in options.chunks if c <= max_context))
@@ -173,8 +178,8 @@ def _say_left_out(ckpt: Checkpoint) -> None:
     # leaving it out is the export's choice, not a config that disagrees with its weights.
     if ckpt.left_out:
         parts = sorted({name.removeprefix("model.").split(".")[0] for name in ckpt.left_out})
-        log.warning("the bundle holds the language model only: %d tensors of the "
-                    "checkpoint's %s are left out", len(ckpt.left_out), ", ".join(parts))
+        log.warning("the bundle is text-only, it holds the language model only: %d tensors "
+                    "of the checkpoint's %s are left out", len(ckpt.left_out), ", ".join(parts))
 
 
 def _max_context(cfg: ModelConfig, requested: int | None) -> int:

@@ -2,8 +2,9 @@
 
 Each format stores, per linear layer of weight W [out, in], 4-bit codes q, one scale s and
 one zero point z per group of `group_size` inputs, and dequantizes W[n, k] = (q[n, k] -
-z[n, g(k)]) * s[n, g(k)] with g(k) = k // group_size. They differ only in how the codes and
-zero points are laid into int32 words; every function here returns them as an `Int4Weight`
+z[n, g(k)]) * s[n, g(k)] with g(k) = k // group_size (act-order: g(k) = g_idx[k], made
+plain by export/act_order.py). They differ only in how the codes and zero points are laid
+into int32 words; every function here returns them as an `Int4Weight`
 of codes and zero points 0..15, the form MatMulNBits takes (export/prequantized.py).
 
 Read from the reference code (the layouts are nowhere else written down):
@@ -34,13 +35,15 @@ AWQ_ORDER = np.array([0, 2, 4, 6, 1, 3, 5, 7])
 
 @dataclass(frozen=True)
 class Int4Weight:
-    """One linear layer's 4-bit weight: W[n, k] = (codes[n, k] - zeros[n, k // group_size])
-    * scales[n, k // group_size]."""
+    """One linear layer's 4-bit weight: W[n, order[j]] = (codes[n, j] - zeros[n, j //
+    group_size]) * scales[n, j // group_size], `order` the identity unless act-order
+    (export/act_order.py) stored the groups' inputs scattered."""
 
     codes: np.ndarray  # uint8 [out, in], 0..15
     scales: np.ndarray  # float32 [out, groups] (a float16/bfloat16 scale widens exactly)
     zeros: np.ndarray  # uint8 [out, groups], 0..15
     group_size: int
+    order: np.ndarray | None = None  # int64 [in]: the input of codes' column j; None: j
 
     def dequantize(self) -> np.ndarray:
         """W [out, in] float32: exact, as (code - zero) is an integer of -15..15 and each
@@ -49,7 +52,12 @@ class Int4Weight:
         cols = self.codes.shape[1]
         scales = np.repeat(self.scales, self.group_size, axis=1)[:, :cols]
         zeros = np.repeat(self.zeros, self.group_size, axis=1)[:, :cols]
-        return (self.codes.astype(np.float32) - zeros) * scales
+        grouped = (self.codes.astype(np.float32) - zeros) * scales
+        if self.order is None:
+            return grouped
+        w = np.empty_like(grouped)
+        w[:, self.order] = grouped  # back to the input order
+        return w
 
 
 def nibbles(words: np.ndarray) -> np.ndarray:

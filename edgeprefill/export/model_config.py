@@ -17,6 +17,7 @@ import numpy as np
 
 from edgeprefill.contract import CONV, RECURRENT
 from edgeprefill.errors import ExportError
+from edgeprefill.export.alibi import slopes as alibi_slopes
 from edgeprefill.export.altup import AltUpConfig, read_altup
 from edgeprefill.export.bitlinear import BitNetScheme, read_bitnet_scheme
 from edgeprefill.export.config_checks import check_model_config
@@ -27,6 +28,8 @@ from edgeprefill.export.families import (
     REFUSED_TYPES,
     FamilySpec,
     TensorNames,
+    family_spec,
+    wrapped_text_type,
 )
 from edgeprefill.export.fp8 import Fp8Scheme, read_fp8_scheme
 from edgeprefill.export.latent_attention import LatentShape, latent_scale, read_latent
@@ -227,6 +230,9 @@ class ModelConfig:
     # Zamba2: the shared transformer blocks applied before the mixers of some layers, each
     # application with its own KV (export/shared_block.py); None: none.
     shared_block: SharedBlockShape | None = None
+    # The text family of a checkpoint that wraps one (LLaVA's: families/wrapped.py); None
+    # elsewhere, the family's own spec.
+    text_type: str | None = None
     # Falcon-H1 (block "hybrid"): its multipliers.
     scales: HybridScales | None = None
     # Qwen3.5 (Qwen3-Next's attention): q_proj gives each head's query and an output gate;
@@ -260,6 +266,9 @@ class ModelConfig:
     sparsity: tuple[float, ...] = ()
     # Whether config.json switches the family's q/k norms off (GLM-4.5's use_qk_norm false).
     qk_norm_off: bool = False
+    # ALiBi (BLOOM, MPT): each head's slope, its scores plus slope * (key position - query
+    # position) (export/alibi.py); None: no such bias.
+    alibi: tuple[float, ...] | None = None
 
     def __post_init__(self) -> None:
         check_model_config(self)
@@ -298,7 +307,7 @@ class ModelConfig:
 
     @property
     def spec(self) -> FamilySpec:
-        return FAMILIES[self.family]
+        return family_spec(self.family, self.text_type)
 
     @property
     def qk_norm(self) -> str | None:
@@ -412,8 +421,12 @@ class ModelConfig:
         sparse = sum(s > 0 for s in self.sparsity)
         if sparse:
             out.append(f"activation sparsity on {sparse} of {self.num_layers} layers' MLPs")
+        if self.alibi is not None:
+            out.append("ALiBi: each head's scores biased by its slope times the distance "
+                       "(no rotary)")
         nope = sum(layer.rope is None for layer in self.layers)
-        if nope and self.kv_layers:  # none attending (Mamba-2), no rope is no news
+        # none attending (Mamba-2), no rope is no news; nor under ALiBi, which said it
+        if nope and self.kv_layers and self.alibi is None:
             out.append(f"{nope} of {self.num_layers} layers without rope")
         if self.latent is not None:
             out.append(f"KV cache: one head of {self.head_dim} per token and layer (rope "
@@ -442,14 +455,20 @@ class ModelConfig:
             raise ExportError(
                 f"model_type {family!r} is not supported; supported: {', '.join(sorted(FAMILIES))}"
             )
-        spec = FAMILIES[family]
+        try:
+            text_type = wrapped_text_type(family, raw)
+        except KeyError as missing:
+            raise ExportError(f"config.json lacks the required key {missing}") from None
+        except ValueError as bad:
+            raise ExportError(str(bad)) from None
+        spec = family_spec(family, text_type)
         mxfp4 = spec.moe is not None and spec.moe.names.mxfp4
         int4 = read_int4_scheme(family, raw)
         # any other quantization is refused here
         fp8 = None if int4 is not None else read_fp8_scheme(family, raw, mxfp4, spec.bitnet)
         bitnet = read_bitnet_scheme(family, raw) if spec.bitnet else None
         try:
-            return replace(_read(family, spec, spec.read(raw)), fp8=fp8, int4=int4,
+            return replace(_read(family, spec, spec.read(raw), text_type), fp8=fp8, int4=int4,
                            bitnet=bitnet)
         except KeyError as missing:
             raise ExportError(f"config.json lacks the required key {missing}") from None
@@ -464,7 +483,8 @@ class ModelConfig:
         return cls.from_hf(load_json_object(path, ExportError))
 
 
-def _read(family: str, spec: FamilySpec, raw: dict[str, Any]) -> ModelConfig:
+def _read(family: str, spec: FamilySpec, raw: dict[str, Any],
+          text_type: str | None = None) -> ModelConfig:
     _refuse_unsupported(family, spec, raw)
     groups = group_blocks(raw["layer_types"]) if spec.blocks else None
     if groups is not None:
@@ -483,6 +503,7 @@ def _read(family: str, spec: FamilySpec, raw: dict[str, Any]) -> ModelConfig:
     shared = read_shared_block(raw) if spec.shared_block else None
     return ModelConfig(
         family=family,
+        text_type=text_type,
         hidden_size=hidden,
         intermediate_size=int(raw["intermediate_size"]),
         num_layers=int(raw["num_hidden_layers"]),
@@ -533,6 +554,7 @@ def _read(family: str, spec: FamilySpec, raw: dict[str, Any]) -> ModelConfig:
         mtp_layers=int(raw.get("num_nextn_predict_layers") or 0),
         **_altup(raw, spec),
         qk_norm_off=spec.qk_norm_key is not None and not raw.get(spec.qk_norm_key),
+        alibi=alibi_slopes(heads) if spec.alibi else None,
     )
 
 

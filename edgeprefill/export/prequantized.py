@@ -6,9 +6,11 @@ export/int4_layouts.py). MatMulNBits computes with exactly that form (bits 4, bl
 the group size, its scales and zero points), so export copies it: the bundle's weights
 dequantize to the checkpoint's own values, with no float round trip and no requantization.
 A layer the checkpoint keeps float (lm_head, embeddings, `modules_to_not_convert`,
-`ignore`) stores a plain `weight`, read as any float checkpoint's. Anything else the
-checkpoint's `quantization_config` asks for (other widths, act-order, other packings) is
-refused in one line that names it.
+`ignore`) stores a plain `weight`, read as any float checkpoint's. An act-order layer
+(a g_idx that scatters each group's inputs) is read with its inputs in group order, to be
+gathered into that order in the graph (export/act_order.py). Anything else the
+checkpoint's `quantization_config` asks for (other widths, other packings) is refused in
+one line that names it.
 
 Which layers are quantized is read off the tensors, not the config's module lists: a
 layer is int4 where the checkpoint stores its `qweight` (GPTQ, AWQ) or `weight_packed`
@@ -24,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from edgeprefill.errors import ExportError
-from edgeprefill.export import int4_layouts
+from edgeprefill.export import act_order, int4_layouts
 from edgeprefill.export.int4_layouts import Int4Weight
 
 METHODS = ("gptq", "awq", "compressed-tensors")
@@ -33,6 +35,7 @@ BLOCK_SIZES = (16, 32, 64, 128, 256)  # MatMulNBits' block_size: a power of 2, 1
 # stores qzeros, scales and g_idx, AWQ qzeros and scales, compressed-tensors weight_scale,
 # weight_shape and (asymmetric) weight_zero_point, (act-order) weight_g_idx.
 CODES = {"gptq": "qweight", "awq": "qweight", "compressed-tensors": "weight_packed"}
+G_IDX = {"gptq": "g_idx", "compressed-tensors": "weight_g_idx"}  # each input's group, if any
 
 Reader = Callable[[str], np.ndarray]  # a stored tensor by name, as it is stored
 
@@ -62,50 +65,41 @@ class Int4Scheme:
         return _ct_shape(module, read)
 
     def read(self, module: str, read: Reader, has: Callable[[str], bool]) -> Int4Weight:
-        """The layer's codes, scales and zero points (export/int4_layouts.py); a symmetric
-        scheme's zero points must all be 8."""
+        """The layer's codes, scales and zero points (export/int4_layouts.py), its codes'
+        columns in `order` (act-order, export/act_order.py); a symmetric scheme's zero
+        points must all be 8."""
         weight = self._unpacked(module, read, has)
         if self.symmetric and not (weight.zeros == 8).all():
             raise ExportError(f"{module}: the {self.method} config says symmetric, but the "
                               "layer's zero points are not all 8")
-        return weight
+        return act_order.in_order(weight, self.order(module, read, has, weight.codes.shape[1]))
+
+    def order(self, module: str, read: Reader, has: Callable[[str], bool],
+              inputs: int) -> np.ndarray | None:
+        """The order of the layer's `inputs` inputs that makes its groups contiguous
+        (act-order), or None where they already are (no g_idx, or the plain one)."""
+        name = f"{module}.{G_IDX[self.method]}" if self.method in G_IDX else None
+        if name is None or not has(name):
+            return None
+        return act_order.input_order(module, read(name), self.group_size, inputs)
 
     def _unpacked(self, module: str, read: Reader, has: Callable[[str], bool]) -> Int4Weight:
         if self.method == "gptq":
-            weight = int4_layouts.gptq(read(f"{module}.qweight"), read(f"{module}.qzeros"),
-                                       read(f"{module}.scales"), self.group_size, self.v1_zeros)
-            _check_group_order(module, read, has, f"{module}.g_idx", weight)
-            return weight
+            return int4_layouts.gptq(read(f"{module}.qweight"), read(f"{module}.qzeros"),
+                                     read(f"{module}.scales"), self.group_size, self.v1_zeros)
         if self.method == "awq":
             return int4_layouts.awq(read(f"{module}.qweight"), read(f"{module}.qzeros"),
                                     read(f"{module}.scales"), self.group_size)
         zero_name = f"{module}.weight_zero_point"
-        weight = int4_layouts.compressed_tensors(
+        return int4_layouts.compressed_tensors(
             read(f"{module}.weight_packed"), read(f"{module}.weight_scale"),
             read(zero_name) if has(zero_name) else None,
             _ct_shape(module, read), self.group_size)
-        _check_group_order(module, read, has, f"{module}.weight_g_idx", weight)
-        return weight
 
 
 def _ct_shape(module: str, read: Reader) -> tuple[int, int]:
     out, cols = (int(v) for v in read(f"{module}.weight_shape"))
     return out, cols
-
-
-def _check_group_order(module: str, read: Reader, has: Callable[[str], bool], name: str,
-                       weight: Int4Weight) -> None:
-    """A stored g_idx must be the plain k // group_size. ONNX Runtime's MatMulNBits takes a
-    g_idx input, but its CPU kernel (1.32) computes wrong numbers with one (measured: off
-    by the outputs' own size at accuracy levels 0 and 4), so act-order weights are refused."""
-    if not has(name):
-        return
-    g_idx = read(name)
-    plain = np.arange(weight.codes.shape[1]) // weight.group_size
-    if not np.array_equal(g_idx, plain):
-        raise ExportError(f"{module} is quantized in act-order (its g_idx permutes the groups), "
-                          "which ONNX Runtime's CPU MatMulNBits does not compute exactly: "
-                          "take a release without desc_act/actorder")
 
 
 def read_int4_scheme(family: str, raw: dict[str, Any]) -> Int4Scheme | None:
@@ -122,9 +116,6 @@ def read_int4_scheme(family: str, raw: dict[str, Any]) -> Int4Scheme | None:
 
 def _gptq(what: str, quant: dict[str, Any]) -> Int4Scheme:
     _check_bits(what, quant.get("bits"))
-    if quant.get("desc_act"):
-        raise ExportError(f"{what} is act-order (desc_act true), which ONNX Runtime's "
-                          "MatMulNBits cannot compute on the CPU: take a desc_act false release")
     layout = quant.get("checkpoint_format", "gptq")
     if layout not in ("gptq", "gptq_v2"):
         raise ExportError(f"{what} is stored as {layout!r}; export reads the gptq and "
@@ -183,10 +174,12 @@ def _group_size(what: str, size: Any) -> int:
 
 def matmul_nbits(weight: Int4Weight) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """MatMulNBits' operands: uint8 [out, groups, group/2] (per output row, blocks along the
-    input, even k in the low nibble; the last block padded with code 0, which its K leaves
-    unread), float32 scales [out * groups], and uint8 zero points [out, ceil(groups / 2)]
-    (two per byte, the even group low; a symmetric scheme's, all 8, the op's default, are
-    left out of the graph: the int4 kernels engines/ort swaps in at load take only those)."""
+    input as the codes hold them, an act-order weight's in its `order`, which the graph
+    gathers its inputs into, export/weights.py; even k in the low nibble; the last block
+    padded with code 0, which its K leaves unread), float32 scales [out * groups], and
+    uint8 zero points [out, ceil(groups / 2)] (two per byte, the even group low; a
+    symmetric scheme's, all 8, the op's default, are left out of the graph: the int4
+    kernels engines/ort swaps in at load take only those)."""
     out, cols = weight.codes.shape
     groups, block = weight.scales.shape[1], weight.group_size
     codes = np.zeros((out, groups * block), np.uint8)
@@ -199,10 +192,21 @@ def matmul_nbits(weight: Int4Weight) -> tuple[np.ndarray, np.ndarray, np.ndarray
 
 
 def stacked(weights: list[Int4Weight]) -> Int4Weight:
-    """Layers of one input and group size side by side along the output (a fused q|k|v or
-    gate|up projection)."""
+    """Layers of one input, group size and input order side by side along the output (a
+    fused q|k|v or gate|up projection)."""
     sizes = {w.group_size for w in weights}
     if len(sizes) != 1:
         raise ExportError(f"the parts of a fused projection have group sizes {sorted(sizes)}")
+    order = weights[0].order
+    if not all(same_order(w.order, order) for w in weights):
+        raise ExportError("the parts of a fused projection have different act-order "
+                          "input orders")
     return Int4Weight(*(np.concatenate(parts) for parts in zip(
-        *((w.codes, w.scales, w.zeros) for w in weights), strict=True)), group_size=sizes.pop())
+        *((w.codes, w.scales, w.zeros) for w in weights), strict=True)),
+        group_size=sizes.pop(), order=order)
+
+
+def same_order(a: np.ndarray | None, b: np.ndarray | None) -> bool:
+    """Whether two input orders (None: the identity) are one."""
+    return (a is None and b is None) or (a is not None and b is not None
+                                         and np.array_equal(a, b))

@@ -2,6 +2,8 @@
 
     python -m edgeprefill.kernels.build            # build, or say in one line why not
     python -m edgeprefill.kernels.build --if-possible   # the same, exit status 0 either way
+    python -m edgeprefill.kernels.build --target jetson-orin  # cross-compile ($CXX or
+                                                  # aarch64-linux-gnu-g++), for a check here
 
 Nothing from ONNX Runtime is linked: the library takes the API table ONNX Runtime hands
 to `RegisterCustomOps`. The headers come from `EDGEPREFILL_ORT_HEADERS` (a folder holding
@@ -10,7 +12,9 @@ to `RegisterCustomOps`. The headers come from `EDGEPREFILL_ORT_HEADERS` (a folde
 
 The library lands in `EDGEPREFILL_KERNELS_DIR` (default `~/.cache/edgeprefill/kernels`),
 named by a digest of its sources and flags, so a changed source never loads a stale build.
-It is compiled for this machine's CPU (`-march=native`): build it where it runs.
+It is compiled for this machine's CPU (x86: `-march=native`; 64-bit Arm: the -march its
+/proc/cpuinfo Features allow, targets.py): build it where it runs. A cross build (--target)
+lands beside it under the target's name and is never loaded here (docs/jetson.md).
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from pathlib import Path
 
 from edgeprefill.cache_dir import user_cache_dir
 from edgeprefill.errors import EdgeprefillError
+from edgeprefill.kernels.targets import TARGETS, Target, native_march_flag
 
 SOURCES = ("library.cc", "decode_attention.cc", "prefill_attention.cc", "swiglu.cc",
            "rms_norm.cc", "matmul_bf16.cc", "matmul_int4.cc", "matmul_int8.cc",
@@ -38,7 +43,8 @@ HEADERS = ("kernel_common.h", "decode_rows.h", "soft_cap.h", "swiglu.h", "rms_no
 # GCC's default -ffp-contract=fast stays: the hot products are explicit FMA intrinsics
 # either way, =off would undo ~400 multiply-adds gcc fuses in single-site code, and the
 # scalar code that several ops share writes its multiply-adds as std::fma (docs/design.md).
-FLAGS = ("-O3", "-march=native", "-std=c++17", "-fPIC", "-shared", "-fvisibility=hidden")
+# The -march goes second (flags()): x86's -march=native, Arm's from its Features, a target's.
+FLAGS = ("-O3", "-std=c++17", "-fPIC", "-shared", "-fvisibility=hidden")
 HEADERS_PACKAGE = "com.github.asus4.onnxruntime@0.4.9"  # MIT; ONNX Runtime 1.2x C API headers
 HEADERS_IN_PACKAGE = "package/Plugins/Android/onnxruntime.aar"  # a zip with headers/ inside
 HEADERS_ENV = "EDGEPREFILL_ORT_HEADERS"
@@ -60,6 +66,11 @@ def source_dir() -> Path:
     return Path(__file__).resolve().parent
 
 
+# The first CPU's lines of /proc/cpuinfo that cpu_identity keeps: x86's model name and flags,
+# Arm's Features and part (Arm lists no model name).
+IDENTITY_KEYS = ("model name", "flags", "Features", "CPU implementer", "CPU part")
+
+
 def cpu_identity() -> str:
     """The CPU's model and feature flags: `-march=native` code built on one CPU may stop on
     an illegal instruction on another (a cache folder can outlive a change of machine)."""
@@ -67,8 +78,17 @@ def cpu_identity() -> str:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:
         return platform.processor() or platform.machine()
-    keep = [line for line in text.splitlines() if line.startswith(("model name", "flags"))]
-    return "\n".join(keep[:2])
+    return identity_lines(text)
+
+
+def identity_lines(cpuinfo: str) -> str:
+    """The first of each IDENTITY_KEYS line of /proc/cpuinfo text, in its order."""
+    keep: dict[str, str] = {}
+    for line in cpuinfo.splitlines():
+        key = line.split(":")[0].strip()
+        if key in IDENTITY_KEYS:
+            keep.setdefault(key, line)
+    return "\n".join(keep.values())
 
 
 def cpu_has_bf16() -> bool:
@@ -87,7 +107,8 @@ def cpu_has_vector_kernels() -> bool:
     """Whether the fp32 kernels build vector code here: AVX-512, or AVX2 with FMA (Zen 1-3,
     Intel client CPUs since Haswell, Alder Lake and later among them). Elsewhere (Arm, older
     x86) the library builds its portable loops, which run slower than ONNX Runtime's own
-    attention (a 2,048-token prefill 1.6x as long on a Zen 3, docs/benchmarks.md)."""
+    attention (a 2,048-token prefill 1.6x as long on a Zen 3, docs/benchmarks.md); 64-bit
+    Arm's NEON decode attention is unmeasured, its prefill portable (docs/jetson.md)."""
     flags = cpu_identity().split()
     return "avx512f" in flags or builds_avx2(flags)
 
@@ -116,20 +137,28 @@ def tiling_flags(l1_bytes: int | None) -> tuple[str, ...]:
     return ()
 
 
-def flags() -> tuple[str, ...]:
-    return FLAGS + tiling_flags(l1_data_bytes())
+def flags(target: Target | None = None) -> tuple[str, ...]:
+    """The compile flags for this machine, or for `target` (its -march; the default tiling,
+    as its cache is unknown here)."""
+    if target is not None:
+        return (FLAGS[0], f"-march={target.march}", *FLAGS[1:])
+    march = native_march_flag(cpu_identity())
+    return (FLAGS[0], march, *FLAGS[1:]) + tiling_flags(l1_data_bytes())
 
 
-def digest() -> str:
-    h = hashlib.sha256(" ".join(flags()).encode())
-    h.update(cpu_identity().encode())
+def digest(target: Target | None = None) -> str:
+    h = hashlib.sha256(" ".join(flags(target)).encode())
+    h.update(cpu_identity().encode() if target is None else target.name.encode())
     for name in SOURCES + HEADERS:
         h.update((source_dir() / name).read_bytes())
     return h.hexdigest()[:16]
 
 
-def library_path() -> Path:
-    return library_dir() / f"libedgeprefill_kernels-{digest()}.so"
+def library_path(target: Target | None = None) -> Path:
+    """This machine's library, or a cross build's (named by its target: never loaded here)."""
+    if target is None:
+        return library_dir() / f"libedgeprefill_kernels-{digest()}.so"
+    return library_dir() / f"libedgeprefill_kernels-{target.name}-{digest(target)}.so"
 
 
 def headers_dir(say: Callable[[str], None] = lambda line: None) -> Path:
@@ -178,25 +207,29 @@ def run(command: list[str], cwd: str | None = None, what: str = "") -> None:
         raise KernelBuildError(f"{what or command[0]} failed: {last[0]}")
 
 
-def build(force: bool = False, say: Callable[[str], None] = lambda line: None) -> Path:
+def build(force: bool = False, say: Callable[[str], None] = lambda line: None,
+          cross: Target | None = None) -> Path:
     """The library's path, compiled first if missing (atomically: a half-written file is
-    never loaded). `say` hears what takes time (the command line's progress)."""
-    target = library_path()
-    if target.is_file() and not force:
-        return target
-    if shutil.which(COMPILER) is None:
-        raise KernelBuildError(f"no {COMPILER} on PATH to compile the native kernels")
+    never loaded), for this machine or, `cross`, for that target with its compiler. `say`
+    hears what takes time (the command line's progress)."""
+    path = library_path(cross)
+    if path.is_file() and not force:
+        return path
+    compiler = COMPILER if cross is None else cross.chosen_compiler()
+    if shutil.which(compiler) is None:
+        raise KernelBuildError(f"no {compiler} on PATH to compile the native kernels")
     headers = headers_dir(say)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    say(f"compiling the native kernels with {COMPILER} (a minute or so) ...")
-    partial = target.with_suffix(f".{os.getpid()}.tmp")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    say(f"compiling the native kernels with {compiler} (a minute or so) ...")
+    partial = path.with_suffix(f".{os.getpid()}.tmp")
     sources = [str(source_dir() / name) for name in SOURCES]
     try:
-        run([COMPILER, *flags(), f"-I{headers}", *sources, "-o", str(partial)], what=COMPILER)
-        os.replace(partial, target)
+        run([compiler, *flags(cross), f"-I{headers}", *sources, "-o", str(partial)],
+            what=compiler)
+        os.replace(partial, path)
     finally:
         partial.unlink(missing_ok=True)
-    return target
+    return path
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -205,10 +238,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--if-possible", action="store_true",
                         help="exit 0 when the library cannot be built (say why)")
     parser.add_argument("--force", action="store_true", help="rebuild even if present")
+    parser.add_argument("--target", choices=sorted(TARGETS),
+                        help="cross-compile for this CPU ($CXX, else its cross compiler)")
     args = parser.parse_args(argv)
+    cross = TARGETS[args.target] if args.target else None
     try:
-        path = build(force=args.force, say=lambda line: print(line, file=sys.stderr,
-                                                              flush=True))
+        path = build(force=args.force, cross=cross,
+                     say=lambda line: print(line, file=sys.stderr, flush=True))
     except KernelBuildError as err:
         print(f"native kernels not built: {err}", file=sys.stderr)
         return 0 if args.if_possible else 1

@@ -7,7 +7,8 @@
 // splits every row's positions into pieces run on ONNX Runtime's intra-op pool (a
 // flash-decoding style max/sum merge joins the pieces). With AVX-512 (or AVX2 + FMA) and a
 // head size of 32, 64, 80, 96, 128, 256, 288 or 576 (the last two: multi-head latent
-// attention, absorbed) a piece runs RunPieceAvx512 (RunPieceAvx2), else the portable loops.
+// attention, absorbed) a piece runs RunPieceAvx512 (RunPieceAvx2); on 64-bit Arm, any head
+// size (a multiple of 16) runs RunPieceNeon; else the portable loops.
 // The work is DecodeRows (decode_rows.h), which PrefillAttention runs for its rows of one
 // valid token too; a row's split depends on its own length only, so its output is the same
 // bits whichever rows share the call.
@@ -117,6 +118,19 @@ inline __m256 SumLanes8(const __m256* acc) {
 
 #endif
 
+#ifdef EP_NEON
+// 4 cache elements as float32.
+inline float32x4_t Load4(const float* p) { return vld1q_f32(p); }
+inline float32x4_t Load4(const uint16_t* p) {
+  return vreinterpretq_f32_u32(vshll_n_u16(vld1_u16(p), 16));
+}
+
+// Lane k of the result = the sum of acc[k]'s 4 lanes (SumLanes8's idea, 4 keys).
+inline float32x4_t SumLanes4(const float32x4_t* acc) {
+  return vpaddq_f32(vpaddq_f32(acc[0], acc[1]), vpaddq_f32(acc[2], acc[3]));
+}
+#endif
+
 // The value pass's vectors per sweep for head_dim = 8 * C (AVX2) or 16 * C (AVX-512's
 // heads wider than 256): at most 8 accumulators (with two chains below 8, as an FMA's
 // latency is 4 cycles), a divisor of C.
@@ -186,6 +200,26 @@ void DecodeRows::CapScores(float* scores, int64_t group, int64_t n) const {
   for (int64_t h = 0; h < group; ++h) SoftCap(scores + h * longest_, n, layout_.softcap);
 }
 
+// Each query head's n scores (rows of scores_) -> their exponentials less the max, one by
+// one, and its row of partial_ set to zeros, the max and the sum of the exponentials.
+void DecodeRows::Softmax(float* scores, float* partial, int64_t group, int64_t n) const {
+  const int64_t d = layout_.head_dim;
+  for (int64_t h = 0; h < group; ++h) {
+    float* row = scores + h * longest_;
+    float top = row[0];
+    for (int64_t j = 1; j < n; ++j) top = std::max(top, row[j]);
+    float sum = 0.0f;
+    for (int64_t j = 0; j < n; ++j) {
+      row[j] = ExpNonPositive(row[j] - top);
+      sum += row[j];
+    }
+    float* acc = partial + h * (d + 2);
+    std::fill(acc, acc + d, 0.0f);
+    acc[d] = top;
+    acc[d + 1] = sum;
+  }
+}
+
 // One parallel piece: a KV head of a row over positions [begin, end). It leaves, per query
 // head of the group, the running max, the sum of exponentials and the unnormalized output.
 template <typename T>
@@ -198,20 +232,7 @@ void DecodeRows::RunPiecePortable(size_t index) {
     for (int64_t h = 0; h < g; ++h) scores[h * longest_ + j] = Dot(q + h * d, key, d) * s.scale;
   }
   CapScores(scores, g, n);
-  for (int64_t h = 0; h < g; ++h) {
-    float* row = scores + h * longest_;
-    float top = row[0];
-    for (int64_t j = 1; j < n; ++j) top = std::max(top, row[j]);
-    float sum = 0.0f;
-    for (int64_t j = 0; j < n; ++j) {
-      row[j] = ExpNonPositive(row[j] - top);
-      sum += row[j];
-    }
-    float* acc = out + h * (d + 2);
-    std::fill(acc, acc + d, 0.0f);
-    acc[d] = top;
-    acc[d + 1] = sum;
-  }
+  Softmax(scores, out, g, n);
   for (int64_t j = 0; j < n; ++j) {  // each value row is read once for the whole group
     const T* value = values + j * d;
     for (int64_t h = 0; h < g; ++h) {
@@ -424,6 +445,71 @@ void DecodeRows::DispatchAvx2(size_t index) {
 }
 #endif
 
+#ifdef EP_NEON
+// RunPieceAvx2's two passes with NEON (64-bit Arm), head_dim a multiple of 16 read at run
+// time: keys 8 at a time (8 dot products of 4 partial sums each, 8 independent FMA chains),
+// values in sweeps of 16 floats with two chains. The softmax between them is the portable
+// one. The sums run in another order than RunPiecePortable's 16 lanes: the same numbers to
+// float32 rounding, not the same bits (as RunPieceAvx2's).
+template <typename T>
+void DecodeRows::RunPieceNeon(size_t index) {
+  const Layout& s = layout_;
+  const int64_t d = s.head_dim, stride = longest_;
+  const auto [keys, values, q, scores, partial, g, n] = View<T>(index);
+  const float32x4_t scale = vdupq_n_f32(s.scale);
+
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8)
+    for (int64_t h = 0; h < g; ++h) {
+      const float* query = q + h * d;
+      float32x4_t acc[8];
+      const float32x4_t first = vld1q_f32(query);
+      for (int k = 0; k < 8; ++k) acc[k] = vmulq_f32(first, Load4(keys + (j + k) * d));
+      for (int64_t c = 4; c < d; c += 4) {
+        const float32x4_t x = vld1q_f32(query + c);
+        for (int k = 0; k < 8; ++k) acc[k] = vfmaq_f32(acc[k], x, Load4(keys + (j + k) * d + c));
+      }
+      vst1q_f32(scores + h * stride + j, vmulq_f32(SumLanes4(acc), scale));
+      vst1q_f32(scores + h * stride + j + 4, vmulq_f32(SumLanes4(acc + 4), scale));
+    }
+  for (; j < n; ++j)
+    for (int64_t h = 0; h < g; ++h) {
+      float32x4_t acc = vmulq_f32(vld1q_f32(q + h * d), Load4(keys + j * d));
+      for (int64_t c = 4; c < d; c += 4)
+        acc = vfmaq_f32(acc, vld1q_f32(q + h * d + c), Load4(keys + j * d + c));
+      scores[h * stride + j] = vaddvq_f32(acc) * s.scale;
+    }
+  CapScores(scores, g, n);
+  Softmax(scores, partial, g, n);
+
+  for (j = 0; j < n; j += 8) {  // 8 value rows at a time, used by every head of the group
+    const int64_t m = std::min<int64_t>(8, n - j);
+    const T* block = values + j * d;
+    for (int64_t h = 0; h < g; ++h) {
+      const float* weights = scores + h * stride + j;
+      float* out = partial + h * (d + 2);
+      for (int64_t c0 = 0; c0 < d; c0 += 16) {
+        float32x4_t even[4], odd[4];  // two chains over the rows: an FMA's latency
+        for (int c = 0; c < 4; ++c) {
+          even[c] = vld1q_f32(out + c0 + 4 * c);
+          odd[c] = vdupq_n_f32(0.0f);
+        }
+        int64_t k = 0;
+        for (; k + 2 <= m; k += 2)
+          for (int c = 0; c < 4; ++c) {
+            even[c] = vfmaq_n_f32(even[c], Load4(block + k * d + c0 + 4 * c), weights[k]);
+            odd[c] = vfmaq_n_f32(odd[c], Load4(block + (k + 1) * d + c0 + 4 * c), weights[k + 1]);
+          }
+        if (k < m)
+          for (int c = 0; c < 4; ++c)
+            even[c] = vfmaq_n_f32(even[c], Load4(block + k * d + c0 + 4 * c), weights[k]);
+        for (int c = 0; c < 4; ++c) vst1q_f32(out + c0 + 4 * c, vaddq_f32(even[c], odd[c]));
+      }
+    }
+  }
+}
+#endif
+
 #ifdef __AVX512F__
 template <int C>
 void DecodeRows::DispatchAvx512(size_t index) {
@@ -459,6 +545,9 @@ void DecodeRows::RunPiece(size_t index) {
     case 576: return DispatchAvx2<72>(index);
     default: break;
   }
+#elif defined(EP_NEON)
+  if (layout_.head_dim % 16 == 0)  // every head both ops accept (their CheckShapes)
+    return cache_.bf16 ? RunPieceNeon<uint16_t>(index) : RunPieceNeon<float>(index);
 #endif
   if (cache_.bf16)
     RunPiecePortable<uint16_t>(index);

@@ -67,6 +67,8 @@ class DecodeRows {
   template <typename T>
   PieceView<T> View(size_t index);
   void CapScores(float* scores, int64_t group, int64_t n) const;  // with a softcap
+  // Each head's scores -> exp(score - max), its partial_ row -> 0s, the max and the sum.
+  void Softmax(float* scores, float* partial, int64_t group, int64_t n) const;
   template <int C, typename T>
   void RunPieceAvx512(size_t index);
   template <typename T>
@@ -77,6 +79,8 @@ class DecodeRows {
   void RunPieceAvx2(size_t index);
   template <int C>
   void DispatchAvx2(size_t index);  // RunPieceAvx2<C, T> for the cache's element type
+  template <typename T>
+  void RunPieceNeon(size_t index);  // head_dim a multiple of 16, read at run time
 };
 
 }  // namespace edgeprefill

@@ -15,10 +15,17 @@
 #endif
 
 // The vector code's instruction sets: AVX-512 (Zen 4/5, Intel server CPUs), else AVX2 with
-// FMA (Zen 1-3, Intel client CPUs), else portable loops. EP_AVX2 is the AVX2 path: a build
-// with AVX-512 never takes it.
+// FMA (Zen 1-3, Intel client CPUs), else on 64-bit Arm NEON (EP_NEON: every AArch64 CPU has
+// it; Jetson Orin's Cortex-A78AE), else portable loops. EP_AVX2 is the AVX2 path: a build
+// with AVX-512 never takes it. Only some kernels have a NEON path (decode attention, and
+// MatMulInt8's products where __ARM_FEATURE_DOTPROD is on); the rest run their portable
+// loops on Arm (docs/jetson.md).
 #if !defined(__AVX512F__) && defined(__AVX2__) && defined(__FMA__)
 #define EP_AVX2 1
+#endif
+#if defined(__aarch64__) && defined(__ARM_NEON)
+#define EP_NEON 1
+#include <arm_neon.h>
 #endif
 
 namespace edgeprefill {

@@ -27,7 +27,8 @@
 //          columns out and reading them back (kernels/swiglu.py's fold_gated).
 //
 // Without AVX512-VNNI the same sums come from AVX2 (below; a 256-row chunk 1.7x as long as
-// ONNX Runtime's DynamicQuantizeMatMul on a Zen 3) or portable loops, far slower:
+// ONNX Runtime's DynamicQuantizeMatMul on a Zen 3), from NEON's sdot on 64-bit Arm with the
+// dot product extension (unmeasured: docs/jetson.md) or portable loops, far slower:
 // int8_rows.py switches the op in only on CPUs with VNNI.
 
 #include <algorithm>
@@ -228,6 +229,62 @@ void Rows(const Job& job, int64_t first, int64_t rows, int64_t p, float* out, in
     int64_t r = 0;
     for (; r + 2 <= rows; r += 2) HalfTile<2>(job, first + r, p, h, columns, out + r * stride, stride);
     if (r < rows) HalfTile<1>(job, first + r, p, h, columns, out + r * stride, stride);
+  }
+}
+#elif defined(EP_NEON) && defined(__ARM_FEATURE_DOTPROD)
+// 64-bit Arm with the dot product extension (optional from Armv8.2-A; Jetson Orin's
+// Cortex-A78AE has it): sdot (vdotq_s32) adds four signed byte products into each int32
+// lane, as vpdpbusd adds unsigned by signed ones. On the signed codes q (the codes xor
+// 0x80, AVX2's HalfSums' trick) it sums q x w, the integers the other paths sum: the same
+// float32 bits. A lane is a column (16 bytes of a panel's line: 4 columns' 4 codes), and
+// kTile rows x a quarter panel (16 columns) are 4 kTile accumulators.
+template <int kTile>
+void QuarterSums(const uint32_t* quads, int64_t k4, const int8_t* panel, int32x4_t* out) {
+  int32x4_t acc[kTile][4];
+  for (int r = 0; r < kTile; ++r)
+    for (int j = 0; j < 4; ++j) acc[r][j] = vdupq_n_s32(0);
+  for (int64_t i = 0; i < k4; ++i) {
+    const int8_t* b = panel + i * kPanel * 4;
+    int8x16_t w[4];
+    for (int j = 0; j < 4; ++j) w[j] = vld1q_s8(b + 16 * j);
+    for (int r = 0; r < kTile; ++r) {  // the row's signed codes for k = 4 i .. 4 i + 3
+      const int8x16_t x = vreinterpretq_s8_u32(vdupq_n_u32(quads[r * k4 + i] ^ 0x80808080u));
+      for (int j = 0; j < 4; ++j) acc[r][j] = vdotq_s32(acc[r][j], w[j], x);
+    }
+  }
+  for (int r = 0; r < kTile; ++r)
+    for (int j = 0; j < 4; ++j) out[r * 4 + j] = acc[r][j];
+}
+
+// Rows [row, row + kTile) x quarter h of panel p (its columns 16 h .. 16 h + 15; `columns`:
+// the panel's columns before N) into out (rows `stride` floats apart, out at the panel).
+template <int kTile>
+void QuarterTile(const Job& job, int64_t row, int64_t p, int h, int64_t columns, float* out,
+                 int64_t stride) {
+  int32x4_t sums[kTile * 4];
+  QuarterSums<kTile>(job.quads + row * job.k4, job.k4, job.b + p * job.k4 * kPanel * 4 + h * 64,
+                     sums);
+  for (int r = 0; r < kTile; ++r) {
+    const float32x4_t row_scale = vdupq_n_f32(job.row_scale[row + r]);
+    for (int j = 0; j < 4; ++j) {
+      const int64_t c = h * 16 + j * 4, left = std::min<int64_t>(4, columns - c);
+      if (left <= 0) break;
+      float scale[4] = {}, lanes[4];  // the panel's last columns may end before 4
+      std::memcpy(scale, job.scales + p * kPanel + c, left * sizeof(float));
+      vst1q_f32(lanes, vmulq_f32(vcvtq_f32_s32(sums[r * 4 + j]),
+                                 vmulq_f32(vld1q_f32(scale), row_scale)));
+      std::memcpy(out + r * stride + c, lanes, left * sizeof(float));
+    }
+  }
+}
+
+// Rows [first, first + rows) x panel p's columns, into out (row r at out + r * stride).
+void Rows(const Job& job, int64_t first, int64_t rows, int64_t p, float* out, int64_t stride) {
+  const int64_t columns = std::min(kPanel, job.n - p * kPanel);
+  for (int h = 0; h < 4 && h * 16 < columns; ++h) {
+    int64_t r = 0;
+    for (; r + 4 <= rows; r += 4) QuarterTile<4>(job, first + r, p, h, columns, out + r * stride, stride);
+    for (; r < rows; ++r) QuarterTile<1>(job, first + r, p, h, columns, out + r * stride, stride);
   }
 }
 #else

@@ -203,6 +203,8 @@ class OnnxRuntimeBackend(Backend):
         self.gated = fold_gated(graph)
         # And a SkipRmsNorm before one runs inside it too (kernels/rms_norm.py).
         self.norms = fold_norms(graph)
+        # BitNet's ternary projections as integer GEMMs (export/bitlinear.py), for --stats.
+        self.integer_projections = sum(n.op_type == "MatMulInteger" for n in graph.graph.node)
         # On a GPU provider GroupQueryAttention's total length is bound from the host
         # (engines/ort/host_total.py: the in-graph one gave wrong logits on CUDA).
         self.host_total = feeds_total(options.device) and feed_total_from_host(graph)

@@ -35,6 +35,8 @@ class TensorNames:
     down: str = "mlp.down_proj"
     # learned absolute positions added to the embedding (GPT-2's `wpe`); None: no such table
     position_embed: str | None = None
+    # a norm of the embedding before the first layer (BLOOM's word_embeddings_layernorm)
+    embed_norm: str | None = None
     input_norm: str = "input_layernorm"
     post_attn_norm: str = "post_attention_layernorm"
     pre_mlp_norm: str = "pre_feedforward_layernorm"
@@ -272,6 +274,10 @@ class FamilySpec:
     # their projection: q.k is the same (each is the reflected model's q or k reflected),
     # and so is a weightless q/k norm of it.
     rotary_reflected: bool = False
+    # ALiBi (BLOOM, MPT; export/alibi.py): no rotary, and each head adds slope_h * (key
+    # position - query position) to its scaled scores, the slopes computed at export
+    # (ModelConfig.alibi, which is all the builder and the flavours read).
+    alibi: bool = False
 
     def read(self, raw: dict[str, Any]) -> dict[str, Any]:
         """config.json as the family's transformers config class reads it."""
