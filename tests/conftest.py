@@ -513,6 +513,38 @@ FAMILIES: dict[str, dict] = {
     "gpt_oss": {"num_local_experts": 8, "num_experts_per_tok": 2, "intermediate_size": 64,
                 "head_dim": 16, "sliding_window": 8, "swiglu_limit": 1.5,
                 "swiglu_alpha": 1.5},
+    # Jamba: Mamba-1 mixers (dt, B and C normed by weights) on layers 0, 2, 3, attention
+    # without rotary on 1; experts (softmax top 2 of 4, not renormalized) on the attention
+    # layer and a mamba one, a dense MLP on the others; biased mixer projections
+    "jamba": {"num_hidden_layers": 4, "attn_layer_period": 3, "attn_layer_offset": 1,
+              "expert_layer_period": 2, "expert_layer_offset": 1, "num_experts": 4,
+              "num_experts_per_tok": 2, "intermediate_size": 32, "mamba_d_state": 8,
+              "mamba_dt_rank": 6, "mamba_proj_bias": True},
+    # Zamba2: Mamba-2 layers (8 heads of 16 in 2 groups), two shared blocks applied before
+    # the mixers of layers 1, 3 and 4 (block 0, 1, 0), each application with its own
+    # q/k/v and gate_up adapters and KV; rotary (use_mem_rope); heads of 2 x 64 / 4; tied
+    # as the Hub's (which ties the blocks too). Weights of 0.1, not 0.2: at 0.2 the shared
+    # attention (its inputs twice as wide) makes transformers' own fp32 logits drift 1e-3
+    # from its fp64 ones over 100 tokens; at 0.1, 3e-6.
+    "zamba2": {"num_hidden_layers": 5, "num_key_value_heads": 4, "tie_word_embeddings": True,
+               "layers_block_type": ["mamba", "hybrid", "mamba", "hybrid", "hybrid"],
+               "num_mem_blocks": 2, "use_shared_attention_adapter": True, "adapter_rank": 8,
+               "use_mem_rope": True, "n_mamba_heads": 8, "mamba_ngroups": 2,
+               "mamba_d_state": 16, "chunk_size": 16, "initializer_range": 0.1},
+    # Zamba: multi-head Mamba-1 layers (2 heads of 64, a state of 8), one shared block
+    # before the mixers of layers 1 and 3, heads of 2 x 64 / 4 without rotary; weights of
+    # 0.1 as zamba2's
+    "zamba": {"num_hidden_layers": 5, "num_key_value_heads": 4, "tie_word_embeddings": True,
+              "layers_block_type": ["mamba", "hybrid", "mamba", "hybrid", "mamba"],
+              "n_mamba_heads": 2, "mamba_d_state": 8, "mamba_proj_bias": True,
+              "initializer_range": 0.1},
+    # RecurrentGemma: RG-LRU blocks on layers 0, 1 and 3 (3 heads of 32), local attention
+    # (a window of 12, one KV head, rotary on half of each head) on layer 2; hidden 96, so
+    # that sqrt(hidden) is not a bfloat16 (the model's embedding scale is rounded to one)
+    "recurrent_gemma": {"num_hidden_layers": 4, "hidden_size": 96, "num_attention_heads": 3,
+                        "num_key_value_heads": 1,
+                        "attention_window_size": 12, "logits_soft_cap": 5.0,
+                        "attention_bias": True},
     # ALiBi: 6 heads of 16, a head count that is no power of two (whose slopes interleave);
     # BLOOM tied as the Hub's, MPT untied with its q/k/v clamped (the bound bites on these
     # weights) and an alibi table longer than the bundles' context

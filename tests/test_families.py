@@ -272,7 +272,13 @@ SUPPORTED = {"granitemoehybrid": {"layer_types": ["attention"] * 4, "num_local_e
              # their config classes rotate 64 dims (more than MINIMAL's heads have) and
              # list 24 layers
              "gptj": {"rotary_dim": 8}, "codegen": {"rotary_dim": 8},
-             "gpt_neo": {"attention_types": [[["global", "local"], 2]]}}
+             "gpt_neo": {"attention_types": [[["global", "local"], 2]]},
+             # Jamba: an attention layer among the 4 (its config class's is the 5th of 8);
+             # Zamba2: 4 layers (its config class lists 54)
+             "jamba": {"attn_layer_period": 2, "attn_layer_offset": 1},
+             "zamba2": {"layers_block_type": ["mamba", "hybrid", "mamba", "hybrid"]},
+             # Zamba: two hybrid layers (with one, transformers fails to tie its block)
+             "zamba": {"layers_block_type": ["mamba", "hybrid", "mamba", "hybrid"]}}
 
 
 def least(family: str) -> dict:
@@ -316,7 +322,8 @@ LEARNED_POSITIONS = ("gpt2", "gpt_bigcode", "opt", "gpt_neo", "biogpt",
 OWN_ROTARY = ("gptj", "codegen")
 # ... and those without rotary nor positions (Nemotron-H, Mamba-2, Mamba-1: their mamba
 # layers order the tokens).
-NO_ROTARY = (*LEARNED_POSITIONS, "nemotron_h", "mamba2", "mamba", "falcon_mamba")
+NO_ROTARY = (*LEARNED_POSITIONS, "nemotron_h", "mamba2", "mamba", "falcon_mamba", "jamba",
+             "zamba", "zamba2")
 ALIBI = ("bloom", "mpt")  # ... and those whose attention biases by distance instead
 
 
@@ -365,7 +372,8 @@ def test_keys_a_config_leaves_out_take_transformers_defaults(family):
             assert (rope.rotary_dim, rope.proportion) == (head_dim, partial)
         else:
             assert rope.rotary_dim == int(head_dim * partial)
-    assert ours.final_softcap == getattr(hf, "final_logit_softcapping", None)
+    assert ours.final_softcap == getattr(hf, "final_logit_softcapping",
+                                         getattr(hf, "logits_soft_cap", None))  # RecurrentGemma
     # Mamba-1/2 and BLOOM have no position limit (nor the key): export's cap of 4096 stands
     # for it; MPT's is its alibi table's, max_seq_len
     assert ours.max_positions == getattr(hf, "max_position_embeddings",
@@ -473,12 +481,16 @@ def test_the_activation_is_read_from_the_key_the_model_reads(family):
     layers = next(getattr(decoder, name) for name in ("layers", "h", "blocks")
                   if hasattr(decoder, name))
     layer = layers[0]
+    if family in ("zamba", "zamba2"):  # no MLP but the shared block's (in a hybrid layer)
+        hybrid = next(block for block in layers if hasattr(block, "linear"))
+        layer = getattr(hybrid, "shared_transf", None) or hybrid.shared_transformer
     # Granite 4's dense MLP; LFM2's, whose Lfm2MLP calls F.silu whatever the config says
     # (it has no activation module); Nemotron-H's MLP block
     # Mamba-1/2 have no MLP: their hidden_act is the mixer's, after the convolution
     mlp = layer.mixer if family in ("mamba2", "mamba", "falcon_mamba") else \
         getattr(layer, "mlp", None) or getattr(layer, "shared_mlp", None) or \
         getattr(layer, "block_sparse_moe", None) or getattr(layer, "feed_forward", None) or \
+        getattr(layer, "mlp_block", None) or \
         getattr(layer, "ffn", None) or \
         (layer if hasattr(layer, "fc1") else None) or \
         next(block.mixer for block in layers if block.block_type == "mlp")

@@ -42,12 +42,15 @@ from edgeprefill.export.graph import GraphBuilder
 from edgeprefill.export.latent_attention import LatentAttention
 from edgeprefill.export.lm_head import embedding_weight, head_weight
 from edgeprefill.export.mamba1 import Mamba1
+from edgeprefill.export.mamba1_heads import MultiHeadMamba1
 from edgeprefill.export.mamba2 import Mamba2
 from edgeprefill.export.model_config import LayerAttention, ModelConfig
 from edgeprefill.export.moe import MixtureOfExperts
 from edgeprefill.export.moe_op import MoeOp, why_unrolled
 from edgeprefill.export.per_layer_input import PerLayerInputs
 from edgeprefill.export.quantize import QuantConfig
+from edgeprefill.export.rg_lru import RgLru
+from edgeprefill.export.shared_block import SharedBlock
 from edgeprefill.export.shared_kv import SharedKV
 from edgeprefill.export.short_conv import ShortConv
 from edgeprefill.export.sinusoids import sinusoids
@@ -134,9 +137,12 @@ class DecoderBuilder:
         self.delta_net = (GatedDeltaNet(g, self.w, cfg, self.tokens, conv, past_lens,
                                         valid_lens, chunk)
                           if conv is not None and cfg.delta_layers else None)
-        mamba = Mamba1 if cfg.selective is not None else Mamba2
+        mamba = Mamba2 if cfg.selective is None else \
+            MultiHeadMamba1 if cfg.selective.heads else Mamba1
         self.mamba = (mamba(g, self.w, cfg, self.tokens, conv, past_lens, valid_lens, chunk)
                       if conv is not None and cfg.mamba_layers else None)
+        self.lru = (RgLru(g, self.w, cfg, self.tokens, conv, past_lens, valid_lens, chunk)
+                    if conv is not None and cfg.lru_layers else None)
         self._declare_kv_io()
         step = self._step_tensors(past_lens, chunk)
         self.shared = (SharedKV(g, self.flavor, past_lens, valid_lens)
@@ -148,6 +154,7 @@ class DecoderBuilder:
         x = self._embed(ids)  # [B,C,hidden] or packed [1,T,hidden]
         if cfg.embed_width is not None:  # OPT-350m: a narrower table, projected
             x = self.w.linear(x, [self.names.project_in + ".weight"], None)
+        self.shared_block = SharedBlock(self, x) if cfg.shared_block is not None else None
         if cfg.embed_scale is not None:  # the tokens' embedding only, not the positions'
             x = g.op("Mul", [x, g.const(cfg.embed_scale, self.dtype)])
         if self.names.position_embed is not None or cfg.spec.sinusoidal_positions:
@@ -227,11 +234,12 @@ class DecoderBuilder:
         for names, dtype, state in states:
             self.g.output(names.present, dtype, state)
 
-    def _mixer_of(self, layer: int) -> ShortConv | GatedDeltaNet | Mamba1 | Mamba2:
+    def _mixer_of(self, layer: int) -> ShortConv | GatedDeltaNet | Mamba1 | Mamba2 | RgLru:
         """The emitter of a state layer's token mixer."""
-        mixer: ShortConv | GatedDeltaNet | Mamba1 | Mamba2 | None = (
+        mixer: ShortConv | GatedDeltaNet | Mamba1 | Mamba2 | RgLru | None = (
             self.short_conv if layer in self.cfg.conv_layers else
-            self.mamba if layer in self.cfg.mamba_layers else self.delta_net)
+            self.mamba if layer in self.cfg.mamba_layers else
+            self.lru if layer in self.cfg.lru_layers else self.delta_net)
         assert mixer is not None
         return mixer
 
@@ -257,6 +265,11 @@ class DecoderBuilder:
             return x, self._scaled(self._norm(self._mlp(p, x), p + n.post_mlp_norm))
         if block == "postln":  # OPT-350m: each norm after its residual add
             return self._post_norm_layer(i, x, delta, step, rows), None
+        if self.shared_block is not None and i in self.cfg.kv_state_layers:  # Zamba2
+            x = x if delta is None else self.g.op("Add", [x, delta])
+            shared = self.shared_block.apply(i, x, step)
+            h = self._norm(self.g.op("Add", [x, shared]), p + n.input_norm)
+            return rows(x), self._mixer(i, h, step, rows)
         if i == 0 and self.cfg.spec.first_layer_unnormed:  # ModernBERT decoder
             h = x
         else:
@@ -647,7 +660,10 @@ class DecoderBuilder:
         # MatMul and a split beat two MatMuls (int4 decode ~10% faster, measured); in a
         # prefill chunk the split's copy costs ~1%.
         parts = [n.gate_up] if n.gate_up else [n.gate, n.up]
-        gate_up = self.w.linear(h, [p + part + ".weight" for part in parts], None)
+        # the packed bias (RecurrentGemma's): its parts' biases, concatenated (weights.py)
+        packed_bias = p + parts[0] + ".bias" + ("" if len(parts) == 1 else ".packed")
+        gate_up = self.w.linear(h, [p + part + ".weight" for part in parts],
+                                packed_bias if bias else None)
         gate, up = g.op("Split", [gate_up], 2, axis=-1, num_outputs=2)
         if p in self.sparse_layers:  # Gemma 3n
             gate = sparse_gate(g, gate, self.sparse_layers[p], self.dtype)
@@ -655,7 +671,8 @@ class DecoderBuilder:
         act = g.op("Mul", [self._mlp_activation(p, self._times(gate, gate_scale)), up])
         if n.mlp_sub_norm is not None:  # BitNet
             act = self._norm(act, p + n.mlp_sub_norm)
-        return self._times(self.w.linear(act, [p + n.down + ".weight"], None), down_scale)
+        down = self.w.linear(act, [p + n.down + ".weight"], p + n.down + ".bias" if bias else None)
+        return self._times(down, down_scale)
 
     def _mlp_activation(self, p: str, x: str) -> str:
         """The activation of layer `p`'s dense MLP: xIELU reads the layer's own alphas."""

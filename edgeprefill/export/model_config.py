@@ -13,6 +13,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from edgeprefill.contract import CONV, RECURRENT
 from edgeprefill.errors import ExportError
 from edgeprefill.export.alibi import slopes as alibi_slopes
@@ -45,6 +47,7 @@ from edgeprefill.export.rope import (
     rope_from_params,
     rope_params,
 )
+from edgeprefill.export.shared_block import SharedBlockShape, read_shared_block
 from edgeprefill.json_file import load_json_object
 
 # hidden_act names -> the activation the builder emits (gelu_new and gelu_pytorch_tanh are
@@ -112,6 +115,7 @@ class MambaShape:
     # Nemotron-H), "norm_first" rmsnorm(y) * silu(z), or None: y * silu(z) alone (Falcon-H1
     # without mamba_rms_norm).
     norm: str | None = "gate_first"
+    norm_eps: float | None = None  # the gated RMSNorm's epsilon; None: the model's
 
     @property
     def inner(self) -> int:
@@ -129,7 +133,8 @@ class SelectiveShape:
     """Mamba-1 mixers (export/mamba1.py): `inner` channels, each with its own dt (from
     x_proj's `dt_rank` columns through dt_proj) and its own decay per state element (A
     [inner, state_size]), a causal convolution of `conv_kernel` tokens over x; B, C and dt
-    RMS-normed without weight where `bc_dt_eps` is given (Falcon-Mamba's mixer_rms_eps)."""
+    RMS-normed where `bc_dt_eps` is given: without weight (Falcon-Mamba's mixer_rms_eps), or
+    by their own weights where `bc_dt_weighted` (Jamba's dt/b/c_layernorm, rms_norm_eps)."""
 
     inner: int
     state_size: int
@@ -138,6 +143,21 @@ class SelectiveShape:
     conv_bias: bool
     proj_bias: bool
     bc_dt_eps: float | None = None
+    bc_dt_weighted: bool = False
+    # Zamba's multi-head mixers (export/mamba1_heads.py): `heads` heads, each with its own
+    # x_proj and dt_proj, stored per head; 0: Mamba-1's single x_proj and dt_proj.
+    heads: int = 0
+
+
+@dataclass(frozen=True)
+class LruShape:
+    """RecurrentGemma's recurrent blocks (export/rg_lru.py): `width` channels (lru_width) in
+    `heads` blocks of the gates' block-diagonal projections, a causal convolution of
+    `conv_kernel` tokens (conv1d_width)."""
+
+    width: int
+    heads: int
+    conv_kernel: int
 
 
 @dataclass(frozen=True)
@@ -207,10 +227,17 @@ class ModelConfig:
     mamba: MambaShape | None = None
     # Mamba-1 (mamba, falcon_mamba): mamba_layers are its selective-scan mixers instead.
     selective: SelectiveShape | None = None
+    # RecurrentGemma: the layers that are RG-LRU recurrent blocks (`rg_lru` in layer_types;
+    # their `layers` entry unused) and their dimensions.
+    lru_layers: tuple[int, ...] = ()
+    lru: LruShape | None = None
     # Nemotron-H: the layers without an MLP (a mixer block another mixer follows), and the
     # checkpoint's block tensors read under the layers' names (export/layer_groups.py).
     mlp_less: tuple[int, ...] = ()
     renames: tuple[tuple[str, str], ...] = ()
+    # Zamba2: the shared transformer blocks applied before the mixers of some layers, each
+    # application with its own KV (export/shared_block.py); None: none.
+    shared_block: SharedBlockShape | None = None
     # The text family of a checkpoint that wraps one (LLaVA's: families/wrapped.py); None
     # elsewhere, the family's own spec.
     text_type: str | None = None
@@ -316,11 +343,15 @@ class ModelConfig:
     @property
     def state_layers(self) -> tuple[int, ...]:
         """The layers without KV, carrying a recurrent state instead."""
-        return tuple(sorted((*self.conv_layers, *self.delta_layers, *self.mamba_layers)))
+        return tuple(sorted((*self.conv_layers, *self.delta_layers, *self.mamba_layers,
+                             *self.lru_layers)))
 
     @property
     def kv_state_layers(self) -> tuple[int, ...]:
-        """The state layers that keep KV too: Falcon-H1's, attention beside Mamba-2."""
+        """The state layers that keep KV too: Falcon-H1's, attention beside Mamba-2, and
+        Zamba2's hybrid layers, a shared block's attention before Mamba-2."""
+        if self.shared_block is not None:
+            return self.shared_block.layers
         return self.mamba_layers if self.block == "hybrid" else ()
 
     def block_of(self, layer: int) -> str:
@@ -330,7 +361,7 @@ class ModelConfig:
 
     def state_kinds(self, layer: int) -> tuple[str, ...]:
         """The recurrent states a state layer carries (contract.STATE_KINDS), in order."""
-        if layer in self.delta_layers or layer in self.mamba_layers:
+        if layer in self.delta_layers or layer in self.mamba_layers or layer in self.lru_layers:
             return (CONV, RECURRENT)
         return (CONV,) if layer in self.conv_layers else ()
 
@@ -493,6 +524,7 @@ def _read(family: str, spec: FamilySpec, raw: dict[str, Any],
     _refuse_other_familys_rope(family, spec, ropes)
     layers = _layers(raw, spec)
     ropes = rope_widths(ropes, layers)
+    shared = read_shared_block(raw) if spec.shared_block else None
     return ModelConfig(
         family=family,
         text_type=text_type,
@@ -535,9 +567,12 @@ def _read(family: str, spec: FamilySpec, raw: dict[str, Any],
         **_conv(raw, spec),
         **_delta(raw, spec),
         **_mamba(raw, spec),
+        **_lru(raw, spec),
         scales=_hybrid_scales(raw) if spec.block == "hybrid" else None,
-        mlp_less=groups.mlp_less if groups is not None else (),
-        renames=groups.renames if groups is not None else (),
+        mlp_less=groups.mlp_less if groups is not None else
+        tuple(range(int(raw["num_hidden_layers"]))) if shared else (),
+        renames=groups.renames if groups is not None else shared.renames if shared else (),
+        shared_block=shared,
         attn_gate=spec.attn_gate,
         clip_qkv=_optional_float(raw.get("clip_qkv")) if spec.clip_qkv else None,
         head_gate=bool(raw.get(spec.head_gate_key)) if spec.head_gate_key else False,
@@ -619,8 +654,23 @@ def _mamba(raw: dict[str, Any], spec: FamilySpec) -> dict[str, Any]:
         conv_bias=bool(raw["mamba_conv_bias"]), proj_bias=proj_bias,
         dt_min=_json_float(limit[0]), dt_max=_json_float(limit[1]),
         out_bias=bool(raw.get("mamba_out_bias", proj_bias)),
-        norm=raw.get("mamba_norm", "gate_first"))
+        norm=raw.get("mamba_norm", "gate_first"),
+        norm_eps=_optional_float(raw.get("mamba_norm_eps")))
     return {"mamba_layers": layers, "mamba": shape}
+
+
+def _lru(raw: dict[str, Any], spec: FamilySpec) -> dict[str, Any]:
+    """RecurrentGemma's recurrent blocks' fields of ModelConfig; none elsewhere."""
+    if not spec.rg_lru:
+        return {}
+    shape = LruShape(width=int(raw["lru_width"]), heads=int(raw["num_attention_heads"]),
+                     conv_kernel=int(raw["conv1d_width"]))
+    if shape.conv_kernel < 2 or shape.width % shape.heads:
+        raise ExportError(f"conv1d_width must be at least 2 (got {shape.conv_kernel}) and "
+                          f"lru_width ({shape.width}) a multiple of num_attention_heads "
+                          f"({shape.heads})")
+    layers = tuple(i for i, kind in enumerate(raw["layer_types"]) if kind == "rg_lru")
+    return {"lru_layers": layers, "lru": shape}
 
 
 def _hybrid_scales(raw: dict[str, Any]) -> HybridScales:
@@ -757,7 +807,9 @@ def _selective(raw: dict[str, Any]) -> SelectiveShape:
         conv_kernel=int(raw["conv_kernel"]),
         dt_rank=-(-hidden // 16) if rank == "auto" else int(rank),
         conv_bias=bool(raw["use_conv_bias"]), proj_bias=bool(raw["use_bias"]),
-        bc_dt_eps=_optional_float(raw.get("mamba_bc_dt_eps")))
+        bc_dt_eps=_optional_float(raw.get("mamba_bc_dt_eps")),
+        bc_dt_weighted=bool(raw.get("mamba_bc_dt_weighted")),
+        heads=int(raw.get("mamba_heads_per_layer") or 0))
 
 
 def _layers(raw: dict[str, Any], spec: FamilySpec) -> tuple[LayerAttention, ...]:
@@ -771,7 +823,7 @@ def _layers(raw: dict[str, Any], spec: FamilySpec) -> tuple[LayerAttention, ...]
             raise ExportError(f"layer_types lists {len(types)} layers; there are {count}")
         kinds = {"full_attention", "sliding_attention", *(("conv",) if spec.conv else ()),
                  *(("linear_attention",) if spec.delta_net else ()),
-                 *(("mamba",) if spec.mamba else ()),
+                 *(("mamba",) if spec.mamba else ()), *(("rg_lru",) if spec.rg_lru else ()),
                  *(("chunked_attention",) if spec.chunked_attention else ())}
         unknown = {str(kind) for kind in types} - kinds
         if unknown:
@@ -847,9 +899,18 @@ def _embed_scale(raw: dict[str, Any], spec: FamilySpec, hidden: int) -> float | 
         return None
     if spec.embed_scale == "sqrt_hidden":
         return hidden**0.5
+    if spec.embed_scale == "sqrt_hidden_bf16":  # a bfloat16 buffer in RecurrentGemma
+        return _bfloat16(hidden**0.5)
     if spec.embed_scale == "multiplier":
         return float(raw.get("embedding_multiplier", 1.0))
     return None
+
+
+def _bfloat16(value: float) -> float:
+    """`value` rounded to the nearest bfloat16 (ties to even), as torch rounds it."""
+    bits = int(np.array(value, np.float32).view(np.uint32))
+    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+    return float(np.array(bits, np.uint32).view(np.float32))
 
 
 def _first_present(raw: dict[str, Any], keys: tuple[str, ...], default: Any) -> Any:

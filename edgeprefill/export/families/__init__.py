@@ -42,6 +42,12 @@ REFUSED_TYPES: dict[str, str] = {
     "axk1": "A.X K1's RMSNorm after the experts (post_mlp_layernorm) is not supported",
     "mistral4": "Mistral 4's position-scaled queries and softmax group routing are not "
                 "supported",
+    "bailing_hybrid": "Bailing hybrid's gated delta attention with per-channel forget gates "
+                      "(KDA) is not supported",
+    "minimax": "MiniMax's lightning attention layers (linear attention with a decay per head) "
+               "are not supported",
+    "xlstm": "xLSTM's mLSTM blocks (a matrix memory with exponential gates) are not supported",
+    "rwkv": "RWKV's time-mix (WKV) and channel-mix blocks are not supported",
     # Its processor marks every prompt token as prefix (token_type_ids 0), which its model
     # attends bidirectionally: a causal bundle computes other logits for any prompt.
     "paligemma": "PaliGemma attends its whole prompt bidirectionally (a prefix LM), which a "

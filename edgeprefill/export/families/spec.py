@@ -53,6 +53,7 @@ class TensorNames:
     head_gate: tuple[str, ...] = ("self_attn.g_proj", "self_attn.gate_proj")
     act: str = "mlp.act_fn."  # an activation with weights of its own (Apertus's xIELU)
     mamba: str = "mamba."  # a Mamba-2 layer's mixer module (in_proj, conv1d, norm, ...)
+    lru: str = "temporal_block."  # RecurrentGemma's recurrent block (linear_x, rg_lru, ...)
     sinks: str = "self_attn.sinks"  # gpt-oss's attention sinks, one logit per query head
     # Multi-head latent attention (export/latent_attention.py): q_a_proj, its norm and
     # q_b_proj (or `q` alone without q_lora_rank); kv_a_proj_with_mqa, its norm, kv_b_proj
@@ -133,7 +134,9 @@ class FamilySpec:
     qk_norm: str | None = None
     # The config key that switches those norms on; None: always there (GLM-4.5's use_qk_norm)
     qk_norm_key: str | None = None
-    embed_scale: str | None = None  # None, "sqrt_hidden" (Gemma) or "multiplier" (Granite)
+    # None, "sqrt_hidden" (Gemma), "sqrt_hidden_bf16" (RecurrentGemma's, rounded to
+    # bfloat16) or "multiplier" (Granite)
+    embed_scale: str | None = None
     embed_scale_key: str | None = None  # the key that switches it on (XGLM's scale_embedding)
     tie_default: bool = False
     act_default: str = "silu"
@@ -231,6 +234,12 @@ class FamilySpec:
     # Whether the `mamba` layers are Mamba-1's selective scan (mamba, falcon_mamba:
     # export/mamba1.py), not Mamba-2 mixers.
     selective: bool = False
+    # Whether `layer_types` may name "rg_lru" layers: RecurrentGemma's recurrent blocks, which
+    # hold no KV but a conv and a recurrent state (export/rg_lru.py).
+    rg_lru: bool = False
+    # Whether shared transformer blocks run before the mixers of the `hybrid` layers
+    # (Zamba2: export/shared_block.py); every layer is a Mamba-2 mixer without an MLP.
+    shared_block: bool = False
     # Whether no layer attends (Mamba-2: a bundle without KV). Elsewhere a config without an
     # attention layer is refused: the hybrids' transformers models fail on one (their
     # cache's get_seq_length needs an attention layer).
