@@ -18,7 +18,12 @@ from edgeprefill.errors import ExportError
 from edgeprefill.export.alibi import slopes as alibi_slopes
 from edgeprefill.export.altup import AltUpConfig, read_altup
 from edgeprefill.export.bitlinear import BitNetScheme, read_bitnet_scheme
-from edgeprefill.export.config_checks import check_model_config
+from edgeprefill.export.config_checks import (
+    check_model_config,
+    check_sizes,
+    config_value,
+    positive_number,
+)
 from edgeprefill.export.experts import MoeConfig, read_moe
 from edgeprefill.export.families import (
     BLOCKS,
@@ -441,7 +446,7 @@ class ModelConfig:
 
     @classmethod
     def from_hf(cls, raw: dict[str, Any]) -> ModelConfig:
-        family = raw.get("model_type")
+        family = config_value(raw, "model_type", str)
         if family in REFUSED_TYPES:
             raise ExportError(f"model_type {family!r}: {REFUSED_TYPES[family]}")
         if family not in FAMILIES:
@@ -479,6 +484,7 @@ class ModelConfig:
 def _read(family: str, spec: FamilySpec, raw: dict[str, Any],
           text_type: str | None = None) -> ModelConfig:
     _refuse_unsupported(family, spec, raw)
+    check_sizes(raw)
     groups = group_blocks(raw["layer_types"]) if spec.blocks else None
     if groups is not None:
         raw = {**raw, "layer_types": groups.layer_types,
@@ -731,8 +737,8 @@ def _ropes(raw: dict[str, Any], rotary_dim: int) -> dict[str, RopeConfig]:
     # merge them in their `legacy`).
     params = rope_params(raw)
     if "full_attention" in params or "sliding_attention" in params:
-        global_params = params.get("full_attention") or {}
-        local_params = params.get("sliding_attention") or {}
+        global_params = config_value(params, "full_attention", dict) or {}
+        local_params = config_value(params, "sliding_attention", dict) or {}
     else:
         global_params, local_params = params, {}
     # Where the config gives local layers a base of their own (Gemma 3), they never take
@@ -838,7 +844,7 @@ def _attn_scale(raw: dict[str, Any], head_dim: int) -> float:
     if raw.get("attention_multiplier") is not None:  # Granite
         return float(raw["attention_multiplier"])
     if raw.get("query_pre_attn_scalar") is not None:  # Gemma 2/3
-        return float(raw["query_pre_attn_scalar"]) ** -0.5
+        return positive_number(raw, "query_pre_attn_scalar") ** -0.5
     return head_dim**-0.5
 
 

@@ -1,0 +1,117 @@
+"""config.json edited one key at a time (null, a string, -1, 0, a float for an int, 2**40,
+a list, {} for an object, the key removed): export either succeeds or fails with one line
+(an EdgeprefillError), never another exception, never a half-written bundle
+(tests/config_mutations.py runs and checks each). The default suite runs the edits that
+crashed before and a seeded sample; the whole sweep of every family is slow."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+
+import numpy as np
+import pytest
+
+from edgeprefill.export import staging
+from tests.config_mutations import Mutation, mutations, sweep, try_export
+from tests.conftest import FAMILIES
+
+# The edits that crashed before they were refused in one line, by family: each a kind of
+# check of its own (config_checks.py).
+REGRESSIONS = {
+    "llama": [
+        "model_type=list",  # unhashable: a TypeError looking the family up
+        "rope_parameters=string", "rope_parameters=list",  # AttributeError in the rope code
+        "head_dim=huge",  # MemoryError: a 4 TiB rope table
+        "num_hidden_layers=huge",  # MemoryError: 2**40 layers listed
+        "hidden_size=float",  # exported silently as int(64.5)
+    ],
+    "gemma3": ["text_config.query_pre_attn_scalar=negative"],  # a complex attention scale
+}
+SAMPLED_FAMILIES = ("llama", "gemma3")
+SAMPLE = 40  # random edits per sampled family, besides its regressions
+
+
+@pytest.fixture(autouse=True)
+def quiet_and_unsynced(monkeypatch):
+    # The edits' bundles need not survive a power cut: fsync was half of each export.
+    monkeypatch.setattr(staging, "_sync", lambda folder: None)
+    logging.disable(logging.WARNING)  # "tensors config.json does not use" for each edit
+    yield
+    logging.disable(logging.NOTSET)
+
+
+def chosen(family: str, config: dict) -> list[Mutation]:
+    """The family's regressions and a sample of its other edits, the same every run."""
+    every = mutations(config)
+    named = [m for m in every if str(m) in REGRESSIONS.get(family, [])]
+    assert len(named) == len(REGRESSIONS.get(family, [])), "a regression is no longer made"
+    rest = [m for m in every if m not in named]
+    rng = np.random.default_rng(0)
+    picks = rng.choice(len(rest), size=min(SAMPLE, len(rest)), replace=False)
+    return named + [rest[i] for i in sorted(picks)]
+
+
+@pytest.mark.parametrize("family", SAMPLED_FAMILIES)
+def test_an_edited_config_exports_or_is_refused_in_one_line(family, hf_model, tmp_path):
+    hf_dir = hf_model(family)
+    config = json.loads((hf_dir / "config.json").read_text())
+    crashes = []
+    for mutation in chosen(family, config):
+        work = tmp_path / str(mutation)
+        work.mkdir()
+        outcome = try_export(hf_dir, mutation.apply(config), work)
+        if outcome.kind == "crash" or "\n" in outcome.message:
+            crashes.append(f"{mutation}: {outcome.message}")
+    assert not crashes, "\n".join(crashes)
+
+
+@pytest.mark.parametrize("edit, fragment", [
+    ("head_dim=huge", "head_dim must be at most"),
+    ("hidden_size=float", "hidden_size must be an integer, got 64.5"),
+    ("rope_parameters=list", "rope_parameters must be an object, got [1, 2]"),
+    ("model_type=list", "model_type must be a string"),
+])
+def test_the_refusals_name_the_key(edit, fragment, hf_model, tmp_path):
+    hf_dir = hf_model("llama")
+    config = json.loads((hf_dir / "config.json").read_text())
+    mutation = next(m for m in mutations(config) if str(m) == edit)
+    outcome = try_export(hf_dir, mutation.apply(config), tmp_path)
+    assert outcome.kind == "refused" and fragment in outcome.message, outcome
+
+
+@pytest.mark.parametrize("edit", ["rope_parameters=string", "text_config.hidden_size=huge"])
+def test_the_cli_prints_an_edited_configs_refusal_in_one_line(edit, hf_model, tmp_path,
+                                                               monkeypatch, capsys):
+    from edgeprefill.cli.main import main
+
+    family = edit.startswith("text_config") and "gemma3" or "llama"
+    hf_dir = hf_model(family)
+    config = json.loads((hf_dir / "config.json").read_text())
+    mutation = next(m for m in mutations(config) if str(m) == edit)
+    src = tmp_path / "hf"
+    src.mkdir()
+    for path in hf_dir.iterdir():
+        (src / path.name).symlink_to(path)
+    (src / "config.json").unlink()
+    (src / "config.json").write_text(json.dumps(mutation.apply(config)))
+    monkeypatch.setattr(sys, "argv", ["edgeprefill", "export", str(src), "-o",
+                                      str(tmp_path / "out")])
+    capsys.readouterr()  # the fixture's build progress
+    with pytest.raises(SystemExit) as exit_:
+        main()
+    err = capsys.readouterr().err
+    assert exit_.value.code != 0
+    assert len(err.strip().splitlines()) == 1 and err.startswith("error: config.json: "), err
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_every_edit_of_every_family_exports_or_is_refused_in_one_line(family, hf_model,
+                                                                      tmp_path):
+    crashes = [f"{mutation}: {outcome.message}"
+               for mutation, outcome in sweep(family, hf_model(family), tmp_path)
+               if outcome.kind == "crash" or "\n" in outcome.message]
+    assert not crashes, "\n".join(crashes)
