@@ -43,6 +43,8 @@ SIZE_LIMITS = {
     "qk_rope_head_dim": (1, 2**20), "v_head_dim": (1, 2**20),
 }
 JSON_TYPES = {dict: "an object", str: "a string", list: "a list"}
+# The keys whose value the family hooks read as an object (null: none).
+OBJECT_KEYS = ("text_config", "rope_parameters", "rope_scaling", "quantization_config")
 
 
 def config_value(raw: dict[str, Any], key: str, kind: type) -> Any:
@@ -53,6 +55,13 @@ def config_value(raw: dict[str, Any], key: str, kind: type) -> Any:
     if value is not None and not isinstance(value, kind):
         raise ExportError(f"config.json: {key} must be {JSON_TYPES[kind]}, got {value!r}")
     return value
+
+
+def check_objects(raw: dict[str, Any]) -> None:
+    """Each OBJECT_KEYS key an object, null or absent (a text_config string had been an
+    AttributeError in the family's unnest hook)."""
+    for key in OBJECT_KEYS:
+        config_value(raw, key, dict)
 
 
 def positive_number(raw: dict[str, Any], key: str) -> float:

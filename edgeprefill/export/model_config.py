@@ -20,6 +20,7 @@ from edgeprefill.export.altup import AltUpConfig, read_altup
 from edgeprefill.export.bitlinear import BitNetScheme, read_bitnet_scheme
 from edgeprefill.export.config_checks import (
     check_model_config,
+    check_objects,
     check_sizes,
     config_value,
     positive_number,
@@ -453,6 +454,7 @@ class ModelConfig:
             raise ExportError(
                 f"model_type {family!r} is not supported; supported: {', '.join(sorted(FAMILIES))}"
             )
+        check_objects(raw)  # before the family's hooks read them
         try:
             text_type = wrapped_text_type(family, raw)
         except KeyError as missing:

@@ -33,7 +33,8 @@ from edgeprefill.export.config_checks import config_value
 # RopeConfig fields the rope computations divide by or take the log of -> their config key.
 POSITIVE_PARAMS = {"factor": "factor",
                    "original_max_positions": "original_max_position_embeddings",
-                   "beta_fast": "beta_fast", "beta_slow": "beta_slow", "alpha": "alpha"}
+                   "beta_fast": "beta_fast", "beta_slow": "beta_slow", "alpha": "alpha",
+                   "low_freq_factor": "low_freq_factor", "high_freq_factor": "high_freq_factor"}
 
 
 @dataclass(frozen=True)
