@@ -162,7 +162,9 @@ def sweep(family: str, hf_dir: Path, work: Path) -> Iterator[tuple[Mutation, Out
         yield mutation, try_export(hf_dir, mutation.apply(config), work, baseline)
 
 
-def main(families: list[str]) -> None:
+def main(families: list[str], models: Path | None = None) -> None:
+    """Print each crash and each family's counts; the tiny models are built under
+    `models` (kept there for the next run) or a temporary folder."""
     import tempfile
 
     from edgeprefill.export import staging
@@ -171,8 +173,10 @@ def main(families: list[str]) -> None:
     staging._sync = lambda folder: None  # the sweep's bundles need not survive a power cut
     with tempfile.TemporaryDirectory() as tmp:
         for family in families or list(FAMILIES):
-            (Path(tmp) / family).mkdir()
-            hf_dir = build_hf_model(family, Path(tmp) / family)
+            hf_dir = (models or Path(tmp)) / family
+            if not (hf_dir / "config.json").is_file():
+                hf_dir.mkdir(parents=True, exist_ok=True)
+                build_hf_model(family, hf_dir)
             work = Path(tmp) / f"work-{family}"
             work.mkdir()
             counts = {"ok": 0, "refused": 0, "crash": 0}
@@ -185,7 +189,9 @@ def main(families: list[str]) -> None:
 
 if __name__ == "__main__":
     import logging
+    import os
     import sys
 
     logging.disable(logging.WARNING)
-    main(sys.argv[1:])
+    cache = os.environ.get("FUZZ_MODELS")
+    main(sys.argv[1:], Path(cache) if cache else None)

@@ -37,6 +37,10 @@ REGRESSIONS = {
     "deepseek_v3": ["num_nextn_predict_layers=huge",  # MemoryError listing MTP layers
                     "qk_rope_head_dim=huge"],  # MemoryError: the rope table
     "mamba": ["num_hidden_layers=huge"],  # MemoryError in its legacy hook
+    "gpt_bigcode": ["n_layer=huge"],  # MemoryError: its alias, in its legacy hook
+    "mellum": ["rope_parameters=string"],  # AttributeError in its refuse hook
+    # MemoryError: a rope table of 2**40 x half the head's frequencies
+    "lfm3": ["rope_parameters.full_attention.partial_rotary_factor=huge"],
     "gemma3n": ["text_config.altup_num_inputs=huge",  # MemoryError listing the streams
                 "text_config.hidden_size_per_layer_input=zero",  # AssertionError in the
                 "text_config.hidden_size_per_layer_input=null"],  # graph builder

@@ -70,6 +70,9 @@ class RopeConfig:
             value = getattr(self, name)
             if not (math.isfinite(value) and value > 0):  # a log or a division by it
                 raise ExportError(f"config.json: the rope's {key} must be positive, got {value}")
+        if not 0 <= self.proportion <= 1:  # the share of a head's frequencies that rotate
+            raise ExportError(f"config.json: the rope's partial_rotary_factor must be 0 to 1, "
+                              f"got {self.proportion}")
         if self.kind == "longrope":
             half = self.rotary_dim // 2
             for name in ("short_factor", "long_factor"):
