@@ -90,6 +90,8 @@ def test_an_edited_config_exports_or_is_refused_in_one_line(family, hf_model, tm
     ("hidden_size=float", "hidden_size must be an integer, got 64.5"),
     ("rope_parameters=list", "rope_parameters must be an object, got [1, 2]"),
     ("model_type=list", "model_type must be a string"),
+    # not the rope's original window, which defaults to it
+    ("max_position_embeddings=zero", "config.json: max_position_embeddings must be positive"),
 ])
 def test_the_refusals_name_the_key(edit, fragment, hf_model, tmp_path):
     hf_dir = hf_model("llama")

@@ -36,6 +36,8 @@ SIZE_LIMITS = {
     "num_hidden_layers": (1, 2**16), "hidden_size": (1, 2**20), "head_dim": (1, 2**20),
     "num_attention_heads": (1, 2**16), "num_key_value_heads": (1, 2**16),
     "intermediate_size": (1, 2**24), "vocab_size": (1, 2**24),
+    # no table is as long (a bundle's context is --max-context): a limit only for its type
+    "max_position_embeddings": (1, 2**62),
     "num_nextn_predict_layers": (0, 2**16),  # DeepSeek-V3's MTP layers, left out
     "altup_num_inputs": (1, 2**16),  # Gemma 3n's streams
     # multi-head latent attention (export/latent_attention.py)
