@@ -26,6 +26,7 @@ REGRESSIONS = {
         "head_dim=huge",  # MemoryError: a 4 TiB rope table
         "num_hidden_layers=huge",  # MemoryError: 2**40 layers listed
         "hidden_size=float",  # no error: exported as int(64.5)
+        "eos_token_id=float",  # no error: exported as token int(2.5)
     ],
     "gemma3": ["text_config.query_pre_attn_scalar=negative"],  # a complex attention scale
     "qwen2_vl": ["text_config=string", "text_config=list"],  # AttributeError in its hook
@@ -90,6 +91,7 @@ def test_an_edited_config_exports_or_is_refused_in_one_line(family, hf_model, tm
     ("hidden_size=float", "hidden_size must be an integer, got 64.5"),
     ("rope_parameters=list", "rope_parameters must be an object, got [1, 2]"),
     ("model_type=list", "model_type must be a string"),
+    ("eos_token_id=float", "bos/eos token ids must be integers, got 2.5"),
     # not the rope's original window, which defaults to it
     ("max_position_embeddings=zero", "config.json: max_position_embeddings must be positive"),
 ])

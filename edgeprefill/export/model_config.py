@@ -871,9 +871,11 @@ def _optional_float(value: Any) -> float | None:
 def _ids(value: Any) -> tuple[int, ...]:
     if value is None:
         return ()
-    if isinstance(value, list):
-        return tuple(int(v) for v in value)
-    return (int(value),)
+    ids = value if isinstance(value, list) else [value]
+    if any(isinstance(i, bool) or not isinstance(i, int) for i in ids):
+        # int(2.5) had exported token 2 as the EOS (from_hf: a "malformed value" line)
+        raise ValueError(f"bos/eos token ids must be integers, got {value!r}")
+    return tuple(ids)
 
 
 def _first_id(value: Any) -> int | None:
