@@ -137,3 +137,42 @@ def test_every_edit_of_every_family_exports_or_is_refused_in_one_line(family, hf
                for mutation, outcome in sweep(family, hf_model(family), tmp_path)
                if outcome.kind == "crash" or "\n" in outcome.message]
     assert not crashes, "\n".join(crashes)
+
+
+def transformers_accepts(hf_dir) -> bool:
+    """Whether transformers loads the checkpoint and computes finite logits of a prompt."""
+    import torch
+
+    from tests.conftest import load_hf_model
+
+    try:
+        model = load_hf_model(hf_dir)
+        with torch.no_grad():
+            return bool(torch.isfinite(model(torch.tensor([[1, 5, 9, 3]])).logits).all())
+    except Exception:  # noqa: BLE001 - any refusal of transformers' is one here
+        return False
+
+
+# Edits of the llama fixture that export and transformers judge alike. Where they differ
+# (transformers' typed config refuses a wrong type of a key export never reads, such as
+# initializer_range or attention_dropout; export refuses max_position_embeddings 0, which
+# transformers' rope never reads), neither is wrong: those are left out.
+AGREED = [
+    ("hidden_size=float", False), ("eos_token_id=float", False),
+    ("rope_parameters=list", False), ("num_key_value_heads=zero", False),
+    ("rope_parameters.rope_theta=huge", True), ("bos_token_id=null", True),
+    ("eos_token_id=removed", True), ("max_position_embeddings=huge", True),
+]
+
+
+@pytest.mark.parametrize("edit, accepted", [
+    pytest.param(*case, marks=() if i < 2 or i == 5 else pytest.mark.slow)
+    for i, case in enumerate(AGREED)])
+def test_export_accepts_an_edited_config_where_transformers_does(edit, accepted, hf_model,
+                                                                 tmp_path):
+    hf_dir = hf_model("llama")
+    config = json.loads((hf_dir / "config.json").read_text())
+    mutation = next(m for m in mutations(config) if str(m) == edit)
+    outcome = try_export(hf_dir, mutation.apply(config), tmp_path)
+    assert (outcome.kind == "ok") == accepted, outcome
+    assert transformers_accepts(tmp_path / "hf") == accepted
