@@ -40,6 +40,9 @@ REGRESSIONS = {
     "mamba": ["num_hidden_layers=huge"],  # MemoryError in its legacy hook
     "gpt_bigcode": ["n_layer=huge"],  # MemoryError: its alias, in its legacy hook
     "mellum": ["rope_parameters=string"],  # AttributeError in its refuse hook
+    "bloom": ["n_layer=huge"], "mpt": ["n_layers=huge"],  # MemoryError: their aliases,
+    "xglm": ["num_layers=huge"],  # in their legacy hooks
+    "dbrx": ["attn_config=string", "ffn_config=list"],  # AttributeError in its hook
     # MemoryError: a rope table of 2**40 x half the head's frequencies
     "lfm3": ["rope_parameters.full_attention.partial_rotary_factor=huge"],
     "gemma3n": ["text_config.altup_num_inputs=huge",  # MemoryError listing the streams

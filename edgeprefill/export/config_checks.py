@@ -46,7 +46,8 @@ SIZE_LIMITS = {
 }
 JSON_TYPES = {dict: "an object", str: "a string", list: "a list"}
 # The keys whose value the family hooks read as an object (null: none).
-OBJECT_KEYS = ("text_config", "rope_parameters", "rope_scaling", "quantization_config")
+OBJECT_KEYS = ("text_config", "rope_parameters", "rope_scaling", "quantization_config",
+               "attn_config", "ffn_config")  # DBRX's
 
 
 def config_value(raw: dict[str, Any], key: str, kind: type) -> Any:
