@@ -56,7 +56,8 @@ def config_value(raw: dict[str, Any], key: str, kind: type) -> Any:
     AttributeError deep in the rope code)."""
     value = raw.get(key)
     if value is not None and not isinstance(value, kind):
-        raise ExportError(f"config.json: {key} must be {JSON_TYPES[kind]}, got {value!r}")
+        raise ExportError(f"config.json: {key} must be {JSON_TYPES[kind]}, "
+                          f"got {type(value).__name__}")
     return value
 
 
