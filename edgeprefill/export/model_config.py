@@ -20,7 +20,13 @@ from edgeprefill.errors import ExportError
 from edgeprefill.export.alibi import slopes as alibi_slopes
 from edgeprefill.export.altup import AltUpConfig, read_altup
 from edgeprefill.export.bitlinear import BitNetScheme, read_bitnet_scheme
-from edgeprefill.export.config_checks import check_model_config
+from edgeprefill.export.config_checks import (
+    check_model_config,
+    check_objects,
+    check_sizes,
+    config_value,
+    positive_number,
+)
 from edgeprefill.export.experts import MoeConfig, read_moe
 from edgeprefill.export.families import (
     BLOCKS,
@@ -472,13 +478,14 @@ class ModelConfig:
 
     @classmethod
     def from_hf(cls, raw: dict[str, Any]) -> ModelConfig:
-        family = raw.get("model_type")
+        family = config_value(raw, "model_type", str)
         if family in REFUSED_TYPES:
             raise ExportError(f"model_type {family!r}: {REFUSED_TYPES[family]}")
         if family not in FAMILIES:
             raise ExportError(
                 f"model_type {family!r} is not supported; supported: {', '.join(sorted(FAMILIES))}"
             )
+        check_objects(raw)  # before the family's hooks read them
         try:
             text_type = wrapped_text_type(family, raw)
         except KeyError as missing:
@@ -510,6 +517,7 @@ class ModelConfig:
 def _read(family: str, spec: FamilySpec, raw: dict[str, Any],
           text_type: str | None = None) -> ModelConfig:
     _refuse_unsupported(family, spec, raw)
+    check_sizes(raw)
     groups = group_blocks(raw["layer_types"]) if spec.blocks else None
     if groups is not None:
         raw = {**raw, "layer_types": groups.layer_types,
@@ -781,8 +789,8 @@ def _ropes(raw: dict[str, Any], rotary_dim: int) -> dict[str, RopeConfig]:
     # merge them in their `legacy`).
     params = rope_params(raw)
     if "full_attention" in params or "sliding_attention" in params:
-        global_params = params.get("full_attention") or {}
-        local_params = params.get("sliding_attention") or {}
+        global_params = config_value(params, "full_attention", dict) or {}
+        local_params = config_value(params, "sliding_attention", dict) or {}
     else:
         global_params, local_params = params, {}
     # Where the config gives local layers a base of their own (Gemma 3), they never take
@@ -890,7 +898,7 @@ def _attn_scale(raw: dict[str, Any], head_dim: int) -> float:
     if raw.get("attention_multiplier") is not None:  # Granite
         return float(raw["attention_multiplier"])
     if raw.get("query_pre_attn_scalar") is not None:  # Gemma 2/3
-        return float(raw["query_pre_attn_scalar"]) ** -0.5
+        return positive_number(raw, "query_pre_attn_scalar") ** -0.5
     return head_dim**-0.5
 
 
@@ -924,9 +932,11 @@ def _optional_float(value: Any) -> float | None:
 def _ids(value: Any) -> tuple[int, ...]:
     if value is None:
         return ()
-    if isinstance(value, list):
-        return tuple(int(v) for v in value)
-    return (int(value),)
+    ids = value if isinstance(value, list) else [value]
+    if any(isinstance(i, bool) or not isinstance(i, int) for i in ids):
+        # int(2.5) had exported token 2 as the EOS (from_hf: a "malformed value" line)
+        raise ValueError(f"bos/eos token ids must be integers, got {value!r}")
+    return tuple(ids)
 
 
 def _first_id(value: Any) -> int | None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from edgeprefill.export.config_checks import check_sizes
 from edgeprefill.export.families.spec import FamilySpec, TensorNames
 
 # Keys other families read that these config classes have no use for (their own names and
@@ -21,6 +22,7 @@ def _own_names(raw: dict[str, Any], aliases: dict[str, str]) -> dict[str, Any]:
     raw = dict(raw)
     for key, alias in aliases.items():
         raw[alias] = raw.get(alias, raw[key])
+    check_sizes(raw)  # n_layer as num_hidden_layers, before its layers are listed
     raw["intermediate_size"] = 4 * int(raw["hidden_size"])
     raw["num_key_value_heads"] = raw["num_attention_heads"]
     raw["no_rope_layers"] = [0] * int(raw["num_hidden_layers"])

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+from edgeprefill.export.config_checks import check_sizes
 from edgeprefill.export.families.dense import GPT2_ALIASES
 from edgeprefill.export.families.spec import FamilySpec, TensorNames
 
@@ -27,6 +28,7 @@ def _aliased(raw: dict[str, Any], aliases: dict[str, str]) -> dict[str, Any]:
     raw = dict(raw)
     for key, alias in aliases.items():
         raw[alias] = raw.get(alias, raw[key])
+    check_sizes(raw)  # XGLM's num_layers as num_hidden_layers, before its layers are listed
     return raw
 
 

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
+from edgeprefill.export.config_checks import check_sizes
 from edgeprefill.export.families.spec import LLAMA_NAMES, FamilySpec, TensorNames
 from edgeprefill.export.rope import rope_params
 
@@ -107,6 +108,7 @@ def _gpt2_config(raw: dict[str, Any]) -> dict[str, Any]:
     raw = dict(raw)
     for key, alias in GPT2_ALIASES.items():
         raw[alias] = raw.get(alias, raw[key])
+    check_sizes(raw)  # n_layer as num_hidden_layers, before its layers are listed
     hidden = int(raw["hidden_size"])
     raw["intermediate_size"] = raw["n_inner"] if raw["n_inner"] is not None else 4 * hidden
     raw["no_rope_layers"] = [0] * int(raw["num_hidden_layers"])

@@ -8,6 +8,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from edgeprefill.export.config_checks import check_objects, check_sizes
 from edgeprefill.export.experts import (
     MoeSpec,
 )
@@ -331,6 +332,8 @@ class FamilySpec:
             raw = self._language_model_config(raw)
         raw = {k: v for k, v in raw.items() if k not in self.ignores}
         raw = {**self.defaults, **raw}  # only absent keys: a null is the config's own
+        check_objects(raw)  # the language model's own, where it was nested
+        check_sizes(raw)  # before a legacy hook lists num_hidden_layers' layers
         return self.legacy(raw) if self.legacy is not None else raw
 
     def _language_model_config(self, raw: dict[str, Any]) -> dict[str, Any]:
