@@ -37,6 +37,9 @@ KV_STATE_FIELDS = ("kv_state_layers",)
 STATE_GRAPH_FIELDS = ("state_inputs", "state_outputs")
 # Gemma 4's fields, left out where empty for the same reason.
 LAYER_KV_FIELDS = ("shared_kv_layers", "layer_kv")
+# Multi-head latent attention's, left out where empty: a runtime from before it ignores it
+# (with a warning) and keeps a value cache beside each key cache, which runs as before.
+VALUE_IS_KEY_FIELDS = ("value_is_key",)
 
 log = logging.getLogger("edgeprefill")
 
@@ -99,6 +102,10 @@ class GraphInfo:
     # The recurrent states of ModelInfo.state_layers in layer order: input and output names.
     state_inputs: list[str] = field(default_factory=list)
     state_outputs: list[str] = field(default_factory=list)
+    # The layers whose graph writes into present_value.{i} exactly what it writes into
+    # present_key.{i} (multi-head latent attention, absorbed: the value is the key), so a
+    # runtime may bind one buffer as both caches (contract.kv_buffers). Absent: none.
+    value_is_key: list[int] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -133,6 +140,9 @@ class Manifest:
         for key in (*LAYER_KV_FIELDS, *KV_STATE_FIELDS):
             if not raw["model"][key]:
                 del raw["model"][key]
+        for key in VALUE_IS_KEY_FIELDS:
+            if not raw["graph"][key]:
+                del raw["graph"][key]
         return json.dumps(raw, indent=2) + "\n"
 
     @classmethod
@@ -260,6 +270,23 @@ def check_manifest(manifest: Manifest) -> None:
         _malformed("graph.kv_inputs/kv_outputs must hold one [key, value] pair per layer "
                    "with KV (every layer but model.state_layers not in model.kv_state_layers, and "
                    "model.shared_kv_layers)")
+    _check_value_is_key(manifest)
+
+
+def _check_value_is_key(manifest: Manifest) -> None:
+    """graph.value_is_key names distinct layers with KV, in an ort graph: the TensorRT
+    backend binds every cache to a buffer of its own (and runs only the standard flavour,
+    which the exporter leaves without the field)."""
+    shared, model = manifest.graph.value_is_key, manifest.model
+    if not shared:
+        return
+    kv = set(range(model.num_layers)) - set(model.no_kv_layers)
+    if shared != sorted(set(shared)) or not set(shared) <= kv:
+        _malformed(f"graph.value_is_key {shared} must be distinct layers with KV in "
+                   "ascending order")
+    if manifest.graph.flavor != "ort":
+        _malformed(f"graph.value_is_key is for the ort flavour only, not "
+                   f"{manifest.graph.flavor!r}")
 
 
 def _check_layer_kv(model: ModelInfo) -> None:

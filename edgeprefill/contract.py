@@ -31,6 +31,11 @@ last valid token, to `present_{kind}.{i}`, a separate buffer the runtime copies 
 the slot. A state's shape and dtype are the graph's own (its input's, batch first); the
 contract fixes its names and that the present one matches the past one.
 
+A layer listed in the manifest's `graph.value_is_key` (multi-head latent attention,
+absorbed: its value is its key) writes into present_value.{i} exactly what it writes into
+present_key.{i}: a runtime may bind ONE buffer as past_key.{i}, past_value.{i} and both
+present outputs (`kv_buffers`), and the cache of such a layer takes half the memory.
+
 The exporter writes graphs and manifests from these names; the runtime and the backends
 bind by them; `check_graph_io` refuses a manifest whose graph differs, and
 `check_loaded_io` a graph file that differs from its manifest.
@@ -157,11 +162,24 @@ def kv_pairs(graph: GraphInfo) -> list[KVPair]:
     return [KVPair(i, o) for i, o in zip(inputs, outputs, strict=True)]
 
 
-def kv_dims(graph: GraphInfo) -> list[tuple[int, int]]:
-    """(kv_heads, head_dim) of each KV arena, in arena order, read from the graph's inputs
-    (check_graph_io has matched them to the model's dimensions)."""
-    return [(int(graph.inputs[pair.input][1][1]), int(graph.inputs[pair.input][1][3]))
-            for pair in kv_pairs(graph)]
+def kv_buffers(graph: GraphInfo, value_is_key: bool = True) -> list[list[KVPair]]:
+    """The KV buffers in arena order, each with the (input, output) pairs bound to it: one
+    buffer per pair, but one for both pairs of a layer in graph.value_is_key (its value
+    cache would repeat its key cache) unless `value_is_key` is False."""
+    shared = {kv_names(i).past_key for i in graph.value_is_key} if value_is_key else set()
+    buffers: list[list[KVPair]] = []
+    for (key_in, value_in), (key_out, value_out) in zip(graph.kv_inputs, graph.kv_outputs,
+                                                        strict=True):
+        key, value = KVPair(key_in, key_out), KVPair(value_in, value_out)
+        buffers += [[key, value]] if key_in in shared else [[key], [value]]
+    return buffers
+
+
+def kv_dims(graph: GraphInfo, buffers: list[list[KVPair]]) -> list[tuple[int, int]]:
+    """(kv_heads, head_dim) of each KV buffer (kv_buffers), in arena order, read from the
+    graph's inputs (check_graph_io has matched them to the model's dimensions)."""
+    return [(int(graph.inputs[pairs[0].input][1][1]), int(graph.inputs[pairs[0].input][1][3]))
+            for pairs in buffers]
 
 
 def state_pairs(graph: GraphInfo) -> list[KVPair]:

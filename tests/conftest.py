@@ -114,7 +114,9 @@ COMPASS = {"sliding_window": 8, "logit_scale": 0.25, "attention_bias": True,
            "rope_parameters": {"sliding_attention": {"rope_type": "default",
                                                      "rope_theta": 10000.0},
                                "full_attention": None}}
-
+LLAMA4 = {"num_hidden_layers": 4, "head_dim": 16, "num_local_experts": 8,
+          "num_experts_per_tok": 1, "intermediate_size": 32, "intermediate_size_mlp": 96,
+          "interleave_moe_layer_step": 2, "floor_scale": 8, "attn_scale": 0.5}
 FAMILIES: dict[str, dict] = {
     "llama": {},
     "llama-tied-llama3rope": {
@@ -516,6 +518,114 @@ FAMILIES: dict[str, dict] = {
     "gpt_oss": {"num_local_experts": 8, "num_experts_per_tok": 2, "intermediate_size": 64,
                 "head_dim": 16, "sliding_window": 8, "swiglu_limit": 1.5,
                 "swiglu_alpha": 1.5},
+    # Jamba: Mamba-1 mixers (dt, B and C normed by weights) on layers 0, 2, 3, attention
+    # without rotary on 1; experts (softmax top 2 of 4, not renormalized) on the attention
+    # layer and a mamba one, a dense MLP on the others; biased mixer projections
+    "jamba": {"num_hidden_layers": 4, "attn_layer_period": 3, "attn_layer_offset": 1,
+              "expert_layer_period": 2, "expert_layer_offset": 1, "num_experts": 4,
+              "num_experts_per_tok": 2, "intermediate_size": 32, "mamba_d_state": 8,
+              "mamba_dt_rank": 6, "mamba_proj_bias": True},
+    # Zamba2: Mamba-2 layers (8 heads of 16 in 2 groups), two shared blocks applied before
+    # the mixers of layers 1, 3 and 4 (block 0, 1, 0), each application with its own
+    # q/k/v and gate_up adapters and KV; rotary (use_mem_rope); heads of 2 x 64 / 4; tied
+    # as the Hub's (which ties the blocks too). Weights of 0.1, not 0.2: at 0.2 the shared
+    # attention (its inputs twice as wide) makes transformers' own fp32 logits drift 1e-3
+    # from its fp64 ones over 100 tokens; at 0.1, 3e-6.
+    "zamba2": {"num_hidden_layers": 5, "num_key_value_heads": 4, "tie_word_embeddings": True,
+               "layers_block_type": ["mamba", "hybrid", "mamba", "hybrid", "hybrid"],
+               "num_mem_blocks": 2, "use_shared_attention_adapter": True, "adapter_rank": 8,
+               "use_mem_rope": True, "n_mamba_heads": 8, "mamba_ngroups": 2,
+               "mamba_d_state": 16, "chunk_size": 16, "initializer_range": 0.1},
+    # Zamba: multi-head Mamba-1 layers (2 heads of 64, a state of 8), one shared block
+    # before the mixers of layers 1 and 3, heads of 2 x 64 / 4 without rotary; weights of
+    # 0.1 as zamba2's
+    "zamba": {"num_hidden_layers": 5, "num_key_value_heads": 4, "tie_word_embeddings": True,
+              "layers_block_type": ["mamba", "hybrid", "mamba", "hybrid", "mamba"],
+              "n_mamba_heads": 2, "mamba_d_state": 8, "mamba_proj_bias": True,
+              "initializer_range": 0.1},
+    # RecurrentGemma: RG-LRU blocks on layers 0, 1 and 3 (3 heads of 32), local attention
+    # (a window of 12, one KV head, rotary on half of each head) on layer 2; hidden 96, so
+    # that sqrt(hidden) is not a bfloat16 (the model's embedding scale is rounded to one)
+    "recurrent_gemma": {"num_hidden_layers": 4, "hidden_size": 96, "num_attention_heads": 3,
+                        "num_key_value_heads": 1,
+                        "attention_window_size": 12, "logits_soft_cap": 5.0,
+                        "attention_bias": True},
+    # ALiBi: 6 heads of 16, a head count that is no power of two (whose slopes interleave);
+    # BLOOM tied as the Hub's, MPT untied with its q/k/v clamped (the bound bites on these
+    # weights) and an alibi table longer than the bundles' context
+    "bloom": {"hidden_size": 96, "num_attention_heads": 6, "tie_word_embeddings": True},
+    "mpt": {"hidden_size": 96, "num_attention_heads": 6, "max_seq_len": 1024,
+            "attn_config": {"clip_qkv": 3.0}},
+    # Llama 4: three rope layers (L2 q/k norm) and a NoPE one whose queries the temperature
+    # scales (floor_scale 8: a step every 8 positions), experts on every second layer (a
+    # dense MLP on the others) taking the token times sigmoid of its top logit, beside a
+    # shared expert; chunks of 8192 (the cap is test_llama4's). The image-text fixture:
+    # the top 2 experts on every layer (the ort flavour unrolls them), no q/k norm.
+    "llama4_text": LLAMA4,
+    "llama4": {**LLAMA4, "num_experts_per_tok": 2, "interleave_moe_layer_step": 1,
+               "use_qk_norm": False},
+    # PhiMoE: sparsemixer's two choices among 8 experts (a gap of 2 x 0.3 relative to the
+    # best logit, so that several logits share each softmax), LayerNorms, every bias, a
+    # longrope with short_mscale up to its original window (the bundle's context)
+    "phimoe": {"num_local_experts": 8, "intermediate_size": 32, "router_jitter_noise": 0.3,
+               "attention_bias": True, "lm_head_bias": True, "rope_parameters": {
+                   "rope_type": "longrope", "rope_theta": 10000.0,
+                   "short_factor": [1.0 + 0.1 * i for i in range(8)],
+                   "long_factor": [1.0 + 0.5 * i for i in range(8)], "short_mscale": 1.1,
+                   "long_mscale": 1.3, "original_max_position_embeddings": 1024}},
+    # Hunyuan-A13B: HunYuan's attention (q/k norms of the rotated q/k, an NTK-alpha rope),
+    # softmax top 2 of 8 renormalized on every layer, a shared MLP beside them
+    "hunyuan_v1_moe": {"head_dim": 16, "num_experts": 8, "moe_topk": 2,
+                       "intermediate_size": 32, "attention_bias": True,
+                       "rope_parameters": {"rope_type": "dynamic", "alpha": 1000.0,
+                                           "factor": 1.0, "rope_theta": 10000.0}},
+    # DBRX: its own config keys (d_model, ...: build_hf_model's common ones go unread), q/k/v
+    # clamped at 0.5, the top 2 of 8 experts renormalized, stacked [E * I, H]
+    "dbrx": {"d_model": 64, "n_heads": 4, "n_layers": 2, "max_seq_len": 1024,
+             "attn_config": {"kv_n_heads": 2, "clip_qkv": 0.5, "rope_theta": 10000.0},
+             "ffn_config": {"ffn_hidden_size": 32, "moe_num_experts": 8, "moe_top_k": 2}},
+    # FlexOlmo: OLMo 2's post-norm layers, OLMoE's top 3 of 8 experts renormalized
+    "flex_olmo": {"num_experts": 8, "num_experts_per_tok": 3, "intermediate_size": 32,
+                  "norm_topk_prob": True},
+    # MiniMax-M2: q/k norms over the whole projection, rotary on half of each head, the
+    # top 2 of 8 by sigmoid + a correction bias (randomized: build_hf_model), renormalized
+    "minimax_m2": {"head_dim": 32, "rotary_dim": 16, "num_local_experts": 8,
+                   "num_experts_per_tok": 2, "intermediate_size": 32},
+    # The GPT-2-era classics (export/families/classic.py). OPT: learned positions from row 2
+    # of their table, ReLU MLP, tied as the Hub's are; OPT-350m's post-norm layers without a
+    # final norm, and its narrower embedding projected in and out.
+    "opt": {"ffn_dim": 80, "tie_word_embeddings": True},
+    "opt-350m": {"ffn_dim": 80, "tie_word_embeddings": True, "do_layer_norm_before": False,
+                 "word_embed_proj_dim": 32},
+    # GPT-J: a parallel layer on one norm, rotary on interleaved pairs of 16 of the 32 head
+    # dims, an LM head with a bias; CodeGen the same with its sharded fused q/k/v
+    "gptj": {"n_inner": 80, "num_attention_heads": 2, "rotary_dim": 16},
+    "codegen": {"n_inner": 80, "num_attention_heads": 2, "rotary_dim": 16},
+    # GPT-Neo: a global then a local layer (a window of 8), q.k unscaled, tied
+    "gpt_neo": {"attention_types": [[["global", "local"], 1]], "window_size": 8,
+                "tie_word_embeddings": True},
+    # Falcon-40B's layout: 4 heads in 2 KV groups, ln_attn and ln_mlp; Falcon-7B's: one KV
+    # head, one norm for both; the old layout without multi-query (per-head q|k|v) with
+    # sequential attention and MLP and biases
+    "falcon": {"new_decoder_architecture": True, "num_kv_heads": 2, "ffn_hidden_size": 80},
+    "falcon-7b": {"multi_query": True, "ffn_hidden_size": 80},
+    "falcon-sequential": {"multi_query": False, "parallel_attn": False, "bias": True,
+                          "ffn_hidden_size": 80},
+    # Persimmon: per-head LayerNorms of q and k, rotary on 16 of the 32 head dims
+    "persimmon": {"num_attention_heads": 2},
+    # XGLM: sinusoidal positions, BioGPT: learned ones, each from row 2 of its table, the
+    # token embedding times sqrt(hidden)
+    "xglm": {"ffn_dim": 80, "tie_word_embeddings": True},
+    "biogpt": {"tie_word_embeddings": True},
+    # InternLM3: Llama with the Hub's key names for its (absent) biases, head_dim 16 given
+    # (its config class's default is 128)
+    "internlm3": {"qkv_bias": False, "bias": False, "head_dim": 16},
+    # ModernBERT decoder: a sliding (window 8 / 2 = 4), then a global layer (global every
+    # other one), the first without a norm of its own; a tanh-gelu prediction head
+    "modernbert-decoder": {"local_attention": 8, "global_attn_every_n_layers": 2,
+                           "num_hidden_layers": 3, "attention_bias": True,
+                           "classifier_activation": "gelu_new", "cls_token_id": 1,
+                           "sep_token_id": 2},
     # Newer families (tests/test_newer_families.py). Cohere Compass: a sliding layer with
     # rotary, then a full one without (its rope entry null), biases, a logit scale; its
     # image-text checkpoint (a tiny Qwen3-VL tower beside it) tied.
@@ -536,8 +646,8 @@ FAMILIES: dict[str, dict] = {
                           "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0,
                                               "partial_rotary_factor": 0.5}},
 }
-# model_types with a hyphen of their own (not a fixture's variant suffix)
-HYPHENATED_TYPES = ("openai-gpt", "gpt-sw3")
+# model_types with a "-" of their own (not a fixture's variant)
+HYPHENATED_TYPES = ("modernbert-decoder", "openai-gpt", "gpt-sw3")
 # The fixtures stored as a BitNet quantization_config announces (tests/bitnet_checkpoints.py)
 BITNET_LAYOUTS = {"bitnet-packed": "bitlinear", "bitnet-online": "online"}
 # The families the default (fast) suite covers end to end; the rest run under `slow`.
@@ -630,6 +740,7 @@ def build_hf_model(family: str, out: Path, seed: int = 0, dtype=None, **override
     """Save a tiny random model of `family` (a key of FAMILIES) to `out`."""
     import torch
 
+    # a fixture's variant follows a "-" (falcon-7b), except in the model types that hold one
     model_type = family if family in HYPHENATED_TYPES else family.split("-")[0]
     if model_type == "gemma3n":
         return image_text_gemma3n(out, seed, **overrides)
@@ -725,6 +836,42 @@ IMAGE_TEXT = {
         "depth": 1, "hidden_size": 16, "intermediate_size": 32, "num_heads": 2,
         "out_hidden_size": 64, "patch_size": 14, "num_position_embeddings": 16,
         "deepstack_visual_indexes": [0]}},
+    # The checkpoints that wrap any text family (families/wrapped.py; their text_config's
+    # model_type is the test's): their towers as small as their configs allow.
+    **{name: {"vision_config": {"model_type": "clip_vision_model", **TINY_VISION}}
+       for name in ("llava", "video_llava")},
+    **{name: {"vision_config": {"model_type": "clip_vision_model", **TINY_VISION},
+              "image_grid_pinpoints": [[28, 28]]} for name in ("llava_next", "llava_next_video")},
+    "llava_onevision": {"vision_config": {"model_type": "siglip_vision_model", **TINY_VISION},
+                        "image_grid_pinpoints": [[28, 28]]},
+    "vipllava": {"vision_config": {"model_type": "clip_vision_model", **TINY_VISION},
+                 "vision_feature_layers": [-1]},
+    "smolvlm": {"vision_config": TINY_VISION},
+    "idefics3": {"vision_config": TINY_VISION},
+    "idefics2": {"vision_config": TINY_VISION, "perceiver_config": {
+        "hidden_size": 64, "resampler_n_latents": 4, "resampler_depth": 1,
+        "resampler_n_heads": 2, "resampler_head_dim": 8, "num_key_value_heads": 1}},
+    "deepseek_vl": {"vision_config": {"model_type": "siglip_vision_model", **TINY_VISION}},
+    "video_llama_3": {"vision_config": TINY_VISION},
+    "aya_vision": {"vision_config": {"model_type": "siglip_vision_model", **TINY_VISION}},
+    "cohere2_vision": {"vision_config": {"model_type": "siglip_vision_model", **TINY_VISION},
+                       "alignment_intermediate_size": 32},
+    "internvl": {"vision_config": {**TINY_VISION, "image_size": [28, 28],
+                                   "patch_size": [14, 14]}},
+    "lighton_ocr": {"vision_config": {**TINY_VISION, "head_dim": 8}},
+    **{name: {"vision_config": {"hidden_size": 16, "output_channels": 16,
+                                "num_hidden_layers": 1, "num_attention_heads": 2,
+                                "image_size": 32, "patch_size": 16, "mlp_dim": 32,
+                                "global_attn_indexes": [0], "window_size": 2}}
+       for name in ("got_ocr2", "pp_chart2table")},
+    # their towers are timm models (not installed): the configs alone, no model
+    **{name: {} for name in ("fast_vlm", "perception_lm")},
+    "shieldgemma2": {"vision_config": TINY_VISION, "mm_tokens_per_image": 4},
+    **{name: {"vision_config": {"depth": 1, "hidden_size": 16, "intermediate_size": 32,
+                                "num_heads": 2, "out_hidden_size": 64, "patch_size": 14,
+                                "image_size": 28}} for name in ("glm4v", "glm46v")},
+    "llama4": {"vision_config": {**TINY_VISION, "vision_output_dim": 16,
+                                 "projector_input_dim": 16, "projector_output_dim": 16}},
     "cohere_compass": {"vision_config": {
         "depth": 1, "hidden_size": 16, "intermediate_size": 32, "num_heads": 2,
         "out_hidden_size": 64, "patch_size": 14, "num_position_embeddings": 16,
@@ -740,6 +887,11 @@ IMAGE_TEXT = {
                            "latent_channels": 4, "hidden_size": 8},
              "vocabulary_map": {"<image>": 120, "<|extra_200|>": 121}},
 }
+
+
+# The image-text families whose vision tower is a timm model (timm is not installed):
+# transformers cannot build their model, only their config.
+TIMM_TOWERS = ("fast_vlm", "perception_lm")
 
 
 def hf_config_of(model_type: str, kwargs: dict):
@@ -762,9 +914,9 @@ def hf_auto_class(model_type: str):
 
     # transformers maps "qwen3_5" to Qwen3_5ForCausalLM, which holds the language model
     # alone; the Hub's checkpoints are the whole Qwen3_5ForConditionalGeneration (and so
-    # for "qwen3_5_moe").
+    # for "qwen3_5_moe"; and Llama 4's, Emu3's and Mllama's ForConditionalGeneration).
     if model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and \
-            model_type not in ("qwen3_5", "qwen3_5_moe", "emu3", "mllama"):  # (and so on)
+            model_type not in ("qwen3_5", "qwen3_5_moe", "llama4", "emu3", "mllama"):
         return transformers.AutoModelForCausalLM
     return transformers.AutoModelForImageTextToText
 
@@ -776,7 +928,13 @@ def load_hf_model(hf_dir: Path):
     model_type = json.loads((hf_dir / "config.json").read_text())["model_type"]
     if model_type == "gemma3n":
         return gemma3n_language_model(hf_dir)
-    return hf_auto_class(model_type).from_pretrained(hf_dir, dtype=torch.float32)
+    model = hf_auto_class(model_type).from_pretrained(hf_dir, dtype=torch.float32)
+    if model_type == "llama4":
+        # transformers 5.24's Llama4ForConditionalGeneration fails on text alone (building
+        # its output it reads image_outputs the language model's lacks); on text its
+        # forward is its language_model's on the embedded ids, which this runs.
+        return model.language_model
+    return model
 
 
 GEMMA3N_LM = "model.language_model."

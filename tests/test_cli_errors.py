@@ -435,3 +435,23 @@ def test_inspect_says_whether_the_tables_and_the_head_are_quantized(hf_copy, bun
                                             "(GatherBlockQuantized, blocks of 32)")
     assert lines["mixed"]["lm"].startswith(
         "lm head     int8 (DynamicQuantizeMatMul, one scale per vocabulary row); here ")
+
+
+@pytest.mark.parametrize("model_type, fragment", [
+    ("jetmoe", "JetMoE's mixture of attention heads"),
+    ("longcat_flash", "LongCat-Flash's zero-computation experts"),
+])
+def test_a_mixture_of_experts_type_export_refuses_says_why_in_one_line(
+        model_type, fragment, hf_copy, tmp_path):
+    config = json.loads((hf_copy / "config.json").read_text())
+    (hf_copy / "config.json").write_text(json.dumps({**config, "model_type": model_type}))
+    assert_one_line_error(cli("export", hf_copy, "-o", tmp_path / "b"),
+                          f"model_type '{model_type}': {fragment}")
+
+
+def test_a_context_past_llama_4s_attention_chunk_is_one_line(hf_model, tmp_path):
+    hf = shutil.copytree(hf_model("llama4_text"), tmp_path / "hf")
+    config = json.loads((hf / "config.json").read_text())
+    (hf / "config.json").write_text(json.dumps({**config, "attention_chunk_size": 32}))
+    assert_one_line_error(cli("export", hf, "-o", tmp_path / "b", "--max-context", "64"),
+                          "--max-context 64 exceeds attention_chunk_size (32)")

@@ -11,8 +11,9 @@ import transformers
 
 from edgeprefill.errors import ExportError
 from edgeprefill.export.families import FAMILIES
+from edgeprefill.export.families.image_text import WRAPPERS
 from edgeprefill.export.model_config import ACTIVATIONS, GLOBAL, LOCAL, ModelConfig
-from tests.conftest import IMAGE_TEXT, build_hf_model, hf_auto_class
+from tests.conftest import IMAGE_TEXT, TIMM_TOWERS, build_hf_model, hf_auto_class
 from tests.test_exactness import prompt_ids, reference_logits
 
 BASE = dict(model_type="llama", hidden_size=64, intermediate_size=96, num_hidden_layers=2,
@@ -136,8 +137,8 @@ def test_longrope_beyond_the_original_window_uses_the_long_factors(tmp_path):
 
 
 @pytest.mark.parametrize(("change", "message"), [
-    ({"model_type": "bloom"},
-     "'bloom' is not supported; supported: apertus, apertus1p5_text, arcee, bamba, bitnet"),
+    ({"model_type": "reformer"},
+     "'reformer' is not supported; supported: apertus, apertus1p5_text, arcee, "),
     ({"rope_parameters": {"rope_type": "mrope", "rope_theta": 1e4}}, "rope type 'mrope'"),
     ({"num_key_value_heads": 3}, "is not a multiple of num_key_value_heads (3)"),
     ({"layer_types": ["full_attention"]}, "layer_types lists 1 layers; there are 2"),
@@ -226,11 +227,11 @@ def test_unknown_family_is_one_line_from_the_cli(tmp_path):
 
     hf_dir = tmp_path / "hf"
     hf_dir.mkdir()
-    (hf_dir / "config.json").write_text(json.dumps(dict(BASE, model_type="bloom")))
+    (hf_dir / "config.json").write_text(json.dumps(dict(BASE, model_type="reformer")))
     result = cli("export", hf_dir, "-o", tmp_path / "out")
     assert result.returncode != 0
     lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and "model_type 'bloom' is not supported" in lines[0], lines
+    assert len(lines) == 1 and "model_type 'reformer' is not supported" in lines[0], lines
 
 
 def test_a_checkpoint_that_disagrees_with_its_config_is_refused_in_one_line(tmp_path):
@@ -265,6 +266,19 @@ SUPPORTED = {"granitemoehybrid": {"layer_types": ["attention"] * 4, "num_local_e
              "mamba2": {"num_heads": 8, "head_dim": 16},  # hidden x expand = heads x dim
              # Gemma 3n: its config class shares the KV of 15 layers, more than there are
              "gemma3n_text": {"num_kv_shared_layers": 2}, "gemma3n": {"num_kv_shared_layers": 2},
+             # DBRX: transformers 5.24's attention reads attn_config.rope_theta, which its
+             # config class does not default
+             "dbrx": {"attn_config": {"rope_theta": 10000.0}},
+             # their config classes rotate 64 dims (more than MINIMAL's heads have) and
+             # list 24 layers
+             "gptj": {"rotary_dim": 8}, "codegen": {"rotary_dim": 8},
+             "gpt_neo": {"attention_types": [[["global", "local"], 2]]},
+             # Jamba: an attention layer among the 4 (its config class's is the 5th of 8);
+             # Zamba2: 4 layers (its config class lists 54)
+             "jamba": {"attn_layer_period": 2, "attn_layer_offset": 1},
+             "zamba2": {"layers_block_type": ["mamba", "hybrid", "mamba", "hybrid"]},
+             # Zamba: two hybrid layers (with one, transformers fails to tie its block)
+             "zamba": {"layers_block_type": ["mamba", "hybrid", "mamba", "hybrid"]},
              # Cohere Compass: its model reads a rope dict per layer type, no default
              **dict.fromkeys(("cohere_compass_text", "cohere_compass"), {"rope_parameters": {
                  "full_attention": {"rope_type": "default", "rope_theta": 20000.0}}})}
@@ -304,14 +318,22 @@ def hf_theta(config, layer_type: str = "full_attention") -> float:
 
 
 # The families whose positions are a learned table (GPT-2's wpe), with no rotary at all.
-LEARNED_POSITIONS = ("gpt2", "gpt_bigcode", "gpt-sw3", "openai-gpt", "ctrl")
+LEARNED_POSITIONS = ("gpt2", "gpt_bigcode", "gpt-sw3", "openai-gpt", "opt", "gpt_neo",
+                     "biogpt", "xglm", "ctrl")  # XGLM's and CTRL's tables are fixed sinusoids
+# The families whose rotary is a table of their own (GPT-J's create_sinusoidal_positions on
+# the base 10000 over rotary_dim), not a rope_parameters dict.
+OWN_ROTARY = ("gptj", "codegen")
 # ... and those without rotary nor positions (Nemotron-H, Mamba-2, Mamba-1: their mamba
 # layers order the tokens).
-NO_ROTARY = (*LEARNED_POSITIONS, "nemotron_h", "mamba2", "mamba", "falcon_mamba")
+NO_ROTARY = (*LEARNED_POSITIONS, "nemotron_h", "mamba2", "mamba", "falcon_mamba", "jamba",
+             "zamba", "zamba2")
+ALIBI = ("bloom", "mpt")  # ... and those whose attention biases by distance instead
 
 
 # The families whose norms' eps is their model's constant, not a config key.
-FIXED_EPS = {"olmo": 1e-5}  # OlmoLayerNorm's
+# OlmoLayerNorm's; torch's LayerNorm default (DBRX; OPT, XGLM, BioGPT: BioGptConfig's
+# layer_norm_eps is a key its model never reads)
+FIXED_EPS = {"olmo": 1e-5, "dbrx": 1e-5, "opt": 1e-5, "xglm": 1e-5, "biogpt": 1e-5}
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
@@ -328,12 +350,15 @@ def test_keys_a_config_leaves_out_take_transformers_defaults(family):
         head_dim = hf.qk_rope_head_dim + hf.kv_lora_rank
     if not FAMILIES[family].attention_free:  # Mamba's attention fields are placeholders
         assert ours.head_dim == head_dim
-    eps = next((getattr(hf, k) for k in ("rms_norm_eps", "layer_norm_eps", "norm_epsilon",
-                                         "norm_eps", "layer_norm_epsilon")
-                if hasattr(hf, k)), FIXED_EPS.get(family))
+    eps = FIXED_EPS.get(family) or next(
+        getattr(hf, k) for k in ("rms_norm_eps", "layer_norm_eps", "norm_epsilon", "norm_eps",
+                                 "layer_norm_epsilon") if hasattr(hf, k))
     assert ours.norm_eps == pytest.approx(eps)
-    if family in NO_ROTARY:  # no rope: every layer goes without
+    if family in (*NO_ROTARY, *ALIBI):  # no rope: every layer goes without
         assert [layer.rope for layer in ours.layers] == [None] * len(ours.layers)
+    elif family in OWN_ROTARY:
+        rotary = meta_model(family).get_decoder().rotary_emb
+        assert (ours.ropes[GLOBAL].theta, ours.rotary_dim) == (10000.0, rotary.pos_embd_dim)
     else:
         assert ours.ropes[GLOBAL].theta == pytest.approx(hf_theta(hf))
         partial = (hf.rope_parameters.get("full_attention") or hf.rope_parameters).get(
@@ -350,9 +375,12 @@ def test_keys_a_config_leaves_out_take_transformers_defaults(family):
             assert (rope.rotary_dim, rope.proportion) == (head_dim, partial)
         else:
             assert rope.rotary_dim == int(head_dim * partial)
-    assert ours.final_softcap == getattr(hf, "final_logit_softcapping", None)
-    # Mamba-1/2 have no position limit (nor the key): export's cap of 4096 stands for it
-    assert ours.max_positions == getattr(hf, "max_position_embeddings", 4096)
+    assert ours.final_softcap == getattr(hf, "final_logit_softcapping",
+                                         getattr(hf, "logits_soft_cap", None))  # RecurrentGemma
+    # Mamba-1/2 and BLOOM have no position limit (nor the key): export's cap of 4096 stands
+    # for it; MPT's is its alibi table's, max_seq_len
+    assert ours.max_positions == getattr(hf, "max_position_embeddings",
+                                         getattr(hf, "max_seq_len", 4096))
     act_key = FAMILIES[family].act_key
     if act_key is not None and getattr(hf, act_key, None) is not None:  # BitNet's relu2
         name = getattr(hf, act_key)
@@ -413,17 +441,24 @@ def test_a_sliding_window_key_slides_only_where_the_family_reads_it(family):
         hf = hf_config(family, sliding_window=8, **extra).get_text_config()
         window = getattr(hf, "sliding_window", None)
         types = getattr(hf, "layer_types", None)
-        if family in ("llama", "gemma", "granite", "olmo2", "phi", "stablelm", "cohere",
+        # a wrapper (LLaVA's kin) slides as its default language model
+        text = WRAPPERS[family].default_text if family in WRAPPERS else family
+        if text == "gpt_neo":  # its own window on its local layers, whatever the key
+            expected = [hf.window_size if kind == "local" else None
+                        for kind in hf.attention_layers]
+        elif text in ("llama", "gemma", "granite", "olmo2", "phi", "stablelm", "cohere",
                       "gpt_neox", "ernie4_5", "ernie4_5_moe", "arcee", "qwen3_vl",
                       "qwen3_vl_moe", "hunyuan_v1_dense", "glm", "glm4", "helium",
                       "seed_oss", "exaone", "granitemoehybrid", "nemotron", "olmoe",
                       "granitemoe", "lfm2_moe", "minicpm3", "youtu", "deepseek_v2",
                       "glm4_moe", "glm4v_moe", "solar_open", "deepseek_v3", "glm4_moe_lite",
+                      "glm4v", "glm46v",
                       "sarvam_mla",
                       "bitnet", "apertus", "apertus1p5_text", "iquestcoder", "jais2", "olmo",
                       "hyperclovax", "granitemoeshared",
-                      "nanochat", "emu3", "gpt_neox_japanese", "mllama",
-                      *NO_ROTARY):
+                      "nanochat", "gptj", "codegen", "falcon", "persimmon", "internlm3",
+                      "hunyuan_v1_moe", "dbrx", "flex_olmo", "minimax_m2", "emu3",
+                      "gpt_neox_japanese", "mllama", *NO_ROTARY, *ALIBI):
             expected = [None] * len(ours)  # Nemotron-H: 2 layers of its 4 blocks
         elif types is not None:
             expected = [window if t == "sliding_attention" else None for t in types]
@@ -443,19 +478,32 @@ def test_the_activation_is_read_from_the_key_the_model_reads(family):
     # converted between them carry both names.
     keys = {"hidden_act": "silu", "hidden_activation": "gelu"}
     ours = ModelConfig.from_hf(minimal_raw(family, **keys)).activation
-    decoder = meta_model(family, **keys).get_decoder()
-    layers = decoder.layers if hasattr(decoder, "layers") else decoder.h  # GPT-2: h
+    model = meta_model(family, **keys)
+    decoder = model.get_decoder()
+    if isinstance(decoder, torch.nn.Linear):  # ModernBERT decoder's LM head is `decoder`
+        decoder = model.model
+    decoder = getattr(decoder, "model", decoder)  # Llama 4's get_decoder: its causal LM
+    # GPT-2 and BLOOM: h; MPT and DBRX: blocks
+    layers = next(getattr(decoder, name) for name in ("layers", "h", "blocks")
+                  if hasattr(decoder, name))
     layer = layers[0]
+    if family in ("zamba", "zamba2"):  # no MLP but the shared block's (in a hybrid layer)
+        hybrid = next(block for block in layers if hasattr(block, "linear"))
+        layer = getattr(hybrid, "shared_transf", None) or hybrid.shared_transformer
     # Granite 4's dense MLP; LFM2's, whose Lfm2MLP calls F.silu whatever the config says
     # (it has no activation module); Nemotron-H's MLP block
     # Mamba-1/2 have no MLP: their hidden_act is the mixer's, after the convolution
     mlp = layer.mixer if family in ("mamba2", "mamba", "falcon_mamba") else \
         getattr(layer, "mlp", None) or getattr(layer, "shared_mlp", None) or \
         getattr(layer, "block_sparse_moe", None) or getattr(layer, "feed_forward", None) or \
+        getattr(layer, "mlp_block", None) or \
         getattr(layer, "ffn", None) or \
+        (layer if hasattr(layer, "fc1") else None) or \
         next(block.mixer for block in layers if block.block_type == "mlp")
     mlp = getattr(mlp, "experts", mlp)  # a mixture of experts: its experts' activation
-    act = next((getattr(mlp, name) for name in ("act_fn", "activation_fn", "act", "activation")
+    mlp = getattr(mlp, "mlp", mlp)  # DBRX's experts: their GLU
+    act = next((getattr(mlp, name) for name in ("act_fn", "activation_fn", "act", "activation",
+                                                "gelu_impl")  # BLOOM's
                 if hasattr(mlp, name)), torch.nn.functional.silu)
     if isinstance(mlp, torch.nn.Sequential):  # CTRL's: Linear, its activation, Linear
         act = mlp[1]
@@ -472,6 +520,8 @@ def meta_model(family: str, **keys):
         if family == "gemma3n":  # its vision tower is a timm model (timm is not installed):
             # the language model alone, which is what export reads
             return transformers.Gemma3nForCausalLM(config.get_text_config())
+        if family in TIMM_TOWERS:  # as Gemma 3n's: the language model alone
+            return transformers.AutoModelForCausalLM.from_config(config.get_text_config())
         return hf_auto_class(family).from_config(config)
 
 
@@ -485,6 +535,11 @@ HONOURED = {("nemotron_h", "use_bias"), ("mamba2", "use_bias"), ("mamba", "use_b
             ("falcon_mamba", "use_bias"), ("glm4_moe", "use_qk_norm")}
 
 
+# The switches the family's config class refuses alone (InternLM3: mlp_bias without
+# attention_bias), and so does export.
+CLASS_REFUSED = {("internlm3", "mlp_bias")}
+
+
 @pytest.mark.parametrize("key", ("mlp_bias", "qk_layernorm", "use_qk_norm", "use_bias"))
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_a_switch_is_refused_only_where_the_model_reads_it(family, key):
@@ -492,7 +547,10 @@ def test_a_switch_is_refused_only_where_the_model_reads_it(family, key):
     # configs copied from another family carry it where the model ignores it (a Qwen2
     # config with mlp_bias: true), and such a config exports as without the key.
     raw, switched = minimal_raw(family), minimal_raw(family, **{key: True})
-    if (family, key) in HONOURED:
+    if (family, key) in CLASS_REFUSED:
+        with pytest.raises(ExportError, match=f"{family}: .*{key}"):
+            ModelConfig.from_hf(switched)
+    elif (family, key) in HONOURED:
         assert ModelConfig.from_hf(switched) != ModelConfig.from_hf(raw)
     elif weight_shapes(family, **{key: True}) != weight_shapes(family):
         with pytest.raises(ExportError, match=f"{family}: .*{key}"):

@@ -200,8 +200,8 @@ def test_device_arena_binds_each_pair_at_its_slot_pointer():
     arena = DeviceArena(ort, [(3, 2, 8, 4)] * 2, np.float32, 3, ["CPUExecutionProvider"],
                         "cpu")
     binding = RecordingBinding()
-    arena.bind(binding, [("past_key.0", "present_key.0"), ("past_value.0", "present_value.0")],
-               first=1, rows=2)
+    arena.bind(binding, [[("past_key.0", "present_key.0")],
+                         [("past_value.0", "present_value.0")]], first=1, rows=2)
     slot_bytes = 2 * 8 * 4 * 4
     for index, (past, present) in enumerate([("past_key.0", "present_key.0"),
                                              ("past_value.0", "present_value.0")]):
@@ -209,6 +209,17 @@ def test_device_arena_binds_each_pair_at_its_slot_pointer():
         assert binding.bound[past] == binding.bound[present] == (
             "cpu", 0, np.dtype(np.float32), (2, 2, 8, 4), address)
     assert all(not a.any() for a in arena.host_arrays()), "zero-filled"
+
+
+def test_a_device_arena_binds_a_layer_whose_value_is_its_key_to_one_buffer():
+    """Multi-head latent attention (contract.kv_buffers): both caches at one address."""
+    arena = DeviceArena(ort, [(3, 1, 8, 48)], np.float32, 3, ["CPUExecutionProvider"], "cpu")
+    binding = RecordingBinding()
+    arena.bind(binding, [[("past_key.0", "present_key.0"),
+                          ("past_value.0", "present_value.0")]], first=2, rows=1)
+    address = arena.values[0].data_ptr() + 2 * 8 * 48 * 4
+    assert {binding.bound[name][4] for name in ("past_key.0", "present_key.0", "past_value.0",
+                                                "present_value.0")} == {address}
 
 
 def test_device_arena_copies_and_swaps_whole_slots():
@@ -229,7 +240,7 @@ def test_device_arena_buffers_of_different_shapes_bind_copy_and_swap_each_its_ow
     for value, array in zip(arena.values, data, strict=True):
         value.update_inplace(array)
     binding = RecordingBinding()
-    arena.bind(binding, [("past_key.0", "present_key.0"), ("past_key.1", "present_key.1")],
+    arena.bind(binding, [[("past_key.0", "present_key.0")], [("past_key.1", "present_key.1")]],
                first=1, rows=2)
     assert binding.bound["past_key.1"][3:] == (
         (2, 1, 8, 16), arena.values[1].data_ptr() + 1 * 8 * 16 * 4)

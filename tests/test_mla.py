@@ -160,13 +160,16 @@ def test_minicpm3s_scales_read_as_its_config_class():
 @pytest.mark.parametrize("family", MLA_FAMILIES)
 def test_the_cache_holds_one_head_of_rope_and_latent_per_token(family, bundle):
     """MiniCPM3's fixture: 4 heads whose decompressed K and V would be 4 x (32 + 24) floats
-    a token and layer; the bundle keeps 16 + 32, in the key and (the same) value cache."""
+    a token and layer; the bundle keeps 16 + 32, one buffer as its key and value cache
+    (graph.value_is_key, tests/test_mla_one_cache.py)."""
     path = bundle(family)
     model = json.loads((path / MANIFEST_FILE).read_text())["model"]
     assert (model["num_kv_heads"], model["head_dim"]) == (1, 16 + 32)
-    # each layer's K and V, float32: what `inspect` and the KV budget count
-    assert kv_slot_bytes(load_manifest(path).model, 128, np.float32) == \
-        model["num_layers"] * 2 * 48 * 4 * 128
+    # each layer's one cache, float32: what `inspect` and the KV budget count
+    manifest = load_manifest(path)
+    assert manifest.graph.value_is_key == list(range(model["num_layers"]))
+    assert kv_slot_bytes(manifest.model, 128, np.float32, 0, manifest.graph.value_is_key) \
+        == model["num_layers"] * 48 * 4 * 128
 
 
 @pytest.mark.parametrize("flavor", ("ort", "standard"))

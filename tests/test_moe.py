@@ -14,7 +14,9 @@ import torch
 from safetensors.numpy import load_file, save_file
 
 from edgeprefill.engines import StepBatch
+from edgeprefill.errors import ExportError
 from edgeprefill.export.exporter import ExportOptions, export
+from edgeprefill.export.families import FAMILIES as FAMILY_SPECS
 from edgeprefill.export.model_config import ModelConfig
 from edgeprefill.export.quantize import QuantConfig, int4_blockwise, int4_dequantize
 from edgeprefill.sdk import Engine, GenerationParams
@@ -35,7 +37,9 @@ MOE_FAMILIES = ("qwen3_moe", "olmoe", "granitemoe", "lfm2_moe", "qwen2_moe", "gl
 # logits in both flavours: test_exactness.test_chunk_logits_match_transformers).
 SLOW_MOE_FAMILIES = ("qwen3_5_moe_text", "qwen3_5_moe", "qwen3_vl_moe", "mixtral",
                      "ernie4_5_moe", "qwen3_next", "lara_mini", "mellum", "flint", "dots1",
-                     "exaone_moe", "solar_open", "kolibri1", "glm4v_moe")
+                     "exaone_moe", "solar_open", "kolibri1", "glm4v_moe", "llama4_text",
+                     "llama4", "phimoe", "hunyuan_v1_moe", "dbrx", "flex_olmo",
+                     "minimax_m2")
 # DeepSeek-V3's grouped routing (glm4_moe's fixture is the default suite's representative)
 GROUPED_FAMILIES = ("glm4_moe", "dots1", "exaone_moe", "solar_open", "glm4v_moe",
                     "deepseek_v3", "glm4_moe_lite", "sarvam_mla")  # the last three: MLA
@@ -50,8 +54,22 @@ EVERY_MOE_FAMILY = [*MOE_FAMILIES, *slow(*SLOW_MOE_FAMILIES)]
 
 
 def is_router(module: torch.nn.Module) -> bool:
-    # Qwen3-MoE's TopKRouter, DeepSeek-V3's TopkRouter
-    return type(module).__name__.lower().endswith("topkrouter")
+    # Qwen3-MoE's TopKRouter, DeepSeek-V3's TopkRouter, Llama 4's Llama4Router, Hunyuan's
+    # HunYuanMoEV1Gate
+    name = type(module).__name__.lower()
+    return name.endswith("topkrouter") or name in ("llama4router", "hunyuanmoev1gate",
+                                                   "dbrxrouter")
+
+
+def router_choice(router: torch.nn.Module, out) -> np.ndarray:
+    """The [tokens, k] experts a router chose, from its output: the TopKRouters' third
+    output; Llama 4's router returns its scores and logits, DBRX's its logits, and both
+    choose the top k logits (DBRX's k is its block's: top_k, set by chosen_experts)."""
+    if type(router).__name__ == "Llama4Router":
+        return torch.topk(out[1], router.top_k, dim=-1).indices.numpy()
+    if type(router).__name__ == "DbrxRouter":
+        return torch.topk(out, router.top_k, dim=-1).indices.numpy()
+    return out[2].numpy()
 
 
 def routers(model) -> list[torch.nn.Module]:
@@ -62,8 +80,11 @@ def routers(model) -> list[torch.nn.Module]:
 def chosen_experts(hf_dir, ids: list[int]) -> list[np.ndarray]:
     """Per MoE layer, the [tokens, k] experts transformers' routers choose for `ids`."""
     model = load_hf_model(hf_dir)
+    for block in model.modules():  # DBRX: its router leaves the top k to its block
+        if type(block).__name__ == "DbrxFFN":
+            block.router.top_k = block.top_k
     chosen: list[np.ndarray] = []
-    hooks = [r.register_forward_hook(lambda m, i, out: chosen.append(out[2].numpy()))
+    hooks = [r.register_forward_hook(lambda m, i, out: chosen.append(router_choice(m, out)))
              for r in routers(model)]
     with torch.no_grad(), recurrent_delta_rule():
         model(torch.tensor([ids]))
@@ -78,7 +99,7 @@ def test_the_fixture_routes_a_chunks_tokens_to_different_experts_and_leaves_some
     """What the chunked tests below rest on: within a 3-token chunk the tokens choose
     different experts, and some expert gets no token (its MatMuls run on zero rows)."""
     ids = prompt_ids(40)
-    keys = FAMILIES[family]
+    keys = FAMILIES[family].get("ffn_config", FAMILIES[family])  # DBRX's are its ffn_config's
     experts = keys.get("num_experts") or keys.get("num_local_experts") or \
         keys.get("n_routed_experts") or keys["moe_num_experts"]
     for layer in chosen_experts(hf_model(family), ids):
@@ -190,19 +211,28 @@ def test_greedy_output_matches_transformers_across_chunk_sizes(family, flavor, h
     check_greedy(hf_model(family), bundle(family, flavor), (1, 17, 100), (1, 16, None))
 
 
-def dequantized_int4(model, block: int = 32) -> None:
+def dequantized_int4(model, block: int = 32, transposed: bool = False) -> None:
     """Every projection of `model` but its routers', and its (untied) embedding table, as
-    the int4 bundle stores them."""
+    the int4 bundle stores them; `transposed`: the fused experts are stored [E, in, out]
+    (Llama 4's), quantized along their input as the bundle's are."""
     with torch.no_grad():
         dequantize_embeddings(model, "int4", block)
         for name, param in model.named_parameters():
             if param.dim() != 2 and "experts" not in name or "embed" in name or \
-                    name.endswith(("gate.weight", "router.weight", "e_score_correction_bias")):
+                    name.endswith(("gate.weight", "router.weight", "e_score_correction_bias",
+                                   "gate.wg.weight", "router.layer.weight")):
                 continue  # (LFM2's depthwise conv weights are not projections, nor ERNIE's
                 # [1, E] selection bias)
-            flat = param.reshape(-1, param.shape[-1]).numpy()
-            param.copy_(torch.from_numpy(int4_dequantize(
-                *int4_blockwise(flat, block), flat.shape[1])).reshape(param.shape))
+            weight, turned = param, transposed and param.dim() == 3
+            if name.endswith("experts.mlp.w2"):  # DBRX: each expert's [I, H], in by out
+                weight = param.reshape(-1, model.config.ffn_config.ffn_hidden_size,
+                                       param.shape[-1])
+                turned = True
+            weight = weight.transpose(1, 2) if turned else weight
+            flat = weight.reshape(-1, weight.shape[-1]).numpy()
+            out = torch.from_numpy(int4_dequantize(
+                *int4_blockwise(flat, block), flat.shape[1])).reshape(weight.shape)
+            param.copy_((out.transpose(1, 2) if turned else out).reshape(param.shape))
 
 
 @pytest.mark.parametrize("family, block", [
@@ -221,7 +251,7 @@ def test_int4_experts_equal_transformers_with_dequantized_weights(family, block,
         chunks=(16,), max_context=128, show_progress=False,
         quant=QuantConfig("int4", block, accuracy_level=0)))
     model = load_hf_model(hf_dir)
-    dequantized_int4(model, block)
+    dequantized_int4(model, block, FAMILY_SPECS[family.split("-")[0]].moe.names.transposed)
     ids = prompt_ids(20)
     with torch.no_grad(), recurrent_delta_rule():
         expected = model(torch.tensor([ids])).logits[0].numpy()
@@ -619,6 +649,9 @@ def test_the_ort_flavour_runs_a_hub_sized_mixture_as_one_op_per_layer(quant, op)
     ("qwen3_5_moe_text", "ort", "int4", "QMoE"), ("glm4_moe", "ort", "int4", "QMoE"),
     # int8 bundles are not the op's; nor is the standard flavour (stock ops only)
     ("qwen3_moe", "ort", "int8", "ScatterND"), ("lfm2_moe", "standard", None, "ScatterND"),
+    # Llama 4's input-scaled experts: the op for one expert per token, unrolled for two
+    ("llama4_text", "ort", None, "MoE"), ("llama4_text", "ort", "int4", "QMoE"),
+    ("llama4", "ort", None, "ScatterND"),
 ])
 def test_each_bundle_gets_the_op_or_the_unrolled_experts(family, flavor, quant, op, hf_model):
     from edgeprefill.export.checkpoint import Checkpoint
@@ -626,7 +659,7 @@ def test_each_bundle_gets_the_op_or_the_unrolled_experts(family, flavor, quant, 
     from edgeprefill.export.flavors import flavor_class
 
     cfg = ModelConfig.from_dir(hf_model(family))
-    g = DecoderBuilder(cfg, Checkpoint(hf_model(family)),
+    g = DecoderBuilder(cfg, Checkpoint(hf_model(family), cfg.spec.renames, cfg.spec.left_out),
                        flavor_class(flavor)(cfg, np.float32, 128),
                        QuantConfig(quant) if quant else None).build()
     assert sum(n.op_type == op for n in g.nodes) == len(cfg.moe.layers)
@@ -652,3 +685,60 @@ def test_an_ort_bundle_whose_experts_miss_the_op_says_so_and_why(flavor, quant, 
                          "Runtime's MoE op: int8 weights (the op's 8-bit mode does not compute "
                          "this bundle's per-channel int8); decode runs several times slower "
                          "than an fp32 or int4 `ort` bundle"] if warned else [])
+
+
+# tencent/Hunyuan-A13B-Instruct's config.json (its keys transformers' model reads): top 8 of
+# 64 experts as wide as intermediate_size on every layer, moe_topk given per layer
+HUNYUAN_A13B = {"model_type": "hunyuan_v1_moe", "vocab_size": 128167, "hidden_size": 4096,
+                "intermediate_size": 3072, "num_hidden_layers": 32,
+                "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
+                "num_experts": 64, "moe_topk": [8] * 32, "attention_bias": False,
+                "max_position_embeddings": 32768, "rope_theta": 10000.0,
+                "rope_scaling": {"type": "dynamic", "alpha": 1000.0, "factor": 1.0}}
+
+
+def test_hunyuans_per_layer_top_k_reads_as_its_one_value_and_several_are_refused():
+    moe = ModelConfig.from_hf(HUNYUAN_A13B).moe
+    assert (moe.experts, moe.top_k, moe.width, moe.shared_width, moe.layers, moe.norm_topk) \
+        == (64, 8, 3072, 3072, tuple(range(32)), True)
+    with pytest.raises(ExportError, match=r"^hunyuan_v1_moe: num_experts_per_tok per layer "
+                                          r"\(\[8, 4\]\) is not supported; export takes one "
+                                          r"value$"):
+        ModelConfig.from_hf({**HUNYUAN_A13B, "num_hidden_layers": 2, "moe_topk": [8, 4]})
+
+
+def test_dbrxs_top_k_weights_over_another_norm_than_their_sum_are_refused_in_one_line():
+    raw = {"model_type": "dbrx", "d_model": 64, "n_heads": 4, "n_layers": 2,
+           "ffn_config": {"moe_num_experts": 8, "moe_top_k": 2,
+                          "moe_normalize_expert_weights": 2.0}}
+    with pytest.raises(ExportError, match=r"^dbrx: moe_normalize_expert_weights 2.0 \(the "
+                                          r"top-k weights over their 2.0-norm\) is not "
+                                          r"supported; export divides them by their sum "
+                                          r"\(1\)$"):
+        ModelConfig.from_hf(raw)
+    raw["ffn_config"]["moe_normalize_expert_weights"] = None  # not renormalized at all
+    assert not ModelConfig.from_hf(raw).moe.norm_topk
+
+
+def test_minimax_m2s_correction_bias_changes_the_experts_transformers_chooses(hf_model):
+    """What makes the logits tests check MiniMax-M2's biased choice: without the bias
+    transformers' routers choose other experts for some tokens."""
+    model = load_hf_model(hf_model("minimax_m2"))
+    ids = torch.tensor([prompt_ids(40)])
+
+    def chosen() -> np.ndarray:
+        picked: list[np.ndarray] = []
+        hooks = [r.register_forward_hook(lambda m, i, out: picked.append(out[2].numpy()))
+                 for r in routers(model)]
+        with torch.no_grad():
+            model(ids)
+        for hook in hooks:
+            hook.remove()
+        return np.sort(np.concatenate(picked), axis=-1)
+
+    routed = chosen()
+    with torch.no_grad():
+        for name, buffer in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                buffer.zero_()
+    assert (chosen() != routed).any()

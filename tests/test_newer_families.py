@@ -2,12 +2,13 @@
 Cohere Compass (Cohere 2's layers with a rope per layer type, null for NoPE; and its
 image-text checkpoint), Emu3 (a Llama language model beside a VQ-VAE), GPT-NeoX Japanese
 (GPT-NeoX's tensors as pre-norm layers, one output bias on the last layer), GPT-1
-(openai-gpt: post-LN layers, no final norm), CTRL (a fixed sinusoidal position table, the
-embedding scaled), GPT-SW3 (GPT-2 under its own model_type) and Mllama's language model
-(Llama without the cross-attention layers text skips). The fixtures
-(conftest.FAMILIES) also run in the generic suites: test_exactness compares every chunk's
-logits with transformers in both flavours, test_families reads their configs' defaults as
-transformers. Here: rows of different lengths in one call, each family's own piece."""
+(openai-gpt: OPT-350m's post-norm layers, no final norm), CTRL (a fixed sinusoidal
+position table beside XGLM's in sinusoids.py, the embedding scaled), GPT-SW3 (GPT-2 under
+its own model_type) and Mllama's language model (Llama without the cross-attention layers
+text skips). The fixtures (conftest.FAMILIES) also run in the generic suites:
+test_exactness compares every chunk's logits with transformers in both flavours,
+test_families reads their configs' defaults as transformers. Here: rows of different
+lengths in one call, each family's own piece."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from edgeprefill.engines import BackendOptions, StepBatch
 from edgeprefill.engines.ort.backend import OnnxRuntimeBackend
 from edgeprefill.errors import ExportError
 from edgeprefill.export.model_config import LOCAL, ModelConfig
-from edgeprefill.export.sinusoid import sinusoid_table
+from edgeprefill.export.sinusoids import ctrl_sinusoids, xglm_sinusoids
 from edgeprefill.sdk import Engine
 from tests.conftest import COMPASS, build_hf_model
 from tests.test_exactness import check_together, prompt_ids, reference_logits
@@ -131,12 +132,19 @@ def test_gpt_neox_japanese_reads_its_mlp_width_and_tying_as_transformers():
     assert cfg.tie_embeddings is hf.tie_word_embeddings is True
 
 
-def test_ctrls_sinusoid_table_is_transformers():
+@pytest.mark.parametrize("width", [64, 63])
+def test_ctrls_and_xglms_sinusoid_tables_are_transformers(width):
+    """One module, two tables: both sin | cos halves, but CTRL's frequencies are
+    10000 ** (-2k / width) and XGLM's exp(-k ln(10000) / (width / 2 - 1)), an odd width
+    gives CTRL one sine more and XGLM a zero column, and XGLM zeroes its padding row."""
     from transformers.models.ctrl.modeling_ctrl import positional_encoding
+    from transformers.models.xglm.modeling_xglm import XGLMSinusoidalPositionalEmbedding
 
-    ours = sinusoid_table(1024, 64)
-    theirs = positional_encoding(1024, 64, torch.float).numpy()
-    np.testing.assert_allclose(ours, theirs, rtol=0, atol=2e-6)
+    ctrl = positional_encoding(1024, width, torch.float).numpy()
+    np.testing.assert_allclose(ctrl_sinusoids(1024, width), ctrl, rtol=0, atol=2e-6)
+    xglm = XGLMSinusoidalPositionalEmbedding.get_embedding(1024, width, 1).numpy()
+    np.testing.assert_allclose(xglm_sinusoids(1024, width, 1), xglm, rtol=0, atol=2e-6)
+    assert np.abs(ctrl - xglm).max() > 0.1  # not one table
 
 
 def test_a_ctrl_config_with_another_norm_epsilon_is_refused_in_one_line():

@@ -19,8 +19,10 @@ from tests.test_exactness import prompt_ids, reference_greedy, reference_logits
 # Falcon-H1's layers keep KV and states both; Mamba-2's keep no KV at all (its slots hold
 # states alone).
 FAMILIES = ("lfm2", "lfm3", "qwen3_5_text", "granitemoehybrid-mamba", "falcon_h1", "mamba2",
-            *(pytest.param(family, marks=pytest.mark.slow)  # Mamba-1: as Mamba-2, slow
-              for family in ("mamba", "falcon_mamba")))
+            # Mamba-1 (as Mamba-2), Jamba, Zamba2, Zamba and RecurrentGemma: slow
+            *(pytest.param(family, marks=pytest.mark.slow)
+              for family in ("mamba", "falcon_mamba", "jamba", "zamba2", "zamba",
+                             "recurrent_gemma")))
 FLAVORS = ("ort", "standard")
 PARAMS = GenerationParams(max_new_tokens=8, ignore_eos=True)
 

@@ -302,11 +302,15 @@ def _kv_line(manifest, bf16: bool) -> str:
     if not m.kv_layers:  # a slot holds the states alone, whatever its positions
         return (f"kv cache    none (no layer attends); a slot holds {state / 1e6:.1f} MB of "
                 "recurrent state")
-    line = (f"kv cache    {kv_slot_bytes(m, positions, dtype, state) / 1e6:.1f} MB per slot "
-            f"of {positions} positions ({dtype})")
+    one = manifest.graph.value_is_key  # one buffer as key and value cache (CPU provider)
+    line = (f"kv cache    {kv_slot_bytes(m, positions, dtype, state, one) / 1e6:.1f} MB per "
+            f"slot of {positions} positions ({dtype})")
     if bf16 and dtype == "float32":
-        line += (f"; {kv_slot_bytes(m, positions, DTYPE, state) / 1e6:.1f} MB under "
+        line += (f"; {kv_slot_bytes(m, positions, DTYPE, state, one) / 1e6:.1f} MB under "
                  "--compute bf16")
+    if one:
+        line += ("; one cache per layer, its value the key (on a GPU: "
+                 f"{kv_slot_bytes(m, positions, dtype, state) / 1e6:.1f} MB, two)")
     return line
 
 

@@ -1,7 +1,8 @@
 """The backend contract: run one step of the chunk graph against a KV arena it owns.
 
 A backend knows graphs and buffers, nothing about sessions or scheduling. The KV cache
-is one arena per layer and per K/V, `[slots, kv_heads, capacity, head_dim]`, with the
+is one arena per layer and per K/V (one per layer where its value is its key:
+contract.kv_buffers), `[slots, kv_heads, capacity, head_dim]`, with the
 slot as the first axis: a prefill chunk of slot s binds `arena[s:s+1]` and a decode batch
 of slots a..b-1 binds `arena[a:b]`, both contiguous views, so no step copies the cache.
 
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
@@ -68,12 +70,14 @@ class BackendOptions:
 
 
 def kv_slot_bytes(model: ModelInfo, capacity: int, dtype: np.dtype | str,
-                  state_bytes: int = 0) -> int:
+                  state_bytes: int = 0, value_is_key: Collection[int] = ()) -> int:
     """Bytes of KV cache one slot of `capacity` positions takes, all layers, at `dtype`,
     plus the slot's recurrent state (`state_bytes`, contract.state_slot_bytes, which keeps
-    the graph's dtypes): what `kv_budget_bytes` is divided by."""
+    the graph's dtypes): what `kv_budget_bytes` is divided by. The layers in
+    `value_is_key` hold one buffer as both their caches (contract.kv_buffers)."""
     layers = attention_layers(model.num_layers, model.no_kv_layers)
-    per_position = 2 * sum(math.prod(model.kv_dims(i)) for i in layers)
+    per_position = sum((1 if i in value_is_key else 2) * math.prod(model.kv_dims(i))
+                       for i in layers)
     return per_position * capacity * int(np.dtype(dtype).itemsize) + state_bytes
 
 
@@ -113,7 +117,14 @@ class Backend(ABC):
     def kv_slot_bytes(self, capacity: int) -> int:
         """Bytes of KV cache one slot of `capacity` positions takes, all layers, with its
         recurrent state."""
-        return kv_slot_bytes(self.manifest.model, capacity, self.kv_dtype, self.state_bytes())
+        return kv_slot_bytes(self.manifest.model, capacity, self.kv_dtype, self.state_bytes(),
+                             self.value_is_key)
+
+    @property
+    def value_is_key(self) -> list[int]:
+        """The layers whose one KV buffer is bound as both their key and value caches
+        (the manifest's graph.value_is_key where the backend does so); by default none."""
+        return []
 
     def state_bytes(self) -> int:
         """Bytes of recurrent state one slot holds (0 without state layers)."""

@@ -158,9 +158,11 @@ class Checkpoint:
         self.read.add(name)
         return tensor.T if self._is_transposed(name) else tensor
 
-    def get_index(self, name: str, index: int, dtype: np.dtype = np.float32) -> np.ndarray:
+    def get_index(self, name: str, index: int | slice,
+                  dtype: np.dtype = np.float32) -> np.ndarray:
         """`name`[index] along its first axis, read alone (one expert of a fused [E, ...]
-        tensor: the whole tensor of a large model's layer is gigabytes)."""
+        tensor, or a slice of rows of DBRX's [E * I, H]: the whole tensor of a large
+        model's layer is gigabytes)."""
         path, stored = self._require(name)
         if self._float8(path, stored):
             raise ExportError(f"{name!r} is a fused float8 tensor, which export cannot read")

@@ -8,7 +8,7 @@ fails at load time with a traceback.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from edgeprefill.errors import ExportError
 
@@ -26,6 +26,73 @@ POSITIVE_FIELDS = {
     "vocab_size": "vocab_size",
     "max_positions": "max_position_embeddings",
 }
+
+# The sizes export builds tables and layer lists from before it reads a weight: the least
+# and the largest each may be. The largest is far above any published model's (hidden
+# 25600, 126 layers, 128 heads, head_dim 512, intermediate 53248, vocab 262144), far
+# below what would exhaust the memory before a weight's shape could disagree (head_dim
+# 2**40: a 4 TiB rope table).
+SIZE_LIMITS = {
+    "num_hidden_layers": (1, 2**16), "hidden_size": (1, 2**20), "head_dim": (1, 2**20),
+    "num_attention_heads": (1, 2**16), "num_key_value_heads": (1, 2**16),
+    "intermediate_size": (1, 2**24), "vocab_size": (1, 2**24),
+    # no table is as long (a bundle's context is --max-context): a limit only for its type
+    "max_position_embeddings": (1, 2**62),
+    "num_nextn_predict_layers": (0, 2**16),  # DeepSeek-V3's MTP layers, left out
+    "altup_num_inputs": (1, 2**16),  # Gemma 3n's streams
+    # multi-head latent attention (export/latent_attention.py)
+    "q_lora_rank": (1, 2**20), "kv_lora_rank": (1, 2**20), "qk_nope_head_dim": (0, 2**20),
+    "qk_rope_head_dim": (1, 2**20), "v_head_dim": (1, 2**20),
+}
+JSON_TYPES = {dict: "an object", str: "a string", list: "a list"}
+# The keys whose value the family hooks read as an object (null: none).
+OBJECT_KEYS = ("text_config", "rope_parameters", "rope_scaling", "quantization_config",
+               "attn_config", "ffn_config")  # DBRX's
+
+
+def config_value(raw: dict[str, Any], key: str, kind: type) -> Any:
+    """raw[key] where it is of `kind` (a key of JSON_TYPES), None where absent or null;
+    anything else is refused in one line (a rope_parameters string had been an
+    AttributeError deep in the rope code)."""
+    value = raw.get(key)
+    if value is not None and not isinstance(value, kind):
+        raise ExportError(f"config.json: {key} must be {JSON_TYPES[kind]}, "
+                          f"got {type(value).__name__}")
+    return value
+
+
+def check_objects(raw: dict[str, Any]) -> None:
+    """Each OBJECT_KEYS key an object, null or absent (a text_config string had been an
+    AttributeError in the family's unnest hook)."""
+    for key in OBJECT_KEYS:
+        config_value(raw, key, dict)
+
+
+def positive_number(raw: dict[str, Any], key: str) -> float:
+    """raw[key] as a positive finite float (a negative query_pre_attn_scalar had made the
+    attention scale a complex number)."""
+    value = float(raw[key])  # a string or list: from_hf's "malformed value" line
+    if not (math.isfinite(value) and value > 0):
+        raise ExportError(f"config.json: {key} must be positive, got {raw[key]!r}")
+    return value
+
+
+def check_sizes(raw: dict[str, Any]) -> None:
+    """The SIZE_LIMITS keys config.json gives (null or absent: derived, checked later), each a
+    positive integer within its limit (a list of them, one per layer: Gemma 3n's MLPs)."""
+    for key in SIZE_LIMITS:
+        value = raw.get(key)
+        for size in value if isinstance(value, list) and key == "intermediate_size" else [value]:
+            if size is None:
+                continue
+            if isinstance(size, bool) or not isinstance(size, int):
+                raise ExportError(f"config.json: {key} must be an integer, got {size!r}")
+            least, most = SIZE_LIMITS[key]
+            if size < least:
+                raise ExportError(f"config.json: {key} must be "
+                                  f"{'positive' if least else 'at least 0'}, got {size}")
+            if size > most:
+                raise ExportError(f"config.json: {key} must be at most {most}, got {size}")
 
 
 def check_model_config(cfg: ModelConfig) -> None:

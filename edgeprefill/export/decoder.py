@@ -42,15 +42,18 @@ from edgeprefill.export.graph import GraphBuilder
 from edgeprefill.export.latent_attention import LatentAttention
 from edgeprefill.export.lm_head import embedding_weight, head_weight
 from edgeprefill.export.mamba1 import Mamba1
+from edgeprefill.export.mamba1_heads import MultiHeadMamba1
 from edgeprefill.export.mamba2 import Mamba2
 from edgeprefill.export.model_config import LayerAttention, ModelConfig
 from edgeprefill.export.moe import MixtureOfExperts
 from edgeprefill.export.moe_op import MoeOp, why_unrolled
 from edgeprefill.export.per_layer_input import PerLayerInputs
 from edgeprefill.export.quantize import QuantConfig
+from edgeprefill.export.rg_lru import RgLru
+from edgeprefill.export.shared_block import SharedBlock
 from edgeprefill.export.shared_kv import SharedKV
 from edgeprefill.export.short_conv import ShortConv
-from edgeprefill.export.sinusoid import sinusoid_table
+from edgeprefill.export.sinusoids import ctrl_sinusoids, xglm_sinusoids
 from edgeprefill.export.sparse_gate import sparse_gate
 from edgeprefill.export.tokens import PackedTokens, PaddedTokens
 from edgeprefill.export.weights import GraphWeights
@@ -134,9 +137,12 @@ class DecoderBuilder:
         self.delta_net = (GatedDeltaNet(g, self.w, cfg, self.tokens, conv, past_lens,
                                         valid_lens, chunk)
                           if conv is not None and cfg.delta_layers else None)
-        mamba = Mamba1 if cfg.selective is not None else Mamba2
+        mamba = Mamba2 if cfg.selective is None else \
+            MultiHeadMamba1 if cfg.selective.heads else Mamba1
         self.mamba = (mamba(g, self.w, cfg, self.tokens, conv, past_lens, valid_lens, chunk)
                       if conv is not None and cfg.mamba_layers else None)
+        self.lru = (RgLru(g, self.w, cfg, self.tokens, conv, past_lens, valid_lens, chunk)
+                    if conv is not None and cfg.lru_layers else None)
         self._declare_kv_io()
         step = self._step_tensors(past_lens, chunk)
         self.shared = (SharedKV(g, self.flavor, past_lens, valid_lens)
@@ -146,13 +152,17 @@ class DecoderBuilder:
         self.q_scale = self._query_scale(past_lens, chunk)
         self.latent = LatentAttention(self) if cfg.latent is not None else None
         x = self._embed(ids)  # [B,C,hidden] or packed [1,T,hidden]
-        if cfg.embed_scale is not None:
+        if cfg.embed_width is not None:  # OPT-350m: a narrower table, projected
+            x = self.w.linear(x, [self.names.project_in + ".weight"], None)
+        self.shared_block = SharedBlock(self, x) if cfg.shared_block is not None else None
+        if cfg.embed_scale is not None:  # the tokens' embedding only, not the positions'
             x = g.op("Mul", [x, g.const(cfg.embed_scale, self.dtype)])
-        if self.names.position_embed is not None:  # GPT-2's learned positions
-            x = g.op("Add", [x, self._position_embedding(self.names.position_embed,
-                                                         past_lens, chunk)])
-        if cfg.spec.embed_norm and self.names.final_norm is not None:  # nanochat
+        if self.names.position_embed is not None or cfg.spec.sinusoidal_positions:
+            x = g.op("Add", [x, self._position_embedding(past_lens, chunk)])
+        if cfg.spec.embed_norm:  # nanochat
             x = self._norm(x, self.names.final_norm)
+        if self.names.embed_norm is not None:  # BLOOM's, ModernBERT decoder's
+            x = self._norm(x, self.names.embed_norm)
         if self.ple is not None:
             self.ple.build(ids, x)
         if self.altup is not None:  # Gemma 3n: x is the AltUp streams [.., N, hidden]
@@ -172,8 +182,13 @@ class DecoderBuilder:
             x = self.altup.collapse(x)
         # Only each row's last valid token reaches the LM head (the last layer kept only
         # those): full [C, vocab] logits of a 256-token chunk would cost more than a layer.
-        final = self.names.final_norm  # None: GPT-1's layers end normalized
-        hidden = x if final is None else self._norm(x, final)  # [B,hidden]
+        hidden = self._norm(x, self.names.final_norm) if cfg.final_norm else x  # [B,hidden]
+        if cfg.embed_width is not None:
+            hidden = self.w.linear(hidden, [self.names.project_out + ".weight"], None)
+        if cfg.head_activation is not None:  # ModernBERT decoder's prediction head
+            dense = self.w.linear(hidden, [self.names.head_dense + ".weight"], None)
+            hidden = self._norm(self._activation(dense, cfg.head_activation),
+                                self.names.head_norm)
         logits = self._logits(self._lm_head(hidden))
         if self.dtype != np.float32:
             logits = g.op("Cast", [logits], to=1)
@@ -219,11 +234,12 @@ class DecoderBuilder:
         for names, dtype, state in states:
             self.g.output(names.present, dtype, state)
 
-    def _mixer_of(self, layer: int) -> ShortConv | GatedDeltaNet | Mamba1 | Mamba2:
+    def _mixer_of(self, layer: int) -> ShortConv | GatedDeltaNet | Mamba1 | Mamba2 | RgLru:
         """The emitter of a state layer's token mixer."""
-        mixer: ShortConv | GatedDeltaNet | Mamba1 | Mamba2 | None = (
+        mixer: ShortConv | GatedDeltaNet | Mamba1 | Mamba2 | RgLru | None = (
             self.short_conv if layer in self.cfg.conv_layers else
-            self.mamba if layer in self.cfg.mamba_layers else self.delta_net)
+            self.mamba if layer in self.cfg.mamba_layers else
+            self.lru if layer in self.cfg.lru_layers else self.delta_net)
         assert mixer is not None
         return mixer
 
@@ -242,14 +258,22 @@ class DecoderBuilder:
         block = self.cfg.block_of(i)
         if block == "altup":
             return self._altup_layer(i, x, step, rows), None
-        if block == "post_ln":  # GPT-1: each residual sum normalized, the original Transformer
-            return self._post_ln_layer(i, x, delta, step, rows), None
         if block == "post":  # OLMo 2: the norms follow the sublayers
             x = x if delta is None else self.g.op("Add", [x, delta])
             attn = self._norm(self._mixer(i, x, step, rows), p + n.post_attn_norm)
             x = self.g.op("Add", [rows(x), self._scaled(attn)])
             return x, self._scaled(self._norm(self._mlp(p, x), p + n.post_mlp_norm))
-        x, h = self._add_norm(x, delta, p + n.input_norm)
+        if block == "postln":  # OPT-350m, GPT-1: each norm after its residual add
+            return self._post_norm_layer(i, x, delta, step, rows), None
+        if self.shared_block is not None and i in self.cfg.kv_state_layers:  # Zamba2
+            x = x if delta is None else self.g.op("Add", [x, delta])
+            shared = self.shared_block.apply(i, x, step)
+            h = self._norm(self.g.op("Add", [x, shared]), p + n.input_norm)
+            return rows(x), self._mixer(i, h, step, rows)
+        if i == 0 and self.cfg.spec.first_layer_unnormed:  # ModernBERT decoder
+            h = x
+        else:
+            x, h = self._add_norm(x, delta, p + n.input_norm)
         if block == "hybrid":  # Falcon-H1: attention and Mamba-2 side by side
             x, h = self._add_norm(rows(x), self._hybrid_mixers(i, h, step, rows),
                                   p + n.post_attn_norm)
@@ -270,15 +294,16 @@ class DecoderBuilder:
         x, h = self._add_norm(x, self._scaled(attn), p + n.post_attn_norm)
         return x, self._scaled(self._mlp(p, h))
 
-    def _post_ln_layer(self, i: int, x: str, delta: str | None, step: StepTensors,
-                       rows: Rows) -> str:
-        """GPT-1's layer: n1(x + attn(x)), then n2(h + mlp(h)) of that h."""
-        n = self.names
+    def _post_norm_layer(self, i: int, x: str, delta: str | None, step: StepTensors,
+                         rows: Rows) -> str:
+        """OPT-350m's and GPT-1's layer: attention and MLP read the residual stream itself,
+        and each residual add is normed."""
+        g, n = self.g, self.names
         p = n.layer.format(i=i)
-        x = x if delta is None else self.g.op("Add", [x, delta])
+        x = x if delta is None else g.op("Add", [x, delta])
         attn = self._mixer(i, x, step, rows)
-        _, h = self._add_norm(rows(x), attn, p + n.input_norm)
-        return self._add_norm(h, self._mlp(p, h), p + n.post_attn_norm)[1]
+        x = self._norm(g.op("Add", [rows(x), attn]), p + n.input_norm)
+        return self._norm(g.op("Add", [x, self._mlp(p, x)]), p + n.post_attn_norm)
 
     def _altup_layer(self, i: int, streams: str, step: StepTensors, rows: Rows) -> str:
         """Gemma 3n's layer on AltUp's streams [.., N, hidden] (export/altup.py): Gemma 3's
@@ -376,7 +401,7 @@ class DecoderBuilder:
             q = self._shared_query(p, h, cfg)
             return self._output(p, self.shared.attention(q, cfg, layer,
                                                          kv_names(cfg.shared_kv[i])))
-        q, k, v, gate = self._qkv(p, h, cfg, cfg.k_eq_v and layer.window is None)
+        q, k, v, gate = self._qkv(p, h, cfg, layer, cfg.k_eq_v and layer.window is None)
         q, k, v = (t if t is None else self.tokens.spread(t) for t in (q, k, v))
         if cfg.qk_norm == "head_rotated":
             q, k = self._rotated_head_norms(p, q, k, step, layer)
@@ -441,27 +466,32 @@ class DecoderBuilder:
         q = self.g.op("Unsqueeze", [q, self.g.const([1])])  # [B,1,H*D]: one token per row
         return self._head_norm(q, cfg.num_heads, p + self.names.q_norm, cfg.head_dim)
 
-    def _qkv(self, p: str, h: str, cfg: ModelConfig, k_is_v: bool = False) -> list[str | None]:
+    def _qkv(self, p: str, h: str, cfg: ModelConfig, layer: LayerAttention,
+             k_is_v: bool = False) -> list[str | None]:
         """One packed projection for q, k and v (and the output gate where the family has
         one, else None as the fourth). Flavours whose attention takes the packed tensor get
         it whole ([qkv, None, None, None]: no split copies); otherwise it is split, with
         q/k norms where the family has them and q times its factor (Ministral 3). `cfg` is
-        the layer's (ModelConfig.for_layer); `k_is_v`: the layer has no v_proj, its values
-        are its keys' projection (Gemma 4's attention_k_eq_v)."""
+        the layer's (ModelConfig.for_layer), `layer` its attention; `k_is_v`: the layer has
+        no v_proj, its values are its keys' projection (Gemma 4's attention_k_eq_v)."""
         g, n = self.g, self.names
         parts = [n.qkv] if n.qkv else [n.q, n.k] if k_is_v else [n.q, n.k, n.v]
         weights = [p + part + ".weight" for part in parts]
         bias = p + (n.qkv or "self_attn.qkv_proj") + ".bias" if cfg.qkv_bias else None
         self._check_qkv_shapes(weights, cfg)
-        reorder = self._neox_order if cfg.spec.qkv_interleaved else \
+        reorder = self._neox_order if cfg.spec.qkv_interleaved or cfg.qkv_layout == "heads" \
+            else self._group_order if cfg.qkv_layout == "groups" else \
+            self._shard_order if cfg.spec.qkv_shards else \
             self._gate_last if cfg.attn_gate else \
             self._reflected if cfg.spec.rotary_reflected else None
         qkv = self._scaled_keys(self.w.linear(h, weights, bias, reorder=reorder))
         if cfg.clip_qkv is not None:  # OLMo 1
             bound = cfg.clip_qkv
             qkv = g.op("Clip", [qkv, g.const(-bound, self.dtype), g.const(bound, self.dtype)])
-        if self.flavor.packed_qkv and cfg.qk_norm is None and self.q_scale is None \
-                and not cfg.attn_gate and not k_is_v:
+        l2_norm = cfg.qk_norm == "l2" and layer.rope is not None  # Llama 4: rope layers
+        q_scale = self._layer_query_scale(layer)
+        if self.flavor.packed_qkv and cfg.qk_norm in (None, "l2") and not l2_norm \
+                and q_scale is None and not cfg.attn_gate and not k_is_v:
             return [qkv, None, None, None]
         q_size, kv_size = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
         gate = None
@@ -483,9 +513,25 @@ class DecoderBuilder:
             k = self._head_norm(k, cfg.num_kv_heads, p + n.k_norm, cfg.head_dim)
         elif cfg.qk_norm == "full":
             q, k = self._norm(q, p + n.q_norm), self._norm(k, p + n.k_norm)
-        if self.q_scale is not None:  # before rotary, which it commutes with (query_scale.py)
-            q = g.op("Mul", [q, self.q_scale])
+        elif l2_norm:  # before rotary, which keeps each head's length (FamilySpec.qk_norm)
+            q, k = self._l2_norm(q, cfg.num_heads), self._l2_norm(k, cfg.num_kv_heads)
+        if q_scale is not None:  # before rotary, which it commutes with (query_scale.py)
+            q = g.op("Mul", [q, q_scale])
         return [q, k, v, gate]
+
+    def _layer_query_scale(self, layer: LayerAttention) -> str | None:
+        """The query factor of this layer: Ministral 3's on all, Llama 4's on NoPE ones."""
+        scale = self.cfg.query_scale
+        if scale is None or (scale.nope_only and layer.rope is not None):
+            return None
+        return self.q_scale
+
+    def _l2_norm(self, x: str, heads: int) -> str:
+        """Llama 4's L2 norm: each head of x [B,C,heads*D] RMS-normed without weight."""
+        g, d = self.g, self.cfg.head_dim
+        per_head = g.op("Reshape", [x, g.const([0, 0, heads, d])])
+        normed = self.flavor.rms_norm(g, per_head, g.const(np.ones(d), self.dtype))
+        return g.op("Reshape", [normed, g.const([0, 0, heads * d])])
 
     def _rotated_head_norms(self, p: str, q: str, k: str, step: StepTensors,
                             layer: LayerAttention) -> tuple[str, str]:
@@ -518,6 +564,26 @@ class DecoderBuilder:
         d, heads = self.cfg.head_dim, self.cfg.num_heads
         rest = rows.shape[1:]
         return rows.reshape(heads, 3, d, *rest).swapaxes(0, 1).reshape(3 * heads * d, *rest)
+
+    def _group_order(self, rows: np.ndarray) -> np.ndarray:
+        """Falcon's new decoder architecture stores the fused projection's rows per KV head:
+        [KV head, its heads / KV queries | k | v, dim]; the graph wants [q|k|v, head, dim]
+        (a query head's KV head is then its group's, as transformers broadcasts it)."""
+        d, heads, kv = self.cfg.head_dim, self.cfg.num_heads, self.cfg.num_kv_heads
+        rest = rows.shape[1:]
+        groups = rows.reshape(kv, heads // kv + 2, d, *rest)
+        return np.concatenate([groups[:, :-2].reshape(heads * d, *rest),
+                               groups[:, -2].reshape(kv * d, *rest),
+                               groups[:, -1].reshape(kv * d, *rest)])
+
+    def _shard_order(self, rows: np.ndarray) -> np.ndarray:
+        """CodeGen stores the fused projection's rows as [shard, q|v|k, hidden / shards]
+        (the model-parallel layout it was trained in, CodeGenAttention's mp_num); each of
+        q, k and v is its shards' slices in order. The graph wants [q|k|v, hidden]."""
+        shards, hidden = self.cfg.spec.qkv_shards, self.cfg.hidden_size
+        rest = rows.shape[1:]
+        parts = rows.reshape(shards, 3, hidden // shards, *rest)
+        return np.concatenate([parts[:, j].reshape(hidden, *rest) for j in (0, 2, 1)])
 
     def _scaled_keys(self, qkv: str) -> str:
         """Falcon-H1 multiplies k by key_multiplier after its projection (bias included):
@@ -598,7 +664,10 @@ class DecoderBuilder:
         # MatMul and a split beat two MatMuls (int4 decode ~10% faster, measured); in a
         # prefill chunk the split's copy costs ~1%.
         parts = [n.gate_up] if n.gate_up else [n.gate, n.up]
-        gate_up = self.w.linear(h, [p + part + ".weight" for part in parts], None)
+        # the packed bias (RecurrentGemma's): its parts' biases, concatenated (weights.py)
+        packed_bias = p + parts[0] + ".bias" + ("" if len(parts) == 1 else ".packed")
+        gate_up = self.w.linear(h, [p + part + ".weight" for part in parts],
+                                packed_bias if bias else None)
         gate, up = g.op("Split", [gate_up], 2, axis=-1, num_outputs=2)
         if p in self.sparse_layers:  # Gemma 3n
             gate = sparse_gate(g, gate, self.sparse_layers[p], self.dtype)
@@ -606,7 +675,8 @@ class DecoderBuilder:
         act = g.op("Mul", [self._mlp_activation(p, self._times(gate, gate_scale)), up])
         if n.mlp_sub_norm is not None:  # BitNet
             act = self._norm(act, p + n.mlp_sub_norm)
-        return self._times(self.w.linear(act, [p + n.down + ".weight"], None), down_scale)
+        down = self.w.linear(act, [p + n.down + ".weight"], p + n.down + ".bias" if bias else None)
+        return self._times(down, down_scale)
 
     def _mlp_activation(self, p: str, x: str) -> str:
         """The activation of layer `p`'s dense MLP: xIELU reads the layer's own alphas."""
@@ -614,13 +684,14 @@ class DecoderBuilder:
             return xielu(self.g, self.ckpt, x, p + self.names.act, self.dtype)
         return self._activation(x)
 
-    def _activation(self, x: str) -> str:
-        g, kind = self.g, self.cfg.activation
+    def _activation(self, x: str, kind: str | None = None) -> str:
+        """x through `kind` (a value of ACTIVATIONS; the model's MLP's unless given)."""
+        g, kind = self.g, kind or self.cfg.activation
         if kind == "xielu":  # its weights are a dense MLP's (_mlp_activation)
             raise ExportError("the xielu activation is supported in dense MLPs only")
         if kind == "silu":
             return g.op("Mul", [x, g.op("Sigmoid", [x])])
-        if kind == "relu":  # GPT-1's afn "relu"
+        if kind == "relu":  # OPT, CTRL, GPT-1's afn "relu"
             return g.op("Relu", [x])
         if kind == "relu2":  # Arcee (transformers' ReLUSquaredActivation)
             relu = g.op("Relu", [x])
@@ -650,25 +721,42 @@ class DecoderBuilder:
         quantize = untied or (self.quant is not None and self.quant.tied_embeddings)
         return self.w.rows(name, self.tokens.indices(ids), quantize=quantize)
 
-    def _position_embedding(self, name: str, past_lens: str, chunk: str) -> str:
-        """Each token's row of the learned position table (GPT-2's `wpe`), as the tokens
-        are laid out. Every position a call computes, its padding included, lies below the
-        KV capacity, which is at most the bundle's context (Engine._capacity), which is at
-        most the table's rows (exporter._max_context)."""
+    def _position_embedding(self, past_lens: str, chunk: str) -> str:
+        """Each token's row of the position table (GPT-2's learned `wpe`, XGLM's or CTRL's
+        sinusoids), as the tokens are laid out. Every position a call computes, its padding
+        included, lies below the KV capacity, which is at most the bundle's context
+        (Engine._capacity), which is at most the table's rows (exporter._max_context)."""
+        at = positions(self.g, self.g.op("Cast", [past_lens], to=7), chunk)  # [B,C]
+        return self.tokens.embed(self._position_table(), at)
+
+    def _position_table(self) -> str:
+        """[max_positions, hidden] from position 0: the stored table from its row `offset`
+        on (OPT's 2), or XGLM's or CTRL's sinusoidal table computed here (sinusoids.py)."""
         g, cfg = self.g, self.cfg
-        at = positions(g, g.op("Cast", [past_lens], to=7), chunk)  # [B,C]
-        if cfg.spec.sinusoid_positions:  # CTRL: a fixed table no checkpoint stores
-            shape = (cfg.max_positions, cfg.hidden_size)
-            table = g.weight(name, shape, self.dtype,
-                             lambda: sinusoid_table(*shape).astype(self.dtype))
-            return self.tokens.embed(table, at)
-        if self.w.shape(name) != (cfg.max_positions, cfg.hidden_size):
+        offset = cfg.spec.position_offset
+        shape = (cfg.max_positions, cfg.hidden_size)
+        if cfg.spec.sinusoidal_positions == "xglm":
+            return g.weight("sinusoidal_positions", shape, self.dtype, lambda: xglm_sinusoids(
+                cfg.max_positions + offset, cfg.hidden_size, cfg.pad_token_id)[offset:]
+                .astype(self.dtype))
+        if cfg.spec.sinusoidal_positions == "ctrl":
+            return g.weight("sinusoidal_positions", shape, self.dtype,
+                            lambda: ctrl_sinusoids(*shape).astype(self.dtype))
+        name = self.names.position_embed
+        assert name is not None
+        stored = (cfg.max_positions + offset, cfg.hidden_size)
+        # the key as config.json names it (GPT-2's and GPTBigCode's n_positions)
+        key = "n_positions" if "n_positions" in cfg.spec.defaults else "max_position_embeddings"
+        if self.w.shape(name) != stored:
             raise ExportError(
-                f"{name} has shape {self.w.shape(name)}, but config.json implies "
-                f"{(cfg.max_positions, cfg.hidden_size)} (n_positions {cfg.max_positions}, "
-                f"hidden {cfg.hidden_size})"
+                f"{name} has shape {self.w.shape(name)}, but config.json implies {stored} "
+                f"({key} {cfg.max_positions}"
+                f"{f' + offset {offset}' if offset else ''}, hidden {cfg.hidden_size})"
             )
-        return self.tokens.embed(self.w.tensor(name), at)
+        if not offset:
+            return self.w.tensor(name)
+        return g.weight(name + ".from_position_0", shape, self.dtype,
+                        lambda: self.ckpt.get(name, self.dtype)[offset:])
 
     def _check_vocab_shape(self, name: str, extra_rows: int = 0) -> None:
         """The embedding table and the LM head are [vocab_size, hidden]: the bundle's logits
@@ -676,12 +764,12 @@ class DecoderBuilder:
         a graph that fails at its first call. `extra_rows`: the embedding's rows beyond the
         vocabulary (Mllama's image tokens), which no text token reads."""
         cfg = self.cfg
-        rows = cfg.vocab_size + extra_rows
-        if self.w.shape(name) != (rows, cfg.hidden_size):
+        rows, width = cfg.vocab_size + extra_rows, cfg.embed_width or cfg.hidden_size
+        if self.w.shape(name) != (rows, width):
             raise ExportError(
                 f"{name} has shape {self.w.shape(name)}, but config.json implies "
-                f"{(rows, cfg.hidden_size)} (vocab_size {cfg.vocab_size}, hidden "
-                f"{cfg.hidden_size})"
+                f"{(rows, width)} (vocab_size {cfg.vocab_size}, "
+                f"{'word_embed_proj_dim' if cfg.embed_width else 'hidden'} {width})"
             )
 
     def _lm_head(self, hidden: str) -> str:
@@ -697,7 +785,7 @@ class DecoderBuilder:
         name = head_weight(self.ckpt, self.cfg)
         self._check_vocab_shape(name)
         bias = None
-        if self.cfg.spec.lm_head_bias:
+        if self.cfg.lm_head_bias:
             bias = self.w.resolve(tuple(h + ".bias" for h in self.names.lm_head))
         if self.quant is not None and self.quant.head_kind != "float":
             vocab, hidden_size = self.w.shape(name)

@@ -8,6 +8,12 @@ Routing, as each family's transformers router computes it (float32 throughout):
                    Qwen3.5-MoE, Qwen3-VL-MoE and Mixtral always)
   topk_softmax     the top k logits, then softmax over those k (Granite MoE; gpt-oss, whose
                    router adds a bias to its logits)
+  topk_sigmoid     the top k logits, each weight the sigmoid of its logit (Llama 4, whose
+                   experts take the token times its weight: `input_scaled`)
+  sparsemixer      PhiMoE's (in eval mode, always 2 experts): the best logit's expert, weighed
+                   by its softmax over the logits within a relative gap of it, (m - l) /
+                   max(|l|, m) <= 2 `router_jitter_noise` (m the best logit); then the same
+                   over the logits without that expert, m the second best
   sigmoid          sigmoid of each logit; the top k of sigmoid + `expert_bias` (the bias
                    chooses, it never weighs); `norm_topk_prob` divides by their sum + 1e-6;
                    times `routed_scaling_factor` (LFM2-MoE). DeepSeek-V3's "noaux_tc"
@@ -36,7 +42,8 @@ from typing import Any
 
 from edgeprefill.errors import ExportError
 
-ROUTINGS = ("softmax", "topk_softmax", "sigmoid", "softmax_bias", "softmax_group_limited")
+ROUTINGS = ("softmax", "topk_softmax", "topk_sigmoid", "sigmoid", "softmax_bias",
+            "softmax_group_limited", "sparsemixer")
 
 
 @dataclass(frozen=True)
@@ -71,6 +78,9 @@ class MoeNames:
     interleaved: bool = False
     transposed: bool = False
     mxfp4: bool = False
+    # DBRX's layout: gate, up and down each one tensor [E * I, H], expert e's rows
+    # e * I to (e + 1) * I (the down's are its [I, H], in by out); None: as above
+    stacked: tuple[str, str, str] | None = None
     shared: str | None = None  # a shared expert's MLP prefix (Qwen2-MoE), + gate/up/down
     shared_gate: str | None = None  # its sigmoid gate [1, H]; None: ungated (ERNIE)
     # a shared MLP whose gate and up are one projection, gate first, and its down (Granite
@@ -114,6 +124,11 @@ class MoeSpec:
     bias_on_logits: bool = False
     # the key of the factor the weights are multiplied by; None: the router has none
     scaling_key: str | None = "routed_scaling_factor"
+    # Whether each chosen expert runs on the token times its weight, its output added
+    # unweighed (Llama 4's experts take routed_in = x * score), not weight * expert(x)
+    input_scaled: bool = False
+    # the key of sparsemixer's relative gap (PhiMoE's router_jitter_noise)
+    jitter_key: str | None = None
 
 
 # config.json keys that name a routing, and the one value each family here computes
@@ -152,6 +167,8 @@ class MoeConfig:
     groups: int = 1
     top_groups: int = 1
     bias_on_logits: bool = False  # Kolibri-1: the bias is added to the logits
+    input_scaled: bool = False  # Llama 4: expert(weight * x), not weight * expert(x)
+    jitter: float = 0.0  # sparsemixer: a logit within 2 jitter (relative) of the best counts
 
     @property
     def grouped(self) -> bool:
@@ -199,10 +216,15 @@ def read_moe(raw: dict[str, Any], spec: MoeSpec) -> MoeConfig | None:
         groups=int(raw.get("n_group") or 1) if spec.grouped else 1,
         top_groups=int(raw.get("topk_group") or 1) if spec.grouped else 1,
         bias_on_logits=spec.bias_on_logits,
+        input_scaled=spec.input_scaled,
+        jitter=float(raw[spec.jitter_key]) if spec.jitter_key else 0.0,
     )
     if moe.experts < 1 or not 1 <= moe.top_k <= moe.experts:
         raise ExportError(f"config.json: num_experts_per_tok ({moe.top_k}) must be 1 to "
                           f"{key} ({moe.experts})")
+    if moe.routing == "sparsemixer" and (moe.top_k != 2 or moe.experts < 2):
+        raise ExportError(f"config.json: sparsemixer routing chooses 2 of 2 or more experts; "
+                          f"num_experts_per_tok is {moe.top_k}, {key} {moe.experts}")
     if moe.width < 1:
         raise ExportError(f"config.json: {spec.width_key} must be positive, got {moe.width}")
     if spec.grouped:

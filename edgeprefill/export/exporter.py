@@ -179,17 +179,25 @@ def _say_left_out(ckpt: Checkpoint) -> None:
     # leaving it out is the export's choice, not a config that disagrees with its weights.
     if ckpt.left_out:
         parts = sorted({name.removeprefix("model.").split(".")[0] for name in ckpt.left_out})
-        log.warning("the bundle holds the language model only: %d tensors of the "
-                    "checkpoint's %s are left out", len(ckpt.left_out), ", ".join(parts))
+        log.warning("the bundle is text-only, it holds the language model only: %d tensors "
+                    "of the checkpoint's %s are left out", len(ckpt.left_out), ", ".join(parts))
 
 
 def _max_context(cfg: ModelConfig, requested: int | None) -> int:
+    chunk = cfg.attention_chunk
     if requested is None:
-        limit = min(cfg.max_positions, 4096)
+        limit = min(cfg.max_positions, 4096, chunk or cfg.max_positions)
     elif requested > cfg.max_positions:
         raise ExportError(
             f"--max-context {requested} exceeds the model's max_position_embeddings "
             f"({cfg.max_positions})"
+        )
+    elif chunk is not None and requested > chunk:
+        # Past one chunk Llama 4's rope layers attend within their own chunk only, which
+        # neither the KV cache nor the masks of a bundle express.
+        raise ExportError(
+            f"--max-context {requested} exceeds attention_chunk_size ({chunk}): chunked "
+            "attention past one chunk is not supported"
         )
     else:
         limit = requested
@@ -198,6 +206,13 @@ def _max_context(cfg: ModelConfig, requested: int | None) -> int:
 
 def _io_table(values) -> dict[str, list[Any]]:
     return {v.name: [v.dtype.name, list(v.shape)] for v in values}
+
+
+def _value_is_key(cfg: ModelConfig, flavor: str) -> list[int]:
+    """The layers whose value cache would repeat their key cache: multi-head latent
+    attention's (export/latent_attention.py: v = k), in the ort flavour; the standard one,
+    which TensorRT runs, keeps a buffer per cache."""
+    return list(cfg.kv_layers) if cfg.latent is not None and flavor == "ort" else []
 
 
 def _manifest(
@@ -223,6 +238,7 @@ def _manifest(
         packed_tokens=flavor_class(options.flavor).packs_tokens,
         state_inputs=[names.past for names in states],
         state_outputs=[names.present for names in states],
+        value_is_key=_value_is_key(cfg, options.flavor),
     )
     files = [GRAPH_FILE, DATA_FILE, *tokenizer_files]
     return Manifest(

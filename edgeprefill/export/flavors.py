@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from edgeprefill.errors import ExportError
+from edgeprefill.export import alibi
 from edgeprefill.export.graph import GraphBuilder
 from edgeprefill.export.model_config import LayerAttention, ModelConfig
 
@@ -164,6 +165,8 @@ class OrtFlavor(Flavor):
         max_past = g.op("ReduceMax", [past_lens], keepdims=0)
         total = g.op("Add", [max_past, g.op("Squeeze", [chunk32, g.const([0])])])
         extra = {"seqlens_k": seqlens_k, "total": total}
+        if self.cfg.alibi is not None:
+            extra["alibi"] = self.alibi_bias(g, self.cfg.alibi, past_lens, chunk, total)
         # rotary outside attention (rotary()): HunYuan's norms of the rotated q/k, MLA's
         # rope part of a head
         if self.cfg.qk_norm == "head_rotated" or self.cfg.latent is not None:
@@ -174,6 +177,15 @@ class OrtFlavor(Flavor):
                 tables[stem] = self.rotary_tables(g, stem, rope)
             extra[rope + ".cos"], extra[rope + ".sin"] = tables[stem]
         return StepTensors(past_lens, chunk, extra)
+
+    def alibi_bias(self, g: GraphBuilder, slopes: tuple[float, ...], past_lens: str,
+                   chunk: str, total: str) -> str:
+        """GroupQueryAttention's attention_bias [B,H,C,total] for ALiBi: the keys of a row
+        are its cache positions 0..total-1 (total: the longest row's past + C, the width the
+        op reads; its causal mask hides each row's keys past the query)."""
+        key_pos = g.op("Range", [g.const(0), g.op("Cast", [total], to=7), g.const(1)])
+        query_pos = positions(g, g.op("Cast", [past_lens], to=7), chunk)
+        return alibi.bias(g, slopes, key_pos, query_pos, (self.cfg.num_heads,), self.dtype)
 
     def rms_norm(self, g: GraphBuilder, x: str, weight: str) -> str:
         return g.op(
@@ -215,6 +227,11 @@ class OrtFlavor(Flavor):
         if cfg.attn_softcap is not None:
             window["softcap"] = float(cfg.attn_softcap)
         inputs = [q, k or "", v or "", past[0], past[1], e["seqlens_k"], e["total"], *cos_sin]
+        if cfg.alibi is not None:
+            # input 10, attention_bias: the CPU kernel adds it to the scaled scores before
+            # its causal mask, also with the past/present buffer shared (measured against
+            # transformers' BLOOM and MPT, tests/test_alibi.py). The native kernels lack it.
+            inputs = inputs + [""] * (10 - len(inputs)) + [e["alibi"]]
         if sink is not None:
             # input 11, head_sink: the CPU kernel adds exp(sink - max) to each head's
             # softmax denominator, as transformers' eager attention (measured against it,
@@ -261,14 +278,21 @@ class StandardFlavor(Flavor):
     ) -> str:
         """Additive mask [B,1,1,C,cap]: key j is visible to the query at position p iff
         j <= p, and with a sliding window also p - j < window (transformers' window counts
-        the query itself).
+        the query itself). Under ALiBi the bias is added in: [B,KV,rep,C,cap].
 
         Padded positions of a short last chunk lie after every valid query, so they are
         never visible to a valid token; later chunks overwrite them.
         """
         capacity = g.op("Gather", [g.op("Shape", [past_key]), g.const(2)])
         key_pos = g.op("Range", [g.const(0), capacity, g.const(1)])  # [cap]
-        return self.mask_over(g, key_pos, positions, window)
+        mask = self.mask_over(g, key_pos, positions, window)
+        if self.cfg.alibi is None:
+            return mask
+        # ALiBi's bias joins the mask, once per step for every layer: [B,KV,rep,C,cap]
+        cfg = self.cfg
+        heads = (cfg.num_kv_heads, cfg.num_heads // cfg.num_kv_heads)
+        return g.op("Add", [mask, alibi.bias(g, cfg.alibi, key_pos, positions, heads,
+                                             self.dtype)])
 
     def mask_over(self, g: GraphBuilder, key_pos: str, positions: str,
                   window: int | None) -> str:

@@ -16,6 +16,9 @@ q_pe; it runs outside the attention op, which gets do_rotary=0.
     v      = k
     out    [N, H, r | L]   --last L, W_UV--> [N, H * v_head_dim] -> o_proj
 
+In the ort flavour the manifest lists every such layer in graph.value_is_key: since v = k,
+the runtime binds one buffer as the layer's key and value caches (engines/ort/value_cache.py).
+
 The scale is transformers': qk_head_dim^-0.5, times yarn's mscale^2 where the rope has
 mscale_all_dim (ModelConfig.attn_scale).
 """

@@ -5,7 +5,8 @@ transformers' MambaMixer (its torch path; FalconMambaMixer adds the norms marked
   x, z         = split(in_proj(h))                              [inner, inner]
   x            = silu(causal depthwise conv of L tokens over x)  state 1: its last L-1
   dt, B, C     = split(x_proj(x))                               [dt_rank, N, N]
-  *dt, B, C    = each x / rms(x), no weight (mixer_rms_eps)
+  *dt, B, C    = each x / rms(x), no weight (mixer_rms_eps); Jamba's times its own
+                 weight (dt_layernorm, b_layernorm, c_layernorm; rms_norm_eps)
   dt           = softplus(dt_proj(dt))                          [inner], float32
   per token t:   h = exp(dt_t A) h + dt_t x_t (x) B_t            state 2: h, float32
                                                                  [inner, N]; A [inner, N]
@@ -23,6 +24,8 @@ zeros where past_lens is 0).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from edgeprefill.contract import BATCH, CONV, RECURRENT, state_names
@@ -35,6 +38,9 @@ from edgeprefill.export.recurrent_mixer import RecurrentMixer
 from edgeprefill.export.short_conv import StateSpec
 from edgeprefill.export.tokens import PackedTokens, PaddedTokens
 from edgeprefill.export.weights import GraphWeights
+
+# Jamba's norms of dt, B and C (the mixer's modules, in x_proj's order)
+NORMS = ("dt_layernorm", "b_layernorm", "c_layernorm")
 
 
 class Mamba1(RecurrentMixer):
@@ -59,7 +65,8 @@ class Mamba1(RecurrentMixer):
         g, s, pre = self.g, self.s, p + self.cfg.spec.names.mamba
         self._check_shapes(pre)
         bias = pre + "in_proj.bias" if s.proj_bias else None
-        projected = self.tokens.spread(self.w.linear(h, [pre + "in_proj.weight"], bias))
+        projected = self.tokens.spread(self.w.linear(h, [pre + "in_proj.weight"], bias,
+                                                     reorder=self._in_proj_order))
         x, z = g.op("Split", [projected, g.const([s.inner, s.inner])], 2, axis=-1)
         conv_state = state_names(layer, CONV)
         full = self.conv.full(conv_state.past, x)
@@ -79,24 +86,38 @@ class Mamba1(RecurrentMixer):
         layer's recurrent state (zeros at position 0), its last value written to the
         state's present output; D x added. `x` is the convolution's output."""
         g, s = self.g, self.s
-        params = self.w.linear(x, [pre + "x_proj.weight"], None)
-        dt, b, c = (self._norm(self._float(t)) for t in g.op(
-            "Split", [params, g.const([s.dt_rank, s.state_size, s.state_size])], 3, axis=-1))
-        dt = self._dt(pre, dt)  # [B, C, inner]
+        dt, b, c = self._selection(pre, x)
         x = self._float(x)
         a = g.op("Neg", [g.op("Exp", [self._f32(pre + "A_log", (s.inner, s.state_size))])])
         decay = g.op("Exp", [g.op("Mul", [g.op("Unsqueeze", [dt, g.const([3])]), a])])
         dtx = g.op("Unsqueeze", [g.op("Mul", [dt, x]), g.const([3])])  # [B, C, inner, 1]
-        b, c = (g.op("Unsqueeze", [t, g.const([2])]) for t in (b, c))  # [B, C, 1, N]
         state = state_names(layer, RECURRENT)
         kept = g.op("Where", [self.continues, state.past, g.const(0.0, np.float32)])
         body = ssm_step_body(f"selective{layer}_", [s.inner, 1, s.state_size],
-                             [1, s.state_size], [s.inner, s.state_size], [2])
+                             [self._groups, s.state_size], [s.inner, s.state_size], [2])
         final, out = g.op("Scan", [kept, dtx, b, c, decay], 2, num_scan_inputs=4,
                           scan_input_axes=[1] * 4, scan_output_axes=[1], body=body)
         g.op("Identity", [final], [state.present])
         y = g.op("Reshape", [out, g.const([0, 0, s.inner])])
         return g.op("Add", [y, g.op("Mul", [x, self._f32(pre + "D", (s.inner,))])])
+
+    # B and C per token: one group broadcast over the channels (multi-head mixers: one per
+    # channel, each its head's)
+    _groups = 1
+    # in_proj's rows as stored -> [x | z] (None: stored so)
+    _in_proj_order: Callable[[np.ndarray], np.ndarray] | None = None
+
+    def _selection(self, pre: str, x: str) -> tuple[str, str, str]:
+        """dt [B, C, inner] (_dt's) and B, C [B, C, 1, N], float32, from the convolution's
+        output `x` through x_proj (and Falcon-Mamba's or Jamba's norms)."""
+        g, s = self.g, self.s
+        params = self.w.linear(x, [pre + "x_proj.weight"], None)
+        parts = g.op("Split", [params, g.const([s.dt_rank, s.state_size, s.state_size])], 3,
+                     axis=-1)
+        dt, b, c = (self._norm(self._float(t), pre + norm) for t, norm in zip(
+            parts, NORMS, strict=True))
+        b, c = (g.op("Unsqueeze", [t, g.const([2])]) for t in (b, c))
+        return self._dt(pre, dt), b, c
 
     def _dt(self, pre: str, dt: str) -> str:
         """[B, C, inner] float32: softplus(dt_proj(dt)); 0 on padding (a decay of 1 and no
@@ -108,20 +129,35 @@ class Mamba1(RecurrentMixer):
                                                                     (s.inner,))])
         return g.op("Where", [self.valid, g.op("Softplus", [dt]), g.const(0.0, np.float32)])
 
-    def _norm(self, x: str) -> str:
-        """Falcon-Mamba's RMS norm without weight over the last axis (float32); else x."""
+    def _norm(self, x: str, name: str) -> str:
+        """Falcon-Mamba's RMS norm without weight over the last axis (float32), Jamba's
+        times the weight of module `name`; else x."""
         eps = self.s.bc_dt_eps
         if eps is None:
             return x
         g = self.g
         mean = g.op("ReduceMean", [g.op("Mul", [x, x]), g.const([-1])], keepdims=1)
-        return g.op("Mul", [x, g.op("Reciprocal", [g.op("Sqrt", [
+        normed = g.op("Mul", [x, g.op("Reciprocal", [g.op("Sqrt", [
             g.op("Add", [mean, g.const(eps, np.float32)])])])])
+        if not self.s.bc_dt_weighted:
+            return normed
+        weight = name + ".weight"
+        return g.op("Mul", [normed, self._f32(weight, self.w.shape(weight))])
 
     def _f32(self, name: str, shape: tuple[int, ...]) -> str:
-        """A checkpoint tensor kept in float32 (the SSM's parameters are used so)."""
+        """A checkpoint tensor kept in float32 (the SSM's parameters are used so), read as
+        `shape` (a multi-head mixer stores A and D per head)."""
         return self.g.weight(name + ".f32", shape, np.float32,
-                             lambda: self.w.ckpt.get(name, np.float32))
+                             lambda: self.w.ckpt.get(name, np.float32).reshape(shape))
+
+    def _norm_shapes(self, pre: str) -> list[tuple[str, tuple[int, ...]]]:
+        """Jamba's dt, B and C norm weights and their shapes; none elsewhere."""
+        s = self.s
+        if not s.bc_dt_weighted:
+            return []
+        return [(pre + norm + ".weight", (width,))
+                for norm, width in zip(NORMS, (s.dt_rank, s.state_size, s.state_size),
+                                       strict=True)]
 
     def _check_shapes(self, pre: str) -> None:
         """A checkpoint that disagrees with config.json fails here in one line."""
@@ -131,7 +167,8 @@ class Mamba1(RecurrentMixer):
                             (pre + "x_proj.weight", (s.dt_rank + 2 * s.state_size, s.inner)),
                             (pre + "dt_proj.weight", (s.inner, s.dt_rank)),
                             (pre + "A_log", (s.inner, s.state_size)), (pre + "D", (s.inner,)),
-                            (pre + "out_proj.weight", (hidden, s.inner))):
+                            (pre + "out_proj.weight", (hidden, s.inner)),
+                            *self._norm_shapes(pre)):
             if self.w.shape(name) != shape:
                 raise ExportError(
                     f"{name} has shape {self.w.shape(name)}, but config.json implies {shape} "

@@ -156,12 +156,17 @@ class Mamba2(RecurrentMixer):
         grouped = g.op("Reshape", [y, g.const([0, 0, m.groups, m.inner // m.groups])])
         mean = g.op("ReduceMean", [g.op("Mul", [grouped, grouped]), g.const([-1])], keepdims=1)
         inverse = g.op("Reciprocal", [g.op("Sqrt", [
-            g.op("Add", [mean, g.const(self.cfg.norm_eps, np.float32)])])])
+            g.op("Add", [mean, g.const(self._norm_eps, np.float32)])])])
         normed = g.op("Reshape", [g.op("Mul", [grouped, inverse]), g.const([0, 0, m.inner])])
         y = g.op("Mul", [normed, self._f32(pre + "norm.weight", (m.inner,))])
         if m.norm == "norm_first":
             y = g.op("Mul", [y, gate])
         return self._cast(y, self.w.dtype)
+
+    @property
+    def _norm_eps(self) -> float:
+        """The gated RMSNorm's epsilon: the mixer's own (Zamba2's 1e-5) or the model's."""
+        return self.m.norm_eps if self.m.norm_eps is not None else self.cfg.norm_eps
 
     def _f32(self, name: str, shape: tuple[int, ...]) -> str:
         """A checkpoint tensor kept in float32 (the SSM's parameters are used so)."""

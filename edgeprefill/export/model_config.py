@@ -13,11 +13,20 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from edgeprefill.contract import CONV, RECURRENT
 from edgeprefill.errors import ExportError
+from edgeprefill.export.alibi import slopes as alibi_slopes
 from edgeprefill.export.altup import AltUpConfig, read_altup
 from edgeprefill.export.bitlinear import BitNetScheme, read_bitnet_scheme
-from edgeprefill.export.config_checks import check_model_config
+from edgeprefill.export.config_checks import (
+    check_model_config,
+    check_objects,
+    check_sizes,
+    config_value,
+    positive_number,
+)
 from edgeprefill.export.experts import MoeConfig, read_moe
 from edgeprefill.export.families import (
     BLOCKS,
@@ -25,19 +34,26 @@ from edgeprefill.export.families import (
     REFUSED_TYPES,
     FamilySpec,
     TensorNames,
+    family_spec,
+    wrapped_text_type,
 )
 from edgeprefill.export.fp8 import Fp8Scheme, read_fp8_scheme
 from edgeprefill.export.latent_attention import LatentShape, latent_scale, read_latent
 from edgeprefill.export.layer_groups import group_blocks
 from edgeprefill.export.layer_heads import gemma4_fields, layer_heads, rope_widths
 from edgeprefill.export.prequantized import Int4Scheme, read_int4_scheme
-from edgeprefill.export.query_scale import QueryScale, read_query_scale
+from edgeprefill.export.query_scale import (
+    QueryScale,
+    read_query_scale,
+    read_temperature_tuning,
+)
 from edgeprefill.export.rope import (
     SHARED_ROPE_TYPES,
     RopeConfig,
     rope_from_params,
     rope_params,
 )
+from edgeprefill.export.shared_block import SharedBlockShape, read_shared_block
 from edgeprefill.export.skipped_layers import skip_layers
 from edgeprefill.json_file import load_json_object
 
@@ -45,7 +61,7 @@ from edgeprefill.json_file import load_json_object
 # the same tanh approximation).
 ACTIVATIONS = {"silu": "silu", "swish": "silu", "gelu": "gelu", "gelu_new": "gelu_tanh",
                "gelu_pytorch_tanh": "gelu_tanh", "gelu_fast": "gelu_tanh", "relu2": "relu2",
-               "relu": "relu", "xielu": "xielu"}
+               "xielu": "xielu", "relu": "relu"}
 GLOBAL, LOCAL = "global", "local"  # the rope tables a layer can use
 # Where a family's norms take their epsilon unless FamilySpec.eps_key names the key.
 EPS_KEYS = ("rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon")
@@ -106,6 +122,7 @@ class MambaShape:
     # Nemotron-H), "norm_first" rmsnorm(y) * silu(z), or None: y * silu(z) alone (Falcon-H1
     # without mamba_rms_norm).
     norm: str | None = "gate_first"
+    norm_eps: float | None = None  # the gated RMSNorm's epsilon; None: the model's
 
     @property
     def inner(self) -> int:
@@ -123,7 +140,8 @@ class SelectiveShape:
     """Mamba-1 mixers (export/mamba1.py): `inner` channels, each with its own dt (from
     x_proj's `dt_rank` columns through dt_proj) and its own decay per state element (A
     [inner, state_size]), a causal convolution of `conv_kernel` tokens over x; B, C and dt
-    RMS-normed without weight where `bc_dt_eps` is given (Falcon-Mamba's mixer_rms_eps)."""
+    RMS-normed where `bc_dt_eps` is given: without weight (Falcon-Mamba's mixer_rms_eps), or
+    by their own weights where `bc_dt_weighted` (Jamba's dt/b/c_layernorm, rms_norm_eps)."""
 
     inner: int
     state_size: int
@@ -132,6 +150,21 @@ class SelectiveShape:
     conv_bias: bool
     proj_bias: bool
     bc_dt_eps: float | None = None
+    bc_dt_weighted: bool = False
+    # Zamba's multi-head mixers (export/mamba1_heads.py): `heads` heads, each with its own
+    # x_proj and dt_proj, stored per head; 0: Mamba-1's single x_proj and dt_proj.
+    heads: int = 0
+
+
+@dataclass(frozen=True)
+class LruShape:
+    """RecurrentGemma's recurrent blocks (export/rg_lru.py): `width` channels (lru_width) in
+    `heads` blocks of the gates' block-diagonal projections, a causal convolution of
+    `conv_kernel` tokens (conv1d_width)."""
+
+    width: int
+    heads: int
+    conv_kernel: int
 
 
 @dataclass(frozen=True)
@@ -175,6 +208,10 @@ class ModelConfig:
     logits_divisor: float = 1.0  # divides the logits (Granite)
     logits_multiplier: float = 1.0  # multiplies the logits (Cohere's logit_scale)
     query_scale: QueryScale | None = None  # a per-position factor of q (Ministral 3)
+    # Llama 4's attention_chunk_size where some layers attend within chunks: the longest
+    # context export supports (within one chunk they are causal); None: no such layers.
+    attention_chunk: int | None = None
+    lm_head_bias: bool = False  # the LM head has a bias (FamilySpec.lm_head_bias or its key)
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
     fp8: Fp8Scheme | None = None  # how an FP8 checkpoint's weights are scaled (export/fp8.py)
@@ -197,10 +234,20 @@ class ModelConfig:
     mamba: MambaShape | None = None
     # Mamba-1 (mamba, falcon_mamba): mamba_layers are its selective-scan mixers instead.
     selective: SelectiveShape | None = None
+    # RecurrentGemma: the layers that are RG-LRU recurrent blocks (`rg_lru` in layer_types;
+    # their `layers` entry unused) and their dimensions.
+    lru_layers: tuple[int, ...] = ()
+    lru: LruShape | None = None
     # Nemotron-H: the layers without an MLP (a mixer block another mixer follows), and the
     # checkpoint's block tensors read under the layers' names (export/layer_groups.py).
     mlp_less: tuple[int, ...] = ()
     renames: tuple[tuple[str, str], ...] = ()
+    # Zamba2: the shared transformer blocks applied before the mixers of some layers, each
+    # application with its own KV (export/shared_block.py); None: none.
+    shared_block: SharedBlockShape | None = None
+    # The text family of a checkpoint that wraps one (LLaVA's: families/wrapped.py); None
+    # elsewhere, the family's own spec.
+    text_type: str | None = None
     # Mllama: the stored prefixes of the layers it skips on text (export/skipped_layers.py)
     left_out: tuple[str, ...] = ()
     # Falcon-H1 (block "hybrid"): its multipliers.
@@ -236,6 +283,22 @@ class ModelConfig:
     sparsity: tuple[float, ...] = ()
     # Whether config.json switches the family's q/k norms off (GLM-4.5's use_qk_norm false).
     qk_norm_off: bool = False
+    # ALiBi (BLOOM, MPT): each head's slope, its scores plus slope * (key position - query
+    # position) (export/alibi.py); None: no such bias.
+    alibi: tuple[float, ...] | None = None
+    # Whether the last layer's output is normed before the LM head (OPT's post-norm layers
+    # are not), and the embedding's width where it is narrower than hidden and projected
+    # to and from it (OPT-350m's word_embed_proj_dim); None: hidden.
+    final_norm: bool = True
+    embed_width: int | None = None
+    # The fused qkv's stored row layout where config.json decides it (Falcon: "heads" or
+    # "groups", FamilySpec.qkv_layout_from_config); None: the spec's.
+    qkv_layout: str | None = None
+    # The row of XGLM's sinusoidal position table that is zeros (its padding index).
+    pad_token_id: int | None = None
+    # The activation of the prediction head before the LM head (ModernBERT decoder's, a
+    # value of ACTIVATIONS); None: no such head.
+    head_activation: str | None = None
 
     def __post_init__(self) -> None:
         check_model_config(self)
@@ -274,7 +337,7 @@ class ModelConfig:
 
     @property
     def spec(self) -> FamilySpec:
-        return FAMILIES[self.family]
+        return family_spec(self.family, self.text_type)
 
     @property
     def qk_norm(self) -> str | None:
@@ -289,11 +352,15 @@ class ModelConfig:
     @property
     def state_layers(self) -> tuple[int, ...]:
         """The layers without KV, carrying a recurrent state instead."""
-        return tuple(sorted((*self.conv_layers, *self.delta_layers, *self.mamba_layers)))
+        return tuple(sorted((*self.conv_layers, *self.delta_layers, *self.mamba_layers,
+                             *self.lru_layers)))
 
     @property
     def kv_state_layers(self) -> tuple[int, ...]:
-        """The state layers that keep KV too: Falcon-H1's, attention beside Mamba-2."""
+        """The state layers that keep KV too: Falcon-H1's, attention beside Mamba-2, and
+        Zamba2's hybrid layers, a shared block's attention before Mamba-2."""
+        if self.shared_block is not None:
+            return self.shared_block.layers
         return self.mamba_layers if self.block == "hybrid" else ()
 
     def block_of(self, layer: int) -> str:
@@ -303,7 +370,7 @@ class ModelConfig:
 
     def state_kinds(self, layer: int) -> tuple[str, ...]:
         """The recurrent states a state layer carries (contract.STATE_KINDS), in order."""
-        if layer in self.delta_layers or layer in self.mamba_layers:
+        if layer in self.delta_layers or layer in self.mamba_layers or layer in self.lru_layers:
             return (CONV, RECURRENT)
         return (CONV,) if layer in self.conv_layers else ()
 
@@ -370,6 +437,9 @@ class ModelConfig:
         if local:
             out.append(f"sliding window {self.sliding_window} on {local} of {self.num_layers} "
                        "layers")
+        if self.attention_chunk is not None:
+            out.append(f"chunked attention (chunks of {self.attention_chunk}): the context is "
+                       "capped at one chunk")
         own = {(self.layer_kv_heads(i), self.layer_head_dim(i)) for i, layer in
                enumerate(self.layers) if layer.head_dim or layer.kv_heads}
         for heads, dim in sorted(own):
@@ -384,8 +454,12 @@ class ModelConfig:
         sparse = sum(s > 0 for s in self.sparsity)
         if sparse:
             out.append(f"activation sparsity on {sparse} of {self.num_layers} layers' MLPs")
+        if self.alibi is not None:
+            out.append("ALiBi: each head's scores biased by its slope times the distance "
+                       "(no rotary)")
         nope = sum(layer.rope is None for layer in self.layers)
-        if nope and self.kv_layers:  # none attending (Mamba-2), no rope is no news
+        # none attending (Mamba-2), no rope is no news; nor under ALiBi, which said it
+        if nope and self.kv_layers and self.alibi is None:
             out.append(f"{nope} of {self.num_layers} layers without rope")
         if self.latent is not None:
             out.append(f"KV cache: one head of {self.head_dim} per token and layer (rope "
@@ -407,21 +481,28 @@ class ModelConfig:
 
     @classmethod
     def from_hf(cls, raw: dict[str, Any]) -> ModelConfig:
-        family = raw.get("model_type")
+        family = config_value(raw, "model_type", str)
         if family in REFUSED_TYPES:
             raise ExportError(f"model_type {family!r}: {REFUSED_TYPES[family]}")
         if family not in FAMILIES:
             raise ExportError(
                 f"model_type {family!r} is not supported; supported: {', '.join(sorted(FAMILIES))}"
             )
-        spec = FAMILIES[family]
+        check_objects(raw)  # before the family's hooks read them
+        try:
+            text_type = wrapped_text_type(family, raw)
+        except KeyError as missing:
+            raise ExportError(f"config.json lacks the required key {missing}") from None
+        except ValueError as bad:
+            raise ExportError(str(bad)) from None
+        spec = family_spec(family, text_type)
         mxfp4 = spec.moe is not None and spec.moe.names.mxfp4
         int4 = read_int4_scheme(family, raw)
         # any other quantization is refused here
         fp8 = None if int4 is not None else read_fp8_scheme(family, raw, mxfp4, spec.bitnet)
         bitnet = read_bitnet_scheme(family, raw) if spec.bitnet else None
         try:
-            return replace(_read(family, spec, spec.read(raw)), fp8=fp8, int4=int4,
+            return replace(_read(family, spec, spec.read(raw), text_type), fp8=fp8, int4=int4,
                            bitnet=bitnet)
         except KeyError as missing:
             raise ExportError(f"config.json lacks the required key {missing}") from None
@@ -436,8 +517,10 @@ class ModelConfig:
         return cls.from_hf(load_json_object(path, ExportError))
 
 
-def _read(family: str, spec: FamilySpec, raw: dict[str, Any]) -> ModelConfig:
+def _read(family: str, spec: FamilySpec, raw: dict[str, Any],
+          text_type: str | None = None) -> ModelConfig:
     _refuse_unsupported(family, spec, raw)
+    check_sizes(raw)
     groups = group_blocks(raw["layer_types"]) if spec.blocks else None
     if groups is not None:
         raw = {**raw, "layer_types": groups.layer_types,
@@ -457,8 +540,10 @@ def _read(family: str, spec: FamilySpec, raw: dict[str, Any]) -> ModelConfig:
     _refuse_other_familys_rope(family, spec, ropes)
     layers = _layers(raw, spec)
     ropes = rope_widths(ropes, layers)
+    shared = read_shared_block(raw) if spec.shared_block else None
     return ModelConfig(
         family=family,
+        text_type=text_type,
         hidden_size=hidden,
         intermediate_size=int(raw["intermediate_size"]),
         num_layers=int(raw["num_hidden_layers"]),
@@ -488,16 +573,23 @@ def _read(family: str, spec: FamilySpec, raw: dict[str, Any]) -> ModelConfig:
         residual_scale=float(raw.get("residual_multiplier", 1.0)),
         logits_divisor=float(raw.get("logits_scaling", 1.0)),
         logits_multiplier=float(raw.get("logit_scale", 1.0)),
-        query_scale=read_query_scale(family, raw, ropes[GLOBAL]) if spec.query_scale else None,
+        query_scale=read_query_scale(family, raw, ropes[GLOBAL]) if spec.query_scale else
+        read_temperature_tuning(raw) if spec.temperature_tuning else None,
+        attention_chunk=_attention_chunk(raw, spec),
+        lm_head_bias=spec.lm_head_bias or bool(spec.lm_head_bias_key
+                                                 and raw.get(spec.lm_head_bias_key)),
         bos_token_id=_first_id(raw.get("bos_token_id")),
         eos_token_ids=_ids(raw.get("eos_token_id")),
         **_conv(raw, spec),
         **_delta(raw, spec),
         **_mamba(raw, spec),
+        **_lru(raw, spec),
         scales=_hybrid_scales(raw) if spec.block == "hybrid" else None,
-        mlp_less=groups.mlp_less if groups is not None else (),
-        renames=groups.renames if groups is not None else
+        mlp_less=groups.mlp_less if groups is not None else
+        tuple(range(int(raw["num_hidden_layers"]))) if shared else (),
+        renames=groups.renames if groups is not None else shared.renames if shared else
         skipped.renames if skipped is not None else (),
+        shared_block=shared,
         left_out=skipped.left_out if skipped is not None else (),
         attn_gate=spec.attn_gate,
         clip_qkv=_optional_float(raw.get("clip_qkv")) if spec.clip_qkv else None,
@@ -508,7 +600,21 @@ def _read(family: str, spec: FamilySpec, raw: dict[str, Any]) -> ModelConfig:
         mtp_layers=int(raw.get("num_nextn_predict_layers") or 0),
         **_altup(raw, spec),
         qk_norm_off=spec.qk_norm_key is not None and not raw.get(spec.qk_norm_key),
+        alibi=alibi_slopes(heads) if spec.alibi else None,
+        final_norm=spec.final_norm_from_config(raw) if spec.final_norm_from_config else True,
+        embed_width=_embed_width(raw, spec, hidden),
+        qkv_layout=spec.qkv_layout_from_config(raw) if spec.qkv_layout_from_config else None,
+        pad_token_id=_first_id(raw.get("pad_token_id"))
+        if spec.sinusoidal_positions == "xglm" else None,
+        head_activation=_activation(raw, spec, spec.head_act_key) if spec.head_act_key
+        else None,
     )
+
+
+def _embed_width(raw: dict[str, Any], spec: FamilySpec, hidden: int) -> int | None:
+    """The embedding's own width where the family's key makes it differ from hidden."""
+    width = raw.get(spec.embed_width_key) if spec.embed_width_key else None
+    return None if width is None or int(width) == hidden else int(width)
 
 
 def _altup(raw: dict[str, Any], spec: FamilySpec) -> dict[str, Any]:
@@ -567,8 +673,23 @@ def _mamba(raw: dict[str, Any], spec: FamilySpec) -> dict[str, Any]:
         conv_bias=bool(raw["mamba_conv_bias"]), proj_bias=proj_bias,
         dt_min=_json_float(limit[0]), dt_max=_json_float(limit[1]),
         out_bias=bool(raw.get("mamba_out_bias", proj_bias)),
-        norm=raw.get("mamba_norm", "gate_first"))
+        norm=raw.get("mamba_norm", "gate_first"),
+        norm_eps=_optional_float(raw.get("mamba_norm_eps")))
     return {"mamba_layers": layers, "mamba": shape}
+
+
+def _lru(raw: dict[str, Any], spec: FamilySpec) -> dict[str, Any]:
+    """RecurrentGemma's recurrent blocks' fields of ModelConfig; none elsewhere."""
+    if not spec.rg_lru:
+        return {}
+    shape = LruShape(width=int(raw["lru_width"]), heads=int(raw["num_attention_heads"]),
+                     conv_kernel=int(raw["conv1d_width"]))
+    if shape.conv_kernel < 2 or shape.width % shape.heads:
+        raise ExportError(f"conv1d_width must be at least 2 (got {shape.conv_kernel}) and "
+                          f"lru_width ({shape.width}) a multiple of num_attention_heads "
+                          f"({shape.heads})")
+    layers = tuple(i for i, kind in enumerate(raw["layer_types"]) if kind == "rg_lru")
+    return {"lru_layers": layers, "lru": shape}
 
 
 def _hybrid_scales(raw: dict[str, Any]) -> HybridScales:
@@ -645,8 +766,10 @@ def _biases(raw: dict[str, Any], spec: FamilySpec) -> tuple[bool, bool, bool]:
     return qkv, o, qkv if spec.mlp_bias is None else spec.mlp_bias
 
 
-def _activation(raw: dict[str, Any], spec: FamilySpec) -> str:
-    name = (raw.get(spec.act_key) if spec.act_key else None) or spec.act_default
+def _activation(raw: dict[str, Any], spec: FamilySpec, key: str | None = None) -> str:
+    """The activation config.json names under `key` (the MLP's: spec.act_key)."""
+    key = key or spec.act_key
+    name = (raw.get(key) if key else None) or spec.act_default
     if name not in ACTIVATIONS:
         raise ExportError(
             f"activation {name!r} is not supported; supported: {', '.join(ACTIVATIONS)}"
@@ -677,8 +800,8 @@ def _ropes(raw: dict[str, Any], rotary_dim: int) -> dict[str, RopeConfig]:
     # merge them in their `legacy`).
     params = rope_params(raw)
     if "full_attention" in params or "sliding_attention" in params:
-        global_params = params.get("full_attention") or {}
-        local_params = params.get("sliding_attention") or {}
+        global_params = config_value(params, "full_attention", dict) or {}
+        local_params = config_value(params, "sliding_attention", dict) or {}
     else:
         global_params, local_params = params, {}
     # Where the config gives local layers a base of their own (Gemma 3), they never take
@@ -703,7 +826,9 @@ def _selective(raw: dict[str, Any]) -> SelectiveShape:
         conv_kernel=int(raw["conv_kernel"]),
         dt_rank=-(-hidden // 16) if rank == "auto" else int(rank),
         conv_bias=bool(raw["use_conv_bias"]), proj_bias=bool(raw["use_bias"]),
-        bc_dt_eps=_optional_float(raw.get("mamba_bc_dt_eps")))
+        bc_dt_eps=_optional_float(raw.get("mamba_bc_dt_eps")),
+        bc_dt_weighted=bool(raw.get("mamba_bc_dt_weighted")),
+        heads=int(raw.get("mamba_heads_per_layer") or 0))
 
 
 def _layers(raw: dict[str, Any], spec: FamilySpec) -> tuple[LayerAttention, ...]:
@@ -717,7 +842,8 @@ def _layers(raw: dict[str, Any], spec: FamilySpec) -> tuple[LayerAttention, ...]
             raise ExportError(f"layer_types lists {len(types)} layers; there are {count}")
         kinds = {"full_attention", "sliding_attention", *(("conv",) if spec.conv else ()),
                  *(("linear_attention",) if spec.delta_net else ()),
-                 *(("mamba",) if spec.mamba else ())}
+                 *(("mamba",) if spec.mamba else ()), *(("rg_lru",) if spec.rg_lru else ()),
+                 *(("chunked_attention",) if spec.chunked_attention else ())}
         unknown = {str(kind) for kind in types} - kinds
         if unknown:
             raise ExportError(f"layer_types holds unsupported kinds: {', '.join(sorted(unknown))}"
@@ -739,6 +865,16 @@ def _layers(raw: dict[str, Any], spec: FamilySpec) -> tuple[LayerAttention, ...]
         for i, (slide, rope) in enumerate(zip(slides, ropes, strict=True))
     )
     return layer_heads(raw, layers) if spec.per_layer_heads else layers
+
+
+def _attention_chunk(raw: dict[str, Any], spec: FamilySpec) -> int | None:
+    """Llama 4's chunk size where some layer attends within chunks (None: none does)."""
+    if not spec.chunked_attention or "chunked_attention" not in (raw.get("layer_types") or ()):
+        return None
+    chunk = int(raw["attention_chunk_size"])
+    if chunk < 1:
+        raise ExportError(f"attention_chunk_size must be at least 1, got {chunk}")
+    return chunk
 
 
 def _rope_layers(raw: dict[str, Any], count: int) -> list[bool]:
@@ -777,16 +913,27 @@ def _attn_scale(raw: dict[str, Any], head_dim: int) -> float:
     if raw.get("attention_multiplier") is not None:  # Granite
         return float(raw["attention_multiplier"])
     if raw.get("query_pre_attn_scalar") is not None:  # Gemma 2/3
-        return float(raw["query_pre_attn_scalar"]) ** -0.5
+        return positive_number(raw, "query_pre_attn_scalar") ** -0.5
     return head_dim**-0.5
 
 
 def _embed_scale(raw: dict[str, Any], spec: FamilySpec, hidden: int) -> float | None:
+    if spec.embed_scale_key is not None and not raw.get(spec.embed_scale_key):
+        return None
     if spec.embed_scale == "sqrt_hidden":
         return hidden**0.5
+    if spec.embed_scale == "sqrt_hidden_bf16":  # a bfloat16 buffer in RecurrentGemma
+        return _bfloat16(hidden**0.5)
     if spec.embed_scale == "multiplier":
         return float(raw.get("embedding_multiplier", 1.0))
     return None
+
+
+def _bfloat16(value: float) -> float:
+    """`value` rounded to the nearest bfloat16 (ties to even), as torch rounds it."""
+    bits = int(np.array(value, np.float32).view(np.uint32))
+    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+    return float(np.array(bits, np.uint32).view(np.float32))
 
 
 def _first_present(raw: dict[str, Any], keys: tuple[str, ...], default: Any) -> Any:
@@ -800,9 +947,11 @@ def _optional_float(value: Any) -> float | None:
 def _ids(value: Any) -> tuple[int, ...]:
     if value is None:
         return ()
-    if isinstance(value, list):
-        return tuple(int(v) for v in value)
-    return (int(value),)
+    ids = value if isinstance(value, list) else [value]
+    if any(isinstance(i, bool) or not isinstance(i, int) for i in ids):
+        # int(2.5) had exported token 2 as the EOS (from_hf: a "malformed value" line)
+        raise ValueError(f"bos/eos token ids must be integers, got {value!r}")
+    return tuple(ids)
 
 
 def _first_id(value: Any) -> int | None:

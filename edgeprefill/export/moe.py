@@ -7,7 +7,8 @@ Built from stock ONNX ops, the same in both flavours. For a layer's N tokens x [
   dispatch    for each expert e, unrolled: the tokens that chose it (NonZero of its column
               of the [E, N] choice mask), gathered [n_e, H]; its gated MLP as ordinary
               MatMuls (so the int8/int4 quantizer and the native kernels take them as any
-              projection); times each token's weight
+              projection); times each token's weight (Llama 4: the tokens times their
+              weights go in, the output is not weighed)
   combine     every expert's rows scattered to their token's slot [N k, H] (ScatterND;
               each slot is one expert's), the k slots of a token summed
 
@@ -67,6 +68,11 @@ class MixtureOfExperts:
         if moe.routing == "topk_softmax":  # Granite MoE
             top, chosen = g.op("TopK", [logits, k], 2, axis=-1)
             weights = g.op("Softmax", [top], axis=-1)
+        elif moe.routing == "sparsemixer":  # PhiMoE
+            chosen, weights = self._sparsemixer(logits)
+        elif moe.routing == "topk_sigmoid":  # Llama 4
+            top, chosen = g.op("TopK", [logits, k], 2, axis=-1)
+            weights = g.op("Sigmoid", [top])
         elif moe.routing in ("sigmoid", "softmax_bias"):  # the bias chooses, never weighs
             scores = g.op("Sigmoid", [logits]) if moe.routing == "sigmoid" else \
                 g.op("Softmax", [logits], axis=-1)
@@ -97,6 +103,30 @@ class MixtureOfExperts:
         if self.dtype != np.float32:
             weights = g.op("Cast", [weights], to=10)
         return chosen, weights
+
+    def _sparsemixer(self, logits: str) -> tuple[str, str]:
+        """PhiMoE's two choices ([N, 2] experts, weights): the best logit's expert, then the
+        best of the others, each weighed by its softmax over the logits near it."""
+        g = self.g
+        first, first_weight = self._mixed(logits, logits)
+        without = g.op("ScatterElements", [logits, first, g.op(
+            "Expand", [g.const(-np.inf, np.float32), g.op("Shape", [first])])], axis=1)
+        second, second_weight = self._mixed(logits, without)
+        return (g.op("Concat", [first, second], axis=1),
+                g.op("Concat", [first_weight, second_weight], axis=1))
+
+    def _mixed(self, logits: str, candidates: str) -> tuple[str, str]:
+        """sparsemixer's step: the best of `candidates` [N, E] (logits, or logits with -inf
+        at earlier choices) and its softmax over the candidates whose logit l is within
+        (best - l) / max(|l|, best) <= 2 jitter of it."""
+        g = self.g
+        best, chosen = g.op("TopK", [candidates, g.const([1])], 2, axis=-1)  # [N, 1]
+        factor = g.op("Max", [g.op("Abs", [logits]), best])
+        gap = g.op("Div", [g.op("Sub", [best, logits]), factor])
+        far = g.op("Greater", [gap, g.const(2 * self.moe.jitter, np.float32)])
+        near = g.op("Where", [far, g.const(-np.inf, np.float32), candidates])
+        weight = g.op("GatherElements", [g.op("Softmax", [near], axis=-1), chosen], axis=-1)
+        return chosen, weight
 
     def _in_best_groups(self, ranked: str, best_of: int) -> str:
         """ranked [N, E] float32 with -inf outside each token's best `top_groups` groups
@@ -137,9 +167,12 @@ class MixtureOfExperts:
             # [n_e]: the slots that chose expert e (NonZero of a [1, N k] row: its row 1)
             slot = g.op("Gather", [g.op("NonZero", [expert_rows[e]]), g.const(1)], axis=0)
             tokens = g.op("Div", [slot, g.const(k)])
-            y = self._expert(p, e, g.op("Gather", [x, tokens], axis=0))  # [n_e, H]
             weight = g.op("Unsqueeze", [g.op("Gather", [flat_weights, slot]), g.const([1])])
-            outputs.append(g.op("Mul", [y, weight]))
+            rows = g.op("Gather", [x, tokens], axis=0)  # [n_e, H]
+            if self.moe.input_scaled:  # Llama 4: expert(weight * x)
+                outputs.append(self._expert(p, e, g.op("Mul", [rows, weight])))
+            else:
+                outputs.append(g.op("Mul", [self._expert(p, e, rows), weight]))
             slots.append(slot)
         index = g.op("Unsqueeze", [g.op("Concat", slots, axis=0), g.const([1])])  # [N k, 1]
         shape = g.op("Concat", [g.op("Shape", [flat_weights]), g.const([self.hidden])], axis=0)
@@ -251,6 +284,9 @@ class MixtureOfExperts:
     def _gate_up_reader(self, p: str, e: int) -> Callable[[], np.ndarray]:
         """Expert e's [2I, H] gate and up rows (gate first), from any layout."""
         n, stem = self.names, p + self.names.expert.format(j=e)
+        if n.stacked is not None:  # DBRX
+            gate, up = (self._stacked_rows(p + name, e) for name in n.stacked[:2])
+            return lambda: np.concatenate([gate(), up()])
         separate = [stem + n.gate + ".weight", stem + n.up + ".weight"]
         if all(self.ckpt.has(name) for name in separate):
             self._check(separate[0], (self.moe.width, self.hidden))
@@ -261,11 +297,20 @@ class MixtureOfExperts:
 
     def _down_reader(self, p: str, e: int) -> Callable[[], np.ndarray]:
         n, stem = self.names, p + self.names.expert.format(j=e)
+        if n.stacked is not None:  # DBRX: stored [I, H], in by out
+            rows = self._stacked_rows(p + n.stacked[2], e)
+            return lambda: np.ascontiguousarray(rows().T)
         separate = stem + n.down + ".weight"
         if self.ckpt.has(separate):
             self._check(separate, (self.hidden, self.moe.width))
             return lambda: self.ckpt.get(separate)
         return self._fused_reader(p, e, n.fused_down, separate, self.hidden, self.moe.width)
+
+    def _stacked_rows(self, name: str, e: int) -> Callable[[], np.ndarray]:
+        """Expert e's [I, H] rows of a DBRX tensor stacked [E * I, H]."""
+        width = self.moe.width
+        self._check(name, (self.moe.experts * width, self.hidden))
+        return lambda: self.ckpt.get_index(name, slice(e * width, (e + 1) * width))
 
     def _fused_reader(self, p: str, e: int, candidates: tuple[str, ...], separate: str,
                       rows: int, cols: int) -> Callable[[], np.ndarray]:

@@ -12,15 +12,17 @@ softmax over the top k logits is the same renormalized top k of the softmax over
 (exp(l_i) / sum_topk exp(l_j)). LFM2-MoE's routing (the top k of sigmoid + bias, weighed
 by the sigmoid alone, renormalized with an epsilon, scaled; DeepSeek-V3's within its best
 groups, Kolibri-1's biased on the logits), ERNIE-4.5-MoE's (the top k of softmax + bias,
-weighed by the softmax, renormalized with a floor) and DeepSeek-V2's group-limited one are
-computed in the graph as the unrolled form computes them, and handed to the op as logits
-it cannot read otherwise:
-log(weight) at the k chosen experts and -inf elsewhere, so the op's softmax and top k find
-exactly those k and renormalize their weights to sum 1; the output times each token's sum
-of weights undoes that. gpt-oss's router logits carry its bias; its experts' biases are
-the op's fc1/fc2 bias inputs and its clamped SwiGLU the op's activation attributes
-(_swiglu). The `standard` flavour and int8 and fp16 bundles keep the unrolled graph
-(export/moe.py).
+weighed by the softmax, renormalized with a floor), PhiMoE's sparsemixer and DeepSeek-V2's
+group-limited one are computed in the graph as the unrolled form computes them, and handed
+to the op as logits it cannot read otherwise: log(weight) at the k chosen experts and -inf
+elsewhere, so the op's softmax and top k find exactly those k and renormalize their weights
+to sum 1; the output times each token's sum of weights undoes that. Llama 4's experts
+take the token times its weight, unweighed after: with its one expert per token, x times
+that weight goes in and the chosen expert's logit is 0 (weight 1); with more, each expert
+would need its own input, and the block stays unrolled. gpt-oss's router logits carry its
+bias; its experts' biases are the op's fc1/fc2 bias inputs and its clamped SwiGLU the op's
+activation attributes (_swiglu). The `standard` flavour and int8 and fp16 bundles keep the
+unrolled graph (export/moe.py).
 
 Weights: fc1 [E, 2I, H] with each expert's gate and up rows interleaved (g0, u0, g1, ...,
 the CPU kernel's only layout, swiglu_fusion=1), fc2 [E, H, I]. int4: each expert's rows
@@ -37,7 +39,7 @@ from edgeprefill.export.experts import MoeConfig
 from edgeprefill.export.moe import MixtureOfExperts, tensor_attribute
 from edgeprefill.export.quantize import QuantConfig, int4_blockwise
 
-# the op's own; "sigmoid" and "softmax_bias" go in as chosen
+# the op's own; the others ("sigmoid", "softmax_bias", "sparsemixer", ...) go in as chosen
 OP_ROUTINGS = ("softmax", "topk_softmax")
 
 
@@ -45,6 +47,9 @@ def why_unrolled(experts: MixtureOfExperts, activation: str,
                  quant: QuantConfig | None) -> str | None:
     """Why the block cannot be the op, in words (None: it can)."""
     moe = experts.moe
+    if moe.input_scaled and moe.top_k > 1:
+        return (f"each of a token's {moe.top_k} experts takes the token times its own "
+                "weight; the op runs them on one input")
     if activation != "silu":
         return f"the experts' activation is {activation}, the op's CPU kernel takes SiLU"
     if experts.dtype != np.float32:
@@ -71,8 +76,11 @@ class MoeOp(MixtureOfExperts):
     def block(self, p: str, h: str) -> str:
         g, moe = self.g, self.moe
         x = g.op("Reshape", [h, g.const([-1, self.hidden])])  # [N, H]
-        total = None
-        if _op_routes(moe):
+        total, routed = None, x  # the op's input
+        if moe.input_scaled:  # Llama 4, one expert per token (why_unrolled)
+            logits, routed = self._input_scaled(p, x)
+            normalize = 1
+        elif _op_routes(moe):
             logits = self._router_logits(p, x)  # [N, E]
             normalize = int(moe.norm_topk or moe.routing == "topk_softmax")
         else:
@@ -86,13 +94,13 @@ class MoeOp(MixtureOfExperts):
                                 self.dtype, lambda: self._stacked(p, self._fc1))
             fc2 = self.g.weight(p + "experts.fc2", (moe.experts, self.hidden, moe.width),
                                 self.dtype, lambda: self._stacked(p, self._fc2))
-            out = g.op("MoE", [x, logits, fc1, bias1, fc2, bias2], domain="com.microsoft",
+            out = g.op("MoE", [routed, logits, fc1, bias1, fc2, bias2], domain="com.microsoft",
                        **attrs)
         else:
             q = self.quant
             fc1, scale1 = self._int4(p + "experts.fc1", 2 * moe.width, self.hidden, p, self._fc1)
             fc2, scale2 = self._int4(p + "experts.fc2", self.hidden, moe.width, p, self._fc2)
-            out = g.op("QMoE", [x, logits, fc1, scale1, bias1, fc2, scale2, bias2],
+            out = g.op("QMoE", [routed, logits, fc1, scale1, bias1, fc2, scale2, bias2],
                        domain="com.microsoft", expert_weight_bits=4, block_size=q.block_size,
                        accuracy_level=q.accuracy_level, **attrs)
         if total is not None:
@@ -141,6 +149,20 @@ class MoeOp(MixtureOfExperts):
                      value=tensor_attribute(np.array([-np.inf], np.float32)))
         logits = g.op("ScatterElements", [empty, chosen, g.op("Log", [weights])], axis=1)
         return logits, g.op("ReduceSum", [weights, g.const([-1])], keepdims=1)
+
+    def _input_scaled(self, p: str, x: str) -> tuple[str, str]:
+        """([N, E] 0 at each token's one chosen expert, -inf elsewhere; x [N, H] times that
+        expert's weight): the op's expert then runs on the scaled token, weighed by 1."""
+        g = self.g
+        chosen, weights = self._route(p, x)  # [N, 1], [N, 1]
+        shape = g.op("Concat", [g.op("Shape", [chosen], end=1),
+                                g.const([self.moe.experts])], axis=0)
+        empty = g.op("ConstantOfShape", [shape],
+                     value=tensor_attribute(np.array([-np.inf], np.float32)))
+        zero = g.op("ConstantOfShape", [g.op("Shape", [chosen])],
+                    value=tensor_attribute(np.zeros(1, np.float32)))
+        logits = g.op("ScatterElements", [empty, chosen, zero], axis=1)
+        return logits, g.op("Mul", [x, weights])
 
     def _fc1(self, p: str, e: int) -> np.ndarray:
         """Expert e's [2I, H] gate and up rows, interleaved (g0, u0, g1, u1, ...)."""

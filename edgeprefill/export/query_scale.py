@@ -8,6 +8,9 @@ multiplies the rotated query; the factor is one number per position, and rotary 
 pair of dims at that position linearly, so scaling q before the rotation is the same: the
 graph scales q before attention, whose rotary (GroupQueryAttention's own, the native
 kernel's, or the standard flavour's) follows.
+
+Llama 4's own (attn_temperature_tuning) is the same factor of position + 1, with `beta`
+its attn_scale and `window` its floor_scale, on its NoPE layers only.
 """
 
 from __future__ import annotations
@@ -30,11 +33,15 @@ WINDOWED_ROPES = ("llama3", "yarn", "longrope")
 class QueryScale:
     beta: float
     window: int  # positions per step of the factor (the original context)
+    offset: int = 0  # added to the position first (Llama 4: 1)
+    nope_only: bool = False  # only the layers without rotary scale q (Llama 4)
 
     def emit(self, g: GraphBuilder, positions: str, dtype: np.dtype) -> str:
         """[B, C] int64 positions -> [B, C, 1] factors in `dtype`, computed in float32
-        in transformers' order (position / window, floor, log, beta)."""
+        in transformers' order ((position + offset) / window, floor, log, beta)."""
         pos = g.op("Cast", [positions], to=1)
+        if self.offset:
+            pos = g.op("Add", [pos, g.const(float(self.offset), np.float32)])
         steps = g.op("Floor", [g.op("Div", [pos, g.const(self.window, np.float32)])])
         one = g.const(1.0, np.float32)
         log = g.op("Log", [g.op("Add", [steps, one])])
@@ -59,3 +66,14 @@ def read_query_scale(family: str, raw: dict[str, Any], rope: RopeConfig) -> Quer
         raise ExportError(f"{family}: original_max_position_embeddings must be at least 1, "
                           f"got {window}")
     return QueryScale(float(beta), int(window)) if float(beta) else None
+
+
+def read_temperature_tuning(raw: dict[str, Any]) -> QueryScale | None:
+    """Llama 4's factor of its NoPE layers' queries, where attn_temperature_tuning is on:
+    1 + attn_scale * log(1 + floor((position + 1) / floor_scale))."""
+    if not raw.get("attn_temperature_tuning"):
+        return None
+    window = int(raw["floor_scale"])
+    if window < 1:
+        raise ExportError(f"floor_scale must be at least 1, got {window}")
+    return QueryScale(float(raw["attn_scale"]), window, offset=1, nope_only=True)

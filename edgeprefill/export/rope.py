@@ -28,6 +28,13 @@ from typing import Any
 import numpy as np
 
 from edgeprefill.errors import ExportError
+from edgeprefill.export.config_checks import config_value
+
+# RopeConfig fields the rope computations divide by or take the log of -> their config key.
+POSITIVE_PARAMS = {"factor": "factor",
+                   "original_max_positions": "original_max_position_embeddings",
+                   "beta_fast": "beta_fast", "beta_slow": "beta_slow", "alpha": "alpha",
+                   "low_freq_factor": "low_freq_factor", "high_freq_factor": "high_freq_factor"}
 
 
 @dataclass(frozen=True)
@@ -59,6 +66,13 @@ class RopeConfig:
             )
         if self.rotary_dim % 2:
             raise ExportError(f"the rotary dimension must be even, got {self.rotary_dim}")
+        for name, key in POSITIVE_PARAMS.items():
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value > 0):  # a log or a division by it
+                raise ExportError(f"config.json: the rope's {key} must be positive, got {value}")
+        if not 0 <= self.proportion <= 1:  # the share of a head's frequencies that rotate
+            raise ExportError(f"config.json: the rope's partial_rotary_factor must be 0 to 1, "
+                              f"got {self.proportion}")
         if self.kind == "longrope":
             half = self.rotary_dim // 2
             for name in ("short_factor", "long_factor"):
@@ -212,7 +226,8 @@ def rope_params(raw: dict[str, Any]) -> dict[str, Any]:
     type, unmerged): `rope_scaling or rope_parameters`, as PreTrainedConfig's
     convert_rope_params_to_dict. A legacy `rope_scaling` replaces `rope_parameters` whole,
     theta included (its own, else the top-level `rope_theta`, else the default)."""
-    return raw.get("rope_scaling") or raw.get("rope_parameters") or {}
+    return config_value(raw, "rope_scaling", dict) or config_value(raw, "rope_parameters", dict) \
+        or {}
 
 
 def rope_from_params(

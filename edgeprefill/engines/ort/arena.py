@@ -1,6 +1,7 @@
 """The KV arena of the ONNX Runtime backend: one interface, a host and a device memory.
 
-Both hold one buffer per layer and per K/V (layer-major: K0, V0, K1, V1, ...), slot-first
+Both hold one buffer per layer and per K/V (layer-major: K0, V0, K1, V1, ...; a layer
+whose value is its key, contract.kv_buffers, one buffer bound as both), slot-first
 `[slots, KV, cap, D]` (each its layer's KV and D: Gemma 4's layers differ), so the rows of
 a step are the contiguous bytes from `address + first_slot * slot_bytes`: each past input
 and its present output are bound there and the step updates the cache in place. The
@@ -25,7 +26,9 @@ import numpy as np
 import onnx
 from onnx import helper
 
-KVPairs = Sequence[tuple[str, str]]  # (past input, present output) per buffer, arena order
+# Per buffer, in arena order, the (past input, present output) pairs bound to it: one, or
+# a layer's key and value pair where its value is its key (contract.kv_buffers).
+KVBuffers = Sequence[Sequence[tuple[str, str]]]
 
 
 class KVArena(ABC):
@@ -37,8 +40,8 @@ class KVArena(ABC):
     slots: int
 
     @abstractmethod
-    def bind(self, binding: Any, pairs: KVPairs, first: int, rows: int) -> None:
-        """Bind each (past, present) pair to rows [first, first + rows) of its buffer."""
+    def bind(self, binding: Any, buffers: KVBuffers, first: int, rows: int) -> None:
+        """Bind each buffer's (past, present) pairs to rows [first, first + rows) of it."""
 
     @abstractmethod
     def copy(self, src: int, dst: int, length: int) -> None:
@@ -64,11 +67,12 @@ class HostArena(KVArena):
         for array in self.arrays:
             array.fill(0)
 
-    def bind(self, binding: Any, pairs: KVPairs, first: int, rows: int) -> None:
-        for (past, present), arena in zip(pairs, self.arrays, strict=True):
+    def bind(self, binding: Any, buffers: KVBuffers, first: int, rows: int) -> None:
+        for pairs, arena in zip(buffers, self.arrays, strict=True):
             view = arena[first : first + rows]  # contiguous: slot is the first axis
-            for name, bind in ((past, binding.bind_input), (present, binding.bind_output)):
-                bind(name, "cpu", 0, arena.dtype, view.shape, view.ctypes.data)
+            for past, present in pairs:
+                for name, bind in ((past, binding.bind_input), (present, binding.bind_output)):
+                    bind(name, "cpu", 0, arena.dtype, view.shape, view.ctypes.data)
 
     def copy(self, src: int, dst: int, length: int) -> None:
         for arena in self.arrays:
@@ -115,12 +119,15 @@ class DeviceArena(KVArena):
         address: int = self.values[index].data_ptr()
         return address + slot * self.slot_bytes(index)
 
-    def bind(self, binding: Any, pairs: KVPairs, first: int, rows: int) -> None:
-        for index, (past, present) in enumerate(pairs):
+    def bind(self, binding: Any, buffers: KVBuffers, first: int, rows: int) -> None:
+        for index, pairs in enumerate(buffers):
             shape = (rows, *self.shapes[index][1:])
             address = self.slot_address(index, first)
-            binding.bind_input(past, self.device, self.device_id, self.dtype, shape, address)
-            binding.bind_output(present, self.device, self.device_id, self.dtype, shape, address)
+            for past, present in pairs:
+                binding.bind_input(past, self.device, self.device_id, self.dtype, shape,
+                                   address)
+                binding.bind_output(present, self.device, self.device_id, self.dtype, shape,
+                                    address)
 
     def copy(self, src: int, dst: int, length: int | None = None) -> None:
         for index in range(len(self.values)):

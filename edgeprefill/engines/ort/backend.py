@@ -1,11 +1,13 @@
 """ONNX Runtime backend: one InferenceSession, the KV arena bound in place with IOBinding.
 
-Every KV input and its present output are bound to the same address, which makes
-GroupQueryAttention share the buffer and TensorScatter update it in place: no step copies
-the cache. Bindings are cached per (first slot, rows), so a step rebinds only the three
-small inputs. On the CUDA and TensorRT providers the arena lives in device memory and is
-bound by pointer the same way: the backend holds one `KVArena` (ort.arena, host or
-device) and never branches on where it lives; GPU options come from ort.providers.
+Every KV input and its present output are bound to the same address (a layer whose value
+is its key, multi-head latent attention: its key and value pairs to one, value_cache.py),
+which makes GroupQueryAttention share the buffer and TensorScatter update it in place: no
+step copies the cache. Bindings are cached per (first slot, rows), so a step rebinds only
+the three small inputs. On the CUDA and TensorRT providers the arena lives in device
+memory and is bound by pointer the same way: the backend holds one `KVArena` (ort.arena,
+host or device) and never branches on where it lives; GPU options come from
+ort.providers.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from edgeprefill.contract import (
     PAST_LENS,
     VALID_LENS,
     check_loaded_io,
+    kv_buffers,
     kv_dims,
     kv_pairs,
     state_pairs,
@@ -63,6 +66,7 @@ from edgeprefill.engines.ort.providers import (
 )
 from edgeprefill.engines.ort.state_arena import StateArena
 from edgeprefill.engines.ort.switches import merge_switches
+from edgeprefill.engines.ort.value_cache import shared_layers
 from edgeprefill.errors import BackendError
 from edgeprefill.kernels.build import library_path
 from edgeprefill.kernels.rms_norm import fold_norms
@@ -149,6 +153,9 @@ class OnnxRuntimeBackend(Backend):
         graph_path = resolve_inside(bundle_dir, manifest.graph.file)
         graph = load_graph(bundle_dir, manifest)  # refuses external data outside the bundle
         _check_rotary_positions(graph, manifest.max_context)
+        # Multi-head latent attention: one buffer as a layer's key and value caches.
+        self._value_is_key = shared_layers(graph, manifest, options.device)
+        self._kv_buffers = kv_buffers(manifest.graph, bool(self._value_is_key))
         self.threads = options.threads or physical_cores()
         if self.threads > _usable_cpus():
             log.warning("%d compute threads on %d usable CPUs: they wait for each other "
@@ -233,6 +240,10 @@ class OnnxRuntimeBackend(Backend):
     def kv_dtype(self) -> np.dtype:
         return self.compute.kv_dtype or super().kv_dtype
 
+    @property
+    def value_is_key(self) -> list[int]:
+        return self._value_is_key
+
     def _session_options(self) -> Any:
         ort = self._ort
         so = ort.SessionOptions()
@@ -277,7 +288,8 @@ class OnnxRuntimeBackend(Backend):
 
     def allocate_kv(self, slots: int, capacity: int) -> None:
         m = self.manifest.model
-        shapes = [(slots, heads, capacity, dim) for heads, dim in kv_dims(self.manifest.graph)]
+        shapes = [(slots, heads, capacity, dim)
+                  for heads, dim in kv_dims(self.manifest.graph, self._kv_buffers)]
         self.arena = None  # free the old arena before the new one
         self._bindings.clear()
         if self._gpu is None:
@@ -301,8 +313,8 @@ class OnnxRuntimeBackend(Backend):
                            self.session.get_providers())
 
     def kv_arrays(self) -> list[np.ndarray]:
-        """The arena, layer-major [K0, V0, K1, V1, ...] (CPU numpy, for inspection; a copy
-        when the arena is on a GPU)."""
+        """The arena, layer-major [K0, V0, K1, V1, ...], a layer whose value is its key with
+        one array (CPU numpy, for inspection; a copy when the arena is on a GPU)."""
         return self.arena.host_arrays() if self.arena is not None else []
 
     def _slot_count(self) -> int:
@@ -332,7 +344,7 @@ class OnnxRuntimeBackend(Backend):
         binding = self.session.io_binding()
         logits = self._logits[:rows]
         binding.bind_output(LOGITS, "cpu", 0, np.float32, logits.shape, logits.ctypes.data)
-        self._allocated().bind(binding, self._kv_pairs, first, rows)
+        self._allocated().bind(binding, self._kv_buffers, first, rows)
         if self.state is not None:
             self.state.bind(binding, first, rows)
         return binding

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
+from edgeprefill.export.config_checks import check_sizes
 from edgeprefill.export.families.spec import LLAMA_NAMES, FamilySpec, TensorNames
 from edgeprefill.export.rope import rope_params
 
@@ -62,7 +63,7 @@ def _olmo3_ropes(raw: dict[str, Any]) -> dict[str, Any]:
     return {**rest, "rope_parameters": {"full_attention": full, "sliding_attention": sliding}}
 
 
-def _hunyuan_ntk_alpha(raw: dict[str, Any]) -> dict[str, Any]:
+def hunyuan_ntk_alpha(raw: dict[str, Any]) -> dict[str, Any]:
     # HunYuanDenseV1RotaryEmbedding: the checkpoints' "dynamic" rope with an `alpha` is a
     # fixed NTK stretch of the base, not transformers' length-dependent dynamic rope.
     for key in ("rope_parameters", "rope_scaling"):
@@ -107,6 +108,7 @@ def _gpt2_config(raw: dict[str, Any]) -> dict[str, Any]:
     raw = dict(raw)
     for key, alias in GPT2_ALIASES.items():
         raw[alias] = raw.get(alias, raw[key])
+    check_sizes(raw)  # n_layer as num_hidden_layers, before its layers are listed
     hidden = int(raw["hidden_size"])
     raw["intermediate_size"] = raw["n_inner"] if raw["n_inner"] is not None else 4 * hidden
     raw["no_rope_layers"] = [0] * int(raw["num_hidden_layers"])
@@ -123,6 +125,74 @@ def _gpt2_unsupported(raw: dict[str, Any]) -> str | None:
     return None
 
 
+def _internlm3_aliases(raw: dict[str, Any]) -> dict[str, Any]:
+    # InternLM3Config's attribute_map: the Hub's qkv_bias and bias win where both are given
+    for alias, key in (("qkv_bias", "attention_bias"), ("bias", "mlp_bias")):
+        if alias in raw:
+            raw = {**{k: v for k, v in raw.items() if k != alias}, key: raw[alias]}
+    return raw
+
+
+def _internlm3_unsupported(raw: dict[str, Any]) -> str | None:
+    if bool(raw["attention_bias"]) != bool(raw["mlp_bias"]):  # InternLM3Config refuses it
+        return ("qkv_bias (attention_bias) and bias (mlp_bias) must be equal (its config "
+                "class refuses them otherwise)")
+    if raw["mlp_bias"]:
+        return "bias=true (biases on the gated MLP) is not supported"
+    return None
+
+
+def _modernbert_decoder_config(raw: dict[str, Any]) -> dict[str, Any]:
+    """ModernBertDecoderConfig: every global_attn_every_n_layers-th layer (from the first)
+    global, the others sliding over sliding_window tokens (local_attention // 2 unless
+    config.json has the key, as saved configs do); a rope per layer type, a
+    legacy rope_scaling merged into both, thetas from global_rope_theta and
+    local_rope_theta (160000 and 10000 by default)."""
+    raw = dict(raw)
+    count = int(raw["num_hidden_layers"])
+    if raw.get("layer_types") is None:
+        every = int(raw.get("global_attn_every_n_layers", 3))
+        raw["layer_types"] = ["sliding_attention" if i % every else "full_attention"
+                              for i in range(count)]
+    if "sliding_window" not in raw:  # a key of its own wins, null included
+        local = raw["local_attention"]
+        raw["sliding_window"] = int(local) // 2 if local else -1
+    params = raw.get("rope_parameters") or {}
+    scaling = raw.pop("rope_scaling", None) or {}
+    ropes = {}
+    for kind, theta in (("full_attention", raw.get("global_rope_theta", 160_000.0)),
+                        ("sliding_attention", raw.get("local_rope_theta", 10_000.0))):
+        ropes[kind] = {"rope_type": "default", **(params.get(kind) or {}), **scaling}
+        ropes[kind].setdefault("rope_theta", theta)
+    raw["rope_parameters"] = ropes
+    return raw
+
+
+def _modernbert_decoder_unsupported(raw: dict[str, Any]) -> str | None:
+    for key, value, what in MODERNBERT_SWITCHES:
+        if bool(raw[key]) != value:
+            return f"{key}={str(not value).lower()} ({what}) is not supported"
+    window = raw["sliding_window"]
+    if window is None or int(window) < 1:
+        return ("sliding layers without a window (sliding_window null, or local_attention "
+                "null) are not supported")
+    return None
+
+
+# ModernBERT decoder's switches export supports one way only: key, that value, what the
+# other asks for.
+MODERNBERT_SWITCHES = (
+    ("norm_bias", False, "LayerNorms with bias"),
+    ("mlp_bias", False, "biases on the gated MLP"),
+    ("classifier_bias", False, "a bias on the prediction head's dense layer"),
+    ("decoder_bias", True, "an LM head without bias"),
+)
+MODERNBERT_NAMES = TensorNames(
+    embed=("model.embeddings.tok_embeddings.weight",), embed_norm="model.embeddings.norm",
+    final_norm="model.final_norm", lm_head=("decoder",), q="attn.q_proj", k="attn.k_proj",
+    v="attn.v_proj", o="attn.Wo", gate_up="mlp.Wi", down="mlp.Wo", input_norm="attn_norm",
+    post_attn_norm="mlp_norm",
+)
 OLMO3_THETA = 500000.0
 EXAONE_ALIASES = {"num_layers": "num_hidden_layers", "layer_norm_epsilon": "rms_norm_eps",
                   "activation_function": "hidden_act"}
@@ -352,6 +422,7 @@ GPT2 = FamilySpec(
             "Conv1D weights stored [in, out]"),
 )
 
+
 def _openai_gpt_config(raw: dict[str, Any]) -> dict[str, Any]:
     """OpenAIGPTConfig: GPT-2's key names (its `n_inner`-less MLP 4 x n_embd wide, q.k
     scaled); its `afn` "gelu" is transformers' gelu_new (tanh), "swish" SiLU."""
@@ -360,20 +431,26 @@ def _openai_gpt_config(raw: dict[str, Any]) -> dict[str, Any]:
     return {**raw, "afn": {"gelu": "gelu_new", "swish": "silu"}.get(afn, afn)}
 
 
+def _no_final_norm(raw: dict[str, Any]) -> bool:
+    return False
+
+
 # GPT-1 (openai-gpt): GPT-2's Conv1D projections and learned positions, wired as the
-# original Transformer (each residual sum normalized, no final norm), no KV cache in
-# transformers (its logits are those of the whole prefix each step).
+# original Transformer (OPT-350m's post-norm block: each residual sum normalized, no final
+# norm), no KV cache in transformers (its logits are those of the whole prefix each step).
 OPENAI_GPT = replace(
     GPT2, names=replace(GPT2_NAMES, embed=("transformer.tokens_embed.weight",),
-                        position_embed="transformer.positions_embed.weight", final_norm=None),
-    block="post_ln", act_key="afn", legacy=_openai_gpt_config, refuse=None,
-    inverse_layer_scale_key=None,
+                        position_embed="transformer.positions_embed.weight"),
+    block="postln", final_norm_from_config=_no_final_norm, act_key="afn",
+    legacy=_openai_gpt_config, refuse=None, inverse_layer_scale_key=None,
     renames=tuple((p, "transformer." + p) for p in ("h.", "tokens_embed.", "positions_embed.")),
     defaults={"n_embd": 768, "n_layer": 12, "n_head": 12, "n_positions": 512,
               "layer_norm_epsilon": 1e-5, "afn": "gelu"},
     quirks=("learned absolute position embeddings", "LayerNorm after each residual add",
             "no final norm", "gelu MLP", "Conv1D weights stored [in, out]"),
 )
+
+
 def _ctrl_config(raw: dict[str, Any]) -> dict[str, Any]:
     """CTRLConfig: GPT-2's key names (attribute_map), an MLP `dff` wide, no rotary (its
     positions are the sinusoidal table)."""
@@ -381,6 +458,7 @@ def _ctrl_config(raw: dict[str, Any]) -> dict[str, Any]:
     for key, alias in GPT2_ALIASES.items():
         raw[alias] = raw.get(alias, raw[key])
     raw["intermediate_size"] = raw["dff"]
+    check_sizes(raw)  # n_layer as num_hidden_layers, before its layers are listed
     raw["no_rope_layers"] = [0] * int(raw["num_hidden_layers"])
     return raw
 
@@ -396,14 +474,14 @@ def _ctrl_unsupported(raw: dict[str, Any]) -> str | None:
 # the embedding times sqrt(hidden) plus a fixed sinusoidal position table, a biased LM head.
 CTRL = FamilySpec(
     names=TensorNames(
-        embed=("transformer.w.weight",), position_embed="transformer.pos_encoding",
-        final_norm="transformer.layernorm", layer="transformer.h.{i}.",
+        embed=("transformer.w.weight",), final_norm="transformer.layernorm",
+        layer="transformer.h.{i}.",
         q="multi_head_attention.Wq", k="multi_head_attention.Wk",
         v="multi_head_attention.Wv", o="multi_head_attention.dense", gate="", up="ffn.0",
         down="ffn.2", input_norm="layernorm1", post_attn_norm="layernorm2"),
     norm="layer", gated_mlp=False, qkv_bias=True, o_bias=True, mlp_bias=True,
     lm_head_bias=True, tie_default=True, act_default="relu", act_key=None,
-    eps_key="layer_norm_epsilon", embed_scale="sqrt_hidden", sinusoid_positions=True,
+    eps_key="layer_norm_epsilon", embed_scale="sqrt_hidden", sinusoidal_positions="ctrl",
     legacy=_ctrl_config, refuse=_ctrl_unsupported,
     ignores=GPT2.ignores,
     defaults={"n_embd": 1280, "n_layer": 48, "n_head": 16, "n_positions": 256, "dff": 8192,
@@ -414,6 +492,13 @@ CTRL = FamilySpec(
 PHI_NAMES = TensorNames(final_norm="model.final_layernorm", o="self_attn.dense",
                         gate="", up="mlp.fc1", down="mlp.fc2")
 
+HUNYUAN_V1_DENSE = FamilySpec(
+    **ATTENTION_BIAS, qk_norm="head_rotated", legacy=hunyuan_ntk_alpha,
+    names=replace(LLAMA_NAMES, q_norm="self_attn.query_layernorm",
+                  k_norm="self_attn.key_layernorm"),
+    required=("head_dim",), defaults={"rms_norm_eps": 1e-5}, rope_types=("ntk_alpha",),
+    quirks=("per-head q/k RMSNorm after rotary",),
+)
 FAMILIES: dict[str, FamilySpec] = {
     "llama": FamilySpec(**ATTENTION_BIAS, unsupported=("mlp_bias",)),
     "mistral": FamilySpec(window="always", defaults={"max_position_embeddings": 131072,
@@ -544,13 +629,7 @@ FAMILIES: dict[str, FamilySpec] = {
     # pruned to the text tokens (output_vocab_size, refused).
     "apertus1p5_text": replace(APERTUS, refuse=_pruned_head,
                                defaults={**APERTUS.defaults, "vocab_size": 266752}),
-    "hunyuan_v1_dense": FamilySpec(
-        **ATTENTION_BIAS, qk_norm="head_rotated", legacy=_hunyuan_ntk_alpha,
-        names=replace(LLAMA_NAMES, q_norm="self_attn.query_layernorm",
-                      k_norm="self_attn.key_layernorm"),
-        required=("head_dim",), defaults={"rms_norm_eps": 1e-5}, rope_types=("ntk_alpha",),
-        quirks=("per-head q/k RMSNorm after rotary",),
-    ),
+    "hunyuan_v1_dense": HUNYUAN_V1_DENSE,
     "glm": GLM,
     # GLM with norms after attention and MLP too (GLM-4-0414): input_layernorm,
     # post_self_attn_layernorm, post_attention_layernorm (before the MLP), post_mlp_layernorm.
@@ -664,5 +743,34 @@ FAMILIES: dict[str, FamilySpec] = {
         defaults={**GPT2.defaults, "multi_query": True},
         quirks=("learned absolute position embeddings", "LayerNorm with bias", "gelu MLP",
                 "multi-query attention"),
+    ),
+    # ModernBERT decoder (Ettin): the embedding LayerNormed, layer 0's attention on it
+    # without a norm of its own, LayerNorms without bias, Wi's first half activated times its
+    # second, global and sliding layers with a rope each, and a prediction head (dense,
+    # activation, norm) before the biased, tied LM head.
+    "modernbert-decoder": FamilySpec(
+        **ATTENTION_BIAS, names=MODERNBERT_NAMES, norm="layer_no_bias",
+        first_layer_unnormed=True, act_default="gelu", act_key="hidden_activation",
+        head_act_key="classifier_activation", lm_head_bias=True, tie_default=True,
+        eps_key="norm_eps", window="always", legacy=_modernbert_decoder_config,
+        refuse=_modernbert_decoder_unsupported,
+        ignores=("rope_theta", "num_key_value_heads", "head_dim", "partial_rotary_factor"),
+        defaults={"hidden_size": 768, "intermediate_size": 1152, "num_hidden_layers": 22,
+                  "num_attention_heads": 12, "max_position_embeddings": 8192,
+                  "norm_eps": 1e-5, "norm_bias": False, "mlp_bias": False,
+                  "classifier_bias": False, "decoder_bias": True,
+                  "classifier_activation": "gelu", "local_attention": 128},
+        quirks=("the embedding LayerNormed", "LayerNorm without bias",
+                "a prediction head before the LM head", "LM head bias"),
+    ),
+    # InternLM3: Llama under its own config class, whose qkv_bias and bias are aliases of
+    # attention_bias and mlp_bias (and win), head_dim 128 and 2 KV heads by default.
+    "internlm3": FamilySpec(
+        **ATTENTION_BIAS, legacy=_internlm3_aliases, refuse=_internlm3_unsupported,
+        defaults={"hidden_size": 4096, "intermediate_size": 10240, "num_hidden_layers": 48,
+                  "num_attention_heads": 32, "vocab_size": 128512, "head_dim": 128,
+                  "num_key_value_heads": 2, "rms_norm_eps": 1e-5,
+                  "max_position_embeddings": 32768, "attention_bias": False,
+                  "mlp_bias": False},
     ),
 }

@@ -89,6 +89,14 @@ def _gemma4_unsupported(raw: dict[str, Any]) -> str | None:
     return None
 
 
+def _gemma3n_unsupported(raw: dict[str, Any]) -> str | None:
+    # Gemma 4 may have no per-layer inputs (0), Gemma 3n's AltUp layers always add them.
+    missing = [key for key in PER_LAYER_INPUT_KEYS if not raw.get(key)]
+    if missing:
+        return f"{' and '.join(missing)} must be positive: every Gemma 3n layer reads them"
+    return None
+
+
 GEMMA4_ROPES = {"sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
                 "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25,
                                    "rope_theta": 1_000_000.0}}
@@ -130,7 +138,7 @@ GEMMA3N = FamilySpec(
     **ATTENTION_BIAS, block="altup", qk_norm="head", v_norm=True, altup=True,
     embed_scale="sqrt_hidden", tie_default=True, act_default="gelu_pytorch_tanh",
     act_key="hidden_activation", window="always", softcaps=("final",),
-    legacy=_gemma3n_config,
+    legacy=_gemma3n_config, refuse=_gemma3n_unsupported,
     defaults={"vocab_size": 262_400, "hidden_size": 2048, "intermediate_size": 16_384,
               "num_hidden_layers": 35, "num_attention_heads": 8, "num_key_value_heads": 2,
               "head_dim": 256, "max_position_embeddings": 32_768, "sliding_window": 512,

@@ -16,14 +16,21 @@ from edgeprefill.export.families.dense import (
     ATTENTION_BIAS,
     COHERE_COMPASS,
     IMAGE_TEXT_QUIRK,
-    MINISTRAL3,
     MROPE_QUIRKS,
     QWEN_VL,
     after_max_window_layers,
 )
-from edgeprefill.export.families.moe import EXPERT_ALIASES, GLM4_MOE, shared_experts
+from edgeprefill.export.families.dense import FAMILIES as DENSE_FAMILIES
+from edgeprefill.export.families.gemma import FAMILIES as GEMMA_FAMILIES
+from edgeprefill.export.families.moe import (
+    EXPERT_ALIASES,
+    GLM4_MOE,
+    LLAMA4_TEXT,
+    shared_experts,
+)
 from edgeprefill.export.families.recurrent import LFM2, LFM3
 from edgeprefill.export.families.spec import FamilySpec
+from edgeprefill.export.families.wrapped import Wrapper
 
 
 def _mrope_as_default(raw: dict[str, Any]) -> dict[str, Any]:
@@ -126,6 +133,61 @@ GLM4V_MOE = replace(
     quirks=(*MROPE_QUIRKS[:1], IMAGE_TEXT_QUIRK),
 )
 
+def _shieldgemma2_text(raw: dict[str, Any]) -> dict[str, Any]:
+    """ShieldGemma2Config: its Gemma 3 text_config, tied where either level says so (the
+    language model's own tying true unless it says otherwise), with the outer config's
+    BOS and EOS ids where it has them."""
+    inner = raw["text_config"]  # a KeyError names the missing key
+    if not isinstance(inner, dict):
+        got = "null" if inner is None else type(inner).__name__
+        raise ValueError(f"text_config must be an object, got {got}")
+    tie = bool(raw.get("tie_word_embeddings") or inner.get("tie_word_embeddings", True))
+    ids = {k: raw[k] for k in ("bos_token_id", "eos_token_id") if raw.get(k) is not None}
+    return {**inner, **ids, "tie_word_embeddings": tie}
+
+
+def _glm4v_text(raw: dict[str, Any]) -> dict[str, Any]:
+    """Glm4vConfig: its text_config, tied where either level says so (pre-v5 saves kept
+    tie_word_embeddings inside text_config; Glm4vTextConfig has no default of its own)."""
+    inner = raw["text_config"]  # a KeyError names the missing key
+    if not isinstance(inner, dict) or inner.get("model_type", "glm4v_text") != "glm4v_text":
+        raise ValueError("text_config must be an object of model_type glm4v_text")
+    tie = bool(raw.get("tie_word_embeddings") or inner.get("tie_word_embeddings"))
+    return {**inner, "tie_word_embeddings": tie}
+
+
+_GLM4 = DENSE_FAMILIES["glm4"]
+# GLM-4.1V / GLM-4.6V (Glm4vForConditionalGeneration): GLM-4's layers under
+# model.language_model., the vision tower (model.visual.) left out. Its text attention
+# always has q/k/v biases and head_dim hidden / heads (a head_dim or attention_bias key is
+# ignored); its rotary turns partial_rotary_factor of each head (all unless given) on
+# interleaved pairs, by M-RoPE sections all equal on text positions.
+GLM4V = replace(
+    _GLM4, qkv_bias=True, bias_key=None, ignores=("head_dim", "attention_bias"),
+    nested="text_config", unnest=_glm4v_text, legacy=_mrope_as_default,
+    defaults={"vocab_size": 151552, "hidden_size": 4096, "intermediate_size": 13696,
+              "num_hidden_layers": 40, "num_attention_heads": 32, "num_key_value_heads": 2,
+              "max_position_embeddings": 32768, "rms_norm_eps": 1e-5, "rope_theta": 10000.0},
+    renames=(("model.language_model.", "model."),), left_out=("model.visual.", "visual."),
+    quirks=(*_GLM4.quirks, *MROPE_QUIRKS),
+)
+
+_GEMMA3 = GEMMA_FAMILIES["gemma3"]
+# ShieldGemma 2: a Gemma 3 image-text model (its `model.`) whose classifier reads two of
+# its logits; the bundle gives all its logits. transformers 5.24 saves its language model
+# under `model.model.language_model.model.` (its head `model.lm_head.`), the Hub's 4.50
+# layout is `model.language_model.model.` (head `model.language_model.lm_head.`), and
+# AutoModelForImageTextToText (its Gemma3ForConditionalGeneration alone) loads it as
+# `model.language_model.`; first match wins.
+SHIELDGEMMA2 = replace(
+    _GEMMA3, unnest=_shieldgemma2_text,
+    renames=(("model.language_model.lm_head.", "lm_head."), ("model.lm_head.", "lm_head."),
+             ("model.model.language_model.model.", "model."),
+             ("model.model.language_model.", "model."),
+             ("model.language_model.model.", "model."), ("model.language_model.", "model.")),
+    left_out=(*_GEMMA3.left_out, *(f"model.{prefix}" for prefix in _GEMMA3.left_out)),
+)
+
 FAMILIES: dict[str, FamilySpec] = {
     "qwen2_vl": QWEN2_VL,
     "qwen2_5_vl": QWEN2_VL,  # the same language model as Qwen2-VL's
@@ -142,19 +204,6 @@ FAMILIES: dict[str, FamilySpec] = {
                   "rope_theta": 500_000.0, "intermediate_size": 5632,
                   "num_key_value_heads": 16, "decoder_sparse_step": 1, "num_experts": 60,
                   "num_experts_per_tok": 4, "moe_intermediate_size": 1408},
-    ),
-    # Mistral3ForConditionalGeneration (Ministral 3 3B/8B/14B on the Hub): its Ministral 3
-    # language model, exported alone, stored as Gemma 3's is; the outer config decides the
-    # tying (true unless it says otherwise). Its Mistral language models (Mistral Small 3.1,
-    # whose text_config is "mistral") are not this family.
-    "mistral3": replace(
-        MINISTRAL3, nested="text_config", text_types=("ministral3",),
-        outer={"tie_word_embeddings": True, "eos_token_id": None, "bos_token_id": None},
-        renames=(("language_model.model.", "model."), ("model.language_model.", "model."),
-                 ("language_model.lm_head.", "lm_head.")),
-        left_out=("vision_tower.", "multi_modal_projector.", "model.vision_tower.",
-                  "model.multi_modal_projector."),
-        quirks=(*MINISTRAL3.quirks, IMAGE_TEXT_QUIRK),
     ),
     # Lfm2VlForConditionalGeneration (LFM2-VL 450M/1.6B/3B): its LFM2 language model, the
     # SigLIP 2 tower and projector left out.
@@ -177,6 +226,20 @@ FAMILIES: dict[str, FamilySpec] = {
         quirks=(*LFM3.quirks, IMAGE_TEXT_QUIRK),
     ),
     "glm4v_moe": GLM4V_MOE,
+    "shieldgemma2": SHIELDGEMMA2,
+    "glm4v": GLM4V,
+    "glm46v": GLM4V,  # GLM-4.6V: Glm46VConfig, the same language model and layout
+    # Llama4ForConditionalGeneration (Llama 4 Scout and Maverick on the Hub): its Llama 4
+    # language model (language_model.model.*), the vision model and projector left out.
+    "llama4": replace(
+        LLAMA4_TEXT, nested="text_config", text_types=("llama4_text",),
+        outer={"tie_word_embeddings": False},
+        renames=(("language_model.model.", "model."), ("model.language_model.", "model."),
+                 ("language_model.lm_head.", "lm_head.")),
+        left_out=("vision_model.", "multi_modal_projector.", "model.vision_model.",
+                  "model.multi_modal_projector."),
+        quirks=(*LLAMA4_TEXT.quirks, IMAGE_TEXT_QUIRK),
+    ),
     # CohereCompassForConditionalGeneration (North Vision): its Cohere Compass language
     # model under model.language_model., the Qwen3-VL tower left out; the outer config
     # decides the tying (false unless it says otherwise).
@@ -217,4 +280,46 @@ FAMILIES: dict[str, FamilySpec] = {
         quirks=("cross-attention layers left out (text skips them)",
                 "embedding 8 rows taller than the LM head", IMAGE_TEXT_QUIRK),
     ),
+}
+
+# The checkpoints whose language model is whichever text family of ours text_config names
+# (families/wrapped.py), as transformers 5.24's config classes default and tie them. Their
+# FAMILIES entry is their default language model's (__init__.py).
+_LLAVA_NEXT = ("vision_tower.", "multi_modal_projector.", "image_newline")
+_IDEFICS = {"lm": "text_model", "towers": ("vision_model.", "connector.")}
+WRAPPERS: dict[str, Wrapper] = {
+    # LlavaConfig and its kin forward text_config's tying to the model (either_ties)
+    "llava": Wrapper("llama", tie=False, either_ties=True),
+    "llava_next": Wrapper("llama", tie=False, towers=_LLAVA_NEXT),
+    "llava_next_video": Wrapper("llama", tie=False, either_ties=True, towers=_LLAVA_NEXT),
+    "llava_onevision": Wrapper("qwen2", tie=False, either_ties=True, towers=_LLAVA_NEXT),
+    "video_llava": Wrapper("llama", tie=False, towers=(
+        "image_tower.", "video_tower.", "multi_modal_projector.")),
+    "vipllava": Wrapper("llama", tie=False),
+    # SmolVLM and Idefics 3: the language model is `model.text_model.`
+    "smolvlm": Wrapper("llama", tie=False, **_IDEFICS),
+    "idefics3": Wrapper("llama", tie=False, **_IDEFICS),
+    "idefics2": Wrapper("mistral", tie=False, **_IDEFICS),
+    # Aya Vision, Command A Vision: Cohere 2, without Cohere2ForCausalLM's logit_scale
+    "aya_vision": Wrapper("cohere2", tie=True),
+    "cohere2_vision": Wrapper("cohere2", tie=True),
+    # InternVL 3/3.5 (-hf): Qwen2, Qwen3 or Llama language models
+    "internvl": Wrapper("qwen2", tie=True),
+    # FastVLM (its tower a timm model) and LightOnOCR (its encoder Pixtral's)
+    "fast_vlm": Wrapper("qwen2", tie=False, either_ties=True),
+    "lighton_ocr": Wrapper("qwen3", tie=True, towers=("vision_encoder.",
+                                                       "vision_projection.")),
+    # PerceptionLM: its tower a timm model; tied as text_config says where it says nothing
+    "perception_lm": Wrapper("llama", tie=None),
+    # Mistral3ForConditionalGeneration: Ministral 3 3B/8B/14B (text_config "ministral3") and
+    # Mistral Small 3.1/3.2 ("mistral", its config class's default)
+    "mistral3": Wrapper("mistral", tie=True),
+    # GOT-OCR 2.0 and PP-Chart2Table (GotOcr2ForConditionalGeneration)
+    "got_ocr2": Wrapper("qwen2", tie=True),
+    "pp_chart2table": Wrapper("qwen2", tie=True),
+    # DeepSeek-VL 1.3B/7B (the -hf conversions)
+    "deepseek_vl": Wrapper("llama", tie=True, towers=("vision_model.", "aligner.")),
+    # VideoLLaMA 3: its Qwen2 beside a vision model and projector
+    "video_llama_3": Wrapper("qwen2", tie=False, either_ties=True,
+                             towers=("vision_model.", "projector.")),
 }

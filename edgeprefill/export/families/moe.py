@@ -20,9 +20,12 @@ from edgeprefill.export.experts import (
 )
 from edgeprefill.export.families.dense import (
     ATTENTION_BIAS,
+    HUNYUAN_V1_DENSE,
+    OLMO2,
     after_max_window_layers,
     every_nth_global,
     granite_swa_layers,
+    hunyuan_ntk_alpha,
     layer_rope_thetas_unsupported,
 )
 from edgeprefill.export.families.spec import LLAMA_NAMES, FamilySpec
@@ -363,6 +366,212 @@ GPT_OSS = FamilySpec(
             "experts and router with biases"),
 )
 
+def _llama4_text_config(raw: dict[str, Any]) -> dict[str, Any]:
+    """Llama4TextConfig's derived keys: without `no_rope_layers` (or with an empty one) a
+    NoPE layer every no_rope_layer_interval-th; without `moe_layers` experts on every
+    interleave_moe_layer_step-th layer from step - 1; without `layer_types` its rope layers
+    chunked where attention_chunk_size is set. Its dense MLPs are intermediate_size_mlp
+    wide; its experts and shared expert intermediate_size."""
+    count = int(raw["num_hidden_layers"])
+    interval = int(raw["no_rope_layer_interval"])
+    rope = raw.get("no_rope_layers") or [int((i + 1) % interval != 0) for i in range(count)]
+    step = int(raw["interleave_moe_layer_step"])
+    moe_layers = raw.get("moe_layers")
+    chunked = raw.get("attention_chunk_size") is not None
+    types = raw.get("layer_types") or [
+        "chunked_attention" if flag and chunked else "full_attention" for flag in rope]
+    return {**raw, "no_rope_layers": rope, "layer_types": types,
+            "moe_layers": list(range(step - 1, count, step)) if moe_layers is None
+            else moe_layers,
+            "intermediate_size": raw["intermediate_size_mlp"],
+            "moe_intermediate_size": raw["intermediate_size"],
+            "shared_expert_intermediate_size": raw["intermediate_size"]}
+
+
+# Llama 4 (Scout, Maverick) language model: Llama's attention with interleaved rotary
+# (complex pairs) on most layers and none on every fourth (no_rope_layers), whose queries
+# are scaled by position (attn_temperature_tuning); an L2 norm of each rotated q/k head on
+# the rope layers (use_qk_norm); those attend within chunks of attention_chunk_size, which
+# within the first chunk is causal attention: the bundle's context is capped there. Experts
+# on every interleave_moe_layer_step-th layer (a dense MLP intermediate_size_mlp wide on
+# the others): the top k router logits, each expert taking the token times the sigmoid of
+# its logit, beside an ungated shared expert; the experts stored fused [E, in, out].
+LLAMA4_TEXT = FamilySpec(
+    names=replace(LLAMA_NAMES, gate="feed_forward.gate_proj", up="feed_forward.up_proj",
+                  down="feed_forward.down_proj"),
+    **ATTENTION_BIAS, rope_interleaved=True, qk_norm="l2", qk_norm_key="use_qk_norm",
+    temperature_tuning=True, chunked_attention=True, legacy=_llama4_text_config,
+    moe=MoeSpec(names=MoeNames(router=("feed_forward.router.weight",),
+                               expert="feed_forward.experts.{j}.",
+                               fused_gate_up=("feed_forward.experts.gate_up_proj",),
+                               fused_down=("feed_forward.experts.down_proj",),
+                               transposed=True, shared="feed_forward.shared_expert."),
+                routing="topk_sigmoid", experts_keys=("num_local_experts",),
+                layers=lambda raw: tuple(int(i) for i in raw["moe_layers"]), norm_key=None,
+                scaling_key=None, input_scaled=True),
+    defaults={"vocab_size": 202048, "hidden_size": 5120, "intermediate_size": 8192,
+              "intermediate_size_mlp": 16384, "num_hidden_layers": 48,
+              "num_attention_heads": 40, "num_key_value_heads": 8, "head_dim": 128,
+              "max_position_embeddings": 131072, "rms_norm_eps": 1e-5,
+              "rope_theta": 500000.0, "num_experts_per_tok": 1, "num_local_experts": 16,
+              "interleave_moe_layer_step": 1, "use_qk_norm": True,
+              "no_rope_layer_interval": 4, "attention_chunk_size": 8192,
+              "attn_temperature_tuning": True, "floor_scale": 8192, "attn_scale": 0.1},
+    quirks=("interleaved rotary", "NoPE layers with attention temperature tuning",
+            "L2 q/k norm on the rope layers",
+            "experts scaled on their input by sigmoid(router logit), a shared expert"),
+)
+
+def _phimoe_config(raw: dict[str, Any]) -> dict[str, Any]:
+    """PhimoeConfig as its model computes it: sparsemixer always chooses 2 experts. Its
+    longrope turns by the short factors, cos and sin times short_mscale while a forward
+    call's positions stay within original_max_position_embeddings and times long_mscale
+    past it (the keys cached by earlier calls keeping theirs), which a bundle cannot
+    follow: read as the short factors times short_mscale, the context capped there."""
+    raw = {**raw, "num_experts_per_tok": 2}
+    key = "rope_scaling" if raw.get("rope_scaling") else "rope_parameters"
+    params = raw.get(key) or {}
+    if params.get("rope_type", params.get("type")) != "longrope":
+        return raw
+    original = int(raw.get("original_max_position_embeddings")
+                   or params["original_max_position_embeddings"])
+    return {**raw, key: {**params, "attention_factor": float(params["short_mscale"])},
+            "max_position_embeddings": min(int(raw["max_position_embeddings"]), original)}
+
+
+# PhiMoE (Phi-3.5-MoE): Mixtral's layout with LayerNorms (with biases), q/k/v/o biases by
+# attention_bias and an LM head bias by lm_head_bias; sparsemixer routing (experts.py) of
+# the Hub's block_sparse_moe (w1, w3, w2), or transformers 5's fused mlp.experts.
+PHIMOE = FamilySpec(
+    norm="layer", **ATTENTION_BIAS, lm_head_bias_key="lm_head_bias", window="always",
+    legacy=_phimoe_config,
+    moe=MoeSpec(names=MoeNames(router=("block_sparse_moe.gate.weight", "mlp.router.weight"),
+                               expert="block_sparse_moe.experts.{j}.", gate="w1", up="w3",
+                               down="w2"),
+                routing="sparsemixer", experts_keys=("num_local_experts",),
+                width_key="intermediate_size", norm_key=None, scaling_key=None,
+                jitter_key="router_jitter_noise"),
+    defaults={"vocab_size": 32064, "hidden_size": 4096, "intermediate_size": 6400,
+              "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+              "max_position_embeddings": 131072, "rms_norm_eps": 1e-5,
+              "rope_theta": 1_000_000.0, "num_local_experts": 16,
+              "router_jitter_noise": 0.01},
+    quirks=("LayerNorm with biases", "sparsemixer routing (top 2)",
+            "longrope read as its short factors and short_mscale: the context is capped at "
+            "original_max_position_embeddings"),
+)
+
+def _hunyuan_moe_config(raw: dict[str, Any]) -> dict[str, Any]:
+    """HunYuanMoEV1Config: moe_topk (aliased num_experts_per_tok) may be a list per layer,
+    one value throughout read as that value; its shared MLP is intermediate_size wide."""
+    raw = hunyuan_ntk_alpha(raw)
+    top_k = raw.get("moe_topk", raw.get("num_experts_per_tok", 1))
+    if isinstance(top_k, list) and len(set(top_k)) == 1:
+        top_k = top_k[0]
+    return {**raw, "num_experts_per_tok": top_k,
+            "shared_expert_intermediate_size": raw["intermediate_size"]}
+
+
+def _hunyuan_moe_lists(raw: dict[str, Any]) -> str | None:
+    for key in ("num_experts_per_tok", "num_experts"):
+        if isinstance(raw.get(key), list):
+            return f"{key} per layer ({raw[key]}) is not supported; export takes one value"
+    return None
+
+
+# Hunyuan-A13B (HunYuanMoEV1): HunYuan's dense attention (per-head q/k RMSNorm of the
+# rotated q/k, its NTK-alpha rope), experts on every layer as wide as intermediate_size:
+# softmax, the top k, renormalized; the router mlp.gate.wg; an ungated shared MLP beside
+# them.
+HUNYUAN_V1_MOE = replace(
+    HUNYUAN_V1_DENSE, legacy=_hunyuan_moe_config, refuse=_hunyuan_moe_lists,
+    moe=MoeSpec(names=MoeNames(router=("mlp.gate.wg.weight",), shared="mlp.shared_mlp."),
+                experts_keys=("num_experts",), width_key="intermediate_size", norm_key=None,
+                renormalize=True, scaling_key=None),
+    defaults={**HUNYUAN_V1_DENSE.defaults, "num_experts": 1, "max_position_embeddings": 2048},
+)
+
+def _dbrx_config(raw: dict[str, Any]) -> dict[str, Any]:
+    """DbrxConfig's keys under the common names: d_model, n_heads, n_layers, max_seq_len
+    (or those names, its aliases); attn_config's kv_n_heads and clip_qkv; ffn_config's
+    experts (renormalized where moe_normalize_expert_weights is 1, the sum of the top k)
+    and activation. Its LayerNorms are torch's default, epsilon 1e-5."""
+    attn, ffn = raw.get("attn_config") or {}, raw.get("ffn_config") or {}
+
+    def aliased(key: str, alias: str, default: int) -> Any:  # DbrxConfig's attribute_map
+        return next((raw[k] for k in (key, alias) if raw.get(k) is not None), default)
+
+    return {**raw, "hidden_size": aliased("d_model", "hidden_size", 2048),
+            "num_attention_heads": aliased("n_heads", "num_attention_heads", 16),
+            "num_hidden_layers": aliased("n_layers", "num_hidden_layers", 24),
+            "max_position_embeddings": aliased("max_seq_len", "max_position_embeddings", 2048),
+            "num_key_value_heads": attn.get("kv_n_heads", 1), "clip_qkv": attn.get("clip_qkv"),
+            "intermediate_size": ffn.get("ffn_hidden_size", 3584),
+            "num_experts": ffn.get("moe_num_experts", 4),
+            "num_experts_per_tok": ffn.get("moe_top_k", 1),
+            "norm_topk_prob": ffn.get("moe_normalize_expert_weights", 1.0) is not None,
+            "hidden_act": (ffn.get("ffn_act_fn") or {}).get("name", "silu"),
+            "layer_norm_eps": 1e-5}
+
+
+def _dbrx_p_norm(raw: dict[str, Any]) -> str | None:
+    p = (raw.get("ffn_config") or {}).get("moe_normalize_expert_weights", 1.0)
+    if p is not None and float(p) != 1.0:
+        return (f"moe_normalize_expert_weights {p} (the top-k weights over their {p}-norm) "
+                "is not supported; export divides them by their sum (1)")
+    return None
+
+
+# DBRX: pre-norm blocks of LayerNorms without bias, one fused Wqkv clamped to clip_qkv,
+# experts on every layer (softmax, the top k, divided by their sum), stored as three
+# [E * I, H] tensors (w1 gate, v1 up, w2 down transposed).
+DBRX = FamilySpec(
+    names=replace(LLAMA_NAMES, embed=("transformer.wte.weight",),
+                  final_norm="transformer.norm_f", layer="transformer.blocks.{i}.",
+                  qkv="norm_attn_norm.attn.Wqkv", o="norm_attn_norm.attn.out_proj",
+                  input_norm="norm_attn_norm.norm_1", post_attn_norm="norm_attn_norm.norm_2"),
+    norm="layer_no_bias", clip_qkv=True, legacy=_dbrx_config, refuse=_dbrx_p_norm,
+    moe=MoeSpec(names=MoeNames(router=("ffn.router.layer.weight",),
+                               expert="ffn.experts.{j}.",
+                               stacked=("ffn.experts.mlp.w1", "ffn.experts.mlp.v1",
+                                        "ffn.experts.mlp.w2")),
+                width_key="intermediate_size", scaling_key=None),
+    defaults={"vocab_size": 32000},
+    quirks=("LayerNorm without bias", "q/k/v clamped to clip_qkv"),
+)
+
+# FlexOlmo: OLMo 2's layers (norms after attention and MLP, q/k RMSNorm over the whole
+# projection) with OLMoE's experts (softmax, the top k, renormalized where norm_topk_prob).
+FLEX_OLMO = replace(
+    OLMO2, moe=OLMOE.moe,
+    defaults={"rms_norm_eps": 1e-6, "max_position_embeddings": 4096, "num_experts": 7,
+              "rope_theta": 500000.0,
+              "num_experts_per_tok": 5, "norm_topk_prob": False},
+)
+
+def _minimax_rotary_dim(raw: dict[str, Any]) -> dict[str, Any]:
+    """MiniMaxM2Config: `rotary_dim` (the Hub's key) rotates that part of each head."""
+    if raw.get("rotary_dim") is None or "partial_rotary_factor" in raw:
+        return raw
+    return {**raw, "partial_rotary_factor": int(raw["rotary_dim"]) / int(raw["head_dim"])}
+
+
+# MiniMax-M2: Mixtral's layers with q/k RMSNorm over the whole projection and rotary on
+# the first rotary_dim of each head; the top k of sigmoid + e_score_correction_bias,
+# weighed by the sigmoid, renormalized; the Hub's block_sparse_moe (w1, w3, w2).
+MINIMAX_M2 = FamilySpec(
+    qk_norm="full", partial_rotary=True, legacy=_minimax_rotary_dim,
+    moe=replace(MIXTRAL.moe, names=replace(
+        MIXTRAL.moe.names, expert_bias=("block_sparse_moe.e_score_correction_bias",
+                                        "mlp.e_score_correction_bias")),
+        routing="sigmoid", bias_key=None, scaling_key=None),
+    defaults={"vocab_size": 200064, "hidden_size": 3072, "intermediate_size": 1536,
+              "num_hidden_layers": 62, "num_attention_heads": 48, "num_key_value_heads": 8,
+              "head_dim": 128, "max_position_embeddings": 196608, "rms_norm_eps": 1e-6,
+              "rope_theta": 5_000_000.0, "num_experts_per_tok": 8, "num_local_experts": 256},
+    quirks=("q/k RMSNorm over the whole projection", "sigmoid routing"),
+)
+
 FAMILIES: dict[str, FamilySpec] = {
     "qwen3_moe": QWEN3_MOE,
     "qwen2_moe": QWEN2_MOE,
@@ -388,4 +597,11 @@ FAMILIES: dict[str, FamilySpec] = {
     "exaone_moe": EXAONE_MOE,
     "solar_open": SOLAR_OPEN,
     "kolibri1": KOLIBRI1,
+    "llama4_text": LLAMA4_TEXT,
+    "phimoe": PHIMOE,
+    "hunyuan_v1_moe": HUNYUAN_V1_MOE,
+    "dbrx": DBRX,
+    "flex_olmo": FLEX_OLMO,
+    "minimax_m2": MINIMAX_M2,
 }
+

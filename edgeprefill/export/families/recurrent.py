@@ -442,6 +442,250 @@ MAMBA1 = FamilySpec(
     quirks=("no attention (no KV cache)",),
 )
 
+def _jamba_config(raw: dict[str, Any]) -> dict[str, Any]:
+    """JambaConfig: layer i attends where i % attn_layer_period == attn_layer_offset, the
+    others are Mamba-1 mixers (expand x hidden wide, read under MambaConfig's keys), whose
+    dt, B and C RMS norms have weights (rms_norm_eps); no layer rotates."""
+    count = int(raw["num_hidden_layers"])
+    period, offset = int(raw["attn_layer_period"]), int(raw["attn_layer_offset"])
+    return {**raw, "layer_types": ["full_attention" if i % period == offset else "mamba"
+                                   for i in range(count)],
+            "mamba_inner": int(raw["mamba_expand"]) * int(raw["hidden_size"]),
+            "state_size": raw["mamba_d_state"], "conv_kernel": raw["mamba_d_conv"],
+            "time_step_rank": raw["mamba_dt_rank"], "use_conv_bias": raw["mamba_conv_bias"],
+            "use_bias": raw["mamba_proj_bias"], "mamba_bc_dt_eps": raw["rms_norm_eps"],
+            "mamba_bc_dt_weighted": True, "no_rope_layer_interval": 1}
+
+
+def _jamba_unsupported(raw: dict[str, Any]) -> str | None:
+    # JambaConfig's validate_architecture
+    for kind in ("attn", "expert"):
+        period, offset = raw[f"{kind}_layer_period"], raw[f"{kind}_layer_offset"]
+        if not 0 <= int(offset) < int(period):
+            return f"{kind}_layer_offset ({offset}) must be 0 to {kind}_layer_period ({period})"
+    return _mamba_unsupported(raw)
+
+
+def _jamba_expert_layers(raw: dict[str, Any]) -> tuple[int, ...]:
+    """JambaConfig's layers_num_experts: experts where i % expert_layer_period is
+    expert_layer_offset, and only with more than one expert (one is the dense MLP)."""
+    if int(raw["num_experts"]) < 2:
+        return ()
+    period, offset = int(raw["expert_layer_period"]), int(raw["expert_layer_offset"])
+    return tuple(i for i in range(int(raw["num_hidden_layers"])) if i % period == offset)
+
+
+# AI21's Jamba: Mamba-1 mixers (dt, B and C RMS-normed with weights) and attention without
+# rotary, each followed by a gated MLP or, every expert_layer_period layers, routed experts
+# (softmax top k, the weights not renormalized).
+JAMBA = FamilySpec(
+    names=HYBRID_NAMES,
+    mamba=True, selective=True, legacy=_jamba_config, refuse=_jamba_unsupported,
+    moe=MoeSpec(names=MoeNames(router=("feed_forward.router.weight",),
+                               expert="feed_forward.experts.{j}.",
+                               fused_gate_up=("feed_forward.experts.gate_up_proj",),
+                               fused_down=("feed_forward.experts.down_proj",)),
+                experts_keys=("num_experts", "num_local_experts"), width_key="intermediate_size",
+                layers=_jamba_expert_layers, norm_key=None, scaling_key=None),
+    # JambaConfig's defaults (Jamba-v0.1's)
+    defaults={"vocab_size": 65_536, "hidden_size": 4096, "intermediate_size": 14_336,
+              "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+              "rms_norm_eps": 1e-6, "max_position_embeddings": 262_144,
+              "num_experts_per_tok": 2, "num_experts": 16, "expert_layer_period": 2,
+              "expert_layer_offset": 1, "attn_layer_period": 8, "attn_layer_offset": 4,
+              "mamba_d_state": 16, "mamba_d_conv": 4, "mamba_expand": 2,
+              "mamba_dt_rank": "auto", "mamba_conv_bias": True, "mamba_proj_bias": False},
+    quirks=("Mamba-1 mixers with dt, B and C RMS norms", "attention without rotary",
+            "softmax top-k experts, not renormalized"),
+)
+
+# Zamba2Config's layers without `layers_block_type` (Zamba2-2.7B's 54)
+ZAMBA2_LAYERS = (["mamba"] + (["mamba"] * 5 + ["hybrid"]) * 7 + ["mamba"] * 4 + ["hybrid"]
+                 + ["mamba"] * 3 + ["hybrid"] + ["mamba"] * 2)
+
+
+def _zamba2_config(raw: dict[str, Any]) -> dict[str, Any]:
+    """Zamba2Config: every layer (`layers_block_type`, whose legacy "mamba" is
+    "linear_attention") a Mamba-2 mixer, the `hybrid` ones after a shared block
+    (export/shared_block.py) whose attention has heads of 2 x hidden / heads scaled by
+    (head_dim / 2)^-0.5 and rotary only with use_mem_rope; the mixer is n_mamba_heads of
+    mamba_expand x hidden / n_mamba_heads, its conv biased whatever use_conv_bias says, its
+    gated RMSNorm (gate first, per group) at 1e-5 and dt clamped below at time_step_min."""
+    kinds = raw.get("layers_block_type") or raw.get("layer_types") or ZAMBA2_LAYERS
+    hidden, heads = int(raw["hidden_size"]), int(raw["num_attention_heads"])
+    inner, mamba_heads = int(raw["mamba_expand"]) * hidden, int(raw["n_mamba_heads"])
+    head_dim = 2 * hidden // heads
+    return {**raw, "layer_types": ["mamba"] * len(kinds), "num_hidden_layers": len(kinds),
+            "zamba_layer_kinds": kinds, "zamba_layer_count": raw["num_hidden_layers"],
+            "zamba_hybrid_layers": [i for i, kind in enumerate(kinds) if kind == "hybrid"],
+            "head_dim": head_dim, "query_pre_attn_scalar": head_dim / 2,
+            "intermediate_size": raw.get("intermediate_size") or 4 * hidden,
+            "mamba_n_heads": mamba_heads, "mamba_d_head": inner // mamba_heads,
+            "mamba_n_groups": raw["mamba_ngroups"], "mamba_conv_bias": True,
+            "mamba_proj_bias": raw["add_bias_linear"], "mamba_norm_eps": 1e-5,
+            "time_step_limit": [raw["time_step_min"], float("inf")],
+            **({} if raw["use_mem_rope"] else {"no_rope_layer_interval": 1})}
+
+
+def _zamba2_unsupported(raw: dict[str, Any]) -> str | None:
+    # the layer kinds as config.json gives them (the legacy reader made them all mamba)
+    kinds = set(map(str, raw["zamba_layer_kinds"]))
+    if not kinds <= {"mamba", "linear_attention", "hybrid"}:
+        return (f"layers_block_type holds unsupported kinds: "
+                f"{', '.join(sorted(kinds - {'mamba', 'linear_attention', 'hybrid'}))}")
+    if "hybrid" not in kinds:
+        return "layers_block_type has no hybrid layer; export needs at least one"
+    count = raw["zamba_layer_count"]
+    if int(count) != len(raw["zamba_layer_kinds"]):
+        return (f"num_hidden_layers ({count}) must equal the number of layers_block_type "
+                f"({len(raw['zamba_layer_kinds'])})")
+    if raw.get("use_long_context"):
+        return "use_long_context (its rescaled rope_theta) is not supported"
+    return None
+
+
+# ZambaConfig's layers without `layers_block_type`: two mamba layers, a hybrid one, then a
+# hybrid one where i % attn_layer_period is attn_layer_offset (i counting from the fourth)
+def _zamba_layers(raw: dict[str, Any]) -> list[str]:
+    period, offset = int(raw["attn_layer_period"]), int(raw["attn_layer_offset"])
+    return ["mamba", "mamba", "hybrid"] + [
+        "hybrid" if i % period == offset else "mamba"
+        for i in range(int(raw["num_hidden_layers"]) - 3)]
+
+
+def _zamba_config(raw: dict[str, Any]) -> dict[str, Any]:
+    """ZambaConfig: Zamba2's layout (one shared block, `shared_transf.`, with a plain gated
+    MLP, no adapters, no rotary) around multi-head Mamba-1 mixers (export/mamba1_heads.py):
+    mamba_expand x hidden channels in n_mamba_heads heads, a dt rank of hidden / 16 rounded
+    up where "auto"; attention heads of attention_head_dim (2 x hidden / heads by default)
+    scaled by (head_dim / 2)^-0.5."""
+    kinds = raw.get("layers_block_type") or raw.get("layer_types") or _zamba_layers(raw)
+    hidden, heads = int(raw["hidden_size"]), int(raw["num_attention_heads"])
+    head_dim = int(raw.get("attention_head_dim") or 2 * hidden // heads)
+    return {**raw, "layer_types": ["mamba"] * len(kinds), "num_hidden_layers": len(kinds),
+            "zamba_layer_kinds": kinds, "zamba_layer_count": raw["num_hidden_layers"],
+            "zamba_hybrid_layers": [i for i, kind in enumerate(kinds) if kind == "hybrid"],
+            "head_dim": head_dim, "query_pre_attn_scalar": head_dim / 2,
+            "num_mem_blocks": 1, "use_shared_attention_adapter": False,
+            "add_bias_linear": False, "zamba_shared_module": "shared_transf.",
+            "zamba_mlp_adapters": False,
+            "mamba_inner": int(raw["mamba_expand"]) * hidden,
+            "mamba_heads_per_layer": raw["n_mamba_heads"], "state_size": raw["mamba_d_state"],
+            "conv_kernel": raw["mamba_d_conv"], "time_step_rank": raw["mamba_dt_rank"],
+            "use_conv_bias": raw["mamba_conv_bias"], "use_bias": raw["mamba_proj_bias"],
+            "no_rope_layer_interval": 1}
+
+
+def _zamba_unsupported(raw: dict[str, Any]) -> str | None:
+    hidden = int(raw["hidden_size"])
+    width = raw.get("attention_hidden_size")
+    if width is not None and int(width) != 2 * hidden:
+        return (f"attention_hidden_size {width} is not 2 x hidden_size ({2 * hidden}), the "
+                "width of the shared block's input")
+    act = raw.get("hidden_mamba_act", "silu")
+    if act not in ("silu", "swish"):
+        return f"hidden_mamba_act {act!r} is not supported; the mixer's convolution takes silu only"
+    if (int(raw["mamba_expand"]) * hidden) % int(raw["n_mamba_heads"]):
+        return "mamba_expand x hidden_size must be a multiple of n_mamba_heads"
+    return _zamba2_unsupported(raw)
+
+
+# Zyphra's Zamba (v1): Zamba2's shared block (one, without adapters) before the mixers of
+# the hybrid layers, multi-head Mamba-1 mixers.
+ZAMBA = FamilySpec(
+    names=replace(LLAMA_NAMES, final_norm="model.final_layernorm"), mamba=True,
+    selective=True, shared_block=True, tie_default=True, legacy=_zamba_config,
+    refuse=_zamba_unsupported,
+    # ZambaConfig's defaults (Zamba-7B-v1's)
+    defaults={"vocab_size": 32_000, "hidden_size": 3712, "intermediate_size": 14_848,
+              "num_hidden_layers": 76, "num_attention_heads": 16, "num_key_value_heads": 16,
+              "n_mamba_heads": 2, "hidden_act": "gelu", "hidden_mamba_act": "silu",
+              "rms_norm_eps": 1e-5, "max_position_embeddings": 4096, "attn_layer_period": 6,
+              "attn_layer_offset": 4, "mamba_d_state": 16, "mamba_d_conv": 4,
+              "mamba_expand": 2, "mamba_dt_rank": "auto", "mamba_conv_bias": True,
+              "mamba_proj_bias": False, "tie_word_embeddings": True},
+    quirks=("multi-head Mamba-1 layers, a shared attention + MLP block before some of them",
+            "the shared block reads the stream beside the embeddings"),
+)
+
+# Zyphra's Zamba2: Mamba-2 layers, a shared attention + MLP block (of num_mem_blocks)
+# before the mixer of every `hybrid` layer, on the stream beside the embeddings.
+ZAMBA2 = FamilySpec(
+    names=replace(LLAMA_NAMES, final_norm="model.final_layernorm"), mamba=True,
+    shared_block=True, tie_default=True, legacy=_zamba2_config, refuse=_zamba2_unsupported,
+    # Zamba2Config's defaults (Zamba2-2.7B's)
+    defaults={"vocab_size": 32_000, "max_position_embeddings": 4096, "hidden_size": 2560,
+              "num_hidden_layers": 54,
+              "mamba_d_state": 64, "mamba_d_conv": 4, "mamba_expand": 2, "mamba_ngroups": 1,
+              "time_step_min": 0.001, "n_mamba_heads": 8, "add_bias_linear": False,
+              "hidden_act": "gelu", "num_attention_heads": 32, "num_mem_blocks": 1,
+              "use_shared_attention_adapter": False, "adapter_rank": 128,
+              "use_mem_rope": False, "rms_norm_eps": 1e-5, "tie_word_embeddings": True},
+    quirks=("Mamba-2 layers, shared attention + MLP blocks before some of them",
+            "the shared blocks read the stream beside the embeddings",
+            "per-application LoRA adapters"),
+)
+
+def _recurrent_gemma_config(raw: dict[str, Any]) -> dict[str, Any]:
+    """RecurrentGemmaConfig: `block_types` repeated over the layers ("recurrent": an RG-LRU
+    block, "attention": local attention within attention_window_size); its MLP is
+    intermediate_size / 2 wide, its head_dim hidden / heads whatever the config says, its
+    rotary on half of each head unless partial_rotary_factor says otherwise; the logits
+    soft-capped at logits_soft_cap."""
+    count = int(raw["num_hidden_layers"])
+    kinds = (list(raw["block_types"]) * count)[:count]
+    factor = raw.get("partial_rotary_factor", 0.5)
+    raw = {**raw, "layer_types": ["rg_lru" if kind == "recurrent" else "sliding_attention"
+                                  for kind in kinds],
+           # sliding_window is the config class's alias of attention_window_size
+           "sliding_window": raw.get("attention_window_size", raw.get("sliding_window", 2048)),
+           "final_logit_softcapping": raw["logits_soft_cap"],
+           "intermediate_size": int(raw["intermediate_size"]) // 2,
+           "lru_width": raw.get("lru_width") or raw["hidden_size"],
+           "head_dim": int(raw["hidden_size"]) // int(raw["num_attention_heads"]),
+           "partial_rotary_factor": factor}
+    params = raw.get("rope_parameters")
+    if isinstance(params, dict):
+        raw["rope_parameters"] = {"partial_rotary_factor": factor, **params}
+    return raw
+
+
+def _recurrent_gemma_unsupported(raw: dict[str, Any]) -> str | None:
+    kinds = set(raw["block_types"]) - {"recurrent", "attention"}
+    if kinds:
+        return f"block_types holds unsupported kinds: {', '.join(sorted(map(str, kinds)))}"
+    if "attention" not in raw["block_types"][: int(raw["num_hidden_layers"])]:
+        return "block_types gives no attention layer; export needs at least one"
+    return None
+
+
+# Google's RecurrentGemma (Griffin): RG-LRU recurrent blocks and local attention (MQA,
+# rotary on half of each head), Gemma's (1+w) RMSNorms, scaled embeddings and soft-capped
+# logits; biases on the MLP, the recurrent block and o_proj.
+RECURRENT_GEMMA = FamilySpec(
+    names=replace(LLAMA_NAMES, final_norm="model.final_norm", q="temporal_block.q_proj",
+                  k="temporal_block.k_proj", v="temporal_block.v_proj",
+                  o="temporal_block.o_proj", gate="mlp_block.gate_proj",
+                  up="mlp_block.up_proj", down="mlp_block.down_proj",
+                  input_norm="temporal_pre_norm", post_attn_norm="channel_pre_norm"),
+    norm="rms_plus_one", bias_key="attention_bias", o_bias=True, mlp_bias=True,
+    partial_rotary=True, embed_scale="sqrt_hidden_bf16", tie_default=True,
+    act_default="gelu_tanh", act_key="hidden_activation", window="always",
+    softcaps=("final",), rg_lru=True, legacy=_recurrent_gemma_config,
+    refuse=_recurrent_gemma_unsupported,
+    # RecurrentGemmaConfig's defaults (recurrentgemma-2b's); it has no position limit (nor
+    # the key): export's cap stands for it
+    defaults={"num_hidden_layers": 26, "vocab_size": 256_000, "hidden_size": 2560,
+              "intermediate_size": 3 * 2560, "num_attention_heads": 10,
+              "conv1d_width": 4, "logits_soft_cap": 30.0,
+              "rms_norm_eps": 1e-6, "hidden_activation": "gelu_pytorch_tanh",
+              "block_types": ["recurrent", "recurrent", "attention"],
+              "attention_bias": False, "tie_word_embeddings": True,
+              "max_position_embeddings": 4096},
+    quirks=("RG-LRU recurrent blocks (a conv and a float32 state) beside local attention",
+            "embeddings times sqrt(hidden) rounded to bfloat16", "soft-capped logits"),
+)
+
 FAMILIES: dict[str, FamilySpec] = {
     "qwen3_5_text": QWEN3_5,
     # Qwen3_5ForConditionalGeneration (the Hub's Qwen3.5-0.8B/2B/4B/9B/27B): its language
@@ -544,4 +788,12 @@ FAMILIES: dict[str, FamilySpec] = {
     "falcon_mamba": replace(MAMBA1, legacy=_falcon_mamba_config,
                             defaults={**MAMBA1.defaults, "mixer_rms_eps": 1e-6},
                             quirks=(*MAMBA1.quirks, "B, C and dt RMS-normed without weight")),
+    # Jamba (ai21labs/Jamba-v0.1, AI21-Jamba-Mini-1.6, AI21-Jamba-Large-1.6)
+    "jamba": JAMBA,
+    # Zamba2 (Zyphra/Zamba2-1.2B, -2.7B, -7B and their -instruct models)
+    "zamba2": ZAMBA2,
+    # RecurrentGemma (google/recurrentgemma-2b, -9b and their -it models)
+    "recurrent_gemma": RECURRENT_GEMMA,
+    # Zamba (Zyphra/Zamba-7B-v1)
+    "zamba": ZAMBA,
 }

@@ -8,6 +8,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from edgeprefill.export.config_checks import check_objects, check_sizes
 from edgeprefill.export.experts import (
     MoeSpec,
 )
@@ -19,7 +20,7 @@ class TensorNames:
     lists the names one tensor has had across transformers versions, first found wins."""
 
     embed: tuple[str, ...] = ("model.embed_tokens.weight",)
-    final_norm: str | None = "model.norm"  # None: no norm before the LM head (GPT-1)
+    final_norm: str = "model.norm"
     lm_head: tuple[str, ...] = ("lm_head",)
     layer: str = "model.layers.{i}."
     q: str = "self_attn.q_proj"
@@ -35,6 +36,15 @@ class TensorNames:
     down: str = "mlp.down_proj"
     # learned absolute positions added to the embedding (GPT-2's `wpe`); None: no such table
     position_embed: str | None = None
+    # a norm of the embedding before the first layer (BLOOM's word_embeddings_layernorm)
+    embed_norm: str | None = None
+    # OPT-350m's projections between a narrower embedding (word_embed_proj_dim) and the
+    # layers' width: after the embedding, and before the LM head
+    project_in: str = "model.decoder.project_in"
+    project_out: str = "model.decoder.project_out"
+    # ModernBERT decoder's prediction head before the LM head: dense, activation, norm
+    head_dense: str = "lm_head.dense"
+    head_norm: str = "lm_head.norm"
     input_norm: str = "input_layernorm"
     post_attn_norm: str = "post_attention_layernorm"
     pre_mlp_norm: str = "pre_feedforward_layernorm"
@@ -44,6 +54,7 @@ class TensorNames:
     head_gate: tuple[str, ...] = ("self_attn.g_proj", "self_attn.gate_proj")
     act: str = "mlp.act_fn."  # an activation with weights of its own (Apertus's xIELU)
     mamba: str = "mamba."  # a Mamba-2 layer's mixer module (in_proj, conv1d, norm, ...)
+    lru: str = "temporal_block."  # RecurrentGemma's recurrent block (linear_x, rg_lru, ...)
     sinks: str = "self_attn.sinks"  # gpt-oss's attention sinks, one logit per query head
     # Multi-head latent attention (export/latent_attention.py): q_a_proj, its norm and
     # q_b_proj (or `q` alone without q_lora_rank); kv_a_proj_with_mqa, its norm, kv_b_proj
@@ -92,9 +103,9 @@ NORMS = ("rms", "rms_plus_one", "layer", "layer_no_bias", "layer_plus_one", "lay
 #   parallel   x += attn(n1(x)) + mlp(n2(x))                             (GPT-NeoX)
 #   shared     x += attn(n1(x)) + mlp(n1(x))                             (Phi, parallel StableLM)
 #   hybrid     x += attn(n1(x)) + mamba(n1(x)); x += mlp(n2(x))          (Falcon-H1)
+#   postln     x = n1(x + attn(x)); x = n2(x + mlp(x))                   (OPT-350m, GPT-1)
 #   altup      Gemma 3n: the sandwich on AltUp's active stream, with LAuReL (altup.py)
-#   post_ln    x = n1(x + attn(x)); x = n2(x + mlp(x))                   (GPT-1)
-BLOCKS = ("pre", "sandwich", "post", "parallel", "shared", "hybrid", "altup", "post_ln")
+BLOCKS = ("pre", "sandwich", "post", "parallel", "shared", "hybrid", "altup", "postln")
 
 
 @dataclass(frozen=True)
@@ -110,14 +121,27 @@ class FamilySpec:
     mlp_bias: bool | None = False  # None: the same as the q/k/v biases (StarCoder2)
     mlp_bias_key: str | None = None  # a key of its own for the MLP biases (Jais 2), mlp_bias unset
     qkv_interleaved: bool = False  # fused qkv rows ordered [head, q|k|v, dim] (GPT-NeoX)
+    # CodeGen: fused qkv rows ordered [shard, q|v|k, hidden / shards] over this many
+    # model-parallel shards (its mp_num, 4); 0: not so
+    qkv_shards: int = 0
+    # The fused qkv's row layout where config.json decides it (Falcon): "heads" as GPT-NeoX's
+    # [head, q|k|v, dim], "groups" [KV head, its queries|k|v, dim]; None: [q|k|v] (or the
+    # spec's own layout above).
+    qkv_layout_from_config: Callable[[dict[str, Any]], str | None] | None = None
     rope_interleaved: bool = False  # rotary pairs are dims (2i, 2i+1), not (i, i + D/2)
     lm_head_bias: bool = False
+    lm_head_bias_key: str | None = None  # a key that switches the LM head's bias on (PhiMoE)
     # None, "head" (per head, before rotary), "head_rotated" (per head, of the rotated q/k:
-    # HunYuan) or "full" (the whole q/k projection)
+    # HunYuan), "full" (the whole q/k projection) or "l2" (Llama 4's: per head, without
+    # weight, on the layers with rotary only; of the rotated q/k in transformers, which is
+    # the rotation of the normed q/k: rotary keeps each head's length)
     qk_norm: str | None = None
     # The config key that switches those norms on; None: always there (GLM-4.5's use_qk_norm)
     qk_norm_key: str | None = None
-    embed_scale: str | None = None  # None, "sqrt_hidden" (Gemma) or "multiplier" (Granite)
+    # None, "sqrt_hidden" (Gemma), "sqrt_hidden_bf16" (RecurrentGemma's, rounded to
+    # bfloat16) or "multiplier" (Granite)
+    embed_scale: str | None = None
+    embed_scale_key: str | None = None  # the key that switches it on (XGLM's scale_embedding)
     tie_default: bool = False
     act_default: str = "silu"
     # The key the family's MLP takes its activation from; the other name is ignored there
@@ -137,6 +161,19 @@ class FamilySpec:
     window: str = "never"
     # Which layers slide when config.json has no `layer_types`: layer index, config -> bool.
     sliding: Callable[[int, dict[str, Any]], bool] = lambda i, raw: True
+    # Rows of the position table before position 0's (OPT's, BioGPT's and XGLM's offset 2).
+    position_offset: int = 0
+    # Whose fixed sinusoidal position table the positions are, computed at export (no
+    # tensor of the checkpoint; export/sinusoids.py): "xglm" (sin | cos of each position,
+    # the row of pad_token_id zeroed) or "ctrl" (sin | cos at CTRL's frequencies); None:
+    # names.position_embed's stored table, if any.
+    sinusoidal_positions: str | None = None
+    # Whether the last layer's output is normed before the LM head, from config.json (OPT:
+    # only its pre-norm layers are followed by a final norm); None: always.
+    final_norm_from_config: Callable[[dict[str, Any]], bool] | None = None
+    # The key of an embedding width of its own (OPT's word_embed_proj_dim): where it
+    # differs from hidden_size, names.project_in and project_out map between them.
+    embed_width_key: str | None = None
     # Quirks worth naming to a user (README, manifest, `inspect`).
     quirks: tuple[str, ...] = ()
     block_from_config: Callable[[dict[str, Any]], str] | None = None
@@ -174,6 +211,13 @@ class FamilySpec:
     # Whether the model multiplies each query by Llama 4's per-position factor, from its rope
     # dict's llama_4_scaling_beta and original window (Ministral 3; export/query_scale.py).
     query_scale: bool = False
+    # Whether the model multiplies its NoPE layers' queries by a factor of the position
+    # where attn_temperature_tuning is on (Llama 4; export/query_scale.py).
+    temperature_tuning: bool = False
+    # Whether `layer_types` may name "chunked_attention" layers (Llama 4's rope layers: a
+    # token attends within its attention_chunk_size block only). Within the first block
+    # that is causal attention: export caps the bundle's context there.
+    chunked_attention: bool = False
     # Whether `layer_types` may name "conv" layers: LFM2's gated short convolutions, which
     # hold no KV but a recurrent state (export/short_conv.py).
     conv: bool = False
@@ -199,6 +243,12 @@ class FamilySpec:
     # Whether the `mamba` layers are Mamba-1's selective scan (mamba, falcon_mamba:
     # export/mamba1.py), not Mamba-2 mixers.
     selective: bool = False
+    # Whether `layer_types` may name "rg_lru" layers: RecurrentGemma's recurrent blocks, which
+    # hold no KV but a conv and a recurrent state (export/rg_lru.py).
+    rg_lru: bool = False
+    # Whether shared transformer blocks run before the mixers of the `hybrid` layers
+    # (Zamba2: export/shared_block.py); every layer is a Mamba-2 mixer without an MLP.
+    shared_block: bool = False
     # Whether no layer attends (Mamba-2: a bundle without KV). Elsewhere a config without an
     # attention layer is refused: the hybrids' transformers models fail on one (their
     # cache's get_seq_length needs an attention layer).
@@ -240,9 +290,6 @@ class FamilySpec:
     # Rows the embedding table has beyond vocab_size (Mllama's 8 image-token rows), which
     # the LM head does not.
     embed_extra_rows: int = 0
-    # Whether names.position_embed is CTRL's fixed sinusoidal table, computed at export
-    # (export/sinusoid.py), not a stored one.
-    sinusoid_positions: bool = False
     # The config key that scales each layer's attention scores by a further 1 / (layer + 1)
     # (GPT-2's scale_attn_by_inverse_layer_idx, as Stanford CRFM's Mistral checkpoints use).
     inverse_layer_scale_key: str | None = None
@@ -275,11 +322,22 @@ class FamilySpec:
     clip_qkv: bool = False
     # Whether the final norm also normalizes the embedding before the first layer (nanochat).
     embed_norm: bool = False
+    # Whether the first layer's attention reads the (normed) embedding without a norm of its
+    # own (ModernBERT decoder's layer 0: an Identity attn_norm).
+    first_layer_unnormed: bool = False
+    # Whether a prediction head (names.head_dense, the activation of `head_act_key`,
+    # names.head_norm) transforms the final hidden state before the LM head (ModernBERT
+    # decoder's).
+    head_act_key: str | None = None
     # Whether the model's rotate_half is cat(x2, -x1), a rotation by -angle (nanochat).
     # Exported as the standard rotary of q and k whose rotated second halves are negated in
     # their projection: q.k is the same (each is the reflected model's q or k reflected),
     # and so is a weightless q/k norm of it.
     rotary_reflected: bool = False
+    # ALiBi (BLOOM, MPT; export/alibi.py): no rotary, and each head adds slope_h * (key
+    # position - query position) to its scaled scores, the slopes computed at export
+    # (ModelConfig.alibi, which is all the builder and the flavours read).
+    alibi: bool = False
 
     def read(self, raw: dict[str, Any]) -> dict[str, Any]:
         """config.json as the family's transformers config class reads it."""
@@ -289,6 +347,8 @@ class FamilySpec:
             raw = self._language_model_config(raw)
         raw = {k: v for k, v in raw.items() if k not in self.ignores}
         raw = {**self.defaults, **raw}  # only absent keys: a null is the config's own
+        check_objects(raw)  # the language model's own, where it was nested
+        check_sizes(raw)  # before a legacy hook lists num_hidden_layers' layers
         return self.legacy(raw) if self.legacy is not None else raw
 
     def _language_model_config(self, raw: dict[str, Any]) -> dict[str, Any]:

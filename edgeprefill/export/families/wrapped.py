@@ -1,0 +1,95 @@
+"""Image-text checkpoints that wrap any text family of ours (LLaVA and its kin): the
+wrapper's model builds `AutoModel.from_config(text_config)` under one module name, applies
+its own plain `lm_head` (none of the text family's CausalLM extras: no final soft-cap, no
+logit scale), and keeps its vision tower and projector beside it. `Wrapper` declares one
+such checkpoint type; `wrapped_spec` makes the FamilySpec of its language model from the
+spec of the text family its text_config names.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from functools import partial
+from typing import Any
+
+from edgeprefill.export.families.dense import IMAGE_TEXT_QUIRK
+from edgeprefill.export.families.spec import FamilySpec
+
+# The text families' logit multipliers (Cohere's logit_scale, Granite's logits_scaling),
+# which their CausalLM applies and a wrapper's head does not.
+_HEAD_KEYS = ("logit_scale", "logits_scaling")
+
+
+@dataclass(frozen=True)
+class Wrapper:
+    # text_config's model_type where it names none (the config class's default)
+    default_text: str
+    # The outer config's tie_word_embeddings where config.json has none; None: the
+    # language model's own (PerceptionLM's config class)
+    tie: bool | None
+    # Whether the language model's own tying (text_config's, else its config class's
+    # default) ties the model too, whatever the outer key says (LlavaConfig's
+    # __post_init__ forwards it, for configs saved with the key in text_config)
+    either_ties: bool = False
+    # The module holding the language model: `model.<lm>.` in transformers 5's saves,
+    # `<lm>.model.` beside `<lm>.lm_head.` in the Hub's older LLaVA layout
+    lm: str = "language_model"
+    # The wrapper's other modules (and parameters), left out in either layout
+    towers: tuple[str, ...] = ("vision_tower.", "multi_modal_projector.")
+    # The language models it may hold (empty: any text family export can wrap)
+    text_types: tuple[str, ...] = ()
+
+
+def wrappable(spec: FamilySpec) -> bool:
+    """Whether a text family's checkpoint names read under a wrapper's prefix: its tensors
+    under `model.` beside `lm_head`, nothing nested nor renamed of its own."""
+    names = spec.names
+    under_model = (*names.embed, names.final_norm, names.layer)
+    return (spec.nested is None and spec.unnest is None and not spec.renames
+            and not spec.blocks and names.lm_head == ("lm_head",)
+            and all(name.startswith("model.") for name in under_model))
+
+
+def wrapped_spec(wrapper: Wrapper, text: FamilySpec) -> FamilySpec:
+    """The FamilySpec of `text`'s language model as `wrapper` holds it."""
+    lm = wrapper.lm
+    return replace(
+        text, nested="text_config", unnest=partial(_text_config, wrapper, text.tie_default),
+        renames=((f"model.{lm}.", "model."), (f"{lm}.model.", "model."),
+                 (f"{lm}.lm_head.", "lm_head.")),
+        left_out=tuple(prefix for tower in wrapper.towers
+                       for prefix in (f"model.{tower}", tower)),
+        # the wrapper's head is its own lm_head alone
+        softcaps=tuple(cap for cap in text.softcaps if cap != "final"),
+        ignores=(*text.ignores, *_HEAD_KEYS),
+        defaults={k: v for k, v in text.defaults.items() if k not in _HEAD_KEYS},
+        quirks=(*text.quirks, IMAGE_TEXT_QUIRK),
+    )
+
+
+def _text_config(wrapper: Wrapper, text_tie: bool, raw: dict[str, Any]) -> dict[str, Any]:
+    """config.json -> the language model's keys: text_config, tied as the wrapper's config
+    class ties it, with the outer config's BOS and EOS ids where it has them."""
+    inner = raw["text_config"]  # a KeyError names the missing key
+    if not isinstance(inner, dict):
+        got = "null" if inner is None else type(inner).__name__
+        raise ValueError(f"text_config must be an object, got {got}")
+    own = bool(inner.get("tie_word_embeddings", text_tie))
+    outer = raw.get("tie_word_embeddings", wrapper.tie)
+    tie = own if outer is None else bool(outer) or (wrapper.either_ties and own)
+    ids = {k: raw[k] for k in ("bos_token_id", "eos_token_id") if raw.get(k) is not None}
+    return {**inner, **ids, "tie_word_embeddings": tie}
+
+
+def text_type_of(wrapper: Wrapper, raw: dict[str, Any], families: dict[str, FamilySpec]
+                 ) -> str:
+    """The text family of a wrapper's config.json; a ValueError says why it is not one."""
+    inner = raw["text_config"]  # a KeyError names the missing key
+    text_type = inner.get("model_type", wrapper.default_text) if isinstance(inner, dict) \
+        else wrapper.default_text  # _text_config says what is wrong with it
+    taken = wrapper.text_types or tuple(sorted(
+        name for name, spec in families.items() if wrappable(spec)))
+    if text_type not in taken:
+        raise ValueError(f"text_config model_type {text_type!r} is not a language model "
+                         f"export supports in {raw.get('model_type')} checkpoints")
+    return str(text_type)

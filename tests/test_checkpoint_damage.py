@@ -1,0 +1,79 @@
+"""A damaged checkpoint (a download cut short, weights of another config, a tokenizer.json
+that is not JSON) is refused in one line naming what is wrong, and leaves no bundle.
+(Missing files, a garbage safetensors, a malformed or short shard index: test_cli_errors.)"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import struct
+
+import numpy as np
+import pytest
+
+from edgeprefill.errors import ExportError
+from edgeprefill.export.exporter import ExportOptions, export
+from tests.test_cli_errors import assert_one_line_error, cli
+
+OPTIONS = ExportOptions(chunks=(16,), max_context=64, show_progress=False)
+WEIGHTS = "model.safetensors"
+
+
+def cut(fraction: float):
+    def edit(hf_dir):
+        data = (hf_dir / WEIGHTS).read_bytes()
+        (hf_dir / WEIGHTS).write_bytes(data[:int(len(data) * fraction)])
+    return edit
+
+
+def narrower_embedding(hf_dir):
+    """The weights of a model of hidden 32 beside config.json's 64."""
+    from safetensors.numpy import load_file, save_file
+
+    tensors = load_file(str(hf_dir / WEIGHTS))
+    tensors["model.embed_tokens.weight"] = np.zeros((128, 32), np.float32)
+    save_file(tensors, str(hf_dir / WEIGHTS))
+
+
+def header_shape(hf_dir):
+    """A header whose shape disagrees with its own byte range (an edited or corrupt file)."""
+    data = (hf_dir / WEIGHTS).read_bytes()
+    length = struct.unpack("<Q", data[:8])[0]
+    header = json.loads(data[8:8 + length])
+    header["model.norm.weight"]["shape"] = [32]
+    edited = json.dumps(header, separators=(",", ":")).encode().ljust(length)
+    (hf_dir / WEIGHTS).write_bytes(data[:8] + edited + data[8 + length:])
+
+
+def tokenizer_text(text: bytes):
+    def edit(hf_dir):
+        (hf_dir / "tokenizer.json").write_bytes(text)
+    return edit
+
+
+@pytest.mark.parametrize("edit, fragment", [
+    (cut(0.6), "model.safetensors is not a readable safetensors file"),  # data cut short
+    (cut(0.0005), "model.safetensors is not a readable safetensors file"),  # in its header
+    (narrower_embedding, "embed_tokens.weight has shape (128, 32), but config.json implies "
+                         "(128, 64)"),
+    (header_shape, "model.safetensors is not a readable safetensors file"),
+    (tokenizer_text(b'{"version": "1.0", "model": '), "cannot read"),  # cut short
+    (tokenizer_text(b"\x89PNG\r\n\x1a\n\x00\xff"), "cannot read"),  # not text
+    (tokenizer_text(b"[1, 2]"), "cannot read"),  # JSON, but no tokenizer
+], ids=["truncated", "truncated-header", "hidden-mismatch", "header-shape",
+        "tokenizer-truncated", "tokenizer-binary", "tokenizer-list"])
+def test_a_damaged_checkpoint_is_refused_in_one_line(edit, fragment, hf_model, tmp_path):
+    hf_dir = shutil.copytree(hf_model("llama"), tmp_path / "hf")
+    edit(hf_dir)
+    with pytest.raises(ExportError) as err:
+        export(hf_dir, tmp_path / "out", OPTIONS)
+    assert fragment in str(err.value) and "\n" not in str(err.value), str(err.value)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hf"]  # no bundle, no staging
+
+
+def test_the_cli_refuses_a_truncated_download_in_one_line(hf_model, tmp_path):
+    hf_dir = shutil.copytree(hf_model("llama"), tmp_path / "hf")
+    cut(0.6)(hf_dir)
+    assert_one_line_error(cli("export", hf_dir, "-o", tmp_path / "out"), "model.safetensors",
+                          "not a readable safetensors file")
+    assert not (tmp_path / "out").exists()

@@ -1,0 +1,267 @@
+"""Image-text checkpoints whose language model is any text family of ours (LLaVA and its kin,
+families/wrapped.py), GLM-4V and ShieldGemma 2: the bundle is the language model, its logits
+those of the transformers model built whole (tiny towers beside it) on text-only input_ids.
+PaliGemma is refused: its prompt is a bidirectional prefix."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import transformers
+from safetensors.torch import load_file, save_file
+
+from edgeprefill.errors import ExportError
+from edgeprefill.export.exporter import ExportOptions, export
+from edgeprefill.export.families.image_text import WRAPPERS
+from edgeprefill.export.model_config import ModelConfig
+from edgeprefill.sdk import Engine
+from tests.conftest import FAMILIES as FIXTURES
+from tests.conftest import IMAGE_TEXT, TIMM_TOWERS, build_hf_model, write_tokenizer
+from tests.test_cli_errors import EDGEPREFILL
+from tests.test_exactness import prompt_ids, reference_logits
+
+FLAVORS = ("ort", "standard")
+# GLM-4V's text_config: its M-RoPE sections fit the fixtures' 16 rotary dims (8 pairs)
+GLM4V_TEXT = {"model_type": "glm4v_text", "rope_parameters": {
+    "rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]}}
+# Each wrapper with its config class's default language model, and the others its Hub
+# checkpoints hold (InternVL 3.5: Qwen3; InternVL 2.5: Llama-based ones; Mistral Small 3.1's
+# Mistral, Ministral 3's), and LLaVA over families whose CausalLM does more than its
+# wrapper's head (Gemma 2's final soft-cap, Granite's logits_scaling).
+MATRIX = [(name, wrapper.default_text) for name, wrapper in sorted(WRAPPERS.items())] + [
+    ("llava", "qwen2"), ("llava", "mistral"), ("llava", "gemma2"), ("llava", "granite"),
+    ("llava", "qwen3"), ("internvl", "qwen3"), ("internvl", "llama"),
+    ("mistral3", "ministral3"), ("llava_onevision", "qwen3")]
+
+
+def build_wrapped(outer: str, text_type: str, out: Path) -> tuple[Path, Path | None]:
+    """A tiny random `outer` checkpoint holding a `text_type` language model, saved by
+    transformers, and where its tower is a timm model (not installed) the text model's
+    folder its layout was written from (the reference), else None."""
+    keys = {"model_type": text_type, **FIXTURES.get(text_type, {})}
+    if outer in TIMM_TOWERS:
+        return timm_wrapped(outer, text_type, out), out.with_name(out.name + "-text")
+    if outer.startswith("glm4"):
+        keys = GLM4V_TEXT
+    return build_hf_model(outer, out, **keys), None
+
+
+def timm_wrapped(outer: str, text_type: str, out: Path) -> Path:
+    """`outer`'s checkpoint layout (transformers 5's) written by hand around a random
+    `text_type` model: its tensors under model.language_model. beside stand-ins for the
+    tower and projector, and the outer config holding its config as text_config."""
+    text_dir = build_hf_model(text_type, out.with_name(out.name + "-text"),
+                              **FIXTURES.get(text_type, {}))
+    tensors = {("model.language_model." + name.removeprefix("model.")
+                if name.startswith("model.") else name): t
+               for name, t in load_file(text_dir / "model.safetensors").items()}
+    for part in ("vision_tower.timm_model.stem.weight", "multi_modal_projector.linear_1.weight"):
+        tensors["model." + part] = torch.ones(4, 4)
+    out.mkdir(parents=True)
+    save_file(tensors, out / "model.safetensors", metadata={"format": "pt"})
+    text = json.loads((text_dir / "config.json").read_text())
+    config = transformers.AutoConfig.for_model(outer, text_config=text)
+    config.save_pretrained(out)
+    write_tokenizer(out)
+    return out
+
+
+def reference(hf_dir: Path, text_dir: Path | None, ids: list[int]) -> np.ndarray:
+    """transformers' logits of `ids` alone: the model built whole, or the text model over
+    the same weights where the whole one needs timm."""
+    model_type = json.loads((hf_dir / "config.json").read_text())["model_type"]
+    if model_type == "shieldgemma2":  # its Gemma 3 image-text model's logits
+        model = transformers.ShieldGemma2ForImageClassification.from_pretrained(
+            hf_dir, dtype=torch.float32).model
+        with torch.no_grad():
+            return model(torch.tensor([ids])).logits[0].numpy()
+    return reference_logits(text_dir or hf_dir, ids)
+
+
+def export_flavor(hf_dir: Path, out: Path, flavor: str) -> Path:
+    export(hf_dir, out, ExportOptions(flavor=flavor, chunks=(16,), max_context=64,
+                                      show_progress=False))
+    return out
+
+
+def assert_chunks_match(bundle_dir: Path, expected: np.ndarray, ids: list[int]) -> None:
+    """Every chunk's last logits (chunks of 1, 3 and 16; the last of 16 padded) equal
+    `expected` at that position."""
+    from edgeprefill.engines import StepBatch
+
+    engine = Engine.load(bundle_dir, threads=2, background=False)
+    for chunk in (1, 3, 16):
+        for start in range(0, len(ids), chunk):
+            part = ids[start : start + chunk]
+            logits = engine.backend.run(StepBatch(
+                np.array([part], np.int64), np.array([start], np.int32),
+                np.array([len(part)], np.int32), first_slot=0))
+            np.testing.assert_allclose(logits[0], expected[start + len(part) - 1],
+                                       rtol=1e-4, atol=1e-4,
+                                       err_msg=f"chunk {chunk} at {start}")
+    engine.close()
+
+
+def check_exports_as_transformers(outer: str, text_type: str, tmp_path: Path) -> None:
+    hf_dir, text_dir = build_wrapped(outer, text_type, tmp_path / "hf")
+    ids = prompt_ids(21)  # a last chunk of 16 that is padded (5 of 16)
+    expected = reference(hf_dir, text_dir, ids)
+    for flavor in FLAVORS:
+        assert_chunks_match(export_flavor(hf_dir, tmp_path / flavor, flavor), expected, ids)
+
+
+def test_a_wrapper_exports_the_language_model_its_text_config_names(tmp_path):
+    # LlavaConfig's default is Llama; this one holds a Qwen2 (q/k/v biases), and so
+    # does the bundle.
+    text = {"model_type": "qwen2", "hidden_size": 64, "intermediate_size": 96,
+            "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 128}
+    assert ModelConfig.from_hf({"model_type": "llava", "text_config": text}).qkv_bias
+    check_exports_as_transformers("llava", "qwen2", tmp_path)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("outer, text_type", [
+    *MATRIX, ("glm4v", "glm4v_text"), ("glm46v", "glm4v_text"),
+    ("shieldgemma2", "gemma3_text")])
+def test_every_wrapper_exports_its_language_model_as_transformers_runs_it(
+        tmp_path, outer, text_type):
+    check_exports_as_transformers(outer, text_type, tmp_path)
+
+
+def test_the_transformers_5_layout_exports_as_the_hubs(tmp_path):
+    """transformers 5.24 saves LLaVA as the Hub's (`language_model.model.`, its head
+    `language_model.lm_head.`); checkpoints some tools save from memory are
+    `model.language_model.` and `lm_head.`."""
+    hf_dir, _ = build_wrapped("llava", "llama", tmp_path / "hf")
+    tensors = load_file(hf_dir / "model.safetensors")
+    assert any(n.startswith("language_model.model.layers.") for n in tensors)
+    moved = {}
+    for name, tensor in tensors.items():
+        for old, new in (("language_model.model.", "model.language_model."),
+                         ("language_model.lm_head.", "lm_head."),
+                         ("vision_tower.", "model.vision_tower."),
+                         ("multi_modal_projector.", "model.multi_modal_projector.")):
+            if name.startswith(old):
+                name = new + name.removeprefix(old)
+                break
+        moved[name] = tensor
+    save_file(moved, hf_dir / "model.safetensors", metadata={"format": "pt"})
+    ids = prompt_ids(21)
+    assert_chunks_match(export_flavor(hf_dir, tmp_path / "b", "ort"),
+                        reference_logits(hf_dir, ids), ids)
+
+
+def test_a_timm_tower_wrapper_exports_as_its_text_model(tmp_path):
+    # FastVLM's tower is a timm model: the reference is its Qwen2 over the same weights.
+    check_exports_as_transformers("fast_vlm", "qwen2", tmp_path)
+
+
+def test_glm4v_exports_its_language_model_as_transformers_runs_it(tmp_path):
+    # GLM-4's layers with M-RoPE, plain rotary on text positions
+    check_exports_as_transformers("glm4v", "glm4v_text", tmp_path)
+
+
+def test_shieldgemma2_exports_its_gemma3_logits(tmp_path):
+    # ShieldGemma2ForImageClassification reads 2 of its Gemma 3's logits; the bundle gives
+    # them all, from the model saved as transformers 5 saves it (model.model.language_model.)
+    cfg = transformers.ShieldGemma2Config(text_config={
+        "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+        "vocab_size": 128, "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0,
+        "sliding_window": 8, "initializer_range": 0.2}, **IMAGE_TEXT["shieldgemma2"])
+    torch.manual_seed(0)
+    model = transformers.ShieldGemma2ForImageClassification(cfg)
+    hf_dir = tmp_path / "hf"
+    model.save_pretrained(hf_dir)
+    write_tokenizer(hf_dir)
+    assert any(n.startswith("model.model.language_model.")
+               for n in load_file(hf_dir / "model.safetensors"))
+    ids = prompt_ids(21)
+    assert_chunks_match(export_flavor(hf_dir, tmp_path / "b", "ort"),
+                        reference(hf_dir, None, ids), ids)
+
+
+# The tying of each wrapper's config class, for text_config's say and the outer key's
+TIE_CASES = [({}, {}), ({"tie_word_embeddings": True}, {}), ({}, {"tie_word_embeddings": True}),
+             ({"tie_word_embeddings": False}, {"tie_word_embeddings": True}),
+             ({"tie_word_embeddings": True}, {"tie_word_embeddings": False})]
+
+
+@pytest.mark.parametrize("outer", [*sorted(WRAPPERS), "glm4v", "shieldgemma2"])
+def test_each_wrapper_ties_as_its_config_class(outer):
+    for text, top in TIE_CASES:
+        text_type = WRAPPERS[outer].default_text if outer in WRAPPERS else \
+            {"glm4v": "glm4v_text", "shieldgemma2": "gemma3_text"}[outer]
+        raw = {"model_type": outer, **top, "text_config": {
+            "model_type": text_type, "hidden_size": 64, "intermediate_size": 96,
+            "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+            "vocab_size": 128, "eos_token_id": 2, "bos_token_id": 1, **text}}
+        hf = transformers.AutoConfig.for_model(**raw)
+        assert ModelConfig.from_hf(raw).tie_embeddings is bool(hf.tie_word_embeddings), \
+            (text, top)
+
+
+def test_the_wrappers_head_is_its_lm_head_alone():
+    # Aya Vision's Cohere 2: Cohere2ForCausalLM scales its logits by logit_scale (0.0625
+    # unless given), AyaVisionForConditionalGeneration does not; LLaVA's Gemma 2: no final
+    # soft-cap (Gemma2ForCausalLM's).
+    text = {"hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,
+            "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 128}
+    aya = ModelConfig.from_hf({"model_type": "aya_vision", "text_config": {
+        **text, "model_type": "cohere2", "logit_scale": 0.25}})
+    assert aya.logits_multiplier == 1.0
+    assert ModelConfig.from_hf({"model_type": "cohere2", **text}).logits_multiplier == 0.0625
+    llava = ModelConfig.from_hf({"model_type": "llava", "text_config": {
+        **text, "model_type": "gemma2"}})
+    assert llava.final_softcap is None and llava.attn_softcap == 50.0
+
+
+@pytest.mark.parametrize("text, fragment", [
+    ({"model_type": "bert"}, "text_config model_type 'bert' is not a language model export "
+                             "supports in llava checkpoints"),
+    ({"model_type": "qwen2_vl"}, "'qwen2_vl' is not a language model"),  # not wrappable
+])
+def test_a_language_model_export_cannot_wrap_is_refused_in_one_line(text, fragment):
+    with pytest.raises(ExportError) as err:
+        ModelConfig.from_hf({"model_type": "llava", "text_config": {"hidden_size": 64, **text}})
+    assert fragment in str(err.value) and "\n" not in str(err.value)
+
+
+def test_paligemma_attends_its_prompt_bidirectionally_and_is_refused(tmp_path):
+    """PaliGemma's processor marks every prompt token as prefix (token_type_ids 0), which
+    its model attends bidirectionally: not the causal logits of the same ids alone. (Its
+    eager attention does; in 5.24 its SDPA path loses the prefix, GemmaModel rebuilding a
+    causal mask over the one it is given.)"""
+    cfg = transformers.PaliGemmaConfig(text_config={
+        "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+        "vocab_size": 128}, vision_config=IMAGE_TEXT["llava"]["vision_config"] | {
+        "model_type": "siglip_vision_model"})
+    torch.manual_seed(0)
+    model = transformers.PaliGemmaForConditionalGeneration._from_config(
+        cfg, attn_implementation="eager").eval()
+    ids = torch.tensor([prompt_ids(12)])
+    with torch.no_grad():
+        causal = model(ids).logits
+        prefix = model(ids, token_type_ids=torch.zeros_like(ids)).logits
+    assert not torch.allclose(causal[0, 0], prefix[0, 0], atol=1e-3)
+    with pytest.raises(ExportError, match="PaliGemma attends its whole prompt bidirection"):
+        ModelConfig.from_hf(cfg.to_dict())
+
+
+def test_export_says_once_on_stderr_that_the_bundle_is_text_only(tmp_path):
+    hf_dir = tmp_path / "hf"
+    shutil.copytree(build_wrapped("vipllava", "llama", tmp_path / "src")[0], hf_dir)
+    result = subprocess.run([*EDGEPREFILL, "export", str(hf_dir), "-o", str(tmp_path / "b"),
+                             "--chunks", "16", "--max-context", "64", "--quiet"],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    said = [line for line in result.stderr.splitlines() if "text-only" in line]
+    assert len(said) == 1 and "vision_tower" in said[0] and "left out" in said[0], \
+        result.stderr
