@@ -41,7 +41,10 @@ REGRESSIONS = {
     "gpt_bigcode": ["n_layer=huge"],  # MemoryError: its alias, in its legacy hook
     "mellum": ["rope_parameters=string"],  # AttributeError in its refuse hook
     "bloom": ["n_layer=huge"], "mpt": ["n_layers=huge"],  # MemoryError: their aliases,
-    "xglm": ["num_layers=huge"], "ctrl": ["n_layer=huge"],  # in their legacy hooks
+    # MemoryError: their aliases in their legacy hooks; a sinusoidal table of all the
+    # positions the config allows (now the bundle's context's)
+    "xglm": ["num_layers=huge", "max_position_embeddings=huge"],
+    "ctrl": ["n_layer=huge", "n_positions=huge"],
     "dbrx": ["attn_config=string", "ffn_config=list"],  # AttributeError in its hook
     # MemoryError: a rope table of 2**40 x half the head's frequencies
     "lfm3": ["rope_parameters.full_attention.partial_rotary_factor=huge"],
@@ -132,11 +135,8 @@ def test_the_cli_prints_an_edited_configs_refusal_in_one_line(edit, hf_model, tm
     assert not (tmp_path / "out").exists()
 
 
-# Crashes left as they are, each with why. XGLM's and CTRL's sinusoidal tables are computed
-# for all of max_position_embeddings (export/decoder.py's _position_table), not the bundle's
-# context: 2**40 positions are a MemoryError. Sizing them by the context changes the graph's
-# table.
-KNOWN_CRASHES = {"xglm": ("max_position_embeddings=huge",), "ctrl": ("n_positions=huge",)}
+# Crashes left as they are, each with why (none at present).
+KNOWN_CRASHES: dict[str, tuple[str, ...]] = {}
 
 
 @pytest.mark.slow

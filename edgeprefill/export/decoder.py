@@ -731,17 +731,21 @@ class DecoderBuilder:
 
     def _position_table(self) -> str:
         """[max_positions, hidden] from position 0: the stored table from its row `offset`
-        on (OPT's 2), or XGLM's or CTRL's sinusoidal table computed here (sinusoids.py)."""
+        on (OPT's 2), or XGLM's or CTRL's sinusoidal table computed here (sinusoids.py),
+        as long as the bundle's context (each row depends on its position alone; a table of
+        the config's max_position_embeddings could be any size: 2**40 rows had been a
+        MemoryError)."""
         g, cfg = self.g, self.cfg
         offset = cfg.spec.position_offset
         shape = (cfg.max_positions, cfg.hidden_size)
+        computed = (min(cfg.max_positions, self.flavor.max_context), cfg.hidden_size)
         if cfg.spec.sinusoidal_positions == "xglm":
-            return g.weight("sinusoidal_positions", shape, self.dtype, lambda: xglm_sinusoids(
-                cfg.max_positions + offset, cfg.hidden_size, cfg.pad_token_id)[offset:]
+            return g.weight("sinusoidal_positions", computed, self.dtype, lambda: xglm_sinusoids(
+                computed[0] + offset, cfg.hidden_size, cfg.pad_token_id)[offset:]
                 .astype(self.dtype))
         if cfg.spec.sinusoidal_positions == "ctrl":
-            return g.weight("sinusoidal_positions", shape, self.dtype,
-                            lambda: ctrl_sinusoids(*shape).astype(self.dtype))
+            return g.weight("sinusoidal_positions", computed, self.dtype,
+                            lambda: ctrl_sinusoids(*computed).astype(self.dtype))
         name = self.names.position_embed
         assert name is not None
         stored = (cfg.max_positions + offset, cfg.hidden_size)
