@@ -11,9 +11,6 @@ import transformers
 
 from edgeprefill.errors import ExportError
 from edgeprefill.export.model_config import ModelConfig
-from edgeprefill.sdk import Engine
-from tests.state_models import GRAPHS, assert_padded_chunks_match
-from tests.test_exactness import check_together
 
 # ai21labs/Jamba-v0.1's config.json as we know its shape (the Hub was not reachable here):
 # attention on 1 layer of 8, experts (16, top 2) on every other layer.
@@ -28,21 +25,6 @@ HUB_V01 = {
     "vocab_size": 65536, "tie_word_embeddings": False, "sliding_window": None,
     "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0, "use_mamba_kernels": True,
 }
-
-
-@pytest.mark.parametrize("flavor, kernels", GRAPHS)
-def test_logits_equal_transformers_for_any_chunk_with_a_padded_last_chunk(
-        flavor, kernels, hf_model, bundle, monkeypatch):
-    monkeypatch.setenv("EDGEPREFILL_KERNELS", kernels)
-    assert_padded_chunks_match(hf_model("jamba"), bundle("jamba", flavor))
-
-
-@pytest.mark.parametrize("flavor", ("ort", "standard"))
-def test_prompts_of_different_lengths_generated_together_are_transformers_greedy(
-        flavor, hf_model, bundle):
-    engine = Engine.load(bundle("jamba", flavor), threads=2, background=False)
-    check_together(engine, hf_model("jamba"), new_tokens=8)
-    engine.close()
 
 
 @pytest.mark.parametrize("overrides", ({}, {"mamba_dt_rank": "auto", "num_experts": 1},

@@ -12,9 +12,6 @@ import transformers
 
 from edgeprefill.errors import ExportError
 from edgeprefill.export.model_config import ModelConfig
-from edgeprefill.sdk import Engine
-from tests.state_models import GRAPHS, assert_padded_chunks_match
-from tests.test_exactness import check_together
 
 # google/recurrentgemma-2b's config.json as we know its shape (the Hub was not reachable
 # here): two recurrent blocks then one local attention layer, over 26 layers; MQA.
@@ -28,21 +25,6 @@ HUB_2B = {
     "rope_theta": 10000.0, "vocab_size": 256000, "attention_bias": False,
     "tie_word_embeddings": True, "bos_token_id": 2, "eos_token_id": 1, "pad_token_id": 0,
 }
-
-
-@pytest.mark.parametrize("flavor, kernels", GRAPHS)
-def test_logits_equal_transformers_for_any_chunk_with_a_padded_last_chunk(
-        flavor, kernels, hf_model, bundle, monkeypatch):
-    monkeypatch.setenv("EDGEPREFILL_KERNELS", kernels)
-    assert_padded_chunks_match(hf_model("recurrent_gemma"), bundle("recurrent_gemma", flavor))
-
-
-@pytest.mark.parametrize("flavor", ("ort", "standard"))
-def test_prompts_of_different_lengths_generated_together_are_transformers_greedy(
-        flavor, hf_model, bundle):
-    engine = Engine.load(bundle("recurrent_gemma", flavor), threads=2, background=False)
-    check_together(engine, hf_model("recurrent_gemma"), new_tokens=8)
-    engine.close()
 
 
 @pytest.mark.parametrize("drop", ((), ("partial_rotary_factor",)))

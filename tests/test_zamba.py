@@ -11,9 +11,6 @@ import transformers
 
 from edgeprefill.errors import ExportError
 from edgeprefill.export.model_config import ModelConfig
-from edgeprefill.sdk import Engine
-from tests.state_models import GRAPHS, assert_padded_chunks_match
-from tests.test_exactness import check_together
 
 # Zyphra/Zamba-7B-v1's config.json as we know its shape (the Hub was not reachable here);
 # its layers from attn_layer_period and attn_layer_offset.
@@ -26,21 +23,6 @@ HUB_7B = {
     "hidden_act": "gelu", "hidden_mamba_act": "silu", "rms_norm_eps": 1e-05,
     "vocab_size": 32000, "tie_word_embeddings": True, "max_position_embeddings": 4096,
 }
-
-
-@pytest.mark.parametrize("flavor, kernels", GRAPHS)
-def test_logits_equal_transformers_for_any_chunk_with_a_padded_last_chunk(
-        flavor, kernels, hf_model, bundle, monkeypatch):
-    monkeypatch.setenv("EDGEPREFILL_KERNELS", kernels)
-    assert_padded_chunks_match(hf_model("zamba"), bundle("zamba", flavor))
-
-
-@pytest.mark.parametrize("flavor", ("ort", "standard"))
-def test_prompts_of_different_lengths_generated_together_are_transformers_greedy(
-        flavor, hf_model, bundle):
-    engine = Engine.load(bundle("zamba", flavor), threads=2, background=False)
-    check_together(engine, hf_model("zamba"), new_tokens=8)
-    engine.close()
 
 
 def test_a_hub_config_reads_as_transformers_reads_it():
