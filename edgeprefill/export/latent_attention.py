@@ -156,13 +156,12 @@ class LatentAttention:
 
     def _check(self, name: str, expected: tuple[int, int]) -> None:
         """A checkpoint that disagrees with its config.json fails here, in one line."""
-        s, got = self.shape, self.b.w.shape(name)
-        if got != expected:
-            raise ExportError(
-                f"{name} has shape {got}, but config.json implies {expected} "
-                f"({self.b.cfg.num_heads} heads, qk_nope_head_dim {s.nope_dim}, "
-                f"qk_rope_head_dim {s.rope_dim}, v_head_dim {s.v_dim}, kv_lora_rank "
-                f"{s.kv_lora_rank}, q_lora_rank {s.q_lora_rank})")
+        s = self.shape
+        self.b.w.check_shapes(
+            [(name, expected)],
+            f"{self.b.cfg.num_heads} heads, qk_nope_head_dim {s.nope_dim}, qk_rope_head_dim "
+            f"{s.rope_dim}, v_head_dim {s.v_dim}, kv_lora_rank {s.kv_lora_rank}, q_lora_rank "
+            f"{s.q_lora_rank}")
 
     def _per_head(self, x: str, weight: str) -> str:
         """x [N,H,a] times each head's own [a, b] (weight [H,a,b]) -> [N,H,b]."""

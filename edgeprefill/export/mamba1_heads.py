@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from edgeprefill.errors import ExportError
 from edgeprefill.export.mamba1 import Mamba1
 
 
@@ -61,7 +60,7 @@ class MultiHeadMamba1(Mamba1):
         """A checkpoint that disagrees with config.json fails here in one line."""
         s, hidden = self.s, self.cfg.hidden_size
         heads, width = s.heads, s.inner // s.heads
-        for name, shape in ((pre + "in_proj.weight", (2 * s.inner, hidden)),
+        self.w.check_shapes(((pre + "in_proj.weight", (2 * s.inner, hidden)),
                             (pre + "conv1d.weight", (s.inner, 1, s.conv_kernel)),
                             (pre + "x_proj_weight", (heads, s.dt_rank + 2 * s.state_size,
                                                      width)),
@@ -69,9 +68,6 @@ class MultiHeadMamba1(Mamba1):
                             (pre + "dt_proj_bias", (heads, width)),
                             (pre + "A_log", (heads, width, s.state_size)),
                             (pre + "D", (heads, width)),
-                            (pre + "out_proj.weight", (hidden, s.inner))):
-            if self.w.shape(name) != shape:
-                raise ExportError(
-                    f"{name} has shape {self.w.shape(name)}, but config.json implies {shape} "
-                    f"(mamba_expand x hidden_size {s.inner} channels in n_mamba_heads "
-                    f"{heads}, mamba_d_state {s.state_size}, mamba_dt_rank {s.dt_rank})")
+                            (pre + "out_proj.weight", (hidden, s.inner))),
+            f"mamba_expand x hidden_size {s.inner} channels in n_mamba_heads {heads}, "
+            f"mamba_d_state {s.state_size}, mamba_dt_rank {s.dt_rank}")

@@ -27,7 +27,6 @@ from typing import Any
 import numpy as np
 
 from edgeprefill.contract import BATCH, CONV, RECURRENT, state_names
-from edgeprefill.errors import ExportError
 from edgeprefill.export.causal_conv import CausalConv
 from edgeprefill.export.graph import GraphBuilder
 from edgeprefill.export.model_config import MambaShape, ModelConfig
@@ -176,17 +175,14 @@ class Mamba2(RecurrentMixer):
     def _check_shapes(self, pre: str) -> None:
         """A checkpoint that disagrees with config.json fails here in one line."""
         m, hidden = self.m, self.cfg.hidden_size
-        for name, shape in ((pre + "in_proj.weight", (m.inner + m.conv_dim + m.heads, hidden)),
+        self.w.check_shapes(((pre + "in_proj.weight", (m.inner + m.conv_dim + m.heads, hidden)),
                             (pre + "conv1d.weight", (m.conv_dim, 1, m.conv_kernel)),
                             (pre + "A_log", (m.heads,)), (pre + "D", (m.heads,)),
                             (pre + "dt_bias", (m.heads,)),
                             *(((pre + "norm.weight", (m.inner,)),) if m.norm else ()),
-                            (pre + "out_proj.weight", (hidden, m.inner))):
-            if self.w.shape(name) != shape:
-                raise ExportError(
-                    f"{name} has shape {self.w.shape(name)}, but config.json implies {shape} "
-                    f"(mamba_n_heads {m.heads} of {m.head_dim}, mamba_n_groups {m.groups}, "
-                    f"mamba_d_state {m.state_size}, mamba_d_conv {m.conv_kernel})")
+                            (pre + "out_proj.weight", (hidden, m.inner))),
+            f"mamba_n_heads {m.heads} of {m.head_dim}, mamba_n_groups {m.groups}, "
+            f"mamba_d_state {m.state_size}, mamba_d_conv {m.conv_kernel}")
 
 
 def ssm_step_body(prefix: str, state: list[int], group: list[int], decay: list[int],

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from edgeprefill.errors import ExportError
 from edgeprefill.export.graph import GraphBuilder
 from edgeprefill.export.model_config import ModelConfig
 from edgeprefill.export.tokens import PackedTokens, PaddedTokens
@@ -68,7 +67,5 @@ class PerLayerInputs:
         return self.norm(out, prefix + "post_per_layer_input_norm")
 
     def _check(self, name: str, shape: tuple[int, int]) -> None:
-        if self.w.shape(name) != shape:
-            raise ExportError(f"{name} has shape {self.w.shape(name)}, but config.json implies "
-                              f"{shape} (vocab_size_per_layer_input, num_hidden_layers x "
-                              "hidden_size_per_layer_input)")
+        self.w.check_shapes([(name, shape)], "vocab_size_per_layer_input, num_hidden_layers x "
+                            "hidden_size_per_layer_input")

@@ -26,7 +26,6 @@ from typing import Any
 import numpy as np
 
 from edgeprefill.contract import BATCH, CONV, RECURRENT, state_names
-from edgeprefill.errors import ExportError
 from edgeprefill.export.causal_conv import CausalConv
 from edgeprefill.export.graph import GraphBuilder
 from edgeprefill.export.model_config import LruShape, ModelConfig
@@ -144,17 +143,14 @@ class RgLru(RecurrentMixer):
         """A checkpoint that disagrees with config.json fails here in one line."""
         s, hidden = self.s, self.cfg.hidden_size
         block = s.width // s.heads
-        for name, shape in ((pre + "linear_x.weight", (s.width, hidden)),
+        self.w.check_shapes(((pre + "linear_x.weight", (s.width, hidden)),
                             (pre + "linear_y.weight", (s.width, hidden)),
                             (pre + "conv_1d.weight", (s.width, 1, s.conv_kernel)),
                             (pre + "rg_lru.input_gate_weight", (s.heads, block, block)),
                             (pre + "rg_lru.recurrent_gate_weight", (s.heads, block, block)),
                             (pre + "rg_lru.recurrent_param", (s.width,)),
-                            (pre + "linear_out.weight", (hidden, s.width))):
-            if self.w.shape(name) != shape:
-                raise ExportError(
-                    f"{name} has shape {self.w.shape(name)}, but config.json implies {shape} "
-                    f"(lru_width {s.width} in {s.heads} heads, conv1d_width {s.conv_kernel})")
+                            (pre + "linear_out.weight", (hidden, s.width))),
+            f"lru_width {s.width} in {s.heads} heads, conv1d_width {s.conv_kernel}")
 
 
 def _step_body(prefix: str, width: int) -> Any:

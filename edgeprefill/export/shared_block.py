@@ -140,11 +140,8 @@ class SharedBlock:
 
     def _check(self, names: list[str], rows: list[int], width: int) -> None:
         """A checkpoint that disagrees with config.json fails here in one line."""
-        w = self.b.w
-        for name, out in zip(names, rows, strict=True):
-            if w.shape(name) != (out, width):
-                cfg = self.b.cfg
-                raise ExportError(
-                    f"{name} has shape {w.shape(name)}, but config.json implies "
-                    f"{(out, width)} ({cfg.num_heads} heads of 2 x hidden_size / heads = "
-                    f"{cfg.head_dim}, {cfg.num_kv_heads} KV heads, input 2 x hidden_size)")
+        cfg = self.b.cfg
+        self.b.w.check_shapes(
+            [(name, (out, width)) for name, out in zip(names, rows, strict=True)],
+            f"{cfg.num_heads} heads of 2 x hidden_size / heads = {cfg.head_dim}, "
+            f"{cfg.num_kv_heads} KV heads, input 2 x hidden_size")

@@ -6,7 +6,7 @@ converts, packs or quantizes) it when the writer streams it to the external data
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import replace
 
 import numpy as np
@@ -87,6 +87,16 @@ class GraphWeights:
             "MatMulNBits", [x, weight, scale], domain="com.microsoft", K=k, N=n, bits=4,
             block_size=q.block_size, accuracy_level=q.accuracy_level,
         )
+
+    def check_shapes(self, expected: Iterable[tuple[str, tuple[int, ...]]],
+                     implied_by: str) -> None:
+        """Each (name, shape) stored with the shape config.json implies; else one line naming
+        the weight, both shapes and `implied_by` (the config's numbers behind the shape), so a
+        checkpoint that disagrees with its config fails before the graph uses it."""
+        for name, shape in expected:
+            if self.shape(name) != shape:
+                raise ExportError(f"{name} has shape {self.shape(name)}, but config.json "
+                                  f"implies {shape} ({implied_by})")
 
     def stored_int4(self, x: str, k: int, n: int, weight_names: list[str],
                     reorder: Callable[[np.ndarray], np.ndarray] | None) -> str:
