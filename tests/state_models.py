@@ -75,3 +75,24 @@ def assert_engine_chunks_match(engine: Engine, hf_dir: Path,
             np.testing.assert_allclose(logits, expected[position], rtol=1e-4, atol=1e-4,
                                        err_msg=f"chunk {chunk}, position {position}")
     engine.close()
+
+
+def assert_copy_and_swap_continue(engine: Engine, hf_dir: Path) -> None:
+    """Prefix lending copies a slot, keeping decode rows adjacent swaps two: the next chunk
+    in the slot the content moved to continues it as transformers does (a 40-token prompt:
+    20 tokens copied over another sequence's 7, then swapped with a third slot at 30)."""
+    ids = prompt_ids(40)
+    expected = reference_logits(hf_dir, ids)
+    backend = engine.backend
+
+    def chunk(start: int, end: int, slot: int) -> np.ndarray:
+        return backend.run(StepBatch(np.array([ids[start:end]]), np.array([start], np.int32),
+                                     np.array([end - start], np.int32), slot))[0]
+
+    chunk(0, 20, 0)
+    chunk(0, 7, 1)  # another sequence's cache and states in the destination
+    backend.copy_kv(0, 1, 20)
+    np.testing.assert_allclose(chunk(20, 30, 1), expected[29], rtol=1e-4, atol=1e-4)
+    chunk(0, 5, 2)
+    backend.swap_kv(1, 2, 30)
+    np.testing.assert_allclose(chunk(30, 40, 2), expected[39], rtol=1e-4, atol=1e-4)

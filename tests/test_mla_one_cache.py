@@ -16,11 +16,11 @@ from click.testing import CliRunner
 from edgeprefill.bundle import MANIFEST_FILE, load_manifest
 from edgeprefill.cli.main import cli
 from edgeprefill.engines import create_backend
-from edgeprefill.engines.base import BackendOptions, StepBatch, kv_slot_bytes
+from edgeprefill.engines.base import BackendOptions, kv_slot_bytes
 from edgeprefill.errors import BackendError, BundleError
 from edgeprefill.sdk import Engine
 from edgeprefill.sdk.params import GenerationParams
-from tests.state_models import run_padded
+from tests.state_models import assert_copy_and_swap_continue, run_padded
 from tests.test_exactness import NEW_TOKENS, prompt_ids, reference_greedy, reference_logits
 
 FAMILY = "minicpm3"  # 2 layers, one KV head of 16 + 32
@@ -102,23 +102,8 @@ def test_a_kv_budget_holds_twice_the_slots(bundle, two_caches):
 def test_copying_and_swapping_a_slot_moves_its_one_cache(bundle, hf_model):
     """Prefix lending copies a slot, keeping decode rows adjacent swaps two: copying and
     swapping the one buffer suffices for the next chunk to continue as transformers does."""
-    ids = prompt_ids(40)
-    expected = reference_logits(hf_model(FAMILY), ids)
     with Engine.load(bundle(FAMILY), threads=2, background=False) as engine:
-        backend = engine.backend
-
-        def chunk(start: int, end: int, slot: int) -> np.ndarray:
-            return backend.run(StepBatch(np.array([ids[start:end]]),
-                                         np.array([start], np.int32),
-                                         np.array([end - start], np.int32), slot))[0]
-
-        chunk(0, 20, 0)
-        chunk(0, 7, 1)  # another sequence's cache in the destination
-        backend.copy_kv(0, 1, 20)
-        np.testing.assert_allclose(chunk(20, 30, 1), expected[29], rtol=1e-4, atol=1e-4)
-        chunk(0, 5, 2)
-        backend.swap_kv(1, 2, 30)
-        np.testing.assert_allclose(chunk(30, 40, 2), expected[39], rtol=1e-4, atol=1e-4)
+        assert_copy_and_swap_continue(engine, hf_model(FAMILY))
 
 
 def test_a_reused_prefix_continues_as_transformers_greedy_text(bundle, hf_model):

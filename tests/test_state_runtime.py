@@ -14,6 +14,7 @@ import pytest
 
 from edgeprefill.engines import StepBatch
 from edgeprefill.sdk import Engine, GenerationParams
+from tests.state_models import assert_copy_and_swap_continue
 from tests.test_exactness import prompt_ids, reference_greedy, reference_logits
 
 # Falcon-H1's layers keep KV and states both; Mamba-2's keep no KV at all (its slots hold
@@ -65,22 +66,8 @@ def test_copying_and_swapping_a_slot_move_its_states_with_its_kv(family, flavor,
                                                                  bundle):
     """Prefix lending copies a slot, keeping decode rows adjacent swaps two: the next
     chunk in the slot the content moved to continues it as transformers does."""
-    ids = prompt_ids(40)
-    expected = reference_logits(hf_model(family), ids)
     engine = Engine.load(bundle(family, flavor), threads=2, background=False)
-    backend = engine.backend
-
-    def chunk(start: int, end: int, slot: int) -> np.ndarray:
-        return backend.run(StepBatch(np.array([ids[start:end]]), np.array([start], np.int32),
-                                     np.array([end - start], np.int32), slot))[0]
-
-    chunk(0, 20, 0)
-    chunk(0, 7, 1)  # another sequence's states in the destination
-    backend.copy_kv(0, 1, 20)
-    np.testing.assert_allclose(chunk(20, 30, 1), expected[29], rtol=1e-4, atol=1e-4)
-    chunk(0, 5, 2)
-    backend.swap_kv(1, 2, 30)
-    np.testing.assert_allclose(chunk(30, 40, 2), expected[39], rtol=1e-4, atol=1e-4)
+    assert_copy_and_swap_continue(engine, hf_model(family))
     engine.close()
 
 
