@@ -4,6 +4,7 @@ placement checks and the device KV arena, on the CPU; end-to-end runs on a GPU a
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import subprocess
 import sys
@@ -16,6 +17,7 @@ import onnxruntime as ort
 import pytest
 
 from edgeprefill.bundle import load_manifest
+from edgeprefill.contract import state_pairs
 from edgeprefill.engines import BackendOptions, StepBatch
 from edgeprefill.engines.ort.arena import DeviceArena
 from edgeprefill.engines.ort.backend import PROVIDERS, OnnxRuntimeBackend
@@ -297,6 +299,43 @@ def test_the_device_arena_path_computes_what_the_numpy_arena_computes(bundle):
     for got, want in zip(device.kv_arrays(), host.kv_arrays(), strict=True):
         np.testing.assert_allclose(got[:, :, :21], want[:, :, :21], atol=1e-6)
 
+
+
+class CopiedAtBind:
+    """An IOBinding as ONNX Runtime's behaves on a GPU provider for inputs in host memory:
+    IOBinding::BindInput copies them to the device when they are bound, so the step reads
+    the array as it was then. Applied to the inputs `copied` names."""
+
+    def __init__(self, binding, copied: set[str]) -> None:
+        self._binding, self._copied, self._kept = binding, copied, {}
+
+    def bind_input(self, name, device, device_id, dtype, shape, pointer):
+        if name in self._copied:
+            size = int(np.prod(shape)) * np.dtype(dtype).itemsize
+            self._kept[name] = np.frombuffer(ctypes.string_at(pointer, size), np.uint8).copy()
+            pointer = self._kept[name].ctypes.data
+        self._binding.bind_input(name, device, device_id, dtype, shape, pointer)
+
+    def __getattr__(self, name):
+        return getattr(self._binding, name)
+
+
+@pytest.mark.parametrize("family", ["lfm2", "mamba2"])
+def test_a_gpu_providers_states_are_bound_again_before_every_step(bundle, family):
+    """Seen on an H100: every stateful bundle's logits went wrong from its second step, the
+    states' bindings (cached per slot range) having been copied to the GPU once."""
+    bundle_dir = bundle(family, "standard")
+    manifest = load_manifest(bundle_dir)
+    options = BackendOptions(threads=1)
+    device, host = CpuArenaBackend(bundle_dir, manifest, options), OnnxRuntimeBackend(
+        bundle_dir, manifest, options)
+    pasts = {past for past, _ in state_pairs(manifest.graph)}
+    made = device.session.io_binding
+    device.session.io_binding = lambda: CopiedAtBind(made(), pasts)
+    for backend in (device, host):
+        backend.allocate_kv(slots=2, capacity=64)
+    for step in _steps(manifest.model.vocab_size):
+        np.testing.assert_allclose(device.run(step), host.run(step), rtol=1e-5, atol=1e-5)
 
 def _steps(vocab: int) -> list[StepBatch]:
     """A first chunk, a second one after it, and a decode step of two rows."""

@@ -327,6 +327,8 @@ class OnnxRuntimeBackend(Backend):
         binding.bind_cpu_input(VALID_LENS, step.valid_lens)
         if self.host_total:
             binding.bind_cpu_input(HOST_TOTAL, host_total(step))
+        if self.state is not None and self._gpu is not None:
+            self.state.bind_pasts(binding, step.first_slot, step.rows)  # state_arena.py: why
         self.session.run_with_iobinding(binding)
         if self.state is not None:
             self.state.store(step.first_slot, step.rows)
