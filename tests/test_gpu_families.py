@@ -32,7 +32,7 @@ FAMILIES = ["gemma2", "gemma3_text", "gemma3n_text", "qwen3_moe", "gpt_oss", "de
 # (flavor, dtype) on the GPU -> the largest difference from the CPU's float32 logits allowed,
 # as a fraction of their scale. float32 without TF32 computes the CPU's numbers up to the
 # order of summation; float16 rounds every activation.
-CASES = {("standard", "fp32"): 1e-4, ("ort", "fp16"): 5e-2}
+CASES = {("standard", "fp32"): 1e-4, ("ort", "fp16"): 2e-2}
 CAPACITY = 96
 
 
