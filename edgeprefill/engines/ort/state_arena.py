@@ -1,4 +1,4 @@
-"""The state layers' recurrent states (LFM2, Qwen3.5): one host buffer per state, slot first.
+"""The state layers' recurrent states (LFM2, Qwen3.5) on the CPU: one host buffer per state.
 
 Each state is `[slots, ...]`, shaped and typed as its graph input past the batch axis (a
 short convolution's last inputs, a Gated DeltaNet's conv inputs and its float32 recurrent
@@ -6,11 +6,8 @@ matrix). A step binds rows [first, first + rows) as the `past_*` input and a scr
 buffer of its own as the `present_*` output, then copies the scratch back into those rows
 (`store`): not in place like the KV, since the graph reads the old state while it computes
 the new one, and a few KB to a few MB per row cost little to copy next to a step. The
-buffers stay in host memory on every provider. On a GPU provider ONNX Runtime copies a
-bound host output back after each run, but a bound host input it copies to the device when
-it is bound (IOBinding::BindInput), not when the step runs: a cached binding would feed
-every later step the state of its first. So there the backend binds the past states again
-before each step (`bind_pasts`); on the CPU a bound input is the array itself.
+buffers are host memory, slot first, for the CPU provider; the GPU providers keep the same
+buffers in device memory (device_states.py says why).
 """
 
 from __future__ import annotations
@@ -34,17 +31,11 @@ class StateArena:
     def bind(self, binding: Any, first: int, rows: int) -> None:
         """Bind each past input to rows [first, first + rows) and its present output to
         the scratch rows [0, rows)."""
-        self.bind_pasts(binding, first, rows)
-        for (_, present), out in zip(self.pairs, self.scratch, strict=True):
-            new = out[:rows]
-            binding.bind_output(present, "cpu", 0, out.dtype, new.shape, new.ctypes.data)
-
-    def bind_pasts(self, binding: Any, first: int, rows: int) -> None:
-        """Bind each past input to rows [first, first + rows) again: where the graph runs on
-        a device this copies the slots' current states there."""
-        for (past, _), state in zip(self.pairs, self.arrays, strict=True):
-            view = state[first : first + rows]
+        for (past, present), state, out in zip(self.pairs, self.arrays, self.scratch,
+                                               strict=True):
+            view, new = state[first : first + rows], out[:rows]
             binding.bind_input(past, "cpu", 0, state.dtype, view.shape, view.ctypes.data)
+            binding.bind_output(present, "cpu", 0, out.dtype, new.shape, new.ctypes.data)
 
     def store(self, first: int, rows: int) -> None:
         """After a step: its rows' new states into their slots."""
