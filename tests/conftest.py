@@ -886,6 +886,20 @@ IMAGE_TEXT = {
                            "attn_resolutions": [], "codebook_size": 16, "embed_dim": 4,
                            "latent_channels": 4, "hidden_size": 8},
              "vocabulary_map": {"<image>": 120, "<|extra_200|>": 121}},
+    # Janus: its understanding tower, and an image generator (a VQ-VAE as small as its
+    # GroupNorms allow) projecting to the fixtures' hidden size
+    "janus": {"vision_config": {**TINY_VISION, "projection_dim": 64, "depth": 1},
+              "vq_config": {"embed_dim": 4, "num_embeddings": 16, "latent_channels": 4,
+                            "base_channels": 32, "channel_multiplier": [1],
+                            "num_res_blocks": 1, "projection_dim": 64,
+                            "image_token_embed_dim": 64, "num_hidden_layers": 1}},
+    **{name: {"vision_config": TINY_VISION, "insert_layer_id": 0}
+       for name in ("minicpm_ocr", "minicpmv4_6", "minicpmv4_7")},
+    # Ovis2's head is sized by the outer hidden_size and vocab_size: the language model's
+    "ovis2": {"vision_config": {**TINY_VISION, "vocab_size": 16}, "hidden_size": 64,
+              "vocab_size": VOCAB},
+    "qianfan_ocr": {"vision_config": {**TINY_VISION, "image_size": [28, 28],
+                                      "patch_size": [14, 14]}},
 }
 
 

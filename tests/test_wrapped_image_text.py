@@ -193,6 +193,10 @@ TIE_CASES = [({}, {}), ({"tie_word_embeddings": True}, {}), ({}, {"tie_word_embe
              ({"tie_word_embeddings": True}, {"tie_word_embeddings": False})]
 
 
+# Qwen3.5's 2 layers: one full-attention layer (its default puts the first at the fourth)
+LAYER_TYPES = {"qwen3_5_text": {"layer_types": ["linear_attention", "full_attention"]}}
+
+
 @pytest.mark.parametrize("outer", [*sorted(WRAPPERS), "glm4v", "shieldgemma2"])
 def test_each_wrapper_ties_as_its_config_class(outer):
     for text, top in TIE_CASES:
@@ -201,7 +205,8 @@ def test_each_wrapper_ties_as_its_config_class(outer):
         raw = {"model_type": outer, **top, "text_config": {
             "model_type": text_type, "hidden_size": 64, "intermediate_size": 96,
             "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-            "vocab_size": 128, "eos_token_id": 2, "bos_token_id": 1, **text}}
+            "vocab_size": 128, "eos_token_id": 2, "bos_token_id": 1,
+            **LAYER_TYPES.get(text_type, {}), **text}}
         hf = transformers.AutoConfig.for_model(**raw)
         assert ModelConfig.from_hf(raw).tie_embeddings is bool(hf.tie_word_embeddings), \
             (text, top)

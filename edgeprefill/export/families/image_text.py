@@ -322,4 +322,22 @@ WRAPPERS: dict[str, Wrapper] = {
     # VideoLLaMA 3: its Qwen2 beside a vision model and projector
     "video_llama_3": Wrapper("qwen2", tie=False, either_ties=True,
                              towers=("vision_model.", "projector.")),
+    # Janus / Janus-Pro: its Llama beside the understanding tower and the image generator
+    "janus": Wrapper("llama", tie=True, towers=(
+        "vision_model.", "aligner.", "vqmodel.", "generation_embeddings.",
+        "generation_aligner.", "generation_head.")),
+    # MiniCPM-V 4.6/4.7 and MiniCPM-OCR: a Qwen3.5 language model (text positions: plain
+    # 1-D ones, which Qwen3.5's text model makes of them)
+    **{name: Wrapper("qwen3_5_text", tie=tie, towers=("vision_tower.", "merger."))
+       for name, tie in (("minicpm_ocr", True), ("minicpmv4_6", False),
+                         ("minicpmv4_7", False))},
+    # Ovis2: its Qwen2 beside a visual tokenizer and its embedding table
+    "ovis2": Wrapper("qwen2", tie=True, towers=("vision_tower.", "visual_embeddings_table.")),
+    # Qianfan-OCR: InternVL's layout (the Hub's vision_model. and mlp1. beside
+    # language_model.model. and language_model.lm_head.) around a Qwen3. transformers 5.24
+    # loads it renaming the tower's `encoder.layers.` to `layers.` wherever they occur, so
+    # its saves hold the language model's layers as `language_model.model.encoder.layers.`.
+    "qianfan_ocr": Wrapper("qwen3", tie=False, towers=(
+        "vision_tower.", "multi_modal_projector.", "vision_model.", "mlp1."),
+        renames=(("language_model.model.encoder.layers.", "model.layers."),)),
 }
