@@ -326,6 +326,17 @@ def test_paddleocr_vls_flat_hub_config_reads_as_transformers_reads_it():
     assert ours.ropes["global"].theta == hf.text_config.rope_parameters["rope_theta"] == 5000
 
 
+def test_the_qwen3_omni_thinkers_experts_are_renormalized_unless_it_says_otherwise():
+    # Qwen3OmniMoeTextConfig's norm_topk_prob is true by default (Qwen3-MoE's is false)
+    text = {"hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,
+            "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 128,
+            "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32}
+    for keys in ({}, {"norm_topk_prob": False}):
+        raw = {"model_type": "qwen3_omni_moe_thinker", "text_config": {**text, **keys}}
+        hf = transformers.AutoConfig.for_model(**raw).text_config
+        assert ModelConfig.from_hf(raw).moe.norm_topk is hf.norm_topk_prob, keys
+
+
 # The image-text types of transformers 5.24 whose language model export cannot run
 REFUSED = [("minimax_m3_vl", "sparse attention"), ("mistral_large4", "sparse attention"),
            ("molmo2", "Molmo2's language model"), ("muse_glimmer", "normed embeddings"),
