@@ -337,6 +337,18 @@ def test_the_qwen3_omni_thinkers_experts_are_renormalized_unless_it_says_otherwi
         assert ModelConfig.from_hf(raw).moe.norm_topk is hf.norm_topk_prob, keys
 
 
+def test_nemotron_h_omnis_released_configs_hold_their_language_model_as_llm_config():
+    text = {"model_type": "nemotron_h", "hidden_size": 64, "intermediate_size": 96,
+            "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 128,
+            **FIXTURES["nemotron_h"]}
+    raw = {"model_type": "nemotron_h_omni", "llm_config": text,
+           **IMAGE_TEXT["nemotron_h_omni"]}
+    hf = transformers.AutoConfig.for_model(**raw).text_config
+    ours = ModelConfig.from_hf(raw)
+    assert ours == ModelConfig.from_hf({**raw, "llm_config": None, "text_config": text})
+    assert (ours.hidden_size, ours.vocab_size) == (hf.hidden_size, hf.vocab_size)
+
+
 # The image-text types of transformers 5.24 whose language model export cannot run
 REFUSED = [("minimax_m3_vl", "sparse attention"), ("mistral_large4", "sparse attention"),
            ("molmo2", "Molmo2's language model"), ("muse_glimmer", "normed embeddings"),

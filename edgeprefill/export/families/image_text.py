@@ -258,7 +258,8 @@ def _nemotron_h_omni_text(raw: dict[str, Any]) -> dict[str, Any]:
     inner = raw.get("text_config")
     inner = raw["llm_config"] if inner is None and "llm_config" in raw else inner
     if not isinstance(inner, dict):
-        raise ValueError("text_config must be an object")
+        got = "null" if inner is None else type(inner).__name__
+        raise ValueError(f"text_config must be an object, got {got}")
     return {**inner, "tie_word_embeddings": False}
 
 
