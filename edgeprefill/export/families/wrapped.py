@@ -38,6 +38,8 @@ class Wrapper:
     towers: tuple[str, ...] = ("vision_tower.", "multi_modal_projector.")
     # The language models it may hold (empty: any text family export can wrap)
     text_types: tuple[str, ...] = ()
+    # (prefix, replacement) renames of its own, tried before the layouts' above
+    renames: tuple[tuple[str, str], ...] = ()
 
 
 def wrappable(spec: FamilySpec) -> bool:
@@ -55,7 +57,7 @@ def wrapped_spec(wrapper: Wrapper, text: FamilySpec) -> FamilySpec:
     lm = wrapper.lm
     return replace(
         text, nested="text_config", unnest=partial(_text_config, wrapper, text.tie_default),
-        renames=((f"model.{lm}.", "model."), (f"{lm}.model.", "model."),
+        renames=(*wrapper.renames, (f"model.{lm}.", "model."), (f"{lm}.model.", "model."),
                  (f"{lm}.lm_head.", "lm_head.")),
         left_out=tuple(prefix for tower in wrapper.towers
                        for prefix in (f"model.{tower}", tower)),
