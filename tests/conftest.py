@@ -482,6 +482,11 @@ FAMILIES: dict[str, dict] = {
                  "n_group": 3, "topk_group": 2, "num_experts_per_tok": 3,
                  "moe_intermediate_size": 32, "n_shared_experts": 1,
                  "routed_scaling_factor": 2.5, "norm_topk_prob": True},
+    # Sarvam-MoE: GLM-4.5's (whole heads rotated), saved in the remote code's names
+    "sarvam_moe": {"num_hidden_layers": 3, "first_k_dense_replace": 1, "head_dim": 32,
+                   "attention_bias": True, "n_routed_experts": 12, "n_group": 3,
+                   "topk_group": 2, "num_experts_per_tok": 3, "moe_intermediate_size": 32,
+                   "n_shared_experts": 1, "routed_scaling_factor": 2.5},
     # GLM-4.5V's language model (its vision tower beside it): GLM-4.5's without q/k norms,
     # M-RoPE sections of the rotary half of each head
     "glm4v_moe": {"num_hidden_layers": 3, "first_k_dense_replace": 1, "head_dim": 32,

@@ -105,7 +105,8 @@ def export(hf_dir: str | Path, out_dir: str | Path, options: ExportOptions) -> M
     with staged(out_dir, options.overwrite) as stage:  # swapped in only when complete
         ckpt = Checkpoint(hf_dir, cfg.renames + cfg.spec.renames,
                           cfg.spec.left_out + cfg.left_out, cfg.fp8,
-                          transposed=cfg.spec.transposed, int4=cfg.int4)
+                          transposed=cfg.spec.transposed, int4=cfg.int4,
+                          segments=cfg.spec.segment_renames)
         flavor = flavor_class(options.flavor)(cfg, DTYPES[options.dtype], max_context)
         g = DecoderBuilder(cfg, ckpt, flavor, options.quant).build()
         initializers = write_external_data(g.weights, stage / DATA_FILE, options.show_progress)

@@ -267,6 +267,38 @@ GLM4_MOE = FamilySpec(
               "num_experts_per_tok": 8, "moe_intermediate_size": 1408,
               "first_k_dense_replace": 1, "num_nextn_predict_layers": 1},
 )
+
+
+def _sarvam_moe_config(raw: dict[str, Any]) -> dict[str, Any]:
+    """SarvamMoEConfig: GLM-4.5's config read from the remote code's keys too (its
+    attribute_map: num_experts, num_shared_experts, use_qkv_bias)."""
+    for old, new in (("num_experts", "n_routed_experts"),
+                     ("num_shared_experts", "n_shared_experts"),
+                     ("use_qkv_bias", "attention_bias")):
+        if old in raw:
+            raw = {**raw, new: raw[old]}
+    return shared_experts("n_shared_experts")(raw)
+
+
+# Sarvam-MoE (sarvam-30b): GLM-4.5's model (transformers builds Glm4MoeForCausalLM) rotating
+# whole heads, its checkpoint in the remote code's names, which transformers renames on
+# load as these do: the fused q|k|v split by rows, `.attention.dense` the o projection.
+SARVAM_MOE = replace(
+    GLM4_MOE, legacy=_sarvam_moe_config,
+    names=replace(LLAMA_NAMES, qkv="self_attn.query_key_value"),
+    renames=(("model.word_embeddings.", "model.embed_tokens."),),
+    segment_renames=((".attention.", ".self_attn."), (".self_attn.dense.", ".self_attn.o_proj."),
+                     (".self_attn.query_layernorm.", ".self_attn.q_norm."),
+                     (".self_attn.key_layernorm.", ".self_attn.k_norm."),
+                     (".mlp.gate.expert_bias", ".mlp.gate.e_score_correction_bias")),
+    defaults={**GLM4_MOE.defaults, "partial_rotary_factor": 1.0, "rope_theta": 8_000_000.0,
+              "vocab_size": 262144, "hidden_size": 4096, "intermediate_size": 8192,
+              "num_hidden_layers": 19, "num_attention_heads": 64, "num_key_value_heads": 4,
+              "head_dim": 64, "rms_norm_eps": 1e-6, "moe_intermediate_size": 1024,
+              "num_experts_per_tok": 6, "routed_scaling_factor": 2.5, "use_qk_norm": True,
+              "num_nextn_predict_layers": 0},
+    quirks=("the remote code's tensor names (fused q|k|v)",),
+)
 # dots.llm1: Qwen3's attention (per-head q/k RMSNorm; a window on the layers from
 # max_window_layers where the config has one), DeepSeek-V3's experts.
 DOTS1 = FamilySpec(
@@ -593,6 +625,7 @@ FAMILIES: dict[str, FamilySpec] = {
     ),
     "gpt_oss": GPT_OSS,
     "glm4_moe": GLM4_MOE,
+    "sarvam_moe": SARVAM_MOE,
     "dots1": DOTS1,
     "exaone_moe": EXAONE_MOE,
     "solar_open": SOLAR_OPEN,

@@ -272,6 +272,10 @@ class FamilySpec:
     # and the prefixes of the tensors export leaves out (vision tower, projector).
     renames: tuple[tuple[str, str], ...] = ()
     left_out: tuple[str, ...] = ()
+    # Renames inside a name, as transformers' own for the family (Sarvam-MoE's remote-code
+    # names: `.attention.query_key_value.` read as `.self_attn.query_key_value.`): (stored,
+    # read as) pairs, each in turn replacing every occurrence, after the prefix renames.
+    segment_renames: tuple[tuple[str, str], ...] = ()
     # Where `nested` and `outer` cannot say how the config class finds its language
     # model's keys: config.json -> those keys (Qwen2-VL: flat Hub configs, either tying).
     unnest: Callable[[dict[str, Any]], dict[str, Any]] | None = None
