@@ -27,6 +27,7 @@ from edgeprefill.export.config_checks import (
     config_value,
     positive_number,
 )
+from edgeprefill.export.context_cap import ContextCap
 from edgeprefill.export.experts import MoeConfig, read_moe
 from edgeprefill.export.families import (
     BLOCKS,
@@ -208,9 +209,9 @@ class ModelConfig:
     logits_divisor: float = 1.0  # divides the logits (Granite)
     logits_multiplier: float = 1.0  # multiplies the logits (Cohere's logit_scale)
     query_scale: QueryScale | None = None  # a per-position factor of q (Ministral 3)
-    # Llama 4's attention_chunk_size where some layers attend within chunks: the longest
-    # context export supports (within one chunk they are causal); None: no such layers.
-    attention_chunk: int | None = None
+    # The longest context export supports where shorter than max_positions, and why
+    # (export/context_cap.py: Llama 4's attention chunk, PhiMoE's longrope window)
+    context_cap: ContextCap | None = None
     lm_head_bias: bool = False  # the LM head has a bias (FamilySpec.lm_head_bias or its key)
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
@@ -437,9 +438,9 @@ class ModelConfig:
         if local:
             out.append(f"sliding window {self.sliding_window} on {local} of {self.num_layers} "
                        "layers")
-        if self.attention_chunk is not None:
-            out.append(f"chunked attention (chunks of {self.attention_chunk}): the context is "
-                       "capped at one chunk")
+        if self.context_cap is not None:
+            out.append(f"the context is capped at {self.context_cap.tokens} tokens, "
+                       f"{self.context_cap.reason}")
         own = {(self.layer_kv_heads(i), self.layer_head_dim(i)) for i, layer in
                enumerate(self.layers) if layer.head_dim or layer.kv_heads}
         for heads, dim in sorted(own):
@@ -575,7 +576,7 @@ def _read(family: str, spec: FamilySpec, raw: dict[str, Any],
         logits_multiplier=float(raw.get("logit_scale", 1.0)),
         query_scale=read_query_scale(family, raw, ropes[GLOBAL]) if spec.query_scale else
         read_temperature_tuning(raw) if spec.temperature_tuning else None,
-        attention_chunk=_attention_chunk(raw, spec),
+        context_cap=spec.context_cap(raw) if spec.context_cap is not None else None,
         lm_head_bias=spec.lm_head_bias or bool(spec.lm_head_bias_key
                                                  and raw.get(spec.lm_head_bias_key)),
         bos_token_id=_first_id(raw.get("bos_token_id")),
@@ -865,16 +866,6 @@ def _layers(raw: dict[str, Any], spec: FamilySpec) -> tuple[LayerAttention, ...]
         for i, (slide, rope) in enumerate(zip(slides, ropes, strict=True))
     )
     return layer_heads(raw, layers) if spec.per_layer_heads else layers
-
-
-def _attention_chunk(raw: dict[str, Any], spec: FamilySpec) -> int | None:
-    """Llama 4's chunk size where some layer attends within chunks (None: none does)."""
-    if not spec.chunked_attention or "chunked_attention" not in (raw.get("layer_types") or ()):
-        return None
-    chunk = int(raw["attention_chunk_size"])
-    if chunk < 1:
-        raise ExportError(f"attention_chunk_size must be at least 1, got {chunk}")
-    return chunk
 
 
 def _rope_layers(raw: dict[str, Any], count: int) -> list[bool]:

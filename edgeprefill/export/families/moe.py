@@ -9,6 +9,11 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
+from edgeprefill.export.context_cap import (
+    attention_chunk_cap,
+    longrope_window,
+    longrope_window_cap,
+)
 from edgeprefill.export.experts import (
     MoeNames,
     MoeSpec,
@@ -432,7 +437,8 @@ LLAMA4_TEXT = FamilySpec(
     names=replace(LLAMA_NAMES, gate="feed_forward.gate_proj", up="feed_forward.up_proj",
                   down="feed_forward.down_proj"),
     **ATTENTION_BIAS, rope_interleaved=True, qk_norm="l2", qk_norm_key="use_qk_norm",
-    temperature_tuning=True, chunked_attention=True, legacy=_llama4_text_config,
+    temperature_tuning=True, chunked_attention=True, context_cap=attention_chunk_cap,
+    legacy=_llama4_text_config,
     moe=MoeSpec(names=MoeNames(router=("feed_forward.router.weight",),
                                expert="feed_forward.experts.{j}.",
                                fused_gate_up=("feed_forward.experts.gate_up_proj",),
@@ -459,16 +465,15 @@ def _phimoe_config(raw: dict[str, Any]) -> dict[str, Any]:
     longrope turns by the short factors, cos and sin times short_mscale while a forward
     call's positions stay within original_max_position_embeddings and times long_mscale
     past it (the keys cached by earlier calls keeping theirs), which a bundle cannot
-    follow: read as the short factors times short_mscale, the context capped there."""
+    follow: read as the short factors times short_mscale, the context capped at the
+    window (longrope_window_cap)."""
     raw = {**raw, "num_experts_per_tok": 2}
     key = "rope_scaling" if raw.get("rope_scaling") else "rope_parameters"
     params = raw.get(key) or {}
     if params.get("rope_type", params.get("type")) != "longrope":
         return raw
-    original = int(raw.get("original_max_position_embeddings")
-                   or params["original_max_position_embeddings"])
-    return {**raw, key: {**params, "attention_factor": float(params["short_mscale"])},
-            "max_position_embeddings": min(int(raw["max_position_embeddings"]), original)}
+    longrope_window(raw, params)  # a KeyError names the missing key
+    return {**raw, key: {**params, "attention_factor": float(params["short_mscale"])}}
 
 
 # PhiMoE (Phi-3.5-MoE): Mixtral's layout with LayerNorms (with biases), q/k/v/o biases by
@@ -476,7 +481,7 @@ def _phimoe_config(raw: dict[str, Any]) -> dict[str, Any]:
 # the Hub's block_sparse_moe (w1, w3, w2), or transformers 5's fused mlp.experts.
 PHIMOE = FamilySpec(
     norm="layer", **ATTENTION_BIAS, lm_head_bias_key="lm_head_bias", window="always",
-    legacy=_phimoe_config,
+    legacy=_phimoe_config, context_cap=longrope_window_cap,
     moe=MoeSpec(names=MoeNames(router=("block_sparse_moe.gate.weight", "mlp.router.weight"),
                                expert="block_sparse_moe.experts.{j}.", gate="w1", up="w3",
                                down="w2"),
@@ -489,8 +494,7 @@ PHIMOE = FamilySpec(
               "rope_theta": 1_000_000.0, "num_local_experts": 16,
               "router_jitter_noise": 0.01},
     quirks=("LayerNorm with biases", "sparsemixer routing (top 2)",
-            "longrope read as its short factors and short_mscale: the context is capped at "
-            "original_max_position_embeddings"),
+            "longrope read as its short factors and short_mscale"),
 )
 
 def _hunyuan_moe_config(raw: dict[str, Any]) -> dict[str, Any]:

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from edgeprefill.export.config_checks import check_objects, check_sizes
+from edgeprefill.export.context_cap import ContextCap
 from edgeprefill.export.experts import (
     MoeSpec,
 )
@@ -216,8 +217,12 @@ class FamilySpec:
     temperature_tuning: bool = False
     # Whether `layer_types` may name "chunked_attention" layers (Llama 4's rope layers: a
     # token attends within its attention_chunk_size block only). Within the first block
-    # that is causal attention: export caps the bundle's context there.
+    # that is causal attention: export caps the bundle's context there (context_cap).
     chunked_attention: bool = False
+    # The longest context a bundle computes as the model does, where shorter than its
+    # positions, with the reason (export/context_cap.py: Llama 4's chunk, PhiMoE's longrope
+    # window): config.json as read -> the cap, or None.
+    context_cap: Callable[[dict[str, Any]], ContextCap | None] | None = None
     # Whether `layer_types` may name "conv" layers: LFM2's gated short convolutions, which
     # hold no KV but a recurrent state (export/short_conv.py).
     conv: bool = False
