@@ -304,6 +304,66 @@ SARVAM_MOE = replace(
               "num_nextn_predict_layers": 0},
     quirks=("the remote code's tensor names (fused q|k|v)",),
 )
+# MiMo-V2-Flash's rope per layer type, as MiMoV2FlashConfig fills it in
+MIMO_ROPES = {"full_attention": {"rope_type": "default", "rope_theta": 5_000_000.0,
+                                 "partial_rotary_factor": 0.334},
+              "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0,
+                                    "partial_rotary_factor": 0.334}}
+
+
+def _mimo_v2_flash_config(raw: dict[str, Any]) -> dict[str, Any]:
+    """MiMoV2FlashConfig: full attention on layer 0 and every 6th, sliding elsewhere;
+    experts on all but the first (mlp_layer_types); a rope per layer type rotating its
+    partial_rotary_factor (0.334 where absent) of each head, export's one factor where
+    both agree; a null routed_scaling_factor is 1; the remote code's sliding_window_size
+    excludes the query."""
+    count = int(raw["num_hidden_layers"])
+    types = raw.get("layer_types") or [
+        "full_attention" if i == 0 or not (i + 1) % 6 else "sliding_attention"
+        for i in range(count)]
+    ropes = raw.get("rope_parameters") or MIMO_ROPES
+    factors = {kind: params.get("partial_rotary_factor", 0.334)
+               for kind, params in ropes.items() if isinstance(params, dict)}
+    raw = {**raw, "layer_types": types, "rope_parameters": ropes,
+           "mlp_layer_types": raw.get("mlp_layer_types") or ["dense"] + ["sparse"] * (count - 1),
+           "routed_scaling_factor": raw.get("routed_scaling_factor") or 1.0,
+           "partial_rotary_factor": factors.get("full_attention", 0.334)}
+    if raw.get("sliding_window_size") is not None:
+        raw["sliding_window"] = int(raw["sliding_window_size"]) + 1
+    return raw
+
+
+def _mimo_unsupported(raw: dict[str, Any]) -> str | None:
+    factors = {kind: params.get("partial_rotary_factor", 0.334)
+               for kind, params in raw["rope_parameters"].items() if isinstance(params, dict)}
+    if len(set(factors.values())) > 1:
+        return (f"a partial_rotary_factor per layer type ({factors}) is not supported; "
+                "export rotates one share of each head")
+    return None
+
+
+# MiMo-V2-Flash: Qwen2's attention (q/k/v biases by attention_bias, no o bias) with value
+# heads of their own size (v_head_dim, padded to head_dim in the cache) times
+# attention_value_scale; sliding layers with twice the KV heads and attention sinks, full
+# ones without; partial rotary with a base per layer type; DeepSeek-V3's experts without
+# a shared expert on the `sparse` layers of mlp_layer_types. Its multi-token-prediction
+# layers (model.mtp.) are not the causal LM's: left out, as transformers does.
+MIMO_V2_FLASH = FamilySpec(
+    **ATTENTION_BIAS, names=replace(LLAMA_NAMES, sinks="self_attn.attention_sink_bias"),
+    partial_rotary=True, window="always", sinks=True,
+    sliding_sinks_only=True, sliding_kv_factor=2, v_head_dim_key="v_head_dim",
+    value_scale_key="attention_value_scale", legacy=_mimo_v2_flash_config,
+    refuse=_mimo_unsupported, left_out=("model.mtp.",),
+    moe=replace(DEEPSEEK_MOE, layers=sparse_mlp_layers),
+    defaults={**DEEPSEEK_MOE_DEFAULTS, "vocab_size": 152576, "hidden_size": 4096,
+              "intermediate_size": 16384, "num_hidden_layers": 48,
+              "num_attention_heads": 64, "num_key_value_heads": 4, "head_dim": 192,
+              "v_head_dim": 128, "max_position_embeddings": 131072, "rms_norm_eps": 1e-5,
+              "moe_intermediate_size": 2048, "num_experts_per_tok": 8,
+              "n_routed_experts": 256, "sliding_window": 129,
+              "attention_value_scale": 0.707},
+    quirks=("attention sinks on the sliding layers", "a rope per layer type"),
+)
 # dots.llm1: Qwen3's attention (per-head q/k RMSNorm; a window on the layers from
 # max_window_layers where the config has one), DeepSeek-V3's experts.
 DOTS1 = FamilySpec(
@@ -630,6 +690,7 @@ FAMILIES: dict[str, FamilySpec] = {
     "gpt_oss": GPT_OSS,
     "glm4_moe": GLM4_MOE,
     "sarvam_moe": SARVAM_MOE,
+    "mimo_v2_flash": MIMO_V2_FLASH,
     "dots1": DOTS1,
     "exaone_moe": EXAONE_MOE,
     "solar_open": SOLAR_OPEN,

@@ -319,6 +319,16 @@ class FamilySpec:
     # Attention sinks (gpt-oss): a learned logit per query head (names.sinks) joins each
     # query's softmax denominator, and its share of the weight attends to nothing.
     sinks: bool = False
+    # Whether only the sliding layers have sinks (MiMo-V2-Flash's full layers have none).
+    sliding_sinks_only: bool = False
+    # MiMo-V2-Flash's sliding layers hold this many times num_key_value_heads (2); the
+    # full layers num_key_value_heads.
+    sliding_kv_factor: int = 1
+    # The key of a value head size of its own (MiMo-V2-Flash's v_head_dim, below head_dim:
+    # padded to it in the graph, export/value_heads.py), and of a factor each value is
+    # multiplied by (its attention_value_scale); None: head_dim, and no factor.
+    v_head_dim_key: str | None = None
+    value_scale_key: str | None = None
     # Multi-head latent attention (DeepSeek-V2's MLA, export/latent_attention.py): the
     # cache holds each token's latent and rotated key part, one KV head of
     # qk_rope_head_dim + kv_lora_rank.
