@@ -482,9 +482,10 @@ FAMILIES: dict[str, dict] = {
                  "n_group": 3, "topk_group": 2, "num_experts_per_tok": 3,
                  "moe_intermediate_size": 32, "n_shared_experts": 1,
                  "routed_scaling_factor": 2.5, "norm_topk_prob": True},
-    # Sarvam-MoE: GLM-4.5's (whole heads rotated), saved in the remote code's names
+    # Sarvam-MoE: GLM-4.5's (whole heads rotated), saved in the remote code's names; 4
+    # groups of 3 experts, the best 2 (with 3 groups a chunk's tokens chose one set)
     "sarvam_moe": {"num_hidden_layers": 3, "first_k_dense_replace": 1, "head_dim": 32,
-                   "attention_bias": True, "n_routed_experts": 12, "n_group": 3,
+                   "attention_bias": True, "n_routed_experts": 12, "n_group": 4,
                    "topk_group": 2, "num_experts_per_tok": 3, "moe_intermediate_size": 32,
                    "n_shared_experts": 1, "routed_scaling_factor": 2.5},
     # MiMo-V2-Flash: a full layer, then two sliding ones (window 8) with twice its KV heads
