@@ -482,6 +482,24 @@ FAMILIES: dict[str, dict] = {
                  "n_group": 3, "topk_group": 2, "num_experts_per_tok": 3,
                  "moe_intermediate_size": 32, "n_shared_experts": 1,
                  "routed_scaling_factor": 2.5, "norm_topk_prob": True},
+    # Sarvam-MoE: GLM-4.5's (whole heads rotated), saved in the remote code's names; 4
+    # groups of 3 experts, the best 2 (with 3 groups a chunk's tokens chose one set)
+    "sarvam_moe": {"num_hidden_layers": 3, "first_k_dense_replace": 1, "head_dim": 32,
+                   "attention_bias": True, "n_routed_experts": 12, "n_group": 4,
+                   "topk_group": 2, "num_experts_per_tok": 3, "moe_intermediate_size": 32,
+                   "n_shared_experts": 1, "routed_scaling_factor": 2.5},
+    # MiMo-V2-Flash: a full layer, then two sliding ones (window 8) with twice its KV heads
+    # and sinks; value heads of 16 beside q/k heads of 32; experts (the best group of 2)
+    # after a dense first layer
+    "mimo_v2_flash": {"num_hidden_layers": 3, "num_key_value_heads": 1, "head_dim": 32,
+                      "v_head_dim": 16, "sliding_window": 8, "n_routed_experts": 8,
+                      "n_group": 2, "topk_group": 1, "num_experts_per_tok": 2,
+                      "moe_intermediate_size": 32, "routed_scaling_factor": 2.5,
+                      "rope_parameters": {  # a half of each head: the ort flavour's 16
+                          "full_attention": {"rope_type": "default", "rope_theta": 5e6,
+                                             "partial_rotary_factor": 0.5},
+                          "sliding_attention": {"rope_type": "default", "rope_theta": 100.0,
+                                                "partial_rotary_factor": 0.5}}},
     # GLM-4.5V's language model (its vision tower beside it): GLM-4.5's without q/k norms,
     # M-RoPE sections of the rotary half of each head
     "glm4v_moe": {"num_hidden_layers": 3, "first_k_dense_replace": 1, "head_dim": 32,

@@ -56,6 +56,7 @@ from edgeprefill.export.short_conv import ShortConv
 from edgeprefill.export.sinusoids import ctrl_sinusoids, xglm_sinusoids
 from edgeprefill.export.sparse_gate import sparse_gate
 from edgeprefill.export.tokens import PackedTokens, PaddedTokens
+from edgeprefill.export.value_heads import cut_values, pad_values
 from edgeprefill.export.weights import GraphWeights
 from edgeprefill.export.xielu import xielu
 
@@ -409,10 +410,13 @@ class DecoderBuilder:
         names = kv_names(i)
         past = (names.past_key, names.past_value)
         present = (names.present_key, names.present_value)
-        sink = self._sinks(p, cfg) if cfg.spec.sinks else None
+        has_sinks = cfg.spec.sinks and (layer.window or not cfg.spec.sliding_sinks_only)
+        sink = self._sinks(p, cfg) if has_sinks else None
         attn = self._flavor_for(cfg).attention(self.g, q, k, v, past, present, step, layer,
                                                sink)
         attn = self.tokens.gather(attn, cfg.num_heads * cfg.head_dim)
+        if cfg.v_head_dim is not None:  # MiMo-V2-Flash: each head's values, unpadded
+            attn = cut_values(self.g, attn, cfg.num_heads, cfg.v_head_dim, cfg.head_dim)
         if cfg.head_gate:
             attn = self._head_gated(p, h, attn, cfg)
         attn = rows(attn)
@@ -490,8 +494,9 @@ class DecoderBuilder:
             qkv = g.op("Clip", [qkv, g.const(-bound, self.dtype), g.const(bound, self.dtype)])
         l2_norm = cfg.qk_norm == "l2" and layer.rope is not None  # Llama 4: rope layers
         q_scale = self._layer_query_scale(layer)
+        own_values = cfg.v_head_dim is not None or cfg.value_scale != 1.0
         if self.flavor.packed_qkv and cfg.qk_norm in (None, "l2") and not l2_norm \
-                and q_scale is None and not cfg.attn_gate and not k_is_v:
+                and q_scale is None and not cfg.attn_gate and not k_is_v and not own_values:
             return [qkv, None, None, None]
         q_size, kv_size = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
         gate = None
@@ -502,7 +507,10 @@ class DecoderBuilder:
             q, k = g.op("Split", [qkv, g.const([q_size, kv_size])], 2, axis=-1)
             v = k  # the keys' projection, before their norm and rotary
         else:
-            q, k, v = g.op("Split", [qkv, g.const([q_size, kv_size, kv_size])], 3, axis=-1)
+            v_size = cfg.num_kv_heads * (cfg.v_head_dim or cfg.head_dim)
+            q, k, v = g.op("Split", [qkv, g.const([q_size, kv_size, v_size])], 3, axis=-1)
+        if own_values:  # MiMo-V2-Flash
+            v = self._own_values(v, cfg)
         if cfg.spec.v_norm:  # Gemma 4: per head, without weight
             ones = g.const(np.ones(cfg.head_dim), self.dtype)
             per_head = g.op("Reshape", [v, g.const([0, 0, cfg.num_kv_heads, cfg.head_dim])])
@@ -543,13 +551,24 @@ class DecoderBuilder:
         return (self._head_norm(q, cfg.num_heads, p + n.q_norm),
                 self._head_norm(k, cfg.num_kv_heads, p + n.k_norm))
 
+    def _own_values(self, v: str, cfg: ModelConfig) -> str:
+        """MiMo-V2-Flash's values: times attention_value_scale, each head padded from
+        v_head_dim to head_dim for the cache (export/value_heads.py)."""
+        if cfg.value_scale != 1.0:
+            v = self.g.op("Mul", [v, self.g.const(cfg.value_scale, self.dtype)])
+        if cfg.v_head_dim is None:
+            return v
+        return pad_values(self.g, v, cfg.num_kv_heads, cfg.v_head_dim, cfg.head_dim)
+
     def _check_qkv_shapes(self, weights: list[str], cfg: ModelConfig) -> None:
         """A checkpoint that disagrees with its config.json fails here, in one line, not
         as a reshape error inside ONNX Runtime."""
         q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+        v = cfg.num_kv_heads * (cfg.v_head_dim or cfg.head_dim)
         q *= 2 if cfg.attn_gate else 1  # each head's query and its output gate
-        expected = [(q + 2 * kv, cfg.hidden_size)] if len(weights) == 1 else [
-            (q, cfg.hidden_size), *[(kv, cfg.hidden_size)] * (len(weights) - 1)]
+        expected = [(q + kv + v, cfg.hidden_size)] if len(weights) == 1 else [
+            (q, cfg.hidden_size), *[(kv, cfg.hidden_size)] * (len(weights) - 2),
+            (v if len(weights) == 3 else kv, cfg.hidden_size)]
         for name, shape in zip(weights, expected, strict=True):
             if self.w.shape(name) != shape:
                 raise ExportError(

@@ -27,6 +27,7 @@ from edgeprefill.export.config_checks import (
     config_value,
     positive_number,
 )
+from edgeprefill.export.context_cap import ContextCap
 from edgeprefill.export.experts import MoeConfig, read_moe
 from edgeprefill.export.families import (
     BLOCKS,
@@ -208,9 +209,9 @@ class ModelConfig:
     logits_divisor: float = 1.0  # divides the logits (Granite)
     logits_multiplier: float = 1.0  # multiplies the logits (Cohere's logit_scale)
     query_scale: QueryScale | None = None  # a per-position factor of q (Ministral 3)
-    # Llama 4's attention_chunk_size where some layers attend within chunks: the longest
-    # context export supports (within one chunk they are causal); None: no such layers.
-    attention_chunk: int | None = None
+    # The longest context export supports where shorter than max_positions, and why
+    # (export/context_cap.py: Llama 4's attention chunk, PhiMoE's longrope window)
+    context_cap: ContextCap | None = None
     lm_head_bias: bool = False  # the LM head has a bias (FamilySpec.lm_head_bias or its key)
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
@@ -263,6 +264,10 @@ class ModelConfig:
     shared_kv: dict[int, int] = field(default_factory=dict)
     # Gemma 4: full-attention layers whose values are their keys' projection (no v_proj).
     k_eq_v: bool = False
+    # MiMo-V2-Flash: value heads of v_head_dim (None: head_dim), padded to head_dim in the
+    # graph (export/value_heads.py), and each value times value_scale.
+    v_head_dim: int | None = None
+    value_scale: float = 1.0
     # Gemma 4's per-layer inputs (PLE): each layer's `per_layer_input`-wide slice of a second
     # embedding, mixed with a projection of the main one; 0: none.
     per_layer_input: int = 0
@@ -437,13 +442,16 @@ class ModelConfig:
         if local:
             out.append(f"sliding window {self.sliding_window} on {local} of {self.num_layers} "
                        "layers")
-        if self.attention_chunk is not None:
-            out.append(f"chunked attention (chunks of {self.attention_chunk}): the context is "
-                       "capped at one chunk")
-        own = {(self.layer_kv_heads(i), self.layer_head_dim(i)) for i, layer in
-               enumerate(self.layers) if layer.head_dim or layer.kv_heads}
-        for heads, dim in sorted(own):
-            out.append(f"full-attention layers: {heads} KV heads of {dim}")
+        if self.context_cap is not None:
+            out.append(f"the context is capped at {self.context_cap.tokens} tokens, "
+                       f"{self.context_cap.reason}")
+        own = {("sliding" if layer.window else "full-attention", self.layer_kv_heads(i),
+                self.layer_head_dim(i)) for i, layer in enumerate(self.layers)
+               if layer.head_dim or layer.kv_heads}
+        for kind, heads, dim in sorted(own):
+            out.append(f"{kind} layers: {heads} KV heads of {dim}")
+        if self.v_head_dim is not None:
+            out.append(f"value heads of {self.v_head_dim}, cached padded to {self.head_dim}")
         if self.shared_kv:
             out.append(f"the last {len(self.shared_kv)} of {self.num_layers} layers read an "
                        "earlier layer's KV (no cache of their own)")
@@ -575,7 +583,7 @@ def _read(family: str, spec: FamilySpec, raw: dict[str, Any],
         logits_multiplier=float(raw.get("logit_scale", 1.0)),
         query_scale=read_query_scale(family, raw, ropes[GLOBAL]) if spec.query_scale else
         read_temperature_tuning(raw) if spec.temperature_tuning else None,
-        attention_chunk=_attention_chunk(raw, spec),
+        context_cap=spec.context_cap(raw) if spec.context_cap is not None else None,
         lm_head_bias=spec.lm_head_bias or bool(spec.lm_head_bias_key
                                                  and raw.get(spec.lm_head_bias_key)),
         bos_token_id=_first_id(raw.get("bos_token_id")),
@@ -594,6 +602,8 @@ def _read(family: str, spec: FamilySpec, raw: dict[str, Any],
         attn_gate=spec.attn_gate,
         clip_qkv=_optional_float(raw.get("clip_qkv")) if spec.clip_qkv else None,
         head_gate=bool(raw.get(spec.head_gate_key)) if spec.head_gate_key else False,
+        v_head_dim=_v_head_dim(raw, spec, head_dim),
+        value_scale=_value_scale(raw, spec),
         **gemma4_fields(raw) if spec.per_layer_heads or spec.altup else {},
         moe=read_moe(raw, spec.moe) if spec.moe is not None else None,
         latent=latent,
@@ -831,6 +841,22 @@ def _selective(raw: dict[str, Any]) -> SelectiveShape:
         heads=int(raw.get("mamba_heads_per_layer") or 0))
 
 
+def _v_head_dim(raw: dict[str, Any], spec: FamilySpec, head_dim: int) -> int | None:
+    """MiMo-V2-Flash's value head size where it differs from head_dim (None: the same)."""
+    if spec.v_head_dim_key is None or raw.get(spec.v_head_dim_key) is None:
+        return None
+    v_dim = int(raw[spec.v_head_dim_key])
+    if not 0 < v_dim <= head_dim:
+        raise ExportError(f"{spec.v_head_dim_key} ({v_dim}) must be 1 to head_dim ({head_dim})")
+    return None if v_dim == head_dim else v_dim
+
+
+def _value_scale(raw: dict[str, Any], spec: FamilySpec) -> float:
+    if spec.value_scale_key is None or raw.get(spec.value_scale_key) is None:
+        return 1.0
+    return float(raw[spec.value_scale_key])
+
+
 def _layers(raw: dict[str, Any], spec: FamilySpec) -> tuple[LayerAttention, ...]:
     count = int(raw["num_hidden_layers"])
     window = _sliding_window(raw, spec.window)
@@ -859,22 +885,15 @@ def _layers(raw: dict[str, Any], spec: FamilySpec) -> tuple[LayerAttention, ...]
     # Sliding layers use the LOCAL rope, which equals GLOBAL unless the config gives local
     # layers their own (Gemma 3); flavours emit one table per distinct rope.
     inverse = spec.inverse_layer_scale_key is not None and raw.get(spec.inverse_layer_scale_key)
+    # MiMo-V2-Flash's sliding layers: sliding_kv_factor times the KV heads
+    sliding_kv = int(raw["num_key_value_heads"]) * spec.sliding_kv_factor \
+        if spec.sliding_kv_factor != 1 else None
     layers = tuple(
         LayerAttention(window if slide else None, (LOCAL if slide else GLOBAL) if rope else None,
-                       1.0 / (i + 1) if inverse else 1.0)
+                       1.0 / (i + 1) if inverse else 1.0, kv_heads=sliding_kv if slide else None)
         for i, (slide, rope) in enumerate(zip(slides, ropes, strict=True))
     )
     return layer_heads(raw, layers) if spec.per_layer_heads else layers
-
-
-def _attention_chunk(raw: dict[str, Any], spec: FamilySpec) -> int | None:
-    """Llama 4's chunk size where some layer attends within chunks (None: none does)."""
-    if not spec.chunked_attention or "chunked_attention" not in (raw.get("layer_types") or ()):
-        return None
-    chunk = int(raw["attention_chunk_size"])
-    if chunk < 1:
-        raise ExportError(f"attention_chunk_size must be at least 1, got {chunk}")
-    return chunk
 
 
 def _rope_layers(raw: dict[str, Any], count: int) -> list[bool]:

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from edgeprefill.export.config_checks import check_objects, check_sizes
+from edgeprefill.export.context_cap import ContextCap
 from edgeprefill.export.experts import (
     MoeSpec,
 )
@@ -216,8 +217,12 @@ class FamilySpec:
     temperature_tuning: bool = False
     # Whether `layer_types` may name "chunked_attention" layers (Llama 4's rope layers: a
     # token attends within its attention_chunk_size block only). Within the first block
-    # that is causal attention: export caps the bundle's context there.
+    # that is causal attention: export caps the bundle's context there (context_cap).
     chunked_attention: bool = False
+    # The longest context a bundle computes as the model does, where shorter than its
+    # positions, with the reason (export/context_cap.py: Llama 4's chunk, PhiMoE's longrope
+    # window): config.json as read -> the cap, or None.
+    context_cap: Callable[[dict[str, Any]], ContextCap | None] | None = None
     # Whether `layer_types` may name "conv" layers: LFM2's gated short convolutions, which
     # hold no KV but a recurrent state (export/short_conv.py).
     conv: bool = False
@@ -272,6 +277,10 @@ class FamilySpec:
     # and the prefixes of the tensors export leaves out (vision tower, projector).
     renames: tuple[tuple[str, str], ...] = ()
     left_out: tuple[str, ...] = ()
+    # Renames inside a name, as transformers' own for the family (Sarvam-MoE's remote-code
+    # names: `.attention.query_key_value.` read as `.self_attn.query_key_value.`): (stored,
+    # read as) pairs, each in turn replacing every occurrence, after the prefix renames.
+    segment_renames: tuple[tuple[str, str], ...] = ()
     # Where `nested` and `outer` cannot say how the config class finds its language
     # model's keys: config.json -> those keys (Qwen2-VL: flat Hub configs, either tying).
     unnest: Callable[[dict[str, Any]], dict[str, Any]] | None = None
@@ -310,6 +319,16 @@ class FamilySpec:
     # Attention sinks (gpt-oss): a learned logit per query head (names.sinks) joins each
     # query's softmax denominator, and its share of the weight attends to nothing.
     sinks: bool = False
+    # Whether only the sliding layers have sinks (MiMo-V2-Flash's full layers have none).
+    sliding_sinks_only: bool = False
+    # MiMo-V2-Flash's sliding layers hold this many times num_key_value_heads (2); the
+    # full layers num_key_value_heads.
+    sliding_kv_factor: int = 1
+    # The key of a value head size of its own (MiMo-V2-Flash's v_head_dim, below head_dim:
+    # padded to it in the graph, export/value_heads.py), and of a factor each value is
+    # multiplied by (its attention_value_scale); None: head_dim, and no factor.
+    v_head_dim_key: str | None = None
+    value_scale_key: str | None = None
     # Multi-head latent attention (DeepSeek-V2's MLA, export/latent_attention.py): the
     # cache holds each token's latent and rotated key part, one KV head of
     # qk_rope_head_dim + kv_lora_rank.
