@@ -611,6 +611,10 @@ FAMILIES: dict[str, dict] = {
     "falcon-7b": {"multi_query": True, "ffn_hidden_size": 80},
     "falcon-sequential": {"multi_query": False, "parallel_attn": False, "bias": True,
                           "ffn_hidden_size": 80},
+    # Falcon-RW: the sequential layout with ALiBi in place of rotary; 12 heads, whose slopes
+    # beyond the first 8 (2^-0.5, 2^-1.5, ...) bfloat16 rounds (tests/test_alibi.py)
+    "falcon-rw": {"multi_query": False, "parallel_attn": False, "bias": True, "alibi": True,
+                  "hidden_size": 192, "num_attention_heads": 12, "ffn_hidden_size": 80},
     # Persimmon: per-head LayerNorms of q and k, rotary on 16 of the 32 head dims
     "persimmon": {"num_attention_heads": 2},
     # XGLM: sinusoidal positions, BioGPT: learned ones, each from row 2 of its table, the

@@ -286,6 +286,9 @@ class ModelConfig:
     # ALiBi (BLOOM, MPT): each head's slope, its scores plus slope * (key position - query
     # position) (export/alibi.py); None: no such bias.
     alibi: tuple[float, ...] | None = None
+    # Whether that bias is Falcon's (Falcon-RW): slope * key position rounded to bfloat16,
+    # added before the scores' scale (export/alibi.py).
+    alibi_bfloat16: bool = False
     # Whether the last layer's output is normed before the LM head (OPT's post-norm layers
     # are not), and the embedding's width where it is narrower than hidden and projected
     # to and from it (OPT-350m's word_embed_proj_dim); None: hidden.
@@ -343,6 +346,12 @@ class ModelConfig:
     def qk_norm(self) -> str | None:
         """The q/k norms this model has (FamilySpec.qk_norm's kinds; None: none)."""
         return None if self.qk_norm_off else self.spec.qk_norm
+
+    @property
+    def alibi_bfloat16_scale(self) -> float | None:
+        """The scores' scale that Falcon-RW's bfloat16 ALiBi bias takes (export/alibi.py);
+        None: no such bias."""
+        return self.attn_scale if self.alibi_bfloat16 else None
 
     @property
     def names(self) -> TensorNames:
@@ -541,6 +550,7 @@ def _read(family: str, spec: FamilySpec, raw: dict[str, Any],
     layers = _layers(raw, spec)
     ropes = rope_widths(ropes, layers)
     shared = read_shared_block(raw) if spec.shared_block else None
+    falcon_alibi = bool(spec.alibi_key and raw.get(spec.alibi_key))
     return ModelConfig(
         family=family,
         text_type=text_type,
@@ -600,7 +610,8 @@ def _read(family: str, spec: FamilySpec, raw: dict[str, Any],
         mtp_layers=int(raw.get("num_nextn_predict_layers") or 0),
         **_altup(raw, spec),
         qk_norm_off=spec.qk_norm_key is not None and not raw.get(spec.qk_norm_key),
-        alibi=alibi_slopes(heads) if spec.alibi else None,
+        alibi=alibi_slopes(heads) if spec.alibi or falcon_alibi else None,
+        alibi_bfloat16=falcon_alibi,
         final_norm=spec.final_norm_from_config(raw) if spec.final_norm_from_config else True,
         embed_width=_embed_width(raw, spec, hidden),
         qkv_layout=spec.qkv_layout_from_config(raw) if spec.qkv_layout_from_config else None,

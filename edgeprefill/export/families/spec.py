@@ -338,6 +338,9 @@ class FamilySpec:
     # position - query position) to its scaled scores, the slopes computed at export
     # (ModelConfig.alibi, which is all the builder and the flavours read).
     alibi: bool = False
+    # The config key that switches ALiBi on (Falcon's `alibi`: Falcon-RW), its bias built as
+    # transformers' Falcon builds it: slope * key position in bfloat16 (export/alibi.py).
+    alibi_key: str | None = None
 
     def read(self, raw: dict[str, Any]) -> dict[str, Any]:
         """config.json as the family's transformers config class reads it."""
