@@ -44,6 +44,7 @@ from edgeprefill.export.layer_heads import gemma4_fields, layer_heads, rope_widt
 from edgeprefill.export.prequantized import Int4Scheme, read_int4_scheme
 from edgeprefill.export.query_scale import (
     QueryScale,
+    ScalableSoftmax,
     read_query_scale,
     read_temperature_tuning,
 )
@@ -207,7 +208,8 @@ class ModelConfig:
     residual_scale: float = 1.0  # multiplies each sublayer's output (Granite)
     logits_divisor: float = 1.0  # divides the logits (Granite)
     logits_multiplier: float = 1.0  # multiplies the logits (Cohere's logit_scale)
-    query_scale: QueryScale | None = None  # a per-position factor of q (Ministral 3)
+    # a per-position factor of q (Ministral 3; Llama 4's and Beam's NoPE layers)
+    query_scale: QueryScale | ScalableSoftmax | None = None
     # Llama 4's attention_chunk_size where some layers attend within chunks: the longest
     # context export supports (within one chunk they are causal); None: no such layers.
     attention_chunk: int | None = None
@@ -256,7 +258,8 @@ class ModelConfig:
     # attention's output times sigmoid(gate) goes to o_proj.
     attn_gate: bool = False
     # LFM3: each head's attention output times sigmoid of its gate, a projection of the
-    # layer's normed input (hidden -> heads; TensorNames.head_gate).
+    # layer's normed input (hidden -> heads; TensorNames.head_gate). Beam's gates each
+    # channel, plus a bias per head (FamilySpec.channel_gate).
     head_gate: bool = False
     # Gemma 4: layers without KV of their own, each reading the KV an earlier layer of its
     # kind wrote in the same step (consumer -> producer; num_kv_shared_layers).
@@ -438,7 +441,8 @@ class ModelConfig:
                 "shared": ["parallel attention and MLP on one norm"],
                 "sandwich": ["norms before and after attention and MLP"]}.get(self.block, [])
         if self.head_gate:
-            out.append("a sigmoid output gate per attention head")
+            out.append("a sigmoid output gate per attention " + (
+                "channel (a bias per head)" if self.spec.channel_gate else "head"))
         if any(layer.rope == LOCAL for layer in self.layers) and \
                 self.ropes[LOCAL].theta != self.ropes[GLOBAL].theta:
             out.append("local layers with their own rope base")
@@ -464,8 +468,9 @@ class ModelConfig:
         if sparse:
             out.append(f"activation sparsity on {sparse} of {self.num_layers} layers' MLPs")
         if self.alibi is not None:
+            rounded = ", rounded to bfloat16 as Falcon's" if self.alibi_bfloat16 else ""
             out.append("ALiBi: each head's scores biased by its slope times the distance "
-                       "(no rotary)")
+                       f"(no rotary{rounded})")
         nope = sum(layer.rope is None for layer in self.layers)
         # none attending (Mamba-2), no rope is no news; nor under ALiBi, which said it
         if nope and self.kv_layers and self.alibi is None:
@@ -584,7 +589,8 @@ def _read(family: str, spec: FamilySpec, raw: dict[str, Any],
         logits_divisor=float(raw.get("logits_scaling", 1.0)),
         logits_multiplier=float(raw.get("logit_scale", 1.0)),
         query_scale=read_query_scale(family, raw, ropes[GLOBAL]) if spec.query_scale else
-        read_temperature_tuning(raw) if spec.temperature_tuning else None,
+        read_temperature_tuning(raw) if spec.temperature_tuning else
+        ScalableSoftmax() if spec.scalable_softmax else None,
         attention_chunk=_attention_chunk(raw, spec),
         lm_head_bias=spec.lm_head_bias or bool(spec.lm_head_bias_key
                                                  and raw.get(spec.lm_head_bias_key)),
@@ -603,7 +609,7 @@ def _read(family: str, spec: FamilySpec, raw: dict[str, Any],
         left_out=skipped.left_out if skipped is not None else (),
         attn_gate=spec.attn_gate,
         clip_qkv=_optional_float(raw.get("clip_qkv")) if spec.clip_qkv else None,
-        head_gate=bool(raw.get(spec.head_gate_key)) if spec.head_gate_key else False,
+        head_gate=spec.channel_gate or bool(spec.head_gate_key and raw.get(spec.head_gate_key)),
         **gemma4_fields(raw) if spec.per_layer_heads or spec.altup else {},
         moe=read_moe(raw, spec.moe) if spec.moe is not None else None,
         latent=latent,
