@@ -18,8 +18,10 @@ from edgeprefill.export.graph import GraphBuilder
 from edgeprefill.export.model_config import LOCAL, ModelConfig
 from edgeprefill.export.query_scale import ScalableSoftmax
 from edgeprefill.sdk import Engine
+from tests.conftest import build_hf_model
 from tests.state_models import assert_padded_chunks_match, run_padded
 from tests.test_exactness import FLAVORS, NEW_TOKENS, check_together, prompt_ids, reference_logits
+from tests.test_families import export_small, last_logits
 
 SMALL = {"hidden_size": 64, "intermediate_size": 96, "num_attention_heads": 4,
          "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 128, "num_experts": 8,
@@ -92,6 +94,18 @@ def test_a_long_prompt_in_chunks_of_64_is_transformers(flavor, hf_model, bundle)
         np.testing.assert_allclose(logits, expected[position], rtol=1e-4, atol=1e-4,
                                    err_msg=f"position {position}")
     engine.close()
+
+
+@pytest.mark.parametrize("flavor", FAST_STANDARD)
+def test_the_depth_scaled_residual_adds_are_the_models_where_the_norms_epsilon_counts(
+        flavor, tmp_path):
+    """x * sqrt((n-1)/n) + sublayer / sqrt(n) is sqrt(n) times smaller than the plain
+    sum, which every RMSNorm reading the stream undoes but for its epsilon: with an
+    epsilon as large as the stream's mean square (1.0) the scaling shows in the logits."""
+    hf_dir = build_hf_model("beam", tmp_path / "hf", rms_norm_eps=1.0)
+    ids = prompt_ids(40)
+    np.testing.assert_allclose(last_logits(export_small(hf_dir, tmp_path / "b", flavor), ids),
+                               reference_logits(hf_dir, ids)[-1], rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("flavor", FAST_STANDARD)
