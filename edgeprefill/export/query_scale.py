@@ -63,8 +63,9 @@ class ScalableSoftmax:
 
     def emit(self, g: GraphBuilder, positions: str, dtype: np.dtype) -> str:
         """[B, C] int64 positions -> [B, C, 1] factors in `dtype`: float32
-        exp(power * log(1 + (position + 1) / window)), transformers' exp(power *
-        log1p(...)) (log1p's exactness near 0 is below float32's at x >= 1 / window)."""
+        exp(power * log(1 + (position + 1) / window)) for transformers' exp(power *
+        log1p(...)): at (position + 1) / window >= 1 / window the two differ below float32's
+        rounding of the factor (tests/test_beam.py)."""
         pos = g.op("Add", [g.op("Cast", [positions], to=1), g.const(1.0, np.float32)])
         ratio = g.op("Div", [pos, g.const(float(self.window), np.float32)])
         log = g.op("Log", [g.op("Add", [ratio, g.const(1.0, np.float32)])])
