@@ -629,6 +629,19 @@ FAMILIES: dict[str, dict] = {
     "falcon-7b": {"multi_query": True, "ffn_hidden_size": 80},
     "falcon-sequential": {"multi_query": False, "parallel_attn": False, "bias": True,
                           "ffn_hidden_size": 80},
+    # Falcon-RW: the sequential layout with ALiBi in place of rotary; 12 heads, whose slopes
+    # beyond the first 8 (2^-0.5, 2^-1.5, ...) bfloat16 rounds (tests/test_alibi.py)
+    "falcon-rw": {"multi_query": False, "parallel_attn": False, "bias": True, "alibi": True,
+                  "hidden_size": 192, "num_attention_heads": 12, "ffn_hidden_size": 80},
+    # Beam: sliding layers (a window of 8) with rotary, NoPE full layers with scaled
+    # queries, experts in 2 groups (the best one chosen) and dense MLPs; the gate biases
+    # randomized (build_hf_model)
+    "beam": {"head_dim": 16, "sliding_window": 8, "num_hidden_layers": 4,
+             "layer_types": ["sliding_attention", "full_attention", "sliding_attention",
+                             "full_attention"],
+             "mlp_layer_types": ["dense", "sparse", "sparse", "dense"], "num_experts": 8,
+             "num_experts_per_tok": 2, "n_group": 2, "topk_group": 1,
+             "moe_intermediate_size": 32},
     # Persimmon: per-head LayerNorms of q and k, rotary on 16 of the 32 head dims
     "persimmon": {"num_attention_heads": 2},
     # XGLM: sinusoidal positions, BioGPT: learned ones, each from row 2 of its table, the
@@ -797,6 +810,8 @@ def build_hf_model(family: str, out: Path, seed: int = 0, dtype=None, **override
         for name, param in model.named_parameters():
             if name.endswith("e_score_correction_bias"):  # ERNIE-4.5-MoE's, as LFM2-MoE's
                 param.normal_(0, 0.05)
+            elif name.endswith("self_attn.gate_bias"):  # Beam's output gate: zero at init
+                param.normal_(0, 0.5)
             elif name.endswith("correct_output_scale"):  # Gemma 3n's AltUp: zero at init
                 param.uniform_(0.5, 1.5)
     if dtype is not None:

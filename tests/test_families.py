@@ -359,6 +359,10 @@ def test_keys_a_config_leaves_out_take_transformers_defaults(family):
     elif family in OWN_ROTARY:
         rotary = meta_model(family).get_decoder().rotary_emb
         assert (ours.ropes[GLOBAL].theta, ours.rotary_dim) == (10000.0, rotary.pos_embd_dim)
+    elif (hf.rope_parameters or {}).get("full_attention", True) is None:  # Beam: NoPE full
+        assert ours.ropes[LOCAL].theta == pytest.approx(hf_theta(hf, "sliding_attention"))
+        assert [layer.rope for layer in ours.layers] == [
+            LOCAL if kind == "sliding_attention" else None for kind in hf.layer_types]
     else:
         assert ours.ropes[GLOBAL].theta == pytest.approx(hf_theta(hf))
         partial = (hf.rope_parameters.get("full_attention") or hf.rope_parameters).get(

@@ -15,6 +15,7 @@ shared with the runtime through the manifest:
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable
 from dataclasses import replace
 
@@ -290,8 +291,10 @@ class DecoderBuilder:
             return self.g.op("Add", [x, attn]), mlp
         if block == "sandwich":  # Gemma 2/3: norms before and after each sublayer
             attn = self._scaled(self._norm(attn, p + n.post_attn_norm))
+            x, attn = self._depth_scaled(x, attn, 2 * (i + 1))
             x, h = self._add_norm(x, attn, p + n.pre_mlp_norm)
-            return x, self._scaled(self._norm(self._mlp(p, h), p + n.post_mlp_norm))
+            mlp = self._scaled(self._norm(self._mlp(p, h), p + n.post_mlp_norm))
+            return self._depth_scaled(x, mlp, 2 * (i + 1) + 1)
         x, h = self._add_norm(x, self._scaled(attn), p + n.post_attn_norm)
         return x, self._scaled(self._mlp(p, h))
 
@@ -384,6 +387,15 @@ class DecoderBuilder:
         """A sublayer's output times the residual multiplier (Granite), before the add."""
         return self._times(sublayer, self.cfg.residual_scale)
 
+    def _depth_scaled(self, x: str, sublayer: str, add: int) -> tuple[str, str]:
+        """Beam's `add`-th residual add of the stack (FamilySpec.depth_scaled_residual):
+        x and the sublayer's output to be added, scaled as its model scales them; as they
+        are elsewhere."""
+        if not self.cfg.spec.depth_scaled_residual:
+            return x, sublayer
+        return (self._times(x, math.sqrt((add - 1) / add)),
+                self._times(sublayer, 1.0 / math.sqrt(add)))
+
     def _mixer(self, i: int, h: str, step: StepTensors, rows: Rows) -> str:
         """The layer's token mixer: attention, LFM2's short convolution, Qwen3.5's Gated
         DeltaNet or a Mamba-2 mixer."""
@@ -434,18 +446,23 @@ class DecoderBuilder:
 
     def _head_gated(self, p: str, h: str, attn: str, cfg: ModelConfig) -> str:
         """LFM3: attention's output [B,C,H*D] (or packed [1,T,H*D]), each head's D values
-        times sigmoid of that head's gate, g_proj of the layer's normed input `h`."""
-        g = self.g
+        times sigmoid of that head's gate, g_proj of the layer's normed input `h`. Beam
+        (FamilySpec.channel_gate): a gate per channel, gate_proj plus its head's bias."""
+        g, heads, dim = self.g, cfg.num_heads, cfg.head_dim
+        width = dim if cfg.spec.channel_gate else 1  # gates per head
         name = self.w.resolve(tuple(p + gate + ".weight" for gate in self.names.head_gate))
-        if self.w.shape(name) != (cfg.num_heads, cfg.hidden_size):
+        if self.w.shape(name) != (heads * width, cfg.hidden_size):
             raise ExportError(
                 f"{name} has shape {self.w.shape(name)}, but config.json implies "
-                f"{(cfg.num_heads, cfg.hidden_size)} ({cfg.num_heads} heads, hidden "
+                f"{(heads * width, cfg.hidden_size)} ({heads} heads of {width} gates, hidden "
                 f"{cfg.hidden_size})")
-        gate = g.op("Sigmoid", [self.w.linear(h, [name], None)])  # [B,C,H]
-        heads = g.op("Reshape", [attn, g.const([0, 0, cfg.num_heads, cfg.head_dim])])
-        gated = g.op("Mul", [heads, g.op("Unsqueeze", [gate, g.const([-1])])])
-        return g.op("Reshape", [gated, g.const([0, 0, cfg.num_heads * cfg.head_dim])])
+        gate = g.op("Reshape", [self.w.linear(h, [name], None), g.const([0, 0, heads, width])])
+        if cfg.spec.channel_gate:
+            bias = self.w.tensor(p + self.names.head_gate_bias)  # [H], broadcast over D
+            gate = g.op("Add", [gate, g.op("Unsqueeze", [bias, g.const([-1])])])
+        per_head = g.op("Reshape", [attn, g.const([0, 0, heads, dim])])
+        gated = g.op("Mul", [per_head, g.op("Sigmoid", [gate])])
+        return g.op("Reshape", [gated, g.const([0, 0, heads * dim])])
 
     def _output(self, p: str, attn: str) -> str:
         """The attention's output projection (after BitNet's sub-norm)."""

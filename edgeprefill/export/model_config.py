@@ -45,6 +45,7 @@ from edgeprefill.export.layer_heads import gemma4_fields, layer_heads, rope_widt
 from edgeprefill.export.prequantized import Int4Scheme, read_int4_scheme
 from edgeprefill.export.query_scale import (
     QueryScale,
+    ScalableSoftmax,
     read_query_scale,
     read_temperature_tuning,
 )
@@ -208,7 +209,8 @@ class ModelConfig:
     residual_scale: float = 1.0  # multiplies each sublayer's output (Granite)
     logits_divisor: float = 1.0  # divides the logits (Granite)
     logits_multiplier: float = 1.0  # multiplies the logits (Cohere's logit_scale)
-    query_scale: QueryScale | None = None  # a per-position factor of q (Ministral 3)
+    # a per-position factor of q (Ministral 3; Llama 4's and Beam's NoPE layers)
+    query_scale: QueryScale | ScalableSoftmax | None = None
     # The longest context export supports where shorter than max_positions, and why
     # (export/context_cap.py: Llama 4's attention chunk, PhiMoE's longrope window)
     context_cap: ContextCap | None = None
@@ -257,7 +259,8 @@ class ModelConfig:
     # attention's output times sigmoid(gate) goes to o_proj.
     attn_gate: bool = False
     # LFM3: each head's attention output times sigmoid of its gate, a projection of the
-    # layer's normed input (hidden -> heads; TensorNames.head_gate).
+    # layer's normed input (hidden -> heads; TensorNames.head_gate). Beam's gates each
+    # channel, plus a bias per head (FamilySpec.channel_gate).
     head_gate: bool = False
     # Gemma 4: layers without KV of their own, each reading the KV an earlier layer of its
     # kind wrote in the same step (consumer -> producer; num_kv_shared_layers).
@@ -291,6 +294,9 @@ class ModelConfig:
     # ALiBi (BLOOM, MPT): each head's slope, its scores plus slope * (key position - query
     # position) (export/alibi.py); None: no such bias.
     alibi: tuple[float, ...] | None = None
+    # Whether that bias is Falcon's (Falcon-RW): slope * key position rounded to bfloat16,
+    # added before the scores' scale (export/alibi.py).
+    alibi_bfloat16: bool = False
     # Whether the last layer's output is normed before the LM head (OPT's post-norm layers
     # are not), and the embedding's width where it is narrower than hidden and projected
     # to and from it (OPT-350m's word_embed_proj_dim); None: hidden.
@@ -348,6 +354,12 @@ class ModelConfig:
     def qk_norm(self) -> str | None:
         """The q/k norms this model has (FamilySpec.qk_norm's kinds; None: none)."""
         return None if self.qk_norm_off else self.spec.qk_norm
+
+    @property
+    def alibi_bfloat16_scale(self) -> float | None:
+        """The scores' scale that Falcon-RW's bfloat16 ALiBi bias takes (export/alibi.py);
+        None: no such bias."""
+        return self.attn_scale if self.alibi_bfloat16 else None
 
     @property
     def names(self) -> TensorNames:
@@ -434,7 +446,8 @@ class ModelConfig:
                 "shared": ["parallel attention and MLP on one norm"],
                 "sandwich": ["norms before and after attention and MLP"]}.get(self.block, [])
         if self.head_gate:
-            out.append("a sigmoid output gate per attention head")
+            out.append("a sigmoid output gate per attention " + (
+                "channel (a bias per head)" if self.spec.channel_gate else "head"))
         if any(layer.rope == LOCAL for layer in self.layers) and \
                 self.ropes[LOCAL].theta != self.ropes[GLOBAL].theta:
             out.append("local layers with their own rope base")
@@ -463,8 +476,9 @@ class ModelConfig:
         if sparse:
             out.append(f"activation sparsity on {sparse} of {self.num_layers} layers' MLPs")
         if self.alibi is not None:
+            rounded = ", rounded to bfloat16 as Falcon's" if self.alibi_bfloat16 else ""
             out.append("ALiBi: each head's scores biased by its slope times the distance "
-                       "(no rotary)")
+                       f"(no rotary{rounded})")
         nope = sum(layer.rope is None for layer in self.layers)
         # none attending (Mamba-2), no rope is no news; nor under ALiBi, which said it
         if nope and self.kv_layers and self.alibi is None:
@@ -549,6 +563,7 @@ def _read(family: str, spec: FamilySpec, raw: dict[str, Any],
     layers = _layers(raw, spec)
     ropes = rope_widths(ropes, layers)
     shared = read_shared_block(raw) if spec.shared_block else None
+    falcon_alibi = bool(spec.alibi_key and raw.get(spec.alibi_key))
     return ModelConfig(
         family=family,
         text_type=text_type,
@@ -582,7 +597,8 @@ def _read(family: str, spec: FamilySpec, raw: dict[str, Any],
         logits_divisor=float(raw.get("logits_scaling", 1.0)),
         logits_multiplier=float(raw.get("logit_scale", 1.0)),
         query_scale=read_query_scale(family, raw, ropes[GLOBAL]) if spec.query_scale else
-        read_temperature_tuning(raw) if spec.temperature_tuning else None,
+        read_temperature_tuning(raw) if spec.temperature_tuning else
+        ScalableSoftmax() if spec.scalable_softmax else None,
         context_cap=spec.context_cap(raw) if spec.context_cap is not None else None,
         lm_head_bias=spec.lm_head_bias or bool(spec.lm_head_bias_key
                                                  and raw.get(spec.lm_head_bias_key)),
@@ -601,7 +617,7 @@ def _read(family: str, spec: FamilySpec, raw: dict[str, Any],
         left_out=skipped.left_out if skipped is not None else (),
         attn_gate=spec.attn_gate,
         clip_qkv=_optional_float(raw.get("clip_qkv")) if spec.clip_qkv else None,
-        head_gate=bool(raw.get(spec.head_gate_key)) if spec.head_gate_key else False,
+        head_gate=spec.channel_gate or bool(spec.head_gate_key and raw.get(spec.head_gate_key)),
         v_head_dim=_v_head_dim(raw, spec, head_dim),
         value_scale=_value_scale(raw, spec),
         **gemma4_fields(raw) if spec.per_layer_heads or spec.altup else {},
@@ -610,7 +626,8 @@ def _read(family: str, spec: FamilySpec, raw: dict[str, Any],
         mtp_layers=int(raw.get("num_nextn_predict_layers") or 0),
         **_altup(raw, spec),
         qk_norm_off=spec.qk_norm_key is not None and not raw.get(spec.qk_norm_key),
-        alibi=alibi_slopes(heads) if spec.alibi else None,
+        alibi=alibi_slopes(heads) if spec.alibi or falcon_alibi else None,
+        alibi_bfloat16=falcon_alibi,
         final_norm=spec.final_norm_from_config(raw) if spec.final_norm_from_config else True,
         embed_width=_embed_width(raw, spec, hidden),
         qkv_layout=spec.qkv_layout_from_config(raw) if spec.qkv_layout_from_config else None,

@@ -95,8 +95,6 @@ REFUSED_TYPES: dict[str, str] = {
     # close to supported families, each a few graph pieces short
     "laguna": "Laguna's softplus attention output gate, per-layer head counts and a rotary "
               "width per layer type are not supported",
-    "beam": "Beam's depth-scaled residual adds, biased attention output gate and "
-            "position-scaled queries on its rotary-free layers are not supported",
     # image-text checkpoints whose language model is none export supports
     "minimax_m3_vl": "MiniMax-M3-VL's language model (minimax_m3_vl_text) uses sparse "
                      "attention (an indexer choosing each query's keys), which is not supported",

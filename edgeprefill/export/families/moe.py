@@ -668,6 +668,47 @@ MINIMAX_M2 = FamilySpec(
     quirks=("q/k RMSNorm over the whole projection", "sigmoid routing"),
 )
 
+def _beam_config(raw: dict[str, Any]) -> dict[str, Any]:
+    """BeamConfig's layers where config.json leaves them out: every sixth and the last
+    full attention (the others slide), three dense MLPs and then experts, rotary on the
+    sliding layers only (a null rope entry: NoPE)."""
+    raw = dict(raw)
+    count = int(raw["num_hidden_layers"])
+    if raw.get("layer_types") is None:
+        kinds = ["sliding_attention" if (i + 1) % 6 else "full_attention" for i in range(count)]
+        raw["layer_types"] = [*kinds[:-1], "full_attention"]
+    if raw.get("mlp_layer_types") is None:
+        dense = min(3, count)
+        raw["mlp_layer_types"] = ["dense"] * dense + ["sparse"] * (count - dense)
+    if raw.get("rope_parameters") is None:
+        raw["rope_parameters"] = {"sliding_attention": {"rope_type": "default",
+                                                        "rope_theta": 10000.0},
+                                  "full_attention": None}
+    return raw
+
+
+# Beam: Qwen3-MoE's attention (per-head q/k RMSNorm, biases by attention_bias) with a
+# sigmoid output gate per channel plus a bias per head; rotary and a window on the sliding
+# layers, the full ones NoPE with each query times its position's scalable-softmax factor;
+# Gemma 2's sandwich norms with depth-scaled residual adds; DeepSeek-V3's grouped sigmoid
+# routing without a shared expert on the layers mlp_layer_types marks "sparse"; the final
+# logits soft-capped.
+BEAM = FamilySpec(
+    **ATTENTION_BIAS, block="sandwich", qk_norm="head", window="always", nope_types=True,
+    channel_gate=True, scalable_softmax=True, depth_scaled_residual=True, softcaps=("final",),
+    legacy=_beam_config,
+    moe=replace(DEEPSEEK_MOE, experts_keys=("num_experts",), layers=sparse_mlp_layers,
+                names=replace(DEEPSEEK_MOE.names, shared=None)),
+    defaults={"hidden_size": 5120, "intermediate_size": 20480, "num_hidden_layers": 52,
+              "num_attention_heads": 48, "num_key_value_heads": 8, "head_dim": 128,
+              "max_position_embeddings": 8192, "sliding_window": 512, "rms_norm_eps": 1e-6,
+              "vocab_size": 151936, "moe_intermediate_size": 2560, "num_experts": 256,
+              "num_experts_per_tok": 8, "norm_topk_prob": True, "n_group": 8,
+              "topk_group": 4, "routed_scaling_factor": 2.5, "final_logit_softcapping": 30.0},
+    quirks=("per-head q/k RMSNorm", "a sigmoid output gate per channel",
+            "depth-scaled residual adds", "scalable-softmax queries on the NoPE layers"),
+)
+
 FAMILIES: dict[str, FamilySpec] = {
     "qwen3_moe": QWEN3_MOE,
     "qwen2_moe": QWEN2_MOE,
@@ -701,5 +742,6 @@ FAMILIES: dict[str, FamilySpec] = {
     "dbrx": DBRX,
     "flex_olmo": FLEX_OLMO,
     "minimax_m2": MINIMAX_M2,
+    "beam": BEAM,
 }
 

@@ -53,6 +53,7 @@ class TensorNames:
     # LFM3's output gate per head (hidden -> heads), which the Hub's checkpoints call
     # gate_proj and transformers renames g_proj when it loads them
     head_gate: tuple[str, ...] = ("self_attn.g_proj", "self_attn.gate_proj")
+    head_gate_bias: str = "self_attn.gate_bias"  # Beam's, one per head (channel_gate)
     act: str = "mlp.act_fn."  # an activation with weights of its own (Apertus's xIELU)
     mamba: str = "mamba."  # a Mamba-2 layer's mixer module (in_proj, conv1d, norm, ...)
     lru: str = "temporal_block."  # RecurrentGemma's recurrent block (linear_x, rg_lru, ...)
@@ -215,6 +216,13 @@ class FamilySpec:
     # Whether the model multiplies its NoPE layers' queries by a factor of the position
     # where attn_temperature_tuning is on (Llama 4; export/query_scale.py).
     temperature_tuning: bool = False
+    # Whether the model multiplies its NoPE layers' queries by Beam's scalable-softmax
+    # factor of the position (export/query_scale.py).
+    scalable_softmax: bool = False
+    # Beam's depth-scaled residual adds (a `sandwich` block): the n-th add of the stack is
+    # x * sqrt((n - 1) / n) + sublayer / sqrt(n), n = 2 (layer + 1) for the attention's
+    # and one more for the MLP's.
+    depth_scaled_residual: bool = False
     # Whether `layer_types` may name "chunked_attention" layers (Llama 4's rope layers: a
     # token attends within its attention_chunk_size block only). Within the first block
     # that is causal attention: export caps the bundle's context there (context_cap).
@@ -268,6 +276,10 @@ class FamilySpec:
     # The config key that switches on a sigmoid output gate per head, from its own
     # projection of the layer's input (LFM3's use_attention_gate; names.head_gate).
     head_gate_key: str | None = None
+    # Beam's output gate, always on: sigmoid per channel, its own projection of the layer's
+    # normed input (names.head_gate, [H*D, hidden]) plus a bias per head
+    # (names.head_gate_bias), the attention's output times it before o_proj.
+    channel_gate: bool = False
     # Multimodal checkpoints (Gemma 3): the key whose config is the language model's, and
     # the keys the outer config decides instead, with the outer class's default (None: no
     # default, the inner config's value stands).
@@ -357,6 +369,9 @@ class FamilySpec:
     # position - query position) to its scaled scores, the slopes computed at export
     # (ModelConfig.alibi, which is all the builder and the flavours read).
     alibi: bool = False
+    # The config key that switches ALiBi on (Falcon's `alibi`: Falcon-RW), its bias built as
+    # transformers' Falcon builds it: slope * key position in bfloat16 (export/alibi.py).
+    alibi_key: str | None = None
 
     def read(self, raw: dict[str, Any]) -> dict[str, Any]:
         """config.json as the family's transformers config class reads it."""
