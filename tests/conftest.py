@@ -881,6 +881,33 @@ IMAGE_TEXT = {
         "num_global_layers": 1, "attention_heads": 2, "image_size": 28, "patch_size": 14,
         "vision_output_dim": 32, "intermediate_layers_indices": [0], "max_num_tiles": 1,
         "supported_aspect_ratios": [[1, 1]]}},
+    # transformers 5.24's newer image-text checkpoints (stop 43, first half)
+    "apertus1p5": {  # its image and audio codes fill the fixtures' vocabulary's top rows
+        "vision_config": {"base_channels": 32, "channel_multiplier": [1], "num_res_blocks": 1,
+                          "attn_resolutions": [], "codebook_size": 8, "embed_dim": 4,
+                          "latent_channels": 4},
+        "audio_config": {"model_type": "wavtokenizer_encoder", "num_filters": 4,
+                         "upsampling_ratios": [2], "num_lstm_layers": 1, "hidden_size": 8,
+                         "codebook_size": 8, "codebook_dim": 8},
+        "image_token_offset": 100, "audio_token_offset": 108, "image_token_id": 98,
+        "audio_token_id": 99},
+    "deepseek_vl_hybrid": {
+        "vision_config": {"model_type": "siglip_vision_model", **TINY_VISION},
+        "high_res_vision_config": {"hidden_size": 16, "output_channels": 16,
+                                   "num_hidden_layers": 1, "num_attention_heads": 2,
+                                   "image_size": 32, "patch_size": 16, "mlp_dim": 32,
+                                   "global_attn_indexes": [0], "window_size": 2}},
+    "exaone4_5": {"vision_config": {
+        "depth": 1, "hidden_size": 16, "intermediate_size": 32, "num_heads": 2,
+        "num_key_value_heads": 2, "out_hidden_size": 64, "patch_size": 14, "window_size": 28,
+        "fullatt_block_indexes": [0]}},
+    "hyperclovax_vision_v2": {"vision_config": {
+        "model_type": "qwen2_5_vl_vision", "depth": 1, "hidden_size": 16,
+        "intermediate_size": 32, "num_heads": 2, "out_hidden_size": 64, "patch_size": 14,
+        "window_size": 28, "fullatt_block_indexes": [0]}},
+    "kimi_k25": {"vision_config": {"hidden_size": 16, "intermediate_size": 32,
+                                   "num_hidden_layers": 1, "num_attention_heads": 2,
+                                   "pos_emb_height": 4, "pos_emb_width": 4}},
     # Emu3: a VQ-VAE as small as its GroupNorms allow, and the vocabulary map it reads
     "emu3": {"vq_config": {"base_channels": 32, "channel_multiplier": [1], "num_res_blocks": 1,
                            "attn_resolutions": [], "codebook_size": 16, "embed_dim": 4,

@@ -49,7 +49,20 @@ def build_wrapped(outer: str, text_type: str, out: Path) -> tuple[Path, Path | N
         return timm_wrapped(outer, text_type, out), out.with_name(out.name + "-text")
     if outer.startswith("glm4"):
         keys = GLM4V_TEXT
-    return build_hf_model(outer, out, **keys), None
+    hf_dir = build_hf_model(outer, out, **keys)
+    if outer == "kimi_k25":
+        as_kimi_k25_hub(hf_dir)
+    return hf_dir, None
+
+
+def as_kimi_k25_hub(hf_dir: Path) -> None:
+    """transformers 5.24 saves Kimi K2.5's language model as `language_model.model.blocks.`
+    (its loader's rename of the tower's `blocks` to `layers`, reversed on every name); the
+    Hub's checkpoints keep DeepSeek-V3's `layers.`, which that loader reads the same."""
+    path = hf_dir / "model.safetensors"
+    tensors = {name.replace("language_model.model.blocks.", "language_model.model.layers."): t
+               for name, t in load_file(path).items()}
+    save_file(tensors, path, metadata={"format": "pt"})
 
 
 def timm_wrapped(outer: str, text_type: str, out: Path) -> Path:

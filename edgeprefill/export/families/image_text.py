@@ -322,4 +322,26 @@ WRAPPERS: dict[str, Wrapper] = {
     # VideoLLaMA 3: its Qwen2 beside a vision model and projector
     "video_llama_3": Wrapper("qwen2", tie=False, either_ties=True,
                              towers=("vision_model.", "projector.")),
+    # transformers 5.24's newer image-text checkpoints (stop 43, first half)
+    # Apertus 1.5: its text model beside an image and an audio tokenizer (their codes are
+    # vocabulary ids); a head pruned to the text rows is refused (apertus1p5_text's)
+    "apertus1p5": Wrapper("apertus1p5_text", tie=False, text_types=("apertus1p5_text",),
+                          towers=("vision_tokenizer.", "audio_tokenizer.")),
+    # DeepSeek-VL hybrid 7B: DeepSeek-VL's Llama beside a SigLIP and a SAM tower
+    "deepseek_vl_hybrid": Wrapper("llama", tie=True, towers=(
+        "vision_model.", "aligner.", "high_res_vision_")),
+    # EXAONE 4.5: its EXAONE 4 (text positions 1-D; its 2-D rotary is the tower's)
+    "exaone4_5": Wrapper("exaone4", tie=False, towers=("visual.",)),
+    # HyperCLOVA X SEED Vision (V2): HyperCLOVA X, whose logits it too multiplies by
+    # logits_scaling; its head stored inside the language model (the Hub's layout, and
+    # transformers 5.24's save), the projector `vision_projector.` on the Hub
+    "hyperclovax_vision_v2": Wrapper(
+        "hyperclovax", tie=True, head=True, text_types=("hyperclovax",),
+        renames=(("model.language_model.lm_head.", "lm_head."),
+                 ("model.language_model.model.", "model.")),
+        towers=("vision_model.", "projector.", "vision_projector.")),
+    # Kimi K2.5: its DeepSeek-V3 (Kimi K2; the Hub's text_config says "kimi_k2")
+    "kimi_k25": Wrapper("deepseek_v3", tie=True, text_types=("deepseek_v3",),
+                        aliases=(("kimi_k2", "deepseek_v3"),),
+                        towers=("vision_tower.", "mm_projector.")),
 }
