@@ -905,6 +905,18 @@ IMAGE_TEXT = {
         "model_type": "qwen2_5_vl_vision", "depth": 1, "hidden_size": 16,
         "intermediate_size": 32, "num_heads": 2, "out_hidden_size": 64, "patch_size": 14,
         "window_size": 28, "fullatt_block_indexes": [0]}},
+    **{name: {"vision_config": {"depth": 1, "hidden_size": 16, "intermediate_size": 32,
+                                "num_heads": 2, "out_hidden_size": 64, "patch_size": 14,
+                                "image_size": 28}} for name in ("glm_ocr", "glmga")},
+    "cosmos3_edge": {"vision_config": {**TINY_VISION, "num_patches": 16}},
+    "granite4_vision": {
+        # (its Q-Former has vision hidden_size // 64 heads)
+        "vision_config": {"model_type": "clip_vision_model", **TINY_VISION, "hidden_size": 64},
+        "image_grid_pinpoints": [[28, 28]], "downsample_rate": "1/2",
+        "deepstack_layer_map": [[0, 0]], "spatial_vision_layer": 0,
+        "spatial_target_layers": [0, 1, 0, 1]},
+    "granite_docling": {"vision_config": {**TINY_VISION, "deepstack_visual_indexes": [0],
+                                          "out_hidden_size": 64}},
     "kimi_k25": {"vision_config": {"hidden_size": 16, "intermediate_size": 32,
                                    "num_hidden_layers": 1, "num_attention_heads": 2,
                                    "pos_emb_height": 4, "pos_emb_width": 4}},

@@ -30,6 +30,13 @@ FLAVORS = ("ort", "standard")
 # GLM-4V's text_config: its M-RoPE sections fit the fixtures' 16 rotary dims (8 pairs)
 GLM4V_TEXT = {"model_type": "glm4v_text", "rope_parameters": {
     "rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]}}
+# The language models of a config class of their own: the fixture keys of the text family
+# they are close to (Cosmos3 Edge: M-RoPE sections that fit the fixtures' 16 rotary dims)
+TEXT_KEYS = {
+    "cosmos3_edge_text": {"head_dim": 16, "rope_parameters": {
+        "rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]}},
+    **dict.fromkeys(("granite4_vision_text", "granite_docling_text"), FIXTURES["granite"]),
+}
 # Each wrapper with its config class's default language model, and the others its Hub
 # checkpoints hold (InternVL 3.5: Qwen3; InternVL 2.5: Llama-based ones; Mistral Small 3.1's
 # Mistral, Ministral 3's), and LLaVA over families whose CausalLM does more than its
@@ -44,11 +51,11 @@ def build_wrapped(outer: str, text_type: str, out: Path) -> tuple[Path, Path | N
     """A tiny random `outer` checkpoint holding a `text_type` language model, saved by
     transformers, and where its tower is a timm model (not installed) the text model's
     folder its layout was written from (the reference), else None."""
-    keys = {"model_type": text_type, **FIXTURES.get(text_type, {})}
+    keys = {"model_type": text_type, **TEXT_KEYS.get(text_type, FIXTURES.get(text_type, {}))}
     if outer in TIMM_TOWERS:
         return timm_wrapped(outer, text_type, out), out.with_name(out.name + "-text")
-    if outer.startswith("glm4"):
-        keys = GLM4V_TEXT
+    if outer.startswith("glm"):
+        keys = {**GLM4V_TEXT, "model_type": text_type}
     hf_dir = build_hf_model(outer, out, **keys)
     if outer == "kimi_k25":
         as_kimi_k25_hub(hf_dir)

@@ -5,6 +5,7 @@ nested config and stored prefix (vision tower left out).
 from __future__ import annotations
 
 from dataclasses import replace
+from functools import partial
 from typing import Any
 
 from edgeprefill.export.experts import (
@@ -21,6 +22,7 @@ from edgeprefill.export.families.dense import (
     after_max_window_layers,
 )
 from edgeprefill.export.families.dense import FAMILIES as DENSE_FAMILIES
+from edgeprefill.export.families.dense import GRANITE
 from edgeprefill.export.families.gemma import FAMILIES as GEMMA_FAMILIES
 from edgeprefill.export.families.moe import (
     EXPERT_ALIASES,
@@ -29,7 +31,7 @@ from edgeprefill.export.families.moe import (
     shared_experts,
 )
 from edgeprefill.export.families.recurrent import LFM2, LFM3
-from edgeprefill.export.families.spec import FamilySpec
+from edgeprefill.export.families.spec import LLAMA_NAMES, FamilySpec
 from edgeprefill.export.families.wrapped import Wrapper
 
 
@@ -146,12 +148,13 @@ def _shieldgemma2_text(raw: dict[str, Any]) -> dict[str, Any]:
     return {**inner, **ids, "tie_word_embeddings": tie}
 
 
-def _glm4v_text(raw: dict[str, Any]) -> dict[str, Any]:
-    """Glm4vConfig: its text_config, tied where either level says so (pre-v5 saves kept
-    tie_word_embeddings inside text_config; Glm4vTextConfig has no default of its own)."""
+def _glm4v_text(raw: dict[str, Any], text_type: str = "glm4v_text") -> dict[str, Any]:
+    """Glm4vConfig: its text_config (of `text_type`), tied where either level says so
+    (pre-v5 saves kept tie_word_embeddings inside text_config; Glm4vTextConfig has no
+    default of its own)."""
     inner = raw["text_config"]  # a KeyError names the missing key
-    if not isinstance(inner, dict) or inner.get("model_type", "glm4v_text") != "glm4v_text":
-        raise ValueError("text_config must be an object of model_type glm4v_text")
+    if not isinstance(inner, dict) or inner.get("model_type", text_type) != text_type:
+        raise ValueError(f"text_config must be an object of model_type {text_type}")
     tie = bool(raw.get("tie_word_embeddings") or inner.get("tie_word_embeddings"))
     return {**inner, "tie_word_embeddings": tie}
 
@@ -186,6 +189,55 @@ SHIELDGEMMA2 = replace(
              ("model.model.language_model.", "model."),
              ("model.language_model.model.", "model."), ("model.language_model.", "model.")),
     left_out=(*_GEMMA3.left_out, *(f"model.{prefix}" for prefix in _GEMMA3.left_out)),
+)
+
+# transformers 5.24's newer image-text checkpoints (stop 43, first half), whose language
+# model is close to one of ours under a config class of its own.
+# GLM-OCR: GLM-4V's language model without q/k/v biases, under GlmOcrTextConfig's defaults.
+GLM_OCR = replace(
+    GLM4V, qkv_bias=False, unnest=partial(_glm4v_text, text_type="glm_ocr_text"),
+    defaults={"vocab_size": 59392, "hidden_size": 1024, "intermediate_size": 4096,
+              "num_hidden_layers": 16, "num_attention_heads": 16, "num_key_value_heads": 8,
+              "max_position_embeddings": 131072, "rms_norm_eps": 1e-5, "rope_theta": 10000.0},
+)
+
+
+def _granite_image_text(text_type: str, tie: bool, lm: str, towers: tuple[str, ...],
+                        defaults: dict[str, Any]) -> FamilySpec:
+    """A Granite language model (text_config of `text_type`) stored under `lm` in
+    transformers 5's layout (model.<lm>.) or the Hub's older one (<lm>.model.), whose
+    wrapper divides the logits by logits_scaling as GraniteForCausalLM does; the outer
+    config decides the tying (`tie` unless it says otherwise)."""
+    return replace(
+        GRANITE, nested="text_config", text_types=(text_type,),
+        outer={"tie_word_embeddings": tie},
+        renames=((f"model.{lm}.", "model."), (f"{lm}.model.", "model."),
+                 (f"{lm}.lm_head.", "lm_head.")),
+        left_out=tuple(prefix for tower in towers for prefix in (f"model.{tower}", tower)),
+        defaults={**GRANITE.defaults, **defaults},
+        quirks=(*GRANITE.quirks, IMAGE_TEXT_QUIRK),
+    )
+
+
+# Cosmos3 Edge: Llama attention with M-RoPE (plain rotary on text) and an ungated
+# ReLU-squared MLP (fc1, fc2), as the Hub stores it (and transformers 5.24 saves it): the
+# language model at the top level, attention to_q/to_k/to_v/to_out, MLP up_proj/down_proj.
+# The generation modules its loader drops (action_*, time_embedder, *_moe_gen, add_*_proj,
+# ...) are not read.
+COSMOS3_EDGE = FamilySpec(
+    **ATTENTION_BIAS, nested="text_config", text_types=("cosmos3_edge_text",),
+    outer={"tie_word_embeddings": False}, unsupported=("mlp_bias",),
+    names=replace(LLAMA_NAMES, embed=("embed_tokens.weight",), final_norm="norm",
+                  layer="layers.{i}.", q="self_attn.to_q", k="self_attn.to_k",
+                  v="self_attn.to_v", o="self_attn.to_out", gate="", up="mlp.up_proj",
+                  down="mlp.down_proj"),
+    gated_mlp=False, act_default="relu2",
+    left_out=("visual.", "projector.", "model.visual.", "model.projector."),
+    defaults={"vocab_size": 131072, "hidden_size": 2048, "intermediate_size": 9216,
+              "num_hidden_layers": 28, "num_attention_heads": 16, "num_key_value_heads": 8,
+              "head_dim": 128, "max_position_embeddings": 131072, "rms_norm_eps": 1e-5,
+              "rope_theta": 100_000_000.0},
+    quirks=("ReLU-squared MLP without a gate", *MROPE_QUIRKS),
 )
 
 FAMILIES: dict[str, FamilySpec] = {
@@ -280,6 +332,26 @@ FAMILIES: dict[str, FamilySpec] = {
         quirks=("cross-attention layers left out (text skips them)",
                 "embedding 8 rows taller than the LM head", IMAGE_TEXT_QUIRK),
     ),
+    # transformers 5.24's newer image-text checkpoints (stop 43, first half)
+    "cosmos3_edge": COSMOS3_EDGE,
+    "glm_ocr": GLM_OCR,
+    "glmga": GLM4V,  # Glm46VForConditionalGeneration under GlmgaConfig: GLM-4.6V's
+    # Granite 4 Vision: LLaVA-NeXT's layout, its projectors per layer (deepstack, added at
+    # image positions only) and spatial ones
+    "granite4_vision": _granite_image_text(
+        "granite4_vision_text", tie=False, lm="language_model",
+        towers=("vision_tower.", "image_newline", "layerwise_projectors.",
+                "spatial_projectors."),
+        defaults={"rms_norm_eps": 1e-6}),
+    # Granite Docling: Idefics 3's layout (model.text_model.), tied unless it says otherwise
+    "granite_docling": _granite_image_text(
+        "granite_docling_text", tie=True, lm="text_model",
+        towers=("vision_model.", "density_router."),
+        defaults={"vocab_size": 133800, "hidden_size": 1024, "intermediate_size": 2048,
+                  "num_hidden_layers": 28, "num_attention_heads": 16,
+                  "num_key_value_heads": 4, "max_position_embeddings": 32768,
+                  "rms_norm_eps": 1e-5, "embedding_multiplier": 12.0, "logits_scaling": 4.0,
+                  "residual_multiplier": 0.263, "attention_multiplier": 0.015625}),
 }
 
 # The checkpoints whose language model is whichever text family of ours text_config names
@@ -331,7 +403,9 @@ WRAPPERS: dict[str, Wrapper] = {
     "deepseek_vl_hybrid": Wrapper("llama", tie=True, towers=(
         "vision_model.", "aligner.", "high_res_vision_")),
     # EXAONE 4.5: its EXAONE 4 (text positions 1-D; its 2-D rotary is the tower's)
-    "exaone4_5": Wrapper("exaone4", tie=False, towers=("visual.",)),
+    # (its first configs' text_config said "exaone4_5_text")
+    "exaone4_5": Wrapper("exaone4", tie=False, text_types=("exaone4",),
+                         aliases=(("exaone4_5_text", "exaone4"),), towers=("visual.",)),
     # HyperCLOVA X SEED Vision (V2): HyperCLOVA X, whose logits it too multiplies by
     # logits_scaling; its head stored inside the language model (the Hub's layout, and
     # transformers 5.24's save), the projector `vision_projector.` on the Hub
