@@ -897,6 +897,12 @@ IMAGE_TEXT = {
                                    "num_hidden_layers": 1, "num_attention_heads": 2,
                                    "image_size": 32, "patch_size": 16, "mlp_dim": 32,
                                    "global_attn_indexes": [0], "window_size": 2}},
+    "ernie4_5_vl_moe": {"vision_config": {"depth": 1, "hidden_size": 16,
+                                          "intermediate_size": 32, "num_heads": 2,
+                                          "patch_size": 14}},
+    "hunyuan_vl": {"vision_config": {"hidden_size": 16, "intermediate_size": 32,
+                                     "num_hidden_layers": 1, "num_attention_heads": 2,
+                                     "patch_size": 14, "out_hidden_size": 64}},
     "exaone4_5": {"vision_config": {
         "depth": 1, "hidden_size": 16, "intermediate_size": 32, "num_heads": 2,
         "num_key_value_heads": 2, "out_hidden_size": 64, "patch_size": 14, "window_size": 28,
@@ -909,6 +915,13 @@ IMAGE_TEXT = {
                                 "num_heads": 2, "out_hidden_size": 64, "patch_size": 14,
                                 "image_size": 28}} for name in ("glm_ocr", "glmga")},
     "cosmos3_edge": {"vision_config": {**TINY_VISION, "num_patches": 16}},
+    "deepseek_ocr2": {"vision_config": {
+        "sam_config": {"hidden_size": 16, "output_channels": 16, "num_hidden_layers": 1,
+                       "num_attention_heads": 2, "image_size": 32, "patch_size": 16,
+                       "mlp_dim": 32, "global_attn_indexes": [0], "window_size": 2},
+        "encoder_config": {"hidden_size": 16, "intermediate_size": 32,
+                           "num_hidden_layers": 1, "num_attention_heads": 2,
+                           "num_key_value_heads": 2}}},
     "granite4_vision": {
         # (its Q-Former has vision hidden_size // 64 heads)
         "vision_config": {"model_type": "clip_vision_model", **TINY_VISION, "hidden_size": 64},

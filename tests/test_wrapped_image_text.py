@@ -36,6 +36,16 @@ TEXT_KEYS = {
     "cosmos3_edge_text": {"head_dim": 16, "rope_parameters": {
         "rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]}},
     **dict.fromkeys(("granite4_vision_text", "granite_docling_text"), FIXTURES["granite"]),
+    # HunYuan dense's, its NTK-alpha rope written as HunyuanOCR's "xdrope" with sections
+    "hunyuan_vl_text": {**FIXTURES["hunyuan_v1_dense"], "rope_scaling": None,
+                        "rope_parameters": {"rope_type": "xdrope", "rope_theta": 10000.0,
+                                            "alpha": 1000.0, "factor": 1.0,
+                                            "xdrope_section": [4, 4, 4, 4]}},
+    # DeepSeek-V2's experts (group-limited) without its latent attention, a dense first layer
+    "deepseek_ocr2_text": {
+        **{k: v for k, v in FIXTURES["deepseek_v2"].items() if "lora" not in k
+           and not k.endswith("head_dim") and k != "first_k_dense_replace"},
+        "mlp_layer_types": ["dense", "sparse", "sparse"]},
 }
 # Each wrapper with its config class's default language model, and the others its Hub
 # checkpoints hold (InternVL 3.5: Qwen3; InternVL 2.5: Llama-based ones; Mistral Small 3.1's
@@ -59,7 +69,23 @@ def build_wrapped(outer: str, text_type: str, out: Path) -> tuple[Path, Path | N
     hf_dir = build_hf_model(outer, out, **keys)
     if outer == "kimi_k25":
         as_kimi_k25_hub(hf_dir)
+    if outer == "hunyuan_vl":
+        as_hunyuan_ocr_hub(hf_dir)
     return hf_dir, None
+
+
+def as_hunyuan_ocr_hub(hf_dir: Path) -> None:
+    """HunyuanOCR's config.json on the Hub: flat (the language model's keys at the top
+    level, no text_config), its rope the "xdrope" rope_scaling HunYuanVLTextConfig reads as
+    HunYuan's NTK-alpha rope."""
+    path = hf_dir / "config.json"
+    raw = json.loads(path.read_text())
+    text = raw.pop("text_config")
+    rope = text.pop("rope_parameters")
+    text["rope_scaling"] = {"type": "xdrope", "alpha": rope["alpha"], "factor": 1.0,
+                            "xdrope_section": rope["mrope_section"]}
+    text["rope_theta"] = rope["rope_theta"]
+    path.write_text(json.dumps({**text, **raw}))
 
 
 def as_kimi_k25_hub(hf_dir: Path) -> None:

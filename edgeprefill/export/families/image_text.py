@@ -12,6 +12,7 @@ from edgeprefill.export.experts import (
     MoeNames,
     MoeSpec,
     sparse_layers,
+    sparse_mlp_layers,
 )
 from edgeprefill.export.families.dense import (
     ATTENTION_BIAS,
@@ -22,8 +23,9 @@ from edgeprefill.export.families.dense import (
     after_max_window_layers,
 )
 from edgeprefill.export.families.dense import FAMILIES as DENSE_FAMILIES
-from edgeprefill.export.families.dense import GRANITE
+from edgeprefill.export.families.dense import GRANITE, HUNYUAN_V1_DENSE, hunyuan_ntk_alpha
 from edgeprefill.export.families.gemma import FAMILIES as GEMMA_FAMILIES
+from edgeprefill.export.families.latent import DEEPSEEK_V2
 from edgeprefill.export.families.moe import (
     EXPERT_ALIASES,
     GLM4_MOE,
@@ -240,6 +242,72 @@ COSMOS3_EDGE = FamilySpec(
     quirks=("ReLU-squared MLP without a gate", *MROPE_QUIRKS),
 )
 
+
+def _deepseek_ocr2_config(raw: dict[str, Any]) -> dict[str, Any]:
+    """DeepseekOcr2TextConfig: DeepseekV2Config's experts (read by DEEPSEEK_V2's legacy) on
+    the layers mlp_layer_types marks "sparse"; head_dim is always hidden / heads."""
+    raw = {**raw, "head_dim": int(raw["hidden_size"]) // int(raw["num_attention_heads"])}
+    return DEEPSEEK_V2.legacy(raw) if DEEPSEEK_V2.legacy is not None else raw
+
+
+# DeepSeek-OCR 2: DeepSeek-V2's experts (softmax, greedy or group-limited top k, times
+# routed_scaling_factor, shared experts beside them) on the layers mlp_layer_types marks
+# "sparse" (its model fails without it), under Llama's attention and rotary (no latent
+# attention). The Hub stores the language model as a Llama's (model.layers.) beside its SAM
+# and Qwen2 encoders; transformers 5 under model.language_model.
+DEEPSEEK_OCR2 = replace(
+    DEEPSEEK_V2, latent=False, rope_interleaved=False, nested="text_config",
+    text_types=("deepseek_ocr2_text",), outer={"tie_word_embeddings": False},
+    legacy=_deepseek_ocr2_config, required=("num_experts_per_tok", "mlp_layer_types"),
+    moe=replace(DEEPSEEK_V2.moe, layers=sparse_mlp_layers) if DEEPSEEK_V2.moe else None,
+    renames=(("model.language_model.", "model."),),
+    left_out=tuple(f"model.{tower}" for tower in (
+        "vision_tower.", "multi_modal_projector.", "view_separator", "sam_model.",
+        "qwen2_model.", "projector.", "view_seperator")),
+    defaults={k: v for k, v in DEEPSEEK_V2.defaults.items()
+              if k not in ("kv_lora_rank", "q_lora_rank", "qk_nope_head_dim",
+                           "qk_rope_head_dim", "v_head_dim")},
+    quirks=("dense and sparse layers (mlp_layer_types)", IMAGE_TEXT_QUIRK),
+)
+
+
+def _hunyuan_vl_text(raw: dict[str, Any]) -> dict[str, Any]:
+    """HunYuanVLConfig: its text_config, or where it has none (the Hub's flat configs) the
+    language model's keys at the top level; tied where either level says so, true unless
+    the outer config says otherwise."""
+    inner = raw.get("text_config")
+    if inner is None:
+        return {k: v for k, v in raw.items() if k != "vision_config"}
+    if not isinstance(inner, dict):
+        raise ValueError(f"text_config must be an object, got {type(inner).__name__}")
+    if inner.get("model_type", "hunyuan_vl_text") != "hunyuan_vl_text":
+        raise ValueError("text_config must be an object of model_type hunyuan_vl_text")
+    tie = bool(raw.get("tie_word_embeddings", True) or inner.get("tie_word_embeddings"))
+    return {**inner, "tie_word_embeddings": tie}
+
+
+def _hunyuan_vl_rope(raw: dict[str, Any]) -> dict[str, Any]:
+    # HunYuanVLTextConfig reads the Hub's "xdrope" as HunYuan's "dynamic" rope (with an
+    # `alpha`: a fixed NTK stretch, hunyuan_ntk_alpha); its sections (xdrope_section or
+    # mrope_section) turn text positions all alike.
+    for key in ("rope_parameters", "rope_scaling"):
+        params = raw.get(key)
+        if isinstance(params, dict) and params.get("rope_type", params.get("type")) == "xdrope":
+            raw = {**raw, key: {**params, "rope_type": "dynamic", "type": "dynamic"}}
+    return hunyuan_ntk_alpha(raw)
+
+
+# HunyuanOCR (HunYuanVLForConditionalGeneration): HunYuan dense's language model under
+# model.language_model. (the Hub's: model.), its ViT (vit., model.vision_tower.) left out.
+HUNYUAN_VL = replace(
+    HUNYUAN_V1_DENSE, unnest=_hunyuan_vl_text, legacy=_hunyuan_vl_rope,
+    renames=(("model.language_model.", "model."),),
+    left_out=("vit.", "model.vit.", "model.vision_tower.", "vision_tower."),
+    defaults={**HUNYUAN_V1_DENSE.defaults, "vocab_size": 290943,
+              "max_position_embeddings": 2048},
+    quirks=(*HUNYUAN_V1_DENSE.quirks, *MROPE_QUIRKS),
+)
+
 FAMILIES: dict[str, FamilySpec] = {
     "qwen2_vl": QWEN2_VL,
     "qwen2_5_vl": QWEN2_VL,  # the same language model as Qwen2-VL's
@@ -334,8 +402,10 @@ FAMILIES: dict[str, FamilySpec] = {
     ),
     # transformers 5.24's newer image-text checkpoints (stop 43, first half)
     "cosmos3_edge": COSMOS3_EDGE,
+    "deepseek_ocr2": DEEPSEEK_OCR2,
     "glm_ocr": GLM_OCR,
     "glmga": GLM4V,  # Glm46VForConditionalGeneration under GlmgaConfig: GLM-4.6V's
+    "hunyuan_vl": HUNYUAN_VL,
     # Granite 4 Vision: LLaVA-NeXT's layout, its projectors per layer (deepstack, added at
     # image positions only) and spatial ones
     "granite4_vision": _granite_image_text(
