@@ -18,12 +18,13 @@ from safetensors.torch import load_file, save_file
 
 from edgeprefill.errors import ExportError
 from edgeprefill.export.exporter import ExportOptions, export
+from edgeprefill.export.families import wrapped_text_type
 from edgeprefill.export.families.image_text import WRAPPERS
 from edgeprefill.export.model_config import ModelConfig
 from edgeprefill.sdk import Engine
 from tests.conftest import FAMILIES as FIXTURES
 from tests.conftest import IMAGE_TEXT, TIMM_TOWERS, build_hf_model, write_tokenizer
-from tests.test_cli_errors import EDGEPREFILL
+from tests.test_cli_errors import EDGEPREFILL, assert_one_line_error, cli
 from tests.test_exactness import prompt_ids, reference_logits
 
 FLAVORS = ("ort", "standard")
@@ -171,10 +172,18 @@ def test_a_wrapper_exports_the_language_model_its_text_config_names(tmp_path):
     check_exports_as_transformers("llava", "qwen2", tmp_path)
 
 
+# The image-text families of a config class of their own (families/image_text.py FAMILIES)
+# that stop 43 added, with their language model's type
+OWN_TEXT = [("cosmos3_edge", "cosmos3_edge_text"), ("deepseek_ocr2", "deepseek_ocr2_text"),
+            ("glm_ocr", "glm_ocr_text"), ("glmga", "glm4v_text"),
+            ("granite4_vision", "granite4_vision_text"),
+            ("granite_docling", "granite_docling_text"), ("hunyuan_vl", "hunyuan_vl_text")]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("outer, text_type", [
     *MATRIX, ("glm4v", "glm4v_text"), ("glm46v", "glm4v_text"),
-    ("shieldgemma2", "gemma3_text")])
+    ("shieldgemma2", "gemma3_text"), *OWN_TEXT])
 def test_every_wrapper_exports_its_language_model_as_transformers_runs_it(
         tmp_path, outer, text_type):
     check_exports_as_transformers(outer, text_type, tmp_path)
@@ -239,16 +248,26 @@ TIE_CASES = [({}, {}), ({"tie_word_embeddings": True}, {}), ({}, {"tie_word_embe
              ({"tie_word_embeddings": True}, {"tie_word_embeddings": False})]
 
 
-@pytest.mark.parametrize("outer", [*sorted(WRAPPERS), "glm4v", "shieldgemma2"])
+# the keys a language model cannot do without, beside TIE_CASES' text_config
+TIE_TEXT_KEYS = {"deepseek_ocr2": {"num_experts_per_tok": 2,
+                                   "mlp_layer_types": ["dense", "sparse"]},
+                 "hunyuan_vl": {"head_dim": 16}}
+
+
+@pytest.mark.parametrize("outer", [*sorted(WRAPPERS), "glm4v", "shieldgemma2",
+                                   *(outer for outer, _ in OWN_TEXT)])
 def test_each_wrapper_ties_as_its_config_class(outer):
     for text, top in TIE_CASES:
         text_type = WRAPPERS[outer].default_text if outer in WRAPPERS else \
-            {"glm4v": "glm4v_text", "shieldgemma2": "gemma3_text"}[outer]
+            {"glm4v": "glm4v_text", "shieldgemma2": "gemma3_text", **dict(OWN_TEXT)}[outer]
         raw = {"model_type": outer, **top, "text_config": {
             "model_type": text_type, "hidden_size": 64, "intermediate_size": 96,
             "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-            "vocab_size": 128, "eos_token_id": 2, "bos_token_id": 1, **text}}
-        hf = transformers.AutoConfig.for_model(**raw)
+            "vocab_size": 128, "eos_token_id": 2, "bos_token_id": 1,
+            **TIE_TEXT_KEYS.get(outer, {}), **text}}
+        # (with the outer keys its config class checks against a small vocabulary: Apertus
+        # 1.5's token offsets)
+        hf = transformers.AutoConfig.for_model(**raw, **IMAGE_TEXT.get(outer, {}))
         assert ModelConfig.from_hf(raw).tie_embeddings is bool(hf.tie_word_embeddings), \
             (text, top)
 
@@ -311,3 +330,58 @@ def test_export_says_once_on_stderr_that_the_bundle_is_text_only(tmp_path):
     said = [line for line in result.stderr.splitlines() if "text-only" in line]
     assert len(said) == 1 and "vision_tower" in said[0] and "left out" in said[0], \
         result.stderr
+
+
+def test_hyperclovax_vision_v2s_head_multiplies_the_logits_as_its_text_model(tmp_path):
+    # Unlike LLaVA's head, HyperCLOVAXVisionV2ForConditionalGeneration's multiplies the
+    # logits by text_config's logits_scaling (2.0 in the fixture), as HyperCLOVAXForCausalLM
+    text = {"model_type": "hyperclovax", "hidden_size": 64, "intermediate_size": 96,
+            "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 128,
+            "logits_scaling": 2.0}
+    assert ModelConfig.from_hf({"model_type": "hyperclovax_vision_v2",
+                                "text_config": text}).logits_multiplier == 2.0
+    assert ModelConfig.from_hf({"model_type": "llava", "text_config": text}
+                               ).logits_multiplier == 1.0
+    check_exports_as_transformers("hyperclovax_vision_v2", "hyperclovax", tmp_path)
+
+
+def test_cosmos3_edge_exports_its_hub_layout_as_transformers_runs_it(tmp_path):
+    # Llama attention named to_q/to_k/to_v/to_out, an ungated ReLU-squared MLP, M-RoPE
+    check_exports_as_transformers("cosmos3_edge", "cosmos3_edge_text", tmp_path)
+
+
+@pytest.mark.parametrize("outer, stored, read", [
+    ("kimi_k25", "kimi_k2", "deepseek_v3"),  # the Hub's Kimi K2.5/K2.6 configs
+    ("exaone4_5", "exaone4_5_text", "exaone4"),  # EXAONE 4.5's first configs
+])
+def test_a_text_type_its_config_class_renames_is_read_as_that_family(outer, stored, read):
+    raw = {"model_type": outer, "text_config": {"model_type": stored, "hidden_size": 64,
+                                                "num_attention_heads": 4,
+                                                "num_hidden_layers": 2}}
+    assert transformers.AutoConfig.for_model(**raw).text_config.model_type == read
+    assert wrapped_text_type(outer, raw) == read
+
+
+def test_hunyuan_ocrs_flat_config_reads_its_xdrope_as_hunyuans_ntk_alpha_rope():
+    # tencent/HunyuanOCR's config.json: no text_config, an "xdrope" rope_scaling
+    raw = {"model_type": "hunyuan_vl", "hidden_size": 64, "num_attention_heads": 4,
+           "num_hidden_layers": 2, "head_dim": 16, "intermediate_size": 96,
+           "rope_theta": 10000.0, "rope_scaling": {"type": "xdrope", "alpha": 1000.0,
+                                                   "factor": 1.0,
+                                                   "xdrope_section": [2, 2, 2, 2]}}
+    hf = transformers.AutoConfig.for_model(**raw).text_config
+    assert hf.hidden_size == 64 and hf.rope_parameters["rope_type"] == "dynamic"
+    assert ModelConfig.from_hf(raw).ropes["global"].kind == "ntk_alpha"
+
+
+@pytest.mark.parametrize("model_type, fragment", [
+    ("glm5_next", "GLM-5-Next's language model (DeepSeek sparse attention"),
+    ("hy_v4_vl", "Hy4-VL's language model is Hy4's"),
+])
+def test_an_image_text_type_whose_language_model_is_refused_is_one_line(
+        hf_model, tmp_path, model_type, fragment):
+    hf_dir = shutil.copytree(hf_model("llama"), tmp_path / "hf")
+    config = json.loads((hf_dir / "config.json").read_text())
+    (hf_dir / "config.json").write_text(json.dumps({**config, "model_type": model_type}))
+    assert_one_line_error(cli("export", hf_dir, "-o", tmp_path / "b"),
+                          f"model_type {model_type!r}: {fragment}")

@@ -150,14 +150,17 @@ def _shieldgemma2_text(raw: dict[str, Any]) -> dict[str, Any]:
     return {**inner, **ids, "tie_word_embeddings": tie}
 
 
-def _glm4v_text(raw: dict[str, Any], text_type: str = "glm4v_text") -> dict[str, Any]:
+def _glm4v_text(raw: dict[str, Any], text_type: str = "glm4v_text",
+                either_ties: bool = True) -> dict[str, Any]:
     """Glm4vConfig: its text_config (of `text_type`), tied where either level says so
     (pre-v5 saves kept tie_word_embeddings inside text_config; Glm4vTextConfig has no
-    default of its own)."""
+    default of its own); without `either_ties` (GlmgaConfig) as the outer config says,
+    false unless given."""
     inner = raw["text_config"]  # a KeyError names the missing key
     if not isinstance(inner, dict) or inner.get("model_type", text_type) != text_type:
         raise ValueError(f"text_config must be an object of model_type {text_type}")
-    tie = bool(raw.get("tie_word_embeddings") or inner.get("tie_word_embeddings"))
+    tie = bool(raw.get("tie_word_embeddings") or
+               (either_ties and inner.get("tie_word_embeddings")))
     return {**inner, "tie_word_embeddings": tie}
 
 
@@ -404,7 +407,9 @@ FAMILIES: dict[str, FamilySpec] = {
     "cosmos3_edge": COSMOS3_EDGE,
     "deepseek_ocr2": DEEPSEEK_OCR2,
     "glm_ocr": GLM_OCR,
-    "glmga": GLM4V,  # Glm46VForConditionalGeneration under GlmgaConfig: GLM-4.6V's
+    # Glm46VForConditionalGeneration under GlmgaConfig: GLM-4.6V's, tied as the outer
+    # config alone says
+    "glmga": replace(GLM4V, unnest=partial(_glm4v_text, either_ties=False)),
     "hunyuan_vl": HUNYUAN_VL,
     # Granite 4 Vision: LLaVA-NeXT's layout, its projectors per layer (deepstack, added at
     # image positions only) and spatial ones
