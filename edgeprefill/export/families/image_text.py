@@ -17,13 +17,15 @@ from edgeprefill.export.experts import (
 from edgeprefill.export.families.dense import (
     ATTENTION_BIAS,
     COHERE_COMPASS,
+    GRANITE,
+    HUNYUAN_V1_DENSE,
     IMAGE_TEXT_QUIRK,
     MROPE_QUIRKS,
     QWEN_VL,
     after_max_window_layers,
+    hunyuan_ntk_alpha,
 )
 from edgeprefill.export.families.dense import FAMILIES as DENSE_FAMILIES
-from edgeprefill.export.families.dense import GRANITE, HUNYUAN_V1_DENSE, hunyuan_ntk_alpha
 from edgeprefill.export.families.gemma import FAMILIES as GEMMA_FAMILIES
 from edgeprefill.export.families.latent import DEEPSEEK_V2
 from edgeprefill.export.families.moe import (
