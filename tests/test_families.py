@@ -281,7 +281,9 @@ SUPPORTED = {"granitemoehybrid": {"layer_types": ["attention"] * 4, "num_local_e
              "zamba": {"layers_block_type": ["mamba", "hybrid", "mamba", "hybrid"]},
              # Cohere Compass: its model reads a rope dict per layer type, no default
              **dict.fromkeys(("cohere_compass_text", "cohere_compass"), {"rope_parameters": {
-                 "full_attention": {"rope_type": "default", "rope_theta": 20000.0}}})}
+                 "full_attention": {"rope_type": "default", "rope_theta": 20000.0}}}),
+             # DeepSeek-OCR 2: its model reads a kind per layer, no default
+             "deepseek_ocr2": {"mlp_layer_types": ["dense", "sparse", "sparse", "sparse"]}}
 
 
 def least(family: str) -> dict:
@@ -458,7 +460,10 @@ def test_a_sliding_window_key_slides_only_where_the_family_reads_it(family):
                       "hyperclovax", "granitemoeshared",
                       "nanochat", "gptj", "codegen", "falcon", "persimmon", "internlm3",
                       "hunyuan_v1_moe", "dbrx", "flex_olmo", "minimax_m2", "emu3",
-                      "gpt_neox_japanese", "mllama", *NO_ROTARY, *ALIBI):
+                      "gpt_neox_japanese", "mllama", *NO_ROTARY, *ALIBI,
+                      # stop 43's image-text families of a config class of their own
+                      "cosmos3_edge", "deepseek_ocr2", "glm_ocr", "glmga", "granite4_vision",
+                      "granite_docling"):
             expected = [None] * len(ours)  # Nemotron-H: 2 layers of its 4 blocks
         elif types is not None:
             expected = [window if t == "sliding_attention" else None for t in types]

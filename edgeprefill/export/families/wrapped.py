@@ -67,7 +67,7 @@ def wrapped_spec(wrapper: Wrapper, text: FamilySpec) -> FamilySpec:
                  (f"{lm}.lm_head.", "lm_head.")),
         left_out=tuple(prefix for tower in wrapper.towers
                        for prefix in (f"model.{tower}", tower)),
-        quirks=(*text.quirks, IMAGE_TEXT_QUIRK),
+        text_types=wrapper.text_types, quirks=(*text.quirks, IMAGE_TEXT_QUIRK),
     )
     if wrapper.head:
         return spec
