@@ -43,6 +43,11 @@ TEXT_KEYS = {
                         "rope_parameters": {"rope_type": "xdrope", "rope_theta": 10000.0,
                                             "alpha": 1000.0, "factor": 1.0,
                                             "xdrope_section": [4, 4, 4, 4]}},
+    # ERNIE-4.5-MoE's, a width per modality; its 3-D rotary's sections fit 16 rotary dims
+    "ernie4_5_vl_moe_text": {
+        **FIXTURES["ernie4_5_moe"], "moe_intermediate_size": [32, 16],
+        "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0,
+                            "mrope_section": [3, 3, 2]}},
     # DeepSeek-V2's experts (group-limited) without its latent attention, a dense first layer
     "deepseek_ocr2_text": {
         **{k: v for k, v in FIXTURES["deepseek_v2"].items() if "lora" not in k
@@ -176,6 +181,7 @@ def test_a_wrapper_exports_the_language_model_its_text_config_names(tmp_path):
 # The image-text families of a config class of their own (families/image_text.py FAMILIES)
 # that stop 43 added, with their language model's type
 OWN_TEXT = [("cosmos3_edge", "cosmos3_edge_text"), ("deepseek_ocr2", "deepseek_ocr2_text"),
+            ("ernie4_5_vl_moe", "ernie4_5_vl_moe_text"),
             ("glm_ocr", "glm_ocr_text"), ("glmga", "glm4v_text"),
             ("granite4_vision", "granite4_vision_text"),
             ("granite_docling", "granite_docling_text"), ("hunyuan_vl", "hunyuan_vl_text")]

@@ -29,6 +29,7 @@ from edgeprefill.export.families.dense import FAMILIES as DENSE_FAMILIES
 from edgeprefill.export.families.gemma import FAMILIES as GEMMA_FAMILIES
 from edgeprefill.export.families.latent import DEEPSEEK_V2
 from edgeprefill.export.families.moe import (
+    ERNIE4_5_MOE,
     EXPERT_ALIASES,
     GLM4_MOE,
     LLAMA4_TEXT,
@@ -313,6 +314,39 @@ HUNYUAN_VL = replace(
     quirks=(*HUNYUAN_V1_DENSE.quirks, *MROPE_QUIRKS),
 )
 
+
+def _ernie4_5_vl_text(raw: dict[str, Any]) -> dict[str, Any]:
+    """Ernie4_5_VLMoeTextConfig: ERNIE-4.5-MoE's keys (read by its legacy) with a width per
+    modality in moe_intermediate_size ([text, vision], [1536, 512] unless given; the text
+    experts and the shared MLP are the text's) and experts on the layers mlp_layer_types
+    marks "sparse" (all but the first unless given)."""
+    widths = raw.get("moe_intermediate_size") or [1536, 512]
+    kinds = raw.get("mlp_layer_types") or \
+        ["dense"] + ["sparse"] * (int(raw["num_hidden_layers"]) - 1)
+    text = {**raw, "moe_intermediate_size": widths[0], "mlp_layer_types": kinds}
+    return ERNIE4_5_MOE.legacy(text) if ERNIE4_5_MOE.legacy is not None else text
+
+
+# ERNIE 4.5 VL (Ernie4_5_VLMoeForConditionalGeneration): ERNIE-4.5-MoE's language model
+# whose experts are split by modality. On text every token takes the text experts: the
+# first num_experts of the layer's list, its router `mlp.gate.weight` (stored [H, E]) and
+# row 0 of the selection bias [2, E]; the vision experts (the rest of the list,
+# `gate.weight_1`) are not read. Its 3-D rotary turns interleaved pairs by the token's
+# time, height or width position, all equal on text: ERNIE's interleaved rotary.
+ERNIE4_5_VL_MOE = replace(
+    ERNIE4_5_MOE, nested="text_config", text_types=("ernie4_5_vl_moe_text",),
+    outer={"tie_word_embeddings": True}, legacy=_ernie4_5_vl_text,
+    moe=replace(ERNIE4_5_MOE.moe, layers=sparse_mlp_layers,
+                names=replace(ERNIE4_5_MOE.moe.names, router_hidden_first=True,
+                              modalities=2)) if ERNIE4_5_MOE.moe else None,
+    renames=(("model.language_model.", "model."),),
+    left_out=tuple(f"model.{tower}" for tower in (
+        "vision_model.", "resampler_model.", "vision_tower.")),
+    defaults={k: v for k, v in ERNIE4_5_MOE.defaults.items() if k != "moe_intermediate_size"},
+    quirks=(*ERNIE4_5_MOE.quirks, "experts per modality (the text's read)",
+            *MROPE_QUIRKS),
+)
+
 FAMILIES: dict[str, FamilySpec] = {
     "qwen2_vl": QWEN2_VL,
     "qwen2_5_vl": QWEN2_VL,  # the same language model as Qwen2-VL's
@@ -408,6 +442,7 @@ FAMILIES: dict[str, FamilySpec] = {
     # transformers 5.24's newer image-text checkpoints (stop 43, first half)
     "cosmos3_edge": COSMOS3_EDGE,
     "deepseek_ocr2": DEEPSEEK_OCR2,
+    "ernie4_5_vl_moe": ERNIE4_5_VL_MOE,
     "glm_ocr": GLM_OCR,
     # Glm46VForConditionalGeneration under GlmgaConfig: GLM-4.6V's, tied as the outer
     # config alone says
