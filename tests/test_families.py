@@ -283,7 +283,12 @@ SUPPORTED = {"granitemoehybrid": {"layer_types": ["attention"] * 4, "num_local_e
              **dict.fromkeys(("cohere_compass_text", "cohere_compass"), {"rope_parameters": {
                  "full_attention": {"rope_type": "default", "rope_theta": 20000.0}}}),
              # DeepSeek-OCR 2: its model reads a kind per layer, no default
-             "deepseek_ocr2": {"mlp_layer_types": ["dense", "sparse", "sparse", "sparse"]}}
+             "deepseek_ocr2": {"mlp_layer_types": ["dense", "sparse", "sparse", "sparse"]},
+             # ERNIE 4.5 VL: 3-D rotary sections that fit MINIMAL's 16-wide heads (its
+             # config class's fit 128)
+             "ernie4_5_vl_moe": {"rope_parameters": {"rope_type": "default",
+                                                     "rope_theta": 500000.0,
+                                                     "mrope_section": [3, 3, 2]}}}
 
 
 def least(family: str) -> dict:
@@ -462,8 +467,8 @@ def test_a_sliding_window_key_slides_only_where_the_family_reads_it(family):
                       "hunyuan_v1_moe", "dbrx", "flex_olmo", "minimax_m2", "emu3",
                       "gpt_neox_japanese", "mllama", *NO_ROTARY, *ALIBI,
                       # stop 43's image-text families of a config class of their own
-                      "cosmos3_edge", "deepseek_ocr2", "glm_ocr", "glmga", "granite4_vision",
-                      "granite_docling"):
+                      "cosmos3_edge", "deepseek_ocr2", "ernie4_5_vl_moe", "glm_ocr", "glmga",
+                      "granite4_vision", "granite_docling"):
             expected = [None] * len(ours)  # Nemotron-H: 2 layers of its 4 blocks
         elif types is not None:
             expected = [window if t == "sliding_attention" else None for t in types]
