@@ -393,3 +393,19 @@ def test_an_image_text_type_whose_language_model_is_refused_is_one_line(
     (hf_dir / "config.json").write_text(json.dumps({**config, "model_type": model_type}))
     assert_one_line_error(cli("export", hf_dir, "-o", tmp_path / "b"),
                           f"model_type {model_type!r}: {fragment}")
+
+
+def test_ernie4_5_vl_reads_the_text_experts_and_leaves_the_vision_ones_out():
+    # each sparse layer's list: 8 text experts, then 8 vision ones (router gate.weight_1),
+    # under either stored prefix; left out, not warned of as unused
+    raw = {"model_type": "ernie4_5_vl_moe", "text_config": {
+        "model_type": "ernie4_5_vl_moe_text", "hidden_size": 64, "intermediate_size": 96,
+        "num_hidden_layers": 3,
+        "num_attention_heads": 4, "vocab_size": 128, **TEXT_KEYS["ernie4_5_vl_moe_text"]}}
+    cfg = ModelConfig.from_hf(raw)
+    assert cfg.moe is not None and (cfg.moe.experts, cfg.moe.width) == (8, 32)
+    assert cfg.moe.layers == (1, 2) and cfg.moe.shared_width == 2 * 32
+    for base in ("model.", "model.language_model."):
+        assert {f"{base}layers.1.mlp.experts.8.", f"{base}layers.2.mlp.experts.15.",
+                f"{base}layers.2.mlp.gate.weight_1"} <= set(cfg.left_out)
+    assert not any(".experts.7." in prefix or "layers.0." in prefix for prefix in cfg.left_out)
