@@ -938,6 +938,40 @@ IMAGE_TEXT = {
                            "attn_resolutions": [], "codebook_size": 16, "embed_dim": 4,
                            "latent_channels": 4, "hidden_size": 8},
              "vocabulary_map": {"<image>": 120, "<|extra_200|>": 121}},
+    # Janus: its understanding tower, and an image generator (a VQ-VAE as small as its
+    # GroupNorms allow) projecting to the fixtures' hidden size
+    "janus": {"vision_config": {**TINY_VISION, "projection_dim": 64, "depth": 1},
+              "vq_config": {"embed_dim": 4, "num_embeddings": 16, "latent_channels": 4,
+                            "base_channels": 32, "channel_multiplier": [1],
+                            "num_res_blocks": 1, "projection_dim": 64,
+                            "image_token_embed_dim": 64, "num_hidden_layers": 1}},
+    **{name: {"vision_config": TINY_VISION, "insert_layer_id": 0}
+       for name in ("minicpm_ocr", "minicpmv4_6", "minicpmv4_7")},
+    # Ovis2's head is sized by the outer hidden_size and vocab_size: the language model's
+    "ovis2": {"vision_config": {**TINY_VISION, "vocab_size": 16}, "hidden_size": 64,
+              "vocab_size": VOCAB},
+    "qianfan_ocr": {"vision_config": {**TINY_VISION, "image_size": [28, 28],
+                                      "patch_size": [14, 14]}},
+    "paddleocr_vl": {"vision_config": TINY_VISION},
+    # The Qwen Omni thinkers: their vision and audio towers, one small layer each
+    "qwen2_5_omni_thinker": {
+        "vision_config": {"depth": 1, "hidden_size": 16, "intermediate_size": 32,
+                          "num_heads": 2, "out_hidden_size": 64, "fullatt_block_indexes": [0]},
+        "audio_config": {"encoder_layers": 1, "encoder_attention_heads": 2,
+                         "encoder_ffn_dim": 32, "d_model": 16, "output_dim": 64}},
+    "qwen3_omni_moe_thinker": {
+        "vision_config": {"depth": 1, "hidden_size": 16, "intermediate_size": 32,
+                          "num_heads": 2, "out_hidden_size": 64, "num_position_embeddings": 16,
+                          "deepstack_visual_indexes": [0]},
+        "audio_config": {"encoder_layers": 1, "encoder_attention_heads": 2,
+                         "encoder_ffn_dim": 32, "d_model": 16, "output_dim": 64,
+                         "downsample_hidden_size": 8}},
+    # Nemotron 3 Nano Omni: a RADIO tower of one layer, no audio encoder
+    "nemotron_h_omni": {"vision_config": {"hidden_size": 16, "num_hidden_layers": 1,
+                                          "num_attention_heads": 2, "num_registers": 1,
+                                          "video_temporal_patch_size": 2},
+                        "vision_hidden_size": 16, "projector_hidden_size": 32,
+                        "audio_config": None},
 }
 
 

@@ -260,8 +260,8 @@ MINIMAL = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=4,
 # layers as the minimal config).
 SUPPORTED = {"granitemoehybrid": {"layer_types": ["attention"] * 4, "num_local_experts": 0},
              "lfm2_moe": {"layer_types": ["conv", "full_attention"] * 2},
-             "nemotron_h": {"layers_block_type": ["linear_attention", "mlp",
-                                                  "full_attention", "mlp"]},
+             **dict.fromkeys(("nemotron_h", "nemotron_h_omni"), {"layers_block_type": [
+                 "linear_attention", "mlp", "full_attention", "mlp"]}),
              "bamba": {"attn_layer_indices": [1]},
              "mamba2": {"num_heads": 8, "head_dim": 16},  # hidden x expand = heads x dim
              # Gemma 3n: its config class shares the KV of 15 layers, more than there are
@@ -333,7 +333,7 @@ OWN_ROTARY = ("gptj", "codegen")
 # ... and those without rotary nor positions (Nemotron-H, Mamba-2, Mamba-1: their mamba
 # layers order the tokens).
 NO_ROTARY = (*LEARNED_POSITIONS, "nemotron_h", "mamba2", "mamba", "falcon_mamba", "jamba",
-             "zamba", "zamba2")
+             "zamba", "zamba2", "nemotron_h_omni")
 ALIBI = ("bloom", "mpt")  # ... and those whose attention biases by distance instead
 
 
@@ -465,7 +465,8 @@ def test_a_sliding_window_key_slides_only_where_the_family_reads_it(family):
                       "hyperclovax", "granitemoeshared",
                       "nanochat", "gptj", "codegen", "falcon", "persimmon", "internlm3",
                       "hunyuan_v1_moe", "dbrx", "flex_olmo", "minimax_m2", "emu3",
-                      "gpt_neox_japanese", "mllama", *NO_ROTARY, *ALIBI,
+                      "gpt_neox_japanese", "mllama", "paddleocr_vl",
+                      "qwen3_omni_moe_thinker", *NO_ROTARY, *ALIBI,
                       # stop 43's image-text families of a config class of their own
                       "cosmos3_edge", "deepseek_ocr2", "ernie4_5_vl_moe", "glm_ocr", "glmga",
                       "granite4_vision", "granite_docling"):
@@ -540,9 +541,11 @@ def weight_shapes(family: str, **keys) -> dict[str, tuple[int, ...]]:
 
 
 # The switches export honours (the Mamba mixers' projection biases: the fixtures of
-# Nemotron-H, Mamba-2 and Mamba-1 set it; GLM-4.5's q/k norms).
+# Nemotron-H, Mamba-2 and Mamba-1 set it; GLM-4.5's q/k norms; PaddleOCR-VL's biases on
+# every projection).
 HONOURED = {("nemotron_h", "use_bias"), ("mamba2", "use_bias"), ("mamba", "use_bias"),
-            ("falcon_mamba", "use_bias"), ("glm4_moe", "use_qk_norm")}
+            ("falcon_mamba", "use_bias"), ("glm4_moe", "use_qk_norm"),
+            ("nemotron_h_omni", "use_bias"), ("paddleocr_vl", "use_bias")}
 
 
 # The switches the family's config class refuses alone (InternLM3: mlp_bias without

@@ -32,6 +32,20 @@ FLAVORS = ("ort", "standard")
 # GLM-4V's text_config: its M-RoPE sections fit the fixtures' 16 rotary dims (8 pairs)
 GLM4V_TEXT = {"model_type": "glm4v_text", "rope_parameters": {
     "rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]}}
+# The language model keys of the image-text families declared by hand whose text_config is
+# their own type: M-RoPE sections that fit the fixtures' rotary dims (8 pairs; Qwen3-MoE's
+# 16), PaddleOCR's use_bias on
+MROPE = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]}
+OWN_TEXT = {
+    "paddleocr_vl": {"head_dim": 16, "use_bias": True, "rope_parameters": MROPE},
+    "qwen2_5_omni_thinker": {"rope_parameters": MROPE},
+    "qwen3_omni_moe_thinker": {**FIXTURES["qwen3_moe"], "rope_parameters": {
+        **MROPE, "mrope_section": [6, 5, 5], "mrope_interleaved": True}},
+}
+# The families declared by hand in image_text.FAMILIES, with their language model
+BY_HAND = [("nemotron_h_omni", "nemotron_h"), ("paddleocr_vl", "paddleocr_vl_text"),
+           ("qwen2_5_omni_thinker", "qwen2_5_omni_text"),
+           ("qwen3_omni_moe_thinker", "qwen3_omni_moe_text")]
 # The language models of a config class of their own: the fixture keys of the text family
 # they are close to (Cosmos3 Edge: M-RoPE sections that fit the fixtures' 16 rotary dims)
 TEXT_KEYS = {
@@ -73,6 +87,7 @@ def build_wrapped(outer: str, text_type: str, out: Path) -> tuple[Path, Path | N
         return timm_wrapped(outer, text_type, out), out.with_name(out.name + "-text")
     if outer.startswith("glm"):
         keys = {**GLM4V_TEXT, "model_type": text_type}
+    keys = {**keys, **OWN_TEXT.get(outer, {})}
     hf_dir = build_hf_model(outer, out, **keys)
     if outer == "kimi_k25":
         as_kimi_k25_hub(hf_dir)
@@ -161,11 +176,12 @@ def assert_chunks_match(bundle_dir: Path, expected: np.ndarray, ids: list[int]) 
     engine.close()
 
 
-def check_exports_as_transformers(outer: str, text_type: str, tmp_path: Path) -> None:
+def check_exports_as_transformers(outer: str, text_type: str, tmp_path: Path,
+                                  flavors: tuple[str, ...] = FLAVORS) -> None:
     hf_dir, text_dir = build_wrapped(outer, text_type, tmp_path / "hf")
     ids = prompt_ids(21)  # a last chunk of 16 that is padded (5 of 16)
     expected = reference(hf_dir, text_dir, ids)
-    for flavor in FLAVORS:
+    for flavor in flavors:
         assert_chunks_match(export_flavor(hf_dir, tmp_path / flavor, flavor), expected, ids)
 
 
@@ -180,17 +196,16 @@ def test_a_wrapper_exports_the_language_model_its_text_config_names(tmp_path):
 
 # The image-text families of a config class of their own (families/image_text.py FAMILIES)
 # that stop 43 added, with their language model's type
-OWN_TEXT = [("cosmos3_edge", "cosmos3_edge_text"), ("deepseek_ocr2", "deepseek_ocr2_text"),
-            ("ernie4_5_vl_moe", "ernie4_5_vl_moe_text"),
-            ("glm_ocr", "glm_ocr_text"), ("glmga", "glm4v_text"),
-            ("granite4_vision", "granite4_vision_text"),
-            ("granite_docling", "granite_docling_text"), ("hunyuan_vl", "hunyuan_vl_text")]
+STOP43 = [("cosmos3_edge", "cosmos3_edge_text"), ("deepseek_ocr2", "deepseek_ocr2_text"),
+          ("ernie4_5_vl_moe", "ernie4_5_vl_moe_text"), ("glm_ocr", "glm_ocr_text"),
+          ("glmga", "glm4v_text"), ("granite4_vision", "granite4_vision_text"),
+          ("granite_docling", "granite_docling_text"), ("hunyuan_vl", "hunyuan_vl_text")]
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("outer, text_type", [
     *MATRIX, ("glm4v", "glm4v_text"), ("glm46v", "glm4v_text"),
-    ("shieldgemma2", "gemma3_text"), *OWN_TEXT])
+    ("shieldgemma2", "gemma3_text"), *BY_HAND, *STOP43])
 def test_every_wrapper_exports_its_language_model_as_transformers_runs_it(
         tmp_path, outer, text_type):
     check_exports_as_transformers(outer, text_type, tmp_path)
@@ -255,6 +270,9 @@ TIE_CASES = [({}, {}), ({"tie_word_embeddings": True}, {}), ({}, {"tie_word_embe
              ({"tie_word_embeddings": True}, {"tie_word_embeddings": False})]
 
 
+# Qwen3.5's 2 layers: one full-attention layer (its default puts the first at the fourth)
+LAYER_TYPES = {"qwen3_5_text": {"layer_types": ["linear_attention", "full_attention"]},
+               "nemotron_h": FIXTURES["nemotron_h"]}
 # the keys a language model cannot do without, beside TIE_CASES' text_config
 TIE_TEXT_KEYS = {"deepseek_ocr2": {"num_experts_per_tok": 2,
                                    "mlp_layer_types": ["dense", "sparse"]},
@@ -262,21 +280,24 @@ TIE_TEXT_KEYS = {"deepseek_ocr2": {"num_experts_per_tok": 2,
 
 
 @pytest.mark.parametrize("outer", [*sorted(WRAPPERS), "glm4v", "shieldgemma2",
-                                   *(outer for outer, _ in OWN_TEXT)])
+                                   *(name for name, _ in (*BY_HAND, *STOP43))])
 def test_each_wrapper_ties_as_its_config_class(outer):
     for text, top in TIE_CASES:
         text_type = WRAPPERS[outer].default_text if outer in WRAPPERS else \
-            {"glm4v": "glm4v_text", "shieldgemma2": "gemma3_text", **dict(OWN_TEXT)}[outer]
+            {"glm4v": "glm4v_text", "shieldgemma2": "gemma3_text", **dict(BY_HAND),
+             **dict(STOP43)}[outer]
         raw = {"model_type": outer, **top, "text_config": {
             "model_type": text_type, "hidden_size": 64, "intermediate_size": 96,
             "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
             "vocab_size": 128, "eos_token_id": 2, "bos_token_id": 1,
-            **TIE_TEXT_KEYS.get(outer, {}), **text}}
+            **LAYER_TYPES.get(text_type, {}), **TIE_TEXT_KEYS.get(outer, {}), **text}}
         # (with the outer keys its config class checks against a small vocabulary: Apertus
         # 1.5's token offsets)
         hf = transformers.AutoConfig.for_model(**raw, **IMAGE_TEXT.get(outer, {}))
-        assert ModelConfig.from_hf(raw).tie_embeddings is bool(hf.tie_word_embeddings), \
-            (text, top)
+        # NemotronH_Omni_Reasoning_V3 ties nothing, whatever either level says (its built
+        # model's lm_head is never its embedding; its config class has no such key)
+        tied = outer != "nemotron_h_omni" and bool(hf.tie_word_embeddings)
+        assert ModelConfig.from_hf(raw).tie_embeddings is tied, (text, top)
 
 
 def test_the_wrappers_head_is_its_lm_head_alone():
@@ -337,6 +358,81 @@ def test_export_says_once_on_stderr_that_the_bundle_is_text_only(tmp_path):
     said = [line for line in result.stderr.splitlines() if "text-only" in line]
     assert len(said) == 1 and "vision_tower" in said[0] and "left out" in said[0], \
         result.stderr
+
+
+def test_qianfan_ocr_exports_the_layers_transformers_saves_under_its_towers_name(tmp_path):
+    """transformers 5.24 loads Qianfan-OCR renaming `encoder.layers.` (its tower's) to
+    `layers.` wherever it occurs, and so saves its Qwen3's layers as
+    `language_model.model.encoder.layers.`: read as the language model's (Wrapper.renames)."""
+    hf_dir, _ = build_wrapped("qianfan_ocr", "qwen3", tmp_path / "hf")
+    assert any(n.startswith("language_model.model.encoder.layers.")
+               for n in load_file(hf_dir / "model.safetensors"))
+    check_exports_as_transformers("qianfan_ocr", "qwen3", tmp_path / "x", flavors=("ort",))
+
+
+# One fast check of each family image_text.FAMILIES declares by hand for them (both
+# flavours: the slow matrix): Nemotron-H's blocks under a whole causal LM's
+# language_model.backbone., ERNIE's layers with biases on every projection and M-RoPE,
+# the thinkers' Qwen2 and Qwen3-MoE with M-RoPE beside their audio and vision towers.
+@pytest.mark.parametrize("outer, text_type", BY_HAND)
+def test_each_family_declared_by_hand_exports_its_language_model(tmp_path, outer, text_type):
+    check_exports_as_transformers(outer, text_type, tmp_path, flavors=("ort",))
+
+
+def test_paddleocr_vls_flat_hub_config_reads_as_transformers_reads_it():
+    # The Hub's config.json holds the language model's keys at the top; PaddleOCRVLConfig
+    # moves them into text_config and stays tied (its own default), whatever they say.
+    flat = {"model_type": "paddleocr_vl", "hidden_size": 64, "intermediate_size": 96,
+            "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+            "head_dim": 16, "vocab_size": 128, "use_bias": True, "rope_theta": 5000.0,
+            "tie_word_embeddings": False}
+    hf = transformers.AutoConfig.for_model(**flat)
+    ours = ModelConfig.from_hf(flat)
+    assert ours.tie_embeddings is hf.tie_word_embeddings is True
+    assert (ours.hidden_size, ours.head_dim) == (hf.text_config.hidden_size, 16)
+    assert ours.qkv_bias and ours.o_bias and ours.mlp_bias  # use_bias: every projection
+    assert ours.ropes["global"].theta == hf.text_config.rope_parameters["rope_theta"] == 5000
+
+
+def test_the_qwen3_omni_thinkers_experts_are_renormalized_unless_it_says_otherwise():
+    # Qwen3OmniMoeTextConfig's norm_topk_prob is true by default (Qwen3-MoE's is false)
+    text = {"hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,
+            "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 128,
+            "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32}
+    for keys in ({}, {"norm_topk_prob": False}):
+        raw = {"model_type": "qwen3_omni_moe_thinker", "text_config": {**text, **keys}}
+        hf = transformers.AutoConfig.for_model(**raw).text_config
+        assert ModelConfig.from_hf(raw).moe.norm_topk is hf.norm_topk_prob, keys
+
+
+def test_nemotron_h_omnis_released_configs_hold_their_language_model_as_llm_config():
+    text = {"model_type": "nemotron_h", "hidden_size": 64, "intermediate_size": 96,
+            "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 128,
+            **FIXTURES["nemotron_h"]}
+    raw = {"model_type": "nemotron_h_omni", "llm_config": text,
+           **IMAGE_TEXT["nemotron_h_omni"]}
+    hf = transformers.AutoConfig.for_model(**raw).text_config
+    ours = ModelConfig.from_hf(raw)
+    assert ours == ModelConfig.from_hf({**raw, "llm_config": None, "text_config": text})
+    assert (ours.hidden_size, ours.vocab_size) == (hf.hidden_size, hf.vocab_size)
+
+
+# The image-text types of transformers 5.24 whose language model export cannot run
+REFUSED = [("minimax_m3_vl", "sparse attention"), ("mistral_large4", "sparse attention"),
+           ("molmo2", "Molmo2's language model"), ("muse_glimmer", "normed embeddings"),
+           ("muse_spark", "residual gates"), ("step3p7", "output gate per head"),
+           ("unlimited_ocr", "reference sliding-window attention")]
+
+
+@pytest.mark.parametrize("model_type, fragment", [
+    REFUSED[0], *(pytest.param(*case, marks=pytest.mark.slow) for case in REFUSED[1:])])
+def test_an_image_text_type_whose_language_model_export_cannot_run_is_one_line(
+        model_type, fragment, hf_model, tmp_path):
+    hf = shutil.copytree(hf_model("llama"), tmp_path / "hf")
+    config = json.loads((hf / "config.json").read_text())
+    (hf / "config.json").write_text(json.dumps({**config, "model_type": model_type}))
+    assert_one_line_error(cli("export", hf, "-o", tmp_path / "b"),
+                          f"model_type '{model_type}': ", fragment)
 
 
 def test_hyperclovax_vision_v2s_head_multiplies_the_logits_as_its_text_model(tmp_path):

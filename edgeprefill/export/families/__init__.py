@@ -97,6 +97,21 @@ REFUSED_TYPES: dict[str, str] = {
               "width per layer type are not supported",
     "beam": "Beam's depth-scaled residual adds, biased attention output gate and "
             "position-scaled queries on its rotary-free layers are not supported",
+    # image-text checkpoints whose language model is none export supports
+    "minimax_m3_vl": "MiniMax-M3-VL's language model (minimax_m3_vl_text) uses sparse "
+                     "attention (an indexer choosing each query's keys), which is not supported",
+    "mistral_large4": "Mistral Large 4's DeepSeek sparse attention (an indexer choosing each "
+                      "query's keys) and position-scaled queries are not supported",
+    "molmo2": "Molmo2's language model (molmo2_text: the Hub's fused projections and extra "
+              "vocabulary table, per-layer rope scaling) is not supported",
+    "muse_glimmer": "Muse Glimmer's language model (normed embeddings, scaled weightless q/k "
+                    "norms, a sigmoid attention output gate) is not supported",
+    "muse_spark": "Muse Spark's language model (Muse Glimmer's normed embeddings and gated "
+                  "attention, with projected experts and residual gates) is not supported",
+    "step3p7": "Step 3.7's language model (step3p5: a sigmoid output gate per head, head "
+               "counts per layer, clamped SwiGLU experts) is not supported",
+    "unlimited_ocr": "Unlimited OCR's reference sliding-window attention (the whole prompt "
+                     "kept, a window over the generated tokens) is not supported",
     # transformers 5.24's newer image-text checkpoints whose language model export refuses
     # (stop 43, first half)
     "glm5_next": "GLM-5-Next's language model (DeepSeek sparse attention, linear attention "

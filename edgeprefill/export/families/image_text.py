@@ -33,8 +33,10 @@ from edgeprefill.export.families.moe import (
     EXPERT_ALIASES,
     GLM4_MOE,
     LLAMA4_TEXT,
+    QWEN3_MOE,
     shared_experts,
 )
+from edgeprefill.export.families.recurrent import FAMILIES as RECURRENT_FAMILIES
 from edgeprefill.export.families.recurrent import LFM2, LFM3
 from edgeprefill.export.families.spec import LLAMA_NAMES, FamilySpec
 from edgeprefill.export.families.wrapped import Wrapper
@@ -198,6 +200,93 @@ SHIELDGEMMA2 = replace(
              ("model.language_model.model.", "model."), ("model.language_model.", "model.")),
     left_out=(*_GEMMA3.left_out, *(f"model.{prefix}" for prefix in _GEMMA3.left_out)),
 )
+
+
+def _paddleocr_vl_text(raw: dict[str, Any]) -> dict[str, Any]:
+    """PaddleOCRVLConfig: the Hub's flat config is its language model's keys, which its
+    config class moves into text_config, leaving its own tie_word_embeddings (true by
+    default) as it was: tied. With text_config, tied where either level says so (each
+    true unless it says otherwise)."""
+    inner = raw.get("text_config")
+    if inner is None:
+        return {**raw, "tie_word_embeddings": True}
+    if not isinstance(inner, dict):
+        raise ValueError(f"text_config must be an object, got {type(inner).__name__}")
+    tie = bool(raw.get("tie_word_embeddings", True) or inner.get("tie_word_embeddings", True))
+    return {**inner, "tie_word_embeddings": tie}
+
+
+# PaddleOCR-VL (PaddleOCRVLForConditionalGeneration): ERNIE 4.5's layers with use_bias on
+# every projection (q/k/v/o and MLP), Qwen2-VL's M-RoPE (halves rotated, not ERNIE's
+# interleaved pairs; plain rotary on text positions). The Hub stores the language model as
+# a causal LM's (model., lm_head.) beside visual. and mlp_AR.; transformers 5 saves it under
+# model.language_model. beside model.visual. and model.projector.
+PADDLEOCR_VL = FamilySpec(
+    bias_key="use_bias", o_bias=None, mlp_bias=None, nested="text_config",
+    unnest=_paddleocr_vl_text, legacy=_mrope_as_default,
+    renames=(("model.language_model.", "model."),),
+    left_out=("model.visual.", "model.projector.", "visual.", "mlp_AR."),
+    defaults={"vocab_size": 103424, "hidden_size": 1024, "intermediate_size": 3072,
+              "num_hidden_layers": 18, "num_attention_heads": 16, "num_key_value_heads": 2,
+              "head_dim": 128, "max_position_embeddings": 131072, "rms_norm_eps": 1e-5,
+              "rope_theta": 500_000.0},
+    quirks=("q/k/v/o and MLP biases (use_bias)", *MROPE_QUIRKS),
+)
+# The Qwen Omni thinkers (their ForConditionalGeneration alone): the language model under
+# model.language_model. (the Hub's thinker.model., its head thinker.lm_head.), the audio
+# and vision towers left out; the outer config decides the tying (false by default).
+_THINKER = {
+    "nested": "text_config", "outer": {"tie_word_embeddings": False},
+    "renames": (("model.language_model.", "model."), ("thinker.model.", "model."),
+                ("thinker.lm_head.", "lm_head.")),
+    "left_out": tuple(f"{where}{tower}" for where in ("", "model.", "thinker.")
+                      for tower in ("audio_tower.", "visual.")),
+}
+# Qwen2.5-Omni's thinker: a Qwen2 language model (Qwen2-VL's) with M-RoPE
+QWEN2_5_OMNI_THINKER = replace(
+    QWEN2_VL, unnest=None, **_THINKER,
+    defaults={"vocab_size": 152064, "hidden_size": 3584, "intermediate_size": 18944,
+              "num_hidden_layers": 28, "num_attention_heads": 28, "num_key_value_heads": 4,
+              "max_position_embeddings": 32768, "sliding_window": 32768,
+              "max_window_layers": 28, "rms_norm_eps": 1e-6, "rope_theta": 1_000_000.0},
+)
+# Qwen3-Omni-MoE's thinker: Qwen3-MoE's layers (never sliding) with M-RoPE
+QWEN3_OMNI_MOE_THINKER = replace(
+    QWEN3_MOE, window="never", legacy=_mrope_as_default, **_THINKER,
+    defaults={"vocab_size": 3584, "hidden_size": 2048, "intermediate_size": 18944,
+              "num_hidden_layers": 28, "num_attention_heads": 28, "num_key_value_heads": 4,
+              "max_position_embeddings": 32768, "rms_norm_eps": 1e-6,
+              "rope_theta": 1_000_000.0, "decoder_sparse_step": 1, "num_experts": 128,
+              "num_experts_per_tok": 8, "moe_intermediate_size": 768, "norm_topk_prob": True},
+    quirks=(*QWEN3_MOE.quirks, *MROPE_QUIRKS),
+)
+
+
+def _nemotron_h_omni_text(raw: dict[str, Any]) -> dict[str, Any]:
+    """NemotronH_Omni_Reasoning_V3_Config: its Nemotron-H language model is text_config,
+    or llm_config in the released checkpoints (read where text_config is absent).
+    transformers never ties its embeddings, whatever either level says."""
+    inner = raw.get("text_config")
+    inner = raw["llm_config"] if inner is None and "llm_config" in raw else inner
+    if not isinstance(inner, dict):
+        got = "null" if inner is None else type(inner).__name__
+        raise ValueError(f"text_config must be an object, got {got}")
+    return {**inner, "tie_word_embeddings": False}
+
+
+_NEMOTRON_H = RECURRENT_FAMILIES["nemotron_h"]
+# Nemotron 3 Nano Omni: a whole Nemotron-H causal LM as language_model. (its layers under
+# backbone., as the Hub's, or model., as transformers 5 names them), beside the RADIO
+# tower, the audio encoder and their projectors, left out.
+NEMOTRON_H_OMNI = replace(
+    _NEMOTRON_H, nested="text_config", unnest=_nemotron_h_omni_text,
+    renames=(("language_model.backbone.", "model."), ("language_model.model.", "model."),
+             ("language_model.lm_head.", "lm_head.")),
+    left_out=("vision_model.", "vision_final_layernorm.", "multi_modal_projector.",
+              "audio_tower.", "embed_audio."),
+    quirks=(*_NEMOTRON_H.quirks, IMAGE_TEXT_QUIRK),
+)
+
 
 # transformers 5.24's newer image-text checkpoints (stop 43, first half), whose language
 # model is close to one of ours under a config class of its own.
@@ -439,6 +528,10 @@ FAMILIES: dict[str, FamilySpec] = {
         quirks=("cross-attention layers left out (text skips them)",
                 "embedding 8 rows taller than the LM head", IMAGE_TEXT_QUIRK),
     ),
+    "nemotron_h_omni": NEMOTRON_H_OMNI,
+    "paddleocr_vl": PADDLEOCR_VL,
+    "qwen2_5_omni_thinker": QWEN2_5_OMNI_THINKER,
+    "qwen3_omni_moe_thinker": QWEN3_OMNI_MOE_THINKER,
     # transformers 5.24's newer image-text checkpoints (stop 43, first half)
     "cosmos3_edge": COSMOS3_EDGE,
     "deepseek_ocr2": DEEPSEEK_OCR2,
@@ -506,6 +599,24 @@ WRAPPERS: dict[str, Wrapper] = {
     # VideoLLaMA 3: its Qwen2 beside a vision model and projector
     "video_llama_3": Wrapper("qwen2", tie=False, either_ties=True,
                              towers=("vision_model.", "projector.")),
+    # Janus / Janus-Pro: its Llama beside the understanding tower and the image generator
+    "janus": Wrapper("llama", tie=True, towers=(
+        "vision_model.", "aligner.", "vqmodel.", "generation_embeddings.",
+        "generation_aligner.", "generation_head.")),
+    # MiniCPM-V 4.6/4.7 and MiniCPM-OCR: a Qwen3.5 language model (text positions: plain
+    # 1-D ones, which Qwen3.5's text model makes of them)
+    **{name: Wrapper("qwen3_5_text", tie=tie, towers=("vision_tower.", "merger."))
+       for name, tie in (("minicpm_ocr", True), ("minicpmv4_6", False),
+                         ("minicpmv4_7", False))},
+    # Ovis2: its Qwen2 beside a visual tokenizer and its embedding table
+    "ovis2": Wrapper("qwen2", tie=True, towers=("vision_tower.", "visual_embeddings_table.")),
+    # Qianfan-OCR: InternVL's layout (the Hub's vision_model. and mlp1. beside
+    # language_model.model. and language_model.lm_head.) around a Qwen3. transformers 5.24
+    # loads it renaming the tower's `encoder.layers.` to `layers.` wherever they occur, so
+    # its saves hold the language model's layers as `language_model.model.encoder.layers.`.
+    "qianfan_ocr": Wrapper("qwen3", tie=False, towers=(
+        "vision_tower.", "multi_modal_projector.", "vision_model.", "mlp1."),
+        renames=(("language_model.model.encoder.layers.", "model.layers."),)),
     # transformers 5.24's newer image-text checkpoints (stop 43, first half)
     # Apertus 1.5: its text model beside an image and an audio tokenizer (their codes are
     # vocabulary ids); a head pruned to the text rows is refused (apertus1p5_text's)

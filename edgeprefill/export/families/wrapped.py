@@ -38,11 +38,11 @@ class Wrapper:
     towers: tuple[str, ...] = ("vision_tower.", "multi_modal_projector.")
     # The language models it may hold (empty: any text family export can wrap)
     text_types: tuple[str, ...] = ()
+    # (prefix, replacement) renames of its own, tried before the layouts' above
+    renames: tuple[tuple[str, str], ...] = ()
     # Whether its head scales the logits as the text family's CausalLM does (HyperCLOVA X
     # Vision V2: times logits_scaling); else its lm_head alone
     head: bool = False
-    # Stored prefixes of its own, tried before the layouts above: (stored, read as) pairs
-    renames: tuple[tuple[str, str], ...] = ()
     # text_config model_types its config class reads as another family's (Kimi K2.5 reads
     # the Hub's "kimi_k2" as deepseek_v3): (stored, read as) pairs
     aliases: tuple[tuple[str, str], ...] = ()
