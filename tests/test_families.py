@@ -138,7 +138,7 @@ def test_longrope_beyond_the_original_window_uses_the_long_factors(tmp_path):
 
 @pytest.mark.parametrize(("change", "message"), [
     ({"model_type": "reformer"},
-     "'reformer' is not supported; supported: apertus, apertus1p5_text, arcee, "),
+     "'reformer' is not supported; supported: apertus, apertus1p5, apertus1p5_text, arcee, "),
     ({"rope_parameters": {"rope_type": "mrope", "rope_theta": 1e4}}, "rope type 'mrope'"),
     ({"num_key_value_heads": 3}, "is not a multiple of num_key_value_heads (3)"),
     ({"layer_types": ["full_attention"]}, "layer_types lists 1 layers; there are 2"),
@@ -281,7 +281,14 @@ SUPPORTED = {"granitemoehybrid": {"layer_types": ["attention"] * 4, "num_local_e
              "zamba": {"layers_block_type": ["mamba", "hybrid", "mamba", "hybrid"]},
              # Cohere Compass: its model reads a rope dict per layer type, no default
              **dict.fromkeys(("cohere_compass_text", "cohere_compass"), {"rope_parameters": {
-                 "full_attention": {"rope_type": "default", "rope_theta": 20000.0}}})}
+                 "full_attention": {"rope_type": "default", "rope_theta": 20000.0}}}),
+             # DeepSeek-OCR 2: its model reads a kind per layer, no default
+             "deepseek_ocr2": {"mlp_layer_types": ["dense", "sparse", "sparse", "sparse"]},
+             # ERNIE 4.5 VL: 3-D rotary sections that fit MINIMAL's 16-wide heads (its
+             # config class's fit 128)
+             "ernie4_5_vl_moe": {"rope_parameters": {"rope_type": "default",
+                                                     "rope_theta": 500000.0,
+                                                     "mrope_section": [3, 3, 2]}}}
 
 
 def least(family: str) -> dict:
@@ -463,7 +470,10 @@ def test_a_sliding_window_key_slides_only_where_the_family_reads_it(family):
                       "nanochat", "gptj", "codegen", "falcon", "persimmon", "internlm3",
                       "hunyuan_v1_moe", "dbrx", "flex_olmo", "minimax_m2", "emu3",
                       "gpt_neox_japanese", "mllama", "paddleocr_vl",
-                      "qwen3_omni_moe_thinker", *NO_ROTARY, *ALIBI):
+                      "qwen3_omni_moe_thinker", *NO_ROTARY, *ALIBI,
+                      # stop 43's image-text families of a config class of their own
+                      "cosmos3_edge", "deepseek_ocr2", "ernie4_5_vl_moe", "glm_ocr", "glmga",
+                      "granite4_vision", "granite_docling"):
             expected = [None] * len(ours)  # Nemotron-H: 2 layers of its 4 blocks
         elif types is not None:
             expected = [window if t == "sliding_attention" else None for t in types]

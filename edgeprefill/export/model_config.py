@@ -42,6 +42,7 @@ from edgeprefill.export.fp8 import Fp8Scheme, read_fp8_scheme
 from edgeprefill.export.latent_attention import LatentShape, latent_scale, read_latent
 from edgeprefill.export.layer_groups import group_blocks
 from edgeprefill.export.layer_heads import gemma4_fields, layer_heads, rope_widths
+from edgeprefill.export.modality_experts import other_modalities
 from edgeprefill.export.prequantized import Int4Scheme, read_int4_scheme
 from edgeprefill.export.query_scale import (
     QueryScale,
@@ -555,6 +556,7 @@ def _read(family: str, spec: FamilySpec, raw: dict[str, Any],
     heads = int(raw["num_attention_heads"])
     hidden = int(raw["hidden_size"])
     latent = read_latent(raw) if spec.latent else None
+    moe = read_moe(raw, spec.moe) if spec.moe is not None else None
     head_dim = latent.cache_dim if latent else \
         int(raw.get("head_dim") or hidden // max(heads, 1))  # 0 heads: refused
     qkv_bias, o_bias, mlp_bias = _biases(raw, spec)
@@ -614,14 +616,15 @@ def _read(family: str, spec: FamilySpec, raw: dict[str, Any],
         renames=groups.renames if groups is not None else shared.renames if shared else
         skipped.renames if skipped is not None else (),
         shared_block=shared,
-        left_out=skipped.left_out if skipped is not None else (),
+        left_out=(skipped.left_out if skipped is not None else ()) + (other_modalities(
+            moe, spec.moe.names, _language_model_bases(spec)) if moe and spec.moe else ()),
         attn_gate=spec.attn_gate,
         clip_qkv=_optional_float(raw.get("clip_qkv")) if spec.clip_qkv else None,
         head_gate=spec.channel_gate or bool(spec.head_gate_key and raw.get(spec.head_gate_key)),
         v_head_dim=_v_head_dim(raw, spec, head_dim),
         value_scale=_value_scale(raw, spec),
         **gemma4_fields(raw) if spec.per_layer_heads or spec.altup else {},
-        moe=read_moe(raw, spec.moe) if spec.moe is not None else None,
+        moe=moe,
         latent=latent,
         mtp_layers=int(raw.get("num_nextn_predict_layers") or 0),
         **_altup(raw, spec),
@@ -988,6 +991,12 @@ def _ids(value: Any) -> tuple[int, ...]:
         # int(2.5) had exported token 2 as the EOS (from_hf: a "malformed value" line)
         raise ValueError(f"bos/eos token ids must be integers, got {value!r}")
     return tuple(ids)
+
+
+def _language_model_bases(spec: FamilySpec) -> tuple[str, ...]:
+    """The stored prefixes a language model's `layers.{i}.` may follow: `model.` and those
+    the family renames to it (an image-text checkpoint's `model.language_model.`)."""
+    return ("model.", *(stored for stored, read in spec.renames if read == "model."))
 
 
 def _first_id(value: Any) -> int | None:

@@ -110,6 +110,12 @@ REFUSED_TYPES: dict[str, str] = {
                "counts per layer, clamped SwiGLU experts) is not supported",
     "unlimited_ocr": "Unlimited OCR's reference sliding-window attention (the whole prompt "
                      "kept, a window over the generated tokens) is not supported",
+    # transformers 5.24's newer image-text checkpoints whose language model export refuses
+    # (stop 43, first half)
+    "glm5_next": "GLM-5-Next's language model (DeepSeek sparse attention, linear attention "
+                 "layers with forget gates, hyper-connections) is not supported",
+    "hy_v4_vl": "Hy4-VL's language model is Hy4's (DeepSeek sparse attention, "
+                "hyper-connections), which is not supported",
 }
 
 
