@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 
 import numpy as np
@@ -540,6 +541,9 @@ def meta_model(family: str, **keys):
         return hf_auto_class(family).from_config(config)
 
 
+# cached: the switch test compares each of its four switches with the same unswitched
+# shapes, and building a meta model was most of its time (callers only compare them)
+@functools.cache
 def weight_shapes(family: str, **keys) -> dict[str, tuple[int, ...]]:
     return {name: tuple(p.shape) for name, p in meta_model(family, **keys).state_dict().items()}
 
