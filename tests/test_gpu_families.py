@@ -4,10 +4,11 @@ same numbers, and nothing but shape arithmetic leaves the GPU. Marked `gpu`: ski
 onnxruntime-gpu and a GPU.
 
 The families are one per graph mechanism the CUDA provider sees: soft-caps and sliding
-windows, per-layer rope bases, AltUp and shared KV, routed experts, attention sinks, latent
-attention, ALiBi, M-RoPE, fused qkv, learned positions, and the stateful mixers (Mamba-1/2,
-gated delta, short convolution, RG-LRU) with their state buffers on the device arena, and
-BitNet's int8 ternary weights.
+windows, per-layer rope bases, AltUp and shared KV, per-layer KV shapes (Gemma 4, MiMo-V2-Flash's
+padded value heads), routed experts, attention sinks, latent attention, ALiBi (BLOOM's, and
+Falcon-RW's rounded to bfloat16), M-RoPE, fused qkv, learned positions, Beam's output gates
+and depth-scaled residual adds, BitNet's int8 ternary weights, and the stateful mixers
+(Mamba-1/2, gated delta, short convolution, RG-LRU) with their states in device memory.
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ pytestmark = [pytest.mark.gpu,
 
 FAMILIES = ["gemma2", "gemma3_text", "gemma3n_text", "qwen3_moe", "gpt_oss", "deepseek_v3",
             "bloom", "qwen2_vl", "phi3", "opt", "mamba", "mamba2", "qwen3_next", "lfm2",
-            "jamba", "recurrent_gemma", "falcon_h1", "bitnet"]
+            "jamba", "recurrent_gemma", "falcon_h1", "bitnet",
+            "falcon-rw", "beam", "mimo_v2_flash", "gemma4_text"]
 
 # (flavor, dtype) on the GPU -> the largest difference from the CPU's float32 logits allowed,
 # as a fraction of their scale. float32 without TF32 computes the CPU's numbers up to the
