@@ -268,7 +268,7 @@ def _writes_fail(code: int) -> Iterator[None]:
     the tests run as root, whom chmod does not stop)."""
     from edgeprefill.engines.ort.derived_cache import DerivedCache
 
-    def fail(path: Path, write: Any) -> None:
+    def fail(path: Path, content: Any) -> None:
         raise OSError(code, os.strerror(code), str(path))
 
     write = DerivedCache.__dict__["_write"]

@@ -28,9 +28,8 @@ import json
 import logging
 import os
 import shutil
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import BinaryIO
 
 import numpy as np
 
@@ -137,18 +136,21 @@ class DerivedCache:
             for name, array in zip(names, arrays, strict=True):
                 path = self.folder / file_name(name)
                 # the array first: a spec without its array is never left behind
-                self._write(path, lambda out, a=array: np.save(out, a, allow_pickle=False))
-                self._write(path.with_suffix(SPEC),
-                            lambda out, a=array: out.write(spec(a).encode()))
+                self._write(path, array)
+                self._write(path.with_suffix(SPEC), spec(array).encode())
         except OSError as err:
             self._warn(f"cannot write it ({err})")
 
     @staticmethod
-    def _write(path: Path, write: Callable[[BinaryIO], object]) -> None:
+    def _write(path: Path, content: np.ndarray | bytes) -> None:
+        """An array (as .npy) or bytes, under a temporary name renamed into place."""
         partial = path.with_name(f"{path.name}.{os.getpid()}.partial")
         try:
             with open(partial, "wb") as out:
-                write(out)
+                if isinstance(content, bytes):
+                    out.write(content)
+                else:
+                    np.save(out, content, allow_pickle=False)
             os.replace(partial, path)
         finally:
             partial.unlink(missing_ok=True)  # a full disk leaves no half file behind
