@@ -135,7 +135,8 @@ class DerivedCache:
             self._prepare()
             for name, array in zip(names, arrays, strict=True):
                 path = self.folder / file_name(name)
-                # the array first: a spec without its array is never left behind
+                # the array first: an array left without its spec (a failed write) is
+                # derived again, as a missing one
                 self._write(path, array)
                 self._write(path.with_suffix(SPEC), spec(array).encode())
         except OSError as err:
