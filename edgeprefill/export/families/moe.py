@@ -572,6 +572,84 @@ MINIMAX_M2 = FamilySpec(
     quirks=("q/k RMSNorm over the whole projection", "sigmoid routing"),
 )
 
+def _hy_v3_config(raw: dict[str, Any]) -> dict[str, Any]:
+    """HYV3Config: without `mlp_layer_types`, the first layer dense and the rest sparse. Its
+    shared MLP is num_shared_experts x moe_intermediate_size wide, or intermediate_size
+    where that is 0 (HYV3MLP's `intermediate_size or config.intermediate_size`)."""
+    count = int(raw["num_hidden_layers"])
+    kinds = raw.get("mlp_layer_types")
+    if kinds is None:
+        kinds = ["dense"] * min(count, 1) + ["sparse"] * max(count - 1, 0)
+    shared = int(raw.get("num_shared_experts") or 0) * int(raw["moe_intermediate_size"])
+    return {**raw, "mlp_layer_types": kinds,
+            "shared_expert_intermediate_size": shared or int(raw["intermediate_size"])}
+
+
+# Hy3 (HYV3): Llama's attention with per-head q/k RMSNorm (q/k/v/o biases by
+# attention_bias), experts on the `sparse` layers of mlp_layer_types: the top k of sigmoid
+# + e_score_correction_bias, weighed by the sigmoid, renormalized (+ 1e-20), times
+# router_scaling_factor; an ungated shared MLP beside them. Read under the Hub's names
+# (mlp.router.gate, mlp.expert_bias, mlp.shared_mlp: what save_pretrained writes too). Its
+# multi-token-prediction layer (model.layers.{num_hidden_layers}) is left out, as
+# transformers leaves it.
+HY_V3 = FamilySpec(
+    **ATTENTION_BIAS, qk_norm="head", legacy=_hy_v3_config, unsupported=("mlp_bias",),
+    required=("num_experts", "num_experts_per_tok", "num_shared_experts"),
+    moe=MoeSpec(names=MoeNames(router=("mlp.router.gate.weight", "mlp.gate.weight"),
+                               expert_bias=("mlp.expert_bias", "mlp.e_score_correction_bias"),
+                               shared="mlp.shared_mlp."),
+                routing="sigmoid", experts_keys=EXPERT_ALIASES, layers=_mlp_layer_types_sparse,
+                norm_key=None, renormalize=True, norm_eps=1e-20, bias_key=None,
+                scaling_key="router_scaling_factor"),
+    defaults={"vocab_size": 120832, "hidden_size": 4096, "intermediate_size": 13312,
+              "num_hidden_layers": 80, "num_attention_heads": 64, "num_key_value_heads": 8,
+              "head_dim": 128, "max_position_embeddings": 131072, "rms_norm_eps": 1e-5,
+              "rope_theta": 11_158_840.0, "num_experts": 192, "num_experts_per_tok": 8,
+              "num_shared_experts": 1, "moe_intermediate_size": 1536,
+              "router_scaling_factor": 2.826},
+    quirks=("per-head q/k RMSNorm", "sigmoid routing",
+            "dense and sparse layers (mlp_layer_types)"),
+)
+
+
+def _aria_text_config(raw: dict[str, Any]) -> dict[str, Any]:
+    """AriaTextConfig: moe_topk experts of moe_num_experts, all intermediate_size wide; its
+    shared MLP is moe_num_shared_experts x intermediate_size."""
+    shared = int(raw["moe_num_shared_experts"]) * int(raw["intermediate_size"])
+    return {**raw, "num_experts_per_tok": raw["moe_topk"],
+            "shared_expert_intermediate_size": shared}
+
+
+def _aria_silu_experts(raw: dict[str, Any]) -> str | None:
+    # AriaExperts are SiLU-gated whatever hidden_act (which its shared MLP reads); export
+    # runs both on one activation.
+    act = raw.get("hidden_act", "silu")
+    if act != "silu":
+        return (f"hidden_act {act!r} is not supported: its experts are SiLU-gated whatever "
+                "hidden_act, its shared MLP reads it, and export runs both on one activation")
+    return None
+
+
+# Aria's language model: Llama's layers whose every MLP is experts (the top k router
+# logits, softmax over those k) stored fused [E, in, out] (the Hub's experts.fc1 and fc2,
+# which transformers renames gate_up_proj and down_proj), beside an ungated shared MLP.
+ARIA_TEXT = FamilySpec(
+    **ATTENTION_BIAS, legacy=_aria_text_config, refuse=_aria_silu_experts,
+    unsupported=("mlp_bias",),
+    moe=MoeSpec(names=MoeNames(router=("mlp.router.weight",),
+                               fused_gate_up=("mlp.experts.fc1.weight",
+                                              "mlp.experts.gate_up_proj"),
+                               fused_down=("mlp.experts.fc2.weight", "mlp.experts.down_proj"),
+                               transposed=True, shared="mlp.shared_experts."),
+                routing="topk_softmax", experts_keys=("moe_num_experts",),
+                width_key="intermediate_size", norm_key=None, scaling_key=None),
+    defaults={"vocab_size": 32000, "hidden_size": 4096, "intermediate_size": 4096,
+              "num_hidden_layers": 32, "num_attention_heads": 32,
+              "max_position_embeddings": 2048, "rms_norm_eps": 1e-6, "moe_num_experts": 8,
+              "moe_topk": 2, "moe_num_shared_experts": 2},
+    quirks=("experts stored fused [E, in, out]",),
+)
+
 FAMILIES: dict[str, FamilySpec] = {
     "qwen3_moe": QWEN3_MOE,
     "qwen2_moe": QWEN2_MOE,
@@ -603,5 +681,7 @@ FAMILIES: dict[str, FamilySpec] = {
     "dbrx": DBRX,
     "flex_olmo": FLEX_OLMO,
     "minimax_m2": MINIMAX_M2,
+    "hy_v3": HY_V3,
+    "aria_text": ARIA_TEXT,
 }
 
