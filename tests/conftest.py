@@ -863,6 +863,7 @@ IMAGE_TEXT = {
         "resampler_n_heads": 2, "resampler_head_dim": 8, "num_key_value_heads": 1}},
     "deepseek_vl": {"vision_config": {"model_type": "siglip_vision_model", **TINY_VISION}},
     "video_llama_3": {"vision_config": TINY_VISION},
+    "aria": {"vision_config": TINY_VISION, "projector_patch_to_query_dict": {4: 4}},
     "aya_vision": {"vision_config": {"model_type": "siglip_vision_model", **TINY_VISION}},
     "cohere2_vision": {"vision_config": {"model_type": "siglip_vision_model", **TINY_VISION},
                        "alignment_intermediate_size": 32},

@@ -322,4 +322,6 @@ WRAPPERS: dict[str, Wrapper] = {
     # VideoLLaMA 3: its Qwen2 beside a vision model and projector
     "video_llama_3": Wrapper("qwen2", tie=False, either_ties=True,
                              towers=("vision_model.", "projector.")),
+    # Aria: its mixture-of-experts language model (aria_text) beside an Idefics 3 tower
+    "aria": Wrapper("aria_text", tie=False),
 }
