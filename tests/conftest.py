@@ -601,6 +601,21 @@ FAMILIES: dict[str, dict] = {
     # [E, in, out], a shared MLP two experts wide, q/k/v/o biases
     "aria_text": {"moe_num_experts": 8, "moe_topk": 2, "intermediate_size": 32,
                   "moe_num_shared_experts": 2, "attention_bias": True},
+    # Cohere 2 MoE: a dense prefix layer (full attention, yet rotated) then sliding and
+    # full layers alternating; RMSNorm (rms_norm_eps set); the sigmoid of the top 2 of 8
+    # router logits renormalized, averaged with a shared MLP (the config's default)
+    "cohere2_moe": {"num_hidden_layers": 4, "head_dim": 16, "first_k_dense_replace": 1,
+                    "sliding_window": 8, "sliding_window_pattern": 2, "num_experts": 8,
+                    "num_experts_per_tok": 2, "intermediate_size": 32,
+                    "prefix_dense_intermediate_size": 48, "num_shared_experts": 1,
+                    "rms_norm_eps": 1e-6, "logit_scale": 0.25, "expert_selection_fn": "sigmoid"},
+    # AFMoE: a dense layer then two of experts (the top 2 of 8 by sigmoid + a bias, both
+    # randomized: build_hf_model), sliding layers then a full one without rotary, an output
+    # gate of its own projection, norms around attention and MLP, muP's embedding scale
+    "afmoe": {"num_hidden_layers": 3, "head_dim": 16, "sliding_window": 8,
+              "global_attn_every_n_layers": 3, "num_experts": 8, "num_experts_per_tok": 2,
+              "moe_intermediate_size": 32, "num_shared_experts": 1, "route_scale": 1.5,
+              "mup_enabled": True},
     # The GPT-2-era classics (export/families/classic.py). OPT: learned positions from row 2
     # of their table, ReLU MLP, tied as the Hub's are; OPT-350m's post-norm layers without a
     # final norm, and its narrower embedding projected in and out.
@@ -791,6 +806,9 @@ def build_hf_model(family: str, out: Path, seed: int = 0, dtype=None, **override
                 param.normal_(0, 0.05)
             elif name.endswith("correct_output_scale"):  # Gemma 3n's AltUp: zero at init
                 param.uniform_(0.5, 1.5)
+            elif name.endswith(("mlp.router.gate.weight", "mlp.expert_bias")) \
+                    and not param.any():  # AFMoE's router and selection bias: zero at init
+                param.normal_(0, 0.5)
     if dtype is not None:
         model = model.to(dtype)
     model.save_pretrained(out)

@@ -258,6 +258,8 @@ class ModelConfig:
     # LFM3: each head's attention output times sigmoid of its gate, a projection of the
     # layer's normed input (hidden -> heads; TensorNames.head_gate).
     head_gate: bool = False
+    # The norm config.json picks (FamilySpec.norm_from_config); None: the family's own.
+    norm_picked: str | None = None
     # Gemma 4: layers without KV of their own, each reading the KV an earlier layer of its
     # kind wrote in the same step (consumer -> producer; num_kv_shared_layers).
     shared_kv: dict[int, int] = field(default_factory=dict)
@@ -338,6 +340,11 @@ class ModelConfig:
     @property
     def spec(self) -> FamilySpec:
         return family_spec(self.family, self.text_type)
+
+    @property
+    def norm(self) -> str:
+        """The model's norm kind (one of NORMS)."""
+        return self.norm_picked or self.spec.norm
 
     @property
     def qk_norm(self) -> str | None:
@@ -594,6 +601,7 @@ def _read(family: str, spec: FamilySpec, raw: dict[str, Any],
         attn_gate=spec.attn_gate,
         clip_qkv=_optional_float(raw.get("clip_qkv")) if spec.clip_qkv else None,
         head_gate=bool(raw.get(spec.head_gate_key)) if spec.head_gate_key else False,
+        norm_picked=spec.norm_from_config(raw) if spec.norm_from_config else None,
         **gemma4_fields(raw) if spec.per_layer_heads or spec.altup else {},
         moe=read_moe(raw, spec.moe) if spec.moe is not None else None,
         latent=latent,

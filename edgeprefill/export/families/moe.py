@@ -12,6 +12,7 @@ from typing import Any
 from edgeprefill.export.experts import (
     MoeNames,
     MoeSpec,
+    after_dense_layers,
     after_first_k_dense,
     every_layer,
     interval_layers,
@@ -58,6 +59,10 @@ QWEN3_MOE = FamilySpec(
 # `sparse` layers of `mlp_layer_types` (all without it), a dense MLP on the `dense` ones.
 MELLUM_ROPES = {"full_attention": {"rope_type": "default", "rope_theta": 500_000.0},
                 "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0}}
+
+
+def _given_or(value: Any, default: Any) -> Any:
+    return default if value is None else value
 
 
 def _mellum_config(raw: dict[str, Any]) -> dict[str, Any]:
@@ -650,6 +655,117 @@ ARIA_TEXT = FamilySpec(
     quirks=("experts stored fused [E, in, out]",),
 )
 
+def _cohere2_moe_config(raw: dict[str, Any]) -> dict[str, Any]:
+    """Cohere2MoeConfig as its model reads it. Without the lists, the first
+    `first_k_dense_replace` layers are dense and slide on every
+    prefix_dense_sliding_window_pattern-th but the last, the rest on every
+    sliding_window_pattern-th but the last. The sliding layers rotate, and so do the dense
+    ones where that prefix pattern is 1 (its attention's force_rope): read as
+    no_rope_layers. Dense MLPs are prefix_dense_intermediate_size wide (intermediate_size
+    where null), experts intermediate_size, the shared MLP num_shared_experts of them. The
+    top k are renormalized only in sigmoid selection."""
+    count, dense = int(raw["num_hidden_layers"]), int(raw.get("first_k_dense_replace") or 0)
+    prefix, pattern = int(raw["prefix_dense_sliding_window_pattern"]), \
+        int(raw["sliding_window_pattern"])
+    types = raw.get("layer_types")
+    if types is None:
+        types = [_cohere2_moe_kind(i, prefix) for i in range(dense)] + \
+            [_cohere2_moe_kind(i, pattern) for i in range(count - dense)]
+    kinds = raw.get("mlp_layer_types")
+    if kinds is None:
+        kinds = ["dense" if i < dense else "sparse" for i in range(count)]
+    rotates = [int(t == "sliding_attention" or (k == "dense" and prefix == 1))
+               for t, k in zip(types, kinds, strict=False)]
+    width = int(raw["intermediate_size"])
+    return {**raw, "layer_types": types, "mlp_layer_types": kinds, "no_rope_layers": rotates,
+            "intermediate_size": _given_or(raw.get("prefix_dense_intermediate_size"), width),
+            "moe_intermediate_size": width,
+            "shared_expert_intermediate_size": int(raw["num_shared_experts"]) * width,
+            "norm_topk_prob": raw["expert_selection_fn"] == "sigmoid"
+            and bool(raw["norm_topk_prob"])}
+
+
+def _cohere2_moe_kind(i: int, pattern: int) -> str:
+    return "sliding_attention" if (i + 1) % pattern else "full_attention"
+
+
+def _cohere2_moe_choices(raw: dict[str, Any]) -> str | None:
+    choices = {"expert_selection_fn": ("softmax", "sigmoid"),
+               "shared_expert_combination_strategy": ("sum", "average")}
+    for key, values in choices.items():
+        if raw.get(key) not in values:
+            return f"{key} {raw.get(key)!r} is not one its model takes ({', '.join(values)})"
+    return None
+
+
+# Cohere 2 MoE (Command A+): Cohere 2's layers (attention and MLP on one norm, interleaved
+# rotary on the sliding layers only, a logit scale) whose norms are RMSNorm where
+# rms_norm_eps is set, LayerNorm without bias where not; its dense prefix layers (full
+# attention, yet rotated) and experts on the `sparse` layers of mlp_layer_types: the top k
+# router logits, softmax over those k, or their sigmoid (renormalized where norm_topk_prob),
+# by expert_selection_fn; an ungated shared MLP added to them, or averaged with them.
+COHERE2_MOE = FamilySpec(
+    **ATTENTION_BIAS, norm="layer_no_bias",
+    norm_from_config=lambda raw: "layer_no_bias" if raw.get("rms_norm_eps") is None
+    else "rms",
+    block="shared", tie_default=True, rope_interleaved=True, window="always",
+    legacy=_cohere2_moe_config, refuse=_cohere2_moe_choices, required=("sliding_window",),
+    moe=MoeSpec(names=MoeNames(shared="mlp.shared_experts."), routing="topk_softmax",
+                routing_from_config=lambda raw: "topk_sigmoid"
+                if raw["expert_selection_fn"] == "sigmoid" else "topk_softmax",
+                layers=_mlp_layer_types_sparse, scaling_key=None,
+                average_key="shared_expert_combination_strategy"),
+    defaults={"vocab_size": 256000, "hidden_size": 8192, "intermediate_size": 22528,
+              "logit_scale": 0.0625, "num_hidden_layers": 40, "num_attention_heads": 64,
+              "head_dim": 128, "max_position_embeddings": 8192, "layer_norm_eps": 1e-5,
+              "rope_theta": 10000.0, "sliding_window": 4096, "num_experts_per_tok": 2,
+              "num_experts": 8, "num_shared_experts": 0,
+              "shared_expert_combination_strategy": "average",
+              "expert_selection_fn": "softmax", "prefix_dense_sliding_window_pattern": 1,
+              "norm_topk_prob": True, "sliding_window_pattern": 4},
+    quirks=("RMSNorm or LayerNorm without bias (rms_norm_eps)", "interleaved rotary",
+            "logit scale", "dense prefix layers (mlp_layer_types)"),
+)
+
+def _afmoe_refuse(raw: dict[str, Any]) -> str | None:
+    if raw.get("attention_bias"):  # its gate_proj has none; export packs it with q/k/v
+        return "attention_bias=true is not supported"
+    if raw.get("sliding_window") is None:
+        # its sliding layers would then rotate without a window, which export ties together
+        return "config.json needs sliding_window (its local layers are the rotated ones)"
+    return None
+
+
+# AFMoE (Arcee Trinity): Llama's attention with per-head q/k RMSNorm, rotary on its sliding
+# layers only (every global_attn_every_n_layers-th is full, without rotary), and an output
+# gate of its own projection (sigmoid(gate_proj(x)), per element); norms before and after
+# attention and MLP; the embedding times sqrt(hidden) where mup_enabled. Experts after the
+# first num_dense_layers: the top k of sigmoid + expert_bias, weighed by the sigmoid,
+# renormalized (+ 1e-20), times route_scale, beside an ungated shared MLP.
+AFMOE = FamilySpec(
+    names=replace(LLAMA_NAMES, attn_gate="self_attn.gate_proj",
+                  pre_mlp_norm="pre_mlp_layernorm", post_mlp_norm="post_mlp_layernorm"),
+    block="sandwich", qk_norm="head", attn_gate=True, embed_scale="sqrt_hidden",
+    embed_scale_key="mup_enabled", window="always",
+    sliding=lambda i, raw: bool((i + 1) % int(raw["global_attn_every_n_layers"])),
+    global_nope=True, refuse=_afmoe_refuse, legacy=shared_experts("num_shared_experts"),
+    required=("num_experts", "num_experts_per_tok", "num_shared_experts", "num_dense_layers",
+              "route_scale"),
+    moe=MoeSpec(names=MoeNames(router=("mlp.router.gate.weight",),
+                               expert_bias=("mlp.expert_bias",), shared="mlp.shared_experts."),
+                routing="sigmoid", layers=after_dense_layers, norm_key=None,
+                renormalize=True, norm_eps=1e-20, bias_key=None, scaling_key="route_scale"),
+    defaults={"vocab_size": 200192, "hidden_size": 2048, "intermediate_size": 6144,
+              "moe_intermediate_size": 1408, "num_hidden_layers": 32, "num_dense_layers": 1,
+              "num_attention_heads": 16, "head_dim": 128, "max_position_embeddings": 16384,
+              "rms_norm_eps": 1e-5, "num_experts": 64, "num_experts_per_tok": 6,
+              "num_shared_experts": 2, "route_scale": 1.0, "global_attn_every_n_layers": 4,
+              "sliding_window": 1024},
+    quirks=("per-head q/k RMSNorm", "attention output gate (its own projection)",
+            "norms before and after attention and MLP", "full-attention layers without rotary",
+            "sigmoid routing"),
+)
+
 FAMILIES: dict[str, FamilySpec] = {
     "qwen3_moe": QWEN3_MOE,
     "qwen2_moe": QWEN2_MOE,
@@ -683,5 +799,7 @@ FAMILIES: dict[str, FamilySpec] = {
     "minimax_m2": MINIMAX_M2,
     "hy_v3": HY_V3,
     "aria_text": ARIA_TEXT,
+    "cohere2_moe": COHERE2_MOE,
+    "afmoe": AFMOE,
 }
 
