@@ -599,7 +599,8 @@ def _hy_v3_config(raw: dict[str, Any]) -> dict[str, Any]:
 # transformers leaves it.
 HY_V3 = FamilySpec(
     **ATTENTION_BIAS, qk_norm="head", legacy=_hy_v3_config, unsupported=("mlp_bias",),
-    required=("num_experts", "num_experts_per_tok", "num_shared_experts"),
+    refuse=lambda raw: _null_refused(raw, ("num_experts", "num_experts_per_tok",
+                                            "num_shared_experts")),
     moe=MoeSpec(names=MoeNames(router=("mlp.router.gate.weight", "mlp.gate.weight"),
                                expert_bias=("mlp.expert_bias", "mlp.e_score_correction_bias"),
                                shared="mlp.shared_mlp."),
@@ -727,7 +728,18 @@ COHERE2_MOE = FamilySpec(
             "logit scale", "dense prefix layers (mlp_layer_types)"),
 )
 
+def _null_refused(raw: dict[str, Any], keys: tuple[str, ...]) -> str | None:
+    """Keys a config class types `int | None` (defaulting them otherwise) whose null its
+    model cannot run with."""
+    null = next((key for key in keys if raw.get(key) is None), None)
+    return None if null is None else f"{null} is null; the family's model cannot run with it"
+
+
 def _afmoe_refuse(raw: dict[str, Any]) -> str | None:
+    null = _null_refused(raw, ("num_experts", "num_experts_per_tok", "num_shared_experts",
+                               "num_dense_layers", "route_scale"))
+    if null is not None:
+        return null
     if raw.get("attention_bias"):  # its gate_proj has none; export packs it with q/k/v
         return "attention_bias=true is not supported"
     if raw.get("sliding_window") is None:
@@ -749,8 +761,6 @@ AFMOE = FamilySpec(
     embed_scale_key="mup_enabled", window="always",
     sliding=lambda i, raw: bool((i + 1) % int(raw["global_attn_every_n_layers"])),
     global_nope=True, refuse=_afmoe_refuse, legacy=shared_experts("num_shared_experts"),
-    required=("num_experts", "num_experts_per_tok", "num_shared_experts", "num_dense_layers",
-              "route_scale"),
     moe=MoeSpec(names=MoeNames(router=("mlp.router.gate.weight",),
                                expert_bias=("mlp.expert_bias",), shared="mlp.shared_experts."),
                 routing="sigmoid", layers=after_dense_layers, norm_key=None,
