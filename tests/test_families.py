@@ -138,7 +138,7 @@ def test_longrope_beyond_the_original_window_uses_the_long_factors(tmp_path):
 
 @pytest.mark.parametrize(("change", "message"), [
     ({"model_type": "reformer"},
-     "'reformer' is not supported; supported: apertus, apertus1p5_text, arcee, "),
+     f"'reformer' is not supported; supported: {', '.join(sorted(FAMILIES)[:3])}, "),
     ({"rope_parameters": {"rope_type": "mrope", "rope_theta": 1e4}}, "rope type 'mrope'"),
     ({"num_key_value_heads": 3}, "is not a multiple of num_key_value_heads (3)"),
     ({"layer_types": ["full_attention"]}, "layer_types lists 1 layers; there are 2"),
