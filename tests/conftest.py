@@ -591,10 +591,11 @@ FAMILIES: dict[str, dict] = {
     # top 2 of 8 by sigmoid + a correction bias (randomized: build_hf_model), renormalized
     "minimax_m2": {"head_dim": 32, "rotary_dim": 16, "num_local_experts": 8,
                    "num_experts_per_tok": 2, "intermediate_size": 32},
-    # Hy3: per-head q/k norms, q/k/v/o biases, a dense layer then two of experts: the top 2
+    # Hy3: per-head q/k norms, q/k/v/o biases, a dense layer then one of experts: the top 2
     # of 8 by sigmoid + a correction bias (randomized: build_hf_model), renormalized and
-    # scaled, beside an ungated shared MLP
-    "hy_v3": {"num_hidden_layers": 3, "head_dim": 16, "attention_bias": True,
+    # scaled, beside an ungated shared MLP (with a third layer, its tokens 16-18 choose
+    # the same 2 experts)
+    "hy_v3": {"head_dim": 16, "attention_bias": True,
               "num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
               "num_shared_experts": 1, "router_scaling_factor": 1.5},
     # Aria's language model: the top 2 of 8 experts (softmax over the top 2 logits) stored
