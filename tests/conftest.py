@@ -609,6 +609,32 @@ FAMILIES: dict[str, dict] = {
     # top 2 of 8 by sigmoid + a correction bias (randomized: build_hf_model), renormalized
     "minimax_m2": {"head_dim": 32, "rotary_dim": 16, "num_local_experts": 8,
                    "num_experts_per_tok": 2, "intermediate_size": 32},
+    # Hy3: per-head q/k norms, q/k/v/o biases, a dense layer then one of experts: the top 2
+    # of 8 by sigmoid + a correction bias (randomized: build_hf_model), renormalized and
+    # scaled, beside an ungated shared MLP (with a third layer, its tokens 16-18 choose
+    # the same 2 experts)
+    "hy_v3": {"head_dim": 16, "attention_bias": True,
+              "num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+              "num_shared_experts": 1, "router_scaling_factor": 1.5},
+    # Aria's language model: the top 2 of 8 experts (softmax over the top 2 logits) stored
+    # [E, in, out], a shared MLP two experts wide, q/k/v/o biases
+    "aria_text": {"moe_num_experts": 8, "moe_topk": 2, "intermediate_size": 32,
+                  "moe_num_shared_experts": 2, "attention_bias": True},
+    # Cohere 2 MoE: a dense prefix layer (full attention, yet rotated) then sliding and
+    # full layers alternating; RMSNorm (rms_norm_eps set); the sigmoid of the top 2 of 8
+    # router logits renormalized, averaged with a shared MLP (the config's default)
+    "cohere2_moe": {"num_hidden_layers": 4, "head_dim": 16, "first_k_dense_replace": 1,
+                    "sliding_window": 8, "sliding_window_pattern": 2, "num_experts": 8,
+                    "num_experts_per_tok": 2, "intermediate_size": 32,
+                    "prefix_dense_intermediate_size": 48, "num_shared_experts": 1,
+                    "rms_norm_eps": 1e-6, "logit_scale": 0.25, "expert_selection_fn": "sigmoid"},
+    # AFMoE: a dense layer then two of experts (the top 2 of 8 by sigmoid + a bias, both
+    # randomized: build_hf_model), sliding layers then a full one without rotary, an output
+    # gate of its own projection, norms around attention and MLP, muP's embedding scale
+    "afmoe": {"num_hidden_layers": 3, "head_dim": 16, "sliding_window": 8,
+              "global_attn_every_n_layers": 3, "num_experts": 8, "num_experts_per_tok": 2,
+              "moe_intermediate_size": 32, "num_shared_experts": 1, "route_scale": 1.5,
+              "mup_enabled": True},
     # The GPT-2-era classics (export/families/classic.py). OPT: learned positions from row 2
     # of their table, ReLU MLP, tied as the Hub's are; OPT-350m's post-norm layers without a
     # final norm, and its narrower embedding projected in and out.
@@ -814,6 +840,9 @@ def build_hf_model(family: str, out: Path, seed: int = 0, dtype=None, **override
                 param.normal_(0, 0.5)
             elif name.endswith("correct_output_scale"):  # Gemma 3n's AltUp: zero at init
                 param.uniform_(0.5, 1.5)
+            elif name.endswith(("mlp.router.gate.weight", "mlp.expert_bias")) \
+                    and not param.any():  # AFMoE's router and selection bias: zero at init
+                param.normal_(0, 0.5)
     if dtype is not None:
         model = model.to(dtype)
     model.save_pretrained(out)
@@ -886,6 +915,7 @@ IMAGE_TEXT = {
         "resampler_n_heads": 2, "resampler_head_dim": 8, "num_key_value_heads": 1}},
     "deepseek_vl": {"vision_config": {"model_type": "siglip_vision_model", **TINY_VISION}},
     "video_llama_3": {"vision_config": TINY_VISION},
+    "aria": {"vision_config": TINY_VISION, "projector_patch_to_query_dict": {4: 4}},
     "aya_vision": {"vision_config": {"model_type": "siglip_vision_model", **TINY_VISION}},
     "cohere2_vision": {"vision_config": {"model_type": "siglip_vision_model", **TINY_VISION},
                        "alignment_intermediate_size": 32},

@@ -39,7 +39,8 @@ SLOW_MOE_FAMILIES = ("qwen3_5_moe_text", "qwen3_5_moe", "qwen3_vl_moe", "mixtral
                      "ernie4_5_moe", "qwen3_next", "lara_mini", "mellum", "flint", "dots1",
                      "exaone_moe", "solar_open", "kolibri1", "glm4v_moe", "llama4_text",
                      "llama4", "phimoe", "hunyuan_v1_moe", "dbrx", "flex_olmo",
-                     "minimax_m2", "sarvam_moe", "mimo_v2_flash", "beam")
+                     "minimax_m2", "sarvam_moe", "mimo_v2_flash", "beam",
+                     "hy_v3", "aria_text", "cohere2_moe", "afmoe")
 # DeepSeek-V3's grouped routing (glm4_moe's fixture is the default suite's representative)
 GROUPED_FAMILIES = ("glm4_moe", "dots1", "exaone_moe", "solar_open", "glm4v_moe",
                     "deepseek_v3", "glm4_moe_lite", "sarvam_mla",  # these three: MLA
@@ -56,10 +57,10 @@ EVERY_MOE_FAMILY = [*MOE_FAMILIES, *slow(*SLOW_MOE_FAMILIES)]
 
 def is_router(module: torch.nn.Module) -> bool:
     # Qwen3-MoE's TopKRouter, DeepSeek-V3's TopkRouter, Llama 4's Llama4Router, Hunyuan's
-    # HunYuanMoEV1Gate
+    # HunYuanMoEV1Gate, AFMoE's AfmoeTokenChoiceRouter
     name = type(module).__name__.lower()
     return name.endswith("topkrouter") or name in ("llama4router", "hunyuanmoev1gate",
-                                                   "dbrxrouter")
+                                                   "dbrxrouter", "afmoetokenchoicerouter")
 
 
 def router_choice(router: torch.nn.Module, out) -> np.ndarray:

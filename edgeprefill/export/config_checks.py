@@ -106,7 +106,7 @@ def check_model_config(cfg: ModelConfig) -> None:
         )
     if not (math.isfinite(cfg.norm_eps) and cfg.norm_eps > 0):
         key = cfg.spec.eps_key or (
-            "layer_norm_eps" if cfg.spec.norm.startswith("layer") else "rms_norm_eps")
+            "layer_norm_eps" if cfg.norm.startswith("layer") else "rms_norm_eps")
         raise ExportError(f"config.json: {key} must be positive, got {cfg.norm_eps}")
     for rope in cfg.ropes.values():
         if not (math.isfinite(rope.theta) and rope.theta > 0):

@@ -497,13 +497,15 @@ class DecoderBuilder:
         no v_proj, its values are its keys' projection (Gemma 4's attention_k_eq_v)."""
         g, n = self.g, self.names
         parts = [n.qkv] if n.qkv else [n.q, n.k] if k_is_v else [n.q, n.k, n.v]
+        if cfg.attn_gate and n.attn_gate is not None:  # AFMoE: the gate's own projection
+            parts.append(n.attn_gate)
         weights = [p + part + ".weight" for part in parts]
         bias = p + (n.qkv or "self_attn.qkv_proj") + ".bias" if cfg.qkv_bias else None
         self._check_qkv_shapes(weights, cfg)
         reorder = self._neox_order if cfg.spec.qkv_interleaved or cfg.qkv_layout == "heads" \
             else self._group_order if cfg.qkv_layout == "groups" else \
             self._shard_order if cfg.spec.qkv_shards else \
-            self._gate_last if cfg.attn_gate else \
+            self._gate_last if cfg.attn_gate and n.attn_gate is None else \
             self._reflected if cfg.spec.rotary_reflected else None
         qkv = self._scaled_keys(self.w.linear(h, weights, bias, reorder=reorder))
         if cfg.clip_qkv is not None:  # OLMo 1
@@ -581,11 +583,14 @@ class DecoderBuilder:
         """A checkpoint that disagrees with its config.json fails here, in one line, not
         as a reshape error inside ONNX Runtime."""
         q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+        gated = int(cfg.attn_gate and self.names.attn_gate is not None)  # its own, last
         v = cfg.num_kv_heads * (cfg.v_head_dim or cfg.head_dim)
-        q *= 2 if cfg.attn_gate else 1  # each head's query and its output gate
-        expected = [(q + kv + v, cfg.hidden_size)] if len(weights) == 1 else [
-            (q, cfg.hidden_size), *[(kv, cfg.hidden_size)] * (len(weights) - 2),
-            (v if len(weights) == 3 else kv, cfg.hidden_size)]
+        q *= 2 if cfg.attn_gate and not gated else 1  # each head's query and its output gate
+        plain = len(weights) - gated  # one fused qkv, or q and k (and v)
+        expected = [(q + kv + v, cfg.hidden_size)] if plain == 1 else [
+            (q, cfg.hidden_size), *[(kv, cfg.hidden_size)] * (plain - 2),
+            (v if plain == 3 else kv, cfg.hidden_size)]
+        expected += [(q, cfg.hidden_size)] * gated
         for name, shape in zip(weights, expected, strict=True):
             if self.w.shape(name) != shape:
                 raise ExportError(
@@ -660,7 +665,7 @@ class DecoderBuilder:
     def _norm(self, x: str, name: str, width: int | None = None) -> str:
         """The family's norm over the last axis (`width` wide: hidden unless given); `name`
         is the module (".weight" added)."""
-        norm = self.cfg.spec.norm
+        norm = self.cfg.norm
         if norm in LAYER_NORMS:
             bias = self.w.tensor(name + ".bias") if norm not in UNBIASED else None
             return self.flavor.layer_norm(self.g, x, self._norm_weight(name, width), bias)
@@ -668,15 +673,15 @@ class DecoderBuilder:
 
     def _add_norm(self, x: str, delta: str | None, name: str) -> tuple[str, str]:
         """(x + delta, norm(x + delta)); delta None adds nothing."""
-        if self.cfg.spec.norm in LAYER_NORMS:
+        if self.cfg.norm in LAYER_NORMS:
             x = x if delta is None else self.g.op("Add", [x, delta])
             return x, self._norm(x, name)
         return self.flavor.add_rms_norm(self.g, x, delta, self._norm_weight(name))
 
     def _norm_weight(self, name: str, width: int | None = None) -> str:
-        if self.cfg.spec.norm in WEIGHTLESS:  # statistics only (OLMo 1, nanochat)
+        if self.cfg.norm in WEIGHTLESS:  # statistics only (OLMo 1, nanochat)
             return self.g.const(np.ones(width or self.cfg.hidden_size), self.dtype)
-        if self.cfg.spec.norm not in ("rms_plus_one", "layer_plus_one"):
+        if self.cfg.norm not in ("rms_plus_one", "layer_plus_one"):
             return self.w.tensor(name + ".weight")
         # Gemma and Nemotron scale by (1 + w), computed in float32 as transformers does.
         stored = name + ".weight"

@@ -134,6 +134,12 @@ class MoeSpec:
     input_scaled: bool = False
     # the key of sparsemixer's relative gap (PhiMoE's router_jitter_noise)
     jitter_key: str | None = None
+    # The routing where config.json picks it (Cohere 2 MoE's expert_selection_fn): config ->
+    # one of ROUTINGS; None: `routing`.
+    routing_from_config: Callable[[dict[str, Any]], str] | None = None
+    # The key whose "average" halves the sum of the routed and shared experts ("sum" adds
+    # them: Cohere 2 MoE's shared_expert_combination_strategy); None: they are added.
+    average_key: str | None = None
 
 
 # config.json keys that name a routing, and the one value each family here computes
@@ -174,6 +180,7 @@ class MoeConfig:
     bias_on_logits: bool = False  # Kolibri-1: the bias is added to the logits
     input_scaled: bool = False  # Llama 4: expert(weight * x), not weight * expert(x)
     jitter: float = 0.0  # sparsemixer: a logit within 2 jitter (relative) of the best counts
+    averaged: bool = False  # Cohere 2 MoE: (routed + shared) / 2, where there is a shared MLP
 
     @property
     def grouped(self) -> bool:
@@ -182,7 +189,8 @@ class MoeConfig:
 
     def describe(self, num_layers: int) -> str:
         gated = "a gated" if self.shared_gated else "an ungated"
-        shared = f", {gated} shared expert of width {self.shared_width}" \
+        averaged = " (the two averaged)" if self.averaged else ""
+        shared = f", {gated} shared expert of width {self.shared_width}{averaged}" \
             if self.shared_width else ""
         clamped = f", clamped SwiGLU (limit {self.clamped.limit:g})" if self.clamped else ""
         groups = f" within the best {self.top_groups} of {self.groups} groups" \
@@ -205,7 +213,7 @@ def read_moe(raw: dict[str, Any], spec: MoeSpec) -> MoeConfig | None:
         experts=experts,
         top_k=int(raw["num_experts_per_tok"]),
         width=int(raw[spec.width_key]),
-        routing=spec.routing,
+        routing=spec.routing_from_config(raw) if spec.routing_from_config else spec.routing,
         norm_topk=bool(raw.get(spec.norm_key)) if spec.norm_key else spec.renormalize,
         norm_eps=spec.norm_eps,
         norm_min=float(raw[spec.norm_min_key]) if spec.norm_min_key else 0.0,
@@ -223,6 +231,7 @@ def read_moe(raw: dict[str, Any], spec: MoeSpec) -> MoeConfig | None:
         bias_on_logits=spec.bias_on_logits,
         input_scaled=spec.input_scaled,
         jitter=float(raw[spec.jitter_key]) if spec.jitter_key else 0.0,
+        averaged=bool(spec.average_key) and raw.get(spec.average_key) == "average",
     )
     if moe.experts < 1 or not 1 <= moe.top_k <= moe.experts:
         raise ExportError(f"config.json: num_experts_per_tok ({moe.top_k}) must be 1 to "

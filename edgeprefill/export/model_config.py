@@ -263,6 +263,8 @@ class ModelConfig:
     # layer's normed input (hidden -> heads; TensorNames.head_gate). Beam's gates each
     # channel, plus a bias per head (FamilySpec.channel_gate).
     head_gate: bool = False
+    # The norm config.json picks (FamilySpec.norm_from_config); None: the family's own.
+    norm_picked: str | None = None
     # Gemma 4: layers without KV of their own, each reading the KV an earlier layer of its
     # kind wrote in the same step (consumer -> producer; num_kv_shared_layers).
     shared_kv: dict[int, int] = field(default_factory=dict)
@@ -350,6 +352,11 @@ class ModelConfig:
     @property
     def spec(self) -> FamilySpec:
         return family_spec(self.family, self.text_type)
+
+    @property
+    def norm(self) -> str:
+        """The model's norm kind (one of NORMS)."""
+        return self.norm_picked or self.spec.norm
 
     @property
     def qk_norm(self) -> str | None:
@@ -623,6 +630,7 @@ def _read(family: str, spec: FamilySpec, raw: dict[str, Any],
         head_gate=spec.channel_gate or bool(spec.head_gate_key and raw.get(spec.head_gate_key)),
         v_head_dim=_v_head_dim(raw, spec, head_dim),
         value_scale=_value_scale(raw, spec),
+        norm_picked=spec.norm_from_config(raw) if spec.norm_from_config else None,
         **gemma4_fields(raw) if spec.per_layer_heads or spec.altup else {},
         moe=moe,
         latent=latent,

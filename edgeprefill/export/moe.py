@@ -53,10 +53,18 @@ class MixtureOfExperts:
         g = self.g
         x = g.op("Reshape", [h, g.const([-1, self.hidden])])  # [N, H]
         chosen, weights = self._route(p, x)  # [N, k] int64, [N, k] model dtype
-        out = self._dispatch(p, x, chosen, weights)
-        if self.moe.shared_width:
-            out = g.op("Add", [out, self._shared(p, x)])
+        out = self._with_shared(p, x, self._dispatch(p, x, chosen, weights))
         return g.op("Reshape", [out, g.op("Shape", [h])])
+
+    def _with_shared(self, p: str, x: str, routed: str) -> str:
+        """The routed experts' output [N, H] with the shared expert's of x added, where the
+        family has one; halved where it averages the two (Cohere 2 MoE)."""
+        if not self.moe.shared_width:
+            return routed
+        out = self.g.op("Add", [routed, self._shared(p, x)])
+        if self.moe.averaged:
+            out = self.g.op("Mul", [out, self.g.const(0.5, self.dtype)])
+        return out
 
     def _route(self, p: str, x: str) -> tuple[str, str]:
         """Each token's k experts and their weights, as the family's router computes them

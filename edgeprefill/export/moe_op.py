@@ -107,8 +107,7 @@ class MoeOp(MixtureOfExperts):
             out = g.op("Mul", [out, total])  # the chosen routings' weights, scaling included
         elif moe.scaling != 1.0:  # the op's own routing knows no routed_scaling_factor
             out = g.op("Mul", [out, g.const(moe.scaling, self.dtype)])
-        if moe.shared_width:
-            out = g.op("Add", [out, self._shared(p, x)])
+        out = self._with_shared(p, x, out)
         return g.op("Reshape", [out, g.op("Shape", [h])])
 
     def _swiglu(self) -> dict[str, float]:

@@ -641,4 +641,6 @@ WRAPPERS: dict[str, Wrapper] = {
     "kimi_k25": Wrapper("deepseek_v3", tie=True, text_types=("deepseek_v3",),
                         aliases=(("kimi_k2", "deepseek_v3"),),
                         towers=("vision_tower.", "mm_projector.")),
+    # Aria: its mixture-of-experts language model (aria_text) beside an Idefics 3 tower
+    "aria": Wrapper("aria_text", tie=False),
 }

@@ -17,6 +17,7 @@ from edgeprefill.export.context_cap import (
 from edgeprefill.export.experts import (
     MoeNames,
     MoeSpec,
+    after_dense_layers,
     after_first_k_dense,
     every_layer,
     interval_layers,
@@ -63,6 +64,10 @@ QWEN3_MOE = FamilySpec(
 # `sparse` layers of `mlp_layer_types` (all without it), a dense MLP on the `dense` ones.
 MELLUM_ROPES = {"full_attention": {"rope_type": "default", "rope_theta": 500_000.0},
                 "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0}}
+
+
+def _given_or(value: Any, default: Any) -> Any:
+    return default if value is None else value
 
 
 def _mellum_config(raw: dict[str, Any]) -> dict[str, Any]:
@@ -709,6 +714,206 @@ BEAM = FamilySpec(
             "depth-scaled residual adds", "scalable-softmax queries on the NoPE layers"),
 )
 
+
+def _hy_v3_config(raw: dict[str, Any]) -> dict[str, Any]:
+    """HYV3Config: without `mlp_layer_types`, the first layer dense and the rest sparse. Its
+    shared MLP is num_shared_experts x moe_intermediate_size wide, or intermediate_size
+    where that is 0 (HYV3MLP's `intermediate_size or config.intermediate_size`)."""
+    count = int(raw["num_hidden_layers"])
+    kinds = raw.get("mlp_layer_types")
+    if kinds is None:
+        kinds = ["dense"] * min(count, 1) + ["sparse"] * max(count - 1, 0)
+    shared = int(raw.get("num_shared_experts") or 0) * int(raw["moe_intermediate_size"])
+    return {**raw, "mlp_layer_types": kinds,
+            "shared_expert_intermediate_size": shared or int(raw["intermediate_size"])}
+
+
+# Hy3 (HYV3): Llama's attention with per-head q/k RMSNorm (q/k/v/o biases by
+# attention_bias), experts on the `sparse` layers of mlp_layer_types: the top k of sigmoid
+# + e_score_correction_bias, weighed by the sigmoid, renormalized (+ 1e-20), times
+# router_scaling_factor; an ungated shared MLP beside them. Read under the Hub's names
+# (mlp.router.gate, mlp.expert_bias, mlp.shared_mlp: what save_pretrained writes too). Its
+# multi-token-prediction layer (model.layers.{num_hidden_layers}) is left out, as
+# transformers leaves it.
+HY_V3 = FamilySpec(
+    **ATTENTION_BIAS, qk_norm="head", legacy=_hy_v3_config, unsupported=("mlp_bias",),
+    refuse=lambda raw: _null_refused(raw, ("num_experts", "num_experts_per_tok",
+                                            "num_shared_experts")),
+    moe=MoeSpec(names=MoeNames(router=("mlp.router.gate.weight", "mlp.gate.weight"),
+                               expert_bias=("mlp.expert_bias", "mlp.e_score_correction_bias"),
+                               shared="mlp.shared_mlp."),
+                routing="sigmoid", experts_keys=EXPERT_ALIASES, layers=_mlp_layer_types_sparse,
+                norm_key=None, renormalize=True, norm_eps=1e-20, bias_key=None,
+                scaling_key="router_scaling_factor"),
+    defaults={"vocab_size": 120832, "hidden_size": 4096, "intermediate_size": 13312,
+              "num_hidden_layers": 80, "num_attention_heads": 64, "num_key_value_heads": 8,
+              "head_dim": 128, "max_position_embeddings": 131072, "rms_norm_eps": 1e-5,
+              "rope_theta": 11_158_840.0, "num_experts": 192, "num_experts_per_tok": 8,
+              "num_shared_experts": 1, "moe_intermediate_size": 1536,
+              "router_scaling_factor": 2.826},
+    quirks=("per-head q/k RMSNorm", "sigmoid routing",
+            "dense and sparse layers (mlp_layer_types)"),
+)
+
+
+def _aria_text_config(raw: dict[str, Any]) -> dict[str, Any]:
+    """AriaTextConfig: moe_topk experts of moe_num_experts, all intermediate_size wide; its
+    shared MLP is moe_num_shared_experts x intermediate_size."""
+    shared = int(raw["moe_num_shared_experts"]) * int(raw["intermediate_size"])
+    return {**raw, "num_experts_per_tok": raw["moe_topk"],
+            "shared_expert_intermediate_size": shared}
+
+
+def _aria_silu_experts(raw: dict[str, Any]) -> str | None:
+    # AriaExperts are SiLU-gated whatever hidden_act (which its shared MLP reads); export
+    # runs both on one activation.
+    act = raw.get("hidden_act", "silu")
+    if act != "silu":
+        return (f"hidden_act {act!r} is not supported: its experts are SiLU-gated whatever "
+                "hidden_act, its shared MLP reads it, and export runs both on one activation")
+    return None
+
+
+# Aria's language model: Llama's layers whose every MLP is experts (the top k router
+# logits, softmax over those k) stored fused [E, in, out] (the Hub's experts.fc1 and fc2,
+# which transformers renames gate_up_proj and down_proj), beside an ungated shared MLP.
+ARIA_TEXT = FamilySpec(
+    **ATTENTION_BIAS, legacy=_aria_text_config, refuse=_aria_silu_experts,
+    unsupported=("mlp_bias",),
+    moe=MoeSpec(names=MoeNames(router=("mlp.router.weight",),
+                               fused_gate_up=("mlp.experts.fc1.weight",
+                                              "mlp.experts.gate_up_proj"),
+                               fused_down=("mlp.experts.fc2.weight", "mlp.experts.down_proj"),
+                               transposed=True, shared="mlp.shared_experts."),
+                routing="topk_softmax", experts_keys=("moe_num_experts",),
+                width_key="intermediate_size", norm_key=None, scaling_key=None),
+    defaults={"vocab_size": 32000, "hidden_size": 4096, "intermediate_size": 4096,
+              "num_hidden_layers": 32, "num_attention_heads": 32,
+              "max_position_embeddings": 2048, "rms_norm_eps": 1e-6, "moe_num_experts": 8,
+              "moe_topk": 2, "moe_num_shared_experts": 2},
+    quirks=("experts stored fused [E, in, out]",),
+)
+
+def _cohere2_moe_config(raw: dict[str, Any]) -> dict[str, Any]:
+    """Cohere2MoeConfig as its model reads it. Without the lists, the first
+    `first_k_dense_replace` layers are dense and slide on every
+    prefix_dense_sliding_window_pattern-th but the last, the rest on every
+    sliding_window_pattern-th but the last. The sliding layers rotate, and so do the dense
+    ones where that prefix pattern is 1 (its attention's force_rope): read as
+    no_rope_layers. Dense MLPs are prefix_dense_intermediate_size wide (intermediate_size
+    where null), experts intermediate_size, the shared MLP num_shared_experts of them. The
+    top k are renormalized only in sigmoid selection."""
+    count, dense = int(raw["num_hidden_layers"]), int(raw.get("first_k_dense_replace") or 0)
+    prefix, pattern = int(raw["prefix_dense_sliding_window_pattern"]), \
+        int(raw["sliding_window_pattern"])
+    types = raw.get("layer_types")
+    if types is None:
+        types = [_cohere2_moe_kind(i, prefix) for i in range(dense)] + \
+            [_cohere2_moe_kind(i, pattern) for i in range(count - dense)]
+    kinds = raw.get("mlp_layer_types")
+    if kinds is None:
+        kinds = ["dense" if i < dense else "sparse" for i in range(count)]
+    rotates = [int(t == "sliding_attention" or (k == "dense" and prefix == 1))
+               for t, k in zip(types, kinds, strict=False)]
+    width = int(raw["intermediate_size"])
+    return {**raw, "layer_types": types, "mlp_layer_types": kinds, "no_rope_layers": rotates,
+            "intermediate_size": _given_or(raw.get("prefix_dense_intermediate_size"), width),
+            "moe_intermediate_size": width,
+            "shared_expert_intermediate_size": int(raw["num_shared_experts"]) * width,
+            "norm_topk_prob": raw["expert_selection_fn"] == "sigmoid"
+            and bool(raw["norm_topk_prob"])}
+
+
+def _cohere2_moe_kind(i: int, pattern: int) -> str:
+    return "sliding_attention" if (i + 1) % pattern else "full_attention"
+
+
+def _cohere2_moe_choices(raw: dict[str, Any]) -> str | None:
+    choices = {"expert_selection_fn": ("softmax", "sigmoid"),
+               "shared_expert_combination_strategy": ("sum", "average")}
+    for key, values in choices.items():
+        if raw.get(key) not in values:
+            return f"{key} {raw.get(key)!r} is not one its model takes ({', '.join(values)})"
+    return None
+
+
+# Cohere 2 MoE (Command A+): Cohere 2's layers (attention and MLP on one norm, interleaved
+# rotary on the sliding layers only, a logit scale) whose norms are RMSNorm where
+# rms_norm_eps is set, LayerNorm without bias where not; its dense prefix layers (full
+# attention, yet rotated) and experts on the `sparse` layers of mlp_layer_types: the top k
+# router logits, softmax over those k, or their sigmoid (renormalized where norm_topk_prob),
+# by expert_selection_fn; an ungated shared MLP added to them, or averaged with them.
+COHERE2_MOE = FamilySpec(
+    **ATTENTION_BIAS, norm="layer_no_bias",
+    norm_from_config=lambda raw: "layer_no_bias" if raw.get("rms_norm_eps") is None
+    else "rms",
+    block="shared", tie_default=True, rope_interleaved=True, window="always",
+    legacy=_cohere2_moe_config, refuse=_cohere2_moe_choices, required=("sliding_window",),
+    moe=MoeSpec(names=MoeNames(shared="mlp.shared_experts."), routing="topk_softmax",
+                routing_from_config=lambda raw: "topk_sigmoid"
+                if raw["expert_selection_fn"] == "sigmoid" else "topk_softmax",
+                layers=_mlp_layer_types_sparse, scaling_key=None,
+                average_key="shared_expert_combination_strategy"),
+    defaults={"vocab_size": 256000, "hidden_size": 8192, "intermediate_size": 22528,
+              "logit_scale": 0.0625, "num_hidden_layers": 40, "num_attention_heads": 64,
+              "head_dim": 128, "max_position_embeddings": 8192, "layer_norm_eps": 1e-5,
+              "rope_theta": 10000.0, "sliding_window": 4096, "num_experts_per_tok": 2,
+              "num_experts": 8, "num_shared_experts": 0,
+              "shared_expert_combination_strategy": "average",
+              "expert_selection_fn": "softmax", "prefix_dense_sliding_window_pattern": 1,
+              "norm_topk_prob": True, "sliding_window_pattern": 4},
+    quirks=("RMSNorm or LayerNorm without bias (rms_norm_eps)", "interleaved rotary",
+            "logit scale", "dense prefix layers (mlp_layer_types)"),
+)
+
+def _null_refused(raw: dict[str, Any], keys: tuple[str, ...]) -> str | None:
+    """Keys a config class types `int | None` (defaulting them otherwise) whose null its
+    model cannot run with."""
+    null = next((key for key in keys if raw.get(key) is None), None)
+    return None if null is None else f"{null} is null; the family's model cannot run with it"
+
+
+def _afmoe_refuse(raw: dict[str, Any]) -> str | None:
+    null = _null_refused(raw, ("num_experts", "num_experts_per_tok", "num_shared_experts",
+                               "num_dense_layers", "route_scale"))
+    if null is not None:
+        return null
+    if raw.get("attention_bias"):  # its gate_proj has none; export packs it with q/k/v
+        return "attention_bias=true is not supported"
+    if raw.get("sliding_window") is None:
+        # its sliding layers would then rotate without a window, which export ties together
+        return "config.json needs sliding_window (its local layers are the rotated ones)"
+    return None
+
+
+# AFMoE (Arcee Trinity): Llama's attention with per-head q/k RMSNorm, rotary on its sliding
+# layers only (every global_attn_every_n_layers-th is full, without rotary), and an output
+# gate of its own projection (sigmoid(gate_proj(x)), per element); norms before and after
+# attention and MLP; the embedding times sqrt(hidden) where mup_enabled. Experts after the
+# first num_dense_layers: the top k of sigmoid + expert_bias, weighed by the sigmoid,
+# renormalized (+ 1e-20), times route_scale, beside an ungated shared MLP.
+AFMOE = FamilySpec(
+    names=replace(LLAMA_NAMES, attn_gate="self_attn.gate_proj",
+                  pre_mlp_norm="pre_mlp_layernorm", post_mlp_norm="post_mlp_layernorm"),
+    block="sandwich", qk_norm="head", attn_gate=True, embed_scale="sqrt_hidden",
+    embed_scale_key="mup_enabled", window="always",
+    sliding=lambda i, raw: bool((i + 1) % int(raw["global_attn_every_n_layers"])),
+    global_nope=True, refuse=_afmoe_refuse, legacy=shared_experts("num_shared_experts"),
+    moe=MoeSpec(names=MoeNames(router=("mlp.router.gate.weight",),
+                               expert_bias=("mlp.expert_bias",), shared="mlp.shared_experts."),
+                routing="sigmoid", layers=after_dense_layers, norm_key=None,
+                renormalize=True, norm_eps=1e-20, bias_key=None, scaling_key="route_scale"),
+    defaults={"vocab_size": 200192, "hidden_size": 2048, "intermediate_size": 6144,
+              "moe_intermediate_size": 1408, "num_hidden_layers": 32, "num_dense_layers": 1,
+              "num_attention_heads": 16, "head_dim": 128, "max_position_embeddings": 16384,
+              "rms_norm_eps": 1e-5, "num_experts": 64, "num_experts_per_tok": 6,
+              "num_shared_experts": 2, "route_scale": 1.0, "global_attn_every_n_layers": 4,
+              "sliding_window": 1024},
+    quirks=("per-head q/k RMSNorm", "attention output gate (its own projection)",
+            "norms before and after attention and MLP", "full-attention layers without rotary",
+            "sigmoid routing"),
+)
+
 FAMILIES: dict[str, FamilySpec] = {
     "qwen3_moe": QWEN3_MOE,
     "qwen2_moe": QWEN2_MOE,
@@ -743,5 +948,9 @@ FAMILIES: dict[str, FamilySpec] = {
     "flex_olmo": FLEX_OLMO,
     "minimax_m2": MINIMAX_M2,
     "beam": BEAM,
+    "hy_v3": HY_V3,
+    "aria_text": ARIA_TEXT,
+    "cohere2_moe": COHERE2_MOE,
+    "afmoe": AFMOE,
 }
 

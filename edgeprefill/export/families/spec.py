@@ -54,6 +54,9 @@ class TensorNames:
     # gate_proj and transformers renames g_proj when it loads them
     head_gate: tuple[str, ...] = ("self_attn.g_proj", "self_attn.gate_proj")
     head_gate_bias: str = "self_attn.gate_bias"  # Beam's, one per head (channel_gate)
+    # The output gate's own projection where FamilySpec.attn_gate's gate is not q_proj's
+    # rows (AFMoE's self_attn.gate_proj, hidden -> heads * head_dim, without bias); None: it is
+    attn_gate: str | None = None
     act: str = "mlp.act_fn."  # an activation with weights of its own (Apertus's xIELU)
     mamba: str = "mamba."  # a Mamba-2 layer's mixer module (in_proj, conv1d, norm, ...)
     lru: str = "temporal_block."  # RecurrentGemma's recurrent block (linear_x, rg_lru, ...)
@@ -114,6 +117,9 @@ BLOCKS = ("pre", "sandwich", "post", "parallel", "shared", "hybrid", "altup", "p
 class FamilySpec:
     names: TensorNames = LLAMA_NAMES
     norm: str = "rms"  # one of NORMS
+    # The norm where config.json picks it (Cohere 2 MoE: RMSNorm where rms_norm_eps is set,
+    # else LayerNorm without bias): config -> one of NORMS.
+    norm_from_config: Callable[[dict[str, Any]], str] | None = None
     block: str = "pre"  # one of BLOCKS
     gated_mlp: bool = True  # act(gate) * up, else act(fc1)
     qkv_bias: bool = False  # q/k/v biases when config.json has no `bias_key`
@@ -271,7 +277,8 @@ class FamilySpec:
     # (export/layer_groups.py).
     blocks: bool = False
     # Whether q_proj gives each head's query and an output gate (Qwen3-Next's attention:
-    # rows [head, query|gate, dim]; the attention's output times sigmoid(gate)).
+    # rows [head, query|gate, dim]; the attention's output times sigmoid(gate)), or where
+    # names.attn_gate is set, that projection gives the gate (AFMoE).
     attn_gate: bool = False
     # The config key that switches on a sigmoid output gate per head, from its own
     # projection of the layer's input (LFM3's use_attention_gate; names.head_gate).
