@@ -17,11 +17,11 @@ import numpy as np
 import pytest
 
 from edgeprefill.bundle import load_manifest
-from edgeprefill.engines import BackendOptions, StepBatch
+from edgeprefill.engines import BackendOptions
 from edgeprefill.engines.ort.backend import OnnxRuntimeBackend
 from edgeprefill.engines.ort.providers import CUDA_EP, SHAPE_OPS, placement
 from edgeprefill.errors import ExportError
-from tests.test_gpu_providers import HAS_CUDA_EP
+from tests.test_gpu_providers import HAS_CUDA_EP, _steps
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not HAS_CUDA_EP, reason="needs onnxruntime-gpu and a GPU")]
@@ -36,17 +36,6 @@ FAMILIES = ["gemma2", "gemma3_text", "gemma3n_text", "qwen3_moe", "gpt_oss", "de
 # order of summation; float16 rounds every activation.
 CASES = {("standard", "fp32"): 1e-4, ("ort", "fp16"): 2e-2}
 CAPACITY = 96
-
-
-def _steps(vocab: int) -> list[StepBatch]:
-    """Prefill in two chunks, then two rows decoding together (the second a fresh slot)."""
-    rng = np.random.default_rng(0)
-    return [StepBatch(rng.integers(3, vocab, (1, 20)), np.array([0], np.int32),
-                      np.array([20], np.int32), 0),
-            StepBatch(rng.integers(3, vocab, (1, 7)), np.array([20], np.int32),
-                      np.array([7], np.int32), 0),
-            StepBatch(rng.integers(3, vocab, (2, 1)), np.array([27, 0], np.int32),
-                      np.array([1, 1], np.int32), 0)]
 
 
 def _export(hf_model, family, out, flavor, dtype):
