@@ -864,6 +864,7 @@ IMAGE_TEXT = {
                                 "image_size": 32, "patch_size": 16, "mlp_dim": 32,
                                 "global_attn_indexes": [0], "window_size": 2}}
        for name in ("got_ocr2", "pp_chart2table")},
+    "fuyu": {"patch_size": 4},  # its tower one linear patch embedding
     # their towers are timm models (not installed): the configs alone, no model
     **{name: {} for name in ("fast_vlm", "perception_lm")},
     "shieldgemma2": {"vision_config": TINY_VISION, "mm_tokens_per_image": 4},

@@ -322,4 +322,6 @@ WRAPPERS: dict[str, Wrapper] = {
     # VideoLLaMA 3: its Qwen2 beside a vision model and projector
     "video_llama_3": Wrapper("qwen2", tie=False, either_ties=True,
                              towers=("vision_model.", "projector.")),
+    # Fuyu-8B: Persimmon under a linear patch embedding (its images enter as embeddings)
+    "fuyu": Wrapper("persimmon", tie=False, towers=("vision_embed_tokens.",)),
 }
