@@ -38,10 +38,10 @@ def hf_copy(hf_model, tmp_path) -> Path:
 
 def test_unsupported_model_type_names_the_nearest_and_where_the_list_is(hf_copy, tmp_path):
     config = json.loads((hf_copy / "config.json").read_text())
-    config["model_type"] = "qwen9"
+    config["model_type"] = "mistrall"
     (hf_copy / "config.json").write_text(json.dumps(config))
     assert_one_line_error(cli("export", hf_copy, "-o", tmp_path / "b"),
-                          "'qwen9' is not supported (nearest supported: qwen2, qwen3",
+                          "'mistrall' is not supported (nearest supported: mistral, ",
                           "`edgeprefill export --list-models`", "README.md's model table")
 
 
