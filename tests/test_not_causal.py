@@ -101,6 +101,8 @@ def test_the_class_rules_read_config_json_whatever_the_model_type(tmp_path):
         ({"architectures": ["NonesuchForMaskedLM", "NonesuchForCausalLM"]}, UNKNOWN),
         ({"architectures": ["NonesuchModel"]}, UNKNOWN),
         ({"num_mel_bins": 80}, "is an audio model"),
+        ({"architectures": ["NonesuchForCTC"]}, "is an audio model"),
+        ({"architectures": ["NonesuchForImageClassification"]}, "is an encoder model"),
     ]
     for keys, fragment in cases:
         with pytest.raises(ExportError) as err:

@@ -13,23 +13,26 @@ CAUSAL_ONLY = "edgeprefill exports decoder-only causal LMs"
 # Keys only audio models' configs hold: a speech encoder's input (Whisper's mel bins) or an
 # audio codec whose codes the model reads or writes (MusicGen, Moshi).
 _AUDIO_KEYS = ("num_mel_bins", "audio_encoder", "audio_encoder_config", "audio_vocab_size")
-# Heads of an encoder checkpoint (transformers' class names end so) and of a decoder one.
+# Heads of an audio model's checkpoint (transformers' class names end so: Wav2Vec2, HuBERT,
+# SpeechT5, ...), of an encoder's (BERT's, DistilBERT's, ViT's) and of a decoder's.
+_AUDIO_HEADS = ("ForCTC", "ForAudioClassification", "ForAudioFrameClassification",
+                "ForXVector", "ForSpeechSeq2Seq", "ForTextToSpeech", "ForTextToWaveform")
 _ENCODER_HEADS = ("ForMaskedLM", "ForSequenceClassification", "ForTokenClassification",
                   "ForQuestionAnswering", "ForMultipleChoice", "ForPreTraining",
-                  "ForNextSentencePrediction")
+                  "ForNextSentencePrediction", "ForImageClassification")
 _DECODER_HEADS = ("ForCausalLM", "LMHeadModel", "ForConditionalGeneration")
 
 
 def what_it_is(raw: dict[str, Any]) -> str | None:
     """Why config.json's model is none export takes, in words, where its keys say it is an
     audio model, an encoder-decoder or an encoder; None where they do not."""
-    if any(key in raw for key in _AUDIO_KEYS):
+    if any(key in raw for key in _AUDIO_KEYS) or _heads(raw, _AUDIO_HEADS):
         return f"an audio model (speech in, or audio codes out): {CAUSAL_ONLY} of text"
     if _encoder_decoder(raw):
         return f"an encoder-decoder model (seq2seq): {CAUSAL_ONLY}"
     if "type_vocab_size" in raw:  # BERT's token-type (segment) embeddings
         return f"a BERT-like encoder model (token-type embeddings): {CAUSAL_ONLY}"
-    heads = _encoder_heads(raw)
+    heads = _heads(raw, _ENCODER_HEADS)
     if heads:
         return f"an encoder model ({', '.join(heads)}): {CAUSAL_ONLY}"
     return None
@@ -44,13 +47,13 @@ def _encoder_decoder(raw: dict[str, Any]) -> bool:
             or all(isinstance(raw.get(key), dict) for key in ("encoder", "decoder")))
 
 
-def _encoder_heads(raw: dict[str, Any]) -> list[str]:
-    """The architectures config.json names where each is an encoder's head and none a
-    decoder's (a BERT fine-tune: BertForSequenceClassification); else none."""
+def _heads(raw: dict[str, Any], kind: tuple[str, ...]) -> list[str]:
+    """The architectures config.json names where each is a head of `kind` (a BERT
+    fine-tune's BertForSequenceClassification) and none a decoder's; else none."""
     names = raw.get("architectures")
     if not isinstance(names, list) or not names or \
             not all(isinstance(name, str) for name in names):
         return []
     if any(name.endswith(_DECODER_HEADS) for name in names):
         return []
-    return names if all(name.endswith(_ENCODER_HEADS) for name in names) else []
+    return names if all(name.endswith(kind) for name in names) else []
