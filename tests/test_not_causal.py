@@ -117,5 +117,8 @@ def test_export_of_a_bart_folder_is_one_line_saying_what_it_is(tmp_path):
                           "edgeprefill exports decoder-only causal LMs")
 
 
-def test_fuyu_exports_its_persimmon_language_model_as_transformers_runs_it(tmp_path):
+def test_fuyu_exports_its_persimmon_language_model_as_transformers_runs_it(tmp_path, caplog):
     check_exports_as_transformers("fuyu", "persimmon", tmp_path)
+    # its tower, the linear patch embedding, left out as a tower (not as unread tensors)
+    said = [r.getMessage() for r in caplog.records if "text-only" in r.getMessage()]
+    assert said and all("vision_embed_tokens" in line for line in said), caplog.text

@@ -14,13 +14,12 @@ CAUSAL_ONLY = "edgeprefill exports decoder-only causal LMs"
 # audio codec whose codes the model reads or writes (MusicGen, Moshi).
 _AUDIO_KEYS = ("num_mel_bins", "audio_encoder", "audio_encoder_config", "audio_vocab_size")
 # Heads of an audio model's checkpoint (transformers' class names end so: Wav2Vec2, HuBERT,
-# SpeechT5, ...), of an encoder's (BERT's, DistilBERT's, ViT's) and of a decoder's.
+# SpeechT5, ...) and of an encoder's (BERT's, DistilBERT's, ViT's).
 _AUDIO_HEADS = ("ForCTC", "ForAudioClassification", "ForAudioFrameClassification",
                 "ForXVector", "ForSpeechSeq2Seq", "ForTextToSpeech", "ForTextToWaveform")
 _ENCODER_HEADS = ("ForMaskedLM", "ForSequenceClassification", "ForTokenClassification",
                   "ForQuestionAnswering", "ForMultipleChoice", "ForPreTraining",
                   "ForNextSentencePrediction", "ForImageClassification")
-_DECODER_HEADS = ("ForCausalLM", "LMHeadModel", "ForConditionalGeneration")
 
 
 def what_it_is(raw: dict[str, Any]) -> str | None:
@@ -49,11 +48,9 @@ def _encoder_decoder(raw: dict[str, Any]) -> bool:
 
 def _heads(raw: dict[str, Any], kind: tuple[str, ...]) -> list[str]:
     """The architectures config.json names where each is a head of `kind` (a BERT
-    fine-tune's BertForSequenceClassification) and none a decoder's; else none."""
+    fine-tune's BertForSequenceClassification); else none (one is a decoder's, say)."""
     names = raw.get("architectures")
     if not isinstance(names, list) or not names or \
             not all(isinstance(name, str) for name in names):
-        return []
-    if any(name.endswith(_DECODER_HEADS) for name in names):
         return []
     return names if all(name.endswith(kind) for name in names) else []
