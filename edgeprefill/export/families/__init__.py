@@ -115,9 +115,10 @@ REFUSED_TYPES: dict[str, str] = {
                          "video frames before every prompt; it is not supported",
     "chameleon": "Chameleon's per-head q/k LayerNorms, Swin-norm layers (swin_norm) and "
                  "image-token logits masked out are not supported",
-    "cosmos3_omni": "Cosmos3's checkpoints hold an image/video generator's weights inside "
-                    "its Qwen3-VL language model's layers (add_q_proj, ...), which export "
-                    "does not leave out; not supported",
+    "cosmos3_omni": "Cosmos3's checkpoints store its Qwen3-VL language model under other "
+                    "names inside each layer (self_attn.to_q, to_out, norm_q, ...; "
+                    "transformers renames them at load) beside a generator's weights; not "
+                    "supported",
     "cpmant": "CPM-Ant's segment and prompt embeddings and bucketed relative-position "
               "attention bias are not supported",
     "diffusion_gemma": "DiffusionGemma is a block-diffusion model (it denoises blocks of "
