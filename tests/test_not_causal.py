@@ -1,7 +1,8 @@
 """Checkpoints that are no decoder-only causal LM are refused for what they are: every model
 type of transformers' causal-LM and image-text mappings is supported, refused by name
 (REFUSED_TYPES) or refused for what its config.json says it is (families/not_causal.py),
-none as an unknown name; and Fuyu, whose language model is Persimmon, exports."""
+none as an unknown name; and two of them whose language model is one of ours export: Fuyu
+(Persimmon) and Phi-4-multimodal (Phi-3; test_exactness runs its logits)."""
 
 from __future__ import annotations
 
@@ -15,8 +16,10 @@ from transformers.models.auto.modeling_auto import (
 )
 
 from edgeprefill.errors import ExportError
+from edgeprefill.export.exporter import ExportOptions, export
 from edgeprefill.export.families import FAMILIES, REFUSED_TYPES
 from edgeprefill.export.model_config import ModelConfig
+from tests.conftest import build_hf_model
 from tests.test_cli_errors import assert_one_line_error, cli
 from tests.test_wrapped_image_text import check_exports_as_transformers
 
@@ -122,3 +125,12 @@ def test_fuyu_exports_its_persimmon_language_model_as_transformers_runs_it(tmp_p
     # its tower, the linear patch embedding, left out as a tower (not as unread tensors)
     said = [r.getMessage() for r in caplog.records if "text-only" in r.getMessage()]
     assert said and all("vision_embed_tokens" in line for line in said), caplog.text
+
+
+def test_phi4_multimodal_leaves_its_image_and_audio_embedders_out_as_a_tower(tmp_path, caplog):
+    hf_dir = build_hf_model("phi4_multimodal", tmp_path / "hf")
+    export(hf_dir, tmp_path / "b", ExportOptions(chunks=(16,), max_context=64,
+                                                  show_progress=False))
+    said = [r.getMessage() for r in caplog.records if "text-only" in r.getMessage()]
+    assert len(said) == 1 and "embed_tokens_extend" in said[0], caplog.text
+    assert "does not use" not in caplog.text  # nothing else unread

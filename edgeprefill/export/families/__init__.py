@@ -144,8 +144,6 @@ REFUSED_TYPES: dict[str, str] = {
     "moss_transcribe_diarize": "MOSS Transcribe-Diarize is a speech transcription model "
                                "(an audio encoder feeding its Qwen3 decoder); its language "
                                "model alone is not supported",
-    "phi4_multimodal": "Phi-4-multimodal's language model under its vision and speech "
-                       "embedders is not supported",
     "pi0": "PI0 is a vision-language-action model (a flow-matching action expert beside a "
            "PaliGemma), not a language model",
     "qwen4_exp": "Qwen4-Exp's language model (qwen4_exp_text) has a sparse attention "

@@ -188,7 +188,20 @@ SHIELDGEMMA2 = replace(
     left_out=(*_GEMMA3.left_out, *(f"model.{prefix}" for prefix in _GEMMA3.left_out)),
 )
 
+_PHI3 = DENSE_FAMILIES["phi3"]
+# Phi-4-multimodal: Phi-3's layers beside image and audio embedders (embed_tokens_extend),
+# which leave a text-only prompt's embeddings as they are; its config class's sizes.
+PHI4_MULTIMODAL = replace(
+    _PHI3, left_out=("model.embed_tokens_extend.",),
+    defaults={**_PHI3.defaults, "vocab_size": 200064, "hidden_size": 3072,
+              "intermediate_size": 8192, "num_hidden_layers": 32, "num_attention_heads": 32,
+              "num_key_value_heads": 8, "max_position_embeddings": 131072},
+    quirks=(*_PHI3.quirks, "language model of an image-audio-text checkpoint (the image and "
+            "audio embedders left out)"),
+)
+
 FAMILIES: dict[str, FamilySpec] = {
+    "phi4_multimodal": PHI4_MULTIMODAL,
     "qwen2_vl": QWEN2_VL,
     "qwen2_5_vl": QWEN2_VL,  # the same language model as Qwen2-VL's
     "qwen3_vl": QWEN3_VL,
