@@ -134,3 +134,13 @@ def test_phi4_multimodal_leaves_its_image_and_audio_embedders_out_as_a_tower(tmp
     said = [r.getMessage() for r in caplog.records if "text-only" in r.getMessage()]
     assert len(said) == 1 and "embed_tokens_extend" in said[0], caplog.text
     assert "does not use" not in caplog.text  # nothing else unread
+
+
+def test_phi4_multimodal_keys_a_config_leaves_out_are_its_config_classs():
+    ours = ModelConfig.from_hf({"model_type": "phi4_multimodal"})
+    hf = transformers.Phi4MultimodalConfig()
+    assert (ours.vocab_size, ours.hidden_size, ours.intermediate_size, ours.num_layers,
+            ours.num_heads, ours.num_kv_heads, ours.max_positions, ours.tie_embeddings) == (
+        hf.vocab_size, hf.hidden_size, hf.intermediate_size, hf.num_hidden_layers,
+        hf.num_attention_heads, hf.num_key_value_heads, hf.max_position_embeddings,
+        hf.tie_word_embeddings)
