@@ -874,6 +874,9 @@ IMAGE_TEXT = {
                                 "global_attn_indexes": [0], "window_size": 2}}
        for name in ("got_ocr2", "pp_chart2table")},
     "fuyu": {"patch_size": 4},  # its tower one linear patch embedding
+    "moss_transcribe_diarize": {"audio_config": {
+        "hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 1,
+        "num_attention_heads": 2, "max_source_positions": 16}},
     # their towers are timm models (not installed): the configs alone, no model
     **{name: {} for name in ("fast_vlm", "perception_lm")},
     "shieldgemma2": {"vision_config": TINY_VISION, "mm_tokens_per_image": 4},

@@ -1,8 +1,9 @@
 """Checkpoints that are no decoder-only causal LM are refused for what they are: every model
 type of transformers' causal-LM and image-text mappings is supported, refused by name
 (REFUSED_TYPES) or refused for what its config.json says it is (families/not_causal.py),
-none as an unknown name; and two of them whose language model is one of ours export: Fuyu
-(Persimmon) and Phi-4-multimodal (Phi-3; test_exactness runs its logits)."""
+none as an unknown name; and three of them whose language model is one of ours export: Fuyu
+(Persimmon), MOSS Transcribe-Diarize (Qwen3) and Phi-4-multimodal (Phi-3; test_exactness
+runs its logits)."""
 
 from __future__ import annotations
 
@@ -120,11 +121,17 @@ def test_export_of_a_bart_folder_is_one_line_saying_what_it_is(tmp_path):
                           "edgeprefill exports decoder-only causal LMs")
 
 
-def test_fuyu_exports_its_persimmon_language_model_as_transformers_runs_it(tmp_path, caplog):
-    check_exports_as_transformers("fuyu", "persimmon", tmp_path)
-    # its tower, the linear patch embedding, left out as a tower (not as unread tensors)
+@pytest.mark.parametrize("outer, text_type, tower", [
+    ("fuyu", "persimmon", "vision_embed_tokens"),  # its linear patch embedding
+    ("moss_transcribe_diarize", "qwen3", "audio_tower"),
+])
+def test_a_wrapper_of_one_of_ours_exports_as_transformers_runs_it(
+        outer, text_type, tower, tmp_path, caplog):
+    check_exports_as_transformers(outer, text_type, tmp_path)
+    # its tower left out as a tower, in the one text-only line (not as unread tensors)
     said = [r.getMessage() for r in caplog.records if "text-only" in r.getMessage()]
-    assert said and all("vision_embed_tokens" in line for line in said), caplog.text
+    assert said and all(tower in line for line in said), caplog.text
+    assert "does not use" not in caplog.text
 
 
 def test_phi4_multimodal_leaves_its_image_and_audio_embedders_out_as_a_tower(tmp_path, caplog):

@@ -141,9 +141,6 @@ REFUSED_TYPES: dict[str, str] = {
                 "and the MLP) is not supported",
     "kosmos-2.5": "Kosmos-2.5's text decoder (sinusoidal positions, LayerNorms inside "
                   "attention and the MLP) is not supported",
-    "moss_transcribe_diarize": "MOSS Transcribe-Diarize is a speech transcription model "
-                               "(an audio encoder feeding its Qwen3 decoder); its language "
-                               "model alone is not supported",
     "pi0": "PI0 is a vision-language-action model (a flow-matching action expert beside a "
            "PaliGemma), not a language model",
     "qwen4_exp": "Qwen4-Exp's language model (qwen4_exp_text) has a sparse attention "

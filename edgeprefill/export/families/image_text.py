@@ -337,4 +337,8 @@ WRAPPERS: dict[str, Wrapper] = {
                              towers=("vision_model.", "projector.")),
     # Fuyu-8B: Persimmon under a linear patch embedding (its images enter as embeddings)
     "fuyu": Wrapper("persimmon", tie=False, towers=("vision_embed_tokens.",)),
+    # MOSS Transcribe-Diarize: Qwen3 beside a Whisper-like audio encoder and its projector
+    # (speech enters as embeddings; a text prompt is the Qwen3's alone)
+    "moss_transcribe_diarize": Wrapper("qwen3", tie=True,
+                                       towers=("audio_tower.", "multi_modal_projector.")),
 }
