@@ -7,6 +7,7 @@ runs its logits)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -19,10 +20,18 @@ from transformers.models.auto.modeling_auto import (
 from edgeprefill.errors import ExportError
 from edgeprefill.export.exporter import ExportOptions, export
 from edgeprefill.export.families import FAMILIES, REFUSED_TYPES
-from edgeprefill.export.model_config import ModelConfig
+from edgeprefill.export.families.image_text import FUYU_TEXT_KEYS
+from edgeprefill.export.model_config import GLOBAL, ModelConfig
 from tests.conftest import build_hf_model
 from tests.test_cli_errors import assert_one_line_error, cli
-from tests.test_wrapped_image_text import check_exports_as_transformers
+from tests.test_exactness import prompt_ids
+from tests.test_wrapped_image_text import (
+    assert_chunks_match,
+    build_wrapped,
+    check_exports_as_transformers,
+    export_flavor,
+    reference,
+)
 
 # Types other helpers are adding or refusing at the same time: left out of the sweep until
 # their branches land (then delete them here, so the sweep covers them too).
@@ -151,3 +160,22 @@ def test_phi4_multimodal_keys_a_config_leaves_out_are_its_config_classs():
         hf.vocab_size, hf.hidden_size, hf.intermediate_size, hf.num_hidden_layers,
         hf.num_attention_heads, hf.num_key_value_heads, hf.max_position_embeddings,
         hf.tie_word_embeddings)
+
+
+def test_fuyus_flat_hub_config_exports_as_transformers_reads_it(tmp_path):
+    """Fuyu-8B's config.json has no text_config: its Persimmon keys sit at the top level
+    (rope_theta, not rope_parameters), and FuyuConfig moves them into one."""
+    hf_dir, _ = build_wrapped("fuyu", "persimmon", tmp_path / "hf")
+    config = json.loads((hf_dir / "config.json").read_text())
+    text = config.pop("text_config")
+    flat = {key: text[key] for key in FUYU_TEXT_KEYS if key in text}
+    (hf_dir / "config.json").write_text(json.dumps({
+        **config, **flat, "rope_theta": text["rope_parameters"]["rope_theta"] * 2}))
+    hf = transformers.AutoConfig.from_pretrained(hf_dir).text_config
+    ours = ModelConfig.from_dir(hf_dir)
+    assert (ours.num_layers, ours.num_heads, ours.hidden_size, ours.ropes[GLOBAL].theta) == (
+        hf.num_hidden_layers, hf.num_attention_heads, hf.hidden_size,
+        hf.rope_parameters["rope_theta"])
+    ids = prompt_ids(21)
+    assert_chunks_match(export_flavor(hf_dir, tmp_path / "ort", "ort"),
+                        reference(hf_dir, None, ids), ids)

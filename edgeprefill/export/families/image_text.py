@@ -298,6 +298,11 @@ FAMILIES: dict[str, FamilySpec] = {
 # The checkpoints whose language model is whichever text family of ours text_config names
 # (families/wrapped.py), as transformers 5.24's config classes default and tie them. Their
 # FAMILIES entry is their default language model's (__init__.py).
+# The keys FuyuConfig moves from a config.json without text_config into the one it makes
+FUYU_TEXT_KEYS = ("vocab_size", "max_position_embeddings", "hidden_size", "intermediate_size",
+                  "num_hidden_layers", "num_attention_heads", "hidden_act", "initializer_range",
+                  "layer_norm_eps", "use_cache", "qk_layernorm", "hidden_dropout",
+                  "attention_dropout", "eos_token_id", "rope_scaling", "rope_theta")
 _LLAVA_NEXT = ("vision_tower.", "multi_modal_projector.", "image_newline")
 _IDEFICS = {"lm": "text_model", "towers": ("vision_model.", "connector.")}
 WRAPPERS: dict[str, Wrapper] = {
@@ -335,8 +340,10 @@ WRAPPERS: dict[str, Wrapper] = {
     # VideoLLaMA 3: its Qwen2 beside a vision model and projector
     "video_llama_3": Wrapper("qwen2", tie=False, either_ties=True,
                              towers=("vision_model.", "projector.")),
-    # Fuyu-8B: Persimmon under a linear patch embedding (its images enter as embeddings)
-    "fuyu": Wrapper("persimmon", tie=False, towers=("vision_embed_tokens.",)),
+    # Fuyu-8B: Persimmon under a linear patch embedding (its images enter as embeddings);
+    # its Hub config.json is flat, its text keys at the top level
+    "fuyu": Wrapper("persimmon", tie=False, towers=("vision_embed_tokens.",),
+                    flat_text=FUYU_TEXT_KEYS),
     # MOSS Transcribe-Diarize: Qwen3 beside a Whisper-like audio encoder and its projector
     # (speech enters as embeddings; a text prompt is the Qwen3's alone)
     "moss_transcribe_diarize": Wrapper("qwen3", tie=True,
