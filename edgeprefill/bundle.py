@@ -15,8 +15,8 @@ from pathlib import Path
 from types import UnionType
 from typing import TYPE_CHECKING, Any, NoReturn, Union, get_args, get_origin, get_type_hints
 
-from edgeprefill.contract import FileRecord, check_graph_io
-from edgeprefill.errors import BundleError
+from edgeprefill.contract import FileRecord, check_graph_file, check_graph_io
+from edgeprefill.errors import BundleError, one_line
 from edgeprefill.json_file import load_json_object
 from edgeprefill.values import is_int
 
@@ -386,20 +386,68 @@ def resolve_inside(root: Path, name: str) -> Path:
 
 
 def load_graph(bundle_dir: Path, manifest: Manifest) -> onnx.ModelProto:
-    """The bundle's ONNX graph without its weights (an onnx.ModelProto); refuses a corrupt
-    file and external-data locations outside the bundle directory."""
+    """The bundle's ONNX graph without its weights (an onnx.ModelProto), checked against
+    what a backend would otherwise fail on with a traceback: a file that is no ONNX model
+    (or an empty one), external data outside the bundle directory or past the end of its
+    file, and inputs and outputs other than the manifest's (another bundle's graph)."""
     import onnx
 
     path = resolve_inside(bundle_dir, manifest.graph.file)
     try:
         model = onnx.load(str(path), load_external_data=False)
     except Exception as err:  # onnx raises DecodeError and others for a corrupt file
-        raise BundleError(f"{path} is not a readable ONNX model: {err}") from None
-    for tensor in model.graph.initializer:
-        for entry in tensor.external_data:
-            if entry.key == "location":
-                resolve_inside(bundle_dir, entry.value)
+        raise BundleError(f"{path} is not a readable ONNX model: {one_line(err)}") from None
+    if not model.opset_import or not model.graph.node:  # protobuf parses b"" as empty
+        raise BundleError(f"{path} is not a readable ONNX model: it holds no graph; "
+                          "re-export the bundle")
+    _check_external_data(bundle_dir, model)
+    check_graph_file(manifest, *_graph_io(model))
     return model
+
+
+def _check_external_data(bundle_dir: Path, model: onnx.ModelProto) -> None:
+    """Every weight the graph keeps outside it lies inside the bundle directory and
+    within its file (ONNX Runtime's own refusal is a traceback)."""
+    sizes: dict[str, int] = {}
+    for tensor in model.graph.initializer:
+        entry = {e.key: e.value for e in tensor.external_data}
+        if "location" not in entry:
+            continue
+        location = entry["location"]
+        path = resolve_inside(bundle_dir, location)
+        if location not in sizes:
+            if not path.is_file():
+                raise BundleError(f"bundle file {location} (the graph's weights) is missing "
+                                  f"from {bundle_dir}")
+            sizes[location] = path.stat().st_size
+        try:
+            end = int(entry.get("offset", 0)) + int(entry["length"])
+        except (KeyError, ValueError):
+            continue  # no length: ONNX Runtime reads to the end of the file
+        if end > sizes[location]:
+            raise BundleError(f"bundle file {location} is too short for the graph: "
+                              f"{tensor.name} ends at byte {end} of {sizes[location]}; the "
+                              "bundle is corrupt, re-export it")
+
+
+def _graph_io(model: onnx.ModelProto) -> tuple[dict[str, list[Any]], dict[str, list[Any]]]:
+    """The graph file's inputs and outputs as the manifest writes them: name -> [dtype,
+    shape], a symbolic axis by its name (None where the file leaves it unnamed)."""
+    import onnx
+
+    def spec(value: onnx.ValueInfoProto) -> list[Any]:
+        tensor = value.type.tensor_type
+        try:
+            dtype = onnx.helper.tensor_dtype_to_np_dtype(tensor.elem_type).name
+        except KeyError:  # no tensor type, or one numpy has no name for
+            dtype = str(tensor.elem_type)
+        dims = [d.dim_value if d.HasField("dim_value") else (d.dim_param or None)
+                for d in tensor.shape.dim]
+        return [dtype, dims if tensor.HasField("shape") else None]
+
+    initializers = {t.name for t in model.graph.initializer}
+    inputs = {v.name: spec(v) for v in model.graph.input if v.name not in initializers}
+    return inputs, {v.name: spec(v) for v in model.graph.output}
 
 
 def _check_file(root: Path, name: str, record: FileRecord, full: bool) -> None:

@@ -260,6 +260,42 @@ def check_loaded_io(manifest: Manifest, inputs: Collection[str], outputs: Collec
                               f"{', '.join(odd)} differ; re-export the bundle")
 
 
+def check_graph_file(manifest: Manifest, inputs: Mapping[str, list[Any]],
+                     outputs: Mapping[str, list[Any]]) -> None:
+    """Raise BundleError unless the graph file declares the manifest's inputs and outputs
+    (name -> [dtype, shape]; a shape None where the file gives none): the same names and
+    dtypes, and every fixed size the manifest gives where the file fixes one too. Another
+    bundle's graph copied in (more KV heads, another vocabulary) fails here, at load,
+    rather than at its first call."""
+    graph = manifest.graph
+    for kind, got, declared in (("inputs", inputs, graph.inputs),
+                                ("outputs", outputs, graph.outputs)):
+        if set(got) != set(declared):
+            odd = sorted(set(got) ^ set(declared))
+            raise BundleError(f"{graph.file} does not match its manifest: the {kind} "
+                              f"{', '.join(odd[:4])} differ; re-export the bundle")
+        for name, (dtype, shape) in got.items():
+            want_dtype, want_shape = declared[name]
+            if dtype != want_dtype or not _same_axes(shape, want_shape):
+                raise BundleError(f"{graph.file} does not match its manifest: {name} is "
+                                  f"{dtype} {_axes(shape)} in the graph, {want_dtype} "
+                                  f"{_axes(want_shape)} in the manifest; re-export the bundle")
+
+
+def _axes(shape: list[Any] | None) -> str:
+    return "[?]" if shape is None else f"[{', '.join(map(str, shape))}]"
+
+
+def _same_axes(got: list[Any] | None, declared: list[Any]) -> bool:
+    """The graph's axes agree with the manifest's: as many, and equal where both fix a
+    size (a symbolic axis is named by the exporter only, so names are not compared)."""
+    if got is None:
+        return True
+    return len(got) == len(declared) and all(
+        not (isinstance(a, int) and isinstance(b, int)) or a == b
+        for a, b in zip(got, declared, strict=True))
+
+
 def _plain(table: Mapping[str, Any]) -> dict[str, list[Any]]:
     try:
         return {name: [spec[0], list(spec[1])] for name, spec in table.items()}

@@ -29,3 +29,10 @@ class RequestError(EdgeprefillError):
 
 class EngineClosedError(RequestError):
     """The engine was closed: nothing is wrong with the request, nothing will serve it."""
+
+
+def one_line(err: object, limit: int = 300) -> str:
+    """A library's error message (ONNX Runtime's and protobuf's run over several lines) as
+    one line of at most `limit` characters, for a message of ours that quotes it."""
+    text = " ".join(str(err).split())
+    return text if len(text) <= limit else text[:limit - 3] + "..."

@@ -491,6 +491,24 @@ FAMILIES: dict[str, dict] = {
                  "n_group": 3, "topk_group": 2, "num_experts_per_tok": 3,
                  "moe_intermediate_size": 32, "n_shared_experts": 1,
                  "routed_scaling_factor": 2.5, "norm_topk_prob": True},
+    # Sarvam-MoE: GLM-4.5's (whole heads rotated), saved in the remote code's names; 4
+    # groups of 3 experts, the best 2 (with 3 groups a chunk's tokens chose one set)
+    "sarvam_moe": {"num_hidden_layers": 3, "first_k_dense_replace": 1, "head_dim": 32,
+                   "attention_bias": True, "n_routed_experts": 12, "n_group": 4,
+                   "topk_group": 2, "num_experts_per_tok": 3, "moe_intermediate_size": 32,
+                   "n_shared_experts": 1, "routed_scaling_factor": 2.5},
+    # MiMo-V2-Flash: a full layer, then two sliding ones (window 8) with twice its KV heads
+    # and sinks; value heads of 16 beside q/k heads of 32; experts (the best group of 2)
+    # after a dense first layer
+    "mimo_v2_flash": {"num_hidden_layers": 3, "num_key_value_heads": 1, "head_dim": 32,
+                      "v_head_dim": 16, "sliding_window": 8, "n_routed_experts": 8,
+                      "n_group": 2, "topk_group": 1, "num_experts_per_tok": 2,
+                      "moe_intermediate_size": 32, "routed_scaling_factor": 2.5,
+                      "rope_parameters": {  # a half of each head: the ort flavour's 16
+                          "full_attention": {"rope_type": "default", "rope_theta": 5e6,
+                                             "partial_rotary_factor": 0.5},
+                          "sliding_attention": {"rope_type": "default", "rope_theta": 100.0,
+                                                "partial_rotary_factor": 0.5}}},
     # GLM-4.5V's language model (its vision tower beside it): GLM-4.5's without q/k norms,
     # M-RoPE sections of the rotary half of each head
     "glm4v_moe": {"num_hidden_layers": 3, "first_k_dense_replace": 1, "head_dim": 32,
@@ -620,6 +638,19 @@ FAMILIES: dict[str, dict] = {
     "falcon-7b": {"multi_query": True, "ffn_hidden_size": 80},
     "falcon-sequential": {"multi_query": False, "parallel_attn": False, "bias": True,
                           "ffn_hidden_size": 80},
+    # Falcon-RW: the sequential layout with ALiBi in place of rotary; 12 heads, whose slopes
+    # beyond the first 8 (2^-0.5, 2^-1.5, ...) bfloat16 rounds (tests/test_alibi.py)
+    "falcon-rw": {"multi_query": False, "parallel_attn": False, "bias": True, "alibi": True,
+                  "hidden_size": 192, "num_attention_heads": 12, "ffn_hidden_size": 80},
+    # Beam: sliding layers (a window of 8) with rotary, NoPE full layers with scaled
+    # queries, experts in 2 groups (the best one chosen) and dense MLPs; the gate biases
+    # randomized (build_hf_model)
+    "beam": {"head_dim": 16, "sliding_window": 8, "num_hidden_layers": 4,
+             "layer_types": ["sliding_attention", "full_attention", "sliding_attention",
+                             "full_attention"],
+             "mlp_layer_types": ["dense", "sparse", "sparse", "dense"], "num_experts": 8,
+             "num_experts_per_tok": 2, "n_group": 2, "topk_group": 1,
+             "moe_intermediate_size": 32},
     # Persimmon: per-head LayerNorms of q and k, rotary on 16 of the 32 head dims
     "persimmon": {"num_attention_heads": 2},
     # XGLM: sinusoidal positions, BioGPT: learned ones, each from row 2 of its table, the
@@ -788,6 +819,8 @@ def build_hf_model(family: str, out: Path, seed: int = 0, dtype=None, **override
         for name, param in model.named_parameters():
             if name.endswith("e_score_correction_bias"):  # ERNIE-4.5-MoE's, as LFM2-MoE's
                 param.normal_(0, 0.05)
+            elif name.endswith("self_attn.gate_bias"):  # Beam's output gate: zero at init
+                param.normal_(0, 0.5)
             elif name.endswith("correct_output_scale"):  # Gemma 3n's AltUp: zero at init
                 param.uniform_(0.5, 1.5)
     if dtype is not None:
@@ -894,11 +927,97 @@ IMAGE_TEXT = {
         "num_global_layers": 1, "attention_heads": 2, "image_size": 28, "patch_size": 14,
         "vision_output_dim": 32, "intermediate_layers_indices": [0], "max_num_tiles": 1,
         "supported_aspect_ratios": [[1, 1]]}},
+    # transformers 5.24's newer image-text checkpoints (stop 43, first half)
+    "apertus1p5": {  # its image and audio codes fill the fixtures' vocabulary's top rows
+        "vision_config": {"base_channels": 32, "channel_multiplier": [1], "num_res_blocks": 1,
+                          "attn_resolutions": [], "codebook_size": 8, "embed_dim": 4,
+                          "latent_channels": 4},
+        "audio_config": {"model_type": "wavtokenizer_encoder", "num_filters": 4,
+                         "upsampling_ratios": [2], "num_lstm_layers": 1, "hidden_size": 8,
+                         "codebook_size": 8, "codebook_dim": 8},
+        "image_token_offset": 100, "audio_token_offset": 108, "image_token_id": 98,
+        "audio_token_id": 99},
+    "deepseek_vl_hybrid": {
+        "vision_config": {"model_type": "siglip_vision_model", **TINY_VISION},
+        "high_res_vision_config": {"hidden_size": 16, "output_channels": 16,
+                                   "num_hidden_layers": 1, "num_attention_heads": 2,
+                                   "image_size": 32, "patch_size": 16, "mlp_dim": 32,
+                                   "global_attn_indexes": [0], "window_size": 2}},
+    "ernie4_5_vl_moe": {"vision_config": {"depth": 1, "hidden_size": 16,
+                                          "intermediate_size": 32, "num_heads": 2,
+                                          "patch_size": 14}},
+    "hunyuan_vl": {"vision_config": {"hidden_size": 16, "intermediate_size": 32,
+                                     "num_hidden_layers": 1, "num_attention_heads": 2,
+                                     "patch_size": 14, "out_hidden_size": 64}},
+    "exaone4_5": {"vision_config": {
+        "depth": 1, "hidden_size": 16, "intermediate_size": 32, "num_heads": 2,
+        "num_key_value_heads": 2, "out_hidden_size": 64, "patch_size": 14, "window_size": 28,
+        "fullatt_block_indexes": [0]}},
+    "hyperclovax_vision_v2": {"vision_config": {
+        "model_type": "qwen2_5_vl_vision", "depth": 1, "hidden_size": 16,
+        "intermediate_size": 32, "num_heads": 2, "out_hidden_size": 64, "patch_size": 14,
+        "window_size": 28, "fullatt_block_indexes": [0]}},
+    **{name: {"vision_config": {"depth": 1, "hidden_size": 16, "intermediate_size": 32,
+                                "num_heads": 2, "out_hidden_size": 64, "patch_size": 14,
+                                "image_size": 28}} for name in ("glm_ocr", "glmga")},
+    "cosmos3_edge": {"vision_config": {**TINY_VISION, "num_patches": 16}},
+    "deepseek_ocr2": {"vision_config": {
+        "sam_config": {"hidden_size": 16, "output_channels": 16, "num_hidden_layers": 1,
+                       "num_attention_heads": 2, "image_size": 32, "patch_size": 16,
+                       "mlp_dim": 32, "global_attn_indexes": [0], "window_size": 2},
+        "encoder_config": {"hidden_size": 16, "intermediate_size": 32,
+                           "num_hidden_layers": 1, "num_attention_heads": 2,
+                           "num_key_value_heads": 2}}},
+    "granite4_vision": {
+        # (its Q-Former has vision hidden_size // 64 heads)
+        "vision_config": {"model_type": "clip_vision_model", **TINY_VISION, "hidden_size": 64},
+        "image_grid_pinpoints": [[28, 28]], "downsample_rate": "1/2",
+        "deepstack_layer_map": [[0, 0]], "spatial_vision_layer": 0,
+        "spatial_target_layers": [0, 1, 0, 1]},
+    "granite_docling": {"vision_config": {**TINY_VISION, "deepstack_visual_indexes": [0],
+                                          "out_hidden_size": 64}},
+    "kimi_k25": {"vision_config": {"hidden_size": 16, "intermediate_size": 32,
+                                   "num_hidden_layers": 1, "num_attention_heads": 2,
+                                   "pos_emb_height": 4, "pos_emb_width": 4}},
     # Emu3: a VQ-VAE as small as its GroupNorms allow, and the vocabulary map it reads
     "emu3": {"vq_config": {"base_channels": 32, "channel_multiplier": [1], "num_res_blocks": 1,
                            "attn_resolutions": [], "codebook_size": 16, "embed_dim": 4,
                            "latent_channels": 4, "hidden_size": 8},
              "vocabulary_map": {"<image>": 120, "<|extra_200|>": 121}},
+    # Janus: its understanding tower, and an image generator (a VQ-VAE as small as its
+    # GroupNorms allow) projecting to the fixtures' hidden size
+    "janus": {"vision_config": {**TINY_VISION, "projection_dim": 64, "depth": 1},
+              "vq_config": {"embed_dim": 4, "num_embeddings": 16, "latent_channels": 4,
+                            "base_channels": 32, "channel_multiplier": [1],
+                            "num_res_blocks": 1, "projection_dim": 64,
+                            "image_token_embed_dim": 64, "num_hidden_layers": 1}},
+    **{name: {"vision_config": TINY_VISION, "insert_layer_id": 0}
+       for name in ("minicpm_ocr", "minicpmv4_6", "minicpmv4_7")},
+    # Ovis2's head is sized by the outer hidden_size and vocab_size: the language model's
+    "ovis2": {"vision_config": {**TINY_VISION, "vocab_size": 16}, "hidden_size": 64,
+              "vocab_size": VOCAB},
+    "qianfan_ocr": {"vision_config": {**TINY_VISION, "image_size": [28, 28],
+                                      "patch_size": [14, 14]}},
+    "paddleocr_vl": {"vision_config": TINY_VISION},
+    # The Qwen Omni thinkers: their vision and audio towers, one small layer each
+    "qwen2_5_omni_thinker": {
+        "vision_config": {"depth": 1, "hidden_size": 16, "intermediate_size": 32,
+                          "num_heads": 2, "out_hidden_size": 64, "fullatt_block_indexes": [0]},
+        "audio_config": {"encoder_layers": 1, "encoder_attention_heads": 2,
+                         "encoder_ffn_dim": 32, "d_model": 16, "output_dim": 64}},
+    "qwen3_omni_moe_thinker": {
+        "vision_config": {"depth": 1, "hidden_size": 16, "intermediate_size": 32,
+                          "num_heads": 2, "out_hidden_size": 64, "num_position_embeddings": 16,
+                          "deepstack_visual_indexes": [0]},
+        "audio_config": {"encoder_layers": 1, "encoder_attention_heads": 2,
+                         "encoder_ffn_dim": 32, "d_model": 16, "output_dim": 64,
+                         "downsample_hidden_size": 8}},
+    # Nemotron 3 Nano Omni: a RADIO tower of one layer, no audio encoder
+    "nemotron_h_omni": {"vision_config": {"hidden_size": 16, "num_hidden_layers": 1,
+                                          "num_attention_heads": 2, "num_registers": 1,
+                                          "video_temporal_patch_size": 2},
+                        "vision_hidden_size": 16, "projector_hidden_size": 32,
+                        "audio_config": None},
 }
 
 

@@ -1,7 +1,9 @@
-"""ALiBi (BLOOM, MPT): the slopes, the bias in both flavours against transformers in any
-chunking (1, 3, 16 tokens, a padded chunk) and in a batch of rows at different positions,
-the config keys each family reads or refuses, and the native kernels kept off its layers.
-Every chunk's logits of a 100-token prompt are checked in tests/test_exactness.py too."""
+"""ALiBi (BLOOM, MPT, Falcon-RW): the slopes, the bias in both flavours against transformers
+in any chunking (1, 3, 16 tokens, a padded chunk) and in a batch of rows at different
+positions, the config keys each family reads or refuses, and the native kernels kept off
+its layers. Falcon-RW's bias rounded to bfloat16 as transformers' Falcon rounds it, past
+key position 256 where that rounding is no constant per query. Every chunk's logits of a
+100-token prompt are checked in tests/test_exactness.py too."""
 
 from __future__ import annotations
 
@@ -9,16 +11,19 @@ import json
 
 import numpy as np
 import onnx
+import onnxruntime as ort
 import pytest
 import torch
 import transformers
 from transformers.models.bloom.modeling_bloom import _get_alibi_slopes
+from transformers.models.falcon.modeling_falcon import build_alibi_tensor
 from transformers.models.mpt.modeling_mpt import build_mpt_alibi_tensor
 
 from edgeprefill.bundle import MANIFEST_FILE
 from edgeprefill.engines import StepBatch
 from edgeprefill.errors import ExportError
 from edgeprefill.export import alibi
+from edgeprefill.export.graph import GraphBuilder
 from edgeprefill.export.model_config import ModelConfig
 from edgeprefill.kernels import graph, select
 from edgeprefill.sdk import Engine
@@ -33,6 +38,8 @@ from tests.test_exactness import (
 )
 
 ALIBI = ("bloom", "mpt")
+# Falcon-RW's fixture runs the whole matrix under `slow`; test_falcon_rw_* keep it fast
+WITH_FALCON_RW = (*ALIBI, pytest.param("falcon-rw", marks=pytest.mark.slow))
 
 
 @pytest.mark.parametrize("heads", [*range(1, 41), 64, 71, 112])
@@ -58,7 +65,7 @@ def run_chunks(engine: Engine, ids: list[int], chunk: int) -> list[np.ndarray]:
 
 
 @pytest.mark.parametrize("flavor", FLAVORS)
-@pytest.mark.parametrize("family", ALIBI)
+@pytest.mark.parametrize("family", WITH_FALCON_RW)
 def test_chunks_of_1_3_and_16_tokens_and_a_padded_one_are_transformers(
         family, flavor, hf_model, bundle):
     ids = prompt_ids(40)
@@ -84,7 +91,7 @@ def test_chunks_of_1_3_and_16_tokens_and_a_padded_one_are_transformers(
 
 
 @pytest.mark.parametrize("flavor", FLAVORS)
-@pytest.mark.parametrize("family", ALIBI)
+@pytest.mark.parametrize("family", WITH_FALCON_RW)
 def test_rows_at_different_positions_decode_together_as_transformers(
         family, flavor, hf_model, bundle):
     """Each row's bias counts from its own positions: three prompts of 5, 30 and 61 tokens
@@ -95,20 +102,20 @@ def test_rows_at_different_positions_decode_together_as_transformers(
 
 
 @pytest.mark.parametrize("flavor", FLAVORS)
-@pytest.mark.parametrize("family", ALIBI)
+@pytest.mark.parametrize("family", WITH_FALCON_RW)
 def test_greedy_text_is_transformers(family, flavor, hf_model, bundle):
     check_greedy(hf_model(family), bundle(family, flavor), QUICK_LENGTHS, QUICK_CHUNKS)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("flavor", FLAVORS)
-@pytest.mark.parametrize("family", ALIBI)
+@pytest.mark.parametrize("family", WITH_FALCON_RW)
 def test_greedy_text_is_transformers_in_every_chunking(family, flavor, hf_model, bundle):
     check_greedy(hf_model(family), bundle(family, flavor), (1, 15, 16, 17, 100, 333),
                  (1, 3, 16, 64, None))
 
 
-@pytest.mark.parametrize("family", ALIBI)
+@pytest.mark.parametrize("family", WITH_FALCON_RW)
 def test_the_native_kernels_leave_alibi_attention_to_onnx_runtime(family, bundle, monkeypatch):
     """GroupQueryAttention takes the bias as its attention_bias input; the native kernels'
     softmax adds none, so the kernel choice keeps every ALiBi layer stock, and says why."""
@@ -124,12 +131,61 @@ def test_the_native_kernels_leave_alibi_attention_to_onnx_runtime(family, bundle
     assert graph.add_native_attention(model) == 0
 
 
-@pytest.mark.parametrize("family", ALIBI)
+@pytest.mark.parametrize("family", WITH_FALCON_RW)
 def test_the_manifest_names_alibi(family, bundle):
     manifest = json.loads((bundle(family, "standard") / MANIFEST_FILE).read_text())
     quirks = manifest["source"]["quirks"]
     assert any(q.startswith("ALiBi") for q in quirks)
     assert not any("without rope" in q for q in quirks)
+
+
+def graph_bias(heads: int, keys: int, queries: list[int], scale: float) -> np.ndarray:
+    """alibi.bias with Falcon's rounding, run alone in ONNX Runtime: [1, heads, C, keys]
+    for the queries at `queries` over the keys at 0..keys-1."""
+    g = GraphBuilder()
+    key_pos = g.op("Range", [g.const(0), g.const(keys), g.const(1)])
+    g.rename(alibi.bias(g, alibi.slopes(heads), key_pos, g.const([queries]), (heads,),
+                        np.dtype(np.float32), scale), "bias")
+    g.output("bias", np.float32, (1, heads, len(queries), keys))
+    model = g.to_model([], {"": 21}, 10)
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return session.run(None, {})[0]
+
+
+@pytest.mark.parametrize("heads", [4, 12, 32, 71])
+def test_falcon_rw_bias_is_transformers_bfloat16_bias_up_to_a_constant_per_query(heads):
+    """transformers' Falcon adds bf16(bf16(slope) * bf16(key position)) / sqrt(head_dim),
+    which the graph computes less its value at the query (a constant the softmax ignores),
+    exactly; the relative form slope * (key - query) is off by far more than 1e-4 past 256."""
+    keys, queries, scale = 2048, [0, 5, 255, 256, 257, 700, 1500, 2047], 0.125
+    table = build_alibi_tensor(torch.ones(1, keys, dtype=torch.long), heads, torch.float32)
+    table = table.reshape(heads, keys).numpy()  # [H, keys]: the bias of each key
+    expected = (table[:, None, :] - table[:, queries, None]) * scale
+    got = graph_bias(heads, keys, queries, scale)[0]
+    np.testing.assert_allclose(got, expected, rtol=0, atol=1e-6)
+    slopes = np.asarray(alibi.slopes(heads), np.float32)[:, None, None]
+    relative = slopes * (np.arange(keys) - np.asarray(queries)[:, None]) * scale
+    assert np.abs(relative - expected).max() > 1e-2
+
+
+@pytest.mark.parametrize("flavor", [
+    "ort", pytest.param("standard", marks=pytest.mark.slow)])
+def test_falcon_rw_past_position_256_is_transformers(flavor, hf_model, bundle):
+    """A 320-token prompt in chunks of 64 (every chunk's logits) and then one token at a time
+    for its last 8: keys past 256, where Falcon's bfloat16 bias is no longer slope x
+    distance plus a constant per query."""
+    ids = prompt_ids(320)
+    expected = reference_logits(hf_model("falcon-rw"), ids)
+    engine = Engine.load(bundle("falcon-rw", flavor), threads=2, background=False)
+    got = run_chunks(engine, ids[:312], 64)
+    ends = [min(start + 64, 312) - 1 for start in range(0, 312, 64)]
+    np.testing.assert_allclose(np.stack(got), expected[ends], rtol=1e-4, atol=1e-4)
+    for at in range(312, 320):
+        logits = engine.backend.run(StepBatch(np.array([[ids[at]]]), np.array([at], np.int32),
+                                              np.array([1], np.int32), 0))
+        np.testing.assert_allclose(logits[0], expected[at], rtol=1e-4, atol=1e-4,
+                                   err_msg=f"token {at}")
+    engine.close()
 
 
 BLOOM_KEYS = {"hidden_size": 64, "n_layer": 2, "n_head": 4, "vocab_size": 128}

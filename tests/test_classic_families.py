@@ -1,7 +1,7 @@
-"""OPT, GPT-J, CodeGen, GPT-Neo, Falcon, Persimmon, XGLM and BioGPT
-(export/families/classic.py): their config keys and switches as transformers reads them,
-the Hub's OPT layout, and rows of different lengths batched; InternLM3's and ModernBERT
-decoder's config keys.
+"""OPT, GPT-J, CodeGen, GPT-Neo, Falcon (Falcon-RW's ALiBi: tests/test_alibi.py),
+Persimmon, XGLM and BioGPT (export/families/classic.py): their config keys and switches as
+transformers reads them, the Hub's OPT layout, and rows of different lengths batched;
+InternLM3's and ModernBERT decoder's config keys.
 Every chunk's logits and greedy output of the fixtures are checked in
 tests/test_exactness.py."""
 
@@ -16,6 +16,7 @@ import transformers
 from safetensors.numpy import load_file, save_file
 
 from edgeprefill.errors import ExportError
+from edgeprefill.export import alibi
 from edgeprefill.export.model_config import GLOBAL, ModelConfig
 from edgeprefill.sdk import Engine
 from tests.conftest import build_hf_model
@@ -47,7 +48,10 @@ CASES = {
                {"n_embed": 64, "num_hidden_layers": 2, "num_attention_heads": 8,
                 "new_decoder_architecture": True, "num_ln_in_parallel_attn": 1},
                {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
-                "multi_query": False, "parallel_attn": False, "layer_norm_epsilon": 1e-3}],
+                "multi_query": False, "parallel_attn": False, "layer_norm_epsilon": 1e-3},
+               # Falcon-RW's: ALiBi in place of rotary
+               {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+                "multi_query": False, "parallel_attn": False, "bias": True, "alibi": True}],
     "xglm": [{"d_model": 64, "num_layers": 2, "attention_heads": 4, "ffn_dim": 80},
              {"hidden_size": 64, "num_hidden_layers": 3, "num_attention_heads": 2,
               "scale_embedding": False, "activation_function": "relu"}],
@@ -121,7 +125,12 @@ def test_config_keys_read_as_the_model_builds_them(family, keys):
         assert ours.rotary_dim == decoder.rotary_emb.pos_embd_dim
         assert ours.ropes[GLOBAL].theta == 10000.0
         assert [layer.window for layer in ours.layers] == [None] * len(layers)
+    elif family == "falcon" and config.alibi:
+        assert [layer.rope for layer in ours.layers] == [None] * len(layers)
+        assert ours.alibi == alibi.slopes(config.num_attention_heads)
+        assert ours.alibi_bfloat16_scale == pytest.approx(attn.inv_norm_factor)
     elif family == "falcon":
+        assert ours.alibi is None
         assert (ours.rotary_dim, ours.ropes[GLOBAL].theta) == (
             ours.head_dim, config.rope_parameters["rope_theta"])
         assert [layer.window for layer in ours.layers] == [None] * len(layers)
@@ -143,8 +152,6 @@ def test_config_keys_read_as_the_model_builds_them(family, keys):
     ({"model_type": "gptj", "rotary_dim": 64}, "gptj: rotary_dim 64 exceeds the head size 16"),
     ({"model_type": "codegen", "hidden_size": 66, "num_attention_heads": 2, "rotary_dim": 8},
      "codegen: n_embd 66 is not a multiple of the 4 shards of its fused q/k/v projection"),
-    ({"model_type": "falcon", "alibi": True},
-     "falcon: alibi=true (ALiBi position biases, Falcon-RW) is not supported"),
     ({"model_type": "falcon", "new_decoder_architecture": True, "parallel_attn": False},
      "falcon: new_decoder_architecture with parallel_attn=false (its model fails) is not"),
     ({"model_type": "falcon", "multi_query": False, "num_kv_heads": 2},

@@ -458,9 +458,20 @@ def test_a_mixture_of_experts_type_export_refuses_says_why_in_one_line(
                           f"model_type '{model_type}': {fragment}")
 
 
-def test_a_context_past_llama_4s_attention_chunk_is_one_line(hf_model, tmp_path):
-    hf = shutil.copytree(hf_model("llama4_text"), tmp_path / "hf")
+@pytest.mark.parametrize("family, overrides, context, reason", [
+    ("llama4_text", {"attention_chunk_size": 32}, 64,
+     "attention_chunk_size (32): chunked attention past one chunk is not supported"),
+    # config.json's 4096 positions past its longrope's window, 1024 (the fixture's)
+    ("phimoe", {"max_position_embeddings": 4096}, 2048,
+     "original_max_position_embeddings (1024): longrope's short factors are exact only "
+     "within the original window"),
+])
+def test_a_context_past_a_models_cap_is_one_line_naming_the_reason(
+        family, overrides, context, reason, hf_model, tmp_path):
+    """What caps the context, not the positions config.json states (PhiMoE's 4096 here)."""
+    hf = shutil.copytree(hf_model(family), tmp_path / "hf")
     config = json.loads((hf / "config.json").read_text())
-    (hf / "config.json").write_text(json.dumps({**config, "attention_chunk_size": 32}))
-    assert_one_line_error(cli("export", hf, "-o", tmp_path / "b", "--max-context", "64"),
-                          "--max-context 64 exceeds attention_chunk_size (32)")
+    (hf / "config.json").write_text(json.dumps({**config, **overrides}))
+    result = cli("export", hf, "-o", tmp_path / "b", "--max-context", context)
+    assert_one_line_error(result, f"--max-context {context} exceeds {reason}")
+    assert "the model's max_position_embeddings" not in result.stderr

@@ -121,6 +121,21 @@ def test_a_damaged_file_is_derived_again(tiny_int4_bundle, tmp_path, monkeypatch
     np.load(victim)  # rewritten whole by the load that derived it again
 
 
+def test_an_array_of_another_shape_is_derived_again(tiny_int4_bundle, tmp_path, monkeypatch,
+                                                    caplog):
+    """np.load reads a valid array of another dtype and shape without complaint: it had
+    reached the rewrites (ValueError in int4_decode) instead of being derived again."""
+    cache = tmp_path / "cache"
+    want = logits(load(tiny_int4_bundle, cache, monkeypatch))
+    (folder,) = entries(cache)
+    for path in folder.glob("*.npy"):
+        np.save(path, np.zeros((3, 5), np.int8))
+    with caplog.at_level(logging.WARNING):
+        again = load(tiny_int4_bundle, cache, monkeypatch)
+    assert "is not the array it recorded" in caplog.text
+    np.testing.assert_array_equal(logits(again), want)
+
+
 def test_an_empty_file_is_derived_again(tiny_int4_bundle, tmp_path, monkeypatch, caplog):
     """np.load raises EOFError on an empty file: every load had died ("aborted")."""
     cache = tmp_path / "cache"

@@ -143,8 +143,21 @@ def check_greedy(hf_dir, bundle_dir, lengths, chunks) -> None:
 # Families whose greedy text the default suite checks in test_state_runtime.py (both
 # flavours; chunks of 2, 16 and whole; alone and batched): their cells here run under slow.
 STATE_FAMILIES = ("lfm2", "lfm3", "qwen3_5_text", "granitemoehybrid-mamba", "falcon_h1")
-QUICK_GREEDY = [pytest.param(family, marks=pytest.mark.slow) if family in STATE_FAMILIES
-                else family for family in FAST_FAMILIES]
+# Families whose decode steps the default suite checks elsewhere in both flavours: chunks
+# of 1 token (each a decode step on the carried KV and states) against transformers'
+# logits, and greedy text of the same code path. Their cells here were the default suite's
+# costliest (transformers' greedy references of three prompts each), so they run under slow:
+# - nemotron_h, bamba (test_nemotron_h, test_bamba): Mamba-2 hybrids, whose greedy text
+#   test_state_runtime checks on granitemoehybrid-mamba and falcon_h1;
+# - qwen3_5 (test_qwen3_5): qwen3_5_text with M-RoPE, whose greedy text test_state_runtime
+#   checks;
+# - qwen3_moe, lfm2_moe (test_moe): also their batched greedy text;
+# - gemma4_text and gemma4 (its language model): test_gemma4's batched greedy text.
+DECODE_CHECKED = ("nemotron_h", "bamba", "qwen3_5", "qwen3_moe", "lfm2_moe", "gemma4_text",
+                  "gemma4")
+QUICK_GREEDY = [pytest.param(family, marks=pytest.mark.slow)
+                if family in STATE_FAMILIES + DECODE_CHECKED else family
+                for family in FAST_FAMILIES]
 
 
 @pytest.mark.parametrize("flavor", FLAVORS)

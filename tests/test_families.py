@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 
 import numpy as np
@@ -260,8 +261,8 @@ MINIMAL = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=4,
 # layers as the minimal config).
 SUPPORTED = {"granitemoehybrid": {"layer_types": ["attention"] * 4, "num_local_experts": 0},
              "lfm2_moe": {"layer_types": ["conv", "full_attention"] * 2},
-             "nemotron_h": {"layers_block_type": ["linear_attention", "mlp",
-                                                  "full_attention", "mlp"]},
+             **dict.fromkeys(("nemotron_h", "nemotron_h_omni"), {"layers_block_type": [
+                 "linear_attention", "mlp", "full_attention", "mlp"]}),
              "bamba": {"attn_layer_indices": [1]},
              "mamba2": {"num_heads": 8, "head_dim": 16},  # hidden x expand = heads x dim
              # Gemma 3n: its config class shares the KV of 15 layers, more than there are
@@ -281,7 +282,14 @@ SUPPORTED = {"granitemoehybrid": {"layer_types": ["attention"] * 4, "num_local_e
              "zamba": {"layers_block_type": ["mamba", "hybrid", "mamba", "hybrid"]},
              # Cohere Compass: its model reads a rope dict per layer type, no default
              **dict.fromkeys(("cohere_compass_text", "cohere_compass"), {"rope_parameters": {
-                 "full_attention": {"rope_type": "default", "rope_theta": 20000.0}}})}
+                 "full_attention": {"rope_type": "default", "rope_theta": 20000.0}}}),
+             # DeepSeek-OCR 2: its model reads a kind per layer, no default
+             "deepseek_ocr2": {"mlp_layer_types": ["dense", "sparse", "sparse", "sparse"]},
+             # ERNIE 4.5 VL: 3-D rotary sections that fit MINIMAL's 16-wide heads (its
+             # config class's fit 128)
+             "ernie4_5_vl_moe": {"rope_parameters": {"rope_type": "default",
+                                                     "rope_theta": 500000.0,
+                                                     "mrope_section": [3, 3, 2]}}}
 
 
 def least(family: str) -> dict:
@@ -326,7 +334,7 @@ OWN_ROTARY = ("gptj", "codegen")
 # ... and those without rotary nor positions (Nemotron-H, Mamba-2, Mamba-1: their mamba
 # layers order the tokens).
 NO_ROTARY = (*LEARNED_POSITIONS, "nemotron_h", "mamba2", "mamba", "falcon_mamba", "jamba",
-             "zamba", "zamba2")
+             "zamba", "zamba2", "nemotron_h_omni")
 ALIBI = ("bloom", "mpt")  # ... and those whose attention biases by distance instead
 
 
@@ -359,6 +367,10 @@ def test_keys_a_config_leaves_out_take_transformers_defaults(family):
     elif family in OWN_ROTARY:
         rotary = meta_model(family).get_decoder().rotary_emb
         assert (ours.ropes[GLOBAL].theta, ours.rotary_dim) == (10000.0, rotary.pos_embd_dim)
+    elif (hf.rope_parameters or {}).get("full_attention", True) is None:  # Beam: NoPE full
+        assert ours.ropes[LOCAL].theta == pytest.approx(hf_theta(hf, "sliding_attention"))
+        assert [layer.rope for layer in ours.layers] == [
+            LOCAL if kind == "sliding_attention" else None for kind in hf.layer_types]
     else:
         assert ours.ropes[GLOBAL].theta == pytest.approx(hf_theta(hf))
         partial = (hf.rope_parameters.get("full_attention") or hf.rope_parameters).get(
@@ -453,12 +465,16 @@ def test_a_sliding_window_key_slides_only_where_the_family_reads_it(family):
                       "granitemoe", "lfm2_moe", "minicpm3", "youtu", "deepseek_v2",
                       "glm4_moe", "glm4v_moe", "solar_open", "deepseek_v3", "glm4_moe_lite",
                       "glm4v", "glm46v",
-                      "sarvam_mla",
+                      "sarvam_mla", "sarvam_moe",
                       "bitnet", "apertus", "apertus1p5_text", "iquestcoder", "jais2", "olmo",
                       "hyperclovax", "granitemoeshared",
                       "nanochat", "gptj", "codegen", "falcon", "persimmon", "internlm3",
                       "hunyuan_v1_moe", "dbrx", "flex_olmo", "minimax_m2", "emu3",
-                      "gpt_neox_japanese", "mllama", *NO_ROTARY, *ALIBI):
+                      "gpt_neox_japanese", "mllama", "paddleocr_vl",
+                      "qwen3_omni_moe_thinker", *NO_ROTARY, *ALIBI,
+                      # stop 43's image-text families of a config class of their own
+                      "cosmos3_edge", "deepseek_ocr2", "ernie4_5_vl_moe", "glm_ocr", "glmga",
+                      "granite4_vision", "granite_docling"):
             expected = [None] * len(ours)  # Nemotron-H: 2 layers of its 4 blocks
         elif types is not None:
             expected = [window if t == "sliding_attention" else None for t in types]
@@ -525,14 +541,19 @@ def meta_model(family: str, **keys):
         return hf_auto_class(family).from_config(config)
 
 
+# cached: the switch test compares each of its four switches with the same unswitched
+# shapes, and building a meta model was most of its time (callers only compare them)
+@functools.cache
 def weight_shapes(family: str, **keys) -> dict[str, tuple[int, ...]]:
     return {name: tuple(p.shape) for name, p in meta_model(family, **keys).state_dict().items()}
 
 
 # The switches export honours (the Mamba mixers' projection biases: the fixtures of
-# Nemotron-H, Mamba-2 and Mamba-1 set it; GLM-4.5's q/k norms).
+# Nemotron-H, Mamba-2 and Mamba-1 set it; GLM-4.5's q/k norms; PaddleOCR-VL's biases on
+# every projection).
 HONOURED = {("nemotron_h", "use_bias"), ("mamba2", "use_bias"), ("mamba", "use_bias"),
-            ("falcon_mamba", "use_bias"), ("glm4_moe", "use_qk_norm")}
+            ("falcon_mamba", "use_bias"), ("glm4_moe", "use_qk_norm"),
+            ("nemotron_h_omni", "use_bias"), ("paddleocr_vl", "use_bias")}
 
 
 # The switches the family's config class refuses alone (InternLM3: mlp_bias without

@@ -2,7 +2,8 @@
 full-attention layers with heads of their own size under a proportional rope, the last
 layers reading an earlier layer's KV, k = v. The fixtures (conftest.GEMMA4: six layers
 alternating sliding and full, the last two sharing KV) run in the generic suites too
-(test_exactness: chunks of 100, 16 and 7 and greedy output in both flavours)."""
+(test_exactness: chunks of 100, 16 and 7 in both flavours; its greedy output under slow,
+the default suite checking greedy text here)."""
 
 from __future__ import annotations
 

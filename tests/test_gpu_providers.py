@@ -4,6 +4,7 @@ placement checks and the device KV arena, on the CPU; end-to-end runs on a GPU a
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import subprocess
 import sys
@@ -19,6 +20,7 @@ from edgeprefill.bundle import load_manifest
 from edgeprefill.engines import BackendOptions, StepBatch
 from edgeprefill.engines.ort.arena import DeviceArena
 from edgeprefill.engines.ort.backend import PROVIDERS, OnnxRuntimeBackend
+from edgeprefill.engines.ort.device_states import DeviceStates
 from edgeprefill.engines.ort.providers import (
     ASSIGNMENT_ENTRY,
     CUDA_EP,
@@ -271,6 +273,10 @@ class CpuArenaBackend(OnnxRuntimeBackend):
         return DeviceArena(self._ort, shapes, self.kv_dtype, slots, ["CPUExecutionProvider"],
                            "cpu")
 
+    def _device_states(self, pairs, slots):
+        return DeviceStates(self._ort, pairs, self.manifest.graph.inputs, slots,
+                            ["CPUExecutionProvider"], "cpu")
+
 
 def test_the_device_arena_path_computes_what_the_numpy_arena_computes(bundle):
     bundle_dir = bundle("llama", "standard")
@@ -297,6 +303,64 @@ def test_the_device_arena_path_computes_what_the_numpy_arena_computes(bundle):
     for got, want in zip(device.kv_arrays(), host.kv_arrays(), strict=True):
         np.testing.assert_allclose(got[:, :, :21], want[:, :, :21], atol=1e-6)
 
+
+
+class CopiedAtBind:
+    """An IOBinding as ONNX Runtime's behaves on a GPU provider: an input in host memory is
+    copied to the device when it is bound (IOBinding::BindInput), so a step reads it as it
+    was then; device memory is read where it is. `device` holds the (start, end) address
+    ranges that stand for device memory here."""
+
+    def __init__(self, binding, device: list[tuple[int, int]]) -> None:
+        self._binding, self._device, self._kept = binding, device, []
+
+    def bind_input(self, name, device, device_id, dtype, shape, pointer):
+        if not any(start <= pointer < end for start, end in self._device):
+            size = int(np.prod(shape)) * np.dtype(dtype).itemsize
+            self._kept.append(np.frombuffer(ctypes.string_at(pointer, size), np.uint8).copy())
+            pointer = self._kept[-1].ctypes.data
+        self._binding.bind_input(name, device, device_id, dtype, shape, pointer)
+
+    def __getattr__(self, name):
+        return getattr(self._binding, name)
+
+
+def _device_ranges(backend) -> list[tuple[int, int]]:
+    """The address ranges of a CpuArenaBackend's device buffers (KV and states)."""
+    values = [*backend.arena.values]
+    if isinstance(backend.state, DeviceStates):
+        values += [*backend.state.values, *backend.state.scratch]
+    return [(value.data_ptr(), value.data_ptr() + value.numpy().nbytes) for value in values]
+
+
+@pytest.mark.parametrize("family", ["lfm2", "mamba2", "qwen3_next"])
+def test_a_gpu_providers_states_stay_on_the_device_and_compute_the_cpus_logits(bundle, family):
+    """Seen on an H100: with the states in host memory every stateful bundle's logits went
+    wrong from its second step, the cached bindings having copied them to the GPU once.
+    In device memory (DeviceStates) they are read where the last step left them; slot
+    copies, swaps and snapshots move them there."""
+    bundle_dir = bundle(family, "standard")
+    manifest = load_manifest(bundle_dir)
+    options = BackendOptions(threads=1)
+    device, host = CpuArenaBackend(bundle_dir, manifest, options), OnnxRuntimeBackend(
+        bundle_dir, manifest, options)
+    for backend in (device, host):
+        backend.allocate_kv(slots=3, capacity=64)
+    assert isinstance(device.state, DeviceStates)
+    made = device.session.io_binding
+    device.session.io_binding = lambda: CopiedAtBind(made(), _device_ranges(device))
+    steps = _steps(manifest.model.vocab_size)
+    for step in steps:
+        np.testing.assert_allclose(device.run(step), host.run(step), rtol=1e-5, atol=1e-5)
+    for backend in (device, host):  # slot 0 holds 28 tokens, slot 1 one
+        saved = backend.save_state(0)
+        backend.copy_kv(0, 2, 28)
+        backend.swap_kv(0, 1, 28)
+        backend.restore_state(saved, 1)  # undoes the swap's state half for slot 1
+    again = StepBatch(steps[2].input_ids, np.array([28, 28], np.int32), np.ones(2, np.int32), 1)
+    np.testing.assert_allclose(device.run(again), host.run(again), rtol=1e-5, atol=1e-5)
+    for got, want in zip(device.state.values, host.state.arrays, strict=True):
+        np.testing.assert_allclose(got.numpy(), want, rtol=1e-5, atol=1e-6)
 
 def _steps(vocab: int) -> list[StepBatch]:
     """A first chunk, a second one after it, and a decode step of two rows."""

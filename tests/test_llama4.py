@@ -111,6 +111,6 @@ def test_the_hub_configs_read_as_transformers_builds_the_model(text):
     assert list(ours.moe.layers) == hf.moe_layers
     assert (ours.moe.experts, ours.moe.top_k, ours.moe.width, ours.moe.shared_width,
             ours.intermediate_size) == (hf.num_local_experts, 1, 8192, 8192, 16384)
-    assert ours.attention_chunk == 8192 and ours.query_scale.window == 8192
+    assert ours.context_cap.tokens == 8192 and ours.query_scale.window == 8192
     assert ours.qk_norm == ("l2" if hf.use_qk_norm else None)
     assert ours.ropes[GLOBAL].kind == (hf.rope_parameters["rope_type"])

@@ -55,8 +55,9 @@ PHI35_MOE = {
 
 def test_the_hub_config_reads_its_short_rope_and_caps_the_context_at_its_window():
     cfg = ModelConfig.from_hf(PHI35_MOE)
-    rope = cfg.ropes[GLOBAL].for_context(cfg.max_positions)
-    assert (cfg.max_positions, rope.use_long_factor) == (4096, False)
+    rope = cfg.ropes[GLOBAL].for_context(cfg.context_cap.tokens)
+    assert (cfg.max_positions, cfg.context_cap.tokens, rope.use_long_factor) == \
+        (131072, 4096, False)
     assert rope.cos_sin_scale() == pytest.approx(1.243163121016122)
     assert (cfg.moe.routing, cfg.moe.top_k, cfg.moe.jitter) == ("sparsemixer", 2, 0.01)
     assert cfg.lm_head_bias and cfg.qkv_bias and cfg.o_bias

@@ -45,6 +45,8 @@ class Checkpoint:
     on the Hub): `renames` maps stored prefixes to the names read (first match wins), as
     transformers' weight renamings do, and tensors under a `left_out` prefix (a vision
     tower) are not the export's: they are counted in `left_out`, never read nor warned of.
+    `segments` renames parts inside a name (Sarvam-MoE's `.attention.` is `.self_attn.`):
+    each (stored, read as) pair in turn replaces every occurrence, after the prefixes.
 
     The weights of the modules in `transposed` are stored [in, out] (GPT-2's Conv1D); they
     are read, and their shapes given, as nn.Linear's [out, in], as every other family's.
@@ -58,7 +60,8 @@ class Checkpoint:
 
     def __init__(self, hf_dir: Path, renames: tuple[tuple[str, str], ...] = (),
                  left_out: tuple[str, ...] = (), fp8: Fp8Scheme | None = None,
-                 transposed: tuple[str, ...] = (), int4: Int4Scheme | None = None) -> None:
+                 transposed: tuple[str, ...] = (), int4: Int4Scheme | None = None,
+                 segments: tuple[tuple[str, str], ...] = ()) -> None:
         """`fp8`: the checkpoint's FP8 scheme (export/fp8.py): float8 weights are read
         dequantized by the scales stored beside them. `int4`: its int4 scheme."""
         self.dir = hf_dir
@@ -71,8 +74,8 @@ class Checkpoint:
         self.left_out = sorted(n for n in stored if n.startswith(left_out)) if left_out else []
         skipped = set(self.left_out)
         # the name read -> (file, the name stored)
-        self._file_of = {_renamed(n, renames): (path, n) for n, path in stored.items()
-                         if n not in skipped}
+        self._file_of = {_renamed(n, renames, segments): (path, n)
+                         for n, path in stored.items() if n not in skipped}
         self.read: set[str] = set()  # the tensors the export took
         self._int4_modules = self._quantized_modules()  # `{module}.weight` -> module
         self._check_float8()  # before any weight is written: a bad checkpoint fails at once
@@ -299,10 +302,14 @@ def _to_numpy(tensor) -> np.ndarray:
     return tensor.numpy()
 
 
-def _renamed(name: str, renames: tuple[tuple[str, str], ...]) -> str:
+def _renamed(name: str, renames: tuple[tuple[str, str], ...],
+             segments: tuple[tuple[str, str], ...]) -> str:
     for stored, read_as in renames:
         if name.startswith(stored):
-            return read_as + name[len(stored):]
+            name = read_as + name[len(stored):]
+            break
+    for stored, read_as in segments:
+        name = name.replace(stored, read_as)
     return name
 
 

@@ -15,6 +15,7 @@ shared with the runtime through the manifest:
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable
 from dataclasses import replace
 
@@ -56,6 +57,7 @@ from edgeprefill.export.short_conv import ShortConv
 from edgeprefill.export.sinusoids import ctrl_sinusoids, xglm_sinusoids
 from edgeprefill.export.sparse_gate import sparse_gate
 from edgeprefill.export.tokens import PackedTokens, PaddedTokens
+from edgeprefill.export.value_heads import cut_values, pad_values
 from edgeprefill.export.weights import GraphWeights
 from edgeprefill.export.xielu import xielu
 
@@ -289,8 +291,10 @@ class DecoderBuilder:
             return self.g.op("Add", [x, attn]), mlp
         if block == "sandwich":  # Gemma 2/3: norms before and after each sublayer
             attn = self._scaled(self._norm(attn, p + n.post_attn_norm))
+            x, attn = self._depth_scaled(x, attn, 2 * (i + 1))
             x, h = self._add_norm(x, attn, p + n.pre_mlp_norm)
-            return x, self._scaled(self._norm(self._mlp(p, h), p + n.post_mlp_norm))
+            mlp = self._scaled(self._norm(self._mlp(p, h), p + n.post_mlp_norm))
+            return self._depth_scaled(x, mlp, 2 * (i + 1) + 1)
         x, h = self._add_norm(x, self._scaled(attn), p + n.post_attn_norm)
         return x, self._scaled(self._mlp(p, h))
 
@@ -383,6 +387,15 @@ class DecoderBuilder:
         """A sublayer's output times the residual multiplier (Granite), before the add."""
         return self._times(sublayer, self.cfg.residual_scale)
 
+    def _depth_scaled(self, x: str, sublayer: str, add: int) -> tuple[str, str]:
+        """Beam's `add`-th residual add of the stack (FamilySpec.depth_scaled_residual):
+        x and the sublayer's output to be added, scaled as its model scales them; as they
+        are elsewhere."""
+        if not self.cfg.spec.depth_scaled_residual:
+            return x, sublayer
+        return (self._times(x, math.sqrt((add - 1) / add)),
+                self._times(sublayer, 1.0 / math.sqrt(add)))
+
     def _mixer(self, i: int, h: str, step: StepTensors, rows: Rows) -> str:
         """The layer's token mixer: attention, LFM2's short convolution, Qwen3.5's Gated
         DeltaNet or a Mamba-2 mixer."""
@@ -409,10 +422,13 @@ class DecoderBuilder:
         names = kv_names(i)
         past = (names.past_key, names.past_value)
         present = (names.present_key, names.present_value)
-        sink = self._sinks(p, cfg) if cfg.spec.sinks else None
+        has_sinks = cfg.spec.sinks and (layer.window or not cfg.spec.sliding_sinks_only)
+        sink = self._sinks(p, cfg) if has_sinks else None
         attn = self._flavor_for(cfg).attention(self.g, q, k, v, past, present, step, layer,
                                                sink)
         attn = self.tokens.gather(attn, cfg.num_heads * cfg.head_dim)
+        if cfg.v_head_dim is not None:  # MiMo-V2-Flash: each head's values, unpadded
+            attn = cut_values(self.g, attn, cfg.num_heads, cfg.v_head_dim, cfg.head_dim)
         if cfg.head_gate:
             attn = self._head_gated(p, h, attn, cfg)
         attn = rows(attn)
@@ -430,18 +446,23 @@ class DecoderBuilder:
 
     def _head_gated(self, p: str, h: str, attn: str, cfg: ModelConfig) -> str:
         """LFM3: attention's output [B,C,H*D] (or packed [1,T,H*D]), each head's D values
-        times sigmoid of that head's gate, g_proj of the layer's normed input `h`."""
-        g = self.g
+        times sigmoid of that head's gate, g_proj of the layer's normed input `h`. Beam
+        (FamilySpec.channel_gate): a gate per channel, gate_proj plus its head's bias."""
+        g, heads, dim = self.g, cfg.num_heads, cfg.head_dim
+        width = dim if cfg.spec.channel_gate else 1  # gates per head
         name = self.w.resolve(tuple(p + gate + ".weight" for gate in self.names.head_gate))
-        if self.w.shape(name) != (cfg.num_heads, cfg.hidden_size):
+        if self.w.shape(name) != (heads * width, cfg.hidden_size):
             raise ExportError(
                 f"{name} has shape {self.w.shape(name)}, but config.json implies "
-                f"{(cfg.num_heads, cfg.hidden_size)} ({cfg.num_heads} heads, hidden "
+                f"{(heads * width, cfg.hidden_size)} ({heads} heads of {width} gates, hidden "
                 f"{cfg.hidden_size})")
-        gate = g.op("Sigmoid", [self.w.linear(h, [name], None)])  # [B,C,H]
-        heads = g.op("Reshape", [attn, g.const([0, 0, cfg.num_heads, cfg.head_dim])])
-        gated = g.op("Mul", [heads, g.op("Unsqueeze", [gate, g.const([-1])])])
-        return g.op("Reshape", [gated, g.const([0, 0, cfg.num_heads * cfg.head_dim])])
+        gate = g.op("Reshape", [self.w.linear(h, [name], None), g.const([0, 0, heads, width])])
+        if cfg.spec.channel_gate:
+            bias = self.w.tensor(p + self.names.head_gate_bias)  # [H], broadcast over D
+            gate = g.op("Add", [gate, g.op("Unsqueeze", [bias, g.const([-1])])])
+        per_head = g.op("Reshape", [attn, g.const([0, 0, heads, dim])])
+        gated = g.op("Mul", [per_head, g.op("Sigmoid", [gate])])
+        return g.op("Reshape", [gated, g.const([0, 0, heads * dim])])
 
     def _output(self, p: str, attn: str) -> str:
         """The attention's output projection (after BitNet's sub-norm)."""
@@ -490,8 +511,9 @@ class DecoderBuilder:
             qkv = g.op("Clip", [qkv, g.const(-bound, self.dtype), g.const(bound, self.dtype)])
         l2_norm = cfg.qk_norm == "l2" and layer.rope is not None  # Llama 4: rope layers
         q_scale = self._layer_query_scale(layer)
+        own_values = cfg.v_head_dim is not None or cfg.value_scale != 1.0
         if self.flavor.packed_qkv and cfg.qk_norm in (None, "l2") and not l2_norm \
-                and q_scale is None and not cfg.attn_gate and not k_is_v:
+                and q_scale is None and not cfg.attn_gate and not k_is_v and not own_values:
             return [qkv, None, None, None]
         q_size, kv_size = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
         gate = None
@@ -502,7 +524,10 @@ class DecoderBuilder:
             q, k = g.op("Split", [qkv, g.const([q_size, kv_size])], 2, axis=-1)
             v = k  # the keys' projection, before their norm and rotary
         else:
-            q, k, v = g.op("Split", [qkv, g.const([q_size, kv_size, kv_size])], 3, axis=-1)
+            v_size = cfg.num_kv_heads * (cfg.v_head_dim or cfg.head_dim)
+            q, k, v = g.op("Split", [qkv, g.const([q_size, kv_size, v_size])], 3, axis=-1)
+        if own_values:  # MiMo-V2-Flash
+            v = self._own_values(v, cfg)
         if cfg.spec.v_norm:  # Gemma 4: per head, without weight
             ones = g.const(np.ones(cfg.head_dim), self.dtype)
             per_head = g.op("Reshape", [v, g.const([0, 0, cfg.num_kv_heads, cfg.head_dim])])
@@ -543,13 +568,24 @@ class DecoderBuilder:
         return (self._head_norm(q, cfg.num_heads, p + n.q_norm),
                 self._head_norm(k, cfg.num_kv_heads, p + n.k_norm))
 
+    def _own_values(self, v: str, cfg: ModelConfig) -> str:
+        """MiMo-V2-Flash's values: times attention_value_scale, each head padded from
+        v_head_dim to head_dim for the cache (export/value_heads.py)."""
+        if cfg.value_scale != 1.0:
+            v = self.g.op("Mul", [v, self.g.const(cfg.value_scale, self.dtype)])
+        if cfg.v_head_dim is None:
+            return v
+        return pad_values(self.g, v, cfg.num_kv_heads, cfg.v_head_dim, cfg.head_dim)
+
     def _check_qkv_shapes(self, weights: list[str], cfg: ModelConfig) -> None:
         """A checkpoint that disagrees with its config.json fails here, in one line, not
         as a reshape error inside ONNX Runtime."""
         q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+        v = cfg.num_kv_heads * (cfg.v_head_dim or cfg.head_dim)
         q *= 2 if cfg.attn_gate else 1  # each head's query and its output gate
-        expected = [(q + 2 * kv, cfg.hidden_size)] if len(weights) == 1 else [
-            (q, cfg.hidden_size), *[(kv, cfg.hidden_size)] * (len(weights) - 1)]
+        expected = [(q + kv + v, cfg.hidden_size)] if len(weights) == 1 else [
+            (q, cfg.hidden_size), *[(kv, cfg.hidden_size)] * (len(weights) - 2),
+            (v if len(weights) == 3 else kv, cfg.hidden_size)]
         for name, shape in zip(weights, expected, strict=True):
             if self.w.shape(name) != shape:
                 raise ExportError(

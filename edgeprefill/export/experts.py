@@ -66,6 +66,11 @@ class MoeNames:
     fused_transposable: bool = False
     # the selection bias [E] or [1, E] (LFM2-MoE's, ERNIE-4.5-MoE's); first found wins
     expert_bias: tuple[str, ...] = ()
+    # Experts split by modality (ERNIE 4.5 VL): the layer's list holds each modality's
+    # `experts` in turn, the text's first (export/modality_experts.py), its selection bias
+    # a row per modality [modalities, E]; and its router stored [H, E], its module's own
+    modalities: int = 1
+    router_hidden_first: bool = False
     router_bias: str | None = None  # added to the router's logits (gpt-oss)
     # the experts' own biases, fused [E, 2I] (rows as the fused gate_up's) and [E, H]
     gate_up_bias: str | None = None

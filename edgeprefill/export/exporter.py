@@ -105,7 +105,8 @@ def export(hf_dir: str | Path, out_dir: str | Path, options: ExportOptions) -> M
     with staged(out_dir, options.overwrite) as stage:  # swapped in only when complete
         ckpt = Checkpoint(hf_dir, cfg.renames + cfg.spec.renames,
                           cfg.spec.left_out + cfg.left_out, cfg.fp8,
-                          transposed=cfg.spec.transposed, int4=cfg.int4)
+                          transposed=cfg.spec.transposed, int4=cfg.int4,
+                          segments=cfg.spec.segment_renames)
         flavor = flavor_class(options.flavor)(cfg, DTYPES[options.dtype], max_context)
         g = DecoderBuilder(cfg, ckpt, flavor, options.quant).build()
         initializers = write_external_data(g.weights, stage / DATA_FILE, options.show_progress)
@@ -184,24 +185,17 @@ def _say_left_out(ckpt: Checkpoint) -> None:
 
 
 def _max_context(cfg: ModelConfig, requested: int | None) -> int:
-    chunk = cfg.attention_chunk
+    cap = cfg.context_cap
     if requested is None:
-        limit = min(cfg.max_positions, 4096, chunk or cfg.max_positions)
-    elif requested > cfg.max_positions:
+        return min(cfg.max_positions, 4096, cap.tokens if cap else cfg.max_positions)
+    if requested > cfg.max_positions:
         raise ExportError(
             f"--max-context {requested} exceeds the model's max_position_embeddings "
             f"({cfg.max_positions})"
         )
-    elif chunk is not None and requested > chunk:
-        # Past one chunk Llama 4's rope layers attend within their own chunk only, which
-        # neither the KV cache nor the masks of a bundle express.
-        raise ExportError(
-            f"--max-context {requested} exceeds attention_chunk_size ({chunk}): chunked "
-            "attention past one chunk is not supported"
-        )
-    else:
-        limit = requested
-    return limit
+    if cap is not None and requested > cap.tokens:
+        raise ExportError(f"--max-context {requested} exceeds {cap.reason}")
+    return requested
 
 
 def _io_table(values) -> dict[str, list[Any]]:

@@ -185,7 +185,8 @@ class OrtFlavor(Flavor):
         op reads; its causal mask hides each row's keys past the query)."""
         key_pos = g.op("Range", [g.const(0), g.op("Cast", [total], to=7), g.const(1)])
         query_pos = positions(g, g.op("Cast", [past_lens], to=7), chunk)
-        return alibi.bias(g, slopes, key_pos, query_pos, (self.cfg.num_heads,), self.dtype)
+        return alibi.bias(g, slopes, key_pos, query_pos, (self.cfg.num_heads,), self.dtype,
+                          self.cfg.alibi_bfloat16_scale)
 
     def rms_norm(self, g: GraphBuilder, x: str, weight: str) -> str:
         return g.op(
@@ -292,7 +293,7 @@ class StandardFlavor(Flavor):
         cfg = self.cfg
         heads = (cfg.num_kv_heads, cfg.num_heads // cfg.num_kv_heads)
         return g.op("Add", [mask, alibi.bias(g, cfg.alibi, key_pos, positions, heads,
-                                             self.dtype)])
+                                             self.dtype, cfg.alibi_bfloat16_scale)])
 
     def mask_over(self, g: GraphBuilder, key_pos: str, positions: str,
                   window: int | None) -> str:

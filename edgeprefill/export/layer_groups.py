@@ -18,8 +18,10 @@ from edgeprefill.errors import ExportError
 
 # Nemotron-H's block kinds -> the kind of the layer a mixer block starts
 MIXERS = {"linear_attention": "mamba", "full_attention": "full_attention"}
-# Where a checkpoint keeps its blocks: the Hub's (`backbone.`) and transformers 5's saves.
-STORED = ("backbone.layers.", "model.layers.")
+# Where a checkpoint keeps its blocks: the Hub's (`backbone.`) and transformers 5's saves,
+# and both under Nemotron 3 Nano Omni's `language_model.` (its whole causal LM).
+STORED = ("backbone.layers.", "model.layers.", "language_model.backbone.layers.",
+          "language_model.model.layers.")
 
 
 @dataclass(frozen=True)

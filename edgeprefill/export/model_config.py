@@ -27,6 +27,7 @@ from edgeprefill.export.config_checks import (
     config_value,
     positive_number,
 )
+from edgeprefill.export.context_cap import ContextCap
 from edgeprefill.export.experts import MoeConfig, read_moe
 from edgeprefill.export.families import (
     BLOCKS,
@@ -42,9 +43,11 @@ from edgeprefill.export.fp8 import Fp8Scheme, read_fp8_scheme
 from edgeprefill.export.latent_attention import LatentShape, latent_scale, read_latent
 from edgeprefill.export.layer_groups import group_blocks
 from edgeprefill.export.layer_heads import gemma4_fields, layer_heads, rope_widths
+from edgeprefill.export.modality_experts import other_modalities
 from edgeprefill.export.prequantized import Int4Scheme, read_int4_scheme
 from edgeprefill.export.query_scale import (
     QueryScale,
+    ScalableSoftmax,
     read_query_scale,
     read_temperature_tuning,
 )
@@ -208,10 +211,11 @@ class ModelConfig:
     residual_scale: float = 1.0  # multiplies each sublayer's output (Granite)
     logits_divisor: float = 1.0  # divides the logits (Granite)
     logits_multiplier: float = 1.0  # multiplies the logits (Cohere's logit_scale)
-    query_scale: QueryScale | None = None  # a per-position factor of q (Ministral 3)
-    # Llama 4's attention_chunk_size where some layers attend within chunks: the longest
-    # context export supports (within one chunk they are causal); None: no such layers.
-    attention_chunk: int | None = None
+    # a per-position factor of q (Ministral 3; Llama 4's and Beam's NoPE layers)
+    query_scale: QueryScale | ScalableSoftmax | None = None
+    # The longest context export supports where shorter than max_positions, and why
+    # (export/context_cap.py: Llama 4's attention chunk, PhiMoE's longrope window)
+    context_cap: ContextCap | None = None
     lm_head_bias: bool = False  # the LM head has a bias (FamilySpec.lm_head_bias or its key)
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
@@ -257,13 +261,18 @@ class ModelConfig:
     # attention's output times sigmoid(gate) goes to o_proj.
     attn_gate: bool = False
     # LFM3: each head's attention output times sigmoid of its gate, a projection of the
-    # layer's normed input (hidden -> heads; TensorNames.head_gate).
+    # layer's normed input (hidden -> heads; TensorNames.head_gate). Beam's gates each
+    # channel, plus a bias per head (FamilySpec.channel_gate).
     head_gate: bool = False
     # Gemma 4: layers without KV of their own, each reading the KV an earlier layer of its
     # kind wrote in the same step (consumer -> producer; num_kv_shared_layers).
     shared_kv: dict[int, int] = field(default_factory=dict)
     # Gemma 4: full-attention layers whose values are their keys' projection (no v_proj).
     k_eq_v: bool = False
+    # MiMo-V2-Flash: value heads of v_head_dim (None: head_dim), padded to head_dim in the
+    # graph (export/value_heads.py), and each value times value_scale.
+    v_head_dim: int | None = None
+    value_scale: float = 1.0
     # Gemma 4's per-layer inputs (PLE): each layer's `per_layer_input`-wide slice of a second
     # embedding, mixed with a projection of the main one; 0: none.
     per_layer_input: int = 0
@@ -287,6 +296,9 @@ class ModelConfig:
     # ALiBi (BLOOM, MPT): each head's slope, its scores plus slope * (key position - query
     # position) (export/alibi.py); None: no such bias.
     alibi: tuple[float, ...] | None = None
+    # Whether that bias is Falcon's (Falcon-RW): slope * key position rounded to bfloat16,
+    # added before the scores' scale (export/alibi.py).
+    alibi_bfloat16: bool = False
     # Whether the last layer's output is normed before the LM head (OPT's post-norm layers
     # are not), and the embedding's width where it is narrower than hidden and projected
     # to and from it (OPT-350m's word_embed_proj_dim); None: hidden.
@@ -344,6 +356,12 @@ class ModelConfig:
     def qk_norm(self) -> str | None:
         """The q/k norms this model has (FamilySpec.qk_norm's kinds; None: none)."""
         return None if self.qk_norm_off else self.spec.qk_norm
+
+    @property
+    def alibi_bfloat16_scale(self) -> float | None:
+        """The scores' scale that Falcon-RW's bfloat16 ALiBi bias takes (export/alibi.py);
+        None: no such bias."""
+        return self.attn_scale if self.alibi_bfloat16 else None
 
     @property
     def names(self) -> TensorNames:
@@ -430,7 +448,8 @@ class ModelConfig:
                 "shared": ["parallel attention and MLP on one norm"],
                 "sandwich": ["norms before and after attention and MLP"]}.get(self.block, [])
         if self.head_gate:
-            out.append("a sigmoid output gate per attention head")
+            out.append("a sigmoid output gate per attention " + (
+                "channel (a bias per head)" if self.spec.channel_gate else "head"))
         if any(layer.rope == LOCAL for layer in self.layers) and \
                 self.ropes[LOCAL].theta != self.ropes[GLOBAL].theta:
             out.append("local layers with their own rope base")
@@ -438,13 +457,16 @@ class ModelConfig:
         if local:
             out.append(f"sliding window {self.sliding_window} on {local} of {self.num_layers} "
                        "layers")
-        if self.attention_chunk is not None:
-            out.append(f"chunked attention (chunks of {self.attention_chunk}): the context is "
-                       "capped at one chunk")
-        own = {(self.layer_kv_heads(i), self.layer_head_dim(i)) for i, layer in
-               enumerate(self.layers) if layer.head_dim or layer.kv_heads}
-        for heads, dim in sorted(own):
-            out.append(f"full-attention layers: {heads} KV heads of {dim}")
+        if self.context_cap is not None:
+            out.append(f"the context is capped at {self.context_cap.tokens} tokens, "
+                       f"{self.context_cap.reason}")
+        own = {("sliding" if layer.window else "full-attention", self.layer_kv_heads(i),
+                self.layer_head_dim(i)) for i, layer in enumerate(self.layers)
+               if layer.head_dim or layer.kv_heads}
+        for kind, heads, dim in sorted(own):
+            out.append(f"{kind} layers: {heads} KV heads of {dim}")
+        if self.v_head_dim is not None:
+            out.append(f"value heads of {self.v_head_dim}, cached padded to {self.head_dim}")
         if self.shared_kv:
             out.append(f"the last {len(self.shared_kv)} of {self.num_layers} layers read an "
                        "earlier layer's KV (no cache of their own)")
@@ -456,8 +478,9 @@ class ModelConfig:
         if sparse:
             out.append(f"activation sparsity on {sparse} of {self.num_layers} layers' MLPs")
         if self.alibi is not None:
+            rounded = ", rounded to bfloat16 as Falcon's" if self.alibi_bfloat16 else ""
             out.append("ALiBi: each head's scores biased by its slope times the distance "
-                       "(no rotary)")
+                       f"(no rotary{rounded})")
         nope = sum(layer.rope is None for layer in self.layers)
         # none attending (Mamba-2), no rope is no news; nor under ALiBi, which said it
         if nope and self.kv_layers and self.alibi is None:
@@ -530,6 +553,7 @@ def _read(family: str, spec: FamilySpec, raw: dict[str, Any],
     heads = int(raw["num_attention_heads"])
     hidden = int(raw["hidden_size"])
     latent = read_latent(raw) if spec.latent else None
+    moe = read_moe(raw, spec.moe) if spec.moe is not None else None
     head_dim = latent.cache_dim if latent else \
         int(raw.get("head_dim") or hidden // max(heads, 1))  # 0 heads: refused
     qkv_bias, o_bias, mlp_bias = _biases(raw, spec)
@@ -538,6 +562,7 @@ def _read(family: str, spec: FamilySpec, raw: dict[str, Any],
     layers = _layers(raw, spec)
     ropes = rope_widths(ropes, layers)
     shared = read_shared_block(raw) if spec.shared_block else None
+    falcon_alibi = bool(spec.alibi_key and raw.get(spec.alibi_key))
     return ModelConfig(
         family=family,
         text_type=text_type,
@@ -571,8 +596,9 @@ def _read(family: str, spec: FamilySpec, raw: dict[str, Any],
         logits_divisor=float(raw.get("logits_scaling", 1.0)),
         logits_multiplier=float(raw.get("logit_scale", 1.0)),
         query_scale=read_query_scale(family, raw, ropes[GLOBAL]) if spec.query_scale else
-        read_temperature_tuning(raw) if spec.temperature_tuning else None,
-        attention_chunk=_attention_chunk(raw, spec),
+        read_temperature_tuning(raw) if spec.temperature_tuning else
+        ScalableSoftmax() if spec.scalable_softmax else None,
+        context_cap=spec.context_cap(raw) if spec.context_cap is not None else None,
         lm_head_bias=spec.lm_head_bias or bool(spec.lm_head_bias_key
                                                  and raw.get(spec.lm_head_bias_key)),
         bos_token_id=_first_id(raw.get("bos_token_id")),
@@ -587,17 +613,21 @@ def _read(family: str, spec: FamilySpec, raw: dict[str, Any],
         renames=groups.renames if groups is not None else shared.renames if shared else
         skipped.renames if skipped is not None else (),
         shared_block=shared,
-        left_out=skipped.left_out if skipped is not None else (),
+        left_out=(skipped.left_out if skipped is not None else ()) + (other_modalities(
+            moe, spec.moe.names, _language_model_bases(spec)) if moe and spec.moe else ()),
         attn_gate=spec.attn_gate,
         clip_qkv=_optional_float(raw.get("clip_qkv")) if spec.clip_qkv else None,
-        head_gate=bool(raw.get(spec.head_gate_key)) if spec.head_gate_key else False,
+        head_gate=spec.channel_gate or bool(spec.head_gate_key and raw.get(spec.head_gate_key)),
+        v_head_dim=_v_head_dim(raw, spec, head_dim),
+        value_scale=_value_scale(raw, spec),
         **gemma4_fields(raw) if spec.per_layer_heads or spec.altup else {},
-        moe=read_moe(raw, spec.moe) if spec.moe is not None else None,
+        moe=moe,
         latent=latent,
         mtp_layers=int(raw.get("num_nextn_predict_layers") or 0),
         **_altup(raw, spec),
         qk_norm_off=spec.qk_norm_key is not None and not raw.get(spec.qk_norm_key),
-        alibi=alibi_slopes(heads) if spec.alibi else None,
+        alibi=alibi_slopes(heads) if spec.alibi or falcon_alibi else None,
+        alibi_bfloat16=falcon_alibi,
         final_norm=spec.final_norm_from_config(raw) if spec.final_norm_from_config else True,
         embed_width=_embed_width(raw, spec, hidden),
         qkv_layout=spec.qkv_layout_from_config(raw) if spec.qkv_layout_from_config else None,
@@ -828,6 +858,22 @@ def _selective(raw: dict[str, Any]) -> SelectiveShape:
         heads=int(raw.get("mamba_heads_per_layer") or 0))
 
 
+def _v_head_dim(raw: dict[str, Any], spec: FamilySpec, head_dim: int) -> int | None:
+    """MiMo-V2-Flash's value head size where it differs from head_dim (None: the same)."""
+    if spec.v_head_dim_key is None or raw.get(spec.v_head_dim_key) is None:
+        return None
+    v_dim = int(raw[spec.v_head_dim_key])
+    if not 0 < v_dim <= head_dim:
+        raise ExportError(f"{spec.v_head_dim_key} ({v_dim}) must be 1 to head_dim ({head_dim})")
+    return None if v_dim == head_dim else v_dim
+
+
+def _value_scale(raw: dict[str, Any], spec: FamilySpec) -> float:
+    if spec.value_scale_key is None or raw.get(spec.value_scale_key) is None:
+        return 1.0
+    return float(raw[spec.value_scale_key])
+
+
 def _layers(raw: dict[str, Any], spec: FamilySpec) -> tuple[LayerAttention, ...]:
     count = int(raw["num_hidden_layers"])
     window = _sliding_window(raw, spec.window)
@@ -856,22 +902,15 @@ def _layers(raw: dict[str, Any], spec: FamilySpec) -> tuple[LayerAttention, ...]
     # Sliding layers use the LOCAL rope, which equals GLOBAL unless the config gives local
     # layers their own (Gemma 3); flavours emit one table per distinct rope.
     inverse = spec.inverse_layer_scale_key is not None and raw.get(spec.inverse_layer_scale_key)
+    # MiMo-V2-Flash's sliding layers: sliding_kv_factor times the KV heads
+    sliding_kv = int(raw["num_key_value_heads"]) * spec.sliding_kv_factor \
+        if spec.sliding_kv_factor != 1 else None
     layers = tuple(
         LayerAttention(window if slide else None, (LOCAL if slide else GLOBAL) if rope else None,
-                       1.0 / (i + 1) if inverse else 1.0)
+                       1.0 / (i + 1) if inverse else 1.0, kv_heads=sliding_kv if slide else None)
         for i, (slide, rope) in enumerate(zip(slides, ropes, strict=True))
     )
     return layer_heads(raw, layers) if spec.per_layer_heads else layers
-
-
-def _attention_chunk(raw: dict[str, Any], spec: FamilySpec) -> int | None:
-    """Llama 4's chunk size where some layer attends within chunks (None: none does)."""
-    if not spec.chunked_attention or "chunked_attention" not in (raw.get("layer_types") or ()):
-        return None
-    chunk = int(raw["attention_chunk_size"])
-    if chunk < 1:
-        raise ExportError(f"attention_chunk_size must be at least 1, got {chunk}")
-    return chunk
 
 
 def _rope_layers(raw: dict[str, Any], count: int) -> list[bool]:
@@ -949,6 +988,12 @@ def _ids(value: Any) -> tuple[int, ...]:
         # int(2.5) had exported token 2 as the EOS (from_hf: a "malformed value" line)
         raise ValueError(f"bos/eos token ids must be integers, got {value!r}")
     return tuple(ids)
+
+
+def _language_model_bases(spec: FamilySpec) -> tuple[str, ...]:
+    """The stored prefixes a language model's `layers.{i}.` may follow: `model.` and those
+    the family renames to it (an image-text checkpoint's `model.language_model.`)."""
+    return ("model.", *(stored for stored, read in spec.renames if read == "model."))
 
 
 def _first_id(value: Any) -> int | None:

@@ -262,6 +262,10 @@ class MixtureOfExperts:
         """The router's [H, E] weight, kept in float (never quantized: a quantized router
         would choose other experts)."""
         name = self.w.resolve(tuple(p + name for name in self.names.router))
+        if self.names.router_hidden_first:  # stored [H, E] already (ERNIE 4.5 VL)
+            self._check(name, (self.hidden, self.moe.experts))
+            return self.g.weight(name, (self.hidden, self.moe.experts), self.dtype,
+                                 lambda: self.ckpt.get(name, np.float32).astype(self.dtype))
         return self._transposed(name, (self.moe.experts, self.hidden))
 
     def _transposed(self, name: str, shape: tuple[int, int]) -> str:
@@ -272,14 +276,14 @@ class MixtureOfExperts:
             self.ckpt.get(name, np.float32).T.astype(self.dtype)))
 
     def _expert_bias(self, p: str) -> str:
-        """The selection bias [E], stored [E] or [1, E]."""
+        """The selection bias [E], stored [E] or [rows, E] (its first row: the text's)."""
         name = self.w.resolve(tuple(p + name for name in self.names.expert_bias))
-        experts = self.moe.experts
-        if self.ckpt.shape(name) not in ((experts,), (1, experts)):
+        experts, rows = self.moe.experts, self.names.modalities
+        if self.ckpt.shape(name) not in ((experts,), (rows, experts)):
             raise ExportError(f"{name} has shape {self.ckpt.shape(name)}, but config.json "
                               f"implies {experts} experts")
         return self.g.weight(name, (experts,), np.dtype(np.float32),
-                             lambda: self.ckpt.get(name, np.float32).reshape(experts))
+                             lambda: self.ckpt.get(name, np.float32).reshape(-1, experts)[0])
 
     def _gate_up_reader(self, p: str, e: int) -> Callable[[], np.ndarray]:
         """Expert e's [2I, H] gate and up rows (gate first), from any layout."""

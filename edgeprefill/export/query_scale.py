@@ -11,6 +11,8 @@ kernel's, or the standard flavour's) follows.
 
 Llama 4's own (attn_temperature_tuning) is the same factor of position + 1, with `beta`
 its attn_scale and `window` its floor_scale, on its NoPE layers only.
+
+Beam's NoPE layers take a factor of their own (ScalableSoftmax).
 """
 
 from __future__ import annotations
@@ -46,6 +48,28 @@ class QueryScale:
         one = g.const(1.0, np.float32)
         log = g.op("Log", [g.op("Add", [steps, one])])
         scale = g.op("Add", [g.op("Mul", [log, g.const(self.beta, np.float32)]), one])
+        scale = g.op("Unsqueeze", [scale, g.const([2])])
+        return scale if np.dtype(dtype) == np.float32 else g.op("Cast", [scale], to=10)
+
+
+@dataclass(frozen=True)
+class ScalableSoftmax:
+    """Beam's factor of its NoPE layers' queries (after their q norm), (1 + (position + 1)
+    / window) ** power, which its model (compute_attention_scaling) hard-codes."""
+
+    power: float = 0.1
+    window: int = 2048
+    nope_only: bool = True
+
+    def emit(self, g: GraphBuilder, positions: str, dtype: np.dtype) -> str:
+        """[B, C] int64 positions -> [B, C, 1] factors in `dtype`: float32
+        exp(power * log(1 + (position + 1) / window)) for transformers' exp(power *
+        log1p(...)): at (position + 1) / window >= 1 / window the two differ below float32's
+        rounding of the factor (tests/test_beam.py)."""
+        pos = g.op("Add", [g.op("Cast", [positions], to=1), g.const(1.0, np.float32)])
+        ratio = g.op("Div", [pos, g.const(float(self.window), np.float32)])
+        log = g.op("Log", [g.op("Add", [ratio, g.const(1.0, np.float32)])])
+        scale = g.op("Exp", [g.op("Mul", [log, g.const(self.power, np.float32)])])
         scale = g.op("Unsqueeze", [scale, g.const([2])])
         return scale if np.dtype(dtype) == np.float32 else g.op("Cast", [scale], to=10)
 

@@ -29,7 +29,13 @@ import numpy as np
 
 from edgeprefill.bundle import Manifest, load_manifest
 from edgeprefill.engines import BackendOptions, create_backend
-from edgeprefill.errors import BackendError, EdgeprefillError, EngineClosedError, RequestError
+from edgeprefill.errors import (
+    BackendError,
+    EdgeprefillError,
+    EngineClosedError,
+    RequestError,
+    one_line,
+)
 from edgeprefill.sdk.config import EngineConfig, StepTrace
 from edgeprefill.sdk.generation_defaults import GenerationDefaults
 from edgeprefill.sdk.kv_cache import KVCache
@@ -144,7 +150,7 @@ class Engine:
             if isinstance(err, EdgeprefillError):
                 raise
             raise BackendError(f"the backend failed its first call (the load's warm-up): "
-                               f"{err}") from err
+                               f"{one_line(err)}") from err
 
     def _capacity(self) -> int:
         limit = self.manifest.max_context

@@ -36,6 +36,7 @@ from edgeprefill.contract import (
 from edgeprefill.engines.base import Backend, BackendOptions, StepBatch
 from edgeprefill.engines.ort.arena import DeviceArena, HostArena, KVArena
 from edgeprefill.engines.ort.bf16_compute import choose as choose_compute
+from edgeprefill.engines.ort.device_states import DeviceStates
 from edgeprefill.engines.ort.fusing import quantized_ops, stock_attention
 from edgeprefill.engines.ort.fusing import why_not as why_not_fused
 from edgeprefill.engines.ort.host_total import (
@@ -64,7 +65,7 @@ from edgeprefill.engines.ort.providers import (
     provider_options,
     refuse_device,
 )
-from edgeprefill.engines.ort.state_arena import StateArena
+from edgeprefill.engines.ort.state_arena import StateArena, StatePairs
 from edgeprefill.engines.ort.switches import merge_switches
 from edgeprefill.engines.ort.value_cache import shared_layers
 from edgeprefill.errors import BackendError
@@ -228,7 +229,8 @@ class OnnxRuntimeBackend(Backend):
                         [i.name for i in self.session.get_inputs() if i.name != HOST_TOTAL],
                         [o.name for o in self.session.get_outputs()])
         self.arena: KVArena | None = None  # host memory on the CPU, device memory on a GPU
-        self.state: StateArena | None = None  # the state layers' (LFM2, Qwen3.5), host memory
+        # the state layers' (LFM2, Qwen3.5): host memory on the CPU, device memory on a GPU
+        self.state: StateArena | DeviceStates | None = None
         self._bindings: dict[tuple[int, int], Any] = {}  # ort.IOBinding per (first, rows)
         self._logits = np.empty((0, manifest.model.vocab_size), np.float32)
 
@@ -297,7 +299,10 @@ class OnnxRuntimeBackend(Backend):
         else:
             self.arena = self._device_arena(shapes, slots)
         pairs = state_pairs(self.manifest.graph)
-        self.state = StateArena(pairs, self.manifest.graph.inputs, slots) if pairs else None
+        self.state = None
+        if pairs:
+            self.state = (StateArena(pairs, self.manifest.graph.inputs, slots)
+                          if self._gpu is None else self._device_states(pairs, slots))
         self._logits = np.empty((slots, m.vocab_size), np.float32)
 
     def _device_arena(self, shapes: Sequence[tuple[int, ...]], slots: int) -> DeviceArena:
@@ -311,6 +316,10 @@ class OnnxRuntimeBackend(Backend):
             )
         return DeviceArena(self._ort, shapes, self.kv_dtype, slots,
                            self.session.get_providers())
+
+    def _device_states(self, pairs: StatePairs, slots: int) -> DeviceStates:
+        return DeviceStates(self._ort, pairs, self.manifest.graph.inputs, slots,
+                            self.session.get_providers())
 
     def kv_arrays(self) -> list[np.ndarray]:
         """The arena, layer-major [K0, V0, K1, V1, ...], a layer whose value is its key with
@@ -366,7 +375,7 @@ class OnnxRuntimeBackend(Backend):
         assert isinstance(saved, list), "a snapshot is StateArena.save's list of rows"
         self._states().restore(saved, slot)
 
-    def _states(self) -> StateArena:
+    def _states(self) -> StateArena | DeviceStates:
         if self.state is None:
             raise BackendError("this bundle's layers carry no recurrent state (or "
                                "allocate_kv was not called)")

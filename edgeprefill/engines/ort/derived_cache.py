@@ -13,9 +13,11 @@ its key hashes the bundle's resolved path, the size, modification time and recor
 sha256 of its weight files, and the source of the code that derives (an edit there, or a
 re-export, gives a new key; the new folder replaces the ones the same bundle left, and
 those of bundles that are gone). Each array is its own `.npy` file, written under a
-temporary name and renamed into place, so concurrent loads never read half a file. The
-cache is a speed-up only: a cache that cannot be read or written means the weights are
-derived as without it (a warning says why, once per load).
+temporary name and renamed into place, so concurrent loads never read half a file; beside
+it a `.spec` file records its dtype and shape, so that a file replaced by another array
+(which np.load reads without complaint) is derived again too, not handed to a rewrite
+that expects another shape. The cache is a speed-up only: a cache that cannot be read or
+written means the weights are derived as without it (a warning says why, once per load).
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from edgeprefill.errors import BackendError
 
 CACHE_ENV = "EDGEPREFILL_DERIVED_CACHE"
 BUNDLE_FILE = "bundle.txt"  # in each key's folder: the bundle it came from
+SPEC = ".spec"  # beside each array: its dtype and shape
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +68,11 @@ def code_digest() -> str:
     for path in sources:
         digest.update(path.name.encode() + b"\0" + path.read_bytes())
     return digest.hexdigest()
+
+
+def spec(array: np.ndarray) -> str:
+    """What the `.spec` file beside an array records: its dtype and shape."""
+    return f"{array.dtype.str} {list(array.shape)}"
 
 
 def file_name(name: str) -> str:
@@ -101,13 +109,20 @@ class DerivedCache:
         return cls(root / key.hexdigest()[:32], bundle_dir)
 
     def load(self, names: Sequence[str]) -> list[np.ndarray] | None:
-        """The arrays under `names`, mapped read-only, or None when any is missing or
-        unreadable."""
+        """The arrays under `names`, mapped read-only, or None when any is missing,
+        unreadable, or not the dtype and shape recorded when it was stored."""
         try:
             if not self.folder.is_dir():
                 return None  # nothing cached yet (or no folder can be: store says so)
-            return [np.load(self.folder / file_name(n), mmap_mode="r", allow_pickle=False)
-                    for n in names]
+            arrays = []
+            for name in names:
+                path = self.folder / file_name(name)
+                array = np.load(path, mmap_mode="r", allow_pickle=False)
+                if path.with_suffix(SPEC).read_text() != spec(array):
+                    self._warn(f"cannot read it ({path.name} is not the array it recorded)")
+                    return None
+                arrays.append(array)
+            return arrays
         except FileNotFoundError:
             return None
         # A folder the user may not enter, a truncated, empty or foreign file: derive again.
@@ -119,16 +134,24 @@ class DerivedCache:
         try:
             self._prepare()
             for name, array in zip(names, arrays, strict=True):
-                self._write(self.folder / file_name(name), array)
+                path = self.folder / file_name(name)
+                # the array first: an array left without its spec (a failed write) is
+                # derived again, as a missing one
+                self._write(path, array)
+                self._write(path.with_suffix(SPEC), spec(array).encode())
         except OSError as err:
             self._warn(f"cannot write it ({err})")
 
     @staticmethod
-    def _write(path: Path, array: np.ndarray) -> None:
-        partial = path.with_name(f"{path.stem}.{os.getpid()}.partial")
+    def _write(path: Path, content: np.ndarray | bytes) -> None:
+        """An array (as .npy) or bytes, under a temporary name renamed into place."""
+        partial = path.with_name(f"{path.name}.{os.getpid()}.partial")
         try:
             with open(partial, "wb") as out:
-                np.save(out, array, allow_pickle=False)
+                if isinstance(content, bytes):
+                    out.write(content)
+                else:
+                    np.save(out, content, allow_pickle=False)
             os.replace(partial, path)
         finally:
             partial.unlink(missing_ok=True)  # a full disk leaves no half file behind

@@ -1,4 +1,4 @@
-"""The state layers' recurrent states (LFM2, Qwen3.5): one host buffer per state, slot first.
+"""The state layers' recurrent states (LFM2, Qwen3.5) on the CPU: one host buffer per state.
 
 Each state is `[slots, ...]`, shaped and typed as its graph input past the batch axis (a
 short convolution's last inputs, a Gated DeltaNet's conv inputs and its float32 recurrent
@@ -6,9 +6,8 @@ matrix). A step binds rows [first, first + rows) as the `past_*` input and a scr
 buffer of its own as the `present_*` output, then copies the scratch back into those rows
 (`store`): not in place like the KV, since the graph reads the old state while it computes
 the new one, and a few KB to a few MB per row cost little to copy next to a step. The
-buffers stay in host memory on every provider: ONNX Runtime copies a bound host input to
-the device and a bound host output back (the GPU providers' path is untested: no test
-machine had a GPU).
+buffers are host memory, slot first, for the CPU provider; the GPU providers keep the same
+buffers in device memory (device_states.py says why).
 """
 
 from __future__ import annotations

@@ -97,8 +97,27 @@ REFUSED_TYPES: dict[str, str] = {
     # close to supported families, each a few graph pieces short
     "laguna": "Laguna's softplus attention output gate, per-layer head counts and a rotary "
               "width per layer type are not supported",
-    "beam": "Beam's depth-scaled residual adds, biased attention output gate and "
-            "position-scaled queries on its rotary-free layers are not supported",
+    # image-text checkpoints whose language model is none export supports
+    "minimax_m3_vl": "MiniMax-M3-VL's language model (minimax_m3_vl_text) uses sparse "
+                     "attention (an indexer choosing each query's keys), which is not supported",
+    "mistral_large4": "Mistral Large 4's DeepSeek sparse attention (an indexer choosing each "
+                      "query's keys) and position-scaled queries are not supported",
+    "molmo2": "Molmo2's language model (molmo2_text: the Hub's fused projections and extra "
+              "vocabulary table, per-layer rope scaling) is not supported",
+    "muse_glimmer": "Muse Glimmer's language model (normed embeddings, scaled weightless q/k "
+                    "norms, a sigmoid attention output gate) is not supported",
+    "muse_spark": "Muse Spark's language model (Muse Glimmer's normed embeddings and gated "
+                  "attention, with projected experts and residual gates) is not supported",
+    "step3p7": "Step 3.7's language model (step3p5: a sigmoid output gate per head, head "
+               "counts per layer, clamped SwiGLU experts) is not supported",
+    "unlimited_ocr": "Unlimited OCR's reference sliding-window attention (the whole prompt "
+                     "kept, a window over the generated tokens) is not supported",
+    # transformers 5.24's newer image-text checkpoints whose language model export refuses
+    # (stop 43, first half)
+    "glm5_next": "GLM-5-Next's language model (DeepSeek sparse attention, linear attention "
+                 "layers with forget gates, hyper-connections) is not supported",
+    "hy_v4_vl": "Hy4-VL's language model is Hy4's (DeepSeek sparse attention, "
+                "hyper-connections), which is not supported",
     # transformers 5.24's causal-LM and image-text types that are no decoder-only LM export
     # can run, or one it lacks a piece of, where config.json alone does not say so
     # (not_causal: the encoder-decoders, BERT-like encoders and audio models it does say)
@@ -198,7 +217,6 @@ def family_spec(family: str, text_type: str | None = None) -> FamilySpec:
 @cache
 def _wrapped(family: str, text_type: str) -> FamilySpec:
     return wrapped_spec(image_text.WRAPPERS[family], _TEXT[text_type])
-
 
 def refusal(family: str, raw: dict[str, Any]) -> str:
     """The one line that refuses `family`, a model_type FAMILIES lacks: why by its name

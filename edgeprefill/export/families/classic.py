@@ -123,12 +123,12 @@ def _falcon_config(raw: dict[str, Any]) -> dict[str, Any]:
         1 if raw["multi_query"] else heads
     if raw["new_decoder_architecture"] and raw["num_ln_in_parallel_attn"] is None:
         raw["num_ln_in_parallel_attn"] = 2  # FalconDecoderLayer's default there
+    if raw["alibi"]:  # Falcon-RW: ALiBi in place of rotary on every layer
+        raw["no_rope_layers"] = [0] * int(raw["num_hidden_layers"])
     return raw
 
 
 def _falcon_unsupported(raw: dict[str, Any]) -> str | None:
-    if raw["alibi"]:
-        return "alibi=true (ALiBi position biases, Falcon-RW) is not supported"
     if raw["new_decoder_architecture"] and not raw["parallel_attn"]:
         return ("new_decoder_architecture with parallel_attn=false (its model fails) is not "
                 "supported")
@@ -253,11 +253,13 @@ FAMILIES: dict[str, FamilySpec] = {
     ),
     # Falcon-7B/40B/180B: rotary, a fused q/k/v in one of three layouts, attention and MLP
     # side by side (on one norm, or ln_attn and ln_mlp in the new decoder architecture).
+    # Falcon-RW (alibi: true): ALiBi in place of rotary, its bias rounded to bfloat16.
     "falcon": FamilySpec(
         names=FALCON_NAMES, norm="layer", gated_mlp=False, bias_key="bias", o_bias=None,
         mlp_bias=None, tie_default=True, act_default="gelu", act_key="activation",
         eps_key="layer_norm_epsilon", legacy=_falcon_config, refuse=_falcon_unsupported,
-        block_from_config=_falcon_block, qkv_layout_from_config=_falcon_qkv_layout,
+        alibi_key="alibi", block_from_config=_falcon_block,
+        qkv_layout_from_config=_falcon_qkv_layout,
         block_names={"parallel": replace(FALCON_NAMES, input_norm="ln_attn",
                                           post_attn_norm="ln_mlp")},
         ignores=("intermediate_size", "num_key_value_heads", "head_dim"),

@@ -9,6 +9,11 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
+from edgeprefill.export.context_cap import (
+    attention_chunk_cap,
+    longrope_window,
+    longrope_window_cap,
+)
 from edgeprefill.export.experts import (
     MoeNames,
     MoeSpec,
@@ -267,6 +272,98 @@ GLM4_MOE = FamilySpec(
               "num_experts_per_tok": 8, "moe_intermediate_size": 1408,
               "first_k_dense_replace": 1, "num_nextn_predict_layers": 1},
 )
+
+
+def _sarvam_moe_config(raw: dict[str, Any]) -> dict[str, Any]:
+    """SarvamMoEConfig: GLM-4.5's config read from the remote code's keys too (its
+    attribute_map: num_experts, num_shared_experts, use_qkv_bias)."""
+    for old, new in (("num_experts", "n_routed_experts"),
+                     ("num_shared_experts", "n_shared_experts"),
+                     ("use_qkv_bias", "attention_bias")):
+        if old in raw:
+            raw = {**raw, new: raw[old]}
+    return shared_experts("n_shared_experts")(raw)
+
+
+# Sarvam-MoE (sarvam-30b): GLM-4.5's model (transformers builds Glm4MoeForCausalLM) rotating
+# whole heads, its checkpoint in the remote code's names, which transformers renames on
+# load as these do: the fused q|k|v split by rows, `.attention.dense` the o projection.
+SARVAM_MOE = replace(
+    GLM4_MOE, legacy=_sarvam_moe_config,
+    names=replace(LLAMA_NAMES, qkv="self_attn.query_key_value"),
+    renames=(("model.word_embeddings.", "model.embed_tokens."),),
+    segment_renames=((".attention.", ".self_attn."), (".self_attn.dense.", ".self_attn.o_proj."),
+                     (".self_attn.query_layernorm.", ".self_attn.q_norm."),
+                     (".self_attn.key_layernorm.", ".self_attn.k_norm."),
+                     (".mlp.gate.expert_bias", ".mlp.gate.e_score_correction_bias")),
+    defaults={**GLM4_MOE.defaults, "partial_rotary_factor": 1.0, "rope_theta": 8_000_000.0,
+              "vocab_size": 262144, "hidden_size": 4096, "intermediate_size": 8192,
+              "num_hidden_layers": 19, "num_attention_heads": 64, "num_key_value_heads": 4,
+              "head_dim": 64, "rms_norm_eps": 1e-6, "moe_intermediate_size": 1024,
+              "num_experts_per_tok": 6, "routed_scaling_factor": 2.5, "use_qk_norm": True,
+              "num_nextn_predict_layers": 0},
+    quirks=("the remote code's tensor names (fused q|k|v)",),
+)
+# MiMo-V2-Flash's rope per layer type, as MiMoV2FlashConfig fills it in
+MIMO_ROPES = {"full_attention": {"rope_type": "default", "rope_theta": 5_000_000.0,
+                                 "partial_rotary_factor": 0.334},
+              "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0,
+                                    "partial_rotary_factor": 0.334}}
+
+
+def _mimo_v2_flash_config(raw: dict[str, Any]) -> dict[str, Any]:
+    """MiMoV2FlashConfig: full attention on layer 0 and every 6th, sliding elsewhere;
+    experts on all but the first (mlp_layer_types); a rope per layer type rotating its
+    partial_rotary_factor (0.334 where absent) of each head, export's one factor where
+    both agree; a null routed_scaling_factor is 1; the remote code's sliding_window_size
+    excludes the query."""
+    count = int(raw["num_hidden_layers"])
+    types = raw.get("layer_types") or [
+        "full_attention" if i == 0 or not (i + 1) % 6 else "sliding_attention"
+        for i in range(count)]
+    ropes = raw.get("rope_parameters") or MIMO_ROPES
+    factors = {kind: params.get("partial_rotary_factor", 0.334)
+               for kind, params in ropes.items() if isinstance(params, dict)}
+    raw = {**raw, "layer_types": types, "rope_parameters": ropes,
+           "mlp_layer_types": raw.get("mlp_layer_types") or ["dense"] + ["sparse"] * (count - 1),
+           "routed_scaling_factor": raw.get("routed_scaling_factor") or 1.0,
+           "partial_rotary_factor": factors.get("full_attention", 0.334)}
+    if raw.get("sliding_window_size") is not None:
+        raw["sliding_window"] = int(raw["sliding_window_size"]) + 1
+    return raw
+
+
+def _mimo_unsupported(raw: dict[str, Any]) -> str | None:
+    factors = {kind: params.get("partial_rotary_factor", 0.334)
+               for kind, params in raw["rope_parameters"].items() if isinstance(params, dict)}
+    if len(set(factors.values())) > 1:
+        return (f"a partial_rotary_factor per layer type ({factors}) is not supported; "
+                "export rotates one share of each head")
+    return None
+
+
+# MiMo-V2-Flash: Qwen2's attention (q/k/v biases by attention_bias, no o bias) with value
+# heads of their own size (v_head_dim, padded to head_dim in the cache) times
+# attention_value_scale; sliding layers with twice the KV heads and attention sinks, full
+# ones without; partial rotary with a base per layer type; DeepSeek-V3's experts without
+# a shared expert on the `sparse` layers of mlp_layer_types. Its multi-token-prediction
+# layers (model.mtp.) are not the causal LM's: left out, as transformers does.
+MIMO_V2_FLASH = FamilySpec(
+    **ATTENTION_BIAS, names=replace(LLAMA_NAMES, sinks="self_attn.attention_sink_bias"),
+    partial_rotary=True, window="always", sinks=True,
+    sliding_sinks_only=True, sliding_kv_factor=2, v_head_dim_key="v_head_dim",
+    value_scale_key="attention_value_scale", legacy=_mimo_v2_flash_config,
+    refuse=_mimo_unsupported, left_out=("model.mtp.",),
+    moe=replace(DEEPSEEK_MOE, layers=sparse_mlp_layers),
+    defaults={**DEEPSEEK_MOE_DEFAULTS, "vocab_size": 152576, "hidden_size": 4096,
+              "intermediate_size": 16384, "num_hidden_layers": 48,
+              "num_attention_heads": 64, "num_key_value_heads": 4, "head_dim": 192,
+              "v_head_dim": 128, "max_position_embeddings": 131072, "rms_norm_eps": 1e-5,
+              "moe_intermediate_size": 2048, "num_experts_per_tok": 8,
+              "n_routed_experts": 256, "sliding_window": 129,
+              "attention_value_scale": 0.707},
+    quirks=("attention sinks on the sliding layers", "a rope per layer type"),
+)
 # dots.llm1: Qwen3's attention (per-head q/k RMSNorm; a window on the layers from
 # max_window_layers where the config has one), DeepSeek-V3's experts.
 DOTS1 = FamilySpec(
@@ -400,7 +497,8 @@ LLAMA4_TEXT = FamilySpec(
     names=replace(LLAMA_NAMES, gate="feed_forward.gate_proj", up="feed_forward.up_proj",
                   down="feed_forward.down_proj"),
     **ATTENTION_BIAS, rope_interleaved=True, qk_norm="l2", qk_norm_key="use_qk_norm",
-    temperature_tuning=True, chunked_attention=True, legacy=_llama4_text_config,
+    temperature_tuning=True, chunked_attention=True, context_cap=attention_chunk_cap,
+    legacy=_llama4_text_config,
     moe=MoeSpec(names=MoeNames(router=("feed_forward.router.weight",),
                                expert="feed_forward.experts.{j}.",
                                fused_gate_up=("feed_forward.experts.gate_up_proj",),
@@ -427,16 +525,15 @@ def _phimoe_config(raw: dict[str, Any]) -> dict[str, Any]:
     longrope turns by the short factors, cos and sin times short_mscale while a forward
     call's positions stay within original_max_position_embeddings and times long_mscale
     past it (the keys cached by earlier calls keeping theirs), which a bundle cannot
-    follow: read as the short factors times short_mscale, the context capped there."""
+    follow: read as the short factors times short_mscale, the context capped at the
+    window (longrope_window_cap)."""
     raw = {**raw, "num_experts_per_tok": 2}
     key = "rope_scaling" if raw.get("rope_scaling") else "rope_parameters"
     params = raw.get(key) or {}
     if params.get("rope_type", params.get("type")) != "longrope":
         return raw
-    original = int(raw.get("original_max_position_embeddings")
-                   or params["original_max_position_embeddings"])
-    return {**raw, key: {**params, "attention_factor": float(params["short_mscale"])},
-            "max_position_embeddings": min(int(raw["max_position_embeddings"]), original)}
+    longrope_window(raw, params)  # a KeyError names the missing key
+    return {**raw, key: {**params, "attention_factor": float(params["short_mscale"])}}
 
 
 # PhiMoE (Phi-3.5-MoE): Mixtral's layout with LayerNorms (with biases), q/k/v/o biases by
@@ -444,7 +541,7 @@ def _phimoe_config(raw: dict[str, Any]) -> dict[str, Any]:
 # the Hub's block_sparse_moe (w1, w3, w2), or transformers 5's fused mlp.experts.
 PHIMOE = FamilySpec(
     norm="layer", **ATTENTION_BIAS, lm_head_bias_key="lm_head_bias", window="always",
-    legacy=_phimoe_config,
+    legacy=_phimoe_config, context_cap=longrope_window_cap,
     moe=MoeSpec(names=MoeNames(router=("block_sparse_moe.gate.weight", "mlp.router.weight"),
                                expert="block_sparse_moe.experts.{j}.", gate="w1", up="w3",
                                down="w2"),
@@ -457,8 +554,7 @@ PHIMOE = FamilySpec(
               "rope_theta": 1_000_000.0, "num_local_experts": 16,
               "router_jitter_noise": 0.01},
     quirks=("LayerNorm with biases", "sparsemixer routing (top 2)",
-            "longrope read as its short factors and short_mscale: the context is capped at "
-            "original_max_position_embeddings"),
+            "longrope read as its short factors and short_mscale"),
 )
 
 def _hunyuan_moe_config(raw: dict[str, Any]) -> dict[str, Any]:
@@ -572,6 +668,47 @@ MINIMAX_M2 = FamilySpec(
     quirks=("q/k RMSNorm over the whole projection", "sigmoid routing"),
 )
 
+def _beam_config(raw: dict[str, Any]) -> dict[str, Any]:
+    """BeamConfig's layers where config.json leaves them out: every sixth and the last
+    full attention (the others slide), three dense MLPs and then experts, rotary on the
+    sliding layers only (a null rope entry: NoPE)."""
+    raw = dict(raw)
+    count = int(raw["num_hidden_layers"])
+    if raw.get("layer_types") is None:
+        kinds = ["sliding_attention" if (i + 1) % 6 else "full_attention" for i in range(count)]
+        raw["layer_types"] = [*kinds[:-1], "full_attention"]
+    if raw.get("mlp_layer_types") is None:
+        dense = min(3, count)
+        raw["mlp_layer_types"] = ["dense"] * dense + ["sparse"] * (count - dense)
+    if raw.get("rope_parameters") is None:
+        raw["rope_parameters"] = {"sliding_attention": {"rope_type": "default",
+                                                        "rope_theta": 10000.0},
+                                  "full_attention": None}
+    return raw
+
+
+# Beam: Qwen3-MoE's attention (per-head q/k RMSNorm, biases by attention_bias) with a
+# sigmoid output gate per channel plus a bias per head; rotary and a window on the sliding
+# layers, the full ones NoPE with each query times its position's scalable-softmax factor;
+# Gemma 2's sandwich norms with depth-scaled residual adds; DeepSeek-V3's grouped sigmoid
+# routing without a shared expert on the layers mlp_layer_types marks "sparse"; the final
+# logits soft-capped.
+BEAM = FamilySpec(
+    **ATTENTION_BIAS, block="sandwich", qk_norm="head", window="always", nope_types=True,
+    channel_gate=True, scalable_softmax=True, depth_scaled_residual=True, softcaps=("final",),
+    legacy=_beam_config,
+    moe=replace(DEEPSEEK_MOE, experts_keys=("num_experts",), layers=sparse_mlp_layers,
+                names=replace(DEEPSEEK_MOE.names, shared=None)),
+    defaults={"hidden_size": 5120, "intermediate_size": 20480, "num_hidden_layers": 52,
+              "num_attention_heads": 48, "num_key_value_heads": 8, "head_dim": 128,
+              "max_position_embeddings": 8192, "sliding_window": 512, "rms_norm_eps": 1e-6,
+              "vocab_size": 151936, "moe_intermediate_size": 2560, "num_experts": 256,
+              "num_experts_per_tok": 8, "norm_topk_prob": True, "n_group": 8,
+              "topk_group": 4, "routed_scaling_factor": 2.5, "final_logit_softcapping": 30.0},
+    quirks=("per-head q/k RMSNorm", "a sigmoid output gate per channel",
+            "depth-scaled residual adds", "scalable-softmax queries on the NoPE layers"),
+)
+
 FAMILIES: dict[str, FamilySpec] = {
     "qwen3_moe": QWEN3_MOE,
     "qwen2_moe": QWEN2_MOE,
@@ -593,6 +730,8 @@ FAMILIES: dict[str, FamilySpec] = {
     ),
     "gpt_oss": GPT_OSS,
     "glm4_moe": GLM4_MOE,
+    "sarvam_moe": SARVAM_MOE,
+    "mimo_v2_flash": MIMO_V2_FLASH,
     "dots1": DOTS1,
     "exaone_moe": EXAONE_MOE,
     "solar_open": SOLAR_OPEN,
@@ -603,5 +742,6 @@ FAMILIES: dict[str, FamilySpec] = {
     "dbrx": DBRX,
     "flex_olmo": FLEX_OLMO,
     "minimax_m2": MINIMAX_M2,
+    "beam": BEAM,
 }
 

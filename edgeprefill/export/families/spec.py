@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from edgeprefill.export.config_checks import check_objects, check_sizes
+from edgeprefill.export.context_cap import ContextCap
 from edgeprefill.export.experts import (
     MoeSpec,
 )
@@ -52,6 +53,7 @@ class TensorNames:
     # LFM3's output gate per head (hidden -> heads), which the Hub's checkpoints call
     # gate_proj and transformers renames g_proj when it loads them
     head_gate: tuple[str, ...] = ("self_attn.g_proj", "self_attn.gate_proj")
+    head_gate_bias: str = "self_attn.gate_bias"  # Beam's, one per head (channel_gate)
     act: str = "mlp.act_fn."  # an activation with weights of its own (Apertus's xIELU)
     mamba: str = "mamba."  # a Mamba-2 layer's mixer module (in_proj, conv1d, norm, ...)
     lru: str = "temporal_block."  # RecurrentGemma's recurrent block (linear_x, rg_lru, ...)
@@ -214,10 +216,21 @@ class FamilySpec:
     # Whether the model multiplies its NoPE layers' queries by a factor of the position
     # where attn_temperature_tuning is on (Llama 4; export/query_scale.py).
     temperature_tuning: bool = False
+    # Whether the model multiplies its NoPE layers' queries by Beam's scalable-softmax
+    # factor of the position (export/query_scale.py).
+    scalable_softmax: bool = False
+    # Beam's depth-scaled residual adds (a `sandwich` block): the n-th add of the stack is
+    # x * sqrt((n - 1) / n) + sublayer / sqrt(n), n = 2 (layer + 1) for the attention's
+    # and one more for the MLP's.
+    depth_scaled_residual: bool = False
     # Whether `layer_types` may name "chunked_attention" layers (Llama 4's rope layers: a
     # token attends within its attention_chunk_size block only). Within the first block
-    # that is causal attention: export caps the bundle's context there.
+    # that is causal attention: export caps the bundle's context there (context_cap).
     chunked_attention: bool = False
+    # The longest context a bundle computes as the model does, where shorter than its
+    # positions, with the reason (export/context_cap.py: Llama 4's chunk, PhiMoE's longrope
+    # window): config.json as read -> the cap, or None.
+    context_cap: Callable[[dict[str, Any]], ContextCap | None] | None = None
     # Whether `layer_types` may name "conv" layers: LFM2's gated short convolutions, which
     # hold no KV but a recurrent state (export/short_conv.py).
     conv: bool = False
@@ -263,6 +276,10 @@ class FamilySpec:
     # The config key that switches on a sigmoid output gate per head, from its own
     # projection of the layer's input (LFM3's use_attention_gate; names.head_gate).
     head_gate_key: str | None = None
+    # Beam's output gate, always on: sigmoid per channel, its own projection of the layer's
+    # normed input (names.head_gate, [H*D, hidden]) plus a bias per head
+    # (names.head_gate_bias), the attention's output times it before o_proj.
+    channel_gate: bool = False
     # Multimodal checkpoints (Gemma 3): the key whose config is the language model's, and
     # the keys the outer config decides instead, with the outer class's default (None: no
     # default, the inner config's value stands).
@@ -272,6 +289,10 @@ class FamilySpec:
     # and the prefixes of the tensors export leaves out (vision tower, projector).
     renames: tuple[tuple[str, str], ...] = ()
     left_out: tuple[str, ...] = ()
+    # Renames inside a name, as transformers' own for the family (Sarvam-MoE's remote-code
+    # names: `.attention.query_key_value.` read as `.self_attn.query_key_value.`): (stored,
+    # read as) pairs, each in turn replacing every occurrence, after the prefix renames.
+    segment_renames: tuple[tuple[str, str], ...] = ()
     # Where `nested` and `outer` cannot say how the config class finds its language
     # model's keys: config.json -> those keys (Qwen2-VL: flat Hub configs, either tying).
     unnest: Callable[[dict[str, Any]], dict[str, Any]] | None = None
@@ -310,6 +331,16 @@ class FamilySpec:
     # Attention sinks (gpt-oss): a learned logit per query head (names.sinks) joins each
     # query's softmax denominator, and its share of the weight attends to nothing.
     sinks: bool = False
+    # Whether only the sliding layers have sinks (MiMo-V2-Flash's full layers have none).
+    sliding_sinks_only: bool = False
+    # MiMo-V2-Flash's sliding layers hold this many times num_key_value_heads (2); the
+    # full layers num_key_value_heads.
+    sliding_kv_factor: int = 1
+    # The key of a value head size of its own (MiMo-V2-Flash's v_head_dim, below head_dim:
+    # padded to it in the graph, export/value_heads.py), and of a factor each value is
+    # multiplied by (its attention_value_scale); None: head_dim, and no factor.
+    v_head_dim_key: str | None = None
+    value_scale_key: str | None = None
     # Multi-head latent attention (DeepSeek-V2's MLA, export/latent_attention.py): the
     # cache holds each token's latent and rotated key part, one KV head of
     # qk_rope_head_dim + kv_lora_rank.
@@ -338,6 +369,9 @@ class FamilySpec:
     # position - query position) to its scaled scores, the slopes computed at export
     # (ModelConfig.alibi, which is all the builder and the flavours read).
     alibi: bool = False
+    # The config key that switches ALiBi on (Falcon's `alibi`: Falcon-RW), its bias built as
+    # transformers' Falcon builds it: slope * key position in bfloat16 (export/alibi.py).
+    alibi_key: str | None = None
 
     def read(self, raw: dict[str, Any]) -> dict[str, Any]:
         """config.json as the family's transformers config class reads it."""

@@ -38,6 +38,14 @@ class Wrapper:
     towers: tuple[str, ...] = ("vision_tower.", "multi_modal_projector.")
     # The language models it may hold (empty: any text family export can wrap)
     text_types: tuple[str, ...] = ()
+    # (prefix, replacement) renames of its own, tried before the layouts' above
+    renames: tuple[tuple[str, str], ...] = ()
+    # Whether its head scales the logits as the text family's CausalLM does (HyperCLOVA X
+    # Vision V2: times logits_scaling); else its lm_head alone
+    head: bool = False
+    # text_config model_types its config class reads as another family's (Kimi K2.5 reads
+    # the Hub's "kimi_k2" as deepseek_v3): (stored, read as) pairs
+    aliases: tuple[tuple[str, str], ...] = ()
     # The keys a config.json without text_config holds at its top level, which the config
     # class moves into the text_config it makes (Fuyu-8B's Hub config); empty: text_config
     # is required
@@ -57,17 +65,21 @@ def wrappable(spec: FamilySpec) -> bool:
 def wrapped_spec(wrapper: Wrapper, text: FamilySpec) -> FamilySpec:
     """The FamilySpec of `text`'s language model as `wrapper` holds it."""
     lm = wrapper.lm
-    return replace(
+    spec = replace(
         text, nested="text_config", unnest=partial(_text_config, wrapper, text.tie_default),
-        renames=((f"model.{lm}.", "model."), (f"{lm}.model.", "model."),
+        renames=(*wrapper.renames, (f"model.{lm}.", "model."), (f"{lm}.model.", "model."),
                  (f"{lm}.lm_head.", "lm_head.")),
         left_out=tuple(prefix for tower in wrapper.towers
                        for prefix in (f"model.{tower}", tower)),
-        # the wrapper's head is its own lm_head alone
-        softcaps=tuple(cap for cap in text.softcaps if cap != "final"),
+        text_types=wrapper.text_types, quirks=(*text.quirks, IMAGE_TEXT_QUIRK),
+    )
+    if wrapper.head:
+        return spec
+    # the wrapper's head is its own lm_head alone
+    return replace(
+        spec, softcaps=tuple(cap for cap in text.softcaps if cap != "final"),
         ignores=(*text.ignores, *_HEAD_KEYS),
         defaults={k: v for k, v in text.defaults.items() if k not in _HEAD_KEYS},
-        quirks=(*text.quirks, IMAGE_TEXT_QUIRK),
     )
 
 
@@ -91,6 +103,7 @@ def text_type_of(wrapper: Wrapper, raw: dict[str, Any], families: dict[str, Fami
     inner = _inner(wrapper, raw)
     text_type = inner.get("model_type", wrapper.default_text) if isinstance(inner, dict) \
         else wrapper.default_text  # _text_config says what is wrong with it
+    text_type = dict(wrapper.aliases).get(text_type, text_type)
     taken = wrapper.text_types or tuple(sorted(
         name for name, spec in families.items() if wrappable(spec)))
     if text_type not in taken:
