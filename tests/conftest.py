@@ -171,6 +171,15 @@ FAMILIES: dict[str, dict] = {
     "qwen3_vl": {"head_dim": 32, "tie_word_embeddings": True, "rope_parameters": {
         "rope_type": "default", "mrope_section": [8, 4, 4], "mrope_interleaved": True,
         "rope_theta": 10000.0}},
+    # Phi-4-multimodal: Phi-3 beside image and audio embedders as small as their configs allow
+    "phi4_multimodal": {
+        "vision_config": {"hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 1,
+                          "num_attention_heads": 2, "image_size": 28, "patch_size": 14,
+                          "crop_size": 28, "image_token_id": 120},
+        "audio_config": {"hidden_size": 16, "intermediate_size": 32, "num_blocks": 1,
+                         "num_attention_heads": 2, "ext_pw_out_channel": 16,
+                         "depthwise_separable_out_channel": 16, "nemo_conv_channels": 16,
+                         "audio_token_id": 121, "left_chunk": 2}},
     "smollm3": {"no_rope_layer_interval": 2},  # the second layer has no rope
     "granite": {"embedding_multiplier": 2.0, "attention_multiplier": 0.1,
                 "residual_multiplier": 0.5, "logits_scaling": 2.0},
@@ -927,6 +936,10 @@ IMAGE_TEXT = {
                                 "image_size": 32, "patch_size": 16, "mlp_dim": 32,
                                 "global_attn_indexes": [0], "window_size": 2}}
        for name in ("got_ocr2", "pp_chart2table")},
+    "fuyu": {"patch_size": 4},  # its tower one linear patch embedding
+    "moss_transcribe_diarize": {"audio_config": {
+        "hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 1,
+        "num_attention_heads": 2, "max_source_positions": 16}},
     # their towers are timm models (not installed): the configs alone, no model
     **{name: {} for name in ("fast_vlm", "perception_lm")},
     "shieldgemma2": {"vision_config": TINY_VISION, "mm_tokens_per_image": 4},

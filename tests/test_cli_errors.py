@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from edgeprefill.export.families import FAMILIES
+from edgeprefill.export.families import FAMILIES, REFUSED_TYPES
 
 EDGEPREFILL = [sys.executable, "-m", "edgeprefill"]
 
@@ -36,13 +36,22 @@ def hf_copy(hf_model, tmp_path) -> Path:
     return dest
 
 
-def test_unsupported_model_type_lists_the_supported_ones(hf_copy, tmp_path):
+def test_unsupported_model_type_names_the_nearest_and_where_the_list_is(hf_copy, tmp_path):
     config = json.loads((hf_copy / "config.json").read_text())
-    config["model_type"] = "bert"
+    config["model_type"] = "mistrall"
     (hf_copy / "config.json").write_text(json.dumps(config))
     assert_one_line_error(cli("export", hf_copy, "-o", tmp_path / "b"),
-                          "'bert' is not supported",
-                          "supported: " + ", ".join(sorted(FAMILIES)))
+                          "'mistrall' is not supported (nearest supported: mistral, ",
+                          "`edgeprefill export --list-models`", "README.md's model table")
+
+
+def test_list_models_prints_the_supported_types_then_the_refused_ones():
+    result = cli("export", "--list-models")  # no HF_DIR nor -o asked for
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[:len(FAMILIES)] == sorted(FAMILIES)
+    assert lines[len(FAMILIES):] == [f"{name}: refused: {why}"
+                                     for name, why in sorted(REFUSED_TYPES.items())]
 
 
 @pytest.mark.parametrize("family, change, fragment", [

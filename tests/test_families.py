@@ -138,8 +138,8 @@ def test_longrope_beyond_the_original_window_uses_the_long_factors(tmp_path):
 
 
 @pytest.mark.parametrize(("change", "message"), [
-    ({"model_type": "reformer"},
-     f"'reformer' is not supported; supported: {', '.join(sorted(FAMILIES)[:3])}, "),
+    ({"model_type": "nonesuch"},
+     "'nonesuch' is not supported; `edgeprefill export --list-models` lists the supported"),
     ({"rope_parameters": {"rope_type": "mrope", "rope_theta": 1e4}}, "rope type 'mrope'"),
     ({"num_key_value_heads": 3}, "is not a multiple of num_key_value_heads (3)"),
     ({"layer_types": ["full_attention"]}, "layer_types lists 1 layers; there are 2"),
@@ -228,11 +228,11 @@ def test_unknown_family_is_one_line_from_the_cli(tmp_path):
 
     hf_dir = tmp_path / "hf"
     hf_dir.mkdir()
-    (hf_dir / "config.json").write_text(json.dumps(dict(BASE, model_type="reformer")))
+    (hf_dir / "config.json").write_text(json.dumps(dict(BASE, model_type="nonesuch")))
     result = cli("export", hf_dir, "-o", tmp_path / "out")
     assert result.returncode != 0
     lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and "model_type 'reformer' is not supported" in lines[0], lines
+    assert len(lines) == 1 and "model_type 'nonesuch' is not supported" in lines[0], lines
 
 
 def test_a_checkpoint_that_disagrees_with_its_config_is_refused_in_one_line(tmp_path):

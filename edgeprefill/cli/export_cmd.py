@@ -12,7 +12,26 @@ from edgeprefill.cli.options import parse_int_list
 from edgeprefill.errors import ExportError
 
 
+def _list_models(ctx: click.Context, param: click.Parameter, value: bool) -> None:
+    """--list-models: the supported model_types one per line, then the refused ones with
+    why; before HF_DIR and -o are asked for (an eager flag, as --help)."""
+    if not value or ctx.resilient_parsing:
+        return
+    from edgeprefill.export.families import FAMILIES, REFUSED_TYPES
+
+    for name in sorted(FAMILIES):
+        click.echo(name)
+    for name, why in sorted(REFUSED_TYPES.items()):
+        click.echo(f"{name}: refused: {why}")
+    ctx.exit()
+
+
 @click.command()
+@click.option("--list-models", is_flag=True, is_eager=True, expose_value=False,
+              callback=_list_models,
+              help="Print the supported model_types one per line, then the refused ones "
+                   "with why, and exit. Encoder-decoder, encoder and audio checkpoints of "
+                   "any model_type are refused for what their config.json says they are.")
 @click.argument("hf_dir", type=click.Path(file_okay=False, path_type=str))
 @click.option("-o", "--output", "out_dir", required=True, type=click.Path(path_type=str),
               help="Bundle folder to write.")

@@ -36,6 +36,7 @@ from edgeprefill.export.families import (
     FamilySpec,
     TensorNames,
     family_spec,
+    refusal,
     wrapped_text_type,
 )
 from edgeprefill.export.fp8 import Fp8Scheme, read_fp8_scheme
@@ -512,12 +513,8 @@ class ModelConfig:
     @classmethod
     def from_hf(cls, raw: dict[str, Any]) -> ModelConfig:
         family = config_value(raw, "model_type", str)
-        if family in REFUSED_TYPES:
-            raise ExportError(f"model_type {family!r}: {REFUSED_TYPES[family]}")
-        if family not in FAMILIES:
-            raise ExportError(
-                f"model_type {family!r} is not supported; supported: {', '.join(sorted(FAMILIES))}"
-            )
+        if family in REFUSED_TYPES or family not in FAMILIES:
+            raise ExportError(refusal(family, raw))
         check_objects(raw)  # before the family's hooks read them
         try:
             text_type = wrapped_text_type(family, raw)

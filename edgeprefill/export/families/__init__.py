@@ -13,6 +13,7 @@ take the spec of the one their text_config names: `family_spec`.
 
 from __future__ import annotations
 
+from difflib import get_close_matches
 from functools import cache
 from typing import Any
 
@@ -24,13 +25,14 @@ from edgeprefill.export.families import (
     image_text,
     latent,
     moe,
+    not_causal,
     recurrent,
 )
 from edgeprefill.export.families.spec import BLOCKS, NORMS, FamilySpec, TensorNames
 from edgeprefill.export.families.wrapped import text_type_of, wrapped_spec
 
 __all__ = ["BLOCKS", "FAMILIES", "NORMS", "REFUSED_TYPES", "FamilySpec", "TensorNames",
-           "family_spec", "wrapped_text_type"]
+           "family_spec", "refusal", "wrapped_text_type"]
 
 # model_types close to a supported family that export refuses -> why, in words.
 REFUSED_TYPES: dict[str, str] = {
@@ -116,6 +118,60 @@ REFUSED_TYPES: dict[str, str] = {
                  "layers with forget gates, hyper-connections) is not supported",
     "hy_v4_vl": "Hy4-VL's language model is Hy4's (DeepSeek sparse attention, "
                 "hyper-connections), which is not supported",
+    # transformers 5.24's causal-LM and image-text types that are no decoder-only LM export
+    # can run, or one it lacks a piece of, where config.json alone does not say so
+    # (not_causal: the encoder-decoders, BERT-like encoders and audio models it does say)
+    "bert-generation": "BertGeneration's BERT encoder layers (post-LayerNorm, learned "
+                       "positions) used as a decoder are not supported",
+    "blip": "BLIP's text decoder cross-attends to its image encoder on every layer: it is "
+            "no language model of text alone",
+    "blip-2": "BLIP-2's language model reads Q-Former queries over an image before every "
+              "prompt (its forward requires pixel_values); it is not supported",
+    "instructblip": "InstructBLIP's language model reads Q-Former queries over an image "
+                    "before every prompt (its forward requires pixel_values); it is not "
+                    "supported",
+    "instructblipvideo": "InstructBLIP-Video's language model reads Q-Former queries over "
+                         "video frames before every prompt; it is not supported",
+    "chameleon": "Chameleon's per-head q/k LayerNorms, Swin-norm layers (swin_norm) and "
+                 "image-token logits masked out are not supported",
+    "cosmos3_omni": "Cosmos3's checkpoints store its Qwen3-VL language model under other "
+                    "names inside each layer (self_attn.to_q, to_out, norm_q, ...; "
+                    "transformers renames them at load) beside a generator's weights; not "
+                    "supported",
+    "cpmant": "CPM-Ant's segment and prompt embeddings and bucketed relative-position "
+              "attention bias are not supported",
+    "diffusion_gemma": "DiffusionGemma is a block-diffusion model (it denoises blocks of "
+                       "tokens at once), not a left-to-right causal LM",
+    "dory": "Dory's looped normalized-transformer layers (nGPT: hidden states kept on the "
+            "unit sphere, recurrent loops over depth) are not supported",
+    "evolla": "Evolla's protein-text layers (cross-attention to a protein encoder) are not "
+              "supported",
+    "git": "GIT's BERT-style decoder (post-LayerNorm layers, learned positions, image "
+           "tokens before the text) is not supported",
+    "idefics": "IDEFICS's gated cross-attention layers to a perceiver over images are not "
+               "supported",
+    "inkling_mm_model": "Inkling's language model (inkling_text) has relative-position "
+                        "attention logits, which are not supported",
+    "inkling2": "Inkling 2's language model (inkling2_text) has relative-position attention "
+                "logits and dynamic short convolutions, which are not supported",
+    "inkling2_loop": "Inkling 2 Loop's language model (inkling2_loop_text) has looped layers "
+                     "over depth, which are not supported",
+    "kosmos-2": "Kosmos-2's text decoder (sinusoidal positions, LayerNorms inside attention "
+                "and the MLP) is not supported",
+    "kosmos-2.5": "Kosmos-2.5's text decoder (sinusoidal positions, LayerNorms inside "
+                  "attention and the MLP) is not supported",
+    "pi0": "PI0 is a vision-language-action model (a flow-matching action expert beside a "
+           "PaliGemma), not a language model",
+    "qwen4_exp": "Qwen4-Exp's language model (qwen4_exp_text) has a sparse attention "
+                 "indexer, n-gram embeddings and gated residuals, which are not supported",
+    "reformer": "Reformer's LSH and chunked local attention, axial positions and reversible "
+                "layers are not supported",
+    "trocr": "TrOCR is the decoder half of a vision encoder-decoder (its layers cross-attend "
+             "to an image encoder): it is no language model of text alone",
+    "xlm": "XLM's language embeddings and post-LayerNorm layers (a cross-lingual masked or "
+           "causal LM) are not supported",
+    "xlnet": "XLNet's permutation language modelling (two-stream relative attention with "
+             "memory) is not supported",
 }
 
 
@@ -161,3 +217,17 @@ def family_spec(family: str, text_type: str | None = None) -> FamilySpec:
 @cache
 def _wrapped(family: str, text_type: str) -> FamilySpec:
     return wrapped_spec(image_text.WRAPPERS[family], _TEXT[text_type])
+
+def refusal(family: str, raw: dict[str, Any]) -> str:
+    """The one line that refuses `family`, a model_type FAMILIES lacks: why by its name
+    (REFUSED_TYPES), else what config.json says it is (an encoder-decoder, an encoder, an
+    audio model), else where the supported names are, with the nearest of them."""
+    if family in REFUSED_TYPES:
+        return f"model_type {family!r}: {REFUSED_TYPES[family]}"
+    what = not_causal.what_it_is(raw)
+    if what is not None:
+        return f"model_type {family!r} is {what}"
+    near = get_close_matches(family, FAMILIES, n=3, cutoff=0.6)
+    hint = f" (nearest supported: {', '.join(near)})" if near else ""
+    return (f"model_type {family!r} is not supported{hint}; `edgeprefill export "
+            "--list-models` lists the supported ones, README.md's model table says more")

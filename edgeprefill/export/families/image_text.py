@@ -436,7 +436,20 @@ ERNIE4_5_VL_MOE = replace(
             *MROPE_QUIRKS),
 )
 
+_PHI3 = DENSE_FAMILIES["phi3"]
+# Phi-4-multimodal: Phi-3's layers beside image and audio embedders (embed_tokens_extend),
+# which leave a text-only prompt's embeddings as they are; its config class's sizes.
+PHI4_MULTIMODAL = replace(
+    _PHI3, left_out=("model.embed_tokens_extend.",),
+    defaults={**_PHI3.defaults, "vocab_size": 200064, "hidden_size": 3072,
+              "intermediate_size": 8192, "num_hidden_layers": 32, "num_attention_heads": 32,
+              "num_key_value_heads": 8, "max_position_embeddings": 131072},
+    quirks=(*_PHI3.quirks, "language model of an image-audio-text checkpoint (the image and "
+            "audio embedders left out)"),
+)
+
 FAMILIES: dict[str, FamilySpec] = {
+    "phi4_multimodal": PHI4_MULTIMODAL,
     "qwen2_vl": QWEN2_VL,
     "qwen2_5_vl": QWEN2_VL,  # the same language model as Qwen2-VL's
     "qwen3_vl": QWEN3_VL,
@@ -562,6 +575,11 @@ FAMILIES: dict[str, FamilySpec] = {
 # The checkpoints whose language model is whichever text family of ours text_config names
 # (families/wrapped.py), as transformers 5.24's config classes default and tie them. Their
 # FAMILIES entry is their default language model's (__init__.py).
+# The keys FuyuConfig moves from a config.json without text_config into the one it makes
+FUYU_TEXT_KEYS = ("vocab_size", "max_position_embeddings", "hidden_size", "intermediate_size",
+                  "num_hidden_layers", "num_attention_heads", "hidden_act", "initializer_range",
+                  "layer_norm_eps", "use_cache", "qk_layernorm", "hidden_dropout",
+                  "attention_dropout", "eos_token_id", "rope_scaling", "rope_theta")
 _LLAVA_NEXT = ("vision_tower.", "multi_modal_projector.", "image_newline")
 _IDEFICS = {"lm": "text_model", "towers": ("vision_model.", "connector.")}
 WRAPPERS: dict[str, Wrapper] = {
@@ -643,4 +661,12 @@ WRAPPERS: dict[str, Wrapper] = {
                         towers=("vision_tower.", "mm_projector.")),
     # Aria: its mixture-of-experts language model (aria_text) beside an Idefics 3 tower
     "aria": Wrapper("aria_text", tie=False),
+    # Fuyu-8B: Persimmon under a linear patch embedding (its images enter as embeddings);
+    # its Hub config.json is flat, its text keys at the top level
+    "fuyu": Wrapper("persimmon", tie=False, towers=("vision_embed_tokens.",),
+                    flat_text=FUYU_TEXT_KEYS),
+    # MOSS Transcribe-Diarize: Qwen3 beside a Whisper-like audio encoder and its projector
+    # (speech enters as embeddings; a text prompt is the Qwen3's alone)
+    "moss_transcribe_diarize": Wrapper("qwen3", tie=True,
+                                       towers=("audio_tower.", "multi_modal_projector.")),
 }

@@ -46,6 +46,10 @@ class Wrapper:
     # text_config model_types its config class reads as another family's (Kimi K2.5 reads
     # the Hub's "kimi_k2" as deepseek_v3): (stored, read as) pairs
     aliases: tuple[tuple[str, str], ...] = ()
+    # The keys a config.json without text_config holds at its top level, which the config
+    # class moves into the text_config it makes (Fuyu-8B's Hub config); empty: text_config
+    # is required
+    flat_text: tuple[str, ...] = ()
 
 
 def wrappable(spec: FamilySpec) -> bool:
@@ -82,7 +86,7 @@ def wrapped_spec(wrapper: Wrapper, text: FamilySpec) -> FamilySpec:
 def _text_config(wrapper: Wrapper, text_tie: bool, raw: dict[str, Any]) -> dict[str, Any]:
     """config.json -> the language model's keys: text_config, tied as the wrapper's config
     class ties it, with the outer config's BOS and EOS ids where it has them."""
-    inner = raw["text_config"]  # a KeyError names the missing key
+    inner = _inner(wrapper, raw)
     if not isinstance(inner, dict):
         got = "null" if inner is None else type(inner).__name__
         raise ValueError(f"text_config must be an object, got {got}")
@@ -96,7 +100,7 @@ def _text_config(wrapper: Wrapper, text_tie: bool, raw: dict[str, Any]) -> dict[
 def text_type_of(wrapper: Wrapper, raw: dict[str, Any], families: dict[str, FamilySpec]
                  ) -> str:
     """The text family of a wrapper's config.json; a ValueError says why it is not one."""
-    inner = raw["text_config"]  # a KeyError names the missing key
+    inner = _inner(wrapper, raw)
     text_type = inner.get("model_type", wrapper.default_text) if isinstance(inner, dict) \
         else wrapper.default_text  # _text_config says what is wrong with it
     text_type = dict(wrapper.aliases).get(text_type, text_type)
@@ -106,3 +110,11 @@ def text_type_of(wrapper: Wrapper, raw: dict[str, Any], families: dict[str, Fami
         raise ValueError(f"text_config model_type {text_type!r} is not a language model "
                          f"export supports in {raw.get('model_type')} checkpoints")
     return str(text_type)
+
+
+def _inner(wrapper: Wrapper, raw: dict[str, Any]) -> Any:
+    """config.json's text_config; where a wrapper takes a flat config and it has none, the
+    top-level keys its config class moves into the one it makes."""
+    if wrapper.flat_text and raw.get("text_config") is None:
+        return {key: raw[key] for key in wrapper.flat_text if key in raw}
+    return raw["text_config"]  # a KeyError names the missing key
