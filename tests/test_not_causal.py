@@ -33,7 +33,8 @@ from tests.test_wrapped_image_text import (
     reference,
 )
 
-SWEPT = sorted(set(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES) | set(MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES))
+SWEPT = sorted(set(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
+               | set(MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES))
 UNKNOWN = "is not supported; `edgeprefill export --list-models`"
 
 # What each of those types' default config says it is, as transformers' configs define them
