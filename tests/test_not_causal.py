@@ -113,6 +113,15 @@ def test_the_class_rules_read_config_json_whatever_the_model_type(tmp_path):
         assert fragment in str(err.value), (keys, str(err.value))
 
 
+
+@pytest.mark.parametrize("model_type", [None, "absent"])
+def test_a_config_without_a_model_type_is_one_line_saying_so(model_type):
+    """The nearest-name search had raised a TypeError on a null or absent model_type (the
+    slow config sweep's model_type=null and =removed edits)."""
+    raw = {"hidden_size": 64} if model_type == "absent" else {"model_type": None}
+    with pytest.raises(ExportError, match=r"^config.json has no model_type .*--list-models"):
+        ModelConfig.from_hf(raw)
+
 def test_export_of_a_bart_folder_is_one_line_saying_what_it_is(tmp_path):
     hf_dir = default_config("bart", tmp_path / "bart")
     assert_one_line_error(cli("export", hf_dir, "-o", tmp_path / "b"),

@@ -218,7 +218,7 @@ def family_spec(family: str, text_type: str | None = None) -> FamilySpec:
 def _wrapped(family: str, text_type: str) -> FamilySpec:
     return wrapped_spec(image_text.WRAPPERS[family], _TEXT[text_type])
 
-def refusal(family: str, raw: dict[str, Any]) -> str:
+def refusal(family: str | None, raw: dict[str, Any]) -> str:
     """The one line that refuses `family`, a model_type FAMILIES lacks: why by its name
     (REFUSED_TYPES), else what config.json says it is (an encoder-decoder, an encoder, an
     audio model), else where the supported names are, with the nearest of them."""
@@ -227,6 +227,9 @@ def refusal(family: str, raw: dict[str, Any]) -> str:
     what = not_causal.what_it_is(raw)
     if what is not None:
         return f"model_type {family!r} is {what}"
+    if not isinstance(family, str):  # null or absent (config_value let it through)
+        return ("config.json has no model_type (a causal LM's names its family); "
+                "`edgeprefill export --list-models` lists the supported ones")
     near = get_close_matches(family, FAMILIES, n=3, cutoff=0.6)
     hint = f" (nearest supported: {', '.join(near)})" if near else ""
     return (f"model_type {family!r} is not supported{hint}; `edgeprefill export "
