@@ -505,3 +505,12 @@ def test_ernie4_5_vl_reads_the_text_experts_and_leaves_the_vision_ones_out():
         assert {f"{base}layers.1.mlp.experts.8.", f"{base}layers.2.mlp.experts.15.",
                 f"{base}layers.2.mlp.gate.weight_1"} <= set(cfg.left_out)
     assert not any(".experts.7." in prefix or "layers.0." in prefix for prefix in cfg.left_out)
+
+
+@pytest.mark.parametrize("outer", ["mistral3", "kimi_k25"])
+def test_a_text_config_model_type_of_another_json_type_is_one_line(outer):
+    """A list there had raised a TypeError in the alias lookup (the slow config sweep's
+    text_config.model_type=list edit)."""
+    raw = {"model_type": outer, "text_config": {"model_type": ["mistral"]}}
+    with pytest.raises(ExportError, match=r"text_config model_type \['mistral'\] is not"):
+        ModelConfig.from_hf(raw)

@@ -103,7 +103,8 @@ def text_type_of(wrapper: Wrapper, raw: dict[str, Any], families: dict[str, Fami
     inner = _inner(wrapper, raw)
     text_type = inner.get("model_type", wrapper.default_text) if isinstance(inner, dict) \
         else wrapper.default_text  # _text_config says what is wrong with it
-    text_type = dict(wrapper.aliases).get(text_type, text_type)
+    if isinstance(text_type, str):  # anything else is refused below, never looked up
+        text_type = dict(wrapper.aliases).get(text_type, text_type)
     taken = wrapper.text_types or tuple(sorted(
         name for name, spec in families.items() if wrappable(spec)))
     if text_type not in taken:
