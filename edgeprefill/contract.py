@@ -256,8 +256,9 @@ def check_loaded_io(manifest: Manifest, inputs: Collection[str], outputs: Collec
                                 ("outputs", outputs, graph.outputs)):
         if set(got) != set(declared):
             odd = sorted(set(got) ^ set(declared))
+            more = f" and {len(odd) - 4} more" if len(odd) > 4 else ""
             raise BundleError(f"{graph.file} does not match its manifest: the {kind} "
-                              f"{', '.join(odd)} differ; re-export the bundle")
+                              f"{', '.join(odd[:4])}{more} differ; re-export the bundle")
 
 
 def check_graph_file(manifest: Manifest, inputs: Mapping[str, list[Any]],
@@ -267,13 +268,9 @@ def check_graph_file(manifest: Manifest, inputs: Mapping[str, list[Any]],
     dtypes, and every fixed size the manifest gives where the file fixes one too. Another
     bundle's graph copied in (more KV heads, another vocabulary) fails here, at load,
     rather than at its first call."""
+    check_loaded_io(manifest, inputs, outputs)  # the names first
     graph = manifest.graph
-    for kind, got, declared in (("inputs", inputs, graph.inputs),
-                                ("outputs", outputs, graph.outputs)):
-        if set(got) != set(declared):
-            odd = sorted(set(got) ^ set(declared))
-            raise BundleError(f"{graph.file} does not match its manifest: the {kind} "
-                              f"{', '.join(odd[:4])} differ; re-export the bundle")
+    for got, declared in ((inputs, graph.inputs), (outputs, graph.outputs)):
         for name, (dtype, shape) in got.items():
             want_dtype, want_shape = declared[name]
             if dtype != want_dtype or not _same_axes(shape, want_shape):
