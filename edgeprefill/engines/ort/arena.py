@@ -9,10 +9,11 @@ backend holds one `KVArena` and never asks where it lives.
 
 - `HostArena`: numpy arrays (the CPU provider).
 - `DeviceArena`: OrtValues in device memory (the CUDA and TensorRT providers). Slot copies
-  (prefix reuse, keeping decode rows adjacent) run on the device through a one-node
-  Identity graph with its input and output bound to the two slots. They copy the whole
-  slot rather than its first `length` positions: a prefix is not contiguous, and the
-  positions past it are masked until the slot's owner overwrites them.
+  (prefix reuse, keeping decode rows adjacent) run on the device through `RowCopier`, an
+  Identity graph with its input and output bound to the two slots (the device states'
+  copies, device_states.py, use it too). They copy the whole slot rather than its first
+  `length` positions: a prefix is not contiguous, and the positions past it are masked
+  until the slot's owner overwrites them.
 """
 
 from __future__ import annotations
@@ -99,18 +100,13 @@ class DeviceArena(KVArena):
         # mask, so never-written positions must hold finite numbers. One host buffer per
         # distinct shape is reused for every upload.
         zeros = {shape: np.zeros(shape, self.dtype) for shape in self.shapes}
-        self.values = [self._zeroed(ort, zeros[shape]) for shape in self.shapes]
+        self.values = [device_zeros(ort, zeros[shape], device, device_id)
+                       for shape in self.shapes]
         largest = max(self.shapes, key=lambda shape: int(np.prod(shape[1:])), default=None)
-        self._spare = None if largest is None else self._zeroed(ort, zeros[largest][:1])
-        self._copiers = {shape[1:]: SlotCopier(ort, shape[1:], self.dtype, providers, device,
-                                               device_id) for shape in zeros}
-
-    def _zeroed(self, ort: ModuleType, zeros: np.ndarray) -> Any:
-        value = ort.OrtValue.ortvalue_from_shape_and_type(
-            zeros.shape, self.dtype, self.device, self.device_id
-        )
-        value.update_inplace(zeros)
-        return value
+        self._spare = None if largest is None else device_zeros(ort, zeros[largest][:1],
+                                                                  device, device_id)
+        self._copiers = {shape[1:]: RowCopier(ort, [(self.dtype, shape[1:])], providers)
+                         for shape in zeros}
 
     def slot_bytes(self, index: int) -> int:
         return int(np.prod(self.shapes[index][1:])) * self.dtype.itemsize
@@ -131,58 +127,78 @@ class DeviceArena(KVArena):
 
     def copy(self, src: int, dst: int, length: int | None = None) -> None:
         for index in range(len(self.values)):
-            self._copier(index).copy(self.slot_address(index, src),
-                                     self.slot_address(index, dst))
+            self._copy(index, self.slot_address(index, src), self.slot_address(index, dst))
 
     def swap(self, a: int, b: int, length: int | None = None) -> None:
         if self._spare is None:  # no buffer to swap
             return
         spare = self._spare.data_ptr()
         for index in range(len(self.values)):
-            copier = self._copier(index)
-            copier.copy(self.slot_address(index, a), spare)
-            copier.copy(self.slot_address(index, b), self.slot_address(index, a))
-            copier.copy(spare, self.slot_address(index, b))
+            self._copy(index, self.slot_address(index, a), spare)
+            self._copy(index, self.slot_address(index, b), self.slot_address(index, a))
+            self._copy(index, spare, self.slot_address(index, b))
 
-    def _copier(self, index: int) -> SlotCopier:
-        return self._copiers[self.shapes[index][1:]]
+    def _copy(self, index: int, src: int, dst: int) -> None:
+        """One slot of buffer `index` from address `src` to `dst`, on the device."""
+        copier = self._copiers[self.shapes[index][1:]]
+        copier.run(copier.bind([(self.device, src)], [(self.device, dst)], 1, self.device_id))
 
     def host_arrays(self) -> list[np.ndarray]:
         return [value.numpy() for value in self.values]
 
 
-class SlotCopier:
-    """Copies one slot's bytes to another on the device: Identity(src) -> dst, both bound."""
+Place = tuple[str, int]  # (device, address) of rows: device or host ("cpu") memory
 
-    def __init__(
-        self, ort: ModuleType, slot_shape: tuple[int, ...], dtype: np.dtype,
-        providers: list[str], device: str, device_id: int,
-    ) -> None:
-        self.shape = (1, *slot_shape)
-        self.dtype, self.device, self.device_id = dtype, device, device_id
+
+def device_zeros(ort: ModuleType, zeros: np.ndarray, device: str, device_id: int) -> Any:
+    """An OrtValue on the device holding `zeros` (its shape and dtype)."""
+    value = ort.OrtValue.ortvalue_from_shape_and_type(zeros.shape, zeros.dtype, device,
+                                                      device_id)
+    value.update_inplace(zeros)
+    return value
+
+
+class RowCopier:
+    """Copies rows of several buffers at once (the KV arena's slots, the device states'):
+    one Identity per buffer kind, `rows` a free axis, its inputs and outputs bound where the
+    rows are (device or host memory)."""
+
+    def __init__(self, ort: ModuleType, kinds: Sequence[tuple[np.dtype, tuple[int, ...]]],
+                 providers: list[str]) -> None:
+        self.kinds = list(kinds)
         options = ort.SessionOptions()
         # Unoptimized: an input-to-output Identity must stay a real copy into the bound output.
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
         options.log_severity_level = 3
         # The TensorRT EP would compile an engine for one Identity: copy with CUDA or CPU.
         plain = [p for p in providers if p != "TensorrtExecutionProvider"]
-        model = _identity_model(self.shape, dtype)
-        self.session = ort.InferenceSession(model.SerializeToString(), options, providers=plain)
+        self.session = ort.InferenceSession(_copies_model(self.kinds).SerializeToString(),
+                                            options, providers=plain)
 
-    def copy(self, src: int, dst: int) -> None:
+    def bind(self, src: list[Place], dst: list[Place], rows: int, device_id: int) -> Any:
+        """A binding that copies `rows` rows of each kind from `src` to `dst`."""
         binding = self.session.io_binding()
-        binding.bind_input("src", self.device, self.device_id, self.dtype, self.shape, src)
-        binding.bind_output("dst", self.device, self.device_id, self.dtype, self.shape, dst)
+        for index, (dtype, shape) in enumerate(self.kinds):
+            full = (rows, *shape)
+            for name, bind, (device, address) in ((f"src{index}", binding.bind_input,
+                                                   src[index]),
+                                                  (f"dst{index}", binding.bind_output,
+                                                   dst[index])):
+                bind(name, device, 0 if device == "cpu" else device_id, dtype, full, address)
+        return binding
+
+    def run(self, binding: Any) -> None:
         self.session.run_with_iobinding(binding)
 
 
-def _identity_model(shape: tuple[int, ...], dtype: np.dtype) -> onnx.ModelProto:
-    kind = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
-    graph = helper.make_graph(
-        [helper.make_node("Identity", ["src"], ["dst"])], "edgeprefill_slot_copy",
-        [helper.make_tensor_value_info("src", kind, list(shape))],
-        [helper.make_tensor_value_info("dst", kind, list(shape))],
-    )
+def _copies_model(kinds: Sequence[tuple[np.dtype, tuple[int, ...]]]) -> onnx.ModelProto:
+    nodes, inputs, outputs = [], [], []
+    for index, (dtype, shape) in enumerate(kinds):
+        kind = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+        nodes.append(helper.make_node("Identity", [f"src{index}"], [f"dst{index}"]))
+        inputs.append(helper.make_tensor_value_info(f"src{index}", kind, ["rows", *shape]))
+        outputs.append(helper.make_tensor_value_info(f"dst{index}", kind, ["rows", *shape]))
+    graph = helper.make_graph(nodes, "edgeprefill_row_copy", inputs, outputs)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
     model.ir_version = 10  # onnxruntime 1.22+ loads IR <= 10 for this opset
     return model

@@ -14,17 +14,14 @@ the states crossed the bus twice a step (Qwen3.5-0.8B: 19 MB a row each way).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from types import ModuleType
 from typing import Any
 
 import numpy as np
-import onnx
-from onnx import helper
 
+from edgeprefill.engines.ort.arena import Place, RowCopier, device_zeros
 from edgeprefill.engines.ort.state_arena import StatePairs
-
-Place = tuple[str, int]  # (device, address)
 
 
 class DeviceStates:
@@ -37,18 +34,15 @@ class DeviceStates:
         # per state: its dtype and one row's shape (the graph input past the batch axis)
         self.kinds = [(np.dtype(inputs[past][0]), tuple(int(d) for d in inputs[past][1][1:]))
                       for past, _ in self.pairs]
-        self.values = [self._zeroed(ort, slots, kind) for kind in self.kinds]
-        self.scratch = [self._zeroed(ort, slots, kind) for kind in self.kinds]
+        self.values = [self._zeros(ort, slots, kind) for kind in self.kinds]
+        self.scratch = [self._zeros(ort, slots, kind) for kind in self.kinds]
         self._copier = RowCopier(ort, self.kinds, providers)
         self._stores: dict[tuple[int, int], Any] = {}  # bound copy per (first, rows)
 
-    def _zeroed(self, ort: ModuleType, slots: int, kind: tuple[np.dtype, tuple[int, ...]]
-                ) -> Any:
+    def _zeros(self, ort: ModuleType, slots: int,
+               kind: tuple[np.dtype, tuple[int, ...]]) -> Any:
         dtype, row = kind
-        value = ort.OrtValue.ortvalue_from_shape_and_type((slots, *row), dtype, self.device,
-                                                          self.device_id)
-        value.update_inplace(np.zeros((slots, *row), dtype))
-        return value
+        return device_zeros(ort, np.zeros((slots, *row), dtype), self.device, self.device_id)
 
     def _row(self, buffers: list[Any], index: int, row: int) -> Place:
         dtype, shape = self.kinds[index]
@@ -101,46 +95,3 @@ class DeviceStates:
 
     def _copy(self, src: list[Place], dst: list[Place]) -> None:
         self._copier.run(self._copier.bind(src, dst, 1, self.device_id))
-
-
-class RowCopier:
-    """Copies rows of every state at once: one Identity per state, `rows` a free axis, its
-    inputs and outputs bound where the rows are (device or host memory)."""
-
-    def __init__(self, ort: ModuleType, kinds: Sequence[tuple[np.dtype, tuple[int, ...]]],
-                 providers: list[str]) -> None:
-        self.kinds = list(kinds)
-        options = ort.SessionOptions()
-        # Unoptimized: an input-to-output Identity must stay a real copy into the bound output.
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-        options.log_severity_level = 3
-        plain = [p for p in providers if p != "TensorrtExecutionProvider"]
-        self.session = ort.InferenceSession(_copies_model(self.kinds).SerializeToString(),
-                                            options, providers=plain)
-
-    def bind(self, src: list[Place], dst: list[Place], rows: int, device_id: int) -> Any:
-        binding = self.session.io_binding()
-        for index, (dtype, shape) in enumerate(self.kinds):
-            full = (rows, *shape)
-            for name, bind, (device, address) in ((f"src{index}", binding.bind_input,
-                                                   src[index]),
-                                                  (f"dst{index}", binding.bind_output,
-                                                   dst[index])):
-                bind(name, device, 0 if device == "cpu" else device_id, dtype, full, address)
-        return binding
-
-    def run(self, binding: Any) -> None:
-        self.session.run_with_iobinding(binding)
-
-
-def _copies_model(kinds: Sequence[tuple[np.dtype, tuple[int, ...]]]) -> onnx.ModelProto:
-    nodes, inputs, outputs = [], [], []
-    for index, (dtype, shape) in enumerate(kinds):
-        kind = helper.np_dtype_to_tensor_dtype(dtype)
-        nodes.append(helper.make_node("Identity", [f"src{index}"], [f"dst{index}"]))
-        inputs.append(helper.make_tensor_value_info(f"src{index}", kind, ["rows", *shape]))
-        outputs.append(helper.make_tensor_value_info(f"dst{index}", kind, ["rows", *shape]))
-    graph = helper.make_graph(nodes, "edgeprefill_state_copy", inputs, outputs)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
-    model.ir_version = 10  # onnxruntime 1.22+ loads IR <= 10 for this opset
-    return model
