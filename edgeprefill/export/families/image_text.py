@@ -39,7 +39,7 @@ from edgeprefill.export.families.moe import (
 from edgeprefill.export.families.recurrent import FAMILIES as RECURRENT_FAMILIES
 from edgeprefill.export.families.recurrent import LFM2, LFM3
 from edgeprefill.export.families.spec import LLAMA_NAMES, FamilySpec
-from edgeprefill.export.families.wrapped import Wrapper
+from edgeprefill.export.families.wrapped import Wrapper, lm_renames, towers_left_out
 
 
 def _mrope_as_default(raw: dict[str, Any]) -> dict[str, Any]:
@@ -470,20 +470,16 @@ FAMILIES: dict[str, FamilySpec] = {
     # SigLIP 2 tower and projector left out.
     "lfm2_vl": replace(
         LFM2, nested="text_config", unnest=_lfm2_vl_text,
-        renames=(("model.language_model.", "model."), ("language_model.model.", "model."),
-                 ("language_model.lm_head.", "lm_head.")),
-        left_out=("model.vision_tower.", "model.multi_modal_projector.", "vision_tower.",
-                  "multi_modal_projector."),
+        renames=lm_renames(),
+        left_out=towers_left_out(("vision_tower.", "multi_modal_projector.")),
         quirks=(*LFM2.quirks, IMAGE_TEXT_QUIRK),
     ),
     # Lfm3VlForConditionalGeneration (LFM3-VL): its LFM3 language model, stored as LFM2-VL's;
     # the vision tower and projector left out.
     "lfm3_vl": replace(
         LFM3, nested="text_config", unnest=_lfm3_vl_text,
-        renames=(("model.language_model.", "model."), ("language_model.model.", "model."),
-                 ("language_model.lm_head.", "lm_head.")),
-        left_out=("model.vision_tower.", "model.multi_modal_projector.", "vision_tower.",
-                  "multi_modal_projector."),
+        renames=lm_renames(),
+        left_out=towers_left_out(("vision_tower.", "multi_modal_projector.")),
         quirks=(*LFM3.quirks, IMAGE_TEXT_QUIRK),
     ),
     "glm4v_moe": GLM4V_MOE,
@@ -495,10 +491,8 @@ FAMILIES: dict[str, FamilySpec] = {
     "llama4": replace(
         LLAMA4_TEXT, nested="text_config", text_types=("llama4_text",),
         outer={"tie_word_embeddings": False},
-        renames=(("language_model.model.", "model."), ("model.language_model.", "model."),
-                 ("language_model.lm_head.", "lm_head.")),
-        left_out=("vision_model.", "multi_modal_projector.", "model.vision_model.",
-                  "model.multi_modal_projector."),
+        renames=lm_renames(),
+        left_out=towers_left_out(("vision_model.", "multi_modal_projector.")),
         quirks=(*LLAMA4_TEXT.quirks, IMAGE_TEXT_QUIRK),
     ),
     # CohereCompassForConditionalGeneration (North Vision): its Cohere Compass language
@@ -530,10 +524,8 @@ FAMILIES: dict[str, FamilySpec] = {
     # ties to it whatever tie_word_embeddings says.
     "mllama": FamilySpec(
         nested="text_config", text_types=("mllama_text_model",),
-        renames=(("language_model.model.", "model."), ("model.language_model.", "model."),
-                 ("language_model.lm_head.", "lm_head.")),
-        left_out=("vision_model.", "multi_modal_projector.", "model.vision_model.",
-                  "model.multi_modal_projector."),
+        renames=lm_renames(),
+        left_out=towers_left_out(("vision_model.", "multi_modal_projector.")),
         skipped_layers_key="cross_attention_layers", embed_extra_rows=8,
         ignores=("tie_word_embeddings",),
         defaults={"rope_theta": 500_000.0, "max_position_embeddings": 131072,

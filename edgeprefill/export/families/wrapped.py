@@ -52,6 +52,20 @@ class Wrapper:
     flat_text: tuple[str, ...] = ()
 
 
+def lm_renames(lm: str = "language_model") -> tuple[tuple[str, str], ...]:
+    """The renames that read a language model held under `lm` as a causal LM's tensors:
+    transformers 5's saves (`model.<lm>.`) and the Hub's older layout (`<lm>.model.` beside
+    `<lm>.lm_head.`)."""
+    return ((f"model.{lm}.", "model."), (f"{lm}.model.", "model."),
+            (f"{lm}.lm_head.", "lm_head."))
+
+
+def towers_left_out(towers: tuple[str, ...]) -> tuple[str, ...]:
+    """The prefixes of an image-text checkpoint's other modules in either layout: under
+    `model.` (transformers 5) and at the top (the Hub's older one)."""
+    return tuple(prefix for tower in towers for prefix in (f"model.{tower}", tower))
+
+
 def wrappable(spec: FamilySpec) -> bool:
     """Whether a text family's checkpoint names read under a wrapper's prefix: its tensors
     under `model.` beside `lm_head`, nothing nested nor renamed of its own."""
@@ -64,13 +78,10 @@ def wrappable(spec: FamilySpec) -> bool:
 
 def wrapped_spec(wrapper: Wrapper, text: FamilySpec) -> FamilySpec:
     """The FamilySpec of `text`'s language model as `wrapper` holds it."""
-    lm = wrapper.lm
     spec = replace(
         text, nested="text_config", unnest=partial(_text_config, wrapper, text.tie_default),
-        renames=(*wrapper.renames, (f"model.{lm}.", "model."), (f"{lm}.model.", "model."),
-                 (f"{lm}.lm_head.", "lm_head.")),
-        left_out=tuple(prefix for tower in wrapper.towers
-                       for prefix in (f"model.{tower}", tower)),
+        renames=(*wrapper.renames, *lm_renames(wrapper.lm)),
+        left_out=towers_left_out(wrapper.towers),
         text_types=wrapper.text_types, quirks=(*text.quirks, IMAGE_TEXT_QUIRK),
     )
     if wrapper.head:
