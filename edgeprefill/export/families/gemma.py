@@ -9,7 +9,7 @@ from typing import Any
 
 from edgeprefill.export.families.dense import ATTENTION_BIAS, IMAGE_TEXT_QUIRK, every_nth_global
 from edgeprefill.export.families.spec import LLAMA_NAMES, FamilySpec
-from edgeprefill.export.families.wrapped import lm_renames, towers_left_out
+from edgeprefill.export.families.wrapped import towers_left_out
 
 
 def _gemma_tanh_gelu(raw: dict[str, Any]) -> dict[str, Any]:
@@ -193,7 +193,8 @@ FAMILIES: dict[str, FamilySpec] = {
         GEMMA, block="sandwich", qk_norm="head", window="always", sliding=every_nth_global,
         legacy=_gemma3_ropes, act_key="hidden_activation", nested="text_config",
         outer={"tie_word_embeddings": True, "eos_token_id": None, "bos_token_id": None},
-        renames=lm_renames(),
+        renames=(("language_model.model.", "model."), ("model.language_model.", "model."),
+                 ("language_model.lm_head.", "lm_head.")),
         left_out=towers_left_out(("vision_tower.", "multi_modal_projector.")),
         defaults={"vocab_size": 262_208, "hidden_size": 2304, "intermediate_size": 9216,
                   "num_hidden_layers": 26, "num_attention_heads": 8, "num_key_value_heads": 4,

@@ -491,7 +491,8 @@ FAMILIES: dict[str, FamilySpec] = {
     "llama4": replace(
         LLAMA4_TEXT, nested="text_config", text_types=("llama4_text",),
         outer={"tie_word_embeddings": False},
-        renames=lm_renames(),
+        renames=(("language_model.model.", "model."), ("model.language_model.", "model."),
+                 ("language_model.lm_head.", "lm_head.")),
         left_out=towers_left_out(("vision_model.", "multi_modal_projector.")),
         quirks=(*LLAMA4_TEXT.quirks, IMAGE_TEXT_QUIRK),
     ),
@@ -524,7 +525,8 @@ FAMILIES: dict[str, FamilySpec] = {
     # ties to it whatever tie_word_embeddings says.
     "mllama": FamilySpec(
         nested="text_config", text_types=("mllama_text_model",),
-        renames=lm_renames(),
+        renames=(("language_model.model.", "model."), ("model.language_model.", "model."),
+                 ("language_model.lm_head.", "lm_head.")),
         left_out=towers_left_out(("vision_model.", "multi_modal_projector.")),
         skipped_layers_key="cross_attention_layers", embed_extra_rows=8,
         ignores=("tie_word_embeddings",),
