@@ -1,0 +1,104 @@
+"""GGUF files of the tests' tiny transformers models, written with the `gguf` package the
+way llama.cpp's convert_hf_to_gguf.py writes them (its TextModel.set_gguf_parameters,
+LlamaModel.permute, _set_vocab_gpt2 and prepare_tensors, read at ggml-org/llama.cpp):
+llama.cpp's tensor names, the Llama family's q/k rows permuted for its rope, a byte-level
+BPE ("gpt2") vocabulary, F32 or Q8_0 weights (one-dimensional tensors stay F32)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+# HF model_type -> llama.cpp's architecture, and whether its converter permutes q/k
+# (LlamaModel does; Qwen2Model and Qwen3Model, whose rope is NeoX-style, do not).
+ARCHS = {"llama": ("llama", True), "qwen2": ("qwen2", False), "qwen3": ("qwen3", False)}
+
+
+def permute(weights: np.ndarray, n_head: int, n_head_kv: int | None) -> np.ndarray:
+    """LlamaModel.permute: HF's rotate-half rows -> llama.cpp's interleaved pairs."""
+    if n_head_kv is not None and n_head != n_head_kv:
+        n_head = n_head_kv
+    return (weights.reshape(n_head, 2, weights.shape[0] // n_head // 2, *weights.shape[1:])
+            .swapaxes(1, 2).reshape(weights.shape))
+
+
+def write_gguf(hf_dir: Path, out: Path, quant: str = "F32", name: str = "tiny",
+               permute_qk: bool = True) -> Path:
+    """`hf_dir` (config.json, model.safetensors, a byte-level BPE tokenizer.json) as a GGUF
+    file `out`. `permute_qk=False` leaves out llama's q/k permutation (a broken converter)."""
+    import gguf
+    from safetensors.numpy import load_file
+
+    config = json.loads((hf_dir / "config.json").read_text())
+    arch, permutes = ARCHS[config["model_type"]]
+    layers, heads = config["num_hidden_layers"], config["num_attention_heads"]
+    kv_heads = config["num_key_value_heads"]
+    file_type = {"F32": gguf.LlamaFileType.ALL_F32, "Q8_0": gguf.LlamaFileType.MOSTLY_Q8_0}
+    writer = gguf.GGUFWriter(str(out), arch)
+    writer.add_name(name)
+    writer.add_file_type(file_type[quant])
+    writer.add_context_length(config["max_position_embeddings"])
+    writer.add_embedding_length(config["hidden_size"])
+    writer.add_block_count(layers)
+    writer.add_feed_forward_length(config["intermediate_size"])
+    writer.add_head_count(heads)
+    writer.add_head_count_kv(kv_heads)
+    writer.add_rope_freq_base(_rope_theta(config))
+    writer.add_layer_norm_rms_eps(config["rms_norm_eps"])
+    head_dim = config.get("head_dim") or config["hidden_size"] // heads
+    writer.add_key_length(head_dim)
+    writer.add_value_length(head_dim)
+    writer.add_rope_dimension_count(head_dim)
+    writer.add_vocab_size(config["vocab_size"])
+    _add_vocab(writer, hf_dir, config)
+
+    model_arch = next(k for k, v in gguf.MODEL_ARCH_NAMES.items() if v == arch)
+    names = gguf.get_tensor_name_map(model_arch, layers)
+    for hf_name, data in load_file(str(hf_dir / "model.safetensors")).items():
+        if permutes and permute_qk and hf_name.endswith(("q_proj.weight", "q_proj.bias")):
+            data = permute(data, heads, heads)
+        if permutes and permute_qk and hf_name.endswith(("k_proj.weight", "k_proj.bias")):
+            data = permute(data, heads, kv_heads)
+        new_name = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
+        assert new_name is not None, hf_name
+        qtype = gguf.GGMLQuantizationType.F32 if quant == "F32" or data.ndim == 1 else \
+            gguf.GGMLQuantizationType.Q8_0
+        data = gguf.quants.quantize(data.astype(np.float32), qtype)
+        writer.add_tensor(new_name, data, raw_dtype=qtype)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return out
+
+
+def _rope_theta(config: dict) -> float:
+    params = config.get("rope_parameters") or {}
+    return float(params.get("rope_theta", config.get("rope_theta", 10000.0)))
+
+
+def _add_vocab(writer, hf_dir: Path, config: dict) -> None:
+    """_set_vocab_gpt2: the vocabulary in id order, special tokens CONTROL, the merges."""
+    import gguf
+
+    tok = json.loads((hf_dir / "tokenizer.json").read_text())
+    by_id = {i: t for t, i in tok["model"]["vocab"].items()}
+    special = {t["content"] for t in tok["added_tokens"] if t["special"]}
+    tokens, types = [], []
+    for i in range(config["vocab_size"]):
+        token = by_id.get(i, f"[PAD{i}]")
+        tokens.append(token)
+        types.append(gguf.TokenType.CONTROL if token in special else
+                     gguf.TokenType.NORMAL if i in by_id else gguf.TokenType.UNUSED)
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("gpt-2")
+    writer.add_token_list(tokens)
+    writer.add_token_types(types)
+    merges = tok["model"]["merges"]
+    writer.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in merges])
+    writer.add_bos_token_id(config["bos_token_id"])
+    writer.add_eos_token_id(config["eos_token_id"])
+    writer.add_pad_token_id(config["pad_token_id"])
+    writer.add_add_bos_token(False)

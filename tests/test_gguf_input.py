@@ -1,0 +1,176 @@
+"""GGUF input: `export model.gguf` equals the transformers model it was converted from (F32)
+and transformers' own reading of the file (Q8_0), logits and greedy text."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from edgeprefill.engines import StepBatch
+from edgeprefill.export.exporter import ExportOptions, export
+from edgeprefill.sdk import Engine, GenerationParams
+from tests.bpe_tokenizers import byte_level_bpe, install
+from tests.conftest import build_hf_model, load_hf_model
+from tests.gguf_files import write_gguf
+
+pytest.importorskip("gguf")
+
+PROMPT = "hello world, the quick brown fox jumps over the lazy dog"
+NEW_TOKENS = 12
+CACHE: dict[tuple, tuple[Path, Path]] = {}
+# llama.cpp's Qwen2 has no sliding window (nor have Qwen2's released checkpoints): the
+# fixture's would be lost in the file. transformers 5.24 reads no head_dim from a Qwen3
+# GGUF (its attention.key_length): Qwen3Config's default, 128, as every released Qwen3's.
+OVERRIDES = {"qwen2": {"use_sliding_window": False}, "qwen3": {"head_dim": 128}}
+
+
+@pytest.fixture(scope="module")
+def gguf_model(tmp_path_factory):
+    """(family, quant) -> (the tiny transformers model's folder, its GGUF file)."""
+
+    def get(family: str, quant: str, permute_qk: bool = True) -> tuple[Path, Path]:
+        key = (family, quant, permute_qk)
+        if key not in CACHE:
+            root = tmp_path_factory.mktemp(f"gguf-{family}-{quant}")
+            tok = byte_level_bpe()
+            hf = build_hf_model(family, root / "hf", vocab_size=tok.get_vocab_size(),
+                                **OVERRIDES.get(family, {}))
+            install(tok, hf)
+            gguf = write_gguf(hf, root / f"tiny-{quant}.gguf", quant, permute_qk=permute_qk)
+            CACHE[key] = hf, gguf
+        return CACHE[key]
+
+    return get
+
+
+def exported(gguf: Path, out: Path, **options) -> Path:
+    export(gguf, out, ExportOptions(chunks=(16, 64), max_context=256, show_progress=False,
+                                    overwrite=True, **options))
+    return out
+
+
+def gguf_reference(gguf: Path):
+    """transformers' own model of the GGUF file (dequantized as it reads it)."""
+    import transformers
+
+    return transformers.AutoModelForCausalLM.from_pretrained(
+        str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+
+
+def check_logits(model, bundle: Path, ids: list[int]) -> None:
+    with torch.no_grad():
+        expected = model(torch.tensor([ids])).logits[0].numpy()
+    engine = Engine.load(bundle, threads=2, background=False)
+    for chunk in (len(ids), 16, 7):
+        for start in range(0, len(ids), chunk):
+            part = ids[start:start + chunk]
+            logits = engine.backend.run(StepBatch(
+                np.array([part], np.int64), np.array([start], np.int32),
+                np.array([len(part)], np.int32), first_slot=0))
+            np.testing.assert_allclose(logits[0], expected[start + len(part) - 1],
+                                       rtol=1e-4, atol=1e-4, err_msg=f"chunk {chunk} at {start}")
+    engine.close()
+
+
+def check_greedy_text(model, hf: Path, bundle: Path) -> None:
+    """The bundle's greedy reply to PROMPT, as text, equals the model's, decoded by the
+    original tokenizer (so the GGUF's vocabulary round-trips too)."""
+    import transformers
+
+    tok = transformers.AutoTokenizer.from_pretrained(hf)
+    ids = tok(PROMPT)["input_ids"]
+    with torch.no_grad():
+        out = model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids)),
+                             max_new_tokens=NEW_TOKENS, do_sample=False, eos_token_id=None,
+                             pad_token_id=0)
+    expected = tok.decode(out[0, len(ids):])
+    engine = Engine.load(bundle, threads=2, background=False)
+    assert engine.tokenizer.encode(PROMPT) == ids
+    got = engine.generate(PROMPT, GenerationParams(max_new_tokens=NEW_TOKENS,
+                                                   ignore_eos=True)).result()
+    engine.close()
+    assert got.text == expected and len(got.token_ids) == NEW_TOKENS
+
+
+def prompt_ids(hf: Path) -> list[int]:
+    vocab = json.loads((hf / "config.json").read_text())["vocab_size"]
+    rng = np.random.default_rng(7)
+    return [1] + [int(t) for t in rng.integers(3, vocab, size=40)]
+
+
+def test_a_f32_llama_gguf_exports_the_transformers_model_it_was_converted_from(
+        gguf_model, tmp_path):
+    hf, gguf = gguf_model("llama", "F32")
+    bundle = exported(gguf, tmp_path / "b")
+    model = load_hf_model(hf)
+    check_logits(model, bundle, prompt_ids(hf))
+    check_greedy_text(model, hf, bundle)
+
+
+def test_a_q8_0_llama_gguf_exports_what_transformers_reads_from_it(gguf_model, tmp_path):
+    hf, gguf = gguf_model("llama", "Q8_0")
+    bundle = exported(gguf, tmp_path / "b")
+    check_logits(gguf_reference(gguf), bundle, prompt_ids(hf))
+    manifest = json.loads((bundle / "edgeprefill.json").read_text())
+    assert manifest["source"]["gguf"] == {"file": "tiny-Q8_0.gguf", "architecture": "llama",
+                                          "quant": "Q8_0"}
+    assert manifest["source"]["path"] == str(gguf.resolve())
+
+
+def test_the_q_k_permutation_of_llama_ggufs_is_undone(gguf_model, tmp_path):
+    """Written without llama.cpp's q/k permutation, the file reads as another model: the
+    comparisons above see the un-permuting."""
+    hf, gguf = gguf_model("llama", "F32", permute_qk=False)
+    bundle = exported(gguf, tmp_path / "b")
+    with pytest.raises(AssertionError):
+        check_logits(load_hf_model(hf), bundle, prompt_ids(hf))
+
+
+def test_a_folder_holding_one_gguf_exports_it(gguf_model, tmp_path):
+    hf, gguf = gguf_model("qwen2", "F32")
+    folder = tmp_path / "downloads"
+    folder.mkdir()
+    (folder / gguf.name).symlink_to(gguf)
+    bundle = exported(folder, tmp_path / "b")
+    model = load_hf_model(hf)
+    check_logits(model, bundle, prompt_ids(hf))
+    check_greedy_text(model, hf, bundle)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", ["qwen2", "qwen3"])
+def test_q8_0_ggufs_of_more_families_export_what_transformers_reads(
+        family, gguf_model, tmp_path):
+    hf, gguf = gguf_model(family, "Q8_0")
+    bundle = exported(gguf, tmp_path / "b")
+    model = gguf_reference(gguf)
+    check_logits(model, bundle, prompt_ids(hf))
+    check_greedy_text(model, hf, bundle)
+
+
+@pytest.mark.slow
+def test_a_f32_qwen3_gguf_exports_the_model_it_was_converted_from(gguf_model, tmp_path):
+    hf, gguf = gguf_model("qwen3", "F32")
+    bundle = exported(gguf, tmp_path / "b")
+    model = load_hf_model(hf)
+    check_logits(model, bundle, prompt_ids(hf))
+    check_greedy_text(model, hf, bundle)
+
+
+def test_a_q8_0_gguf_exports_re_quantized_to_int8(gguf_model, tmp_path):
+    """--quantize on a GGUF re-quantizes its dequantized weights; the manifest says both."""
+    hf, gguf = gguf_model("llama", "Q8_0")
+    bundle = exported(gguf, tmp_path / "b", quant=_int8())
+    manifest = json.loads((bundle / "edgeprefill.json").read_text())
+    assert manifest["graph"]["quantization"] == "int8"
+    assert manifest["source"]["gguf"]["quant"] == "Q8_0"
+
+
+def _int8():
+    from edgeprefill.export.quantize import QuantConfig
+
+    return QuantConfig("int8")
