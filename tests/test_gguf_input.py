@@ -4,6 +4,8 @@ and transformers' own reading of the file (Q8_0), logits and greedy text."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +18,7 @@ from edgeprefill.sdk import Engine, GenerationParams
 from tests.bpe_tokenizers import byte_level_bpe, install
 from tests.conftest import build_hf_model, load_hf_model
 from tests.gguf_files import write_gguf
+from tests.test_cli_errors import assert_one_line_error, cli
 
 pytest.importorskip("gguf")
 
@@ -174,3 +177,64 @@ def _int8():
     from edgeprefill.export.quantize import QuantConfig
 
     return QuantConfig("int8")
+
+
+def test_inspect_names_the_gguf_and_its_quantization(gguf_model, tmp_path):
+    _, gguf = gguf_model("llama", "Q8_0")
+    bundle = exported(gguf, tmp_path / "b", quant=_int8())
+    result = cli("inspect", bundle)
+    assert result.returncode == 0, result.stderr
+    assert "source      tiny-Q8_0.gguf (GGUF llama, Q8_0; dequantized to float, " \
+           "re-quantized int8)" in result.stdout.splitlines()
+
+
+def _tiny_gguf(path: Path, arch: str) -> Path:
+    """A readable GGUF file of `arch` holding metadata only."""
+    import gguf
+
+    writer = gguf.GGUFWriter(str(path), arch)
+    writer.add_block_count(1)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def test_gguf_input_errors_are_one_line(tmp_path):
+    split = tmp_path / "split"
+    split.mkdir()
+    for part in (1, 2):
+        (split / f"model-0000{part}-of-00002.gguf").write_bytes(b"GGUF")
+    two = tmp_path / "two"
+    two.mkdir()
+    for name in ("a.gguf", "b.gguf"):
+        _tiny_gguf(two / name, "llama")
+    (tmp_path / "notes.txt").write_text("not a model")
+    (tmp_path / "broken.gguf").write_bytes(b"not a gguf file at all")
+    cases = [
+        (split / "model-00001-of-00002.gguf", "model-00001-of-00002.gguf is one part of a "
+         "split GGUF: merge the parts first (llama.cpp: llama-gguf-split --merge"),
+        (split, "is one part of a split GGUF"),
+        (two, "has no config.json and 2 .gguf files (a.gguf, b.gguf): name the one"),
+        (tmp_path / "notes.txt", "notes.txt is not a folder (a Hugging Face checkpoint) nor "
+         "a .gguf file"),
+        (tmp_path / "broken.gguf", "broken.gguf is not a readable GGUF file"),
+        (_tiny_gguf(tmp_path / "rwkv.gguf", "rwkv6"), "rwkv.gguf: GGUF architecture 'rwkv6' "
+         "is not one transformers reads into float weights (supported: bloom, "),
+    ]
+    for source, fragment in cases:
+        assert_one_line_error(cli("export", source, "-o", tmp_path / "out"), fragment)
+    assert not (tmp_path / "out").exists()
+    assert not [p for p in tmp_path.iterdir() if ".gguf-" in p.name]  # no staging left
+
+
+def test_gguf_input_without_its_libraries_says_what_to_install(gguf_model, tmp_path):
+    _, gguf = gguf_model("llama", "F32")
+    script = ("import sys; sys.modules['gguf'] = None; sys.argv = ['edgeprefill'] + "
+              "sys.argv[1:]; from edgeprefill.cli.main import main; main()")
+    result = subprocess.run([sys.executable, "-c", script, "export", str(gguf), "-o",
+                             str(tmp_path / "out")], capture_output=True, text=True,
+                            timeout=120)
+    assert_one_line_error(result, 'reading a GGUF file needs torch, transformers and gguf: '
+                                  'pip install -e ".[gguf]"')

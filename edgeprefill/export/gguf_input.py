@@ -39,6 +39,9 @@ INSTALL = 'reading a GGUF file needs torch, transformers and gguf: pip install -
 # (transformers' load_gguf_checkpoint renames these the same way).
 RENAMED_ARCHS = {"qwen2moe": "qwen2_moe", "qwen3moe": "qwen3_moe", "gpt-oss": "gpt_oss",
                  "minimax-m2": "minimax_m2"}
+# What this module calls of transformers' GGUF reader (modeling_gguf_pytorch_utils).
+READER_PIECES = ("load_gguf_checkpoint", "get_gguf_hf_weights_map", "TENSOR_PROCESSORS",
+                 "TensorProcessor", "GGUF_SUPPORTED_ARCHITECTURES")
 # Names in transformers' GGUF table that are not decoder architectures.
 NOT_ARCHS = ("general", "tokenizer", "t5", "t5encoder", "umt5")
 
@@ -111,41 +114,43 @@ def _libraries() -> Any:
         import gguf  # noqa: F401
         import torch  # noqa: F401
         import transformers
+        import transformers.integrations.gguf.reader  # noqa: F401
         from transformers import modeling_gguf_pytorch_utils as reader
     except ImportError:
         raise ExportError(INSTALL) from None
     if not transformers.utils.import_utils.is_gguf_available():
         raise ExportError(INSTALL + " (gguf>=0.10)")
+    if not all(hasattr(reader, name) for name in READER_PIECES):
+        raise ExportError(f"{INSTALL}: transformers {transformers.__version__} lacks the GGUF "
+                          "reader's pieces this export calls (5.24 has them)")
     return reader
 
 
 def _source(gguf_file: Path, reader: Any) -> GgufSource:
     """The file's architecture and quantization; refused where transformers cannot read
     the architecture into float weights."""
-    from gguf import GGUFReader, LlamaFileType
+    import struct
 
-    try:
-        gguf = GGUFReader(gguf_file)
-    except (ValueError, OSError) as err:
+    from gguf import LlamaFileType
+    from transformers.integrations.gguf.reader import read_gguf_metadata
+
+    try:  # the metadata alone: the vocabulary's strings are skipped, not parsed
+        metadata, _ = read_gguf_metadata(str(gguf_file))
+    except (ValueError, OSError, struct.error) as err:
         raise ExportError(f"{gguf_file} is not a readable GGUF file: {err}") from None
-    arch = _field(gguf, "general.architecture") or "?"
+    arch = metadata["general.architecture"]
     supported = sorted(a for a in reader.GGUF_SUPPORTED_ARCHITECTURES if a not in NOT_ARCHS)
     if arch not in supported and RENAMED_ARCHS.get(arch) not in supported:
         shown = ", ".join(sorted({k for k, v in RENAMED_ARCHS.items() if v in supported}
                                  | set(supported) - set(RENAMED_ARCHS.values())))
         raise ExportError(f"{gguf_file.name}: GGUF architecture {arch!r} is not one "
                           f"transformers reads into float weights (supported: {shown})")
-    file_type = _field(gguf, "general.file_type")
+    file_type = metadata.get("general.file_type")
     try:
         quant = LlamaFileType(file_type).name.removeprefix("MOSTLY_").removeprefix("ALL_")
     except ValueError:
         quant = "unknown" if file_type is None else f"file_type {file_type}"
     return GgufSource(gguf_file.name, str(gguf_file.resolve()), arch, quant)
-
-
-def _field(gguf: Any, key: str) -> Any:
-    field = gguf.fields.get(key)
-    return None if field is None else field.contents()
 
 
 def _write_hf_folder(gguf_file: Path, folder: Path, source: GgufSource, reader: Any,
@@ -160,6 +165,7 @@ def _write_hf_folder(gguf_file: Path, folder: Path, source: GgufSource, reader: 
         raise ExportError(f"{name}: transformers cannot read its metadata: {err}") from None
     config.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
+    del tokenizer  # its vocabulary is on disk now
     _drop_tokens_past_vocab(folder / "tokenizer.json", config.get_text_config().vocab_size)
     _write_weights(gguf_file, folder, config, source, reader, show_progress)
 
