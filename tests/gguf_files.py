@@ -13,7 +13,10 @@ import numpy as np
 
 # HF model_type -> llama.cpp's architecture, and whether its converter permutes q/k
 # (LlamaModel does; Qwen2Model and Qwen3Model, whose rope is NeoX-style, do not).
-ARCHS = {"llama": ("llama", True), "qwen2": ("qwen2", False), "qwen3": ("qwen3", False)}
+ARCHS = {"llama": ("llama", True), "qwen2": ("qwen2", False), "qwen3": ("qwen3", False),
+         "gemma2": ("gemma2", False)}
+# Gemma2Model stores its norms as `w + 1` (ggml multiplies by the weight as it is).
+NORMS_PLUS_ONE = ("gemma2",)
 
 
 def permute(weights: np.ndarray, n_head: int, n_head_kv: int | None) -> np.ndarray:
@@ -52,6 +55,10 @@ def write_gguf(hf_dir: Path, out: Path, quant: str = "F32", name: str = "tiny",
     writer.add_value_length(head_dim)
     writer.add_rope_dimension_count(head_dim)
     writer.add_vocab_size(config["vocab_size"])
+    if arch == "gemma2":  # Gemma2Model.set_gguf_parameters
+        writer.add_sliding_window(config["sliding_window"])
+        writer.add_attn_logit_softcapping(config["attn_logit_softcapping"])
+        writer.add_final_logit_softcapping(config["final_logit_softcapping"])
     _add_vocab(writer, hf_dir, config)
 
     model_arch = next(k for k, v in gguf.MODEL_ARCH_NAMES.items() if v == arch)
@@ -61,6 +68,8 @@ def write_gguf(hf_dir: Path, out: Path, quant: str = "F32", name: str = "tiny",
             data = permute(data, heads, heads)
         if permutes and permute_qk and hf_name.endswith(("k_proj.weight", "k_proj.bias")):
             data = permute(data, heads, kv_heads)
+        if arch in NORMS_PLUS_ONE and hf_name.endswith("norm.weight"):
+            data = data + 1
         new_name = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
         assert new_name is not None, hf_name
         qtype = gguf.GGMLQuantizationType.F32 if quant == "F32" or data.ndim == 1 else \
