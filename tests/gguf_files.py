@@ -28,9 +28,10 @@ def permute(weights: np.ndarray, n_head: int, n_head_kv: int | None) -> np.ndarr
 
 
 def write_gguf(hf_dir: Path, out: Path, quant: str = "F32", name: str = "tiny",
-               permute_qk: bool = True) -> Path:
+               permute_qk: bool = True, rope_freqs: bool = False) -> Path:
     """`hf_dir` (config.json, model.safetensors, a byte-level BPE tokenizer.json) as a GGUF
-    file `out`. `permute_qk=False` leaves out llama's q/k permutation (a broken converter)."""
+    file `out`. `permute_qk=False` leaves out llama's q/k permutation (a broken converter);
+    `rope_freqs` adds the per-frequency factors LlamaModel writes for Llama 3.1's rope."""
     import gguf
     from safetensors.numpy import load_file
 
@@ -76,6 +77,8 @@ def write_gguf(hf_dir: Path, out: Path, quant: str = "F32", name: str = "tiny",
             gguf.GGMLQuantizationType.Q8_0
         data = gguf.quants.quantize(data.astype(np.float32), qtype)
         writer.add_tensor(new_name, data, raw_dtype=qtype)
+    if rope_freqs:
+        writer.add_tensor("rope_freqs.weight", np.linspace(1, 8, head_dim // 2, dtype=np.float32))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

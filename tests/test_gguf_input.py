@@ -137,6 +137,14 @@ def test_the_q_k_permutation_of_llama_ggufs_is_undone(gguf_model, tmp_path):
         check_logits(load_hf_model(hf), bundle, prompt_ids(hf))
 
 
+def test_tensors_transformers_skips_are_named(gguf_model, tmp_path, caplog):
+    hf, _ = gguf_model("llama", "F32")
+    gguf = write_gguf(hf, tmp_path / "llama31.gguf", rope_freqs=True)
+    exported(gguf, tmp_path / "b")
+    assert "transformers' GGUF reader uses none of the file's rope_freqs.weight: Llama 3.1+'s " \
+           "rope scaling, which transformers reads as unscaled rope" in caplog.text
+
+
 def test_a_folder_holding_one_gguf_exports_it(gguf_model, tmp_path):
     hf, gguf = gguf_model("qwen2", "F32")
     folder = tmp_path / "downloads"

@@ -17,6 +17,7 @@ Quantized weights are dequantized: the bundle holds the GGUF's values in float, 
 from __future__ import annotations
 
 import json
+import logging
 import re
 import shutil
 import tempfile
@@ -30,6 +31,8 @@ import numpy as np
 from tqdm import tqdm
 
 from edgeprefill.errors import ExportError
+
+log = logging.getLogger(__name__)
 
 SUFFIX = ".gguf"
 SHARD_BYTES = 512 * 1024 * 1024  # float32 held before a shard is written out
@@ -199,6 +202,7 @@ def _write_weights(gguf_file: Path, folder: Path, config: Any, source: GgufSourc
     arrived: dict[str, int] = {}
     pending: dict[str, Any] = {"tensors": {}}  # where the MoE processors put their tensors
     gguf = GGUFReader(gguf_file)
+    unused: list[str] = []
     with _Shards(folder) as shards, tqdm(
         total=sum(int(t.n_bytes) for t in gguf.tensors), unit="B", unit_scale=True,
         desc=f"reading {gguf_file.name}", disable=not show_progress, leave=False,
@@ -209,6 +213,8 @@ def _write_weights(gguf_file: Path, folder: Path, config: Any, source: GgufSourc
                 tensor_key_mapping=names, parsed_parameters=pending)
             if result.name is not None and result.name in names:
                 shards.add(names[result.name], result.weights)
+            elif result.name is not None:
+                unused.append(result.name)
             target = names.get(tensor.name.removesuffix(".weight"))
             if target in merged:  # gate and up experts fill one tensor: wait for both
                 arrived[target] = arrived.get(target, 0) + 1
@@ -216,6 +222,21 @@ def _write_weights(gguf_file: Path, folder: Path, config: Any, source: GgufSourc
                 if hf_name not in merged or arrived.get(hf_name) == merged[hf_name]:
                     shards.add(hf_name, pending["tensors"].pop(hf_name))
             bar.update(int(tensor.n_bytes))
+    _warn_unused(unused)
+
+
+def _warn_unused(unused: list[str]) -> None:
+    """Tensors transformers' reader skips: the bundle computes as its model of the file
+    does. `rope_freqs` matters: llama.cpp's Llama 3.1+ rope scaling, which transformers
+    5.24 reads as unscaled rope (nor is it in the metadata it maps)."""
+    if not unused:
+        return
+    why = (": Llama 3.1+'s rope scaling, which transformers reads as unscaled rope (export "
+           "the original Hugging Face checkpoint for the model's own numbers)"
+           if "rope_freqs.weight" in unused else "")
+    log.warning("transformers' GGUF reader uses none of the file's %s%s; the bundle computes "
+                "as transformers' model of the file does, without them", ", ".join(unused),
+                why)
 
 
 def _merge_counts(names: dict[str, str]) -> dict[str, int]:
