@@ -252,3 +252,29 @@ def test_gguf_input_without_its_libraries_says_what_to_install(gguf_model, tmp_p
                             timeout=120)
     assert_one_line_error(result, 'reading a GGUF file needs torch, transformers and gguf: '
                                   'pip install -e ".[gguf]"')
+
+
+def test_the_weights_go_to_shards_of_bounded_size_equal_to_the_original(
+        gguf_model, tmp_path, monkeypatch):
+    """Shards of at most SHARD_BYTES (a larger tensor alone), every tensor the original's
+    (llama's q/k rows un-permuted)."""
+    from safetensors.numpy import load_file
+
+    from edgeprefill.export import gguf_input
+
+    hf, gguf = gguf_model("llama", "F32")
+    monkeypatch.setattr(gguf_input, "SHARD_BYTES", 40_000)
+    original = load_file(str(hf / "model.safetensors"))
+    with gguf_input.converted(gguf, tmp_path / "b", show_progress=False) as (folder, _):
+        shards = sorted(folder.glob("model-*.safetensors"))
+        index = json.loads((folder / "model.safetensors.index.json").read_text())
+        assert sorted(set(index["weight_map"].values())) == [p.name for p in shards]
+        converted = {}
+        for shard in shards:
+            tensors = load_file(str(shard))
+            assert len(tensors) == 1 or sum(t.nbytes for t in tensors.values()) <= 40_000
+            converted.update(tensors)
+    assert len(shards) > 5 and not folder.exists()
+    assert sorted(converted) == sorted(original)
+    for name, tensor in original.items():
+        np.testing.assert_array_equal(converted[name], tensor, err_msg=name)
