@@ -7,6 +7,7 @@ BPE ("gpt2") vocabulary, F32 or Q8_0 weights (one-dimensional tensors stay F32).
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -14,7 +15,7 @@ import numpy as np
 # HF model_type -> llama.cpp's architecture, and whether its converter permutes q/k
 # (LlamaModel does; Qwen2Model and Qwen3Model, whose rope is NeoX-style, do not).
 ARCHS = {"llama": ("llama", True), "qwen2": ("qwen2", False), "qwen3": ("qwen3", False),
-         "gemma2": ("gemma2", False)}
+         "gemma2": ("gemma2", False), "qwen3_moe": ("qwen3moe", False)}
 # Gemma2Model stores its norms as `w + 1` (ggml multiplies by the weight as it is).
 NORMS_PLUS_ONE = ("gemma2",)
 
@@ -60,11 +61,17 @@ def write_gguf(hf_dir: Path, out: Path, quant: str = "F32", name: str = "tiny",
         writer.add_sliding_window(config["sliding_window"])
         writer.add_attn_logit_softcapping(config["attn_logit_softcapping"])
         writer.add_final_logit_softcapping(config["final_logit_softcapping"])
+    experts = config.get("num_local_experts", config.get("num_experts"))
+    if experts:  # Qwen2MoeModel.set_gguf_parameters
+        writer.add_expert_count(experts)
+        writer.add_expert_used_count(config["num_experts_per_tok"])
+        writer.add_expert_feed_forward_length(config["moe_intermediate_size"])
     _add_vocab(writer, hf_dir, config)
 
     model_arch = next(k for k, v in gguf.MODEL_ARCH_NAMES.items() if v == arch)
     names = gguf.get_tensor_name_map(model_arch, layers)
-    for hf_name, data in load_file(str(hf_dir / "model.safetensors")).items():
+    tensors = _stacked_experts(load_file(str(hf_dir / "model.safetensors")))
+    for hf_name, data in tensors.items():
         if permutes and permute_qk and hf_name.endswith(("q_proj.weight", "q_proj.bias")):
             data = permute(data, heads, heads)
         if permutes and permute_qk and hf_name.endswith(("k_proj.weight", "k_proj.bias")):
@@ -83,6 +90,21 @@ def write_gguf(hf_dir: Path, out: Path, quant: str = "F32", name: str = "tiny",
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
+    return out
+
+
+def _stacked_experts(tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Qwen2MoeModel.modify_tensors: each layer's experts' gate, up and down matrices
+    stacked into one [experts, out, in] tensor, `mlp.experts.{gate,up,down}_proj.weight`."""
+    out, experts = {}, {}
+    for name, data in tensors.items():
+        m = re.fullmatch(r"(.*\.mlp\.experts)\.(\d+)\.(\w+_proj)\.weight", name)
+        if m is None:
+            out[name] = data
+        else:
+            experts.setdefault(f"{m[1]}.{m[3]}.weight", {})[int(m[2])] = data
+    for name, by_index in experts.items():
+        out[name] = np.stack([by_index[i] for i in sorted(by_index)])
     return out
 
 

@@ -32,7 +32,12 @@ CACHE: dict[tuple, tuple[Path, Path]] = {}
 # llama.cpp's Gemma 2 has no output matrix of its own: tied, as Gemma 2's released ones.
 OVERRIDES = {"qwen2": {"use_sliding_window": False}, "qwen3": {"head_dim": 128},
              "gemma2": {"query_pre_attn_scalar": 256, "attn_logit_softcapping": 50.0,
-                        "final_logit_softcapping": 30.0, "tie_word_embeddings": True}}
+                        "final_logit_softcapping": 30.0, "tie_word_embeddings": True},
+             # Qwen3-MoE: no expert_feed_forward_length read and its expert_count into a
+             # field Qwen3MoeConfig no longer has: its defaults, 768 and 128, as
+             # Qwen3-30B-A3B's; llama.cpp's has experts on every layer.
+             "qwen3_moe": {"moe_intermediate_size": 768, "num_experts": 128,
+                           "mlp_only_layers": [], "num_hidden_layers": 1}}
 
 
 @pytest.fixture(scope="module")
@@ -157,7 +162,7 @@ def test_a_folder_holding_one_gguf_exports_it(gguf_model, tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("family", ["qwen2", "qwen3"])
+@pytest.mark.parametrize("family", ["qwen2", "qwen3", "qwen3_moe"])
 def test_q8_0_ggufs_of_more_families_export_what_transformers_reads(
         family, gguf_model, tmp_path):
     hf, gguf = gguf_model(family, "Q8_0")
@@ -168,7 +173,7 @@ def test_q8_0_ggufs_of_more_families_export_what_transformers_reads(
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("family", ["qwen3", "gemma2"])
+@pytest.mark.parametrize("family", ["qwen3", "gemma2", "qwen3_moe"])
 def test_f32_ggufs_of_more_families_export_the_model_they_were_converted_from(
         family, gguf_model, tmp_path):
     hf, gguf = gguf_model(family, "F32")
