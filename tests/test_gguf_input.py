@@ -183,24 +183,20 @@ def test_f32_ggufs_of_more_families_export_the_model_they_were_converted_from(
     check_greedy_text(model, hf, bundle)
 
 
-def test_a_q8_0_gguf_exports_re_quantized_to_int8(gguf_model, tmp_path):
-    """--quantize on a GGUF re-quantizes its dequantized weights; the manifest says both."""
-    hf, gguf = gguf_model("llama", "Q8_0")
-    bundle = exported(gguf, tmp_path / "b", quant=_int8())
-    manifest = json.loads((bundle / "edgeprefill.json").read_text())
-    assert manifest["graph"]["quantization"] == "int8"
-    assert manifest["source"]["gguf"]["quant"] == "Q8_0"
-
-
 def _int8():
     from edgeprefill.export.quantize import QuantConfig
 
     return QuantConfig("int8")
 
 
-def test_inspect_names_the_gguf_and_its_quantization(gguf_model, tmp_path):
+def test_a_q8_0_gguf_re_quantized_to_int8_says_both_in_manifest_and_inspect(
+        gguf_model, tmp_path):
+    """--quantize on a GGUF re-quantizes its dequantized weights."""
     _, gguf = gguf_model("llama", "Q8_0")
     bundle = exported(gguf, tmp_path / "b", quant=_int8())
+    manifest = json.loads((bundle / "edgeprefill.json").read_text())
+    assert manifest["graph"]["quantization"] == "int8"
+    assert manifest["source"]["gguf"]["quant"] == "Q8_0"
     result = cli("inspect", bundle)
     assert result.returncode == 0, result.stderr
     assert "source      tiny-Q8_0.gguf (GGUF llama, Q8_0; dequantized to float, " \
@@ -220,7 +216,23 @@ def _tiny_gguf(path: Path, arch: str) -> Path:
     return path
 
 
-def test_gguf_input_errors_are_one_line(tmp_path):
+def cli_here(capsys, *args) -> subprocess.CompletedProcess:
+    """The CLI's main() in this process (a subprocess each costs seconds of imports)."""
+    from edgeprefill.cli.main import main
+
+    capsys.readouterr()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(sys, "argv", ["edgeprefill", *map(str, args)])
+        try:
+            main()
+            code = 0
+        except SystemExit as exit:
+            code = exit.code
+    out = capsys.readouterr()
+    return subprocess.CompletedProcess(args, code, out.out, out.err)
+
+
+def test_gguf_input_errors_are_one_line(tmp_path, capsys):
     split = tmp_path / "split"
     split.mkdir()
     for part in (1, 2):
@@ -243,7 +255,8 @@ def test_gguf_input_errors_are_one_line(tmp_path):
          "is not one transformers reads into float weights (supported: bloom, "),
     ]
     for source, fragment in cases:
-        assert_one_line_error(cli("export", source, "-o", tmp_path / "out"), fragment)
+        assert_one_line_error(cli_here(capsys, "export", source, "-o", tmp_path / "out"),
+                              fragment)
     assert not (tmp_path / "out").exists()
     assert not [p for p in tmp_path.iterdir() if ".gguf-" in p.name]  # no staging left
 
