@@ -189,7 +189,7 @@ def _write_weights(gguf_file: Path, folder: Path, config: Any, source: GgufSourc
     """load_gguf_checkpoint's tensor loop, one tensor at a time into shards."""
     import torch
     import transformers
-    from gguf import GGUFReader, dequantize
+    from gguf import GGUFReader
 
     parsed = reader.load_gguf_checkpoint(str(gguf_file), return_tensors=False)
     processor = reader.TENSOR_PROCESSORS.get(source.architecture, reader.TensorProcessor)(
@@ -198,31 +198,41 @@ def _write_weights(gguf_file: Path, folder: Path, config: Any, source: GgufSourc
         model = transformers.AutoModelForCausalLM.from_config(config)
     # GGUF's own architecture name: its tensor-name table is keyed by it.
     names = reader.get_gguf_hf_weights_map(model, processor, model_type=source.architecture)
-    merged = _merge_counts(names)
-    arrived: dict[str, int] = {}
-    pending: dict[str, Any] = {"tensors": {}}  # where the MoE processors put their tensors
     gguf = GGUFReader(gguf_file)
-    unused: list[str] = []
     with _Shards(folder) as shards, tqdm(
         total=sum(int(t.n_bytes) for t in gguf.tensors), unit="B", unit_scale=True,
         desc=f"reading {gguf_file.name}", disable=not show_progress, leave=False,
     ) as bar:
-        for tensor in gguf.tensors:
-            result = processor.process(
-                weights=dequantize(tensor.data, tensor.tensor_type), name=tensor.name,
-                tensor_key_mapping=names, parsed_parameters=pending)
-            if result.name is not None and result.name in names:
-                shards.add(names[result.name], result.weights)
-            elif result.name is not None:
-                unused.append(result.name)
-            target = names.get(tensor.name.removesuffix(".weight"))
-            if target in merged:  # gate and up experts fill one tensor: wait for both
-                arrived[target] = arrived.get(target, 0) + 1
-            for hf_name in list(pending["tensors"]):
-                if hf_name not in merged or arrived.get(hf_name) == merged[hf_name]:
-                    shards.add(hf_name, pending["tensors"].pop(hf_name))
-            bar.update(int(tensor.n_bytes))
+        unused = _convert_tensors(gguf.tensors, processor, names, shards, bar)
     _warn_unused(unused)
+
+
+def _convert_tensors(tensors: Any, processor: Any, names: dict[str, str], shards: _Shards,
+                     bar: tqdm) -> list[str]:
+    """Dequantize and process each GGUF tensor into `shards`; return the names of those
+    transformers' reader does not use."""
+    from gguf import dequantize
+
+    merged = _merge_counts(names)
+    arrived: dict[str, int] = {}
+    pending: dict[str, Any] = {"tensors": {}}  # where the MoE processors put their tensors
+    unused: list[str] = []
+    for tensor in tensors:
+        result = processor.process(
+            weights=dequantize(tensor.data, tensor.tensor_type), name=tensor.name,
+            tensor_key_mapping=names, parsed_parameters=pending)
+        if result.name is not None and result.name in names:
+            shards.add(names[result.name], result.weights)
+        elif result.name is not None:
+            unused.append(result.name)
+        target = names.get(tensor.name.removesuffix(".weight"))
+        if target in merged:  # gate and up experts fill one tensor: wait for both
+            arrived[target] = arrived.get(target, 0) + 1
+        for hf_name in list(pending["tensors"]):
+            if hf_name not in merged or arrived.get(hf_name) == merged[hf_name]:
+                shards.add(hf_name, pending["tensors"].pop(hf_name))
+        bar.update(int(tensor.n_bytes))
+    return unused
 
 
 def _warn_unused(unused: list[str]) -> None:
