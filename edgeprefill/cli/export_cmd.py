@@ -1,4 +1,4 @@
-"""`edgeprefill export HF_DIR -o BUNDLE`."""
+"""`edgeprefill export HF_DIR -o BUNDLE` (or a .gguf file for HF_DIR)."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ def _list_models(ctx: click.Context, param: click.Parameter, value: bool) -> Non
               help="Print the supported model_types one per line, then the refused ones "
                    "with why, and exit. Encoder-decoder, encoder and audio checkpoints of "
                    "any model_type are refused for what their config.json says they are.")
-@click.argument("hf_dir", type=click.Path(file_okay=False, path_type=str))
+@click.argument("hf_dir", type=click.Path(path_type=str))
 @click.option("-o", "--output", "out_dir", required=True, type=click.Path(path_type=str),
               help="Bundle folder to write.")
 @click.option("--flavor", type=click.Choice(["ort", "standard"]), default="ort",
@@ -70,10 +70,17 @@ def export(hf_dir, out_dir, flavor, dtype, chunks, max_context, quantize, block_
     """Export a Hugging Face causal LM folder (config.json, safetensors or
     pytorch_model.bin weights, tokenizer.json) to an edgeprefill bundle.
 
+    HF_DIR may also be a GGUF file (llama.cpp, Ollama, LM Studio), or a folder holding
+    one and no config.json: it is converted with transformers' GGUF reader (needs
+    `pip install -e ".[gguf]"`). Quantized GGUF weights (Q4_K_M, Q8_0, ...) are
+    dequantized: the bundle holds them in float, and --quantize int8/int4 re-quantizes
+    them, adding its own rounding.
+
     \b
     Example:
       edgeprefill export models/tiny-recall -o build/tiny-recall
       edgeprefill export ~/models/SmolLM2-135M -o build/smollm2 --chunks 32,128 --max-context 2048
+      edgeprefill export ~/Downloads/qwen2.5-0.5b-instruct-q8_0.gguf -o build/qwen --quantize int8
     """
     from edgeprefill.export.exporter import ExportOptions
     from edgeprefill.export.exporter import export as run_export

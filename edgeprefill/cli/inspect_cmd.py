@@ -69,6 +69,7 @@ def inspect(bundle, verify, as_json):
         f"model       {model.family}: {model.num_layers} layers, hidden {model.hidden_size}, "
         f"{_heads(model)}, vocab {model.vocab_size}",
         f"quirks      {'; '.join(m.source.get('quirks') or ['none (plain Llama layout)'])}",
+        *_gguf_line(m),
         f"graph       {graph.file} ({graph.flavor} flavour, {graph.dtype}, opsets "
         f"{json.dumps(graph.opsets)})",
         embeddings_line(proto),
@@ -97,6 +98,18 @@ def inspect(bundle, verify, as_json):
           for name, rec in m.files.items()],
     ]
     click.echo("\n".join(lines))
+
+
+def _gguf_line(m) -> list[str]:
+    """Where a bundle exported from a GGUF file came from (export/gguf_input.py)."""
+    gguf = m.source.get("gguf")
+    if not isinstance(gguf, dict):
+        return []
+    quant = gguf.get("quant")
+    notes = [] if quant in ("F32", "F16", "BF16") else ["dequantized to float"]
+    notes += [f"re-quantized {m.graph.quantization}"] if m.graph.quantization else []
+    return [f"source      {gguf.get('file')} (GGUF {gguf.get('architecture')}, {quant}"
+            f"{'; ' + ', '.join(notes) if notes else ''})"]
 
 
 def _heads(model) -> str:

@@ -26,11 +26,12 @@ from edgeprefill.export.checkpoint import Checkpoint
 from edgeprefill.export.config_checks import check_tokenizer_fits
 from edgeprefill.export.decoder import DecoderBuilder
 from edgeprefill.export.flavors import flavor_class
+from edgeprefill.export.gguf_input import converted, gguf_file_of
 from edgeprefill.export.graph import GraphBuilder
 from edgeprefill.export.lm_head import warn_if_kept_apart
 from edgeprefill.export.model_config import ModelConfig
 from edgeprefill.export.quantize import QuantConfig
-from edgeprefill.export.staging import staged
+from edgeprefill.export.staging import check_target, staged
 from edgeprefill.export.writer import write_external_data
 from edgeprefill.json_file import optional_json_object
 from edgeprefill.sdk.chat_template import check_export_template, template_source
@@ -76,9 +77,23 @@ class ExportOptions:
 
 
 def export(hf_dir: str | Path, out_dir: str | Path, options: ExportOptions) -> Manifest:
+    """`hf_dir`: a Hugging Face folder, or a GGUF file (or a folder holding one and no
+    config.json), which export/gguf_input.py converts to a Hugging Face folder first."""
     hf_dir, out_dir = Path(hf_dir), Path(out_dir)
+    gguf_file = gguf_file_of(hf_dir)
+    if gguf_file is None:
+        return _export(hf_dir, out_dir, options, {"path": str(hf_dir.resolve())})
+    check_target(out_dir, options.overwrite)  # before a conversion that may take minutes
+    with converted(gguf_file, out_dir, options.show_progress) as (folder, gguf):
+        return _export(folder, out_dir, options, {"path": gguf.path, "gguf": gguf.as_dict()})
+
+
+def _export(hf_dir: Path, out_dir: Path, options: ExportOptions,
+            source: dict[str, Any]) -> Manifest:
+    """`source`: what the manifest records of where the checkpoint came from."""
     if not hf_dir.is_dir():
-        raise ExportError(f"{hf_dir} is not a folder")
+        raise ExportError(f"{hf_dir} is not a folder (a Hugging Face checkpoint) nor a "
+                          ".gguf file")
     cfg = ModelConfig.from_dir(hf_dir)
     options = _for_int4_checkpoint(cfg, options)
     if cfg.bitnet is not None and options.quant is not None:
@@ -118,7 +133,7 @@ def export(hf_dir: str | Path, out_dir: str | Path, options: ExportOptions) -> M
         for name in tokenizer_files + _license_files(hf_dir):
             shutil.copyfile(hf_dir / name, stage / name)
         manifest = _manifest(cfg, g, options, chunks, max_context, hf_dir, stage,
-                             tokenizer_files)
+                             tokenizer_files, source)
         (stage / MANIFEST_FILE).write_text(manifest.to_json())
     return manifest
 
@@ -212,6 +227,7 @@ def _value_is_key(cfg: ModelConfig, flavor: str) -> list[int]:
 def _manifest(
     cfg: ModelConfig, g: GraphBuilder, options: ExportOptions, chunks: list[int],
     max_context: int, hf_dir: Path, out_dir: Path, tokenizer_files: list[str],
+    source: dict[str, Any],
 ) -> Manifest:
     layers = [kv_names(i) for i in cfg.kv_layers]
     states = [state_names(i, kind) for i in cfg.state_layers for kind in cfg.state_kinds(i)]
@@ -259,8 +275,8 @@ def _manifest(
         eos_token_ids=eos,
         bos_token_id=cfg.bos_token_id,
         files={name: file_record(out_dir / name) for name in files},
-        source={"path": str(hf_dir.resolve()), "model_type": cfg.family,
-                "edgeprefill": __version__, "quirks": cfg.quirks()},
+        source={**source, "model_type": cfg.family, "edgeprefill": __version__,
+                "quirks": cfg.quirks()},
     )
 
 

@@ -1,0 +1,138 @@
+"""GGUF files of the tests' tiny transformers models, written with the `gguf` package the
+way llama.cpp's convert_hf_to_gguf.py writes them (its TextModel.set_gguf_parameters,
+LlamaModel.permute, _set_vocab_gpt2 and prepare_tensors, read at ggml-org/llama.cpp):
+llama.cpp's tensor names, the Llama family's q/k rows permuted for its rope, a byte-level
+BPE ("gpt2") vocabulary, F32 or Q8_0 weights (one-dimensional tensors stay F32)."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+
+# HF model_type -> llama.cpp's architecture, and whether its converter permutes q/k
+# (LlamaModel does; Qwen2Model and Qwen3Model, whose rope is NeoX-style, do not).
+ARCHS = {"llama": ("llama", True), "qwen2": ("qwen2", False), "qwen3": ("qwen3", False),
+         "gemma2": ("gemma2", False), "qwen3_moe": ("qwen3moe", False)}
+# Gemma2Model stores its norms as `w + 1` (ggml multiplies by the weight as it is).
+NORMS_PLUS_ONE = ("gemma2",)
+
+
+def permute(weights: np.ndarray, n_head: int, n_head_kv: int | None) -> np.ndarray:
+    """LlamaModel.permute: HF's rotate-half rows -> llama.cpp's interleaved pairs."""
+    if n_head_kv is not None and n_head != n_head_kv:
+        n_head = n_head_kv
+    return (weights.reshape(n_head, 2, weights.shape[0] // n_head // 2, *weights.shape[1:])
+            .swapaxes(1, 2).reshape(weights.shape))
+
+
+def write_gguf(hf_dir: Path, out: Path, quant: str = "F32", name: str = "tiny",
+               permute_qk: bool = True, rope_freqs: bool = False) -> Path:
+    """`hf_dir` (config.json, model.safetensors, a byte-level BPE tokenizer.json) as a GGUF
+    file `out`. `permute_qk=False` leaves out llama's q/k permutation (a broken converter);
+    `rope_freqs` adds the per-frequency factors LlamaModel writes for Llama 3.1's rope."""
+    import gguf
+    from safetensors.numpy import load_file
+
+    config = json.loads((hf_dir / "config.json").read_text())
+    arch, permutes = ARCHS[config["model_type"]]
+    layers, heads = config["num_hidden_layers"], config["num_attention_heads"]
+    kv_heads = config["num_key_value_heads"]
+    file_type = {"F32": gguf.LlamaFileType.ALL_F32, "Q8_0": gguf.LlamaFileType.MOSTLY_Q8_0}
+    writer = gguf.GGUFWriter(str(out), arch)
+    writer.add_name(name)
+    writer.add_file_type(file_type[quant])
+    writer.add_context_length(config["max_position_embeddings"])
+    writer.add_embedding_length(config["hidden_size"])
+    writer.add_block_count(layers)
+    writer.add_feed_forward_length(config["intermediate_size"])
+    writer.add_head_count(heads)
+    writer.add_head_count_kv(kv_heads)
+    writer.add_rope_freq_base(_rope_theta(config))
+    writer.add_layer_norm_rms_eps(config["rms_norm_eps"])
+    head_dim = config.get("head_dim") or config["hidden_size"] // heads
+    writer.add_key_length(head_dim)
+    writer.add_value_length(head_dim)
+    writer.add_rope_dimension_count(head_dim)
+    writer.add_vocab_size(config["vocab_size"])
+    if arch == "gemma2":  # Gemma2Model.set_gguf_parameters
+        writer.add_sliding_window(config["sliding_window"])
+        writer.add_attn_logit_softcapping(config["attn_logit_softcapping"])
+        writer.add_final_logit_softcapping(config["final_logit_softcapping"])
+    experts = config.get("num_local_experts", config.get("num_experts"))
+    if experts:  # Qwen2MoeModel.set_gguf_parameters
+        writer.add_expert_count(experts)
+        writer.add_expert_used_count(config["num_experts_per_tok"])
+        writer.add_expert_feed_forward_length(config["moe_intermediate_size"])
+    _add_vocab(writer, hf_dir, config)
+
+    model_arch = next(k for k, v in gguf.MODEL_ARCH_NAMES.items() if v == arch)
+    names = gguf.get_tensor_name_map(model_arch, layers)
+    tensors = _stacked_experts(load_file(str(hf_dir / "model.safetensors")))
+    for hf_name, data in tensors.items():
+        if permutes and permute_qk and hf_name.endswith(("q_proj.weight", "q_proj.bias")):
+            data = permute(data, heads, heads)
+        if permutes and permute_qk and hf_name.endswith(("k_proj.weight", "k_proj.bias")):
+            data = permute(data, heads, kv_heads)
+        if arch in NORMS_PLUS_ONE and hf_name.endswith("norm.weight"):
+            data = data + 1
+        new_name = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
+        assert new_name is not None, hf_name
+        qtype = gguf.GGMLQuantizationType.F32 if quant == "F32" or data.ndim == 1 else \
+            gguf.GGMLQuantizationType.Q8_0
+        data = gguf.quants.quantize(data.astype(np.float32), qtype)
+        writer.add_tensor(new_name, data, raw_dtype=qtype)
+    if rope_freqs:
+        writer.add_tensor("rope_freqs.weight", np.linspace(1, 8, head_dim // 2, dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return out
+
+
+def _stacked_experts(tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Qwen2MoeModel.modify_tensors: each layer's experts' gate, up and down matrices
+    stacked into one [experts, out, in] tensor, `mlp.experts.{gate,up,down}_proj.weight`."""
+    out, experts = {}, {}
+    for name, data in tensors.items():
+        m = re.fullmatch(r"(.*\.mlp\.experts)\.(\d+)\.(\w+_proj)\.weight", name)
+        if m is None:
+            out[name] = data
+        else:
+            experts.setdefault(f"{m[1]}.{m[3]}.weight", {})[int(m[2])] = data
+    for name, by_index in experts.items():
+        out[name] = np.stack([by_index[i] for i in sorted(by_index)])
+    return out
+
+
+def _rope_theta(config: dict) -> float:
+    params = config.get("rope_parameters") or {}
+    return float(params.get("rope_theta", config.get("rope_theta", 10000.0)))
+
+
+def _add_vocab(writer, hf_dir: Path, config: dict) -> None:
+    """_set_vocab_gpt2: the vocabulary in id order, special tokens CONTROL, the merges."""
+    import gguf
+
+    tok = json.loads((hf_dir / "tokenizer.json").read_text())
+    by_id = {i: t for t, i in tok["model"]["vocab"].items()}
+    special = {t["content"] for t in tok["added_tokens"] if t["special"]}
+    tokens, types = [], []
+    for i in range(config["vocab_size"]):
+        token = by_id.get(i, f"[PAD{i}]")
+        tokens.append(token)
+        types.append(gguf.TokenType.CONTROL if token in special else
+                     gguf.TokenType.NORMAL if i in by_id else gguf.TokenType.UNUSED)
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("gpt-2")
+    writer.add_token_list(tokens)
+    writer.add_token_types(types)
+    merges = tok["model"]["merges"]
+    writer.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in merges])
+    writer.add_bos_token_id(config["bos_token_id"])
+    writer.add_eos_token_id(config["eos_token_id"])
+    writer.add_pad_token_id(config["pad_token_id"])
+    writer.add_add_bos_token(False)

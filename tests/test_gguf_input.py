@@ -1,0 +1,298 @@
+"""GGUF input: `export model.gguf` equals the transformers model it was converted from (F32)
+and transformers' own reading of the file (Q8_0), logits and greedy text."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from edgeprefill.engines import StepBatch
+from edgeprefill.export.exporter import ExportOptions, export
+from edgeprefill.sdk import Engine, GenerationParams
+from tests.bpe_tokenizers import byte_level_bpe, install
+from tests.conftest import build_hf_model, load_hf_model
+from tests.gguf_files import write_gguf
+from tests.test_cli_errors import assert_one_line_error, cli
+
+pytest.importorskip("gguf")
+
+PROMPT = "hello world, the quick brown fox jumps over the lazy dog"
+NEW_TOKENS = 12
+CACHE: dict[tuple, tuple[Path, Path]] = {}
+# llama.cpp's Qwen2 has no sliding window (nor have Qwen2's released checkpoints): the
+# fixture's would be lost in the file. transformers 5.24 reads no head_dim from a Qwen3
+# GGUF (its attention.key_length): Qwen3Config's default, 128, as every released Qwen3's.
+# Nor does it read Gemma 2's softcaps nor query_pre_attn_scalar: Gemma2Config's defaults;
+# llama.cpp's Gemma 2 has no output matrix of its own: tied, as Gemma 2's released ones.
+OVERRIDES = {"qwen2": {"use_sliding_window": False}, "qwen3": {"head_dim": 128},
+             "gemma2": {"query_pre_attn_scalar": 256, "attn_logit_softcapping": 50.0,
+                        "final_logit_softcapping": 30.0, "tie_word_embeddings": True},
+             # Qwen3-MoE: no expert_feed_forward_length read and its expert_count into a
+             # field Qwen3MoeConfig no longer has: its defaults, 768 and 128, as
+             # Qwen3-30B-A3B's; llama.cpp's has experts on every layer.
+             "qwen3_moe": {"moe_intermediate_size": 768, "num_experts": 128,
+                           "mlp_only_layers": [], "num_hidden_layers": 1}}
+
+
+@pytest.fixture(scope="module")
+def gguf_model(tmp_path_factory):
+    """(family, quant) -> (the tiny transformers model's folder, its GGUF file)."""
+
+    def get(family: str, quant: str, permute_qk: bool = True) -> tuple[Path, Path]:
+        key = (family, quant, permute_qk)
+        if key not in CACHE:
+            root = tmp_path_factory.mktemp(f"gguf-{family}-{quant}")
+            tok = byte_level_bpe()
+            hf = build_hf_model(family, root / "hf", vocab_size=tok.get_vocab_size(),
+                                **OVERRIDES.get(family, {}))
+            install(tok, hf)
+            gguf = write_gguf(hf, root / f"tiny-{quant}.gguf", quant, permute_qk=permute_qk)
+            CACHE[key] = hf, gguf
+        return CACHE[key]
+
+    return get
+
+
+def exported(gguf: Path, out: Path, **options) -> Path:
+    export(gguf, out, ExportOptions(chunks=(16, 64), max_context=256, show_progress=False,
+                                    overwrite=True, **options))
+    return out
+
+
+def gguf_reference(gguf: Path):
+    """transformers' own model of the GGUF file (dequantized as it reads it)."""
+    import transformers
+
+    return transformers.AutoModelForCausalLM.from_pretrained(
+        str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+
+
+def check_logits(model, bundle: Path, ids: list[int]) -> None:
+    with torch.no_grad():
+        expected = model(torch.tensor([ids])).logits[0].numpy()
+    engine = Engine.load(bundle, threads=2, background=False)
+    for chunk in (len(ids), 16, 7):
+        for start in range(0, len(ids), chunk):
+            part = ids[start:start + chunk]
+            logits = engine.backend.run(StepBatch(
+                np.array([part], np.int64), np.array([start], np.int32),
+                np.array([len(part)], np.int32), first_slot=0))
+            np.testing.assert_allclose(logits[0], expected[start + len(part) - 1],
+                                       rtol=1e-4, atol=1e-4, err_msg=f"chunk {chunk} at {start}")
+    engine.close()
+
+
+def check_greedy_text(model, hf: Path, bundle: Path) -> None:
+    """The bundle's greedy reply to PROMPT, as text, equals the model's, decoded by the
+    original tokenizer (so the GGUF's vocabulary round-trips too)."""
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(hf / "tokenizer.json"))  # whatever the model_type
+    ids = tok.encode(PROMPT).ids
+    with torch.no_grad():
+        out = model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids)),
+                             max_new_tokens=NEW_TOKENS, do_sample=False, eos_token_id=None,
+                             pad_token_id=0)
+    expected = tok.decode(out[0, len(ids):].tolist())
+    engine = Engine.load(bundle, threads=2, background=False)
+    assert engine.tokenizer.encode(PROMPT) == ids
+    got = engine.generate(PROMPT, GenerationParams(max_new_tokens=NEW_TOKENS,
+                                                   ignore_eos=True)).result()
+    engine.close()
+    assert got.text == expected and len(got.token_ids) == NEW_TOKENS
+
+
+def prompt_ids(hf: Path) -> list[int]:
+    vocab = json.loads((hf / "config.json").read_text())["vocab_size"]
+    rng = np.random.default_rng(7)
+    return [1] + [int(t) for t in rng.integers(3, vocab, size=40)]
+
+
+def test_a_f32_llama_gguf_exports_the_transformers_model_it_was_converted_from(
+        gguf_model, tmp_path):
+    hf, gguf = gguf_model("llama", "F32")
+    bundle = exported(gguf, tmp_path / "b")
+    model = load_hf_model(hf)
+    check_logits(model, bundle, prompt_ids(hf))
+    check_greedy_text(model, hf, bundle)
+
+
+def test_a_q8_0_llama_gguf_exports_what_transformers_reads_from_it(gguf_model, tmp_path):
+    hf, gguf = gguf_model("llama", "Q8_0")
+    bundle = exported(gguf, tmp_path / "b")
+    check_logits(gguf_reference(gguf), bundle, prompt_ids(hf))
+    manifest = json.loads((bundle / "edgeprefill.json").read_text())
+    assert manifest["source"]["gguf"] == {"file": "tiny-Q8_0.gguf", "architecture": "llama",
+                                          "quant": "Q8_0"}
+    assert manifest["source"]["path"] == str(gguf.resolve())
+
+
+def test_the_q_k_permutation_of_llama_ggufs_is_undone(gguf_model, tmp_path):
+    """Written without llama.cpp's q/k permutation, the file reads as another model: the
+    comparisons above see the un-permuting."""
+    hf, gguf = gguf_model("llama", "F32", permute_qk=False)
+    bundle = exported(gguf, tmp_path / "b")
+    with pytest.raises(AssertionError):
+        check_logits(load_hf_model(hf), bundle, prompt_ids(hf))
+
+
+def test_tensors_transformers_skips_are_named(gguf_model, tmp_path, caplog):
+    hf, _ = gguf_model("llama", "F32")
+    gguf = write_gguf(hf, tmp_path / "llama31.gguf", rope_freqs=True)
+    exported(gguf, tmp_path / "b")
+    assert "transformers' GGUF reader uses none of the file's rope_freqs.weight: Llama 3.1+'s " \
+           "rope scaling, which transformers reads as unscaled rope" in caplog.text
+
+
+def test_a_folder_holding_one_gguf_exports_it(gguf_model, tmp_path):
+    hf, gguf = gguf_model("qwen2", "F32")
+    folder = tmp_path / "downloads"
+    folder.mkdir()
+    (folder / gguf.name).symlink_to(gguf)
+    bundle = exported(folder, tmp_path / "b")
+    model = load_hf_model(hf)
+    check_logits(model, bundle, prompt_ids(hf))
+    check_greedy_text(model, hf, bundle)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", ["qwen2", "qwen3", "qwen3_moe"])
+def test_q8_0_ggufs_of_more_families_export_what_transformers_reads(
+        family, gguf_model, tmp_path):
+    hf, gguf = gguf_model(family, "Q8_0")
+    bundle = exported(gguf, tmp_path / "b")
+    model = gguf_reference(gguf)
+    check_logits(model, bundle, prompt_ids(hf))
+    check_greedy_text(model, hf, bundle)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", ["qwen3", "gemma2", "qwen3_moe"])
+def test_f32_ggufs_of_more_families_export_the_model_they_were_converted_from(
+        family, gguf_model, tmp_path):
+    hf, gguf = gguf_model(family, "F32")
+    bundle = exported(gguf, tmp_path / "b")
+    model = load_hf_model(hf)
+    check_logits(model, bundle, prompt_ids(hf))
+    check_greedy_text(model, hf, bundle)
+
+
+def _int8():
+    from edgeprefill.export.quantize import QuantConfig
+
+    return QuantConfig("int8")
+
+
+def test_a_q8_0_gguf_re_quantized_to_int8_says_both_in_manifest_and_inspect(
+        gguf_model, tmp_path):
+    """--quantize on a GGUF re-quantizes its dequantized weights."""
+    _, gguf = gguf_model("llama", "Q8_0")
+    bundle = exported(gguf, tmp_path / "b", quant=_int8())
+    manifest = json.loads((bundle / "edgeprefill.json").read_text())
+    assert manifest["graph"]["quantization"] == "int8"
+    assert manifest["source"]["gguf"]["quant"] == "Q8_0"
+    result = cli("inspect", bundle)
+    assert result.returncode == 0, result.stderr
+    assert "source      tiny-Q8_0.gguf (GGUF llama, Q8_0; dequantized to float, " \
+           "re-quantized int8)" in result.stdout.splitlines()
+
+
+def _tiny_gguf(path: Path, arch: str) -> Path:
+    """A readable GGUF file of `arch` holding metadata only."""
+    import gguf
+
+    writer = gguf.GGUFWriter(str(path), arch)
+    writer.add_block_count(1)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def cli_here(capsys, *args) -> subprocess.CompletedProcess:
+    """The CLI's main() in this process (a subprocess each costs seconds of imports)."""
+    from edgeprefill.cli.main import main
+
+    capsys.readouterr()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(sys, "argv", ["edgeprefill", *map(str, args)])
+        try:
+            main()
+            code = 0
+        except SystemExit as exit:
+            code = exit.code
+    out = capsys.readouterr()
+    return subprocess.CompletedProcess(args, code, out.out, out.err)
+
+
+def test_gguf_input_errors_are_one_line(tmp_path, capsys):
+    split = tmp_path / "split"
+    split.mkdir()
+    for part in (1, 2):
+        (split / f"model-0000{part}-of-00002.gguf").write_bytes(b"GGUF")
+    two = tmp_path / "two"
+    two.mkdir()
+    for name in ("a.gguf", "b.gguf"):
+        _tiny_gguf(two / name, "llama")
+    (tmp_path / "notes.txt").write_text("not a model")
+    (tmp_path / "broken.gguf").write_bytes(b"not a gguf file at all")
+    cases = [
+        (split / "model-00001-of-00002.gguf", "model-00001-of-00002.gguf is one part of a "
+         "split GGUF: merge the parts first (llama.cpp: llama-gguf-split --merge"),
+        (split, "is one part of a split GGUF"),
+        (two, "has no config.json and 2 .gguf files (a.gguf, b.gguf): name the one"),
+        (tmp_path / "notes.txt", "notes.txt is not a folder (a Hugging Face checkpoint) nor "
+         "a .gguf file"),
+        (tmp_path / "broken.gguf", "broken.gguf is not a readable GGUF file"),
+        (_tiny_gguf(tmp_path / "rwkv.gguf", "rwkv6"), "rwkv.gguf: GGUF architecture 'rwkv6' "
+         "is not one transformers reads into float weights (supported: bloom, "),
+    ]
+    for source, fragment in cases:
+        assert_one_line_error(cli_here(capsys, "export", source, "-o", tmp_path / "out"),
+                              fragment)
+    assert not (tmp_path / "out").exists()
+    assert not [p for p in tmp_path.iterdir() if ".gguf-" in p.name]  # no staging left
+
+
+def test_gguf_input_without_its_libraries_says_what_to_install(gguf_model, tmp_path):
+    _, gguf = gguf_model("llama", "F32")
+    script = ("import sys; sys.modules['gguf'] = None; sys.argv = ['edgeprefill'] + "
+              "sys.argv[1:]; from edgeprefill.cli.main import main; main()")
+    result = subprocess.run([sys.executable, "-c", script, "export", str(gguf), "-o",
+                             str(tmp_path / "out")], capture_output=True, text=True,
+                            timeout=120)
+    assert_one_line_error(result, 'reading a GGUF file needs torch, transformers and gguf: '
+                                  'pip install -e ".[gguf]"')
+
+
+def test_the_weights_go_to_shards_of_bounded_size_equal_to_the_original(
+        gguf_model, tmp_path, monkeypatch):
+    """Shards of at most SHARD_BYTES (a larger tensor alone), every tensor the original's
+    (llama's q/k rows un-permuted)."""
+    from safetensors.numpy import load_file
+
+    from edgeprefill.export import gguf_input
+
+    hf, gguf = gguf_model("llama", "F32")
+    monkeypatch.setattr(gguf_input, "SHARD_BYTES", 40_000)
+    original = load_file(str(hf / "model.safetensors"))
+    with gguf_input.converted(gguf, tmp_path / "b", show_progress=False) as (folder, _):
+        shards = sorted(folder.glob("model-*.safetensors"))
+        index = json.loads((folder / "model.safetensors.index.json").read_text())
+        assert sorted(set(index["weight_map"].values())) == [p.name for p in shards]
+        converted = {}
+        for shard in shards:
+            tensors = load_file(str(shard))
+            assert len(tensors) == 1 or sum(t.nbytes for t in tensors.values()) <= 40_000
+            converted.update(tensors)
+    assert len(shards) > 5 and not folder.exists()
+    assert sorted(converted) == sorted(original)
+    for name, tensor in original.items():
+        np.testing.assert_array_equal(converted[name], tensor, err_msg=name)
