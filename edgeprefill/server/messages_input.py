@@ -78,7 +78,7 @@ def _block(block: Any, param: str, role: str) -> dict[str, Any]:
         raise ApiError(400, f"{param}: a {role} message's blocks are {', '.join(allowed)}, "
                        f"not {kind!r}", f"{param}.type")
     assert isinstance(block, dict)
-    for key in BLOCK_KEYS.get(kind, ()):
+    for key in BLOCK_KEYS.get(str(kind), ()):
         want = dict if key == "input" else str
         if not isinstance(block.get(key), want):
             kind_name = "an object" if want is dict else "a string"
