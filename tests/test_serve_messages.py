@@ -6,6 +6,7 @@ headers and the error schema. Tool calls: tests/test_serve_messages_tools.py."""
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Iterator
 
 import pytest
@@ -241,6 +242,34 @@ def test_an_engine_failure_is_a_500_or_an_error_event(claude, http, engine, monk
             stream.get_final_message()
     assert failed.value.body["error"]["type"] == "api_error"
     assert "device lost" in failed.value.body["error"]["message"]
+
+
+def test_a_stream_the_shutdown_cuts_ends_with_anthropic_s_error_event(engine, monkeypatch):
+    from tests.test_server_hardening import TIMEOUTS
+
+    slow_down(monkeypatch, engine, 0.05)
+    events: list[dict] = []
+    first = threading.Event()
+
+    def read(url: str) -> None:
+        body = {"model": MODEL, "messages": USER, "max_tokens": 200, "stream": True,
+                **NO_EOS}
+        with httpx.stream("POST", f"{url}/v1/messages", json=body, timeout=30) as response:
+            for line in response.iter_lines():
+                if line.startswith("data: "):
+                    events.append(json.loads(line[6:]))
+                    first.set()
+
+    app = create_app(engine, ServerConfig(model_name=MODEL))
+    with ServerThread(app, port=free_port(), timeouts=TIMEOUTS) as server:
+        reader = threading.Thread(target=read, args=(server.url,))
+        reader.start()
+        assert first.wait(30)
+    reader.join(30)
+    assert events[0]["type"] == "message_start" and len(events) < 200
+    assert events[-1] == {"type": "error", "error": {
+        "type": "overloaded_error", "message": events[-1]["error"]["message"]}}
+    assert "shutting down" in events[-1]["error"]["message"]
 
 
 def test_messages_are_counted_under_their_route(claude, http):
