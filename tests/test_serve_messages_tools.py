@@ -180,6 +180,13 @@ def test_tool_choice_is_the_chat_route_s(choice, chat_choice, parallel):
     assert request.tools.tools[0]["function"]["parameters"] == TOOL["input_schema"]
 
 
+def test_tool_choice_auto_without_tools_asks_for_nothing():
+    request = parse_messages_api({**BODY, "tools": [], "tool_choice": {"type": "auto"}})
+    assert request.tools is None
+    with pytest.raises(ApiError, match="needs 'tools'"):
+        parse_messages_api({**BODY, "tools": [], "tool_choice": {"type": "any"}})
+
+
 def test_the_prompt_fields_are_counted_and_the_reply_fields_are_not_accepted():
     assert count_body({k: BODY[k] for k in ("model", "messages", "tools")}).tools is not None
     with pytest.raises(ApiError, match="max_tokens"):

@@ -71,7 +71,10 @@ def _parse(body: dict, max_tokens: Any) -> CompletionRequest:
     chat["max_tokens"] = max_tokens
     chat["stop"] = _stop_sequences(body.get("stop_sequences"))
     chat["tools"] = _tools(body.get("tools"))
-    chat.update(_tool_choice(body.get("tool_choice")))
+    choice = _tool_choice(body.get("tool_choice"))
+    if not chat["tools"] and choice.get("tool_choice") == "auto":
+        choice = {}  # auto without tools asks for nothing (the chat route would refuse it)
+    chat.update(choice)
     chat["chat_template_kwargs"] = _thinking(body.get("thinking"))
     try:
         return parse_chat(chat)
