@@ -1,6 +1,7 @@
 """Property-based: no request body, however malformed, gets a 5xx or a reply outside the
-OpenAI error schema. The app runs in-process (starlette's TestClient) over the tiny
-llama bundle with a 64-position context, so every example is quick."""
+route's error schema (OpenAI's; Anthropic's on the Messages API). The app runs in-process
+(starlette's TestClient) over the tiny llama bundle with a 64-position context, so every
+example is quick."""
 
 from __future__ import annotations
 
@@ -66,6 +67,37 @@ COMMON = {
     "tools": json_values,
     "response_format": json_values,
 }
+# The Messages API's (Anthropic's) fields, valid-ish values mixed with any JSON.
+block = st.fixed_dictionaries(
+    {"type": st.sampled_from(["text", "tool_use", "tool_result", "thinking", "image"])
+     | json_values},
+    optional={"text": field(text), "id": json_values, "name": json_values,
+              "input": json_values, "tool_use_id": json_values, "content": json_values,
+              "thinking": json_values})
+anthropic_message = st.fixed_dictionaries(
+    {"role": st.sampled_from(["user", "assistant"]) | json_values},
+    optional={"content": st.sampled_from(["w5 w6", ""]) | st.lists(block, max_size=3)
+              | json_values})
+MESSAGES_API = {
+    "model": COMMON["model"],
+    "messages": st.lists(anthropic_message, max_size=3) | json_values,
+    "system": field(text | st.lists(block, max_size=2)),
+    "max_tokens": COMMON["max_tokens"],
+    "stop_sequences": COMMON["stop"],
+    "temperature": COMMON["temperature"],
+    "top_k": COMMON["top_k"],
+    "stream": COMMON["stream"],
+    "tools": field(st.lists(st.fixed_dictionaries(
+        {"name": field(st.just("get_weather"))},
+        optional={"input_schema": json_values, "type": json_values}), max_size=2)),
+    "tool_choice": field(st.fixed_dictionaries(
+        {"type": st.sampled_from(["auto", "any", "tool", "none"]) | json_values},
+        optional={"name": json_values, "disable_parallel_tool_use": json_values})),
+    "thinking": field(st.fixed_dictionaries(
+        {"type": st.sampled_from(["enabled", "disabled", "adaptive"]) | json_values},
+        optional={"budget_tokens": json_values})),
+    "metadata": json_values,
+}
 completion_bodies = st.fixed_dictionaries({}, optional={"prompt": prompt, **COMMON})
 chat_bodies = st.fixed_dictionaries({}, optional={"messages": messages, **COMMON})
 
@@ -84,9 +116,14 @@ def client(bundle) -> Iterator:
         engine.close()
 
 
-def assert_no_server_error(response) -> None:
+def assert_no_server_error(response, anthropic: bool = False) -> None:
     assert response.status_code < 500, response.text
-    if response.status_code >= 400:
+    if response.status_code >= 400 and anthropic:
+        body = response.json()
+        assert body["type"] == "error" and set(body["error"]) == {"type", "message"}
+        assert isinstance(body["error"]["message"], str) and body["error"]["message"]
+        assert "\n" not in body["error"]["message"].strip()
+    elif response.status_code >= 400:
         error = response.json()["error"]
         assert set(error) == {"message", "type", "param", "code"}
         assert isinstance(error["message"], str) and error["message"]
@@ -105,11 +142,22 @@ def test_chat_never_answers_5xx(client, body):
     assert_no_server_error(client.post("/v1/chat/completions", content=dump(body)))
 
 
+@settings(FUZZ, max_examples=80)
+@given(body=st.fixed_dictionaries({}, optional=MESSAGES_API))
+def test_messages_never_answer_5xx(client, body):
+    assert_no_server_error(client.post("/v1/messages", content=dump(body)), anthropic=True)
+    body.pop("max_tokens", None)
+    body.pop("stream", None)
+    assert_no_server_error(client.post("/v1/messages/count_tokens", content=dump(body)),
+                           anthropic=True)
+
+
 @settings(FUZZ, max_examples=60)
 @given(raw=st.binary(max_size=64) | json_values.map(lambda value: dump(value)))
 def test_any_bytes_never_answer_5xx(client, raw):
     for path in ("/v1/completions", "/v1/chat/completions"):
         assert_no_server_error(client.post(path, content=raw))
+    assert_no_server_error(client.post("/v1/messages", content=raw), anthropic=True)
 
 
 def dump(value) -> bytes:

@@ -115,3 +115,22 @@ def test_a_forced_call_with_ignore_eos_is_a_400_not_a_500(client):
             model="bpe", messages=QUESTION, tools=[WEATHER], tool_choice="required",
             extra_body={"ignore_eos": True})
     assert err.value.body["param"] == "tool_choice"
+
+
+@pytest.mark.parametrize("choice", [{"type": "tool", "name": "get_weather"},
+                                    {"type": "any", "disable_parallel_tool_use": True}])
+def test_the_messages_api_s_tool_choice_forces_a_tool_use_block(client, choice):
+    """Anthropic's `tool_choice` `tool` is the chat route's named function, `any` its
+    `required`."""
+    anthropic = pytest.importorskip("anthropic")
+    claude = anthropic.Anthropic(base_url=str(client.base_url).removesuffix("/v1/"),
+                                 api_key="unused", max_retries=0)
+    function = WEATHER["function"]
+    tool = {"name": function["name"], "input_schema": function["parameters"]}
+    reply = claude.messages.create(
+        model="bpe", messages=QUESTION, tools=[tool], max_tokens=80,
+        tool_choice=choice, extra_body={"temperature": 0})
+    assert reply.stop_reason == "tool_use"
+    (call,) = reply.content
+    assert call.type == "tool_use" and call.name == "get_weather"
+    check_weather(json.dumps(call.input))

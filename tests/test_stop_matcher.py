@@ -34,6 +34,15 @@ def stop_cut(text: str, stops: tuple[str, ...]) -> int | None:
     return None
 
 
+def stop_winner(text: str, stops: tuple[str, ...]) -> str | None:
+    """The stop string that ends the text (stop_cut's), None without one."""
+    for end in range(1, len(text) + 1):
+        done = [s for s in stops if text.endswith(s, 0, end)]
+        if done:
+            return max(done, key=len)
+    return None
+
+
 def held_back(text: str, stops: tuple[str, ...]) -> int:
     """Length of the longest suffix of text that is a proper prefix of a stop string."""
     return max(n for s in stops for n in range(len(s)) if text.endswith(s[:n]))
@@ -67,6 +76,7 @@ def test_streamed_text_matches_the_definition_for_any_cut_into_tokens(case):
         assert streamer.stopped == (cut is not None)
         if streamer.stopped:
             assert shown == seen[:cut]
+            assert streamer.stop_string == stop_winner(seen, stops)  # what stop_reason names
             break
         keep = held_back(seen, stops)  # exactly this much is held back: no more, no less
         assert len(streamer.held) == keep
@@ -87,7 +97,7 @@ def test_the_stop_string_that_completes_first_wins(pieces):
         shown += streamer.push(token_id)
         if streamer.stopped:
             break
-    assert streamer.stopped and shown == "a"
+    assert streamer.stopped and shown == "a" and streamer.stop_string == "bc"
 
 
 def test_of_stop_strings_ending_together_the_longest_wins():
@@ -95,6 +105,7 @@ def test_of_stop_strings_ending_together_the_longest_wins():
     assert streamer.push(0) == "y"  # "x" could begin "xabc"
     assert streamer.push(1) == ""  # "xabc", "abc" and "bc" all end here
     assert streamer.stopped and streamer.flush() == ""
+    assert streamer.stop_string == "xabc"
 
 
 class CountingList(list):

@@ -550,6 +550,7 @@ class Engine:
             self.kv.release(request.slot, keep=keep)
         request.metrics.finish_reason = reason
         self.counters.finished += 1
+        request.stream.stop_string = request.text.stop_string
         request.stream._finish(reason, error, field)
 
     def _check_request(

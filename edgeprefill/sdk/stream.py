@@ -67,6 +67,7 @@ class TokenStream:
         # GenerationParams field it is about; None for a failure of the engine's own.
         self.error_field: str | None = None
         self.eos_token_id: int | None = None  # the EOS token that ended generation, if one
+        self.stop_string: str | None = None  # the stop string that ended it, if one
         # `async for` readers waiting for the next event: (their loop, a future to set).
         self._waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
         self._waiters_lock = threading.Lock()

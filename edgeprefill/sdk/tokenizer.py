@@ -143,7 +143,11 @@ class TextStreamer:
         self.stop = stop
         self.matcher = StopMatcher(stop) if stop else None
         self.held = ""  # decoded text not returned yet: it may begin a stop string
-        self.stopped = False
+        self.stop_string: str | None = None  # the stop string that ended the text, if one
+
+    @property
+    def stopped(self) -> bool:
+        return self.stop_string is not None
 
     def push(self, token_id: int) -> str:
         """Add a token; returns the text now safe to show (maybe empty)."""
@@ -163,8 +167,12 @@ class TextStreamer:
         text = self.held + new
         start = self.matcher.feed(new)
         if start is not None:
-            self.stopped, self.held = True, ""
-            return text[: len(text) - len(new) + start]
+            begin = len(text) - len(new) + start
+            # The winner begins at `begin`; any longer stop string beginning there ends
+            # later, so the winner is the shortest one found there.
+            self.stop_string = min((s for s in self.stop if text.startswith(s, begin)), key=len)
+            self.held = ""
+            return text[:begin]
         keep = 0 if at_end else self.matcher.held
         self.held = text[len(text) - keep :]
         return text[: len(text) - keep]

@@ -3,6 +3,8 @@
     POST /v1/completions         text or token-id prompt
     POST /v1/chat/completions    messages, rendered with the bundle's chat template
     POST /v1/responses           OpenAI's Responses API, stateless, through the chat path
+    POST /v1/messages            Anthropic's Messages API, through the chat path
+    POST /v1/messages/count_tokens   the token count of a Messages API prompt
     GET  /v1/models              the one model this server holds
     /tokenize, /detokenize, /v1/models/{id}, /version: server/routes_extra.py
     GET  /health                 liveness (never needs the API key)
@@ -43,6 +45,8 @@ from edgeprefill.server.body import read_json
 from edgeprefill.server.choices import Choices
 from edgeprefill.server.errors import ApiError, generation_failure
 from edgeprefill.server.harmony import bundle_harmony, reply_harmony
+from edgeprefill.server.messages_request import count_body, parse_messages_api
+from edgeprefill.server.messages_stream import MessageReply, message_events
 from edgeprefill.server.metrics import ServerMetrics
 from edgeprefill.server.prompt_worker import Encoded, PromptTimeout, PromptWorkers
 from edgeprefill.server.reasoning import MODES, bundle_thinks, reply_reasoning
@@ -119,6 +123,8 @@ def create_app(engine: Engine, config: ServerConfig) -> Starlette:
         Route("/v1/completions", api.completions, methods=["POST"]),
         Route("/v1/chat/completions", api.chat_completions, methods=["POST"]),
         Route("/v1/responses", api.responses, methods=["POST"]),
+        Route("/v1/messages", api.messages, methods=["POST"]),
+        Route("/v1/messages/count_tokens", api.count_tokens, methods=["POST"]),
         Route("/v1/models", api.models, methods=["GET"]),
         Route("/health", api.health, methods=["GET"]),
         Route("/metrics", api.prometheus, methods=["GET"]),
@@ -223,6 +229,36 @@ class OpenAIApi:
         failed = await self._wait(admitted, request, close)
         return failed or JSONResponse(reply.whole())
 
+    async def messages(self, request: Request) -> Response:
+        """Anthropic's Messages API: the chat route under other names (its request in
+        server/messages_request.py, its reply in server/messages_stream.py); its errors
+        in Anthropic's schema (ApiError.response)."""
+        admitted = await self._admit(request, parse_messages_api)
+        if isinstance(admitted, Response):
+            return admitted
+        reply = MessageReply(admitted.stream, self._shape(admitted, chat=True),
+                             self.config.model_name)
+        close = self._closer("messages", admitted.stream)
+        if admitted.request.stream:
+            events = message_events(reply, admitted.request.constraint_field)
+            return EventStreamResponse(events, on_close=close)
+        failed = await self._wait(admitted, request, close)
+        return failed or JSONResponse(reply.whole())
+
+    async def count_tokens(self, request: Request) -> Response:
+        """The tokens a Messages API prompt renders to: what the reply's
+        usage.input_tokens would say."""
+        try:
+            body = await read_json(request, self.max_body_bytes, self.config.body_timeout_s)
+            parsed = count_body(body)
+            self._check_model(parsed.model)
+            tokens = (await self._encode(parsed)).ids
+        except ApiError as err:
+            self.metrics.reject(err.status)
+            return err.response(request.url.path)
+        count = tokens if isinstance(tokens, int) else len(tokens)
+        return JSONResponse({"input_tokens": count})
+
     async def _admit(self, request: Request, parse: Callable[[Any], CompletionRequest],
                      rename: Callable[[ApiError], ApiError] = lambda err: err,
                      ) -> Admitted | Response:
@@ -239,7 +275,7 @@ class OpenAIApi:
             access_log.note(request, stream)
         except ApiError as err:
             self.metrics.reject(err.status)
-            return err.response()
+            return err.response(request.url.path)
         return Admitted(body, parsed, stream, opens_think)
 
     def _shape(self, admitted: Admitted, chat: bool) -> Shape:
@@ -265,8 +301,8 @@ class OpenAIApi:
         if not finished:
             return Response(status_code=499)  # nobody is listening; the request is cancelled
         if admitted.stream.finish_reason == "error":
-            return generation_failure(admitted.stream.failed,
-                                      admitted.request.constraint_field).response()
+            return generation_failure(admitted.stream.failed, admitted.request.constraint_field
+                                      ).response(request.url.path)
         return None
 
     def _check_model(self, model: str | None) -> None:
@@ -375,8 +411,9 @@ class Admitted(NamedTuple):
 
 
 class ApiKeyMiddleware:
-    """`Authorization: Bearer <key>` on every path but /health, compared in constant time
-    so the response time tells an attacker nothing about how much of a guess was right."""
+    """`Authorization: Bearer <key>` (OpenAI's clients) or `x-api-key: <key>` (Anthropic's)
+    on every path but /health, compared in constant time so the response time tells an
+    attacker nothing about how much of a guess was right."""
 
     def __init__(self, app: ASGIApp, key: str, on_reject: Callable[[int], None]) -> None:
         self.app = app
@@ -387,15 +424,19 @@ class ApiKeyMiddleware:
         if scope["type"] == "http" and scope["path"] not in OPEN_PATHS and not self._ok(scope):
             self.on_reject(401)
             error = ApiError(401, "invalid or missing API key: send the header "
-                             "'Authorization: Bearer <key>'", code="invalid_api_key")
-            await error.response()(scope, receive, send)
+                             "'Authorization: Bearer <key>' or 'x-api-key: <key>'",
+                             code="invalid_api_key")
+            await error.response(scope["path"])(scope, receive, send)
             return
         await self.app(scope, receive, send)
 
     def _ok(self, scope: Scope) -> bool:
-        header = dict(scope["headers"]).get(b"authorization", b"")
-        scheme, _, token = header.partition(b" ")
-        return scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), self.key)
+        headers = dict(scope["headers"])
+        scheme, _, token = headers.get(b"authorization", b"").partition(b" ")
+        bearer = scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), self.key)
+        # Both compared, whichever is sent: the time taken says nothing about which.
+        api_key = hmac.compare_digest(headers.get(b"x-api-key", b"").strip(), self.key)
+        return bearer or api_key
 
 
 def _is_chat(prompt) -> bool:
@@ -436,11 +477,12 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
     message = {404: f"no route {request.url.path}", 405: "method not allowed"}.get(
         exc.status_code, str(exc.detail))
-    return ApiError(exc.status_code, message).response()
+    return ApiError(exc.status_code, message).response(request.url.path)
 
 
 async def _internal_error(request: Request, exc: Exception) -> Response:
-    response = ApiError(500, f"internal error: {type(exc).__name__}: {exc}").response()
+    response = ApiError(500, f"internal error: {type(exc).__name__}: {exc}").response(
+        request.url.path)
     # Starlette raises the error again after this reply, and uvicorn then closes the
     # connection: said here, a client does not send its next request down a dead socket.
     response.headers["Connection"] = "close"

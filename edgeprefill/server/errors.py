@@ -1,4 +1,6 @@
-"""Errors in the OpenAI error schema: `{"error": {"message", "type", "param", "code"}}`."""
+"""Errors in the OpenAI error schema: `{"error": {"message", "type", "param", "code"}}`,
+and on the Messages API's paths in Anthropic's: `{"type": "error", "error": {"type",
+"message"}}`, with the same HTTP status."""
 
 from __future__ import annotations
 
@@ -22,6 +24,19 @@ ERROR_TYPES = {
     503: "server_error",
 }
 
+# HTTP status -> the Anthropic error `type` (Anthropic's API reference, "Errors").
+ANTHROPIC_TYPES = {
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    408: "timeout_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    500: "api_error",
+    503: "overloaded_error",
+}
+ANTHROPIC_PATHS = ("/v1/messages",)  # and the paths under it (count_tokens)
+
 
 class ApiError(Exception):
     """A request the server answers with an error status instead of a completion."""
@@ -42,13 +57,24 @@ class ApiError(Exception):
                       "code": self.code}
         }
 
-    def response(self) -> JSONResponse:
+    def anthropic_body(self) -> dict:
+        kind = ANTHROPIC_TYPES.get(self.status, "invalid_request_error")
+        return {"type": "error", "error": {"type": kind, "message": _printable(self.message)}}
+
+    def response(self, path: str = "") -> JSONResponse:
+        """The error response; on the Messages API's paths in Anthropic's schema."""
+        body = self.anthropic_body() if is_anthropic(path) else self.body()
         headers = {}
         if self.status in (429, 503):
             headers["Retry-After"] = "1"
         if self.status in CLOSES_CONNECTION:
             headers["Connection"] = "close"
-        return JSONResponse(self.body(), status_code=self.status, headers=headers or None)
+        return JSONResponse(body, status_code=self.status, headers=headers or None)
+
+
+def is_anthropic(path: str) -> bool:
+    """Whether `path` is the Messages API's, whose clients read Anthropic's errors."""
+    return any(path == p or path.startswith(p + "/") for p in ANTHROPIC_PATHS)
 
 
 def generation_failure(stream: TokenStream | None, constraint_param: str | None) -> ApiError:

@@ -3,9 +3,9 @@
 On SIGTERM or Ctrl-C uvicorn stops accepting, lets running requests go on for the
 graceful-shutdown timeout, then cancels them. Without care each cancelled request is a
 traceback in the log and a connection cut without a word. `ShutdownCut` turns that into
-a reply: 503 in the OpenAI error schema when nothing was sent yet, the end of the
-stream otherwise. `run_until_signalled` makes SIGTERM end `serve` the way Ctrl-C does:
-the engine is closed and the process exits 0.
+a reply: 503 in the route's error schema (OpenAI's, Anthropic's on the Messages API)
+when nothing was sent yet, the end of the stream otherwise. `run_until_signalled` makes
+SIGTERM end `serve` the way Ctrl-C does: the engine is closed and the process exits 0.
 """
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ from types import FrameType
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from edgeprefill.server.errors import ApiError
+from edgeprefill.server.errors import ApiError, is_anthropic
+from edgeprefill.server.messages_stream import error_event
 from edgeprefill.server.sse import sse
 
 
@@ -48,14 +49,14 @@ class ShutdownCut:
             error = ApiError(503, "the server is shutting down; retry on another instance "
                              "or after it restarts", code="shutting_down")
             if not started:
-                response = error.response()
+                response = error.response(scope["path"])
                 response.headers["Connection"] = "close"
                 await response(scope, receive, send)
             elif streaming and not ended:
                 # An error event and [DONE], as a stream that fails mid-way ends: it had
                 # stopped mid-body, a chunked reply without its last chunk.
                 await send({"type": "http.response.body", "more_body": False,
-                            "body": sse(error.body()) + sse("[DONE]")})
+                            "body": _last_event(scope["path"], error)})
 
 
 class Terminated(Exception):
@@ -98,3 +99,11 @@ def quiet_forced_stop() -> None:
     logger = logging.getLogger("uvicorn.error")
     if not any(isinstance(f, ForcedStop) for f in logger.filters):
         logger.addFilter(ForcedStop())
+
+
+def _last_event(path: str, error: ApiError) -> bytes:
+    """The end of a stream cut mid-way: an error event and [DONE] as the OpenAI routes'
+    streams end, Anthropic's error event on the Messages API's."""
+    if is_anthropic(path):
+        return error_event(error)
+    return sse(error.body()) + sse("[DONE]")
