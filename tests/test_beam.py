@@ -15,7 +15,8 @@ from transformers.models.beam.modeling_beam import compute_attention_scaling
 
 from edgeprefill.errors import ExportError
 from edgeprefill.export.graph import GraphBuilder
-from edgeprefill.export.model_config import LOCAL, ModelConfig
+from edgeprefill.export.layer_attention import LOCAL
+from edgeprefill.export.model_config import ModelConfig
 from edgeprefill.export.query_scale import ScalableSoftmax
 from edgeprefill.sdk import Engine
 from tests.conftest import build_hf_model

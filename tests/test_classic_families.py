@@ -17,7 +17,8 @@ from safetensors.numpy import load_file, save_file
 
 from edgeprefill.errors import ExportError
 from edgeprefill.export import alibi
-from edgeprefill.export.model_config import GLOBAL, ModelConfig
+from edgeprefill.export.layer_attention import GLOBAL
+from edgeprefill.export.model_config import ModelConfig
 from edgeprefill.sdk import Engine
 from tests.conftest import build_hf_model
 from tests.test_exactness import FLAVORS, NEW_TOKENS, check_together, prompt_ids, reference_logits
@@ -272,7 +273,7 @@ MODERNBERT = {"model_type": "modernbert-decoder", "hidden_size": 64, "num_hidden
                      "full_attention"], "rope_theta": 7.0},  # a theta its class ignores
 ])
 def test_modernbert_decoder_layers_and_ropes_read_as_its_config_class(keys):
-    from edgeprefill.export.model_config import LOCAL
+    from edgeprefill.export.layer_attention import LOCAL
 
     ours = ModelConfig.from_hf({**MODERNBERT, **keys})
     hf = transformers.AutoConfig.for_model(**{**MODERNBERT, **keys})

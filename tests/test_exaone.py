@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 import transformers
 
-from edgeprefill.export.model_config import GLOBAL, ModelConfig
+from edgeprefill.export.layer_attention import GLOBAL
+from edgeprefill.export.model_config import ModelConfig
 from tests.conftest import build_hf_model
 from tests.test_exactness import prompt_ids, reference_logits
 from tests.test_families import export_small, last_logits

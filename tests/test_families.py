@@ -13,7 +13,8 @@ import transformers
 from edgeprefill.errors import ExportError
 from edgeprefill.export.families import FAMILIES
 from edgeprefill.export.families.image_text import WRAPPERS
-from edgeprefill.export.model_config import ACTIVATIONS, GLOBAL, LOCAL, ModelConfig
+from edgeprefill.export.layer_attention import GLOBAL, LOCAL
+from edgeprefill.export.model_config import ACTIVATIONS, ModelConfig
 from tests.conftest import IMAGE_TEXT, TIMM_TOWERS, build_hf_model, hf_auto_class
 from tests.test_exactness import prompt_ids, reference_logits
 

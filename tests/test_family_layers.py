@@ -10,7 +10,8 @@ import torch
 import transformers
 
 from edgeprefill.errors import ExportError
-from edgeprefill.export.model_config import LOCAL, ModelConfig
+from edgeprefill.export.layer_attention import LOCAL
+from edgeprefill.export.model_config import ModelConfig
 from tests.test_families import MINIMAL
 
 ATTENTION_ONLY = {"layer_types": ["attention"] * 4, "num_local_experts": 0}

@@ -19,7 +19,8 @@ from safetensors import safe_open
 from edgeprefill.bundle import MANIFEST_FILE
 from edgeprefill.errors import ExportError
 from edgeprefill.export.exporter import ExportOptions, export
-from edgeprefill.export.model_config import GLOBAL, LOCAL, ModelConfig
+from edgeprefill.export.layer_attention import GLOBAL, LOCAL
+from edgeprefill.export.model_config import ModelConfig
 from edgeprefill.export.quantize import QuantConfig, int4_blockwise, int4_dequantize
 from edgeprefill.sdk import Engine, GenerationParams
 from tests.conftest import GEMMA3N, VOCAB, load_hf_model

@@ -24,7 +24,8 @@ from edgeprefill.errors import BackendError, BundleError, ExportError
 from edgeprefill.export.decoder import DecoderBuilder
 from edgeprefill.export.exporter import ExportOptions, export
 from edgeprefill.export.flavors import flavor_class
-from edgeprefill.export.model_config import GLOBAL, LOCAL, ModelConfig
+from edgeprefill.export.layer_attention import GLOBAL, LOCAL
+from edgeprefill.export.model_config import ModelConfig
 from edgeprefill.export.quantize import QuantConfig, int4_blockwise, int4_dequantize
 from edgeprefill.kernels.build import library_path
 from edgeprefill.sdk import Engine, GenerationParams

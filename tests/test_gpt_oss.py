@@ -214,7 +214,8 @@ def test_the_hub_config_reads_as_transformers_builds_it():
     import transformers
     from transformers.models.gpt_oss.modeling_gpt_oss import GptOssRotaryEmbedding
 
-    from edgeprefill.export.model_config import GLOBAL, ModelConfig
+    from edgeprefill.export.layer_attention import GLOBAL
+    from edgeprefill.export.model_config import ModelConfig
 
     config = transformers.AutoConfig.for_model(**GPT_OSS_20B)
     cfg = ModelConfig.from_hf(GPT_OSS_20B)

@@ -12,7 +12,8 @@ import transformers
 from safetensors.numpy import load_file, save_file
 
 from edgeprefill.bundle import MANIFEST_FILE
-from edgeprefill.export.model_config import GLOBAL, LOCAL, ModelConfig
+from edgeprefill.export.layer_attention import GLOBAL, LOCAL
+from edgeprefill.export.model_config import ModelConfig
 from tests.conftest import build_hf_model
 from tests.test_exactness import prompt_ids, reference_logits
 from tests.test_families import export_small, last_logits

@@ -15,7 +15,8 @@ from safetensors.numpy import load_file, save_file
 
 from edgeprefill.bundle import MANIFEST_FILE, load_manifest
 from edgeprefill.errors import ExportError
-from edgeprefill.export.model_config import GLOBAL, LOCAL, ModelConfig
+from edgeprefill.export.layer_attention import GLOBAL, LOCAL
+from edgeprefill.export.model_config import ModelConfig
 from tests.conftest import LFM3, build_hf_model
 from tests.state_models import GRAPHS, assert_padded_chunks_match, variant_bundles
 from tests.test_exactness import prompt_ids, reference_logits

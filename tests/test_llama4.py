@@ -14,7 +14,8 @@ from transformers.models.llama4 import modeling_llama4
 from edgeprefill.bundle import load_manifest
 from edgeprefill.errors import ExportError
 from edgeprefill.export.exporter import ExportOptions, export
-from edgeprefill.export.model_config import GLOBAL, ModelConfig
+from edgeprefill.export.layer_attention import GLOBAL
+from edgeprefill.export.model_config import ModelConfig
 from tests.conftest import build_hf_model, load_hf_model
 from tests.test_exactness import prompt_ids, reference_logits
 from tests.test_families import last_logits

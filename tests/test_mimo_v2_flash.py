@@ -13,7 +13,8 @@ import transformers
 
 from edgeprefill.bundle import load_manifest
 from edgeprefill.errors import ExportError
-from edgeprefill.export.model_config import GLOBAL, LOCAL, ModelConfig
+from edgeprefill.export.layer_attention import GLOBAL, LOCAL
+from edgeprefill.export.model_config import ModelConfig
 from edgeprefill.sdk import Engine
 from tests.state_models import assert_padded_chunks_match
 from tests.test_exactness import check_together

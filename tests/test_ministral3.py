@@ -13,7 +13,8 @@ import transformers
 from transformers.models.ministral3.modeling_ministral3 import get_llama_4_attn_scale
 
 from edgeprefill.errors import ExportError
-from edgeprefill.export.model_config import GLOBAL, ModelConfig
+from edgeprefill.export.layer_attention import GLOBAL
+from edgeprefill.export.model_config import ModelConfig
 from edgeprefill.export.query_scale import QueryScale
 from tests.conftest import build_hf_model
 from tests.test_exactness import prompt_ids, reference_logits

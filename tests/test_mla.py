@@ -20,7 +20,8 @@ from edgeprefill.bundle import MANIFEST_FILE, load_manifest
 from edgeprefill.engines.base import kv_slot_bytes
 from edgeprefill.errors import ExportError
 from edgeprefill.export.exporter import ExportOptions, export
-from edgeprefill.export.model_config import GLOBAL, ModelConfig
+from edgeprefill.export.layer_attention import GLOBAL
+from edgeprefill.export.model_config import ModelConfig
 from edgeprefill.export.quantize import QuantConfig, int4_blockwise, int4_dequantize
 from edgeprefill.sdk import Engine
 from tests.conftest import load_hf_model

@@ -22,7 +22,8 @@ from edgeprefill.bundle import MANIFEST_FILE, load_manifest
 from edgeprefill.engines import BackendOptions, StepBatch
 from edgeprefill.engines.ort.backend import OnnxRuntimeBackend
 from edgeprefill.errors import ExportError
-from edgeprefill.export.model_config import LOCAL, ModelConfig
+from edgeprefill.export.layer_attention import LOCAL
+from edgeprefill.export.model_config import ModelConfig
 from edgeprefill.export.sinusoids import ctrl_sinusoids, xglm_sinusoids
 from edgeprefill.sdk import Engine
 from tests.conftest import COMPASS, build_hf_model

@@ -1,5 +1,6 @@
 """Mixture-of-experts families transformers 5.24 added on bases export already has, each
-declared in export/families/moe.py by what differs: Hy3 (hy_v3: sigmoid routing under the
+declared in export/families/moe_sigmoid.py (Hy3, AFMoE) and moe_top_k.py (Aria, Cohere 2
+MoE) by what differs: Hy3 (hy_v3: sigmoid routing under the
 Hub's names), Aria's language model (aria_text: experts stored [E, in, out]) and the aria
 image-text checkpoint around it, Cohere 2 MoE (cohere2_moe: its norm, routing and shared
 expert's combination picked by config.json, its dense prefix rotated) and AFMoE (afmoe: an

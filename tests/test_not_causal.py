@@ -21,7 +21,8 @@ from edgeprefill.errors import ExportError
 from edgeprefill.export.exporter import ExportOptions, export
 from edgeprefill.export.families import FAMILIES, REFUSED_TYPES
 from edgeprefill.export.families.image_text import FUYU_TEXT_KEYS
-from edgeprefill.export.model_config import GLOBAL, ModelConfig
+from edgeprefill.export.layer_attention import GLOBAL
+from edgeprefill.export.model_config import ModelConfig
 from tests.conftest import build_hf_model
 from tests.test_cli_errors import assert_one_line_error, cli
 from tests.test_exactness import prompt_ids

@@ -10,7 +10,8 @@ import torch
 from transformers.models.phimoe import modeling_phimoe
 
 from edgeprefill.errors import ExportError
-from edgeprefill.export.model_config import GLOBAL, ModelConfig
+from edgeprefill.export.layer_attention import GLOBAL
+from edgeprefill.export.model_config import ModelConfig
 from tests.conftest import load_hf_model
 from tests.test_exactness import prompt_ids
 

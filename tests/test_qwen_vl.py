@@ -18,7 +18,8 @@ import transformers
 from safetensors.numpy import load_file, save_file
 
 from edgeprefill.errors import ExportError
-from edgeprefill.export.model_config import GLOBAL, ModelConfig
+from edgeprefill.export.layer_attention import GLOBAL
+from edgeprefill.export.model_config import ModelConfig
 from tests.conftest import IMAGE_TEXT, build_hf_model, hf_auto_class
 from tests.test_exactness import prompt_ids, reference_logits
 

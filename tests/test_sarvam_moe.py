@@ -15,7 +15,8 @@ import transformers
 from safetensors import safe_open
 
 from edgeprefill.export.checkpoint import Checkpoint
-from edgeprefill.export.model_config import GLOBAL, ModelConfig
+from edgeprefill.export.layer_attention import GLOBAL
+from edgeprefill.export.model_config import ModelConfig
 from tests.test_moe import hf_moe_model_shapes
 
 # sarvam-30b's shape as its remote code's config.json names things: num_experts,

@@ -41,11 +41,12 @@ from edgeprefill.export.flavors import Flavor, StepTensors, positions
 from edgeprefill.export.gated_delta import GatedDeltaNet
 from edgeprefill.export.graph import GraphBuilder
 from edgeprefill.export.latent_attention import LatentAttention
+from edgeprefill.export.layer_attention import LayerAttention
 from edgeprefill.export.lm_head import embedding_weight, head_weight
 from edgeprefill.export.mamba1 import Mamba1
 from edgeprefill.export.mamba1_heads import MultiHeadMamba1
 from edgeprefill.export.mamba2 import Mamba2
-from edgeprefill.export.model_config import LayerAttention, ModelConfig
+from edgeprefill.export.model_config import ModelConfig
 from edgeprefill.export.moe import MixtureOfExperts
 from edgeprefill.export.moe_op import MoeOp, why_unrolled
 from edgeprefill.export.per_layer_input import PerLayerInputs

@@ -303,3 +303,9 @@ def sparse_mlp_layers(raw: dict[str, Any]) -> tuple[int, ...]:
     if kinds is None:
         return after_first_k_dense(raw)
     return tuple(i for i, kind in enumerate(kinds) if kind == "sparse")
+
+
+def mlp_layer_types_sparse(raw: dict[str, Any]) -> tuple[int, ...]:
+    """Laguna's and Mellum's `mlp_layer_types`: the `sparse` layers (all without it)."""
+    kinds = raw.get("mlp_layer_types") or ["sparse"] * int(raw["num_hidden_layers"])
+    return tuple(i for i, kind in enumerate(kinds) if kind == "sparse")

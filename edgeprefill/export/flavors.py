@@ -22,7 +22,8 @@ import numpy as np
 from edgeprefill.errors import ExportError
 from edgeprefill.export import alibi
 from edgeprefill.export.graph import GraphBuilder
-from edgeprefill.export.model_config import LayerAttention, ModelConfig
+from edgeprefill.export.layer_attention import LayerAttention
+from edgeprefill.export.model_config import ModelConfig
 
 
 @dataclass(frozen=True)

@@ -39,7 +39,8 @@ from edgeprefill.contract import BATCH, CONV, RECURRENT, state_names
 from edgeprefill.errors import ExportError
 from edgeprefill.export.causal_conv import CausalConv
 from edgeprefill.export.graph import GraphBuilder
-from edgeprefill.export.model_config import DeltaNetShape, ModelConfig
+from edgeprefill.export.mixer_shapes import DeltaNetShape
+from edgeprefill.export.model_config import ModelConfig
 from edgeprefill.export.recurrent_mixer import RecurrentMixer
 from edgeprefill.export.short_conv import StateSpec
 from edgeprefill.export.tokens import PackedTokens, PaddedTokens

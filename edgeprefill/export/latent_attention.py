@@ -37,7 +37,7 @@ from edgeprefill.errors import ExportError
 if TYPE_CHECKING:
     from edgeprefill.export.decoder import DecoderBuilder, Rows
     from edgeprefill.export.flavors import StepTensors
-    from edgeprefill.export.model_config import LayerAttention
+    from edgeprefill.export.layer_attention import LayerAttention
 
 # DeepseekV2RMSNorm's default, which q_a_layernorm and kv_a_layernorm keep whatever the
 # model's rms_norm_eps (they are built without an eps).

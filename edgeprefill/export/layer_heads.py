@@ -12,7 +12,7 @@ from edgeprefill.errors import ExportError
 from edgeprefill.export.rope import RopeConfig
 
 if TYPE_CHECKING:
-    from edgeprefill.export.model_config import LayerAttention
+    from edgeprefill.export.layer_attention import LayerAttention
 
 
 def gemma4_fields(raw: dict[str, Any]) -> dict[str, Any]:

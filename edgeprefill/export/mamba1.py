@@ -32,7 +32,8 @@ from edgeprefill.contract import BATCH, CONV, RECURRENT, state_names
 from edgeprefill.export.causal_conv import CausalConv
 from edgeprefill.export.graph import GraphBuilder
 from edgeprefill.export.mamba2 import F32, ssm_step_body
-from edgeprefill.export.model_config import ModelConfig, SelectiveShape
+from edgeprefill.export.mixer_shapes import SelectiveShape
+from edgeprefill.export.model_config import ModelConfig
 from edgeprefill.export.recurrent_mixer import RecurrentMixer
 from edgeprefill.export.short_conv import StateSpec
 from edgeprefill.export.tokens import PackedTokens, PaddedTokens

@@ -29,7 +29,8 @@ import numpy as np
 from edgeprefill.contract import BATCH, CONV, RECURRENT, state_names
 from edgeprefill.export.causal_conv import CausalConv
 from edgeprefill.export.graph import GraphBuilder
-from edgeprefill.export.model_config import MambaShape, ModelConfig
+from edgeprefill.export.mixer_shapes import MambaShape
+from edgeprefill.export.model_config import ModelConfig
 from edgeprefill.export.recurrent_mixer import RecurrentMixer
 from edgeprefill.export.short_conv import StateSpec
 from edgeprefill.export.tokens import PackedTokens, PaddedTokens

@@ -13,8 +13,6 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from edgeprefill.contract import CONV, RECURRENT
 from edgeprefill.errors import ExportError
 from edgeprefill.export.alibi import slopes as alibi_slopes
@@ -25,7 +23,15 @@ from edgeprefill.export.config_checks import (
     check_objects,
     check_sizes,
     config_value,
-    positive_number,
+)
+from edgeprefill.export.config_refusals import refuse_other_familys_rope, refuse_unsupported
+from edgeprefill.export.config_values import (
+    bfloat16,
+    first_present,
+    first_token_id,
+    given,
+    optional_float,
+    token_ids,
 )
 from edgeprefill.export.context_cap import ContextCap
 from edgeprefill.export.experts import MoeConfig, read_moe
@@ -41,8 +47,29 @@ from edgeprefill.export.families import (
 )
 from edgeprefill.export.fp8 import Fp8Scheme, read_fp8_scheme
 from edgeprefill.export.latent_attention import LatentShape, latent_scale, read_latent
+from edgeprefill.export.layer_attention import (
+    GLOBAL,
+    LOCAL,
+    LayerAttention,
+    read_attn_scale,
+    read_layers,
+    read_ropes,
+    read_rotary_dim,
+)
 from edgeprefill.export.layer_groups import group_blocks
-from edgeprefill.export.layer_heads import gemma4_fields, layer_heads, rope_widths
+from edgeprefill.export.layer_heads import gemma4_fields, rope_widths
+from edgeprefill.export.mixer_shapes import (
+    DeltaNetShape,
+    HybridScales,
+    LruShape,
+    MambaShape,
+    SelectiveShape,
+    read_conv,
+    read_delta,
+    read_hybrid_scales,
+    read_lru,
+    read_mamba,
+)
 from edgeprefill.export.modality_experts import other_modalities
 from edgeprefill.export.prequantized import Int4Scheme, read_int4_scheme
 from edgeprefill.export.query_scale import (
@@ -52,9 +79,7 @@ from edgeprefill.export.query_scale import (
     read_temperature_tuning,
 )
 from edgeprefill.export.rope import (
-    SHARED_ROPE_TYPES,
     RopeConfig,
-    rope_from_params,
     rope_params,
 )
 from edgeprefill.export.shared_block import SharedBlockShape, read_shared_block
@@ -66,122 +91,8 @@ from edgeprefill.json_file import load_json_object
 ACTIVATIONS = {"silu": "silu", "swish": "silu", "gelu": "gelu", "gelu_new": "gelu_tanh",
                "gelu_pytorch_tanh": "gelu_tanh", "gelu_fast": "gelu_tanh", "relu2": "relu2",
                "xielu": "xielu", "relu": "relu"}
-GLOBAL, LOCAL = "global", "local"  # the rope tables a layer can use
 # Where a family's norms take their epsilon unless FamilySpec.eps_key names the key.
 EPS_KEYS = ("rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon")
-
-
-@dataclass(frozen=True)
-class LayerAttention:
-    """What differs between the attention of one layer and another's."""
-
-    window: int | None  # sliding window: a query sees the last `window` positions, itself incl.
-    rope: str | None  # GLOBAL or LOCAL (a key of ModelConfig.ropes); None: no rotary (NoPE)
-    scale: float = 1.0  # times ModelConfig.attn_scale in this layer (GPT-2's 1 / (layer + 1))
-    # This layer's own head size and KV heads (Gemma 4's full-attention layers); None: the
-    # model's head_dim and num_kv_heads.
-    head_dim: int | None = None
-    kv_heads: int | None = None
-
-
-@dataclass(frozen=True)
-class DeltaNetShape:
-    """Qwen3.5's Gated DeltaNet layers (the config's linear_* keys): q and k of
-    `key_heads` heads of `key_dim`, v of `value_heads` heads of `value_dim` (each key head
-    serving value_heads / key_heads consecutive value heads), and a causal convolution of
-    `conv_kernel` tokens over the q/k/v projection."""
-
-    key_heads: int
-    value_heads: int
-    key_dim: int
-    value_dim: int
-    conv_kernel: int
-    norm_eps: float | None = None  # the gated norm's epsilon; None: the model's
-    beta_scale: float = 1.0  # beta times this (OLMo Hybrid's linear_allow_neg_eigval: 2)
-
-    @property
-    def conv_dim(self) -> int:
-        """Channels of the convolution: q, k and v side by side."""
-        return 2 * self.key_heads * self.key_dim + self.value_heads * self.value_dim
-
-
-@dataclass(frozen=True)
-class MambaShape:
-    """Mamba-2 layers (export/mamba2.py): `heads` heads of `head_dim` channels, B and C of
-    `groups` groups (each serving heads / groups consecutive heads) of `state_size`, a
-    causal convolution of `conv_kernel` tokens over x, B and C, and dt clamped to
-    [dt_min, dt_max] (time_step_limit)."""
-
-    heads: int
-    head_dim: int
-    groups: int
-    state_size: int
-    conv_kernel: int
-    conv_bias: bool
-    proj_bias: bool
-    dt_min: float = 0.0
-    dt_max: float = float("inf")
-    out_bias: bool = False  # out_proj's bias (proj_bias is in_proj's)
-    # The gated RMSNorm of y and z: "gate_first" rmsnorm(y * silu(z)) (Granite 4.0-H,
-    # Nemotron-H), "norm_first" rmsnorm(y) * silu(z), or None: y * silu(z) alone (Falcon-H1
-    # without mamba_rms_norm).
-    norm: str | None = "gate_first"
-    norm_eps: float | None = None  # the gated RMSNorm's epsilon; None: the model's
-
-    @property
-    def inner(self) -> int:
-        """Channels of x, z and the output: heads x head_dim."""
-        return self.heads * self.head_dim
-
-    @property
-    def conv_dim(self) -> int:
-        """Channels of the convolution: x, B and C side by side."""
-        return self.inner + 2 * self.groups * self.state_size
-
-
-@dataclass(frozen=True)
-class SelectiveShape:
-    """Mamba-1 mixers (export/mamba1.py): `inner` channels, each with its own dt (from
-    x_proj's `dt_rank` columns through dt_proj) and its own decay per state element (A
-    [inner, state_size]), a causal convolution of `conv_kernel` tokens over x; B, C and dt
-    RMS-normed where `bc_dt_eps` is given: without weight (Falcon-Mamba's mixer_rms_eps), or
-    by their own weights where `bc_dt_weighted` (Jamba's dt/b/c_layernorm, rms_norm_eps)."""
-
-    inner: int
-    state_size: int
-    conv_kernel: int
-    dt_rank: int
-    conv_bias: bool
-    proj_bias: bool
-    bc_dt_eps: float | None = None
-    bc_dt_weighted: bool = False
-    # Zamba's multi-head mixers (export/mamba1_heads.py): `heads` heads, each with its own
-    # x_proj and dt_proj, stored per head; 0: Mamba-1's single x_proj and dt_proj.
-    heads: int = 0
-
-
-@dataclass(frozen=True)
-class LruShape:
-    """RecurrentGemma's recurrent blocks (export/rg_lru.py): `width` channels (lru_width) in
-    `heads` blocks of the gates' block-diagonal projections, a causal convolution of
-    `conv_kernel` tokens (conv1d_width)."""
-
-    width: int
-    heads: int
-    conv_kernel: int
-
-
-@dataclass(frozen=True)
-class HybridScales:
-    """Falcon-H1's muP multipliers of its parallel attention and Mamba-2 and its MLP."""
-
-    attention_in: float = 1.0  # the attention's input
-    attention_out: float = 1.0  # its output
-    key: float = 1.0  # k after its projection
-    ssm_in: float = 1.0  # the mixer's input
-    ssm_out: float = 1.0  # its output
-    ssm: tuple[float, ...] = (1.0,) * 5  # its in_proj's z, x, B, C and dt sections
-    mlp: tuple[float, float] = (1.0, 1.0)  # the MLP's gate and output
 
 
 @dataclass(frozen=True)
@@ -546,7 +457,7 @@ class ModelConfig:
 
 def _read(family: str, spec: FamilySpec, raw: dict[str, Any],
           text_type: str | None = None) -> ModelConfig:
-    _refuse_unsupported(family, spec, raw)
+    refuse_unsupported(family, spec, raw)
     check_sizes(raw)
     groups = group_blocks(raw["layer_types"]) if spec.blocks else None
     if groups is not None:
@@ -564,9 +475,9 @@ def _read(family: str, spec: FamilySpec, raw: dict[str, Any],
     head_dim = latent.cache_dim if latent else \
         int(raw.get("head_dim") or hidden // max(heads, 1))  # 0 heads: refused
     qkv_bias, o_bias, mlp_bias = _biases(raw, spec)
-    ropes = _ropes(raw, latent.rope_dim if latent else _rotary_dim(raw, spec, head_dim))
-    _refuse_other_familys_rope(family, spec, ropes)
-    layers = _layers(raw, spec)
+    ropes = read_ropes(raw, latent.rope_dim if latent else read_rotary_dim(raw, spec, head_dim))
+    refuse_other_familys_rope(family, spec, ropes)
+    layers = read_layers(raw, spec)
     ropes = rope_widths(ropes, layers)
     shared = read_shared_block(raw) if spec.shared_block else None
     falcon_alibi = bool(spec.alibi_key and raw.get(spec.alibi_key))
@@ -577,10 +488,10 @@ def _read(family: str, spec: FamilySpec, raw: dict[str, Any],
         intermediate_size=int(raw["intermediate_size"]),
         num_layers=int(raw["num_hidden_layers"]),
         num_heads=heads,
-        num_kv_heads=1 if latent else int(_given(raw.get("num_key_value_heads"), heads)),
+        num_kv_heads=1 if latent else int(given(raw.get("num_key_value_heads"), heads)),
         head_dim=head_dim,
         vocab_size=int(raw["vocab_size"]),
-        norm_eps=float(_first_present(raw, EPS_KEYS if spec.eps_key is None
+        norm_eps=float(first_present(raw, EPS_KEYS if spec.eps_key is None
                                       else (spec.eps_key,), 1e-6)),
         # Llama's default; families whose config class has another set it in their defaults
         max_positions=int(raw.get("max_position_embeddings", 2048)),
@@ -593,10 +504,10 @@ def _read(family: str, spec: FamilySpec, raw: dict[str, Any],
         ropes=ropes,
         layers=layers,
         attn_scale=latent_scale(latent, rope_params(raw)) if latent else
-        _attn_scale(raw, head_dim),
-        attn_softcap=_optional_float(raw.get("attn_logit_softcapping"))
+        read_attn_scale(raw, head_dim),
+        attn_softcap=optional_float(raw.get("attn_logit_softcapping"))
         if "attn" in spec.softcaps else None,
-        final_softcap=_optional_float(raw.get("final_logit_softcapping"))
+        final_softcap=optional_float(raw.get("final_logit_softcapping"))
         if "final" in spec.softcaps else None,
         embed_scale=_embed_scale(raw, spec, hidden),
         residual_scale=float(raw.get("residual_multiplier", 1.0)),
@@ -608,13 +519,13 @@ def _read(family: str, spec: FamilySpec, raw: dict[str, Any],
         context_cap=spec.context_cap(raw) if spec.context_cap is not None else None,
         lm_head_bias=spec.lm_head_bias or bool(spec.lm_head_bias_key
                                                  and raw.get(spec.lm_head_bias_key)),
-        bos_token_id=_first_id(raw.get("bos_token_id")),
-        eos_token_ids=_ids(raw.get("eos_token_id")),
-        **_conv(raw, spec),
-        **_delta(raw, spec),
-        **_mamba(raw, spec),
-        **_lru(raw, spec),
-        scales=_hybrid_scales(raw) if spec.block == "hybrid" else None,
+        bos_token_id=first_token_id(raw.get("bos_token_id")),
+        eos_token_ids=token_ids(raw.get("eos_token_id")),
+        **read_conv(raw, spec),
+        **read_delta(raw, spec),
+        **read_mamba(raw, spec),
+        **read_lru(raw, spec),
+        scales=read_hybrid_scales(raw) if spec.block == "hybrid" else None,
         mlp_less=groups.mlp_less if groups is not None else
         tuple(range(int(raw["num_hidden_layers"]))) if shared else (),
         renames=groups.renames if groups is not None else shared.renames if shared else
@@ -623,7 +534,7 @@ def _read(family: str, spec: FamilySpec, raw: dict[str, Any],
         left_out=(skipped.left_out if skipped is not None else ()) + (other_modalities(
             moe, spec.moe.names, _language_model_bases(spec)) if moe and spec.moe else ()),
         attn_gate=spec.attn_gate,
-        clip_qkv=_optional_float(raw.get("clip_qkv")) if spec.clip_qkv else None,
+        clip_qkv=optional_float(raw.get("clip_qkv")) if spec.clip_qkv else None,
         head_gate=spec.channel_gate or bool(spec.head_gate_key and raw.get(spec.head_gate_key)),
         v_head_dim=_v_head_dim(raw, spec, head_dim),
         value_scale=_value_scale(raw, spec),
@@ -639,7 +550,7 @@ def _read(family: str, spec: FamilySpec, raw: dict[str, Any],
         final_norm=spec.final_norm_from_config(raw) if spec.final_norm_from_config else True,
         embed_width=_embed_width(raw, spec, hidden),
         qkv_layout=spec.qkv_layout_from_config(raw) if spec.qkv_layout_from_config else None,
-        pad_token_id=_first_id(raw.get("pad_token_id"))
+        pad_token_id=first_token_id(raw.get("pad_token_id"))
         if spec.sinusoidal_positions == "xglm" else None,
         head_activation=_activation(raw, spec, spec.head_act_key) if spec.head_act_key
         else None,
@@ -663,129 +574,6 @@ def _altup(raw: dict[str, Any], spec: FamilySpec) -> dict[str, Any]:
     if not all(0.0 <= s < 1.0 for s in sparsity):
         raise ExportError("activation_sparsity_pattern values must lie in [0, 1)")
     return {"altup": read_altup(raw), "sparsity": sparsity}
-
-
-def _conv(raw: dict[str, Any], spec: FamilySpec) -> dict[str, Any]:
-    """The conv layers' fields of ModelConfig (LFM2); none for other families."""
-    if not spec.conv:
-        return {}
-    layers = tuple(i for i, kind in enumerate(raw["layer_types"]) if kind == "conv")
-    return {"conv_layers": layers, "conv_kernel": int(raw["conv_L_cache"]),
-            "conv_bias": bool(raw.get("conv_bias", False))}
-
-
-def _delta(raw: dict[str, Any], spec: FamilySpec) -> dict[str, Any]:
-    """The Gated DeltaNet layers' fields of ModelConfig (Qwen3.5); none for other families."""
-    if not spec.delta_net:
-        return {}
-    layers = tuple(i for i, kind in enumerate(raw["layer_types"]) if kind == "linear_attention")
-    shape = DeltaNetShape(
-        key_heads=int(raw["linear_num_key_heads"]), value_heads=int(raw["linear_num_value_heads"]),
-        key_dim=int(raw["linear_key_head_dim"]), value_dim=int(raw["linear_value_head_dim"]),
-        conv_kernel=int(raw["linear_conv_kernel_dim"]),
-        norm_eps=spec.delta_norm_eps, beta_scale=2.0 if spec.delta_beta_key
-        and raw.get(spec.delta_beta_key) else 1.0)
-    return {"delta_layers": layers, "delta": shape}
-
-
-def _mamba(raw: dict[str, Any], spec: FamilySpec) -> dict[str, Any]:
-    """The Mamba-2 layers' fields of ModelConfig (the config's mamba_* keys, as
-    GraniteMoeHybridConfig reads them); none for other families."""
-    if not spec.mamba:
-        return {}
-    layers = tuple(i for i, kind in enumerate(raw["layer_types"]) if kind == "mamba")
-    if spec.selective:
-        return {"mamba_layers": layers, "selective": _selective(raw)}
-    heads = int(raw["mamba_n_heads"])
-    head_dim = raw.get("mamba_d_head", "auto")
-    if head_dim == "auto":
-        head_dim = int(raw["mamba_expand"]) * int(raw["hidden_size"]) // heads
-    limit = raw.get("time_step_limit") or (0.0, float("inf"))
-    proj_bias = bool(raw["mamba_proj_bias"])
-    shape = MambaShape(
-        heads=heads, head_dim=int(head_dim), groups=int(raw["mamba_n_groups"]),
-        state_size=int(raw["mamba_d_state"]), conv_kernel=int(raw["mamba_d_conv"]),
-        conv_bias=bool(raw["mamba_conv_bias"]), proj_bias=proj_bias,
-        dt_min=_json_float(limit[0]), dt_max=_json_float(limit[1]),
-        out_bias=bool(raw.get("mamba_out_bias", proj_bias)),
-        norm=raw.get("mamba_norm", "gate_first"),
-        norm_eps=_optional_float(raw.get("mamba_norm_eps")))
-    return {"mamba_layers": layers, "mamba": shape}
-
-
-def _lru(raw: dict[str, Any], spec: FamilySpec) -> dict[str, Any]:
-    """RecurrentGemma's recurrent blocks' fields of ModelConfig; none elsewhere."""
-    if not spec.rg_lru:
-        return {}
-    shape = LruShape(width=int(raw["lru_width"]), heads=int(raw["num_attention_heads"]),
-                     conv_kernel=int(raw["conv1d_width"]))
-    if shape.conv_kernel < 2 or shape.width % shape.heads:
-        raise ExportError(f"conv1d_width must be at least 2 (got {shape.conv_kernel}) and "
-                          f"lru_width ({shape.width}) a multiple of num_attention_heads "
-                          f"({shape.heads})")
-    layers = tuple(i for i, kind in enumerate(raw["layer_types"]) if kind == "rg_lru")
-    return {"lru_layers": layers, "lru": shape}
-
-
-def _hybrid_scales(raw: dict[str, Any]) -> HybridScales:
-    """FalconH1Config's multipliers (1 where absent or null)."""
-    def scale(key: str) -> float:
-        return float(_given(raw.get(key), 1.0))
-
-    ssm = tuple(float(v) for v in raw.get("ssm_multipliers") or (1.0,) * 5)
-    mlp = tuple(float(v) for v in raw.get("mlp_multipliers") or (1.0, 1.0))
-    if len(ssm) != 5 or len(mlp) != 2:
-        raise ExportError(f"ssm_multipliers must hold 5 values and mlp_multipliers 2, got "
-                          f"{len(ssm)} and {len(mlp)}")
-    return HybridScales(
-        attention_in=scale("attention_in_multiplier"),
-        attention_out=scale("attention_out_multiplier"), key=scale("key_multiplier"),
-        ssm_in=scale("ssm_in_multiplier"), ssm_out=scale("ssm_out_multiplier"), ssm=ssm,
-        mlp=(mlp[0], mlp[1]))
-
-
-def _json_float(value: Any) -> float:
-    """A float as config.json holds it; transformers writes infinity as
-    {"__float__": "Infinity"} (time_step_limit), Python's json as Infinity."""
-    if isinstance(value, dict) and set(value) == {"__float__"}:
-        return float(value["__float__"])
-    return float(value)
-
-
-# A FamilySpec.unsupported switch -> what a true value asks for.
-UNSUPPORTED = {
-    "mlp_bias": "mlp_bias=true is not supported",
-    "qk_layernorm": "per-head LayerNorm on q/k (qk_layernorm) is not supported",
-    "use_qk_norm": "per-head LayerNorm on q/k (use_qk_norm) is not supported",
-    "use_bias": "use_bias=true (biases on every projection) is not supported",
-    "clip_qkv": "clip_qkv (q/k/v clamped) is not supported",
-}
-
-
-def _refuse_unsupported(family: str, spec: FamilySpec, raw: dict[str, Any]) -> None:
-    for key in spec.unsupported:
-        if raw.get(key):
-            raise ExportError(f"{family}: {UNSUPPORTED[key]}")
-    for key in spec.required:
-        if raw.get(key) is None:
-            raise ExportError(f"{family}: config.json needs {key}; the family's model cannot "
-                              "run without it")
-    reason = spec.refuse(raw) if spec.refuse is not None else None
-    if reason is not None:
-        raise ExportError(f"{family}: {reason}")
-    # Refused in every family: a checkpoint trained without the causal mask is no causal
-    # LM, even where the family's transformers model ignores the key.
-    if raw.get("use_bidirectional_attention"):
-        raise ExportError(f"{family}: use_bidirectional_attention=true is not a causal LM")
-
-
-def _refuse_other_familys_rope(family: str, spec: FamilySpec,
-                               ropes: dict[str, RopeConfig]) -> None:
-    for rope in ropes.values():
-        if rope.kind not in SHARED_ROPE_TYPES and rope.kind not in spec.rope_types:
-            supported = ", ".join((*SHARED_ROPE_TYPES, *spec.rope_types))
-            raise ExportError(f"{family}: rope type {rope.kind!r} is not supported by this "
-                              f"family's model; supported: {supported}")
 
 
 def _biases(raw: dict[str, Any], spec: FamilySpec) -> tuple[bool, bool, bool]:
@@ -812,60 +600,6 @@ def _activation(raw: dict[str, Any], spec: FamilySpec, key: str | None = None) -
     return ACTIVATIONS[name]
 
 
-def _rotary_dim(raw: dict[str, Any], spec: FamilySpec, head_dim: int) -> int:
-    factor = 1.0
-    # Elsewhere the factor is a key the model ignores (its default rope uses head_dim; the
-    # other rope types' init would read it and then fail to fit the head in transformers).
-    if spec.partial_rotary:
-        params = rope_params(raw)
-        factor = params.get("partial_rotary_factor", raw.get("partial_rotary_factor",
-                                                             raw.get("rotary_pct", 1.0)))
-    rotary_dim = int(head_dim * float(factor))
-    if rotary_dim % 2:
-        what = "head_dim" if rotary_dim == head_dim else "head_dim x partial_rotary_factor"
-        raise ExportError(f"{what} must be even for rotary embeddings, got {rotary_dim}")
-    return rotary_dim
-
-
-def _ropes(raw: dict[str, Any], rotary_dim: int) -> dict[str, RopeConfig]:
-    # transformers >= 5 writes `rope_parameters` (theta inside), per layer type where local
-    # layers have their own base (Gemma 3); older versions write `rope_theta` plus an
-    # optional `rope_scaling` (for the global layers) and `rope_local_base_freq`. Where a
-    # config has both, the family's config class decides (rope_params; Gemma 3 and OLMo 3
-    # merge them in their `legacy`).
-    params = rope_params(raw)
-    if "full_attention" in params or "sliding_attention" in params:
-        global_params = config_value(params, "full_attention", dict) or {}
-        local_params = config_value(params, "sliding_attention", dict) or {}
-    else:
-        global_params, local_params = params, {}
-    # Where the config gives local layers a base of their own (Gemma 3), they never take
-    # the global rope: as Gemma3TextConfig fills them in, a missing sliding_attention entry
-    # is a default rope on rope_local_base_freq, and an entry without rope_theta has it.
-    local_base = raw.get("rope_local_base_freq")
-    if local_base is not None:
-        local_params = {"rope_theta": local_base, **local_params}
-    elif not local_params:
-        local_params = global_params
-    return {GLOBAL: rope_from_params(global_params, raw, rotary_dim),
-            LOCAL: rope_from_params(local_params, raw, rotary_dim)}
-
-
-def _selective(raw: dict[str, Any]) -> SelectiveShape:
-    """MambaConfig's (FalconMambaConfig's) mixer: `mamba_inner` channels
-    (families/recurrent.py's _mamba1_config), a dt rank of hidden / 16 rounded up where "auto"."""
-    hidden = int(raw["hidden_size"])
-    rank = raw["time_step_rank"]
-    return SelectiveShape(
-        inner=int(raw["mamba_inner"]), state_size=int(raw["state_size"]),
-        conv_kernel=int(raw["conv_kernel"]),
-        dt_rank=-(-hidden // 16) if rank == "auto" else int(rank),
-        conv_bias=bool(raw["use_conv_bias"]), proj_bias=bool(raw["use_bias"]),
-        bc_dt_eps=_optional_float(raw.get("mamba_bc_dt_eps")),
-        bc_dt_weighted=bool(raw.get("mamba_bc_dt_weighted")),
-        heads=int(raw.get("mamba_heads_per_layer") or 0))
-
-
 def _v_head_dim(raw: dict[str, Any], spec: FamilySpec, head_dim: int) -> int | None:
     """MiMo-V2-Flash's value head size where it differs from head_dim (None: the same)."""
     if spec.v_head_dim_key is None or raw.get(spec.v_head_dim_key) is None:
@@ -882,120 +616,16 @@ def _value_scale(raw: dict[str, Any], spec: FamilySpec) -> float:
     return float(raw[spec.value_scale_key])
 
 
-def _layers(raw: dict[str, Any], spec: FamilySpec) -> tuple[LayerAttention, ...]:
-    count = int(raw["num_hidden_layers"])
-    window = _sliding_window(raw, spec.window)
-    types = raw.get("layer_types")
-    if types is None:
-        slides = [window is not None and spec.sliding(i, raw) for i in range(count)]
-    else:
-        if len(types) != count:
-            raise ExportError(f"layer_types lists {len(types)} layers; there are {count}")
-        kinds = {"full_attention", "sliding_attention", *(("conv",) if spec.conv else ()),
-                 *(("linear_attention",) if spec.delta_net else ()),
-                 *(("mamba",) if spec.mamba else ()), *(("rg_lru",) if spec.rg_lru else ()),
-                 *(("chunked_attention",) if spec.chunked_attention else ())}
-        unknown = {str(kind) for kind in types} - kinds
-        if unknown:
-            raise ExportError(f"layer_types holds unsupported kinds: {', '.join(sorted(unknown))}"
-                              f" (supported: {', '.join(sorted(kinds))})")
-        slides = [window is not None and kind == "sliding_attention" for kind in types]
-    ropes = _rope_layers(raw, count)
-    if spec.nope_types and types is not None:  # Cohere Compass: a null entry is NoPE
-        params = rope_params(raw)
-        ropes = [rope and params.get(kind) is not None for rope, kind in zip(ropes, types,
-                                                                             strict=True)]
-    if spec.global_nope and window is not None:
-        ropes = [rope and slide for rope, slide in zip(ropes, slides, strict=True)]
-    # Sliding layers use the LOCAL rope, which equals GLOBAL unless the config gives local
-    # layers their own (Gemma 3); flavours emit one table per distinct rope.
-    inverse = spec.inverse_layer_scale_key is not None and raw.get(spec.inverse_layer_scale_key)
-    # MiMo-V2-Flash's sliding layers: sliding_kv_factor times the KV heads
-    sliding_kv = int(raw["num_key_value_heads"]) * spec.sliding_kv_factor \
-        if spec.sliding_kv_factor != 1 else None
-    layers = tuple(
-        LayerAttention(window if slide else None, (LOCAL if slide else GLOBAL) if rope else None,
-                       1.0 / (i + 1) if inverse else 1.0, kv_heads=sliding_kv if slide else None)
-        for i, (slide, rope) in enumerate(zip(slides, ropes, strict=True))
-    )
-    return layer_heads(raw, layers) if spec.per_layer_heads else layers
-
-
-def _rope_layers(raw: dict[str, Any], count: int) -> list[bool]:
-    """Which layers apply rotary (SmolLM3's `no_rope_layers`: 1 = rope, 0 = NoPE)."""
-    flags = raw.get("no_rope_layers")
-    if flags is None and raw.get("no_rope_layer_interval"):
-        interval = int(raw["no_rope_layer_interval"])
-        flags = [int((i + 1) % interval != 0) for i in range(count)]
-    if flags is None:
-        return [True] * count
-    if len(flags) != count:
-        raise ExportError(f"no_rope_layers lists {len(flags)} layers; there are {count}")
-    return [bool(f) for f in flags]
-
-
-def _given(value: Any, default: Any) -> Any:
-    """`value` unless absent or null; 0 stays 0 (and is refused), unlike `value or default`."""
-    return default if value is None else value
-
-
-def _sliding_window(raw: dict[str, Any], rule: str) -> int | None:
-    """The window the family's transformers model applies (FamilySpec.window): Llama,
-    Gemma 1 and the rest ignore a `sliding_window` key; Qwen2/3 and SmolLM3 use it only
-    with `use_sliding_window: true`."""
-    if rule == "never" or (rule == "opt_in" and raw.get("use_sliding_window") is not True):
-        return None
-    window = raw.get("sliding_window")
-    if window is None:
-        return None
-    if int(window) < 1:
-        raise ExportError(f"sliding_window must be at least 1, got {window}")
-    return int(window)
-
-
-def _attn_scale(raw: dict[str, Any], head_dim: int) -> float:
-    if raw.get("attention_multiplier") is not None:  # Granite
-        return float(raw["attention_multiplier"])
-    if raw.get("query_pre_attn_scalar") is not None:  # Gemma 2/3
-        return positive_number(raw, "query_pre_attn_scalar") ** -0.5
-    return head_dim**-0.5
-
-
 def _embed_scale(raw: dict[str, Any], spec: FamilySpec, hidden: int) -> float | None:
     if spec.embed_scale_key is not None and not raw.get(spec.embed_scale_key):
         return None
     if spec.embed_scale == "sqrt_hidden":
         return hidden**0.5
     if spec.embed_scale == "sqrt_hidden_bf16":  # a bfloat16 buffer in RecurrentGemma
-        return _bfloat16(hidden**0.5)
+        return bfloat16(hidden**0.5)
     if spec.embed_scale == "multiplier":
         return float(raw.get("embedding_multiplier", 1.0))
     return None
-
-
-def _bfloat16(value: float) -> float:
-    """`value` rounded to the nearest bfloat16 (ties to even), as torch rounds it."""
-    bits = int(np.array(value, np.float32).view(np.uint32))
-    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
-    return float(np.array(bits, np.uint32).view(np.float32))
-
-
-def _first_present(raw: dict[str, Any], keys: tuple[str, ...], default: Any) -> Any:
-    return next((raw[k] for k in keys if raw.get(k) is not None), default)
-
-
-def _optional_float(value: Any) -> float | None:
-    return None if value is None else float(value)
-
-
-def _ids(value: Any) -> tuple[int, ...]:
-    if value is None:
-        return ()
-    ids = value if isinstance(value, list) else [value]
-    if any(isinstance(i, bool) or not isinstance(i, int) for i in ids):
-        # int(2.5) had exported token 2 as the EOS (from_hf: a "malformed value" line)
-        raise ValueError(f"bos/eos token ids must be integers, got {value!r}")
-    return tuple(ids)
 
 
 def _language_model_bases(spec: FamilySpec) -> tuple[str, ...]:
@@ -1004,6 +634,3 @@ def _language_model_bases(spec: FamilySpec) -> tuple[str, ...]:
     return ("model.", *(stored for stored, read in spec.renames if read == "model."))
 
 
-def _first_id(value: Any) -> int | None:
-    ids = _ids(value)
-    return ids[0] if ids else None

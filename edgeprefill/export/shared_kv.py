@@ -23,7 +23,8 @@ import numpy as np
 from edgeprefill.contract import KVNames
 from edgeprefill.export.flavors import Flavor, StandardFlavor, mask_key
 from edgeprefill.export.graph import GraphBuilder
-from edgeprefill.export.model_config import LayerAttention, ModelConfig
+from edgeprefill.export.layer_attention import LayerAttention
+from edgeprefill.export.model_config import ModelConfig
 
 
 class SharedKV:

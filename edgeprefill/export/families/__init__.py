@@ -5,8 +5,9 @@ layout, MLP kind, q/k norms, embedding scaling, tensor names, which layers slide
 numbers behind the switches (soft-caps, multipliers, windows, rope) are read from
 config.json by `ModelConfig.from_hf`; nothing downstream looks at a family's name.
 
-One module per kind of language model (dense, gemma, moe, latent, recurrent, alibi, and
-the GPT-2-era classic) and the image-text checkpoints that wrap one; `FamilySpec` and the
+One module per kind of language model (dense, gemma, the routed-expert MoEs by how their
+router chooses: moe_softmax, moe_top_k, moe_sigmoid; latent, recurrent, alibi, and the
+GPT-2-era classic) and the image-text checkpoints that wrap one; `FamilySpec` and the
 tensor names in `spec`. The checkpoints that wrap any text family (LLaVA's kin, `wrapped`)
 take the spec of the one their text_config names: `family_spec`.
 """
@@ -24,7 +25,9 @@ from edgeprefill.export.families import (
     gemma,
     image_text,
     latent,
-    moe,
+    moe_sigmoid,
+    moe_softmax,
+    moe_top_k,
     not_causal,
     recurrent,
 )
@@ -187,7 +190,9 @@ def _merged(*kinds: dict[str, FamilySpec]) -> dict[str, FamilySpec]:
 _TEXT: dict[str, FamilySpec] = _merged(
     dense.FAMILIES,
     gemma.FAMILIES,
-    moe.FAMILIES,
+    moe_softmax.FAMILIES,
+    moe_top_k.FAMILIES,
+    moe_sigmoid.FAMILIES,
     latent.FAMILIES,
     recurrent.FAMILIES,
     alibi.FAMILIES,

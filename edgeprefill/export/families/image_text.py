@@ -28,14 +28,9 @@ from edgeprefill.export.families.dense import (
 from edgeprefill.export.families.dense import FAMILIES as DENSE_FAMILIES
 from edgeprefill.export.families.gemma import FAMILIES as GEMMA_FAMILIES
 from edgeprefill.export.families.latent import DEEPSEEK_V2
-from edgeprefill.export.families.moe import (
-    ERNIE4_5_MOE,
-    EXPERT_ALIASES,
-    GLM4_MOE,
-    LLAMA4_TEXT,
-    QWEN3_MOE,
-    shared_experts,
-)
+from edgeprefill.export.families.moe_sigmoid import GLM4_MOE, shared_experts
+from edgeprefill.export.families.moe_softmax import ERNIE4_5_MOE, EXPERT_ALIASES, QWEN3_MOE
+from edgeprefill.export.families.moe_top_k import LLAMA4_TEXT
 from edgeprefill.export.families.recurrent import FAMILIES as RECURRENT_FAMILIES
 from edgeprefill.export.families.recurrent import LFM2, LFM3
 from edgeprefill.export.families.spec import LLAMA_NAMES, FamilySpec

@@ -14,7 +14,11 @@ from edgeprefill.export.experts import (
     sparse_mlp_layers,
 )
 from edgeprefill.export.families.dense import ATTENTION_BIAS
-from edgeprefill.export.families.moe import DEEPSEEK_MOE, DEEPSEEK_MOE_DEFAULTS, shared_experts
+from edgeprefill.export.families.moe_sigmoid import (
+    DEEPSEEK_MOE,
+    DEEPSEEK_MOE_DEFAULTS,
+    shared_experts,
+)
 from edgeprefill.export.families.spec import FamilySpec
 from edgeprefill.export.rope import rope_params
 

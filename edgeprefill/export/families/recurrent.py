@@ -15,7 +15,7 @@ from edgeprefill.export.experts import (
     sparse_layers,
 )
 from edgeprefill.export.families.dense import ATTENTION_BIAS, MROPE_QUIRKS, OLMO2, QWEN_VL
-from edgeprefill.export.families.moe import QWEN_SHARED_EXPERT
+from edgeprefill.export.families.moe_softmax import QWEN_SHARED_EXPERT
 from edgeprefill.export.families.spec import LLAMA_NAMES, DeltaNames, FamilySpec
 
 
