@@ -92,6 +92,24 @@ def test_every_path_sums_exactly(library, m, k, n):
                                   kernel_order(a, codes, scale))
 
 
+@pytest.mark.parametrize("m, k, n", [(1, 203, 150), (2, 37, 23), (3, 203, 150), (4, 37, 150),
+                                     (5, 203, 23), (6, 203, 150), (7, 37, 150), (53, 203, 150)])
+def test_odd_shapes_sum_exactly(library, m, k, n):
+    """The tilings' tails: rows 1-7 and 53 (register tiles of 2, 4 or 6 rows and what is
+    left of them, a second row block on two threads), K not a multiple of 4 or 32, N
+    ending inside a panel's quarter (16 columns) and inside an 8-column register. Column
+    0's weights are all -128 and row 0's codes all -127: AVX2's int16 pairs at their
+    largest. The same bits as numpy's int64 sums, on one thread and on two."""
+    rng = np.random.default_rng(m * k * n)
+    codes, scale = int8_per_channel(rng.standard_normal((k, n)).astype(np.float32))
+    codes[:, 0] = -128
+    a = rng.standard_normal((1, m, k)).astype(np.float32)
+    a[0, 0] = -1.0
+    want = kernel_order(a, codes, scale)
+    for threads in (1, 2):
+        np.testing.assert_array_equal(run_op(a, codes, scale, library, threads), want)
+
+
 def test_pack_layout():
     codes = np.arange(5 * 70, dtype=np.int64).reshape(5, 70).astype(np.int8)
     packed, sums = int8_rows.pack(codes)

@@ -26,10 +26,11 @@
 //          the same sums, so the same bits as this op then SwiGlu, without writing the N
 //          columns out and reading them back (kernels/swiglu.py's fold_gated).
 //
-// Without AVX512-VNNI the same sums come from AVX2 (below; a 256-row chunk 1.7x as long as
-// ONNX Runtime's DynamicQuantizeMatMul on a Zen 3), from NEON's sdot on 64-bit Arm with the
-// dot product extension (unmeasured: docs/jetson.md) or portable loops, far slower:
-// int8_rows.py switches the op in only on CPUs with VNNI.
+// Without AVX512-VNNI the same sums come from AVX2 (below; on a Zen 3 a 256-row chunk
+// 1.03-1.08x as long as ONNX Runtime's DynamicQuantizeMatMul, an int8 bundle's prefill
+// about as long, a one-row call 0.91-1.07x: docs/benchmarks.md, stop 44), from NEON's sdot
+// on 64-bit Arm with the dot product extension (unmeasured: docs/jetson.md) or portable
+// loops, far slower: int8_rows.py switches the op in only on CPUs with VNNI.
 
 #include <algorithm>
 #include <cmath>
@@ -48,7 +49,13 @@ namespace {
 constexpr int64_t kPanel = 64;     // columns per packed panel: four 16-lane accumulators
 static_assert(kPanel == kGatedPanel, "gated=1 is checked against this panel width");
 constexpr int64_t kRows = 6;       // rows per register tile: 6 x 4 accumulators + 4 B + 1 A
-constexpr int64_t kRowBlock = 48;  // rows per parallel piece (8 register tiles)
+// Rows per parallel piece: 8 register tiles of 6 rows; AVX2 copies each panel before its
+// tiles (Rows below), and 24 tiles of 4 rows share a copy (48 rows: 1-4% slower).
+#ifdef EP_AVX2
+constexpr int64_t kRowBlock = 96;
+#else
+constexpr int64_t kRowBlock = 48;
+#endif
 // Below both, the pool's hand-out costs more than it saves (as in MatMulBf16).
 constexpr int64_t kMinOpsToSplit = 1 << 20;
 constexpr int64_t kMinWeightsToSplit = 1 << 16;
@@ -66,6 +73,15 @@ struct Job {
   NormRows norm;        // the norm inside, or all null
 };
 
+// The byte a code is stored as: code + 128 (unsigned) for vpdpbusd and the portable loops,
+// the signed code itself for AVX2's sign trick (Sums below), which would otherwise flip
+// each row's bytes once per 4 k and row in its inner loop.
+#ifdef EP_AVX2
+constexpr int kCodeOffset = 0;
+#else
+constexpr int kCodeOffset = 128;
+#endif
+
 void QuantizeRows(const Job& job, int64_t first, int64_t last) {
   std::vector<float> normed(job.norm.skip != nullptr ? job.k : 0);
   for (int64_t r = first; r < last; ++r) {
@@ -76,6 +92,13 @@ void QuantizeRows(const Job& job, int64_t first, int64_t last) {
     __m512 tops = _mm512_setzero_ps();
     for (; i + 16 <= job.k; i += 16) tops = _mm512_max_ps(tops, _mm512_abs_ps(_mm512_loadu_ps(a + i)));
     top = _mm512_reduce_max_ps(tops);
+#elif defined(EP_AVX2)
+    const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    __m256 tops = _mm256_setzero_ps();
+    for (; i + 8 <= job.k; i += 8) tops = _mm256_max_ps(tops, _mm256_and_ps(_mm256_loadu_ps(a + i), magnitude));
+    alignas(32) float lanes[8];
+    _mm256_store_ps(lanes, tops);
+    for (float lane : lanes) top = std::max(top, lane);
 #endif
     for (; i < job.k; ++i) top = std::max(top, std::fabs(a[i]));
     const float scale = top > 0.0f ? top / 127.0f : 1.0f;
@@ -90,9 +113,21 @@ void QuantizeRows(const Job& job, int64_t first, int64_t last) {
           _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(a + i), inv)), _mm512_set1_epi32(128));
       _mm_storeu_si128(reinterpret_cast<__m128i*>(q + i), _mm512_cvtusepi32_epi8(codes));
     }
+#elif defined(EP_AVX2)
+    const __m256 inv = _mm256_set1_ps(inverse);
+    for (; i + 16 <= job.k; i += 16) {  // cvtps rounds to nearest even, as nearbyint does
+      const __m256i low = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(a + i), inv));
+      const __m256i high = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(a + i + 8), inv));
+      const __m256i words = _mm256_packs_epi32(low, high);  // lanes' halves interleaved
+      const __m128i bytes = _mm_packs_epi16(_mm256_castsi256_si128(words),
+                                            _mm256_extracti128_si256(words, 1));
+      // packs took 0-3 low, 0-3 high, 4-7 low, 4-7 high: put the 4-byte groups in k order
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(q + i), _mm_shuffle_epi32(bytes, 0xd8));
+    }
 #endif
-    for (; i < job.k; ++i) q[i] = static_cast<uint8_t>(std::nearbyint(a[i] * inverse) + 128.0f);
-    for (; i < job.k4 * 4; ++i) q[i] = 128;  // code 0 past K
+    for (; i < job.k; ++i)
+      q[i] = static_cast<uint8_t>(static_cast<int>(std::nearbyint(a[i] * inverse)) + kCodeOffset);
+    for (; i < job.k4 * 4; ++i) q[i] = kCodeOffset;  // code 0 past K
   }
 }
 
@@ -168,74 +203,111 @@ void Rows(const Job& job, int64_t first, int64_t rows, int64_t p, float* out, in
   }
 }
 #elif defined(EP_AVX2)
-// AVX2 (Zen 1-3, Intel client CPUs): the same int32 sums, 8 columns to a register, 2 rows x
-// half a panel (32 columns) at a time: 8 accumulators, the rest of the 16 registers for
-// the weights and activations. vpmaddubsw multiplies unsigned by signed bytes and adds
-// neighbours in int16, which saturates on codes + 128 (up to 2 x 255 x 128); on the signed
-// codes q (-127..127, the codes xor 0x80) times the weights w (-128..127) taken as |w| and
-// sign(q, w), a pair is at most 2 x 128 x 127 = 32512 in magnitude: exact. vpmaddwd by
-// ones adds each column's two int16 lanes into its int32 lane. The sums are those of q x w,
-// which is what VNNI's (q + 128) x w less 128 x the column's code sum comes to: the same
-// integers, hence the same float32 bits.
-template <int kTile>
-void HalfSums(const uint32_t* quads, int64_t k4, const int8_t* panel, __m256i* out) {
-  const __m256i ones = _mm256_set1_epi16(1), flip = _mm256_set1_epi32(static_cast<int>(0x80808080u));
-  __m256i acc[kTile][4];
+// AVX2 (Zen 1-3, Intel client CPUs): the same int32 sums, 8 columns to a register, up to 4
+// rows x a quarter panel (16 columns) at a time: 8 accumulators, the rest of the 16
+// registers for the weights, their magnitudes and a row's codes. vpmaddubsw multiplies
+// unsigned by signed bytes and adds neighbours in int16, which saturates on codes + 128
+// (up to 2 x 255 x 128); on the signed codes q (-127..127, kCodeOffset 0) times the
+// weights w (-128..127) taken as |w| and sign(q, w), a pair is at most 2 x 128 x 127 =
+// 32512 in magnitude: exact. vpmaddwd by ones adds each column's two int16 lanes into its
+// int32 lane. The sums are those of q x w, which is what VNNI's (q + 128) x w less 128 x
+// the column's code sum comes to: the same integers, hence the same float32 bits. Tiles of
+// 2 rows x 32 columns took 15-20% longer; 3, 5 or 6 rows x 16 columns, or 6 x 8, no
+// shorter. Each 32 products of a row cost 4 instructions (sign, vpmaddubsw, vpmaddwd,
+// add), as many as ONNX Runtime's uint8 GEMM here spends (2 x vpmaddwd and add on codes
+// widened to int16): this runs near that bound (docs/benchmarks.md, stop 44).
+constexpr int kAvx2Rows = 4;
+// kTile rows x kGroups x 8 columns: the slices of k4 lines `line` bytes apart at `lines`.
+template <int kTile, int kGroups>
+void Sums(const uint32_t* quads, int64_t k4, const int8_t* lines, int64_t line, __m256i* out) {
+  const __m256i ones = _mm256_set1_epi16(1);
+  __m256i acc[kTile][kGroups];
   for (int r = 0; r < kTile; ++r)
-    for (int j = 0; j < 4; ++j) acc[r][j] = _mm256_setzero_si256();
+    for (int j = 0; j < kGroups; ++j) acc[r][j] = _mm256_setzero_si256();
   for (int64_t i = 0; i < k4; ++i) {
-    const int8_t* b = panel + i * kPanel * 4;
-    __m256i x[kTile];  // the rows' signed codes for k = 4 i .. 4 i + 3, in every lane
-    for (int r = 0; r < kTile; ++r)
-      x[r] = _mm256_xor_si256(_mm256_set1_epi32(static_cast<int>(quads[r * k4 + i])), flip);
-#pragma GCC unroll 4
-    for (int j = 0; j < 4; ++j) {
-      const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + j * 32));
-      const __m256i magnitude = _mm256_abs_epi8(w);
-      for (int r = 0; r < kTile; ++r)
+    const int8_t* b = lines + i * line;
+    __m256i w[kGroups], magnitude[kGroups];
+    for (int j = 0; j < kGroups; ++j) {
+      w[j] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 32 * j));
+      magnitude[j] = _mm256_abs_epi8(w[j]);
+    }
+    for (int r = 0; r < kTile; ++r) {  // the row's codes for k = 4 i .. 4 i + 3, in every lane
+      const __m256i x = _mm256_set1_epi32(static_cast<int>(quads[r * k4 + i]));
+      for (int j = 0; j < kGroups; ++j)
         acc[r][j] = _mm256_add_epi32(acc[r][j], _mm256_madd_epi16(
-            _mm256_maddubs_epi16(magnitude, _mm256_sign_epi8(x[r], w)), ones));
+            _mm256_maddubs_epi16(magnitude[j], _mm256_sign_epi8(x, w[j])), ones));
     }
   }
   for (int r = 0; r < kTile; ++r)
-    for (int j = 0; j < 4; ++j) out[r * 4 + j] = acc[r][j];
+    for (int j = 0; j < kGroups; ++j) out[r * kGroups + j] = acc[r][j];
 }
 
-// Rows [row, row + kTile) x half h of panel p (columns 32 h .. 32 h + 31 of it; `columns`:
-// the panel's columns before N) into out (rows `stride` floats apart, out at the panel).
-template <int kTile>
-void HalfTile(const Job& job, int64_t row, int64_t p, int h, int64_t columns, float* out,
-              int64_t stride) {
-  __m256i sums[kTile * 4];
-  HalfSums<kTile>(job.quads + row * job.k4, job.k4, job.b + p * job.k4 * kPanel * 4 + h * 128, sums);
-  for (int r = 0; r < kTile; ++r) {
-    const __m256 row_scale = _mm256_set1_ps(job.row_scale[row + r]);
-    for (int j = 0; j < 4; ++j) {
-      const int64_t c = h * 32 + j * 8, left = std::min<int64_t>(8, columns - c);
-      if (left <= 0) break;
-      alignas(32) float scale[8] = {}, lanes[8];  // once per row and 8 columns: plain copies
-      std::memcpy(scale, job.scales + p * kPanel + c, left * sizeof(float));
-      _mm256_store_ps(lanes, _mm256_mul_ps(_mm256_cvtepi32_ps(sums[r * 4 + j]),
-                                           _mm256_mul_ps(_mm256_load_ps(scale), row_scale)));
-      std::memcpy(out + r * stride + c, lanes, left * sizeof(float));
+// Rows [row, row + kTile) x kGroups x 8 columns from `lines` (as Sums), columns c0 .. of
+// the op's, `left` of them before N, into out (rows `stride` floats apart, out at c0).
+template <int kTile, int kGroups>
+void Tile(const Job& job, int64_t row, const int8_t* lines, int64_t line, int64_t c0,
+          int64_t left, float* out, int64_t stride) {
+  __m256i sums[kTile * kGroups];
+  Sums<kTile, kGroups>(job.quads + row * job.k4, job.k4, lines, line, sums);
+  const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  for (int j = 0; j < kGroups && j * 8 < left; ++j) {
+    const int64_t c = j * 8, count = std::min<int64_t>(8, left - c);
+    // The panel's last columns may end before 8: masked loads and stores there.
+    const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(count)), lane);
+    const __m256 scale = count == 8 ? _mm256_loadu_ps(job.scales + c0 + c)
+                                    : _mm256_maskload_ps(job.scales + c0 + c, mask);
+    for (int r = 0; r < kTile; ++r) {
+      const __m256 value = _mm256_mul_ps(_mm256_cvtepi32_ps(sums[r * kGroups + j]),
+                                         _mm256_mul_ps(scale, _mm256_set1_ps(job.row_scale[row + r])));
+      if (count == 8)
+        _mm256_storeu_ps(out + r * stride + c, value);
+      else
+        _mm256_maskstore_ps(out + r * stride + c, mask, value);
     }
   }
 }
 
 // Rows [first, first + rows) x panel p's columns, into out (row r at out + r * stride).
+// Four or more rows: tiles of 4 rows x a quarter panel (16 columns). A quarter panel's
+// 64-byte slices of the 256-byte lines, read in place, fall into a quarter of the L1's
+// sets and miss; copied together first (once per row block, for up to 12 row tiles) the
+// sums ran 5-10% faster. Fewer rows (decode steps): each row x half a panel, in place.
 void Rows(const Job& job, int64_t first, int64_t rows, int64_t p, float* out, int64_t stride) {
   const int64_t columns = std::min(kPanel, job.n - p * kPanel);
-  for (int h = 0; h < 2 && h * 32 < columns; ++h) {
+  const int8_t* panel = job.b + p * job.k4 * kPanel * 4;
+  if (rows < kAvx2Rows) {
+    for (int h = 0; h < 2 && h * 32 < columns; ++h)
+      for (int64_t r = 0; r < rows; ++r)
+        Tile<1, 4>(job, first + r, panel + h * 128, kPanel * 4, p * kPanel + h * 32,
+                   std::min<int64_t>(32, columns - h * 32), out + r * stride + h * 32, stride);
+    return;
+  }
+  thread_local std::vector<__m256i> copy;  // the panel by quarters, 64 bytes a line
+  copy.resize(static_cast<size_t>(job.k4 * 8));
+  for (int64_t i = 0; i < job.k4; ++i)  // in the panel's order: the prefetchers follow it
+    for (int q = 0; q < 8; ++q)
+      copy[(q / 2) * job.k4 * 2 + i * 2 + q % 2] =
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(panel + i * kPanel * 4) + q);
+  for (int h = 0; h < 4 && h * 16 < columns; ++h) {
+    const int8_t* lines = reinterpret_cast<const int8_t*>(copy.data() + h * job.k4 * 2);
+    const int64_t c0 = p * kPanel + h * 16, left = std::min<int64_t>(16, columns - h * 16);
+    float* o = out + h * 16;
     int64_t r = 0;
-    for (; r + 2 <= rows; r += 2) HalfTile<2>(job, first + r, p, h, columns, out + r * stride, stride);
-    if (r < rows) HalfTile<1>(job, first + r, p, h, columns, out + r * stride, stride);
+    for (; r + kAvx2Rows <= rows; r += kAvx2Rows)
+      Tile<kAvx2Rows, 2>(job, first + r, lines, 64, c0, left, o + r * stride, stride);
+    switch (rows - r) {
+      case 3: Tile<3, 2>(job, first + r, lines, 64, c0, left, o + r * stride, stride); break;
+      case 2: Tile<2, 2>(job, first + r, lines, 64, c0, left, o + r * stride, stride); break;
+      case 1: Tile<1, 2>(job, first + r, lines, 64, c0, left, o + r * stride, stride); break;
+      default: break;
+    }
   }
 }
 #elif defined(EP_NEON) && defined(__ARM_FEATURE_DOTPROD)
 // 64-bit Arm with the dot product extension (optional from Armv8.2-A; Jetson Orin's
 // Cortex-A78AE has it): sdot (vdotq_s32) adds four signed byte products into each int32
 // lane, as vpdpbusd adds unsigned by signed ones. On the signed codes q (the codes xor
-// 0x80, AVX2's HalfSums' trick) it sums q x w, the integers the other paths sum: the same
+// 0x80, AVX2's Sums' trick) it sums q x w, the integers the other paths sum: the same
 // float32 bits. A lane is a column (16 bytes of a panel's line: 4 columns' 4 codes), and
 // kTile rows x a quarter panel (16 columns) are 4 kTile accumulators.
 template <int kTile>
@@ -297,7 +369,7 @@ void Rows(const Job& job, int64_t first, int64_t rows, int64_t p, float* out, in
       for (int64_t i = 0; i < job.k4 * 4; ++i)
         acc += int32_t{q[i]} * job.b[((p * job.k4 + i / 4) * kPanel + c) * 4 + i % 4];
       const int64_t col = p * kPanel + c;
-      out[r * stride + c] = static_cast<float>(acc - 128 * job.sums[col]) *
+      out[r * stride + c] = static_cast<float>(acc - kCodeOffset * job.sums[col]) *
                             (job.scales[col] * job.row_scale[first + r]);
     }
   }

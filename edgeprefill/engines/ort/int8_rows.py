@@ -44,8 +44,8 @@ MODES = ("auto", "off")
 
 def why_not(native: bool) -> str | None:
     """Why an int8 bundle keeps DynamicQuantizeMatMul here, or None: turned off, no native
-    kernels, or no AVX512-VNNI (MatMulInt8's AVX2 path sums exactly but prefilled 1.2x as
-    long as DynamicQuantizeMatMul on a Zen 3, docs/benchmarks.md)."""
+    kernels, or no AVX512-VNNI (MatMulInt8's AVX2 path sums exactly, but on a Zen 3 an int8
+    bundle prefilled no faster than with DynamicQuantizeMatMul: docs/benchmarks.md, stop 44)."""
     value = os.environ.get(MODE_ENV, "auto").strip().lower() or "auto"
     if value not in MODES:
         raise BackendError(f"{MODE_ENV}={value!r}: choose one of {', '.join(MODES)}")
