@@ -65,7 +65,7 @@ struct Job {
   const int8_t* b;      // [P, K4, 64, 4]
   const float* scales;  // [N]
   const int32_t* sums;  // [N]
-  uint32_t* quads;      // [M, K4]: a row's codes + 128, four to a uint32, in k order
+  uint32_t* quads;      // [M, K4]: a row's codes + kCodeOffset (below), four to a uint32, in k order
   float* row_scale;     // [M]
   float* out;           // [M, N], or [M, N / 2] when gated
   int64_t m, k, k4, n, panels, row_blocks;
