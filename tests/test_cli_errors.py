@@ -250,9 +250,12 @@ def test_a_kv_cache_beyond_the_machines_memory_is_one_line(bundle):
 
 def test_export_options_that_would_be_ignored_are_refused_or_reported(hf_copy, tmp_path):
     assert_one_line_error(cli("export", hf_copy, "-o", tmp_path / "b", "--block-size", "64"),
-                          "--block-size apply to --quantize int4 only")
+                          "--block-size applies to --quantize int4 only")
     assert_one_line_error(cli("export", hf_copy, "-o", tmp_path / "b", "--quantize", "int8",
-                              "--accuracy-level", "2"), "--accuracy-level apply to")
+                              "--accuracy-level", "2"), "--accuracy-level applies to")
+    assert_one_line_error(cli("export", hf_copy, "-o", tmp_path / "b", "--block-size", "64",
+                              "--accuracy-level", "2"),
+                          "--block-size and --accuracy-level apply to --quantize int4 only")
     assert_one_line_error(cli("export", hf_copy, "-o", tmp_path / "b", "--chunks", "5000"),
                           "exceeds the max context 1024")
     done = cli("export", hf_copy, "-o", tmp_path / "b", "--chunks", "16,5000", "--quiet")
