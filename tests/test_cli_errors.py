@@ -113,7 +113,11 @@ def test_corrupt_bundle_is_refused(bundle, tmp_path):
     manifest = json.loads((path / "edgeprefill.json").read_text())
     manifest["format_version"] = 99
     (path / "edgeprefill.json").write_text(json.dumps(manifest))
-    assert_one_line_error(cli("inspect", path), "format version 99")
+    assert_one_line_error(cli("inspect", path), "format version 99 is newer",
+                          "upgrade edgeprefill")
+    del manifest["format_version"]
+    (path / "edgeprefill.json").write_text(json.dumps(manifest))
+    assert_one_line_error(cli("inspect", path), "edgeprefill.json has no format_version")
 
 
 def test_a_newer_bundles_unknown_fields_are_ignored_with_a_warning(bundle, tmp_path):
