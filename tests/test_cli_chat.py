@@ -76,6 +76,10 @@ def test_chat_commands_are_handled_by_the_cli_never_sent_to_the_model(engine, mo
     err = capsys.readouterr().err
     assert "/system TEXT" in err and "/reset" in err  # the /help text
     assert "unknown command /bogus" in err
+    # Each command says once what it did.
+    assert re.findall(r"\(new conversation[^)]*\)|\(system message[^)]*\)", err) == [
+        "(new conversation with this system message)",
+        "(new conversation with the same system message)"]
 
 
 def test_ctrl_c_stops_the_reply_and_the_chat_goes_on(engine, monkeypatch):
