@@ -148,6 +148,17 @@ def test_run_refuses_empty_prompts_in_one_line(tiny_bundle):
     assert_one_line_error(cli("run", tiny_bundle, "-p", "  \n"), "the prompt is empty")
 
 
+def test_two_prompts_are_refused_naming_the_two_that_were_given(tiny_bundle, tmp_path):
+    text = tmp_path / "prompt.txt"
+    text.write_text("w5 w6")
+    assert_one_line_error(cli("run", tiny_bundle, "w5", "--prompt-file", text),
+                          "give the prompt after BUNDLE or --prompt-file, not both")
+    assert_one_line_error(cli("run", tiny_bundle, "-p", "w5", "--prompt-file", text),
+                          "give --prompt or --prompt-file, not both")
+    assert_one_line_error(cli("run", tiny_bundle, "w5", "-p", "w6"),
+                          "give the prompt after BUNDLE or as --prompt, not both")
+
+
 @pytest.mark.parametrize("line, fragment", [
     ('{"prompt": "w5", "max_tokens": 3}', "unknown key 'max_tokens'; known keys: prompt,"),
     ('{"prompt": "w5", "temperature": -1}', "temperature"),
