@@ -169,6 +169,19 @@ def test_run_streams_only_generated_text_to_stdout_and_stats_to_stderr(bundle):
     assert "TTFT" in result.stderr and "decode" in result.stderr and "chunks" in result.stderr
 
 
+def test_a_reader_that_closes_the_pipe_early_is_no_error(bundle):
+    # `edgeprefill run ... | head`: the rest of the reply has nowhere to go, which is what
+    # the reader asked for. Click had turned it into exit status 1.
+    run = subprocess.Popen([*EDGEPREFILL, "run", str(bundle("llama")), "w5 w6",
+                            "--ignore-eos", "--max-new-tokens", "500"],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert run.stdout is not None and run.stderr is not None
+    assert run.stdout.read(2).startswith(b"w")  # the first words, then the reader leaves
+    run.stdout.close()
+    assert run.wait(timeout=120) == 0
+    assert run.stderr.read() == b""
+
+
 def test_inspect_refuses_a_corrupt_graph_in_one_line(tiny_int4_bundle, tmp_path):
     """inspect reads an int4 bundle's graph (for where its derived weights are cached):
     through bundle.load_graph, so a graph file of the right size but corrupt is one line."""
