@@ -149,10 +149,7 @@ class Manifest:
     def from_dict(cls, raw: dict[str, Any]) -> Manifest:
         version = raw.get("format_version")
         if version != FORMAT_VERSION:
-            raise BundleError(
-                f"bundle format version {version!r} is not supported by this edgeprefill "
-                f"(expects {FORMAT_VERSION}); re-export it with `edgeprefill export`"
-            )
+            raise _version_error(version)
         unknown: list[str] = []
         try:
             manifest = cls(
@@ -176,6 +173,21 @@ class Manifest:
                         "newer edgeprefill?)", MANIFEST_FILE,
                         "a field" if len(unknown) == 1 else "fields", ", ".join(unknown))
         return manifest
+
+
+def _version_error(version: object) -> BundleError:
+    """Says which way the versions differ: re-exporting with an older edgeprefill cannot
+    help a bundle a newer one wrote."""
+    if version is None:
+        return BundleError("edgeprefill.json has no format_version (not written by "
+                           "`edgeprefill export`); re-export it with `edgeprefill export`")
+    if is_int(version) and version > FORMAT_VERSION:
+        return BundleError(f"bundle format version {version} is newer than this "
+                           f"edgeprefill's ({FORMAT_VERSION}): upgrade edgeprefill, or "
+                           "re-export the model with this one")
+    return BundleError(f"bundle format version {version!r} is not supported by this "
+                       f"edgeprefill (expects {FORMAT_VERSION}); re-export it with "
+                       "`edgeprefill export`")
 
 
 def _known(record: type, raw: dict[str, Any], prefix: str, unknown: list[str]) -> dict[str, Any]:

@@ -126,3 +126,32 @@ def test_the_plots_stall_is_the_tables_from_token_to_token():
     labels.clear()
     _longest_stall(Axes(), Timeline(steps, {1: "session 1"}, {}, {}), [0], 0.012)
     assert labels == ["9.5 ms between tokens"] and round(_max_stall(steps, 0.012), 4) == 0.0095
+
+
+def test_ctrl_c_during_the_sweep_keeps_the_finished_runs_rows(bundle, monkeypatch, capsys):
+    # Ctrl-C (SIGINT) lands while the second run is under way: the first run's row is
+    # printed, the command still ends as interrupted (exit 130, no traceback).
+    import sys
+
+    from edgeprefill.cli import bench_cmd
+    from edgeprefill.cli.main import main
+
+    real_run = bench_cmd.run_isolated
+
+    def interrupted_second(bundle, spec, workload):
+        if spec.label != "fcfs":
+            raise KeyboardInterrupt
+        return real_run(bundle, spec, workload)
+
+    monkeypatch.setattr(bench_cmd, "run_isolated", interrupted_second)
+    monkeypatch.setattr(sys, "argv", [
+        "edgeprefill", "bench", str(bundle("llama")), "--sessions", "1", "--prompt-tokens",
+        "64", "--policies", "fcfs,chunked", "--chunk-sizes", "16", "--threads", "1"])
+    with pytest.raises(SystemExit) as leaving:
+        main()
+    assert leaving.value.code == 130
+    out, err = capsys.readouterr()
+    rows = out.splitlines()
+    assert rows[0].split()[:3] == ["config", "long", "TTFT"]
+    assert [line.split()[0] for line in rows[2:]] == ["fcfs"]
+    assert "interrupted after 1 of 2 runs" in err and "Traceback" not in err

@@ -76,6 +76,10 @@ def test_chat_commands_are_handled_by_the_cli_never_sent_to_the_model(engine, mo
     err = capsys.readouterr().err
     assert "/system TEXT" in err and "/reset" in err  # the /help text
     assert "unknown command /bogus" in err
+    # Each command says once what it did.
+    assert re.findall(r"\(new conversation[^)]*\)|\(system message[^)]*\)", err) == [
+        "(new conversation with this system message)",
+        "(new conversation with the same system message)"]
 
 
 def test_ctrl_c_stops_the_reply_and_the_chat_goes_on(engine, monkeypatch):
@@ -142,6 +146,17 @@ def test_run_refuses_empty_prompts_in_one_line(tiny_bundle):
     # The shipped tokenizer adds <s>: an empty prompt would still generate.
     assert_one_line_error(cli("run", tiny_bundle, "-p", ""), "the prompt is empty")
     assert_one_line_error(cli("run", tiny_bundle, "-p", "  \n"), "the prompt is empty")
+
+
+def test_two_prompts_are_refused_naming_the_two_that_were_given(tiny_bundle, tmp_path):
+    text = tmp_path / "prompt.txt"
+    text.write_text("w5 w6")
+    assert_one_line_error(cli("run", tiny_bundle, "w5", "--prompt-file", text),
+                          "give the prompt after BUNDLE or --prompt-file, not both")
+    assert_one_line_error(cli("run", tiny_bundle, "-p", "w5", "--prompt-file", text),
+                          "give --prompt or --prompt-file, not both")
+    assert_one_line_error(cli("run", tiny_bundle, "w5", "-p", "w6"),
+                          "give the prompt after BUNDLE or as --prompt, not both")
 
 
 @pytest.mark.parametrize("line, fragment", [

@@ -113,7 +113,11 @@ def test_corrupt_bundle_is_refused(bundle, tmp_path):
     manifest = json.loads((path / "edgeprefill.json").read_text())
     manifest["format_version"] = 99
     (path / "edgeprefill.json").write_text(json.dumps(manifest))
-    assert_one_line_error(cli("inspect", path), "format version 99")
+    assert_one_line_error(cli("inspect", path), "format version 99 is newer",
+                          "upgrade edgeprefill")
+    del manifest["format_version"]
+    (path / "edgeprefill.json").write_text(json.dumps(manifest))
+    assert_one_line_error(cli("inspect", path), "edgeprefill.json has no format_version")
 
 
 def test_a_newer_bundles_unknown_fields_are_ignored_with_a_warning(bundle, tmp_path):
@@ -163,6 +167,19 @@ def test_run_streams_only_generated_text_to_stdout_and_stats_to_stderr(bundle):
     words = result.stdout.split()
     assert len(words) == 4 and all(w.startswith("w") for w in words)
     assert "TTFT" in result.stderr and "decode" in result.stderr and "chunks" in result.stderr
+
+
+def test_a_reader_that_closes_the_pipe_early_is_no_error(bundle):
+    # `edgeprefill run ... | head`: the rest of the reply has nowhere to go, which is what
+    # the reader asked for. Click had turned it into exit status 1.
+    run = subprocess.Popen([*EDGEPREFILL, "run", str(bundle("llama")), "w5 w6",
+                            "--ignore-eos", "--max-new-tokens", "500"],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert run.stdout is not None and run.stderr is not None
+    assert run.stdout.read(2).startswith(b"w")  # the first words, then the reader leaves
+    run.stdout.close()
+    assert run.wait(timeout=120) == 0
+    assert run.stderr.read() == b""
 
 
 def test_inspect_refuses_a_corrupt_graph_in_one_line(tiny_int4_bundle, tmp_path):
@@ -250,9 +267,12 @@ def test_a_kv_cache_beyond_the_machines_memory_is_one_line(bundle):
 
 def test_export_options_that_would_be_ignored_are_refused_or_reported(hf_copy, tmp_path):
     assert_one_line_error(cli("export", hf_copy, "-o", tmp_path / "b", "--block-size", "64"),
-                          "--block-size apply to --quantize int4 only")
+                          "--block-size applies to --quantize int4 only")
     assert_one_line_error(cli("export", hf_copy, "-o", tmp_path / "b", "--quantize", "int8",
-                              "--accuracy-level", "2"), "--accuracy-level apply to")
+                              "--accuracy-level", "2"), "--accuracy-level applies to")
+    assert_one_line_error(cli("export", hf_copy, "-o", tmp_path / "b", "--block-size", "64",
+                              "--accuracy-level", "2"),
+                          "--block-size and --accuracy-level apply to --quantize int4 only")
     assert_one_line_error(cli("export", hf_copy, "-o", tmp_path / "b", "--chunks", "5000"),
                           "exceeds the max context 1024")
     done = cli("export", hf_copy, "-o", tmp_path / "b", "--chunks", "16,5000", "--quiet")

@@ -49,3 +49,46 @@ def test_the_prompt_can_follow_the_bundle_as_ollama_run_takes_it(bundle):
     option = cli("run", bundle("llama"), "--prompt", "w5 w6 w7", "--max-new-tokens", "3")
     assert given.returncode == 0, given.stderr
     assert given.stdout == option.stdout and len(given.stdout.split()) == 3
+
+
+def test_ctrl_c_during_concurrent_requests_prints_what_was_generated(bundle, capsys,
+                                                                      monkeypatch):
+    # A real SIGINT once the first reply is done: that reply is printed whole, the running
+    # one as far as it got, the one still waiting for its delay as never submitted; then
+    # the command ends as interrupted. Nothing had been printed: the replies came at the end.
+    import os
+    import signal
+    import threading
+    import time
+
+    import pytest
+
+    from edgeprefill.cli import run_modes
+    from edgeprefill.sdk import Engine, GenerationParams
+
+    short = GenerationParams(max_new_tokens=2, temperature=0.0)
+    long = GenerationParams(max_new_tokens=500, temperature=0.0, ignore_eos=True)
+    jobs = [run_modes.Job("w5 w6", short, 0, 0.0), run_modes.Job("w7 w8", long, 0, 0.0),
+            run_modes.Job("w9", short, 0, 600.0)]
+    with Engine.load(bundle("llama"), threads=1, kv_slots=4) as engine:
+        whole_short = engine.generate("w5 w6", short).result().text
+        whole_long = engine.generate("w7 w8", long).result().text
+        submitted = []
+        generate = engine.generate
+        monkeypatch.setattr(engine, "generate", lambda *a, **k: submitted.append(
+            generate(*a, **k)) or submitted[-1])
+
+        def ctrl_c_after_the_first_reply() -> None:
+            while not (submitted and submitted[0].done):
+                time.sleep(0.005)
+            os.kill(os.getpid(), signal.SIGINT)
+
+        threading.Thread(target=ctrl_c_after_the_first_reply, daemon=True).start()
+        started = time.perf_counter()
+        with pytest.raises(KeyboardInterrupt):
+            run_modes.concurrent(engine, jobs, stats=False)
+        assert time.perf_counter() - started < 60  # the 600 s delay was not waited out
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "--- request 0 (priority 0)" and out[1] == whole_short
+    assert out[2] == "--- request 1 (priority 0)" and whole_long.startswith(out[3])
+    assert out[4:] == ["--- request 2 (priority 0)", "not submitted (interrupted)"]

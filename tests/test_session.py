@@ -26,3 +26,19 @@ def test_a_refused_chat_turn_leaves_the_conversation_as_it_was(tiny_bundle):
             again = fresh.session()
             assert again.chat("hello", GREEDY).result().token_ids == first.token_ids
             assert again.chat("again", GREEDY).result().token_ids == second.token_ids
+
+
+def test_submit_naming_a_session_this_engine_never_made_is_refused_in_one_line(tiny_bundle):
+    # A made-up id used to be taken as a new session's: it claimed a KV slot under an id
+    # that may be a request's, and nothing stopped two turns of it at once.
+    with Engine.load(tiny_bundle, threads=1, kv_slots=2) as engine, \
+            Engine.load(tiny_bundle, threads=1, kv_slots=2) as other:
+        ids = engine.tokenizer.encode("hello")
+        foreign = other.session()
+        for unknown in (12345, foreign.id + 1000):
+            with pytest.raises(RequestError, match=f"unknown session id {unknown}: "):
+                engine.submit(ids, GREEDY, 0, unknown)
+        # A session's own id is accepted, and is that session's turn.
+        session = engine.session()
+        reply = engine.submit(ids, GREEDY, 0, session.id).result()
+        assert reply.token_ids == engine.generate("hello", GREEDY).result().token_ids

@@ -101,11 +101,19 @@ def bench(
 
 
 def _run_all(bundle: Path, specs: list[RunSpec], workload: Workload) -> list[RunResult]:
-    results = []
-    with tqdm(specs, desc="bench", unit="run", leave=False) as progress:
-        for spec in progress:
-            progress.set_postfix_str(spec.label)
-            results.append(run_isolated(bundle, spec, workload))
+    results: list[RunResult] = []
+    try:
+        with tqdm(specs, desc="bench", unit="run", leave=False) as progress:
+            for spec in progress:
+                progress.set_postfix_str(spec.label)
+                results.append(run_isolated(bundle, spec, workload))
+    except KeyboardInterrupt:
+        # Ctrl-C minutes into a sweep: the finished runs' rows are still worth having.
+        if results:
+            click.echo(report.table(results))
+            click.echo(f"interrupted after {len(results)} of {len(specs)} runs; the rows "
+                       "above are the finished ones", err=True)
+        raise
     return results
 
 

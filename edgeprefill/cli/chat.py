@@ -133,9 +133,7 @@ class ChatLoop:
         return True
 
     def reset(self, argument: str) -> bool:
-        self.session.close()
-        self.session = self.engine.session()
-        self.first_turn = True
+        self._new_conversation()
         _note("(new conversation" + (" with the same system message)" if self.system else ")"))
         return True
 
@@ -144,8 +142,16 @@ class ChatLoop:
             _note("this bundle has no chat template, so there is no system message")
             return True
         self.system = argument or None
-        _note("(system message " + ("set" if argument else "cleared") + ")")
-        return self.reset("")
+        self._new_conversation()
+        # One line: /reset's "with the same system message" read wrong right after a new one.
+        _note("(new conversation " + ("with this system message)" if argument
+                                      else "without a system message)"))
+        return True
+
+    def _new_conversation(self) -> None:
+        self.session.close()
+        self.session = self.engine.session()
+        self.first_turn = True
 
     def exit(self, argument: str) -> bool:
         return False

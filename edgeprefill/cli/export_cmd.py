@@ -90,7 +90,8 @@ def export(hf_dir, out_dir, flavor, dtype, chunks, max_context, quantize, block_
     int4_only = [f"--{n.replace('_', '-')}" for n in ("block_size", "accuracy_level")
                  if given(n) is ParameterSource.COMMANDLINE]
     if int4_only and quantize != "int4":
-        raise ExportError(f"{' and '.join(int4_only)} apply to --quantize int4 only")
+        verb = "applies" if len(int4_only) == 1 else "apply"
+        raise ExportError(f"{' and '.join(int4_only)} {verb} to --quantize int4 only")
     for name, value in (("--embeddings", embeddings), ("--lm-head", lm_head)):
         if value is not None and quantize is None:
             raise ExportError(f"{name} applies with --quantize int8 or int4 only")

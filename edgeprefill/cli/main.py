@@ -7,6 +7,7 @@ missing optional dependency (TensorRT, the HTTP stack) only matters to its own c
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 
 import click
@@ -34,6 +35,15 @@ class LazyGroup(click.Group):
             return None
         module, attr = COMMANDS[name].split(":")
         return getattr(importlib.import_module(module), attr)
+
+    def invoke(self, ctx: click.Context) -> object:
+        try:
+            return super().invoke(ctx)
+        except BrokenPipeError:
+            # `edgeprefill run ... | head` closed the pipe: not an error. Handled here, as
+            # click turns it into exit status 1 before main() could see it.
+            _silence_stdout()
+            raise click.exceptions.Exit(0) from None
 
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
@@ -65,5 +75,10 @@ def main() -> None:
     except KeyboardInterrupt:
         click.echo("interrupted", err=True)
         sys.exit(130)
-    except BrokenPipeError:
-        sys.exit(0)  # `edgeprefill run ... | head` closed the pipe: not an error
+
+
+def _silence_stdout() -> None:
+    """Points stdout at /dev/null, so the exit's flush of what is still buffered does not
+    fail on the closed pipe too (Python's documented recipe for SIGPIPE)."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())

@@ -80,7 +80,8 @@ def run(bundle, prompt_arg, prompt, prompt_file, chat, system, interactive, sess
             raise RequestError("give the prompt after BUNDLE or as --prompt, not both")
         prompt = prompt_arg
     if prompt is not None and prompt_file is not None:
-        raise RequestError("give --prompt or --prompt-file, not both")
+        given = "--prompt" if prompt_arg is None else "the prompt after BUNDLE"
+        raise RequestError(f"give {given} or --prompt-file, not both")
     if prompt_file is not None:
         prompt = _text(prompt_file, "--prompt-file").rstrip("\n")
     modes = sum([prompt is not None, interactive, prompts_file is not None])

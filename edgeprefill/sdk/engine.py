@@ -99,6 +99,9 @@ class Engine:
                                  self.trace if config.trace else None)
         self._inbox: queue.SimpleQueue[tuple[str, Request]] = queue.SimpleQueue()
         self._ids = iter(range(1, 1 << 62))
+        # The sessions handed out and still held: a submit() may name only one of them.
+        self._sessions: weakref.WeakValueDictionary[int, Session] = \
+            weakref.WeakValueDictionary()
         self._step_lock = threading.Lock()
         self._admission = threading.Lock()  # orders submit() against close()
         self._wake = threading.Event()
@@ -199,7 +202,9 @@ class Engine:
     def session(self) -> Session:
         from edgeprefill.sdk.session import Session
 
-        return Session(self, next(self._ids))
+        session = Session(self, next(self._ids))
+        self._sessions[session.id] = session
+        return session
 
     def generate(
         self, prompt: Prompt, params: GenerationParams | None = None, *,
@@ -236,6 +241,9 @@ class Engine:
         params = params or self.default_params()
         if not is_int(n) or n < 1:
             raise RequestError(f"n must be an integer >= 1, got {n!r}")
+        if session_id is not None and session_id not in self._sessions:
+            raise RequestError(f"unknown session id {session_id!r}: a session_id is the id "
+                               "of a Session from this engine's session()")
         tokens = _token_list(tokens)
         self._check_request(tokens, params, chunk_size)
         tokens = [int(t) for t in tokens]  # numpy integers too, once they are checked
