@@ -33,7 +33,7 @@ def trained_adapter(hf_dir, out, seed: int = 0, **lora) -> None:
     model = get_peft_model(load_hf_model(hf_dir), LoraConfig(**lora))
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
-        for name, param in model.named_parameters():
+        for param in model.parameters():
             if param.requires_grad:  # what training changes, and so what the adapter saves
                 param.add_(torch.randn(param.shape, generator=generator) * 0.1)
     model.save_pretrained(out)
@@ -82,7 +82,8 @@ def test_gpt2_conv1d_adapter_is_merged_in_its_stored_layout(tmp_path):
 
 def test_rslora_with_rank_and_alpha_patterns_scales_each_module_as_peft(tmp_path):
     assert_merged_as_peft(tmp_path, "llama", r=4, lora_alpha=8, target_modules=LLAMA_TARGETS,
-                          use_rslora=True, rank_pattern={"down_proj": 2, "layers.1.self_attn.q_proj": 8},
+                          use_rslora=True,
+                          rank_pattern={"down_proj": 2, "layers.1.self_attn.q_proj": 8},
                           alpha_pattern={"v_proj": 3})
 
 
@@ -104,6 +105,17 @@ def test_a_tied_model_reads_the_merged_table_as_its_head_as_merged_peft_does(tmp
     assert np.abs(merged - peft_logits(hf_dir, tmp_path / "adapter")).max() > 0.1
     bundle_dir = export_with(hf_dir, tmp_path / "adapter", tmp_path / "b")
     assert_chunks_match(bundle_dir, IDS, merged)
+
+
+def test_ensure_weight_tying_s_head_copies_are_the_tied_table_as_unmerged_peft(tmp_path):
+    # ensure_weight_tying saves the head's LoRA as the embedding's, transposed, and a copy of
+    # the table: the tied table gets the delta once, as in peft's unmerged forward (its
+    # merge_and_unload adds it to the shared table twice, 0.21.2)
+    hf_dir = build_hf_model("llama", tmp_path / "hf", tie_word_embeddings=True)
+    trained_adapter(hf_dir, tmp_path / "adapter", r=4, lora_alpha=8,
+                    target_modules=["embed_tokens", "v_proj"], ensure_weight_tying=True)
+    bundle_dir = export_with(hf_dir, tmp_path / "adapter", tmp_path / "b")
+    assert_chunks_match(bundle_dir, IDS, peft_logits(hf_dir, tmp_path / "adapter"))
 
 
 def test_the_manifest_records_the_adapter_and_inspect_shows_it(tmp_path):
@@ -220,3 +232,23 @@ def test_another_base_model_name_is_only_a_warning(tmp_path, caplog):
 ])
 def test_adapters_merge_as_peft_in_both_flavours(tmp_path, flavor, family, lora):
     assert_merged_as_peft(tmp_path, family, flavor, r=4, lora_alpha=8, **lora)
+
+
+def test_the_command_line_says_each_refusal_in_one_line(tmp_path):
+    from tests.test_cli_errors import assert_one_line_error, cli
+
+    hf_dir = build_hf_model("llama", tmp_path / "hf")
+    adapter = _saved(hf_dir, tmp_path, ["q_proj"])
+    edit_config(adapter, base_model_name_or_path="org/Base-1B")
+    assert_one_line_error(cli("export", adapter, "-o", tmp_path / "b"),
+                          f"{adapter} is a PEFT adapter, not a model: export its base model "
+                          f"(org/Base-1B) with --adapter {adapter}")
+    assert_one_line_error(cli("export", hf_dir, "--adapter", hf_dir, "-o", tmp_path / "b"),
+                          f"{hf_dir / 'adapter_config.json'} not found")
+    config = json.loads((hf_dir / "config.json").read_text())
+    (hf_dir / "config.json").write_text(json.dumps({**config, "quantization_config": {
+        "quant_method": "gptq", "bits": 4, "group_size": 32, "sym": True, "desc_act": False}}))
+    assert_one_line_error(cli("export", hf_dir, "--adapter", adapter, "-o", tmp_path / "b"),
+                          "is a gptq-quantized checkpoint: a LoRA adapter merges into float "
+                          "weights only")
+    assert not (tmp_path / "b").exists()

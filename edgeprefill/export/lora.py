@@ -84,6 +84,7 @@ class Adapter:
         self.deltas: dict[str, Delta] = {}
         self.bias_deltas: dict[str, np.ndarray] = {}  # lora_bias: scale * lora_B.bias
         self.replacements: dict[str, np.ndarray] = {}
+        self._base_copies: set[str] = set()  # replacements saved as `<module>.base_layer.`
         self._sort(config, tensors)
 
     @classmethod
@@ -105,6 +106,8 @@ class Adapter:
             part = next((p for p in LORA_PARTS if name.endswith("." + p)), None)
             if part is None:  # a full tensor: `base_layer.` is peft's wrapper, not the model's
                 self.replacements[name.replace(".base_layer.", ".")] = tensor
+                if ".base_layer." in name:
+                    self._base_copies.add(name.replace(".base_layer.", "."))
             else:
                 modules.setdefault(name.removesuffix("." + part), {})[part] = tensor
         for module, parts in modules.items():
@@ -133,7 +136,17 @@ class Adapter:
         """Key every tensor by the name the checkpoint reads it as (`read_name`: the
         transformers name -> the checkpoint's, None where it holds none). A delta whose
         module the base lacks is refused; a replacement the base lacks (modules_to_save's
-        lm_head over a tied checkpoint that stores none) keeps its own name."""
+        lm_head over a tied checkpoint that stores none) keeps its own name.
+
+        Over a tied checkpoint that stores no head, peft's `ensure_weight_tying` saves the
+        head's tied copies of the embedding's: its LoRA (A and B the embedding's B^T and
+        A^T) and its base table. The head reads the embedding's merged table instead, as
+        peft's unmerged model computes (its merge_and_unload adds the delta to the one
+        shared table twice): the copies are dropped."""
+        for name in [n for n in self.deltas if read_name(n) is None and self._tied(n)]:
+            del self.deltas[name]
+        for name in [n for n in self._base_copies if read_name(n) is None]:
+            del self.replacements[name]
         for table in (self.deltas, self.bias_deltas):
             for name in list(table):
                 found = read_name(name)
@@ -143,6 +156,14 @@ class Adapter:
                                       f"adapter of another model ({self.base_model})?")
                 table[found] = table.pop(name)
         self.replacements = {read_name(n) or n: t for n, t in self.replacements.items()}
+
+    def _tied(self, name: str) -> bool:
+        """Whether the delta `name` is an embedding's, tied: ensure_weight_tying's head."""
+        delta = self.deltas[name]
+        return not delta.embedding and any(
+            other.embedding and np.array_equal(delta.a, other.b.T)
+            and np.array_equal(delta.b, other.a.T) and other.scale == delta.scale
+            for other in self.deltas.values())
 
     def check_shapes(self, stored_shape: Callable[[str], tuple[int, ...]],
                      transposed: Callable[[str], bool]) -> None:
