@@ -118,6 +118,17 @@ def test_ensure_weight_tying_s_head_copies_are_the_tied_table_as_unmerged_peft(t
     assert_chunks_match(bundle_dir, IDS, peft_logits(hf_dir, tmp_path / "adapter"))
 
 
+def test_a_saved_head_over_a_tied_model_is_its_head_untied_without_a_warning(
+        tmp_path, caplog):
+    hf_dir = build_hf_model("llama", tmp_path / "hf", tie_word_embeddings=True)
+    trained_adapter(hf_dir, tmp_path / "adapter", r=4, lora_alpha=8,
+                    target_modules=["q_proj"], modules_to_save=["lm_head"])
+    with caplog.at_level(logging.WARNING, logger="edgeprefill"):
+        bundle_dir = export_with(hf_dir, tmp_path / "adapter", tmp_path / "b")
+    assert_chunks_match(bundle_dir, IDS, peft_logits(hf_dir, tmp_path / "adapter"))
+    assert not caplog.records, caplog.text
+
+
 def test_the_manifest_records_the_adapter_and_inspect_shows_it(tmp_path):
     from click.testing import CliRunner
 
@@ -243,6 +254,8 @@ def test_the_command_line_says_each_refusal_in_one_line(tmp_path):
     assert_one_line_error(cli("export", adapter, "-o", tmp_path / "b"),
                           f"{adapter} is a PEFT adapter, not a model: export its base model "
                           f"(org/Base-1B) with --adapter {adapter}")
+    (adapter / "config.json").write_bytes((hf_dir / "config.json").read_bytes())  # Unsloth's
+    assert_one_line_error(cli("export", adapter, "-o", tmp_path / "b"), "is a PEFT adapter")
     assert_one_line_error(cli("export", hf_dir, "--adapter", hf_dir, "-o", tmp_path / "b"),
                           f"{hf_dir / 'adapter_config.json'} not found")
     config = json.loads((hf_dir / "config.json").read_text())

@@ -28,6 +28,7 @@ INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
 TORCH_INDEX_FILE = "pytorch_model.bin.index.json"
 TORCH_FILE = "pytorch_model.bin"
+MODEL_FILES = (INDEX_FILE, SINGLE_FILE, TORCH_INDEX_FILE, TORCH_FILE)
 
 
 # (GPT-2's Hub checkpoints keep their causal-mask buffers as `h.{i}.attn.bias`.)

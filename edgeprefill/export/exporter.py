@@ -22,7 +22,7 @@ from edgeprefill.bundle import (
 )
 from edgeprefill.contract import kv_names, state_names
 from edgeprefill.errors import ExportError
-from edgeprefill.export.checkpoint import Checkpoint
+from edgeprefill.export.checkpoint import MODEL_FILES, Checkpoint
 from edgeprefill.export.config_checks import check_tokenizer_fits
 from edgeprefill.export.decoder import DecoderBuilder
 from edgeprefill.export.flavors import flavor_class
@@ -81,7 +81,7 @@ def export(hf_dir: str | Path, out_dir: str | Path, options: ExportOptions) -> M
     hf_dir, out_dir = Path(hf_dir), Path(out_dir)
     if not hf_dir.is_dir():
         raise ExportError(f"{hf_dir} is not a folder")
-    hint = adapter_hint(hf_dir)
+    hint = adapter_hint(hf_dir, MODEL_FILES)
     if hint is not None:
         raise ExportError(hint)
     cfg = ModelConfig.from_dir(hf_dir)

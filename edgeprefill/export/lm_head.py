@@ -51,6 +51,8 @@ def warn_if_kept_apart(ckpt: Checkpoint, cfg: ModelConfig) -> None:
     embedding = _first_stored(ckpt, names.embed)
     if not cfg.tie_embeddings or embedding is None or head == embedding:
         return
+    if ckpt.adapter is not None and head in ckpt.adapter.replacements:
+        return  # a LoRA adapter's modules_to_save head: peft unties it, and so does this
     if not ckpt.same(head, embedding):
         log.warning("config.json ties the embeddings, but the checkpoint's %s differs from "
                     "%s: the bundle keeps it as the LM head, as transformers does "

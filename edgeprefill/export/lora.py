@@ -223,10 +223,12 @@ def read_config(folder: Path) -> dict:
     return config
 
 
-def adapter_hint(folder: Path) -> str | None:
-    """For a folder given as the model that is an adapter: one line naming --adapter."""
+def adapter_hint(folder: Path, model_files: tuple[str, ...]) -> str | None:
+    """For a folder given as the model that is an adapter (an adapter_config.json, none of
+    `model_files`: some trainers save a config.json beside the adapter too): one line
+    naming --adapter."""
     path = folder / ADAPTER_CONFIG
-    if not path.is_file() or (folder / "config.json").is_file():
+    if not path.is_file() or any((folder / name).is_file() for name in model_files):
         return None
     try:
         base = json.loads(path.read_text()).get("base_model_name_or_path")
