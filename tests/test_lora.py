@@ -144,7 +144,7 @@ def test_the_manifest_records_the_adapter_and_inspect_shows_it(tmp_path):
     assert f"adapter     LoRA merged: {(tmp_path / 'adapter').resolve()}" in shown
 
 
-@pytest.mark.parametrize("kind", ["int8", "int4"])
+@pytest.mark.parametrize("kind", [pytest.param("int8", marks=pytest.mark.slow), "int4"])
 def test_a_quantized_export_quantizes_the_merged_weights(tmp_path, kind):
     # as the quantized export of the model peft merged and saved: the same weights in
     hf_dir = build_hf_model("llama", tmp_path / "hf")
@@ -265,3 +265,15 @@ def test_the_command_line_says_each_refusal_in_one_line(tmp_path):
                           "is a gptq-quantized checkpoint: a LoRA adapter merges into float "
                           "weights only")
     assert not (tmp_path / "b").exists()
+
+
+def test_a_bf16_adapter_over_a_bf16_base_is_merged_as_peft(tmp_path):
+    # numpy has no bfloat16: the adapter's tensors are read through torch, widened exactly
+    from safetensors.torch import load_file, save_file
+
+    hf_dir = build_hf_model("llama", tmp_path / "hf", dtype=torch.bfloat16)
+    adapter = _saved(hf_dir, tmp_path, ["q_proj", "embed_tokens"])
+    path = adapter / "adapter_model.safetensors"
+    save_file({k: t.to(torch.bfloat16) for k, t in load_file(path).items()}, path)
+    bundle_dir = export_with(hf_dir, adapter, tmp_path / "b")
+    assert_chunks_match(bundle_dir, IDS, peft_logits(hf_dir, adapter))
