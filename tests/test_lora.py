@@ -129,6 +129,16 @@ def test_a_saved_head_over_a_tied_model_is_its_head_untied_without_a_warning(
     assert not caplog.records, caplog.text
 
 
+def test_an_image_text_adapter_s_vision_tower_lora_is_left_out_with_the_tower(
+        tmp_path, caplog):
+    # transformers names Qwen2-VL's modules model.language_model.* and model.visual.*,
+    # the fixture stores model.* and visual.*; on text the tower's LoRA changes nothing
+    with caplog.at_level(logging.WARNING, logger="edgeprefill"):
+        assert_merged_as_peft(tmp_path, "qwen2_vl", r=4, lora_alpha=8,
+                              target_modules=["q_proj", "o_proj", "qkv"])
+    assert "the adapter's changes to 1 tensor the bundle leaves out" in caplog.text
+
+
 def test_the_manifest_records_the_adapter_and_inspect_shows_it(tmp_path):
     from click.testing import CliRunner
 

@@ -89,11 +89,11 @@ class Checkpoint:
         self.adapter = adapter
         if adapter is not None:
             self._bind(adapter, {stored: n for n, (_, stored) in self._file_of.items()},
-                       renames, segments)
+                       renames, segments, left_out)
 
     def _bind(self, adapter: Adapter, read_as: dict[str, str],
               renames: tuple[tuple[str, str], ...],
-              segments: tuple[tuple[str, str], ...]) -> None:
+              segments: tuple[tuple[str, str], ...], left_out: tuple[str, ...]) -> None:
         """Key the adapter's tensors by the names read here (a transformers module's name
         is the stored one, or the read one), and check their shapes before any is read."""
         def read_name(name: str) -> str | None:
@@ -102,7 +102,7 @@ class Checkpoint:
                     return candidate
             return None
 
-        adapter.renamed(read_name)
+        adapter.renamed(read_name, left_out)
         adapter.check_shapes(self._file_shape, self._is_transposed)
         for name in adapter.replacements:
             if name in self._file_of:

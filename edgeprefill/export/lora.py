@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import math
 import re
 from collections.abc import Callable
@@ -32,6 +33,8 @@ import numpy as np
 from safetensors import SafetensorError, safe_open
 
 from edgeprefill.errors import ExportError
+
+log = logging.getLogger(__name__)
 
 ADAPTER_CONFIG = "adapter_config.json"
 WEIGHT_FILES = ("adapter_model.safetensors", "adapter_model.bin")
@@ -132,7 +135,8 @@ class Adapter:
         if "lora_B.bias" in parts:
             self.bias_deltas[module + ".bias"] = parts["lora_B.bias"].astype(np.float32) * scale
 
-    def renamed(self, read_name: Callable[[str], str | None]) -> None:
+    def renamed(self, read_name: Callable[[str], str | None],
+                left_out: tuple[str, ...] = ()) -> None:
         """Key every tensor by the name the checkpoint reads it as (`read_name`: the
         transformers name -> the checkpoint's, None where it holds none). A delta whose
         module the base lacks is refused; a replacement the base lacks (modules_to_save's
@@ -142,7 +146,11 @@ class Adapter:
         head's tied copies of the embedding's: its LoRA (A and B the embedding's B^T and
         A^T) and its base table. The head reads the embedding's merged table instead, as
         peft's unmerged model computes (its merge_and_unload adds the delta to the one
-        shared table twice): the copies are dropped."""
+        shared table twice): the copies are dropped.
+
+        What the adapter changes under a `left_out` prefix (an image-text checkpoint's
+        vision tower, which "all-linear" targets too) is left out with it, in one line."""
+        self._leave_out(left_out)
         for name in [n for n in self.deltas if read_name(n) is None and self._tied(n)]:
             del self.deltas[name]
         for name in [n for n in self._base_copies if read_name(n) is None]:
@@ -157,6 +165,18 @@ class Adapter:
                 table[found] = table.pop(name)
         self.replacements = {read_name(n) or n: t for n, t in self.replacements.items()}
 
+    def _leave_out(self, left_out: tuple[str, ...]) -> None:
+        if not left_out:
+            return
+        dropped = 0
+        for table in (self.deltas, self.bias_deltas, self.replacements):
+            for name in [n for n in table if n.startswith(left_out)]:
+                del table[name]
+                dropped += 1
+        if dropped:
+            log.warning("the adapter's changes to %d tensor%s the bundle leaves out (the "
+                        "vision tower's) are left out with them", dropped, "s" * (dropped > 1))
+
     def _tied(self, name: str) -> bool:
         """Whether the delta `name` is an embedding's, tied: ensure_weight_tying's head."""
         delta = self.deltas[name]
@@ -167,7 +187,7 @@ class Adapter:
 
     def check_shapes(self, stored_shape: Callable[[str], tuple[int, ...]],
                      transposed: Callable[[str], bool]) -> None:
-        """Each delta and replacement of the shape of the base tensor it changes."""
+        """Each delta of the shape of the base tensor it changes."""
         for name, delta in self.deltas.items():
             want = delta.shape()[::-1] if transposed(name) else delta.shape()
             self._same_shape(name, "its LoRA delta", want, stored_shape(name))
