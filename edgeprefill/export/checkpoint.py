@@ -84,12 +84,13 @@ class Checkpoint:
         self._file_of = {_renamed(n, renames, segments): (path, n)
                          for n, path in stored.items() if n not in skipped}
         self.read: set[str] = set()  # the tensors the export took
+        self.adapter: Adapter | None = None  # bound below, once the checkpoint is checked
         self._int4_modules = self._quantized_modules()  # `{module}.weight` -> module
         self._check_float8()  # before any weight is written: a bad checkpoint fails at once
-        self.adapter = adapter
         if adapter is not None:
             self._bind(adapter, {stored: n for n, (_, stored) in self._file_of.items()},
                        renames, segments, left_out)
+            self.adapter = adapter
 
     def _bind(self, adapter: Adapter, read_as: dict[str, str],
               renames: tuple[tuple[str, str], ...],
