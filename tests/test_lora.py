@@ -107,6 +107,23 @@ def test_a_tied_model_reads_the_merged_table_as_its_head_as_merged_peft_does(tmp
     assert_chunks_match(bundle_dir, IDS, merged)
 
 
+def test_a_stored_head_tied_to_an_adapted_embedding_reads_the_merged_table(tmp_path):
+    # a tied config over a checkpoint that stores its head equal to the embedding:
+    # transformers ties the two at load, and peft's merge changes the one table
+    from safetensors.torch import load_file, save_file
+
+    hf_dir = build_hf_model("llama", tmp_path / "hf", tie_word_embeddings=True)
+    path = hf_dir / "model.safetensors"
+    tensors = load_file(path)
+    assert "lm_head.weight" not in tensors
+    save_file({**tensors, "lm_head.weight": tensors["model.embed_tokens.weight"].clone()},
+              path, metadata={"format": "pt"})
+    trained_adapter(hf_dir, tmp_path / "adapter", r=4, lora_alpha=8,
+                    target_modules=["embed_tokens", "v_proj"])
+    bundle_dir = export_with(hf_dir, tmp_path / "adapter", tmp_path / "b")
+    assert_chunks_match(bundle_dir, IDS, peft_logits(hf_dir, tmp_path / "adapter", merged=True))
+
+
 def test_ensure_weight_tying_s_head_copies_are_the_tied_table_as_unmerged_peft(tmp_path):
     # ensure_weight_tying saves the head's LoRA as the embedding's, transposed, and a copy of
     # the table: the tied table gets the delta once, as in peft's unmerged forward (its

@@ -85,12 +85,15 @@ class Checkpoint:
                          for n, path in stored.items() if n not in skipped}
         self.read: set[str] = set()  # the tensors the export took
         self.adapter: Adapter | None = None  # bound below, once the checkpoint is checked
+        self._added: dict[str, np.ndarray] = {}  # the adapter's tensors the checkpoint lacks
         self._int4_modules = self._quantized_modules()  # `{module}.weight` -> module
         self._check_float8()  # before any weight is written: a bad checkpoint fails at once
         if adapter is not None:
             self._bind(adapter, {stored: n for n, (_, stored) in self._file_of.items()},
                        renames, segments, left_out)
             self.adapter = adapter
+            self._added = {n: t for n, t in adapter.replacements.items()
+                           if n not in self._file_of}  # (a modules_to_save head)
 
     def _bind(self, adapter: Adapter, read_as: dict[str, str],
               renames: tuple[tuple[str, str], ...],
@@ -110,16 +113,10 @@ class Checkpoint:
                 adapter.check_replacement(name, self._file_shape(name))
 
     def names(self) -> set[str]:
-        return set(self._file_of) | set(self._int4_modules) | set(self._added())
+        return set(self._file_of) | set(self._int4_modules) | set(self._added)
 
     def has(self, name: str) -> bool:
-        return name in self._file_of or name in self._int4_modules or name in self._added()
-
-    def _added(self) -> dict[str, np.ndarray]:
-        """The adapter's tensors the checkpoint lacks (a modules_to_save head)."""
-        if self.adapter is None:
-            return {}
-        return {n: t for n, t in self.adapter.replacements.items() if n not in self._file_of}
+        return name in self._file_of or name in self._int4_modules or name in self._added
 
     def shape(self, name: str) -> tuple[int, ...]:
         if name in self._int4_modules:
@@ -128,7 +125,7 @@ class Checkpoint:
         return self._stored_shape(name)
 
     def _stored_shape(self, name: str) -> tuple[int, ...]:
-        added = self._added().get(name)
+        added = self._added.get(name)
         shape = tuple(added.shape) if added is not None else self._file_shape(name)
         return shape[::-1] if self._is_transposed(name) else shape
 
@@ -197,7 +194,7 @@ class Checkpoint:
 
     def _merged(self, name: str) -> np.ndarray:
         """A tensor in its file's layout, with the adapter's change merged."""
-        added = self._added().get(name)
+        added = self._added.get(name)
         tensor = added if added is not None else self._from_file(name)
         if self.adapter is None:
             return tensor
@@ -270,12 +267,11 @@ class Checkpoint:
     def same(self, a: str, b: str) -> bool:
         """Whether two tensors of at least one dimension hold the same values (as
         torch.equal), read a block of rows at a time: an embedding and a head of a large
-        vocabulary are never both in memory. Neither counts as read."""
+        vocabulary are never both in memory. Neither counts as read. The values are the
+        checkpoint's, unmerged: transformers ties a head at load, before peft's adapter."""
         shape = self.shape(a)
         if shape != self.shape(b):
             return False
-        if self.adapter is not None and (self.adapter.touches(a) or self.adapter.touches(b)):
-            return np.array_equal(self._merged(a), self._merged(b))
         step = max(1, SAME_BLOCK // max(1, math.prod(shape[1:])))
         blocks = [(start, min(start + step, shape[0])) for start in range(0, shape[0], step)]
         return all(np.array_equal(self._rows(a, *block), self._rows(b, *block))
@@ -292,7 +288,7 @@ class Checkpoint:
         """Tensors the export did not take, beyond buffers transformers recomputes (rotary
         inv_freq, GPT-NeoX's causal-mask buffers): a config that disagrees with its
         checkpoint (num_hidden_layers 1 over two layers' weights) exports silently else."""
-        taken = set(self._file_of) | set(self._added())
+        taken = set(self._file_of) | set(self._added)
         return sorted(n for n in taken - self.read if not n.endswith(BUFFERS))
 
     def _handle(self, path: Path):
