@@ -55,11 +55,10 @@ def export_with(hf_dir, adapter_dir, out, flavor: str = "ort", **options):
     return out
 
 
-def assert_merged_as_peft(tmp_path, family: str, flavor: str = "ort", merged: bool = False,
-                          build: dict | None = None, **lora) -> None:
-    hf_dir = build_hf_model(family, tmp_path / "hf", **(build or {}))
+def assert_merged_as_peft(tmp_path, family: str, flavor: str = "ort", **lora) -> None:
+    hf_dir = build_hf_model(family, tmp_path / "hf")
     trained_adapter(hf_dir, tmp_path / "adapter", **lora)
-    expected = peft_logits(hf_dir, tmp_path / "adapter", merged)
+    expected = peft_logits(hf_dir, tmp_path / "adapter")
     base = load_hf_model(hf_dir)
     with torch.no_grad():
         unchanged = base(torch.tensor([IDS])).logits[0].numpy()
