@@ -107,6 +107,7 @@ class ShapeCheckpoint:
 
     def __init__(self, model: torch.nn.Module) -> None:
         self.shapes = {name: tuple(t.shape) for name, t in model.state_dict().items()}
+        self.adapter = None  # no LoRA adapter merged (export/lora.py)
 
     def has(self, name: str) -> bool:
         return name in self.shapes

@@ -257,6 +257,12 @@ def test_gguf_input_errors_are_one_line(tmp_path, capsys):
     for source, fragment in cases:
         assert_one_line_error(cli_here(capsys, "export", source, "-o", tmp_path / "out"),
                               fragment)
+    adapter = tmp_path / "adapter"
+    adapter.mkdir()
+    assert_one_line_error(cli_here(capsys, "export", _tiny_gguf(tmp_path / "base.gguf", "llama"),
+                                   "--adapter", adapter, "-o", tmp_path / "out"),
+                          "--adapter merges into a Hugging Face base model folder, not a GGUF "
+                          "file (base.gguf)")
     assert not (tmp_path / "out").exists()
     assert not [p for p in tmp_path.iterdir() if ".gguf-" in p.name]  # no staging left
 

@@ -256,6 +256,7 @@ class Mxfp4Shapes:
             else:
                 self.shapes[name] = tuple(tensor.shape)
         self.fp8 = None
+        self.adapter = None  # no LoRA adapter merged (export/lora.py)
 
     def has(self, name: str) -> bool:
         return name in self.shapes

@@ -605,6 +605,7 @@ class ShapesOnly:
             model = transformers.AutoModelForCausalLM.from_config(config)
         self.shapes = {name: tuple(t.shape) for name, t in model.state_dict().items()}
         self.fp8 = None
+        self.adapter = None  # no LoRA adapter merged (export/lora.py)
 
     def has(self, name: str) -> bool:
         return name in self.shapes

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import signal
 import time
+from pathlib import Path
 
 import click
 from click.core import ParameterSource
@@ -61,12 +62,16 @@ def _list_models(ctx: click.Context, param: click.Parameter, value: bool) -> Non
 @click.option("--lm-head", type=click.Choice(["int8", "int4", "float"]), default=None,
               help="With --quantize: the LM head's weights. Default: as --quantize; "
                    "int8 in an int4 bundle moves the logits less for a few more bytes.")
+@click.option("--adapter", type=click.Path(file_okay=False, path_type=str), default=None,
+              help="A PEFT LoRA adapter folder (adapter_config.json, adapter_model."
+                   "safetensors) fine-tuned on HF_DIR: merged into the weights as they "
+                   "are exported.")
 @click.option("--overwrite", is_flag=True,
               help="Replace an existing bundle folder (one holding only a bundle: other "
                    "files are never deleted).")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 def export(hf_dir, out_dir, flavor, dtype, chunks, max_context, quantize, block_size,
-           accuracy_level, embeddings, lm_head, overwrite, quiet):
+           accuracy_level, embeddings, lm_head, adapter, overwrite, quiet):
     """Export a Hugging Face causal LM folder (config.json, safetensors or
     pytorch_model.bin weights, tokenizer.json) to an edgeprefill bundle.
 
@@ -81,6 +86,7 @@ def export(hf_dir, out_dir, flavor, dtype, chunks, max_context, quantize, block_
       edgeprefill export models/tiny-recall -o build/tiny-recall
       edgeprefill export ~/models/SmolLM2-135M -o build/smollm2 --chunks 32,128 --max-context 2048
       edgeprefill export ~/Downloads/qwen2.5-0.5b-instruct-q8_0.gguf -o build/qwen --quantize int8
+      edgeprefill export ~/models/SmolLM2-135M --adapter ~/runs/my-lora -o build/mine
     """
     from edgeprefill.export.exporter import ExportOptions
     from edgeprefill.export.exporter import export as run_export
@@ -102,6 +108,7 @@ def export(hf_dir, out_dir, flavor, dtype, chunks, max_context, quantize, block_
     options = ExportOptions(
         flavor=flavor, dtype=dtype, chunks=tuple(chunks), max_context=max_context,
         overwrite=overwrite, show_progress=not quiet, quant=quant,
+        adapter=None if adapter is None else Path(adapter),
     )
     began = time.perf_counter()
     # SIGTERM (timeout, docker stop, systemd) stops an export as Ctrl-C does: the staging

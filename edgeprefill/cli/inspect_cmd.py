@@ -70,6 +70,7 @@ def inspect(bundle, verify, as_json):
         f"{_heads(model)}, vocab {model.vocab_size}",
         f"quirks      {'; '.join(m.source.get('quirks') or ['none (plain Llama layout)'])}",
         *_gguf_line(m),
+        *_adapter_line(m.source),
         f"graph       {graph.file} ({graph.flavor} flavour, {graph.dtype}, opsets "
         f"{json.dumps(graph.opsets)})",
         embeddings_line(proto),
@@ -351,3 +352,14 @@ def _compute_line(graph, native: bool, stock_attention: bool, kv_cache: bool,
     bf16 = describe_bf16(projections=floats, attention=attends and not stock_attention,
                          kv_cache=kv_cache, attends=attends)
     return [f"compute     {default}; --compute bf16: {bf16}, needs the native kernels"]
+
+
+def _adapter_line(source: dict) -> list[str]:
+    """The LoRA adapter merged at export (export/lora.py), where there was one."""
+    adapter = source.get("adapter")
+    if not isinstance(adapter, dict):
+        return []
+    base = f", trained on {adapter['base_model']}" if adapter.get("base_model") else ""
+    return [f"adapter     LoRA merged: {adapter.get('path')} "
+            f"(weights sha256 {str(adapter.get('sha256'))[:16]}{base})"]
+

@@ -21,12 +21,14 @@ from edgeprefill.export.fp8 import (
     safetensors_header,
 )
 from edgeprefill.export.int4_layouts import Int4Weight
+from edgeprefill.export.lora import Adapter
 from edgeprefill.export.prequantized import Int4Scheme
 
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
 TORCH_INDEX_FILE = "pytorch_model.bin.index.json"
 TORCH_FILE = "pytorch_model.bin"
+MODEL_FILES = (INDEX_FILE, SINGLE_FILE, TORCH_INDEX_FILE, TORCH_FILE)
 
 
 # (GPT-2's Hub checkpoints keep their causal-mask buffers as `h.{i}.attn.bias`.)
@@ -56,12 +58,17 @@ class Checkpoint:
     still reads it (`has`, `shape`, and `get`, dequantized to float), and `int4_weight`
     gives it as it is stored, for a MatMulNBits (an act-order one's inputs in group order,
     `int4_order`).
+
+    With a LoRA `adapter` (export/lora.py) every tensor is read merged: its delta added,
+    or the adapter's copy in its place; a tensor only the adapter holds (modules_to_save's
+    head over a tied checkpoint) is read as the checkpoint's own.
     """
 
     def __init__(self, hf_dir: Path, renames: tuple[tuple[str, str], ...] = (),
                  left_out: tuple[str, ...] = (), fp8: Fp8Scheme | None = None,
                  transposed: tuple[str, ...] = (), int4: Int4Scheme | None = None,
-                 segments: tuple[tuple[str, str], ...] = ()) -> None:
+                 segments: tuple[tuple[str, str], ...] = (),
+                 adapter: Adapter | None = None) -> None:
         """`fp8`: the checkpoint's FP8 scheme (export/fp8.py): float8 weights are read
         dequantized by the scales stored beside them. `int4`: its int4 scheme."""
         self.dir = hf_dir
@@ -77,14 +84,39 @@ class Checkpoint:
         self._file_of = {_renamed(n, renames, segments): (path, n)
                          for n, path in stored.items() if n not in skipped}
         self.read: set[str] = set()  # the tensors the export took
+        self.adapter: Adapter | None = None  # bound below, once the checkpoint is checked
+        self._added: dict[str, np.ndarray] = {}  # the adapter's tensors the checkpoint lacks
         self._int4_modules = self._quantized_modules()  # `{module}.weight` -> module
         self._check_float8()  # before any weight is written: a bad checkpoint fails at once
+        if adapter is not None:
+            self._bind(adapter, {stored: n for n, (_, stored) in self._file_of.items()},
+                       renames, segments, left_out)
+            self.adapter = adapter
+            self._added = {n: t for n, t in adapter.replacements.items()
+                           if n not in self._file_of}  # (a modules_to_save head)
+
+    def _bind(self, adapter: Adapter, read_as: dict[str, str],
+              renames: tuple[tuple[str, str], ...],
+              segments: tuple[tuple[str, str], ...], left_out: tuple[str, ...]) -> None:
+        """Key the adapter's tensors by the names read here (a transformers module's name
+        is the stored one, or the read one), and check their shapes before any is read."""
+        def read_name(name: str) -> str | None:
+            for candidate in (name, read_as.get(name), _renamed(name, renames, segments)):
+                if candidate is not None and candidate in self._file_of:
+                    return candidate
+            return None
+
+        adapter.renamed(read_name, left_out)
+        adapter.check_shapes(self._file_shape, self._is_transposed)
+        for name in adapter.replacements:
+            if name in self._file_of:
+                adapter.check_replacement(name, self._file_shape(name))
 
     def names(self) -> set[str]:
-        return set(self._file_of) | set(self._int4_modules)
+        return set(self._file_of) | set(self._int4_modules) | set(self._added)
 
     def has(self, name: str) -> bool:
-        return name in self._file_of or name in self._int4_modules
+        return name in self._file_of or name in self._int4_modules or name in self._added
 
     def shape(self, name: str) -> tuple[int, ...]:
         if name in self._int4_modules:
@@ -93,9 +125,14 @@ class Checkpoint:
         return self._stored_shape(name)
 
     def _stored_shape(self, name: str) -> tuple[int, ...]:
-        path, stored = self._require(name)
-        shape = tuple(self._handle(path).get_slice(stored).get_shape())
+        added = self._added.get(name)
+        shape = tuple(added.shape) if added is not None else self._file_shape(name)
         return shape[::-1] if self._is_transposed(name) else shape
+
+    def _file_shape(self, name: str) -> tuple[int, ...]:
+        """The tensor's shape as its file stores it (a Conv1D's [in, out])."""
+        path, stored = self._require(name)
+        return tuple(self._handle(path).get_slice(stored).get_shape())
 
     def stored_bytes(self, name: str) -> bool:
         """Whether the tensor is stored as uint8 (BitNet's packed ternary weights)."""
@@ -149,17 +186,28 @@ class Checkpoint:
                 for n in self._file_of if n.endswith(suffix)}
 
     def _stored(self, name: str) -> np.ndarray:
-        """A tensor as stored (float8 ones dequantized), counted as read."""
-        path, stored = self._require(name)
-        if self._float8(path, stored):
-            tensor = self._dequantized(name, path, stored)
-        else:
-            try:
-                tensor = self._handle(path).get_tensor(stored)
-            except (SafetensorError, OSError, ValueError) as err:
-                raise ExportError(f"cannot read {name!r} from {path.name}: {err}") from None
+        """A tensor as stored (float8 ones dequantized, an adapter's merged), counted as
+        read."""
+        tensor = self._merged(name)
         self.read.add(name)
         return tensor.T if self._is_transposed(name) else tensor
+
+    def _merged(self, name: str) -> np.ndarray:
+        """A tensor in its file's layout, with the adapter's change merged."""
+        added = self._added.get(name)
+        tensor = added if added is not None else self._from_file(name)
+        if self.adapter is None:
+            return tensor
+        return self.adapter.merged(name, tensor, self._is_transposed(name))
+
+    def _from_file(self, name: str) -> np.ndarray:
+        path, stored = self._require(name)
+        if self._float8(path, stored):
+            return self._dequantized(name, path, stored)
+        try:
+            return self._handle(path).get_tensor(stored)
+        except (SafetensorError, OSError, ValueError) as err:
+            raise ExportError(f"cannot read {name!r} from {path.name}: {err}") from None
 
     def get_index(self, name: str, index: int | slice,
                   dtype: np.dtype = np.float32) -> np.ndarray:
@@ -169,6 +217,9 @@ class Checkpoint:
         path, stored = self._require(name)
         if self._float8(path, stored):
             raise ExportError(f"{name!r} is a fused float8 tensor, which export cannot read")
+        if self.adapter is not None and self.adapter.touches(name):
+            raise ExportError(f"the adapter changes {name}, a fused tensor of MoE experts: "
+                              "export cannot merge a LoRA on experts")
         try:
             tensor = np.asarray(self._handle(path).get_slice(stored)[index])
         except (SafetensorError, OSError, ValueError) as err:
@@ -216,7 +267,8 @@ class Checkpoint:
     def same(self, a: str, b: str) -> bool:
         """Whether two tensors of at least one dimension hold the same values (as
         torch.equal), read a block of rows at a time: an embedding and a head of a large
-        vocabulary are never both in memory. Neither counts as read."""
+        vocabulary are never both in memory. Neither counts as read. The values are the
+        checkpoint's, unmerged: transformers ties a head at load, before peft's adapter."""
         shape = self.shape(a)
         if shape != self.shape(b):
             return False
@@ -236,7 +288,8 @@ class Checkpoint:
         """Tensors the export did not take, beyond buffers transformers recomputes (rotary
         inv_freq, GPT-NeoX's causal-mask buffers): a config that disagrees with its
         checkpoint (num_hidden_layers 1 over two layers' weights) exports silently else."""
-        return sorted(n for n in set(self._file_of) - self.read if not n.endswith(BUFFERS))
+        taken = set(self._file_of) | set(self._added)
+        return sorted(n for n in taken - self.read if not n.endswith(BUFFERS))
 
     def _handle(self, path: Path):
         if path not in self._handles:

@@ -22,18 +22,19 @@ from edgeprefill.bundle import (
 )
 from edgeprefill.contract import kv_names, state_names
 from edgeprefill.errors import ExportError
-from edgeprefill.export.checkpoint import Checkpoint
+from edgeprefill.export.checkpoint import MODEL_FILES, Checkpoint
 from edgeprefill.export.config_checks import check_tokenizer_fits
 from edgeprefill.export.decoder import DecoderBuilder
 from edgeprefill.export.flavors import flavor_class
 from edgeprefill.export.gguf_input import converted, gguf_file_of
 from edgeprefill.export.graph import GraphBuilder
 from edgeprefill.export.lm_head import warn_if_kept_apart
+from edgeprefill.export.lora import Adapter, adapter_hint, quantized_base
 from edgeprefill.export.model_config import ModelConfig
 from edgeprefill.export.quantize import QuantConfig
 from edgeprefill.export.staging import check_target, staged
 from edgeprefill.export.writer import write_external_data
-from edgeprefill.json_file import optional_json_object
+from edgeprefill.json_file import load_json_object, optional_json_object
 from edgeprefill.sdk.chat_template import check_export_template, template_source
 from edgeprefill.sdk.generation_defaults import check_export_generation_config
 
@@ -63,6 +64,7 @@ class ExportOptions:
     overwrite: bool = False
     show_progress: bool = True
     quant: QuantConfig | None = None  # weight quantization (ort flavour, fp32)
+    adapter: Path | None = None  # a PEFT LoRA adapter folder, merged into the weights
 
     def __post_init__(self) -> None:
         flavor_class(self.flavor)  # raises with the valid names
@@ -83,6 +85,12 @@ def export(hf_dir: str | Path, out_dir: str | Path, options: ExportOptions) -> M
     gguf_file = gguf_file_of(hf_dir)
     if gguf_file is None:
         return _export(hf_dir, out_dir, options, {"path": str(hf_dir.resolve())})
+    if options.adapter is not None:
+        # A LoRA is trained on the float weights; a GGUF's are llama.cpp's (often
+        # quantized) copy of them, which the merge would silently build on.
+        raise ExportError(f"--adapter merges into a Hugging Face base model folder, not a "
+                          f"GGUF file ({gguf_file.name}): export the adapter with the "
+                          "base model it was trained on")
     check_target(out_dir, options.overwrite)  # before a conversion that may take minutes
     with converted(gguf_file, out_dir, options.show_progress) as (folder, gguf):
         return _export(folder, out_dir, options, {"path": gguf.path, "gguf": gguf.as_dict()})
@@ -94,7 +102,11 @@ def _export(hf_dir: Path, out_dir: Path, options: ExportOptions,
     if not hf_dir.is_dir():
         raise ExportError(f"{hf_dir} is not a folder (a Hugging Face checkpoint) nor a "
                           ".gguf file")
+    hint = adapter_hint(hf_dir, MODEL_FILES)
+    if hint is not None:
+        raise ExportError(hint)
     cfg = ModelConfig.from_dir(hf_dir)
+    adapter = None if options.adapter is None else _adapter(options.adapter, hf_dir)
     options = _for_int4_checkpoint(cfg, options)
     if cfg.bitnet is not None and options.quant is not None:
         # Re-quantizing 1.58-bit weights to int8/int4 would save nothing on the projections
@@ -121,7 +133,7 @@ def _export(hf_dir: Path, out_dir: Path, options: ExportOptions,
         ckpt = Checkpoint(hf_dir, cfg.renames + cfg.spec.renames,
                           cfg.spec.left_out + cfg.left_out, cfg.fp8,
                           transposed=cfg.spec.transposed, int4=cfg.int4,
-                          segments=cfg.spec.segment_renames)
+                          segments=cfg.spec.segment_renames, adapter=adapter)
         flavor = flavor_class(options.flavor)(cfg, DTYPES[options.dtype], max_context)
         g = DecoderBuilder(cfg, ckpt, flavor, options.quant).build()
         initializers = write_external_data(g.weights, stage / DATA_FILE, options.show_progress)
@@ -133,9 +145,27 @@ def _export(hf_dir: Path, out_dir: Path, options: ExportOptions,
         for name in tokenizer_files + _license_files(hf_dir):
             shutil.copyfile(hf_dir / name, stage / name)
         manifest = _manifest(cfg, g, options, chunks, max_context, hf_dir, stage,
-                             tokenizer_files, source)
+                             tokenizer_files, source, adapter)
         (stage / MANIFEST_FILE).write_text(manifest.to_json())
     return manifest
+
+
+def _adapter(folder: Path, hf_dir: Path) -> Adapter:
+    """The LoRA adapter to merge, refused over a quantized base (its merge needs the float
+    weights), warned of where it names another base model than `hf_dir`."""
+    if not folder.is_dir():
+        raise ExportError(f"--adapter {folder} is not a folder")
+    adapter = Adapter.load(folder)
+    method = quantized_base(load_json_object(hf_dir / "config.json", ExportError))
+    if method is not None:
+        raise ExportError(f"{hf_dir} is a {method}-quantized checkpoint: a LoRA adapter "
+                          "merges into float weights only; export the adapter with the "
+                          "unquantized base model")
+    base = adapter.base_model
+    if base and Path(base).name.lower() != hf_dir.resolve().name.lower():
+        log.warning("the adapter %s was trained on %s, and is merged into %s", folder, base,
+                    hf_dir)
+    return adapter
 
 
 def _for_int4_checkpoint(cfg: ModelConfig, options: ExportOptions) -> ExportOptions:
@@ -227,7 +257,7 @@ def _value_is_key(cfg: ModelConfig, flavor: str) -> list[int]:
 def _manifest(
     cfg: ModelConfig, g: GraphBuilder, options: ExportOptions, chunks: list[int],
     max_context: int, hf_dir: Path, out_dir: Path, tokenizer_files: list[str],
-    source: dict[str, Any],
+    source: dict[str, Any], adapter: Adapter | None = None,
 ) -> Manifest:
     layers = [kv_names(i) for i in cfg.kv_layers]
     states = [state_names(i, kind) for i in cfg.state_layers for kind in cfg.state_kinds(i)]
@@ -276,7 +306,8 @@ def _manifest(
         bos_token_id=cfg.bos_token_id,
         files={name: file_record(out_dir / name) for name in files},
         source={**source, "model_type": cfg.family, "edgeprefill": __version__,
-                "quirks": cfg.quirks()},
+                "quirks": cfg.quirks(),
+                **({} if adapter is None else {"adapter": adapter.record()})},
     )
 
 

@@ -29,7 +29,19 @@ def head_weight(ckpt: Checkpoint, cfg: ModelConfig) -> str:
         stored = _first_stored(ckpt, names.embed)
     if stored is None:
         raise ExportError(f"the checkpoint lacks the tensor {' or '.join(map(repr, heads))}")
-    return stored
+    return _tied_to_adapted_embedding(ckpt, cfg, stored) or stored
+
+
+def _tied_to_adapted_embedding(ckpt: Checkpoint, cfg: ModelConfig, head: str) -> str | None:
+    """The embedding, for a stored head transformers ties to it (equal values, a tied
+    config) where a LoRA adapter changes the embedding and not the head: peft's merge adds
+    the delta to the one table both then read."""
+    embedding = _first_stored(ckpt, cfg.names.embed)
+    adapter = ckpt.adapter
+    if (adapter is None or not cfg.tie_embeddings or embedding is None or head == embedding
+            or adapter.touches(head) or not adapter.touches(embedding)):
+        return None
+    return embedding if ckpt.same(head, embedding) else None
 
 
 def embedding_weight(ckpt: Checkpoint, cfg: ModelConfig) -> str:
@@ -51,6 +63,8 @@ def warn_if_kept_apart(ckpt: Checkpoint, cfg: ModelConfig) -> None:
     embedding = _first_stored(ckpt, names.embed)
     if not cfg.tie_embeddings or embedding is None or head == embedding:
         return
+    if ckpt.adapter is not None and head in ckpt.adapter.replacements:
+        return  # a LoRA adapter's modules_to_save head: peft unties it, and so does this
     if not ckpt.same(head, embedding):
         log.warning("config.json ties the embeddings, but the checkpoint's %s differs from "
                     "%s: the bundle keeps it as the LM head, as transformers does "
