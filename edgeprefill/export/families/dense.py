@@ -10,6 +10,7 @@ from dataclasses import replace
 from typing import Any
 
 from edgeprefill.export.config_checks import check_sizes
+from edgeprefill.export.config_values import given
 from edgeprefill.export.families.spec import LLAMA_NAMES, FamilySpec, TensorNames
 from edgeprefill.export.rope import rope_params
 
@@ -349,15 +350,11 @@ COHERE_COMPASS = FamilySpec(
     **ATTENTION_BIAS, norm="layer_no_bias", block="shared", tie_default=True,
     window="always", sliding=lambda i, raw: False, nope_types=True,
     required=("sliding_window",), refuse=_compass_rope_unsupported,
-    legacy=lambda raw: {**raw, "logit_scale": _given_or(raw.get("logit_scale"), 1.0)},
+    legacy=lambda raw: {**raw, "logit_scale": given(raw.get("logit_scale"), 1.0)},
     defaults={"layer_norm_eps": 1e-5, "sliding_window": 4096, "max_position_embeddings": 8192},
     quirks=("LayerNorm without bias", "rope per layer type (null: no rotary)", "logit scale",
             MROPE_QUIRKS[0]),
 )
-
-
-def _given_or(value: Any, default: Any) -> Any:
-    return default if value is None else value
 
 
 def _neox_japanese_config(raw: dict[str, Any]) -> dict[str, Any]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+from edgeprefill.export.config_values import given
 from edgeprefill.export.context_cap import (
     attention_chunk_cap,
 )
@@ -193,10 +194,6 @@ ARIA_TEXT = FamilySpec(
 )
 
 
-def _given_or(value: Any, default: Any) -> Any:
-    return default if value is None else value
-
-
 def _cohere2_moe_config(raw: dict[str, Any]) -> dict[str, Any]:
     """Cohere2MoeConfig as its model reads it. Without the lists, the first
     `first_k_dense_replace` layers are dense and slide on every
@@ -220,7 +217,7 @@ def _cohere2_moe_config(raw: dict[str, Any]) -> dict[str, Any]:
                for t, k in zip(types, kinds, strict=False)]
     width = int(raw["intermediate_size"])
     return {**raw, "layer_types": types, "mlp_layer_types": kinds, "no_rope_layers": rotates,
-            "intermediate_size": _given_or(raw.get("prefix_dense_intermediate_size"), width),
+            "intermediate_size": given(raw.get("prefix_dense_intermediate_size"), width),
             "moe_intermediate_size": width,
             "shared_expert_intermediate_size": int(raw["num_shared_experts"]) * width,
             "norm_topk_prob": raw["expert_selection_fn"] == "sigmoid"
