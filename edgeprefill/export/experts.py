@@ -306,6 +306,7 @@ def sparse_mlp_layers(raw: dict[str, Any]) -> tuple[int, ...]:
 
 
 def mlp_layer_types_sparse(raw: dict[str, Any]) -> tuple[int, ...]:
-    """Laguna's and Mellum's `mlp_layer_types`: the `sparse` layers (all without it)."""
+    """`mlp_layer_types`' `sparse` layers (every layer where the key is absent): Mellum,
+    Hy3, Cohere 2 MoE."""
     kinds = raw.get("mlp_layer_types") or ["sparse"] * int(raw["num_hidden_layers"])
     return tuple(i for i, kind in enumerate(kinds) if kind == "sparse")
