@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 import logging
 import re
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -294,7 +296,7 @@ def test_the_command_line_says_each_refusal_in_one_line(tmp_path):
 
 
 def test_a_bf16_adapter_over_a_bf16_base_is_merged_as_peft(tmp_path):
-    # numpy has no bfloat16: the adapter's tensors are read through torch, widened exactly
+    # numpy reads bfloat16 once ml_dtypes registered it; merged in float32
     from safetensors.torch import load_file, save_file
 
     hf_dir = build_hf_model("llama", tmp_path / "hf", dtype=torch.bfloat16)
@@ -303,3 +305,22 @@ def test_a_bf16_adapter_over_a_bf16_base_is_merged_as_peft(tmp_path):
     save_file({k: t.to(torch.bfloat16) for k, t in load_file(path).items()}, path)
     bundle_dir = export_with(hf_dir, adapter, tmp_path / "b")
     assert_chunks_match(bundle_dir, IDS, peft_logits(hf_dir, adapter))
+
+
+def test_a_bf16_adapter_is_read_without_torch(tmp_path):
+    # The core install has no torch: a bf16 adapter is read as the checkpoint's bf16
+    # tensors are (ml_dtypes), in a process where torch cannot be imported.
+    from safetensors.torch import save_file
+
+    path = tmp_path / "adapter_model.safetensors"
+    values = torch.randn(4, 8)
+    save_file({"base_model.model.x.lora_A.weight": values.to(torch.bfloat16)}, path)
+    script = ("import sys; sys.modules['torch'] = None\n"
+              "from pathlib import Path\n"
+              "from edgeprefill.export.lora import _read_tensors\n"
+              f"t = _read_tensors(Path({str(path)!r}))['base_model.model.x.lora_A.weight']\n"
+              "print(t.astype('float32').tolist())")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    expected = values.to(torch.bfloat16).to(torch.float32).numpy()
+    np.testing.assert_array_equal(np.array(json.loads(done.stdout)), expected)

@@ -29,6 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import ml_dtypes  # noqa: F401  (registers bfloat16 with numpy: bf16 adapters)
 import numpy as np
 from safetensors import SafetensorError, safe_open
 
@@ -278,8 +279,9 @@ def _pattern_value(pattern: dict, module: str, default):
 
 
 def _read_tensors(path: Path) -> dict[str, np.ndarray]:
-    # An adapter is small (megabytes): read whole. numpy has no bfloat16, which adapters
-    # trained in bf16 store: such a tensor is read through torch, widened exactly.
+    # An adapter is small (megabytes): read whole. Adapters trained in bf16 store bfloat16,
+    # which numpy reads once ml_dtypes has registered the type (imported above), as the
+    # checkpoint's own tensors are read: no torch needed.
     if path.suffix == ".bin":
         from edgeprefill.export.checkpoint import TorchFile
 
@@ -288,11 +290,6 @@ def _read_tensors(path: Path) -> dict[str, np.ndarray]:
     try:
         with safe_open(str(path), framework="numpy") as f:
             return {k: f.get_tensor(k) for k in f.keys()}
-    except TypeError:  # bfloat16
-        import torch
-        from safetensors.torch import load_file
-
-        return {k: t.to(torch.float32).numpy() for k, t in load_file(str(path)).items()}
     except (SafetensorError, OSError) as err:
         raise ExportError(f"{path} is not a readable safetensors file: {err}") from None
 
