@@ -53,7 +53,9 @@ def _priority(ctx: click.Context, param: click.Parameter, value: str) -> int:
 @click.option("--top-p", type=float, default=None, help="Default: the bundle's, else 1.")
 @click.option("--repetition-penalty", type=float, default=None,
               help="Default: the bundle's, else 1.")
-@click.option("--seed", type=int, default=None)
+@click.option("--seed", type=int, default=None,
+              help="Sampling seed (with --temperature > 0), to reproduce a sampled reply. "
+                   "Default: a fresh one each run.")
 @click.option("--stop", multiple=True, help="Stop string (repeatable).")
 @click.option("--ignore-eos", is_flag=True, help="Keep generating past the end-of-sequence "
               "token (to --max-new-tokens or a stop string).")
