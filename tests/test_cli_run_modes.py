@@ -51,6 +51,43 @@ def test_the_prompt_can_follow_the_bundle_as_ollama_run_takes_it(bundle):
     assert given.stdout == option.stdout and len(given.stdout.split()) == 3
 
 
+def test_ctrl_c_while_the_request_threads_start_still_prints_and_leaves_none_running(
+        bundle, capsys, monkeypatch):
+    # Ctrl-C can land before every request's thread has started (a short reply may be
+    # done by then): what was generated is printed, and no started thread is left behind
+    # waiting out its delay.
+    import threading
+
+    import pytest
+
+    from edgeprefill.cli import run_modes
+    from edgeprefill.sdk import Engine, GenerationParams
+
+    short = GenerationParams(max_new_tokens=2, temperature=0.0)
+    jobs = [run_modes.Job("w9", short, 0, 600.0), run_modes.Job("w5 w6", short, 0, 0.0)]
+    starts = []
+
+    class CtrlCOnSecondStart(threading.Thread):
+        def start(self) -> None:
+            starts.append(self)
+            self.what = self._target.__name__  # (a thread forgets its target once run)
+            if len(starts) == 2:
+                raise KeyboardInterrupt
+            super().start()
+
+    with Engine.load(bundle("llama"), threads=1, kv_slots=4) as engine:
+        monkeypatch.setattr(run_modes.threading, "Thread", CtrlCOnSecondStart)
+        with pytest.raises(KeyboardInterrupt):
+            run_modes.concurrent(engine, jobs, stats=False)
+        monkeypatch.undo()
+    assert [t.what for t in starts] == ["submit", "submit"]  # the requests' threads only
+    starts[0].join(timeout=5)
+    assert not starts[0].is_alive()  # its 600 s delay was cut short
+    assert capsys.readouterr().out.splitlines() == [
+        "--- request 0 (priority 0)", "not submitted (interrupted)",
+        "--- request 1 (priority 0)", "not submitted (interrupted)"]
+
+
 def test_ctrl_c_during_concurrent_requests_prints_what_was_generated(bundle, capsys,
                                                                       monkeypatch):
     # A real SIGINT once the first reply is done: that reply is printed whole, the running

@@ -139,9 +139,9 @@ def concurrent(engine: Engine, jobs: list[Job], stats: bool, turn: Turn = PLAIN)
             errors[i] = str(err)
 
     threads = [threading.Thread(target=submit, args=(i, j)) for i, j in enumerate(jobs)]
-    for t in threads:
-        t.start()
-    try:
+    try:  # Ctrl-C may land while the threads start: they are inside too
+        for t in threads:
+            t.start()
         for t in threads:
             t.join()
     except KeyboardInterrupt:
@@ -152,7 +152,8 @@ def concurrent(engine: Engine, jobs: list[Job], stats: bool, turn: Turn = PLAIN)
             if stream is not None:
                 stream.cancel()
         for t in threads:
-            t.join()
+            if t.ident is not None:  # started (a thread never started cannot be joined)
+                t.join()
     _print_results(engine, jobs, streams, errors, stats)
     if interrupted.is_set():
         raise KeyboardInterrupt
