@@ -24,6 +24,8 @@ import json
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from edgeprefill.server.reply_parts import ReplyParts
+
 Kind = Literal["text", "thinking", "tool_use"]
 DELTAS = {"text": ("text_delta", "text"), "thinking": ("thinking_delta", "thinking"),
           "tool_use": ("input_json_delta", "partial_json")}
@@ -59,24 +61,15 @@ def _input(arguments: str) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
-class ContentBlocks:
-    """The blocks of one reply, fed the chat route's deltas; `feed` and `finish` return
-    the events that stream them."""
+class ContentBlocks(ReplyParts[Block]):
+    """The blocks of one reply, fed the chat route's deltas (`feed`: server/reply_parts.py);
+    `feed` and `finish` return the events that stream them."""
+
+    TEXT, REASONING, CALL = "text", "thinking", "tool_use"
 
     def __init__(self) -> None:
+        super().__init__()
         self.blocks: list[Block] = []
-        self.open: Block | None = None
-        self.blanks = ""  # content of blanks alone, held until more text says what it is
-
-    def feed(self, delta: dict[str, Any]) -> list[dict[str, Any]]:
-        if "tool_calls" in delta:
-            call = delta["tool_calls"][0]
-            if "id" in call:  # a new call: its id and name, arguments to follow
-                return self._begin_call(call["id"], call["function"]["name"])
-            return self._more("tool_use", call["function"]["arguments"])
-        if "reasoning_content" in delta:
-            return self._more("thinking", delta["reasoning_content"])
-        return self._content(delta.get("content") or "")
 
     def finish(self) -> list[dict[str, Any]]:
         """Close the last block (opening a text block if there is none)."""
@@ -87,20 +80,6 @@ class ContentBlocks:
 
     def content(self) -> list[dict[str, Any]]:
         return [block.body() for block in self.blocks]
-
-    def _content(self, text: str) -> list[dict[str, Any]]:
-        if self.open is not None and self.open.kind == "text":
-            return self._delta(text)
-        if not (self.blanks + text).strip():
-            self.blanks += text
-            return []
-        text, self.blanks = self.blanks + text, ""
-        return [*self._close(), *self._open("text"), *self._delta(text)]
-
-    def _more(self, kind: Kind, text: str) -> list[dict[str, Any]]:
-        if self.open is not None and self.open.kind == kind:
-            return self._delta(text)
-        return [*self._close(), *self._open(kind), *self._delta(text)]
 
     def _begin_call(self, call_id: str, name: str) -> list[dict[str, Any]]:
         self.blanks = ""  # blanks before a call are no text block

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from edgeprefill.server.choices import Choices
+from edgeprefill.server.reply_parts import ReplyParts
 
 Kind = Literal["message", "reasoning", "function_call"]
 ID_PREFIXES = {"message": "msg", "reasoning": "rs", "function_call": "fc"}
@@ -63,24 +64,15 @@ class Item:
         return place if self.kind == "function_call" else {**place, "content_index": 0}
 
 
-class OutputItems:
-    """The items of one reply, fed the chat route's deltas; `feed` and `finish` return
-    the events (without sequence numbers) that stream them."""
+class OutputItems(ReplyParts[Item]):
+    """The items of one reply, fed the chat route's deltas (`feed`: server/reply_parts.py);
+    `feed` and `finish` return the events (without sequence numbers) that stream them."""
+
+    TEXT, REASONING, CALL = "message", "reasoning", "function_call"
 
     def __init__(self) -> None:
+        super().__init__()
         self.items: list[Item] = []
-        self.open: Item | None = None
-        self.blanks = ""  # content of blanks alone, held until more text says what it is
-
-    def feed(self, delta: dict[str, Any]) -> list[dict[str, Any]]:
-        if "tool_calls" in delta:
-            call = delta["tool_calls"][0]
-            if "id" in call:  # a new call: its id and name, arguments to follow
-                return self._begin_call(call["id"], call["function"]["name"])
-            return self._more("function_call", call["function"]["arguments"])
-        if "reasoning_content" in delta:
-            return self._more("reasoning", delta["reasoning_content"])
-        return self._content(delta.get("content") or "")
 
     def finish(self, incomplete: bool) -> list[dict[str, Any]]:
         """Close the last item: `incomplete` where max_output_tokens cut the reply (the
@@ -104,20 +96,6 @@ class OutputItems:
         return "".join(i.text for i in self.items if i.kind == "reasoning")
 
     # -- one item at a time ------------------------------------------------------------
-
-    def _content(self, text: str) -> list[dict[str, Any]]:
-        if self.open is not None and self.open.kind == "message":
-            return self._delta(text)
-        if not (self.blanks + text).strip():
-            self.blanks += text
-            return []
-        text, self.blanks = self.blanks + text, ""
-        return [*self._close("completed"), *self._open("message"), *self._delta(text)]
-
-    def _more(self, kind: Kind, text: str) -> list[dict[str, Any]]:
-        if self.open is not None and self.open.kind == kind:
-            return self._delta(text)
-        return [*self._close("completed"), *self._open(kind), *self._delta(text)]
 
     def _begin_call(self, call_id: str, name: str) -> list[dict[str, Any]]:
         self.blanks = ""  # blanks before a call are no message
@@ -149,7 +127,7 @@ class OutputItems:
         event = {"type": kind, **item.where(), "delta": text}
         return [{**event, "logprobs": []} if item.kind == "message" else event]
 
-    def _close(self, status: str) -> list[dict[str, Any]]:
+    def _close(self, status: str = "completed") -> list[dict[str, Any]]:
         item, self.open = self.open, None
         if item is None:
             return []
