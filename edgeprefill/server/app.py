@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -205,13 +205,11 @@ class OpenAIApi:
             return admitted
         parsed, stream = admitted.request, admitted.stream
         shape = self._shape(admitted, chat)
-        close = self._closer("chat" if chat else "completions", stream)
-        if parsed.stream:
-            events = completion_events(stream, shape, parsed.include_usage,
-                                       parsed.constraint_field)
-            return EventStreamResponse(events, on_close=close)
-        failed = await self._wait(admitted, request, close)
-        return failed or JSONResponse(shape.whole(stream))
+        return await self._reply(
+            request, admitted, "chat" if chat else "completions",
+            lambda: completion_events(stream, shape, parsed.include_usage,
+                                      parsed.constraint_field),
+            lambda: shape.whole(stream))
 
     async def responses(self, request: Request) -> Response:
         """OpenAI's Responses API: the chat route under other names (its request in
@@ -222,12 +220,9 @@ class OpenAIApi:
         head = ResponseHead.new(self.config.model_name, response_echo(admitted.body))
         reply = Reply(admitted.stream, self._shape(admitted, chat=True), head,
                       lambda text: len(self.engine.tokenizer.encode_plain(text)))
-        close = self._closer("responses", admitted.stream)
-        if admitted.request.stream:
-            events = response_events(reply, admitted.request.constraint_field)
-            return EventStreamResponse(events, on_close=close)
-        failed = await self._wait(admitted, request, close)
-        return failed or JSONResponse(reply.whole())
+        return await self._reply(
+            request, admitted, "responses",
+            lambda: response_events(reply, admitted.request.constraint_field), reply.whole)
 
     async def messages(self, request: Request) -> Response:
         """Anthropic's Messages API: the chat route under other names (its request in
@@ -238,12 +233,9 @@ class OpenAIApi:
             return admitted
         reply = MessageReply(admitted.stream, self._shape(admitted, chat=True),
                              self.config.model_name)
-        close = self._closer("messages", admitted.stream)
-        if admitted.request.stream:
-            events = message_events(reply, admitted.request.constraint_field)
-            return EventStreamResponse(events, on_close=close)
-        failed = await self._wait(admitted, request, close)
-        return failed or JSONResponse(reply.whole())
+        return await self._reply(
+            request, admitted, "messages",
+            lambda: message_events(reply, admitted.request.constraint_field), reply.whole)
 
     async def count_tokens(self, request: Request) -> Response:
         """The tokens a Messages API prompt renders to: what the reply's
@@ -289,6 +281,17 @@ class OpenAIApi:
         return Shape.new(chat, self.config.model_name,
                          reply_parser(parsed.tools, self.engine.manifest),
                          self.engine.tokenizer.token_bytes, reasoning, harmony)
+
+    async def _reply(self, request: Request, admitted: Admitted, endpoint: str,
+                     events: Callable[[], AsyncIterator[bytes]],
+                     whole: Callable[[], dict[str, Any]]) -> Response:
+        """Every generating route's reply: its `events` streamed, or the `whole` reply once
+        generation is over (or the response that replaces it: `_wait`)."""
+        close = self._closer(endpoint, admitted.stream)
+        if admitted.request.stream:
+            return EventStreamResponse(events(), on_close=close)
+        failed = await self._wait(admitted, request, close)
+        return failed or JSONResponse(whole())
 
     async def _wait(self, admitted: Admitted, request: Request,
                     close: Callable[[], None]) -> Response | None:
