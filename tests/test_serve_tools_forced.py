@@ -126,7 +126,8 @@ def test_the_messages_api_s_tool_choice_forces_a_tool_use_block(client, choice):
     claude = anthropic.Anthropic(base_url=str(client.base_url).removesuffix("/v1/"),
                                  api_key="unused", max_retries=0)
     function = WEATHER["function"]
-    tool = {"name": function["name"], "input_schema": function["parameters"]}
+    # strict: honoured here, where the forced call is constrained to the schema
+    tool = {"name": function["name"], "input_schema": function["parameters"], "strict": True}
     reply = claude.messages.create(
         model="bpe", messages=QUESTION, tools=[tool], max_tokens=80,
         tool_choice=choice, extra_body={"temperature": 0})

@@ -75,6 +75,7 @@ def _parse(body: dict, max_tokens: Any) -> CompletionRequest:
     if not chat["tools"] and choice.get("tool_choice") == "auto":
         choice = {}  # auto without tools asks for nothing (the chat route would refuse it)
     chat.update(choice)
+    _check_strict(body.get("tools"), choice.get("tool_choice"))
     chat["chat_template_kwargs"] = _thinking(body.get("thinking"))
     try:
         return parse_chat(chat)
@@ -150,6 +151,18 @@ def _tools(tools: Any) -> list | None:
             spec["description"] = tool["description"]
         converted.append({"type": "function", "function": spec})
     return converted
+
+
+def _check_strict(tools: list | None, choice: Any) -> None:
+    """A tool's `strict: true` (its input follows input_schema) holds where tool_choice
+    forces a tool (`any`, `tool`): the call is then constrained to the schemas. Under
+    `auto` nothing constrains the input: a 400 rather than a promise not kept."""
+    forced = choice == "required" or isinstance(choice, dict)
+    for index, tool in enumerate(tools or []):
+        if tool.get("strict") not in (None, False) and not forced:
+            raise ApiError(400, f"tools[{index}].strict is not supported under tool_choice "
+                           "auto: tool inputs follow input_schema only under tool_choice "
+                           "any or tool", f"tools[{index}].strict")
 
 
 def _tool_choice(choice: Any) -> dict[str, Any]:
