@@ -255,3 +255,16 @@ def test_export_help_names_the_ollama_form(capsys):
     assert result.returncode == 0
     assert "ollama:NAME[:TAG]" in result.stdout
     assert "edgeprefill export ollama:qwen3:0.6b -o build/qwen3" in result.stdout
+
+
+def test_a_name_finds_its_model_whatever_its_case_and_a_vision_projector_is_left_out(
+        store, tiny_gguf, caplog):
+    """As Ollama's EqualFold: `Tiny` is `tiny`; an image-text model's projector layer is
+    not exported (the bundle is text-only), with a warning."""
+    assert ollama_store.resolve("ollama:Tiny:LATEST").name.shortest() == "tiny:latest"
+    add_model(store, "registry.ollama.ai/library/vision/latest",
+              [("model", tiny_gguf.read_bytes()), ("projector", b"GGUF mmproj")])
+    model = ollama_store.resolve("ollama:vision")
+    assert model.gguf.read_bytes() == tiny_gguf.read_bytes()
+    assert "ollama:vision:latest: its vision projector layer is left out: the bundle is " \
+           "text-only" in caplog.text

@@ -139,11 +139,12 @@ def resolve(source: str | Path) -> OllamaModel:
     text = str(source).removeprefix(PREFIX)
     name = OllamaName.parse(text)
     store = store_dir()
-    path = name.manifest(store)
-    if not path.is_file():
+    path = _manifest_path(name, store)
+    if path is None:
         raise ExportError(f"{PREFIX}{text} is not in the Ollama store {store} (`ollama pull "
                           f"{text}` fetches it); it holds: {_listing(store)}")
-    return _read_manifest(name, path, store)
+    stored = OllamaName(*path.relative_to(store / "manifests").parts)  # its own casing
+    return _read_manifest(stored, path, store)
 
 
 def store_dir() -> Path:
@@ -161,6 +162,18 @@ def store_dir() -> Path:
     raise ExportError(f"no Ollama model store found: looked in {HOME_STORE} and "
                       f"{SERVICE_STORE} (OLLAMA_MODELS is not set); set OLLAMA_MODELS to "
                       "the folder holding Ollama's manifests/ and blobs/")
+
+
+def _manifest_path(name: OllamaName, store: Path) -> Path | None:
+    """The name's manifest; else one whose name differs in case only (name.go's
+    EqualFold: `ollama run Qwen3` finds what `ollama pull qwen3` stored)."""
+    exact = name.manifest(store)
+    if exact.is_file():
+        return exact
+    wanted = [part.lower() for part in name.parts().values()]
+    root = store / "manifests"
+    return next((p for p in sorted(root.glob("*/*/*/*")) if p.is_file() and
+                 [part.lower() for part in p.relative_to(root).parts] == wanted), None)
 
 
 def _listing(store: Path) -> str:
