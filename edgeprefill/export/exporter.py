@@ -22,6 +22,7 @@ from edgeprefill.bundle import (
 )
 from edgeprefill.contract import kv_names, state_names
 from edgeprefill.errors import ExportError
+from edgeprefill.export import ollama_store
 from edgeprefill.export.checkpoint import MODEL_FILES, Checkpoint
 from edgeprefill.export.config_checks import check_tokenizer_fits
 from edgeprefill.export.decoder import DecoderBuilder
@@ -32,9 +33,7 @@ from edgeprefill.export.lm_head import warn_if_kept_apart
 from edgeprefill.export.lora import Adapter, adapter_hint, quantized_base
 from edgeprefill.export.model_config import ModelConfig
 from edgeprefill.export.ollama_params import write_generation_config
-from edgeprefill.export.ollama_store import PREFIX as OLLAMA_PREFIX
 from edgeprefill.export.ollama_store import OllamaModel, is_ollama_name
-from edgeprefill.export.ollama_store import resolve as resolve_ollama
 from edgeprefill.export.quantize import QuantConfig
 from edgeprefill.export.staging import check_target, staged
 from edgeprefill.export.writer import write_external_data
@@ -86,7 +85,7 @@ def export(hf_dir: str | Path, out_dir: str | Path, options: ExportOptions) -> M
     """`hf_dir`: a Hugging Face folder, or a GGUF file (or a folder holding one and no
     config.json, or `ollama:NAME[:TAG]`, a model in Ollama's store: export/ollama_store.py),
     which export/gguf_input.py converts to a Hugging Face folder first."""
-    ollama = resolve_ollama(hf_dir) if is_ollama_name(hf_dir) else None
+    ollama = ollama_store.resolve(hf_dir) if is_ollama_name(hf_dir) else None
     hf_dir, out_dir = Path(hf_dir if ollama is None else ollama.gguf), Path(out_dir)
     gguf_file = gguf_file_of(hf_dir)
     if gguf_file is None:
@@ -110,7 +109,7 @@ def _add_ollama_files(ollama: OllamaModel, folder: Path) -> None:
     """What an Ollama model carries beside its GGUF, into the converted folder the bundle is
     exported from: its parameters as generation_config.json's defaults, its licenses. Its
     Go template is not needed (the GGUF carries the Jinja chat template the bundle uses)."""
-    shown = f"{OLLAMA_PREFIX}{ollama.name.shortest()}"
+    shown = f"{ollama_store.PREFIX}{ollama.name.shortest()}"
     write_generation_config(ollama.params, folder, shown)
     for i, text in enumerate(ollama.licenses):
         (folder / ("LICENSE" if i == 0 else f"LICENSE-{i + 1}")).write_text(text)
