@@ -1,4 +1,4 @@
-"""`edgeprefill export HF_DIR -o BUNDLE` (or a .gguf file for HF_DIR)."""
+"""`edgeprefill export HF_DIR -o BUNDLE` (or a .gguf file, or ollama:NAME, for HF_DIR)."""
 
 from __future__ import annotations
 
@@ -79,13 +79,17 @@ def export(hf_dir, out_dir, flavor, dtype, chunks, max_context, quantize, block_
     one and no config.json: it is converted with transformers' GGUF reader (needs
     `pip install -e ".[gguf]"`). Quantized GGUF weights (Q4_K_M, Q8_0, ...) are
     dequantized: the bundle holds them in float, and --quantize int8/int4 re-quantizes
-    them, adding its own rounding.
+    them, adding its own rounding. A model pulled with Ollama is named `ollama:NAME[:TAG]`
+    (its store: $OLLAMA_MODELS, else ~/.ollama/models): its GGUF blob is exported, its
+    parameters (temperature, top_k, top_p, repeat_penalty) become the bundle's sampling
+    defaults.
 
     \b
     Example:
       edgeprefill export models/tiny-recall -o build/tiny-recall
       edgeprefill export ~/models/SmolLM2-135M -o build/smollm2 --chunks 32,128 --max-context 2048
       edgeprefill export ~/Downloads/qwen2.5-0.5b-instruct-q8_0.gguf -o build/qwen --quantize int8
+      edgeprefill export ollama:qwen3:0.6b -o build/qwen3
       edgeprefill export ~/models/SmolLM2-135M --adapter ~/runs/my-lora -o build/mine
     """
     from edgeprefill.export.exporter import ExportOptions

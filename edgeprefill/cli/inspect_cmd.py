@@ -102,14 +102,18 @@ def inspect(bundle, verify, as_json):
 
 
 def _gguf_line(m) -> list[str]:
-    """Where a bundle exported from a GGUF file came from (export/gguf_input.py)."""
+    """Where a bundle exported from a GGUF file came from (export/gguf_input.py), and the
+    Ollama model that file was (its name and the GGUF blob's digest)."""
     gguf = m.source.get("gguf")
     if not isinstance(gguf, dict):
         return []
     quant = gguf.get("quant")
     notes = [] if quant in ("F32", "F16", "BF16") else ["dequantized to float"]
     notes += [f"re-quantized {m.graph.quantization}"] if m.graph.quantization else []
-    return [f"source      {gguf.get('file')} (GGUF {gguf.get('architecture')}, {quant}"
+    ollama = m.source.get("ollama")  # exported as ollama:NAME (export/ollama_store.py)
+    file = f"ollama:{ollama.get('name')} ({str(ollama.get('digest'))[:19]}..., " if \
+        isinstance(ollama, dict) else f"{gguf.get('file')} ("
+    return [f"source      {file}GGUF {gguf.get('architecture')}, {quant}"
             f"{'; ' + ', '.join(notes) if notes else ''})"]
 
 

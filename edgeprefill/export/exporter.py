@@ -22,6 +22,7 @@ from edgeprefill.bundle import (
 )
 from edgeprefill.contract import kv_names, state_names
 from edgeprefill.errors import ExportError
+from edgeprefill.export import ollama_store
 from edgeprefill.export.checkpoint import MODEL_FILES, Checkpoint
 from edgeprefill.export.config_checks import check_tokenizer_fits
 from edgeprefill.export.decoder import DecoderBuilder
@@ -31,6 +32,8 @@ from edgeprefill.export.graph import GraphBuilder
 from edgeprefill.export.lm_head import warn_if_kept_apart
 from edgeprefill.export.lora import Adapter, adapter_hint, quantized_base
 from edgeprefill.export.model_config import ModelConfig
+from edgeprefill.export.ollama_params import write_generation_config
+from edgeprefill.export.ollama_store import OllamaModel, is_ollama_name
 from edgeprefill.export.quantize import QuantConfig
 from edgeprefill.export.staging import check_target, staged
 from edgeprefill.export.writer import write_external_data
@@ -80,8 +83,10 @@ class ExportOptions:
 
 def export(hf_dir: str | Path, out_dir: str | Path, options: ExportOptions) -> Manifest:
     """`hf_dir`: a Hugging Face folder, or a GGUF file (or a folder holding one and no
-    config.json), which export/gguf_input.py converts to a Hugging Face folder first."""
-    hf_dir, out_dir = Path(hf_dir), Path(out_dir)
+    config.json, or `ollama:NAME[:TAG]`, a model in Ollama's store: export/ollama_store.py),
+    which export/gguf_input.py converts to a Hugging Face folder first."""
+    ollama = ollama_store.resolve(hf_dir) if is_ollama_name(hf_dir) else None
+    hf_dir, out_dir = Path(hf_dir if ollama is None else ollama.gguf), Path(out_dir)
     gguf_file = gguf_file_of(hf_dir)
     if gguf_file is None:
         return _export(hf_dir, out_dir, options, {"path": str(hf_dir.resolve())})
@@ -93,7 +98,25 @@ def export(hf_dir: str | Path, out_dir: str | Path, options: ExportOptions) -> M
                           "base model it was trained on")
     check_target(out_dir, options.overwrite)  # before a conversion that may take minutes
     with converted(gguf_file, out_dir, options.show_progress) as (folder, gguf):
-        return _export(folder, out_dir, options, {"path": gguf.path, "gguf": gguf.as_dict()})
+        source = {"path": gguf.path, "gguf": gguf.as_dict()}
+        if ollama is not None:
+            _add_ollama_files(ollama, folder)
+            source["ollama"] = ollama.record()
+        return _export(folder, out_dir, options, source)
+
+
+def _add_ollama_files(ollama: OllamaModel, folder: Path) -> None:
+    """What an Ollama model carries beside its GGUF, into the converted folder the bundle is
+    exported from: its parameters as generation_config.json's defaults, its licenses. Its
+    Go template is not needed (the GGUF carries the Jinja chat template the bundle uses)."""
+    shown = f"{ollama_store.PREFIX}{ollama.name.shortest()}"
+    write_generation_config(ollama.params, folder, shown)
+    for i, text in enumerate(ollama.licenses):
+        (folder / ("LICENSE" if i == 0 else f"LICENSE-{i + 1}")).write_text(text)
+    if ollama.system:
+        log.warning("%s: its SYSTEM message is not kept in the bundle: give it per "
+                    "conversation (run --system, a system message): %.60r", shown,
+                    ollama.system)
 
 
 def _export(hf_dir: Path, out_dir: Path, options: ExportOptions,
@@ -101,7 +124,7 @@ def _export(hf_dir: Path, out_dir: Path, options: ExportOptions,
     """`source`: what the manifest records of where the checkpoint came from."""
     if not hf_dir.is_dir():
         raise ExportError(f"{hf_dir} is not a folder (a Hugging Face checkpoint) nor a "
-                          ".gguf file")
+                          ".gguf file (an Ollama model is named ollama:NAME[:TAG])")
     hint = adapter_hint(hf_dir, MODEL_FILES)
     if hint is not None:
         raise ExportError(hint)

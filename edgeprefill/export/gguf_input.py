@@ -35,6 +35,7 @@ from edgeprefill.errors import ExportError
 log = logging.getLogger(__name__)
 
 SUFFIX = ".gguf"
+MAGIC = b"GGUF"  # a GGUF file's first four bytes
 SHARD_BYTES = 512 * 1024 * 1024  # float32 held before a shard is written out
 SPLIT = re.compile(r"-\d{5}-of-\d{5}\.gguf$")  # llama.cpp's gguf-split parts
 INSTALL = 'reading a GGUF file needs torch, transformers and gguf: pip install -e ".[gguf]"'
@@ -63,10 +64,11 @@ class GgufSource:
 
 
 def gguf_file_of(source: Path) -> Path | None:
-    """The GGUF file an export of `source` reads: `source` itself, or the one .gguf of a
+    """The GGUF file an export of `source` reads: `source` itself (a .gguf, or any file
+    starting with GGUF's magic bytes), or the one .gguf of a
     folder without a config.json; None where `source` is a Hugging Face folder (or not
     there: the exporter says so)."""
-    if source.is_file() and source.suffix.lower() == SUFFIX:
+    if source.is_file() and (source.suffix.lower() == SUFFIX or _has_magic(source)):
         _refuse_split(source)
         return source
     if not source.is_dir() or (source / "config.json").exists():
@@ -81,6 +83,15 @@ def gguf_file_of(source: Path) -> Path | None:
         raise ExportError(f"{source} has no config.json and {len(found)} .gguf files "
                           f"({', '.join(p.name for p in found[:4])}): name the one to export")
     return None
+
+
+def _has_magic(path: Path) -> bool:
+    """A GGUF file without the suffix: an Ollama blob (blobs/sha256-<hex>)."""
+    try:
+        with path.open("rb") as f:
+            return f.read(4) == MAGIC
+    except OSError:
+        return False
 
 
 def _refuse_split(path: Path) -> None:

@@ -1,0 +1,270 @@
+"""`export ollama:NAME[:TAG]`: a model in Ollama's store (a fake one in tmp_path, laid out
+as Ollama writes it) exports as its GGUF blob does, with its parameters as the bundle's
+sampling defaults; Ollama's name rules; every failure one line."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from edgeprefill.engines import StepBatch
+from edgeprefill.errors import ExportError
+from edgeprefill.export import ollama_store
+from edgeprefill.export.exporter import ExportOptions, export
+from edgeprefill.export.ollama_store import OllamaName
+from edgeprefill.sdk import Engine, GenerationParams
+from edgeprefill.sdk.generation_defaults import GenerationDefaults
+from tests.bpe_tokenizers import byte_level_bpe, install
+from tests.conftest import build_hf_model
+from tests.gguf_files import write_gguf
+from tests.test_cli_errors import assert_one_line_error
+from tests.test_gguf_input import cli_here
+
+pytest.importorskip("gguf")
+
+PROMPT = "hello world, the quick brown fox jumps over the lazy dog"
+NEW_TOKENS = 12
+MEDIA = "application/vnd.ollama.image."
+# As a Modelfile's PARAMETER lines land in the params layer. `<s>` is an added token of
+# the test tokenizer (id 1): a stop that ends generation as an EOS id does.
+PARAMS = {"temperature": 1.5, "top_k": 1, "top_p": 0.9, "repeat_penalty": 1.0,
+          "stop": ["<s>", "\n\n"], "num_ctx": 8192}
+TEMPLATE = "{{ .System }} {{ .Prompt }}"  # Ollama's Go template: not used
+SYSTEM = "You are a tiny model."
+LICENSE = "the tiny model's license"
+
+
+@pytest.fixture(scope="module")
+def tiny_gguf(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("ollama-gguf")
+    tok = byte_level_bpe()
+    hf = build_hf_model("llama", root / "hf", vocab_size=tok.get_vocab_size())
+    install(tok, hf)
+    return write_gguf(hf, root / "tiny-Q8_0.gguf", "Q8_0")
+
+
+def add_blob(store: Path, data: bytes) -> str:
+    """A blob as Ollama stores one: blobs/sha256-<hex of its bytes>; its digest."""
+    digest = hashlib.sha256(data).hexdigest()
+    (store / "blobs").mkdir(parents=True, exist_ok=True)
+    (store / "blobs" / f"sha256-{digest}").write_bytes(data)
+    return f"sha256:{digest}"
+
+
+def add_model(store: Path, name: str, layers: list[tuple[str, bytes]]) -> Path:
+    """A manifest for `name` (host/namespace/model/tag) whose layers are (kind, bytes)."""
+    entries = [{"mediaType": MEDIA + kind, "digest": add_blob(store, data),
+                "size": len(data)} for kind, data in layers]
+    path = store / "manifests" / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({
+        "schemaVersion": 2, "mediaType": "application/vnd.docker.distribution.manifest.v2+json",
+        "config": {"mediaType": "application/vnd.docker.container.image.v1+json",
+                   "digest": add_blob(store, b"{}"), "size": 2},
+        "layers": entries}))
+    return path
+
+
+@pytest.fixture
+def store(tmp_path, tiny_gguf, monkeypatch) -> Path:
+    """A store holding `tiny:latest` (a GGUF, its params, template, system message and
+    license) and `someone/other:v1`, as OLLAMA_MODELS."""
+    store = tmp_path / "ollama-models"
+    add_model(store, "registry.ollama.ai/library/tiny/latest", [
+        ("model", tiny_gguf.read_bytes()), ("template", TEMPLATE.encode()),
+        ("system", SYSTEM.encode()), ("params", json.dumps(PARAMS).encode()),
+        ("license", LICENSE.encode())])
+    add_model(store, "registry.ollama.ai/someone/other/v1",
+              [("model", tiny_gguf.read_bytes())])
+    monkeypatch.setenv("OLLAMA_MODELS", str(store))
+    return store
+
+
+def exported(source, out: Path) -> Path:
+    export(source, out, ExportOptions(chunks=(16, 64), max_context=256, show_progress=False))
+    return out
+
+
+def logits_and_text(bundle: Path) -> tuple[np.ndarray, str]:
+    """The bundle's last-position logits over PROMPT and its greedy reply."""
+    engine = Engine.load(bundle, threads=2, background=False)
+    ids = engine.tokenizer.encode(PROMPT)
+    logits = engine.backend.run(StepBatch(np.array([ids], np.int64), np.array([0], np.int32),
+                                          np.array([len(ids)], np.int32), first_slot=0))
+    text = engine.generate(PROMPT, GenerationParams(max_new_tokens=NEW_TOKENS,
+                                                    ignore_eos=True)).result().text
+    engine.close()
+    return logits[0].copy(), text
+
+
+def test_ollama_names_and_the_blob_export_as_the_gguf_file_does(store, tiny_gguf, tmp_path,
+                                                                 caplog):
+    direct = logits_and_text(exported(tiny_gguf, tmp_path / "direct"))
+    blob = next(p for p in (store / "blobs").iterdir() if p.stat().st_size > 1000)
+    for i, source in enumerate(("ollama:tiny", "ollama:tiny:latest", blob)):
+        bundle = exported(source, tmp_path / f"b{i}")
+        logits, text = logits_and_text(bundle)
+        np.testing.assert_array_equal(logits, direct[0], err_msg=str(source))
+        assert text == direct[1], source
+    manifest = json.loads((tmp_path / "b0" / "edgeprefill.json").read_text())  # ollama:tiny
+    assert manifest["source"]["ollama"] == {"name": "tiny:latest",
+                                            "digest": "sha256:" + blob.name[7:]}
+    assert manifest["source"]["gguf"]["quant"] == "Q8_0"
+    assert (tmp_path / "b0" / "LICENSE").read_text() == LICENSE
+    assert "Ollama parameters the bundle has no default for are left out: num_ctx 8192, " \
+           "stop '\\n\\n'" in caplog.text
+    assert "its SYSTEM message is not kept in the bundle" in caplog.text
+
+
+def test_ollama_parameters_become_the_bundles_sampling_defaults(store, tiny_gguf, tmp_path,
+                                                                capsys):
+    """End to end: `run` without sampling options samples with the params layer's values.
+    Its top_k 1 makes temperature 1.5 greedy: the reply is the greedy one, where the same
+    run of the GGUF's own bundle (no defaults) samples another."""
+    bundle = exported("ollama:tiny", tmp_path / "b")
+    assert GenerationDefaults.load(bundle) == GenerationDefaults(
+        temperature=1.5, top_k=1, top_p=0.9, repetition_penalty=1.0, eos_token_ids=(1,))
+    plain = exported(tiny_gguf, tmp_path / "plain")
+    greedy = logits_and_text(plain)[1]
+    run = ("run", PROMPT, "--max-new-tokens", NEW_TOKENS, "--ignore-eos", "--seed", 3)
+    got = cli_here(capsys, run[0], bundle, *run[1:])
+    assert got.returncode == 0, got.stderr
+    assert got.stdout.rstrip("\n") == greedy
+    sampled = cli_here(capsys, run[0], plain, *run[1:], "--temperature", 1.5)
+    assert sampled.stdout.rstrip("\n") != greedy
+    shown = cli_here(capsys, "inspect", bundle).stdout.splitlines()
+    digest = json.loads((bundle / "edgeprefill.json").read_text())["source"]["ollama"]["digest"]
+    assert f"source      ollama:tiny:latest ({digest[:19]}..., GGUF llama, Q8_0; " \
+           "dequantized to float)" in shown
+    assert "sampling    temperature 1.5, top_k 1, top_p 0.9, repetition_penalty 1.0  " \
+           "(generation_config.json; requests may override)" in shown
+    assert "eos ids     [2, 1]" in shown
+
+
+@pytest.mark.parametrize("text, parts", [
+    ("llama3.2", ("registry.ollama.ai", "library", "llama3.2", "latest")),
+    ("qwen3:0.6b", ("registry.ollama.ai", "library", "qwen3", "0.6b")),
+    ("user/model:tag", ("registry.ollama.ai", "user", "model", "tag")),
+    ("hf.co/org/repo:Q4_K_M", ("hf.co", "org", "repo", "Q4_K_M")),
+    ("https://hf.co/org/repo", ("hf.co", "org", "repo", "latest")),
+    ("localhost:5000/ns/m", ("localhost:5000", "ns", "m", "latest")),  # a port, no tag
+    ("_a-b.c:1_x-y.z", ("registry.ollama.ai", "library", "_a-b.c", "1_x-y.z")),
+])
+def test_names_parse_as_ollama_parses_them(text, parts):
+    assert OllamaName.parse(text) == OllamaName(*parts)
+
+
+@pytest.mark.parametrize("text, part", [
+    ("", "model"), ("model:", "tag"), ("ns.x/model", "namespace"), ("-model", "model"),
+    ("a/b/c/d", "host"), ("/model", "namespace"), ("m:" + "x" * 81, "tag"),
+    ("m" * 81, "model"), ("mo del", "model"), ("ns/mo:de:l", "model"),
+])
+def test_names_ollama_refuses_are_refused(text, part):
+    with pytest.raises(ExportError, match=rf"its {part} is not valid"):
+        OllamaName.parse(text)
+
+
+def test_names_display_as_ollama_list_shows_them():
+    assert OllamaName.parse("qwen3").shortest() == "qwen3:latest"
+    assert OllamaName.parse("user/m:t").shortest() == "user/m:t"
+    assert OllamaName.parse("hf.co/org/repo:Q4_K_M").shortest() == "hf.co/org/repo:Q4_K_M"
+
+
+def test_the_store_is_ollama_models_else_the_home_one_else_the_services(
+        tmp_path, monkeypatch):
+    home, service = tmp_path / "home", tmp_path / "service"
+    monkeypatch.delenv("OLLAMA_MODELS", raising=False)
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setattr(ollama_store, "SERVICE_STORE", service)
+    (service / "manifests").mkdir(parents=True)
+    assert ollama_store.store_dir() == service
+    (home / ".ollama" / "models" / "manifests").mkdir(parents=True)
+    assert ollama_store.store_dir() == home / ".ollama" / "models"
+    monkeypatch.setenv("OLLAMA_MODELS", str(service))
+    assert ollama_store.store_dir() == service
+
+
+def test_ollama_export_errors_are_one_line(store, tiny_gguf, tmp_path, monkeypatch, capsys):
+    gguf = tiny_gguf.read_bytes()
+    add_model(store, "registry.ollama.ai/library/lora/latest",
+              [("model", gguf), ("adapter", b"GGUF lora")])
+    add_model(store, "registry.ollama.ai/library/tensors/latest",
+              [("tensor", b"weights"), ("tensor", b"more")])
+    gone = add_model(store, "registry.ollama.ai/library/gone/latest", [("model", b"GGUF..")])
+    (store / "blobs" / json.loads(gone.read_text())["layers"][0]["digest"]
+     .replace(":", "-")).unlink()
+    (store / "manifests/registry.ollama.ai/library/broken/latest").parent.mkdir(parents=True)
+    (store / "manifests/registry.ollama.ai/library/broken/latest").write_text("{not json")
+    (store / "manifests/registry.ollama.ai/library/nodigest/latest").parent.mkdir(parents=True)
+    (store / "manifests/registry.ollama.ai/library/nodigest/latest").write_text(
+        json.dumps({"layers": [{"mediaType": MEDIA + "model", "digest": "md5:0"}]}))
+    cases = [
+        ("ollama:nope:7b", f"ollama:nope:7b is not in the Ollama store {store} (`ollama pull "
+         "nope:7b` fetches it); it holds: broken:latest, gone:latest, lora:latest, "
+         "nodigest:latest, someone/other:v1, tensors:latest, tiny:latest"),
+        ("ollama:Bad Name", "ollama:Bad Name is not an Ollama model name (its model is not "
+         "valid): [host/][namespace/]model[:tag]"),
+        ("ollama:lora", "ollama:lora:latest carries a LoRA adapter layer (ADAPTER in its "
+         "Modelfile): export the adapter's PEFT folder with --adapter"),
+        ("ollama:tensors", "holds tensor layers (Ollama's safetensors import), not a GGUF"),
+        ("ollama:gone", "ollama:gone:latest: its model blob sha256-"),
+        ("ollama:gone", f"is missing from {store / 'blobs'} (an interrupted pull?"),
+        ("ollama:broken", "ollama:broken:latest: its manifest "),
+        ("ollama:broken", "is malformed (not Ollama's JSON with layers of mediaType and "
+         "sha256 digest)"),
+        ("ollama:nodigest", "is malformed"),
+    ]
+    for source, fragment in cases:
+        assert_one_line_error(cli_here(capsys, "export", source, "-o", tmp_path / "out"),
+                              fragment)
+    monkeypatch.setenv("OLLAMA_MODELS", str(tmp_path / "empty"))
+    assert_one_line_error(cli_here(capsys, "export", "ollama:tiny", "-o", tmp_path / "out"),
+                          f"OLLAMA_MODELS={tmp_path / 'empty'} is not an Ollama model store "
+                          "(no manifests/ folder in it)")
+    monkeypatch.delenv("OLLAMA_MODELS")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setattr(ollama_store, "SERVICE_STORE", tmp_path / "service")
+    assert_one_line_error(cli_here(capsys, "export", "ollama:tiny", "-o", tmp_path / "out"),
+                          "no Ollama model store found: looked in ~/.ollama/models and "
+                          f"{tmp_path / 'service'} (OLLAMA_MODELS is not set); set "
+                          "OLLAMA_MODELS to the folder holding Ollama's manifests/ and blobs/")
+    assert not (tmp_path / "out").exists()
+
+
+def test_bad_ollama_parameters_are_one_line(store, tiny_gguf, tmp_path, capsys):
+    add_model(store, "registry.ollama.ai/library/hot/latest",
+              [("model", tiny_gguf.read_bytes()), ("params", b'{"temperature": -1}')])
+    add_model(store, "registry.ollama.ai/library/list/latest",
+              [("model", tiny_gguf.read_bytes()), ("params", b'["temperature"]')])
+    for source, fragment in [
+        ("ollama:hot", "ollama:hot:latest: its parameters: generation_config.json: "
+         "temperature must be a finite number >= 0, got -1"),
+        ("ollama:list", "ollama:list:latest: its params layer is not a JSON object"),
+    ]:
+        assert_one_line_error(cli_here(capsys, "export", source, "-o", tmp_path / "out",
+                                       "--quiet"), fragment)
+    assert not [p for p in tmp_path.iterdir() if ".gguf-" in p.name]  # no staging left
+
+
+def test_export_help_names_the_ollama_form(capsys):
+    result = cli_here(capsys, "export", "--help")
+    assert result.returncode == 0
+    assert "ollama:NAME[:TAG]" in result.stdout
+    assert "edgeprefill export ollama:qwen3:0.6b -o build/qwen3" in result.stdout
+
+
+def test_a_name_finds_its_model_whatever_its_case_and_a_vision_projector_is_left_out(
+        store, tiny_gguf, caplog):
+    """As Ollama's EqualFold: `Tiny` is `tiny`; an image-text model's projector layer is
+    not exported (the bundle is text-only), with a warning."""
+    assert ollama_store.resolve("ollama:Tiny:LATEST").name.shortest() == "tiny:latest"
+    add_model(store, "registry.ollama.ai/library/vision/latest",
+              [("model", tiny_gguf.read_bytes()), ("projector", b"GGUF mmproj")])
+    model = ollama_store.resolve("ollama:vision")
+    assert model.gguf.read_bytes() == tiny_gguf.read_bytes()
+    assert "ollama:vision:latest: its vision projector layer is left out: the bundle is " \
+           "text-only" in caplog.text
