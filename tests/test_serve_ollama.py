@@ -8,6 +8,7 @@ tests/test_structured_output.py (its bundle can spell JSON)."""
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Iterator
 
 import pytest
@@ -24,7 +25,14 @@ from edgeprefill.server.ollama_request import (  # noqa: E402
     parse_ollama_chat,
     parse_ollama_generate,
 )
-from tests.test_serve import MODEL, NO_EOS, free_port, serving, wait_idle  # noqa: E402
+from tests.test_serve import (  # noqa: E402
+    MODEL,
+    NO_EOS,
+    free_port,
+    serving,
+    slow_down,
+    wait_idle,
+)
 
 
 @pytest.fixture(scope="module")
@@ -237,3 +245,28 @@ def test_generate_defaults_to_no_limit_and_streaming():
     with pytest.raises(ApiError, match="'options.num_predict' must be"):
         parse_ollama_generate({"model": MODEL, "prompt": "w4",
                                "options": {"num_predict": -5}}, MODEL, 512)
+
+
+def test_a_stream_the_shutdown_cuts_ends_with_an_error_line(engine, monkeypatch):
+    from tests.test_server_hardening import TIMEOUTS
+
+    slow_down(monkeypatch, engine, 0.05)
+    lines: list[dict] = []
+    first = threading.Event()
+
+    def read(url: str) -> None:
+        body = {"model": MODEL, "messages": CHAT, "options": greedy(200)}
+        with httpx.stream("POST", f"{url}/api/chat", json=body, timeout=30) as response:
+            for text in response.iter_lines():
+                if text:
+                    lines.append(json.loads(text))
+                    first.set()
+
+    app = create_app(engine, ServerConfig(model_name=MODEL))
+    with ServerThread(app, port=free_port(), timeouts=TIMEOUTS) as server:
+        reader = threading.Thread(target=read, args=(server.url,))
+        reader.start()
+        assert first.wait(30)
+    reader.join(30)
+    assert not lines[0]["done"] and len(lines) < 200
+    assert set(lines[-1]) == {"error"} and "shutting down" in lines[-1]["error"]
