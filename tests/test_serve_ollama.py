@@ -270,3 +270,14 @@ def test_a_stream_the_shutdown_cuts_ends_with_an_error_line(engine, monkeypatch)
     reader.join(30)
     assert not lines[0]["done"] and len(lines) < 200
     assert set(lines[-1]) == {"error"} and "shutting down" in lines[-1]["error"]
+
+
+def test_an_engine_failure_is_a_500_or_an_error_line(llama, http, engine, monkeypatch):
+    def broken(batch):
+        raise RuntimeError("device lost")
+
+    monkeypatch.setattr(engine.backend, "run", broken)
+    assert_ollama_error(http.post("/api/chat", json={"model": MODEL, "messages": CHAT,
+                                                     "stream": False}), 500, "device lost")
+    with pytest.raises(ollama.ResponseError, match="device lost"):
+        list(llama.generate(model=MODEL, prompt="w5", stream=True))

@@ -16,7 +16,8 @@ set of checks and defaults for every route. Field names follow Ollama's api/type
   checked against the bundle's context, which is fixed at export; `typical_p`, and
   `repeat_last_n` under a penalty, are 400s (no sampler here applies them). Options
   Ollama does not know are ignored, as Ollama ignores them (api.Options.FromMap), and
-  so are its load-time options (RUNNER: threads, GPU layers, batch, mmap);
+  so are its load-time options (api.Runner: num_thread, num_gpu, num_batch, use_mmap,
+  ...) and num_keep (what a context shift keeps: this server never shifts);
 - `format`: "json" (a JSON object) or a JSON schema: the chat route's structured output;
 - `think`: true / false is the chat template's `enable_thinking`; "low", "medium",
   "high" or "max" is the chat route's `reasoning_effort`;
@@ -44,10 +45,6 @@ OPTIONS = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k",
            "repeat_penalty": "repetition_penalty", "presence_penalty": "presence_penalty",
            "frequency_penalty": "frequency_penalty",
            "ignore_eos": "ignore_eos"}  # edgeprefill's, as on the other routes
-# Ollama's options that only say how to load and run the model (api.Runner), and
-# num_keep (what a context shift keeps, and this server never shifts): no effect on text.
-RUNNER = ("num_batch", "num_gpu", "main_gpu", "use_mmap", "num_thread",
-          "draft_num_predict", "num_keep", "numa")
 # The chat route's field names in its errors -> Ollama's.
 RENAMES = {**{ours: f"options.{theirs}" for theirs, ours in OPTIONS.items()},
            "max_tokens": "options.num_predict", "response_format": "format",
