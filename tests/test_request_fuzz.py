@@ -1,7 +1,7 @@
 """Property-based: no request body, however malformed, gets a 5xx or a reply outside the
-route's error schema (OpenAI's; Anthropic's on the Messages API). The app runs in-process
-(starlette's TestClient) over the tiny llama bundle with a 64-position context, so every
-example is quick."""
+route's error schema (OpenAI's; Anthropic's on the Messages API; Ollama's on /api/...).
+The app runs in-process (starlette's TestClient) over the tiny llama bundle with a
+64-position context, so every example is quick."""
 
 from __future__ import annotations
 
@@ -98,6 +98,33 @@ MESSAGES_API = {
         optional={"budget_tokens": json_values})),
     "metadata": json_values,
 }
+# Ollama's fields (server/ollama_request.py), valid-ish values mixed with any JSON.
+ollama_message = st.fixed_dictionaries(
+    {"role": st.sampled_from(["user", "system", "assistant", "tool"]) | json_values},
+    optional={"content": field(text), "thinking": json_values, "images": json_values,
+              "tool_name": json_values, "tool_call_id": json_values,
+              "tool_calls": field(st.lists(st.fixed_dictionaries(
+                  {"function": field(st.fixed_dictionaries(
+                      {"name": field(st.just("get_weather"))},
+                      optional={"arguments": json_values}))}), max_size=2))})
+OLLAMA = {
+    "model": field(st.sampled_from([MODEL, f"{MODEL}:latest", "other"])),
+    "messages": st.lists(ollama_message, max_size=3) | json_values,
+    "prompt": field(text),
+    "system": field(text),
+    "raw": field(st.booleans()),
+    "stream": field(st.booleans()),
+    "format": field(st.sampled_from(["json", "", {"type": "object"}])),
+    "think": field(st.sampled_from([True, False, "low", "max"])),
+    "options": field(st.fixed_dictionaries({}, optional={
+        name: field(small_ints) for name in (
+            "num_predict", "num_ctx", "top_k", "seed", "temperature", "top_p", "min_p",
+            "repeat_penalty", "repeat_last_n", "typical_p", "stop", "num_thread")})),
+    "tools": COMMON["tools"],
+    "keep_alive": json_values,
+    "suffix": field(text),
+    "images": json_values,
+}
 completion_bodies = st.fixed_dictionaries({}, optional={"prompt": prompt, **COMMON})
 chat_bodies = st.fixed_dictionaries({}, optional={"messages": messages, **COMMON})
 
@@ -116,9 +143,13 @@ def client(bundle) -> Iterator:
         engine.close()
 
 
-def assert_no_server_error(response, anthropic: bool = False) -> None:
+def assert_no_server_error(response, anthropic: bool = False, ollama: bool = False) -> None:
     assert response.status_code < 500, response.text
-    if response.status_code >= 400 and anthropic:
+    if response.status_code >= 400 and ollama:
+        body = response.json()
+        assert set(body) == {"error"} and isinstance(body["error"], str) and body["error"]
+        assert "\n" not in body["error"].strip()
+    elif response.status_code >= 400 and anthropic:
         body = response.json()
         assert body["type"] == "error" and set(body["error"]) == {"type", "message"}
         assert isinstance(body["error"]["message"], str) and body["error"]["message"]
@@ -153,11 +184,19 @@ def test_messages_never_answer_5xx(client, body):
 
 
 @settings(FUZZ, max_examples=60)
+@given(body=st.fixed_dictionaries({}, optional=OLLAMA))
+def test_ollama_never_answers_5xx(client, body):
+    for path in ("/api/chat", "/api/generate", "/api/show"):
+        assert_no_server_error(client.post(path, content=dump(body)), ollama=True)
+
+
+@settings(FUZZ, max_examples=60)
 @given(raw=st.binary(max_size=64) | json_values.map(lambda value: dump(value)))
 def test_any_bytes_never_answer_5xx(client, raw):
     for path in ("/v1/completions", "/v1/chat/completions"):
         assert_no_server_error(client.post(path, content=raw))
     assert_no_server_error(client.post("/v1/messages", content=raw), anthropic=True)
+    assert_no_server_error(client.post("/api/chat", content=raw), ollama=True)
 
 
 def dump(value) -> bytes:

@@ -133,6 +133,21 @@ def test_json_object_and_vllm_guided_fields(client):
     assert re.fullmatch("[ab]{4}", done.choices[0].text)
 
 
+def test_ollama_format_json_and_a_schema_constrain_the_reply(client):
+    """Ollama's `format` is the chat route's structured output (server/ollama_request.py)."""
+    ollama = pytest.importorskip("ollama")
+    llama = ollama.Client(host=str(client.base_url).removesuffix("/").removesuffix("/v1"))
+    for temperature in (0.0, 1.0):
+        reply = llama.chat(model="bpe", messages=[{"role": "user", "content": "hello"}],
+                           format=Person.model_json_schema(),
+                           options={"temperature": temperature, "seed": 1})
+        assert reply.done_reason == "stop"
+        Person.model_validate_json(reply.message.content)
+    said = llama.generate(model="bpe", prompt="hi", format="json",
+                          options={"temperature": 0, "num_predict": 80})
+    assert isinstance(json.loads(said.response), dict)
+
+
 def test_logprobs_agree_with_greedy_choices(client):
     reply = client.chat.completions.create(
         model="bpe", messages=[{"role": "user", "content": "hello"}], max_tokens=8,

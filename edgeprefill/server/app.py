@@ -5,6 +5,8 @@
     POST /v1/responses           OpenAI's Responses API, stateless, through the chat path
     POST /v1/messages            Anthropic's Messages API, through the chat path
     POST /v1/messages/count_tokens   the token count of a Messages API prompt
+    POST /api/chat, /api/generate    Ollama's native API, through the chat (or, raw, the
+                                 completions) path; its other routes: server/ollama_routes.py
     GET  /v1/models              the one model this server holds
     /tokenize, /detokenize, /v1/models/{id}, /version: server/routes_extra.py
     GET  /health                 liveness (never needs the API key)
@@ -48,6 +50,15 @@ from edgeprefill.server.harmony import bundle_harmony, reply_harmony
 from edgeprefill.server.messages_request import count_body, parse_messages_api
 from edgeprefill.server.messages_stream import MessageReply, message_events
 from edgeprefill.server.metrics import ServerMetrics
+from edgeprefill.server.ollama_request import (
+    is_load,
+    model_of,
+    ollama_error,
+    parse_ollama_chat,
+    parse_ollama_generate,
+)
+from edgeprefill.server.ollama_routes import OllamaRoutes
+from edgeprefill.server.ollama_stream import OllamaReply, load_reply, ollama_lines
 from edgeprefill.server.prompt_worker import Encoded, PromptTimeout, PromptWorkers
 from edgeprefill.server.reasoning import MODES, bundle_thinks, reply_reasoning
 from edgeprefill.server.responses import Shape
@@ -64,7 +75,8 @@ from edgeprefill.server.shutdown import ShutdownCut
 from edgeprefill.server.sse import EventStreamResponse, completion_events
 from edgeprefill.server.tools import calls_in_content, reply_parser, template_vars
 
-OPEN_PATHS = frozenset({"/health"})  # answered without the API key (liveness probes)
+# Answered without the API key (liveness probes; "/" is Ollama's).
+OPEN_PATHS = frozenset({"/health", "/"})
 
 
 @dataclass(frozen=True)
@@ -119,6 +131,7 @@ def create_app(engine: Engine, config: ServerConfig) -> Starlette:
         engine, config.model_name, api.started,
         lambda request: read_json(request, api.max_body_bytes, config.body_timeout_s),
         api.prompts.call)
+    ollama = OllamaRoutes(engine, config.model_name, api.read, api.splits_reasoning)
     routes = [
         Route("/v1/completions", api.completions, methods=["POST"]),
         Route("/v1/chat/completions", api.chat_completions, methods=["POST"]),
@@ -128,7 +141,10 @@ def create_app(engine: Engine, config: ServerConfig) -> Starlette:
         Route("/v1/models", api.models, methods=["GET"]),
         Route("/health", api.health, methods=["GET"]),
         Route("/metrics", api.prometheus, methods=["GET"]),
+        Route("/api/chat", api.ollama_chat, methods=["POST"]),
+        Route("/api/generate", api.ollama_generate, methods=["POST"]),
         *extra.routes(),
+        *ollama.routes(),
     ]
     # AccessLog outermost, so that it logs what the client got: ShutdownCut answers a
     # request the shutdown cancelled with a 503 (inside it, the log said 500 or 200).
@@ -251,13 +267,57 @@ class OpenAIApi:
         count = tokens if isinstance(tokens, int) else len(tokens)
         return JSONResponse({"input_tokens": count})
 
+    async def ollama_chat(self, request: Request) -> Response:
+        return await self._ollama(request, chat=True)
+
+    async def ollama_generate(self, request: Request) -> Response:
+        return await self._ollama(request, chat=False)
+
+    async def _ollama(self, request: Request, chat: bool) -> Response:
+        """Ollama's /api/chat and /api/generate: the chat route (a raw generate: the
+        completions route) under other names (its request in server/ollama_request.py,
+        its reply, NDJSON, in server/ollama_stream.py); its errors in Ollama's shape."""
+        try:
+            body = await self.read(request)
+            if is_load(body, "messages" if chat else "prompt"):
+                return JSONResponse(load_reply(model_of(body, self.config.model_name), chat))
+        except ApiError as err:
+            self.metrics.reject(err.status)
+            return err.response(request.url.path)
+        parse = parse_ollama_chat if chat else parse_ollama_generate
+        admitted = await self._admit_body(
+            request, body, lambda b: parse(b, self.config.model_name, self.engine.capacity),
+            ollama_error)
+        if isinstance(admitted, Response):
+            return admitted
+        shape = self._shape(admitted, chat=admitted.request.prompt_field == "messages")
+        reply = OllamaReply(admitted.stream, shape, body["model"], chat)
+        return await self._reply(
+            request, admitted, "api_chat" if chat else "api_generate",
+            lambda: ollama_lines(reply, admitted.request.constraint_field), reply.whole,
+            media_type="application/x-ndjson")
+
+    async def read(self, request: Request) -> Any:
+        return await read_json(request, self.max_body_bytes, self.config.body_timeout_s)
+
     async def _admit(self, request: Request, parse: Callable[[Any], CompletionRequest],
                      rename: Callable[[ApiError], ApiError] = lambda err: err,
                      ) -> Admitted | Response:
         """Read, check and submit a request; the error response if it is refused
         (`rename` puts a refusal at submit in the route's own field names)."""
         try:
-            body = await read_json(request, self.max_body_bytes, self.config.body_timeout_s)
+            body = await self.read(request)
+        except ApiError as err:
+            self.metrics.reject(err.status)
+            return err.response(request.url.path)
+        return await self._admit_body(request, body, parse, rename)
+
+    async def _admit_body(self, request: Request, body: Any,
+                          parse: Callable[[Any], CompletionRequest],
+                          rename: Callable[[ApiError], ApiError] = lambda err: err,
+                          ) -> Admitted | Response:
+        """Check and submit a request read already; the error response if it is refused."""
+        try:
             parsed = parse(body)
             self._check_model(parsed.model)
             try:
@@ -284,12 +344,13 @@ class OpenAIApi:
 
     async def _reply(self, request: Request, admitted: Admitted, endpoint: str,
                      events: Callable[[], AsyncIterator[bytes]],
-                     whole: Callable[[], dict[str, Any]]) -> Response:
+                     whole: Callable[[], dict[str, Any]],
+                     media_type: str = "text/event-stream") -> Response:
         """Every generating route's reply: its `events` streamed, or the `whole` reply once
         generation is over (or the response that replaces it: `_wait`)."""
         close = self._closer(endpoint, admitted.stream)
         if admitted.request.stream:
-            return EventStreamResponse(events(), on_close=close)
+            return EventStreamResponse(events(), on_close=close, media_type=media_type)
         failed = await self._wait(admitted, request, close)
         return failed or JSONResponse(whole())
 

@@ -1,6 +1,7 @@
 """Errors in the OpenAI error schema: `{"error": {"message", "type", "param", "code"}}`,
-and on the Messages API's paths in Anthropic's: `{"type": "error", "error": {"type",
-"message"}}`, with the same HTTP status."""
+on the Messages API's paths in Anthropic's: `{"type": "error", "error": {"type",
+"message"}}`, and on Ollama's (/api/...) in Ollama's: `{"error": "message"}`, with the
+same HTTP status."""
 
 from __future__ import annotations
 
@@ -36,6 +37,7 @@ ANTHROPIC_TYPES = {
     503: "overloaded_error",
 }
 ANTHROPIC_PATHS = ("/v1/messages",)  # and the paths under it (count_tokens)
+OLLAMA_PREFIX = "/api/"  # Ollama's native API (server/ollama_request.py)
 
 
 class ApiError(Exception):
@@ -61,9 +63,14 @@ class ApiError(Exception):
         kind = ANTHROPIC_TYPES.get(self.status, "invalid_request_error")
         return {"type": "error", "error": {"type": kind, "message": _printable(self.message)}}
 
+    def ollama_body(self) -> dict:
+        return {"error": _printable(self.message)}
+
     def response(self, path: str = "") -> JSONResponse:
-        """The error response; on the Messages API's paths in Anthropic's schema."""
-        body = self.anthropic_body() if is_anthropic(path) else self.body()
+        """The error response; on the Messages API's paths in Anthropic's schema, on
+        Ollama's in Ollama's."""
+        body = self.anthropic_body() if is_anthropic(path) else \
+            self.ollama_body() if path.startswith(OLLAMA_PREFIX) else self.body()
         headers = {}
         if self.status in (429, 503):
             headers["Retry-After"] = "1"

@@ -3,7 +3,8 @@
 On SIGTERM or Ctrl-C uvicorn stops accepting, lets running requests go on for the
 graceful-shutdown timeout, then cancels them. Without care each cancelled request is a
 traceback in the log and a connection cut without a word. `ShutdownCut` turns that into
-a reply: 503 in the route's error schema (OpenAI's, Anthropic's on the Messages API)
+a reply: 503 in the route's error schema (OpenAI's, Anthropic's on the Messages API,
+Ollama's on /api/...)
 when nothing was sent yet, the end of the stream otherwise. `run_until_signalled` makes
 SIGTERM end `serve` the way Ctrl-C does: the engine is closed and the process exits 0.
 """
@@ -17,9 +18,12 @@ from types import FrameType
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from edgeprefill.server.errors import ApiError, is_anthropic
+from edgeprefill.server.errors import OLLAMA_PREFIX, ApiError, is_anthropic
 from edgeprefill.server.messages_stream import error_event
+from edgeprefill.server.ollama_stream import line
 from edgeprefill.server.sse import sse
+
+STREAMED = (b"text/event-stream", b"application/x-ndjson")  # Ollama's streams: NDJSON
 
 
 class ShutdownCut:
@@ -36,8 +40,9 @@ class ShutdownCut:
             nonlocal started, streaming, ended
             if message["type"] == "http.response.start":
                 started = True
-                streaming = (b"content-type", b"text/event-stream") in [
-                    (k.lower(), v.split(b";")[0]) for k, v in message.get("headers", [])]
+                streaming = any(
+                    k.lower() == b"content-type" and v.split(b";")[0] in STREAMED
+                    for k, v in message.get("headers", []))
             elif message["type"] == "http.response.body":
                 ended = not message.get("more_body", False)
             await send(message)
@@ -103,7 +108,10 @@ def quiet_forced_stop() -> None:
 
 def _last_event(path: str, error: ApiError) -> bytes:
     """The end of a stream cut mid-way: an error event and [DONE] as the OpenAI routes'
-    streams end, Anthropic's error event on the Messages API's."""
+    streams end, Anthropic's error event on the Messages API's, an `{"error"}` line on
+    Ollama's."""
     if is_anthropic(path):
         return error_event(error)
+    if path.startswith(OLLAMA_PREFIX):
+        return line(error.ollama_body())
     return sse(error.body()) + sse("[DONE]")

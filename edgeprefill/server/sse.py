@@ -54,7 +54,8 @@ async def completion_events(
 
 
 class EventStreamResponse(StreamingResponse):
-    """A streaming response that always listens for the client leaving and then stops.
+    """A streaming response (server-sent events; Ollama's NDJSON) that always listens for
+    the client leaving and then stops.
 
     Starlette watches for disconnects only under ASGI spec < 2.4; with 2.4 it notices one
     at the next write, which never comes while a request waits in the queue. Here the
@@ -62,9 +63,10 @@ class EventStreamResponse(StreamingResponse):
     (even if the body never started), so the request's KV slot is always freed.
     """
 
-    def __init__(self, content: AsyncIterator[bytes], on_close: Callable[[], None]) -> None:
+    def __init__(self, content: AsyncIterator[bytes], on_close: Callable[[], None],
+                 media_type: str = "text/event-stream") -> None:
         headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-        super().__init__(content, media_type="text/event-stream", headers=headers)
+        super().__init__(content, media_type=media_type, headers=headers)
         self.on_close = on_close
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
