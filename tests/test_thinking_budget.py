@@ -1,0 +1,131 @@
+"""A thinking budget (GenerationParams.thinking_budget, sdk/thinking_budget.py): once a
+reply's reasoning has used N tokens without closing, its `</think>` is forced one token per
+step, and the reply goes on as the model's own continuation.
+
+The reference is the model itself, unforced: the budgeted reply must be the unbudgeted
+greedy run's first N reasoning tokens, then exactly the closing tokens, then what greedy
+decoding makes of the prompt with those tokens appended (a fresh run that prefills them):
+so the forced tokens went through the decode path and the KV cache as any other.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from edgeprefill.errors import RequestError
+from edgeprefill.sdk import Engine, GenerationParams
+from edgeprefill.sdk.constraints import Constraint
+from edgeprefill.sdk.thinking_budget import FORCED_CLOSE
+from tests.conftest import follow_tokens, top_word_id, word_bundle
+
+EOS = 2
+THOUGHT = ["<think>", "hmm,", "so", "it", "rains", "</", "##think>"]  # closed in two tokens
+ANSWER = ["It", "is", "sunny."]
+WORDS = ["assistant:", "</think>", "<think>", "hmm,", "so", "it", "rains", "</", "##think>",
+         "It", "is", "sunny."]
+# The prompt ends in "assistant:" (the model opens its block, as Qwen3's does) or in
+# "<think>" (the template opened it, as DeepSeek-R1's does).
+TEMPLATE = ("{% for m in messages %}{{ m.role }}: {{ m.content }} ; {% endfor %}"
+            "{% if add_generation_prompt %}assistant: "
+            "{% if open_think %}<think>{% endif %}{% endif %}")
+QUESTION = [{"role": "user", "content": "weather in Paris ?"}]
+GREEDY = {"temperature": 0.0, "max_new_tokens": 24, "ignore_eos": True}
+
+
+def word_id(word: str) -> int:
+    return top_word_id(WORDS, word)
+
+
+@pytest.fixture(scope="module")
+def thinking_bundle(hf_model, tmp_path_factory):
+    return word_bundle(hf_model, tmp_path_factory, "budget", WORDS, TEMPLATE)
+
+
+@pytest.fixture(scope="module")
+def model(thinking_bundle) -> Iterator[Engine]:
+    """The random model, unscripted: it chooses its own tokens."""
+    engine = Engine.load(thinking_bundle, threads=1, kv_slots=2)
+    yield engine
+    engine.close()
+
+
+@pytest.fixture(scope="module")
+def scripted(thinking_bundle) -> Iterator[Engine]:
+    """Greedy decoding follows THOUGHT then ANSWER after "assistant:", and answers after
+    a `</think>` (the forced one too)."""
+    engine = Engine.load(thinking_bundle, threads=1, kv_slots=2)
+    script = [word_id(w) for w in ("assistant:", *THOUGHT, *ANSWER)]
+    following = dict(zip(script, [*script[1:], EOS], strict=True))
+    following[word_id("</think>")] = word_id(ANSWER[0])
+    follow_tokens(engine, following, EOS)
+    yield engine
+    engine.close()
+
+
+def prompt(engine: Engine, open_think: bool) -> list[int]:
+    kwargs = {"open_think": True} if open_think else {}
+    return engine.tokenizer.encode(QUESTION, **kwargs)
+
+
+def run(engine: Engine, tokens: list[int], **params) -> list[int]:
+    stream = engine.submit(tokens, GenerationParams(**{**GREEDY, **params}), 0, None)
+    return stream.result().token_ids
+
+
+@pytest.mark.parametrize("budget", [0, 1, 7])
+def test_a_budget_forces_the_close_then_the_model_continues_that_prefix(model, budget):
+    tokens = prompt(model, open_think=True)
+    close = model.tokenizer.encode_plain(FORCED_CLOSE)
+    assert close == [word_id("</think>")]  # the word tokenizer keeps only the tag
+    free = run(model, tokens)
+    assert word_id("</think>") not in free[:budget + 1]  # the model would think on
+    forced = run(model, tokens, thinking_budget=budget)
+    head = free[:budget] + close
+    assert forced[:len(head)] == head
+    continuation = run(model, tokens + head, max_new_tokens=GREEDY["max_new_tokens"]
+                       - len(head))
+    assert forced == head + continuation
+    assert forced != free
+
+
+def test_a_budget_the_reply_does_not_reach_changes_nothing(model):
+    tokens = prompt(model, open_think=True)
+    free = run(model, tokens)
+    assert run(model, tokens, thinking_budget=GREEDY["max_new_tokens"]) == free
+
+
+@pytest.mark.parametrize("open_think", [False, True], ids=["model-opens", "prompt-opens"])
+def test_reasoning_within_the_budget_is_left_alone(scripted, open_think):
+    tokens = prompt(scripted, open_think)
+    free = run(scripted, tokens, ignore_eos=False)
+    reasoning = len(THOUGHT) - 1  # "<think>" opens the block; it is no reasoning token
+    assert free == [word_id(w) for w in [*THOUGHT, *ANSWER][1 if open_think else 0:]]
+    for budget in (reasoning, reasoning + 1, 1000):
+        assert run(scripted, tokens, ignore_eos=False, thinking_budget=budget) == free
+
+
+@pytest.mark.parametrize("open_think", [False, True], ids=["model-opens", "prompt-opens"])
+def test_one_token_short_of_its_close_the_model_is_closed_for_it(scripted, open_think):
+    """The model's own `</think>` takes two tokens ("</", "##think>"): a budget one short
+    forces the tag after "</", and the scripted model answers after it."""
+    tokens = prompt(scripted, open_think)
+    reasoning = len(THOUGHT) - 1
+    forced = run(scripted, tokens, ignore_eos=False, thinking_budget=reasoning - 1)
+    words = [*THOUGHT[:-1], "</think>", *ANSWER][1 if open_think else 0:]
+    assert forced == [word_id(w) for w in words]
+    text = scripted.tokenizer.decode(forced)
+    assert text.endswith("</ </think> It is sunny.")
+
+
+def test_a_budget_needs_think_tags_and_no_constraint(bundle):
+    with pytest.raises(RequestError, match="^thinking_budget must be an integer >= 0$"):
+        GenerationParams(thinking_budget=-1)
+    with pytest.raises(RequestError, match="cannot be combined with a constraint"):
+        GenerationParams(thinking_budget=8, constraint=Constraint.regex("[a-z]+"))
+    with Engine.load(bundle("llama"), threads=1, kv_slots=1) as engine:  # no think tags
+        with pytest.raises(RequestError, match="thinking_budget needs a model that thinks") \
+                as err:
+            engine.generate("w5 w6", GenerationParams(thinking_budget=4))
+    assert "\n" not in str(err.value) and err.value.field == "thinking_budget"
