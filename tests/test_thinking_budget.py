@@ -129,3 +129,108 @@ def test_a_budget_needs_think_tags_and_no_constraint(bundle):
                 as err:
             engine.generate("w5 w6", GenerationParams(thinking_budget=4))
     assert "\n" not in str(err.value) and err.value.field == "thinking_budget"
+
+
+# -- the server ---------------------------------------------------------------------------
+
+
+def serve(engine: Engine, **config):
+    pytest.importorskip("starlette")
+    from edgeprefill.server import ServerConfig, ServerThread, create_app
+    from tests.test_serve import MODEL, free_port
+
+    app = create_app(engine, ServerConfig(model_name=MODEL, **config))
+    server = ServerThread(app, port=free_port())
+    server.api = app.state.api  # type: ignore[attr-defined]
+    return server
+
+
+@pytest.fixture(scope="module")
+def server(scripted):
+    with serve(scripted) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def http(server):
+    httpx = pytest.importorskip("httpx")
+    with httpx.Client(base_url=server.url) as client:
+        yield client
+
+
+CHAT = {"messages": QUESTION, "temperature": 0, "max_tokens": 32}
+CAPPED = {"reasoning_content": "hmm, so", "content": "It is sunny."}  # a budget of 2
+WHOLE = {"reasoning_content": "hmm, so it rains", "content": "It is sunny."}
+
+
+def message(reply: dict) -> dict:
+    got = reply["choices"][0]["message"]
+    return {"reasoning_content": got.get("reasoning_content", ""), "content": got["content"]}
+
+
+def test_the_messages_api_enforces_budget_tokens(http, scripted):
+    body = {"messages": QUESTION, "max_tokens": 32, "temperature": 0,
+            "thinking": {"type": "enabled", "budget_tokens": 2}}
+    reply = http.post("/v1/messages", json=body).json()
+    thought, said = reply["content"]
+    assert thought["type"] == "thinking" and said == {"type": "text", "text": "It is sunny."}
+    assert thought["thinking"] == "hmm, so"
+    assert len(scripted.tokenizer.encode_plain(thought["thinking"])) <= 2
+    body["thinking"]["budget_tokens"] = 1000
+    assert http.post("/v1/messages", json=body).json()["content"][0]["thinking"] == \
+        WHOLE["reasoning_content"]
+
+
+def test_chat_and_responses_take_vllm_s_thinking_token_budget(http):
+    reply = http.post("/v1/chat/completions", json={**CHAT, "thinking_token_budget": 2})
+    assert message(reply.json()) == CAPPED
+    response = http.post("/v1/responses", json={
+        "input": "weather in Paris ?", "temperature": 0, "thinking_token_budget": 2}).json()
+    reasoning, said = response["output"]
+    assert reasoning["content"][0]["text"] == "hmm, so"
+    assert said["content"][0]["text"] == "It is sunny."
+
+
+def test_serve_s_reasoning_budget_is_the_default_a_request_overrides(scripted):
+    import httpx
+
+    with serve(scripted, reasoning_budget=2) as server:
+        chat = f"{server.url}/v1/chat/completions"
+        assert message(httpx.post(chat, json=CHAT).json()) == CAPPED
+        free = httpx.post(chat, json={**CHAT, "thinking_token_budget": 100}).json()
+        assert message(free) == WHOLE
+        # A grammar governs a constrained reply (this word tokenizer can take none): the
+        # server's default stays out of it.
+        api = server.api
+        params = GenerationParams(constraint=Constraint.regex("[a-z]+"))
+        assert api._thinking_budget(params, chat=True).thinking_budget is None
+        assert api._thinking_budget(GenerationParams(), chat=True).thinking_budget == 2
+        assert api._thinking_budget(GenerationParams(), chat=False).thinking_budget is None
+
+
+def test_a_bundle_without_think_tags_ignores_the_budget_it_cannot_apply(bundle):
+    pytest.importorskip("starlette")
+    from edgeprefill.server import ServerConfig, create_app
+
+    with Engine.load(bundle("llama"), threads=1, kv_slots=1) as engine:
+        api = create_app(engine, ServerConfig(model_name="m", reasoning_budget=4)).state.api
+        assert api._thinking_budget(GenerationParams(thinking_budget=8),
+                                    chat=True).thinking_budget is None
+    with pytest.raises(RequestError, match="^reasoning_budget must be an integer >= -1"):
+        ServerConfig(model_name="m", reasoning_budget=-2)
+
+
+@pytest.mark.parametrize(("route", "body", "param"), [
+    ("/v1/chat/completions", {**CHAT, "thinking_token_budget": -1}, "thinking_token_budget"),
+    ("/v1/chat/completions", {**CHAT, "thinking_token_budget": 4, "guided_regex": "[a-z]+"},
+     "thinking_token_budget"),
+    ("/v1/messages", {"messages": QUESTION, "max_tokens": 8, "tool_choice": {"type": "any"},
+                      "tools": [{"name": "f", "input_schema": {"type": "object"}}],
+                      "thinking": {"type": "enabled", "budget_tokens": 4}},
+     "thinking.budget_tokens"),
+])
+def test_a_budget_the_reply_cannot_have_is_a_400_in_one_line(http, route, body, param):
+    reply = http.post(route, json=body)
+    assert reply.status_code == 400
+    error = reply.json()["error"]
+    assert error.get("param", param) == param and "\n" not in error["message"]
