@@ -234,3 +234,17 @@ def test_a_budget_the_reply_cannot_have_is_a_400_in_one_line(http, route, body, 
     assert reply.status_code == 400
     error = reply.json()["error"]
     assert error.get("param", param) == param and "\n" not in error["message"]
+
+
+def test_run_takes_thinking_budget(thinking_bundle, bundle):
+    from tests.test_cli_errors import cli
+
+    closed = cli("run", thinking_bundle, "user: w5 ; assistant: <think>", "--thinking-budget",
+                 "0", "--max-new-tokens", "3")
+    assert closed.returncode == 0, closed.stderr
+    assert closed.stdout.split()[0] == "</think>" and len(closed.stdout.split()) == 3
+    refused = cli("run", bundle("llama"), "w5 w6", "--thinking-budget", "2")
+    assert refused.returncode != 0
+    assert refused.stderr.strip().splitlines() == [
+        "error: thinking_budget needs a model that thinks in <think> ... </think> blocks; "
+        "this bundle's chat template and tokenizer know no such tags"]
