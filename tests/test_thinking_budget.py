@@ -234,6 +234,7 @@ def test_a_budget_the_reply_cannot_have_is_a_400_in_one_line(http, route, body, 
     assert reply.status_code == 400
     error = reply.json()["error"]
     assert error.get("param", param) == param and "\n" not in error["message"]
+    assert error["message"].startswith(f"'{param}'")
 
 
 def test_run_takes_thinking_budget(thinking_bundle, bundle):
