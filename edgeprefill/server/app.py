@@ -165,12 +165,11 @@ class OpenAIApi:
         self.max_body_bytes = body_limit(config, engine.capacity)
         self.prompts = PromptWorkers(engine.bundle_dir, config.prompt_workers,
                                      config.prompt_timeout_s)
-        # Decided once per bundle; each request then says whether its prompt opened the
-        # block and whether a grammar governs the reply.
-        self.splits_reasoning = config.reasoning_parser == "auto" and \
-            bundle_thinks(engine.tokenizer)
-        # Whether a thinking budget has anything to cap (sdk/thinking_budget.py).
+        # Decided once per bundle (and whether a thinking budget has anything to cap); each
+        # request then says whether its prompt opened the block and whether a grammar
+        # governs the reply.
         self.thinks = bundle_thinks(engine.tokenizer)
+        self.splits_reasoning = config.reasoning_parser == "auto" and self.thinks
         # gpt-oss's harmony replies (server/harmony.py): reasoning, content and calls
         self.splits_harmony = config.reasoning_parser == "auto" and \
             bundle_harmony(engine.tokenizer)
