@@ -59,13 +59,17 @@ def _priority(ctx: click.Context, param: click.Parameter, value: str) -> int:
 @click.option("--stop", multiple=True, help="Stop string (repeatable).")
 @click.option("--ignore-eos", is_flag=True, help="Keep generating past the end-of-sequence "
               "token (to --max-new-tokens or a stop string).")
+@click.option("--thinking-budget", type=click.IntRange(0), default=None,
+              help="Reasoning models (<think>...</think>: Qwen3, DeepSeek-R1, SmolLM3): "
+              "the most tokens the reply's thinking may take before its </think> is forced "
+              "and the reply goes on as the answer. Default: no cap.")
 @engine_options()
 @click.option("--stats", is_flag=True, help="Print TTFT, prefill/decode tokens/s and chunks "
               "to stderr.")
 def run(bundle, prompt_arg, prompt, prompt_file, chat, system, interactive, sessions, prompts_file,
         priority, stats,
         max_new_tokens, temperature, top_k, top_p, repetition_penalty, seed, stop, ignore_eos,
-        engine):
+        thinking_budget, engine):
     """Generate text from a bundle. Only the generated text goes to stdout, so it pipes.
 
     \b
@@ -99,6 +103,7 @@ def run(bundle, prompt_arg, prompt, prompt_file, chat, system, interactive, sess
         max_new_tokens=max_new_tokens or DEFAULT_NEW_TOKENS, temperature=temperature,
         top_k=top_k, top_p=top_p, repetition_penalty=repetition_penalty, seed=seed,
         stop=tuple(stop), ignore_eos=ignore_eos, fit_context=max_new_tokens is None,
+        thinking_budget=thinking_budget,
     )
     turn = run_modes.Turn(chat or system is not None, system)
     lines = _text(prompts_file, "--prompts").splitlines() if prompts_file is not None else None

@@ -38,12 +38,18 @@ REASONING_MODES = ("auto", "none")  # server.reasoning.MODES (not imported: --he
               "DeepSeek-R1, SmolLM3), a chat reply's reasoning comes back apart, as "
               "message.reasoning_content and .reasoning (streamed as deltas of both), its "
               "answer as content; none: the reply is all content, tags included.")
+@click.option("--reasoning-budget", type=click.IntRange(min=-1), default=-1, show_default=True,
+              help="As llama.cpp's: the most tokens a chat reply's <think> block may take "
+              "before its </think> is forced and the reply goes on as the answer, where "
+              "the request sets no budget (thinking_token_budget, the Messages API's "
+              "thinking.budget_tokens); -1: no cap, 0: the block is closed at once.")
 @click.option("--log-level", type=click.Choice(LOG_LEVELS), default="info", show_default=True,
               help="info: one line per request (method, path, status, tokens, TTFT, "
               "duration); warning: problems only.")
 def serve(
     bundle: Path, host: str, port: int, model_name: str | None, api_key: str | None,
-    max_pending: int, reasoning_parser: str, log_level: str, engine: dict, **limit_values,
+    max_pending: int, reasoning_parser: str, reasoning_budget: int, log_level: str,
+    engine: dict, **limit_values,
 ) -> None:
     """Serve BUNDLE over an OpenAI-compatible HTTP API (completions, chat with tools,
     the Responses API (stateless), models, tokenize/detokenize, version, health,
@@ -75,6 +81,7 @@ def serve(
     limits = split_limits(limit_values)
     config = ServerConfig(model_name=model_name or bundle.resolve().name, api_key=api_key,
                           max_pending=max_pending, reasoning_parser=reasoning_parser,
+                          reasoning_budget=reasoning_budget,
                           **limits.config)
     click.echo(f"loading {bundle} ...", err=True)
     # The engine's queue holds at least what the server admits, so it never refuses one.

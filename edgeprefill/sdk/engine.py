@@ -290,7 +290,12 @@ class Engine:
                 mask = compile_constraint(params.constraint, self.tokenizer, sorted(self.eos))
             except RequestError as err:  # a grammar that does not compile, a tokenizer
                 raise RequestError(str(err), "constraint") from None
-        return Sampler(params, tokens, mask)
+        budget = None
+        if params.thinking_budget is not None:
+            from edgeprefill.sdk.thinking_budget import thinking_budget
+
+            budget = thinking_budget(params.thinking_budget, self.tokenizer, tokens)
+        return Sampler(params, tokens, mask, budget)
 
     def default_params(self, **explicit: Any) -> GenerationParams:
         """GenerationParams from the explicit non-None keyword values, the bundle's

@@ -39,6 +39,10 @@ class GenerationParams:
     # max_new_tokens generates to the context's end (finish reason "length") instead of
     # being refused at submit. What `edgeprefill run` does when --max-new-tokens is not given.
     fit_context: bool = False
+    # The most tokens a reply's reasoning (its <think> block) may take before its end is
+    # forced and the reply goes on as the answer (sdk/thinking_budget.py); None: no cap.
+    # 0 closes the block at once. Needs a bundle whose template knows the tags.
+    thinking_budget: int | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -84,7 +88,13 @@ class GenerationParams:
             object.__setattr__(self, "logit_bias", dict(self.logit_bias))
         _check(self.logprobs is None or is_int(self.logprobs) and
                0 <= self.logprobs <= MAX_LOGPROBS, f"logprobs must be in [0, {MAX_LOGPROBS}]")
+        _check(self.thinking_budget is None or is_int(self.thinking_budget) and
+               self.thinking_budget >= 0, "thinking_budget must be an integer >= 0",
+               "thinking_budget")
         if self.constraint is not None:
+            _check(self.thinking_budget is None, "thinking_budget cannot be combined with a "
+                   "constraint (the grammar governs the whole reply, which has no "
+                   "reasoning to cap)", "thinking_budget")
             from edgeprefill.sdk.constraints import Constraint
 
             _check(isinstance(self.constraint, Constraint),

@@ -2,13 +2,14 @@
 
 Per token, in this order (transformers' order of logits processors and warpers):
   penalties (repetition, presence, frequency) and logit_bias -> constraint mask ->
+  thinking budget (a forced token: the only one allowed; sdk/thinking_budget.py) ->
   greedy argmax | temperature -> top-k -> top-p -> min-p -> draw (sdk/nucleus.py).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import NamedTuple, Protocol
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 import numpy as np
 
@@ -19,6 +20,9 @@ from numpy.random import default_rng
 from edgeprefill.errors import RequestError
 from edgeprefill.sdk.nucleus import Scratch, nucleus
 from edgeprefill.sdk.params import GenerationParams
+
+if TYPE_CHECKING:
+    from edgeprefill.sdk.thinking_budget import ThinkingBudget
 
 
 class TokenMask(Protocol):
@@ -47,11 +51,12 @@ class Sampler:
 
     def __init__(
         self, params: GenerationParams, prompt: Sequence[int] = (),
-        mask: TokenMask | None = None,
+        mask: TokenMask | None = None, budget: ThinkingBudget | None = None,
     ) -> None:
         self.params = params
         self.rng = default_rng(params.seed)
         self.mask = mask
+        self.budget = budget
         self._seen = dict.fromkeys(prompt)  # prompt + generated ids (repetition penalty)
         self._counts: dict[int, int] = {}  # generated ids -> occurrences
         bias = params.logit_bias or {}
@@ -98,6 +103,11 @@ class Sampler:
             if not allowed.any():
                 raise RequestError("the constraint allows no token here")
             out = np.where(allowed, out, np.float32(-np.inf))
+        forced = self.budget.forced() if self.budget is not None else None
+        if forced is not None:  # greedy or drawn, only this token can come
+            only = np.full_like(out, -np.inf)
+            only[forced] = out[forced] if np.isfinite(out[forced]) else 0.0
+            out = only
         return out
 
     def _pick(self, logits: np.ndarray) -> int:
@@ -112,6 +122,8 @@ class Sampler:
         self._counts[token] = self._counts.get(token, 0) + 1
         if self.mask is not None:
             self.mask.accept(token)
+        if self.budget is not None:
+            self.budget.accept(token)
 
 
 # -- adjustments ---------------------------------------------------------------------------

@@ -26,7 +26,7 @@ import hmac
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
 
 import anyio
@@ -40,6 +40,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from edgeprefill.errors import EdgeprefillError, EngineClosedError, RequestError
 from edgeprefill.sdk.engine import Engine
+from edgeprefill.sdk.params import GenerationParams
 from edgeprefill.sdk.stream import TokenStream
 from edgeprefill.server import access_log
 from edgeprefill.server.access_log import AccessLog
@@ -74,6 +75,7 @@ from edgeprefill.server.schemas import CompletionRequest, parse_chat, parse_comp
 from edgeprefill.server.shutdown import ShutdownCut
 from edgeprefill.server.sse import EventStreamResponse, completion_events
 from edgeprefill.server.tools import calls_in_content, reply_parser, template_vars
+from edgeprefill.values import is_int
 
 # Answered without the API key (liveness probes; "/" is Ollama's).
 OPEN_PATHS = frozenset({"/health", "/"})
@@ -93,6 +95,9 @@ class ServerConfig:
     # "auto": chat replies of a bundle whose template thinks carry their `<think>` block
     # apart from the content (server/reasoning.py); "none": the reply is all content.
     reasoning_parser: str = "auto"
+    # llama.cpp's --reasoning-budget: the thinking budget (sdk/thinking_budget.py) of a
+    # chat reply whose request sets none; -1: no cap, 0: the block is closed at once.
+    reasoning_budget: int = -1
 
     def __post_init__(self) -> None:
         if self.max_pending < 1:
@@ -109,6 +114,9 @@ class ServerConfig:
         if self.reasoning_parser not in MODES:
             raise RequestError(f"reasoning_parser must be one of {', '.join(MODES)}, got "
                                f"{self.reasoning_parser!r}")
+        if not is_int(self.reasoning_budget) or self.reasoning_budget < -1:
+            raise RequestError(f"reasoning_budget must be an integer >= -1 (-1: no cap), got "
+                               f"{self.reasoning_budget!r}")
 
 
 # The derived body limit: a prompt filling the whole context, at a bound on JSON bytes per
@@ -173,10 +181,11 @@ class OpenAIApi:
         self.max_body_bytes = body_limit(config, engine.capacity)
         self.prompts = PromptWorkers(engine.bundle_dir, config.prompt_workers,
                                      config.prompt_timeout_s)
-        # Decided once per bundle; each request then says whether its prompt opened the
-        # block and whether a grammar governs the reply.
-        self.splits_reasoning = config.reasoning_parser == "auto" and \
-            bundle_thinks(engine.tokenizer)
+        # Decided once per bundle (and whether a thinking budget has anything to cap); each
+        # request then says whether its prompt opened the block and whether a grammar
+        # governs the reply.
+        self.thinks = bundle_thinks(engine.tokenizer)
+        self.splits_reasoning = config.reasoning_parser == "auto" and self.thinks
         # gpt-oss's harmony replies (server/harmony.py): reasoning, content and calls
         self.splits_harmony = config.reasoning_parser == "auto" and \
             bundle_harmony(engine.tokenizer)
@@ -396,7 +405,8 @@ class OpenAIApi:
             self._check_context(tokens if isinstance(tokens, int) else len(tokens),
                                 req.params.max_new_tokens)
             assert isinstance(tokens, list)
-            params = self.engine.generation_defaults.fill(req.params, req.given)
+            params = self._thinking_budget(
+                self.engine.generation_defaults.fill(req.params, req.given), _is_chat(req.prompt))
             stream = Choices(self.engine.submit_n(
                 tokens, params, req.n, req.priority, None, req.chunk_size, arrival=arrival))
             admitted = True  # from here the closer gives the place back
@@ -408,6 +418,20 @@ class OpenAIApi:
         finally:
             if not admitted:
                 self.pending -= req.n
+
+    def _thinking_budget(self, params: GenerationParams, chat: bool) -> GenerationParams:
+        """The request's thinking budget, else the server's for a chat reply no grammar
+        governs. None where the bundle knows no think tags: its replies have no reasoning
+        to cap (the SDK would refuse the budget; clients such as Anthropic's send one
+        whatever the model)."""
+        budget = params.thinking_budget
+        if budget is None and chat and params.constraint is None and \
+                self.config.reasoning_budget >= 0:
+            budget = self.config.reasoning_budget
+        if not self.thinks:
+            budget = None
+        return params if budget == params.thinking_budget else \
+            replace(params, thinking_budget=budget)
 
     async def _encode(self, req: CompletionRequest) -> Encoded:
         """Token ids of the prompt (text and chat go through a prompt worker), or only

@@ -13,8 +13,11 @@ and read by `parse_chat`: one set of checks and defaults for every route.
   `disable_parallel_tool_use` is `parallel_tool_calls: false`;
 - `thinking`: `{"type": "enabled"}` turns the chat template's `enable_thinking` on,
   `"disabled"` off, `"adaptive"` leaves the template's default; a template without the
-  switch renders as without the field. `budget_tokens` is checked, not enforced:
-  `max_tokens` bounds the whole reply, thinking included;
+  switch renders as without the field. With `enabled`, `budget_tokens` is the reply's
+  thinking budget (the chat route's `thinking_token_budget`, sdk/thinking_budget.py): its
+  reasoning is closed after that many tokens and the reply goes on as the answer;
+  `max_tokens` still bounds the whole reply. A forced tool_choice (`any`, `tool`) with a
+  budget is a 400, as in Anthropic's API: its grammar governs the whole reply;
 - edgeprefill's extensions of the chat route ride along: `min_p`, `repetition_penalty`,
   `ignore_eos`, `seed`, `priority`, `chunk_size`;
 - `metadata`, `service_tier` and `cache_control` (here and on blocks) are accepted and
@@ -77,6 +80,7 @@ def _parse(body: dict, max_tokens: Any) -> CompletionRequest:
     chat.update(choice)
     _check_strict(body.get("tools"), choice.get("tool_choice"))
     chat["chat_template_kwargs"] = _thinking(body.get("thinking"))
+    chat["thinking_token_budget"] = _budget(body.get("thinking"))
     try:
         return parse_chat(chat)
     except ApiError as err:
@@ -89,8 +93,10 @@ def messages_error(err: ApiError) -> ApiError:
         "function.parameters", "input_schema").replace(".function.", ".").replace(
         "'parallel_tool_calls'", "'tool_choice.disable_parallel_tool_use'").replace(
         "tool_choice 'required'", "tool_choice 'any'").replace(
-        "'required' or a named function", "'any' or 'tool'")
-    return ApiError(err.status, message, err.param, err.code)
+        "'required' or a named function", "'any' or 'tool'").replace(
+        "'thinking_token_budget'", "'thinking.budget_tokens'")
+    param = "thinking.budget_tokens" if err.param == "thinking_token_budget" else err.param
+    return ApiError(err.status, message, param, err.code)
 
 
 def _object(body: Any) -> dict:
@@ -206,3 +212,11 @@ def _thinking(thinking: Any) -> dict[str, Any] | None:
                        "thinking.budget_tokens")
     switch = THINKING_SWITCH[kind]
     return None if switch is None else {"enable_thinking": switch}
+
+
+def _budget(thinking: Any) -> int | None:
+    """`thinking.budget_tokens` of an `enabled` block (checked by `_thinking`)."""
+    if not isinstance(thinking, dict) or thinking.get("type") != "enabled":
+        return None
+    budget: int | None = thinking.get("budget_tokens")
+    return budget

@@ -30,11 +30,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Literal, NamedTuple
 
-from edgeprefill.sdk.tokenizer import BundleTokenizer
+# The tags, and how a bundle and a prompt are read for them, are the SDK's: its thinking
+# budget (sdk/thinking_budget.py) reads replies the same way.
+from edgeprefill.sdk.thinking_budget import CLOSE, OPEN
+from edgeprefill.sdk.thinking_budget import bundle_thinks as bundle_thinks
+from edgeprefill.sdk.thinking_budget import prompt_opens_think as prompt_opens_think
 from edgeprefill.server.tool_parsers import partial_suffix
 
-OPEN = "<think>"
-CLOSE = "</think>"
 MODES = ("auto", "none")  # --reasoning-parser
 # The reply's reasoning goes out under both names clients read: `reasoning_content`
 # (DeepSeek's API, llama.cpp's server, SGLang, older vLLM) and `reasoning` (vLLM since
@@ -57,25 +59,6 @@ def reasoning_fields(text: str) -> dict[str, str]:
     """A message's or a delta's reasoning fields; none for no reasoning text, so replies
     without reasoning keep their old shape."""
     return {name: text for name in FIELDS} if text else {}
-
-
-def bundle_thinks(tokenizer: BundleTokenizer) -> bool:
-    """Whether the bundle's replies may carry `<think>` blocks this server can split."""
-    if tokenizer.tokenizer is None:
-        return False
-    template = tokenizer.info.chat_template or ""
-    known = all(tag in template or tokenizer.tokenizer.token_to_id(tag) is not None
-                for tag in (OPEN, CLOSE))
-    # The reply's text keeps the tags, also where they are special tokens
-    # (KEPT_SPECIAL_TOKENS); a tokenizer that decodes them to nothing leaves nothing to split.
-    return known and CLOSE in tokenizer.decode(tokenizer.encode_plain(CLOSE))
-
-
-def prompt_opens_think(prompt: str) -> bool:
-    """Whether a rendered prompt leaves a think block open for the reply (llama.cpp's
-    test: the prompt ends with `<think>`, blanks aside). A `<think>` inside a message
-    is followed by the template's own text, so it does not count."""
-    return prompt.rstrip().endswith(OPEN)
 
 
 def reply_reasoning(

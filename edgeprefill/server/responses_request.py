@@ -19,6 +19,7 @@ Errors then name the Responses field (`responses_error`).
   to come back, and the reply says `"store": false`. What a stored response would be
   for, `previous_response_id` and `conversation`, is a 400 naming the field (llama.cpp
   refuses `previous_response_id` the same way): the client sends the whole input.
+- `thinking_token_budget` (vLLM's name, as on the chat route) caps the reasoning;
 - `metadata`, `user`, `service_tier`, `prompt_cache_key`, ... are bookkeeping, accepted.
 - Anything else is a 400 naming it, as on the chat route.
 """
@@ -36,7 +37,7 @@ from edgeprefill.server.schemas import CompletionRequest, parse_chat
 SHARED = ("model", "temperature", "top_p", "stream", "parallel_tool_calls", "user",
           "metadata", "service_tier", "prompt_cache_key", "safety_identifier", "priority",
           "chunk_size", "top_k", "min_p", "repetition_penalty", "ignore_eos", "seed",
-          "chat_template_kwargs")
+          "chat_template_kwargs", "thinking_token_budget")
 # Need responses kept by the server, which keeps none.
 STATEFUL = ("previous_response_id", "conversation")
 # Accepted only at their "off" values (none: any value but null is refused).

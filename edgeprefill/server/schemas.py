@@ -56,6 +56,7 @@ KNOWN = frozenset({
     "guided_json", "guided_regex", "guided_choice", "guided_grammar", "grammar",
     "json_schema", "n", "tools", "tool_choice", "parallel_tool_calls",
     "chat_template_kwargs", "add_generation_prompt", "reasoning_effort",
+    "thinking_token_budget",
 }) | IGNORED | frozenset(UNSUPPORTED)
 # `reasoning_effort`'s values: OpenAI's (openai-python's ReasoningEffort), which are
 # vLLM's (its "max" is DeepSeek V4's).
@@ -117,6 +118,10 @@ def parse_chat(body: Any) -> CompletionRequest:
                       template_kwargs=template_kwargs(body))
     if tools is None:
         return request
+    if tools.forced and request.params.thinking_budget is not None:
+        raise ApiError(400, "'thinking_token_budget' cannot be combined with a tool_choice "
+                       "that forces a call: its grammar governs the whole reply, which has "
+                       "no reasoning to cap", "thinking_token_budget")
     return replace(request, tools=tools, params=tools.constrain(request.params))
 
 
@@ -151,8 +156,13 @@ def _request(
             logit_bias=_logit_bias(body.get("logit_bias")),
             logprobs=_logprobs(body, chat=prompt_field == "messages"),
             constraint=parse_constraint(body),
+            # vLLM's name for the budget (its SamplingParams.thinking_token_budget)
+            thinking_budget=_int(body, "thinking_token_budget", None, low=0),
         )
     except RequestError as err:  # a check the fields above do not repeat
+        if err.field == "thinking_budget":  # with a constraint: in the request's names
+            raise ApiError(400, str(err).replace("thinking_budget", "'thinking_token_budget'"),
+                           "thinking_token_budget") from None
         raise ApiError(400, str(err), err.field) from None
     return CompletionRequest(
         model=_str(body, "model"),
