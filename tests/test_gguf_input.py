@@ -14,7 +14,9 @@ import pytest
 import torch
 
 from edgeprefill.engines import StepBatch
+from edgeprefill.errors import ExportError
 from edgeprefill.export.exporter import ExportOptions, export
+from edgeprefill.export.gguf_input import converted
 from edgeprefill.sdk import Engine, GenerationParams
 from tests.bpe_tokenizers import byte_level_bpe, install
 from tests.conftest import build_hf_model, load_hf_model
@@ -187,6 +189,9 @@ def test_a_llama_3_2_gguf_computes_its_llama3_rope_scaling(gguf_model, tmp_path,
     with pytest.raises(AssertionError):
         check_logits(gguf_reference(gguf), bundle, prompt_ids(hf))
     assert "rope_freqs" not in caplog.text
+    with converted(gguf, tmp_path / "c", show_progress=False) as (folder, _):  # the config
+        config = json.loads((folder / "config.json").read_text())
+    assert config["rope_parameters"] == LLAMA3_ROPES["3.2"]["rope_parameters"]
 
 
 @pytest.mark.slow
@@ -225,6 +230,17 @@ def test_the_released_llamas_rope_factors_read_back_as_their_rope_parameters(hea
     factors = llama3_rope_factors({"head_dim": head_dim, "rope_parameters": params})
     rope = read_rope(factors, 500000.0, head_dim, 8192, "x.gguf")
     assert rope is not None and rope.as_params() == params
+
+
+def test_llama3_shaped_factors_off_the_line_are_refused():
+    """Bands as llama3's but a smoothed factor 1% off: the fitted parameters do not
+    reproduce them, so no rope is guessed."""
+    from edgeprefill.export.gguf_rope import llama3_rope as read_rope
+
+    factors = llama3_rope_factors({"head_dim": 64, "rope_parameters": llama3_rope(5e5, 32.0)})
+    factors[16] *= 1.01  # the middle one of the three smoothed
+    with pytest.raises(ExportError, match="x.gguf: its rope_freqs.weight .* no llama3 rope"):
+        read_rope(factors, 500000.0, 64, 8192, "x.gguf")
 
 
 def test_rope_factors_that_are_not_a_llama3_scaling_are_refused_in_one_line(
