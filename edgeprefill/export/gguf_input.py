@@ -11,7 +11,8 @@ writes them to safetensors shards of at most SHARD_BYTES, so a conversion holds 
 and one tensor in float32, not the whole model.
 
 Quantized weights are dequantized: the bundle holds the GGUF's values in float, and
-`--quantize int4/int8` re-quantizes them with its own rounding.
+`--quantize int4/int8` re-quantizes them with its own rounding. What the reader skips of a
+Llama 3.1+ file, its rope scaling as llama.cpp's `rope_freqs`, gguf_rope.py restores.
 """
 
 from __future__ import annotations
