@@ -243,6 +243,60 @@ def test_llama3_shaped_factors_off_the_line_are_refused():
         read_rope(factors, 500000.0, 64, 8192, "x.gguf")
 
 
+def _rope_only_gguf(path: Path, factors: np.ndarray, **metadata) -> Path:
+    """A llama GGUF holding rope metadata and rope_freqs only (what gguf_rope reads)."""
+    import gguf
+
+    writer = gguf.GGUFWriter(str(path), "llama")
+    if "scaling_type" in metadata:
+        writer.add_rope_scaling_type(metadata["scaling_type"])
+    if "original" in metadata:
+        writer.add_rope_scaling_orig_ctx_len(metadata["original"])
+    writer.add_tensor("rope_freqs.weight", np.asarray(factors, np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def _llama_config(path: Path) -> Path:
+    path.write_text(json.dumps({"head_dim": 64, "hidden_size": 128, "num_attention_heads": 2,
+                                "rope_parameters": {"rope_type": "default",
+                                                    "rope_theta": 500000.0}}))
+    return path
+
+
+def test_a_files_original_context_is_the_one_the_factors_are_read_with(tmp_path):
+    """L, lo and hi enter the factors only as lo / L and hi / L: a file naming an original
+    context of 4096 reads back as lo 0.5, hi 2 with it, the same frequencies."""
+    from edgeprefill.export.gguf_rope import Llama3Rope, write_rope_scaling
+
+    params = llama3_rope(500000.0, 32.0)
+    factors = llama3_rope_factors({"head_dim": 64, "rope_parameters": params})
+    config = _llama_config(tmp_path / "config.json")
+    write_rope_scaling(_rope_only_gguf(tmp_path / "ctx.gguf", factors, original=4096), config)
+    read = json.loads(config.read_text())["rope_parameters"]
+    assert read == {**params, "low_freq_factor": 0.5, "high_freq_factor": 2.0,
+                    "original_max_position_embeddings": 4096}
+    as_read = Llama3Rope(500000.0, 32.0, 0.5, 2.0, 4096).inv_freq(64)
+    np.testing.assert_array_equal(as_read, Llama3Rope(500000.0, 32.0, 1.0, 4.0, 8192).inv_freq(64))
+
+
+def test_rope_factors_beside_a_rope_scaling_type_are_refused(tmp_path):
+    """llama.cpp would scale by both; the one-line error names the tensor and the key."""
+    import gguf
+
+    from edgeprefill.export.gguf_rope import write_rope_scaling
+
+    factors = llama3_rope_factors({"head_dim": 64, "rope_parameters": llama3_rope(5e5, 32.0)})
+    path = _rope_only_gguf(tmp_path / "both.gguf", factors,
+                           scaling_type=gguf.RopeScalingType.LINEAR)
+    with pytest.raises(ExportError, match="both.gguf: its rope_freqs.weight .* cannot be "
+                       "exported: llama.rope.scaling.type 'linear' scales the rope on top"):
+        write_rope_scaling(path, _llama_config(tmp_path / "config.json"))
+
+
 def test_rope_factors_that_are_not_a_llama3_scaling_are_refused_in_one_line(
         gguf_model, tmp_path, capsys):
     hf, _ = gguf_model("llama", "F32")
