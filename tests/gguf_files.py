@@ -1,12 +1,14 @@
 """GGUF files of the tests' tiny transformers models, written with the `gguf` package the
 way llama.cpp's convert_hf_to_gguf.py writes them (its TextModel.set_gguf_parameters,
 LlamaModel.permute, _set_vocab_gpt2 and prepare_tensors, read at ggml-org/llama.cpp):
-llama.cpp's tensor names, the Llama family's q/k rows permuted for its rope, a byte-level
-BPE ("gpt2") vocabulary, F32 or Q8_0 weights (one-dimensional tensors stay F32)."""
+llama.cpp's tensor names, the Llama family's q/k rows permuted for its rope, a llama3 rope
+scaling as its per-frequency `rope_freqs` factors (LlamaModel.generate_extra_tensors), a
+byte-level BPE ("gpt2") vocabulary, F32 or Q8_0 weights (one-dimensional tensors stay F32)."""
 
 from __future__ import annotations
 
 import json
+import math
 import re
 from pathlib import Path
 
@@ -29,10 +31,12 @@ def permute(weights: np.ndarray, n_head: int, n_head_kv: int | None) -> np.ndarr
 
 
 def write_gguf(hf_dir: Path, out: Path, quant: str = "F32", name: str = "tiny",
-               permute_qk: bool = True, rope_freqs: bool = False) -> Path:
+               permute_qk: bool = True, rope_freqs: np.ndarray | None = None,
+               extra: dict[str, np.ndarray] | None = None) -> Path:
     """`hf_dir` (config.json, model.safetensors, a byte-level BPE tokenizer.json) as a GGUF
     file `out`. `permute_qk=False` leaves out llama's q/k permutation (a broken converter);
-    `rope_freqs` adds the per-frequency factors LlamaModel writes for Llama 3.1's rope."""
+    `rope_freqs` are factors to write instead of the converter's (a llama3 rope's);
+    `extra` tensors (F32) are added as they are."""
     import gguf
     from safetensors.numpy import load_file
 
@@ -84,13 +88,49 @@ def write_gguf(hf_dir: Path, out: Path, quant: str = "F32", name: str = "tiny",
             gguf.GGMLQuantizationType.Q8_0
         data = gguf.quants.quantize(data.astype(np.float32), qtype)
         writer.add_tensor(new_name, data, raw_dtype=qtype)
-    if rope_freqs:
-        writer.add_tensor("rope_freqs.weight", np.linspace(1, 8, head_dim // 2, dtype=np.float32))
+    if rope_freqs is None:
+        rope_freqs = llama3_rope_factors(config)
+    if rope_freqs is not None:
+        writer.add_tensor("rope_freqs.weight", np.asarray(rope_freqs, np.float32))
+    for extra_name, data in (extra or {}).items():
+        writer.add_tensor(extra_name, np.asarray(data, np.float32))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
     return out
+
+
+def llama3_rope_factors(config: dict) -> np.ndarray | None:
+    """LlamaModel.generate_extra_tensors: a llama3 rope as the factors llama.cpp divides
+    each frequency by. As there, the original context is config.json's top-level one or
+    8192, not the rope dict's (Llama 3.x's are 8192 both)."""
+    import torch
+
+    params = config.get("rope_parameters") or config.get("rope_scaling") or {}
+    if params.get("rope_type", "").lower() != "llama3":
+        return None
+    base = params.get("rope_theta", 10000.0)
+    dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+    freqs = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
+    factor = params.get("factor", 8.0)
+    low_freq_factor = params.get("low_freq_factor", 1.0)
+    high_freq_factor = params.get("high_freq_factor", 4.0)
+    old_context_len = config.get("original_max_position_embeddings", 8192)
+    low_freq_wavelen = old_context_len / low_freq_factor
+    high_freq_wavelen = old_context_len / high_freq_factor
+    factors = []
+    for freq in freqs:
+        wavelen = 2 * math.pi / freq
+        if wavelen < high_freq_wavelen:
+            factors.append(1)
+        elif wavelen > low_freq_wavelen:
+            factors.append(factor)
+        else:
+            smooth = (old_context_len / wavelen - low_freq_factor) / (
+                high_freq_factor - low_freq_factor)
+            factors.append(1 / ((1 - smooth) / factor + smooth))
+    return torch.tensor(factors, dtype=torch.float32).numpy()
 
 
 def _stacked_experts(tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

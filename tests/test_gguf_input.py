@@ -1,5 +1,6 @@
 """GGUF input: `export model.gguf` equals the transformers model it was converted from (F32)
-and transformers' own reading of the file (Q8_0), logits and greedy text."""
+and transformers' own reading of the file (Q8_0), logits and greedy text; a Llama 3.1+
+file's rope scaling (llama.cpp's rope_freqs) equals the original model's."""
 
 from __future__ import annotations
 
@@ -13,11 +14,13 @@ import pytest
 import torch
 
 from edgeprefill.engines import StepBatch
+from edgeprefill.errors import ExportError
 from edgeprefill.export.exporter import ExportOptions, export
+from edgeprefill.export.gguf_input import converted
 from edgeprefill.sdk import Engine, GenerationParams
 from tests.bpe_tokenizers import byte_level_bpe, install
 from tests.conftest import build_hf_model, load_hf_model
-from tests.gguf_files import write_gguf
+from tests.gguf_files import llama3_rope_factors, write_gguf
 from tests.test_cli_errors import assert_one_line_error, cli
 
 pytest.importorskip("gguf")
@@ -40,17 +43,41 @@ OVERRIDES = {"qwen2": {"use_sliding_window": False}, "qwen3": {"head_dim": 128},
                            "mlp_only_layers": [], "num_hidden_layers": 1}}
 
 
+def llama3_rope(theta: float, factor: float) -> dict:
+    """A llama3 rope_parameters, Llama 3.x's bands (low 1, high 4, original context 8192)."""
+    return {"rope_type": "llama3", "rope_theta": theta, "factor": factor,
+            "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192}
+
+
+# Tiny Llamas with the released models' rope (their context, 131072): Llama 3.2 1B's (head_dim
+# 64: 15 frequencies unscaled, 3 smoothed, 14 divided by the factor), Llama 3.1 8B's (head_dim
+# 128: 29, 6, 29) and one whose 16-wide heads have a single smoothed frequency (4, 1, 3).
+LLAMA3_ROPES = {
+    "3.2": {"hidden_size": 128, "num_attention_heads": 2, "num_key_value_heads": 1,
+            "head_dim": 64, "rope_parameters": llama3_rope(500000.0, 32.0)},
+    "3.1": {"hidden_size": 128, "num_attention_heads": 1, "num_key_value_heads": 1,
+            "head_dim": 128, "rope_parameters": llama3_rope(500000.0, 8.0)},
+    "one-smoothed": {"rope_parameters": llama3_rope(500000.0, 8.0)},
+}
+
+
 @pytest.fixture(scope="module")
 def gguf_model(tmp_path_factory):
     """(family, quant) -> (the tiny transformers model's folder, its GGUF file)."""
 
-    def get(family: str, quant: str, permute_qk: bool = True) -> tuple[Path, Path]:
-        key = (family, quant, permute_qk)
+    def get(family: str, quant: str, permute_qk: bool = True,
+            rope: str | None = None) -> tuple[Path, Path]:
+        """`rope`: a key of LLAMA3_ROPES (a llama3 rope, written as rope_freqs)."""
+        key = (family, quant, permute_qk, rope)
         if key not in CACHE:
             root = tmp_path_factory.mktemp(f"gguf-{family}-{quant}")
             tok = byte_level_bpe()
+            overrides = OVERRIDES.get(family, {})
+            if rope is not None:
+                overrides = {**LLAMA3_ROPES[rope], "max_position_embeddings": 131072}
             hf = build_hf_model(family, root / "hf", vocab_size=tok.get_vocab_size(),
-                                **OVERRIDES.get(family, {}))
+                                **overrides)
             install(tok, hf)
             gguf = write_gguf(hf, root / f"tiny-{quant}.gguf", quant, permute_qk=permute_qk)
             CACHE[key] = hf, gguf
@@ -144,10 +171,141 @@ def test_the_q_k_permutation_of_llama_ggufs_is_undone(gguf_model, tmp_path):
 
 def test_tensors_transformers_skips_are_named(gguf_model, tmp_path, caplog):
     hf, _ = gguf_model("llama", "F32")
-    gguf = write_gguf(hf, tmp_path / "llama31.gguf", rope_freqs=True)
+    gguf = write_gguf(hf, tmp_path / "extra.gguf", extra={"rope_factors_long.weight": np.ones(8)})
     exported(gguf, tmp_path / "b")
-    assert "transformers' GGUF reader uses none of the file's rope_freqs.weight: Llama 3.1+'s " \
-           "rope scaling, which transformers reads as unscaled rope" in caplog.text
+    assert "transformers' GGUF reader uses none of the file's rope_factors_long.weight; the " \
+           "bundle computes as transformers' model of the file does" in caplog.text
+
+
+def test_a_llama_3_2_gguf_computes_its_llama3_rope_scaling(gguf_model, tmp_path, caplog):
+    """llama.cpp's rope_freqs, which transformers' reader skips, read back as the llama3
+    rope of the original model: its logits and greedy text, not transformers' unscaled
+    model of the file (which differs, so the comparison sees the scaling)."""
+    hf, gguf = gguf_model("llama", "F32", rope="3.2")
+    bundle = exported(gguf, tmp_path / "b")
+    model = load_hf_model(hf)
+    check_logits(model, bundle, prompt_ids(hf))
+    check_greedy_text(model, hf, bundle)
+    with pytest.raises(AssertionError):
+        check_logits(gguf_reference(gguf), bundle, prompt_ids(hf))
+    assert "rope_freqs" not in caplog.text
+    with converted(gguf, tmp_path / "c", show_progress=False) as (folder, _):  # the config
+        config = json.loads((folder / "config.json").read_text())
+    assert config["rope_parameters"] == LLAMA3_ROPES["3.2"]["rope_parameters"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("rope", ["3.1", "one-smoothed"])
+def test_llama3_rope_scalings_of_more_shapes_export_the_original_model(
+        rope, gguf_model, tmp_path):
+    hf, gguf = gguf_model("llama", "F32", rope=rope)
+    bundle = exported(gguf, tmp_path / "b")
+    model = load_hf_model(hf)
+    check_logits(model, bundle, prompt_ids(hf))
+    check_greedy_text(model, hf, bundle)
+
+
+@pytest.mark.slow
+def test_a_q8_0_llama_3_2_gguf_exports_its_weights_with_the_original_rope(
+        gguf_model, tmp_path):
+    """transformers' reading of a Q8_0 file alone is no reference here (it drops the
+    scaling): its dequantized weights with the original model's rope are."""
+    import transformers
+
+    hf, gguf = gguf_model("llama", "Q8_0", rope="3.2")
+    bundle = exported(gguf, tmp_path / "b")
+    model = gguf_reference(gguf)
+    model.config.rope_parameters = transformers.AutoConfig.from_pretrained(hf).rope_parameters
+    model.model.rotary_emb = type(model.model.rotary_emb)(model.config)
+    check_logits(model, bundle, prompt_ids(hf))
+
+
+@pytest.mark.parametrize("head_dim, factor", [(64, 32.0), (128, 32.0), (128, 8.0)])
+def test_the_released_llamas_rope_factors_read_back_as_their_rope_parameters(head_dim, factor):
+    """Llama 3.2 1B's and 3B's, Llama 3.1's and 3.3's rope, as llama.cpp's converter writes
+    them, read back as their config.json's values."""
+    from edgeprefill.export.gguf_rope import llama3_rope as read_rope
+
+    params = llama3_rope(500000.0, factor)
+    factors = llama3_rope_factors({"head_dim": head_dim, "rope_parameters": params})
+    rope = read_rope(factors, 500000.0, head_dim, 8192, "x.gguf")
+    assert rope is not None and rope.as_params() == params
+
+
+def test_llama3_shaped_factors_off_the_line_are_refused():
+    """Bands as llama3's but a smoothed factor 1% off: the fitted parameters do not
+    reproduce them, so no rope is guessed."""
+    from edgeprefill.export.gguf_rope import llama3_rope as read_rope
+
+    factors = llama3_rope_factors({"head_dim": 64, "rope_parameters": llama3_rope(5e5, 32.0)})
+    factors[16] *= 1.01  # the middle one of the three smoothed
+    with pytest.raises(ExportError, match="x.gguf: its rope_freqs.weight .* no llama3 rope"):
+        read_rope(factors, 500000.0, 64, 8192, "x.gguf")
+
+
+def _rope_only_gguf(path: Path, factors: np.ndarray, **metadata) -> Path:
+    """A llama GGUF holding rope metadata and rope_freqs only (what gguf_rope reads)."""
+    import gguf
+
+    writer = gguf.GGUFWriter(str(path), "llama")
+    if "scaling_type" in metadata:
+        writer.add_rope_scaling_type(metadata["scaling_type"])
+    if "original" in metadata:
+        writer.add_rope_scaling_orig_ctx_len(metadata["original"])
+    writer.add_tensor("rope_freqs.weight", np.asarray(factors, np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def _llama_config(path: Path) -> Path:
+    path.write_text(json.dumps({"head_dim": 64, "hidden_size": 128, "num_attention_heads": 2,
+                                "rope_parameters": {"rope_type": "default",
+                                                    "rope_theta": 500000.0}}))
+    return path
+
+
+def test_a_files_original_context_is_the_one_the_factors_are_read_with(tmp_path):
+    """L, lo and hi enter the factors only as lo / L and hi / L: a file naming an original
+    context of 4096 reads back as lo 0.5, hi 2 with it, the same frequencies."""
+    from edgeprefill.export.gguf_rope import Llama3Rope, write_rope_scaling
+
+    params = llama3_rope(500000.0, 32.0)
+    factors = llama3_rope_factors({"head_dim": 64, "rope_parameters": params})
+    config = _llama_config(tmp_path / "config.json")
+    write_rope_scaling(_rope_only_gguf(tmp_path / "ctx.gguf", factors, original=4096), config)
+    read = json.loads(config.read_text())["rope_parameters"]
+    assert read == {**params, "low_freq_factor": 0.5, "high_freq_factor": 2.0,
+                    "original_max_position_embeddings": 4096}
+    as_read = Llama3Rope(500000.0, 32.0, 0.5, 2.0, 4096).inv_freq(64)
+    np.testing.assert_array_equal(as_read, Llama3Rope(500000.0, 32.0, 1.0, 4.0, 8192).inv_freq(64))
+
+
+def test_rope_factors_beside_a_rope_scaling_type_are_refused(tmp_path):
+    """llama.cpp would scale by both; the one-line error names the tensor and the key."""
+    import gguf
+
+    from edgeprefill.export.gguf_rope import write_rope_scaling
+
+    factors = llama3_rope_factors({"head_dim": 64, "rope_parameters": llama3_rope(5e5, 32.0)})
+    path = _rope_only_gguf(tmp_path / "both.gguf", factors,
+                           scaling_type=gguf.RopeScalingType.LINEAR)
+    with pytest.raises(ExportError, match="both.gguf: its rope_freqs.weight .* cannot be "
+                       "exported: llama.rope.scaling.type 'linear' scales the rope on top"):
+        write_rope_scaling(path, _llama_config(tmp_path / "config.json"))
+
+
+def test_rope_factors_that_are_not_a_llama3_scaling_are_refused_in_one_line(
+        gguf_model, tmp_path, capsys):
+    hf, _ = gguf_model("llama", "F32")
+    gguf = write_gguf(hf, tmp_path / "odd.gguf", rope_freqs=np.linspace(1, 8, 8))
+    assert_one_line_error(cli_here(capsys, "export", gguf, "-o", tmp_path / "out"),
+                          "odd.gguf: its rope_freqs.weight (llama.cpp's per-frequency rope "
+                          "factors) cannot be exported: they are no llama3 rope scaling")
+    assert not (tmp_path / "out").exists()
+    assert not [p for p in tmp_path.iterdir() if ".gguf-" in p.name]  # no staging left
 
 
 def test_a_folder_holding_one_gguf_exports_it(gguf_model, tmp_path):

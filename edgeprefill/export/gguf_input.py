@@ -11,7 +11,8 @@ writes them to safetensors shards of at most SHARD_BYTES, so a conversion holds 
 and one tensor in float32, not the whole model.
 
 Quantized weights are dequantized: the bundle holds the GGUF's values in float, and
-`--quantize int4/int8` re-quantizes them with its own rounding.
+`--quantize int4/int8` re-quantizes them with its own rounding. What the reader skips of a
+Llama 3.1+ file, its rope scaling as llama.cpp's `rope_freqs`, gguf_rope.py restores.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import numpy as np
 from tqdm import tqdm
 
 from edgeprefill.errors import ExportError
+from edgeprefill.export import gguf_rope
 
 log = logging.getLogger(__name__)
 
@@ -178,10 +180,13 @@ def _write_hf_folder(gguf_file: Path, folder: Path, source: GgufSource, reader: 
     except (ValueError, KeyError, NotImplementedError) as err:
         raise ExportError(f"{name}: transformers cannot read its metadata: {err}") from None
     config.save_pretrained(folder)
+    # before the weights: a rope that cannot be exported is refused before minutes of reading
+    gguf_rope.write_rope_scaling(gguf_file, folder / "config.json")
     tokenizer.save_pretrained(folder)
     del tokenizer  # its vocabulary is on disk now
     _drop_tokens_past_vocab(folder / "tokenizer.json", config.get_text_config().vocab_size)
-    _write_weights(gguf_file, folder, config, source, reader, show_progress)
+    unused = _write_weights(gguf_file, folder, config, source, reader, show_progress)
+    _warn_unused([name for name in unused if name != gguf_rope.TENSOR])  # restored above
 
 
 def _drop_tokens_past_vocab(tokenizer_file: Path, vocab_size: int) -> None:
@@ -196,8 +201,9 @@ def _drop_tokens_past_vocab(tokenizer_file: Path, vocab_size: int) -> None:
 
 
 def _write_weights(gguf_file: Path, folder: Path, config: Any, source: GgufSource,
-                   reader: Any, show_progress: bool) -> None:
-    """load_gguf_checkpoint's tensor loop, one tensor at a time into shards."""
+                   reader: Any, show_progress: bool) -> list[str]:
+    """load_gguf_checkpoint's tensor loop, one tensor at a time into shards; the names of
+    the file's tensors transformers' reader does not use."""
     import torch
     import transformers
     from gguf import GGUFReader
@@ -214,8 +220,7 @@ def _write_weights(gguf_file: Path, folder: Path, config: Any, source: GgufSourc
         total=sum(int(t.n_bytes) for t in gguf.tensors), unit="B", unit_scale=True,
         desc=f"reading {gguf_file.name}", disable=not show_progress, leave=False,
     ) as bar:
-        unused = _convert_tensors(gguf.tensors, processor, names, shards, bar)
-    _warn_unused(unused)
+        return _convert_tensors(gguf.tensors, processor, names, shards, bar)
 
 
 def _convert_tensors(tensors: Any, processor: Any, names: dict[str, str], shards: _Shards,
@@ -247,17 +252,12 @@ def _convert_tensors(tensors: Any, processor: Any, names: dict[str, str], shards
 
 
 def _warn_unused(unused: list[str]) -> None:
-    """Tensors transformers' reader skips: the bundle computes as its model of the file
-    does. `rope_freqs` matters: llama.cpp's Llama 3.1+ rope scaling, which transformers
-    5.24 reads as unscaled rope (nor is it in the metadata it maps)."""
-    if not unused:
-        return
-    why = (": Llama 3.1+'s rope scaling, which transformers reads as unscaled rope (export "
-           "the original Hugging Face checkpoint for the model's own numbers)"
-           if "rope_freqs.weight" in unused else "")
-    log.warning("transformers' GGUF reader uses none of the file's %s%s; the bundle computes "
-                "as transformers' model of the file does, without them", ", ".join(unused),
-                why)
+    """Tensors transformers' reader skips (but rope_freqs, which gguf_rope restores): the
+    bundle computes as its model of the file does."""
+    if unused:
+        log.warning("transformers' GGUF reader uses none of the file's %s; the bundle "
+                    "computes as transformers' model of the file does, without them",
+                    ", ".join(unused))
 
 
 def _merge_counts(names: dict[str, str]) -> dict[str, int]:
