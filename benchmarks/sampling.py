@@ -186,6 +186,38 @@ def bench_mask(rows: list, tokens: int) -> None:
     print(rows[-1], flush=True)
 
 
+def bench_lazy(rows: list, tokens: int) -> None:
+    """Free text under strict tools' lazy grammar (server/strict_tools.py) against the
+    JSON-schema mask, per step, alternating three times (the machine is shared: read the
+    ratio within a round)."""
+    tok = synthetic_tokenizer(151936)
+    for round_ in range(3):
+        for row in (_llguidance_mask(tok, tokens), _lazy_mask(tok, tokens)):
+            rows.append({**row, "round": round_})
+            print(rows[-1], flush=True)
+
+
+def _lazy_mask(tok, tokens: int) -> dict:
+    """The mask per free-text step before a call: random allowed tokens, which never
+    spell the 11-byte `<tool_call>` from a 152k vocabulary."""
+    import llguidance
+
+    from edgeprefill.sdk.constraints import GrammarMask, _from_lark
+    from edgeprefill.server.strict_tools import lazy_call_constraint
+
+    vocab = tok.get_vocab_size()
+    ll_tok = llguidance.LLTokenizer(tok.to_str(), n_vocab=vocab, eos_token=[2])
+    tools = ({"type": "function", "function": {"name": "f", "strict": True,
+                                                "parameters": SCHEMA}},)
+    grammar = _from_lark(lazy_call_constraint(tools, "hermes").source)
+    mask = GrammarMask(llguidance.LLMatcher(ll_tok, grammar, log_level=0))
+    times, documents = _walk(lambda: mask.allowed(vocab), mask.accept,
+                             lambda: mask.finished, mask.matcher.reset, tokens, vocab)
+    return {"section": "mask", "engine": "llguidance lazy (free text)", "vocab": vocab,
+            "documents": documents, "median_ms": statistics.median(times) * 1e3,
+            "p90_ms": _p90(times) * 1e3}
+
+
 def _walk(allowed_of, accept, done, reset, tokens: int, vocab: int) -> tuple[list[float], int]:
     """Generate by drawing random allowed tokens (a new document whenever one is
     complete) for `tokens` steps: the mask cost per step, accepting included."""
@@ -293,7 +325,7 @@ def bench_decode(rows: list, tokens: int) -> None:
 
 
 SECTIONS = {"sampler": bench_sampler, "detok": bench_detok, "mask": bench_mask,
-            "decode": bench_decode}
+            "lazy": bench_lazy, "decode": bench_decode}
 
 
 def main() -> None:
