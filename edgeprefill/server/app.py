@@ -74,7 +74,12 @@ from edgeprefill.server.routes_extra import ExtraRoutes, model_card
 from edgeprefill.server.schemas import CompletionRequest, parse_chat, parse_completion
 from edgeprefill.server.shutdown import ShutdownCut
 from edgeprefill.server.sse import EventStreamResponse, completion_events
-from edgeprefill.server.tools import calls_in_content, reply_parser, template_vars
+from edgeprefill.server.tools import (
+    call_format,
+    calls_in_content,
+    reply_parser,
+    template_vars,
+)
 from edgeprefill.values import is_int
 
 # Answered without the API key (liveness probes; "/" is Ollama's).
@@ -408,7 +413,9 @@ class OpenAIApi:
             assert isinstance(tokens, list)
             params = self.engine.generation_defaults.fill(req.params, req.given)
             if req.tools is not None and req.tools.strict_auto:  # the calls' lazy grammar
-                params = req.tools.constrain_auto(params, self.engine.manifest)
+                # gpt-oss's calls are harmony headers, not the template's call format
+                fmt = "harmony" if self.splits_harmony else call_format(self.engine.manifest)
+                params = req.tools.constrain_auto(params, fmt)
                 req = replace(req, constraint_field="tools")  # its refusals name tools
             # After the grammar: the server's default budget leaves a constrained reply be.
             params = self._thinking_budget(params, _is_chat(req.prompt))

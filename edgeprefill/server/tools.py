@@ -125,9 +125,9 @@ class ToolRequest:
             raise ApiError(400, f"tool_choice {self._choice_text()}: {err}",
                            "tool_choice") from None
 
-    def constrain_auto(self, params: GenerationParams, manifest: Manifest) -> GenerationParams:
-        """The params with the lazy grammar strict tools need under auto (as they were
-        without a strict tool)."""
+    def constrain_auto(self, params: GenerationParams, fmt: str) -> GenerationParams:
+        """The params with the lazy grammar strict tools need under auto in the call
+        format `fmt` (as they were without a strict tool)."""
         if not self.strict_auto:
             return params
         if getattr(params, "constraint", None) is not None:
@@ -138,7 +138,7 @@ class ToolRequest:
             raise ApiError(400, "function.strict needs constrained decoding "
                            "(edgeprefill.sdk.constraints), which this build does not have",
                            "tools")
-        constraint = lazy_call_constraint(self.tools, call_format(manifest))
+        constraint = lazy_call_constraint(self.tools, fmt)
         return replace(params, constraint=constraint)
 
     def schema(self) -> dict:
