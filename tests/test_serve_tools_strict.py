@@ -260,3 +260,16 @@ def test_a_marker_spelled_in_pieces_triggers_the_grammar(engine):
     allowed = mask.allowed(vocab)
     opening = {tokenizer.token_bytes(int(i)) for i in allowed.nonzero()[0]}
     assert opening and all(b.strip(b" \n") in (b"", b"{", b'{"') for b in opening), opening
+
+
+def test_ollama_s_chat_honours_strict_too(server, client):
+    """/api/chat passes its function tools to the chat route as they are, `strict` too."""
+    httpx = pytest.importorskip("httpx")
+    before = text_before_the_call(client, [tool("get_weather", None)])
+    reply = httpx.post(f"{server.url}/api/chat", timeout=60, json={
+        "model": "bpe", "messages": QUESTION, "tools": [tool("get_weather", True)],
+        "stream": False, "options": {"temperature": 0, "num_predict": MAX_TOKENS}}).json()
+    calls = reply["message"].get("tool_calls") or []
+    assert calls and reply["message"]["content"].startswith(before), reply
+    function = calls[0]["function"]
+    assert function["name"] == "get_weather" and valid("get_weather", function["arguments"])
