@@ -197,19 +197,25 @@ def bench_lazy(rows: list, tokens: int) -> None:
             print(rows[-1], flush=True)
 
 
+def _lazy_constraint():
+    """Strict tools' lazy grammar (server/strict_tools.py), SCHEMA as a strict tool's."""
+    from edgeprefill.server.strict_tools import lazy_call_constraint
+
+    tools = ({"type": "function", "function": {"name": "f", "strict": True,
+                                                "parameters": SCHEMA}},)
+    return lazy_call_constraint(tools, "hermes")
+
+
 def _lazy_mask(tok, tokens: int) -> dict:
     """The mask per free-text step before a call: random allowed tokens, which never
     spell the 11-byte `<tool_call>` from a 152k vocabulary."""
     import llguidance
 
     from edgeprefill.sdk.constraints import GrammarMask, _from_lark
-    from edgeprefill.server.strict_tools import lazy_call_constraint
 
     vocab = tok.get_vocab_size()
     ll_tok = llguidance.LLTokenizer(tok.to_str(), n_vocab=vocab, eos_token=[2])
-    tools = ({"type": "function", "function": {"name": "f", "strict": True,
-                                                "parameters": SCHEMA}},)
-    grammar = _from_lark(lazy_call_constraint(tools, "hermes").source)
+    grammar = _from_lark(_lazy_constraint().source)
     mask = GrammarMask(llguidance.LLMatcher(ll_tok, grammar, log_level=0))
     times, documents = _walk(lambda: mask.allowed(vocab), mask.accept,
                              lambda: mask.finished, mask.matcher.reset, tokens, vocab)
@@ -310,7 +316,8 @@ def bench_decode(rows: list, tokens: int) -> None:
                                                  show_progress=False, overwrite=True))
     with Engine.load(work / "bundle", threads=2, background=False) as engine:
         for label, extra in (("free", {"ignore_eos": True}),
-                             ("json_schema", {"constraint": Constraint.json_schema(SCHEMA)})):
+                             ("json_schema", {"constraint": Constraint.json_schema(SCHEMA)}),
+                             ("strict_tools_free_text", {"constraint": _lazy_constraint()})):
             for temperature in (0.0, 1.0):
                 params = GenerationParams(max_new_tokens=tokens, temperature=temperature,
                                           seed=0, **extra)

@@ -39,6 +39,7 @@ MARKERS = {"hermes": ("<tool_call>", "</tool_call>")}
 # random model pad forever.
 JSON_STYLE = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 BLANKS = r"/[ \n]{0,2}/"
+REGEX_META = set("\\.+*?()|[]{}^$#&-~/")  # escaped where a marker has them (_regex_literal)
 
 
 def strict_given(tool: dict[str, Any]) -> bool:
@@ -82,7 +83,8 @@ def _call_schema(function: dict[str, Any]) -> dict[str, Any]:
 
 def _closed(schema: dict[str, Any]) -> dict[str, Any]:
     """The schema with no properties beyond those listed (OpenAI's strict)."""
-    return json.loads(Constraint.json_schema(schema, strict=True).source)  # type: ignore[no-any-return]
+    closed: dict[str, Any] = json.loads(Constraint.json_schema(schema, strict=True).source)
+    return closed
 
 
 def _regex_literal(text: str) -> str:
@@ -90,5 +92,3 @@ def _regex_literal(text: str) -> str:
     `<` and `>`, which escaped are word boundaries in the regex crate)."""
     return "".join(f"\\{c}" if c in REGEX_META else c for c in text)
 
-
-REGEX_META = set("\\.+*?()|[]{}^$#&-~/")
