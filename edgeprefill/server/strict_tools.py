@@ -50,9 +50,9 @@ def strict_given(tool: dict[str, Any]) -> bool:
 def lazy_call_constraint(tools: tuple[dict, ...], call_format: str) -> Constraint:
     """The constraint of a reply under auto where some tool is strict."""
     if call_format not in MARKERS:
-        raise ApiError(400, "function.strict under tool_choice auto is not supported for "
-                       f"this model's call format ({call_format}); drop strict, or send "
-                       "tool_choice required or a named function", "tools")
+        raise ApiError(400, "a tool's strict: true under tool_choice auto is not supported "
+                       f"for this model's call format ({call_format}); drop strict, or force "
+                       "the call with tool_choice", "tools")
     return Constraint.grammar(lazy_call_grammar(tools, MARKERS[call_format]))
 
 
