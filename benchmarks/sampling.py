@@ -4,6 +4,7 @@ tokens/s with and without a JSON-schema constraint.
     PYTHONPATH=. .venv/bin/python benchmarks/sampling.py                # all sections
     PYTHONPATH=. .venv/bin/python benchmarks/sampling.py --only sampler,detok
     PYTHONPATH=/tmp/xgr_only .venv/bin/python benchmarks/sampling.py --only mask  # + xgrammar
+    PYTHONPATH=. .venv/bin/python benchmarks/sampling.py --only lazy,lazy_decode  # strict tools
 
 "before" is main's code as of this change (a full sort per token; a full decode of the
 reply per token), copied below so the comparison runs in one process. Tokenizers are
@@ -186,6 +187,81 @@ def bench_mask(rows: list, tokens: int) -> None:
     print(rows[-1], flush=True)
 
 
+def bench_lazy(rows: list, tokens: int) -> None:
+    """Free text under strict tools' lazy grammar (server/strict_tools.py) against the
+    JSON-schema mask, per step, alternating three times (the machine is shared: read the
+    ratio within a round)."""
+    tok = synthetic_tokenizer(151936)
+    for round_ in range(3):
+        for row in (_llguidance_mask(tok, tokens), _lazy_mask(tok, tokens)):
+            rows.append({**row, "round": round_})
+            print(rows[-1], flush=True)
+    for round_ in range(3):
+        for kind in ("none", "json_schema", "lazy"):
+            rows.append({**_greedy_step(tok, kind, tokens), "round": round_})
+            print(rows[-1], flush=True)
+
+
+def _greedy_step(tok, kind: str, tokens: int) -> dict:
+    """The sampler's whole greedy step (Sampler.sample: mask, -inf where refused, argmax,
+    advance) on random 152k logits: without a constraint, under the JSON schema (new
+    document when complete), and under the lazy grammar's free text."""
+    import llguidance
+
+    from edgeprefill.sdk.constraints import Constraint, GrammarMask, _from_lark, _from_schema
+    from edgeprefill.sdk.params import GenerationParams
+    from edgeprefill.sdk.sampler import Sampler
+
+    vocab = tok.get_vocab_size()
+    ll_tok = llguidance.LLTokenizer(tok.to_str(), n_vocab=vocab, eos_token=[2])
+    grammars = {"json_schema": lambda: _from_schema(Constraint.json_schema(SCHEMA).source),
+                "lazy": lambda: _from_lark(_lazy_constraint().source)}
+
+    def sampler() -> Sampler:
+        mask = None if kind == "none" else \
+            GrammarMask(llguidance.LLMatcher(ll_tok, grammars[kind](), log_level=0))
+        return Sampler(GenerationParams(temperature=0.0), mask=mask)
+
+    rng = np.random.default_rng(0)
+    logits = rng.standard_normal((64, vocab)).astype(np.float32)
+    current, times = sampler(), []
+    for step in range(tokens):
+        start = time.perf_counter()
+        current.sample(logits[step % 64])
+        times.append(time.perf_counter() - start)
+        if current.finished:
+            current = sampler()
+    return {"section": "greedy step", "constraint": kind, "vocab": vocab,
+            "median_ms": statistics.median(times) * 1e3, "p90_ms": _p90(times) * 1e3}
+
+
+def _lazy_constraint():
+    """Strict tools' lazy grammar (server/strict_tools.py), SCHEMA as a strict tool's."""
+    from edgeprefill.server.strict_tools import lazy_call_constraint
+
+    tools = ({"type": "function", "function": {"name": "f", "strict": True,
+                                                "parameters": SCHEMA}},)
+    return lazy_call_constraint(tools, "hermes")
+
+
+def _lazy_mask(tok, tokens: int) -> dict:
+    """The mask per free-text step before a call: random allowed tokens, which never
+    spell the 11-byte `<tool_call>` from a 152k vocabulary."""
+    import llguidance
+
+    from edgeprefill.sdk.constraints import GrammarMask, _from_lark
+
+    vocab = tok.get_vocab_size()
+    ll_tok = llguidance.LLTokenizer(tok.to_str(), n_vocab=vocab, eos_token=[2])
+    grammar = _from_lark(_lazy_constraint().source)
+    mask = GrammarMask(llguidance.LLMatcher(ll_tok, grammar, log_level=0))
+    times, documents = _walk(lambda: mask.allowed(vocab), mask.accept,
+                             lambda: mask.finished, mask.matcher.reset, tokens, vocab)
+    return {"section": "mask", "engine": "llguidance lazy (free text)", "vocab": vocab,
+            "documents": documents, "median_ms": statistics.median(times) * 1e3,
+            "p90_ms": _p90(times) * 1e3}
+
+
 def _walk(allowed_of, accept, done, reset, tokens: int, vocab: int) -> tuple[list[float], int]:
     """Generate by drawing random allowed tokens (a new document whenever one is
     complete) for `tokens` steps: the mask cost per step, accepting included."""
@@ -259,11 +335,35 @@ def _p90(values: list[float]) -> float:
 def bench_decode(rows: list, tokens: int) -> None:
     """A random llama with a 152k vocabulary (hidden 64, 2 layers: the vocabulary, not the
     layers, dominates), decoded greedily with and without the JSON-schema constraint."""
+    from edgeprefill.sdk import Engine
+    from edgeprefill.sdk.constraints import Constraint
+
+    with Engine.load(_decode_bundle(tokens), threads=2, background=False) as engine:
+        for label, extra in (("free", {"ignore_eos": True}),
+                             ("json_schema", {"constraint": Constraint.json_schema(SCHEMA)})):
+            for temperature in (0.0, 1.0):
+                rows.append(_decode_row(engine, label, extra, temperature, tokens))
+                print(rows[-1], flush=True)
+
+
+def bench_lazy_decode(rows: list, tokens: int) -> None:
+    """The same model's greedy decode, free against strict tools' lazy grammar before any
+    call (the model never writes `<tool_call>`), alternating four times."""
+    from edgeprefill.sdk import Engine
+
+    with Engine.load(_decode_bundle(tokens), threads=2, background=False) as engine:
+        for round_ in range(4):
+            for label, extra in (("free", {"ignore_eos": True}),
+                                 ("strict_tools_free_text", {"constraint": _lazy_constraint()})):
+                rows.append({**_decode_row(engine, label, extra, 0.0, tokens),
+                             "round": round_})
+                print(rows[-1], flush=True)
+
+
+def _decode_bundle(tokens: int) -> Path:
     import sys
 
     from edgeprefill.export.exporter import ExportOptions, export
-    from edgeprefill.sdk import Engine, GenerationParams
-    from edgeprefill.sdk.constraints import Constraint
 
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     from tests.conftest import CHAT_TEMPLATE, build_hf_model
@@ -276,24 +376,23 @@ def bench_decode(rows: list, tokens: int) -> None:
         {"bos_token": "<s>", "eos_token": "</s>", "chat_template": CHAT_TEMPLATE}))
     export(model, work / "bundle", ExportOptions(chunks=(16,), max_context=tokens + 64,
                                                  show_progress=False, overwrite=True))
-    with Engine.load(work / "bundle", threads=2, background=False) as engine:
-        for label, extra in (("free", {"ignore_eos": True}),
-                             ("json_schema", {"constraint": Constraint.json_schema(SCHEMA)})):
-            for temperature in (0.0, 1.0):
-                params = GenerationParams(max_new_tokens=tokens, temperature=temperature,
-                                          seed=0, **extra)
-                engine.generate("hello", params).result()  # warm-up (and tokenizer build)
-                out = engine.generate("hello", params).result()
-                m = out.metrics
-                seconds = m.token_times[-1] - m.token_times[0]
-                rows.append({"section": "decode", "constraint": label,
-                             "temperature": temperature, "tokens": len(out.token_ids),
-                             "tok_s": (len(m.token_times) - 1) / seconds})
-                print(rows[-1], flush=True)
+    return work / "bundle"
+
+
+def _decode_row(engine, label: str, extra: dict, temperature: float, tokens: int) -> dict:
+    from edgeprefill.sdk import GenerationParams
+
+    params = GenerationParams(max_new_tokens=tokens, temperature=temperature, seed=0, **extra)
+    engine.generate("hello", params).result()  # warm-up (and tokenizer build)
+    out = engine.generate("hello", params).result()
+    m = out.metrics
+    seconds = m.token_times[-1] - m.token_times[0]
+    return {"section": "decode", "constraint": label, "temperature": temperature,
+            "tokens": len(out.token_ids), "tok_s": (len(m.token_times) - 1) / seconds}
 
 
 SECTIONS = {"sampler": bench_sampler, "detok": bench_detok, "mask": bench_mask,
-            "decode": bench_decode}
+            "lazy": bench_lazy, "decode": bench_decode, "lazy_decode": bench_lazy_decode}
 
 
 def main() -> None:

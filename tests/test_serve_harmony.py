@@ -218,3 +218,13 @@ def test_reasoning_parser_none_and_completions_return_the_raw_harmony_text(engin
     body = httpx.post(f"{server.url}/v1/completions", json={
         "prompt": prompt, "max_tokens": 32, "temperature": 0}).json()
     assert body["choices"][0]["text"] == raw
+
+
+def test_a_strict_tool_under_auto_is_a_400_naming_harmony(client):
+    """gpt-oss's calls are harmony headers, which the strict tools' lazy grammar
+    (server/strict_tools.py) does not cover: a 400, not a strict that holds nothing."""
+    strict = {"type": "function", "function": {**WEATHER["function"], "strict": True}}
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(model=MODEL, messages=QUESTION, tools=[strict],
+                                       max_tokens=4)
+    assert err.value.body["param"] == "tools" and "harmony" in err.value.body["message"]

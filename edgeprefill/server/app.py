@@ -74,7 +74,12 @@ from edgeprefill.server.routes_extra import ExtraRoutes, model_card
 from edgeprefill.server.schemas import CompletionRequest, parse_chat, parse_completion
 from edgeprefill.server.shutdown import ShutdownCut
 from edgeprefill.server.sse import EventStreamResponse, completion_events
-from edgeprefill.server.tools import calls_in_content, reply_parser, template_vars
+from edgeprefill.server.tools import (
+    call_format,
+    calls_in_content,
+    reply_parser,
+    template_vars,
+)
 from edgeprefill.values import is_int
 
 # Answered without the API key (liveness probes; "/" is Ollama's).
@@ -342,7 +347,8 @@ class OpenAIApi:
     def _shape(self, admitted: Admitted, chat: bool) -> Shape:
         parsed = admitted.request
         # A constrained reply (response_format, a forced tool_choice) is not split: its
-        # grammar governs the whole reply, which is the content.
+        # grammar governs the whole reply, which is the content. Strict tools under auto
+        # (constrained at submit, not in parsed.params) leave the text free: split as ever.
         constrained = parsed.params.constraint is not None
         reasoning = reply_reasoning(self.splits_reasoning and chat, constrained,
                                     admitted.opens_think)
@@ -405,8 +411,14 @@ class OpenAIApi:
             self._check_context(tokens if isinstance(tokens, int) else len(tokens),
                                 req.params.max_new_tokens)
             assert isinstance(tokens, list)
-            params = self._thinking_budget(
-                self.engine.generation_defaults.fill(req.params, req.given), _is_chat(req.prompt))
+            params = self.engine.generation_defaults.fill(req.params, req.given)
+            if req.tools is not None and req.tools.strict_auto:  # the calls' lazy grammar
+                # gpt-oss's calls are harmony headers, not the template's call format
+                fmt = "harmony" if self.splits_harmony else call_format(self.engine.manifest)
+                params = req.tools.constrain_auto(params, fmt)
+                req = replace(req, constraint_field="tools")  # its refusals name tools
+            # After the grammar: the server's default budget leaves a constrained reply be.
+            params = self._thinking_budget(params, _is_chat(req.prompt))
             stream = Choices(self.engine.submit_n(
                 tokens, params, req.n, req.priority, None, req.chunk_size, arrival=arrival))
             admitted = True  # from here the closer gives the place back

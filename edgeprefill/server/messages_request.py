@@ -78,7 +78,6 @@ def _parse(body: dict, max_tokens: Any) -> CompletionRequest:
     if not chat["tools"] and choice.get("tool_choice") == "auto":
         choice = {}  # auto without tools asks for nothing (the chat route would refuse it)
     chat.update(choice)
-    _check_strict(body.get("tools"), choice.get("tool_choice"))
     chat["chat_template_kwargs"] = _thinking(body.get("thinking"))
     chat["thinking_token_budget"] = _budget(body.get("thinking"))
     try:
@@ -155,20 +154,10 @@ def _tools(tools: Any) -> list | None:
         spec = {"name": tool.get("name"), "parameters": tool["input_schema"]}
         if tool.get("description") is not None:
             spec["description"] = tool["description"]
+        if tool.get("strict") is not None:  # tool_choice any/tool force it; auto, lazily
+            spec["strict"] = tool["strict"]
         converted.append({"type": "function", "function": spec})
     return converted
-
-
-def _check_strict(tools: list | None, choice: Any) -> None:
-    """A tool's `strict: true` (its input follows input_schema) holds where tool_choice
-    forces a tool (`any`, `tool`): the call is then constrained to the schemas. Under
-    `auto` nothing constrains the input: a 400 rather than a promise not kept."""
-    forced = choice == "required" or isinstance(choice, dict)
-    for index, tool in enumerate(tools or []):
-        if tool.get("strict") not in (None, False) and not forced:
-            raise ApiError(400, f"tools[{index}].strict is not supported under tool_choice "
-                           "auto: tool inputs follow input_schema only under tool_choice "
-                           "any or tool", f"tools[{index}].strict")
 
 
 def _tool_choice(choice: Any) -> dict[str, Any]:

@@ -9,6 +9,9 @@ template, and turned into the parser that finds the calls in the reply.
   to JSON by a JSON-schema constraint, as vLLM does (the arguments object of the named
   function, or a list of `{"name", "parameters"}`), then parsed. That needs the
   constraint engine (`edgeprefill.sdk.constraints`); without it these choices are a 400.
+- `"auto"` with a tool whose `function.strict` is true: free text, but a call the model
+  starts follows a lazy grammar (server/strict_tools.py): a listed tool's name and the
+  strict tool's arguments schema. Applied at submit, where the call format is known.
 
 Assistant messages with `tool_calls` and `tool` messages go into the template as
 transformers passes them (arguments as objects, not JSON text).
@@ -27,6 +30,7 @@ from edgeprefill.errors import RequestError
 from edgeprefill.sdk.chat_template import reads_variable
 from edgeprefill.sdk.params import GenerationParams
 from edgeprefill.server.errors import ApiError
+from edgeprefill.server.strict_tools import lazy_call_constraint, strict_given
 from edgeprefill.server.tool_parsers import (
     PARSERS,
     FirstCallOnly,
@@ -61,6 +65,11 @@ class ToolRequest:
     @property
     def forced(self) -> bool:
         return self.choice in ("required", "function")
+
+    @property
+    def strict_auto(self) -> bool:
+        """Under auto, some tool is strict: calls follow a lazy grammar."""
+        return self.choice == "auto" and any(strict_given(t) for t in self.tools)
 
     def template_vars(self) -> dict[str, Any]:
         """What the chat template gets: the tools, unless the model must not call one."""
@@ -115,6 +124,22 @@ class ToolRequest:
         except RequestError as err:  # e.g. ignore_eos, or a tool schema the engine refuses
             raise ApiError(400, f"tool_choice {self._choice_text()}: {err}",
                            "tool_choice") from None
+
+    def constrain_auto(self, params: GenerationParams, fmt: str) -> GenerationParams:
+        """The params with the lazy grammar strict tools need under auto in the call
+        format `fmt` (as they were without a strict tool)."""
+        if not self.strict_auto:
+            return params
+        if getattr(params, "constraint", None) is not None:
+            raise ApiError(400, "a strict tool under tool_choice auto constrains the reply's "
+                           "calls, so it cannot be combined with response_format or another "
+                           "constraint", "tools")
+        if _json_schema_constraint() is None:
+            raise ApiError(400, "function.strict needs constrained decoding "
+                           "(edgeprefill.sdk.constraints), which this build does not have",
+                           "tools")
+        constraint = lazy_call_constraint(self.tools, fmt)
+        return replace(params, constraint=constraint)
 
     def schema(self) -> dict:
         """The JSON schema a forced reply follows (vLLM's)."""
@@ -229,6 +254,9 @@ def _tool(tool: Any, index: int) -> dict:
     if not isinstance(function.get("description", ""), str):
         raise ApiError(400, f"{param}.function.description must be a string",
                        f"{param}.function.description")
+    if function.get("strict") not in (None, True, False):
+        raise ApiError(400, f"{param}.function.strict must be true or false",
+                       f"{param}.function.strict")
     if not isinstance(function.get("parameters", {}), dict):
         raise ApiError(400, f"{param}.function.parameters must be a JSON schema object",
                        f"{param}.function.parameters")
