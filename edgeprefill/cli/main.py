@@ -69,12 +69,25 @@ def main() -> None:
     except click.exceptions.Abort:
         click.echo("aborted", err=True)
         sys.exit(130)
-    except click.ClickException as err:
-        err.show()
+    except click.exceptions.NoArgsIsHelpError as err:
+        err.show()  # the help page itself, not an error line
         sys.exit(err.exit_code)
+    except click.ClickException as err:
+        click.echo(f"error: {_one_line(err)}", err=True)
+        sys.exit(err.exit_code)  # click's own: 2 for a usage error
     except KeyboardInterrupt:
         click.echo("interrupted", err=True)
         sys.exit(130)
+
+
+def _one_line(err: click.ClickException) -> str:
+    """click's message, with the `--help` pointer of its three-line usage error kept at
+    the end of the one line every other error of the project is."""
+    message = " ".join(err.format_message().split())
+    ctx = getattr(err, "ctx", None)
+    if isinstance(err, click.UsageError) and ctx is not None:
+        message += f" (see `{ctx.command_path} --help`)"
+    return message
 
 
 def _silence_stdout() -> None:
