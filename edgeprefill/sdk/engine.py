@@ -212,8 +212,11 @@ class Engine:
     ) -> TokenStream:
         """One request outside any session: its KV stays only as a prefix-cache entry.
         `priority`: lower is served first (vLLM's meaning); `high`/`normal`/`low` too.
-        Its TTFT counts from this call, tokenizing the prompt included."""
+        Its TTFT counts from this call, tokenizing the prompt included. An empty text is
+        refused (it would run the BOS alone), as the completions route refuses it."""
         arrival = time.perf_counter()
+        if isinstance(prompt, str) and not prompt:
+            raise RequestError("the prompt is empty")
         return self.submit(self.tokenizer.encode(prompt), params, priority, None, chunk_size,
                            arrival=arrival)
 
