@@ -69,3 +69,21 @@ def test_the_integer_list_parser_reads_lists(text, expected):
 def test_the_integer_list_parser_refuses_anything_else(text):
     with pytest.raises(click.BadParameter, match="positive integers like 16,64"):
         parse_int_list(None, None, text)
+
+
+def test_serve_help_lists_every_option_once_under_its_heading():
+    help_text = CliRunner().invoke(cli, ["serve", "--help"]).output
+    headings = ["Server options:", "Engine options (as run's):", "Limits and timeouts:",
+                "Other options:"]
+    starts = [help_text.index(h) for h in headings]
+    assert starts == sorted(starts)
+    ends = [*starts[1:], len(help_text)]
+    sections = {h: help_text[a:b] for h, a, b in zip(headings, starts, ends, strict=True)}
+    assert "--api-key" in sections["Server options:"]
+    assert "--kv-slots" in sections["Engine options (as run's):"]
+    assert "--max-pending" in sections["Limits and timeouts:"]
+    assert "--help" in sections["Other options:"]
+    for param in serve_cmd.serve.params:
+        if isinstance(param, click.Option):
+            flag = max(param.opts, key=len)
+            assert help_text.count(f"  {flag} ") + help_text.count(f"  {flag}\n") == 1, flag
