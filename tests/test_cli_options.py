@@ -40,7 +40,7 @@ def test_run_serve_and_bench_take_the_same_declarations():
 def test_bench_hands_the_engine_options_to_every_run(bundle, monkeypatch):
     seen = []
 
-    def capture(bundle_path, specs, workload):
+    def capture(bundle_path, specs, workload, json_path):
         seen.append(workload)
         raise SystemExit(0)
 

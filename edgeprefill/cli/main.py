@@ -66,8 +66,8 @@ def main() -> None:
     except EdgeprefillError as err:
         click.echo(f"error: {err}", err=True)
         sys.exit(2)
-    except click.exceptions.Abort:
-        click.echo("aborted", err=True)
+    except click.exceptions.Abort as err:  # click's wrapping of Ctrl-C (or EOF)
+        click.echo(_interrupted(err.__cause__), err=True)
         sys.exit(130)
     except click.exceptions.NoArgsIsHelpError as err:
         err.show()  # the help page itself, not an error line
@@ -75,9 +75,17 @@ def main() -> None:
     except click.ClickException as err:
         click.echo(f"error: {_one_line(err)}", err=True)
         sys.exit(err.exit_code)  # click's own: 2 for a usage error
-    except KeyboardInterrupt:
-        click.echo("interrupted", err=True)
+    except KeyboardInterrupt as err:
+        click.echo(_interrupted(err), err=True)
         sys.exit(130)
+
+
+def _interrupted(cause: BaseException | None) -> str:
+    """Ctrl-C's one line. A command that kept something raises KeyboardInterrupt with what
+    (`after 3 of 8 runs; ...`), so the line says it instead of a second line before it."""
+    if not isinstance(cause, KeyboardInterrupt):
+        return "aborted"  # click's Abort of an EOF
+    return " ".join(["interrupted", *map(str, cause.args)])
 
 
 def _one_line(err: click.ClickException) -> str:
