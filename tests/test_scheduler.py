@@ -293,6 +293,14 @@ def test_an_unknown_keyword_of_a_frozen_config_names_it_and_the_valid_ones(make,
     assert str(refused.value).startswith(message), str(refused.value)
 
 
+def test_params_given_as_a_dict_are_one_line_saying_what_to_pass(make_engine):
+    # It was an AttributeError from deep inside submit ('dict' has no 'fit_context').
+    engine = make_engine(background=False)
+    with pytest.raises(RequestError, match=r"^params must be a GenerationParams, got dict "
+                                           r"\(GenerationParams\(\*\*fields\) makes one\)$"):
+        engine.submit(ids(3), {"max_new_tokens": 3}, 0, None)
+
+
 def test_the_scheduler_is_configured_by_its_fields_not_an_object(bundle):
     from edgeprefill.sdk import Engine
 

@@ -245,7 +245,10 @@ class Engine:
         others then start decoding from a copy of its KV slot and its last logits (one
         prefill, n decodes; without a free slot one waits and borrows the prefix later).
         With a seed, choice i draws with seed + i, so the choices differ yet reproduce."""
-        params = params or self.default_params()
+        params = self.default_params() if params is None else params
+        if not isinstance(params, GenerationParams):  # a dict of its fields, most likely
+            raise RequestError(f"params must be a GenerationParams, got "
+                               f"{type(params).__name__} (GenerationParams(**fields) makes one)")
         if not is_int(n) or n < 1:
             raise RequestError(f"n must be an integer >= 1, got {n!r}")
         if session_id is not None and session_id not in self._sessions:
