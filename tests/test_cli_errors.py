@@ -285,6 +285,11 @@ def test_inspect_says_what_a_path_is_when_it_is_no_bundle(hf_copy, tmp_path):
     assert_one_line_error(cli("inspect", tmp_path / "nope"), "nope does not exist")
     assert_one_line_error(cli("inspect", hf_copy), "is a Hugging Face model folder",
                           f"edgeprefill export {hf_copy} -o BUNDLE")
+    gguf = tmp_path / "model-Q8_0.gguf"
+    gguf.write_bytes(b"GGUF")
+    for args in (["inspect", gguf], ["run", gguf, "w5"]):
+        assert_one_line_error(cli(*args), f"{gguf} is a GGUF file, not an edgeprefill "
+                              f"bundle: make one with `edgeprefill export {gguf} -o BUNDLE`")
 
 
 @pytest.mark.parametrize("field, value, fragment", [
