@@ -71,6 +71,14 @@ def test_the_integer_list_parser_refuses_anything_else(text):
         parse_int_list(None, None, text)
 
 
+@pytest.mark.parametrize("command", ["export", "run", "inspect", "serve", "bench", "build"])
+def test_every_option_of_every_command_has_a_help_text(command):
+    from edgeprefill.cli.main import LazyGroup
+
+    options = LazyGroup().get_command(click.Context(cli), command).params
+    assert [o.name for o in options if isinstance(o, click.Option) and not o.help] == []
+
+
 def test_serve_help_lists_every_option_once_under_its_heading():
     help_text = CliRunner().invoke(cli, ["serve", "--help"]).output
     headings = ["Server options:", "Engine options (as run's):", "Limits and timeouts:",

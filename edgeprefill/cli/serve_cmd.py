@@ -27,7 +27,8 @@ REASONING_MODES = ("auto", "none")  # server.reasoning.MODES (not imported: --he
 @click.argument("bundle", type=click.Path(exists=True, file_okay=False, path_type=Path))
 @click.option("--host", default="127.0.0.1", show_default=True,
               help="Interface to listen on; 0.0.0.0 opens the server to the network.")
-@click.option("--port", default=8000, show_default=True, type=click.IntRange(1, 65535))
+@click.option("--port", default=8000, show_default=True, type=click.IntRange(1, 65535),
+              help="TCP port to listen on.")
 @click.option("--model-name", default=None,
               help="The model id clients send (default: the bundle folder's name).")
 @click.option("--api-key", envvar="EDGEPREFILL_API_KEY", default=None, show_envvar=True,
