@@ -378,15 +378,26 @@ def load_manifest(bundle_dir: str | Path, verify_checksums: bool = False) -> Man
     if not path.is_file():
         if not root.exists():
             raise BundleError(f"{root} does not exist")
-        if (root / "config.json").is_file():
-            raise BundleError(f"{root} is a Hugging Face model folder, not an edgeprefill "
-                              f"bundle: make one with `edgeprefill export {root} -o BUNDLE`")
+        source = _export_source(root)
+        if source is not None:
+            raise BundleError(f"{root} is {source}, not an edgeprefill bundle: make one with "
+                              f"`edgeprefill export {root} -o BUNDLE`")
         raise BundleError(f"{root} is not an edgeprefill bundle (no {MANIFEST_FILE})")
     manifest = Manifest.from_dict(load_json_object(path, BundleError))
     check_graph_io(manifest)
     for name, record in manifest.files.items():
         _check_file(root, name, record, verify_checksums)
     return manifest
+
+
+def _export_source(root: Path) -> str | None:
+    """What `edgeprefill export` would take `root` as, if it is no bundle: the input people
+    most often give `run` or `inspect` by mistake."""
+    if (root / "config.json").is_file():
+        return "a Hugging Face model folder"
+    if root.suffix.lower() == ".gguf" and root.is_file():
+        return "a GGUF file"
+    return None
 
 
 def resolve_inside(root: Path, name: str) -> Path:

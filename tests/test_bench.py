@@ -88,8 +88,8 @@ def test_bench_runs_a_policy_named_twice_once(bundle, monkeypatch):
     from edgeprefill.cli import bench_cmd
 
     seen = []
-    monkeypatch.setattr(bench_cmd, "_run_all", lambda bundle, specs, workload: seen.extend(
-        s.label for s in specs) or [])
+    monkeypatch.setattr(bench_cmd, "_run_all", lambda bundle, specs, workload, json_path:
+                        seen.extend(s.label for s in specs) or [])
     monkeypatch.setattr(bench_cmd.report, "table", lambda results: "")
     CliRunner().invoke(cli, ["bench", str(bundle("llama")), "--policies", "fcfs,fcfs"])
     assert seen == ["fcfs"]
@@ -128,9 +128,12 @@ def test_the_plots_stall_is_the_tables_from_token_to_token():
     assert labels == ["9.5 ms between tokens"] and round(_max_stall(steps, 0.012), 4) == 0.0095
 
 
-def test_ctrl_c_during_the_sweep_keeps_the_finished_runs_rows(bundle, monkeypatch, capsys):
+def test_ctrl_c_during_the_sweep_keeps_the_finished_runs_rows(bundle, monkeypatch, capsys,
+                                                              tmp_path):
     # Ctrl-C (SIGINT) lands while the second run is under way: the first run's row is
-    # printed, the command still ends as interrupted (exit 130, no traceback).
+    # printed and written to --json (it used to be lost), the command still ends as
+    # interrupted (exit 130, no traceback) in one line that says what was kept.
+    import json
     import sys
 
     from edgeprefill.cli import bench_cmd
@@ -146,7 +149,8 @@ def test_ctrl_c_during_the_sweep_keeps_the_finished_runs_rows(bundle, monkeypatc
     monkeypatch.setattr(bench_cmd, "run_isolated", interrupted_second)
     monkeypatch.setattr(sys, "argv", [
         "edgeprefill", "bench", str(bundle("llama")), "--sessions", "1", "--prompt-tokens",
-        "64", "--policies", "fcfs,chunked", "--chunk-sizes", "16", "--threads", "1"])
+        "64", "--policies", "fcfs,chunked", "--chunk-sizes", "16", "--threads", "1",
+        "--json", str(tmp_path / "bench.json")])
     with pytest.raises(SystemExit) as leaving:
         main()
     assert leaving.value.code == 130
@@ -154,4 +158,8 @@ def test_ctrl_c_during_the_sweep_keeps_the_finished_runs_rows(bundle, monkeypatc
     rows = out.splitlines()
     assert rows[0].split()[:3] == ["config", "long", "TTFT"]
     assert [line.split()[0] for line in rows[2:]] == ["fcfs"]
-    assert "interrupted after 1 of 2 runs" in err and "Traceback" not in err
+    assert [line for line in err.splitlines()[-2:] if line.strip()] == [
+        f"interrupted after 1 of 2 runs; the rows above are the finished ones, their numbers "
+        f"in {tmp_path / 'bench.json'}"]
+    saved = json.loads((tmp_path / "bench.json").read_text())
+    assert [run["label"] for run in saved["runs"]] == ["fcfs"]

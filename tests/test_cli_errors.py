@@ -285,6 +285,11 @@ def test_inspect_says_what_a_path_is_when_it_is_no_bundle(hf_copy, tmp_path):
     assert_one_line_error(cli("inspect", tmp_path / "nope"), "nope does not exist")
     assert_one_line_error(cli("inspect", hf_copy), "is a Hugging Face model folder",
                           f"edgeprefill export {hf_copy} -o BUNDLE")
+    gguf = tmp_path / "model-Q8_0.gguf"
+    gguf.write_bytes(b"GGUF")
+    for args in (["inspect", gguf], ["run", gguf, "w5"]):
+        assert_one_line_error(cli(*args), f"{gguf} is a GGUF file, not an edgeprefill "
+                              f"bundle: make one with `edgeprefill export {gguf} -o BUNDLE`")
 
 
 @pytest.mark.parametrize("field, value, fragment", [
@@ -495,3 +500,21 @@ def test_a_context_past_a_models_cap_is_one_line_naming_the_reason(
     result = cli("export", hf, "-o", tmp_path / "b", "--max-context", context)
     assert_one_line_error(result, f"--max-context {context} exceeds {reason}")
     assert "the model's max_position_embeddings" not in result.stderr
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["run", "--bogus"], "No such option '--bogus'. (see `"),
+    (["runn"], "No such command 'runn'."),
+    (["run"], "Missing argument 'BUNDLE'."),
+    (["serve", "x", "--port", "abc"], "Invalid value for '--port'"),
+])
+def test_a_usage_error_is_one_line_with_clicks_exit_code_and_a_help_pointer(args, fragment):
+    result = cli(*args)
+    assert_one_line_error(result, fragment, "--help`)")
+    assert result.returncode == 2
+
+
+def test_help_and_no_arguments_still_print_the_help_page():
+    for args in (["run", "--help"], []):
+        result = cli(*args)
+        assert "Usage: " in result.stdout + result.stderr and "error:" not in result.stderr

@@ -40,7 +40,7 @@ def test_run_serve_and_bench_take_the_same_declarations():
 def test_bench_hands_the_engine_options_to_every_run(bundle, monkeypatch):
     seen = []
 
-    def capture(bundle_path, specs, workload):
+    def capture(bundle_path, specs, workload, json_path):
         seen.append(workload)
         raise SystemExit(0)
 
@@ -69,3 +69,29 @@ def test_the_integer_list_parser_reads_lists(text, expected):
 def test_the_integer_list_parser_refuses_anything_else(text):
     with pytest.raises(click.BadParameter, match="positive integers like 16,64"):
         parse_int_list(None, None, text)
+
+
+@pytest.mark.parametrize("command", ["export", "run", "inspect", "serve", "bench", "build"])
+def test_every_option_of_every_command_has_a_help_text(command):
+    from edgeprefill.cli.main import LazyGroup
+
+    options = LazyGroup().get_command(click.Context(cli), command).params
+    assert [o.name for o in options if isinstance(o, click.Option) and not o.help] == []
+
+
+def test_serve_help_lists_every_option_once_under_its_heading():
+    help_text = CliRunner().invoke(cli, ["serve", "--help"]).output
+    headings = ["Server options:", "Engine options (as run's):", "Limits and timeouts:",
+                "Other options:"]
+    starts = [help_text.index(h) for h in headings]
+    assert starts == sorted(starts)
+    ends = [*starts[1:], len(help_text)]
+    sections = {h: help_text[a:b] for h, a, b in zip(headings, starts, ends, strict=True)}
+    assert "--api-key" in sections["Server options:"]
+    assert "--kv-slots" in sections["Engine options (as run's):"]
+    assert "--max-pending" in sections["Limits and timeouts:"]
+    assert "--help" in sections["Other options:"]
+    for param in serve_cmd.serve.params:
+        if isinstance(param, click.Option):
+            flag = max(param.opts, key=len)
+            assert help_text.count(f"  {flag} ") + help_text.count(f"  {flag}\n") == 1, flag

@@ -4,6 +4,11 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
+from edgeprefill.cli.run_modes import read_requests
+from edgeprefill.errors import RequestError
+from edgeprefill.sdk import GenerationParams
 from tests.test_cli_errors import cli
 
 
@@ -129,3 +134,20 @@ def test_ctrl_c_during_concurrent_requests_prints_what_was_generated(bundle, cap
     assert out[0] == "--- request 0 (priority 0)" and out[1] == whole_short
     assert out[2] == "--- request 1 (priority 0)" and whole_long.startswith(out[3])
     assert out[4:] == ["--- request 2 (priority 0)", "not submitted (interrupted)"]
+
+
+def test_a_prompts_line_is_an_object_a_json_string_or_plain_text():
+    jobs = read_requests(['{"prompt": "w5 w6"}', '"w7 \\"quoted\\""', "w8 [w9]", "[w10"],
+                         GenerationParams())
+    assert [job.prompt for job in jobs] == ["w5 w6", 'w7 "quoted"', "w8 [w9]", "[w10"]
+
+
+@pytest.mark.parametrize("line, fragment", [
+    ("42", "JSON 42 is no request: give a JSON object"),
+    ('["w5", "w6"]', r'JSON \["w5", "w6"\] is no request'),
+    ("null", "JSON null is no request"),
+    ('"  "', "the prompt is empty"),
+])
+def test_a_prompts_line_of_other_json_is_an_error_naming_its_line(line, fragment):
+    with pytest.raises(RequestError, match=rf"^--prompts line 2: {fragment}"):
+        read_requests(['{"prompt": "w5"}', line], GenerationParams())

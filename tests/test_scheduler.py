@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from edgeprefill.errors import RequestError
-from edgeprefill.sdk import Engine, GenerationParams
+from edgeprefill.sdk import Engine, EngineConfig, GenerationParams, SchedulerConfig
 from tests.fake_backend import ids
 
 LONG = 300
@@ -267,6 +269,36 @@ def test_boolean_engine_options_refuse_strings(option):
 
     with pytest.raises(RequestError, match=f"{option} must be True or False, got 'no'"):
         EngineConfig(**{option: "no"})
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda: GenerationParams(top_pp=0.5),
+     "GenerationParams has no field 'top_pp' (did you mean 'top_p'?); its fields: "
+     "max_new_tokens, temperature, top_k, top_p, "),
+    (lambda: GenerationParams(unknown=1, other=2),
+     "GenerationParams has no fields 'unknown', 'other'; its fields: max_new_tokens, "),
+    (lambda: replace(GenerationParams(), tempreature=1.0),
+     "GenerationParams has no field 'tempreature' (did you mean 'temperature'?)"),
+    (lambda: SchedulerConfig(polcy="fcfs"),
+     "SchedulerConfig has no field 'polcy' (did you mean 'policy'?); its fields: policy, "),
+    (lambda: EngineConfig(thread=2),
+     "EngineConfig has no field 'thread' (did you mean 'threads'?); its fields: backend, "),
+    (lambda: Engine.load("no-bundle", kv_slot=2),  # before the bundle is even looked at
+     "Engine.load has no option 'kv_slot' (did you mean 'kv_slots'?); its options: "),
+])
+def test_an_unknown_keyword_of_a_frozen_config_names_it_and_the_valid_ones(make, message):
+    # It used to be Python's TypeError from the dataclass's __init__, naming no valid field.
+    with pytest.raises(RequestError) as refused:
+        make()
+    assert str(refused.value).startswith(message), str(refused.value)
+
+
+def test_params_given_as_a_dict_are_one_line_saying_what_to_pass(make_engine):
+    # It was an AttributeError from deep inside submit ('dict' has no 'fit_context').
+    engine = make_engine(background=False)
+    with pytest.raises(RequestError, match=r"^params must be a GenerationParams, got dict "
+                                           r"\(GenerationParams\(\*\*fields\) makes one\)$"):
+        engine.submit(ids(3), {"max_new_tokens": 3}, 0, None)
 
 
 def test_the_scheduler_is_configured_by_its_fields_not_an_object(bundle):

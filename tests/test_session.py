@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from edgeprefill.errors import RequestError
@@ -42,3 +44,14 @@ def test_submit_naming_a_session_this_engine_never_made_is_refused_in_one_line(t
         session = engine.session()
         reply = engine.submit(ids, GREEDY, 0, session.id).result()
         assert reply.token_ids == engine.generate("hello", GREEDY).result().token_ids
+
+
+def test_an_empty_text_prompt_is_refused_as_the_completions_route_refuses_it(tiny_bundle):
+    # It used to run the BOS alone and generate from nothing. Whitespace is text, as the
+    # server takes it (a base model may continue from "\n").
+    with Engine.load(tiny_bundle, threads=1, kv_slots=2) as engine:
+        assert engine.tokenizer.encode("") != []  # the BOS the request would have run
+        with pytest.raises(RequestError, match="^the prompt is empty$"):
+            engine.generate("", GREEDY)
+        newline = engine.generate("\n", replace(GREEDY, ignore_eos=True)).result()
+        assert len(newline.token_ids) == 4

@@ -90,7 +90,7 @@ def bench(
             _check_writable(path, option)
     if plot is not None:
         timeline.require_matplotlib(plot)
-    results = _run_all(bundle, specs, workload)
+    results = _run_all(bundle, specs, workload, json_path)
     click.echo(report.table(results))
     if json_path is not None:
         report.write_json(json_path, bundle, workload, results)
@@ -100,7 +100,8 @@ def bench(
         click.echo(f"wrote {plot}", err=True)
 
 
-def _run_all(bundle: Path, specs: list[RunSpec], workload: Workload) -> list[RunResult]:
+def _run_all(bundle: Path, specs: list[RunSpec], workload: Workload,
+             json_path: Path | None) -> list[RunResult]:
     results: list[RunResult] = []
     try:
         with tqdm(specs, desc="bench", unit="run", leave=False) as progress:
@@ -108,12 +109,16 @@ def _run_all(bundle: Path, specs: list[RunSpec], workload: Workload) -> list[Run
                 progress.set_postfix_str(spec.label)
                 results.append(run_isolated(bundle, spec, workload))
     except KeyboardInterrupt:
-        # Ctrl-C minutes into a sweep: the finished runs' rows are still worth having.
-        if results:
-            click.echo(report.table(results))
-            click.echo(f"interrupted after {len(results)} of {len(specs)} runs; the rows "
-                       "above are the finished ones", err=True)
-        raise
+        # Ctrl-C minutes into a sweep: the finished runs' rows and numbers are still worth
+        # having. The one line main() prints says so.
+        if not results:
+            raise
+        click.echo(report.table(results))
+        kept = "the rows above are the finished ones"
+        if json_path is not None:
+            report.write_json(json_path, bundle, workload, results)
+            kept += f", their numbers in {json_path}"
+        raise KeyboardInterrupt(f"after {len(results)} of {len(specs)} runs; {kept}") from None
     return results
 
 

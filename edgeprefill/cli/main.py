@@ -66,15 +66,36 @@ def main() -> None:
     except EdgeprefillError as err:
         click.echo(f"error: {err}", err=True)
         sys.exit(2)
-    except click.exceptions.Abort:
-        click.echo("aborted", err=True)
+    except click.exceptions.Abort as err:  # click's wrapping of Ctrl-C (or EOF)
+        click.echo(_interrupted(err.__cause__), err=True)
         sys.exit(130)
-    except click.ClickException as err:
-        err.show()
+    except click.exceptions.NoArgsIsHelpError as err:
+        err.show()  # the help page itself, not an error line
         sys.exit(err.exit_code)
-    except KeyboardInterrupt:
-        click.echo("interrupted", err=True)
+    except click.ClickException as err:
+        click.echo(f"error: {_one_line(err)}", err=True)
+        sys.exit(err.exit_code)  # click's own: 2 for a usage error
+    except KeyboardInterrupt as err:
+        click.echo(_interrupted(err), err=True)
         sys.exit(130)
+
+
+def _interrupted(cause: BaseException | None) -> str:
+    """Ctrl-C's one line. A command that kept something raises KeyboardInterrupt with what
+    (`after 3 of 8 runs; ...`), so the line says it instead of a second line before it."""
+    if not isinstance(cause, KeyboardInterrupt):
+        return "aborted"  # click's Abort of an EOF
+    return " ".join(["interrupted", *map(str, cause.args)])
+
+
+def _one_line(err: click.ClickException) -> str:
+    """click's message, with the `--help` pointer of its three-line usage error kept at
+    the end of the one line every other error of the project is."""
+    message = " ".join(err.format_message().split())
+    ctx = getattr(err, "ctx", None)
+    if isinstance(err, click.UsageError) and ctx is not None:
+        message += f" (see `{ctx.command_path} --help`)"
+    return message
 
 
 def _silence_stdout() -> None:

@@ -114,3 +114,24 @@ def engine_options(*names: str) -> Callable:
         return gather
 
     return decorate
+
+
+class SectionedCommand(click.Command):
+    """A command whose --help lists its options under headings, as the README groups
+    them: `sections` maps a heading to parameter names; the rest (--help) follow under
+    "Other options"."""
+
+    def __init__(self, *args: Any, sections: dict[str, tuple[str, ...]], **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.sections = sections
+
+    def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        records = {p.name: p.get_help_record(ctx) for p in self.get_params(ctx)}
+        placed = {name for names in self.sections.values() for name in names}
+        groups = [*self.sections.items(),
+                  ("Other options", tuple(n for n in records if n not in placed))]
+        for heading, names in groups:
+            rows = [record for name in names if (record := records.get(name))]
+            if rows:
+                with formatter.section(heading):
+                    formatter.write_dl(rows)

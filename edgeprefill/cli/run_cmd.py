@@ -39,7 +39,7 @@ def _priority(ctx: click.Context, param: click.Parameter, value: str) -> int:
 @click.option("--prompts", "prompts_file", type=click.File("r"),
               help="JSON lines of concurrent requests: {\"prompt\", \"priority\" (lower "
                    "first), \"delay_s\", and any sampling field such as \"max_new_tokens\"} "
-                   "(or one plain prompt per line).")
+                   "(or a line that is a JSON string or plain text: the prompt alone).")
 @click.option("--priority", default="0", show_default=True, callback=_priority,
               help="Lower is served first (vLLM's meaning); high, normal, low = -1, 0, 1. "
                    "For --sessions, and --prompts lines that give none.")

@@ -73,7 +73,8 @@ def read_requests(
     handle: Iterable[str], params: GenerationParams, priority: int = 0,
 ) -> list[Job]:
     """One Job per line: a JSON object (keys JOB_KEYS and GenerationParams fields, which
-    override the command line's) or a plain prompt. An unknown key is an error, not a
+    override the command line's), a JSON string (the prompt) or plain text (the prompt);
+    other JSON (a number, a list, true, null) is an error. An unknown key is an error, not a
     silently ignored setting. `priority` is the default of lines that give none."""
     jobs = []
     for number, line in enumerate(handle, 1):
@@ -91,11 +92,14 @@ def read_requests(
 
 
 def _job(line: str, params: GenerationParams, priority: int) -> Job:
-    if not line.startswith("{"):
-        return Job(line, params, priority, 0.0)
-    raw = json.loads(line)
+    raw = _json_or_text(line)
+    if isinstance(raw, str):
+        if not raw.strip():
+            raise ValueError("the prompt is empty")
+        return Job(raw, params, priority, 0.0)
     if not isinstance(raw, dict):
-        raise ValueError("expected a JSON object")
+        raise ValueError(f"JSON {json.dumps(raw)[:40]} is no request: give a JSON object "
+                         '({"prompt": ...}), a JSON string, or plain text that is not JSON')
     settable = {f.name for f in fields(GenerationParams)} - set(NOT_FROM_JSON)
     unknown = sorted(set(raw) - settable - set(JOB_KEYS))
     if unknown:
@@ -114,6 +118,17 @@ def _job(line: str, params: GenerationParams, priority: int) -> Job:
         raise ValueError(f"'delay_s' must be a number of seconds in [0, {MAX_DELAY_S}], "
                          f"got {delay!r}")
     return Job(prompt, job_params, parse_priority(raw.get("priority", priority)), float(delay))
+
+
+def _json_or_text(line: str) -> object:
+    """The line's JSON value, or the line itself where it is plain text. A line starting
+    with `{` is meant as an object, so its bad JSON is an error, not a prompt."""
+    try:
+        return json.loads(line)
+    except json.JSONDecodeError:
+        if line.startswith("{"):
+            raise
+        return line
 
 
 def concurrent(engine: Engine, jobs: list[Job], stats: bool, turn: Turn = PLAIN) -> None:

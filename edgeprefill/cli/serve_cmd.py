@@ -9,8 +9,8 @@ from pathlib import Path
 
 import click
 
-from edgeprefill.cli.options import engine_options
-from edgeprefill.cli.serve_limits import limit_options, split_limits
+from edgeprefill.cli.options import ENGINE_OPTIONS, SectionedCommand, engine_options
+from edgeprefill.cli.serve_limits import LIMIT_NAMES, limit_options, split_limits
 from edgeprefill.errors import EdgeprefillError
 
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")  # uvicorn's and logging's
@@ -18,11 +18,17 @@ REASONING_MODES = ("auto", "none")  # server.reasoning.MODES (not imported: --he
 # starlette; a test checks they agree)
 
 
-@click.command()
+@click.command(cls=SectionedCommand, sections={
+    "Server options": ("host", "port", "model_name", "api_key", "reasoning_parser",
+                       "log_level"),
+    "Engine options (as run's)": tuple(ENGINE_OPTIONS),
+    "Limits and timeouts": ("max_pending", *LIMIT_NAMES),
+})
 @click.argument("bundle", type=click.Path(exists=True, file_okay=False, path_type=Path))
 @click.option("--host", default="127.0.0.1", show_default=True,
               help="Interface to listen on; 0.0.0.0 opens the server to the network.")
-@click.option("--port", default=8000, show_default=True, type=click.IntRange(1, 65535))
+@click.option("--port", default=8000, show_default=True, type=click.IntRange(1, 65535),
+              help="TCP port to listen on.")
 @click.option("--model-name", default=None,
               help="The model id clients send (default: the bundle folder's name).")
 @click.option("--api-key", envvar="EDGEPREFILL_API_KEY", default=None, show_envvar=True,
@@ -52,8 +58,8 @@ def serve(
     engine: dict, **limit_values,
 ) -> None:
     """Serve BUNDLE over an OpenAI-compatible HTTP API (completions, chat with tools,
-    the Responses API (stateless), models, tokenize/detokenize, version, health,
-    Prometheus metrics), logging one line
+    the Responses API (stateless), Anthropic's Messages API, Ollama's native API,
+    models, tokenize/detokenize, version, health, Prometheus metrics), logging one line
     per request. Requests may add edgeprefill's own fields, e.g. "priority": -1 (or
     "high") to jump ahead of long prompts; lower is served first.
 

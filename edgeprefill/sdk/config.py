@@ -7,6 +7,7 @@ from typing import NamedTuple
 
 from edgeprefill.engines.base import COMPUTES
 from edgeprefill.errors import RequestError
+from edgeprefill.sdk.known_fields import known_fields
 from edgeprefill.sdk.scheduler import SchedulerConfig
 from edgeprefill.values import is_int
 
@@ -24,6 +25,7 @@ class StepTrace(NamedTuple):
     fused: bool = False
 
 
+@known_fields
 @dataclass(frozen=True)
 class EngineConfig:
     backend: str = "onnxruntime"

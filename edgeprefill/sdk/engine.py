@@ -38,6 +38,7 @@ from edgeprefill.errors import (
 )
 from edgeprefill.sdk.config import EngineConfig, StepTrace
 from edgeprefill.sdk.generation_defaults import GenerationDefaults
+from edgeprefill.sdk.known_fields import unknown_message
 from edgeprefill.sdk.kv_cache import KVCache
 from edgeprefill.sdk.metrics import EngineCounters, EngineMetrics, RequestMetrics
 from edgeprefill.sdk.params import GenerationParams
@@ -134,12 +135,15 @@ class Engine:
         if "scheduler" in options:
             raise RequestError("give the scheduler's fields (policy=, chunk_size=, ...) as "
                                "keyword options, not scheduler=")
-        sched_fields = {f.name for f in dataclasses.fields(SchedulerConfig)}
+        sched_fields = [f.name for f in dataclasses.fields(SchedulerConfig)]
+        engine_fields = [f.name for f in dataclasses.fields(EngineConfig)
+                         if f.name != "scheduler"]
+        unknown = [k for k in options if k not in engine_fields + sched_fields]
+        if unknown:
+            raise RequestError(unknown_message("Engine.load", unknown,
+                                               engine_fields + sched_fields, "option"))
         sched = {k: options.pop(k) for k in list(options) if k in sched_fields}
-        try:
-            config = EngineConfig(scheduler=SchedulerConfig(**sched), **options)
-        except TypeError as err:
-            raise RequestError(f"unknown engine option: {err}") from None
+        config = EngineConfig(scheduler=SchedulerConfig(**sched), **options)
         return cls(bundle_dir, config)
 
     def _warm_up(self) -> None:
@@ -212,8 +216,11 @@ class Engine:
     ) -> TokenStream:
         """One request outside any session: its KV stays only as a prefix-cache entry.
         `priority`: lower is served first (vLLM's meaning); `high`/`normal`/`low` too.
-        Its TTFT counts from this call, tokenizing the prompt included."""
+        Its TTFT counts from this call, tokenizing the prompt included. An empty text is
+        refused (it would run the BOS alone), as the completions route refuses it."""
         arrival = time.perf_counter()
+        if isinstance(prompt, str) and not prompt:
+            raise RequestError("the prompt is empty")
         return self.submit(self.tokenizer.encode(prompt), params, priority, None, chunk_size,
                            arrival=arrival)
 
@@ -238,7 +245,10 @@ class Engine:
         others then start decoding from a copy of its KV slot and its last logits (one
         prefill, n decodes; without a free slot one waits and borrows the prefix later).
         With a seed, choice i draws with seed + i, so the choices differ yet reproduce."""
-        params = params or self.default_params()
+        params = self.default_params() if params is None else params
+        if not isinstance(params, GenerationParams):  # a dict of its fields, most likely
+            raise RequestError(f"params must be a GenerationParams, got "
+                               f"{type(params).__name__} (GenerationParams(**fields) makes one)")
         if not is_int(n) or n < 1:
             raise RequestError(f"n must be an integer >= 1, got {n!r}")
         if session_id is not None and session_id not in self._sessions:
@@ -305,10 +315,7 @@ class Engine:
         # No max_new_tokens of the caller's: the default is a cap the context may cut, not
         # a promise that refuses a long prompt (as `edgeprefill run` without the option).
         given.setdefault("fit_context", "max_new_tokens" not in given)
-        try:
-            params = GenerationParams(**given)
-        except TypeError as err:
-            raise RequestError(f"unknown generation parameter: {err}") from None
+        params = GenerationParams(**given)  # an unknown keyword is its RequestError
         return self.generation_defaults.fill(params, given)
 
     def kv_forget(self, session_id: int) -> None:

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from edgeprefill.errors import RequestError
+from edgeprefill.sdk.known_fields import known_fields
 from edgeprefill.values import is_finite, is_int
 
 if TYPE_CHECKING:
@@ -19,6 +20,7 @@ MAX_STOP_STRINGS = 256
 MAX_STOP_CHARS = 10_000
 
 
+@known_fields
 @dataclass(frozen=True)
 class GenerationParams:
     max_new_tokens: int | None = 256  # None: until EOS, a stop string or the context is full

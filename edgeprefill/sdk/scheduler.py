@@ -35,12 +35,14 @@ from typing import NamedTuple
 
 from edgeprefill.errors import RequestError
 from edgeprefill.sdk.chunking import ChunkController
+from edgeprefill.sdk.known_fields import known_fields
 from edgeprefill.sdk.kv_cache import KVCache
 from edgeprefill.sdk.request import Phase, Request
 
 POLICIES = ("fcfs", "chunked", "chunked+priority")
 
 
+@known_fields
 @dataclass(frozen=True)
 class SchedulerConfig:
     policy: str = "chunked+priority"
