@@ -24,7 +24,7 @@ pytest.importorskip("uvicorn")
 from edgeprefill.bundle import MANIFEST_FILE  # noqa: E402
 from edgeprefill.sdk import Engine  # noqa: E402
 from edgeprefill.server import ServerConfig, ServerThread, create_app  # noqa: E402
-from edgeprefill.server.app import BODY_BASE_BYTES, BODY_BYTES_PER_TOKEN  # noqa: E402
+from edgeprefill.server.config import BODY_BASE_BYTES, BODY_BYTES_PER_TOKEN  # noqa: E402
 from edgeprefill.server.transport import HttpTimeouts  # noqa: E402
 from tests.test_serve import assert_error, free_port, wait_idle  # noqa: E402
 

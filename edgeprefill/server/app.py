@@ -22,11 +22,10 @@ runs, which frees its KV slot, and records its metrics.
 from __future__ import annotations
 
 import asyncio
-import hmac
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any, NamedTuple
 
 import anyio
@@ -36,7 +35,6 @@ from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
-from starlette.types import ASGIApp, Receive, Scope, Send
 
 from edgeprefill.errors import EdgeprefillError, EngineClosedError, RequestError
 from edgeprefill.sdk.engine import Engine
@@ -44,8 +42,10 @@ from edgeprefill.sdk.params import GenerationParams
 from edgeprefill.sdk.stream import TokenStream
 from edgeprefill.server import access_log
 from edgeprefill.server.access_log import AccessLog
+from edgeprefill.server.auth import ApiKeyMiddleware
 from edgeprefill.server.body import read_json
 from edgeprefill.server.choices import Choices
+from edgeprefill.server.config import ServerConfig, body_limit
 from edgeprefill.server.errors import ApiError, generation_failure
 from edgeprefill.server.harmony import bundle_harmony, reply_harmony
 from edgeprefill.server.messages_request import count_body, parse_messages_api
@@ -61,7 +61,7 @@ from edgeprefill.server.ollama_request import (
 from edgeprefill.server.ollama_routes import OllamaRoutes
 from edgeprefill.server.ollama_stream import OllamaReply, load_reply, ollama_lines
 from edgeprefill.server.prompt_worker import Encoded, PromptTimeout, PromptWorkers
-from edgeprefill.server.reasoning import MODES, bundle_thinks, reply_reasoning
+from edgeprefill.server.reasoning import bundle_thinks, reply_reasoning
 from edgeprefill.server.responses import Shape
 from edgeprefill.server.responses_output import ResponseHead
 from edgeprefill.server.responses_request import (
@@ -80,61 +80,6 @@ from edgeprefill.server.tools import (
     reply_parser,
     template_vars,
 )
-from edgeprefill.values import is_int
-
-# Answered without the API key (liveness probes; "/" is Ollama's).
-OPEN_PATHS = frozenset({"/health", "/"})
-
-
-@dataclass(frozen=True)
-class ServerConfig:
-    model_name: str  # the id clients send as `model`
-    api_key: str | None = None  # None: no authentication
-    max_pending: int = 64  # requests admitted at once, running or queued; more get 429
-    # A bigger request body gets 413 before it is read whole, so an endless body cannot
-    # fill the device's memory. None: derived from the context (body_limit below).
-    max_body_bytes: int | None = None
-    body_timeout_s: float = 30.0  # headers received -> whole body, else 408
-    prompt_timeout_s: float = 10.0  # tokenizing + rendering one prompt, else 400
-    prompt_workers: int = 1  # processes that tokenize and render (~50 MB each)
-    # "auto": chat replies of a bundle whose template thinks carry their `<think>` block
-    # apart from the content (server/reasoning.py); "none": the reply is all content.
-    reasoning_parser: str = "auto"
-    # llama.cpp's --reasoning-budget: the thinking budget (sdk/thinking_budget.py) of a
-    # chat reply whose request sets none; -1: no cap, 0: the block is closed at once.
-    reasoning_budget: int = -1
-
-    def __post_init__(self) -> None:
-        if self.max_pending < 1:
-            raise RequestError(f"max_pending must be >= 1, got {self.max_pending}")
-        if self.max_body_bytes is not None and self.max_body_bytes < 1:
-            raise RequestError(f"max_body_bytes must be >= 1, got {self.max_body_bytes}")
-        if self.prompt_workers < 1:
-            raise RequestError(f"prompt_workers must be >= 1, got {self.prompt_workers}")
-        for name in ("body_timeout_s", "prompt_timeout_s"):
-            if not getattr(self, name) > 0:
-                raise RequestError(f"{name} must be positive, got {getattr(self, name)}")
-        if self.api_key is not None and not self.api_key:
-            raise RequestError("the API key is empty; unset it to serve without a key")
-        if self.reasoning_parser not in MODES:
-            raise RequestError(f"reasoning_parser must be one of {', '.join(MODES)}, got "
-                               f"{self.reasoning_parser!r}")
-        if not is_int(self.reasoning_budget) or self.reasoning_budget < -1:
-            raise RequestError(f"reasoning_budget must be an integer >= -1 (-1: no cap), got "
-                               f"{self.reasoning_budget!r}")
-
-
-# The derived body limit: a prompt filling the whole context, at a bound on JSON bytes per
-# token no real text reaches (a token is ~4 characters; JSON escapes one non-ASCII
-# character as 6 or 12 bytes; a token id is at most 7), plus room for the other fields.
-BODY_BYTES_PER_TOKEN = 64
-BODY_BASE_BYTES = 64 << 10
-
-
-def body_limit(config: ServerConfig, context: int) -> int:
-    if config.max_body_bytes is not None:
-        return config.max_body_bytes
-    return BODY_BASE_BYTES + BODY_BYTES_PER_TOKEN * context
 
 
 def create_app(engine: Engine, config: ServerConfig) -> Starlette:
@@ -508,35 +453,6 @@ class Admitted(NamedTuple):
     request: CompletionRequest
     stream: Choices
     opens_think: bool
-
-
-class ApiKeyMiddleware:
-    """`Authorization: Bearer <key>` (OpenAI's clients) or `x-api-key: <key>` (Anthropic's)
-    on every path but /health, compared in constant time so the response time tells an
-    attacker nothing about how much of a guess was right."""
-
-    def __init__(self, app: ASGIApp, key: str, on_reject: Callable[[int], None]) -> None:
-        self.app = app
-        self.key = key.encode()
-        self.on_reject = on_reject
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["path"] not in OPEN_PATHS and not self._ok(scope):
-            self.on_reject(401)
-            error = ApiError(401, "invalid or missing API key: send the header "
-                             "'Authorization: Bearer <key>' or 'x-api-key: <key>'",
-                             code="invalid_api_key")
-            await error.response(scope["path"])(scope, receive, send)
-            return
-        await self.app(scope, receive, send)
-
-    def _ok(self, scope: Scope) -> bool:
-        headers = dict(scope["headers"])
-        scheme, _, token = headers.get(b"authorization", b"").partition(b" ")
-        bearer = scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), self.key)
-        # Both compared, whichever is sent: the time taken says nothing about which.
-        api_key = hmac.compare_digest(headers.get(b"x-api-key", b"").strip(), self.key)
-        return bearer or api_key
 
 
 def _is_chat(prompt) -> bool:
