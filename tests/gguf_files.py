@@ -3,7 +3,8 @@ way llama.cpp's convert_hf_to_gguf.py writes them (its TextModel.set_gguf_parame
 LlamaModel.permute, _set_vocab_gpt2 and prepare_tensors, read at ggml-org/llama.cpp):
 llama.cpp's tensor names, the Llama family's q/k rows permuted for its rope, a llama3 rope
 scaling as its per-frequency `rope_freqs` factors (LlamaModel.generate_extra_tensors), a
-byte-level BPE ("gpt2") vocabulary, F32 or Q8_0 weights (one-dimensional tensors stay F32)."""
+byte-level BPE ("gpt2") vocabulary, F32 or Q8_0 weights (one-dimensional tensors stay F32);
+Gemma3Model's and Phi3MiniModel's own metadata and Phi-3's longrope factor tensors."""
 
 from __future__ import annotations
 
@@ -17,9 +18,11 @@ import numpy as np
 # HF model_type -> llama.cpp's architecture, and whether its converter permutes q/k
 # (LlamaModel does; Qwen2Model and Qwen3Model, whose rope is NeoX-style, do not).
 ARCHS = {"llama": ("llama", True), "qwen2": ("qwen2", False), "qwen3": ("qwen3", False),
-         "gemma2": ("gemma2", False), "qwen3_moe": ("qwen3moe", False)}
-# Gemma2Model stores its norms as `w + 1` (ggml multiplies by the weight as it is).
-NORMS_PLUS_ONE = ("gemma2",)
+         "gemma2": ("gemma2", False), "qwen3_moe": ("qwen3moe", False),
+         "gemma3_text": ("gemma3", False), "phi3": ("phi3", False)}
+# Gemma2Model and Gemma3Model store their norms as `w + 1` (ggml multiplies by the weight
+# as it is).
+NORMS_PLUS_ONE = ("gemma2", "gemma3")
 
 
 def permute(weights: np.ndarray, n_head: int, n_head_kv: int | None) -> np.ndarray:
@@ -59,8 +62,14 @@ def write_gguf(hf_dir: Path, out: Path, quant: str = "F32", name: str = "tiny",
     head_dim = config.get("head_dim") or config["hidden_size"] // heads
     writer.add_key_length(head_dim)
     writer.add_value_length(head_dim)
-    writer.add_rope_dimension_count(head_dim)
+    if arch != "phi3":  # Phi3MiniModel writes its partial rotary width
+        writer.add_rope_dimension_count(head_dim)
     writer.add_vocab_size(config["vocab_size"])
+    _add_rope_scaling(writer, config)
+    if arch == "gemma3":
+        _add_gemma3_parameters(writer, config)
+    if arch == "phi3":
+        _add_phi3_parameters(writer, config)
     if arch == "gemma2":  # Gemma2Model.set_gguf_parameters
         writer.add_sliding_window(config["sliding_window"])
         writer.add_attn_logit_softcapping(config["attn_logit_softcapping"])
@@ -92,6 +101,8 @@ def write_gguf(hf_dir: Path, out: Path, quant: str = "F32", name: str = "tiny",
         rope_freqs = llama3_rope_factors(config)
     if rope_freqs is not None:
         writer.add_tensor("rope_freqs.weight", np.asarray(rope_freqs, np.float32))
+    for factors_name, data in _longrope_factors(config).items():
+        writer.add_tensor(factors_name, data)
     for extra_name, data in (extra or {}).items():
         writer.add_tensor(extra_name, np.asarray(data, np.float32))
     writer.write_header_to_file()
@@ -148,9 +159,64 @@ def _stacked_experts(tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     return out
 
 
+def _rope_params(config: dict) -> dict:
+    """The converter's rope_parameters: a layer-typed rope's full_attention part."""
+    params = config.get("rope_parameters") or config.get("rope_scaling") or {}
+    return params.get("full_attention", params)
+
+
 def _rope_theta(config: dict) -> float:
-    params = config.get("rope_parameters") or {}
-    return float(params.get("rope_theta", config.get("rope_theta", 10000.0)))
+    return float(_rope_params(config).get("rope_theta", config.get("rope_theta", 10000.0)))
+
+
+def _add_rope_scaling(writer, config: dict) -> None:
+    """TextModel.set_gguf_parameters: a linear rope's type and factor, a sliding layers'
+    own theta (Phi3MiniModel, which does not call it, writes neither)."""
+    import gguf
+
+    if config["model_type"] == "phi3":
+        return
+    params = _rope_params(config)
+    if params.get("rope_type") == "linear" and params.get("factor") is not None:
+        writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        writer.add_rope_scaling_factor(params["factor"])
+    sliding = (config.get("rope_parameters") or {}).get("sliding_attention", {})
+    if sliding.get("rope_theta") is not None:
+        writer.add_rope_freq_base_swa(sliding["rope_theta"])
+
+
+def _add_gemma3_parameters(writer, config: dict) -> None:
+    """Gemma3Model.set_gguf_parameters: the final soft-cap where set, the window (no
+    pattern: llama.cpp's Gemma 3 slides 5 layers of 6)."""
+    if config.get("final_logit_softcapping"):
+        writer.add_final_logit_softcapping(config["final_logit_softcapping"])
+    writer.add_sliding_window(config["sliding_window"])
+
+
+def _add_phi3_parameters(writer, config: dict) -> None:
+    """Phi3MiniModel.set_gguf_parameters: the original context, the rotary width, the
+    window (0 where none: Phi-4's), longrope's attention factor."""
+    params = _rope_params(config)
+    original = params.get("original_max_position_embeddings",
+                          config.get("original_max_position_embeddings"))
+    rotary = params.get("partial_rotary_factor", config.get("partial_rotary_factor", 1.0))
+    writer.add_rope_scaling_orig_ctx_len(original)
+    writer.add_rope_dimension_count(
+        int(rotary * config["hidden_size"]) // config["num_attention_heads"])
+    writer.add_sliding_window(config.get("sliding_window") or 0)
+    if params.get("long_factor"):
+        scale = config["max_position_embeddings"] / original
+        writer.add_rope_scaling_attn_factors(
+            math.sqrt(1 + math.log(scale) / math.log(original)) if scale > 1 else 1.0)
+
+
+def _longrope_factors(config: dict) -> dict[str, np.ndarray]:
+    """Phi3MiniModel.generate_extra_tensors: longrope's factor lists as two tensors."""
+    params = _rope_params(config)
+    if config["model_type"] != "phi3" or not params.get("long_factor"):
+        return {}
+    return {"rope_factors_long.weight": np.asarray(params["long_factor"], np.float32),
+            "rope_factors_short.weight": np.asarray(params["short_factor"], np.float32)}
 
 
 def _add_vocab(writer, hf_dir: Path, config: dict) -> None:

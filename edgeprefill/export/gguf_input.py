@@ -12,7 +12,9 @@ and one tensor in float32, not the whole model.
 
 Quantized weights are dequantized: the bundle holds the GGUF's values in float, and
 `--quantize int4/int8` re-quantizes them with its own rounding. What the reader skips of a
-Llama 3.1+ file, its rope scaling as llama.cpp's `rope_freqs`, gguf_rope.py restores.
+Llama 3.1+ file, its rope scaling as llama.cpp's `rope_freqs`, gguf_rope.py restores; what
+it leaves out of a Gemma 3 or Phi-3 file's config (Gemma 3's rope scaling and attention
+scale, Phi-3's rotary width and longrope factors), gguf_metadata.py.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ import numpy as np
 from tqdm import tqdm
 
 from edgeprefill.errors import ExportError
-from edgeprefill.export import gguf_rope
+from edgeprefill.export import gguf_metadata, gguf_rope
 
 log = logging.getLogger(__name__)
 
@@ -182,11 +184,12 @@ def _write_hf_folder(gguf_file: Path, folder: Path, source: GgufSource, reader: 
     config.save_pretrained(folder)
     # before the weights: a rope that cannot be exported is refused before minutes of reading
     gguf_rope.write_rope_scaling(gguf_file, folder / "config.json")
+    restored = [gguf_rope.TENSOR, *gguf_metadata.write_unmapped(gguf_file, folder / "config.json")]
     tokenizer.save_pretrained(folder)
     del tokenizer  # its vocabulary is on disk now
     _drop_tokens_past_vocab(folder / "tokenizer.json", config.get_text_config().vocab_size)
     unused = _write_weights(gguf_file, folder, config, source, reader, show_progress)
-    _warn_unused([name for name in unused if name != gguf_rope.TENSOR])  # restored above
+    _warn_unused([name for name in unused if name not in restored])
 
 
 def _drop_tokens_past_vocab(tokenizer_file: Path, vocab_size: int) -> None:
@@ -252,7 +255,7 @@ def _convert_tensors(tensors: Any, processor: Any, names: dict[str, str], shards
 
 
 def _warn_unused(unused: list[str]) -> None:
-    """Tensors transformers' reader skips (but rope_freqs, which gguf_rope restores): the
+    """Tensors transformers' reader skips (but those gguf_rope and gguf_metadata read): the
     bundle computes as its model of the file does."""
     if unused:
         log.warning("transformers' GGUF reader uses none of the file's %s; the bundle "
