@@ -48,7 +48,18 @@ OVERRIDES = {"qwen2": {"use_sliding_window": False}, "qwen3": {"head_dim": 128},
                              "query_pre_attn_scalar": 16, "tie_word_embeddings": True},
              # Phi-3 as conftest's: Phi-4-mini's partial rotary, a 128k variant's longrope
              # (its factor lists as rope_factors_long/short), both read back.
-             "phi3": {}}
+             "phi3": {},
+             # llama.cpp's StarCoder2 has no window (the Hub's, 4096, is past these
+             # prompts): none; StarCoder2-3B's rope theta, which the file carries
+             "starcoder2": {"sliding_window": None, "rope_parameters": {
+                 "rope_type": "default", "rope_theta": 999999.4420358813}},
+             # GPT2Model writes an MLP 4 x n_embd wide, as GPT-2's (n_inner unset)
+             "gpt2": {"n_inner": None},
+             # Falcon-7B: multi-query, an MLP 4 x hidden wide, as FalconModel writes it
+             "falcon-7b": {"ffn_hidden_size": None},
+             # the Hub's Mamba checkpoints have no in/out projection biases (nor has
+             # llama.cpp's Mamba)
+             "mamba": {"use_bias": False}}
 # Phi-3-mini-4k's kind: no longrope, a window on every layer (written as
 # attention.sliding_window, read back).
 PHI3_4K = {"rope_scaling": None, "sliding_window": 12, "partial_rotary_factor": 1.0,
@@ -510,6 +521,19 @@ def test_a_phi3_longrope_gguf_exports_the_model_it_was_converted_from(
     assert read.rope_parameters == {k: v for k, v in original.rope_parameters.items()
                                     if k not in legacy}
     assert read.original_max_position_embeddings == original.original_max_position_embeddings
+
+
+@pytest.mark.parametrize("family", ["starcoder2", "lfm2", "gpt2", "falcon-7b", "mamba"])
+def test_f32_ggufs_of_the_other_architectures_export_the_model_they_were_converted_from(
+        family, gguf_model, tmp_path):
+    """StarCoder2 (its rope theta read back by gguf_metadata.py), LFM2's short-conv
+    layers, GPT-2's transposed Conv1D weights, Falcon-7B's multi-query fused qkv and
+    Mamba's A and convolution, as llama.cpp's converter writes them."""
+    hf, gguf = gguf_model(family, "F32")
+    bundle = exported(gguf, tmp_path / "b")
+    model = load_hf_model(hf)
+    check_logits(model, bundle, prompt_ids(hf))
+    check_greedy_text(model, hf, bundle)
 
 
 @pytest.mark.slow

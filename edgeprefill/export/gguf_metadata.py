@@ -1,5 +1,5 @@
-"""What transformers' GGUF reader (5.24) leaves out of its config of a Gemma 3 or Phi-3
-GGUF file, read from the file as llama.cpp computes with it and written into the staging
+"""What transformers' GGUF reader (5.24) leaves out of its config of a Gemma 3, Phi-3 or
+StarCoder2 GGUF file, read from the file as llama.cpp computes with it and written into the staging
 config.json (as gguf_rope.py does for Llama 3.1+'s rope_freqs).
 
 Gemma 3 (`gemma3`, llama.cpp's llama-model.cpp and Gemma3Model in convert_hf_to_gguf.py):
@@ -17,6 +17,9 @@ Phi-3 (`phi3`: Phi-3, Phi-3.5-mini, Phi-4-mini; Phi3MiniModel):
   `rope_factors_long.weight` and `rope_factors_short.weight` (which transformers' reader
   skips), with `rope.scaling.attn_factor` the attention factor transformers derives
   from the two contexts (checked, and kept where it is another).
+StarCoder2 (`starcoder2`): the rope theta (`rope.freq_base`; StarCoder2-3B's 999999.44,
+  15B's 100000), which transformers' table for it does not map (Starcoder2Config's
+  default, 10000, instead).
 """
 
 from __future__ import annotations
@@ -43,20 +46,16 @@ def write_unmapped(gguf_file: Path, config_file: Path) -> list[str]:
     from gguf import GGUFReader
 
     reader = GGUFReader(gguf_file)
-    arch = field(reader, "general.architecture")
-    if arch not in ("gemma3", "phi3"):
+    complete = COMPLETIONS.get(field(reader, "general.architecture"))
+    if complete is None:
         return []
     config = json.loads(config_file.read_text())
-    used: list[str] = []
-    if arch == "gemma3":
-        _gemma3(reader, config, gguf_file.name)
-    else:
-        used = _phi3(reader, config, gguf_file.name)
+    used = complete(reader, config, gguf_file.name)
     config_file.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     return used
 
 
-def _gemma3(reader: Any, config: dict[str, Any], file: str) -> None:
+def _gemma3(reader: Any, config: dict[str, Any], file: str) -> list[str]:
     heads, layers = config["num_attention_heads"], config["num_hidden_layers"]
     config["query_pre_attn_scalar"] = (config["hidden_size"] // heads
                                        if layers == GEMMA3_27B_LAYERS else config["head_dim"])
@@ -73,6 +72,7 @@ def _gemma3(reader: Any, config: dict[str, Any], file: str) -> None:
     softcap = field(reader, "gemma3.final_logit_softcapping")
     if softcap:
         config["final_logit_softcapping"] = float(softcap)
+    return []
 
 
 def _phi3(reader: Any, config: dict[str, Any], file: str) -> list[str]:
@@ -106,6 +106,17 @@ def _phi3(reader: Any, config: dict[str, Any], file: str) -> list[str]:
                                                     rel_tol=ATTN_FACTOR_RTOL):
         params["attention_factor"] = float(attn_factor)
     return list(LONGROPE_TENSORS)
+
+
+def _starcoder2(reader: Any, config: dict[str, Any], file: str) -> list[str]:
+    theta = field(reader, "starcoder2.rope.freq_base")
+    if theta is not None:
+        params = config.setdefault("rope_parameters", {"rope_type": "default"})
+        params["rope_theta"] = float(theta)
+    return []
+
+
+COMPLETIONS = {"gemma3": _gemma3, "phi3": _phi3, "starcoder2": _starcoder2}
 
 
 def _longrope_factors(reader: Any, file: str) -> tuple[list[float], list[float]] | None:
