@@ -57,6 +57,9 @@ OVERRIDES = {"qwen2": {"use_sliding_window": False}, "qwen3": {"head_dim": 128},
              "gpt2": {"n_inner": None},
              # Falcon-7B: multi-query, an MLP 4 x hidden wide, as FalconModel writes it
              "falcon-7b": {"ffn_hidden_size": None},
+             # Falcon-40B's: 4 heads in 2 KV groups, ln_attn and ln_mlp (read back by
+             # gguf_metadata.py, the qkv regrouped by gguf_falcon.py)
+             "falcon": {"ffn_hidden_size": None},
              # the Hub's Mamba checkpoints have no in/out projection biases (nor has
              # llama.cpp's Mamba)
              "mamba": {"use_bias": False}}
@@ -73,7 +76,9 @@ def llama3_rope(theta: float, factor: float) -> dict:
             "original_max_position_embeddings": 8192}
 
 
-VARIANTS = {"phi3-4k": PHI3_4K}
+VARIANTS = {"phi3-4k": PHI3_4K,
+            # Falcon-11B's: the new decoder architecture with one norm per layer
+            "falcon-11b": {"ffn_hidden_size": None, "num_ln_in_parallel_attn": 1}}
 
 
 # Tiny Llamas with the released models' rope (their context, 131072): Llama 3.2 1B's (head_dim
@@ -523,13 +528,17 @@ def test_a_phi3_longrope_gguf_exports_the_model_it_was_converted_from(
     assert read.original_max_position_embeddings == original.original_max_position_embeddings
 
 
-@pytest.mark.parametrize("family", ["starcoder2", "lfm2", "gpt2", "falcon-7b", "mamba"])
+@pytest.mark.parametrize("family, variant", [
+    ("starcoder2", None), ("lfm2", None), ("gpt2", None), ("falcon-7b", None),
+    ("falcon", None), ("mamba", None),
+    pytest.param("falcon", "falcon-11b", marks=pytest.mark.slow)])
 def test_f32_ggufs_of_the_other_architectures_export_the_model_they_were_converted_from(
-        family, gguf_model, tmp_path):
+        family, variant, gguf_model, tmp_path):
     """StarCoder2 (its rope theta read back by gguf_metadata.py), LFM2's short-conv
     layers, GPT-2's transposed Conv1D weights, Falcon-7B's multi-query fused qkv and
-    Mamba's A and convolution, as llama.cpp's converter writes them."""
-    hf, gguf = gguf_model(family, "F32")
+    the new decoder architecture's grouped one, Mamba's A and convolution, as llama.cpp's
+    converter writes them."""
+    hf, gguf = gguf_model(family, "F32", variant=variant)
     bundle = exported(gguf, tmp_path / "b")
     model = load_hf_model(hf)
     check_logits(model, bundle, prompt_ids(hf))

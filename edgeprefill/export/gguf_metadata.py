@@ -1,5 +1,5 @@
-"""What transformers' GGUF reader (5.24) leaves out of its config of a Gemma 3, Phi-3 or
-StarCoder2 GGUF file, read from the file as llama.cpp computes with it and written into the staging
+"""What transformers' GGUF reader (5.24) leaves out of its config of a Gemma 3, Phi-3,
+StarCoder2 or Falcon GGUF file, read from the file as llama.cpp computes with it and written into the staging
 config.json (as gguf_rope.py does for Llama 3.1+'s rope_freqs).
 
 Gemma 3 (`gemma3`, llama.cpp's llama-model.cpp and Gemma3Model in convert_hf_to_gguf.py):
@@ -17,6 +17,8 @@ Phi-3 (`phi3`: Phi-3, Phi-3.5-mini, Phi-4-mini; Phi3MiniModel):
   `rope_factors_long.weight` and `rope_factors_short.weight` (which transformers' reader
   skips), with `rope.scaling.attn_factor` the attention factor transformers derives
   from the two contexts (checked, and kept where it is another).
+Falcon (`falcon`): the new decoder architecture (Falcon-40B, 180B, 11B), which
+  transformers' table does not map (its Falcon is Falcon-7B's layout whatever the file).
 StarCoder2 (`starcoder2`): the rope theta (`rope.freq_base`; StarCoder2-3B's 999999.44,
   15B's 100000), which transformers' table for it does not map (Starcoder2Config's
   default, 10000, instead).
@@ -116,7 +118,21 @@ def _starcoder2(reader: Any, config: dict[str, Any], file: str) -> list[str]:
     return []
 
 
-COMPLETIONS = {"gemma3": _gemma3, "phi3": _phi3, "starcoder2": _starcoder2}
+def _falcon(reader: Any, config: dict[str, Any], file: str) -> list[str]:
+    """llama.cpp tells Falcon's two layouts by their KV heads: one, Falcon-7B's multi-query
+    (transformers' defaults); more, the new decoder architecture, its fused qkv per KV
+    group (gguf_falcon.py), with ln_attn and ln_mlp where the file has `attn_norm_2`
+    (Falcon-40B, 180B), one norm where not (Falcon-11B)."""
+    kv_heads = field(reader, "falcon.attention.head_count_kv") or 1
+    if kv_heads > 1:
+        two_norms = any(t.name.endswith("attn_norm_2.weight") for t in reader.tensors)
+        config.update(new_decoder_architecture=True, num_kv_heads=int(kv_heads),
+                      num_ln_in_parallel_attn=2 if two_norms else 1)
+    return []
+
+
+COMPLETIONS = {"gemma3": _gemma3, "phi3": _phi3, "starcoder2": _starcoder2,
+               "falcon": _falcon}
 
 
 def _longrope_factors(reader: Any, file: str) -> tuple[list[float], list[float]] | None:
