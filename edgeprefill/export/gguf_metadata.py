@@ -1,6 +1,6 @@
 """What transformers' GGUF reader (5.24) leaves out of its config of a Gemma 3, Phi-3,
-StarCoder2 or Falcon GGUF file, read from the file as llama.cpp computes with it and written into the staging
-config.json (as gguf_rope.py does for Llama 3.1+'s rope_freqs).
+StarCoder2 or Falcon GGUF file, read from the file as llama.cpp computes with it and
+written into the staging config.json (as gguf_rope.py does for Llama 3.1+'s rope_freqs).
 
 Gemma 3 (`gemma3`, llama.cpp's llama-model.cpp and Gemma3Model in convert_hf_to_gguf.py):
 - the attention scale: llama.cpp's is 1/sqrt(head_dim), but for the 27B (62 layers)
