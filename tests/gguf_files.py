@@ -4,7 +4,9 @@ LlamaModel.permute, _set_vocab_gpt2 and prepare_tensors, read at ggml-org/llama.
 llama.cpp's tensor names, the Llama family's q/k rows permuted for its rope, a llama3 rope
 scaling as its per-frequency `rope_freqs` factors (LlamaModel.generate_extra_tensors), a
 byte-level BPE ("gpt2") vocabulary, F32 or Q8_0 weights (one-dimensional tensors stay F32);
-Gemma3Model's and Phi3MiniModel's own metadata and Phi-3's longrope factor tensors."""
+Gemma3Model's and Phi3MiniModel's own metadata and Phi-3's longrope factor tensors;
+StarCoder2Model's, LFM2Model's, GPT2Model's, FalconModel's and MambaModel's parameters and
+tensor steps (_converter_tensors)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,8 @@
 """GGUF input: `export model.gguf` equals the transformers model it was converted from (F32)
 and transformers' own reading of the file (Q8_0), logits and greedy text; a Llama 3.1+
-file's rope scaling (llama.cpp's rope_freqs) equals the original model's."""
+file's rope scaling (llama.cpp's rope_freqs) equals the original model's; so do Gemma 3,
+Phi-3, StarCoder2, LFM2, GPT-2, Falcon and Mamba files, with what transformers' reader
+leaves out read back (gguf_metadata.py, gguf_falcon.py)."""
 
 from __future__ import annotations
 
@@ -609,4 +611,17 @@ def test_phi3_longrope_factors_of_the_wrong_count_are_refused(tmp_path):
         {"rope_factors_long.weight": np.ones(6), "rope_factors_short.weight": np.ones(6)})
     with pytest.raises(ExportError, match="p.gguf: 6 long and 6 short longrope factors for 16 "
                                           "rotary dimensions"):
+        write_unmapped(path, config)
+
+
+def test_a_gemma3_rope_scaling_other_than_linear_is_refused(tmp_path):
+    from edgeprefill.export.gguf_metadata import write_unmapped
+
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({
+        "num_hidden_layers": 26, "hidden_size": 1152, "num_attention_heads": 4,
+        "head_dim": 256, "rope_parameters": {"full_attention": {}, "sliding_attention": {}}}))
+    path = _metadata_gguf(tmp_path / "y.gguf", "gemma3", {"rope.scaling.type": "yarn"})
+    with pytest.raises(ExportError, match="y.gguf: gemma3.rope.scaling.type 'yarn' is not "
+                                          "one Gemma 3 uses"):
         write_unmapped(path, config)
