@@ -1,6 +1,8 @@
 """GGUF input: `export model.gguf` equals the transformers model it was converted from (F32)
 and transformers' own reading of the file (Q8_0), logits and greedy text; a Llama 3.1+
-file's rope scaling (llama.cpp's rope_freqs) equals the original model's."""
+file's rope scaling (llama.cpp's rope_freqs) equals the original model's; so do Gemma 3,
+Phi-3, StarCoder2, LFM2, GPT-2, Falcon and Mamba files, with what transformers' reader
+leaves out read back (gguf_metadata.py, gguf_falcon.py)."""
 
 from __future__ import annotations
 
@@ -40,7 +42,33 @@ OVERRIDES = {"qwen2": {"use_sliding_window": False}, "qwen3": {"head_dim": 128},
              # field Qwen3MoeConfig no longer has: its defaults, 768 and 128, as
              # Qwen3-30B-A3B's; llama.cpp's has experts on every layer.
              "qwen3_moe": {"moe_intermediate_size": 768, "num_experts": 128,
-                           "mlp_only_layers": [], "num_hidden_layers": 1}}
+                           "mlp_only_layers": [], "num_hidden_layers": 1},
+             # llama.cpp's Gemma 3 slides 5 layers of 6 (the file names no pattern) and
+             # scales queries by 1/sqrt(head_dim), as Gemma 3 1B-12B do; tied, as they are.
+             # The global layers' linear rope (factor 2) is read back (gguf_metadata.py).
+             "gemma3_text": {"num_hidden_layers": 6, "layer_types": None,
+                             "query_pre_attn_scalar": 16, "tie_word_embeddings": True},
+             # Phi-3 as conftest's: Phi-4-mini's partial rotary, a 128k variant's longrope
+             # (its factor lists as rope_factors_long/short), both read back.
+             "phi3": {},
+             # llama.cpp's StarCoder2 has no window (the Hub's, 4096, is past these
+             # prompts): none; StarCoder2-3B's rope theta, which the file carries
+             "starcoder2": {"sliding_window": None, "rope_parameters": {
+                 "rope_type": "default", "rope_theta": 999999.4420358813}},
+             # GPT2Model writes an MLP 4 x n_embd wide, as GPT-2's (n_inner unset)
+             "gpt2": {"n_inner": None},
+             # Falcon-7B: multi-query, an MLP 4 x hidden wide, as FalconModel writes it
+             "falcon-7b": {"ffn_hidden_size": None},
+             # Falcon-40B's: 4 heads in 2 KV groups, ln_attn and ln_mlp (read back by
+             # gguf_metadata.py, the qkv regrouped by gguf_falcon.py)
+             "falcon": {"ffn_hidden_size": None},
+             # the Hub's Mamba checkpoints have no in/out projection biases (nor has
+             # llama.cpp's Mamba)
+             "mamba": {"use_bias": False}}
+# Phi-3-mini-4k's kind: no longrope, a window on every layer (written as
+# attention.sliding_window, read back).
+PHI3_4K = {"rope_scaling": None, "sliding_window": 12, "partial_rotary_factor": 1.0,
+           "original_max_position_embeddings": 1024, "max_position_embeddings": 1024}
 
 
 def llama3_rope(theta: float, factor: float) -> dict:
@@ -48,6 +76,11 @@ def llama3_rope(theta: float, factor: float) -> dict:
     return {"rope_type": "llama3", "rope_theta": theta, "factor": factor,
             "low_freq_factor": 1.0, "high_freq_factor": 4.0,
             "original_max_position_embeddings": 8192}
+
+
+VARIANTS = {"phi3-4k": PHI3_4K,
+            # Falcon-11B's: the new decoder architecture with one norm per layer
+            "falcon-11b": {"ffn_hidden_size": None, "num_ln_in_parallel_attn": 1}}
 
 
 # Tiny Llamas with the released models' rope (their context, 131072): Llama 3.2 1B's (head_dim
@@ -67,15 +100,18 @@ def gguf_model(tmp_path_factory):
     """(family, quant) -> (the tiny transformers model's folder, its GGUF file)."""
 
     def get(family: str, quant: str, permute_qk: bool = True,
-            rope: str | None = None) -> tuple[Path, Path]:
-        """`rope`: a key of LLAMA3_ROPES (a llama3 rope, written as rope_freqs)."""
-        key = (family, quant, permute_qk, rope)
+            rope: str | None = None, variant: str | None = None) -> tuple[Path, Path]:
+        """`rope`: a key of LLAMA3_ROPES (a llama3 rope, written as rope_freqs);
+        `variant`: a key of VARIANTS (overrides in place of OVERRIDES')."""
+        key = (family, quant, permute_qk, rope, variant)
         if key not in CACHE:
             root = tmp_path_factory.mktemp(f"gguf-{family}-{quant}")
             tok = byte_level_bpe()
             overrides = OVERRIDES.get(family, {})
             if rope is not None:
                 overrides = {**LLAMA3_ROPES[rope], "max_position_embeddings": 131072}
+            if variant is not None:
+                overrides = VARIANTS[variant]
             hf = build_hf_model(family, root / "hf", vocab_size=tok.get_vocab_size(),
                                 **overrides)
             install(tok, hf)
@@ -460,3 +496,132 @@ def test_the_weights_go_to_shards_of_bounded_size_equal_to_the_original(
     assert sorted(converted) == sorted(original)
     for name, tensor in original.items():
         np.testing.assert_array_equal(converted[name], tensor, err_msg=name)
+
+
+@pytest.mark.slow
+def test_a_gemma3_gguf_exports_the_model_it_was_converted_from(gguf_model, tmp_path):
+    """transformers' reading alone drops the global layers' linear rope and scales queries
+    by Gemma3TextConfig's 256: gguf_metadata.py restores both from the file."""
+    hf, gguf = gguf_model("gemma3_text", "F32")
+    bundle = exported(gguf, tmp_path / "b")
+    model = load_hf_model(hf)
+    check_logits(model, bundle, prompt_ids(hf))
+    check_greedy_text(model, hf, bundle)
+
+
+def test_a_phi3_longrope_gguf_exports_the_model_it_was_converted_from(
+        gguf_model, tmp_path, caplog):
+    """Phi-4-mini's partial rotary and a 128k variant's longrope factor lists (tensors that
+    transformers' reader skips) read back as the original config's rope."""
+    import transformers
+
+    hf, gguf = gguf_model("phi3", "F32")
+    bundle = exported(gguf, tmp_path / "b")
+    model = load_hf_model(hf)
+    check_logits(model, bundle, prompt_ids(hf))
+    check_greedy_text(model, hf, bundle)
+    assert "rope_factors" not in caplog.text
+    with converted(gguf, tmp_path / "c", show_progress=False) as (folder, _):
+        read = transformers.AutoConfig.from_pretrained(folder)
+    original = transformers.AutoConfig.from_pretrained(hf)
+    legacy = {"type"}  # the original's rope_scaling spelling, kept beside rope_type
+    assert read.rope_parameters == {k: v for k, v in original.rope_parameters.items()
+                                    if k not in legacy}
+    assert read.original_max_position_embeddings == original.original_max_position_embeddings
+
+
+@pytest.mark.parametrize("family, variant", [
+    ("starcoder2", None), ("lfm2", None), ("gpt2", None), ("falcon-7b", None),
+    ("falcon", None), ("mamba", None),
+    pytest.param("falcon", "falcon-11b", marks=pytest.mark.slow)])
+def test_f32_ggufs_of_the_other_architectures_export_the_model_they_were_converted_from(
+        family, variant, gguf_model, tmp_path):
+    """StarCoder2 (its rope theta read back by gguf_metadata.py), LFM2's short-conv
+    layers, GPT-2's transposed Conv1D weights, Falcon-7B's multi-query fused qkv and
+    the new decoder architecture's grouped one, Mamba's A and convolution, as llama.cpp's
+    converter writes them."""
+    hf, gguf = gguf_model(family, "F32", variant=variant)
+    bundle = exported(gguf, tmp_path / "b")
+    model = load_hf_model(hf)
+    check_logits(model, bundle, prompt_ids(hf))
+    check_greedy_text(model, hf, bundle)
+
+
+@pytest.mark.slow
+def test_a_phi3_4k_gguf_exports_its_window(gguf_model, tmp_path):
+    hf, gguf = gguf_model("phi3", "F32", variant="phi3-4k")
+    bundle = exported(gguf, tmp_path / "b")
+    model = load_hf_model(hf)
+    check_logits(model, bundle, prompt_ids(hf))
+    check_greedy_text(model, hf, bundle)
+
+
+def _metadata_gguf(path: Path, arch: str, metadata: dict, tensors: dict | None = None) -> Path:
+    """A GGUF file of `arch` holding `metadata` ({key suffix: value}) and `tensors` only."""
+    import gguf
+
+    writer = gguf.GGUFWriter(str(path), arch)
+    for key, value in metadata.items():
+        if isinstance(value, str):
+            writer.add_string(f"{arch}.{key}", value)
+        elif isinstance(value, float):
+            writer.add_float32(f"{arch}.{key}", value)
+        else:
+            writer.add_uint32(f"{arch}.{key}", value)
+    for name, data in (tensors or {}).items():
+        writer.add_tensor(name, np.asarray(data, np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def test_gemma3_27b_scales_queries_by_hidden_over_heads_as_llama_cpp(tmp_path):
+    """llama.cpp's Gemma 3 27B (62 layers) scales by 1/sqrt(5376 / 32) = 1/sqrt(168), its
+    config's query_pre_attn_scalar; the other sizes by 1/sqrt(head_dim); Gemma 3 4B's
+    global rope is linear, factor 8."""
+    from edgeprefill.export.gguf_metadata import write_unmapped
+
+    rope = {"full_attention": {"rope_type": "default", "rope_theta": 1e6},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}}
+    for layers, hidden, heads, head_dim, expected in ((62, 5376, 32, 128, 168),
+                                                       (34, 2560, 8, 256, 256)):
+        config = tmp_path / "config.json"
+        config.write_text(json.dumps({
+            "num_hidden_layers": layers, "hidden_size": hidden, "num_attention_heads": heads,
+            "head_dim": head_dim, "query_pre_attn_scalar": 256, "rope_parameters": rope}))
+        path = _metadata_gguf(tmp_path / f"g{layers}.gguf", "gemma3",
+                              {"rope.scaling.type": "linear", "rope.scaling.factor": 8.0})
+        assert write_unmapped(path, config) == []
+        read = json.loads(config.read_text())
+        assert read["query_pre_attn_scalar"] == expected
+        assert read["rope_parameters"]["full_attention"] == {
+            "rope_type": "linear", "factor": 8.0, "rope_theta": 1e6}
+
+
+def test_phi3_longrope_factors_of_the_wrong_count_are_refused(tmp_path):
+    from edgeprefill.export.gguf_metadata import write_unmapped
+
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"hidden_size": 128, "num_attention_heads": 4,
+                                  "max_position_embeddings": 2048}))
+    path = _metadata_gguf(tmp_path / "p.gguf", "phi3", {
+        "rope.dimension_count": 16, "rope.scaling.original_context_length": 512},
+        {"rope_factors_long.weight": np.ones(6), "rope_factors_short.weight": np.ones(6)})
+    with pytest.raises(ExportError, match="p.gguf: 6 long and 6 short longrope factors for 16 "
+                                          "rotary dimensions"):
+        write_unmapped(path, config)
+
+
+def test_a_gemma3_rope_scaling_other_than_linear_is_refused(tmp_path):
+    from edgeprefill.export.gguf_metadata import write_unmapped
+
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({
+        "num_hidden_layers": 26, "hidden_size": 1152, "num_attention_heads": 4,
+        "head_dim": 256, "rope_parameters": {"full_attention": {}, "sliding_attention": {}}}))
+    path = _metadata_gguf(tmp_path / "y.gguf", "gemma3", {"rope.scaling.type": "yarn"})
+    with pytest.raises(ExportError, match="y.gguf: gemma3.rope.scaling.type 'yarn' is not "
+                                          "one Gemma 3 uses"):
+        write_unmapped(path, config)

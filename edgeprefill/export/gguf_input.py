@@ -12,7 +12,9 @@ and one tensor in float32, not the whole model.
 
 Quantized weights are dequantized: the bundle holds the GGUF's values in float, and
 `--quantize int4/int8` re-quantizes them with its own rounding. What the reader skips of a
-Llama 3.1+ file, its rope scaling as llama.cpp's `rope_freqs`, gguf_rope.py restores.
+Llama 3.1+ file, its rope scaling as llama.cpp's `rope_freqs`, gguf_rope.py restores; what
+it leaves out of a Gemma 3 or Phi-3 file's config (Gemma 3's rope scaling and attention
+scale, Phi-3's rotary width and longrope factors), gguf_metadata.py.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ import numpy as np
 from tqdm import tqdm
 
 from edgeprefill.errors import ExportError
-from edgeprefill.export import gguf_rope
+from edgeprefill.export import gguf_falcon, gguf_metadata, gguf_rope
 
 log = logging.getLogger(__name__)
 
@@ -182,11 +184,14 @@ def _write_hf_folder(gguf_file: Path, folder: Path, source: GgufSource, reader: 
     config.save_pretrained(folder)
     # before the weights: a rope that cannot be exported is refused before minutes of reading
     gguf_rope.write_rope_scaling(gguf_file, folder / "config.json")
+    restored = [gguf_rope.TENSOR, *gguf_metadata.write_unmapped(gguf_file, folder / "config.json")]
+    # the completed config names the parameters the weights go to (Falcon-40B's ln_mlp)
+    config = transformers.AutoConfig.from_pretrained(folder)
     tokenizer.save_pretrained(folder)
     del tokenizer  # its vocabulary is on disk now
     _drop_tokens_past_vocab(folder / "tokenizer.json", config.get_text_config().vocab_size)
     unused = _write_weights(gguf_file, folder, config, source, reader, show_progress)
-    _warn_unused([name for name in unused if name != gguf_rope.TENSOR])  # restored above
+    _warn_unused([name for name in unused if name not in restored])
 
 
 def _drop_tokens_past_vocab(tokenizer_file: Path, vocab_size: int) -> None:
@@ -220,13 +225,14 @@ def _write_weights(gguf_file: Path, folder: Path, config: Any, source: GgufSourc
         total=sum(int(t.n_bytes) for t in gguf.tensors), unit="B", unit_scale=True,
         desc=f"reading {gguf_file.name}", disable=not show_progress, leave=False,
     ) as bar:
-        return _convert_tensors(gguf.tensors, processor, names, shards, bar)
+        return _convert_tensors(gguf.tensors, processor, names, shards, bar, config)
 
 
 def _convert_tensors(tensors: Any, processor: Any, names: dict[str, str], shards: _Shards,
-                     bar: tqdm) -> list[str]:
-    """Dequantize and process each GGUF tensor into `shards`; return the names of those
-    transformers' reader does not use."""
+                     bar: tqdm, config: Any) -> list[str]:
+    """Dequantize and process each GGUF tensor into `shards` (with the step transformers'
+    processors lack: Falcon's qkv order); return the names of those transformers' reader
+    does not use."""
     from gguf import dequantize
 
     merged = _merge_counts(names)
@@ -235,7 +241,9 @@ def _convert_tensors(tensors: Any, processor: Any, names: dict[str, str], shards
     unused: list[str] = []
     for tensor in tensors:
         result = processor.process(
-            weights=dequantize(tensor.data, tensor.tensor_type), name=tensor.name,
+            weights=gguf_falcon.grouped_qkv(
+                tensor.name, dequantize(tensor.data, tensor.tensor_type), config),
+            name=tensor.name,
             tensor_key_mapping=names, parsed_parameters=pending)
         if result.name is not None and result.name in names:
             shards.add(names[result.name], result.weights)
@@ -252,7 +260,7 @@ def _convert_tensors(tensors: Any, processor: Any, names: dict[str, str], shards
 
 
 def _warn_unused(unused: list[str]) -> None:
-    """Tensors transformers' reader skips (but rope_freqs, which gguf_rope restores): the
+    """Tensors transformers' reader skips (but those gguf_rope and gguf_metadata read): the
     bundle computes as its model of the file does."""
     if unused:
         log.warning("transformers' GGUF reader uses none of the file's %s; the bundle "

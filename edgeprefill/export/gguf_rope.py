@@ -69,12 +69,12 @@ def write_rope_scaling(gguf_file: Path, config_file: Path) -> None:
     tensor = next((t for t in reader.tensors if t.name == TENSOR), None)
     if tensor is None:
         return
-    arch = _field(reader, "general.architecture")
-    scaling = _field(reader, f"{arch}.rope.scaling.type")
+    arch = field(reader, "general.architecture")
+    scaling = field(reader, f"{arch}.rope.scaling.type")
     if scaling not in (None, "none"):  # llama.cpp would apply both; transformers neither
         raise _refusal(gguf_file.name, f"{arch}.rope.scaling.type {scaling!r} scales "
                                        "the rope on top of them")
-    original = _field(reader, f"{arch}.rope.scaling.original_context_length")
+    original = field(reader, f"{arch}.rope.scaling.original_context_length")
     config = json.loads(config_file.read_text())
     params = config.get("rope_parameters") or {}
     if params.get("rope_type", "default") != "default":
@@ -89,7 +89,7 @@ def write_rope_scaling(gguf_file: Path, config_file: Path) -> None:
         config_file.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
 
 
-def _field(reader: Any, key: str) -> Any:
+def field(reader: Any, key: str) -> Any:
     """A scalar metadata value of the file (a string decoded); None where it has none."""
     from gguf import GGUFValueType
 
