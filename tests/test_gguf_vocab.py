@@ -132,3 +132,21 @@ def test_gpt2_split_ggufs_read_as_before(tmp_path):
     gguf = write_gguf(hf, tmp_path / "olmo.gguf", pre="olmo")
     with converted(gguf, tmp_path / "b", show_progress=False) as (folder, _):
         assert_same_tokenizer(hf / "tokenizer.json", folder / "tokenizer.json", TEXTS)
+
+
+@pytest.mark.parametrize("harmony", [False, True])
+def test_the_ends_of_turn_llama_cpp_stops_at_are_the_bundles_eos_ids(tmp_path, harmony):
+    """The file's EOT id and the tokens llama.cpp ends at by name (`<|im_end|>`), where
+    transformers keeps the EOS alone; gpt-oss's `<|end|>` ends a message, not a reply."""
+    tok = byte_level_bpe()
+    ends = ["<|eot_id|>", "<|im_end|>", "<|end|>", "<|im_start|>"]
+    tok.add_special_tokens([*ends, *(["<|return|>", "<|call|>"] if harmony else [])])
+    hf = build_hf_model("llama", tmp_path / "hf", vocab_size=tok.get_vocab_size())
+    install(tok, hf)
+    vocab = tok.get_vocab()
+    gguf = write_gguf(hf, tmp_path / "chat.gguf", eot=vocab["<|eot_id|>"])
+    bundle = exported(gguf, tmp_path / "b")
+    expected = [2, vocab["<|eot_id|>"], vocab["<|im_end|>"]]
+    expected += [vocab["<|return|>"], vocab["<|call|>"]] if harmony else [vocab["<|end|>"]]
+    manifest = json.loads((bundle / "edgeprefill.json").read_text())
+    assert sorted(manifest["eos_token_ids"]) == sorted(expected)

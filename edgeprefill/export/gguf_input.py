@@ -192,6 +192,7 @@ def _write_hf_folder(gguf_file: Path, folder: Path, source: GgufSource, reader: 
     del tokenizer  # its vocabulary is on disk now
     gguf_vocab.fix_tokenizer(gguf_file, folder / "tokenizer.json")
     _drop_tokens_past_vocab(folder / "tokenizer.json", config.get_text_config().vocab_size)
+    gguf_vocab.write_end_ids(gguf_file, folder, config.get_text_config().vocab_size)
     unused = _write_weights(gguf_file, folder, config, source, reader, show_progress)
     _warn_unused([name for name in unused if name not in restored])
 

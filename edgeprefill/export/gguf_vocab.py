@@ -16,6 +16,12 @@ Byte-level BPE (`"gpt2"`): the text is split before the merges by the regex its
 (GGUF_PRE_TOKENIZER_SPLITS: llama-bpe, qwen2, tekken, ...) and splits any other by
 GPT-2's regex: right for GPT2_SPLIT's names; DIGITS_THEN_GPT2's (SmolLM, StarCoder,
 Command-R, ...) split each digit off first, put back here; any other name is refused.
+
+End of generation: llama.cpp stops at the file's EOS and at its EOT, EOM and FIM ids and
+at any token spelled as one of END_TEXTS (an instruct model's end of turn: Gemma's
+`<end_of_turn>`, ChatML's `<|im_end|>`, Llama 3's `<|eot_id|>`), where transformers'
+reader keeps the EOS alone; the others go to the staging generation_config.json's
+eos_token_id, which the bundle stops at too.
 """
 
 from __future__ import annotations
@@ -33,6 +39,15 @@ GPT2_SPLIT = ("gpt-2", "mpt", "olmo", "jais", "trillion", "granite-docling")
 # tokenizer.json: Digits(individual_digits) before ByteLevel)
 DIGITS_THEN_GPT2 = ("starcoder", "refact", "command-r", "smollm", "codeshell", "exaone",
                     "minerva-7b")
+
+
+# llama-vocab.cpp's load(): the ids of special_eog_ids, and the texts it adds by name
+END_KEYS = ("eos", "eot", "eom", "fim_pad", "fim_rep", "fim_sep")
+END_TEXTS = ("<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>",
+             "<end_of_turn>", "<|endoftext|>", "<|eom_id|>", "<EOT>", "_<EOT>",
+             "<|end_of_text|>", "<end_of_utterance>")
+# gpt-oss's (o200k_harmony): `<|end|>` ends a message, not the reply, where these exist
+HARMONY_ENDS = ("<|return|>", "<|call|>")
 
 
 def fix_tokenizer(gguf_file: Path, tokenizer_file: Path) -> None:
@@ -94,3 +109,31 @@ def _bpe_split(tok: dict[str, Any], pre: str | None, file: str) -> None:
     raise ExportError(f"{file}: its byte-level vocabulary splits text as llama.cpp's "
                       f"tokenizer.ggml.pre {pre!r}, which transformers' GGUF reader does not "
                       "read: refused rather than tokenized another way")
+
+
+def write_end_ids(gguf_file: Path, folder: Path, vocab_size: int) -> None:
+    """Add the ids llama.cpp ends generation at, past config.json's EOS, to `folder`'s
+    generation_config.json."""
+    from transformers.integrations.gguf.reader import read_gguf_metadata
+
+    metadata, _ = read_gguf_metadata(str(gguf_file), ("tokenizer.ggml.tokens",))
+    ids = end_ids(metadata)
+    config = json.loads((folder / "config.json").read_text())
+    eos = config.get("eos_token_id")
+    known = eos if isinstance(eos, list) else [] if eos is None else [eos]
+    extra = [i for i in ids if i not in known and 0 <= i < vocab_size]
+    if extra:
+        (folder / "generation_config.json").write_text(
+            json.dumps({"eos_token_id": [*known, *extra]}, indent=1))
+
+
+def end_ids(metadata: dict[str, Any]) -> list[int]:
+    """llama.cpp's end-of-generation ids of a file's vocabulary, in id order."""
+    tokens = metadata.get("tokenizer.ggml.tokens") or []
+    ids = {metadata[f"tokenizer.ggml.{key}_token_id"] for key in END_KEYS
+           if f"tokenizer.ggml.{key}_token_id" in metadata}
+    texts = set(END_TEXTS)
+    if all(end in tokens for end in HARMONY_ENDS):
+        texts.discard("<|end|>")
+    ids.update(i for i, token in enumerate(tokens) if token in texts)
+    return sorted(ids)
