@@ -124,14 +124,31 @@ def test_a_bpe_split_transformers_does_not_read_is_refused_in_one_line(tmp_path,
     assert "which transformers' GGUF reader does not read" in result.stderr
 
 
-def test_gpt2_split_ggufs_read_as_before(tmp_path):
-    """GPT-2's own split (and llama.cpp's names for it) are transformers' default."""
+# The checkpoints' own splits (their tokenizer.json's Split regex), for llama.cpp's names
+LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+                r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+QWEN2_SPLIT = LLAMA3_SPLIT.replace(r"\p{N}{1,3}", r"\p{N}")
+
+
+@pytest.mark.parametrize("pre, split", [("gpt-2", None), ("olmo", None),
+                                        ("llama-bpe", LLAMA3_SPLIT), ("qwen2", QWEN2_SPLIT)])
+def test_bpe_splits_transformers_reads_tokenize_as_the_checkpoints_tokenizer(
+        tmp_path, pre, split):
+    """GPT-2's split (and llama.cpp's names for it), Llama 3's and Qwen2's, which
+    transformers maps: read as they are."""
+    from tokenizers import Regex, pre_tokenizers
+
     tok = byte_level_bpe()
+    if split is not None:  # as Llama 3's and Qwen2's tokenizer.json split
+        tok.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Split(Regex(split), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
     hf = build_hf_model("llama", tmp_path / "hf", vocab_size=tok.get_vocab_size())
     install(tok, hf)
-    gguf = write_gguf(hf, tmp_path / "olmo.gguf", pre="olmo")
+    gguf = write_gguf(hf, tmp_path / f"{pre}.gguf", pre=pre)
     with converted(gguf, tmp_path / "b", show_progress=False) as (folder, _):
-        assert_same_tokenizer(hf / "tokenizer.json", folder / "tokenizer.json", TEXTS)
+        assert_same_tokenizer(hf / "tokenizer.json", folder / "tokenizer.json",
+                              [*TEXTS, "I'LL don't 12345 x\r\n\r\ny  \n z"])
 
 
 @pytest.mark.parametrize("harmony", [False, True])
