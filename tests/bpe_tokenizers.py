@@ -123,3 +123,36 @@ def digit_split_bpe():
         pre_tokenizers.Digits(individual_digits=True),
         pre_tokenizers.ByteLevel(add_prefix_space=False)])
     return tok
+
+
+def gemma_bpe():
+    """sentencepiece_bpe's pieces in Gemma's layout and tokenizer.json form: <pad>, <eos>,
+    <bos>, <unk>, <mask>, the turn markers, the byte pieces, then the pieces and runs of
+    spaces and newlines; a Replace(" ", "▁") normalizer (no space prefix), BOS added."""
+    from tokenizers import (
+        AddedToken,
+        Tokenizer,
+        decoders,
+        models,
+        normalizers,
+        pre_tokenizers,
+        processors,
+    )
+
+    spm = json.loads(sentencepiece_bpe().to_str())["model"]
+    special = ["<pad>", "<eos>", "<bos>", "<unk>", "<mask>", "<start_of_turn>",
+               "<end_of_turn>"]
+    trained = sorted(spm["vocab"], key=spm["vocab"].get)[3 + 256:]
+    runs = [p for p in ("\n", "▁", "▁▁", "▁▁▁▁", "\n\n") if p not in trained]
+    pieces = special + [f"<0x{b:02X}>" for b in range(256)] + trained + runs
+    merges = [tuple(m) for m in spm["merges"]] + [("▁", "▁"), ("▁▁", "▁▁"), ("\n", "\n")]
+    tok = Tokenizer(models.BPE({p: i for i, p in enumerate(pieces)}, merges,
+                               unk_token="<unk>", byte_fallback=True, fuse_unk=True))
+    tok.normalizer = normalizers.Replace(" ", "▁")
+    tok.pre_tokenizer = pre_tokenizers.Split(" ", behavior="merged_with_previous")
+    tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(),
+                                     decoders.Fuse()])
+    tok.add_special_tokens([AddedToken(t, normalized=False, special=True) for t in special])
+    tok.post_processor = processors.TemplateProcessing(
+        single="<bos> $A", pair="<bos> $A <bos> $B", special_tokens=[("<bos>", 2)])
+    return tok

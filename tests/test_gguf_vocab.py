@@ -13,7 +13,13 @@ from pathlib import Path
 import pytest
 
 from edgeprefill.export.gguf_input import converted
-from tests.bpe_tokenizers import byte_level_bpe, digit_split_bpe, install, sentencepiece_bpe
+from tests.bpe_tokenizers import (
+    byte_level_bpe,
+    digit_split_bpe,
+    gemma_bpe,
+    install,
+    sentencepiece_bpe,
+)
 from tests.conftest import CHAT_TEMPLATE, build_hf_model, load_hf_model
 from tests.gguf_files import write_gguf
 from tests.test_cli_errors import assert_one_line_error, cli
@@ -99,6 +105,28 @@ def test_a_sentencepiece_gguf_exports_the_model_with_its_tokenizer_and_template(
     assert manifest["bos_token_id"] == 1 and 2 in manifest["eos_token_ids"]
     lines = cli("inspect", bundle).stdout.splitlines()
     assert "chat        template included" in lines
+
+
+def test_a_gemma3_gguf_tokenizes_as_the_checkpoints_tokenizer_and_ends_turns(tmp_path):
+    """Gemma's layout (BOS 2, EOS 1), no space prefix (add_space_prefix false), merges
+    derived from the file's order, the turn markers whole; llama.cpp ends a reply at
+    `<end_of_turn>` too. (Gemma's whitespace pieces written as user-defined real spaces
+    are not modelled: the runs here are plain pieces.)"""
+    from tests.test_gguf_input import OVERRIDES
+
+    tok = gemma_bpe()
+    hf = build_hf_model("gemma3_text", tmp_path / "hf", vocab_size=tok.get_vocab_size(),
+                        bos_token_id=2, eos_token_id=1, **OVERRIDES["gemma3_text"])
+    install(tok, hf)
+    tok_config = json.loads((hf / "tokenizer_config.json").read_text())
+    tok_config.update(bos_token="<bos>", eos_token="<eos>", add_prefix_space=False)
+    (hf / "tokenizer_config.json").write_text(json.dumps(tok_config))
+    gguf = write_gguf(hf, tmp_path / "gemma.gguf")
+    with converted(gguf, tmp_path / "b", show_progress=False) as (folder, _):
+        assert_same_tokenizer(hf / "tokenizer.json", folder / "tokenizer.json", [
+            *TEXTS, "a  b    c      d", "x\n\n\ny", "<start_of_turn>user\nhi<end_of_turn>\n"])
+        generation = json.loads((folder / "generation_config.json").read_text())
+    assert generation["eos_token_id"] == [1, tok.token_to_id("<end_of_turn>")]
 
 
 def _bpe_gguf(root: Path, pre: str) -> tuple[Path, Path]:
