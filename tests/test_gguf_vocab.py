@@ -158,12 +158,13 @@ LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,
 QWEN2_SPLIT = LLAMA3_SPLIT.replace(r"\p{N}{1,3}", r"\p{N}")
 
 
-@pytest.mark.parametrize("pre, split", [("gpt-2", None), ("olmo", None),
-                                        ("llama-bpe", LLAMA3_SPLIT), ("qwen2", QWEN2_SPLIT)])
+@pytest.mark.parametrize("pre, split", [
+    ("gpt-2", None), ("olmo", None), ("llama-bpe", LLAMA3_SPLIT), ("qwen2", QWEN2_SPLIT),
+    ("stablelm2", QWEN2_SPLIT)])
 def test_bpe_splits_transformers_reads_tokenize_as_the_checkpoints_tokenizer(
         tmp_path, pre, split):
     """GPT-2's split (and llama.cpp's names for it), Llama 3's and Qwen2's, which
-    transformers maps: read as they are."""
+    transformers maps: read as they are; StableLM 2's, llama.cpp's Qwen2 split, as it."""
     from tokenizers import Regex, pre_tokenizers
 
     tok = byte_level_bpe()

@@ -15,7 +15,8 @@ Byte-level BPE (`"gpt2"`): the text is split before the merges by the regex its
 `tokenizer.ggml.pre` names (llama.cpp's llama-vocab.cpp). transformers maps some names
 (GGUF_PRE_TOKENIZER_SPLITS: llama-bpe, qwen2, tekken, ...) and splits any other by
 GPT-2's regex: right for GPT2_SPLIT's names; DIGITS_THEN_GPT2's (SmolLM, StarCoder,
-Command-R, ...) split each digit off first, put back here; any other name is refused.
+Command-R, ...) split each digit off first and SAME_SPLIT's (StableLM 2) as a mapped one,
+put back here; any other name (Falcon's, DeepSeek's, BLOOM's, ...) is refused.
 
 End of generation: llama.cpp stops at the file's EOS and at its EOT, EOM and FIM ids and
 at any token spelled as one of END_TEXTS (an instruct model's end of turn: Gemma's
@@ -39,6 +40,8 @@ GPT2_SPLIT = ("gpt-2", "mpt", "olmo", "jais", "trillion", "granite-docling")
 # tokenizer.json: Digits(individual_digits) before ByteLevel)
 DIGITS_THEN_GPT2 = ("starcoder", "refact", "command-r", "smollm", "codeshell", "exaone",
                     "minerva-7b")
+# llama.cpp's names that split as another that transformers maps (llama-vocab.cpp's cases)
+SAME_SPLIT = {"stablelm2": "qwen2"}
 
 
 # llama-vocab.cpp's load(): the ids of special_eog_ids, and the texts it adds by name
@@ -99,6 +102,13 @@ def _bpe_split(tok: dict[str, Any], pre: str | None, file: str) -> None:
     )
 
     if pre in GGUF_PRE_TOKENIZER_SPLITS or pre in GPT2_SPLIT:
+        return
+    if pre in SAME_SPLIT:  # as transformers' set_split_regex writes the mapped one
+        tok["pre_tokenizer"] = {"type": "Sequence", "pretokenizers": [
+            {"type": "Split", "pattern": {"Regex": GGUF_PRE_TOKENIZER_SPLITS[SAME_SPLIT[pre]]},
+             "behavior": "Isolated", "invert": False},
+            {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True,
+             "use_regex": False}]}
         return
     if pre in DIGITS_THEN_GPT2:
         tok["pre_tokenizer"] = {"type": "Sequence", "pretokenizers": [
