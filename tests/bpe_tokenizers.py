@@ -71,3 +71,88 @@ def metaspace_bpe(prepend_scheme: str = "always"):
         decoders.ByteFallback(), decoders.Fuse(),
     ])
     return tok
+
+
+def sentencepiece_bpe(vocab_size: int = 460):
+    """A Llama 2 style tokenizer.json (Llama-2-7b-hf's, Mistral 7B's, TinyLlama's) with
+    a trained vocabulary: <unk>, <s>, </s>, the 256 byte pieces <0x00>..<0xFF>, then
+    SentencePiece-style pieces (`▁` for a space) in merge order, 70 characters of the
+    corpus (the rest, emoji and most CJK, fall back to bytes); a Prepend("▁") +
+    Replace(" ", "▁") normalizer, BOS added."""
+    from tokenizers import (
+        AddedToken,
+        Tokenizer,
+        decoders,
+        models,
+        normalizers,
+        pre_tokenizers,
+        processors,
+        trainers,
+    )
+
+    special = ["<unk>", "<s>", "</s>"]
+    trainee = Tokenizer(models.BPE(unk_token="<unk>"))
+    trainee.pre_tokenizer = pre_tokenizers.Metaspace(prepend_scheme="always", split=True)
+    trainee.train_from_iterator(CORPUS, trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=special, limit_alphabet=70,
+        show_progress=False))
+    trained = json.loads(trainee.to_str())["model"]
+    pieces = special + [f"<0x{b:02X}>" for b in range(256)] + [
+        p for p in sorted(trained["vocab"], key=trained["vocab"].get) if p not in special]
+    tok = Tokenizer(models.BPE({p: i for i, p in enumerate(pieces)},
+                               [tuple(m) for m in trained["merges"]], unk_token="<unk>",
+                               byte_fallback=True, fuse_unk=True))
+    tok.normalizer = normalizers.Sequence([normalizers.Prepend("▁"),
+                                           normalizers.Replace(" ", "▁")])
+    tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(),
+                                     decoders.Fuse(), decoders.Strip(" ", 1, 0)])
+    tok.add_special_tokens([AddedToken(t, normalized=False, special=True) for t in special])
+    tok.post_processor = processors.TemplateProcessing(
+        single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", 1)])
+    return tok
+
+
+def digit_split_bpe():
+    """byte_level_bpe splitting each digit off first (SmolLM's and StarCoder's split); its
+    vocabulary has pieces of several digits ("01", "Ġ0"), as a vocabulary borrowed from
+    another model may, which GPT-2's split alone would use."""
+    from tokenizers import pre_tokenizers
+
+    tok = byte_level_bpe()
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Digits(individual_digits=True),
+        pre_tokenizers.ByteLevel(add_prefix_space=False)])
+    return tok
+
+
+def gemma_bpe():
+    """sentencepiece_bpe's pieces in Gemma's layout and tokenizer.json form: <pad>, <eos>,
+    <bos>, <unk>, <mask>, the turn markers, the byte pieces, then the pieces and runs of
+    spaces and newlines; a Replace(" ", "▁") normalizer (no space prefix), BOS added."""
+    from tokenizers import (
+        AddedToken,
+        Tokenizer,
+        decoders,
+        models,
+        normalizers,
+        pre_tokenizers,
+        processors,
+    )
+
+    spm = json.loads(sentencepiece_bpe().to_str())["model"]
+    special = ["<pad>", "<eos>", "<bos>", "<unk>", "<mask>", "<start_of_turn>",
+               "<end_of_turn>"]
+    trained = sorted(spm["vocab"], key=spm["vocab"].get)[3 + 256:]
+    runs = [p for p in ("\n", "▁", "▁▁", "▁▁▁▁", "\n\n") if p not in trained]
+    pieces = special + [f"<0x{b:02X}>" for b in range(256)] + trained + runs
+    merges = [tuple(m) for m in spm["merges"]] + [("▁", "▁"), ("▁▁", "▁▁"), ("\n", "\n")]
+    tok = Tokenizer(models.BPE({p: i for i, p in enumerate(pieces)}, merges,
+                               unk_token="<unk>", byte_fallback=True, fuse_unk=True))
+    tok.normalizer = normalizers.Replace(" ", "▁")
+    tok.pre_tokenizer = pre_tokenizers.Split(" ", behavior="merged_with_previous")
+    tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(),
+                                     decoders.Fuse()])
+    tok.add_special_tokens([AddedToken(t, normalized=False, special=True) for t in special])
+    tok.post_processor = processors.TemplateProcessing(
+        single="<bos> $A", pair="<bos> $A <bos> $B", special_tokens=[("<bos>", 2)])
+    return tok

@@ -1,12 +1,13 @@
 """GGUF files of the tests' tiny transformers models, written with the `gguf` package the
 way llama.cpp's convert_hf_to_gguf.py writes them (its TextModel.set_gguf_parameters,
-LlamaModel.permute, _set_vocab_gpt2 and prepare_tensors, read at ggml-org/llama.cpp):
-llama.cpp's tensor names, the Llama family's q/k rows permuted for its rope, a llama3 rope
-scaling as its per-frequency `rope_freqs` factors (LlamaModel.generate_extra_tensors), a
-byte-level BPE ("gpt2") vocabulary, F32 or Q8_0 weights (one-dimensional tensors stay F32);
-Gemma3Model's and Phi3MiniModel's own metadata and Phi-3's longrope factor tensors;
-StarCoder2Model's, LFM2Model's, GPT2Model's, FalconModel's and MambaModel's parameters and
-tensor steps (_converter_tensors)."""
+LlamaModel.permute, _set_vocab_gpt2, _set_vocab_sentencepiece and prepare_tensors, read at
+ggml-org/llama.cpp): llama.cpp's tensor names, the Llama family's q/k rows permuted for
+its rope, a llama3 rope scaling as its per-frequency `rope_freqs` factors
+(LlamaModel.generate_extra_tensors), a byte-level BPE ("gpt2") or SentencePiece ("llama")
+vocabulary, F32, Q8_0 or Q4_0 weights (one-dimensional tensors stay F32); Gemma3Model's
+and Phi3MiniModel's own metadata and Phi-3's longrope factor tensors; StarCoder2Model's,
+LFM2Model's, GPT2Model's, FalconModel's and MambaModel's parameters and tensor steps
+(_converter_tensors)."""
 
 from __future__ import annotations
 
@@ -39,17 +40,21 @@ def permute(weights: np.ndarray, n_head: int, n_head_kv: int | None) -> np.ndarr
 
 def write_gguf(hf_dir: Path, out: Path, quant: str = "F32", name: str = "tiny",
                permute_qk: bool = True, rope_freqs: np.ndarray | None = None,
-               extra: dict[str, np.ndarray] | None = None) -> Path:
-    """`hf_dir` (config.json, model.safetensors, a byte-level BPE tokenizer.json) as a GGUF
-    file `out`. `permute_qk=False` leaves out llama's q/k permutation (a broken converter);
-    `rope_freqs` are factors to write instead of the converter's (a llama3 rope's);
-    `extra` tensors (F32) are added as they are."""
+               extra: dict[str, np.ndarray] | None = None, pre: str = "gpt-2",
+               eot: int | None = None) -> Path:
+    """`hf_dir` (config.json, model.safetensors, a byte-level BPE or a Llama 2 style
+    tokenizer.json) as a GGUF file `out`. `permute_qk=False` leaves out llama's q/k
+    permutation (a broken converter); `rope_freqs` are factors to write instead of the
+    converter's (a llama3 rope's); `extra` tensors (F32) are added as they are; `pre`, a
+    byte-level vocabulary's split (llama.cpp's name for it); `eot`, an end-of-turn id
+    (tokenizer.ggml.eot_token_id, as SpecialVocab writes one)."""
     import gguf
     from safetensors.numpy import load_file
 
     config = json.loads((hf_dir / "config.json").read_text())
     arch, permutes = ARCHS[config["model_type"]]
-    file_type = {"F32": gguf.LlamaFileType.ALL_F32, "Q8_0": gguf.LlamaFileType.MOSTLY_Q8_0}
+    file_type = {"F32": gguf.LlamaFileType.ALL_F32, "Q8_0": gguf.LlamaFileType.MOSTLY_Q8_0,
+                 "Q4_0": gguf.LlamaFileType.MOSTLY_Q4_0}
     writer = gguf.GGUFWriter(str(out), arch)
     writer.add_name(name)
     writer.add_file_type(file_type[quant])
@@ -58,7 +63,9 @@ def write_gguf(hf_dir: Path, out: Path, quant: str = "F32", name: str = "tiny",
         heads = kv_heads = 0  # (no q/k permutation)
     else:
         layers, heads, kv_heads = _add_llama_family_parameters(writer, config, arch)
-    _add_vocab(writer, hf_dir, config)
+    _add_vocab(writer, hf_dir, config, pre)
+    if eot is not None:
+        writer.add_eot_token_id(eot)
 
     model_arch = next(k for k, v in gguf.MODEL_ARCH_NAMES.items() if v == arch)
     names = gguf.get_tensor_name_map(model_arch, layers)
@@ -73,7 +80,7 @@ def write_gguf(hf_dir: Path, out: Path, quant: str = "F32", name: str = "tiny",
         new_name = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
         assert new_name is not None, hf_name
         qtype = gguf.GGMLQuantizationType.F32 if quant == "F32" or data.ndim == 1 else \
-            gguf.GGMLQuantizationType.Q8_0
+            gguf.GGMLQuantizationType[quant]
         data = gguf.quants.quantize(data.astype(np.float32), qtype)
         writer.add_tensor(new_name, data, raw_dtype=qtype)
     if rope_freqs is None:
@@ -233,12 +240,22 @@ def _longrope_factors(config: dict) -> dict[str, np.ndarray]:
             "rope_factors_short.weight": np.asarray(params["short_factor"], np.float32)}
 
 
-def _add_vocab(writer, hf_dir: Path, config: dict) -> None:
+def _add_vocab(writer, hf_dir: Path, config: dict, pre: str) -> None:
+    """The converter's set_vocab: a byte-fallback vocabulary as _set_vocab_sentencepiece
+    writes it, any other as _set_vocab_gpt2 (its split named `pre`)."""
+    tok = json.loads((hf_dir / "tokenizer.json").read_text())
+    if tok["model"].get("byte_fallback"):
+        _add_sentencepiece_vocab(writer, hf_dir, tok, config)
+    else:
+        _add_gpt2_vocab(writer, tok, config, pre)
+
+
+def _add_gpt2_vocab(writer, tok: dict, config: dict, pre: str) -> None:
     """_set_vocab_gpt2: the vocabulary in id order, special tokens CONTROL, the merges."""
     import gguf
 
-    tok = json.loads((hf_dir / "tokenizer.json").read_text())
     by_id = {i: t for t, i in tok["model"]["vocab"].items()}
+    by_id.update({t["id"]: t["content"] for t in tok["added_tokens"]})
     special = {t["content"] for t in tok["added_tokens"] if t["special"]}
     tokens, types = [], []
     for i in range(config["vocab_size"]):
@@ -247,7 +264,7 @@ def _add_vocab(writer, hf_dir: Path, config: dict) -> None:
         types.append(gguf.TokenType.CONTROL if token in special else
                      gguf.TokenType.NORMAL if i in by_id else gguf.TokenType.UNUSED)
     writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre("gpt-2")
+    writer.add_tokenizer_pre(pre)
     writer.add_token_list(tokens)
     writer.add_token_types(types)
     merges = tok["model"]["merges"]
@@ -256,6 +273,41 @@ def _add_vocab(writer, hf_dir: Path, config: dict) -> None:
     writer.add_eos_token_id(config["eos_token_id"])
     writer.add_pad_token_id(config["pad_token_id"])
     writer.add_add_bos_token(False)
+
+
+def _add_sentencepiece_vocab(writer, hf_dir: Path, tok: dict, config: dict) -> None:
+    """_set_vocab_sentencepiece (_create_vocab_sentencepiece, then SpecialVocab): each
+    piece with its SentencePiece score (a BPE model's: minus its merge rank; 0 for the
+    special and byte pieces) and type (UNKNOWN, CONTROL, BYTE, NORMAL), no merges; the
+    special ids, add_bos/add_eos and the chat template from tokenizer_config.json."""
+    import gguf
+
+    by_id = {i: t for t, i in tok["model"]["vocab"].items()}
+    special = {t["content"] for t in tok["added_tokens"] if t["special"]}
+    first_piece = 3 + 256  # after <unk>, <s>, </s> and the byte pieces
+    tokens, scores, types = [], [], []
+    for i in range(config["vocab_size"]):
+        token = by_id.get(i, f"[PAD{i}]")
+        tokens.append(token)
+        scores.append(-10000.0 if i not in by_id else min(0.0, float(first_piece - i)))
+        types.append(gguf.TokenType.UNKNOWN if token == "<unk>" else
+                     gguf.TokenType.CONTROL if token in special else
+                     gguf.TokenType.BYTE if re.fullmatch(r"<0x[0-9A-F]{2}>", token) else
+                     gguf.TokenType.NORMAL if i in by_id else gguf.TokenType.UNUSED)
+    writer.add_tokenizer_model("llama")
+    writer.add_tokenizer_pre("default")
+    writer.add_token_list(tokens)
+    writer.add_token_scores(scores)
+    writer.add_token_types(types)
+    tok_config = json.loads((hf_dir / "tokenizer_config.json").read_text())
+    writer.add_bos_token_id(tok["model"]["vocab"][tok_config["bos_token"]])
+    writer.add_eos_token_id(tok["model"]["vocab"][tok_config["eos_token"]])
+    writer.add_unk_token_id(tok["model"]["vocab"]["<unk>"])
+    writer.add_add_bos_token(tok_config.get("add_bos_token", True))
+    writer.add_add_eos_token(tok_config.get("add_eos_token", False))
+    if tok_config.get("add_prefix_space") is False:  # as Gemma's converter writes it
+        writer.add_add_space_prefix(False)
+    writer.add_chat_template(tok_config["chat_template"])
 
 
 def _add_starcoder2_parameters(writer, config: dict) -> int:

@@ -530,6 +530,22 @@ def test_a_phi3_longrope_gguf_exports_the_model_it_was_converted_from(
     assert read.original_max_position_embeddings == original.original_max_position_embeddings
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("family, quant", [("gemma3_text", "Q8_0"), ("gemma3_text", "Q4_0"),
+                                           ("phi3", "Q8_0"), ("phi3", "Q4_0")])
+def test_quantized_gemma3_and_phi3_ggufs_export_the_weights_transformers_dequantizes(
+        family, quant, gguf_model, tmp_path):
+    """Q8_0 and Q4_0 blocks (gguf's writer quantizes no K-quant) dequantized as
+    transformers' from_pretrained(gguf_file=) does; its model of the file computes with
+    Gemma3TextConfig's query scale and no global rope scaling, Phi-3 with full rotary
+    and no longrope: the reference is the original config with its weights."""
+    hf, gguf = gguf_model(family, quant)
+    bundle = exported(gguf, tmp_path / "b")
+    reference = load_hf_model(hf)
+    reference.load_state_dict(gguf_reference(gguf).state_dict())
+    check_logits(reference, bundle, prompt_ids(hf))
+
+
 @pytest.mark.parametrize("family, variant", [
     ("starcoder2", None), ("lfm2", None), ("gpt2", None), ("falcon-7b", None),
     ("falcon", None), ("mamba", None),

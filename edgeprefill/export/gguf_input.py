@@ -14,7 +14,8 @@ Quantized weights are dequantized: the bundle holds the GGUF's values in float, 
 `--quantize int4/int8` re-quantizes them with its own rounding. What the reader skips of a
 Llama 3.1+ file, its rope scaling as llama.cpp's `rope_freqs`, gguf_rope.py restores; what
 it leaves out of a Gemma 3 or Phi-3 file's config (Gemma 3's rope scaling and attention
-scale, Phi-3's rotary width and longrope factors), gguf_metadata.py.
+scale, Phi-3's rotary width and longrope factors), gguf_metadata.py; where its tokenizer
+is not llama.cpp's (SentencePiece's spaces, a BPE's split), gguf_vocab.py.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ import numpy as np
 from tqdm import tqdm
 
 from edgeprefill.errors import ExportError
-from edgeprefill.export import gguf_falcon, gguf_metadata, gguf_rope
+from edgeprefill.export import gguf_falcon, gguf_metadata, gguf_rope, gguf_vocab
 
 log = logging.getLogger(__name__)
 
@@ -189,7 +190,9 @@ def _write_hf_folder(gguf_file: Path, folder: Path, source: GgufSource, reader: 
     config = transformers.AutoConfig.from_pretrained(folder)
     tokenizer.save_pretrained(folder)
     del tokenizer  # its vocabulary is on disk now
+    gguf_vocab.fix_tokenizer(gguf_file, folder / "tokenizer.json")
     _drop_tokens_past_vocab(folder / "tokenizer.json", config.get_text_config().vocab_size)
+    gguf_vocab.write_end_ids(gguf_file, folder, config.get_text_config().vocab_size)
     unused = _write_weights(gguf_file, folder, config, source, reader, show_progress)
     _warn_unused([name for name in unused if name not in restored])
 
