@@ -92,6 +92,9 @@ def parse_ollama_generate(body: Any, model_name: str, context: int) -> Completio
             raise ApiError(400, "'think' has no effect on a raw prompt: drop it or raw")
         chat["prompt"] = prompt
         return _parsed(parse_completion, chat, body)
+    if not prompt.strip():  # "" asked for a load (is_load); blank text gives nothing to answer
+        raise ApiError(400, "'prompt' is blank: send text, or an empty prompt to load the "
+                       "model")
     chat["messages"] = [*([{"role": "system", "content": system}] if system else []),
                         {"role": "user", "content": prompt}]
     return _parsed(parse_chat, chat, body)

@@ -76,6 +76,10 @@ def _add_message(messages: list[dict[str, Any]], item: dict, param: str) -> None
     if role is None:
         raise ApiError(400, f"{param}.role must be one of {', '.join(ROLES)}", f"{param}.role")
     content = _text(item.get("content"), f"{param}.content")
+    if item["role"] == "user" and not content.strip():
+        # the reply would follow the template's scaffolding alone ('input': "" is refused too)
+        raise ApiError(400, f"{param}.content is empty: a user message needs text",
+                       f"{param}.content")
     if role != "assistant":
         messages.append({"role": role, "content": content})
         return

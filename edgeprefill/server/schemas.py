@@ -254,6 +254,8 @@ def _message(message: Any, index: int) -> dict[str, str]:
     if not isinstance(message, dict) or not isinstance(message.get("role"), str):
         raise ApiError(400, f"{param} must be an object with a string 'role'", param)
     content = message.get("content")
+    if message["role"] == "user":
+        _check_user_text(content, param)
     if isinstance(content, list):  # content parts: only text parts carry anything for us
         if not all(isinstance(p, dict) and p.get("type") == "text"
                    and isinstance(p.get("text"), str) for p in content):
@@ -267,6 +269,19 @@ def _message(message: Any, index: int) -> dict[str, str]:
                        f"{param}.content")
     return {"role": message["role"], "content": content, **message_fields(message, param),
             **_reasoning(message, param)}
+
+
+def _check_user_text(content: Any, param: str) -> None:
+    """A user message with no text gives the model nothing to answer: the reply would
+    follow the template's scaffolding alone (OpenAI refuses the empty array too)."""
+    if content == []:
+        raise ApiError(400, f"{param}.content is an empty array: send at least one text "
+                       "part", f"{param}.content")
+    if isinstance(content, list) and all(isinstance(p, dict) for p in content):
+        content = "".join(p.get("text") or "" for p in content)
+    if content is None or isinstance(content, str) and not content.strip():
+        raise ApiError(400, f"{param}.content is empty: a user message needs text",
+                       f"{param}.content")
 
 
 def _reasoning(message: dict, param: str) -> dict[str, str]:
