@@ -417,7 +417,7 @@ class OpenAIApi:
                 fmt = "harmony" if self.splits_harmony else call_format(self.engine.manifest)
                 params = req.tools.constrain_auto(params, fmt)
                 req = replace(req, constraint_field="tools")  # its refusals name tools
-            # After the grammar: the server's default budget leaves a constrained reply be.
+            # After the grammar: the server's default budget leaves a reply it governs be.
             params = self._thinking_budget(params, _is_chat(req.prompt))
             stream = Choices(self.engine.submit_n(
                 tokens, params, req.n, req.priority, None, req.chunk_size, arrival=arrival))
@@ -437,8 +437,8 @@ class OpenAIApi:
         to cap (the SDK would refuse the budget; clients such as Anthropic's send one
         whatever the model)."""
         budget = params.thinking_budget
-        if budget is None and chat and params.constraint is None and \
-                self.config.reasoning_budget >= 0:
+        free = params.constraint is None or params.constraint.lazy  # strict tools' grammar
+        if budget is None and chat and free and self.config.reasoning_budget >= 0:
             budget = self.config.reasoning_budget
         if not self.thinks:
             budget = None
