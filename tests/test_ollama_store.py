@@ -275,7 +275,7 @@ def test_an_ollama_export_is_served_under_its_name_with_its_parameters_as_defaul
     """The walk `export ollama:tiny` -> `serve` -> the `ollama` client: the bundle answers
     to `tiny` (it answered to its folder's name, a 404 for Ollama's clients), its
     Modelfile's parameters are the defaults of Ollama's routes and OpenAI's alike, and
-    a request's `options` override them."""
+    a request's `options` override them; /api/show lists them (it listed none)."""
     ollama = pytest.importorskip("ollama")
     httpx = pytest.importorskip("httpx")
     pytest.importorskip("starlette")
@@ -293,6 +293,10 @@ def test_an_ollama_export_is_served_under_its_name_with_its_parameters_as_defaul
         with ServerThread(app, port=free_port()) as server:
             client = ollama.Client(host=server.url)
             assert [m.model for m in client.list().models] == ["tiny:latest"]
+            assert client.show("tiny").parameters.splitlines() == [
+                f"{name:<30} {value}" for name, value in (
+                    ("temperature", "1.5"), ("top_k", "1"), ("top_p", "0.9"),
+                    ("repeat_penalty", "1"))]  # as Ollama's `show` writes them (Go's %#v)
             options = {"num_predict": NEW_TOKENS, "ignore_eos": True, "seed": 3}
             # top_k 1 (the Modelfile's) makes its temperature 1.5 greedy
             reply = client.generate(model="tiny", prompt=PROMPT, raw=True, options=options)
