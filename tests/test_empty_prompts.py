@@ -90,3 +90,12 @@ def test_ollama_generate_refuses_a_blank_prompt_and_chat_an_empty_user_message()
     err = refusal(lambda b: parse_ollama_chat(b, MODEL, 512),
                   {"model": MODEL, "messages": [{"role": "user", "content": ""}]})
     assert err.message == "messages[0].content is empty: a user message needs text"
+
+
+def test_tokenize_still_counts_an_empty_user_message():
+    """/tokenize measures prompts (a template's overhead with an empty turn included):
+    only the generating routes refuse it."""
+    from edgeprefill.server.schemas import parse_messages
+
+    assert parse_messages([{"role": "user", "content": ""}]) == [
+        {"role": "user", "content": ""}]

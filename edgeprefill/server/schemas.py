@@ -112,6 +112,9 @@ def parse_completion(body: Any) -> CompletionRequest:
 def parse_chat(body: Any) -> CompletionRequest:
     body = _object(body)
     messages = parse_messages(body.get("messages"))
+    for index, message in enumerate(body["messages"]):  # /tokenize takes them all
+        if message["role"] == "user":
+            _check_user_text(message.get("content"), f"messages[{index}]")
     tools = parse_tools(body)
     # Chat replies run to EOS or the context limit unless capped, as with OpenAI.
     request = replace(_request(body, messages, None, "messages"),
@@ -254,8 +257,6 @@ def _message(message: Any, index: int) -> dict[str, str]:
     if not isinstance(message, dict) or not isinstance(message.get("role"), str):
         raise ApiError(400, f"{param} must be an object with a string 'role'", param)
     content = message.get("content")
-    if message["role"] == "user":
-        _check_user_text(content, param)
     if isinstance(content, list):  # content parts: only text parts carry anything for us
         if not all(isinstance(p, dict) and p.get("type") == "text"
                    and isinstance(p.get("text"), str) for p in content):
