@@ -144,7 +144,7 @@ def create_app(engine: Engine, config: ServerConfig) -> Starlette:
         engine, config.model_name, api.started,
         lambda request: read_json(request, api.max_body_bytes, config.body_timeout_s),
         api.prompts.call)
-    ollama = OllamaRoutes(engine, config.model_name, api.read, api.splits_reasoning)
+    ollama = OllamaRoutes(engine, config.model_name, api.read, api.splits_thinking)
     routes = [
         Route("/v1/completions", api.completions, methods=["POST"]),
         Route("/v1/chat/completions", api.chat_completions, methods=["POST"]),
@@ -194,6 +194,7 @@ class OpenAIApi:
         # gpt-oss's harmony replies (server/harmony.py): reasoning, content and calls
         self.splits_harmony = config.reasoning_parser == "auto" and \
             bundle_harmony(engine.tokenizer)
+        self.splits_thinking = self.splits_reasoning or self.splits_harmony  # Ollama's
 
     @asynccontextmanager
     async def lifespan(self, app: Starlette):
@@ -300,7 +301,8 @@ class OpenAIApi:
             return err.response(request.url.path)
         parse = parse_ollama_chat if chat else parse_ollama_generate
         admitted = await self._admit_body(
-            request, body, lambda b: parse(b, self.config.model_name, self.engine.capacity),
+            request, body, lambda b: parse(b, self.config.model_name, self.engine.capacity,
+                                           self.splits_thinking),
             ollama_error)
         if isinstance(admitted, Response):
             return admitted
