@@ -121,10 +121,11 @@ class Sampler:
         reasoning opened it would be cut into the call's JSON, so it waits for the call's
         end (the model's tokens meanwhile are the call's)."""
         budget = self.budget
-        forced = budget.forced() if budget is not None else None
-        if forced is None or self.mask is None or budget is None or budget.closing_begun:
-            return forced
-        return forced if self.mask.takes(budget.to_force) else None
+        if budget is None or budget.forced() is None:
+            return None
+        if self.mask is None or budget.closing_begun or self.mask.takes(budget.to_force):
+            return budget.forced()
+        return None
 
     def _pick(self, logits: np.ndarray) -> int:
         p = self.params

@@ -17,7 +17,8 @@ A budget needs a bundle that knows both tags (`bundle_thinks`); it cannot be com
 with a constraint over the whole reply (sdk/params.py refuses it: that grammar would not
 allow the forced tokens). A lazy grammar (strict tools under auto) leaves the text free,
 so the close is forced there as anywhere; while it holds a call the reasoning opened, the
-close waits for the call's end (the sampler forces only a token the grammar allows).
+close waits for the call's end (the sampler begins it only where the grammar takes it
+whole).
 """
 
 from __future__ import annotations
