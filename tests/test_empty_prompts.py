@@ -80,6 +80,12 @@ def test_responses_refuses_a_user_input_message_without_text(content):
     assert err.message == "input[0].content is empty: a user message needs text"
 
 
+def test_responses_refuses_a_blank_input_string_as_an_empty_one():
+    for blank in ("", " \n"):
+        err = refusal(parse_responses, {"model": MODEL, "input": blank})
+        assert (err.message, err.param) == ("'input' is empty", "input")
+
+
 def test_ollama_generate_refuses_a_blank_prompt_and_chat_an_empty_user_message():
     err = refusal(lambda b: parse_ollama_generate(b, MODEL, 512),
                   {"model": MODEL, "prompt": " \n", "system": "w3"})

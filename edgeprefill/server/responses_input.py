@@ -34,7 +34,7 @@ def input_messages(input_value: Any, instructions: Any) -> list[dict[str, Any]]:
             raise ApiError(400, "'instructions' must be a string", "instructions")
         messages.append({"role": "system", "content": instructions})
     if isinstance(input_value, str):
-        if not input_value:
+        if not input_value.strip():  # as a user message without text (_add_message)
             raise ApiError(400, "'input' is empty", "input")
         return [*messages, {"role": "user", "content": input_value}]
     if not isinstance(input_value, list) or not input_value:
