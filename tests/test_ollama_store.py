@@ -268,3 +268,48 @@ def test_a_name_finds_its_model_whatever_its_case_and_a_vision_projector_is_left
     assert model.gguf.read_bytes() == tiny_gguf.read_bytes()
     assert "ollama:vision:latest: its vision projector layer is left out: the bundle is " \
            "text-only" in caplog.text
+
+
+def test_an_ollama_export_is_served_under_its_name_with_its_parameters_as_defaults(
+        store, tmp_path):
+    """The walk `export ollama:tiny` -> `serve` -> the `ollama` client: the bundle answers
+    to `tiny` (it answered to its folder's name, a 404 for Ollama's clients), its
+    Modelfile's parameters are the defaults of Ollama's routes and OpenAI's alike, and
+    a request's `options` override them; /api/show lists them (it listed none)."""
+    ollama = pytest.importorskip("ollama")
+    httpx = pytest.importorskip("httpx")
+    pytest.importorskip("starlette")
+    from edgeprefill.cli.serve_cmd import served_name
+    from edgeprefill.server import ServerConfig, ServerThread, create_app
+    from tests.test_serve import free_port
+
+    bundle = exported("ollama:tiny", tmp_path / "b")
+    assert served_name(bundle) == "tiny"
+    assert served_name(exported(tiny_gguf_of(store), tmp_path / "plain")) == "plain"
+    with Engine.load(bundle, threads=2, kv_slots=2) as engine:
+        greedy = engine.generate(PROMPT, GenerationParams(
+            temperature=0, max_new_tokens=NEW_TOKENS, ignore_eos=True)).result().text
+        app = create_app(engine, ServerConfig(model_name=served_name(bundle)))
+        with ServerThread(app, port=free_port()) as server:
+            client = ollama.Client(host=server.url)
+            assert [m.model for m in client.list().models] == ["tiny:latest"]
+            assert client.show("tiny").parameters.splitlines() == [
+                f"{name:<30} {value}" for name, value in (
+                    ("temperature", "1.5"), ("top_k", "1"), ("top_p", "0.9"),
+                    ("repeat_penalty", "1"))]  # as Ollama's `show` writes them (Go's %#v)
+            options = {"num_predict": NEW_TOKENS, "ignore_eos": True, "seed": 3}
+            # top_k 1 (the Modelfile's) makes its temperature 1.5 greedy
+            reply = client.generate(model="tiny", prompt=PROMPT, raw=True, options=options)
+            assert reply.response == greedy
+            completion = httpx.post(f"{server.url}/v1/completions", json={
+                "model": "tiny", "prompt": PROMPT, "max_tokens": NEW_TOKENS, "seed": 3,
+                "ignore_eos": True}).json()
+            assert completion["choices"][0]["text"] == greedy
+            sampled = client.generate(model="tiny:latest", prompt=PROMPT, raw=True,
+                                      options={**options, "top_k": 0})
+            assert sampled.response != greedy
+
+
+def tiny_gguf_of(store: Path) -> Path:
+    """The largest blob of the store: the GGUF file of its models."""
+    return max((store / "blobs").iterdir(), key=lambda p: p.stat().st_size)

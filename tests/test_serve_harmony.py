@@ -228,3 +228,17 @@ def test_a_strict_tool_under_auto_is_a_400_naming_harmony(client):
         client.chat.completions.create(model=MODEL, messages=QUESTION, tools=[strict],
                                        max_tokens=4)
     assert err.value.body["param"] == "tools" and "harmony" in err.value.body["message"]
+
+
+def test_ollama_s_api_knows_harmony_replies_think(engine, server):
+    """/api/show lists the thinking capability (it did not: no <think> tags), and `think`
+    is taken, its reasoning coming back as `thinking`."""
+    shown = httpx.post(f"{server.url}/api/show", json={"model": MODEL}).json()
+    assert "thinking" in shown["capabilities"]
+    follow(engine, SCRIPTS["analysis-then-final"], len(engine.tokenizer.encode(QUESTION)))
+    reply = httpx.post(f"{server.url}/api/chat", json={
+        "model": MODEL, "messages": QUESTION, "think": True, "stream": False,
+        "options": {"temperature": 0, "num_predict": 32}})
+    assert reply.status_code == 200, reply.text
+    message = reply.json()["message"]
+    assert (message["thinking"], message["content"]) == ("Need the weather.", "It is sunny.")

@@ -181,6 +181,12 @@ def assert_ollama_error(response: httpx.Response, status: int, words: str) -> No
     ("/api/chat", {"model": MODEL, "messages": CHAT, "options": {"typical_p": 0.5}},
      400, "typical_p"),
     ("/api/chat", {"model": MODEL, "messages": CHAT, "think": "sometimes"}, 400, "think"),
+    # Ollama's words for a model without the capability (/api/show lists none): clients
+    # ask again without `think` (it was taken and ignored)
+    ("/api/chat", {"model": MODEL, "messages": CHAT, "think": True}, 400,
+     '"tiny" does not support thinking'),
+    ("/api/generate", {"model": MODEL + ":latest", "prompt": "w4", "think": "high"}, 400,
+     '"tiny:latest" does not support thinking'),
     ("/api/chat", {"model": MODEL, "messages": CHAT, "format": "yaml"}, 400, "format"),
     ("/api/chat", {"model": MODEL, "messages": CHAT, "options": {"num_predict": 100_000}},
      400, "lower options.num_predict"),

@@ -71,6 +71,13 @@ def bias_calls(engine: Engine, token: int, bias: float) -> None:
 
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory) -> Iterator[Engine]:
+    engine = strict_engine(tmp_path_factory, TEMPLATE)
+    yield engine
+    engine.close()
+
+
+def strict_engine(tmp_path_factory, template: str) -> Engine:
+    """The biased model (below) behind a byte-level BPE tokenizer and `template`."""
     from tokenizers import AddedToken
 
     from edgeprefill.export.exporter import ExportOptions, export
@@ -81,15 +88,14 @@ def engine(tmp_path_factory) -> Iterator[Engine]:
                     AddedToken("</tool_call>", special=False)])
     bpe.install(tok, model)
     config = json.loads((model / "tokenizer_config.json").read_text())
-    config["chat_template"] = TEMPLATE
+    config["chat_template"] = template
     (model / "tokenizer_config.json").write_text(json.dumps(config))
     out = tmp_path_factory.mktemp("strict-bundle")
     export(model, out, ExportOptions(chunks=(16, 64), max_context=512, show_progress=False,
                                      overwrite=True))
     engine = Engine.load(out, threads=2, kv_slots=2)
     bias_calls(engine, tok.token_to_id("<tool_call>"), BIAS)
-    yield engine
-    engine.close()
+    return engine
 
 
 @pytest.fixture(scope="module")
@@ -273,3 +279,87 @@ def test_ollama_s_chat_honours_strict_too(server, client):
     assert calls and reply["message"]["content"].startswith(before), reply
     function = calls[0]["function"]
     assert function["name"] == "get_weather" and valid("get_weather", function["arguments"])
+
+
+# -- strict tools and a thinking budget ----------------------------------------------------
+
+# TEMPLATE with Qwen3.5's reasoning: the generation prompt opens the think block, and an
+# earlier reply's reasoning is written back inside its tags.
+THINKING = TEMPLATE.replace(
+    "{% else %}{{ m.role }}: {{ m.content }} ; {% endif %}",
+    "{% else %}{{ m.role }}: {% if m.reasoning_content %}<think>{{ m.reasoning_content }}"
+    "</think>{% endif %}{{ m.content }} ; {% endif %}").replace(
+    "{% if add_generation_prompt %}assistant: {% endif %}",
+    "{% if add_generation_prompt %}assistant: <think>{% endif %}")
+
+
+@pytest.fixture(scope="module")
+def thinker(tmp_path_factory) -> Iterator[Engine]:
+    """The biased model thinking first: it never closes its block by itself, and opens
+    calls inside it."""
+    assert THINKING.count("<think>") == 2
+    engine = strict_engine(tmp_path_factory, THINKING)
+    yield engine
+    engine.close()
+
+
+def thinking_server(engine: Engine, budget: int = -1) -> ServerThread:
+    config = ServerConfig(model_name="bpe", reasoning_budget=budget)
+    return ServerThread(create_app(engine, config), port=free_port())
+
+
+def test_a_thinking_budget_caps_the_reasoning_of_a_strict_reply(thinker):
+    """It was a 400 (the SDK refused a budget beside any constraint) and the server's
+    --reasoning-budget was left out of such a reply: the lazy grammar leaves the text
+    free, so the close is forced there as in a reply without tools."""
+    httpx = pytest.importorskip("httpx")
+    body = {"model": "bpe", "messages": QUESTION, "tools": [tool("get_weather", True)],
+            "temperature": 0, "max_tokens": 40}
+    with thinking_server(thinker) as server:
+        url = f"{server.url}/v1/chat/completions"
+        free = httpx.post(url, json=body, timeout=60).json()["choices"][0]["message"]
+        capped = httpx.post(url, json={**body, "thinking_token_budget": 3}, timeout=60)
+    assert capped.status_code == 200, capped.text
+    message = capped.json()["choices"][0]["message"]
+    # The model's own first 3 reasoning tokens (their last character may be cut), then
+    # the answer after the forced close.
+    reasoning = message["reasoning_content"]
+    assert reasoning and free["reasoning_content"].startswith(reasoning.rstrip("\ufffd"))
+    assert len(reasoning) < len(free["reasoning_content"]) and message["content"]
+    with thinking_server(thinker, budget=3) as server:
+        default = httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=60)
+    assert default.json()["choices"][0]["message"] == message
+
+
+def test_a_budget_spent_inside_a_call_closes_the_block_after_the_call(thinker):
+    """A call the reasoning opened is held by the lazy grammar; a close forced into it
+    would have cut `</think>` into the call's JSON. It waits for the call's end: the
+    reply is the model's own up to `</tool_call>`, then exactly the closing tokens."""
+    from dataclasses import replace
+
+    from edgeprefill.sdk import GenerationParams
+    from edgeprefill.sdk.thinking_budget import FORCED_CLOSE
+    from edgeprefill.server.strict_tools import lazy_call_constraint
+
+    tokenizer = thinker.tokenizer
+    tools = [tool("get_weather", True)]
+    # The server's prompt; it ends in <think>: every reply token is reasoning.
+    prompt = tokenizer.encode(QUESTION, tools=tools)
+    lazy = lazy_call_constraint(tuple(tools), "hermes")
+    greedy = GenerationParams(temperature=0, max_new_tokens=MAX_TOKENS, constraint=lazy)
+    free = thinker.submit(prompt, greedy, 0, None).result().token_ids
+
+    def end_of(text: str) -> int:
+        return next(i for i in range(len(free)) if text in tokenizer.decode(free[:i + 1]))
+
+    opened, closed = end_of("<tool_call>"), end_of("</tool_call>")
+    assert closed > opened + 3, tokenizer.decode(free)
+    budget = opened + 2  # spent inside the call
+    capped = thinker.submit(prompt, replace(greedy, thinking_budget=budget), 0, None)
+    tokens = capped.result().token_ids
+    close = tokenizer.encode_plain(FORCED_CLOSE)
+    assert tokens[:closed + 1] == free[:closed + 1]
+    assert tokens[closed + 1:closed + 1 + len(close)] == close
+    call = tokenizer.decode(tokens[opened + 1:closed + 1]).removesuffix("</tool_call>")
+    arguments = json.loads(call)["arguments"]
+    assert valid("get_weather", arguments), call

@@ -55,3 +55,20 @@ def test_an_empty_text_prompt_is_refused_as_the_completions_route_refuses_it(tin
             engine.generate("", GREEDY)
         newline = engine.generate("\n", replace(GREEDY, ignore_eos=True)).result()
         assert len(newline.token_ids) == 4
+
+
+def test_an_empty_or_missing_chat_turn_is_refused_in_one_line(tiny_bundle):
+    # chat("") rendered a user turn with no text and answered the template's scaffolding;
+    # chat(None) handed None to the template.
+    with Engine.load(tiny_bundle, threads=1, kv_slots=2) as engine:
+        session = engine.session()
+        for blank in ("", "  \n"):
+            with pytest.raises(RequestError, match="^the chat turn is empty: send the "):
+                session.chat(blank, GREEDY)
+        with pytest.raises(RequestError, match="^chat\\(\\) takes the user's text as a "
+                           "string, got NoneType$"):
+            session.chat(None, GREEDY)  # type: ignore[arg-type]
+        assert session.messages == []  # nothing joined the conversation
+        reply = session.chat("hello", GREEDY).result()
+        assert reply.token_ids == engine.generate(
+            [{"role": "user", "content": "hello"}], GREEDY).result().token_ids

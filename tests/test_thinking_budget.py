@@ -249,3 +249,19 @@ def test_run_takes_thinking_budget(thinking_bundle, bundle):
     assert refused.stderr.strip().splitlines() == [
         "error: thinking_budget needs a model that thinks in <think> ... </think> blocks; "
         "this bundle's chat template and tokenizer know no such tags"]
+
+
+def test_serve_s_reasoning_budget_caps_ollama_s_routes_too(scripted):
+    """Ollama's API has no budget field: the server's default is the budget there."""
+    import httpx
+
+    from tests.test_serve import MODEL
+
+    body = {"model": MODEL, "stream": False, "options": {"temperature": 0, "num_predict": 32}}
+    with serve(scripted, reasoning_budget=2) as server:
+        chat = httpx.post(f"{server.url}/api/chat", json={**body, "messages": QUESTION})
+        said = httpx.post(f"{server.url}/api/generate",
+                          json={**body, "prompt": QUESTION[0]["content"]})
+    assert chat.json()["message"] == {"role": "assistant", "thinking": CAPPED[
+        "reasoning_content"], "content": CAPPED["content"]}
+    assert (said.json()["thinking"], said.json()["response"]) == tuple(CAPPED.values())

@@ -30,7 +30,8 @@ REASONING_MODES = ("auto", "none")  # server.reasoning.MODES (not imported: --he
 @click.option("--port", default=8000, show_default=True, type=click.IntRange(1, 65535),
               help="TCP port to listen on.")
 @click.option("--model-name", default=None,
-              help="The model id clients send (default: the bundle folder's name).")
+              help="The model id clients send (default: the bundle folder's name; a "
+              "bundle exported from ollama:NAME, that NAME).")
 @click.option("--api-key", envvar="EDGEPREFILL_API_KEY", default=None, show_envvar=True,
               help="Require 'Authorization: Bearer KEY' on every route but /health.")
 @engine_options()
@@ -85,7 +86,7 @@ def serve(
 
     _check_port_free(host, port)
     limits = split_limits(limit_values)
-    config = ServerConfig(model_name=model_name or bundle.resolve().name, api_key=api_key,
+    config = ServerConfig(model_name=model_name or served_name(bundle), api_key=api_key,
                           max_pending=max_pending, reasoning_parser=reasoning_parser,
                           reasoning_budget=reasoning_budget,
                           **limits.config)
@@ -116,6 +117,19 @@ def serve(
         click.echo("stopped", err=True)
     finally:
         loaded.close()
+
+
+def served_name(bundle: Path) -> str:
+    """The model id of a bundle served without --model-name: the name Ollama knew it by
+    where it was exported from Ollama's store (its clients send that name: `tiny` for
+    `tiny:latest`, which the Ollama routes also take), else the bundle folder's name."""
+    from edgeprefill.bundle import load_manifest
+
+    ollama = load_manifest(bundle).source.get("ollama") or {}
+    name = ollama.get("name") if isinstance(ollama, dict) else None
+    if not isinstance(name, str) or not name:
+        return bundle.resolve().name
+    return name.removesuffix(":latest")
 
 
 def _check_port_free(host: str, port: int) -> None:

@@ -40,6 +40,9 @@ class Constraint:
 
     kind: str  # a key of GRAMMARS
     source: str  # the schema (JSON text), pattern, options (JSON list) or grammar text
+    # A lazy grammar leaves the text free until a trigger (strict tools under tool_choice
+    # auto, server/strict_tools.py): a thinking budget may close the reasoning in that text.
+    lazy: bool = False
 
     def __post_init__(self) -> None:
         if self.kind not in GRAMMARS:
@@ -77,9 +80,9 @@ class Constraint:
         return cls("choice", json.dumps(options))
 
     @classmethod
-    def grammar(cls, text: str) -> Constraint:
-        """A grammar in llguidance's Lark syntax (`start: ...`)."""
-        return cls("grammar", _text(text, "grammar"))
+    def grammar(cls, text: str, lazy: bool = False) -> Constraint:
+        """A grammar in llguidance's Lark syntax (`start: ...`); `lazy`: see the field."""
+        return cls("grammar", _text(text, "grammar"), lazy)
 
     @classmethod
     def gbnf(cls, text: str) -> Constraint:
@@ -210,6 +213,9 @@ class GrammarMask:
             raise MatcherError("constraint: llguidance refused a token its own mask "
                                f"allowed: {_one_line(error)}")
         self._check()  # a limit of the grammar's own (a 5,000-way choice): the request's
+
+    def takes(self, tokens: list[int]) -> bool:
+        return self.matcher.validate_tokens(tokens) == len(tokens)
 
     @property
     def finished(self) -> bool:

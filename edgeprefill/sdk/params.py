@@ -94,9 +94,10 @@ class GenerationParams:
                self.thinking_budget >= 0, "thinking_budget must be an integer >= 0",
                "thinking_budget")
         if self.constraint is not None:
-            _check(self.thinking_budget is None, "thinking_budget cannot be combined with a "
-                   "constraint (the grammar governs the whole reply, which has no "
-                   "reasoning to cap)", "thinking_budget")
+            _check(self.thinking_budget is None or getattr(self.constraint, "lazy", False),
+                   "thinking_budget cannot be combined with a constraint (the grammar "
+                   "governs the whole reply, which has no reasoning to cap)",
+                   "thinking_budget")
             from edgeprefill.sdk.constraints import Constraint
 
             _check(isinstance(self.constraint, Constraint),

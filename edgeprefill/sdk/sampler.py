@@ -34,6 +34,9 @@ class TokenMask(Protocol):
     def accept(self, token: int) -> None:
         """Advance past a sampled token."""
 
+    def takes(self, tokens: list[int]) -> bool:
+        """Whether all of `tokens` may come next (nothing is advanced)."""
+
     @property
     def finished(self) -> bool:
         """Nothing may follow the tokens accepted so far."""
@@ -63,6 +66,7 @@ class Sampler:
         self._bias_ids = np.fromiter(bias.keys(), np.int64, len(bias))
         self._bias_values = np.fromiter(bias.values(), np.float32, len(bias))
         self._scratch = Scratch()  # the draw's buffers, reused token after token
+        self._forcing = False  # this step's token is the thinking budget's
 
     @property
     def finished(self) -> bool:
@@ -103,12 +107,25 @@ class Sampler:
             if not allowed.any():
                 raise RequestError("the constraint allows no token here")
             out = np.where(allowed, out, np.float32(-np.inf))
-        forced = self.budget.forced() if self.budget is not None else None
+        forced = self._forced()
+        self._forcing = forced is not None
         if forced is not None:  # greedy or drawn, only this token can come
             only = np.full_like(out, -np.inf)
             only[forced] = out[forced] if np.isfinite(out[forced]) else 0.0
             out = only
         return out
+
+    def _forced(self) -> int | None:
+        """The thinking budget's token for this step, if any. Under a lazy grammar (strict
+        tools) the close begins only where the grammar takes all of it: inside a call the
+        reasoning opened it would be cut into the call's JSON, so it waits for the call's
+        end (the model's tokens meanwhile are the call's)."""
+        budget = self.budget
+        if budget is None or budget.forced() is None:
+            return None
+        if self.mask is None or budget.closing_begun or self.mask.takes(budget.to_force):
+            return budget.forced()
+        return None
 
     def _pick(self, logits: np.ndarray) -> int:
         p = self.params
@@ -123,7 +140,7 @@ class Sampler:
         if self.mask is not None:
             self.mask.accept(token)
         if self.budget is not None:
-            self.budget.accept(token)
+            self.budget.accept(token, self._forcing)
 
 
 # -- adjustments ---------------------------------------------------------------------------

@@ -53,6 +53,11 @@ class Session:
     def chat(
         self, text: str, params: GenerationParams | None = None, *, priority: int | str = 0
     ) -> TokenStream:
+        if not isinstance(text, str):
+            raise RequestError(f"chat() takes the user's text as a string, got "
+                               f"{type(text).__name__}")
+        if not text.strip():  # the reply would follow the template's scaffolding alone
+            raise RequestError("the chat turn is empty: send the user's text")
         return self.generate([{"role": "user", "content": text}], params, priority=priority)
 
     def close(self) -> None:

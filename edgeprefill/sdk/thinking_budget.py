@@ -14,8 +14,11 @@ into a conversation ("<think>\\n...\\n</think>\\n\\n" before the answer): the la
 model saw after its thoughts. A reply that never opens a block is left alone.
 
 A budget needs a bundle that knows both tags (`bundle_thinks`); it cannot be combined
-with a constraint (sdk/params.py refuses it: the grammar governs the whole reply, and it
-would not allow the forced tokens).
+with a constraint over the whole reply (sdk/params.py refuses it: that grammar would not
+allow the forced tokens). A lazy grammar (strict tools under auto) leaves the text free,
+so the close is forced there as anywhere; while it holds a call the reasoning opened, the
+close waits for the call's end (the sampler begins it only where the grammar takes it
+whole).
 """
 
 from __future__ import annotations
@@ -86,8 +89,17 @@ class ThinkingBudget:
         """The token the next step must be, or None: the model chooses."""
         return self.to_force[0] if self.to_force else None
 
-    def accept(self, token: int) -> None:
-        if self.state == "closing":  # the token forced()
+    @property
+    def closing_begun(self) -> bool:
+        """Some of the closing tokens are in the reply already."""
+        return self.state == "closing" and len(self.to_force) < len(self.close_ids)
+
+    def accept(self, token: int, forced: bool = True) -> None:
+        """`forced`: the sampler forced this token (False: the close waits for a lazy
+        grammar's call to end, and the token is the call's)."""
+        if self.state == "closing":
+            if not forced:
+                return
             self.to_force.pop(0)
             if not self.to_force:
                 self.state = "answer"

@@ -89,7 +89,7 @@ def create_app(engine: Engine, config: ServerConfig) -> Starlette:
         engine, config.model_name, api.started,
         lambda request: read_json(request, api.max_body_bytes, config.body_timeout_s),
         api.prompts.call)
-    ollama = OllamaRoutes(engine, config.model_name, api.read, api.splits_reasoning)
+    ollama = OllamaRoutes(engine, config.model_name, api.read, api.splits_thinking)
     routes = [
         Route("/v1/completions", api.completions, methods=["POST"]),
         Route("/v1/chat/completions", api.chat_completions, methods=["POST"]),
@@ -139,6 +139,7 @@ class OpenAIApi:
         # gpt-oss's harmony replies (server/harmony.py): reasoning, content and calls
         self.splits_harmony = config.reasoning_parser == "auto" and \
             bundle_harmony(engine.tokenizer)
+        self.splits_thinking = self.splits_reasoning or self.splits_harmony  # Ollama's
 
     @asynccontextmanager
     async def lifespan(self, app: Starlette):
@@ -245,7 +246,8 @@ class OpenAIApi:
             return err.response(request.url.path)
         parse = parse_ollama_chat if chat else parse_ollama_generate
         admitted = await self._admit_body(
-            request, body, lambda b: parse(b, self.config.model_name, self.engine.capacity),
+            request, body, lambda b: parse(b, self.config.model_name, self.engine.capacity,
+                                           self.splits_thinking),
             ollama_error)
         if isinstance(admitted, Response):
             return admitted
@@ -362,7 +364,7 @@ class OpenAIApi:
                 fmt = "harmony" if self.splits_harmony else call_format(self.engine.manifest)
                 params = req.tools.constrain_auto(params, fmt)
                 req = replace(req, constraint_field="tools")  # its refusals name tools
-            # After the grammar: the server's default budget leaves a constrained reply be.
+            # After the grammar: the server's default budget leaves a reply it governs be.
             params = self._thinking_budget(params, _is_chat(req.prompt))
             stream = Choices(self.engine.submit_n(
                 tokens, params, req.n, req.priority, None, req.chunk_size, arrival=arrival))
@@ -382,8 +384,8 @@ class OpenAIApi:
         to cap (the SDK would refuse the budget; clients such as Anthropic's send one
         whatever the model)."""
         budget = params.thinking_budget
-        if budget is None and chat and params.constraint is None and \
-                self.config.reasoning_budget >= 0:
+        free = params.constraint is None or params.constraint.lazy  # strict tools' grammar
+        if budget is None and chat and free and self.config.reasoning_budget >= 0:
             budget = self.config.reasoning_budget
         if not self.thinks:
             budget = None

@@ -51,6 +51,8 @@ def _message(message: Any, param: str, names: dict[str, str]) -> list[dict[str, 
         raise ApiError(400, f"{param} must be an object with role 'user' or 'assistant'",
                        f"{param}.role")
     role, content = message["role"], message.get("content")
+    if role == "user":
+        _check_user_text(content, param)
     if isinstance(content, str):
         return [{"role": role, "content": content}]
     if not isinstance(content, list):
@@ -61,8 +63,24 @@ def _message(message: Any, param: str, names: dict[str, str]) -> list[dict[str, 
         return [_assistant(blocks, names)]
     results = [_result(b, names) for b in blocks if b["type"] == "tool_result"]
     texts = [b["text"] for b in blocks if b["type"] == "text"]
-    return [*results, *([{"role": "user", "content": "".join(texts)}] if texts else [])] \
-        or [{"role": "user", "content": ""}]
+    return [*results, *([{"role": "user", "content": "".join(texts)}] if texts else [])]
+
+
+def _check_user_text(content: Any, param: str) -> None:
+    """Anthropic's rules for a user turn: its content is not empty, and none of its text
+    blocks is blank (the reply would follow the template's scaffolding alone)."""
+    if content in ("", []):
+        raise ApiError(400, f"{param}: all messages must have non-empty content except for "
+                       "the optional final assistant message", f"{param}.content")
+    if isinstance(content, str) and not content.strip():
+        raise ApiError(400, f"{param}: text content must contain non-whitespace text",
+                       f"{param}.content")
+    if isinstance(content, list):
+        for index, block in enumerate(content):
+            if isinstance(block, dict) and block.get("type") == "text" and \
+                    isinstance(block.get("text"), str) and not block["text"].strip():
+                raise ApiError(400, f"{param}.content[{index}]: text content blocks must "
+                               "contain non-whitespace text", f"{param}.content[{index}]")
 
 
 def _block(block: Any, param: str, role: str) -> dict[str, Any]:

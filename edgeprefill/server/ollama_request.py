@@ -20,7 +20,10 @@ set of checks and defaults for every route. Field names follow Ollama's api/type
   ...) and num_keep (what a context shift keeps: this server never shifts);
 - `format`: "json" (a JSON object) or a JSON schema: the chat route's structured output;
 - `think`: true / false is the chat template's `enable_thinking`; "low", "medium",
-  "high" or "max" is the chat route's `reasoning_effort`;
+  "high" or "max" is the chat route's `reasoning_effort`; any but false is a 400 where the
+  server sends no `thinking` (a model without think tags or harmony, or
+  `--reasoning-parser none`), as Ollama refuses it for a model without the capability
+  (`/api/show` lists it), so that clients ask again without it;
 - `keep_alive`, `truncate` and `shift` are accepted and ignored: the model stays loaded
   while the server runs, and a prompt past the context is a 400, never cut;
 - `images`, `suffix`, `template`, `context` and `logprobs` are 400s when set: this server
@@ -31,6 +34,7 @@ set of checks and defaults for every route. Field names follow Ollama's api/type
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from typing import Any
 
@@ -67,23 +71,26 @@ REFUSED = {
 }
 
 
-def parse_ollama_chat(body: Any, model_name: str, context: int) -> CompletionRequest:
+def parse_ollama_chat(body: Any, model_name: str, context: int,
+                      thinks: bool = True) -> CompletionRequest:
+    """`thinks`: the server splits the replies' reasoning (the `thinking` capability)."""
     body = _object(body)
     _check_model(body, model_name)
     _refuse(body)
-    chat = _common(body, context)
+    chat = _common(body, context, thinks)
     chat["messages"] = chat_messages(body.get("messages"))
     if body.get("tools") is not None:
         chat["tools"] = body["tools"]
     return _parsed(parse_chat, chat, body)
 
 
-def parse_ollama_generate(body: Any, model_name: str, context: int) -> CompletionRequest:
+def parse_ollama_generate(body: Any, model_name: str, context: int,
+                          thinks: bool = True) -> CompletionRequest:
     body = _object(body)
     _check_model(body, model_name)
     _refuse(body)
     prompt, system = _string(body, "prompt"), _string(body, "system")
-    chat = _common(body, context)
+    chat = _common(body, context, thinks)
     if _flag(body, "raw"):
         if system:
             raise ApiError(400, "'system' has no place in a raw prompt: write it into the "
@@ -92,6 +99,9 @@ def parse_ollama_generate(body: Any, model_name: str, context: int) -> Completio
             raise ApiError(400, "'think' has no effect on a raw prompt: drop it or raw")
         chat["prompt"] = prompt
         return _parsed(parse_completion, chat, body)
+    if not prompt.strip():  # "" asked for a load (is_load); blank text gives nothing to answer
+        raise ApiError(400, "'prompt' is blank: send text, or an empty prompt to load the "
+                       "model")
     chat["messages"] = [*([{"role": "system", "content": system}] if system else []),
                         {"role": "user", "content": prompt}]
     return _parsed(parse_chat, chat, body)
@@ -138,13 +148,15 @@ def _parsed(parse, chat: dict[str, Any], body: dict) -> CompletionRequest:
     return request
 
 
-def _common(body: dict, context: int) -> dict[str, Any]:
+def _common(body: dict, context: int, thinks: bool) -> dict[str, Any]:
     """The chat body's fields every Ollama request shares: stream, options, format,
     think."""
     chat: dict[str, Any] = {"stream": _flag(body, "stream", True)}
     chat.update(_sampling(_options(body), context))
     chat.update(_format(body.get("format")))
     chat.update(_think(body.get("think")))
+    if body.get("think") not in (None, False) and not thinks:
+        raise ApiError(400, f"{json.dumps(body['model'])} does not support thinking")
     return chat
 
 

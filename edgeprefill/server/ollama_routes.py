@@ -7,9 +7,11 @@ api/types.go (its generating routes, /api/chat and /api/generate, are in app.py)
     POST /api/show           the model's details, chat template and capabilities
     GET  /api/ps             the served model, loaded for as long as the server runs
 
-The model's size is its bundle's files (the manifest's record of them), its digest the
-sha256 of the manifest (which names every file's sha256), its format "onnx"; a bundle
-does not record a parameter count, so `parameter_size` is empty.
+`/api/show`'s `parameters` are the bundle's sampling defaults (generation_config.json's,
+an Ollama-exported bundle's Modelfile PARAMETERs) under Ollama's names, one a line as
+Ollama writes them. The model's size is its bundle's files (the manifest's record of
+them), its digest the sha256 of the manifest (which names every file's sha256), its
+format "onnx"; a bundle does not record a parameter count, so `parameter_size` is empty.
 """
 
 from __future__ import annotations
@@ -35,6 +37,9 @@ from edgeprefill.server.tools import renders_tools
 OLLAMA_VERSION = "0.32.15"
 # `expires_at` of a model that stays loaded: Ollama's keep_alive -1 reads the same way.
 NEVER = "2318-01-01T00:00:00Z"
+# GenerationDefaults' field -> Ollama's option (export/ollama_params.py maps them back)
+PARAMETER_NAMES = {"temperature": "temperature", "top_k": "top_k", "top_p": "top_p",
+                   "repetition_penalty": "repeat_penalty"}
 
 ReadJson = Callable[[Request], Awaitable[Any]]
 
@@ -80,10 +85,17 @@ class OllamaRoutes:
         except ApiError as err:
             return err.response(request.url.path)
         return JSONResponse({
-            "modelfile": "", "parameters": "",
+            "modelfile": "", "parameters": self._parameters(),
             "template": self.engine.manifest.tokenizer.chat_template or "",
             "details": self._details(), "model_info": self._info(),
             "capabilities": self._capabilities(), "modified_at": self.modified})
+
+    def _parameters(self) -> str:
+        """The sampling defaults as Ollama's `parameters` text: `name` padded to 30
+        columns, then the value as Go's %#v writes a JSON number (`1`, `0.9`)."""
+        defaults = self.engine.generation_defaults.sampling()
+        return "\n".join(f"{PARAMETER_NAMES[name]:<30} {_go_number(value)}"
+                         for name, value in defaults.items())
 
     def _model(self) -> dict[str, Any]:
         name = tagged(self.model_name)
@@ -113,3 +125,8 @@ class OllamaRoutes:
         template = self.engine.manifest.tokenizer.chat_template or ""
         return ["completion", *(["tools"] if renders_tools(template) else []),
                 *(["thinking"] if self.thinks else [])]
+
+
+def _go_number(value: float) -> str:
+    number = float(value)
+    return str(int(number)) if number.is_integer() else repr(number)

@@ -34,7 +34,7 @@ def input_messages(input_value: Any, instructions: Any) -> list[dict[str, Any]]:
             raise ApiError(400, "'instructions' must be a string", "instructions")
         messages.append({"role": "system", "content": instructions})
     if isinstance(input_value, str):
-        if not input_value:
+        if not input_value.strip():  # as a user message without text (_add_message)
             raise ApiError(400, "'input' is empty", "input")
         return [*messages, {"role": "user", "content": input_value}]
     if not isinstance(input_value, list) or not input_value:
@@ -76,6 +76,10 @@ def _add_message(messages: list[dict[str, Any]], item: dict, param: str) -> None
     if role is None:
         raise ApiError(400, f"{param}.role must be one of {', '.join(ROLES)}", f"{param}.role")
     content = _text(item.get("content"), f"{param}.content")
+    if item["role"] == "user" and not content.strip():
+        # the reply would follow the template's scaffolding alone ('input': "" is refused too)
+        raise ApiError(400, f"{param}.content is empty: a user message needs text",
+                       f"{param}.content")
     if role != "assistant":
         messages.append({"role": role, "content": content})
         return

@@ -112,6 +112,9 @@ def parse_completion(body: Any) -> CompletionRequest:
 def parse_chat(body: Any) -> CompletionRequest:
     body = _object(body)
     messages = parse_messages(body.get("messages"))
+    for index, message in enumerate(body["messages"]):  # /tokenize takes them all
+        if message["role"] == "user":
+            _check_user_text(message.get("content"), f"messages[{index}]")
     tools = parse_tools(body)
     # Chat replies run to EOS or the context limit unless capped, as with OpenAI.
     request = replace(_request(body, messages, None, "messages"),
@@ -267,6 +270,19 @@ def _message(message: Any, index: int) -> dict[str, str]:
                        f"{param}.content")
     return {"role": message["role"], "content": content, **message_fields(message, param),
             **_reasoning(message, param)}
+
+
+def _check_user_text(content: Any, param: str) -> None:
+    """A user message with no text gives the model nothing to answer: the reply would
+    follow the template's scaffolding alone (OpenAI refuses the empty array too)."""
+    if content == []:
+        raise ApiError(400, f"{param}.content is an empty array: send at least one text "
+                       "part", f"{param}.content")
+    if isinstance(content, list) and all(isinstance(p, dict) for p in content):
+        content = "".join(p.get("text") or "" for p in content)
+    if content is None or isinstance(content, str) and not content.strip():
+        raise ApiError(400, f"{param}.content is empty: a user message needs text",
+                       f"{param}.content")
 
 
 def _reasoning(message: dict, param: str) -> dict[str, str]:

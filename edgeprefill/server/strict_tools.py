@@ -53,7 +53,7 @@ def lazy_call_constraint(tools: tuple[dict, ...], call_format: str) -> Constrain
         raise ApiError(400, "a tool's strict: true under tool_choice auto is not supported "
                        f"for this model's call format ({call_format}); drop strict, or force "
                        "the call with tool_choice", "tools")
-    return Constraint.grammar(lazy_call_grammar(tools, MARKERS[call_format]))
+    return Constraint.grammar(lazy_call_grammar(tools, MARKERS[call_format]), lazy=True)
 
 
 def lazy_call_grammar(tools: tuple[dict, ...], markers: tuple[str, str]) -> str:
