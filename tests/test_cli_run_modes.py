@@ -116,9 +116,9 @@ def test_ctrl_c_during_concurrent_requests_prints_what_was_generated(bundle, cap
         whole_short = engine.generate("w5 w6", short).result().text
         whole_long = engine.generate("w7 w8", long).result().text
         submitted = []
-        generate = engine.generate
-        monkeypatch.setattr(engine, "generate", lambda *a, **k: submitted.append(
-            generate(*a, **k)) or submitted[-1])
+        submit = engine.submit
+        monkeypatch.setattr(engine, "submit", lambda *a, **k: submitted.append(
+            submit(*a, **k)) or submitted[-1])
 
         def ctrl_c_after_the_first_reply() -> None:
             while not (submitted and submitted[0].done):

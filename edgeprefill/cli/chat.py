@@ -19,9 +19,10 @@ from typing import NamedTuple
 import click
 
 from edgeprefill.cli.report import request_line
-from edgeprefill.cli.run_modes import stream_out
+from edgeprefill.cli.thinking import ThinkingView, assistant_message, show_reply
 from edgeprefill.errors import RequestError
 from edgeprefill.sdk import Engine, GenerationParams
+from edgeprefill.sdk.session import Session
 from edgeprefill.sdk.stream import TokenStream
 
 HISTORY = Path(os.environ.get("XDG_STATE_HOME", Path.home() / ".local" / "state")) / \
@@ -43,7 +44,10 @@ class ChatLoop:
         self, engine: Engine, params: GenerationParams, system: str | None = None,
         stats: bool = False, chat: bool = False,
         read: Callable[[], str] | None = None, write: Callable[[str], None] | None = None,
+        view: ThinkingView | None = None, think: bool | None = None,
     ) -> None:
+        """`view`: how a reasoning model's thinking is shown (default: apart, plain);
+        `think`: the chat template's enable_thinking (None: the template's default)."""
         self.engine = engine
         self.params = params
         self.system = system
@@ -53,7 +57,9 @@ class ChatLoop:
             engine.manifest.tokenizer.chat_template is not None
         self.read = read or _terminal_reader()
         self.write = write or (lambda text: click.echo(text, nl=False))
-        self.session = engine.session()
+        self.view = view or ThinkingView.of(engine.tokenizer, hide=False, styled=False)
+        self.think = think
+        self.session = self._new_session()
         self.first_turn = True
         self.ctrl_c = CtrlC()
 
@@ -105,8 +111,10 @@ class ChatLoop:
             return
         self.ctrl_c.reply(stream)
         _note("model> ", newline=False)
+        parser = self.view.parser(self.engine.tokenizer, self.session.last_prompt,
+                                  self.use_chat)
         try:
-            stream_out(stream, self.write)
+            show_reply(stream, self.write, self.view, parser)
         except KeyboardInterrupt:  # raised by `write`, or off the main thread (no CtrlC)
             stream.cancel()
             stream.result()  # wait for the cancel, so the next turn can start
@@ -148,9 +156,36 @@ class ChatLoop:
                                       else "without a system message)"))
         return True
 
+    def set_think(self, argument: str) -> bool:
+        return self._thinking(True)
+
+    def set_nothink(self, argument: str) -> bool:
+        return self._thinking(False)
+
+    def _thinking(self, on: bool) -> bool:
+        """Ollama's /set think and /set nothink: the template's enable_thinking from the
+        next turn on (the conversation is kept; a template without the variable ignores
+        it)."""
+        if not self.use_chat:
+            _note("this bundle has no chat template, so thinking cannot be switched")
+            return True
+        self.think = on
+        self.session.template_kwargs = self._template_kwargs()
+        _note("(thinking " + ("on)" if on else "off)"))
+        return True
+
+    def _template_kwargs(self) -> dict[str, bool]:
+        return {} if self.think is None else {"enable_thinking": self.think}
+
+    def _new_session(self) -> Session:
+        session = self.engine.session()
+        session.template_kwargs = self._template_kwargs()
+        session.reply_message = assistant_message(self.engine.tokenizer, self.view)
+        return session
+
     def _new_conversation(self) -> None:
         self.session.close()
-        self.session = self.engine.session()
+        self.session = self._new_session()
         self.first_turn = True
 
     def exit(self, argument: str) -> bool:
@@ -162,6 +197,10 @@ COMMANDS: dict[str, Command] = {
     "/reset": Command(ChatLoop.reset, "/reset", "forget the conversation, start a new one"),
     "/system": Command(ChatLoop.set_system, "/system TEXT",
                        "start a new conversation with this system message (none: clear it)"),
+    "/think": Command(ChatLoop.set_think, "/think",
+                      "a reasoning model thinks before it answers (its template's "
+                      "enable_thinking)"),
+    "/nothink": Command(ChatLoop.set_nothink, "/nothink", "it answers without thinking"),
     "/exit": Command(ChatLoop.exit, "/exit", "leave (Ctrl-D too)"),
 }
 COMMANDS["/quit"] = COMMANDS["/exit"]._replace(usage="/quit", help="the same as /exit")

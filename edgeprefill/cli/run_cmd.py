@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from typing import IO
 
 import click
@@ -63,13 +64,21 @@ def _priority(ctx: click.Context, param: click.Parameter, value: str) -> int:
               help="Reasoning models (<think>...</think>: Qwen3, DeepSeek-R1, SmolLM3): "
               "the most tokens the reply's thinking may take before its </think> is forced "
               "and the reply goes on as the answer. Default: no cap.")
+@click.option("--think/--no-think", default=None,
+              help="Reasoning models: the chat template's enable_thinking (Qwen3, SmolLM3; "
+              "a template without it ignores it; implies --chat). Default: the template's "
+              "own. In --interactive, /think and /nothink switch it.")
+@click.option("--hide-thinking", is_flag=True,
+              help="Reasoning models: print only the answer, not the thinking before it. "
+              "Otherwise a chat reply's thinking is printed apart, between 'Thinking...' "
+              "and '...done thinking.' (dimmed on a terminal).")
 @engine_options()
 @click.option("--stats", is_flag=True, help="Print TTFT, prefill/decode tokens/s and chunks "
               "to stderr.")
 def run(bundle, prompt_arg, prompt, prompt_file, chat, system, interactive, sessions, prompts_file,
         priority, stats,
         max_new_tokens, temperature, top_k, top_p, repetition_penalty, seed, stop, ignore_eos,
-        thinking_budget, engine):
+        thinking_budget, think, hide_thinking, engine):
     """Generate text from a bundle. Only the generated text goes to stdout, so it pipes.
 
     \b
@@ -105,23 +114,27 @@ def run(bundle, prompt_arg, prompt, prompt_file, chat, system, interactive, sess
         stop=tuple(stop), ignore_eos=ignore_eos, fit_context=max_new_tokens is None,
         thinking_budget=thinking_budget,
     )
-    turn = run_modes.Turn(chat or system is not None, system)
+    chat = chat or system is not None or think is not None
+    turn = run_modes.Turn(chat, system, think)
     lines = _text(prompts_file, "--prompts").splitlines() if prompts_file is not None else None
     if lines is not None:  # a bad line fails before the model loads
         given = {k: v for k, v in explicit.items() if v is not None}
         run_modes.read_requests(lines, GenerationParams(**given), priority)
     with Engine.load(bundle, **engine) as loaded:
+        from edgeprefill.cli.thinking import ThinkingView
+
+        view = ThinkingView.of(loaded.tokenizer, hide_thinking, sys.stdout.isatty())
         params = loaded.default_params(**explicit)
         jobs = run_modes.read_requests(lines, params, priority) if lines is not None else None
         if interactive:
-            ChatLoop(loaded, params, system, stats, chat=chat).run()
+            ChatLoop(loaded, params, system, stats, chat=chat, view=view, think=think).run()
         elif jobs is not None:
-            run_modes.concurrent(loaded, jobs, stats, turn)
+            run_modes.concurrent(loaded, jobs, stats, turn, view)
         elif sessions > 1:
             run_modes.concurrent(loaded, [run_modes.Job(prompt, params, priority, 0.0)]
-                                 * sessions, stats, turn)
+                                 * sessions, stats, turn, view)
         else:
-            run_modes.single(loaded, prompt, params, turn, stats)
+            run_modes.single(loaded, prompt, params, turn, stats, view)
 
 
 def _text(handle: IO[str], option: str) -> str:

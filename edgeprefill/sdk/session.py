@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from edgeprefill.errors import RequestError
@@ -28,6 +29,13 @@ class Session:
         self._last: TokenStream | None = None
         self._last_prompt: list[int] = []
         self._chat: bool | None = None  # fixed by the first turn
+        # The chat template's variables for every turn (e.g. enable_thinking); the whole
+        # conversation is rendered with them, as a client resends it to a server.
+        self.template_kwargs: dict[str, Any] = {}
+        # How a chat reply joins the conversation, from its turn's prompt ids and its text:
+        # by default the text as the assistant's content. A client that splits a reply's
+        # reasoning off (cli/chat.py) gives the message a server's client would send back.
+        self.reply_message: Callable[[list[int], str], dict[str, Any]] = _as_content
 
     def generate(
         self, prompt: Prompt, params: GenerationParams | None = None, *,
@@ -42,7 +50,8 @@ class Session:
         messages = self.messages
         if is_chat:
             messages = messages + [dict(m) for m in prompt if isinstance(m, dict)]
-        tokens = self.engine.tokenizer.encode(messages) if is_chat else self._continued(prompt)
+        tokens = self.engine.tokenizer.encode(messages, **self.template_kwargs) if is_chat \
+            else self._continued(prompt)
         stream = self.engine.submit(tokens, params, priority, self.id, arrival=arrival)
         # Only a turn that was accepted joins the conversation: a template error or a
         # refused prompt leaves the session as it was, so the next turn can succeed.
@@ -59,6 +68,11 @@ class Session:
         if not text.strip():  # the reply would follow the template's scaffolding alone
             raise RequestError("the chat turn is empty: send the user's text")
         return self.generate([{"role": "user", "content": text}], params, priority=priority)
+
+    @property
+    def last_prompt(self) -> list[int]:
+        """The token ids the last turn was submitted with ([] before the first)."""
+        return list(self._last_prompt)
 
     def close(self) -> None:
         """Forget the conversation; its KV stays only as an evictable prefix entry. A turn
@@ -97,5 +111,9 @@ class Session:
         eos = [] if last.eos_token_id is None else [last.eos_token_id]
         self.tokens = self._last_prompt + last.token_ids + eos
         if self._chat:
-            self.messages.append({"role": "assistant", "content": last.text})
+            self.messages.append(self.reply_message(self._last_prompt, last.text))
         self._last = None
+
+
+def _as_content(prompt: list[int], text: str) -> dict[str, Any]:
+    return {"role": "assistant", "content": text}
