@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import contextlib
 import re
+import subprocess
+import sys
 from collections.abc import Iterator
 
 import pytest
@@ -157,3 +159,19 @@ def test_a_raw_prompt_and_a_bundle_without_think_tags_print_as_generated(
     # A raw prompt's reply is all text, as the completions route returns it.
     raw = run(engine, monkeypatch, f"user: {QUESTION} ; assistant:")
     assert raw.split()[0] == "<think>" and "</think>" in raw
+
+
+def test_the_cli_splits_thinking_without_the_server_package():
+    """`run` must not need the `serve` extra to split a reply: the parser is the SDK's."""
+    code = "\n".join([
+        "import sys, edgeprefill.cli.thinking as t",
+        "class Words:",
+        "    def decode(self, ids): return ''",
+        "parser = t.ThinkingView(splits=True).parser(Words(), [], chat=True)",
+        "assert tuple(parser.parse('<think>hmm</think>sunny')) == ('hmm', 'sunny')",
+        "print(sorted(m for m in sys.modules",
+        "             if m.startswith(('edgeprefill.server', 'starlette', 'uvicorn'))))",
+    ])
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout
+    assert out.strip() == "[]"

@@ -2,11 +2,10 @@
 answer, as Ollama's CLI shows it ("Thinking..." / "...done thinking."; dimmed on a
 terminal), or hidden (`--hide-thinking`, Ollama's `--hidethinking`).
 
-The reply is split as the server's chat route splits it: server/reasoning.py's parser,
-imported, not copied (and only for a bundle that thinks, as the server package needs
-the `[serve]` extra; without it such a reply prints as generated). It splits where the
-bundle knows the tags, for chat turns only (a raw prompt's reply is all text, as the
-completions route returns it), the block opened by the prompt or by the reply itself.
+The reply is split as the server's chat route splits it, by the parser they share
+(sdk/reasoning_split.py). It splits where the bundle knows the tags, for chat turns only
+(a raw prompt's reply is all text, as the completions route returns it), the block
+opened by the prompt or by the reply itself.
 A bundle without think tags prints as before.
 
 The conversation keeps what a server's client sends back (cli/chat.py): the answer as
@@ -19,17 +18,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import click
 
 from edgeprefill.errors import RequestError
+from edgeprefill.sdk.reasoning_split import Part, ReasoningParser
 from edgeprefill.sdk.stream import TokenStream
 from edgeprefill.sdk.thinking_budget import WINDOW, bundle_thinks, prompt_opens_think
 from edgeprefill.sdk.tokenizer import BundleTokenizer
-
-if TYPE_CHECKING:
-    from edgeprefill.server.reasoning import Part, ReasoningParser
 
 OPENING = "Thinking...\n"
 CLOSING = "\n...done thinking.\n\n"
@@ -47,21 +44,13 @@ class ThinkingView:
 
     @classmethod
     def of(cls, tokenizer: BundleTokenizer, hide: bool, styled: bool) -> ThinkingView:
-        splits = bundle_thinks(tokenizer)
-        if splits:
-            try:
-                import edgeprefill.server.reasoning  # noqa: F401
-            except ImportError:  # no [serve] extra: the reply prints as generated
-                splits = False
-        return cls(splits, hide, styled)
+        return cls(bundle_thinks(tokenizer), hide, styled)
 
     def parser(self, tokenizer: BundleTokenizer, prompt: list[int],
                chat: bool) -> ReasoningParser | None:
         """The parser of a reply to `prompt` (None: print the reply as it comes)."""
         if not (self.splits and chat):
             return None
-        from edgeprefill.server.reasoning import ReasoningParser
-
         return ReasoningParser(prompt_opens_think(tokenizer.decode(prompt[-WINDOW:])))
 
     def dim(self, text: str) -> str:

@@ -33,9 +33,10 @@ import re
 from collections.abc import Callable
 from typing import Literal, NamedTuple
 
+from edgeprefill.sdk.reasoning_split import partial_suffix
 from edgeprefill.sdk.tokenizer import BundleTokenizer
 from edgeprefill.server.reasoning import Part
-from edgeprefill.server.tool_parsers import Piece, ToolCall, assemble, new_call, partial_suffix
+from edgeprefill.server.tool_parsers import Piece, ToolCall, assemble, new_call
 
 CHANNEL = "<|channel|>"
 MESSAGE = "<|message|>"

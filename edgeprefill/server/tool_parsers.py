@@ -24,6 +24,8 @@ import uuid
 from abc import ABC, abstractmethod
 from typing import Any, NamedTuple
 
+from edgeprefill.sdk.reasoning_split import partial_suffix
+
 
 class ToolCall(NamedTuple):
     name: str
@@ -515,14 +517,6 @@ PARSERS: dict[str, type[ToolParser]] = {
     "pythonic": PythonicParser,
     "qwen3_xml": XmlParser,
 }
-
-
-def partial_suffix(text: str, tag: str) -> int:
-    """Length of the longest end of `text` that is a proper start of `tag`."""
-    for n in range(min(len(tag) - 1, len(text)), 0, -1):
-        if text.endswith(tag[:n]):
-            return n
-    return 0
 
 
 def _json_values(text: str, separators: str) -> list[Any] | None:
