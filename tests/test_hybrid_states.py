@@ -24,7 +24,12 @@ def test_logits_equal_transformers_for_any_chunk_with_a_padded_last_chunk(
     assert_padded_chunks_match(hf_model(family), bundle(family, flavor))
 
 
-@pytest.mark.parametrize("family", HYBRIDS)
+# Zamba's rows together are slow-marked (7 s of the default suite's time): Zamba2 keeps
+# the shared-block state decoded in batches covered there.
+BATCHED = [pytest.param(f, marks=pytest.mark.slow) if f == "zamba" else f for f in HYBRIDS]
+
+
+@pytest.mark.parametrize("family", BATCHED)
 @pytest.mark.parametrize("flavor", ("ort", "standard"))
 def test_prompts_of_different_lengths_generated_together_are_transformers_greedy(
         family, flavor, hf_model, bundle):
