@@ -11,6 +11,7 @@ for them either): they are held until more text says what they are.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from typing import Any, Generic, Protocol, TypeVar
 
 
@@ -22,7 +23,7 @@ P = TypeVar("P", bound=Part)
 Events = list[dict[str, Any]]
 
 
-class ReplyParts(Generic[P]):
+class ReplyParts(ABC, Generic[P]):
     """Feeds the chat deltas to a format's `_open`, `_delta`, `_close` and `_begin_call`;
     `TEXT`, `REASONING` and `CALL` are the format's names for the three kinds of part."""
 
@@ -58,15 +59,18 @@ class ReplyParts(Generic[P]):
             return self._delta(text)
         return [*self._close(), *self._open(kind), *self._delta(text)]
 
+    @abstractmethod
     def _begin_call(self, call_id: str, name: str) -> Events:
-        raise NotImplementedError
+        """Open a tool call part."""
 
+    @abstractmethod
     def _open(self, kind: Any) -> Events:
-        raise NotImplementedError
+        """Open a part of this kind."""
 
+    @abstractmethod
     def _delta(self, text: str) -> Events:
-        raise NotImplementedError
+        """Extend the open part."""
 
+    @abstractmethod
     def _close(self) -> Events:
         """Close the open part, if any, as complete."""
-        raise NotImplementedError
