@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Iterator
 
 import pytest
 
@@ -16,36 +15,20 @@ anthropic = pytest.importorskip("anthropic")
 openai = pytest.importorskip("openai")
 pytest.importorskip("starlette")
 
-from edgeprefill.sdk import Engine  # noqa: E402
 from edgeprefill.server import ServerConfig, ServerThread, create_app  # noqa: E402
+from tests import served_llama  # noqa: E402
 from tests.test_serve import (  # noqa: E402
     MODEL,
     NO_EOS,
     assert_leaving_stops_the_reply,
     free_port,
-    serving,
     slow_down,
-    wait_idle,
 )
 
-
-@pytest.fixture(scope="module")
-def engine(bundle) -> Iterator[Engine]:
-    engine = Engine.load(bundle("llama"), threads=2, kv_slots=4)
-    yield engine
-    engine.close()
-
-
-@pytest.fixture(scope="module")
-def server(engine) -> Iterator[ServerThread]:
-    with serving(engine) as server:
-        yield server
-
-
-@pytest.fixture(autouse=True)
-def kv_is_clean_after_each_test(engine) -> Iterator[None]:
-    yield
-    wait_idle(engine)
+# The module's live server (tests/served_llama.py), by the names pytest looks up.
+engine = served_llama.engine
+server = served_llama.server
+kv_is_clean_after_each_test = served_llama.kv_is_clean_after_each_test
 
 
 @pytest.fixture(scope="module")
