@@ -91,10 +91,7 @@ def write_gguf(hf_dir: Path, out: Path, quant: str = "F32", name: str = "tiny",
         writer.add_tensor(factors_name, data)
     for extra_name, data in (extra or {}).items():
         writer.add_tensor(extra_name, np.asarray(data, np.float32))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    write_out(writer)
     return out
 
 
@@ -430,3 +427,11 @@ def _falcon_qkv(data: np.ndarray, config: dict) -> np.ndarray:
     k = qkv[:, [-2]].reshape(kv * head_dim, -1)
     v = qkv[:, [-1]].reshape(kv * head_dim, -1)
     return np.concatenate([q, k, v]).reshape(data.shape)
+
+
+def write_out(writer) -> None:
+    """A GGUFWriter's file written whole (header, metadata, tensors) and closed."""
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()

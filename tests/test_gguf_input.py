@@ -22,7 +22,7 @@ from edgeprefill.export.gguf_input import converted
 from edgeprefill.sdk import Engine, GenerationParams
 from tests.bpe_tokenizers import byte_level_bpe, install
 from tests.conftest import build_hf_model, load_hf_model
-from tests.gguf_files import llama3_rope_factors, write_gguf
+from tests.gguf_files import llama3_rope_factors, write_gguf, write_out
 from tests.test_cli_errors import assert_one_line_error, cli
 
 pytest.importorskip("gguf")
@@ -289,10 +289,7 @@ def _rope_only_gguf(path: Path, factors: np.ndarray, **metadata) -> Path:
     if "original" in metadata:
         writer.add_rope_scaling_orig_ctx_len(metadata["original"])
     writer.add_tensor("rope_freqs.weight", np.asarray(factors, np.float32))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    write_out(writer)
     return path
 
 
@@ -403,10 +400,7 @@ def _tiny_gguf(path: Path, arch: str) -> Path:
 
     writer = gguf.GGUFWriter(str(path), arch)
     writer.add_block_count(1)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    write_out(writer)
     return path
 
 
@@ -586,10 +580,7 @@ def _metadata_gguf(path: Path, arch: str, metadata: dict, tensors: dict | None =
             writer.add_uint32(f"{arch}.{key}", value)
     for name, data in (tensors or {}).items():
         writer.add_tensor(name, np.asarray(data, np.float32))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    write_out(writer)
     return path
 
 
