@@ -36,8 +36,8 @@ def chat_messages(messages: Any) -> list[dict[str, Any]]:
         if message.get("images"):
             raise ApiError(400, f"{param}: images are not supported: this server reads "
                            "text only")
-        converted = {"role": message["role"], "content": _str(message, "content", param)}
-        thinking = _str(message, "thinking", param)
+        converted = {"role": message["role"], "content": string_field(message, "content", param)}
+        thinking = string_field(message, "thinking", param)
         if thinking:
             converted["reasoning_content"] = thinking
         if message["role"] == "assistant" and message.get("tool_calls"):
@@ -70,8 +70,8 @@ def _calls(calls: Any, index: int, param: str) -> list[dict[str, Any]]:
 
 def _result(message: dict, param: str, unanswered: list[tuple[str, str]]) -> dict[str, str]:
     """A tool message's `tool_call_id` and `name` (the chat route's fields)."""
-    call_id = _str(message, "tool_call_id", param)
-    name = _str(message, "tool_name", param)
+    call_id = string_field(message, "tool_call_id", param)
+    name = string_field(message, "tool_name", param)
     match = next((c for c in unanswered if c[0] == call_id), None) if call_id else \
         next((c for c in unanswered if c[1] == name), None) or \
         (unanswered[0] if unanswered else None)
@@ -82,10 +82,13 @@ def _result(message: dict, param: str, unanswered: list[tuple[str, str]]) -> dic
     return {key: value for key, value in fields.items() if value}
 
 
-def _str(message: dict, name: str, param: str) -> str:
-    value = message.get(name)
+def string_field(body: dict, name: str, param: str | None = None) -> str:
+    """`body[name]`, "" where absent; a 400 naming it (`param.name`, or `'name'` at the
+    top level) where it is no string."""
+    value = body.get(name)
     if value is None:
         return ""
     if not isinstance(value, str):
-        raise ApiError(400, f"{param}.{name} must be a string")
+        raise ApiError(400, f"{param}.{name} must be a string" if param is not None
+                       else f"'{name}' must be a string")
     return value

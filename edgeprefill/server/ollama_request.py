@@ -39,7 +39,7 @@ from dataclasses import replace
 from typing import Any
 
 from edgeprefill.server.errors import ApiError
-from edgeprefill.server.ollama_messages import chat_messages
+from edgeprefill.server.ollama_messages import chat_messages, string_field
 from edgeprefill.server.schemas import CompletionRequest, parse_chat, parse_completion
 from edgeprefill.values import is_int
 
@@ -89,7 +89,7 @@ def parse_ollama_generate(body: Any, model_name: str, context: int,
     body = _object(body)
     _check_model(body, model_name)
     _refuse(body)
-    prompt, system = _string(body, "prompt"), _string(body, "system")
+    prompt, system = string_field(body, "prompt"), string_field(body, "system")
     chat = _common(body, context, thinks)
     if _flag(body, "raw"):
         if system:
@@ -254,15 +254,6 @@ def _object(body: Any) -> dict:
     if not isinstance(body, dict):
         raise ApiError(400, "the request body must be a JSON object")
     return body
-
-
-def _string(body: dict, name: str) -> str:
-    value = body.get(name)
-    if value is None:
-        return ""
-    if not isinstance(value, str):
-        raise ApiError(400, f"'{name}' must be a string")
-    return value
 
 
 def _flag(body: dict, name: str, default: bool = False) -> bool:
