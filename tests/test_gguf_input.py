@@ -303,12 +303,15 @@ def _llama_config(path: Path) -> Path:
 def test_a_files_original_context_is_the_one_the_factors_are_read_with(tmp_path):
     """L, lo and hi enter the factors only as lo / L and hi / L: a file naming an original
     context of 4096 reads back as lo 0.5, hi 2 with it, the same frequencies."""
+    from gguf import GGUFReader
+
     from edgeprefill.export.gguf_rope import Llama3Rope, write_rope_scaling
 
     params = llama3_rope(500000.0, 32.0)
     factors = llama3_rope_factors({"head_dim": 64, "rope_parameters": params})
     config = _llama_config(tmp_path / "config.json")
-    write_rope_scaling(_rope_only_gguf(tmp_path / "ctx.gguf", factors, original=4096), config)
+    path = _rope_only_gguf(tmp_path / "ctx.gguf", factors, original=4096)
+    write_rope_scaling(GGUFReader(path), path.name, config)
     read = json.loads(config.read_text())["rope_parameters"]
     assert read == {**params, "low_freq_factor": 0.5, "high_freq_factor": 2.0,
                     "original_max_position_embeddings": 4096}
@@ -319,6 +322,7 @@ def test_a_files_original_context_is_the_one_the_factors_are_read_with(tmp_path)
 def test_rope_factors_beside_a_rope_scaling_type_are_refused(tmp_path):
     """llama.cpp would scale by both; the one-line error names the tensor and the key."""
     import gguf
+    from gguf import GGUFReader
 
     from edgeprefill.export.gguf_rope import write_rope_scaling
 
@@ -327,7 +331,7 @@ def test_rope_factors_beside_a_rope_scaling_type_are_refused(tmp_path):
                            scaling_type=gguf.RopeScalingType.LINEAR)
     with pytest.raises(ExportError, match="both.gguf: its rope_freqs.weight .* cannot be "
                        "exported: llama.rope.scaling.type 'linear' scales the rope on top"):
-        write_rope_scaling(path, _llama_config(tmp_path / "config.json"))
+        write_rope_scaling(GGUFReader(path), path.name, _llama_config(tmp_path / "config.json"))
 
 
 def test_rope_factors_that_are_not_a_llama3_scaling_are_refused_in_one_line(
@@ -588,6 +592,8 @@ def test_gemma3_27b_scales_queries_by_hidden_over_heads_as_llama_cpp(tmp_path):
     """llama.cpp's Gemma 3 27B (62 layers) scales by 1/sqrt(5376 / 32) = 1/sqrt(168), its
     config's query_pre_attn_scalar; the other sizes by 1/sqrt(head_dim); Gemma 3 4B's
     global rope is linear, factor 8."""
+    from gguf import GGUFReader
+
     from edgeprefill.export.gguf_metadata import write_unmapped
 
     rope = {"full_attention": {"rope_type": "default", "rope_theta": 1e6},
@@ -600,7 +606,7 @@ def test_gemma3_27b_scales_queries_by_hidden_over_heads_as_llama_cpp(tmp_path):
             "head_dim": head_dim, "query_pre_attn_scalar": 256, "rope_parameters": rope}))
         path = _metadata_gguf(tmp_path / f"g{layers}.gguf", "gemma3",
                               {"rope.scaling.type": "linear", "rope.scaling.factor": 8.0})
-        assert write_unmapped(path, config) == []
+        assert write_unmapped(GGUFReader(path), path.name, config) == []
         read = json.loads(config.read_text())
         assert read["query_pre_attn_scalar"] == expected
         assert read["rope_parameters"]["full_attention"] == {
@@ -608,6 +614,8 @@ def test_gemma3_27b_scales_queries_by_hidden_over_heads_as_llama_cpp(tmp_path):
 
 
 def test_phi3_longrope_factors_of_the_wrong_count_are_refused(tmp_path):
+    from gguf import GGUFReader
+
     from edgeprefill.export.gguf_metadata import write_unmapped
 
     config = tmp_path / "config.json"
@@ -618,10 +626,12 @@ def test_phi3_longrope_factors_of_the_wrong_count_are_refused(tmp_path):
         {"rope_factors_long.weight": np.ones(6), "rope_factors_short.weight": np.ones(6)})
     with pytest.raises(ExportError, match="p.gguf: 6 long and 6 short longrope factors for 16 "
                                           "rotary dimensions"):
-        write_unmapped(path, config)
+        write_unmapped(GGUFReader(path), path.name, config)
 
 
 def test_a_gemma3_rope_scaling_other_than_linear_is_refused(tmp_path):
+    from gguf import GGUFReader
+
     from edgeprefill.export.gguf_metadata import write_unmapped
 
     config = tmp_path / "config.json"
@@ -631,4 +641,4 @@ def test_a_gemma3_rope_scaling_other_than_linear_is_refused(tmp_path):
     path = _metadata_gguf(tmp_path / "y.gguf", "gemma3", {"rope.scaling.type": "yarn"})
     with pytest.raises(ExportError, match="y.gguf: gemma3.rope.scaling.type 'yarn' is not "
                                           "one Gemma 3 uses"):
-        write_unmapped(path, config)
+        write_unmapped(GGUFReader(path), path.name, config)

@@ -175,6 +175,7 @@ def _source(gguf_file: Path, reader: Any) -> GgufSource:
 def _write_hf_folder(gguf_file: Path, folder: Path, source: GgufSource, reader: Any,
                      show_progress: bool) -> None:
     import transformers
+    from gguf import GGUFReader
 
     where, name = str(gguf_file.parent), gguf_file.name
     try:
@@ -183,9 +184,10 @@ def _write_hf_folder(gguf_file: Path, folder: Path, source: GgufSource, reader: 
     except (ValueError, KeyError, NotImplementedError) as err:
         raise ExportError(f"{name}: transformers cannot read its metadata: {err}") from None
     config.save_pretrained(folder)
+    gguf = GGUFReader(gguf_file)  # one parse of the file's metadata for all that follows
     # before the weights: a rope that cannot be exported is refused before minutes of reading
-    gguf_rope.write_rope_scaling(gguf_file, folder / "config.json")
-    restored = [gguf_rope.TENSOR, *gguf_metadata.write_unmapped(gguf_file, folder / "config.json")]
+    gguf_rope.write_rope_scaling(gguf, name, folder / "config.json")
+    restored = [gguf_rope.TENSOR, *gguf_metadata.write_unmapped(gguf, name, folder / "config.json")]
     # the completed config names the parameters the weights go to (Falcon-40B's ln_mlp)
     config = transformers.AutoConfig.from_pretrained(folder)
     tokenizer.save_pretrained(folder)
@@ -193,7 +195,7 @@ def _write_hf_folder(gguf_file: Path, folder: Path, source: GgufSource, reader: 
     gguf_vocab.fix_tokenizer(gguf_file, folder / "tokenizer.json")
     _drop_tokens_past_vocab(folder / "tokenizer.json", config.get_text_config().vocab_size)
     gguf_vocab.write_end_ids(gguf_file, folder, config.get_text_config().vocab_size)
-    unused = _write_weights(gguf_file, folder, config, source, reader, show_progress)
+    unused = _write_weights(gguf, folder, config, source, reader, show_progress)
     _warn_unused([name for name in unused if name not in restored])
 
 
@@ -208,25 +210,24 @@ def _drop_tokens_past_vocab(tokenizer_file: Path, vocab_size: int) -> None:
         tokenizer_file.write_text(json.dumps(tok, ensure_ascii=False))
 
 
-def _write_weights(gguf_file: Path, folder: Path, config: Any, source: GgufSource,
+def _write_weights(gguf: Any, folder: Path, config: Any, source: GgufSource,
                    reader: Any, show_progress: bool) -> list[str]:
-    """load_gguf_checkpoint's tensor loop, one tensor at a time into shards; the names of
-    the file's tensors transformers' reader does not use."""
+    """load_gguf_checkpoint's tensor loop, one tensor at a time into shards, over the
+    tensors `gguf` (the file's gguf.GGUFReader) maps; the names of the file's tensors
+    transformers' reader does not use."""
     import torch
     import transformers
-    from gguf import GGUFReader
 
-    parsed = reader.load_gguf_checkpoint(str(gguf_file), return_tensors=False)
+    parsed = reader.load_gguf_checkpoint(source.path, return_tensors=False)
     processor = reader.TENSOR_PROCESSORS.get(source.architecture, reader.TensorProcessor)(
         config=parsed["config"])
     with torch.device("meta"):  # the parameter names, no memory
         model = transformers.AutoModelForCausalLM.from_config(config)
     # GGUF's own architecture name: its tensor-name table is keyed by it.
     names = reader.get_gguf_hf_weights_map(model, processor, model_type=source.architecture)
-    gguf = GGUFReader(gguf_file)
     with _Shards(folder) as shards, tqdm(
         total=sum(int(t.n_bytes) for t in gguf.tensors), unit="B", unit_scale=True,
-        desc=f"reading {gguf_file.name}", disable=not show_progress, leave=False,
+        desc=f"reading {source.file}", disable=not show_progress, leave=False,
     ) as bar:
         return _convert_tensors(gguf.tensors, processor, names, shards, bar, config)
 

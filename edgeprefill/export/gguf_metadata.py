@@ -42,17 +42,15 @@ GEMMA3_SWA_THETA = 10000.0  # llama.cpp's rope_freq_base_train_swa for Gemma 3
 ATTN_FACTOR_RTOL = 1e-6  # the file's float32 attention factor against the derived one
 
 
-def write_unmapped(gguf_file: Path, config_file: Path) -> list[str]:
-    """Complete `config_file` (transformers' config of `gguf_file`) with what its reader
+def write_unmapped(reader: Any, file: str, config_file: Path) -> list[str]:
+    """Complete `config_file` (transformers' config of the file `reader`, a
+    gguf.GGUFReader, opened; `file` names it in messages) with what transformers' reader
     left out; return the names of the file's tensors read here (for no warning)."""
-    from gguf import GGUFReader
-
-    reader = GGUFReader(gguf_file)
     complete = COMPLETIONS.get(field(reader, "general.architecture"))
     if complete is None:
         return []
     config = json.loads(config_file.read_text())
-    used = complete(reader, config, gguf_file.name)
+    used = complete(reader, config, file)
     config_file.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     return used
 

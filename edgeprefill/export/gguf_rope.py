@@ -60,30 +60,30 @@ class Llama3Rope:
                           ).inv_freq()
 
 
-def write_rope_scaling(gguf_file: Path, config_file: Path) -> None:
-    """Write `gguf_file`'s rope_freqs, if it has them, as llama3 rope_parameters into
-    `config_file` (transformers' config of the file, which lacks them)."""
-    from gguf import GGUFReader, dequantize
+def write_rope_scaling(reader: Any, file: str, config_file: Path) -> None:
+    """Write the rope_freqs of the file `reader` (a gguf.GGUFReader) opened, if it has
+    them, as llama3 rope_parameters into `config_file` (transformers' config of the
+    file, which lacks them); `file` names it in messages."""
+    from gguf import dequantize
 
-    reader = GGUFReader(gguf_file)
     tensor = next((t for t in reader.tensors if t.name == TENSOR), None)
     if tensor is None:
         return
     arch = field(reader, "general.architecture")
     scaling = field(reader, f"{arch}.rope.scaling.type")
     if scaling not in (None, "none"):  # llama.cpp would apply both; transformers neither
-        raise _refusal(gguf_file.name, f"{arch}.rope.scaling.type {scaling!r} scales "
+        raise _refusal(file, f"{arch}.rope.scaling.type {scaling!r} scales "
                                        "the rope on top of them")
     original = field(reader, f"{arch}.rope.scaling.original_context_length")
     config = json.loads(config_file.read_text())
     params = config.get("rope_parameters") or {}
     if params.get("rope_type", "default") != "default":
-        raise _refusal(gguf_file.name, f"transformers read a {params['rope_type']} rope "
+        raise _refusal(file, f"transformers read a {params['rope_type']} rope "
                                        "from the file besides them")
     head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
     theta = float(params.get("rope_theta", config.get("rope_theta", 10000.0)))
     rope = llama3_rope(dequantize(tensor.data, tensor.tensor_type), theta, head_dim,
-                       int(original or CONVERTER_CONTEXT), gguf_file.name)
+                       int(original or CONVERTER_CONTEXT), file)
     if rope is not None:
         config["rope_parameters"] = rope.as_params()
         config_file.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
