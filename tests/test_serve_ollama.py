@@ -140,6 +140,8 @@ def test_the_model_routes_describe_the_served_model(llama, http, engine):
     shown = llama.show(MODEL)
     assert shown.modelinfo["llama.context_length"] == engine.capacity
     assert "completion" in shown.capabilities and shown.template
+    # no default system message (an Ollama export's SYSTEM): none shown, as Ollama omits it
+    assert "system" not in http.post("/api/show", json={"model": MODEL}).json()
     (running,) = llama.ps().models
     assert running.context_length == engine.capacity and running.digest == listed.digest
 
