@@ -11,8 +11,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from edgeprefill.bundle import Manifest
 from edgeprefill.engines import StepBatch
-from edgeprefill.errors import ExportError
+from edgeprefill.errors import BundleError, ExportError
 from edgeprefill.export import ollama_store
 from edgeprefill.export.exporter import ExportOptions, export
 from edgeprefill.export.ollama_store import OllamaName
@@ -119,6 +120,10 @@ def test_ollama_names_and_the_blob_export_as_the_gguf_file_does(store, tiny_gguf
            "stop '\\n\\n'" in caplog.text
     assert "SYSTEM" not in caplog.text  # kept: nothing to warn of
     assert manifest["tokenizer"]["default_system"] == SYSTEM
+    assert Manifest.from_dict(manifest).tokenizer.default_system == SYSTEM
+    manifest["tokenizer"]["default_system"] = 5  # an edited manifest: one line at load
+    with pytest.raises(BundleError, match="'default_system' must be"):
+        Manifest.from_dict(manifest)
     for plain in ("direct", "b2"):  # the GGUF file and its blob carry no SYSTEM
         assert "default_system" not in json.loads(
             (tmp_path / plain / "edgeprefill.json").read_text())["tokenizer"]
