@@ -37,6 +37,10 @@ KV_STATE_FIELDS = ("kv_state_layers",)
 STATE_GRAPH_FIELDS = ("state_inputs", "state_outputs")
 # Gemma 4's fields, left out where empty for the same reason.
 LAYER_KV_FIELDS = ("shared_kv_layers", "layer_kv")
+# The default system message, left out where there is none: a bundle without one writes
+# what it always did, and a runtime from before it ignores it (with a warning) and renders
+# chats as the model's template does without it.
+DEFAULT_SYSTEM_FIELDS = ("default_system",)
 # Multi-head latent attention's, left out where empty: a runtime from before it ignores it
 # (with a warning) and keeps a value cache beside each key cache, which runs as before.
 VALUE_IS_KEY_FIELDS = ("value_is_key",)
@@ -114,6 +118,9 @@ class TokenizerInfo:
     chat_template: str | None
     bos_token: str | None
     eos_token: str | None
+    # The system message of a chat that brings none (an Ollama model's SYSTEM,
+    # export/ollama_system.py; sdk/chat_template.with_default_system). Absent: none.
+    default_system: str | None = None
 
 
 @dataclass(frozen=True)
@@ -143,6 +150,9 @@ class Manifest:
         for key in VALUE_IS_KEY_FIELDS:
             if not raw["graph"][key]:
                 del raw["graph"][key]
+        for key in DEFAULT_SYSTEM_FIELDS:
+            if raw["tokenizer"][key] is None:
+                del raw["tokenizer"][key]
         return json.dumps(raw, indent=2) + "\n"
 
     @classmethod

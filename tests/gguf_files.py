@@ -41,13 +41,15 @@ def permute(weights: np.ndarray, n_head: int, n_head_kv: int | None) -> np.ndarr
 def write_gguf(hf_dir: Path, out: Path, quant: str = "F32", name: str = "tiny",
                permute_qk: bool = True, rope_freqs: np.ndarray | None = None,
                extra: dict[str, np.ndarray] | None = None, pre: str = "gpt-2",
-               eot: int | None = None) -> Path:
+               eot: int | None = None, chat_template: str | None = None) -> Path:
     """`hf_dir` (config.json, model.safetensors, a byte-level BPE or a Llama 2 style
     tokenizer.json) as a GGUF file `out`. `permute_qk=False` leaves out llama's q/k
     permutation (a broken converter); `rope_freqs` are factors to write instead of the
     converter's (a llama3 rope's); `extra` tensors (F32) are added as they are; `pre`, a
     byte-level vocabulary's split (llama.cpp's name for it); `eot`, an end-of-turn id
-    (tokenizer.ggml.eot_token_id, as SpecialVocab writes one)."""
+    (tokenizer.ggml.eot_token_id, as SpecialVocab writes one); `chat_template`, a
+    byte-level vocabulary's tokenizer.chat_template (SpecialVocab writes the checkpoint's;
+    the sentencepiece one here always does)."""
     import gguf
     from safetensors.numpy import load_file
 
@@ -66,6 +68,8 @@ def write_gguf(hf_dir: Path, out: Path, quant: str = "F32", name: str = "tiny",
     _add_vocab(writer, hf_dir, config, pre)
     if eot is not None:
         writer.add_eot_token_id(eot)
+    if chat_template is not None:
+        writer.add_chat_template(chat_template)
 
     model_arch = next(k for k, v in gguf.MODEL_ARCH_NAMES.items() if v == arch)
     names = gguf.get_tensor_name_map(model_arch, layers)

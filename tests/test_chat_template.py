@@ -17,6 +17,7 @@ from edgeprefill.sdk.chat_template import (
     check_export_template,
     special_tokens,
     template_source,
+    with_default_system,
 )
 from tests.chat_templates import FEATURES, PUBLISHED
 from tests.conftest import TINY_MODEL, write_tokenizer
@@ -314,3 +315,22 @@ def test_chat_token_ids_match_transformers_for_the_shipped_model(tiny_bundle):
         messages, add_generation_prompt=True)["input_ids"]
     ours = BundleTokenizer(tiny_bundle, load_manifest(tiny_bundle)).encode(messages)
     assert ours == reference and len(ours) > 10
+
+
+@pytest.mark.parametrize(("messages", "first"), [
+    ([{"role": "user", "content": "hi"}], "w3"),  # none of its own: the default first
+    # Ollama looks at the role alone: a developer message is not a system one
+    ([{"role": "developer", "content": "d"}, {"role": "user", "content": "hi"}], "w3"),
+    ([{"role": "system", "content": "mine"}, {"role": "user", "content": "hi"}], "mine"),
+    ([{"role": "system", "content": ""}, {"role": "user", "content": "hi"}], ""),  # off
+])
+def test_the_default_system_message_goes_first_where_a_chat_has_none(messages, first):
+    out = with_default_system(messages, "w3")
+    assert out[0]["content"] == first and out[0]["role"] == "system"
+    assert list(out[-len(messages):]) == messages  # the chat's own, as they were
+    assert with_default_system(messages, None) is messages  # no default: as before
+
+
+@pytest.mark.parametrize("messages", [[], "hi", [5], None])
+def test_a_malformed_or_empty_chat_gets_no_default_render_s_checks_refuse_it(messages):
+    assert with_default_system(messages, "w3") is messages

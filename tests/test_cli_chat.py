@@ -7,12 +7,14 @@ import json
 import re
 import shlex
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from edgeprefill.cli.chat import ChatLoop
 from edgeprefill.sdk import Engine, GenerationParams
+from edgeprefill.sdk.tokenizer import BundleTokenizer
 from tests.test_cli_errors import assert_one_line_error, cli
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -80,6 +82,26 @@ def test_chat_commands_are_handled_by_the_cli_never_sent_to_the_model(engine, mo
     assert re.findall(r"\(new conversation[^)]*\)|\(system message[^)]*\)", err) == [
         "(new conversation with this system message)",
         "(new conversation with the same system message)"]
+
+
+def test_a_cleared_system_message_gives_way_to_the_bundle_s_default(engine, monkeypatch,
+                                                                    capsys):
+    """A bundle with a default system message (an Ollama model's SYSTEM): a chat without
+    one of its own starts with it, `/system TEXT` replaces it, `/system` brings it back."""
+    info = engine.tokenizer.info
+    monkeypatch.setattr(engine.tokenizer, "info", replace(info, default_system="w3"))
+    recorder = Recorder(engine, monkeypatch)
+    read = lines("w4", "/system w9", "w7", "/system", "w8", "/exit")
+    ChatLoop(engine, PARAMS, read=read, write=lambda text: None).run()
+    plain = BundleTokenizer(engine.bundle_dir, engine.manifest)  # no default
+    assert recorder.prompts == [
+        plain.encode([{"role": "system", "content": "w3"}, {"role": "user", "content": "w4"}]),
+        plain.encode([{"role": "system", "content": "w9"}, {"role": "user", "content": "w7"}]),
+        plain.encode([{"role": "system", "content": "w3"}, {"role": "user", "content": "w8"}]),
+    ]
+    assert re.findall(r"\(new conversation[^)]*\)", capsys.readouterr().err) == [
+        "(new conversation with this system message)",
+        "(new conversation with the model's default system message)"]
 
 
 def test_ctrl_c_stops_the_reply_and_the_chat_goes_on(engine, monkeypatch):

@@ -11,15 +11,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from edgeprefill.bundle import Manifest
 from edgeprefill.engines import StepBatch
-from edgeprefill.errors import ExportError
+from edgeprefill.errors import BundleError, ExportError
 from edgeprefill.export import ollama_store
 from edgeprefill.export.exporter import ExportOptions, export
 from edgeprefill.export.ollama_store import OllamaName
 from edgeprefill.sdk import Engine, GenerationParams
 from edgeprefill.sdk.generation_defaults import GenerationDefaults
 from tests.bpe_tokenizers import byte_level_bpe, install
-from tests.conftest import build_hf_model
+from tests.conftest import CHAT_TEMPLATE, build_hf_model
 from tests.gguf_files import write_gguf
 from tests.test_cli_errors import assert_one_line_error
 from tests.test_gguf_input import cli_here
@@ -44,7 +45,7 @@ def tiny_gguf(tmp_path_factory) -> Path:
     tok = byte_level_bpe()
     hf = build_hf_model("llama", root / "hf", vocab_size=tok.get_vocab_size())
     install(tok, hf)
-    return write_gguf(hf, root / "tiny-Q8_0.gguf", "Q8_0")
+    return write_gguf(hf, root / "tiny-Q8_0.gguf", "Q8_0", chat_template=CHAT_TEMPLATE)
 
 
 def add_blob(store: Path, data: bytes) -> str:
@@ -117,7 +118,15 @@ def test_ollama_names_and_the_blob_export_as_the_gguf_file_does(store, tiny_gguf
     assert (tmp_path / "b0" / "LICENSE").read_text() == LICENSE
     assert "Ollama parameters the bundle has no default for are left out: num_ctx 8192, " \
            "stop '\\n\\n'" in caplog.text
-    assert "its SYSTEM message is not kept in the bundle" in caplog.text
+    assert "SYSTEM" not in caplog.text  # kept: nothing to warn of
+    assert manifest["tokenizer"]["default_system"] == SYSTEM
+    assert Manifest.from_dict(manifest).tokenizer.default_system == SYSTEM
+    manifest["tokenizer"]["default_system"] = 5  # an edited manifest: one line at load
+    with pytest.raises(BundleError, match="'default_system' must be"):
+        Manifest.from_dict(manifest)
+    for plain in ("direct", "b2"):  # the GGUF file and its blob carry no SYSTEM
+        assert "default_system" not in json.loads(
+            (tmp_path / plain / "edgeprefill.json").read_text())["tokenizer"]
 
 
 def test_ollama_parameters_become_the_bundles_sampling_defaults(store, tiny_gguf, tmp_path,
@@ -143,6 +152,67 @@ def test_ollama_parameters_become_the_bundles_sampling_defaults(store, tiny_gguf
     assert "sampling    temperature 1.5, top_k 1, top_p 0.9, repetition_penalty 1.0  " \
            "(generation_config.json; requests may override)" in shown
     assert "eos ids     [2, 1]" in shown
+    assert f"system      {SYSTEM!r}  (first in every chat that brings no system message; " \
+           "--json shows it whole)" in shown
+    assert not any(line.startswith("system ") for line in
+                   cli_here(capsys, "inspect", plain).stdout.splitlines())
+
+
+def test_the_model_s_system_message_is_first_in_a_chat_that_brings_none(store, tiny_gguf,
+                                                                        tmp_path, capsys):
+    """As Ollama's handlers put a model's SYSTEM: a chat whose first message is not a
+    system message renders as if it began with SYSTEM; one with its own renders as
+    without the default. The reference: the plain GGUF's bundle (no default) given the
+    system message explicitly. A session's later turns keep it first; `run --chat` uses
+    it and `run --system` replaces it."""
+    bundle, plain = exported("ollama:tiny", tmp_path / "b"), exported(tiny_gguf,
+                                                                      tmp_path / "plain")
+    user = [{"role": "user", "content": "w4 w5"}]
+    mine = [{"role": "system", "content": "w3"}, *user]
+    with Engine.load(bundle, threads=2, background=False) as engine, \
+            Engine.load(plain, threads=2, background=False) as reference:
+        ours, theirs = engine.tokenizer, reference.tokenizer
+        with_default = theirs.render_chat([{"role": "system", "content": SYSTEM}, *user])
+        assert SYSTEM in with_default and ours.render_chat(user) == with_default
+        assert ours.render_chat(mine) == theirs.render_chat(mine)
+        assert SYSTEM not in ours.render_chat(mine)
+        assert theirs.render_chat(user) != with_default  # no default: as before
+        session = engine.session()
+        session.chat("w4", GenerationParams(max_new_tokens=2, ignore_eos=True)).result()
+        session.chat("w5", GenerationParams(max_new_tokens=2, ignore_eos=True)).result()
+        first, reply, second = session.messages  # the second reply is not in yet
+        assert session.last_prompt == theirs.encode(
+            [{"role": "system", "content": SYSTEM}, first, reply, second])
+    run = ("--max-new-tokens", 4, "--ignore-eos", "--temperature", 0)
+    for ours_args, reference_args in ((("--chat",), ("--system", SYSTEM)),
+                                      (("--system", "w3"), ("--system", "w3"))):
+        got = cli_here(capsys, "run", bundle, PROMPT, *run, *ours_args)
+        want = cli_here(capsys, "run", plain, PROMPT, *run, *reference_args)
+        assert got.returncode == want.returncode == 0, got.stderr + want.stderr
+        assert got.stdout == want.stdout != "", ours_args
+
+
+def test_a_system_message_the_template_refuses_is_left_out_with_a_warning(tmp_path, caplog):
+    """A template that refuses a system turn would fail every chat with a default one;
+    a model without a template has no chat to put it in."""
+    from edgeprefill.export.ollama_system import kept_system
+
+    refuses = "{% if messages[0].role == 'system' %}{{ raise_exception('System role not " \
+              "supported') }}{% endif %}{% for m in messages %}{{ m.content }}{% endfor %}"
+    (tmp_path / "chat_template.jinja").write_text(refuses)
+    assert kept_system(SYSTEM, tmp_path, "ollama:x:latest") is None
+    assert "ollama:x:latest: its SYSTEM message is left out of the bundle (its chat " \
+           "template does not render it: chat template: System role not supported)" \
+           in caplog.text
+    (tmp_path / "chat_template.jinja").unlink()
+    assert kept_system(SYSTEM, tmp_path, "ollama:x:latest") is None
+    assert "(the model has no chat template)" in caplog.text
+    (tmp_path / "chat_template.jinja").write_text(refuses.replace("raise_exception", "x"))
+    assert kept_system(SYSTEM, tmp_path, "ollama:x:latest") is None  # x is undefined
+    (tmp_path / "chat_template.jinja").write_text("{% for m in messages %}{{ m.content }}"
+                                                  "{% endfor %}")
+    assert kept_system(SYSTEM, tmp_path, "ollama:x:latest") == SYSTEM
+    assert kept_system("", tmp_path, "ollama:x:latest") is None
 
 
 @pytest.mark.parametrize("text, parts", [
@@ -275,17 +345,24 @@ def test_an_ollama_export_is_served_under_its_name_with_its_parameters_as_defaul
     """The walk `export ollama:tiny` -> `serve` -> the `ollama` client: the bundle answers
     to `tiny` (it answered to its folder's name, a 404 for Ollama's clients), its
     Modelfile's parameters are the defaults of Ollama's routes and OpenAI's alike, and
-    a request's `options` override them; /api/show lists them (it listed none)."""
+    a request's `options` override them; /api/show lists them (it listed none). Its
+    SYSTEM is the system message of every route's chat that brings none (the prompt's
+    token count is the plain GGUF's bundle's for the chat with SYSTEM first), and
+    generate's `system` replaces it, as in Ollama."""
     ollama = pytest.importorskip("ollama")
     httpx = pytest.importorskip("httpx")
     pytest.importorskip("starlette")
+    from edgeprefill.bundle import load_manifest
     from edgeprefill.cli.serve_cmd import served_name
+    from edgeprefill.sdk.tokenizer import BundleTokenizer
     from edgeprefill.server import ServerConfig, ServerThread, create_app
     from tests.test_serve import free_port
 
     bundle = exported("ollama:tiny", tmp_path / "b")
     assert served_name(bundle) == "tiny"
-    assert served_name(exported(tiny_gguf_of(store), tmp_path / "plain")) == "plain"
+    plain = exported(tiny_gguf_of(store), tmp_path / "plain")
+    assert served_name(plain) == "plain"
+    reference = BundleTokenizer(plain, load_manifest(plain))  # no default system message
     with Engine.load(bundle, threads=2, kv_slots=2) as engine:
         greedy = engine.generate(PROMPT, GenerationParams(
             temperature=0, max_new_tokens=NEW_TOKENS, ignore_eos=True)).result().text
@@ -308,6 +385,37 @@ def test_an_ollama_export_is_served_under_its_name_with_its_parameters_as_defaul
             sampled = client.generate(model="tiny:latest", prompt=PROMPT, raw=True,
                                       options={**options, "top_k": 0})
             assert sampled.response != greedy
+            # (the ollama client's ShowResponse has no field for api/types.go's `system`)
+            shown = httpx.post(f"{server.url}/api/show", json={"model": "tiny"}).json()
+            assert shown["system"] == SYSTEM
+            assert_the_system_message_is_the_default(client, server.url, reference)
+
+
+def assert_the_system_message_is_the_default(client, url: str, reference) -> None:
+    """Each chat route's prompt tokens, without a system message and with one ("w3"), are
+    the reference's for the chat with SYSTEM first and with "w3" first."""
+    import httpx
+
+    user = [{"role": "user", "content": "w4 w5"}]
+    for system in (None, "w3"):
+        first = [{"role": "system", "content": system or SYSTEM}]
+        want = len(reference.encode([*first, *user]))
+        mine = [] if system is None else first
+        one = {"num_predict": 1}
+        counts = {
+            "ollama chat": client.chat(model="tiny", messages=[*mine, *user],
+                                       options=one).prompt_eval_count,
+            "ollama generate": client.generate(model="tiny", prompt="w4 w5", system=system,
+                                               options=one).prompt_eval_count,
+            "openai chat": httpx.post(f"{url}/v1/chat/completions", json={
+                "model": "tiny", "messages": [*mine, *user], "max_tokens": 1}
+            ).json()["usage"]["prompt_tokens"],
+            "anthropic messages": httpx.post(f"{url}/v1/messages", json={
+                "model": "tiny", "messages": user, "max_tokens": 1,
+                **({} if system is None else {"system": system})}
+            ).json()["usage"]["input_tokens"],
+        }
+        assert counts == dict.fromkeys(counts, want), (system, want)
 
 
 def tiny_gguf_of(store: Path) -> Path:

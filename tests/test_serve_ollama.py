@@ -8,6 +8,7 @@ tests/test_structured_output.py (its bundle can spell JSON)."""
 from __future__ import annotations
 
 import json
+import logging
 import threading
 
 import pytest
@@ -139,6 +140,8 @@ def test_the_model_routes_describe_the_served_model(llama, http, engine):
     shown = llama.show(MODEL)
     assert shown.modelinfo["llama.context_length"] == engine.capacity
     assert "completion" in shown.capabilities and shown.template
+    # no default system message (an Ollama export's SYSTEM): none shown, as Ollama omits it
+    assert "system" not in http.post("/api/show", json={"model": MODEL}).json()
     (running,) = llama.ps().models
     assert running.context_length == engine.capacity and running.digest == listed.digest
 
@@ -192,11 +195,33 @@ def test_the_client_raises_its_own_error_with_the_server_s_message(llama):
                                    content=b"{not json"), 400, "JSON")
 
 
-def test_unknown_options_are_ignored_as_ollama_ignores_them(llama):
+def test_unknown_options_are_ignored_as_ollama_ignores_them(llama, caplog):
     plain = llama.chat(model=MODEL, messages=CHAT, options=greedy(4))
-    more = llama.chat(model=MODEL, messages=CHAT, keep_alive="5m",
-                      options=greedy(4, mirostat=2, num_thread=8, num_ctx=256))
+    with caplog.at_level(logging.WARNING, logger="edgeprefill.server"):
+        more = llama.chat(model=MODEL, messages=CHAT, keep_alive="5m",
+                          options=greedy(4, temprature=2, num_thread=8, num_ctx=256))
     assert more.message.content == plain.message.content
+    warned = [r.getMessage() for r in caplog.records if r.name == "edgeprefill.server"
+              and "invalid option" in r.getMessage()]
+    assert len(warned) == 1 and "options 'temprature'" in warned[0], warned
+
+
+def test_only_a_name_ollama_does_not_know_is_warned_of(caplog):
+    """Ollama's own names (api/types.go's Options and Runner) are taken quietly, used or
+    not; a typo or a name it dropped (mirostat) gets one line naming it."""
+    known = {"num_keep": 4, "num_batch": 8, "num_gpu": 1, "main_gpu": 0, "use_mmap": True,
+             "num_thread": 2, "draft_num_predict": 3, "seed": 1, "min_p": 0.1,
+             "ignore_eos": True}  # edgeprefill's own, as on the other routes
+    with caplog.at_level(logging.WARNING, logger="edgeprefill.server"):
+        parse_ollama_chat({"model": MODEL, "messages": CHAT, "options": known}, MODEL, 512)
+        assert caplog.records == []
+        parse_ollama_generate({"model": MODEL, "prompt": "w4", "options": {
+            "temprature": 0, "mirostat": 2, "top_k": 5}}, MODEL, 512)
+    warned = sorted(r.getMessage() for r in caplog.records)
+    assert len(warned) == 2 and "options 'mirostat' is not" in warned[0] and \
+        "options 'temprature' is not" in warned[1], warned
+    assert all(r.levelno == logging.WARNING and r.name == "edgeprefill.server"
+               for r in caplog.records)
 
 
 def test_the_api_key_guards_ollama_s_routes_but_not_its_probe(engine):

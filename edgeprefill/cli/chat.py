@@ -153,8 +153,15 @@ class ChatLoop:
         self._new_conversation()
         # One line: /reset's "with the same system message" read wrong right after a new one.
         _note("(new conversation " + ("with this system message)" if argument
-                                      else "without a system message)"))
+                                      else self._without_system()))
         return True
+
+    def _without_system(self) -> str:
+        """Where /system clears the message: the bundle's default (an Ollama model's
+        SYSTEM) takes its place, as in every chat that brings none."""
+        if self.engine.tokenizer.info.default_system is None:
+            return "without a system message)"
+        return "with the model's default system message)"
 
     def set_think(self, argument: str) -> bool:
         return self._thinking(True)

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import click
 
+SYSTEM_SHOWN = 72  # characters of the default system message `inspect` shows
+
 
 @click.command()
 @click.argument("bundle", type=click.Path(path_type=str))
@@ -90,6 +92,7 @@ def inspect(bundle, verify, as_json):
         f"eos ids     {eos}",
         f"sampling    {defaults.describe()}  (generation_config.json; requests may override)",
         f"chat        {'template included' if m.tokenizer.chat_template else 'no template'}",
+        *_system_line(m.tokenizer.default_system),
         "inputs",
         *_io_lines(graph.inputs, graph.kv_inputs, graph.state_inputs),
         "outputs",
@@ -115,6 +118,16 @@ def _gguf_line(m) -> list[str]:
         isinstance(ollama, dict) else f"{gguf.get('file')} ("
     return [f"source      {file}GGUF {gguf.get('architecture')}, {quant}"
             f"{'; ' + ', '.join(notes) if notes else ''})"]
+
+
+def _system_line(system: str | None) -> list[str]:
+    """The default system message (an Ollama model's SYSTEM), on one line."""
+    if system is None:
+        return []
+    text = repr(system)
+    shown = text if len(text) <= SYSTEM_SHOWN else text[:SYSTEM_SHOWN - 3] + "..."
+    return [f"system      {shown}  (first in every chat that brings no system message; "
+            "--json shows it whole)"]
 
 
 def _heads(model) -> str:

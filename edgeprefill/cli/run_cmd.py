@@ -32,7 +32,8 @@ def _priority(ctx: click.Context, param: click.Parameter, value: str) -> int:
 @click.option("--chat", is_flag=True, help="Send the prompt as a user message through the "
               "bundle's chat template.")
 @click.option("--system", default=None, help="A system message before the prompt (implies "
-              "--chat).")
+              "--chat); it takes the place of the bundle's default one (an Ollama "
+              "model's SYSTEM: `inspect` shows it).")
 @click.option("--interactive", is_flag=True, help="Multi-turn chat in the terminal "
               "(/help lists its commands).")
 @click.option("--sessions", type=click.IntRange(1, 64), default=1, show_default=True,

@@ -34,6 +34,7 @@ from edgeprefill.export.lora import Adapter, adapter_hint, quantized_base
 from edgeprefill.export.model_config import ModelConfig
 from edgeprefill.export.ollama_params import write_generation_config
 from edgeprefill.export.ollama_store import OllamaModel, is_ollama_name
+from edgeprefill.export.ollama_system import kept_system
 from edgeprefill.export.quantize import QuantConfig
 from edgeprefill.export.staging import check_target, staged
 from edgeprefill.export.writer import write_external_data
@@ -99,29 +100,30 @@ def export(hf_dir: str | Path, out_dir: str | Path, options: ExportOptions) -> M
     check_target(out_dir, options.overwrite)  # before a conversion that may take minutes
     with converted(gguf_file, out_dir, options.show_progress) as (folder, gguf):
         source = {"path": gguf.path, "gguf": gguf.as_dict()}
+        system = None
         if ollama is not None:
-            _add_ollama_files(ollama, folder)
+            system = _add_ollama_files(ollama, folder)
             source["ollama"] = ollama.record()
-        return _export(folder, out_dir, options, source)
+        return _export(folder, out_dir, options, source, system)
 
 
-def _add_ollama_files(ollama: OllamaModel, folder: Path) -> None:
+def _add_ollama_files(ollama: OllamaModel, folder: Path) -> str | None:
     """What an Ollama model carries beside its GGUF, into the converted folder the bundle is
-    exported from: its parameters as generation_config.json's defaults, its licenses. Its
-    Go template is not needed (the GGUF carries the Jinja chat template the bundle uses)."""
+    exported from: its parameters as generation_config.json's defaults, its licenses; and
+    its SYSTEM message, returned where the bundle can keep it (export/ollama_system.py).
+    Its Go template is not needed (the GGUF carries the Jinja chat template the bundle
+    uses)."""
     shown = f"{ollama_store.PREFIX}{ollama.name.shortest()}"
     write_generation_config(ollama.params, folder, shown)
     for i, text in enumerate(ollama.licenses):
         (folder / ("LICENSE" if i == 0 else f"LICENSE-{i + 1}")).write_text(text)
-    if ollama.system:
-        log.warning("%s: its SYSTEM message is not kept in the bundle: give it per "
-                    "conversation (run --system, a system message): %.60r", shown,
-                    ollama.system)
+    return kept_system(ollama.system, folder, shown)
 
 
 def _export(hf_dir: Path, out_dir: Path, options: ExportOptions,
-            source: dict[str, Any]) -> Manifest:
-    """`source`: what the manifest records of where the checkpoint came from."""
+            source: dict[str, Any], system: str | None = None) -> Manifest:
+    """`source`: what the manifest records of where the checkpoint came from; `system`:
+    the bundle's default system message (an Ollama model's SYSTEM), if any."""
     if not hf_dir.is_dir():
         raise ExportError(f"{hf_dir} is not a folder (a Hugging Face checkpoint) nor a "
                           ".gguf file (an Ollama model is named ollama:NAME[:TAG])")
@@ -169,6 +171,9 @@ def _export(hf_dir: Path, out_dir: Path, options: ExportOptions,
             shutil.copyfile(hf_dir / name, stage / name)
         manifest = _manifest(cfg, g, options, chunks, max_context, hf_dir, stage,
                              tokenizer_files, source, adapter)
+        if system is not None:
+            manifest = replace(manifest, tokenizer=replace(manifest.tokenizer,
+                                                           default_system=system))
         (stage / MANIFEST_FILE).write_text(manifest.to_json())
     return manifest
 

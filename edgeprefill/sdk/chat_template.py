@@ -90,6 +90,18 @@ class ChatTemplate:
         return self._compiled
 
 
+def with_default_system(messages: Sequence[Mapping[str, Any]],
+                        system: str | None) -> Sequence[Mapping[str, Any]]:
+    """`messages` with the bundle's default system message first where the first is not
+    a system message, as Ollama's chat and generate handlers put a model's SYSTEM
+    (server/routes.go: `req.Messages[0].Role != "system"`); as they are where the bundle
+    has none. A request that wants no system message at all sends an empty one."""
+    if system is None or not isinstance(messages, Sequence) or not messages or \
+            not isinstance(messages[0], Mapping) or messages[0].get("role") == "system":
+        return messages  # malformed or empty: render's checks say so, as without one
+    return [{"role": "system", "content": system}, *messages]
+
+
 @functools.lru_cache(maxsize=8)
 def reads_variable(source: str, name: str) -> bool:
     """Whether a chat template reads the top-level variable `name` (a request's `tools`,

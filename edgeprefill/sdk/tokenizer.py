@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeGuard
 
 from edgeprefill.bundle import Manifest, resolve_inside
 from edgeprefill.errors import BundleError, RequestError
-from edgeprefill.sdk.chat_template import ChatTemplate, special_tokens
+from edgeprefill.sdk.chat_template import ChatTemplate, special_tokens, with_default_system
 from edgeprefill.sdk.stop_matcher import StopMatcher
 from edgeprefill.values import is_integral
 
@@ -85,10 +85,12 @@ class BundleTokenizer:
 
     def render_chat(self, messages: Sequence[dict[str, Any]], **kwargs: Any) -> str:
         """Messages -> prompt text with the bundle's chat template, as transformers'
-        apply_chat_template renders it (see ChatTemplate.render for the keywords)."""
+        apply_chat_template renders it (see ChatTemplate.render for the keywords), after
+        the bundle's default system message where the messages start with none."""
         if self.chat_template is None:
             raise RequestError("this bundle has no chat template: send a plain text prompt")
-        return self.chat_template.render(messages, **kwargs)
+        return self.chat_template.render(
+            with_default_system(messages, self.info.default_system), **kwargs)
 
     def decode(self, ids: list[int]) -> str:
         """The ids' text as a reply streams it: special tokens dropped, but those of

@@ -14,10 +14,12 @@ set of checks and defaults for every route. Field names follow Ollama's api/type
   max_tokens (-1, -2 or 0: no limit, the reply runs to EOS or the context); edgeprefill's
   `ignore_eos` rides along as on the other routes; `num_ctx` is
   checked against the bundle's context, which is fixed at export; `typical_p`, and
-  `repeat_last_n` under a penalty, are 400s (no sampler here applies them). Options
-  Ollama does not know are ignored, as Ollama ignores them (api.Options.FromMap), and
-  so are its load-time options (api.Runner: num_thread, num_gpu, num_batch, use_mmap,
-  ...) and num_keep (what a context shift keeps: this server never shifts);
+  `repeat_last_n` under a penalty, are 400s (no sampler here applies them). An option
+  Ollama does not know (OLLAMA_OPTIONS) is ignored with one warning in the server's log
+  naming it, as Ollama's api.Options.FromMap logs "invalid option provided"; its
+  load-time options are ignored silently (api.Runner: num_thread, num_gpu, num_batch,
+  use_mmap, ...), and so is num_keep (what a context shift keeps: this server never
+  shifts);
 - `format`: "json" (a JSON object) or a JSON schema: the chat route's structured output;
 - `think`: true / false is the chat template's `enable_thinking`; "low", "medium",
   "high" or "max" is the chat route's `reasoning_effort`; any but false is a 400 where the
@@ -35,6 +37,7 @@ set of checks and defaults for every route. Field names follow Ollama's api/type
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import replace
 from typing import Any
 
@@ -42,6 +45,8 @@ from edgeprefill.server.errors import ApiError
 from edgeprefill.server.ollama_messages import chat_messages, string_field
 from edgeprefill.server.schemas import CompletionRequest, parse_chat, parse_completion
 from edgeprefill.values import is_int
+
+log = logging.getLogger("edgeprefill.server")
 
 # Ollama's option -> the chat route's field of the same meaning.
 OPTIONS = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k",
@@ -53,6 +58,18 @@ OPTIONS = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k",
 RENAMES = {**{ours: f"options.{theirs}" for theirs, ours in OPTIONS.items()},
            "max_tokens": "options.num_predict", "response_format": "format",
            "json_schema": "format"}
+# The names Ollama knows, the json tags of its api.Options and the api.Runner embedded in it
+# (github.com/ollama/ollama api/types.go, at fb30760996871fa9460115c753afd2c60d4ab0f7): any
+# other name is a client's mistake, which Options.FromMap logs as "invalid option provided".
+OLLAMA_OPTIONS = frozenset({
+    # Options
+    "num_keep", "seed", "num_predict", "top_k", "top_p", "min_p", "typical_p",
+    "repeat_last_n", "temperature", "repeat_penalty", "presence_penalty",
+    "frequency_penalty", "stop",
+    # Runner
+    "num_ctx", "num_batch", "num_gpu", "main_gpu", "use_mmap", "num_thread",
+    "draft_num_predict",
+})
 PENALTIES = ("repeat_penalty", "presence_penalty", "frequency_penalty")
 THINK_LEVELS = ("low", "medium", "high", "max")
 UNLIMITED = (-1, -2, 0)  # num_predict: infinite, fill the context; 0 is unlimited too
@@ -179,7 +196,18 @@ def _sampling(options: dict[str, Any], context: int) -> dict[str, Any]:
     if window not in (None, -1) and penalized:
         raise ApiError(400, "'options.repeat_last_n' is not supported: the penalties look "
                        "at the whole context (-1)")
+    _warn_unknown(options)
     return out
+
+
+def _warn_unknown(options: dict[str, Any]) -> None:
+    """One warning per option Ollama itself does not know (a typo: `temprature`), as
+    Ollama's Options.FromMap logs "invalid option provided"; the request goes on."""
+    for name in options:
+        if name not in OLLAMA_OPTIONS and name not in OPTIONS:
+            # %r: a client's key, one line whatever it holds
+            log.warning("invalid option provided: options %.80r is not one of Ollama's "
+                        "options, and is ignored", name)
 
 
 def _check_num_ctx(value: Any, context: int) -> None:

@@ -4,7 +4,8 @@ api/types.go (its generating routes, /api/chat and /api/generate, are in app.py)
     GET|HEAD /               "Ollama is running": what clients probe for a server
     GET  /api/version        the Ollama release whose API this server follows
     GET  /api/tags           the served model, as `name:latest`
-    POST /api/show           the model's details, chat template and capabilities
+    POST /api/show           the model's details, chat template, default system
+                             message (Ollama's `system`) and capabilities
     GET  /api/ps             the served model, loaded for as long as the server runs
 
 `/api/show`'s `parameters` are the bundle's sampling defaults (generation_config.json's,
@@ -87,6 +88,8 @@ class OllamaRoutes:
         return JSONResponse({
             "modelfile": "", "parameters": self._parameters(),
             "template": self.engine.manifest.tokenizer.chat_template or "",
+            # Ollama's `system`, omitted where empty: the Modelfile's SYSTEM
+            **_system(self.engine.manifest.tokenizer.default_system),
             "details": self._details(), "model_info": self._info(),
             "capabilities": self._capabilities(), "modified_at": self.modified})
 
@@ -125,6 +128,10 @@ class OllamaRoutes:
         template = self.engine.manifest.tokenizer.chat_template or ""
         return ["completion", *(["tools"] if renders_tools(template) else []),
                 *(["thinking"] if self.thinks else [])]
+
+
+def _system(system: str | None) -> dict[str, str]:
+    return {"system": system} if system else {}
 
 
 def _go_number(value: float) -> str:
