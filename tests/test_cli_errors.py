@@ -514,7 +514,12 @@ def test_a_usage_error_is_one_line_with_clicks_exit_code_and_a_help_pointer(args
     assert result.returncode == 2
 
 
-def test_help_and_no_arguments_still_print_the_help_page():
-    for args in (["run", "--help"], []):
+def test_help_and_no_arguments_print_the_help_page_and_exit_0():
+    """Bare `edgeprefill` is a request for the help, as `--help` is (pip's and docker's
+    answer), not a usage error: the same page on stdout, exit 0."""
+    asked = cli("--help")
+    for args in (["run", "--help"], [], ["--help"]):
         result = cli(*args)
-        assert "Usage: " in result.stdout + result.stderr and "error:" not in result.stderr
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.startswith("Usage: ") and result.stderr == ""
+    assert cli().stdout == asked.stdout

@@ -36,6 +36,15 @@ class LazyGroup(click.Group):
         module, attr = COMMANDS[name].split(":")
         return getattr(importlib.import_module(module), attr)
 
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        if not args and not ctx.resilient_parsing:
+            # A user typing the program's name asks what it does: the help page on stdout
+            # and exit 0, as pip and docker answer. click >= 8.2's no_args_is_help raises it
+            # as a usage error instead (stderr, exit 2).
+            click.echo(ctx.get_help(), color=ctx.color)
+            ctx.exit(0)
+        return super().parse_args(ctx, args)
+
     def invoke(self, ctx: click.Context) -> object:
         try:
             return super().invoke(ctx)
@@ -69,9 +78,6 @@ def main() -> None:
     except click.exceptions.Abort as err:  # click's wrapping of Ctrl-C (or EOF)
         click.echo(_interrupted(err.__cause__), err=True)
         sys.exit(130)
-    except click.exceptions.NoArgsIsHelpError as err:
-        err.show()  # the help page itself, not an error line
-        sys.exit(err.exit_code)
     except click.ClickException as err:
         click.echo(f"error: {_one_line(err)}", err=True)
         sys.exit(err.exit_code)  # click's own: 2 for a usage error
