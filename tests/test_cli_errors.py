@@ -260,9 +260,36 @@ def test_a_malformed_shard_index_is_one_line(hf_copy, tmp_path, index, fragment)
     assert_one_line_error(cli("export", hf_copy, "-o", tmp_path / "b"), fragment)
 
 
-def test_a_kv_cache_beyond_the_machines_memory_is_one_line(bundle):
-    assert_one_line_error(cli("run", bundle("llama"), "--prompt", "w3", "--kv-slots",
-                              "100000000"), "KV slots of", "exceed this machine's")
+def test_a_kv_cache_beyond_the_machines_memory_is_one_line_in_the_callers_names(bundle):
+    """The CLI's advice names its flags; the SDK's its keywords, kv_budget_bytes too,
+    which no command line has."""
+    from edgeprefill.errors import SettingError
+    from edgeprefill.sdk import Engine
+
+    result = cli("run", bundle("llama"), "--prompt", "w3", "--kv-slots", "100000000")
+    assert_one_line_error(result, "KV slots of", "exceed this machine's")
+    assert result.stderr.rstrip().endswith(" of memory; lower --kv-slots or --max-context")
+    with pytest.raises(SettingError) as raised:
+        Engine.load(bundle("llama"), kv_slots=100_000_000)
+    assert str(raised.value).endswith(" of memory; lower kv_slots or max_context, or give "
+                                      "kv_budget_bytes")
+    assert result.stderr == f"error: {raised.value.problem}; lower --kv-slots or --max-context\n"
+
+
+def test_a_setting_error_names_only_the_flags_the_command_has():
+    """bench sets the KV slots from --sessions: its advice leaves --kv-slots out. The error
+    crosses bench's worker process whole (pickled)."""
+    import pickle
+
+    from edgeprefill.cli.bench_cmd import bench
+    from edgeprefill.cli.main import _in_flags
+    from edgeprefill.errors import SettingError
+
+    err = pickle.loads(pickle.dumps(SettingError("too big", ("kv_slots", "max_context"),
+                                                 ", or give kv_budget_bytes")))
+    assert str(err) == "too big; lower kv_slots or max_context, or give kv_budget_bytes"
+    assert _in_flags(err, bench) == "too big; lower --max-context"
+    assert _in_flags(SettingError("too big", ("kv_slots",)), bench) == "too big"
 
 
 def test_export_options_that_would_be_ignored_are_refused_or_reported(hf_copy, tmp_path):

@@ -13,7 +13,7 @@ import sys
 import click
 
 from edgeprefill import __version__
-from edgeprefill.errors import EdgeprefillError
+from edgeprefill.errors import EdgeprefillError, RequestError, SettingError
 
 # name -> "module:function"
 COMMANDS = {
@@ -48,6 +48,9 @@ class LazyGroup(click.Group):
     def invoke(self, ctx: click.Context) -> object:
         try:
             return super().invoke(ctx)
+        except SettingError as err:
+            command = self.get_command(ctx, ctx.invoked_subcommand or "")
+            raise RequestError(_in_flags(err, command)) from None
         except BrokenPipeError:
             # `edgeprefill run ... | head` closed the pipe: not an error. Handled here, as
             # click turns it into exit status 1 before main() could see it.
@@ -84,6 +87,15 @@ def main() -> None:
     except KeyboardInterrupt as err:
         click.echo(_interrupted(err), err=True)
         sys.exit(130)
+
+
+def _in_flags(err: SettingError, command: click.Command | None) -> str:
+    """The error's advice in the command's flags: a config field is the option of its name
+    (cli/options.py), one the command has no flag for left out (the SDK's keywords mean
+    nothing on a command line)."""
+    options = {p.name: p.opts[0] for p in command.params} if command is not None else {}
+    flags = [options[field] for field in err.lower if field in options]
+    return err.problem + (f"; lower {' or '.join(flags)}" if flags else "")
 
 
 def _interrupted(cause: BaseException | None) -> str:
