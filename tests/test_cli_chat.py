@@ -82,6 +82,17 @@ def test_chat_commands_are_handled_by_the_cli_never_sent_to_the_model(engine, mo
         "(new conversation with the same system message)"]
 
 
+def test_a_line_starting_with_a_space_sends_its_slash_to_the_model(engine, monkeypatch,
+                                                                  capsys):
+    """What the unknown-command note tells the user to do, which had run the command."""
+    recorder = Recorder(engine, monkeypatch)
+    ChatLoop(engine, PARAMS, read=lines(" /bogus w5", " /exit"), write=[].append).run()
+    encode = engine.tokenizer.encode
+    assert recorder.prompts[0] == encode([{"role": "user", "content": "/bogus w5"}])
+    assert len(recorder.prompts) == 2  # " /exit" was a message too, not the command
+    assert "unknown command" not in capsys.readouterr().err
+
+
 def test_ctrl_c_stops_the_reply_and_the_chat_goes_on(engine, monkeypatch):
     recorder = Recorder(engine, monkeypatch)
     out: list[str] = []
