@@ -319,6 +319,15 @@ def test_inspect_says_what_a_path_is_when_it_is_no_bundle(hf_copy, tmp_path):
                               f"bundle: make one with `edgeprefill export {gguf} -o BUNDLE`")
 
 
+def test_a_file_of_a_bundle_given_for_the_bundle_names_the_folder(bundle):
+    """It said the manifest file was no bundle for want of a manifest."""
+    folder = bundle("llama")
+    for name in ("edgeprefill.json", "model.onnx"):
+        for args in (["inspect", folder / name], ["run", folder / name, "w5"]):
+            assert_one_line_error(cli(*args), f"{folder / name} is a file of the bundle "
+                                  f"{folder}: give the folder")
+
+
 @pytest.mark.parametrize("field, value, fragment", [
     ("quantization", "fp8", "graph.quantization must be int8, int4 or null, got 'fp8'"),
     ("format_version", "1", "bundle format version '1' is not supported"),
