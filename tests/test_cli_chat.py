@@ -170,6 +170,15 @@ def test_two_prompts_are_refused_naming_the_two_that_were_given(tiny_bundle, tmp
                           "give the prompt after BUNDLE or as --prompt, not both")
 
 
+def test_an_unquoted_prompt_is_refused_with_the_quoted_command(tiny_bundle):
+    """click's own error named only "unexpected extra arguments"."""
+    result = cli("run", tiny_bundle, "what", "was", "it's", "name?")
+    assert_one_line_error(result, "the prompt is 4 arguments: quote it, as in edgeprefill "
+                          f"run {tiny_bundle} ")
+    quoted = shlex.split(result.stderr.split(", as in ")[1])
+    assert quoted == ["edgeprefill", "run", str(tiny_bundle), "what was it's name?"]
+
+
 @pytest.mark.parametrize("line, fragment", [
     ('{"prompt": "w5", "max_tokens": 3}', "unknown key 'max_tokens'; known keys: prompt,"),
     ('{"prompt": "w5", "temperature": -1}', "temperature"),
