@@ -542,6 +542,7 @@ def test_a_context_past_a_models_cap_is_one_line_naming_the_reason(
     (["run", "--bogus"], "No such option '--bogus'. (see `"),
     (["runn"], "No such command 'runn'."),
     (["run"], "Missing argument 'BUNDLE'."),
+    (["run", "x", "-p"], "Option '-p' requires an argument. (see `"),  # raised without ctx
     (["serve", "x", "--port", "abc"], "Invalid value for '--port'"),
 ])
 def test_a_usage_error_is_one_line_with_clicks_exit_code_and_a_help_pointer(args, fragment):

@@ -51,6 +51,13 @@ class LazyGroup(click.Group):
         except SettingError as err:
             command = self.get_command(ctx, ctx.invoked_subcommand or "")
             raise RequestError(_in_flags(err, command)) from None
+        except click.UsageError as err:
+            if err.ctx is None and ctx.invoked_subcommand is not None:
+                # click's parser raises some (`-p` without its value) without the command's
+                # context: given it, the line points to that command's --help.
+                command = self.get_command(ctx, ctx.invoked_subcommand)
+                err.ctx = click.Context(command, parent=ctx, info_name=ctx.invoked_subcommand)
+            raise
         except BrokenPipeError:
             # `edgeprefill run ... | head` closed the pipe: not an error. Handled here, as
             # click turns it into exit status 1 before main() could see it.
