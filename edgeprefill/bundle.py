@@ -392,6 +392,9 @@ def load_manifest(bundle_dir: str | Path, verify_checksums: bool = False) -> Man
         if source is not None:
             raise BundleError(f"{root} is {source}, not an edgeprefill bundle: make one with "
                               f"`edgeprefill export {root} -o BUNDLE`")
+        if root.is_file() and (root.parent / MANIFEST_FILE).is_file():
+            # `inspect b/edgeprefill.json`: the manifest, or a graph, given for its folder
+            raise BundleError(f"{root} is a file of the bundle {root.parent}: give the folder")
         raise BundleError(f"{root} is not an edgeprefill bundle (no {MANIFEST_FILE})")
     manifest = Manifest.from_dict(load_json_object(path, BundleError))
     check_graph_io(manifest)

@@ -27,6 +27,20 @@ class RequestError(EdgeprefillError):
         self.field = field
 
 
+class SettingError(RequestError):
+    """The engine's settings cannot work here (a KV cache beyond the memory). `problem`
+    says what; `lower` names the EngineConfig fields that, lowered, fix it. The message
+    advises in the SDK's keywords (and `sdk_also`, advice only the SDK can take); the CLI
+    advises in its own flags instead (cli/main.py)."""
+
+    def __init__(self, problem: str, lower: tuple[str, ...] = (), sdk_also: str = "") -> None:
+        advice = f"; lower {' or '.join(lower)}" if lower else ""
+        super().__init__(f"{problem}{advice}{sdk_also}")
+        # Attributes, not arguments: an exception pickles (bench's worker process) as its
+        # message plus its __dict__.
+        self.problem, self.lower = problem, lower
+
+
 class EngineClosedError(RequestError):
     """The engine was closed: nothing is wrong with the request, nothing will serve it."""
 

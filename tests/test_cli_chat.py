@@ -104,6 +104,17 @@ def test_a_cleared_system_message_gives_way_to_the_bundle_s_default(engine, monk
         "(new conversation with the model's default system message)"]
 
 
+def test_a_line_starting_with_a_space_sends_its_slash_to_the_model(engine, monkeypatch,
+                                                                  capsys):
+    """What the unknown-command note tells the user to do, which had run the command."""
+    recorder = Recorder(engine, monkeypatch)
+    ChatLoop(engine, PARAMS, read=lines(" /bogus w5", " /exit"), write=[].append).run()
+    encode = engine.tokenizer.encode
+    assert recorder.prompts[0] == encode([{"role": "user", "content": "/bogus w5"}])
+    assert len(recorder.prompts) == 2  # " /exit" was a message too, not the command
+    assert "unknown command" not in capsys.readouterr().err
+
+
 def test_ctrl_c_stops_the_reply_and_the_chat_goes_on(engine, monkeypatch):
     recorder = Recorder(engine, monkeypatch)
     out: list[str] = []
@@ -179,6 +190,15 @@ def test_two_prompts_are_refused_naming_the_two_that_were_given(tiny_bundle, tmp
                           "give --prompt or --prompt-file, not both")
     assert_one_line_error(cli("run", tiny_bundle, "w5", "-p", "w6"),
                           "give the prompt after BUNDLE or as --prompt, not both")
+
+
+def test_an_unquoted_prompt_is_refused_with_the_quoted_command(tiny_bundle):
+    """click's own error named only "unexpected extra arguments"."""
+    result = cli("run", tiny_bundle, "what", "was", "it's", "name?")
+    assert_one_line_error(result, "the prompt is 4 arguments: quote it, as in edgeprefill "
+                          f"run {tiny_bundle} ")
+    quoted = shlex.split(result.stderr.split(", as in ")[1])
+    assert quoted == ["edgeprefill", "run", str(tiny_bundle), "what was it's name?"]
 
 
 @pytest.mark.parametrize("line, fragment", [

@@ -150,6 +150,49 @@ def test_no_think_renders_the_template_with_thinking_off(engine, http, prompts,
     assert typed.startswith("It is sunny.\nThinking...\n")
 
 
+@pytest.fixture
+def ctrl_c_at_rain(monkeypatch) -> None:
+    """Ctrl-C while the CLI waits for the token after "rain" (mid-thought): the reply's
+    stream raises KeyboardInterrupt there, as SIGINT's default handler does, its request
+    cancelled so the module's engine serves the next test."""
+    from edgeprefill.sdk.stream import TokenStream
+
+    original = TokenStream.__iter__
+
+    def interrupted(stream):
+        seen = ""
+        for event in original(stream):
+            yield event
+            seen += event.text
+            if "rain" in seen:
+                stream.cancel()
+                stream.result()
+                raise KeyboardInterrupt
+
+    monkeypatch.setattr(TokenStream, "__iter__", interrupted)
+
+
+@pytest.mark.parametrize("args, typed", [(["--chat", QUESTION], ""),
+                                         (["--interactive"], f"{QUESTION}\n")])
+def test_ctrl_c_mid_thought_closes_the_thinking_block(engine, http, monkeypatch,
+                                                      ctrl_c_at_rain, args, typed):
+    monkeypatch.setattr(Engine, "load", lambda *a, **k: contextlib.nullcontext(engine))
+    stdout = CliRunner().invoke(cli, ["run", "bundle", *args], input=typed).stdout
+    closed = re.fullmatch(r"Thinking\.\.\.\n(.*)\n\.\.\.done thinking\.\n\n\n?", stdout, re.S)
+    assert closed is not None, stdout
+    # What was shown is the start of the reasoning the server returns uninterrupted.
+    monkeypatch.undo()
+    reasoning = server_chat(http, [user()])["reasoning_content"]
+    assert "rain" in closed[1] and reasoning.startswith(closed[1])
+
+
+def test_ctrl_c_during_hidden_thinking_prints_nothing(engine, monkeypatch, ctrl_c_at_rain):
+    monkeypatch.setattr(Engine, "load", lambda *a, **k: contextlib.nullcontext(engine))
+    result = CliRunner().invoke(cli, ["run", "bundle", "--chat", "--hide-thinking",
+                                      QUESTION])
+    assert result.stdout == "" and isinstance(result.exception, SystemExit)
+
+
 def test_a_raw_prompt_and_a_bundle_without_think_tags_print_as_generated(
         engine, bundle, monkeypatch):
     from edgeprefill.cli.thinking import ThinkingView

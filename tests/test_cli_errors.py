@@ -260,9 +260,36 @@ def test_a_malformed_shard_index_is_one_line(hf_copy, tmp_path, index, fragment)
     assert_one_line_error(cli("export", hf_copy, "-o", tmp_path / "b"), fragment)
 
 
-def test_a_kv_cache_beyond_the_machines_memory_is_one_line(bundle):
-    assert_one_line_error(cli("run", bundle("llama"), "--prompt", "w3", "--kv-slots",
-                              "100000000"), "KV slots of", "exceed this machine's")
+def test_a_kv_cache_beyond_the_machines_memory_is_one_line_in_the_callers_names(bundle):
+    """The CLI's advice names its flags; the SDK's its keywords, kv_budget_bytes too,
+    which no command line has."""
+    from edgeprefill.errors import SettingError
+    from edgeprefill.sdk import Engine
+
+    result = cli("run", bundle("llama"), "--prompt", "w3", "--kv-slots", "100000000")
+    assert_one_line_error(result, "KV slots of", "exceed this machine's")
+    assert result.stderr.rstrip().endswith(" of memory; lower --kv-slots or --max-context")
+    with pytest.raises(SettingError) as raised:
+        Engine.load(bundle("llama"), kv_slots=100_000_000)
+    assert str(raised.value).endswith(" of memory; lower kv_slots or max_context, or give "
+                                      "kv_budget_bytes")
+    assert result.stderr == f"error: {raised.value.problem}; lower --kv-slots or --max-context\n"
+
+
+def test_a_setting_error_names_only_the_flags_the_command_has():
+    """bench sets the KV slots from --sessions: its advice leaves --kv-slots out. The error
+    crosses bench's worker process whole (pickled)."""
+    import pickle
+
+    from edgeprefill.cli.bench_cmd import bench
+    from edgeprefill.cli.main import _in_flags
+    from edgeprefill.errors import SettingError
+
+    err = pickle.loads(pickle.dumps(SettingError("too big", ("kv_slots", "max_context"),
+                                                 ", or give kv_budget_bytes")))
+    assert str(err) == "too big; lower kv_slots or max_context, or give kv_budget_bytes"
+    assert _in_flags(err, bench) == "too big; lower --max-context"
+    assert _in_flags(SettingError("too big", ("kv_slots",)), bench) == "too big"
 
 
 def test_export_options_that_would_be_ignored_are_refused_or_reported(hf_copy, tmp_path):
@@ -290,6 +317,15 @@ def test_inspect_says_what_a_path_is_when_it_is_no_bundle(hf_copy, tmp_path):
     for args in (["inspect", gguf], ["run", gguf, "w5"]):
         assert_one_line_error(cli(*args), f"{gguf} is a GGUF file, not an edgeprefill "
                               f"bundle: make one with `edgeprefill export {gguf} -o BUNDLE`")
+
+
+def test_a_file_of_a_bundle_given_for_the_bundle_names_the_folder(bundle):
+    """It said the manifest file was no bundle for want of a manifest."""
+    folder = bundle("llama")
+    for name in ("edgeprefill.json", "model.onnx"):
+        for args in (["inspect", folder / name], ["run", folder / name, "w5"]):
+            assert_one_line_error(cli(*args), f"{folder / name} is a file of the bundle "
+                                  f"{folder}: give the folder")
 
 
 @pytest.mark.parametrize("field, value, fragment", [
@@ -506,6 +542,7 @@ def test_a_context_past_a_models_cap_is_one_line_naming_the_reason(
     (["run", "--bogus"], "No such option '--bogus'. (see `"),
     (["runn"], "No such command 'runn'."),
     (["run"], "Missing argument 'BUNDLE'."),
+    (["run", "x", "-p"], "Option '-p' requires an argument. (see `"),  # raised without ctx
     (["serve", "x", "--port", "abc"], "Invalid value for '--port'"),
 ])
 def test_a_usage_error_is_one_line_with_clicks_exit_code_and_a_help_pointer(args, fragment):
@@ -514,7 +551,12 @@ def test_a_usage_error_is_one_line_with_clicks_exit_code_and_a_help_pointer(args
     assert result.returncode == 2
 
 
-def test_help_and_no_arguments_still_print_the_help_page():
-    for args in (["run", "--help"], []):
+def test_help_and_no_arguments_print_the_help_page_and_exit_0():
+    """Bare `edgeprefill` is a request for the help, as `--help` is (pip's and docker's
+    answer), not a usage error: the same page on stdout, exit 0."""
+    asked = cli("--help")
+    for args in (["run", "--help"], [], ["--help"]):
         result = cli(*args)
-        assert "Usage: " in result.stdout + result.stderr and "error:" not in result.stderr
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.startswith("Usage: ") and result.stderr == ""
+    assert cli().stdout == asked.stdout

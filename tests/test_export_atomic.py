@@ -4,6 +4,7 @@ that blocks the next `export --overwrite` (which `make demo` runs)."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -134,6 +135,31 @@ def test_sigterm_stops_an_export_as_ctrl_c_does(hf_model, tmp_path):
                           env=env, timeout=120, capture_output=True, text=True)
     assert done.returncode == 130 and "Traceback" not in done.stderr
     assert list(tmp_path.iterdir()) == []  # no bundle, no staging folder
+
+
+@pytest.mark.parametrize("fails", [False, True])
+def test_an_export_in_process_puts_the_sigterm_handler_back(hf_model, tmp_path, fails):
+    """The command run in a process that goes on (a test, an app) left its SIGTERM handler
+    installed: a later SIGTERM raised KeyboardInterrupt wherever that process stood."""
+    from click.testing import CliRunner
+
+    from edgeprefill.cli.main import cli
+
+    def mine(signum, frame):  # the process's own handler, before the export
+        pass
+
+    before = signal.signal(signal.SIGTERM, mine)
+    try:
+        if fails:
+            (tmp_path / "hf").mkdir()  # no config.json: the export fails
+        hf = tmp_path / "hf" if fails else hf_model("llama")
+        result = CliRunner().invoke(cli, ["export", str(hf), "-o", str(tmp_path / "b"),
+                                          "--chunks", "16", "--max-context", "64",
+                                          "--quiet"])
+        assert (result.exit_code != 0) == fails, result.output
+        assert signal.getsignal(signal.SIGTERM) is mine
+    finally:
+        signal.signal(signal.SIGTERM, before)
 
 
 @pytest.mark.parametrize("existing", [False, True])

@@ -85,12 +85,11 @@ class ChatLoop:
             return True
         finally:
             self.ctrl_c.new_turn()
-        text = text.strip()
-        if not text:
+        if not text.strip():
             return True
-        if text.startswith("/"):
-            return self._command(text)
-        self._reply(text)
+        if text.startswith("/"):  # before the strip: " /x" sends "/x" to the model
+            return self._command(text.strip())
+        self._reply(text.strip())
         return True
 
     def _command(self, text: str) -> bool:

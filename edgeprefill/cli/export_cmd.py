@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import signal
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import click
@@ -115,11 +118,8 @@ def export(hf_dir, out_dir, flavor, dtype, chunks, max_context, quantize, block_
         adapter=None if adapter is None else Path(adapter),
     )
     began = time.perf_counter()
-    # SIGTERM (timeout, docker stop, systemd) stops an export as Ctrl-C does: the staging
-    # folder is removed on the way out. Killed by the default action, it stayed behind, up
-    # to a whole bundle's size, until the next export to the same place.
-    signal.signal(signal.SIGTERM, _interrupt)
-    manifest = run_export(hf_dir, out_dir, options)
+    with _sigterm_interrupts():
+        manifest = run_export(hf_dir, out_dir, options)
     size = sum(f.bytes for f in manifest.files.values())
     dropped = sorted(set(chunks) - set(manifest.chunks))
     if dropped and given("chunks") is ParameterSource.COMMANDLINE:
@@ -134,6 +134,24 @@ def export(hf_dir, out_dir, flavor, dtype, chunks, max_context, quantize, block_
         f"in {time.perf_counter() - began:.1f} s",
         err=True,
     )
+
+
+@contextlib.contextmanager
+def _sigterm_interrupts() -> Iterator[None]:
+    """SIGTERM (timeout, docker stop, systemd) stops an export as Ctrl-C does: the staging
+    folder is removed on the way out. Killed by the default action, it stayed behind, up
+    to a whole bundle's size, until the next export to the same place. The handler before
+    is back afterwards, also after an error: a process running the command in itself (a
+    test, an app) keeps its own. Off the main thread Python installs no handler."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        yield
+    finally:
+        # None: a handler not installed from Python, which cannot be put back.
+        signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
 
 
 def _interrupt(signum: int, frame: object) -> None:

@@ -13,7 +13,7 @@ import sys
 import click
 
 from edgeprefill import __version__
-from edgeprefill.errors import EdgeprefillError
+from edgeprefill.errors import EdgeprefillError, RequestError, SettingError
 
 # name -> "module:function"
 COMMANDS = {
@@ -36,9 +36,28 @@ class LazyGroup(click.Group):
         module, attr = COMMANDS[name].split(":")
         return getattr(importlib.import_module(module), attr)
 
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        if not args and not ctx.resilient_parsing:
+            # A user typing the program's name asks what it does: the help page on stdout
+            # and exit 0, as pip and docker answer. click >= 8.2's no_args_is_help raises it
+            # as a usage error instead (stderr, exit 2).
+            click.echo(ctx.get_help(), color=ctx.color)
+            ctx.exit(0)
+        return super().parse_args(ctx, args)
+
     def invoke(self, ctx: click.Context) -> object:
         try:
             return super().invoke(ctx)
+        except SettingError as err:
+            command = self.get_command(ctx, ctx.invoked_subcommand or "")
+            raise RequestError(_in_flags(err, command)) from None
+        except click.UsageError as err:
+            if err.ctx is None and ctx.invoked_subcommand is not None:
+                # click's parser raises some (`-p` without its value) without the command's
+                # context: given it, the line points to that command's --help.
+                command = self.get_command(ctx, ctx.invoked_subcommand)
+                err.ctx = click.Context(command, parent=ctx, info_name=ctx.invoked_subcommand)
+            raise
         except BrokenPipeError:
             # `edgeprefill run ... | head` closed the pipe: not an error. Handled here, as
             # click turns it into exit status 1 before main() could see it.
@@ -69,15 +88,21 @@ def main() -> None:
     except click.exceptions.Abort as err:  # click's wrapping of Ctrl-C (or EOF)
         click.echo(_interrupted(err.__cause__), err=True)
         sys.exit(130)
-    except click.exceptions.NoArgsIsHelpError as err:
-        err.show()  # the help page itself, not an error line
-        sys.exit(err.exit_code)
     except click.ClickException as err:
         click.echo(f"error: {_one_line(err)}", err=True)
         sys.exit(err.exit_code)  # click's own: 2 for a usage error
     except KeyboardInterrupt as err:
         click.echo(_interrupted(err), err=True)
         sys.exit(130)
+
+
+def _in_flags(err: SettingError, command: click.Command | None) -> str:
+    """The error's advice in the command's flags: a config field is the option of its name
+    (cli/options.py), one the command has no flag for left out (the SDK's keywords mean
+    nothing on a command line)."""
+    options = {p.name: p.opts[0] for p in command.params} if command is not None else {}
+    flags = [options[field] for field in err.lower if field in options]
+    return err.problem + (f"; lower {' or '.join(flags)}" if flags else "")
 
 
 def _interrupted(cause: BaseException | None) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 import sys
 from typing import IO
 
@@ -26,7 +27,8 @@ def _priority(ctx: click.Context, param: click.Parameter, value: str) -> int:
 
 @click.command()
 @click.argument("bundle", type=click.Path(path_type=str))
-@click.argument("prompt_arg", metavar="[PROMPT]", required=False)
+# nargs=-1: the words of an unquoted prompt arrive here, to be refused with the remedy.
+@click.argument("prompt_words", metavar="[PROMPT]", nargs=-1)
 @click.option("-p", "--prompt", help="Prompt text (or give it after BUNDLE).")
 @click.option("--prompt-file", type=click.File("r"), help="Read the prompt from a file.")
 @click.option("--chat", is_flag=True, help="Send the prompt as a user message through the "
@@ -76,8 +78,8 @@ def _priority(ctx: click.Context, param: click.Parameter, value: str) -> int:
 @engine_options()
 @click.option("--stats", is_flag=True, help="Print TTFT, prefill/decode tokens/s and chunks "
               "to stderr.")
-def run(bundle, prompt_arg, prompt, prompt_file, chat, system, interactive, sessions, prompts_file,
-        priority, stats,
+def run(bundle, prompt_words, prompt, prompt_file, chat, system, interactive, sessions,
+        prompts_file, priority, stats,
         max_new_tokens, temperature, top_k, top_p, repetition_penalty, seed, stop, ignore_eos,
         thinking_budget, think, hide_thinking, engine):
     """Generate text from a bundle. Only the generated text goes to stdout, so it pipes.
@@ -91,6 +93,7 @@ def run(bundle, prompt_arg, prompt, prompt_file, chat, system, interactive, sess
     """
     from edgeprefill.sdk import Engine, GenerationParams
 
+    prompt_arg = _one_prompt(bundle, prompt_words)
     if prompt_arg is not None:
         if prompt is not None:
             raise RequestError("give the prompt after BUNDLE or as --prompt, not both")
@@ -136,6 +139,16 @@ def run(bundle, prompt_arg, prompt, prompt_file, chat, system, interactive, sess
                                  * sessions, stats, turn, view)
         else:
             run_modes.single(loaded, prompt, params, turn, stats, view)
+
+
+def _one_prompt(bundle: str, words: tuple[str, ...]) -> str | None:
+    """The prompt after BUNDLE; several words are an unquoted prompt (click's own error
+    said only "unexpected extra arguments")."""
+    if len(words) > 1:
+        raise RequestError(f"the prompt is {len(words)} arguments: quote it, as in "
+                           f"edgeprefill run {shlex.quote(bundle)} "
+                           f"{shlex.quote(' '.join(words))}")
+    return words[0] if words else None
 
 
 def _text(handle: IO[str], option: str) -> str:

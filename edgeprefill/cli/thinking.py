@@ -62,11 +62,17 @@ def show_reply(stream: TokenStream, write: Callable[[str], None], view: Thinking
     """Print a reply as it is generated, its reasoning apart (or not at all) where
     `parser` splits it; `write` takes each piece."""
     printer = _Printer(write, view)
-    for event in stream:
-        if parser is None:
-            write(event.text)
-        else:
-            printer.parts(parser.feed(event.text))
+    try:
+        for event in stream:
+            if parser is None:
+                write(event.text)
+            else:
+                printer.parts(parser.feed(event.text))
+    except KeyboardInterrupt:
+        # Ctrl-C mid-thought: the block is closed as a finished one is (its closing line,
+        # the dim style reset), then the caller stops the reply as it stops any.
+        printer.end_reasoning()
+        raise
     if parser is not None:
         printer.parts(parser.finish())
         printer.end_reasoning()

@@ -34,6 +34,7 @@ from edgeprefill.errors import (
     EdgeprefillError,
     EngineClosedError,
     RequestError,
+    SettingError,
     one_line,
 )
 from edgeprefill.sdk.config import EngineConfig, StepTrace
@@ -86,7 +87,7 @@ class Engine:
         except (RequestError, MemoryError) as err:
             self.backend.close()  # the session's memory goes back now, not at collection
             if isinstance(err, MemoryError):
-                raise RequestError(self._kv_too_big(slots, "could not be allocated")) from None
+                raise self._kv_too_big(slots, "could not be allocated") from None
             raise
         self.trace: list[StepTrace] = []
         self.scheduler = Scheduler(config.scheduler, self.kv, buckets,
@@ -193,13 +194,14 @@ class Engine:
         except (AttributeError, OSError, ValueError):  # no sysconf (Windows)
             return
         if slots * self._slot_bytes() > ram:
-            raise RequestError(self._kv_too_big(slots, f"exceed this machine's "
-                                                       f"{ram / 2**30:.1f} GiB of memory"))
+            raise self._kv_too_big(slots, f"exceed this machine's {ram / 2**30:.1f} GiB "
+                                          "of memory")
 
-    def _kv_too_big(self, slots: int, what: str) -> str:
+    def _kv_too_big(self, slots: int, what: str) -> SettingError:
         total = slots * self._slot_bytes()
-        return (f"{slots} KV slots of {self.capacity} positions ({total / 2**30:.1f} GiB) "
-                f"{what}; lower kv_slots or max_context, or give kv_budget_bytes")
+        return SettingError(f"{slots} KV slots of {self.capacity} positions "
+                            f"({total / 2**30:.1f} GiB) {what}", ("kv_slots", "max_context"),
+                            ", or give kv_budget_bytes")
 
     # -- public API (any thread) ------------------------------------------------------
 
