@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shlex
 import sys
 from typing import IO
 
@@ -27,7 +26,7 @@ def _priority(ctx: click.Context, param: click.Parameter, value: str) -> int:
 
 @click.command()
 @click.argument("bundle", type=click.Path(path_type=str))
-# nargs=-1: the words of an unquoted prompt arrive here, to be refused with the remedy.
+# nargs=-1: the words of an unquoted prompt arrive apart (_one_prompt joins them).
 @click.argument("prompt_words", metavar="[PROMPT]", nargs=-1)
 @click.option("-p", "--prompt", help="Prompt text (or give it after BUNDLE).")
 @click.option("--prompt-file", type=click.File("r"), help="Read the prompt from a file.")
@@ -93,7 +92,7 @@ def run(bundle, prompt_words, prompt, prompt_file, chat, system, interactive, se
     """
     from edgeprefill.sdk import Engine, GenerationParams
 
-    prompt_arg = _one_prompt(bundle, prompt_words)
+    prompt_arg = _one_prompt(prompt_words)
     if prompt_arg is not None:
         if prompt is not None:
             raise RequestError("give the prompt after BUNDLE or as --prompt, not both")
@@ -141,14 +140,11 @@ def run(bundle, prompt_words, prompt, prompt_file, chat, system, interactive, se
             run_modes.single(loaded, prompt, params, turn, stats, view)
 
 
-def _one_prompt(bundle: str, words: tuple[str, ...]) -> str | None:
-    """The prompt after BUNDLE; several words are an unquoted prompt (click's own error
-    said only "unexpected extra arguments")."""
-    if len(words) > 1:
-        raise RequestError(f"the prompt is {len(words)} arguments: quote it, as in "
-                           f"edgeprefill run {shlex.quote(bundle)} "
-                           f"{shlex.quote(' '.join(words))}")
-    return words[0] if words else None
+def _one_prompt(words: tuple[str, ...]) -> str | None:
+    """The prompt after BUNDLE. Unquoted, its words arrive apart and are joined by one
+    space, as `ollama run MODEL why is the sky blue` joins them (click alone refused them
+    as "unexpected extra arguments"); quote a prompt whose spacing matters."""
+    return " ".join(words) if words else None
 
 
 def _text(handle: IO[str], option: str) -> str:
