@@ -6,6 +6,7 @@ import contextlib
 import json
 import logging
 import shutil
+import signal
 import subprocess
 import sys
 import types
@@ -54,14 +55,19 @@ def _exit_code(entry) -> int:
 @contextlib.contextmanager
 def _console_script(argv: list[str]) -> Iterator[None]:
     """sys.argv and __main__ as the installed `edgeprefill` script has them: click names
-    the program from them ("see `edgeprefill --help`", not pytest's `python -m pytest`)."""
+    the program from them ("see `edgeprefill --help`", not pytest's `python -m pytest`).
+    The signal handlers a command installs (export's SIGTERM) end with it, as its process
+    would: pytest's own stay."""
     pytest_main = sys.modules["__main__"]
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
     sys.modules["__main__"] = types.ModuleType("__main__")
     try:
         with mock.patch.object(sys, "argv", argv):
             yield
     finally:
         sys.modules["__main__"] = pytest_main
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
 
 
 @contextlib.contextmanager
