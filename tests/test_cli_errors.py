@@ -2,22 +2,87 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import shutil
+import signal
 import subprocess
 import sys
+import types
+from collections.abc import Iterator
 from pathlib import Path
+from unittest import mock
 
 import pytest
+from click.testing import CliRunner
 
+from edgeprefill.cli.main import main
 from edgeprefill.export.families import FAMILIES, REFUSED_TYPES
 
 EDGEPREFILL = [sys.executable, "-m", "edgeprefill"]
 
 
-def cli(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
+def cli(*args: object, stdin: str | None = None) -> subprocess.CompletedProcess:
+    """`edgeprefill ARGS` through the console entry point, `main()` (its one-line errors and
+    exit codes), in this process: a fresh interpreter costs about a second of imports per
+    call. An exception main() lets out fails the test as a traceback would; what only a real
+    process shows (the interpreter's exit, a closed pipe, signals) is `cli_process`'s."""
+    argv = ["edgeprefill", *map(str, args)]
+    with CliRunner().isolation(input=stdin) as (out, err, _), _console_script(argv), \
+            _warnings_to_stderr():
+        code = _exit_code(main)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        return subprocess.CompletedProcess(argv, code, out.getvalue().decode(),
+                                           err.getvalue().decode())
+
+
+def cli_process(*args: object, stdin: str | None = None) -> subprocess.CompletedProcess:
+    """`python -m edgeprefill ARGS` in a child process: the real entry point, end to end."""
     return subprocess.run([*EDGEPREFILL, *map(str, args)], capture_output=True, text=True,
                           input=stdin, timeout=120)
+
+
+def _exit_code(entry) -> int:
+    try:
+        entry()
+    except SystemExit as done:  # as the interpreter reads it: None is 0, a message is 1
+        return 0 if done.code is None else done.code if isinstance(done.code, int) else 1
+    return 0
+
+
+@contextlib.contextmanager
+def _console_script(argv: list[str]) -> Iterator[None]:
+    """sys.argv and __main__ as the installed `edgeprefill` script has them: click names
+    the program from them ("see `edgeprefill --help`", not pytest's `python -m pytest`).
+    The signal handlers a command installs (export's SIGTERM) end with it, as its process
+    would: pytest's own stay."""
+    pytest_main = sys.modules["__main__"]
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    sys.modules["__main__"] = types.ModuleType("__main__")
+    try:
+        with mock.patch.object(sys, "argv", argv):
+            yield
+    finally:
+        sys.modules["__main__"] = pytest_main
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+
+
+@contextlib.contextmanager
+def _warnings_to_stderr() -> Iterator[None]:
+    """Log records at WARNING and above go to stderr as the bare message, as the command's
+    own process prints them (no handler configured: logging's last resort). Here pytest's
+    capture handler sits on the root logger, so the last resort would never print."""
+    handler = logging.StreamHandler(sys.stderr)  # the isolated stderr
+    handler.setLevel(logging.WARNING)
+    root = logging.getLogger()
+    root.addHandler(handler)
+    try:
+        yield
+    finally:
+        root.removeHandler(handler)
 
 
 def assert_one_line_error(result: subprocess.CompletedProcess, *fragments: str) -> None:
@@ -40,7 +105,8 @@ def test_unsupported_model_type_names_the_nearest_and_where_the_list_is(hf_copy,
     config = json.loads((hf_copy / "config.json").read_text())
     config["model_type"] = "mistrall"
     (hf_copy / "config.json").write_text(json.dumps(config))
-    assert_one_line_error(cli("export", hf_copy, "-o", tmp_path / "b"),
+    # In a child process: the real entry point's refusal, end to end.
+    assert_one_line_error(cli_process("export", hf_copy, "-o", tmp_path / "b"),
                           "'mistrall' is not supported (nearest supported: mistral, ",
                           "`edgeprefill export --list-models`", "README.md's model table")
 
@@ -126,13 +192,13 @@ def test_a_newer_bundles_unknown_fields_are_ignored_with_a_warning(bundle, tmp_p
     path = tmp_path / "b"
     shutil.copytree(bundle("llama"), path)
     args = ("run", path, "--prompt", "w5 w6 w7", "--max-new-tokens", "4")
-    want = cli(*args)
+    want = cli_process(*args)  # the warning as a real process's logging prints it
     manifest = json.loads((path / "edgeprefill.json").read_text())
     manifest["graph"]["rows_share_a_call"] = True
     manifest["model"]["sliding_window_layers"] = []
     manifest["speculative"] = {"draft": "none"}
     (path / "edgeprefill.json").write_text(json.dumps(manifest))
-    got = cli(*args)
+    got = cli_process(*args)
     assert got.returncode == 0, got.stderr
     assert got.stdout == want.stdout
     assert ("ignoring fields this edgeprefill does not know: model.sliding_window_layers, "
@@ -213,12 +279,14 @@ def test_export_refuses_what_would_make_a_bundle_no_load_accepts(hf_copy, tmp_pa
     assert not (tmp_path / "b").exists()
 
 
-def test_export_to_a_place_it_cannot_write_is_one_line(hf_copy, tmp_path):
+def test_export_to_a_place_it_cannot_write_is_one_line(hf_copy, tmp_path, monkeypatch):
     (tmp_path / "afile").write_text("mine")
     assert_one_line_error(cli("export", hf_copy, "-o", tmp_path / "afile" / "sub"),
                           "afile is a file, not a folder")
     assert (tmp_path / "afile").read_text() == "mine"
-    # the current folder: renaming it away would pull it from under the shell
+    # the current folder: renaming it away would pull it from under the shell (a folder of
+    # the test's own: were the check lost, the checkout must not be what is renamed)
+    monkeypatch.chdir(tmp_path)
     assert_one_line_error(cli("export", hf_copy, "-o", ".", "--overwrite"),
                           ". holds the current folder")
 
@@ -266,7 +334,8 @@ def test_a_kv_cache_beyond_the_machines_memory_is_one_line_in_the_callers_names(
     from edgeprefill.errors import SettingError
     from edgeprefill.sdk import Engine
 
-    result = cli("run", bundle("llama"), "--prompt", "w3", "--kv-slots", "100000000")
+    # In a child process: were the check lost, the allocation must not take pytest down.
+    result = cli_process("run", bundle("llama"), "--prompt", "w3", "--kv-slots", "100000000")
     assert_one_line_error(result, "KV slots of", "exceed this machine's")
     assert result.stderr.rstrip().endswith(" of memory; lower --kv-slots or --max-context")
     with pytest.raises(SettingError) as raised:
@@ -553,10 +622,12 @@ def test_a_usage_error_is_one_line_with_clicks_exit_code_and_a_help_pointer(args
 
 def test_help_and_no_arguments_print_the_help_page_and_exit_0():
     """Bare `edgeprefill` is a request for the help, as `--help` is (pip's and docker's
-    answer), not a usage error: the same page on stdout, exit 0."""
-    asked = cli("--help")
-    for args in (["run", "--help"], [], ["--help"]):
+    answer), not a usage error: the same page on stdout, exit 0 (the bare call in a child
+    process: the real entry point)."""
+    for args in (["run", "--help"], ["--help"]):
         result = cli(*args)
         assert result.returncode == 0, result.stderr
         assert result.stdout.startswith("Usage: ") and result.stderr == ""
-    assert cli().stdout == asked.stdout
+    bare, asked = cli_process(), cli_process("--help")
+    assert bare.returncode == 0 and bare.stderr == "", bare.stderr
+    assert bare.stdout == asked.stdout and bare.stdout.startswith("Usage: ")

@@ -4,8 +4,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,6 +12,7 @@ from edgeprefill.errors import BundleError
 from edgeprefill.sdk import Engine, GenerationParams
 from edgeprefill.sdk.generation_defaults import GenerationDefaults
 from tests.bundle_variants import serve, variant
+from tests.test_cli_errors import cli
 
 PROMPT = "w3 w4 w5 w6"
 STEPS = 12
@@ -133,9 +132,7 @@ def test_sdk_explicit_values_win_over_the_bundles(hot_bundle, greedy):
 
 
 def run_cli(bundle: Path, *args: str) -> str:
-    result = subprocess.run(
-        [sys.executable, "-m", "edgeprefill", "run", str(bundle), "--prompt", PROMPT,
-         "--threads", "2", *args], capture_output=True, text=True, timeout=120)
+    result = cli("run", bundle, "--prompt", PROMPT, "--threads", "2", *args)
     assert result.returncode == 0, result.stderr
     return result.stdout.strip()
 
@@ -181,12 +178,10 @@ def test_server_absent_fields_take_the_bundles_defaults_and_given_ones_win(
 
 def test_inspect_shows_the_sampling_defaults_and_the_merged_eos_ids(hot_bundle, bundle,
                                                                      tmp_path):
-    out = subprocess.run([sys.executable, "-m", "edgeprefill", "inspect", str(hot_bundle)],
-                         capture_output=True, text=True, timeout=60).stdout
+    out = cli("inspect", hot_bundle).stdout
     assert "sampling    temperature 1.5, top_p 0.95, repetition_penalty 1.1" in out
     eos_bundle = variant(bundle("llama"), tmp_path / "e", {"eos_token_id": [9, 2]})
-    out = subprocess.run([sys.executable, "-m", "edgeprefill", "inspect", str(eos_bundle)],
-                         capture_output=True, text=True, timeout=60).stdout
+    out = cli("inspect", eos_bundle).stdout
     manifest = json.loads((eos_bundle / "edgeprefill.json").read_text())
     assert f"eos ids     {list(dict.fromkeys([*manifest['eos_token_ids'], 9]))}" in out
     assert "sampling    none set" in out

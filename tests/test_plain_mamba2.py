@@ -6,9 +6,6 @@ test_state_runtime.py (batched rows, slot copies, prefix reuse and state snapsho
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
 import transformers
 
@@ -16,6 +13,7 @@ from edgeprefill.errors import ExportError
 from edgeprefill.export.model_config import ModelConfig
 from edgeprefill.sdk import Engine
 from tests.state_models import GRAPHS, assert_padded_chunks_match
+from tests.test_cli_errors import cli
 from tests.test_exactness import prompt_ids, reference_greedy
 
 # mistralai/Mamba-Codestral-7B-v0.1's config.json as we know its shape (the Hub was not
@@ -28,7 +26,6 @@ HUB_CODESTRAL = {
     "residual_in_fp32": True, "time_step_limit": [0.0, float("inf")], "vocab_size": 32768,
     "tie_word_embeddings": False, "bos_token_id": 0, "eos_token_id": 2, "pad_token_id": 0,
 }
-EDGEPREFILL = [sys.executable, "-m", "edgeprefill"]
 
 
 @pytest.mark.parametrize("flavor, kernels", GRAPHS)
@@ -85,12 +82,9 @@ def test_export_run_and_serve_give_transformers_greedy_text(hf_model, tmp_path):
     from edgeprefill.server import ServerConfig, create_app
 
     hf_dir, out = hf_model("mamba2"), tmp_path / "bundle"
-    exported = subprocess.run([*EDGEPREFILL, "export", str(hf_dir), "-o", str(out),
-                               "--chunks", "16", "--max-context", "128"],
-                              capture_output=True, text=True, timeout=300)
+    exported = cli("export", hf_dir, "-o", out, "--chunks", "16", "--max-context", "128")
     assert exported.returncode == 0, exported.stderr
-    inspected = subprocess.run([*EDGEPREFILL, "inspect", str(out)], capture_output=True,
-                               text=True, timeout=120).stdout.splitlines()
+    inspected = cli("inspect", out).stdout.splitlines()
     assert "model       mamba2: 2 layers, hidden 64, no attention, vocab 128" in inspected
     assert any(line.startswith("kernels     no layer attends; ") for line in inspected)
     assert any(line.startswith("kv cache    none (no layer attends)") for line in inspected)
@@ -99,9 +93,7 @@ def test_export_run_and_serve_give_transformers_greedy_text(hf_model, tmp_path):
     ids = prompt_ids(23)
     prompt = " ".join(f"w{i}" for i in ids)  # the fixture's word-level tokenizer
     want = " ".join(f"w{i}" for i in reference_greedy(hf_dir, ids))
-    ran = subprocess.run([*EDGEPREFILL, "run", str(out), prompt, "--max-new-tokens",
-                          "8", "--ignore-eos", "--chunk-size", "16"],
-                         capture_output=True, text=True, timeout=300)
+    ran = cli("run", out, prompt, "--max-new-tokens", "8", "--ignore-eos", "--chunk-size", "16")
     assert ran.returncode == 0, ran.stderr
     assert ran.stdout.strip() == want
     engine = Engine.load(out, threads=2, kv_slots=2)

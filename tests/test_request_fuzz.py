@@ -19,9 +19,14 @@ from edgeprefill.sdk import Engine  # noqa: E402
 from edgeprefill.server import ServerConfig, create_app  # noqa: E402
 
 MODEL = "tiny"
-FUZZ = settings(max_examples=120, deadline=None, derandomize=True,
-                suppress_health_check=[HealthCheck.function_scoped_fixture,
-                                       HealthCheck.too_slow])
+FUZZ = settings(deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+
+
+def counts(examples: int) -> list:
+    """How many bodies a test tries: a third in the default suite, all in the slow one.
+    Derandomized, so each run tries the same bodies and a failure found once recurs."""
+    return [examples // 3, pytest.param(examples, marks=pytest.mark.slow)]
+
 
 # Any JSON value, small: scalars (with awkward text and numbers) nested a few levels.
 text = st.text(st.characters(codec="utf-8"), max_size=12) | st.sampled_from(
@@ -161,42 +166,58 @@ def assert_no_server_error(response, anthropic: bool = False, ollama: bool = Fal
         assert "\n" not in error["message"].strip()
 
 
-@FUZZ
-@given(body=completion_bodies)
-def test_completions_never_answer_5xx(client, body):
-    assert_no_server_error(client.post("/v1/completions", content=dump(body)))
+@pytest.mark.parametrize("examples", counts(120))
+def test_completions_never_answer_5xx(client, examples):
+    @settings(FUZZ, max_examples=examples)
+    @given(body=completion_bodies)
+    def check(body):
+        assert_no_server_error(client.post("/v1/completions", content=dump(body)))
+    check()
 
 
-@FUZZ
-@given(body=chat_bodies)
-def test_chat_never_answers_5xx(client, body):
-    assert_no_server_error(client.post("/v1/chat/completions", content=dump(body)))
+@pytest.mark.parametrize("examples", counts(120))
+def test_chat_never_answers_5xx(client, examples):
+    @settings(FUZZ, max_examples=examples)
+    @given(body=chat_bodies)
+    def check(body):
+        assert_no_server_error(client.post("/v1/chat/completions", content=dump(body)))
+    check()
 
 
-@settings(FUZZ, max_examples=80)
-@given(body=st.fixed_dictionaries({}, optional=MESSAGES_API))
-def test_messages_never_answer_5xx(client, body):
-    assert_no_server_error(client.post("/v1/messages", content=dump(body)), anthropic=True)
-    body.pop("max_tokens", None)
-    body.pop("stream", None)
-    assert_no_server_error(client.post("/v1/messages/count_tokens", content=dump(body)),
-                           anthropic=True)
+@pytest.mark.parametrize("examples", counts(80))
+def test_messages_never_answer_5xx(client, examples):
+    @settings(FUZZ, max_examples=examples)
+    @given(body=st.fixed_dictionaries({}, optional=MESSAGES_API))
+    def check(body):
+        assert_no_server_error(client.post("/v1/messages", content=dump(body)),
+                               anthropic=True)
+        body.pop("max_tokens", None)
+        body.pop("stream", None)
+        assert_no_server_error(client.post("/v1/messages/count_tokens", content=dump(body)),
+                               anthropic=True)
+    check()
 
 
-@settings(FUZZ, max_examples=60)
-@given(body=st.fixed_dictionaries({}, optional=OLLAMA))
-def test_ollama_never_answers_5xx(client, body):
-    for path in ("/api/chat", "/api/generate", "/api/show"):
-        assert_no_server_error(client.post(path, content=dump(body)), ollama=True)
+@pytest.mark.parametrize("examples", counts(60))
+def test_ollama_never_answers_5xx(client, examples):
+    @settings(FUZZ, max_examples=examples)
+    @given(body=st.fixed_dictionaries({}, optional=OLLAMA))
+    def check(body):
+        for path in ("/api/chat", "/api/generate", "/api/show"):
+            assert_no_server_error(client.post(path, content=dump(body)), ollama=True)
+    check()
 
 
-@settings(FUZZ, max_examples=60)
-@given(raw=st.binary(max_size=64) | json_values.map(lambda value: dump(value)))
-def test_any_bytes_never_answer_5xx(client, raw):
-    for path in ("/v1/completions", "/v1/chat/completions"):
-        assert_no_server_error(client.post(path, content=raw))
-    assert_no_server_error(client.post("/v1/messages", content=raw), anthropic=True)
-    assert_no_server_error(client.post("/api/chat", content=raw), ollama=True)
+@pytest.mark.parametrize("examples", counts(60))
+def test_any_bytes_never_answer_5xx(client, examples):
+    @settings(FUZZ, max_examples=examples)
+    @given(raw=st.binary(max_size=64) | json_values.map(lambda value: dump(value)))
+    def check(raw):
+        for path in ("/v1/completions", "/v1/chat/completions"):
+            assert_no_server_error(client.post(path, content=raw))
+        assert_no_server_error(client.post("/v1/messages", content=raw), anthropic=True)
+        assert_no_server_error(client.post("/api/chat", content=raw), ollama=True)
+    check()
 
 
 def dump(value) -> bytes:

@@ -473,10 +473,12 @@ def test_serve_on_every_interface_without_a_key_warns(bundle):
 
 
 def test_a_host_that_is_not_this_machines_is_one_line_about_host(bundle):
-    from tests.test_cli_errors import assert_one_line_error, cli
+    from tests.test_cli_errors import assert_one_line_error, cli_process
 
-    assert_one_line_error(cli("serve", bundle("llama"), "--host", "192.0.2.1", "--port",
-                              str(free_port())), "give --host one of this machine's addresses")
+    # In a child process: were the check lost, the server must not start inside pytest.
+    assert_one_line_error(cli_process("serve", bundle("llama"), "--host", "192.0.2.1",
+                                      "--port", str(free_port())),
+                          "give --host one of this machine's addresses")
 
 
 def test_serve_warns_at_start_of_a_chat_template_that_fails(bundle, tmp_path):
