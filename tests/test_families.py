@@ -15,6 +15,7 @@ from edgeprefill.export.families import FAMILIES
 from edgeprefill.export.families.image_text import WRAPPERS
 from edgeprefill.export.layer_attention import GLOBAL, LOCAL
 from edgeprefill.export.model_config import ACTIVATIONS, ModelConfig
+from edgeprefill.export.model_quirks import model_quirks
 from tests.conftest import IMAGE_TEXT, TIMM_TOWERS, build_hf_model, hf_auto_class
 from tests.test_exactness import prompt_ids, reference_logits
 
@@ -761,7 +762,7 @@ def test_a_yarn_rope_without_its_original_window_uses_max_position_embeddings():
     ("stablelm", True, "parallel attention and MLP on one norm"), ("stablelm", False, None),
 ])
 def test_the_residual_quirk_follows_the_config(family, parallel, quirk):
-    quirks = ModelConfig.from_hf({"model_type": family, **MINIMAL,
-                                  "use_parallel_residual": parallel}).quirks()
+    quirks = model_quirks(ModelConfig.from_hf({"model_type": family, **MINIMAL,
+                                               "use_parallel_residual": parallel}))
     named = [q for q in quirks if "parallel" in q]
     assert named == ([] if quirk is None else [next(q for q in quirks if q.startswith(quirk))])

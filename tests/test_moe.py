@@ -18,6 +18,7 @@ from edgeprefill.errors import ExportError
 from edgeprefill.export.exporter import ExportOptions, export
 from edgeprefill.export.families import FAMILIES as FAMILY_SPECS
 from edgeprefill.export.model_config import ModelConfig
+from edgeprefill.export.model_quirks import model_quirks
 from edgeprefill.export.quantize import QuantConfig, int4_blockwise, int4_dequantize
 from edgeprefill.sdk import Engine, GenerationParams
 from tests.conftest import FAMILIES, load_hf_model
@@ -635,7 +636,7 @@ def test_a_hub_sized_graph_unrolls_one_projection_pair_per_expert_in_the_standar
     experts = {w.name for w in g.weights if ".experts." in w.name}
     assert cfg.moe is not None and len(experts) == 2 * cfg.num_layers * cfg.moe.experts
     assert sum(n.op_type == "ScatterND" for n in g.nodes) == cfg.num_layers
-    assert json.dumps(cfg.quirks())  # the manifest's quirks serialize
+    assert json.dumps(model_quirks(cfg))  # the manifest's quirks serialize
 
 
 @pytest.mark.parametrize("quant, op", [(None, "MoE"), (QuantConfig("int4"), "QMoE")])

@@ -32,6 +32,7 @@ from edgeprefill.export.graph import GraphBuilder
 from edgeprefill.export.lm_head import warn_if_kept_apart
 from edgeprefill.export.lora import Adapter, adapter_hint, quantized_base
 from edgeprefill.export.model_config import ModelConfig
+from edgeprefill.export.model_quirks import model_quirks
 from edgeprefill.export.ollama_params import write_generation_config
 from edgeprefill.export.ollama_store import OllamaModel, is_ollama_name
 from edgeprefill.export.ollama_system import kept_system
@@ -334,7 +335,7 @@ def _manifest(
         bos_token_id=cfg.bos_token_id,
         files={name: file_record(out_dir / name) for name in files},
         source={**source, "model_type": cfg.family, "edgeprefill": __version__,
-                "quirks": cfg.quirks(),
+                "quirks": model_quirks(cfg),
                 **({} if adapter is None else {"adapter": adapter.record()})},
     )
 

@@ -1,0 +1,81 @@
+"""What is special about a model, in words: the manifest's `source.quirks`, which
+`edgeprefill inspect` shows. The family's fixed quirks (FamilySpec.quirks), then what its
+config.json chose (mixers, experts, windows, KV layout, rope), each once."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from edgeprefill.export.layer_attention import GLOBAL, LOCAL
+
+if TYPE_CHECKING:
+    from edgeprefill.export.model_config import ModelConfig
+
+
+def model_quirks(cfg: ModelConfig) -> list[str]:
+    """What is special about this model, in words (manifest and `inspect`)."""
+    out = list(cfg.spec.quirks)
+    # From the config, not the family: GPT-NeoX and StableLM choose their residual.
+    if cfg.conv_layers:
+        out.append(f"{len(cfg.conv_layers)} of {cfg.num_layers} layers gated short "
+                   f"convolutions of {cfg.conv_kernel} tokens (a conv state per sequence)")
+    if cfg.delta_layers:
+        out.append(f"{len(cfg.delta_layers)} of {cfg.num_layers} layers Gated DeltaNet "
+                   "linear attention (a conv and a recurrent state per sequence)")
+    if cfg.moe is not None:
+        out.append(cfg.moe.describe(cfg.num_layers))
+    if cfg.mamba_layers:
+        kind = "Mamba-1" if cfg.selective is not None else "Mamba-2"
+        out.append(f"{len(cfg.mamba_layers)} of {cfg.num_layers} layers {kind} "
+                   "(a conv and a recurrent state per sequence)")
+    out += {"parallel": ["parallel residual (attention and MLP each on its own norm)"],
+            "shared": ["parallel attention and MLP on one norm"],
+            "sandwich": ["norms before and after attention and MLP"]}.get(cfg.block, [])
+    if cfg.head_gate:
+        out.append("a sigmoid output gate per attention " + (
+            "channel (a bias per head)" if cfg.spec.channel_gate else "head"))
+    if any(layer.rope == LOCAL for layer in cfg.layers) and \
+            cfg.ropes[LOCAL].theta != cfg.ropes[GLOBAL].theta:
+        out.append("local layers with their own rope base")
+    local = sum(layer.window is not None for layer in cfg.layers)
+    if local:
+        out.append(f"sliding window {cfg.sliding_window} on {local} of {cfg.num_layers} "
+                   "layers")
+    if cfg.context_cap is not None:
+        out.append(f"the context is capped at {cfg.context_cap.tokens} tokens, "
+                   f"{cfg.context_cap.reason}")
+    own = {("sliding" if layer.window else "full-attention", cfg.layer_kv_heads(i),
+            cfg.layer_head_dim(i)) for i, layer in enumerate(cfg.layers)
+           if layer.head_dim or layer.kv_heads}
+    for kind, heads, dim in sorted(own):
+        out.append(f"{kind} layers: {heads} KV heads of {dim}")
+    if cfg.v_head_dim is not None:
+        out.append(f"value heads of {cfg.v_head_dim}, cached padded to {cfg.head_dim}")
+    if cfg.shared_kv:
+        out.append(f"the last {len(cfg.shared_kv)} of {cfg.num_layers} layers read an "
+                   "earlier layer's KV (no cache of their own)")
+    if cfg.k_eq_v:
+        out.append("full-attention layers' values are their keys' projection")
+    if cfg.altup is not None:
+        out.append(f"{cfg.altup.streams} AltUp streams")
+    sparse = sum(s > 0 for s in cfg.sparsity)
+    if sparse:
+        out.append(f"activation sparsity on {sparse} of {cfg.num_layers} layers' MLPs")
+    if cfg.alibi is not None:
+        rounded = ", rounded to bfloat16 as Falcon's" if cfg.alibi_bfloat16 else ""
+        out.append("ALiBi: each head's scores biased by its slope times the distance "
+                   f"(no rotary{rounded})")
+    nope = sum(layer.rope is None for layer in cfg.layers)
+    # none attending (Mamba-2), no rope is no news; nor under ALiBi, which said it
+    if nope and cfg.kv_layers and cfg.alibi is None:
+        out.append(f"{nope} of {cfg.num_layers} layers without rope")
+    if cfg.latent is not None:
+        out.append(f"KV cache: one head of {cfg.head_dim} per token and layer (rope "
+                   f"{cfg.latent.rope_dim} + latent {cfg.latent.kv_lora_rank})")
+    elif cfg.rotary_dim < cfg.head_dim:
+        out.append(f"rotary on {cfg.rotary_dim} of {cfg.head_dim} head dims")
+    for name, rope in cfg.ropes.items():
+        used = any(layer.rope == name for layer in cfg.layers)
+        if used and rope.kind != "default":
+            out.append(f"rope ({name} layers): {rope.describe()}")
+    return list(dict.fromkeys(out))
