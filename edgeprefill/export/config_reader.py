@@ -70,7 +70,14 @@ from edgeprefill.export.skipped_layers import skip_layers
 from edgeprefill.json_file import load_json_object
 
 if TYPE_CHECKING:
+    from edgeprefill.export.experts import MoeConfig
+    from edgeprefill.export.latent_attention import LatentShape
+    from edgeprefill.export.layer_attention import LayerAttention
+    from edgeprefill.export.layer_groups import LayerGroups
     from edgeprefill.export.model_config import ModelConfig
+    from edgeprefill.export.rope import RopeConfig
+    from edgeprefill.export.shared_block import SharedBlockShape
+    from edgeprefill.export.skipped_layers import SkippedLayers
 
 # hidden_act names -> the activation the builder emits (gelu_new and gelu_pytorch_tanh are
 # the same tanh approximation).
@@ -118,8 +125,42 @@ def read_config_dir(config_type: type[ModelConfig], hf_dir: Path) -> ModelConfig
 
 def _read(config_type: type[ModelConfig], family: str, spec: FamilySpec,
           raw: dict[str, Any], text_type: str | None = None) -> ModelConfig:
+    """The fields of ModelConfig, group by group, after what several groups derive from
+    (the layers as export lays them out, heads, widths, ropes, latent attention, experts)."""
     refuse_unsupported(family, spec, raw)
     check_sizes(raw)
+    groups, skipped, raw = _laid_out(raw, spec)
+    heads = int(raw["num_attention_heads"])
+    hidden = int(raw["hidden_size"])
+    latent = read_latent(raw) if spec.latent else None
+    moe = read_moe(raw, spec.moe) if spec.moe is not None else None
+    head_dim = _head_dim(raw, heads, hidden, latent)
+    ropes, layers = _ropes_and_layers(family, spec, raw, head_dim, latent)
+    shared = read_shared_block(raw) if spec.shared_block else None
+    # The groups read their keys in the order the fields were read when this was one call,
+    # so a config.json with several faults still reports the same one first.
+    return config_type(
+        family=family, text_type=text_type, ropes=ropes, layers=layers, moe=moe,
+        latent=latent, shared_block=shared,
+        **_sizes(raw, heads, hidden, head_dim, latent),
+        **_norms_and_activations(raw, spec),
+        **_attention_scores(raw, spec, head_dim, latent),
+        **_scales(raw, spec, hidden),
+        **_positions(family, raw, spec, heads, ropes[GLOBAL]),
+        **_head_and_tokens(raw, spec, hidden),
+        **_projections(raw, spec, head_dim),
+        **_mixers(raw, spec),
+        **_layer_layout(raw, spec, groups, skipped, shared, moe),
+        **gemma4_fields(raw) if spec.per_layer_heads or spec.altup else {},
+        **_altup(raw, spec),
+    )
+
+
+def _laid_out(raw: dict[str, Any], spec: FamilySpec
+              ) -> tuple[LayerGroups | None, SkippedLayers | None, dict[str, Any]]:
+    """Nemotron-H's `layer_types` blocks grouped into layers, and the layers the family's
+    key (Llama 3.2 Vision's `cross_attention_layers`) leaves out; `raw` with
+    `num_hidden_layers` (and `layer_types`) as export lays the layers out."""
     groups = group_blocks(raw["layer_types"]) if spec.blocks else None
     if groups is not None:
         raw = {**raw, "layer_types": groups.layer_types,
@@ -129,93 +170,169 @@ def _read(config_type: type[ModelConfig], family: str, spec: FamilySpec,
         if spec.skipped_layers_key else None
     if skipped is not None:
         raw = {**raw, "num_hidden_layers": len(skipped.kept)}
-    heads = int(raw["num_attention_heads"])
-    hidden = int(raw["hidden_size"])
-    latent = read_latent(raw) if spec.latent else None
-    moe = read_moe(raw, spec.moe) if spec.moe is not None else None
-    head_dim = latent.cache_dim if latent else \
+    return groups, skipped, raw
+
+
+def _head_dim(raw: dict[str, Any], heads: int, hidden: int, latent: LatentShape | None) -> int:
+    """`head_dim`; absent or null, `hidden_size` / `num_attention_heads`; under multi-head
+    latent attention the cached head (latent and rope parts)."""
+    return latent.cache_dim if latent else \
         int(raw.get("head_dim") or hidden // max(heads, 1))  # 0 heads: refused
-    qkv_bias, o_bias, mlp_bias = _biases(raw, spec)
+
+
+def _ropes_and_layers(family: str, spec: FamilySpec, raw: dict[str, Any], head_dim: int,
+                      latent: LatentShape | None
+                      ) -> tuple[dict[str, RopeConfig], tuple[LayerAttention, ...]]:
+    """The ropes (`rope_theta`, `rope_scaling`, `rope_parameters`, `rotary_pct`,
+    `partial_rotary_factor`, ...: layer_attention.read_ropes) and each layer's attention
+    (`layer_types`, `sliding_window` or the family's pattern: read_layers), each rope as
+    wide as the heads of the layers that use it."""
     ropes = read_ropes(raw, latent.rope_dim if latent else read_rotary_dim(raw, spec, head_dim))
     refuse_other_familys_rope(family, spec, ropes)
     layers = read_layers(raw, spec)
-    ropes = rope_widths(ropes, layers)
-    shared = read_shared_block(raw) if spec.shared_block else None
-    falcon_alibi = bool(spec.alibi_key and raw.get(spec.alibi_key))
-    return config_type(
-        family=family,
-        text_type=text_type,
-        hidden_size=hidden,
-        intermediate_size=int(raw["intermediate_size"]),
-        num_layers=int(raw["num_hidden_layers"]),
-        num_heads=heads,
-        num_kv_heads=1 if latent else int(given(raw.get("num_key_value_heads"), heads)),
-        head_dim=head_dim,
-        vocab_size=int(raw["vocab_size"]),
-        norm_eps=float(first_present(raw, EPS_KEYS if spec.eps_key is None
-                                      else (spec.eps_key,), 1e-6)),
+    return rope_widths(ropes, layers), layers
+
+
+def _sizes(raw: dict[str, Any], heads: int, hidden: int, head_dim: int,
+           latent: LatentShape | None) -> dict[str, Any]:
+    """Widths and counts: `hidden_size`, `intermediate_size`, `num_hidden_layers`,
+    `num_attention_heads`, `num_key_value_heads` (absent: one per head; one latent head
+    under MLA), `vocab_size` and `max_position_embeddings`."""
+    return {
+        "hidden_size": hidden,
+        "intermediate_size": int(raw["intermediate_size"]),
+        "num_layers": int(raw["num_hidden_layers"]),
+        "num_heads": heads,
+        "num_kv_heads": 1 if latent else int(given(raw.get("num_key_value_heads"), heads)),
+        "head_dim": head_dim,
+        "vocab_size": int(raw["vocab_size"]),
         # Llama's default; families whose config class has another set it in their defaults
-        max_positions=int(raw.get("max_position_embeddings", 2048)),
-        tie_embeddings=bool(raw.get("tie_word_embeddings", spec.tie_default)),
-        qkv_bias=qkv_bias,
-        o_bias=o_bias,
-        mlp_bias=mlp_bias,
-        activation=_activation(raw, spec),
-        block=spec.block_from_config(raw) if spec.block_from_config else spec.block,
-        ropes=ropes,
-        layers=layers,
-        attn_scale=latent_scale(latent, rope_params(raw)) if latent else
+        "max_positions": int(raw.get("max_position_embeddings", 2048)),
+    }
+
+
+def _norms_and_activations(raw: dict[str, Any], spec: FamilySpec) -> dict[str, Any]:
+    """The norms' epsilon (`rms_norm_eps`, `layer_norm_eps`, `layer_norm_epsilon` or the
+    family's eps_key), the MLP's and the head's activation (`hidden_act` or the family's
+    act_key and head_act_key), and the family's config switches of the block's norm
+    layout (block, norm kind, final norm, q/k norms)."""
+    return {
+        "norm_eps": float(first_present(raw, EPS_KEYS if spec.eps_key is None
+                                        else (spec.eps_key,), 1e-6)),
+        "activation": _activation(raw, spec),
+        "head_activation": _activation(raw, spec, spec.head_act_key) if spec.head_act_key
+        else None,
+        "block": spec.block_from_config(raw) if spec.block_from_config else spec.block,
+        "norm_picked": spec.norm_from_config(raw) if spec.norm_from_config else None,
+        "final_norm": spec.final_norm_from_config(raw) if spec.final_norm_from_config
+        else True,
+        "qk_norm_off": spec.qk_norm_key is not None and not raw.get(spec.qk_norm_key),
+    }
+
+
+def _attention_scores(raw: dict[str, Any], spec: FamilySpec, head_dim: int,
+                      latent: LatentShape | None) -> dict[str, Any]:
+    """The attention scores' scale, `attention_multiplier` or `query_pre_attn_scalar`
+    (without: 1/sqrt(head_dim); under MLA with yarn's mscale), and their
+    `attn_logit_softcapping` where the family reads it."""
+    return {
+        "attn_scale": latent_scale(latent, rope_params(raw)) if latent else
         read_attn_scale(raw, head_dim),
-        attn_softcap=optional_float(raw.get("attn_logit_softcapping"))
+        "attn_softcap": optional_float(raw.get("attn_logit_softcapping"))
         if "attn" in spec.softcaps else None,
-        final_softcap=optional_float(raw.get("final_logit_softcapping"))
+    }
+
+
+def _scales(raw: dict[str, Any], spec: FamilySpec, hidden: int) -> dict[str, Any]:
+    """The residual stream's and the logits' scales: `final_logit_softcapping` where the
+    family reads it, the embedding's scale (the family's: sqrt(hidden_size), or Granite's
+    `embedding_multiplier`), Granite's `residual_multiplier` and `logits_scaling`, and
+    Cohere's `logit_scale`."""
+    return {
+        "final_softcap": optional_float(raw.get("final_logit_softcapping"))
         if "final" in spec.softcaps else None,
-        embed_scale=_embed_scale(raw, spec, hidden),
-        residual_scale=float(raw.get("residual_multiplier", 1.0)),
-        logits_divisor=float(raw.get("logits_scaling", 1.0)),
-        logits_multiplier=float(raw.get("logit_scale", 1.0)),
-        query_scale=read_query_scale(family, raw, ropes[GLOBAL]) if spec.query_scale else
+        "embed_scale": _embed_scale(raw, spec, hidden),
+        "residual_scale": float(raw.get("residual_multiplier", 1.0)),
+        "logits_divisor": float(raw.get("logits_scaling", 1.0)),
+        "logits_multiplier": float(raw.get("logit_scale", 1.0)),
+    }
+
+
+def _positions(family: str, raw: dict[str, Any], spec: FamilySpec, heads: int,
+               global_rope: RopeConfig) -> dict[str, Any]:
+    """What positions do besides the ropes: the queries' scale by position (the family's
+    query scale from the rope's keys, Llama 4's `attn_temperature_tuning`, or scalable
+    softmax), the family's context cap (Llama 4's `attention_chunk_size`, PhiMoE's
+    longrope window), and ALiBi (the family's, or Falcon's `alibi` switch, its slopes
+    rounded to bfloat16)."""
+    falcon_alibi = bool(spec.alibi_key and raw.get(spec.alibi_key))
+    return {
+        "query_scale": read_query_scale(family, raw, global_rope) if spec.query_scale else
         read_temperature_tuning(raw) if spec.temperature_tuning else
         ScalableSoftmax() if spec.scalable_softmax else None,
-        context_cap=spec.context_cap(raw) if spec.context_cap is not None else None,
-        lm_head_bias=spec.lm_head_bias or bool(spec.lm_head_bias_key
-                                                 and raw.get(spec.lm_head_bias_key)),
-        bos_token_id=first_token_id(raw.get("bos_token_id")),
-        eos_token_ids=token_ids(raw.get("eos_token_id")),
-        **read_conv(raw, spec),
-        **read_delta(raw, spec),
-        **read_mamba(raw, spec),
-        **read_lru(raw, spec),
-        scales=read_hybrid_scales(raw) if spec.block == "hybrid" else None,
-        mlp_less=groups.mlp_less if groups is not None else
-        tuple(range(int(raw["num_hidden_layers"]))) if shared else (),
-        renames=groups.renames if groups is not None else shared.renames if shared else
-        skipped.renames if skipped is not None else (),
-        shared_block=shared,
-        left_out=(skipped.left_out if skipped is not None else ()) + (other_modalities(
-            moe, spec.moe.names, _language_model_bases(spec)) if moe and spec.moe else ()),
-        attn_gate=spec.attn_gate,
-        clip_qkv=optional_float(raw.get("clip_qkv")) if spec.clip_qkv else None,
-        head_gate=spec.channel_gate or bool(spec.head_gate_key and raw.get(spec.head_gate_key)),
-        v_head_dim=_v_head_dim(raw, spec, head_dim),
-        value_scale=_value_scale(raw, spec),
-        norm_picked=spec.norm_from_config(raw) if spec.norm_from_config else None,
-        **gemma4_fields(raw) if spec.per_layer_heads or spec.altup else {},
-        moe=moe,
-        latent=latent,
-        mtp_layers=int(raw.get("num_nextn_predict_layers") or 0),
-        **_altup(raw, spec),
-        qk_norm_off=spec.qk_norm_key is not None and not raw.get(spec.qk_norm_key),
-        alibi=alibi_slopes(heads) if spec.alibi or falcon_alibi else None,
-        alibi_bfloat16=falcon_alibi,
-        final_norm=spec.final_norm_from_config(raw) if spec.final_norm_from_config else True,
-        embed_width=_embed_width(raw, spec, hidden),
-        qkv_layout=spec.qkv_layout_from_config(raw) if spec.qkv_layout_from_config else None,
-        pad_token_id=first_token_id(raw.get("pad_token_id"))
+        "context_cap": spec.context_cap(raw) if spec.context_cap is not None else None,
+        "alibi": alibi_slopes(heads) if spec.alibi or falcon_alibi else None,
+        "alibi_bfloat16": falcon_alibi,
+    }
+
+
+def _head_and_tokens(raw: dict[str, Any], spec: FamilySpec, hidden: int) -> dict[str, Any]:
+    """The embedding's own width (OPT's `word_embed_proj_dim`), the LM head
+    (`tie_word_embeddings`, its bias) and the special token ids
+    (`bos_token_id`, `eos_token_id`; XGLM's `pad_token_id`, which its sinusoidal positions
+    count from)."""
+    return {
+        "tie_embeddings": bool(raw.get("tie_word_embeddings", spec.tie_default)),
+        "lm_head_bias": spec.lm_head_bias or bool(spec.lm_head_bias_key
+                                                  and raw.get(spec.lm_head_bias_key)),
+        "bos_token_id": first_token_id(raw.get("bos_token_id")),
+        "eos_token_ids": token_ids(raw.get("eos_token_id")),
+        "embed_width": _embed_width(raw, spec, hidden),
+        "pad_token_id": first_token_id(raw.get("pad_token_id"))
         if spec.sinusoidal_positions == "xglm" else None,
-        head_activation=_activation(raw, spec, spec.head_act_key) if spec.head_act_key
+    }
+
+
+def _projections(raw: dict[str, Any], spec: FamilySpec, head_dim: int) -> dict[str, Any]:
+    """The attention's and MLP's projections: their biases (_biases), OLMo's and DBRX's
+    `clip_qkv`, the output gates (the family's, or its head_gate_key switch), MiMo-V2-Flash's
+    value heads (v_head_dim_key, value_scale_key) and Falcon's fused q/k/v layout."""
+    return {
+        **_biases(raw, spec),
+        "attn_gate": spec.attn_gate,
+        "clip_qkv": optional_float(raw.get("clip_qkv")) if spec.clip_qkv else None,
+        "head_gate": spec.channel_gate or bool(spec.head_gate_key
+                                               and raw.get(spec.head_gate_key)),
+        "v_head_dim": _v_head_dim(raw, spec, head_dim),
+        "value_scale": _value_scale(raw, spec),
+        "qkv_layout": spec.qkv_layout_from_config(raw) if spec.qkv_layout_from_config
         else None,
-    )
+    }
+
+
+def _mixers(raw: dict[str, Any], spec: FamilySpec) -> dict[str, Any]:
+    """The layers other than attention (short convolutions, Gated DeltaNet, Mamba, RG-LRU)
+    and a hybrid's scales: mixer_shapes' readers, each of its family's keys."""
+    return {**read_conv(raw, spec), **read_delta(raw, spec), **read_mamba(raw, spec),
+            **read_lru(raw, spec),
+            "scales": read_hybrid_scales(raw) if spec.block == "hybrid" else None}
+
+
+def _layer_layout(raw: dict[str, Any], spec: FamilySpec, groups: LayerGroups | None,
+                  skipped: SkippedLayers | None, shared: SharedBlockShape | None,
+                  moe: MoeConfig | None) -> dict[str, Any]:
+    """Which stored layers export reads, and as what: the layers without an MLP, the
+    prefixes read as another's, those left out (skipped layers, other modalities'
+    experts), and `num_nextn_predict_layers` (DeepSeek-V3's MTP layers, left out)."""
+    return {
+        "mlp_less": groups.mlp_less if groups is not None else
+        tuple(range(int(raw["num_hidden_layers"]))) if shared else (),
+        "renames": groups.renames if groups is not None else shared.renames if shared else
+        skipped.renames if skipped is not None else (),
+        "left_out": (skipped.left_out if skipped is not None else ()) + (other_modalities(
+            moe, spec.moe.names, _language_model_bases(spec)) if moe and spec.moe else ()),
+        "mtp_layers": int(raw.get("num_nextn_predict_layers") or 0),
+    }
 
 
 def _embed_width(raw: dict[str, Any], spec: FamilySpec, hidden: int) -> int | None:
@@ -237,17 +354,20 @@ def _altup(raw: dict[str, Any], spec: FamilySpec) -> dict[str, Any]:
     return {"altup": read_altup(raw), "sparsity": sparsity}
 
 
-def _biases(raw: dict[str, Any], spec: FamilySpec) -> tuple[bool, bool, bool]:
-    """(q/k/v, o, MLP) biases: each the family's fixed choice, or a config switch
-    (`bias_key`, `o_bias_key`); None in the spec follows the q/k/v biases."""
+def _biases(raw: dict[str, Any], spec: FamilySpec) -> dict[str, Any]:
+    """The q/k/v, o and MLP biases: each the family's fixed choice, or a config switch
+    (`attention_bias`, `mlp_bias` or another the family's bias_key, o_bias_key and
+    mlp_bias_key name); None in the spec follows the q/k/v biases."""
     qkv = bool(raw.get(spec.bias_key, spec.qkv_bias)) if spec.bias_key else spec.qkv_bias
     if spec.o_bias_key is not None:
         o = bool(raw.get(spec.o_bias_key))
     else:
         o = qkv if spec.o_bias is None else spec.o_bias
     if spec.mlp_bias_key is not None:
-        return qkv, o, bool(raw.get(spec.mlp_bias_key))
-    return qkv, o, qkv if spec.mlp_bias is None else spec.mlp_bias
+        mlp = bool(raw.get(spec.mlp_bias_key))
+    else:
+        mlp = qkv if spec.mlp_bias is None else spec.mlp_bias
+    return {"qkv_bias": qkv, "o_bias": o, "mlp_bias": mlp}
 
 
 def _activation(raw: dict[str, Any], spec: FamilySpec, key: str | None = None) -> str:
