@@ -134,18 +134,7 @@ class DecoderBuilder:
         chunk = g.op("Slice", [g.op("Shape", [ids]), g.const([1]), g.const([2])])  # [1]
         self.tokens = (PackedTokens(g, valid_lens, chunk) if self.flavor.packs_tokens
                        else PaddedTokens(g, valid_lens))
-        conv = CausalConv(g, self.dtype, past_lens, valid_lens) if cfg.state_layers else None
-        self.short_conv = (ShortConv(g, self.w, cfg, self.tokens, conv)
-                           if conv is not None and cfg.conv_layers else None)
-        self.delta_net = (GatedDeltaNet(g, self.w, cfg, self.tokens, conv, past_lens,
-                                        valid_lens, chunk)
-                          if conv is not None and cfg.delta_layers else None)
-        mamba = Mamba2 if cfg.selective is None else \
-            MultiHeadMamba1 if cfg.selective.heads else Mamba1
-        self.mamba = (mamba(g, self.w, cfg, self.tokens, conv, past_lens, valid_lens, chunk)
-                      if conv is not None and cfg.mamba_layers else None)
-        self.lru = (RgLru(g, self.w, cfg, self.tokens, conv, past_lens, valid_lens, chunk)
-                    if conv is not None and cfg.lru_layers else None)
+        self._recurrent_mixers(past_lens, valid_lens, chunk)
         self._declare_kv_io()
         step = self._step_tensors(past_lens, chunk)
         self.shared = (SharedKV(g, self.flavor, past_lens, valid_lens)
@@ -158,18 +147,7 @@ class DecoderBuilder:
         if cfg.embed_width is not None:  # OPT-350m: a narrower table, projected
             x = self.w.linear(x, [self.names.project_in + ".weight"], None)
         self.shared_block = SharedBlock(self, x) if cfg.shared_block is not None else None
-        if cfg.embed_scale is not None:  # the tokens' embedding only, not the positions'
-            x = g.op("Mul", [x, g.const(cfg.embed_scale, self.dtype)])
-        if self.names.position_embed is not None or cfg.spec.sinusoidal_positions:
-            x = g.op("Add", [x, self._position_embedding(past_lens, chunk)])
-        if cfg.spec.embed_norm:  # nanochat
-            x = self._norm(x, self.names.final_norm)
-        if self.names.embed_norm is not None:  # BLOOM's, ModernBERT decoder's
-            x = self._norm(x, self.names.embed_norm)
-        if self.ple is not None:
-            self.ple.build(ids, x)
-        if self.altup is not None:  # Gemma 3n: x is the AltUp streams [.., N, hidden]
-            x = self.altup.expand(x)
+        x = self._first_residual(x, ids, past_lens, chunk)
         delta = None  # a sublayer's output, added to the residual by the next norm
         cut = min(cfg.shared_kv, default=None)  # Gemma 4: from here on, the last tokens only
         for layer in range(cfg.num_layers):
@@ -183,6 +161,49 @@ class DecoderBuilder:
             x = g.op("Add", [x, delta])
         if self.altup is not None:
             x = self.altup.collapse(x)
+        g.rename(self._output_logits(x), LOGITS)
+        return g
+
+    def _recurrent_mixers(self, past_lens: str, valid_lens: str, chunk: str) -> None:
+        """The builders of the layers other than attention (short conv, Gated DeltaNet,
+        Mamba, RG-LRU) the config has, on one causal convolution; None for the others."""
+        g, cfg = self.g, self.cfg
+        conv = CausalConv(g, self.dtype, past_lens, valid_lens) if cfg.state_layers else None
+        self.short_conv = (ShortConv(g, self.w, cfg, self.tokens, conv)
+                           if conv is not None and cfg.conv_layers else None)
+        self.delta_net = (GatedDeltaNet(g, self.w, cfg, self.tokens, conv, past_lens,
+                                        valid_lens, chunk)
+                          if conv is not None and cfg.delta_layers else None)
+        mamba = Mamba2 if cfg.selective is None else \
+            MultiHeadMamba1 if cfg.selective.heads else Mamba1
+        self.mamba = (mamba(g, self.w, cfg, self.tokens, conv, past_lens, valid_lens, chunk)
+                      if conv is not None and cfg.mamba_layers else None)
+        self.lru = (RgLru(g, self.w, cfg, self.tokens, conv, past_lens, valid_lens, chunk)
+                    if conv is not None and cfg.lru_layers else None)
+
+    def _first_residual(self, x: str, ids: str, past_lens: str, chunk: str) -> str:
+        """The first layer's input from the tokens' embeddings `x`: scaled, plus the learned
+        or sinusoidal positions, normed where the family norms it; Gemma 4's per-layer
+        inputs read from it, and Gemma 3n's AltUp streams expanded from it."""
+        g, cfg = self.g, self.cfg
+        if cfg.embed_scale is not None:  # the tokens' embedding only, not the positions'
+            x = g.op("Mul", [x, g.const(cfg.embed_scale, self.dtype)])
+        if self.names.position_embed is not None or cfg.spec.sinusoidal_positions:
+            x = g.op("Add", [x, self._position_embedding(past_lens, chunk)])
+        if cfg.spec.embed_norm:  # nanochat
+            x = self._norm(x, self.names.final_norm)
+        if self.names.embed_norm is not None:  # BLOOM's, ModernBERT decoder's
+            x = self._norm(x, self.names.embed_norm)
+        if self.ple is not None:
+            self.ple.build(ids, x)
+        if self.altup is not None:  # Gemma 3n: x is the AltUp streams [.., N, hidden]
+            x = self.altup.expand(x)
+        return x
+
+    def _output_logits(self, x: str) -> str:
+        """float32 logits [B, vocab] from the last layer's output: the final norm, OPT's
+        projection out, ModernBERT decoder's prediction head, the LM head and its scaling."""
+        g, cfg = self.g, self.cfg
         # Only each row's last valid token reaches the LM head (the last layer kept only
         # those): full [C, vocab] logits of a 256-token chunk would cost more than a layer.
         hidden = self._norm(x, self.names.final_norm) if cfg.final_norm else x  # [B,hidden]
@@ -195,8 +216,7 @@ class DecoderBuilder:
         logits = self._logits(self._lm_head(hidden))
         if self.dtype != np.float32:
             logits = g.op("Cast", [logits], to=1)
-        g.rename(logits, LOGITS)
-        return g
+        return logits
 
     def _step_tensors(self, past_lens: str, chunk: str) -> StepTensors:
         """What every attention layer reads; none where no layer attends (Mamba-2), whose

@@ -16,7 +16,7 @@ from edgeprefill.errors import ExportError
 from edgeprefill.export.altup import AltUpConfig
 from edgeprefill.export.bitlinear import BitNetScheme
 from edgeprefill.export.config_checks import check_model_config
-from edgeprefill.export.config_reader import (
+from edgeprefill.export.config_fields import (
     ACTIVATIONS as ACTIVATIONS,  # re-exported: `activation`'s values (tests import it here)
 )
 from edgeprefill.export.config_reader import read_config, read_config_dir

@@ -13,9 +13,17 @@ if TYPE_CHECKING:
 
 
 def model_quirks(cfg: ModelConfig) -> list[str]:
-    """What is special about this model, in words (manifest and `inspect`)."""
-    out = list(cfg.spec.quirks)
-    # From the config, not the family: GPT-NeoX and StableLM choose their residual.
+    """What is special about this model, in words (manifest and `inspect`): the family's
+    fixed quirks, then what its config chose, kind by kind, each once."""
+    out = [*cfg.spec.quirks, *_mixers(cfg), *_block(cfg), *_attention(cfg), *_kv_cache(cfg),
+           *_altup(cfg), *_positions(cfg)]
+    return list(dict.fromkeys(out))
+
+
+def _mixers(cfg: ModelConfig) -> list[str]:
+    """The layers other than attention (short convolutions, Gated DeltaNet, Mamba) and the
+    experts."""
+    out = []
     if cfg.conv_layers:
         out.append(f"{len(cfg.conv_layers)} of {cfg.num_layers} layers gated short "
                    f"convolutions of {cfg.conv_kernel} tokens (a conv state per sequence)")
@@ -28,9 +36,21 @@ def model_quirks(cfg: ModelConfig) -> list[str]:
         kind = "Mamba-1" if cfg.selective is not None else "Mamba-2"
         out.append(f"{len(cfg.mamba_layers)} of {cfg.num_layers} layers {kind} "
                    "(a conv and a recurrent state per sequence)")
-    out += {"parallel": ["parallel residual (attention and MLP each on its own norm)"],
+    return out
+
+
+def _block(cfg: ModelConfig) -> list[str]:
+    """The residual layout where it is not pre-norm sequential."""
+    # From the config, not the family: GPT-NeoX and StableLM choose their residual.
+    return {"parallel": ["parallel residual (attention and MLP each on its own norm)"],
             "shared": ["parallel attention and MLP on one norm"],
             "sandwich": ["norms before and after attention and MLP"]}.get(cfg.block, [])
+
+
+def _attention(cfg: ModelConfig) -> list[str]:
+    """The attention's output gate, its local layers (their own rope base, the window)
+    and a context cap."""
+    out = []
     if cfg.head_gate:
         out.append("a sigmoid output gate per attention " + (
             "channel (a bias per head)" if cfg.spec.channel_gate else "head"))
@@ -44,6 +64,13 @@ def model_quirks(cfg: ModelConfig) -> list[str]:
     if cfg.context_cap is not None:
         out.append(f"the context is capped at {cfg.context_cap.tokens} tokens, "
                    f"{cfg.context_cap.reason}")
+    return out
+
+
+def _kv_cache(cfg: ModelConfig) -> list[str]:
+    """What the KV cache holds other than each layer's own keys and values of head_dim:
+    layers' own head counts and sizes, narrower values, shared and k = v layers."""
+    out = []
     own = {("sliding" if layer.window else "full-attention", cfg.layer_kv_heads(i),
             cfg.layer_head_dim(i)) for i, layer in enumerate(cfg.layers)
            if layer.head_dim or layer.kv_heads}
@@ -56,11 +83,24 @@ def model_quirks(cfg: ModelConfig) -> list[str]:
                    "earlier layer's KV (no cache of their own)")
     if cfg.k_eq_v:
         out.append("full-attention layers' values are their keys' projection")
+    return out
+
+
+def _altup(cfg: ModelConfig) -> list[str]:
+    """Gemma 3n's AltUp streams and sparse MLPs."""
+    out = []
     if cfg.altup is not None:
         out.append(f"{cfg.altup.streams} AltUp streams")
     sparse = sum(s > 0 for s in cfg.sparsity)
     if sparse:
         out.append(f"activation sparsity on {sparse} of {cfg.num_layers} layers' MLPs")
+    return out
+
+
+def _positions(cfg: ModelConfig) -> list[str]:
+    """How positions enter: ALiBi, layers without rope, partial or latent rotary, and
+    each rope type other than the default."""
+    out = []
     if cfg.alibi is not None:
         rounded = ", rounded to bfloat16 as Falcon's" if cfg.alibi_bfloat16 else ""
         out.append("ALiBi: each head's scores biased by its slope times the distance "
@@ -78,4 +118,4 @@ def model_quirks(cfg: ModelConfig) -> list[str]:
         used = any(layer.rope == name for layer in cfg.layers)
         if used and rope.kind != "default":
             out.append(f"rope ({name} layers): {rope.describe()}")
-    return list(dict.fromkeys(out))
+    return out

@@ -77,18 +77,7 @@ class Engine:
         self.backend = create_backend(config.backend, self.bundle_dir, self.manifest, options)
         self.capacity = self._capacity()
         buckets = list(self.manifest.chunks)
-        try:
-            slots = self._slots()
-            self._check_kv_fits(slots)
-            self.kv = KVCache(
-                self.backend, slots, self.capacity, align=buckets[0],
-                share_prefixes=config.prefix_reuse,
-            )
-        except (RequestError, MemoryError) as err:
-            self.backend.close()  # the session's memory goes back now, not at collection
-            if isinstance(err, MemoryError):
-                raise self._kv_too_big(slots, "could not be allocated") from None
-            raise
+        self.kv = self._allocate_kv(align=buckets[0])
         self.trace: list[StepTrace] = []
         self.scheduler = Scheduler(config.scheduler, self.kv, buckets,
                                    backend_fuses=self.backend.fuses_rows)
@@ -110,7 +99,31 @@ class Engine:
         self._stopping = False
         self._closed = False
         self._thread: threading.Thread | None = None
-        if config.background:
+        self._start()
+        # Like an unclosed file: a ResourceWarning (shown by pytest and `python -X dev`).
+        self._unclosed = weakref.finalize(self, _warn_unclosed, str(self.bundle_dir))
+        self._unclosed.atexit = False
+
+    def _allocate_kv(self, align: int) -> KVCache:
+        """The KV cache of `_slots()` sequences; where it does not fit or cannot be
+        allocated, the backend is closed and the refusal raised."""
+        try:
+            slots = self._slots()
+            self._check_kv_fits(slots)
+            return KVCache(
+                self.backend, slots, self.capacity, align=align,
+                share_prefixes=self.config.prefix_reuse,
+            )
+        except (RequestError, MemoryError) as err:
+            self.backend.close()  # the session's memory goes back now, not at collection
+            if isinstance(err, MemoryError):
+                raise self._kv_too_big(slots, "could not be allocated") from None
+            raise
+
+    def _start(self) -> None:
+        """The background step loop, warmed up before this returns (its warm-up's error
+        raised here), or the warm-up on this thread (EngineConfig.background, warm_up)."""
+        if self.config.background:
             warmed = threading.Event()
             self._warm_up_error: BaseException | None = None
             # The loop holds the engine weakly between steps: an Engine dropped without
@@ -123,11 +136,8 @@ class Engine:
             warmed.wait()
             if self._warm_up_error is not None:
                 raise self._warm_up_error
-        elif config.warm_up:
+        elif self.config.warm_up:
             self._warm_up()
-        # Like an unclosed file: a ResourceWarning (shown by pytest and `python -X dev`).
-        self._unclosed = weakref.finalize(self, _warn_unclosed, str(self.bundle_dir))
-        self._unclosed.atexit = False
 
     @classmethod
     def load(cls, bundle_dir: str | Path, **options: Any) -> Engine:
