@@ -5,7 +5,8 @@ Lark grammars; a mask over a 152k vocabulary costs tens of microseconds, see
 docs/design.md for the choice against xgrammar). Per generated token the sampler asks
 for the allowed tokens, sets every other logit to -inf (greedy too), and the matcher
 advances on the token sampled. When the grammar is complete the mask holds only EOS,
-so output is valid by construction whatever the model's weights.
+so output is valid by construction whatever the model's weights. A constraint marked
+`after_thinking` holds only the answer after the reply's think block (sdk/think_first.py).
 
 The constraint holds for the text the user sees. Where the tokenizer's decoder drops the
 space that begins a text (Llama 2, Mistral: the reply's first token `▁jade` reads "jade"),
