@@ -48,6 +48,7 @@ TIME_SCHEMA = {"type": "object", "additionalProperties": False, "required": ["zo
                "properties": {"zone": {"enum": ["UTC", "CET"]}}}
 SCHEMAS = {"get_weather": WEATHER_SCHEMA, "get_time": TIME_SCHEMA}
 QUESTION = [{"role": "user", "content": "hello"}]
+TOOL_TAGS = ("<tool_call>", "</tool_call>")
 
 
 def tool(name: str, strict: bool | None) -> dict:
@@ -57,13 +58,14 @@ def tool(name: str, strict: bool | None) -> dict:
     return {"type": "function", "function": function}
 
 
-def bias_calls(engine: Engine, token: int, bias: float) -> None:
-    """The model leans toward opening a call: `bias` on the logit of `token`."""
+def bias_calls(engine: Engine, biases: dict[int, float]) -> None:
+    """The model leans toward opening a call: a bias on the logit of each token."""
     run = engine.backend.run
 
     def biased(step):
         logits = run(step).copy()
-        logits[:, token] += bias
+        for token, bias in biases.items():
+            logits[:, token] += bias
         return logits
 
     engine.backend.run = biased
@@ -76,16 +78,18 @@ def engine(tmp_path_factory) -> Iterator[Engine]:
     engine.close()
 
 
-def strict_engine(tmp_path_factory, template: str) -> Engine:
-    """The biased model (below) behind a byte-level BPE tokenizer and `template`."""
+def strict_engine(tmp_path_factory, template: str, added: tuple[str, ...] = TOOL_TAGS,
+                  biases: dict[str, float] | None = None) -> Engine:
+    """The biased model (below) behind a byte-level BPE tokenizer and `template`:
+    `added` are added, non-special tokens (as Qwen's tags are); `biases` (by token) on
+    their logits, BIAS on <tool_call>'s by default."""
     from tokenizers import AddedToken
 
     from edgeprefill.export.exporter import ExportOptions, export
 
     model = build_hf_model("llama", tmp_path_factory.mktemp("strict"), vocab_size=VOCAB)
     tok = bpe.byte_level_bpe(VOCAB)
-    tok.add_tokens([AddedToken("<tool_call>", special=False),
-                    AddedToken("</tool_call>", special=False)])
+    tok.add_tokens([AddedToken(tag, special=False) for tag in added])
     bpe.install(tok, model)
     config = json.loads((model / "tokenizer_config.json").read_text())
     config["chat_template"] = template
@@ -94,7 +98,8 @@ def strict_engine(tmp_path_factory, template: str) -> Engine:
     export(model, out, ExportOptions(chunks=(16, 64), max_context=512, show_progress=False,
                                      overwrite=True))
     engine = Engine.load(out, threads=2, kv_slots=2)
-    bias_calls(engine, tok.token_to_id("<tool_call>"), BIAS)
+    biases = {"<tool_call>": BIAS} if biases is None else biases
+    bias_calls(engine, {tok.token_to_id(tag): bias for tag, bias in biases.items()})
     return engine
 
 

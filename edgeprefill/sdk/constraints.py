@@ -5,7 +5,8 @@ Lark grammars; a mask over a 152k vocabulary costs tens of microseconds, see
 docs/design.md for the choice against xgrammar). Per generated token the sampler asks
 for the allowed tokens, sets every other logit to -inf (greedy too), and the matcher
 advances on the token sampled. When the grammar is complete the mask holds only EOS,
-so output is valid by construction whatever the model's weights.
+so output is valid by construction whatever the model's weights. A constraint marked
+`after_thinking` holds only the answer after the reply's think block (sdk/think_first.py).
 
 The constraint holds for the text the user sees. Where the tokenizer's decoder drops the
 space that begins a text (Llama 2, Mistral: the reply's first token `▁jade` reads "jade"),
@@ -20,7 +21,7 @@ from __future__ import annotations
 import json
 import weakref
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -43,6 +44,9 @@ class Constraint:
     # A lazy grammar leaves the text free until a trigger (strict tools under tool_choice
     # auto, server/strict_tools.py): a thinking budget may close the reasoning in that text.
     lazy: bool = False
+    # The grammar holds the answer after the reply's think block, whose text is free
+    # (sdk/think_first.py); the server sets it where it splits a reasoning model's reply.
+    after_thinking: bool = False
 
     def __post_init__(self) -> None:
         if self.kind not in GRAMMARS:
@@ -50,6 +54,16 @@ class Constraint:
                                f"one of {', '.join(sorted(GRAMMARS))}")
         if not isinstance(self.source, str):
             raise RequestError("a constraint's source must be a string")
+
+    @property
+    def frees_reasoning(self) -> bool:
+        """The reasoning's text is free under this grammar: a thinking budget may close
+        it (the forced close is text the grammar takes)."""
+        return self.lazy or self.after_thinking
+
+    def thinking_first(self) -> Constraint:
+        """This constraint held on the answer only, after the reply's think block."""
+        return replace(self, after_thinking=True)
 
     @classmethod
     def json_schema(cls, schema: dict[str, Any], strict: bool = True) -> Constraint:
@@ -228,12 +242,17 @@ class GrammarMask:
 
 
 def compile_constraint(constraint: Constraint, tokenizer: BundleTokenizer,
-                       eos_ids: Sequence[int]) -> GrammarMask:
+                       eos_ids: Sequence[int], opened: bool = False) -> GrammarMask:
     """A fresh matcher for one request; raises RequestError (one line) for a grammar
-    that does not compile or a tokenizer llguidance cannot use."""
+    that does not compile or a tokenizer llguidance cannot use. `opened`: the prompt
+    left a think block open (read only for an `after_thinking` constraint)."""
     from llguidance import LLMatcher
 
     grammar = GRAMMARS[constraint.kind](constraint.source)
+    if constraint.after_thinking:
+        from edgeprefill.sdk.think_first import think_first
+
+        grammar = think_first(grammar, opened)
     ll_tokenizer, first_banned = _ll_tokenizer(tokenizer, tuple(sorted(eos_ids)))
     if first_banned is not None:  # the decoder strips the reply's first space
         grammar = after_space(grammar)
@@ -275,6 +294,13 @@ def after_space(grammar: str) -> str:
     otherwise may not open the reply (_ExactBytes.first_banned): where the grammar wants
     two spaces, `▁` then `▁jade` spells them as well, and every token after the first reads
     as its bytes."""
+    return compose(grammar, SPACE_GRAMMAR, lambda inner: f'start: " " @{inner}')
+
+
+def compose(grammar: str, name: str, outer: Callable[[str], str]) -> str:
+    """`grammar` (Lark text, or llguidance's JSON of named grammars) inside an outer Lark
+    grammar called `name`: `outer(inner)` is its text, which refers to `grammar` as
+    `@inner`. llguidance's JSON of several grammars starts at the first."""
     top: Any = None
     if grammar.lstrip().startswith("{"):
         try:
@@ -284,9 +310,9 @@ def after_space(grammar: str) -> str:
     if not isinstance(top, dict) or not isinstance(top.get("grammars"), list):
         top = {"grammars": [{"lark_grammar": grammar}]}
     inner = [dict(g) for g in top["grammars"]]  # grammar_from_* names at most one
-    name = inner[0]["name"] = inner[0].get("name") or "constraint"
-    outer = {"name": SPACE_GRAMMAR, "lark_grammar": f'start: " " @{name}'}
-    return json.dumps({**top, "grammars": [outer, *inner]})
+    inner_name = inner[0]["name"] = inner[0].get("name") or "constraint"
+    wrapper = {"name": name, "lark_grammar": outer(inner_name)}
+    return json.dumps({**top, "grammars": [wrapper, *inner]})
 
 
 # llguidance's tokenizer takes ~1 s to build at a 152k vocabulary: one per bundle tokenizer.

@@ -309,7 +309,9 @@ class Engine:
             from edgeprefill.sdk.constraints import compile_constraint
 
             try:
-                mask = compile_constraint(params.constraint, self.tokenizer, sorted(self.eos))
+                opened = params.constraint.after_thinking and self._opens_think(tokens)
+                mask = compile_constraint(params.constraint, self.tokenizer, sorted(self.eos),
+                                          opened)
             except RequestError as err:  # a grammar that does not compile, a tokenizer
                 raise RequestError(str(err), "constraint") from None
         budget = None
@@ -318,6 +320,13 @@ class Engine:
 
             budget = thinking_budget(params.thinking_budget, self.tokenizer, tokens)
         return Sampler(params, tokens, mask, budget)
+
+    def _opens_think(self, tokens: list[int]) -> bool:
+        """Whether the prompt leaves a think block open for the reply (as the thinking
+        budget reads it: sdk/thinking_budget.py)."""
+        from edgeprefill.sdk.thinking_budget import WINDOW, prompt_opens_think
+
+        return prompt_opens_think(self.tokenizer.decode(tokens[-WINDOW:]))
 
     def default_params(self, **explicit: Any) -> GenerationParams:
         """GenerationParams from the explicit non-None keyword values, the bundle's

@@ -94,9 +94,13 @@ class GenerationParams:
                self.thinking_budget >= 0, "thinking_budget must be an integer >= 0",
                "thinking_budget")
         if self.constraint is not None:
-            _check(self.thinking_budget is None or getattr(self.constraint, "lazy", False),
-                   "thinking_budget cannot be combined with a constraint (the grammar "
-                   "governs the whole reply, which has no reasoning to cap)",
+            # A grammar that leaves the reasoning free (lazy, or after_thinking) lets the
+            # budget's forced close through; one over the whole reply would refuse it.
+            _check(self.thinking_budget is None
+                   or getattr(self.constraint, "frees_reasoning", False),
+                   "thinking_budget cannot be combined with a constraint over the whole "
+                   "reply (the grammar governs it from the first token, which leaves no "
+                   "reasoning to cap)",
                    "thinking_budget")
             from edgeprefill.sdk.constraints import Constraint
 

@@ -15,10 +15,12 @@ model saw after its thoughts. A reply that never opens a block is left alone.
 
 A budget needs a bundle that knows both tags (`bundle_thinks`); it cannot be combined
 with a constraint over the whole reply (sdk/params.py refuses it: that grammar would not
-allow the forced tokens). A lazy grammar (strict tools under auto) leaves the text free,
-so the close is forced there as anywhere; while it holds a call the reasoning opened, the
-close waits for the call's end (the sampler begins it only where the grammar takes it
-whole).
+allow the forced tokens). A grammar that leaves the reasoning free takes it
+(`Constraint.frees_reasoning`): structured output after the think block
+(sdk/think_first.py: the close is text of the block, and the grammar then holds the
+answer), and a lazy grammar (strict tools under auto), where the close is forced as
+anywhere; while it holds a call the reasoning opened, the close waits for the call's end
+(the sampler begins it only where the grammar takes it whole).
 """
 
 from __future__ import annotations

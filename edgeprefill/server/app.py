@@ -282,21 +282,22 @@ class OpenAIApi:
             parsed = parse(body)
             self._check_model(parsed.model)
             try:
-                stream, opens_think = await self._submit(parsed)
+                stream, opens_think, governed = await self._submit(parsed)
             except ApiError as err:
                 raise rename(err) from None
             access_log.note(request, stream)
         except ApiError as err:
             self.metrics.reject(err.status)
             return err.response(request.url.path)
-        return Admitted(body, parsed, stream, opens_think)
+        return Admitted(body, parsed, stream, opens_think, governed)
 
     def _shape(self, admitted: Admitted, chat: bool) -> Shape:
         parsed = admitted.request
-        # A constrained reply (response_format, a forced tool_choice) is not split: its
-        # grammar governs the whole reply, which is the content. Strict tools under auto
-        # (constrained at submit, not in parsed.params) leave the text free: split as ever.
-        constrained = parsed.params.constraint is not None
+        # A reply whose grammar governs it whole (a forced tool_choice; structured output
+        # where the reply is not split, `_answer_grammar`) is not split: it is the
+        # content. Strict tools under auto, and structured output after the think block,
+        # leave the reasoning free: split as ever.
+        constrained = admitted.governed
         reasoning = reply_reasoning(self.splits_reasoning and chat, constrained,
                                     admitted.opens_think)
         harmony = reply_harmony(self.splits_harmony and chat, constrained)
@@ -364,12 +365,14 @@ class OpenAIApi:
                 fmt = "harmony" if self.splits_harmony else call_format(self.engine.manifest)
                 params = req.tools.constrain_auto(params, fmt)
                 req = replace(req, constraint_field="tools")  # its refusals name tools
+            params = self._answer_grammar(params, req)
             # After the grammar: the server's default budget leaves a reply it governs be.
             params = self._thinking_budget(params, _is_chat(req.prompt))
             stream = Choices(self.engine.submit_n(
                 tokens, params, req.n, req.priority, None, req.chunk_size, arrival=arrival))
             admitted = True  # from here the closer gives the place back
-            return Submitted(stream, encoded.opens_think)
+            governed = params.constraint is not None and not params.constraint.frees_reasoning
+            return Submitted(stream, encoded.opens_think, governed)
         except EngineClosedError as err:  # shutting down: the request itself is fine
             raise ApiError(503, str(err), code="engine_closed") from None
         except RequestError as err:  # refused at submit: name the field it came from
@@ -378,13 +381,39 @@ class OpenAIApi:
             if not admitted:
                 self.pending -= req.n
 
+    def _answer_grammar(self, params: GenerationParams,
+                        req: CompletionRequest) -> GenerationParams:
+        """A chat request's structured output holds the answer after the think block
+        where the reply is split as reasoning (sdk/think_first.py): the bundle thinks, the
+        server splits (--reasoning-parser auto) and the request leaves thinking on.
+        Elsewhere its grammar governs the whole reply, as it always did."""
+        constraint = params.constraint
+        if constraint is None or not constraint.after_thinking or self._thinks_first(req):
+            return params
+        try:
+            # No think tags: the budget has nothing to cap (as in _thinking_budget).
+            return replace(params, constraint=replace(constraint, after_thinking=False),
+                           thinking_budget=params.thinking_budget if self.thinks else None)
+        except RequestError:  # a budget beside a grammar over the whole reply
+            raise ApiError(400, "'thinking_token_budget' cannot be combined with "
+                           f"'{req.constraint_field}' here: the reply is not split as "
+                           "reasoning (thinking is off, or --reasoning-parser none), so the "
+                           "grammar governs it from the first token", "thinking_token_budget"
+                           ) from None
+
+    def _thinks_first(self, req: CompletionRequest) -> bool:
+        """Whether the request's reply is split as reasoning (server/reasoning.py)."""
+        return self.splits_reasoning and _is_chat(req.prompt) and \
+            req.template_kwargs.get("enable_thinking") is not False
+
     def _thinking_budget(self, params: GenerationParams, chat: bool) -> GenerationParams:
         """The request's thinking budget, else the server's for a chat reply no grammar
         governs. None where the bundle knows no think tags: its replies have no reasoning
         to cap (the SDK would refuse the budget; clients such as Anthropic's send one
         whatever the model)."""
         budget = params.thinking_budget
-        free = params.constraint is None or params.constraint.lazy  # strict tools' grammar
+        # strict tools' grammar, or structured output after the think block
+        free = params.constraint is None or params.constraint.frees_reasoning
         if budget is None and chat and free and self.config.reasoning_budget >= 0:
             budget = self.config.reasoning_budget
         if not self.thinks:
@@ -448,6 +477,7 @@ class OpenAIApi:
 class Submitted(NamedTuple):
     stream: Choices
     opens_think: bool  # the rendered chat prompt left a think block open for the reply
+    governed: bool  # a grammar governs the whole reply (no reasoning to split)
 
 
 class Admitted(NamedTuple):
@@ -455,6 +485,7 @@ class Admitted(NamedTuple):
     request: CompletionRequest
     stream: Choices
     opens_think: bool
+    governed: bool
 
 
 def _is_chat(prompt) -> bool:

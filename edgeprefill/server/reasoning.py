@@ -7,8 +7,14 @@ Which replies are split (`reply_reasoning` below, per request):
   (as it does where they are special tokens: sdk/tokenizer.py's KEPT_SPECIAL_TOKENS);
 - the server runs with `--reasoning-parser auto` (the default; `none` leaves the tags in
   `content`, as before);
-- the reply is not constrained: a grammar (response_format, a forced tool_choice)
-  governs the whole reply, and the whole reply is content.
+- no grammar governs the whole reply: a forced tool_choice's does (the whole reply is
+  the call), and so does structured output (response_format, the guided fields, Ollama's
+  `format`, the Responses API's text.format) where the reply is not split (a bundle that
+  does not think, `--reasoning-parser none`, or thinking off: `enable_thinking: false`).
+  Elsewhere structured output holds only the answer, after the think block, which is
+  free (sdk/think_first.py, app.py `_answer_grammar`): the thought is reasoning and the
+  answer, which the grammar held, is content. Strict tools under auto leave the text free
+  (server/strict_tools.py).
 
 Where a reply starts is read from the prompt as rendered for the request, as llama.cpp's
 server does, not from a list of models:
@@ -57,7 +63,8 @@ def reply_reasoning(
     enabled: bool, constrained: bool, opened: bool
 ) -> Callable[[], ReasoningParser] | None:
     """What makes the parser of each reply of a chat request (None: no split). `enabled`:
-    the bundle thinks and the server splits; `opened`: the prompt opened the block."""
+    the bundle thinks and the server splits; `constrained`: a grammar governs the whole
+    reply; `opened`: the prompt opened the block."""
     if not enabled or constrained:
         return None
     return lambda: ReasoningParser(opened)

@@ -16,6 +16,7 @@ from typing import Any
 
 from edgeprefill.errors import RequestError
 from edgeprefill.sdk.chat_template import REASONING_FIELDS
+from edgeprefill.sdk.constraints import Constraint
 from edgeprefill.sdk.params import MAX_LOGPROBS, GenerationParams
 from edgeprefill.sdk.priority import parse_priority
 from edgeprefill.sdk.tokenizer import Prompt
@@ -158,7 +159,7 @@ def _request(
             frequency_penalty=_number(body, "frequency_penalty", 0.0, low=-2.0, high=2.0),
             logit_bias=_logit_bias(body.get("logit_bias")),
             logprobs=_logprobs(body, chat=prompt_field == "messages"),
-            constraint=parse_constraint(body),
+            constraint=_constraint(body, chat=prompt_field == "messages"),
             # vLLM's name for the budget (its SamplingParams.thinking_token_budget)
             thinking_budget=_int(body, "thinking_token_budget", None, low=0),
         )
@@ -180,6 +181,14 @@ def _request(
         constraint_field=next((n for n in READERS if body.get(n) is not None), None),
         given=frozenset(k for k in BUNDLE_DEFAULTED if body.get(k) is not None),
     )
+
+
+def _constraint(body: dict, chat: bool) -> Constraint | None:
+    """The structured-output constraint; a chat reply's holds its answer, after any think
+    block (sdk/think_first.py). The server lets it govern the whole reply again where
+    the reply is not split as reasoning (app.py `_answer_grammar`)."""
+    constraint = parse_constraint(body)
+    return constraint.thinking_first() if chat and constraint is not None else constraint
 
 
 def _refuse_unsupported(body: dict) -> None:

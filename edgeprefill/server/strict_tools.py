@@ -5,10 +5,7 @@ JSON schema (as a forced tool_choice makes it, server/tools.py). The grammar her
 the text free until the model writes its call format's start marker (`<tool_call>`), and
 from there holds the call to the format: a listed tool's name and, for a strict tool,
 arguments that match its parameters' schema; after the close marker the text is free
-again. llguidance calls such a rule lazy: `head[lazy]: TEXT "<tool_call>"` ends at the
-first marker, wherever the tokens split it (`<tool_` `call>{"`), so a marker spelled
-in plain text works as a special token's would (llama.cpp's lazy grammars and vLLM's
-structural tags do the same).
+again (the lazy rule that ends the text at a marker: sdk/lazy_text.py).
 
 - Mixed tools: once a call starts its name may be any listed tool's (a call to no tool
   is no use to the client); a strict tool's arguments follow its schema (no properties
@@ -18,7 +15,7 @@ structural tags do the same).
   special token as bytes a negated regex admits; a byte-level token may split a
   character). Every call the model opens follows the grammar, with
   `parallel_tool_calls: false` too (the parser keeps the first; a grammar that allowed one
-  call could not keep the marker out of the text after it: see TEXT below).
+  call could not keep the marker out of the text after it: see sdk/lazy_text.py's TEXT).
 - Formats: hermes (Qwen2.5, Qwen3, Hermes). The others are refused in one line: the
   Llama 3 JSON and Mistral formats open with a bare `{` or `[` a text may begin with,
   and the arguments of the Python (LFM2) and XML (Qwen3.5) formats are not JSON.
@@ -30,16 +27,14 @@ import json
 from typing import Any
 
 from edgeprefill.sdk.constraints import Constraint
+from edgeprefill.sdk.lazy_text import BLANKS, text_until
 from edgeprefill.server.errors import ApiError
 
 # call format -> its call's open and close markers
 MARKERS = {"hermes": ("<tool_call>", "</tool_call>")}
 # The JSON of a call as Hermes-format models write it (`json.dumps` separators), and at
-# most two blanks around it (Qwen writes one newline); unbounded blanks would let a
-# random model pad forever.
+# most two blanks around it (BLANKS).
 JSON_STYLE = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
-BLANKS = r"/[ \n]{0,2}/"
-REGEX_META = set("\\.+*?()|[]{}^$#&-~/")  # escaped where a marker has them (_regex_literal)
 
 
 def strict_given(tool: dict[str, Any]) -> bool:
@@ -63,13 +58,8 @@ def lazy_call_grammar(tools: tuple[dict, ...], markers: tuple[str, str]) -> str:
     return "\n".join([
         "%llguidance {}",
         "start: (head call)* TEXT",
-        f"head[lazy]: TEXT {json.dumps(open_tag)}",
+        *text_until("head", open_tag),
         f"call: {BLANKS} %json {json.dumps(calls)} {BLANKS} {json.dumps(close_tag)}",
-        # Any bytes. A positive regex must be UTF-8, a negated one need not: "not
-        # containing the marker" is the nearest, and in effect it is any bytes (an
-        # invalid byte after a marker makes the text match no `.*`). The lazy head, not
-        # this exclusion, is what ends the text at a marker.
-        f"TEXT: ~/(?s:.*){_regex_literal(open_tag)}(?s:.*)/",
     ])
 
 
@@ -85,10 +75,4 @@ def _closed(schema: dict[str, Any]) -> dict[str, Any]:
     """The schema with no properties beyond those listed (OpenAI's strict)."""
     closed: dict[str, Any] = json.loads(Constraint.json_schema(schema, strict=True).source)
     return closed
-
-
-def _regex_literal(text: str) -> str:
-    """`text` matched literally inside a /.../ regex: its metacharacters escaped (not
-    `<` and `>`, which escaped are word boundaries in the regex crate)."""
-    return "".join(f"\\{c}" if c in REGEX_META else c for c in text)
 

@@ -1,0 +1,39 @@
+"""Free text up to a marker, in llguidance's Lark: the piece every lazy grammar opens with.
+
+A lazy grammar leaves the reply's text free until a marker and constrains what follows
+(strict tools under tool_choice auto: text, then `<tool_call>` and a call,
+server/strict_tools.py; structured output after a think block: `<think>` text, then
+`</think>` and the answer, sdk/think_first.py). llguidance calls such a rule lazy:
+`head[lazy]: TEXT "<tool_call>"` ends at the first marker, wherever the tokens split it
+(`<tool_` `call>{"`), so a marker spelled in plain text works as a special token's
+would (llama.cpp's lazy grammars and vLLM's structural tags do the same).
+"""
+
+from __future__ import annotations
+
+import json
+
+# At most two blanks around a constrained part (Qwen writes one newline, and "\n\n"
+# after `</think>`); unbounded blanks would let a random model pad forever.
+BLANKS = r"/[ \n]{0,2}/"
+REGEX_META = set("\\.+*?()|[]{}^$#&-~/")  # escaped where a marker has them (_regex_literal)
+
+
+def text_until(rule: str, marker: str, text: str = "TEXT") -> list[str]:
+    """Lark lines: `rule` is free text ending at the first `marker` (the marker included),
+    and `text` the lexeme of that free text (named so that two markers' texts may meet in
+    one grammar)."""
+    return [
+        f"{rule}[lazy]: {text} {json.dumps(marker)}",
+        # Any bytes. A positive regex must be UTF-8, a negated one need not: "not
+        # containing the marker" is the nearest, and in effect it is any bytes (an
+        # invalid byte after a marker makes the text match no `.*`). The lazy rule, not
+        # this exclusion, is what ends the text at a marker.
+        f"{text}: ~/(?s:.*){_regex_literal(marker)}(?s:.*)/",
+    ]
+
+
+def _regex_literal(text: str) -> str:
+    """`text` matched literally inside a /.../ regex: its metacharacters escaped (not
+    `<` and `>`, which escaped are word boundaries in the regex crate)."""
+    return "".join(f"\\{c}" if c in REGEX_META else c for c in text)
