@@ -164,7 +164,8 @@ class Engine:
         limit = self.manifest.max_context
         wanted = self.config.max_context or limit
         if not 1 < wanted <= limit:
-            raise RequestError(f"max_context must be in 2..{limit} for this bundle")
+            raise RequestError(f"max_context must be in 2..{limit} for this bundle",
+                               "max_context")
         return wanted
 
     def _slots(self) -> int:
@@ -592,7 +593,8 @@ class Engine:
         if len(tokens) + room > self.capacity:
             asked = "one new token" if room == 1 else f"max_new_tokens ({room})"
             raise RequestError(f"prompt ({len(tokens)} tokens) + {asked} exceeds the context "
-                               f"of {self.capacity} tokens")
+                               f"of {self.capacity} tokens",
+                               None if room == 1 else "max_new_tokens")
 
     def _check_ids(self, tokens: list[int]) -> None:
         vocab = self.manifest.model.vocab_size
