@@ -171,6 +171,16 @@ def test_run_errors(bundle, tmp_path):
     assert_one_line_error(cli("run", path, "w3", "--prompt", "w4"), "not both")
 
 
+@pytest.mark.parametrize("args, line", [
+    (("run", "", "w3"), "the bundle path is empty"),
+    (("inspect", ""), "the bundle path is empty"),
+    (("export", "", "-o", "b"), "the model path is empty"),
+    (("export", "m", "-o", ""), "the output path is empty"),
+])
+def test_an_empty_path_is_said_to_be_empty_not_the_current_folder(args, line):
+    assert_one_line_error(cli(*args), f"error: {line}")
+
+
 def test_corrupt_bundle_is_refused(bundle, tmp_path):
     path = tmp_path / "b"
     shutil.copytree(bundle("llama"), path)

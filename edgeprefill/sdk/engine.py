@@ -67,9 +67,10 @@ def _nth_seed(params: GenerationParams, i: int) -> GenerationParams:
 
 class Engine:
     def __init__(self, bundle_dir: str | Path, config: EngineConfig | None = None) -> None:
-        self.bundle_dir = Path(bundle_dir)
         self.config = config = config or EngineConfig()
-        self.manifest: Manifest = load_manifest(self.bundle_dir, config.verify_checksums)
+        # The path as given: load_manifest refuses "" (which Path() would make ".").
+        self.manifest: Manifest = load_manifest(bundle_dir, config.verify_checksums)
+        self.bundle_dir = Path(bundle_dir)
         self.tokenizer = BundleTokenizer(self.bundle_dir, self.manifest)
         self.generation_defaults = GenerationDefaults.load(self.bundle_dir)
         options = BackendOptions(device=config.device, threads=config.threads, spin=config.spin,
