@@ -318,13 +318,22 @@ def test_export_beside_a_folder_it_cannot_write_in_says_where(hf_copy, tmp_path,
         with pytest.raises(ExportError, match="is a mount point: export into a folder inside"):
             staging.check_target(volume, False)
     out = tmp_path / "ro" / "bundle"
-    out.parent.mkdir()
+    out.mkdir(parents=True)  # an existing bundle's folder, replaced: the stage goes beside
     monkeypatch.setattr(staging.Path, "mkdir", refuse)
     with pytest.raises(ExportError, match=r"cannot write beside .*bundle in .*ro: Permission "
                                           r"denied \(the bundle is written there first"):
         staging.check_target(out, False)
         with staging.staged(out, False):
             pass
+
+
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux's /proc")
+def test_export_to_a_folder_that_cannot_be_created_says_so_in_one_line(hf_copy):
+    """/proc takes no new folder: the line names the folder asked for, not its staging."""
+    result = cli("export", hf_copy, "-o", "/proc/x")
+    assert_one_line_error(result)
+    assert result.stderr == ("error: cannot create the output folder /proc/x: No such file "
+                             "or directory\n")
 
 
 @pytest.mark.parametrize("index, fragment", [
