@@ -181,6 +181,21 @@ def test_an_empty_path_is_said_to_be_empty_not_the_current_folder(args, line):
     assert_one_line_error(cli(*args), f"error: {line}")
 
 
+def test_a_prompt_starting_with_a_dash_is_refused_with_the_two_ways_to_give_it(bundle):
+    """click reads `-say hi` as options; both ways the hint names take it as the prompt."""
+    path = bundle("llama")
+    hint = 'For a prompt that starts with "-", give it as --prompt "-..." or after --'
+    assert_one_line_error(cli("run", path, "-say hi"), "No such option '-s'.", hint)
+    near = cli("run", path, "--promt", "w3")  # a typo of an option: click's suggestion only
+    assert_one_line_error(near, "Did you mean", "--prompt")
+    assert "-..." not in near.stderr
+    assert "-..." not in cli("run", path, "--bogus").stderr  # a long option is no prompt
+    replies = [cli("run", path, "--max-new-tokens", "2", *args)
+               for args in (["--prompt", "-say hi"], ["--", "-say hi"])]
+    assert all(r.returncode == 0 for r in replies), [r.stderr for r in replies]
+    assert replies[0].stdout == replies[1].stdout != ""  # greedy: the same prompt
+
+
 def test_corrupt_bundle_is_refused(bundle, tmp_path):
     path = tmp_path / "b"
     shutil.copytree(bundle("llama"), path)

@@ -60,6 +60,7 @@ class LazyGroup(click.Group):
                 # context: given it, the line points to that command's --help.
                 command = self.get_command(ctx, ctx.invoked_subcommand)
                 err.ctx = click.Context(command, parent=ctx, info_name=ctx.invoked_subcommand)
+            _hint_a_dash_prompt(err, ctx.invoked_subcommand)
             raise
         except BrokenPipeError:
             # `edgeprefill run ... | head` closed the pipe: not an error. Handled here, as
@@ -121,6 +122,17 @@ def _flags(command: click.Command | None) -> dict[str, str]:
     options = [p for p in command.params if isinstance(p, click.Option)] if command else []
     return {p.name: next((o for o in p.opts if o.startswith("--")), p.opts[0])
             for p in options if p.name is not None}
+
+
+def _hint_a_dash_prompt(err: click.UsageError, command: str | None) -> None:
+    """`edgeprefill run B "-say hi"`: click reads a prompt that starts with "-" as options
+    (No such option '-s'). Where the option is a short one like none of run's (click
+    suggests none; `--bogus` is a mistyped option, not a prompt), the line says how to give
+    such a prompt."""
+    if command == "run" and isinstance(err, click.NoSuchOption) and not err.possibilities \
+            and not err.option_name.startswith("--"):
+        err.message += (' For a prompt that starts with "-", give it as --prompt "-..." or '
+                        'after -- (edgeprefill run BUNDLE -- "-...").')
 
 
 def _interrupted(cause: BaseException | None) -> str:
