@@ -383,6 +383,8 @@ def file_record(path: Path) -> FileRecord:
 def load_manifest(bundle_dir: str | Path, verify_checksums: bool = False) -> Manifest:
     """Read and check a bundle's manifest. Sizes are always checked (cheap); sha256 of
     every file only with `verify_checksums` (it reads all the weights)."""
+    if str(bundle_dir) == "":  # Path("") is ".": the current folder, which nobody typed
+        raise BundleError("the bundle path is empty")
     root = Path(bundle_dir)
     path = root / MANIFEST_FILE
     if not path.is_file():

@@ -2,7 +2,17 @@
 
 
 class EdgeprefillError(Exception):
-    """Base of every error a user can cause and fix (bad input, missing file, bad bundle)."""
+    """Base of every error a user can cause and fix (bad input, missing file, bad bundle).
+    `field`: the parameter (a GenerationParams, EngineConfig or export option field) it is
+    about, where one is. The message names it by that keyword; a front end that takes it
+    under another name renders it in its own (the server names the request field, the CLI
+    the flag: cli/main.py)."""
+
+    def __init__(self, message: str = "", field: str | None = None) -> None:
+        super().__init__(message)
+        # An attribute, not an argument: an exception pickles (bench's worker process) as
+        # its message plus its __dict__.
+        self.field = field
 
 
 class ExportError(EdgeprefillError):
@@ -18,13 +28,7 @@ class BackendError(EdgeprefillError):
 
 
 class RequestError(EdgeprefillError):
-    """A generation request is invalid or can never be served (too long, bad parameters).
-    `field`: the GenerationParams field it is about, where one is (the server names the
-    request field behind it)."""
-
-    def __init__(self, message: str, field: str | None = None) -> None:
-        super().__init__(message)
-        self.field = field
+    """A generation request is invalid or can never be served (too long, bad parameters)."""
 
 
 class SettingError(RequestError):

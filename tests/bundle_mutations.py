@@ -422,7 +422,7 @@ def _cli(command: str, bundle: Path) -> Any:
     argv, run = sys.argv, shutdown.run_until_signalled
     args = [a.format(port=free_port()) for a in COMMANDS[command]]
     sys.argv = ["edgeprefill", command, str(bundle), *args]
-    shutdown.run_until_signalled = lambda server: None  # serve: its startup, no serving
+    shutdown.run_until_signalled = lambda *_: None  # serve: its startup, no serving
     try:
         main()
     except SystemExit as exit_:

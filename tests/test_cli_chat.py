@@ -350,7 +350,7 @@ def test_without_max_new_tokens_run_generates_to_the_end_of_a_small_context(bund
     assert "finish length" in fits.stderr and len(fits.stdout.split()) == 12
     # A limit the user gives is a promise: refused rather than cut short.
     assert_one_line_error(cli("run", path, "-p", prompt, "--max-context", "32",
-                              "--max-new-tokens", "256"), "max_new_tokens (256)",
+                              "--max-new-tokens", "256"), "--max-new-tokens (256)",
                           "exceeds the context of 32")
 
 

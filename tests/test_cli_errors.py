@@ -18,6 +18,7 @@ import pytest
 from click.testing import CliRunner
 
 from edgeprefill.cli.main import main
+from edgeprefill.errors import ExportError, RequestError
 from edgeprefill.export.families import FAMILIES, REFUSED_TYPES
 
 EDGEPREFILL = [sys.executable, "-m", "edgeprefill"]
@@ -165,9 +166,34 @@ def test_run_errors(bundle, tmp_path):
     assert_one_line_error(cli("run", tmp_path, "--prompt", "w3"), "not an edgeprefill bundle")
     assert_one_line_error(cli("run", path, "--prompt", "w3 " * 600), "exceeds the context")
     assert_one_line_error(cli("run", path, "--prompt", ""), "empty")
-    assert_one_line_error(cli("run", path, "--prompt", "w3", "--top-p", "0"), "top_p")
+    assert_one_line_error(cli("run", path, "--prompt", "w3", "--top-p", "0"), "--top-p")
     assert_one_line_error(cli("run", path), "exactly one of")
     assert_one_line_error(cli("run", path, "w3", "--prompt", "w4"), "not both")
+
+
+@pytest.mark.parametrize("args, line", [
+    (("run", "", "w3"), "the bundle path is empty"),
+    (("inspect", ""), "the bundle path is empty"),
+    (("export", "", "-o", "b"), "the model path is empty"),
+    (("export", "m", "-o", ""), "the output path is empty"),
+])
+def test_an_empty_path_is_said_to_be_empty_not_the_current_folder(args, line):
+    assert_one_line_error(cli(*args), f"error: {line}")
+
+
+def test_a_prompt_starting_with_a_dash_is_refused_with_the_two_ways_to_give_it(bundle):
+    """click reads `-say hi` as options; both ways the hint names take it as the prompt."""
+    path = bundle("llama")
+    hint = 'For a prompt that starts with "-", give it as --prompt "-..." or after --'
+    assert_one_line_error(cli("run", path, "-say hi"), "No such option '-s'.", hint)
+    near = cli("run", path, "--promt", "w3")  # a typo of an option: click's suggestion only
+    assert_one_line_error(near, "Did you mean", "--prompt")
+    assert "-..." not in near.stderr
+    assert "-..." not in cli("run", path, "--bogus").stderr  # a long option is no prompt
+    replies = [cli("run", path, "--max-new-tokens", "2", *args)
+               for args in (["--prompt", "-say hi"], ["--", "-say hi"])]
+    assert all(r.returncode == 0 for r in replies), [r.stderr for r in replies]
+    assert replies[0].stdout == replies[1].stdout != ""  # greedy: the same prompt
 
 
 def test_corrupt_bundle_is_refused(bundle, tmp_path):
@@ -307,13 +333,22 @@ def test_export_beside_a_folder_it_cannot_write_in_says_where(hf_copy, tmp_path,
         with pytest.raises(ExportError, match="is a mount point: export into a folder inside"):
             staging.check_target(volume, False)
     out = tmp_path / "ro" / "bundle"
-    out.parent.mkdir()
+    out.mkdir(parents=True)  # an existing bundle's folder, replaced: the stage goes beside
     monkeypatch.setattr(staging.Path, "mkdir", refuse)
     with pytest.raises(ExportError, match=r"cannot write beside .*bundle in .*ro: Permission "
                                           r"denied \(the bundle is written there first"):
         staging.check_target(out, False)
         with staging.staged(out, False):
             pass
+
+
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux's /proc")
+def test_export_to_a_folder_that_cannot_be_created_says_so_in_one_line(hf_copy):
+    """/proc takes no new folder: the line names the folder asked for, not its staging."""
+    result = cli("export", hf_copy, "-o", "/proc/x")
+    assert_one_line_error(result)
+    assert result.stderr == ("error: cannot create the output folder /proc/x: No such file "
+                             "or directory\n")
 
 
 @pytest.mark.parametrize("index, fragment", [
@@ -359,6 +394,50 @@ def test_a_setting_error_names_only_the_flags_the_command_has():
     assert str(err) == "too big; lower kv_slots or max_context, or give kv_budget_bytes"
     assert _in_flags(err, bench) == "too big; lower --max-context"
     assert _in_flags(SettingError("too big", ("kv_slots",)), bench) == "too big"
+
+
+@pytest.mark.parametrize("args, line", [
+    (("--top-p", "0"), "--top-p must be in (0, 1]"),
+    (("--top-k", "-1"), "--top-k must be an integer >= 0"),
+    (("--temperature", "-1"), "--temperature must be a finite number >= 0"),
+    (("--seed", "-1"), "--seed must be an integer >= 0"),
+    (("--repetition-penalty", "0"), "--repetition-penalty must be a finite number > 0"),
+    (("--max-context", "513"), "--max-context must be in 2..512 for this bundle"),
+    (("--max-new-tokens", "600"), "prompt (1 tokens) + --max-new-tokens (600) exceeds the "
+                                  "context of 512 tokens"),
+    (("--thinking-budget", "3"), "--thinking-budget needs a model that thinks in <think>"),
+])
+def test_a_refusal_of_a_value_names_the_flag_it_was_given_by(bundle, args, line):
+    """The SDK's message names the keyword (`top_p`), the CLI's the flag the user typed:
+    the error carries the field, and the field is the option of its name."""
+    result = cli("run", bundle("llama"), "w3", *args)
+    assert_one_line_error(result, f"error: {line}")
+    assert "_" not in result.stderr.split("(")[0], result.stderr  # no keyword left
+
+
+def test_the_sdk_names_the_keyword_the_cli_rewrites():
+    from edgeprefill.export.quantize import QuantConfig
+    from edgeprefill.sdk import GenerationParams
+
+    with pytest.raises(RequestError) as raised:
+        GenerationParams(top_p=0)
+    assert (str(raised.value), raised.value.field) == ("top_p must be in (0, 1]", "top_p")
+    with pytest.raises(ExportError) as refused:
+        QuantConfig("int4", block_size=48)
+    assert refused.value.field == "block_size"
+    assert str(refused.value) == "int4 block_size must be 16..256, a power of 2: 48"
+
+
+def test_export_and_bench_name_their_flags_too(bundle, hf_copy, tmp_path):
+    """--block-size is export's; bench's refusal crosses its worker process (pickled)."""
+    assert_one_line_error(cli("export", hf_copy, "-o", tmp_path / "b", "--quantize", "int4",
+                              "--block-size", "48"),
+                          "error: int4 --block-size must be 16..256, a power of 2: 48")
+    result = cli("bench", bundle("llama"), "--max-context", "513")
+    assert result.returncode == 2
+    # The progress bar's \r-separated frames, then the line.
+    last = result.stderr.splitlines()[-1]
+    assert last == "error: --max-context must be in 2..512 for this bundle"
 
 
 def test_export_options_that_would_be_ignored_are_refused_or_reported(hf_copy, tmp_path):

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import os
+import queue
+import re
 import signal
 import socket
 import subprocess
@@ -516,6 +518,29 @@ def test_serve_command_runs_with_the_api_key_from_the_environment(bundle):
         assert models.json()["data"][0]["id"] == MODEL
     finally:
         process.send_signal(signal.SIGINT)  # uvicorn shuts down gracefully on Ctrl-C
+        assert process.wait(timeout=30) == 0
+
+
+def test_serve_on_port_0_serves_on_the_port_the_os_picked_and_prints_it(bundle):
+    """The line naming the address names the port served (uvicorn's own, which only debug
+    shows, is not logged for a socket handed to it)."""
+    command = [sys.executable, "-c", "from edgeprefill.cli.main import main; main()",
+               "serve", str(bundle("llama")), "--port", "0", "--log-level", "debug"]
+    process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
+    lines: queue.Queue[str] = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(line) for line in process.stderr or ()],
+                     daemon=True).start()
+
+    def line_with(text: str) -> str:  # queue.Empty where none comes within a minute
+        return next(line for line in iter(lambda: lines.get(timeout=60), None) if text in line)
+
+    try:
+        port = int(re.search(r"serving .* on http://127\.0\.0\.1:(\d+)/v1 ",
+                             line_with("serving "))[1])
+        line_with("Application startup complete")
+        assert port != 0 and httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200
+    finally:
+        process.send_signal(signal.SIGINT)
         assert process.wait(timeout=30) == 0
 
 

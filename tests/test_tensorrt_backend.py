@@ -10,10 +10,12 @@ import pytest
 
 from edgeprefill import engines
 from edgeprefill.bundle import load_manifest
+from edgeprefill.cli.main import _in_flags
+from edgeprefill.cli.run_cmd import run
 from edgeprefill.engines import BackendOptions, StepBatch, create_backend
 from edgeprefill.engines.ort.backend import OnnxRuntimeBackend
 from edgeprefill.engines.trt.backend import TensorRTBackend
-from edgeprefill.errors import BackendError
+from edgeprefill.errors import BackendError, SettingError
 from edgeprefill.sdk import Engine, GenerationParams
 from tests.trt_fakes import HostDevice, OrtEngineRuntime
 
@@ -211,11 +213,16 @@ def test_a_kv_cache_too_big_for_the_gpu_is_one_line_and_frees_what_it_took(stand
     runtime = OrtEngineRuntime(standard, manifest, CAPACITY, 4, device=FullDevice(3 << 20))
     trt = TensorRTBackend(standard, manifest, BackendOptions(), runtime=runtime)
     staged = dict(trt.device.buffers)
-    with pytest.raises(BackendError) as err:
+    with pytest.raises(SettingError) as err:
         trt.allocate_kv(slots=64, capacity=CAPACITY)
     message = str(err.value)
     assert message.startswith("cannot allocate the KV cache: 64 slots x 4 arenas")
-    assert "out of memory" in message and "fewer KV slots" in message and "\n" not in message
+    assert "out of memory" in message and "\n" not in message
+    # The advice in real keywords (the SDK's), and in run's flags on the command line.
+    assert message.endswith("; lower kv_slots or max_context, or give a smaller "
+                            "kv_budget_bytes")
+    assert _in_flags(err.value, run).endswith("(CUDA cudaMalloc failed: out of memory); "
+                                              "lower --kv-slots or --max-context")
     assert trt.device.buffers == staged  # the arenas it did get were freed
 
 

@@ -250,7 +250,7 @@ def test_run_takes_thinking_budget(thinking_bundle, bundle):
     refused = cli("run", bundle("llama"), "w5 w6", "--thinking-budget", "2")
     assert refused.returncode != 0
     assert refused.stderr.strip().splitlines() == [
-        "error: thinking_budget needs a model that thinks in <think> ... </think> blocks; "
+        "error: --thinking-budget needs a model that thinks in <think> ... </think> blocks; "
         "this bundle's chat template and tokenizer know no such tags"]
 
 

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import importlib
 import os
+import re
 import sys
 
 import click
 
 from edgeprefill import __version__
-from edgeprefill.errors import EdgeprefillError, RequestError, SettingError
+from edgeprefill.errors import EdgeprefillError, SettingError
 
 # name -> "module:function"
 COMMANDS = {
@@ -48,15 +49,18 @@ class LazyGroup(click.Group):
     def invoke(self, ctx: click.Context) -> object:
         try:
             return super().invoke(ctx)
-        except SettingError as err:
-            command = self.get_command(ctx, ctx.invoked_subcommand or "")
-            raise RequestError(_in_flags(err, command)) from None
+        except EdgeprefillError as err:
+            flagged = _in_flags(err, self.get_command(ctx, ctx.invoked_subcommand or ""))
+            if flagged == str(err):
+                raise
+            raise EdgeprefillError(flagged) from None
         except click.UsageError as err:
             if err.ctx is None and ctx.invoked_subcommand is not None:
                 # click's parser raises some (`-p` without its value) without the command's
                 # context: given it, the line points to that command's --help.
                 command = self.get_command(ctx, ctx.invoked_subcommand)
                 err.ctx = click.Context(command, parent=ctx, info_name=ctx.invoked_subcommand)
+            _hint_a_dash_prompt(err, ctx.invoked_subcommand)
             raise
         except BrokenPipeError:
             # `edgeprefill run ... | head` closed the pipe: not an error. Handled here, as
@@ -96,13 +100,39 @@ def main() -> None:
         sys.exit(130)
 
 
-def _in_flags(err: SettingError, command: click.Command | None) -> str:
-    """The error's advice in the command's flags: a config field is the option of its name
-    (cli/options.py), one the command has no flag for left out (the SDK's keywords mean
-    nothing on a command line)."""
-    options = {p.name: p.opts[0] for p in command.params} if command is not None else {}
-    flags = [options[field] for field in err.lower if field in options]
-    return err.problem + (f"; lower {' or '.join(flags)}" if flags else "")
+def _in_flags(err: EdgeprefillError, command: click.Command | None) -> str:
+    """The error's message in the command's flags: a config field is the option of its name
+    (cli/options.py). The field an error is about (`err.field`) is named as its flag where
+    the command has one (else the message stays the SDK's); a SettingError's advice leaves
+    out the fields the command has no flag for (the SDK's keywords mean nothing on a
+    command line)."""
+    options = _flags(command)
+    if isinstance(err, SettingError):
+        flags = [options[field] for field in err.lower if field in options]
+        return err.problem + (f"; lower {' or '.join(flags)}" if flags else "")
+    flag = options.get(err.field or "")
+    if flag is None:
+        return str(err)
+    # The keyword as a word: `top_k`, not the `top_k` inside another name.
+    return re.sub(rf"(?<![\w-]){re.escape(err.field or '')}(?![\w-])", flag, str(err))
+
+
+def _flags(command: click.Command | None) -> dict[str, str]:
+    """Each option's parameter name (its config field) -> its long flag."""
+    options = [p for p in command.params if isinstance(p, click.Option)] if command else []
+    return {p.name: next((o for o in p.opts if o.startswith("--")), p.opts[0])
+            for p in options if p.name is not None}
+
+
+def _hint_a_dash_prompt(err: click.UsageError, command: str | None) -> None:
+    """`edgeprefill run B "-say hi"`: click reads a prompt that starts with "-" as options
+    (No such option '-s'). Where the option is a short one like none of run's (click
+    suggests none; `--bogus` is a mistyped option, not a prompt), the line says how to give
+    such a prompt."""
+    if command == "run" and isinstance(err, click.NoSuchOption) and not err.possibilities \
+            and not err.option_name.startswith("--"):
+        err.message += (' For a prompt that starts with "-", give it as --prompt "-..." or '
+                        'after -- (edgeprefill run BUNDLE -- "-...").')
 
 
 def _interrupted(cause: BaseException | None) -> str:

@@ -27,8 +27,8 @@ REASONING_MODES = ("auto", "none")  # server.reasoning.MODES (not imported: --he
 @click.argument("bundle", type=click.Path(exists=True, file_okay=False, path_type=Path))
 @click.option("--host", default="127.0.0.1", show_default=True,
               help="Interface to listen on; 0.0.0.0 opens the server to the network.")
-@click.option("--port", default=8000, show_default=True, type=click.IntRange(1, 65535),
-              help="TCP port to listen on.")
+@click.option("--port", default=8000, show_default=True, type=click.IntRange(0, 65535),
+              help="TCP port to listen on; 0: one the OS picks (printed at start-up).")
 @click.option("--model-name", default=None,
               help="The model id clients send (default: the bundle folder's name; a "
               "bundle exported from ollama:NAME, that NAME).")
@@ -84,7 +84,8 @@ def serve(
         ) from None
     from edgeprefill.sdk.engine import Engine
 
-    _check_port_free(host, port)
+    listener = _bind(host, port)
+    port, sockets = _served_on(listener, port)
     limits = split_limits(limit_values)
     config = ServerConfig(model_name=model_name or served_name(bundle), api_key=api_key,
                           max_pending=max_pending, reasoning_parser=reasoning_parser,
@@ -92,7 +93,11 @@ def serve(
                           **limits.config)
     click.echo(f"loading {bundle} ...", err=True)
     # The engine's queue holds at least what the server admits, so it never refuses one.
-    loaded = Engine.load(bundle, max_queue=max_pending, **engine)
+    try:
+        loaded = Engine.load(bundle, max_queue=max_pending, **engine)
+    except BaseException:
+        listener.close()
+        raise
     try:
         app = create_app(loaded, config)
         auth = "API key required" if api_key else "no API key"
@@ -110,12 +115,13 @@ def serve(
                                        uvicorn_level(log_level))
         server_config.access_log = False  # our line per request replaces uvicorn's
         configure_logging(log_level)  # after uvicorn's own logging setup, so ours stands
-        run_until_signalled(uvicorn.Server(server_config))
+        run_until_signalled(uvicorn.Server(server_config), sockets)
         click.echo("stopped", err=True)
     except KeyboardInterrupt:
         # uvicorn has already shut down gracefully and re-raised Ctrl-C: a normal stop.
         click.echo("stopped", err=True)
     finally:
+        listener.close()
         loaded.close()
 
 
@@ -132,14 +138,17 @@ def served_name(bundle: Path) -> str:
     return name.removesuffix(":latest")
 
 
-def _check_port_free(host: str, port: int) -> None:
-    """Fail with one clear line before loading the model, not with uvicorn's log."""
+def _bind(host: str, port: int) -> socket.socket:
+    """A socket bound to host:port (not yet listening): fails with one clear line before
+    loading the model, not with uvicorn's log."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    bound = socket.socket(family, socket.SOCK_STREAM)
     try:
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        with socket.socket(family, socket.SOCK_STREAM) as probe:
-            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            probe.bind((host, port))
+        bound.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        bound.bind((host, port))
+        return bound
     except OSError as err:
+        bound.close()
         # "in use" is about the port; anything else (not one of this machine's
         # addresses, no such host name) is about --host.
         fix = ("pick another --port or stop the program using it"
@@ -148,6 +157,17 @@ def _check_port_free(host: str, port: int) -> None:
                "0.0.0.0: every interface)")
         raise EdgeprefillError(f"cannot listen on {host}:{port} ({err.strerror}); {fix}") \
             from None
+
+
+def _served_on(listener: socket.socket, port: int) -> tuple[int, list[socket.socket] | None]:
+    """The port served and the sockets uvicorn is to serve on. Port 0 (the OS picks one)
+    is served on `listener` itself, so the port printed is the one served (uvicorn would
+    bind another of its own choosing). Any other port uvicorn binds again: a host name on
+    each of its addresses (`listener` has the first)."""
+    if port == 0:
+        return listener.getsockname()[1], [listener]
+    listener.close()
+    return port, None
 
 
 def _warn_if_the_template_fails(engine) -> None:

@@ -78,9 +78,11 @@ class QuantConfig:
         if self.tied_embeddings and not self.embeddings:
             raise ExportError("a tied embedding table is quantized only with the others")
         if self.block_size not in (16, 32, 64, 128, 256):
-            raise ExportError(f"int4 block size must be 16..256, a power of 2: {self.block_size}")
+            raise ExportError(f"int4 block_size must be 16..256, a power of 2: {self.block_size}",
+                              "block_size")
         if self.accuracy_level not in (0, 1, 2, 3, 4):
-            raise ExportError(f"accuracy level must be 0..4, got {self.accuracy_level}")
+            raise ExportError(f"accuracy_level must be 0..4, got {self.accuracy_level}",
+                              "accuracy_level")
 
     @property
     def head_kind(self) -> str:

@@ -78,6 +78,17 @@ def _not_the_bundles(out_dir: Path) -> list[str] | None:
     return sorted(p.name + "/" * p.is_dir() for p in out_dir.iterdir() if p.name not in ours)
 
 
+def _cannot_stage(out_dir: Path, err: OSError) -> str:
+    """Why the staging folder cannot be made, as the user sees it: a new bundle's folder
+    cannot be created; an existing one's folder cannot be replaced, as the new bundle is
+    written beside it first."""
+    reason = err.strerror or str(err)
+    if not out_dir.exists():
+        return f"cannot create the output folder {out_dir}: {reason}"
+    return (f"cannot write beside {out_dir} in {out_dir.parent}: {reason} (the bundle is "
+            "written there first, then renamed into place)")
+
+
 @contextmanager
 def staged(out_dir: Path, overwrite: bool) -> Iterator[Path]:
     """Yield an empty marked folder beside `out_dir`; on success swap it into `out_dir`,
@@ -95,9 +106,7 @@ def staged(out_dir: Path, overwrite: bool) -> Iterator[Path]:
         stage.mkdir()
         (stage / PARTIAL_MARKER).write_text("an edgeprefill export is writing this folder\n")
     except OSError as err:  # a parent that is a file, a read-only or missing mount, ...
-        raise ExportError(f"cannot write beside {out_dir} in {out_dir.parent}: "
-                          f"{err.strerror or err} (the bundle is written there first, then "
-                          "renamed into place)") from None
+        raise ExportError(_cannot_stage(out_dir, err)) from None
     try:
         yield stage
         _sync(stage)

@@ -47,15 +47,16 @@ class EngineConfig:
         for name in ("kv_slots", "threads", "max_context", "kv_budget_bytes"):
             value = getattr(self, name)
             if value is not None and not is_int(value):
-                raise RequestError(f"{name} must be an integer, got {value!r}")
+                raise RequestError(f"{name} must be an integer, got {value!r}", name)
         for name in ("spin", "background", "verify_checksums", "prefix_reuse", "trace",
                      "warm_up"):  # "no" would be truthy
             if not isinstance(getattr(self, name), bool):
-                raise RequestError(f"{name} must be True or False, got {getattr(self, name)!r}")
+                raise RequestError(f"{name} must be True or False, got "
+                                   f"{getattr(self, name)!r}", name)
         if self.kv_slots < 1:
-            raise RequestError(f"kv_slots must be >= 1, got {self.kv_slots}")
+            raise RequestError(f"kv_slots must be >= 1, got {self.kv_slots}", "kv_slots")
         if self.threads is not None and self.threads < 1:
-            raise RequestError(f"threads must be >= 1, got {self.threads}")
+            raise RequestError(f"threads must be >= 1, got {self.threads}", "threads")
         if self.compute not in COMPUTES:
             raise RequestError(f"compute must be one of {', '.join(COMPUTES)}, "
-                               f"got {self.compute!r}")
+                               f"got {self.compute!r}", "compute")

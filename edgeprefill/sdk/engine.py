@@ -67,9 +67,10 @@ def _nth_seed(params: GenerationParams, i: int) -> GenerationParams:
 
 class Engine:
     def __init__(self, bundle_dir: str | Path, config: EngineConfig | None = None) -> None:
-        self.bundle_dir = Path(bundle_dir)
         self.config = config = config or EngineConfig()
-        self.manifest: Manifest = load_manifest(self.bundle_dir, config.verify_checksums)
+        # The path as given: load_manifest refuses "" (which Path() would make ".").
+        self.manifest: Manifest = load_manifest(bundle_dir, config.verify_checksums)
+        self.bundle_dir = Path(bundle_dir)
         self.tokenizer = BundleTokenizer(self.bundle_dir, self.manifest)
         self.generation_defaults = GenerationDefaults.load(self.bundle_dir)
         options = BackendOptions(device=config.device, threads=config.threads, spin=config.spin,
@@ -174,7 +175,8 @@ class Engine:
         limit = self.manifest.max_context
         wanted = self.config.max_context or limit
         if not 1 < wanted <= limit:
-            raise RequestError(f"max_context must be in 2..{limit} for this bundle")
+            raise RequestError(f"max_context must be in 2..{limit} for this bundle",
+                               "max_context")
         return wanted
 
     def _slots(self) -> int:
@@ -611,7 +613,8 @@ class Engine:
         if len(tokens) + room > self.capacity:
             asked = "one new token" if room == 1 else f"max_new_tokens ({room})"
             raise RequestError(f"prompt ({len(tokens)} tokens) + {asked} exceeds the context "
-                               f"of {self.capacity} tokens")
+                               f"of {self.capacity} tokens",
+                               None if room == 1 else "max_new_tokens")
 
     def _check_ids(self, tokens: list[int]) -> None:
         vocab = self.manifest.model.vocab_size

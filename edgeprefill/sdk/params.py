@@ -52,22 +52,25 @@ class GenerationParams:
         elif isinstance(self.stop, (list, tuple)):
             object.__setattr__(self, "stop", tuple(self.stop))
         else:
-            raise RequestError("stop must be a string or a list of strings")
+            raise RequestError("stop must be a string or a list of strings", "stop")
         self._check_sampling()
         self._check_extras()
 
     def _check_sampling(self) -> None:
         _check(self.max_new_tokens is None or is_int(self.max_new_tokens) and
-               self.max_new_tokens >= 1, "max_new_tokens must be a positive integer")
+               self.max_new_tokens >= 1, "max_new_tokens must be a positive integer",
+               "max_new_tokens")
         _check(is_finite(self.temperature) and self.temperature >= 0,
-               "temperature must be a finite number >= 0")
-        _check(is_int(self.top_k) and self.top_k >= 0, "top_k must be an integer >= 0")
-        _check(is_finite(self.top_p) and 0 < self.top_p <= 1, "top_p must be in (0, 1]")
+               "temperature must be a finite number >= 0", "temperature")
+        _check(is_int(self.top_k) and self.top_k >= 0, "top_k must be an integer >= 0",
+               "top_k")
+        _check(is_finite(self.top_p) and 0 < self.top_p <= 1, "top_p must be in (0, 1]",
+               "top_p")
         _check(is_finite(self.repetition_penalty) and self.repetition_penalty > 0,
-               "repetition_penalty must be a finite number > 0")
+               "repetition_penalty must be a finite number > 0", "repetition_penalty")
         # numpy's default_rng refuses negative seeds: refuse them here, at submit.
         _check(self.seed is None or is_int(self.seed) and self.seed >= 0,
-               "seed must be an integer >= 0")
+               "seed must be an integer >= 0", "seed")
         _check(all(isinstance(s, str) and s for s in self.stop),
                "stop strings must be non-empty strings", "stop")
         chars = sum(map(len, self.stop))
@@ -75,21 +78,24 @@ class GenerationParams:
                f"at most {MAX_STOP_STRINGS} stop strings of {MAX_STOP_CHARS:,} characters in "
                f"all, got {len(self.stop)} strings, {chars:,} characters", "stop")
         for name in ("ignore_eos", "fit_context"):  # "false" would be truthy
-            _check(isinstance(getattr(self, name), bool), f"{name} must be true or false")
+            _check(isinstance(getattr(self, name), bool), f"{name} must be true or false",
+                   name)
 
     def _check_extras(self) -> None:
-        _check(is_finite(self.min_p) and 0 <= self.min_p <= 1, "min_p must be in [0, 1]")
+        _check(is_finite(self.min_p) and 0 <= self.min_p <= 1, "min_p must be in [0, 1]",
+               "min_p")
         for name in ("presence_penalty", "frequency_penalty"):
             value = getattr(self, name)
-            _check(is_finite(value) and -2 <= value <= 2, f"{name} must be in [-2, 2]")
+            _check(is_finite(value) and -2 <= value <= 2, f"{name} must be in [-2, 2]", name)
         if self.logit_bias is not None:
             _check(isinstance(self.logit_bias, Mapping) and all(
                 is_int(k) and k >= 0 and is_finite(v) and -100 <= v <= 100
                 for k, v in self.logit_bias.items()),
-                "logit_bias maps token ids >= 0 to numbers in [-100, 100]")
+                "logit_bias maps token ids >= 0 to numbers in [-100, 100]", "logit_bias")
             object.__setattr__(self, "logit_bias", dict(self.logit_bias))
         _check(self.logprobs is None or is_int(self.logprobs) and
-               0 <= self.logprobs <= MAX_LOGPROBS, f"logprobs must be in [0, {MAX_LOGPROBS}]")
+               0 <= self.logprobs <= MAX_LOGPROBS, f"logprobs must be in [0, {MAX_LOGPROBS}]",
+               "logprobs")
         _check(self.thinking_budget is None or is_int(self.thinking_budget) and
                self.thinking_budget >= 0, "thinking_budget must be an integer >= 0",
                "thinking_budget")

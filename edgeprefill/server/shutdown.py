@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import socket
 from types import FrameType
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -68,8 +69,9 @@ class Terminated(Exception):
     """SIGTERM arrived: a normal stop, like Ctrl-C."""
 
 
-def run_until_signalled(server) -> None:
-    """`server.run()` (a uvicorn.Server); returns normally after SIGTERM or Ctrl-C.
+def run_until_signalled(server, sockets: list[socket.socket] | None = None) -> None:
+    """`server.run(sockets)` (a uvicorn.Server, on sockets bound already, if given);
+    returns normally after SIGTERM or Ctrl-C.
 
     uvicorn handles both signals itself and, once shut down, re-raises the one it got
     through the handler that was installed before it: SIGINT's raises KeyboardInterrupt,
@@ -81,7 +83,7 @@ def run_until_signalled(server) -> None:
 
     previous = signal.signal(signal.SIGTERM, terminate)
     try:
-        server.run()
+        server.run(sockets)
     except (KeyboardInterrupt, Terminated):
         pass
     finally:

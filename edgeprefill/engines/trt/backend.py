@@ -28,7 +28,7 @@ from edgeprefill.engines.trt.steps import (
     slot_prefix_copies,
     staging_sizes,
 )
-from edgeprefill.errors import BackendError
+from edgeprefill.errors import BackendError, SettingError
 
 
 class TensorRTBackend(Backend):
@@ -80,7 +80,8 @@ class TensorRTBackend(Backend):
                 rebuild = f" or rebuild with `edgeprefill build --capacity {capacity}`"
             raise BackendError(
                 f"the TensorRT engine was built for a KV capacity of {self.plan.capacity}, "
-                f"not {capacity}; run with max_context {self.plan.capacity}{rebuild}"
+                f"not {capacity}; run with max_context {self.plan.capacity}{rebuild}",
+                "max_context",
             )
         self._free_kv()
         # Zero-filled: the standard graph attends over the whole capacity with an additive
@@ -92,9 +93,11 @@ class TensorRTBackend(Backend):
         except BackendError as err:
             self._free_kv()
             total = (slots * len(self._pairs) + 1) * self.slot_bytes
-            raise BackendError(f"cannot allocate the KV cache: {slots} slots x "
+            # The settings' error, as the engine's own KV check: the CLI advises in flags.
+            raise SettingError(f"cannot allocate the KV cache: {slots} slots x "
                                f"{len(self._pairs)} arenas = {total / 2**20:.0f} MiB on the GPU "
-                               f"({err}); use fewer KV slots or a smaller kv_budget") from None
+                               f"({err})", ("kv_slots", "max_context"),
+                               ", or give a smaller kv_budget_bytes") from None
         self._slots = slots
 
     def run(self, step: StepBatch) -> np.ndarray:
