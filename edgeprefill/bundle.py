@@ -16,7 +16,7 @@ from types import UnionType
 from typing import TYPE_CHECKING, Any, NoReturn, Union, get_args, get_origin, get_type_hints
 
 from edgeprefill.contract import FileRecord, check_graph_file, check_graph_io
-from edgeprefill.errors import BundleError, one_line
+from edgeprefill.errors import BundleError, EdgeprefillError, one_line
 from edgeprefill.json_file import load_json_object
 from edgeprefill.values import is_int
 
@@ -383,9 +383,7 @@ def file_record(path: Path) -> FileRecord:
 def load_manifest(bundle_dir: str | Path, verify_checksums: bool = False) -> Manifest:
     """Read and check a bundle's manifest. Sizes are always checked (cheap); sha256 of
     every file only with `verify_checksums` (it reads all the weights)."""
-    if str(bundle_dir) == "":  # Path("") is ".": the current folder, which nobody typed
-        raise BundleError("the bundle path is empty")
-    root = Path(bundle_dir)
+    root = given_path(bundle_dir, "bundle", BundleError)
     path = root / MANIFEST_FILE
     if not path.is_file():
         if not root.exists():
@@ -413,6 +411,14 @@ def _export_source(root: Path) -> str | None:
     if root.suffix.lower() == ".gguf" and root.is_file():
         return "a GGUF file"
     return None
+
+
+def given_path(value: str | Path, what: str, error: type[EdgeprefillError]) -> Path:
+    """`value` as a Path; an empty one refused with `error` naming `what`: Path("") is ".",
+    the current folder, which nobody typed."""
+    if str(value) == "":
+        raise error(f"the {what} path is empty")
+    return Path(value)
 
 
 def resolve_inside(root: Path, name: str) -> Path:

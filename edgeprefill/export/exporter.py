@@ -19,6 +19,7 @@ from edgeprefill.bundle import (
     ModelInfo,
     TokenizerInfo,
     file_record,
+    given_path,
 )
 from edgeprefill.contract import kv_names, state_names
 from edgeprefill.errors import ExportError
@@ -87,11 +88,10 @@ def export(hf_dir: str | Path, out_dir: str | Path, options: ExportOptions) -> M
     """`hf_dir`: a Hugging Face folder, or a GGUF file (or a folder holding one and no
     config.json, or `ollama:NAME[:TAG]`, a model in Ollama's store: export/ollama_store.py),
     which export/gguf_input.py converts to a Hugging Face folder first."""
-    for given, what in ((hf_dir, "model"), (out_dir, "output")):
-        if str(given) == "":  # Path("") is ".": the current folder, which nobody typed
-            raise ExportError(f"the {what} path is empty")
+    given_path(hf_dir, "model", ExportError)  # kept as given: it may be ollama:NAME
+    out_dir = given_path(out_dir, "output", ExportError)
     ollama = ollama_store.resolve(hf_dir) if is_ollama_name(hf_dir) else None
-    hf_dir, out_dir = Path(hf_dir if ollama is None else ollama.gguf), Path(out_dir)
+    hf_dir = Path(hf_dir if ollama is None else ollama.gguf)
     gguf_file = gguf_file_of(hf_dir)
     if gguf_file is None:
         return _export(hf_dir, out_dir, options, {"path": str(hf_dir.resolve())})
