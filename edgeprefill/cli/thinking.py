@@ -25,7 +25,7 @@ import click
 from edgeprefill.errors import RequestError
 from edgeprefill.sdk.reasoning_split import Part, ReasoningParser
 from edgeprefill.sdk.stream import TokenStream
-from edgeprefill.sdk.thinking_budget import WINDOW, bundle_thinks, prompt_opens_think
+from edgeprefill.sdk.thinking_budget import bundle_thinks, ids_open_think
 from edgeprefill.sdk.tokenizer import BundleTokenizer
 
 OPENING = "Thinking...\n"
@@ -51,7 +51,7 @@ class ThinkingView:
         """The parser of a reply to `prompt` (None: print the reply as it comes)."""
         if not (self.splits and chat):
             return None
-        return ReasoningParser(prompt_opens_think(tokenizer.decode(prompt[-WINDOW:])))
+        return ReasoningParser(ids_open_think(tokenizer, prompt))
 
     def dim(self, text: str) -> str:
         return click.style(text, dim=True) if self.styled else text

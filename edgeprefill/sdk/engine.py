@@ -309,9 +309,11 @@ class Engine:
         mask = None
         if params.constraint is not None:
             from edgeprefill.sdk.constraints import compile_constraint
+            from edgeprefill.sdk.thinking_budget import ids_open_think
 
             try:
-                opened = params.constraint.after_thinking and self._opens_think(tokens)
+                opened = params.constraint.after_thinking and \
+                    ids_open_think(self.tokenizer, tokens)
                 mask = compile_constraint(params.constraint, self.tokenizer, sorted(self.eos),
                                           opened)
             except RequestError as err:  # a grammar that does not compile, a tokenizer
@@ -322,13 +324,6 @@ class Engine:
 
             budget = thinking_budget(params.thinking_budget, self.tokenizer, tokens)
         return Sampler(params, tokens, mask, budget)
-
-    def _opens_think(self, tokens: list[int]) -> bool:
-        """Whether the prompt leaves a think block open for the reply (as the thinking
-        budget reads it: sdk/thinking_budget.py)."""
-        from edgeprefill.sdk.thinking_budget import WINDOW, prompt_opens_think
-
-        return prompt_opens_think(self.tokenizer.decode(tokens[-WINDOW:]))
 
     def default_params(self, **explicit: Any) -> GenerationParams:
         """GenerationParams from the explicit non-None keyword values, the bundle's

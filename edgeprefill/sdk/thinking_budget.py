@@ -67,8 +67,14 @@ def thinking_budget(budget: int, tokenizer: BundleTokenizer,
         raise RequestError("thinking_budget needs a model that thinks in <think> ... "
                            "</think> blocks; this bundle's chat template and tokenizer know "
                            "no such tags", "thinking_budget")
-    opened = prompt_opens_think(tokenizer.decode(list(prompt[-WINDOW:])))
-    return ThinkingBudget(budget, tokenizer.encode_plain(FORCED_CLOSE), tokenizer, opened)
+    return ThinkingBudget(budget, tokenizer.encode_plain(FORCED_CLOSE), tokenizer,
+                          ids_open_think(tokenizer, prompt))
+
+
+def ids_open_think(tokenizer: BundleTokenizer, prompt: Sequence[int]) -> bool:
+    """prompt_opens_think on a prompt given as token ids: the text of its last WINDOW
+    tokens, enough for a `<think>` at its end and the blanks after it."""
+    return prompt_opens_think(tokenizer.decode(list(prompt[-WINDOW:])))
 
 
 class ThinkingBudget:
