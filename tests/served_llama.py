@@ -1,7 +1,8 @@
-"""The live server the API test modules share (test_serve_messages, _responses, _ollama):
-the conftest's tiny llama on an engine of 4 KV slots, served on a free port, and the KV
-cache idle again after each test. Pytest finds fixtures by the names a module holds, so
-a module binds them (an import would be shadowed by the tests' arguments of those names):
+"""The live server the API test modules share (test_serve_messages, _responses, _ollama,
+test_server_routes): the conftest's tiny llama on an engine of 4 KV slots, served on a
+free port, and the KV cache idle again after each test. Pytest finds fixtures by the
+names a module holds, so a module binds them (an import would be shadowed by the tests'
+arguments of those names):
 
     engine = served_llama.engine
     server = served_llama.server

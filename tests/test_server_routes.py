@@ -9,7 +9,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 
 import pytest
 
@@ -18,22 +17,14 @@ openai = pytest.importorskip("openai")
 pytest.importorskip("starlette")
 
 import edgeprefill  # noqa: E402
-from edgeprefill.sdk import Engine  # noqa: E402
 from edgeprefill.server import ServerConfig, ServerThread, create_app  # noqa: E402
-from tests.test_serve import MODEL, NO_EOS, assert_error, free_port, serving  # noqa: E402
+from tests import served_llama  # noqa: E402
+from tests.test_serve import MODEL, NO_EOS, assert_error, free_port  # noqa: E402
 
-
-@pytest.fixture(scope="module")
-def engine(bundle) -> Iterator[Engine]:
-    engine = Engine.load(bundle("llama"), threads=1, kv_slots=2)
-    yield engine
-    engine.close()
-
-
-@pytest.fixture(scope="module")
-def server(engine) -> Iterator[ServerThread]:
-    with serving(engine) as server:
-        yield server
+# The live server the API test modules share (tests/served_llama.py).
+engine = served_llama.engine
+server = served_llama.server
+kv_is_clean_after_each_test = served_llama.kv_is_clean_after_each_test
 
 
 # -- /tokenize and /detokenize ---------------------------------------------------------
