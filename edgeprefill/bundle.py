@@ -229,7 +229,7 @@ def _file_records(raw: object) -> dict[str, FileRecord]:
         isinstance(name, str) and isinstance(entry, dict) for name, entry in raw.items()
     ):
         _malformed(f"'files' must be an object of {{'sha256': str, 'bytes': int}} records, "
-                   f"got {type(raw).__name__} {_short(raw)}")
+                   f"got {type(raw).__name__} {short_repr(raw)}")
     records = {}
     for name, entry in raw.items():
         sha256, size = entry.get("sha256"), entry.get("bytes")
@@ -330,7 +330,7 @@ def _check_types(record: Any) -> None:
         value = getattr(record, f.name)
         if not _is_instance(value, hints[f.name]):
             _malformed(f"'{f.name}' must be {_type_name(hints[f.name])}, got "
-                       f"{type(value).__name__} {_short(value)}")
+                       f"{type(value).__name__} {short_repr(value)}")
 
 
 def _is_instance(value: Any, hint: Any) -> bool:
@@ -359,9 +359,10 @@ def _type_name(hint: Any) -> str:
     return name if isinstance(name, str) else str(hint)
 
 
-def _short(value: Any) -> str:
+def short_repr(value: Any, width: int = 40) -> str:
+    """repr(value), cut to `width` characters with "..." where longer: one line shows it."""
     text = repr(value)
-    return text if len(text) <= 40 else text[:37] + "..."
+    return text if len(text) <= width else text[:width - 3] + "..."
 
 
 def _malformed(problem: str) -> NoReturn:

@@ -122,12 +122,12 @@ def _gguf_line(m) -> list[str]:
 
 def _system_line(system: str | None) -> list[str]:
     """The default system message (an Ollama model's SYSTEM), on one line."""
+    from edgeprefill.bundle import short_repr
+
     if system is None:
         return []
-    text = repr(system)
-    shown = text if len(text) <= SYSTEM_SHOWN else text[:SYSTEM_SHOWN - 3] + "..."
-    return [f"system      {shown}  (first in every chat that brings no system message; "
-            "--json shows it whole)"]
+    return [f"system      {short_repr(system, SYSTEM_SHOWN)}  (first in every chat that "
+            "brings no system message; --json shows it whole)"]
 
 
 def _heads(model) -> str:
