@@ -19,7 +19,7 @@ from typing import NamedTuple
 import click
 
 from edgeprefill.cli.report import request_line
-from edgeprefill.cli.thinking import ThinkingView, assistant_message, show_reply
+from edgeprefill.cli.thinking import ThinkingView, assistant_message, show_reply, think_kwargs
 from edgeprefill.errors import RequestError
 from edgeprefill.sdk import Engine, GenerationParams
 from edgeprefill.sdk.session import Session
@@ -176,16 +176,13 @@ class ChatLoop:
             _note("this bundle has no chat template, so thinking cannot be switched")
             return True
         self.think = on
-        self.session.template_kwargs = self._template_kwargs()
+        self.session.template_kwargs = think_kwargs(on)
         _note("(thinking " + ("on)" if on else "off)"))
         return True
 
-    def _template_kwargs(self) -> dict[str, bool]:
-        return {} if self.think is None else {"enable_thinking": self.think}
-
     def _new_session(self) -> Session:
         session = self.engine.session()
-        session.template_kwargs = self._template_kwargs()
+        session.template_kwargs = think_kwargs(self.think)
         session.reply_message = assistant_message(self.engine.tokenizer, self.view)
         return session
 

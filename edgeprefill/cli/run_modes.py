@@ -13,7 +13,7 @@ from typing import NamedTuple
 import click
 
 from edgeprefill.cli.report import backend_line, engine_lines, request_line
-from edgeprefill.cli.thinking import ThinkingView, reply_text, show_reply
+from edgeprefill.cli.thinking import ThinkingView, reply_text, show_reply, think_kwargs
 from edgeprefill.errors import RequestError
 from edgeprefill.sdk import Engine, GenerationParams, TokenStream
 from edgeprefill.sdk.priority import parse_priority
@@ -46,8 +46,7 @@ class Turn(NamedTuple):
         arrival = time.perf_counter()  # TTFT counts rendering and tokenizing, as ever
         if not self.chat and not text:
             raise RequestError("the prompt is empty")
-        kwargs = {} if self.think is None else {"enable_thinking": self.think}
-        tokens = engine.tokenizer.encode(self.prompt(text), **kwargs)
+        tokens = engine.tokenizer.encode(self.prompt(text), **think_kwargs(self.think))
         return engine.submit(tokens, params, priority, None, arrival=arrival), tokens
 
 

@@ -92,6 +92,12 @@ def reply_text(text: str, view: ThinkingView, parser: ReasoningParser | None) ->
     return "".join(out)
 
 
+def think_kwargs(think: bool | None) -> dict[str, bool]:
+    """The chat template's keywords for `--think`/`--no-think` (`/think`, `/nothink`):
+    its enable_thinking, or none where the user chose neither (the template's default)."""
+    return {} if think is None else {"enable_thinking": think}
+
+
 def assistant_message(tokenizer: BundleTokenizer, view: ThinkingView
                       ) -> Callable[[list[int], str], dict[str, Any]]:
     """A chat session's `reply_message`: the answer as content, the reasoning as
