@@ -26,7 +26,7 @@ from tests.test_serve import free_port  # noqa: E402
 from tests.test_serve_tools_strict import (  # noqa: E402
     MAX_TOKENS,
     QUESTION,
-    WEATHER_SCHEMA,  # noqa: E402
+    WEATHER_SCHEMA,
     chat,
     complete_calls,
     strict_engine,
