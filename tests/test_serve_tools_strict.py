@@ -79,10 +79,12 @@ def engine(tmp_path_factory) -> Iterator[Engine]:
 
 
 def strict_engine(tmp_path_factory, template: str, added: tuple[str, ...] = TOOL_TAGS,
-                  biases: dict[str, float] | None = None) -> Engine:
+                  biases: dict[str, float] | None = None,
+                  special: tuple[str, ...] = ()) -> Engine:
     """The biased model (below) behind a byte-level BPE tokenizer and `template`:
-    `added` are added, non-special tokens (as Qwen's tags are); `biases` (by token) on
-    their logits, BIAS on <tool_call>'s by default."""
+    `added` are added, non-special tokens (as Qwen's tags are), `special` added special
+    tokens (as Mistral's `[TOOL_CALLS]` is); `biases` (by token) on their logits, BIAS on
+    <tool_call>'s by default."""
     from tokenizers import AddedToken
 
     from edgeprefill.export.exporter import ExportOptions, export
@@ -90,6 +92,7 @@ def strict_engine(tmp_path_factory, template: str, added: tuple[str, ...] = TOOL
     model = build_hf_model("llama", tmp_path_factory.mktemp("strict"), vocab_size=VOCAB)
     tok = bpe.byte_level_bpe(VOCAB)
     tok.add_tokens([AddedToken(tag, special=False) for tag in added])
+    tok.add_special_tokens([AddedToken(tag, special=True) for tag in special])
     bpe.install(tok, model)
     config = json.loads((model / "tokenizer_config.json").read_text())
     config["chat_template"] = template
@@ -241,7 +244,7 @@ def test_a_call_format_without_a_lazy_grammar_refuses_strict_in_one_line():
     from edgeprefill.server.errors import ApiError
     from edgeprefill.server.strict_tools import lazy_call_constraint
 
-    for call_format in ("pythonic", "qwen3_xml", "mistral", "llama3_json"):
+    for call_format in ("pythonic", "qwen3_xml", "llama3_json"):
         with pytest.raises(ApiError) as err:
             lazy_call_constraint((tool("get_weather", True),), call_format)
         assert err.value.status == 400 and call_format in err.value.message

@@ -1,8 +1,8 @@
 """Free text up to a marker, in llguidance's Lark: the piece every lazy grammar opens with.
 
 A lazy grammar leaves the reply's text free until a marker and constrains what follows
-(strict tools under tool_choice auto: text, then `<tool_call>` and a call,
-server/strict_tools.py; structured output after a think block: `<think>` text, then
+(strict tools under tool_choice auto: text, then `<tool_call>` or `[TOOL_CALLS]` and
+calls, server/strict_tools.py; structured output after a think block: `<think>` text, then
 `</think>` and the answer, sdk/think_first.py). llguidance calls such a rule lazy:
 `head[lazy]: TEXT "<tool_call>"` ends at the first marker, wherever the tokens split it
 (`<tool_` `call>{"`), so a marker spelled in plain text works as a special token's
@@ -19,17 +19,20 @@ BLANKS = r"/[ \n]{0,2}/"
 REGEX_META = set("\\.+*?()|[]{}^$#&-~/")  # escaped where a marker has them (_regex_literal)
 
 
-def text_until(rule: str, marker: str, text: str = "TEXT") -> list[str]:
+def text_until(rule: str, marker: str, text: str = "TEXT", utf8: bool = False) -> list[str]:
     """Lark lines: `rule` is free text ending at the first `marker` (the marker included),
     and `text` the lexeme of that free text (named so that two markers' texts may meet in
-    one grammar)."""
+    one grammar). `utf8`: the text is valid UTF-8, which no special token is (llguidance
+    spells one from a 0xFF byte on): a rule `TEXT <[id]>` then ends the text at that
+    token, where any-bytes text takes the token in (strict_tools' Mistral marker)."""
+    # Any bytes. A positive regex must be UTF-8, a negated one need not: "not containing
+    # the marker" is the nearest, and in effect it is any bytes (an invalid byte after a
+    # marker makes the text match no `.*`). The lazy rule, not this exclusion, is what
+    # ends the text at a marker.
+    anything = f"~/(?s:.*){_regex_literal(marker)}(?s:.*)/"
     return [
         f"{rule}[lazy]: {text} {json.dumps(marker)}",
-        # Any bytes. A positive regex must be UTF-8, a negated one need not: "not
-        # containing the marker" is the nearest, and in effect it is any bytes (an
-        # invalid byte after a marker makes the text match no `.*`). The lazy rule, not
-        # this exclusion, is what ends the text at a marker.
-        f"{text}: ~/(?s:.*){_regex_literal(marker)}(?s:.*)/",
+        f"{text}: /(?s:.*)/ & {anything}" if utf8 else f"{text}: {anything}",
     ]
 
 

@@ -18,11 +18,13 @@ if TYPE_CHECKING:
 Prompt = str | Sequence[int] | Sequence[dict[str, Any]]
 
 # Special tokens that stay in the reply text where the tokenizer has them as special
-# tokens: markers a reply parser reads (LFM2's tool-call tags, server/tool_parsers.py; the
+# tokens: markers a reply parser reads (LFM2's tool-call tags and Mistral's `[TOOL_CALLS]`,
+# server/tool_parsers.py: without it the text before a call swallowed the call; the
 # thinking tags where a tokenizer registers them as special, server/reasoning.py). Every
 # other special token (end of turn, BOS) is dropped, as transformers' decode with
 # skip_special_tokens does; vLLM keeps them by decoding without skipping for such models.
-KEPT_SPECIAL_TOKENS = ("<|tool_call_start|>", "<|tool_call_end|>", "<think>", "</think>")
+KEPT_SPECIAL_TOKENS = ("<|tool_call_start|>", "<|tool_call_end|>", "[TOOL_CALLS]", "<think>",
+                       "</think>")
 # The harmony markers that frame gpt-oss's messages (server/harmony.py), kept where the
 # tokenizer has `<|channel|>` (o200k_harmony): without them a reply reads "analysisThe
 # user asks...assistantfinalHello". Only there, as Phi-3's end of turn is `<|end|>` too.

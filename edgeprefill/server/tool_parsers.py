@@ -4,9 +4,10 @@
                  between ordinary text (ChatML / Hermes / Qwen2, Qwen2.5, Qwen3)
     llama3_json  the whole reply is `{"name": ..., "parameters": {...}}` (Llama 3.1-3.3;
                  several calls separated by `;`)
-    mistral      `[TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]`; the marker is a
-                 special token the detokenizer drops, so a reply that is such a JSON list
-                 counts too
+    mistral      `[TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]`, text may come
+                 first; the marker, a special token in current tokenizers, stays in the
+                 reply's text (sdk/tokenizer.py's KEPT_SPECIAL_TOKENS), and a reply that
+                 is such a JSON list alone counts too
     forced_named, forced_required
                  what `tool_choice` forces through a JSON-schema constraint (as vLLM
                  does): the arguments object of the named function, or a JSON list of

@@ -125,9 +125,11 @@ class ToolRequest:
             raise ApiError(400, f"tool_choice {self._choice_text()}: {err}",
                            "tool_choice") from None
 
-    def constrain_auto(self, params: GenerationParams, fmt: str) -> GenerationParams:
+    def constrain_auto(self, params: GenerationParams, fmt: str,
+                       special_ids: Mapping[str, int] | None = None) -> GenerationParams:
         """The params with the lazy grammar strict tools need under auto in the call
-        format `fmt` (as they were without a strict tool)."""
+        format `fmt` (as they were without a strict tool); `special_ids`: the tokenizer's
+        special tokens, text -> id (Mistral's call marker is one in its tokenizers)."""
         if not self.strict_auto:
             return params
         if getattr(params, "constraint", None) is not None:
@@ -138,7 +140,7 @@ class ToolRequest:
             raise ApiError(400, "function.strict needs constrained decoding "
                            "(edgeprefill.sdk.constraints), which this build does not have",
                            "tools")
-        constraint = lazy_call_constraint(self.tools, fmt)
+        constraint = lazy_call_constraint(self.tools, fmt, self.parallel, special_ids)
         return replace(params, constraint=constraint)
 
     def schema(self) -> dict:
