@@ -220,3 +220,20 @@ def test_response_format_json_schema_through_the_server(server):
             person = json.loads(choice["message"]["content"])
             assert set(person) == {"name", "age"} and 0 <= person["age"] <= 99
 
+
+# -- fixes ----------------------------------------------------------------------------------
+
+
+def test_a_constraint_spelling_a_plain_added_token_runs_on_a_unigram_vocabulary(tmp_path):
+    """A non-special added token (Qwen's <tool_call>) moves into the vocabulary llguidance
+    reads, as a BPE's does: a Unigram vocabulary is a list, and was left as it was, so
+    llguidance took the token for a special one and refused it (MatcherError: a 500) where
+    the grammar forces its text. Here the decoder keeps the reply's first space, so
+    llguidance reads the tokenizer.json itself."""
+    tok = unigram(metaspace=False)
+    tok.add_tokens(["<tool_call>"])
+    with Engine.load(export_with(tok, tmp_path), threads=1, kv_slots=1) as engine:
+        out = engine.generate("hello", GenerationParams(
+            max_new_tokens=20, constraint=Constraint.regex("<tool_call> x"))).result()
+    assert (out.text, out.finish_reason) == ("<tool_call> x", "stop"), out.error
+    assert tok.id_to_token(out.token_ids[0]) == "<tool_call>"
