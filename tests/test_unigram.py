@@ -19,8 +19,9 @@ httpx = pytest.importorskip("httpx")
 pytest.importorskip("llguidance")
 pytest.importorskip("starlette")
 
+from edgeprefill.errors import RequestError  # noqa: E402
 from edgeprefill.sdk import Engine, GenerationParams  # noqa: E402
-from edgeprefill.sdk.constraints import Constraint, _ll_tokenizer  # noqa: E402
+from edgeprefill.sdk.constraints import Constraint, _ll_tokenizer, compile_constraint  # noqa: E402
 from edgeprefill.server import ServerConfig, ServerThread, create_app  # noqa: E402
 from tests.bpe_tokenizers import install  # noqa: E402
 from tests.conftest import build_hf_model, follow_tokens  # noqa: E402
@@ -237,3 +238,17 @@ def test_a_constraint_spelling_a_plain_added_token_runs_on_a_unigram_vocabulary(
             max_new_tokens=20, constraint=Constraint.regex("<tool_call> x"))).result()
     assert (out.text, out.finish_reason) == ("<tool_call> x", "stop"), out.error
     assert tok.id_to_token(out.token_ids[0]) == "<tool_call>"
+
+
+@pytest.mark.parametrize("pattern,byte", [("a\nb", "0x0a"), ("ÿ", "0xc3")])
+def test_text_a_vocabulary_without_byte_fallback_cannot_spell_is_refused_in_one_line(pattern,
+                                                                                     byte):
+    """XGLM's vocabulary has no byte pieces: a grammar that forces a byte no token spells
+    is refused naming the byte; it had been llguidance's panic with a Python traceback.
+    Where the grammar lets the model choose, it runs."""
+    stand_in = StandIn(unigram(byte_fallback=False))
+    with pytest.raises(RequestError) as err:
+        compile_constraint(Constraint.regex(pattern), stand_in, [EOS])
+    assert str(err.value).endswith(f"it needs the byte {byte}, which no token of this "
+                                   "tokenizer spells (a vocabulary without byte fallback)")
+    compile_constraint(Constraint.regex("[a-z]+ (ÿ|x)"), stand_in, [EOS])

@@ -19,6 +19,7 @@ otherwise (a Metaspace decoder's `▁▁` reads "", not " ") may not open the re
 from __future__ import annotations
 
 import json
+import re
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -352,7 +353,7 @@ def _ll_tokenizer(tokenizer: BundleTokenizer,
                                 n_vocab=tokenizer.vocab_size, eos_token=list(eos_ids))
     except ValueError as err:
         raise RequestError(
-            "constrained output needs a byte-level or byte-fallback BPE tokenizer; this "
+            "constrained output needs a byte-level or byte-fallback tokenizer; this "
             f"bundle's cannot spell arbitrary text ({_one_line(err)})") from None
     _TOKENIZERS[tokenizer] = (eos_ids, built, first_banned)
     return built, first_banned
@@ -459,7 +460,16 @@ def _extend_unigram(vocab: Any, added: list[dict[str, Any]], spell: TokenBytes) 
     return True
 
 
+# _ExactBytes' refusal of text it cannot spell, as llguidance reports it: inside its panic
+# message, with the Python traceback of the callback that raised it.
+UNSPELLABLE = re.compile(r"no token spells the byte (0x[0-9a-f]{2})")
+
+
 def _one_line(err: object) -> str:
     # llguidance appends a dump of its parser state after "<state>": not for the client.
     text = str(err).split("<state>")[0]
+    unspellable = UNSPELLABLE.search(text)
+    if unspellable is not None:  # a vocabulary without byte fallback (XGLM's)
+        return (f"it needs the byte {unspellable.group(1)}, which no token of this "
+                "tokenizer spells (a vocabulary without byte fallback)")
     return " ".join(text.split())[:300]
