@@ -1,11 +1,11 @@
 """A bundle whose tokenizer.json is a SentencePiece Unigram model (XGLM's, mBART's kind:
 `"vocab": [[piece, score], ...]`, a Metaspace pre-tokenizer and decoder, byte fallback),
-end to end on a random XGLM: the streamed text, stop strings, logprobs' tokens and the
-server's routes against `tokenizers`' decode of the reply's ids; structured output's
-token table against the decoder's reading of each piece, and its replies against the
-grammar. The reply is scripted (tests/conftest.py follow_tokens) where its text is
-checked: "naïve café\\nÿ€𝄞東京😀", spaces inside pieces, characters whole in pieces and
-split over byte tokens."""
+end to end on a random XGLM: the streamed text, stop strings, logprobs' tokens, the
+server's routes and `edgeprefill run` against `tokenizers`' decode of the reply's ids;
+structured output's token table against the decoder's reading of each piece, and its
+replies against the grammar. The reply is scripted (tests/conftest.py follow_tokens)
+where its text is checked: "naïve café\\nÿ€𝄞東京😀", spaces inside pieces, characters
+whole in pieces and split over byte tokens. (`/v1/completions` refuses `echo`.)"""
 
 from __future__ import annotations
 
@@ -222,6 +222,19 @@ def test_response_format_json_schema_through_the_server(server):
             assert set(person) == {"name", "age"} and 0 <= person["age"] <= 99
 
 
+def test_edgeprefill_run_prints_the_decode_of_the_reply(bundle, sampled, tok):
+    from click.testing import CliRunner
+
+    from edgeprefill.cli.main import cli
+
+    reply = sampled.generate("naïve café", GenerationParams(max_new_tokens=30)).result()
+    result = CliRunner().invoke(cli, ["run", str(bundle), "naïve café", "--threads", "1",
+                                      "--max-new-tokens", "30", "--temperature", "0"])
+    assert any(tok.id_to_token(i).startswith("<0x") for i in reply.token_ids)  # bytes
+    assert result.exit_code == 0, result.output
+    assert result.stdout == tok.decode(reply.token_ids) + "\n"
+
+
 # -- fixes ----------------------------------------------------------------------------------
 
 
@@ -252,3 +265,4 @@ def test_text_a_vocabulary_without_byte_fallback_cannot_spell_is_refused_in_one_
     assert str(err.value).endswith(f"it needs the byte {byte}, which no token of this "
                                    "tokenizer spells (a vocabulary without byte fallback)")
     compile_constraint(Constraint.regex("[a-z]+ (ÿ|x)"), stand_in, [EOS])
+
