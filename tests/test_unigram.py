@@ -91,7 +91,7 @@ def test_the_tokenizer_is_unigram_and_the_reply_splits_characters(tok, reply_ids
     model = json.loads(tok.to_str())["model"]
     assert model["type"] == "Unigram" and isinstance(model["vocab"], list)
     pieces = [tok.id_to_token(i) for i in reply_ids]
-    assert "<0xC3>" in pieces and "▁ca" in pieces and "東" in pieces
+    assert "<0xC3>" in pieces and "▁café" in pieces and "東" in pieces
     assert tok.decode(reply_ids) == REPLY
 
 
@@ -104,6 +104,23 @@ def test_a_streamed_reply_is_the_decode_of_its_ids(scripted, tok, reply_ids):
     assert all("\ufffd" not in e.text for e in events)  # never half a character
     assert any(e.text == "" for e in events)  # the byte tokens inside a character
 
+
+
+def test_xglms_form_without_byte_fallback_streams_its_decode_unk_dropped(tmp_path):
+    """XGLM's own vocabulary has no byte pieces: a character it lacks is <unk>, a special
+    token the text drops. Sampled replies (<unk> made likely) stream as their decode."""
+    tok = unigram(byte_fallback=False)
+    unk = tok.token_to_id("<unk>")
+    with Engine.load(export_with(tok, tmp_path), threads=1, kv_slots=1) as engine:
+        for seed in range(3):
+            stream = engine.generate("naïve 你好", GenerationParams(
+                max_new_tokens=30, temperature=1.0, seed=seed, logit_bias={unk: 4.0},
+                logprobs=0))
+            events = list(stream)
+            ids = [e.token_id for e in events if e.token_id is not None]
+            assert unk in ids
+            assert "".join(e.text for e in events) == tok.decode(ids)
+            assert [e.token_text for e in events if e.token_id == unk][0] == "<unk>"
 
 @pytest.mark.parametrize("stop", ["café\nÿ", "€𝄞", "ve ca", "京😀", "\n"])
 def test_a_stop_string_across_tokens_ends_the_reply_where_it_begins(scripted, stop):
@@ -227,8 +244,8 @@ def test_edgeprefill_run_prints_the_decode_of_the_reply(bundle, sampled, tok):
 
     from edgeprefill.cli.main import cli
 
-    reply = sampled.generate("naïve café", GenerationParams(max_new_tokens=30)).result()
-    result = CliRunner().invoke(cli, ["run", str(bundle), "naïve café", "--threads", "1",
+    reply = sampled.generate("你好 世界", GenerationParams(max_new_tokens=30)).result()
+    result = CliRunner().invoke(cli, ["run", str(bundle), "你好 世界", "--threads", "1",
                                       "--max-new-tokens", "30", "--temperature", "0"])
     assert any(tok.id_to_token(i).startswith("<0x") for i in reply.token_ids)  # bytes
     assert result.exit_code == 0, result.output

@@ -1,6 +1,6 @@
 """SentencePiece Unigram tokenizers (XGLM's, mBART's, ALBERT's kind), built locally with
-`tokenizers`: a UnigramTrainer over a few hundred lines of varied text, its pieces in
-tokenizer.json's list form (`"vocab": [[piece, score], ...]`, the index is the id). Ids 0-3
+`tokenizers` over a few hundred lines of varied text, its pieces in tokenizer.json's list
+form (`"vocab": [[piece, score], ...]`, the index is the id). Ids 0-3
 are <s>, <pad>, </s> (EOS) and <unk>, as XGLM has them; its post-processor puts </s> first.
 Accented letters, CJK and emoji are pieces of their own; with byte fallback the 256 byte
 pieces <0x00>..<0xFF> follow the specials, and a character the vocabulary lacks (ÿ, €, 𝄞,
@@ -8,8 +8,9 @@ a newline) splits over byte tokens; without it (XGLM) such a character is <unk>.
 
 from __future__ import annotations
 
-import json
+import math
 import random
+from collections import Counter
 
 WORDS = ("the quick brown fox jumps over lazy dog hello world secret jade amber ruby name "
          "age true false null yes no calm glad sad naïve café über déjà vu façade señor "
@@ -32,15 +33,20 @@ def corpus(lines: int = 400, seed: int = 0) -> list[str]:
     return text + ['{"name": "Ada", "age": 36, "ok": true, "tags": ["x", "y"]}'] * 20
 
 
-def _trained_pieces(vocab_size: int) -> list[list]:
-    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
-
-    trainee = Tokenizer(models.Unigram())
-    trainee.pre_tokenizer = pre_tokenizers.Metaspace(prepend_scheme="always")
-    trainee.train_from_iterator(corpus(), trainers.UnigramTrainer(
-        vocab_size=vocab_size, special_tokens=SPECIAL, unk_token="<unk>", max_piece_length=8,
-        show_progress=False))
-    return json.loads(trainee.to_str())["model"]["vocab"]
+def _pieces(vocab_size: int) -> list[tuple[str, float]]:
+    """The corpus's characters and its most frequent substrings of 2-6 characters (a word
+    with its `▁`, as SentencePiece sees it), each scored by its log frequency: the seed
+    vocabulary a UnigramTrainer starts from. (The trainer itself orders tied pieces
+    differently from run to run, and so would the ids and a random model's replies.)"""
+    words = [f"▁{w}" for line in corpus() for w in line.split(" ")]
+    chars = Counter(c for w in words for c in w)
+    subs = Counter(w[i:i + n] for w in words for n in range(2, 7)
+                   for i in range(len(w) - n + 1))
+    room = vocab_size - len(SPECIAL) - len(chars)
+    counts = {**chars, **dict(sorted(subs.items(), key=lambda kv: (-kv[1], kv[0]))[:room])}
+    total = sum(counts.values())
+    return sorted(((p, math.log(n / total)) for p, n in counts.items()),
+                  key=lambda ps: (-ps[1], ps[0]))
 
 
 def unigram(byte_fallback: bool = True, metaspace: bool = True, vocab_size: int = 300):
@@ -58,11 +64,10 @@ def unigram(byte_fallback: bool = True, metaspace: bool = True, vocab_size: int 
         processors,
     )
 
-    pieces = _trained_pieces(vocab_size)
-    vocab = [tuple(p) for p in pieces[:len(SPECIAL)]]
+    vocab = [(t, 0.0) for t in SPECIAL]
     if byte_fallback:  # score 0, as SentencePiece's byte pieces
         vocab += [(f"<0x{b:02X}>", 0.0) for b in range(256)]
-    vocab += [tuple(p) for p in pieces[len(SPECIAL):]]
+    vocab += _pieces(vocab_size)
     tok = Tokenizer(models.Unigram(vocab, unk_id=3, byte_fallback=byte_fallback))
     fallback = [decoders.ByteFallback(), decoders.Fuse()] if byte_fallback else []
     if metaspace:
