@@ -105,7 +105,6 @@ def test_a_streamed_reply_is_the_decode_of_its_ids(scripted, tok, reply_ids):
     assert any(e.text == "" for e in events)  # the byte tokens inside a character
 
 
-
 def test_xglms_form_without_byte_fallback_streams_its_decode_unk_dropped(tmp_path):
     """XGLM's own vocabulary has no byte pieces: a character it lacks is <unk>, a special
     token the text drops. Sampled replies (<unk> made likely) stream as their decode."""
@@ -121,6 +120,7 @@ def test_xglms_form_without_byte_fallback_streams_its_decode_unk_dropped(tmp_pat
             assert unk in ids
             assert "".join(e.text for e in events) == tok.decode(ids)
             assert [e.token_text for e in events if e.token_id == unk][0] == "<unk>"
+
 
 @pytest.mark.parametrize("stop", ["café\nÿ", "€𝄞", "ve ca", "京😀", "\n"])
 def test_a_stop_string_across_tokens_ends_the_reply_where_it_begins(scripted, stop):
