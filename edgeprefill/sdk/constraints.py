@@ -19,6 +19,7 @@ otherwise (a Metaspace decoder's `▁▁` reads "", not " ") may not open the re
 from __future__ import annotations
 
 import json
+import re
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -352,7 +353,7 @@ def _ll_tokenizer(tokenizer: BundleTokenizer,
                                 n_vocab=tokenizer.vocab_size, eos_token=list(eos_ids))
     except ValueError as err:
         raise RequestError(
-            "constrained output needs a byte-level or byte-fallback BPE tokenizer; this "
+            "constrained output needs a byte-level or byte-fallback tokenizer; this "
             f"bundle's cannot spell arbitrary text ({_one_line(err)})") from None
     _TOKENIZERS[tokenizer] = (eos_ids, built, first_banned)
     return built, first_banned
@@ -426,18 +427,49 @@ def _plain_added_tokens_in_vocab(text: str, data: dict[str, Any], spell: TokenBy
     <think>) is ordinary text, and tokenizing forced text yields it: its mask then allowed
     only that token and consuming it failed (a 500 for guided_regex "<tool_call>"). Such
     tokens move into the model's vocabulary, spelled as the model spells its pieces
-    (TokenBytes.piece: the decoder's reading, reversed)."""
+    (TokenBytes.piece: the decoder's reading, reversed). A BPE or WordPiece vocabulary
+    maps pieces to ids; a Unigram one (XGLM, mBART, T5) is a list whose index is the id."""
     vocab = (data.get("model") or {}).get("vocab")
-    plain = [t for t in data.get("added_tokens") or () if not t.get("special")]
-    if not isinstance(vocab, dict) or not plain:  # Unigram's vocab is a list: left as is
+    added = data.get("added_tokens") or []
+    plain = [t for t in added if not t.get("special")]
+    if not plain or not (isinstance(vocab, dict) or _extend_unigram(vocab, added, spell)):
         return text
-    for token in plain:
-        vocab.setdefault(spell.piece(token["content"]), token["id"])
-    data["added_tokens"] = [t for t in data["added_tokens"] if t.get("special")]
+    if isinstance(vocab, dict):
+        for token in plain:
+            vocab.setdefault(spell.piece(token["content"]), token["id"])
+    data["added_tokens"] = [t for t in added if t.get("special")]
     return json.dumps(data)
+
+
+def _extend_unigram(vocab: Any, added: list[dict[str, Any]], spell: TokenBytes) -> bool:
+    """A Unigram vocabulary ([[piece, score], ...]) extended to hold every added token at
+    its id: a plain one spelled as a piece, a special one as its content (it stays an
+    added token, as XGLM's <s> is both). Score 0, SentencePiece's for user-defined pieces.
+    False, the vocabulary unchanged, where it is no list or some id below the largest
+    added one has no token (nothing could stand there)."""
+    if not isinstance(vocab, list):
+        return False
+    by_id = {t["id"]: t for t in added}
+    ids = range(len(vocab), max(by_id) + 1)
+    if any(i not in by_id for i in ids):
+        return False
+    for i in ids:
+        token = by_id[i]
+        content = token["content"]
+        vocab.append([content if token.get("special") else spell.piece(content), 0.0])
+    return True
+
+
+# _ExactBytes' refusal of text it cannot spell, as llguidance reports it: inside its panic
+# message, with the Python traceback of the callback that raised it.
+UNSPELLABLE = re.compile(r"no token spells the byte (0x[0-9a-f]{2})")
 
 
 def _one_line(err: object) -> str:
     # llguidance appends a dump of its parser state after "<state>": not for the client.
     text = str(err).split("<state>")[0]
+    unspellable = UNSPELLABLE.search(text)
+    if unspellable is not None:  # a vocabulary without byte fallback (XGLM's)
+        return (f"it needs the byte {unspellable.group(1)}, which no token of this "
+                "tokenizer spells (a vocabulary without byte fallback)")
     return " ".join(text.split())[:300]
