@@ -15,6 +15,15 @@ sdk/lazy_text.py).
   a token (`<[id]>`, never inside a text lexeme), so the grammar ends the text at that
   token as well as at the marker spelled in plain text; that text is then valid UTF-8 (a
   text of any bytes would take the special token in: lazy_text.text_until's utf8).
+- llama3_json (Llama 3.1, 3.2, 3.3): the reply is calls alone or text alone, as the
+  parser reads it (server/tool_parsers.py's Llama3JsonParser): calls when, after blanks,
+  it opens with `{` or `<|python_tag|>`. So the grammar is either a few blanks,
+  `<|python_tag|>` or not (the special token, or its text), one call
+  `{"name": ..., "parameters": {...}}` (the key Llama's templates ask for), with
+  parallel calls more after "; " (vLLM's separator), and the end of the turn; or a text
+  whose first non-blank (str.strip's blanks) is not `{` and which does not open with the
+  tag. That text is valid UTF-8, so it holds no special token: the detokenizer would
+  drop one, and a text behind it that opens with `{` would read as calls.
 - Mixed tools: once a call starts its name may be any listed tool's (a call to no tool
   is no use to the client); a strict tool's arguments follow its schema (no properties
   beyond those listed, OpenAI's strict), a non-strict tool's are any JSON object (what the
@@ -24,16 +33,16 @@ sdk/lazy_text.py).
   character).
 - `parallel_tool_calls: false`: hermes's grammar still lets every call follow it (the
   parser keeps the first; a grammar that allowed one call could not keep the marker out
-  of the text after it: see sdk/lazy_text.py's TEXT); Mistral's list holds one call, as
-  nothing follows it.
-- The other formats are refused in one line: the Llama 3 JSON format opens with a bare
-  `{` a text may begin with, and the arguments of the Python (LFM2) and XML (Qwen3.5)
-  formats are not JSON.
+  of the text after it: see sdk/lazy_text.py's TEXT); Mistral's list and Llama's calls
+  hold one call, as nothing follows them.
+- The other formats are refused in one line: the arguments of the Python (LFM2) and XML
+  (Qwen3.5) formats are not JSON.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -43,7 +52,12 @@ from edgeprefill.server.errors import ApiError
 
 HERMES = ("<tool_call>", "</tool_call>")  # a call's open and close markers
 MISTRAL = "[TOOL_CALLS]"  # opens the list of calls
-FORMATS = ("hermes", "mistral")  # those with a lazy grammar
+PYTHON_TAG = "<|python_tag|>"  # may open Llama 3's calls
+LLAMA_SEPARATOR = "; "  # between Llama 3 calls (vLLM's llama3_json skips these two)
+FORMATS = ("hermes", "mistral", "llama3_json")  # those with a lazy grammar
+# The blanks the Llama 3 parser strips before it looks for `{` (str.strip's, server/
+# tool_parsers.py's WholeReplyParser), for a regex class: none is above U+3000.
+PY_BLANKS = "".join(f"\\x{{{c:x}}}" for c in range(0x3001) if chr(c).isspace())
 # The JSON of a call as Hermes- and Mistral-format models write it (`json.dumps`
 # separators), and at most two blanks around it (BLANKS).
 JSON_STYLE = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
@@ -63,6 +77,9 @@ def lazy_call_constraint(tools: tuple[dict, ...], call_format: str, parallel: bo
     if call_format == "mistral":
         marker_id = (special_ids or {}).get(MISTRAL)
         return Constraint.grammar(mistral_grammar(tools, parallel, marker_id), lazy=True)
+    if call_format == "llama3_json":
+        tag_id = (special_ids or {}).get(PYTHON_TAG)
+        return Constraint.grammar(llama3_grammar(tools, parallel, tag_id), lazy=True)
     raise ApiError(400, "a tool's strict: true under tool_choice auto is not supported "
                    f"for this model's call format ({call_format}); drop strict, or force "
                    "the call with tool_choice", "tools")
@@ -107,12 +124,35 @@ def mistral_grammar(tools: tuple[dict, ...], parallel: bool, marker_id: int | No
     ])
 
 
-def _call_schema(function: dict[str, Any]) -> dict[str, Any]:
-    """`{"name": <this tool>, "arguments": ...}`, the arguments by its schema if strict."""
+def llama3_grammar(tools: tuple[dict, ...], parallel: bool, tag_id: int | None) -> str:
+    """The Lark grammar: a reply of calls alone, or a text that the parser cannot take for
+    calls. Calls: a few blanks, `<|python_tag|>` or not (`tag_id`: its id where it is a
+    special token), one call or, `parallel`, several separated by "; ", then the end. Text:
+    valid UTF-8 (so no special token, which the detokenizer would drop) whose first
+    non-blank is not `{` and which does not open with `<|python_tag|>`."""
+    call = {"anyOf": [_call_schema(t["function"], "parameters") for t in tools],
+            "x-guidance": JSON_STYLE}
+    more = f" ({json.dumps(LLAMA_SEPARATOR)} call)*" if parallel else ""
+    tag = json.dumps(PYTHON_TAG) + (f" | <[{tag_id}]>" if tag_id is not None else "")
+    return "\n".join([
+        "%llguidance {}",
+        "start: calls | TEXT",
+        f"calls: {BLANKS} (tag {BLANKS})? call{more}",
+        f"tag: {tag}",
+        f"call: %json {json.dumps(call)}",
+        # blanks, then nothing or a character other than a blank and `{`, then anything
+        f"TEXT: /(?s:[{PY_BLANKS}]*([^{PY_BLANKS}{{].*)?)/ & "
+        f"~/(?s:[{PY_BLANKS}]*{re.escape(PYTHON_TAG)}.*)/",
+    ])
+
+
+def _call_schema(function: dict[str, Any], key: str = "arguments") -> dict[str, Any]:
+    """`{"name": <this tool>, <key>: ...}`, the arguments under `key` (the format's),
+    by the tool's schema if strict."""
     parameters = function.get("parameters") or {"type": "object", "properties": {}}
     arguments = _closed(parameters) if function.get("strict") is True else {"type": "object"}
-    return {"type": "object", "additionalProperties": False, "required": ["name", "arguments"],
-            "properties": {"name": {"const": function["name"]}, "arguments": arguments}}
+    return {"type": "object", "additionalProperties": False, "required": ["name", key],
+            "properties": {"name": {"const": function["name"]}, key: arguments}}
 
 
 def _closed(schema: dict[str, Any]) -> dict[str, Any]:
