@@ -138,6 +138,43 @@ def test_the_calls_stream_as_they_come(client):
     assert chunks[-1].choices[0].finish_reason == whole.finish_reason == "tool_calls"
 
 
+def test_the_format_refuses_strict_for_a_bundle_that_thinks():
+    from edgeprefill.server.errors import ApiError
+    from edgeprefill.server.strict_tools import lazy_call_constraint
+
+    lazy_call_constraint((tool("get_weather", True),), "llama3_json")  # a grammar
+    with pytest.raises(ApiError) as err:
+        lazy_call_constraint((tool("get_weather", True),), "llama3_json", thinks=True)
+    assert err.value.status == 400 and "reasoning model" in err.value.message
+    assert "\n" not in err.value.message
+
+
+@pytest.mark.slow  # its own export and server (~5 s): the server passes bundle_thinks
+def test_a_reasoning_model_in_this_format_refuses_strict_in_one_line(tmp_path_factory):
+    """A bundle whose replies may open with a think block (the template renders a past
+    turn's reasoning in <think> tags, as DeepSeek-R1-Distill-Llama's does): the grammar's
+    choice of calls or text would be the think block's, so strict under auto is the same
+    one-line 400 the formats without a grammar give, not half a grammar."""
+    thinking = TEMPLATE.replace(
+        "{% else %}<|start_header_id|>{{ m.role }}<|end_header_id|>",
+        "{% else %}<|start_header_id|>{{ m.role }}<|end_header_id|>"
+        "{% if m.reasoning_content %}<think>{{ m.reasoning_content }}</think>{% endif %}")
+    engine = strict_engine(tmp_path_factory, thinking, added=(), special=(TAG, HEADER_END),
+                           biases={})
+    try:
+        with ServerThread(create_app(engine, ServerConfig(model_name="bpe")),
+                          port=free_port()) as server:
+            client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0)
+            with pytest.raises(openai.BadRequestError) as err:
+                chat(client, [tool("get_weather", True)])
+            assert err.value.body["param"] == "tools"
+            assert "reasoning model" in err.value.body["message"], err.value.body
+            loose = chat(client, [tool("get_weather", None)]).choices[0]  # as before
+            assert loose.finish_reason in ("stop", "length", "tool_calls")
+    finally:
+        engine.close()
+
+
 def test_a_strict_and_a_loose_tool_together(client):
     """Each call names a listed tool; a strict tool's arguments follow its schema, a
     non-strict tool's are any JSON object."""

@@ -365,7 +365,7 @@ class OpenAIApi:
                 # gpt-oss's calls are harmony headers, not the template's call format
                 fmt = "harmony" if self.splits_harmony else call_format(self.engine.manifest)
                 params = req.tools.constrain_auto(
-                    params, fmt, special_token_ids(self.engine.tokenizer))
+                    params, fmt, special_token_ids(self.engine.tokenizer), self.thinks)
                 req = replace(req, constraint_field="tools")  # its refusals name tools
             params = self._answer_grammar(params, req)
             # After the grammar: the server's default budget leaves a reply it governs be.

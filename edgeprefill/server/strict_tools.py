@@ -69,14 +69,24 @@ def strict_given(tool: dict[str, Any]) -> bool:
 
 
 def lazy_call_constraint(tools: tuple[dict, ...], call_format: str, parallel: bool = True,
-                         special_ids: Mapping[str, int] | None = None) -> Constraint:
+                         special_ids: Mapping[str, int] | None = None,
+                         thinks: bool = False) -> Constraint:
     """The constraint of a reply under auto where some tool is strict. `special_ids`: the
-    tokenizer's special tokens (text -> id), where the call marker may be one."""
+    tokenizer's special tokens (text -> id), where the call marker may be one; `thinks`:
+    the bundle's replies may open with a think block (sdk/thinking_budget.bundle_thinks)."""
     if call_format == "hermes":
         return Constraint.grammar(hermes_grammar(tools), lazy=True)
     if call_format == "mistral":
         marker_id = (special_ids or {}).get(MISTRAL)
         return Constraint.grammar(mistral_grammar(tools, parallel, marker_id), lazy=True)
+    if call_format == "llama3_json" and thinks:
+        # Its choice, calls or text, is the whole reply's: a reply that opens a think block
+        # would be text (calls after the block not held), reasoning that opens with `{` a
+        # call. Refused, as before the grammar, rather than held half.
+        raise ApiError(400, "a tool's strict: true under tool_choice auto is not supported "
+                       "for a reasoning model in the Llama 3 JSON call format (its reply "
+                       "opens with a think block); drop strict, or force the call with "
+                       "tool_choice", "tools")
     if call_format == "llama3_json":
         tag_id = (special_ids or {}).get(PYTHON_TAG)
         return Constraint.grammar(llama3_grammar(tools, parallel, tag_id), lazy=True)

@@ -126,10 +126,12 @@ class ToolRequest:
                            "tool_choice") from None
 
     def constrain_auto(self, params: GenerationParams, fmt: str,
-                       special_ids: Mapping[str, int] | None = None) -> GenerationParams:
+                       special_ids: Mapping[str, int] | None = None,
+                       thinks: bool = False) -> GenerationParams:
         """The params with the lazy grammar strict tools need under auto in the call
         format `fmt` (as they were without a strict tool); `special_ids`: the tokenizer's
-        special tokens, text -> id (Mistral's call marker is one in its tokenizers)."""
+        special tokens, text -> id (Mistral's call marker is one in its tokenizers);
+        `thinks`: the bundle's replies may open with a think block."""
         if not self.strict_auto:
             return params
         if getattr(params, "constraint", None) is not None:
@@ -140,7 +142,7 @@ class ToolRequest:
             raise ApiError(400, "function.strict needs constrained decoding "
                            "(edgeprefill.sdk.constraints), which this build does not have",
                            "tools")
-        constraint = lazy_call_constraint(self.tools, fmt, self.parallel, special_ids)
+        constraint = lazy_call_constraint(self.tools, fmt, self.parallel, special_ids, thinks)
         return replace(params, constraint=constraint)
 
     def schema(self) -> dict:
