@@ -225,8 +225,6 @@ def test_the_grammar_refuses_what_breaks_the_format_or_the_schema(engine):
         "an integer out of range": xml_call("get_weather", [city, ("days", "9")]),
         "a string too long": xml_call("get_weather", [("city", "Bernbernbern"), days]),
         "a string the parser reads as null": xml_call("get_weather", [("city", " NULL"), days]),
-        "a string holding a close tag": xml_call("get_weather", [("city", "a</function>"),
-                                                                  days]),
         "a loose value holding a close tag": xml_call("get_time", [("zone", "</tool_call>")]),
         "text inside the call": GOOD.replace("<parameter=city>", "hey <parameter=city>"),
         "no newline after the open tag": GOOD.replace("<tool_call>\n", "<tool_call>"),
@@ -259,11 +257,12 @@ def test_each_parameter_type_is_written_as_the_parser_reads_it(engine):
                                           "unit": "F",
                                           "where": {"lat": 1.5, "name": "a<b"}})]
     assert takes(engine, xml_call("f", [*values.items(), ("note", "x")]), tools)  # optional
-    wrong = {"n": "1.5", "x": "one", "ok": "yes", "none": "0", "unit": "K",
-             "where": '{"lat": 1, "name": "</parameter>"}'}
-    for key, value in wrong.items():
+    wrong = [("n", "1.5"), ("x", "one"), ("ok", "yes"), ("none", "0"), ("unit", "K"),
+             ("where", '{"lat": 1, "name": "</parameter>"}'), ("note", "a</function>b"),
+             ("note", " Null")]
+    for key, value in wrong:
         text = xml_call("f", list({**values, key: value}.items()))
-        assert not takes(engine, text, tools), key
+        assert not takes(engine, text, tools), (key, value)
 
 
 def test_a_schema_the_plain_text_cannot_hold_is_a_one_line_400():
