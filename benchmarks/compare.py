@@ -119,7 +119,7 @@ def parse_args(argv: list[str] | None = None) -> Settings:
 def main(argv: list[str] | None = None) -> int:
     settings = parse_args(argv)
     started = time.perf_counter()
-    machine = machine_info()
+    machine = machine_info(settings.project_python)
     run_dir = settings.work_dir / "runs" / time.strftime("%Y%m%d-%H%M%S")
     run_dir.mkdir(parents=True, exist_ok=True)
     say(f"benchmark run in {run_dir}")

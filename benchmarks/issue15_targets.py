@@ -31,6 +31,7 @@ from typing import NamedTuple
 
 from compare import parse_args as compare_args
 from comparison.models import ModelInfo, build_model
+from comparison.provenance import describe, package_origin
 from comparison.registry import RUNTIMES
 from comparison.runners import artifact_dir
 from comparison.settings import BENCH_DIR, REPO_DIR, Settings, StepError
@@ -129,6 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     chosen = [s for s in steps(args, settings, out) if s.name in wanted]
     if len(chosen) != len(wanted):
         parser.error("--steps: choose from compare, spin, batched_decode, mixed_workload")
+    print(f"issue15: {describe(package_origin(args.project_python))}", file=sys.stderr)
     started, summary = time.perf_counter(), []
     for step in chosen:
         code, seconds = run(step, out / f"{step.name}.log")

@@ -32,6 +32,7 @@ from typing import Any, NamedTuple
 from compare import parse_args as compare_args
 from comparison.models import ModelInfo, build_model
 from comparison.procs import last_json_line, run_step
+from comparison.provenance import describe
 from comparison.registry import RUNTIMES, Runtime
 from comparison.report import machine_info, report_placement
 from comparison.runners import artifact_dir, export_artifact
@@ -213,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
     settings = compare_args(["--work-dir", str(args.work_dir), "--threads", str(args.threads),
                              "--lengths", str(args.prompt_tokens), "--seed", str(args.seed),
                              "--project-python", str(args.project_python)])
-    machine = machine_info()
+    machine = machine_info(settings.project_python)
     run_dir = settings.work_dir / "runs" / ("mixed-" + time.strftime("%Y%m%d-%H%M%S"))
     run_dir.mkdir(parents=True, exist_ok=True)
     say(f"mixed workload run in {run_dir}")
@@ -256,6 +257,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{model.name}, median of {args.rounds} fresh process(es) each")
     print(f"machine: {machine['cpu']}, load average {machine['loadavg_start']:.2f} at start, "
           f"{machine['loadavg_end']:.2f} at end")
+    print(describe(machine["edgeprefill"]))
     print("\n".join(table(results)))
     print("\n".join(near_only(results)))
     print("\n".join(report_placement(

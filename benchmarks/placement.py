@@ -132,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {done + 1}/{args.rounds} rounds", file=sys.stderr, flush=True)
     for engine in engines.values():
         engine.close()
-    machine = machine_info()
+    machine = machine_info(Path(sys.executable))
     print(f"placement: {args.bundle.name}, --compute {args.compute}, {args.rounds} rounds of "
           f"{args.calls} calls; machine: {machine['cpu']}, {machine['cpus']} CPUs")
     print("\n".join(table(times, args.threads, args.chunks)))

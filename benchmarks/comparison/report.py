@@ -13,6 +13,7 @@ from probes.core_latency import FAR_NS
 
 from comparison.ceilings import decode_floor_tok_s, params_without_embedding
 from comparison.models import ModelInfo
+from comparison.provenance import describe, package_origin
 from comparison.registry import is_ours
 from comparison.settings import REFERENCE_PRECISION, Settings
 from comparison.targets import report_targets
@@ -132,6 +133,7 @@ def report_header(
         f"{params_without_embedding(c) / 1e6:.1f}M without embedding",
         f"machine: {machine['cpu']}, {machine['cpus']} CPUs; load average "
         f"{machine['loadavg_start']:.2f} at start, {machine.get('loadavg_end', 0):.2f} at end",
+        describe(machine["edgeprefill"]),
     ]
     if "skipped" in ceilings:
         lines.append("ceilings: not measured (--no-ceilings), so no floors ('of floor' shows -)")
@@ -261,10 +263,11 @@ def cpu_name() -> str:
     return platform.processor() or "unknown CPU"
 
 
-def machine_info() -> dict[str, Any]:
+def machine_info(project_python: Path) -> dict[str, Any]:
     return {
         "cpu": cpu_name(),
         "cpus": os.cpu_count(),
         "loadavg_start": os.getloadavg()[0],
         "python": sys.version.split()[0],
+        "edgeprefill": package_origin(project_python),
     }
