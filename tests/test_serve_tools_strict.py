@@ -244,7 +244,7 @@ def test_a_call_format_without_a_lazy_grammar_refuses_strict_in_one_line():
     from edgeprefill.server.errors import ApiError
     from edgeprefill.server.strict_tools import lazy_call_constraint
 
-    for call_format in ("pythonic", "qwen3_xml"):
+    for call_format in ("qwen3_xml",):
         with pytest.raises(ApiError) as err:
             lazy_call_constraint((tool("get_weather", True),), call_format)
         assert err.value.status == 400 and call_format in err.value.message
