@@ -28,6 +28,9 @@ of such lists.
   keywords, each value any JSON value. A name given twice the grammar cannot rule out (a
   context-free grammar does not remember unboundedly many names): the parser then reads
   the list as text.
+- A bundle that thinks, with the think tags as special tokens (and the open tag one), is
+  refused in one line: the text before a call is valid UTF-8 there, so it could not hold
+  the tags and the model could never close its think block.
 - `parallel_tool_calls: false`: each list holds one call. Text after the close tag may
   open another list, as hermes' grammar lets another call follow (the parser keeps the
   first call).
@@ -45,6 +48,7 @@ from edgeprefill.server.errors import ApiError
 from edgeprefill.server.tool_parsers import PythonicParser
 
 OPEN, CLOSE = PythonicParser.open_tag, PythonicParser.close_tag
+THINK_TAGS = ("<think>", "</think>")
 SEPARATOR = ", "  # between calls and between keywords, as LFM2 writes them
 JSON_STYLE = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 # The top-level keywords of a strict tool's parameters that the grammar holds (or that
@@ -59,11 +63,19 @@ LOOSE_NAME = (r"/[A-Za-z_][A-Za-z0-9_]{0,63}/ & ~/("
 
 
 def pythonic_grammar(tools: tuple[dict, ...], parallel: bool,
-                     special_ids: dict[str, int]) -> str:
+                     special_ids: dict[str, int], thinks: bool = False) -> str:
     """The Lark grammar (llguidance's dialect): free text, then any number of
     `<|tool_call_start|>[call, ...]<|tool_call_end|>` each followed by free text.
-    `special_ids`: the tokenizer's special tokens, text -> id (the tags, where they are)."""
+    `special_ids`: the tokenizer's special tokens, text -> id (the tags, where they are);
+    `thinks`: the bundle's replies may carry a think block."""
     open_id, close_id = special_ids.get(OPEN), special_ids.get(CLOSE)
+    if thinks and open_id is not None and any(t in special_ids for t in THINK_TAGS):
+        # The text is valid UTF-8 there, so it holds no special token: the model could
+        # never close its think block. Refused rather than held so.
+        raise ApiError(400, "a tool's strict: true under tool_choice auto is not supported "
+                       "for a reasoning model in LFM2's pythonic call format whose think "
+                       "tags are special tokens; drop strict, or force the call with "
+                       "tool_choice", "tools")
     functions = [t["function"] for t in tools  # a strict one Python cannot name refuses
                  if writable(t["function"]["name"]) or t["function"].get("strict") is True]
     lines = ["%llguidance {}", "start: (opening calls closing)* TEXT"]

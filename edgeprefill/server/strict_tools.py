@@ -93,7 +93,7 @@ def lazy_call_constraint(tools: tuple[dict, ...], call_format: str, parallel: bo
         tag_id = (special_ids or {}).get(PYTHON_TAG)
         return Constraint.grammar(llama3_grammar(tools, parallel, tag_id), lazy=True)
     if call_format == "pythonic":
-        grammar = pythonic_grammar(tools, parallel, dict(special_ids or {}))
+        grammar = pythonic_grammar(tools, parallel, dict(special_ids or {}), thinks)
         return Constraint.grammar(grammar, lazy=True)
     raise ApiError(400, "a tool's strict: true under tool_choice auto is not supported "
                    f"for this model's call format ({call_format}); drop strict, or force "
