@@ -156,9 +156,14 @@ NOTE_SCHEMA = {  # optional keywords and JSON's true/false/null, read back by th
     "properties": {"text": {"type": "string"}, "pinned": {"type": "boolean"},
                    "due": {"type": ["string", "null"]},
                    "tags": {"type": "array", "items": {"type": "string"}}}}
+PLACE_SCHEMA = {  # a nested object by $ref: closed to unlisted keys, its $defs carried
+    "type": "object", "required": ["at"], "properties": {"at": {"$ref": "#/$defs/point"}},
+    "$defs": {"point": {"type": "object", "required": ["lat"],
+                        "properties": {"lat": {"type": "number"}}}}}
 TOOLS = [tool("get_weather", True), tool("get_time", None),
-         {"type": "function", "function": {"name": "note", "parameters": NOTE_SCHEMA,
-                                           "strict": True}}]
+         *({"type": "function", "function": {"name": name, "parameters": schema,
+                                             "strict": True}}
+           for name, schema in (("note", NOTE_SCHEMA), ("place", PLACE_SCHEMA)))]
 
 
 def mask_for(engine, tools: list[dict], parallel: bool = True, special: bool = True):
@@ -237,14 +242,15 @@ def test_the_grammar_takes_text_then_valid_calls_then_text(engine, tags):
                                         "tags": ["a"]})],
         f"{OPEN}[note(text=\"\\\"q\\\" \\u0001\\n\", pinned=true)]{CLOSE}": [
             ("note", {"text": "\"q\" \u0001\n", "pinned": True})],
+        f"{OPEN}[place(at={{\"lat\": -1.5e2}})]{CLOSE}": [("place", {"at": {"lat": -150.0}})],
         "No call.": [],
     }
     for text, calls in replies.items():
         assert takes(engine, text, tags), text
         assert read_back(text) == calls, text  # as the server's parser reads the reply
         for name, arguments in calls:  # get_time is loose: any arguments
-            assert name == "get_time" or (valid_note(arguments) if name == "note"
-                                          else valid(name, arguments)), (name, arguments)
+            assert name in ("get_time", "place") or (valid_note(arguments) if name == "note"
+                                                     else valid(name, arguments)), name
 
 
 @pytest.mark.parametrize("tags", ["token", "text"])
@@ -256,6 +262,8 @@ def test_the_grammar_refuses_what_breaks_the_format(engine, tags):
         "a value of the wrong type": 'get_weather(city="Bern", days="2")',
         "a value off the schema": 'get_weather(city="Bern", days=9)',
         "a keyword twice": 'note(text="a", text="b")',
+        "an unlisted key inside a $ref'd object": 'place(at={"lat": 1, "x": 2})',
+        "a required key missing inside it": 'place(at={})',
         "keywords out of the schema's order": 'get_weather(days=2, city="Bern")',
         "a positional argument": 'get_weather("Bern", days=2)',
         "Python's True for JSON's true": 'note(text="a", pinned=True)',
