@@ -9,8 +9,9 @@ of such lists.
 
 - The tags are special tokens in LFM2's tokenizers, which llguidance matches only as a
   token (`<[id]>`), so the text also ends at the open tag's token (then that text is valid
-  UTF-8, as Mistral's: sdk/lazy_text.text_until's utf8), and the close tag is its token
-  or its text.
+  UTF-8, as Mistral's: sdk/lazy_text.text_until's utf8). The close tag is its token
+  where it is one (llguidance forces a fixed string's canonical tokens, the special
+  token's), else its text.
 - A call is `name(key=value, ...)` of a listed tool whose name Python can write (an
   identifier, no keyword); a loose tool named otherwise is left out, as the parser could
   not read its call anyway.
