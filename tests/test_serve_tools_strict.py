@@ -245,8 +245,8 @@ def test_a_call_format_without_a_lazy_grammar_refuses_strict_in_one_line():
     from edgeprefill.server.strict_tools import lazy_call_constraint
 
     with pytest.raises(ApiError) as err:
-        lazy_call_constraint((tool("get_weather", True),), "pythonic")
-    assert err.value.status == 400 and "pythonic" in err.value.message
+        lazy_call_constraint((tool("get_weather", True),), "harmony")
+    assert err.value.status == 400 and "harmony" in err.value.message
     assert "\n" not in err.value.message
 
 

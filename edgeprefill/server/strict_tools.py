@@ -37,8 +37,9 @@ sdk/lazy_text.py).
   follow it (the parser keeps the first; a grammar that allowed one call could not keep
   the marker out of the text after it: see sdk/lazy_text.py's TEXT); Mistral's list and
   Llama's calls hold one call, as nothing follows them.
-- The other formats are refused in one line: LFM2's Python calls (a grammar for Python
-  literals is not written yet).
+- pythonic (LFM2): `<|tool_call_start|>[name(key=value, ...)]<|tool_call_end|>` between
+  free text, its own grammar (server/strict_pythonic.py). Every format the parsers read
+  now has a grammar; gpt-oss's harmony calls are refused in one line.
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ from typing import Any
 from edgeprefill.sdk.constraints import Constraint
 from edgeprefill.sdk.lazy_text import BLANKS, text_until
 from edgeprefill.server.errors import ApiError
+from edgeprefill.server.strict_pythonic import pythonic_grammar
 
 HERMES = ("<tool_call>", "</tool_call>")  # a call's open and close markers
 MISTRAL = "[TOOL_CALLS]"  # opens the list of calls
@@ -97,6 +99,9 @@ def lazy_call_constraint(tools: tuple[dict, ...], call_format: str, parallel: bo
     if call_format == "llama3_json":
         tag_id = (special_ids or {}).get(PYTHON_TAG)
         return Constraint.grammar(llama3_grammar(tools, parallel, tag_id), lazy=True)
+    if call_format == "pythonic":
+        grammar = pythonic_grammar(tools, parallel, dict(special_ids or {}), thinks)
+        return Constraint.grammar(grammar, lazy=True)
     raise ApiError(400, "a tool's strict: true under tool_choice auto is not supported "
                    f"for this model's call format ({call_format}); drop strict, or force "
                    "the call with tool_choice", "tools")

@@ -2,23 +2,23 @@
 `tool_choice: "auto"` (server/strict_tools.py dispatches to it; XmlParser in
 server/tool_parsers.py reads what it allows).
 
-Hermes' tags around XML, as their templates write a call and XmlParser reads it: `<tool_call>`, "\n", `<function=NAME>`, "\n", per
-parameter `<parameter=KEY>`, "\n", the value, "\n", `</parameter>`, "\n", then
-`</function>`, at most two blanks (the template's "\n", left a choice so that the
-close tag's added token stays allowed) and `</tool_call>`; free text again after it.
-A strict tool's keys come in its schema's order (the simplest rule that holds each key
-to one value; OpenAI's strict has them all required), the required ones present, each
-value text that the parser's `_typed` reads back as a value the schema admits: a string
-is text (its min/maxLength held) that the parser does not read as null; a string enum
-its members as written; integer, number, boolean, null, object, array and any other
-typed schema JSON by the property's schema (`_typed` reads those back from JSON text).
-No value holds `</parameter>`, `</function>` or `</tool_call>`, which would end the
-parser's non-greedy match early: a text value excludes them, a JSON value's strings
-hold no `</` (a pattern; untyped subschemas narrowed to scalars, objects closed).
+Hermes' tags around XML, as their templates write a call and XmlParser reads it:
+`<tool_call>`, "\n", `<function=NAME>`, "\n", per parameter `<parameter=KEY>`, "\n", the
+value, "\n", `</parameter>`, "\n", then `</function>`, at most two blanks (the template's
+"\n", left a choice so that the close tag's added token stays allowed) and `</tool_call>`;
+free text again after it. A strict tool's keys come in its schema's order (the simplest
+rule that holds each key to one value; OpenAI's strict has them all required), the
+required ones present, each value text that the parser's `_typed` reads back as a value
+the schema admits: a string is text (its min/maxLength held) that the parser does not read
+as null; a string enum its members as written; integer, number, boolean, null, object,
+array and any other typed schema JSON by the property's schema (`_typed` reads those back
+from JSON text). No value holds `</parameter>`, `</function>` or `</tool_call>`, which
+would end the parser's non-greedy match early: a text value excludes them, a JSON value's
+strings hold no `</` (a pattern; untyped subschemas narrowed to scalars, objects closed).
 What plain text cannot hold is refused in one line: a string's pattern or format, a
-property without a type that is not a string enum, a $ref. A non-strict tool's
-parameters are any keys (`[^>\n]+`, the parser's), each value any UTF-8 text without
-those tags (a key twice stays the parser's: such a call reads as text).
+property without a type that is not a string enum, a $ref. A non-strict tool's parameters
+are any keys (`[^>\n]+`, the parser's), each value any UTF-8 text without those tags (a
+key twice stays the parser's: such a call reads as text).
 """
 
 from __future__ import annotations
