@@ -241,3 +241,20 @@ def test_a_grammar_that_knows_only_the_marker_s_text_leaves_the_token_free(engin
                    reply_ids(engine, "Sure.", unlisted, "token"))
     assert not follows(mask_for(engine, tools, special=False), vocab,
                        reply_ids(engine, "Sure.", unlisted, "text"))
+
+
+def test_a_bundle_that_thinks_with_special_think_tags_refuses_strict_in_one_line(engine):
+    """With `[TOOL_CALLS]` a special token the text before the calls is valid UTF-8, which
+    no special token is: a `<think>` token could never open the reasoning (nor `</think>`
+    close it). Refused, as LFM2's pythonic format refuses it; tags in plain text hold."""
+    from edgeprefill.server.errors import ApiError
+    from edgeprefill.server.strict_tools import lazy_call_constraint, special_token_ids
+
+    tools = (tool("get_weather", True),)
+    ids = special_token_ids(engine.tokenizer)
+    with pytest.raises(ApiError) as err:
+        lazy_call_constraint(tools, "mistral", True, {**ids, "<think>": 3}, thinks=True)
+    assert err.value.status == 400 and "reasoning model" in err.value.message
+    assert "\n" not in err.value.message
+    lazy_call_constraint(tools, "mistral", True, ids, thinks=True)  # tags in plain text
+    lazy_call_constraint(tools, "mistral", True, {**ids, "<think>": 3})  # does not think

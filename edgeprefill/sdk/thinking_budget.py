@@ -25,7 +25,7 @@ anywhere; while it holds a call the reasoning opened, the close waits for the ca
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Literal
 
 from edgeprefill.errors import RequestError
@@ -50,6 +50,12 @@ def bundle_thinks(tokenizer: BundleTokenizer) -> bool:
     # The reply's text keeps the tags, also where they are special tokens
     # (KEPT_SPECIAL_TOKENS); a tokenizer that decodes them to nothing leaves nothing to find.
     return known and CLOSE in tokenizer.decode(tokenizer.encode_plain(CLOSE))
+
+
+def tags_are_special(special_ids: Mapping[str, int]) -> bool:
+    """Whether a tokenizer (its special tokens, text -> id) has a think tag as a special
+    token: a grammar whose free text is UTF-8 (a special call marker's) cannot hold it."""
+    return OPEN in special_ids or CLOSE in special_ids
 
 
 def prompt_opens_think(prompt: str) -> bool:

@@ -45,11 +45,11 @@ import unicodedata
 from typing import Any, NoReturn
 
 from edgeprefill.sdk.lazy_text import BLANKS, text_until
+from edgeprefill.sdk.thinking_budget import tags_are_special
 from edgeprefill.server.errors import ApiError
 from edgeprefill.server.tool_parsers import PythonicParser
 
 OPEN, CLOSE = PythonicParser.open_tag, PythonicParser.close_tag
-THINK_TAGS = ("<think>", "</think>")
 SEPARATOR = ", "  # between calls and between keywords, as LFM2 writes them
 JSON_STYLE = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 # The top-level keywords of a strict tool's parameters that the grammar holds (or that
@@ -70,7 +70,7 @@ def pythonic_grammar(tools: tuple[dict, ...], parallel: bool,
     `special_ids`: the tokenizer's special tokens, text -> id (the tags, where they are);
     `thinks`: the bundle's replies may carry a think block."""
     open_id, close_id = special_ids.get(OPEN), special_ids.get(CLOSE)
-    if thinks and open_id is not None and any(t in special_ids for t in THINK_TAGS):
+    if thinks and open_id is not None and tags_are_special(special_ids):
         # The text is valid UTF-8 there, so it holds no special token: the model could
         # never close its think block. Refused rather than held so.
         raise ApiError(400, "a tool's strict: true under tool_choice auto is not supported "

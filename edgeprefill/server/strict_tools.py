@@ -51,6 +51,7 @@ from typing import Any
 
 from edgeprefill.sdk.constraints import Constraint
 from edgeprefill.sdk.lazy_text import BLANKS, text_until
+from edgeprefill.sdk.thinking_budget import tags_are_special
 from edgeprefill.server.errors import ApiError
 from edgeprefill.server.strict_pythonic import pythonic_grammar
 
@@ -82,6 +83,14 @@ def lazy_call_constraint(tools: tuple[dict, ...], call_format: str, parallel: bo
         return Constraint.grammar(hermes_grammar(tools), lazy=True)
     if call_format == "mistral":
         marker_id = (special_ids or {}).get(MISTRAL)
+        if thinks and marker_id is not None and tags_are_special(special_ids or {}):
+            # The text before the calls is UTF-8 there (mistral_grammar), so it holds no
+            # special token: the model could never write its think tags. Refused rather
+            # than held so (as strict_pythonic does for LFM2's tags).
+            raise ApiError(400, "a tool's strict: true under tool_choice auto is not "
+                           "supported for a reasoning model in the Mistral call format "
+                           "whose think tags are special tokens; drop strict, or force the "
+                           "call with tool_choice", "tools")
         return Constraint.grammar(mistral_grammar(tools, parallel, marker_id), lazy=True)
     if call_format == "qwen3_xml":
         # Imported here: strict_xml builds on this module's markers and schemas.
