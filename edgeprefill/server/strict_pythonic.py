@@ -20,7 +20,7 @@ of such lists.
   one fixed order is the simplest rule a grammar holds that keeps a name from coming
   twice (the parser refuses the whole list then) and a required one from being left out.
   Each value is one JSON value of that property's schema, closed to unlisted properties
-  (strict_tools._closed); the parser reads JSON's true/false/null as Python's (its
+  (strict_tools.closed_schema); the parser reads JSON's true/false/null as Python's (its
   `_JsonNames`), and JSON strings as llguidance writes them read the same in Python (it
   writes neither `\\/` nor a `\\u` escape above U+007F). A strict tool whose parameters
   hold more than `properties` and `required` at their top, or list a property Python
@@ -47,11 +47,11 @@ from typing import Any, NoReturn
 from edgeprefill.sdk.lazy_text import BLANKS, text_until
 from edgeprefill.sdk.thinking_budget import tags_are_special
 from edgeprefill.server.errors import ApiError
+from edgeprefill.server.strict_tools import JSON_STYLE, closed_schema
 from edgeprefill.server.tool_parsers import PythonicParser
 
 OPEN, CLOSE = PythonicParser.open_tag, PythonicParser.close_tag
 SEPARATOR = ", "  # between calls and between keywords, as LFM2 writes them
-JSON_STYLE = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 # The top-level keywords of a strict tool's parameters that the grammar holds (or that
 # constrain nothing); any other is refused rather than dropped.
 KNOWN = {"type", "properties", "required", "additionalProperties", "$defs", "definitions",
@@ -137,8 +137,6 @@ def _keyword_rules(rule: str, properties: list[tuple[str, dict, bool]]) -> list[
 def _strict_properties(function: dict[str, Any]) -> list[tuple[str, dict, bool]]:
     """A strict tool's keywords: (name, closed JSON schema of its value, required), in
     the schema's order; ApiError for parameters the grammar cannot hold."""
-    from edgeprefill.server.strict_tools import _closed
-
     parameters = function.get("parameters") or {"type": "object", "properties": {}}
     name = function["name"]
     extra = sorted(set(parameters) - KNOWN)
@@ -146,7 +144,7 @@ def _strict_properties(function: dict[str, Any]) -> list[tuple[str, dict, bool]]
         _refuse(name, "its name is no Python name")
     if extra or parameters.get("type", "object") != "object":
         _refuse(name, f"its parameters are no plain object ({', '.join(extra) or 'type'})")
-    closed = _closed(parameters)
+    closed = closed_schema(parameters)
     listed: dict[str, Any] = closed.get("properties") or {}
     required = list(closed.get("required") or [])
     defs = {k: closed[k] for k in ("$defs", "definitions") if k in closed}

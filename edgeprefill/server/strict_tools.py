@@ -53,13 +53,11 @@ from edgeprefill.sdk.constraints import Constraint
 from edgeprefill.sdk.lazy_text import BLANKS, text_until
 from edgeprefill.sdk.thinking_budget import tags_are_special
 from edgeprefill.server.errors import ApiError
-from edgeprefill.server.strict_pythonic import pythonic_grammar
 
 HERMES = ("<tool_call>", "</tool_call>")  # a call's open and close markers
 MISTRAL = "[TOOL_CALLS]"  # opens the list of calls
 PYTHON_TAG = "<|python_tag|>"  # may open Llama 3's calls
 LLAMA_SEPARATOR = "; "  # between Llama 3 calls (vLLM's llama3_json skips these two)
-FORMATS = ("hermes", "mistral", "llama3_json", "qwen3_xml")  # those with a lazy grammar
 # The blanks the Llama 3 parser strips before it looks for `{` (str.strip's, server/
 # tool_parsers.py's WholeReplyParser), for a regex class: none is above U+3000.
 PY_BLANKS = "".join(f"\\x{{{c:x}}}" for c in range(0x3001) if chr(c).isspace())
@@ -93,7 +91,8 @@ def lazy_call_constraint(tools: tuple[dict, ...], call_format: str, parallel: bo
                            "call with tool_choice", "tools")
         return Constraint.grammar(mistral_grammar(tools, parallel, marker_id), lazy=True)
     if call_format == "qwen3_xml":
-        # Imported here: strict_xml builds on this module's markers and schemas.
+        # Imported here, as strict_pythonic below: they build on this module's markers
+        # and schemas.
         from edgeprefill.server.strict_xml import qwen3_xml_grammar
 
         return Constraint.grammar(qwen3_xml_grammar(tools), lazy=True)
@@ -109,6 +108,8 @@ def lazy_call_constraint(tools: tuple[dict, ...], call_format: str, parallel: bo
         tag_id = (special_ids or {}).get(PYTHON_TAG)
         return Constraint.grammar(llama3_grammar(tools, parallel, tag_id), lazy=True)
     if call_format == "pythonic":
+        from edgeprefill.server.strict_pythonic import pythonic_grammar
+
         grammar = pythonic_grammar(tools, parallel, dict(special_ids or {}), thinks)
         return Constraint.grammar(grammar, lazy=True)
     raise ApiError(400, "a tool's strict: true under tool_choice auto is not supported "
@@ -181,12 +182,12 @@ def _call_schema(function: dict[str, Any], key: str = "arguments") -> dict[str, 
     """`{"name": <this tool>, <key>: ...}`, the arguments under `key` (the format's),
     by the tool's schema if strict."""
     parameters = function.get("parameters") or {"type": "object", "properties": {}}
-    arguments = _closed(parameters) if function.get("strict") is True else {"type": "object"}
+    arguments = closed_schema(parameters) if function.get("strict") is True else {"type": "object"}
     return {"type": "object", "additionalProperties": False, "required": ["name", key],
             "properties": {"name": {"const": function["name"]}, key: arguments}}
 
 
-def _closed(schema: dict[str, Any]) -> dict[str, Any]:
+def closed_schema(schema: dict[str, Any]) -> dict[str, Any]:
     """The schema with no properties beyond those listed (OpenAI's strict)."""
     closed: dict[str, Any] = json.loads(Constraint.json_schema(schema, strict=True).source)
     return closed

@@ -29,7 +29,7 @@ from typing import Any
 
 from edgeprefill.sdk.lazy_text import BLANKS, text_until
 from edgeprefill.server.errors import ApiError
-from edgeprefill.server.strict_tools import HERMES, JSON_STYLE, PY_BLANKS, _closed
+from edgeprefill.server.strict_tools import HERMES, JSON_STYLE, PY_BLANKS, closed_schema
 
 # Where XmlParser's non-greedy regexes end a value, a call's body and the call: no value
 # may hold one (nor may the string of a JSON value: XML_STRING_PATTERN).
@@ -72,7 +72,7 @@ def _xml_function(rule: str, function: dict[str, Any]) -> list[str]:
         return [f"{rule}: {opening} {rule}_p* {closing}",
                 f'{rule}_p: "<parameter=" /[^>\\n]+/ ">\\n" {rule}_v "\\n"',
                 f'{rule}_v[lazy]: LOOSE "\\n</parameter>"']
-    schema = _closed(function.get("parameters") or {"type": "object", "properties": {}})
+    schema = closed_schema(function.get("parameters") or {"type": "object", "properties": {}})
     required = set(schema.get("required", ()))
     unlisted = required - set(schema.get("properties", {}))
     if unlisted:
