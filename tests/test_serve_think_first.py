@@ -1,7 +1,7 @@
 """Structured output on a model that thinks: the think block free, the answer held to the
 schema (sdk/think_first.py), and the reply split as reasoning and content.
 
-The model is test_serve_tools_strict.py's: a tiny random model behind a byte-level BPE
+The model is tests/strict_live.py's: a tiny random model behind a byte-level BPE
 tokenizer with Qwen's `<think>` and `</think>` as added, non-special tokens, and a bias
 on `</think>`'s logit, so that greedy decoding writes a short thought and closes it. Two
 chat templates: Qwen3's way (the reply may open its block; with enable_thinking false
@@ -24,8 +24,8 @@ pytest.importorskip("tests.bpe_tokenizers")
 from edgeprefill.sdk import Engine  # noqa: E402
 from edgeprefill.sdk.constraints import Constraint, compile_constraint  # noqa: E402
 from edgeprefill.server import ServerConfig, ServerThread, create_app  # noqa: E402
+from tests.strict_live import strict_engine  # noqa: E402
 from tests.test_serve import free_port  # noqa: E402
-from tests.test_serve_tools_strict import strict_engine  # noqa: E402
 
 TAGS = ("<think>", "</think>")
 CLOSE_BIAS = 3.0  # on </think>: the greedy thought is a dozen tokens, then closed
