@@ -1,7 +1,7 @@
 """`strict: true` tools under `tool_choice: "auto"` in the Mistral call format: free text,
 then `[TOOL_CALLS]` and a JSON list of calls that ends the reply (server/strict_tools.py).
 
-The tiny random model of test_serve_tools_strict behind a chat template in the Mistral
+The tiny random model of tests/strict_live.py behind a chat template in the Mistral
 format and a tokenizer with `[TOOL_CALLS]` as a special token (as current Mistral
 tokenizers have it); a bias on that token's logit makes the greedy reply open the calls
 after some text. Without strict what follows is the model's noise; with strict it is a
@@ -17,24 +17,31 @@ from collections.abc import Iterator
 import pytest
 
 openai = pytest.importorskip("openai")
-pytest.importorskip("starlette")
-pytest.importorskip("edgeprefill.sdk.constraints")
 
 from edgeprefill.sdk import Engine  # noqa: E402
-from edgeprefill.server import ServerConfig, ServerThread, create_app  # noqa: E402
-from tests.test_serve import free_port  # noqa: E402
-from tests.test_serve_tools_strict import (  # noqa: E402
-    MAX_TOKENS,
-    QUESTION,
-    WEATHER_SCHEMA,
+from edgeprefill.server import ServerThread  # noqa: E402
+from tests import strict_live  # noqa: E402
+from tests.strict_live import (  # noqa: E402
+    Live,
+    assert_a_valid_weather_use,
+    assert_weather_calls,
     chat,
+    check_a_strict_and_a_loose_tool_together,
+    claude_client,
     complete_calls,
+    connect,
+    follows,
+    serve,
+    stream,
     strict_engine,
+    strict_messages_reply,
+    text_before_the_calls,
     tool,
-    valid,
+    tool_uses,
 )
 
 MARKER = "[TOOL_CALLS]"
+LIVE = Live(marker=MARKER)
 BIAS = 5.0  # on [TOOL_CALLS]'s logit: the greedy reply opens the calls after some text
 # Mistral's shape: the tools listed up front, [INST] turns, calls after [TOOL_CALLS].
 TEMPLATE = (
@@ -59,38 +66,22 @@ def engine(tmp_path_factory) -> Iterator[Engine]:
 
 @pytest.fixture(scope="module")
 def server(engine) -> Iterator[ServerThread]:
-    with ServerThread(create_app(engine, ServerConfig(model_name="bpe")),
-                      port=free_port()) as server:
-        yield server
+    yield from serve(engine)
 
 
 @pytest.fixture(scope="module")
 def client(server) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
-
-
-def text_before_the_calls(client, tools: list[dict]) -> str:
-    """The unconstrained greedy reply's text before it opens the calls: a non-strict
-    request's, whose would-be calls are noise that stays text (the special marker is kept
-    in the reply's text: sdk/tokenizer.py's KEPT_SPECIAL_TOKENS)."""
-    reply = chat(client, tools).choices[0]
-    assert reply.message.tool_calls is None, reply  # the noise does not parse as calls
-    text = reply.message.content
-    assert MARKER in text, text
-    before = text[:text.index(MARKER)].rstrip()
-    assert before, "the bias should let some text come first"
-    return before
+    return connect(server)
 
 
 @pytest.mark.parametrize("parallel", [False, True])
 def test_a_strict_call_follows_its_schema_and_the_text_before_it_is_free(client, parallel):
-    before = text_before_the_calls(client, [tool("get_weather", None)])
-    choice = chat(client, [tool("get_weather", True)], parallel_tool_calls=parallel).choices[0]
+    before = text_before_the_calls(client, LIVE)
+    choice = chat(client, LIVE, [tool("get_weather", True)],
+                  parallel_tool_calls=parallel).choices[0]
     calls = complete_calls(choice)
     assert calls and choice.finish_reason == "tool_calls", repr(choice.message.content)
-    for call in calls:
-        assert call.function.name == "get_weather", call
-        assert valid("get_weather", json.loads(call.function.arguments)), call
+    assert_weather_calls(calls)
     # The greedy text up to the marker is the model's own (valid UTF-8 here: the text
     # before a special marker must be), and nothing follows the list.
     assert choice.message.content == before
@@ -98,61 +89,38 @@ def test_a_strict_call_follows_its_schema_and_the_text_before_it_is_free(client,
 
 def test_the_text_before_the_calls_streams_as_content(client):
     tools = [tool("get_weather", True)]
-    whole = chat(client, tools).choices[0]
-    chunks = list(chat(client, tools, stream=True))
-    deltas = [c.choices[0].delta for c in chunks if c.choices]
-    texts = [d.content for d in deltas if d.content]
-    first_call = next(i for i, d in enumerate(deltas) if d.tool_calls)
-    assert texts and all(not d.content for d in deltas[first_call:])  # text, then calls
+    whole = chat(client, LIVE, tools).choices[0]
+    streamed = stream(client, LIVE, tools)
+    texts = [d.content for d in streamed.deltas if d.content]
+    first_call = next(i for i, d in enumerate(streamed.deltas) if d.tool_calls)
+    assert texts and all(not d.content for d in streamed.deltas[first_call:])  # text, calls
     assert "".join(texts) == whole.message.content
-    calls: dict[int, list[str]] = {}
-    for delta in deltas:
-        for piece in delta.tool_calls or ():
-            calls.setdefault(piece.index, []).append(piece.function.arguments or "")
-    assert ["".join(c) for c in calls.values()] == \
-        [c.function.arguments for c in whole.message.tool_calls]
-    assert chunks[-1].choices[0].finish_reason == whole.finish_reason == "tool_calls"
+    assert streamed.calls == [c.function.arguments for c in whole.message.tool_calls]
+    assert streamed.finish_reason == whole.finish_reason == "tool_calls"
 
 
 def test_a_strict_and_a_loose_tool_together(client):
     """Once the calls start each names a listed tool; a strict tool's arguments follow
     its schema, a non-strict tool's are any JSON object (the grammar tests below show a
     loose tool's arguments outside its schema pass)."""
-    choice = chat(client, [tool("get_time", None), tool("get_weather", True)]).choices[0]
-    calls = complete_calls(choice)
-    assert calls, choice
-    for call in calls:
-        arguments = json.loads(call.function.arguments)
-        assert isinstance(arguments, dict)
-        assert call.function.name in ("get_time", "get_weather")
-        if call.function.name == "get_weather":
-            assert valid("get_weather", arguments), call
+    check_a_strict_and_a_loose_tool_together(client, LIVE)
 
 
 def test_the_messages_api_honours_strict_under_auto(server, client):
-    anthropic = pytest.importorskip("anthropic")
-    before = text_before_the_calls(client, [tool("get_weather", None)])
-    claude = anthropic.Anthropic(base_url=server.url, api_key="unused", max_retries=0)
-    reply = claude.messages.create(
-        model="bpe", messages=QUESTION, max_tokens=MAX_TOKENS, extra_body={"temperature": 0},
-        tools=[{"name": "get_weather", "input_schema": WEATHER_SCHEMA, "strict": True}])
-    uses = [block for block in reply.content if block.type == "tool_use"]
+    claude = claude_client(server)
+    before = text_before_the_calls(client, LIVE)
+    reply = strict_messages_reply(claude, LIVE)
+    uses = tool_uses(reply)
     assert uses and reply.content[0].type == "text", reply.content
     assert reply.content[0].text == before
-    assert uses[0].name == "get_weather" and valid("get_weather", uses[0].input), uses[0]
+    assert_a_valid_weather_use(uses)
 
 
 # -- the grammar, token by token -------------------------------------------------------
 
 def mask_for(engine, tools: list[dict], parallel: bool = True, special: bool = True):
-    """A fresh mask of the lazy grammar on the engine's tokenizer; `special`: the grammar
-    knows the marker's special token (as the server passes it), else only its text."""
-    from edgeprefill.sdk.constraints import compile_constraint
-    from edgeprefill.server.strict_tools import lazy_call_constraint, special_token_ids
-
-    ids = special_token_ids(engine.tokenizer) if special else {}
-    constraint = lazy_call_constraint(tuple(tools), "mistral", parallel, ids)
-    return compile_constraint(constraint, engine.tokenizer, sorted(engine.eos))
+    """strict_live.mask_for in this format."""
+    return strict_live.mask_for(engine, "mistral", tools, parallel, special)
 
 
 def reply_ids(engine, text: str, calls: str, marker: str = "token") -> list[int]:
@@ -172,16 +140,6 @@ def call(name: str, arguments: dict) -> dict:
 
 
 GOOD = [call("get_weather", {"city": "Bern", "days": 2})]
-
-
-def follows(mask, vocab: int, ids: list[int]) -> bool:
-    """Whether the mask allows each token in turn, as sampling meets them (llguidance's
-    validate_tokens refuses a special token that its mask allows in free text)."""
-    for token in ids:
-        if not mask.allowed(vocab)[token]:
-            return False
-        mask.accept(token)
-    return True
 
 
 def ends_here(mask, vocab: int, eos: set[int]) -> bool:
