@@ -3,7 +3,7 @@ reply of calls alone (`{"name": ..., "parameters": {...}}`, several separated by
 `<|python_tag|>` first or not, or a text that the parser cannot take for calls
 (server/strict_tools.py's llama3_grammar).
 
-The tiny random model of test_serve_tools_strict behind a chat template in Llama 3.1's
+The tiny random model of tests/strict_live.py behind a chat template in Llama 3.1's
 shape and a tokenizer with `<|python_tag|>` as a special token (as Llama 3's has it); a
 bias on the `{` token's logit makes the greedy reply open with `{`. Without strict what
 follows is the model's noise, and the whole reply stays text (the parser's rule); with
@@ -19,24 +19,31 @@ import numpy as np
 import pytest
 
 openai = pytest.importorskip("openai")
-pytest.importorskip("starlette")
-pytest.importorskip("edgeprefill.sdk.constraints")
 
 from edgeprefill.sdk import Engine  # noqa: E402
 from edgeprefill.server import ServerConfig, ServerThread, create_app  # noqa: E402
-from tests.test_serve import free_port  # noqa: E402
-from tests.test_serve_tools_strict import (  # noqa: E402
-    MAX_TOKENS,
-    QUESTION,
-    WEATHER_SCHEMA,
+from tests import strict_live  # noqa: E402
+from tests.strict_live import (  # noqa: E402
+    Live,
+    assert_a_valid_weather_use,
+    assert_weather_calls,
     chat,
+    check_a_strict_and_a_loose_tool_together,
+    claude_client,
     complete_calls,
+    connect,
+    follows,
+    serve,
+    stream,
     strict_engine,
+    strict_messages_reply,
     tool,
-    valid,
+    tool_uses,
 )
+from tests.test_serve import free_port  # noqa: E402
 
 TAG = "<|python_tag|>"
+LIVE = Live(marker=TAG)  # the reply opens with its calls: no text before them
 HEADER_END = "<|end_header_id|>"  # a special token, as in Llama 3's tokenizer
 BIAS = 8.0  # on `{`'s logit for a reply's first token: the greedy reply opens with it
 # Llama 3.1's shape, shortened (no blank line after a header): the tools in the last
@@ -87,14 +94,12 @@ def open_with_a_brace(engine: Engine) -> None:
 
 @pytest.fixture(scope="module")
 def server(engine) -> Iterator[ServerThread]:
-    with ServerThread(create_app(engine, ServerConfig(model_name="bpe")),
-                      port=free_port()) as server:
-        yield server
+    yield from serve(engine)
 
 
 @pytest.fixture(scope="module")
 def client(server) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+    return connect(server)
 
 
 def test_the_template_is_read_as_the_llama3_json_format(engine):
@@ -106,36 +111,30 @@ def test_the_template_is_read_as_the_llama3_json_format(engine):
 def test_unconstrained_the_reply_opens_with_a_brace_that_is_no_call(client):
     """The bias at work, and what strict must change: a non-strict request's reply opens
     with `{`, is no call, and is text."""
-    reply = chat(client, [tool("get_weather", None)]).choices[0]
+    reply = chat(client, LIVE, [tool("get_weather", None)]).choices[0]
     assert reply.message.tool_calls is None, reply
     assert reply.message.content.lstrip().startswith("{"), reply.message.content
 
 
 @pytest.mark.parametrize("parallel", [False, True])
 def test_a_strict_call_follows_its_schema_and_is_the_whole_reply(client, parallel):
-    choice = chat(client, [tool("get_weather", True)], parallel_tool_calls=parallel).choices[0]
+    choice = chat(client, LIVE, [tool("get_weather", True)],
+                  parallel_tool_calls=parallel).choices[0]
     calls = complete_calls(choice)
     assert calls and choice.finish_reason == "tool_calls", repr(choice.message.content)
     assert len(calls) == 1 or parallel
-    for call in calls:
-        assert call.function.name == "get_weather", call
-        assert valid("get_weather", json.loads(call.function.arguments)), call
+    assert_weather_calls(calls)
     assert not choice.message.content  # the whole reply is calls
 
 
 def test_the_calls_stream_as_they_come(client):
     tools = [tool("get_weather", True)]
-    whole = chat(client, tools).choices[0]
-    chunks = list(chat(client, tools, stream=True))
-    deltas = [c.choices[0].delta for c in chunks if c.choices]
-    assert not any(d.content for d in deltas)
-    calls: dict[int, list[str]] = {}
-    for delta in deltas:
-        for piece in delta.tool_calls or ():
-            calls.setdefault(piece.index, []).append(piece.function.arguments or "")
-    assert calls and ["".join(c) for c in calls.values()] == \
-        [c.function.arguments for c in whole.message.tool_calls]
-    assert chunks[-1].choices[0].finish_reason == whole.finish_reason == "tool_calls"
+    whole = chat(client, LIVE, tools).choices[0]
+    streamed = stream(client, LIVE, tools)
+    assert not any(d.content for d in streamed.deltas)
+    assert streamed.calls and \
+        streamed.calls == [c.function.arguments for c in whole.message.tool_calls]
+    assert streamed.finish_reason == whole.finish_reason == "tool_calls"
 
 
 def test_the_format_refuses_strict_for_a_bundle_that_thinks():
@@ -166,10 +165,10 @@ def test_a_reasoning_model_in_this_format_refuses_strict_in_one_line(tmp_path_fa
                           port=free_port()) as server:
             client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0)
             with pytest.raises(openai.BadRequestError) as err:
-                chat(client, [tool("get_weather", True)])
+                chat(client, LIVE, [tool("get_weather", True)])
             assert err.value.body["param"] == "tools"
             assert "reasoning model" in err.value.body["message"], err.value.body
-            loose = chat(client, [tool("get_weather", None)]).choices[0]  # as before
+            loose = chat(client, LIVE, [tool("get_weather", None)]).choices[0]  # as before
             assert loose.finish_reason in ("stop", "length", "tool_calls")
     finally:
         engine.close()
@@ -178,39 +177,21 @@ def test_a_reasoning_model_in_this_format_refuses_strict_in_one_line(tmp_path_fa
 def test_a_strict_and_a_loose_tool_together(client):
     """Each call names a listed tool; a strict tool's arguments follow its schema, a
     non-strict tool's are any JSON object."""
-    choice = chat(client, [tool("get_time", None), tool("get_weather", True)]).choices[0]
-    calls = complete_calls(choice)
-    assert calls, choice
-    for call in calls:
-        arguments = json.loads(call.function.arguments)
-        assert isinstance(arguments, dict)
-        assert call.function.name in ("get_time", "get_weather")
-        if call.function.name == "get_weather":
-            assert valid("get_weather", arguments), call
+    check_a_strict_and_a_loose_tool_together(client, LIVE)
 
 
 def test_the_messages_api_honours_strict_under_auto(server):
-    anthropic = pytest.importorskip("anthropic")
-    claude = anthropic.Anthropic(base_url=server.url, api_key="unused", max_retries=0)
-    reply = claude.messages.create(
-        model="bpe", messages=QUESTION, max_tokens=MAX_TOKENS, extra_body={"temperature": 0},
-        tools=[{"name": "get_weather", "input_schema": WEATHER_SCHEMA, "strict": True}])
-    uses = [block for block in reply.content if block.type == "tool_use"]
+    reply = strict_messages_reply(claude_client(server), LIVE)
+    uses = tool_uses(reply)
     assert uses and reply.stop_reason == "tool_use", reply.content
-    assert uses[0].name == "get_weather" and valid("get_weather", uses[0].input), uses[0]
+    assert_a_valid_weather_use(uses)
 
 
 # -- the grammar, token by token -------------------------------------------------------
 
 def mask_for(engine, tools: list[dict], parallel: bool = True, special: bool = True):
-    """A fresh mask of the lazy grammar on the engine's tokenizer; `special`: the grammar
-    knows the tag's special token (as the server passes it)."""
-    from edgeprefill.sdk.constraints import compile_constraint
-    from edgeprefill.server.strict_tools import lazy_call_constraint, special_token_ids
-
-    ids = special_token_ids(engine.tokenizer) if special else {}
-    constraint = lazy_call_constraint(tuple(tools), "llama3_json", parallel, ids)
-    return compile_constraint(constraint, engine.tokenizer, sorted(engine.eos))
+    """strict_live.mask_for in this format."""
+    return strict_live.mask_for(engine, "llama3_json", tools, parallel, special)
 
 
 def reply_ids(engine, text: str, tag: str = "") -> list[int]:
@@ -228,15 +209,6 @@ def call(name: str, parameters: dict) -> str:
 
 GOOD = call("get_weather", {"city": "Bern", "days": 2})
 TOOLS = [tool("get_weather", True), tool("get_time", None)]
-
-
-def follows(mask, vocab: int, ids: list[int]) -> bool:
-    """Whether the mask allows each token in turn, as sampling meets them."""
-    for token in ids:
-        if not mask.allowed(vocab)[token]:
-            return False
-        mask.accept(token)
-    return True
 
 
 def ends_here(mask, engine, or_separator: bool = False) -> bool:
