@@ -3,7 +3,7 @@ format: free text, then `<tool_call>`, one listed tool's `<function=NAME>` and i
 `<parameter=KEY>` values as plain text, `</tool_call>`, free text again
 (server/strict_tools.py's qwen3_xml_grammar).
 
-The tiny random model of test_serve_tools_strict behind a chat template in Qwen3.5's
+The tiny random model of tests/strict_live.py behind a chat template in Qwen3.5's
 shape (calls written back in XML, which is how the server tells the format) and the same
 tokenizer (`<tool_call>`, `</tool_call>` added, non-special tokens); the bias on
 `<tool_call>` makes the greedy reply open a call after some text. Without strict what
@@ -20,17 +20,20 @@ from collections.abc import Iterator
 import pytest
 
 openai = pytest.importorskip("openai")
-pytest.importorskip("starlette")
-pytest.importorskip("edgeprefill.sdk.constraints")
 
 from edgeprefill.sdk import Engine  # noqa: E402
-from edgeprefill.server import ServerConfig, ServerThread, create_app  # noqa: E402
-from tests.test_serve import free_port  # noqa: E402
-from tests.test_serve_tools_strict import (  # noqa: E402
-    QUESTION,
+from edgeprefill.server import ServerThread  # noqa: E402
+from tests.strict_live import (  # noqa: E402
     SCHEMAS,
-    WEATHER_SCHEMA,
+    Live,
+    chat,
+    check_a_strict_call_then_free_text,
+    check_streamed_is_the_whole_reply,
+    check_the_messages_api_text_then_a_strict_use,
     complete_calls,
+    connect,
+    follows,
+    serve,
     strict_engine,
     tool,
     valid,
@@ -53,13 +56,7 @@ TEMPLATE = (
 
 
 # A call's XML is long in the tiny vocabulary's tokens: room for one after some text.
-MAX_TOKENS = 200
-
-
-def chat(client, tools: list[dict], **options):
-    return client.chat.completions.create(
-        model="bpe", messages=QUESTION, tools=tools, temperature=0, max_tokens=MAX_TOKENS,
-        **options)
+LIVE = Live(marker="<tool_call>", max_tokens=200)
 
 
 @pytest.fixture(scope="module")
@@ -71,14 +68,12 @@ def engine(tmp_path_factory) -> Iterator[Engine]:
 
 @pytest.fixture(scope="module")
 def server(engine) -> Iterator[ServerThread]:
-    with ServerThread(create_app(engine, ServerConfig(model_name="bpe")),
-                      port=free_port()) as server:
-        yield server
+    yield from serve(engine)
 
 
 @pytest.fixture(scope="module")
 def client(server) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+    return connect(server)
 
 
 def test_the_template_is_read_as_the_xml_format(engine):
@@ -87,45 +82,14 @@ def test_the_template_is_read_as_the_xml_format(engine):
     assert call_format(engine.manifest) == "qwen3_xml"
 
 
-def text_before_the_call(client, tools: list[dict]) -> str:
-    """The unconstrained greedy reply's text before it opens a call: a non-strict
-    request's, whose would-be call is noise that stays text."""
-    reply = chat(client, tools).choices[0]
-    assert reply.message.tool_calls is None, reply  # the noise does not parse as a call
-    text = reply.message.content
-    assert "<tool_call>" in text, text
-    before = text[:text.index("<tool_call>")].rstrip()
-    assert before, "the bias should let some text come first"
-    return before
-
-
 @pytest.mark.parametrize("parallel", [False, True])
 def test_a_strict_call_follows_its_schema_and_the_text_before_it_is_free(client, parallel):
-    before = text_before_the_call(client, [tool("get_weather", None)])
-    choice = chat(client, [tool("get_weather", True)], parallel_tool_calls=parallel).choices[0]
-    calls = complete_calls(choice)
-    assert calls and (len(calls) == 1 or parallel), repr(choice.message.content)
-    for call in calls:
-        assert call.function.name == "get_weather", call
-        assert valid("get_weather", json.loads(call.function.arguments)), call
-    assert (choice.message.content or "").startswith(before)  # then the text after it
+    check_a_strict_call_then_free_text(client, LIVE, parallel)
 
 
 def test_streamed_is_the_whole_reply(client):
-    tools = [tool("get_weather", True)]
-    whole = chat(client, tools).choices[0]
+    whole = check_streamed_is_the_whole_reply(client, LIVE)
     assert whole.message.tool_calls, whole
-    chunks = list(chat(client, tools, stream=True))
-    deltas = [c.choices[0].delta for c in chunks if c.choices]
-    text = "".join(d.content or "" for d in deltas)
-    calls: dict[int, list[str]] = {}
-    for delta in deltas:
-        for piece in delta.tool_calls or ():
-            calls.setdefault(piece.index, []).append(piece.function.arguments or "")
-    assert text == (whole.message.content or "")
-    assert ["".join(c) for c in calls.values()] == \
-        [c.function.arguments for c in whole.message.tool_calls]
-    assert chunks[-1].choices[0].finish_reason == whole.finish_reason
 
 
 def test_a_strict_and_a_loose_tool_together(client):
@@ -133,7 +97,7 @@ def test_a_strict_and_a_loose_tool_together(client):
     its schema, a non-strict tool's are any parameters (the grammar tests below show a
     loose tool's arguments outside its schema pass). Here the model calls the strict
     get_time (a loose value is free text, which this random model never ends)."""
-    choice = chat(client, [tool("get_time", True), tool("get_weather", None)]).choices[0]
+    choice = chat(client, LIVE, [tool("get_time", True), tool("get_weather", None)]).choices[0]
     calls = complete_calls(choice)
     assert calls, choice
     for call in calls:
@@ -142,16 +106,7 @@ def test_a_strict_and_a_loose_tool_together(client):
 
 
 def test_the_messages_api_honours_strict_under_auto(server, client):
-    anthropic = pytest.importorskip("anthropic")
-    before = text_before_the_call(client, [tool("get_weather", None)])
-    claude = anthropic.Anthropic(base_url=server.url, api_key="unused", max_retries=0)
-    reply = claude.messages.create(
-        model="bpe", messages=QUESTION, max_tokens=MAX_TOKENS, extra_body={"temperature": 0},
-        tools=[{"name": "get_weather", "input_schema": WEATHER_SCHEMA, "strict": True}])
-    uses = [block for block in reply.content if block.type == "tool_use"]
-    assert uses and reply.content[0].type == "text", reply.content
-    assert reply.content[0].text.startswith(before)
-    assert uses[0].name == "get_weather" and valid("get_weather", uses[0].input), uses[0]
+    check_the_messages_api_text_then_a_strict_use(server, client, LIVE)
 
 
 # -- the grammar, token by token -------------------------------------------------------
@@ -176,11 +131,8 @@ def takes(engine, text: str, tools: list[dict] = TOOLS) -> bool:
     tokenizer, vocab = engine.tokenizer, engine.tokenizer.vocab_size
     constraint = lazy_call_constraint(tuple(tools), "qwen3_xml")
     mask = compile_constraint(constraint, tokenizer, sorted(engine.eos))
-    for token in tokenizer.encode_plain(text):
-        if not mask.allowed(vocab)[token]:
-            return False
-        mask.accept(token)
-    return bool(mask.allowed(vocab)[min(engine.eos)])
+    return follows(mask, vocab, tokenizer.encode_plain(text)) and \
+        bool(mask.allowed(vocab)[min(engine.eos)])
 
 
 def parsed(text: str, tools: list[dict] = TOOLS) -> list[tuple[str, dict]]:
