@@ -2,7 +2,7 @@
 text, `<|tool_call_start|>[name(key=value), ...]<|tool_call_end|>`, free text again
 (server/strict_pythonic.py).
 
-The tiny random model of test_serve_tools_strict behind an LFM2-style chat template and a
+The tiny random model of tests/strict_live.py behind an LFM2-style chat template and a
 tokenizer with the two tags as special tokens (as LFM2's are); a bias on the open tag's
 logit makes the greedy reply open a list of calls after some text. Without strict what
 follows is the model's noise; with strict it is calls to listed tools whose arguments
@@ -18,15 +18,21 @@ from collections.abc import Iterator
 import pytest
 
 openai = pytest.importorskip("openai")
-pytest.importorskip("starlette")
-pytest.importorskip("edgeprefill.sdk.constraints")
 
 from edgeprefill.sdk import Engine  # noqa: E402
-from edgeprefill.server import ServerConfig, ServerThread, create_app  # noqa: E402
-from tests.test_serve import free_port  # noqa: E402
-from tests.test_serve_tools_strict import (  # noqa: E402
-    MAX_TOKENS,
-    WEATHER_SCHEMA,
+from edgeprefill.server import ServerThread  # noqa: E402
+from tests import strict_live  # noqa: E402
+from tests.strict_live import (  # noqa: E402
+    Live,
+    all_calls,
+    check_a_strict_and_a_loose_tool_together,
+    check_a_strict_call_then_free_text,
+    check_streamed_is_the_whole_reply,
+    check_the_messages_api_text_then_a_strict_use,
+    connect,
+    follows,
+    serve,
+    strict_engine,
     tool,
     valid,
 )
@@ -35,7 +41,7 @@ OPEN, CLOSE = "<|tool_call_start|>", "<|tool_call_end|>"
 BIAS = 3.0  # on the open tag's logit: the greedy reply opens calls after some text
 # A question whose unconstrained greedy text before the tag is valid UTF-8, as the text
 # before a special token must be under the grammar (strict_pythonic's docstring).
-QUESTION = [{"role": "user", "content": "Hello"}]
+LIVE = Live(marker=OPEN, question=[{"role": "user", "content": "Hello"}])
 # LFM2's shape: the tools listed between <|tool_list_start|> and <|tool_list_end|>.
 TEMPLATE = (
     "{% if tools %}system: <|tool_list_start|>{% for t in tools %}{{ t.function.name }} "
@@ -47,8 +53,6 @@ TEMPLATE = (
 
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory) -> Iterator[Engine]:
-    from tests.test_serve_tools_strict import strict_engine
-
     engine = strict_engine(tmp_path_factory, TEMPLATE, added=(), special=(OPEN, CLOSE),
                            biases={OPEN: BIAS})
     yield engine
@@ -57,14 +61,12 @@ def engine(tmp_path_factory) -> Iterator[Engine]:
 
 @pytest.fixture(scope="module")
 def server(engine) -> Iterator[ServerThread]:
-    with ServerThread(create_app(engine, ServerConfig(model_name="bpe")),
-                      port=free_port()) as server:
-        yield server
+    yield from serve(engine)
 
 
 @pytest.fixture(scope="module")
 def client(server) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+    return connect(server)
 
 
 def test_the_template_is_read_as_the_pythonic_format(engine):
@@ -73,80 +75,26 @@ def test_the_template_is_read_as_the_pythonic_format(engine):
     assert call_format(engine.manifest) == "pythonic"
 
 
-def chat(client, tools: list[dict], **options):
-    return client.chat.completions.create(
-        model="bpe", messages=QUESTION, tools=tools, temperature=0, max_tokens=MAX_TOKENS,
-        **options)
-
-
-def text_before_the_calls(client, tools: list[dict]) -> str:
-    """The unconstrained greedy reply's text before it opens the calls: a non-strict
-    request's, whose would-be calls are noise that stays text (the tags are kept in the
-    reply's text: sdk/tokenizer.py's KEPT_SPECIAL_TOKENS)."""
-    reply = chat(client, tools).choices[0]
-    assert reply.message.tool_calls is None, reply  # the noise does not parse as calls
-    text = reply.message.content
-    assert OPEN in text, text
-    before = text[:text.index(OPEN)].rstrip()
-    assert before, "the bias should let some text come first"
-    return before
-
-
 @pytest.mark.parametrize("parallel", [False, True])
 def test_a_strict_call_follows_its_schema_and_the_text_before_it_is_free(client, parallel):
-    before = text_before_the_calls(client, [tool("get_weather", None)])
-    choice = chat(client, [tool("get_weather", True)], parallel_tool_calls=parallel).choices[0]
-    calls = choice.message.tool_calls or []
-    assert calls, repr(choice.message.content)
-    assert len(calls) == 1 or parallel
-    for call in calls:
-        assert call.function.name == "get_weather", call
-        assert valid("get_weather", json.loads(call.function.arguments)), call
-    assert (choice.message.content or "").startswith(before)  # then any text after it
+    # Every call the reply holds: none dropped as cut short, as complete_calls would.
+    check_a_strict_call_then_free_text(client, LIVE, parallel, calls_of=all_calls)
 
 
 def test_streamed_is_the_whole_reply(client):
-    tools = [tool("get_weather", True)]
-    whole = chat(client, tools).choices[0]
-    chunks = list(chat(client, tools, stream=True))
-    deltas = [c.choices[0].delta for c in chunks if c.choices]
-    calls: dict[int, list[str]] = {}
-    for delta in deltas:
-        for piece in delta.tool_calls or ():
-            calls.setdefault(piece.index, []).append(piece.function.arguments or "")
-    assert "".join(d.content or "" for d in deltas) == (whole.message.content or "")
+    whole = check_streamed_is_the_whole_reply(client, LIVE)
     assert whole.message.tool_calls
-    assert ["".join(c) for c in calls.values()] == \
-        [c.function.arguments for c in whole.message.tool_calls]
-    assert chunks[-1].choices[0].finish_reason == whole.finish_reason
 
 
 def test_a_strict_and_a_loose_tool_together(client):
     """Each call names a listed tool; a strict tool's arguments follow its schema, a
     loose tool's are any keywords with JSON values (the grammar tests below show one
     outside its schema pass)."""
-    choice = chat(client, [tool("get_time", None), tool("get_weather", True)]).choices[0]
-    calls = choice.message.tool_calls or []
-    assert calls, choice
-    for call in calls:
-        arguments = json.loads(call.function.arguments)
-        assert isinstance(arguments, dict)
-        assert call.function.name in ("get_time", "get_weather")
-        if call.function.name == "get_weather":
-            assert valid("get_weather", arguments), call
+    check_a_strict_and_a_loose_tool_together(client, LIVE, calls_of=all_calls)
 
 
 def test_the_messages_api_honours_strict_under_auto(server, client):
-    anthropic = pytest.importorskip("anthropic")
-    before = text_before_the_calls(client, [tool("get_weather", None)])
-    claude = anthropic.Anthropic(base_url=server.url, api_key="unused", max_retries=0)
-    reply = claude.messages.create(
-        model="bpe", messages=QUESTION, max_tokens=MAX_TOKENS, extra_body={"temperature": 0},
-        tools=[{"name": "get_weather", "input_schema": WEATHER_SCHEMA, "strict": True}])
-    uses = [block for block in reply.content if block.type == "tool_use"]
-    assert uses and reply.content[0].type == "text", reply.content
-    assert reply.content[0].text.startswith(before)
-    assert uses[0].name == "get_weather" and valid("get_weather", uses[0].input), uses[0]
+    check_the_messages_api_text_then_a_strict_use(server, client, LIVE)
 
 
 # -- the grammar, token by token -------------------------------------------------------
@@ -167,14 +115,8 @@ TOOLS = [tool("get_weather", True), tool("get_time", None),
 
 
 def mask_for(engine, tools: list[dict], parallel: bool = True, special: bool = True):
-    """A fresh mask of the lazy grammar on the engine's tokenizer; `special`: the grammar
-    knows the tags' special tokens (as the server passes them), else only their text."""
-    from edgeprefill.sdk.constraints import compile_constraint
-    from edgeprefill.server.strict_tools import lazy_call_constraint, special_token_ids
-
-    ids = special_token_ids(engine.tokenizer) if special else {}
-    constraint = lazy_call_constraint(tuple(tools), "pythonic", parallel, ids)
-    return compile_constraint(constraint, engine.tokenizer, sorted(engine.eos))
+    """strict_live.mask_for in this format."""
+    return strict_live.mask_for(engine, "pythonic", tools, parallel, special)
 
 
 def reply_ids(engine, text: str, tags: str = "token") -> list[int]:
@@ -191,15 +133,6 @@ def reply_ids(engine, text: str, tags: str = "token") -> list[int]:
             ids += tokenizer.encode_plain(part)
     assert tokenizer.decode(ids) == text
     return ids
-
-
-def follows(mask, vocab: int, ids: list[int]) -> bool:
-    """Whether the mask allows each token in turn, as sampling meets them."""
-    for token in ids:
-        if not mask.allowed(vocab)[token]:
-            return False
-        mask.accept(token)
-    return True
 
 
 def takes(engine, text: str, tags: str = "token", parallel: bool = True,
