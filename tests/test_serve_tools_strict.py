@@ -21,20 +21,14 @@ openai = pytest.importorskip("openai")
 
 from edgeprefill.sdk import Engine  # noqa: E402
 from edgeprefill.server import ServerConfig, ServerThread, create_app  # noqa: E402
+from tests import strict_live  # noqa: E402
 from tests.strict_live import (  # noqa: E402
     MAX_TOKENS,
     QUESTION,
     WEATHER_SCHEMA,
     Live,
     chat,
-    check_a_strict_and_a_loose_tool_together,
-    check_a_strict_call_then_free_text,
-    check_streamed_is_the_whole_reply,
-    check_the_messages_api_text_then_a_strict_use,
-    connect,
-    serve,
     strict_engine,
-    text_before_the_calls,
     tool,
     valid,
 )
@@ -63,31 +57,31 @@ def engine(tmp_path_factory) -> Iterator[Engine]:
 
 @pytest.fixture(scope="module")
 def server(engine) -> Iterator[ServerThread]:
-    yield from serve(engine)
+    yield from strict_live.serve(engine)
 
 
 @pytest.fixture(scope="module")
 def client(server) -> openai.OpenAI:
-    return connect(server)
+    return strict_live.connect(server)
 
 
 @pytest.mark.parametrize("parallel", [False, True])
 def test_a_strict_call_follows_its_schema_and_the_text_before_it_is_free(client, parallel):
-    check_a_strict_call_then_free_text(client, LIVE, parallel)
+    strict_live.check_a_strict_call_then_free_text(client, LIVE, parallel)
 
 
 def test_streamed_is_the_whole_reply(client):
-    check_streamed_is_the_whole_reply(client, LIVE)
+    strict_live.check_streamed_is_the_whole_reply(client, LIVE)
 
 
 def test_a_strict_and_a_loose_tool_together(client):
     """Once a call starts its name is a listed tool's; a strict tool's arguments follow
     its schema, a non-strict tool's are any JSON object."""
-    check_a_strict_and_a_loose_tool_together(client, LIVE)
+    strict_live.check_a_strict_and_a_loose_tool_together(client, LIVE)
 
 
 def test_the_responses_api_honours_strict_under_auto(client):
-    before = text_before_the_calls(client, LIVE)
+    before = strict_live.text_before_the_calls(client, LIVE)
     function = {"type": "function", "name": "get_weather", "parameters": WEATHER_SCHEMA,
                 "strict": True}
     reply = client.responses.create(model="bpe", input="hello", tools=[function],
@@ -99,7 +93,7 @@ def test_the_responses_api_honours_strict_under_auto(client):
 
 
 def test_the_messages_api_honours_strict_under_auto(server, client):
-    check_the_messages_api_text_then_a_strict_use(server, client, LIVE)
+    strict_live.check_the_messages_api_text_then_a_strict_use(server, client, LIVE)
 
 
 def test_strict_with_response_format_is_a_400(client):
@@ -146,7 +140,7 @@ def test_a_marker_spelled_in_pieces_triggers_the_grammar(engine):
 def test_ollama_s_chat_honours_strict_too(server, client):
     """/api/chat passes its function tools to the chat route as they are, `strict` too."""
     httpx = pytest.importorskip("httpx")
-    before = text_before_the_calls(client, LIVE)
+    before = strict_live.text_before_the_calls(client, LIVE)
     reply = httpx.post(f"{server.url}/api/chat", timeout=60, json={
         "model": "bpe", "messages": QUESTION, "tools": [tool("get_weather", True)],
         "stream": False, "options": {"temperature": 0, "num_predict": MAX_TOKENS}}).json()

@@ -23,23 +23,7 @@ openai = pytest.importorskip("openai")
 from edgeprefill.sdk import Engine  # noqa: E402
 from edgeprefill.server import ServerConfig, ServerThread, create_app  # noqa: E402
 from tests import strict_live  # noqa: E402
-from tests.strict_live import (  # noqa: E402
-    Live,
-    assert_a_valid_weather_use,
-    assert_weather_calls,
-    chat,
-    check_a_strict_and_a_loose_tool_together,
-    claude_client,
-    complete_calls,
-    connect,
-    follows,
-    serve,
-    stream,
-    strict_engine,
-    strict_messages_reply,
-    tool,
-    tool_uses,
-)
+from tests.strict_live import Live, chat, follows, strict_engine, tool  # noqa: E402
 from tests.test_serve import free_port  # noqa: E402
 
 TAG = "<|python_tag|>"
@@ -94,12 +78,12 @@ def open_with_a_brace(engine: Engine) -> None:
 
 @pytest.fixture(scope="module")
 def server(engine) -> Iterator[ServerThread]:
-    yield from serve(engine)
+    yield from strict_live.serve(engine)
 
 
 @pytest.fixture(scope="module")
 def client(server) -> openai.OpenAI:
-    return connect(server)
+    return strict_live.connect(server)
 
 
 def test_the_template_is_read_as_the_llama3_json_format(engine):
@@ -120,17 +104,17 @@ def test_unconstrained_the_reply_opens_with_a_brace_that_is_no_call(client):
 def test_a_strict_call_follows_its_schema_and_is_the_whole_reply(client, parallel):
     choice = chat(client, LIVE, [tool("get_weather", True)],
                   parallel_tool_calls=parallel).choices[0]
-    calls = complete_calls(choice)
+    calls = strict_live.complete_calls(choice)
     assert calls and choice.finish_reason == "tool_calls", repr(choice.message.content)
     assert len(calls) == 1 or parallel
-    assert_weather_calls(calls)
+    strict_live.assert_weather_calls(calls)
     assert not choice.message.content  # the whole reply is calls
 
 
 def test_the_calls_stream_as_they_come(client):
     tools = [tool("get_weather", True)]
     whole = chat(client, LIVE, tools).choices[0]
-    streamed = stream(client, LIVE, tools)
+    streamed = strict_live.stream(client, LIVE, tools)
     assert not any(d.content for d in streamed.deltas)
     assert streamed.calls and \
         streamed.calls == [c.function.arguments for c in whole.message.tool_calls]
@@ -177,14 +161,14 @@ def test_a_reasoning_model_in_this_format_refuses_strict_in_one_line(tmp_path_fa
 def test_a_strict_and_a_loose_tool_together(client):
     """Each call names a listed tool; a strict tool's arguments follow its schema, a
     non-strict tool's are any JSON object."""
-    check_a_strict_and_a_loose_tool_together(client, LIVE)
+    strict_live.check_a_strict_and_a_loose_tool_together(client, LIVE)
 
 
 def test_the_messages_api_honours_strict_under_auto(server):
-    reply = strict_messages_reply(claude_client(server), LIVE)
-    uses = tool_uses(reply)
+    reply = strict_live.strict_messages_reply(strict_live.claude_client(server), LIVE)
+    uses = strict_live.tool_uses(reply)
     assert uses and reply.stop_reason == "tool_use", reply.content
-    assert_a_valid_weather_use(uses)
+    strict_live.assert_a_valid_weather_use(uses)
 
 
 # -- the grammar, token by token -------------------------------------------------------

@@ -21,24 +21,7 @@ openai = pytest.importorskip("openai")
 from edgeprefill.sdk import Engine  # noqa: E402
 from edgeprefill.server import ServerThread  # noqa: E402
 from tests import strict_live  # noqa: E402
-from tests.strict_live import (  # noqa: E402
-    Live,
-    assert_a_valid_weather_use,
-    assert_weather_calls,
-    chat,
-    check_a_strict_and_a_loose_tool_together,
-    claude_client,
-    complete_calls,
-    connect,
-    follows,
-    serve,
-    stream,
-    strict_engine,
-    strict_messages_reply,
-    text_before_the_calls,
-    tool,
-    tool_uses,
-)
+from tests.strict_live import Live, chat, follows, strict_engine, tool  # noqa: E402
 
 MARKER = "[TOOL_CALLS]"
 LIVE = Live(marker=MARKER)
@@ -66,22 +49,22 @@ def engine(tmp_path_factory) -> Iterator[Engine]:
 
 @pytest.fixture(scope="module")
 def server(engine) -> Iterator[ServerThread]:
-    yield from serve(engine)
+    yield from strict_live.serve(engine)
 
 
 @pytest.fixture(scope="module")
 def client(server) -> openai.OpenAI:
-    return connect(server)
+    return strict_live.connect(server)
 
 
 @pytest.mark.parametrize("parallel", [False, True])
 def test_a_strict_call_follows_its_schema_and_the_text_before_it_is_free(client, parallel):
-    before = text_before_the_calls(client, LIVE)
+    before = strict_live.text_before_the_calls(client, LIVE)
     choice = chat(client, LIVE, [tool("get_weather", True)],
                   parallel_tool_calls=parallel).choices[0]
-    calls = complete_calls(choice)
+    calls = strict_live.complete_calls(choice)
     assert calls and choice.finish_reason == "tool_calls", repr(choice.message.content)
-    assert_weather_calls(calls)
+    strict_live.assert_weather_calls(calls)
     # The greedy text up to the marker is the model's own (valid UTF-8 here: the text
     # before a special marker must be), and nothing follows the list.
     assert choice.message.content == before
@@ -90,7 +73,7 @@ def test_a_strict_call_follows_its_schema_and_the_text_before_it_is_free(client,
 def test_the_text_before_the_calls_streams_as_content(client):
     tools = [tool("get_weather", True)]
     whole = chat(client, LIVE, tools).choices[0]
-    streamed = stream(client, LIVE, tools)
+    streamed = strict_live.stream(client, LIVE, tools)
     texts = [d.content for d in streamed.deltas if d.content]
     first_call = next(i for i, d in enumerate(streamed.deltas) if d.tool_calls)
     assert texts and all(not d.content for d in streamed.deltas[first_call:])  # text, calls
@@ -103,17 +86,17 @@ def test_a_strict_and_a_loose_tool_together(client):
     """Once the calls start each names a listed tool; a strict tool's arguments follow
     its schema, a non-strict tool's are any JSON object (the grammar tests below show a
     loose tool's arguments outside its schema pass)."""
-    check_a_strict_and_a_loose_tool_together(client, LIVE)
+    strict_live.check_a_strict_and_a_loose_tool_together(client, LIVE)
 
 
 def test_the_messages_api_honours_strict_under_auto(server, client):
-    claude = claude_client(server)
-    before = text_before_the_calls(client, LIVE)
-    reply = strict_messages_reply(claude, LIVE)
-    uses = tool_uses(reply)
+    claude = strict_live.claude_client(server)
+    before = strict_live.text_before_the_calls(client, LIVE)
+    reply = strict_live.strict_messages_reply(claude, LIVE)
+    uses = strict_live.tool_uses(reply)
     assert uses and reply.content[0].type == "text", reply.content
     assert reply.content[0].text == before
-    assert_a_valid_weather_use(uses)
+    strict_live.assert_a_valid_weather_use(uses)
 
 
 # -- the grammar, token by token -------------------------------------------------------

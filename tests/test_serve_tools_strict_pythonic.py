@@ -22,20 +22,7 @@ openai = pytest.importorskip("openai")
 from edgeprefill.sdk import Engine  # noqa: E402
 from edgeprefill.server import ServerThread  # noqa: E402
 from tests import strict_live  # noqa: E402
-from tests.strict_live import (  # noqa: E402
-    Live,
-    all_calls,
-    check_a_strict_and_a_loose_tool_together,
-    check_a_strict_call_then_free_text,
-    check_streamed_is_the_whole_reply,
-    check_the_messages_api_text_then_a_strict_use,
-    connect,
-    follows,
-    serve,
-    strict_engine,
-    tool,
-    valid,
-)
+from tests.strict_live import Live, follows, strict_engine, tool, valid  # noqa: E402
 
 OPEN, CLOSE = "<|tool_call_start|>", "<|tool_call_end|>"
 BIAS = 3.0  # on the open tag's logit: the greedy reply opens calls after some text
@@ -61,12 +48,12 @@ def engine(tmp_path_factory) -> Iterator[Engine]:
 
 @pytest.fixture(scope="module")
 def server(engine) -> Iterator[ServerThread]:
-    yield from serve(engine)
+    yield from strict_live.serve(engine)
 
 
 @pytest.fixture(scope="module")
 def client(server) -> openai.OpenAI:
-    return connect(server)
+    return strict_live.connect(server)
 
 
 def test_the_template_is_read_as_the_pythonic_format(engine):
@@ -78,11 +65,12 @@ def test_the_template_is_read_as_the_pythonic_format(engine):
 @pytest.mark.parametrize("parallel", [False, True])
 def test_a_strict_call_follows_its_schema_and_the_text_before_it_is_free(client, parallel):
     # Every call the reply holds: none dropped as cut short, as complete_calls would.
-    check_a_strict_call_then_free_text(client, LIVE, parallel, calls_of=all_calls)
+    strict_live.check_a_strict_call_then_free_text(client, LIVE, parallel,
+                                                   calls_of=strict_live.all_calls)
 
 
 def test_streamed_is_the_whole_reply(client):
-    whole = check_streamed_is_the_whole_reply(client, LIVE)
+    whole = strict_live.check_streamed_is_the_whole_reply(client, LIVE)
     assert whole.message.tool_calls
 
 
@@ -90,11 +78,12 @@ def test_a_strict_and_a_loose_tool_together(client):
     """Each call names a listed tool; a strict tool's arguments follow its schema, a
     loose tool's are any keywords with JSON values (the grammar tests below show one
     outside its schema pass)."""
-    check_a_strict_and_a_loose_tool_together(client, LIVE, calls_of=all_calls)
+    strict_live.check_a_strict_and_a_loose_tool_together(client, LIVE,
+                                                         calls_of=strict_live.all_calls)
 
 
 def test_the_messages_api_honours_strict_under_auto(server, client):
-    check_the_messages_api_text_then_a_strict_use(server, client, LIVE)
+    strict_live.check_the_messages_api_text_then_a_strict_use(server, client, LIVE)
 
 
 # -- the grammar, token by token -------------------------------------------------------

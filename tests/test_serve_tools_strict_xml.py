@@ -23,21 +23,8 @@ openai = pytest.importorskip("openai")
 
 from edgeprefill.sdk import Engine  # noqa: E402
 from edgeprefill.server import ServerThread  # noqa: E402
-from tests.strict_live import (  # noqa: E402
-    SCHEMAS,
-    Live,
-    chat,
-    check_a_strict_call_then_free_text,
-    check_streamed_is_the_whole_reply,
-    check_the_messages_api_text_then_a_strict_use,
-    complete_calls,
-    connect,
-    follows,
-    serve,
-    strict_engine,
-    tool,
-    valid,
-)
+from tests import strict_live  # noqa: E402
+from tests.strict_live import SCHEMAS, Live, chat, follows, strict_engine, tool, valid  # noqa: E402
 
 # Qwen3.5's shape, shortened: the tools up front, an earlier call written back as XML
 # (each element on its own line), results in <tool_response>.
@@ -68,12 +55,12 @@ def engine(tmp_path_factory) -> Iterator[Engine]:
 
 @pytest.fixture(scope="module")
 def server(engine) -> Iterator[ServerThread]:
-    yield from serve(engine)
+    yield from strict_live.serve(engine)
 
 
 @pytest.fixture(scope="module")
 def client(server) -> openai.OpenAI:
-    return connect(server)
+    return strict_live.connect(server)
 
 
 def test_the_template_is_read_as_the_xml_format(engine):
@@ -84,11 +71,11 @@ def test_the_template_is_read_as_the_xml_format(engine):
 
 @pytest.mark.parametrize("parallel", [False, True])
 def test_a_strict_call_follows_its_schema_and_the_text_before_it_is_free(client, parallel):
-    check_a_strict_call_then_free_text(client, LIVE, parallel)
+    strict_live.check_a_strict_call_then_free_text(client, LIVE, parallel)
 
 
 def test_streamed_is_the_whole_reply(client):
-    whole = check_streamed_is_the_whole_reply(client, LIVE)
+    whole = strict_live.check_streamed_is_the_whole_reply(client, LIVE)
     assert whole.message.tool_calls, whole
 
 
@@ -98,7 +85,7 @@ def test_a_strict_and_a_loose_tool_together(client):
     loose tool's arguments outside its schema pass). Here the model calls the strict
     get_time (a loose value is free text, which this random model never ends)."""
     choice = chat(client, LIVE, [tool("get_time", True), tool("get_weather", None)]).choices[0]
-    calls = complete_calls(choice)
+    calls = strict_live.complete_calls(choice)
     assert calls, choice
     for call in calls:
         assert call.function.name == "get_time", call
@@ -106,7 +93,7 @@ def test_a_strict_and_a_loose_tool_together(client):
 
 
 def test_the_messages_api_honours_strict_under_auto(server, client):
-    check_the_messages_api_text_then_a_strict_use(server, client, LIVE)
+    strict_live.check_the_messages_api_text_then_a_strict_use(server, client, LIVE)
 
 
 # -- the grammar, token by token -------------------------------------------------------
