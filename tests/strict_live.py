@@ -272,9 +272,9 @@ def mask_for(engine, call_format: str, tools: list[dict], parallel: bool = True,
     grammar knows the marker's special token (as the server passes it), else only its
     text."""
     from edgeprefill.sdk.constraints import compile_constraint
-    from edgeprefill.server.strict_tools import lazy_call_constraint, special_token_ids
+    from edgeprefill.server.strict_tools import lazy_call_constraint
 
-    ids = special_token_ids(engine.tokenizer) if special else {}
+    ids = engine.tokenizer.special_ids if special else {}
     constraint = lazy_call_constraint(tuple(tools), call_format, parallel, ids)
     return compile_constraint(constraint, engine.tokenizer, sorted(engine.eos))
 

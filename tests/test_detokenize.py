@@ -98,7 +98,7 @@ def test_a_reply_keeps_the_special_tokens_a_parser_reads_and_drops_the_others(to
     the others, such as the end of a turn, wherever they come."""
     from tokenizers import AddedToken, Tokenizer
 
-    from edgeprefill.sdk.tokenizer import KEPT_SPECIAL_TOKENS, _dropped_specials
+    from edgeprefill.sdk.tokenizer import KEPT_SPECIAL_TOKENS, _dropped_specials, special_ids
 
     tok = Tokenizer.from_str(tokenizer.tokenizer.to_str())  # a copy: the fixture is shared
     tags = ("<|tool_call_start|>", "<|tool_call_end|>")
@@ -107,13 +107,13 @@ def test_a_reply_keeps_the_special_tokens_a_parser_reads_and_drops_the_others(to
     start, end, im_end = (tok.token_to_id(t) for t in (*tags, "<|im_end|>"))
     text_ids = [tok.encode(t).ids for t in ("naïve 😀 ", '[f(a="你好")]', " ok")]
     ids = [*text_ids[0], start, *text_ids[1], end, *text_ids[2], im_end]
-    decoder = SimpleNamespace(tokenizer=tok, dropped_specials=_dropped_specials(tok),
+    decoder = SimpleNamespace(tokenizer=tok, dropped_specials=_dropped_specials(special_ids(tok)),
                               decode=lambda ids: tok.decode(ids))
     text, pieces, _ = stream(decoder, ids)
     assert text == tok.decode([i for i in ids if i != im_end], skip_special_tokens=False)
     assert text == 'naïve 😀 <|tool_call_start|>[f(a="你好")]<|tool_call_end|> ok'
     # Without such tokens every special token is dropped, as before.
-    assert _dropped_specials(byte_level_bpe()) is None
+    assert _dropped_specials(special_ids(byte_level_bpe())) is None
 
 
 def test_a_harmony_reply_keeps_its_markers_where_the_tokenizer_is_harmonys(tokenizer):
@@ -122,7 +122,7 @@ def test_a_harmony_reply_keeps_its_markers_where_the_tokenizer_is_harmonys(token
     where the tokenizer has `<|channel|>`: Phi-3's end of turn is `<|end|>` too."""
     from tokenizers import AddedToken, Tokenizer
 
-    from edgeprefill.sdk.tokenizer import _dropped_specials
+    from edgeprefill.sdk.tokenizer import _dropped_specials, special_ids
 
     harmony = ("<|start|>", "<|channel|>", "<|message|>", "<|end|>", "<|return|>")
     tok = Tokenizer.from_str(tokenizer.tokenizer.to_str())  # a copy: the fixture is shared
@@ -131,7 +131,7 @@ def test_a_harmony_reply_keeps_its_markers_where_the_tokenizer_is_harmonys(token
     words = {w: tok.encode(w).ids for w in ("analysis", "Hmm.", "assistant", "final", "Hi")}
     ids = [channel, *words["analysis"], message, *words["Hmm."], end, start,
            *words["assistant"], channel, *words["final"], message, *words["Hi"], ret]
-    decoder = SimpleNamespace(tokenizer=tok, dropped_specials=_dropped_specials(tok),
+    decoder = SimpleNamespace(tokenizer=tok, dropped_specials=_dropped_specials(special_ids(tok)),
                               decode=lambda ids: tok.decode(ids))
     text, _, _ = stream(decoder, ids)
     assert text == tok.decode(ids[:-1], skip_special_tokens=False)  # <|return|> dropped
@@ -139,4 +139,4 @@ def test_a_harmony_reply_keeps_its_markers_where_the_tokenizer_is_harmonys(token
 
     phi3 = Tokenizer.from_str(tokenizer.tokenizer.to_str())
     phi3.add_special_tokens([AddedToken("<|end|>", special=True)])
-    assert _dropped_specials(phi3) is None  # every special token dropped, as before
+    assert _dropped_specials(special_ids(phi3)) is None  # every special token dropped, as before

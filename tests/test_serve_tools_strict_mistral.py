@@ -189,10 +189,10 @@ def test_a_bundle_that_thinks_with_special_think_tags_refuses_strict_in_one_line
     no special token is: a `<think>` token could never open the reasoning (nor `</think>`
     close it). Refused, as LFM2's pythonic format refuses it; tags in plain text hold."""
     from edgeprefill.server.errors import ApiError
-    from edgeprefill.server.strict_tools import lazy_call_constraint, special_token_ids
+    from edgeprefill.server.strict_tools import lazy_call_constraint
 
     tools = (tool("get_weather", True),)
-    ids = special_token_ids(engine.tokenizer)
+    ids = engine.tokenizer.special_ids
     with pytest.raises(ApiError) as err:
         lazy_call_constraint(tools, "mistral", True, {**ids, "<think>": 3}, thinks=True)
     assert err.value.status == 400 and "reasoning model" in err.value.message

@@ -240,9 +240,9 @@ def test_a_bundle_that_thinks_with_special_think_tags_refuses_strict_in_one_line
     """Its free text is valid UTF-8 (the open tag is a special token), which no special
     token is: a `</think>` token could never close the reasoning."""
     from edgeprefill.server.errors import ApiError
-    from edgeprefill.server.strict_tools import lazy_call_constraint, special_token_ids
+    from edgeprefill.server.strict_tools import lazy_call_constraint
 
-    ids = special_token_ids(engine.tokenizer)
+    ids = engine.tokenizer.special_ids
     with pytest.raises(ApiError) as err:
         lazy_call_constraint(tuple(TOOLS), "pythonic", True, {**ids, "</think>": 3}, True)
     assert err.value.status == 400 and "\n" not in err.value.message

@@ -58,7 +58,10 @@ class BundleTokenizer:
             self.chat_template = ChatTemplate(info.chat_template, tokens)
         self.vocab_size = manifest.model.vocab_size
         self._token_bytes: Callable[[int], bytes] | None = None
-        self.dropped_specials = _dropped_specials(self.tokenizer)
+        # Read once: for the reply's decoding, and for grammars that name a special marker
+        # by its id (server/strict_tools.py).
+        self.special_ids = special_ids(self.tokenizer)
+        self.dropped_specials = _dropped_specials(self.special_ids)
 
     def encode(self, prompt: Prompt, **chat: Any) -> list[int]:
         """Token ids of a prompt: text (the tokenizer adds its special tokens, e.g. BOS),
@@ -190,18 +193,21 @@ def _token_ids(items: list[object]) -> TypeGuard[list[int]]:
     return all(is_integral(t) for t in items)
 
 
-def _dropped_specials(tokenizer: Tokenizer | None) -> frozenset[int] | None:
-    """The special token ids a reply's text drops where the tokenizer has some of
-    KEPT_SPECIAL_TOKENS (or HARMONY_TOKENS) as special tokens; None where it has none (all
-    are dropped)."""
+def special_ids(tokenizer: Tokenizer | None) -> dict[str, int]:
+    """The tokenizer's special tokens, text -> id (none without tokenizer.json)."""
     if tokenizer is None:
-        return None
-    special = {i: t.content for i, t in tokenizer.get_added_tokens_decoder().items()
-               if t.special}
+        return {}
+    return {t.content: i for i, t in tokenizer.get_added_tokens_decoder().items() if t.special}
+
+
+def _dropped_specials(special: dict[str, int]) -> frozenset[int] | None:
+    """The special token ids (`special`: text -> id) a reply's text drops where the
+    tokenizer has some of KEPT_SPECIAL_TOKENS (or HARMONY_TOKENS) as special tokens; None
+    where it has none (all are dropped)."""
     kept: tuple[str, ...] = KEPT_SPECIAL_TOKENS
-    if "<|channel|>" in special.values():
+    if "<|channel|>" in special:
         kept += HARMONY_TOKENS
-    dropped = frozenset(i for i, text in special.items() if text not in kept)
+    dropped = frozenset(i for text, i in special.items() if text not in kept)
     return None if len(dropped) == len(special) else dropped
 
 

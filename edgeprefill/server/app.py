@@ -74,7 +74,6 @@ from edgeprefill.server.routes_extra import ExtraRoutes, model_card
 from edgeprefill.server.schemas import CompletionRequest, parse_chat, parse_completion
 from edgeprefill.server.shutdown import ShutdownCut
 from edgeprefill.server.sse import EventStreamResponse, completion_events
-from edgeprefill.server.strict_tools import special_token_ids
 from edgeprefill.server.tools import (
     call_format,
     calls_in_content,
@@ -365,7 +364,7 @@ class OpenAIApi:
                 # gpt-oss's calls are harmony headers, not the template's call format
                 fmt = "harmony" if self.splits_harmony else call_format(self.engine.manifest)
                 params = req.tools.constrain_auto(
-                    params, fmt, special_token_ids(self.engine.tokenizer), self.thinks)
+                    params, fmt, self.engine.tokenizer.special_ids, self.thinks)
                 req = replace(req, constraint_field="tools")  # its refusals name tools
             params = self._answer_grammar(params, req)
             # After the grammar: the server's default budget leaves a reply it governs be.

@@ -117,14 +117,6 @@ def lazy_call_constraint(tools: tuple[dict, ...], call_format: str, parallel: bo
                    "the call with tool_choice", "tools")
 
 
-def special_token_ids(tokenizer: object) -> dict[str, int]:
-    """A bundle tokenizer's special tokens, text -> id (none without tokenizer.json)."""
-    backend = getattr(tokenizer, "tokenizer", None)
-    if backend is None:
-        return {}
-    return {t.content: i for i, t in backend.get_added_tokens_decoder().items() if t.special}
-
-
 def hermes_grammar(tools: tuple[dict, ...]) -> str:
     """The Lark grammar (llguidance's dialect): free text, calls opened by `<tool_call>`
     and closed by `</tool_call>`, free text again after each."""
