@@ -30,8 +30,9 @@ of such lists.
   context-free grammar does not remember unboundedly many names): the parser then reads
   the list as text.
 - A bundle that thinks, with the think tags as special tokens (and the open tag one), is
-  refused in one line: the text before a call is valid UTF-8 there, so it could not hold
-  the tags and the model could never close its think block.
+  refused in one line (strict_tools.lazy_call_constraint, as for Mistral's format): the
+  text before a call is valid UTF-8 there, so it could not hold the tags and the model
+  could never close its think block.
 - `parallel_tool_calls: false`: each list holds one call. Text after the close tag may
   open another list, as hermes' grammar lets another call follow (the parser keeps the
   first call).
@@ -42,12 +43,11 @@ from __future__ import annotations
 import json
 import keyword
 import unicodedata
+from collections.abc import Mapping
 from typing import Any, NoReturn
 
 from edgeprefill.sdk.lazy_text import BLANKS, text_until
-from edgeprefill.sdk.thinking_budget import tags_are_special
-from edgeprefill.server.errors import ApiError
-from edgeprefill.server.strict_tools import JSON_STYLE, closed_schema
+from edgeprefill.server.strict_tools import JSON_STYLE, closed_schema, refused
 from edgeprefill.server.tool_parsers import PythonicParser
 
 OPEN, CLOSE = PythonicParser.open_tag, PythonicParser.close_tag
@@ -64,19 +64,11 @@ LOOSE_NAME = (r"/[A-Za-z_][A-Za-z0-9_]{0,63}/ & ~/("
 
 
 def pythonic_grammar(tools: tuple[dict, ...], parallel: bool,
-                     special_ids: dict[str, int], thinks: bool = False) -> str:
+                     special_ids: Mapping[str, int]) -> str:
     """The Lark grammar (llguidance's dialect): free text, then any number of
     `<|tool_call_start|>[call, ...]<|tool_call_end|>` each followed by free text.
-    `special_ids`: the tokenizer's special tokens, text -> id (the tags, where they are);
-    `thinks`: the bundle's replies may carry a think block."""
+    `special_ids`: the tokenizer's special tokens, text -> id (the tags, where they are)."""
     open_id, close_id = special_ids.get(OPEN), special_ids.get(CLOSE)
-    if thinks and open_id is not None and tags_are_special(special_ids):
-        # The text is valid UTF-8 there, so it holds no special token: the model could
-        # never close its think block. Refused rather than held so.
-        raise ApiError(400, "a tool's strict: true under tool_choice auto is not supported "
-                       "for a reasoning model in LFM2's pythonic call format whose think "
-                       "tags are special tokens; drop strict, or force the call with "
-                       "tool_choice", "tools")
     functions = [t["function"] for t in tools  # a strict one Python cannot name refuses
                  if writable(t["function"]["name"]) or t["function"].get("strict") is True]
     lines = ["%llguidance {}", "start: (opening calls closing)* TEXT"]
@@ -158,6 +150,5 @@ def _strict_properties(function: dict[str, Any]) -> list[tuple[str, dict, bool]]
 
 
 def _refuse(tool: str, why: str) -> NoReturn:
-    raise ApiError(400, f"tool {tool!r} is strict, but LFM2's pythonic call format cannot "
-                   f"hold it under tool_choice auto: {why}; drop strict, or force the call "
-                   "with tool_choice", "tools")
+    raise refused(f"tool {tool!r} is strict, but LFM2's pythonic call format cannot hold it "
+                  f"under tool_choice auto: {why}")

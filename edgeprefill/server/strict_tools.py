@@ -53,10 +53,15 @@ from edgeprefill.sdk.constraints import Constraint
 from edgeprefill.sdk.lazy_text import BLANKS, text_until
 from edgeprefill.sdk.thinking_budget import tags_are_special
 from edgeprefill.server.errors import ApiError
+from edgeprefill.server.tool_parsers import PythonicParser
 
 HERMES = ("<tool_call>", "</tool_call>")  # a call's open and close markers
 MISTRAL = "[TOOL_CALLS]"  # opens the list of calls
 PYTHON_TAG = "<|python_tag|>"  # may open Llama 3's calls
+# The formats whose calls open with a marker that may be a special token (the text
+# before it is then UTF-8), and how a refusal names each.
+SPECIAL_OPENERS = {"mistral": MISTRAL, "pythonic": PythonicParser.open_tag}
+FORMAT_NAMES = {"mistral": "the Mistral call format", "pythonic": "LFM2's pythonic call format"}
 LLAMA_SEPARATOR = "; "  # between Llama 3 calls (vLLM's llama3_json skips these two)
 # The blanks the Llama 3 parser strips before it looks for `{` (str.strip's, server/
 # tool_parsers.py's WholeReplyParser), for a regex class: none is above U+3000.
@@ -77,44 +82,48 @@ def lazy_call_constraint(tools: tuple[dict, ...], call_format: str, parallel: bo
     """The constraint of a reply under auto where some tool is strict. `special_ids`: the
     tokenizer's special tokens (text -> id), where the call marker may be one; `thinks`:
     the bundle's replies may open with a think block (sdk/thinking_budget.bundle_thinks)."""
-    if call_format == "hermes":
-        return Constraint.grammar(hermes_grammar(tools), lazy=True)
-    if call_format == "mistral":
-        marker_id = (special_ids or {}).get(MISTRAL)
-        if thinks and marker_id is not None and tags_are_special(special_ids or {}):
-            # The text before the calls is UTF-8 there (mistral_grammar), so it holds no
-            # special token: the model could never write its think tags. Refused rather
-            # than held so (as strict_pythonic does for LFM2's tags).
-            raise ApiError(400, "a tool's strict: true under tool_choice auto is not "
-                           "supported for a reasoning model in the Mistral call format "
-                           "whose think tags are special tokens; drop strict, or force the "
-                           "call with tool_choice", "tools")
-        return Constraint.grammar(mistral_grammar(tools, parallel, marker_id), lazy=True)
-    if call_format == "qwen3_xml":
-        # Imported here, as strict_pythonic below: they build on this module's markers
-        # and schemas.
-        from edgeprefill.server.strict_xml import qwen3_xml_grammar
-
-        return Constraint.grammar(qwen3_xml_grammar(tools), lazy=True)
+    special = special_ids or {}
+    opener = SPECIAL_OPENERS.get(call_format)
+    if thinks and opener in special and tags_are_special(special):
+        # The text before a special marker is UTF-8 (text_until's utf8), so it holds no
+        # special token: the model could never write its think tags. Refused rather than
+        # held so.
+        raise refused("a tool's strict: true under tool_choice auto is not supported for "
+                      f"a reasoning model in {FORMAT_NAMES[call_format]} whose think tags "
+                      "are special tokens")
     if call_format == "llama3_json" and thinks:
         # Its choice, calls or text, is the whole reply's: a reply that opens a think block
         # would be text (calls after the block not held), reasoning that opens with `{` a
         # call. Refused, as before the grammar, rather than held half.
-        raise ApiError(400, "a tool's strict: true under tool_choice auto is not supported "
-                       "for a reasoning model in the Llama 3 JSON call format (its reply "
-                       "opens with a think block); drop strict, or force the call with "
-                       "tool_choice", "tools")
+        raise refused("a tool's strict: true under tool_choice auto is not supported for a "
+                      "reasoning model in the Llama 3 JSON call format (its reply opens "
+                      "with a think block)")
+    if call_format == "hermes":
+        return Constraint.grammar(hermes_grammar(tools), lazy=True)
+    if call_format == "mistral":
+        grammar = mistral_grammar(tools, parallel, special.get(MISTRAL))
+        return Constraint.grammar(grammar, lazy=True)
     if call_format == "llama3_json":
-        tag_id = (special_ids or {}).get(PYTHON_TAG)
-        return Constraint.grammar(llama3_grammar(tools, parallel, tag_id), lazy=True)
+        grammar = llama3_grammar(tools, parallel, special.get(PYTHON_TAG))
+        return Constraint.grammar(grammar, lazy=True)
+    # Imported here: strict_xml and strict_pythonic build on this module's markers,
+    # schemas and refusal.
+    if call_format == "qwen3_xml":
+        from edgeprefill.server.strict_xml import qwen3_xml_grammar
+
+        return Constraint.grammar(qwen3_xml_grammar(tools), lazy=True)
     if call_format == "pythonic":
         from edgeprefill.server.strict_pythonic import pythonic_grammar
 
-        grammar = pythonic_grammar(tools, parallel, dict(special_ids or {}), thinks)
-        return Constraint.grammar(grammar, lazy=True)
-    raise ApiError(400, "a tool's strict: true under tool_choice auto is not supported "
-                   f"for this model's call format ({call_format}); drop strict, or force "
-                   "the call with tool_choice", "tools")
+        return Constraint.grammar(pythonic_grammar(tools, parallel, special), lazy=True)
+    raise refused("a tool's strict: true under tool_choice auto is not supported for this "
+                  f"model's call format ({call_format})")
+
+
+def refused(why: str) -> ApiError:
+    """The one-line 400 of a strict tool a format's grammar cannot hold, with the ways
+    round it."""
+    return ApiError(400, f"{why}; drop strict, or force the call with tool_choice", "tools")
 
 
 def hermes_grammar(tools: tuple[dict, ...]) -> str:

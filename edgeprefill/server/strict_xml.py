@@ -29,7 +29,13 @@ from typing import Any
 
 from edgeprefill.sdk.lazy_text import BLANKS, text_until
 from edgeprefill.server.errors import ApiError
-from edgeprefill.server.strict_tools import HERMES, JSON_STYLE, PY_BLANKS, closed_schema
+from edgeprefill.server.strict_tools import (
+    HERMES,
+    JSON_STYLE,
+    PY_BLANKS,
+    closed_schema,
+    refused,
+)
 
 # Where XmlParser's non-greedy regexes end a value, a call's body and the call: no value
 # may hold one (nor may the string of a JSON value: XML_STRING_PATTERN).
@@ -177,9 +183,8 @@ def _xml_guarded(schema: Any, function: str, key: str) -> dict[str, Any]:
 
 
 def _xml_refusal(function: str, key: str, why: str) -> ApiError:
-    return ApiError(400, f"function {function!r}, parameter {key!r}: {why} in this "
-                    "model's XML call format under strict; drop strict, or force the call "
-                    "with tool_choice", "tools")
+    return refused(f"function {function!r}, parameter {key!r}: {why} in this model's XML "
+                   "call format under strict")
 
 
 def _literal(text: str) -> str:
