@@ -259,6 +259,37 @@ def test_a_block_the_prompt_opened_is_free_text_from_the_first_token(engines):
     assert blanks_then_object(allowed_bytes(engine, mask))
 
 
+@pytest.fixture(scope="module")
+def special_engine(tmp_path_factory) -> Iterator[Engine]:
+    """The qwen3 template's model with the think tags as special tokens, as some
+    tokenizers register them."""
+    engine = strict_engine(tmp_path_factory, QWEN3, (), {"</think>": CLOSE_BIAS},
+                           special=TAGS)
+    yield engine
+    engine.close()
+
+
+@pytest.mark.parametrize("opened", [False, True])
+def test_think_tags_that_are_special_tokens_open_and_close_the_block(special_engine,
+                                                                    opened):
+    """llguidance matches a special token only as a token, never as the text of a
+    literal: the block opens with the `<think>` token (it had allowed only the tag's
+    text, which the model does not write) and the `</think>` token closes it, after
+    which the answer is held (it had run on as free reasoning text)."""
+    engine, vocab = special_engine, special_engine.tokenizer.vocab_size
+    open_id, close_id = (engine.tokenizer.special_ids[tag] for tag in TAGS)
+    mask = mask_of(engine, opened)
+    if not opened:
+        assert mask.allowed(vocab)[open_id]
+        mask.accept(open_id)
+    for token in engine.tokenizer.encode_plain("a thought"):
+        mask.allowed(vocab)
+        mask.accept(token)
+    assert mask.allowed(vocab)[close_id]
+    mask.accept(close_id)
+    assert blanks_then_object(allowed_bytes(engine, mask))
+
+
 def test_with_no_block_the_answer_is_held_from_the_first_token(engines):
     engine = engines["qwen3"]
     mask = mask_of(engine, opened=False)

@@ -253,7 +253,7 @@ def compile_constraint(constraint: Constraint, tokenizer: BundleTokenizer,
     if constraint.after_thinking:
         from edgeprefill.sdk.think_first import think_first
 
-        grammar = think_first(grammar, opened)
+        grammar = think_first(grammar, opened, tokenizer.special_ids)
     ll_tokenizer, first_banned = _ll_tokenizer(tokenizer, tuple(sorted(eos_ids)))
     if first_banned is not None:  # the decoder strips the reply's first space
         grammar = after_space(grammar)

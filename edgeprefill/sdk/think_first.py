@@ -13,6 +13,11 @@ read it (sdk/thinking_budget.py):
 - otherwise the reply may open a block first (`<think>` ... `</think>`: Qwen3 and SmolLM3
   with thinking on begin so) or go straight to the answer (with thinking off).
 
+Where the tokenizer has the tags as special tokens, the block opens and closes with those
+tokens too (llguidance matches a special token only as `<[id]>`, never as a literal's
+text: the block could not open, and a close token ran on as free text), and the block's
+text is then UTF-8 so that the close token ends it (sdk/lazy_text.py's utf8).
+
 The block's text being free, a thinking budget's forced close (`\\n</think>\\n\\n`) is text
 the grammar takes, so a budget combines with such a constraint as with strict tools' lazy
 grammar. A reply cut inside its block (max_tokens) ends there, all reasoning.
@@ -21,6 +26,7 @@ grammar. A reply cut inside its block (max_tokens) ends there, all reasoning.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 
 from edgeprefill.sdk.constraints import compose
 from edgeprefill.sdk.lazy_text import BLANKS, text_until
@@ -29,12 +35,22 @@ from edgeprefill.sdk.thinking_budget import CLOSE, OPEN
 THINK_GRAMMAR = "think_first"  # the wrapper's name in the composed grammar
 
 
-def think_first(grammar: str, opened: bool) -> str:
-    """`grammar` (llguidance's) after a free think block; `opened`: the prompt opened it."""
-    return compose(grammar, THINK_GRAMMAR, lambda inner: _block_then(inner, opened))
+def think_first(grammar: str, opened: bool, special_ids: Mapping[str, int]) -> str:
+    """`grammar` (llguidance's) after a free think block; `opened`: the prompt opened it;
+    `special_ids`: the tokenizer's special tokens, text -> id (the tags, where they are)."""
+    return compose(grammar, THINK_GRAMMAR, lambda inner: _block_then(inner, opened,
+                                                                     special_ids))
 
 
-def _block_then(inner: str, opened: bool) -> str:
-    block = f"think {BLANKS}" if opened else f"({json.dumps(OPEN)} think {BLANKS})?"
-    return "\n".join(["%llguidance {}", f"start: {block} @{inner}",
-                      *text_until("think", CLOSE)])
+def _block_then(inner: str, opened: bool, special_ids: Mapping[str, int]) -> str:
+    """The wrapper's Lark text: the block (its tags written as text, or as their special
+    tokens where the tokenizer has them: llguidance matches a special token only as
+    `<[id]>`, never inside text), blanks, then `@inner`."""
+    open_id, close_id = special_ids.get(OPEN), special_ids.get(CLOSE)
+    opening = json.dumps(OPEN) + (f" | <[{open_id}]>" if open_id is not None else "")
+    block = f"thought {BLANKS}" if opened else f"(opening thought {BLANKS})?"
+    thought = ["thought: think"]
+    if close_id is not None:  # the close token ends a UTF-8 text, which cannot take it in
+        thought = ["thought: think | special_close", f"special_close: TEXT <[{close_id}]>"]
+    return "\n".join(["%llguidance {}", f"start: {block} @{inner}", f"opening: {opening}",
+                      *thought, *text_until("think", CLOSE, utf8=close_id is not None)])
