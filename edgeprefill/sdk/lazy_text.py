@@ -24,7 +24,7 @@ def text_until(rule: str, marker: str, text: str = "TEXT", utf8: bool = False) -
     and `text` the lexeme of that free text (named so that two markers' texts may meet in
     one grammar). `utf8`: the text is valid UTF-8, which no special token is (llguidance
     spells one from a 0xFF byte on): a rule `TEXT <[id]>` then ends the text at that
-    token, where any-bytes text takes the token in (strict_tools' Mistral marker)."""
+    token, where any-bytes text takes the token in (text_until_either)."""
     # Any bytes. A positive regex must be UTF-8, a negated one need not: "not containing
     # the marker" is the nearest, and in effect it is any bytes (an invalid byte after a
     # marker makes the text match no `.*`). The lazy rule, not this exclusion, is what
@@ -34,6 +34,26 @@ def text_until(rule: str, marker: str, text: str = "TEXT", utf8: bool = False) -
         f"{rule}[lazy]: {text} {json.dumps(marker)}",
         f"{text}: /(?s:.*)/ & {anything}" if utf8 else f"{text}: {anything}",
     ]
+
+
+def text_until_either(rule: str, marker: str, token_id: int | None,
+                      text: str = "TEXT") -> list[str]:
+    """text_until's lines where `marker` may also be a special token (`token_id`, None
+    where the tokenizer has it as no such token): `rule` is free text ending at the marker
+    spelled in text, or at the token. llguidance matches a special token only as
+    `<[id]>`, never inside a lexeme, and a text of any bytes takes the token in: with the
+    token the text is UTF-8, which no special token is, so the token ends it (the cost:
+    a byte run that is not UTF-8 is masked there)."""
+    if token_id is None:
+        return text_until(rule, marker, text)
+    return [f"{rule}: {rule}_text | {text} <[{token_id}]>",
+            *text_until(f"{rule}_text", marker, text, utf8=True)]
+
+
+def spelled(marker: str, token_id: int | None) -> str:
+    """A Lark alternative: `marker` as text, or also as its special token (`token_id`)
+    where the tokenizer has it as one."""
+    return json.dumps(marker) + (f" | <[{token_id}]>" if token_id is not None else "")
 
 
 def _regex_literal(text: str) -> str:

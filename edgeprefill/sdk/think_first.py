@@ -25,11 +25,10 @@ grammar. A reply cut inside its block (max_tokens) ends there, all reasoning.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 
 from edgeprefill.sdk.constraints import compose
-from edgeprefill.sdk.lazy_text import BLANKS, text_until
+from edgeprefill.sdk.lazy_text import BLANKS, spelled, text_until_either
 from edgeprefill.sdk.thinking_budget import CLOSE, OPEN
 
 THINK_GRAMMAR = "think_first"  # the wrapper's name in the composed grammar
@@ -46,11 +45,7 @@ def _block_then(inner: str, opened: bool, special_ids: Mapping[str, int]) -> str
     """The wrapper's Lark text: the block (its tags written as text, or as their special
     tokens where the tokenizer has them: llguidance matches a special token only as
     `<[id]>`, never inside text), blanks, then `@inner`."""
-    open_id, close_id = special_ids.get(OPEN), special_ids.get(CLOSE)
-    opening = json.dumps(OPEN) + (f" | <[{open_id}]>" if open_id is not None else "")
-    block = f"thought {BLANKS}" if opened else f"(opening thought {BLANKS})?"
-    thought = ["thought: think"]
-    if close_id is not None:  # the close token ends a UTF-8 text, which cannot take it in
-        thought = ["thought: think | special_close", f"special_close: TEXT <[{close_id}]>"]
-    return "\n".join(["%llguidance {}", f"start: {block} @{inner}", f"opening: {opening}",
-                      *thought, *text_until("think", CLOSE, utf8=close_id is not None)])
+    opening = spelled(OPEN, special_ids.get(OPEN))
+    block = f"think {BLANKS}" if opened else f"(({opening}) think {BLANKS})?"
+    return "\n".join(["%llguidance {}", f"start: {block} @{inner}",
+                      *text_until_either("think", CLOSE, special_ids.get(CLOSE))])

@@ -46,7 +46,7 @@ import unicodedata
 from collections.abc import Mapping
 from typing import Any, NoReturn
 
-from edgeprefill.sdk.lazy_text import BLANKS, text_until
+from edgeprefill.sdk.lazy_text import BLANKS, spelled, text_until_either
 from edgeprefill.server.strict_tools import JSON_STYLE, closed_schema, refused
 from edgeprefill.server.tool_parsers import PythonicParser
 
@@ -71,17 +71,12 @@ def pythonic_grammar(tools: tuple[dict, ...], parallel: bool,
     open_id, close_id = special_ids.get(OPEN), special_ids.get(CLOSE)
     functions = [t["function"] for t in tools  # a strict one Python cannot name refuses
                  if writable(t["function"]["name"]) or t["function"].get("strict") is True]
-    lines = ["%llguidance {}", "start: (opening calls closing)* TEXT"]
-    if open_id is None:
-        lines.append("opening: head")
-    else:  # the token, or the tag spelled in plain text
-        lines += ["opening: head | special", f"special: TEXT <[{open_id}]>"]
     more = f" ({json.dumps(SEPARATOR)} call)*" if parallel else ""
-    close = json.dumps(CLOSE) + (f" | <[{close_id}]>" if close_id is not None else "")
-    lines += [
-        *text_until("head", OPEN, utf8=open_id is not None),
+    lines = [
+        "%llguidance {}", "start: (opening calls closing)* TEXT",
+        *text_until_either("opening", OPEN, open_id),  # the tag's token or its text
         f'calls: {BLANKS} "[" call{more} "]" {BLANKS}',
-        f"closing: {close}",
+        f"closing: {spelled(CLOSE, close_id)}",
         "call: " + " | ".join(f"call_{i}" for i in range(len(functions))),
         f"LOOSE_NAME: {LOOSE_NAME}",
         f"any_value: %json {json.dumps({'x-guidance': JSON_STYLE})}",

@@ -50,7 +50,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from edgeprefill.sdk.constraints import Constraint
-from edgeprefill.sdk.lazy_text import BLANKS, text_until
+from edgeprefill.sdk.lazy_text import BLANKS, spelled, text_until, text_until_either
 from edgeprefill.sdk.thinking_budget import tags_are_special
 from edgeprefill.server.errors import ApiError
 from edgeprefill.server.tool_parsers import PythonicParser
@@ -146,13 +146,10 @@ def mistral_grammar(tools: tuple[dict, ...], parallel: bool, marker_id: int | No
         "anyOf": [_call_schema(t["function"]) for t in tools]}, "x-guidance": JSON_STYLE}
     if not parallel:
         calls["maxItems"] = 1
-    opening = ["start: head calls | TEXT"]
-    if marker_id is not None:  # the token, or the marker spelled in plain text
-        opening = ["start: (head | special) calls | TEXT", f"special: TEXT <[{marker_id}]>"]
     return "\n".join([
         "%llguidance {}",
-        *opening,
-        *text_until("head", MISTRAL, utf8=marker_id is not None),
+        "start: head calls | TEXT",
+        *text_until_either("head", MISTRAL, marker_id),  # the marker's token or its text
         f"calls: {BLANKS} %json {json.dumps(calls)}",
     ])
 
@@ -166,12 +163,11 @@ def llama3_grammar(tools: tuple[dict, ...], parallel: bool, tag_id: int | None) 
     call = {"anyOf": [_call_schema(t["function"], "parameters") for t in tools],
             "x-guidance": JSON_STYLE}
     more = f" ({json.dumps(LLAMA_SEPARATOR)} call)*" if parallel else ""
-    tag = json.dumps(PYTHON_TAG) + (f" | <[{tag_id}]>" if tag_id is not None else "")
     return "\n".join([
         "%llguidance {}",
         "start: calls | TEXT",
         f"calls: {BLANKS} (tag {BLANKS})? call{more}",
-        f"tag: {tag}",
+        f"tag: {spelled(PYTHON_TAG, tag_id)}",
         f"call: %json {json.dumps(call)}",
         # blanks, then nothing or a character other than a blank and `{`, then anything
         f"TEXT: /(?s:[{PY_BLANKS}]*([^{PY_BLANKS}{{].*)?)/ & "
