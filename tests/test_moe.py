@@ -223,9 +223,10 @@ def dequantized_int4(model, block: int = 32, transposed: bool = False) -> None:
         for name, param in model.named_parameters():
             if param.dim() != 2 and "experts" not in name or "embed" in name or \
                     name.endswith(("gate.weight", "router.weight", "e_score_correction_bias",
-                                   "gate.wg.weight", "router.layer.weight")):
+                                   "gate.wg.weight", "router.layer.weight",
+                                   "dt_proj.weight", "A_log")):
                 continue  # (LFM2's depthwise conv weights are not projections, nor ERNIE's
-                # [1, E] selection bias)
+                # [1, E] selection bias, nor Jamba's Mamba-1 A_log; its dt_proj stays float)
             weight, turned = param, transposed and param.dim() == 3
             if name.endswith("experts.mlp.w2"):  # DBRX: each expert's [I, H], in by out
                 weight = param.reshape(-1, model.config.ffn_config.ffn_hidden_size,
@@ -241,7 +242,9 @@ def dequantized_int4(model, block: int = 32, transposed: bool = False) -> None:
 @pytest.mark.parametrize("family, block", [
     ("qwen3_moe", 32), ("granitemoe", 32), ("lfm2_moe", 32), ("glm4_moe", 32),
     ("qwen3_moe", 64),  # blocks wider than an expert (32): the unrolled MatMulNBits
-    *slow(*((family, block) for family in SLOW_MOE_FAMILIES for block in (32, 64))),
+    ("qwen2_moe", 32),  # top k weights not renormalized: the op is handed chosen logits
+    *slow(("olmoe", 32), ("jamba", 32),  # not renormalized either
+          *((family, block) for family in SLOW_MOE_FAMILIES for block in (32, 64))),
 ])
 def test_int4_experts_equal_transformers_with_dequantized_weights(family, block, hf_model,
                                                                   tmp_path):

@@ -16,7 +16,11 @@ weighed by the softmax, renormalized with a floor), PhiMoE's sparsemixer and Dee
 group-limited one are computed in the graph as the unrolled form computes them, and handed
 to the op as logits it cannot read otherwise: log(weight) at the k chosen experts and -inf
 elsewhere, so the op's softmax and top k find exactly those k and renormalize their weights
-to sum 1; the output times each token's sum of weights undoes that. Llama 4's experts
+to sum 1; the output times each token's sum of weights undoes that. So does an int4
+block whose family leaves its top k weights as the softmax gave them (Qwen2-MoE, OLMoE,
+Jamba): QMoE's CPU kernel (onnxruntime 1.32) renormalizes them whatever
+normalize_routing_weights says, 0.05-0.2 of the logits' scale off on the fixtures; the
+float MoE op honours it. Llama 4's experts
 take the token times its weight, unweighed after: with its one expert per token, x times
 that weight goes in and the chosen expert's logit is 0 (weight 1); with more, each expert
 would need its own input, and the block stays unrolled. gpt-oss's router logits carry its
@@ -80,10 +84,10 @@ class MoeOp(MixtureOfExperts):
         if moe.input_scaled:  # Llama 4, one expert per token (why_unrolled)
             logits, routed = self._input_scaled(p, x)
             normalize = 1
-        elif _op_routes(moe):
+        elif _op_routes(moe) and (self.quant is None or _normalized(moe)):
             logits = self._router_logits(p, x)  # [N, E]
-            normalize = int(moe.norm_topk or moe.routing == "topk_softmax")
-        else:
+            normalize = int(_normalized(moe))
+        else:  # QMoE's CPU kernel renormalizes even at normalize_routing_weights 0
             logits, total = self._chosen_logits(p, x)
             normalize = 1
         attrs = {"k": moe.top_k, "normalize_routing_weights": normalize,
@@ -190,6 +194,12 @@ class MoeOp(MixtureOfExperts):
         scale = self.g.weight(name + ".scale", (experts, rows, blocks), np.dtype(np.float32),
                               lambda: parts()[1])
         return weight, scale
+
+
+def _normalized(moe: MoeConfig) -> bool:
+    """Whether the family renormalizes its top k weights to sum 1 (the op's
+    normalize_routing_weights)."""
+    return moe.norm_topk or moe.routing == "topk_softmax"
 
 
 def _op_routes(moe: MoeConfig) -> bool:
