@@ -2,6 +2,7 @@
 
     python benchmarks/gpu_steps.py --work /tmp/gpu-bench            # SmolLM2-135M shape
     python benchmarks/gpu_steps.py --work /tmp/q --quick --device cpu  # the script itself
+    python benchmarks/gpu_steps.py --work /tmp/gs --bundles ort-fp16,ort-fp16-int4
 
 Builds a SmolLM2-135M-shaped Llama with random weights (transformers), exports it as
 bundles (both graph flavours, fp16 and fp32), and measures, taking turns round by round:
@@ -62,14 +63,18 @@ def build_model(out: Path, quick: bool) -> Path:
 
 
 def export_bundle(model: Path, out: Path, flavor: str, dtype: str, context: int,
-                  chunks: tuple[int, ...]) -> Path:
+                  chunks: tuple[int, ...], quant: str | None = None) -> Path:
+    """`quant`: "int4" for `--quantize int4` (at its default accuracy level), else None."""
     from edgeprefill.export.exporter import ExportOptions, export
+    from edgeprefill.export.quantize import QuantConfig
 
-    bundle = out / f"bundle-{flavor}-{dtype}-{'-'.join(map(str, chunks))}-{context}"
+    suffix = f"-{quant}" if quant else ""
+    bundle = out / f"bundle-{flavor}-{dtype}{suffix}-{'-'.join(map(str, chunks))}-{context}"
     if not (bundle / "edgeprefill.json").exists():
         export(model, bundle, ExportOptions(flavor=flavor, dtype=dtype, chunks=chunks,
                                             max_context=context, overwrite=True,
-                                            show_progress=False))
+                                            show_progress=False,
+                                            quant=QuantConfig(quant) if quant else None))
     return bundle
 
 
@@ -95,11 +100,12 @@ class Runtime(ABC):
 
 class Edgeprefill(Runtime):
     def __init__(self, bundle: Path, flavor: str, dtype: str, device: str, rows: int,
-                 context: int) -> None:
+                 context: int, quant: str | None = None) -> None:
         from edgeprefill.bundle import load_manifest
         from edgeprefill.engines.ort.backend import OnnxRuntimeBackend
 
-        self.name, self.precision = f"edgeprefill {flavor}", dtype
+        self.name = f"edgeprefill {flavor}{f' {quant}' if quant else ''}"
+        self.precision = dtype
         self.backend = OnnxRuntimeBackend(bundle, load_manifest(bundle),
                                           BackendOptions(device=device))
         self.backend.allocate_kv(slots=rows, capacity=context)
@@ -207,6 +213,8 @@ def agreement(tokens: dict[str, list[int]], key: str, precision: str) -> str:
     reference = tokens.get(f"PyTorch eager {precision}")
     if reference is None or key not in tokens:
         return "-"
+    if " int4 " in key:  # other weights than PyTorch's: no agreement to expect
+        return "- (int4 weights)"
     same = 0
     for a, b in zip(tokens[key], reference, strict=False):
         if a != b:
@@ -270,7 +278,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--quick", action="store_true", help="a 2-layer model")
     parser.add_argument("--bundles", default=",".join(f"{f}-{d}" for f, d in BUNDLES),
-                        help="flavor-dtype pairs (default: %(default)s)")
+                        help="flavor-dtype[-int4] bundles (default: %(default)s)")
     args = parser.parse_args(argv)
     args.work.mkdir(parents=True, exist_ok=True)
     context = args.prompt + args.steps + 8
@@ -278,16 +286,18 @@ def main(argv: list[str] | None = None) -> int:
     ids = np.random.default_rng(0).integers(3, SMOLLM2_135M_SHAPE["vocab_size"],
                                             size=args.prompt)
     print(versions(args.device), flush=True)
-    pairs = [tuple(p.split("-")) for p in args.bundles.split(",")]
+    specs = [(*p.split("-"), None)[:3] for p in args.bundles.split(",")]
     runtimes: list[Runtime] = []
-    for flavor, dtype in pairs:
+    for flavor, dtype, quant in specs:
         bundle = export_bundle(model, args.work, flavor, dtype, context,
-                               chunk_sizes(args.prompt))
+                               chunk_sizes(args.prompt), quant)
         try:
-            runtimes.append(Edgeprefill(bundle, flavor, dtype, args.device, args.rows, context))
+            runtimes.append(Edgeprefill(bundle, flavor, dtype, args.device, args.rows, context,
+                                        quant))
         except Exception as err:  # noqa: BLE001 - report and go on with the others
-            print(f"edgeprefill {flavor} {dtype}: not run ({type(err).__name__}: {err})")
-    for dtype in sorted({d for _, d in pairs}):
+            print(f"edgeprefill {flavor} {dtype} {quant or ''}: not run "
+                  f"({type(err).__name__}: {err})")
+    for dtype in sorted({d for _, d, _ in specs}):
         if dtype == "fp16" and args.device == "cpu":
             continue  # PyTorch's CPU fp16 is no comparator
         runtimes.append(Torch(model, dtype, args.device))

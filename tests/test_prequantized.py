@@ -352,20 +352,41 @@ def test_without_quantize_only_the_checkpoints_int4_layers_are_int4(tmp_path, ca
 
 
 @pytest.mark.parametrize("act_order", [None, "each"])
-def test_an_fp16_bundle_reads_the_int4_layers_dequantized(tmp_path, act_order):
-    """A bundle that holds no quantized weights (--dtype fp16, --flavor standard) reads the
+def test_a_standard_bundle_reads_the_int4_layers_dequantized(tmp_path, act_order):
+    """A bundle that holds no quantized weights (--flavor standard, TensorRT's) reads the
     int4 layers as float: the checkpoint's dequantized values (act-order ones in the input
     order), in its dtype."""
     src = source_model(tmp_path, "llama", 32)
     dequantized = write_quantized(src, tmp_path / "q", "gptq", 32, sym=False,
                                   act_order=act_order)
     manifest = export(tmp_path / "q", tmp_path / "b", ExportOptions(
-        dtype="fp16", chunks=(16,), max_context=128, show_progress=False))
+        flavor="standard", dtype="fp16", chunks=(16,), max_context=128, show_progress=False))
     assert manifest.graph.quantization is None
     model = onnx.load(tmp_path / "b" / "model.onnx")
     weights = {t.name: numpy_helper.to_array(t, tmp_path / "b") for t in model.graph.initializer}
     down = "model.layers.0.mlp.down_proj.weight"  # [in, out], as MatMul takes it
     np.testing.assert_array_equal(weights[down], dequantized[down].T.astype(np.float16))
+
+
+@pytest.mark.parametrize("act_order", [None, "each"])
+def test_an_fp16_ort_bundle_keeps_the_int4_layers_with_their_float16_scales(tmp_path,
+                                                                            act_order):
+    """An fp16 `ort` bundle (the GPU's) of an int4 checkpoint is int4 too: MatMulNBits on
+    the checkpoint's codes and zero points with its float16 scales, so exactly its weights;
+    the logits are transformers' on them, to float16's rounding and the implied accuracy
+    level 4's int8 activations (0.02 of the scale in a float32 bundle, above)."""
+    src = source_model(tmp_path, "llama", 32)
+    dequantized = write_quantized(src, tmp_path / "q", "gptq", 32, sym=False,
+                                  act_order=act_order)
+    manifest = export(tmp_path / "q", tmp_path / "b", ExportOptions(
+        dtype="fp16", chunks=(4,), max_context=128, show_progress=False))
+    assert (manifest.graph.quantization, manifest.graph.dtype) == ("int4", "float16")
+    found = bundle_int4_weights(tmp_path / "b")
+    expected_weights(found, dequantized)
+    check_input_orders(tmp_path / "b", found, act_order)
+    expected = reference_logits(src, dequantized)
+    got = logits_at(tmp_path / "b", IDS)
+    assert np.abs(got - expected).max() < 0.04 * np.abs(expected).max()
 
 
 @needs_int_kernels

@@ -60,11 +60,12 @@ def test_int8_round_trip_is_within_half_a_step():
 def test_int4_rows_are_the_projections_blocks_as_gather_block_quantized_takes_them():
     w = np.random.default_rng(3).normal(size=(5, 80)).astype(np.float32)
     data, scales = int4_rows(w, 32)
-    assert data.shape == (5, 40) and scales.shape == (5, 3)
-    q = np.empty((5, 80), np.float32)
+    assert data.shape == (5, 48) and scales.shape == (5, 3)  # whole blocks: 96 codes a row
+    q = np.empty((5, 96), np.float32)
     q[:, 0::2], q[:, 1::2] = data & 0x0F, data >> 4
-    back = (q - 8) * np.repeat(scales, 32, axis=1)[:, :80]
-    np.testing.assert_array_equal(back, int4_dequantize(*int4_blockwise(w, 32), 80))
+    assert (q[:, 80:] == 8).all()  # the padding codes zero
+    back = (q - 8) * np.repeat(scales, 32, axis=1)
+    np.testing.assert_array_equal(back[:, :80], int4_dequantize(*int4_blockwise(w, 32), 80))
 
 
 def test_int8_rows_round_trip_is_within_half_a_step():

@@ -51,7 +51,8 @@ def _list_models(ctx: click.Context, param: click.Parameter, value: bool) -> Non
               help="Positions per session (prompt + reply). Default: the model's, capped at 4096.")
 @click.option("--quantize", type=click.Choice(["int8", "int4"]), default=None,
               help="Quantize linear-layer weights: int8 (dynamic int8 activations, the "
-                   "prefill lever) or int4 (weight-only, the decode lever). ort flavour.")
+                   "prefill lever) or int4 (weight-only, the decode lever). ort flavour; "
+                   "int4 also at --dtype fp16, the GPU's (CUDA provider).")
 @click.option("--block-size", type=int, default=32, show_default=True,
               help="int4: weights per scale.")
 @click.option("--accuracy-level", type=click.IntRange(0, 4), default=4, show_default=True,

@@ -213,8 +213,9 @@ def _int4_prefill_line(graph, proto, native: bool) -> list[str]:
         rows = int8_rows.why_not(native) is None  # as the backend tells int4_prefill
     except BackendError as err:
         return [f"int4 prefill {err}", f"int4 decode {describe_decode(proto, native)}"]
-    return [f"int4 prefill {describe_int4(proto, graph.flavor, rows=rows)}, for the "
-            "accuracy-level-4 projections", f"int4 decode {describe_decode(proto, native)}"]
+    prefill = describe_int4(proto, graph.flavor, rows=rows, dtype=graph.dtype)
+    return [f"int4 prefill {prefill}, for the accuracy-level-4 projections",
+            f"int4 decode {describe_decode(proto, native)}"]
 
 
 def _int8_line(graph, native: bool) -> list[str]:

@@ -69,7 +69,7 @@ class ExportOptions:
     max_context: int | None = None  # default: the model's max positions, capped at 4096
     overwrite: bool = False
     show_progress: bool = True
-    quant: QuantConfig | None = None  # weight quantization (ort flavour, fp32)
+    quant: QuantConfig | None = None  # weight quantization (ort flavour; fp16: int4 only)
     adapter: Path | None = None  # a PEFT LoRA adapter folder, merged into the weights
 
     def __post_init__(self) -> None:
@@ -78,10 +78,28 @@ class ExportOptions:
             raise ExportError(f"unknown dtype {self.dtype!r}; choose one of: {', '.join(DTYPES)}")
         if not self.chunks or any(c < 1 for c in self.chunks):
             raise ExportError(f"chunk sizes must be positive integers, got {self.chunks}")
-        if self.quant is not None and (self.flavor != "ort" or self.dtype != "fp32"):
-            raise ExportError("quantization needs --flavor ort and --dtype fp32")
+        if self.quant is not None:
+            _check_quantized(self.quant, self.flavor, self.dtype)
         if self.max_context is not None and self.max_context < 2:
             raise ExportError(f"--max-context must be at least 2, got {self.max_context}")
+
+
+def _check_quantized(quant: QuantConfig, flavor: str, dtype: str) -> None:
+    """Quantized weights are com.microsoft ops (the `ort` flavour). An fp16 bundle (a GPU's)
+    is int4 only: MatMulNBits and GatherBlockQuantized take float16 activations and scales,
+    on the CPU and CUDA alike; int8's DynamicQuantizeMatMul (the CPU's prefill lever) takes
+    float32 only, and neither ONNX Runtime's CUDA provider nor TensorRT has it."""
+    if flavor != "ort":
+        raise ExportError("quantization needs --flavor ort (its quantized ops are ONNX "
+                          "Runtime's)")
+    if dtype == "fp32":
+        return
+    if quant.kind != "int4":
+        raise ExportError(f"--quantize {quant.kind} needs --dtype fp32 (int8 is the CPU's "
+                          "prefill lever); with --dtype fp16, as for a GPU, use --quantize int4")
+    if quant.head_kind == "int8":
+        raise ExportError("--lm-head int8 needs --dtype fp32; an fp16 int4 bundle's LM head "
+                          "is int4 or float")
 
 
 def export(hf_dir: str | Path, out_dir: str | Path, options: ExportOptions) -> Manifest:
@@ -204,15 +222,15 @@ def _for_int4_checkpoint(cfg: ModelConfig, options: ExportOptions) -> ExportOpti
     """A pre-quantized int4 checkpoint (export/prequantized.py) exports int4: its int4 layers
     as it stores them. Without --quantize, the layers it keeps float stay float (the LM head,
     the embeddings, its ignored projections); --quantize int4 quantizes those as any int4
-    export does. --quantize int8 would requantize 4-bit weights: refused. A bundle that
-    holds no quantized weights (--flavor standard, --dtype fp16) reads them dequantized."""
+    export does. --quantize int8 would requantize 4-bit weights: refused. The `standard`
+    flavour holds no quantized weights (TensorRT's graph): it reads them dequantized."""
     if cfg.int4 is None:
         return options
     quant = options.quant
     if quant is not None and quant.kind != "int4":
         raise ExportError(f"the checkpoint's weights are int4 ({cfg.int4.method}): export "
                           f"it with --quantize int4 or without --quantize, not {quant.kind}")
-    if quant is None and options.flavor == "ort" and options.dtype == "fp32":
+    if quant is None and options.flavor == "ort":  # fp32, or fp16 with float16 scales
         implied = QuantConfig("int4", embeddings=False, head="float", float_layers=False)
         return replace(options, quant=implied)
     return options

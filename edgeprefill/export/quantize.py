@@ -11,7 +11,7 @@ Every projection (`GraphWeights.linear`) and the LM head is quantized (the head 
 float instead where `QuantConfig.head` says), and so are the embedding tables a Gather reads
 (`com.microsoft.GatherBlockQuantized`, which dequantizes only the rows it gathers;
 `QuantConfig.embeddings` False keeps them float): int4 in the projections' blocks (the same
-packing, as [rows, width/2] bytes), int8 with one scale per row (as int8 projections have
+packing, as [rows, blocks x block/2] bytes), int8 with one scale per row (as int8 projections have
 per output channel), both as uint8 with the op's implicit zero point (8, 128). The main
 table is quantized where it is untied. A tied one stays float in its Gather unless
 `QuantConfig.tied_embeddings`: then it gets its own quantized copy, which dequantizes to the
@@ -143,12 +143,14 @@ def int4_dequantize(packed: np.ndarray, scales: np.ndarray, cols: int) -> np.nda
 
 def int4_rows(table: np.ndarray, block: int) -> tuple[np.ndarray, np.ndarray]:
     """An embedding table [rows, width] -> GatherBlockQuantized's int4 operands: uint8
-    [rows, ceil(width/2)] (int4_blockwise's bytes, its padding past the width dropped: the op
-    takes a partial last block) and float32 scales [rows, blocks]."""
-    rows, width = table.shape
+    [rows, blocks * block / 2] (int4_blockwise's bytes, whole blocks: the width padded with
+    zeros to a multiple of the block, which the graph slices off the gathered rows) and
+    float32 scales [rows, blocks]. ONNX Runtime's CUDA kernel (onnxruntime-gpu 1.31)
+    dequantizes a partial last block wrong (0.3-0.4 of the values' scale off, on an H200);
+    the CPU kernel takes one."""
+    rows = table.shape[0]
     packed, scales = int4_blockwise(table, block)
-    data = packed.reshape(rows, -1)[:, : -(-width // 2)]
-    return np.ascontiguousarray(data), scales.reshape(rows, -1)
+    return np.ascontiguousarray(packed.reshape(rows, -1)), scales.reshape(rows, -1)
 
 
 def int8_rows(table: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

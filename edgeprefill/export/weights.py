@@ -82,7 +82,8 @@ class GraphWeights:
         parts = self.memoized(name, lambda: int4_blockwise(out_in(), q.block_size))
         weight = g.weight(name + ".int4", (n, blocks, q.block_size // 2), np.uint8,
                           lambda: parts()[0])
-        scale = g.weight(name + ".scale", (n * blocks,), np.float32, lambda: parts()[1])
+        scale = g.weight(name + ".scale", (n * blocks,), self.dtype,
+                         lambda: parts()[1].astype(self.dtype))
         return g.op(
             "MatMulNBits", [x, weight, scale], domain="com.microsoft", K=k, N=n, bits=4,
             block_size=q.block_size, accuracy_level=q.accuracy_level,
@@ -170,7 +171,8 @@ class GraphWeights:
         parts = self.memoized(name, compute)
         inputs = [x, g.weight(name + ".int4", (n, blocks, block // 2), np.uint8,
                               lambda: parts()[0]),
-                  g.weight(name + ".scale", (n * blocks,), np.float32, lambda: parts()[1])]
+                  g.weight(name + ".scale", (n * blocks,), self.dtype,
+                           lambda: parts()[1].astype(self.dtype))]
         if not self.ckpt.int4.symmetric:
             inputs.append(g.weight(name + ".zero_point", (n, -(-blocks // 2)), np.uint8,
                                    lambda: parts()[2]))
@@ -192,15 +194,19 @@ class GraphWeights:
             block, data_shape, blocks = 16, (vocab, width), 1
             while block < width:  # one block spans the row: one scale per row
                 block *= 2
-        else:
+        else:  # whole blocks, the padding sliced off below (quantize.int4_rows says why)
             parts = self.memoized(name, lambda: in_row_chunks(
                 lambda t: int4_rows(t, q.block_size), table()))
-            block, data_shape = q.block_size, (vocab, -(-width // 2))
-            blocks = -(-width // block)
+            block, blocks = q.block_size, -(-width // q.block_size)
+            data_shape = (vocab, blocks * block // 2)
         data = g.weight(name + f".{q.kind}", data_shape, np.uint8, lambda: parts()[0])
-        scale = g.weight(name + ".scale", (vocab, blocks), np.float32, lambda: parts()[1])
-        return g.op("GatherBlockQuantized", [data, indices, scale], domain="com.microsoft",
+        scale = g.weight(name + ".scale", (vocab, blocks), self.dtype,
+                         lambda: parts()[1].astype(self.dtype))
+        rows = g.op("GatherBlockQuantized", [data, indices, scale], domain="com.microsoft",
                     gather_axis=0, quantize_axis=1, block_size=block, bits=int(q.kind[3:]))
+        if q.kind == "int4" and width % block:
+            rows = g.op("Slice", [rows, g.const([0]), g.const([width]), g.const([-1])])
+        return rows
 
     def memoized(self, name: str, compute):
         """Quantize a weight once for its several initializers (the writer asks for them

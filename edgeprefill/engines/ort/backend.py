@@ -175,7 +175,8 @@ class OnnxRuntimeBackend(Backend):
         # each row quantized on its own where the native MatMulInt8 will run.
         rows = manifest.graph.quantization == "int4" and int8_rows_why_not(native) is None
         self.int4_prefill = choose_int4_prefill(
-            graph, bundle_dir, manifest.graph.flavor, options.device, session_options, rows)
+            graph, bundle_dir, manifest.graph.flavor, options.device, session_options, rows,
+            manifest.graph.dtype)
         # The native attention kernels where their library is built (edgeprefill.kernels).
         self.kernels = choose_kernels(graph, manifest.graph.flavor, manifest.graph.dtype,
                                       options.device)

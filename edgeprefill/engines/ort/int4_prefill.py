@@ -87,7 +87,7 @@ def every_row_as_decode() -> bool:
     return mode() == "decode"
 
 
-def why_not(flavor: str, device: str) -> str | None:
+def why_not(flavor: str, device: str, dtype: str = "float32") -> str | None:
     """Why this bundle keeps its stock projections for prefill, or None."""
     if mode() in UNSWITCHED:
         return f"{MODE_ENV}={mode()}"
@@ -95,18 +95,21 @@ def why_not(flavor: str, device: str) -> str | None:
         return f"device {device}"
     if flavor != "ort":
         return f"{flavor} flavour"
+    if dtype != "float32":  # the int8 GEMMs it derives (DynamicQuantizeMatMul, MatMulInt8)
+        return f"a {dtype} bundle"  # take float32 activations only
     return None
 
 
 def choose(graph: ModelProto, bundle_dir: Path, flavor: str, device: str,
-           session_options: Any, rows: bool = False) -> Int4Prefill:
+           session_options: Any, rows: bool = False, dtype: str = "float32") -> Int4Prefill:
     """Rewrites `graph` (weights not loaded; they stay in `bundle_dir`) in place when it
     has int4 projections and nothing rules the rewrite out. `rows`: the native MatMulInt8
-    runs here (engines/ort/int8_rows.py), so `int8` quantizes each row on its own."""
+    runs here (engines/ort/int8_rows.py), so `int8` quantizes each row on its own. `dtype`:
+    the bundle's (manifest.graph.dtype)."""
     targets = prefill_targets(graph)
     if not targets:
         return Int4Prefill(False, "")
-    reason = why_not(flavor, device)
+    reason = why_not(flavor, device, dtype)
     if reason is not None:
         return Int4Prefill(False, _unswitched(reason))
     variant = _variant(rows)
@@ -119,11 +122,12 @@ def choose(graph: ModelProto, bundle_dir: Path, flavor: str, device: str,
     return Int4Prefill(True, described, weights)
 
 
-def describe(graph: ModelProto, flavor: str, device: str = "cpu", rows: bool = False) -> str:
-    """What `inspect` says about an int4 bundle's prefill projections here (`rows`: as
-    `choose`'s)."""
+def describe(graph: ModelProto, flavor: str, device: str = "cpu", rows: bool = False,
+             dtype: str = "float32") -> str:
+    """What `inspect` says about an int4 bundle's prefill projections here (`rows`,
+    `dtype`: as `choose`'s)."""
     try:
-        reason = why_not(flavor, device)
+        reason = why_not(flavor, device, dtype)
     except BackendError as err:
         return str(err)
     if reason is not None:
