@@ -135,6 +135,17 @@ class Backend(ABC):
         """(Re)allocate the KV arena: `slots` rows of `capacity` positions, zero-filled
         (and the conv layers' state, if any). Drops any previous arena."""
 
+    def warm_up_steps(self, length: int, slots: int) -> list[StepBatch]:
+        """The calls the load runs before the first request (sdk/step_runner.warm_up): by
+        default one prefill chunk of `length` tokens into slot 0 and one decode step of a
+        first token in every slot. Their K/V is garbage no request reads: no slot records
+        it, and a request writes each position it attends to before it does."""
+        return [StepBatch(np.zeros((1, length), np.int64), np.zeros(1, np.int32),
+                          np.full(1, length, np.int32), 0),
+                StepBatch(np.zeros((slots, 1), np.int64),
+                          np.zeros(slots, np.int32),  # attends to nothing it did not write
+                          np.ones(slots, np.int32), 0)]
+
     @abstractmethod
     def run(self, step: StepBatch) -> np.ndarray:
         """Run one step; returns CPU float32 logits [B, vocab] of each row's last valid

@@ -106,27 +106,16 @@ class StepRunner:
         return np.delete(logits, at, axis=0), logits[at : at + 1]
 
     def warm_up(self, length: int) -> None:
-        """One prefill call of `length` tokens into slot 0 and one decode call of a first
-        token in every slot, their logits and times dropped, no books kept. A process's
-        first calls pay for what ONNX Runtime sets up lazily (its memory arena grown to the
-        largest activations, its threads' first work): on the 2-core Zen 4 VM, +8-40 ms on
-        the first 128-token chunk and +2-10 ms on the first decode step of a fresh process
-        (docs/benchmarks.md). Run at load, that cost leaves the first request. The KV they
-        write is garbage that no request reads: no slot records it, and a request writes
-        each position it attends to before it does."""
-        slots = len(self.kv.slots)
-        self.backend.run(StepBatch(
-            input_ids=np.zeros((1, length), np.int64),
-            past_lens=np.zeros(1, np.int32),
-            valid_lens=np.full(1, length, np.int32),
-            first_slot=0,
-        ))
-        self.backend.run(StepBatch(
-            input_ids=np.zeros((slots, 1), np.int64),
-            past_lens=np.zeros(slots, np.int32),  # attends to nothing it did not write
-            valid_lens=np.ones(slots, np.int32),
-            first_slot=0,
-        ))
+        """The backend's warm-up calls (`Backend.warm_up_steps`: by default one prefill
+        chunk of `length` tokens and one decode step of every slot), their logits and times
+        dropped, no books kept. A process's first calls pay for what ONNX Runtime sets up
+        lazily (its memory arena grown to the largest activations, its threads' first
+        work): on the 2-core Zen 4 VM, +8-40 ms on the first 128-token chunk and +2-10 ms
+        on the first decode step of a fresh process (docs/benchmarks.md); on the CUDA
+        provider 33-45 ms for each new shape (engines/ort/gpu_shapes.py). Run at load, that
+        cost leaves the first requests."""
+        for batch in self.backend.warm_up_steps(length, len(self.kv.slots)):
+            self.backend.run(batch)
 
     def idle(self) -> None:
         """Nobody decodes: the next decode call starts no stall."""

@@ -39,6 +39,8 @@ from edgeprefill.engines.ort.bf16_compute import choose as choose_compute
 from edgeprefill.engines.ort.device_states import DeviceStates
 from edgeprefill.engines.ort.fusing import quantized_ops, stock_attention
 from edgeprefill.engines.ort.fusing import why_not as why_not_fused
+from edgeprefill.engines.ort.gpu_shapes import padded
+from edgeprefill.engines.ort.gpu_shapes import warm_up_steps as gpu_warm_up_steps
 from edgeprefill.engines.ort.host_total import (
     HOST_TOTAL,
     feed_total_from_host,
@@ -230,6 +232,7 @@ class OnnxRuntimeBackend(Backend):
                         [i.name for i in self.session.get_inputs() if i.name != HOST_TOTAL],
                         [o.name for o in self.session.get_outputs()])
         self.arena: KVArena | None = None  # host memory on the CPU, device memory on a GPU
+        self._capacity = 0  # allocate_kv's
         # the state layers' (LFM2, Qwen3.5): host memory on the CPU, device memory on a GPU
         self.state: StateArena | DeviceStates | None = None
         self._bindings: dict[tuple[int, int], Any] = {}  # ort.IOBinding per (first, rows)
@@ -294,6 +297,7 @@ class OnnxRuntimeBackend(Backend):
         shapes = [(slots, heads, capacity, dim)
                   for heads, dim in kv_dims(self.manifest.graph, self._kv_buffers)]
         self.arena = None  # free the old arena before the new one
+        self._capacity = capacity  # positions per slot: how far a padded chunk may write
         self._bindings.clear()
         if self._gpu is None:
             self.arena = HostArena(shapes, self.kv_dtype, slots)
@@ -330,7 +334,17 @@ class OnnxRuntimeBackend(Backend):
     def _slot_count(self) -> int:
         return self.arena.slots if self.arena is not None else 0
 
+    def warm_up_steps(self, length: int, slots: int) -> list[StepBatch]:
+        """On a GPU provider every shape the runtime sends (engines/ort/gpu_shapes.py);
+        on the CPU the default two calls."""
+        if self._gpu is None:
+            return super().warm_up_steps(length, slots)
+        self._allocated()
+        return gpu_warm_up_steps(self.manifest.chunks, self._capacity, slots)
+
     def run(self, step: StepBatch) -> np.ndarray:
+        if self._gpu is not None:  # a bucket's width: a shape the load ran (gpu_shapes.py)
+            step = padded(step, self.manifest.chunks, self._capacity)
         binding = self._binding(step.first_slot, step.rows)
         binding.bind_cpu_input(INPUT_IDS, step.input_ids)
         binding.bind_cpu_input(PAST_LENS, step.past_lens)
