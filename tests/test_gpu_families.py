@@ -13,6 +13,8 @@ and depth-scaled residual adds, BitNet's int8 ternary weights, and the stateful 
 
 from __future__ import annotations
 
+from collections import Counter
+
 import numpy as np
 import pytest
 
@@ -50,13 +52,10 @@ def _export(hf_model, family, out, flavor, dtype):
     return out
 
 
-@pytest.mark.parametrize(("flavor", "dtype"), list(CASES))
-@pytest.mark.parametrize("family", FAMILIES)
-def test_cuda_computes_the_cpus_logits(hf_model, tmp_path, record_property, family, flavor,
-                                       dtype):
-    gpu_dir = _export(hf_model, family, tmp_path / "gpu", flavor, dtype)
-    cpu_dir = gpu_dir if dtype == "fp32" else _export(hf_model, family, tmp_path / "cpu",
-                                                     flavor, "fp32")
+def cuda_against_cpu(gpu_dir, cpu_dir, record_property) -> tuple[float, Counter]:
+    """The same steps (test_gpu_providers._steps) on CUDA and on the CPU: the largest
+    difference of the logits as a fraction of their scale, and the nodes CUDA left to the
+    CPU; both recorded as the test's properties."""
     gpu = OnnxRuntimeBackend(gpu_dir, load_manifest(gpu_dir), BackendOptions(device="cuda"))
     cpu = OnnxRuntimeBackend(cpu_dir, load_manifest(cpu_dir), BackendOptions())
     off_gpu = placement(gpu.session, CUDA_EP).elsewhere
@@ -70,5 +69,16 @@ def test_cuda_computes_the_cpus_logits(hf_model, tmp_path, record_property, fami
         scale = max(1.0, float(np.max(np.abs(want))))
         worst = max(worst, float(np.max(np.abs(got - want))) / scale)
     record_property("max_difference_of_scale", worst)
+    return worst, off_gpu
+
+
+@pytest.mark.parametrize(("flavor", "dtype"), list(CASES))
+@pytest.mark.parametrize("family", FAMILIES)
+def test_cuda_computes_the_cpus_logits(hf_model, tmp_path, record_property, family, flavor,
+                                       dtype):
+    gpu_dir = _export(hf_model, family, tmp_path / "gpu", flavor, dtype)
+    cpu_dir = gpu_dir if dtype == "fp32" else _export(hf_model, family, tmp_path / "cpu",
+                                                     flavor, "fp32")
+    worst, off_gpu = cuda_against_cpu(gpu_dir, cpu_dir, record_property)
     assert worst <= CASES[flavor, dtype], f"{worst:.2e} of the logits' scale"
     assert set(off_gpu) <= SHAPE_OPS, f"left the GPU: {dict(off_gpu)}"

@@ -12,18 +12,14 @@ computes in float16 at any level: measured on an H200), and the dense one at lev
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
-from edgeprefill.bundle import load_manifest
-from edgeprefill.engines import BackendOptions
-from edgeprefill.engines.ort.backend import OnnxRuntimeBackend
-from edgeprefill.engines.ort.providers import CUDA_EP, SHAPE_OPS, placement
+from edgeprefill.engines.ort.providers import SHAPE_OPS
 from edgeprefill.errors import ExportError
 from edgeprefill.export.exporter import ExportOptions, export
 from edgeprefill.export.quantize import QuantConfig
-from tests.test_gpu_families import FAMILIES
-from tests.test_gpu_providers import HAS_CUDA_EP, _steps
+from tests.test_gpu_families import CAPACITY, FAMILIES, cuda_against_cpu
+from tests.test_gpu_providers import HAS_CUDA_EP
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not HAS_CUDA_EP, reason="needs onnxruntime-gpu and a GPU")]
@@ -36,7 +32,6 @@ SPARSE_GATE = pytest.mark.xfail(reason="Gemma 3n's sparse gate with int4 on CUDA
 CASES = [("llama", 0), *(pytest.param(family, 4, marks=SPARSE_GATE)
                          if family == "gemma3n_text" else (family, 4)
                          for family in ["llama", "qwen3_5_text", *FAMILIES])]
-CAPACITY = 96
 # accuracy level -> the largest difference from the CPU's float32 level-0 logits allowed, as
 # a fraction of their scale: float16's rounding (the unquantized fp16 cases' 2e-2), and at
 # level 4 what int8 activations may add where a kernel takes them.
@@ -59,19 +54,7 @@ def test_cuda_runs_an_fp16_int4_bundle_as_the_cpu_runs_its_float32_twin(
     hf_dir = hf_model(family)
     gpu_dir = _export(hf_dir, tmp_path / "gpu", "fp16", level)
     cpu_dir = _export(hf_dir, tmp_path / "cpu", "fp32", 0)
-    gpu = OnnxRuntimeBackend(gpu_dir, load_manifest(gpu_dir), BackendOptions(device="cuda"))
-    cpu = OnnxRuntimeBackend(cpu_dir, load_manifest(cpu_dir), BackendOptions())
-    off_gpu = placement(gpu.session, CUDA_EP).elsewhere
-    record_property("off_gpu", dict(off_gpu))
-    for backend in (gpu, cpu):
-        backend.allocate_kv(slots=2, capacity=CAPACITY)
-    worst = 0.0
-    for step in _steps(gpu.manifest.model.vocab_size):
-        want = cpu.run(step).copy()
-        got = gpu.run(step)
-        scale = max(1.0, float(np.max(np.abs(want))))
-        worst = max(worst, float(np.max(np.abs(got - want))) / scale)
-    record_property("max_difference_of_scale", worst)
+    worst, off_gpu = cuda_against_cpu(gpu_dir, cpu_dir, record_property)
     print(f"{family} level {level}: {worst:.2e} of the scale; off the GPU: {dict(off_gpu)}")
     assert worst <= LEVELS[level], f"{worst:.2e} of the logits' scale"
     assert set(off_gpu) <= SHAPE_OPS, f"left the GPU: {dict(off_gpu)}"
