@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from decimal import Decimal
 
 import pytest
 
@@ -135,6 +136,34 @@ def test_a_marker_spelled_in_pieces_triggers_the_grammar(engine):
     allowed = mask.allowed(vocab)
     opening = {tokenizer.token_bytes(int(i)) for i in allowed.nonzero()[0]}
     assert opening and all(b.strip(b" \n") in (b"", b"{", b'{"') for b in opening), opening
+
+
+@pytest.mark.parametrize("bound,admitted", [({}, True), ({"maximum": 10}, False),
+                                            ({"minimum": -10}, False)])
+def test_a_number_a_float_cannot_hold_is_held_to_the_schema(engine, bound, admitted):
+    """The strict grammar (llguidance's %json) admits `1e400` for an unbounded number,
+    which the parser keeps as written: valid JSON the schema admits (JSON's numbers have
+    no range). A bounded number admits no such literal: the call never breaks its
+    schema's bound (an exponent is refused at its `e`)."""
+    from edgeprefill.server.tool_parsers import TaggedParser
+
+    schema = {"type": "object", "additionalProperties": False, "required": ["x"],
+              "properties": {"x": {"type": "number", **bound}}}
+    tools = [{"type": "function", "function": {"name": "f", "strict": True,
+                                               "parameters": schema}}]
+    tokenizer, vocab = engine.tokenizer, engine.tokenizer.vocab_size
+    # What the grammar forces as its tokenizer spells it, the number a byte each.
+    head = tokenizer.encode_plain('hello<tool_call>\n{"name": "f", "arguments": {"x": 1')
+    rest = [*tokenizer.encode_plain("e"), *tokenizer.encode_plain("400"),
+            *tokenizer.encode_plain("}}\n</tool_call>")]
+    mask = strict_live.mask_for(engine, "hermes", tools)
+    assert strict_live.follows(mask, vocab, head)
+    assert bool(mask.allowed(vocab)[rest[0]]) is admitted
+    if admitted:
+        assert strict_live.follows(mask, vocab, rest)
+        (parsed,) = TaggedParser().parse(tokenizer.decode([*head, *rest])).calls
+        assert parsed.arguments == '{"x": 1e400}'
+        assert json.loads(parsed.arguments, parse_float=Decimal) == {"x": Decimal("1e400")}
 
 
 def test_ollama_s_chat_honours_strict_too(server, client):

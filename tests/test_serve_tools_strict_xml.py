@@ -217,3 +217,32 @@ def test_a_schema_the_plain_text_cannot_hold_is_a_one_line_400():
             lazy_call_constraint(tools, "qwen3_xml")
         assert err.value.status == 400 and "'p'" in err.value.message
         assert "\n" not in err.value.message
+
+
+@pytest.mark.parametrize("name", ["a>b", "two\nlines", " padded", ""])
+def test_a_parameter_name_the_format_cannot_write_is_a_400_that_says_what_works(name):
+    """The remedy is one that works: forcing the call (its JSON holds the name, as the
+    forced constraint's schema shows) or renaming; not dropping strict, after which the
+    parser could not read the name back either."""
+    from edgeprefill.server.errors import ApiError
+    from edgeprefill.server.strict_tools import lazy_call_constraint
+    from edgeprefill.server.tool_parsers import XmlParser
+    from edgeprefill.server.tools import parse_tools
+
+    schema = {"type": "object", "properties": {name: {"type": "integer"}}, "required": [name]}
+    tool = {"type": "function", "function": {"name": "f", "parameters": schema,
+                                             "strict": True}}
+    with pytest.raises(ApiError) as err:
+        lazy_call_constraint((tool,), "qwen3_xml")
+    message = err.value.message
+    assert err.value.status == 400 and repr(name) in message and "\n" not in message
+    assert "force the call with tool_choice" in message and "rename" in message
+    assert "drop strict" not in message
+    forced = parse_tools({"tools": [tool], "tool_choice": {"type": "function",
+                                                           "function": {"name": "f"}}})
+    assert forced is not None and name in forced.schema()["properties"]
+    # Without strict the model's XML could not carry the name: the parser reads another.
+    written = f"<tool_call>\n<function=f>\n<parameter={name}>\n1\n</parameter>\n" \
+        "</function>\n</tool_call>"
+    calls = XmlParser().parse(written).calls
+    assert not calls or name not in json.loads(calls[0].arguments)

@@ -48,6 +48,7 @@ from edgeprefill.server.choices import Choices
 from edgeprefill.server.config import ServerConfig, body_limit
 from edgeprefill.server.errors import ApiError, generation_failure
 from edgeprefill.server.harmony import bundle_harmony, reply_harmony
+from edgeprefill.server.json_numbers import JsonNumbersResponse
 from edgeprefill.server.messages_request import count_body, parse_messages_api
 from edgeprefill.server.messages_stream import MessageReply, message_events
 from edgeprefill.server.metrics import ServerMetrics
@@ -315,7 +316,7 @@ class OpenAIApi:
         if admitted.request.stream:
             return EventStreamResponse(events(), on_close=close, media_type=media_type)
         failed = await self._wait(admitted, request, close)
-        return failed or JSONResponse(whole())
+        return failed or JsonNumbersResponse(whole())
 
     async def _wait(self, admitted: Admitted, request: Request,
                     close: Callable[[], None]) -> Response | None:

@@ -20,10 +20,10 @@ the same, so a client always finds one.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from edgeprefill.server import json_numbers
 from edgeprefill.server.reply_parts import ReplyParts
 
 Kind = Literal["text", "thinking", "tool_use"]
@@ -55,7 +55,7 @@ class Block:
 
 def _input(arguments: str) -> dict[str, Any]:
     try:
-        value = json.loads(arguments) if arguments else {}
+        value = json_numbers.loads(arguments) if arguments else {}
     except ValueError:
         return {}
     return value if isinstance(value, dict) else {}

@@ -21,12 +21,12 @@ reply that fails mid-way ends with an `{"error": "..."}` line, as Ollama's does.
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import AsyncIterator
 from datetime import datetime, timezone
 from typing import Any
 
+from edgeprefill.server import json_numbers
 from edgeprefill.server.choices import Choices
 from edgeprefill.server.errors import generation_failure
 from edgeprefill.server.responses import Shape
@@ -136,7 +136,7 @@ def load_reply(model: str, chat: bool) -> dict[str, Any]:
 
 
 def line(data: dict[str, Any]) -> bytes:
-    return (json.dumps(data, separators=(",", ":")) + "\n").encode()
+    return (json_numbers.dumps(data, (",", ":")) + "\n").encode()
 
 
 def created_at() -> str:
@@ -146,7 +146,7 @@ def created_at() -> str:
 
 def _arguments(text: str) -> dict[str, Any]:
     try:
-        value = json.loads(text) if text else {}
+        value = json_numbers.loads(text) if text else {}
     except ValueError:
         return {}
     return value if isinstance(value, dict) else {}

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from edgeprefill.sdk.stream import TokenEvent, TokenStream
+from edgeprefill.server import json_numbers
 from edgeprefill.server.choices import Choices
 from edgeprefill.server.harmony import HarmonyParser
 from edgeprefill.server.logprobs import logprobs_body
@@ -317,7 +317,7 @@ def calls_finish_reason(calls: list[ToolCall], reason: str | None) -> str | None
         return reason
     try:
         for call in calls:
-            json.loads(call.arguments)
+            json_numbers.loads(call.arguments)  # JSON's: NaN is not
     except ValueError:
         return reason
     return "tool_calls"

@@ -16,7 +16,9 @@ from JSON text). No value holds `</parameter>`, `</function>` or `</tool_call>`,
 would end the parser's non-greedy match early: a text value excludes them, a JSON value's
 strings hold no `</` (a pattern; untyped subschemas narrowed to scalars, objects closed).
 What plain text cannot hold is refused in one line: a string's pattern or format, a
-property without a type that is not a string enum, a $ref. A non-strict tool's parameters
+property without a type that is not a string enum, a $ref; and a parameter name the
+format cannot write (a `>`, a line break, blanks at its ends), with the remedies that work
+for it (rename it, or force the call: a forced call is JSON). A non-strict tool's parameters
 are any keys (`[^>\n]+`, the parser's), each value any UTF-8 text without those tags (a
 key twice stays the parser's: such a call reads as text).
 """
@@ -91,8 +93,13 @@ def _xml_function(rule: str, function: dict[str, Any]) -> list[str]:
     for j, (key, spec) in enumerate(schema.get("properties", {}).items()):
         if not isinstance(key, str) or not key or key != key.strip() or \
                 re.search("[>\n]", key):
+            # Not `refused`: dropping strict would not make the name writable (XmlParser
+            # reads a name up to `>`, stripped); a forced call is JSON, which holds any.
             raise ApiError(400, f"function {function['name']!r}: parameter name {key!r} "
-                           "cannot be written in this model's XML call format", "tools")
+                           "cannot be written in this model's XML call format (a name "
+                           "holds no '>' or line break, nor blanks at its ends); rename "
+                           "it, or force the call with tool_choice (a forced call is "
+                           "JSON, which holds any name)", "tools")
         name = f"{rule}_{j}"
         parts.append(name if key in required else f"{name}?")
         lines += _xml_parameter(name, key, spec, function["name"])

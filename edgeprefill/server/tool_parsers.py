@@ -14,18 +14,30 @@
                  `{"name", "parameters"}`
 
 A parser never loses text: whatever does not parse as a call stays content.
+
+Arguments are read and written by server/json_numbers.py, so that they are always JSON: a
+number a float cannot hold (`1e400`) keeps the text the model wrote, and `NaN` or
+`Infinity`, not JSON, make a call whose arguments are parsed invalid as any other invalid
+JSON would (it stays text; a Python or XML value spelled so is not a number: a pythonic
+call stays text, an XML value is a string). Arguments that stream as they are generated
+are the model's text as written (a call whose arguments are not JSON, for whatever reason,
+does not end the reply with finish_reason `tool_calls`: server/responses.py).
 """
 
 from __future__ import annotations
 
 import ast
 import json
+import math
 import re
 import uuid
 from abc import ABC, abstractmethod
+from decimal import Decimal
 from typing import Any, NamedTuple
 
 from edgeprefill.sdk.reasoning_split import partial_suffix
+from edgeprefill.server import json_numbers
+from edgeprefill.server.json_numbers import WrittenNumber
 
 
 class ToolCall(NamedTuple):
@@ -75,8 +87,7 @@ def new_call(name: str, arguments: Any, short_id: bool = False,
              given_id: Any = None) -> ToolCall:
     """`short_id`: Mistral's templates refuse any id but 9 letters or digits (and its
     models write their own, kept when they are such)."""
-    text = arguments if isinstance(arguments, str) else json.dumps(arguments,
-                                                                    ensure_ascii=False)
+    text = arguments if isinstance(arguments, str) else json_numbers.dumps(arguments)
     if short_id:
         valid = isinstance(given_id, str) and len(given_id) == 9 and given_id.isalnum()
         return ToolCall(name, text, given_id if valid else uuid.uuid4().hex[:9])
@@ -91,7 +102,7 @@ def _call_from(obj: Any, argument_keys: tuple[str, ...], short_id: bool = False
     arguments = next((obj[k] for k in argument_keys if k in obj), {})
     if isinstance(arguments, str):  # some models double-encode: accept it if it is JSON
         try:
-            arguments = json.loads(arguments)
+            arguments = json_numbers.loads(arguments)
         except ValueError:
             return None
     if not isinstance(arguments, dict):
@@ -206,7 +217,8 @@ class TaggedParser(ToolParser):
     def calls(self, body: str) -> list[ToolCall] | None:
         """The calls between one open and close tag, or None if it is not calls."""
         try:
-            call = _call_from(json.loads(body), self.argument_keys, self.short_ids)
+            call = _call_from(json_numbers.loads(body), self.argument_keys,
+                              self.short_ids)
         except ValueError:
             return None
         return None if call is None else [call]
@@ -224,9 +236,12 @@ class PythonicParser(TaggedParser):
     close_tag = "<|tool_call_end|>"
     head = re.compile(r"(?!)")  # never streams arguments
 
+    source = ""  # the calls' text, where their literals are read (`_literal`)
+
     def calls(self, body: str) -> list[ToolCall] | None:
+        self.source = body.strip()
         try:
-            tree = ast.parse(body.strip(), mode="eval").body
+            tree = ast.parse(self.source, mode="eval").body
         except (SyntaxError, ValueError, RecursionError, MemoryError):
             return None
         nodes = tree.elts if isinstance(tree, ast.List) else [tree]
@@ -236,13 +251,13 @@ class PythonicParser(TaggedParser):
     def _call(self, node: ast.expr) -> ToolCall | None:
         try:
             if isinstance(node, ast.Dict):  # a JSON call object
-                return _call_from(_literal(node), ("arguments", "parameters"))
+                return _call_from(_literal(node, self.source), ("arguments", "parameters"))
             if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Name):
                 return None
             names = [k.arg for k in node.keywords]
             if node.args or None in names or len(set(names)) != len(names):
                 return None  # positional arguments, **kwargs, or a name twice
-            arguments = {k.arg: _literal(k.value) for k in node.keywords}
+            arguments = {k.arg: _literal(k.value, self.source) for k in node.keywords}
             return new_call(node.func.id, arguments)
         except (TypeError, ValueError):  # not a literal, or one JSON cannot hold (a set)
             return None
@@ -305,35 +320,78 @@ def _typed(value: str, schema: Any) -> Any:
         if kind == "integer":
             return int(text)
         if kind == "number":
-            number = float(text)
-            return int(number) if number.is_integer() and "." not in text and "e" not in \
-                text.lower() else number
+            return _xml_number(text)
         if kind == "boolean":
             return {"true": True, "false": False}[text.lower()]
-        return json.loads(text)
+        return json_numbers.loads(text)
     except (ValueError, KeyError):
         pass
     try:
-        return ast.literal_eval(text)
+        return _literal(ast.parse(text, mode="eval").body, text)
     except (ValueError, SyntaxError, RecursionError, MemoryError):
         return value
 
 
-class _JsonNames(ast.NodeTransformer):
-    """JSON's true, false and null as the Python constants the model meant."""
+def _xml_number(text: str) -> Any:
+    """A number parameter's value: JSON's number (a float cannot hold: kept as written),
+    else Python's reading of it ("+5", "1_000"), finite; ValueError otherwise (`nan`,
+    `inf`: JSON has no such number)."""
+    try:
+        return json_numbers.number(text)
+    except ValueError:
+        number = float(text)
+    if not math.isfinite(number):
+        raise ValueError(f"{text!r} is not a JSON number")
+    return int(number) if number.is_integer() and "." not in text and "e" not in \
+        text.lower() else number
+
+
+class _JsonValues(ast.NodeTransformer):
+    """JSON's true, false and null as the Python constants the model meant, and a float
+    literal a float cannot hold (`1e400`, read as inf) as the number it wrote
+    (json_numbers.WrittenNumber) in JSON's spelling, its sign included."""
 
     VALUES = {"true": True, "false": False, "null": None}
+
+    def __init__(self, source: str) -> None:
+        self.source = source
 
     def visit_Name(self, node: ast.Name) -> ast.AST:
         if node.id in self.VALUES:
             return ast.copy_location(ast.Constant(self.VALUES[node.id]), node)
         return node
 
+    def visit_Constant(self, node: ast.Constant) -> ast.AST:
+        if not isinstance(node.value, float) or (math.isfinite(node.value) and node.value):
+            return node  # a float that holds its literal (inf or 0.0 may not)
+        text = ast.get_source_segment(self.source, node)
+        if text is None:
+            return node
+        written = json_numbers.loads(_json_spelling(text))
+        return ast.copy_location(ast.Constant(written), node) \
+            if isinstance(written, WrittenNumber) else node
 
-def _literal(node: ast.expr) -> Any:
-    """A Python (or JSON) literal's value; ValueError where it is not one."""
+    def visit_UnaryOp(self, node: ast.UnaryOp) -> ast.AST:
+        node = self.generic_visit(node)  # type: ignore[assignment]
+        value = getattr(node.operand, "value", None)
+        if not isinstance(value, WrittenNumber) or value.text.startswith("-") or \
+                not isinstance(node.op, (ast.USub, ast.UAdd)):
+            return node  # literal_eval reads it, or refuses it as it would a float
+        sign = "-" if isinstance(node.op, ast.USub) else ""
+        return ast.copy_location(ast.Constant(WrittenNumber(sign + value.text)), node)
+
+
+def _json_spelling(text: str) -> str:
+    """A Python float literal (`1_0e400`, `.5e400`) as a JSON number's text."""
+    text = text.replace("_", "")
+    return text if json_numbers.JSON_NUMBER.fullmatch(text) else str(Decimal(text))
+
+
+def _literal(node: ast.expr, source: str) -> Any:
+    """A Python (or JSON) literal's value, `node` read from `source`; ValueError where it
+    is not one."""
     try:
-        return ast.literal_eval(_JsonNames().visit(node))
+        return ast.literal_eval(_JsonValues(source).visit(node))
     except (SyntaxError, RecursionError, MemoryError) as err:
         raise ValueError("not a literal") from err
 
@@ -452,7 +510,7 @@ class MistralParser(WholeReplyParser):
     def calls(self, text: str) -> list[ToolCall] | None:
         text = text.removeprefix("[TOOL_CALLS]").strip()
         try:
-            value = json.loads(text)
+            value = json_numbers.loads(text)
         except ValueError:
             return None
         values = value if isinstance(value, list) else [value]
@@ -471,7 +529,7 @@ class ForcedNamedParser(WholeReplyParser):
 
     def calls(self, text: str) -> list[ToolCall] | None:
         try:
-            arguments = json.loads(text)
+            arguments = json_numbers.loads(text)
         except ValueError:
             return None
         if not isinstance(arguments, dict):
@@ -523,7 +581,7 @@ PARSERS: dict[str, type[ToolParser]] = {
 def _json_values(text: str, separators: str) -> list[Any] | None:
     """JSON values one after another, optionally separated by `separators`; None if
     anything else is in the text."""
-    decoder = json.JSONDecoder()
+    decoder = json_numbers.DECODER
     values, at = [], 0
     skip = re.compile(rf"[\s{re.escape(separators)}]*")
     while True:
