@@ -365,8 +365,8 @@ class _JsonValues(ast.NodeTransformer):
         if not isinstance(node.value, float) or (math.isfinite(node.value) and node.value):
             return node  # a float that holds its literal (inf or 0.0 may not)
         text = ast.get_source_segment(self.source, node)
-        if text is None:
-            return node
+        if text is None:  # no position to read its text from: not a number kept as inf
+            raise ValueError("a number a float cannot hold, its text unknown")
         written = json_numbers.loads(_json_spelling(text))
         return ast.copy_location(ast.Constant(written), node) \
             if isinstance(written, WrittenNumber) else node
