@@ -81,6 +81,19 @@ def kv_slot_bytes(model: ModelInfo, capacity: int, dtype: np.dtype | str,
     return per_position * capacity * int(np.dtype(dtype).itemsize) + state_bytes
 
 
+def warm_up_prefill(length: int) -> StepBatch:
+    """A warm-up's prefill: `length` tokens into slot 0 from position 0."""
+    return StepBatch(np.zeros((1, length), np.int64), np.zeros(1, np.int32),
+                     np.full(1, length, np.int32), 0)
+
+
+def warm_up_decode(rows: int) -> StepBatch:
+    """A warm-up's decode step: a first token in each of slots 0..rows-1 (at position 0, so
+    it attends to nothing it did not write)."""
+    return StepBatch(np.zeros((rows, 1), np.int64), np.zeros(rows, np.int32),
+                     np.ones(rows, np.int32), 0)
+
+
 class Backend(ABC):
     """Loads a bundle's graph for a device and runs steps. Implementations are small."""
 
@@ -140,11 +153,7 @@ class Backend(ABC):
         default one prefill chunk of `length` tokens into slot 0 and one decode step of a
         first token in every slot. Their K/V is garbage no request reads: no slot records
         it, and a request writes each position it attends to before it does."""
-        return [StepBatch(np.zeros((1, length), np.int64), np.zeros(1, np.int32),
-                          np.full(1, length, np.int32), 0),
-                StepBatch(np.zeros((slots, 1), np.int64),
-                          np.zeros(slots, np.int32),  # attends to nothing it did not write
-                          np.ones(slots, np.int32), 0)]
+        return [warm_up_prefill(length), warm_up_decode(slots)]
 
     @abstractmethod
     def run(self, step: StepBatch) -> np.ndarray:

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from edgeprefill.engines.base import StepBatch
+from edgeprefill.engines.base import StepBatch, warm_up_decode, warm_up_prefill
 
 PAD_ID = 0  # any id inside the vocabulary: padded positions are masked
 
@@ -33,9 +33,11 @@ def padded(step: StepBatch, buckets: Sequence[int], capacity: int) -> StepBatch:
     the capacity for every row; a decode step (chunk 1), a chunk of a bucket's width and a
     chunk no bucket fits as they are."""
     width = step.chunk
+    if width == 1:  # every decode step: nothing to look at
+        return step
     end = int(step.past_lens.max())
     fitting = [b for b in sorted(buckets) if width <= b and end + b <= capacity]
-    if width == 1 or not fitting or fitting[0] == width:
+    if not fitting or fitting[0] == width:
         return step
     ids = np.full((step.rows, fitting[0]), PAD_ID, np.int64)
     ids[:, :width] = step.input_ids
@@ -46,9 +48,5 @@ def warm_up_steps(buckets: Sequence[int], capacity: int, slots: int) -> list[Ste
     """A prefill of each bucket that fits the capacity, into slot 0, and a decode step of
     each width 1..slots from slot 0: every shape `padded` steps and the decode rows take.
     The K/V they write is garbage no request reads (no slot records it)."""
-    prefills = [StepBatch(np.zeros((1, b), np.int64), np.zeros(1, np.int32),
-                          np.full(1, b, np.int32), 0)
-                for b in sorted(buckets) if b <= capacity]
-    decodes = [StepBatch(np.zeros((rows, 1), np.int64), np.zeros(rows, np.int32),
-                         np.ones(rows, np.int32), 0) for rows in range(1, slots + 1)]
-    return prefills + decodes
+    prefills = [warm_up_prefill(b) for b in sorted(buckets) if b <= capacity]
+    return prefills + [warm_up_decode(rows) for rows in range(1, slots + 1)]
