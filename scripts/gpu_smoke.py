@@ -18,8 +18,9 @@ part by part, one line each (`ok`, `SKIP` with the reason, or `FAIL` with the re
   fp16          an fp16 bundle's fp16 engine against the CPU; a float32 bundle at fp16 refused
   odd-capacity  an odd --capacity is rounded so every KV slot is 256-byte aligned, and runs
   ort-cuda      ONNX Runtime's CUDA provider with the device KV arena: the standard flavour
-                at fp32 and fp16, the ort flavour at fp16 (fp32 is refused) and an int4
-                bundle at fp16 (against its float32 twin), where nodes ran
+                at fp32 and fp16, the ort flavour at fp16 (fp32 is refused), an int4
+                bundle at fp16 (against its float32 twin) and an int8 one (against itself
+                on the CPU), where nodes ran
 
 Without a GPU (or TensorRT, or onnxruntime-gpu) the parts that need it print `SKIP` and the
 script exits 0; it exits 1 when a part fails. docs/jetson.md says what each failure means.
@@ -252,21 +253,23 @@ class Bundles:
 
     def __init__(self, root: Path) -> None:
         self.root = root
-        self.made: dict[tuple[str, str, bool], Path] = {}
+        self.made: dict[tuple[str, str, str | None], Path] = {}
 
-    def get(self, flavor: str = "standard", dtype: str = "fp32", int4: bool = False) -> Path:
-        """`int4`: `--quantize int4` at accuracy level 0 (float activations), whose float32
-        and float16 bundles compute with the very same weights (export/quantize.py)."""
-        key = (flavor, dtype, int4)
+    def get(self, flavor: str = "standard", dtype: str = "fp32",
+            quant: str | None = None) -> Path:
+        """`quant`: `--quantize int4` or `int8` at accuracy level 0 (float activations). An
+        int4 bundle's float32 and float16 forms compute with the very same weights
+        (export/quantize.py); an int8 one's do not (float32: DynamicQuantizeMatMul)."""
+        key = (flavor, dtype, quant)
         if key not in self.made:
             from edgeprefill.export.exporter import ExportOptions, export
             from edgeprefill.export.quantize import QuantConfig
 
-            out = self.root / f"tiny-{flavor}-{dtype}{'-int4' if int4 else ''}"
+            out = self.root / f"tiny-{flavor}-{dtype}{'-' + quant if quant else ''}"
             export(TINY_MODEL, out, ExportOptions(
                 flavor=flavor, dtype=dtype, chunks=CHUNKS, max_context=MAX_CONTEXT,
                 overwrite=True, show_progress=False,
-                quant=QuantConfig("int4", accuracy_level=0) if int4 else None))
+                quant=QuantConfig(quant, accuracy_level=0) if quant else None))
             self.made[key] = out
         return self.made[key]
 
@@ -400,15 +403,15 @@ def ort_cuda(bundles: Bundles, max_batch: int) -> str:
     (fp16 against the same weights in float32); every combination runs, then the first
     that failed is raised with the others' lines."""
     lines, failed = [], []
-    for flavor, dtype, int4 in (("standard", "fp32", False), ("standard", "fp16", False),
-                                ("ort", "fp32", False), ("ort", "fp16", False),
-                                ("ort", "fp16", True)):
-        name = f"{flavor} {dtype}{' int4' if int4 else ''}"
+    for flavor, dtype, quant in (("standard", "fp32", None), ("standard", "fp16", None),
+                                 ("ort", "fp32", None), ("ort", "fp16", None),
+                                 ("ort", "fp16", "int4"), ("ort", "fp16", "int8")):
+        name = f"{flavor} {dtype}{' ' + quant if quant else ''}"
         if (flavor, dtype) == ("ort", "fp32"):
             lines.append(f"ort fp32: {ort_fp32_refused(bundles)}")
             continue
         try:
-            lines.append(f"{name}: {ort_cuda_one(bundles, flavor, dtype, max_batch, int4)}")
+            lines.append(f"{name}: {ort_cuda_one(bundles, flavor, dtype, max_batch, quant)}")
         except Exception as err:  # noqa: BLE001 - each combination reports on its own
             failed.append(f"{name} FAILED: {type(err).__name__}: {err}")
             traceback.print_exc(file=sys.stderr)
@@ -433,15 +436,17 @@ def ort_fp32_refused(bundles: Bundles) -> str:
 
 
 def ort_cuda_one(bundles: Bundles, flavor: str, dtype: str, max_batch: int,
-                 int4: bool = False) -> str:
+                 quant: str | None = None) -> str:
     from edgeprefill.bundle import load_manifest
     from edgeprefill.engines.ort.backend import OnnxRuntimeBackend
     from edgeprefill.engines.ort.providers import CUDA_EP, placement
 
-    bundle = bundles.get(flavor, dtype, int4)
+    bundle = bundles.get(flavor, dtype, quant)
     gpu = OnnxRuntimeBackend(bundle, load_manifest(bundle), BackendOptions(device="cuda"))
+    # The CPU reference: the float32 twin, or for int8 the very bundle (no float32 twin)
+    twin = bundle if quant == "int8" else bundles.get(flavor, "fp32", quant)
     try:
-        summary = compare(gpu, cpu_backend(bundles.get(flavor, "fp32", int4)), MAX_CONTEXT,
+        summary = compare(gpu, cpu_backend(twin), MAX_CONTEXT,
                           max_batch, TOLERANCE[dtype])
         # The arena's class says the KV cache lived in device memory (ort/arena.py).
         arena = type(gpu.arena).__name__ if gpu.arena is not None else "no arena"

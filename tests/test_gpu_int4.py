@@ -8,7 +8,13 @@ Families: a dense transformer, a hybrid with device-resident states, and one bun
 kind of graph tests/test_gpu_families.py runs (experts written out one MatMulNBits each, as
 fp16 bundles keep them: export/moe_op.py; Gemma 4's per-layer table, whose width is not a
 whole number of blocks in the fixture), at the default accuracy level (the CUDA kernel
-computes in float16 at any level: measured on an H200), and the dense one at level 0."""
+computes in float16 at any level: measured on an H200), and the dense one at level 0.
+
+int8 bundles at fp16 (`--quantize int8 --dtype fp16`: MatMulNBits and GatherBlockQuantized
+with bits 8) have no float32 twin (a float32 int8 bundle is DynamicQuantizeMatMul's per
+channel weights): CUDA runs the very bundle the CPU runs, at level 0, whose logits
+tests/test_int8_fp16.py checks against transformers on the dequantized weights. Written
+before a GPU ran them (stop 49): ONNX Runtime has had an 8-bit CUDA MatMulNBits since 1.22."""
 
 from __future__ import annotations
 
@@ -38,11 +44,11 @@ CASES = [("llama", 0), *(pytest.param(family, 4, marks=SPARSE_GATE)
 LEVELS = {0: 2e-2, 4: 5e-2}
 
 
-def _export(hf_dir, out, dtype: str, level: int):
+def _export(hf_dir, out, dtype: str, level: int, kind: str = "int4"):
     try:
         export(hf_dir, out, ExportOptions(dtype=dtype, chunks=(16, 32), max_context=CAPACITY,
                                           show_progress=False,
-                                          quant=QuantConfig("int4", 32, accuracy_level=level)))
+                                          quant=QuantConfig(kind, 32, accuracy_level=level)))
     except ExportError as refused:  # a bundle export does not make is not the GPU's to run
         pytest.skip(f"export refuses it: {refused}")
     return out
@@ -57,4 +63,14 @@ def test_cuda_runs_an_fp16_int4_bundle_as_the_cpu_runs_its_float32_twin(
     worst, off_gpu = cuda_against_cpu(gpu_dir, cpu_dir, record_property)
     print(f"{family} level {level}: {worst:.2e} of the scale; off the GPU: {dict(off_gpu)}")
     assert worst <= LEVELS[level], f"{worst:.2e} of the logits' scale"
+    assert set(off_gpu) <= SHAPE_OPS, f"left the GPU: {dict(off_gpu)}"
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3_5_text", *FAMILIES])
+def test_cuda_runs_an_fp16_int8_bundle_as_the_cpu_runs_it(hf_model, tmp_path,
+                                                         record_property, family):
+    bundle = _export(hf_model(family), tmp_path / "b", "fp16", 0, "int8")
+    worst, off_gpu = cuda_against_cpu(bundle, bundle, record_property)
+    print(f"{family} int8: {worst:.2e} of the scale; off the GPU: {dict(off_gpu)}")
+    assert worst <= LEVELS[0], f"{worst:.2e} of the logits' scale"
     assert set(off_gpu) <= SHAPE_OPS, f"left the GPU: {dict(off_gpu)}"

@@ -51,10 +51,11 @@ def _list_models(ctx: click.Context, param: click.Parameter, value: bool) -> Non
               help="Positions per session (prompt + reply). Default: the model's, capped at 4096.")
 @click.option("--quantize", type=click.Choice(["int8", "int4"]), default=None,
               help="Quantize linear-layer weights: int8 (dynamic int8 activations, the "
-                   "prefill lever) or int4 (weight-only, the decode lever). ort flavour; "
-                   "int4 also at --dtype fp16, the GPU's (CUDA provider).")
+                   "CPU's prefill lever) or int4 (weight-only, the decode lever). ort "
+                   "flavour. At --dtype fp16 (the GPU's: CUDA provider) both are weight-only "
+                   "blocks (MatMulNBits).")
 @click.option("--block-size", type=int, default=32, show_default=True,
-              help="int4: weights per scale.")
+              help="int4, and int8 at --dtype fp16: weights per scale.")
 @click.option("--accuracy-level", type=click.IntRange(0, 4), default=4, show_default=True,
               help="int4: MatMulNBits compute type. 4: int8 activations (faster decode; "
                    "on the CPU prefill runs int8 GEMMs derived at load, see "

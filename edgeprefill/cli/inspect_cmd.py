@@ -192,7 +192,8 @@ def _head_line(proto, graph, native: bool) -> str:
     from edgeprefill.cli.tables import head_kind, head_line
 
     line = head_line(proto)
-    if head_kind(proto) == "int8" and graph.quantization != "int8":
+    if (head_kind(proto) == "int8" and graph.quantization != "int8"
+            and graph.dtype == "float32"):
         from edgeprefill.engines.ort.int8_rows import describe as describe_int8
 
         line += f"; here {describe_int8(native)}"
@@ -222,6 +223,8 @@ def _int8_line(graph, native: bool) -> list[str]:
     """int8 bundles: what their projections run here (engines.ort.int8_rows)."""
     if graph.quantization != "int8" or graph.flavor != "ort":
         return []
+    if graph.dtype != "float32":
+        return ["int8        MatMulNBits (8-bit weights in blocks, float16 activations)"]
     from edgeprefill.engines.ort.int8_rows import describe as describe_int8
 
     return [f"int8        {describe_int8(native)}"]
@@ -294,6 +297,8 @@ def _quantized_ops(graph, native: bool, head: str | None) -> set[str]:
     only as a stock op: an int8 one in an int4 bundle where MatMulInt8 does not run)."""
     from edgeprefill.engines.ort import int4_decode, int4_prefill, int8_rows
 
+    if graph.dtype != "float32":  # blocks (MatMulNBits) at any bits; no native kernels
+        return {"MatMulNBits"} if graph.quantization else set()
     per_row = int8_rows.why_not(native) is None  # MatMulInt8 runs
     if head == "int8" and graph.quantization == "int4" and not per_row:
         return {"DynamicQuantizeMatMul"} | _quantized_ops(graph, native, None)

@@ -4,8 +4,8 @@ its graph (so bundles exported before `--lm-head` and `--embeddings all` are des
 The token tables are the Gather / GatherBlockQuantized nodes on an initializer whose
 indices come from the ids input (the main table, Gemma 4's per-layer one; not GPT-2's
 positions). The LM head is the node reading the initializer the exporter names
-`lm_head.weight` (float Gemm), `lm_head.int8` (DynamicQuantizeMatMul) or `lm_head.int4`
-(MatMulNBits): export/decoder.py's `_lm_head`.
+`lm_head.weight` (float Gemm), `lm_head.int8` (DynamicQuantizeMatMul; MatMulNBits with
+bits 8 in a float16 bundle) or `lm_head.int4` (MatMulNBits): export/decoder.py's `_lm_head`.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from edgeprefill.contract import INPUT_IDS
 
 HEAD_WEIGHTS = ("lm_head.weight", "lm_head.int8", "lm_head.int4")
 TABLE_OPS = ("Gather", "GatherBlockQuantized")
-QUANTIZED = {"MatMulNBits": "int4", "DynamicQuantizeMatMul": "int8"}
+QUANTIZED = ("MatMulNBits", "DynamicQuantizeMatMul")
 TERNARY = ".ternary"  # BitNet's ternary projection weights (export/bitlinear.py)
 TERNARY_OPS = {"MatMulInteger": "MatMulInteger on each token's int8 codes: exact int32 sums",
                "DequantizeLinear": "DequantizeLinear into the float MatMul: exact float sums"}
@@ -29,8 +29,10 @@ def head_kind(graph: GraphProto) -> str | None:
     node = _head(graph)
     if node is None:
         return None
+    if node.op_type == "MatMulNBits":
+        return f"int{_attribute(node, 'bits', 4)}"
     if node.op_type in QUANTIZED:
-        return QUANTIZED[node.op_type]
+        return "int8"
     return _float(next(t for t in graph.initializer if t.name in node.input))
 
 
@@ -39,8 +41,9 @@ def head_line(graph: GraphProto) -> str:
     node, kind = _head(graph), head_kind(graph)
     if node is None:
         return "lm head     not found in the graph"
-    how = {"int4": f", {_blocks(node)}", "int8": ", one scale per vocabulary row"}
-    return f"lm head     {kind} ({node.op_type}{how.get(kind or '', '')})"
+    how = (f", {_blocks(node)}" if node.op_type == "MatMulNBits"
+           else ", one scale per vocabulary row" if kind == "int8" else "")
+    return f"lm head     {kind} ({node.op_type}{how})"
 
 
 def ternary_line(graph: GraphProto) -> list[str]:
@@ -88,7 +91,8 @@ def _described(node: NodeProto, initializers: dict[str, TensorProto]) -> str:
         return f"{data} {_float(initializers[data])} (Gather)"
     bits = _attribute(node, "bits", 4)
     name = data.removesuffix(f".int{bits}")
-    block = (_blocks(node) if bits == 4 else "one scale per row")
+    per_row = list(initializers[node.input[2]].dims)[1:] == [1]  # scales [rows, blocks]
+    block = "one scale per row" if per_row else _blocks(node)
     return f"{name} int{bits} ({node.op_type}, {block})"
 
 

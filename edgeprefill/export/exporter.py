@@ -69,7 +69,7 @@ class ExportOptions:
     max_context: int | None = None  # default: the model's max positions, capped at 4096
     overwrite: bool = False
     show_progress: bool = True
-    quant: QuantConfig | None = None  # weight quantization (ort flavour; fp16: int4 only)
+    quant: QuantConfig | None = None  # weight quantization (ort flavour)
     adapter: Path | None = None  # a PEFT LoRA adapter folder, merged into the weights
 
     def __post_init__(self) -> None:
@@ -79,27 +79,19 @@ class ExportOptions:
         if not self.chunks or any(c < 1 for c in self.chunks):
             raise ExportError(f"chunk sizes must be positive integers, got {self.chunks}")
         if self.quant is not None:
-            _check_quantized(self.quant, self.flavor, self.dtype)
+            _check_quantized(self.quant, self.flavor)
         if self.max_context is not None and self.max_context < 2:
             raise ExportError(f"--max-context must be at least 2, got {self.max_context}")
 
 
-def _check_quantized(quant: QuantConfig, flavor: str, dtype: str) -> None:
-    """Quantized weights are com.microsoft ops (the `ort` flavour). An fp16 bundle (a GPU's)
-    is int4 only: MatMulNBits and GatherBlockQuantized take float16 activations and scales,
-    on the CPU and CUDA alike; int8's DynamicQuantizeMatMul (the CPU's prefill lever) takes
-    float32 only, and neither ONNX Runtime's CUDA provider nor TensorRT has it."""
+def _check_quantized(quant: QuantConfig, flavor: str) -> None:
+    """Quantized weights are com.microsoft ops (the `ort` flavour). A float16 bundle's (a
+    GPU's) int8 weights are MatMulNBits' 8-bit blocks, not DynamicQuantizeMatMul's
+    (float32-only: the CPU's prefill lever), as they are for ONNX Runtime's CUDA provider
+    (export/quantize.py)."""
     if flavor != "ort":
         raise ExportError("quantization needs --flavor ort (its quantized ops are ONNX "
                           "Runtime's)")
-    if dtype == "fp32":
-        return
-    if quant.kind != "int4":
-        raise ExportError(f"--quantize {quant.kind} needs --dtype fp32 (int8 is the CPU's "
-                          "prefill lever); with --dtype fp16, as for a GPU, use --quantize int4")
-    if quant.head_kind == "int8":
-        raise ExportError("--lm-head int8 needs --dtype fp32; an fp16 int4 bundle's LM head "
-                          "is int4 or float")
 
 
 def export(hf_dir: str | Path, out_dir: str | Path, options: ExportOptions) -> Manifest:

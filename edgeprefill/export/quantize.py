@@ -6,6 +6,10 @@
   quarter of the fp32 bytes per decode step.
 - int4: blockwise symmetric 4-bit weights (`com.microsoft.MatMulNBits`), activations in
   float: an eighth of the fp32 bytes per decode step, the decode (bandwidth) lever.
+- int8 in a float16 bundle (a GPU's): blockwise symmetric 8-bit weights, MatMulNBits with
+  bits 8 (DynamicQuantizeMatMul is float32-only, and neither ONNX Runtime's CUDA provider
+  nor TensorRT has it): half the float16 bytes per decode step, int4's blocks and scales
+  with 8-bit codes.
 
 Every projection (`GraphWeights.linear`) and the LM head is quantized (the head at int8 or
 float instead where `QuantConfig.head` says), and so are the embedding tables a Gather reads
@@ -118,6 +122,30 @@ def int4_blockwise(w_out_in: np.ndarray, block: int) -> tuple[np.ndarray, np.nda
     return packed, scale.reshape(-1).astype(np.float32)
 
 
+def int8_blockwise(w_out_in: np.ndarray, block: int) -> tuple[np.ndarray, np.ndarray]:
+    """W [out, in] float -> (uint8 [out, blocks, block], float32 scales [out * blocks]),
+    MatMulNBits' 8-bit layout: int4_blockwise's blocks with one byte per value, symmetric
+    -127..127 stored plus 128 (the op's implicit zero point for 8 bits)."""
+    w = w_out_in.astype(np.float32)
+    rows, cols = w.shape
+    blocks = -(-cols // block)
+    padded = np.zeros((rows, blocks * block), np.float32)
+    padded[:, :cols] = w
+    grouped = padded.reshape(rows, blocks, block)
+    scale = np.abs(grouped).max(axis=2) / 127.0
+    scale[scale == 0] = 1.0
+    scale = half_exact(scale)
+    q = np.clip(np.rint(grouped / scale[:, :, None]), -127, 127) + 128
+    return q.astype(np.uint8), scale.reshape(-1).astype(np.float32)
+
+
+def int8_dequantize(data: np.ndarray, scales: np.ndarray, cols: int) -> np.ndarray:
+    """Inverse of int8_blockwise (for tests and accuracy reports): [out, in] float32."""
+    rows, blocks, block = data.shape
+    w = (data.astype(np.float32) - 128) * scales.reshape(rows, blocks)[:, :, None]
+    return w.reshape(rows, -1)[:, :cols]
+
+
 def half_exact(scale: np.ndarray) -> np.ndarray:
     """Each int4 scale rounded to the nearest float16 value where that is a normal float16
     (else kept: a subnormal one would lose relative precision). The bundle stores float32
@@ -162,6 +190,16 @@ def int8_rows(table: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     scale[scale == 0] = 1.0
     data = (np.clip(np.rint(w / scale), -127, 127) + 128).astype(np.uint8)
     return data, scale.astype(np.float32)
+
+
+def int8_block_rows(table: np.ndarray, block: int) -> tuple[np.ndarray, np.ndarray]:
+    """An embedding table [rows, width] -> GatherBlockQuantized's 8-bit operands in blocks
+    (a float16 bundle's, as its projections have): uint8 [rows, blocks * block]
+    (int8_blockwise's bytes, whole blocks, as int4_rows says why) and float32 scales
+    [rows, blocks]."""
+    rows = table.shape[0]
+    data, scales = int8_blockwise(table, block)
+    return np.ascontiguousarray(data.reshape(rows, -1)), scales.reshape(rows, -1)
 
 
 def in_row_chunks(quantize, table: np.ndarray, rows: int = 8192) -> tuple[np.ndarray, ...]:

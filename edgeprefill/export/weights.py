@@ -20,6 +20,8 @@ from edgeprefill.export.quantize import (
     in_row_chunks,
     int4_blockwise,
     int4_rows,
+    int8_block_rows,
+    int8_blockwise,
     int8_per_channel,
     int8_rows,
 )
@@ -71,21 +73,24 @@ class GraphWeights:
     def quantized_matmul(self, x: str, name: str, k: int, n: int, out_in,
                          kind: str | None = None) -> str:
         """x @ W^T with W quantized as `kind` (default: the bundle's; the LM head's may
-        differ, QuantConfig.head)."""
+        differ, QuantConfig.head): int8 in a float32 bundle per output channel
+        (DynamicQuantizeMatMul, the CPU's int8 GEMMs), else blockwise (MatMulNBits)."""
         g, q = self.g, self.quant
-        if (kind or q.kind) == "int8":
+        bits = 8 if (kind or q.kind) == "int8" else 4
+        if bits == 8 and self.dtype == np.float32:
             parts = self.memoized(name, lambda: int8_per_channel(out_in().T))
             weight = g.weight(name + ".int8", (k, n), np.int8, lambda: parts()[0])
             scale = g.weight(name + ".scale", (n,), np.float32, lambda: parts()[1])
             return g.op("DynamicQuantizeMatMul", [x, weight, scale], domain="com.microsoft")
+        blockwise = int8_blockwise if bits == 8 else int4_blockwise
         blocks = -(-k // q.block_size)
-        parts = self.memoized(name, lambda: int4_blockwise(out_in(), q.block_size))
-        weight = g.weight(name + ".int4", (n, blocks, q.block_size // 2), np.uint8,
-                          lambda: parts()[0])
+        parts = self.memoized(name, lambda: blockwise(out_in(), q.block_size))
+        weight = g.weight(name + f".int{bits}", (n, blocks, q.block_size * bits // 8),
+                          np.uint8, lambda: parts()[0])
         scale = g.weight(name + ".scale", (n * blocks,), self.dtype,
                          lambda: parts()[1].astype(self.dtype))
         return g.op(
-            "MatMulNBits", [x, weight, scale], domain="com.microsoft", K=k, N=n, bits=4,
+            "MatMulNBits", [x, weight, scale], domain="com.microsoft", K=k, N=n, bits=bits,
             block_size=q.block_size, accuracy_level=q.accuracy_level,
         )
 
@@ -189,22 +194,24 @@ class GraphWeights:
             return g.op("Gather", [self.tensor(name), indices])
         vocab, width = self.shape(name)
         table = lambda: self.ckpt.get(name, np.float32)  # noqa: E731
-        if q.kind == "int8":
+        bits = int(q.kind[3:])
+        if bits == 8 and self.dtype == np.float32:  # one scale per row, as the projections'
             parts = self.memoized(name, lambda: in_row_chunks(int8_rows, table()))
             block, data_shape, blocks = 16, (vocab, width), 1
             while block < width:  # one block spans the row: one scale per row
                 block *= 2
         else:  # whole blocks, the padding sliced off below (quantize.int4_rows says why)
+            blockwise = int8_block_rows if bits == 8 else int4_rows
             parts = self.memoized(name, lambda: in_row_chunks(
-                lambda t: int4_rows(t, q.block_size), table()))
+                lambda t: blockwise(t, q.block_size), table()))
             block, blocks = q.block_size, -(-width // q.block_size)
-            data_shape = (vocab, blocks * block // 2)
+            data_shape = (vocab, blocks * block * bits // 8)
         data = g.weight(name + f".{q.kind}", data_shape, np.uint8, lambda: parts()[0])
         scale = g.weight(name + ".scale", (vocab, blocks), self.dtype,
                          lambda: parts()[1].astype(self.dtype))
         rows = g.op("GatherBlockQuantized", [data, indices, scale], domain="com.microsoft",
-                    gather_axis=0, quantize_axis=1, block_size=block, bits=int(q.kind[3:]))
-        if q.kind == "int4" and width % block:
+                    gather_axis=0, quantize_axis=1, block_size=block, bits=bits)
+        if data_shape[1] * 8 // bits > width:
             rows = g.op("Slice", [rows, g.const([0]), g.const([width]), g.const([-1])])
         return rows
 
