@@ -107,36 +107,37 @@ def int4_blockwise(w_out_in: np.ndarray, block: int) -> tuple[np.ndarray, np.nda
     """W [out, in] float -> (uint8 [out, blocks, block/2], float32 scales [out * blocks]),
     the MatMulNBits layout: per output row, blocks along the input dimension, two 4-bit
     values per byte (even index in the low nibble), stored with an implicit zero point 8."""
-    w = w_out_in.astype(np.float32)
-    rows, cols = w.shape
-    blocks = -(-cols // block)
-    padded = np.zeros((rows, blocks * block), np.float32)
-    padded[:, :cols] = w
-    grouped = padded.reshape(rows, blocks, block)
     # Symmetric -7..7 (the code -8 is unused): the largest magnitude is 7 scales.
-    scale = np.abs(grouped).max(axis=2) / 7.0
-    scale[scale == 0] = 1.0
-    scale = half_exact(scale)
-    q = np.clip(np.rint(grouped / scale[:, :, None]), -7, 7).astype(np.int16) + 8
+    q, scale = _symmetric_blocks(w_out_in, block, 7)
+    q = q.astype(np.int16) + 8
     packed = (q[:, :, 0::2] | (q[:, :, 1::2] << 4)).astype(np.uint8)
-    return packed, scale.reshape(-1).astype(np.float32)
+    return packed, scale
 
 
 def int8_blockwise(w_out_in: np.ndarray, block: int) -> tuple[np.ndarray, np.ndarray]:
     """W [out, in] float -> (uint8 [out, blocks, block], float32 scales [out * blocks]),
     MatMulNBits' 8-bit layout: int4_blockwise's blocks with one byte per value, symmetric
     -127..127 stored plus 128 (the op's implicit zero point for 8 bits)."""
+    q, scale = _symmetric_blocks(w_out_in, block, 127)
+    return (q + 128).astype(np.uint8), scale
+
+
+def _symmetric_blocks(w_out_in: np.ndarray, block: int,
+                      levels: int) -> tuple[np.ndarray, np.ndarray]:
+    """W [out, in] -> (codes -levels..levels [out, blocks, block] as float32, float32 scales
+    [out * blocks]): the input dimension padded with zeros to whole blocks, each block's
+    largest magnitude `levels` scales (half_exact)."""
     w = w_out_in.astype(np.float32)
     rows, cols = w.shape
     blocks = -(-cols // block)
     padded = np.zeros((rows, blocks * block), np.float32)
     padded[:, :cols] = w
     grouped = padded.reshape(rows, blocks, block)
-    scale = np.abs(grouped).max(axis=2) / 127.0
+    scale = np.abs(grouped).max(axis=2) / float(levels)
     scale[scale == 0] = 1.0
     scale = half_exact(scale)
-    q = np.clip(np.rint(grouped / scale[:, :, None]), -127, 127) + 128
-    return q.astype(np.uint8), scale.reshape(-1).astype(np.float32)
+    q = np.clip(np.rint(grouped / scale[:, :, None]), -levels, levels)
+    return q, scale.reshape(-1).astype(np.float32)
 
 
 def int8_dequantize(data: np.ndarray, scales: np.ndarray, cols: int) -> np.ndarray:
