@@ -192,6 +192,18 @@ def test_a_corrupt_sentencepiece_model_is_refused(tmp_path):
     assert "AutoTokenizer.from_pretrained(dir).save_pretrained(dir)" in output
 
 
+def test_a_tokenizer_class_of_custom_code_is_not_run(tmp_path, bpe_model):
+    folder = tmp_path / "custom"
+    folder.mkdir()
+    shutil.copyfile(bpe_model, folder / "tokenizer.model")
+    (folder / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "BaichuanTokenizer",
+        "auto_map": {"AutoTokenizer": ["tokenization_baichuan.BaichuanTokenizer", None]}}))
+    with pytest.raises(ExportError, match="the checkpoint's own code, which export does "
+                                          "not run .*trust_remote_code=True"):
+        slow_tokenizer.convert(folder)
+
+
 @pytest.mark.parametrize("missing, says", [
     ("transformers", "needs transformers: pip install 'edgeprefill[export]'"),
     ("sentencepiece", "sentencepiece and protobuf packages (pip install sentencepiece "

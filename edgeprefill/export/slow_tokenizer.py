@@ -132,6 +132,9 @@ def _why(hf_dir: Path, source: str, err: Exception) -> str:
         if unreadable is not None:
             return f"sentencepiece cannot read it ({unreadable})"
     text = str(err).strip()
+    if "trust_remote_code" in text:  # tokenizer_config.json's auto_map: Baichuan, InternLM
+        return ("its tokenizer class is the checkpoint's own code, which export does not "
+                "run (add trust_remote_code=True to from_pretrained where you trust it)")
     return text.splitlines()[0] if text else type(err).__name__
 
 
