@@ -7,6 +7,7 @@ object GPT-2's files were written from, are the references. Refusals are one lin
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 import sys
 from pathlib import Path
@@ -31,6 +32,7 @@ CORPUS = [
 # Not the exporter's probes: what the test checks is its own.
 TEXTS = ["Hello there, world!", "a lazy fox 42 times", "résumé 東京 ⚡ Ωmega",
          "tabs\tand  double  spaces ", "unseen: zebra quizzes"]
+MARKER = "<|im_start|>"
 TEMPLATE = "{% for m in messages %}[{{ m.role }}] {{ m.content }}{{ eos_token }}{% endfor %}"
 # As Llama 2's tokenizer.model: no normalization, whitespace kept (SentencePiece's default
 # NFKC and whitespace collapsing are what transformers' Llama conversion drops).
@@ -66,7 +68,10 @@ def llama_config(**extra) -> dict:
 
 @pytest.fixture(scope="module")
 def bpe_model(tmp_path_factory) -> Path:
-    return train_spm(tmp_path_factory.mktemp("spm-bpe"), model_type="bpe", **LLAMA_LIKE)
+    """With a chat marker as a control token (special: the fast tokenizer reads its text as
+    the one token) and a user-defined piece (plain text, always whole)."""
+    return train_spm(tmp_path_factory.mktemp("spm-bpe"), model_type="bpe",
+                     control_symbols=[MARKER], user_defined_symbols=["<tool>"], **LLAMA_LIKE)
 
 
 @pytest.fixture(scope="module")
@@ -90,6 +95,10 @@ def test_a_sentencepiece_checkpoint_splits_text_as_sentencepiece(llama_bundle, b
             # add_bos_token: a text prompt starts with <s>, as transformers' tokenizer's
             assert engine.tokenizer.encode(text) == [reference.bos_id(), *reference.encode(text)]
         assert engine.tokenizer.decode(reference.encode(TEXTS[2])) == TEXTS[2]
+        text = "call <tool> now"
+        assert engine.tokenizer.encode_plain(text) == reference.encode(text)
+        assert engine.tokenizer.encode_plain(f"Hi there{MARKER}") == [
+            *reference.encode("Hi there"), reference.piece_to_id(MARKER)]
 
 
 def test_greedy_generation_runs_as_transformers_does(llama_bundle, llama_slow):
@@ -116,7 +125,7 @@ def test_the_checkpoint_is_left_as_it_was_and_its_template_kept(llama_bundle, ll
     assert text == "[user] hi</s>"
 
 
-def test_a_unigram_model_splits_text_as_sentencepiece(tmp_path):
+def test_a_unigram_model_splits_text_as_sentencepiece(tmp_path, caplog):
     """A Unigram tokenizer.model under the generic fast class (no Llama BPE merges)."""
     model = train_spm(tmp_path, model_type="unigram", hard_vocab_limit=False, **LLAMA_LIKE)
     reference = spm.SentencePieceProcessor(model_file=str(model))
@@ -124,13 +133,16 @@ def test_a_unigram_model_splits_text_as_sentencepiece(tmp_path):
               "eos_token": "</s>", "unk_token": "<unk>"}
     hf = slow_checkpoint(tmp_path, "llama", reference.get_piece_size(),
                          {"tokenizer.model": model}, config)
-    export(hf, tmp_path / "b", OPTIONS)
+    with caplog.at_level(logging.WARNING, logger=slow_tokenizer.__name__):
+        export(hf, tmp_path / "b", OPTIONS)
+    assert "has no tokenizer.json: converted its tokenizer.model with transformers (its " \
+           "ids equal sentencepiece's on 7 probe strings" in caplog.text
     with Engine.load(tmp_path / "b") as engine:
         for text in TEXTS:
             assert engine.tokenizer.encode_plain(text) == reference.encode(text), text
 
 
-def test_gpt2_files_split_text_as_the_tokenizer_they_were_written_from(tmp_path):
+def test_gpt2_files_split_text_as_the_tokenizer_they_were_written_from(tmp_path, caplog):
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     original = Tokenizer(models.BPE())
@@ -147,7 +159,9 @@ def test_gpt2_files_split_text_as_the_tokenizer_they_were_written_from(tmp_path)
               "add_prefix_space": False, "model_max_length": 1024}
     hf = slow_checkpoint(tmp_path, "gpt2", original.get_vocab_size(),
                          {n: files / n for n in ("vocab.json", "merges.txt")}, config)
-    export(hf, tmp_path / "b", OPTIONS)
+    with caplog.at_level(logging.WARNING, logger=slow_tokenizer.__name__):
+        export(hf, tmp_path / "b", OPTIONS)
+    assert "converted its vocab.json + merges.txt with transformers (not checked" in caplog.text
     with Engine.load(tmp_path / "b") as engine:
         for text in [*TEXTS, "end<|endoftext|>"]:
             assert engine.tokenizer.encode(text) == original.encode(text).ids, text
@@ -202,6 +216,18 @@ def test_a_tokenizer_class_of_custom_code_is_not_run(tmp_path, bpe_model):
     with pytest.raises(ExportError, match="the checkpoint's own code, which export does "
                                           "not run .*trust_remote_code=True"):
         slow_tokenizer.convert(folder)
+
+
+def test_without_sentencepiece_the_check_is_skipped_and_said(llama_slow, monkeypatch,
+                                                             caplog):
+    """transformers 5.24 needs sentencepiece to convert a tokenizer.model at all; another
+    reader of it (a tiktoken file) leaves nothing to check against: the log line says so."""
+    converted = slow_tokenizer._converted(llama_slow, "tokenizer.model")
+    monkeypatch.setattr(slow_tokenizer, "_converted", lambda *_: converted)
+    monkeypatch.setitem(sys.modules, "sentencepiece", None)
+    with caplog.at_level(logging.WARNING, logger=slow_tokenizer.__name__):
+        assert slow_tokenizer.convert(llama_slow).tokenizer is converted
+    assert "not checked against sentencepiece, which is not installed" in caplog.text
 
 
 @pytest.mark.parametrize("missing, says", [
