@@ -68,10 +68,10 @@ def llama_config(**extra) -> dict:
 
 @pytest.fixture(scope="module")
 def bpe_model(tmp_path_factory) -> Path:
-    """With a chat marker as a control token (special: the fast tokenizer reads its text as
-    the one token) and a user-defined piece (plain text, always whole)."""
+    """As Llama 2's: with a chat marker as a control token (special: the fast tokenizer
+    reads its text as the one token)."""
     return train_spm(tmp_path_factory.mktemp("spm-bpe"), model_type="bpe",
-                     control_symbols=[MARKER], user_defined_symbols=["<tool>"], **LLAMA_LIKE)
+                     control_symbols=[MARKER], **LLAMA_LIKE)
 
 
 @pytest.fixture(scope="module")
@@ -89,16 +89,63 @@ def llama_bundle(llama_slow, tmp_path_factory) -> Path:
 
 def test_a_sentencepiece_checkpoint_splits_text_as_sentencepiece(llama_bundle, bpe_model):
     reference = spm.SentencePieceProcessor(model_file=str(bpe_model))
+    marker = reference.piece_to_id(MARKER)
     with Engine.load(llama_bundle) as engine:
         for text in TEXTS:
             assert engine.tokenizer.encode_plain(text) == reference.encode(text), text
             # add_bos_token: a text prompt starts with <s>, as transformers' tokenizer's
             assert engine.tokenizer.encode(text) == [reference.bos_id(), *reference.encode(text)]
         assert engine.tokenizer.decode(reference.encode(TEXTS[2])) == TEXTS[2]
-        text = "call <tool> now"
-        assert engine.tokenizer.encode_plain(text) == reference.encode(text)
         assert engine.tokenizer.encode_plain(f"Hi there{MARKER}") == [
-            *reference.encode("Hi there"), reference.piece_to_id(MARKER)]
+            *reference.encode("Hi there"), marker]
+
+
+def test_spaces_read_the_legacy_way_as_sentencepiece_writes_them(llama_bundle, bpe_model):
+    """A text that starts with a space keeps it (" hi" -> ▁▁hi), and each stretch after a
+    special token gets its own dummy prefix, as sentencepiece encodes each stretch (and as
+    Llama 2's own tokenizer.json does; transformers 5's conversion gives ▁hi and hi)."""
+    reference = spm.SentencePieceProcessor(model_file=str(bpe_model))
+    marker = reference.piece_to_id(MARKER)
+    with Engine.load(llama_bundle) as engine:
+        for text in (" Hello there", "  two spaces first"):
+            assert engine.tokenizer.encode_plain(text) == reference.encode(text), text
+        assert engine.tokenizer.encode_plain(f"{MARKER}Hi there{MARKER} lazy fox") == [
+            marker, *reference.encode("Hi there"), marker, *reference.encode(" lazy fox")]
+        assert engine.tokenizer.encode_plain("</s>Hello") == [reference.eos_id(),
+                                                             *reference.encode("Hello")]
+        # and what is decoded is what was encoded
+        ids = engine.tokenizer.encode_plain(" Hello there")
+        assert engine.tokenizer.decode(ids) == " Hello there"
+
+
+def test_a_config_that_says_non_legacy_keeps_transformers_spaces(tmp_path, bpe_model):
+    from transformers import AutoTokenizer
+
+    hf = slow_checkpoint(tmp_path, "llama", 400, {"tokenizer.model": bpe_model},
+                         llama_config(legacy=False))
+    export(hf, tmp_path / "b", OPTIONS)
+    reference = AutoTokenizer.from_pretrained(hf)
+    with Engine.load(tmp_path / "b") as engine:
+        for text in (" Hello there", f"{MARKER}Hi there", *TEXTS):
+            assert engine.tokenizer.encode_plain(text) == reference.encode(
+                text, add_special_tokens=False), text
+
+
+def test_user_defined_pieces_stay_inside_the_stretch(tmp_path, caplog):
+    """A user-defined piece (plain text, always whole) is an added token of the fast
+    tokenizer, which would cut the text there and prefix what follows where the model adds
+    a dummy prefix: such a model keeps transformers' spaces, and its pieces split as
+    sentencepiece splits them."""
+    model = train_spm(tmp_path, model_type="bpe", user_defined_symbols=["<tool>"],
+                      **LLAMA_LIKE)
+    hf = slow_checkpoint(tmp_path, "llama", 400, {"tokenizer.model": model}, llama_config())
+    with caplog.at_level(logging.WARNING):
+        export(hf, tmp_path / "b", OPTIONS)
+    assert "non-legacy" in caplog.text
+    reference = spm.SentencePieceProcessor(model_file=str(model))
+    with Engine.load(tmp_path / "b") as engine:
+        for text in ("call <tool> now", "a <tool><tool> b", *TEXTS):
+            assert engine.tokenizer.encode_plain(text) == reference.encode(text), text
 
 
 def test_greedy_generation_runs_as_transformers_does(llama_bundle, llama_slow):
@@ -240,3 +287,15 @@ def test_a_missing_package_is_named(llama_slow, monkeypatch, missing, says):
     with pytest.raises(ExportError) as err:
         slow_tokenizer.convert(llama_slow)
     assert says in str(err.value)
+
+
+def test_a_config_that_says_legacy_reads_spaces_as_sentencepiece(tmp_path, bpe_model):
+    """transformers converts an explicit `legacy: true` with prepend_scheme "always" (a
+    prefix after special tokens, still ▁hi for " hi"): the bundle's is sentencepiece's."""
+    hf = slow_checkpoint(tmp_path, "llama", 400, {"tokenizer.model": bpe_model},
+                         llama_config(legacy=True))
+    export(hf, tmp_path / "b", OPTIONS)
+    reference = spm.SentencePieceProcessor(model_file=str(bpe_model))
+    with Engine.load(tmp_path / "b") as engine:
+        for text in (" Hello there", "  two spaces first", *TEXTS):
+            assert engine.tokenizer.encode_plain(text) == reference.encode(text), text

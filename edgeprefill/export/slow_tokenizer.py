@@ -10,18 +10,28 @@ and the exporter saves the result into the bundle.
 
 A conversion that splits text otherwise than the tokenizer the model was trained with
 feeds the model ids it never saw, silently. So a SentencePiece conversion is checked
-against the `sentencepiece` package's own encoding of PROBES (and of each of its control
-tokens after text); a difference refuses the export. The probes leave out text that
-starts with a space: transformers' converted Llama tokenizers (Metaspace, prepend_scheme
-"first") add no SentencePiece dummy prefix where the text already begins with one, for
-every checkpoint alike, as the tokenizer.json transformers saves for it does. GPT-2's
-files have no independent implementation to check against: that conversion is
-transformers' byte-level BPE as it stands.
+against the `sentencepiece` package's own encoding of PROBES (and of text beside each of
+its control tokens and user-defined pieces); a difference refuses the export.
+
+Spaces: transformers 5's Llama-style conversion (a Metaspace pre-tokenizer, prepend scheme
+"first") adds no SentencePiece dummy prefix to text that starts with a space (" hi" ->
+▁hi, where sentencepiece writes ▁▁hi) nor to text after a special token ("</s>hi" -> hi,
+not ▁hi): transformers' non-`legacy` reading, whatever tokenizer_config.json says. The
+checkpoints of that era were tokenized the `legacy` way (transformers' default where the
+config does not say `"legacy": false`; Llama 2's own tokenizer.json: a Prepend("▁") +
+Replace(" ", "▁") normalizer on each stretch between special tokens), so there the
+converted tokenizer is rewritten to it (gguf_vocab.sentencepiece_spaces, the GGUF path's
+same fix) and checked on such text too. A config that says `"legacy": false` keeps
+transformers' reading, unchecked on such text, and so does a model whose dummy prefix
+meets user-defined pieces (`_legacy_spaces` says why). GPT-2's files have no independent
+implementation to check against: that conversion is transformers' byte-level BPE as it
+stands.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -51,6 +61,7 @@ PROBES = (
     "emoji 🙂🚀 and € £ ¥ symbols",
     "ｆｕｌｌｗｉｄｔｈ ＡＢＣ １２３",
 )
+LEADING_SPACE = (" a space first", "  two first")  # checked where spaces read `legacy`
 
 
 @dataclass(frozen=True)
@@ -81,7 +92,12 @@ def convert(hf_dir: Path) -> Converted:
                           f"{', '.join(SENTENCEPIECE)}, {' + '.join(GPT2_BPE)}")
     source = " + ".join(files)
     tokenizer = _converted(hf_dir, source)
-    checked = _check(hf_dir, tokenizer) if files == SENTENCEPIECE else \
+    rewritten = None
+    if files == SENTENCEPIECE and _legacy(hf_dir):
+        rewritten = _legacy_spaces(tokenizer, hf_dir / SENTENCEPIECE[0])
+    legacy = rewritten is not None
+    tokenizer = rewritten or tokenizer
+    checked = _check(hf_dir, tokenizer, legacy) if files == SENTENCEPIECE else \
         "not checked: no independent implementation of GPT-2's files is at hand"
     converted = Converted(tokenizer, source, checked)
     # A warning, as the exporter's other notes: the CLI shows warnings only, and the user
@@ -170,9 +186,52 @@ def _transformers_quiet() -> Iterator[None]:
         hf_logging.set_verbosity(level)
 
 
-def _check(hf_dir: Path, tokenizer: Tokenizer) -> str:
-    """Compare the converted tokenizer with sentencepiece on the probes and on each
-    control token after text; refuse at the first difference. Returns what was checked."""
+def _legacy(hf_dir: Path) -> bool:
+    """Whether the checkpoint's tokenizer reads spaces the `legacy` way: unless its
+    tokenizer_config.json says `"legacy": false` (transformers' default is legacy)."""
+    config = hf_dir / "tokenizer_config.json"
+    try:
+        settings = json.loads(config.read_text(encoding="utf-8")) if config.is_file() else {}
+    except (OSError, ValueError) as err:
+        raise ExportError(f"cannot read {config}: {err}") from None
+    return not (isinstance(settings, dict) and settings.get("legacy") is False)
+
+
+def _legacy_spaces(tokenizer: Tokenizer, model: Path) -> Tokenizer | None:
+    """transformers' Metaspace conversion rewritten to SentencePiece's spaces: the dummy
+    prefix (where the model's normalizer adds one) on each stretch of text between special
+    tokens, a space that starts it kept. None where it cannot be: another conversion (no
+    Metaspace), or a prefixing model with user-defined pieces (added tokens that are not
+    special: `tokenizers` would cut the stretch at each and prefix the text after it, where
+    sentencepiece finds them inside the one stretch it encodes)."""
+    from tokenizers import Tokenizer
+
+    from edgeprefill.export.gguf_vocab import sentencepiece_spaces
+
+    layout = json.loads(tokenizer.to_str())
+    if (layout.get("pre_tokenizer") or {}).get("type") != "Metaspace" \
+            or not _importable("sentencepiece"):  # (transformers needs it to convert)
+        return None
+    prefix = _adds_dummy_prefix(model)
+    if prefix and any(not token.get("special") for token in layout.get("added_tokens", [])):
+        return None
+    sentencepiece_spaces(layout, prefix)
+    return Tokenizer.from_str(json.dumps(layout))
+
+
+def _adds_dummy_prefix(model: Path) -> bool:
+    """The SentencePiece model's own normalizer setting (transformers read the same file
+    with the sentencepiece package a moment ago)."""
+    from sentencepiece import sentencepiece_model_pb2
+
+    proto = sentencepiece_model_pb2.ModelProto()
+    proto.ParseFromString(model.read_bytes())
+    return bool(proto.normalizer_spec.add_dummy_prefix)
+
+
+def _check(hf_dir: Path, tokenizer: Tokenizer, legacy: bool) -> str:
+    """Compare the converted tokenizer with sentencepiece on the probes and on text beside
+    each control token; refuse at the first difference. Returns what was checked."""
     if not _importable("sentencepiece"):
         return "not checked against sentencepiece, which is not installed"
     model = hf_dir / SENTENCEPIECE[0]
@@ -182,7 +241,7 @@ def _check(hf_dir: Path, tokenizer: Tokenizer) -> str:
         spm = sentencepiece.SentencePieceProcessor(model_file=str(model))
     except Exception:  # noqa: BLE001 - not a SentencePiece file (tiktoken's format)
         return f"not checked: sentencepiece cannot read {model.name}"
-    for text, expected in _references(spm):
+    for text, expected in _references(spm, legacy):
         got = tokenizer.encode(text, add_special_tokens=False).ids
         if got != expected:
             raise ExportError(
@@ -190,17 +249,41 @@ def _check(hf_dir: Path, tokenizer: Tokenizer) -> str:
                 f"otherwise than sentencepiece ({got[:12]} against {expected[:12]}): the "
                 "model would read ids it was not trained on; give the checkpoint a "
                 "tokenizer.json that matches its tokenizer")
-    return f"its ids equal sentencepiece's on {len(PROBES)} probe strings and its special tokens"
+    count = len(PROBES) + (len(LEADING_SPACE) if legacy else 0)
+    spaces = ("spaces read the legacy way" if legacy
+              else "spaces as transformers reads them (non-legacy)")
+    return (f"its ids equal sentencepiece's on {count} probe strings and beside its special "
+            f"tokens; {spaces}")
 
 
-def _references(spm: Any) -> Iterator[tuple[str, list[int]]]:
+def _user_defined(spm: Any) -> set[int]:
+    """The ids of the model's user-defined pieces (sentencepiece's Python API has no test
+    for them: its serialized proto names each piece's type)."""
+    from sentencepiece import sentencepiece_model_pb2
+
+    proto = sentencepiece_model_pb2.ModelProto()
+    proto.ParseFromString(spm.serialized_model_proto())
+    kind = sentencepiece_model_pb2.ModelProto.SentencePiece.USER_DEFINED
+    return {i for i, piece in enumerate(proto.pieces) if piece.type == kind}
+
+
+def _references(spm: Any, legacy: bool) -> Iterator[tuple[str, list[int]]]:
     """(text, sentencepiece's ids) for each probe, then for text followed by each control
     token's text (which a fast tokenizer reads as the one token; sentencepiece encodes
-    such text as characters, so its id is appended). After a special token transformers'
-    `legacy` setting decides whether a dummy prefix follows: no probe text comes after one."""
-    for text in PROBES:
+    such text as characters, so its id is put in). The `legacy` reading also encodes text
+    that starts with a space and text after a control token as sentencepiece does
+    (each stretch its own encoding); transformers' other reading does not."""
+    texts = PROBES + LEADING_SPACE if legacy else PROBES
+    user_defined = _user_defined(spm)
+    for text in texts:
         yield text, list(spm.encode(text))
     for i in range(spm.get_piece_size()):
         piece = spm.id_to_piece(i)
         if spm.is_control(i) and piece:
             yield f"Hello{piece}", [*spm.encode("Hello"), i]
+            if legacy:
+                yield f"{piece} Hello{piece}there", [i, *spm.encode(" Hello"), i,
+                                                     *spm.encode("there")]
+        elif not spm.is_unknown(i) and i in user_defined:  # plain text, always whole
+            text = f"Hello {piece} there"
+            yield text, list(spm.encode(text))
