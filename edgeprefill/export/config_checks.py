@@ -13,6 +13,10 @@ from typing import TYPE_CHECKING, Any
 from edgeprefill.errors import ExportError
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
+    from tokenizers import Tokenizer
+
     from edgeprefill.export.model_config import ModelConfig
 
 # config field -> the name config.json gives it, for messages the user can act on.
@@ -122,14 +126,17 @@ def check_model_config(cfg: ModelConfig) -> None:
         )
 
 
-def check_tokenizer_fits(tokenizer_json, vocab_size: int) -> None:
-    """Every id the tokenizer can produce must have a row in the embedding."""
+def check_tokenizer_fits(tokenizer_json: Path | Tokenizer, vocab_size: int) -> None:
+    """Every id the tokenizer can produce must have a row in the embedding. The tokenizer:
+    a tokenizer.json file, or one converted from slow files (export/slow_tokenizer.py)."""
     from tokenizers import Tokenizer
 
-    try:
-        tokenizer = Tokenizer.from_file(str(tokenizer_json))
-    except Exception as err:  # tokenizers raises plain Exception for bad files
-        raise ExportError(f"cannot read {tokenizer_json}: {err}") from None
+    tokenizer = tokenizer_json
+    if not isinstance(tokenizer, Tokenizer):
+        try:
+            tokenizer = Tokenizer.from_file(str(tokenizer_json))
+        except Exception as err:  # tokenizers raises plain Exception for bad files
+            raise ExportError(f"cannot read {tokenizer_json}: {err}") from None
     ids = tokenizer.get_vocab(with_added_tokens=True).values()
     top = max(ids, default=-1)
     if top >= vocab_size:

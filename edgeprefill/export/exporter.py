@@ -23,7 +23,7 @@ from edgeprefill.bundle import (
 )
 from edgeprefill.contract import kv_names, state_names
 from edgeprefill.errors import ExportError
-from edgeprefill.export import ollama_store
+from edgeprefill.export import ollama_store, slow_tokenizer
 from edgeprefill.export.checkpoint import MODEL_FILES, Checkpoint
 from edgeprefill.export.config_checks import check_tokenizer_fits
 from edgeprefill.export.decoder import DecoderBuilder
@@ -159,12 +159,13 @@ def _export(hf_dir: Path, out_dir: Path, options: ExportOptions,
         raise ExportError(f"every chunk size in {options.chunks} exceeds the max context "
                           f"{max_context} (--max-context, or the model's positions)")
     tokenizer_files = [f for f in TOKENIZER_FILES if (hf_dir / f).is_file()]
-    if "tokenizer.json" not in tokenizer_files:
-        raise ExportError(
-            f"{hf_dir} has no tokenizer.json (a fast tokenizer file is required; "
-            "transformers' AutoTokenizer.save_pretrained writes one)"
-        )
-    check_tokenizer_fits(hf_dir / "tokenizer.json", cfg.vocab_size)
+    # Slow files only (tokenizer.model, vocab.json + merges.txt): the bundle's tokenizer.json
+    # is converted from them, in memory; the checkpoint folder is never written to.
+    converted = None if "tokenizer.json" in tokenizer_files else slow_tokenizer.convert(hf_dir)
+    if converted is not None:
+        tokenizer_files.insert(0, "tokenizer.json")
+    check_tokenizer_fits(hf_dir / "tokenizer.json" if converted is None
+                         else converted.tokenizer, cfg.vocab_size)
     check_export_template(hf_dir)
     check_export_generation_config(hf_dir)
     _check_generation_eos(hf_dir, cfg.vocab_size)
@@ -182,7 +183,10 @@ def _export(hf_dir: Path, out_dir: Path, options: ExportOptions,
         model = g.to_model(initializers, flavor.opsets, IR_VERSION[options.flavor])
         onnx.save_model(model, stage / GRAPH_FILE)
         for name in tokenizer_files + _license_files(hf_dir):
-            shutil.copyfile(hf_dir / name, stage / name)
+            if name == "tokenizer.json" and converted is not None:
+                converted.tokenizer.save(str(stage / name))
+            else:
+                shutil.copyfile(hf_dir / name, stage / name)
         manifest = _manifest(cfg, g, options, chunks, max_context, hf_dir, stage,
                              tokenizer_files, source, adapter)
         if system is not None:

@@ -62,7 +62,7 @@ def fix_tokenizer(gguf_file: Path, tokenizer_file: Path) -> None:
     kind = metadata.get("tokenizer.ggml.model")
     tok = json.loads(tokenizer_file.read_text())
     if kind == "llama" and not _own_builder(metadata["general.architecture"]):
-        _sentencepiece_spaces(tok, bool(metadata.get("tokenizer.ggml.add_space_prefix", True)))
+        sentencepiece_spaces(tok, bool(metadata.get("tokenizer.ggml.add_space_prefix", True)))
     elif kind == "gpt2":
         _bpe_split(tok, metadata.get("tokenizer.ggml.pre"), gguf_file.name)
     else:
@@ -79,7 +79,7 @@ def _own_builder(architecture: str) -> bool:
     return architecture in GGUF_SENTENCEPIECE_BUILDERS
 
 
-def _sentencepiece_spaces(tok: dict[str, Any], prefix: bool) -> None:
+def sentencepiece_spaces(tok: dict[str, Any], prefix: bool) -> None:
     """Spaces as llama.cpp's SentencePiece tokenizer writes them: a normalizer (applied to
     each stretch between special tokens) in place of the Metaspace pre-tokenizer, and a
     decoder that strips the prefixed space only where one was added."""
