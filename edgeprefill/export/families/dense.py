@@ -5,6 +5,7 @@ checkpoints (QWEN_VL) the other kinds share.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
@@ -285,6 +286,40 @@ def _iquestcoder_unsupported(raw: dict[str, Any]) -> str | None:
     return None
 
 
+MINICPM_SCALES = ("scale_emb", "scale_depth", "dim_model_base")
+
+
+def _minicpm_multipliers(raw: dict[str, Any]) -> dict[str, Any]:
+    """MiniCPM's muP scalings as Granite's multipliers: the embedding times `scale_emb`,
+    each sublayer's output times `scale_depth / sqrt(num_hidden_layers)` before its
+    residual add, the final hidden state (so the logits) divided by `hidden_size /
+    dim_model_base`; attention at the usual 1 / sqrt(head_dim) (`kv_channels` where given,
+    MiniCPM4's head width). Where a key is missing _minicpm_unsupported refuses."""
+    if any(raw.get(key) is None for key in MINICPM_SCALES):
+        return raw
+    heads = raw.get("num_attention_heads") or 1
+    head_dim = raw.get("head_dim") or raw.get("kv_channels") or raw["hidden_size"] // heads
+    return {**raw, "head_dim": head_dim,
+            "embedding_multiplier": float(raw["scale_emb"]),
+            "residual_multiplier": float(raw["scale_depth"]) / math.sqrt(raw["num_hidden_layers"]),
+            "logits_scaling": raw["hidden_size"] / float(raw["dim_model_base"]),
+            "attention_multiplier": 1.0 / math.sqrt(head_dim)}
+
+
+def _minicpm_unsupported(raw: dict[str, Any]) -> str | None:
+    missing = [key for key in MINICPM_SCALES if raw.get(key) is None]
+    if missing:  # the remote code's defaults (1) are no released model's
+        return f"config.json lacks {', '.join(missing)} (MiniCPM's muP scalings)"
+    if raw.get("use_mup") is False:
+        return "use_mup false (MiniCPM without its muP scalings) is not supported"
+    if raw.get("sparse_config"):
+        return ("MiniCPM4's sparse attention (sparse_config: InfLLM v2 blocks past "
+                "dense_len) is not supported")
+    if raw.get("num_experts"):
+        return "MiniCPM-MoE's experts are not supported"
+    return None
+
+
 def granite_swa_layers(raw: dict[str, Any]) -> dict[str, Any]:
     """GraniteSWAConfig (and GraniteMoeSWAConfig): without layer_types every fourth layer
     from the first attends globally and the others slide; `layer_rope_theta` gives each
@@ -529,6 +564,15 @@ FAMILIES: dict[str, FamilySpec] = {
         defaults={"attention_multiplier": 1.0, "sliding_window": 128, "rms_norm_eps": 1e-5,
                   "max_position_embeddings": 8192, "num_key_value_heads": 4},
         quirks=(*GRANITE.quirks, "attention sinks (a learned logit per head)"),
+    ),
+    # MiniCPM 1, 2 and 4 (OpenBMB's remote code, MiniCPMForCausalLM; no transformers class):
+    # Llama with muP's scalings, which are Granite's multipliers under other names
+    # (_minicpm_multipliers); the embedding tied to the head unless config.json says not.
+    "minicpm": replace(
+        GRANITE, tie_default=True, legacy=_minicpm_multipliers, refuse=_minicpm_unsupported,
+        defaults={"rms_norm_eps": 1e-6, "rope_theta": 10000.0, "hidden_act": "silu"},
+        quirks=("muP scalings (scale_emb, scale_depth, dim_model_base) as Granite's "
+                "multipliers", "remote-code family: no transformers class"),
     ),
     # HyperCLOVA X: Granite's multipliers, its logits times logits_scaling (not divided), and
     # with use_post_norm (the default) a norm after attention and MLP too, before the
