@@ -15,7 +15,7 @@ import pytest
 
 pytest.importorskip("starlette")
 
-from edgeprefill.server import json_numbers  # noqa: E402
+from edgeprefill import json_numbers  # noqa: E402
 from edgeprefill.server.responses import calls_finish_reason  # noqa: E402
 from edgeprefill.server.tool_parsers import (  # noqa: E402
     PARSERS,
@@ -156,3 +156,17 @@ def test_dumps_writes_what_loads_read_and_json_writes_the_rest_as_json_does():
 def test_integers_of_more_digits_than_python_converts_are_kept():
     digits = "9" * 5000  # past sys.get_int_max_str_digits (4300)
     assert json_numbers.dumps(json_numbers.loads(f"[{digits}]")) == f"[{digits}]"
+
+
+def test_dumps_as_json_takes_json_s_options_and_writes_kept_numbers_bare():
+    """What a chat template's tojson calls (indent, separators, sort_keys, ensure_ascii):
+    json.dumps's text, each kept number in place of the string json would write."""
+    value = json_numbers.loads('{"b": [1e400, "é"], "a": {"c": -1e-999}}')
+    plain = {"b": ["1e400", "é"], "a": {"c": "-1e-999"}}
+    for options in [{}, {"indent": 2}, {"separators": (",", ":")}, {"sort_keys": True},
+                    {"ensure_ascii": False, "indent": "\t"}]:
+        expected = json.dumps(plain, **options).replace('"1e400"', "1e400") \
+            .replace('"-1e-999"', "-1e-999")
+        assert json_numbers.dumps_as_json(value, **options) == expected, options
+    with pytest.raises(TypeError):
+        json_numbers.dumps_as_json({"x": object()})

@@ -15,7 +15,7 @@
 
 A parser never loses text: whatever does not parse as a call stays content.
 
-Arguments are read and written by server/json_numbers.py, so that they are always JSON: a
+Arguments are read and written by edgeprefill/json_numbers.py, so that they are always JSON: a
 number a float cannot hold (`1e400`) keeps the text the model wrote, and `NaN` or
 `Infinity`, not JSON, make a call whose arguments are parsed invalid as any other invalid
 JSON would (it stays text; a Python or XML value spelled so is not a number: a pythonic
@@ -35,9 +35,9 @@ from abc import ABC, abstractmethod
 from decimal import Decimal
 from typing import Any, NamedTuple
 
+from edgeprefill import json_numbers
+from edgeprefill.json_numbers import WrittenNumber
 from edgeprefill.sdk.reasoning_split import partial_suffix
-from edgeprefill.server import json_numbers
-from edgeprefill.server.json_numbers import WrittenNumber
 
 
 class ToolCall(NamedTuple):

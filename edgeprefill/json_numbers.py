@@ -1,0 +1,96 @@
+"""JSON read and written so that every number comes back as valid JSON (RFC 8259), as it
+was written: the numbers of tool calls' arguments.
+
+JSON has no range limit, Python's floats have: `json.loads` reads `1e400` as inf (and
+`1e-400` as 0.0), and `json.dumps` writes inf as `Infinity`, which is not JSON (browsers'
+JSON.parse, Go's encoding/json and the OpenAI SDKs refuse it). So a number literal that
+a float cannot hold (out of range, or a nonzero one that reads as zero), or an integer
+with more digits than Python converts, is read here as a `WrittenNumber` that keeps its
+text, and `dumps` writes it back as that text. `NaN`, `Infinity` and `-Infinity`, which
+Python's json reads but JSON does not have, are invalid JSON here (a ValueError) as
+anything else that is not JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+# A JSON number's text (RFC 8259, section 6).
+JSON_NUMBER = re.compile(r"-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?")
+
+
+@dataclass(frozen=True)
+class WrittenNumber:
+    """A JSON number kept as the text it was written in. Neither a float nor a str, so that
+    json.dumps refuses it (TypeError) rather than write `Infinity` or a string: `dumps`
+    writes it bare."""
+
+    text: str
+
+
+def _float(text: str) -> float | WrittenNumber:
+    number = float(text)
+    if math.isinf(number) or (number == 0 and re.search("[1-9]", _mantissa(text))):
+        return WrittenNumber(text)
+    return number
+
+
+def _int(text: str) -> int | WrittenNumber:
+    try:
+        return int(text)
+    except ValueError:  # more digits than int() converts (sys.get_int_max_str_digits)
+        return WrittenNumber(text)
+
+
+def _mantissa(text: str) -> str:
+    return re.split("[eE]", text)[0]
+
+
+def _not_json(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+# Python's JSON reader with the hooks above: raw_decode and decode as json's own.
+DECODER = json.JSONDecoder(parse_float=_float, parse_int=_int, parse_constant=_not_json)
+
+
+def loads(text: str) -> Any:
+    """JSON text's value, its unholdable numbers as WrittenNumber; ValueError if the text
+    is not JSON (NaN and Infinity included)."""
+    return DECODER.decode(text)
+
+
+def number(text: str) -> float | int | WrittenNumber:
+    """A number's text as `loads` reads it; ValueError unless it is a JSON number."""
+    if not JSON_NUMBER.fullmatch(text):
+        raise ValueError(f"{text!r} is not a JSON number")
+    return _float(text) if re.search("[.eE]", text) else _int(text)
+
+
+def dumps(value: Any, separators: tuple[str, str] = (", ", ": ")) -> str:
+    """JSON text of `value` (non-ASCII kept), a WrittenNumber written bare; ValueError for
+    a float json cannot write (nan, inf)."""
+    return dumps_as_json(value, ensure_ascii=False, allow_nan=False, separators=separators)
+
+
+def dumps_as_json(value: Any, **options: Any) -> str:
+    """`json.dumps(value, **options)` (indent, separators, ...), each WrittenNumber written
+    bare: json writes a unique placeholder string for it, replaced by its text after."""
+    texts: list[str] = []
+    mark = uuid.uuid4().hex
+
+    def placeholder(item: Any) -> str:
+        if not isinstance(item, WrittenNumber):
+            raise TypeError(f"Object of type {type(item).__name__} is not JSON serializable")
+        texts.append(item.text)
+        return f"\0{mark}{len(texts) - 1}\0"
+
+    text = json.dumps(value, default=placeholder, **options)
+    if not texts:
+        return text
+    return re.sub(rf'"\\u0000{mark}(\d+)\\u0000"', lambda m: texts[int(m[1])], text)
