@@ -1,14 +1,16 @@
 """JSON read and written so that every number comes back as valid JSON (RFC 8259), as it
-was written: the numbers of tool calls' arguments.
+was written: the numbers of tool calls' arguments, the model's and those a client sends
+back in the conversation.
 
 JSON has no range limit, Python's floats have: `json.loads` reads `1e400` as inf (and
 `1e-400` as 0.0), and `json.dumps` writes inf as `Infinity`, which is not JSON (browsers'
-JSON.parse, Go's encoding/json and the OpenAI SDKs refuse it). So a number literal that
-a float cannot hold (out of range, or a nonzero one that reads as zero), or an integer
-with more digits than Python converts, is read here as a `WrittenNumber` that keeps its
-text, and `dumps` writes it back as that text. `NaN`, `Infinity` and `-Infinity`, which
-Python's json reads but JSON does not have, are invalid JSON here (a ValueError) as
-anything else that is not JSON.
+JSON.parse, Go's encoding/json and the OpenAI SDKs refuse it), and a chat template would
+render it into the prompt so. So a number literal that a float cannot hold (out of range,
+or a nonzero one that reads as zero), or an integer with more digits than Python
+converts, is read here as a `WrittenNumber` that keeps its text, and `dumps` (and a chat
+template's `tojson`, sdk/chat_template.py) writes it back as that text. `NaN`, `Infinity`
+and `-Infinity`, which Python's json reads but JSON does not have, are invalid JSON here
+(a ValueError) as anything else that is not JSON.
 """
 
 from __future__ import annotations
@@ -28,9 +30,12 @@ JSON_NUMBER = re.compile(r"-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?")
 class WrittenNumber:
     """A JSON number kept as the text it was written in. Neither a float nor a str, so that
     json.dumps refuses it (TypeError) rather than write `Infinity` or a string: `dumps`
-    writes it bare."""
+    writes it bare, and a template's `{{ value }}` shows its text."""
 
     text: str
+
+    def __str__(self) -> str:
+        return self.text
 
 
 def _float(text: str) -> float | WrittenNumber:
@@ -63,6 +68,14 @@ def loads(text: str) -> Any:
     """JSON text's value, its unholdable numbers as WrittenNumber; ValueError if the text
     is not JSON (NaN and Infinity included)."""
     return DECODER.decode(text)
+
+
+def read_request(raw: bytes | str) -> Any:
+    """A request body's value, its unholdable numbers as WrittenNumber (a tool call's
+    arguments sent back keep them; a setting is no number then). `NaN` and `Infinity` are
+    read as Python reads them, so that the field holding one is named in its 400 (the
+    server's checks refuse them). Not bounded in depth: RecursionError past the stack."""
+    return json.loads(raw, parse_float=_float, parse_int=_int)
 
 
 def number(text: str) -> float | int | WrittenNumber:
