@@ -11,6 +11,10 @@ converts, is read here as a `WrittenNumber` that keeps its text, and `dumps` (an
 template's `tojson`, sdk/chat_template.py) writes it back as that text. `NaN`, `Infinity`
 and `-Infinity`, which Python's json reads but JSON does not have, are invalid JSON here
 (a ValueError) as anything else that is not JSON.
+
+Nesting is bounded (MAX_DEPTH): Python's reader overflows the stack on 100,000 `[`
+(RecursionError, which is no ValueError), and so would every later consumer of a value
+nested too deep; here that is invalid JSON too.
 """
 
 from __future__ import annotations
@@ -24,6 +28,9 @@ from typing import Any
 
 # A JSON number's text (RFC 8259, section 6).
 JSON_NUMBER = re.compile(r"-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?")
+# The deepest nesting `loads` reads (arrays and objects inside each other): the request
+# body's limit (server/body.py), far below the recursion limit of every later consumer.
+MAX_DEPTH = 64
 
 
 @dataclass(frozen=True)
@@ -64,10 +71,22 @@ def _not_json(name: str) -> Any:
 DECODER = json.JSONDecoder(parse_float=_float, parse_int=_int, parse_constant=_not_json)
 
 
-def loads(text: str) -> Any:
+def loads(text: str, max_depth: int = MAX_DEPTH) -> Any:
     """JSON text's value, its unholdable numbers as WrittenNumber; ValueError if the text
-    is not JSON (NaN and Infinity included)."""
-    return DECODER.decode(text)
+    is not JSON (NaN and Infinity included) or nests deeper than `max_depth`."""
+    try:
+        return _shallow(DECODER.decode(text), max_depth)
+    except RecursionError:
+        raise _too_deep(max_depth) from None
+
+
+def raw_decode(text: str, at: int, max_depth: int = MAX_DEPTH) -> tuple[Any, int]:
+    """The JSON value starting at `at` and where it ends, as `loads` reads it."""
+    try:
+        value, end = DECODER.raw_decode(text, at)
+    except RecursionError:
+        raise _too_deep(max_depth) from None
+    return _shallow(value, max_depth), end
 
 
 def read_request(raw: bytes | str) -> Any:
@@ -83,6 +102,29 @@ def number(text: str) -> float | int | WrittenNumber:
     if not JSON_NUMBER.fullmatch(text):
         raise ValueError(f"{text!r} is not a JSON number")
     return _float(text) if re.search("[.eE]", text) else _int(text)
+
+
+def depth(value: Any) -> int:
+    """How many arrays and objects nest in `value` (a scalar: 0). Iterative, so any depth
+    is measured."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, level = stack.pop()
+        if isinstance(item, dict | list | tuple):
+            deepest = max(deepest, level)
+            stack.extend((v, level + 1) for v in (item.values() if isinstance(item, dict)
+                                                  else item))
+    return deepest
+
+
+def _shallow(value: Any, max_depth: int) -> Any:
+    if depth(value) > max_depth:
+        raise _too_deep(max_depth)
+    return value
+
+
+def _too_deep(max_depth: int) -> ValueError:
+    return ValueError(f"JSON nested deeper than {max_depth} levels")
 
 
 def dumps(value: Any, separators: tuple[str, str] = (", ", ": ")) -> str:

@@ -170,3 +170,53 @@ def test_dumps_as_json_takes_json_s_options_and_writes_kept_numbers_bare():
         assert json_numbers.dumps_as_json(value, **options) == expected, options
     with pytest.raises(TypeError):
         json_numbers.dumps_as_json({"x": object()})
+
+
+def nested(depth: int) -> str:
+    return "[" * depth + "]" * depth
+
+
+@pytest.mark.parametrize("depth", [json_numbers.MAX_DEPTH, 1000, 100_000])
+@pytest.mark.parametrize("fmt,reply", [f for f in PARSED_WHOLE if f[0] != "qwen3_xml"])
+def test_arguments_nested_too_deep_are_no_call_but_text(fmt, reply, depth):
+    """Python's JSON reader overflows the stack on 100,000 `[` (RecursionError, no
+    ValueError), and a call's arguments deeper than MAX_DEPTH would be a 400 when a client
+    sends them back: either way no call, the text as any other that does not parse. The
+    arguments object is one level more than the value."""
+    text = reply.format(nested(depth))
+    parsed = parser(fmt).parse(text)
+    assert parsed.calls == [] and parsed.content.strip() == text.strip()
+
+
+@pytest.mark.parametrize("fmt,reply", FORMATS)
+def test_arguments_as_deep_as_allowed_are_a_call(fmt, reply):
+    value = nested(json_numbers.MAX_DEPTH - 1)
+    tool_parser = parser(fmt)
+    tool_parser.schemas = {"f": {"properties": {"x": {"type": "array"}}}}
+    (call,) = tool_parser.parse(reply.format(value)).calls
+    assert json.loads(call.arguments) == {"x": json.loads(value)}
+
+
+@pytest.mark.parametrize("depth", [json_numbers.MAX_DEPTH, 100_000])
+def test_an_xml_value_too_deep_makes_no_call(depth):
+    """Read as JSON it is too deep; read as a Python literal (XmlParser's fallback) too
+    deep as well, or past Python's parser (then the value is its text, as any that does
+    not parse)."""
+    tool_parser = PARSERS["qwen3_xml"]()
+    tool_parser.schemas = {"f": {"properties": {"x": {"type": "array"}}}}
+    text = XML.format(nested(depth))
+    parsed = tool_parser.parse(text)
+    if parsed.calls:
+        assert parsed.calls[0].arguments == json.dumps({"x": nested(depth)})
+    else:
+        assert parsed.content.strip() == text.strip()
+
+
+@pytest.mark.parametrize("depth", [json_numbers.MAX_DEPTH + 1, 100_000])
+def test_loads_refuses_nesting_deeper_than_max_depth_as_not_json(depth):
+    with pytest.raises(ValueError, match="deeper than"):
+        json_numbers.loads(nested(depth))
+    with pytest.raises(ValueError, match="deeper than"):
+        json_numbers.raw_decode("1 " + nested(depth), 2)
+    assert json_numbers.loads(nested(json_numbers.MAX_DEPTH)) == \
+        json.loads(nested(json_numbers.MAX_DEPTH))

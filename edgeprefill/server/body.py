@@ -22,7 +22,7 @@ from edgeprefill.server.errors import ApiError
 
 # Deeper than any OpenAI request (messages -> content parts -> a JSON-schema tool) and far
 # below the recursion limit, so the walk below and every later consumer stay safe.
-MAX_DEPTH = 64
+MAX_DEPTH = json_numbers.MAX_DEPTH
 
 
 async def read_json(request: Request, limit: int, timeout: float) -> object:
