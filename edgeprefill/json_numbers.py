@@ -33,15 +33,19 @@ JSON_NUMBER = re.compile(r"-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?")
 MAX_DEPTH = 64
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class WrittenNumber:
     """A JSON number kept as the text it was written in. Neither a float nor a str, so that
     json.dumps refuses it (TypeError) rather than write `Infinity` or a string: `dumps`
-    writes it bare, and a template's `{{ value }}` shows its text."""
+    writes it bare, and a template's `{{ value }}` (and an error message's repr) shows its
+    text."""
 
     text: str
 
     def __str__(self) -> str:
+        return self.text
+
+    def __repr__(self) -> str:
         return self.text
 
 

@@ -218,3 +218,17 @@ def test_loads_refuses_nesting_deeper_than_max_depth_as_not_json(depth):
         json_numbers.raw_decode("1 " + nested(depth), 2)
     assert json_numbers.loads(nested(json_numbers.MAX_DEPTH)) == \
         json.loads(nested(json_numbers.MAX_DEPTH))
+
+
+def test_a_kept_number_shows_its_text_in_messages_and_a_setting_reads_it_as_a_float():
+    """An error naming a value shows `1e400`, not the class; a sampling setting given a
+    number a float cannot hold reads it as a float does: 1e400 is inf (refused as no finite
+    number), 1e-400 is 0.0 (taken)."""
+    from edgeprefill.server.errors import ApiError
+    from edgeprefill.server.schemas import _number
+
+    kept = json_numbers.loads('{"t": 1e400, "u": 1e-400}')
+    assert repr(kept["t"]) == "1e400" and f"{kept}" == "{'t': 1e400, 'u': 1e-400}"
+    with pytest.raises(ApiError, match="'t' must be a finite number"):
+        _number(kept, "t", 1.0, 0.0, 2.0)
+    assert _number(kept, "u", 1.0, 0.0, 2.0) == 0.0
