@@ -334,3 +334,19 @@ def test_the_default_system_message_goes_first_where_a_chat_has_none(messages, f
 @pytest.mark.parametrize("messages", [[], "hi", [5], None])
 def test_a_malformed_or_empty_chat_gets_no_default_render_s_checks_refuse_it(messages):
     assert with_default_system(messages, "w3") is messages
+
+
+def test_a_number_a_float_cannot_hold_renders_as_it_was_written():
+    """A tool call's arguments sent back keep `1e400` (edgeprefill/json_numbers.py): the
+    template writes it so through tojson (any options), as a value and as a string, where
+    json.loads and transformers would write `Infinity` or `inf`; other values as json."""
+    from edgeprefill import json_numbers
+
+    arguments = json_numbers.loads('{"days": 1e400, "n": [-1e-999, 2.5]}')
+    source = ("{% set a = messages[0].tool_calls[0].function.arguments %}"
+              "{{ a | tojson }}|{{ a | tojson(indent=1) }}|{{ a.days }}|{{ a.n[0] | string }}")
+    call = {"type": "function", "function": {"name": "f", "arguments": arguments}}
+    text = ChatTemplate(source, {}).render([{"role": "assistant", "tool_calls": [call]}])
+    indented = json.dumps({"days": "D", "n": ["N", 2.5]}, indent=1) \
+        .replace('"D"', "1e400").replace('"N"', "-1e-999")
+    assert text == f'{{"days": 1e400, "n": [-1e-999, 2.5]}}|{indented}|1e400|-1e-999'

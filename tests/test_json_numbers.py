@@ -15,7 +15,7 @@ import pytest
 
 pytest.importorskip("starlette")
 
-from edgeprefill.server import json_numbers  # noqa: E402
+from edgeprefill import json_numbers  # noqa: E402
 from edgeprefill.server.responses import calls_finish_reason  # noqa: E402
 from edgeprefill.server.tool_parsers import (  # noqa: E402
     PARSERS,
@@ -156,3 +156,79 @@ def test_dumps_writes_what_loads_read_and_json_writes_the_rest_as_json_does():
 def test_integers_of_more_digits_than_python_converts_are_kept():
     digits = "9" * 5000  # past sys.get_int_max_str_digits (4300)
     assert json_numbers.dumps(json_numbers.loads(f"[{digits}]")) == f"[{digits}]"
+
+
+def test_dumps_as_json_takes_json_s_options_and_writes_kept_numbers_bare():
+    """What a chat template's tojson calls (indent, separators, sort_keys, ensure_ascii):
+    json.dumps's text, each kept number in place of the string json would write."""
+    value = json_numbers.loads('{"b": [1e400, "é"], "a": {"c": -1e-999}}')
+    plain = {"b": ["1e400", "é"], "a": {"c": "-1e-999"}}
+    for options in [{}, {"indent": 2}, {"separators": (",", ":")}, {"sort_keys": True},
+                    {"ensure_ascii": False, "indent": "\t"}]:
+        expected = json.dumps(plain, **options).replace('"1e400"', "1e400") \
+            .replace('"-1e-999"', "-1e-999")
+        assert json_numbers.dumps_as_json(value, **options) == expected, options
+    with pytest.raises(TypeError):
+        json_numbers.dumps_as_json({"x": object()})
+
+
+def nested(depth: int) -> str:
+    return "[" * depth + "]" * depth
+
+
+@pytest.mark.parametrize("depth", [json_numbers.MAX_DEPTH, 1000, 100_000])
+@pytest.mark.parametrize("fmt,reply", [f for f in PARSED_WHOLE if f[0] != "qwen3_xml"])
+def test_arguments_nested_too_deep_are_no_call_but_text(fmt, reply, depth):
+    """Python's JSON reader overflows the stack on 100,000 `[` (RecursionError, no
+    ValueError), and a call's arguments deeper than MAX_DEPTH would be a 400 when a client
+    sends them back: either way no call, the text as any other that does not parse. The
+    arguments object is one level more than the value."""
+    text = reply.format(nested(depth))
+    parsed = parser(fmt).parse(text)
+    assert parsed.calls == [] and parsed.content.strip() == text.strip()
+
+
+@pytest.mark.parametrize("fmt,reply", FORMATS)
+def test_arguments_as_deep_as_allowed_are_a_call(fmt, reply):
+    value = nested(json_numbers.MAX_DEPTH - 1)
+    tool_parser = parser(fmt)
+    tool_parser.schemas = {"f": {"properties": {"x": {"type": "array"}}}}
+    (call,) = tool_parser.parse(reply.format(value)).calls
+    assert json.loads(call.arguments) == {"x": json.loads(value)}
+
+
+def test_an_xml_value_too_deep_is_no_call_or_past_python_s_parser_its_text():
+    """An array value read as JSON is too deep; read as a Python literal (XmlParser's
+    fallback) too deep as well: no call. Past Python's parser (200 brackets) it is no
+    literal either, and the value is its text, as any value that does not parse."""
+    tool_parser = PARSERS["qwen3_xml"]()
+    tool_parser.schemas = {"f": {"properties": {"x": {"type": "array"}}}}
+    text = XML.format(nested(json_numbers.MAX_DEPTH))
+    parsed = tool_parser.parse(text)
+    assert parsed.calls == [] and parsed.content.strip() == text.strip()
+    (call,) = tool_parser.parse(XML.format(nested(100_000))).calls
+    assert call.arguments == json.dumps({"x": nested(100_000)})
+
+
+@pytest.mark.parametrize("depth", [json_numbers.MAX_DEPTH + 1, 100_000])
+def test_loads_refuses_nesting_deeper_than_max_depth_as_not_json(depth):
+    with pytest.raises(ValueError, match="deeper than"):
+        json_numbers.loads(nested(depth))
+    with pytest.raises(ValueError, match="deeper than"):
+        json_numbers.raw_decode("1 " + nested(depth), 2)
+    assert json_numbers.loads(nested(json_numbers.MAX_DEPTH)) == \
+        json.loads(nested(json_numbers.MAX_DEPTH))
+
+
+def test_a_kept_number_shows_its_text_in_messages_and_a_setting_reads_it_as_a_float():
+    """An error naming a value shows `1e400`, not the class; a sampling setting given a
+    number a float cannot hold reads it as a float does: 1e400 is inf (refused as no finite
+    number), 1e-400 is 0.0 (taken)."""
+    from edgeprefill.server.errors import ApiError
+    from edgeprefill.server.schemas import _number
+
+    kept = json_numbers.loads('{"t": 1e400, "u": 1e-400}')
+    assert repr(kept["t"]) == "1e400" and f"{kept}" == "{'t': 1e400, 'u': 1e-400}"
+    with pytest.raises(ApiError, match="'t' must be a finite number"):
+        _number(kept, "t", 1.0, 0.0, 2.0)
+    assert _number(kept, "u", 1.0, 0.0, 2.0) == 0.0

@@ -140,3 +140,26 @@ def test_ollama_s_streamed_lines_hold_the_numbers_as_written(http):
     assert_valid_json(lines)
     calls = [line for line in lines if '"tool_calls"' in line]
     assert len(calls) == 2 and all(o in c for o, c in zip(OBJECTS, calls, strict=True))
+
+
+@pytest.mark.parametrize("streamed", [False, True])
+def test_the_responses_api_echoes_a_request_s_number_as_sent(http, streamed):
+    """A Responses reply echoes the request's tools and metadata: a number a float cannot
+    hold there (read as json_numbers reads a body) goes back as sent, valid JSON; the
+    stream used to end in a TypeError for it."""
+    tools = [{"type": "function", **TOOLS[0]["function"]}]
+    tools[0]["parameters"] = {**tools[0]["parameters"], "maximum": "@"}
+    body = {"model": MODEL, "input": "weather ?", "max_output_tokens": 1, "tools": tools,
+            "metadata": {"a": "@"}, "stream": streamed}
+    raw = json.dumps(body).replace('"@"', "1e400").encode()
+    headers = {"Content-Type": "application/json"}
+    with http.stream("POST", "/v1/responses", content=raw, headers=headers) as response:
+        assert response.status_code == 200
+        lines = [line.removeprefix("data:").strip() for line in response.iter_lines()]
+    texts = [t for t in lines if t.startswith("{")]
+    assert_valid_json(texts)
+    echoed = [t for t in texts if '"metadata":{"a":1e400}' in t]
+    assert echoed and all('"maximum":1e400' in t for t in echoed)
+    last = json.loads(texts[-1])  # the whole stream, to its end (max_output_tokens)
+    assert (last["type"] if streamed else last["status"]) in ("response.incomplete",
+                                                               "incomplete")

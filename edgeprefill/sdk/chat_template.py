@@ -16,12 +16,12 @@ the server answers 400 with the template's message.
 from __future__ import annotations
 
 import functools
-import json
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
+from edgeprefill import json_numbers
 from edgeprefill.errors import BundleError, EdgeprefillError, ExportError, RequestError
 from edgeprefill.json_file import optional_json_object
 
@@ -214,8 +214,9 @@ def _raise_exception(message: str) -> NoReturn:
 def _tojson(x: Any, ensure_ascii: bool = False, indent: int | str | None = None,
             separators: tuple[str, str] | None = None, sort_keys: bool = False) -> str:
     # Jinja's own tojson sorts keys and escapes <, >, & and ': templates expect plain JSON.
-    return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
-                      sort_keys=sort_keys)
+    # A number a float cannot hold, sent back in a tool call's arguments, as it was written.
+    return json_numbers.dumps_as_json(x, ensure_ascii=ensure_ascii, indent=indent,
+                                      separators=separators, sort_keys=sort_keys)
 
 
 def _strftime_now(format: str) -> str:
@@ -291,8 +292,10 @@ def _dicts(items: Sequence[Any] | None, name: str) -> Sequence[Any] | None:
 
 def _plain(value: Any) -> Any:
     """A copy made of JSON types only (transformers' _plain_template_data): objects with
-    methods the sandbox does not know about never reach the template."""
-    if value is None or type(value) in (str, int, float, bool):
+    methods the sandbox does not know about never reach the template. A number a float
+    cannot hold (json_numbers.WrittenNumber, immutable, its text its only field) stays
+    one, so that the template writes it as it was written."""
+    if value is None or type(value) in (str, int, float, bool, json_numbers.WrittenNumber):
         return value
     # Subclasses (str enums, IntEnum, ...) can carry methods: back to the base type.
     if isinstance(value, str):

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from edgeprefill import json_numbers
 from edgeprefill.errors import EdgeprefillError, RequestError
 from edgeprefill.sdk.token_bytes import TokenBytes
 
@@ -74,7 +75,8 @@ class Constraint:
             raise RequestError("a JSON schema must be an object")
         if strict:
             schema = _no_extra_properties(schema)
-        return cls("json_schema", json.dumps(schema))
+        # A number a float cannot hold (a request's `1e400`) as written, never `Infinity`.
+        return cls("json_schema", json_numbers.dumps_as_json(schema))
 
     @classmethod
     def json_object(cls) -> Constraint:
@@ -134,8 +136,11 @@ def _from_schema(source: str) -> str:
     from llguidance import LLMatcher
 
     # Compact separators: a random-weight model would otherwise pad with whitespace.
-    return LLMatcher.grammar_from_json_schema(
-        source, defaults={"whitespace_flexible": False})
+    try:
+        return LLMatcher.grammar_from_json_schema(
+            source, defaults={"whitespace_flexible": False})
+    except ValueError as err:  # the schema's JSON is not JSON llguidance reads (1e400)
+        raise RequestError(f"invalid json schema constraint: {_one_line(err)}") from None
 
 
 def _from_regex(source: str) -> str:

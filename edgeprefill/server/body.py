@@ -5,20 +5,24 @@ Three ways a body used to reach a 500 or hold a connection forever: JSON nested 
 that the parser overflows the stack (RecursionError is no ValueError), a lone UTF-16
 surrogate such as "\\ud800" (valid JSON, but no UTF-8 exists for it, so tokenizing or
 echoing it fails), and a client that sends half a body and then nothing.
+
+Numbers are read by edgeprefill/json_numbers.py: one a float cannot hold (`1e400`) is a
+WrittenNumber, so that a tool call's arguments sent back as an object keep it as written
+(server/history_arguments.py); a setting given one is no number (a 400 naming it).
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 
 from starlette.requests import ClientDisconnect, Request
 
+from edgeprefill import json_numbers
 from edgeprefill.server.errors import ApiError
 
 # Deeper than any OpenAI request (messages -> content parts -> a JSON-schema tool) and far
 # below the recursion limit, so the walk below and every later consumer stay safe.
-MAX_DEPTH = 64
+MAX_DEPTH = json_numbers.MAX_DEPTH
 
 
 async def read_json(request: Request, limit: int, timeout: float) -> object:
@@ -36,7 +40,7 @@ async def read_json(request: Request, limit: int, timeout: float) -> object:
         raise ApiError(499, "the client closed the connection before its body arrived",
                        code="client_closed") from None
     try:
-        body = json.loads(raw)
+        body = json_numbers.read_request(raw)
     except (ValueError, UnicodeDecodeError) as err:  # JSONDecodeError is a ValueError
         raise ApiError(400, f"the request body is not valid JSON: {err}",
                        code="invalid_json") from None

@@ -20,10 +20,10 @@ chat templates expect.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from edgeprefill.server.errors import ApiError
+from edgeprefill.server.history_arguments import read_arguments
 
 ROLES = ("user", "assistant")
 BLOCK_KEYS = {"text": ("text",), "tool_use": ("id", "name", "input"),
@@ -103,6 +103,8 @@ def _block(block: Any, param: str, role: str) -> dict[str, Any]:
             raise ApiError(400, f"{param}.{key} must be {kind_name}", f"{param}.{key}")
     if kind == "tool_result":
         return {**block, "content": _text(block.get("content", ""), f"{param}.content")}
+    if kind == "tool_use":
+        return {**block, "input": read_arguments(block["input"], f"{param}.input")}
     return block
 
 
@@ -115,10 +117,10 @@ def _assistant(blocks: list[dict[str, Any]], names: dict[str, str]) -> dict[str,
     calls = [b for b in blocks if b["type"] == "tool_use"]
     for call in calls:
         names[call["id"]] = call["name"]
-    if calls:  # as the chat route's tool_calls: arguments as JSON text
+    if calls:  # as the chat route's tool_calls, the arguments the object as it was sent
         message["tool_calls"] = [
             {"id": c["id"], "type": "function",
-             "function": {"name": c["name"], "arguments": json.dumps(c["input"])}}
+             "function": {"name": c["name"], "arguments": c["input"]}}
             for c in calls]
     return message
 

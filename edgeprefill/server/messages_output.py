@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from edgeprefill.server import json_numbers
+from edgeprefill import json_numbers
 from edgeprefill.server.reply_parts import ReplyParts
 
 Kind = Literal["text", "thinking", "tool_use"]

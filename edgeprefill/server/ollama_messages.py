@@ -19,6 +19,7 @@ from __future__ import annotations
 from typing import Any
 
 from edgeprefill.server.errors import ApiError
+from edgeprefill.server.history_arguments import read_arguments
 
 ROLES = ("system", "user", "assistant", "tool")
 
@@ -62,9 +63,10 @@ def _calls(calls: Any, index: int, param: str) -> list[dict[str, Any]]:
         call_id = call.get("id") or f"call_{index}_{number}"
         if not isinstance(call_id, str):
             raise ApiError(400, f"{param}.tool_calls[{number}].id must be a string")
+        arguments = read_arguments(function.get("arguments", {}),
+                                   f"{param}.tool_calls[{number}].function.arguments")
         out.append({"id": call_id, "type": "function",
-                    "function": {"name": function["name"],
-                                 "arguments": function.get("arguments", {})}})
+                    "function": {"name": function["name"], "arguments": arguments}})
     return out
 
 

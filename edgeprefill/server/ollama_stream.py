@@ -26,7 +26,7 @@ from collections.abc import AsyncIterator
 from datetime import datetime, timezone
 from typing import Any
 
-from edgeprefill.server import json_numbers
+from edgeprefill import json_numbers
 from edgeprefill.server.choices import Choices
 from edgeprefill.server.errors import generation_failure
 from edgeprefill.server.responses import Shape

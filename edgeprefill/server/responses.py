@@ -7,8 +7,8 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from edgeprefill import json_numbers
 from edgeprefill.sdk.stream import TokenEvent, TokenStream
-from edgeprefill.server import json_numbers
 from edgeprefill.server.choices import Choices
 from edgeprefill.server.harmony import HarmonyParser
 from edgeprefill.server.logprobs import logprobs_body

@@ -21,6 +21,7 @@ from __future__ import annotations
 from typing import Any
 
 from edgeprefill.server.errors import ApiError
+from edgeprefill.server.history_arguments import read_arguments
 
 ROLES = {"user": "user", "system": "system", "developer": "system", "assistant": "assistant"}
 TEXT_PARTS = ("input_text", "output_text")
@@ -117,8 +118,9 @@ def _call(item: dict, param: str) -> dict[str, Any]:
     for name in ("call_id", "name", "arguments"):
         if not isinstance(item.get(name), str):
             raise ApiError(400, f"{param}.{name} must be a string", f"{param}.{name}")
+    arguments = read_arguments(item["arguments"], f"{param}.arguments")
     return {"id": item["call_id"], "type": "function",
-            "function": {"name": item["name"], "arguments": item["arguments"]}}
+            "function": {"name": item["name"], "arguments": arguments}}
 
 
 def _call_output(item: dict, param: str, names: dict[str, str]) -> dict[str, Any]:

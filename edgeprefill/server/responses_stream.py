@@ -11,10 +11,10 @@ A reply that fails mid-way ends with an `error` event and `response.failed`.
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+from edgeprefill import json_numbers
 from edgeprefill.server.choices import Choices
 from edgeprefill.server.errors import ERROR_TYPES, ApiError, generation_failure
 from edgeprefill.server.responses import Shape
@@ -100,5 +100,6 @@ class Numbered:
     def __call__(self, event: dict[str, Any]) -> bytes:
         event = {**event, "sequence_number": self.next}
         self.next += 1
-        data = json.dumps(event, separators=(",", ":"))
+        # the response it echoes holds the request's fields: a 1e400 there as it was sent
+        data = json_numbers.dumps_as_json(event, separators=(",", ":"))
         return f"event: {event['type']}\ndata: {data}\n\n".encode()

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from edgeprefill.errors import RequestError
+from edgeprefill.json_numbers import WrittenNumber
 from edgeprefill.sdk.chat_template import REASONING_FIELDS
 from edgeprefill.sdk.constraints import Constraint
 from edgeprefill.sdk.params import MAX_LOGPROBS, GenerationParams
@@ -393,6 +394,8 @@ def _number(
     value = body.get(name)
     if value is None:
         return default
+    if isinstance(value, WrittenNumber):  # a float reads it as inf (refused below) or 0.0
+        value = float(value.text)
     if not is_number(value):
         raise ApiError(400, f"'{name}' must be a number", name)
     # Python's JSON parser accepts NaN and Infinity; they are never valid settings.

@@ -46,6 +46,7 @@ import unicodedata
 from collections.abc import Mapping
 from typing import Any, NoReturn
 
+from edgeprefill import json_numbers
 from edgeprefill.sdk.lazy_text import BLANKS, spelled, text_until_either
 from edgeprefill.server.strict_tools import JSON_STYLE, closed_schema, refused
 from edgeprefill.server.tool_parsers import PythonicParser
@@ -111,7 +112,7 @@ def _keyword_rules(rule: str, properties: list[tuple[str, dict, bool]]) -> list[
     required one always, an optional one or not."""
     lines = [f'{rule}_{len(properties)}_first: ""', f'{rule}_{len(properties)}_after: ""']
     for i, (name, schema, required) in enumerate(properties):
-        value = json.dumps({**schema, "x-guidance": JSON_STYLE})
+        value = json_numbers.dumps_as_json({**schema, "x-guidance": JSON_STYLE})
         item = f'{rule}_{i}_item: {json.dumps(name + "=")} %json {value}'
         written = f"{rule}_{i}_item {rule}_{i + 1}_after"
         for state, sep in (("first", ""), ("after", json.dumps(SEPARATOR) + " ")):

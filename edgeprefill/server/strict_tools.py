@@ -49,6 +49,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from edgeprefill import json_numbers
 from edgeprefill.sdk.constraints import Constraint
 from edgeprefill.sdk.lazy_text import BLANKS, spelled, text_until, text_until_either
 from edgeprefill.sdk.thinking_budget import tags_are_special
@@ -135,7 +136,8 @@ def hermes_grammar(tools: tuple[dict, ...]) -> str:
         "%llguidance {}",
         "start: (head call)* TEXT",
         *text_until("head", open_tag),
-        f"call: {BLANKS} %json {json.dumps(calls)} {BLANKS} {json.dumps(close_tag)}",
+        f"call: {BLANKS} %json {json_numbers.dumps_as_json(calls)} {BLANKS} "
+        f"{json.dumps(close_tag)}",
     ])
 
 
@@ -150,7 +152,7 @@ def mistral_grammar(tools: tuple[dict, ...], parallel: bool, marker_id: int | No
         "%llguidance {}",
         "start: head calls | TEXT",
         *text_until_either("head", MISTRAL, marker_id),  # the marker's token or its text
-        f"calls: {BLANKS} %json {json.dumps(calls)}",
+        f"calls: {BLANKS} %json {json_numbers.dumps_as_json(calls)}",
     ])
 
 
@@ -168,7 +170,7 @@ def llama3_grammar(tools: tuple[dict, ...], parallel: bool, tag_id: int | None) 
         "start: calls | TEXT",
         f"calls: {BLANKS} (tag {BLANKS})? call{more}",
         f"tag: {spelled(PYTHON_TAG, tag_id)}",
-        f"call: %json {json.dumps(call)}",
+        f"call: %json {json_numbers.dumps_as_json(call)}",
         # blanks, then nothing or a character other than a blank and `{`, then anything
         f"TEXT: /(?s:[{PY_BLANKS}]*([^{PY_BLANKS}{{].*)?)/ & "
         f"~/(?s:[{PY_BLANKS}]*{re.escape(PYTHON_TAG)}.*)/",
@@ -186,5 +188,7 @@ def _call_schema(function: dict[str, Any], key: str = "arguments") -> dict[str, 
 
 def closed_schema(schema: dict[str, Any]) -> dict[str, Any]:
     """The schema with no properties beyond those listed (OpenAI's strict)."""
-    closed: dict[str, Any] = json.loads(Constraint.json_schema(schema, strict=True).source)
+    # read as written: a number a float cannot hold stays its text in the grammar
+    closed: dict[str, Any] = json_numbers.read_request(
+        Constraint.json_schema(schema, strict=True).source)
     return closed

@@ -29,6 +29,7 @@ import json
 import re
 from typing import Any
 
+from edgeprefill import json_numbers
 from edgeprefill.sdk.lazy_text import BLANKS, text_until
 from edgeprefill.server.errors import ApiError
 from edgeprefill.server.strict_tools import (
@@ -137,7 +138,7 @@ def _xml_parameter(rule: str, key: str, spec: Any, function: str) -> list[str]:
     # integer, number, boolean, null: JSON text that the parser reads back as that type
     # (a JSON number or literal); anything else the parser reads as JSON.
     value = {**_xml_guarded(spec, function, key), "x-guidance": JSON_STYLE}
-    return [f"{rule}: {head} %json {json.dumps(value)} {end} {_literal(chr(10))}"]
+    return [f"{rule}: {head} %json {json_numbers.dumps_as_json(value)} {end} {_literal(chr(10))}"]
 
 
 def _xml_text(null: bool = False) -> str:
@@ -165,7 +166,7 @@ def _xml_guarded(schema: Any, function: str, key: str) -> dict[str, Any]:
     if not {"type", "enum", "const", "anyOf", "oneOf", "allOf"} & set(node):
         node["type"] = XML_SCALARS
     for member in node.get("enum", []) + ([node["const"]] if "const" in node else []):
-        if "</" in json.dumps(member):
+        if "</" in json_numbers.dumps_as_json(member):
             raise _xml_refusal(function, key, "an enum member holds '</'")
     kinds = node.get("type")
     kinds = kinds if isinstance(kinds, list) else [kinds]

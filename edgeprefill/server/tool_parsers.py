@@ -15,11 +15,12 @@
 
 A parser never loses text: whatever does not parse as a call stays content.
 
-Arguments are read and written by server/json_numbers.py, so that they are always JSON: a
-number a float cannot hold (`1e400`) keeps the text the model wrote, and `NaN` or
+Arguments are read and written by edgeprefill/json_numbers.py, so that they are always
+JSON: a number a float cannot hold (`1e400`) keeps the text the model wrote, and `NaN` or
 `Infinity`, not JSON, make a call whose arguments are parsed invalid as any other invalid
 JSON would (it stays text; a Python or XML value spelled so is not a number: a pythonic
-call stays text, an XML value is a string). Arguments that stream as they are generated
+call stays text, an XML value is a string). So do arguments nested deeper than
+json_numbers.MAX_DEPTH, in any format. Arguments that stream as they are generated
 are the model's text as written (a call whose arguments are not JSON, for whatever reason,
 does not end the reply with finish_reason `tool_calls`: server/responses.py).
 """
@@ -35,9 +36,9 @@ from abc import ABC, abstractmethod
 from decimal import Decimal
 from typing import Any, NamedTuple
 
+from edgeprefill import json_numbers
+from edgeprefill.json_numbers import WrittenNumber
 from edgeprefill.sdk.reasoning_split import partial_suffix
-from edgeprefill.server import json_numbers
-from edgeprefill.server.json_numbers import WrittenNumber
 
 
 class ToolCall(NamedTuple):
@@ -105,9 +106,21 @@ def _call_from(obj: Any, argument_keys: tuple[str, ...], short_id: bool = False
             arguments = json_numbers.loads(arguments)
         except ValueError:
             return None
-    if not isinstance(arguments, dict):
+    if not isinstance(arguments, dict) or too_deep(arguments):
         return None
     return new_call(obj["name"], arguments, short_id, obj.get("id"))
+
+
+# Calls read as JSON text nest their arguments in a call object, in a list of calls (Mistral,
+# a forced `required`): read so deep, then the arguments themselves are held to MAX_DEPTH.
+CALLS_DEPTH = json_numbers.MAX_DEPTH + 2
+
+
+def too_deep(arguments: dict[str, Any]) -> bool:
+    """Arguments nested deeper than json_numbers.MAX_DEPTH (a Python literal's, an XML
+    value's or inside a call object): no call, as a client sending them back would get a
+    400 (server/history_arguments.py)."""
+    return json_numbers.depth(arguments) > json_numbers.MAX_DEPTH
 
 
 class ToolParser(ABC):
@@ -217,7 +230,7 @@ class TaggedParser(ToolParser):
     def calls(self, body: str) -> list[ToolCall] | None:
         """The calls between one open and close tag, or None if it is not calls."""
         try:
-            call = _call_from(json_numbers.loads(body), self.argument_keys,
+            call = _call_from(json_numbers.loads(body, CALLS_DEPTH), self.argument_keys,
                               self.short_ids)
         except ValueError:
             return None
@@ -258,7 +271,7 @@ class PythonicParser(TaggedParser):
             if node.args or None in names or len(set(names)) != len(names):
                 return None  # positional arguments, **kwargs, or a name twice
             arguments = {k.arg: _literal(k.value, self.source) for k in node.keywords}
-            return new_call(node.func.id, arguments)
+            return None if too_deep(arguments) else new_call(node.func.id, arguments)
         except (TypeError, ValueError):  # not a literal, or one JSON cannot hold (a set)
             return None
 
@@ -301,7 +314,7 @@ class XmlParser(TaggedParser):
                 return None
             value = parameter[2].removeprefix("\n").removesuffix("\n")
             arguments[key] = _typed(value, schema.get(key))
-        return new_call(name, arguments, self.short_ids)
+        return None if too_deep(arguments) else new_call(name, arguments, self.short_ids)
 
 
 XML_FUNCTION = re.compile(r"<function=([^>\n]+)>(.*?)</function>", re.S)
@@ -510,7 +523,7 @@ class MistralParser(WholeReplyParser):
     def calls(self, text: str) -> list[ToolCall] | None:
         text = text.removeprefix("[TOOL_CALLS]").strip()
         try:
-            value = json_numbers.loads(text)
+            value = json_numbers.loads(text, CALLS_DEPTH)
         except ValueError:
             return None
         values = value if isinstance(value, list) else [value]
@@ -581,7 +594,6 @@ PARSERS: dict[str, type[ToolParser]] = {
 def _json_values(text: str, separators: str) -> list[Any] | None:
     """JSON values one after another, optionally separated by `separators`; None if
     anything else is in the text."""
-    decoder = json_numbers.DECODER
     values, at = [], 0
     skip = re.compile(rf"[\s{re.escape(separators)}]*")
     while True:
@@ -589,7 +601,7 @@ def _json_values(text: str, separators: str) -> list[Any] | None:
         if at == len(text):
             return values
         try:
-            value, at = decoder.raw_decode(text, at)
+            value, at = json_numbers.raw_decode(text, at, CALLS_DEPTH)
         except ValueError:
             return None
         values.append(value)

@@ -14,22 +14,23 @@ template, and turned into the parser that finds the calls in the reply.
   strict tool's arguments schema. Applied at submit, where the call format is known.
 
 Assistant messages with `tool_calls` and `tool` messages go into the template as
-transformers passes them (arguments as objects, not JSON text).
+transformers passes them (arguments as objects, not JSON text: server/history_arguments.py).
 """
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
+from edgeprefill import json_numbers
 from edgeprefill.bundle import Manifest
 from edgeprefill.errors import RequestError
 from edgeprefill.sdk.chat_template import reads_variable
 from edgeprefill.sdk.params import GenerationParams
 from edgeprefill.server.errors import ApiError
+from edgeprefill.server.history_arguments import read_arguments
 from edgeprefill.server.strict_tools import lazy_call_constraint, strict_given
 from edgeprefill.server.tool_parsers import (
     PARSERS,
@@ -226,7 +227,7 @@ def _python_call(function: dict[str, Any]) -> str:
     """`name(key=value, ...)`, each value as JSON (strings in double quotes, as LFM2 writes
     them; PythonicParser reads JSON's true/false/null too)."""
     arguments = function["arguments"] if isinstance(function["arguments"], dict) else {}
-    keywords = ", ".join(f"{key}={json.dumps(value, ensure_ascii=False)}"
+    keywords = ", ".join(f"{key}={json_numbers.dumps(value)}"
                          for key, value in arguments.items())
     return f"{function['name']}({keywords})"
 
@@ -328,12 +329,6 @@ def _history_call(call: Any, param: str) -> dict:
     if not isinstance(function, dict) or not isinstance(function.get("name"), str):
         raise ApiError(400, f"{param} must be {{\"id\", \"type\": \"function\", "
                        "\"function\": {\"name\", \"arguments\"}}", param)
-    arguments = function.get("arguments", "{}")
-    if isinstance(arguments, str):
-        try:
-            arguments = json.loads(arguments)
-        except ValueError:
-            raise ApiError(400, f"{param}.function.arguments is not valid JSON",
-                           f"{param}.function.arguments") from None
+    arguments = read_arguments(function.get("arguments", "{}"), f"{param}.function.arguments")
     return {"id": call.get("id"), "type": "function",
             "function": {"name": function["name"], "arguments": arguments}}
