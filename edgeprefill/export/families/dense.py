@@ -204,6 +204,11 @@ MINISTRAL3_ROPE = {"rope_type": "yarn", "rope_theta": 1_000_000.0, "factor": 16.
                    "llama_4_scaling_beta": 0.1}
 # Llama's convention: `attention_bias` switches the q/k/v and o biases on together.
 ATTENTION_BIAS: dict[str, Any] = {"bias_key": "attention_bias", "o_bias": None}
+INTERNLM2_NAMES = replace(
+    LLAMA_NAMES, embed=("model.tok_embeddings.weight",), lm_head=("output",),
+    qkv="attention.wqkv", o="attention.wo", gate="feed_forward.w1", up="feed_forward.w3",
+    down="feed_forward.w2", input_norm="attention_norm", post_attn_norm="ffn_norm",
+)
 GRANITE = FamilySpec(
     **ATTENTION_BIAS, embed_scale="multiplier", unsupported=("mlp_bias",),
     defaults={"attention_multiplier": 1.0},
@@ -806,6 +811,18 @@ FAMILIES: dict[str, FamilySpec] = {
     ),
     # InternLM3: Llama under its own config class, whose qkv_bias and bias are aliases of
     # attention_bias and mlp_bias (and win), head_dim 128 and 2 KV heads by default.
+    # InternLM2 / 2.5 (InternLM's remote code, InternLM2ForCausalLM; transformers has no
+    # class for it): Llama under other names, q/k/v fused in one projection whose rows go
+    # by KV head, each head's queries then its key then its value (the "groups" layout,
+    # as Falcon's new decoder), biases on it and on wo where `bias` (its config's default).
+    "internlm2": FamilySpec(
+        names=INTERNLM2_NAMES, bias_key="bias", qkv_bias=True, o_bias=None,
+        qkv_layout_from_config=lambda raw: "groups",
+        defaults={"bias": True, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
+                  "hidden_act": "silu", "max_position_embeddings": 2048},
+        quirks=("q/k/v fused, rows by KV head (wqkv)",
+                "remote-code family: no transformers class"),
+    ),
     "internlm3": FamilySpec(
         **ATTENTION_BIAS, legacy=_internlm3_aliases, refuse=_internlm3_unsupported,
         defaults={"hidden_size": 4096, "intermediate_size": 10240, "num_hidden_layers": 48,
