@@ -78,7 +78,9 @@ def _list_models(ctx: click.Context, param: click.Parameter, value: bool) -> Non
 def export(hf_dir, out_dir, flavor, dtype, chunks, max_context, quantize, block_size,
            accuracy_level, embeddings, lm_head, adapter, overwrite, quiet):
     """Export a Hugging Face causal LM folder (config.json, safetensors or
-    pytorch_model.bin weights, tokenizer.json) to an edgeprefill bundle.
+    pytorch_model.bin weights, tokenizer.json) to an edgeprefill bundle. A folder with
+    only the slow tokenizer's files (tokenizer.model, or vocab.json + merges.txt) gets a
+    tokenizer.json converted by transformers (needs the export extra).
 
     HF_DIR may also be a GGUF file (llama.cpp, Ollama, LM Studio), or a folder holding
     one and no config.json: it is converted with transformers' GGUF reader (needs
