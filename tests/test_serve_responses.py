@@ -213,3 +213,19 @@ def test_responses_are_counted_and_logged_under_their_route(client, http, caplog
         in metrics
     assert any("POST /v1/responses 200" in r.getMessage() and "completion_tokens=3" in
                r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.parametrize("field, body", [
+    ("metadata.k", b'"metadata": {"k": NaN}'),
+    ("tools[0].parameters.properties.n.maximum",
+     b'"tools": [{"type": "function", "name": "f", "parameters": {"type": "object", '
+     b'"properties": {"n": {"type": "number", "maximum": Infinity}}}}]'),
+])
+def test_nan_or_infinity_in_a_field_only_echoed_is_a_400_naming_it(server, field, body):
+    """The reply echoes metadata and tools, which no setting's check reads: NaN there had
+    been a 500 (the echo could not be written as JSON)."""
+    raw = b'{"model": "%s", "input": "w4", "max_output_tokens": 2, %s}' % (
+        MODEL.encode(), body)
+    response = httpx.post(f"{server.url}/v1/responses", content=raw,
+                          headers={"Content-Type": "application/json"})
+    assert_error(response, 400, field, None)

@@ -161,16 +161,18 @@ def test_nan_or_infinity_in_arguments_text_is_a_400_naming_the_field(http, const
 
 @pytest.mark.parametrize("constant", ["NaN", "Infinity", "-Infinity"])
 def test_nan_or_infinity_in_an_arguments_object_is_a_400_naming_the_field(http, constant):
+    """The body's reader names the very value (server/body.py refuses NaN and Infinity
+    anywhere in a request, by the field's path)."""
     arguments = f'{{"days": [1, {constant}]}}'
     raw = as_object(chat_body("@arguments"), arguments)
     assert_error(post_raw(http, "/v1/chat/completions", raw), 400,
-                 "messages[1].tool_calls[0].function.arguments")
+                 "messages[1].tool_calls[0].function.arguments.days[1]")
     response = post_raw(http, "/v1/messages", as_object(messages_body("@arguments"),
                                                         arguments))
     assert response.status_code == 400
-    assert "messages[1].content[0].input holds NaN or Infinity" in \
+    assert f"'messages[1].content[0].input.days[1]' is {constant}" in \
         response.json()["error"]["message"]
     response = post_raw(http, "/api/chat", as_object(ollama_body("@arguments"), arguments))
     assert response.status_code == 400
-    assert "messages[1].tool_calls[0].function.arguments holds NaN or Infinity" in \
+    assert f"'messages[1].tool_calls[0].function.arguments.days[1]' is {constant}" in \
         response.json()["error"]

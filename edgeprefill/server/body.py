@@ -14,6 +14,7 @@ WrittenNumber, so that a tool call's arguments sent back as an object keep it as
 from __future__ import annotations
 
 import asyncio
+import math
 
 from starlette.requests import ClientDisconnect, Request
 
@@ -61,31 +62,48 @@ async def _read_bounded(request: Request, limit: int) -> bytes:
 
 
 def check_text(body: object) -> None:
-    """Refuse nesting deeper than MAX_DEPTH and strings with no UTF-8 form (lone
-    surrogates), keys included. Iterative, so the walk itself cannot overflow."""
-    stack = [(body, 0)]
+    """Refuse nesting deeper than MAX_DEPTH, strings with no UTF-8 form (lone surrogates),
+    keys included, and NaN or Infinity anywhere (Python's reader takes them; JSON has no
+    such numbers, and a field the server only echoes, such as the Responses API's
+    metadata, could not be written back: that was a 500). A refusal names the field's
+    path. Iterative, so the walk itself cannot overflow."""
+    stack: list[tuple[object, int, str]] = [(body, 0, "")]
     while stack:
-        value, depth = stack.pop()
+        value, depth, path = stack.pop()
         if isinstance(value, str):
-            _check_string(value)
+            _check_string(value, path)
+        elif isinstance(value, float) and not math.isfinite(value):
+            raise ApiError(400, f"'{path or 'the body'}' is {_spelled(value)}, which is no "
+                           "JSON number: send a finite one", path or None)
         elif isinstance(value, dict | list):
             if depth >= MAX_DEPTH:
                 raise _too_deep()
             items = value.items() if isinstance(value, dict) else enumerate(value)
             for key, item in items:
                 if isinstance(key, str):
-                    _check_string(key)
-                stack.append((item, depth + 1))
+                    _check_string(key, path)
+                stack.append((item, depth + 1, _child(path, key)))
 
 
-def _check_string(text: str) -> None:
+def _child(path: str, key: object) -> str:
+    """The field's path as the server's errors name it: `messages[0].content`."""
+    if isinstance(key, int):
+        return f"{path}[{key}]"
+    return f"{path}.{key}" if path else str(key)
+
+
+def _spelled(value: float) -> str:
+    return "NaN" if math.isnan(value) else "Infinity" if value > 0 else "-Infinity"
+
+
+def _check_string(text: str, path: str) -> None:
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as err:
         bad = text[err.start]
         raise ApiError(400, f"the request holds a lone UTF-16 surrogate (U+{ord(bad):04X}) "
                        f"at position {err.start} of a string; send valid Unicode text",
-                       code="invalid_unicode") from None
+                       path or None, code="invalid_unicode") from None
 
 
 def _too_deep() -> ApiError:

@@ -7,13 +7,13 @@ The template renders them into the prompt, so they must be what the model wrote:
 read by edgeprefill/json_numbers.py (a number a float cannot hold keeps its text, and
 `1e400` is rendered as `1e400`, not `inf`), and an object comes from the request body,
 read the same way (server/body.py). `NaN` and `Infinity` are not JSON, so arguments
-holding one are a 400 naming the field, as is text that is not JSON or nests deeper than
+holding one are a 400 naming the field (text here; an object's by the body's reader, which
+refuses them anywhere in a request), as is text that is not JSON or nests deeper than
 json_numbers.MAX_DEPTH (an object is bounded by the body's own limit).
 """
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from edgeprefill import json_numbers
@@ -28,19 +28,4 @@ def read_arguments(arguments: Any, param: str) -> Any:
             return json_numbers.loads(arguments)
         except ValueError as err:
             raise ApiError(400, f"{param} is not valid JSON ({err})", param) from None
-    if _holds_nan_or_infinity(arguments):
-        raise ApiError(400, f"{param} holds NaN or Infinity, which are not JSON", param)
     return arguments
-
-
-def _holds_nan_or_infinity(value: Any) -> bool:
-    """Whether a value from the body holds a float NaN or infinity: the body reader reads
-    a number too big for a float as a WrittenNumber, so these were `NaN` or `Infinity`."""
-    stack = [value]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, float) and not math.isfinite(item):
-            return True
-        if isinstance(item, dict | list):
-            stack.extend(item.values() if isinstance(item, dict) else item)
-    return False
