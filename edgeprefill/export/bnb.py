@@ -231,9 +231,11 @@ def _absmax(state: QuantState, read: Reader, weight: str) -> np.ndarray:
 
 def dequantize_int8(weight: np.ndarray, scb: np.ndarray) -> np.ndarray:
     """The float32 weight [out, in] of an LLM.int8 layer: each int8 row times its SCB, then
-    times 1/127."""
-    rows = scb.astype(np.float32).reshape(-1, 1)
-    return (weight.astype(np.float32) * rows) * INT8_STEP
+    times 1/127 (in place: one float32 copy)."""
+    values = weight.astype(np.float32)
+    values *= scb.astype(np.float32).reshape(-1, 1)
+    values *= INT8_STEP
+    return values
 
 
 def check_int8(weight: str, shape: tuple[int, ...], int8: bool, scb: int | None,

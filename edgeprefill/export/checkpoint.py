@@ -301,17 +301,16 @@ class Checkpoint:
                                   f"bitsandbytes weight {weight!r} it belongs to")
             if layer.kind == bnb_format.FOUR_BIT:
                 state = bnb_format.quant_state(weight, layer.parts, self._as_stored,
-                                        self._file_shape)
+                                               self._file_shape)
                 bnb_format.check_packed(weight, state, self._nbytes(weight))
                 self._bnb_states[weight] = state
             else:
                 module = weight.removesuffix("weight")
-                scb = module + "SCB"
-                bnb_format.check_int8(weight, self._file_shape(weight),
-                               self._dtype(weight) == "I8",
-                               math.prod(self._file_shape(scb)) if self.has(scb) else None,
-                               self._as_stored(module + "weight_format")
-                               if self.has(module + "weight_format") else None)
+                scb, layout = module + "SCB", module + "weight_format"
+                bnb_format.check_int8(
+                    weight, self._file_shape(weight), self._dtype(weight) == "I8",
+                    math.prod(self._file_shape(scb)) if self.has(scb) else None,
+                    self._as_stored(layout) if self.has(layout) else None)
         if self.bnb is not None:
             for name in sorted(self._file_of):
                 if name.endswith(".weight") and name not in layers and \
@@ -326,10 +325,10 @@ class Checkpoint:
         layer = self._bnb_layers[name]
         self.read.update(layer.parts)
         if layer.kind == bnb_format.INT8:
-            return bnb_format.dequantize_int8(self._as_stored(name),
-                                       self._as_stored(name.removesuffix("weight") + "SCB"))
+            return bnb_format.dequantize_int8(
+                self._as_stored(name), self._as_stored(name.removesuffix("weight") + "SCB"))
         return bnb_format.dequantize_4bit(self._bytes(name), self._bnb_states[name],
-                                   self._as_stored, name)
+                                          self._as_stored, name)
 
     def _dtype(self, name: str) -> str:
         """The tensor's dtype as safetensors names it (I8, U8, BF16, F32, ...)."""
