@@ -171,8 +171,8 @@ def test_longrope_beyond_the_original_window_uses_the_long_factors(tmp_path):
     # MXFP4 weights are read for gpt-oss's experts only
     ({"quantization_config": {"quant_method": "mxfp4"}},
      "llama: the checkpoint is quantized (quantization_config, mxfp4)"),
-    ({"model_type": "gpt_oss", "quantization_config": {"quant_method": "bitsandbytes"}},
-     "gpt_oss: the checkpoint is quantized (quantization_config, bitsandbytes)"),
+    ({"model_type": "gpt_oss", "quantization_config": {"quant_method": "hqq"}},
+     "gpt_oss: the checkpoint is quantized (quantization_config, hqq)"),
     ({"model_type": "olmoe", "clip_qkv": 8.0}, "olmoe: clip_qkv (q/k/v clamped) is not"),
     ({"model_type": "granite_swa", "layer_rope_theta": [1e4, 1e4, 1e4]},
      "granite_swa: layer_rope_theta lists 3 layers; there are 2"),

@@ -133,8 +133,8 @@ def test_other_quantizations_and_bad_fp8_configs_are_one_line(tmp_path):
     hf = quantize_fp8(build_hf_model("llama", tmp_path / "float"), tmp_path / "fp8", [32, 32])
     path = hf / "config.json"
     config = json.loads(path.read_text())
-    for quant, fragment in (({"quant_method": "bitsandbytes", "load_in_4bit": True},
-                             "quantized (quantization_config, bitsandbytes)"),
+    for quant, fragment in (({"quant_method": "hqq", "nbits": 4},
+                             "quantized (quantization_config, hqq)"),
                             ({"quant_method": "fp8", "weight_block_size": [32]},
                              "weight_block_size must be two positive integers")):
         path.write_text(json.dumps({**config, "quantization_config": quant}))

@@ -470,8 +470,7 @@ def ct(weights=None, **group) -> dict:
     (ct({"strategy": "channel"}), "the 'channel' strategy"),
     (ct(format="marlin-24"), "format 'marlin-24'"),
     (ct(input_activations={"num_bits": 8}), "quantizes activations too"),
-    ({"quant_method": "bitsandbytes", "load_in_4bit": True},
-     "quantized (quantization_config, bitsandbytes)"),
+    ({"quant_method": "hqq", "nbits": 4}, "quantized (quantization_config, hqq)"),
     ({"quant_method": "exl2"}, "quantized (quantization_config, exl2)"),
 ])
 def test_unsupported_quantization_is_refused_in_one_line_naming_it(quant, message):

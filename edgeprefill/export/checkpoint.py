@@ -12,6 +12,8 @@ import numpy as np
 from safetensors import SafetensorError, safe_open
 
 from edgeprefill.errors import ExportError
+from edgeprefill.export import bnb as bnb_format
+from edgeprefill.export.bnb import BnbScheme, QuantState
 from edgeprefill.export.fp8 import (
     FLOAT8,
     SCALE_SUFFIX,
@@ -34,6 +36,8 @@ MODEL_FILES = (INDEX_FILE, SINGLE_FILE, TORCH_INDEX_FILE, TORCH_FILE)
 # (GPT-2's Hub checkpoints keep their causal-mask buffers as `h.{i}.attn.bias`.)
 BUFFERS = ("rotary_emb.inv_freq", "attention.bias", "attention.masked_bias", ".attn.bias",
            ".attn.masked_bias")
+TORCH_DTYPES = {"torch.int8": "I8", "torch.uint8": "U8", "torch.float32": "F32",
+                "torch.float16": "F16", "torch.bfloat16": "BF16"}  # safetensors' names
 SAME_BLOCK = 1 << 24  # elements per block compared by Checkpoint.same (64 MB in float32)
 
 
@@ -59,6 +63,12 @@ class Checkpoint:
     gives it as it is stored, for a MatMulNBits (an act-order one's inputs in group order,
     `int4_order`).
 
+    In a bitsandbytes checkpoint (`bnb`, export/bnb.py) a quantized layer's `weight` holds
+    4-bit codes or int8 values beside its side tensors (quant_state, absmax, ... or SCB):
+    the weight's name reads it dequantized to float, of the float weight's [out, in] shape
+    (a Conv1D's too: bitsandbytes quantizes it as [out, in]), and reading it counts its
+    side tensors as read.
+
     With a LoRA `adapter` (export/lora.py) every tensor is read merged: its delta added,
     or the adapter's copy in its place; a tensor only the adapter holds (modules_to_save's
     head over a tied checkpoint) is read as the checkpoint's own.
@@ -68,12 +78,14 @@ class Checkpoint:
                  left_out: tuple[str, ...] = (), fp8: Fp8Scheme | None = None,
                  transposed: tuple[str, ...] = (), int4: Int4Scheme | None = None,
                  segments: tuple[tuple[str, str], ...] = (),
-                 adapter: Adapter | None = None) -> None:
+                 adapter: Adapter | None = None, bnb: BnbScheme | None = None) -> None:
         """`fp8`: the checkpoint's FP8 scheme (export/fp8.py): float8 weights are read
-        dequantized by the scales stored beside them. `int4`: its int4 scheme."""
+        dequantized by the scales stored beside them. `int4`: its int4 scheme. `bnb`: its
+        bitsandbytes scheme."""
         self.dir = hf_dir
         self.fp8 = fp8
         self.int4 = int4
+        self.bnb = bnb
         self._headers: dict[Path, dict] = {}  # safetensors headers, read for float8 tensors
         self._transposed = tuple(f".{module}.weight" for module in transposed)
         self._handles: dict[Path, object] = {}
@@ -87,7 +99,11 @@ class Checkpoint:
         self.adapter: Adapter | None = None  # bound below, once the checkpoint is checked
         self._added: dict[str, np.ndarray] = {}  # the adapter's tensors the checkpoint lacks
         self._int4_modules = self._quantized_modules()  # `{module}.weight` -> module
+        # bitsandbytes' layers: `X.weight` -> its kind and side tensors; the 4-bit ones' states
+        self._bnb_layers = bnb_format.quantized_layers(self._file_of)
+        self._bnb_states: dict[str, QuantState] = {}
         self._check_float8()  # before any weight is written: a bad checkpoint fails at once
+        self._check_bnb(self._bnb_layers)
         if adapter is not None:
             self._bind(adapter, {stored: n for n, (_, stored) in self._file_of.items()},
                        renames, segments, left_out)
@@ -119,6 +135,8 @@ class Checkpoint:
         return name in self._file_of or name in self._int4_modules or name in self._added
 
     def shape(self, name: str) -> tuple[int, ...]:
+        if name in self._bnb_states:
+            return self._bnb_states[name].shape
         if name in self._int4_modules:
             assert self.int4 is not None
             return self.int4.shape(self._int4_modules[name], self._stored_shape, self._stored)
@@ -142,7 +160,8 @@ class Checkpoint:
         return self._header(path)[stored]["dtype"] == "U8"
 
     def _is_transposed(self, name: str) -> bool:
-        return bool(self._transposed) and name.endswith(self._transposed)
+        return bool(self._transposed) and name.endswith(self._transposed) and \
+            name not in self._bnb_layers
 
     def _require(self, name: str) -> tuple[Path, str]:
         found = self._file_of.get(name)
@@ -204,6 +223,13 @@ class Checkpoint:
         path, stored = self._require(name)
         if self._float8(path, stored):
             return self._dequantized(name, path, stored)
+        if name in self._bnb_layers:
+            return self._bnb_dequantized(name)
+        return self._as_stored(name)
+
+    def _as_stored(self, name: str) -> np.ndarray:
+        """A tensor as its file stores it (not counted as read)."""
+        path, stored = self._require(name)
         try:
             return self._handle(path).get_tensor(stored)
         except (SafetensorError, OSError, ValueError) as err:
@@ -215,8 +241,9 @@ class Checkpoint:
         tensor, or a slice of rows of DBRX's [E * I, H]: the whole tensor of a large
         model's layer is gigabytes)."""
         path, stored = self._require(name)
-        if self._float8(path, stored):
-            raise ExportError(f"{name!r} is a fused float8 tensor, which export cannot read")
+        if self._float8(path, stored) or name in self._bnb_layers:
+            raise ExportError(f"{name!r} is a fused quantized tensor, which export cannot read "
+                              "by parts")
         if self.adapter is not None and self.adapter.touches(name):
             raise ExportError(f"the adapter changes {name}, a fused tensor of MoE experts: "
                               "export cannot merge a LoRA on experts")
@@ -259,6 +286,72 @@ class Checkpoint:
         self.read.update(module + unused for unused in UNUSED if self.has(module + unused))
         return self.fp8.dequantize(weight, scale)
 
+    def _check_bnb(self, layers: dict[str, bnb_format.Layer]) -> None:
+        """Every layer stored by bitsandbytes has the scheme, its weight and side tensors,
+        of the sizes its quant state implies; under the scheme, no integer weight is
+        without them."""
+        if layers and self.bnb is None:
+            weight = min(layers)
+            raise ExportError(f"{weight} is stored by bitsandbytes ({layers[weight].parts[0]} "
+                              "beside it), but config.json has no bitsandbytes "
+                              "quantization_config")
+        for weight, layer in sorted(layers.items()):
+            if weight not in self._file_of:
+                raise ExportError(f"the checkpoint stores {layer.parts[0]} but not the "
+                                  f"bitsandbytes weight {weight!r} it belongs to")
+            if layer.kind == bnb_format.FOUR_BIT:
+                state = bnb_format.quant_state(weight, layer.parts, self._as_stored,
+                                               self._file_shape)
+                bnb_format.check_packed(weight, state, self._nbytes(weight))
+                self._bnb_states[weight] = state
+            else:
+                module = weight.removesuffix("weight")
+                scb, layout = module + "SCB", module + "weight_format"
+                bnb_format.check_int8(
+                    weight, self._file_shape(weight), self._dtype(weight) == "I8",
+                    math.prod(self._file_shape(scb)) if self.has(scb) else None,
+                    self._as_stored(layout) if self.has(layout) else None)
+        if self.bnb is not None:
+            for name in sorted(self._file_of):
+                if name.endswith(".weight") and name not in layers and \
+                        self._dtype(name) in ("I8", "U8"):
+                    raise ExportError(f"{name} is stored as {self._dtype(name)} with none of "
+                                      "bitsandbytes' tensors beside it (a quant_state, an "
+                                      "SCB): how to dequantize it is unknown")
+
+    def _bnb_dequantized(self, name: str) -> np.ndarray:
+        """A bitsandbytes layer's float32 weight (export/bnb.py); its side tensors count
+        as read."""
+        layer = self._bnb_layers[name]
+        self.read.update(layer.parts)
+        if layer.kind == bnb_format.INT8:
+            return bnb_format.dequantize_int8(
+                self._as_stored(name), self._as_stored(name.removesuffix("weight") + "SCB"))
+        return bnb_format.dequantize_4bit(self._bytes(name), self._bnb_states[name],
+                                          self._as_stored, name)
+
+    def _dtype(self, name: str) -> str:
+        """The tensor's dtype as safetensors names it (I8, U8, BF16, F32, ...)."""
+        path, stored = self._require(name)
+        if path.suffix == ".bin":
+            return self._handle(path).dtype(stored)
+        return self._header(path)[stored]["dtype"]
+
+    def _nbytes(self, name: str) -> int:
+        path, stored = self._require(name)
+        if path.suffix == ".bin":
+            return self._handle(path).nbytes(stored)
+        start, end = self._header(path)[stored]["data_offsets"]
+        return end - start
+
+    def _bytes(self, name: str) -> np.ndarray:
+        """The tensor's bytes, flat uint8, whatever dtype stores them (bitsandbytes'
+        packed 4-bit codes may be stored as bf16 or float32: bnb_4bit_quant_storage)."""
+        path, stored = self._require(name)
+        if path.suffix == ".bin":
+            return self._handle(path).get_bytes(stored)
+        return np.ascontiguousarray(self._as_stored(name)).reshape(-1).view(np.uint8)
+
     def _header(self, path: Path) -> dict:
         if path not in self._headers:
             self._headers[path] = safetensors_header(path)
@@ -270,8 +363,8 @@ class Checkpoint:
         vocabulary are never both in memory. Neither counts as read. The values are the
         checkpoint's, unmerged: transformers ties a head at load, before peft's adapter."""
         shape = self.shape(a)
-        if shape != self.shape(b):
-            return False
+        if shape != self.shape(b) or a in self._bnb_layers or b in self._bnb_layers:
+            return False  # (a quantized head is never the float embedding it would tie to)
         step = max(1, SAME_BLOCK // max(1, math.prod(shape[1:])))
         blocks = [(start, min(start + step, shape[0])) for start in range(0, shape[0], step)]
         return all(np.array_equal(self._rows(a, *block), self._rows(b, *block))
@@ -333,6 +426,20 @@ class TorchFile:
 
     def get_tensor(self, name: str) -> np.ndarray:
         return _to_numpy(self.tensors[name])
+
+    def get_bytes(self, name: str) -> np.ndarray:
+        """The tensor's bytes, flat uint8."""
+        import torch
+
+        return self.tensors[name].contiguous().reshape(-1).view(torch.uint8).numpy()
+
+    def nbytes(self, name: str) -> int:
+        tensor = self.tensors[name]
+        return tensor.numel() * tensor.element_size()
+
+    def dtype(self, name: str) -> str:
+        """The tensor's dtype as safetensors names it (I8, U8, F32, BF16, ...)."""
+        return TORCH_DTYPES.get(str(self.tensors[name].dtype), str(self.tensors[name].dtype))
 
     class _Slice:
         """A tensor's shape and rows, as safetensors' get_slice gives them."""

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from edgeprefill.errors import ExportError
 from edgeprefill.export.bitlinear import read_bitnet_scheme
+from edgeprefill.export.bnb import read_bnb_scheme
 from edgeprefill.export.config_checks import check_objects, check_sizes, config_value
 from edgeprefill.export.config_fields import (
     altup_fields,
@@ -75,12 +76,14 @@ def read_config(config_type: type[ModelConfig], raw: dict[str, Any]) -> ModelCon
     spec = family_spec(family, text_type)
     mxfp4 = spec.moe is not None and spec.moe.names.mxfp4
     int4 = read_int4_scheme(family, raw)
+    bnb = read_bnb_scheme(family, raw)
     # any other quantization is refused here
-    fp8 = None if int4 is not None else read_fp8_scheme(family, raw, mxfp4, spec.bitnet)
+    fp8 = None if int4 is not None or bnb is not None else \
+        read_fp8_scheme(family, raw, mxfp4, spec.bitnet)
     bitnet = read_bitnet_scheme(family, raw) if spec.bitnet else None
     try:
         return replace(_read(config_type, family, spec, spec.read(raw), text_type), fp8=fp8,
-                       int4=int4, bitnet=bitnet)
+                       int4=int4, bitnet=bitnet, bnb=bnb)
     except KeyError as missing:
         raise ExportError(f"config.json lacks the required key {missing}") from None
     except (TypeError, ValueError, ZeroDivisionError) as bad:

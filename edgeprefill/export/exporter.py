@@ -173,7 +173,7 @@ def _export(hf_dir: Path, out_dir: Path, options: ExportOptions,
         ckpt = Checkpoint(hf_dir, cfg.renames + cfg.spec.renames,
                           cfg.spec.left_out + cfg.left_out, cfg.fp8,
                           transposed=cfg.spec.transposed, int4=cfg.int4,
-                          segments=cfg.spec.segment_renames, adapter=adapter)
+                          segments=cfg.spec.segment_renames, adapter=adapter, bnb=cfg.bnb)
         flavor = flavor_class(options.flavor)(cfg, DTYPES[options.dtype], max_context)
         g = DecoderBuilder(cfg, ckpt, flavor, options.quant).build()
         initializers = write_external_data(g.weights, stage / DATA_FILE, options.show_progress)

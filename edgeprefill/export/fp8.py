@@ -70,17 +70,19 @@ def read_fp8_scheme(family: str, raw: dict[str, Any], mxfp4_experts: bool = Fals
     """The checkpoint's FP8 scheme from config.json's `quantization_config` (None without
     one, or for the MXFP4 experts of a family that reads them: `mxfp4_experts`, gpt-oss,
     export/mxfp4.py; or for BitNet's layers where the family has them: `bitnet`,
-    export/bitlinear.py); any other quantization is refused in one line."""
+    export/bitlinear.py; or for bitsandbytes' layers, export/bnb.py); any other
+    quantization is refused in one line."""
     quant = raw.get("quantization_config")
     if not quant:
         return None
     method = quant.get("quant_method", "unknown") if isinstance(quant, dict) else "unknown"
-    if (method == "mxfp4" and mxfp4_experts) or (method == "bitnet" and bitnet):
+    if (method == "mxfp4" and mxfp4_experts) or (method == "bitnet" and bitnet) or \
+            method == "bitsandbytes":
         return None
     if method != "fp8":
         raise ExportError(f"{family}: the checkpoint is quantized (quantization_config, "
-                          f"{method}); export reads float, fp8 or int4 gptq, awq and "
-                          "compressed-tensors weights: take its bf16 release")
+                          f"{method}); export reads float, fp8, bitsandbytes or int4 gptq, "
+                          "awq and compressed-tensors weights: take its bf16 release")
     block = quant.get("weight_block_size")
     if block is None:
         return Fp8Scheme(None)

@@ -15,6 +15,7 @@ from edgeprefill.contract import CONV, RECURRENT
 from edgeprefill.errors import ExportError
 from edgeprefill.export.altup import AltUpConfig
 from edgeprefill.export.bitlinear import BitNetScheme
+from edgeprefill.export.bnb import BnbScheme
 from edgeprefill.export.config_checks import check_model_config
 from edgeprefill.export.config_fields import (
     ACTIVATIONS as ACTIVATIONS,  # re-exported: `activation`'s values (tests import it here)
@@ -76,6 +77,7 @@ class ModelConfig:
     eos_token_ids: tuple[int, ...] = ()
     fp8: Fp8Scheme | None = None  # how an FP8 checkpoint's weights are scaled (export/fp8.py)
     int4: Int4Scheme | None = None  # a GPTQ/AWQ/compressed-tensors one's (export/prequantized.py)
+    bnb: BnbScheme | None = None  # a bitsandbytes one's, read dequantized (export/bnb.py)
     bitnet: BitNetScheme | None = None  # BitNet's layers (export/bitlinear.py); None: float
     clip_qkv: float | None = None  # q, k and v clamped to [-clip_qkv, clip_qkv] (OLMo 1)
     # LFM2: the layers that are gated short convolutions (their `layers` entry unused),

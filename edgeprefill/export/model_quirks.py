@@ -15,9 +15,14 @@ if TYPE_CHECKING:
 def model_quirks(cfg: ModelConfig) -> list[str]:
     """What is special about this model, in words (manifest and `inspect`): the family's
     fixed quirks, then what its config chose, kind by kind, each once."""
-    out = [*cfg.spec.quirks, *_mixers(cfg), *_block(cfg), *_attention(cfg), *_kv_cache(cfg),
-           *_altup(cfg), *_positions(cfg)]
+    out = [*cfg.spec.quirks, *_weights(cfg), *_mixers(cfg), *_block(cfg), *_attention(cfg),
+           *_kv_cache(cfg), *_altup(cfg), *_positions(cfg)]
     return list(dict.fromkeys(out))
+
+
+def _weights(cfg: ModelConfig) -> list[str]:
+    """Weights the checkpoint stored quantized and export read back to float."""
+    return [cfg.bnb.describe()] if cfg.bnb is not None else []
 
 
 def _mixers(cfg: ModelConfig) -> list[str]:
