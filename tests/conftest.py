@@ -3,6 +3,7 @@ transformers (nothing is downloaded), and their exported bundles."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from collections.abc import Sequence
@@ -766,13 +767,31 @@ def word_bundle(hf_model, tmp_path_factory, name: str, top_words: Sequence[str],
     return out
 
 
+@contextlib.contextmanager
+def scripted_server(bundle: Path, top_words: Sequence[str], script: Sequence[str]):
+    """A live server (tests/test_serve.py's `serving`) of the bundle's engine whose replies
+    are `script`: each word (of write_tokenizer's `top_words`) followed by the next, the
+    last by EOS (w2), the first after whatever the prompt ends with."""
+    from edgeprefill.sdk import Engine
+    from tests.test_serve import serving
+
+    engine = Engine.load(bundle, threads=1, kv_slots=2)
+    ids = [top_word_id(top_words, w) for w in script]
+    follow_tokens(engine, dict(zip(ids, [*ids[1:], 2], strict=True)), 2)
+    try:
+        with serving(engine) as server:
+            yield server
+    finally:
+        engine.close()
+
+
 @pytest.fixture(scope="module")
 def http(server):
     """An httpx client of the module's `server` fixture. One client for the module: a new
     httpx client per call costs ~50 ms of TLS setup."""
     import httpx
 
-    with httpx.Client(base_url=server.url) as client:
+    with httpx.Client(base_url=server.url, timeout=60) as client:
         yield client
 
 

@@ -70,6 +70,14 @@ def load_hf_model_as_llama(hf):
     return load_hf_model(as_llama)
 
 
+def assert_computes_folded_llama(hf, out):
+    export(hf, out, ExportOptions(chunks=(4,), max_context=64, show_progress=False))
+    with torch.no_grad():
+        expected = folded_llama(hf)(torch.tensor([IDS])).logits[0, -1].numpy()
+    got = logits_at(out, IDS)  # in chunks of 4: prefill over a past too
+    assert np.abs(got - expected).max() < 1e-4 * np.abs(expected).max()
+
+
 @pytest.mark.parametrize("tied", [True, False])
 def test_minicpm_computes_llama_with_its_scalings_folded_in(tmp_path, tied):
     hf = minicpm_checkpoint(tmp_path / "hf", tied)
@@ -88,12 +96,7 @@ def test_minicpm_with_kv_channels_reads_it_as_the_head_width(tmp_path):
     """MiniCPM4's configs give the head width as kv_channels (here the usual one: 16); the
     attention scale is 1 / sqrt of it."""
     hf = minicpm_checkpoint(tmp_path / "hf", True, kv_channels=16)
-    export(hf, tmp_path / "b", ExportOptions(chunks=(4,), max_context=64,
-                                             show_progress=False))
-    with torch.no_grad():
-        expected = folded_llama(hf)(torch.tensor([IDS])).logits[0, -1].numpy()
-    got = logits_at(tmp_path / "b", IDS)
-    assert np.abs(got - expected).max() < 1e-4 * np.abs(expected).max()
+    assert_computes_folded_llama(hf, tmp_path / "b")
 
 
 @pytest.mark.parametrize("config, fragment", [
@@ -117,9 +120,4 @@ def test_minicpm4s_longrope_is_read_as_phi3s(tmp_path):
             "long_factor": [2.0 + i for i in range(8)], "original_max_position_embeddings": 256}
     hf = minicpm_checkpoint(tmp_path / "hf", True, rope_scaling=rope,
                             max_position_embeddings=1024)
-    export(hf, tmp_path / "b", ExportOptions(chunks=(4,), max_context=64,
-                                             show_progress=False))
-    with torch.no_grad():
-        expected = folded_llama(hf)(torch.tensor([IDS])).logits[0, -1].numpy()
-    got = logits_at(tmp_path / "b", IDS)
-    assert np.abs(got - expected).max() < 1e-4 * np.abs(expected).max()
+    assert_computes_folded_llama(hf, tmp_path / "b")

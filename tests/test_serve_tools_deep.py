@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -22,13 +21,11 @@ httpx = pytest.importorskip("httpx")
 pytest.importorskip("starlette")
 
 from edgeprefill.json_numbers import MAX_DEPTH  # noqa: E402
-from edgeprefill.sdk import Engine  # noqa: E402
 from edgeprefill.server import ServerThread  # noqa: E402
-from tests.conftest import follow_tokens, top_word_id, word_bundle  # noqa: E402
-from tests.test_serve import MODEL, assert_error, serving  # noqa: E402
+from tests.conftest import scripted_server, word_bundle  # noqa: E402
+from tests.test_serve import MODEL, assert_error  # noqa: E402
 from tests.test_serve_tools import TEMPLATE  # noqa: E402
 
-EOS = 2
 DEPTH = 100_000  # the model's
 CLIENT_DEPTH = 20_000  # within the test server's body limit (80 kB)
 
@@ -51,19 +48,9 @@ QUESTION = [{"role": "user", "content": "weather ?"}]
 
 @pytest.fixture(scope="module")
 def server(hf_model, tmp_path_factory) -> Iterator[ServerThread]:
-    bundle: Path = word_bundle(hf_model, tmp_path_factory, "deep", WORDS, TEMPLATE)
-    engine = Engine.load(bundle, threads=1, kv_slots=2)
-    ids = [top_word_id(WORDS, w) for w in ("assistant:", *SCRIPT)]
-    follow_tokens(engine, dict(zip(ids, [*ids[1:], EOS], strict=True)), EOS)
-    with serving(engine) as server:
+    bundle = word_bundle(hf_model, tmp_path_factory, "deep", WORDS, TEMPLATE)
+    with scripted_server(bundle, WORDS, ("assistant:", *SCRIPT)) as server:
         yield server
-    engine.close()
-
-
-@pytest.fixture(scope="module")
-def http(server) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=server.url, timeout=60) as client:
-        yield client
 
 
 def post(http, path: str, body: dict) -> dict:

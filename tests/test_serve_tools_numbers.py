@@ -14,21 +14,18 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 httpx = pytest.importorskip("httpx")
 pytest.importorskip("starlette")
 
-from edgeprefill.sdk import Engine  # noqa: E402
 from edgeprefill.server import ServerThread  # noqa: E402
-from tests.conftest import follow_tokens, top_word_id, word_bundle  # noqa: E402
+from tests.conftest import scripted_server, word_bundle  # noqa: E402
 from tests.test_json_numbers import js_parses  # noqa: E402
-from tests.test_serve import MODEL, serving  # noqa: E402
+from tests.test_serve import MODEL  # noqa: E402
 from tests.test_serve_tools import TEMPLATE  # noqa: E402
 
-EOS = 2
 # Words, each once (the script maps a word to the next): the second call opens with its
 # tag inside a word, as the tokenizer splits words at blanks only.
 SCRIPT = ['<tool_call>', '{"name":', '"get_weather",', '"arguments":', '{"days":', '1e400}}',
@@ -44,19 +41,9 @@ QUESTION = [{"role": "user", "content": "weather ?"}]
 
 @pytest.fixture(scope="module")
 def server(hf_model, tmp_path_factory) -> Iterator[ServerThread]:
-    bundle: Path = word_bundle(hf_model, tmp_path_factory, "numbers", WORDS, TEMPLATE)
-    engine = Engine.load(bundle, threads=1, kv_slots=2)
-    ids = [top_word_id(WORDS, w) for w in ("assistant:", *SCRIPT)]
-    follow_tokens(engine, dict(zip(ids, [*ids[1:], EOS], strict=True)), EOS)
-    with serving(engine) as server:
+    bundle = word_bundle(hf_model, tmp_path_factory, "numbers", WORDS, TEMPLATE)
+    with scripted_server(bundle, WORDS, ("assistant:", *SCRIPT)) as server:
         yield server
-    engine.close()
-
-
-@pytest.fixture(scope="module")
-def http(server) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=server.url, timeout=60) as client:
-        yield client
 
 
 def post(http, path: str, body: dict) -> str:
