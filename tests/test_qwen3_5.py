@@ -183,6 +183,30 @@ def test_the_vision_tower_and_the_mtp_head_are_left_out_in_one_line(tmp_path, ca
                                reference_logits(hf_dir, ids)[-1], rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("family", ["qwen3_5", "qwen3_5_moe"])
+def test_the_language_model_saved_alone_by_transformers_exports(tmp_path, family):
+    """The Hub's checkpoint loaded with AutoModelForCausalLM (as fine-tuning scripts load
+    it) and saved: transformers 5 writes the text model's config (qwen3_5_text) with the
+    image-text checkpoint's tensor names, `model.language_model.`, which export had
+    refused ("the checkpoint lacks the tensor 'model.embed_tokens.weight'")."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    hf_dir = build_hf_model(family, tmp_path / "hf")
+    model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32)
+    model.save_pretrained(tmp_path / "text")
+    shutil.copy(hf_dir / "tokenizer.json", tmp_path / "text")
+    saved = load_file(tmp_path / "text" / "model.safetensors")
+    assert any(name.startswith("model.language_model.") for name in saved)
+    assert json.loads((tmp_path / "text" / "config.json").read_text())["model_type"] == \
+        f"{family}_text"
+    ids = prompt_ids(40)
+    with torch.no_grad():
+        expected = model(torch.tensor([ids])).logits[0, -1].numpy()
+    out = export_small(tmp_path / "text", tmp_path / "b")
+    np.testing.assert_allclose(last_logits(out, ids), expected, rtol=1e-4, atol=1e-4)
+
+
 def test_a_manifest_without_its_recurrent_states_is_refused(bundle, tmp_path):
     path = shutil.copytree(bundle("qwen3_5_text"), tmp_path / "b")
     raw = json.loads((path / MANIFEST_FILE).read_text())

@@ -687,7 +687,10 @@ RECURRENT_GEMMA = FamilySpec(
 )
 
 FAMILIES: dict[str, FamilySpec] = {
-    "qwen3_5_text": QWEN3_5,
+    # The language model alone. transformers 5 saves one it loaded from the Hub's image-text
+    # checkpoint (AutoModelForCausalLM, as fine-tuning scripts load it) with that
+    # checkpoint's names, `model.language_model.`: read as `model.`.
+    "qwen3_5_text": replace(QWEN3_5, renames=QWEN_VL["renames"]),
     # Qwen3_5ForConditionalGeneration (the Hub's Qwen3.5-0.8B/2B/4B/9B/27B): its language
     # model, exported alone; the outer config decides the tying (false unless it says
     # otherwise). M-RoPE sections (interleaved) are plain rotary on text positions.
@@ -697,7 +700,7 @@ FAMILIES: dict[str, FamilySpec] = {
         outer={"tie_word_embeddings": False, "eos_token_id": None, "bos_token_id": None},
         quirks=(*QWEN3_5.quirks, *MROPE_QUIRKS),
     ),
-    "qwen3_5_moe_text": QWEN3_5_MOE,
+    "qwen3_5_moe_text": replace(QWEN3_5_MOE, renames=QWEN_VL["renames"]),  # as qwen3_5_text
     "qwen3_next": QWEN3_NEXT,
     # Qwen3_5MoeForConditionalGeneration (the Hub's Qwen3.5-35B-A3B etc.), as `qwen3_5`.
     "qwen3_5_moe": replace(
