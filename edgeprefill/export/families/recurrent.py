@@ -16,7 +16,7 @@ from edgeprefill.export.experts import (
 )
 from edgeprefill.export.families.dense import ATTENTION_BIAS, MROPE_QUIRKS, OLMO2, QWEN_VL
 from edgeprefill.export.families.moe_softmax import QWEN_SHARED_EXPERT
-from edgeprefill.export.families.spec import LLAMA_NAMES, DeltaNames, FamilySpec
+from edgeprefill.export.families.spec import LLAMA_NAMES, SAVED_ALONE, DeltaNames, FamilySpec
 
 
 def _granite4_layers(raw: dict[str, Any]) -> dict[str, Any]:
@@ -687,10 +687,10 @@ RECURRENT_GEMMA = FamilySpec(
 )
 
 FAMILIES: dict[str, FamilySpec] = {
-    # The language model alone. transformers 5 saves one it loaded from the Hub's image-text
-    # checkpoint (AutoModelForCausalLM, as fine-tuning scripts load it) with that
-    # checkpoint's names, `model.language_model.`: read as `model.`.
-    "qwen3_5_text": replace(QWEN3_5, renames=QWEN_VL["renames"]),
+    # The language model alone; also as transformers 5 saves it after loading it from the
+    # Hub's image-text checkpoint (AutoModelForCausalLM, as fine-tuning scripts load it):
+    # with that checkpoint's names, `model.language_model.` (spec.SAVED_ALONE).
+    "qwen3_5_text": replace(QWEN3_5, renames=SAVED_ALONE),
     # Qwen3_5ForConditionalGeneration (the Hub's Qwen3.5-0.8B/2B/4B/9B/27B): its language
     # model, exported alone; the outer config decides the tying (false unless it says
     # otherwise). M-RoPE sections (interleaved) are plain rotary on text positions.
@@ -700,7 +700,7 @@ FAMILIES: dict[str, FamilySpec] = {
         outer={"tie_word_embeddings": False, "eos_token_id": None, "bos_token_id": None},
         quirks=(*QWEN3_5.quirks, *MROPE_QUIRKS),
     ),
-    "qwen3_5_moe_text": replace(QWEN3_5_MOE, renames=QWEN_VL["renames"]),  # as qwen3_5_text
+    "qwen3_5_moe_text": replace(QWEN3_5_MOE, renames=SAVED_ALONE),  # as qwen3_5_text
     "qwen3_next": QWEN3_NEXT,
     # Qwen3_5MoeForConditionalGeneration (the Hub's Qwen3.5-35B-A3B etc.), as `qwen3_5`.
     "qwen3_5_moe": replace(

@@ -80,6 +80,11 @@ class TensorNames:
 
 LLAMA_NAMES = TensorNames()
 
+# A language model transformers 5 saved alone after loading it from an image-text
+# checkpoint (AutoModelForCausalLM) keeps that checkpoint's names: renames a text family
+# takes for it (Qwen3.5's), which a wrapper's own renames replace (wrapped.wrappable).
+SAVED_ALONE = (("model.language_model.", "model."),)
+
 
 @dataclass(frozen=True)
 class DeltaNames:

@@ -13,7 +13,7 @@ from functools import partial
 from typing import Any
 
 from edgeprefill.export.families.dense import IMAGE_TEXT_QUIRK
-from edgeprefill.export.families.spec import FamilySpec
+from edgeprefill.export.families.spec import SAVED_ALONE, FamilySpec
 
 # The text families' logit multipliers (Cohere's logit_scale, Granite's logits_scaling),
 # which their CausalLM applies and a wrapper's head does not.
@@ -68,10 +68,12 @@ def towers_left_out(towers: tuple[str, ...]) -> tuple[str, ...]:
 
 def wrappable(spec: FamilySpec) -> bool:
     """Whether a text family's checkpoint names read under a wrapper's prefix: its tensors
-    under `model.` beside `lm_head`, nothing nested nor renamed of its own."""
+    under `model.` beside `lm_head`, nothing nested nor renamed of its own (but
+    SAVED_ALONE)."""
     names = spec.names
     under_model = (*names.embed, names.final_norm, names.layer)
-    return (spec.nested is None and spec.unnest is None and not spec.renames
+    return (spec.nested is None and spec.unnest is None
+            and not set(spec.renames) - set(SAVED_ALONE)
             and not spec.blocks and names.lm_head == ("lm_head",)
             and all(name.startswith("model.") for name in under_model))
 
