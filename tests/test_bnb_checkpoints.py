@@ -274,6 +274,10 @@ def _edit_state(tensors: dict, **fields) -> None:
      "'model.layers.1.mlp.up_proj.weight' has no 'model.layers.1.mlp.up_proj.weight.absmax'"),
     (lambda t: t.pop("model.layers.1.mlp.up_proj.weight.quant_state.bitsandbytes__nf4"),
      "'model.layers.1.mlp.up_proj.weight' has no"),
+    # a fused layer transformers split on load and saved joined back (Sarvam-MoE's
+    # query_key_value): its parts' quant states one after another
+    (lambda t: t.update({STATE: torch.cat([t[STATE], t[STATE]])}),
+     f"{STATE} holds several quant states one after another"),
 ])
 def test_a_damaged_quant_state_is_one_line_naming_the_tensor(llama, tmp_path, change,
                                                              fragment):

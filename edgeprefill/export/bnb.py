@@ -259,8 +259,17 @@ def check_int8(weight: str, shape: tuple[int, ...], int8: bool, scb: int | None,
 
 def _json(name: str, stored: np.ndarray) -> dict[str, Any]:
     try:
-        fields = json.loads(np.asarray(stored, np.uint8).tobytes().decode("utf-8"))
+        text = np.asarray(stored, np.uint8).tobytes().decode("utf-8")
+        fields = json.loads(text)
     except (UnicodeDecodeError, ValueError) as err:
+        if isinstance(err, json.JSONDecodeError) and err.msg == "Extra data":
+            # transformers 5 splits some fused layers on load (Sarvam-MoE's query_key_value,
+            # Lara's in_proj), bitsandbytes quantizes the parts, and the save joins them
+            # back, quant states included: no one layer's state, nor loadable by transformers
+            raise ExportError(f"{name} holds several quant states one after another: a "
+                              "fused layer saved from parts quantized apart, which neither "
+                              "export nor transformers reads back; export the float "
+                              "checkpoint (or quantize with --quantize)") from None
         raise ExportError(f"{name} is not bitsandbytes' JSON quant state: {err}") from None
     if not isinstance(fields, dict):
         raise ExportError(f"{name} is not bitsandbytes' JSON quant state (an object)")
