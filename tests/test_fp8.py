@@ -118,6 +118,10 @@ def test_an_fp8_checkpoint_exports_as_transformers_dequantizes_it(tmp_path, fami
     out = tmp_path / "bundle"
     export(hf, out, ExportOptions(chunks=(16,), max_context=64, show_progress=False))
     np.testing.assert_allclose(last_logits(out, IDS), expected, rtol=1e-4, atol=1e-4)
+    scales = "one scale per weight" if block is None else f"a scale per {block[0]}x{block[1]} block"
+    described = f"FP8 weights ({scales}), dequantized to float"  # the manifest and inspect
+    assert described in json.loads((out / "edgeprefill.json").read_text())["source"]["quirks"]
+    assert described in cli("inspect", out).stdout
 
 
 def test_bf16_scales_read_as_transformers_reads_them(tmp_path):

@@ -294,6 +294,11 @@ def check_case(tmp_path: Path, family: str, method: str, group: int, sym: bool,
                           float_layers=False)))
     found = bundle_int4_weights(tmp_path / "b")
     expected_weights(found, dequantized, negated_rows=family == "nanochat")
+    label = {"gptq": "GPTQ", "awq": "AWQ", "compressed-tensors": "compressed-tensors W4A16"}
+    described = (f"{label[method]} int4 weights (groups of {group}, "
+                 f"{'symmetric' if sym else 'asymmetric'}), kept 4-bit in the ort flavour")
+    quirks = json.loads((tmp_path / "b" / "edgeprefill.json").read_text())["source"]["quirks"]
+    assert any(q.startswith(described) for q in quirks), quirks
     check_input_orders(tmp_path / "b", found, act_order)
     np.testing.assert_allclose(logits_at(tmp_path / "b", IDS),
                                reference_logits(src, dequantized), **FLOAT_TOLERANCE)
@@ -342,6 +347,8 @@ def test_without_quantize_only_the_checkpoints_int4_layers_are_int4(tmp_path, ca
         chunks=(16,), max_context=128, show_progress=False))
     assert manifest.graph.quantization == "int4"
     assert not caplog.records, [r.getMessage() for r in caplog.records]
+    shown = CliRunner().invoke(main_cli, ["inspect", str(tmp_path / "b")])
+    assert "AWQ int4 weights (groups of 32, asymmetric)" in shown.output
     expected_weights(bundle_int4_weights(tmp_path / "b"), dequantized)
     model = onnx.load(tmp_path / "b" / "model.onnx", load_external_data=False)
     floats = {t.name for t in model.graph.initializer if t.data_type == onnx.TensorProto.FLOAT}

@@ -123,10 +123,10 @@ class Checkpoint:
             return None
 
         adapter.renamed(read_name, left_out)
-        adapter.check_shapes(self._file_shape, self._is_transposed)
+        adapter.check_shapes(self._unpacked_shape, self._is_transposed)
         for name in adapter.replacements:
             if name in self._file_of:
-                adapter.check_replacement(name, self._file_shape(name))
+                adapter.check_replacement(name, self._unpacked_shape(name))
 
     def names(self) -> set[str]:
         return set(self._file_of) | set(self._int4_modules) | set(self._added)
@@ -146,6 +146,11 @@ class Checkpoint:
         added = self._added.get(name)
         shape = tuple(added.shape) if added is not None else self._file_shape(name)
         return shape[::-1] if self._is_transposed(name) else shape
+
+    def _unpacked_shape(self, name: str) -> tuple[int, ...]:
+        """The file's shape, a 4-bit bitsandbytes weight's [out, in] (stored packed)."""
+        state = self._bnb_states.get(name)
+        return state.shape if state is not None else self._file_shape(name)
 
     def _file_shape(self, name: str) -> tuple[int, ...]:
         """The tensor's shape as its file stores it (a Conv1D's [in, out])."""

@@ -24,6 +24,7 @@ from edgeprefill.bundle import (
 from edgeprefill.contract import kv_names, state_names
 from edgeprefill.errors import ExportError
 from edgeprefill.export import ollama_store, slow_tokenizer
+from edgeprefill.export.bnb import BnbScheme
 from edgeprefill.export.checkpoint import MODEL_FILES, Checkpoint
 from edgeprefill.export.config_checks import check_tokenizer_fits
 from edgeprefill.export.decoder import DecoderBuilder
@@ -145,7 +146,7 @@ def _export(hf_dir: Path, out_dir: Path, options: ExportOptions,
     if hint is not None:
         raise ExportError(hint)
     cfg = ModelConfig.from_dir(hf_dir)
-    adapter = None if options.adapter is None else _adapter(options.adapter, hf_dir)
+    adapter = None if options.adapter is None else _adapter(options.adapter, hf_dir, cfg.bnb)
     options = _for_int4_checkpoint(cfg, options)
     if cfg.bitnet is not None and options.quant is not None:
         # Re-quantizing 1.58-bit weights to int8/int4 would save nothing on the projections
@@ -196,17 +197,24 @@ def _export(hf_dir: Path, out_dir: Path, options: ExportOptions,
     return manifest
 
 
-def _adapter(folder: Path, hf_dir: Path) -> Adapter:
-    """The LoRA adapter to merge, refused over a quantized base (its merge needs the float
-    weights), warned of where it names another base model than `hf_dir`."""
+def _adapter(folder: Path, hf_dir: Path, bnb: BnbScheme | None) -> Adapter:
+    """The LoRA adapter to merge, warned of where it names another base model than
+    `hf_dir`. Over a bitsandbytes base (QLoRA's: `bnb`) it merges into the weights
+    dequantized to float32, as over a float base; any other quantized base is refused (its
+    merge needs the float weights)."""
     if not folder.is_dir():
         raise ExportError(f"--adapter {folder} is not a folder")
     adapter = Adapter.load(folder)
     method = quantized_base(load_json_object(hf_dir / "config.json", ExportError))
-    if method is not None:
+    if method is not None and bnb is None:
         raise ExportError(f"{hf_dir} is a {method}-quantized checkpoint: a LoRA adapter "
-                          "merges into float weights only; export the adapter with the "
-                          "unquantized base model")
+                          "merges into float weights only (or a bitsandbytes base's, "
+                          "dequantized); export the adapter with the unquantized base model")
+    if bnb is not None:
+        # a warning, as export's other notes (the CLI shows warnings): peft's
+        # merge_and_unload requantizes the merged weight, the bundle keeps it in float
+        log.warning("the adapter %s is merged into the dequantized %s weights of %s", folder,
+                 bnb.describe().removesuffix(", dequantized to float"), hf_dir)
     base = adapter.base_model
     if base and Path(base).name.lower() != hf_dir.resolve().name.lower():
         log.warning("the adapter %s was trained on %s, and is merged into %s", folder, base,

@@ -52,6 +52,12 @@ class Fp8Scheme:
                               f"shape {list(scale)}; weight_block_size {list(self.block)} "
                               f"implies {expected}")
 
+    def describe(self) -> str:
+        """In words, for the manifest's quirks and `inspect`."""
+        scales = "one scale per weight" if self.block is None else \
+            f"a scale per {self.block[0]}x{self.block[1]} block"
+        return f"FP8 weights ({scales}), dequantized to float"
+
     def dequantize(self, weight: np.ndarray, scale: np.ndarray) -> np.ndarray:
         """float32 weight [..., rows, cols] times its scales (checked by `check`): block
         (i, j) scales rows i*block_rows.. and columns j*block_cols.., the last blocks

@@ -21,8 +21,9 @@ def model_quirks(cfg: ModelConfig) -> list[str]:
 
 
 def _weights(cfg: ModelConfig) -> list[str]:
-    """Weights the checkpoint stored quantized and export read back to float."""
-    return [cfg.bnb.describe()] if cfg.bnb is not None else []
+    """Weights the checkpoint stored quantized (bitsandbytes, FP8: read back to float;
+    int4: kept as stored where the bundle holds int4)."""
+    return [scheme.describe() for scheme in (cfg.bnb, cfg.fp8, cfg.int4) if scheme is not None]
 
 
 def _mixers(cfg: ModelConfig) -> list[str]:

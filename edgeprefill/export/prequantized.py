@@ -35,6 +35,7 @@ BLOCK_SIZES = (16, 32, 64, 128, 256)  # MatMulNBits' block_size: a power of 2, 1
 # stores qzeros, scales and g_idx, AWQ qzeros and scales, compressed-tensors weight_scale,
 # weight_shape and (asymmetric) weight_zero_point, (act-order) weight_g_idx.
 CODES = {"gptq": "qweight", "awq": "qweight", "compressed-tensors": "weight_packed"}
+LABELS = {"gptq": "GPTQ", "awq": "AWQ", "compressed-tensors": "compressed-tensors W4A16"}
 G_IDX = {"gptq": "g_idx", "compressed-tensors": "weight_g_idx"}  # each input's group, if any
 
 Reader = Callable[[str], np.ndarray]  # a stored tensor by name, as it is stored
@@ -48,6 +49,12 @@ class Int4Scheme:
     group_size: int
     symmetric: bool  # every zero point 8 (the bundle then stores none: MatMulNBits' default)
     v1_zeros: bool = False  # gptq's v1 format: zero points stored minus one
+
+    def describe(self) -> str:
+        """In words, for the manifest's quirks and `inspect`."""
+        zeros = "symmetric" if self.symmetric else "asymmetric"
+        return (f"{LABELS[self.method]} int4 weights (groups of {self.group_size}, {zeros}), "
+                "kept 4-bit in the ort flavour, dequantized in the standard one")
 
     @property
     def codes(self) -> str:
