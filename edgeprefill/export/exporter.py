@@ -214,7 +214,7 @@ def _adapter(folder: Path, hf_dir: Path, bnb: BnbScheme | None) -> Adapter:
         # a warning, as export's other notes (the CLI shows warnings): peft's
         # merge_and_unload requantizes the merged weight, the bundle keeps it in float
         log.warning("the adapter %s is merged into the dequantized %s weights of %s", folder,
-                 bnb.describe().removesuffix(", dequantized to float"), hf_dir)
+                    bnb.describe().removesuffix(", dequantized to float"), hf_dir)
     base = adapter.base_model
     if base and Path(base).name.lower() != hf_dir.resolve().name.lower():
         log.warning("the adapter %s was trained on %s, and is merged into %s", folder, base,
