@@ -299,3 +299,19 @@ def test_a_config_that_says_legacy_reads_spaces_as_sentencepiece(tmp_path, bpe_m
     with Engine.load(tmp_path / "b") as engine:
         for text in (" Hello there", "  two spaces first", *TEXTS):
             assert engine.tokenizer.encode_plain(text) == reference.encode(text), text
+
+
+def test_the_manifest_and_inspect_say_the_tokenizer_was_converted(llama_bundle, hf_model,
+                                                                   tmp_path):
+    manifest = json.loads((llama_bundle / "edgeprefill.json").read_text())
+    assert manifest["source"]["tokenizer"]["converted_from"] == "tokenizer.model"
+    assert "sentencepiece" in manifest["source"]["tokenizer"]["check"]
+    shown = cli("inspect", llama_bundle)
+    assert shown.returncode == 0, shown.stderr
+    line = next(line for line in shown.stdout.splitlines() if line.startswith("tokenizer "))
+    assert "converted from the checkpoint's tokenizer.model by transformers" in line
+    # a bundle whose checkpoint had its tokenizer.json says nothing of the kind
+    export(hf_model("llama"), tmp_path / "b", OPTIONS)
+    assert "tokenizer" not in json.loads((tmp_path / "b" / "edgeprefill.json").read_text())[
+        "source"]
+    assert "converted from" not in cli("inspect", tmp_path / "b").stdout

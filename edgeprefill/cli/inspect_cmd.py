@@ -73,6 +73,7 @@ def inspect(bundle, verify, as_json):
         f"quirks      {'; '.join(m.source.get('quirks') or ['none (plain Llama layout)'])}",
         *_gguf_line(m),
         *_adapter_line(m.source),
+        *_tokenizer_line(m.source),
         f"graph       {graph.file} ({graph.flavor} flavour, {graph.dtype}, opsets "
         f"{json.dumps(graph.opsets)})",
         embeddings_line(proto),
@@ -375,6 +376,16 @@ def _compute_line(graph, native: bool, stock_attention: bool, kv_cache: bool,
     bf16 = describe_bf16(projections=floats, attention=attends and not stock_attention,
                          kv_cache=kv_cache, attends=attends)
     return [f"compute     {default}; --compute bf16: {bf16}, needs the native kernels"]
+
+
+def _tokenizer_line(source: dict) -> list[str]:
+    """Where the bundle's tokenizer.json was converted from the checkpoint's slow tokenizer
+    files (export/slow_tokenizer.py), and how the conversion was checked."""
+    slow = source.get("tokenizer")
+    if not isinstance(slow, dict):
+        return []
+    return [f"tokenizer   converted from the checkpoint's {slow.get('converted_from')} "
+            f"by transformers ({slow.get('check')})"]
 
 
 def _adapter_line(source: dict) -> list[str]:

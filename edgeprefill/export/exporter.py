@@ -162,11 +162,12 @@ def _export(hf_dir: Path, out_dir: Path, options: ExportOptions,
     tokenizer_files = [f for f in TOKENIZER_FILES if (hf_dir / f).is_file()]
     # Slow files only (tokenizer.model, vocab.json + merges.txt): the bundle's tokenizer.json
     # is converted from them, in memory; the checkpoint folder is never written to.
-    converted = None if "tokenizer.json" in tokenizer_files else slow_tokenizer.convert(hf_dir)
-    if converted is not None:
+    slow = None if "tokenizer.json" in tokenizer_files else slow_tokenizer.convert(hf_dir)
+    if slow is not None:
         tokenizer_files.insert(0, "tokenizer.json")
-    check_tokenizer_fits(hf_dir / "tokenizer.json" if converted is None
-                         else converted.tokenizer, cfg.vocab_size)
+        source = {**source, "tokenizer": {"converted_from": slow.source, "check": slow.checked}}
+    check_tokenizer_fits(hf_dir / "tokenizer.json" if slow is None else slow.tokenizer,
+                         cfg.vocab_size)
     check_export_template(hf_dir)
     check_export_generation_config(hf_dir)
     _check_generation_eos(hf_dir, cfg.vocab_size)
@@ -184,8 +185,8 @@ def _export(hf_dir: Path, out_dir: Path, options: ExportOptions,
         model = g.to_model(initializers, flavor.opsets, IR_VERSION[options.flavor])
         onnx.save_model(model, stage / GRAPH_FILE)
         for name in tokenizer_files + _license_files(hf_dir):
-            if name == "tokenizer.json" and converted is not None:
-                converted.tokenizer.save(str(stage / name))
+            if name == "tokenizer.json" and slow is not None:
+                slow.tokenizer.save(str(stage / name))
             else:
                 shutil.copyfile(hf_dir / name, stage / name)
         manifest = _manifest(cfg, g, options, chunks, max_context, hf_dir, stage,
