@@ -168,7 +168,7 @@ def test_a_tied_tables_int8_copy_decodes_to_the_heads_weights(hf_model, tmp_path
 
 def test_a_partial_last_block_is_stored_whole_and_sliced_off(hf_model, tmp_path):
     """Gemma 4's per-layer table is 48 wide in the fixture: stored padded to whole blocks of
-    32 (CUDA's GatherBlockQuantized dequantizes a partial last block wrong: quantize.int4_rows)
+    32 (CUDA's GatherBlockQuantized dequantizes a partial last block wrong: quantize.block_rows)
     and the gathered rows cut back to the width: the logits are transformers' on the
     dequantized weights (this fixture's quantized logits move far from its float ones)."""
     hf_dir = hf_model("gemma4_text")

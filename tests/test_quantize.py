@@ -10,10 +10,10 @@ from edgeprefill.engines import StepBatch
 from edgeprefill.export.exporter import ExportOptions, export
 from edgeprefill.export.quantize import (
     QuantConfig,
+    block_rows,
     in_row_chunks,
     int4_blockwise,
     int4_dequantize,
-    int4_rows,
     int8_per_channel,
     int8_rows,
 )
@@ -59,7 +59,7 @@ def test_int8_round_trip_is_within_half_a_step():
 
 def test_int4_rows_are_the_projections_blocks_as_gather_block_quantized_takes_them():
     w = np.random.default_rng(3).normal(size=(5, 80)).astype(np.float32)
-    data, scales = int4_rows(w, 32)
+    data, scales = block_rows(w, 32)
     assert data.shape == (5, 48) and scales.shape == (5, 3)  # whole blocks: 96 codes a row
     q = np.empty((5, 96), np.float32)
     q[:, 0::2], q[:, 1::2] = data & 0x0F, data >> 4
@@ -77,7 +77,7 @@ def test_int8_rows_round_trip_is_within_half_a_step():
 
 def test_row_chunks_quantize_as_the_whole_table():
     w = np.random.default_rng(5).normal(size=(10, 64)).astype(np.float32)
-    for quantize in (int8_rows, lambda t: int4_rows(t, 32)):
+    for quantize in (int8_rows, lambda t: block_rows(t, 32)):
         for whole, chunked in zip(quantize(w), in_row_chunks(quantize, w, rows=3), strict=True):
             np.testing.assert_array_equal(whole, chunked)
 

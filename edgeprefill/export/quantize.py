@@ -147,6 +147,10 @@ def int8_dequantize(data: np.ndarray, scales: np.ndarray, cols: int) -> np.ndarr
     return w.reshape(rows, -1)[:, :cols]
 
 
+# MatMulNBits' blockwise quantizers by bits
+BLOCKWISE = {4: int4_blockwise, 8: int8_blockwise}
+
+
 def half_exact(scale: np.ndarray) -> np.ndarray:
     """Each int4 scale rounded to the nearest float16 value where that is a normal float16
     (else kept: a subnormal one would lose relative precision). The bundle stores float32
@@ -170,16 +174,16 @@ def int4_dequantize(packed: np.ndarray, scales: np.ndarray, cols: int) -> np.nda
     return w.reshape(rows, -1)[:, :cols]
 
 
-def int4_rows(table: np.ndarray, block: int) -> tuple[np.ndarray, np.ndarray]:
-    """An embedding table [rows, width] -> GatherBlockQuantized's int4 operands: uint8
-    [rows, blocks * block / 2] (int4_blockwise's bytes, whole blocks: the width padded with
-    zeros to a multiple of the block, which the graph slices off the gathered rows) and
-    float32 scales [rows, blocks]. ONNX Runtime's CUDA kernel (onnxruntime-gpu 1.31)
-    dequantizes a partial last block wrong (0.3-0.4 of the values' scale off, on an H200);
-    the CPU kernel takes one."""
+def block_rows(table: np.ndarray, block: int, bits: int = 4) -> tuple[np.ndarray, np.ndarray]:
+    """An embedding table [rows, width] -> GatherBlockQuantized's operands in blocks of
+    `bits` (4, or 8 in a float16 bundle): uint8 [rows, blocks * block * bits / 8] (the
+    blockwise quantizer's bytes, whole blocks: the width padded with zeros to a multiple of
+    the block, which the graph slices off the gathered rows) and float32 scales [rows,
+    blocks]. ONNX Runtime's CUDA kernel (onnxruntime-gpu 1.31) dequantizes a partial last
+    block wrong (0.3-0.4 of the values' scale off, on an H200); the CPU kernel takes one."""
     rows = table.shape[0]
-    packed, scales = int4_blockwise(table, block)
-    return np.ascontiguousarray(packed.reshape(rows, -1)), scales.reshape(rows, -1)
+    data, scales = BLOCKWISE[bits](table, block)
+    return np.ascontiguousarray(data.reshape(rows, -1)), scales.reshape(rows, -1)
 
 
 def int8_rows(table: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -193,18 +197,8 @@ def int8_rows(table: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return data, scale.astype(np.float32)
 
 
-def int8_block_rows(table: np.ndarray, block: int) -> tuple[np.ndarray, np.ndarray]:
-    """An embedding table [rows, width] -> GatherBlockQuantized's 8-bit operands in blocks
-    (a float16 bundle's, as its projections have): uint8 [rows, blocks * block]
-    (int8_blockwise's bytes, whole blocks, as int4_rows says why) and float32 scales
-    [rows, blocks]."""
-    rows = table.shape[0]
-    data, scales = int8_blockwise(table, block)
-    return np.ascontiguousarray(data.reshape(rows, -1)), scales.reshape(rows, -1)
-
-
 def in_row_chunks(quantize, table: np.ndarray, rows: int = 8192) -> tuple[np.ndarray, ...]:
-    """A row-wise quantizer (int4_rows, int8_rows) over `rows` rows at a time: its float
+    """A row-wise quantizer (block_rows, int8_rows) over `rows` rows at a time: its float
     temporaries are a few times its input, and Gemma 4 E2B's per-layer table alone is
     9.4 GB in float32."""
     parts = [quantize(table[i:i + rows]) for i in range(0, len(table), rows)]

@@ -16,12 +16,10 @@ from edgeprefill.export.checkpoint import Checkpoint
 from edgeprefill.export.graph import GraphBuilder
 from edgeprefill.export.prequantized import matmul_nbits, same_order, stacked
 from edgeprefill.export.quantize import (
+    BLOCKWISE,
     QuantConfig,
+    block_rows,
     in_row_chunks,
-    int4_blockwise,
-    int4_rows,
-    int8_block_rows,
-    int8_blockwise,
     int8_per_channel,
     int8_rows,
 )
@@ -76,15 +74,14 @@ class GraphWeights:
         differ, QuantConfig.head): int8 in a float32 bundle per output channel
         (DynamicQuantizeMatMul, the CPU's int8 GEMMs), else blockwise (MatMulNBits)."""
         g, q = self.g, self.quant
-        bits = 8 if (kind or q.kind) == "int8" else 4
-        if bits == 8 and self.dtype == np.float32:
+        bits = _bits(kind or q.kind)
+        if self._per_channel(bits):
             parts = self.memoized(name, lambda: int8_per_channel(out_in().T))
             weight = g.weight(name + ".int8", (k, n), np.int8, lambda: parts()[0])
             scale = g.weight(name + ".scale", (n,), np.float32, lambda: parts()[1])
             return g.op("DynamicQuantizeMatMul", [x, weight, scale], domain="com.microsoft")
-        blockwise = int8_blockwise if bits == 8 else int4_blockwise
         blocks = -(-k // q.block_size)
-        parts = self.memoized(name, lambda: blockwise(out_in(), q.block_size))
+        parts = self.memoized(name, lambda: BLOCKWISE[bits](out_in(), q.block_size))
         weight = g.weight(name + f".int{bits}", (n, blocks, q.block_size * bits // 8),
                           np.uint8, lambda: parts()[0])
         scale = g.weight(name + ".scale", (n * blocks,), self.dtype,
@@ -194,16 +191,15 @@ class GraphWeights:
             return g.op("Gather", [self.tensor(name), indices])
         vocab, width = self.shape(name)
         table = lambda: self.ckpt.get(name, np.float32)  # noqa: E731
-        bits = int(q.kind[3:])
-        if bits == 8 and self.dtype == np.float32:  # one scale per row, as the projections'
+        bits = _bits(q.kind)
+        if self._per_channel(bits):  # one scale per row, as the projections'
             parts = self.memoized(name, lambda: in_row_chunks(int8_rows, table()))
             block, data_shape, blocks = 16, (vocab, width), 1
             while block < width:  # one block spans the row: one scale per row
                 block *= 2
-        else:  # whole blocks, the padding sliced off below (quantize.int4_rows says why)
-            blockwise = int8_block_rows if bits == 8 else int4_rows
+        else:  # whole blocks, the padding sliced off below (quantize.block_rows says why)
             parts = self.memoized(name, lambda: in_row_chunks(
-                lambda t: blockwise(t, q.block_size), table()))
+                lambda t: block_rows(t, q.block_size, bits), table()))
             block, blocks = q.block_size, -(-width // q.block_size)
             data_shape = (vocab, blocks * block * bits // 8)
         data = g.weight(name + f".{q.kind}", data_shape, np.uint8, lambda: parts()[0])
@@ -214,6 +210,11 @@ class GraphWeights:
         if data_shape[1] * 8 // bits > width:
             rows = g.op("Slice", [rows, g.const([0]), g.const([width]), g.const([-1])])
         return rows
+
+    def _per_channel(self, bits: int) -> bool:
+        """int8 in a float32 bundle: per output channel (row), DynamicQuantizeMatMul's
+        float32-only scheme; any other kind is MatMulNBits' blocks."""
+        return bits == 8 and self.dtype == np.float32
 
     def memoized(self, name: str, compute):
         """Quantize a weight once for its several initializers (the writer asks for them
@@ -290,3 +291,8 @@ def _packed_name(names: list[str]) -> str:
     stem = names[0].rsplit(".", 2)[0]
     parts = "_".join(n.rsplit(".", 2)[1].removesuffix("_proj") for n in names)
     return f"{stem}.{parts}_proj.weight"
+
+
+def _bits(kind: str) -> int:
+    """"int8" -> 8, "int4" -> 4."""
+    return int(kind.removeprefix("int"))
