@@ -95,9 +95,10 @@ def raw_decode(text: str, at: int, max_depth: int = MAX_DEPTH) -> tuple[Any, int
 
 def read_request(raw: bytes | str) -> Any:
     """A request body's value, its unholdable numbers as WrittenNumber (a tool call's
-    arguments sent back keep them; a setting is no number then). `NaN` and `Infinity` are
-    read as Python reads them, so that the field holding one is named in its 400 (the
-    server's checks refuse them). Not bounded in depth: RecursionError past the stack."""
+    arguments sent back keep them; a setting reads one as a float would). `NaN` and
+    `Infinity` are read as Python reads them, so that the 400 refusing them names the
+    field's path (server/body.py's check_text). Not bounded in depth: RecursionError past
+    the stack."""
     return json.loads(raw, parse_float=_float, parse_int=_int)
 
 

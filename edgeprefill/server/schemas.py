@@ -398,7 +398,8 @@ def _number(
         value = float(value.text)
     if not is_number(value):
         raise ApiError(400, f"'{name}' must be a number", name)
-    # Python's JSON parser accepts NaN and Infinity; they are never valid settings.
+    # A number a float cannot hold reads as inf (NaN and Infinity themselves the body's
+    # reader refuses, server/body.py; callers other than the body may pass them).
     if not is_finite(value):
         raise ApiError(400, f"'{name}' must be a finite number", name)
     if value < low or value > high or (low_open and value == low):
