@@ -18,7 +18,6 @@ from edgeprefill.contract import INPUT_IDS
 
 HEAD_WEIGHTS = ("lm_head.weight", "lm_head.int8", "lm_head.int4")
 TABLE_OPS = ("Gather", "GatherBlockQuantized")
-QUANTIZED = ("MatMulNBits", "DynamicQuantizeMatMul")
 TERNARY = ".ternary"  # BitNet's ternary projection weights (export/bitlinear.py)
 TERNARY_OPS = {"MatMulInteger": "MatMulInteger on each token's int8 codes: exact int32 sums",
                "DequantizeLinear": "DequantizeLinear into the float MatMul: exact float sums"}
@@ -31,7 +30,7 @@ def head_kind(graph: GraphProto) -> str | None:
         return None
     if node.op_type == "MatMulNBits":
         return f"int{_attribute(node, 'bits', 4)}"
-    if node.op_type in QUANTIZED:
+    if node.op_type == "DynamicQuantizeMatMul":
         return "int8"
     return _float(next(t for t in graph.initializer if t.name in node.input))
 
