@@ -476,7 +476,8 @@ def test_a_sliding_window_key_slides_only_where_the_family_reads_it(family):
                       "hyperclovax", "granitemoeshared",
                       "nanochat", "gptj", "codegen", "falcon", "persimmon", "internlm3",
                       "hunyuan_v1_moe", "dbrx", "flex_olmo", "minimax_m2", "emu3",
-                      "gpt_neox_japanese", "mllama", "paddleocr_vl", "hy_v3", "aria_text",
+                      "emu3_text_model", "gpt_neox_japanese", "mllama", "mllama_text_model",
+                      "paddleocr_vl", "hy_v3", "aria_text",
                       "qwen3_omni_moe_thinker", *NO_ROTARY, *ALIBI,
                       # stop 43's image-text families of a config class of their own
                       "cosmos3_edge", "deepseek_ocr2", "ernie4_5_vl_moe", "glm_ocr", "glmga",
@@ -533,6 +534,11 @@ def test_the_activation_is_read_from_the_key_the_model_reads(family):
     torch.testing.assert_close(ACTIVATION_FUNCTIONS[ours](x), act(x))
 
 
+# The language models transformers saves alone from an image-text checkpoint, whose config
+# classes no auto class maps: their causal LM class.
+SAVED_ALONE = {"emu3_text_model": "Emu3ForCausalLM", "mllama_text_model": "MllamaForCausalLM"}
+
+
 def meta_model(family: str, **keys):
     """The family's transformers model of hf_config(family, **keys) on the meta device: its
     modules and weight shapes without the weights (Gemma 4's default per-layer embedding
@@ -544,6 +550,8 @@ def meta_model(family: str, **keys):
             return transformers.Gemma3nForCausalLM(config.get_text_config())
         if family in TIMM_TOWERS:  # as Gemma 3n's: the language model alone
             return transformers.AutoModelForCausalLM.from_config(config.get_text_config())
+        if family in SAVED_ALONE:  # a text config of no auto class: its causal LM's
+            return getattr(transformers, SAVED_ALONE[family])(config)
         return hf_auto_class(family).from_config(config)
 
 

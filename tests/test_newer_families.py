@@ -194,3 +194,27 @@ def test_mllama_leaves_out_the_cross_attention_layers_text_skips(hf_model, bundl
     assert ("language_model.model.layers.2.", "model.layers.1.") in cfg.renames
     raw = json.loads((bundle("mllama") / MANIFEST_FILE).read_text())
     assert "cross-attention layers left out (text skips them)" in raw["source"]["quirks"]
+
+
+@pytest.mark.parametrize("family", ["emu3", "mllama"])
+def test_the_language_model_saved_alone_by_transformers_exports(tmp_path, family):
+    """The image-text checkpoint loaded with AutoModelForCausalLM (as fine-tuning scripts
+    load it) and saved: transformers 5 writes the text model's config (emu3_text_model,
+    mllama_text_model) with plain `model.` names, which export had refused as an unknown
+    model type. Mllama's saved text model still holds its cross-attention layer (the
+    fixture's second): left out, as from the image-text checkpoint."""
+    from transformers import AutoModelForCausalLM
+
+    from tests.test_families import export_small, last_logits
+
+    hf_dir = build_hf_model(family, tmp_path / "hf")
+    model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32)
+    model.save_pretrained(tmp_path / "text")
+    (tmp_path / "text" / "tokenizer.json").write_bytes((hf_dir / "tokenizer.json").read_bytes())
+    assert json.loads((tmp_path / "text" / "config.json").read_text())["model_type"] == \
+        f"{family}_text_model"
+    ids = prompt_ids(40)
+    with torch.no_grad():
+        expected = model(torch.tensor([ids])).logits[0, -1].numpy()
+    out = export_small(tmp_path / "text", tmp_path / "b")
+    np.testing.assert_allclose(last_logits(out, ids), expected, rtol=1e-4, atol=1e-4)

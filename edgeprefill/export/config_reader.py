@@ -140,8 +140,11 @@ def _laid_out(raw: dict[str, Any], spec: FamilySpec
     if groups is not None:
         raw = {**raw, "layer_types": groups.layer_types,
                "num_hidden_layers": len(groups.layer_types)}
-    skipped = skip_layers(raw, spec.skipped_layers_key, tuple(
-        (stored, read) for stored, read in spec.renames if read == "model.")) \
+    # the language model's stored prefixes; a model saved alone (mllama_text_model) has
+    # its own, model.
+    bases = tuple((stored, read) for stored, read in spec.renames if read == "model.") \
+        or (("model.", "model."),)
+    skipped = skip_layers(raw, spec.skipped_layers_key, bases) \
         if spec.skipped_layers_key else None
     if skipped is not None:
         raw = {**raw, "num_hidden_layers": len(skipped.kept)}

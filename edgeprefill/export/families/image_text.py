@@ -443,6 +443,27 @@ PHI4_MULTIMODAL = replace(
             "audio embedders left out)"),
 )
 
+
+# Emu3's language model (Emu3TextConfig): Llama, rope base 1e6 by default, untied.
+EMU3_TEXT = FamilySpec(
+    **ATTENTION_BIAS, unsupported=("mlp_bias",),
+    defaults={"rope_theta": 1_000_000.0, "max_position_embeddings": 9216,
+              "rms_norm_eps": 1e-5},
+)
+# Mllama's language model (MllamaTextConfig, Llama 3.2 Vision's): Llama as text runs it.
+# Its cross-attention layers (cross_attention_layers) attend to an image only, and
+# transformers runs past them without one: left out, the others read in order. The
+# embedding holds 8 image-token rows more than the head, which transformers never ties to
+# it whatever tie_word_embeddings says.
+MLLAMA_TEXT = FamilySpec(
+    skipped_layers_key="cross_attention_layers", embed_extra_rows=8,
+    ignores=("tie_word_embeddings",),
+    defaults={"rope_theta": 500_000.0, "max_position_embeddings": 131072,
+              "rms_norm_eps": 1e-5, "cross_attention_layers": [3, 8, 13, 18, 23, 28, 33, 38]},
+    quirks=("cross-attention layers left out (text skips them)",
+            "embedding 8 rows taller than the LM head"),
+)
+
 FAMILIES: dict[str, FamilySpec] = {
     "phi4_multimodal": PHI4_MULTIMODAL,
     "qwen2_vl": QWEN2_VL,
@@ -500,36 +521,33 @@ FAMILIES: dict[str, FamilySpec] = {
         renames=(("model.language_model.", "model."),), left_out=("model.visual.",),
         quirks=(*COHERE_COMPASS.quirks, IMAGE_TEXT_QUIRK),
     ),
-    # Emu3ForConditionalGeneration (Emu3-Chat/Gen): a Llama language model (rope base 1e6 by
-    # default) stored under text_model. (model.text_model. as transformers 5 names it), its
-    # VQ-VAE image tokenizer left out; the outer config decides the tying.
-    "emu3": FamilySpec(
-        **ATTENTION_BIAS, unsupported=("mlp_bias",), nested="text_config",
+    # Emu3ForConditionalGeneration (Emu3-Chat/Gen): its Llama language model (EMU3_TEXT)
+    # stored under text_model. (model.text_model. as transformers 5 names it), its VQ-VAE
+    # image tokenizer left out; the outer config decides the tying.
+    "emu3": replace(
+        EMU3_TEXT, nested="text_config", text_types=("emu3_text_model",),
         outer={"tie_word_embeddings": False},
         renames=(("text_model.model.", "model."), ("text_model.lm_head.", "lm_head."),
                  ("model.text_model.", "model.")),
         left_out=("vqmodel.", "model.vqmodel."),
-        defaults={"rope_theta": 1_000_000.0, "max_position_embeddings": 9216,
-                  "rms_norm_eps": 1e-5},
         quirks=(IMAGE_TEXT_QUIRK.replace("vision tower", "VQ-VAE image tokenizer"),),
     ),
-    # MllamaForConditionalGeneration (Llama 3.2 11B/90B Vision): its Llama language model as
-    # text runs it. Its cross-attention layers (cross_attention_layers) attend to an image
-    # only, and transformers runs past them without one: left out, the others read in order.
-    # The embedding holds 8 image-token rows more than the head, which transformers never
-    # ties to it whatever tie_word_embeddings says.
-    "mllama": FamilySpec(
-        nested="text_config", text_types=("mllama_text_model",),
+    # MllamaForConditionalGeneration (Llama 3.2 11B/90B Vision): its language model
+    # (MLLAMA_TEXT) under language_model. or model.language_model., the vision tower and
+    # projector left out.
+    "mllama": replace(
+        MLLAMA_TEXT, nested="text_config", text_types=("mllama_text_model",),
         renames=(("language_model.model.", "model."), ("model.language_model.", "model."),
                  ("language_model.lm_head.", "lm_head.")),
         left_out=towers_left_out(("vision_model.", "multi_modal_projector.")),
-        skipped_layers_key="cross_attention_layers", embed_extra_rows=8,
-        ignores=("tie_word_embeddings",),
-        defaults={"rope_theta": 500_000.0, "max_position_embeddings": 131072,
-                  "rms_norm_eps": 1e-5, "cross_attention_layers": [3, 8, 13, 18, 23, 28, 33, 38]},
-        quirks=("cross-attention layers left out (text skips them)",
-                "embedding 8 rows taller than the LM head", IMAGE_TEXT_QUIRK),
+        quirks=(*MLLAMA_TEXT.quirks, IMAGE_TEXT_QUIRK),
     ),
+    # The two language models alone, as transformers 5 saves them after loading the
+    # image-text checkpoint with AutoModelForCausalLM (Emu3ForCausalLM, MllamaForCausalLM:
+    # config model_type emu3_text_model / mllama_text_model, tensors under model. and
+    # lm_head.), as fine-tuning scripts load and save them.
+    "emu3_text_model": EMU3_TEXT,
+    "mllama_text_model": MLLAMA_TEXT,
     "nemotron_h_omni": NEMOTRON_H_OMNI,
     "paddleocr_vl": PADDLEOCR_VL,
     "qwen2_5_omni_thinker": QWEN2_5_OMNI_THINKER,
