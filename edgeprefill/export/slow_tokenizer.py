@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from edgeprefill.errors import ExportError
+from edgeprefill.export import bpe_reference
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
@@ -98,7 +99,7 @@ def convert(hf_dir: Path) -> Converted:
     legacy = rewritten is not None
     tokenizer = rewritten or tokenizer
     checked = _check(hf_dir, tokenizer, legacy) if files == SENTENCEPIECE else \
-        "not checked: no independent implementation of GPT-2's files is at hand"
+        bpe_reference.check(hf_dir, tokenizer, PROBES)
     converted = Converted(tokenizer, source, checked)
     # A warning, as the exporter's other notes: the CLI shows warnings only, and the user
     # should know the bundle's tokenizer.json was made, not copied.
