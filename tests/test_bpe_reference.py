@@ -44,7 +44,7 @@ TEXTS = [
 ENDOFTEXT = "<|endoftext|>"
 
 
-def trained(pre_tokenizer, normalizer=None):
+def trained(pre_tokenizer, normalizer=None, special=(ENDOFTEXT,)):
     """A byte-level BPE trained on CORPUS with `pre_tokenizer` (its last step ByteLevel),
     as the files a checkpoint ships were written from."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -54,15 +54,15 @@ def trained(pre_tokenizer, normalizer=None):
     original.pre_tokenizer = pre_tokenizer
     original.decoder = decoders.ByteLevel()
     original.train_from_iterator(CORPUS, trainers.BpeTrainer(
-        vocab_size=420, special_tokens=[ENDOFTEXT], show_progress=False,
+        vocab_size=420, special_tokens=list(special), show_progress=False,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
     return original
 
 
-def gpt2_original():
+def gpt2_original(special=(ENDOFTEXT,)):
     from tokenizers import pre_tokenizers
 
-    return trained(pre_tokenizers.ByteLevel(add_prefix_space=False))
+    return trained(pre_tokenizers.ByteLevel(add_prefix_space=False), special=special)
 
 
 def qwen2_original():
@@ -130,6 +130,20 @@ def test_added_tokens_and_the_bos_are_the_class_s(tmp_path):
         assert reference.encode(text) == original.encode(text).ids, text
         assert reference.encode(text, add_special_tokens=True) == [
             original.token_to_id(ENDOFTEXT), *original.encode(text).ids]
+
+
+def test_a_roberta_style_class_puts_its_cls_and_sep_around_a_text(tmp_path):
+    """RoBERTa's and BART's classes wrap every text in <s> ... </s> (`tokenizers`'
+    RobertaProcessing as the independent reading), whatever add_bos_token says."""
+    from tokenizers import processors
+
+    original = gpt2_original(special=("<s>", "<pad>", "</s>", "<unk>", "<mask>"))
+    original.post_processor = processors.RobertaProcessing(
+        ("</s>", original.token_to_id("</s>")), ("<s>", original.token_to_id("<s>")))
+    folder = write_files(original, tmp_path, {"tokenizer_class": "BartTokenizer"})
+    reference = bpe_reference.load(folder)
+    for text in ("Hello world", "a <mask> b</s>", TEXTS[2]):
+        assert reference.encode(text, add_special_tokens=True) == original.encode(text).ids
 
 
 @pytest.mark.parametrize("config, says", [
