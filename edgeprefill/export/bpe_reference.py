@@ -5,12 +5,12 @@ the `sentencepiece` package.
 
 The algorithm (OpenAI's GPT-2 encoder, openai/gpt-2 src/encoder.py): every UTF-8 byte is
 written as one printable character (the printable Latin-1 bytes as themselves, the other
-68 as the characters from U+0100 on, in byte order), so a text's pieces are strings of
-those characters; the text is first cut into pieces by a regex (contractions, letters,
-digits, other symbols, whitespace runs, each but the last three kinds with one space in
-front); inside each piece the adjacent pair whose merge comes earliest in merges.txt is
-merged, everywhere in the piece, until no pair has a merge; each final symbol is looked
-up in vocab.json.
+68 as the characters from U+0100 on, in byte order); the text is first cut into pieces by
+a regex (contractions; runs of letters, of digits, of other symbols, each with an optional
+space in front; whitespace runs, whose last space goes to the word after them), each piece
+written in those characters; inside each piece the adjacent pair whose merge comes
+earliest in merges.txt is merged, everywhere in the piece, until no pair has a merge; each
+final symbol is looked up in vocab.json.
 
 The tokenizer classes that read these files differ in the regex, a normalization and the
 tokens they put around a text; which class a checkpoint uses is tokenizer_config.json's
@@ -18,7 +18,8 @@ tokens they put around a text; which class a checkpoint uses is tokenizer_config
 class not in CLASSES is not checked. Around the algorithm, as transformers' tokenizers
 read it: special and added tokens (tokenizer_config.json, special_tokens_map.json,
 added_tokens.json) are cut out of the text whole before any of this, and
-`add_prefix_space` puts one space before a text that does not start with one.
+`add_prefix_space` puts one space before a text that does not start with one (once, as
+transformers' slow tokenizers did: not again after each special token).
 """
 
 from __future__ import annotations
