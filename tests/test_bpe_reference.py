@@ -114,8 +114,9 @@ def test_a_qwen2_tokenizer_splits_each_digit_and_normalizes_to_nfc(tmp_path):
 
 def test_added_tokens_and_the_bos_are_the_class_s(tmp_path):
     """An added token from tokenizer_config.json's added_tokens_decoder (an id past
-    vocab.json's) is cut out whole; add_bos_token puts the bos_token first (OPT's </s>,
-    its checkpoints naming no class: config.json's model_type is GPT-2's class)."""
+    vocab.json's) is cut out whole; add_bos_token puts the bos_token first (as OPT's
+    checkpoints put their </s>; they name no class: config.json's model_type "opt" is
+    read with GPT-2's)."""
     from tokenizers import AddedToken
 
     original = gpt2_original()
