@@ -189,7 +189,10 @@ def test_a_unigram_model_splits_text_as_sentencepiece(tmp_path, caplog):
             assert engine.tokenizer.encode_plain(text) == reference.encode(text), text
 
 
-def test_gpt2_files_split_text_as_the_tokenizer_they_were_written_from(tmp_path, caplog):
+def test_gpt2_files_split_text_as_the_tokenizer_they_were_written_from(tmp_path):
+    """Exported through the CLI: its warning, the manifest and `inspect` say the converted
+    tokenizer was checked against export/bpe_reference.py (tests/test_bpe_reference.py
+    checks that reference against `tokenizers`)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     original = Tokenizer(models.BPE())
@@ -206,9 +209,17 @@ def test_gpt2_files_split_text_as_the_tokenizer_they_were_written_from(tmp_path,
               "add_prefix_space": False, "model_max_length": 1024}
     hf = slow_checkpoint(tmp_path, "gpt2", original.get_vocab_size(),
                          {n: files / n for n in ("vocab.json", "merges.txt")}, config)
-    with caplog.at_level(logging.WARNING, logger=slow_tokenizer.__name__):
-        export(hf, tmp_path / "b", OPTIONS)
-    assert "converted its vocab.json + merges.txt with transformers (not checked" in caplog.text
+    done = cli("export", hf, "-o", tmp_path / "b", "--chunks", "16", "--max-context", "64",
+               "--quiet")
+    assert done.returncode == 0, done.stderr
+    checked = ("its ids equal edgeprefill's own byte-level BPE's, reading the files as "
+               "GPT2Tokenizer does, on 13 probe strings and beside its special tokens")
+    assert f"converted its vocab.json + merges.txt with transformers ({checked})" in \
+        done.stderr
+    manifest = json.loads((tmp_path / "b" / "edgeprefill.json").read_text())
+    assert manifest["source"]["tokenizer"] == {"converted_from": "vocab.json + merges.txt",
+                                               "check": checked}
+    assert f"by transformers ({checked})" in cli("inspect", tmp_path / "b").stdout
     with Engine.load(tmp_path / "b") as engine:
         for text in [*TEXTS, "end<|endoftext|>"]:
             assert engine.tokenizer.encode(text) == original.encode(text).ids, text

@@ -23,9 +23,10 @@ Replace(" ", "▁") normalizer on each stretch between special tokens), so there
 converted tokenizer is rewritten to it (gguf_vocab.sentencepiece_spaces, the GGUF path's
 same fix) and checked on such text too. A config that says `"legacy": false` keeps
 transformers' reading, unchecked on such text, and so does a model whose dummy prefix
-meets user-defined pieces (`_legacy_spaces` says why). GPT-2's files have no independent
-implementation to check against: that conversion is transformers' byte-level BPE as it
-stands.
+meets user-defined pieces (`_legacy_spaces` says why). GPT-2's files are checked the same
+way against our own byte-level BPE (export/bpe_reference.py: GPT-2's algorithm, read as the
+checkpoint's tokenizer class reads the files; a class it does not know is not checked, and
+the log line says so).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from edgeprefill.errors import ExportError
+from edgeprefill.export import bpe_reference
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
@@ -98,7 +100,7 @@ def convert(hf_dir: Path) -> Converted:
     legacy = rewritten is not None
     tokenizer = rewritten or tokenizer
     checked = _check(hf_dir, tokenizer, legacy) if files == SENTENCEPIECE else \
-        "not checked: no independent implementation of GPT-2's files is at hand"
+        bpe_reference.check(hf_dir, tokenizer, PROBES)
     converted = Converted(tokenizer, source, checked)
     # A warning, as the exporter's other notes: the CLI shows warnings only, and the user
     # should know the bundle's tokenizer.json was made, not copied.
