@@ -19,6 +19,7 @@ pytest.importorskip("transformers")
 
 from sentencepiece import sentencepiece_model_pb2  # noqa: E402
 
+from edgeprefill.export import slow_tokenizer  # noqa: E402
 from edgeprefill.sdk import Engine, GenerationParams  # noqa: E402
 from tests.conftest import load_hf_model  # noqa: E402
 from tests.test_cli_errors import assert_one_line_error, cli  # noqa: E402
@@ -168,6 +169,28 @@ def test_the_export_says_the_remote_class_was_read_as_llamas(internlm2_export,
     # the checkpoint is left as it was; its config is the bundle's, as for any folder
     assert not (internlm2_folder[1] / "tokenizer.json").exists()
     assert json.loads((bundle / "tokenizer_config.json").read_text()) == internlm2_config()
+
+
+def test_internlm2s_tokenizer_is_read_as_llamas_whatever_the_model(tmp_path,
+                                                                   internlm2_model):
+    """transformers 5.24 reads a folder whose config.json says `internlm2` with its generic
+    backend, the auto_map set aside (MODELS_WITH_INCORRECT_HUB_TOKENIZER_CLASS). A
+    folder without that model type (InternVL2's internlm2 LLM, a tokenizer saved alone)
+    was refused: the class is what decides, and its spaces are probed the legacy way."""
+    folder = tmp_path / "tokenizer"
+    folder.mkdir()
+    shutil.copyfile(internlm2_model, folder / "tokenizer.model")
+    (folder / "tokenizer_config.json").write_text(json.dumps(internlm2_config()))
+    converted = slow_tokenizer.convert(folder)
+    assert converted.read_as is not None and "spaces read the legacy way" in converted.checked
+    reference = spm.SentencePieceProcessor(model_file=str(internlm2_model))
+
+    def encode(text: str) -> list[int]:
+        return converted.tokenizer.encode(text, add_special_tokens=False).ids
+
+    assert encode(" Hello there") == reference.encode(" Hello there")
+    assert encode("<|im_start|>system\n  two spaces<|im_end|>") == [
+        IM_START, *reference.encode("system\n  two spaces"), IM_END]
 
 
 def test_a_baichuan_folder_reads_text_as_its_own_class(tmp_path):
