@@ -26,6 +26,11 @@ transformers' reading, unchecked on such text, and so does a model whose dummy p
 meets user-defined pieces (`_legacy_spaces` says why). GPT-2's files have no independent
 implementation to check against: that conversion is transformers' byte-level BPE as it
 stands.
+
+A tokenizer class of the checkpoint's own code is never run. Where it is a listed copy of
+Llama's (InternLM2's, Baichuan's), a staged copy of the files is converted as Llama's
+(remote_tokenizer.py) and checked as above; every added_tokens_decoder entry must keep its
+id.
 """
 
 from __future__ import annotations
@@ -203,7 +208,7 @@ def _why(hf_dir: Path, source: str, err: Exception) -> str:
         if unreadable is not None:
             return f"sentencepiece cannot read it ({unreadable})"
     text = str(err).strip()
-    if "trust_remote_code" in text:  # tokenizer_config.json's auto_map: Baichuan, InternLM
+    if "trust_remote_code" in text:  # auto_map to a class not read as Llama's: ChatGLM, Qwen
         return ("its tokenizer class is the checkpoint's own code, which export does not "
                 "run (add trust_remote_code=True to from_pretrained where you trust it)")
     return text.splitlines()[0] if text else type(err).__name__
