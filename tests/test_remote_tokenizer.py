@@ -64,13 +64,13 @@ def baichuan_token(content: str) -> dict:
             "rstrip": False, "single_word": True}
 
 
-def baichuan_config() -> dict:
+def baichuan_config(name: str = "BaichuanTokenizer") -> dict:
     """Shaped as baichuan-inc/Baichuan-13B-Chat's tokenizer_config.json: no add_bos_token,
     so the class's default (true) applies, where transformers 5's LlamaTokenizer adds none."""
-    return {"auto_map": {"AutoTokenizer": ["tokenization_baichuan.BaichuanTokenizer", None]},
+    return {"auto_map": {"AutoTokenizer": [f"tokenization_baichuan.{name}", None]},
             "bos_token": baichuan_token("<s>"), "clean_up_tokenization_spaces": False,
             "eos_token": baichuan_token("</s>"), "model_max_length": 4096,
-            "pad_token": baichuan_token("<unk>"), "tokenizer_class": "BaichuanTokenizer",
+            "pad_token": baichuan_token("<unk>"), "tokenizer_class": name,
             "unk_token": baichuan_token("<unk>")}
 
 
@@ -193,14 +193,18 @@ def test_internlm2s_tokenizer_is_read_as_llamas_whatever_the_model(tmp_path,
         IM_START, *reference.encode("system\n  two spaces"), IM_END]
 
 
-def test_a_baichuan_folder_reads_text_as_its_own_class(tmp_path):
+@pytest.mark.parametrize("name, code", [
+    ("BaichuanTokenizer", "Baichuan's tokenization_baichuan.py"),
+    ("BaiChuanTokenizer", "Baichuan-7B's tokenization_baichuan.py"),
+])
+def test_a_baichuan_folder_reads_text_as_its_own_class(tmp_path, name, code):
     model = train_spm(tmp_path, model_type="bpe", **LLAMA_LIKE)
     hf = slow_checkpoint(tmp_path, "llama", 400, {"tokenizer.model": model},
-                         baichuan_config())
+                         baichuan_config(name))
     done = cli("export", hf, "-o", tmp_path / "b", "--chunks", "16", "--max-context", "64")
     assert done.returncode == 0, done.stderr
-    assert f"its BaichuanTokenizer (Baichuan's tokenization_baichuan.py, the checkpoint's " \
-           f"own code) {READ_AS_LLAMA}" in done.stdout + done.stderr
+    assert f"its {name} ({code}, the checkpoint's own code) {READ_AS_LLAMA}" in \
+        done.stdout + done.stderr
     reference = spm.SentencePieceProcessor(model_file=str(model))
     with Engine.load(tmp_path / "b") as engine:
         for text in TEXTS:

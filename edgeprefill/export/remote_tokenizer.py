@@ -38,21 +38,30 @@ READ_AS = "LlamaTokenizer"
 # Remote classes that are transformers' slow LlamaTokenizer copied under another name:
 # `_tokenize` is `sp_model.encode(text)` on each stretch between added tokens; `bos` is
 # added where `add_bos_token` is set (default true) and `eos` where `add_eos_token` is set
-# (default false); decoding is sentencepiece's, with special tokens kept as their text.
+# (default false). Decoding is sentencepiece's. When special tokens are kept as text, the
+# classes put a space before one that follows text (as Llama's slow class of transformers
+# 4.29 does) and the bundle's tokenizer.json does not; the runtime drops special tokens
+# from a reply's text, so this does not show there.
 LLAMA_COPIES = {
-    # tokenization_internlm2.py of internlm/internlm2-chat-1_8b and internlm2_5-7b-chat
-    # (also copied into InternVL2's and xtuner's repos), marked "Modified from
-    # transformers.model.llama.tokenization_llama.LlamaTokenizer". Its build_inputs adds
-    # bos and eos only, with the defaults above. Its convert_tokens_to_string differs in
-    # one respect: decode_with_prefix_space (default false) only adds a space that it then
-    # cuts off. Its fast twin's InternLM2Converter is Llama's legacy conversion with the
-    # added tokens' renames.
+    # tokenization_internlm2.py of internlm/internlm2-chat-1_8b and internlm2_5-7b-chat,
+    # read in copies on GitHub (the model repos are not reachable from here). It is marked
+    # "Modified from transformers.model.llama.tokenization_llama.LlamaTokenizer". Its
+    # build_inputs adds bos and eos only, with the defaults above. Its
+    # convert_tokens_to_string puts a space in front and cuts the first character off,
+    # which leaves sentencepiece's text: `_maybe_add_prefix_space` compares a piece with
+    # a set of ids, so it always adds the space. Its fast twin's InternLM2Converter is
+    # Llama's legacy conversion with the added tokens' renames.
     "InternLM2Tokenizer": "InternLM2's tokenization_internlm2.py",
-    # tokenization_baichuan.py of baichuan-inc/Baichuan-13B-Chat and Baichuan2-7B-Chat: a
-    # copy of LlamaTokenizer from transformers 4.29 (vocab_file tokenizer.model, the same
-    # _tokenize, build_inputs_with_special_tokens and convert_tokens_to_string, and the
-    # same add_bos_token and add_eos_token defaults).
+    # tokenization_baichuan.py of baichuan-inc/Baichuan-13B-Chat and Baichuan2-13B-Chat.
+    # Read in copies: DSXiangLi/LongBaichuan's, and PygmalionAI/aphrodite-engine's of
+    # Baichuan2-13B-Chat's (transformers_utils/tokenizers/baichuan.py). It is
+    # LlamaTokenizer of transformers 4.29: vocab_file tokenizer.model, the same _tokenize,
+    # build_inputs_with_special_tokens and convert_tokens_to_string, and the same
+    # add_bos_token and add_eos_token defaults.
     "BaichuanTokenizer": "Baichuan's tokenization_baichuan.py",
+    # baichuan-inc/Baichuan-7B spells the same class this way (mindnlp's port of it was
+    # read: the same methods and defaults).
+    "BaiChuanTokenizer": "Baichuan-7B's tokenization_baichuan.py",
 }
 
 
