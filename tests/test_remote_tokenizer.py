@@ -136,6 +136,11 @@ def test_internlm2s_chat_tokens_are_the_ids_its_config_gives(internlm2_export,
         for i, token in enumerate(CHAT):
             assert engine.tokenizer.encode_plain(f"a lazy fox{token}") == [
                 *reference.encode("a lazy fox"), 400 + i]
+        # InternLM2's chat template, rendered and read as the model was trained on it
+        messages = [{"role": "user", "content": "Hello there"}]
+        assert engine.tokenizer.encode(messages, add_generation_prompt=True) == [
+            reference.bos_id(), IM_START, *reference.encode("user\nHello there"), IM_END,
+            *reference.encode("\n"), IM_START, *reference.encode("assistant\n")]
 
 
 def test_internlm2_generates_greedily_as_transformers_does(internlm2_export,

@@ -68,7 +68,7 @@ LLAMA_COPIES = {
 def remote_class(settings: dict[str, Any]) -> str | None:
     """The tokenizer class of the checkpoint's own code that tokenizer_config.json names:
     auto_map's AutoTokenizer (slow class first), else `tokenizer_class` where it is a
-    listed copy. transformers has no class by that name, so it would fail to load it."""
+    listed copy (a name transformers has no class for)."""
     auto_map = settings.get("auto_map")
     entry = auto_map.get("AutoTokenizer") if isinstance(auto_map, dict) else None
     if isinstance(entry, list | tuple):
