@@ -35,9 +35,10 @@ def wqkv(q, k, v, kv_heads: int, head_dim: int):
     return torch.cat([q, k, v], dim=1).reshape(-1, *q.shape[3:])
 
 
-def internlm2_checkpoint(root, bias: bool):
-    """A tiny random Llama, then saved again as InternLM2's remote code names and packs it."""
-    llama = build_hf_model("llama", root / "llama", attention_bias=bias)
+def internlm2_checkpoint(root, bias: bool, **overrides):
+    """A tiny random Llama (`overrides` of its config), then saved again as InternLM2's
+    remote code names and packs it."""
+    llama = build_hf_model("llama", root / "llama", attention_bias=bias, **overrides)
     config = json.loads((llama / "config.json").read_text())
     kv, head_dim = config["num_key_value_heads"], config["hidden_size"] // config[
         "num_attention_heads"]

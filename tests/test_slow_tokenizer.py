@@ -265,12 +265,14 @@ def test_a_corrupt_sentencepiece_model_is_refused(tmp_path):
 
 
 def test_a_tokenizer_class_of_custom_code_is_not_run(tmp_path, bpe_model):
+    """A class that is no copy of Llama's (Qwen's first models read tiktoken's format;
+    export/remote_tokenizer.py lists those read as Llama's)."""
     folder = tmp_path / "custom"
     folder.mkdir()
     shutil.copyfile(bpe_model, folder / "tokenizer.model")
     (folder / "tokenizer_config.json").write_text(json.dumps({
-        "tokenizer_class": "BaichuanTokenizer",
-        "auto_map": {"AutoTokenizer": ["tokenization_baichuan.BaichuanTokenizer", None]}}))
+        "tokenizer_class": "QWenTokenizer",
+        "auto_map": {"AutoTokenizer": ["tokenization_qwen.QWenTokenizer", None]}}))
     with pytest.raises(ExportError, match="the checkpoint's own code, which export does "
                                           "not run .*trust_remote_code=True"):
         slow_tokenizer.convert(folder)

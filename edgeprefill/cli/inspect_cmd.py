@@ -384,8 +384,9 @@ def _tokenizer_line(source: dict) -> list[str]:
     slow = source.get("tokenizer")
     if not isinstance(slow, dict):
         return []
+    read_as = f", {slow['read_as']}" if slow.get("read_as") else ""
     return [f"tokenizer   converted from the checkpoint's {slow.get('converted_from')} "
-            f"by transformers ({slow.get('check')})"]
+            f"by transformers{read_as} ({slow.get('check')})"]
 
 
 def _adapter_line(source: dict) -> list[str]:

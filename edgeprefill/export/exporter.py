@@ -165,7 +165,10 @@ def _export(hf_dir: Path, out_dir: Path, options: ExportOptions,
     slow = None if "tokenizer.json" in tokenizer_files else slow_tokenizer.convert(hf_dir)
     if slow is not None:
         tokenizer_files.insert(0, "tokenizer.json")
-        source = {**source, "tokenizer": {"converted_from": slow.source, "check": slow.checked}}
+        said = {"converted_from": slow.source, "check": slow.checked}
+        if slow.read_as is not None:  # the checkpoint's own tokenizer class, read as Llama's
+            said["read_as"] = slow.read_as
+        source = {**source, "tokenizer": said}
     check_tokenizer_fits(hf_dir / "tokenizer.json" if slow is None else slow.tokenizer,
                          cfg.vocab_size)
     check_export_template(hf_dir)

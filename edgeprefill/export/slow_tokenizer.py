@@ -27,6 +27,11 @@ meets user-defined pieces (`_legacy_spaces` says why). GPT-2's files are checked
 way against our own byte-level BPE (export/bpe_reference.py: GPT-2's algorithm, read as the
 checkpoint's tokenizer class reads the files; a class it does not know is not checked, and
 the log line says so).
+
+A tokenizer class of the checkpoint's own code is never run. Where it is a listed copy of
+Llama's (InternLM2's, Baichuan's), a staged copy of the files is converted as Llama's
+(remote_tokenizer.py) and checked as above; every added_tokens_decoder entry must keep its
+id.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,6 +47,7 @@ from typing import TYPE_CHECKING, Any
 
 from edgeprefill.errors import ExportError
 from edgeprefill.export import bpe_reference
+from edgeprefill.export.remote_tokenizer import LLAMA_COPIES, READ_AS, remote_class, stage_as_llama
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
@@ -73,6 +80,7 @@ class Converted:
     tokenizer: Tokenizer
     source: str  # the files it was built from
     checked: str  # how it was checked, for the log line
+    read_as: str | None = None  # the checkpoint's own tokenizer class read as Llama's
 
 
 def slow_files(hf_dir: Path) -> tuple[str, ...] | None:
@@ -87,29 +95,81 @@ def slow_files(hf_dir: Path) -> tuple[str, ...] | None:
 def convert(hf_dir: Path) -> Converted:
     """The fast tokenizer transformers builds from `hf_dir`'s slow files, checked against
     sentencepiece where it can be; refused in one line where there is none, transformers
-    cannot convert them, or the conversion splits a probe otherwise."""
+    cannot convert them, or the conversion splits a probe otherwise. A tokenizer class of
+    the checkpoint's own code that copies Llama's is read as Llama's (remote_tokenizer)."""
     files = slow_files(hf_dir)
     if files is None:
         raise ExportError(f"{hf_dir} has no tokenizer: looked for tokenizer.json, "
                           f"{', '.join(SENTENCEPIECE)}, {' + '.join(GPT2_BPE)}")
-    source = " + ".join(files)
-    tokenizer = _converted(hf_dir, source)
-    rewritten = None
-    if files == SENTENCEPIECE and _legacy(hf_dir):
-        rewritten = _legacy_spaces(tokenizer, hf_dir / SENTENCEPIECE[0])
-    legacy = rewritten is not None
-    tokenizer = rewritten or tokenizer
-    checked = _check(hf_dir, tokenizer, legacy) if files == SENTENCEPIECE else \
-        bpe_reference.check(hf_dir, tokenizer, PROBES)
-    converted = Converted(tokenizer, source, checked)
+    settings = _settings(hf_dir)
+    remote = remote_class(settings) if files == SENTENCEPIECE else None
+    with tempfile.TemporaryDirectory(prefix="edgeprefill-tokenizer-") as staging:
+        folder, read_as = hf_dir, None
+        if remote in LLAMA_COPIES:  # others fail in transformers: "trust_remote_code"
+            folder = Path(staging)
+            stage_as_llama(hf_dir, settings, folder)
+            read_as = (f"its {remote} ({LLAMA_COPIES[remote]}, the checkpoint's own code) "
+                       f"read as transformers' {READ_AS}")
+        converted = _convert(hf_dir, folder, files, read_as)
+    _check_added_tokens(hf_dir, settings, converted.tokenizer)
     # A warning, as the exporter's other notes: the CLI shows warnings only, and the user
     # should know the bundle's tokenizer.json was made, not copied.
-    log.warning("%s has no tokenizer.json: converted its %s with transformers (%s)",
-                hf_dir, source, checked)
+    log.warning("%s has no tokenizer.json: converted its %s with transformers%s (%s)",
+                hf_dir, converted.source, f", {read_as}" if read_as else "",
+                converted.checked)
     return converted
 
 
-def _converted(hf_dir: Path, source: str) -> Tokenizer:
+def _convert(hf_dir: Path, folder: Path, files: tuple[str, ...],
+             read_as: str | None) -> Converted:
+    """Convert `folder`'s files (`hf_dir`'s, or their staged Llama reading), rewrite the
+    spaces and check the result; errors name `hf_dir`."""
+    source = " + ".join(files)
+    tokenizer = _converted(hf_dir, source, folder)
+    rewritten = None
+    if files == SENTENCEPIECE and _legacy(folder):
+        rewritten = _legacy_spaces(tokenizer, folder / SENTENCEPIECE[0])
+    legacy = rewritten is not None
+    tokenizer = rewritten or tokenizer
+    checked = _check(folder / SENTENCEPIECE[0], tokenizer, legacy, hf_dir) \
+        if files == SENTENCEPIECE else \
+        bpe_reference.check(hf_dir, tokenizer, PROBES)
+    if read_as is not None:
+        checked += "; sentencepiece's model with tokenizer_config.json's added tokens put in"
+    return Converted(tokenizer, source, checked, read_as)
+
+
+def _settings(hf_dir: Path) -> dict[str, Any]:
+    """tokenizer_config.json ({} where there is none)."""
+    config = hf_dir / "tokenizer_config.json"
+    try:
+        settings = json.loads(config.read_text(encoding="utf-8")) if config.is_file() else {}
+    except (OSError, ValueError) as err:
+        raise ExportError(f"cannot read {config}: {err}") from None
+    return settings if isinstance(settings, dict) else {}
+
+
+def _check_added_tokens(hf_dir: Path, settings: dict[str, Any], tokenizer: Tokenizer) -> None:
+    """Each of tokenizer_config.json's added_tokens_decoder entries must read as its id:
+    transformers gives a token whose text differs from the piece at its id a new id past
+    the vocabulary, an id the model never saw."""
+    decoder = settings.get("added_tokens_decoder")
+    if not isinstance(decoder, dict):
+        return
+    for key, token in decoder.items():
+        content = token.get("content") if isinstance(token, dict) else None
+        if not (str(key).isdigit() and isinstance(content, str)):
+            continue
+        got = tokenizer.token_to_id(content)
+        if got != int(key):
+            raise ExportError(
+                f"{hf_dir}/tokenizer_config.json's added token {content!r} is id {key}, but "
+                f"the tokenizer.json transformers converts gives it {got}: give the "
+                "checkpoint a tokenizer.json that matches its tokenizer")
+
+
+def _converted(hf_dir: Path, source: str, folder: Path | None = None) -> Tokenizer:
+    """transformers' fast tokenizer of `folder`'s files (`hf_dir` by default)."""
     try:
         from transformers import AutoTokenizer
     except ImportError:
@@ -117,7 +177,7 @@ def _converted(hf_dir: Path, source: str) -> Tokenizer:
                           f"needs transformers: {INSTALL}") from None
     try:
         with _transformers_quiet():
-            loaded = AutoTokenizer.from_pretrained(hf_dir, local_files_only=True,
+            loaded = AutoTokenizer.from_pretrained(folder or hf_dir, local_files_only=True,
                                                    trust_remote_code=False)
     except Exception as err:  # noqa: BLE001 - transformers raises many kinds here
         raise ExportError(_cannot_convert(hf_dir, source, _why(hf_dir, source, err))) from None
@@ -150,7 +210,7 @@ def _why(hf_dir: Path, source: str, err: Exception) -> str:
         if unreadable is not None:
             return f"sentencepiece cannot read it ({unreadable})"
     text = str(err).strip()
-    if "trust_remote_code" in text:  # tokenizer_config.json's auto_map: Baichuan, InternLM
+    if "trust_remote_code" in text:  # auto_map to a class not read as Llama's: ChatGLM, Qwen
         return ("its tokenizer class is the checkpoint's own code, which export does not "
                 "run (add trust_remote_code=True to from_pretrained where you trust it)")
     return text.splitlines()[0] if text else type(err).__name__
@@ -191,12 +251,7 @@ def _transformers_quiet() -> Iterator[None]:
 def _legacy(hf_dir: Path) -> bool:
     """Whether the checkpoint's tokenizer reads spaces the `legacy` way: unless its
     tokenizer_config.json says `"legacy": false` (transformers' default is legacy)."""
-    config = hf_dir / "tokenizer_config.json"
-    try:
-        settings = json.loads(config.read_text(encoding="utf-8")) if config.is_file() else {}
-    except (OSError, ValueError) as err:
-        raise ExportError(f"cannot read {config}: {err}") from None
-    return not (isinstance(settings, dict) and settings.get("legacy") is False)
+    return _settings(hf_dir).get("legacy") is not False
 
 
 def _legacy_spaces(tokenizer: Tokenizer, model: Path) -> Tokenizer | None:
@@ -231,12 +286,12 @@ def _adds_dummy_prefix(model: Path) -> bool:
     return bool(proto.normalizer_spec.add_dummy_prefix)
 
 
-def _check(hf_dir: Path, tokenizer: Tokenizer, legacy: bool) -> str:
-    """Compare the converted tokenizer with sentencepiece on the probes and on text beside
-    each control token; refuse at the first difference. Returns what was checked."""
+def _check(model: Path, tokenizer: Tokenizer, legacy: bool, hf_dir: Path) -> str:
+    """Compare the converted tokenizer with sentencepiece (reading `model`, `hf_dir`'s or
+    its staged copy) on the probes and on text beside each control token; refuse at the
+    first difference. Returns what was checked."""
     if not _importable("sentencepiece"):
         return "not checked against sentencepiece, which is not installed"
-    model = hf_dir / SENTENCEPIECE[0]
     import sentencepiece
 
     try:
@@ -247,7 +302,8 @@ def _check(hf_dir: Path, tokenizer: Tokenizer, legacy: bool) -> str:
         got = tokenizer.encode(text, add_special_tokens=False).ids
         if got != expected:
             raise ExportError(
-                f"the tokenizer.json transformers converts from {model} splits {text!r} "
+                f"the tokenizer.json transformers converts from {hf_dir / model.name} "
+                f"splits {text!r} "
                 f"otherwise than sentencepiece ({got[:12]} against {expected[:12]}): the "
                 "model would read ids it was not trained on; give the checkpoint a "
                 "tokenizer.json that matches its tokenizer")
