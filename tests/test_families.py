@@ -142,6 +142,9 @@ def test_longrope_beyond_the_original_window_uses_the_long_factors(tmp_path):
 @pytest.mark.parametrize(("change", "message"), [
     ({"model_type": "nonesuch"},
      "'nonesuch' is not supported; `edgeprefill export --list-models` lists the supported"),
+    # remote-code model types users bring: what they are, and what to take instead
+    ({"model_type": "chatglm"}, "GLM-4's -hf releases (model_type glm) are"),
+    ({"model_type": "qwen"}, "Qwen1.5 and later (model_type qwen2, qwen3) are"),
     ({"rope_parameters": {"rope_type": "mrope", "rope_theta": 1e4}}, "rope type 'mrope'"),
     ({"num_key_value_heads": 3}, "is not a multiple of num_key_value_heads (3)"),
     ({"layer_types": ["full_attention"]}, "layer_types lists 1 layers; there are 2"),

@@ -53,6 +53,20 @@ REFUSED_TYPES: dict[str, str] = {
                "are not supported",
     "xlstm": "xLSTM's mLSTM blocks (a matrix memory with exponential gates) are not supported",
     "rwkv": "RWKV's time-mix (WKV) and channel-mix blocks are not supported",
+    # Remote-code model types (the checkpoint's own modeling code, which export never runs)
+    # that users bring, with what to take instead where there is something
+    "chatglm": "ChatGLM (THUDM's remote code: ChatGLM-6B's 2D positions; ChatGLM2/3's and "
+               "GLM-4's first releases' fused query_key_value and tokenizer classes) is not "
+               "supported; GLM-4's -hf releases (model_type glm) are",
+    "qwen": "Qwen's first release (QWenLMHeadModel: remote code, a tiktoken vocabulary, "
+            "logn attention scaling) is not supported; Qwen1.5 and later (model_type qwen2, "
+            "qwen3) are",
+    "phi3small": "Phi-3-small's block-sparse attention (dense only every "
+                 "dense_attention_every_n_layers) is not supported",
+    "nemotron-nas": "Llama-Nemotron NAS models' per-block layouts (attention blocks left out "
+                    "or replaced by a linear layer, an FFN width per block) are not supported",
+    "deci": "DeciLM's variable grouped-query attention (a KV head count per layer) is not "
+            "supported",
     # Its processor marks every prompt token as prefix (token_type_ids 0), which its model
     # attends bidirectionally: a causal bundle computes other logits for any prompt.
     "paligemma": "PaliGemma attends its whole prompt bidirectionally (a prefix LM), which a "
