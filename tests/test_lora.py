@@ -324,3 +324,43 @@ def test_a_bf16_adapter_is_read_without_torch(tmp_path):
     assert done.returncode == 0, done.stderr
     expected = values.to(torch.bfloat16).to(torch.float32).numpy()
     np.testing.assert_array_equal(np.array(json.loads(done.stdout)), expected)
+
+
+@pytest.mark.parametrize("family", [
+    "exaone",  # transformer.h.N.attn.attention.q_proj is module model.layers.N.self_attn.q_proj
+    pytest.param("lfm3_vl", marks=pytest.mark.slow),  # its language model's g_proj (gate_proj)
+    pytest.param("phimoe", marks=pytest.mark.slow),  # block_sparse_moe.gate is mlp.router
+])
+def test_an_adapter_named_by_transformers_5_s_modules_merges_into_the_stored_tensors(
+        tmp_path, family):
+    """transformers 5 renames these checkpoints' tensors as it loads them (its conversion
+    mapping), and peft names the LoRA by the loaded module: it merges into the tensor
+    stored under the old name (export had refused it as another model's adapter)."""
+    targets = {"exaone": "all-linear", "lfm3_vl": ["g_proj", "q_proj"],
+               "phimoe": ["router", "q_proj"]}[family]
+    hf_dir = build_hf_model(family, tmp_path / "hf")
+    trained_adapter(hf_dir, tmp_path / "adapter", r=4, lora_alpha=8, target_modules=targets)
+    saved = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
+    assert saved["target_modules"]
+    # the reference merged: transformers' PhiMoE router returns a tuple peft's unmerged
+    # LoRA cannot wrap; merged or not, the same weights
+    expected = peft_logits(hf_dir, tmp_path / "adapter", merged=True)
+    assert_chunks_match(export_with(hf_dir, tmp_path / "adapter", tmp_path / "b"), IDS,
+                        expected)
+
+
+@pytest.mark.parametrize(("family", "targets", "message"), [
+    # Sarvam-MoE stores query_key_value, which transformers splits into q/k/v as it loads it
+    ("sarvam_moe", ["k_proj"], "changes a part of the checkpoint's "
+                               "model.layers.0.attention.query_key_value"),
+    # Zamba applies its one stored shared block at several layers, a LoRA at each
+    ("zamba", ["down_proj"], "changes a block the checkpoint stores once "
+                             "(model.layers.1.shared_transf.feed_forward.down_proj)"),
+])
+def test_an_adapter_export_cannot_merge_into_one_stored_tensor_says_why(
+        tmp_path, family, targets, message):
+    hf_dir = build_hf_model(family, tmp_path / "hf")
+    trained_adapter(hf_dir, tmp_path / "adapter", r=4, lora_alpha=8, target_modules=targets)
+    with pytest.raises(ExportError, match=re.escape(message)) as err:
+        export_with(hf_dir, tmp_path / "adapter", tmp_path / "b")
+    assert "\n" not in str(err.value)

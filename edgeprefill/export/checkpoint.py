@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +25,7 @@ from edgeprefill.export.fp8 import (
 )
 from edgeprefill.export.int4_layouts import Int4Weight
 from edgeprefill.export.lora import Adapter
+from edgeprefill.export.module_names import ModuleNames, module_names
 from edgeprefill.export.prequantized import Int4Scheme
 
 INDEX_FILE = "model.safetensors.index.json"
@@ -78,10 +80,13 @@ class Checkpoint:
                  left_out: tuple[str, ...] = (), fp8: Fp8Scheme | None = None,
                  transposed: tuple[str, ...] = (), int4: Int4Scheme | None = None,
                  segments: tuple[tuple[str, str], ...] = (),
-                 adapter: Adapter | None = None, bnb: BnbScheme | None = None) -> None:
+                 adapter: Adapter | None = None, bnb: BnbScheme | None = None,
+                 model_types: tuple[str, ...] = ()) -> None:
         """`fp8`: the checkpoint's FP8 scheme (export/fp8.py): float8 weights are read
         dequantized by the scales stored beside them. `int4`: its int4 scheme. `bnb`: its
-        bitsandbytes scheme."""
+        bitsandbytes scheme. `model_types`: config.json's and its language model's, by whose
+        conversion mappings transformers names the stored tensors as it loads them, names
+        an adapter may use (export/module_names.py)."""
         self.dir = hf_dir
         self.fp8 = fp8
         self.int4 = int4
@@ -105,24 +110,45 @@ class Checkpoint:
         self._check_float8()  # before any weight is written: a bad checkpoint fails at once
         self._check_bnb(self._bnb_layers)
         if adapter is not None:
-            self._bind(adapter, {stored: n for n, (_, stored) in self._file_of.items()},
-                       renames, segments, left_out)
+            read_as = {stored: n for n, (_, stored) in self._file_of.items()}
+            self._bind(adapter, read_as, renames, segments, left_out,
+                       module_names(model_types, read_as))
             self.adapter = adapter
             self._added = {n: t for n, t in adapter.replacements.items()
                            if n not in self._file_of}  # (a modules_to_save head)
 
     def _bind(self, adapter: Adapter, read_as: dict[str, str],
               renames: tuple[tuple[str, str], ...],
-              segments: tuple[tuple[str, str], ...], left_out: tuple[str, ...]) -> None:
+              segments: tuple[tuple[str, str], ...], left_out: tuple[str, ...],
+              modules: ModuleNames) -> None:
         """Key the adapter's tensors by the names read here (a transformers module's name
-        is the stored one, or the read one), and check their shapes before any is read."""
+        is the stored one, the read one, or the one transformers 5 renames the stored one
+        to as it loads it), and check their shapes before any is read."""
         def read_name(name: str) -> str | None:
-            for candidate in (name, read_as.get(name), _renamed(name, renames, segments)):
+            stored = modules.renamed.get(name)
+            for candidate in (name, read_as.get(name), _renamed(name, renames, segments),
+                              read_as.get(stored) if stored else None):
                 if candidate is not None and candidate in self._file_of:
                     return candidate
             return None
 
-        adapter.renamed(read_name, left_out)
+        def unmatched(name: str) -> str | None:
+            """Why a module the adapter changes reads as no tensor, where this can say."""
+            fused = modules.split.get(name)
+            if fused is not None:
+                return (f"the adapter's LoRA on {name.removesuffix('.weight')} changes a part "
+                        f"of the checkpoint's {fused.removesuffix('.weight')}, which "
+                        "transformers splits into modules as it loads it: export cannot "
+                        "merge a LoRA into a part of a stored tensor")
+            shared = _other_application(name, read_as)
+            if shared is not None:
+                return (f"the adapter's LoRA on {name.removesuffix('.weight')} changes a "
+                        f"block the checkpoint stores once ({shared.removesuffix('.weight')}) "
+                        "and the model applies at several layers, with a LoRA of its own at "
+                        "each: export cannot merge them into the one shared block")
+            return None
+
+        adapter.renamed(read_name, left_out, unmatched)
         adapter.check_shapes(self._unpacked_shape, self._is_transposed)
         for name in adapter.replacements:
             if name in self._file_of:
@@ -465,6 +491,17 @@ def _to_numpy(tensor) -> np.ndarray:
     if tensor.dtype == torch.bfloat16:  # numpy has no bfloat16: exactly widened
         tensor = tensor.float()
     return tensor.numpy()
+
+
+def _other_application(name: str, stored: dict[str, str]) -> str | None:
+    """The stored tensor of a shared block (Zamba's) that `name` is another layer's
+    application of: the same name at another layer index; None if there is none."""
+    match = re.search(r"\.layers\.\d+\.", name)
+    if match is None:
+        return None
+    head, tail = name[:match.start()], name[match.end():]
+    return next((n for n in stored if n.startswith(head + ".layers.") and n.endswith(tail)
+                 and re.fullmatch(r"\d+", n[len(head) + 8:len(n) - len(tail) - 1])), None)
 
 
 def _renamed(name: str, renames: tuple[tuple[str, str], ...],

@@ -178,7 +178,8 @@ def _export(hf_dir: Path, out_dir: Path, options: ExportOptions,
         ckpt = Checkpoint(hf_dir, cfg.renames + cfg.spec.renames,
                           cfg.spec.left_out + cfg.left_out, cfg.fp8,
                           transposed=cfg.spec.transposed, int4=cfg.int4,
-                          segments=cfg.spec.segment_renames, adapter=adapter, bnb=cfg.bnb)
+                          segments=cfg.spec.segment_renames, adapter=adapter, bnb=cfg.bnb,
+                          model_types=_model_types(hf_dir, cfg) if adapter else ())
         flavor = flavor_class(options.flavor)(cfg, DTYPES[options.dtype], max_context)
         g = DecoderBuilder(cfg, ckpt, flavor, options.quant).build()
         initializers = write_external_data(g.weights, stage / DATA_FILE, options.show_progress)
@@ -242,6 +243,16 @@ def _for_int4_checkpoint(cfg: ModelConfig, options: ExportOptions) -> ExportOpti
         implied = QuantConfig("int4", embeddings=False, head="float", float_layers=False)
         return replace(options, quant=implied)
     return options
+
+
+def _model_types(hf_dir: Path, cfg: ModelConfig) -> tuple[str, ...]:
+    """config.json's model_type and its language model's (text_config's, a wrapper's text
+    family): the conversion mappings transformers loads the checkpoint by, whose module
+    names an adapter may use (export/module_names.py)."""
+    text = load_json_object(hf_dir / "config.json", ExportError).get("text_config")
+    nested = text.get("model_type") if isinstance(text, dict) else None
+    types = (cfg.family, cfg.text_type, nested if isinstance(nested, str) else None)
+    return tuple(dict.fromkeys(t for t in types if t))
 
 
 def _license_files(hf_dir: Path) -> list[str]:

@@ -137,7 +137,8 @@ class Adapter:
             self.bias_deltas[module + ".bias"] = parts["lora_B.bias"].astype(np.float32) * scale
 
     def renamed(self, read_name: Callable[[str], str | None],
-                left_out: tuple[str, ...] = ()) -> None:
+                left_out: tuple[str, ...] = (),
+                unmatched: Callable[[str], str | None] = lambda name: None) -> None:
         """Key every tensor by the name the checkpoint reads it as (`read_name`: the
         transformers name -> the checkpoint's, None where it holds none). A delta whose
         module the base lacks is refused; a replacement the base lacks (modules_to_save's
@@ -150,7 +151,8 @@ class Adapter:
         shared table twice): the copies are dropped.
 
         What the adapter changes under a `left_out` prefix (an image-text checkpoint's
-        vision tower, which "all-linear" targets too) is left out with it, in one line."""
+        vision tower, which "all-linear" targets too) is left out with it, in one line.
+        `unmatched` says why a module reads as no tensor where the checkpoint can tell."""
         self._leave_out(left_out)
         for name in [n for n in self.deltas if read_name(n) is None and self._tied(n)]:
             del self.deltas[name]
@@ -160,9 +162,10 @@ class Adapter:
             for name in list(table):
                 found = read_name(name)
                 if found is None:
-                    raise ExportError(f"the adapter's LoRA on {name.removesuffix('.weight')} "
-                                      "matches no tensor of the base model: is it the "
-                                      f"adapter of another model ({self.base_model})?")
+                    raise ExportError(
+                        unmatched(name) or f"the adapter's LoRA on "
+                        f"{name.removesuffix('.weight')} matches no tensor of the base "
+                        f"model: is it the adapter of another model ({self.base_model})?")
                 table[found] = table.pop(name)
         self.replacements = {read_name(n) or n: t for n, t in self.replacements.items()}
 
