@@ -22,6 +22,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from edgeprefill.bundle import MANIFEST_FILE
 from edgeprefill.engines import StepBatch
 from edgeprefill.export.exporter import ExportOptions, export
 from edgeprefill.export.model_config import ModelConfig
@@ -29,6 +30,7 @@ from edgeprefill.export.quantize import QuantConfig, int4_blockwise, int4_dequan
 from edgeprefill.sdk import Engine
 from tests.conftest import build_hf_model, load_hf_model
 from tests.test_cli_errors import assert_one_line_error, cli
+from tests.test_exactness import FLAVORS
 from tests.test_quantize import logits_at
 
 IDS = [1, 5, 9, 33, 70, 4, 18, 60, 61, 7, 3]
@@ -74,9 +76,10 @@ def baichuan_checkpoint(root, *, alibi: bool, version: int, heads: int = 4, **ll
     return llama_dir, hf
 
 
-def bundle_logits(hf, out, ids=IDS) -> np.ndarray:
+def bundle_logits(hf, out, ids=IDS, flavor: str = "ort") -> np.ndarray:
     """Each step's last-token logits, the steps of STEPS run one after another."""
-    export(hf, out, ExportOptions(chunks=(4,), max_context=64, show_progress=False))
+    export(hf, out, ExportOptions(chunks=(4,), max_context=64, show_progress=False,
+                                  flavor=flavor))
     got = []
     with Engine.load(out, threads=2, background=False) as engine:
         start = 0
@@ -186,14 +189,18 @@ def baichuan_13b_logits(hf, ids, normalize: bool, slopes: list[float] | None = N
     return (x @ (torch.nn.functional.normalize(head) if normalize else head).T).numpy()
 
 
+@pytest.mark.parametrize("flavor", FLAVORS)
 @pytest.mark.parametrize("heads", [4, 5])  # 5: slopes interleaved, as Baichuan 13B's 40
-def test_baichuan2_13b_computes_its_alibi_forward(tmp_path, heads):
+def test_baichuan2_13b_computes_its_alibi_forward(tmp_path, heads, flavor):
     _, hf = baichuan_checkpoint(tmp_path, alibi=True, version=2, heads=heads)
     with torch.no_grad():
         expected = baichuan_13b_logits(hf, IDS, normalize=True)
         stored_head = baichuan_13b_logits(hf, IDS, normalize=False)
     assert not np.allclose(stored_head, expected, rtol=0.1, atol=0.1)  # normalization shows
-    assert_close(bundle_logits(hf, tmp_path / "b"), at_step_ends(expected))
+    assert_close(bundle_logits(hf, tmp_path / "b", flavor=flavor), at_step_ends(expected))
+    quirks = json.loads((tmp_path / "b" / MANIFEST_FILE).read_text())["source"]["quirks"]
+    assert any(q.startswith("ALiBi") for q in quirks)
+    assert any(q.startswith("LM head rows L2-normalized") for q in quirks)
 
 
 def test_the_13b_reference_without_its_slopes_is_llama_at_one_position(tmp_path):
