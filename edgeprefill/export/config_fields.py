@@ -123,28 +123,31 @@ def positions(family: str, raw: dict[str, Any], spec: FamilySpec, heads: int,
     """What positions do besides the ropes: the queries' scale by position (the family's
     query scale from the rope's keys, Llama 4's `attn_temperature_tuning`, or scalable
     softmax), the family's context cap (Llama 4's `attention_chunk_size`, PhiMoE's
-    longrope window), and ALiBi (the family's, or Falcon's `alibi` switch, its slopes
-    rounded to bfloat16)."""
+    longrope window), and ALiBi (the family's, the one its config picks, as Baichuan 13B's,
+    or Falcon's `alibi` switch, its slopes rounded to bfloat16)."""
     falcon_alibi = bool(spec.alibi_key and raw.get(spec.alibi_key))
+    picked = bool(spec.alibi_from_config and spec.alibi_from_config(raw))
     return {
         "query_scale": read_query_scale(family, raw, global_rope) if spec.query_scale else
         read_temperature_tuning(raw) if spec.temperature_tuning else
         ScalableSoftmax() if spec.scalable_softmax else None,
         "context_cap": spec.context_cap(raw) if spec.context_cap is not None else None,
-        "alibi": alibi_slopes(heads) if spec.alibi or falcon_alibi else None,
+        "alibi": alibi_slopes(heads) if spec.alibi or falcon_alibi or picked else None,
         "alibi_bfloat16": falcon_alibi,
     }
 
 
 def head_and_tokens(raw: dict[str, Any], spec: FamilySpec, hidden: int) -> dict[str, Any]:
     """The embedding's own width (OPT's `word_embed_proj_dim`), the LM head
-    (`tie_word_embeddings`, its bias) and the special token ids
+    (`tie_word_embeddings`, its bias, rows normalized where its family's config says:
+    Baichuan 2's NormHead) and the special token ids
     (`bos_token_id`, `eos_token_id`; XGLM's `pad_token_id`, which its sinusoidal positions
     count from)."""
     return {
         "tie_embeddings": bool(raw.get("tie_word_embeddings", spec.tie_default)),
         "lm_head_bias": spec.lm_head_bias or bool(spec.lm_head_bias_key
                                                   and raw.get(spec.lm_head_bias_key)),
+        "lm_head_normalized": bool(spec.head_normalized and spec.head_normalized(raw)),
         "bos_token_id": first_token_id(raw.get("bos_token_id")),
         "eos_token_ids": token_ids(raw.get("eos_token_id")),
         "embed_width": _embed_width(raw, spec, hidden),

@@ -856,11 +856,21 @@ class DecoderBuilder:
         if self.quant is not None and self.quant.head_kind != "float":
             vocab, hidden_size = self.w.shape(name)
             def out_in():
-                return self.ckpt.get(name, np.float32)
+                return self._head_rows(name, np.float32)
             logits = self.w.quantized_matmul(hidden, "lm_head", hidden_size, vocab, out_in,
                                              self.quant.head_kind)
             return logits if bias is None else self.g.op("Add", [logits, self.w.tensor(bias)])
         head = self.g.weight("lm_head.weight", self.w.shape(name), self.dtype,
-                             lambda: self.ckpt.get(name, self.dtype))
+                             lambda: self._head_rows(name, self.dtype))
         inputs = [hidden, head] if bias is None else [hidden, head, self.w.tensor(bias)]
         return self.g.op("Gemm", inputs, transB=1)
+
+    def _head_rows(self, name: str, dtype: np.dtype) -> np.ndarray:
+        """The LM head [vocab, hidden] as `dtype`; where the model normalizes its rows
+        (Baichuan 2's NormHead: torch's F.normalize, each row over max(its L2 norm, 1e-12),
+        at its first forward), normalized here once, in float32."""
+        if not self.cfg.lm_head_normalized:
+            return self.ckpt.get(name, dtype)
+        rows = self.ckpt.get(name, np.float32)
+        norms = np.sqrt(np.einsum("vh,vh->v", rows, rows, dtype=np.float32))[:, None]
+        return (rows / np.maximum(norms, np.float32(1e-12))).astype(dtype)

@@ -22,8 +22,12 @@ def model_quirks(cfg: ModelConfig) -> list[str]:
 
 def _weights(cfg: ModelConfig) -> list[str]:
     """Weights the checkpoint stored quantized (bitsandbytes, FP8: read back to float;
-    int4: kept as stored where the bundle holds int4)."""
-    return [scheme.describe() for scheme in (cfg.bnb, cfg.fp8, cfg.int4) if scheme is not None]
+    int4: kept as stored where the bundle holds int4), and an LM head whose rows the model
+    normalizes (Baichuan 2's NormHead)."""
+    out = [scheme.describe() for scheme in (cfg.bnb, cfg.fp8, cfg.int4) if scheme is not None]
+    if cfg.lm_head_normalized:
+        out.append("LM head rows L2-normalized (NormHead), written so at export")
+    return out
 
 
 def _mixers(cfg: ModelConfig) -> list[str]:

@@ -6,10 +6,11 @@ numbers behind the switches (soft-caps, multipliers, windows, rope) are read fro
 config.json by `ModelConfig.from_hf`; nothing downstream looks at a family's name.
 
 One module per kind of language model (dense, gemma, the routed-expert MoEs by how their
-router chooses: moe_softmax, moe_top_k, moe_sigmoid; latent, recurrent, alibi, and the
-GPT-2-era classic) and the image-text checkpoints that wrap one; `FamilySpec` and the
-tensor names in `spec`. The checkpoints that wrap any text family (LLaVA's kin, `wrapped`)
-take the spec of the one their text_config names: `family_spec`.
+router chooses: moe_softmax, moe_top_k, moe_sigmoid; latent, recurrent, alibi, baichuan
+(rotary or ALiBi by its config class), and the GPT-2-era classic) and the image-text
+checkpoints that wrap one; `FamilySpec` and the tensor names in `spec`. The checkpoints
+that wrap any text family (LLaVA's kin, `wrapped`) take the spec of the one their
+text_config names: `family_spec`.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Any
 
 from edgeprefill.export.families import (
     alibi,
+    baichuan,
     classic,
     dense,
     gemma,
@@ -210,6 +212,7 @@ _TEXT: dict[str, FamilySpec] = _merged(
     latent.FAMILIES,
     recurrent.FAMILIES,
     alibi.FAMILIES,
+    baichuan.FAMILIES,
     classic.FAMILIES,
 )
 # A wrapper's entry is the spec of its default language model (its config class's).

@@ -384,6 +384,13 @@ class FamilySpec:
     # The config key that switches ALiBi on (Falcon's `alibi`: Falcon-RW), its bias built as
     # transformers' Falcon builds it: slope * key position in bfloat16 (export/alibi.py).
     alibi_key: str | None = None
+    # Whether ALiBi replaces rotary, where config.json as read decides it (Baichuan: its
+    # 13B config classes), its bias the plain relative one (export/alibi.py).
+    alibi_from_config: Callable[[dict[str, Any]], bool] | None = None
+    # Whether the LM head's rows are L2-normalized before the logits, where config.json as
+    # read decides it (Baichuan 2's NormHead): export writes the rows normalized
+    # (decoder._lm_head), in float32.
+    head_normalized: Callable[[dict[str, Any]], bool] | None = None
 
     def read(self, raw: dict[str, Any]) -> dict[str, Any]:
         """config.json as the family's transformers config class reads it."""
