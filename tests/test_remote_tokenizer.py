@@ -245,3 +245,34 @@ def test_an_added_token_that_transformers_moves_is_refused(tmp_path, internlm2_m
     result = cli("export", hf, "-o", tmp_path / "b", "--chunks", "16", "--max-context", "64")
     assert_one_line_error(result, "added token '<|action_end|>' is id 400, but the "
                                   "tokenizer.json transformers converts gives it 404")
+
+
+def test_baichuan_2_exports_from_its_own_files_and_decodes_as_its_llama(tmp_path):
+    """Baichuan's model (W_pack, Baichuan 2's NormHead: tests/test_baichuan.py) and its
+    remote tokenizer class together, from a folder with no tokenizer.json, as the Hub's
+    Baichuan2-7B-Chat holds them: greedy decoding of a text prompt equals the Llama the
+    checkpoint was packed from, its head normalized."""
+    import torch
+
+    from tests.test_baichuan import baichuan_checkpoint
+
+    model = train_spm(tmp_path, model_type="bpe", **LLAMA_LIKE)
+    llama_dir, hf = baichuan_checkpoint(tmp_path, alibi=False, version=2, vocab_size=400)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (hf / name).unlink(missing_ok=True)
+    shutil.copyfile(model, hf / "tokenizer.model")
+    (hf / "tokenizer_config.json").write_text(json.dumps(baichuan_config()))
+    done = cli("export", hf, "-o", tmp_path / "b", "--chunks", "16", "--max-context", "64")
+    assert done.returncode == 0, done.stderr
+    reference = spm.SentencePieceProcessor(model_file=str(model))
+    ids = [reference.bos_id(), *reference.encode(TEXTS[1])]
+    llama = load_hf_model(llama_dir)
+    with torch.no_grad():
+        llama.lm_head.weight.copy_(torch.nn.functional.normalize(llama.lm_head.weight))
+        expected = llama.generate(torch.tensor([ids]), max_new_tokens=6, do_sample=False,
+                                  eos_token_id=None)[0, len(ids):].tolist()
+    with Engine.load(tmp_path / "b") as engine:
+        assert engine.tokenizer.encode(TEXTS[1]) == ids
+        result = engine.generate(ids, GenerationParams(max_new_tokens=6, temperature=0.0,
+                                                       ignore_eos=True)).result()
+    assert result.token_ids == expected
