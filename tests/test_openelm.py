@@ -260,6 +260,15 @@ def test_the_manifest_holds_each_layers_heads_and_kv_shapes(openelm):
     assert model.layer_kv == {str(i): [kv[i], HEAD_DIM] for i in range(1, 4) if kv[i] != 1}
 
 
+def test_inspect_gives_the_range_of_the_layers_heads(openelm):
+    from click.testing import CliRunner
+
+    from edgeprefill.cli.main import cli as edgeprefill
+
+    out = CliRunner().invoke(edgeprefill, ["inspect", str(openelm[1]["ort"])]).output
+    assert f"2-6 heads / 1-3 KV heads of {HEAD_DIM}, by layer" in out
+
+
 @pytest.mark.parametrize(("heads", "message"), [
     ({"2": 4}, r"layer_kv\['2'\] must be a layer's"),  # layer 2 holds 3 KV heads
     ({"9": 4}, r"layer_heads\['9'\] must be a layer's query heads"),  # 4 layers
