@@ -22,6 +22,7 @@ from edgeprefill.bundle import load_manifest
 from edgeprefill.engines import StepBatch
 from edgeprefill.export.exporter import ExportOptions, export
 from edgeprefill.export.model_config import ModelConfig
+from edgeprefill.export.model_quirks import model_quirks
 from edgeprefill.sdk import Engine, GenerationParams
 from tests.conftest import VOCAB, write_tokenizer
 from tests.test_cli_errors import assert_one_line_error, cli
@@ -186,6 +187,11 @@ OPENELM_270M = {
     "num_transformer_layers": 16, "qkv_multipliers": [0.5, 1.0], "rope_freq_constant": 10000,
     "rope_max_length": 4096, "share_input_output_layers": True, "vocab_size": 32000,
 }
+
+
+def test_the_quirks_name_the_range_of_the_layers_heads():
+    assert model_quirks(ModelConfig.from_hf(OPENELM_270M))[2:] == [
+        "12-20 query heads and 3-5 KV heads of 64, by layer"]
 
 
 @pytest.mark.parametrize("listed", [True, False])
