@@ -109,8 +109,9 @@ def reference_logits(w: dict[str, torch.Tensor], ids: list[int]) -> np.ndarray:
         h = rms(x, w[p + "attn_norm.weight"])
         qkv = (h @ w[p + "attn.qkv_proj.weight"].T).reshape(length, -1, HEAD_DIM).transpose(0, 1)
         q, k, v = qkv.split([q_heads, kv_heads, kv_heads], dim=0)
-        q = rotated(rms(q, w[p + "attn.q_norm.weight"]), cos, sin)
-        k = rotated(rms(k, w[p + "attn.k_norm.weight"]), cos, sin)
+        if p + "attn.q_norm.weight" in w:  # normalize_qk_projections
+            q, k = rms(q, w[p + "attn.q_norm.weight"]), rms(k, w[p + "attn.k_norm.weight"])
+        q, k = rotated(q, cos, sin), rotated(k, cos, sin)
         k, v = (t.repeat_interleave(q_heads // kv_heads, dim=0) for t in (k, v))
         scores = q @ k.transpose(1, 2) / HEAD_DIM**0.5 + causal
         attn = (scores.softmax(-1) @ v).transpose(0, 1).reshape(length, q_heads * HEAD_DIM)
@@ -136,14 +137,20 @@ def openelm_checkpoint(root: Path, weights: dict[str, torch.Tensor], **config) -
     return hf
 
 
-@pytest.fixture(scope="module", params=["derived", "listed"])
+@pytest.fixture(scope="module", params=["derived", "listed", "unnormed"])
 def openelm(tmp_path_factory, request):
     """(weights, {flavour: bundle}) of the fixture, exported once per flavour: its KV heads
-    derived from num_gqa_groups, or listed (LISTED_KV)."""
+    derived from num_gqa_groups, or listed (LISTED_KV); or without q/k norms
+    (normalize_qk_projections false: the ort flavour's attention takes the packed qkv)."""
     root = tmp_path_factory.mktemp("openelm")
     listed = request.param == "listed"
     weights = openelm_weights(LISTED_KV if listed else KV_HEADS)
-    hf = openelm_checkpoint(root, weights, **({"num_kv_heads": LISTED_KV} if listed else {}))
+    config: dict = {"num_kv_heads": LISTED_KV} if listed else {}
+    if request.param == "unnormed":
+        weights = {name: t for name, t in weights.items()
+                   if not name.endswith(("attn.q_norm.weight", "attn.k_norm.weight"))}
+        config["normalize_qk_projections"] = False
+    hf = openelm_checkpoint(root, weights, **config)
     bundles = {}
     for flavor in FLAVORS:
         bundles[flavor] = root / flavor
