@@ -118,7 +118,8 @@ def reference_logits(w: dict[str, torch.Tensor], ids: list[int]) -> np.ndarray:
         x = x + attn @ w[p + "attn.out_proj.weight"].T
         gate, up = (rms(x, w[p + "ffn_norm.weight"]) @ w[p + "ffn.proj_1.weight"].T).chunk(2, -1)
         x = x + (torch.nn.functional.silu(gate) * up) @ w[p + "ffn.proj_2.weight"].T
-    return (rms(x, w["transformer.norm.weight"]) @ embed.T).numpy()
+    head = w.get("lm_head.weight", embed)  # share_input_output_layers: the embedding
+    return (rms(x, w["transformer.norm.weight"]) @ head.T).numpy()
 
 
 def reference_greedy(w: dict[str, torch.Tensor], ids: list[int], new: int) -> list[int]:
@@ -251,6 +252,23 @@ def test_rows_of_different_lengths_decode_together_as_openelms_forward(openelm, 
         want = np.stack([reference_logits(weights, ids)[-1] for ids in rows])
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4, err_msg=f"step {step}")
     engine.close()
+
+
+def test_a_head_of_its_own_is_read_where_the_embedding_is_not_shared(tmp_path):
+    """share_input_output_layers false (no release has it): OpenELM's `lm_head`."""
+    weights = openelm_weights()
+    weights["lm_head.weight"] = torch.randn(VOCAB, DIM, generator=torch.Generator()
+                                            .manual_seed(1)) * 0.5
+    hf = openelm_checkpoint(tmp_path, weights, share_input_output_layers=False,
+                            tie_word_embeddings=False)
+    export(hf, tmp_path / "b", ExportOptions(chunks=(16,), max_context=64,
+                                             show_progress=False))
+    ids = prompt_ids(20)
+    engine = Engine.load(tmp_path / "b", threads=2, background=False)
+    got = np.stack(run_chunks(engine, ids, 16))
+    engine.close()
+    np.testing.assert_allclose(got, reference_logits(weights, ids)[[15, 19]], rtol=1e-4,
+                               atol=1e-4)
 
 
 def test_the_sdk_generates_openelms_greedy_tokens(openelm):
