@@ -329,6 +329,8 @@ def test_a_checkpoint_whose_layer_disagrees_with_the_multipliers_is_one_line(tmp
     ({"ffn_multipliers": [1.0, 2.0, 3.0]}, "ffn_multipliers must be a number, a pair or one"),
     ({"num_kv_heads": [1, 2, 4, 3]}, "layer 2 has 6 query heads"),
     ({"num_gqa_groups": None}, "num_gqa_groups must be a positive integer"),
+    ({"num_transformer_layers": 0}, "num_transformer_layers must be a positive integer"),
+    ({"ffn_dim_divisor": 0}, "ffn_dim_divisor must be a positive integer"),
 ])
 def test_what_export_cannot_honour_is_refused_in_one_line(tmp_path, change, message):
     hf = openelm_checkpoint(tmp_path, openelm_weights(), **change)

@@ -57,17 +57,14 @@ def _openelm_config(raw: dict[str, Any]) -> dict[str, Any]:
     widest. The norms' epsilon is OpenELMRMSNorm's 1e-6 (no key sets it); the head is the
     embedding where share_input_output_layers, or where transformers ties a stored
     lm_head to it (tie_word_embeddings, true unless set false)."""
-    layers, dim, head_dim = (int(raw[k]) for k in ("num_transformer_layers", "model_dim",
-                                                     "head_dim"))
-    groups = raw["num_gqa_groups"]
-    if isinstance(groups, bool) or not isinstance(groups, int) or groups < 1:
-        raise ValueError(f"num_gqa_groups must be a positive integer, got {groups!r}")
+    layers, dim, head_dim, groups, divisor = (_positive(raw, key) for key in (
+        "num_transformer_layers", "model_dim", "head_dim", "num_gqa_groups", "ffn_dim_divisor"))
     qkv = _per_layer(raw["qkv_multipliers"], layers, "qkv_multipliers", pair_only=True)
     heads = [make_divisible(dim * m, head_dim * groups) // head_dim for m in qkv]
     kv = raw.get("num_kv_heads")
     kv = [h // groups for h in heads] if kv is None else kv
     ffn = _per_layer(raw["ffn_multipliers"], layers, "ffn_multipliers", pair_only=False)
-    widths = [make_divisible(m * dim, int(raw["ffn_dim_divisor"])) for m in ffn]
+    widths = [make_divisible(m * dim, divisor) for m in ffn]
     return {**raw, "hidden_size": dim, "num_hidden_layers": layers, "head_dim": head_dim,
             "num_query_heads": heads, "num_kv_heads": kv, "num_attention_heads": heads[0],
             "num_key_value_heads": kv[0] if isinstance(kv, list) and kv else None,
@@ -76,6 +73,14 @@ def _openelm_config(raw: dict[str, Any]) -> dict[str, Any]:
             "max_position_embeddings": raw["max_context_length"],
             "tie_word_embeddings": bool(raw["share_input_output_layers"])
             or bool(raw.get("tie_word_embeddings", True))}
+
+
+def _positive(raw: dict[str, Any], key: str) -> int:
+    """raw[key], a positive integer (the sizes the layer-wise scaling divides by)."""
+    value = raw[key]
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{key} must be a positive integer, got {value!r}")
+    return value
 
 
 def _openelm_unsupported(raw: dict[str, Any]) -> str | None:
