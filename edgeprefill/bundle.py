@@ -35,8 +35,8 @@ STATE_MODEL_FIELDS = ("state_layers",)
 # Left out where empty too: only Falcon-H1's layers keep KV beside their states.
 KV_STATE_FIELDS = ("kv_state_layers",)
 STATE_GRAPH_FIELDS = ("state_inputs", "state_outputs")
-# Gemma 4's fields, left out where empty for the same reason.
-LAYER_KV_FIELDS = ("shared_kv_layers", "layer_kv")
+# Gemma 4's fields and OpenELM's, left out where empty for the same reason.
+LAYER_KV_FIELDS = ("shared_kv_layers", "layer_kv", "layer_heads")
 # The default system message, left out where there is none: a bundle without one writes
 # what it always did, and a runtime from before it ignores it (with a warning) and renders
 # chats as the model's template does without it.
@@ -70,6 +70,10 @@ class ModelInfo:
     # Layer (as a string) -> [kv_heads, head_dim] where a layer's KV differs from
     # num_kv_heads/head_dim (Gemma 4's full-attention layers). Absent: none differs.
     layer_kv: dict[str, list[int]] = field(default_factory=dict)
+    # Layer (as a string) -> its query heads where they differ from num_heads (OpenELM's
+    # layer-wise scaling). Absent: none differs. Nothing at run time reads it; it keeps
+    # the heads' figures checkable (each layer's a multiple of its KV heads).
+    layer_heads: dict[str, int] = field(default_factory=dict)
 
     @property
     def kv_layers(self) -> int:
@@ -319,9 +323,14 @@ def _check_layer_kv(model: ModelInfo) -> None:
                    "first, in ascending order, none of them a state layer")
     for key, dims in model.layer_kv.items():
         if not key.isdigit() or int(key) >= model.num_layers or len(dims) != 2 or \
-                min(dims) < 1 or model.num_heads % dims[0]:
+                min(dims) < 1 or model.layer_heads.get(key, model.num_heads) % dims[0]:
             _malformed(f"model.layer_kv[{key!r}] must be a layer's [kv_heads, head_dim], "
-                       f"kv_heads dividing num_heads; got {dims}")
+                       f"kv_heads dividing the layer's query heads; got {dims}")
+    for key, heads in model.layer_heads.items():
+        if not key.isdigit() or int(key) >= model.num_layers or heads < 1 or \
+                heads % model.kv_dims(int(key))[0]:
+            _malformed(f"model.layer_heads[{key!r}] must be a layer's query heads, a multiple "
+                       f"of its KV heads; got {heads}")
 
 
 def _check_types(record: Any) -> None:

@@ -134,6 +134,11 @@ def _system_line(system: str | None) -> list[str]:
 def _heads(model) -> str:
     if not model.kv_layers:  # Mamba-2: the manifest's head fields are placeholders
         return "no attention"
+    if model.layer_heads:  # OpenELM: each layer's counts, as their range
+        heads = {model.num_heads, *model.layer_heads.values()}
+        kv = {model.kv_dims(i)[0] for i in range(model.num_layers)}
+        return (f"{min(heads)}-{max(heads)} heads / {min(kv)}-{max(kv)} KV heads of "
+                f"{model.head_dim}, by layer")
     return f"{model.num_heads} heads / {model.num_kv_heads} KV heads of {model.head_dim}"
 
 

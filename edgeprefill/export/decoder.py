@@ -381,10 +381,10 @@ class DecoderBuilder:
 
     def _flavor_for(self, cfg: ModelConfig) -> Flavor:
         """The flavour of a layer seen as `cfg` (ModelConfig.for_layer): the build's own,
-        or one of the same kind for a layer with a head size of its own."""
+        or one of the same kind for a layer with head counts or a head size of its own."""
         if cfg is self.cfg:
             return self.flavor
-        key = (cfg.head_dim, cfg.num_kv_heads, cfg.rotary_dim)
+        key = (cfg.head_dim, cfg.num_heads, cfg.num_kv_heads, cfg.rotary_dim)
         if key not in self._flavors:
             self._flavors[key] = type(self.flavor)(cfg, self.dtype, self.flavor.max_context)
         return self._flavors[key]
@@ -426,7 +426,7 @@ class DecoderBuilder:
 
     def _attention(self, i: int, h: str, step: StepTensors, rows: Rows) -> str:
         n, layer = self.names, self.cfg.layers[i]
-        cfg = self.cfg.for_layer(i)  # this layer's head size and KV heads
+        cfg = self.cfg.for_layer(i)  # this layer's head size, query and KV heads
         p = n.layer.format(i=i)
         if self.latent is not None:  # DeepSeek's MLA: its own projections and cache layout
             return self._output(p, self.latent.attention(p, h, i, step, layer, rows))

@@ -361,6 +361,8 @@ def _manifest(
                       for i in cfg.kv_layers
                       if (cfg.layer_kv_heads(i), cfg.layer_head_dim(i)) !=
                       (cfg.num_kv_heads, cfg.head_dim)},
+            layer_heads={str(i): cfg.layer_heads(i) for i in range(cfg.num_layers)
+                         if cfg.layer_heads(i) != cfg.num_heads},
         ),
         graph=graph,
         tokenizer=TokenizerInfo(

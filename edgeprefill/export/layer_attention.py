@@ -10,7 +10,7 @@ from typing import Any
 from edgeprefill.errors import ExportError
 from edgeprefill.export.config_checks import config_value, positive_number
 from edgeprefill.export.families import FamilySpec
-from edgeprefill.export.layer_heads import layer_heads
+from edgeprefill.export.layer_heads import layer_heads, listed_heads
 from edgeprefill.export.rope import RopeConfig, rope_from_params, rope_params
 
 GLOBAL, LOCAL = "global", "local"  # the rope tables a layer can use
@@ -27,6 +27,8 @@ class LayerAttention:
     # model's head_dim and num_kv_heads.
     head_dim: int | None = None
     kv_heads: int | None = None
+    # This layer's own query heads (OpenELM's layer-wise scaling); None: num_heads.
+    heads: int | None = None
 
 
 def read_layers(raw: dict[str, Any], spec: FamilySpec) -> tuple[LayerAttention, ...]:
@@ -65,6 +67,8 @@ def read_layers(raw: dict[str, Any], spec: FamilySpec) -> tuple[LayerAttention, 
                        1.0 / (i + 1) if inverse else 1.0, kv_heads=sliding_kv if slide else None)
         for i, (slide, rope) in enumerate(zip(slides, ropes, strict=True))
     )
+    if spec.heads_per_layer is not None:  # OpenELM: lists of each layer's head counts
+        layers = listed_heads(raw, spec.heads_per_layer, layers)
     return layer_heads(raw, layers) if spec.per_layer_heads else layers
 
 

@@ -1,7 +1,8 @@
 """What Gemma 4's config adds to the reader (`ModelConfig.from_hf` where the family's
 `FamilySpec.per_layer_heads` is set): layers with a head size or KV head count of their
 own, the KV-shared layers, k = v and the per-layer inputs, read as Gemma4TextConfig
-reads them."""
+reads them. And the head counts a config lists per layer (`FamilySpec.heads_per_layer`:
+OpenELM's layer-wise scaling)."""
 
 from __future__ import annotations
 
@@ -58,6 +59,25 @@ def layer_heads(raw: dict[str, Any], layers: tuple[LayerAttention, ...]
         heads = overrides.get("num_key_value_heads")
         out[i] = replace(out[i], head_dim=int(overrides.get("head_dim") or raw["head_dim"]),
                          kv_heads=None if heads is None else int(heads))
+    return tuple(out)
+
+
+def listed_heads(raw: dict[str, Any], keys: tuple[str, str],
+                 layers: tuple[LayerAttention, ...]) -> tuple[LayerAttention, ...]:
+    """Each layer's query and KV heads from the lists under `keys` (query heads' key, KV
+    heads' key), one entry per layer; a layer's queries a multiple of its KV heads."""
+    lists = [raw[key] for key in keys]
+    for key, counts in zip(keys, lists, strict=True):
+        if not isinstance(counts, list) or len(counts) != len(layers) or any(
+                isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in counts):
+            raise ExportError(f"config.json: {key} must list a positive head count for each "
+                              f"of the {len(layers)} layers, got {counts!r}")
+    out = []
+    for i, (layer, heads, kv) in enumerate(zip(layers, *lists, strict=True)):
+        if heads % kv:
+            raise ExportError(f"config.json: layer {i} has {heads} query heads ({keys[0]}), "
+                              f"not a multiple of its {kv} KV heads ({keys[1]})")
+        out.append(replace(layer, heads=heads, kv_heads=kv))
     return tuple(out)
 
 

@@ -265,6 +265,10 @@ class ModelConfig:
     def layer_kv_heads(self, layer: int) -> int:
         return self.layers[layer].kv_heads or self.num_kv_heads
 
+    def layer_heads(self, layer: int) -> int:
+        """The query heads of a layer (OpenELM's differ by layer)."""
+        return self.layers[layer].heads or self.num_heads
+
     @property
     def kv_layers(self) -> tuple[int, ...]:
         """The layers that hold KV of their own: neither a state layer (but Falcon-H1's,
@@ -274,13 +278,15 @@ class ModelConfig:
                      and i not in self.shared_kv)
 
     def for_layer(self, layer: int) -> ModelConfig:
-        """This config as one attention layer sees it: its head size and KV heads as the
-        model's, and its rope under both names (so `rotary_dim` is its own)."""
-        if all(each.head_dim is None and each.kv_heads is None for each in self.layers):
+        """This config as one attention layer sees it: its head size, query heads and KV
+        heads as the model's, and its rope under both names (so `rotary_dim` is its own)."""
+        if all(each.head_dim is None and each.kv_heads is None and each.heads is None
+               for each in self.layers):
             return self
         spec = self.layers[layer]
         rope = self.ropes[spec.rope or GLOBAL]
         return replace(self, head_dim=self.layer_head_dim(layer),
+                       num_heads=self.layer_heads(layer),
                        num_kv_heads=self.layer_kv_heads(layer),
                        ropes={GLOBAL: rope, LOCAL: rope})
 

@@ -81,9 +81,14 @@ def _kv_cache(cfg: ModelConfig) -> list[str]:
     """What the KV cache holds other than each layer's own keys and values of head_dim:
     layers' own head counts and sizes, narrower values, shared and k = v layers."""
     out = []
+    if any(layer.heads for layer in cfg.layers):  # OpenELM: each layer's counts differ
+        heads = [cfg.layer_heads(i) for i in range(cfg.num_layers)]
+        kv = [cfg.layer_kv_heads(i) for i in range(cfg.num_layers)]
+        out.append(f"{min(heads)}-{max(heads)} query heads and {min(kv)}-{max(kv)} KV heads "
+                   f"of {cfg.head_dim}, by layer")
     own = {("sliding" if layer.window else "full-attention", cfg.layer_kv_heads(i),
             cfg.layer_head_dim(i)) for i, layer in enumerate(cfg.layers)
-           if layer.head_dim or layer.kv_heads}
+           if (layer.head_dim or layer.kv_heads) and not layer.heads}
     for kind, heads, dim in sorted(own):
         out.append(f"{kind} layers: {heads} KV heads of {dim}")
     if cfg.v_head_dim is not None:

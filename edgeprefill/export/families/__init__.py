@@ -7,10 +7,10 @@ config.json by `ModelConfig.from_hf`; nothing downstream looks at a family's nam
 
 One module per kind of language model (dense, gemma, the routed-expert MoEs by how their
 router chooses: moe_softmax, moe_top_k, moe_sigmoid; latent, recurrent, alibi, baichuan
-(rotary or ALiBi by its config class), and the GPT-2-era classic) and the image-text
-checkpoints that wrap one; `FamilySpec` and the tensor names in `spec`. The checkpoints
-that wrap any text family (LLaVA's kin, `wrapped`) take the spec of the one their
-text_config names: `family_spec`.
+(rotary or ALiBi by its config class), the GPT-2-era classic, and OpenELM's layer-wise
+scaling) and the image-text checkpoints that wrap one; `FamilySpec` and the tensor names
+in `spec`. The checkpoints that wrap any text family (LLaVA's kin, `wrapped`) take the
+spec of the one their text_config names: `family_spec`.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from edgeprefill.export.families import (
     moe_softmax,
     moe_top_k,
     not_causal,
+    openelm,
     recurrent,
 )
 from edgeprefill.export.families.spec import BLOCKS, NORMS, FamilySpec, TensorNames
@@ -214,6 +215,7 @@ _TEXT: dict[str, FamilySpec] = _merged(
     alibi.FAMILIES,
     baichuan.FAMILIES,
     classic.FAMILIES,
+    openelm.FAMILIES,
 )
 # A wrapper's entry is the spec of its default language model (its config class's).
 FAMILIES: dict[str, FamilySpec] = _merged(

@@ -331,6 +331,11 @@ class FamilySpec:
     # `attention_k_eq_v` makes full layers' values their keys' projection, and
     # `hidden_size_per_layer_input` adds per-layer inputs (export/per_layer_input.py).
     per_layer_heads: bool = False
+    # The config keys listing each layer's query heads and KV heads, one entry per layer
+    # (OpenELM's layer-wise scaling, which its `legacy` derives as its config class does);
+    # None: every layer has num_attention_heads and num_key_value_heads. A layer's MLP
+    # needs no such list: the graph takes its width from the layer's weights.
+    heads_per_layer: tuple[str, str] | None = None
     # Gemma 3n: Gemma 4's KV sharing and per-layer inputs (not its per-layer heads), on
     # `altup_num_inputs` streams (AltUp: predict before each layer, correct after it), a
     # LAuReL branch in each layer, and MLP gates that keep only their values above a
