@@ -335,3 +335,12 @@ def test_a_checkpoint_whose_layer_disagrees_with_the_multipliers_is_one_line(tmp
 def test_what_export_cannot_honour_is_refused_in_one_line(tmp_path, change, message):
     hf = openelm_checkpoint(tmp_path, openelm_weights(), **change)
     assert_one_line_error(cli("export", hf, "-o", tmp_path / "b", "--quiet"), message)
+
+
+def test_a_checkpoint_as_apple_ships_it_says_where_its_tokenizer_is(tmp_path):
+    """Apple's OpenELM repositories hold no tokenizer (the models use Llama 2's)."""
+    hf = openelm_checkpoint(tmp_path, openelm_weights())
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (hf / name).unlink(missing_ok=True)
+    assert_one_line_error(cli("export", hf, "-o", tmp_path / "b"),
+                          "copy its tokenizer files into the folder")

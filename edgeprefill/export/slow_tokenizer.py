@@ -100,7 +100,8 @@ def convert(hf_dir: Path) -> Converted:
     files = slow_files(hf_dir)
     if files is None:
         raise ExportError(f"{hf_dir} has no tokenizer: looked for tokenizer.json, "
-                          f"{', '.join(SENTENCEPIECE)}, {' + '.join(GPT2_BPE)}")
+                          f"{', '.join(SENTENCEPIECE)}, {' + '.join(GPT2_BPE)}"
+                          f"{_tokenizer_elsewhere(hf_dir)}")
     settings = _settings(hf_dir)
     remote = remote_class(settings) if files == SENTENCEPIECE else None
     with tempfile.TemporaryDirectory(prefix="edgeprefill-tokenizer-") as staging:
@@ -118,6 +119,24 @@ def convert(hf_dir: Path) -> Converted:
                 hf_dir, converted.source, f", {read_as}" if read_as else "",
                 converted.checked)
     return converted
+
+
+# Models whose checkpoints ship no tokenizer, and where theirs is.
+TOKENIZER_ELSEWHERE = {
+    "openelm": "Apple's OpenELM checkpoints ship none: they tokenize with Llama 2's "
+               "(meta-llama/Llama-2-7b-hf); copy its tokenizer files into the folder",
+}
+
+
+def _tokenizer_elsewhere(hf_dir: Path) -> str:
+    """'; ' and where the model's tokenizer is, for a model known to ship none; else ''."""
+    try:
+        config = json.loads((hf_dir / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return ""  # the config's own errors are the config reader's to say
+    where = TOKENIZER_ELSEWHERE.get(config.get("model_type")) \
+        if isinstance(config, dict) else None
+    return f"; {where}" if where else ""
 
 
 def _convert(hf_dir: Path, folder: Path, files: tuple[str, ...],
