@@ -20,7 +20,7 @@ REASONING_MODES = ("auto", "none")  # server.reasoning.MODES (not imported: --he
 
 @click.command(cls=SectionedCommand, sections={
     "Server options": ("host", "port", "model_name", "api_key", "reasoning_parser",
-                       "log_level"),
+                       "reasoning_budget", "log_level"),
     "Engine options (as run's)": tuple(ENGINE_OPTIONS),
     "Limits and timeouts": ("max_pending", *LIMIT_NAMES),
 })
