@@ -100,13 +100,15 @@ def test_the_class_rules_read_config_json_whatever_the_model_type(tmp_path):
         ({"encoder": {"model_type": "vit"}, "decoder": {"model_type": "gpt2"}},
          "is an encoder-decoder model"),
         ({"architectures": ["NonesuchForSequenceClassification"]},
-         "is an encoder model (NonesuchForSequenceClassification): edgeprefill exports "
+         "is an encoder or classifier checkpoint (NonesuchForSequenceClassification: no "
+         "language-model head): edgeprefill exports "
          "decoder-only causal LMs"),
         ({"architectures": ["NonesuchForMaskedLM", "NonesuchForCausalLM"]}, UNKNOWN),
         ({"architectures": ["NonesuchModel"]}, UNKNOWN),
         ({"num_mel_bins": 80}, "is an audio model"),
         ({"architectures": ["NonesuchForCTC"]}, "is an audio model"),
-        ({"architectures": ["NonesuchForImageClassification"]}, "is an encoder model"),
+        ({"architectures": ["NonesuchForImageClassification"]},
+         "is an encoder or classifier checkpoint"),
     ]
     for keys, fragment in cases:
         with pytest.raises(ExportError) as err:
@@ -128,6 +130,40 @@ def test_export_of_a_bart_folder_is_one_line_saying_what_it_is(tmp_path):
     assert_one_line_error(cli("export", hf_dir, "-o", tmp_path / "b"),
                           "model_type 'bart' is an encoder-decoder model (seq2seq): "
                           "edgeprefill exports decoder-only causal LMs")
+
+
+@pytest.mark.parametrize("head", ["LlamaForSequenceClassification",
+                                  "Qwen2ForSequenceClassification"])
+def test_a_supported_familys_classifier_is_refused_for_what_it_is(head, tmp_path):
+    """README: refused for what config.json says, whatever its model_type. A reward model
+    (Qwen2ForSequenceClassification, tied) had exported without its `score` head as if it
+    were the chat model; an untied one failed on the missing lm_head.weight."""
+    family = head.removesuffix("ForSequenceClassification").lower()
+    config = transformers.AutoConfig.for_model(
+        family, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, num_labels=1,
+        tie_word_embeddings=family == "qwen2", architectures=[head])
+    config.save_pretrained(tmp_path / "hf")
+    assert refusal_of(tmp_path / "hf") == (
+        f"model_type {family!r} is an encoder or classifier checkpoint ({head}: no "
+        "language-model head): edgeprefill exports decoder-only causal LMs")
+
+
+@pytest.mark.slow  # ~2 s: imports every supported type's config class
+def test_no_supported_types_default_config_is_taken_for_what_it_is_not():
+    """The class rules hold for supported types too: none of their default configs (as
+    transformers saves them) may trip one."""
+    from edgeprefill.export.families.not_causal import what_it_is
+
+    tripped = {}
+    for model_type in sorted(set(SWEPT) & set(FAMILIES)):
+        try:
+            raw = transformers.AutoConfig.for_model(model_type).to_dict()
+        except Exception:  # noqa: BLE001 (some defaults do not build)
+            continue
+        if what_it_is(raw) is not None:
+            tripped[model_type] = what_it_is(raw)
+    assert tripped == {}
 
 
 @pytest.mark.parametrize("outer, text_type, tower", [

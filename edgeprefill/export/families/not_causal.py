@@ -1,7 +1,9 @@
 """What a checkpoint is when it is no decoder-only causal LM, read from config.json alone:
 an audio model, an encoder-decoder (seq2seq) or an encoder. It answers for any model_type,
 one transformers knows that export does not, or one neither knows, so a BART, Whisper or
-BERT folder is refused for what it is rather than as an unknown name.
+BERT folder is refused for what it is rather than as an unknown name; and one export
+supports, so a supported family's classifier (a Qwen2ForSequenceClassification reward
+model) is refused rather than exported without its head as if it were the chat model.
 """
 
 from __future__ import annotations
@@ -33,7 +35,8 @@ def what_it_is(raw: dict[str, Any]) -> str | None:
         return f"a BERT-like encoder model (token-type embeddings): {CAUSAL_ONLY}"
     heads = _heads(raw, _ENCODER_HEADS)
     if heads:
-        return f"an encoder model ({', '.join(heads)}): {CAUSAL_ONLY}"
+        return (f"an encoder or classifier checkpoint ({', '.join(heads)}: no language-model "
+                f"head): {CAUSAL_ONLY}")
     return None
 
 
