@@ -1,9 +1,8 @@
 """What a checkpoint is when it is no decoder-only causal LM, read from config.json alone:
 an audio model, an encoder-decoder (seq2seq) or an encoder. It answers for any model_type,
 one transformers knows that export does not, or one neither knows, so a BART, Whisper or
-BERT folder is refused for what it is rather than as an unknown name; and one export
-supports, so a supported family's classifier (a Qwen2ForSequenceClassification reward
-model) is refused rather than exported without its head as if it were the chat model.
+BERT folder is refused for what it is rather than as an unknown name. A supported
+model_type is refused by `task_head` alone: a decoder whose LM head a task head replaced.
 """
 
 from __future__ import annotations
@@ -23,6 +22,22 @@ _ENCODER_HEADS = ("ForMaskedLM", "ForSequenceClassification", "ForTokenClassific
                   "ForQuestionAnswering", "ForMultipleChoice", "ForPreTraining",
                   "ForNextSentencePrediction", "ForImageClassification")
 
+# transformers' task heads on a decoder (LlamaForSequenceClassification, Qwen2's reward
+# models, ...): `score` or `qa_outputs` in place of the LM head, so no causal LM is left to
+# export. (ShieldGemma 2's ForImageClassification keeps its Gemma 3 whole: not one.)
+_DECODER_TASK_HEADS = ("ForSequenceClassification", "ForTokenClassification",
+                       "ForQuestionAnswering")
+
+
+def task_head(raw: dict[str, Any]) -> str | None:
+    """Why a supported model_type's config.json is no causal LM: its architectures are all
+    task heads that replace the LM head; else None."""
+    heads = _heads(raw, _DECODER_TASK_HEADS)
+    if not heads:
+        return None
+    return (f"a classifier ({', '.join(heads)}: a task head in place of the LM head): "
+            f"{CAUSAL_ONLY}")
+
 
 def what_it_is(raw: dict[str, Any]) -> str | None:
     """Why config.json's model is none export takes, in words, where its keys say it is an
@@ -35,8 +50,7 @@ def what_it_is(raw: dict[str, Any]) -> str | None:
         return f"a BERT-like encoder model (token-type embeddings): {CAUSAL_ONLY}"
     heads = _heads(raw, _ENCODER_HEADS)
     if heads:
-        return (f"an encoder or classifier checkpoint ({', '.join(heads)}: no language-model "
-                f"head): {CAUSAL_ONLY}")
+        return f"an encoder model ({', '.join(heads)}): {CAUSAL_ONLY}"
     return None
 
 
