@@ -29,6 +29,10 @@ if TYPE_CHECKING:  # onnx is imported only where a graph is read
 # fields it does not know, with a warning.
 FORMAT_VERSION = 1
 MANIFEST_FILE = "edgeprefill.json"
+# A checkpoint's terms travel with its weights: Llama's and Gemma's licenses ask that a
+# copy go wherever the model goes, so export copies them into the bundle as they are. They
+# are the bundle's files though its manifest lists none (export/staging.py's --overwrite).
+LICENSE_GLOBS = ("LICEN[CS]E*", "NOTICE*", "USE_POLICY*")
 # The recurrent state's fields (LFM2, Qwen3.5), left out of the manifests of models without
 # state layers: a runtime from before them reads those bundles without a warning.
 STATE_MODEL_FIELDS = ("state_layers",)

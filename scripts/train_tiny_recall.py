@@ -168,11 +168,12 @@ def write_card(out: Path, command: str) -> None:
     results = json.loads((out / "accuracy.json").read_text())
     rows = "\n".join(f"| ~{n} tokens | {acc:.0%} |" for n, acc in results.items())
     params = sum(p.numel() for p in LlamaForCausalLM.from_pretrained(out).parameters())
+    words = len(WORDS) - len(SPECIAL)
     (out / "README.md").write_text(f"""# tiny-recall
 
 edgeprefill's own default model: a 2-layer Llama ({params / 1e3:.0f}K parameters, hidden 64,
-4 heads / 2 KV heads, tied embeddings, a vocabulary of {len(WORDS)} words plus byte
-fallback), trained on a
+4 heads / 2 KV heads, tied embeddings, a vocabulary of {words} words, {len(SPECIAL)}
+special tokens and byte fallback), trained on a
 2-core CPU by `{command}` in about 5 minutes.
 
 **Task.** A prompt states a secret word in its first tokens, then 1,000+ tokens of filler
@@ -185,7 +186,7 @@ The answer is right only if the KV cache of the prompt's first chunk reached the
 `demo_answer.txt`. A conversation may ask again after more filler ("... ? jade </s> ...
 what was the secret ?"); `samples/chat.py` does that in one session.
 
-**Format.** `tokenizer.json` gives each of the {len(WORDS)} words one token (a BPE vocabulary
+**Format.** `tokenizer.json` gives each of the {words} words one token (a BPE vocabulary
 of whole words, SentencePiece-style) and spells anything else with {len(BYTES) - 1} byte-fallback
 tokens, which the task never uses but constrained output (JSON, regex) needs; whitespace
 separates words, and the post-processor adds `<s>`, so a raw text prompt needs no BOS. The

@@ -441,13 +441,14 @@ def test_export_and_bench_name_their_flags_too(bundle, hf_copy, tmp_path):
 
 
 def test_export_options_that_would_be_ignored_are_refused_or_reported(hf_copy, tmp_path):
+    blocks_only = "--block-size applies to --quantize int4, or int8 at --dtype fp16, only"
     assert_one_line_error(cli("export", hf_copy, "-o", tmp_path / "b", "--block-size", "64"),
-                          "--block-size applies to --quantize int4 only")
+                          blocks_only)
     assert_one_line_error(cli("export", hf_copy, "-o", tmp_path / "b", "--quantize", "int8",
-                              "--accuracy-level", "2"), "--accuracy-level applies to")
-    assert_one_line_error(cli("export", hf_copy, "-o", tmp_path / "b", "--block-size", "64",
+                              "--block-size", "64"), blocks_only)  # float32: per channel
+    assert_one_line_error(cli("export", hf_copy, "-o", tmp_path / "b", "--quantize", "int8",
                               "--accuracy-level", "2"),
-                          "--block-size and --accuracy-level apply to --quantize int4 only")
+                          "--accuracy-level applies to --quantize int4 only")
     assert_one_line_error(cli("export", hf_copy, "-o", tmp_path / "b", "--chunks", "5000"),
                           "exceeds the max context 1024")
     done = cli("export", hf_copy, "-o", tmp_path / "b", "--chunks", "16,5000", "--quiet")

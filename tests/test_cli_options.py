@@ -90,7 +90,10 @@ def test_serve_help_lists_every_option_once_under_its_heading():
     assert "--api-key" in sections["Server options:"]
     assert "--kv-slots" in sections["Engine options (as run's):"]
     assert "--max-pending" in sections["Limits and timeouts:"]
-    assert "--help" in sections["Other options:"]
+    assert "--reasoning-budget" in sections["Server options:"]
+    # --help alone: no argument (BUNDLE) listed as if it were an option
+    assert sections["Other options:"].split()[:4] == ["Other", "options:", "-h,", "--help"]
+    assert len(sections["Other options:"].strip().splitlines()) == 2
     for param in serve_cmd.serve.params:
         if isinstance(param, click.Option):
             flag = max(param.opts, key=len)

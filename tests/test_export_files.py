@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import shutil
 
+import pytest
+
+from edgeprefill.errors import ExportError
 from edgeprefill.export.exporter import ExportOptions, export
 
 OPTIONS = ExportOptions(chunks=(16,), max_context=64, show_progress=False)
@@ -34,3 +37,23 @@ def test_a_checkpoint_without_terms_gives_a_bundle_without_them(hf_model, tmp_pa
 
     names = {p.name for p in (tmp_path / "bundle").iterdir()}
     assert not names & set(TERMS)
+
+
+def test_a_bundle_with_the_checkpoints_terms_is_replaced_by_overwrite(hf_model, tmp_path):
+    """export --overwrite replaces "a bundle folder (one holding only a bundle)": the terms
+    export copied into it are the bundle's (it had refused: "besides a bundle it holds
+    LICENSE, NOTICE, USE_POLICY.md"), a file of the user's beside them is still not."""
+    hf_dir = tmp_path / "hf"
+    shutil.copytree(hf_model("llama"), hf_dir)
+    for name, text in TERMS.items():
+        (hf_dir / name).write_text(text)
+    options = ExportOptions(overwrite=True, chunks=(16,), max_context=64, show_progress=False)
+    export(hf_dir, tmp_path / "bundle", options)
+    (hf_dir / "LICENSE").write_text("the new terms\n")
+
+    export(hf_dir, tmp_path / "bundle", options)
+
+    assert (tmp_path / "bundle" / "LICENSE").read_text() == "the new terms\n"
+    (tmp_path / "bundle" / "NOTES.md").write_text("keep me")
+    with pytest.raises(ExportError, match=r"besides a bundle it holds NOTES.md;"):
+        export(hf_dir, tmp_path / "bundle", options)

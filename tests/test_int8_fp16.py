@@ -199,3 +199,16 @@ def test_export_and_inspect_an_fp16_int8_bundle_from_the_command_line(hf_model, 
     assert "MatMulNBits (8-bit weights in blocks" in lines["int8"]
     ran = cli("run", bundle, "--prompt", "hello", "--max-new-tokens", "3", "--ignore-eos")
     assert ran.returncode == 0, ran.stderr
+
+
+def test_the_cli_s_block_size_sets_an_fp16_int8_bundle_s_blocks(hf_model, tmp_path):
+    """export --help: --block-size is "int4, and int8 at --dtype fp16: weights per scale"
+    (the CLI had refused it for int8 whatever the dtype)."""
+    result = cli("export", hf_model("llama"), "-o", tmp_path / "b", "--quantize", "int8",
+                 "--dtype", "fp16", "--block-size", "64", "--chunks", "4", "--max-context", "64",
+                 "--quiet")
+    assert result.returncode == 0, result.stderr
+    model = onnx.load(tmp_path / "b" / "model.onnx", load_external_data=False)
+    blocks = [{a.name: a.i for a in n.attribute} for n in model.graph.node
+              if n.op_type in ("MatMulNBits", "GatherBlockQuantized")]
+    assert blocks and all(b["bits"] == 8 and b["block_size"] == 64 for b in blocks)

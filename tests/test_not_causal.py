@@ -130,6 +130,23 @@ def test_export_of_a_bart_folder_is_one_line_saying_what_it_is(tmp_path):
                           "edgeprefill exports decoder-only causal LMs")
 
 
+@pytest.mark.parametrize("head", ["LlamaForSequenceClassification",
+                                  "Qwen2ForSequenceClassification"])
+def test_a_supported_familys_classifier_is_refused_for_what_it_is(head, tmp_path):
+    """README: refused for what config.json says, whatever its model_type. A reward model
+    (Qwen2ForSequenceClassification, tied) had exported without its `score` head as if it
+    were the chat model; an untied one failed on the missing lm_head.weight."""
+    family = head.removesuffix("ForSequenceClassification").lower()
+    config = transformers.AutoConfig.for_model(
+        family, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, num_labels=1,
+        tie_word_embeddings=family == "qwen2", architectures=[head])
+    config.save_pretrained(tmp_path / "hf")
+    assert refusal_of(tmp_path / "hf") == (
+        f"model_type {family!r} is a classifier ({head}: a task head in place of the LM "
+        "head): edgeprefill exports decoder-only causal LMs")
+
+
 @pytest.mark.parametrize("outer, text_type, tower", [
     ("fuyu", "persimmon", "vision_embed_tokens"),  # its linear patch embedding
     ("moss_transcribe_diarize", "qwen3", "audio_tower"),

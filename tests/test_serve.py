@@ -453,6 +453,39 @@ def test_metrics_are_prometheus_text_with_latency_histograms(client, http):
     assert missing == []
 
 
+def rejected_by_status(metrics_text: str) -> dict[str, float]:
+    family = next(f for f in text_string_to_metric_families(metrics_text)
+                  if f.name == "edgeprefill_http_rejected")
+    return {s.labels["status"]: s.value for s in family.samples if s.name.endswith("_total")}
+
+
+def test_every_refused_request_is_counted_once_by_its_status_whichever_layer_refused_it(
+        engine):
+    # README: http_rejected_total{status} counts the 4xx/5xx answers. The reference is the
+    # status each client got: a refused body (the chat route), a key check's 401, a
+    # model route's 404, a tokenize route's 400, the router's own 404 and 405.
+    app = create_app(engine, ServerConfig(model_name=MODEL, api_key="k"))
+    key = {"Authorization": "Bearer k"}
+    with ServerThread(app, port=free_port()) as server:
+        with httpx.Client(base_url=server.url, headers=key) as http:
+            before = rejected_by_status(http.get("/metrics").text)
+            answers = [
+                http.post("/v1/completions", json={"prompt": "w1", "bogus": 1}),
+                http.get("/v1/models", headers={"Authorization": "Bearer wrong"}),
+                http.get("/v1/models/nope"),
+                http.post("/tokenize", content=b"{not json"),
+                http.get("/no/such/route"),
+                http.get("/v1/completions"),
+                http.post("/api/show", json={"model": "nope"}),
+            ]
+            after = rejected_by_status(http.get("/metrics").text)
+    expected: dict[str, float] = {}
+    for answer in answers:
+        expected[str(answer.status_code)] = expected.get(str(answer.status_code), 0) + 1
+    assert sorted(expected) == ["400", "401", "404", "405"]
+    assert {status: after[status] - before.get(status, 0) for status in after} == expected
+
+
 def finished_requests(http: httpx.Client, reason: str) -> float:
     text = http.get("/metrics").text
     samples = next(f for f in text_string_to_metric_families(text)

@@ -104,11 +104,13 @@ def export(hf_dir, out_dir, flavor, dtype, chunks, max_context, quantize, block_
     from edgeprefill.export.quantize import QuantConfig
 
     given = click.get_current_context().get_parameter_source
-    int4_only = [f"--{n.replace('_', '-')}" for n in ("block_size", "accuracy_level")
-                 if given(n) is ParameterSource.COMMANDLINE]
-    if int4_only and quantize != "int4":
-        verb = "applies" if len(int4_only) == 1 else "apply"
-        raise ExportError(f"{' and '.join(int4_only)} {verb} to --quantize int4 only")
+    # Weights in blocks (MatMulNBits): int4, and int8 at fp16 (export/quantize.py).
+    blocks = quantize == "int4" or (quantize == "int8" and dtype == "fp16")
+    if given("block_size") is ParameterSource.COMMANDLINE and not blocks:
+        raise ExportError("--block-size applies to --quantize int4, or int8 at --dtype fp16, "
+                          "only")
+    if given("accuracy_level") is ParameterSource.COMMANDLINE and quantize != "int4":
+        raise ExportError("--accuracy-level applies to --quantize int4 only")
     for name, value in (("--embeddings", embeddings), ("--lm-head", lm_head)):
         if value is not None and quantize is None:
             raise ExportError(f"{name} applies with --quantize int8 or int4 only")

@@ -126,7 +126,10 @@ class SectionedCommand(click.Command):
         self.sections = sections
 
     def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
-        records = {p.name: p.get_help_record(ctx) for p in self.get_params(ctx)}
+        # Options only: click 8.2+ gives arguments a help record too, and BUNDLE is
+        # already in the usage line.
+        records = {p.name: p.get_help_record(ctx) for p in self.get_params(ctx)
+                   if isinstance(p, click.Option)}
         placed = {name for names in self.sections.values() for name in names}
         groups = [*self.sections.items(),
                   ("Other options", tuple(n for n in records if n not in placed))]

@@ -20,7 +20,7 @@ REASONING_MODES = ("auto", "none")  # server.reasoning.MODES (not imported: --he
 
 @click.command(cls=SectionedCommand, sections={
     "Server options": ("host", "port", "model_name", "api_key", "reasoning_parser",
-                       "log_level"),
+                       "reasoning_budget", "log_level"),
     "Engine options (as run's)": tuple(ENGINE_OPTIONS),
     "Limits and timeouts": ("max_pending", *LIMIT_NAMES),
 })
@@ -33,7 +33,8 @@ REASONING_MODES = ("auto", "none")  # server.reasoning.MODES (not imported: --he
               help="The model id clients send (default: the bundle folder's name; a "
               "bundle exported from ollama:NAME, that NAME).")
 @click.option("--api-key", envvar="EDGEPREFILL_API_KEY", default=None, show_envvar=True,
-              help="Require 'Authorization: Bearer KEY' on every route but /health.")
+              help="Require 'Authorization: Bearer KEY' or 'x-api-key: KEY' on every "
+              "route but /health and / (Ollama's liveness probe).")
 @engine_options()
 @click.option("--max-pending", type=click.IntRange(min=1), default=64, show_default=True,
               help="Requests admitted at once, running or queued, a request of n choices "

@@ -42,6 +42,7 @@ from edgeprefill.export.families import (
     refusal,
     wrapped_text_type,
 )
+from edgeprefill.export.families.not_causal import task_head
 from edgeprefill.export.fp8 import read_fp8_scheme
 from edgeprefill.export.latent_attention import read_latent
 from edgeprefill.export.layer_attention import GLOBAL, read_layers, read_ropes, read_rotary_dim
@@ -66,6 +67,9 @@ def read_config(config_type: type[ModelConfig], raw: dict[str, Any]) -> ModelCon
     family = config_value(raw, "model_type", str)
     if family in REFUSED_TYPES or family not in FAMILIES:
         raise ExportError(refusal(family, raw))
+    head = task_head(raw)  # a supported family's classifier: no LM head to export
+    if head is not None:
+        raise ExportError(f"model_type {family!r} is {head}")
     check_objects(raw)  # before the family's hooks read them
     try:
         text_type = wrapped_text_type(family, raw)

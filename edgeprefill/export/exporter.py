@@ -13,6 +13,7 @@ import onnx
 
 from edgeprefill import __version__
 from edgeprefill.bundle import (
+    LICENSE_GLOBS,
     MANIFEST_FILE,
     GraphInfo,
     Manifest,
@@ -53,9 +54,6 @@ TOKENIZER_FILES = (
     "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
     "generation_config.json", "chat_template.jinja",
 )
-# A checkpoint's terms travel with its weights: Llama's and Gemma's licenses ask that a
-# copy go wherever the model goes, so export copies them into the bundle as they are.
-LICENSE_GLOBS = ("LICEN[CS]E*", "NOTICE*", "USE_POLICY*")
 DTYPES = {"fp32": np.float32, "fp16": np.float16}
 DEFAULT_CHUNKS = (16, 64, 256)
 # onnxruntime 1.22+ loads IR <= 10 for these opsets; newer onnx writes a higher IR by default.

@@ -53,7 +53,7 @@ HEADS = ("int8", "int4", "float")  # the LM head's weights (QuantConfig.head)
 @dataclass(frozen=True)
 class QuantConfig:
     kind: str  # "int8" or "int4"
-    block_size: int = 32  # int4: weights per scale along the input dimension
+    block_size: int = 32  # int4, int8 at fp16: weights per scale along the input dimension
     # int4: MatMulNBits compute type. 4 (int8 activations) decodes ~1.2x faster than 0
     # (float) on x86 and prefills ~0.7x as fast (docs/benchmarks.md): int4 is the decode lever.
     # At load, level-4 projections get an int8-GEMM prefill branch (engines/ort/int4_prefill).
@@ -82,8 +82,8 @@ class QuantConfig:
         if self.tied_embeddings and not self.embeddings:
             raise ExportError("a tied embedding table is quantized only with the others")
         if self.block_size not in (16, 32, 64, 128, 256):
-            raise ExportError(f"int4 block_size must be 16..256, a power of 2: {self.block_size}",
-                              "block_size")
+            raise ExportError(f"{self.kind} block_size must be 16..256, a power of 2: "
+                              f"{self.block_size}", "block_size")
         if self.accuracy_level not in (0, 1, 2, 3, 4):
             raise ExportError(f"accuracy_level must be 0..4, got {self.accuracy_level}",
                               "accuracy_level")

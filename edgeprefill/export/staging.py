@@ -15,9 +15,10 @@ import os
 import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
+from fnmatch import fnmatchcase
 from pathlib import Path
 
-from edgeprefill.bundle import MANIFEST_FILE
+from edgeprefill.bundle import LICENSE_GLOBS, MANIFEST_FILE
 from edgeprefill.engines.trt.cache import ENGINES_DIR
 from edgeprefill.errors import ExportError
 
@@ -65,7 +66,9 @@ def _not_the_bundles(out_dir: Path) -> list[str] | None:
     """What `out_dir` holds beyond the bundle its manifest lists (folders with a `/`);
     None when it holds no readable manifest with a file list. --overwrite deletes the
     whole folder, so it replaces nothing of the user's: it had taken a folder with any
-    file named edgeprefill.json, with every note, run or checkpoint beside it."""
+    file named edgeprefill.json, with every note, run or checkpoint beside it. The
+    checkpoint's terms that export copied (LICENSE_GLOBS, unlisted) are the bundle's: a
+    bundle of a licensed model had refused every re-export."""
     try:
         raw = json.loads((out_dir / MANIFEST_FILE).read_text())
         listed = {name.split("/")[0] for name in raw["files"]} \
@@ -75,7 +78,12 @@ def _not_the_bundles(out_dir: Path) -> list[str] | None:
     if not listed:
         return None
     ours = listed | {MANIFEST_FILE, ENGINES_DIR}  # engines/: `edgeprefill build`'s cache
-    return sorted(p.name + "/" * p.is_dir() for p in out_dir.iterdir() if p.name not in ours)
+    return sorted(p.name + "/" * p.is_dir() for p in out_dir.iterdir()
+                  if p.name not in ours and not _is_terms(p))
+
+
+def _is_terms(path: Path) -> bool:
+    return path.is_file() and any(fnmatchcase(path.name, g) for g in LICENSE_GLOBS)
 
 
 def _cannot_stage(out_dir: Path, err: OSError) -> str:

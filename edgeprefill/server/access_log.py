@@ -5,7 +5,8 @@ and duration, e.g.
 
 The middleware sees every request (401s and 404s too) and times it until its last byte
 is sent; a completion handler tells it which TokenStream served the request (`note`),
-and the token counts and TTFT come from that stream.
+and the token counts and TTFT come from that stream. Seeing every status, it is also
+where a refused request is counted (`on_reject`: the http_rejected metric).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import logging
 import sys
 import time
+from collections.abc import Callable
 
 from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -34,9 +36,11 @@ def note(request: Request, stream: TokenStream | Choices) -> None:
 class AccessLog:
     """ASGI middleware: logs each HTTP request once it is answered (or fails)."""
 
-    def __init__(self, app: ASGIApp, logger: logging.Logger = LOGGER) -> None:
+    def __init__(self, app: ASGIApp, logger: logging.Logger = LOGGER,
+                 on_reject: Callable[[int], None] = lambda status: None) -> None:
         self.app = app
         self.logger = logger
+        self.on_reject = on_reject
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -56,6 +60,10 @@ class AccessLog:
             await self.app(scope, receive, sending)
         finally:
             stream = scope["state"].get(_STREAM_KEY)
+            # Refused: an error status before any stream served it. An admitted request
+            # that fails or is cut later is counted by its finish reason instead.
+            if status >= 400 and stream is None:
+                self.on_reject(status)
             level = logging.WARNING if status >= 500 else logging.INFO
             if scope["path"] in QUIET_PATHS and status < 400:
                 level = logging.DEBUG

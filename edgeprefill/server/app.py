@@ -108,10 +108,11 @@ def create_app(engine: Engine, config: ServerConfig) -> Starlette:
     # AccessLog outermost, so that it logs what the client got: ShutdownCut answers a
     # request the shutdown cancelled with a 503 (inside it, the log said 500 or 200).
     # Both outside the key check: the 401s are logged too.
-    middleware = [Middleware(AccessLog), Middleware(ShutdownCut)]
+    # AccessLog counts every refusal (http_rejected), whichever layer answered it.
+    middleware = [Middleware(AccessLog, on_reject=api.metrics.reject),
+                  Middleware(ShutdownCut)]
     if config.api_key is not None:
-        middleware.append(Middleware(ApiKeyMiddleware, key=config.api_key,
-                                     on_reject=api.metrics.reject))
+        middleware.append(Middleware(ApiKeyMiddleware, key=config.api_key))
     handlers = {HTTPException: _http_error, Exception: _internal_error}
     app = Starlette(routes=routes, middleware=middleware, exception_handlers=handlers,
                     lifespan=api.lifespan)
@@ -223,7 +224,6 @@ class OpenAIApi:
             self._check_model(parsed.model)
             tokens = (await self._encode(parsed)).ids
         except ApiError as err:
-            self.metrics.reject(err.status)
             return err.response(request.url.path)
         count = tokens if isinstance(tokens, int) else len(tokens)
         return JSONResponse({"input_tokens": count})
@@ -243,7 +243,6 @@ class OpenAIApi:
             if is_load(body, "messages" if chat else "prompt"):
                 return JSONResponse(load_reply(model_of(body, self.config.model_name), chat))
         except ApiError as err:
-            self.metrics.reject(err.status)
             return err.response(request.url.path)
         parse = parse_ollama_chat if chat else parse_ollama_generate
         admitted = await self._admit_body(
@@ -270,7 +269,6 @@ class OpenAIApi:
         try:
             body = await self.read(request)
         except ApiError as err:
-            self.metrics.reject(err.status)
             return err.response(request.url.path)
         return await self._admit_body(request, body, parse, rename)
 
@@ -288,7 +286,6 @@ class OpenAIApi:
                 raise rename(err) from None
             access_log.note(request, stream)
         except ApiError as err:
-            self.metrics.reject(err.status)
             return err.response(request.url.path)
         return Admitted(body, parsed, stream, opens_think, governed)
 

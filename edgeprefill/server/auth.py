@@ -4,7 +4,6 @@ liveness probes, in the error schema of the path's API."""
 from __future__ import annotations
 
 import hmac
-from collections.abc import Callable
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -19,14 +18,12 @@ class ApiKeyMiddleware:
     on every path but OPEN_PATHS, compared in constant time so the response time tells an
     attacker nothing about how much of a guess was right."""
 
-    def __init__(self, app: ASGIApp, key: str, on_reject: Callable[[int], None]) -> None:
+    def __init__(self, app: ASGIApp, key: str) -> None:
         self.app = app
         self.key = key.encode()
-        self.on_reject = on_reject
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["path"] not in OPEN_PATHS and not self._ok(scope):
-            self.on_reject(401)
             error = ApiError(401, "invalid or missing API key: send the header "
                              "'Authorization: Bearer <key>' or 'x-api-key: <key>'",
                              code="invalid_api_key")

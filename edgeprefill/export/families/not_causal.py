@@ -1,7 +1,8 @@
 """What a checkpoint is when it is no decoder-only causal LM, read from config.json alone:
 an audio model, an encoder-decoder (seq2seq) or an encoder. It answers for any model_type,
 one transformers knows that export does not, or one neither knows, so a BART, Whisper or
-BERT folder is refused for what it is rather than as an unknown name.
+BERT folder is refused for what it is rather than as an unknown name. A supported
+model_type is refused by `task_head` alone: a decoder whose LM head a task head replaced.
 """
 
 from __future__ import annotations
@@ -20,6 +21,22 @@ _AUDIO_HEADS = ("ForCTC", "ForAudioClassification", "ForAudioFrameClassification
 _ENCODER_HEADS = ("ForMaskedLM", "ForSequenceClassification", "ForTokenClassification",
                   "ForQuestionAnswering", "ForMultipleChoice", "ForPreTraining",
                   "ForNextSentencePrediction", "ForImageClassification")
+
+# transformers' task heads on a decoder (LlamaForSequenceClassification, Qwen2's reward
+# models, ...): `score` or `qa_outputs` in place of the LM head, so no causal LM is left to
+# export. (ShieldGemma 2's ForImageClassification keeps its Gemma 3 whole: not one.)
+_DECODER_TASK_HEADS = ("ForSequenceClassification", "ForTokenClassification",
+                       "ForQuestionAnswering")
+
+
+def task_head(raw: dict[str, Any]) -> str | None:
+    """Why a supported model_type's config.json is no causal LM: its architectures are all
+    task heads that replace the LM head; else None."""
+    heads = _heads(raw, _DECODER_TASK_HEADS)
+    if not heads:
+        return None
+    return (f"a classifier ({', '.join(heads)}: a task head in place of the LM head): "
+            f"{CAUSAL_ONLY}")
 
 
 def what_it_is(raw: dict[str, Any]) -> str | None:
