@@ -1,0 +1,191 @@
+"""Embedding bundles: a sentence-transformers folder of a causal LM with last-token pooling
+(Qwen3-Embedding's layout: modules.json, 1_Pooling, Normalize; the base model's tensors
+saved without `model.` and without an LM head; a tokenizer whose post-processor appends
+the end token) exports a graph whose output is each row's last hidden state, and
+Engine.embed's vectors are transformers' base model's last hidden state of the text's
+last token, L2-normalized, computed here. The server's routes: tests/test_serve_embed.py.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from edgeprefill.bundle import load_manifest
+from edgeprefill.contract import HIDDEN, LOGITS
+from edgeprefill.errors import BundleError, ExportError
+from edgeprefill.export.exporter import ExportOptions, export
+from tests.conftest import build_hf_model
+
+CHUNK = 16
+CONTEXT = 128
+LAST_TOKEN = {"word_embedding_dimension": 64, "pooling_mode_cls_token": False,
+              "pooling_mode_mean_tokens": False, "pooling_mode_max_tokens": False,
+              "pooling_mode_mean_sqrt_len_tokens": False,
+              "pooling_mode_weightedmean_tokens": False, "pooling_mode_lasttoken": True,
+              "include_prompt": True}
+TRANSFORMER = {"idx": 0, "name": "0", "path": "", "type":
+               "sentence_transformers.models.Transformer"}
+POOLING = {"idx": 1, "name": "1", "path": "1_Pooling", "type":
+           "sentence_transformers.models.Pooling"}
+NORMALIZE = {"idx": 2, "name": "2", "path": "2_Normalize", "type":
+             "sentence_transformers.models.Normalize"}
+TEXTS = ["w5 w6 w7", "  w9 w10\n", " ".join(f"w{3 + i % 90}" for i in range(45))]
+
+
+def as_embedding_model(hf_dir: Path, pooling: dict | None = None,
+                       modules: list | None = None) -> Path:
+    """`hf_dir` (a saved causal LM) in Qwen3-Embedding-8B's layout: tensors without the
+    `model.` prefix and no lm_head (its config unties the embeddings), sentence-
+    transformers' modules, and a tokenizer that appends the end token w2."""
+    from tokenizers import Tokenizer, processors
+
+    path = hf_dir / "model.safetensors"
+    stored = load_file(str(path))
+    save_file({k.removeprefix("model."): v for k, v in stored.items()
+               if not k.startswith("lm_head.")}, str(path), metadata={"format": "pt"})
+    tokenizer = Tokenizer.from_file(str(hf_dir / "tokenizer.json"))
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single="$A w2", pair="$A $B w2", special_tokens=[("w2", 2)])
+    tokenizer.save(str(hf_dir / "tokenizer.json"))
+    (hf_dir / "modules.json").write_text(json.dumps(
+        modules if modules is not None else [TRANSFORMER, POOLING, NORMALIZE]))
+    (hf_dir / "1_Pooling").mkdir(exist_ok=True)
+    (hf_dir / "1_Pooling" / "config.json").write_text(json.dumps(pooling or LAST_TOKEN))
+    (hf_dir / "2_Normalize").mkdir(exist_ok=True)
+    return hf_dir
+
+
+@pytest.fixture(scope="module")
+def embed_model(tmp_path_factory) -> Path:
+    hf = build_hf_model("qwen3", tmp_path_factory.mktemp("qwen3-embedding"))
+    return as_embedding_model(hf)
+
+
+@pytest.fixture(scope="module")
+def embed_bundle(embed_model, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("bundle-embedding")
+    export(embed_model, out, ExportOptions(chunks=(CHUNK,), max_context=CONTEXT,
+                                           show_progress=False, overwrite=True))
+    return out
+
+
+def reference(hf_dir: Path, texts: list[str]) -> np.ndarray:
+    """transformers' base model (AutoModel) on each text alone: the last token's hidden
+    state (the final norm applied), L2-normalized in float64, as sentence-transformers'
+    Transformer, Pooling(lasttoken) and Normalize modules compute it."""
+    from tokenizers import Tokenizer
+    from transformers import AutoModel
+
+    model, info = AutoModel.from_pretrained(hf_dir, dtype=torch.float32,
+                                            output_loading_info=True)
+    assert not info["missing_keys"], info  # it read the base model's unprefixed tensors
+    tokenizer = Tokenizer.from_file(str(hf_dir / "tokenizer.json"))
+    rows = []
+    with torch.no_grad():
+        for text in texts:
+            ids = tokenizer.encode(text.strip()).ids  # sentence-transformers strips
+            hidden = model(torch.tensor([ids])).last_hidden_state[0, -1].double().numpy()
+            rows.append(hidden / np.linalg.norm(hidden))
+    return np.stack(rows)
+
+
+# -- export ------------------------------------------------------------------------------
+
+
+def test_a_sentence_transformers_folder_exports_an_embedding_bundle(embed_bundle):
+    manifest = load_manifest(embed_bundle)
+    assert manifest.task == "embed"
+    assert manifest.embedding is not None
+    assert (manifest.embedding.pooling, manifest.embedding.normalize) == ("lasttoken", True)
+    assert manifest.graph.outputs[HIDDEN] == ["float32", ["batch", 64]]
+    assert LOGITS not in manifest.graph.outputs
+    raw = json.loads((embed_bundle / "edgeprefill.json").read_text())
+    assert raw["task"] == "embed" and raw["embedding"] == {"pooling": "lasttoken",
+                                                           "normalize": True}
+
+
+def test_a_generation_manifest_says_no_task(bundle):
+    raw = json.loads((bundle("llama") / "edgeprefill.json").read_text())
+    assert "task" not in raw and "embedding" not in raw
+    assert load_manifest(bundle("llama")).task == "generate"
+
+
+def test_the_manifest_must_agree_with_the_graph_s_output(embed_bundle, tmp_path):
+    import shutil
+
+    copy = tmp_path / "b"
+    shutil.copytree(embed_bundle, copy)
+    path = copy / "edgeprefill.json"
+    raw = json.loads(path.read_text())
+    for edit, said in ((lambda r: r.pop("embedding"), "embedding"),
+                       (lambda r: r.update(task="vectors"), "task must be one of"),
+                       (lambda r: r.update(task="generate"), "embedding"),
+                       (lambda r: r.update(task="generate", embedding=None),
+                        "unexpected hidden"),
+                       (lambda r: (r.pop("task"), r.pop("embedding")), "unexpected hidden"),
+                       (lambda r: r["embedding"].update(pooling="mean"), "pooling")):
+        edited = json.loads(json.dumps(raw))
+        edit(edited)
+        path.write_text(json.dumps(edited))
+        with pytest.raises(BundleError, match=said) as err:
+            load_manifest(copy)
+        assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("pooling, named", [
+    ({**LAST_TOKEN, "pooling_mode_lasttoken": False, "pooling_mode_mean_tokens": True},
+     "by mean"),
+    ({**LAST_TOKEN, "pooling_mode_lasttoken": False, "pooling_mode_cls_token": True}, "by cls"),
+    ({**LAST_TOKEN, "pooling_mode_mean_tokens": True}, "by mean \\+ lasttoken"),
+    ({"pooling_mode": "weightedmean"}, "by weightedmean"),
+])
+def test_other_poolings_are_refused_in_one_line(pooling, named, tmp_path):
+    hf = as_embedding_model(build_hf_model("qwen3", tmp_path / "hf"), pooling)
+    with pytest.raises(ExportError, match=named) as err:
+        export(hf, tmp_path / "b", ExportOptions(chunks=(CHUNK,), max_context=CONTEXT,
+                                                 show_progress=False))
+    assert "\n" not in str(err.value) and not (tmp_path / "b").exists()
+
+
+def test_a_module_other_than_pooling_and_normalize_is_refused(tmp_path):
+    dense = {"idx": 2, "name": "2", "path": "2_Dense",
+             "type": "sentence_transformers.models.Dense"}
+    hf = as_embedding_model(build_hf_model("qwen3", tmp_path / "hf"),
+                            modules=[TRANSFORMER, POOLING, dense])
+    with pytest.raises(ExportError, match="models.Dense at 2_Dense is not exported"):
+        export(hf, tmp_path / "b", ExportOptions(chunks=(CHUNK,), max_context=CONTEXT,
+                                                 show_progress=False))
+
+
+def test_task_generate_exports_the_lm_of_an_embedding_folder(tmp_path):
+    # A tied checkpoint (Qwen3-Embedding-0.6B's) has its head: the embedding.
+    hf = as_embedding_model(build_hf_model("qwen3", tmp_path / "hf", tie_word_embeddings=True))
+    manifest = export(hf, tmp_path / "b", ExportOptions(
+        chunks=(CHUNK,), max_context=CONTEXT, show_progress=False, task="generate"))
+    assert manifest.task == "generate" and LOGITS in manifest.graph.outputs
+
+
+def test_task_embed_without_modules_json_is_last_token_normalized(tmp_path, caplog):
+    hf = build_hf_model("qwen3", tmp_path / "hf")  # stores its own lm_head
+    with caplog.at_level(logging.WARNING, logger="edgeprefill"):
+        manifest = export(hf, tmp_path / "b", ExportOptions(
+            chunks=(CHUNK,), max_context=CONTEXT, show_progress=False, task="embed"))
+    assert manifest.embedding is not None and manifest.embedding.normalize
+    assert "does not use" not in caplog.text  # the head is left out, as AutoModel does
+    with pytest.raises(ExportError, match="unknown task 'vectors'"):
+        ExportOptions(task="vectors")
+
+
+def test_an_untied_headless_checkpoint_still_refuses_generation(tmp_path):
+    # Qwen3-Embedding-8B: tie_word_embeddings false and no lm_head
+    hf = as_embedding_model(build_hf_model("qwen3", tmp_path / "hf"))
+    with pytest.raises(ExportError, match="lacks the tensor 'lm_head.weight'"):
+        export(hf, tmp_path / "b", ExportOptions(chunks=(CHUNK,), max_context=CONTEXT,
+                                                 show_progress=False, task="generate"))
