@@ -19,8 +19,9 @@ from safetensors.torch import load_file, save_file
 
 from edgeprefill.bundle import load_manifest
 from edgeprefill.contract import HIDDEN, LOGITS
-from edgeprefill.errors import BundleError, ExportError
+from edgeprefill.errors import BundleError, ExportError, RequestError
 from edgeprefill.export.exporter import ExportOptions, export
+from edgeprefill.sdk import Engine
 from tests.conftest import build_hf_model
 
 CHUNK = 16
@@ -74,6 +75,13 @@ def embed_bundle(embed_model, tmp_path_factory) -> Path:
     export(embed_model, out, ExportOptions(chunks=(CHUNK,), max_context=CONTEXT,
                                            show_progress=False, overwrite=True))
     return out
+
+
+@pytest.fixture(scope="module")
+def embed_engine(embed_bundle):
+    engine = Engine.load(embed_bundle, threads=1, kv_slots=2)
+    yield engine
+    engine.close()
 
 
 def reference(hf_dir: Path, texts: list[str]) -> np.ndarray:
@@ -189,3 +197,61 @@ def test_an_untied_headless_checkpoint_still_refuses_generation(tmp_path):
     with pytest.raises(ExportError, match="lacks the tensor 'lm_head.weight'"):
         export(hf, tmp_path / "b", ExportOptions(chunks=(CHUNK,), max_context=CONTEXT,
                                                  show_progress=False, task="generate"))
+
+
+# -- Engine.embed --------------------------------------------------------------------------
+
+
+def test_vectors_are_transformers_last_token_states_normalized(embed_engine, embed_model):
+    got = embed_engine.embed(TEXTS)
+    assert got.dtype == np.float32 and got.shape == (len(TEXTS), 64)
+    # the third text is 46 tokens: three chunks of 16
+    assert len(embed_engine.tokenizer.encode(TEXTS[2])) > 2 * CHUNK
+    np.testing.assert_allclose(got, reference(embed_model, TEXTS), atol=1e-5)
+    np.testing.assert_allclose(np.linalg.norm(got, axis=1), 1.0, atol=1e-6)
+
+
+def test_one_text_and_each_alone_give_the_same_rows(embed_engine):
+    together = embed_engine.embed(TEXTS)
+    for i, text in enumerate(TEXTS):
+        np.testing.assert_allclose(embed_engine.embed(text)[0], together[i], atol=1e-6)
+    embed_engine.check_integrity()
+
+
+def test_dimensions_truncate_then_renormalize(embed_engine, embed_model):
+    got = embed_engine.embed(TEXTS[:2], dimensions=16)
+    full = reference(embed_model, TEXTS[:2])[:, :16]
+    np.testing.assert_allclose(got, full / np.linalg.norm(full, axis=1, keepdims=True),
+                               atol=1e-5)
+    for bad in (0, 65, 1.5, True):
+        with pytest.raises(RequestError, match="dimensions must be an integer in 1..64"):
+            embed_engine.embed("w5", dimensions=bad)
+
+
+def test_a_text_longer_than_the_context_is_refused(embed_engine):
+    with pytest.raises(RequestError, match=f"exceeds the context of {CONTEXT} tokens"):
+        embed_engine.embed(["w5", " ".join(["w7"] * CONTEXT)])
+    # the whole context may be the text: nothing is generated after it
+    assert embed_engine.embed(" ".join(["w7"] * (CONTEXT - 1))).shape == (1, 64)
+
+
+def test_an_embedding_bundle_refuses_generation_in_one_line(embed_engine):
+    for call in (lambda: embed_engine.generate("w5 w6"),
+                 lambda: embed_engine.session().generate("w5")):
+        with pytest.raises(RequestError, match="is an embedding model") as err:
+            call()
+        assert "\n" not in str(err.value)
+
+
+def test_a_generation_bundle_refuses_embed_in_one_line(bundle):
+    with Engine.load(bundle("llama"), threads=1, kv_slots=1) as engine, \
+            pytest.raises(RequestError, match="is a generation model") as err:
+        engine.embed("w5")
+    assert "\n" not in str(err.value)
+
+
+def test_more_texts_than_the_engine_holds_at_once_keep_their_order(embed_engine, embed_model):
+    # 2 KV slots: 4 requests in the engine at a time (Engine._embed_rows)
+    texts = [f"w{5 + i} w{40 + 3 * i}" for i in range(9)]
+    np.testing.assert_allclose(embed_engine.embed(texts), reference(embed_model, texts),
+                               atol=1e-5)
