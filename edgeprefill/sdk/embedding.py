@@ -49,14 +49,19 @@ def check_dimensions(dimensions: object, hidden: int) -> int | None:
     return dimensions
 
 
+def prepared(text: object) -> str:
+    """The text sentence-transformers tokenizes: stripped of surrounding whitespace."""
+    if not isinstance(text, str):
+        raise RequestError(f"a text to embed is a string, got {type(text).__name__}")
+    return text.strip()
+
+
 def text_ids(tokenizer: BundleTokenizer, text: str, capacity: int,
              truncate: bool = False) -> list[int]:
     """A text's token ids as sentence-transformers gives them to the model; longer than
     the context: refused, or with `truncate` cut to it before the post-processor's
     tokens (which stay, as transformers' truncation keeps them)."""
-    if not isinstance(text, str):
-        raise RequestError(f"a text to embed is a string, got {type(text).__name__}")
-    ids = tokenizer.encode(text.strip())
+    ids = tokenizer.encode(prepared(text))
     if len(ids) <= capacity:
         return ids
     if not truncate:
@@ -64,7 +69,7 @@ def text_ids(tokenizer: BundleTokenizer, text: str, capacity: int,
                            "tokens; shorten it")
     raw = tokenizer.tokenizer
     assert raw is not None, "encode read the text with it"
-    encoding = raw.encode(text.strip(), add_special_tokens=False)
+    encoding = raw.encode(prepared(text), add_special_tokens=False)
     encoding.truncate(max(0, capacity - raw.num_special_tokens_to_add(False)))
     return list(raw.post_process(encoding).ids)[:capacity]
 
