@@ -255,3 +255,48 @@ def test_more_texts_than_the_engine_holds_at_once_keep_their_order(embed_engine,
     texts = [f"w{5 + i} w{40 + 3 * i}" for i in range(9)]
     np.testing.assert_allclose(embed_engine.embed(texts), reference(embed_model, texts),
                                atol=1e-5)
+
+
+# -- the command line ----------------------------------------------------------------------
+
+
+def test_run_prints_each_text_s_vector_as_a_json_line(embed_bundle, embed_model, tmp_path):
+    from tests.test_cli_errors import cli
+
+    one = cli("run", embed_bundle, TEXTS[0], "--threads", "1")
+    assert one.returncode == 0, one.stderr
+    np.testing.assert_allclose([json.loads(one.stdout)], reference(embed_model, TEXTS[:1]),
+                               atol=1e-5)
+    lines = tmp_path / "texts.txt"
+    lines.write_text(f"{TEXTS[1].strip()}\n\n{json.dumps(TEXTS[2])}\n")
+    many = cli("run", embed_bundle, "--prompts", lines, "--dimensions", "8", "--threads", "1")
+    assert many.returncode == 0, many.stderr
+    rows = [json.loads(line) for line in many.stdout.splitlines()]
+    full = reference(embed_model, TEXTS[1:])[:, :8]
+    np.testing.assert_allclose(rows, full / np.linalg.norm(full, axis=1, keepdims=True),
+                               atol=1e-5)
+
+
+@pytest.mark.parametrize("args, option", [
+    (["w5", "--temperature", "0.5"], "--temperature"),
+    (["w5", "--chat"], "--chat"),
+    (["--interactive"], "--interactive"),
+])
+def test_run_refuses_generation_options_on_an_embedding_bundle(embed_bundle, args, option):
+    from tests.test_cli_errors import cli
+
+    result = cli("run", embed_bundle, *args)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        f"error: {option} does not apply to an embedding bundle (it generates nothing): "
+        "`run` prints each text's vector"]
+
+
+def test_inspect_says_the_task(embed_bundle, bundle):
+    from tests.test_cli_errors import cli
+
+    embed = cli("inspect", embed_bundle).stdout
+    assert "task        embed: lasttoken pooling, L2-normalized, 64 dimensions" in embed
+    assert "task        generate" in cli("inspect", bundle("llama")).stdout
+    refused = cli("run", bundle("llama"), "w5", "--dimensions", "4")
+    assert refused.returncode == 2 and "applies to an embedding bundle only" in refused.stderr

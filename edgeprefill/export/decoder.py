@@ -853,7 +853,7 @@ class DecoderBuilder:
             raise ExportError(
                 f"{name} has shape {self.w.shape(name)}, but config.json implies "
                 f"{(rows, width)} (vocab_size {cfg.vocab_size}, "
-                f"{'word_embed_proj_dim' if cfg.embed_width else 'hidden'} {width})"
+                f"{'word_embed_proj_dim' if cfg.embed_width else 'hidden_size'} {width})"
             )
 
     def _lm_head(self, hidden: str) -> str:
