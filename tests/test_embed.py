@@ -300,3 +300,72 @@ def test_inspect_says_the_task(embed_bundle, bundle):
     assert "task        generate" in cli("inspect", bundle("llama")).stdout
     refused = cli("run", bundle("llama"), "w5", "--dimensions", "4")
     assert refused.returncode == 2 and "applies to an embedding bundle only" in refused.stderr
+
+
+@pytest.mark.parametrize("family, flavor, dtype, atol", [
+    ("qwen2", "ort", "fp32", 1e-5),  # gte-Qwen2-instruct's family
+    ("mistral", "ort", "fp32", 1e-5),  # e5-mistral-7b-instruct's, SFR-Embedding-Mistral's
+    ("qwen3", "standard", "fp32", 1e-5),  # the flavour TensorRT builds from
+    ("qwen3", "ort", "fp16", 2e-3),  # a GPU's dtype: `hidden` is float32 all the same
+])
+def test_other_families_flavours_and_dtypes_match_transformers(family, flavor, dtype, atol,
+                                                               tmp_path):
+    hf = as_embedding_model(build_hf_model(family, tmp_path / "hf"))
+    out = tmp_path / "b"
+    export(hf, out, ExportOptions(flavor=flavor, dtype=dtype, chunks=(CHUNK,),
+                                  max_context=CONTEXT, show_progress=False))
+    with Engine.load(out, threads=1, kv_slots=2) as engine:
+        got = engine.embed(TEXTS)
+    assert got.dtype == np.float32
+    np.testing.assert_allclose(got, reference(hf, TEXTS), atol=atol)
+
+
+def test_export_says_it_made_an_embedding_bundle(embed_model, tmp_path):
+    from tests.test_cli_errors import cli
+
+    args = ["export", embed_model, "--chunks", "16", "--max-context", "64", "--quiet"]
+    made = cli(*args, "-o", tmp_path / "e")
+    assert made.returncode == 0, made.stderr
+    assert made.stderr.splitlines()[0] == (
+        "an embedding bundle (lasttoken pooling, normalized, 64 dimensions): Engine.embed, "
+        "POST /v1/embeddings")
+    lm = cli(*args, "-o", tmp_path / "g", "--task", "generate")
+    assert lm.returncode == 2 and "lacks the tensor 'lm_head.weight'" in lm.stderr
+
+
+def test_a_config_that_says_bidirectional_is_warned_of(tmp_path, caplog):
+    hf = as_embedding_model(build_hf_model("qwen3", tmp_path / "hf", is_causal=False))
+    assert json.loads((hf / "config.json").read_text())["is_causal"] is False
+    with caplog.at_level(logging.WARNING, logger="edgeprefill"):
+        export(hf, tmp_path / "b", ExportOptions(chunks=(CHUNK,), max_context=CONTEXT,
+                                                 show_progress=False))
+    assert "says is_causal false" in caplog.text
+
+
+def test_add_eos_token_appends_the_pooled_eos_as_transformers_4_did(tmp_path, caplog):
+    """e5-mistral-7b-instruct: tokenizer_config.json's add_eos_token, a tokenizer.json
+    whose post-processor adds only BOS; the model pools `</s>` (its README appends it)."""
+    from tokenizers import Tokenizer, processors
+    from transformers import AutoModel
+
+    hf = as_embedding_model(build_hf_model("mistral", tmp_path / "hf"))
+    tokenizer = Tokenizer.from_file(str(hf / "tokenizer.json"))
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single="w1 $A", pair="w1 $A $B", special_tokens=[("w1", 1)])  # BOS only
+    tokenizer.save(str(hf / "tokenizer.json"))
+    config = json.loads((hf / "tokenizer_config.json").read_text())
+    (hf / "tokenizer_config.json").write_text(json.dumps(
+        {**config, "add_bos_token": True, "add_eos_token": True}))
+    with caplog.at_level(logging.WARNING, logger="edgeprefill"):
+        export(hf, tmp_path / "b", ExportOptions(chunks=(CHUNK,), max_context=CONTEXT,
+                                                 show_progress=False))
+    assert "appends w2 to each text" in caplog.text
+    model = AutoModel.from_pretrained(hf, dtype=torch.float32)
+    with Engine.load(tmp_path / "b", threads=1, kv_slots=1) as engine:
+        assert engine.tokenizer.encode("w5 w6") == [1, 5, 6, 2]
+        got = engine.embed(TEXTS[:2])
+    for row, text in zip(got, TEXTS[:2], strict=True):
+        ids = [*tokenizer.encode(text.strip()).ids, 2]  # as e5-mistral's README does
+        with torch.no_grad():
+            hidden = model(torch.tensor([ids])).last_hidden_state[0, -1].double().numpy()
+        np.testing.assert_allclose(row, hidden / np.linalg.norm(hidden), atol=1e-5)

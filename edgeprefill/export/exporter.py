@@ -28,6 +28,7 @@ from edgeprefill.export.bnb import BnbScheme
 from edgeprefill.export.checkpoint import MODEL_FILES, Checkpoint
 from edgeprefill.export.config_checks import check_tokenizer_fits
 from edgeprefill.export.decoder import DecoderBuilder
+from edgeprefill.export.eos_append import append_eos
 from edgeprefill.export.flavors import flavor_class
 from edgeprefill.export.gguf_input import converted, gguf_file_of
 from edgeprefill.export.graph import GraphBuilder
@@ -154,7 +155,7 @@ def _export(hf_dir: Path, out_dir: Path, options: ExportOptions,
     cfg = ModelConfig.from_dir(hf_dir)
     embedding = embedding_head(hf_dir, options.task)
     if embedding is not None:
-        _check_embeddable(cfg)
+        _check_embeddable(cfg, hf_dir)
     adapter = None if options.adapter is None else _adapter(options.adapter, hf_dir, cfg.bnb)
     options = _for_int4_checkpoint(cfg, options)
     if cfg.bitnet is not None and options.quant is not None:
@@ -203,6 +204,8 @@ def _export(hf_dir: Path, out_dir: Path, options: ExportOptions,
                 slow.tokenizer.save(str(stage / name))
             else:
                 shutil.copyfile(hf_dir / name, stage / name)
+        if embedding is not None and "tokenizer.json" in tokenizer_files:  # before the records
+            append_eos(stage / "tokenizer.json", hf_dir)
         manifest = _manifest(cfg, g, options, chunks, max_context, hf_dir, stage,
                              tokenizer_files, source, adapter)
         if embedding is not None:
@@ -214,14 +217,22 @@ def _export(hf_dir: Path, out_dir: Path, options: ExportOptions,
     return manifest
 
 
-def _check_embeddable(cfg: ModelConfig) -> None:
+def _check_embeddable(cfg: ModelConfig, hf_dir: Path) -> None:
     """An embedding bundle's vector is the final norm's output: refused where the family
     projects it further before its LM head (OPT-350m's project_out, ModernBERT decoder's
-    prediction head), which no last-token embedding model is built on."""
+    prediction head), which no last-token embedding model is built on. A config that says
+    `is_causal: false` (Qodo-Embed's; transformers 5 then attends both ways) is warned
+    of: the chunk graph is causal, as the remote code such models ship (gte-Qwen2's
+    modeling_qwen) runs them."""
     if cfg.embed_width is not None or cfg.head_activation is not None:
         raise ExportError(f"{cfg.family} projects its hidden state before the LM head: an "
                           "embedding bundle of it is not supported; export it with "
                           "--task generate")
+    if load_json_object(hf_dir / "config.json", ExportError).get("is_causal") is False:
+        log.warning("config.json says is_causal false (bidirectional attention, as "
+                    "transformers 5 runs it): the bundle attends causally, as the model's "
+                    "own code (auto_map) does where it hard-codes causal attention; its "
+                    "vectors differ from a bidirectional run")
 
 
 def _base_prefix(cfg: ModelConfig) -> str:
