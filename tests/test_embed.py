@@ -229,7 +229,8 @@ def test_dimensions_truncate_then_renormalize(embed_engine, embed_model):
 
 
 def test_a_text_longer_than_the_context_is_refused(embed_engine):
-    with pytest.raises(RequestError, match=f"exceeds the context of {CONTEXT} tokens"):
+    with pytest.raises(RequestError, match=f"texts\\[1\\]: a text of {CONTEXT + 1} tokens "
+                       f"exceeds the context of {CONTEXT} tokens"):
         embed_engine.embed(["w5", " ".join(["w7"] * CONTEXT)])
     # the whole context may be the text: nothing is generated after it
     assert embed_engine.embed(" ".join(["w7"] * (CONTEXT - 1))).shape == (1, 64)

@@ -298,9 +298,19 @@ class Engine:
         if not isinstance(items, list | tuple) or not items:
             raise RequestError("texts must be a string or a non-empty list of strings")
         dimensions = self._embedding_dimensions(dimensions)
-        ids = [embedding.text_ids(self.tokenizer, text, self.capacity) for text in items]
+        ids = [self._text_ids(text, i if len(items) > 1 else None)
+               for i, text in enumerate(items)]
         rows = self._embed_rows(ids, priority)
         return embedding.vectors(np.stack(rows), self._normalizes(), dimensions)
+
+    def _text_ids(self, text: str, index: int | None) -> list[int]:
+        """A text's ids; a refusal names the text's place in the list, if one was given."""
+        try:
+            return embedding.text_ids(self.tokenizer, text, self.capacity)
+        except RequestError as err:
+            if index is None:
+                raise
+            raise RequestError(f"texts[{index}]: {err}") from None
 
     def _embedding_dimensions(self, dimensions: object) -> int | None:
         if self.manifest.task != "embed":
