@@ -48,6 +48,12 @@ DEFAULT_SYSTEM_FIELDS = ("default_system",)
 # Multi-head latent attention's, left out where empty: a runtime from before it ignores it
 # (with a warning) and keeps a value cache beside each key cache, which runs as before.
 VALUE_IS_KEY_FIELDS = ("value_is_key",)
+# An embedding bundle's (task "embed", its `embedding` record), left out of a generation
+# bundle's manifest, which reads as it always did. A runtime from before them ignores them
+# (with a warning) and then refuses the graph, whose output is `hidden`, not `logits`.
+TASK_FIELDS = ("task", "embedding")
+TASKS = ("generate", "embed")  # what a bundle's graph gives: logits, or hidden states
+POOLINGS = ("lasttoken",)  # export/sentence_layout.py: the one pooling a bundle exports
 
 log = logging.getLogger("edgeprefill")
 
@@ -132,6 +138,15 @@ class TokenizerInfo:
 
 
 @dataclass(frozen=True)
+class EmbeddingInfo:
+    """An embedding bundle's head (export/sentence_layout.py): how the graph's `hidden`
+    rows become a text's vector."""
+
+    pooling: str  # "lasttoken": the hidden state of the text's last token (the graph's row)
+    normalize: bool  # L2-normalized (sentence-transformers' Normalize module)
+
+
+@dataclass(frozen=True)
 class Manifest:
     model: ModelInfo
     graph: GraphInfo
@@ -143,6 +158,9 @@ class Manifest:
     files: dict[str, FileRecord] = field(default_factory=dict)  # name -> sha256, bytes
     source: dict[str, Any] = field(default_factory=dict)
     format_version: int = FORMAT_VERSION
+    # "generate": the graph gives logits; "embed": hidden states, pooled per `embedding`.
+    task: str = "generate"
+    embedding: EmbeddingInfo | None = None
 
     def to_json(self) -> str:
         raw = asdict(self)  # keeps the records NamedTuples, which JSON would write as lists
@@ -161,6 +179,9 @@ class Manifest:
         for key in DEFAULT_SYSTEM_FIELDS:
             if raw["tokenizer"][key] is None:
                 del raw["tokenizer"][key]
+        if self.task == "generate":
+            for key in TASK_FIELDS:
+                del raw[key]
         return json.dumps(raw, indent=2) + "\n"
 
     @classmethod
@@ -176,8 +197,10 @@ class Manifest:
                 tokenizer=TokenizerInfo(**_known(TokenizerInfo, _record(raw, "tokenizer"),
                                                  "tokenizer.", unknown)),
                 files=_file_records(raw.get("files", {})),
+                embedding=_embedding(raw.get("embedding"), unknown),
                 **_known(cls, {k: v for k, v in raw.items()
-                               if k not in ("model", "graph", "tokenizer", "files")},
+                               if k not in ("model", "graph", "tokenizer", "files",
+                                            "embedding")},
                          "", unknown),
             )
         except KeyError as err:  # a required field is missing
@@ -191,6 +214,15 @@ class Manifest:
                         "newer edgeprefill?)", MANIFEST_FILE,
                         "a field" if len(unknown) == 1 else "fields", ", ".join(unknown))
         return manifest
+
+
+def _embedding(raw: object, unknown: list[str]) -> EmbeddingInfo | None:
+    """The manifest's `embedding` record, typed (None where there is none)."""
+    if raw is None:
+        return None
+    if not isinstance(raw, dict):
+        _malformed(f"'embedding' must be an object, got {type(raw).__name__}")
+    return EmbeddingInfo(**_known(EmbeddingInfo, raw, "embedding.", unknown))
 
 
 def _version_error(version: object) -> BundleError:
@@ -251,6 +283,7 @@ def check_manifest(manifest: Manifest) -> None:
     """Every field has its declared type, and the figures agree with each other."""
     for record in (manifest, manifest.model, manifest.graph, manifest.tokenizer):
         _check_types(record)
+    _check_task(manifest)
     model = manifest.model
     for name in ("num_layers", "num_heads", "num_kv_heads", "head_dim", "hidden_size",
                  "vocab_size"):
@@ -301,6 +334,20 @@ def check_manifest(manifest: Manifest) -> None:
                    "with KV (every layer but model.state_layers not in model.kv_state_layers, and "
                    "model.shared_kv_layers)")
     _check_value_is_key(manifest)
+
+
+def _check_task(manifest: Manifest) -> None:
+    """task is one of TASKS, and an embedding record is given exactly for "embed"."""
+    if manifest.task not in TASKS:
+        _malformed(f"task must be one of {', '.join(TASKS)}, got {manifest.task!r}")
+    embedding = manifest.embedding
+    if (embedding is not None) != (manifest.task == "embed"):
+        _malformed("an 'embedding' record is given exactly where task is \"embed\"")
+    if embedding is not None:
+        _check_types(embedding)
+        if embedding.pooling not in POOLINGS:
+            _malformed(f"embedding.pooling must be one of {', '.join(POOLINGS)}, got "
+                       f"{embedding.pooling!r}")
 
 
 def _check_value_is_key(manifest: Manifest) -> None:

@@ -12,9 +12,16 @@ One call runs one step: B rows of C tokens, against KV buffers of a fixed capaci
            past_value.{i}    (the same)
            past_{kind}.{i}   [batch, ...]                            the graph's own
   outputs  logits            [batch, vocab]                          float32
+           (or, in an embedding bundle, manifest task "embed", in its place:)
+           hidden            [batch, hidden_size]                    float32
            present_key.{i}   the buffer of past_key.{i}, updated in place
            present_value.{i} the buffer of past_value.{i}
            present_{kind}.{i} as past_{kind}.{i}
+
+A bundle's one output besides its KV and states is `logits` (a generation bundle) or
+`hidden` (an embedding bundle: the manifest's task "embed"): the final-normed hidden state
+of each row's last valid token, what the logits are computed from, before any LM head or
+logit scaling. The runtime reads either through `step_output`.
 
 An attention layer i has the four KV tensors, unless it is one of the model's
 `shared_kv_layers` (Gemma 4), which has none and reads, inside the graph, the present KV
@@ -59,6 +66,7 @@ INPUT_IDS = "input_ids"
 PAST_LENS = "past_lens"
 VALID_LENS = "valid_lens"
 LOGITS = "logits"
+HIDDEN = "hidden"  # an embedding bundle's output in place of LOGITS
 BATCH, CHUNK, CAPACITY = "batch", "chunk", "capacity"  # the graph's symbolic axes
 
 Axis = str | int  # a symbolic axis name or a fixed size
@@ -101,6 +109,21 @@ def attention_layers(num_layers: int, no_kv_layers: Collection[int]) -> list[int
     return [i for i in range(num_layers) if i not in no_kv_layers]
 
 
+class StepOutput(NamedTuple):
+    """The one output of a step that is not KV or state: its name and row width."""
+
+    name: str
+    width: int
+
+
+def step_output(manifest: Manifest) -> StepOutput:
+    """`logits` [B, vocab] of a generation bundle, `hidden` [B, hidden_size] of an
+    embedding bundle (the manifest's task)."""
+    if manifest.task == "embed":
+        return StepOutput(HIDDEN, manifest.model.hidden_size)
+    return StepOutput(LOGITS, manifest.model.vocab_size)
+
+
 class KVPair(NamedTuple):
     """One KV arena: the graph input it is bound to and the output aliasing it."""
 
@@ -125,19 +148,22 @@ class GraphIO(NamedTuple):
 def step_io(num_layers: int, kv_heads: int, head_dim: int, vocab: int, dtype: str,
             states: Mapping[int, Mapping[str, list[Any]]] | None = None,
             layer_kv: Mapping[int, tuple[int, int]] | None = None,
-            shared: Collection[int] = (), kv_state_layers: Collection[int] = ()) -> GraphIO:
+            shared: Collection[int] = (), kv_state_layers: Collection[int] = (),
+            hidden: int | None = None) -> GraphIO:
     """Every input and output of a chunk graph with these dimensions; the layers in
     `states` (layer -> kind -> [dtype, shape]) carry those states instead of KV (those also
     in `kv_state_layers` beside it), those in `layer_kv` (layer -> (kv_heads, head_dim)) KV
     of their own shape, and those in `shared` nothing (they read another layer's KV inside
-    the graph)."""
+    the graph). With `hidden` (an embedding bundle's hidden_size) the graph's output is
+    `hidden` [batch, hidden] in place of `logits`."""
     states, layer_kv = states or {}, layer_kv or {}
     inputs: dict[str, list[Any]] = {
         INPUT_IDS: ["int64", [BATCH, CHUNK]],
         PAST_LENS: ["int32", [BATCH]],
         VALID_LENS: ["int32", [BATCH]],
     }
-    outputs: dict[str, list[Any]] = {LOGITS: ["float32", [BATCH, vocab]]}
+    outputs: dict[str, list[Any]] = ({LOGITS: ["float32", [BATCH, vocab]]} if hidden is None
+                                     else {HIDDEN: ["float32", [BATCH, hidden]]})
     for layer in range(num_layers):
         if layer in states:
             for kind, spec in states[layer].items():
@@ -222,15 +248,17 @@ def file_records(files: Mapping[str, Mapping[str, Any]]) -> dict[str, FileRecord
 
 def check_graph_io(manifest: Manifest) -> None:
     """Raise BundleError unless the manifest's graph has exactly the contract's inputs,
-    outputs and KV pairs for its model's dimensions."""
+    outputs and KV pairs for its model's dimensions (its output `logits`, or `hidden`
+    where its task is "embed")."""
     m, graph = manifest.model, manifest.graph
     states = _graph_states(graph, m.state_layers)
     if sorted(states) != list(m.state_layers):
         raise BundleError(f"the manifest's state inputs cover layers {sorted(states)}, not "
                           f"model.state_layers {m.state_layers}; re-export")
     layer_kv = {i: m.kv_dims(i) for i in range(m.num_layers)}
+    hidden = m.hidden_size if manifest.task == "embed" else None
     expected = step_io(m.num_layers, m.num_kv_heads, m.head_dim, m.vocab_size, graph.dtype,
-                       states, layer_kv, m.shared_kv_layers, m.kv_state_layers)
+                       states, layer_kv, m.shared_kv_layers, m.kv_state_layers, hidden)
     _same("inputs", _plain(graph.inputs), expected.inputs)
     _same("outputs", _plain(graph.outputs), expected.outputs)
     layers = [kv_names(i) for i in attention_layers(m.num_layers, m.no_kv_layers)]

@@ -79,7 +79,7 @@ def test_file_records_are_typed():
     assert records == {"model.onnx": FileRecord("ab", 3)}
 
 
-@pytest.mark.parametrize("name", ["input_ids", "past_lens", "valid_lens", "logits",
+@pytest.mark.parametrize("name", ["input_ids", "past_lens", "valid_lens", "logits", "hidden",
                                   "past_key", "present_value",
                                   "past_", "present_"])  # past_{kind}.{i} of a state
 def test_each_step_tensor_name_is_spelled_in_one_module(name):

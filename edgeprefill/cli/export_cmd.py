@@ -71,12 +71,18 @@ def _list_models(ctx: click.Context, param: click.Parameter, value: bool) -> Non
               help="A PEFT LoRA adapter folder (adapter_config.json, adapter_model."
                    "safetensors) fine-tuned on HF_DIR: merged into the weights as they "
                    "are exported.")
+@click.option("--task", type=click.Choice(["auto", "embed", "generate"]), default="auto",
+              show_default=True,
+              help="embed: an embedding bundle (Engine.embed, /v1/embeddings), the hidden "
+                   "state of each text's last token; generate: a generation bundle. auto: "
+                   "embed where the folder is a sentence-transformers model (modules.json, "
+                   "last-token pooling), else generate.")
 @click.option("--overwrite", is_flag=True,
               help="Replace an existing bundle folder (one holding only a bundle: other "
                    "files are never deleted).")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 def export(hf_dir, out_dir, flavor, dtype, chunks, max_context, quantize, block_size,
-           accuracy_level, embeddings, lm_head, adapter, overwrite, quiet):
+           accuracy_level, embeddings, lm_head, adapter, task, overwrite, quiet):
     """Export a Hugging Face causal LM folder (config.json, safetensors or
     pytorch_model.bin weights, tokenizer.json) to an edgeprefill bundle. A folder with
     only the slow tokenizer's files (tokenizer.model, or vocab.json + merges.txt) gets a
@@ -121,7 +127,7 @@ def export(hf_dir, out_dir, flavor, dtype, chunks, max_context, quantize, block_
     options = ExportOptions(
         flavor=flavor, dtype=dtype, chunks=tuple(chunks), max_context=max_context,
         overwrite=overwrite, show_progress=not quiet, quant=quant,
-        adapter=None if adapter is None else Path(adapter),
+        adapter=None if adapter is None else Path(adapter), task=task,
     )
     began = time.perf_counter()
     with _sigterm_interrupts():
@@ -131,6 +137,11 @@ def export(hf_dir, out_dir, flavor, dtype, chunks, max_context, quantize, block_
     if dropped and given("chunks") is ParameterSource.COMMANDLINE:
         click.echo(f"warning: chunk sizes {dropped} exceed the max context "
                    f"{manifest.max_context} and were left out", err=True)
+    if manifest.embedding is not None:
+        normalized = ", normalized" if manifest.embedding.normalize else ""
+        click.echo(f"an embedding bundle ({manifest.embedding.pooling} pooling{normalized}, "
+                   f"{manifest.model.hidden_size} dimensions): Engine.embed, "
+                   "POST /v1/embeddings", err=True)
     click.echo(
         f"exported {manifest.model.family} ({manifest.model.num_layers} layers, "
         f"{manifest.graph.flavor} flavour, {manifest.graph.dtype}"

@@ -71,13 +71,15 @@ def inspect(bundle, verify, as_json):
         f"model       {model.family}: {model.num_layers} layers, hidden {model.hidden_size}, "
         f"{_heads(model)}, vocab {model.vocab_size}",
         f"quirks      {'; '.join(m.source.get('quirks') or ['none (plain Llama layout)'])}",
+        _task_line(m),
         *_gguf_line(m),
         *_adapter_line(m.source),
         *_tokenizer_line(m.source),
         f"graph       {graph.file} ({graph.flavor} flavour, {graph.dtype}, opsets "
         f"{json.dumps(graph.opsets)})",
         embeddings_line(proto),
-        _head_line(proto, graph, native),
+        _head_line(proto, graph, native) if m.task == "generate" else
+        "lm head     none (an embedding bundle's graph ends at the final norm)",
         *ternary_line(proto),
         f"chunks      {', '.join(map(str, m.chunks))} tokens",
         f"max context {m.max_context} tokens",
@@ -103,6 +105,16 @@ def inspect(bundle, verify, as_json):
           for name, rec in m.files.items()],
     ]
     click.echo("\n".join(lines))
+
+
+def _task_line(m) -> str:
+    """What the bundle's graph gives: logits to generate from, or embeddings."""
+    if m.embedding is None:
+        return "task        generate (logits; `run`, `serve`'s completion and chat routes)"
+    normalized = ", L2-normalized" if m.embedding.normalize else ""
+    return (f"task        embed: {m.embedding.pooling} pooling{normalized}, "
+            f"{m.model.hidden_size} dimensions (Engine.embed, POST /v1/embeddings, "
+            "/api/embed; `run` prints the vectors)")
 
 
 def _gguf_line(m) -> list[str]:

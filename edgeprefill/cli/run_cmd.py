@@ -6,6 +6,7 @@ import sys
 from typing import IO
 
 import click
+from click.core import ParameterSource
 
 from edgeprefill.cli import run_modes
 from edgeprefill.cli.chat import ChatLoop
@@ -74,14 +75,19 @@ def _priority(ctx: click.Context, param: click.Parameter, value: str) -> int:
               help="Reasoning models: print only the answer, not the thinking before it. "
               "Otherwise a chat reply's thinking is printed apart, between 'Thinking...' "
               "and '...done thinking.' (dimmed on a terminal).")
+@click.option("--dimensions", type=click.IntRange(1), default=None,
+              help="Embedding bundles: the first N dimensions of each vector (normalized "
+                   "again where the bundle normalizes). Default: all.")
 @engine_options()
 @click.option("--stats", is_flag=True, help="Print TTFT, prefill/decode tokens/s and chunks "
               "to stderr.")
 def run(bundle, prompt_words, prompt, prompt_file, chat, system, interactive, sessions,
         prompts_file, priority, stats,
         max_new_tokens, temperature, top_k, top_p, repetition_penalty, seed, stop, ignore_eos,
-        thinking_budget, think, hide_thinking, engine):
+        thinking_budget, think, hide_thinking, dimensions, engine):
     """Generate text from a bundle. Only the generated text goes to stdout, so it pipes.
+    On an embedding bundle (`inspect` says its task) it prints each text's vector instead,
+    as a JSON list, one line per text: the PROMPT, or each line of --prompts.
 
     \b
     Examples:
@@ -111,6 +117,20 @@ def run(bundle, prompt_words, prompt, prompt_file, chat, system, interactive, se
                            "--interactive take no --sessions")
     if prompt is not None and not prompt.strip():
         raise RequestError("the prompt is empty")
+    lines = _text(prompts_file, "--prompts").splitlines() if prompts_file is not None else None
+    if _embeds(bundle):
+        from edgeprefill.cli import embed_run
+
+        source = click.get_current_context().get_parameter_source
+        embed_run.refuse_generation_options(
+            {name for name in embed_run.GENERATION_OPTIONS
+             if source(name) is ParameterSource.COMMANDLINE})
+        embed_run.print_vectors(bundle, embed_run.texts_of(prompt, lines), dimensions,
+                                priority, stats, engine)
+        return
+    if dimensions is not None:
+        raise RequestError("--dimensions applies to an embedding bundle only; this one "
+                           "generates text")
     explicit = dict(
         max_new_tokens=max_new_tokens or DEFAULT_NEW_TOKENS, temperature=temperature,
         top_k=top_k, top_p=top_p, repetition_penalty=repetition_penalty, seed=seed,
@@ -119,7 +139,6 @@ def run(bundle, prompt_words, prompt, prompt_file, chat, system, interactive, se
     )
     chat = chat or system is not None or think is not None
     turn = run_modes.Turn(chat, system, think)
-    lines = _text(prompts_file, "--prompts").splitlines() if prompts_file is not None else None
     if lines is not None:  # a bad line fails before the model loads
         given = {k: v for k, v in explicit.items() if v is not None}
         run_modes.read_requests(lines, GenerationParams(**given), priority)
@@ -138,6 +157,19 @@ def run(bundle, prompt_words, prompt, prompt_file, chat, system, interactive, se
                                  * sessions, stats, turn, view)
         else:
             run_modes.single(loaded, prompt, params, turn, stats, view)
+
+
+def _embeds(bundle: str) -> bool:
+    """Whether the bundle is an embedding model. One whose manifest cannot be read is taken
+    for a generation bundle: its --prompts lines are checked first, then the load says
+    what is wrong with it."""
+    from edgeprefill.bundle import load_manifest
+    from edgeprefill.errors import BundleError
+
+    try:
+        return load_manifest(bundle).task == "embed"
+    except BundleError:
+        return False
 
 
 def _one_prompt(words: tuple[str, ...]) -> str | None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
@@ -81,12 +82,14 @@ class Checkpoint:
                  transposed: tuple[str, ...] = (), int4: Int4Scheme | None = None,
                  segments: tuple[tuple[str, str], ...] = (),
                  adapter: Adapter | None = None, bnb: BnbScheme | None = None,
-                 model_types: tuple[str, ...] = ()) -> None:
+                 model_types: tuple[str, ...] = (), base: str | None = None) -> None:
         """`fp8`: the checkpoint's FP8 scheme (export/fp8.py): float8 weights are read
         dequantized by the scales stored beside them. `int4`: its int4 scheme. `bnb`: its
         bitsandbytes scheme. `model_types`: config.json's and its language model's, by whose
         conversion mappings transformers names the stored tensors as it loads them, names
-        an adapter may use (export/module_names.py)."""
+        an adapter may use (export/module_names.py). `base`: the prefix of the base model's
+        tensors (`model.`), under which a checkpoint of the base model alone is read
+        (_base_renames)."""
         self.dir = hf_dir
         self.fp8 = fp8
         self.int4 = int4
@@ -95,6 +98,7 @@ class Checkpoint:
         self._transposed = tuple(f".{module}.weight" for module in transposed)
         self._handles: dict[Path, object] = {}
         stored = _tensor_files(hf_dir, self._handles)
+        renames = renames + _base_renames(stored, renames, base)
         self.left_out = sorted(n for n in stored if n.startswith(left_out)) if left_out else []
         skipped = set(self.left_out)
         # the name read -> (file, the name stored)
@@ -502,6 +506,20 @@ def _other_application(name: str, stored: dict[str, str]) -> str | None:
     head, tail = name[:match.start()], name[match.end():]
     return next((n for n in stored if n.startswith(head + ".layers.") and n.endswith(tail)
                  and re.fullmatch(r"\d+", n[len(head) + 8:len(n) - len(tail) - 1])), None)
+
+
+def _base_renames(stored: Iterable[str], renames: tuple[tuple[str, str], ...],
+                  base: str | None) -> tuple[tuple[str, str], ...]:
+    """A checkpoint saved from the base model (transformers' `base_model_prefix` left
+    off: Qwen3-Embedding's `embed_tokens.weight`, `layers.0...`, `norm.weight`, no LM
+    head) read under `base`, as transformers loads it into the causal LM: every tensor but
+    an `lm_head.` one. Only where no stored name starts with `base` nor with a prefix the
+    family renames (GPT-2's `h.`: a family's own layout)."""
+    names = list(stored)
+    sources = (base, *(source for source, _ in renames)) if base else ()
+    if not base or not names or any(n.startswith(sources) for n in names):
+        return ()
+    return (("lm_head.", "lm_head."), ("", base))
 
 
 def _renamed(name: str, renames: tuple[tuple[str, str], ...],

@@ -9,6 +9,7 @@ shared with the runtime through the manifest:
            valid_lens       [B]               int32  valid tokens of the chunk (rest: padding)
            past_key.{i}     [B, KV, cap, D]   model dtype (and past_value.{i})
   outputs  logits           [B, vocab]        float32, only each row's last valid token
+           (an embedding bundle's, `embed`: hidden [B, hidden], the final-normed state)
            present_key.{i}  [B, KV, cap, D]   the same buffer as past_key.{i}, updated in place
 """
 
@@ -25,6 +26,7 @@ from edgeprefill.contract import (
     BATCH,
     CAPACITY,
     CHUNK,
+    HIDDEN,
     INPUT_IDS,
     LOGITS,
     PAST_LENS,
@@ -80,9 +82,11 @@ class DecoderBuilder:
 
     def __init__(
         self, cfg: ModelConfig, ckpt: Checkpoint, flavor: Flavor,
-        quant: QuantConfig | None = None,
+        quant: QuantConfig | None = None, embed: bool = False,
     ) -> None:
+        """`embed`: the graph's output is `hidden` (an embedding bundle's), not `logits`."""
         self.cfg = cfg
+        self.embed = embed
         self.ckpt = ckpt
         self.flavor = flavor
         self.quant = quant
@@ -130,7 +134,10 @@ class DecoderBuilder:
         ids = g.input(INPUT_IDS, np.int64, [BATCH, CHUNK])
         past_lens = g.input(PAST_LENS, np.int32, [BATCH])
         valid_lens = g.input(VALID_LENS, np.int32, [BATCH])
-        g.output(LOGITS, np.float32, [BATCH, cfg.vocab_size])
+        if self.embed:
+            g.output(HIDDEN, np.float32, [BATCH, cfg.hidden_size])
+        else:
+            g.output(LOGITS, np.float32, [BATCH, cfg.vocab_size])
         chunk = g.op("Slice", [g.op("Shape", [ids]), g.const([1]), g.const([2])])  # [1]
         self.tokens = (PackedTokens(g, valid_lens, chunk) if self.flavor.packs_tokens
                        else PaddedTokens(g, valid_lens))
@@ -161,7 +168,10 @@ class DecoderBuilder:
             x = g.op("Add", [x, delta])
         if self.altup is not None:
             x = self.altup.collapse(x)
-        g.rename(self._output_logits(x), LOGITS)
+        if self.embed:
+            g.rename(self._output_hidden(x), HIDDEN)
+        else:
+            g.rename(self._output_logits(x), LOGITS)
         return g
 
     def _recurrent_mixers(self, past_lens: str, valid_lens: str, chunk: str) -> None:
@@ -217,6 +227,13 @@ class DecoderBuilder:
         if self.dtype != np.float32:
             logits = g.op("Cast", [logits], to=1)
         return logits
+
+    def _output_hidden(self, x: str) -> str:
+        """float32 [B, hidden] from the last layer's output (each row's last valid token):
+        the final norm, what transformers' base model returns as last_hidden_state and
+        what the logits would be computed from."""
+        hidden = self._norm(x, self.names.final_norm) if self.cfg.final_norm else x
+        return self.g.op("Cast", [hidden], to=1) if self.dtype != np.float32 else hidden
 
     def _step_tensors(self, past_lens: str, chunk: str) -> StepTensors:
         """What every attention layer reads; none where no layer attends (Mamba-2), whose
@@ -779,7 +796,8 @@ class DecoderBuilder:
         (quantize.py's docstring says why)."""
         name = embedding_weight(self.ckpt, self.cfg)
         self._check_vocab_shape(name, self.cfg.spec.embed_extra_rows)
-        untied = head_weight(self.ckpt, self.cfg) != name
+        # an embedding bundle has no LM head: its table is its own
+        untied = self.embed or head_weight(self.ckpt, self.cfg) != name
         quantize = untied or (self.quant is not None and self.quant.tied_embeddings)
         return self.w.rows(name, self.tokens.indices(ids), quantize=quantize)
 
@@ -835,7 +853,7 @@ class DecoderBuilder:
             raise ExportError(
                 f"{name} has shape {self.w.shape(name)}, but config.json implies "
                 f"{(rows, width)} (vocab_size {cfg.vocab_size}, "
-                f"{'word_embed_proj_dim' if cfg.embed_width else 'hidden'} {width})"
+                f"{'word_embed_proj_dim' if cfg.embed_width else 'hidden_size'} {width})"
             )
 
     def _lm_head(self, hidden: str) -> str:

@@ -29,6 +29,7 @@ from edgeprefill.export.bnb import BnbScheme
 from edgeprefill.export.checkpoint import MODEL_FILES, Checkpoint
 from edgeprefill.export.config_checks import check_tokenizer_fits
 from edgeprefill.export.decoder import DecoderBuilder
+from edgeprefill.export.eos_append import append_eos
 from edgeprefill.export.flavors import flavor_class
 from edgeprefill.export.gguf_input import converted, gguf_file_of
 from edgeprefill.export.graph import GraphBuilder
@@ -40,6 +41,7 @@ from edgeprefill.export.ollama_params import write_generation_config
 from edgeprefill.export.ollama_store import OllamaModel, is_ollama_name
 from edgeprefill.export.ollama_system import kept_system
 from edgeprefill.export.quantize import QuantConfig
+from edgeprefill.export.sentence_layout import TASKS, embedding_head
 from edgeprefill.export.staging import check_target, staged
 from edgeprefill.export.writer import write_external_data
 from edgeprefill.json_file import load_json_object, optional_json_object
@@ -70,9 +72,14 @@ class ExportOptions:
     show_progress: bool = True
     quant: QuantConfig | None = None  # weight quantization (ort flavour)
     adapter: Path | None = None  # a PEFT LoRA adapter folder, merged into the weights
+    # "embed": an embedding bundle; "generate": a generation bundle; "auto": embed exactly
+    # where the folder is sentence-transformers' (export/sentence_layout.py)
+    task: str = "auto"
 
     def __post_init__(self) -> None:
         flavor_class(self.flavor)  # raises with the valid names
+        if self.task not in TASKS:
+            raise ExportError(f"unknown task {self.task!r}; choose one of: {', '.join(TASKS)}")
         if self.dtype not in DTYPES:
             raise ExportError(f"unknown dtype {self.dtype!r}; choose one of: {', '.join(DTYPES)}")
         if not self.chunks or any(c < 1 for c in self.chunks):
@@ -144,6 +151,9 @@ def _export(hf_dir: Path, out_dir: Path, options: ExportOptions,
     if hint is not None:
         raise ExportError(hint)
     cfg = ModelConfig.from_dir(hf_dir)
+    embedding = embedding_head(hf_dir, options.task)
+    if embedding is not None:
+        _check_embeddable(cfg, hf_dir)
     adapter = None if options.adapter is None else _adapter(options.adapter, hf_dir, cfg.bnb)
     options = _for_int4_checkpoint(cfg, options)
     if cfg.bitnet is not None and options.quant is not None:
@@ -177,12 +187,14 @@ def _export(hf_dir: Path, out_dir: Path, options: ExportOptions,
                           cfg.spec.left_out + cfg.left_out, cfg.fp8,
                           transposed=cfg.spec.transposed, int4=cfg.int4,
                           segments=cfg.spec.segment_renames, adapter=adapter, bnb=cfg.bnb,
-                          model_types=_model_types(hf_dir, cfg) if adapter else ())
+                          model_types=_model_types(hf_dir, cfg) if adapter else (),
+                          base=_base_prefix(cfg))
         flavor = flavor_class(options.flavor)(cfg, DTYPES[options.dtype], max_context)
-        g = DecoderBuilder(cfg, ckpt, flavor, options.quant).build()
+        g = DecoderBuilder(cfg, ckpt, flavor, options.quant, embed=embedding is not None).build()
         initializers = write_external_data(g.weights, stage / DATA_FILE, options.show_progress)
-        _warn_unused(ckpt, cfg)  # weights are read as they are written
-        warn_if_kept_apart(ckpt, cfg)
+        _warn_unused(ckpt, cfg, embedding is not None)  # weights are read as they are written
+        if embedding is None:  # an embedding bundle has no LM head to keep apart
+            warn_if_kept_apart(ckpt, cfg)
         _say_left_out(ckpt)
         model = g.to_model(initializers, flavor.opsets, IR_VERSION[options.flavor])
         onnx.save_model(model, stage / GRAPH_FILE)
@@ -191,13 +203,42 @@ def _export(hf_dir: Path, out_dir: Path, options: ExportOptions,
                 slow.tokenizer.save(str(stage / name))
             else:
                 shutil.copyfile(hf_dir / name, stage / name)
+        if embedding is not None and "tokenizer.json" in tokenizer_files:  # before the records
+            append_eos(stage / "tokenizer.json", hf_dir)
         manifest = _manifest(cfg, g, options, chunks, max_context, hf_dir, stage,
                              tokenizer_files, source, adapter)
+        if embedding is not None:
+            manifest = replace(manifest, task="embed", embedding=embedding)
         if system is not None:
             manifest = replace(manifest, tokenizer=replace(manifest.tokenizer,
                                                            default_system=system))
         (stage / MANIFEST_FILE).write_text(manifest.to_json())
     return manifest
+
+
+def _check_embeddable(cfg: ModelConfig, hf_dir: Path) -> None:
+    """An embedding bundle's vector is the final norm's output: refused where the family
+    projects it further before its LM head (OPT-350m's project_out, ModernBERT decoder's
+    prediction head), which no last-token embedding model is built on. A config that says
+    `is_causal: false` (Qodo-Embed's; transformers 5 then attends both ways) is warned
+    of: the chunk graph is causal, as the remote code such models ship (gte-Qwen2's
+    modeling_qwen) runs them."""
+    if cfg.embed_width is not None or cfg.head_activation is not None:
+        raise ExportError(f"{cfg.family} projects its hidden state before the LM head: an "
+                          "embedding bundle of it is not supported; export it with "
+                          "--task generate")
+    if load_json_object(hf_dir / "config.json", ExportError).get("is_causal") is False:
+        log.warning("config.json says is_causal false (bidirectional attention, as "
+                    "transformers 5 runs it): the bundle attends causally, as the model's "
+                    "own code (auto_map) does where it hard-codes causal attention; its "
+                    "vectors differ from a bidirectional run")
+
+
+def _base_prefix(cfg: ModelConfig) -> str:
+    """The prefix of the family's base model tensors (`model.`, `transformer.`): a
+    checkpoint saved from the base model alone (Qwen3-Embedding's `layers.0...`) is read
+    under it (export/checkpoint.py), as transformers loads it."""
+    return cfg.names.layer.split(".")[0] + "."
 
 
 def _adapter(folder: Path, hf_dir: Path, bnb: BnbScheme | None) -> Adapter:
@@ -258,10 +299,12 @@ def _license_files(hf_dir: Path) -> list[str]:
     return sorted(found)
 
 
-def _warn_unused(ckpt: Checkpoint, cfg: ModelConfig) -> None:
+def _warn_unused(ckpt: Checkpoint, cfg: ModelConfig, embed: bool = False) -> None:
     # A warning, as transformers' "Some weights of the model checkpoint were not used":
     # a pruned model's config may mean it. (A tied model's stored head is read: lm_head.py.)
-    shared = _shared_kv_projections(cfg) + _mtp_layers(cfg)
+    # An embedding bundle leaves the LM head out, as transformers' base model does.
+    head = tuple(h + "." for h in cfg.names.lm_head) if embed else ()
+    shared = _shared_kv_projections(cfg) + _mtp_layers(cfg) + head
     unused = [name for name in ckpt.unused() if not name.startswith(shared)]
     if unused:
         shown = ", ".join(unused[:4]) + (f" and {len(unused) - 4} more" if len(unused) > 4

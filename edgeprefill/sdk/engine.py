@@ -37,6 +37,7 @@ from edgeprefill.errors import (
     SettingError,
     one_line,
 )
+from edgeprefill.sdk import embedding
 from edgeprefill.sdk.config import EngineConfig, StepTrace
 from edgeprefill.sdk.generation_defaults import GenerationDefaults
 from edgeprefill.sdk.known_fields import unknown_message
@@ -259,6 +260,8 @@ class Engine:
         others then start decoding from a copy of its KV slot and its last logits (one
         prefill, n decodes; without a free slot one waits and borrows the prefix later).
         With a seed, choice i draws with seed + i, so the choices differ yet reproduce."""
+        if self.manifest.task == "embed":
+            raise RequestError(embedding.embedding_only(self.manifest))
         params = self.default_params() if params is None else params
         if not isinstance(params, GenerationParams):  # a dict of its fields, most likely
             raise RequestError(f"params must be a GenerationParams, got "
@@ -282,6 +285,85 @@ class Engine:
                 raise EngineClosedError("the engine is closed")
             self._post("add", requests[0])
         return [r.stream for r in requests]
+
+    def embed(self, texts: str | list[str], *, dimensions: int | None = None,
+              priority: int | str = 0) -> np.ndarray:
+        """float32 [len(texts), hidden] (or [.., dimensions]: the first `dimensions` of
+        each, a Matryoshka truncation) embeddings of an embedding bundle's model, one row
+        per text, L2-normalized where the bundle normalizes. A text is tokenized as
+        sentence-transformers does (sdk/embedding.py), prefilled in chunks as a prompt is,
+        between other requests' steps; one longer than the context is refused. Blocks
+        until every vector is there."""
+        items = [texts] if isinstance(texts, str) else texts
+        if not isinstance(items, list | tuple) or not items:
+            raise RequestError("texts must be a string or a non-empty list of strings")
+        dimensions = self._embedding_dimensions(dimensions)
+        ids = [self._text_ids(text, i if len(items) > 1 else None)
+               for i, text in enumerate(items)]
+        rows = self._embed_rows(ids, priority)
+        return embedding.vectors(np.stack(rows), self._normalizes(), dimensions)
+
+    def _text_ids(self, text: str, index: int | None) -> list[int]:
+        """A text's ids; a refusal names the text's place in the list, if one was given."""
+        try:
+            return embedding.text_ids(self.tokenizer, text, self.capacity)
+        except RequestError as err:
+            if index is None:
+                raise
+            raise RequestError(f"texts[{index}]: {err}") from None
+
+    def _embedding_dimensions(self, dimensions: object) -> int | None:
+        if self.manifest.task != "embed":
+            raise RequestError(embedding.generation_only(self.manifest))
+        return embedding.check_dimensions(dimensions, self.manifest.model.hidden_size)
+
+    def _normalizes(self) -> bool:
+        return self.manifest.embedding is not None and self.manifest.embedding.normalize
+
+    def _embed_rows(self, ids: list[list[int]], priority: int | str) -> list[np.ndarray]:
+        """The hidden rows of several prompts, a window of them in the engine at a time
+        (as many as its KV slots, twice: the queue stays short for other callers)."""
+        window = 2 * len(self.kv.slots)
+        streams: list[TokenStream] = []
+        rows: list[np.ndarray] = []
+        try:
+            for i, tokens in enumerate(ids):
+                streams.append(self.submit_embedding(tokens, priority=priority))
+                if i + 1 >= window:
+                    rows.append(embedding.row_of(streams[len(rows)].result()))
+            rows += [embedding.row_of(stream.result()) for stream in streams[len(rows):]]
+        finally:
+            for stream in streams[len(rows):]:
+                stream.cancel()  # a refusal part way: the rest would run for nobody
+        return rows
+
+    def submit_embedding(self, tokens: list[int], *, priority: int | str = 0,
+                         arrival: float | None = None) -> TokenStream:
+        """Queue one embedding request for token ids (an embedding bundle's): its stream
+        streams no events and ends with "stop" once the prompt is prefilled, its
+        `embedding` then the hidden state of the last token (float32 [hidden], neither
+        normalized nor truncated: sdk/embedding.vectors). The whole context may be
+        prompt: nothing is generated after it."""
+        if self.manifest.task != "embed":
+            raise RequestError(embedding.generation_only(self.manifest))
+        tokens = _token_list(tokens)
+        if self._stopping:
+            raise EngineClosedError("the engine is closed")
+        if not tokens:
+            raise RequestError("the text to embed is empty (no tokens)")
+        self._check_ids(tokens)
+        if len(tokens) > self.capacity:
+            raise RequestError(f"a text of {len(tokens)} tokens exceeds the context of "
+                               f"{self.capacity} tokens")
+        tokens = [int(t) for t in tokens]
+        request = self._request(tokens, GenerationParams(), parse_priority(priority), None,
+                                None, arrival)
+        request.embeds = True
+        with self._admission:
+            if self._stopping:
+                raise EngineClosedError("the engine is closed")
+            self._post("add", request)
+        return request.stream
 
     def _request(
         self, tokens: list[int], params: GenerationParams, priority: int,
@@ -516,8 +598,12 @@ class Engine:
         self._prefilled(chunk.request, prefilled)
 
     def _prefilled(self, request: Request, logits: np.ndarray) -> None:
-        """After a chunk of `request`'s prompt: its first token once the whole prompt is in."""
-        if request.prefill_left == 0:
+        """After a chunk of `request`'s prompt: its first token once the whole prompt is in
+        (an embedding request's end: its last token's hidden state)."""
+        if request.prefill_left == 0 and request.embeds:
+            request.stream.embedding = logits[0].copy()  # the backend reuses its buffer
+            self._finish(request, "stop")  # its KV stays as a prefix-cache entry
+        elif request.prefill_left == 0:
             self.scheduler.prefilled(request)
             self._fork_followers(request, logits[0])
             self._emit_own(request, logits[0])

@@ -43,6 +43,9 @@ class Request:
     # An n > 1 sibling waiting for a slot while its prompt's KV is in the cache: its
     # prefill is a copy of that KV, the cheapest there is (Scheduler's prefill_score).
     copies_prompt: bool = False
+    # An embedding request (Engine.submit_embedding): prefilled, its last token's hidden
+    # state handed to its stream, and done; it decodes nothing.
+    embeds: bool = False
 
     @property
     def prefill_left(self) -> int:

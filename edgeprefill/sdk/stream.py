@@ -22,6 +22,8 @@ import threading
 from collections.abc import Callable
 from typing import NamedTuple
 
+import numpy as np
+
 from edgeprefill.sdk.metrics import RequestMetrics
 
 
@@ -68,6 +70,9 @@ class TokenStream:
         self.error_field: str | None = None
         self.eos_token_id: int | None = None  # the EOS token that ended generation, if one
         self.stop_string: str | None = None  # the stop string that ended it, if one
+        # An embedding request's (Engine.submit_embedding): the hidden state of its last
+        # token, float32 [hidden], set before it ends with "stop"; it streams no events.
+        self.embedding: np.ndarray | None = None
         # `async for` readers waiting for the next event: (their loop, a future to set).
         self._waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
         self._waiters_lock = threading.Lock()

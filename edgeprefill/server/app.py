@@ -7,6 +7,9 @@
     POST /v1/messages/count_tokens   the token count of a Messages API prompt
     POST /api/chat, /api/generate    Ollama's native API, through the chat (or, raw, the
                                  completions) path; its other routes: server/ollama_routes.py
+    POST /v1/embeddings, /api/embed, /api/embeddings   an embedding bundle's vectors
+                                 (server/embeddings.py); on such a bundle the generating
+                                 routes above answer 400
     GET  /v1/models              the one model this server holds
     /tokenize, /detokenize, /v1/models/{id}, /version: server/routes_extra.py
     GET  /health                 liveness (never needs the API key)
@@ -37,6 +40,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from edgeprefill.errors import EdgeprefillError, EngineClosedError, RequestError
+from edgeprefill.sdk.embedding import embedding_only
 from edgeprefill.sdk.engine import Engine
 from edgeprefill.sdk.params import GenerationParams
 from edgeprefill.sdk.stream import TokenStream
@@ -46,6 +50,7 @@ from edgeprefill.server.auth import ApiKeyMiddleware
 from edgeprefill.server.body import read_json
 from edgeprefill.server.choices import Choices
 from edgeprefill.server.config import ServerConfig, body_limit
+from edgeprefill.server.embeddings import EmbeddingRoutes
 from edgeprefill.server.errors import ApiError, generation_failure
 from edgeprefill.server.harmony import bundle_harmony, reply_harmony
 from edgeprefill.server.json_numbers import JsonNumbersResponse
@@ -104,6 +109,7 @@ def create_app(engine: Engine, config: ServerConfig) -> Starlette:
         Route("/api/generate", api.ollama_generate, methods=["POST"]),
         *extra.routes(),
         *ollama.routes(),
+        *EmbeddingRoutes(api).routes(),
     ]
     # AccessLog outermost, so that it logs what the client got: ShutdownCut answers a
     # request the shutdown cancelled with a 503 (inside it, the log said 500 or 200).
@@ -221,7 +227,7 @@ class OpenAIApi:
         try:
             body = await read_json(request, self.max_body_bytes, self.config.body_timeout_s)
             parsed = count_body(body)
-            self._check_model(parsed.model)
+            self.check_model(parsed.model)
             tokens = (await self._encode(parsed)).ids
         except ApiError as err:
             return err.response(request.url.path)
@@ -279,7 +285,7 @@ class OpenAIApi:
         """Check and submit a request read already; the error response if it is refused."""
         try:
             parsed = parse(body)
-            self._check_model(parsed.model)
+            self.check_model(parsed.model)
             try:
                 stream, opens_think, governed = await self._submit(parsed)
             except ApiError as err:
@@ -330,7 +336,7 @@ class OpenAIApi:
                                       ).response(request.url.path)
         return None
 
-    def _check_model(self, model: str | None) -> None:
+    def check_model(self, model: str | None) -> None:
         if model is not None and model != self.config.model_name:
             raise ApiError(
                 404, f"model {model!r} does not exist; this server serves "
@@ -338,6 +344,8 @@ class OpenAIApi:
             )
 
     async def _submit(self, req: CompletionRequest) -> Submitted:
+        if self.engine.manifest.task == "embed":  # before its prompt is rendered
+            raise ApiError(400, embedding_only(self.engine.manifest))
         # `pending` counts choices: each of n runs as a request of its own in the engine,
         # whose queue is as long as max_pending (serve_cmd), so admitting n > 1 on one
         # place would let its later choices find the queue full halfway through.

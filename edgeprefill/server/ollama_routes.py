@@ -125,6 +125,8 @@ class OllamaRoutes:
                 f"{family}.vocab_size": model.vocab_size}
 
     def _capabilities(self) -> list[str]:
+        if self.engine.manifest.task == "embed":  # Ollama's name for an embedding model
+            return ["embedding"]
         template = self.engine.manifest.tokenizer.chat_template or ""
         return ["completion", *(["tools"] if renders_tools(template) else []),
                 *(["thinking"] if self.thinks else [])]

@@ -231,8 +231,18 @@ def _bounded(ids: list[int], limit: int, opens_think: bool) -> Encoded:
     return Encoded(ids if len(ids) <= limit else len(ids), opens_think)
 
 
+def embedding_bounded(tokenizer: Any, text: Any, limit: int, truncate: bool) -> Encoded:
+    """A text to embed -> its ids as sentence-transformers gives them to the model
+    (sdk/embedding.py); past `limit`: cut to it with `truncate`, else only their count."""
+    from edgeprefill.sdk.embedding import prepared, text_ids
+
+    if truncate:
+        return Encoded(text_ids(tokenizer, text, limit, truncate=True))
+    return _bounded(tokenizer.encode(prepared(text)), limit, False)
+
+
 # Calls that are not BundleTokenizer methods: name -> function(tokenizer, *args).
-EXTRA_CALLS = {"encode_bounded": encode_bounded}
+EXTRA_CALLS = {"encode_bounded": encode_bounded, "embedding_bounded": embedding_bounded}
 
 
 def _run(tokenizer: Any, method: str, args: tuple, kwargs: dict) -> _Reply:

@@ -24,7 +24,6 @@ from edgeprefill.bundle import MANIFEST_FILE, Manifest, load_graph, resolve_insi
 from edgeprefill.contract import (
     CAPACITY,
     INPUT_IDS,
-    LOGITS,
     PAST_LENS,
     VALID_LENS,
     check_loaded_io,
@@ -32,6 +31,7 @@ from edgeprefill.contract import (
     kv_dims,
     kv_pairs,
     state_pairs,
+    step_output,
 )
 from edgeprefill.engines.base import Backend, BackendOptions, StepBatch
 from edgeprefill.engines.ort.arena import DeviceArena, HostArena, KVArena
@@ -236,7 +236,9 @@ class OnnxRuntimeBackend(Backend):
         # the state layers' (LFM2, Qwen3.5): host memory on the CPU, device memory on a GPU
         self.state: StateArena | DeviceStates | None = None
         self._bindings: dict[tuple[int, int], Any] = {}  # ort.IOBinding per (first, rows)
-        self._logits = np.empty((0, manifest.model.vocab_size), np.float32)
+        # logits, or an embedding bundle's hidden states (contract.step_output)
+        self._output = step_output(manifest)
+        self._logits = np.empty((0, self._output.width), np.float32)
 
     @property
     def why_not_fused(self) -> str | None:
@@ -293,7 +295,6 @@ class OnnxRuntimeBackend(Backend):
             check_placement(self.session, wanted)
 
     def allocate_kv(self, slots: int, capacity: int) -> None:
-        m = self.manifest.model
         shapes = [(slots, heads, capacity, dim)
                   for heads, dim in kv_dims(self.manifest.graph, self._kv_buffers)]
         self.arena = None  # free the old arena before the new one
@@ -308,7 +309,7 @@ class OnnxRuntimeBackend(Backend):
         if pairs:
             self.state = (StateArena(pairs, self.manifest.graph.inputs, slots)
                           if self._gpu is None else self._device_states(pairs, slots))
-        self._logits = np.empty((slots, m.vocab_size), np.float32)
+        self._logits = np.empty((slots, self._output.width), np.float32)
 
     def _device_arena(self, shapes: Sequence[tuple[int, ...]], slots: int) -> DeviceArena:
         assert self._gpu is not None, "a device arena is for the GPU providers"
@@ -367,7 +368,8 @@ class OnnxRuntimeBackend(Backend):
     def _bind_buffers(self, first: int, rows: int) -> Any:
         binding = self.session.io_binding()
         logits = self._logits[:rows]
-        binding.bind_output(LOGITS, "cpu", 0, np.float32, logits.shape, logits.ctypes.data)
+        binding.bind_output(self._output.name, "cpu", 0, np.float32, logits.shape,
+                            logits.ctypes.data)
         self._allocated().bind(binding, self._kv_buffers, first, rows)
         if self.state is not None:
             self.state.bind(binding, first, rows)

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from edgeprefill.bundle import Manifest
-from edgeprefill.contract import INPUT_IDS, LOGITS, PAST_LENS, VALID_LENS
+from edgeprefill.contract import INPUT_IDS, LOGITS, PAST_LENS, VALID_LENS, step_output
 from edgeprefill.engines.base import Backend, BackendOptions, StepBatch
 from edgeprefill.engines.trt.graph import refuse_state, require_standard
 from edgeprefill.engines.trt.plan import aligned_capacity
@@ -52,7 +52,9 @@ class TensorRTBackend(Backend):
         self._pairs = list(zip(_flat(graph.kv_inputs), _flat(graph.kv_outputs), strict=True))
         m = manifest.model
         self._kv_shape = (m.num_kv_heads, self.plan.capacity, m.head_dim)
-        self._vocab = m.vocab_size
+        # logits [rows, vocab], or an embedding bundle's hidden [rows, hidden_size]
+        self._output = step_output(manifest)
+        self._vocab = self._output.width
         self._arenas: list[int] = []
         self._spare = 0  # one slot of one arena: the middle stop of a swap
         self._slots = 0
@@ -116,7 +118,8 @@ class TensorRTBackend(Backend):
         self.device.upload(self._stage[INPUT_IDS], call.input_ids)
         self.device.upload(self._stage[PAST_LENS], call.past_lens)
         self.device.upload(self._stage[VALID_LENS], call.valid_lens)
-        bindings = call_bindings(call, self._buffers(), self._pairs, self._kv_shape, self._vocab)
+        bindings = call_bindings(call, self._buffers(), self._pairs, self._kv_shape, self._vocab,
+                                 self._output.name)
         self.runtime.execute(call.profile, bindings)
 
     def _buffers(self) -> DeviceBuffers:

@@ -125,9 +125,10 @@ def _check_fits(calls: list[Call], capacity: int) -> None:
 
 def call_bindings(
     call: Call, buffers: DeviceBuffers, kv_pairs: list[tuple[str, str]], kv_shape: Shape,
-    vocab: int,
+    vocab: int, output: str = LOGITS,
 ) -> dict[str, TensorBinding]:
-    """Address and shape of every graph input and output for one call.
+    """Address and shape of every graph input and output for one call. `output`: the name
+    of the [rows, vocab] output (an embedding bundle's `hidden`, of its hidden size).
 
     `kv_pairs` lists per KV tensor its [input, output] names, in the arena order; both are
     bound to the same address, so the engine updates the cache in place.
@@ -140,7 +141,7 @@ def call_bindings(
         INPUT_IDS: TensorBinding(buffers.input_ids, (rows, chunk)),
         PAST_LENS: TensorBinding(buffers.past_lens, (rows,)),
         VALID_LENS: TensorBinding(buffers.valid_lens, (rows,)),
-        LOGITS: TensorBinding(buffers.logits, (rows, vocab)),
+        output: TensorBinding(buffers.logits, (rows, vocab)),
     }
     offset = call.first_slot * buffers.slot_bytes  # slot-first: rows are contiguous
     for (past, present), base in zip(kv_pairs, buffers.kv, strict=True):

@@ -1,0 +1,93 @@
+"""An embedding bundle's texts to vectors: the parts around the engine's prefill.
+
+A text is tokenized as sentence-transformers tokenizes it: stripped of surrounding
+whitespace, then encoded with the tokenizer's post-processor (Qwen3-Embedding's appends
+`<|endoftext|>`, the token whose hidden state is the embedding). The engine prefills it
+in chunks like any prompt and keeps the graph's `hidden` row of its last token
+(Engine.submit_embedding); `vectors` then truncates (Matryoshka `dimensions`) and
+L2-normalizes where the bundle says so (sentence-transformers' Normalize module).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from edgeprefill.errors import RequestError
+from edgeprefill.values import is_int
+
+if TYPE_CHECKING:
+    from edgeprefill.bundle import Manifest
+    from edgeprefill.sdk.stream import TokenStream
+    from edgeprefill.sdk.tokenizer import BundleTokenizer
+
+# torch.nn.functional.normalize's floor on the norm (sentence-transformers' Normalize)
+NORM_EPS = 1e-12
+
+
+def generation_only(manifest: Manifest) -> str:
+    """The refusal of an embedding call on a generation bundle."""
+    return (f"this bundle is a generation model ({manifest.model.family}): it gives no "
+            "embeddings; export an embedding model (a sentence-transformers folder with "
+            "last-token pooling, or --task embed) for Engine.embed and /v1/embeddings")
+
+
+def embedding_only(manifest: Manifest) -> str:
+    """The refusal of a generation call on an embedding bundle."""
+    return (f"this bundle is an embedding model ({manifest.model.family}): it generates "
+            "no text; use Engine.embed, or POST /v1/embeddings on `edgeprefill serve`")
+
+
+def check_dimensions(dimensions: object, hidden: int) -> int | None:
+    """`dimensions` as given (None: all), refused unless an int in 1..hidden."""
+    if dimensions is None:
+        return None
+    if not is_int(dimensions) or not 1 <= dimensions <= hidden:
+        raise RequestError(f"dimensions must be an integer in 1..{hidden} (the model's "
+                           f"embedding size), got {dimensions!r}", "dimensions")
+    return dimensions
+
+
+def prepared(text: object) -> str:
+    """The text sentence-transformers tokenizes: stripped of surrounding whitespace."""
+    if not isinstance(text, str):
+        raise RequestError(f"a text to embed is a string, got {type(text).__name__}")
+    return text.strip()
+
+
+def text_ids(tokenizer: BundleTokenizer, text: str, capacity: int,
+             truncate: bool = False) -> list[int]:
+    """A text's token ids as sentence-transformers gives them to the model; longer than
+    the context: refused, or with `truncate` cut to it before the post-processor's
+    tokens (which stay, as transformers' truncation keeps them)."""
+    ids = tokenizer.encode(prepared(text))
+    if len(ids) <= capacity:
+        return ids
+    if not truncate:
+        raise RequestError(f"a text of {len(ids)} tokens exceeds the context of {capacity} "
+                           "tokens; shorten it")
+    raw = tokenizer.tokenizer
+    assert raw is not None, "encode read the text with it"
+    encoding = raw.encode(prepared(text), add_special_tokens=False)
+    encoding.truncate(max(0, capacity - raw.num_special_tokens_to_add(False)))
+    return list(raw.post_process(encoding).ids)[:capacity]
+
+
+def vectors(rows: np.ndarray, normalize: bool, dimensions: int | None = None) -> np.ndarray:
+    """float32 [n, dimensions or hidden]: the first `dimensions` of each row, then
+    L2-normalized where the bundle normalizes (a truncated unit vector is normalized
+    again: the vector OpenAI's and vLLM's `dimensions` give)."""
+    out = np.asarray(rows, np.float32)[:, :dimensions]
+    if normalize:
+        norms = np.linalg.norm(out, axis=1, keepdims=True)
+        out = out / np.maximum(norms, NORM_EPS)
+    return out.astype(np.float32, copy=False)
+
+
+def row_of(stream: TokenStream) -> np.ndarray:
+    """The hidden row of a finished embedding request; its error raised as it came."""
+    if stream.finish_reason != "stop" or stream.embedding is None:
+        raise RequestError(stream.error or f"the embedding request ended "
+                           f"{stream.finish_reason or 'unfinished'}")
+    return stream.embedding

@@ -1,0 +1,235 @@
+"""The embedding routes of an embedding bundle (sdk/embedding.py, Engine.submit_embedding):
+
+    POST /v1/embeddings    OpenAI's: `input` a string, a list of strings, a list of token
+                           ids or a list of such lists; `model`; `encoding_format` float
+                           or base64 (little-endian float32, what the openai client asks
+                           for by default); `dimensions` (the first N, normalized again
+                           where the bundle normalizes); `user` (accepted, unused);
+                           `usage.prompt_tokens`
+    POST /api/embed        Ollama's: `input` a string or a list of strings; `truncate`
+                           (default true: a text longer than the context is cut to it, as
+                           Ollama cuts it; false: a 400); `dimensions`; reply `embeddings`
+                           and `prompt_eval_count`
+    POST /api/embeddings   Ollama's older route: `prompt` -> `embedding`
+
+A text is tokenized as sentence-transformers does (stripped, the tokenizer's
+post-processor applied) in a prompt worker; token ids are taken as they are. The vectors
+are the model's as the bundle defines them: L2-normalized where its sentence-transformers
+folder had a Normalize module (Ollama's /api/embed normalizes every model's; the models
+this exports are all normalized). Ollama's `options` and `keep_alive` are accepted and
+unused (nothing samples; the model stays loaded), and an empty `input` / `prompt` asks a
+load, answered at once with no vectors, as Ollama answers it. On a generation bundle each
+route is a 400 in one line; on an embedding bundle the generating routes are (app.py).
+"""
+
+from __future__ import annotations
+
+import base64
+import time
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from edgeprefill.errors import EdgeprefillError, EngineClosedError, RequestError
+from edgeprefill.sdk import embedding
+from edgeprefill.sdk.stream import TokenStream
+from edgeprefill.server.errors import ApiError
+from edgeprefill.server.ollama_request import model_of
+from edgeprefill.server.prompt_worker import PromptTimeout
+from edgeprefill.values import is_int
+
+if TYPE_CHECKING:
+    from edgeprefill.server.app import OpenAIApi
+
+OPENAI_FIELDS = frozenset({"input", "model", "encoding_format", "dimensions", "user"})
+ENCODINGS = ("float", "base64")
+
+
+class EmbeddingRoutes:
+    def __init__(self, api: OpenAIApi) -> None:
+        self.api = api
+        self.engine = api.engine
+        self.model_name = api.config.model_name
+
+    def routes(self) -> list[Route]:
+        return [
+            Route("/v1/embeddings", self.openai, methods=["POST"]),
+            Route("/api/embed", self.ollama_embed, methods=["POST"]),
+            Route("/api/embeddings", self.ollama_embeddings, methods=["POST"]),
+        ]
+
+    async def openai(self, request: Request) -> Response:
+        try:
+            body = await self.api.read(request)
+            if not isinstance(body, dict):
+                raise ApiError(400, "the request body must be a JSON object")
+            unknown = sorted(set(body) - OPENAI_FIELDS)
+            if unknown:
+                raise ApiError(400, f"'{unknown[0]}' is not a field of this route (known: "
+                               f"{', '.join(sorted(OPENAI_FIELDS))})", unknown[0])
+            self.api.check_model(body.get("model"))
+            self._require_embedding()
+            encoding = body.get("encoding_format", "float")
+            if encoding not in ENCODINGS:
+                raise ApiError(400, f"'encoding_format' must be float or base64, got "
+                               f"{encoding!r}", "encoding_format")
+            dimensions = self._dimensions(body)
+            inputs = _openai_inputs(body.get("input"))
+            ids = [self._token_ids(tokens) if isinstance(tokens, list) else
+                   await self._ids(tokens, truncate=False, field="input") for tokens in inputs]
+            vectors = await self._vectors(ids, dimensions)
+        except ApiError as err:
+            self.api.metrics.reject(err.status)
+            return err.response(request.url.path)
+        count = sum(len(tokens) for tokens in ids)
+        data = [{"object": "embedding", "index": i, "embedding": _encoded(row, encoding)}
+                for i, row in enumerate(vectors)]
+        return JSONResponse({"object": "list", "data": data, "model": self.model_name,
+                             "usage": {"prompt_tokens": count, "total_tokens": count}})
+
+    async def ollama_embed(self, request: Request) -> Response:
+        began = time.perf_counter()
+        try:
+            body = await self.api.read(request)
+            model = model_of(body, self.model_name)
+            self._require_embedding()
+            texts = body.get("input")
+            if texts in (None, "", []):  # a load: the model is always loaded
+                return JSONResponse({"model": model, "embeddings": []})
+            texts = [texts] if isinstance(texts, str) else texts
+            if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
+                raise ApiError(400, "'input' must be a string or a list of strings", "input")
+            truncate = body.get("truncate", True)
+            if not isinstance(truncate, bool):
+                raise ApiError(400, "'truncate' must be true or false", "truncate")
+            dimensions = self._dimensions(body)
+            ids = [await self._ids(text, truncate, "input") for text in texts]
+            vectors = await self._vectors(ids, dimensions)
+        except ApiError as err:
+            self.api.metrics.reject(err.status)
+            return err.response(request.url.path)
+        took = int((time.perf_counter() - began) * 1e9)
+        return JSONResponse({"model": model, "embeddings": vectors.tolist(),
+                             "total_duration": took, "load_duration": 0,
+                             "prompt_eval_count": sum(len(tokens) for tokens in ids)})
+
+    async def ollama_embeddings(self, request: Request) -> Response:
+        try:
+            body = await self.api.read(request)
+            model_of(body, self.model_name)
+            self._require_embedding()
+            prompt = body.get("prompt")
+            if prompt in (None, ""):  # a load
+                return JSONResponse({"embedding": []})
+            if not isinstance(prompt, str):
+                raise ApiError(400, "'prompt' must be a string", "prompt")
+            vectors = await self._vectors([await self._ids(prompt, False, "prompt")], None)
+        except ApiError as err:
+            self.api.metrics.reject(err.status)
+            return err.response(request.url.path)
+        return JSONResponse({"embedding": vectors[0].tolist()})
+
+    # -- the parts ------------------------------------------------------------------------
+
+    def _dimensions(self, body: dict) -> int | None:
+        try:
+            return embedding.check_dimensions(body.get("dimensions"),
+                                              self.engine.manifest.model.hidden_size)
+        except RequestError as err:
+            raise ApiError(400, str(err), "dimensions") from None
+
+    def _require_embedding(self) -> None:
+        if self.engine.manifest.task != "embed":
+            raise ApiError(400, embedding.generation_only(self.engine.manifest))
+
+    def _token_ids(self, tokens: list[int]) -> list[int]:
+        """Token ids as given; more than the context: a 400 (their range: the engine)."""
+        if len(tokens) > self.engine.capacity:
+            raise ApiError(400, f"an input of {len(tokens)} tokens exceeds the context of "
+                           f"{self.engine.capacity} tokens; shorten it", "input",
+                           "context_length_exceeded")
+        return tokens
+
+    async def _ids(self, text: str, truncate: bool, field: str) -> list[int]:
+        """A text's ids in a prompt worker; past the context a 400, or cut to it."""
+        capacity = self.engine.capacity
+        try:
+            encoded = await self.api.prompts.call("embedding_bounded", text, capacity,
+                                                  truncate)
+        except PromptTimeout as err:
+            raise ApiError(400, str(err), field, "prompt_timeout") from None
+        except RequestError as err:
+            raise ApiError(400, str(err), field) from None
+        except EdgeprefillError as err:
+            raise ApiError(500, str(err), code="prompt_worker_error") from None
+        if isinstance(encoded.ids, int):
+            raise ApiError(400, f"a text of {encoded.ids} tokens exceeds the context of "
+                           f"{capacity} tokens; shorten it", field, "context_length_exceeded")
+        return encoded.ids
+
+    async def _vectors(self, ids: list[list[int]], dimensions: int | None) -> np.ndarray:
+        """The texts' vectors: one place of the server's max_pending held, a window of
+        the texts in the engine at a time (Engine._embed_rows' window)."""
+        api = self.api
+        if api.pending + 1 > api.config.max_pending:
+            raise ApiError(429, f"the server is busy ({api.pending} of "
+                           f"{api.config.max_pending} places taken); retry shortly",
+                           code="queue_full")
+        api.pending += 1
+        window = 2 * len(self.engine.kv.slots)
+        streams: list[TokenStream] = []
+        rows: list[np.ndarray] = []
+        try:
+            for tokens in ids:
+                streams.append(self.engine.submit_embedding(tokens))
+                if len(streams) - len(rows) >= window:
+                    rows.append(await _row(streams[len(rows)]))
+            for stream in streams[len(rows):]:
+                rows.append(await _row(stream))
+        except EngineClosedError as err:
+            raise ApiError(503, str(err), code="engine_closed") from None
+        except RequestError as err:
+            full = "queue is full" in str(err)
+            raise ApiError(429 if full else 400, str(err),
+                           None if full else "input", "queue_full" if full else None
+                           ) from None
+        finally:
+            api.pending -= 1
+            for stream in streams[len(rows):]:
+                stream.cancel()  # refused part way, or the client left: the rest runs for nobody
+        normalize = self.engine.manifest.embedding is not None and \
+            self.engine.manifest.embedding.normalize
+        return embedding.vectors(np.stack(rows), normalize, dimensions)
+
+
+async def _row(stream: TokenStream) -> np.ndarray:
+    async for _ in stream:  # an embedding request streams no events: it ends
+        pass
+    return embedding.row_of(stream)
+
+
+def _openai_inputs(value: Any) -> list[str | list[int]]:
+    """OpenAI's `input`: a text, texts, token ids, or lists of token ids."""
+    if isinstance(value, str):
+        items: list[Any] = [value]
+    elif isinstance(value, list) and value and all(is_int(v) for v in value):
+        items = [value]
+    elif isinstance(value, list) and value and all(
+            isinstance(v, str) or (isinstance(v, list) and v and all(is_int(t) for t in v))
+            for v in value):
+        items = value
+    else:
+        raise ApiError(400, "'input' must be a non-empty string, a list of strings, a list "
+                       "of token ids or a list of such lists", "input")
+    if any(isinstance(item, str) and not item for item in items):
+        raise ApiError(400, "an 'input' text is empty", "input")
+    return items
+
+
+def _encoded(row: np.ndarray, encoding: str) -> list[float] | str:
+    if encoding == "base64":
+        return base64.b64encode(row.astype("<f4").tobytes()).decode("ascii")
+    return row.tolist()
