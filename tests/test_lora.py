@@ -369,17 +369,37 @@ def test_an_all_linear_moe_adapter_merges_its_lora_on_the_experts_as_peft(tmp_pa
     assert_chunks_match(export_with(hf_dir, tmp_path / "adapter", tmp_path / "b"), IDS, merged)
 
 
-def test_a_lora_on_the_experts_alone_changes_what_the_bundle_computes(tmp_path):
-    # only the experts' parameters: an export that dropped their deltas would be the base
-    hf_dir = build_hf_model("qwen3_moe", tmp_path / "hf")
+@pytest.mark.parametrize(("family", "targets"), [
+    ("qwen3_moe", ["mlp.experts.down_proj", "mlp.experts.gate_up_proj"]),
+    # gpt-oss stores its experts fused as loaded, (experts, in, out) (is_transposed), and
+    # export reads them one expert at a time; its router's weight a 2-D parameter
+    # (the only proof of that path: not slow)
+    ("gpt_oss", ["mlp.experts.gate_up_proj", "mlp.experts.down_proj", "router.weight"]),
+])
+def test_a_lora_on_parameters_alone_changes_what_the_bundle_computes(tmp_path, family,
+                                                                     targets):
+    # only parameters, no module: an export that dropped their deltas would be the base
+    hf_dir = build_hf_model(family, tmp_path / "hf")
     trained_adapter(hf_dir, tmp_path / "adapter", r=2, lora_alpha=4, target_modules=[],
-                    target_parameters=["mlp.experts.down_proj", "mlp.experts.gate_up_proj"])
+                    target_parameters=targets)
     expected = peft_logits(hf_dir, tmp_path / "adapter", merged=True)
     with torch.no_grad():
         base = load_hf_model(hf_dir)(torch.tensor([IDS])).logits[0].numpy()
     assert np.abs(expected - base).max() > 0.1
     assert_chunks_match(export_with(hf_dir, tmp_path / "adapter", tmp_path / "b"), IDS,
                         expected)
+
+
+def test_a_lora_on_another_model_s_experts_is_refused_naming_the_parameter(tmp_path):
+    hf_dir = build_hf_model("qwen3_moe", tmp_path / "hf")
+    other = build_hf_model("qwen3_moe", tmp_path / "other", moe_intermediate_size=48)
+    trained_adapter(other, tmp_path / "adapter", r=2, lora_alpha=4, target_modules=[],
+                    target_parameters=["mlp.experts.down_proj"])
+    with pytest.raises(ExportError, match=re.escape(
+            "the adapter's LoRA on the parameter model.layers.0.mlp.experts.down_proj "
+            "(8, 64, 32) has lora_A (16, 48)")) as err:
+        export_with(hf_dir, tmp_path / "adapter", tmp_path / "b")
+    assert "\n" not in str(err.value)
 
 
 @pytest.mark.parametrize(("family", "targets", "message"), [
