@@ -29,7 +29,6 @@ import hashlib
 import json
 import logging
 import math
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,8 +41,8 @@ from edgeprefill.errors import ExportError
 from edgeprefill.export.lora_parameters import (
     ParameterDelta,
     StoredDeltas,
-    parameter_delta,
-    wrapped_parameter,
+    parameter_deltas,
+    pattern_value,
 )
 from edgeprefill.export.module_names import Parameter
 
@@ -139,23 +138,9 @@ class Adapter:
     def bind_parameters(self, loaded: dict[str, list[Parameter]]) -> None:
         """Sort the LoRAs of an adapter with target_parameters into the modules' and the
         parameters' (`loaded`: each module's parameters, as transformers builds the model)."""
-        config = self._config
-        for module, parts in self._pending.items():
-            parameter = wrapped_parameter(module, self.target_parameters, loaded)
-            if parameter is None:
-                self._add_delta(config, module, parts)
-                continue
-            if set(parts) != {"lora_A.weight", "lora_B.weight"}:
-                raise ExportError(f"{self.folder}: the LoRA on the parameter {parameter.name} "
-                                  f"has {' and '.join(sorted(parts))}, not lora_A.weight and "
-                                  "lora_B.weight")
-            r = _pattern_value(config.get("rank_pattern") or {}, parameter.name,
-                               config.get("r", 8))
-            alpha = _pattern_value(config.get("alpha_pattern") or {}, parameter.name,
-                                   config.get("lora_alpha", 8))
-            self.parameter_deltas[parameter.name] = parameter_delta(
-                parameter, parts["lora_A.weight"], parts["lora_B.weight"], r, alpha,
-                bool(config.get("use_rslora")))
+        self.parameter_deltas, modules = parameter_deltas(self._pending, self._config, loaded)
+        for module, parts in modules.items():
+            self._add_delta(self._config, module, parts)
         self._pending = {}
 
     def _add_delta(self, config: dict, module: str, parts: dict[str, np.ndarray]) -> None:
@@ -166,9 +151,9 @@ class Adapter:
             raise ExportError(f"{self.folder}: {module} has {' and '.join(sorted(parts))} "
                               f"but not both of {a_key} and {b_key}")
         a, b = parts[a_key], parts[b_key]
-        r = _pattern_value(config.get("rank_pattern") or {}, module, config.get("r", 8))
-        alpha = _pattern_value(config.get("alpha_pattern") or {}, module,
-                               config.get("lora_alpha", 8))
+        r = pattern_value(config.get("rank_pattern") or {}, module, config.get("r", 8))
+        alpha = pattern_value(config.get("alpha_pattern") or {}, module,
+                              config.get("lora_alpha", 8))
         if a.ndim != 2 or b.ndim != 2 or a.shape[0] != r or b.shape[1] != r:
             raise ExportError(f"{self.folder}: {module}'s {a_key} {tuple(a.shape)} and "
                               f"{b_key} {tuple(b.shape)} disagree with its rank r={r}")
@@ -322,15 +307,6 @@ def quantized_base(raw_config: dict) -> str | None:
         if isinstance(quant, dict):
             return str(quant.get("quant_method", "quantized"))
     return None
-
-
-def _pattern_value(pattern: dict, module: str, default):
-    """peft's get_pattern_key: the first key that matches the end of the module's name
-    at a dot boundary."""
-    for key in pattern:
-        if re.match(rf"(.*\.)?({key})$", module):
-            return pattern[key]
-    return default
 
 
 def _read_tensors(path: Path) -> dict[str, np.ndarray]:

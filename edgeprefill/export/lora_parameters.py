@@ -26,6 +26,7 @@ time: a layer's experts' delta is the size of their float32 weights).
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -90,6 +91,43 @@ def wrapped_parameter(module: str, targets: list[str],
                           f"parameter of {module}, which has {len(wrapped)} targeted: is it "
                           "the adapter of another model?")
     return wrapped[len(wrapped) - 1 - depth]
+
+
+def parameter_deltas(modules: dict[str, dict[str, np.ndarray]], config: dict,
+                     loaded: dict[str, list[Parameter]],
+                     ) -> tuple[dict[str, ParameterDelta], dict[str, dict[str, np.ndarray]]]:
+    """The LoRAs saved per module (`modules`: the module -> its lora_A/lora_B/... tensors)
+    sorted by `loaded`, each module's parameters as transformers builds the model: the
+    parameters' deltas, keyed by the parameter's name, and the modules' LoRAs left."""
+    targets = list(config.get("target_parameters") or [])
+    deltas: dict[str, ParameterDelta] = {}
+    left: dict[str, dict[str, np.ndarray]] = {}
+    for module, parts in modules.items():
+        parameter = wrapped_parameter(module, targets, loaded)
+        if parameter is None:
+            left[module] = parts
+            continue
+        if set(parts) != {"lora_A.weight", "lora_B.weight"}:
+            raise ExportError(f"the adapter's LoRA on the parameter {parameter.name} has "
+                              f"{' and '.join(sorted(parts))}, not lora_A.weight and "
+                              "lora_B.weight")
+        # peft keys the patterns by the parameter's full name (its `current_key`)
+        r = pattern_value(config.get("rank_pattern") or {}, parameter.name, config.get("r", 8))
+        alpha = pattern_value(config.get("alpha_pattern") or {}, parameter.name,
+                              config.get("lora_alpha", 8))
+        deltas[parameter.name] = parameter_delta(parameter, parts["lora_A.weight"],
+                                                 parts["lora_B.weight"], r, alpha,
+                                                 bool(config.get("use_rslora")))
+    return deltas, left
+
+
+def pattern_value(pattern: dict, module: str, default):
+    """peft's get_pattern_key: the first key that matches the end of the module's name
+    at a dot boundary."""
+    for key in pattern:
+        if re.match(rf"(.*\.)?({key})$", module):
+            return pattern[key]
+    return default
 
 
 def parameter_delta(parameter: Parameter, a: np.ndarray, b: np.ndarray, r: int,
