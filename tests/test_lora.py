@@ -390,6 +390,22 @@ def test_a_lora_on_parameters_alone_changes_what_the_bundle_computes(tmp_path, f
                         expected)
 
 
+def test_experts_stored_fused_as_transformers_loads_them_take_the_delta_as_is(tmp_path):
+    # a Qwen3-MoE checkpoint written from the loaded model's state dict, its experts fused
+    # under their loaded names (which transformers' conversion would save per expert)
+    from safetensors.torch import save_file
+
+    hf_dir = build_hf_model("qwen3_moe", tmp_path / "hf")
+    trained_adapter(hf_dir, tmp_path / "adapter", r=4, lora_alpha=8,
+                    target_modules="all-linear")
+    expected = peft_logits(hf_dir, tmp_path / "adapter", merged=True)
+    fused = {n: t.contiguous() for n, t in load_hf_model(hf_dir).state_dict().items()}
+    assert "model.layers.0.mlp.experts.gate_up_proj" in fused
+    save_file(fused, hf_dir / "model.safetensors", metadata={"format": "pt"})
+    assert_chunks_match(export_with(hf_dir, tmp_path / "adapter", tmp_path / "b"), IDS,
+                        expected)
+
+
 def test_a_lora_on_another_model_s_experts_is_refused_naming_the_parameter(tmp_path):
     hf_dir = build_hf_model("qwen3_moe", tmp_path / "hf")
     other = build_hf_model("qwen3_moe", tmp_path / "other", moe_intermediate_size=48)

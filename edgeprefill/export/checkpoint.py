@@ -164,8 +164,13 @@ class Checkpoint:
         model = LoadedModel.build(self.dir)
         adapter.bind_parameters(model.parameters())
         parts: dict[str, tuple[str, str]] = {}
+        as_loaded: set[str] = set()  # parameters the checkpoint stores as loaded, fused
         for name, delta in adapter.parameter_deltas.items():
-            for stored, shape in model.stored_shapes(name, delta.parameter.shape).items():
+            shapes = model.stored_shapes(name, delta.parameter.shape)
+            if name in read_as and not all(stored in read_as for stored in shapes):
+                shapes = {name: delta.parameter.shape}
+                as_loaded.add(name)
+            for stored, shape in shapes.items():
                 read = read_as.get(stored)
                 if read is None:
                     raise ExportError(f"the adapter's LoRA on the parameter {name} changes "
@@ -173,7 +178,8 @@ class Checkpoint:
                                       f"checkpoint in {self.dir} lacks: export cannot merge it")
                 self._check_part(adapter, name, read, shape)
                 parts[read] = (name, stored)
-        adapter.stored_deltas = StoredDeltas(adapter.parameter_deltas, parts, model.stored)
+        adapter.stored_deltas = StoredDeltas(adapter.parameter_deltas, parts, model.stored,
+                                             frozenset(as_loaded))
 
     def _check_part(self, adapter: Adapter, name: str, read: str,
                     shape: tuple[int, ...]) -> None:

@@ -148,10 +148,14 @@ class StoredDeltas:
     """The stored tensors' dense deltas of the wrapped parameters, computed as read."""
 
     def __init__(self, deltas: dict[str, ParameterDelta], parts: dict[str, tuple[str, str]],
-                 stored: Callable[[str, np.ndarray], dict[str, np.ndarray]]) -> None:
+                 stored: Callable[[str, np.ndarray], dict[str, np.ndarray]],
+                 as_loaded: frozenset[str] = frozenset()) -> None:
         self._deltas = deltas  # the loaded parameter's name -> its delta
         self.parts = parts  # the name read -> (the parameter, the stored tensor's name)
         self._stored = stored  # a parameter's delta -> its stored tensors' deltas
+        # parameters the checkpoint stores as transformers loads them (fused, its names),
+        # where transformers' conversion would save them otherwise: their own deltas
+        self._as_loaded = as_loaded
         self._cache: dict[str, dict[str, np.ndarray]] = {}
 
     def __contains__(self, name: str) -> bool:
@@ -163,5 +167,7 @@ class StoredDeltas:
         if parameter not in self._cache:
             if len(self._cache) >= CACHED:
                 del self._cache[next(iter(self._cache))]
-            self._cache[parameter] = self._stored(parameter, self._deltas[parameter].dense())
+            dense = self._deltas[parameter].dense()
+            self._cache[parameter] = ({parameter: dense} if parameter in self._as_loaded
+                                      else self._stored(parameter, dense))
         return self._cache[parameter][stored]
