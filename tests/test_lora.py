@@ -223,8 +223,6 @@ def edit_config(adapter_dir, **changes) -> None:
 @pytest.mark.parametrize(("changes", "message"), [
     ({"use_dora": True}, "uses DoRA (use_dora), which export cannot merge"),
     ({"peft_type": "IA3"}, "is a IA3 adapter: export merges LoRA adapters only"),
-    ({"target_parameters": ["mlp.experts.gate_up_proj"]},
-     "uses LoRA on parameters (target_parameters, e.g. MoE experts)"),
     ({"r": 3}, "disagree with its rank r=3"),
 ])
 def test_what_export_cannot_merge_is_refused(tmp_path, changes, message):
@@ -347,6 +345,77 @@ def test_an_adapter_named_by_transformers_5_s_modules_merges_into_the_stored_ten
     expected = peft_logits(hf_dir, tmp_path / "adapter", merged=True)
     assert_chunks_match(export_with(hf_dir, tmp_path / "adapter", tmp_path / "b"), IDS,
                         expected)
+
+
+@pytest.mark.parametrize("family", [
+    "qwen3_moe",  # stored per expert (experts.N.gate_proj/up_proj/down_proj)
+    pytest.param("mixtral", marks=pytest.mark.slow),  # per expert as w1/w3/w2, under
+    # block_sparse_moe. (the router's gate too), which transformers renames to mlp.
+    pytest.param("olmoe", marks=pytest.mark.slow),
+])
+def test_an_all_linear_moe_adapter_merges_its_lora_on_the_experts_as_peft(tmp_path, family):
+    """peft 0.21's "all-linear" on a transformers 5 MoE also targets the fused experts'
+    gate_up_proj and down_proj and the router's gate.weight as parameters (nested
+    ParamWrappers, gate_up_proj at its own rank): merged into the per-expert tensors the
+    checkpoint stores, by transformers' reverse conversion."""
+    hf_dir = build_hf_model(family, tmp_path / "hf")
+    trained_adapter(hf_dir, tmp_path / "adapter", r=4, lora_alpha=8,
+                    target_modules="all-linear")
+    saved = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
+    assert sorted(saved["target_parameters"]) == ["down_proj", "gate.weight", "gate_up_proj"]
+    merged = peft_logits(hf_dir, tmp_path / "adapter", merged=True)
+    # peft's unmerged forward (the delta added as the experts run) agrees with its merge
+    np.testing.assert_allclose(peft_logits(hf_dir, tmp_path / "adapter"), merged, atol=1e-4)
+    assert_chunks_match(export_with(hf_dir, tmp_path / "adapter", tmp_path / "b"), IDS, merged)
+
+
+@pytest.mark.parametrize(("family", "targets"), [
+    ("qwen3_moe", ["mlp.experts.down_proj", "mlp.experts.gate_up_proj"]),
+    # gpt-oss stores its experts fused as loaded, (experts, in, out) (is_transposed), and
+    # export reads them one expert at a time; its router's weight a 2-D parameter
+    # (the only proof of that path: not slow)
+    ("gpt_oss", ["mlp.experts.gate_up_proj", "mlp.experts.down_proj", "router.weight"]),
+])
+def test_a_lora_on_parameters_alone_changes_what_the_bundle_computes(tmp_path, family,
+                                                                     targets):
+    # only parameters, no module: an export that dropped their deltas would be the base
+    hf_dir = build_hf_model(family, tmp_path / "hf")
+    trained_adapter(hf_dir, tmp_path / "adapter", r=2, lora_alpha=4, target_modules=[],
+                    target_parameters=targets)
+    expected = peft_logits(hf_dir, tmp_path / "adapter", merged=True)
+    with torch.no_grad():
+        base = load_hf_model(hf_dir)(torch.tensor([IDS])).logits[0].numpy()
+    assert np.abs(expected - base).max() > 0.1
+    assert_chunks_match(export_with(hf_dir, tmp_path / "adapter", tmp_path / "b"), IDS,
+                        expected)
+
+
+def test_experts_stored_fused_as_transformers_loads_them_take_the_delta_as_is(tmp_path):
+    # a Qwen3-MoE checkpoint written from the loaded model's state dict, its experts fused
+    # under their loaded names (which transformers' conversion would save per expert)
+    from safetensors.torch import save_file
+
+    hf_dir = build_hf_model("qwen3_moe", tmp_path / "hf")
+    trained_adapter(hf_dir, tmp_path / "adapter", r=4, lora_alpha=8,
+                    target_modules="all-linear")
+    expected = peft_logits(hf_dir, tmp_path / "adapter", merged=True)
+    fused = {n: t.contiguous() for n, t in load_hf_model(hf_dir).state_dict().items()}
+    assert "model.layers.0.mlp.experts.gate_up_proj" in fused
+    save_file(fused, hf_dir / "model.safetensors", metadata={"format": "pt"})
+    assert_chunks_match(export_with(hf_dir, tmp_path / "adapter", tmp_path / "b"), IDS,
+                        expected)
+
+
+def test_a_lora_on_another_model_s_experts_is_refused_naming_the_parameter(tmp_path):
+    hf_dir = build_hf_model("qwen3_moe", tmp_path / "hf")
+    other = build_hf_model("qwen3_moe", tmp_path / "other", moe_intermediate_size=48)
+    trained_adapter(other, tmp_path / "adapter", r=2, lora_alpha=4, target_modules=[],
+                    target_parameters=["mlp.experts.down_proj"])
+    with pytest.raises(ExportError, match=re.escape(
+            "the adapter's LoRA on the parameter model.layers.0.mlp.experts.down_proj "
+            "(8, 64, 32) has lora_A (16, 48)")) as err:
+        export_with(hf_dir, tmp_path / "adapter", tmp_path / "b")
+    assert "\n" not in str(err.value)
 
 
 @pytest.mark.parametrize(("family", "targets", "message"), [

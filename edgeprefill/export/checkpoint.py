@@ -26,7 +26,8 @@ from edgeprefill.export.fp8 import (
 )
 from edgeprefill.export.int4_layouts import Int4Weight
 from edgeprefill.export.lora import Adapter
-from edgeprefill.export.module_names import ModuleNames, module_names
+from edgeprefill.export.lora_parameters import StoredDeltas
+from edgeprefill.export.module_names import LoadedModel, ModuleNames, module_names
 from edgeprefill.export.prequantized import Int4Scheme
 
 INDEX_FILE = "model.safetensors.index.json"
@@ -152,11 +153,49 @@ class Checkpoint:
                         "each: export cannot merge them into the one shared block")
             return None
 
+        if adapter.target_parameters:
+            self._bind_parameters(adapter, read_as)
         adapter.renamed(read_name, left_out, unmatched)
         adapter.check_shapes(self._unpacked_shape, self._is_transposed)
         for name in adapter.replacements:
             if name in self._file_of:
                 adapter.check_replacement(name, self._unpacked_shape(name))
+
+    def _bind_parameters(self, adapter: Adapter, read_as: dict[str, str]) -> None:
+        """Key the deltas of a LoRA on parameters (target_parameters) by the stored tensors
+        transformers saves each parameter as (its reverse conversion), checked against
+        them before any is read."""
+        model = LoadedModel.build(self.dir)
+        adapter.bind_parameters(model.parameters())
+        parts: dict[str, tuple[str, str]] = {}
+        as_loaded: set[str] = set()  # parameters the checkpoint stores as loaded, fused
+        for name, delta in adapter.parameter_deltas.items():
+            shapes = model.stored_shapes(name, delta.parameter.shape)
+            if name in read_as and not all(stored in read_as for stored in shapes):
+                shapes = {name: delta.parameter.shape}
+                as_loaded.add(name)
+            for stored, shape in shapes.items():
+                read = read_as.get(stored)
+                if read is None:
+                    raise ExportError(f"the adapter's LoRA on the parameter {name} changes "
+                                      f"{stored}, as transformers saves it, which the "
+                                      f"checkpoint in {self.dir} lacks: export cannot merge it")
+                self._check_part(adapter, name, read, shape)
+                parts[read] = (name, stored)
+        adapter.stored_deltas = StoredDeltas(adapter.parameter_deltas, parts, model.stored,
+                                             frozenset(as_loaded))
+
+    def _check_part(self, adapter: Adapter, name: str, read: str,
+                    shape: tuple[int, ...]) -> None:
+        if self._is_transposed(read) or self.is_int4(read):
+            raise ExportError(f"the adapter's LoRA on the parameter {name} changes {read}, "
+                              "which the checkpoint stores transposed or in int4: export "
+                              "cannot merge it")
+        if self._unpacked_shape(read) != shape:
+            raise ExportError(f"the base model's {read} has shape {self._unpacked_shape(read)}"
+                              f", but the adapter's LoRA on the parameter {name} changes it as "
+                              f"{shape}: is it the adapter of another model "
+                              f"({adapter.base_model})?")
 
     def names(self) -> set[str]:
         return set(self._file_of) | set(self._int4_modules) | set(self._added)
@@ -279,14 +318,18 @@ class Checkpoint:
         if self._float8(path, stored) or name in self._bnb_layers:
             raise ExportError(f"{name!r} is a fused quantized tensor, which export cannot read "
                               "by parts")
-        if self.adapter is not None and self.adapter.touches(name):
-            raise ExportError(f"the adapter changes {name}, a fused tensor of MoE experts: "
-                              "export cannot merge a LoRA on experts")
+        adapter = self.adapter
+        if adapter is not None and adapter.touches(name) and not adapter.dense(name):
+            raise ExportError(f"the adapter changes {name}, a fused tensor of MoE experts, "
+                              "other than by a LoRA on it as a parameter: export cannot merge "
+                              "it")
         try:
             tensor = np.asarray(self._handle(path).get_slice(stored)[index])
         except (SafetensorError, OSError, ValueError) as err:
             raise ExportError(f"cannot read {name!r} from {path.name}: {err}") from None
         self.read.add(name)
+        if adapter is not None and adapter.dense(name):  # (a LoRA on fused experts)
+            tensor = tensor.astype(np.float32) + adapter.dense_delta(name)[index]
         return tensor.astype(dtype, copy=False)
 
     def _float8(self, path: Path, stored: str) -> bool:

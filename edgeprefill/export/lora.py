@@ -16,6 +16,11 @@ an Embedding's delta is (B @ A)^T, and a GPT-2 Conv1D's, stored [in, out], is tr
 likewise (peft's fan_in_fan_out, which it sets per module: on for Conv1D, off for Linear,
 whatever the config says). The merge happens on each tensor as it is read, one at a time:
 `Checkpoint` asks `merged(name, stored)`; the whole model is never in memory.
+
+A LoRA on parameters (target_parameters: an MoE's fused experts, a router's weight) is
+peft's ParamWrapper's, merged as dense deltas into the tensors stored for the parameter
+(export/lora_parameters.py): which parameter a LoRA wraps is known only once the model
+transformers builds is (`bind_parameters`), so its modules' LoRAs wait until then.
 """
 
 from __future__ import annotations
@@ -24,7 +29,6 @@ import hashlib
 import json
 import logging
 import math
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +38,13 @@ import numpy as np
 from safetensors import SafetensorError, safe_open
 
 from edgeprefill.errors import ExportError
+from edgeprefill.export.lora_parameters import (
+    ParameterDelta,
+    StoredDeltas,
+    parameter_deltas,
+    pattern_value,
+)
+from edgeprefill.export.module_names import Parameter
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +56,6 @@ UNSUPPORTED = {
     "use_dora": "DoRA (use_dora)",
     "use_qalora": "QA-LoRA (use_qalora)",
     "use_bdlora": "block-diagonal LoRA (use_bdlora)",
-    "target_parameters": "LoRA on parameters (target_parameters, e.g. MoE experts)",
     "trainable_token_indices": "trainable tokens (trainable_token_indices)",
     "layer_replication": "layer replication (layer_replication)",
     "alora_invocation_tokens": "activated LoRA (alora_invocation_tokens)",
@@ -89,6 +99,11 @@ class Adapter:
         self.bias_deltas: dict[str, np.ndarray] = {}  # lora_bias: scale * lora_B.bias
         self.replacements: dict[str, np.ndarray] = {}
         self._base_copies: set[str] = set()  # replacements saved as `<module>.base_layer.`
+        self.target_parameters: list[str] = list(config.get("target_parameters") or [])
+        self.parameter_deltas: dict[str, ParameterDelta] = {}  # the loaded parameter's name
+        self.stored_deltas: StoredDeltas | None = None  # theirs, keyed by the names read
+        self._config = config
+        self._pending: dict[str, dict[str, np.ndarray]] = {}  # LoRAs until bind_parameters
         self._sort(config, tensors)
 
     @classmethod
@@ -114,8 +129,19 @@ class Adapter:
                     self._base_copies.add(name.replace(".base_layer.", "."))
             else:
                 modules.setdefault(name.removesuffix("." + part), {})[part] = tensor
+        if self.target_parameters:  # a module's LoRA or a parameter's: known once bound
+            self._pending = modules
+            return
         for module, parts in modules.items():
             self._add_delta(config, module, parts)
+
+    def bind_parameters(self, loaded: dict[str, list[Parameter]]) -> None:
+        """Sort the LoRAs of an adapter with target_parameters into the modules' and the
+        parameters' (`loaded`: each module's parameters, as transformers builds the model)."""
+        self.parameter_deltas, modules = parameter_deltas(self._pending, self._config, loaded)
+        for module, parts in modules.items():
+            self._add_delta(self._config, module, parts)
+        self._pending = {}
 
     def _add_delta(self, config: dict, module: str, parts: dict[str, np.ndarray]) -> None:
         embedding = "lora_embedding_A" in parts or "lora_embedding_B" in parts
@@ -125,9 +151,9 @@ class Adapter:
             raise ExportError(f"{self.folder}: {module} has {' and '.join(sorted(parts))} "
                               f"but not both of {a_key} and {b_key}")
         a, b = parts[a_key], parts[b_key]
-        r = _pattern_value(config.get("rank_pattern") or {}, module, config.get("r", 8))
-        alpha = _pattern_value(config.get("alpha_pattern") or {}, module,
-                               config.get("lora_alpha", 8))
+        r = pattern_value(config.get("rank_pattern") or {}, module, config.get("r", 8))
+        alpha = pattern_value(config.get("alpha_pattern") or {}, module,
+                              config.get("lora_alpha", 8))
         if a.ndim != 2 or b.ndim != 2 or a.shape[0] != r or b.shape[1] != r:
             raise ExportError(f"{self.folder}: {module}'s {a_key} {tuple(a.shape)} and "
                               f"{b_key} {tuple(b.shape)} disagree with its rank r={r}")
@@ -209,7 +235,12 @@ class Adapter:
                               f"another model ({self.base_model})?")
 
     def touches(self, name: str) -> bool:
-        return name in self.deltas or name in self.bias_deltas or name in self.replacements
+        return (name in self.deltas or name in self.bias_deltas or name in self.replacements
+                or self.dense(name))
+
+    def dense(self, name: str) -> bool:
+        """Whether the tensor `name` gets a dense delta: a LoRA on a parameter's."""
+        return self.stored_deltas is not None and name in self.stored_deltas
 
     def merged(self, name: str, stored: np.ndarray, stored_transposed: bool) -> np.ndarray:
         """The tensor `name` as the merged model holds it, in the checkpoint's layout:
@@ -217,8 +248,14 @@ class Adapter:
         tensor = self.replacements.get(name, stored)  # (an embedding's table saved with
         # its LoRA is both: the copy, plus the delta)
         delta = (self.deltas[name].weight(stored_transposed) if name in self.deltas
+                 else self.dense_delta(name) if self.dense(name)
                  else self.bias_deltas.get(name))
         return tensor if delta is None else tensor.astype(np.float32) + delta
+
+    def dense_delta(self, name: str) -> np.ndarray:
+        """The dense delta of the tensor `name` (a LoRA on a parameter's), as stored."""
+        assert self.stored_deltas is not None
+        return self.stored_deltas.delta(name)
 
     def record(self) -> dict[str, str | None]:
         """What the bundle's manifest says of the adapter."""
@@ -270,15 +307,6 @@ def quantized_base(raw_config: dict) -> str | None:
         if isinstance(quant, dict):
             return str(quant.get("quant_method", "quantized"))
     return None
-
-
-def _pattern_value(pattern: dict, module: str, default):
-    """peft's get_pattern_key: the first key that matches the end of the module's name
-    at a dot boundary."""
-    for key in pattern:
-        if re.match(rf"(.*\.)?({key})$", module):
-            return pattern[key]
-    return default
 
 
 def _read_tensors(path: Path) -> dict[str, np.ndarray]:

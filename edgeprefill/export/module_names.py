@@ -13,7 +13,8 @@ A stored tensor that transformers splits into several modules as it loads it (Sa
 `query_key_value` into q_proj, k_proj and v_proj) is recorded per part: a LoRA on one part
 changes some rows of the stored tensor, which export does not merge (the caller refuses
 it in one line). Several stored tensors fused into one parameter (the experts) are no
-nn.Linear module, and PEFT targets them as parameters, which lora.py refuses already.
+nn.Linear module: PEFT targets them as parameters (target_parameters), whose deltas are
+mapped back to the stored tensors by transformers' reverse conversion (`LoadedModel`).
 """
 
 from __future__ import annotations
@@ -21,6 +22,11 @@ from __future__ import annotations
 import copy
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from edgeprefill.errors import ExportError
 
 
 @dataclass(frozen=True)
@@ -46,7 +52,7 @@ def module_names(model_types: tuple[str, ...], stored: Iterable[str]) -> ModuleN
         )
     except ImportError:
         return ModuleNames()
-    mapping = []
+    mapping: list = []
     for model_type in model_types:
         try:
             mapping += get_checkpoint_conversion_mapping(model_type) or []
@@ -74,3 +80,75 @@ def module_names(model_types: tuple[str, ...], stored: Iterable[str]) -> ModuleN
 def _replace_last(name: str, old: str, new: str) -> str:
     head, found, tail = name.rpartition(old)
     return head + new + tail if found else name
+
+
+@dataclass(frozen=True)
+class Parameter:
+    """A parameter of the model transformers builds, as peft's ParamWrapper sees it."""
+
+    name: str  # its full name: `model.layers.0.mlp.experts.gate_up_proj`
+    shape: tuple[int, ...]  # as loaded: an MoE's fused experts (experts, out, in)
+    transposed: bool  # its module's `is_transposed`: experts stored (experts, in, out)
+
+
+class LoadedModel:
+    """The model transformers builds from a checkpoint's config.json, on the meta device
+    (no weights, no memory): the parameters a LoRA on parameters (peft's target_parameters)
+    wraps, and transformers' own reverse conversion (`revert_weight_conversion`, what its
+    save_pretrained applies) from a loaded parameter to the tensors the checkpoint stores.
+    Its ops (split, concatenate, stack, transpose) are linear: applied to a parameter's
+    delta they give the stored tensors' deltas."""
+
+    def __init__(self, model) -> None:
+        self._model = model
+
+    @classmethod
+    def build(cls, hf_dir: Path) -> LoadedModel:
+        """Refused in one line where transformers is missing or cannot build the model."""
+        try:
+            import torch
+            from transformers import AutoConfig, AutoModelForCausalLM
+        except ImportError:
+            raise ExportError("merging a LoRA on parameters (target_parameters) needs "
+                              "transformers and torch: pip install 'edgeprefill[export]'") from None
+        try:
+            config = AutoConfig.from_pretrained(hf_dir)
+            with torch.device("meta"):
+                return cls(AutoModelForCausalLM.from_config(config))
+        except Exception as err:  # noqa: BLE001 - transformers raises many kinds
+            first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            raise ExportError(f"merging a LoRA on parameters (target_parameters) maps them "
+                              f"by the model transformers builds of {hf_dir}, which it cannot "
+                              f"build: {first}") from None
+
+    def parameters(self) -> dict[str, list[Parameter]]:
+        """Each module's own parameters, in the order the module registers them (the order
+        peft nests its ParamWrappers: the first one innermost)."""
+        found: dict[str, list[Parameter]] = {}
+        for module_name, module in self._model.named_modules():
+            transposed = bool(getattr(module, "is_transposed", False))
+            for name, param in module.named_parameters(recurse=False):
+                full = f"{module_name}.{name}" if module_name else name
+                found.setdefault(module_name, []).append(
+                    Parameter(full, tuple(param.shape), transposed))
+        return found
+
+    def stored_shapes(self, name: str, shape: tuple[int, ...]) -> dict[str, tuple[int, ...]]:
+        """The stored tensors the parameter `name` is saved as, and their shapes."""
+        import torch
+
+        parts = self._reverted(name, torch.empty(shape, device="meta"))
+        return {stored: tuple(part.shape) for stored, part in parts.items()}
+
+    def stored(self, name: str, delta: np.ndarray) -> dict[str, np.ndarray]:
+        """The parameter `name`'s `delta` as the deltas of the stored tensors it is saved
+        as, each in its stored layout."""
+        import torch
+
+        parts = self._reverted(name, torch.from_numpy(np.ascontiguousarray(delta)))
+        return {stored: part.contiguous().numpy() for stored, part in parts.items()}
+
+    def _reverted(self, name: str, tensor) -> dict:
+        from transformers.core_model_loading import revert_weight_conversion
+
+        return revert_weight_conversion(self._model, {name: tensor})
