@@ -102,6 +102,7 @@ def test_dimensions_are_the_first_ones_normalized_again(client, expected):
     ({"input": "w5", "dimensions": "8"}, "dimensions"),
     ({"input": "w5", "bogus": 1}, "bogus"),
     ({"input": [100000]}, "input"),
+    ({"input": ["w5"] * 2049}, "input"),  # OpenAI's limit: 2048 items a request
 ])
 def test_bad_requests_are_400s_naming_the_field(http, body, param):
     error = assert_error(http.post("/v1/embeddings", json=body), 400, param)

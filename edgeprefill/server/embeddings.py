@@ -1,7 +1,8 @@
 """The embedding routes of an embedding bundle (sdk/embedding.py, Engine.submit_embedding):
 
     POST /v1/embeddings    OpenAI's: `input` a string, a list of strings, a list of token
-                           ids or a list of such lists; `model`; `encoding_format` float
+                           ids or a list of such lists (at most 2048 items, OpenAI's
+                           limit); `model`; `encoding_format` float
                            or base64 (little-endian float32, what the openai client asks
                            for by default); `dimensions` (the first N, normalized again
                            where the bundle normalizes); `user` (accepted, unused);
@@ -45,6 +46,7 @@ if TYPE_CHECKING:
     from edgeprefill.server.app import OpenAIApi
 
 OPENAI_FIELDS = frozenset({"input", "model", "encoding_format", "dimensions", "user"})
+MAX_INPUTS = 2048  # OpenAI's limit on the items of one request's `input`
 ENCODINGS = ("float", "base64")
 
 
@@ -224,6 +226,9 @@ def _openai_inputs(value: Any) -> list[str | list[int]]:
     else:
         raise ApiError(400, "'input' must be a non-empty string, a list of strings, a list "
                        "of token ids or a list of such lists", "input")
+    if len(items) > MAX_INPUTS:  # before any is tokenized: each costs a worker's call
+        raise ApiError(400, f"'input' holds {len(items)} items; at most {MAX_INPUTS} a "
+                       "request", "input")
     if any(isinstance(item, str) and not item for item in items):
         raise ApiError(400, "an 'input' text is empty", "input")
     return items
