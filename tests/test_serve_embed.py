@@ -202,3 +202,20 @@ def test_a_generation_bundle_answers_the_embedding_routes_400(generation_server,
     reply = httpx.post(generation_server.url + path, json=body, timeout=60)
     assert reply.status_code == 400, reply.text
     assert "is a generation model" in reply.text and "\\n" not in reply.text
+
+
+def test_ollama_num_ctx_holds_the_texts_to_a_shorter_context(llama, http, engine):
+    """Ollama's options.num_ctx: a text is cut to it (or refused with truncate false);
+    one longer than the bundle's context is a 400 (it had been ignored)."""
+    long = " ".join(["w7"] * 20)
+    cut = llama.embed(model=MODEL, input=long, options={"num_ctx": 8})
+    assert cut.prompt_eval_count == 8
+    np.testing.assert_allclose(cut.embeddings[0], engine.embed(" ".join(["w7"] * 7))[0],
+                               atol=1e-6)
+    refused = http.post("/api/embed", json={"model": MODEL, "input": long, "truncate": False,
+                                            "options": {"num_ctx": 8}})
+    assert refused.status_code == 400 and "exceeds the context of 8" in refused.json()["error"]
+    for path, text in (("/api/embed", "input"), ("/api/embeddings", "prompt")):
+        over = http.post(path, json={"model": MODEL, text: "w5",
+                                     "options": {"num_ctx": CONTEXT + 1}})
+        assert over.status_code == 400 and "options.num_ctx" in over.json()["error"]

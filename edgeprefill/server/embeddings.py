@@ -17,9 +17,12 @@ A text is tokenized as sentence-transformers does (stripped, the tokenizer's
 post-processor applied) in a prompt worker; token ids are taken as they are. The vectors
 are the model's as the bundle defines them: L2-normalized where its sentence-transformers
 folder had a Normalize module (Ollama's /api/embed normalizes every model's; the models
-this exports are all normalized). Ollama's `options` and `keep_alive` are accepted and
-unused (nothing samples; the model stays loaded), and an empty `input` / `prompt` asks a
-load, answered at once with no vectors, as Ollama answers it. On a generation bundle each
+this exports are all normalized). Ollama's `options.num_ctx` holds the texts to a
+shorter context, as Ollama's does (cut to it, or refused past it where truncate is false;
+one longer than the bundle's is a 400); its other options and `keep_alive` are accepted
+and unused (nothing samples; the model stays loaded), an option Ollama does not know
+warned of. An empty `input` / `prompt` asks a load, answered at once with no vectors, as
+Ollama answers it. On a generation bundle each
 route is a 400 in one line; on an embedding bundle the generating routes are (app.py).
 """
 
@@ -38,7 +41,7 @@ from edgeprefill.errors import EdgeprefillError, EngineClosedError, RequestError
 from edgeprefill.sdk import embedding
 from edgeprefill.sdk.stream import TokenStream
 from edgeprefill.server.errors import ApiError
-from edgeprefill.server.ollama_request import model_of
+from edgeprefill.server.ollama_request import embedding_context, model_of
 from edgeprefill.server.prompt_worker import PromptTimeout
 from edgeprefill.values import is_int
 
@@ -108,7 +111,8 @@ class EmbeddingRoutes:
             if not isinstance(truncate, bool):
                 raise ApiError(400, "'truncate' must be true or false", "truncate")
             dimensions = self._dimensions(body)
-            ids = [await self._ids(text, truncate, "input") for text in texts]
+            context = embedding_context(body, self.engine.capacity)
+            ids = [await self._ids(text, truncate, "input", context) for text in texts]
             vectors = await self._vectors(ids, dimensions)
         except ApiError as err:
             self.api.metrics.reject(err.status)
@@ -128,7 +132,9 @@ class EmbeddingRoutes:
                 return JSONResponse({"embedding": []})
             if not isinstance(prompt, str):
                 raise ApiError(400, "'prompt' must be a string", "prompt")
-            vectors = await self._vectors([await self._ids(prompt, False, "prompt")], None)
+            context = embedding_context(body, self.engine.capacity)
+            vectors = await self._vectors([await self._ids(prompt, False, "prompt", context)],
+                                          None)
         except ApiError as err:
             self.api.metrics.reject(err.status)
             return err.response(request.url.path)
@@ -155,9 +161,11 @@ class EmbeddingRoutes:
                            "context_length_exceeded")
         return tokens
 
-    async def _ids(self, text: str, truncate: bool, field: str) -> list[int]:
-        """A text's ids in a prompt worker; past the context a 400, or cut to it."""
-        capacity = self.engine.capacity
+    async def _ids(self, text: str, truncate: bool, field: str,
+                   context: int | None = None) -> list[int]:
+        """A text's ids in a prompt worker; past the context (the bundle's, or a smaller
+        one Ollama's num_ctx asks for) a 400, or cut to it."""
+        capacity = self.engine.capacity if context is None else context
         try:
             encoded = await self.api.prompts.call("embedding_bounded", text, capacity,
                                                   truncate)

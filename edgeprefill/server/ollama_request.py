@@ -210,6 +210,18 @@ def _warn_unknown(options: dict[str, Any]) -> None:
                         "options, and is ignored", name)
 
 
+def embedding_context(body: dict, context: int) -> int:
+    """The context an embedding request's texts are held to: `options.num_ctx` where it
+    is given (Ollama truncates a text to it, or refuses one past it), else the bundle's
+    `context`. Its other options mean nothing where nothing samples; one Ollama does not
+    know is warned of, as on the generating routes."""
+    options = _options(body)
+    num_ctx = options.get("num_ctx")
+    _check_num_ctx(num_ctx, context)
+    _warn_unknown(options)
+    return int(num_ctx) if num_ctx is not None else context
+
+
 def _check_num_ctx(value: Any, context: int) -> None:
     """The bundle's context is fixed at export: a smaller num_ctx fits in it (replies
     are bounded by the whole context, not by num_ctx); a bigger one cannot be had."""
