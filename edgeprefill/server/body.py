@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+from typing import Any
 
 from starlette.requests import ClientDisconnect, Request
 
@@ -59,6 +60,23 @@ async def _read_bounded(request: Request, limit: int) -> bytes:
             raise too_large(limit)
         chunks.append(chunk)
     return b"".join(chunks)
+
+
+def json_object(body: Any) -> dict:
+    """The body a route reads as an object; anything else JSON can be, a 400."""
+    if not isinstance(body, dict):
+        raise ApiError(400, "the request body must be a JSON object")
+    return body
+
+
+def only_fields(body: Any, allowed: frozenset[str]) -> dict:
+    """The body as an object of `allowed` fields; another field is a 400 naming it."""
+    body = json_object(body)
+    unknown = sorted(set(body) - allowed)
+    if unknown:
+        raise ApiError(400, f"'{unknown[0]}' is not a field of this route (known: "
+                       f"{', '.join(sorted(allowed))})", unknown[0])
+    return body
 
 
 def check_text(body: object) -> None:

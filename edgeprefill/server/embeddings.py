@@ -40,6 +40,7 @@ from starlette.routing import Route
 from edgeprefill.errors import EdgeprefillError, EngineClosedError, RequestError
 from edgeprefill.sdk import embedding
 from edgeprefill.sdk.stream import TokenStream
+from edgeprefill.server.body import only_fields
 from edgeprefill.server.errors import ApiError
 from edgeprefill.server.ollama_request import embedding_context, model_of
 from edgeprefill.server.prompt_worker import PromptTimeout
@@ -68,13 +69,7 @@ class EmbeddingRoutes:
 
     async def openai(self, request: Request) -> Response:
         try:
-            body = await self.api.read(request)
-            if not isinstance(body, dict):
-                raise ApiError(400, "the request body must be a JSON object")
-            unknown = sorted(set(body) - OPENAI_FIELDS)
-            if unknown:
-                raise ApiError(400, f"'{unknown[0]}' is not a field of this route (known: "
-                               f"{', '.join(sorted(OPENAI_FIELDS))})", unknown[0])
+            body = only_fields(await self.api.read(request), OPENAI_FIELDS)
             self.api.check_model(body.get("model"))
             self._require_embedding()
             encoding = body.get("encoding_format", "float")

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from edgeprefill.server.body import json_object
 from edgeprefill.server.errors import ApiError
 from edgeprefill.server.messages_input import chat_messages
 from edgeprefill.server.schemas import CompletionRequest, parse_chat
@@ -52,7 +53,7 @@ THINKING_SWITCH = {"enabled": True, "disabled": False, "adaptive": None}
 
 
 def parse_messages_api(body: Any) -> CompletionRequest:
-    body = _object(body)
+    body = json_object(body)
     _known(body, KNOWN)
     if body.get("max_tokens") is None:
         raise ApiError(400, "'max_tokens' is required (the most tokens the reply may have)",
@@ -63,7 +64,7 @@ def parse_messages_api(body: Any) -> CompletionRequest:
 
 def count_body(body: Any) -> CompletionRequest:
     """A count_tokens body (the prompt fields) as a request whose prompt is counted."""
-    body = _object(body)
+    body = json_object(body)
     _known(body, frozenset(PROMPT_FIELDS))
     return _parse(body, None)
 
@@ -96,12 +97,6 @@ def messages_error(err: ApiError) -> ApiError:
         "'thinking_token_budget'", "'thinking.budget_tokens'")
     param = "thinking.budget_tokens" if err.param == "thinking_token_budget" else err.param
     return ApiError(err.status, message, param, err.code)
-
-
-def _object(body: Any) -> dict:
-    if not isinstance(body, dict):
-        raise ApiError(400, "the request body must be a JSON object")
-    return body
 
 
 def _known(body: dict, known: frozenset[str]) -> None:

@@ -41,6 +41,7 @@ import logging
 from dataclasses import replace
 from typing import Any
 
+from edgeprefill.server.body import json_object
 from edgeprefill.server.errors import ApiError
 from edgeprefill.server.ollama_messages import chat_messages, string_field
 from edgeprefill.server.schemas import CompletionRequest, parse_chat, parse_completion
@@ -91,7 +92,7 @@ REFUSED = {
 def parse_ollama_chat(body: Any, model_name: str, context: int,
                       thinks: bool = True) -> CompletionRequest:
     """`thinks`: the server splits the replies' reasoning (the `thinking` capability)."""
-    body = _object(body)
+    body = json_object(body)
     _check_model(body, model_name)
     _refuse(body)
     chat = _common(body, context, thinks)
@@ -103,7 +104,7 @@ def parse_ollama_chat(body: Any, model_name: str, context: int,
 
 def parse_ollama_generate(body: Any, model_name: str, context: int,
                           thinks: bool = True) -> CompletionRequest:
-    body = _object(body)
+    body = json_object(body)
     _check_model(body, model_name)
     _refuse(body)
     prompt, system = string_field(body, "prompt"), string_field(body, "system")
@@ -126,7 +127,7 @@ def parse_ollama_generate(body: Any, model_name: str, context: int,
 
 def model_of(body: Any, model_name: str) -> str:
     """The model a body names (`model`, or `name` as older clients send it), checked."""
-    body = _object(body)
+    body = json_object(body)
     _check_model(body, model_name, also_name=True)
     return body.get("model") or body["name"]
 
@@ -288,12 +289,6 @@ def _options(body: dict) -> dict[str, Any]:
     if not isinstance(options, dict):
         raise ApiError(400, "'options' must be an object")
     return options
-
-
-def _object(body: Any) -> dict:
-    if not isinstance(body, dict):
-        raise ApiError(400, "the request body must be a JSON object")
-    return body
 
 
 def _flag(body: dict, name: str, default: bool = False) -> bool:

@@ -29,6 +29,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+from edgeprefill.server.body import json_object
 from edgeprefill.server.errors import ApiError
 from edgeprefill.server.responses_input import input_messages
 from edgeprefill.server.schemas import CompletionRequest, parse_chat
@@ -66,8 +67,7 @@ ECHOED_DEFAULTS: dict[str, Any] = {
 
 
 def parse_responses(body: Any) -> CompletionRequest:
-    if not isinstance(body, dict):
-        raise ApiError(400, "the request body must be a JSON object")
+    body = json_object(body)
     _refuse(body)
     chat: dict[str, Any] = {name: body[name] for name in SHARED if name in body}
     chat["messages"] = input_messages(body.get("input"), body.get("instructions"))

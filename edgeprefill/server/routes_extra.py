@@ -24,6 +24,7 @@ from starlette.routing import Route
 from edgeprefill import __version__
 from edgeprefill.errors import RequestError
 from edgeprefill.sdk.engine import Engine
+from edgeprefill.server.body import only_fields
 from edgeprefill.server.errors import ApiError
 from edgeprefill.server.schemas import (
     bool_field,
@@ -109,12 +110,7 @@ class ExtraRoutes:
     # -- helpers ----------------------------------------------------------------------
 
     def _checked(self, body: Any, allowed: frozenset[str]) -> dict:
-        if not isinstance(body, dict):
-            raise ApiError(400, "the request body must be a JSON object")
-        unknown = sorted(set(body) - allowed)
-        if unknown:
-            raise ApiError(400, f"'{unknown[0]}' is not a field of this route (known: "
-                           f"{', '.join(sorted(allowed))})", unknown[0])
+        body = only_fields(body, allowed)
         model = body.get("model")
         if model is not None and model != self.model_name:
             raise _unknown_model(model, self.model_name)

@@ -21,6 +21,7 @@ from edgeprefill.sdk.constraints import Constraint
 from edgeprefill.sdk.params import MAX_LOGPROBS, GenerationParams
 from edgeprefill.sdk.priority import parse_priority
 from edgeprefill.sdk.tokenizer import Prompt
+from edgeprefill.server.body import json_object
 from edgeprefill.server.errors import ApiError
 from edgeprefill.server.structured import READERS, parse_constraint
 from edgeprefill.server.tools import ToolRequest, message_fields, parse_tools
@@ -104,7 +105,7 @@ def chat_field_given(body: dict) -> str | None:
 
 
 def parse_completion(body: Any) -> CompletionRequest:
-    body = _object(body)
+    body = json_object(body)
     name = chat_field_given(body)
     if name is not None:
         raise ApiError(400, f"'{name}' is a chat field: use /v1/chat/completions", name)
@@ -112,7 +113,7 @@ def parse_completion(body: Any) -> CompletionRequest:
 
 
 def parse_chat(body: Any) -> CompletionRequest:
-    body = _object(body)
+    body = json_object(body)
     messages = parse_messages(body.get("messages"))
     for index, message in enumerate(body["messages"]):  # /tokenize takes them all
         if message["role"] == "user":
@@ -229,12 +230,6 @@ def _logprobs(body: dict, chat: bool) -> int | None:
             raise ApiError(400, "'top_logprobs' needs 'logprobs': true", "top_logprobs")
         return None
     return top or 0
-
-
-def _object(body: Any) -> dict:
-    if not isinstance(body, dict):
-        raise ApiError(400, "the request body must be a JSON object")
-    return body
 
 
 def _prompt(value: Any) -> Prompt:
