@@ -51,7 +51,7 @@ from edgeprefill.server.body import read_json
 from edgeprefill.server.choices import Choices
 from edgeprefill.server.config import ServerConfig, body_limit
 from edgeprefill.server.embeddings import EmbeddingRoutes
-from edgeprefill.server.errors import ApiError, generation_failure
+from edgeprefill.server.errors import ApiError, generation_failure, unknown_model
 from edgeprefill.server.harmony import bundle_harmony, reply_harmony
 from edgeprefill.server.json_numbers import JsonNumbersResponse
 from edgeprefill.server.messages_request import count_body, parse_messages_api
@@ -338,10 +338,7 @@ class OpenAIApi:
 
     def check_model(self, model: str | None) -> None:
         if model is not None and model != self.config.model_name:
-            raise ApiError(
-                404, f"model {model!r} does not exist; this server serves "
-                f"{self.config.model_name!r} (see GET /v1/models)", "model", "model_not_found",
-            )
+            raise unknown_model(model, self.config.model_name)
 
     async def _submit(self, req: CompletionRequest) -> Submitted:
         if self.engine.manifest.task == "embed":  # before its prompt is rendered

@@ -79,6 +79,12 @@ class ApiError(Exception):
         return JSONResponse(body, status_code=self.status, headers=headers or None)
 
 
+def unknown_model(model: object, served: str) -> ApiError:
+    """A request for another model than the one served (404, OpenAI's model_not_found)."""
+    return ApiError(404, f"model {model!r} does not exist; this server serves {served!r} "
+                    "(see GET /v1/models)", "model", "model_not_found")
+
+
 def is_anthropic(path: str) -> bool:
     """Whether `path` is the Messages API's, whose clients read Anthropic's errors."""
     return any(path == p or path.startswith(p + "/") for p in ANTHROPIC_PATHS)

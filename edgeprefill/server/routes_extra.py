@@ -25,7 +25,7 @@ from edgeprefill import __version__
 from edgeprefill.errors import RequestError
 from edgeprefill.sdk.engine import Engine
 from edgeprefill.server.body import only_fields
-from edgeprefill.server.errors import ApiError
+from edgeprefill.server.errors import ApiError, unknown_model
 from edgeprefill.server.schemas import (
     bool_field,
     chat_field_given,
@@ -100,7 +100,7 @@ class ExtraRoutes:
     async def model(self, request: Request) -> Response:
         model_id = request.path_params["model_id"]
         if model_id != self.model_name:
-            return _unknown_model(model_id, self.model_name).response()
+            return unknown_model(model_id, self.model_name).response()
         return JSONResponse(model_card(self.engine, self.model_name, self.created))
 
     async def version(self, request: Request) -> Response:
@@ -113,7 +113,7 @@ class ExtraRoutes:
         body = only_fields(body, allowed)
         model = body.get("model")
         if model is not None and model != self.model_name:
-            raise _unknown_model(model, self.model_name)
+            raise unknown_model(model, self.model_name)
         return body
 
     async def _encode(self, body: dict) -> list[int]:
@@ -173,10 +173,3 @@ def _chat_options(body: dict) -> dict:
             raise ApiError(400, "'tools' must be a list of tool specs", "tools")
         options["tools"] = tools
     return options
-
-
-
-
-def _unknown_model(model: str, served: str) -> ApiError:
-    return ApiError(404, f"model {model!r} does not exist; this server serves {served!r} "
-                    "(see GET /v1/models)", "model", "model_not_found")
