@@ -32,7 +32,7 @@ from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from edgeprefill.errors import ExportError
+from edgeprefill.export.converted_ids import refuse_other_ids
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
@@ -221,15 +221,8 @@ def check(hf_dir: Path, tokenizer: Tokenizer, probes: tuple[str, ...]) -> str:
         cases = list(_cases(reference, probes + PROBES))
     except Unchecked as why:
         return f"not checked: {why}"
-    for text, special, expected in cases:
-        got = tokenizer.encode(text, add_special_tokens=special).ids
-        if got != expected:
-            raise ExportError(
-                f"the tokenizer.json transformers converts from {hf_dir}'s vocab.json + "
-                f"merges.txt splits {text!r} otherwise than {reference.tokenizer_class} "
-                f"reads GPT-2's files ({got[:12]} against {expected[:12]}): the model "
-                "would read ids it was not trained on; give the checkpoint a "
-                "tokenizer.json that matches its tokenizer")
+    refuse_other_ids(tokenizer, cases, f"{hf_dir}'s vocab.json + merges.txt",
+                     f"{reference.tokenizer_class} reads GPT-2's files")
     unprobed = ("; text after a special token not probed (add_prefix_space)"
                 if reference.prefix_space else "")
     return (f"its ids equal edgeprefill's own byte-level BPE's, reading the files as "

@@ -47,6 +47,7 @@ from typing import TYPE_CHECKING, Any
 
 from edgeprefill.errors import ExportError
 from edgeprefill.export import bpe_reference
+from edgeprefill.export.converted_ids import refuse_other_ids
 from edgeprefill.export.remote_tokenizer import LLAMA_COPIES, READ_AS, remote_class, stage_as_llama
 
 if TYPE_CHECKING:
@@ -317,15 +318,8 @@ def _check(model: Path, tokenizer: Tokenizer, legacy: bool, hf_dir: Path) -> str
         spm = sentencepiece.SentencePieceProcessor(model_file=str(model))
     except Exception:  # noqa: BLE001 - not a SentencePiece file (tiktoken's format)
         return f"not checked: sentencepiece cannot read {model.name}"
-    for text, expected in _references(spm, legacy):
-        got = tokenizer.encode(text, add_special_tokens=False).ids
-        if got != expected:
-            raise ExportError(
-                f"the tokenizer.json transformers converts from {hf_dir / model.name} "
-                f"splits {text!r} "
-                f"otherwise than sentencepiece ({got[:12]} against {expected[:12]}): the "
-                "model would read ids it was not trained on; give the checkpoint a "
-                "tokenizer.json that matches its tokenizer")
+    refuse_other_ids(tokenizer, ((text, False, ids) for text, ids in _references(spm, legacy)),
+                     str(hf_dir / model.name), "sentencepiece")
     count = len(PROBES) + (len(LEADING_SPACE) if legacy else 0)
     spaces = ("spaces read the legacy way" if legacy
               else "spaces as transformers reads them (non-legacy)")
