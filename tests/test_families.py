@@ -109,6 +109,23 @@ def export_small(hf_dir, out, flavor: str = "ort"):
     return out
 
 
+def saved_alone(family: str, root) -> tuple:
+    """The `family` fixture loaded with AutoModelForCausalLM (as fine-tuning scripts load an
+    image-text checkpoint) and saved by transformers to root/text with the fixture's
+    tokenizer: (that folder, the model's logits at the last of prompt_ids(40))."""
+    import shutil
+
+    from transformers import AutoModelForCausalLM
+
+    hf_dir = build_hf_model(family, root / "hf")
+    model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32)
+    model.save_pretrained(root / "text")
+    shutil.copy(hf_dir / "tokenizer.json", root / "text")
+    with torch.no_grad():
+        expected = model(torch.tensor([prompt_ids(40)])).logits[0, -1].numpy()
+    return root / "text", expected
+
+
 def test_a_partial_rotary_factor_the_model_ignores_leaves_the_logits_as_transformers(tmp_path):
     hf_dir = build_hf_model("llama", tmp_path / "hf", head_dim=32, rope_parameters={
         "rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5})

@@ -203,18 +203,11 @@ def test_the_language_model_saved_alone_by_transformers_exports(tmp_path, family
     mllama_text_model) with plain `model.` names, which export had refused as an unknown
     model type. Mllama's saved text model still holds its cross-attention layer (the
     fixture's second): left out, as from the image-text checkpoint."""
-    from transformers import AutoModelForCausalLM
+    from tests.test_families import export_small, last_logits, saved_alone
 
-    from tests.test_families import export_small, last_logits
-
-    hf_dir = build_hf_model(family, tmp_path / "hf")
-    model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32)
-    model.save_pretrained(tmp_path / "text")
-    (tmp_path / "text" / "tokenizer.json").write_bytes((hf_dir / "tokenizer.json").read_bytes())
-    assert json.loads((tmp_path / "text" / "config.json").read_text())["model_type"] == \
+    text, expected = saved_alone(family, tmp_path)
+    assert json.loads((text / "config.json").read_text())["model_type"] == \
         f"{family}_text_model"
-    ids = prompt_ids(40)
-    with torch.no_grad():
-        expected = model(torch.tensor([ids])).logits[0, -1].numpy()
-    out = export_small(tmp_path / "text", tmp_path / "b")
-    np.testing.assert_allclose(last_logits(out, ids), expected, rtol=1e-4, atol=1e-4)
+    out = export_small(text, tmp_path / "b")
+    np.testing.assert_allclose(last_logits(out, prompt_ids(40)), expected, rtol=1e-4,
+                               atol=1e-4)

@@ -22,7 +22,7 @@ from edgeprefill.sdk import Engine
 from tests.conftest import QWEN3_5, build_hf_model
 from tests.state_models import GRAPHS, assert_padded_chunks_match, run_padded, variant_bundles
 from tests.test_exactness import prompt_ids, reference_logits
-from tests.test_families import export_small, last_logits
+from tests.test_families import export_small, last_logits, saved_alone
 
 FLAVORS = ("ort", "standard")
 # The last layer is linear attention, as many key heads as value heads, a kernel of 2,
@@ -189,22 +189,13 @@ def test_the_language_model_saved_alone_by_transformers_exports(tmp_path, family
     it) and saved: transformers 5 writes the text model's config (qwen3_5_text) with the
     image-text checkpoint's tensor names, `model.language_model.`, which export had
     refused ("the checkpoint lacks the tensor 'model.embed_tokens.weight'")."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    hf_dir = build_hf_model(family, tmp_path / "hf")
-    model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32)
-    model.save_pretrained(tmp_path / "text")
-    shutil.copy(hf_dir / "tokenizer.json", tmp_path / "text")
-    saved = load_file(tmp_path / "text" / "model.safetensors")
+    text, expected = saved_alone(family, tmp_path)
+    saved = load_file(text / "model.safetensors")
     assert any(name.startswith("model.language_model.") for name in saved)
-    assert json.loads((tmp_path / "text" / "config.json").read_text())["model_type"] == \
-        f"{family}_text"
-    ids = prompt_ids(40)
-    with torch.no_grad():
-        expected = model(torch.tensor([ids])).logits[0, -1].numpy()
-    out = export_small(tmp_path / "text", tmp_path / "b")
-    np.testing.assert_allclose(last_logits(out, ids), expected, rtol=1e-4, atol=1e-4)
+    assert json.loads((text / "config.json").read_text())["model_type"] == f"{family}_text"
+    out = export_small(text, tmp_path / "b")
+    np.testing.assert_allclose(last_logits(out, prompt_ids(40)), expected, rtol=1e-4,
+                               atol=1e-4)
 
 
 def test_a_manifest_without_its_recurrent_states_is_refused(bundle, tmp_path):
