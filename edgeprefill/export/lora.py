@@ -28,7 +28,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,7 +41,7 @@ from edgeprefill.export.lora_parameters import (
     ParameterDelta,
     StoredDeltas,
     parameter_deltas,
-    pattern_value,
+    rank_and_scale,
 )
 from edgeprefill.export.module_names import Parameter
 
@@ -151,13 +150,10 @@ class Adapter:
             raise ExportError(f"{self.folder}: {module} has {' and '.join(sorted(parts))} "
                               f"but not both of {a_key} and {b_key}")
         a, b = parts[a_key], parts[b_key]
-        r = pattern_value(config.get("rank_pattern") or {}, module, config.get("r", 8))
-        alpha = pattern_value(config.get("alpha_pattern") or {}, module,
-                              config.get("lora_alpha", 8))
+        r, scale = rank_and_scale(config, module)
         if a.ndim != 2 or b.ndim != 2 or a.shape[0] != r or b.shape[1] != r:
             raise ExportError(f"{self.folder}: {module}'s {a_key} {tuple(a.shape)} and "
                               f"{b_key} {tuple(b.shape)} disagree with its rank r={r}")
-        scale = alpha / math.sqrt(r) if config.get("use_rslora") else alpha / r
         self.deltas[module + ".weight"] = Delta(a, b, scale, embedding)
         if "lora_B.bias" in parts:
             self.bias_deltas[module + ".bias"] = parts["lora_B.bias"].astype(np.float32) * scale

@@ -112,12 +112,9 @@ def parameter_deltas(modules: dict[str, dict[str, np.ndarray]], config: dict,
                               f"{' and '.join(sorted(parts))}, not lora_A.weight and "
                               "lora_B.weight")
         # peft keys the patterns by the parameter's full name (its `current_key`)
-        r = pattern_value(config.get("rank_pattern") or {}, parameter.name, config.get("r", 8))
-        alpha = pattern_value(config.get("alpha_pattern") or {}, parameter.name,
-                              config.get("lora_alpha", 8))
+        r, scale = rank_and_scale(config, parameter.name)
         deltas[parameter.name] = parameter_delta(parameter, parts["lora_A.weight"],
-                                                 parts["lora_B.weight"], r, alpha,
-                                                 bool(config.get("use_rslora")))
+                                                 parts["lora_B.weight"], r, scale)
     return deltas, left
 
 
@@ -130,8 +127,16 @@ def pattern_value(pattern: dict, module: str, default):
     return default
 
 
+def rank_and_scale(config: dict, name: str) -> tuple[int, float]:
+    """A LoRA's rank and the scale of its B @ A, for the module or parameter `name`: r and
+    alpha by rank_pattern / alpha_pattern, alpha / r (alpha / sqrt(r) with rsLoRA)."""
+    r = pattern_value(config.get("rank_pattern") or {}, name, config.get("r", 8))
+    alpha = pattern_value(config.get("alpha_pattern") or {}, name, config.get("lora_alpha", 8))
+    return r, alpha / math.sqrt(r) if config.get("use_rslora") else alpha / r
+
+
 def parameter_delta(parameter: Parameter, a: np.ndarray, b: np.ndarray, r: int,
-                    alpha: float, rslora: bool) -> ParameterDelta:
+                    scale: float) -> ParameterDelta:
     """The wrapper's delta, its A and B checked against the parameter's shape."""
     experts, fan_in, fan_out = in_out(parameter)
     if a.shape != (r * experts, fan_in) or b.shape != (fan_out, r * experts):
@@ -140,7 +145,6 @@ def parameter_delta(parameter: Parameter, a: np.ndarray, b: np.ndarray, r: int,
                           f"{tuple(b.shape)}, not ({r * experts}, {fan_in}) and ({fan_out}, "
                           f"{r * experts}) for its rank r={r}: is it the adapter of another "
                           "model?")
-    scale = alpha / math.sqrt(r) if rslora else alpha / r
     return ParameterDelta(a, b, scale, parameter)
 
 
