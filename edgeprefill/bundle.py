@@ -52,6 +52,7 @@ VALUE_IS_KEY_FIELDS = ("value_is_key",)
 # bundle's manifest, which reads as it always did. A runtime from before them ignores them
 # (with a warning) and then refuses the graph, whose output is `hidden`, not `logits`.
 TASK_FIELDS = ("task", "embedding")
+PROMPT_FIELDS = ("prompts", "default_prompt_name")  # left out where the model has none
 TASKS = ("generate", "embed")  # what a bundle's graph gives: logits, or hidden states
 POOLINGS = ("lasttoken",)  # export/sentence_layout.py: the one pooling a bundle exports
 
@@ -144,6 +145,11 @@ class EmbeddingInfo:
 
     pooling: str  # "lasttoken": the hidden state of the text's last token (the graph's row)
     normalize: bool  # L2-normalized (sentence-transformers' Normalize module)
+    # sentence-transformers' named prompts (config_sentence_transformers.json), put before a
+    # text by name (Qwen3-Embedding's "query": "Instruct: ...\nQuery:"), and the one put
+    # before every text no prompt is asked for; written only where the folder has them.
+    prompts: dict[str, str] = field(default_factory=dict)
+    default_prompt_name: str | None = None
 
 
 @dataclass(frozen=True)
@@ -182,6 +188,10 @@ class Manifest:
         if self.task == "generate":
             for key in TASK_FIELDS:
                 del raw[key]
+        elif raw["embedding"] is not None:
+            for key in PROMPT_FIELDS:  # a model without prompts writes what it always did
+                if not raw["embedding"][key]:
+                    del raw["embedding"][key]
         return json.dumps(raw, indent=2) + "\n"
 
     @classmethod
@@ -348,6 +358,10 @@ def _check_task(manifest: Manifest) -> None:
         if embedding.pooling not in POOLINGS:
             _malformed(f"embedding.pooling must be one of {', '.join(POOLINGS)}, got "
                        f"{embedding.pooling!r}")
+        default = embedding.default_prompt_name
+        if default is not None and default not in embedding.prompts:
+            _malformed(f"embedding.default_prompt_name {default!r} is none of "
+                       "embedding.prompts")
 
 
 def _check_value_is_key(manifest: Manifest) -> None:

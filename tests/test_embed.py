@@ -38,6 +38,11 @@ POOLING = {"idx": 1, "name": "1", "path": "1_Pooling", "type":
 NORMALIZE = {"idx": 2, "name": "2", "path": "2_Normalize", "type":
              "sentence_transformers.models.Normalize"}
 TEXTS = ["w5 w6 w7", "  w9 w10\n", " ".join(f"w{3 + i % 90}" for i in range(45))]
+# config_sentence_transformers.json as Qwen3-Embedding's ("Instruct: ...\nQuery:" for
+# queries, nothing for documents), its prompt in the fixture tokenizer's words
+QUERY = "w40 w41 "
+PROMPTS = {"prompts": {"query": QUERY, "document": ""}, "default_prompt_name": None,
+           "similarity_fn_name": "cosine"}
 
 
 def as_embedding_model(hf_dir: Path, pooling: dict | None = None,
@@ -65,8 +70,9 @@ def as_embedding_model(hf_dir: Path, pooling: dict | None = None,
 
 @pytest.fixture(scope="module")
 def embed_model(tmp_path_factory) -> Path:
-    hf = build_hf_model("qwen3", tmp_path_factory.mktemp("qwen3-embedding"))
-    return as_embedding_model(hf)
+    hf = as_embedding_model(build_hf_model("qwen3", tmp_path_factory.mktemp("qwen3-embedding")))
+    (hf / "config_sentence_transformers.json").write_text(json.dumps(PROMPTS))
+    return hf
 
 
 @pytest.fixture(scope="module")
@@ -115,8 +121,8 @@ def test_a_sentence_transformers_folder_exports_an_embedding_bundle(embed_bundle
     assert manifest.graph.outputs[HIDDEN] == ["float32", ["batch", 64]]
     assert LOGITS not in manifest.graph.outputs
     raw = json.loads((embed_bundle / "edgeprefill.json").read_text())
-    assert raw["task"] == "embed" and raw["embedding"] == {"pooling": "lasttoken",
-                                                           "normalize": True}
+    assert raw["task"] == "embed" and raw["embedding"] == {
+        "pooling": "lasttoken", "normalize": True, "prompts": {"query": QUERY, "document": ""}}
 
 
 def test_a_generation_manifest_says_no_task(bundle):
@@ -187,6 +193,8 @@ def test_task_embed_without_modules_json_is_last_token_normalized(tmp_path, capl
             chunks=(CHUNK,), max_context=CONTEXT, show_progress=False, task="embed"))
     assert manifest.embedding is not None and manifest.embedding.normalize
     assert "does not use" not in caplog.text  # the head is left out, as AutoModel does
+    raw = json.loads((tmp_path / "b" / "edgeprefill.json").read_text())
+    assert raw["embedding"] == {"pooling": "lasttoken", "normalize": True}  # no prompts
     with pytest.raises(ExportError, match="unknown task 'vectors'"):
         ExportOptions(task="vectors")
 
@@ -370,3 +378,89 @@ def test_add_eos_token_appends_the_pooled_eos_as_transformers_4_did(tmp_path, ca
         with torch.no_grad():
             hidden = model(torch.tensor([ids])).last_hidden_state[0, -1].double().numpy()
         np.testing.assert_allclose(row, hidden / np.linalg.norm(hidden), atol=1e-5)
+
+
+# -- prompts (config_sentence_transformers.json) -------------------------------------------
+
+
+def test_a_named_prompt_goes_before_each_text(embed_engine, embed_model):
+    # sentence-transformers' encode(prompt_name="query"): the prompt, then the text, stripped
+    want = reference(embed_model, [QUERY + text for text in TEXTS])
+    np.testing.assert_allclose(embed_engine.embed(TEXTS, prompt_name="query"), want, atol=1e-5)
+    np.testing.assert_allclose(embed_engine.embed(TEXTS, prompt=QUERY), want, atol=1e-5)
+    plain = reference(embed_model, TEXTS)
+    np.testing.assert_allclose(embed_engine.embed(TEXTS, prompt_name="document"), plain,
+                               atol=1e-5)
+    np.testing.assert_allclose(embed_engine.embed(TEXTS), plain, atol=1e-5)  # no default
+
+
+@pytest.mark.parametrize("kwargs, said", [
+    ({"prompt_name": "passage"}, "prompt_name 'passage' is none of the model's prompts: "
+                                 "'query', 'document'"),
+    ({"prompt_name": "query", "prompt": "w3 "}, "give a prompt or a prompt_name, not both"),
+    ({"prompt": 3}, "prompt must be a string, got int"),
+])
+def test_a_prompt_the_model_lacks_is_refused_in_one_line(embed_engine, kwargs, said):
+    with pytest.raises(RequestError, match=said):
+        embed_engine.embed(TEXTS, **kwargs)
+
+
+def test_the_default_prompt_goes_before_every_text_unless_another_is_given(
+        embed_bundle, embed_model, tmp_path):
+    import shutil
+
+    copy = tmp_path / "b"
+    shutil.copytree(embed_bundle, copy)
+    path = copy / "edgeprefill.json"
+    raw = json.loads(path.read_text())
+    raw["embedding"]["default_prompt_name"] = "query"
+    path.write_text(json.dumps(raw))
+    with Engine.load(copy, threads=1, kv_slots=1) as engine:
+        np.testing.assert_allclose(engine.embed(TEXTS[:2]),
+                                   reference(embed_model, [QUERY + t for t in TEXTS[:2]]),
+                                   atol=1e-5)
+        np.testing.assert_allclose(engine.embed(TEXTS[:2], prompt=""),  # as ST's prompt=""
+                                   reference(embed_model, TEXTS[:2]), atol=1e-5)
+    raw["embedding"]["default_prompt_name"] = "passage"
+    path.write_text(json.dumps(raw))
+    with pytest.raises(BundleError, match="default_prompt_name 'passage' is none of"):
+        load_manifest(copy)
+
+
+@pytest.mark.parametrize("config, said", [
+    ({"prompts": {"query": 3}}, "'prompts' must map names to prompt texts"),
+    ({"prompts": ["query"]}, "'prompts' must map names to prompt texts"),
+    ({"prompts": {"query": "q: "}, "default_prompt_name": "doc"},
+     "default_prompt_name 'doc' is none of its prompts \\(query\\)"),
+])
+def test_malformed_prompts_are_refused_at_export(config, said, tmp_path):
+    from edgeprefill.export.sentence_layout import embedding_head
+
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    (hf / "config_sentence_transformers.json").write_text(json.dumps(config))
+    with pytest.raises(ExportError, match=said):
+        embedding_head(hf, "embed")
+    (hf / "config_sentence_transformers.json").write_text(json.dumps(
+        {"prompts": {"query": "q: "}, "default_prompt_name": "query"}))
+    head = embedding_head(hf, "embed")
+    assert head is not None and (head.prompts, head.default_prompt_name) == (
+        {"query": "q: "}, "query")
+    assert embedding_head(hf, "generate") is None
+
+
+def test_run_and_inspect_take_the_prompt_name(embed_bundle, embed_model, bundle):
+    from tests.test_cli_errors import cli
+
+    one = cli("run", embed_bundle, TEXTS[0], "--prompt-name", "query", "--threads", "1")
+    assert one.returncode == 0, one.stderr
+    np.testing.assert_allclose([json.loads(one.stdout)],
+                               reference(embed_model, [QUERY + TEXTS[0]]), atol=1e-5)
+    unknown = cli("run", embed_bundle, TEXTS[0], "--prompt-name", "passage")
+    assert unknown.returncode == 2 and unknown.stderr.strip().splitlines() == [
+        "error: --prompt-name 'passage' is none of the model's prompts: 'query', 'document'"]
+    assert ("prompts     query (8 characters), document (0 characters); default: none"
+            in cli("inspect", embed_bundle).stdout)
+    refused = cli("run", bundle("llama"), "w5", "--prompt-name", "query")
+    assert refused.returncode == 2 and "--prompt-name applies to an embedding bundle only" \
+        in refused.stderr

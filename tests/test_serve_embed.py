@@ -21,6 +21,7 @@ from edgeprefill.sdk import Engine  # noqa: E402
 from edgeprefill.server import ServerThread  # noqa: E402
 from tests.test_embed import (  # noqa: E402
     CONTEXT,
+    QUERY,
     TEXTS,
     embed_bundle,
     embed_model,
@@ -103,10 +104,31 @@ def test_dimensions_are_the_first_ones_normalized_again(client, expected):
     ({"input": "w5", "bogus": 1}, "bogus"),
     ({"input": [100000]}, "input"),
     ({"input": ["w5"] * 2049}, "input"),  # OpenAI's limit: 2048 items a request
+    ({"input": "w5", "prompt_name": "passage"}, "prompt_name"),
+    ({"input": "w5", "prompt_name": 3}, "prompt_name"),
+    ({"input": [5, 6], "prompt_name": "query"}, "prompt_name"),  # ids take no prompt
 ])
 def test_bad_requests_are_400s_naming_the_field(http, body, param):
     error = assert_error(http.post("/v1/embeddings", json=body), 400, param)
     assert "\n" not in error["message"]
+
+
+def test_prompt_name_puts_the_model_s_prompt_before_each_text(http, embed_model, engine):
+    # text-embeddings-inference's field; the ids of a text with its prompt are counted
+    want = reference(embed_model, [QUERY + text for text in TEXTS])
+    reply = http.post("/v1/embeddings", json={"input": TEXTS, "prompt_name": "query"}).json()
+    np.testing.assert_allclose([d["embedding"] for d in reply["data"]], want, atol=1e-5)
+    assert reply["usage"]["prompt_tokens"] == sum(len(ids_of(engine, QUERY + t)) for t in TEXTS)
+    ollama_embed = http.post("/api/embed", json={"model": MODEL, "input": TEXTS,
+                                                 "prompt_name": "query"}).json()
+    np.testing.assert_allclose(ollama_embed["embeddings"], want, atol=1e-5)
+    older = http.post("/api/embeddings", json={"model": MODEL, "prompt": TEXTS[2],
+                                               "prompt_name": "query"}).json()
+    np.testing.assert_allclose(older["embedding"], want[2], atol=1e-5)
+    refused = http.post("/api/embed", json={"model": MODEL, "input": "w5",
+                                            "prompt_name": "passage"})
+    assert refused.status_code == 400 and "none of the model's prompts" in \
+        refused.json()["error"]
 
 
 def test_a_text_past_the_context_is_a_400(http):

@@ -1,7 +1,8 @@
 """`edgeprefill run` on an embedding bundle: each text's vector (Engine.embed) printed to
 stdout as a JSON list, one line per text, in the order given: the PROMPT (or
 --prompt/--prompt-file) is one text, each line of --prompts one (plain text, or a JSON
-string). The generation options (sampling, chat, --interactive, --sessions) do not apply
+string), each after the model's prompt --prompt-name names (else its default prompt, if
+any). The generation options (sampling, chat, --interactive, --sessions) do not apply
 and are refused in one line, not ignored."""
 
 from __future__ import annotations
@@ -51,13 +52,14 @@ def texts_of(prompt: str | None, lines: list[str] | None) -> list[str]:
     return texts
 
 
-def print_vectors(bundle: str, texts: list[str], dimensions: int | None, priority: int,
-                  stats: bool, engine: dict) -> None:
+def print_vectors(bundle: str, texts: list[str], dimensions: int | None,
+                  prompt_name: str | None, priority: int, stats: bool, engine: dict) -> None:
     from edgeprefill.sdk import Engine
 
     with Engine.load(bundle, **engine) as loaded:
         began = time.perf_counter()
-        vectors = loaded.embed(texts, dimensions=dimensions, priority=priority)
+        vectors = loaded.embed(texts, dimensions=dimensions, prompt_name=prompt_name,
+                               priority=priority)
         took = time.perf_counter() - began
         for row in vectors:
             click.echo(json.dumps(row.tolist()))

@@ -71,7 +71,7 @@ def inspect(bundle, verify, as_json):
         f"model       {model.family}: {model.num_layers} layers, hidden {model.hidden_size}, "
         f"{_heads(model)}, vocab {model.vocab_size}",
         f"quirks      {'; '.join(m.source.get('quirks') or ['none (plain Llama layout)'])}",
-        _task_line(m),
+        *_task_lines(m),
         *_gguf_line(m),
         *_adapter_line(m.source),
         *_tokenizer_line(m.source),
@@ -107,14 +107,21 @@ def inspect(bundle, verify, as_json):
     click.echo("\n".join(lines))
 
 
-def _task_line(m) -> str:
-    """What the bundle's graph gives: logits to generate from, or embeddings."""
+def _task_lines(m) -> list[str]:
+    """What the bundle's graph gives: logits to generate from, or embeddings (and the
+    model's named prompts, where its folder named any)."""
     if m.embedding is None:
-        return "task        generate (logits; `run`, `serve`'s completion and chat routes)"
+        return ["task        generate (logits; `run`, `serve`'s completion and chat routes)"]
     normalized = ", L2-normalized" if m.embedding.normalize else ""
-    return (f"task        embed: {m.embedding.pooling} pooling{normalized}, "
+    task = (f"task        embed: {m.embedding.pooling} pooling{normalized}, "
             f"{m.model.hidden_size} dimensions (Engine.embed, POST /v1/embeddings, "
             "/api/embed; `run` prints the vectors)")
+    prompts = m.embedding.prompts
+    if not prompts:
+        return [task]
+    names = ", ".join(f"{name} ({len(text)} characters)" for name, text in prompts.items())
+    return [task, f"prompts     {names}; default: {m.embedding.default_prompt_name or 'none'} "
+                  "(--prompt-name, Engine.embed(prompt_name=), the routes' prompt_name)"]
 
 
 def _gguf_line(m) -> list[str]:

@@ -78,13 +78,17 @@ def _priority(ctx: click.Context, param: click.Parameter, value: str) -> int:
 @click.option("--dimensions", type=click.IntRange(1), default=None,
               help="Embedding bundles: the first N dimensions of each vector (normalized "
                    "again where the bundle normalizes). Default: all.")
+@click.option("--prompt-name", default=None,
+              help="Embedding bundles: put the model's prompt of that name before each text "
+                   "(Qwen3-Embedding's 'query' for search queries; `inspect` lists them). "
+                   "Default: the model's default prompt, if it names one.")
 @engine_options()
 @click.option("--stats", is_flag=True, help="Print TTFT, prefill/decode tokens/s and chunks "
               "to stderr.")
 def run(bundle, prompt_words, prompt, prompt_file, chat, system, interactive, sessions,
         prompts_file, priority, stats,
         max_new_tokens, temperature, top_k, top_p, repetition_penalty, seed, stop, ignore_eos,
-        thinking_budget, think, hide_thinking, dimensions, engine):
+        thinking_budget, think, hide_thinking, dimensions, prompt_name, engine):
     """Generate text from a bundle. Only the generated text goes to stdout, so it pipes.
     On an embedding bundle (`inspect` says its task) it prints each text's vector instead,
     as a JSON list, one line per text: the PROMPT, or each line of --prompts.
@@ -126,11 +130,12 @@ def run(bundle, prompt_words, prompt, prompt_file, chat, system, interactive, se
             {name for name in embed_run.GENERATION_OPTIONS
              if source(name) is ParameterSource.COMMANDLINE})
         embed_run.print_vectors(bundle, embed_run.texts_of(prompt, lines), dimensions,
-                                priority, stats, engine)
+                                prompt_name, priority, stats, engine)
         return
-    if dimensions is not None:
-        raise RequestError("--dimensions applies to an embedding bundle only; this one "
-                           "generates text")
+    for name, value in (("--dimensions", dimensions), ("--prompt-name", prompt_name)):
+        if value is not None:
+            raise RequestError(f"{name} applies to an embedding bundle only; this one "
+                               "generates text")
     explicit = dict(
         max_new_tokens=max_new_tokens or DEFAULT_NEW_TOKENS, temperature=temperature,
         top_k=top_k, top_p=top_p, repetition_penalty=repetition_penalty, seed=seed,

@@ -15,6 +15,14 @@ the Normalize module as a flag the runtime applies. Any other pooling (mean, CLS
 weighted mean; a latent-attention module) or module (a Dense projection) would give other
 vectors than the model's: refused in one line naming it.
 
+sentence-transformers' `config_sentence_transformers.json` names the prompts a text may be
+given before it is embedded (Qwen3-Embedding: `"query": "Instruct: Given a web search
+query, retrieve relevant passages that answer the query\nQuery:"`, `"document": ""`;
+e5-mistral and gte-Qwen2 likewise) and, optionally, the one every text gets where none is
+asked for (`default_prompt_name`). They are the model's: its queries were trained with
+them. They go into the manifest as they are, for the runtime to put before a text by name
+(sdk/embedding.py).
+
 `--task` overrides what the folder says: `generate` exports the LM (the folder's head, or
 a tied embedding, as the LM head), `embed` a folder without modules.json as last-token
 pooling, normalized (what every model listed above does), and `auto`, the default, embeds
@@ -24,6 +32,7 @@ exactly where modules.json is.
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +40,7 @@ from edgeprefill.bundle import EmbeddingInfo
 from edgeprefill.errors import ExportError
 
 MODULES_FILE = "modules.json"
+PROMPTS_FILE = "config_sentence_transformers.json"
 TASKS = ("auto", "embed", "generate")
 TRANSFORMER = "sentence_transformers.models.Transformer"
 POOLING = "sentence_transformers.models.Pooling"
@@ -53,9 +63,26 @@ def embedding_head(hf_dir: Path, task: str) -> EmbeddingInfo | None:
     modules = hf_dir / MODULES_FILE
     if task == "generate" or (task == "auto" and not modules.is_file()):
         return None
-    if not modules.is_file():
-        return DEFAULT_EMBEDDING
-    return _read_modules(hf_dir, _json(modules))
+    head = _read_modules(hf_dir, _json(modules)) if modules.is_file() else DEFAULT_EMBEDDING
+    return _with_prompts(head, hf_dir / PROMPTS_FILE)
+
+
+def _with_prompts(head: EmbeddingInfo, config: Path) -> EmbeddingInfo:
+    """`head` with the folder's named prompts and default prompt, where it has them."""
+    if not config.is_file():
+        return head
+    raw = _json(config)
+    if not isinstance(raw, dict):
+        raise ExportError(f"{config} is malformed: an object is expected")
+    prompts = raw.get("prompts") or {}
+    if not isinstance(prompts, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in prompts.items()):
+        raise ExportError(f"{config}: 'prompts' must map names to prompt texts")
+    default = raw.get("default_prompt_name")
+    if default is not None and default not in prompts:
+        raise ExportError(f"{config}: default_prompt_name {default!r} is none of its "
+                          f"prompts ({', '.join(prompts) or 'none'})")
+    return replace(head, prompts=dict(prompts), default_prompt_name=default)
 
 
 def _read_modules(hf_dir: Path, modules: Any) -> EmbeddingInfo:

@@ -6,6 +6,11 @@ whitespace, then encoded with the tokenizer's post-processor (Qwen3-Embedding's 
 in chunks like any prompt and keeps the graph's `hidden` row of its last token
 (Engine.submit_embedding); `vectors` then truncates (Matryoshka `dimensions`) and
 L2-normalizes where the bundle says so (sentence-transformers' Normalize module).
+
+A prompt goes before the text as sentence-transformers' `encode(prompt_name=, prompt=)`
+puts it: a named one of the bundle's (its folder's config_sentence_transformers.json),
+or one given as text, or else the bundle's default prompt, if it names one; the prompt
+and the text are then stripped as one string.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from edgeprefill.errors import RequestError
 from edgeprefill.values import is_int
 
 if TYPE_CHECKING:
-    from edgeprefill.bundle import Manifest
+    from edgeprefill.bundle import EmbeddingInfo, Manifest
     from edgeprefill.sdk.stream import TokenStream
     from edgeprefill.sdk.tokenizer import BundleTokenizer
 
@@ -47,6 +52,35 @@ def check_dimensions(dimensions: object, hidden: int) -> int | None:
         raise RequestError(f"dimensions must be an integer in 1..{hidden} (the model's "
                            f"embedding size), got {dimensions!r}", "dimensions")
     return dimensions
+
+
+def prompt_of(info: EmbeddingInfo | None, prompt_name: object = None,
+              prompt: object = None) -> str:
+    """The text put before each text: `prompt` as given, the bundle's prompt named
+    `prompt_name`, or its default prompt ("" where it names none)."""
+    if prompt is not None and prompt_name is not None:
+        raise RequestError("give a prompt or a prompt_name, not both", "prompt_name")
+    if prompt is not None:
+        if not isinstance(prompt, str):
+            raise RequestError(f"prompt must be a string, got {type(prompt).__name__}",
+                               "prompt")
+        return prompt
+    prompts = info.prompts if info is not None else {}
+    if prompt_name is None:
+        default = info.default_prompt_name if info is not None else None
+        return prompts[default] if default is not None else ""
+    if not isinstance(prompt_name, str) or prompt_name not in prompts:
+        known = ", ".join(map(repr, prompts)) if prompts else "none (its folder named none)"
+        raise RequestError(f"prompt_name {prompt_name!r} is none of the model's prompts: "
+                           f"{known}", "prompt_name")
+    return prompts[prompt_name]
+
+
+def with_prompt(prompt: str, text: object) -> str:
+    """The prompt, then the text (a string, else refused)."""
+    if not isinstance(text, str):
+        raise RequestError(f"a text to embed is a string, got {type(text).__name__}")
+    return prompt + text
 
 
 def prepared(text: object) -> str:

@@ -287,26 +287,35 @@ class Engine:
         return [r.stream for r in requests]
 
     def embed(self, texts: str | list[str], *, dimensions: int | None = None,
+              prompt_name: str | None = None, prompt: str | None = None,
               priority: int | str = 0) -> np.ndarray:
         """float32 [len(texts), hidden] (or [.., dimensions]: the first `dimensions` of
         each, a Matryoshka truncation) embeddings of an embedding bundle's model, one row
         per text, L2-normalized where the bundle normalizes. A text is tokenized as
         sentence-transformers does (sdk/embedding.py), prefilled in chunks as a prompt is,
         between other requests' steps; one longer than the context is refused. Blocks
-        until every vector is there."""
+        until every vector is there.
+
+        `prompt_name` puts one of the model's named prompts before each text (Qwen3-
+        Embedding's "query" for a search query; `inspect` lists them), `prompt` a text of
+        your own; with neither, the model's default prompt, if its folder named one, as
+        sentence-transformers' `encode` does."""
         items = [texts] if isinstance(texts, str) else texts
         if not isinstance(items, list | tuple) or not items:
             raise RequestError("texts must be a string or a non-empty list of strings")
         dimensions = self._embedding_dimensions(dimensions)
-        ids = [self._text_ids(text, i if len(items) > 1 else None)
+        before = embedding.prompt_of(self.manifest.embedding, prompt_name, prompt)
+        ids = [self._text_ids(before, text, i if len(items) > 1 else None)
                for i, text in enumerate(items)]
         rows = self._embed_rows(ids, priority)
         return embedding.vectors(np.stack(rows), self._normalizes(), dimensions)
 
-    def _text_ids(self, text: str, index: int | None) -> list[int]:
-        """A text's ids; a refusal names the text's place in the list, if one was given."""
+    def _text_ids(self, prompt: str, text: str, index: int | None) -> list[int]:
+        """A text's ids, the prompt before it; a refusal names the text's place in the
+        list, if one was given."""
         try:
-            return embedding.text_ids(self.tokenizer, text, self.capacity)
+            return embedding.text_ids(self.tokenizer, embedding.with_prompt(prompt, text),
+                                      self.capacity)
         except RequestError as err:
             if index is None:
                 raise

@@ -6,6 +6,8 @@
                            or base64 (little-endian float32, what the openai client asks
                            for by default); `dimensions` (the first N, normalized again
                            where the bundle normalizes); `user` (accepted, unused);
+                           `prompt_name` (not OpenAI's: text-embeddings-inference's, one of
+                           the model's named prompts put before each text);
                            `usage.prompt_tokens`
     POST /api/embed        Ollama's: `input` a string or a list of strings; `truncate`
                            (default true: a text longer than the context is cut to it, as
@@ -14,7 +16,10 @@
     POST /api/embeddings   Ollama's older route: `prompt` -> `embedding`
 
 A text is tokenized as sentence-transformers does (stripped, the tokenizer's
-post-processor applied) in a prompt worker; token ids are taken as they are. The vectors
+post-processor applied) in a prompt worker, after the prompt `prompt_name` names (each
+route takes it) or else the model's default prompt, if its folder named one (as
+sentence-transformers' `encode` puts it: sdk/embedding.py); token ids are taken as they
+are, with no prompt. The vectors
 are the model's as the bundle defines them: L2-normalized where its sentence-transformers
 folder had a Normalize module (Ollama's /api/embed normalizes every model's; the models
 this exports are all normalized). Ollama's `options.num_ctx` holds the texts to a
@@ -49,7 +54,8 @@ from edgeprefill.values import is_int
 if TYPE_CHECKING:
     from edgeprefill.server.app import OpenAIApi
 
-OPENAI_FIELDS = frozenset({"input", "model", "encoding_format", "dimensions", "user"})
+OPENAI_FIELDS = frozenset({"input", "model", "encoding_format", "dimensions", "user",
+                           "prompt_name"})
 MAX_INPUTS = 2048  # OpenAI's limit on the items of one request's `input`
 ENCODINGS = ("float", "base64")
 
@@ -78,8 +84,13 @@ class EmbeddingRoutes:
                                f"{encoding!r}", "encoding_format")
             dimensions = self._dimensions(body)
             inputs = _openai_inputs(body.get("input"))
+            if body.get("prompt_name") is not None and any(isinstance(i, list) for i in inputs):
+                raise ApiError(400, "'prompt_name' applies to texts; token ids are taken as "
+                               "they are", "prompt_name")
+            prompt = self._prompt(body)
             ids = [self._token_ids(tokens) if isinstance(tokens, list) else
-                   await self._ids(tokens, truncate=False, field="input") for tokens in inputs]
+                   await self._ids(prompt + tokens, truncate=False, field="input")
+                   for tokens in inputs]
             vectors = await self._vectors(ids, dimensions)
         except ApiError as err:
             self.api.metrics.reject(err.status)
@@ -106,8 +117,9 @@ class EmbeddingRoutes:
             if not isinstance(truncate, bool):
                 raise ApiError(400, "'truncate' must be true or false", "truncate")
             dimensions = self._dimensions(body)
+            prompt = self._prompt(body)
             context = embedding_context(body, self.engine.capacity)
-            ids = [await self._ids(text, truncate, "input", context) for text in texts]
+            ids = [await self._ids(prompt + text, truncate, "input", context) for text in texts]
             vectors = await self._vectors(ids, dimensions)
         except ApiError as err:
             self.api.metrics.reject(err.status)
@@ -128,7 +140,8 @@ class EmbeddingRoutes:
             if not isinstance(prompt, str):
                 raise ApiError(400, "'prompt' must be a string", "prompt")
             context = embedding_context(body, self.engine.capacity)
-            vectors = await self._vectors([await self._ids(prompt, False, "prompt", context)],
+            text = self._prompt(body) + prompt
+            vectors = await self._vectors([await self._ids(text, False, "prompt", context)],
                                           None)
         except ApiError as err:
             self.api.metrics.reject(err.status)
@@ -143,6 +156,13 @@ class EmbeddingRoutes:
                                               self.engine.manifest.model.hidden_size)
         except RequestError as err:
             raise ApiError(400, str(err), "dimensions") from None
+
+    def _prompt(self, body: dict) -> str:
+        """The prompt `prompt_name` names, or the model's default one ("" if none)."""
+        try:
+            return embedding.prompt_of(self.engine.manifest.embedding, body.get("prompt_name"))
+        except RequestError as err:
+            raise ApiError(400, str(err), "prompt_name") from None
 
     def _require_embedding(self) -> None:
         if self.engine.manifest.task != "embed":
