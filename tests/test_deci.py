@@ -276,3 +276,13 @@ def test_int8_stays_close_to_decilms_forward(tmp_path):
 def test_what_export_cannot_honour_is_refused_in_one_line(tmp_path, change, message):
     hf = deci_checkpoint(tmp_path, reference_model("dynamic"), **change)
     assert_one_line_error(cli("export", hf, "-o", tmp_path / "b", "--quiet"), message)
+
+
+def test_keys_a_config_leaves_out_read_as_its_llamaconfig_defaults_them():
+    """transformers 4.35's LlamaConfig: RMSNorm eps 1e-6, 2048 positions, rope base 10000
+    (the reader's own defaults: the family sets none)."""
+    raw = {k: v for k, v in DECILM_7B.items()
+           if k not in ("rms_norm_eps", "max_position_embeddings", "hidden_act")}
+    cfg = ModelConfig.from_hf(raw)
+    assert (cfg.norm_eps, cfg.max_positions, cfg.activation) == (1e-6, 2048, "silu")
+    assert cfg.ropes["global"].theta == 10000.0

@@ -45,9 +45,6 @@ FAMILIES: dict[str, FamilySpec] = {
         heads_per_layer=HEAD_LISTS, required=("num_key_value_heads_per_layer",),
         ignores=("head_dim", "attention_bias", "mlp_bias"), legacy=_deci_config,
         refuse=_deci_unsupported,
-        # transformers 4.35's LlamaConfig defaults, where they differ from the reader's
-        defaults={"rms_norm_eps": 1e-6, "max_position_embeddings": 2048,
-                  "rope_theta": 10000.0, "hidden_act": "silu"},
         quirks=("KV heads per layer (variable grouped-query attention)",
                 "remote-code family: no transformers class"),
     ),
