@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Collection
 from pathlib import Path
 
 import click
@@ -153,12 +154,20 @@ def _system_line(system: str | None) -> list[str]:
 def _heads(model) -> str:
     if not model.kv_layers:  # Mamba-2: the manifest's head fields are placeholders
         return "no attention"
-    if model.layer_heads:  # OpenELM: each layer's counts, as their range
+    kv = [model.kv_dims(i) for i in range(model.num_layers)]
+    # OpenELM's and DeciLM's counts by layer, as their range (Gemma 4's head sizes by
+    # layer: its quirks list them)
+    if model.layer_heads or (model.layer_kv and len({dim for _, dim in kv}) == 1):
         heads = {model.num_heads, *model.layer_heads.values()}
-        kv = {model.kv_dims(i)[0] for i in range(model.num_layers)}
-        return (f"{min(heads)}-{max(heads)} heads / {min(kv)}-{max(kv)} KV heads of "
+        return (f"{_span(heads)} heads / {_span([h for h, _ in kv])} KV heads of "
                 f"{model.head_dim}, by layer")
     return f"{model.num_heads} heads / {model.num_kv_heads} KV heads of {model.head_dim}"
+
+
+def _span(counts: Collection[int]) -> str:
+    """Counts as their range, "2-6", or the one count they all are."""
+    low, high = min(counts), max(counts)
+    return str(low) if low == high else f"{low}-{high}"
 
 
 def _io_lines(table: dict, kv_pairs: list[list[str]], states: list[str]) -> list[str]:

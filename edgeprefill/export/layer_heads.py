@@ -65,13 +65,14 @@ def layer_heads(raw: dict[str, Any], layers: tuple[LayerAttention, ...]
 def listed_heads(raw: dict[str, Any], keys: tuple[str, str],
                  layers: tuple[LayerAttention, ...]) -> tuple[LayerAttention, ...]:
     """Each layer's query and KV heads from the lists under `keys` (query heads' key, KV
-    heads' key), one entry per layer; a layer's queries a multiple of its KV heads."""
-    lists = [raw[key] for key in keys]
+    heads' key), one entry per layer, or one count for every layer (DeciLM's query heads,
+    num_attention_heads); a layer's queries a multiple of its KV heads."""
+    lists = [_per_layer(raw[key], len(layers)) for key in keys]
     for key, counts in zip(keys, lists, strict=True):
         if not isinstance(counts, list) or len(counts) != len(layers) or any(
                 isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in counts):
             raise ExportError(f"config.json: {key} must list a positive head count for each "
-                              f"of the {len(layers)} layers, got {counts!r}")
+                              f"of the {len(layers)} layers, got {raw[key]!r}")
     out = []
     for i, (layer, heads, kv) in enumerate(zip(layers, *lists, strict=True)):
         if heads % kv:
@@ -79,6 +80,13 @@ def listed_heads(raw: dict[str, Any], keys: tuple[str, str],
                               f"not a multiple of its {kv} KV heads ({keys[1]})")
         out.append(replace(layer, heads=heads, kv_heads=kv))
     return tuple(out)
+
+
+def _per_layer(counts: Any, layers: int) -> Any:
+    """A count for every layer as the list of it; anything else as it is (checked there)."""
+    if isinstance(counts, int) and not isinstance(counts, bool):
+        return [counts] * layers
+    return counts
 
 
 def rope_widths(ropes: dict[str, RopeConfig], layers: tuple[LayerAttention, ...]
