@@ -1,19 +1,27 @@
 """Type tests for values read from JSON, the command line or a caller.
 
 Here a bool is never a number (JSON's `true` is no count, though Python's bool is an int),
-and NaN or infinity is never a setting (Python's JSON parser accepts both).
+and NaN or infinity is never a setting (Python's JSON parser accepts both). Beside them,
+`span`: counts said as their range (the export's quirks and `inspect` both say them).
 """
 
 from __future__ import annotations
 
 import math
 import numbers
+from collections.abc import Collection
 from typing import TypeGuard
 
 
 def is_int(value: object) -> TypeGuard[int]:
     """A Python int, not a bool."""
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def span(counts: Collection[int]) -> str:
+    """Counts as their range, "2-6", or the one count they all are."""
+    low, high = min(counts), max(counts)
+    return str(low) if low == high else f"{low}-{high}"
 
 
 def is_integral(value: object) -> bool:

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Collection
 from pathlib import Path
 
 import click
+
+from edgeprefill.values import span
 
 SYSTEM_SHOWN = 72  # characters of the default system message `inspect` shows
 
@@ -159,15 +160,9 @@ def _heads(model) -> str:
     # layer: its quirks list them)
     if model.layer_heads or (model.layer_kv and len({dim for _, dim in kv}) == 1):
         heads = {model.num_heads, *model.layer_heads.values()}
-        return (f"{_span(heads)} heads / {_span([h for h, _ in kv])} KV heads of "
+        return (f"{span(heads)} heads / {span([h for h, _ in kv])} KV heads of "
                 f"{model.head_dim}, by layer")
     return f"{model.num_heads} heads / {model.num_kv_heads} KV heads of {model.head_dim}"
-
-
-def _span(counts: Collection[int]) -> str:
-    """Counts as their range, "2-6", or the one count they all are."""
-    low, high = min(counts), max(counts)
-    return str(low) if low == high else f"{low}-{high}"
 
 
 def _io_lines(table: dict, kv_pairs: list[list[str]], states: list[str]) -> list[str]:

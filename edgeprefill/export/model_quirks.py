@@ -4,10 +4,10 @@ config.json chose (mixers, experts, windows, KV layout, rope), each once."""
 
 from __future__ import annotations
 
-from collections.abc import Collection
 from typing import TYPE_CHECKING
 
 from edgeprefill.export.layer_attention import GLOBAL, LOCAL
+from edgeprefill.values import span
 
 if TYPE_CHECKING:
     from edgeprefill.export.model_config import ModelConfig
@@ -85,7 +85,7 @@ def _kv_cache(cfg: ModelConfig) -> list[str]:
     if any(layer.heads for layer in cfg.layers):  # OpenELM's, DeciLM's counts by layer
         heads = [cfg.layer_heads(i) for i in range(cfg.num_layers)]
         kv = [cfg.layer_kv_heads(i) for i in range(cfg.num_layers)]
-        out.append(f"{_span(heads)} query heads and {_span(kv)} KV heads of {cfg.head_dim}, "
+        out.append(f"{span(heads)} query heads and {span(kv)} KV heads of {cfg.head_dim}, "
                    "by layer")
     own = {("sliding" if layer.window else "full-attention", cfg.layer_kv_heads(i),
             cfg.layer_head_dim(i)) for i, layer in enumerate(cfg.layers)
@@ -100,12 +100,6 @@ def _kv_cache(cfg: ModelConfig) -> list[str]:
     if cfg.k_eq_v:
         out.append("full-attention layers' values are their keys' projection")
     return out
-
-
-def _span(counts: Collection[int]) -> str:
-    """Counts as their range, "2-6", or the one count they all are."""
-    low, high = min(counts), max(counts)
-    return str(low) if low == high else f"{low}-{high}"
 
 
 def _altup(cfg: ModelConfig) -> list[str]:
