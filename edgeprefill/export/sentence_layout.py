@@ -31,7 +31,7 @@ from edgeprefill.bundle import EmbeddingInfo
 from edgeprefill.errors import ExportError
 
 MODULES_FILE = "modules.json"
-TASKS = ("auto", "embed", "generate")
+TASKS = ("auto", "embed", "generate", "score")  # score: export/score_head.py
 TRANSFORMER = "sentence_transformers.models.Transformer"
 POOLING = "sentence_transformers.models.Pooling"
 NORMALIZE = "sentence_transformers.models.Normalize"
@@ -47,11 +47,11 @@ DEFAULT_EMBEDDING = EmbeddingInfo(pooling=LAST_TOKEN, normalize=True)
 
 
 def embedding_head(hf_dir: Path, task: str) -> EmbeddingInfo | None:
-    """The embedding bundle's head, or None for a generation bundle."""
+    """The embedding bundle's head, or None for a generation (or score) bundle."""
     if task not in TASKS:
         raise ExportError(f"unknown task {task!r}; choose one of: {', '.join(TASKS)}")
     modules = hf_dir / MODULES_FILE
-    if task == "generate" or (task == "auto" and not modules.is_file()):
+    if task in ("generate", "score") or (task == "auto" and not modules.is_file()):
         return None
     if not modules.is_file():
         return DEFAULT_EMBEDDING
