@@ -326,3 +326,69 @@ def test_score_refusals_are_one_line(classifiers, reranker, bundle):
                                                    "it gives no scores") as err:
                 call()
             assert "\n" not in str(err.value)
+
+
+# -- the command line ----------------------------------------------------------------------
+
+
+def test_export_run_and_inspect_a_token_reranker(hf_model, tmp_path):
+    """export --task score --score-tokens --score-template-file (its trailing newlines
+    kept), inspect's task and pair lines, run --query's ranking and run's raw scores."""
+    from tests.test_cli_errors import cli
+
+    hf = hf_model("qwen3")
+    template = tmp_path / "template.txt"
+    template.write_text(TEMPLATE + "\n\n")  # a template that ends in newlines keeps them
+    made = cli("export", hf, "-o", tmp_path / "b", "--chunks", "16", "--max-context", "128",
+               "--quiet", "--task", "score", "--score-tokens", "w5, w6",
+               "--score-template-file", template)
+    assert made.returncode == 0, made.stderr
+    assert made.stderr.splitlines()[0] == ("a score bundle (tokens: w5, w6; relevance "
+                                           "sigmoid_difference): Engine.score, Engine.rerank, "
+                                           "POST /v1/rerank")
+    score = load_manifest(tmp_path / "b").score
+    assert score is not None and score.template == TEMPLATE + "\n\n"
+    shown = cli("inspect", tmp_path / "b").stdout
+    assert "task        score: a tokens head (score_head.safetensors), labels w5, w6; " \
+        "relevance sigmoid(w6 - w5)" in shown
+    assert f"pair        {json.dumps(TEMPLATE + chr(10) * 2)}" in shown
+    docs = tmp_path / "docs.txt"
+    docs.write_text("\n".join(DOCUMENTS) + "\n")
+    ranked = cli("run", tmp_path / "b", "--query", QUERY, "--prompts", docs, "--threads", "1")
+    assert ranked.returncode == 0, ranked.stderr
+    ids = [words(TEMPLATE.replace("{query}", QUERY).replace("{document}", d))
+           for d in DOCUMENTS]
+    want = token_logits(hf, ids, [5, 6])
+    relevance = sigmoid(want[:, 1] - want[:, 0])
+    lines = [line.split() for line in ranked.stdout.splitlines()]
+    assert [int(i) for i, _ in lines] == list(np.argsort(-relevance, kind="stable"))
+    np.testing.assert_allclose([float(r) for _, r in lines], np.sort(relevance)[::-1],
+                               atol=1e-5)
+    raw = cli("run", tmp_path / "b", "w20 w21 w22", "--threads", "1")
+    assert raw.returncode == 0, raw.stderr
+    np.testing.assert_allclose([json.loads(raw.stdout)],
+                               token_logits(hf, [[20, 21, 22]], [5, 6]), atol=1e-4)
+
+
+@pytest.mark.parametrize("args, said", [
+    (["w5", "--temperature", "0.5"], "error: --temperature does not apply to a score bundle "
+                                     "(it generates nothing): `run` prints scores, or with "
+                                     "--query a ranking"),
+    (["w5", "--dimensions", "4"], "error: --dimensions applies to an embedding bundle only; "
+                                  "this one scores texts"),
+])
+def test_run_refuses_other_options_on_a_score_bundle(reranker, args, said):
+    from tests.test_cli_errors import cli
+
+    result = cli("run", reranker[1], *args)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [said]
+
+
+def test_query_is_refused_on_other_bundles(bundle):
+    from tests.test_cli_errors import cli
+
+    refused = cli("run", bundle("llama"), "w5", "--query", "w6")
+    assert refused.returncode == 2
+    assert refused.stderr.strip() == \
+        "error: --query applies to a score bundle (a reranker) only"

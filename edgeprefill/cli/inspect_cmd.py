@@ -71,7 +71,7 @@ def inspect(bundle, verify, as_json):
         f"model       {model.family}: {model.num_layers} layers, hidden {model.hidden_size}, "
         f"{_heads(model)}, vocab {model.vocab_size}",
         f"quirks      {'; '.join(m.source.get('quirks') or ['none (plain Llama layout)'])}",
-        _task_line(m),
+        *_task_lines(m),
         *_gguf_line(m),
         *_adapter_line(m.source),
         *_tokenizer_line(m.source),
@@ -79,7 +79,8 @@ def inspect(bundle, verify, as_json):
         f"{json.dumps(graph.opsets)})",
         embeddings_line(proto),
         _head_line(proto, graph, native) if m.task == "generate" else
-        "lm head     none (an embedding bundle's graph ends at the final norm)",
+        f"lm head     none ({'a score' if m.score else 'an embedding'} bundle's graph ends "
+        "at the final norm)",
         *ternary_line(proto),
         f"chunks      {', '.join(map(str, m.chunks))} tokens",
         f"max context {m.max_context} tokens",
@@ -107,14 +108,28 @@ def inspect(bundle, verify, as_json):
     click.echo("\n".join(lines))
 
 
-def _task_line(m) -> str:
-    """What the bundle's graph gives: logits to generate from, or embeddings."""
+def _task_lines(m) -> list[str]:
+    """What the bundle's graph gives: logits to generate from, embeddings, or scores (its
+    head's labels and the pair's template)."""
+    if m.score is not None:
+        score = m.score
+        how = {"sigmoid": "sigmoid", "sigmoid_difference":
+               f"sigmoid({score.labels[-1]} - {score.labels[0]})",
+               "none": "none: Engine.score only"}[score.relevance]
+        template = "the tokenizer's pair encoding" if score.template is None else \
+            json.dumps(score.template)
+        transforms = "".join([f", logits x {score.scale:g}" if score.scale != 1.0 else "",
+                              f", soft-cap {score.softcap:g}" if score.softcap else ""])
+        return [f"task        score: a {score.kind} head ({score.head}), labels "
+                f"{', '.join(score.labels)}{transforms}; relevance {how} (Engine.score, "
+                "Engine.rerank, POST /v1/rerank; `run --query` ranks)",
+                f"pair        {template}"]
     if m.embedding is None:
-        return "task        generate (logits; `run`, `serve`'s completion and chat routes)"
+        return ["task        generate (logits; `run`, `serve`'s completion and chat routes)"]
     normalized = ", L2-normalized" if m.embedding.normalize else ""
-    return (f"task        embed: {m.embedding.pooling} pooling{normalized}, "
+    return [f"task        embed: {m.embedding.pooling} pooling{normalized}, "
             f"{m.model.hidden_size} dimensions (Engine.embed, POST /v1/embeddings, "
-            "/api/embed; `run` prints the vectors)")
+            "/api/embed; `run` prints the vectors)"]
 
 
 def _gguf_line(m) -> list[str]:
