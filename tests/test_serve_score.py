@@ -20,6 +20,9 @@ from tests.test_score import (  # noqa: E402
     DOCUMENTS,
     QUERY,
     TEMPLATE,
+    classifier_logits,
+    classifiers,
+    pair_ids,
     reranker,
     sigmoid,
     token_logits,
@@ -28,7 +31,7 @@ from tests.test_score import (  # noqa: E402
 from tests.test_serve import MODEL, assert_error, serving, wait_idle  # noqa: E402
 from tests.test_serve_embed import GENERATING  # noqa: E402
 
-__all__ = ["reranker"]  # the module's fixture, found by its name
+__all__ = ["classifiers", "reranker"]  # the module's fixtures, found by their names
 
 
 @pytest.fixture(scope="module")
@@ -154,3 +157,25 @@ def test_a_generation_bundle_answers_rerank_400(generation_server, path):
                        json={"query": QUERY, "documents": ["w5"]}, timeout=60)
     assert reply.status_code == 400, reply.text
     assert "is a generation model" in reply.text and "\\n" not in reply.text
+
+
+def test_a_classifier_ranks_pairs_as_transformers_and_three_labels_are_a_400(classifiers):
+    """Without a template a pair is the tokenizer's pair encoding, here in the prompt
+    worker; a head of three labels has no one relevance."""
+    hf, out = classifiers("qwen3", 1)
+    want = sigmoid(classifier_logits(hf, [pair_ids(hf, QUERY, d) for d in DOCUMENTS])[:, 0])
+    for path, check in ((out, True), (classifiers("qwen3", 3)[1], False)):
+        with Engine.load(path, threads=1, kv_slots=1) as engine, serving(engine) as server:
+            reply = httpx.post(server.url + "/v1/rerank", timeout=60,
+                               json={"query": QUERY, "documents": DOCUMENTS})
+        if check:
+            assert reply.status_code == 200, reply.text
+            order = list(np.argsort(-want, kind="stable"))
+            results = reply.json()["results"]
+            assert [r["index"] for r in results] == order
+            np.testing.assert_allclose([r["relevance_score"] for r in results], want[order],
+                                       atol=1e-5)
+        else:
+            error = assert_error(reply, 400)
+            assert "has 3 labels (grade0, grade1, grade2), no one relevance" in \
+                error["message"] and "\n" not in error["message"]

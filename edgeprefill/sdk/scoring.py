@@ -102,7 +102,7 @@ class ScoreHead:
         if self.info.relevance == "none":
             raise RequestError(f"this score model has {len(self.info.labels)} labels "
                                f"({', '.join(self.info.labels)}), no one relevance to rank "
-                               "by: use Engine.score (or POST /v1/score) for its scores")
+                               "by: use Engine.score for its scores")
 
 
 def _sigmoid(x: np.ndarray) -> np.ndarray:
