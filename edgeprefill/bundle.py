@@ -51,10 +51,16 @@ VALUE_IS_KEY_FIELDS = ("value_is_key",)
 # An embedding bundle's (task "embed", its `embedding` record), left out of a generation
 # bundle's manifest, which reads as it always did. A runtime from before them ignores them
 # (with a warning) and then refuses the graph, whose output is `hidden`, not `logits`.
-TASK_FIELDS = ("task", "embedding")
+# A score bundle's (task "score", its `score` record) likewise: its graph is an embedding
+# bundle's, its head a small file the runtime applies (sdk/scoring.py).
+TASK_FIELDS = ("task", "embedding", "score")
+# what a bundle's graph gives: logits, or hidden states (pooled, or scored by a head)
+TASKS = ("generate", "embed", "score")
 PROMPT_FIELDS = ("prompts", "default_prompt_name")  # left out where the model has none
-TASKS = ("generate", "embed")  # what a bundle's graph gives: logits, or hidden states
 POOLINGS = ("lasttoken",)  # export/sentence_layout.py: the one pooling a bundle exports
+SCORE_KINDS = ("classifier", "tokens")  # export/score_head.py: where the head came from
+# How a score bundle's head outputs become a relevance, by their count: 1, 2, more.
+RELEVANCES = ("sigmoid", "sigmoid_difference", "none")
 
 log = logging.getLogger("edgeprefill")
 
@@ -153,6 +159,23 @@ class EmbeddingInfo:
 
 
 @dataclass(frozen=True)
+class ScoreInfo:
+    """A score bundle's head (export/score_head.py): the graph's `hidden` row of a text's
+    last token times `head`'s weight [labels, hidden] (plus its bias), then the family's
+    logit transforms; `relevance` says how those become one relevance in 0..1."""
+
+    head: str  # the bundle's file holding `weight` [labels, hidden] float32, maybe `bias`
+    kind: str  # "classifier" (a *ForSequenceClassification's score) or "tokens" (LM rows)
+    labels: list[str]  # the head's rows: id2label's names, or the tokens
+    relevance: str  # "sigmoid" (one label) | "sigmoid_difference" (two: the 2nd minus the
+    #                 1st, e.g. sigmoid(yes - no)) | "none" (more labels: Engine.score only)
+    template: str | None = None  # the pair's text, with {query} and {document}
+    scale: float = 1.0  # the logits times this (a family's logit scale / scaling), then
+    softcap: float | None = None  # c * tanh(logits / c) (Gemma 2's final soft-capping)
+    pad_token_id: int | None = None  # a classifier's: trailing pad tokens are not pooled
+
+
+@dataclass(frozen=True)
 class Manifest:
     model: ModelInfo
     graph: GraphInfo
@@ -164,9 +187,11 @@ class Manifest:
     files: dict[str, FileRecord] = field(default_factory=dict)  # name -> sha256, bytes
     source: dict[str, Any] = field(default_factory=dict)
     format_version: int = FORMAT_VERSION
-    # "generate": the graph gives logits; "embed": hidden states, pooled per `embedding`.
+    # "generate": the graph gives logits; "embed": hidden states, pooled per `embedding`;
+    # "score": hidden states, scored per `score`.
     task: str = "generate"
     embedding: EmbeddingInfo | None = None
+    score: ScoreInfo | None = None
 
     def to_json(self) -> str:
         raw = asdict(self)  # keeps the records NamedTuples, which JSON would write as lists
@@ -188,7 +213,11 @@ class Manifest:
         if self.task == "generate":
             for key in TASK_FIELDS:
                 del raw[key]
-        elif raw["embedding"] is not None:
+        else:  # the other task's record left out (an embedding manifest as stop 50 wrote it)
+            for key in ("embedding", "score"):
+                if raw[key] is None:
+                    del raw[key]
+        if raw.get("embedding") is not None:
             for key in PROMPT_FIELDS:  # a model without prompts writes what it always did
                 if not raw["embedding"][key]:
                     del raw["embedding"][key]
@@ -208,9 +237,10 @@ class Manifest:
                                                  "tokenizer.", unknown)),
                 files=_file_records(raw.get("files", {})),
                 embedding=_embedding(raw.get("embedding"), unknown),
+                score=_score(raw.get("score"), unknown),
                 **_known(cls, {k: v for k, v in raw.items()
                                if k not in ("model", "graph", "tokenizer", "files",
-                                            "embedding")},
+                                            "embedding", "score")},
                          "", unknown),
             )
         except KeyError as err:  # a required field is missing
@@ -233,6 +263,15 @@ def _embedding(raw: object, unknown: list[str]) -> EmbeddingInfo | None:
     if not isinstance(raw, dict):
         _malformed(f"'embedding' must be an object, got {type(raw).__name__}")
     return EmbeddingInfo(**_known(EmbeddingInfo, raw, "embedding.", unknown))
+
+
+def _score(raw: object, unknown: list[str]) -> ScoreInfo | None:
+    """The manifest's `score` record, typed (None where there is none)."""
+    if raw is None:
+        return None
+    if not isinstance(raw, dict):
+        _malformed(f"'score' must be an object, got {type(raw).__name__}")
+    return ScoreInfo(**_known(ScoreInfo, raw, "score.", unknown))
 
 
 def _version_error(version: object) -> BundleError:
@@ -347,7 +386,8 @@ def check_manifest(manifest: Manifest) -> None:
 
 
 def _check_task(manifest: Manifest) -> None:
-    """task is one of TASKS, and an embedding record is given exactly for "embed"."""
+    """task is one of TASKS, and an embedding record is given exactly for "embed", a
+    score record exactly for "score"."""
     if manifest.task not in TASKS:
         _malformed(f"task must be one of {', '.join(TASKS)}, got {manifest.task!r}")
     embedding = manifest.embedding
@@ -362,6 +402,32 @@ def _check_task(manifest: Manifest) -> None:
         if default is not None and default not in embedding.prompts:
             _malformed(f"embedding.default_prompt_name {default!r} is none of "
                        "embedding.prompts")
+    if (manifest.score is not None) != (manifest.task == "score"):
+        _malformed("a 'score' record is given exactly where task is \"score\"")
+    if manifest.score is not None:
+        _check_score(manifest.score, manifest.files)
+
+
+def relevance_of(labels: int) -> str:
+    """How `labels` head outputs become a relevance (RELEVANCES by their count)."""
+    return RELEVANCES[min(labels, len(RELEVANCES)) - 1]
+
+
+def _check_score(score: ScoreInfo, files: dict[str, FileRecord]) -> None:
+    """The score record's kind, relevance and labels agree, and its head is a bundle file."""
+    _check_types(score)
+    if score.kind not in SCORE_KINDS:
+        _malformed(f"score.kind must be one of {', '.join(SCORE_KINDS)}, got {score.kind!r}")
+    if score.relevance not in RELEVANCES:
+        _malformed(f"score.relevance must be one of {', '.join(RELEVANCES)}, got "
+                   f"{score.relevance!r}")
+    if not score.labels or score.relevance != relevance_of(len(score.labels)):
+        _malformed(f"score.relevance {score.relevance!r} does not fit "
+                   f"{len(score.labels)} labels")
+    if score.head not in files:
+        _malformed(f"score.head {score.head!r} is not one of the bundle's files")
+    if score.softcap is not None and not score.softcap > 0:
+        _malformed(f"score.softcap must be positive, got {score.softcap!r}")
 
 
 def _check_value_is_key(manifest: Manifest) -> None:

@@ -12,14 +12,15 @@ One call runs one step: B rows of C tokens, against KV buffers of a fixed capaci
            past_value.{i}    (the same)
            past_{kind}.{i}   [batch, ...]                            the graph's own
   outputs  logits            [batch, vocab]                          float32
-           (or, in an embedding bundle, manifest task "embed", in its place:)
+           (or, in an embedding or score bundle, manifest task "embed"/"score", in its place:)
            hidden            [batch, hidden_size]                    float32
            present_key.{i}   the buffer of past_key.{i}, updated in place
            present_value.{i} the buffer of past_value.{i}
            present_{kind}.{i} as past_{kind}.{i}
 
 A bundle's one output besides its KV and states is `logits` (a generation bundle) or
-`hidden` (an embedding bundle: the manifest's task "embed"): the final-normed hidden state
+`hidden` (an embedding bundle: the manifest's task "embed"; a score bundle, task "score",
+whose head the runtime applies to it): the final-normed hidden state
 of each row's last valid token, what the logits are computed from, before any LM head or
 logit scaling. The runtime reads either through `step_output`.
 
@@ -67,6 +68,7 @@ PAST_LENS = "past_lens"
 VALID_LENS = "valid_lens"
 LOGITS = "logits"
 HIDDEN = "hidden"  # an embedding bundle's output in place of LOGITS
+HIDDEN_TASKS = ("embed", "score")  # the manifest's tasks whose graph gives HIDDEN
 BATCH, CHUNK, CAPACITY = "batch", "chunk", "capacity"  # the graph's symbolic axes
 
 Axis = str | int  # a symbolic axis name or a fixed size
@@ -118,8 +120,8 @@ class StepOutput(NamedTuple):
 
 def step_output(manifest: Manifest) -> StepOutput:
     """`logits` [B, vocab] of a generation bundle, `hidden` [B, hidden_size] of an
-    embedding bundle (the manifest's task)."""
-    if manifest.task == "embed":
+    embedding or score bundle (the manifest's task)."""
+    if manifest.task in HIDDEN_TASKS:
         return StepOutput(HIDDEN, manifest.model.hidden_size)
     return StepOutput(LOGITS, manifest.model.vocab_size)
 
@@ -249,14 +251,14 @@ def file_records(files: Mapping[str, Mapping[str, Any]]) -> dict[str, FileRecord
 def check_graph_io(manifest: Manifest) -> None:
     """Raise BundleError unless the manifest's graph has exactly the contract's inputs,
     outputs and KV pairs for its model's dimensions (its output `logits`, or `hidden`
-    where its task is "embed")."""
+    where its task is "embed" or "score")."""
     m, graph = manifest.model, manifest.graph
     states = _graph_states(graph, m.state_layers)
     if sorted(states) != list(m.state_layers):
         raise BundleError(f"the manifest's state inputs cover layers {sorted(states)}, not "
                           f"model.state_layers {m.state_layers}; re-export")
     layer_kv = {i: m.kv_dims(i) for i in range(m.num_layers)}
-    hidden = m.hidden_size if manifest.task == "embed" else None
+    hidden = m.hidden_size if manifest.task in HIDDEN_TASKS else None
     expected = step_io(m.num_layers, m.num_kv_heads, m.head_dim, m.vocab_size, graph.dtype,
                        states, layer_kv, m.shared_kv_layers, m.kv_state_layers, hidden)
     _same("inputs", _plain(graph.inputs), expected.inputs)

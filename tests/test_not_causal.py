@@ -144,7 +144,8 @@ def test_a_supported_familys_classifier_is_refused_for_what_it_is(head, tmp_path
     config.save_pretrained(tmp_path / "hf")
     assert refusal_of(tmp_path / "hf") == (
         f"model_type {family!r} is a classifier ({head}: a task head in place of the LM "
-        "head): edgeprefill exports decoder-only causal LMs")
+        "head): edgeprefill exports decoder-only causal LMs; `export --task score` exports "
+        "it as a score bundle (Engine.score, /v1/rerank)")
 
 
 @pytest.mark.parametrize("outer, text_type, tower", [

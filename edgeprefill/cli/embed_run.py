@@ -21,13 +21,15 @@ GENERATION_OPTIONS = ("chat", "system", "interactive", "sessions", "max_new_toke
                       "ignore_eos", "thinking_budget", "think", "hide_thinking")
 
 
-def refuse_generation_options(given: Collection[str]) -> None:
-    """`given`: the options set on the command line."""
+def refuse_generation_options(given: Collection[str], kind: str = "an embedding bundle",
+                              prints: str = "each text's vector") -> None:
+    """`given`: the options set on the command line; `kind` the bundle's (a score bundle's
+    run, cli/score_run.py, prints other things)."""
     for name in GENERATION_OPTIONS:
         if name in given:
             option = "--think/--no-think" if name == "think" else f"--{name.replace('_', '-')}"
-            raise RequestError(f"{option} does not apply to an embedding bundle (it "
-                               "generates nothing): `run` prints each text's vector")
+            raise RequestError(f"{option} does not apply to {kind} (it generates nothing): "
+                               f"`run` prints {prints}")
 
 
 def texts_of(prompt: str | None, lines: list[str] | None) -> list[str]:

@@ -8,12 +8,16 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import IO, TYPE_CHECKING
 
 import click
 from click.core import ParameterSource
 
 from edgeprefill.cli.options import parse_int_list
 from edgeprefill.errors import ExportError
+
+if TYPE_CHECKING:
+    from edgeprefill.export.score_head import ScoreOptions
 
 
 def _list_models(ctx: click.Context, param: click.Parameter, value: bool) -> None:
@@ -71,18 +75,30 @@ def _list_models(ctx: click.Context, param: click.Parameter, value: bool) -> Non
               help="A PEFT LoRA adapter folder (adapter_config.json, adapter_model."
                    "safetensors) fine-tuned on HF_DIR: merged into the weights as they "
                    "are exported.")
-@click.option("--task", type=click.Choice(["auto", "embed", "generate"]), default="auto",
-              show_default=True,
+@click.option("--task", type=click.Choice(["auto", "embed", "generate", "score"]),
+              default="auto", show_default=True,
               help="embed: an embedding bundle (Engine.embed, /v1/embeddings), the hidden "
-                   "state of each text's last token; generate: a generation bundle. auto: "
-                   "embed where the folder is a sentence-transformers model (modules.json, "
-                   "last-token pooling), else generate.")
+                   "state of each text's last token; generate: a generation bundle; score: "
+                   "a reranker (Engine.score/rerank, /v1/rerank) from a "
+                   "*ForSequenceClassification folder, or from a causal LM with "
+                   "--score-tokens. auto: embed where the folder is a sentence-transformers "
+                   "model (modules.json, last-token pooling), else generate.")
+@click.option("--score-tokens", default=None, metavar="NO,YES",
+              help="--task score on a causal LM: the tokens whose logits at the last "
+                   "position are the scores, e.g. no,yes (Qwen3-Reranker: relevance "
+                   "sigmoid(yes - no)) or Yes (bge-reranker-v2-gemma: sigmoid(Yes)).")
+@click.option("--score-template", default=None,
+              help="--task score: the pair's text, with {query} and {document} (required "
+                   "with --score-tokens: the format the reranker was trained on).")
+@click.option("--score-template-file", type=click.File("r", encoding="utf-8"), default=None,
+              help="--score-template read from a file, as it is (trailing newlines kept).")
 @click.option("--overwrite", is_flag=True,
               help="Replace an existing bundle folder (one holding only a bundle: other "
                    "files are never deleted).")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 def export(hf_dir, out_dir, flavor, dtype, chunks, max_context, quantize, block_size,
-           accuracy_level, embeddings, lm_head, adapter, task, overwrite, quiet):
+           accuracy_level, embeddings, lm_head, adapter, task, score_tokens, score_template,
+           score_template_file, overwrite, quiet):
     """Export a Hugging Face causal LM folder (config.json, safetensors or
     pytorch_model.bin weights, tokenizer.json) to an edgeprefill bundle. A folder with
     only the slow tokenizer's files (tokenizer.model, or vocab.json + merges.txt) gets a
@@ -128,6 +144,7 @@ def export(hf_dir, out_dir, flavor, dtype, chunks, max_context, quantize, block_
         flavor=flavor, dtype=dtype, chunks=tuple(chunks), max_context=max_context,
         overwrite=overwrite, show_progress=not quiet, quant=quant,
         adapter=None if adapter is None else Path(adapter), task=task,
+        score=_score_options(score_tokens, score_template, score_template_file),
     )
     began = time.perf_counter()
     with _sigterm_interrupts():
@@ -142,6 +159,10 @@ def export(hf_dir, out_dir, flavor, dtype, chunks, max_context, quantize, block_
         click.echo(f"an embedding bundle ({manifest.embedding.pooling} pooling{normalized}, "
                    f"{manifest.model.hidden_size} dimensions): Engine.embed, "
                    "POST /v1/embeddings", err=True)
+    if manifest.score is not None:
+        click.echo(f"a score bundle ({manifest.score.kind}: "
+                   f"{', '.join(manifest.score.labels)}; relevance {manifest.score.relevance})"
+                   ": Engine.score, Engine.rerank, POST /v1/rerank", err=True)
     click.echo(
         f"exported {manifest.model.family} ({manifest.model.num_layers} layers, "
         f"{manifest.graph.flavor} flavour, {manifest.graph.dtype}"
@@ -151,6 +172,19 @@ def export(hf_dir, out_dir, flavor, dtype, chunks, max_context, quantize, block_
         f"in {time.perf_counter() - began:.1f} s",
         err=True,
     )
+
+
+def _score_options(tokens: str | None, template: str | None,
+                   template_file: IO[str] | None) -> ScoreOptions:
+    """--score-tokens split at commas, and the template given or read."""
+    from edgeprefill.export.score_head import ScoreOptions
+
+    if template is not None and template_file is not None:
+        raise ExportError("give --score-template or --score-template-file, not both")
+    if template_file is not None:
+        template = template_file.read()
+    return ScoreOptions(tuple(t.strip() for t in tokens.split(",")) if tokens else (),
+                        template)
 
 
 @contextlib.contextmanager

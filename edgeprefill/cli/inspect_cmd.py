@@ -81,7 +81,8 @@ def inspect(bundle, verify, as_json):
         f"{json.dumps(graph.opsets)})",
         embeddings_line(proto),
         _head_line(proto, graph, native) if m.task == "generate" else
-        "lm head     none (an embedding bundle's graph ends at the final norm)",
+        f"lm head     none ({'a score' if m.score else 'an embedding'} bundle's graph ends "
+        "at the final norm)",
         *ternary_line(proto),
         f"chunks      {', '.join(map(str, m.chunks))} tokens",
         f"max context {m.max_context} tokens",
@@ -110,8 +111,22 @@ def inspect(bundle, verify, as_json):
 
 
 def _task_lines(m) -> list[str]:
-    """What the bundle's graph gives: logits to generate from, or embeddings (and the
-    model's named prompts, where its folder named any)."""
+    """What the bundle's graph gives: logits to generate from, embeddings, or scores (its
+    head's labels and the pair's template; an embedding model's named prompts, where its
+    folder named any)."""
+    if m.score is not None:
+        score = m.score
+        how = {"sigmoid": "sigmoid", "sigmoid_difference":
+               f"sigmoid({score.labels[-1]} - {score.labels[0]})",
+               "none": "none: Engine.score only"}[score.relevance]
+        template = "the tokenizer's pair encoding" if score.template is None else \
+            json.dumps(score.template)
+        transforms = "".join([f", logits x {score.scale:g}" if score.scale != 1.0 else "",
+                              f", soft-cap {score.softcap:g}" if score.softcap else ""])
+        return [f"task        score: a {score.kind} head ({score.head}), labels "
+                f"{', '.join(score.labels)}{transforms}; relevance {how} (Engine.score, "
+                "Engine.rerank, POST /v1/rerank; `run --query` ranks)",
+                f"pair        {template}"]
     if m.embedding is None:
         return ["task        generate (logits; `run`, `serve`'s completion and chat routes)"]
     normalized = ", L2-normalized" if m.embedding.normalize else ""

@@ -82,16 +82,22 @@ def _priority(ctx: click.Context, param: click.Parameter, value: str) -> int:
               help="Embedding bundles: put the model's prompt of that name before each text "
                    "(Qwen3-Embedding's 'query' for search queries; `inspect` lists them). "
                    "Default: the model's default prompt, if it names one.")
+@click.option("--query", default=None,
+              help="Score bundles (rerankers): rank the texts (the PROMPT, or each line of "
+                   "--prompts) as documents for this query; prints 'INDEX RELEVANCE' lines, "
+                   "best first. Without it each text's raw scores print as a JSON list.")
 @engine_options()
 @click.option("--stats", is_flag=True, help="Print TTFT, prefill/decode tokens/s and chunks "
               "to stderr.")
 def run(bundle, prompt_words, prompt, prompt_file, chat, system, interactive, sessions,
         prompts_file, priority, stats,
         max_new_tokens, temperature, top_k, top_p, repetition_penalty, seed, stop, ignore_eos,
-        thinking_budget, think, hide_thinking, dimensions, prompt_name, engine):
+        thinking_budget, think, hide_thinking, dimensions, prompt_name, query, engine):
     """Generate text from a bundle. Only the generated text goes to stdout, so it pipes.
     On an embedding bundle (`inspect` says its task) it prints each text's vector instead,
-    as a JSON list, one line per text: the PROMPT, or each line of --prompts.
+    as a JSON list, one line per text: the PROMPT, or each line of --prompts. On a score
+    bundle (a reranker) it prints each text's scores likewise, or with --query the texts
+    ranked as documents for it: 'INDEX RELEVANCE' lines, best first.
 
     \b
     Examples:
@@ -122,7 +128,25 @@ def run(bundle, prompt_words, prompt, prompt_file, chat, system, interactive, se
     if prompt is not None and not prompt.strip():
         raise RequestError("the prompt is empty")
     lines = _text(prompts_file, "--prompts").splitlines() if prompts_file is not None else None
-    if _embeds(bundle):
+    task = _task(bundle)
+    if task != "score" and query is not None:
+        raise RequestError("--query applies to a score bundle (a reranker) only")
+    if task == "score":
+        from edgeprefill.cli import embed_run, score_run
+
+        source = click.get_current_context().get_parameter_source
+        embed_run.refuse_generation_options(
+            {name for name in embed_run.GENERATION_OPTIONS
+             if source(name) is ParameterSource.COMMANDLINE},
+            "a score bundle", "scores, or with --query a ranking")
+        for name, value in (("--dimensions", dimensions), ("--prompt-name", prompt_name)):
+            if value is not None:
+                raise RequestError(f"{name} applies to an embedding bundle only; this one "
+                                   "scores texts")
+        score_run.print_scores(bundle, embed_run.texts_of(prompt, lines), query, priority,
+                               stats, engine)
+        return
+    if task == "embed":
         from edgeprefill.cli import embed_run
 
         source = click.get_current_context().get_parameter_source
@@ -164,17 +188,17 @@ def run(bundle, prompt_words, prompt, prompt_file, chat, system, interactive, se
             run_modes.single(loaded, prompt, params, turn, stats, view)
 
 
-def _embeds(bundle: str) -> bool:
-    """Whether the bundle is an embedding model. One whose manifest cannot be read is taken
-    for a generation bundle: its --prompts lines are checked first, then the load says
-    what is wrong with it."""
+def _task(bundle: str) -> str:
+    """The bundle's task (generate, embed, score). One whose manifest cannot be read is
+    taken for a generation bundle: its --prompts lines are checked first, then the load
+    says what is wrong with it."""
     from edgeprefill.bundle import load_manifest
     from edgeprefill.errors import BundleError
 
     try:
-        return load_manifest(bundle).task == "embed"
+        return load_manifest(bundle).task
     except BundleError:
-        return False
+        return "generate"
 
 
 def _one_prompt(words: tuple[str, ...]) -> str | None:

@@ -42,7 +42,7 @@ from edgeprefill.export.families import (
     refusal,
     wrapped_text_type,
 )
-from edgeprefill.export.families.not_causal import task_head
+from edgeprefill.export.families.not_causal import SEQUENCE_CLASSIFIER, task_head
 from edgeprefill.export.fp8 import read_fp8_scheme
 from edgeprefill.export.latent_attention import read_latent
 from edgeprefill.export.layer_attention import GLOBAL, read_layers, read_ropes, read_rotary_dim
@@ -62,14 +62,21 @@ if TYPE_CHECKING:
     from edgeprefill.export.skipped_layers import SkippedLayers
 
 
-def read_config(config_type: type[ModelConfig], raw: dict[str, Any]) -> ModelConfig:
-    """`raw`, a config.json's object, as a `config_type` (ModelConfig.from_hf)."""
+def read_config(config_type: type[ModelConfig], raw: dict[str, Any],
+                classifier: bool = False) -> ModelConfig:
+    """`raw`, a config.json's object, as a `config_type` (ModelConfig.from_hf). With
+    `classifier` (export --task score) a supported family's sequence classifier is read as
+    its decoder, whose score head export/score_head.py takes."""
     family = config_value(raw, "model_type", str)
     if family in REFUSED_TYPES or family not in FAMILIES:
         raise ExportError(refusal(family, raw))
     head = task_head(raw)  # a supported family's classifier: no LM head to export
-    if head is not None:
-        raise ExportError(f"model_type {family!r} is {head}")
+    scores = all(str(name).endswith(SEQUENCE_CLASSIFIER) for name in raw["architectures"]) \
+        if head is not None else False
+    if head is not None and not (classifier and scores):
+        said = "; `export --task score` exports it as a score bundle (Engine.score, " \
+            "/v1/rerank)" if scores else ""
+        raise ExportError(f"model_type {family!r} is {head}{said}")
     check_objects(raw)  # before the family's hooks read them
     try:
         text_type = wrapped_text_type(family, raw)
@@ -94,12 +101,13 @@ def read_config(config_type: type[ModelConfig], raw: dict[str, Any]) -> ModelCon
         raise ExportError(f"config.json has a malformed value: {bad}") from None
 
 
-def read_config_dir(config_type: type[ModelConfig], hf_dir: Path) -> ModelConfig:
+def read_config_dir(config_type: type[ModelConfig], hf_dir: Path,
+                    classifier: bool = False) -> ModelConfig:
     """The config.json of a Hugging Face model folder (ModelConfig.from_dir)."""
     path = hf_dir / "config.json"
     if not path.is_file():
         raise ExportError(f"{path} not found: is {hf_dir} a Hugging Face model folder?")
-    return read_config(config_type, load_json_object(path, ExportError))
+    return read_config(config_type, load_json_object(path, ExportError), classifier)
 
 
 def _read(config_type: type[ModelConfig], family: str, spec: FamilySpec,

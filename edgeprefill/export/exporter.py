@@ -41,6 +41,7 @@ from edgeprefill.export.ollama_params import write_generation_config
 from edgeprefill.export.ollama_store import OllamaModel, is_ollama_name
 from edgeprefill.export.ollama_system import kept_system
 from edgeprefill.export.quantize import QuantConfig
+from edgeprefill.export.score_head import HEAD_FILE, ScoreOptions, score_head
 from edgeprefill.export.sentence_layout import TASKS, embedding_head
 from edgeprefill.export.staging import check_target, staged
 from edgeprefill.export.writer import write_external_data
@@ -73,13 +74,16 @@ class ExportOptions:
     quant: QuantConfig | None = None  # weight quantization (ort flavour)
     adapter: Path | None = None  # a PEFT LoRA adapter folder, merged into the weights
     # "embed": an embedding bundle; "generate": a generation bundle; "auto": embed exactly
-    # where the folder is sentence-transformers' (export/sentence_layout.py)
+    # where the folder is sentence-transformers' (export/sentence_layout.py); "score": a
+    # score bundle (export/score_head.py), its tokens and pair template in `score`
     task: str = "auto"
+    score: ScoreOptions = ScoreOptions()
 
     def __post_init__(self) -> None:
         flavor_class(self.flavor)  # raises with the valid names
         if self.task not in TASKS:
             raise ExportError(f"unknown task {self.task!r}; choose one of: {', '.join(TASKS)}")
+        self.score.check(self.task)
         if self.dtype not in DTYPES:
             raise ExportError(f"unknown dtype {self.dtype!r}; choose one of: {', '.join(DTYPES)}")
         if not self.chunks or any(c < 1 for c in self.chunks):
@@ -150,7 +154,8 @@ def _export(hf_dir: Path, out_dir: Path, options: ExportOptions,
     hint = adapter_hint(hf_dir, MODEL_FILES)
     if hint is not None:
         raise ExportError(hint)
-    cfg = ModelConfig.from_dir(hf_dir)
+    scores = options.task == "score"
+    cfg = ModelConfig.from_dir(hf_dir, classifier=scores)
     embedding = embedding_head(hf_dir, options.task)
     if embedding is not None:
         _check_embeddable(cfg, hf_dir)
@@ -190,10 +195,14 @@ def _export(hf_dir: Path, out_dir: Path, options: ExportOptions,
                           model_types=_model_types(hf_dir, cfg) if adapter else (),
                           base=_base_prefix(cfg))
         flavor = flavor_class(options.flavor)(cfg, DTYPES[options.dtype], max_context)
-        g = DecoderBuilder(cfg, ckpt, flavor, options.quant, embed=embedding is not None).build()
+        hidden = embedding is not None or scores  # the graph ends at the final norm
+        g = DecoderBuilder(cfg, ckpt, flavor, options.quant, embed=hidden).build()
         initializers = write_external_data(g.weights, stage / DATA_FILE, options.show_progress)
-        _warn_unused(ckpt, cfg, embedding is not None)  # weights are read as they are written
-        if embedding is None:  # an embedding bundle has no LM head to keep apart
+        score = None if not scores else score_head(
+            ckpt, cfg, load_json_object(hf_dir / "config.json", ExportError),
+            slow.tokenizer if slow is not None else _tokenizer(hf_dir), options.score, stage)
+        _warn_unused(ckpt, cfg, hidden)  # weights are read as they are written
+        if not hidden:  # an embedding or score bundle has no LM head to keep apart
             warn_if_kept_apart(ckpt, cfg)
         _say_left_out(ckpt)
         model = g.to_model(initializers, flavor.opsets, IR_VERSION[options.flavor])
@@ -209,11 +218,21 @@ def _export(hf_dir: Path, out_dir: Path, options: ExportOptions,
                              tokenizer_files, source, adapter)
         if embedding is not None:
             manifest = replace(manifest, task="embed", embedding=embedding)
+        if score is not None:
+            manifest = replace(manifest, task="score", score=score, files={
+                **manifest.files, HEAD_FILE: file_record(stage / HEAD_FILE)})
         if system is not None:
             manifest = replace(manifest, tokenizer=replace(manifest.tokenizer,
                                                            default_system=system))
         (stage / MANIFEST_FILE).write_text(manifest.to_json())
     return manifest
+
+
+def _tokenizer(hf_dir: Path) -> Any:
+    """The checkpoint's tokenizer.json, read (a score bundle's tokens are looked up in it)."""
+    from tokenizers import Tokenizer
+
+    return Tokenizer.from_file(str(hf_dir / "tokenizer.json"))
 
 
 def _check_embeddable(cfg: ModelConfig, hf_dir: Path) -> None:

@@ -312,5 +312,6 @@ class ModelConfig:
         return read_config(cls, raw)
 
     @classmethod
-    def from_dir(cls, hf_dir: Path) -> ModelConfig:
-        return read_config_dir(cls, hf_dir)
+    def from_dir(cls, hf_dir: Path, classifier: bool = False) -> ModelConfig:
+        """`classifier`: a supported family's sequence classifier is read (--task score)."""
+        return read_config_dir(cls, hf_dir, classifier)

@@ -41,7 +41,7 @@ from edgeprefill.errors import ExportError
 
 MODULES_FILE = "modules.json"
 PROMPTS_FILE = "config_sentence_transformers.json"
-TASKS = ("auto", "embed", "generate")
+TASKS = ("auto", "embed", "generate", "score")  # score: export/score_head.py
 TRANSFORMER = "sentence_transformers.models.Transformer"
 POOLING = "sentence_transformers.models.Pooling"
 NORMALIZE = "sentence_transformers.models.Normalize"
@@ -57,11 +57,11 @@ DEFAULT_EMBEDDING = EmbeddingInfo(pooling=LAST_TOKEN, normalize=True)
 
 
 def embedding_head(hf_dir: Path, task: str) -> EmbeddingInfo | None:
-    """The embedding bundle's head, or None for a generation bundle."""
+    """The embedding bundle's head, or None for a generation (or score) bundle."""
     if task not in TASKS:
         raise ExportError(f"unknown task {task!r}; choose one of: {', '.join(TASKS)}")
     modules = hf_dir / MODULES_FILE
-    if task == "generate" or (task == "auto" and not modules.is_file()):
+    if task in ("generate", "score") or (task == "auto" and not modules.is_file()):
         return None
     head = _read_modules(hf_dir, _json(modules)) if modules.is_file() else DEFAULT_EMBEDDING
     return _with_prompts(head, hf_dir / PROMPTS_FILE)

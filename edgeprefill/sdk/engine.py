@@ -37,7 +37,7 @@ from edgeprefill.errors import (
     SettingError,
     one_line,
 )
-from edgeprefill.sdk import embedding
+from edgeprefill.sdk import embedding, scoring
 from edgeprefill.sdk.config import EngineConfig, StepTrace
 from edgeprefill.sdk.generation_defaults import GenerationDefaults
 from edgeprefill.sdk.known_fields import unknown_message
@@ -73,6 +73,9 @@ class Engine:
         self.manifest: Manifest = load_manifest(bundle_dir, config.verify_checksums)
         self.bundle_dir = Path(bundle_dir)
         self.tokenizer = BundleTokenizer(self.bundle_dir, self.manifest)
+        score = self.manifest.score  # a score bundle's head, applied to its hidden rows
+        self.score_head = None if score is None else \
+            scoring.ScoreHead.load(self.bundle_dir, score, self.manifest.model.hidden_size)
         self.generation_defaults = GenerationDefaults.load(self.bundle_dir)
         options = BackendOptions(device=config.device, threads=config.threads, spin=config.spin,
                                  compute=config.compute)
@@ -260,8 +263,8 @@ class Engine:
         others then start decoding from a copy of its KV slot and its last logits (one
         prefill, n decodes; without a free slot one waits and borrows the prefix later).
         With a seed, choice i draws with seed + i, so the choices differ yet reproduce."""
-        if self.manifest.task == "embed":
-            raise RequestError(embedding.embedding_only(self.manifest))
+        if self.manifest.task != "generate":
+            raise RequestError(self._not_generating())
         params = self.default_params() if params is None else params
         if not isinstance(params, GenerationParams):  # a dict of its fields, most likely
             raise RequestError(f"params must be a GenerationParams, got "
@@ -321,7 +324,15 @@ class Engine:
                 raise
             raise RequestError(f"texts[{index}]: {err}") from None
 
+    def _not_generating(self) -> str:
+        """The refusal of a generation call on an embedding or score bundle."""
+        if self.manifest.task == "score":
+            return scoring.score_only(self.manifest)
+        return embedding.embedding_only(self.manifest)
+
     def _embedding_dimensions(self, dimensions: object) -> int | None:
+        if self.manifest.task == "score":
+            raise RequestError(scoring.score_only(self.manifest))
         if self.manifest.task != "embed":
             raise RequestError(embedding.generation_only(self.manifest))
         return embedding.check_dimensions(dimensions, self.manifest.model.hidden_size)
@@ -346,14 +357,64 @@ class Engine:
                 stream.cancel()  # a refusal part way: the rest would run for nobody
         return rows
 
+    def score(self, texts: scoring.Item | list[scoring.Item], *,
+              priority: int | str = 0) -> np.ndarray:
+        """float32 [len(texts), labels]: a score bundle's raw head outputs (a classifier's
+        logits, a reward model's reward, a token reranker's logits of its tokens), one row
+        per text. A text is a string, read as it is (a reward model's rendered
+        conversation), or a (query, document) pair, read as the bundle reads pairs
+        (sdk/scoring.py). Each is prefilled in chunks as a prompt is, between other
+        requests' steps; one longer than the context is refused. Blocks until done."""
+        head = self._score_head()
+        items = [texts] if isinstance(texts, str | tuple) else texts
+        if not isinstance(items, list) or not items:
+            raise RequestError("texts must be a string, a (query, document) pair, or a "
+                               "non-empty list of them")
+        ids = [self._item_ids(head, item, i if len(items) > 1 else None)
+               for i, item in enumerate(items)]
+        return head.scores(np.stack(self._embed_rows(ids, priority)))
+
+    def rerank(self, query: str, documents: list[str], *, top_n: int | None = None,
+               priority: int | str = 0) -> list[tuple[int, float]]:
+        """(index, relevance) of each document for `query`, best first (ties in input
+        order), the first `top_n` only where given: each pair scored by a score bundle
+        (Engine.score), its head outputs made one relevance in 0..1 (sdk/scoring.py:
+        sigmoid of one label, sigmoid(yes - no) of a token pair)."""
+        head = self._score_head()
+        if not isinstance(query, str):
+            raise RequestError(f"query must be a string, got {type(query).__name__}")
+        if not isinstance(documents, list | tuple) or not documents or \
+                not all(isinstance(d, str) for d in documents):
+            raise RequestError("documents must be a non-empty list of strings")
+        if top_n is not None and (not is_int(top_n) or top_n < 1):
+            raise RequestError(f"top_n must be an integer >= 1, got {top_n!r}", "top_n")
+        head.check_ranks()
+        scores = self.score([(query, d) for d in documents], priority=priority)
+        return scoring.ranked(head.relevance(scores), top_n)
+
+    def _score_head(self) -> scoring.ScoreHead:
+        if self.score_head is None:
+            raise RequestError(scoring.scoring_only(self.manifest))
+        return self.score_head
+
+    def _item_ids(self, head: scoring.ScoreHead, item: object,
+                  index: int | None) -> list[int]:
+        """A text's ids; a refusal names the text's place in the list, if one was given."""
+        try:
+            return scoring.item_ids(self.tokenizer, head.info, item, self.capacity)
+        except RequestError as err:
+            if index is None:
+                raise
+            raise RequestError(f"texts[{index}]: {err}") from None
+
     def submit_embedding(self, tokens: list[int], *, priority: int | str = 0,
                          arrival: float | None = None) -> TokenStream:
-        """Queue one embedding request for token ids (an embedding bundle's): its stream
-        streams no events and ends with "stop" once the prompt is prefilled, its
-        `embedding` then the hidden state of the last token (float32 [hidden], neither
-        normalized nor truncated: sdk/embedding.vectors). The whole context may be
-        prompt: nothing is generated after it."""
-        if self.manifest.task != "embed":
+        """Queue one embedding request for token ids (an embedding or score bundle's):
+        its stream streams no events and ends with "stop" once the prompt is prefilled,
+        its `embedding` then the hidden state of the last token (float32 [hidden], neither
+        normalized nor truncated: sdk/embedding.vectors; a score bundle's head is applied
+        by Engine.score). The whole context may be prompt: nothing is generated after it."""
+        if self.manifest.task == "generate":
             raise RequestError(embedding.generation_only(self.manifest))
         tokens = _token_list(tokens)
         if self._stopping:

@@ -10,6 +10,9 @@
     POST /v1/embeddings, /api/embed, /api/embeddings   an embedding bundle's vectors
                                  (server/embeddings.py); on such a bundle the generating
                                  routes above answer 400
+    POST /v1/rerank, /rerank     a score bundle's relevance of documents to a query
+                                 (server/rerank.py); on such a bundle the generating and
+                                 embedding routes answer 400
     GET  /v1/models              the one model this server holds
     /tokenize, /detokenize, /v1/models/{id}, /version: server/routes_extra.py
     GET  /health                 liveness (never needs the API key)
@@ -43,6 +46,7 @@ from edgeprefill.errors import EdgeprefillError, EngineClosedError, RequestError
 from edgeprefill.sdk.embedding import embedding_only
 from edgeprefill.sdk.engine import Engine
 from edgeprefill.sdk.params import GenerationParams
+from edgeprefill.sdk.scoring import score_only
 from edgeprefill.sdk.stream import TokenStream
 from edgeprefill.server import access_log
 from edgeprefill.server.access_log import AccessLog
@@ -68,6 +72,7 @@ from edgeprefill.server.ollama_routes import OllamaRoutes
 from edgeprefill.server.ollama_stream import OllamaReply, load_reply, ollama_lines
 from edgeprefill.server.prompt_worker import Encoded, PromptTimeout, PromptWorkers
 from edgeprefill.server.reasoning import bundle_thinks, reply_reasoning
+from edgeprefill.server.rerank import RerankRoutes
 from edgeprefill.server.responses import Shape
 from edgeprefill.server.responses_output import ResponseHead
 from edgeprefill.server.responses_request import (
@@ -110,6 +115,7 @@ def create_app(engine: Engine, config: ServerConfig) -> Starlette:
         *extra.routes(),
         *ollama.routes(),
         *EmbeddingRoutes(api).routes(),
+        *RerankRoutes(api).routes(),
     ]
     # AccessLog outermost, so that it logs what the client got: ShutdownCut answers a
     # request the shutdown cancelled with a 503 (inside it, the log said 500 or 200).
@@ -341,8 +347,10 @@ class OpenAIApi:
             raise unknown_model(model, self.config.model_name)
 
     async def _submit(self, req: CompletionRequest) -> Submitted:
-        if self.engine.manifest.task == "embed":  # before its prompt is rendered
-            raise ApiError(400, embedding_only(self.engine.manifest))
+        task = self.engine.manifest.task
+        if task != "generate":  # before its prompt is rendered
+            raise ApiError(400, score_only(self.engine.manifest) if task == "score" else
+                           embedding_only(self.engine.manifest))
         # `pending` counts choices: each of n runs as a request of its own in the engine,
         # whose queue is as long as max_pending (serve_cmd), so admitting n > 1 on one
         # place would let its later choices find the queue full halfway through.

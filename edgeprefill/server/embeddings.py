@@ -27,7 +27,7 @@ shorter context, as Ollama's does (cut to it, or refused past it where truncate 
 one longer than the bundle's is a 400); its other options and `keep_alive` are accepted
 and unused (nothing samples; the model stays loaded), an option Ollama does not know
 warned of. An empty `input` / `prompt` asks a load, answered at once with no vectors, as
-Ollama answers it. On a generation bundle each
+Ollama answers it. On a generation or score bundle each
 route is a 400 in one line; on an embedding bundle the generating routes are (app.py).
 """
 
@@ -43,7 +43,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from edgeprefill.errors import EdgeprefillError, EngineClosedError, RequestError
-from edgeprefill.sdk import embedding
+from edgeprefill.sdk import embedding, scoring
 from edgeprefill.sdk.stream import TokenStream
 from edgeprefill.server.body import only_fields
 from edgeprefill.server.errors import ApiError
@@ -165,6 +165,8 @@ class EmbeddingRoutes:
             raise ApiError(400, str(err), "prompt_name") from None
 
     def _require_embedding(self) -> None:
+        if self.engine.manifest.task == "score":
+            raise ApiError(400, scoring.score_only(self.engine.manifest))
         if self.engine.manifest.task != "embed":
             raise ApiError(400, embedding.generation_only(self.engine.manifest))
 
@@ -196,38 +198,44 @@ class EmbeddingRoutes:
         return encoded.ids
 
     async def _vectors(self, ids: list[list[int]], dimensions: int | None) -> np.ndarray:
-        """The texts' vectors: one place of the server's max_pending held, a window of
-        the texts in the engine at a time (Engine._embed_rows' window)."""
-        api = self.api
-        if api.pending + 1 > api.config.max_pending:
-            raise ApiError(429, f"the server is busy ({api.pending} of "
-                           f"{api.config.max_pending} places taken); retry shortly",
-                           code="queue_full")
-        api.pending += 1
-        window = 2 * len(self.engine.kv.slots)
-        streams: list[TokenStream] = []
-        rows: list[np.ndarray] = []
-        try:
-            for tokens in ids:
-                streams.append(self.engine.submit_embedding(tokens))
-                if len(streams) - len(rows) >= window:
-                    rows.append(await _row(streams[len(rows)]))
-            for stream in streams[len(rows):]:
-                rows.append(await _row(stream))
-        except EngineClosedError as err:
-            raise ApiError(503, str(err), code="engine_closed") from None
-        except RequestError as err:
-            full = "queue is full" in str(err)
-            raise ApiError(429 if full else 400, str(err),
-                           None if full else "input", "queue_full" if full else None
-                           ) from None
-        finally:
-            api.pending -= 1
-            for stream in streams[len(rows):]:
-                stream.cancel()  # refused part way, or the client left: the rest runs for nobody
+        """The texts' vectors (hidden_rows, truncated and normalized per the bundle)."""
         normalize = self.engine.manifest.embedding is not None and \
             self.engine.manifest.embedding.normalize
-        return embedding.vectors(np.stack(rows), normalize, dimensions)
+        return embedding.vectors(await hidden_rows(self.api, ids), normalize, dimensions)
+
+
+async def hidden_rows(api: OpenAIApi, ids: list[list[int]]) -> np.ndarray:
+    """The last hidden rows of texts' ids [n, hidden] (an embedding or score bundle's):
+    one place of the server's max_pending held, a window of the texts in the engine at a
+    time (Engine._embed_rows' window)."""
+    if api.pending + 1 > api.config.max_pending:
+        raise ApiError(429, f"the server is busy ({api.pending} of "
+                       f"{api.config.max_pending} places taken); retry shortly",
+                       code="queue_full")
+    api.pending += 1
+    engine = api.engine
+    window = 2 * len(engine.kv.slots)
+    streams: list[TokenStream] = []
+    rows: list[np.ndarray] = []
+    try:
+        for tokens in ids:
+            streams.append(engine.submit_embedding(tokens))
+            if len(streams) - len(rows) >= window:
+                rows.append(await _row(streams[len(rows)]))
+        for stream in streams[len(rows):]:
+            rows.append(await _row(stream))
+    except EngineClosedError as err:
+        raise ApiError(503, str(err), code="engine_closed") from None
+    except RequestError as err:
+        full = "queue is full" in str(err)
+        raise ApiError(429 if full else 400, str(err),
+                       None if full else "input", "queue_full" if full else None
+                       ) from None
+    finally:
+        api.pending -= 1
+        for stream in streams[len(rows):]:
+            stream.cancel()  # refused part way, or the client left: the rest runs for nobody
+    return np.stack(rows)
 
 
 async def _row(stream: TokenStream) -> np.ndarray:

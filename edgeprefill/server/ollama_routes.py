@@ -127,6 +127,8 @@ class OllamaRoutes:
     def _capabilities(self) -> list[str]:
         if self.engine.manifest.task == "embed":  # Ollama's name for an embedding model
             return ["embedding"]
+        if self.engine.manifest.task == "score":  # Ollama has none; vLLM's task name
+            return ["rerank"]
         template = self.engine.manifest.tokenizer.chat_template or ""
         return ["completion", *(["tools"] if renders_tools(template) else []),
                 *(["thinking"] if self.thinks else [])]

@@ -241,8 +241,19 @@ def embedding_bounded(tokenizer: Any, text: Any, limit: int, truncate: bool) -> 
     return _bounded(tokenizer.encode(prepared(text)), limit, False)
 
 
+def score_bounded(tokenizer: Any, info: Any, query: str, document: str,
+                  limit: int) -> Encoded:
+    """A (query, document) pair to score -> its ids as the score bundle reads a pair
+    (sdk/scoring.py: its template, or the tokenizer's pair encoding); past `limit` refused
+    (RequestError) without its ids."""
+    from edgeprefill.sdk.scoring import item_ids
+
+    return Encoded(item_ids(tokenizer, info, (query, document), limit))
+
+
 # Calls that are not BundleTokenizer methods: name -> function(tokenizer, *args).
-EXTRA_CALLS = {"encode_bounded": encode_bounded, "embedding_bounded": embedding_bounded}
+EXTRA_CALLS = {"encode_bounded": encode_bounded, "embedding_bounded": embedding_bounded,
+               "score_bounded": score_bounded}
 
 
 def _run(tokenizer: Any, method: str, args: tuple, kwargs: dict) -> _Reply:

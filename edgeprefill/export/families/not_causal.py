@@ -2,7 +2,8 @@
 an audio model, an encoder-decoder (seq2seq) or an encoder. It answers for any model_type,
 one transformers knows that export does not, or one neither knows, so a BART, Whisper or
 BERT folder is refused for what it is rather than as an unknown name. A supported
-model_type is refused by `task_head` alone: a decoder whose LM head a task head replaced.
+model_type is refused by `task_head` alone: a decoder whose LM head a task head replaced
+(a sequence classifier's exports with --task score: export/score_head.py).
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ _ENCODER_HEADS = ("ForMaskedLM", "ForSequenceClassification", "ForTokenClassific
 # transformers' task heads on a decoder (LlamaForSequenceClassification, Qwen2's reward
 # models, ...): `score` or `qa_outputs` in place of the LM head, so no causal LM is left to
 # export. (ShieldGemma 2's ForImageClassification keeps its Gemma 3 whole: not one.)
-_DECODER_TASK_HEADS = ("ForSequenceClassification", "ForTokenClassification",
+SEQUENCE_CLASSIFIER = "ForSequenceClassification"  # the one export --task score reads
+_DECODER_TASK_HEADS = (SEQUENCE_CLASSIFIER, "ForTokenClassification",
                        "ForQuestionAnswering")
 
 
