@@ -62,11 +62,18 @@ def layer_heads(raw: dict[str, Any], layers: tuple[LayerAttention, ...]
     return tuple(out)
 
 
-def listed_heads(raw: dict[str, Any], keys: tuple[str, str],
+def listed_heads(raw: dict[str, Any], keys: tuple[str, str | None],
                  layers: tuple[LayerAttention, ...]) -> tuple[LayerAttention, ...]:
     """Each layer's query and KV heads from the lists under `keys` (query heads' key, KV
-    heads' key), one entry per layer; a layer's queries a multiple of its KV heads."""
-    lists = [raw[key] for key in keys]
+    heads' key; None: num_key_value_heads on every layer), one entry per layer; a layer's
+    queries a multiple of its KV heads."""
+    heads_key, kv_key = keys
+    if kv_key is None:  # Laguna: every layer's KV heads the model's
+        kv_key = "num_key_value_heads"
+        kv_lists = [int(raw[kv_key])] * len(layers)
+    else:
+        kv_lists = raw[kv_key]
+    keys, lists = (heads_key, kv_key), [raw[heads_key], kv_lists]
     for key, counts in zip(keys, lists, strict=True):
         if not isinstance(counts, list) or len(counts) != len(layers) or any(
                 isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in counts):

@@ -62,8 +62,10 @@ def _attention(cfg: ModelConfig) -> list[str]:
     and a context cap."""
     out = []
     if cfg.head_gate:
-        out.append("a sigmoid output gate per attention " + (
-            "channel (a bias per head)" if cfg.spec.channel_gate else "head"))
+        out.append(("a softplus" if cfg.spec.softplus_gate else "a sigmoid")
+                   + " output gate per attention " + (
+                       "channel (a bias per head)" if cfg.spec.channel_gate else
+                       "channel" if cfg.gate_per_channel else "head"))
     if any(layer.rope == LOCAL for layer in cfg.layers) and \
             cfg.ropes[LOCAL].theta != cfg.ropes[GLOBAL].theta:
         out.append("local layers with their own rope base")
