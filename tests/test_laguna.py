@@ -15,9 +15,11 @@ import torch
 import transformers
 
 from edgeprefill.errors import ExportError
+from edgeprefill.export.exporter import ExportOptions, export
 from edgeprefill.export.layer_attention import GLOBAL, LOCAL
 from edgeprefill.export.model_config import ModelConfig
-from tests.conftest import FAMILIES, load_hf_model
+from tests.conftest import FAMILIES, build_hf_model, load_hf_model
+from tests.state_models import assert_padded_chunks_match
 from tests.test_exactness import prompt_ids
 
 MINIMAL = {"hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 4,
@@ -136,3 +138,25 @@ def test_what_laguna_cannot_run_is_refused_in_one_line(keys, message):
 def test_transformers_refuses_the_router_weight_on_the_input_too():
     with pytest.raises(NotImplementedError):
         transformers.AutoConfig.for_model("laguna", moe_apply_router_weight_on_input=True)
+
+
+# A rope type per layer type beside its own width: yarn on the full layers (half of each
+# head), linear on the sliding ones (all of it)
+OTHER_ROPES = {"full_attention": {"rope_type": "yarn", "rope_theta": 5e5, "factor": 4.0,
+                                  "original_max_position_embeddings": 256,
+                                  "partial_rotary_factor": 0.5},
+               "sliding_attention": {"rope_type": "linear", "rope_theta": 1e4, "factor": 2.0}}
+
+
+@pytest.mark.parametrize("flavor", ["ort", pytest.param("standard", marks=pytest.mark.slow)])
+def test_laguna_with_other_rope_types_per_layer_type_runs_as_transformers(flavor, tmp_path):
+    """Chunks of 1 to 40 tokens (the last before the split padded): each layer type's rope
+    read from its own entry, its scaling and width together."""
+    hf_dir = build_hf_model("laguna", tmp_path / "hf", rope_parameters=OTHER_ROPES)
+    cfg = ModelConfig.from_dir(hf_dir)
+    assert (cfg.ropes[GLOBAL].kind, cfg.ropes[GLOBAL].rotary_dim) == ("yarn", 16)
+    assert (cfg.ropes[LOCAL].kind, cfg.ropes[LOCAL].rotary_dim) == ("linear", 32)
+    out = tmp_path / flavor
+    export(hf_dir, out, ExportOptions(flavor=flavor, chunks=(16,), max_context=64,
+                                      show_progress=False))
+    assert_padded_chunks_match(hf_dir, out)
