@@ -77,6 +77,17 @@ OLMO_HYBRID = {"num_hidden_layers": 4,
                                "full_attention"],
                "linear_num_key_heads": 2, "linear_num_value_heads": 4,
                "linear_key_head_dim": 16, "linear_value_head_dim": 8, "rms_norm_eps": 1e-3}
+LAGUNA = {"num_hidden_layers": 4, "head_dim": 32, "sliding_window": 8,
+          "layer_types": ["sliding_attention", "full_attention", "sliding_attention",
+                          "full_attention"],
+          "mlp_layer_types": ["dense", "sparse", "sparse", "dense"],
+          "num_attention_heads_per_layer": [4, 2, 4, 6],
+          "rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 5e5,
+                                                 "partial_rotary_factor": 0.5},
+                              "sliding_attention": {"rope_type": "default",
+                                                    "rope_theta": 1e4}},
+          "num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+          "shared_expert_intermediate_size": 48, "moe_routed_scaling_factor": 1.5}
 # LFM3 at head_dim 32 (its config class's 128 is not hidden / heads).
 LFM3 = {"num_hidden_layers": 4, "head_dim": 32, "sliding_window": 8, "conv_L_cache": 4,
         "conv_bias": True, "layer_types": ["conv", "sliding_attention", "full_attention", "conv"],
@@ -645,6 +656,15 @@ FAMILIES: dict[str, dict] = {
               "global_attn_every_n_layers": 3, "num_experts": 8, "num_experts_per_tok": 2,
               "moe_intermediate_size": 32, "num_shared_experts": 1, "route_scale": 1.5,
               "mup_enabled": True},
+    # Laguna: sliding (window 8, rotated whole) and full layers (rotated on half of each
+    # head, another base), 4, 2, 4 and 6 query heads over 2 KV heads, a softplus output
+    # gate per head; dense, sparse, sparse, dense MLPs: the top 2 of 8 by sigmoid + a
+    # correction bias (randomized: build_hf_model), renormalized, scaled, beside a shared
+    # MLP. Its variants: a gate per channel (gating "per-element"), and router logits
+    # soft-capped at 1 (tanh bites at the fixture's logits, a few units wide).
+    "laguna": LAGUNA,
+    "laguna-per-element": {**LAGUNA, "gating": "per-element"},
+    "laguna-softcap": {**LAGUNA, "moe_router_logit_softcapping": 1.0},
     # The GPT-2-era classics (export/families/classic.py). OPT: learned positions from row 2
     # of their table, ReLU MLP, tied as the Hub's are; OPT-350m's post-norm layers without a
     # final norm, and its narrower embedding projected in and out.

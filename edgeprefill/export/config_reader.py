@@ -45,7 +45,13 @@ from edgeprefill.export.families import (
 from edgeprefill.export.families.not_causal import SEQUENCE_CLASSIFIER, task_head
 from edgeprefill.export.fp8 import read_fp8_scheme
 from edgeprefill.export.latent_attention import read_latent
-from edgeprefill.export.layer_attention import GLOBAL, read_layers, read_ropes, read_rotary_dim
+from edgeprefill.export.layer_attention import (
+    GLOBAL,
+    read_layers,
+    read_ropes,
+    read_rotary_dim,
+    rotary_dim_per_type,
+)
 from edgeprefill.export.layer_groups import group_blocks
 from edgeprefill.export.layer_heads import gemma4_fields, rope_widths
 from edgeprefill.export.prequantized import read_int4_scheme
@@ -178,6 +184,8 @@ def _ropes_and_layers(family: str, spec: FamilySpec, raw: dict[str, Any], head_d
     (`layer_types`, `sliding_window` or the family's pattern: read_layers), each rope as
     wide as the heads of the layers that use it."""
     ropes = read_ropes(raw, latent.rope_dim if latent else read_rotary_dim(raw, spec, head_dim))
+    if spec.rotary_per_type:  # Laguna: each layer type's own share of the head
+        ropes = rotary_dim_per_type(raw, ropes, head_dim)
     refuse_other_familys_rope(family, spec, ropes)
     layers = read_layers(raw, spec)
     return rope_widths(ropes, layers), layers

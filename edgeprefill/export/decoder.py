@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import replace
 
 import numpy as np
+from onnx.helper import np_dtype_to_tensor_dtype
 
 from edgeprefill.contract import (
     BATCH,
@@ -485,9 +486,11 @@ class DecoderBuilder:
     def _head_gated(self, p: str, h: str, attn: str, cfg: ModelConfig) -> str:
         """LFM3: attention's output [B,C,H*D] (or packed [1,T,H*D]), each head's D values
         times sigmoid of that head's gate, g_proj of the layer's normed input `h`. Beam
-        (FamilySpec.channel_gate): a gate per channel, gate_proj plus its head's bias."""
+        (FamilySpec.channel_gate): a gate per channel, gate_proj plus its head's bias.
+        Laguna (FamilySpec.softplus_gate): softplus of the gate, per head or per channel
+        (ModelConfig.gate_per_channel), in float32 as LagunaAttention computes it."""
         g, heads, dim = self.g, cfg.num_heads, cfg.head_dim
-        width = dim if cfg.spec.channel_gate else 1  # gates per head
+        width = dim if cfg.gate_per_channel else 1  # gates per head
         name = self.w.resolve(tuple(p + gate + ".weight" for gate in self.names.head_gate))
         if self.w.shape(name) != (heads * width, cfg.hidden_size):
             raise ExportError(
@@ -499,8 +502,18 @@ class DecoderBuilder:
             bias = self.w.tensor(p + self.names.head_gate_bias)  # [H], broadcast over D
             gate = g.op("Add", [gate, g.op("Unsqueeze", [bias, g.const([-1])])])
         per_head = g.op("Reshape", [attn, g.const([0, 0, heads, dim])])
-        gated = g.op("Mul", [per_head, g.op("Sigmoid", [gate])])
+        gated = g.op("Mul", [per_head, self._gate_activation(gate)])
         return g.op("Reshape", [gated, g.const([0, 0, heads * dim])])
+
+    def _gate_activation(self, gate: str) -> str:
+        """sigmoid(gate); Laguna's softplus(gate), computed in float32 and cast back."""
+        g = self.g
+        if not self.cfg.spec.softplus_gate:
+            return g.op("Sigmoid", [gate])
+        if self.dtype == np.float32:
+            return g.op("Softplus", [gate])
+        return g.op("Cast", [g.op("Softplus", [g.op("Cast", [gate], to=1)])],
+                    to=int(np_dtype_to_tensor_dtype(self.dtype)))
 
     def _output(self, p: str, attn: str) -> str:
         """The attention's output projection (after BitNet's sub-norm)."""

@@ -22,7 +22,8 @@ Routing, as each family's transformers router computes it (float32 throughout):
                    by the sum of its top 2 biased scores, and the top k are chosen within
                    the best `topk_group` groups (with all of them kept, LFM2-MoE's
                    choice); its sum gets + 1e-20. Kolibri-1 adds its bias to the logits,
-                   not to the sigmoid.
+                   not to the sigmoid; Laguna soft-caps the logits first
+                   (c * tanh(logits / c), `moe_router_logit_softcapping`).
   softmax_bias     softmax over all experts; the top k of softmax + `e_score_correction_bias`
                    (chooses, never weighs); divided by max(their sum, `moe_norm_min`)
                    (ERNIE-4.5-MoE)
@@ -140,6 +141,9 @@ class MoeSpec:
     # The key whose "average" halves the sum of the routed and shared experts ("sum" adds
     # them: Cohere 2 MoE's shared_expert_combination_strategy); None: they are added.
     average_key: str | None = None
+    # The key of a soft-cap of the router's logits, c * tanh(logits / c) before routing
+    # where it is above 0 (Laguna's moe_router_logit_softcapping); None: none.
+    softcap_key: str | None = None
 
 
 # config.json keys that name a routing, and the one value each family here computes
@@ -181,6 +185,7 @@ class MoeConfig:
     input_scaled: bool = False  # Llama 4: expert(weight * x), not weight * expert(x)
     jitter: float = 0.0  # sparsemixer: a logit within 2 jitter (relative) of the best counts
     averaged: bool = False  # Cohere 2 MoE: (routed + shared) / 2, where there is a shared MLP
+    logit_softcap: float = 0.0  # Laguna: logits -> c * tanh(logits / c) first; 0: none
 
     @property
     def grouped(self) -> bool:
@@ -193,11 +198,13 @@ class MoeConfig:
         shared = f", {gated} shared expert of width {self.shared_width}{averaged}" \
             if self.shared_width else ""
         clamped = f", clamped SwiGLU (limit {self.clamped.limit:g})" if self.clamped else ""
+        capped = f", router logits soft-capped at {self.logit_softcap:g}" \
+            if self.logit_softcap else ""
         groups = f" within the best {self.top_groups} of {self.groups} groups" \
             if self.grouped else ""
         return (f"mixture of experts: {self.experts} experts of width {self.width}, top "
                 f"{self.top_k} per token{groups} ({self.routing} routing), on "
-                f"{len(self.layers)} of {num_layers} layers{shared}{clamped}")
+                f"{len(self.layers)} of {num_layers} layers{shared}{clamped}{capped}")
 
 
 def read_moe(raw: dict[str, Any], spec: MoeSpec) -> MoeConfig | None:
@@ -232,6 +239,9 @@ def read_moe(raw: dict[str, Any], spec: MoeSpec) -> MoeConfig | None:
         input_scaled=spec.input_scaled,
         jitter=float(raw[spec.jitter_key]) if spec.jitter_key else 0.0,
         averaged=bool(spec.average_key) and raw.get(spec.average_key) == "average",
+        # as LagunaTopKRouter: only a cap above 0 caps
+        logit_softcap=max(float(raw.get(spec.softcap_key) or 0.0), 0.0)
+        if spec.softcap_key else 0.0,
     )
     if moe.experts < 1 or not 1 <= moe.top_k <= moe.experts:
         raise ExportError(f"config.json: num_experts_per_tok ({moe.top_k}) must be 1 to "

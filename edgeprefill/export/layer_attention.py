@@ -4,7 +4,7 @@ the rotary width and the scores' scale they share."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from edgeprefill.errors import ExportError
@@ -112,6 +112,24 @@ def read_rotary_dim(raw: dict[str, Any], spec: FamilySpec, head_dim: int) -> int
         what = "head_dim" if rotary_dim == head_dim else "head_dim x partial_rotary_factor"
         raise ExportError(f"{what} must be even for rotary embeddings, got {rotary_dim}")
     return rotary_dim
+
+
+def rotary_dim_per_type(raw: dict[str, Any], ropes: dict[str, RopeConfig],
+                        head_dim: int) -> dict[str, RopeConfig]:
+    """`ropes` each rotating its own layer type's partial_rotary_factor of head_dim
+    (FamilySpec.rotary_per_type: Laguna's rotary computes each type's inverse frequencies
+    over int(head_dim x that type's factor), 1 where the entry has none)."""
+    params = rope_params(raw)
+    out = dict(ropes)
+    for name, kind in ((GLOBAL, "full_attention"), (LOCAL, "sliding_attention")):
+        entry = config_value(params, kind, dict) or {}
+        rotary_dim = int(head_dim * float(entry.get("partial_rotary_factor", 1.0)))
+        if rotary_dim % 2 or rotary_dim < 2:
+            raise ExportError(f"rope_parameters.{kind}: head_dim x partial_rotary_factor "
+                              f"must be even and positive for rotary embeddings, got "
+                              f"{rotary_dim}")
+        out[name] = replace(ropes[name], rotary_dim=rotary_dim)
+    return out
 
 
 def read_ropes(raw: dict[str, Any], rotary_dim: int) -> dict[str, RopeConfig]:

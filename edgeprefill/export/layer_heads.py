@@ -66,7 +66,8 @@ def listed_heads(raw: dict[str, Any], keys: tuple[str, str],
                  layers: tuple[LayerAttention, ...]) -> tuple[LayerAttention, ...]:
     """Each layer's query and KV heads from the lists under `keys` (query heads' key, KV
     heads' key), one entry per layer, or one count for every layer (DeciLM's query heads,
-    num_attention_heads); a layer's queries a multiple of its KV heads."""
+    num_attention_heads; Laguna's KV heads, num_key_value_heads); a layer's queries a
+    multiple of its KV heads."""
     lists = [_per_layer(raw[key], len(layers)) for key in keys]
     for key, counts in zip(keys, lists, strict=True):
         if not isinstance(counts, list) or len(counts) != len(layers) or any(

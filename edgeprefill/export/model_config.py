@@ -121,8 +121,12 @@ class ModelConfig:
     attn_gate: bool = False
     # LFM3: each head's attention output times sigmoid of its gate, a projection of the
     # layer's normed input (hidden -> heads; TensorNames.head_gate). Beam's gates each
-    # channel, plus a bias per head (FamilySpec.channel_gate).
+    # channel, plus a bias per head (FamilySpec.channel_gate); Laguna's is softplus
+    # (FamilySpec.softplus_gate).
     head_gate: bool = False
+    # Whether that gate is one per channel (heads * head_dim of them: Beam's, and Laguna's
+    # where `gating` says so), not one per head broadcast over head_dim.
+    gate_per_channel: bool = False
     # The norm config.json picks (FamilySpec.norm_from_config); None: the family's own.
     norm_picked: str | None = None
     # Gemma 4: layers without KV of their own, each reading the KV an earlier layer of its

@@ -63,8 +63,10 @@ def _attention(cfg: ModelConfig) -> list[str]:
     and a context cap."""
     out = []
     if cfg.head_gate:
-        out.append("a sigmoid output gate per attention " + (
-            "channel (a bias per head)" if cfg.spec.channel_gate else "head"))
+        out.append(("a softplus" if cfg.spec.softplus_gate else "a sigmoid")
+                   + " output gate per attention " + (
+                       "channel (a bias per head)" if cfg.spec.channel_gate else
+                       "channel" if cfg.gate_per_channel else "head"))
     if any(layer.rope == LOCAL for layer in cfg.layers) and \
             cfg.ropes[LOCAL].theta != cfg.ropes[GLOBAL].theta:
         out.append("local layers with their own rope base")
@@ -128,6 +130,13 @@ def _positions(cfg: ModelConfig) -> list[str]:
     if cfg.latent is not None:
         out.append(f"KV cache: one head of {cfg.head_dim} per token and layer (rope "
                    f"{cfg.latent.rope_dim} + latent {cfg.latent.kv_lora_rank})")
+    elif cfg.spec.rotary_per_type:  # Laguna: each layer kind its own share of the head
+        widths = {name: cfg.ropes[name].rotary_dim for name in (GLOBAL, LOCAL)
+                  if any(layer.rope == name for layer in cfg.layers)}
+        if any(width < cfg.head_dim for width in widths.values()):
+            out.append("rotary on " + ", ".join(
+                f"{width} of {cfg.head_dim} head dims ({name} layers)"
+                for name, width in widths.items()))
     elif cfg.rotary_dim < cfg.head_dim:
         out.append(f"rotary on {cfg.rotary_dim} of {cfg.head_dim} head dims")
     for name, rope in cfg.ropes.items():

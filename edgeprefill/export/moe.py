@@ -73,6 +73,9 @@ class MixtureOfExperts:
         logits = self._router_logits(p, x)
         if self.dtype != np.float32:
             logits = g.op("Cast", [logits], to=FLOAT)
+        if moe.logit_softcap:  # Laguna: c * tanh(logits / c), in float32
+            cap = g.const(moe.logit_softcap, np.float32)
+            logits = g.op("Mul", [g.op("Tanh", [g.op("Div", [logits, cap])]), cap])
         if moe.routing == "topk_softmax":  # Granite MoE
             top, chosen = g.op("TopK", [logits, k], 2, axis=-1)
             weights = g.op("Softmax", [top], axis=-1)

@@ -204,7 +204,10 @@ def _normalized(moe: MoeConfig) -> bool:
 
 def _op_routes(moe: MoeConfig) -> bool:
     """Whether the op's own softmax and top k route as the family does: DeepSeek-V2's
-    group-limited routing over one group is the plain softmax top k (its greedy)."""
+    group-limited routing over one group is the plain softmax top k (its greedy); soft-capped
+    logits (Laguna's) go in as chosen."""
+    if moe.logit_softcap:
+        return False
     return moe.routing in OP_ROUTINGS or (moe.routing == "softmax_group_limited"
                                           and moe.groups == 1)
 

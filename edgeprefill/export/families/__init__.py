@@ -8,9 +8,10 @@ config.json by `ModelConfig.from_hf`; nothing downstream looks at a family's nam
 One module per kind of language model (dense, gemma, the routed-expert MoEs by how their
 router chooses: moe_softmax, moe_top_k, moe_sigmoid; latent, recurrent, alibi, baichuan
 (rotary or ALiBi by its config class), the GPT-2-era classic, OpenELM's layer-wise
-scaling, DeciLM's KV heads per layer) and the image-text checkpoints that wrap one;
-`FamilySpec` and the tensor names in `spec`. The checkpoints that wrap any text family
-(LLaVA's kin, `wrapped`) take the spec of the one their text_config names: `family_spec`.
+scaling, DeciLM's KV heads per layer and Laguna's softplus-gated attention with heads
+per layer) and the image-text checkpoints that wrap one; `FamilySpec` and the tensor names
+in `spec`. The checkpoints that wrap any text family (LLaVA's kin, `wrapped`) take the
+spec of the one their text_config names: `family_spec`.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from edgeprefill.export.families import (
     dense,
     gemma,
     image_text,
+    laguna,
     latent,
     moe_sigmoid,
     moe_softmax,
@@ -113,9 +115,6 @@ REFUSED_TYPES: dict[str, str] = {
              "hyper-connections are not supported",
     "qwen4_exp_text": "Qwen4-Exp's sparse attention indexer, n-gram embeddings and gated "
                       "residuals are not supported",
-    # close to supported families, each a few graph pieces short
-    "laguna": "Laguna's softplus attention output gate, per-layer head counts and a rotary "
-              "width per layer type are not supported",
     # image-text checkpoints whose language model is none export supports
     "minimax_m3_vl": "MiniMax-M3-VL's language model (minimax_m3_vl_text) uses sparse "
                      "attention (an indexer choosing each query's keys), which is not supported",
@@ -216,6 +215,7 @@ _TEXT: dict[str, FamilySpec] = _merged(
     classic.FAMILIES,
     openelm.FAMILIES,
     deci.FAMILIES,
+    laguna.FAMILIES,
 )
 # A wrapper's entry is the spec of its default language model (its config class's).
 FAMILIES: dict[str, FamilySpec] = _merged(

@@ -292,6 +292,11 @@ class FamilySpec:
     # normed input (names.head_gate, [H*D, hidden]) plus a bias per head
     # (names.head_gate_bias), the attention's output times it before o_proj.
     channel_gate: bool = False
+    # Laguna's output gate, always on: softplus (not sigmoid) of its own projection of the
+    # layer's normed input (names.head_gate), one per head broadcast over head_dim, or one
+    # per channel where config.json's `gating` is neither true nor "per-head" (as
+    # LagunaAttention reads it); no bias.
+    softplus_gate: bool = False
     # Multimodal checkpoints (Gemma 3): the key whose config is the language model's, and
     # the keys the outer config decides instead, with the outer class's default (None: no
     # default, the inner config's value stands).
@@ -336,6 +341,9 @@ class FamilySpec:
     # None: every layer has num_attention_heads and num_key_value_heads. A layer's MLP
     # needs no such list: the graph takes its width from the layer's weights.
     heads_per_layer: tuple[str, str] | None = None
+    # Whether each layer type's `rope_parameters` entry rotates its own share of each head
+    # (its partial_rotary_factor; Laguna), not one factor for every layer.
+    rotary_per_type: bool = False
     # Gemma 3n: Gemma 4's KV sharing and per-layer inputs (not its per-layer heads), on
     # `altup_num_inputs` streams (AltUp: predict before each layer, correct after it), a
     # LAuReL branch in each layer, and MLP gates that keep only their values above a
