@@ -193,3 +193,58 @@ def test_a_sentencepiece_gguf_that_adds_the_eos_embeds_it(tmp_path):
     for text in TEXTS:
         assert original.encode(text).ids[0] == 1  # <s>, and no </s>
         assert got.encode(text).ids == [*original.encode(text).ids, EOS], text
+
+
+def test_an_ollama_embedding_model_exports_an_embedding_bundle(
+        embedding_checkpoint, tmp_path, monkeypatch):
+    """`ollama pull qwen3-embedding`'s kind: Ollama's store holds the GGUF (pooling LAST,
+    which Ollama reads as the embedding capability) and a params layer."""
+    from tests.test_ollama_store import add_model
+
+    store = tmp_path / "ollama-models"
+    gguf = gguf_of(embedding_checkpoint, "embed-F32.gguf", pooling="LAST")
+    add_model(store, "registry.ollama.ai/library/tiny-embedding/latest", [
+        ("model", gguf.read_bytes()), ("params", json.dumps({"num_ctx": 8192}).encode())])
+    monkeypatch.setenv("OLLAMA_MODELS", str(store))
+    bundle = exported("ollama:tiny-embedding", tmp_path / "b")
+    manifest = load_manifest(bundle)
+    assert manifest.task == "embed" and manifest.source["ollama"]
+    np.testing.assert_allclose(embed(bundle, TEXTS[:1]),
+                               reference(embedding_checkpoint, TEXTS[:1]), atol=1e-5)
+
+
+def test_a_bert_gguf_is_refused_by_its_architecture_first(tmp_path):
+    """An encoder's file (all-MiniLM's, nomic-embed's: MEAN or CLS pooling) never reaches
+    the pooling: transformers reads no `bert` GGUF into weights."""
+    import gguf
+
+    from tests.gguf_files import write_out
+
+    writer = gguf.GGUFWriter(str(tmp_path / "minilm.gguf"), "bert")
+    writer.add_block_count(1)
+    writer.add_pooling_type(gguf.PoolingType.MEAN)
+    write_out(writer)
+    with pytest.raises(ExportError, match="GGUF architecture 'bert' is not one transformers"):
+        exported(tmp_path / "minilm.gguf", tmp_path / "b")
+
+
+@pytest.mark.parametrize(("metadata", "task", "expected"), [
+    ({}, "auto", None),
+    ({"qwen3.pooling_type": 3}, "auto", "last"),
+    ({"qwen3.pooling_type": 3}, "generate", "last"),
+    ({"qwen3.pooling_type": 2}, "generate", "cls"),
+    ({"qwen3.pooling_type": 0}, "auto", "pools its tokens by none"),
+    ({"qwen3.pooling_type": 2}, "embed", "pools its tokens by cls"),
+    ({"qwen3.pooling_type": 7}, "generate", "qwen3.pooling_type 7 is no pooling"),
+    ({"qwen3.classifier.output_labels": 2}, "generate",
+     r"is a reranker \(qwen3.pooling_type unset, classifier labels\)"),
+])
+def test_the_pooling_a_task_exports_or_refuses(metadata, task, expected):
+    from edgeprefill.export.gguf_pooling import pooling_of
+
+    metadata = {"general.architecture": "qwen3", **metadata}
+    if expected in (None, "last", "cls"):
+        assert pooling_of(metadata, "f.gguf", task) == expected
+    else:
+        with pytest.raises(ExportError, match=expected):
+            pooling_of(metadata, "f.gguf", task)
