@@ -41,7 +41,8 @@ def permute(weights: np.ndarray, n_head: int, n_head_kv: int | None) -> np.ndarr
 def write_gguf(hf_dir: Path, out: Path, quant: str = "F32", name: str = "tiny",
                permute_qk: bool = True, rope_freqs: np.ndarray | None = None,
                extra: dict[str, np.ndarray] | None = None, pre: str = "gpt-2",
-               eot: int | None = None, chat_template: str | None = None) -> Path:
+               eot: int | None = None, chat_template: str | None = None,
+               pooling: str | None = None, labels: list[str] | None = None) -> Path:
     """`hf_dir` (config.json, model.safetensors, a byte-level BPE or a Llama 2 style
     tokenizer.json) as a GGUF file `out`. `permute_qk=False` leaves out llama's q/k
     permutation (a broken converter); `rope_freqs` are factors to write instead of the
@@ -49,7 +50,9 @@ def write_gguf(hf_dir: Path, out: Path, quant: str = "F32", name: str = "tiny",
     byte-level vocabulary's split (llama.cpp's name for it); `eot`, an end-of-turn id
     (tokenizer.ggml.eot_token_id, as SpecialVocab writes one); `chat_template`, a
     byte-level vocabulary's tokenizer.chat_template (SpecialVocab writes the checkpoint's;
-    the sentencepiece one here always does)."""
+    the sentencepiece one here always does); `pooling`, a gguf.PoolingType name (LAST,
+    MEAN, RANK) as _try_set_pooling_type writes a sentence-transformers model's (and
+    Qwen3Model a reranker's, with its classifier `labels`)."""
     import gguf
     from safetensors.numpy import load_file
 
@@ -70,6 +73,10 @@ def write_gguf(hf_dir: Path, out: Path, quant: str = "F32", name: str = "tiny",
         writer.add_eot_token_id(eot)
     if chat_template is not None:
         writer.add_chat_template(chat_template)
+    if pooling is not None:
+        writer.add_pooling_type(gguf.PoolingType[pooling])
+    if labels is not None:
+        writer.add_classifier_output_labels(labels)
 
     model_arch = next(k for k, v in gguf.MODEL_ARCH_NAMES.items() if v == arch)
     names = gguf.get_tensor_name_map(model_arch, layers)
@@ -274,6 +281,18 @@ def _add_gpt2_vocab(writer, tok: dict, config: dict, pre: str) -> None:
     writer.add_eos_token_id(config["eos_token_id"])
     writer.add_pad_token_id(config["pad_token_id"])
     writer.add_add_bos_token(False)
+    if _appends_eos(tok, by_id[config["eos_token_id"]]):
+        writer.add_add_eos_token(True)
+
+
+def _appends_eos(tok: dict, eos: str) -> bool:
+    """SpecialVocab's reading of a TemplateProcessing post-processor: add_eos_token where
+    its single-text template ends with the EOS (Qwen3-Embedding's `$A <|endoftext|>`)."""
+    processor = tok.get("post_processor") or {}
+    if processor.get("type") != "TemplateProcessing":
+        return False
+    single = processor.get("single") or []
+    return len(single) > 1 and single[-1].get("SpecialToken", {}).get("id") == eos
 
 
 def _add_sentencepiece_vocab(writer, hf_dir: Path, tok: dict, config: dict) -> None:

@@ -82,7 +82,8 @@ def _list_models(ctx: click.Context, param: click.Parameter, value: bool) -> Non
                    "a reranker (Engine.score/rerank, /v1/rerank) from a "
                    "*ForSequenceClassification folder, or from a causal LM with "
                    "--score-tokens. auto: embed where the folder is a sentence-transformers "
-                   "model (modules.json, last-token pooling), else generate.")
+                   "model (modules.json, last-token pooling) or the GGUF's pooling_type is "
+                   "last, else generate.")
 @click.option("--score-tokens", default=None, metavar="NO,YES",
               help="--task score on a causal LM: the tokens whose logits at the last "
                    "position are the scores, e.g. no,yes (Qwen3-Reranker: relevance "

@@ -122,7 +122,7 @@ def export(hf_dir: str | Path, out_dir: str | Path, options: ExportOptions) -> M
                           f"GGUF file ({gguf_file.name}): export the adapter with the "
                           "base model it was trained on")
     check_target(out_dir, options.overwrite)  # before a conversion that may take minutes
-    with converted(gguf_file, out_dir, options.show_progress) as (folder, gguf):
+    with converted(gguf_file, out_dir, options.show_progress, options.task) as (folder, gguf):
         source = {"path": gguf.path, "gguf": gguf.as_dict()}
         system = None
         if ollama is not None:

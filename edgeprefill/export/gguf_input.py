@@ -35,7 +35,7 @@ import numpy as np
 from tqdm import tqdm
 
 from edgeprefill.errors import ExportError
-from edgeprefill.export import gguf_falcon, gguf_metadata, gguf_rope, gguf_vocab
+from edgeprefill.export import gguf_falcon, gguf_metadata, gguf_pooling, gguf_rope, gguf_vocab
 
 log = logging.getLogger(__name__)
 
@@ -63,9 +63,12 @@ class GgufSource:
     path: str  # its absolute path
     architecture: str  # general.architecture
     quant: str  # general.file_type's name (Q4_K_M, Q8_0, F16, ...)
+    pooling: str | None = None  # an embedding model's {arch}.pooling_type (gguf_pooling.py)
 
     def as_dict(self) -> dict[str, str]:
-        return {"file": self.file, "architecture": self.architecture, "quant": self.quant}
+        pooling = {} if self.pooling is None else {"pooling": self.pooling}
+        return {"file": self.file, "architecture": self.architecture, "quant": self.quant,
+                **pooling}
 
 
 def gguf_file_of(source: Path) -> Path | None:
@@ -106,13 +109,14 @@ def _refuse_split(path: Path) -> None:
 
 
 @contextmanager
-def converted(gguf_file: Path, beside: Path, show_progress: bool) -> Iterator[
-        tuple[Path, GgufSource]]:
+def converted(gguf_file: Path, beside: Path, show_progress: bool, task: str = "auto"
+              ) -> Iterator[tuple[Path, GgufSource]]:
     """Yield a Hugging Face folder converted from `gguf_file`, written beside the bundle
     folder `beside` (a whole model's float32 weights may not fit a small /tmp), removed
-    on the way out."""
+    on the way out; an embedding model's (last-token pooling) in sentence-transformers'
+    layout, one that the export `task` cannot make refused first (gguf_pooling.py)."""
     libs = _libraries()
-    source = _source(gguf_file, libs)
+    source = _source(gguf_file, libs, task)
     parent = beside.absolute().parent
     try:
         parent.mkdir(parents=True, exist_ok=True)
@@ -145,9 +149,9 @@ def _libraries() -> Any:
     return reader
 
 
-def _source(gguf_file: Path, reader: Any) -> GgufSource:
-    """The file's architecture and quantization; refused where transformers cannot read
-    the architecture into float weights."""
+def _source(gguf_file: Path, reader: Any, task: str) -> GgufSource:
+    """The file's architecture, quantization and pooling; refused where transformers cannot
+    read the architecture into float weights, or its pooling is not one `task` exports."""
     import struct
 
     from gguf import LlamaFileType
@@ -169,7 +173,8 @@ def _source(gguf_file: Path, reader: Any) -> GgufSource:
         quant = LlamaFileType(file_type).name.removeprefix("MOSTLY_").removeprefix("ALL_")
     except ValueError:
         quant = "unknown" if file_type is None else f"file_type {file_type}"
-    return GgufSource(gguf_file.name, str(gguf_file.resolve()), arch, quant)
+    pooling = gguf_pooling.pooling_of(metadata, gguf_file.name, task)
+    return GgufSource(gguf_file.name, str(gguf_file.resolve()), arch, quant, pooling)
 
 
 def _write_hf_folder(gguf_file: Path, folder: Path, source: GgufSource, reader: Any,
@@ -195,6 +200,8 @@ def _write_hf_folder(gguf_file: Path, folder: Path, source: GgufSource, reader: 
     gguf_vocab.fix_tokenizer(gguf_file, folder / "tokenizer.json")
     _drop_tokens_past_vocab(folder / "tokenizer.json", config.get_text_config().vocab_size)
     gguf_vocab.write_end_ids(gguf_file, folder, config.get_text_config().vocab_size)
+    if source.pooling == gguf_pooling.LAST:
+        gguf_pooling.write_layout(folder, config.get_text_config().hidden_size)
     unused = _write_weights(gguf, folder, config, source, reader, show_progress)
     _warn_unused([name for name in unused if name not in restored])
 
