@@ -258,6 +258,23 @@ def test_without_prefix_sharing_only_a_session_reuses_its_own_slot():
     assert (again.slot, again.reused) == (slot, 30)
 
 
+def test_a_session_owns_one_slot_when_two_of_its_requests_run_at_once():
+    """Engine.submit with a session's id while its last turn still runs: the newer one
+    takes the session's slot, the older one's becomes a plain entry (the sweep of
+    runtime checks found a session owning both, which check_integrity refuses)."""
+    cache = make_cache()
+    older = fill(cache, ids(20), owner=7)  # still ACTIVE
+    newer = fill(cache, ids(20) + ids(10, 1), owner=7)
+    assert newer != older
+    assert [s.owner for s in cache.slots if s.owner is not None] == [7]
+    assert cache.slots[newer].owner == 7
+    cache.release(older, keep=True)
+    cache.release(newer, keep=True)
+    cache.check_integrity()
+    again = cache.acquire(ids(20) + ids(10, 1) + ids(5, 2), 7)
+    assert (again.slot, again.reused) == (newer, 30)
+
+
 def test_every_slot_busy_means_wait_and_eviction_prefers_plain_prefix_entries():
     cache = make_cache(slots=2)
     session = fill(cache, ids(20), owner=1)

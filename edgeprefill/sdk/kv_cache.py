@@ -135,6 +135,11 @@ class KVCache:
         parting = self._parting(slot, tokens, limit) if self.max_snapshots else 0
         slot.mark = parting if parting > reused else 0
         slot.state, slot.tokens = SlotState.ACTIVE, tokens[:reused]
+        if owner is not None:
+            # Two requests of one session at once (Engine.submit with its id while its
+            # last turn runs): its conversation is the latest one's, and the slot the
+            # other holds becomes a plain entry, else the session owned two slots.
+            self.forget_owner(owner)
         slot.owner = owner
         self._touch(slot)
         return Acquired(slot.index, reused, copied_from)
