@@ -153,6 +153,9 @@ def assert_anthropic_error(response: httpx.Response, status: int, kind: str) -> 
     ({"messages": USER, "max_tokens": 2, "tools": [{"type": "web_search_20250305",
                                                     "name": "web_search"}]}, "custom"),
     ({"messages": USER, "max_tokens": 2, "thinking": {"type": "sometimes"}}, "thinking"),
+    # a type JSON cannot use as a key (a list or an object) was a 500: unhashable type
+    ({"messages": USER, "max_tokens": 2, "thinking": {"type": ["enabled"]}}, "thinking"),
+    ({"messages": USER, "max_tokens": 2, "thinking": {"type": {}}}, "thinking"),
     ({"messages": USER, "max_tokens": 2, "tools": [{"name": "f", "strict": "yes",
                                                     "input_schema": {"type": "object"}}]},
      "tools[0].strict must be true or false"),

@@ -295,3 +295,14 @@ def test_an_engine_failure_is_a_500_or_an_error_line(llama, http, engine, monkey
                                                      "stream": False}), 500, "device lost")
     with pytest.raises(ollama.ResponseError, match="device lost"):
         list(llama.generate(model=MODEL, prompt="w5", stream=True))
+
+
+@pytest.mark.parametrize("text", ["a\u2028b", "a\u2029b", "a\x85b", "a\nb\u2028\u2028"])
+def test_a_streamed_line_holding_a_unicode_line_break_reads_as_one_line(text):
+    # The ollama client splits a stream with httpx's iter_lines, which (as str.splitlines)
+    # ends a line at U+2028, U+2029 and U+0085 too: raw, they cut a reply in two.
+    from edgeprefill.server.ollama_stream import line
+
+    sent = line({"response": text, "done": False})
+    lines = list(httpx.Response(200, content=sent).iter_lines())
+    assert len(lines) == 1 and json.loads(lines[0])["response"] == text

@@ -162,6 +162,9 @@ REFUSED = [
     ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "input[0]", None),
     ({"input": [{"type": "input_image"}]}, "input[0].type", None),
     ({"input": [{"role": "tool", "content": "x"}]}, "input[0].role", None),
+    # a role JSON cannot use as a key (a list or an object) was a 500: unhashable type
+    ({"input": [{"role": ["user"], "content": "x"}]}, "input[0].role", None),
+    ({"input": [{"role": {"user": 1}, "content": "x"}]}, "input[0].role", None),
     ({"input": [{"role": "user", "content": [{"type": "input_image"}]}]},
      "input[0].content[0]", None),
     ({"input": [{"type": "function_call", "call_id": "c"}]}, "input[0].name", None),

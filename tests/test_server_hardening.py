@@ -168,6 +168,23 @@ def test_a_slow_but_steady_body_is_still_cut_at_the_body_timeout(server):
 # -- malformed text ---------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("path, body, shape", [
+    ("/v1/chat/completions", {"model": "w1 " * 30_000, "messages": [
+        {"role": "user", "content": "w1"}]}, "openai"),
+    ("/v1/messages", {"model": MODEL, "max_tokens": 2, "messages": [
+        {"role": "user", "content": [{"type": "x" * 90_000}]}]}, "anthropic"),
+    ("/api/chat", {"model": "y" * 90_000, "messages": []}, "ollama"),
+])
+def test_an_error_quoting_a_huge_value_stays_a_short_line(http, path, body, shape):
+    # Each refusal quotes the 90 KB value; the line keeps its head and tail only.
+    response = http.post(path, json=body)
+    assert 400 <= response.status_code < 500
+    error = response.json()["error"]
+    message = error if shape == "ollama" else error["message"]
+    assert len(message) < 1100 and "\n" not in message
+    assert "characters cut" in message
+
+
 @pytest.mark.parametrize("path, body", [
     ("/v1/completions", '{"prompt": "w5 \\ud800 w6", "max_tokens": 2}'),
     ("/v1/chat/completions", '{"messages": [{"role": "user", "content": "hi \\udfff"}]}'),

@@ -106,7 +106,17 @@ def generation_failure(stream: TokenStream | None, constraint_param: str | None)
 CLOSES_CONNECTION = frozenset({401, 408, 413})
 
 
+# Refusals quote the value they refuse (a model name, a block type): one 90 KB string in
+# any such field made a 90 KB error line. Its head and tail still say what was wrong.
+MAX_MESSAGE_CHARS = 1000
+
+
 def _printable(message: str) -> str:
     """A message that echoes a client's text must still encode as UTF-8 (no 500 over a
-    lone surrogate in the error about it)."""
+    lone surrogate in the error about it), and stay one readable line however long the
+    text it quotes."""
+    if len(message) > MAX_MESSAGE_CHARS:
+        half = MAX_MESSAGE_CHARS // 2
+        cut = len(message) - 2 * half
+        message = f"{message[:half]} [... {cut} characters cut ...] {message[-half:]}"
     return message.encode("utf-8", "backslashreplace").decode("utf-8")

@@ -185,7 +185,7 @@ def _thinking(thinking: Any) -> dict[str, Any] | None:
     if thinking is None:
         return None
     kind = thinking.get("type") if isinstance(thinking, dict) else None
-    if kind not in THINKING_SWITCH:
+    if not isinstance(kind, str) or kind not in THINKING_SWITCH:  # a list is no dict key
         raise ApiError(400, "'thinking' must be {\"type\": \"enabled\", \"budget_tokens\": "
                        "...}, {\"type\": \"disabled\"} or {\"type\": \"adaptive\"}",
                        "thinking")

@@ -135,8 +135,18 @@ def load_reply(model: str, chat: bool) -> dict[str, Any]:
     return {**body, "done": True, "done_reason": "load"}
 
 
+# Characters JSON may hold raw that Python's str.splitlines (which httpx's iter_lines, and
+# so the ollama client, splits NDJSON with) takes for line ends: a reply holding one came
+# apart into two halves that are no JSON. Escaped, as Go's encoding/json escapes U+2028/9.
+# (Below U+0020 JSON escapes every character already.)
+LINE_BREAKS = {"\u0085": "\\u0085", "\u2028": "\\u2028", "\u2029": "\\u2029"}
+
+
 def line(data: dict[str, Any]) -> bytes:
-    return (json_numbers.dumps(data, (",", ":")) + "\n").encode()
+    text = json_numbers.dumps(data, (",", ":"))
+    for char, escaped in LINE_BREAKS.items():  # only ever inside a string: safe to swap
+        text = text.replace(char, escaped)
+    return (text + "\n").encode()
 
 
 def created_at() -> str:

@@ -73,7 +73,8 @@ def _add_item(messages: list[dict[str, Any]], item: Any, param: str,
 
 
 def _add_message(messages: list[dict[str, Any]], item: dict, param: str) -> None:
-    role = ROLES.get(item.get("role"))  # type: ignore[arg-type]
+    role = item.get("role")  # a list or an object is no key of ROLES: not looked up
+    role = ROLES.get(role) if isinstance(role, str) else None
     if role is None:
         raise ApiError(400, f"{param}.role must be one of {', '.join(ROLES)}", f"{param}.role")
     content = _text(item.get("content"), f"{param}.content")
