@@ -130,6 +130,39 @@ OLLAMA = {
     "suffix": field(text),
     "images": json_values,
 }
+# The Responses API's fields (server/responses_request.py, responses_input.py).
+responses_part = st.fixed_dictionaries(
+    {"type": st.sampled_from(["input_text", "output_text", "input_image"]) | json_values},
+    optional={"text": field(text)})
+responses_item = st.fixed_dictionaries(
+    {"type": st.sampled_from(["message", "function_call", "function_call_output",
+                              "reasoning", "item_reference"]) | json_values},
+    optional={"role": st.sampled_from(["user", "developer", "assistant"])
+              | json_values,
+              "content": field(st.sampled_from(["w5 w6", ""])
+                               | st.lists(responses_part, max_size=2)),
+              "call_id": json_values, "name": field(st.just("get_weather")),
+              "arguments": field(st.just("{}")), "output": json_values,
+              "summary": json_values})
+RESPONSES_API = {
+    "model": COMMON["model"],
+    "input": field(st.sampled_from(["w5 w6", ""]) | st.lists(responses_item, max_size=3)),
+    "instructions": field(text),
+    "max_output_tokens": COMMON["max_tokens"],
+    "temperature": COMMON["temperature"],
+    "top_p": COMMON["top_p"],
+    "stream": COMMON["stream"],
+    "tools": json_values,
+    "tool_choice": field(st.sampled_from(["auto", "none", "required"])),
+    "text": field(st.fixed_dictionaries({}, optional={"format": json_values})),
+    "reasoning": field(st.fixed_dictionaries({}, optional={"effort": json_values,
+                                                            "summary": json_values})),
+    "previous_response_id": json_values,
+    "store": json_values,
+    "include": json_values,
+    "truncation": json_values,
+    "metadata": json_values,
+}
 completion_bodies = st.fixed_dictionaries({}, optional={"prompt": prompt, **COMMON})
 chat_bodies = st.fixed_dictionaries({}, optional={"messages": messages, **COMMON})
 
@@ -198,6 +231,15 @@ def test_messages_never_answer_5xx(client, examples):
     check()
 
 
+@pytest.mark.parametrize("examples", counts(80))
+def test_responses_never_answer_5xx(client, examples):
+    @settings(FUZZ, max_examples=examples)
+    @given(body=st.fixed_dictionaries({}, optional=RESPONSES_API))
+    def check(body):
+        assert_no_server_error(client.post("/v1/responses", content=dump(body)))
+    check()
+
+
 @pytest.mark.parametrize("examples", counts(60))
 def test_ollama_never_answers_5xx(client, examples):
     @settings(FUZZ, max_examples=examples)
@@ -213,7 +255,8 @@ def test_any_bytes_never_answer_5xx(client, examples):
     @settings(FUZZ, max_examples=examples)
     @given(raw=st.binary(max_size=64) | json_values.map(lambda value: dump(value)))
     def check(raw):
-        for path in ("/v1/completions", "/v1/chat/completions"):
+        for path in ("/v1/completions", "/v1/chat/completions", "/v1/responses",
+                     "/v1/embeddings", "/v1/rerank"):
             assert_no_server_error(client.post(path, content=raw))
         assert_no_server_error(client.post("/v1/messages", content=raw), anthropic=True)
         assert_no_server_error(client.post("/api/chat", content=raw), ollama=True)
