@@ -275,6 +275,22 @@ def test_a_reader_that_closes_the_pipe_early_is_no_error(bundle):
     assert run.stderr.read() == b""
 
 
+@pytest.mark.parametrize("command", ["run", "serve"])
+@pytest.mark.parametrize("args, fragment", [
+    (["--chunk-size", "16"], "--itl-target-ms steers the adaptive chunk size, which "
+                             "--chunk-size replaces"),
+    (["--policy", "fcfs"], "--itl-target-ms does not apply to the fcfs policy"),
+], ids=["chunk-size", "fcfs"])
+def test_an_itl_target_that_would_be_ignored_is_refused(bundle, command, args, fragment):
+    # Adaptive chunking is the only reader of the target: beside a fixed chunk or fcfs it
+    # had been dropped without a word. Refused before the bundle loads (serve never binds).
+    prompt = ["w5 w6"] if command == "run" else []
+    assert_one_line_error(cli(command, bundle("llama"), *prompt, *args, "--itl-target-ms",
+                              "5"), fragment)
+    assert cli("run", bundle("llama"), "w5 w6", "--max-new-tokens", "1", *args).returncode \
+        == 0  # the default target is no conflict
+
+
 def _closing(fd: int):
     """A child's set-up that closes its standard stream `fd` (a shell's `<&-`, `>&-`)."""
     return lambda: os.close(fd)
