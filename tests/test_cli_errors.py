@@ -283,10 +283,13 @@ def test_a_reader_that_closes_the_pipe_early_is_no_error(bundle):
 ], ids=["chunk-size", "fcfs"])
 def test_an_itl_target_that_would_be_ignored_is_refused(bundle, command, args, fragment):
     # Adaptive chunking is the only reader of the target: beside a fixed chunk or fcfs it
-    # had been dropped without a word. Refused before the bundle loads (serve never binds).
-    prompt = ["w5 w6"] if command == "run" else []
-    assert_one_line_error(cli(command, bundle("llama"), *prompt, *args, "--itl-target-ms",
-                              "5"), fragment)
+    # had been dropped without a word. serve in a child process with a time limit: were the
+    # refusal lost, it would serve on (TimeoutExpired fails the test).
+    given = [*args, "--itl-target-ms", "5"]
+    result = cli("run", bundle("llama"), "w5 w6", *given) if command == "run" else \
+        subprocess.run([*EDGEPREFILL, "serve", str(bundle("llama")), "--port", "0", *given],
+                       capture_output=True, text=True, timeout=60)
+    assert_one_line_error(result, fragment)
     assert cli("run", bundle("llama"), "w5 w6", "--max-new-tokens", "1", *args).returncode \
         == 0  # the default target is no conflict
 
