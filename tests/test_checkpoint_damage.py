@@ -1,4 +1,4 @@
-"""A damaged checkpoint (a download cut short, weights of another config, a tokenizer.json
+"""A damaged checkpoint (a download cut short, weights of another config or dtype, a tokenizer.json
 that is not JSON) is refused in one line naming what is wrong, and leaves no bundle.
 (Missing files, a garbage safetensors, a malformed or short shard index: test_cli_errors.)"""
 
@@ -35,12 +35,36 @@ def narrower_embedding(hf_dir):
     save_file(tensors, str(hf_dir / WEIGHTS))
 
 
+def mlp_tensor(name: str, edit):
+    """The first layer's MLP weight `name` replaced by `edit` of it (a transposed or
+    another model's tensor): the graph's MatMul would fail only at the bundle's first call."""
+    def apply(hf_dir):
+        from safetensors.numpy import load_file, save_file
+
+        tensors = load_file(str(hf_dir / WEIGHTS))
+        key = f"model.layers.0.mlp.{name}.weight"
+        tensors[key] = np.ascontiguousarray(edit(tensors[key]))
+        save_file(tensors, str(hf_dir / WEIGHTS))
+    return apply
+
+
 def header_shape(hf_dir):
     """A header whose shape disagrees with its own byte range (an edited or corrupt file)."""
     data = (hf_dir / WEIGHTS).read_bytes()
     length = struct.unpack("<Q", data[:8])[0]
     header = json.loads(data[8:8 + length])
     header["model.norm.weight"]["shape"] = [32]
+    edited = json.dumps(header, separators=(",", ":")).encode().ljust(length)
+    (hf_dir / WEIGHTS).write_bytes(data[:8] + edited + data[8 + length:])
+
+
+def header_dtype(hf_dir):
+    """A float32 weight's header saying int32 (same size): its bytes would be exported as
+    integers, a graph that runs and answers garbage."""
+    data = (hf_dir / WEIGHTS).read_bytes()
+    length = struct.unpack("<Q", data[:8])[0]
+    header = json.loads(data[8:8 + length])
+    header["model.layers.0.mlp.down_proj.weight"]["dtype"] = "I32"
     edited = json.dumps(header, separators=(",", ":")).encode().ljust(length)
     (hf_dir / WEIGHTS).write_bytes(data[:8] + edited + data[8 + length:])
 
@@ -57,11 +81,14 @@ def tokenizer_text(text: bytes):
     (narrower_embedding, "embed_tokens.weight has shape (128, 32), but config.json implies "
                          "(128, 64)"),
     (header_shape, "model.safetensors is not a readable safetensors file"),
+    (mlp_tensor("down_proj", np.transpose), "model.layers.0.mlp.down_proj.weight has shape"),
+    (mlp_tensor("up_proj", lambda w: w[:-8]), "model.layers.0.mlp.gate_proj.weight has shape"),
+    (header_dtype, "model.layers.0.mlp.down_proj.weight is stored as int32, not as floats"),
     (tokenizer_text(b'{"version": "1.0", "model": '), "cannot read"),  # cut short
     (tokenizer_text(b"\x89PNG\r\n\x1a\n\x00\xff"), "cannot read"),  # not text
     (tokenizer_text(b"[1, 2]"), "cannot read"),  # JSON, but no tokenizer
-], ids=["truncated", "truncated-header", "hidden-mismatch", "header-shape",
-        "tokenizer-truncated", "tokenizer-binary", "tokenizer-list"])
+], ids=["truncated", "truncated-header", "hidden-mismatch", "header-shape", "down-transposed",
+        "up-narrower", "header-dtype", "tokenizer-truncated", "tokenizer-binary", "tokenizer-list"])
 def test_a_damaged_checkpoint_is_refused_in_one_line(edit, fragment, hf_model, tmp_path):
     hf_dir = shutil.copytree(hf_model("llama"), tmp_path / "hf")
     edit(hf_dir)

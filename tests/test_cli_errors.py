@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import shutil
 import signal
 import subprocess
@@ -272,6 +273,57 @@ def test_a_reader_that_closes_the_pipe_early_is_no_error(bundle):
     run.stdout.close()
     assert run.wait(timeout=120) == 0
     assert run.stderr.read() == b""
+
+
+@pytest.mark.parametrize("command", ["run", "serve"])
+@pytest.mark.parametrize("args, fragment", [
+    (["--chunk-size", "16"], "--itl-target-ms steers the adaptive chunk size, which "
+                             "--chunk-size replaces"),
+    (["--policy", "fcfs"], "--itl-target-ms does not apply to the fcfs policy"),
+], ids=["chunk-size", "fcfs"])
+def test_an_itl_target_that_would_be_ignored_is_refused(bundle, command, args, fragment):
+    # Adaptive chunking is the only reader of the target: beside a fixed chunk or fcfs it
+    # had been dropped without a word. serve in a child process with a time limit: were the
+    # refusal lost, it would serve on (TimeoutExpired fails the test).
+    given = [*args, "--itl-target-ms", "5"]
+    result = cli("run", bundle("llama"), "w5 w6", *given) if command == "run" else \
+        subprocess.run([*EDGEPREFILL, "serve", str(bundle("llama")), "--port", "0", *given],
+                       capture_output=True, text=True, timeout=60)
+    assert_one_line_error(result, fragment)
+    assert cli("run", bundle("llama"), "w5 w6", "--max-new-tokens", "1", *args).returncode \
+        == 0  # the default target is no conflict
+
+
+def _closing(fd: int):
+    """A child's set-up that closes its standard stream `fd` (a shell's `<&-`, `>&-`)."""
+    return lambda: os.close(fd)
+
+
+@pytest.mark.parametrize("args, closed, code, said", [
+    (["--interactive"], 0, 0, ""),  # end of input: the chat ends
+    (["--prompt-file", "-"], 0, 2, "error: the prompt is empty"),
+    (["w5 w6", "--max-new-tokens", "2"], 1, 0, ""),  # as a reader that left
+], ids=["interactive-stdin", "prompt-file-stdin", "stdout"])
+def test_a_closed_standard_stream_is_no_traceback(bundle, args, closed, code, said):
+    # Python makes a closed stream None: its first use had been an AttributeError.
+    result = subprocess.run([*EDGEPREFILL, "run", str(bundle("llama")), *args],
+                            stdout=subprocess.PIPE if closed != 1 else None,
+                            stderr=subprocess.PIPE, stdin=None if closed == 0 else
+                            subprocess.DEVNULL, preexec_fn=_closing(closed), timeout=120)
+    err = result.stderr.decode()
+    assert result.returncode == code and "Traceback" not in err, err
+    assert said in err
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs Linux's /dev/full")
+@pytest.mark.parametrize("command", ["run", "inspect"])
+def test_output_to_a_full_device_is_one_line(bundle, command):
+    args = ["w5 w6", "--max-new-tokens", "2"] if command == "run" else []
+    with open("/dev/full", "w") as full:
+        result = subprocess.run([*EDGEPREFILL, command, str(bundle("llama")), *args],
+                                stdout=full, stderr=subprocess.PIPE, text=True, timeout=120)
+    assert result.returncode == 1
+    assert result.stderr == "error: cannot write the output: No space left on device\n"
 
 
 def test_inspect_refuses_a_corrupt_graph_in_one_line(tiny_int4_bundle, tmp_path):

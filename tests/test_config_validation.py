@@ -38,6 +38,8 @@ def edited_model(hf_model, tmp_path, **changes):
     ({"eos_token_id": 500}, "outside the vocabulary"),
     ({"rms_norm_eps": 0}, "rms_norm_eps must be positive"),
     ({"head_dim": 15}, "head_dim must be even"),
+    ({"vocab_size": None}, "config.json: vocab_size is null; it must be a positive integer"),
+    ({"intermediate_size": None}, "config.json: intermediate_size is null"),
 ])
 def test_an_inconsistent_config_is_refused_in_one_line(hf_model, tmp_path, changes, message):
     model = edited_model(hf_model, tmp_path, **changes)

@@ -103,6 +103,21 @@ def test_export_refuses_a_generation_config_the_runtime_would_refuse(hf_model, t
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize("text, said", [
+    ("[", "is not valid JSON: Expecting value"), ("[1]", "does not hold a JSON object")])
+def test_export_names_a_generation_config_that_is_no_json_object_once(hf_model, tmp_path,
+                                                                      text, said):
+    import shutil
+
+    hf = shutil.copytree(hf_model("llama"), tmp_path / "hf")
+    (hf / "generation_config.json").write_text(text)
+    result = cli("export", hf, "-o", tmp_path / "out")
+    assert result.returncode == 2 and result.stderr.startswith(
+        f"error: {hf / 'generation_config.json'} {said}"), result.stderr
+    assert result.stderr.count(str(hf)) == 1 and result.stderr.count("\n") == 1
+    assert not (tmp_path / "out").exists()
+
+
 # -- the SDK --------------------------------------------------------------------------------
 
 

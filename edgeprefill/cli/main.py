@@ -6,6 +6,7 @@ missing optional dependency (TensorRT, the HTTP stack) only matters to its own c
 
 from __future__ import annotations
 
+import errno
 import importlib
 import os
 import re
@@ -15,6 +16,9 @@ import click
 
 from edgeprefill import __version__
 from edgeprefill.errors import EdgeprefillError, SettingError
+
+# errnos only a write gets, of a device that took no more: full disk, quota, file size limit
+DEVICE_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 
 # name -> "module:function"
 COMMANDS = {
@@ -84,6 +88,7 @@ def cli() -> None:
 
 def main() -> None:
     """Console entry point: user errors are one line on stderr, never a traceback."""
+    _open_closed_streams()
     try:
         cli.main(standalone_mode=False)
     except EdgeprefillError as err:
@@ -98,6 +103,30 @@ def main() -> None:
     except KeyboardInterrupt as err:
         click.echo(_interrupted(err), err=True)
         sys.exit(130)
+    except OSError as err:
+        if err.errno not in DEVICE_FULL:
+            raise
+        # The disk or device under the output failed (`run ... > /dev/full`, a full disk):
+        # no bug of ours, nothing a traceback helps with.
+        if err.filename is None:  # stdout's: its buffered rest would fail again at exit
+            _silence_stdout()
+        where = f" ({err.filename})" if err.filename is not None else ""
+        click.echo(f"error: cannot write the output{where}: {err.strerror}", err=True)
+        sys.exit(1)
+
+
+def _open_closed_streams() -> None:
+    """A standard stream the caller closed (`edgeprefill run B <&-`, `>&-`) is None in
+    Python, and the first read or write of it an AttributeError. Each is /dev/null instead:
+    a closed stdin reads as an empty one (end of input), a closed stdout is as a reader that
+    left (the pipe closed early: no error)."""
+    for fd, name, mode in ((0, "stdin", "r"), (1, "stdout", "w"), (2, "stderr", "w")):
+        if getattr(sys, name) is None:
+            devnull = os.open(os.devnull, os.O_RDWR)  # the lowest free descriptor: `fd`
+            if devnull != fd:
+                os.dup2(devnull, fd)
+                os.close(devnull)
+            setattr(sys, name, open(fd, mode, closefd=False))  # noqa: SIM115 (process-long)
 
 
 def _in_flags(err: EdgeprefillError, command: click.Command | None) -> str:

@@ -13,9 +13,11 @@ from collections.abc import Callable
 from typing import Any
 
 import click
+from click.core import ParameterSource
 
 from edgeprefill.engines import BACKENDS
 from edgeprefill.engines.base import COMPUTES
+from edgeprefill.errors import RequestError
 from edgeprefill.sdk.scheduler import POLICIES
 
 DEVICES = ("cpu", "cuda", "tensorrt")  # BackendOptions.device
@@ -107,6 +109,7 @@ def engine_options(*names: str) -> Callable:
         @functools.wraps(command)  # also shares click's list of the options below this one
         def gather(**kwargs: Any) -> Any:
             engine = {name: kwargs.pop(name) for name in chosen}
+            _refuse_an_unused_itl_target(engine)
             return command(engine=engine, **kwargs)
 
         for name in reversed(chosen):
@@ -114,6 +117,20 @@ def engine_options(*names: str) -> Callable:
         return gather
 
     return decorate
+
+
+def _refuse_an_unused_itl_target(engine: dict[str, Any]) -> None:
+    """--itl-target-ms steers adaptive chunking only: given beside a fixed --chunk-size or
+    --policy fcfs it would be ignored without a word (as fcfs refuses --chunk-size)."""
+    if "itl_target_ms" not in engine or click.get_current_context().get_parameter_source(
+            "itl_target_ms") is not ParameterSource.COMMANDLINE:
+        return
+    if engine.get("chunk_size") is not None:
+        raise RequestError("--itl-target-ms steers the adaptive chunk size, which --chunk-size "
+                           "replaces; give one of them")
+    if engine.get("policy") == "fcfs":
+        raise RequestError("--itl-target-ms does not apply to the fcfs policy, which "
+                           "prefills each prompt in one call; use chunked or chunked+priority")
 
 
 class SectionedCommand(click.Command):

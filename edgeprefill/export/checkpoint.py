@@ -247,7 +247,7 @@ class Checkpoint:
         int4 = self.int4_weight(name)
         if int4 is not None:  # a float weight wanted of an int4 layer: its exact values
             return int4.dequantize().astype(dtype, copy=False)
-        return self._stored(name).astype(dtype, copy=False)
+        return _as_values(name, self._stored(name), dtype)
 
     def int4_weight(self, name: str) -> Int4Weight | None:
         """The weight `name` as the checkpoint stores it in 4 bits, or None for a float
@@ -330,7 +330,7 @@ class Checkpoint:
         self.read.add(name)
         if adapter is not None and adapter.dense(name):  # (a LoRA on fused experts)
             tensor = tensor.astype(np.float32) + adapter.dense_delta(name)[index]
-        return tensor.astype(dtype, copy=False)
+        return _as_values(name, tensor, dtype)
 
     def _float8(self, path: Path, stored: str) -> bool:
         return path.suffix != ".bin" and self._header(path)[stored]["dtype"] in FLOAT8
@@ -616,3 +616,14 @@ def _single_file(single: Path, handles: dict[Path, object]) -> dict[str, Path]:
             return {name: single for name in handle.keys()}
     except (SafetensorError, OSError) as err:
         raise ExportError(f"{single} is not a readable safetensors file: {err}") from None
+
+
+def _as_values(name: str, tensor: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """The tensor as `dtype`. An integer tensor wanted as floats is refused: every scheme
+    export knows (int4, bitsandbytes, float8) is read before this, so integers here are a
+    damaged header or an unknown quantization, whose codes would be exported as weights."""
+    # (bfloat16, ml_dtypes' type, is no numpy floating kind: only integers are refused)
+    if np.issubdtype(np.dtype(dtype), np.floating) and tensor.dtype.kind in "iub":
+        raise ExportError(f"{name} is stored as {tensor.dtype}, not as floats: a damaged "
+                          "checkpoint, or quantized in a format export does not read")
+    return tensor.astype(dtype, copy=False)

@@ -99,6 +99,20 @@ def check_sizes(raw: dict[str, Any]) -> None:
                 raise ExportError(f"config.json: {key} must be at most {most}, got {size}")
 
 
+# The sizes every family reads as integers after its hooks have filled in what they derive:
+# null there is no "derive it" (as check_sizes takes it) but a config.json missing its value.
+GIVEN_SIZES = ("num_attention_heads", "hidden_size", "intermediate_size", "num_hidden_layers",
+               "vocab_size")
+
+
+def check_given(raw: dict[str, Any]) -> None:
+    """Each GIVEN_SIZES key null in config.json named in one line (int(None) had been a
+    "malformed value" line that named no key)."""
+    for key in GIVEN_SIZES:
+        if key in raw and raw[key] is None:
+            raise ExportError(f"config.json: {key} is null; it must be a positive integer")
+
+
 def check_model_config(cfg: ModelConfig) -> None:
     for name, hf_name in POSITIVE_FIELDS.items():
         if getattr(cfg, name) < 1:

@@ -19,7 +19,12 @@ from typing import TYPE_CHECKING, Any
 from edgeprefill.errors import ExportError
 from edgeprefill.export.bitlinear import read_bitnet_scheme
 from edgeprefill.export.bnb import read_bnb_scheme
-from edgeprefill.export.config_checks import check_objects, check_sizes, config_value
+from edgeprefill.export.config_checks import (
+    check_given,
+    check_objects,
+    check_sizes,
+    config_value,
+)
 from edgeprefill.export.config_fields import (
     altup_fields,
     attention_scores,
@@ -123,6 +128,7 @@ def _read(config_type: type[ModelConfig], family: str, spec: FamilySpec,
     refuse_unsupported(family, spec, raw)
     check_sizes(raw)
     groups, skipped, raw = _laid_out(raw, spec)
+    check_given(raw)
     heads = int(raw["num_attention_heads"])
     hidden = int(raw["hidden_size"])
     latent = read_latent(raw) if spec.latent else None

@@ -748,6 +748,7 @@ class DecoderBuilder:
             return self.experts.block(p, h)
         bias = cfg.mlp_bias
         if not cfg.spec.gated_mlp:
+            self.w.check_mlp([p + n.up + ".weight"], p + n.down + ".weight", gated=False)
             up = self.w.linear(h, [p + n.up + ".weight"], p + n.up + ".bias" if bias else None)
             act = self._mlp_activation(p, up)
             return self.w.linear(act, [p + n.down + ".weight"],
@@ -758,6 +759,8 @@ class DecoderBuilder:
         parts = [n.gate_up] if n.gate_up else [n.gate, n.up]
         # the packed bias (RecurrentGemma's): its parts' biases, concatenated (weights.py)
         packed_bias = p + parts[0] + ".bias" + ("" if len(parts) == 1 else ".packed")
+        self.w.check_mlp([p + part + ".weight" for part in parts], p + n.down + ".weight",
+                         gated=True)
         gate_up = self.w.linear(h, [p + part + ".weight" for part in parts],
                                 packed_bias if bias else None)
         gate, up = g.op("Split", [gate_up], 2, axis=-1, num_outputs=2)

@@ -101,6 +101,22 @@ class GraphWeights:
                 raise ExportError(f"{name} has shape {self.shape(name)}, but config.json "
                                   f"implies {shape} ({implied_by})")
 
+    def check_mlp(self, inputs: list[str], down: str, gated: bool) -> None:
+        """An MLP maps its input's width back to that width: its input projections ([out,
+        in]: up, or gate and up, or one packed gate_up) share one input width, and `down`
+        takes their output (half of it where `gated`) back to it. A checkpoint whose MLP
+        weights disagree (a transposed or another model's tensor) fails here in one line,
+        not as a MatMul dimension error at the bundle's first call."""
+        shapes = [self.shape(name) for name in inputs]
+        if len(shapes) == 2 and shapes[0] != shapes[1]:
+            raise ExportError(f"{inputs[0]} has shape {shapes[0]} but {inputs[1]} has "
+                              f"{shapes[1]}: the two must be the same")
+        width = shapes[0][1]
+        expected = (width, sum(shape[0] for shape in shapes) // (2 if gated else 1))
+        if self.shape(down) != expected:
+            raise ExportError(f"{down} has shape {self.shape(down)}, but the MLP's "
+                              f"{', '.join(inputs)} imply {expected} ([hidden, intermediate])")
+
     def stored_int4(self, x: str, k: int, n: int, weight_names: list[str],
                     reorder: Callable[[np.ndarray], np.ndarray] | None) -> str:
         """x @ concat(W_i^T) for layers a pre-quantized checkpoint stores in 4 bits. An

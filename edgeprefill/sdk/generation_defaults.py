@@ -97,7 +97,11 @@ def check_export_generation_config(hf_dir: Path) -> None:
     try:
         GenerationDefaults.load(hf_dir)
     except BundleError as err:
-        raise ExportError(f"{hf_dir}: {err}") from None
+        # A value's line names the file, not its folder; a file that is no JSON object is
+        # named by its whole path already (json_file.py), so it is said once.
+        said = str(err)
+        raise ExportError(said if said.startswith(str(hf_dir)) else f"{hf_dir}: {said}") \
+            from None
 
 
 def _check(name: str, value: Any, ok: bool, what: str) -> None:
