@@ -30,7 +30,7 @@ from edgeprefill.sdk import Engine, GenerationParams
 from tests.conftest import VOCAB, write_tokenizer
 from tests.test_cli_errors import assert_one_line_error, cli
 from tests.test_exactness import FLAVORS, prompt_ids
-from tests.test_openelm import run_chunks
+from tests.test_openelm import check_chunks_and_padding, run_chunks
 from tests.test_quantize import logits_at
 
 DIM, HEADS, HEAD_DIM, WIDTH, MAX_POSITIONS = 64, 4, 16, 96, 128
@@ -132,19 +132,7 @@ def test_chunks_of_1_3_and_16_and_a_padded_one_are_decilms_forward(deci, flavor)
     model, bundles = deci
     ids = prompt_ids(40)
     expected = reference_logits(model, ids)
-    engine = Engine.load(bundles[flavor], threads=2, background=False)
-    for chunk in (1, 3, 16):
-        got = run_chunks(engine, ids, chunk)
-        ends = [min(start + chunk, len(ids)) - 1 for start in range(0, len(ids), chunk)]
-        np.testing.assert_allclose(np.stack(got), expected[ends], rtol=1e-4, atol=1e-4,
-                                   err_msg=f"chunk {chunk}")
-    run_chunks(engine, ids[:16], 16)  # then 10 valid tokens and 6 of padding
-    padded = np.full((1, 16), 7, np.int64)
-    padded[0, :10] = ids[16:26]
-    logits = engine.backend.run(StepBatch(padded, np.array([16], np.int32),
-                                          np.array([10], np.int32), 0))
-    np.testing.assert_allclose(logits[0], expected[25], rtol=1e-4, atol=1e-4)
-    engine.close()
+    check_chunks_and_padding(bundles[flavor], ids, expected)
 
 
 @pytest.mark.parametrize("flavor", FLAVORS)

@@ -171,6 +171,24 @@ def run_chunks(engine: Engine, ids: list[int], chunk: int, slot: int = 0) -> lis
     return out
 
 
+def check_chunks_and_padding(bundle: Path, ids: list[int], expected: np.ndarray) -> None:
+    """Chunks of 1, 3 and 16 of a 40-token prompt, then a 16-token chunk holding 10 valid
+    tokens and 6 of padding: each chunk's last logits are `expected` at its position."""
+    engine = Engine.load(bundle, threads=2, background=False)
+    for chunk in (1, 3, 16):
+        got = run_chunks(engine, ids, chunk)
+        ends = [min(start + chunk, len(ids)) - 1 for start in range(0, len(ids), chunk)]
+        np.testing.assert_allclose(np.stack(got), expected[ends], rtol=1e-4, atol=1e-4,
+                                   err_msg=f"chunk {chunk}")
+    run_chunks(engine, ids[:16], 16)  # then 10 valid tokens and 6 of padding
+    padded = np.full((1, 16), 7, np.int64)
+    padded[0, :10] = ids[16:26]
+    logits = engine.backend.run(StepBatch(padded, np.array([16], np.int32),
+                                          np.array([10], np.int32), 0))
+    np.testing.assert_allclose(logits[0], expected[25], rtol=1e-4, atol=1e-4)
+    engine.close()
+
+
 def test_the_config_reads_each_layers_heads_and_the_tied_head():
     cfg = ModelConfig.from_hf(CONFIG)
     assert [cfg.layer_heads(i) for i in range(4)] == HEADS
@@ -219,19 +237,7 @@ def test_chunks_of_1_3_and_16_and_a_padded_one_are_openelms_forward(openelm, fla
     weights, bundles = openelm
     ids = prompt_ids(40)
     expected = reference_logits(weights, ids)
-    engine = Engine.load(bundles[flavor], threads=2, background=False)
-    for chunk in (1, 3, 16):
-        got = run_chunks(engine, ids, chunk)
-        ends = [min(start + chunk, len(ids)) - 1 for start in range(0, len(ids), chunk)]
-        np.testing.assert_allclose(np.stack(got), expected[ends], rtol=1e-4, atol=1e-4,
-                                   err_msg=f"chunk {chunk}")
-    run_chunks(engine, ids[:16], 16)  # then 10 valid tokens and 6 of padding
-    padded = np.full((1, 16), 7, np.int64)
-    padded[0, :10] = ids[16:26]
-    logits = engine.backend.run(StepBatch(padded, np.array([16], np.int32),
-                                          np.array([10], np.int32), 0))
-    np.testing.assert_allclose(logits[0], expected[25], rtol=1e-4, atol=1e-4)
-    engine.close()
+    check_chunks_and_padding(bundles[flavor], ids, expected)
 
 
 @pytest.mark.parametrize("flavor", FLAVORS)
