@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from edgeprefill.bundle import load_manifest
+from edgeprefill.contract import LOGITS
 from edgeprefill.errors import ExportError
 from edgeprefill.export.exporter import ExportOptions, export
 from edgeprefill.export.score_head import ScoreOptions
@@ -62,14 +63,19 @@ def exported(gguf: Path, out: Path, task: str = "auto", template: str | None = N
 
 def token_logits(hf: Path, template: str, tokens: list[int]) -> np.ndarray:
     """transformers' CausalLM logits of `tokens` at the last position of each pair."""
+    return text_logits(hf, [template.replace("{query}", QUERY).replace("{document}", d)
+                            for d in DOCUMENTS], tokens)
+
+
+def text_logits(hf: Path, texts: list[str], tokens: list[int]) -> np.ndarray:
+    """transformers' CausalLM logits of `tokens` at the last position of each text."""
     from tokenizers import Tokenizer
     from transformers import AutoModelForCausalLM
 
     tok = Tokenizer.from_file(str(hf / "tokenizer.json"))
     model = AutoModelForCausalLM.from_pretrained(hf, dtype=torch.float32)
     rows = []
-    for document in DOCUMENTS:
-        text = template.replace("{query}", QUERY).replace("{document}", document)
+    for text in texts:
         ids = tok.encode(text, add_special_tokens=False).ids
         with torch.no_grad():
             rows.append(model(torch.tensor([ids])).logits[0, -1, tokens].numpy())
@@ -103,6 +109,16 @@ def test_a_rerank_gguf_exports_a_score_bundle_that_ranks_as_llama_cpp(untied, tm
     yes_no = token_logits(hf, TEMPLATE, [YES, NO])
     # llama.cpp: softmax([yes, no])[0]; the bundle's rows are [no, yes]
     assert_ranks_as(bundle, sigmoid(yes_no[:, 0] - yes_no[:, 1]), yes_no[:, ::-1])
+
+
+def test_a_text_ending_in_the_pad_token_is_scored_at_it(untied, tmp_path):
+    """llama.cpp pools the last token whatever it is: no trailing pad token is left out
+    (the file records a pad id, which a classifier's config.json would say)."""
+    hf, gguf = untied
+    text = "hello world<pad><pad>"
+    with Engine.load(exported(gguf, tmp_path / "b"), threads=1, kv_slots=1) as engine:
+        got = engine.score([text])
+    np.testing.assert_allclose(got, text_logits(hf, [text], [NO, YES]), atol=1e-4)
 
 
 def test_a_given_score_template_overrides_the_file_s(untied, tmp_path):
@@ -191,3 +207,36 @@ def test_rerankers_a_score_bundle_cannot_match_are_refused(tmp_path, arch, tenso
     with pytest.raises(ExportError, match=said.replace("(", r"\(").replace(")", r"\)")):
         exported(path, tmp_path / "b")
     assert not (tmp_path / "b").exists()
+
+
+def test_a_quantized_head_is_dequantized_from_the_file(untied, tmp_path):
+    """A Q8_0 file's cls.output is Q8_0 too: the bundle holds its values, read with gguf's
+    reader, in the bundle's order, and the scores stay near the float checkpoint's."""
+    import gguf
+    from safetensors.numpy import load_file
+
+    hf = untied[0]
+    path = write_gguf(hf, tmp_path / "rerank-Q8_0.gguf", quant="Q8_0", rerank=(YES, NO),
+                      rerank_template=TEMPLATE)
+    head = next(t for t in gguf.GGUFReader(path).tensors if t.name == "cls.output.weight")
+    assert head.tensor_type == gguf.GGMLQuantizationType.Q8_0
+    bundle = exported(path, tmp_path / "b")
+    rows = gguf.dequantize(head.data, head.tensor_type)
+    np.testing.assert_array_equal(load_file(str(bundle / "score_head.safetensors"))["weight"],
+                                  rows[::-1])
+    with Engine.load(bundle, threads=1, kv_slots=2) as engine:
+        got = engine.score([(QUERY, d) for d in DOCUMENTS])
+    np.testing.assert_allclose(got, token_logits(hf, TEMPLATE, [NO, YES]), atol=0.1)
+
+
+def test_a_reranker_file_with_its_lm_head_exports_the_lm_with_task_generate(untied, tmp_path):
+    from safetensors.numpy import load_file
+
+    hf = untied[0]
+    lm_head = load_file(str(hf / "model.safetensors"))["lm_head.weight"]
+    path = write_gguf(hf, tmp_path / "whole.gguf", rerank=(YES, NO), rerank_template=TEMPLATE,
+                      extra={"output.weight": lm_head})
+    bundle = exported(path, tmp_path / "g", task="generate")
+    manifest = load_manifest(bundle)
+    assert manifest.task == "generate" and manifest.score is None
+    assert manifest.graph.outputs[LOGITS] == ["float32", ["batch", lm_head.shape[0]]]
