@@ -9,7 +9,9 @@ parsed, none added), whose sigmoid(yes - no) is llama.cpp's score (the softmax's
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -179,7 +181,21 @@ def test_a_reranker_without_a_template_needs_one(untied, tmp_path):
     assert_ranks_as(bundle, sigmoid(yes_no[:, 0] - yes_no[:, 1]), yes_no[:, ::-1])
 
 
-def rank_file(path: Path, arch: str, tensors: dict[str, tuple[int, ...]]) -> Path:
+def test_a_reranker_whose_tokenizer_adds_special_tokens_is_refused(untied, tmp_path):
+    """llama-server renders the template and tokenizes it with no BOS or EOS added."""
+    import gguf
+
+    path = rank_file(tmp_path / "bos.gguf", "qwen3", {"cls.output.weight": (2, 8)},
+                     lambda writer: writer.add_add_bos_token(True))
+    with pytest.raises(ExportError, match="bos.gguf says tokenizer.ggml.add_bos_token: "
+                       "llama-server tokenizes"):
+        exported(path, tmp_path / "b")
+    assert gguf.GGUFReader(untied[1]).fields["tokenizer.ggml.add_bos_token"].contents() \
+        is False  # what the fixture's file (Qwen3's) says
+
+
+def rank_file(path: Path, arch: str, tensors: dict[str, tuple[int, ...]],
+              more: Callable[[Any], None] | None = None) -> Path:
     """A GGUF of metadata and tensor names only: what is refused before any weight."""
     import gguf
 
@@ -188,6 +204,8 @@ def rank_file(path: Path, arch: str, tensors: dict[str, tuple[int, ...]]) -> Pat
     writer.add_pooling_type(gguf.PoolingType.RANK)
     writer.add_classifier_output_labels(["yes", "no"])
     writer.add_chat_template([{"name": "rerank", "template": TEMPLATE}])
+    if more is not None:
+        more(writer)
     for name, shape in tensors.items():
         writer.add_tensor(name, np.zeros(shape, np.float32))
     write_out(writer)

@@ -19,7 +19,9 @@ output is always 1).
 Refused: another architecture's RANK file (llama.cpp pools its first token and returns
 its raw first output; the graph gives the last token's hidden state), a file with a
 pooler before the head (`cls.weight`: BERT's dense and tanh), more than two labels, no
-template in the file and none given.
+template in the file and none given, a file whose tokenizer adds a BOS or an EOS to each
+text (llama-server tokenizes the filled template with no special tokens added; Qwen3's
+adds none).
 """
 
 from __future__ import annotations
@@ -41,6 +43,8 @@ HEAD = "cls.output"  # llama.cpp's MODEL_TENSOR.CLS_OUT
 POOLER = "cls.weight"  # MODEL_TENSOR.CLS: a dense layer (and tanh) before the head
 LM_HEAD = "output.weight"
 TEMPLATE_KEY = "tokenizer.chat_template.rerank"
+# what the staged tokenizer adds to each text, which llama-server's rendered template has not
+ADDED = ("tokenizer.ggml.add_bos_token", "tokenizer.ggml.add_eos_token")
 # llama.cpp's architectures whose RANK pooling is the last token with a softmax (qwen3vl's
 # too, which transformers does not read) -> transformers' classifier of the family
 CLASSIFIERS = {"qwen3": "Qwen3ForSequenceClassification"}
@@ -95,6 +99,11 @@ def check(metadata: dict[str, Any], tensors: Sequence[str], file: str, task: str
         raise ExportError(f"{file} is a reranker without a rerank template ({TEMPLATE_KEY}): "
                           "give the pair's format it was trained on with --task score "
                           "--score-template")
+    added = [key for key in ADDED if metadata.get(key) is True]
+    if added:  # the bundle encodes a pair as a text, the tokenizer's special tokens added
+        raise ExportError(f"{file} says {' and '.join(added)}: llama-server tokenizes a "
+                          "reranker's filled template without them, the bundle's tokenizer "
+                          "would add them; not supported")
     return template
 
 
