@@ -42,7 +42,9 @@ def write_gguf(hf_dir: Path, out: Path, quant: str = "F32", name: str = "tiny",
                permute_qk: bool = True, rope_freqs: np.ndarray | None = None,
                extra: dict[str, np.ndarray] | None = None, pre: str = "gpt-2",
                eot: int | None = None, chat_template: str | None = None,
-               pooling: str | None = None, labels: list[str] | None = None) -> Path:
+               pooling: str | None = None, labels: list[str] | None = None,
+               rerank: tuple[int, ...] | None = None, rerank_template: str | None = None
+               ) -> Path:
     """`hf_dir` (config.json, model.safetensors, a byte-level BPE or a Llama 2 style
     tokenizer.json) as a GGUF file `out`. `permute_qk=False` leaves out llama's q/k
     permutation (a broken converter); `rope_freqs` are factors to write instead of the
@@ -52,7 +54,10 @@ def write_gguf(hf_dir: Path, out: Path, quant: str = "F32", name: str = "tiny",
     byte-level vocabulary's tokenizer.chat_template (SpecialVocab writes the checkpoint's;
     the sentencepiece one here always does); `pooling`, a gguf.PoolingType name (LAST,
     MEAN, RANK) as _try_set_pooling_type writes a sentence-transformers model's (and
-    Qwen3Model a reranker's, with its classifier `labels`)."""
+    Qwen3Model a reranker's, with its classifier `labels`); `rerank`, the (yes, no) ids of
+    a reranker Qwen3Model converts (one id: a one-label head): its LM head's rows as
+    `cls.output.weight` [yes, no] (an untied model's LM head then left out), pooling RANK,
+    labels yes and no; `rerank_template`, the chat template named "rerank"."""
     import gguf
     from safetensors.numpy import load_file
 
@@ -77,10 +82,17 @@ def write_gguf(hf_dir: Path, out: Path, quant: str = "F32", name: str = "tiny",
         writer.add_pooling_type(gguf.PoolingType[pooling])
     if labels is not None:
         writer.add_classifier_output_labels(labels)
+    if rerank is not None:
+        writer.add_pooling_type(gguf.PoolingType.RANK)
+        writer.add_classifier_output_labels(["yes", "no"][:len(rerank)])
+    if rerank_template is not None:
+        writer.add_chat_template([{"name": "rerank", "template": rerank_template}])
 
     model_arch = next(k for k, v in gguf.MODEL_ARCH_NAMES.items() if v == arch)
     names = gguf.get_tensor_name_map(model_arch, layers)
     tensors = _stacked_experts(load_file(str(hf_dir / "model.safetensors")))
+    if rerank is not None:
+        tensors = _rerank_head(tensors, rerank)
     for hf_name, data in _converter_tensors(arch, config, tensors):
         if permutes and permute_qk and hf_name.endswith(("q_proj.weight", "q_proj.bias")):
             data = permute(data, heads, heads)
@@ -88,7 +100,8 @@ def write_gguf(hf_dir: Path, out: Path, quant: str = "F32", name: str = "tiny",
             data = permute(data, heads, kv_heads)
         if arch in NORMS_PLUS_ONE and hf_name.endswith("norm.weight"):
             data = data + 1
-        new_name = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
+        new_name = hf_name if hf_name.startswith("cls.") else \
+            names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
         assert new_name is not None, hf_name
         qtype = gguf.GGMLQuantizationType.F32 if quant == "F32" or data.ndim == 1 else \
             gguf.GGMLQuantizationType[quant]
@@ -104,6 +117,15 @@ def write_gguf(hf_dir: Path, out: Path, quant: str = "F32", name: str = "tiny",
         writer.add_tensor(extra_name, np.asarray(data, np.float32))
     write_out(writer)
     return out
+
+
+def _rerank_head(tensors: dict[str, np.ndarray], ids: tuple[int, ...]
+                 ) -> dict[str, np.ndarray]:
+    """Qwen3Model.modify_tensors of a reranker: the LM head's (the embeddings', tied) yes
+    and no rows as cls.output.weight; an untied model's LM head is not written."""
+    head = tensors.get("lm_head.weight", tensors["model.embed_tokens.weight"])
+    kept = {name: data for name, data in tensors.items() if name != "lm_head.weight"}
+    return {**kept, "cls.output.weight": np.stack([head[i] for i in ids])}
 
 
 def _add_llama_family_parameters(writer, config: dict, arch: str) -> tuple[int, int, int]:

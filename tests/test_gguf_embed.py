@@ -3,8 +3,8 @@ whose metadata says last-token pooling (`{arch}.pooling_type` LAST, as llama.cpp
 converter writes a sentence-transformers checkpoint's) exports an embedding bundle under
 `--task auto`, its vectors transformers' base model's last-token hidden states of the
 checkpoint it was converted from, normalized, with the EOS its tokenizer appends
-(`tokenizer.ggml.add_eos_token`) in each text; other poolings and rerankers are refused in
-one line (export/gguf_pooling.py)."""
+(`tokenizer.ggml.add_eos_token`) in each text; other poolings are refused in one line
+(export/gguf_pooling.py). Rerankers (pooling RANK): tests/test_gguf_rerank.py."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from edgeprefill.sdk import Engine
 from tests.bpe_tokenizers import byte_level_bpe, install
 from tests.conftest import build_hf_model
 from tests.gguf_files import write_gguf
-from tests.test_cli_errors import assert_one_line_error, cli
+from tests.test_cli_errors import cli
 from tests.test_embed import reference
 
 pytest.importorskip("gguf")
@@ -159,19 +159,6 @@ def test_mean_pooling_exports_the_lm_with_task_generate(embedding_checkpoint, tm
     assert load_manifest(exported(gguf, tmp_path / "g", task="generate")).task == "generate"
 
 
-@pytest.mark.parametrize("task", ["auto", "generate", "score"])
-def test_a_reranker_gguf_is_refused_in_one_line(embedding_checkpoint, tmp_path, task):
-    """Qwen3-Reranker's GGUF: pooling RANK and its yes/no labels (Qwen3Model's)."""
-    gguf = gguf_of(embedding_checkpoint, "rank-F32.gguf", pooling="RANK", labels=["yes", "no"])
-    args = ["export", gguf, "-o", tmp_path / "b", "--task", task]
-    if task == "score":
-        args += ["--score-tokens", "no,yes", "--score-template", "{query} {document}"]
-    assert_one_line_error(cli(*args), "rank-F32.gguf is a reranker (qwen3.pooling_type rank, "
-                          "classifier labels): its score head (cls.output) is "
-                          "not read from a GGUF; export its Hugging Face checkpoint with "
-                          "--task score")
-
-
 def test_a_sentencepiece_gguf_that_adds_the_eos_embeds_it(tmp_path):
     """e5-mistral-7b-instruct's kind: a SentencePiece vocabulary and tokenizer_config.json's
     add_eos_token (the converter writes tokenizer.ggml.add_eos_token), whose tokenizer.json
@@ -238,12 +225,13 @@ def test_a_bert_gguf_is_refused_by_its_architecture_first(tmp_path):
     ({"qwen3.pooling_type": 7}, "generate", "qwen3.pooling_type 7 is no pooling"),
     ({"qwen3.classifier.output_labels": 2}, "generate",
      r"is a reranker \(qwen3.pooling_type unset, classifier labels\)"),
+    ({"qwen3.pooling_type": 4}, "embed", "rank"),  # refused or not: gguf_rerank.check
 ])
 def test_the_pooling_a_task_exports_or_refuses(metadata, task, expected):
     from edgeprefill.export.gguf_pooling import pooling_of
 
     metadata = {"general.architecture": "qwen3", **metadata}
-    if expected in (None, "last", "cls"):
+    if expected in (None, "last", "cls", "rank"):
         assert pooling_of(metadata, "f.gguf", task) == expected
     else:
         with pytest.raises(ExportError, match=expected):

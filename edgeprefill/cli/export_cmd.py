@@ -80,17 +80,18 @@ def _list_models(ctx: click.Context, param: click.Parameter, value: bool) -> Non
               help="embed: an embedding bundle (Engine.embed, /v1/embeddings), the hidden "
                    "state of each text's last token; generate: a generation bundle; score: "
                    "a reranker (Engine.score/rerank, /v1/rerank) from a "
-                   "*ForSequenceClassification folder, or from a causal LM with "
-                   "--score-tokens. auto: embed where the folder is a sentence-transformers "
-                   "model (modules.json, last-token pooling) or the GGUF's pooling_type is "
-                   "last, else generate.")
+                   "*ForSequenceClassification folder, a causal LM with --score-tokens, "
+                   "or a GGUF reranker (pooling_type rank). auto: embed where the folder is "
+                   "a sentence-transformers model (modules.json, last-token pooling) or the "
+                   "GGUF's pooling_type is last, score where it is rank, else generate.")
 @click.option("--score-tokens", default=None, metavar="NO,YES",
               help="--task score on a causal LM: the tokens whose logits at the last "
                    "position are the scores, e.g. no,yes (Qwen3-Reranker: relevance "
                    "sigmoid(yes - no)) or Yes (bge-reranker-v2-gemma: sigmoid(Yes)).")
 @click.option("--score-template", default=None,
               help="--task score: the pair's text, with {query} and {document} (required "
-                   "with --score-tokens: the format the reranker was trained on).")
+                   "with --score-tokens: the format the reranker was trained on; a GGUF "
+                   "reranker's own rerank template otherwise).")
 @click.option("--score-template-file", type=click.File("r", encoding="utf-8"), default=None,
               help="--score-template read from a file, as it is (trailing newlines kept).")
 @click.option("--overwrite", is_flag=True,

@@ -122,8 +122,12 @@ def export(hf_dir: str | Path, out_dir: str | Path, options: ExportOptions) -> M
                           f"GGUF file ({gguf_file.name}): export the adapter with the "
                           "base model it was trained on")
     check_target(out_dir, options.overwrite)  # before a conversion that may take minutes
-    with converted(gguf_file, out_dir, options.show_progress, options.task) as (folder, gguf):
+    with converted(gguf_file, out_dir, options.show_progress, options.task,
+                   options.score) as (folder, gguf):
         source = {"path": gguf.path, "gguf": gguf.as_dict()}
+        if gguf.scores:  # a reranker (pooling rank): a score bundle, under auto too
+            options = replace(options, task="score",
+                              score=replace(options.score, template=gguf.rerank_template))
         system = None
         if ollama is not None:
             system = _add_ollama_files(ollama, folder)

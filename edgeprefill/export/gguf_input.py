@@ -29,13 +29,23 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from tqdm import tqdm
 
 from edgeprefill.errors import ExportError
-from edgeprefill.export import gguf_falcon, gguf_metadata, gguf_pooling, gguf_rope, gguf_vocab
+from edgeprefill.export import (
+    gguf_falcon,
+    gguf_metadata,
+    gguf_pooling,
+    gguf_rerank,
+    gguf_rope,
+    gguf_vocab,
+)
+
+if TYPE_CHECKING:
+    from edgeprefill.export.score_head import ScoreOptions
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +74,13 @@ class GgufSource:
     architecture: str  # general.architecture
     quant: str  # general.file_type's name (Q4_K_M, Q8_0, F16, ...)
     pooling: str | None = None  # an embedding model's {arch}.pooling_type (gguf_pooling.py)
+    # a reranker's (pooling rank) pair template, where it exports as a score bundle: its
+    # staging folder is a sequence classifier's (gguf_rerank.py)
+    rerank_template: str | None = None
+
+    @property
+    def scores(self) -> bool:
+        return self.rerank_template is not None
 
     def as_dict(self) -> dict[str, str]:
         pooling = {} if self.pooling is None else {"pooling": self.pooling}
@@ -109,14 +126,18 @@ def _refuse_split(path: Path) -> None:
 
 
 @contextmanager
-def converted(gguf_file: Path, beside: Path, show_progress: bool, task: str = "auto"
-              ) -> Iterator[tuple[Path, GgufSource]]:
+def converted(gguf_file: Path, beside: Path, show_progress: bool, task: str = "auto",
+              score: ScoreOptions | None = None) -> Iterator[tuple[Path, GgufSource]]:
     """Yield a Hugging Face folder converted from `gguf_file`, written beside the bundle
     folder `beside` (a whole model's float32 weights may not fit a small /tmp), removed
     on the way out; an embedding model's (last-token pooling) in sentence-transformers'
-    layout, one that the export `task` cannot make refused first (gguf_pooling.py)."""
+    layout, a reranker's (pooling rank) a sequence classifier's; one that the export
+    `task` (with its `score` options) cannot make refused first (gguf_pooling.py,
+    gguf_rerank.py)."""
+    from edgeprefill.export.score_head import ScoreOptions
+
     libs = _libraries()
-    source = _source(gguf_file, libs, task)
+    source = _source(gguf_file, libs, task, score or ScoreOptions())
     parent = beside.absolute().parent
     try:
         parent.mkdir(parents=True, exist_ok=True)
@@ -149,7 +170,7 @@ def _libraries() -> Any:
     return reader
 
 
-def _source(gguf_file: Path, reader: Any, task: str) -> GgufSource:
+def _source(gguf_file: Path, reader: Any, task: str, score: ScoreOptions) -> GgufSource:
     """The file's architecture, quantization and pooling; refused where transformers cannot
     read the architecture into float weights, or its pooling is not one `task` exports."""
     import struct
@@ -158,7 +179,7 @@ def _source(gguf_file: Path, reader: Any, task: str) -> GgufSource:
     from transformers.integrations.gguf.reader import read_gguf_metadata
 
     try:  # the metadata alone: the vocabulary's strings are skipped, not parsed
-        metadata, _ = read_gguf_metadata(str(gguf_file))
+        metadata, tensors = read_gguf_metadata(str(gguf_file))
     except (ValueError, OSError, struct.error) as err:
         raise ExportError(f"{gguf_file} is not a readable GGUF file: {err}") from None
     arch = metadata["general.architecture"]
@@ -174,7 +195,11 @@ def _source(gguf_file: Path, reader: Any, task: str) -> GgufSource:
     except ValueError:
         quant = "unknown" if file_type is None else f"file_type {file_type}"
     pooling = gguf_pooling.pooling_of(metadata, gguf_file.name, task)
-    return GgufSource(gguf_file.name, str(gguf_file.resolve()), arch, quant, pooling)
+    template = None
+    if pooling == gguf_pooling.RANK:
+        template = gguf_rerank.check(metadata, tensors, gguf_file.name, task, score)
+    return GgufSource(gguf_file.name, str(gguf_file.resolve()), arch, quant, pooling,
+                      template)
 
 
 def _write_hf_folder(gguf_file: Path, folder: Path, source: GgufSource, reader: Any,
@@ -202,7 +227,14 @@ def _write_hf_folder(gguf_file: Path, folder: Path, source: GgufSource, reader: 
     gguf_vocab.write_end_ids(gguf_file, folder, config.get_text_config().vocab_size)
     if source.pooling == gguf_pooling.LAST:
         gguf_pooling.write_layout(folder, config.get_text_config().hidden_size)
-    unused = _write_weights(gguf, folder, config, source, reader, show_progress)
+    head = None
+    if source.scores:  # read before minutes of weights: its refusals come first
+        head = gguf_rerank.read_head(gguf, name, config.get_text_config().hidden_size)
+        restored += [f"{gguf_rerank.HEAD}.weight", f"{gguf_rerank.HEAD}.bias"]
+    unused = _write_weights(gguf, folder, config, source, reader, show_progress,
+                            {} if head is None else gguf_rerank.head_tensors(head))
+    if head is not None:  # the architecture after the weights: they are named as the LM's
+        gguf_rerank.write_classifier(folder, source.architecture, head)
     _warn_unused([name for name in unused if name not in restored])
 
 
@@ -218,10 +250,11 @@ def _drop_tokens_past_vocab(tokenizer_file: Path, vocab_size: int) -> None:
 
 
 def _write_weights(gguf: Any, folder: Path, config: Any, source: GgufSource,
-                   reader: Any, show_progress: bool) -> list[str]:
+                   reader: Any, show_progress: bool, extra: dict[str, np.ndarray]
+                   ) -> list[str]:
     """load_gguf_checkpoint's tensor loop, one tensor at a time into shards, over the
-    tensors `gguf` (the file's gguf.GGUFReader) maps; the names of the file's tensors
-    transformers' reader does not use."""
+    tensors `gguf` (the file's gguf.GGUFReader) maps, and the `extra` tensors (a
+    reranker's head); the names of the file's tensors transformers' reader does not use."""
     import torch
     import transformers
 
@@ -236,6 +269,8 @@ def _write_weights(gguf: Any, folder: Path, config: Any, source: GgufSource,
         total=sum(int(t.n_bytes) for t in gguf.tensors), unit="B", unit_scale=True,
         desc=f"reading {source.file}", disable=not show_progress, leave=False,
     ) as bar:
+        for hf_name, tensor in extra.items():
+            shards.add(hf_name, tensor)
         return _convert_tensors(gguf.tensors, processor, names, shards, bar, config)
 
 

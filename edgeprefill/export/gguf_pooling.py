@@ -14,8 +14,11 @@ an embedding model (no completion). Here:
   the file does not record).
 - MEAN, CLS, NONE (per-token vectors): refused in one line under `auto` and `embed` (the
   graph gives the last token's hidden state); `--task generate` exports the LM.
-- RANK: refused under every task (transformers' reader skips `cls.output`, the head the
-  scores are); the reranker's Hugging Face checkpoint exports with `--task score`.
+- RANK (a reranker, Qwen3-Reranker's): a score bundle under `auto` and `score`, its head
+  `cls.output` read with gguf's reader (transformers' skips it) into a sequence
+  classifier's staging folder (export/gguf_rerank.py, which says what is refused);
+  `--task generate` where the file holds an LM head (output.weight). Classifier labels
+  without RANK pooling are refused: llama.cpp scores by the head under RANK alone.
 
 The pooled token: where the file says `tokenizer.ggml.add_eos_token` (gguf-py's
 SpecialVocab writes it where tokenizer.json's post-processor ends each text with the EOS,
@@ -61,11 +64,13 @@ def pooling_of(metadata: dict[str, Any], file: str, task: str) -> str | None:
     if value is not None and pooling is None:
         raise ExportError(f"{file}: {key} {value} is no pooling llama.cpp knows "
                           f"({', '.join(f'{v} {n}' for v, n in POOLINGS.items())})")
-    if pooling == RANK or labelled:
-        said = f"{key} {pooling or 'unset'}" + (", classifier labels" if labelled else "")
-        raise ExportError(f"{file} is a reranker ({said}): its score head (cls.output) is "
-                          "not read from a GGUF; export its Hugging Face checkpoint with "
+    if labelled and pooling != RANK:  # llama.cpp ranks by the head under RANK alone
+        raise ExportError(f"{file} is a reranker ({key} {pooling or 'unset'}, classifier "
+                          "labels): llama.cpp scores by its head (cls.output) only where "
+                          "the pooling is rank; export its Hugging Face checkpoint with "
                           "--task score")
+    if pooling == RANK:  # what each task makes of it: gguf_rerank.check
+        return pooling
     if pooling not in (None, LAST) and task in EMBEDDING_TASKS:
         raise ExportError(f"{file} pools its tokens by {pooling} ({key}): edgeprefill "
                           "exports last-token pooling only (the graph gives the last token's "
