@@ -98,6 +98,44 @@ def test_a_damaged_checkpoint_is_refused_in_one_line(edit, fragment, hf_model, t
     assert sorted(p.name for p in tmp_path.iterdir()) == ["hf"]  # no bundle, no staging
 
 
+def layer_key(layer: int) -> str:
+    return f"model.layers.{layer}.self_attn.o_proj.weight"
+
+
+def transposed(tensors: dict, key: str) -> np.ndarray:
+    return tensors[key].T
+
+
+# Each attention kind's output projection, edited as a damaged checkpoint would have it: the
+# graph multiplies the attention's output by it, so export would pass and the bundle fail at
+# its first call. The original tensor's shape (the model's own) is what the message names.
+@pytest.mark.parametrize("family, key, edit", [
+    ("qwen3", layer_key(0), transposed),  # plain: 4 heads of 32, hidden 64
+    ("qwen3_5_text", layer_key(2), transposed),  # its output gated before o_proj
+    # MiMo-V2-Flash: heads of v_head_dim 16 values, not head_dim 32 (another model's tensor)
+    ("mimo_v2_flash", layer_key(0), lambda tensors, key: np.zeros((64, 4 * 32), np.float32)),
+    ("deepseek_v2", layer_key(0), transposed),  # latent attention: heads of v_head_dim
+    ("laguna", layer_key(3), lambda tensors, key: tensors[layer_key(0)]),  # another layer's
+    ("gemma4_text", layer_key(5), transposed),  # a layer reading an earlier layer's KV
+    ("zamba2", "model.layers.1.shared_transformer.self_attn.o_proj.weight", transposed),
+], ids=["plain", "gated", "value-heads", "latent", "layer-heads", "shared-kv", "shared-block"])
+def test_an_attention_output_projection_that_disagrees_is_refused_in_one_line(
+        family, key, edit, hf_model, tmp_path):
+    from safetensors.numpy import load_file, save_file
+
+    hf_dir = shutil.copytree(hf_model(family), tmp_path / "hf")
+    tensors = load_file(str(hf_dir / WEIGHTS))
+    own = tensors[key].shape
+    tensors[key] = np.ascontiguousarray(edit(tensors, key))
+    assert tensors[key].shape != own
+    save_file(tensors, str(hf_dir / WEIGHTS))
+    with pytest.raises(ExportError) as err:
+        export(hf_dir, tmp_path / "out", OPTIONS)
+    expected = f"{key} has shape {tensors[key].shape}, but config.json implies {own}"
+    assert expected in str(err.value) and "\n" not in str(err.value), str(err.value)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hf"]  # no bundle, no staging
+
+
 def test_the_cli_refuses_a_truncated_download_in_one_line(hf_model, tmp_path):
     hf_dir = shutil.copytree(hf_model("llama"), tmp_path / "hf")
     cut(0.6)(hf_dir)

@@ -447,12 +447,14 @@ class DecoderBuilder:
         cfg = self.cfg.for_layer(i)  # this layer's head size, query and KV heads
         p = n.layer.format(i=i)
         if self.latent is not None:  # DeepSeek's MLA: its own projections and cache layout
-            return self._output(p, self.latent.attention(p, h, i, step, layer, rows))
+            return self._output(p, self.latent.attention(p, h, i, step, layer, rows),
+                                self.cfg.num_heads, self.latent.shape.v_dim)
         if i in cfg.shared_kv:  # Gemma 4: [B, hidden], queries over an earlier layer's KV
             assert self.shared is not None
             q = self._shared_query(p, h, cfg)
             return self._output(p, self.shared.attention(q, cfg, layer,
-                                                         kv_names(cfg.shared_kv[i])))
+                                                         kv_names(cfg.shared_kv[i])),
+                                cfg.num_heads, cfg.head_dim)
         q, k, v, gate = self._qkv(p, h, cfg, layer, cfg.k_eq_v and layer.window is None)
         q, k, v = (t if t is None else self.tokens.spread(t) for t in (q, k, v))
         if cfg.qk_norm == "head_rotated":
@@ -473,7 +475,7 @@ class DecoderBuilder:
         attn = rows(attn)
         if gate is not None:  # Qwen3.5: the attention's output times sigmoid(gate)
             attn = self.g.op("Mul", [attn, self.g.op("Sigmoid", [rows(gate)])])
-        return self._output(p, attn)
+        return self._output(p, attn, cfg.num_heads, cfg.v_head_dim or cfg.head_dim)
 
     def _sinks(self, p: str, cfg: ModelConfig) -> str:
         """gpt-oss: the layer's sink logit per query head, [H]."""
@@ -515,11 +517,14 @@ class DecoderBuilder:
         return g.op("Cast", [g.op("Softplus", [g.op("Cast", [gate], to=1)])],
                     to=int(np_dtype_to_tensor_dtype(self.dtype)))
 
-    def _output(self, p: str, attn: str) -> str:
-        """The attention's output projection (after BitNet's sub-norm)."""
+    def _output(self, p: str, attn: str, heads: int, values: int) -> str:
+        """The attention's output projection (after BitNet's sub-norm) of attn [.., heads *
+        values]: the layer's query heads (its own where heads differ by layer), each head's
+        values (head_dim; MiMo-V2-Flash's and MLA's v_head_dim)."""
         if self.names.attn_sub_norm is not None:
             attn = self._norm(attn, p + self.names.attn_sub_norm)
         o = p + self.names.o
+        self.w.check_output(o + ".weight", heads, values, self.cfg.hidden_size)
         out = self.w.linear(attn, [o + ".weight"], o + ".bias" if self.cfg.o_bias else None)
         extra = self.names.o_extra_bias
         if extra is not None and self.ckpt.has(p + extra):  # GPT-NeoX Japanese's last layer

@@ -113,7 +113,9 @@ class SharedBlock:
         attn = b.flavor.attention(g, q, k, v, (kv.past_key, kv.past_value),
                                   (kv.present_key, kv.present_value), step, cfg.layers[layer])
         attn = b.tokens.gather(attn, q_size)
-        return b.w.linear(attn, [pre + "self_attn.o_proj.weight"], None)
+        o = pre + "self_attn.o_proj.weight"
+        b.w.check_output(o, cfg.num_heads, cfg.head_dim, cfg.hidden_size)
+        return b.w.linear(attn, [o], None)
 
     def _mlp(self, pre: str, application: int, h: str) -> str:
         """The block's gated MLP, its gate|up plus the application's adapter."""

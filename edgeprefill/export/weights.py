@@ -101,6 +101,14 @@ class GraphWeights:
                 raise ExportError(f"{name} has shape {self.shape(name)}, but config.json "
                                   f"implies {shape} ({implied_by})")
 
+    def check_output(self, name: str, heads: int, values: int, hidden: int) -> None:
+        """The attention's output projection `name` ([out, in]) maps what the graph hands it,
+        each of `heads` heads' `values` values side by side, to the residual's `hidden`. A
+        checkpoint whose projection disagrees (a transposed or another model's tensor) fails
+        here in one line, not as a MatMul dimension error at the bundle's first call."""
+        self.check_shapes([(name, (hidden, heads * values))],
+                          f"{heads} heads of {values} values, hidden {hidden}")
+
     def check_mlp(self, inputs: list[str], down: str, gated: bool) -> None:
         """An MLP maps its input's width back to that width: its input projections ([out,
         in]: up, or gate and up, or one packed gate_up) share one input width, and `down`
