@@ -376,11 +376,16 @@ def test_export_run_and_inspect_a_token_reranker(hf_model, tmp_path):
                                      "--query a ranking"),
     (["w5", "--dimensions", "4"], "error: --dimensions applies to an embedding bundle only; "
                                   "this one scores texts"),
+    (["--prompts", "{lines}", "--query", "w6"], "error: --prompts line 1: a score bundle "
+                                                "reads one text a line (plain text or a "
+                                                "JSON string)"),
 ])
-def test_run_refuses_other_options_on_a_score_bundle(reranker, args, said):
+def test_run_refuses_other_options_on_a_score_bundle(reranker, args, said, tmp_path):
     from tests.test_cli_errors import cli
 
-    result = cli("run", reranker[1], *args)
+    lines = tmp_path / "lines.jsonl"
+    lines.write_text('{"prompt": "w5"}\n')  # a generation request's line
+    result = cli("run", reranker[1], *[str(lines) if a == "{lines}" else a for a in args])
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [said]
 
