@@ -146,6 +146,26 @@ def test_a_classifier_exports_a_score_bundle_of_its_head(classifiers, family, la
     assert raw["task"] == "score" and "embedding" not in raw and raw["score"]["head"] == HEAD_FILE
 
 
+def test_export_and_inspect_name_what_a_three_label_head_answers(classifiers, tmp_path):
+    # Engine.rerank, /v1/rerank and run --query refuse a head of more than two labels (no
+    # one relevance): export's and inspect's lines name Engine.score alone
+    from tests.test_cli_errors import cli
+
+    hf, out = classifiers("qwen3", 3)
+    made = cli("export", hf, "-o", tmp_path / "b", "--chunks", "16", "--quiet", "--task",
+               "score")
+    assert made.returncode == 0, made.stderr
+    assert made.stderr.splitlines()[0] == ("a score bundle (classifier: grade0, grade1, "
+                                           "grade2; relevance none): Engine.score")
+    shown = cli("inspect", out).stdout
+    assert "task        score: a classifier head (score_head.safetensors), labels grade0, " \
+        "grade1, grade2; relevance none: more than two labels (Engine.score only; `run` " \
+        "prints the scores)\n" in shown
+    with Engine.load(out, threads=1) as engine:  # what the lines leave out is refused
+        with pytest.raises(RequestError, match="no one relevance to rank by"):
+            engine.rerank(QUERY, DOCUMENTS)
+
+
 def test_auto_still_refuses_a_classifier_and_names_task_score(classifiers, tmp_path):
     hf, _ = classifiers("qwen3", 1)
     with pytest.raises(ExportError, match="is a classifier .*`export --task score` exports "

@@ -162,9 +162,11 @@ def export(hf_dir, out_dir, flavor, dtype, chunks, max_context, quantize, block_
                    f"{manifest.model.hidden_size} dimensions): Engine.embed, "
                    "POST /v1/embeddings", err=True)
     if manifest.score is not None:
+        ranks = manifest.score.relevance != "none"  # more than two labels: no ranking
         click.echo(f"a score bundle ({manifest.score.kind}: "
                    f"{', '.join(manifest.score.labels)}; relevance {manifest.score.relevance})"
-                   ": Engine.score, Engine.rerank, POST /v1/rerank", err=True)
+                   f": Engine.score{', Engine.rerank, POST /v1/rerank' if ranks else ''}",
+                   err=True)
     click.echo(
         f"exported {manifest.model.family} ({manifest.model.num_layers} layers, "
         f"{manifest.graph.flavor} flavour, {manifest.graph.dtype}"
