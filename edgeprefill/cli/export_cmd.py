@@ -90,8 +90,9 @@ def _list_models(ctx: click.Context, param: click.Parameter, value: bool) -> Non
                    "sigmoid(yes - no)) or Yes (bge-reranker-v2-gemma: sigmoid(Yes)).")
 @click.option("--score-template", default=None,
               help="--task score: the pair's text, with {query} and {document} (required "
-                   "with --score-tokens: the format the reranker was trained on; a GGUF "
-                   "reranker's own rerank template otherwise).")
+                   "with --score-tokens: the format the reranker was trained on). It "
+                   "replaces a GGUF reranker's own rerank template; without it a classifier "
+                   "reads a pair as its tokenizer's pair encoding.")
 @click.option("--score-template-file", type=click.File("r", encoding="utf-8"), default=None,
               help="--score-template read from a file, as it is (trailing newlines kept).")
 @click.option("--overwrite", is_flag=True,

@@ -17,8 +17,9 @@ SYSTEM_SHOWN = 72  # characters of the default system message `inspect` shows
 @click.option("--verify", is_flag=True, help="Also check the sha256 of every file.")
 @click.option("--json", "as_json", is_flag=True, help="Print the whole manifest as JSON.")
 def inspect(bundle, verify, as_json):
-    """Show a bundle's model, graph contract, chunk buckets, EOS ids, sampling defaults
-    and files.
+    """Show a bundle's model, task (generate; embed: its pooling and named prompts;
+    score: its head, labels, relevance and pair format), graph contract, chunk buckets,
+    EOS ids, sampling defaults and files.
 
     \b
     Example:
