@@ -176,8 +176,6 @@ def test_auto_still_refuses_a_classifier_and_names_task_score(classifiers, tmp_p
 
 def test_score_options_refusals_are_one_line(classifiers, hf_model, tmp_path):
     cases = [
-        (ExportOptions, dict(task="score", score=ScoreOptions(("w5", "w6"))),
-         "--score-tokens needs --score-template"),
         (ExportOptions, dict(task="generate", score=ScoreOptions((), TEMPLATE)),
          "apply to --task score"),
         (ExportOptions, dict(task="score", score=ScoreOptions(("w5",), "w3 {query}")),
@@ -193,7 +191,11 @@ def test_score_options_refusals_are_one_line(classifiers, hf_model, tmp_path):
         (hf_model("qwen3"), ScoreOptions(), "a \\*ForSequenceClassification folder"),
         (hf_model("qwen3"), ScoreOptions(("w5", "maybe"), TEMPLATE),
          "'maybe' is not one token"),
+        (hf_model("qwen3"), ScoreOptions(("w5", "w6")), "--score-tokens needs --score-template"),
         (classifiers("qwen3", 1)[0], ScoreOptions(("w5",), TEMPLATE),
+         "a classifier \\(Qwen3ForSequenceClassification\\) has not"),
+        # a classifier's own reason, not the template a token reranker would need
+        (classifiers("qwen3", 1)[0], ScoreOptions(("w5",)),
          "a classifier \\(Qwen3ForSequenceClassification\\) has not"),
     ]
     for hf, score, said in exports:
