@@ -6,6 +6,7 @@ import contextlib
 import json
 import logging
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -292,6 +293,8 @@ def test_an_itl_target_that_would_be_ignored_is_refused(bundle, command, args, f
     assert_one_line_error(result, fragment)
     assert cli("run", bundle("llama"), "w5 w6", "--max-new-tokens", "1", *args).returncode \
         == 0  # the default target is no conflict
+    shown = re.sub(r"-\s+", "-", " ".join(cli(command, "--help").stdout.split()))
+    assert "under this (run and serve refuse it beside --chunk-size or --policy fcfs" in shown
 
 
 def _closing(fd: int):

@@ -4,6 +4,7 @@ and `run`, `serve` and `bench` pass them to the engine unchanged."""
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import click
 import pytest
@@ -77,6 +78,21 @@ def test_every_option_of_every_command_has_a_help_text(command):
 
     options = LazyGroup().get_command(click.Context(cli), command).params
     assert [o.name for o in options if isinstance(o, click.Option) and not o.help] == []
+
+
+@pytest.mark.parametrize("command, said", [
+    ("serve", ["/v1/embeddings", "/api/embed", "/v1/rerank and /rerank"]),
+    ("inspect", ["task (generate; embed: its pooling and named prompts; score: its head, "
+                 "labels, relevance and pair format)"]),
+    ("export", ["It replaces a GGUF reranker's own rerank template; without it a classifier "
+                "reads a pair as its tokenizer's pair encoding."]),
+])
+def test_help_names_the_embedding_and_score_bundles(command, said):
+    # what each command does with the other tasks' bundles, as README's Embeddings and
+    # Reranking say (hyphenated words wrap at their hyphen)
+    shown = re.sub(r"-\s+", "-", " ".join(CliRunner().invoke(cli, [command, "--help"])
+                                        .output.split()))
+    assert [text for text in said if text not in shown] == []
 
 
 def test_serve_help_lists_every_option_once_under_its_heading():

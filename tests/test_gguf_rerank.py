@@ -161,6 +161,8 @@ def test_the_export_line_names_the_score_bundle(untied, tmp_path):
     ("embed", [], "rerank-F32.gguf is a reranker (pooling rank), no embedding model"),
     ("score", ["--score-tokens", "no,yes", "--score-template", "{query} {document}"],
      "--score-tokens reads rows of an LM head; rerank-F32.gguf's head is its cls.output"),
+    ("score", ["--score-tokens", "no,yes"],  # its own reason, not a template it has
+     "--score-tokens reads rows of an LM head; rerank-F32.gguf's head is its cls.output"),
 ])
 def test_tasks_a_reranker_cannot_make_are_refused_in_one_line(untied, tmp_path, task, extra,
                                                               said):

@@ -146,6 +146,26 @@ def test_a_classifier_exports_a_score_bundle_of_its_head(classifiers, family, la
     assert raw["task"] == "score" and "embedding" not in raw and raw["score"]["head"] == HEAD_FILE
 
 
+def test_export_and_inspect_name_what_a_three_label_head_answers(classifiers, tmp_path):
+    # Engine.rerank, /v1/rerank and run --query refuse a head of more than two labels (no
+    # one relevance): export's and inspect's lines name Engine.score alone
+    from tests.test_cli_errors import cli
+
+    hf, out = classifiers("qwen3", 3)
+    made = cli("export", hf, "-o", tmp_path / "b", "--chunks", "16", "--quiet", "--task",
+               "score")
+    assert made.returncode == 0, made.stderr
+    assert made.stderr.splitlines()[0] == ("a score bundle (classifier: grade0, grade1, "
+                                           "grade2; relevance none): Engine.score")
+    shown = cli("inspect", out).stdout
+    assert "task        score: a classifier head (score_head.safetensors), labels grade0, " \
+        "grade1, grade2; relevance none: more than two labels (Engine.score only; `run` " \
+        "prints the scores)\n" in shown
+    with Engine.load(out, threads=1) as engine:  # what the lines leave out is refused
+        with pytest.raises(RequestError, match="no one relevance to rank by"):
+            engine.rerank(QUERY, DOCUMENTS)
+
+
 def test_auto_still_refuses_a_classifier_and_names_task_score(classifiers, tmp_path):
     hf, _ = classifiers("qwen3", 1)
     with pytest.raises(ExportError, match="is a classifier .*`export --task score` exports "
@@ -156,8 +176,6 @@ def test_auto_still_refuses_a_classifier_and_names_task_score(classifiers, tmp_p
 
 def test_score_options_refusals_are_one_line(classifiers, hf_model, tmp_path):
     cases = [
-        (ExportOptions, dict(task="score", score=ScoreOptions(("w5", "w6"))),
-         "--score-tokens needs --score-template"),
         (ExportOptions, dict(task="generate", score=ScoreOptions((), TEMPLATE)),
          "apply to --task score"),
         (ExportOptions, dict(task="score", score=ScoreOptions(("w5",), "w3 {query}")),
@@ -173,7 +191,11 @@ def test_score_options_refusals_are_one_line(classifiers, hf_model, tmp_path):
         (hf_model("qwen3"), ScoreOptions(), "a \\*ForSequenceClassification folder"),
         (hf_model("qwen3"), ScoreOptions(("w5", "maybe"), TEMPLATE),
          "'maybe' is not one token"),
+        (hf_model("qwen3"), ScoreOptions(("w5", "w6")), "--score-tokens needs --score-template"),
         (classifiers("qwen3", 1)[0], ScoreOptions(("w5",), TEMPLATE),
+         "a classifier \\(Qwen3ForSequenceClassification\\) has not"),
+        # a classifier's own reason, not the template a token reranker would need
+        (classifiers("qwen3", 1)[0], ScoreOptions(("w5",)),
          "a classifier \\(Qwen3ForSequenceClassification\\) has not"),
     ]
     for hf, score, said in exports:
@@ -376,11 +398,16 @@ def test_export_run_and_inspect_a_token_reranker(hf_model, tmp_path):
                                      "--query a ranking"),
     (["w5", "--dimensions", "4"], "error: --dimensions applies to an embedding bundle only; "
                                   "this one scores texts"),
+    (["--prompts", "{lines}", "--query", "w6"], "error: --prompts line 1: a score bundle "
+                                                "reads one text a line (plain text or a "
+                                                "JSON string)"),
 ])
-def test_run_refuses_other_options_on_a_score_bundle(reranker, args, said):
+def test_run_refuses_other_options_on_a_score_bundle(reranker, args, said, tmp_path):
     from tests.test_cli_errors import cli
 
-    result = cli("run", reranker[1], *args)
+    lines = tmp_path / "lines.jsonl"
+    lines.write_text('{"prompt": "w5"}\n')  # a generation request's line
+    result = cli("run", reranker[1], *[str(lines) if a == "{lines}" else a for a in args])
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [said]
 

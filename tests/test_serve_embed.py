@@ -27,7 +27,13 @@ from tests.test_embed import (  # noqa: E402
     embed_model,
     reference,
 )
-from tests.test_serve import MODEL, assert_error, serving, wait_idle  # noqa: E402
+from tests.test_serve import (  # noqa: E402
+    MODEL,
+    assert_error,
+    rejected_by_status,
+    serving,
+    wait_idle,
+)
 
 __all__ = ["embed_bundle", "embed_model"]  # the module's fixtures, found by these names
 
@@ -137,6 +143,17 @@ def test_a_text_past_the_context_is_a_400(http):
                  "context_length_exceeded")
     assert_error(http.post("/v1/embeddings", json={"input": [5] * (CONTEXT + 1)}), 400,
                  "input", "context_length_exceeded")
+
+
+def test_each_refused_embedding_request_is_counted_once(http):
+    # the reference: the 400s the client got, one per request on each embedding route
+    before = rejected_by_status(http.get("/metrics").text).get("400", 0)
+    answers = [http.post(path, json=body) for path, body in [
+        ("/v1/embeddings", {"input": " ".join(["w7"] * (CONTEXT + 5))}),
+        ("/api/embed", {"model": MODEL, "input": "w5", "truncate": "no"}),
+        ("/api/embeddings", {"model": MODEL, "prompt": 5})]]
+    assert [answer.status_code for answer in answers] == [400] * 3
+    assert rejected_by_status(http.get("/metrics").text)["400"] - before == 3
 
 
 def test_another_model_is_a_404(http):

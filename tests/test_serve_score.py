@@ -28,7 +28,13 @@ from tests.test_score import (  # noqa: E402
     token_logits,
     words,
 )
-from tests.test_serve import MODEL, assert_error, serving, wait_idle  # noqa: E402
+from tests.test_serve import (  # noqa: E402
+    MODEL,
+    assert_error,
+    rejected_by_status,
+    serving,
+    wait_idle,
+)
 from tests.test_serve_embed import GENERATING  # noqa: E402
 
 __all__ = ["classifiers", "reranker"]  # the module's fixtures, found by their names
@@ -109,14 +115,24 @@ def test_bad_requests_are_400s_naming_the_field(http, body, param):
     assert "\n" not in error["message"]
 
 
-def test_a_pair_past_the_context_is_a_400_and_counted(http):
+def test_a_pair_past_the_context_is_a_400(http):
     long = " ".join(["w7"] * CONTEXT)
     error = assert_error(http.post("/v1/rerank", json={"query": QUERY,
                                                         "documents": ["w5", long]}),
                          400, "documents", "context_length_exceeded")
     assert "exceeds the context of 128 tokens" in error["message"]
-    metrics = http.get("/metrics").text
-    assert 'edgeprefill_http_rejected_total{status="400"}' in metrics
+
+
+def test_each_refused_rerank_is_counted_once(http):
+    # the reference: the 400s the client got (the route's refusals pass through AccessLog,
+    # which counts every refused status)
+    before = rejected_by_status(http.get("/metrics").text).get("400", 0)
+    answers = [http.post(path, json=body) for path, body in [
+        ("/v1/rerank", {"query": QUERY, "documents": ["w5", " ".join(["w7"] * CONTEXT)]}),
+        ("/rerank", {"query": QUERY, "documents": []}),
+        ("/v1/rerank", {"query": QUERY, "documents": ["w5"], "top_n": -1})]]
+    assert [answer.status_code for answer in answers] == [400] * 3
+    assert rejected_by_status(http.get("/metrics").text)["400"] - before == 3
 
 
 def test_another_model_is_a_404(http):

@@ -32,8 +32,10 @@ def refuse_generation_options(given: Collection[str], kind: str = "an embedding 
                                f"`run` prints {prints}")
 
 
-def texts_of(prompt: str | None, lines: list[str] | None) -> list[str]:
-    """The texts to embed: the prompt, or each non-blank line of --prompts."""
+def texts_of(prompt: str | None, lines: list[str] | None,
+             kind: str = "an embedding bundle") -> list[str]:
+    """The texts to embed (or score, on `kind` a score bundle): the prompt, or each
+    non-blank line of --prompts."""
     if prompt is not None:
         return [prompt]
     texts = []
@@ -46,8 +48,8 @@ def texts_of(prompt: str | None, lines: list[str] | None) -> list[str]:
         except json.JSONDecodeError:
             text = line
         if not isinstance(text, str):
-            raise RequestError(f"--prompts line {number}: an embedding bundle reads one text "
-                               "a line (plain text or a JSON string)")
+            raise RequestError(f"--prompts line {number}: {kind} reads one text a line "
+                               "(plain text or a JSON string)")
         texts.append(text)
     if not texts:
         raise RequestError("--prompts file holds no texts")

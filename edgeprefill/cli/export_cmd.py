@@ -90,8 +90,9 @@ def _list_models(ctx: click.Context, param: click.Parameter, value: bool) -> Non
                    "sigmoid(yes - no)) or Yes (bge-reranker-v2-gemma: sigmoid(Yes)).")
 @click.option("--score-template", default=None,
               help="--task score: the pair's text, with {query} and {document} (required "
-                   "with --score-tokens: the format the reranker was trained on; a GGUF "
-                   "reranker's own rerank template otherwise).")
+                   "with --score-tokens: the format the reranker was trained on). It "
+                   "replaces a GGUF reranker's own rerank template; without it a classifier "
+                   "reads a pair as its tokenizer's pair encoding.")
 @click.option("--score-template-file", type=click.File("r", encoding="utf-8"), default=None,
               help="--score-template read from a file, as it is (trailing newlines kept).")
 @click.option("--overwrite", is_flag=True,
@@ -162,9 +163,11 @@ def export(hf_dir, out_dir, flavor, dtype, chunks, max_context, quantize, block_
                    f"{manifest.model.hidden_size} dimensions): Engine.embed, "
                    "POST /v1/embeddings", err=True)
     if manifest.score is not None:
+        ranks = manifest.score.relevance != "none"  # more than two labels: no ranking
         click.echo(f"a score bundle ({manifest.score.kind}: "
                    f"{', '.join(manifest.score.labels)}; relevance {manifest.score.relevance})"
-                   ": Engine.score, Engine.rerank, POST /v1/rerank", err=True)
+                   f": Engine.score{', Engine.rerank, POST /v1/rerank' if ranks else ''}",
+                   err=True)
     click.echo(
         f"exported {manifest.model.family} ({manifest.model.num_layers} layers, "
         f"{manifest.graph.flavor} flavour, {manifest.graph.dtype}"

@@ -17,8 +17,9 @@ SYSTEM_SHOWN = 72  # characters of the default system message `inspect` shows
 @click.option("--verify", is_flag=True, help="Also check the sha256 of every file.")
 @click.option("--json", "as_json", is_flag=True, help="Print the whole manifest as JSON.")
 def inspect(bundle, verify, as_json):
-    """Show a bundle's model, graph contract, chunk buckets, EOS ids, sampling defaults
-    and files.
+    """Show a bundle's model, task (generate; embed: its pooling and named prompts;
+    score: its head, labels, relevance and pair format), graph contract, chunk buckets,
+    EOS ids, sampling defaults and files.
 
     \b
     Example:
@@ -118,14 +119,15 @@ def _task_lines(m) -> list[str]:
         score = m.score
         how = {"sigmoid": "sigmoid", "sigmoid_difference":
                f"sigmoid({score.labels[-1]} - {score.labels[0]})",
-               "none": "none: Engine.score only"}[score.relevance]
+               "none": "none: more than two labels"}[score.relevance]
+        uses = "Engine.score only; `run` prints the scores" if score.relevance == "none" \
+            else "Engine.score, Engine.rerank, POST /v1/rerank; `run --query` ranks"
         template = "the tokenizer's pair encoding" if score.template is None else \
             json.dumps(score.template)
         transforms = "".join([f", logits x {score.scale:g}" if score.scale != 1.0 else "",
                               f", soft-cap {score.softcap:g}" if score.softcap else ""])
         return [f"task        score: a {score.kind} head ({score.head}), labels "
-                f"{', '.join(score.labels)}{transforms}; relevance {how} (Engine.score, "
-                "Engine.rerank, POST /v1/rerank; `run --query` ranks)",
+                f"{', '.join(score.labels)}{transforms}; relevance {how} ({uses})",
                 f"pair        {template}"]
     if m.embedding is None:
         return ["task        generate (logits; `run`, `serve`'s completion and chat routes)"]

@@ -88,7 +88,8 @@ ENGINE_OPTIONS: dict[str, Callable] = {
     "itl_target_ms": click.option(
         "--itl-target-ms", type=click.FloatRange(min=0, min_open=True), default=150.0,
         show_default=True, help="Adaptive chunking keeps decode inter-token latency under "
-        "this."),
+        "this (run and serve refuse it beside --chunk-size or --policy fcfs, which chunk by no "
+        "target)."),
     "fuse_steps": click.option(
         "--fuse-steps/--no-fuse-steps", default=None,
         help="Run a prefill chunk and the decode rows in one call where the bundle and "

@@ -143,8 +143,8 @@ def run(bundle, prompt_words, prompt, prompt_file, chat, system, interactive, se
             if value is not None:
                 raise RequestError(f"{name} applies to an embedding bundle only; this one "
                                    "scores texts")
-        score_run.print_scores(bundle, embed_run.texts_of(prompt, lines), query, priority,
-                               stats, engine)
+        texts = embed_run.texts_of(prompt, lines, "a score bundle")
+        score_run.print_scores(bundle, texts, query, priority, stats, engine)
         return
     if task == "embed":
         from edgeprefill.cli import embed_run

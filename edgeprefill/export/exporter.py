@@ -41,7 +41,7 @@ from edgeprefill.export.ollama_params import write_generation_config
 from edgeprefill.export.ollama_store import OllamaModel, is_ollama_name
 from edgeprefill.export.ollama_system import kept_system
 from edgeprefill.export.quantize import QuantConfig
-from edgeprefill.export.score_head import HEAD_FILE, ScoreOptions, score_head
+from edgeprefill.export.score_head import HEAD_FILE, ScoreOptions, check_source, score_head
 from edgeprefill.export.sentence_layout import TASKS, embedding_head
 from edgeprefill.export.staging import check_target, staged
 from edgeprefill.export.writer import write_external_data
@@ -160,6 +160,8 @@ def _export(hf_dir: Path, out_dir: Path, options: ExportOptions,
         raise ExportError(hint)
     scores = options.task == "score"
     cfg = ModelConfig.from_dir(hf_dir, classifier=scores)
+    if scores:
+        check_source(load_json_object(hf_dir / "config.json", ExportError), options.score)
     embedding = embedding_head(hf_dir, options.task)
     if embedding is not None:
         _check_embeddable(cfg, hf_dir)

@@ -56,14 +56,31 @@ class ScoreOptions:
         if len(self.tokens) > 2 or any(not t for t in self.tokens):
             raise ExportError(f"--score-tokens takes one token or two (no,yes), got "
                               f"{','.join(self.tokens)!r}")
-        if self.tokens and self.template is None:
-            raise ExportError("--score-tokens needs --score-template (the pair's format the "
-                              "reranker was trained on, with {query} and {document}): "
-                              "without it it scores text it never saw")
         if self.template is not None:
             missing = [p for p in PLACEHOLDERS if p not in self.template]
             if missing:
                 raise ExportError(f"--score-template lacks {' and '.join(missing)}")
+
+
+def check_source(raw: dict[str, Any], options: ScoreOptions) -> None:
+    """Refuse, before any weight is read, score options the checkpoint (config.json's
+    object `raw`) cannot take: a classifier's head is its own, a causal LM's is rows of
+    its LM head named by --score-tokens, read in the format --score-template gives. (A
+    GGUF reranker's --score-tokens is refused before, by export/gguf_rerank.py.)"""
+    if is_classifier(raw):
+        if options.tokens:
+            raise ExportError("--score-tokens reads rows of an LM head, which a classifier "
+                              f"({', '.join(raw['architectures'])}) has not: export it with "
+                              "--task score alone")
+        return
+    if not options.tokens:
+        raise ExportError("--task score exports a *ForSequenceClassification folder (its "
+                          "score head), or a causal LM's token logits with --score-tokens "
+                          "(no,yes for Qwen3-Reranker) and --score-template")
+    if options.template is None:
+        raise ExportError("--score-tokens needs --score-template (the pair's format the "
+                          "reranker was trained on, with {query} and {document}): "
+                          "without it it scores text it never saw")
 
 
 def is_classifier(raw: dict[str, Any]) -> bool:
@@ -90,10 +107,6 @@ def score_head(ckpt: Checkpoint, cfg: ModelConfig, raw: dict[str, Any], tokenize
 
 def _classifier(ckpt: Checkpoint, cfg: ModelConfig, raw: dict[str, Any],
                 options: ScoreOptions) -> tuple[np.ndarray, np.ndarray | None, ScoreInfo]:
-    if options.tokens:
-        raise ExportError("--score-tokens reads rows of an LM head, which a classifier "
-                          f"({', '.join(raw['architectures'])}) has not: export it with "
-                          "--task score alone")
     name = CLASSIFIER_HEAD + ".weight"
     if not ckpt.has(name):
         raise ExportError(f"the classifier's checkpoint lacks the tensor {name!r}")
@@ -124,10 +137,6 @@ def _labels(raw: dict[str, Any], rows: int) -> list[str]:
 
 def _token_rows(ckpt: Checkpoint, cfg: ModelConfig, tokenizer: Any,
                 options: ScoreOptions) -> tuple[np.ndarray, np.ndarray | None, ScoreInfo]:
-    if not options.tokens:
-        raise ExportError("--task score exports a *ForSequenceClassification folder (its "
-                          "score head), or a causal LM's token logits with --score-tokens "
-                          "(no,yes for Qwen3-Reranker) and --score-template")
     if cfg.embed_width is not None or cfg.head_activation is not None:
         raise ExportError(f"{cfg.family} projects its hidden state before the LM head: a "
                           "score bundle of it is not supported")

@@ -93,7 +93,6 @@ class EmbeddingRoutes:
                    for tokens in inputs]
             vectors = await self._vectors(ids, dimensions)
         except ApiError as err:
-            self.api.metrics.reject(err.status)
             return err.response(request.url.path)
         count = sum(len(tokens) for tokens in ids)
         data = [{"object": "embedding", "index": i, "embedding": _encoded(row, encoding)}
@@ -122,7 +121,6 @@ class EmbeddingRoutes:
             ids = [await self._ids(prompt + text, truncate, "input", context) for text in texts]
             vectors = await self._vectors(ids, dimensions)
         except ApiError as err:
-            self.api.metrics.reject(err.status)
             return err.response(request.url.path)
         took = int((time.perf_counter() - began) * 1e9)
         return JSONResponse({"model": model, "embeddings": vectors.tolist(),
@@ -144,7 +142,6 @@ class EmbeddingRoutes:
             vectors = await self._vectors([await self._ids(text, False, "prompt", context)],
                                           None)
         except ApiError as err:
-            self.api.metrics.reject(err.status)
             return err.response(request.url.path)
         return JSONResponse({"embedding": vectors[0].tolist()})
 

@@ -59,7 +59,6 @@ class RerankRoutes:
             ids = [await self._pair_ids(head.info, query, document) for document in documents]
             relevance = head.relevance(head.scores(await hidden_rows(self.api, ids)))
         except ApiError as err:
-            self.api.metrics.reject(err.status)
             return err.response(request.url.path)
         results = []
         for index, score in scoring.ranked(relevance, top_n):
