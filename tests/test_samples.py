@@ -6,6 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -19,7 +20,7 @@ def run_sample(name: str, bundle: Path) -> str:
 
 
 @pytest.mark.parametrize(
-    "name", ["chat.py", "concurrent_sessions.py", "embed_in_app.py", "demo.py"]
+    "name", ["chat.py", "concurrent_sessions.py", "embed_in_app.py", "demo.py", "rag.py"]
 )
 def test_samples_are_short(name):
     assert len((ROOT / "samples" / name).read_text().splitlines()) <= 60
@@ -68,6 +69,60 @@ def test_samples_answer_help_and_a_wrong_path_in_a_line(name, tmp_path):
                            text=True, timeout=60, cwd=ROOT)
     assert usage.returncode != 0 and f"python samples/{name}" in usage.stderr
     wrong = subprocess.run([sys.executable, sample, str(tmp_path / "nowhere")],
+                           capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert wrong.returncode != 0 and "Traceback" not in wrong.stderr
+    assert wrong.stderr.strip() == f"error: {tmp_path / 'nowhere'} does not exist"
+
+
+@pytest.fixture(scope="module")
+def retrieval_bundles(tmp_path_factory) -> tuple[Path, Path]:
+    """The tiny model as an embedding bundle and as a reranker of its words ivory/jade."""
+    from edgeprefill.export.exporter import ExportOptions, export
+    from edgeprefill.export.score_head import ScoreOptions
+    from tests.conftest import TINY_MODEL
+
+    embed, rerank = tmp_path_factory.mktemp("tiny-embed"), tmp_path_factory.mktemp("tiny-rr")
+    export(TINY_MODEL, embed, ExportOptions(show_progress=False, overwrite=True, task="embed"))
+    export(TINY_MODEL, rerank, ExportOptions(
+        show_progress=False, overwrite=True, task="score",
+        score=ScoreOptions(tokens=("ivory", "jade"), template="{document} {query}")))
+    return embed, rerank
+
+
+def test_rag_sample_answers_from_the_passage_it_retrieved(tiny_bundle, retrieval_bundles):
+    """Its nearest passages are the embeddings' cosine order, its reranked ones the
+    reranker's, and the chat model answers with the secret of the first of them."""
+    from edgeprefill import Engine
+
+    namespace: dict = {}  # the sample's passages and question: its lines before argv
+    exec((ROOT / "samples" / "rag.py").read_text().split("bundles = sys.argv")[0], namespace)
+    passages, question = namespace["PASSAGES"], namespace["QUESTION"]
+    embed, rerank = retrieval_bundles
+    with Engine.load(embed) as engine:
+        vectors, query = engine.embed(passages), engine.embed(question)[0]
+    nearest = [int(i) for i in np.argsort(-(vectors @ query))[:3]]
+    with Engine.load(rerank) as engine:
+        reranked = [nearest[i] for i, _ in engine.rerank(question, [passages[i] for i in
+                                                                     nearest])]
+    for bundles, order in (([embed, tiny_bundle], nearest),
+                           ([embed, tiny_bundle, rerank], reranked)):
+        result = subprocess.run([sys.executable, str(ROOT / "samples" / "rag.py"),
+                                 *map(str, bundles)], capture_output=True, text=True,
+                                timeout=300, cwd=ROOT)
+        assert result.returncode == 0, result.stdout + result.stderr
+        lines = result.stdout.splitlines()
+        assert lines[0] == f"nearest: {nearest}"
+        secret = passages[order[0]].split()[3]  # "the secret is jade . ..."
+        assert lines[-1] == f"answer from passage {order[0]}: {secret}"
+    assert lines[1] == f"reranked: {reranked}" and reranked != nearest  # it reordered
+
+
+def test_rag_sample_answers_help_and_a_wrong_path_in_a_line(tmp_path):
+    sample = str(ROOT / "samples" / "rag.py")
+    usage = subprocess.run([sys.executable, sample, "--help"], capture_output=True,
+                           text=True, timeout=60, cwd=ROOT)
+    assert usage.returncode != 0 and "python samples/rag.py" in usage.stderr
+    wrong = subprocess.run([sys.executable, sample, str(tmp_path / "nowhere"), "x"],
                            capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert wrong.returncode != 0 and "Traceback" not in wrong.stderr
     assert wrong.stderr.strip() == f"error: {tmp_path / 'nowhere'} does not exist"
