@@ -421,6 +421,19 @@ FAMILIES: dict[str, dict] = {
                                         "rope_theta": 10000.0, "mscale": 0.707,
                                         "mscale_all_dim": 1.0,
                                         "original_max_position_embeddings": 256}},
+    # Mistral Small 4: DeepSeek-V3's MLA with a softmax router (12 experts in 3 groups, the
+    # best 2 kept) and Llama 4's query factor past 4 positions (beta 0.5)
+    "mistral4": {"num_hidden_layers": 3, "num_key_value_heads": 4, "q_lora_rank": 32,
+                 "kv_lora_rank": 32, "qk_nope_head_dim": 16, "qk_rope_head_dim": 16,
+                 "v_head_dim": 24, "first_k_dense_replace": 1, "n_routed_experts": 12,
+                 "n_group": 3, "topk_group": 2, "num_experts_per_tok": 3,
+                 "moe_intermediate_size": 32, "n_shared_experts": 1,
+                 "routed_scaling_factor": 1.5,
+                 "rope_parameters": {"rope_type": "yarn", "factor": 4.0,
+                                     "rope_theta": 10000.0, "mscale": 1.0,
+                                     "mscale_all_dim": 1.0, "partial_rotary_factor": 0.5,
+                                     "llama_4_scaling_beta": 0.5,
+                                     "original_max_position_embeddings": 4}},
     # Sarvam: DeepSeek-V3 with a dense query, 8 experts in 4 groups (the best 2), q/k/v/o
     # biases (attention_bias)
     "sarvam_mla": {"num_hidden_layers": 3, "num_key_value_heads": 4, "q_lora_rank": None,

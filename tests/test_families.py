@@ -408,7 +408,8 @@ def test_keys_a_config_leaves_out_take_transformers_defaults(family):
             assert [layer.head_dim for layer in ours.layers] == [
                 full.head_dim if kind == "full_attention" else None for kind in hf.layer_types]
         elif latent:
-            assert rope.rotary_dim == hf.qk_rope_head_dim == hf.head_dim
+            # (Mistral 4's head_dim is the whole query head's, partial on its rope part)
+            assert rope.rotary_dim == hf.qk_rope_head_dim == round(hf.head_dim * partial)
         elif rope.kind == "proportional":  # LFM3: all of head_dim, the rest not rotating
             assert (rope.rotary_dim, rope.proportion) == (head_dim, partial)
         else:
@@ -490,6 +491,7 @@ def test_a_sliding_window_key_slides_only_where_the_family_reads_it(family):
                       "seed_oss", "exaone", "granitemoehybrid", "nemotron", "olmoe",
                       "granitemoe", "lfm2_moe", "minicpm3", "youtu", "deepseek_v2",
                       "glm4_moe", "glm4v_moe", "solar_open", "deepseek_v3", "glm4_moe_lite",
+                      "mistral4",
                       "glm4v", "glm46v",
                       "sarvam_mla", "sarvam_moe",
                       "bitnet", "apertus", "apertus1p5_text", "iquestcoder", "jais2", "olmo",

@@ -568,7 +568,7 @@ class DecoderBuilder:
             bound = cfg.clip_qkv
             qkv = g.op("Clip", [qkv, g.const(-bound, self.dtype), g.const(bound, self.dtype)])
         l2_norm = cfg.qk_norm == "l2" and layer.rope is not None  # Llama 4: rope layers
-        q_scale = self._layer_query_scale(layer)
+        q_scale = self.layer_query_scale(layer)
         own_values = cfg.v_head_dim is not None or cfg.value_scale != 1.0
         if self.flavor.packed_qkv and cfg.qk_norm in (None, "l2") and not l2_norm \
                 and q_scale is None and not cfg.attn_gate and not k_is_v and not own_values:
@@ -602,7 +602,7 @@ class DecoderBuilder:
             q = g.op("Mul", [q, q_scale])
         return [q, k, v, gate]
 
-    def _layer_query_scale(self, layer: LayerAttention) -> str | None:
+    def layer_query_scale(self, layer: LayerAttention) -> str | None:
         """The query factor of this layer: Ministral 3's on all, Llama 4's on NoPE ones."""
         scale = self.cfg.query_scale
         if scale is None or (scale.nope_only and layer.rope is not None):

@@ -268,7 +268,7 @@ def _check_groups(raw: dict[str, Any], moe: MoeConfig) -> None:
     if groups < 1 or moe.experts % groups:
         raise ExportError(f"config.json: n_group ({groups}) must divide the {moe.experts} "
                           "experts")
-    if moe.routing == "sigmoid" and groups > 1 and size < 2:
+    if moe.routing in ("sigmoid", "softmax_bias") and groups > 1 and size < 2:
         raise ExportError(f"config.json: n_group ({groups}) leaves fewer than 2 of the "
                           f"{moe.experts} experts per group (each group is scored by its "
                           "top 2)")

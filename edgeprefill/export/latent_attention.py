@@ -111,6 +111,9 @@ class LatentAttention:
         b, g, cfg = self.b, self.b.g, self.b.cfg
         n = cfg.names
         q = self._absorbed_query(p, h)
+        scale = b.layer_query_scale(layer)
+        if scale is not None:  # Mistral 4: per position, linear in q, so as after rotary
+            q = g.op("Mul", [q, scale])
         kv = b.w.linear(h, [p + n.kv_a + ".weight"],
                         p + n.kv_a + ".bias" if cfg.qkv_bias else None)
         latent, k_pe = g.op("Split", [kv, g.const([self.shape.kv_lora_rank,

@@ -51,8 +51,6 @@ REFUSED_TYPES: dict[str, str] = {
                    "is not supported",
     "kimi_linear": "Kimi Linear's KDA (Kimi delta attention) layers are not supported",
     "axk1": "A.X K1's RMSNorm after the experts (post_mlp_layernorm) is not supported",
-    "mistral4": "Mistral 4's position-scaled queries and softmax group routing are not "
-                "supported",
     "bailing_hybrid": "Bailing hybrid's gated delta attention with per-channel forget gates "
                       "(KDA) is not supported",
     "minimax": "MiniMax's lightning attention layers (linear attention with a decay per head) "

@@ -136,6 +136,53 @@ DEEPSEEK_V3 = FamilySpec(
 )
 
 
+
+def _mistral4_config(raw: dict[str, Any]) -> dict[str, Any]:
+    """Mistral4Config: without rope parameters, its own yarn (Llama 4's beta 0.1, rotary on
+    the qk_rope_head_dim of each head); shared experts as DeepSeek-V3's."""
+    if raw.get("rope_parameters") is None and raw.get("rope_scaling") is None:
+        rope = int(raw.get("qk_rope_head_dim", 64))
+        head = rope + int(raw.get("qk_nope_head_dim", 64))
+        raw = {**raw, "rope_parameters": {
+            "rope_type": "yarn", "rope_theta": 10000.0, "factor": 128.0,
+            "original_max_position_embeddings": 8192,
+            "max_position_embeddings": raw.get("max_position_embeddings", 1048576),
+            "beta_fast": 32.0, "beta_slow": 1.0, "mscale_all_dim": 1.0, "mscale": 1.0,
+            "llama_4_scaling_beta": 0.1, "partial_rotary_factor": rope / head}}
+    return shared_experts("n_shared_experts")(raw)
+
+
+def _mistral4_unsupported(raw: dict[str, Any]) -> str | None:
+    # Mistral4RotaryEmbedding rotates head_dim x partial_rotary_factor dims, which its
+    # attention applies only where that is qk_rope_head_dim.
+    params = rope_params(raw)
+    rope, nope = int(raw.get("qk_rope_head_dim", 64)), int(raw.get("qk_nope_head_dim", 64))
+    factor = params.get("partial_rotary_factor", raw.get("partial_rotary_factor", 1.0))
+    if int((rope + nope) * float(factor)) != rope:
+        return ("partial_rotary_factor must rotate qk_rope_head_dim of each head's "
+                f"{rope + nope} dims, got {factor}")
+    return _rope_halves_refused(raw)
+
+
+# Mistral Small 4: DeepSeek-V3's latent attention and experts, its router a softmax (groups
+# by their top 2, no selection bias; softmax_bias without one), and Llama 4's query factor
+# by position (Ministral 3's, on the whole query: a scalar, so as before rotary).
+MISTRAL4 = replace(
+    DEEPSEEK_V3, refuse=_mistral4_unsupported, legacy=_mistral4_config, query_scale=True,
+    moe=replace(DEEPSEEK_MOE, routing="softmax_bias",
+                names=replace(DEEPSEEK_MOE.names, expert_bias=())),
+    defaults={**DEEPSEEK_MOE_DEFAULTS, "vocab_size": 131072, "hidden_size": 4096,
+              "intermediate_size": 12288, "moe_intermediate_size": 2048,
+              "num_hidden_layers": 36, "num_attention_heads": 32, "n_routed_experts": 128,
+              "kv_lora_rank": 256, "q_lora_rank": 1024, "qk_rope_head_dim": 64,
+              "v_head_dim": 128, "qk_nope_head_dim": 64, "num_experts_per_tok": 4,
+              "first_k_dense_replace": 0, "max_position_embeddings": 1048576,
+              "rms_norm_eps": 1e-6},
+    quirks=(*MLA_QUIRKS, "interleaved rotary", "softmax router over groups (top 2 each)",
+            "query x (1 + beta log(1 + floor(position / original window))), Llama 4's"),
+)
+
+
 def _sarvam_mla_config(raw: dict[str, Any]) -> dict[str, Any]:
     """SarvamMLAConfig: DeepseekV3Config read from the remote code's keys too (num_experts,
     num_shared_experts; a `deepseek_yarn` rope_scaling is yarn)."""
@@ -199,6 +246,7 @@ FAMILIES: dict[str, FamilySpec] = {
     "minicpm3": MINICPM3,
     "deepseek_v2": DEEPSEEK_V2,
     "deepseek_v3": DEEPSEEK_V3,
+    "mistral4": MISTRAL4,
     "sarvam_mla": SARVAM_MLA,
     "glm4_moe_lite": GLM4_MOE_LITE,
     "youtu": YOUTU,
