@@ -84,3 +84,23 @@ def test_a_rotary_over_other_than_the_rope_part_is_refused():
             "original_max_position_embeddings": 8192}
     with pytest.raises(ExportError, match="partial_rotary_factor"):
         ModelConfig.from_hf({"model_type": "mistral4", "rope_parameters": rope})
+
+
+@pytest.mark.parametrize("flavor", ("ort", "standard"))
+def test_decode_steps_match_transformers(flavor, hf_model, bundle):
+    """A prefill, then one token a step past the query factor's window: each step's logits
+    are transformers' at that position (the factor read from the cache's length)."""
+    from edgeprefill.engines import StepBatch
+    from edgeprefill.sdk import Engine
+
+    ids = prompt_ids(30)
+    expected = reference_logits(hf_model("mistral4"), ids)
+    engine = Engine.load(bundle("mistral4", flavor), threads=2, background=False)
+    spans = [(0, 3)] + [(at, at + 1) for at in range(3, len(ids))]
+    for start, end in spans:
+        logits = engine.backend.run(StepBatch(
+            np.array([ids[start:end]], np.int64), np.array([start], np.int32),
+            np.array([end - start], np.int32), first_slot=0))
+        np.testing.assert_allclose(logits[0], expected[end - 1], rtol=1e-4, atol=1e-4,
+                                   err_msg=f"step at {start}")
+    engine.close()
