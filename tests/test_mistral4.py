@@ -86,6 +86,20 @@ def test_a_rotary_over_other_than_the_rope_part_is_refused():
         ModelConfig.from_hf({"model_type": "mistral4", "rope_parameters": rope})
 
 
+def test_a_saved_head_dim_the_rotary_would_not_fit_is_refused(tmp_path):
+    """transformers rotates head_dim x partial_rotary_factor dims (here 8 of the 16 rope
+    dims) and fails; export refuses it in one line."""
+    from tests.conftest import FAMILIES
+
+    hf_dir = build_hf_model("mistral4", tmp_path / "hf", head_dim=16)
+    with pytest.raises(RuntimeError):
+        _logits(load_hf_model(hf_dir), prompt_ids(8))
+    raw = json.loads((hf_dir / "config.json").read_text())
+    assert raw["head_dim"] == 16 and FAMILIES["mistral4"]["qk_rope_head_dim"] == 16
+    with pytest.raises(ExportError, match="head_dim 16"):
+        ModelConfig.from_hf(raw)
+
+
 @pytest.mark.parametrize("flavor", ("ort", "standard"))
 def test_decode_steps_match_transformers(flavor, hf_model, bundle):
     """A prefill, then one token a step past the query factor's window: each step's logits
@@ -104,3 +118,20 @@ def test_decode_steps_match_transformers(flavor, hf_model, bundle):
         np.testing.assert_allclose(logits[0], expected[end - 1], rtol=1e-4, atol=1e-4,
                                    err_msg=f"step at {start}")
     engine.close()
+
+
+def test_the_image_text_wrapper_of_mistral4_exports_its_language_model(tmp_path):
+    """Mistral Small 4 on the Hub is Mistral3ForConditionalGeneration with a mistral4
+    text_config: its language model's logits, as transformers computes them on text."""
+    from tests.conftest import FAMILIES
+    from tests.test_families import export_small, last_logits
+
+    hf_dir = build_hf_model("mistral3", tmp_path / "hf", **FAMILIES["mistral4"],
+                            model_type="mistral4", tie_word_embeddings=False,
+                            head_dim=32)  # (the mistral3 fixture's 16 is not mistral4's)
+    assert json.loads((hf_dir / "config.json").read_text())["text_config"][
+        "model_type"] == "mistral4"
+    ids = prompt_ids(30)
+    out = export_small(hf_dir, tmp_path / "b")
+    np.testing.assert_allclose(last_logits(out, ids), reference_logits(hf_dir, ids)[-1],
+                               rtol=1e-4, atol=1e-4)

@@ -615,6 +615,7 @@ WRAPPERS: dict[str, Wrapper] = {
     "perception_lm": Wrapper("llama", tie=None),
     # Mistral3ForConditionalGeneration: Ministral 3 3B/8B/14B (text_config "ministral3") and
     # Mistral Small 3.1/3.2 ("mistral", its config class's default)
+    # and Mistral Small 4 ("mistral4": latent.py)
     "mistral3": Wrapper("mistral", tie=True),
     # GOT-OCR 2.0 and PP-Chart2Table (GotOcr2ForConditionalGeneration)
     "got_ocr2": Wrapper("qwen2", tie=True),

@@ -153,14 +153,16 @@ def _mistral4_config(raw: dict[str, Any]) -> dict[str, Any]:
 
 
 def _mistral4_unsupported(raw: dict[str, Any]) -> str | None:
-    # Mistral4RotaryEmbedding rotates head_dim x partial_rotary_factor dims, which its
-    # attention applies only where that is qk_rope_head_dim.
+    # Mistral4RotaryEmbedding rotates head_dim (a saved one, else nope + rope) x
+    # partial_rotary_factor dims, which its attention applies only where that is
+    # qk_rope_head_dim.
     params = rope_params(raw)
     rope, nope = int(raw.get("qk_rope_head_dim", 64)), int(raw.get("qk_nope_head_dim", 64))
+    head = int(raw.get("head_dim") or rope + nope)
     factor = params.get("partial_rotary_factor", raw.get("partial_rotary_factor", 1.0))
-    if int((rope + nope) * float(factor)) != rope:
-        return ("partial_rotary_factor must rotate qk_rope_head_dim of each head's "
-                f"{rope + nope} dims, got {factor}")
+    if int(head * float(factor)) != rope:
+        return (f"head_dim {head} x partial_rotary_factor {factor} must be qk_rope_head_dim "
+                f"({rope}), the dims the attention rotates")
     return _rope_halves_refused(raw)
 
 
