@@ -136,7 +136,6 @@ DEEPSEEK_V3 = FamilySpec(
 )
 
 
-
 def _mistral4_config(raw: dict[str, Any]) -> dict[str, Any]:
     """Mistral4Config: without rope parameters, its own yarn (Llama 4's beta 0.1, rotary on
     the qk_rope_head_dim of each head); shared experts as DeepSeek-V3's."""
