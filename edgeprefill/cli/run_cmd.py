@@ -134,32 +134,21 @@ def run(bundle, prompt_words, prompt, prompt_file, chat, system, interactive, se
     if task == "score":
         from edgeprefill.cli import embed_run, score_run
 
-        source = click.get_current_context().get_parameter_source
-        embed_run.refuse_generation_options(
-            {name for name in embed_run.GENERATION_OPTIONS
-             if source(name) is ParameterSource.COMMANDLINE},
-            "a score bundle", "scores, or with --query a ranking")
-        for name, value in (("--dimensions", dimensions), ("--prompt-name", prompt_name)):
-            if value is not None:
-                raise RequestError(f"{name} applies to an embedding bundle only; this one "
-                                   "scores texts")
+        embed_run.refuse_generation_options(_on_commandline(embed_run.GENERATION_OPTIONS),
+                                            "a score bundle",
+                                            "scores, or with --query a ranking")
+        _refuse_embedding_options("scores texts", dimensions, prompt_name)
         texts = embed_run.texts_of(prompt, lines, "a score bundle")
         score_run.print_scores(bundle, texts, query, priority, stats, engine)
         return
     if task == "embed":
         from edgeprefill.cli import embed_run
 
-        source = click.get_current_context().get_parameter_source
-        embed_run.refuse_generation_options(
-            {name for name in embed_run.GENERATION_OPTIONS
-             if source(name) is ParameterSource.COMMANDLINE})
+        embed_run.refuse_generation_options(_on_commandline(embed_run.GENERATION_OPTIONS))
         embed_run.print_vectors(bundle, embed_run.texts_of(prompt, lines), dimensions,
                                 prompt_name, priority, stats, engine)
         return
-    for name, value in (("--dimensions", dimensions), ("--prompt-name", prompt_name)):
-        if value is not None:
-            raise RequestError(f"{name} applies to an embedding bundle only; this one "
-                               "generates text")
+    _refuse_embedding_options("generates text", dimensions, prompt_name)
     explicit = dict(
         max_new_tokens=max_new_tokens or DEFAULT_NEW_TOKENS, temperature=temperature,
         top_k=top_k, top_p=top_p, repetition_penalty=repetition_penalty, seed=seed,
@@ -186,6 +175,21 @@ def run(bundle, prompt_words, prompt, prompt_file, chat, system, interactive, se
                                  * sessions, stats, turn, view)
         else:
             run_modes.single(loaded, prompt, params, turn, stats, view)
+
+
+def _on_commandline(names: tuple[str, ...]) -> set[str]:
+    """Which of `names` (run's parameters) the command line set."""
+    source = click.get_current_context().get_parameter_source
+    return {name for name in names if source(name) is ParameterSource.COMMANDLINE}
+
+
+def _refuse_embedding_options(this: str, dimensions: int | None,
+                              prompt_name: str | None) -> None:
+    """--dimensions and --prompt-name on a bundle that is no embedding model (`this`
+    says what it does instead)."""
+    for name, value in (("--dimensions", dimensions), ("--prompt-name", prompt_name)):
+        if value is not None:
+            raise RequestError(f"{name} applies to an embedding bundle only; this one {this}")
 
 
 def _task(bundle: str) -> str:

@@ -44,6 +44,11 @@ def embedding_only(manifest: Manifest) -> str:
             "no text; use Engine.embed, or POST /v1/embeddings on `edgeprefill serve`")
 
 
+def normalizes(manifest: Manifest) -> bool:
+    """Whether the bundle's vectors are L2-normalized (its Normalize module)."""
+    return manifest.embedding is not None and manifest.embedding.normalize
+
+
 def check_dimensions(dimensions: object, hidden: int) -> int | None:
     """`dimensions` as given (None: all), refused unless an int in 1..hidden."""
     if dimensions is None:
@@ -106,6 +111,12 @@ def text_ids(tokenizer: BundleTokenizer, text: str, capacity: int,
     encoding = raw.encode(prepared(text), add_special_tokens=False)
     encoding.truncate(max(0, capacity - raw.num_special_tokens_to_add(False)))
     return list(raw.post_process(encoding).ids)[:capacity]
+
+
+def prompted_ids(tokenizer: BundleTokenizer, prompt: str, text: object,
+                 capacity: int) -> list[int]:
+    """A text's ids (text_ids) with the prompt before it (with_prompt)."""
+    return text_ids(tokenizer, with_prompt(prompt, text), capacity)
 
 
 def vectors(rows: np.ndarray, normalize: bool, dimensions: int | None = None) -> np.ndarray:

@@ -308,21 +308,11 @@ class Engine:
             raise RequestError("texts must be a string or a non-empty list of strings")
         dimensions = self._embedding_dimensions(dimensions)
         before = embedding.prompt_of(self.manifest.embedding, prompt_name, prompt)
-        ids = [self._text_ids(before, text, i if len(items) > 1 else None)
-               for i, text in enumerate(items)]
+        ids = [_indexed(i if len(items) > 1 else None, embedding.prompted_ids, self.tokenizer,
+                        before, text, self.capacity) for i, text in enumerate(items)]
         rows = self._embed_rows(ids, priority)
-        return embedding.vectors(np.stack(rows), self._normalizes(), dimensions)
-
-    def _text_ids(self, prompt: str, text: str, index: int | None) -> list[int]:
-        """A text's ids, the prompt before it; a refusal names the text's place in the
-        list, if one was given."""
-        try:
-            return embedding.text_ids(self.tokenizer, embedding.with_prompt(prompt, text),
-                                      self.capacity)
-        except RequestError as err:
-            if index is None:
-                raise
-            raise RequestError(f"texts[{index}]: {err}") from None
+        return embedding.vectors(np.stack(rows), embedding.normalizes(self.manifest),
+                                 dimensions)
 
     def _not_generating(self) -> str:
         """The refusal of a generation call on an embedding or score bundle."""
@@ -336,9 +326,6 @@ class Engine:
         if self.manifest.task != "embed":
             raise RequestError(embedding.generation_only(self.manifest))
         return embedding.check_dimensions(dimensions, self.manifest.model.hidden_size)
-
-    def _normalizes(self) -> bool:
-        return self.manifest.embedding is not None and self.manifest.embedding.normalize
 
     def _embed_rows(self, ids: list[list[int]], priority: int | str) -> list[np.ndarray]:
         """The hidden rows of several prompts, a window of them in the engine at a time
@@ -370,8 +357,8 @@ class Engine:
         if not isinstance(items, list) or not items:
             raise RequestError("texts must be a string, a (query, document) pair, or a "
                                "non-empty list of them")
-        ids = [self._item_ids(head, item, i if len(items) > 1 else None)
-               for i, item in enumerate(items)]
+        ids = [_indexed(i if len(items) > 1 else None, scoring.item_ids, self.tokenizer,
+                        head.info, item, self.capacity) for i, item in enumerate(items)]
         return head.scores(np.stack(self._embed_rows(ids, priority)))
 
     def rerank(self, query: str, documents: list[str], *, top_n: int | None = None,
@@ -396,16 +383,6 @@ class Engine:
         if self.score_head is None:
             raise RequestError(scoring.scoring_only(self.manifest))
         return self.score_head
-
-    def _item_ids(self, head: scoring.ScoreHead, item: object,
-                  index: int | None) -> list[int]:
-        """A text's ids; a refusal names the text's place in the list, if one was given."""
-        try:
-            return scoring.item_ids(self.tokenizer, head.info, item, self.capacity)
-        except RequestError as err:
-            if index is None:
-                raise
-            raise RequestError(f"texts[{index}]: {err}") from None
 
     def submit_embedding(self, tokens: list[int], *, priority: int | str = 0,
                          arrival: float | None = None) -> TokenStream:
@@ -772,6 +749,17 @@ class Engine:
         bad = next((t for t in tokens if not is_integral(t) or not 0 <= t < vocab), None)
         if bad is not None:
             raise RequestError(f"token id {bad!r} is not in the vocabulary (ids 0..{vocab - 1})")
+
+
+def _indexed(index: int | None, read: Callable[..., list[int]], *args: Any) -> list[int]:
+    """A text's ids, read(*args); a refusal names the text's place in the list (embed's
+    and score's `texts`), if one was given."""
+    try:
+        return read(*args)
+    except RequestError as err:
+        if index is None:
+            raise
+        raise RequestError(f"texts[{index}]: {err}") from None
 
 
 def _token_list(tokens: object) -> list[Any]:

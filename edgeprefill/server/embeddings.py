@@ -196,9 +196,8 @@ class EmbeddingRoutes:
 
     async def _vectors(self, ids: list[list[int]], dimensions: int | None) -> np.ndarray:
         """The texts' vectors (hidden_rows, truncated and normalized per the bundle)."""
-        normalize = self.engine.manifest.embedding is not None and \
-            self.engine.manifest.embedding.normalize
-        return embedding.vectors(await hidden_rows(self.api, ids), normalize, dimensions)
+        return embedding.vectors(await hidden_rows(self.api, ids),
+                                 embedding.normalizes(self.engine.manifest), dimensions)
 
 
 async def hidden_rows(api: OpenAIApi, ids: list[list[int]]) -> np.ndarray:
