@@ -15,6 +15,7 @@ pytest.importorskip("starlette")
 
 from edgeprefill.sdk import Engine  # noqa: E402
 from edgeprefill.server import ServerThread  # noqa: E402
+from tests import test_serve_embed  # noqa: E402
 from tests.test_score import (  # noqa: E402
     CONTEXT,
     DOCUMENTS,
@@ -33,7 +34,6 @@ from tests.test_serve import (  # noqa: E402
     assert_error,
     rejected_by_status,
     serving,
-    wait_idle,
 )
 from tests.test_serve_embed import GENERATING  # noqa: E402
 
@@ -47,17 +47,10 @@ def engine(reranker) -> Iterator[Engine]:
     engine.close()
 
 
-@pytest.fixture(scope="module")
-def server(engine) -> Iterator[ServerThread]:
-    with serving(engine) as server:
-        yield server
-
-
-@pytest.fixture(autouse=True)
-def kv_is_clean_after_each_test(engine) -> Iterator[None]:
-    yield
-    wait_idle(engine)
-    engine.check_integrity()
+# The embedding routes' live server and clean-KV check, on this module's engine (fixtures
+# are found by the names a module binds: tests/served_llama.py says why not an import).
+server = test_serve_embed.server
+kv_is_clean_after_each_test = test_serve_embed.kv_is_clean_after_each_test
 
 
 @pytest.fixture(scope="module")
