@@ -131,26 +131,34 @@ def test_a_generation_manifest_says_no_task(bundle):
     assert load_manifest(bundle("llama")).task == "generate"
 
 
-def test_the_manifest_must_agree_with_the_graph_s_output(embed_bundle, tmp_path):
+def assert_edits_refused(bundle: Path, tmp_path: Path, edits) -> None:
+    """Each (edit, said) of `edits` made to a copy of the bundle's manifest alone: loading
+    it refuses in one line matching `said`."""
     import shutil
 
     copy = tmp_path / "b"
-    shutil.copytree(embed_bundle, copy)
+    shutil.copytree(bundle, copy)
     path = copy / "edgeprefill.json"
     raw = json.loads(path.read_text())
-    for edit, said in ((lambda r: r.pop("embedding"), "embedding"),
-                       (lambda r: r.update(task="vectors"), "task must be one of"),
-                       (lambda r: r.update(task="generate"), "embedding"),
-                       (lambda r: r.update(task="generate", embedding=None),
-                        "unexpected hidden"),
-                       (lambda r: (r.pop("task"), r.pop("embedding")), "unexpected hidden"),
-                       (lambda r: r["embedding"].update(pooling="mean"), "pooling")):
+    for edit, said in edits:
         edited = json.loads(json.dumps(raw))
         edit(edited)
         path.write_text(json.dumps(edited))
         with pytest.raises(BundleError, match=said) as err:
             load_manifest(copy)
         assert "\n" not in str(err.value)
+
+
+def test_the_manifest_must_agree_with_the_graph_s_output(embed_bundle, tmp_path):
+    assert_edits_refused(embed_bundle, tmp_path, (
+        (lambda r: r.pop("embedding"), "embedding"),
+        (lambda r: r.update(task="vectors"), "task must be one of"),
+        (lambda r: r.update(task="generate"), "embedding"),
+        (lambda r: r.update(task="generate", embedding=None),
+         "unexpected hidden"),
+        (lambda r: (r.pop("task"), r.pop("embedding")), "unexpected hidden"),
+        (lambda r: r["embedding"].update(pooling="mean"), "pooling"),
+    ))
 
 
 @pytest.mark.parametrize("pooling, named", [
