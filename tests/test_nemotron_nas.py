@@ -31,7 +31,6 @@ from edgeprefill.engines.base import kv_slot_bytes
 from edgeprefill.export.exporter import ExportOptions, export
 from edgeprefill.export.model_config import ModelConfig
 from edgeprefill.export.model_quirks import model_quirks
-from edgeprefill.export.nas_blocks import ffn_width
 from edgeprefill.export.quantize import QuantConfig, int4_blockwise, int4_dequantize
 from edgeprefill.sdk import Engine, GenerationParams
 from tests.conftest import VOCAB, write_tokenizer
@@ -64,6 +63,8 @@ def ffn(kind: str | float) -> dict:
 
 
 # (attention, ffn) per layer: KV heads 2, 1 and 4 (groups 2, 4 and 1); MLP widths 256, 512
+# (int(2 * mult * 64 / 3) = 64 and 384, rounded up to multiples of 256)
+WIDTHS = {1.5: 256, 9.0: 512}
 BLOCKS = [(2, 1.5), ("none", 9.0), ("linear", "linear"), (4, "none"), ("none", "none"),
           (1, 1.5), ("none", 9.0)]
 BLOCK_CONFIGS = [{"attention": attention(a), "ffn": ffn(f)} for a, f in BLOCKS]
@@ -127,7 +128,7 @@ class NasBlock(torch.nn.Module):
             if mlp == "linear":
                 self.mlp = Linear("linear_mlp")
             else:
-                self.mlp = LlamaMLP(_with(config, intermediate_size=ffn_width(mlp, DIM)))
+                self.mlp = LlamaMLP(_with(config, intermediate_size=WIDTHS[mlp]))
 
     def forward(self, hidden_states, attention_mask=None, position_embeddings=None, **_):
         x = hidden_states
@@ -369,6 +370,10 @@ def _block(i: int, part: str, **change) -> list[dict]:
     ({"block_configs": _block(0, "ffn", ffn_mult=None)}, "ffn_mult must be a positive number"),
     ({"block_configs": [{"attention": attention("none"), "ffn": ffn(1.5)}] * 7},
      "no block of block_configs has attention"),
+    # the checkpoint's MLP of layer 1 is 512 wide: 4.5's width is 256
+    ({"block_configs": _block(1, "ffn", ffn_mult=4.5)},
+     "model.layers.1.mlp.up_proj.weight has shape (512, 64), but config.json implies "
+     "(256, 64) (block_configs[1].ffn.ffn_mult's width 256)"),
 ])
 def test_what_export_cannot_honour_is_refused_in_one_line(tmp_path, change, message):
     hf = nas_checkpoint(tmp_path, reference_model(), **change)

@@ -52,7 +52,7 @@ from edgeprefill.export.mamba2 import Mamba2
 from edgeprefill.export.model_config import ModelConfig
 from edgeprefill.export.moe import MixtureOfExperts
 from edgeprefill.export.moe_op import MoeOp, why_unrolled
-from edgeprefill.export.nas_blocks import FULL, LINEAR_ATTENTION, LINEAR_MLP, NONE
+from edgeprefill.export.nas_blocks import FULL, LINEAR, LINEAR_ATTENTION, LINEAR_MLP, NONE
 from edgeprefill.export.per_layer_input import PerLayerInputs
 from edgeprefill.export.quantize import QuantConfig
 from edgeprefill.export.rg_lru import RgLru
@@ -358,8 +358,12 @@ class DecoderBuilder:
         if nas.ffn[i] == NONE:
             return x, delta
         x, h = self._add_norm(x, delta, p + n.post_attn_norm)
-        return x, self._mlp(p, h) if nas.ffn[i] == FULL else \
-            self.w.linear(h, [p + LINEAR_MLP], None)
+        if nas.ffn[i] == LINEAR:
+            return x, self.w.linear(h, [p + LINEAR_MLP], None)
+        width = nas.widths[i]  # the MLP's own width (check_mlp checks the rest agree)
+        self.w.check_shapes([(p + n.up + ".weight", (width, self.cfg.hidden_size))],
+                            f"block_configs[{i}].ffn.ffn_mult's width {width}")
+        return x, self._mlp(p, h)
 
     def _post_norm_layer(self, i: int, x: str, delta: str | None, step: StepTensors,
                          rows: Rows) -> str:
