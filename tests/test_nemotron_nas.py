@@ -267,8 +267,8 @@ def test_layers_without_attention_hold_no_kv_in_graph_manifest_or_cache(nas):
     out = CliRunner().invoke(edgeprefill, ["inspect", str(nas[1]["ort"])]).output
     assert f"4 heads / 1-4 KV heads of {HEAD_DIM}, by layer" in out
     assert "attention   none in layers 1, 2, 4, 6" in out
-    assert "NAS blocks of 7 layers: 3 attention left out, 1 attention a linear layer, " \
-        "2 FFNs left out, 1 FFNs a linear layer, MLP widths 256-512 by layer" in out
+    assert "NAS blocks of 7 layers (attention 3 left out, 1 a linear layer; FFN 2 left " \
+        "out, 1 a linear layer; MLP widths 256-512)" in out
 
 
 def test_an_edited_list_of_attention_free_layers_is_refused(nas, tmp_path):
@@ -312,8 +312,8 @@ def test_a_hub_config_reads_as_its_remote_code_builds_it():
     rope = cfg.ropes["global"]
     assert (rope.kind, rope.factor, rope.theta) == ("llama3", 16.0, 500000.0)
     assert not (cfg.qkv_bias or cfg.o_bias or cfg.mlp_bias)
-    assert "NAS blocks of 12 layers: 3 attention left out, MLP widths 28672-57344 by " \
-        "layer" in model_quirks(cfg)
+    assert "NAS blocks of 12 layers (attention 3 left out; MLP widths 28672-57344)" in \
+        model_quirks(cfg)
 
 
 def test_int4_computes_the_blocks_forward_with_dequantized_weights(tmp_path):

@@ -47,16 +47,19 @@ class NasBlocks:
 
     def describe(self) -> str:
         """The blocks in words, for the manifest's quirks (`inspect`)."""
-        layers = len(self.attention)
-        parts = [f"{self.attention.count(kind)} attention {what}" for kind, what in
-                 ((NONE, "left out"), (LINEAR, "a linear layer")) if kind in self.attention]
-        parts += [f"{self.ffn.count(kind)} FFNs {what}" for kind, what in
-                  ((NONE, "left out"), (LINEAR, "a linear layer")) if kind in self.ffn]
+        parts = [f"{name} {_counts(kinds)}" for name, kinds in
+                 (("attention", self.attention), ("FFN", self.ffn)) if _counts(kinds)]
         widths = sorted({w for w in self.widths if w is not None})
         if widths:
             parts.append("MLP widths " + (str(widths[0]) if len(widths) == 1 else
-                                          f"{widths[0]}-{widths[-1]}") + " by layer")
-        return f"NAS blocks of {layers} layers: " + ", ".join(parts)
+                                          f"{widths[0]}-{widths[-1]}"))
+        return f"NAS blocks of {len(self.attention)} layers (" + "; ".join(parts) + ")"
+
+
+def _counts(kinds: tuple[str, ...]) -> str:
+    """How many of `kinds` are left out and a linear layer, in words ("" for none)."""
+    return ", ".join(f"{kinds.count(kind)} {what}" for kind, what in
+                     ((NONE, "left out"), (LINEAR, "a linear layer")) if kind in kinds)
 
 
 def read_blocks(raw: dict[str, Any]) -> NasBlocks:
