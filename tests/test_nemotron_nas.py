@@ -142,9 +142,10 @@ class NasBlock(torch.nn.Module):
         return x
 
 
-def reference_model(seed: int = 0):
+def reference_model(seed: int = 0, bias: bool = False):
     """transformers' Llama whose layers are the fixture's NAS blocks, every weight random
-    (the norms' far from 1)."""
+    (the norms' far from 1); `bias`: attention_bias and mlp_bias on (q, k, v, o and the
+    MLP's projections, as the remote code's Llama builds them; not the linear sublayers)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
@@ -152,7 +153,7 @@ def reference_model(seed: int = 0):
         hidden_size=DIM, intermediate_size=256, num_hidden_layers=len(BLOCKS),
         num_attention_heads=HEADS, num_key_value_heads=HEADS, vocab_size=VOCAB,
         max_position_embeddings=MAX_POSITIONS, rms_norm_eps=1e-5, tie_word_embeddings=False,
-        rope_parameters={**ROPE, "rope_theta": 10000.0})
+        rope_parameters={**ROPE, "rope_theta": 10000.0}, attention_bias=bias, mlp_bias=bias)
     model = LlamaForCausalLM(config).eval()
     model.model.layers = torch.nn.ModuleList(
         NasBlock(config, i, a, f) for i, (a, f) in enumerate(BLOCKS))
@@ -314,6 +315,17 @@ def test_a_hub_config_reads_as_its_remote_code_builds_it():
     assert not (cfg.qkv_bias or cfg.o_bias or cfg.mlp_bias)
     assert "NAS blocks of 12 layers (attention 3 left out; MLP widths 28672-57344)" in \
         model_quirks(cfg)
+
+
+def test_attention_and_mlp_biases_where_the_config_switches_them_on(tmp_path):
+    model = reference_model(bias=True)
+    assert model.state_dict()["model.layers.0.self_attn.o_proj.bias"].abs().sum() > 0
+    hf = nas_checkpoint(tmp_path, model, attention_bias=True, mlp_bias=True)
+    export(hf, tmp_path / "b", ExportOptions(chunks=(16,), max_context=64,
+                                             show_progress=False))
+    ids = prompt_ids(12)
+    np.testing.assert_allclose(logits_at(tmp_path / "b", ids), reference_logits(model, ids)[-1],
+                               rtol=1e-4, atol=1e-4)
 
 
 def test_int4_computes_the_blocks_forward_with_dequantized_weights(tmp_path):
