@@ -142,21 +142,22 @@ class NasBlock(torch.nn.Module):
         return x
 
 
-def reference_model(seed: int = 0, bias: bool = False):
+def reference_model(seed: int = 0, bias: bool = False, blocks=tuple(BLOCKS)):
     """transformers' Llama whose layers are the fixture's NAS blocks, every weight random
     (the norms' far from 1); `bias`: attention_bias and mlp_bias on (q, k, v, o and the
-    MLP's projections, as the remote code's Llama builds them; not the linear sublayers)."""
+    MLP's projections, as the remote code's Llama builds them; not the linear sublayers);
+    `blocks`: (attention, ffn) per layer, as BLOCKS."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
     config = LlamaConfig(
-        hidden_size=DIM, intermediate_size=256, num_hidden_layers=len(BLOCKS),
+        hidden_size=DIM, intermediate_size=256, num_hidden_layers=len(blocks),
         num_attention_heads=HEADS, num_key_value_heads=HEADS, vocab_size=VOCAB,
         max_position_embeddings=MAX_POSITIONS, rms_norm_eps=1e-5, tie_word_embeddings=False,
         rope_parameters={**ROPE, "rope_theta": 10000.0}, attention_bias=bias, mlp_bias=bias)
     model = LlamaForCausalLM(config).eval()
     model.model.layers = torch.nn.ModuleList(
-        NasBlock(config, i, a, f) for i, (a, f) in enumerate(BLOCKS))
+        NasBlock(config, i, a, f) for i, (a, f) in enumerate(blocks))
     with torch.no_grad():
         for name, param in model.named_parameters():
             if "norm" in name:
@@ -315,6 +316,19 @@ def test_a_hub_config_reads_as_its_remote_code_builds_it():
     assert not (cfg.qkv_bias or cfg.o_bias or cfg.mlp_bias)
     assert "NAS blocks of 12 layers (attention 3 left out; MLP widths 28672-57344)" in \
         model_quirks(cfg)
+
+
+def test_a_last_layer_of_linear_sublayers_reads_each_rows_last_token(tmp_path):
+    """The last layer's sublayers run on each row's last valid token only: its linear
+    attention too, after its norm of the whole chunk."""
+    blocks = ((2, 1.5), ("linear", "linear"))
+    model = reference_model(blocks=blocks)
+    hf = nas_checkpoint(tmp_path, model, num_hidden_layers=2, block_configs=[
+        {"attention": attention(a), "ffn": ffn(f)} for a, f in blocks])
+    export(hf, tmp_path / "b", ExportOptions(chunks=(1, 3, 16), max_context=64,
+                                             show_progress=False))
+    ids = prompt_ids(40)
+    check_chunks_and_padding(tmp_path / "b", ids, reference_logits(model, ids))
 
 
 def test_attention_and_mlp_biases_where_the_config_switches_them_on(tmp_path):
