@@ -39,9 +39,9 @@ def _nas_config(raw: dict[str, Any]) -> dict[str, Any]:
 
 FAMILIES: dict[str, FamilySpec] = {
     "nemotron-nas": FamilySpec(
-        heads_per_layer=HEAD_LISTS, nas_blocks=True, required=("block_configs",),
+        heads_per_layer=HEAD_LISTS, nas_blocks=True,
         ignores=("intermediate_size", "num_key_value_heads", KV_LIST),
-        bias_key="attention_bias", o_bias=None, mlp_bias_key="mlp_bias", mlp_bias=None,
+        bias_key="attention_bias", o_bias=None, mlp_bias_key="mlp_bias",
         legacy=_nas_config,
         quirks=("remote-code family: no transformers class",),
     ),
