@@ -39,8 +39,9 @@ STATE_MODEL_FIELDS = ("state_layers",)
 # Left out where empty too: only Falcon-H1's layers keep KV beside their states.
 KV_STATE_FIELDS = ("kv_state_layers",)
 STATE_GRAPH_FIELDS = ("state_inputs", "state_outputs")
-# Gemma 4's fields and OpenELM's, left out where empty for the same reason.
-LAYER_KV_FIELDS = ("shared_kv_layers", "layer_kv", "layer_heads")
+# Gemma 4's fields, OpenELM's and Llama-Nemotron's, left out where empty for the same
+# reason.
+LAYER_KV_FIELDS = ("shared_kv_layers", "layer_kv", "layer_heads", "attention_free_layers")
 # The default system message, left out where there is none: a bundle without one writes
 # what it always did, and a runtime from before it ignores it (with a warning) and renders
 # chats as the model's template does without it.
@@ -91,6 +92,11 @@ class ModelInfo:
     # layer-wise scaling). Absent: none differs. Nothing at run time reads it; it keeps
     # the heads' figures checkable (each layer's a multiple of its KV heads).
     layer_heads: dict[str, int] = field(default_factory=dict)
+    # The layers with neither attention nor a recurrent state (Llama-Nemotron's NAS blocks
+    # whose attention is left out or replaced by one linear layer): no KV tensors and no
+    # state in the graph. Absent: none. A runtime from before the field ignores it (with a
+    # warning) and then refuses the graph, which lacks those layers' KV inputs.
+    attention_free_layers: list[int] = field(default_factory=list)
 
     @property
     def kv_layers(self) -> int:
@@ -100,8 +106,9 @@ class ModelInfo:
     @property
     def no_kv_layers(self) -> list[int]:
         """Layers without KV tensors of their own: state layers (but those that keep KV
-        beside their states) and KV-shared ones."""
-        return sorted({*self.state_layers} - {*self.kv_state_layers} | {*self.shared_kv_layers})
+        beside their states), KV-shared ones and attention-free ones."""
+        return sorted({*self.state_layers} - {*self.kv_state_layers} | {*self.shared_kv_layers}
+                      | {*self.attention_free_layers})
 
     def kv_dims(self, layer: int) -> tuple[int, int]:
         """(kv_heads, head_dim) of a layer's KV."""
@@ -380,8 +387,8 @@ def check_manifest(manifest: Manifest) -> None:
         len(pair) != 2 for pair in (*manifest.graph.kv_inputs, *manifest.graph.kv_outputs)
     ):
         _malformed("graph.kv_inputs/kv_outputs must hold one [key, value] pair per layer "
-                   "with KV (every layer but model.state_layers not in model.kv_state_layers, and "
-                   "model.shared_kv_layers)")
+                   "with KV (every layer but model.state_layers not in model.kv_state_layers, "
+                   "model.shared_kv_layers and model.attention_free_layers)")
     _check_value_is_key(manifest)
 
 
@@ -452,6 +459,11 @@ def _check_layer_kv(model: ModelInfo) -> None:
             or set(shared) & set(model.state_layers):
         _malformed(f"model.shared_kv_layers {shared} must be distinct layers after the "
                    "first, in ascending order, none of them a state layer")
+    free = model.attention_free_layers
+    if free != sorted(set(free)) or any(not 0 <= i < model.num_layers for i in free) \
+            or set(free) & {*model.state_layers, *shared}:
+        _malformed(f"model.attention_free_layers {free} must be distinct layers in ascending "
+                   "order, none of them a state or KV-shared layer")
     for key, dims in model.layer_kv.items():
         if not key.isdigit() or int(key) >= model.num_layers or len(dims) != 2 or \
                 min(dims) < 1 or model.layer_heads.get(key, model.num_heads) % dims[0]:

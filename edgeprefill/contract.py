@@ -26,14 +26,15 @@ logit scaling. The runtime reads either through `step_output`.
 
 An attention layer i has the four KV tensors, unless it is one of the model's
 `shared_kv_layers` (Gemma 4), which has none and reads, inside the graph, the present KV
-of an earlier layer; a layer listed in the model's
-`state_layers` has none, and carries instead one or more recurrent states (STATE_KINDS):
-`conv`, the last inputs of a causal convolution (LFM2's short convolutions, a Gated
-DeltaNet's q/k/v convolution, a Mamba-2 mixer's x/B/C convolution), and `recurrent`, a
-Gated DeltaNet's [v_heads, k_dim, v_dim] matrix or a Mamba-2 mixer's [heads, head_dim,
-state_size] state per row (float32 whatever the model's dtype). A layer also in the
-model's `kv_state_layers` keeps its KV beside its states (Falcon-H1: attention and Mamba-2
-side by side in each layer). Each is read from
+of an earlier layer, or one of its `attention_free_layers` (Llama-Nemotron's NAS blocks
+whose attention is left out or one linear layer), which has none and needs none; a layer
+listed in the model's `state_layers` has none, and carries instead one or more recurrent
+states (STATE_KINDS): `conv`, the last inputs of a causal convolution (LFM2's short
+convolutions, a Gated DeltaNet's q/k/v convolution, a Mamba-2 mixer's x/B/C
+convolution), and `recurrent`, a Gated DeltaNet's [v_heads, k_dim, v_dim] matrix or a
+Mamba-2 mixer's [heads, head_dim, state_size] state per row (float32 whatever the
+model's dtype). A layer also in the model's `kv_state_layers` keeps its KV beside its
+states (Falcon-H1: attention and Mamba-2 side by side in each layer). Each is read from
 `past_{kind}.{i}` (zeros where a row's past length is 0) and written, ending at the row's
 last valid token, to `present_{kind}.{i}`, a separate buffer the runtime copies back into
 the slot. A state's shape and dtype are the graph's own (its input's, batch first); the
@@ -107,7 +108,8 @@ def state_names(layer: int, kind: str = CONV) -> StateNames:
 
 def attention_layers(num_layers: int, no_kv_layers: Collection[int]) -> list[int]:
     """The layers that hold KV: every layer but those carrying a state instead (not
-    Falcon-H1's, which keep KV beside it) and those reading another layer's KV (Gemma 4)."""
+    Falcon-H1's, which keep KV beside it), those reading another layer's KV (Gemma 4) and
+    those without attention (Llama-Nemotron's)."""
     return [i for i in range(num_layers) if i not in no_kv_layers]
 
 
@@ -157,7 +159,8 @@ def step_io(num_layers: int, kv_heads: int, head_dim: int, vocab: int, dtype: st
     in `kv_state_layers` beside it), those in `layer_kv` (layer -> (kv_heads, head_dim)) KV
     of their own shape, and those in `shared` nothing (they read another layer's KV inside
     the graph). With `hidden` (an embedding bundle's hidden_size) the graph's output is
-    `hidden` [batch, hidden] in place of `logits`."""
+    `hidden` [batch, hidden] in place of `logits`. (`shared` holds the attention-free
+    layers too: a layer without KV tensors is one whatever its reason.)"""
     states, layer_kv = states or {}, layer_kv or {}
     inputs: dict[str, list[Any]] = {
         INPUT_IDS: ["int64", [BATCH, CHUNK]],
@@ -260,7 +263,8 @@ def check_graph_io(manifest: Manifest) -> None:
     layer_kv = {i: m.kv_dims(i) for i in range(m.num_layers)}
     hidden = m.hidden_size if manifest.task in HIDDEN_TASKS else None
     expected = step_io(m.num_layers, m.num_kv_heads, m.head_dim, m.vocab_size, graph.dtype,
-                       states, layer_kv, m.shared_kv_layers, m.kv_state_layers, hidden)
+                       states, layer_kv, [*m.shared_kv_layers, *m.attention_free_layers],
+                       m.kv_state_layers, hidden)
     _same("inputs", _plain(graph.inputs), expected.inputs)
     _same("outputs", _plain(graph.outputs), expected.outputs)
     layers = [kv_names(i) for i in attention_layers(m.num_layers, m.no_kv_layers)]

@@ -202,6 +202,15 @@ def test_a_build_sets_every_profile_then_loads_the_engine_back_to_check_it(tmp_p
     assert ("builder", "build_serialized_network", (3,)) in trt.calls
 
 
+def test_a_build_expects_kv_updates_of_the_layers_with_kv_only(tmp_path):
+    """Llama-Nemotron's layers without attention hold no KV: the parser creates no update
+    layer for them, and the build must not take that for a missing write."""
+    inputs = build_inputs(tmp_path, fake_manifest(layers=3, attention_free=(1,)))
+    trt = FakeTensorRT(inputs.manifest)
+    assert trt.kv_layers == 4
+    assert compile_engine(trt, inputs, BuildOptions(), print) == b"serialized engine"
+
+
 def test_a_failed_build_says_what_the_builder_logged_in_one_line(tmp_path):
     inputs = build_inputs(tmp_path)
     trt = FakeTensorRT(inputs.manifest, build_error="[myelin] out of memory:\nneeds 9 GiB")

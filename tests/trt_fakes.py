@@ -34,23 +34,27 @@ ALIGNMENT = 256  # what TensorRT demands of every tensor address
 
 def fake_manifest(
     chunks=(16, 64), max_context=256, layers=1, kv_heads=KV, head_dim=D, dtype="float32",
+    attention_free=(),
 ) -> Manifest:
-    """A standard-flavour manifest of a model that was never exported (plain-function tests)."""
+    """A standard-flavour manifest of a model that was never exported (plain-function tests);
+    the layers in `attention_free` without KV (Llama-Nemotron's)."""
     kv = [dtype, ["batch", kv_heads, "capacity", head_dim]]
+    kv_layers = [i for i in range(layers) if i not in attention_free]
     inputs = {"input_ids": ["int64", ["batch", "chunk"]], "past_lens": ["int32", ["batch"]],
               "valid_lens": ["int32", ["batch"]]}
     outputs = {"logits": ["float32", ["batch", VOCAB]]}
-    for i in range(layers):
+    for i in kv_layers:
         inputs |= {f"past_key.{i}": kv, f"past_value.{i}": kv}
         outputs |= {f"present_key.{i}": kv, f"present_value.{i}": kv}
     graph = GraphInfo(
         file="model.onnx", data_file="model.onnx.data", flavor="standard", dtype=dtype,
         opsets={"": 24}, inputs=inputs, outputs=outputs,
-        kv_inputs=[[f"past_key.{i}", f"past_value.{i}"] for i in range(layers)],
-        kv_outputs=[[f"present_key.{i}", f"present_value.{i}"] for i in range(layers)],
+        kv_inputs=[[f"past_key.{i}", f"past_value.{i}"] for i in kv_layers],
+        kv_outputs=[[f"present_key.{i}", f"present_value.{i}"] for i in kv_layers],
     )
     return Manifest(
-        model=ModelInfo("llama", layers, 4, kv_heads, head_dim, 32, VOCAB), graph=graph,
+        model=ModelInfo("llama", layers, 4, kv_heads, head_dim, 32, VOCAB,
+                        attention_free_layers=list(attention_free)), graph=graph,
         tokenizer=TokenizerInfo(None, None, None, None), chunks=list(chunks),
         max_context=max_context, eos_token_ids=[2], bos_token_id=1,
         files={"model.onnx": FileRecord("g" * 64, 1),
@@ -178,7 +182,7 @@ class FakeTensorRT(SimpleNamespace):
     call order. Knobs: `aliases` (present -> past the engine reports), `profiles` (the
     engine's count), `rejected` (addresses set_tensor_address refuses), `build_error` (the
     builder logs it and returns None), `load_error` (the runtime logs it and returns None),
-    `kv_layers` (KV-cache update layers the parser creates)."""
+    `kv_layers` (KV-cache update layers the parser creates: one per KV tensor)."""
 
     def __init__(self, manifest: Manifest, **knobs: Any) -> None:
         graph = manifest.graph
@@ -186,7 +190,7 @@ class FakeTensorRT(SimpleNamespace):
         super().__init__(
             __version__="10.15.1.29", calls=[], loaded=[], aliases=dict(pairs),
             profiles=None, rejected=set(), build_error=None, load_error=None,
-            kv_layers=2 * manifest.model.num_layers, ILogger=FakeILogger, LayerType=LayerType,
+            kv_layers=2 * manifest.model.kv_layers, ILogger=FakeILogger, LayerType=LayerType,
             ExecutionContextAllocationStrategy=SimpleNamespace(USER_MANAGED="user"),
             NetworkDefinitionCreationFlag=SimpleNamespace(STRONGLY_TYPED=0),
             MemoryPoolType=SimpleNamespace(WORKSPACE="workspace"),

@@ -94,6 +94,7 @@ def inspect(bundle, verify, as_json):
         _kv_line(m, bf16_kv),
         *_state_line(m),
         *_shared_kv_line(m.model),
+        *_attention_free_line(m.model),
         _steps_line(graph, native, any_stock_attention, taken == "every", head),
         *_derived_line(bundle, m, model_proto),
         f"eos ids     {eos}",
@@ -172,7 +173,9 @@ def _system_line(system: str | None) -> list[str]:
 def _heads(model) -> str:
     if not model.kv_layers:  # Mamba-2: the manifest's head fields are placeholders
         return "no attention"
-    kv = [model.kv_dims(i) for i in range(model.num_layers)]
+    from edgeprefill.contract import attention_layers
+
+    kv = [model.kv_dims(i) for i in attention_layers(model.num_layers, model.no_kv_layers)]
     # OpenELM's and DeciLM's counts by layer, as their range (Gemma 4's head sizes by
     # layer: its quirks list them)
     if model.layer_heads or (model.layer_kv and len({dim for _, dim in kv}) == 1):
@@ -212,6 +215,15 @@ def _shared_kv_line(model) -> list[str]:
         return []
     return [f"kv sharing  layers {', '.join(map(str, model.shared_kv_layers))} read the KV an "
             "earlier layer of their kind writes (no cache of their own)"]
+
+
+def _attention_free_line(model) -> list[str]:
+    """Llama-Nemotron: the layers without attention (their NAS block's left out or one
+    linear layer)."""
+    if not model.attention_free_layers:
+        return []
+    return [f"attention   none in layers {', '.join(map(str, model.attention_free_layers))} "
+            "(one linear layer or nothing in its place; no KV cache)"]
 
 
 def _state_line(manifest) -> list[str]:

@@ -59,6 +59,7 @@ from edgeprefill.export.layer_attention import (
 )
 from edgeprefill.export.layer_groups import group_blocks
 from edgeprefill.export.layer_heads import gemma4_fields, rope_widths
+from edgeprefill.export.nas_blocks import read_blocks
 from edgeprefill.export.prequantized import read_int4_scheme
 from edgeprefill.export.shared_block import read_shared_block
 from edgeprefill.export.skipped_layers import skip_layers
@@ -152,6 +153,7 @@ def _read(config_type: type[ModelConfig], family: str, spec: FamilySpec,
         **layer_layout(raw, spec, groups, skipped, shared, moe),
         **gemma4_fields(raw) if spec.per_layer_heads or spec.altup else {},
         **altup_fields(raw, spec),
+        nas=read_blocks(raw) if spec.nas_blocks else None,
     )
 
 

@@ -52,6 +52,7 @@ from edgeprefill.export.mamba2 import Mamba2
 from edgeprefill.export.model_config import ModelConfig
 from edgeprefill.export.moe import MixtureOfExperts
 from edgeprefill.export.moe_op import MoeOp, why_unrolled
+from edgeprefill.export.nas_blocks import FULL, LINEAR, LINEAR_ATTENTION, LINEAR_MLP, NONE
 from edgeprefill.export.per_layer_input import PerLayerInputs
 from edgeprefill.export.quantize import QuantConfig
 from edgeprefill.export.rg_lru import RgLru
@@ -285,7 +286,7 @@ class DecoderBuilder:
         return mixer
 
     def _layer(self, i: int, x: str, delta: str | None, step: StepTensors,
-               rows: Rows) -> tuple[str, str]:
+               rows: Rows) -> tuple[str, str | None]:
         """One decoder layer wired as its family's block (families.BLOCKS); returns the
         residual stream and a sublayer output still to be added to it, which the next
         norm adds (one fused residual-add + norm where the flavour has one).
@@ -311,6 +312,8 @@ class DecoderBuilder:
             shared = self.shared_block.apply(i, x, step)
             h = self._norm(self.g.op("Add", [x, shared]), p + n.input_norm)
             return rows(x), self._mixer(i, h, step, rows)
+        if self.cfg.nas is not None:  # Llama-Nemotron
+            return self._nas_layer(i, x, delta, step, rows)
         if i == 0 and self.cfg.spec.first_layer_unnormed:  # ModernBERT decoder
             h = x
         else:
@@ -336,6 +339,31 @@ class DecoderBuilder:
             return self._depth_scaled(x, mlp, 2 * (i + 1) + 1)
         x, h = self._add_norm(x, self._scaled(attn), p + n.post_attn_norm)
         return x, self._scaled(self._mlp(p, h))
+
+    def _nas_layer(self, i: int, x: str, delta: str | None, step: StepTensors,
+                   rows: Rows) -> tuple[str, str | None]:
+        """Llama-Nemotron's NAS block (export/nas_blocks.py): Llama's layer whose attention
+        and MLP may each be one linear layer, or left out with their norm (the stream and
+        the output still to be added to it pass on)."""
+        n, nas = self.names, self.cfg.nas
+        assert nas is not None
+        p = n.layer.format(i=i)
+        if nas.attention[i] == NONE:
+            x, delta = rows(x), None if delta is None else rows(delta)
+        else:
+            x, h = self._add_norm(x, delta, p + n.input_norm)
+            delta = self._attention(i, h, step, rows) if nas.attention[i] == FULL else \
+                self.w.linear(rows(h), [p + LINEAR_ATTENTION], None)
+            x = rows(x)
+        if nas.ffn[i] == NONE:
+            return x, delta
+        x, h = self._add_norm(x, delta, p + n.post_attn_norm)
+        if nas.ffn[i] == LINEAR:
+            return x, self.w.linear(h, [p + LINEAR_MLP], None)
+        width = nas.widths[i]  # the MLP's own width (check_mlp checks the rest agree)
+        self.w.check_shapes([(p + n.up + ".weight", (width, self.cfg.hidden_size))],
+                            f"block_configs[{i}].ffn.ffn_mult's width {width}")
+        return x, self._mlp(p, h)
 
     def _post_norm_layer(self, i: int, x: str, delta: str | None, step: StepTensors,
                          rows: Rows) -> str:

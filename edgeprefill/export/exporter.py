@@ -429,6 +429,7 @@ def _manifest(
                       (cfg.num_kv_heads, cfg.head_dim)},
             layer_heads={str(i): cfg.layer_heads(i) for i in range(cfg.num_layers)
                          if cfg.layer_heads(i) != cfg.num_heads},
+            attention_free_layers=list(cfg.attention_free_layers),
         ),
         graph=graph,
         tokenizer=TokenizerInfo(

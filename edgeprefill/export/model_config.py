@@ -34,6 +34,7 @@ from edgeprefill.export.mixer_shapes import (
     MambaShape,
     SelectiveShape,
 )
+from edgeprefill.export.nas_blocks import NasBlocks
 from edgeprefill.export.prequantized import Int4Scheme
 from edgeprefill.export.query_scale import QueryScale, ScalableSoftmax
 from edgeprefill.export.rope import RopeConfig
@@ -106,6 +107,9 @@ class ModelConfig:
     # checkpoint's block tensors read under the layers' names (export/layer_groups.py).
     mlp_less: tuple[int, ...] = ()
     renames: tuple[tuple[str, str], ...] = ()
+    # Llama-Nemotron: each layer's NAS block, its attention and FFN each whole, one linear
+    # layer or left out (export/nas_blocks.py); None: every layer is whole.
+    nas: NasBlocks | None = None
     # Zamba2: the shared transformer blocks applied before the mixers of some layers, each
     # application with its own KV (export/shared_block.py); None: none.
     shared_block: SharedBlockShape | None = None
@@ -274,12 +278,19 @@ class ModelConfig:
         return self.layers[layer].heads or self.num_heads
 
     @property
+    def attention_free_layers(self) -> tuple[int, ...]:
+        """The layers with neither attention nor a state (Llama-Nemotron's NAS blocks whose
+        attention is one linear layer or left out): no KV."""
+        return self.nas.attention_free if self.nas is not None else ()
+
+    @property
     def kv_layers(self) -> tuple[int, ...]:
         """The layers that hold KV of their own: neither a state layer (but Falcon-H1's,
-        which keep KV beside it) nor one reading another layer's KV."""
+        which keep KV beside it), nor one reading another layer's KV, nor one without
+        attention."""
         return tuple(i for i in range(self.num_layers)
                      if (i not in self.state_layers or i in self.kv_state_layers)
-                     and i not in self.shared_kv)
+                     and i not in self.shared_kv and i not in self.attention_free_layers)
 
     def for_layer(self, layer: int) -> ModelConfig:
         """This config as one attention layer sees it: its head size, query heads and KV

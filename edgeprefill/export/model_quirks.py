@@ -43,6 +43,8 @@ def _mixers(cfg: ModelConfig) -> list[str]:
                    "linear attention (a conv and a recurrent state per sequence)")
     if cfg.moe is not None:
         out.append(cfg.moe.describe(cfg.num_layers))
+    if cfg.nas is not None:
+        out.append(cfg.nas.describe())
     if cfg.mamba_layers:
         kind = "Mamba-1" if cfg.selective is not None else "Mamba-2"
         out.append(f"{len(cfg.mamba_layers)} of {cfg.num_layers} layers {kind} "
@@ -85,8 +87,8 @@ def _kv_cache(cfg: ModelConfig) -> list[str]:
     layers' own head counts and sizes, narrower values, shared and k = v layers."""
     out = []
     if any(layer.heads for layer in cfg.layers):  # OpenELM's, DeciLM's counts by layer
-        heads = [cfg.layer_heads(i) for i in range(cfg.num_layers)]
-        kv = [cfg.layer_kv_heads(i) for i in range(cfg.num_layers)]
+        heads = [cfg.layer_heads(i) for i in cfg.kv_layers]
+        kv = [cfg.layer_kv_heads(i) for i in cfg.kv_layers]
         out.append(f"{span(heads)} query heads and {span(kv)} KV heads of {cfg.head_dim}, "
                    "by layer")
     own = {("sliding" if layer.window else "full-attention", cfg.layer_kv_heads(i),

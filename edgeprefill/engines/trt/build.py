@@ -234,11 +234,11 @@ def check_kv_layers(trt: ModuleType, network: Any, manifest: Manifest) -> None:
     """Exactly one KV-cache update layer (in place) per KV tensor: each TensorScatter was
     imported as one, not as a generic scatter that copies the whole cache each step."""
     found = count_kv_layers(trt, network)
-    expected = 2 * manifest.model.num_layers
+    expected = 2 * manifest.model.kv_layers  # a layer without KV (Llama-Nemotron's) has none
     if found != expected:
         raise BackendError(f"TensorRT imported {found} KV-cache update layers, expected "
-                           f"{expected} (one per layer's K and V): the engine would copy the "
-                           "cache every step or miss a write")
+                           f"{expected} (one per K and V of each layer with KV): the engine "
+                           "would copy the cache every step or miss a write")
 
 
 def count_kv_layers(trt: ModuleType, network: Any) -> int:

@@ -8,10 +8,11 @@ config.json by `ModelConfig.from_hf`; nothing downstream looks at a family's nam
 One module per kind of language model (dense, gemma, the routed-expert MoEs by how their
 router chooses: moe_softmax, moe_top_k, moe_sigmoid; latent, recurrent, alibi, baichuan
 (rotary or ALiBi by its config class), the GPT-2-era classic, OpenELM's layer-wise
-scaling, DeciLM's KV heads per layer and Laguna's softplus-gated attention with heads
-per layer) and the image-text checkpoints that wrap one; `FamilySpec` and the tensor names
-in `spec`. The checkpoints that wrap any text family (LLaVA's kin, `wrapped`) take the
-spec of the one their text_config names: `family_spec`.
+scaling, DeciLM's KV heads per layer, Llama-Nemotron's NAS blocks and Laguna's softplus-
+gated attention with heads per layer) and the image-text checkpoints that wrap one;
+`FamilySpec` and the tensor names in `spec`. The checkpoints that wrap any text family
+(LLaVA's kin, `wrapped`) take the spec of the one their text_config names:
+`family_spec`.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from edgeprefill.export.families import (
     moe_sigmoid,
     moe_softmax,
     moe_top_k,
+    nemotron_nas,
     not_causal,
     openelm,
     recurrent,
@@ -67,8 +69,6 @@ REFUSED_TYPES: dict[str, str] = {
             "qwen3) are",
     "phi3small": "Phi-3-small's block-sparse attention (dense only every "
                  "dense_attention_every_n_layers) is not supported",
-    "nemotron-nas": "Llama-Nemotron NAS models' per-block layouts (attention blocks left out "
-                    "or replaced by a linear layer, an FFN width per block) are not supported",
     # Its processor marks every prompt token as prefix (token_type_ids 0), which its model
     # attends bidirectionally: a causal bundle computes other logits for any prompt.
     "paligemma": "PaliGemma attends its whole prompt bidirectionally (a prefix LM), which a "
@@ -213,6 +213,7 @@ _TEXT: dict[str, FamilySpec] = _merged(
     classic.FAMILIES,
     openelm.FAMILIES,
     deci.FAMILIES,
+    nemotron_nas.FAMILIES,
     laguna.FAMILIES,
 )
 # A wrapper's entry is the spec of its default language model (its config class's).

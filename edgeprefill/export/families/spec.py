@@ -341,6 +341,10 @@ class FamilySpec:
     # None: every layer has num_attention_heads and num_key_value_heads. A layer's MLP
     # needs no such list: the graph takes its width from the layer's weights.
     heads_per_layer: tuple[str, str] | None = None
+    # Whether each layer is a NAS block of its own (Llama-Nemotron's `block_configs`:
+    # export/nas_blocks.py): its attention and its FFN each whole, one linear layer or left
+    # out, its MLP of its own width.
+    nas_blocks: bool = False
     # Whether each layer type's `rope_parameters` entry rotates its own share of each head
     # (its partial_rotary_factor; Laguna), not one factor for every layer.
     rotary_per_type: bool = False
