@@ -171,17 +171,17 @@ class EmbeddingRoutes:
         if self.engine.manifest.task != "embed":
             raise ApiError(400, embedding.generation_only(self.engine.manifest))
 
-    def token_ids(self, tokens: list[int], truncate: str | None = None) -> list[int]:
-        """Token ids as given; more than the context: a 400, or with `truncate` (a
-        direction: TEI's) cut to it, keeping the first ids or ("left") the last (their
-        range: the engine)."""
+    def token_ids(self, tokens: list[int], truncate: str | None = None,
+                  field: str = "input") -> list[int]:
+        """Token ids as given; more than the context: a 400 naming `field`, or with
+        `truncate` (a direction: TEI's) cut to it, keeping the first ids or ("left") the
+        last (their range: the engine)."""
         capacity = self.engine.capacity
         if truncate is not None and len(tokens) > capacity:
             return tokens[:capacity] if truncate == "right" else tokens[-capacity:]
         if len(tokens) > capacity:
             raise ApiError(400, f"an input of {len(tokens)} tokens exceeds the context of "
-                           f"{self.engine.capacity} tokens; shorten it", "input",
-                           "context_length_exceeded")
+                           f"{capacity} tokens; shorten it", field, "context_length_exceeded")
         return tokens
 
     async def ids(self, text: str, truncate: bool, field: str,
@@ -204,18 +204,20 @@ class EmbeddingRoutes:
         return encoded.ids
 
     async def vectors(self, ids: list[list[int]], dimensions: int | None,
-                      normalize: bool | None = None) -> np.ndarray:
+                      normalize: bool | None = None, field: str = "input") -> np.ndarray:
         """The texts' vectors (hidden_rows, truncated and normalized per the bundle, or
         per `normalize` where given: TEI's)."""
         if normalize is None:
             normalize = embedding.normalizes(self.engine.manifest)
-        return embedding.vectors(await hidden_rows(self.api, ids), normalize, dimensions)
+        rows = await hidden_rows(self.api, ids, field)
+        return embedding.vectors(rows, normalize, dimensions)
 
 
-async def hidden_rows(api: OpenAIApi, ids: list[list[int]]) -> np.ndarray:
+async def hidden_rows(api: OpenAIApi, ids: list[list[int]], field: str = "input"
+                      ) -> np.ndarray:
     """The last hidden rows of texts' ids [n, hidden] (an embedding or score bundle's):
     one place of the server's max_pending held, a window of the texts in the engine at a
-    time (Engine._embed_rows' window)."""
+    time (Engine._embed_rows' window); ids the engine refuses: a 400 naming `field`."""
     if api.pending + 1 > api.config.max_pending:
         raise ApiError(429, f"the server is busy ({api.pending} of "
                        f"{api.config.max_pending} places taken); retry shortly",
@@ -237,7 +239,7 @@ async def hidden_rows(api: OpenAIApi, ids: list[list[int]]) -> np.ndarray:
     except RequestError as err:
         full = "queue is full" in str(err)
         raise ApiError(429 if full else 400, str(err),
-                       None if full else "input", "queue_full" if full else None
+                       None if full else field, "queue_full" if full else None
                        ) from None
     finally:
         api.pending -= 1

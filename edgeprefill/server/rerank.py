@@ -119,7 +119,7 @@ class RerankRoutes:
         head = self.head()
         ids = [await self._pair_ids(head.info, query, document, field, truncate)
                for query, document in pairs]
-        scores = head.scores(await hidden_rows(self.api, ids))
+        scores = head.scores(await hidden_rows(self.api, ids, field))
         values = head.logit(scores) if raw else head.relevance(scores)
         return values, sum(len(tokens) for tokens in ids)
 

@@ -6,7 +6,8 @@ rerank shape (server/rerank.py, POST /rerank with `texts`) shares:
                    whatever the bundle's own Normalize module says, as TEI does; false:
                    the model's pooled row as it is); `dimensions` (the first N);
                    `prompt_name` (one of the model's prompts; absent: its default one, as
-                   TEI's --default-prompt-name); `truncate`, `truncation_direction`.
+                   TEI's --default-prompt-name); `truncate`, `truncation_direction`;
+                   `model` (not TEI's: checked, as on every route).
                    Reply: the vectors, [[float]].
 
 `truncate` absent or null is true, the default of TEI's server (its --auto-truncate): a
@@ -32,8 +33,8 @@ from edgeprefill.server.errors import ApiError
 if TYPE_CHECKING:
     from edgeprefill.server.app import OpenAIApi
 
-EMBED_FIELDS = frozenset({"inputs", "normalize", "dimensions", "prompt_name", "truncate",
-                          "truncation_direction"})
+EMBED_FIELDS = frozenset({"model", "inputs", "normalize", "dimensions", "prompt_name",
+                          "truncate", "truncation_direction"})
 DIRECTIONS = {"right": "right", "Right": "right", "left": "left", "Left": "left"}  # serde's
 
 
@@ -48,17 +49,18 @@ class TeiRoutes:
         routes = self.embeddings
         try:
             body = only_fields(await routes.api.read(request), EMBED_FIELDS)
+            routes.api.check_model(body.get("model"))
             routes.require_embedding()
             direction = truncation(body)
             normalize = flag(body, "normalize", True)
             dimensions = routes.dimensions(body)
             inputs = openai_inputs(body.get("inputs"), "inputs")
             prompt = routes.texts_prompt(body, inputs)
-            ids = [routes.token_ids(item, direction) if isinstance(item, list) else
+            ids = [routes.token_ids(item, direction, "inputs") if isinstance(item, list) else
                    await routes.ids(prompt + item, direction is not None, "inputs",
                                     direction=direction or "right")
                    for item in inputs]
-            vectors = await routes.vectors(ids, dimensions, normalize)
+            vectors = await routes.vectors(ids, dimensions, normalize, "inputs")
         except ApiError as err:
             return tei_status(err).response(request.url.path)
         return JSONResponse(vectors.tolist())
