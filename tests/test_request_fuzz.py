@@ -300,11 +300,14 @@ def test_pair_scores_never_answer_5xx(score_client, examples):
 
 
 @pytest.mark.parametrize("examples", counts(60))
-def test_tei_embed_never_answers_5xx(embed_client, examples):
+def test_tei_embed_and_score_never_answer_5xx(embed_client, examples):
+    """TEI's /embed, and vLLM's /score (cosines), on an embedding bundle."""
     @settings(FUZZ, max_examples=examples)
-    @given(body=st.fixed_dictionaries({}, optional=EMBED_API))
-    def check(body):
+    @given(body=st.fixed_dictionaries({}, optional=EMBED_API),
+           score=st.fixed_dictionaries({}, optional=SCORE_API))
+    def check(body, score):
         assert_no_server_error(embed_client.post("/embed", content=dump(body)))
+        assert_no_server_error(embed_client.post("/score", content=dump(score)))
     check()
 
 

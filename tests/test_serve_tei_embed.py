@@ -2,7 +2,8 @@
 embedding bundle: its vectors are transformers' (tests/test_embed.py's reference),
 normalized or (normalize false) the model's pooled rows as they are, cut to `dimensions`,
 after a named prompt; a text past the context cut from either end as TEI cuts it, or with
-truncate false a 422 as TEI answers. The server, its engine and the clean-KV check are
+truncate false a 422 as TEI answers; and vLLM's /score of such a bundle, the cosine of each
+pair's vectors. The server, its engine and the clean-KV check are
 tests/test_serve_embed.py's."""
 
 from __future__ import annotations
@@ -128,3 +129,21 @@ def test_a_generation_bundle_answers_embed_400(generation_server):
     reply = httpx.post(generation_server.url + "/embed", json={"inputs": "w5"}, timeout=60)
     assert reply.status_code == 400, reply.text
     assert "is a generation model" in reply.text and "\\n" not in reply.text
+
+
+# -- vLLM's /score on an embedding bundle -------------------------------------------------
+
+
+def test_score_is_the_cosine_of_the_pair_s_vectors_as_vllm_gives_it(http, expected, engine):
+    reply = http.post("/score", json={"text_1": TEXTS[0], "text_2": TEXTS})
+    assert reply.status_code == 200, reply.text
+    np.testing.assert_allclose([d["score"] for d in reply.json()["data"]],
+                               expected @ expected[0], atol=1e-5)
+    count = sum(len(test_serve_embed.ids_of(engine, t)) for t in [TEXTS[0], *TEXTS])
+    assert reply.json()["usage"]["prompt_tokens"] == count
+    pairs = http.post("/v1/score", json={"queries": TEXTS[:2], "documents": TEXTS[1:],
+                                         "use_activation": False}).json()
+    np.testing.assert_allclose([d["score"] for d in pairs["data"]],
+                               (expected[:2] * expected[1:]).sum(axis=1), atol=1e-5)
+    assert_error(http.post("/score", json={"text_1": "w5", "text_2": " ".join(WORDS)}), 400,
+                 "text_2", "context_length_exceeded")

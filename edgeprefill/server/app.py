@@ -15,7 +15,8 @@
                                  (server/rerank.py: Jina's and Cohere's shape, or TEI's
                                  with `texts`); on such a bundle the generating and
                                  embedding routes answer 400
-    POST /v1/score, /score       vLLM's scores of text pairs (server/score.py)
+    POST /v1/score, /score       vLLM's scores of text pairs: a score bundle's relevance, an
+                                 embedding bundle's cosine similarity (server/score.py)
     GET  /v1/models              the one model this server holds
     /tokenize, /detokenize, /v1/models/{id}, /version: server/routes_extra.py
     GET  /health                 liveness (never needs the API key)

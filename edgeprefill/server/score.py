@@ -1,4 +1,5 @@
-"""vLLM's score routes of a score bundle (its pairs scored as server/rerank.py scores them):
+"""vLLM's score routes of a score bundle (its pairs scored as server/rerank.py scores them)
+and of an embedding bundle (the cosine similarity of each pair's vectors):
 
     POST /score, /v1/score   two sides, each a string or a list of strings (at most
                            MAX_DOCUMENTS), named as any vLLM release names them: `text_1`
@@ -17,8 +18,10 @@
 
 vLLM's other fields (truncate_prompt_tokens, priority, mm_processor_kwargs, ...) are
 refused naming them: nothing here would honour them. A pair past the context, a head of
-no one relevance, or an embedding or generation bundle is a 400 in one line (vLLM scores
-an embedding model's texts by cosine similarity; this server does not).
+no one relevance, or a generation bundle is a 400 in one line. An embedding bundle scores
+a pair as vLLM scores an embedding model's: the cosine similarity of the two texts'
+vectors (`use_activation` then changes nothing, as in vLLM, where it only skips a
+normalization the cosine makes anyway).
 """
 
 from __future__ import annotations
@@ -27,11 +30,13 @@ import time
 import uuid
 from typing import TYPE_CHECKING
 
+import numpy as np
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from edgeprefill.server.body import only_fields
+from edgeprefill.server.embeddings import EmbeddingRoutes
 from edgeprefill.server.errors import ApiError
 from edgeprefill.server.rerank import RerankRoutes, texts
 from edgeprefill.server.tei import flag
@@ -50,6 +55,7 @@ class ScoreRoutes:
     def __init__(self, api: OpenAIApi) -> None:
         self.api = api
         self.pairs = RerankRoutes(api)
+        self.embeddings = EmbeddingRoutes(api)
 
     def routes(self) -> list[Route]:
         return [Route(path, self.score, methods=["POST"]) for path in ("/v1/score", "/score")]
@@ -58,11 +64,17 @@ class ScoreRoutes:
         try:
             body = only_fields(await self.api.read(request), FIELDS)
             self.api.check_model(body.get("model"))
-            self.pairs.head()
+            embeds = self.api.engine.manifest.task == "embed"
+            if not embeds:
+                self.pairs.head()
             first, second = _sides(body)
-            pairs = _pairs(_side(body, first), _side(body, second), first)
+            firsts, seconds = _side(body, first), _side(body, second)
+            pairs = _pairs(firsts, seconds, first)
             raw = not flag(body, "use_activation", True)
-            values, count = await self.pairs.scored(pairs, second, raw=raw)
+            if embeds:
+                values, count = await self._cosines(firsts, seconds, second)
+            else:
+                values, count = await self.pairs.scored(pairs, second, raw=raw)
         except ApiError as err:
             return err.response(request.url.path)
         data = [{"index": i, "object": "score", "score": float(value)}
@@ -71,6 +83,18 @@ class ScoreRoutes:
             "id": f"score-{uuid.uuid4().hex}", "object": "list", "created": int(time.time()),
             "model": self.api.config.model_name, "data": data,
             "usage": {"prompt_tokens": count, "total_tokens": count, "completion_tokens": 0}})
+
+    async def _cosines(self, firsts: list[str], seconds: list[str], field: str
+                       ) -> tuple[np.ndarray, int]:
+        """An embedding bundle's scores, as vLLM scores an embedding model's pairs: the
+        cosine similarity of the two texts' vectors (the model's default prompt before
+        each, as on the embedding routes), and the texts' tokens."""
+        prompt = self.embeddings.prompt({})
+        ids = [await self.embeddings.ids(prompt + text, False, field)
+               for text in firsts + seconds]
+        vectors = await self.embeddings.vectors(ids, None, True, field)
+        cosines = (vectors[:len(firsts)] * vectors[len(firsts):]).sum(axis=1)
+        return cosines, sum(len(tokens) for tokens in ids)
 
 
 def _sides(body: dict) -> tuple[str, str]:
