@@ -170,20 +170,38 @@ RESPONSES_API = {
 }
 # The pair-scoring and embedding routes' fields (server/score.py, rerank.py, tei.py)
 score_text = st.sampled_from(["w5 w6", "", "w7 " * 130, "w9"])
-score_side = field(score_text | st.lists(score_text, max_size=3))
-flags = field(st.booleans())
+score_side = (score_text | st.lists(score_text, min_size=1, max_size=3)
+              | st.lists(score_text, max_size=3) | json_values)
+flags = st.booleans() | st.none() | json_values
 direction = field(st.sampled_from(["right", "Left", "up"]))
-SCORE_API = {"model": COMMON["model"], "use_activation": flags, "user": json_values,
+served = st.none() | st.just(MODEL) | COMMON["model"]  # absent, null or named: served
+SCORE_API = {"model": served, "use_activation": flags, "user": json_values,
              **{name: score_side for name in ("text_1", "text_2", "queries", "documents",
                                               "items", "data_1", "data_2")}}
-RERANK_API = {"model": COMMON["model"], "query": field(score_text), "documents": score_side,
+RERANK_API = {"model": served, "query": field(score_text), "documents": score_side,
               "texts": score_side, "top_n": field(small_ints), "return_documents": flags,
               "raw_scores": flags, "return_text": flags, "truncate": flags,
               "truncation_direction": direction}
-EMBED_API = {"model": COMMON["model"], "inputs": field(score_text) | prompt,
+EMBED_API = {"model": served, "inputs": field(score_text) | prompt,
              "normalize": flags, "dimensions": field(small_ints),
              "prompt_name": field(st.sampled_from(["query", "passage"])),
              "truncate": flags, "truncation_direction": direction}
+
+
+def bodies(api: dict, required: tuple[str, ...], optional: tuple[str, ...]):
+    """Bodies of `api`'s fields: half of them a shape's `required` fields and some of its
+    `optional` ones (so that many reach the engine), the other half any of them."""
+    return (st.fixed_dictionaries({name: api[name] for name in required},
+                                  optional={name: api[name] for name in optional})
+            | st.fixed_dictionaries({}, optional=api))
+
+
+score_bodies = (bodies(SCORE_API, ("text_1", "text_2"), ("model", "use_activation", "user"))
+                | bodies(SCORE_API, ("queries", "items"), ("use_activation",)))
+rerank_bodies = (bodies(RERANK_API, ("query", "texts"), (
+    "model", "raw_scores", "return_text", "truncate", "truncation_direction"))
+    | bodies(RERANK_API, ("query", "documents"), ("model", "top_n", "return_documents")))
+embed_bodies = bodies(EMBED_API, ("inputs",), tuple(set(EMBED_API) - {"inputs"}))
 completion_bodies = st.fixed_dictionaries({}, optional={"prompt": prompt, **COMMON})
 chat_bodies = st.fixed_dictionaries({}, optional={"messages": messages, **COMMON})
 
@@ -291,8 +309,7 @@ def test_ollama_never_answers_5xx(client, examples):
 def test_pair_scores_never_answer_5xx(score_client, examples):
     """vLLM's /score, and /rerank in Jina's and TEI's shapes, on a score bundle."""
     @settings(FUZZ, max_examples=examples)
-    @given(score=st.fixed_dictionaries({}, optional=SCORE_API),
-           rerank=st.fixed_dictionaries({}, optional=RERANK_API))
+    @given(score=score_bodies, rerank=rerank_bodies)
     def check(score, rerank):
         assert_no_server_error(score_client.post("/score", content=dump(score)))
         assert_no_server_error(score_client.post("/rerank", content=dump(rerank)))
@@ -303,8 +320,7 @@ def test_pair_scores_never_answer_5xx(score_client, examples):
 def test_tei_embed_and_score_never_answer_5xx(embed_client, examples):
     """TEI's /embed, and vLLM's /score (cosines), on an embedding bundle."""
     @settings(FUZZ, max_examples=examples)
-    @given(body=st.fixed_dictionaries({}, optional=EMBED_API),
-           score=st.fixed_dictionaries({}, optional=SCORE_API))
+    @given(body=embed_bodies, score=score_bodies)
     def check(body, score):
         assert_no_server_error(embed_client.post("/embed", content=dump(body)))
         assert_no_server_error(embed_client.post("/score", content=dump(score)))
