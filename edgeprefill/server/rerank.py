@@ -43,7 +43,8 @@ from edgeprefill.server.body import json_object, only_fields
 from edgeprefill.server.embeddings import hidden_rows
 from edgeprefill.server.errors import ApiError
 from edgeprefill.server.prompt_worker import PromptTimeout
-from edgeprefill.server.tei import flag, tei_status, truncation
+from edgeprefill.server.schemas import bool_field
+from edgeprefill.server.tei import tei_status, truncation
 from edgeprefill.values import is_int
 
 if TYPE_CHECKING:
@@ -79,7 +80,7 @@ class RerankRoutes:
         self.api.check_model(body.get("model"))
         self.head()
         query, documents = _query(body.get("query")), _documents(body.get("documents"))
-        top_n, give_back = _top_n(body.get("top_n")), flag(body, "return_documents", False)
+        top_n, give_back = _top_n(body.get("top_n")), bool_field(body, "return_documents")
         relevance, count = await self.scored([(query, d) for d in documents], "documents")
         results = []
         for index, score in scoring.ranked(relevance, top_n):
@@ -98,7 +99,7 @@ class RerankRoutes:
             self.api.check_model(body.get("model"))
             self.head()
             query, documents = _query(body.get("query")), texts(body.get("texts"), "texts")
-            raw, give_back = flag(body, "raw_scores", False), flag(body, "return_text", False)
+            raw, give_back = bool_field(body, "raw_scores"), bool_field(body, "return_text")
             pairs = [(query, d) for d in documents]
             values, _ = await self.scored(pairs, "texts", truncation(body), raw)
         except ApiError as err:

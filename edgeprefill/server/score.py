@@ -39,7 +39,7 @@ from edgeprefill.server.body import only_fields
 from edgeprefill.server.embeddings import EmbeddingRoutes
 from edgeprefill.server.errors import ApiError
 from edgeprefill.server.rerank import RerankRoutes, texts
-from edgeprefill.server.tei import flag
+from edgeprefill.server.schemas import bool_field
 
 if TYPE_CHECKING:
     from edgeprefill.server.app import OpenAIApi
@@ -70,7 +70,7 @@ class ScoreRoutes:
             first, second = _sides(body)
             firsts, seconds = _side(body, first), _side(body, second)
             pairs = _pairs(firsts, seconds, first)
-            raw = not flag(body, "use_activation", True)
+            raw = not bool_field(body, "use_activation", True)
             if embeds:
                 values, count = await self._cosines(firsts, seconds, second)
             else:

@@ -29,6 +29,7 @@ from starlette.routing import Route
 from edgeprefill.server.body import only_fields
 from edgeprefill.server.embeddings import EmbeddingRoutes, openai_inputs
 from edgeprefill.server.errors import ApiError
+from edgeprefill.server.schemas import bool_field
 
 if TYPE_CHECKING:
     from edgeprefill.server.app import OpenAIApi
@@ -52,7 +53,7 @@ class TeiRoutes:
             routes.api.check_model(body.get("model"))
             routes.require_embedding()
             direction = truncation(body)
-            normalize = flag(body, "normalize", True)
+            normalize = bool_field(body, "normalize", True)
             dimensions = routes.dimensions(body)
             inputs = openai_inputs(body.get("inputs"), "inputs")
             prompt = routes.texts_prompt(body, inputs)
@@ -70,7 +71,7 @@ def truncation(body: dict) -> str | None:
     """The direction a text past the context is cut from ("right": its end), or None
     where `truncate` is false (TEI's default true: its --auto-truncate)."""
     direction = direction_of(body)  # checked even where nothing is cut
-    return direction if flag(body, "truncate", True) else None
+    return direction if bool_field(body, "truncate", True) else None
 
 
 def direction_of(body: dict) -> str:
@@ -81,16 +82,6 @@ def direction_of(body: dict) -> str:
         raise ApiError(400, f"'truncation_direction' must be right or left, got {value!r}",
                        "truncation_direction")
     return DIRECTIONS[value]
-
-
-def flag(body: dict, name: str, default: bool) -> bool:
-    """A true/false field; absent or null: `default` (TEI's serde reads null so)."""
-    value = body.get(name)
-    if value is None:
-        return default
-    if not isinstance(value, bool):
-        raise ApiError(400, f"'{name}' must be true or false", name)
-    return value
 
 
 def tei_status(err: ApiError) -> ApiError:
