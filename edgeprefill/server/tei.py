@@ -14,8 +14,8 @@ rerank shape (server/rerank.py, POST /rerank with `texts`) shares:
 text past the context is cut to it, its end (`truncation_direction` "right", the
 default) or its start ("left"), the tokenizer's special tokens kept; token ids are cut
 as they are. With `truncate` false such a text is a 422, as TEI answers it (TEI's
-"Validation" errors are 422s); every other refusal is a 400 naming its field, in the
-OpenAI error shape as on every route but Ollama's and Anthropic's.
+"Validation" errors are 422s); a bad field is a 400 naming it, and every refusal is in
+the OpenAI error shape, as on every route but Ollama's and Anthropic's.
 """
 
 from __future__ import annotations
