@@ -90,10 +90,11 @@ def embed_engine(embed_bundle):
     engine.close()
 
 
-def reference(hf_dir: Path, texts: list[str]) -> np.ndarray:
+def reference(hf_dir: Path, texts: list[str], normalize: bool = True) -> np.ndarray:
     """transformers' base model (AutoModel) on each text alone: the last token's hidden
     state (the final norm applied), L2-normalized in float64, as sentence-transformers'
-    Transformer, Pooling(lasttoken) and Normalize modules compute it."""
+    Transformer, Pooling(lasttoken) and Normalize modules compute it (without
+    `normalize`, as the first two do)."""
     from tokenizers import Tokenizer
     from transformers import AutoModel
 
@@ -106,7 +107,7 @@ def reference(hf_dir: Path, texts: list[str]) -> np.ndarray:
         for text in texts:
             ids = tokenizer.encode(text.strip()).ids  # sentence-transformers strips
             hidden = model(torch.tensor([ids])).last_hidden_state[0, -1].double().numpy()
-            rows.append(hidden / np.linalg.norm(hidden))
+            rows.append(hidden / np.linalg.norm(hidden) if normalize else hidden)
     return np.stack(rows)
 
 

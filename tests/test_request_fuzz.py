@@ -1,7 +1,8 @@
 """Property-based: no request body, however malformed, gets a 5xx or a reply outside the
 route's error schema (OpenAI's; Anthropic's on the Messages API; Ollama's on /api/...).
 The app runs in-process (starlette's TestClient) over the tiny llama bundle with a
-64-position context, so every example is quick."""
+64-position context, so every example is quick; the pair-scoring routes over a tiny token
+reranker, TEI's /embed over a tiny embedding bundle."""
 
 from __future__ import annotations
 
@@ -17,6 +18,10 @@ from hypothesis import strategies as st  # noqa: E402
 
 from edgeprefill.sdk import Engine  # noqa: E402
 from edgeprefill.server import ServerConfig, create_app  # noqa: E402
+from tests.test_embed import embed_bundle, embed_model  # noqa: E402
+from tests.test_score import reranker  # noqa: E402
+
+__all__ = ["embed_bundle", "embed_model", "reranker"]  # fixtures, found by their names
 
 MODEL = "tiny"
 FUZZ = settings(deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
@@ -163,16 +168,66 @@ RESPONSES_API = {
     "truncation": json_values,
     "metadata": json_values,
 }
+# The pair-scoring and embedding routes' fields (server/score.py, rerank.py, tei.py)
+score_text = st.sampled_from(["w5 w6", "", "w7 " * 130, "w9"])
+score_side = (score_text | st.lists(score_text, min_size=1, max_size=3)
+              | st.lists(score_text, max_size=3) | json_values)
+flags = st.booleans() | st.none() | json_values
+direction = field(st.sampled_from(["right", "Left", "up"]))
+served = st.none() | st.just(MODEL) | COMMON["model"]  # absent, null or named: served
+SCORE_API = {"model": served, "use_activation": flags, "user": json_values,
+             **{name: score_side for name in ("text_1", "text_2", "queries", "documents",
+                                              "items", "data_1", "data_2")}}
+RERANK_API = {"model": served, "query": field(score_text), "documents": score_side,
+              "texts": score_side, "top_n": field(small_ints), "return_documents": flags,
+              "raw_scores": flags, "return_text": flags, "truncate": flags,
+              "truncation_direction": direction}
+EMBED_API = {"model": served, "inputs": field(score_text) | prompt,
+             "normalize": flags, "dimensions": field(small_ints),
+             "prompt_name": field(st.sampled_from(["query", "passage"])),
+             "truncate": flags, "truncation_direction": direction}
+
+
+def bodies(api: dict, required: tuple[str, ...], optional: tuple[str, ...]):
+    """Bodies of `api`'s fields: half of them a shape's `required` fields and some of its
+    `optional` ones (so that many reach the engine), the other half any of them."""
+    return (st.fixed_dictionaries({name: api[name] for name in required},
+                                  optional={name: api[name] for name in optional})
+            | st.fixed_dictionaries({}, optional=api))
+
+
+score_bodies = (bodies(SCORE_API, ("text_1", "text_2"), ("model", "use_activation", "user"))
+                | bodies(SCORE_API, ("queries", "items"), ("use_activation",)))
+rerank_bodies = (bodies(RERANK_API, ("query", "texts"), (
+    "model", "raw_scores", "return_text", "truncate", "truncation_direction"))
+    | bodies(RERANK_API, ("query", "documents"), ("model", "top_n", "return_documents")))
+embed_bodies = bodies(EMBED_API, ("inputs",), tuple(set(EMBED_API) - {"inputs"}))
 completion_bodies = st.fixed_dictionaries({}, optional={"prompt": prompt, **COMMON})
 chat_bodies = st.fixed_dictionaries({}, optional={"messages": messages, **COMMON})
 
 
 @pytest.fixture(scope="module")
 def client(bundle) -> Iterator:
+    yield from app_client(bundle("llama"), max_context=64, chunk_size=16)
+
+
+@pytest.fixture(scope="module")
+def score_client(reranker) -> Iterator:
+    """A token reranker's app (tests/test_score.py's: a 128-position context)."""
+    yield from app_client(reranker[1])
+
+
+@pytest.fixture(scope="module")
+def embed_client(embed_bundle) -> Iterator:
+    """An embedding bundle's app (tests/test_embed.py's: a 128-position context)."""
+    yield from app_client(embed_bundle)
+
+
+def app_client(path, **settings) -> Iterator:
+    """starlette's TestClient of the app over the bundle at `path`, in-process."""
     from starlette.testclient import TestClient
 
-    engine = Engine.load(bundle("llama"), threads=1, kv_slots=2, max_context=64,
-                         chunk_size=16)
+    engine = Engine.load(path, threads=1, kv_slots=2, **settings)
     app = create_app(engine, ServerConfig(model_name=MODEL, max_pending=4))
     try:
         with TestClient(app, raise_server_exceptions=False) as client:
@@ -251,12 +306,34 @@ def test_ollama_never_answers_5xx(client, examples):
 
 
 @pytest.mark.parametrize("examples", counts(60))
+def test_pair_scores_never_answer_5xx(score_client, examples):
+    """vLLM's /score, and /rerank in Jina's and TEI's shapes, on a score bundle."""
+    @settings(FUZZ, max_examples=examples)
+    @given(score=score_bodies, rerank=rerank_bodies)
+    def check(score, rerank):
+        assert_no_server_error(score_client.post("/score", content=dump(score)))
+        assert_no_server_error(score_client.post("/rerank", content=dump(rerank)))
+    check()
+
+
+@pytest.mark.parametrize("examples", counts(60))
+def test_tei_embed_and_score_never_answer_5xx(embed_client, examples):
+    """TEI's /embed, and vLLM's /score (cosines), on an embedding bundle."""
+    @settings(FUZZ, max_examples=examples)
+    @given(body=embed_bodies, score=score_bodies)
+    def check(body, score):
+        assert_no_server_error(embed_client.post("/embed", content=dump(body)))
+        assert_no_server_error(embed_client.post("/score", content=dump(score)))
+    check()
+
+
+@pytest.mark.parametrize("examples", counts(60))
 def test_any_bytes_never_answer_5xx(client, examples):
     @settings(FUZZ, max_examples=examples)
     @given(raw=st.binary(max_size=64) | json_values.map(lambda value: dump(value)))
     def check(raw):
         for path in ("/v1/completions", "/v1/chat/completions", "/v1/responses",
-                     "/v1/embeddings", "/v1/rerank"):
+                     "/v1/embeddings", "/v1/rerank", "/rerank", "/score", "/embed"):
             assert_no_server_error(client.post(path, content=raw))
         assert_no_server_error(client.post("/v1/messages", content=raw), anthropic=True)
         assert_no_server_error(client.post("/api/chat", content=raw), ollama=True)

@@ -143,6 +143,7 @@ def test_show_says_the_rerank_capability(http):
     ("/v1/embeddings", {"model": MODEL, "input": "w5"}),
     ("/api/embed", {"model": MODEL, "input": "w5"}),
     ("/api/embeddings", {"model": MODEL, "prompt": "w5"}),
+    ("/embed", {"inputs": "w5"}),
 ])
 def test_a_score_bundle_answers_the_other_routes_400(http, path, body):
     reply = http.post(path, json=body)

@@ -62,9 +62,10 @@ def serve(
     """Serve BUNDLE over an OpenAI-compatible HTTP API (completions, chat with tools,
     the Responses API (stateless), Anthropic's Messages API, Ollama's native API,
     models, tokenize/detokenize, version, health, Prometheus metrics), logging one line
-    per request; an embedding bundle answers /v1/embeddings and Ollama's /api/embed
-    instead of the generating routes, a score bundle (a reranker) /v1/rerank and
-    /rerank. Requests may add edgeprefill's own fields, e.g. "priority": -1 (or "high")
+    per request; an embedding bundle answers /v1/embeddings, Ollama's /api/embed and
+    text-embeddings-inference's /embed instead of the generating routes, a score bundle
+    (a reranker) /v1/rerank and /rerank (Jina's and TEI's shapes); both answer vLLM's
+    /v1/score and /score. Requests may add edgeprefill's own fields, e.g. "priority": -1 (or "high")
     to jump ahead of long prompts; lower is served first.
 
     \b

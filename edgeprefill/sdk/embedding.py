@@ -96,10 +96,11 @@ def prepared(text: object) -> str:
 
 
 def text_ids(tokenizer: BundleTokenizer, text: str, capacity: int,
-             truncate: bool = False) -> list[int]:
+             truncate: bool = False, direction: str = "right") -> list[int]:
     """A text's token ids as sentence-transformers gives them to the model; longer than
     the context: refused, or with `truncate` cut to it before the post-processor's
-    tokens (which stay, as transformers' truncation keeps them)."""
+    tokens (which stay, as transformers' truncation keeps them), its end cut (or, with
+    `direction` "left", its start: TEI's truncation_direction)."""
     ids = tokenizer.encode(prepared(text))
     if len(ids) <= capacity:
         return ids
@@ -109,7 +110,8 @@ def text_ids(tokenizer: BundleTokenizer, text: str, capacity: int,
     raw = tokenizer.tokenizer
     assert raw is not None, "encode read the text with it"
     encoding = raw.encode(prepared(text), add_special_tokens=False)
-    encoding.truncate(max(0, capacity - raw.num_special_tokens_to_add(False)))
+    encoding.truncate(max(0, capacity - raw.num_special_tokens_to_add(False)),
+                      direction=direction)
     return list(raw.post_process(encoding).ids)[:capacity]
 
 

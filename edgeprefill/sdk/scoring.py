@@ -91,11 +91,20 @@ class ScoreHead:
         return scores
 
     def relevance(self, scores: np.ndarray) -> np.ndarray:
-        """float32 [n] in 0..1 from scores [n, labels]; refused for a head of more labels."""
+        """float32 [n] in 0..1 from scores [n, labels]: sigmoid of `logit`."""
+        return _sigmoid(self.logit(scores))
+
+    def logit(self, scores: np.ndarray) -> np.ndarray:
+        """float32 [n]: the one logit whose sigmoid is the relevance, from scores [n,
+        labels]: the label of one, second - first of two (the one label vLLM makes of a
+        token reranker's yes and no; what vLLM's use_activation=false and TEI's
+        raw_scores give); refused for a head of more labels."""
         self.check_ranks()
         if self.info.relevance == "sigmoid":
-            return _sigmoid(scores[:, 0])
-        return _sigmoid(scores[:, 1] - scores[:, 0])  # "sigmoid_difference"
+            out = scores[:, 0]
+        else:  # "sigmoid_difference"
+            out = scores[:, 1] - scores[:, 0]
+        return np.asarray(out, np.float32)
 
     def check_ranks(self) -> None:
         """Refuse a head with no one relevance (more than two labels) before any work."""
@@ -112,15 +121,18 @@ def _sigmoid(x: np.ndarray) -> np.ndarray:
 
 
 def item_ids(tokenizer: BundleTokenizer, info: ScoreInfo, item: object,
-             capacity: int) -> list[int]:
+             capacity: int, truncate: str | None = None) -> list[int]:
     """The token ids of a text to score (a string read as it is, or a (query, document)
     pair read as the bundle's template or the tokenizer's pair encoding); a classifier's
-    trailing pad tokens left out; longer than the context: refused."""
+    trailing pad tokens left out; longer than the context: refused, or, a pair with
+    `truncate` (a direction, "right" or "left"), cut to it as TEI cuts one (pair_ids)."""
     if isinstance(item, str):
         ids = tokenizer.encode(item)
     elif _is_pair(item):
         assert isinstance(item, tuple | list)
         ids = pair_ids(tokenizer, info, str(item[0]), str(item[1]))
+        if len(ids) > capacity and truncate is not None and info.template is None:
+            ids = pair_ids(tokenizer, info, str(item[0]), str(item[1]), (capacity, truncate))
     else:
         raise RequestError(f"a text to score is a string or a (query, document) pair of "
                            f"strings, got {type(item).__name__}")
@@ -130,20 +142,34 @@ def item_ids(tokenizer: BundleTokenizer, info: ScoreInfo, item: object,
     if not ids:
         raise RequestError("the text to score is empty (no tokens)")
     if len(ids) > capacity:
+        kept = " (a pair read through the bundle's template is not cut)" \
+            if truncate is not None and info.template is not None else ""
         raise RequestError(f"a text of {len(ids)} tokens exceeds the context of {capacity} "
-                           "tokens; shorten it")
+                           f"tokens{kept}; shorten it")
     return ids
 
 
-def pair_ids(tokenizer: BundleTokenizer, info: ScoreInfo, query: str,
-             document: str) -> list[int]:
-    """A (query, document) pair's ids, as the bundle reads a pair."""
+def pair_ids(tokenizer: BundleTokenizer, info: ScoreInfo, query: str, document: str,
+             cut: tuple[int, str] | None = None) -> list[int]:
+    """A (query, document) pair's ids, as the bundle reads a pair; the tokenizer's pair
+    encoding with `cut` (length, direction) truncated to that length as TEI truncates a
+    pair: the longer text first (longest_first), its special tokens kept."""
     if info.template is not None:
         return tokenizer.encode(render(info.template, query, document))
     raw = tokenizer.tokenizer
     if raw is None:
         raise RequestError("this bundle's tokenizer cannot encode a pair")
-    return list(raw.encode(query, document, add_special_tokens=True).ids)
+    if cut is None:
+        return list(raw.encode(query, document, add_special_tokens=True).ids)
+    saved = raw.truncation  # the tokenizer's own setting, put back after
+    raw.enable_truncation(cut[0], strategy="longest_first", direction=cut[1])
+    try:
+        return list(raw.encode(query, document, add_special_tokens=True).ids)
+    finally:
+        if saved is None:
+            raw.no_truncation()
+        else:
+            raw.enable_truncation(**saved)
 
 
 def render(template: str, query: str, document: str) -> str:

@@ -10,9 +10,13 @@
     POST /v1/embeddings, /api/embed, /api/embeddings   an embedding bundle's vectors
                                  (server/embeddings.py); on such a bundle the generating
                                  routes above answer 400
+    POST /embed                  text-embeddings-inference's vectors (server/tei.py)
     POST /v1/rerank, /rerank     a score bundle's relevance of documents to a query
-                                 (server/rerank.py); on such a bundle the generating and
+                                 (server/rerank.py: Jina's and Cohere's shape, or TEI's
+                                 with `texts`); on such a bundle the generating and
                                  embedding routes answer 400
+    POST /v1/score, /score       vLLM's scores of text pairs: a score bundle's relevance, an
+                                 embedding bundle's cosine similarity (server/score.py)
     GET  /v1/models              the one model this server holds
     /tokenize, /detokenize, /v1/models/{id}, /version: server/routes_extra.py
     GET  /health                 liveness (never needs the API key)
@@ -83,8 +87,10 @@ from edgeprefill.server.responses_request import (
 from edgeprefill.server.responses_stream import Reply, response_events
 from edgeprefill.server.routes_extra import ExtraRoutes, model_card
 from edgeprefill.server.schemas import CompletionRequest, parse_chat, parse_completion
+from edgeprefill.server.score import ScoreRoutes
 from edgeprefill.server.shutdown import ShutdownCut
 from edgeprefill.server.sse import EventStreamResponse, completion_events
+from edgeprefill.server.tei import TeiRoutes
 from edgeprefill.server.tools import (
     call_format,
     calls_in_content,
@@ -116,6 +122,8 @@ def create_app(engine: Engine, config: ServerConfig) -> Starlette:
         *ollama.routes(),
         *EmbeddingRoutes(api).routes(),
         *RerankRoutes(api).routes(),
+        *ScoreRoutes(api).routes(),
+        *TeiRoutes(api).routes(),
     ]
     # AccessLog outermost, so that it logs what the client got: ShutdownCut answers a
     # request the shutdown cancelled with a 503 (inside it, the log said 500 or 200).

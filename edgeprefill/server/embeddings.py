@@ -77,21 +77,18 @@ class EmbeddingRoutes:
         try:
             body = only_fields(await self.api.read(request), OPENAI_FIELDS)
             self.api.check_model(body.get("model"))
-            self._require_embedding()
+            self.require_embedding()
             encoding = body.get("encoding_format", "float")
             if encoding not in ENCODINGS:
                 raise ApiError(400, f"'encoding_format' must be float or base64, got "
                                f"{encoding!r}", "encoding_format")
-            dimensions = self._dimensions(body)
-            inputs = _openai_inputs(body.get("input"))
-            if body.get("prompt_name") is not None and any(isinstance(i, list) for i in inputs):
-                raise ApiError(400, "'prompt_name' applies to texts; token ids are taken as "
-                               "they are", "prompt_name")
-            prompt = self._prompt(body)
-            ids = [self._token_ids(tokens) if isinstance(tokens, list) else
-                   await self._ids(prompt + tokens, truncate=False, field="input")
+            dimensions = self.dimensions(body)
+            inputs = openai_inputs(body.get("input"))
+            prompt = self.texts_prompt(body, inputs)
+            ids = [self.token_ids(tokens) if isinstance(tokens, list) else
+                   await self.ids(prompt + tokens, truncate=False, field="input")
                    for tokens in inputs]
-            vectors = await self._vectors(ids, dimensions)
+            vectors = await self.vectors(ids, dimensions)
         except ApiError as err:
             return err.response(request.url.path)
         count = sum(len(tokens) for tokens in ids)
@@ -105,7 +102,7 @@ class EmbeddingRoutes:
         try:
             body = await self.api.read(request)
             model = model_of(body, self.model_name)
-            self._require_embedding()
+            self.require_embedding()
             texts = body.get("input")
             if texts in (None, "", []):  # a load: the model is always loaded
                 return JSONResponse({"model": model, "embeddings": []})
@@ -115,11 +112,11 @@ class EmbeddingRoutes:
             truncate = body.get("truncate", True)
             if not isinstance(truncate, bool):
                 raise ApiError(400, "'truncate' must be true or false", "truncate")
-            dimensions = self._dimensions(body)
-            prompt = self._prompt(body)
+            dimensions = self.dimensions(body)
+            prompt = self.prompt(body)
             context = embedding_context(body, self.engine.capacity)
-            ids = [await self._ids(prompt + text, truncate, "input", context) for text in texts]
-            vectors = await self._vectors(ids, dimensions)
+            ids = [await self.ids(prompt + text, truncate, "input", context) for text in texts]
+            vectors = await self.vectors(ids, dimensions)
         except ApiError as err:
             return err.response(request.url.path)
         took = int((time.perf_counter() - began) * 1e9)
@@ -131,15 +128,15 @@ class EmbeddingRoutes:
         try:
             body = await self.api.read(request)
             model_of(body, self.model_name)
-            self._require_embedding()
+            self.require_embedding()
             prompt = body.get("prompt")
             if prompt in (None, ""):  # a load
                 return JSONResponse({"embedding": []})
             if not isinstance(prompt, str):
                 raise ApiError(400, "'prompt' must be a string", "prompt")
             context = embedding_context(body, self.engine.capacity)
-            text = self._prompt(body) + prompt
-            vectors = await self._vectors([await self._ids(text, False, "prompt", context)],
+            text = self.prompt(body) + prompt
+            vectors = await self.vectors([await self.ids(text, False, "prompt", context)],
                                           None)
         except ApiError as err:
             return err.response(request.url.path)
@@ -147,42 +144,54 @@ class EmbeddingRoutes:
 
     # -- the parts ------------------------------------------------------------------------
 
-    def _dimensions(self, body: dict) -> int | None:
+    def dimensions(self, body: dict) -> int | None:
         try:
             return embedding.check_dimensions(body.get("dimensions"),
                                               self.engine.manifest.model.hidden_size)
         except RequestError as err:
             raise ApiError(400, str(err), "dimensions") from None
 
-    def _prompt(self, body: dict) -> str:
+    def prompt(self, body: dict) -> str:
         """The prompt `prompt_name` names, or the model's default one ("" if none)."""
         try:
             return embedding.prompt_of(self.engine.manifest.embedding, body.get("prompt_name"))
         except RequestError as err:
             raise ApiError(400, str(err), "prompt_name") from None
 
-    def _require_embedding(self) -> None:
+    def texts_prompt(self, body: dict, inputs: list[str | list[int]]) -> str:
+        """The prompt (`prompt`) of inputs that may hold token ids, which take none."""
+        if body.get("prompt_name") is not None and any(isinstance(i, list) for i in inputs):
+            raise ApiError(400, "'prompt_name' applies to texts; token ids are taken as "
+                           "they are", "prompt_name")
+        return self.prompt(body)
+
+    def require_embedding(self) -> None:
         if self.engine.manifest.task == "score":
             raise ApiError(400, scoring.score_only(self.engine.manifest))
         if self.engine.manifest.task != "embed":
             raise ApiError(400, embedding.generation_only(self.engine.manifest))
 
-    def _token_ids(self, tokens: list[int]) -> list[int]:
-        """Token ids as given; more than the context: a 400 (their range: the engine)."""
-        if len(tokens) > self.engine.capacity:
+    def token_ids(self, tokens: list[int], truncate: str | None = None,
+                  field: str = "input") -> list[int]:
+        """Token ids as given; more than the context: a 400 naming `field`, or with
+        `truncate` (a direction: TEI's) cut to it, keeping the first ids or ("left") the
+        last (their range: the engine)."""
+        capacity = self.engine.capacity
+        if truncate is not None and len(tokens) > capacity:
+            return tokens[:capacity] if truncate == "right" else tokens[-capacity:]
+        if len(tokens) > capacity:
             raise ApiError(400, f"an input of {len(tokens)} tokens exceeds the context of "
-                           f"{self.engine.capacity} tokens; shorten it", "input",
-                           "context_length_exceeded")
+                           f"{capacity} tokens; shorten it", field, "context_length_exceeded")
         return tokens
 
-    async def _ids(self, text: str, truncate: bool, field: str,
-                   context: int | None = None) -> list[int]:
+    async def ids(self, text: str, truncate: bool, field: str,
+                  context: int | None = None, direction: str = "right") -> list[int]:
         """A text's ids in a prompt worker; past the context (the bundle's, or a smaller
-        one Ollama's num_ctx asks for) a 400, or cut to it."""
+        one Ollama's num_ctx asks for) a 400, or cut to it (its end; "left": its start)."""
         capacity = self.engine.capacity if context is None else context
         try:
             encoded = await self.api.prompts.call("embedding_bounded", text, capacity,
-                                                  truncate)
+                                                  truncate, direction)
         except PromptTimeout as err:
             raise ApiError(400, str(err), field, "prompt_timeout") from None
         except RequestError as err:
@@ -194,16 +203,21 @@ class EmbeddingRoutes:
                            f"{capacity} tokens; shorten it", field, "context_length_exceeded")
         return encoded.ids
 
-    async def _vectors(self, ids: list[list[int]], dimensions: int | None) -> np.ndarray:
-        """The texts' vectors (hidden_rows, truncated and normalized per the bundle)."""
-        return embedding.vectors(await hidden_rows(self.api, ids),
-                                 embedding.normalizes(self.engine.manifest), dimensions)
+    async def vectors(self, ids: list[list[int]], dimensions: int | None,
+                      normalize: bool | None = None, field: str = "input") -> np.ndarray:
+        """The texts' vectors (hidden_rows, truncated and normalized per the bundle, or
+        per `normalize` where given: TEI's)."""
+        if normalize is None:
+            normalize = embedding.normalizes(self.engine.manifest)
+        rows = await hidden_rows(self.api, ids, field)
+        return embedding.vectors(rows, normalize, dimensions)
 
 
-async def hidden_rows(api: OpenAIApi, ids: list[list[int]]) -> np.ndarray:
+async def hidden_rows(api: OpenAIApi, ids: list[list[int]], field: str = "input"
+                      ) -> np.ndarray:
     """The last hidden rows of texts' ids [n, hidden] (an embedding or score bundle's):
     one place of the server's max_pending held, a window of the texts in the engine at a
-    time (Engine._embed_rows' window)."""
+    time (Engine._embed_rows' window); ids the engine refuses: a 400 naming `field`."""
     if api.pending + 1 > api.config.max_pending:
         raise ApiError(429, f"the server is busy ({api.pending} of "
                        f"{api.config.max_pending} places taken); retry shortly",
@@ -225,7 +239,7 @@ async def hidden_rows(api: OpenAIApi, ids: list[list[int]]) -> np.ndarray:
     except RequestError as err:
         full = "queue is full" in str(err)
         raise ApiError(429 if full else 400, str(err),
-                       None if full else "input", "queue_full" if full else None
+                       None if full else field, "queue_full" if full else None
                        ) from None
     finally:
         api.pending -= 1
@@ -240,8 +254,9 @@ async def _row(stream: TokenStream) -> np.ndarray:
     return embedding.row_of(stream)
 
 
-def _openai_inputs(value: Any) -> list[str | list[int]]:
-    """OpenAI's `input`: a text, texts, token ids, or lists of token ids."""
+def openai_inputs(value: Any, field: str = "input") -> list[str | list[int]]:
+    """OpenAI's `input` (and TEI's `inputs`): a text, texts, token ids, or lists of token
+    ids."""
     if isinstance(value, str):
         items: list[Any] = [value]
     elif isinstance(value, list) and value and all(is_int(v) for v in value):
@@ -251,13 +266,13 @@ def _openai_inputs(value: Any) -> list[str | list[int]]:
             for v in value):
         items = value
     else:
-        raise ApiError(400, "'input' must be a non-empty string, a list of strings, a list "
-                       "of token ids or a list of such lists", "input")
+        raise ApiError(400, f"'{field}' must be a non-empty string, a list of strings, a "
+                       "list of token ids or a list of such lists", field)
     if len(items) > MAX_INPUTS:  # before any is tokenized: each costs a worker's call
-        raise ApiError(400, f"'input' holds {len(items)} items; at most {MAX_INPUTS} a "
-                       "request", "input")
+        raise ApiError(400, f"'{field}' holds {len(items)} items; at most {MAX_INPUTS} a "
+                       "request", field)
     if any(isinstance(item, str) and not item for item in items):
-        raise ApiError(400, "an 'input' text is empty", "input")
+        raise ApiError(400, f"an '{field}' text is empty", field)
     return items
 
 

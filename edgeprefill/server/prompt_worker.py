@@ -231,24 +231,26 @@ def _bounded(ids: list[int], limit: int, opens_think: bool) -> Encoded:
     return Encoded(ids if len(ids) <= limit else len(ids), opens_think)
 
 
-def embedding_bounded(tokenizer: Any, text: Any, limit: int, truncate: bool) -> Encoded:
+def embedding_bounded(tokenizer: Any, text: Any, limit: int, truncate: bool,
+                      direction: str = "right") -> Encoded:
     """A text to embed -> its ids as sentence-transformers gives them to the model
-    (sdk/embedding.py); past `limit`: cut to it with `truncate`, else only their count."""
+    (sdk/embedding.py); past `limit`: cut to it with `truncate` (its end, or with
+    `direction` "left" its start), else only their count."""
     from edgeprefill.sdk.embedding import prepared, text_ids
 
     if truncate:
-        return Encoded(text_ids(tokenizer, text, limit, truncate=True))
+        return Encoded(text_ids(tokenizer, text, limit, truncate=True, direction=direction))
     return _bounded(tokenizer.encode(prepared(text)), limit, False)
 
 
 def score_bounded(tokenizer: Any, info: Any, query: str, document: str,
-                  limit: int) -> Encoded:
+                  limit: int, truncate: str | None = None) -> Encoded:
     """A (query, document) pair to score -> its ids as the score bundle reads a pair
     (sdk/scoring.py: its template, or the tokenizer's pair encoding); past `limit` refused
-    (RequestError) without its ids."""
+    (RequestError) without its ids, or with `truncate` (a direction) cut to it."""
     from edgeprefill.sdk.scoring import item_ids
 
-    return Encoded(item_ids(tokenizer, info, (query, document), limit))
+    return Encoded(item_ids(tokenizer, info, (query, document), limit, truncate))
 
 
 # Calls that are not BundleTokenizer methods: name -> function(tokenizer, *args).
