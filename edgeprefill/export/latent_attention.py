@@ -121,7 +121,8 @@ class LatentAttention:
         latent = self.norms.rms_norm(g, latent, b.w.tensor(p + n.kv_a_norm + ".weight"))
         k = g.op("Concat", [k_pe, latent], axis=-1)  # [.., r + L]
         q, k = b.tokens.spread(q), b.tokens.spread(k)
-        q, k = b.flavor.rotary(g, q, k, step, layer.rope)
+        if layer.rope is not None:  # Kimi Linear's MLA rotates nothing (NoPE)
+            q, k = b.flavor.rotary(g, q, k, step, layer.rope)
         names = kv_names(i)
         out = b.flavor.attention(g, q, k, k, (names.past_key, names.past_value),
                                  (names.present_key, names.present_value), step,

@@ -252,6 +252,9 @@ class FamilySpec:
     # (in_proj_qkvz [key head, q|k|v|z], in_proj_ba [key head, b|a]), not Qwen3.5's four.
     delta_grouped: bool = False
     delta_names: DeltaNames = QWEN_DELTA_NAMES
+    # Whether the linear_attention layers are Kimi's KDA (export/kimi_delta.py): the
+    # delta rule with a decay per key channel, low-rank gates and a sigmoid-gated norm.
+    kda: bool = False
     # OLMo Hybrid's DeltaNet: its gated norm's epsilon, fixed (None: the model's norm
     # epsilon), and the key that doubles beta (linear_allow_neg_eigval: beta in [0, 2]).
     delta_norm_eps: float | None = None
