@@ -216,3 +216,16 @@ def test_the_hubs_tensor_names_are_what_transformers_saves(hf_model):
     assert not any(".mlp." in n for n in names)
     raw = json.loads((hf_model("kimi_linear") / "config.json").read_text())
     assert "num_experts" in raw and "model_max_length" in raw  # the aliases
+
+
+def test_inspect_names_the_kda_layers_and_their_states(bundle):
+    from click.testing import CliRunner
+
+    from edgeprefill.cli.main import cli
+
+    result = CliRunner().invoke(cli, ["inspect", str(bundle("kimi_linear"))])
+    assert result.exit_code == 0, result.output
+    assert "3 of 4 layers KDA linear attention" in result.output
+    assert "4 of 4 layers without rope" in result.output
+    assert "layers 0, 2, 3 carry a recurrent state" in result.output
+    assert "conv [192, 3] float32, recurrent [4, 16, 16] float32" in result.output

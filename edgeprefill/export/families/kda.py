@@ -102,7 +102,7 @@ KIMI_LINEAR = FamilySpec(
               "tie_word_embeddings": False, "num_local_experts": 256,
               "linear_head_dim": 128, "linear_num_heads": 32, "linear_conv_kernel_dim": 4},
     quirks=(*MLA_QUIRKS, "MLA without rotary (NoPE)",
-            "KDA layers (a gated delta rule with a decay per key channel)"),
+            "KDA: the gated delta rule with a decay per key channel"),
 )
 
 FAMILIES: dict[str, FamilySpec] = {
