@@ -317,7 +317,9 @@ SUPPORTED = {"granitemoehybrid": {"layer_types": ["attention"] * 4, "num_local_e
                                                      "mrope_section": [3, 3, 2]}},
              # Kimi Linear: an attention layer among the 4 (its config class's first is
              # the 5th)
-             "kimi_linear": {"layer_types": ["linear_attention", "full_attention"] * 2}}
+             "kimi_linear": {"layer_types": ["linear_attention", "full_attention"] * 2},
+             # Bailing hybrid: the same (its config class's first is the 6th)
+             "bailing_hybrid": {"layer_group_size": 2}}
 
 
 def least(family: str) -> dict:

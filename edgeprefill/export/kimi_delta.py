@@ -18,6 +18,11 @@ keys and values alike; no head repeat):
                  per head, all in float32 (Qwen3.5's gate is silu, its weight applied in
                  the model's dtype)
 
+Bailing hybrid (Ling 3) runs the same layer with full-rank f_proj and g_proj in place of
+the low-rank pairs (FamilySpec.kda_full_rank), A_log stored [heads], and, where
+kda_safe_gate, a bounded decay g = kda_lower_bound * sigmoid(exp(A_log) * f) in place of
+the softplus (DeltaNetShape.gate_lower_bound), cast through the model's dtype.
+
 The state and the Scan are gated_delta.py's, shaped alike ([B, heads, K, K], float32), and
 so are the masks: padding gets a decay of 1 and a beta of 0. The native GatedDeltaRule
 takes one decay per head, so this Scan's body is named kda{layer}_step, which the load-time
@@ -36,6 +41,7 @@ from edgeprefill.export.gated_delta import GatedDeltaNet
 BETA = "b_proj"
 GATE = ("g_a_proj", "g_b_proj")  # the output gate, low rank (K)
 FORGET = ("f_a_proj", "f_b_proj")  # the decay's projection, low rank (K)
+FULL_GATE, FULL_FORGET = "g_proj", "f_proj"  # Bailing's, full rank (FamilySpec.kda_full_rank)
 
 
 class KimiDeltaAttention(GatedDeltaNet):
@@ -47,19 +53,11 @@ class KimiDeltaAttention(GatedDeltaNet):
     def layer(self, p: str, h: str, layer: int, rows) -> str:
         """The KDA sublayer of layer prefix `p` on its normed input `h`; `rows` keeps the
         tokens that go on."""
-        g, d, names = self.g, self.d, self.cfg.spec.delta_names
+        d, names = self.d, self.cfg.spec.delta_names
         pre = p + names.mixer
         self._check_kda_shapes(pre)
         size = d.value_heads * d.value_dim
-        # One MatMul for everything read from h: q | k | v, beta's logits, both low ranks
-        projected = self.w.linear(
-            h, [pre + n + ".weight" for n in (*names.projections, BETA, GATE[0], FORGET[0])],
-            None)
-        mixed, b, gate_low, forget_low = g.op("Split", [projected, g.const(
-            [d.conv_dim, d.value_heads, d.key_dim, d.key_dim])], 4, axis=-1)
-        gate = self.w.linear(gate_low, [pre + GATE[1] + ".weight"], None)
-        forget = self.w.linear(forget_low, [pre + FORGET[1] + ".weight"], None)
-        mixed, b, gate, forget = (self.tokens.spread(x) for x in (mixed, b, gate, forget))
+        mixed, b, gate, forget = (self.tokens.spread(x) for x in self._kda_projections(pre, h))
         conv_state = state_names(layer, CONV)
         full = self.conv.full(conv_state.past, mixed)
         self.conv.store(full, conv_state.present, d.conv_kernel - 1, d.conv_dim)
@@ -73,6 +71,23 @@ class KimiDeltaAttention(GatedDeltaNet):
         y = rows(self.tokens.gather(y, size))
         return self.w.linear(y, [pre + names.out + ".weight"], None)
 
+    def _kda_projections(self, pre: str, h: str) -> tuple[str, str, str, str]:
+        """q | k | v, beta's logits, the output gate and the decay's projection of h, in one
+        MatMul for everything read from h (Kimi's low ranks then their own)."""
+        g, d, names = self.g, self.d, self.cfg.spec.delta_names
+        size = d.value_heads * d.value_dim
+        first = (FULL_GATE, FULL_FORGET) if self.cfg.spec.kda_full_rank else \
+            (GATE[0], FORGET[0])
+        width = size if self.cfg.spec.kda_full_rank else d.key_dim
+        projected = self.w.linear(
+            h, [pre + n + ".weight" for n in (*names.projections, BETA, *first)], None)
+        mixed, b, gate, forget = g.op("Split", [projected, g.const(
+            [d.conv_dim, d.value_heads, width, width])], 4, axis=-1)
+        if not self.cfg.spec.kda_full_rank:
+            gate = self.w.linear(gate, [pre + GATE[1] + ".weight"], None)
+            forget = self.w.linear(forget, [pre + FORGET[1] + ".weight"], None)
+        return mixed, b, gate, forget
+
     def _gates(self, pre: str, b: str, a: str) -> tuple[str, str]:
         """decay [B, C, heads, K] (a: the forget projection, [B, C, heads * K]) and beta
         [B, C, heads], float32; 1 and 0 on padding."""
@@ -82,9 +97,16 @@ class KimiDeltaAttention(GatedDeltaNet):
         dt_bias = g.weight(pre + "dt_bias.f32", (d.value_heads, d.key_dim), np.float32,
                            lambda: self.w.ckpt.get(pre + "dt_bias", np.float32).reshape(
                                d.value_heads, d.key_dim))
-        a = g.op("Reshape", [a, g.const([0, 0, d.value_heads, d.key_dim])])
-        rate = g.op("Neg", [g.op("Exp", [a_log])])  # [heads, 1]: each head's channels
-        gate = g.op("Mul", [rate, g.op("Softplus", [g.op("Add", [a, dt_bias])])])
+        x = g.op("Add", [g.op("Reshape", [a, g.const([0, 0, d.value_heads, d.key_dim])]),
+                         dt_bias])
+        rate = g.op("Exp", [a_log])  # [heads, 1]: each head's channels
+        if d.gate_lower_bound is None:  # Kimi: -exp(A_log) * softplus(x)
+            gate = g.op("Mul", [g.op("Neg", [rate]), g.op("Softplus", [x])])
+        else:  # Bailing's bounded gate: lower * sigmoid(exp(A_log) * x)
+            gate = g.op("Mul", [g.const(d.gate_lower_bound, np.float32),
+                                g.op("Sigmoid", [g.op("Mul", [rate, x])])])
+        if self.cfg.spec.kda_full_rank:  # Bailing's gate goes through the model's dtype
+            gate = self._float(self._cast(gate, self.w.dtype))
         valid = g.op("Unsqueeze", [self.valid, g.const([3])])  # [B, C, 1, 1]
         decay = g.op("Where", [valid, g.op("Exp", [gate]), g.const(1.0, np.float32)])
         beta = g.op("Where", [self.valid, g.op("Sigmoid", [b]), g.const(0.0, np.float32)])
@@ -122,12 +144,16 @@ class KimiDeltaAttention(GatedDeltaNet):
         expected = [(pre + n + ".weight", (size, hidden)) for n in names.projections]
         expected += [(pre + n + ".weight", (size, 1, d.conv_kernel)) for n in names.conv]
         expected += [(pre + BETA + ".weight", (d.value_heads, hidden)),
-                     (pre + GATE[0] + ".weight", (k, hidden)),
-                     (pre + GATE[1] + ".weight", (size, k)),
-                     (pre + FORGET[0] + ".weight", (k, hidden)),
-                     (pre + FORGET[1] + ".weight", (size, k)),
-                     (pre + "A_log", (1, 1, d.value_heads, 1)), (pre + "dt_bias", (size,)),
-                     (pre + names.norm + ".weight", (k,)),
+                     (pre + "dt_bias", (size,)), (pre + names.norm + ".weight", (k,)),
                      (pre + names.out + ".weight", (hidden, size))]
+        if self.cfg.spec.kda_full_rank:  # Bailing's
+            expected += [(pre + n + ".weight", (size, hidden)) for n in (FULL_GATE, FULL_FORGET)]
+            expected += [(pre + "A_log", (d.value_heads,))]
+        else:
+            expected += [(pre + GATE[0] + ".weight", (k, hidden)),
+                         (pre + GATE[1] + ".weight", (size, k)),
+                         (pre + FORGET[0] + ".weight", (k, hidden)),
+                         (pre + FORGET[1] + ".weight", (size, k)),
+                         (pre + "A_log", (1, 1, d.value_heads, 1))]
         self.w.check_shapes(expected, f"linear_num_heads {d.value_heads} of head_dim {k}, "
                                       f"short_conv_kernel_size {d.conv_kernel}")

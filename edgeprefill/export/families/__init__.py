@@ -51,8 +51,6 @@ REFUSED_TYPES: dict[str, str] = {
     "glm_moe_dsa": "GLM-5's DeepSeek sparse attention (an indexer choosing each query's keys) "
                    "is not supported",
     "axk1": "A.X K1's RMSNorm after the experts (post_mlp_layernorm) is not supported",
-    "bailing_hybrid": "Bailing hybrid's gated delta attention with per-channel forget gates "
-                      "(KDA) is not supported",
     "minimax": "MiniMax's lightning attention layers (linear attention with a decay per head) "
                "are not supported",
     "xlstm": "xLSTM's mLSTM blocks (a matrix memory with exponential gates) are not supported",

@@ -1,4 +1,5 @@
-"""Families with Kimi delta attention (KDA, export/kimi_delta.py): Kimi Linear.
+"""Families with Kimi delta attention (KDA, export/kimi_delta.py): Kimi Linear, Bailing
+hybrid (Ling 3).
 """
 
 from __future__ import annotations
@@ -105,6 +106,71 @@ KIMI_LINEAR = FamilySpec(
             "KDA: the gated delta rule with a decay per key channel"),
 )
 
+
+
+def _bailing_hybrid_config(raw: dict[str, Any]) -> dict[str, Any]:
+    """BailingHybridConfig: Kimi's aliases; KDA's heads are the attention's
+    (num_attention_heads of head_dim, read before DeepseekV3Config turns head_dim into
+    qk_rope_head_dim), its kernel short_conv_kernel_size, unless config.json holds the
+    linear_* keys it saves them as; without layer_types the last layer of every
+    layer_group_size attends; mlp_layer_types dense on the first first_k_dense_replace."""
+    raw = dict(raw)
+    for alias, name in KIMI_ALIASES.items():
+        if alias in raw:
+            raw[name] = raw[alias]
+    count, group = int(raw["num_hidden_layers"]), int(raw["layer_group_size"])
+    if raw.get("layer_types") is None:
+        raw["layer_types"] = ["full_attention" if (i + 1) % group == 0 else "linear_attention"
+                              for i in range(count)]
+    if raw.get("mlp_layer_types") is None:
+        dense = int(raw["first_k_dense_replace"])
+        raw["mlp_layer_types"] = ["dense" if i < dense else "sparse" for i in range(count)]
+    # (the linear_* keys save_pretrained writes win, as the config class sets them last)
+    heads = raw.get("linear_num_heads", raw["num_attention_heads"])
+    head_dim = raw.get("linear_head_dim", raw["head_dim"])
+    raw.update(linear_num_key_heads=heads, linear_num_value_heads=heads,
+               linear_key_head_dim=head_dim, linear_value_head_dim=head_dim,
+               linear_conv_kernel_dim=raw.get("linear_conv_kernel_dim",
+                                              raw["short_conv_kernel_size"]))
+    return shared_experts("n_shared_experts")(raw)
+
+
+def _bailing_hybrid_unsupported(raw: dict[str, Any]) -> str | None:
+    act = raw.get("hidden_act", "silu")
+    if act != "silu":
+        return (f"hidden_act {act!r} is not supported: the KDA layers' convolution takes it, "
+                "and export's is SiLU")
+    return None
+
+
+# Bailing hybrid (Ling 3: inclusionAI's Ling-3.0-Flash): KDA layers with full-rank decay
+# and output-gate projections and a bounded decay (kda_safe_gate), the last layer of every
+# group DeepSeek-V3's latent attention (rotary on interleaved pairs) with a sigmoid output
+# gate per head; DeepSeek-V3's experts. Its checkpoints' names (word_embeddings,
+# `attention`, `dense`, the gate's `expert_bias`) read as transformers renames them.
+BAILING_HYBRID = replace(
+    KIMI_LINEAR, kda_full_rank=True, latent_head_gate=True, rope_interleaved=True,
+    legacy=_bailing_hybrid_config, refuse=_bailing_hybrid_unsupported,
+    renames=(("model.word_embeddings.", "model.embed_tokens."),),
+    segment_renames=((".attention.", ".self_attn."), (".self_attn.dense.", ".self_attn.o_proj."),
+                     (".mlp.gate.expert_bias", ".mlp.gate.e_score_correction_bias")),
+    # BailingHybridConfig's defaults (Ling-3.0-Flash's)
+    defaults={"vocab_size": 157_184, "hidden_size": 2560, "intermediate_size": 6144,
+              "moe_intermediate_size": 768, "num_hidden_layers": 42,
+              "num_attention_heads": 32, "num_key_value_heads": 32, "num_local_experts": 512,
+              "num_experts_per_tok": 8, "n_shared_experts": 1, "n_group": 8, "topk_group": 4,
+              "routed_scaling_factor": 2.5, "norm_topk_prob": True,
+              "first_k_dense_replace": 2, "hidden_act": "silu",
+              "max_position_embeddings": 262_144, "rms_norm_eps": 1e-6,
+              "tie_word_embeddings": False, "kv_lora_rank": 512, "q_lora_rank": None,
+              "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128,
+              "rope_theta": 6_000_000.0, "head_dim": 128, "short_conv_kernel_size": 4,
+              "layer_group_size": 6, "kda_safe_gate": True, "kda_lower_bound": -5.0},
+    quirks=(*MLA_QUIRKS, "interleaved rotary", "a sigmoid output gate per MLA head",
+            "KDA: the gated delta rule with a decay per key channel (bounded)"),
+)
+
 FAMILIES: dict[str, FamilySpec] = {
     "kimi_linear": KIMI_LINEAR,
+    "bailing_hybrid": BAILING_HYBRID,
 }

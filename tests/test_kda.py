@@ -1,7 +1,9 @@
-"""Kimi Linear: KDA layers (the gated delta rule with a decay per key channel) carrying a
-conv and a float32 recurrent state beside NoPE latent attention and DeepSeek-V3's experts.
-The fixture (conftest.FAMILIES "kimi_linear") has three KDA layers around one MLA layer;
-the generic suites (test_exactness, test_families, test_state_runtime) run it too."""
+"""The KDA families: Kimi Linear's KDA layers (the gated delta rule with a decay per key
+channel) carrying a conv and a float32 recurrent state beside NoPE latent attention and
+DeepSeek-V3's experts; Bailing hybrid's (full-rank, bounded gates) beside gated MLA with
+rotary. The fixtures (conftest.FAMILIES "kimi_linear", "bailing_hybrid") have three KDA
+layers around one MLA layer; the generic suites (test_exactness, test_families,
+test_state_runtime) run them too."""
 
 from __future__ import annotations
 
@@ -27,7 +29,8 @@ from tests.test_exactness import prompt_ids, reference_logits
 from tests.test_families import last_logits
 from tests.test_mla import dequantized_int4_but_kv_b
 
-KDA_LAYERS = 3  # the fixture's
+KDA_LAYERS = 3  # the fixtures'
+KDA_FAMILIES = ("kimi_linear", "bailing_hybrid")
 # Shaped as moonshotai/Kimi-Linear-48B-A3B-Instruct's config.json (the keys transformers
 # reads; the remote code's own left out but those export checks)
 HUB_48B = {
@@ -51,22 +54,24 @@ HUB_48B = {
 
 
 @pytest.mark.parametrize("flavor, kernels", GRAPHS)
+@pytest.mark.parametrize("family", KDA_FAMILIES)
 def test_logits_equal_transformers_for_any_chunk_with_a_padded_last_chunk(
-        flavor, kernels, hf_model, bundle, monkeypatch):
+        family, flavor, kernels, hf_model, bundle, monkeypatch):
     """Every call's last-token logits equal transformers' at that position, for chunks of
     1 to 40 tokens, with a padded last chunk whose padding must leave both states as they
     were at the row's last valid token; with the native kernels where they build (whose
     GatedDeltaRule must not take KDA's Scans)."""
     monkeypatch.setenv("EDGEPREFILL_KERNELS", kernels)
-    assert_padded_chunks_match(hf_model("kimi_linear"), bundle("kimi_linear", flavor))
+    assert_padded_chunks_match(hf_model(family), bundle(family, flavor))
 
 
-def test_logits_equal_transformers_chunked_form_too(hf_model, bundle):
+@pytest.mark.parametrize("family", KDA_FAMILIES)
+def test_logits_equal_transformers_chunked_form_too(family, hf_model, bundle):
     """transformers runs a prompt's KDA layers in a chunked form, which equals the
     recurrent one the bundle runs up to rounding."""
     ids = prompt_ids(40)
-    expected = reference_logits(hf_model("kimi_linear"), ids, chunked_delta_rule=True)
-    engine = Engine.load(bundle("kimi_linear"), threads=2, background=False)
+    expected = reference_logits(hf_model(family), ids, chunked_delta_rule=True)
+    engine = Engine.load(bundle(family), threads=2, background=False)
     for position, logits in run_padded(engine.backend, ids, 16, split=37).items():
         np.testing.assert_allclose(logits, expected[position], rtol=1e-4, atol=1e-4)
     engine.close()
@@ -88,11 +93,12 @@ def test_the_decay_per_key_channel_is_what_the_fixture_tests(hf_model):
     assert (expected - per_head).abs().max() > 1e-2
 
 
-def test_the_native_delta_rule_switch_leaves_kdas_scans_alone(bundle):
+@pytest.mark.parametrize("family", KDA_FAMILIES)
+def test_the_native_delta_rule_switch_leaves_kdas_scans_alone(family, bundle):
     """GatedDeltaRule takes one decay per head: KDA's Scans, whose body runs the same ops
     on a decay per key channel, are named so that the load-time switch never takes them
     (and would, named as a DeltaNet's)."""
-    path = bundle("kimi_linear")
+    path = bundle(family)
     model = load_graph(path, load_manifest(path))
     scans = [n for n in model.graph.node if n.op_type == "Scan"]
     assert len(scans) == KDA_LAYERS
@@ -110,11 +116,13 @@ def test_the_native_delta_rule_switch_leaves_kdas_scans_alone(bundle):
     assert is_delta_scan(scans[0])
 
 
-def test_int4_equals_transformers_with_the_dequantized_projections(hf_model, tmp_path):
-    """Every projection of the int4 bundle (KDA's low-rank ones and the experts' included;
-    kv_b_proj and the router stay float) computes with its dequantized weights and nothing
-    else moves."""
-    hf_dir = hf_model("kimi_linear")
+@pytest.mark.parametrize("family", KDA_FAMILIES)
+def test_int4_equals_transformers_with_the_dequantized_projections(family, hf_model,
+                                                                   tmp_path):
+    """Every projection of the int4 bundle (KDA's gates', Bailing's MLA gate and the
+    experts' included; kv_b_proj and the router stay float) computes with its dequantized
+    weights and nothing else moves."""
+    hf_dir = hf_model(family)
     export(hf_dir, tmp_path / "b", ExportOptions(
         chunks=(16,), max_context=128, show_progress=False,
         quant=QuantConfig("int4", accuracy_level=0)))
@@ -247,3 +255,79 @@ def test_an_fp16_bundle_keeps_the_recurrent_state_float32_and_the_model_s_logits
     got = last_logits(out, ids)
     assert np.argmax(got) == np.argmax(expected)
     assert np.abs(got - expected).max() / np.abs(expected).max() < 0.02
+
+
+def test_bailings_bounded_decay_and_mla_gate_are_what_the_fixture_tests(hf_model):
+    """What the bailing_hybrid logits tests rest on: its KDA decay computed unbounded (Kimi's
+    softplus form) and its MLA without the gate per head each move transformers' logits."""
+    model = load_hf_model(hf_model("bailing_hybrid"))
+    ids = torch.tensor([prompt_ids(40)])
+    with torch.no_grad():
+        expected = model(ids).logits
+        layers = model.model.layers
+        gates = [layer.self_attn.forget_gate for layer in layers
+                 if layer.block_type == "linear_attention"]
+        for gate in gates:
+            gate.safe_gate = False
+        unbounded = model(ids).logits
+        for gate in gates:
+            gate.safe_gate = True
+        for layer in layers:
+            if layer.block_type == "full_attention":
+                layer.self_attn.g_proj.weight.zero_()  # every head's gate 0.5
+        ungated = model(ids).logits
+    assert (expected - unbounded).abs().max() > 1e-2
+    assert (expected - ungated).abs().max() > 1e-2
+
+
+def test_a_bailing_config_reads_as_transformers_reads_it():
+    """Ling's key names (transformers' attribute_map), its layer groups, KDA's heads from
+    the attention's and head_dim, rotary from qk_rope_head_dim on rope_theta."""
+    import transformers
+
+    raw = {"model_type": "bailing_hybrid", "num_hidden_layers": 12, "num_experts": 64,
+           "num_experts_per_token": 4, "num_shared_experts": 2, "num_expert_group": 4,
+           "topk_group": 2, "moe_renormalize": True, "model_max_length": 8192,
+           "head_dim": 96, "short_conv_kernel_size": 3, "kda_lower_bound": -4.0}
+    ours = ModelConfig.from_hf(raw)
+    hf = transformers.BailingHybridConfig(**raw)
+    assert [i for i, kind in enumerate(hf.layer_types) if kind == "linear_attention"] == \
+        list(ours.delta_layers) == [i for i in range(12) if (i + 1) % 6]
+    d = ours.delta
+    assert d is not None and (d.key_heads, d.key_dim, d.value_dim, d.conv_kernel,
+                              d.gate_lower_bound) == (
+        hf.linear_num_heads, hf.linear_head_dim, hf.linear_head_dim,
+        hf.linear_conv_kernel_dim, hf.kda_lower_bound)
+    moe = ours.moe
+    assert moe is not None and (moe.experts, moe.top_k, moe.groups, moe.top_groups,
+                                moe.shared_width) == (
+        hf.num_local_experts, hf.num_experts_per_tok, hf.n_group, hf.topk_group,
+        hf.n_shared_experts * hf.moe_intermediate_size)
+    assert moe.layers == tuple(i for i, kind in enumerate(hf.mlp_layer_types)
+                               if kind == "sparse") == tuple(range(2, 12))
+    assert ours.rotary_dim == hf.qk_rope_head_dim
+    assert ours.ropes["global"].theta == hf.rope_parameters["rope_theta"] == 6e6
+    assert ours.max_positions == hf.max_position_embeddings == 8192
+    unbounded = ModelConfig.from_hf({**raw, "kda_safe_gate": False})
+    assert unbounded.delta is not None and unbounded.delta.gate_lower_bound is None
+    # What save_pretrained writes: head_dim as qk_rope_head_dim, KDA's widths apart
+    saved = {**raw, "linear_head_dim": 32, "linear_num_heads": 8, "linear_conv_kernel_dim": 2}
+    ours, hf = ModelConfig.from_hf(saved), transformers.BailingHybridConfig(**saved)
+    assert ours.delta is not None and (ours.delta.key_heads, ours.delta.key_dim,
+                                       ours.delta.conv_kernel) == (
+        hf.linear_num_heads, hf.linear_head_dim, hf.linear_conv_kernel_dim) == (8, 32, 2)
+
+
+def test_bailings_checkpoint_names_are_read_as_transformers_renames_them(hf_model):
+    names = set(load_file(hf_model("bailing_hybrid") / "model.safetensors"))
+    assert {"model.word_embeddings.weight", "model.layers.1.attention.dense.weight",
+            "model.layers.1.attention.g_proj.weight", "model.layers.0.attention.f_proj.weight",
+            "model.layers.1.mlp.gate.expert_bias"} <= names
+
+
+def test_a_bailing_config_with_another_activation_is_refused_in_one_line(hf_model):
+    raw = json.loads((hf_model("bailing_hybrid") / "config.json").read_text())
+    with pytest.raises(ExportError, match="hidden_act 'gelu' is not supported: the KDA") \
+            as err:
+        ModelConfig.from_hf({**raw, "hidden_act": "gelu"})
+    assert "\n" not in str(err.value)
