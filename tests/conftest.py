@@ -77,6 +77,30 @@ OLMO_HYBRID = {"num_hidden_layers": 4,
                                "full_attention"],
                "linear_num_key_heads": 2, "linear_num_value_heads": 4,
                "linear_key_head_dim": 16, "linear_value_head_dim": 8, "rms_norm_eps": 1e-3}
+# Kimi Linear: KDA layers (4 heads of 16, each key channel decaying at its own rate) around
+# one MLA layer without rotary (a dense query, as the Hub's), the last layer KDA; a dense
+# MLP first, then 8 experts (top 2 by sigmoid and a random correction bias, renormalized,
+# scaled) beside a shared one. The gated norm's eps as QWEN3_5's, for the same reason.
+KIMI_LINEAR = {"num_hidden_layers": 4, "num_key_value_heads": 4,
+               "layer_types": ["linear_attention", "full_attention", "linear_attention",
+                               "linear_attention"],
+               "linear_num_heads": 4, "linear_head_dim": 16, "linear_conv_kernel_dim": 4,
+               "q_lora_rank": None, "kv_lora_rank": 32, "qk_nope_head_dim": 16,
+               "qk_rope_head_dim": 16, "v_head_dim": 24, "num_local_experts": 8,
+               "num_experts_per_tok": 2, "moe_intermediate_size": 32, "n_shared_experts": 1,
+               "routed_scaling_factor": 2.5, "rms_norm_eps": 1e-3}
+# Bailing hybrid: KIMI_LINEAR's layers with Bailing's full-rank, bounded KDA gates and a
+# gated MLA with rotary (theta 10000, so that it turns over the prompts); head_dim (KDA's
+# width, 32) other than qk_rope_head_dim (16), which DeepseekV3Config saves as head_dim
+# beside linear_head_dim; 8 experts in 2 groups, the best one kept.
+BAILING_HYBRID = {"num_hidden_layers": 4, "num_key_value_heads": 4, "head_dim": 32,
+                  "layer_types": ["linear_attention", "full_attention", "linear_attention",
+                                  "linear_attention"],
+                  "q_lora_rank": None, "kv_lora_rank": 32, "qk_nope_head_dim": 16,
+                  "qk_rope_head_dim": 16, "v_head_dim": 24, "num_local_experts": 8,
+                  "num_experts_per_tok": 2, "moe_intermediate_size": 32, "n_shared_experts": 1,
+                  "n_group": 2, "topk_group": 1, "first_k_dense_replace": 1,
+                  "routed_scaling_factor": 2.5, "rope_theta": 10000.0, "rms_norm_eps": 1e-3}
 LAGUNA = {"num_hidden_layers": 4, "head_dim": 32, "sliding_window": 8,
           "layer_types": ["sliding_attention", "full_attention", "sliding_attention",
                           "full_attention"],
@@ -461,6 +485,8 @@ FAMILIES: dict[str, dict] = {
                        "num_global_key_value_heads": 1},
     "lara_mini": LARA_MINI,
     "olmo_hybrid": OLMO_HYBRID,
+    "kimi_linear": KIMI_LINEAR,
+    "bailing_hybrid": BAILING_HYBRID,
     # Mixture-of-experts families (export/moe.py); 8 experts, so that in a chunk some get
     # no token. Qwen3-MoE: a dense layer between two of experts, renormalized top-k.
     "qwen3_moe": {"head_dim": 32, "num_hidden_layers": 3, "mlp_only_layers": [1],

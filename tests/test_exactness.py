@@ -31,12 +31,14 @@ def prompt_ids(length: int, seed: int = 1) -> list[int]:
 
 @contextmanager
 def recurrent_delta_rule():
-    """Qwen3.5's Gated DeltaNet (and Qwen3.5-MoE's, Qwen3-Next's, Lara Mini's and OLMo
-    Hybrid's) in transformers' recurrent form (its decode steps') for a prompt too, as the
-    bundle runs it. transformers runs a
-    prompt in its chunked form, which equals it up to rounding; on the fixtures the two
-    differ by up to 2e-4 over 100 tokens, more than the comparisons' 1e-4 (test_qwen3_5.py
-    compares the chunked form over 40). Other families never call it."""
+    """Qwen3.5's Gated DeltaNet (and Qwen3.5-MoE's, Qwen3-Next's, Lara Mini's, OLMo
+    Hybrid's; Kimi Linear's and Bailing hybrid's KDA) in transformers' recurrent form (its
+    decode steps') for a prompt too, as the bundle runs it. transformers runs a prompt in
+    its chunked form, which equals it up to rounding; on the fixtures the two differ by up
+    to 2e-4 over 100 tokens, more than the comparisons' 1e-4 (test_qwen3_5.py compares the
+    chunked form over 40). Other families never call it."""
+    from transformers.models.bailing_hybrid import modeling_bailing_hybrid
+    from transformers.models.kimi_linear import modeling_kimi_linear
     from transformers.models.lara_mini import modeling_lara_mini
     from transformers.models.olmo_hybrid import modeling_olmo_hybrid
     from transformers.models.qwen3_5 import modeling_qwen3_5
@@ -45,16 +47,21 @@ def recurrent_delta_rule():
 
     modules = (modeling_qwen3_5, modeling_qwen3_5_moe, modeling_qwen3_next, modeling_lara_mini,
                modeling_olmo_hybrid)
-    chunked = [m.torch_chunk_gated_delta_rule for m in modules]
-    for module in modules:
-        recurrent = module.torch_recurrent_gated_delta_rule
-        module.torch_chunk_gated_delta_rule = \
-            lambda *args, chunk_size=None, _rule=recurrent, **kwargs: _rule(*args, **kwargs)
+    # (module, its chunked rule's name, its recurrent rule's name)
+    rules = [(m, "torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule")
+             for m in modules]
+    rules += [(module, "chunk_kimi_delta_attention", "recurrent_kimi_delta_attention")
+              for module in (modeling_kimi_linear, modeling_bailing_hybrid)]  # KDA
+    chunked = [getattr(module, name) for module, name, _ in rules]
+    for module, name, recurrent_name in rules:
+        recurrent = getattr(module, recurrent_name)
+        setattr(module, name,
+                lambda *args, chunk_size=None, _rule=recurrent, **kwargs: _rule(*args, **kwargs))
     try:
         yield
     finally:
-        for module, rule in zip(modules, chunked, strict=True):
-            module.torch_chunk_gated_delta_rule = rule
+        for (module, name, _), rule in zip(rules, chunked, strict=True):
+            setattr(module, name, rule)
 
 
 def checkpoint_key(hf_dir) -> tuple:

@@ -314,7 +314,12 @@ SUPPORTED = {"granitemoehybrid": {"layer_types": ["attention"] * 4, "num_local_e
              # config class's fit 128)
              "ernie4_5_vl_moe": {"rope_parameters": {"rope_type": "default",
                                                      "rope_theta": 500000.0,
-                                                     "mrope_section": [3, 3, 2]}}}
+                                                     "mrope_section": [3, 3, 2]}},
+             # Kimi Linear: an attention layer among the 4 (its config class's first is
+             # the 5th)
+             "kimi_linear": {"layer_types": ["linear_attention", "full_attention"] * 2},
+             # Bailing hybrid: the same (its config class's first is the 6th)
+             "bailing_hybrid": {"layer_group_size": 2}}
 
 
 def least(family: str) -> dict:
@@ -357,9 +362,9 @@ LEARNED_POSITIONS = ("gpt2", "gpt_bigcode", "gpt-sw3", "openai-gpt", "opt", "gpt
 # the base 10000 over rotary_dim), not a rope_parameters dict.
 OWN_ROTARY = ("gptj", "codegen")
 # ... and those without rotary nor positions (Nemotron-H, Mamba-2, Mamba-1: their mamba
-# layers order the tokens).
+# layers order the tokens; Kimi Linear: its KDA layers).
 NO_ROTARY = (*LEARNED_POSITIONS, "nemotron_h", "mamba2", "mamba", "falcon_mamba", "jamba",
-             "zamba", "zamba2", "nemotron_h_omni")
+             "zamba", "zamba2", "nemotron_h_omni", "kimi_linear")  # (Kimi: NoPE MLA)
 ALIBI = ("bloom", "mpt")  # ... and those whose attention biases by distance instead
 
 

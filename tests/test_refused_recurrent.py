@@ -10,7 +10,6 @@ from edgeprefill.export.model_config import ModelConfig
 
 
 @pytest.mark.parametrize("model_type, reason", (
-    ("bailing_hybrid", "gated delta attention with per-channel forget gates"),
     ("minimax", "lightning attention layers"),
     ("xlstm", "mLSTM blocks"),
     ("rwkv", "time-mix"),

@@ -1,11 +1,11 @@
 """The runtime of models whose layers carry a recurrent state beside (or instead of) KV:
-LFM2's and LFM3's short convolutions, Qwen3.5's Gated DeltaNet, Granite 4.0-H's and
-Falcon-H1's Mamba-2, and plain Mamba-2 and Mamba-1 (no layer attends: a slot arena
-without KV).
+LFM2's and LFM3's short convolutions, Qwen3.5's Gated DeltaNet, Kimi Linear's KDA, Granite
+4.0-H's and Falcon-H1's Mamba-2, and plain Mamba-2 and Mamba-1 (no layer attends: a slot
+arena without KV).
 Whatever the batch, the fused rows, the slot moves and the reuse, each
 sequence's state is its own and the text is transformers'. (The families' own graphs are
-tested in test_lfm2.py, test_lfm3.py, test_qwen3_5.py, test_mamba2.py and
-test_falcon_h1.py.)"""
+tested in test_lfm2.py, test_lfm3.py, test_qwen3_5.py, test_kda.py, test_mamba2.py
+and test_falcon_h1.py.)"""
 
 from __future__ import annotations
 
@@ -20,10 +20,12 @@ from tests.test_exactness import prompt_ids, reference_greedy, reference_logits
 # Falcon-H1's layers keep KV and states both; Mamba-2's keep no KV at all (its slots hold
 # states alone).
 FAMILIES = ("lfm2", "lfm3", "qwen3_5_text", "granitemoehybrid-mamba", "falcon_h1", "mamba2",
-            # Mamba-1 (as Mamba-2), Jamba, Zamba2, Zamba and RecurrentGemma: slow
+            "kimi_linear",  # KDA beside NoPE latent attention (its one cached head)
+            # Mamba-1 (as Mamba-2), Jamba, Zamba2, Zamba, RecurrentGemma and Bailing
+            # hybrid (Kimi Linear's states): slow
             *(pytest.param(family, marks=pytest.mark.slow)
               for family in ("mamba", "falcon_mamba", "jamba", "zamba2", "zamba",
-                             "recurrent_gemma")))
+                             "recurrent_gemma", "bailing_hybrid")))
 FLAVORS = ("ort", "standard")
 PARAMS = GenerationParams(max_new_tokens=8, ignore_eos=True)
 

@@ -43,6 +43,7 @@ from edgeprefill.export.families import TensorNames
 from edgeprefill.export.flavors import Flavor, StepTensors, positions
 from edgeprefill.export.gated_delta import GatedDeltaNet
 from edgeprefill.export.graph import GraphBuilder
+from edgeprefill.export.kimi_delta import KimiDeltaAttention
 from edgeprefill.export.latent_attention import LatentAttention
 from edgeprefill.export.layer_attention import LayerAttention
 from edgeprefill.export.lm_head import embedding_weight, head_weight
@@ -183,8 +184,8 @@ class DecoderBuilder:
         conv = CausalConv(g, self.dtype, past_lens, valid_lens) if cfg.state_layers else None
         self.short_conv = (ShortConv(g, self.w, cfg, self.tokens, conv)
                            if conv is not None and cfg.conv_layers else None)
-        self.delta_net = (GatedDeltaNet(g, self.w, cfg, self.tokens, conv, past_lens,
-                                        valid_lens, chunk)
+        delta = KimiDeltaAttention if cfg.spec.kda else GatedDeltaNet
+        self.delta_net = (delta(g, self.w, cfg, self.tokens, conv, past_lens, valid_lens, chunk)
                           if conv is not None and cfg.delta_layers else None)
         mamba = Mamba2 if cfg.selective is None else \
             MultiHeadMamba1 if cfg.selective.heads else Mamba1

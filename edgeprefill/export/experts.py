@@ -149,7 +149,8 @@ class MoeSpec:
 # config.json keys that name a routing, and the one value each family here computes
 # (DeepSeek-V3's; transformers' routers ignore the keys, so another value would be a
 # checkpoint trained to route otherwise)
-ROUTING_KEYS = {"scoring_func": "sigmoid", "topk_method": "noaux_tc"}
+ROUTING_KEYS = {"scoring_func": "sigmoid", "topk_method": "noaux_tc",
+                "moe_router_activation_func": "sigmoid"}  # (Kimi Linear's name)
 
 
 @dataclass(frozen=True)

@@ -53,6 +53,13 @@ L2_EPS = 1e-6  # transformers' l2norm in the recurrence
 class GatedDeltaNet(RecurrentMixer):
     """Emits Gated DeltaNet layers; the values they all share are computed once."""
 
+    # The Scan body's name is this + the layer + "_step": kernels/gated_delta.py switches
+    # "delta{layer}_step" bodies for its op, whose decay is one per head.
+    step_prefix = "delta"
+    # Whether the decay is one per key channel ([B, C, value_heads, key_dim]: Kimi's KDA,
+    # export/kimi_delta.py) rather than one per head ([B, C, value_heads]).
+    per_channel_decay = False
+
     def __init__(self, g: GraphBuilder, w: GraphWeights, cfg: ModelConfig,
                  tokens: PaddedTokens | PackedTokens, conv: CausalConv, past_lens: str,
                  valid_lens: str, chunk: str) -> None:
@@ -111,7 +118,7 @@ class GatedDeltaNet(RecurrentMixer):
         kept = g.op("Where", [self.continues, state.past, g.const(0.0, np.float32)])
         final, out = g.op("Scan", [kept, q, k, v, decay, beta], 2, num_scan_inputs=5,
                           scan_input_axes=[1] * 5, scan_output_axes=[1],
-                          body=self._step_body(f"delta{layer}_"))
+                          body=self._step_body(f"{self.step_prefix}{layer}_"))
         g.op("Identity", [final], [state.present])
         return out
 
@@ -173,10 +180,14 @@ class GatedDeltaNet(RecurrentMixer):
         q = body.input(prefix + "q", f32, [BATCH, d.value_heads, d.key_dim])
         k = body.input(prefix + "k", f32, [BATCH, d.value_heads, d.key_dim])
         v = body.input(prefix + "v", f32, [BATCH, d.value_heads, d.value_dim])
-        decay = body.input(prefix + "decay", f32, [BATCH, d.value_heads])
+        decay_shape = [BATCH, d.value_heads, d.key_dim] if self.per_channel_decay else \
+            [BATCH, d.value_heads]
+        decay = body.input(prefix + "decay", f32, decay_shape)
         beta = body.input(prefix + "beta", f32, [BATCH, d.value_heads])
         last = body.const([2, 3])
-        state = body.op("Mul", [state, body.op("Unsqueeze", [decay, last])])
+        # S [B, H, key_dim, value_dim] times each head's decay, or each key row's (KDA)
+        decay_axes = body.const([3]) if self.per_channel_decay else last
+        state = body.op("Mul", [state, body.op("Unsqueeze", [decay, decay_axes])])
         row_k = body.op("Unsqueeze", [k, body.const([2])])  # [B, H, 1, key_dim]
         remembered = body.op("MatMul", [row_k, state])  # [B, H, 1, value_dim]
         delta = body.op("Mul", [

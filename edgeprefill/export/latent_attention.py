@@ -20,7 +20,9 @@ In the ort flavour the manifest lists every such layer in graph.value_is_key: si
 the runtime binds one buffer as the layer's key and value caches (engines/ort/value_cache.py).
 
 The scale is transformers': qk_head_dim^-0.5, times yarn's mscale^2 where the rope has
-mscale_all_dim (ModelConfig.attn_scale).
+mscale_all_dim (ModelConfig.attn_scale). Kimi Linear's MLA rotates nothing (its layers'
+rope is None: k_pe is cached as projected); Bailing hybrid's gates each head's value
+output by sigmoid(g_proj(x)) before o_proj (FamilySpec.latent_head_gate).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from onnx.helper import np_dtype_to_tensor_dtype
 
 from edgeprefill.contract import kv_names
 from edgeprefill.errors import ExportError
@@ -121,13 +124,33 @@ class LatentAttention:
         latent = self.norms.rms_norm(g, latent, b.w.tensor(p + n.kv_a_norm + ".weight"))
         k = g.op("Concat", [k_pe, latent], axis=-1)  # [.., r + L]
         q, k = b.tokens.spread(q), b.tokens.spread(k)
-        q, k = b.flavor.rotary(g, q, k, step, layer.rope)
+        if layer.rope is not None:  # Kimi Linear's MLA rotates nothing (NoPE)
+            q, k = b.flavor.rotary(g, q, k, step, layer.rope)
         names = kv_names(i)
         out = b.flavor.attention(g, q, k, k, (names.past_key, names.past_value),
                                  (names.present_key, names.present_value), step,
                                  replace(layer, rope=None))
         out = rows(b.tokens.gather(out, cfg.num_heads * self.shape.cache_dim))
-        return self._values(p, out)
+        values = self._values(p, out)
+        if cfg.spec.latent_head_gate:  # Bailing: each head's values times its gate
+            values = self._head_gated(p, rows(h), values)
+        return values
+
+    def _head_gated(self, p: str, h: str, values: str) -> str:
+        """values [.., H * v] times sigmoid(g_proj(h)) per head, the sigmoid in float32 and
+        cast back, as BailingHybridAttention gates its output before o_proj."""
+        b, g, s, heads = self.b, self.b.g, self.shape, self.b.cfg.num_heads
+        name = p + b.cfg.names.head_gate[0] + ".weight"
+        self._check(name, (heads, b.cfg.hidden_size))
+        gate = b.w.linear(h, [name], None)
+        if b.dtype != np.float32:
+            gate = g.op("Cast", [g.op("Sigmoid", [g.op("Cast", [gate], to=1)])],
+                        to=int(np_dtype_to_tensor_dtype(b.dtype)))
+        else:
+            gate = g.op("Sigmoid", [gate])
+        per_head = g.op("Reshape", [values, g.const([0, 0, heads, s.v_dim])])
+        gated = g.op("Mul", [per_head, g.op("Unsqueeze", [gate, g.const([-1])])])
+        return g.op("Reshape", [gated, g.const([0, 0, heads * s.v_dim])])
 
     def _absorbed_query(self, p: str, h: str) -> str:
         """[.., H * (r + L)]: each head's q_pe, then its q_nope through W_UK."""

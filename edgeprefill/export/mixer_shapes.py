@@ -28,6 +28,10 @@ class DeltaNetShape:
     conv_kernel: int
     norm_eps: float | None = None  # the gated norm's epsilon; None: the model's
     beta_scale: float = 1.0  # beta times this (OLMo Hybrid's linear_allow_neg_eigval: 2)
+    # KDA's decay in log space (export/kimi_delta.py): Bailing's bounded gate,
+    # lower * sigmoid(exp(A_log) x) (kda_safe_gate, kda_lower_bound); None: Kimi's
+    # -exp(A_log) * softplus(x)
+    gate_lower_bound: float | None = None
 
     @property
     def conv_dim(self) -> int:
@@ -133,7 +137,9 @@ def read_delta(raw: dict[str, Any], spec: FamilySpec) -> dict[str, Any]:
         key_dim=int(raw["linear_key_head_dim"]), value_dim=int(raw["linear_value_head_dim"]),
         conv_kernel=int(raw["linear_conv_kernel_dim"]),
         norm_eps=spec.delta_norm_eps, beta_scale=2.0 if spec.delta_beta_key
-        and raw.get(spec.delta_beta_key) else 1.0)
+        and raw.get(spec.delta_beta_key) else 1.0,
+        gate_lower_bound=float(raw["kda_lower_bound"]) if spec.kda and raw.get("kda_safe_gate")
+        else None)
     return {"delta_layers": layers, "delta": shape}
 
 

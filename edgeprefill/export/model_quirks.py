@@ -32,14 +32,15 @@ def _weights(cfg: ModelConfig) -> list[str]:
 
 
 def _mixers(cfg: ModelConfig) -> list[str]:
-    """The layers other than attention (short convolutions, Gated DeltaNet, Mamba) and the
-    experts."""
+    """The layers other than attention (short convolutions, Gated DeltaNet or Kimi's KDA,
+    Mamba) and the experts."""
     out = []
     if cfg.conv_layers:
         out.append(f"{len(cfg.conv_layers)} of {cfg.num_layers} layers gated short "
                    f"convolutions of {cfg.conv_kernel} tokens (a conv state per sequence)")
     if cfg.delta_layers:
-        out.append(f"{len(cfg.delta_layers)} of {cfg.num_layers} layers Gated DeltaNet "
+        kind = "KDA" if cfg.spec.kda else "Gated DeltaNet"
+        out.append(f"{len(cfg.delta_layers)} of {cfg.num_layers} layers {kind} "
                    "linear attention (a conv and a recurrent state per sequence)")
     if cfg.moe is not None:
         out.append(cfg.moe.describe(cfg.num_layers))

@@ -6,7 +6,7 @@ numbers behind the switches (soft-caps, multipliers, windows, rope) are read fro
 config.json by `ModelConfig.from_hf`; nothing downstream looks at a family's name.
 
 One module per kind of language model (dense, gemma, the routed-expert MoEs by how their
-router chooses: moe_softmax, moe_top_k, moe_sigmoid; latent, recurrent, alibi, baichuan
+router chooses: moe_softmax, moe_top_k, moe_sigmoid; latent, recurrent, kda, alibi, baichuan
 (rotary or ALiBi by its config class), the GPT-2-era classic, OpenELM's layer-wise
 scaling, DeciLM's KV heads per layer, Llama-Nemotron's NAS blocks and Laguna's softplus-
 gated attention with heads per layer) and the image-text checkpoints that wrap one;
@@ -29,6 +29,7 @@ from edgeprefill.export.families import (
     dense,
     gemma,
     image_text,
+    kda,
     laguna,
     latent,
     moe_sigmoid,
@@ -51,10 +52,7 @@ REFUSED_TYPES: dict[str, str] = {
                     "keys) is not supported",
     "glm_moe_dsa": "GLM-5's DeepSeek sparse attention (an indexer choosing each query's keys) "
                    "is not supported",
-    "kimi_linear": "Kimi Linear's KDA (Kimi delta attention) layers are not supported",
     "axk1": "A.X K1's RMSNorm after the experts (post_mlp_layernorm) is not supported",
-    "bailing_hybrid": "Bailing hybrid's gated delta attention with per-channel forget gates "
-                      "(KDA) is not supported",
     "minimax": "MiniMax's lightning attention layers (linear attention with a decay per head) "
                "are not supported",
     "xlstm": "xLSTM's mLSTM blocks (a matrix memory with exponential gates) are not supported",
@@ -208,6 +206,7 @@ _TEXT: dict[str, FamilySpec] = _merged(
     moe_sigmoid.FAMILIES,
     latent.FAMILIES,
     recurrent.FAMILIES,
+    kda.FAMILIES,
     alibi.FAMILIES,
     baichuan.FAMILIES,
     classic.FAMILIES,

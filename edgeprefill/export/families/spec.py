@@ -252,6 +252,15 @@ class FamilySpec:
     # (in_proj_qkvz [key head, q|k|v|z], in_proj_ba [key head, b|a]), not Qwen3.5's four.
     delta_grouped: bool = False
     delta_names: DeltaNames = QWEN_DELTA_NAMES
+    # Whether the linear_attention layers are Kimi's KDA (export/kimi_delta.py): the
+    # delta rule with a decay per key channel, low-rank gates and a sigmoid-gated norm.
+    kda: bool = False
+    # Whether KDA's decay and output gate are full-rank projections (Bailing's f_proj and
+    # g_proj, its decay cast to the model's dtype) rather than Kimi's low-rank pairs.
+    kda_full_rank: bool = False
+    # Whether the latent attention's output is gated per head: sigmoid(g_proj(x)) times
+    # each head's values before o_proj (Bailing's MLA; names.head_gate).
+    latent_head_gate: bool = False
     # OLMo Hybrid's DeltaNet: its gated norm's epsilon, fixed (None: the model's norm
     # epsilon), and the key that doubles beta (linear_allow_neg_eigval: beta in [0, 2]).
     delta_norm_eps: float | None = None
