@@ -217,3 +217,14 @@ def test_what_doge_cannot_run_is_refused_in_one_line(keys, message):
     with pytest.raises(ExportError, match=message) as refused:
         ModelConfig.from_hf({"model_type": "doge", **MINIMAL, **keys})
     assert "\n" not in str(refused.value)
+
+
+@pytest.mark.parametrize("flavor", FLAVORS)
+def test_a_sliding_window_masks_keys_before_the_top_k(flavor, tmp_path):
+    """sliding_window 6 (DogeConfig reads it: a sliding causal mask on every layer) with
+    keep_window_size 4: each query keeps 4 of its window's 6 keys, as transformers does."""
+    hf = build_hf_model("doge", tmp_path / "hf", keep_window_size=4, sliding_window=6)
+    export(hf, tmp_path / "b", ExportOptions(flavor=flavor, chunks=(16,), max_context=64,
+                                             show_progress=False))
+    ids = distinct_ids(40)
+    check_chunks_and_padding(tmp_path / "b", ids, hf_logits(load_hf_model(hf), ids))
