@@ -19,12 +19,15 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+import onnxruntime as ort
 import pytest
 import torch
 
 from edgeprefill.engines import StepBatch
 from edgeprefill.errors import ExportError
+from edgeprefill.export.dynamic_mask import masked
 from edgeprefill.export.exporter import ExportOptions, export
+from edgeprefill.export.graph import GraphBuilder
 from edgeprefill.export.model_config import ModelConfig
 from edgeprefill.export.quantize import QuantConfig, int4_blockwise, int4_dequantize
 from edgeprefill.kernels import graph, select
@@ -228,3 +231,27 @@ def test_a_sliding_window_masks_keys_before_the_top_k(flavor, tmp_path):
                                              show_progress=False))
     ids = distinct_ids(40)
     check_chunks_and_padding(tmp_path / "b", ids, hf_logits(load_hf_model(hf), ids))
+
+
+def masked_in_graph(bias: np.ndarray, mask: np.ndarray, keep: int | None) -> np.ndarray:
+    """dynamic_mask.masked of `bias` and the additive `mask` (float16), run alone."""
+    g = GraphBuilder()
+    dtype = np.dtype(np.float16)
+    out = masked(g, g.const(bias, dtype), g.const(mask, dtype), keep, dtype)
+    g.rename(out, "kept")
+    g.output("kept", dtype, bias.shape)
+    model = g.to_model([], {"": 21}, 10)
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return session.run(None, {})[0]
+
+
+def test_masked_keys_are_the_minimum_whatever_their_bias_in_float16():
+    """As transformers' masked_fill: a masked key's bias is the dtype's minimum, not the
+    minimum plus its bias (in float16 a bias of 30000 would lift it to -35504); of the
+    visible keys, the two largest are kept."""
+    low = float(np.finfo(np.float16).min)
+    bias = np.array([[1.0, 3.0, 2.0, 30000.0, 30000.0]])
+    mask = np.array([[0.0, 0.0, 0.0, low, low]])
+    np.testing.assert_array_equal(masked_in_graph(bias, mask, None),
+                                  [[1.0, 3.0, 2.0, low, low]])
+    np.testing.assert_array_equal(masked_in_graph(bias, mask, 2), [[low, 3.0, 2.0, low, low]])

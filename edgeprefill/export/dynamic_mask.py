@@ -57,9 +57,12 @@ def cache_bias(g: GraphBuilder, cache: str, mask: DynamicMask) -> str:
 def masked(g: GraphBuilder, bias: str, additive_mask: str, keep: int | None,
            dtype: np.dtype) -> str:
     """The bias [..., C, K] of each query row's kept keys, the dtype's minimum elsewhere:
-    `bias` plus the step's additive mask (0 or the minimum, which absorbs the bias), then,
-    where `keep` is set, every key below the row's keep-th largest masked too."""
-    biased = g.op("Add", [bias, additive_mask])
+    `bias` where the step's additive mask is 0 (visible), the minimum where it is not (as
+    transformers' masked_fill: in float16 a bias added to the minimum would move it),
+    then, where `keep` is set, every key below the row's keep-th largest masked too."""
+    blocked = g.const(float(np.finfo(dtype).min), dtype)
+    visible = g.op("Equal", [additive_mask, g.const(0.0, dtype)])
+    biased = g.op("Where", [visible, bias, blocked])
     if keep is None:
         return biased
     keys = g.op("Shape", [biased], start=-1)  # [1]: K
@@ -67,5 +70,4 @@ def masked(g: GraphBuilder, bias: str, additive_mask: str, keep: int | None,
     largest, _ = g.op("TopK", [biased, count], 2, axis=-1, largest=1, sorted=0)
     threshold = g.op("ReduceMin", [largest, g.const([-1])], keepdims=1)
     kept = g.op("GreaterOrEqual", [biased, threshold])
-    blocked = g.const(float(np.finfo(dtype).min), dtype)
     return g.op("Where", [kept, biased, blocked])
