@@ -704,6 +704,12 @@ FAMILIES: dict[str, dict] = {
     "laguna": LAGUNA,
     "laguna-per-element": {**LAGUNA, "gating": "per-element"},
     "laguna-softcap": {**LAGUNA, "moe_router_logit_softcapping": 1.0},
+    # Doge: dynamic mask attention (A and the residual weights randomized: build_hf_model),
+    # per-head q/k norms; q/k/v/o, dt_proj and MLP biases. keep_window_size stays 2048, past the
+    # bundles' context: its top-k over keys breaks ties in transformers' own order, and the
+    # first layer's bias ties on every repeated token of these prompts (test_doge.py runs
+    # the top-k on prompts without repeats).
+    "doge": {"attention_bias": True, "mlp_bias": True},
     # The GPT-2-era classics (export/families/classic.py). OPT: learned positions from row 2
     # of their table, ReLU MLP, tied as the Hub's are; OPT-350m's post-norm layers without a
     # final norm, and its narrower embedding projected in and out.
@@ -923,6 +929,10 @@ def build_hf_model(family: str, out: Path, seed: int = 0, dtype=None, **override
         for name, param in model.named_parameters():
             if name.endswith("e_score_correction_bias"):  # ERNIE-4.5-MoE's, as LFM2-MoE's
                 param.normal_(0, 0.05)
+            elif name.endswith("self_attn.A"):  # Doge's: zero at init, every key's bias 1
+                param.normal_(0, 1.0)
+            elif name.endswith(("input_residual", "post_attention_residual")):  # Doge's: ones
+                param.uniform_(0.5, 1.5)
             elif name.endswith("self_attn.gate_bias"):  # Beam's output gate: zero at init
                 param.normal_(0, 0.5)
             elif name.endswith("correct_output_scale"):  # Gemma 3n's AltUp: zero at init

@@ -122,12 +122,13 @@ def test_the_native_kernels_leave_alibi_attention_to_onnx_runtime(family, bundle
     model = onnx.load(str(bundle(family, "ort") / "model.onnx"), load_external_data=False)
     nodes = [n for n in model.graph.node if n.op_type == "GroupQueryAttention"]
     assert len(nodes) == 2 and all(len(n.input) == 11 and n.input[10] for n in nodes)
-    assert [graph.why_not_eligible(n) for n in nodes] == ["ALiBi (an attention_bias input)"] * 2
+    assert [graph.why_not_eligible(n) for n in nodes] == [
+        "an attention_bias input (ALiBi, Doge's dynamic mask)"] * 2
     monkeypatch.setattr(select, "why_not", lambda *args: None)  # as if the library ran here
     choice = select.choose(model, "ort", "float32", "cpu")
     assert choice.library is None
     assert choice.described == (f"GroupQueryAttention ({select.NO_ATTENTION}: "
-                                "ALiBi (an attention_bias input))")
+                                "an attention_bias input (ALiBi, Doge's dynamic mask))")
     assert graph.add_native_attention(model) == 0
 
 

@@ -221,7 +221,8 @@ def test_rows_of_different_lengths_decode_together_within_their_windows(
 # checks their chunk logits above).
 DECLARED = ("bitnet", "bitnet-packed", "bitnet-online", "apertus", "apertus1p5_text",
             "vaultgemma", "cwm", "iquestcoder", "jais2", "olmo", "hyperclovax",
-            "hyperclovax-pre", "granite_swa", "granitemoeshared", "granitemoe_swa", "nanochat")
+            "hyperclovax-pre", "granite_swa", "granitemoeshared", "granitemoe_swa", "nanochat",
+            "doge")
 
 
 @pytest.mark.slow

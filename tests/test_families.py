@@ -591,10 +591,10 @@ def weight_shapes(family: str, **keys) -> dict[str, tuple[int, ...]]:
 
 # The switches export honours (the Mamba mixers' projection biases: the fixtures of
 # Nemotron-H, Mamba-2 and Mamba-1 set it; GLM-4.5's q/k norms; PaddleOCR-VL's biases on
-# every projection).
+# every projection; Doge's MLP biases, which its fixture sets).
 HONOURED = {("nemotron_h", "use_bias"), ("mamba2", "use_bias"), ("mamba", "use_bias"),
             ("falcon_mamba", "use_bias"), ("glm4_moe", "use_qk_norm"),
-            ("nemotron_h_omni", "use_bias"), ("paddleocr_vl", "use_bias")}
+            ("nemotron_h_omni", "use_bias"), ("paddleocr_vl", "use_bias"), ("doge", "mlp_bias")}
 
 
 # The switches the family's config class refuses alone (InternLM3: mlp_bias without

@@ -31,7 +31,7 @@ pytestmark = [pytest.mark.gpu,
 FAMILIES = ["gemma2", "gemma3_text", "gemma3n_text", "qwen3_moe", "gpt_oss", "deepseek_v3",
             "bloom", "qwen2_vl", "phi3", "opt", "mamba", "mamba2", "qwen3_next", "lfm2",
             "jamba", "recurrent_gemma", "falcon_h1", "bitnet",
-            "falcon-rw", "beam", "mimo_v2_flash", "gemma4_text"]
+            "falcon-rw", "beam", "mimo_v2_flash", "gemma4_text", "doge"]
 
 # (flavor, dtype) on the GPU -> the largest difference from the CPU's float32 logits allowed,
 # as a fraction of their scale. float32 without TF32 computes the CPU's numbers up to the

@@ -170,6 +170,7 @@ def projections(raw: dict[str, Any], spec: FamilySpec, head_dim: int) -> dict[st
                                                   and not _gate_per_head(raw)),
         "v_head_dim": _v_head_dim(raw, spec, head_dim),
         "value_scale": _value_scale(raw, spec),
+        "keep_window": _keep_window(raw) if spec.dynamic_mask else None,
         "qkv_layout": spec.qkv_layout_from_config(raw) if spec.qkv_layout_from_config
         else None,
     }
@@ -261,6 +262,15 @@ def _v_head_dim(raw: dict[str, Any], spec: FamilySpec, head_dim: int) -> int | N
     if not 0 < v_dim <= head_dim:
         raise ExportError(f"{spec.v_head_dim_key} ({v_dim}) must be 1 to head_dim ({head_dim})")
     return None if v_dim == head_dim else v_dim
+
+
+def _keep_window(raw: dict[str, Any]) -> int:
+    """Doge's keep_window_size (its config class's 2048 where absent or null)."""
+    keep = raw.get("keep_window_size")
+    keep = 2048 if keep is None else keep
+    if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
+        raise ExportError(f"keep_window_size must be a positive integer, got {keep!r}")
+    return keep
 
 
 def _value_scale(raw: dict[str, Any], spec: FamilySpec) -> float:

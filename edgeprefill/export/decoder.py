@@ -39,6 +39,7 @@ from edgeprefill.export.altup import AltUp
 from edgeprefill.export.bitlinear import BitWeights
 from edgeprefill.export.causal_conv import CausalConv
 from edgeprefill.export.checkpoint import Checkpoint
+from edgeprefill.export.dynamic_mask import DynamicMask
 from edgeprefill.export.families import TensorNames
 from edgeprefill.export.flavors import Flavor, StepTensors, positions
 from edgeprefill.export.gated_delta import GatedDeltaNet
@@ -338,8 +339,18 @@ class DecoderBuilder:
             x, h = self._add_norm(x, attn, p + n.pre_mlp_norm)
             mlp = self._scaled(self._norm(self._mlp(p, h), p + n.post_mlp_norm))
             return self._depth_scaled(x, mlp, 2 * (i + 1) + 1)
-        x, h = self._add_norm(x, self._scaled(attn), p + n.post_attn_norm)
-        return x, self._scaled(self._mlp(p, h))
+        x, h = self._add_norm(self._residual(p, x, "input_residual"), self._scaled(attn),
+                              p + n.post_attn_norm)
+        return self._residual(p, x, "post_attention_residual"), self._scaled(self._mlp(p, h))
+
+    def _residual(self, p: str, x: str, name: str) -> str:
+        """Doge (FamilySpec.residual_weights): the residual x times the layer's own weight
+        per channel before the sublayer's output is added; x elsewhere."""
+        if not self.cfg.spec.residual_weights:
+            return x
+        self.w.check_shapes([(p + name, (self.cfg.hidden_size,))],
+                            f"hidden {self.cfg.hidden_size}")
+        return self.g.op("Mul", [x, self.w.tensor(p + name)])
 
     def _nas_layer(self, i: int, x: str, delta: str | None, step: StepTensors,
                    rows: Rows) -> tuple[str, str | None]:
@@ -494,8 +505,9 @@ class DecoderBuilder:
         present = (names.present_key, names.present_value)
         has_sinks = cfg.spec.sinks and (layer.window or not cfg.spec.sliding_sinks_only)
         sink = self._sinks(p, cfg) if has_sinks else None
+        dynamic = self._dynamic_mask(p, cfg) if cfg.keep_window is not None else None
         attn = self._flavor_for(cfg).attention(self.g, q, k, v, past, present, step, layer,
-                                               sink)
+                                               sink, dynamic)
         attn = self.tokens.gather(attn, cfg.num_heads * cfg.head_dim)
         if cfg.v_head_dim is not None:  # MiMo-V2-Flash: each head's values, unpadded
             attn = cut_values(self.g, attn, cfg.num_heads, cfg.v_head_dim, cfg.head_dim)
@@ -513,6 +525,23 @@ class DecoderBuilder:
             raise ExportError(f"{name} has shape {self.w.shape(name)}, but config.json "
                               f"implies ({cfg.num_heads},) (one sink per query head)")
         return self.w.tensor(name)
+
+    def _dynamic_mask(self, p: str, cfg: ModelConfig) -> DynamicMask:
+        """Doge: the layer's dt_proj [KV, KV*D] (its bias where attention_bias) and A [KV]
+        (export/dynamic_mask.py), kept float in a quantized bundle (a few numbers per key,
+        which pick the keys). No top-k where the bundle's context is within
+        keep_window_size: no call has more keys."""
+        kv, width = cfg.num_kv_heads, cfg.num_kv_heads * cfg.head_dim
+        dt, a = p + "self_attn.dt_proj", p + "self_attn.A"
+        implied = f"{kv} KV heads of {cfg.head_dim}"
+        self.w.check_shapes([(dt + ".weight", (kv, width)), (a, (kv,))], implied)
+        if cfg.qkv_bias:
+            self.w.check_shapes([(dt + ".bias", (kv,))], implied)
+        keep = cfg.keep_window
+        assert keep is not None
+        return DynamicMask(self.w.tensor(dt + ".weight"),
+                           self.w.tensor(dt + ".bias") if cfg.qkv_bias else None,
+                           self.w.tensor(a), keep if self.flavor.max_context > keep else None)
 
     def _head_gated(self, p: str, h: str, attn: str, cfg: ModelConfig) -> str:
         """LFM3: attention's output [B,C,H*D] (or packed [1,T,H*D]), each head's D values
@@ -600,7 +629,8 @@ class DecoderBuilder:
         q_scale = self.layer_query_scale(layer)
         own_values = cfg.v_head_dim is not None or cfg.value_scale != 1.0
         if self.flavor.packed_qkv and cfg.qk_norm in (None, "l2") and not l2_norm \
-                and q_scale is None and not cfg.attn_gate and not k_is_v and not own_values:
+                and q_scale is None and not cfg.attn_gate and not k_is_v and not own_values \
+                and cfg.keep_window is None:  # Doge's mask reads v
             return [qkv, None, None, None]
         q_size, kv_size = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
         gate = None

@@ -20,7 +20,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from edgeprefill.errors import ExportError
-from edgeprefill.export import alibi
+from edgeprefill.export import alibi, dynamic_mask
+from edgeprefill.export.dynamic_mask import DynamicMask
 from edgeprefill.export.graph import GraphBuilder
 from edgeprefill.export.layer_attention import LayerAttention
 from edgeprefill.export.model_config import ModelConfig
@@ -87,14 +88,15 @@ class Flavor(ABC):
     def attention(
         self, g: GraphBuilder, q: str, k: str, v: str, past: tuple[str, str],
         present: tuple[str, str], step: StepTensors, layer: LayerAttention,
-        sink: str | None = None,
+        sink: str | None = None, dynamic: DynamicMask | None = None,
     ) -> str:
         """Causal attention of q [B,C,H*D] over the cache after writing k, v [B,C,KV*D]
         at each row's past length, within the layer's sliding window if it has one. `past`
         are the cache inputs [B,KV,cap,D]; the updated caches are produced under the
         `present` names. `sink` [H] (gpt-oss): each head's sink logit, which joins the
-        softmax's denominator (its weight attends to nothing). Returns [B,C,H*D]; the
-        layer's rotary (if any) applied."""
+        softmax's denominator (its weight attends to nothing). `dynamic` (Doge): each
+        key's bias from its values added to the scores, the top keys kept
+        (export/dynamic_mask.py). Returns [B,C,H*D]; the layer's rotary (if any) applied."""
 
     @abstractmethod
     def rotary(self, g: GraphBuilder, q: str, k: str, step: StepTensors,
@@ -189,6 +191,47 @@ class OrtFlavor(Flavor):
         return alibi.bias(g, slopes, key_pos, query_pos, (self.cfg.num_heads,), self.dtype,
                           self.cfg.alibi_bfloat16_scale)
 
+    def dynamic_bias(self, g: GraphBuilder, v: str, past_value: str, step: StepTensors,
+                     layer: LayerAttention, dynamic: DynamicMask) -> str:
+        """GroupQueryAttention's attention_bias [B,H,C,total] for Doge: each key's bias
+        (dynamic_mask.py) over a row's cache positions 0..total-1, the chunk's own keys
+        from its values `v` [B,C,KV*D] (the op writes them into the cache itself), the
+        earlier ones from the value cache; masked as the op's causal mask (and window)
+        masks them, then each query's top keys kept."""
+        cfg, e = self.cfg, step.extra
+        total = g.op("Unsqueeze", [g.op("Cast", [e["total"]], to=7), g.const([0])])  # [1]
+        cached = g.op("Slice", [past_value, g.const([0]), total, g.const([2])])
+        earlier = dynamic_mask.cache_bias(g, cached, dynamic)  # [B,KV,total]
+        own = dynamic_mask.key_bias(g, v, dynamic)  # [B,KV,C]
+        past64 = g.op("Cast", [step.past_lens], to=7)
+        key_pos = g.op("Range", [g.const(0), g.op("Squeeze", [total, g.const([0])]),
+                                 g.const(1)])  # [total]
+        at = g.op("Sub", [key_pos, g.op("Unsqueeze", [past64, g.const([1])])])  # [B,total]
+        last = g.op("Sub", [step.chunk, g.const([1])])
+        index = g.op("Clip", [at, g.const(0), g.op("Squeeze", [last, g.const([0])])])
+        index = g.op("Expand", [g.op("Unsqueeze", [index, g.const([1])]),
+                                g.op("Shape", [earlier])])  # [B,KV,total]
+        chunk_part = g.op("GatherElements", [own, index], axis=2)
+        in_chunk = g.op("Unsqueeze", [g.op("GreaterOrEqual", [at, g.const(0)]),
+                                      g.const([1])])
+        bias = g.op("Unsqueeze", [g.op("Where", [in_chunk, chunk_part, earlier]),
+                                  g.const([2])])  # [B,KV,1,total]
+        query_pos = positions(g, past64, step.chunk)
+        visible = mask_over(g, key_pos, query_pos, layer.window, self.dtype)
+        visible = g.op("Squeeze", [visible, g.const([1])])  # [B,1,C,total]
+        kept = dynamic_mask.masked(g, bias, visible, dynamic.keep, self.dtype)  # [B,KV,C,T]
+        rep = cfg.num_heads // cfg.num_kv_heads
+        grouped = g.op("Unsqueeze", [kept, g.const([2])])  # [B,KV,1,C,T]
+        shape = g.op("Shape", [grouped])
+        wide = g.op("Concat", [g.op("Slice", [shape, g.const([0]), g.const([2])]),
+                               g.const([rep]),
+                               g.op("Slice", [shape, g.const([3]), g.const([5])])], axis=0)
+        heads = g.op("Expand", [grouped, wide])
+        flat = g.op("Concat", [g.op("Slice", [shape, g.const([0]), g.const([1])]),
+                               g.const([cfg.num_heads]),
+                               g.op("Slice", [shape, g.const([3]), g.const([5])])], axis=0)
+        return g.op("Reshape", [heads, flat])
+
     def rms_norm(self, g: GraphBuilder, x: str, weight: str) -> str:
         return g.op(
             "SimplifiedLayerNormalization", [x, weight],
@@ -215,7 +258,7 @@ class OrtFlavor(Flavor):
             interleaved=int(self.cfg.spec.rope_interleaved), **partial,
         ) for x, heads in ((q, self.cfg.num_heads), (k, self.cfg.num_kv_heads)))
 
-    def attention(self, g, q, k, v, past, present, step, layer, sink=None):
+    def attention(self, g, q, k, v, past, present, step, layer, sink=None, dynamic=None):
         cfg = self.cfg
         e = step.extra
         rotary = layer.rope is not None
@@ -234,6 +277,10 @@ class OrtFlavor(Flavor):
             # its causal mask, also with the past/present buffer shared (measured against
             # transformers' BLOOM and MPT, tests/test_alibi.py). The native kernels lack it.
             inputs = inputs + [""] * (10 - len(inputs)) + [e["alibi"]]
+        elif dynamic is not None:
+            # Doge's bias goes in the same input (the native kernels lack it too)
+            bias = self.dynamic_bias(g, v, past[1], step, layer, dynamic)
+            inputs = inputs + [""] * (10 - len(inputs)) + [bias]
         if sink is not None:
             # input 11, head_sink: the CPU kernel adds exp(sink - max) to each head's
             # softmax denominator, as transformers' eager attention (measured against it,
@@ -299,14 +346,7 @@ class StandardFlavor(Flavor):
     def mask_over(self, g: GraphBuilder, key_pos: str, positions: str,
                   window: int | None) -> str:
         """causal_mask over the keys at `key_pos` ([K] int64) alone: [B,1,1,C,K]."""
-        query_pos = g.op("Unsqueeze", [positions, g.const([2])])  # [B,C,1]
-        visible = g.op("LessOrEqual", [key_pos, query_pos])  # [B,C,cap]
-        if window is not None:
-            oldest = g.op("Sub", [query_pos, g.const(window - 1)])
-            visible = g.op("And", [visible, g.op("GreaterOrEqual", [key_pos, oldest])])
-        blocked = float(np.finfo(self.dtype).min)
-        mask = g.op("Where", [visible, g.const(0.0, self.dtype), g.const(blocked, self.dtype)])
-        return g.op("Unsqueeze", [mask, g.const([1, 2])])
+        return mask_over(g, key_pos, positions, window, self.dtype)
 
     def rms_norm(self, g: GraphBuilder, x: str, weight: str) -> str:
         # Computed in float32 whatever the graph dtype, as transformers does.
@@ -355,7 +395,7 @@ class StandardFlavor(Flavor):
         split = g.op("Reshape", [x, g.const([0, 0, heads, self.cfg.head_dim])])
         return g.op("Transpose", [split], perm=[0, 2, 1, 3])
 
-    def attention(self, g, q, k, v, past, present, step, layer, sink=None):
+    def attention(self, g, q, k, v, past, present, step, layer, sink=None, dynamic=None):
         cfg = self.cfg
         q4 = self.heads_first(g, q, cfg.num_heads)
         k4 = self.heads_first(g, k, cfg.num_kv_heads)
@@ -366,8 +406,12 @@ class StandardFlavor(Flavor):
         write_at = step.extra["write_at"]
         keys = g.op("TensorScatter", [past[0], k4, write_at], [present[0]], axis=-2)
         values = g.op("TensorScatter", [past[1], v4, write_at], [present[1]], axis=-2)
-        return self.attend(g, q4, keys, values, step.extra[mask_key(layer.window)], layer,
-                           sink)
+        mask = step.extra[mask_key(layer.window)]
+        if dynamic is not None:  # Doge: each key's bias from the cache's values, [B,KV,cap]
+            bias = dynamic_mask.cache_bias(g, values, dynamic)
+            bias = g.op("Unsqueeze", [bias, g.const([2, 3])])  # [B,KV,1,1,cap]
+            mask = dynamic_mask.masked(g, bias, mask, dynamic.keep, self.dtype)
+        return self.attend(g, q4, keys, values, mask, layer, sink)
 
     def attend(self, g: GraphBuilder, q4: str, keys: str, values: str, mask: str,
                layer: LayerAttention, sink: str | None = None) -> str:
@@ -410,6 +454,21 @@ def positions(g: GraphBuilder, past64: str, chunk: str) -> str:
     its index in the chunk."""
     steps = g.op("Range", [g.const(0), g.op("Squeeze", [chunk, g.const([0])]), g.const(1)])
     return g.op("Add", [g.op("Unsqueeze", [past64, g.const([1])]), steps])
+
+
+def mask_over(g: GraphBuilder, key_pos: str, positions: str, window: int | None,
+              dtype: np.dtype) -> str:
+    """The additive causal mask [B,1,1,C,K] of the keys at `key_pos` ([K] int64) for the
+    queries at `positions` [B,C]: 0 where visible (within `window` where given), the
+    dtype's minimum elsewhere."""
+    query_pos = g.op("Unsqueeze", [positions, g.const([2])])  # [B,C,1]
+    visible = g.op("LessOrEqual", [key_pos, query_pos])  # [B,C,cap]
+    if window is not None:
+        oldest = g.op("Sub", [query_pos, g.const(window - 1)])
+        visible = g.op("And", [visible, g.op("GreaterOrEqual", [key_pos, oldest])])
+    blocked = float(np.finfo(dtype).min)
+    mask = g.op("Where", [visible, g.const(0.0, dtype), g.const(blocked, dtype)])
+    return g.op("Unsqueeze", [mask, g.const([1, 2])])
 
 
 def mask_key(window: int | None) -> str:

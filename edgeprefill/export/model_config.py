@@ -182,6 +182,10 @@ class ModelConfig:
     # value of ACTIVATIONS); None: no such head.
     head_activation: str | None = None
 
+    # Doge's dynamic mask (FamilySpec.dynamic_mask): the keys each query keeps at most, its
+    # keep_window_size; None: no dynamic mask.
+    keep_window: int | None = None
+
     def __post_init__(self) -> None:
         check_model_config(self)
         if len(self.layers) != self.num_layers:  # layer_types or no_rope_layers disagree

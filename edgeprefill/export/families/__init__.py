@@ -8,10 +8,11 @@ config.json by `ModelConfig.from_hf`; nothing downstream looks at a family's nam
 One module per kind of language model (dense, gemma, the routed-expert MoEs by how their
 router chooses: moe_softmax, moe_top_k, moe_sigmoid; latent, recurrent, kda, alibi, baichuan
 (rotary or ALiBi by its config class), the GPT-2-era classic, OpenELM's layer-wise
-scaling, DeciLM's KV heads per layer, Llama-Nemotron's NAS blocks and Laguna's softplus-
-gated attention with heads per layer) and the image-text checkpoints that wrap one;
-`FamilySpec` and the tensor names in `spec`. The checkpoints that wrap any text family
-(LLaVA's kin, `wrapped`) take the spec of the one their text_config names:
+scaling, DeciLM's KV heads per layer, Llama-Nemotron's NAS blocks, Laguna's softplus-
+gated attention with heads per layer and Doge's dynamic mask attention) and the image-text
+checkpoints that wrap one; `FamilySpec` and the tensor names in `spec`. The checkpoints
+that wrap any text family (LLaVA's kin, `wrapped`) take the spec of the one their
+text_config names:
 `family_spec`.
 """
 
@@ -27,6 +28,7 @@ from edgeprefill.export.families import (
     classic,
     deci,
     dense,
+    doge,
     gemma,
     image_text,
     kda,
@@ -90,8 +92,6 @@ REFUSED_TYPES: dict[str, str] = {
                      "convolutions are not supported",
     "inkling2_loop_text": "Inkling 2 Loop's looped layers (a second pass over depth, mixing "
                           "the first pass's messages) are not supported",
-    "doge": "Doge's dynamic mask attention (a per-key bias from the values, top-k keys kept) "
-            "is not supported",
     "minimax_m3_vl_text": "MiniMax-M3's sparse attention (an indexer choosing each query's "
                           "keys) is not supported",
     "gemma4_assistant": "the Gemma 4 assistant is a drafter that reads its target model's "
@@ -214,6 +214,7 @@ _TEXT: dict[str, FamilySpec] = _merged(
     deci.FAMILIES,
     nemotron_nas.FAMILIES,
     laguna.FAMILIES,
+    doge.FAMILIES,
 )
 # A wrapper's entry is the spec of its default language model (its config class's).
 FAMILIES: dict[str, FamilySpec] = _merged(

@@ -418,6 +418,14 @@ class FamilySpec:
     # (decoder._lm_head), in float32.
     head_normalized: Callable[[dict[str, Any]], bool] | None = None
 
+    # Doge's dynamic mask attention (export/dynamic_mask.py): each key's bias per KV head
+    # from its values (self_attn.dt_proj, self_attn.A) added to the scores, each query's
+    # `keep_window_size` keys of the largest bias kept where there are more.
+    dynamic_mask: bool = False
+    # Doge's residual weights: each residual add is input_residual * x + attention and
+    # post_attention_residual * x + MLP (per channel, the layer's own), in a "pre" block.
+    residual_weights: bool = False
+
     def read(self, raw: dict[str, Any]) -> dict[str, Any]:
         """config.json as the family's transformers config class reads it."""
         if self.unnest is not None:
