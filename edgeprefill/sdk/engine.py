@@ -177,7 +177,7 @@ class Engine:
 
     def _capacity(self) -> int:
         limit = self.manifest.max_context
-        wanted = self.config.max_context or limit
+        wanted = limit if self.config.max_context is None else self.config.max_context
         if not 1 < wanted <= limit:
             raise RequestError(f"max_context must be in 2..{limit} for this bundle",
                                "max_context")
