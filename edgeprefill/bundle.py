@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from types import UnionType
@@ -568,7 +569,9 @@ def _export_source(root: Path) -> str | None:
 
 def given_path(value: str | Path, what: str, error: type[EdgeprefillError]) -> Path:
     """`value` as a Path; an empty one refused with `error` naming `what`: Path("") is ".",
-    the current folder, which nobody typed."""
+    the current folder, which nobody typed. Neither a str nor a PathLike: refused too."""
+    if not isinstance(value, str | os.PathLike):
+        raise error(f"the {what} path must be a string or a Path, got {type(value).__name__}")
     if str(value) == "":
         raise error(f"the {what} path is empty")
     return Path(value)

@@ -2,7 +2,8 @@
 
 Here a bool is never a number (JSON's `true` is no count, though Python's bool is an int),
 and NaN or infinity is never a setting (Python's JSON parser accepts both). Beside them,
-`span`: counts said as their range (the export's quirks and `inspect` both say them).
+`span`: counts said as their range (the export's quirks and `inspect` both say them),
+and `plain`: a numpy scalar as the Python value it holds.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ import math
 import numbers
 from collections.abc import Collection
 from typing import TypeGuard
+
+import numpy as np
 
 
 def is_int(value: object) -> TypeGuard[int]:
@@ -43,3 +46,13 @@ def is_finite(value: object) -> TypeGuard[int | float]:
         return is_number(value) and math.isfinite(value)
     except OverflowError:  # an int beyond the float range
         return False
+
+
+def plain(value: object) -> object:
+    """A numpy integer, float or bool as the Python int, float or bool it holds; anything
+    else as it is. An app's counts and settings often come from numpy (an array's element,
+    a computed size); the SDK's checks (is_int, is_finite) take Python's types only, and
+    would refuse np.int64(5) as "not an integer". JSON and the CLI never give numpy."""
+    if isinstance(value, np.integer | np.floating | np.bool_):
+        return value.item()
+    return value

@@ -253,6 +253,20 @@ def test_a_text_longer_than_the_context_is_refused(embed_engine):
     assert embed_engine.embed(" ".join(["w7"] * (CONTEXT - 1))).shape == (1, 64)
 
 
+def test_an_empty_text_is_refused_as_the_embedding_routes_refuse_it(embed_engine):
+    # It was embedded: the tokenizer's special tokens alone, a vector of no text.
+    with pytest.raises(RequestError, match="^the text to embed is empty$"):
+        embed_engine.embed("")
+    with pytest.raises(RequestError, match="^texts\\[1\\]: the text to embed is empty$"):
+        embed_engine.embed(["w5", ""])
+
+
+def test_numpy_dimensions_are_the_integer_they_hold(embed_engine):
+    # np.int64(8) was refused: "dimensions must be an integer in 1..64, got np.int64(8)"
+    np.testing.assert_array_equal(embed_engine.embed("w5", dimensions=np.int64(8)),
+                                  embed_engine.embed("w5", dimensions=8))
+
+
 def test_an_embedding_bundle_refuses_generation_in_one_line(embed_engine):
     for call in (lambda: embed_engine.generate("w5 w6"),
                  lambda: embed_engine.session().generate("w5")):

@@ -253,6 +253,8 @@ def test_a_one_label_classifier_ranks_by_the_sigmoid(classifiers):
     with Engine.load(out, threads=1, kv_slots=2) as engine:
         ranked = engine.rerank(QUERY, DOCUMENTS)
         top = engine.rerank(QUERY, DOCUMENTS, top_n=2)
+        numpy_top = engine.rerank(QUERY, DOCUMENTS, top_n=np.int64(2))  # was refused
+    assert numpy_top == top
     assert [i for i, _ in ranked] == list(np.argsort(-want, kind="stable"))
     np.testing.assert_allclose([r for _, r in ranked], np.sort(want)[::-1], atol=1e-6)
     assert top == ranked[:2]
@@ -329,7 +331,10 @@ def test_score_refusals_are_one_line(classifiers, reranker, bundle):
                 (lambda: engine.rerank(QUERY, []), "documents must be a non-empty list"),
                 (lambda: engine.rerank(QUERY, ["w5", 3]), "documents must be"),
                 (lambda: engine.rerank(QUERY, ["w5"], top_n=0), "top_n must be"),
-                (lambda: engine.rerank(None, ["w5"]), "query must be a string")):
+                (lambda: engine.rerank(None, ["w5"]), "query must be a non-empty string"),
+                # "" was ranked against, as the rerank route refuses it
+                (lambda: engine.rerank("", ["w5"]), "^query must be a non-empty string, "
+                                                    "got ''$")):
             with pytest.raises(RequestError, match=said) as err:
                 call()
             assert "\n" not in str(err.value)

@@ -53,10 +53,17 @@ class EngineConfig:
             if not isinstance(getattr(self, name), bool):
                 raise RequestError(f"{name} must be True or False, got "
                                    f"{getattr(self, name)!r}", name)
+        if not is_int(self.kv_slots):  # the one integer field without a None
+            raise RequestError(f"kv_slots must be an integer, got {self.kv_slots!r}",
+                               "kv_slots")
         if self.kv_slots < 1:
             raise RequestError(f"kv_slots must be >= 1, got {self.kv_slots}", "kv_slots")
         if self.threads is not None and self.threads < 1:
             raise RequestError(f"threads must be >= 1, got {self.threads}", "threads")
+        # 0 is no "default": None says that (a 0 had been read as the bundle's context)
+        if self.max_context is not None and self.max_context < 2:
+            raise RequestError(f"max_context must be >= 2, got {self.max_context}",
+                               "max_context")
         if self.compute not in COMPUTES:
             raise RequestError(f"compute must be one of {', '.join(COMPUTES)}, "
                                f"got {self.compute!r}", "compute")

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from edgeprefill.errors import RequestError
-from edgeprefill.values import is_int
+from edgeprefill.values import is_int, plain
 
 if TYPE_CHECKING:
     from edgeprefill.bundle import EmbeddingInfo, Manifest
@@ -51,6 +51,7 @@ def normalizes(manifest: Manifest) -> bool:
 
 def check_dimensions(dimensions: object, hidden: int) -> int | None:
     """`dimensions` as given (None: all), refused unless an int in 1..hidden."""
+    dimensions = plain(dimensions)  # numpy's integers too
     if dimensions is None:
         return None
     if not is_int(dimensions) or not 1 <= dimensions <= hidden:
@@ -82,9 +83,12 @@ def prompt_of(info: EmbeddingInfo | None, prompt_name: object = None,
 
 
 def with_prompt(prompt: str, text: object) -> str:
-    """The prompt, then the text (a string, else refused)."""
+    """The prompt, then the text (a non-empty string, else refused: an empty one would
+    embed the tokenizer's special tokens alone, as the embedding routes refuse it)."""
     if not isinstance(text, str):
         raise RequestError(f"a text to embed is a string, got {type(text).__name__}")
+    if not text:
+        raise RequestError("the text to embed is empty")
     return prompt + text
 
 

@@ -52,12 +52,16 @@ from edgeprefill.sdk.state_snapshots import snapshot_budget
 from edgeprefill.sdk.step_runner import StepRunner
 from edgeprefill.sdk.stream import TokenEvent, TokenStream
 from edgeprefill.sdk.tokenizer import BundleTokenizer, Prompt, TextStreamer
-from edgeprefill.values import is_int, is_integral
+from edgeprefill.values import is_int, is_integral, plain
 
 if TYPE_CHECKING:
     from edgeprefill.sdk.session import Session
 
 log = logging.getLogger("edgeprefill")
+# OpenAI's limit on n. Each choice is a request of its own, built before any runs, and
+# the choices wait past the queue's limit (they share an admitted prompt): n=10**6 had
+# held its caller for minutes.
+MAX_CHOICES = 128
 
 
 def _nth_seed(params: GenerationParams, i: int) -> GenerationParams:
@@ -177,7 +181,7 @@ class Engine:
 
     def _capacity(self) -> int:
         limit = self.manifest.max_context
-        wanted = self.config.max_context or limit
+        wanted = limit if self.config.max_context is None else self.config.max_context
         if not 1 < wanted <= limit:
             raise RequestError(f"max_context must be in 2..{limit} for this bundle",
                                "max_context")
@@ -269,8 +273,9 @@ class Engine:
         if not isinstance(params, GenerationParams):  # a dict of its fields, most likely
             raise RequestError(f"params must be a GenerationParams, got "
                                f"{type(params).__name__} (GenerationParams(**fields) makes one)")
-        if not is_int(n) or n < 1:
-            raise RequestError(f"n must be an integer >= 1, got {n!r}")
+        count = plain(n)  # numpy's integers too
+        if not is_int(count) or not 1 <= count <= MAX_CHOICES:
+            raise RequestError(f"n must be an integer in 1..{MAX_CHOICES}, got {n!r}")
         if session_id is not None and session_id not in self._sessions:
             raise RequestError(f"unknown session id {session_id!r}: a session_id is the id "
                                "of a Session from this engine's session()")
@@ -281,7 +286,7 @@ class Engine:
         requests = [  # only the first keeps a session's slot
             self._request(tokens, _nth_seed(params, i), parse_priority(priority),
                           session_id if i == 0 else None, chunk_size, arrival)
-            for i in range(n)]
+            for i in range(count)]
         requests[0].followers = requests[1:]
         with self._admission:  # after close() has started, nothing new enters the inbox
             if self._stopping:
@@ -368,16 +373,18 @@ class Engine:
         (Engine.score), its head outputs made one relevance in 0..1 (sdk/scoring.py:
         sigmoid of one label, sigmoid(yes - no) of a token pair)."""
         head = self._score_head()
-        if not isinstance(query, str):
-            raise RequestError(f"query must be a string, got {type(query).__name__}")
+        if not isinstance(query, str) or not query:  # as the rerank route refuses it
+            got = repr(query) if isinstance(query, str) else type(query).__name__
+            raise RequestError(f"query must be a non-empty string, got {got}")
         if not isinstance(documents, list | tuple) or not documents or \
                 not all(isinstance(d, str) for d in documents):
             raise RequestError("documents must be a non-empty list of strings")
-        if top_n is not None and (not is_int(top_n) or top_n < 1):
+        top = plain(top_n)  # numpy's integers too
+        if top is not None and (not is_int(top) or top < 1):
             raise RequestError(f"top_n must be an integer >= 1, got {top_n!r}", "top_n")
         head.check_ranks()
         scores = self.score([(query, d) for d in documents], priority=priority)
-        return scoring.ranked(head.relevance(scores), top_n)
+        return scoring.ranked(head.relevance(scores), top)
 
     def _score_head(self) -> scoring.ScoreHead:
         if self.score_head is None:

@@ -1,5 +1,6 @@
 """The SDK's frozen configs refuse a keyword that is none of their fields in one line that
-names it and the valid ones, not Python's TypeError from the generated __init__."""
+names it and the valid ones, not Python's TypeError from the generated __init__; and take
+a numpy scalar as the Python value it holds (values.plain), before their checks."""
 
 from __future__ import annotations
 
@@ -10,12 +11,14 @@ from difflib import get_close_matches
 from typing import Any, TypeVar
 
 from edgeprefill.errors import RequestError
+from edgeprefill.values import plain
 
 T = TypeVar("T")
 
 
 def known_fields(cls: type[T]) -> type[T]:
-    """Class decorator, above @dataclass: `cls(typo=1)` is a RequestError."""
+    """Class decorator, above @dataclass: `cls(typo=1)` is a RequestError, and
+    `cls(top_k=np.int64(3))` is `cls(top_k=3)`."""
     init = cls.__init__
     names = [f.name for f in dataclasses.fields(cls)]  # type: ignore[arg-type]
 
@@ -24,7 +27,7 @@ def known_fields(cls: type[T]) -> type[T]:
         unknown = [key for key in kwargs if key not in names]
         if unknown:
             raise RequestError(unknown_message(cls.__name__, unknown, names))
-        init(self, *args, **kwargs)
+        init(self, *map(plain, args), **{key: plain(v) for key, v in kwargs.items()})
 
     setattr(cls, "__init__", checked)  # noqa: B010 (mypy refuses assigning a method)
     return cls

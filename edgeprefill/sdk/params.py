@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from edgeprefill.errors import RequestError
 from edgeprefill.sdk.known_fields import known_fields
-from edgeprefill.values import is_finite, is_int
+from edgeprefill.values import is_finite, is_int, plain
 
 if TYPE_CHECKING:
     from edgeprefill.sdk.constraints import Constraint
@@ -87,6 +87,9 @@ class GenerationParams:
         for name in ("presence_penalty", "frequency_penalty"):
             value = getattr(self, name)
             _check(is_finite(value) and -2 <= value <= 2, f"{name} must be in [-2, 2]", name)
+        if isinstance(self.logit_bias, Mapping):  # numpy ids and biases as Python's
+            object.__setattr__(self, "logit_bias", {
+                plain(k): plain(v) for k, v in self.logit_bias.items()})
         if self.logit_bias is not None:
             _check(isinstance(self.logit_bias, Mapping) and all(
                 is_int(k) and k >= 0 and is_finite(v) and -100 <= v <= 100

@@ -7,7 +7,7 @@ accepted wherever a priority comes from outside (the CLI, a prompts file, the se
 from __future__ import annotations
 
 from edgeprefill.errors import RequestError
-from edgeprefill.values import is_int
+from edgeprefill.values import is_int, plain
 
 PRIORITY_NAMES = {"high": -1, "normal": 0, "low": 1}
 LIMIT = 2**31 - 1  # fits the server's and vLLM's int32 field
@@ -16,6 +16,7 @@ LIMIT = 2**31 - 1  # fits the server's and vLLM's int32 field
 def parse_priority(value: object) -> int:
     """An int in [-2**31+1, 2**31-1], or one of the names (any case), or a string holding
     an int; raises RequestError otherwise."""
+    value = plain(value)  # numpy's integers too
     if isinstance(value, str):
         return _from_text(value)
     if not is_int(value):

@@ -38,6 +38,7 @@ from edgeprefill.sdk.chunking import ChunkController
 from edgeprefill.sdk.known_fields import known_fields
 from edgeprefill.sdk.kv_cache import KVCache
 from edgeprefill.sdk.request import Phase, Request
+from edgeprefill.values import is_finite, is_int
 
 POLICIES = ("fcfs", "chunked", "chunked+priority")
 
@@ -62,21 +63,26 @@ class SchedulerConfig:
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
             raise RequestError(
-                f"unknown policy {self.policy!r}; choose one of: {', '.join(POLICIES)}"
-            )
-        if self.chunk_size is not None and self.chunk_size < 1:
-            raise RequestError(f"chunk size must be >= 1, got {self.chunk_size}")
+                f"unknown policy {self.policy!r}; choose one of: {', '.join(POLICIES)}",
+                "policy")
+        # Types first: a "16" or a None would otherwise fail a comparison below with
+        # Python's TypeError, and a 1.5 or a True would pass it.
+        for name, low in (("chunk_size", 1), ("max_step_tokens", 1), ("max_queue", 1),
+                          ("aging_tokens", 0)):
+            value = getattr(self, name)
+            if (value is not None or name != "chunk_size") and \
+                    not (is_int(value) and value >= low):
+                raise RequestError(f"{name} must be an integer >= {low}, got {value!r}", name)
         if self.chunk_size is not None and self.policy == "fcfs":
             raise RequestError("a chunk size does not apply to the fcfs policy, which "
                                "prefills each prompt in one call; use chunked or "
-                               "chunked+priority")
-        if not self.itl_target_ms > 0:
-            raise RequestError(f"ITL target must be > 0 ms, got {self.itl_target_ms}")
-        if self.max_step_tokens < 1 or self.max_queue < 1:
-            raise RequestError("max_step_tokens and max_queue must be >= 1")
-        if self.aging_tokens < 0:
-            raise RequestError(f"aging_tokens must be >= 0, got {self.aging_tokens}")
-
+                               "chunked+priority", "chunk_size")
+        if not (is_finite(self.itl_target_ms) and self.itl_target_ms > 0):
+            raise RequestError(f"itl_target_ms must be a finite number > 0, got "
+                               f"{self.itl_target_ms!r}", "itl_target_ms")
+        if self.fuse_steps is not None and not isinstance(self.fuse_steps, bool):
+            raise RequestError(f"fuse_steps must be True, False or None, got "
+                               f"{self.fuse_steps!r}", "fuse_steps")
 
 class PrefillChunk(NamedTuple):
     request: Request

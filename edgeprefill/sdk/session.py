@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 from edgeprefill.errors import RequestError
 from edgeprefill.sdk.params import GenerationParams
 from edgeprefill.sdk.stream import TokenStream
-from edgeprefill.sdk.tokenizer import Prompt
+from edgeprefill.sdk.tokenizer import Prompt, check_prompt_type
 
 if TYPE_CHECKING:
     from edgeprefill.sdk.engine import Engine
@@ -42,6 +42,7 @@ class Session:
         priority: int | str = 0,
     ) -> TokenStream:
         """`priority`: lower is served first (vLLM's meaning); `high`/`normal`/`low` too."""
+        check_prompt_type(prompt)  # before len(): a None or an int is no empty turn
         if (prompt.strip() if isinstance(prompt, str) else len(prompt)) in ("", 0):
             raise RequestError("the turn is empty")  # it would resubmit the conversation
         arrival = time.perf_counter()  # TTFT counts rendering and tokenizing the turn

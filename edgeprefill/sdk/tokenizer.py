@@ -38,6 +38,18 @@ class Decoder(Protocol):
     def decode(self, ids: list[int]) -> str: ...
 
 
+def check_prompt_type(prompt: object) -> None:
+    """A prompt is a str, a sequence (or array) of token ids or of messages: anything else
+    is a RequestError. Bytes are a sequence of ints, read as token ids they would be
+    another text: refused, not taken."""
+    if isinstance(prompt, bytes | bytearray):
+        raise RequestError("a prompt is a string, a list of token ids, or a list of "
+                           "messages; got bytes (decode them to a str)")
+    if not isinstance(prompt, str | Sequence) and not hasattr(prompt, "__array__"):
+        raise RequestError("a prompt is a string, a list of token ids, or a list of "
+                           f"messages; got {type(prompt).__name__}")
+
+
 class BundleTokenizer:
     def __init__(self, bundle_dir: Path, manifest: Manifest) -> None:
         from tokenizers import Tokenizer
@@ -69,9 +81,7 @@ class BundleTokenizer:
         `render_chat`, e.g. tools=...), or ids as given."""
         if isinstance(prompt, str):
             return self._require().encode(_text(prompt), add_special_tokens=True).ids
-        if not isinstance(prompt, Sequence) and not hasattr(prompt, "__array__"):
-            raise RequestError("a prompt is a string, a list of token ids, or a list of "
-                               f"messages; got {type(prompt).__name__}")
+        check_prompt_type(prompt)
         items: list[object] = list(prompt)
         if items and _messages(items):
             # The template writes the special tokens itself (as transformers does).
