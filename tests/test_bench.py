@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -163,3 +164,125 @@ def test_ctrl_c_during_the_sweep_keeps_the_finished_runs_rows(bundle, monkeypatc
         f"in {tmp_path / 'bench.json'}"]
     saved = json.loads((tmp_path / "bench.json").read_text())
     assert [run["label"] for run in saved["runs"]] == ["fcfs"]
+
+
+def no_sweep(monkeypatch) -> list[str]:
+    """bench with its sweep replaced by one that records the runs' labels and runs none."""
+    from edgeprefill.cli import bench_cmd
+
+    seen: list[str] = []
+    monkeypatch.setattr(bench_cmd, "_run_all", lambda bundle, specs, workload, json_path:
+                        seen.extend(s.label for s in specs) or [])
+    monkeypatch.setattr(bench_cmd.report, "table", lambda results: "")
+    return seen
+
+
+# Each option that does nothing in the sweep the other options choose: it had been accepted
+# and ignored.
+@pytest.mark.parametrize("args, message", [
+    (["--policies", "fcfs,adaptive", "--chunk-sizes", "16"],
+     "--chunk-sizes sizes the chunked and chunked+priority runs, which --policies "
+     "fcfs,adaptive leaves out"),
+    (["--policies", "fcfs,chunked", "--itl-target-ms", "50"],
+     "--itl-target-ms steers the adaptive run's chunk size, which --policies fcfs,chunked "
+     "leaves out"),
+    (["--no-urgent", "--urgent-tokens", "8"],
+     "--urgent-tokens describes the urgent request, which --no-urgent leaves out"),
+    (["--no-urgent", "--urgent-priority", "low"],
+     "--urgent-priority describes the urgent request, which --no-urgent leaves out"),
+    (["--plot-config", "chunked/16"], "--plot-config chooses the run --plot draws; give "
+                                      "--plot too"),
+], ids=["chunk-sizes", "itl-target", "urgent-tokens", "urgent-priority", "plot-config"])
+def test_bench_refuses_an_option_its_sweep_would_ignore_in_one_line(bundle, monkeypatch,
+                                                                    capsys, args, message):
+    import sys
+
+    from edgeprefill.cli.main import main
+
+    seen = no_sweep(monkeypatch)
+    monkeypatch.setattr(sys, "argv", ["edgeprefill", "bench", str(bundle("llama")), *args])
+    capsys.readouterr()  # the bundle's export, where this test built it
+    with pytest.raises(SystemExit) as leaving:
+        main()
+    assert leaving.value.code == 2 and seen == []
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {message} (see `") and err.endswith(" bench --help`)\n")
+    assert err.count("\n") == 1
+
+
+@pytest.mark.parametrize("args, labels", [
+    (["--policies", "chunked", "--chunk-sizes", "16,32"], ["chunked/16", "chunked/32"]),
+    (["--policies", "fcfs,adaptive", "--itl-target-ms", "50"], ["fcfs", "adaptive"]),
+    (["--policies", "fcfs", "--urgent-tokens", "8", "--urgent-priority", "low"], ["fcfs"]),
+    (["--policies", "fcfs", "--no-urgent"], ["fcfs"]),
+])
+def test_bench_takes_each_option_where_its_sweep_uses_it(bundle, monkeypatch, args, labels):
+    seen = no_sweep(monkeypatch)
+    result = CliRunner().invoke(cli, ["bench", str(bundle("llama")), *args])
+    assert result.exit_code == 0, result.output
+    assert seen == labels
+
+
+def one_run():
+    from edgeprefill.bench import RunResult, Timeline
+    from edgeprefill.sdk.config import StepTrace
+
+    steps = [StepTrace("decode", 0.0, 0.001, (1,), 1), StepTrace("prefill", 0.002, 0.01, (2,), 64),
+             StepTrace("decode", 0.011, 0.012, (1,), 1)]
+    timeline = Timeline(steps, {1: "session 1", 2: "long prompt"}, {"long prompt": 0.002},
+                        {"long prompt": 0.01})
+    return RunResult("fcfs", "fcfs", None, 0.01, None, 0.001, 0.01, 0.01, 0.01, 6400.0, 100.0,
+                     None, 1, 0.012, timeline)
+
+
+def fails_half_way(monkeypatch, owner, method: str) -> None:
+    """owner.method writes half a file, then fails as a full disk does: the file is its
+    first argument (Figure.savefig's) or, for a Path's own method, the Path."""
+    import errno
+
+    def half(self, target, *args, **kwargs):
+        (self if isinstance(self, Path) else Path(target)).write_bytes(b"half a fi")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(owner, method, half)
+
+
+@pytest.mark.parametrize("output", ["json", "png"])
+def test_an_output_whose_write_fails_leaves_the_older_file_and_no_partial_one(
+        tmp_path, monkeypatch, output):
+    """bench replaces an existing --json or --plot file (as most CLIs do with an output
+    they are told to write), but only whole: a write that fails part-way had left a
+    truncated file where the older one had been."""
+    import pathlib
+
+    from matplotlib.figure import Figure
+
+    from edgeprefill.bench import Workload, report, timeline
+
+    path = tmp_path / f"bench.{output}"
+    path.write_bytes(b"the older file")
+    if output == "json":
+        fails_half_way(monkeypatch, pathlib.Path, "write_text")
+        write = lambda: report.write_json(path, tmp_path, Workload(), [one_run()])  # noqa: E731
+    else:
+        fails_half_way(monkeypatch, Figure, "savefig")
+        write = lambda: timeline.draw([one_run()], path)  # noqa: E731
+    with pytest.raises(OSError, match="No space left"):
+        write()
+    assert path.read_bytes() == b"the older file"
+    assert [p.name for p in tmp_path.iterdir()] == [path.name]
+
+
+@pytest.mark.parametrize("output", ["json", "png"])
+def test_an_output_that_exists_is_replaced_whole(tmp_path, output):
+    from edgeprefill.bench import Workload, report, timeline
+
+    path = tmp_path / f"bench.{output}"
+    path.write_bytes(b"the older file")
+    if output == "json":
+        report.write_json(path, tmp_path, Workload(), [one_run()])
+        assert [run["label"] for run in json.loads(path.read_text())["runs"]] == ["fcfs"]
+    else:
+        timeline.draw([one_run()], path)
+        assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert [p.name for p in tmp_path.iterdir()] == [path.name]

@@ -142,3 +142,49 @@ def test_the_cli_refuses_a_truncated_download_in_one_line(hf_model, tmp_path):
     assert_one_line_error(cli("export", hf_dir, "-o", tmp_path / "out"), "model.safetensors",
                           "not a readable safetensors file")
     assert not (tmp_path / "out").exists()
+
+
+def resized(tensors: dict, key: str, change: int) -> None:
+    """tensors[key], a bias, `change` values shorter (negative) or longer."""
+    bias = tensors[key]
+    tensors[key] = bias[:change].copy() if change < 0 else np.concatenate([bias, bias[:change]])
+
+
+LAYER0 = "model.layers.0."
+
+
+# Each kind of projection bias of the wrong length: the writer had read it only after the
+# graph was built (naming a packed tensor the checkpoint has not), or never looked (a bias
+# added by its own Add, the LM head's; a packed q/k/v whose parts' lengths summed right).
+@pytest.mark.parametrize("family, changes, expected", [
+    ("phi", {LAYER0 + "self_attn.dense.bias": -1},
+     f"{LAYER0}self_attn.dense.bias has shape (63,), but {LAYER0}self_attn.dense.weight "
+     "of shape (64, 64) implies (64,)"),
+    ("phi", {LAYER0 + "mlp.fc1.bias": 1},
+     f"{LAYER0}mlp.fc1.bias has shape (97,), but {LAYER0}mlp.fc1.weight of shape "
+     "(96, 64) implies (96,)"),
+    ("phi", {LAYER0 + "mlp.fc2.bias": -1},
+     f"{LAYER0}mlp.fc2.bias has shape (63,), but {LAYER0}mlp.fc2.weight of shape "
+     "(64, 96) implies (64,)"),
+    ("phi", {"lm_head.bias": -1},
+     "lm_head.bias has shape (127,), but lm_head.weight of shape (128, 64) implies (128,)"),
+    ("qwen2", {LAYER0 + "self_attn.k_proj.bias": -1, LAYER0 + "self_attn.v_proj.bias": 1},
+     f"{LAYER0}self_attn.k_proj.bias has shape (31,), but {LAYER0}self_attn.k_proj.weight"
+     " of shape (32, 64) implies (32,)"),
+    ("gpt_neox_japanese", {"gpt_neox_japanese.layers.1.attention.dense_bias": -1},
+     "gpt_neox_japanese.layers.1.attention.dense_bias has shape (63,), but config.json's "
+     "hidden_size 64 implies (64,)"),
+], ids=["o", "mlp-up", "mlp-down", "lm-head", "packed-qkv", "extra-o"])
+def test_a_projection_bias_of_the_wrong_length_is_refused_in_one_line(
+        family, changes, expected, hf_model, tmp_path):
+    from safetensors.numpy import load_file, save_file
+
+    hf_dir = shutil.copytree(hf_model(family), tmp_path / "hf")
+    tensors = load_file(str(hf_dir / WEIGHTS))
+    for key, change in changes.items():
+        resized(tensors, key, change)
+    save_file(tensors, str(hf_dir / WEIGHTS))
+    with pytest.raises(ExportError) as err:
+        export(hf_dir, tmp_path / "out", OPTIONS)
+    assert str(err.value) == expected
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hf"]  # no bundle, no staging

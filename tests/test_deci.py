@@ -274,3 +274,61 @@ def test_keys_a_config_leaves_out_read_as_its_llamaconfig_defaults_them():
     cfg = ModelConfig.from_hf(raw)
     assert (cfg.norm_eps, cfg.max_positions, cfg.activation) == (1e-6, 2048, "silu")
     assert cfg.ropes["global"].theta == 10000.0
+
+
+# DeciLM-6B's config.json names no model_type: transformers reads it with the class its
+# auto_map names, whose model_type is "deci". NVIDIA's Llama-Nemotron NAS ships a remote
+# class of the same name (model_type "nemotron-nas", per-block `block_configs`).
+NO_TYPE = {k: v for k, v in DECILM_7B.items() if k != "model_type"}
+DECI_AUTO_MAP = {"AutoConfig": "configuration_decilm.DeciLMConfig",
+                 "AutoModelForCausalLM": "modeling_decilm.DeciLMForCausalLM"}
+
+
+@pytest.mark.parametrize("keys", [
+    {"auto_map": DECI_AUTO_MAP},
+    {"auto_map": DECI_AUTO_MAP, "model_type": None},
+    {"auto_map": {"AutoConfig": "Deci/DeciLM-6b--configuration_decilm.DeciLMConfig"}},
+    {},  # architectures alone
+], ids=["auto-map", "null", "other-repo", "architectures"])
+def test_a_decilm_config_without_a_model_type_reads_as_one_with_it(keys):
+    assert ModelConfig.from_hf({**NO_TYPE, **keys}) == ModelConfig.from_hf(DECILM_7B)
+
+
+def test_a_nemotron_nas_config_without_a_model_type_reads_as_one_with_it():
+    """Llama-Nemotron NAS's class of the same name: its block_configs tell it apart."""
+    from tests.test_nemotron_nas import CONFIG as NAS
+
+    untyped = {k: v for k, v in NAS.items() if k != "model_type"}
+    assert ModelConfig.from_hf(untyped) == ModelConfig.from_hf(NAS)
+
+
+@pytest.mark.parametrize("keys, message", [
+    # neither class's key, or both: no one type
+    ({"num_key_value_heads_per_layer": None}, "config.json has no model_type"),
+    ({"block_configs": [{}]}, "config.json has no model_type"),
+    # another remote class
+    ({"architectures": ["NonesuchForCausalLM"],
+      "auto_map": {"AutoConfig": "configuration_nonesuch.NonesuchConfig"}},
+     "config.json has no model_type"),
+], ids=["neither", "both", "other-class"])
+def test_a_config_without_a_model_type_whose_class_names_no_one_type_is_refused(keys, message):
+    from edgeprefill.errors import ExportError
+
+    with pytest.raises(ExportError) as err:
+        ModelConfig.from_hf({**NO_TYPE, "auto_map": DECI_AUTO_MAP, **keys})
+    assert str(err.value).startswith(message) and "\n" not in str(err.value), str(err.value)
+
+
+def test_a_decilm_checkpoint_without_a_model_type_exports_as_decilm(tmp_path):
+    """As DeciLM-6B's folder: export reads its model_type from auto_map and its keys."""
+    model = reference_model("dynamic")
+    hf = deci_checkpoint(tmp_path, model)
+    config = json.loads((hf / "config.json").read_text())
+    del config["model_type"]
+    (hf / "config.json").write_text(json.dumps(config))
+    export(hf, tmp_path / "b", ExportOptions(chunks=(16,), max_context=64,
+                                             show_progress=False))
+    assert load_manifest(tmp_path / "b").model.family == "deci"
+    ids = prompt_ids(12)
+    np.testing.assert_allclose(logits_at(tmp_path / "b", ids), reference_logits(model, ids)[-1],
+                               rtol=1e-4, atol=1e-4)

@@ -108,6 +108,18 @@ def test_the_router_softcap_reads_as_its_router_applies_it():
                                ).moe.logit_softcap == 0.0
 
 
+@pytest.mark.slow  # 6 s; the read alone: test_moe's routed_scaling_factor of 0
+def test_a_routed_scale_of_0_leaves_the_shared_mlp_alone_as_transformers(tmp_path):
+    """moe_routed_scaling_factor 0: LagunaSparseMoeBlock multiplies the routed experts'
+    output by it, the shared MLP's alone is added (read as 1, the bundle had differed)."""
+    hf_dir = build_hf_model("laguna", tmp_path / "hf", moe_routed_scaling_factor=0.0)
+    moe = ModelConfig.from_dir(hf_dir).moe
+    assert moe is not None and moe.scaling == 0.0
+    out = tmp_path / "ort"
+    export(hf_dir, out, ExportOptions(chunks=(16,), max_context=64, show_progress=False))
+    assert_padded_chunks_match(hf_dir, out)
+
+
 ROPES = FAMILIES["laguna"]["rope_parameters"]
 
 

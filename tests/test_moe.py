@@ -575,6 +575,16 @@ def test_a_hub_config_reads_as_transformers_builds_its_experts(raw):
             moe.top_groups) == hf_moe_model_shapes(raw)
 
 
+@pytest.mark.parametrize("raw", [LFM2_8B_A1B, GLM_45_AIR, DOTS_LLM1],
+                         ids=lambda raw: raw["model_type"])
+def test_a_routed_scaling_factor_of_0_reads_as_transformers_multiplies_by_it(raw):
+    """0 zeroes the routed experts' output, as each router multiplies its weights by it (a
+    `value or 1.0` had read it as 1)."""
+    raw = {**raw, "routed_scaling_factor": 0.0}
+    moe = ModelConfig.from_hf(raw).moe
+    assert moe is not None and moe.scaling == hf_moe_model_shapes(raw)[5] == 0.0
+
+
 @pytest.mark.parametrize("keys, message", [
     ({"scoring_func": "softmax"}, "scoring_func 'softmax' is not supported"),
     ({"topk_method": "group_limited_greedy"}, "topk_method 'group_limited_greedy' is not"),

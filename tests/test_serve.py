@@ -499,6 +499,48 @@ def histogram_count(http: httpx.Client, name: str) -> float:
     return next(s.value for s in samples if s.name == f"{name}_count")
 
 
+def requests_counted(api) -> float:
+    """Every request edgeprefill_http_requests counts, whatever its endpoint and end."""
+    family = next(f for f in text_string_to_metric_families(api.metrics.render().decode())
+                  if f.name == "edgeprefill_http_requests")
+    return sum(s.value for s in family.samples if s.name.endswith("_total"))
+
+
+@pytest.mark.parametrize("path, body", [
+    ("/v1/completions", {"prompt": "w5", "max_tokens": 3, **NO_EOS}),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "w5"}],
+                              "max_tokens": 3, **NO_EOS}),
+    ("/v1/messages", {"messages": [{"role": "user", "content": "w5"}], "max_tokens": 3}),
+    ("/api/generate", {"prompt": "w5", "options": {"num_predict": 3}}),
+], ids=["completions", "chat", "messages", "ollama"])
+def test_a_streamed_reply_frees_its_place_and_is_counted_before_its_last_bytes(
+        engine, monkeypatch, path, body):
+    """The place under --max-pending and the request's metrics had waited for the response
+    to end after its last bytes: a client's next request could get a 429, and a scrape
+    right after `[DONE]` missed the request (16 of 200 times). What the server holds is
+    read as each chunk of the body is handed to the connection."""
+    slow_down(monkeypatch, engine, 0.02)  # its first chunk goes out while it generates
+    app = create_app(engine, ServerConfig(model_name=MODEL, max_pending=1))
+    api = app.state.api
+    seen: list[tuple[int, float]] = []  # (places taken, requests counted) at each chunk
+
+    async def watched(scope, receive, send):
+        async def send_watched(message):
+            if message["type"] == "http.response.body" and message.get("body"):
+                seen.append((api.pending, requests_counted(api)))
+            await send(message)
+        await app(scope, receive, send_watched)
+
+    with ServerThread(watched, port=free_port()) as server:
+        before = requests_counted(api)
+        with httpx.stream("POST", f"{server.url}{path}",
+                          json={"model": MODEL, "stream": True, **body}) as response:
+            assert response.status_code == 200
+            response.read()
+    assert len(seen) >= 2 and seen[0] == (1, before)  # held while it generates
+    assert seen[-1] == (0, before + 1)  # the last bytes: given back, counted
+
+
 def test_every_choice_s_gaps_are_inter_token_latencies(http):
     itl = "edgeprefill_request_inter_token_latency_seconds"
     before = histogram_count(http, itl)

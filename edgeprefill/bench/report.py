@@ -8,6 +8,7 @@ import platform
 from pathlib import Path
 from typing import NamedTuple
 
+from edgeprefill.bench.output_file import replaced
 from edgeprefill.bench.workload import RunResult, Workload
 
 
@@ -72,4 +73,5 @@ def write_json(path: Path, bundle: Path, workload: Workload, results: list[RunRe
         "machine": {"platform": platform.platform(), "python": platform.python_version()},
         "runs": runs,
     }
-    path.write_text(json.dumps(document, indent=1))
+    with replaced(path) as partial:
+        partial.write_text(json.dumps(document, indent=1))

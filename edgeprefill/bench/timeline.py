@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from edgeprefill.bench.output_file import replaced
 from edgeprefill.bench.workload import RunResult, Timeline, longest_decode_gap
 from edgeprefill.errors import EdgeprefillError
 
@@ -62,8 +63,11 @@ def draw(results: list[RunResult], path: Path) -> None:
     fig.legend(handles=handles, loc="upper center", ncol=4, frameon=False,
                bbox_to_anchor=(0.5, 1.0))
     fig.tight_layout(rect=(0, 0, 1, 0.97))
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    try:
+        with replaced(path) as partial:  # the suffix names the format; the temporary's not
+            fig.savefig(partial, dpi=120, format=path.suffix.lstrip(".").lower())
+    finally:
+        plt.close(fig)
 
 
 def _panel(ax, result: RunResult, xlim: tuple[float, float]) -> None:

@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 import click
+from click.core import ParameterSource
 from tqdm import tqdm
 
 from edgeprefill.bench import (
@@ -51,12 +52,14 @@ DEFAULT_PROMPT_CAP = 2048
 @engine_options("backend", "device", "threads", "spin", "compute", "max_context",
                 "itl_target_ms", "fuse_steps")
 @click.option("--plot", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="Draw a timeline (PNG) of fcfs against one chunked run.")
+              help="Draw a timeline (PNG) of fcfs against one chunked run (an existing file "
+              "is replaced, whole or not at all).")
 @click.option("--plot-config", default=None,
               help="The chunked run drawn by --plot, by its table label, e.g. "
               "chunked+priority/64 [default: chunked+priority, smallest chunk].")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path),
-              default=None, help="Write every number and each run's engine calls as JSON.")
+              default=None, help="Write every number and each run's engine calls as JSON (an "
+              "existing file is replaced, whole or not at all).")
 def bench(
     bundle: Path, sessions: int, prompt_tokens: int | None, policies: str,
     chunk_sizes: list[int] | None, urgent: bool, urgent_tokens: int, urgent_priority: str,
@@ -73,6 +76,8 @@ def bench(
       edgeprefill bench build/tiny-recall --sessions 3 --prompt-tokens 1024 \\
           --plot timeline.png --json bench.json
     """
+    chosen = _policies(policies)
+    _refuse_unused(chosen, urgent, plot is not None)
     manifest = load_manifest(bundle, False)
     context = engine["max_context"] or manifest.max_context
     workload = Workload(
@@ -81,7 +86,7 @@ def bench(
         prompt_tokens=prompt_tokens or min(DEFAULT_PROMPT_CAP, context * 3 // 4), **engine,
     )
     sizes = chunk_sizes or list(manifest.chunks)
-    specs = sweep_specs(_policies(policies), sizes)
+    specs = sweep_specs(chosen, sizes)
     _check_plot_config(plot_config, specs)
     check_fits(context, workload)
     # The sweep takes minutes: an output it could not write must fail now, not after it.
@@ -133,6 +138,37 @@ def _plotted(results: list[RunResult], label: str | None) -> list[RunResult]:
                        key=lambda r: r.chunk_size)
         chosen = (fixed or others)[:1]
     return baseline[:1] + chosen
+
+
+# option -> (what it does, the policies it needs, or none) for _refuse_unused
+FIXED = ("chunked", "chunked+priority")
+POLICY_OPTIONS = {
+    "chunk_sizes": ("--chunk-sizes", "sizes the chunked and chunked+priority runs", FIXED),
+    "itl_target_ms": ("--itl-target-ms", "steers the adaptive run's chunk size", ("adaptive",)),
+}
+URGENT_OPTIONS = {"urgent_tokens": "--urgent-tokens", "urgent_priority": "--urgent-priority"}
+
+
+def _refuse_unused(policies: list[str], urgent: bool, plot: bool) -> None:
+    """An option given on the command line that the chosen sweep would ignore is refused
+    in one line naming both (it had been accepted and ignored: --chunk-sizes beside
+    --policies fcfs,adaptive, --urgent-tokens beside --no-urgent, --plot-config without
+    --plot)."""
+    ctx = click.get_current_context()
+
+    def given(name: str) -> bool:
+        return ctx.get_parameter_source(name) is ParameterSource.COMMANDLINE
+
+    for name, (option, does, needs) in POLICY_OPTIONS.items():
+        if given(name) and not set(needs) & set(policies):
+            raise click.UsageError(f"{option} {does}, which --policies "
+                                   f"{','.join(policies)} leaves out")
+    for name, option in URGENT_OPTIONS.items():
+        if given(name) and not urgent:
+            raise click.UsageError(f"{option} describes the urgent request, which "
+                                   "--no-urgent leaves out")
+    if given("plot_config") and not plot:
+        raise click.UsageError("--plot-config chooses the run --plot draws; give --plot too")
 
 
 def _check_plot_config(label: str | None, specs: list[RunSpec]) -> None:

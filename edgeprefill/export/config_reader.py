@@ -61,6 +61,7 @@ from edgeprefill.export.layer_groups import group_blocks
 from edgeprefill.export.layer_heads import gemma4_fields, rope_widths
 from edgeprefill.export.nas_blocks import read_blocks
 from edgeprefill.export.prequantized import read_int4_scheme
+from edgeprefill.export.remote_model_type import with_model_type
 from edgeprefill.export.shared_block import read_shared_block
 from edgeprefill.export.skipped_layers import skip_layers
 from edgeprefill.json_file import load_json_object
@@ -79,6 +80,7 @@ def read_config(config_type: type[ModelConfig], raw: dict[str, Any],
     """`raw`, a config.json's object, as a `config_type` (ModelConfig.from_hf). With
     `classifier` (export --task score) a supported family's sequence classifier is read as
     its decoder, whose score head export/score_head.py takes."""
+    raw = with_model_type(raw)  # DeciLM-6B's config.json names none
     family = config_value(raw, "model_type", str)
     if family in REFUSED_TYPES or family not in FAMILIES:
         raise ExportError(refusal(family, raw))

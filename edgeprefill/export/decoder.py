@@ -586,6 +586,8 @@ class DecoderBuilder:
         out = self.w.linear(attn, [o + ".weight"], o + ".bias" if self.cfg.o_bias else None)
         extra = self.names.o_extra_bias
         if extra is not None and self.ckpt.has(p + extra):  # GPT-NeoX Japanese's last layer
+            self.w.check_bias(p + extra, self.cfg.hidden_size,
+                              f"config.json's hidden_size {self.cfg.hidden_size}")
             out = self.g.op("Add", [out, self.w.tensor(p + extra)])
         return out
 
@@ -951,6 +953,8 @@ class DecoderBuilder:
         bias = None
         if self.cfg.lm_head_bias:
             bias = self.w.resolve(tuple(h + ".bias" for h in self.names.lm_head))
+            self.w.check_bias(bias, self.w.shape(name)[0],
+                              f"{name} of shape {self.w.shape(name)}")
         if self.quant is not None and self.quant.head_kind != "float":
             vocab, hidden_size = self.w.shape(name)
             def out_in():

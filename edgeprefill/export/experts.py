@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from edgeprefill.errors import ExportError
+from edgeprefill.export.config_values import given
 
 ROUTINGS = ("softmax", "topk_softmax", "topk_sigmoid", "sigmoid", "softmax_bias",
             "softmax_group_limited", "sparsemixer")
@@ -225,7 +226,9 @@ def read_moe(raw: dict[str, Any], spec: MoeSpec) -> MoeConfig | None:
         norm_topk=bool(raw.get(spec.norm_key)) if spec.norm_key else spec.renormalize,
         norm_eps=spec.norm_eps,
         norm_min=float(raw[spec.norm_min_key]) if spec.norm_min_key else 0.0,
-        scaling=float(raw.get(spec.scaling_key) or 1.0) if spec.scaling_key else 1.0,
+        # 0 stays 0 (the experts' output times 0, as every family's block multiplies it);
+        # null is 1 (MiMo-V2-Flash's config class reads it so)
+        scaling=float(given(raw.get(spec.scaling_key), 1.0)) if spec.scaling_key else 1.0,
         expert_bias=bool(names.expert_bias) and (spec.bias_key is None
                                                   or bool(raw.get(spec.bias_key))),
         shared_width=int(raw.get("shared_expert_intermediate_size") or 0)

@@ -251,9 +251,21 @@ class GraphWeights:
 
         return parts
 
+    def check_bias(self, bias: str, width: int, implied_by: str) -> None:
+        """The bias `bias` stored as [width], the outputs it is added to; else one line
+        naming it, both shapes and `implied_by` (what has those outputs), before the graph
+        is written. A bias of another length had failed only when the writer read it,
+        naming a packed tensor the checkpoint has not, or not at all where a packed
+        projection's biases summed to its width (k short by one, v long by one)."""
+        if self.shape(bias) != (width,):
+            raise ExportError(f"{bias} has shape {self.shape(bias)}, but {implied_by} "
+                              f"implies {(width,)}")
+
     def _bias(self, name: str, weight_names: list[str], size: int, reorder) -> str:
         # A packed projection's bias is the concatenation of its parts' biases.
         parts = [w.removesuffix(".weight") + ".bias" for w in weight_names]
+        for part, weight in zip(parts, weight_names, strict=True):
+            self.check_bias(part, self.shape(weight)[0], f"{weight} of shape {self.shape(weight)}")
 
         def produce() -> np.ndarray:
             bias = np.concatenate([self.ckpt.get(n, np.float32) for n in parts])

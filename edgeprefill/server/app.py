@@ -331,7 +331,9 @@ class OpenAIApi:
         generation is over (or the response that replaces it: `_wait`)."""
         close = self._closer(endpoint, admitted.stream)
         if admitted.request.stream:
-            return EventStreamResponse(events(), on_close=close, media_type=media_type)
+            stream = admitted.stream
+            return EventStreamResponse(events(), on_close=close, ended=lambda: stream.done,
+                                       media_type=media_type)
         failed = await self._wait(admitted, request, close)
         return failed or JsonNumbersResponse(whole())
 

@@ -61,12 +61,19 @@ class EventStreamResponse(StreamingResponse):
     at the next write, which never comes while a request waits in the queue. Here the
     stream is cancelled the moment the client goes, and `on_close` runs on every path
     (even if the body never started), so the request's KV slot is always freed.
+
+    `on_close` runs first before the first chunk sent once `ended()` holds (generation is
+    over): it gives back the request's place under --max-pending and records its metrics,
+    which had waited for the response to end after its last bytes, so that a client's
+    next request (a 429) or a scrape (a request not yet counted, 16 of 200 right after
+    `[DONE]`) could come first. It must be idempotent.
     """
 
     def __init__(self, content: AsyncIterator[bytes], on_close: Callable[[], None],
-                 media_type: str = "text/event-stream") -> None:
+                 ended: Callable[[], bool], media_type: str = "text/event-stream") -> None:
         headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-        super().__init__(content, media_type=media_type, headers=headers)
+        super().__init__(_closed_once_ended(content, ended, on_close), media_type=media_type,
+                         headers=headers)
         self.on_close = on_close
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -83,6 +90,15 @@ class EventStreamResponse(StreamingResponse):
                 group.cancel_scope.cancel()
         finally:
             self.on_close()
+
+
+async def _closed_once_ended(content: AsyncIterator[bytes], ended: Callable[[], bool],
+                             close: Callable[[], None]) -> AsyncIterator[bytes]:
+    """`content`, with `close` run before each chunk sent once `ended()` holds."""
+    async for chunk in content:
+        if ended():
+            close()
+        yield chunk
 
 
 def _yielding(send: Send) -> Send:

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
+from edgeprefill.export.config_values import given
 from edgeprefill.export.experts import (
     MoeNames,
     MoeSpec,
@@ -164,7 +165,7 @@ def _mimo_v2_flash_config(raw: dict[str, Any]) -> dict[str, Any]:
                for kind, params in ropes.items() if isinstance(params, dict)}
     raw = {**raw, "layer_types": types, "rope_parameters": ropes,
            "mlp_layer_types": raw.get("mlp_layer_types") or ["dense"] + ["sparse"] * (count - 1),
-           "routed_scaling_factor": raw.get("routed_scaling_factor") or 1.0,
+           "routed_scaling_factor": given(raw.get("routed_scaling_factor"), 1.0),
            "partial_rotary_factor": factors.get("full_attention", 0.334)}
     if raw.get("sliding_window_size") is not None:
         raw["sliding_window"] = int(raw["sliding_window_size"]) + 1
