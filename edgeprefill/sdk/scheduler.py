@@ -207,8 +207,8 @@ class Scheduler:
         allowed and every row has room for the padding."""
         budget = self._step_budget(first)
         chunks = [self._chunk(first, budget)]
-        if self.decoding and not self._fusable(chunks):
-            return chunks  # two calls: the chunk alone
+        if self.prefill_rows == 1 or self.decoding and not self._fusable(chunks):
+            return chunks  # one prompt per step, or two calls: the chunk alone
         left = budget - chunks[0].length
         for request in self._next_ones(first):
             if left < 1 or len(chunks) >= self.prefill_rows:
