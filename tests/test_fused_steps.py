@@ -107,7 +107,7 @@ def run_mixed(path, **options) -> tuple[list[list[int]], list]:
 @pytest.mark.parametrize("compute", ["fp32", "bf16"])
 def test_the_engine_fuses_and_generates_what_it_generates_unfused(bundle, library, compute):
     path = bundle("llama")
-    fused_tokens, fused_trace = run_mixed(path, compute=compute)
+    fused_tokens, fused_trace = run_mixed(path, compute=compute, prefill_rows=1)
     tokens, trace = run_mixed(path, fuse_steps=False, compute=compute)
     assert fused_tokens == tokens
     assert not any(t.fused for t in trace)
@@ -120,6 +120,23 @@ def test_the_engine_fuses_and_generates_what_it_generates_unfused(bundle, librar
     assert beside == [1, 2, 3, 3, 3, 3, 3]
     calls = len({(t.start, t.end) for t in trace})
     assert len({(t.start, t.end) for t in fused_trace}) == calls - len(chunks)
+
+
+@pytest.mark.parametrize("compute", ["fp32", "bf16"])
+def test_prompts_arriving_together_share_a_call_and_generate_what_they_generate_alone(
+        bundle, library, compute):
+    """The three sessions' prompts (9, 30 and 17 tokens) arrive together: one call carries
+    all three, each its own row, shortest first (the policy's order); the long prompt's
+    64-token chunks then fill the step's budget alone, beside the three decode rows."""
+    path = bundle("llama")
+    shared_tokens, shared_trace = run_mixed(path, compute=compute)
+    assert shared_tokens == run_mixed(path, compute=compute, prefill_rows=1)[0]
+    prefills = [t for t in shared_trace if t.kind == "prefill"]
+    assert [t.tokens for t in prefills] == [9, 17, 30, 64, 64, 64, 64, 44]
+    assert len({(t.start, t.end) for t in prefills[:3]}) == 1  # one call
+    assert all(t.fused for t in prefills)
+    beside = [t.tokens for t in shared_trace if t.fused and t.kind == "decode"]
+    assert beside == [3, 3, 3, 3, 3]
 
 
 def quantized_backend(quantized, monkeypatch, kind: str, mode: str | None):

@@ -56,9 +56,9 @@ class Rig:
         if plan.decode:
             for request, row in zip(plan.decode, self.runner.decode(plan.decode), strict=True):
                 self._token(request, row)
-        if plan.prefill:
-            request = plan.prefill.request
-            logits = self.runner.prefill(plan.prefill)
+        for chunk in plan.prefill:  # one: the plain fake backend does not fuse
+            request = chunk.request
+            logits = self.runner.prefill(chunk)
             if request.prefill_left == 0:
                 self.scheduler.prefilled(request)
                 self._token(request, logits[0])

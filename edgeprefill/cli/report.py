@@ -23,7 +23,8 @@ def request_line(m: RequestMetrics) -> str:
 
 def engine_lines(e: EngineMetrics) -> list[str]:
     return [
-        f"engine: prefill {e.prefill_tokens} tok at {e.prefill_tokens_per_s:.0f} tok/s, "
+        f"engine: prefill {e.prefill_tokens} tok in {e.prefill_steps} steps"
+        f"{_shared(e)} at {e.prefill_tokens_per_s:.0f} tok/s, "
         f"decode {e.decode_tokens} tok in {e.decode_steps} steps"
         f"{f' ({e.fused_steps} fused with a prefill chunk)' if e.fused_steps else ''} at "
         f"{e.decode_tokens_per_s:.1f} tok/s, max decode stall {_ms(e.max_decode_stall_s)}",
@@ -31,6 +32,13 @@ def engine_lines(e: EngineMetrics) -> list[str]:
         f"{e.kv_tokens} tokens held, {e.kv_bytes / 1e6:.1f} MB allocated; prefix hit rate "
         f"{e.prefix_hit_rate:.0%} ({e.prefix_hits}/{e.prefix_lookups}); queue {e.queue_depth}",
     ]
+
+
+def _shared(e: EngineMetrics) -> str:
+    """Prompts' chunks per prefill step, where prompts shared steps."""
+    if e.prefill_rows <= e.prefill_steps:
+        return ""
+    return f" ({e.prefill_rows} prompts' chunks, {e.prefill_rows / e.prefill_steps:.1f} a step)"
 
 
 def backend_line(backend) -> str:

@@ -489,7 +489,8 @@ class Engine:
             queue_depth=self.scheduler.queue_depth,
             running=self.scheduler.running,
             finished=c.finished,
-            fused_steps=c.fused_steps,
+            fused_steps=c.fused_steps, prefill_steps=c.prefill_steps,
+            prefill_rows=c.prefill_rows,
         )
 
     def check_integrity(self) -> None:
@@ -536,15 +537,15 @@ class Engine:
                 if not self.scheduler.decoding:
                     self.runner.idle()  # a cancel emptied it: the idle time is no stall
                 return plan is None
-            chunk = plan.prefill
+            chunks = plan.prefill
             if plan.fused:
-                assert chunk is not None
-                self._guarded([*plan.decode, chunk.request],
-                              lambda _: self._fused(plan.decode, chunk))
+                self._guarded([*plan.decode, *(c.request for c in chunks)],
+                              lambda _: self._fused(plan.decode, chunks))
             else:
                 if plan.decode:
                     self._guarded(plan.decode, self._decode)
-                if chunk is not None:
+                if chunks:  # one: prompts share a step only in one (fused) call
+                    chunk = chunks[0]
                     self._guarded([chunk.request], lambda _: self._prefill(chunk))
             if not self.scheduler.decoding:
                 self.runner.idle()  # nobody is waiting for a token
@@ -646,10 +647,11 @@ class Engine:
     def _prefill(self, chunk: PrefillChunk) -> None:
         self._prefilled(chunk.request, self.runner.prefill(chunk))
 
-    def _fused(self, rows: list[Request], chunk: PrefillChunk) -> None:
-        decoded, prefilled = self.runner.fused(rows, chunk)
+    def _fused(self, rows: list[Request], chunks: list[PrefillChunk]) -> None:
+        decoded, prefilled = self.runner.fused(rows, chunks)
         self._emit_rows(rows, decoded)
-        self._prefilled(chunk.request, prefilled)
+        for chunk, logits in zip(chunks, prefilled, strict=True):
+            self._prefilled(chunk.request, logits)
 
     def _prefilled(self, request: Request, logits: np.ndarray) -> None:
         """After a chunk of `request`'s prompt: its first token once the whole prompt is in

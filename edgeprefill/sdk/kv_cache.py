@@ -202,6 +202,11 @@ class KVCache:
             if slot.owner == owner:
                 slot.owner = None
 
+    def cached_prefix(self, tokens: list[int]) -> int:
+        """The longest prefix of `tokens` some slot's tokens share (what a request could
+        reuse at most, alignment and snapshots aside). Reads the cache only."""
+        return max((common_prefix(s.tokens, tokens) for s in self.slots), default=0)
+
     def length(self, index: int) -> int:
         return len(self.slots[index].tokens)
 
@@ -324,7 +329,7 @@ class KVCache:
         """Leading tokens of `tokens` (at most `limit`) whose cache `slot` can serve:
         their common prefix, or with a state all of the slot's tokens (its live state) or
         up to its latest snapshot within the common prefix."""
-        common = min(_common_prefix(slot.tokens, tokens), limit)
+        common = min(common_prefix(slot.tokens, tokens), limit)
         if not self.whole_only or common == len(slot.tokens):
             return Reuse(common, None)
         snapshot = latest(slot.snapshots, common)
@@ -352,7 +357,7 @@ class KVCache:
         reuse that much if a snapshot were kept there (a system prompt's end, where
         requests part)."""
         slots = self.slots if self.share_prefixes else [slot]
-        common = max(min(_common_prefix(s.tokens, tokens), limit) for s in slots)
+        common = max(min(common_prefix(s.tokens, tokens), limit) for s in slots)
         return common - common % self.align
 
     def _snapshot(self, slot: Slot) -> None:
@@ -364,7 +369,7 @@ class KVCache:
         slot.last_used = next(self._clock)
 
 
-def _common_prefix(a: list[int], b: list[int]) -> int:
+def common_prefix(a: list[int], b: list[int]) -> int:
     n = min(len(a), len(b))
     for i in range(n):
         if a[i] != b[i]:

@@ -82,6 +82,10 @@ class EngineMetrics:
     # Decode steps that ran a prefill chunk in the same call (Scheduler: fused). Their time
     # counts in decode_seconds and prefill_seconds both.
     fused_steps: int = 0
+    # Calls that prefilled, and the prompts' chunks they carried (more than one a call where
+    # prompts share a step: scheduler.py, shared prefill).
+    prefill_steps: int = 0
+    prefill_rows: int = 0
 
     @property
     def prefill_tokens_per_s(self) -> float:
@@ -106,6 +110,8 @@ class EngineCounters:
     decode_seconds: float = 0.0
     decode_steps: int = 0
     fused_steps: int = 0
+    prefill_steps: int = 0
+    prefill_rows: int = 0
     max_decode_stall_s: float = 0.0
     finished: int = 0
     last_decode_end: float | None = None

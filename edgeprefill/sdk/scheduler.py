@@ -1,4 +1,4 @@
-"""The scheduler: each step, one batched decode call and at most one prefill chunk.
+"""The scheduler: each step, one batched decode call and the prefill chunks of a token budget.
 
     plan = decode every decoding request (one call, B rows of 1 token, adjacent slots)
          + the next prefill chunk of the request the policy picks (one call, B=1)
@@ -7,6 +7,15 @@ Fused (`fuse_steps`, where the bundle's graph packs its valid tokens): both in o
 the chunk's slot adjacent to the decode rows', so a step reads the weights once. Not when
 a decode row's cache has no room for the chunk's padding (its KV past its token is
 written and then overwritten, as for any padding): then two calls as above.
+
+Shared prefill (where steps fuse, but for fcfs): a chunk shorter than the step's prefill
+budget (the length the scheduler picks for one chunk: the fixed chunk size or the adaptive
+one) leaves the rest of the budget to the prompts the policy would pick next, each its own
+row (own slot, own past), in the same call: many short prompts (texts to embed, chat users
+arriving together) then share a step's fixed cost, and the step's prefill tokens, so the
+decode rows' inter-token latency, stay what one chunk's are. `prefill_rows` caps the rows
+(1: one prompt per step). A queued prompt that shares a prefix with another row of the step
+beyond what the cache holds waits a step instead, to reuse that row's KV.
 
 It keeps requests in three groups and is the only one that moves them:
 
@@ -36,7 +45,7 @@ from typing import NamedTuple
 from edgeprefill.errors import RequestError
 from edgeprefill.sdk.chunking import ChunkController
 from edgeprefill.sdk.known_fields import known_fields
-from edgeprefill.sdk.kv_cache import KVCache
+from edgeprefill.sdk.kv_cache import KVCache, common_prefix
 from edgeprefill.sdk.request import Phase, Request
 from edgeprefill.values import is_finite, is_int
 
@@ -59,6 +68,10 @@ class SchedulerConfig:
     # the default, and True fuse alike; True says "asked for": the engine warns where the
     # backend cannot.
     fuse_steps: bool | None = None
+    # Prompts whose prefill chunks one fused step carries, each its own row, within the
+    # step's one-chunk token budget; None: as many as the budget and the slots allow, 1: one
+    # prompt per step (as where steps do not fuse, and under fcfs).
+    prefill_rows: int | None = None
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
@@ -68,9 +81,9 @@ class SchedulerConfig:
         # Types first: a "16" or a None would otherwise fail a comparison below with
         # Python's TypeError, and a 1.5 or a True would pass it.
         for name, low in (("chunk_size", 1), ("max_step_tokens", 1), ("max_queue", 1),
-                          ("aging_tokens", 0)):
+                          ("aging_tokens", 0), ("prefill_rows", 1)):
             value = getattr(self, name)
-            if (value is not None or name != "chunk_size") and \
+            if (value is not None or name not in ("chunk_size", "prefill_rows")) and \
                     not (is_int(value) and value >= low):
                 raise RequestError(f"{name} must be an integer >= {low}, got {value!r}", name)
         if self.chunk_size is not None and self.policy == "fcfs":
@@ -92,12 +105,12 @@ class PrefillChunk(NamedTuple):
 
 class StepPlan(NamedTuple):
     decode: list[Request]  # in slot order; slots are adjacent (one view of the arena)
-    prefill: PrefillChunk | None
-    fused: bool = False  # decode rows and prefill in one call (their slots all adjacent)
+    prefill: list[PrefillChunk]  # in the policy's order, one per prompt; one unless fused
+    fused: bool = False  # every row in one call (their slots all adjacent)
 
     @property
     def empty(self) -> bool:
-        return not self.decode and self.prefill is None
+        return not self.decode and not self.prefill
 
 
 def prefill_score(request: Request, aging_tokens: int) -> int:
@@ -119,6 +132,8 @@ class Scheduler:
         their valid tokens (Backend.fuses_rows)."""
         self.config = config
         self.fuse = config.fuse_steps is not False and backend_fuses
+        self.prefill_rows = (1 if not self.fuse or config.policy == "fcfs"
+                     else config.prefill_rows or len(kv.slots))  # prompts per step
         self.kv = kv
         self.chunks = ChunkController(buckets, config.itl_target_ms / 1000)
         self.queued: list[Request] = []  # arrival order
@@ -126,22 +141,26 @@ class Scheduler:
         self.decoding: list[Request] = []
 
     def schedule(self) -> StepPlan:
-        """The next step's work. May start a queued request (acquires its KV slot) and
-        move decoding slots together (the backend swaps their KV)."""
+        """The next step's work. May start queued requests (acquires their KV slots) and
+        move slots together (the backend swaps their KV)."""
         self._compact()
-        prefill = self._next_prefill()
-        if not self._fusable(prefill):
-            return StepPlan(sorted(self.decoding, key=_slot), prefill)
-        assert prefill is not None
-        self._compact([prefill.request])
-        return StepPlan(sorted(self.decoding, key=_slot), prefill, fused=True)
+        first = self._pick()
+        chunks = self._chunks(first) if first is not None else []
+        if chunks:
+            self._age([c.request for c in chunks])
+        fused = len(chunks) > 1 or bool(self.decoding) and self._fusable(chunks)
+        if fused:
+            self._compact([c.request for c in chunks])
+        return StepPlan(sorted(self.decoding, key=_slot), chunks, fused)
 
-    def _fusable(self, prefill: PrefillChunk | None) -> bool:
-        """Decode rows and a chunk can share a call: each decode row's cache has room for
-        the chunk's length (its padding is written there)."""
-        if not (self.fuse and self.decoding and prefill is not None):
+    def _fusable(self, chunks: list[PrefillChunk]) -> bool:
+        """Decode rows and chunks can share a call: each row's cache has room for the
+        longest chunk's length (its padding is written there)."""
+        if not (self.fuse and chunks):
             return False
-        return all(r.kv_len + prefill.length <= self.kv.capacity for r in self.decoding)
+        width = max(c.length for c in chunks)
+        rows = self.decoding + [c.request for c in chunks]
+        return all(r.kv_len + width <= self.kv.capacity for r in rows)
 
     # -- moving requests between groups -------------------------------------------------
 
@@ -186,14 +205,51 @@ class Scheduler:
 
     # -- prefill choice ---------------------------------------------------------------
 
-    def _next_prefill(self) -> PrefillChunk | None:
-        request = self._pick()
-        if request is None:
-            return None
+    def _chunks(self, first: Request) -> list[PrefillChunk]:
+        """The step's prefill: `first`'s next chunk and, where the step fuses, the chunks
+        of the next prompts the policy picks while the budget has tokens left, rows are
+        allowed and every row has room for the padding."""
+        budget = self._step_budget(first)
+        chunks = [self._chunk(first, budget)]
+        if self.prefill_rows == 1 or self.decoding and not self._fusable(chunks):
+            return chunks  # one prompt per step, or two calls: the chunk alone
+        left = budget - chunks[0].length
+        for request in self._next_ones(first):
+            if left < 1 or len(chunks) >= self.prefill_rows:
+                break
+            if request.phase is Phase.QUEUED and not self._may_start(request, chunks):
+                if self.config.policy == "chunked":
+                    break  # arrival order: no later prompt overtakes it
+                continue
+            chunk = self._chunk(request, min(left, request.chunk_size or left))
+            if not self._fusable([*chunks, chunk]):
+                break  # a slot it may have taken now: it prefills in a later step
+            chunks.append(chunk)
+            left -= chunk.length
+        return chunks
+
+    def _age(self, picked: list[Request]) -> None:
         for other in self.queued + self.prefilling:
-            if other is not request:
+            if other not in picked:
                 other.waited_chunks += 1
-        return PrefillChunk(request, request.kv_len, self._chunk_length(request))
+
+    def _next_ones(self, first: Request) -> list[Request]:
+        """The requests the policy would pick after `first`, in its order."""
+        if self.config.policy == "chunked+priority":
+            waiting = sorted(self.queued + self.prefilling, key=self._priority_key)
+        else:
+            waiting = self.prefilling + self.queued  # arrival order, started ones first
+        return [r for r in waiting if r is not first]
+
+    def _may_start(self, request: Request, chunks: list[PrefillChunk]) -> bool:
+        """Start a queued prompt beside `chunks` unless it shares a longer prefix with one
+        of theirs than the cache holds (a system prompt being written now: a step later it
+        reuses that KV) or no slot is free."""
+        cached = self.kv.cached_prefix(request.tokens)
+        if any(common_prefix(request.tokens, c.request.tokens) >= cached + self.kv.align
+               for c in chunks):
+            return False
+        return self._start(request)
 
     def _pick(self) -> Request | None:
         if self.config.policy == "chunked+priority":
@@ -206,15 +262,14 @@ class Scheduler:
         return None
 
     def _pick_by_priority(self) -> Request | None:
-        aging = self.config.aging_tokens
-
-        def key(r: Request) -> tuple[int, int, int]:
-            return (r.priority, prefill_score(r, aging), r.arrival)
-
+        key = self._priority_key
         best = min(self.queued + self.prefilling, key=key, default=None)
         if best is not None and best.phase is Phase.QUEUED and not self._start(best):
             best = min(self.prefilling, key=key, default=None)  # no slot: a started one
         return best
+
+    def _priority_key(self, r: Request) -> tuple[int, int, int]:
+        return (r.priority, prefill_score(r, self.config.aging_tokens), r.arrival)
 
     def _start(self, request: Request) -> bool:
         acquired = self.kv.acquire(request.tokens, request.session_id)
@@ -228,28 +283,37 @@ class Scheduler:
         self.prefilling.append(request)
         return True
 
-    def _chunk_length(self, request: Request) -> int:
-        left = request.prefill_left
+    def _step_budget(self, request: Request) -> int:
+        """The prefill tokens of the step whose first chunk is `request`'s: the length the
+        scheduler picks for one chunk (fcfs: its whole prompt)."""
         if self.config.policy == "fcfs" and request.chunk_size is None:
-            return left  # a request's own chunk size is honoured under any policy
+            return request.prefill_left  # a request's own chunk size is honoured under any policy
         size = (
             request.chunk_size
             or self.config.chunk_size
             or self.chunks.choose(decoding=bool(self.decoding), fused=self.fuse)
         )
-        budget = max(1, self.config.max_step_tokens - len(self.decoding))
-        length = max(1, min(size, budget, left))
+        return max(1, min(size, self.config.max_step_tokens - len(self.decoding)))
+
+    def _chunk(self, request: Request, tokens: int) -> PrefillChunk:
+        """The request's next chunk, at most `tokens` long."""
+        left = request.prefill_left
+        if self.config.policy == "fcfs" and request.chunk_size is None:
+            return PrefillChunk(request, request.kv_len, left)
+        length = max(1, min(tokens, left))
         # A model with states: end where the cache keeps a snapshot, if the chunk crosses one.
         start = request.kv_len
-        return self.kv.chunk_end(_slot(request), start, start + length, length == left) - start
+        end = self.kv.chunk_end(_slot(request), start, start + length, length == left)
+        return PrefillChunk(request, start, end - start)
 
     # -- keeping decode rows adjacent -------------------------------------------------
 
     def _compact(self, also: list[Request] | None = None) -> None:
         """Decoding slots (and those of `also`) into one contiguous range."""
-        if not self.decoding:
+        together = self.decoding + (also or [])
+        if len(together) < 2:
             return
-        moved = self.kv.compact([_slot(r) for r in self.decoding + (also or [])])
+        moved = self.kv.compact([_slot(r) for r in together])
         for request in self.prefilling + self.decoding:
             if request.slot in moved:
                 request.slot = moved[request.slot]

@@ -1,7 +1,7 @@
 """The step runner: turns a scheduled step into backend calls and keeps the books.
 
-For each kind of call (decode rows, a prefill chunk, or both fused in one call) it builds
-the `StepBatch`, times the call, records the KV that
+For each kind of call (decode rows, a prefill chunk, or the decode rows and several prompts'
+chunks fused in one call) it builds the `StepBatch`, times the call, records the KV that
 was written (in the `KVCache` and in each request's `kv_len`), feeds the chunk
 controller and the engine counters, and appends to the trace. It never decides what
 runs (the scheduler does) nor what a logit means (the engine samples and streams).
@@ -69,22 +69,27 @@ class StepRunner:
         request.metrics.chunks += 1
         return logits
 
-    def fused(self, rows: Sequence[Request], chunk: PrefillChunk) -> tuple[np.ndarray, np.ndarray]:
-        """The decode rows and one prefill chunk in one call (a bundle whose graph packs
-        its valid tokens, `GraphInfo.packed_tokens`, so the decode rows' padding costs no
-        projection): the weights are read once for both. Every request's slot must be
-        adjacent to the others', `rows` in slot order (as for `decode`). Returns (decode
-        logits [rows, vocab] in `rows` order, the chunk's logits [1, vocab])."""
-        request, start_pos, length = chunk
-        members = sorted([*rows, request], key=_slot)
-        ids = np.zeros((len(members), length), np.int64)  # decode rows: padding after one token
+    def fused(
+        self, rows: Sequence[Request], chunks: Sequence[PrefillChunk],
+    ) -> tuple[np.ndarray, list[np.ndarray]]:
+        """The decode rows and the prefill chunks (one per prompt, each its own row) in one
+        call (a bundle whose graph packs its valid tokens, `GraphInfo.packed_tokens`, so a
+        row's padding costs no projection): the weights are read once for all. Every
+        request's slot must be adjacent to the others', `rows` in slot order (as for
+        `decode`). Returns (decode logits [rows, vocab] in `rows` order, each chunk's
+        logits [1, vocab] in `chunks` order)."""
+        prompts = {c.request.id: c for c in chunks}
+        members = sorted([*rows, *(c.request for c in chunks)], key=_slot)
+        width = max(c.length for c in chunks)
+        ids = np.zeros((len(members), width), np.int64)  # each row: padding after its tokens
         valid = np.ones(len(members), np.int32)
-        at = members.index(request)
-        ids[at] = request.tokens[start_pos : start_pos + length]
-        valid[at] = length
         for i, member in enumerate(members):
-            if member is not request:
+            chunk = prompts.get(member.id)
+            if chunk is None:
                 ids[i, 0] = member.generated[-1]
+            else:
+                ids[i, : chunk.length] = member.tokens[chunk.start : chunk.start + chunk.length]
+                valid[i] = chunk.length
         first = _slot(members[0])
         assert [_slot(m) for m in members] == list(range(first, first + len(members))), \
             "a fused step's slots are adjacent"
@@ -95,15 +100,19 @@ class StepRunner:
             first_slot=first,
         )
         logits, start, end = self._call(batch)
-        self._count_decode(start, end, len(rows), observe=False)
-        self._count_prefill(start, end, length)
-        self.counters.fused_steps += 1
-        self._record("decode", start, end, rows, len(rows), fused=True)
-        self._record("prefill", start, end, [request], length, fused=True)
+        prefilled = sum(c.length for c in chunks)
+        if rows:
+            self._count_decode(start, end, len(rows), observe=False)
+            self.counters.fused_steps += 1
+            self._record("decode", start, end, rows, len(rows), fused=True)
+        self._count_prefill(start, end, prefilled, len(chunks))
+        for chunk in chunks:
+            self._record("prefill", start, end, [chunk.request], chunk.length, fused=True)
+            chunk.request.metrics.chunks += 1
         for i, member in enumerate(members):
             self._written(member, ids[i, : valid[i]].tolist())
-        request.metrics.chunks += 1
-        return np.delete(logits, at, axis=0), logits[at : at + 1]
+        at = [members.index(c.request) for c in chunks]
+        return np.delete(logits, at, axis=0), [logits[i : i + 1] for i in at]
 
     def warm_up(self, length: int) -> None:
         """The backend's warm-up calls (`Backend.warm_up_steps`: by default one prefill
@@ -143,8 +152,11 @@ class StepRunner:
         if observe:
             self.chunks.observe_decode(end - start)
 
-    def _count_prefill(self, start: float, end: float, length: int) -> None:
+    def _count_prefill(self, start: float, end: float, length: int, rows: int = 1) -> None:
+        """`length`: the call's prefill tokens, over `rows` prompts' chunks."""
         self.counters.prefill_tokens += length
+        self.counters.prefill_steps += 1
+        self.counters.prefill_rows += rows
         self.counters.prefill_seconds += end - start
         self.chunks.observe_prefill(length, end - start)
 

@@ -44,6 +44,11 @@ ENGINE_METRICS = (
     EngineMetric("decode_steps", "decode_steps", True, "Batched decode calls"),
     EngineMetric("fused_steps", "fused_steps", True,
                  "Decode calls that ran a prefill chunk in the same call"),
+    EngineMetric("prefill_steps", "prefill_steps", True,
+                 "Calls that prefilled (a fused call counts here and in decode's)"),
+    EngineMetric("prefill_rows", "prefill_rows", True,
+                 "Prompts' prefill chunks run (more than one a call where prompts share a "
+                 "step)"),
     EngineMetric("prefix_lookups", "prefix_lookups", True, "KV prefix-cache lookups"),
     EngineMetric("prefix_hits", "prefix_hits", True, "KV prefix-cache lookups that reused KV"),
     EngineMetric("requests_finished", "finished", True, "Requests finished, any reason"),
