@@ -101,7 +101,7 @@ def test_prefill_rows_caps_the_prompts_of_a_step(fusing_engine):
 
 
 def test_prefill_rows_below_one_is_refused():
-    with pytest.raises(RequestError, match="prefill_rows must be >= 1, got 0"):
+    with pytest.raises(RequestError, match="prefill_rows must be an integer >= 1, got 0"):
         SchedulerConfig(prefill_rows=0)
 
 
