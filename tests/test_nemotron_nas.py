@@ -26,7 +26,6 @@ import torch
 from safetensors.torch import save_file
 
 from edgeprefill.bundle import load_manifest
-from edgeprefill.engines import StepBatch
 from edgeprefill.engines.base import kv_slot_bytes
 from edgeprefill.export.exporter import ExportOptions, export
 from edgeprefill.export.model_config import ModelConfig
@@ -38,7 +37,7 @@ from tests.test_cli_errors import assert_one_line_error, cli
 from tests.test_deci import one_thread
 from tests.test_embed import assert_edits_refused
 from tests.test_exactness import FLAVORS, prompt_ids
-from tests.test_openelm import check_chunks_and_padding, run_chunks
+from tests.test_openelm import check_chunks_and_padding, check_rows_decode_together
 from tests.test_quantize import logits_at
 
 DIM, HEADS, HEAD_DIM, MAX_POSITIONS = 64, 4, 16, 128
@@ -222,21 +221,7 @@ def test_rows_of_different_lengths_decode_together_as_the_blocks_forward(nas, fl
     """Three rows in adjacent slots, prompts of 5, 19 and 33 tokens, then decode steps of
     all three in one call each: every row's logits are the forward's at its position."""
     model, bundles = nas
-    engine = Engine.load(bundles[flavor], threads=2, background=False)
-    rows = [prompt_ids(n, seed=n) for n in (5, 19, 33)]
-    for slot, ids in enumerate(rows):
-        run_chunks(engine, ids, 16, slot)
-    lasts = [reference_logits(model, ids)[-1] for ids in rows]
-    for step in range(3):
-        nexts = [int(last.argmax()) for last in lasts]
-        got = engine.backend.run(StepBatch(
-            np.array([[t] for t in nexts]), np.array([len(ids) for ids in rows], np.int32),
-            np.ones(3, np.int32), 0))
-        rows = [ids + [t] for ids, t in zip(rows, nexts, strict=True)]
-        lasts = [reference_logits(model, ids)[-1] for ids in rows]
-        np.testing.assert_allclose(got, np.stack(lasts), rtol=1e-4, atol=1e-4,
-                                   err_msg=f"step {step}")
-    engine.close()
+    check_rows_decode_together(bundles[flavor], lambda ids: reference_logits(model, ids)[-1], 3)
 
 
 def test_the_sdk_generates_the_blocks_greedy_tokens(nas):

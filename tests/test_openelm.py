@@ -11,6 +11,7 @@ weights are random, so a norm read from the wrong tensor or skipped changes the 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -189,6 +190,28 @@ def check_chunks_and_padding(bundle: Path, ids: list[int], expected: np.ndarray)
     engine.close()
 
 
+def check_rows_decode_together(bundle: Path, last_logits: Callable[[list[int]], np.ndarray],
+                               steps: int) -> None:
+    """Three rows in adjacent slots, prompts of 5, 19 and 33 tokens, then `steps` decode
+    steps of all three in one call each: every row's logits are `last_logits` (the
+    reference forward's last position) of its tokens so far."""
+    engine = Engine.load(bundle, threads=2, background=False)
+    rows = [prompt_ids(n, seed=n) for n in (5, 19, 33)]
+    for slot, ids in enumerate(rows):
+        run_chunks(engine, ids, 16, slot)
+    lasts = [last_logits(ids) for ids in rows]
+    for step in range(steps):
+        nexts = [int(last.argmax()) for last in lasts]
+        got = engine.backend.run(StepBatch(
+            np.array([[t] for t in nexts]), np.array([len(ids) for ids in rows], np.int32),
+            np.ones(3, np.int32), 0))
+        rows = [ids + [t] for ids, t in zip(rows, nexts, strict=True)]
+        lasts = [last_logits(ids) for ids in rows]
+        np.testing.assert_allclose(got, np.stack(lasts), rtol=1e-4, atol=1e-4,
+                                   err_msg=f"step {step}")
+    engine.close()
+
+
 def test_the_config_reads_each_layers_heads_and_the_tied_head():
     cfg = ModelConfig.from_hf(CONFIG)
     assert [cfg.layer_heads(i) for i in range(4)] == HEADS
@@ -245,19 +268,7 @@ def test_rows_of_different_lengths_decode_together_as_openelms_forward(openelm, 
     """Three rows in adjacent slots, prompts of 5, 19 and 33 tokens, then decode steps of
     all three in one call each: every row's logits are the forward's at its position."""
     weights, bundles = openelm
-    engine = Engine.load(bundles[flavor], threads=2, background=False)
-    rows = [prompt_ids(n, seed=n) for n in (5, 19, 33)]
-    for slot, ids in enumerate(rows):
-        run_chunks(engine, ids, 16, slot)
-    for step in range(4):
-        nexts = [int(reference_logits(weights, ids)[-1].argmax()) for ids in rows]
-        got = engine.backend.run(StepBatch(
-            np.array([[t] for t in nexts]), np.array([len(ids) for ids in rows], np.int32),
-            np.ones(3, np.int32), 0))
-        rows = [ids + [t] for ids, t in zip(rows, nexts, strict=True)]
-        want = np.stack([reference_logits(weights, ids)[-1] for ids in rows])
-        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4, err_msg=f"step {step}")
-    engine.close()
+    check_rows_decode_together(bundles[flavor], lambda ids: reference_logits(weights, ids)[-1], 4)
 
 
 def test_a_head_of_its_own_is_read_where_the_embedding_is_not_shared(tmp_path):
