@@ -86,17 +86,23 @@ class GatedDeltaNet(RecurrentMixer):
         projected = self.tokens.spread(self._projected(pre, h))
         mixed, z, b, a = g.op("Split", [projected, g.const(
             [d.conv_dim, value_size, d.value_heads, d.value_heads])], 4, axis=-1)
+        mixed = self._convolved(pre, layer, mixed)
+        out = self._recurrence(pre, layer, self._float(mixed), self._float(b), self._float(a))
+        y = self._gated_norm(pre, out, z)  # [B, C, value_size]
+        y = rows(self.tokens.gather(y, value_size))
+        return self.w.linear(y, [pre + names.out + ".weight"], None)
+
+    def _convolved(self, pre: str, layer: int, mixed: str) -> str:
+        """silu of the causal depthwise convolution of q | k | v over the layer's conv
+        state and the chunk (the state's next value written to its present output)."""
+        d, names = self.d, self.cfg.spec.delta_names
         conv_state = state_names(layer, CONV)
         full = self.conv.full(conv_state.past, mixed)
         self.conv.store(full, conv_state.present, d.conv_kernel - 1, d.conv_dim)
         convs = [pre + n + ".weight" for n in names.conv]
         taps = self.conv.taps(convs[0], d.conv_kernel, d.conv_dim, lambda _: np.concatenate(
             [self.w.ckpt.get(n, np.float32) for n in convs]))
-        mixed = self._silu(self.conv.convolve(full, taps, d.conv_kernel))
-        out = self._recurrence(pre, layer, self._float(mixed), self._float(b), self._float(a))
-        y = self._gated_norm(pre, out, z)  # [B, C, value_size]
-        y = rows(self.tokens.gather(y, value_size))
-        return self.w.linear(y, [pre + names.out + ".weight"], None)
+        return self._silu(self.conv.convolve(full, taps, d.conv_kernel))
 
     def _projected(self, pre: str, h: str) -> str:
         """[..., conv_dim + value_size + 2 value_heads]: qkv, z, b and a of h, side by side."""

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from edgeprefill.contract import CONV, state_names
 from edgeprefill.export.gated_delta import GatedDeltaNet
 
 # Names beside FamilySpec.delta_names (q/k/v_proj, their convolutions, o_proj and o_norm),
@@ -58,13 +57,7 @@ class KimiDeltaAttention(GatedDeltaNet):
         self._check_kda_shapes(pre)
         size = d.value_heads * d.value_dim
         mixed, b, gate, forget = (self.tokens.spread(x) for x in self._kda_projections(pre, h))
-        conv_state = state_names(layer, CONV)
-        full = self.conv.full(conv_state.past, mixed)
-        self.conv.store(full, conv_state.present, d.conv_kernel - 1, d.conv_dim)
-        convs = [pre + n + ".weight" for n in names.conv]
-        taps = self.conv.taps(convs[0], d.conv_kernel, d.conv_dim, lambda _: np.concatenate(
-            [self.w.ckpt.get(n, np.float32) for n in convs]))
-        mixed = self._silu(self.conv.convolve(full, taps, d.conv_kernel))
+        mixed = self._convolved(pre, layer, mixed)
         out = self._recurrence(pre, layer, self._float(mixed), self._float(b),
                                self._float(forget))
         y = self._gated_norm(pre, out, gate)  # [B, C, size]
