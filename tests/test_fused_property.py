@@ -27,9 +27,10 @@ request = st.fixed_dictionaries({
 })
 
 
-def run(bundle, backend: str, plan: list[dict], policy: str, slots: int) -> list:
+def run(bundle, backend: str, plan: list[dict], policy: str, slots: int,
+        prefill_rows: int | None = None) -> list:
     engine = Engine.load(bundle, backend=backend, background=False, kv_slots=slots,
-                         policy=policy, max_context=192)
+                         policy=policy, max_context=192, prefill_rows=prefill_rows)
     streams: dict[int, list] = {}
     step = 0
     while len(streams) < len(plan) or not all(
@@ -65,7 +66,28 @@ def test_fusing_never_changes_what_is_generated(bundle, monkeypatch, plan, polic
     plan = [dict(r, length=min(r["length"], 192 - r["new"])) for r in plan]
     # (Over these 60 examples about a third run fused calls; the rest have no prefill
     # beside a decode, or no room for one.)
-    fused, _ = run(bundle("llama"), "fake-fusing", plan, policy, slots)
+    # One prompt a step, as where steps do not fuse: then both engines take the same steps,
+    # so a cancel `cancel` steps later meets both at the same point.
+    fused, _ = run(bundle("llama"), "fake-fusing", plan, policy, slots, prefill_rows=1)
     alone, calls = run(bundle("llama"), "fake", plan, policy, slots)
     assert calls == 0
     assert fused == alone
+
+
+@settings(max_examples=60, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(plan=st.lists(request.map(lambda r: dict(r, cancel=None)), min_size=1, max_size=6),
+       policy=st.sampled_from(["chunked+priority", "chunked"]),
+       slots=st.integers(1, 4))
+def test_shared_prefill_steps_never_change_what_is_generated(bundle, monkeypatch, plan,
+                                                              policy, slots):
+    """Several prompts' chunks in one step (the default where steps fuse) against one
+    prompt a step: the same tokens and finish reasons. Shared steps finish prompts in fewer
+    steps, so no plan here cancels after a count of steps (a cancel would then meet the
+    two engines at different points: test_fusing_never_changes_what_is_generated keeps
+    those, one prompt a step)."""
+    monkeypatch.setitem(engines.BACKENDS, "fake-fusing", "tests.fake_backend:FusingFakeBackend")
+    plan = [dict(r, length=min(r["length"], 192 - r["new"])) for r in plan]
+    shared, _ = run(bundle("llama"), "fake-fusing", plan, policy, slots)
+    one, _ = run(bundle("llama"), "fake-fusing", plan, policy, slots, prefill_rows=1)
+    assert shared == one
