@@ -120,6 +120,20 @@ def test_a_prompt_sharing_a_prefix_being_written_waits_to_reuse_it(fusing_engine
     assert second.metrics.prefix_reused == 32
 
 
+def test_without_prefix_reuse_a_prompt_sharing_a_prefix_does_not_wait(fusing_engine):
+    """prefix_reuse=False lends no other slot's KV: waiting a step would compute the same
+    tokens a step later, so the second goes beside the first (its first 24 tokens in the
+    64-token budget)."""
+    engine = fusing_engine(prefix_reuse=False)
+    system = ids(32, seed=7)
+    params = GenerationParams(max_new_tokens=2)
+    first = engine.generate(system + ids(8, seed=1), params)
+    second = engine.generate(system + ids(9, seed=2), params)
+    run_all(engine, [first, second])
+    assert prefill_calls(engine) == [[40, 24], [17]]
+    assert second.metrics.prefix_reused == 0
+
+
 def test_a_prompt_waiting_to_reuse_a_prefix_keeps_its_slot_from_a_lower_priority(
         fusing_engine):
     """Strict priority: a prompt that waits a step to reuse a prefix being written keeps

@@ -247,10 +247,12 @@ class Scheduler:
     def _may_start(self, request: Request, chunks: list[PrefillChunk]) -> bool:
         """Start a queued prompt beside `chunks` unless it shares a longer prefix with one
         of theirs than the cache holds (a system prompt being written now: a step later it
-        reuses that KV) or no slot is free."""
+        reuses that KV; not without prefix reuse, which lends no other slot's KV) or no
+        slot is free."""
         cached = self.kv.cached_prefix(request.tokens)
-        if any(common_prefix(request.tokens, c.request.tokens) >= cached + self.kv.align
-               for c in chunks):
+        if self.kv.share_prefixes and any(
+                common_prefix(request.tokens, c.request.tokens) >= cached + self.kv.align
+                for c in chunks):
             return False
         return self._start(request)
 
