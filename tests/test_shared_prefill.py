@@ -120,6 +120,36 @@ def test_a_prompt_sharing_a_prefix_being_written_waits_to_reuse_it(fusing_engine
     assert second.metrics.prefix_reused == 32
 
 
+def test_without_prefix_reuse_a_prompt_sharing_a_prefix_does_not_wait(fusing_engine):
+    """prefix_reuse=False lends no other slot's KV: waiting a step would compute the same
+    tokens a step later, so the second goes beside the first (its first 24 tokens in the
+    64-token budget)."""
+    engine = fusing_engine(prefix_reuse=False)
+    system = ids(32, seed=7)
+    params = GenerationParams(max_new_tokens=2)
+    first = engine.generate(system + ids(8, seed=1), params)
+    second = engine.generate(system + ids(9, seed=2), params)
+    run_all(engine, [first, second])
+    assert prefill_calls(engine) == [[40, 24], [17]]
+    assert second.metrics.prefix_reused == 0
+
+
+def test_a_prompt_waiting_to_reuse_a_prefix_keeps_its_slot_from_a_lower_priority(
+        fusing_engine):
+    """Strict priority: a prompt that waits a step to reuse a prefix being written keeps
+    its place; a lower priority's prompt behind it does not take the last free slot in
+    that step (it then decoded its whole reply while the higher priority waited)."""
+    engine = fusing_engine(prefix_reuse=True, kv_slots=2, policy="chunked+priority")
+    system = ids(32, seed=7)
+    first = engine.generate(system + ids(8, seed=1), GenerationParams(max_new_tokens=2))
+    high = engine.generate(system + ids(30, seed=2), GenerationParams(max_new_tokens=2))
+    low = engine.generate(ids(6, seed=3), GenerationParams(max_new_tokens=20), priority=1)
+    run_all(engine, [first, high, low])
+    assert prefill_calls(engine) == [[40], [30], [6]]
+    assert high.metrics.prefix_reused == 32
+    assert high.metrics.token_times[0] < low.metrics.scheduled
+
+
 def test_strict_priority_fills_the_budget_in_its_order(fusing_engine):
     """The extra rows are the policy's next picks: a lower priority value first, then the
     shortest remaining prompt."""

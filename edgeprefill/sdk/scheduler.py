@@ -15,7 +15,8 @@ row (own slot, own past), in the same call: many short prompts (texts to embed, 
 arriving together) then share a step's fixed cost, and the step's prefill tokens, so the
 decode rows' inter-token latency, stay what one chunk's are. `prefill_rows` caps the rows
 (1: one prompt per step). A queued prompt that shares a prefix with another row of the step
-beyond what the cache holds waits a step instead, to reuse that row's KV.
+beyond what the cache holds waits a step instead, to reuse that row's KV; no queued prompt
+after it in the policy's order takes a slot before it.
 
 It keeps requests in three groups and is the only one that moves them:
 
@@ -214,12 +215,14 @@ class Scheduler:
         if self.prefill_rows == 1 or self.decoding and not self._fusable(chunks):
             return chunks  # one prompt per step, or two calls: the chunk alone
         left = budget - chunks[0].length
+        held = False  # a queued prompt waits: none after it in the policy's order starts
         for request in self._next_ones(first):
             if left < 1 or len(chunks) >= self.prefill_rows:
                 break
-            if request.phase is Phase.QUEUED and not self._may_start(request, chunks):
-                if self.config.policy == "chunked":
-                    break  # arrival order: no later prompt overtakes it
+            if request.phase is Phase.QUEUED and (held or not self._may_start(request, chunks)):
+                # Under priority a started (preempted) prompt behind it may still join;
+                # a queued one may not take a slot the waiting one would need next step.
+                held = True
                 continue
             chunk = self._chunk(request, min(left, request.chunk_size or left))
             if not self._fusable([*chunks, chunk]):
@@ -244,10 +247,12 @@ class Scheduler:
     def _may_start(self, request: Request, chunks: list[PrefillChunk]) -> bool:
         """Start a queued prompt beside `chunks` unless it shares a longer prefix with one
         of theirs than the cache holds (a system prompt being written now: a step later it
-        reuses that KV) or no slot is free."""
+        reuses that KV; not without prefix reuse, which lends no other slot's KV) or no
+        slot is free."""
         cached = self.kv.cached_prefix(request.tokens)
-        if any(common_prefix(request.tokens, c.request.tokens) >= cached + self.kv.align
-               for c in chunks):
+        if self.kv.share_prefixes and any(
+                common_prefix(request.tokens, c.request.tokens) >= cached + self.kv.align
+                for c in chunks):
             return False
         return self._start(request)
 
