@@ -787,7 +787,9 @@ def test_prefill_rows_reaches_the_scheduler_and_fcfs_refuses_it(bundle, tmp_path
         assert cli(*common, "--prefill-rows", "3").returncode == 0
     assert loaded[0]["prefill_rows"] == 3
     assert_one_line_error(cli(*common, "--policy", "fcfs", "--prefill-rows", "2"),
-                          "--prefill-rows (prompts per shared prefill step) does not apply to "
-                          "the fcfs policy")
+                          "--prefill-rows 2 (prompts per shared prefill step) does not apply "
+                          "to the fcfs policy")
+    fcfs_alone = cli(*common, "--policy", "fcfs", "--prefill-rows", "1")
+    assert fcfs_alone.returncode == 0, fcfs_alone.stderr  # 1 is what fcfs does
     shown = " ".join(cli("serve", "--help").stdout.split())
     assert "--prefill-rows" in shown and "applies where steps fuse" in shown

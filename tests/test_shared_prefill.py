@@ -107,10 +107,10 @@ def test_prefill_rows_below_one_is_refused():
 
 def test_prefill_rows_is_refused_under_fcfs_which_prefills_a_prompt_per_call():
     # It had been taken and ignored (fcfs keeps one whole prompt per call), as a chunk
-    # size under fcfs is refused.
-    with pytest.raises(RequestError, match="prefill_rows .* does not apply to the fcfs"):
+    # size under fcfs is refused; 1, what fcfs does, is no conflict.
+    with pytest.raises(RequestError, match="prefill_rows 2 .* does not apply to the fcfs"):
         SchedulerConfig(policy="fcfs", prefill_rows=2)
-    assert SchedulerConfig(policy="fcfs").prefill_rows is None
+    assert SchedulerConfig(policy="fcfs", prefill_rows=1).prefill_rows == 1
 
 
 def test_a_prompt_sharing_a_prefix_being_written_waits_to_reuse_it(fusing_engine):

@@ -98,8 +98,8 @@ ENGINE_OPTIONS: dict[str, Callable] = {
     "prefill_rows": click.option(
         "--prefill-rows", type=click.IntRange(min=1), default=None,
         help="Prompts whose prefill chunks one fused step carries, each its own row, within "
-        "one chunk's tokens; applies where steps fuse (see --fuse-steps), not to --policy "
-        "fcfs, which refuses it; 1: one prompt a step [default: as many as the slots "
+        "one chunk's tokens; applies where steps fuse (see --fuse-steps); 1: one prompt a "
+        "step, as --policy fcfs, which refuses more [default: as many as the slots "
         "allow]."),
 }
 
