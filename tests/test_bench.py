@@ -186,13 +186,17 @@ def no_sweep(monkeypatch) -> list[str]:
     (["--policies", "fcfs,chunked", "--itl-target-ms", "50"],
      "--itl-target-ms steers the adaptive run's chunk size, which --policies fcfs,chunked "
      "leaves out"),
+    (["--policies", "fcfs", "--prefill-rows", "2"],
+     "--prefill-rows caps the prompts of a chunked run's shared prefill step, which "
+     "--policies fcfs leaves out"),
     (["--no-urgent", "--urgent-tokens", "8"],
      "--urgent-tokens describes the urgent request, which --no-urgent leaves out"),
     (["--no-urgent", "--urgent-priority", "low"],
      "--urgent-priority describes the urgent request, which --no-urgent leaves out"),
     (["--plot-config", "chunked/16"], "--plot-config chooses the run --plot draws; give "
                                       "--plot too"),
-], ids=["chunk-sizes", "itl-target", "urgent-tokens", "urgent-priority", "plot-config"])
+], ids=["chunk-sizes", "itl-target", "prefill-rows", "urgent-tokens", "urgent-priority",
+      "plot-config"])
 def test_bench_refuses_an_option_its_sweep_would_ignore_in_one_line(bundle, monkeypatch,
                                                                     capsys, args, message):
     import sys
@@ -215,6 +219,7 @@ def test_bench_refuses_an_option_its_sweep_would_ignore_in_one_line(bundle, monk
     (["--policies", "fcfs,adaptive", "--itl-target-ms", "50"], ["fcfs", "adaptive"]),
     (["--policies", "fcfs", "--urgent-tokens", "8", "--urgent-priority", "low"], ["fcfs"]),
     (["--policies", "fcfs", "--no-urgent"], ["fcfs"]),
+    (["--policies", "fcfs,adaptive", "--prefill-rows", "2"], ["fcfs", "adaptive"]),
 ])
 def test_bench_takes_each_option_where_its_sweep_uses_it(bundle, monkeypatch, args, labels):
     seen = no_sweep(monkeypatch)
@@ -286,3 +291,22 @@ def test_an_output_that_exists_is_replaced_whole(tmp_path, output):
         timeline.draw([one_run()], path)
         assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert [p.name for p in tmp_path.iterdir()] == [path.name]
+
+
+@pytest.mark.parametrize("policy, rows", [("fcfs", None), ("adaptive", 2), ("chunked", 2)])
+def test_bench_gives_prefill_rows_to_its_chunked_runs_only(monkeypatch, policy, rows):
+    # fcfs refuses prefill_rows (one whole prompt per call): the sweep's fcfs run must not
+    # pass it on, and its chunked runs must.
+    from edgeprefill.bench import RunSpec, Workload, workload
+
+    loaded: list[dict] = []
+
+    def load(bundle, **options):
+        loaded.append(options)
+        raise KeyboardInterrupt  # stop before the run
+
+    monkeypatch.setattr(workload.Engine, "load", load)
+    with pytest.raises(KeyboardInterrupt):
+        workload.run_mixed(Path("unused"), RunSpec(policy, 16 if policy == "chunked" else None),
+                           Workload(prefill_rows=2))
+    assert loaded[0]["prefill_rows"] == rows

@@ -209,6 +209,11 @@ def test_bad_messages_tools_and_documents_are_request_errors():
         template.render(CHAT, tools=["get_weather"])
     with pytest.raises(RequestError, match="documents must be a list of JSON objects"):
         template.render(CHAT, documents={"title": "x"})
+    # Not iterable at all: had been "chat template: TypeError: 'int' object is not iterable"
+    for name in ("tools", "documents"):
+        with pytest.raises(RequestError, match=f"^chat template {name} must be a list of JSON "
+                                               "objects$"):
+            template.render(CHAT, **{name: 5})
 
 
 def test_special_tokens_come_from_both_files_with_tokenizer_config_winning(tmp_path):

@@ -766,3 +766,30 @@ def test_help_and_no_arguments_print_the_help_page_and_exit_0():
     bare, asked = cli_process(), cli_process("--help")
     assert bare.returncode == 0 and bare.stderr == "", bare.stderr
     assert bare.stdout == asked.stdout and bare.stdout.startswith("Usage: ")
+
+
+def test_prefill_rows_reaches_the_scheduler_and_fcfs_refuses_it(bundle, tmp_path):
+    # --prefill-rows had no option: the CLI always shared steps as widely as the slots let.
+    # The engine's own count of prefill steps is the reference: one prompt a step with 1.
+    # (How many prompts the default puts in a step depends on when they arrive.)
+    from edgeprefill.sdk import Engine
+
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("w5 w6\nw7 w8 w9\nw1 w2\nw3 w4 w5 w6\n")
+    common = ["run", bundle("llama"), "--prompts", prompts, "--max-new-tokens", "1", "--stats"]
+    alone = cli(*common, "--prefill-rows", "1")
+    assert alone.returncode == 0, alone.stderr
+    assert "engine: prefill 11 tok in 4 steps at" in alone.stderr
+    loaded = []
+    real_load = Engine.load
+    with mock.patch.object(Engine, "load", lambda path, **options: loaded.append(options)
+                           or real_load(path, **options)):
+        assert cli(*common, "--prefill-rows", "3").returncode == 0
+    assert loaded[0]["prefill_rows"] == 3
+    assert_one_line_error(cli(*common, "--policy", "fcfs", "--prefill-rows", "2"),
+                          "--prefill-rows 2 (prompts per shared prefill step) does not apply "
+                          "to the fcfs policy")
+    fcfs_alone = cli(*common, "--policy", "fcfs", "--prefill-rows", "1")
+    assert fcfs_alone.returncode == 0, fcfs_alone.stderr  # 1 is what fcfs does
+    shown = " ".join(cli("serve", "--help").stdout.split())
+    assert "--prefill-rows" in shown and "applies where steps fuse" in shown

@@ -795,6 +795,22 @@ def test_a_yarn_rope_without_its_original_window_uses_max_position_embeddings():
         "original_max_position_embeddings"] == 512
 
 
+@pytest.mark.parametrize("family, key_part", [
+    ("minicpm3", "rotated key part"), ("deepseek_v3", "rotated key part"),
+    ("bailing_hybrid", "rotated key part"), ("kimi_linear", "NoPE key part"),
+])
+def test_the_latent_key_part_is_called_rotated_only_where_its_layers_rotate(family, key_part):
+    # The MLA quirk had called Kimi Linear's cached key part "rotated", though its
+    # layers' rope is None (k_pe cached as projected). The reference: the layers' ropes.
+    cfg = ModelConfig.from_hf(minimal_raw(family))
+    rotates = any(cfg.layers[i].rope is not None for i in cfg.kv_layers)
+    assert rotates == (key_part == "rotated key part")
+    quirks = model_quirks(cfg)
+    assert [q for q in quirks if "rotated" in q or "NoPE key" in q] == [
+        f"KV cache: one head of {cfg.head_dim} per token and layer ({key_part} "
+        f"{cfg.latent.rope_dim} + latent {cfg.latent.kv_lora_rank})"]
+
+
 @pytest.mark.parametrize("family, parallel, quirk", [
     ("gpt_neox", False, None), ("gpt_neox", True, "parallel residual"),
     ("stablelm", True, "parallel attention and MLP on one norm"), ("stablelm", False, None),

@@ -187,6 +187,10 @@ def test_ollama_truncates_to_the_context_unless_told_not_to(llama, http, engine)
     assert ids_of(engine, " ".join(["w7"] * (CONTEXT - 1)))[-1] == 2
     np.testing.assert_allclose(cut, engine.embed(" ".join(["w7"] * (CONTEXT - 1)))[0],
                                atol=1e-6)
+    # null is the default (true), as Ollama's *bool reads it; it had been a 400
+    unset = http.post("/api/embed", json={"model": MODEL, "input": long, "truncate": None})
+    assert unset.status_code == 200, unset.text
+    np.testing.assert_allclose(unset.json()["embeddings"][0], cut, atol=1e-6)
     refused = http.post("/api/embed", json={"model": MODEL, "input": long, "truncate": False})
     assert refused.status_code == 400
     assert "exceeds the context" in refused.json()["error"]

@@ -251,6 +251,21 @@ def test_tool_messages_answer_the_calls_before_them():
     assert (second["tool_call_id"], second["name"]) == ("call_1_0", "a")
 
 
+@pytest.mark.parametrize("parse, body, name", [
+    (parse_ollama_chat, {"messages": [{"role": "user", "content": "w4"}], "stream": "no"},
+     "stream"),
+    (parse_ollama_generate, {"prompt": "w4", "stream": 0}, "stream"),
+    (parse_ollama_generate, {"prompt": "w4", "raw": "true"}, "raw"),
+])
+def test_a_flag_that_is_no_boolean_is_refused_naming_its_field(parse, body, name):
+    # The routes' own copy of bool_field had left the field out of its error.
+    with pytest.raises(ApiError, match=f"^'{name}' must be true or false$") as refused:
+        parse({"model": MODEL, **body}, MODEL, 512)
+    assert refused.value.param == name
+    # null is the default, as in Ollama's Go structs (a nil *bool)
+    assert parse({"model": MODEL, **body, name: None}, MODEL, 512).stream
+
+
 def test_generate_defaults_to_no_limit_and_streaming():
     request = parse_ollama_generate({"model": MODEL, "prompt": "w4", "raw": True}, MODEL,
                                     512)

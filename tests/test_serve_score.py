@@ -13,6 +13,7 @@ import pytest
 
 pytest.importorskip("starlette")
 
+from edgeprefill.errors import RequestError  # noqa: E402
 from edgeprefill.sdk import Engine  # noqa: E402
 from edgeprefill.server import ServerThread  # noqa: E402
 from tests import test_serve_embed  # noqa: E402
@@ -85,9 +86,19 @@ def test_top_n_objects_and_return_documents(http, expected):
     order = list(np.argsort(-expected, kind="stable"))[:2]
     assert [(r["index"], r["document"]) for r in body["results"]] == \
         [(i, {"text": DOCUMENTS[i]}) for i in order]
-    every = http.post("/v1/rerank", json={"query": QUERY, "documents": DOCUMENTS,
-                                          "top_n": 0}).json()  # vLLM's 0: all
+    every = http.post("/v1/rerank", json={"query": QUERY, "documents": DOCUMENTS}).json()
     assert len(every["results"]) == len(DOCUMENTS)
+
+
+def test_top_n_0_is_refused_as_the_sdk_refuses_it(http, engine):
+    # 0 had been read as vLLM reads it (all) while Engine.rerank refused it; Cohere and
+    # Jina refuse it, llama.cpp returns no result: one check, the SDK's, now answers both.
+    error = assert_error(http.post("/v1/rerank", json={"query": QUERY, "documents": DOCUMENTS,
+                                                        "top_n": 0}), 400, "top_n")
+    with pytest.raises(RequestError) as refused:
+        engine.rerank(QUERY, DOCUMENTS, top_n=0)
+    assert error["message"] == str(refused.value) == \
+        "top_n must be an integer >= 1 (absent: every document), got 0"
 
 
 @pytest.mark.parametrize("body, param", [

@@ -30,6 +30,28 @@ def test_a_refused_chat_turn_leaves_the_conversation_as_it_was(tiny_bundle):
             assert again.chat("again", GREEDY).result().token_ids == second.token_ids
 
 
+def test_template_kwargs_are_checked_when_set_in_the_tokenizer_s_words(tiny_bundle):
+    # {"tools": 5} had reached the template at the next turn: "chat template: TypeError:
+    # 'int' object is not iterable". The reference: the tokenizer's own call's refusal.
+    with Engine.load(tiny_bundle, threads=1, kv_slots=1) as engine:
+        with pytest.raises(RequestError) as direct:
+            engine.tokenizer.encode([{"role": "user", "content": "hi"}], tools=5)
+        session = engine.session()
+        for bad in ({"tools": 5}, {"documents": 5}, {"tools": ["get_weather"]}):
+            with pytest.raises(RequestError, match="must be a list of JSON objects$") as err:
+                session.template_kwargs = bad
+        with pytest.raises(RequestError) as err:
+            session.template_kwargs = {"tools": 5}
+        assert str(err.value) == str(direct.value) == \
+            "chat template tools must be a list of JSON objects"
+        with pytest.raises(RequestError, match="template_kwargs must be a dict"):
+            session.template_kwargs = ["tools"]  # type: ignore[assignment]
+        assert session.template_kwargs == {}  # the refused values were not kept
+        session.template_kwargs = {"tools": [{"type": "function"}], "enable_thinking": False}
+        session.chat("hello", GREEDY).result()  # a good value renders
+        assert session.last_prompt and session.messages[0]["content"] == "hello"
+
+
 def test_submit_naming_a_session_this_engine_never_made_is_refused_in_one_line(tiny_bundle):
     # A made-up id used to be taken as a new session's: it claimed a KV slot under an id
     # that may be a request's, and nothing stopped two turns of it at once.

@@ -105,6 +105,14 @@ def test_prefill_rows_below_one_is_refused():
         SchedulerConfig(prefill_rows=0)
 
 
+def test_prefill_rows_is_refused_under_fcfs_which_prefills_a_prompt_per_call():
+    # It had been taken and ignored (fcfs keeps one whole prompt per call), as a chunk
+    # size under fcfs is refused; 1, what fcfs does, is no conflict.
+    with pytest.raises(RequestError, match="prefill_rows 2 .* does not apply to the fcfs"):
+        SchedulerConfig(policy="fcfs", prefill_rows=2)
+    assert SchedulerConfig(policy="fcfs", prefill_rows=1).prefill_rows == 1
+
+
 def test_a_prompt_sharing_a_prefix_being_written_waits_to_reuse_it(fusing_engine):
     """Two prompts with one 32-token system prompt arriving together: the second waits a
     step and reuses the first's KV (as with one prompt per step) rather than computing it

@@ -56,6 +56,8 @@ class Workload:
     max_context: int | None = None  # positions per KV slot; None: the bundle's
     itl_target_ms: float = 150.0  # the adaptive chunk controller's target
     fuse_steps: bool | None = None  # one call for a chunk and the decode rows (SchedulerConfig)
+    # prompts' chunks per fused step in the chunked runs (SchedulerConfig; fcfs refuses it)
+    prefill_rows: int | None = None
     seed: int = 0  # of the random prompt token ids
 
 
@@ -131,7 +133,8 @@ def run_mixed(bundle: Path, spec: RunSpec, workload: Workload) -> RunResult:
         compute=w.compute,
         max_context=w.max_context, kv_slots=w.sessions + 2, trace=True,
         prefix_reuse=False,  # every run computes the long prompt in full
-        itl_target_ms=w.itl_target_ms, fuse_steps=w.fuse_steps, **spec.engine_options(),
+        itl_target_ms=w.itl_target_ms, fuse_steps=w.fuse_steps,
+        prefill_rows=None if spec.policy == "fcfs" else w.prefill_rows, **spec.engine_options(),
     )
     try:
         check_fits(engine.capacity, w)

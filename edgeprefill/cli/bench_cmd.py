@@ -50,7 +50,7 @@ DEFAULT_PROMPT_CAP = 2048
               help="Tokens the long prompt and the urgent request generate.")
 # The sweep itself sets the policy and chunk size, and the KV slots from --sessions.
 @engine_options("backend", "device", "threads", "spin", "compute", "max_context",
-                "itl_target_ms", "fuse_steps")
+                "itl_target_ms", "fuse_steps", "prefill_rows")
 @click.option("--plot", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Draw a timeline (PNG) of fcfs against one chunked run (an existing file "
               "is replaced, whole or not at all).")
@@ -145,6 +145,8 @@ FIXED = ("chunked", "chunked+priority")
 POLICY_OPTIONS = {
     "chunk_sizes": ("--chunk-sizes", "sizes the chunked and chunked+priority runs", FIXED),
     "itl_target_ms": ("--itl-target-ms", "steers the adaptive run's chunk size", ("adaptive",)),
+    "prefill_rows": ("--prefill-rows", "caps the prompts of a chunked run's shared prefill "
+                     "step", (*FIXED, "adaptive")),
 }
 URGENT_OPTIONS = {"urgent_tokens": "--urgent-tokens", "urgent_priority": "--urgent-priority"}
 

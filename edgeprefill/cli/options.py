@@ -95,6 +95,12 @@ ENGINE_OPTIONS: dict[str, Callable] = {
         help="Run a prefill chunk and the decode rows in one call where the bundle and "
         "kernels allow it (`inspect` says), reading the weights once per step [default: "
         "where they allow it; --fuse-steps also warns where they do not]."),
+    "prefill_rows": click.option(
+        "--prefill-rows", type=click.IntRange(min=1), default=None,
+        help="Prompts whose prefill chunks one fused step carries, each its own row, within "
+        "one chunk's tokens; applies where steps fuse (see --fuse-steps); 1: one prompt a "
+        "step, as --policy fcfs, which refuses more [default: as many as the slots "
+        "allow]."),
 }
 
 

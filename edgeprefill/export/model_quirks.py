@@ -118,6 +118,14 @@ def _altup(cfg: ModelConfig) -> list[str]:
     return out
 
 
+def _latent_key(cfg: ModelConfig) -> str:
+    """The cached key part of latent attention (k_pe): rotated, or, where its layers have
+    no rope (Kimi Linear's NoPE MLA), the projection as it is."""
+    if any(cfg.layers[i].rope is not None for i in cfg.kv_layers):
+        return "rotated key part"
+    return "NoPE key part"
+
+
 def _positions(cfg: ModelConfig) -> list[str]:
     """How positions enter: ALiBi, layers without rope, partial or latent rotary, and
     each rope type other than the default."""
@@ -131,8 +139,9 @@ def _positions(cfg: ModelConfig) -> list[str]:
     if nope and cfg.kv_layers and cfg.alibi is None:
         out.append(f"{nope} of {cfg.num_layers} layers without rope")
     if cfg.latent is not None:
-        out.append(f"KV cache: one head of {cfg.head_dim} per token and layer (rope "
-                   f"{cfg.latent.rope_dim} + latent {cfg.latent.kv_lora_rank})")
+        out.append(f"KV cache: one head of {cfg.head_dim} per token and layer "
+                   f"({_latent_key(cfg)} {cfg.latent.rope_dim} + latent "
+                   f"{cfg.latent.kv_lora_rank})")
     elif cfg.spec.rotary_per_type:  # Laguna: each layer kind its own share of the head
         widths = {name: cfg.ropes[name].rotary_dim for name in (GLOBAL, LOCAL)
                   if any(layer.rope == name for layer in cfg.layers)}

@@ -283,8 +283,22 @@ def _messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     return chat
 
 
-def _dicts(items: Sequence[Any] | None, name: str) -> Sequence[Any] | None:
-    if items is not None and (isinstance(items, (str, bytes, Mapping))
+def check_template_kwargs(kwargs: Any) -> dict[str, Any]:
+    """Chat template keywords as a caller gives them for every turn (Session's
+    template_kwargs), checked once where they are taken: `tools` and `documents` as
+    `render` checks them, so a bad one is refused in the same words when it is set."""
+    if not isinstance(kwargs, Mapping) or not all(isinstance(k, str) for k in kwargs):
+        raise RequestError(f"template_kwargs must be a dict of template variables, got "
+                           f"{type(kwargs).__name__}")
+    for name in ("tools", "documents"):
+        _dicts(kwargs.get(name), name)
+    return dict(kwargs)
+
+
+def _dicts(items: Any, name: str) -> Sequence[Any] | None:
+    # Not a Sequence (a number, a set): iterating it had been a TypeError, reported as the
+    # template's own failure.
+    if items is not None and (not isinstance(items, Sequence) or isinstance(items, str | bytes)
                               or not all(isinstance(i, Mapping) for i in items)):
         raise RequestError(f"chat template {name} must be a list of JSON objects")
     return items

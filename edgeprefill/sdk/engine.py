@@ -379,9 +379,7 @@ class Engine:
         if not isinstance(documents, list | tuple) or not documents or \
                 not all(isinstance(d, str) for d in documents):
             raise RequestError("documents must be a non-empty list of strings")
-        top = plain(top_n)  # numpy's integers too
-        if top is not None and (not is_int(top) or top < 1):
-            raise RequestError(f"top_n must be an integer >= 1, got {top_n!r}", "top_n")
+        top = scoring.top_n(top_n)
         head.check_ranks()
         scores = self.score([(query, d) for d in documents], priority=priority)
         return scoring.ranked(head.relevance(scores), top)

@@ -71,7 +71,7 @@ class SchedulerConfig:
     fuse_steps: bool | None = None
     # Prompts whose prefill chunks one fused step carries, each its own row, within the
     # step's one-chunk token budget; None: as many as the budget and the slots allow, 1: one
-    # prompt per step (as where steps do not fuse, and under fcfs).
+    # prompt per step (as where steps do not fuse, and under fcfs, which refuses more).
     prefill_rows: int | None = None
 
     def __post_init__(self) -> None:
@@ -91,6 +91,11 @@ class SchedulerConfig:
             raise RequestError("a chunk size does not apply to the fcfs policy, which "
                                "prefills each prompt in one call; use chunked or "
                                "chunked+priority", "chunk_size")
+        if self.prefill_rows is not None and self.prefill_rows > 1 and self.policy == "fcfs":
+            raise RequestError(f"prefill_rows {self.prefill_rows} (prompts per shared prefill "
+                               "step) does not apply to the fcfs policy, which prefills one "
+                               "whole prompt per call; use chunked or chunked+priority",
+                               "prefill_rows")
         if not (is_finite(self.itl_target_ms) and self.itl_target_ms > 0):
             raise RequestError(f"itl_target_ms must be a finite number > 0, got "
                                f"{self.itl_target_ms!r}", "itl_target_ms")

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from edgeprefill.errors import BundleError, RequestError
+from edgeprefill.values import is_int, plain
 
 if TYPE_CHECKING:
     from edgeprefill.bundle import Manifest, ScoreInfo
@@ -182,6 +183,18 @@ def render(template: str, query: str, document: str) -> str:
 def _is_pair(item: object) -> bool:
     return (isinstance(item, tuple | list) and len(item) == 2
             and all(isinstance(text, str) for text in item))
+
+
+def top_n(value: object) -> int | None:
+    """A rerank's `top_n`, as Engine.rerank and the rerank routes take it: None (absent)
+    ranks every document, else an integer >= 1 (numpy's too). 0 is refused, as Cohere's
+    and Jina's APIs refuse it: it has no one meaning elsewhere (vLLM returns every
+    document, llama.cpp none)."""
+    top = plain(value)
+    if top is not None and not (is_int(top) and top >= 1):
+        raise RequestError(f"top_n must be an integer >= 1 (absent: every document), got "
+                           f"{value!r}", "top_n")
+    return top
 
 
 def ranked(relevance: np.ndarray, top_n: int | None) -> list[tuple[int, float]]:

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from edgeprefill.errors import RequestError
+from edgeprefill.sdk.chat_template import check_template_kwargs
 from edgeprefill.sdk.params import GenerationParams
 from edgeprefill.sdk.stream import TokenStream
 from edgeprefill.sdk.tokenizer import Prompt, check_prompt_type
@@ -31,7 +32,7 @@ class Session:
         self._chat: bool | None = None  # fixed by the first turn
         # The chat template's variables for every turn (e.g. enable_thinking); the whole
         # conversation is rendered with them, as a client resends it to a server.
-        self.template_kwargs: dict[str, Any] = {}
+        self._template_kwargs: dict[str, Any] = {}
         # How a chat reply joins the conversation, from its turn's prompt ids and its text:
         # by default the text as the assistant's content. A client that splits a reply's
         # reasoning off (cli/chat.py) gives the message a server's client would send back.
@@ -69,6 +70,17 @@ class Session:
         if not text.strip():  # the reply would follow the template's scaffolding alone
             raise RequestError("the chat turn is empty: send the user's text")
         return self.generate([{"role": "user", "content": text}], params, priority=priority)
+
+    @property
+    def template_kwargs(self) -> dict[str, Any]:
+        """The chat template's variables for every turn (e.g. enable_thinking, tools)."""
+        return self._template_kwargs
+
+    @template_kwargs.setter
+    def template_kwargs(self, kwargs: dict[str, Any]) -> None:
+        # Checked here, once: a bad `tools` is refused when it is set, in the words the
+        # template's render uses, not at the next turn.
+        self._template_kwargs = check_template_kwargs(kwargs)
 
     @property
     def last_prompt(self) -> list[int]:

@@ -10,7 +10,7 @@
                            the model's named prompts put before each text);
                            `usage.prompt_tokens`
     POST /api/embed        Ollama's: `input` a string or a list of strings; `truncate`
-                           (default true: a text longer than the context is cut to it, as
+                           (default true, null too: a text past the context is cut to it, as
                            Ollama cuts it; false: a 400); `dimensions`; reply `embeddings`
                            and `prompt_eval_count`
     POST /api/embeddings   Ollama's older route: `prompt` -> `embedding`
@@ -49,6 +49,7 @@ from edgeprefill.server.body import only_fields
 from edgeprefill.server.errors import ApiError
 from edgeprefill.server.ollama_request import embedding_context, model_of
 from edgeprefill.server.prompt_worker import PromptTimeout
+from edgeprefill.server.schemas import bool_field
 from edgeprefill.values import is_int
 
 if TYPE_CHECKING:
@@ -109,9 +110,7 @@ class EmbeddingRoutes:
             texts = [texts] if isinstance(texts, str) else texts
             if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
                 raise ApiError(400, "'input' must be a string or a list of strings", "input")
-            truncate = body.get("truncate", True)
-            if not isinstance(truncate, bool):
-                raise ApiError(400, "'truncate' must be true or false", "truncate")
+            truncate = bool_field(body, "truncate", True)  # null: the default, as Ollama's
             dimensions = self.dimensions(body)
             prompt = self.prompt(body)
             context = embedding_context(body, self.engine.capacity)

@@ -44,7 +44,12 @@ from typing import Any
 from edgeprefill.server.body import json_object
 from edgeprefill.server.errors import ApiError
 from edgeprefill.server.ollama_messages import chat_messages, string_field
-from edgeprefill.server.schemas import CompletionRequest, parse_chat, parse_completion
+from edgeprefill.server.schemas import (
+    CompletionRequest,
+    bool_field,
+    parse_chat,
+    parse_completion,
+)
 from edgeprefill.values import is_int
 
 log = logging.getLogger("edgeprefill.server")
@@ -109,7 +114,7 @@ def parse_ollama_generate(body: Any, model_name: str, context: int,
     _refuse(body)
     prompt, system = string_field(body, "prompt"), string_field(body, "system")
     chat = _common(body, context, thinks)
-    if _flag(body, "raw"):
+    if bool_field(body, "raw"):
         if system:
             raise ApiError(400, "'system' has no place in a raw prompt: write it into the "
                            "prompt, or drop raw")
@@ -169,7 +174,7 @@ def _parsed(parse, chat: dict[str, Any], body: dict) -> CompletionRequest:
 def _common(body: dict, context: int, thinks: bool) -> dict[str, Any]:
     """The chat body's fields every Ollama request shares: stream, options, format,
     think."""
-    chat: dict[str, Any] = {"stream": _flag(body, "stream", True)}
+    chat: dict[str, Any] = {"stream": bool_field(body, "stream", True)}
     chat.update(_sampling(_options(body), context))
     chat.update(_format(body.get("format")))
     chat.update(_think(body.get("think")))
@@ -289,12 +294,3 @@ def _options(body: dict) -> dict[str, Any]:
     if not isinstance(options, dict):
         raise ApiError(400, "'options' must be an object")
     return options
-
-
-def _flag(body: dict, name: str, default: bool = False) -> bool:
-    value = body.get(name)
-    if value is None:
-        return default
-    if not isinstance(value, bool):
-        raise ApiError(400, f"'{name}' must be true or false")
-    return value

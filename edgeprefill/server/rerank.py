@@ -2,9 +2,11 @@
 
     POST /v1/rerank, /rerank   the Jina/Cohere shape vLLM and llama.cpp serve: `query` a
                            string; `documents` strings or {"text": ...} objects (at most
-                           MAX_DOCUMENTS); `top_n` (the best N; 0 or absent: all, as
-                           vLLM reads 0); `return_documents` (default false: each result
-                           then carries its `document` as {"text": ...}); `model`.
+                           MAX_DOCUMENTS); `top_n` (the best N, >= 1; absent: all;
+                           0, which vLLM reads as all and llama.cpp as none, is refused
+                           as Cohere and Jina refuse it); `return_documents` (default
+                           false: each result then carries its `document` as
+                           {"text": ...}); `model`.
                            Reply `results: [{index, relevance_score, document?}]` best
                            first (ties in input order), `usage: {prompt_tokens,
                            total_tokens}` (the pairs' tokens).
@@ -45,7 +47,6 @@ from edgeprefill.server.errors import ApiError
 from edgeprefill.server.prompt_worker import PromptTimeout
 from edgeprefill.server.schemas import bool_field
 from edgeprefill.server.tei import tei_status, truncation
-from edgeprefill.values import is_int
 
 if TYPE_CHECKING:
     from edgeprefill.server.app import OpenAIApi
@@ -181,9 +182,8 @@ def texts(value: Any, field: str, objects: str = "") -> list[str]:
 
 
 def _top_n(value: Any) -> int | None:
-    if value is None:
-        return None
-    if not is_int(value) or value < 0:
-        raise ApiError(400, f"'top_n' must be an integer >= 0, got {value!r}", "top_n")
-    return value or None  # vLLM's 0: all
+    try:
+        return scoring.top_n(value)  # the SDK's check: Engine.rerank takes the same
+    except RequestError as err:
+        raise ApiError(400, str(err), "top_n") from None
 

@@ -46,8 +46,10 @@ def _rope_halves_refused(raw: dict[str, Any]) -> str | None:
     return None
 
 
-MLA_QUIRKS = ("multi-head latent attention (one cached KV head: the rotated key part and "
-              "the normed latent)",)
+# Whether the cached key part is rotated is the config's (Kimi Linear's rotates nothing):
+# model_quirks' KV cache line says which.
+MLA_QUIRKS = ("multi-head latent attention (one cached KV head: the key part the heads "
+              "share and the normed latent)",)
 # MiniCPM3 (MiniCPM3-4B): Llama layers with DeepSeek-V2's latent attention (rotary on
 # halves), MiniCPM's scaled embeddings, residual branches and logits; tied.
 MINICPM3 = FamilySpec(
