@@ -330,7 +330,7 @@ def test_score_refusals_are_one_line(classifiers, reranker, bundle):
                 (lambda: engine.score([("w5",)]), "a string or a \\(query, document\\) pair"),
                 (lambda: engine.rerank(QUERY, []), "documents must be a non-empty list"),
                 (lambda: engine.rerank(QUERY, ["w5", 3]), "documents must be"),
-                (lambda: engine.rerank(QUERY, ["w5"], top_n=0), "top_n must be"),
+                (lambda: engine.rerank(QUERY, ["w5"], top_n=-1), "top_n must be"),
                 (lambda: engine.rerank(None, ["w5"]), "query must be a non-empty string"),
                 # "" was ranked against, as the rerank route refuses it
                 (lambda: engine.rerank("", ["w5"]), "^query must be a non-empty string, "

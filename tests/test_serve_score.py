@@ -90,15 +90,21 @@ def test_top_n_objects_and_return_documents(http, expected):
     assert len(every["results"]) == len(DOCUMENTS)
 
 
-def test_top_n_0_is_refused_as_the_sdk_refuses_it(http, engine):
-    # 0 had been read as vLLM reads it (all) while Engine.rerank refused it; Cohere and
-    # Jina refuse it, llama.cpp returns no result: one check, the SDK's, now answers both.
+def test_top_n_0_ranks_every_document_as_vllm_reads_it_on_the_route_and_the_sdk(http,
+                                                                                 engine):
+    # The route read 0 as vLLM does (its default: all) while Engine.rerank refused it: one
+    # check (scoring.top_n) now answers both alike; a negative one is refused by both.
+    body = http.post("/v1/rerank", json={"query": QUERY, "documents": DOCUMENTS,
+                                         "top_n": 0}).json()
+    ranked = engine.rerank(QUERY, DOCUMENTS, top_n=0)
+    assert len(ranked) == len(DOCUMENTS)
+    assert [r["index"] for r in body["results"]] == [i for i, _ in ranked]
     error = assert_error(http.post("/v1/rerank", json={"query": QUERY, "documents": DOCUMENTS,
-                                                        "top_n": 0}), 400, "top_n")
+                                                        "top_n": -1}), 400, "top_n")
     with pytest.raises(RequestError) as refused:
-        engine.rerank(QUERY, DOCUMENTS, top_n=0)
+        engine.rerank(QUERY, DOCUMENTS, top_n=-1)
     assert error["message"] == str(refused.value) == \
-        "top_n must be an integer >= 1 (absent: every document), got 0"
+        "top_n must be an integer >= 0 (0 or absent: every document), got -1"
 
 
 @pytest.mark.parametrize("body, param", [

@@ -186,15 +186,15 @@ def _is_pair(item: object) -> bool:
 
 
 def top_n(value: object) -> int | None:
-    """A rerank's `top_n`, as Engine.rerank and the rerank routes take it: None (absent)
-    ranks every document, else an integer >= 1 (numpy's too). 0 is refused, as Cohere's
-    and Jina's APIs refuse it: it has no one meaning elsewhere (vLLM returns every
-    document, llama.cpp none)."""
+    """A rerank's `top_n`, as Engine.rerank and the rerank routes take it: an integer >= 0
+    (numpy's too), None (absent) or 0 ranking every document. 0 is vLLM's default, which
+    clients written against it send (Cohere and Jina refuse it, llama.cpp returns none):
+    read as vLLM reads it, the one server whose rerank route ours mirrors."""
     top = plain(value)
-    if top is not None and not (is_int(top) and top >= 1):
-        raise RequestError(f"top_n must be an integer >= 1 (absent: every document), got "
-                           f"{value!r}", "top_n")
-    return top
+    if top is not None and not (is_int(top) and top >= 0):
+        raise RequestError(f"top_n must be an integer >= 0 (0 or absent: every document), "
+                           f"got {value!r}", "top_n")
+    return top or None
 
 
 def ranked(relevance: np.ndarray, top_n: int | None) -> list[tuple[int, float]]:

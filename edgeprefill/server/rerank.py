@@ -2,9 +2,9 @@
 
     POST /v1/rerank, /rerank   the Jina/Cohere shape vLLM and llama.cpp serve: `query` a
                            string; `documents` strings or {"text": ...} objects (at most
-                           MAX_DOCUMENTS); `top_n` (the best N, >= 1; absent: all;
-                           0, which vLLM reads as all and llama.cpp as none, is refused
-                           as Cohere and Jina refuse it); `return_documents` (default
+                           MAX_DOCUMENTS); `top_n` (the best N; 0 or absent: all,
+                           as vLLM reads its default 0; scoring.top_n, Engine.rerank's
+                           check); `return_documents` (default
                            false: each result then carries its `document` as
                            {"text": ...}); `model`.
                            Reply `results: [{index, relevance_score, document?}]` best
