@@ -25,9 +25,9 @@
 Each (query, document) pair is tokenized as the bundle reads a pair (its template, or the
 tokenizer's pair encoding) in a prompt worker, prefilled between other requests' steps,
 and scored by the bundle's head; a relevance is sigmoid of one label, sigmoid(yes - no)
-of two. A pair past the context (TEI's shape: a 422), a bundle whose head has more labels (no one relevance),
-or an embedding or generation bundle is a 400 in one line; on a score bundle the
-generating and embedding routes are (app.py, server/embeddings.py).
+of two. A pair past the context (TEI's shape: a 422), a bundle whose head has more
+labels (no one relevance), or an embedding or generation bundle is a 400 in one line; on
+a score bundle the generating and embedding routes are (app.py, server/embeddings.py).
 """
 
 from __future__ import annotations
