@@ -147,3 +147,15 @@ def test_score_is_the_cosine_of_the_pair_s_vectors_as_vllm_gives_it(http, expect
                                (expected[:2] * expected[1:]).sum(axis=1), atol=1e-5)
     assert_error(http.post("/score", json={"text_1": "w5", "text_2": " ".join(WORDS)}), 400,
                  "text_2", "context_length_exceeded")
+
+
+@pytest.mark.parametrize("body, param", [
+    ({"text_1": "w5", "text_2": ["w6", ""]}, "text_2"),
+    ({"queries": "", "documents": ["w6"]}, "queries"),
+])
+def test_score_refuses_an_empty_text_as_the_embedding_routes_do(http, body, param):
+    """An empty text has no vector of its own (only the tokenizer's special tokens'):
+    /embed, /v1/embeddings and Engine.embed refuse it, and so does /score."""
+    assert_error(http.post("/embed", json={"inputs": ""}), 400, "inputs")
+    error = assert_error(http.post("/score", json=body), 400, param)
+    assert "is empty" in error["message"]

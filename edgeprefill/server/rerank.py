@@ -18,15 +18,16 @@
                            `truncation_direction` (server/tei.py): a pair past the context
                            cut to it as TEI cuts one (the longer text first, the special
                            tokens kept; a pair read through a template is not cut, and is
-                           refused), or with truncate false a 422 as TEI answers; reply
+                           refused with a 422), or with truncate false a 422 as TEI
+                           answers; reply
                            `[{index, score, text?}]` best first.
 
 Each (query, document) pair is tokenized as the bundle reads a pair (its template, or the
 tokenizer's pair encoding) in a prompt worker, prefilled between other requests' steps,
 and scored by the bundle's head; a relevance is sigmoid of one label, sigmoid(yes - no)
-of two. A pair past the context, a bundle whose head has more labels (no one relevance),
-or an embedding or generation bundle is a 400 in one line; on a score bundle the
-generating and embedding routes are (app.py, server/embeddings.py).
+of two. A pair past the context (TEI's shape: a 422), a bundle whose head has more
+labels (no one relevance), or an embedding or generation bundle is a 400 in one line; on
+a score bundle the generating and embedding routes are (app.py, server/embeddings.py).
 """
 
 from __future__ import annotations

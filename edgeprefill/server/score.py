@@ -18,7 +18,8 @@ and of an embedding bundle (the cosine similarity of each pair's vectors):
 
 vLLM's other fields (truncate_prompt_tokens, priority, mm_processor_kwargs, ...) are
 refused naming them: nothing here would honour them. A pair past the context, a head of
-no one relevance, or a generation bundle is a 400 in one line. An embedding bundle scores
+no one relevance, or a generation bundle is a 400 in one line; so is an empty text on an
+embedding bundle, as its embedding routes refuse one. An embedding bundle scores
 a pair as vLLM scores an embedding model's: the cosine similarity of the two texts'
 vectors (`use_activation` then changes nothing, as in vLLM, where it only skips a
 normalization the cosine makes anyway).
@@ -72,7 +73,7 @@ class ScoreRoutes:
             pairs = _pairs(firsts, seconds, first)
             raw = not bool_field(body, "use_activation", True)
             if embeds:
-                values, count = await self._cosines(firsts, seconds, second)
+                values, count = await self._cosines(firsts, seconds, first, second)
             else:
                 values, count = await self.pairs.scored(pairs, second, raw=raw)
         except ApiError as err:
@@ -84,11 +85,16 @@ class ScoreRoutes:
             "model": self.api.config.model_name, "data": data,
             "usage": {"prompt_tokens": count, "total_tokens": count, "completion_tokens": 0}})
 
-    async def _cosines(self, firsts: list[str], seconds: list[str], field: str
-                       ) -> tuple[np.ndarray, int]:
+    async def _cosines(self, firsts: list[str], seconds: list[str], first: str,
+                       field: str) -> tuple[np.ndarray, int]:
         """An embedding bundle's scores, as vLLM scores an embedding model's pairs: the
         cosine similarity of the two texts' vectors (the model's default prompt before
-        each, as on the embedding routes), and the texts' tokens."""
+        each, as on the embedding routes), and the texts' tokens. An empty text is
+        refused, as the embedding routes and Engine.embed refuse it: its vector would be
+        the tokenizer's special tokens alone."""
+        for name, side in ((first, firsts), (field, seconds)):
+            if any(not text for text in side):
+                raise ApiError(400, f"a '{name}' text is empty", name)
         prompt = self.embeddings.prompt({})
         ids = [await self.embeddings.ids(prompt + text, False, field)
                for text in firsts + seconds]
