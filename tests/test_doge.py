@@ -29,12 +29,13 @@ from edgeprefill.export.dynamic_mask import masked
 from edgeprefill.export.exporter import ExportOptions, export
 from edgeprefill.export.graph import GraphBuilder
 from edgeprefill.export.model_config import ModelConfig
-from edgeprefill.export.quantize import QuantConfig, int4_blockwise, int4_dequantize
+from edgeprefill.export.quantize import QuantConfig
 from edgeprefill.kernels import graph, select
 from edgeprefill.sdk import Engine
 from tests.conftest import FAMILIES, VOCAB, build_hf_model, load_hf_model
 from tests.test_exactness import FLAVORS
 from tests.test_openelm import check_chunks_and_padding, run_chunks
+from tests.test_quantize import dequantize_linears
 
 KEEP = 8
 MINIMAL = {"hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,
@@ -150,11 +151,7 @@ def test_int4_computes_transformers_forward_with_dequantized_weights(kept, tmp_p
         quant=QuantConfig("int4", 32, accuracy_level=0, embeddings=False)))
     model = load_hf_model(kept)
     with torch.no_grad():
-        for name, module in model.named_modules():
-            if isinstance(module, torch.nn.Linear) and not name.endswith("dt_proj"):
-                w = module.weight.numpy()
-                module.weight.copy_(torch.from_numpy(
-                    int4_dequantize(*int4_blockwise(w, 32), w.shape[1])))
+        dequantize_linears(model, keep=lambda name: name.endswith("dt_proj"))
     ids = distinct_ids(40)
     engine = Engine.load(tmp_path / "b", threads=2, background=False)
     got = run_chunks(engine, ids, 16)

@@ -21,7 +21,7 @@ from edgeprefill.errors import ExportError
 from edgeprefill.export.exporter import ExportOptions, export
 from edgeprefill.export.layer_attention import GLOBAL, LOCAL
 from edgeprefill.export.model_config import ModelConfig
-from edgeprefill.export.quantize import QuantConfig, int4_blockwise, int4_dequantize
+from edgeprefill.export.quantize import QuantConfig
 from edgeprefill.sdk import Engine, GenerationParams
 from tests.conftest import GEMMA3N, VOCAB, load_hf_model
 from tests.state_models import assert_padded_chunks_match
@@ -31,7 +31,7 @@ from tests.test_gemma4 import (
     assert_windows_and_kv_sharing_as_transformers,
     meta_graph,
 )
-from tests.test_quantize import dequantize_embeddings
+from tests.test_quantize import dequantize_embeddings, dequantize_linears
 
 FLAVORS = ("ort", "standard")
 # Shaped as google/gemma-3n-E2B-it's config.json (its text_config; the vision and audio
@@ -118,11 +118,7 @@ def int4_reference(hf_dir, ids: list[int]) -> np.ndarray:
     bundle keeps them so: export/altup.py)."""
     model = load_hf_model(hf_dir)
     with torch.no_grad():
-        for name, module in model.named_modules():
-            if isinstance(module, torch.nn.Linear) and ".altup." not in name:
-                w = module.weight.numpy()
-                module.weight.copy_(torch.from_numpy(
-                    int4_dequantize(*int4_blockwise(w, 32), w.shape[1])))
+        dequantize_linears(model, keep=lambda name: ".altup." in name)
         dequantize_embeddings(model, "int4")  # the main table and the per-layer one
         return model(torch.tensor([ids])).logits[0, -1].numpy()
 

@@ -26,14 +26,14 @@ from edgeprefill.export.exporter import ExportOptions, export
 from edgeprefill.export.flavors import flavor_class
 from edgeprefill.export.layer_attention import GLOBAL, LOCAL
 from edgeprefill.export.model_config import ModelConfig
-from edgeprefill.export.quantize import QuantConfig, int4_blockwise, int4_dequantize
+from edgeprefill.export.quantize import QuantConfig
 from edgeprefill.kernels.build import library_path
 from edgeprefill.sdk import Engine, GenerationParams
 from tests.conftest import GEMMA4, build_hf_model, load_hf_model
 from tests.state_models import assert_padded_chunks_match, run_padded, variant_bundles
 from tests.test_exactness import check_together, prompt_ids, reference_logits
 from tests.test_families import last_logits
-from tests.test_quantize import dequantize_embeddings
+from tests.test_quantize import dequantize_embeddings, dequantize_linears
 
 FLAVORS = ("ort", "standard")
 # Shaped as google/gemma-4-E2B-it's config.json (its text_config; the vision and audio
@@ -211,11 +211,7 @@ def test_an_int4_bundle_equals_transformers_with_its_dequantized_weights(gemma4,
         quant=QuantConfig("int4", 32, accuracy_level=0)))
     model = load_hf_model(hf_dir)
     with torch.no_grad():
-        for module in model.modules():
-            if isinstance(module, torch.nn.Linear):
-                w = module.weight.numpy()
-                module.weight.copy_(torch.from_numpy(
-                    int4_dequantize(*int4_blockwise(w, 32), w.shape[1])))
+        dequantize_linears(model)
         dequantize_embeddings(model, "int4")  # the main table and the per-layer one
         ids = prompt_ids(30)
         expected = model(torch.tensor([ids])).logits[0, -1].numpy()

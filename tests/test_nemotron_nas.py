@@ -30,7 +30,7 @@ from edgeprefill.engines.base import kv_slot_bytes
 from edgeprefill.export.exporter import ExportOptions, export
 from edgeprefill.export.model_config import ModelConfig
 from edgeprefill.export.model_quirks import model_quirks
-from edgeprefill.export.quantize import QuantConfig, int4_blockwise, int4_dequantize
+from edgeprefill.export.quantize import QuantConfig
 from edgeprefill.sdk import Engine, GenerationParams
 from tests.conftest import VOCAB, write_tokenizer
 from tests.test_cli_errors import assert_one_line_error, cli
@@ -38,7 +38,7 @@ from tests.test_deci import one_thread
 from tests.test_embed import assert_edits_refused
 from tests.test_exactness import FLAVORS, prompt_ids
 from tests.test_openelm import check_chunks_and_padding, check_rows_decode_together
-from tests.test_quantize import logits_at
+from tests.test_quantize import dequantize_linears, logits_at
 
 DIM, HEADS, HEAD_DIM, MAX_POSITIONS = 64, 4, 16, 128
 ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
@@ -336,11 +336,7 @@ def test_int4_computes_the_blocks_forward_with_dequantized_weights(tmp_path):
         chunks=(16,), max_context=64, show_progress=False,
         quant=QuantConfig("int4", 32, accuracy_level=0, embeddings=False)))
     with torch.no_grad():
-        for module in model.modules():
-            if isinstance(module, torch.nn.Linear):  # every projection and the LM head
-                w = module.weight.numpy()
-                module.weight.copy_(torch.from_numpy(
-                    int4_dequantize(*int4_blockwise(w, 32), w.shape[1])))
+        dequantize_linears(model)  # every projection and the LM head
     ids = prompt_ids(12)
     np.testing.assert_allclose(logits_at(tmp_path / "b", ids), reference_logits(model, ids)[-1],
                                rtol=1e-3, atol=1e-3)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import pytest
 import torch
@@ -88,6 +90,18 @@ def dequantized_table(w: np.ndarray, kind: str, block: int = 32) -> np.ndarray:
         return int4_dequantize(*int4_blockwise(w, block), w.shape[1])
     data, scale = int8_rows(w)
     return (data.astype(np.float32) - 128) * scale
+
+
+def dequantize_linears(model, block: int = 32, keep: Callable[[str], bool] = lambda _: False
+                       ) -> None:
+    """Puts into `model` every Linear's weight as an int4 bundle's MatMulNBits blocks of
+    `block` give it back; a module whose name `keep` takes stays float (as its bundle
+    keeps it). Call under torch.no_grad()."""
+    for name, module in model.named_modules():
+        if isinstance(module, torch.nn.Linear) and not keep(name):
+            w = module.weight.numpy()
+            module.weight.copy_(torch.from_numpy(
+                int4_dequantize(*int4_blockwise(w, block), w.shape[1])))
 
 
 def dequantize_embeddings(model, kind: str, block: int = 32) -> None:
@@ -235,11 +249,7 @@ def test_an_int8_head_and_a_quantized_tied_table_in_an_int4_bundle(hf_model, tmp
     ids = [1, 5, 9, 33, 70, 4, 18]
     with torch.no_grad():
         table = model.get_input_embeddings().weight.numpy().copy()
-        for name, module in model.named_modules():
-            if isinstance(module, torch.nn.Linear) and name != "lm_head":
-                w = module.weight.numpy()
-                module.weight.copy_(torch.from_numpy(int4_dequantize(*int4_blockwise(w, 32),
-                                                                     w.shape[1])))
+        dequantize_linears(model, keep=lambda name: name == "lm_head")
         int8_head_reference(model, table, symmetric=native_int8(tmp_path / "b"))
         model.model.embed_tokens.weight = torch.nn.Parameter(
             torch.from_numpy(dequantized_table(table, "int4")))
