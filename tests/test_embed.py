@@ -359,8 +359,8 @@ def test_export_says_it_made_an_embedding_bundle(embed_model, tmp_path):
     made = cli(*args, "-o", tmp_path / "e")
     assert made.returncode == 0, made.stderr
     assert made.stderr.splitlines()[0] == (
-        "an embedding bundle (lasttoken pooling, normalized, 64 dimensions): Engine.embed, "
-        "POST /v1/embeddings")
+        "an embedding bundle (lasttoken pooling, normalized, 64 dimensions): Engine.embed; "
+        "on serve POST /v1/embeddings, /embed, /api/embed, /score")
     lm = cli(*args, "-o", tmp_path / "g", "--task", "generate")
     assert lm.returncode == 2 and "lacks the tensor 'lm_head.weight'" in lm.stderr
 

@@ -125,8 +125,8 @@ def test_the_export_line_says_embedding_and_task_generate_exports_the_lm(
     made = cli(*args, "-o", tmp_path / "e")
     assert made.returncode == 0, made.stderr
     assert made.stderr.splitlines()[0] == (
-        "an embedding bundle (lasttoken pooling, normalized, 64 dimensions): Engine.embed, "
-        "POST /v1/embeddings")
+        "an embedding bundle (lasttoken pooling, normalized, 64 dimensions): Engine.embed; "
+        "on serve POST /v1/embeddings, /embed, /api/embed, /score")
     lm = cli(*args, "-o", tmp_path / "g", "--task", "generate")
     assert lm.returncode == 0, lm.stderr
     manifest = load_manifest(tmp_path / "g")

@@ -151,7 +151,8 @@ def test_the_export_line_names_the_score_bundle(untied, tmp_path):
     assert made.returncode == 0, made.stderr
     assert made.stderr.splitlines()[0] == ("a score bundle (classifier: no, yes; relevance "
                                            "sigmoid_difference): Engine.score, "
-                                           "Engine.rerank, POST /v1/rerank")
+                                           "Engine.rerank; on serve POST /v1/rerank, "
+                                           "/rerank, /score")
 
 
 @pytest.mark.parametrize("task, extra, said", [

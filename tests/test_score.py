@@ -364,8 +364,8 @@ def test_export_run_and_inspect_a_token_reranker(hf_model, tmp_path):
                "--score-template-file", template)
     assert made.returncode == 0, made.stderr
     assert made.stderr.splitlines()[0] == ("a score bundle (tokens: w5, w6; relevance "
-                                           "sigmoid_difference): Engine.score, Engine.rerank, "
-                                           "POST /v1/rerank")
+                                           "sigmoid_difference): Engine.score, Engine.rerank; "
+                                           "on serve POST /v1/rerank, /rerank, /score")
     score = load_manifest(tmp_path / "b").score
     assert score is not None and score.template == TEMPLATE + "\n\n"
     shown = cli("inspect", tmp_path / "b").stdout

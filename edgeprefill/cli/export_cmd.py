@@ -20,6 +20,10 @@ if TYPE_CHECKING:
     from edgeprefill.export.score_head import ScoreOptions
 
 
+# what a score bundle with a relevance serves beside Engine.score (export's summary line)
+RANKING = ", Engine.rerank; on serve POST /v1/rerank, /rerank, /score"
+
+
 def _list_models(ctx: click.Context, param: click.Parameter, value: bool) -> None:
     """--list-models: the supported model_types one per line, then the refused ones with
     why; before HF_DIR and -o are asked for (an eager flag, as --help)."""
@@ -160,13 +164,13 @@ def export(hf_dir, out_dir, flavor, dtype, chunks, max_context, quantize, block_
     if manifest.embedding is not None:
         normalized = ", normalized" if manifest.embedding.normalize else ""
         click.echo(f"an embedding bundle ({manifest.embedding.pooling} pooling{normalized}, "
-                   f"{manifest.model.hidden_size} dimensions): Engine.embed, "
-                   "POST /v1/embeddings", err=True)
+                   f"{manifest.model.hidden_size} dimensions): Engine.embed; on serve POST "
+                   "/v1/embeddings, /embed, /api/embed, /score", err=True)
     if manifest.score is not None:
         ranks = manifest.score.relevance != "none"  # more than two labels: no ranking
         click.echo(f"a score bundle ({manifest.score.kind}: "
                    f"{', '.join(manifest.score.labels)}; relevance {manifest.score.relevance})"
-                   f": Engine.score{', Engine.rerank, POST /v1/rerank' if ranks else ''}",
+                   f": Engine.score{RANKING if ranks else ''}",
                    err=True)
     click.echo(
         f"exported {manifest.model.family} ({manifest.model.num_layers} layers, "
