@@ -275,6 +275,20 @@ def test_an_embedding_bundle_refuses_generation_in_one_line(embed_engine):
         assert "\n" not in str(err.value)
 
 
+def test_an_embedding_bundle_refuses_score_naming_its_cosine_route(embed_engine):
+    # "it gives no scores" had hidden that POST /score serves an embedding bundle
+    family = embed_engine.manifest.model.family
+    for call in (lambda: embed_engine.score("w5"),
+                 lambda: embed_engine.rerank("w5", ["w6"])):
+        with pytest.raises(RequestError) as err:
+            call()
+        assert str(err.value) == (
+            f"this bundle is an embedding model ({family}): it gives no relevance scores, "
+            "only POST /score's cosine similarity of two texts; export a reranker with "
+            "--task score (a *ForSequenceClassification folder, or a causal LM with "
+            "--score-tokens) for Engine.score, Engine.rerank and /v1/rerank")
+
+
 def test_a_generation_bundle_refuses_embed_in_one_line(bundle):
     with Engine.load(bundle("llama"), threads=1, kv_slots=1) as engine, \
             pytest.raises(RequestError, match="is a generation model") as err:

@@ -811,6 +811,38 @@ def test_the_latent_key_part_is_called_rotated_only_where_its_layers_rotate(fami
         f"{cfg.latent.rope_dim} + latent {cfg.latent.kv_lora_rank})"]
 
 
+HYBRID_ROPE_CASES = [
+    # (family, keys, the layers that attend, the phrase): the reference is the layer
+    # pattern written here, each family's attention layers read off it by hand.
+    ("kimi_linear", {"layer_types": ["linear_attention"] * 3 + ["full_attention"]},
+     [3], "1 of 1 attention layers without rope"),
+    ("nemotron_h", {}, [1], "1 of 1 attention layers without rope"),
+    ("jamba", {}, [1, 3], "2 of 2 attention layers without rope"),
+    ("granitemoehybrid", {"layer_types": ["mamba", "attention", "mamba", "attention"]},
+     [1, 3], "2 of 2 attention layers without rope"),
+    ("granitemoehybrid", {"layer_types": ["attention"] * 4}, [0, 1, 2, 3],
+     "4 of 4 layers without rope"),
+    ("exaone4", {"sliding_window": 4096}, [0, 1, 2, 3], "1 of 4 layers without rope"),
+    ("granitemoehybrid", {"layer_types": ["mamba", "attention", "mamba", "attention"],
+                          "position_embedding_type": "rope"}, [1, 3], None),
+    ("qwen3_5_text", {}, [3], None), ("bailing_hybrid", {}, [1, 3], None),
+    ("lfm2", {"layer_types": ["conv", "full_attention", "conv", "full_attention"]},
+     [1, 3], None),
+]
+
+
+@pytest.mark.parametrize("family, keys, attending, phrase", HYBRID_ROPE_CASES)
+def test_layers_without_rope_are_counted_among_the_attention_layers(
+        family, keys, attending, phrase):
+    # Kimi Linear's inspect had said "4 of 4 layers without rope" though three of its
+    # layers are KDA, with no attention to take a rope: a state layer's rope is no news.
+    cfg = ModelConfig.from_hf(minimal_raw(family, **keys))
+    assert [i for i in range(cfg.num_layers)
+            if i in cfg.kv_layers or i in cfg.shared_kv] == attending
+    named = [q for q in model_quirks(cfg) if "without rope" in q]
+    assert named == ([] if phrase is None else [phrase])
+
+
 @pytest.mark.parametrize("family, parallel, quirk", [
     ("gpt_neox", False, None), ("gpt_neox", True, "parallel residual"),
     ("stablelm", True, "parallel attention and MLP on one norm"), ("stablelm", False, None),

@@ -234,7 +234,7 @@ def test_inspect_names_the_kda_layers_and_their_states(bundle):
     result = CliRunner().invoke(cli, ["inspect", str(bundle("kimi_linear"))])
     assert result.exit_code == 0, result.output
     assert "3 of 4 layers KDA linear attention" in result.output
-    assert "4 of 4 layers without rope" in result.output
+    assert "1 of 1 attention layers without rope" in result.output
     assert "layers 0, 2, 3 carry a recurrent state" in result.output
     assert "conv [192, 3] float32, recurrent [4, 16, 16] float32" in result.output
 

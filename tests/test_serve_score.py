@@ -166,6 +166,8 @@ def test_a_score_bundle_answers_the_other_routes_400(http, path, body):
     reply = http.post(path, json=body)
     assert reply.status_code == 400, reply.text
     assert "is a score model" in reply.text and "\\n" not in reply.text
+    # the way to this bundle's scores: /score beside /v1/rerank (once /v1/rerank alone)
+    assert "POST /v1/rerank or /score on `edgeprefill serve`" in reply.text
 
 
 @pytest.fixture(scope="module")

@@ -119,9 +119,13 @@ def test_another_model_is_a_404(http):
     ("/rerank", {"query": QUERY, "texts": ["w5"]}),
 ])
 def test_a_generation_bundle_answers_400(generation_server, path, body):
-    reply = httpx.post(generation_server.url + path, json=body, timeout=60)
-    assert reply.status_code == 400, reply.text
-    assert "is a generation model" in reply.text and "\\n" not in reply.text
+    # the refusal named only a reranker, though an embedding bundle serves /score too
+    error = assert_error(httpx.post(generation_server.url + path, json=body, timeout=60), 400)
+    assert error["message"] == (
+        "this bundle is a generation model (llama): it gives no scores; export a reranker "
+        "with --task score (a *ForSequenceClassification folder, or a causal LM with "
+        "--score-tokens) for Engine.score, Engine.rerank and /v1/rerank, or an embedding "
+        "model (--task embed) for POST /score's cosine similarity")
 
 
 # -- TEI's /rerank ---------------------------------------------------------------------

@@ -126,6 +126,13 @@ def _latent_key(cfg: ModelConfig) -> str:
     return "NoPE key part"
 
 
+def _attention_layers(cfg: ModelConfig) -> list[int]:
+    """The layers with attention: those holding KV (Falcon-H1's and Zamba2's beside a
+    state) and those reading another layer's."""
+    return [i for i in range(cfg.num_layers)
+            if i in cfg.kv_layers or i in cfg.shared_kv]
+
+
 def _positions(cfg: ModelConfig) -> list[str]:
     """How positions enter: ALiBi, layers without rope, partial or latent rotary, and
     each rope type other than the default."""
@@ -134,10 +141,15 @@ def _positions(cfg: ModelConfig) -> list[str]:
         rounded = ", rounded to bfloat16 as Falcon's" if cfg.alibi_bfloat16 else ""
         out.append("ALiBi: each head's scores biased by its slope times the distance "
                    f"(no rotary{rounded})")
-    nope = sum(layer.rope is None for layer in cfg.layers)
+    # Only attention takes a rope: a state layer's (KDA, Mamba) None is no news
+    attending = _attention_layers(cfg)
+    nope = sum(cfg.layers[i].rope is None for i in attending)
     # none attending (Mamba-2), no rope is no news; nor under ALiBi, which said it
     if nope and cfg.kv_layers and cfg.alibi is None:
-        out.append(f"{nope} of {cfg.num_layers} layers without rope")
+        if len(attending) == cfg.num_layers:
+            out.append(f"{nope} of {cfg.num_layers} layers without rope")
+        else:
+            out.append(f"{nope} of {len(attending)} attention layers without rope")
     if cfg.latent is not None:
         out.append(f"KV cache: one head of {cfg.head_dim} per token and layer "
                    f"({_latent_key(cfg)} {cfg.latent.rope_dim} + latent "

@@ -40,15 +40,22 @@ def score_only(manifest: Manifest) -> str:
     """The refusal of a generation or embedding call on a score bundle."""
     return (f"this bundle is a score model ({manifest.model.family}, a reranker or "
             "classifier): it generates no text and gives no embeddings; use Engine.score "
-            "or Engine.rerank, or POST /v1/rerank on `edgeprefill serve`")
+            "or Engine.rerank, or POST /v1/rerank or /score on `edgeprefill serve`")
 
 
 def scoring_only(manifest: Manifest) -> str:
-    """The refusal of a score call on a generation or embedding bundle."""
-    kind = "an embedding" if manifest.task == "embed" else "a generation"
-    return (f"this bundle is {kind} model ({manifest.model.family}): it gives no scores; "
-            "export a reranker with --task score (a *ForSequenceClassification folder, or a "
-            "causal LM with --score-tokens) for Engine.score, Engine.rerank and /v1/rerank")
+    """The refusal of a score call on a generation or embedding bundle. An embedding
+    bundle does serve /score (the cosine of two texts' vectors, server/score.py): the
+    refusal names it, on each kind, as the way to that route."""
+    family = manifest.model.family
+    reranker = ("export a reranker with --task score (a *ForSequenceClassification folder, "
+                "or a causal LM with --score-tokens) for Engine.score, Engine.rerank and "
+                "/v1/rerank")
+    if manifest.task == "embed":
+        return (f"this bundle is an embedding model ({family}): it gives no relevance "
+                f"scores, only POST /score's cosine similarity of two texts; {reranker}")
+    return (f"this bundle is a generation model ({family}): it gives no scores; {reranker}, "
+            "or an embedding model (--task embed) for POST /score's cosine similarity")
 
 
 @dataclass(frozen=True)
