@@ -10,6 +10,9 @@ import numpy as np
 from edgeprefill.bundle import GraphInfo, Manifest, ModelInfo, TokenizerInfo
 from edgeprefill.engines.base import Backend, BackendOptions, StepBatch
 
+# The history hash's base and modulus (2**31 - 1, a prime: each product fits in int64).
+HASH_BASE, HASH_PRIME = 1_000_003, (1 << 31) - 1
+
 
 class Call(NamedTuple):
     # "prefill" (one row of several tokens), "decode" (rows of one token) or "fused"
@@ -30,6 +33,10 @@ class FakeBackend(Backend):
         self.slots, self.capacity = slots, capacity
         # Each slot's "KV": the token written at each position (-1: nothing).
         self.kv = np.full((slots, capacity), -1, np.int64)
+        # Position i's weight in the history hash: BASE**i mod PRIME (see next_token).
+        self.weights = np.ones(capacity, np.int64)
+        for i in range(1, capacity):
+            self.weights[i] = self.weights[i - 1] * HASH_BASE % HASH_PRIME
 
     def run(self, step: StepBatch) -> np.ndarray:
         # Tests avoid 1-token prefills.
@@ -45,10 +52,14 @@ class FakeBackend(Backend):
             # The KV this row attends to must be what earlier steps wrote.
             assert np.all(self.kv[slot, :past] >= 0), f"slot {slot} has holes before {past}"
             self.kv[slot, past : past + valid] = step.input_ids[row, :valid]
-            # Next token: a function of the whole visible history, never EOS (ids 0-2).
-            history = self.kv[slot, : past + valid]
-            logits[row, 3 + int(history.sum() * 31 + len(history)) % (vocab - 3)] = 1.0
+            logits[row, self.next_token(self.kv[slot, : past + valid])] = 1.0
         return logits
+
+    def next_token(self, history: np.ndarray) -> int:
+        """A function of the whole visible history, its order included (a polynomial hash:
+        a permuted or swapped chunk changes it), never EOS (ids 0-2)."""
+        weighted = history % HASH_PRIME * self.weights[: len(history)] % HASH_PRIME
+        return 3 + int(weighted.sum() + len(history)) % (self.manifest.model.vocab_size - 3)
 
     def copy_kv(self, src_slot: int, dst_slot: int, length: int) -> None:
         self.kv[dst_slot, :length] = self.kv[src_slot, :length]
