@@ -27,7 +27,7 @@ from tests.conftest import load_hf_model
 from tests.state_models import GRAPHS, assert_padded_chunks_match, run_padded
 from tests.test_exactness import prompt_ids, reference_logits
 from tests.test_families import last_logits
-from tests.test_mla import dequantized_int4_but_kv_b
+from tests.test_mla import check_int4_dequantized_but_kv_b
 
 KDA_LAYERS = 3  # the fixtures'
 KDA_FAMILIES = ("kimi_linear", "bailing_hybrid")
@@ -122,19 +122,7 @@ def test_int4_equals_transformers_with_the_dequantized_projections(family, hf_mo
     """Every projection of the int4 bundle (KDA's gates', Bailing's MLA gate and the
     experts' included; kv_b_proj and the router stay float) computes with its dequantized
     weights and nothing else moves."""
-    hf_dir = hf_model(family)
-    export(hf_dir, tmp_path / "b", ExportOptions(
-        chunks=(16,), max_context=128, show_progress=False,
-        quant=QuantConfig("int4", accuracy_level=0)))
-    model = load_hf_model(hf_dir)
-    dequantized_int4_but_kv_b(model)
-    ids = prompt_ids(20)
-    from tests.test_exactness import recurrent_delta_rule
-
-    with torch.no_grad(), recurrent_delta_rule():
-        expected = model(torch.tensor([ids])).logits[0, -1].numpy()
-    np.testing.assert_allclose(last_logits(tmp_path / "b", ids), expected, rtol=1e-3,
-                               atol=1e-3)
+    check_int4_dequantized_but_kv_b(hf_model(family), tmp_path)
 
 
 def decoded_logits(path, ids: list[int]) -> np.ndarray:

@@ -240,14 +240,22 @@ def dequantized_int4_but_kv_b(model, block: int = 32) -> None:
 @pytest.mark.parametrize("family", MLA_FAMILIES)
 def test_int4_equals_transformers_with_the_dequantized_projections(family, hf_model,
                                                                    tmp_path):
-    hf_dir = hf_model(family)
+    check_int4_dequantized_but_kv_b(hf_model(family), tmp_path)
+
+
+def check_int4_dequantized_but_kv_b(hf_dir, tmp_path) -> None:
+    """The int4 bundle of `hf_dir` computes what transformers does with every projection
+    dequantized but kv_b_proj and the routers (dequantized_int4_but_kv_b); a gated delta
+    rule, where the model has one, in its recurrent form as the bundle runs it."""
+    from tests.test_exactness import recurrent_delta_rule
+
     export(hf_dir, tmp_path / "b", ExportOptions(
         chunks=(16,), max_context=128, show_progress=False,
         quant=QuantConfig("int4", accuracy_level=0)))
     model = load_hf_model(hf_dir)
     dequantized_int4_but_kv_b(model)
     ids = prompt_ids(20)
-    with torch.no_grad():
+    with torch.no_grad(), recurrent_delta_rule():
         expected = model(torch.tensor([ids])).logits[0, -1].numpy()
     np.testing.assert_allclose(last_logits(tmp_path / "b", ids), expected, rtol=1e-3,
                                atol=1e-3)
