@@ -431,3 +431,35 @@ def test_a_request_whose_sampler_fails_ends_alone(make_engine, backend):
     assert [len(s.token_ids) for s in others] == [12] * 3
     engine.check_integrity()
     assert engine.kv.usage().active == 0
+
+
+@pytest.mark.parametrize("backend", ["fake", "fake-fusing"])
+def test_a_choice_whose_first_token_fails_ends_alone(make_engine, backend):
+    """The n > 1 siblings that fork from a prefilled prompt take their first token in the
+    step that prefilled it. One sibling's failure there (its sampler, its detokenizer)
+    ended every request of that step: the prompt's own first choice, its other siblings
+    and the decode rows beside it. Now only that sibling ends, with its error."""
+    engine = make_engine(background=False, kv_slots=6, backend=backend)
+    params = GenerationParams(max_new_tokens=10, ignore_eos=True)
+    neighbour = engine.generate(ids(9, 3), params)
+    while neighbour.metrics.generated_tokens < 2:
+        engine.step()
+    choices = engine.submit_n(ids(30, 1), params, 3, chunk_size=8)
+    engine.step()  # the first chunk of four: the siblings wait for the prompt
+    leader = next(r for r in engine.scheduler.live() if r.stream is choices[0])
+    doomed = leader.followers[0]
+
+    def fail(logits):
+        raise RuntimeError("the grammar broke")
+
+    doomed.sampler.choose = fail
+    for _ in range(100):  # a sibling lost with its step would never end
+        if all(s.done for s in [neighbour, *choices]):
+            break
+        engine.step()
+    assert choices[1].finish_reason == "error" and "the grammar broke" in choices[1].error
+    kept = [neighbour, choices[0], choices[2]]
+    assert [s.finish_reason for s in kept] == ["length"] * 3
+    assert [len(s.token_ids) for s in kept] == [10] * 3
+    engine.check_integrity()
+    assert engine.kv.usage().active == 0

@@ -605,7 +605,7 @@ class Engine:
             follower.slot, follower.kv_len = slot, len(follower.tokens)
             follower.metrics.prefix_reused = follower.kv_len
             self.scheduler.adopt(follower)  # past admission: its parent's
-            self._emit(follower, logits)
+            self._emit_own(follower, logits)  # its failure ends it alone
 
     def _start_followers(self, request: Request, ended: str | None = None) -> None:
         """Queue the n > 1 siblings of a request that `ended` before its prompt was in the
