@@ -6,16 +6,21 @@ the int4/int8 tests (test_quantize.py, test_int4_fp16.py, test_int8_fp16.py)."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import onnxruntime as ort
 import pytest
 import transformers
 
 from edgeprefill.errors import ExportError
+from edgeprefill.export.exporter import ExportOptions, export
 from edgeprefill.export.model_config import ModelConfig
-from edgeprefill.sdk import Engine
+from edgeprefill.sdk import Engine, GenerationParams
+from tests.bpe_tokenizers import CORPUS
+from tests.conftest import build_hf_model
 from tests.state_models import assert_padded_chunks_match
-from tests.test_exactness import check_together, prompt_ids, reference_logits
+from tests.test_exactness import check_together, prompt_ids, reference_greedy, reference_logits
 
 # RWKV/rwkv-4-169m-pile's config.json as we know its shape (the Hub was not reachable
 # here), and a raven's, whose widths are left to the config class (null).
@@ -109,3 +114,47 @@ def test_each_state_carries_what_the_next_call_needs(kind, hf_model, bundle):
                for name, value in states.items()}
     logits, _ = run_graph(session, ids[12:], 12, dropped)
     assert np.abs(logits - expected).max() > 1e-2
+
+
+def gpt_neox_style_tokenizer(out, vocab_size: int) -> None:
+    """A byte-level BPE tokenizer.json whose id 0 is <|endoftext|> (GPT-NeoX's, which the
+    RWKV-4 Pile models ship) and GPTNeoXTokenizer's tokenizer_config.json: BOS, EOS and
+    UNK all <|endoftext|>, none added to a prompt, no chat template."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(CORPUS, trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=["<|endoftext|>", "<|padding|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False))
+    tok.save(str(out / "tokenizer.json"))
+    (out / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "GPTNeoXTokenizer", "add_prefix_space": False,
+        "bos_token": "<|endoftext|>", "eos_token": "<|endoftext|>",
+        "unk_token": "<|endoftext|>"}))
+
+
+def test_a_hub_shaped_checkpoint_exports_and_generates_from_text(tmp_path):
+    """The Pile models' layout: config.json as the Hub's (its widths null: 4 x hidden and
+    hidden; `context_length` its positions; BOS = EOS = 0) beside a GPT-NeoX-style
+    tokenizer. The bundle's context is context_length, its EOS id 0, and a text prompt
+    generates transformers' greedy text of the same ids."""
+    hf = build_hf_model("rwkv", tmp_path / "hf", vocab_size=320, intermediate_size=256)
+    hub = {**HUB_169M, "hidden_size": 64, "num_hidden_layers": 4, "rescale_every": 2,
+           "vocab_size": 320, "intermediate_size": None, "attention_hidden_size": None,
+           "context_length": 96}
+    (hf / "config.json").write_text(json.dumps(hub))
+    (hf / "generation_config.json").write_text(json.dumps({"bos_token_id": 0,
+                                                           "eos_token_id": 0}))
+    gpt_neox_style_tokenizer(hf, 320)
+    export(hf, tmp_path / "b", ExportOptions(chunks=(16,), show_progress=False))
+    with Engine.load(tmp_path / "b", threads=2, background=False) as engine:
+        assert engine.manifest.max_context == 96
+        assert engine.manifest.eos_token_ids == [0]
+        text = "the quick brown fox jumps over the lazy dog"
+        ids = engine.tokenizer.encode(text)
+        assert ids and ids[0] != 0  # no BOS added
+        got = engine.generate(text, GenerationParams(max_new_tokens=8, ignore_eos=True),
+                              chunk_size=16).result().token_ids
+    assert got == reference_greedy(hf, ids)
