@@ -342,6 +342,10 @@ FAMILIES: dict[str, dict] = {
               "tie_word_embeddings": True},
     "falcon_mamba": {"state_size": 8, "time_step_rank": 6, "mixer_rms_eps": 1e-3,
                      "tie_word_embeddings": True},
+    # RWKV-4: every layer a time mix and a channel mix (no KV), the stream halved after
+    # every second layer (and layers 2 and 3's output weights divided by 2); its time_*
+    # parameters and LayerNorms perturbed (build_hf_model)
+    "rwkv": {"num_hidden_layers": 4, "rescale_every": 2},
     # LayerNorm1P, ReLU-squared MLP, rotary on half of each head (head_dim 32: rotary 16)
     "nemotron": {"head_dim": 32},
     # layer 0 slides with rotary, layer 1 is global without
@@ -778,6 +782,9 @@ FAMILIES: dict[str, dict] = {
                           "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0,
                                               "partial_rotary_factor": 0.5}},
 }
+# RWKV's modules whose parameters build_hf_model perturbs: its LayerNorms (not named
+# "norm") and the time mix's first-token bonus, which start as ones
+RWKV_PERTURBED = ("pre_ln", "ln1", "ln2", "ln_out", "attention")
 # model_types with a "-" of their own (not a fixture's variant)
 HYPHENATED_TYPES = ("modernbert-decoder", "openai-gpt", "gpt-sw3")
 # The fixtures stored as a BitNet quantization_config announces (tests/bitnet_checkpoints.py)
@@ -918,6 +925,8 @@ def build_hf_model(family: str, out: Path, seed: int = 0, dtype=None, **override
             elif name.endswith("self_attn.sinks") and not param.any():  # Granite SWA's
                 param.normal_(0, 1.0)
             elif perturb_norms and "norm" in name:
+                param.add_(torch.randn_like(param) * 0.2)
+            elif model_type == "rwkv" and name.split(".")[-2] in RWKV_PERTURBED:
                 param.add_(torch.randn_like(param) * 0.2)
         for name, buffer in model.named_buffers():
             if name.endswith("layer_scalar"):  # Gemma 4's, all ones as initialized

@@ -362,9 +362,10 @@ LEARNED_POSITIONS = ("gpt2", "gpt_bigcode", "gpt-sw3", "openai-gpt", "opt", "gpt
 # the base 10000 over rotary_dim), not a rope_parameters dict.
 OWN_ROTARY = ("gptj", "codegen")
 # ... and those without rotary nor positions (Nemotron-H, Mamba-2, Mamba-1: their mamba
-# layers order the tokens; Kimi Linear: its KDA layers).
+# layers order the tokens; Kimi Linear: its KDA layers; RWKV: its token shifts and WKV).
 NO_ROTARY = (*LEARNED_POSITIONS, "nemotron_h", "mamba2", "mamba", "falcon_mamba", "jamba",
-             "zamba", "zamba2", "nemotron_h_omni", "kimi_linear")  # (Kimi: NoPE MLA)
+             "zamba", "zamba2", "nemotron_h_omni", "kimi_linear",  # (Kimi: NoPE MLA)
+             "rwkv")
 ALIBI = ("bloom", "mpt")  # ... and those whose attention biases by distance instead
 
 

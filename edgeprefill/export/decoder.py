@@ -58,6 +58,7 @@ from edgeprefill.export.nas_blocks import FULL, LINEAR, LINEAR_ATTENTION, LINEAR
 from edgeprefill.export.per_layer_input import PerLayerInputs
 from edgeprefill.export.quantize import QuantConfig
 from edgeprefill.export.rg_lru import RgLru
+from edgeprefill.export.rwkv import Rwkv
 from edgeprefill.export.shared_block import SharedBlock
 from edgeprefill.export.shared_kv import SharedKV
 from edgeprefill.export.short_conv import ShortConv
@@ -180,7 +181,7 @@ class DecoderBuilder:
 
     def _recurrent_mixers(self, past_lens: str, valid_lens: str, chunk: str) -> None:
         """The builders of the layers other than attention (short conv, Gated DeltaNet,
-        Mamba, RG-LRU) the config has, on one causal convolution; None for the others."""
+        Mamba, RG-LRU, RWKV) the config has, on one causal convolution; None for the others."""
         g, cfg = self.g, self.cfg
         conv = CausalConv(g, self.dtype, past_lens, valid_lens) if cfg.state_layers else None
         self.short_conv = (ShortConv(g, self.w, cfg, self.tokens, conv)
@@ -194,6 +195,8 @@ class DecoderBuilder:
                       if conv is not None and cfg.mamba_layers else None)
         self.lru = (RgLru(g, self.w, cfg, self.tokens, conv, past_lens, valid_lens, chunk)
                     if conv is not None and cfg.lru_layers else None)
+        self.rwkv = (Rwkv(g, self.w, cfg, self.tokens, conv, past_lens, valid_lens, chunk,
+                          self._norm) if conv is not None and cfg.rwkv_layers else None)
 
     def _first_residual(self, x: str, ids: str, past_lens: str, chunk: str) -> str:
         """The first layer's input from the tokens' embeddings `x`: scaled, plus the learned
@@ -278,12 +281,13 @@ class DecoderBuilder:
         for names, dtype, state in states:
             self.g.output(names.present, dtype, state)
 
-    def _mixer_of(self, layer: int) -> ShortConv | GatedDeltaNet | Mamba1 | Mamba2 | RgLru:
+    def _mixer_of(self, layer: int) -> ShortConv | GatedDeltaNet | Mamba1 | Mamba2 | RgLru | Rwkv:
         """The emitter of a state layer's token mixer."""
-        mixer: ShortConv | GatedDeltaNet | Mamba1 | Mamba2 | RgLru | None = (
+        mixer: ShortConv | GatedDeltaNet | Mamba1 | Mamba2 | RgLru | Rwkv | None = (
             self.short_conv if layer in self.cfg.conv_layers else
             self.mamba if layer in self.cfg.mamba_layers else
-            self.lru if layer in self.cfg.lru_layers else self.delta_net)
+            self.lru if layer in self.cfg.lru_layers else
+            self.rwkv if layer in self.cfg.rwkv_layers else self.delta_net)
         assert mixer is not None
         return mixer
 
@@ -302,6 +306,10 @@ class DecoderBuilder:
         block = self.cfg.block_of(i)
         if block == "altup":
             return self._altup_layer(i, x, step, rows), None
+        if block == "rwkv":  # RWKV-4: both sublayers read the token before (rwkv.py)
+            assert self.rwkv is not None
+            x = x if delta is None else self.g.op("Add", [x, delta])
+            return self.rwkv.layer(p, x, i, rows), None
         if block == "post":  # OLMo 2: the norms follow the sublayers
             x = x if delta is None else self.g.op("Add", [x, delta])
             attn = self._norm(self._mixer(i, x, step, rows), p + n.post_attn_norm)

@@ -182,6 +182,15 @@ def read_lru(raw: dict[str, Any], spec: FamilySpec) -> dict[str, Any]:
     return {"lru_layers": layers, "lru": shape}
 
 
+def read_rwkv(raw: dict[str, Any], spec: FamilySpec) -> dict[str, Any]:
+    """RWKV-4's blocks' fields of ModelConfig (every layer one; families/rwkv.py lists
+    them in layer_types); none elsewhere."""
+    if not spec.rwkv:
+        return {}
+    layers = tuple(i for i, kind in enumerate(raw["layer_types"]) if kind == "rwkv")
+    return {"rwkv_layers": layers, "rescale_every": max(int(raw["rescale_every"]), 0)}
+
+
 def read_hybrid_scales(raw: dict[str, Any]) -> HybridScales:
     """FalconH1Config's multipliers (1 where absent or null)."""
     def scale(key: str) -> float:

@@ -103,6 +103,10 @@ class ModelConfig:
     # their `layers` entry unused) and their dimensions.
     lru_layers: tuple[int, ...] = ()
     lru: LruShape | None = None
+    # RWKV-4: the layers that are its blocks (all of them; export/rwkv.py), and every how
+    # many layers the stream is halved at inference (rescale_every; 0: never).
+    rwkv_layers: tuple[int, ...] = ()
+    rescale_every: int = 0
     # Nemotron-H: the layers without an MLP (a mixer block another mixer follows), and the
     # checkpoint's block tensors read under the layers' names (export/layer_groups.py).
     mlp_less: tuple[int, ...] = ()
@@ -250,7 +254,7 @@ class ModelConfig:
     def state_layers(self) -> tuple[int, ...]:
         """The layers without KV, carrying a recurrent state instead."""
         return tuple(sorted((*self.conv_layers, *self.delta_layers, *self.mamba_layers,
-                             *self.lru_layers)))
+                             *self.lru_layers, *self.rwkv_layers)))
 
     @property
     def kv_state_layers(self) -> tuple[int, ...]:
@@ -267,7 +271,8 @@ class ModelConfig:
 
     def state_kinds(self, layer: int) -> tuple[str, ...]:
         """The recurrent states a state layer carries (contract.STATE_KINDS), in order."""
-        if layer in self.delta_layers or layer in self.mamba_layers or layer in self.lru_layers:
+        if layer in self.delta_layers or layer in self.mamba_layers or layer in self.lru_layers \
+                or layer in self.rwkv_layers:
             return (CONV, RECURRENT)
         return (CONV,) if layer in self.conv_layers else ()
 

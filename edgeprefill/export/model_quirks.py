@@ -33,7 +33,7 @@ def _weights(cfg: ModelConfig) -> list[str]:
 
 def _mixers(cfg: ModelConfig) -> list[str]:
     """The layers other than attention (short convolutions, Gated DeltaNet or Kimi's KDA,
-    Mamba) and the experts."""
+    Mamba, RWKV) and the experts."""
     out = []
     if cfg.conv_layers:
         out.append(f"{len(cfg.conv_layers)} of {cfg.num_layers} layers gated short "
@@ -50,6 +50,9 @@ def _mixers(cfg: ModelConfig) -> list[str]:
         kind = "Mamba-1" if cfg.selective is not None else "Mamba-2"
         out.append(f"{len(cfg.mamba_layers)} of {cfg.num_layers} layers {kind} "
                    "(a conv and a recurrent state per sequence)")
+    if cfg.rwkv_layers:
+        out.append(f"{len(cfg.rwkv_layers)} of {cfg.num_layers} layers RWKV-4 time and "
+                   "channel mixes (token-shift and WKV states per sequence)")
     return out
 
 

@@ -6,7 +6,7 @@ numbers behind the switches (soft-caps, multipliers, windows, rope) are read fro
 config.json by `ModelConfig.from_hf`; nothing downstream looks at a family's name.
 
 One module per kind of language model (dense, gemma, the routed-expert MoEs by how their
-router chooses: moe_softmax, moe_top_k, moe_sigmoid; latent, recurrent, kda, alibi, baichuan
+router chooses: moe_softmax, moe_top_k, moe_sigmoid; latent, recurrent, rwkv, kda, alibi, baichuan
 (rotary or ALiBi by its config class), the GPT-2-era classic, OpenELM's layer-wise
 scaling, DeciLM's KV heads per layer, Llama-Nemotron's NAS blocks, Laguna's softplus-
 gated attention with heads per layer and Doge's dynamic mask attention) and the image-text
@@ -41,6 +41,7 @@ from edgeprefill.export.families import (
     not_causal,
     openelm,
     recurrent,
+    rwkv,
 )
 from edgeprefill.export.families.spec import BLOCKS, NORMS, FamilySpec, TensorNames
 from edgeprefill.export.families.wrapped import text_type_of, wrapped_spec
@@ -58,7 +59,6 @@ REFUSED_TYPES: dict[str, str] = {
     "minimax": "MiniMax's lightning attention layers (linear attention with a decay per head) "
                "are not supported",
     "xlstm": "xLSTM's mLSTM blocks (a matrix memory with exponential gates) are not supported",
-    "rwkv": "RWKV's time-mix (WKV) and channel-mix blocks are not supported",
     # Remote-code model types (the checkpoint's own modeling code, which export never runs)
     # that users bring, with what to take instead where there is something
     "chatglm": "ChatGLM (THUDM's remote code: ChatGLM-6B's 2D positions; ChatGLM2/3's and "
@@ -206,6 +206,7 @@ _TEXT: dict[str, FamilySpec] = _merged(
     moe_sigmoid.FAMILIES,
     latent.FAMILIES,
     recurrent.FAMILIES,
+    rwkv.FAMILIES,
     kda.FAMILIES,
     alibi.FAMILIES,
     baichuan.FAMILIES,

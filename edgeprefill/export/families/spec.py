@@ -115,7 +115,9 @@ NORMS = ("rms", "rms_plus_one", "layer", "layer_no_bias", "layer_plus_one", "lay
 #   hybrid     x += attn(n1(x)) + mamba(n1(x)); x += mlp(n2(x))          (Falcon-H1)
 #   postln     x = n1(x + attn(x)); x = n2(x + mlp(x))                   (OPT-350m, GPT-1)
 #   altup      Gemma 3n: the sandwich on AltUp's active stream, with LAuReL (altup.py)
-BLOCKS = ("pre", "sandwich", "post", "parallel", "shared", "hybrid", "altup", "postln")
+#   rwkv       x += time_mix(n1(x)); x += channel_mix(n2(x)), both reading the token before
+#              (RWKV-4: rwkv.py)
+BLOCKS = ("pre", "sandwich", "post", "parallel", "shared", "hybrid", "altup", "postln", "rwkv")
 
 
 @dataclass(frozen=True)
@@ -279,6 +281,10 @@ class FamilySpec:
     # Whether `layer_types` may name "rg_lru" layers: RecurrentGemma's recurrent blocks, which
     # hold no KV but a conv and a recurrent state (export/rg_lru.py).
     rg_lru: bool = False
+    # Whether `layer_types` may name "rwkv" layers: RWKV-4's blocks (a time mix and a
+    # channel mix, each reading the token before), which hold no KV but the token-shift
+    # inputs and the WKV numerator, denominator and their exponent (export/rwkv.py).
+    rwkv: bool = False
     # Whether shared transformer blocks run before the mixers of the `hybrid` layers
     # (Zamba2: export/shared_block.py); every layer is a Mamba-2 mixer without an MLP.
     shared_block: bool = False
