@@ -954,9 +954,8 @@ def build_hf_model(family: str, out: Path, seed: int = 0, dtype=None, **override
             elif name.endswith(("_scale", "hidden_states_bias", "residual_bias")) \
                     and model_type == "zaya":  # its residual and router-state scales
                 param.add_(torch.randn_like(param) * 0.3)
-        for name, buffer in model.named_buffers():
-            if name.endswith("balancing_biases"):  # ZAYA's: the skip expert's -1 at init
-                buffer.normal_(0, 0.2)
+        if model_type == "zaya":
+            zaya_routers(model)
     if dtype is not None:
         model = model.to(dtype)
     model.save_pretrained(out)
@@ -966,6 +965,19 @@ def build_hf_model(family: str, out: Path, seed: int = 0, dtype=None, **override
 
         as_bitnet(out, BITNET_LAYOUTS[family])
     return out
+
+
+def zaya_routers(model) -> None:
+    """ZAYA's routers as the fixture wants them: wide MLP weights over small biases (so
+    tokens differ in their choice) and balancing biases in [-0.4, 0] (so the skip expert,
+    whose bias transformers sets to -1 at load, is chosen for some tokens)."""
+    for layer in model.model.layers:
+        gate = layer.mlp.gate
+        for fc in (gate.router_mlp.fc1, gate.router_mlp.fc2):
+            fc.weight.normal_(0, 1.0)
+            fc.bias.normal_(0, 0.1)
+        gate.down_proj.bias.normal_(0, 0.1)
+        gate.balancing_biases[:-1].uniform_(-0.4, 0.0)
 
 
 # The vision tower of the image-text fixtures, as small as its config allows (2 x 2 patches).
