@@ -26,7 +26,7 @@ from edgeprefill.export.model_config import ModelConfig
 from edgeprefill.export.quantize import QuantConfig, int4_blockwise, int4_dequantize
 from edgeprefill.sdk import Engine
 from tests.conftest import FAMILIES, load_hf_model
-from tests.state_models import GRAPHS, assert_padded_chunks_match
+from tests.state_models import GRAPHS, assert_padded_chunks_match, variant_bundles
 from tests.test_exactness import prompt_ids, reference_logits
 from tests.test_moe import run_rows
 from tests.test_quantize import dequantize_embeddings, logits_at
@@ -115,6 +115,20 @@ def test_logits_equal_transformers_for_any_chunk_with_a_padded_last_chunk(
     must stay out of both states): every call's logits are transformers' at that token."""
     monkeypatch.setenv("EDGEPREFILL_KERNELS", kernels)
     assert_padded_chunks_match(hf_model("zaya"), bundle("zaya", flavor))
+
+
+# The Hub's layout on the fixture's sizes: no biases (a fresh sequence's delayed value is
+# zeros), tied embeddings, every layer full (`hybrid`), both convolutions 2 tokens wide.
+HUB_LAYOUT = {"attention_bias": False, "tie_word_embeddings": True, "cca_time0": 2,
+              "cca_time1": 2, "layer_types": None, "sliding_window": None}
+
+
+@pytest.mark.parametrize("flavor", ("ort", pytest.param("standard", marks=pytest.mark.slow)))
+def test_the_hubs_layout_equals_transformers_for_any_chunk(flavor, tmp_path_factory):
+    hf_dir, path = variant_bundles(tmp_path_factory, "zaya", "zaya-hub", HUB_LAYOUT)(flavor)
+    cfg = ModelConfig.from_dir(hf_dir)
+    assert cfg.tie_embeddings and not cfg.qkv_bias and cfg.sliding_window is None
+    assert_padded_chunks_match(hf_dir, path)
 
 
 @pytest.mark.parametrize("flavor", ("ort", "standard"))
