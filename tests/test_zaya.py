@@ -11,6 +11,9 @@ transformers' own output, quantized bundles, and what export refuses."""
 
 from __future__ import annotations
 
+import json
+import shutil
+
 import numpy as np
 import pytest
 import torch
@@ -272,6 +275,26 @@ ROPES = {"hybrid": {"rope_type": "default", "rope_theta": 1e4}}
 def test_what_zaya_cannot_run_is_refused_in_one_line(keys, message):
     with pytest.raises(ExportError, match=message) as refused:
         ModelConfig.from_hf({"model_type": "zaya", **MINIMAL, **keys})
+    assert "\n" not in str(refused.value)
+
+
+@pytest.mark.parametrize("keys, message", [
+    ({"cca_time1": 2}, r"conv_qk_grouped.weight has shape \(192, 32, 3\), but config.json "
+                       r"implies \(192, 32, 2\)"),
+    ({"router_hidden_size": 8}, r"mlp.gate.down_proj.weight has shape \(16, 64\), but "
+                                r"config.json implies \(8, 64\)"),
+    ({"num_experts": 3}, r"router_mlp.out_proj.weight has shape \(5, 16\), but config.json "
+                         r"implies \(4, 16\) \(router_hidden_size 16, 3 experts and the skip"),
+])
+def test_a_checkpoint_that_disagrees_with_its_config_is_refused_in_one_line(
+        keys, message, hf_model, tmp_path):
+    hf_dir = tmp_path / "hf"
+    shutil.copytree(hf_model("zaya"), hf_dir)
+    config = json.loads((hf_dir / "config.json").read_text())
+    (hf_dir / "config.json").write_text(json.dumps({**config, **keys}))
+    with pytest.raises(ExportError, match=message) as refused:
+        export(hf_dir, tmp_path / "b", ExportOptions(chunks=(16,), max_context=64,
+                                                     show_progress=False))
     assert "\n" not in str(refused.value)
 
 
