@@ -26,6 +26,7 @@ graph's attention then rotates and attends as any layer's.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -53,7 +54,8 @@ class CcaShape:
         return self.depthwise + self.grouped - 2
 
 
-def read_cca(raw: dict) -> CcaShape:
+def read_cca(raw: dict[str, Any]) -> CcaShape:
+    """`cca_time0` and `cca_time1` (ZayaConfig's defaults where absent: the family's)."""
     shape = CcaShape(int(raw["cca_time0"]), int(raw["cca_time1"]))
     # (transformers' projection keeps q|k[-0:], every token, as its state at a width of 0)
     if shape.depthwise < 1 or shape.grouped < 1 or shape.width < 1:
@@ -65,11 +67,11 @@ def read_cca(raw: dict) -> CcaShape:
 class CcaProjection:
     """Emits each layer's q, k and v [B, C, ...] (every row's tokens at their positions)."""
 
-    def __init__(self, g: GraphBuilder, w: GraphWeights, shape: CcaShape, heads: int,
-                 kv_heads: int, head_dim: int, tokens: PaddedTokens | PackedTokens,
-                 conv: CausalConv) -> None:
+    def __init__(self, g: GraphBuilder, w: GraphWeights, shape: CcaShape, hidden: int,
+                 heads: int, kv_heads: int, head_dim: int,
+                 tokens: PaddedTokens | PackedTokens, conv: CausalConv) -> None:
         self.g, self.w, self.shape, self.tokens, self.conv = g, w, shape, tokens, conv
-        self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
+        self.hidden, self.heads, self.kv_heads, self.head_dim = hidden, heads, kv_heads, head_dim
         self.channels = (heads + kv_heads) * head_dim
         self.half = kv_heads * head_dim // 2  # each of the two value projections' width
 
@@ -167,7 +169,7 @@ class CcaProjection:
 
     def _check_shapes(self, m: str) -> None:
         """A checkpoint that disagrees with config.json fails here in one line."""
-        d, hidden = self.head_dim, self.w.shape(m + "q_proj.weight")[1]
+        d, hidden = self.head_dim, self.hidden
         expected = [(m + "q_proj.weight", (self.heads * d, hidden)),
                     (m + "k_proj.weight", (self.kv_heads * d, hidden)),
                     (m + "v_proj_current.weight", (self.half, hidden)),
@@ -175,8 +177,8 @@ class CcaProjection:
                     (m + "conv_qk_depthwise.weight", (self.channels, 1, self.shape.depthwise)),
                     (m + "conv_qk_grouped.weight", (self.channels, d, self.shape.grouped))]
         self.w.check_shapes(expected, f"{self.heads} heads, {self.kv_heads} KV heads of {d}, "
-                                      f"cca_time0 {self.shape.depthwise}, cca_time1 "
-                                      f"{self.shape.grouped}")
+                                      f"hidden {hidden}, cca_time0 {self.shape.depthwise}, "
+                                      f"cca_time1 {self.shape.grouped}")
 
 
 def qk_normed(g: GraphBuilder, x: str, heads: int, head_dim: int, dtype: np.dtype,

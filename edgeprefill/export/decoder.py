@@ -197,8 +197,8 @@ class DecoderBuilder:
                       if conv is not None and cfg.mamba_layers else None)
         self.lru = (RgLru(g, self.w, cfg, self.tokens, conv, past_lens, valid_lens, chunk)
                     if conv is not None and cfg.lru_layers else None)
-        self.cca = (CcaProjection(g, self.w, cfg.cca, cfg.num_heads, cfg.num_kv_heads,
-                                  cfg.head_dim, self.tokens, conv)
+        self.cca = (CcaProjection(g, self.w, cfg.cca, cfg.hidden_size, cfg.num_heads,
+                                  cfg.num_kv_heads, cfg.head_dim, self.tokens, conv)
                     if conv is not None and cfg.cca is not None else None)
         self.router = (ZayaRouter(g, self.ckpt, cfg.moe.experts, cfg.hidden_size,
                                   cfg.router_hidden, self.dtype, self._norm)
@@ -378,7 +378,7 @@ class DecoderBuilder:
             self._affine(x, m + "residual_bias", m + "residual_scale")])
 
     def _affine(self, x: str, bias: str, scale: str) -> str:
-        """(x + bias) * scale, each [hidden] (kept float in every bundle)."""
+        """(x + bias) * scale, each stored [hidden]."""
         shape = (self.cfg.hidden_size,)
         self.w.check_shapes([(bias, shape), (scale, shape)], f"hidden {shape[0]}")
         return self.g.op("Mul", [self.g.op("Add", [x, self.w.tensor(bias)]),

@@ -57,9 +57,9 @@ class MixtureOfExperts:
         return g.op("Reshape", [out, g.op("Shape", [h])])
 
     def routed(self, p: str, h: str, chosen: str, weights: str) -> str:
-        """The block's output for h [..., H] whose N tokens chose `chosen` [N, k] (int64)
-        with `weights` [N, k] (model dtype): the family's routing, or a router of its own
-        (ZAYA's, export/zaya_router.py), shaped as h."""
+        """The block's output for h [..., H], shaped as h, whose N tokens chose `chosen`
+        [N, k] (int64) with `weights` [N, k] (model dtype) by a router the block does not
+        compute (ZAYA's, export/zaya_router.py)."""
         g = self.g
         x = g.op("Reshape", [h, g.const([-1, self.hidden])])  # [N, H]
         out = self._with_shared(p, x, self._dispatch(p, x, chosen, weights))

@@ -84,6 +84,7 @@ class ZayaRouter:
             self.ckpt.get(name, np.float32).T).astype(self.dtype))
 
     def _float(self, name: str) -> str:
+        """A router tensor as stored, in the graph's dtype (never quantized)."""
         return self.g.weight(name, self.ckpt.shape(name), self.dtype,
                              lambda: self.ckpt.get(name, self.dtype))
 
@@ -102,7 +103,9 @@ class ZayaRouter:
         """A checkpoint that disagrees with config.json fails here in one line."""
         r, e = self.width, self.experts + 1
         expected = [("down_proj.weight", (r, self.hidden)), ("down_proj.bias", (r,)),
-                    ("router_mlp.fc1.weight", (r, r)), ("router_mlp.fc2.weight", (r, r)),
+                    ("router_mlp.norm.weight", (r,)),
+                    ("router_mlp.fc1.weight", (r, r)), ("router_mlp.fc1.bias", (r,)),
+                    ("router_mlp.fc2.weight", (r, r)), ("router_mlp.fc2.bias", (r,)),
                     ("router_mlp.out_proj.weight", (e, r))]
         if self.previous is not None:
             expected.append(("router_states_scale", (r,)))
