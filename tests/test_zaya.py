@@ -28,7 +28,7 @@ from edgeprefill.export.layer_attention import GLOBAL, LOCAL
 from edgeprefill.export.model_config import ModelConfig
 from edgeprefill.export.quantize import QuantConfig, int4_blockwise, int4_dequantize
 from edgeprefill.sdk import Engine
-from tests.conftest import FAMILIES, load_hf_model
+from tests.conftest import FAMILIES, build_hf_model, load_hf_model
 from tests.state_models import GRAPHS, assert_padded_chunks_match, variant_bundles
 from tests.test_exactness import prompt_ids, reference_logits
 from tests.test_moe import run_rows
@@ -132,6 +132,16 @@ def test_the_hubs_layout_equals_transformers_for_any_chunk(flavor, tmp_path_fact
     cfg = ModelConfig.from_dir(hf_dir)
     assert cfg.tie_embeddings and not cfg.qkv_bias and cfg.sliding_window is None
     assert_padded_chunks_match(hf_dir, path)
+
+
+@pytest.mark.parametrize("widths", [(1, 3), pytest.param((3, 1), marks=pytest.mark.slow)])
+def test_a_convolution_one_token_wide_equals_transformers(widths, tmp_path):
+    """cca_time0 or cca_time1 of 1: that convolution reads the token alone (one tap), the
+    state the other's window."""
+    hf_dir = build_hf_model("zaya", tmp_path / "hf", cca_time0=widths[0], cca_time1=widths[1])
+    export(hf_dir, tmp_path / "b", ExportOptions(chunks=(16,), max_context=128,
+                                                 show_progress=False))
+    assert_padded_chunks_match(hf_dir, tmp_path / "b")
 
 
 @pytest.mark.parametrize("flavor", ("ort", "standard"))
