@@ -708,6 +708,15 @@ FAMILIES: dict[str, dict] = {
     "laguna": LAGUNA,
     "laguna-per-element": {**LAGUNA, "gating": "per-element"},
     "laguna-softcap": {**LAGUNA, "moe_router_logit_softcapping": 1.0},
+    # ZAYA: CCA attention on every layer (q/k convolved over 2 then 3 tokens: a state of
+    # 3 raw q/k beside the delayed value's), sliding (window 8) and full layers each
+    # rotating half of each head at its own base, biases on q/k/v/o; 4 experts and the
+    # skip expert chosen by the router carried across the 3 layers (its balancing biases,
+    # the key scales and the residual scales randomized: build_hf_model)
+    "zaya": {"num_hidden_layers": 3, "head_dim": 32, "sliding_window": 8,
+             "layer_types": ["hybrid_sliding", "hybrid", "hybrid_sliding"],
+             "num_experts": 4, "moe_intermediate_size": 32, "router_hidden_size": 16,
+             "cca_time0": 2, "cca_time1": 3, "attention_bias": True},
     # Doge: dynamic mask attention (A and the residual weights randomized: build_hf_model),
     # per-head q/k norms; q/k/v/o, dt_proj and MLP biases. keep_window_size stays 2048, past the
     # bundles' context: its top-k over keys breaks ties in transformers' own order, and the
@@ -949,6 +958,13 @@ def build_hf_model(family: str, out: Path, seed: int = 0, dtype=None, **override
             elif name.endswith(("mlp.router.gate.weight", "mlp.expert_bias")) \
                     and not param.any():  # AFMoE's router and selection bias: zero at init
                 param.normal_(0, 0.5)
+            elif name.endswith("qk_norm.temp"):  # ZAYA's key scale: zero at init
+                param.uniform_(0.5, 2.0)
+            elif name.endswith(("_scale", "hidden_states_bias", "residual_bias")) \
+                    and model_type == "zaya":  # its residual and router-state scales
+                param.add_(torch.randn_like(param) * 0.3)
+        if model_type == "zaya":
+            zaya_routers(model)
     if dtype is not None:
         model = model.to(dtype)
     model.save_pretrained(out)
@@ -958,6 +974,19 @@ def build_hf_model(family: str, out: Path, seed: int = 0, dtype=None, **override
 
         as_bitnet(out, BITNET_LAYOUTS[family])
     return out
+
+
+def zaya_routers(model) -> None:
+    """ZAYA's routers as the fixture wants them: wide MLP weights over small biases (so
+    tokens differ in their choice) and balancing biases in [-0.4, 0] (so the skip expert,
+    whose bias transformers sets to -1 at load, is chosen for some tokens)."""
+    for layer in model.model.layers:
+        gate = layer.mlp.gate
+        for fc in (gate.router_mlp.fc1, gate.router_mlp.fc2):
+            fc.weight.normal_(0, 1.0)
+            fc.bias.normal_(0, 0.1)
+        gate.down_proj.bias.normal_(0, 0.1)
+        gate.balancing_biases[:-1].uniform_(-0.4, 0.0)
 
 
 # The vision tower of the image-text fixtures, as small as its config allows (2 x 2 patches).

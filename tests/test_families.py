@@ -352,7 +352,14 @@ def minimal_raw(family: str, **keys) -> dict:
 
 def hf_theta(config, layer_type: str = "full_attention") -> float:
     params = config.rope_parameters
-    return float((params.get(layer_type) or params)["rope_theta"])
+    return float((params.get(layer_type) if layer_type != "full_attention"
+                  else full_entry(params))["rope_theta"])
+
+
+def full_entry(params: dict) -> dict:
+    """The full-attention layers' rope: their entry where keyed by layer type (ZAYA's is
+    `hybrid`), else the whole dict."""
+    return params.get("full_attention") or params.get("hybrid") or params
 
 
 # The families whose positions are a learned table (GPT-2's wpe), with no rotary at all.
@@ -405,8 +412,7 @@ def test_keys_a_config_leaves_out_take_transformers_defaults(family):
             LOCAL if kind == "sliding_attention" else None for kind in hf.layer_types]
     else:
         assert ours.ropes[GLOBAL].theta == pytest.approx(hf_theta(hf))
-        partial = (hf.rope_parameters.get("full_attention") or hf.rope_parameters).get(
-            "partial_rotary_factor", 1.0)
+        partial = full_entry(hf.rope_parameters).get("partial_rotary_factor", 1.0)
         rope = ours.ropes[GLOBAL]
         if per_layer:  # Gemma 4: the whole head turns, its last pairs at frequency 0
             full = hf.per_layer_config[hf.layer_types.index("full_attention")]

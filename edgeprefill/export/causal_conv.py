@@ -52,6 +52,7 @@ class CausalConv:
         [kernel, channels]."""
         g = self.g
         weights = g.op("Split", [taps], kernel, axis=0, num_outputs=kernel)  # [1, ch] each
+        weights = [weights] if kernel == 1 else weights  # (ZAYA's cca_time0 may be 1)
         big = np.iinfo(np.int64).max
         terms = []
         for k, weight in enumerate(weights):

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 from edgeprefill.errors import ExportError
 from edgeprefill.export.alibi import slopes as alibi_slopes
 from edgeprefill.export.altup import read_altup
+from edgeprefill.export.cca import read_cca
 from edgeprefill.export.config_values import (
     bfloat16,
     first_present,
@@ -189,7 +190,10 @@ def mixers(raw: dict[str, Any], spec: FamilySpec) -> dict[str, Any]:
     RWKV) and a hybrid's scales: mixer_shapes' readers, each of its family's keys."""
     return {**read_conv(raw, spec), **read_delta(raw, spec), **read_mamba(raw, spec),
             **read_lru(raw, spec), **read_rwkv(raw, spec),
-            "scales": read_hybrid_scales(raw) if spec.block == "hybrid" else None}
+            "scales": read_hybrid_scales(raw) if spec.block == "hybrid" else None,
+            # ZAYA: CCA's convolution widths (cca_time0, cca_time1), router_hidden_size
+            "cca": read_cca(raw) if spec.cca else None,
+            "router_hidden": int(raw["router_hidden_size"]) if spec.cca else 0}
 
 
 def layer_layout(raw: dict[str, Any], spec: FamilySpec, groups: LayerGroups | None,

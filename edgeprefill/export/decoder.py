@@ -38,6 +38,7 @@ from edgeprefill.errors import ExportError
 from edgeprefill.export.altup import AltUp
 from edgeprefill.export.bitlinear import BitWeights
 from edgeprefill.export.causal_conv import CausalConv
+from edgeprefill.export.cca import CcaProjection, qk_normed
 from edgeprefill.export.checkpoint import Checkpoint
 from edgeprefill.export.dynamic_mask import DynamicMask
 from edgeprefill.export.families import TensorNames
@@ -68,6 +69,7 @@ from edgeprefill.export.tokens import PackedTokens, PaddedTokens
 from edgeprefill.export.value_heads import cut_values, pad_values
 from edgeprefill.export.weights import GraphWeights
 from edgeprefill.export.xielu import xielu
+from edgeprefill.export.zaya_router import ZayaRouter
 
 log = logging.getLogger(__name__)
 
@@ -119,7 +121,8 @@ class DecoderBuilder:
             return None
         experts = MixtureOfExperts(self.g, self.w, self.ckpt, cfg.moe, spec.names,
                                    cfg.hidden_size, self.dtype, self._activation)
-        if not self.flavor.moe_op:
+        if not self.flavor.moe_op or cfg.moe.routing == "zaya":
+            # ZAYA's router is its own (zaya_router.py), which the op cannot compute
             return experts
         # A pre-quantized checkpoint's experts are read dequantized (export/prequantized.py):
         # float where only its own int4 layers are int4 (QuantConfig.float_layers False).
@@ -197,6 +200,12 @@ class DecoderBuilder:
                     if conv is not None and cfg.lru_layers else None)
         self.rwkv = (Rwkv(g, self.w, cfg, self.tokens, conv, past_lens, valid_lens, chunk,
                           self._norm) if conv is not None and cfg.rwkv_layers else None)
+        self.cca = (CcaProjection(g, self.w, cfg.cca, cfg.hidden_size, cfg.num_heads,
+                                  cfg.num_kv_heads, cfg.head_dim, self.tokens, conv)
+                    if conv is not None and cfg.cca is not None else None)
+        self.router = (ZayaRouter(g, self.ckpt, cfg.moe.experts, cfg.hidden_size,
+                                  cfg.router_hidden, self.dtype, self._norm)
+                       if cfg.moe is not None and cfg.moe.routing == "zaya" else None)
 
     def _first_residual(self, x: str, ids: str, past_lens: str, chunk: str) -> str:
         """The first layer's input from the tokens' embeddings `x`: scaled, plus the learned
@@ -205,6 +214,9 @@ class DecoderBuilder:
         g, cfg = self.g, self.cfg
         if cfg.embed_scale is not None:  # the tokens' embedding only, not the positions'
             x = g.op("Mul", [x, g.const(cfg.embed_scale, self.dtype)])
+        if cfg.spec.embed_affine:  # ZAYA: (x + bias) * scale, per channel
+            x = self._affine(x, "model.input_hidden_states_bias",
+                             "model.input_hidden_states_scale")
         if self.names.position_embed is not None or cfg.spec.sinusoidal_positions:
             x = g.op("Add", [x, self._position_embedding(past_lens, chunk)])
         if cfg.spec.embed_norm:  # nanochat
@@ -281,9 +293,12 @@ class DecoderBuilder:
         for names, dtype, state in states:
             self.g.output(names.present, dtype, state)
 
-    def _mixer_of(self, layer: int) -> ShortConv | GatedDeltaNet | Mamba1 | Mamba2 | RgLru | Rwkv:
-        """The emitter of a state layer's token mixer."""
-        mixer: ShortConv | GatedDeltaNet | Mamba1 | Mamba2 | RgLru | Rwkv | None = (
+    Mixer = ShortConv | GatedDeltaNet | Mamba1 | Mamba2 | RgLru | Rwkv | CcaProjection
+
+    def _mixer_of(self, layer: int) -> Mixer:
+        """The emitter of a state layer's token mixer (ZAYA's: its attention's states)."""
+        mixer: DecoderBuilder.Mixer | None = (
+            self.cca if layer in self.cfg.cca_layers else
             self.short_conv if layer in self.cfg.conv_layers else
             self.mamba if layer in self.cfg.mamba_layers else
             self.lru if layer in self.cfg.lru_layers else
@@ -317,6 +332,8 @@ class DecoderBuilder:
             return x, self._scaled(self._norm(self._mlp(p, x), p + n.post_mlp_norm))
         if block == "postln":  # OPT-350m, GPT-1: each norm after its residual add
             return self._post_norm_layer(i, x, delta, step, rows), None
+        if block == "scaled":  # ZAYA
+            return self._scaled_layer(i, x, step, rows), None
         if self.shared_block is not None and i in self.cfg.kv_state_layers:  # Zamba2
             x = x if delta is None else self.g.op("Add", [x, delta])
             shared = self.shared_block.apply(i, x, step)
@@ -350,6 +367,31 @@ class DecoderBuilder:
         x, h = self._add_norm(self._residual(p, x, "input_residual"), self._scaled(attn),
                               p + n.post_attn_norm)
         return self._residual(p, x, "post_attention_residual"), self._scaled(self._mlp(p, h))
+
+    def _scaled_layer(self, i: int, x: str, step: StepTensors, rows: Rows) -> str:
+        """ZAYA's layer: a pre-norm block whose two residual adds scale both sides per
+        channel (_scaled_add); its attention is CCA's (export/cca.py), its MLP experts
+        chosen by its own router (export/zaya_router.py)."""
+        n = self.names
+        p = n.layer.format(i=i)
+        attn = self._attention(i, self._norm(x, p + n.input_norm), step, rows)
+        x = self._scaled_add(p + "post_attention_residual_scale.", attn, rows(x))
+        mlp = self._mlp(p, self._norm(x, p + n.post_attn_norm), rows)
+        return self._scaled_add(p + "post_mlp_residual_scale.", mlp, x)
+
+    def _scaled_add(self, m: str, y: str, x: str) -> str:
+        """ZayaResidualScaling `m`: (y + hidden_states_bias) * hidden_states_scale +
+        (x + residual_bias) * residual_scale."""
+        return self.g.op("Add", [
+            self._affine(y, m + "hidden_states_bias", m + "hidden_states_scale"),
+            self._affine(x, m + "residual_bias", m + "residual_scale")])
+
+    def _affine(self, x: str, bias: str, scale: str) -> str:
+        """(x + bias) * scale, each stored [hidden]."""
+        shape = (self.cfg.hidden_size,)
+        self.w.check_shapes([(bias, shape), (scale, shape)], f"hidden {shape[0]}")
+        return self.g.op("Mul", [self.g.op("Add", [x, self.w.tensor(bias)]),
+                                 self.w.tensor(scale)])
 
     def _residual(self, p: str, x: str, name: str) -> str:
         """Doge (FamilySpec.residual_weights): the residual x times the layer's own weight
@@ -503,8 +545,12 @@ class DecoderBuilder:
             return self._output(p, self.shared.attention(q, cfg, layer,
                                                          kv_names(cfg.shared_kv[i])),
                                 cfg.num_heads, cfg.head_dim)
-        q, k, v, gate = self._qkv(p, h, cfg, layer, cfg.k_eq_v and layer.window is None)
-        q, k, v = (t if t is None else self.tokens.spread(t) for t in (q, k, v))
+        if self.cca is not None:  # ZAYA: [B, C, ...] already, and L2-normed
+            q, k, v = self._cca_qkv(p, h, i, cfg)
+            gate = None
+        else:
+            q, k, v, gate = self._qkv(p, h, cfg, layer, cfg.k_eq_v and layer.window is None)
+            q, k, v = (t if t is None else self.tokens.spread(t) for t in (q, k, v))
         if cfg.qk_norm == "head_rotated":
             q, k = self._rotated_head_norms(p, q, k, step, layer)
             layer = replace(layer, rope=None)  # attention takes q and k rotated
@@ -525,6 +571,17 @@ class DecoderBuilder:
         if gate is not None:  # Qwen3.5: the attention's output times sigmoid(gate)
             attn = self.g.op("Mul", [attn, self.g.op("Sigmoid", [rows(gate)])])
         return self._output(p, attn, cfg.num_heads, cfg.v_head_dim or cfg.head_dim)
+
+    def _cca_qkv(self, p: str, h: str, i: int, cfg: ModelConfig) -> tuple[str, str, str]:
+        """ZAYA's q, k and v [B, C, ...] from CCA's projection (export/cca.py), q and k
+        through ZayaQKNorm (the keys times the layer's `temp` per KV head)."""
+        assert self.cca is not None
+        q, k, v = self.cca.qkv(p, h, i, cfg.qkv_bias)
+        temp = p + "self_attn.qk_norm.temp"
+        self.w.check_shapes([(temp, (cfg.num_kv_heads,))], f"{cfg.num_kv_heads} KV heads")
+        return (qk_normed(self.g, q, cfg.num_heads, cfg.head_dim, self.dtype),
+                qk_normed(self.g, k, cfg.num_kv_heads, cfg.head_dim, self.dtype,
+                          self.w.tensor(temp)), v)
 
     def _sinks(self, p: str, cfg: ModelConfig) -> str:
         """gpt-oss: the layer's sink logit per query head, [H]."""
@@ -815,11 +872,16 @@ class DecoderBuilder:
             lambda: (1.0 + self.ckpt.get(stored, np.float32)).astype(self.dtype),
         )
 
-    def _mlp(self, p: str, h: str) -> str:
+    def _mlp(self, p: str, h: str, rows: Rows = _every_token) -> str:
+        """The layer's MLP, or its experts; `rows`: the tokens `h` holds of the layer's
+        input (ZAYA's router carries its state from the layer before, cut to them)."""
         g, n, cfg = self.g, self.names, self.cfg
         if p in self.expert_layers:
             assert self.experts is not None
-            return self.experts.block(p, h)
+            if self.router is None:
+                return self.experts.block(p, h)
+            self.router.keep_rows(rows)
+            return self.experts.routed(p, h, *self.router.route(p, h))
         bias = cfg.mlp_bias
         if not cfg.spec.gated_mlp:
             self.w.check_mlp([p + n.up + ".weight"], p + n.down + ".weight", gated=False)

@@ -33,6 +33,9 @@ Routing, as each family's transformers router computes it (float32 throughout):
                    `topk_group` groups, weighed by their softmax, times
                    `routed_scaling_factor` (DeepSeek-V2's group_limited_greedy; its greedy
                    is one group)
+  zaya             ZAYA's own router (export/zaya_router.py): an MLP over a down-projection
+                   carried across layers, softmax over the experts and a skip expert, the
+                   top 1 of it + `balancing_biases`
 """
 
 from __future__ import annotations
@@ -45,7 +48,7 @@ from edgeprefill.errors import ExportError
 from edgeprefill.export.config_values import given
 
 ROUTINGS = ("softmax", "topk_softmax", "topk_sigmoid", "sigmoid", "softmax_bias",
-            "softmax_group_limited", "sparsemixer")
+            "softmax_group_limited", "sparsemixer", "zaya")
 
 
 @dataclass(frozen=True)

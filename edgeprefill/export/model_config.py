@@ -16,6 +16,7 @@ from edgeprefill.errors import ExportError
 from edgeprefill.export.altup import AltUpConfig
 from edgeprefill.export.bitlinear import BitNetScheme
 from edgeprefill.export.bnb import BnbScheme
+from edgeprefill.export.cca import CcaShape
 from edgeprefill.export.config_checks import check_model_config
 from edgeprefill.export.config_fields import (
     ACTIVATIONS as ACTIVATIONS,  # re-exported: `activation`'s values (tests import it here)
@@ -186,6 +187,12 @@ class ModelConfig:
     # value of ACTIVATIONS); None: no such head.
     head_activation: str | None = None
 
+    # ZAYA: its compressed convolutional attention's convolution widths (export/cca.py;
+    # every layer's, each keeping KV beside two states) and its router's width
+    # (router_hidden_size, export/zaya_router.py); None and 0: none.
+    cca: CcaShape | None = None
+    router_hidden: int = 0
+
     # Doge's dynamic mask (FamilySpec.dynamic_mask): the keys each query keeps at most, its
     # keep_window_size; None: no dynamic mask.
     keep_window: int | None = None
@@ -252,16 +259,24 @@ class ModelConfig:
 
     @property
     def state_layers(self) -> tuple[int, ...]:
-        """The layers without KV, carrying a recurrent state instead."""
+        """The layers without KV, carrying a recurrent state instead (ZAYA's carry both)."""
         return tuple(sorted((*self.conv_layers, *self.delta_layers, *self.mamba_layers,
-                             *self.lru_layers, *self.rwkv_layers)))
+                             *self.lru_layers, *self.rwkv_layers, *self.cca_layers)))
+
+    @property
+    def cca_layers(self) -> tuple[int, ...]:
+        """ZAYA's layers: attention through CCA, its states beside the layer's KV."""
+        return tuple(range(self.num_layers)) if self.cca is not None else ()
 
     @property
     def kv_state_layers(self) -> tuple[int, ...]:
-        """The state layers that keep KV too: Falcon-H1's, attention beside Mamba-2, and
-        Zamba2's hybrid layers, a shared block's attention before Mamba-2."""
+        """The state layers that keep KV too: Falcon-H1's, attention beside Mamba-2,
+        Zamba2's hybrid layers, a shared block's attention before Mamba-2, and ZAYA's,
+        attention through CCA."""
         if self.shared_block is not None:
             return self.shared_block.layers
+        if self.cca is not None:
+            return self.cca_layers
         return self.mamba_layers if self.block == "hybrid" else ()
 
     def block_of(self, layer: int) -> str:
@@ -271,8 +286,8 @@ class ModelConfig:
 
     def state_kinds(self, layer: int) -> tuple[str, ...]:
         """The recurrent states a state layer carries (contract.STATE_KINDS), in order."""
-        if layer in self.delta_layers or layer in self.mamba_layers or layer in self.lru_layers \
-                or layer in self.rwkv_layers:
+        if layer in self.delta_layers or layer in self.mamba_layers or \
+                layer in self.lru_layers or layer in self.rwkv_layers or layer in self.cca_layers:
             return (CONV, RECURRENT)
         return (CONV,) if layer in self.conv_layers else ()
 

@@ -33,7 +33,7 @@ def _weights(cfg: ModelConfig) -> list[str]:
 
 def _mixers(cfg: ModelConfig) -> list[str]:
     """The layers other than attention (short convolutions, Gated DeltaNet or Kimi's KDA,
-    Mamba, RWKV) and the experts."""
+    Mamba, RWKV), ZAYA's CCA states and the experts."""
     out = []
     if cfg.conv_layers:
         out.append(f"{len(cfg.conv_layers)} of {cfg.num_layers} layers gated short "
@@ -46,6 +46,10 @@ def _mixers(cfg: ModelConfig) -> list[str]:
         out.append(cfg.moe.describe(cfg.num_layers))
     if cfg.nas is not None:
         out.append(cfg.nas.describe())
+    if cfg.cca is not None:
+        out.append(f"q/k convolved over {cfg.cca.width + 1} tokens (cca_time0 "
+                   f"{cfg.cca.depthwise}, cca_time1 {cfg.cca.grouped}): a conv and a "
+                   "delayed-value state per sequence beside each layer's KV")
     if cfg.mamba_layers:
         kind = "Mamba-1" if cfg.selective is not None else "Mamba-2"
         out.append(f"{len(cfg.mamba_layers)} of {cfg.num_layers} layers {kind} "

@@ -56,6 +56,15 @@ class MixtureOfExperts:
         out = self._with_shared(p, x, self._dispatch(p, x, chosen, weights))
         return g.op("Reshape", [out, g.op("Shape", [h])])
 
+    def routed(self, p: str, h: str, chosen: str, weights: str) -> str:
+        """The block's output for h [..., H], shaped as h, whose N tokens chose `chosen`
+        [N, k] (int64) with `weights` [N, k] (model dtype) by a router the block does not
+        compute (ZAYA's, export/zaya_router.py)."""
+        g = self.g
+        x = g.op("Reshape", [h, g.const([-1, self.hidden])])  # [N, H]
+        out = self._with_shared(p, x, self._dispatch(p, x, chosen, weights))
+        return g.op("Reshape", [out, g.op("Shape", [h])])
+
     def _with_shared(self, p: str, x: str, routed: str) -> str:
         """The routed experts' output [N, H] with the shared expert's of x added, where the
         family has one; halved where it averages the two (Cohere 2 MoE)."""

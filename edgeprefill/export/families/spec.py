@@ -117,7 +117,10 @@ NORMS = ("rms", "rms_plus_one", "layer", "layer_no_bias", "layer_plus_one", "lay
 #   altup      Gemma 3n: the sandwich on AltUp's active stream, with LAuReL (altup.py)
 #   rwkv       x += time_mix(n1(x)); x += channel_mix(n2(x)), both reading the token before
 #              (RWKV-4: rwkv.py)
-BLOCKS = ("pre", "sandwich", "post", "parallel", "shared", "hybrid", "altup", "postln", "rwkv")
+#   scaled     x = s1(attn(n1(x)), x); x = s2(mlp(n2(x)), x), each add s(y, x) =
+#              (y + b) * a + (x + c) * d per channel, the layer's own (ZAYA)
+BLOCKS = ("pre", "sandwich", "post", "parallel", "shared", "hybrid", "altup", "postln",
+          "rwkv", "scaled")
 
 
 @dataclass(frozen=True)
@@ -423,6 +426,14 @@ class FamilySpec:
     # read decides it (Baichuan 2's NormHead): export writes the rows normalized
     # (decoder._lm_head), in float32.
     head_normalized: Callable[[dict[str, Any]], bool] | None = None
+
+    # ZAYA's compressed convolutional attention (export/cca.py): q/k/v from its
+    # projection with a convolution over time and a delayed value, two states beside each
+    # layer's KV, and its L2 q/k norm with a learned key scale; every layer is one.
+    cca: bool = False
+    # Whether the embedding is (embedding + bias) * scale per channel before the first
+    # layer (ZAYA's input_hidden_states_bias and input_hidden_states_scale).
+    embed_affine: bool = False
 
     # Doge's dynamic mask attention (export/dynamic_mask.py): each key's bias per KV head
     # from its values (self_attn.dt_proj, self_attn.A) added to the scores, each query's
