@@ -43,6 +43,7 @@ from edgeprefill.export.families import (
     openelm,
     recurrent,
     rwkv,
+    sparse_attention,
     zaya,
 )
 from edgeprefill.export.families.spec import BLOCKS, NORMS, FamilySpec, TensorNames
@@ -53,10 +54,6 @@ __all__ = ["BLOCKS", "FAMILIES", "NORMS", "REFUSED_TYPES", "FamilySpec", "Tensor
 
 # model_types close to a supported family that export refuses -> why, in words.
 REFUSED_TYPES: dict[str, str] = {
-    "deepseek_v32": "DeepSeek-V3.2's sparse attention (an indexer choosing each query's "
-                    "keys) is not supported",
-    "glm_moe_dsa": "GLM-5's DeepSeek sparse attention (an indexer choosing each query's keys) "
-                   "is not supported",
     "axk1": "A.X K1's RMSNorm after the experts (post_mlp_layernorm) is not supported",
     "minimax": "MiniMax's lightning attention layers (linear attention with a decay per head) "
                "are not supported",
@@ -205,6 +202,7 @@ _TEXT: dict[str, FamilySpec] = _merged(
     moe_top_k.FAMILIES,
     moe_sigmoid.FAMILIES,
     latent.FAMILIES,
+    sparse_attention.FAMILIES,
     recurrent.FAMILIES,
     rwkv.FAMILIES,
     kda.FAMILIES,

@@ -392,6 +392,10 @@ class FamilySpec:
     # cache holds each token's latent and rotated key part, one KV head of
     # qk_rope_head_dim + kv_lora_rank.
     latent: bool = False
+    # DeepSeek Sparse Attention (export/sparse_index.py): a lightning indexer in front of the
+    # latent attention, its rotary on "halves" (DeepSeek-V3.2) or "interleaved" pairs
+    # (GLM-5); None: none.
+    sparse_index: str | None = None
     # Whether the family's model reads a BitNet quantization_config (export/bitlinear.py):
     # its projections then BitLinear layers, the activations fake-quantized to int8.
     bitnet: bool = False

@@ -1,0 +1,71 @@
+"""Families with DeepSeek Sparse Attention (export/sparse_index.py): DeepSeek-V3's latent
+attention with a lightning indexer choosing each query's keys. DeepSeek-V3.2, GLM-5.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from edgeprefill.export.experts import sparse_mlp_layers
+from edgeprefill.export.families.latent import DEEPSEEK_V3, MLA_QUIRKS
+from edgeprefill.export.families.moe_sigmoid import DEEPSEEK_MOE, shared_experts
+from edgeprefill.export.rope import rope_params
+from edgeprefill.export.sparse_index import glm_indexer_types
+
+
+def _dsa_refused(raw: dict[str, Any]) -> str | None:
+    # AXK1Attention (which DSA's attention extends) always has q_a_proj, and its rotary
+    # covers exactly qk_rope_head_dim; it rotates interleaved pairs whatever
+    # rope_interleave says (DeepseekV32Config drops the key).
+    if raw.get("q_lora_rank") is None and "q_lora_rank" in raw:
+        return "q_lora_rank null (one dense query projection) is not supported"
+    factor = rope_params(raw).get("partial_rotary_factor", raw.get("partial_rotary_factor"))
+    if factor is not None and float(factor) != 1.0:
+        return "partial_rotary_factor other than 1 is not supported"
+    return None
+
+
+def _dsa_config(raw: dict[str, Any]) -> dict[str, Any]:
+    """DeepseekV32Config: layer_types all "indexed_attention" (what it derives: every layer
+    DSA's) read as the layers themselves; shared experts as DeepSeek-V3's."""
+    kinds = raw.get("layer_types")
+    if kinds is not None and set(kinds) <= {"indexed_attention"}:
+        raw = {k: v for k, v in raw.items() if k != "layer_types"}
+    return shared_experts("n_shared_experts")(raw)
+
+
+DSA_QUIRKS = (*MLA_QUIRKS, "interleaved rotary",
+              "DeepSeek sparse attention (a lightning indexer keeps each query's index_topk "
+              "keys; its key cached beside the latent)")
+
+# DeepSeek-V3.2(-Exp): DeepSeek-V3 with DSA on every layer, experts where mlp_layer_types
+# says "sparse" (by default after first_k_dense_replace dense layers); its indexer rotates
+# halves. The multi-token-prediction layer is left out.
+DEEPSEEK_V32 = replace(
+    DEEPSEEK_V3, sparse_index="halves", refuse=_dsa_refused, legacy=_dsa_config,
+    moe=replace(DEEPSEEK_MOE, layers=sparse_mlp_layers),
+    defaults={**DEEPSEEK_V3.defaults, "max_position_embeddings": 163840, "index_topk": 2048,
+              "index_head_dim": 128, "index_n_heads": 64},
+    quirks=DSA_QUIRKS,
+)
+
+
+def _glm_moe_dsa_config(raw: dict[str, Any]) -> dict[str, Any]:
+    """GlmMoeDsaConfig: indexer_types from its pattern keys (sparse_index.glm_indexer_types)."""
+    return _dsa_config(glm_indexer_types(raw))
+
+
+# GLM-5 (glm_moe_dsa): DeepSeek-V3.2 under GLM-5's defaults, its indexer rotating
+# interleaved pairs, and "shared" layers (indexer_types) that reuse the previous full
+# layer's selection (they cache zeros in the index key's columns).
+GLM_MOE_DSA = replace(
+    DEEPSEEK_V32, sparse_index="interleaved", legacy=_glm_moe_dsa_config,
+    defaults={**DEEPSEEK_V32.defaults, "vocab_size": 154880, "hidden_size": 6144,
+              "intermediate_size": 12288, "num_hidden_layers": 78,
+              "num_attention_heads": 64, "q_lora_rank": 2048, "v_head_dim": 256,
+              "qk_nope_head_dim": 192, "n_group": 1, "topk_group": 1,
+              "max_position_embeddings": 202752, "rms_norm_eps": 1e-5, "index_n_heads": 32},
+)
+
+FAMILIES = {"deepseek_v32": DEEPSEEK_V32, "glm_moe_dsa": GLM_MOE_DSA}
