@@ -161,10 +161,14 @@ def test_the_cache_holds_the_index_key_beside_the_latent_only_past_index_topk(
     more keys than a query keeps) caches [k_pe | latent] as DeepSeek-V3 does and has no
     indexer at all, and computes transformers' logits."""
     def shape(path: Path) -> tuple[int, int]:
-        model = json.loads((path / MANIFEST_FILE).read_text())["model"]
+        manifest = json.loads((path / MANIFEST_FILE).read_text())
         top_ks = sum(n.op_type == "TopK" for n in onnx.load(
             str(path / "model.onnx"), load_external_data=False).graph.node)
-        return model["head_dim"], top_ks
+        head_dim = manifest["model"]["head_dim"]
+        index = " + index key 32" if head_dim == 80 else ""
+        assert f"KV cache: one head of {head_dim} per token and layer (rotated key part 16 " \
+            f"+ latent 32{index})" in manifest["source"]["quirks"]  # what inspect shows
+        return head_dim, top_ks
 
     export(sparse("deepseek_v32"), tmp_path / "b", ExportOptions(
         flavor="standard", chunks=(4,), max_context=TOPK, show_progress=False))

@@ -35,10 +35,6 @@ def _dsa_config(raw: dict[str, Any]) -> dict[str, Any]:
     return shared_experts("n_shared_experts")(raw)
 
 
-DSA_QUIRKS = (*MLA_QUIRKS, "interleaved rotary",
-              "DeepSeek sparse attention (a lightning indexer keeps each query's index_topk "
-              "keys; its key cached beside the latent)")
-
 # DeepSeek-V3.2(-Exp): DeepSeek-V3 with DSA on every layer, experts where mlp_layer_types
 # says "sparse" (by default after first_k_dense_replace dense layers); its indexer rotates
 # halves. The multi-token-prediction layer is left out.
@@ -47,7 +43,7 @@ DEEPSEEK_V32 = replace(
     moe=replace(DEEPSEEK_MOE, layers=sparse_mlp_layers),
     defaults={**DEEPSEEK_V3.defaults, "max_position_embeddings": 163840, "index_topk": 2048,
               "index_head_dim": 128, "index_n_heads": 64},
-    quirks=DSA_QUIRKS,
+    quirks=(*MLA_QUIRKS, "interleaved rotary"),  # the indexer's: model_quirks
 )
 
 
