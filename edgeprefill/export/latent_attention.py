@@ -22,7 +22,9 @@ the runtime binds one buffer as the layer's key and value caches (engines/ort/va
 The scale is transformers': qk_head_dim^-0.5, times yarn's mscale^2 where the rope has
 mscale_all_dim (ModelConfig.attn_scale). Kimi Linear's MLA rotates nothing (its layers'
 rope is None: k_pe is cached as projected); Bailing hybrid's gates each head's value
-output by sigmoid(g_proj(x)) before o_proj (FamilySpec.latent_head_gate).
+output by sigmoid(g_proj(x)) before o_proj (FamilySpec.latent_head_gate). DeepSeek sparse
+attention (DeepSeek-V3.2, GLM-5: export/sparse_index.py) caches its index key as more
+columns of the head, [k_pe | c | index_k], where the queries are zero.
 """
 
 from __future__ import annotations
@@ -194,7 +196,8 @@ class LatentAttention:
         return g.op("Reshape", [both, self._leading(q, heads * s.cache_dim)]), q_resid
 
     def _values(self, p: str, out: str) -> str:
-        """attention's output [.., H * (r + L)] -> each head's value output [.., H * v]."""
+        """attention's output [.., H * cache_dim] -> each head's value output [.., H * v]
+        (its latent columns: any index key's are dropped)."""
         g, s, heads = self.b.g, self.shape, self.b.cfg.num_heads
         per_head = g.op("Reshape", [out, g.const([-1, heads, s.cache_dim])])
         latent = g.op("Slice", [per_head, g.const([s.rope_dim]), g.const([s.index_start]),
