@@ -221,16 +221,16 @@ def test_a_kv_b_proj_of_another_shape_is_refused_in_one_line(hf_model, tmp_path)
         export(tmp_path / "hf", tmp_path / "b", ExportOptions(show_progress=False))
 
 
-def dequantized_int4_but_kv_b(model, block: int = 32, keep: str | None = None) -> None:
+def dequantized_int4_but_kv_b(model, block: int = 32, keep: tuple[str, ...] = ()) -> None:
     """The projections an int4 bundle quantizes (DeepSeek-V2's experts included), as it
     stores them; kv_b_proj, which the bundle folds into W_UK and W_UV, the router and any
-    parameter whose name holds `keep` stay float there and here."""
+    parameter whose name holds a part of `keep` stay float there and here."""
     with torch.no_grad():
         dequantize_embeddings(model, "int4", block)
         for name, param in model.named_parameters():
             if param.dim() != 2 and "experts" not in name or "embed" in name or \
                     "kv_b_proj" in name or name.endswith("mlp.gate.weight") or \
-                    (keep is not None and keep in name):
+                    any(part in name for part in keep):
                 continue
             flat = param.reshape(-1, param.shape[-1]).numpy()
             param.copy_(torch.from_numpy(int4_dequantize(

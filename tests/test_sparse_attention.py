@@ -36,7 +36,7 @@ from tests.test_mla import dequantized_int4_but_kv_b
 from tests.test_openelm import check_chunks_and_padding, run_chunks
 
 TOPK = 8
-DSA_FAMILIES = ("deepseek_v32", "glm_moe_dsa")
+DSA_FAMILIES = ("deepseek_v32", "glm_moe_dsa", "axk2")
 # Shaped as deepseek-ai/DeepSeek-V3.2-Exp's config.json (its keys transformers ignores
 # left out): DeepSeek-V3's yarn, rope_interleave true, an indexer of 64 heads of 128.
 DEEPSEEK_V32_EXP = {
@@ -51,6 +51,9 @@ DEEPSEEK_V32_EXP = {
 # first three layers, then every fourth
 GLM_5 = {"model_type": "glm_moe_dsa", "index_topk_freq": 4, "index_skip_topk_offset": 3,
          "rope_theta": 1000000.0}
+
+# AXK2Config's defaults (A.X K2's shape): no expert groups, experts after the first layer
+A_X_K2 = {"model_type": "axk2", "rope_theta": 10000.0}
 
 
 def hf_logits(model, ids: list[int]) -> np.ndarray:
@@ -183,15 +186,18 @@ def test_the_cache_holds_the_index_key_beside_the_latent_only_past_index_topk(
                                               ids)[[3, 7]], rtol=1e-4, atol=1e-4)
 
 
-def test_int4_computes_transformers_forward_with_dequantized_weights(sparse, tmp_path):
-    """Every projection quantized by blocks but kv_b_proj, the routers and the indexer,
-    which stays float (it picks the keys): the bundle computes what transformers does with
-    the others dequantized."""
-    export(sparse("deepseek_v32"), tmp_path / "b", ExportOptions(
+@pytest.mark.parametrize("family", ("deepseek_v32", "axk2"))
+def test_int4_computes_transformers_forward_with_dequantized_weights(family, sparse,
+                                                                     tmp_path):
+    """Every projection quantized by blocks but kv_b_proj, the routers, the indexer, which
+    stays float (it picks the keys), and A.X K2's q_gate_proj (stored split per head): the
+    bundle computes what transformers does with the others dequantized (A.X K2's norm
+    gates among them)."""
+    export(sparse(family), tmp_path / "b", ExportOptions(
         chunks=(16,), max_context=64, show_progress=False,
         quant=QuantConfig("int4", accuracy_level=0)))
-    model = load_hf_model(sparse("deepseek_v32"))
-    dequantized_int4_but_kv_b(model, keep="indexer")
+    model = load_hf_model(sparse(family))
+    dequantized_int4_but_kv_b(model, keep=("indexer", "q_gate_proj"))
     ids = prompt_ids(40)
     engine = Engine.load(tmp_path / "b", threads=2, background=False)
     got = run_chunks(engine, ids, 16)
@@ -229,7 +235,7 @@ def test_the_native_kernels_leave_the_selection_to_onnx_runtime(sparse_bundle):
     assert graph.add_native_attention(model) == 0
 
 
-@pytest.mark.parametrize("raw", (DEEPSEEK_V32_EXP, GLM_5), ids=DSA_FAMILIES)
+@pytest.mark.parametrize("raw", (DEEPSEEK_V32_EXP, GLM_5, A_X_K2), ids=DSA_FAMILIES)
 def test_a_hub_config_reads_as_transformers_builds_its_indexer(raw):
     ours = ModelConfig.from_hf(raw)
     config = transformers.AutoConfig.for_model(**raw)

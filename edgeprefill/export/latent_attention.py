@@ -126,7 +126,7 @@ class LatentAttention:
         """h [B,C,hidden] or packed [1,T,hidden] -> [.., H * v_dim] (rows of the tokens)."""
         b, g, cfg = self.b, self.b.g, self.b.cfg
         n = cfg.names
-        q, q_resid = self._absorbed_query(p, h)
+        q, q_resid, gate = self._absorbed_query(p, h)
         scale = b.layer_query_scale(layer)
         if scale is not None:  # Mistral 4: per position, linear in q, so as after rotary
             q = g.op("Mul", [q, scale])
@@ -153,7 +153,17 @@ class LatentAttention:
         values = self._values(p, out)
         if cfg.spec.latent_head_gate:  # Bailing: each head's values times its gate
             values = self._head_gated(p, rows(h), values)
+        if gate is not None:  # A.X K2: each value channel times its gate's sigmoid
+            values = g.op("Mul", [values, self._sigmoid32(rows(gate))])
         return values
+
+    def _sigmoid32(self, x: str) -> str:
+        """sigmoid(x) computed in float32, cast back to the graph's dtype."""
+        g, dtype = self.b.g, self.b.dtype
+        if dtype == np.float32:
+            return g.op("Sigmoid", [x])
+        return g.op("Cast", [g.op("Sigmoid", [g.op("Cast", [x], to=1)])],
+                    to=int(np_dtype_to_tensor_dtype(dtype)))
 
     def _head_gated(self, p: str, h: str, values: str) -> str:
         """values [.., H * v] times sigmoid(g_proj(h)) per head, the sigmoid in float32 and
@@ -161,28 +171,27 @@ class LatentAttention:
         b, g, s, heads = self.b, self.b.g, self.shape, self.b.cfg.num_heads
         name = p + b.cfg.names.head_gate[0] + ".weight"
         self._check(name, (heads, b.cfg.hidden_size))
-        gate = b.w.linear(h, [name], None)
-        if b.dtype != np.float32:
-            gate = g.op("Cast", [g.op("Sigmoid", [g.op("Cast", [gate], to=1)])],
-                        to=int(np_dtype_to_tensor_dtype(b.dtype)))
-        else:
-            gate = g.op("Sigmoid", [gate])
+        gate = self._sigmoid32(b.w.linear(h, [name], None))
         per_head = g.op("Reshape", [values, g.const([0, 0, heads, s.v_dim])])
         gated = g.op("Mul", [per_head, g.op("Unsqueeze", [gate, g.const([-1])])])
         return g.op("Reshape", [gated, g.const([0, 0, heads * s.v_dim])])
 
-    def _absorbed_query(self, p: str, h: str) -> tuple[str, str]:
+    def _absorbed_query(self, p: str, h: str) -> tuple[str, str, str | None]:
         """([.., H * cache_dim]: each head's q_pe, then its q_nope through W_UK, then zeros
         in any index key's columns; q_resid, the normed q_a_proj (h where q_proj is one
-        dense projection))."""
+        dense projection); A.X K2's value gate [.., H * v] before its sigmoid, else None)."""
         b, g, s, heads = self.b, self.b.g, self.shape, self.b.cfg.num_heads
         n = b.cfg.names
-        last = p + (n.q if s.q_lora_rank is None else n.q_b) + ".weight"
-        self._check(last, (heads * s.qk_dim, s.q_lora_rank or b.cfg.hidden_size))
-        q_resid = h
-        if s.q_lora_rank is None:
+        q_resid, gate = h, None
+        if b.cfg.spec.latent_query_gate:
+            q, q_resid, gate = self._gated_query(p, h)
+        elif s.q_lora_rank is None:
+            last = p + n.q + ".weight"
+            self._check(last, (heads * s.qk_dim, b.cfg.hidden_size))
             q = b.w.linear(h, [last], None)
         else:
+            last = p + n.q_b + ".weight"
+            self._check(last, (heads * s.qk_dim, s.q_lora_rank))
             q = b.w.linear(h, [p + n.q_a + ".weight"],
                            p + n.q_a + ".bias" if b.cfg.qkv_bias else None)
             q_resid = self.norms.rms_norm(g, q, b.w.tensor(p + n.q_a_norm + ".weight"))
@@ -193,7 +202,34 @@ class LatentAttention:
         both = g.op("Concat", [pe, absorbed], axis=-1)
         if s.index_dim:  # zero against the index key: the scores stay the MLA's
             both = g.op("Pad", [both, g.const([0, 0, 0, 0, 0, s.index_dim])])
-        return g.op("Reshape", [both, self._leading(q, heads * s.cache_dim)]), q_resid
+        return g.op("Reshape", [both, self._leading(q, heads * s.cache_dim)]), q_resid, gate
+
+    def _gated_query(self, p: str, h: str) -> tuple[str, str, str]:
+        """A.X K2 (FamilySpec.latent_query_gate): q_gate_proj of [q_resid | q_a_proj(h)]
+        as the query [.., H * (nope + r)] and the value gate [.., H * v], with q_resid.
+        q_gate_proj's rows interleave the two per head, so each part is stored apart,
+        float in quantized bundles."""
+        b, g, s, heads = self.b, self.b.g, self.shape, self.b.cfg.num_heads
+        n = b.cfg.names
+        assert s.q_lora_rank is not None  # the family's refusal
+        compressed = b.w.linear(h, [p + n.q_a + ".weight"],
+                                p + n.q_a + ".bias" if b.cfg.qkv_bias else None)
+        q_resid = self.norms.rms_norm(g, compressed, b.w.tensor(p + n.q_a_norm + ".weight"))
+        x = g.op("Concat", [q_resid, compressed], axis=-1)
+        name = p + "self_attn.q_gate_proj.weight"
+        self._check(name, (heads * (s.qk_dim + s.v_dim), 2 * s.q_lora_rank))
+
+        def part(start: int, width: int) -> str:
+            def produce() -> np.ndarray:
+                w = b.ckpt.get(name, np.float32).reshape(heads, s.qk_dim + s.v_dim, -1)
+                rows = w[:, start:start + width].reshape(heads * width, -1)
+                return np.ascontiguousarray(rows.T).astype(b.dtype)
+
+            weight = g.weight(f"{name}.{start}", (2 * s.q_lora_rank, heads * width), b.dtype,
+                              produce)
+            return g.op("MatMul", [x, weight])
+
+        return part(0, s.qk_dim), q_resid, part(s.qk_dim, s.v_dim)
 
     def _values(self, p: str, out: str) -> str:
         """attention's output [.., H * cache_dim] -> each head's value output [.., H * v]

@@ -100,8 +100,6 @@ REFUSED_TYPES: dict[str, str] = {
                 "layer stacks) and prefix-LM attention are not supported",
     "blt": "BLT's byte-level patching (local byte encoder and decoder around a global "
            "patch transformer) is not supported",
-    "axk2": "A.X K2's DeepSeek sparse attention (an indexer choosing each query's keys) is "
-            "not supported",
     "deepseek_v4": "DeepSeek-V4's compressed sparse attention and hyper-connections are not "
                    "supported",
     "hy_v4": "Hy4's DeepSeek sparse attention (an indexer choosing each query's keys) and "

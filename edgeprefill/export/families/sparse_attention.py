@@ -1,5 +1,6 @@
 """Families with DeepSeek Sparse Attention (export/sparse_index.py): DeepSeek-V3's latent
-attention with a lightning indexer choosing each query's keys. DeepSeek-V3.2, GLM-5.
+attention with a lightning indexer choosing each query's keys. DeepSeek-V3.2, GLM-5,
+A.X K2.
 """
 
 from __future__ import annotations
@@ -64,4 +65,47 @@ GLM_MOE_DSA = replace(
               "max_position_embeddings": 202752, "rms_norm_eps": 1e-5, "index_n_heads": 32},
 )
 
-FAMILIES = {"deepseek_v32": DEEPSEEK_V32, "glm_moe_dsa": GLM_MOE_DSA}
+
+
+def _axk2_config(raw: dict[str, Any]) -> dict[str, Any]:
+    """AXK2Config: mlp_layer_types "sparse" from first_k_dense_replace (1) on every
+    moe_layer_freq-th layer where absent; no groups (n_group null) routes as one group."""
+    if raw.get("mlp_layer_types") is None:
+        first = int(raw.get("first_k_dense_replace", 1))
+        freq = int(raw.get("moe_layer_freq", 1))
+        raw = {**raw, "mlp_layer_types": [
+            "sparse" if i >= first and i % freq == 0 else "dense"
+            for i in range(int(raw["num_hidden_layers"]))]}
+    if raw.get("n_group") is None and raw.get("topk_group") is None:
+        raw = {**raw, "n_group": 1, "topk_group": 1}
+    return _dsa_config(raw)
+
+
+def _axk2_refused(raw: dict[str, Any]) -> str | None:
+    if (raw.get("n_group") is None) != (raw.get("topk_group") is None):
+        return "n_group and topk_group must be given together"
+    return _dsa_refused(raw)
+
+
+# A.X K2 (axk2): DeepSeek-V3.2 with gated RMSNorms (each input norm, and the norm before
+# the experts, times sigmoid of a rank-gated_norm_rank MLP of its output), its query fused
+# with a gate per value channel (q_gate_proj of [q_resid | q_a_proj's output]), and
+# DeepSeek-V3's experts without groups by default.
+AXK2 = replace(
+    DEEPSEEK_V32, legacy=_axk2_config, refuse=_axk2_refused, gated_norms=True,
+    latent_query_gate=True,
+    # the Hub's names (and transformers' on save) read as transformers renames them on load
+    segment_renames=((".W_down.", ".mlp.fc1."), (".W_up.", ".mlp.fc2."),
+                     (".self_attn.q_b_proj.", ".self_attn.q_gate_proj.")),
+    defaults={**DEEPSEEK_V32.defaults, "vocab_size": 163840, "hidden_size": 2048,
+              "intermediate_size": 5120, "moe_intermediate_size": 512,
+              "num_hidden_layers": 48, "num_attention_heads": 32, "n_routed_experts": 128,
+              "kv_lora_rank": 128, "q_lora_rank": 384, "qk_rope_head_dim": 32,
+              "v_head_dim": 64, "qk_nope_head_dim": 64, "num_experts_per_tok": 8,
+              "max_position_embeddings": 131072, "index_n_heads": 16,
+              "first_k_dense_replace": 1, "n_group": None, "topk_group": None},
+    quirks=(*MLA_QUIRKS, "interleaved rotary", "gated RMSNorms (a low-rank sigmoid gate)",
+            "a sigmoid gate per attention value channel"),
+)
+
+FAMILIES = {"deepseek_v32": DEEPSEEK_V32, "glm_moe_dsa": GLM_MOE_DSA, "axk2": AXK2}
