@@ -1,6 +1,7 @@
 """DeepSeek Sparse Attention (export/sparse_index.py, families/sparse_attention.py):
-DeepSeek-V3.2 and GLM-5, DeepSeek-V3's latent attention behind a lightning indexer that
-keeps each query's index_topk keys. Their conftest fixtures (index_topk past the bundles'
+DeepSeek-V3.2, GLM-5 and A.X K2 (gated norms, a gated query), DeepSeek-V3's latent
+attention behind a lightning indexer that keeps each query's index_topk keys. Their
+conftest fixtures (index_topk past the bundles'
 context: dense MLA exactly, no indexer) run in the generic suites. Here, with index_topk 8
 so that the selection bites from the ninth key on: chunks of 1 (decode steps), 3 and 16
 and a padded chunk, rows of other lengths in one call, GLM-5's shared layers, int4 and
