@@ -79,10 +79,10 @@ REFUSED_TYPES: dict[str, str] = {
     "diffllama": "DiffLlama's differential attention (two softmaxes subtracted with a "
                  "learned lambda) is not supported",
     # transformers 5.24's newer causal LMs that need a new state, attention or structure
-    "dots3_note_text": "dots.3's DeepSeek sparse attention (an indexer choosing each query's "
-                       "keys) is not supported",
-    "dots3_note": "dots.3's DeepSeek sparse attention (an indexer choosing each query's keys) "
-                  "is not supported",
+    "dots3_note_text": "dots.3's sliding-window layers of their own latent attention sizes "
+                       "beside its sparse attention are not supported",
+    "dots3_note": "dots.3's sliding-window layers of their own latent attention sizes beside "
+                  "its sparse attention are not supported",
     "inkling_text": "Inkling's relative-position attention logits (a learned bias per distance "
                     "from each token's state) are not supported",
     "inkling2_text": "Inkling 2's relative-position attention logits and dynamic short "
@@ -109,8 +109,10 @@ REFUSED_TYPES: dict[str, str] = {
     # image-text checkpoints whose language model is none export supports
     "minimax_m3_vl": "MiniMax-M3-VL's language model (minimax_m3_vl_text) uses sparse "
                      "attention (an indexer choosing each query's keys), which is not supported",
-    "mistral_large4": "Mistral Large 4's DeepSeek sparse attention (an indexer choosing each "
-                      "query's keys) and position-scaled queries are not supported",
+    "mistral_large4": "Mistral Large 4's learned rope scaling (LeRoPE), learned position "
+                      "scaling of its sparse attention's queries, NoPE layers of another "
+                      "latent width and layers reading another's latent cache are not "
+                      "supported",
     "molmo2": "Molmo2's language model (molmo2_text: the Hub's fused projections and extra "
               "vocabulary table, per-layer rope scaling) is not supported",
     "muse_glimmer": "Muse Glimmer's language model (normed embeddings, scaled weightless q/k "
