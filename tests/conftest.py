@@ -478,6 +478,32 @@ FAMILIES: dict[str, dict] = {
                       "n_routed_experts": 12, "n_group": 4, "topk_group": 3,
                       "num_experts_per_tok": 3, "moe_intermediate_size": 32,
                       "n_shared_experts": 1, "routed_scaling_factor": 1.8},
+    # DeepSeek-V3.2: GLM-4.7-Flash's MLA fixture with DSA's indexer on every layer. Its
+    # index_topk is past the bundles' context (dense MLA exactly, no indexer in the bundle);
+    # test_sparse_attention exports it with index_topk 8.
+    "deepseek_v32": {"num_hidden_layers": 3, "num_key_value_heads": 4, "q_lora_rank": 32,
+                     "kv_lora_rank": 32, "qk_nope_head_dim": 16, "qk_rope_head_dim": 16,
+                     "v_head_dim": 24, "first_k_dense_replace": 1, "n_routed_experts": 12,
+                     "n_group": 4, "topk_group": 3, "num_experts_per_tok": 3,
+                     "moe_intermediate_size": 32, "n_shared_experts": 1,
+                     "index_topk": 2048, "index_head_dim": 32, "index_n_heads": 16},
+    # GLM-5: the same under GLM-5's interleaved indexer rotary, its second and fourth layers
+    # reusing the first and third's selection
+    "glm_moe_dsa": {"num_hidden_layers": 4, "num_key_value_heads": 4, "q_lora_rank": 32,
+                    "kv_lora_rank": 32, "qk_nope_head_dim": 16, "qk_rope_head_dim": 16,
+                    "v_head_dim": 24, "first_k_dense_replace": 1, "n_routed_experts": 12,
+                    "n_group": 4, "topk_group": 3, "num_experts_per_tok": 3,
+                    "moe_intermediate_size": 32, "n_shared_experts": 1,
+                    "index_topk": 2048, "index_head_dim": 32, "index_n_heads": 16,
+                    "indexer_types": ["full", "shared", "full", "shared"]},
+    # A.X K2: the DeepSeek-V3.2 fixture with gated norms and a gated query, its experts
+    # ungrouped on every other layer after the first
+    "axk2": {"num_hidden_layers": 4, "num_key_value_heads": 4, "q_lora_rank": 32,
+             "kv_lora_rank": 32, "qk_nope_head_dim": 16, "qk_rope_head_dim": 16,
+             "v_head_dim": 24, "first_k_dense_replace": 1, "moe_layer_freq": 2,
+             "n_routed_experts": 12, "num_experts_per_tok": 3, "moe_intermediate_size": 32,
+             "n_shared_experts": 1, "index_topk": 2048, "index_head_dim": 32,
+             "index_n_heads": 16, "gated_norm_rank": 8},
     # Gemma 3n (GEMMA3N), and Gemma3nForConditionalGeneration's language model, tied as
     # the Hub's are (written by hand: image_text_gemma3n)
     "gemma3n_text": GEMMA3N,

@@ -123,12 +123,14 @@ def test_the_native_kernels_leave_alibi_attention_to_onnx_runtime(family, bundle
     nodes = [n for n in model.graph.node if n.op_type == "GroupQueryAttention"]
     assert len(nodes) == 2 and all(len(n.input) == 11 and n.input[10] for n in nodes)
     assert [graph.why_not_eligible(n) for n in nodes] == [
-        "an attention_bias input (ALiBi, Doge's dynamic mask)"] * 2
+        "an attention_bias input (ALiBi, Doge's dynamic mask, DeepSeek sparse "
+        "attention)"] * 2
     monkeypatch.setattr(select, "why_not", lambda *args: None)  # as if the library ran here
     choice = select.choose(model, "ort", "float32", "cpu")
     assert choice.library is None
     assert choice.described == (f"GroupQueryAttention ({select.NO_ATTENTION}: "
-                                "an attention_bias input (ALiBi, Doge's dynamic mask))")
+                                "an attention_bias input (ALiBi, Doge's dynamic mask, "
+                                "DeepSeek sparse attention))")
     assert graph.add_native_attention(model) == 0
 
 

@@ -221,15 +221,16 @@ def test_a_kv_b_proj_of_another_shape_is_refused_in_one_line(hf_model, tmp_path)
         export(tmp_path / "hf", tmp_path / "b", ExportOptions(show_progress=False))
 
 
-def dequantized_int4_but_kv_b(model, block: int = 32) -> None:
+def dequantized_int4_but_kv_b(model, block: int = 32, keep: tuple[str, ...] = ()) -> None:
     """The projections an int4 bundle quantizes (DeepSeek-V2's experts included), as it
-    stores them; kv_b_proj, which the bundle folds into W_UK and W_UV, and the router stay
-    float there and here."""
+    stores them; kv_b_proj, which the bundle folds into W_UK and W_UV, the router and any
+    parameter whose name holds a part of `keep` stay float there and here."""
     with torch.no_grad():
         dequantize_embeddings(model, "int4", block)
         for name, param in model.named_parameters():
             if param.dim() != 2 and "experts" not in name or "embed" in name or \
-                    "kv_b_proj" in name or name.endswith("mlp.gate.weight"):
+                    "kv_b_proj" in name or name.endswith("mlp.gate.weight") or \
+                    any(part in name for part in keep):
                 continue
             flat = param.reshape(-1, param.shape[-1]).numpy()
             param.copy_(torch.from_numpy(int4_dequantize(
@@ -355,7 +356,8 @@ def test_a_deepseek_v3_routing_unlike_transformers_is_refused_in_one_line():
      r"^deepseek_v3: rope_interleave=false \(rotary on halves\) is not supported$"),
     ({**GLM_47_FLASH, "partial_rotary_factor": 0.5},
      r"^glm4_moe_lite: partial_rotary_factor other than 1 is not supported$"),
-    ({"model_type": "deepseek_v32"}, r"^model_type 'deepseek_v32': DeepSeek-V3.2's sparse "),
+    ({"model_type": "deepseek_v32", "partial_rotary_factor": 0.5},
+     r"^deepseek_v32: partial_rotary_factor other than 1 is not supported$"),
 ])
 def test_a_deepseek_v3_option_export_does_not_compute_is_refused_in_one_line(raw, message):
     with pytest.raises(ExportError, match=message):

@@ -64,6 +64,7 @@ from edgeprefill.export.prequantized import read_int4_scheme
 from edgeprefill.export.remote_model_type import with_model_type
 from edgeprefill.export.shared_block import read_shared_block
 from edgeprefill.export.skipped_layers import skip_layers
+from edgeprefill.export.sparse_index import read_index
 from edgeprefill.json_file import load_json_object
 
 if TYPE_CHECKING:
@@ -144,6 +145,8 @@ def _read(config_type: type[ModelConfig], family: str, spec: FamilySpec,
     return config_type(
         family=family, text_type=text_type, ropes=ropes, layers=layers, moe=moe,
         latent=latent, shared_block=shared,
+        sparse_index=read_index(raw, spec.sparse_index == "interleaved", latent.rope_dim)
+        if spec.sparse_index and latent else None,
         **sizes(raw, heads, hidden, head_dim, latent),
         **norms_and_activations(raw, spec),
         **attention_scores(raw, spec, head_dim, latent),

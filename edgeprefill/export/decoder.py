@@ -854,11 +854,30 @@ class DecoderBuilder:
         return self.flavor.rms_norm(self.g, x, self._norm_weight(name, width))
 
     def _add_norm(self, x: str, delta: str | None, name: str) -> tuple[str, str]:
-        """(x + delta, norm(x + delta)); delta None adds nothing."""
+        """(x + delta, norm(x + delta)); delta None adds nothing. A.X K2's gated norms
+        (FamilySpec.gated_norms) times their gate."""
+        if self.cfg.spec.gated_norms and self.ckpt.has(name + ".mlp.fc1.weight"):
+            x, h = self.flavor.add_rms_norm(self.g, x, delta,
+                                            self._norm_weight(name + ".norm"))
+            return x, self._norm_gate(name + ".mlp.", h)
         if self.cfg.norm in LAYER_NORMS:
             x = x if delta is None else self.g.op("Add", [x, delta])
             return x, self._norm(x, name)
         return self.flavor.add_rms_norm(self.g, x, delta, self._norm_weight(name))
+
+    def _norm_gate(self, m: str, h: str) -> str:
+        """h times sigmoid(fc2(silu(fc1(h)))), the sigmoid in float32 and cast back
+        (AXK2GatedRMSNorm); fc1 and fc2 (a rank-`gated_norm_rank` bottleneck) quantized as
+        any projection."""
+        g = self.g
+        gate = self._activation(self.w.linear(h, [m + "fc1.weight"], None), "silu")
+        gate = self.w.linear(gate, [m + "fc2.weight"], None)
+        if self.dtype != np.float32:
+            gate = g.op("Cast", [g.op("Sigmoid", [g.op("Cast", [gate], to=1)])],
+                        to=int(np_dtype_to_tensor_dtype(self.dtype)))
+        else:
+            gate = g.op("Sigmoid", [gate])
+        return g.op("Mul", [h, gate])
 
     def _norm_weight(self, name: str, width: int | None = None) -> str:
         if self.cfg.norm in WEIGHTLESS:  # statistics only (OLMo 1, nanochat)

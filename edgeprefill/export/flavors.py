@@ -89,6 +89,7 @@ class Flavor(ABC):
         self, g: GraphBuilder, q: str, k: str, v: str, past: tuple[str, str],
         present: tuple[str, str], step: StepTensors, layer: LayerAttention,
         sink: str | None = None, dynamic: DynamicMask | None = None,
+        kept: str | None = None,
     ) -> str:
         """Causal attention of q [B,C,H*D] over the cache after writing k, v [B,C,KV*D]
         at each row's past length, within the layer's sliding window if it has one. `past`
@@ -96,7 +97,22 @@ class Flavor(ABC):
         `present` names. `sink` [H] (gpt-oss): each head's sink logit, which joins the
         softmax's denominator (its weight attends to nothing). `dynamic` (Doge): each
         key's bias from its values added to the scores, the top keys kept
-        (export/dynamic_mask.py). Returns [B,C,H*D]; the layer's rotary (if any) applied."""
+        (export/dynamic_mask.py). `kept` [B,C,K] bool (DeepSeek Sparse Attention,
+        index_keys' K): the keys each query keeps, the others masked. Returns [B,C,H*D];
+        the layer's rotary (if any) applied."""
+
+    @abstractmethod
+    def index_keys(self, g: GraphBuilder, k_index: str, past_key: str, step: StepTensors,
+                   start: int) -> tuple[str, str]:
+        """DeepSeek Sparse Attention (export/sparse_index.py): every index key a query of
+        the step may score, [B,K,Di] (the cache's columns from `start` on, the chunk's own
+        k_index [B,C,Di] at its positions), and which each query sees, [B,C,K] bool. K is
+        the width attention() reads: the capacity (standard) or the op's total (ort)."""
+
+    @abstractmethod
+    def rope_at_tokens(self, g: GraphBuilder, step: StepTensors, rope: str
+                       ) -> tuple[str, str]:
+        """cos and sin [B,C,rotary_dim/2] of the rope named `rope` at each token's position."""
 
     @abstractmethod
     def rotary(self, g: GraphBuilder, q: str, k: str, step: StepTensors,
@@ -232,6 +248,33 @@ class OrtFlavor(Flavor):
                                g.op("Slice", [shape, g.const([3]), g.const([5])])], axis=0)
         return g.op("Reshape", [heads, flat])
 
+    def index_keys(self, g, k_index, past_key, step, start):
+        # The op reads `total` keys and writes the chunk's itself: the earlier ones come from
+        # the cache, the chunk's from k_index, as dynamic_bias merges Doge's.
+        e = step.extra
+        total = g.op("Unsqueeze", [g.op("Cast", [e["total"]], to=7), g.const([0])])  # [1]
+        cached = g.op("Slice", [past_key, g.const([0, start]),
+                                g.op("Concat", [total, g.const([self.cfg.head_dim])], axis=0),
+                                g.const([2, 3])])
+        cached = g.op("Squeeze", [cached, g.const([1])])  # [B,total,Di]
+        past64 = g.op("Cast", [step.past_lens], to=7)
+        key_pos = g.op("Range", [g.const(0), g.op("Squeeze", [total, g.const([0])]),
+                                 g.const(1)])
+        at = g.op("Sub", [key_pos, g.op("Unsqueeze", [past64, g.const([1])])])  # [B,total]
+        last = g.op("Squeeze", [g.op("Sub", [step.chunk, g.const([1])]), g.const([0])])
+        index = g.op("Expand", [g.op("Unsqueeze", [g.op("Clip", [at, g.const(0), last]),
+                                                   g.const([2])]), g.op("Shape", [cached])])
+        own = g.op("GatherElements", [k_index, index], axis=1)
+        in_chunk = g.op("Unsqueeze", [g.op("GreaterOrEqual", [at, g.const(0)]), g.const([2])])
+        keys = g.op("Where", [in_chunk, own, cached])
+        mask = mask_over(g, key_pos, positions(g, past64, step.chunk), None, self.dtype)
+        return keys, visible_of(g, mask, self.dtype)
+
+    def rope_at_tokens(self, g, step, rope):
+        e = step.extra
+        return tuple(g.op("Gather", [e[rope + part], e["positions"]])  # type: ignore[return-value]
+                     for part in (".cos", ".sin"))
+
     def rms_norm(self, g: GraphBuilder, x: str, weight: str) -> str:
         return g.op(
             "SimplifiedLayerNormalization", [x, weight],
@@ -258,7 +301,8 @@ class OrtFlavor(Flavor):
             interleaved=int(self.cfg.spec.rope_interleaved), **partial,
         ) for x, heads in ((q, self.cfg.num_heads), (k, self.cfg.num_kv_heads)))
 
-    def attention(self, g, q, k, v, past, present, step, layer, sink=None, dynamic=None):
+    def attention(self, g, q, k, v, past, present, step, layer, sink=None, dynamic=None,
+                  kept=None):
         cfg = self.cfg
         e = step.extra
         rotary = layer.rope is not None
@@ -280,6 +324,13 @@ class OrtFlavor(Flavor):
         elif dynamic is not None:
             # Doge's bias goes in the same input (the native kernels lack it too)
             bias = self.dynamic_bias(g, v, past[1], step, layer, dynamic)
+            inputs = inputs + [""] * (10 - len(inputs)) + [bias]
+        elif kept is not None:
+            # DeepSeek Sparse Attention's selection, the same input: 0 where kept, [B,1,C,T]
+            # broadcast over the heads
+            blocked = g.const(float(np.finfo(self.dtype).min), self.dtype)
+            bias = g.op("Where", [g.op("Unsqueeze", [kept, g.const([1])]),
+                                  g.const(0.0, self.dtype), blocked])
             inputs = inputs + [""] * (10 - len(inputs)) + [bias]
         if sink is not None:
             # input 11, head_sink: the CPU kernel adds exp(sink - max) to each head's
@@ -348,6 +399,20 @@ class StandardFlavor(Flavor):
         """causal_mask over the keys at `key_pos` ([K] int64) alone: [B,1,1,C,K]."""
         return mask_over(g, key_pos, positions, window, self.dtype)
 
+    def index_keys(self, g, k_index, past_key, step, start):
+        # attention() reads the whole capacity: the cache's index columns, the chunk's
+        # written at its positions as attention() writes the cache
+        cached = g.op("Slice", [past_key, g.const([start]), g.const([self.cfg.head_dim]),
+                                g.const([3])])  # [B,1,cap,Di]
+        own = g.op("Unsqueeze", [k_index, g.const([1])])
+        keys = g.op("TensorScatter", [cached, own, step.extra["write_at"]], axis=-2)
+        keys = g.op("Squeeze", [keys, g.const([1])])
+        return keys, visible_of(g, step.extra[mask_key(None)], self.dtype)
+
+    def rope_at_tokens(self, g, step, rope):
+        return tuple(g.op("Squeeze", [step.extra[rope + part], g.const([1])])  # type: ignore[return-value]
+                     for part in (".cos", ".sin"))
+
     def rms_norm(self, g: GraphBuilder, x: str, weight: str) -> str:
         # Computed in float32 whatever the graph dtype, as transformers does.
         x32 = x if self.dtype == np.float32 else g.op("Cast", [x], to=1)
@@ -395,7 +460,8 @@ class StandardFlavor(Flavor):
         split = g.op("Reshape", [x, g.const([0, 0, heads, self.cfg.head_dim])])
         return g.op("Transpose", [split], perm=[0, 2, 1, 3])
 
-    def attention(self, g, q, k, v, past, present, step, layer, sink=None, dynamic=None):
+    def attention(self, g, q, k, v, past, present, step, layer, sink=None, dynamic=None,
+                  kept=None):
         cfg = self.cfg
         q4 = self.heads_first(g, q, cfg.num_heads)
         k4 = self.heads_first(g, k, cfg.num_kv_heads)
@@ -411,6 +477,9 @@ class StandardFlavor(Flavor):
             bias = dynamic_mask.cache_bias(g, values, dynamic)
             bias = g.op("Unsqueeze", [bias, g.const([2, 3])])  # [B,KV,1,1,cap]
             mask = dynamic_mask.masked(g, bias, mask, dynamic.keep, self.dtype)
+        if kept is not None:  # DeepSeek Sparse Attention: the keys each query keeps
+            blocked = g.const(float(np.finfo(self.dtype).min), self.dtype)
+            mask = g.op("Where", [g.op("Unsqueeze", [kept, g.const([1, 2])]), mask, blocked])
         return self.attend(g, q4, keys, values, mask, layer, sink)
 
     def attend(self, g: GraphBuilder, q4: str, keys: str, values: str, mask: str,
@@ -447,6 +516,12 @@ class StandardFlavor(Flavor):
         combined = g.op("Concat", [scores, g.op("Expand", [per_head, shape])], axis=-1)
         probs = g.op("Softmax", [combined], axis=-1)
         return g.op("Slice", [probs, g.const([0]), g.const([-1]), g.const([-1])])
+
+
+def visible_of(g: GraphBuilder, mask: str, dtype: np.dtype) -> str:
+    """[B,C,K] bool: where an additive mask [B,1,1,C,K] (0: visible) shows a key."""
+    seen = g.op("Equal", [mask, g.const(0.0, dtype)])
+    return g.op("Squeeze", [seen, g.const([1, 2])])
 
 
 def positions(g: GraphBuilder, past64: str, chunk: str) -> str:

@@ -22,7 +22,9 @@ the runtime binds one buffer as the layer's key and value caches (engines/ort/va
 The scale is transformers': qk_head_dim^-0.5, times yarn's mscale^2 where the rope has
 mscale_all_dim (ModelConfig.attn_scale). Kimi Linear's MLA rotates nothing (its layers'
 rope is None: k_pe is cached as projected); Bailing hybrid's gates each head's value
-output by sigmoid(g_proj(x)) before o_proj (FamilySpec.latent_head_gate).
+output by sigmoid(g_proj(x)) before o_proj (FamilySpec.latent_head_gate). DeepSeek sparse
+attention (DeepSeek-V3.2, GLM-5: export/sparse_index.py) caches its index key as more
+columns of the head, [k_pe | c | index_k], where the queries are zero.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from onnx.helper import np_dtype_to_tensor_dtype
 
 from edgeprefill.contract import kv_names
 from edgeprefill.errors import ExportError
+from edgeprefill.export.sparse_index import Indexer
 
 if TYPE_CHECKING:
     from edgeprefill.export.decoder import DecoderBuilder, Rows
@@ -56,6 +59,9 @@ class LatentShape:
     nope_dim: int  # qk_nope_head_dim
     rope_dim: int  # qk_rope_head_dim
     v_dim: int  # v_head_dim
+    # DeepSeek Sparse Attention: the index key's columns after [k_pe | c] in the cached head
+    # (export/sparse_index.py); 0: none.
+    index_dim: int = 0
 
     @property
     def qk_dim(self) -> int:
@@ -63,9 +69,14 @@ class LatentShape:
         return self.nope_dim + self.rope_dim
 
     @property
-    def cache_dim(self) -> int:
-        """The width of the one cached KV head: [k_pe | c]."""
+    def index_start(self) -> int:
+        """The cached head's first index key column (its width where none)."""
         return self.rope_dim + self.kv_lora_rank
+
+    @property
+    def cache_dim(self) -> int:
+        """The width of the one cached KV head: [k_pe | c], then any index key."""
+        return self.rope_dim + self.kv_lora_rank + self.index_dim
 
 
 def read_latent(raw: dict[str, Any]) -> LatentShape:
@@ -107,13 +118,15 @@ class LatentAttention:
         # The latent norms keep their own epsilon (LATENT_EPS), not rms_norm_eps.
         self.norms = type(builder.flavor)(replace(cfg, norm_eps=LATENT_EPS), builder.dtype,
                                           builder.flavor.max_context)
+        # DeepSeek Sparse Attention: its indexer's LayerNorm has the same epsilon
+        self.indexer = Indexer(builder, self.norms) if cfg.sparse_index is not None else None
 
     def attention(self, p: str, h: str, i: int, step: StepTensors, layer: LayerAttention,
                   rows: Rows) -> str:
         """h [B,C,hidden] or packed [1,T,hidden] -> [.., H * v_dim] (rows of the tokens)."""
         b, g, cfg = self.b, self.b.g, self.b.cfg
         n = cfg.names
-        q = self._absorbed_query(p, h)
+        q, q_resid, gate = self._absorbed_query(p, h)
         scale = b.layer_query_scale(layer)
         if scale is not None:  # Mistral 4: per position, linear in q, so as after rotary
             q = g.op("Mul", [q, scale])
@@ -124,17 +137,33 @@ class LatentAttention:
         latent = self.norms.rms_norm(g, latent, b.w.tensor(p + n.kv_a_norm + ".weight"))
         k = g.op("Concat", [k_pe, latent], axis=-1)  # [.., r + L]
         q, k = b.tokens.spread(q), b.tokens.spread(k)
+        names = kv_names(i)
+        kept = None
+        if self.indexer is not None:  # DSA: the index key cached after [k_pe | c]
+            assert layer.rope is not None
+            k_index, kept = self.indexer.layer(p + "self_attn.indexer.", h, q_resid, i, step,
+                                               layer.rope, names.past_key, self.shape.index_start)
+            k = g.op("Concat", [k, k_index], axis=-1)
         if layer.rope is not None:  # Kimi Linear's MLA rotates nothing (NoPE)
             q, k = b.flavor.rotary(g, q, k, step, layer.rope)
-        names = kv_names(i)
         out = b.flavor.attention(g, q, k, k, (names.past_key, names.past_value),
                                  (names.present_key, names.present_value), step,
-                                 replace(layer, rope=None))
+                                 replace(layer, rope=None), kept=kept)
         out = rows(b.tokens.gather(out, cfg.num_heads * self.shape.cache_dim))
         values = self._values(p, out)
         if cfg.spec.latent_head_gate:  # Bailing: each head's values times its gate
             values = self._head_gated(p, rows(h), values)
+        if gate is not None:  # A.X K2: each value channel times its gate's sigmoid
+            values = g.op("Mul", [values, self._sigmoid32(rows(gate))])
         return values
+
+    def _sigmoid32(self, x: str) -> str:
+        """sigmoid(x) computed in float32, cast back to the graph's dtype."""
+        g, dtype = self.b.g, self.b.dtype
+        if dtype == np.float32:
+            return g.op("Sigmoid", [x])
+        return g.op("Cast", [g.op("Sigmoid", [g.op("Cast", [x], to=1)])],
+                    to=int(np_dtype_to_tensor_dtype(dtype)))
 
     def _head_gated(self, p: str, h: str, values: str) -> str:
         """values [.., H * v] times sigmoid(g_proj(h)) per head, the sigmoid in float32 and
@@ -142,40 +171,72 @@ class LatentAttention:
         b, g, s, heads = self.b, self.b.g, self.shape, self.b.cfg.num_heads
         name = p + b.cfg.names.head_gate[0] + ".weight"
         self._check(name, (heads, b.cfg.hidden_size))
-        gate = b.w.linear(h, [name], None)
-        if b.dtype != np.float32:
-            gate = g.op("Cast", [g.op("Sigmoid", [g.op("Cast", [gate], to=1)])],
-                        to=int(np_dtype_to_tensor_dtype(b.dtype)))
-        else:
-            gate = g.op("Sigmoid", [gate])
+        gate = self._sigmoid32(b.w.linear(h, [name], None))
         per_head = g.op("Reshape", [values, g.const([0, 0, heads, s.v_dim])])
         gated = g.op("Mul", [per_head, g.op("Unsqueeze", [gate, g.const([-1])])])
         return g.op("Reshape", [gated, g.const([0, 0, heads * s.v_dim])])
 
-    def _absorbed_query(self, p: str, h: str) -> str:
-        """[.., H * (r + L)]: each head's q_pe, then its q_nope through W_UK."""
+    def _absorbed_query(self, p: str, h: str) -> tuple[str, str, str | None]:
+        """([.., H * cache_dim]: each head's q_pe, then its q_nope through W_UK, then zeros
+        in any index key's columns; q_resid, the normed q_a_proj (h where q_proj is one
+        dense projection); A.X K2's value gate [.., H * v] before its sigmoid, else None)."""
         b, g, s, heads = self.b, self.b.g, self.shape, self.b.cfg.num_heads
         n = b.cfg.names
-        last = p + (n.q if s.q_lora_rank is None else n.q_b) + ".weight"
-        self._check(last, (heads * s.qk_dim, s.q_lora_rank or b.cfg.hidden_size))
-        if s.q_lora_rank is None:
+        q_resid, gate = h, None
+        if b.cfg.spec.latent_query_gate:
+            q, q_resid, gate = self._gated_query(p, h)
+        elif s.q_lora_rank is None:
+            last = p + n.q + ".weight"
+            self._check(last, (heads * s.qk_dim, b.cfg.hidden_size))
             q = b.w.linear(h, [last], None)
         else:
+            last = p + n.q_b + ".weight"
+            self._check(last, (heads * s.qk_dim, s.q_lora_rank))
             q = b.w.linear(h, [p + n.q_a + ".weight"],
                            p + n.q_a + ".bias" if b.cfg.qkv_bias else None)
-            q = self.norms.rms_norm(g, q, b.w.tensor(p + n.q_a_norm + ".weight"))
-            q = b.w.linear(q, [last], None)
+            q_resid = self.norms.rms_norm(g, q, b.w.tensor(p + n.q_a_norm + ".weight"))
+            q = b.w.linear(q_resid, [last], None)
         per_head = g.op("Reshape", [q, g.const([-1, heads, s.qk_dim])])  # [N,H,nope+r]
         nope, pe = g.op("Split", [per_head, g.const([s.nope_dim, s.rope_dim])], 2, axis=-1)
         absorbed = self._per_head(nope, self._up_weight(p, "uk"))  # [N,H,L]
         both = g.op("Concat", [pe, absorbed], axis=-1)
-        return g.op("Reshape", [both, self._leading(q, heads * s.cache_dim)])
+        if s.index_dim:  # zero against the index key: the scores stay the MLA's
+            both = g.op("Pad", [both, g.const([0, 0, 0, 0, 0, s.index_dim])])
+        return g.op("Reshape", [both, self._leading(q, heads * s.cache_dim)]), q_resid, gate
+
+    def _gated_query(self, p: str, h: str) -> tuple[str, str, str]:
+        """A.X K2 (FamilySpec.latent_query_gate): q_gate_proj of [q_resid | q_a_proj(h)]
+        as the query [.., H * (nope + r)] and the value gate [.., H * v], with q_resid.
+        q_gate_proj's rows interleave the two per head, so each part is stored apart,
+        float in quantized bundles."""
+        b, g, s, heads = self.b, self.b.g, self.shape, self.b.cfg.num_heads
+        n = b.cfg.names
+        assert s.q_lora_rank is not None  # the family's refusal
+        compressed = b.w.linear(h, [p + n.q_a + ".weight"],
+                                p + n.q_a + ".bias" if b.cfg.qkv_bias else None)
+        q_resid = self.norms.rms_norm(g, compressed, b.w.tensor(p + n.q_a_norm + ".weight"))
+        x = g.op("Concat", [q_resid, compressed], axis=-1)
+        name = p + "self_attn.q_gate_proj.weight"
+        self._check(name, (heads * (s.qk_dim + s.v_dim), 2 * s.q_lora_rank))
+
+        def part(start: int, width: int) -> str:
+            def produce() -> np.ndarray:
+                w = b.ckpt.get(name, np.float32).reshape(heads, s.qk_dim + s.v_dim, -1)
+                rows = w[:, start:start + width].reshape(heads * width, -1)
+                return np.ascontiguousarray(rows.T).astype(b.dtype)
+
+            weight = g.weight(f"{name}.{start}", (2 * s.q_lora_rank, heads * width), b.dtype,
+                              produce)
+            return g.op("MatMul", [x, weight])
+
+        return part(0, s.qk_dim), q_resid, part(s.qk_dim, s.v_dim)
 
     def _values(self, p: str, out: str) -> str:
-        """attention's output [.., H * (r + L)] -> each head's value output [.., H * v]."""
+        """attention's output [.., H * cache_dim] -> each head's value output [.., H * v]
+        (its latent columns: any index key's are dropped)."""
         g, s, heads = self.b.g, self.shape, self.b.cfg.num_heads
         per_head = g.op("Reshape", [out, g.const([-1, heads, s.cache_dim])])
-        latent = g.op("Slice", [per_head, g.const([s.rope_dim]), g.const([s.cache_dim]),
+        latent = g.op("Slice", [per_head, g.const([s.rope_dim]), g.const([s.index_start]),
                                 g.const([2])])  # softmax . c: [N,H,L]
         values = self._per_head(latent, self._up_weight(p, "uv"))  # [N,H,v]
         return g.op("Reshape", [values, self._leading(out, heads * s.v_dim)])

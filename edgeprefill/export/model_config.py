@@ -40,6 +40,7 @@ from edgeprefill.export.prequantized import Int4Scheme
 from edgeprefill.export.query_scale import QueryScale, ScalableSoftmax
 from edgeprefill.export.rope import RopeConfig
 from edgeprefill.export.shared_block import SharedBlockShape
+from edgeprefill.export.sparse_index import IndexShape
 
 
 @dataclass(frozen=True)
@@ -157,6 +158,10 @@ class ModelConfig:
     # Where set, num_kv_heads is 1 and head_dim the cached head's width (rope + latent),
     # rotary_dim the rope part, attn_scale transformers' (qk_head_dim^-0.5, yarn's mscale).
     latent: LatentShape | None = None
+    # DeepSeek Sparse Attention's indexer (export/sparse_index.py) in front of the latent
+    # attention; None: none, also where the bundle's context is within its index_topk
+    # (for_context: every key kept, dense MLA exactly).
+    sparse_index: IndexShape | None = None
     # DeepSeek-V3's multi-token-prediction layers (num_nextn_predict_layers), stored after
     # the last as model.layers.{num_layers + k}.: not the causal LM's, left out of export.
     mtp_layers: int = 0
@@ -344,7 +349,14 @@ class ModelConfig:
         from dataclasses import replace
 
         ropes = {name: rope.for_context(max_context) for name, rope in self.ropes.items()}
-        return replace(self, ropes=ropes)
+        index, latent, head_dim = self.sparse_index, self.latent, self.head_dim
+        if index is not None and latent is not None:
+            # the index key's columns join the cached head only where the indexer can bite
+            index = index if max_context > index.topk else None
+            latent = replace(latent, index_dim=index.head_dim if index else 0)
+            head_dim = latent.cache_dim
+        return replace(self, ropes=ropes, sparse_index=index, latent=latent,
+                       head_dim=head_dim)
 
     @classmethod
     def from_hf(cls, raw: dict[str, Any]) -> ModelConfig:

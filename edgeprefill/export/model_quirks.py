@@ -84,6 +84,11 @@ def _attention(cfg: ModelConfig) -> list[str]:
     if local:
         out.append(f"sliding window {cfg.sliding_window} on {local} of {cfg.num_layers} "
                    "layers")
+    if cfg.spec.sparse_index:  # DeepSeek sparse attention, where the bundle's context bites
+        out.append(f"DeepSeek sparse attention: each query keeps its "
+                   f"{cfg.sparse_index.topk} best keys by a lightning indexer"
+                   if cfg.sparse_index else "DeepSeek sparse attention within its index_topk "
+                   "at this context: every key kept (dense latent attention, no indexer)")
     if cfg.context_cap is not None:
         out.append(f"the context is capped at {cfg.context_cap.tokens} tokens, "
                    f"{cfg.context_cap.reason}")
@@ -158,9 +163,10 @@ def _positions(cfg: ModelConfig) -> list[str]:
         else:
             out.append(f"{nope} of {len(attending)} attention layers without rope")
     if cfg.latent is not None:
+        index = f" + index key {cfg.latent.index_dim}" if cfg.latent.index_dim else ""
         out.append(f"KV cache: one head of {cfg.head_dim} per token and layer "
                    f"({_latent_key(cfg)} {cfg.latent.rope_dim} + latent "
-                   f"{cfg.latent.kv_lora_rank})")
+                   f"{cfg.latent.kv_lora_rank}{index})")
     elif cfg.spec.rotary_per_type:  # Laguna: each layer kind its own share of the head
         widths = {name: cfg.ropes[name].rotary_dim for name in (GLOBAL, LOCAL)
                   if any(layer.rope == name for layer in cfg.layers)}

@@ -55,7 +55,8 @@ PREFILL_INPUTS = (0, 3, 4, 5, 6, 7, 8)
 ROTARY_INPUTS = (7, 8)  # cos, sin: with do_rotary=0 the kernel nodes get "" (no rotation)
 MAX_GROUP = 96  # query heads per KV head the prefill kernel takes (kColumns in the .cc)
 HEAD_SINK = 11  # GroupQueryAttention's head_sink input (gpt-oss's attention sinks)
-# its attention_bias input: ALiBi's per-head distance bias (BLOOM, MPT), Doge's dynamic mask
+# its attention_bias input: ALiBi's per-head distance bias (BLOOM, MPT), Doge's dynamic mask,
+# DeepSeek sparse attention's selection
 ATTENTION_BIAS = 10
 # Where the kernel nodes take it: DecodeAttention's input 6, PrefillAttention's 9 (after
 # valid_lens and past_lens, "" where the node has none).
@@ -101,9 +102,11 @@ def why_not_eligible(node: NodeProto) -> str | None:
     if not (kv_heads > 0 and heads % kv_heads == 0 and heads // kv_heads <= MAX_GROUP):
         return f"{heads} query heads over {kv_heads} KV heads"
     # ALiBi's scores are biased by distance, Doge's by each key's values (its dynamic mask),
-    # which the kernels' softmax does not add.
+    # DeepSeek sparse attention's mask the keys its indexer does not keep, which the
+    # kernels' softmax does not add.
     if len(inputs) > ATTENTION_BIAS and inputs[ATTENTION_BIAS]:
-        return "an attention_bias input (ALiBi, Doge's dynamic mask)"
+        return ("an attention_bias input (ALiBi, Doge's dynamic mask, DeepSeek sparse "
+                "attention)")
     # Inputs 9 and 10 (position_ids, attention_bias) the kernels lack; 11, head_sink, they take.
     if not ("scale" in attrs and not any(node.input[9:HEAD_SINK]) and packed_or_split
             and all(inputs[i] for i in PREFILL_INPUTS if rotary or i not in ROTARY_INPUTS)

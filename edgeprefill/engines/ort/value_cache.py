@@ -10,7 +10,9 @@ The logits are the same bits as with two buffers (tests/test_mla.py).
 
 The manifest is trusted only as far as the graph agrees: a layer whose attention could
 write anything else into its value cache (another value input, a rotary inside the op,
-which rotates the key alone) is refused at load.
+which rotates the key alone) is refused at load. Besides the attention, only Slices may
+read the cache (DeepSeek Sparse Attention's index keys, export/sparse_index.py: a read
+whose result feeds the op's attention_bias, so it runs before the op writes).
 
 Only on the CPU provider: on CUDA, ONNX Runtime's GroupQueryAttention kernels have not
 been run against one shared buffer, so a GPU load keeps two.
@@ -39,7 +41,8 @@ def shared_layers(graph: Any, manifest: Manifest, device: str) -> list[int]:
 def _check_layer(graph: Any, layer: int) -> None:
     names = kv_names(layer)
     readers = [node for node in graph.graph.node
-               if {names.past_key, names.past_value} & set(node.input)]
+               if {names.past_key, names.past_value} & set(node.input)
+               and node.op_type != "Slice"]
     if not (len(readers) == 1 and _writes_key_as_value(readers[0], layer)):
         raise BackendError(f"the manifest's graph.value_is_key lists layer {layer}, but its "
                            "attention does not write its key as its value; re-export the "

@@ -43,6 +43,7 @@ from edgeprefill.export.families import (
     openelm,
     recurrent,
     rwkv,
+    sparse_attention,
     zaya,
 )
 from edgeprefill.export.families.spec import BLOCKS, NORMS, FamilySpec, TensorNames
@@ -53,10 +54,6 @@ __all__ = ["BLOCKS", "FAMILIES", "NORMS", "REFUSED_TYPES", "FamilySpec", "Tensor
 
 # model_types close to a supported family that export refuses -> why, in words.
 REFUSED_TYPES: dict[str, str] = {
-    "deepseek_v32": "DeepSeek-V3.2's sparse attention (an indexer choosing each query's "
-                    "keys) is not supported",
-    "glm_moe_dsa": "GLM-5's DeepSeek sparse attention (an indexer choosing each query's keys) "
-                   "is not supported",
     "axk1": "A.X K1's RMSNorm after the experts (post_mlp_layernorm) is not supported",
     "minimax": "MiniMax's lightning attention layers (linear attention with a decay per head) "
                "are not supported",
@@ -82,10 +79,10 @@ REFUSED_TYPES: dict[str, str] = {
     "diffllama": "DiffLlama's differential attention (two softmaxes subtracted with a "
                  "learned lambda) is not supported",
     # transformers 5.24's newer causal LMs that need a new state, attention or structure
-    "dots3_note_text": "dots.3's DeepSeek sparse attention (an indexer choosing each query's "
-                       "keys) is not supported",
-    "dots3_note": "dots.3's DeepSeek sparse attention (an indexer choosing each query's keys) "
-                  "is not supported",
+    "dots3_note_text": "dots.3's sliding-window layers of their own latent attention sizes "
+                       "beside its sparse attention are not supported",
+    "dots3_note": "dots.3's sliding-window layers of their own latent attention sizes beside "
+                  "its sparse attention are not supported",
     "inkling_text": "Inkling's relative-position attention logits (a learned bias per distance "
                     "from each token's state) are not supported",
     "inkling2_text": "Inkling 2's relative-position attention logits and dynamic short "
@@ -103,8 +100,6 @@ REFUSED_TYPES: dict[str, str] = {
                 "layer stacks) and prefix-LM attention are not supported",
     "blt": "BLT's byte-level patching (local byte encoder and decoder around a global "
            "patch transformer) is not supported",
-    "axk2": "A.X K2's DeepSeek sparse attention (an indexer choosing each query's keys) is "
-            "not supported",
     "deepseek_v4": "DeepSeek-V4's compressed sparse attention and hyper-connections are not "
                    "supported",
     "hy_v4": "Hy4's DeepSeek sparse attention (an indexer choosing each query's keys) and "
@@ -114,8 +109,10 @@ REFUSED_TYPES: dict[str, str] = {
     # image-text checkpoints whose language model is none export supports
     "minimax_m3_vl": "MiniMax-M3-VL's language model (minimax_m3_vl_text) uses sparse "
                      "attention (an indexer choosing each query's keys), which is not supported",
-    "mistral_large4": "Mistral Large 4's DeepSeek sparse attention (an indexer choosing each "
-                      "query's keys) and position-scaled queries are not supported",
+    "mistral_large4": "Mistral Large 4's learned rope scaling (LeRoPE), learned position "
+                      "scaling of its sparse attention's queries, NoPE layers of another "
+                      "latent width and layers reading another's latent cache are not "
+                      "supported",
     "molmo2": "Molmo2's language model (molmo2_text: the Hub's fused projections and extra "
               "vocabulary table, per-layer rope scaling) is not supported",
     "muse_glimmer": "Muse Glimmer's language model (normed embeddings, scaled weightless q/k "
@@ -205,6 +202,7 @@ _TEXT: dict[str, FamilySpec] = _merged(
     moe_top_k.FAMILIES,
     moe_sigmoid.FAMILIES,
     latent.FAMILIES,
+    sparse_attention.FAMILIES,
     recurrent.FAMILIES,
     rwkv.FAMILIES,
     kda.FAMILIES,

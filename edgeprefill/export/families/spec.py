@@ -392,6 +392,17 @@ class FamilySpec:
     # cache holds each token's latent and rotated key part, one KV head of
     # qk_rope_head_dim + kv_lora_rank.
     latent: bool = False
+    # A.X K2: RMSNorms followed by a low-rank gate, y * sigmoid(fc2(silu(fc1(y)))), where
+    # the checkpoint holds one (`{norm}.norm.weight`, `{norm}.mlp.fc1/fc2`: its input norms
+    # and the norms before its experts); and its latent query fused with a gate per value
+    # channel (`q_gate_proj` of [q_resid | q_a_proj's output], each head's query rows then
+    # its v_head_dim gate rows), the values times its sigmoid before o_proj.
+    gated_norms: bool = False
+    latent_query_gate: bool = False
+    # DeepSeek Sparse Attention (export/sparse_index.py): a lightning indexer in front of the
+    # latent attention, its rotary on "halves" (DeepSeek-V3.2) or "interleaved" pairs
+    # (GLM-5); None: none.
+    sparse_index: str | None = None
     # Whether the family's model reads a BitNet quantization_config (export/bitlinear.py):
     # its projections then BitLinear layers, the activations fake-quantized to int8.
     bitnet: bool = False
