@@ -749,6 +749,9 @@ FAMILIES: dict[str, dict] = {
     # first layer's bias ties on every repeated token of these prompts (test_doge.py runs
     # the top-k on prompts without repeats).
     "doge": {"attention_bias": True, "mlp_bias": True},
+    # DiffLlama: differential attention, 4 query heads over 2 KV heads (each value half
+    # one head), q/k/v/o biases; the lambda vectors as initialized (std 0.1)
+    "diffllama": {"attention_bias": True},
     # The GPT-2-era classics (export/families/classic.py). OPT: learned positions from row 2
     # of their table, ReLU MLP, tied as the Hub's are; OPT-350m's post-norm layers without a
     # final norm, and its narrower embedding projected in and out.

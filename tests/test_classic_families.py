@@ -300,14 +300,15 @@ def test_modernbert_decoder_switches_it_cannot_compute_are_refused_in_one_line(k
     assert f"modernbert-decoder: {message}" in str(err.value) and "\n" not in str(err.value)
 
 
-def test_diffllama_is_refused_in_one_line_by_the_cli(tmp_path):
+def test_a_refused_type_is_refused_in_one_line_by_the_cli(tmp_path):
+    """(DiffLlama was this test's type until it was exported: tests/test_diffllama.py.)"""
     from tests.test_cli_errors import cli
 
-    (tmp_path / "config.json").write_text(json.dumps({"model_type": "diffllama"}))
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "jetmoe"}))
     result = cli("export", tmp_path, "-o", tmp_path / "out")
     assert result.returncode != 0
     lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and "model_type 'diffllama': DiffLlama's differential attention" \
+    assert len(lines) == 1 and "model_type 'jetmoe': JetMoE's mixture of attention heads" \
         in lines[0], lines
 
 

@@ -509,7 +509,7 @@ def test_a_sliding_window_key_slides_only_where_the_family_reads_it(family):
                       "bitnet", "apertus", "apertus1p5_text", "iquestcoder", "jais2", "olmo",
                       "hyperclovax", "granitemoeshared",
                       "nanochat", "gptj", "codegen", "falcon", "persimmon", "internlm3",
-                      "hunyuan_v1_moe", "dbrx", "flex_olmo", "minimax_m2", "emu3",
+                      "hunyuan_v1_moe", "dbrx", "flex_olmo", "minimax_m2", "emu3", "diffllama",
                       "emu3_text_model", "gpt_neox_japanese", "mllama", "mllama_text_model",
                       "paddleocr_vl", "hy_v3", "aria_text",
                       "qwen3_omni_moe_thinker", *NO_ROTARY, *ALIBI,

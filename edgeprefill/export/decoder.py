@@ -35,6 +35,7 @@ from edgeprefill.contract import (
     kv_names,
 )
 from edgeprefill.errors import ExportError
+from edgeprefill.export import differential
 from edgeprefill.export.altup import AltUp
 from edgeprefill.export.bitlinear import BitWeights
 from edgeprefill.export.causal_conv import CausalConv
@@ -557,6 +558,9 @@ class DecoderBuilder:
         names = kv_names(i)
         past = (names.past_key, names.past_value)
         present = (names.present_key, names.present_value)
+        if cfg.spec.differential:
+            attn = self._differential(p, i, (q, k, v), past, present, step, layer)
+            return self._output(p, rows(attn), cfg.num_heads, cfg.head_dim)
         has_sinks = cfg.spec.sinks and (layer.window or not cfg.spec.sliding_sinks_only)
         sink = self._sinks(p, cfg) if has_sinks else None
         dynamic = self._dynamic_mask(p, cfg) if cfg.keep_window is not None else None
@@ -571,6 +575,25 @@ class DecoderBuilder:
         if gate is not None:  # Qwen3.5: the attention's output times sigmoid(gate)
             attn = self.g.op("Mul", [attn, self.g.op("Sigmoid", [rows(gate)])])
         return self._output(p, attn, cfg.num_heads, cfg.v_head_dim or cfg.head_dim)
+
+    def _differential(self, p: str, i: int, qkv: tuple[str | None, ...],
+                      past: tuple[str, str], present: tuple[str, str], step: StepTensors,
+                      layer: LayerAttention) -> str:
+        """DiffLlama: the layer's differential attention [.., H*D] before o_proj, its lambda
+        from the layer's lambda vectors (export/differential.py)."""
+        cfg = self.cfg
+        q, k, v = qkv
+        assert q is not None and k is not None and v is not None  # _qkv splits them
+        names = [p + name for name in differential.LAMBDAS]
+        self.w.check_shapes([(name, (cfg.head_dim,)) for name in names],
+                            f"head_dim {cfg.head_dim}")
+        lam = differential.lambda_full(*(self.ckpt.get(name) for name in names), i,
+                                       self.dtype)
+        width = cfg.num_heads * cfg.head_dim
+        own, other = (self.tokens.gather(t, width) for t in self._flavor_for(cfg)
+                      .differential_attention(self.g, q, k, v, past, present, step, layer))
+        return differential.difference(self.g, self.flavor, own, other, cfg.num_heads,
+                                       cfg.head_dim, lam, i)
 
     def _cca_qkv(self, p: str, h: str, i: int, cfg: ModelConfig) -> tuple[str, str, str]:
         """ZAYA's q, k and v [B, C, ...] from CCA's projection (export/cca.py), q and k
@@ -697,7 +720,7 @@ class DecoderBuilder:
         own_values = cfg.v_head_dim is not None or cfg.value_scale != 1.0
         if self.flavor.packed_qkv and cfg.qk_norm in (None, "l2") and not l2_norm \
                 and q_scale is None and not cfg.attn_gate and not k_is_v and not own_values \
-                and cfg.keep_window is None:  # Doge's mask reads v
+                and cfg.keep_window is None and not cfg.spec.differential:  # these read v
             return [qkv, None, None, None]
         q_size, kv_size = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
         gate = None

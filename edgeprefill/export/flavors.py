@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from edgeprefill.errors import ExportError
-from edgeprefill.export import alibi, dynamic_mask
+from edgeprefill.export import alibi, differential, dynamic_mask
 from edgeprefill.export.dynamic_mask import DynamicMask
 from edgeprefill.export.graph import GraphBuilder
 from edgeprefill.export.layer_attention import LayerAttention
@@ -113,6 +113,15 @@ class Flavor(ABC):
     def rope_at_tokens(self, g: GraphBuilder, step: StepTensors, rope: str
                        ) -> tuple[str, str]:
         """cos and sin [B,C,rotary_dim/2] of the rope named `rope` at each token's position."""
+
+    @abstractmethod
+    def differential_attention(
+        self, g: GraphBuilder, q: str, k: str, v: str, past: tuple[str, str],
+        present: tuple[str, str], step: StepTensors, layer: LayerAttention,
+    ) -> tuple[str, str]:
+        """DiffLlama (export/differential.py): attention() of q over the cache after
+        writing k, v, twice: with each KV head's own values and with those of the head half
+        the heads away (differential.swapped). Each [B,C,H*D]; the cache written once."""
 
     @abstractmethod
     def rotary(self, g: GraphBuilder, q: str, k: str, step: StepTensors,
@@ -350,6 +359,19 @@ class OrtFlavor(Flavor):
         )
         return out
 
+    def differential_attention(self, g, q, k, v, past, present, step, layer):
+        own = self.attention(g, q, k, v, past, present, step, layer)
+        # The second call reads copies of the cache it wrote, up to the longest row (what
+        # the op reads), the values' halves swapped; writing the chunk's k and swapped v
+        # again into those copies changes nothing, and its present outputs go unread.
+        total = g.op("Unsqueeze", [g.op("Cast", [step.extra["total"]], to=7), g.const([0])])
+        keys, values = (g.op("Slice", [t, g.const([0]), total, g.const([2])]) for t in present)
+        copies = (keys, differential.swapped(g, values, 1))
+        unread = (g._name("diff_key"), g._name("diff_value"))
+        other = self.attention(g, q, k, differential.swapped(g, v, -1), copies, unread, step,
+                               layer)
+        return own, other
+
 
 class StandardFlavor(Flavor):
     name = "standard"
@@ -462,6 +484,28 @@ class StandardFlavor(Flavor):
 
     def attention(self, g, q, k, v, past, present, step, layer, sink=None, dynamic=None,
                   kept=None):
+        q4, keys, values, mask = self.cached(g, q, k, v, past, present, step, layer, dynamic,
+                                             kept)
+        return self.attend(g, q4, keys, values, mask, layer, sink)
+
+    def differential_attention(self, g, q, k, v, past, present, step, layer):
+        # one softmax over the keys, times [own values | swapped values] (2D wide)
+        q4, keys, values, mask = self.cached(g, q, k, v, past, present, step, layer)
+        both = g.op("Concat", [values, differential.swapped(g, values, 1)], axis=-1)
+        d, heads = self.cfg.head_dim, self.cfg.num_heads
+        out = g.op("Reshape", [self.attend(g, q4, keys, both, mask, layer, width=2 * d),
+                               g.const([0, 0, heads, 2 * d])])
+        own, other = g.op("Split", [out], 2, axis=-1, num_outputs=2)
+        return tuple(g.op("Reshape", [t, g.const([0, 0, heads * d])])  # type: ignore[return-value]
+                     for t in (own, other))
+
+    def cached(self, g: GraphBuilder, q: str, k: str, v: str, past: tuple[str, str],
+               present: tuple[str, str], step: StepTensors, layer: LayerAttention,
+               dynamic: DynamicMask | None = None, kept: str | None = None
+               ) -> tuple[str, str, str, str]:
+        """The rotated q [B,H,C,D], the caches [B,KV,cap,D] with k and v written at each
+        row's past length (under the `present` names), and the layer's additive mask (with
+        DeepSeek Sparse Attention's `kept` keys only, where given)."""
         cfg = self.cfg
         q4 = self.heads_first(g, q, cfg.num_heads)
         k4 = self.heads_first(g, k, cfg.num_kv_heads)
@@ -480,14 +524,15 @@ class StandardFlavor(Flavor):
         if kept is not None:  # DeepSeek Sparse Attention: the keys each query keeps
             blocked = g.const(float(np.finfo(self.dtype).min), self.dtype)
             mask = g.op("Where", [g.op("Unsqueeze", [kept, g.const([1, 2])]), mask, blocked])
-        return self.attend(g, q4, keys, values, mask, layer, sink)
+        return q4, keys, values, mask
 
     def attend(self, g: GraphBuilder, q4: str, keys: str, values: str, mask: str,
-               layer: LayerAttention, sink: str | None = None) -> str:
-        """q4 [B,H,C,D] (rotated) over the whole cache keys/values [B,KV,cap,D] under the
-        additive `mask` [B,1,1,C,cap], with each head's `sink` logit [H] in the softmax
-        where given; returns [B,C,H*D]."""
+               layer: LayerAttention, sink: str | None = None, width: int | None = None) -> str:
+        """q4 [B,H,C,D] (rotated) over the whole cache keys [B,KV,cap,D] and values
+        [B,KV,cap,width] (width None: D) under the additive `mask` [B,1,1,C,cap], with each
+        head's `sink` logit [H] in the softmax where given; returns [B,C,H*width]."""
         cfg = self.cfg
+        width = width or cfg.head_dim
         rep = cfg.num_heads // cfg.num_kv_heads
         # Group the query heads by the KV head they share: [B,KV,rep,C,D] against
         # [B,KV,1,cap,D] broadcasts without materializing repeated keys.
@@ -502,9 +547,9 @@ class StandardFlavor(Flavor):
         probs = (g.op("Softmax", [scores], axis=-1) if sink is None
                  else self._softmax_with_sink(g, scores, sink))
         out = g.op("MatMul", [probs, g.op("Unsqueeze", [values, g.const([2])])])
-        out = g.op("Reshape", [out, g.const([0, cfg.num_heads, -1, cfg.head_dim])])
+        out = g.op("Reshape", [out, g.const([0, cfg.num_heads, -1, width])])
         out = g.op("Transpose", [out], perm=[0, 2, 1, 3])
-        return g.op("Reshape", [out, g.const([0, 0, cfg.num_heads * cfg.head_dim])])
+        return g.op("Reshape", [out, g.const([0, 0, cfg.num_heads * width])])
 
     def _softmax_with_sink(self, g: GraphBuilder, scores: str, sink: str) -> str:
         """Softmax of scores [B,KV,rep,C,cap] with each head's sink logit as one more

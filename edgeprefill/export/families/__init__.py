@@ -9,8 +9,8 @@ One module per kind of language model (dense, gemma, the routed-expert MoEs by h
 router chooses: moe_softmax, moe_top_k, moe_sigmoid; latent, recurrent, rwkv, kda, alibi, baichuan
 (rotary or ALiBi by its config class), the GPT-2-era classic, OpenELM's layer-wise
 scaling, DeciLM's KV heads per layer, Llama-Nemotron's NAS blocks, Laguna's softplus-
-gated attention with heads per layer, Doge's dynamic mask attention and ZAYA's
-compressed convolutional attention) and the image-text
+gated attention with heads per layer, Doge's dynamic mask attention, DiffLlama's
+differential attention and ZAYA's compressed convolutional attention) and the image-text
 checkpoints that wrap one; `FamilySpec` and the tensor names in `spec`. The checkpoints
 that wrap any text family (LLaVA's kin, `wrapped`) take the spec of the one their
 text_config names:
@@ -29,6 +29,7 @@ from edgeprefill.export.families import (
     classic,
     deci,
     dense,
+    diffllama,
     doge,
     gemma,
     image_text,
@@ -76,8 +77,6 @@ REFUSED_TYPES: dict[str, str] = {
               "is not supported",
     "longcat_flash": "LongCat-Flash's zero-computation experts and two attentions per layer "
                      "are not supported",
-    "diffllama": "DiffLlama's differential attention (two softmaxes subtracted with a "
-                 "learned lambda) is not supported",
     # transformers 5.24's newer causal LMs that need a new state, attention or structure
     "dots3_note_text": "dots.3's sliding-window layers of their own latent attention sizes "
                        "beside its sparse attention are not supported",
@@ -214,6 +213,7 @@ _TEXT: dict[str, FamilySpec] = _merged(
     nemotron_nas.FAMILIES,
     laguna.FAMILIES,
     doge.FAMILIES,
+    diffllama.FAMILIES,
     zaya.FAMILIES,
 )
 # A wrapper's entry is the spec of its default language model (its config class's).

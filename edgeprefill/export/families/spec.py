@@ -453,6 +453,11 @@ class FamilySpec:
     # Doge's residual weights: each residual add is input_residual * x + attention and
     # post_attention_residual * x + MLP (per channel, the layer's own), in a "pre" block.
     residual_weights: bool = False
+    # DiffLlama's differential attention (export/differential.py): each query head attends
+    # over both halves of the KV heads' values, the second half of the heads' outputs times
+    # lambda (from the layer's lambda_q1/k1/q2/k2 and its depth) subtracted from the first
+    # half's, each difference RMS-normed without weight and scaled by 1 - lambda_init.
+    differential: bool = False
 
     def read(self, raw: dict[str, Any]) -> dict[str, Any]:
         """config.json as the family's transformers config class reads it."""
