@@ -478,6 +478,14 @@ FAMILIES: dict[str, dict] = {
                       "n_routed_experts": 12, "n_group": 4, "topk_group": 3,
                       "num_experts_per_tok": 3, "moe_intermediate_size": 32,
                       "n_shared_experts": 1, "routed_scaling_factor": 1.8},
+    # A.X K1: the GLM-4.7-Flash fixture (experts on layers 1 and 3, 12 in 3 groups, the
+    # best 2) with each expert block's output normed (post_mlp_layernorm)
+    "axk1": {"num_hidden_layers": 4, "num_key_value_heads": 4, "q_lora_rank": 32,
+             "kv_lora_rank": 32, "qk_nope_head_dim": 16, "qk_rope_head_dim": 16,
+             "v_head_dim": 24, "mlp_layer_types": ["dense", "sparse", "dense", "sparse"],
+             "n_routed_experts": 12, "n_group": 3, "topk_group": 2,
+             "num_experts_per_tok": 3, "moe_intermediate_size": 32, "n_shared_experts": 1,
+             "routed_scaling_factor": 2.5},
     # DeepSeek-V3.2: GLM-4.7-Flash's MLA fixture with DSA's indexer on every layer. Its
     # index_topk is past the bundles' context (dense MLA exactly, no indexer in the bundle);
     # test_sparse_attention exports it with index_topk 8.

@@ -32,9 +32,9 @@ from tests.test_moe import hf_moe_model_shapes
 from tests.test_quantize import dequantize_embeddings
 
 MLA_FAMILIES = ("minicpm3", "youtu", "deepseek_v2", "deepseek_v3", "glm4_moe_lite",
-                "sarvam_mla")
+                "sarvam_mla", "axk1")
 # MLA with DeepSeek-V3's experts (noaux_tc); deepseek_v3's is the default suite's
-DEEPSEEK_V3_FAMILIES = ("deepseek_v3", "glm4_moe_lite", "sarvam_mla")
+DEEPSEEK_V3_FAMILIES = ("deepseek_v3", "glm4_moe_lite", "sarvam_mla", "axk1")
 # Shaped as openbmb/MiniCPM3-4B's config.json: a longrope over the 32 rope dims.
 MINICPM3_4B = {
     "model_type": "minicpm3", "hidden_size": 2560, "intermediate_size": 6400,
@@ -387,3 +387,21 @@ def test_deepseek_v3s_multi_token_prediction_layer_is_left_out_quietly(
     unused = [r.getMessage() for r in caplog.records if "does not use" in r.getMessage()]
     assert bool(unused) == warned
     assert not warned or "4 tensors config.json does not use (model.layers.3." in unused[0]
+
+
+def test_an_axk1_checkpoint_without_selection_biases_routes_as_transformers(hf_model,
+                                                                            tmp_path):
+    """A.X K1's Hub checkpoints store no e_score_correction_bias, which transformers leaves
+    at zero: the bundle routes without one, as the model does."""
+    from safetensors.torch import load_file, save_file
+
+    hf_dir = tmp_path / "hf"
+    shutil.copytree(hf_model("axk1"), hf_dir)
+    tensors = load_file(hf_dir / "model.safetensors")
+    save_file({k: v for k, v in tensors.items() if "e_score_correction_bias" not in k},
+              hf_dir / "model.safetensors", metadata={"format": "pt"})
+    export(hf_dir, tmp_path / "b", ExportOptions(chunks=(16,), max_context=64,
+                                                 show_progress=False))
+    ids = prompt_ids(20)
+    np.testing.assert_allclose(last_logits(tmp_path / "b", ids),
+                               reference_logits(hf_dir, ids)[-1], rtol=1e-4, atol=1e-4)

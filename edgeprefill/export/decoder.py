@@ -921,7 +921,7 @@ class DecoderBuilder:
         if p in self.expert_layers:
             assert self.experts is not None
             if self.router is None:
-                return self.experts.block(p, h)
+                return self._moe_output_norm(p, self.experts.block(p, h))
             self.router.keep_rows(rows)
             return self.experts.routed(p, h, *self.router.route(p, h))
         bias = cfg.mlp_bias
@@ -950,6 +950,16 @@ class DecoderBuilder:
             act = self._norm(act, p + n.mlp_sub_norm)
         down = self.w.linear(act, [p + n.down + ".weight"], p + n.down + ".bias" if bias else None)
         return self._times(down, down_scale)
+
+    def _moe_output_norm(self, p: str, out: str) -> str:
+        """The experts' output, normed where the family norms it (A.X K1's
+        post_mlp_layernorm, MoeNames.output_norm)."""
+        spec = self.cfg.spec.moe
+        names = spec.names.output_norm if spec is not None else ()
+        if not names:
+            return out
+        found = self.w.resolve(tuple(p + name + ".weight" for name in names))
+        return self._norm(out, found.removesuffix(".weight"))
 
     def _mlp_activation(self, p: str, x: str) -> str:
         """The activation of layer `p`'s dense MLP: xIELU reads the layer's own alphas."""

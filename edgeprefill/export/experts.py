@@ -71,6 +71,13 @@ class MoeNames:
     fused_transposable: bool = False
     # the selection bias [E] or [1, E] (LFM2-MoE's, ERNIE-4.5-MoE's); first found wins
     expert_bias: tuple[str, ...] = ()
+    # Whether a checkpoint may lack that bias, which then chooses nothing: A.X K1's Hub
+    # checkpoints route without one, and transformers leaves its buffer at zero.
+    expert_bias_optional: bool = False
+    # An RMSNorm (the family's norm) of the block's output, routed + shared, before the
+    # residual add: A.X K1's post_mlp_layernorm, which its Hub checkpoints store at the
+    # layer's level and transformers' modules under mlp; first found wins. (): none.
+    output_norm: tuple[str, ...] = ()
     # Experts split by modality (ERNIE 4.5 VL): the layer's list holds each modality's
     # `experts` in turn, the text's first (export/modality_experts.py), its selection bias
     # a row per modality [modalities, E]; and its router stored [H, E], its module's own

@@ -97,7 +97,7 @@ class MixtureOfExperts:
             scores = g.op("Sigmoid", [logits]) if moe.routing == "sigmoid" else \
                 g.op("Softmax", [logits], axis=-1)
             ranked = logits if moe.bias_on_logits else scores
-            if moe.expert_bias:
+            if moe.expert_bias and self._has_expert_bias(p):
                 ranked = g.op("Add", [ranked, self._expert_bias(p)])
             if moe.grouped:  # DeepSeek-V3: a group scored by its two best
                 ranked = self._in_best_groups(ranked, 2)
@@ -294,6 +294,12 @@ class MixtureOfExperts:
                               f"implies {shape}")
         return self.g.weight(name, shape[::-1], self.dtype, lambda: np.ascontiguousarray(
             self.ckpt.get(name, np.float32).T.astype(self.dtype)))
+
+    def _has_expert_bias(self, p: str) -> bool:
+        """Whether the layer has its selection bias (always, unless the family's may be
+        left out: A.X K1's, zero where absent)."""
+        return not self.names.expert_bias_optional or any(
+            self.ckpt.has(p + name) for name in self.names.expert_bias)
 
     def _expert_bias(self, p: str) -> str:
         """The selection bias [E], stored [E] or [rows, E] (its first row: the text's)."""

@@ -55,7 +55,6 @@ __all__ = ["BLOCKS", "FAMILIES", "NORMS", "REFUSED_TYPES", "FamilySpec", "Tensor
 
 # model_types close to a supported family that export refuses -> why, in words.
 REFUSED_TYPES: dict[str, str] = {
-    "axk1": "A.X K1's RMSNorm after the experts (post_mlp_layernorm) is not supported",
     "minimax": "MiniMax's lightning attention layers (linear attention with a decay per head) "
                "are not supported",
     "xlstm": "xLSTM's mLSTM blocks (a matrix memory with exponential gates) are not supported",

@@ -1,5 +1,5 @@
 """Families with DeepSeek's multi-head latent attention (export/latent_attention.py):
-MiniCPM3, Youtu, DeepSeek-V2/V3, Sarvam, GLM-4.7-Flash.
+MiniCPM3, Youtu, DeepSeek-V2/V3, Sarvam, GLM-4.7-Flash, A.X K1.
 """
 
 from __future__ import annotations
@@ -8,6 +8,7 @@ import math
 from dataclasses import replace
 from typing import Any
 
+from edgeprefill.export.config_values import given
 from edgeprefill.export.experts import (
     MoeNames,
     MoeSpec,
@@ -245,6 +246,46 @@ GLM4_MOE_LITE = replace(
               "rms_norm_eps": 1e-5, "num_nextn_predict_layers": 1},
 )
 
+def _axk1_config(raw: dict[str, Any]) -> dict[str, Any]:
+    """AXK1Config: experts where mlp_layer_types says "sparse", by default on the layers
+    from first_k_dense_replace (1) that are multiples of moe_layer_freq (1), keys it reads
+    only to derive the types."""
+    if raw.get("mlp_layer_types") is None:
+        first = int(given(raw.get("first_k_dense_replace"), 1))
+        freq = int(given(raw.get("moe_layer_freq"), 1))
+        raw = {**raw, "mlp_layer_types": [
+            "sparse" if i >= first and i % freq == 0 else "dense"
+            for i in range(int(raw["num_hidden_layers"]))]}
+    return shared_experts("n_shared_experts")(raw)
+
+
+def _axk1_unsupported(raw: dict[str, Any]) -> str | None:
+    # AXK1Attention always projects the query through q_a_proj and q_b_proj.
+    if raw.get("q_lora_rank", 1) is None:
+        return "q_lora_rank null (a dense query) is not supported: A.X K1's is low-rank"
+    return _rope_halves_refused(raw)
+
+
+# A.X K1 (SK Telecom): DeepSeek-V3's latent attention (always a low-rank query) and
+# experts on the layers mlp_layer_types marks "sparse", each expert block's output (routed
+# + shared) RMS-normed by post_mlp_layernorm before the residual add; the dense layers'
+# copies of that norm, which its Hub checkpoints also store, go unused. Its Hub checkpoints
+# route without a selection bias (transformers' stays zero).
+AXK1 = replace(
+    DEEPSEEK_V3, legacy=_axk1_config, refuse=_axk1_unsupported,
+    moe=replace(DEEPSEEK_MOE, layers=sparse_mlp_layers, names=replace(
+        DEEPSEEK_MOE.names, expert_bias_optional=True,
+        output_norm=("post_mlp_layernorm", "mlp.post_mlp_layernorm"))),
+    defaults={**DEEPSEEK_MOE_DEFAULTS, "vocab_size": 163840, "hidden_size": 7168,
+              "intermediate_size": 18432, "moe_intermediate_size": 2048,
+              "num_hidden_layers": 61, "num_attention_heads": 64, "n_routed_experts": 192,
+              "routed_scaling_factor": 2.5, "kv_lora_rank": 512, "q_lora_rank": 1536,
+              "qk_rope_head_dim": 64, "v_head_dim": 128, "qk_nope_head_dim": 128,
+              "n_group": 8, "topk_group": 4, "num_experts_per_tok": 8,
+              "max_position_embeddings": 32768, "rms_norm_eps": 1e-6},
+    quirks=(*MLA_QUIRKS, "interleaved rotary", "an RMSNorm after each expert block"),
+)
+
 FAMILIES: dict[str, FamilySpec] = {
     "minicpm3": MINICPM3,
     "deepseek_v2": DEEPSEEK_V2,
@@ -253,4 +294,5 @@ FAMILIES: dict[str, FamilySpec] = {
     "sarvam_mla": SARVAM_MLA,
     "glm4_moe_lite": GLM4_MOE_LITE,
     "youtu": YOUTU,
+    "axk1": AXK1,
 }
