@@ -389,17 +389,27 @@ def test_deepseek_v3s_multi_token_prediction_layer_is_left_out_quietly(
     assert not warned or "4 tensors config.json does not use (model.layers.3." in unused[0]
 
 
-def test_an_axk1_checkpoint_without_selection_biases_routes_as_transformers(hf_model,
-                                                                            tmp_path):
-    """A.X K1's Hub checkpoints store no e_score_correction_bias, which transformers leaves
-    at zero: the bundle routes without one, as the model does."""
+def test_an_axk1_checkpoint_as_the_hub_stores_it_exports_as_transformers_loads_it(
+        hf_model, tmp_path):
+    """A.X K1's Hub checkpoints store no e_score_correction_bias (transformers leaves it at
+    zero) and post_mlp_layernorm at the layer's level, on the dense layers too (unused;
+    transformers renames the expert layers' into mlp at load): the bundle routes without a
+    bias and norms the expert layers' output with the layer-level weights."""
     from safetensors.torch import load_file, save_file
 
     hf_dir = tmp_path / "hf"
     shutil.copytree(hf_model("axk1"), hf_dir)
     tensors = load_file(hf_dir / "model.safetensors")
-    save_file({k: v for k, v in tensors.items() if "e_score_correction_bias" not in k},
-              hf_dir / "model.safetensors", metadata={"format": "pt"})
+    hub = {k.replace("mlp.post_mlp_layernorm", "post_mlp_layernorm"): v
+           for k, v in tensors.items() if "e_score_correction_bias" not in k}
+    moved = [k for k in hub if k.endswith("post_mlp_layernorm.weight")]
+    assert moved, "the fixture has no post_mlp_layernorm to move"
+    for k in moved:  # distinct weights, so a norm read from the wrong place shows
+        hub[k] = hub[k] + 0.25 * torch.rand_like(hub[k])
+    for layer in (0, 2):  # the dense layers' copies, which nothing reads
+        hub[f"model.layers.{layer}.post_mlp_layernorm.weight"] = torch.full_like(
+            hub[moved[0]], 7.0)
+    save_file(hub, hf_dir / "model.safetensors", metadata={"format": "pt"})
     export(hf_dir, tmp_path / "b", ExportOptions(chunks=(16,), max_context=64,
                                                  show_progress=False))
     ids = prompt_ids(20)
