@@ -158,6 +158,25 @@ def test_a_prompt_waiting_to_reuse_a_prefix_keeps_its_slot_from_a_lower_priority
     assert high.metrics.token_times[0] < low.metrics.scheduled
 
 
+@pytest.mark.parametrize("rows", [None, 1])
+def test_an_aged_prompt_waits_for_the_prefix_a_started_one_is_writing(fusing_engine, rows):
+    """Strict priority with a small budget: the second prompt's aging overtakes the first
+    while the first is still writing their 64-token system prompt. The first goes on
+    (its chunks are the second's work too) and the second then reuses the whole prefix;
+    started at the overtaking, the two took turns, each computing the shared tokens past
+    the first chunk (129 prompt tokens computed for 81), both done later."""
+    engine = fusing_engine(prefix_reuse=True, policy="chunked+priority", chunk_size=16,
+                           **({} if rows is None else {"prefill_rows": rows}))
+    system = ids(64, seed=7)
+    params = GenerationParams(max_new_tokens=2)
+    first = engine.generate(system + ids(8, seed=1), params)
+    second = engine.generate(system + ids(9, seed=2), params)
+    run_all(engine, [first, second])
+    assert prefill_calls(engine)[:4] == [[16]] * 4
+    assert second.metrics.prefix_reused == 64
+    assert sum(map(sum, prefill_calls(engine))) == 72 + 9
+
+
 def test_strict_priority_fills_the_budget_in_its_order(fusing_engine):
     """The extra rows are the policy's next picks: a lower priority value first, then the
     shortest remaining prompt."""

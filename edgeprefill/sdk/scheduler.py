@@ -254,12 +254,19 @@ class Scheduler:
         of theirs than the cache holds (a system prompt being written now: a step later it
         reuses that KV; not without prefix reuse, which lends no other slot's KV) or no
         slot is free."""
-        cached = self.kv.cached_prefix(request.tokens)
-        if self.kv.share_prefixes and any(
-                common_prefix(request.tokens, c.request.tokens) >= cached + self.kv.align
-                for c in chunks):
+        if self._writing_prefix_of(request, [c.request for c in chunks]):
             return False
         return self._start(request)
+
+    def _writing_prefix_of(self, request: Request, others: list[Request]) -> list[Request]:
+        """Those of `others` that share a longer prefix with `request` than the cache holds
+        (a system prompt they are writing now), where prefixes are lent across slots:
+        started beside them, `request` would compute that prefix again."""
+        if not self.kv.share_prefixes:
+            return []
+        cached = self.kv.cached_prefix(request.tokens)
+        return [r for r in others
+                if common_prefix(request.tokens, r.tokens) >= cached + self.kv.align]
 
     def _pick(self) -> Request | None:
         if self.config.policy == "chunked+priority":
@@ -274,7 +281,15 @@ class Scheduler:
     def _pick_by_priority(self) -> Request | None:
         key = self._priority_key
         best = min(self.queued + self.prefilling, key=key, default=None)
-        if best is not None and best.phase is Phase.QUEUED and not self._start(best):
+        if best is None or best.phase is not Phase.QUEUED:
+            return best
+        # A started prompt writing the best one's prefix goes first: its chunk is the best
+        # one's work, which then reuses it. Started beside it (aged past it), the two took
+        # turns, each computing the shared part past the cache's first block.
+        writers = self._writing_prefix_of(best, self.prefilling)
+        if writers:
+            return min(writers, key=key)
+        if not self._start(best):
             best = min(self.prefilling, key=key, default=None)  # no slot: a started one
         return best
 
