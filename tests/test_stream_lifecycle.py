@@ -463,3 +463,36 @@ def test_a_choice_whose_first_token_fails_ends_alone(make_engine, backend):
     assert [len(s.token_ids) for s in kept] == [10] * 3
     engine.check_integrity()
     assert engine.kv.usage().active == 0
+
+
+@pytest.mark.parametrize("backend", ["fake", "fake-fusing"])
+def test_a_choice_whose_kv_copy_fails_ends_alone(make_engine, backend):
+    """A sibling's copy of its prompt's KV (KVCache.fork) failing in the backend ended
+    every request of the step; now that sibling alone ends, with the error, and its slot
+    stays free for the others."""
+    engine = make_engine(background=False, kv_slots=6, backend=backend)
+    params = GenerationParams(max_new_tokens=10, ignore_eos=True)
+    neighbour = engine.generate(ids(9, 3), params)
+    while neighbour.metrics.generated_tokens < 2:
+        engine.step()
+    choices = engine.submit_n(ids(30, 1), params, 3, chunk_size=8)
+    copy_kv, copies = engine.backend.copy_kv, []
+
+    def first_copy_fails(source, target, length):
+        copies.append(target)
+        if len(copies) == 1:
+            raise RuntimeError("out of device memory")
+        copy_kv(source, target, length)
+
+    engine.backend.copy_kv = first_copy_fails
+    for _ in range(100):  # a sibling lost with its step would never end
+        if all(s.done for s in [neighbour, *choices]):
+            break
+        engine.step()
+    assert len(copies) == 2  # both siblings forked, the first's copy failed
+    assert choices[1].finish_reason == "error" and "out of device memory" in choices[1].error
+    kept = [neighbour, choices[0], choices[2]]
+    assert [s.finish_reason for s in kept] == ["length"] * 3
+    assert [len(s.token_ids) for s in kept] == [10] * 3
+    engine.check_integrity()
+    assert engine.kv.usage().active == 0

@@ -597,7 +597,13 @@ class Engine:
         for follower in followers:
             if follower.cancelled:
                 continue
-            slot = self.kv.fork(_slot(request))
+            # A failed copy (the backend's) ends that sibling alone, not the step's
+            # requests; the slot it was taking stays free and empty.
+            try:
+                slot = self.kv.fork(_slot(request))
+            except Exception as err:  # noqa: BLE001 - reported to the sibling's stream
+                self._fail([follower], err)
+                continue
             if slot is None:
                 follower.copies_prompt = True  # it goes first, before the KV is evicted
                 self._add(follower, admitted=True)
