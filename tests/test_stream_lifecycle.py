@@ -433,31 +433,25 @@ def test_a_request_whose_sampler_fails_ends_alone(make_engine, backend):
     assert engine.kv.usage().active == 0
 
 
-@pytest.mark.parametrize("backend", ["fake", "fake-fusing"])
-def test_a_choice_whose_first_token_fails_ends_alone(make_engine, backend):
-    """The n > 1 siblings that fork from a prefilled prompt take their first token in the
-    step that prefilled it. One sibling's failure there (its sampler, its detokenizer)
-    ended every request of that step: the prompt's own first choice, its other siblings
-    and the decode rows beside it. Now only that sibling ends, with its error."""
+def three_choices_beside_a_decode_row(make_engine, backend):
+    """An engine decoding one request, and three choices of a 30-token prompt submitted
+    beside it (prefilled in chunks of 8): (engine, neighbour, choices)."""
     engine = make_engine(background=False, kv_slots=6, backend=backend)
     params = GenerationParams(max_new_tokens=10, ignore_eos=True)
     neighbour = engine.generate(ids(9, 3), params)
     while neighbour.metrics.generated_tokens < 2:
         engine.step()
-    choices = engine.submit_n(ids(30, 1), params, 3, chunk_size=8)
-    engine.step()  # the first chunk of four: the siblings wait for the prompt
-    leader = next(r for r in engine.scheduler.live() if r.stream is choices[0])
-    doomed = leader.followers[0]
+    return engine, neighbour, engine.submit_n(ids(30, 1), params, 3, chunk_size=8)
 
-    def fail(logits):
-        raise RuntimeError("the grammar broke")
 
-    doomed.sampler.choose = fail
-    for _ in range(100):  # a sibling lost with its step would never end
+def only_the_second_choice_fails(engine, neighbour, choices, error: str) -> None:
+    """Step until all end (a sibling lost with its step would never end): the second
+    choice ends with `error`, the others with their 10 tokens."""
+    for _ in range(100):
         if all(s.done for s in [neighbour, *choices]):
             break
         engine.step()
-    assert choices[1].finish_reason == "error" and "the grammar broke" in choices[1].error
+    assert choices[1].finish_reason == "error" and error in choices[1].error
     kept = [neighbour, choices[0], choices[2]]
     assert [s.finish_reason for s in kept] == ["length"] * 3
     assert [len(s.token_ids) for s in kept] == [10] * 3
@@ -466,16 +460,28 @@ def test_a_choice_whose_first_token_fails_ends_alone(make_engine, backend):
 
 
 @pytest.mark.parametrize("backend", ["fake", "fake-fusing"])
+def test_a_choice_whose_first_token_fails_ends_alone(make_engine, backend):
+    """The n > 1 siblings that fork from a prefilled prompt take their first token in the
+    step that prefilled it. One sibling's failure there (its sampler, its detokenizer)
+    ended every request of that step: the prompt's own first choice, its other siblings
+    and the decode rows beside it. Now only that sibling ends, with its error."""
+    engine, neighbour, choices = three_choices_beside_a_decode_row(make_engine, backend)
+    engine.step()  # the first chunk of four: the siblings wait for the prompt
+    leader = next(r for r in engine.scheduler.live() if r.stream is choices[0])
+
+    def fail(logits):
+        raise RuntimeError("the grammar broke")
+
+    leader.followers[0].sampler.choose = fail
+    only_the_second_choice_fails(engine, neighbour, choices, "the grammar broke")
+
+
+@pytest.mark.parametrize("backend", ["fake", "fake-fusing"])
 def test_a_choice_whose_kv_copy_fails_ends_alone(make_engine, backend):
     """A sibling's copy of its prompt's KV (KVCache.fork) failing in the backend ended
     every request of the step; now that sibling alone ends, with the error, and its slot
     stays free for the others."""
-    engine = make_engine(background=False, kv_slots=6, backend=backend)
-    params = GenerationParams(max_new_tokens=10, ignore_eos=True)
-    neighbour = engine.generate(ids(9, 3), params)
-    while neighbour.metrics.generated_tokens < 2:
-        engine.step()
-    choices = engine.submit_n(ids(30, 1), params, 3, chunk_size=8)
+    engine, neighbour, choices = three_choices_beside_a_decode_row(make_engine, backend)
     copy_kv, copies = engine.backend.copy_kv, []
 
     def first_copy_fails(source, target, length):
@@ -485,14 +491,5 @@ def test_a_choice_whose_kv_copy_fails_ends_alone(make_engine, backend):
         copy_kv(source, target, length)
 
     engine.backend.copy_kv = first_copy_fails
-    for _ in range(100):  # a sibling lost with its step would never end
-        if all(s.done for s in [neighbour, *choices]):
-            break
-        engine.step()
+    only_the_second_choice_fails(engine, neighbour, choices, "out of device memory")
     assert len(copies) == 2  # both siblings forked, the first's copy failed
-    assert choices[1].finish_reason == "error" and "out of device memory" in choices[1].error
-    kept = [neighbour, choices[0], choices[2]]
-    assert [s.finish_reason for s in kept] == ["length"] * 3
-    assert [len(s.token_ids) for s in kept] == [10] * 3
-    engine.check_integrity()
-    assert engine.kv.usage().active == 0
