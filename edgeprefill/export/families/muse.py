@@ -58,14 +58,14 @@ def _glimmer_refuse(raw: dict[str, Any]) -> str | None:
     return None
 
 
-# MuseGlimmerTextConfig's defaults (the Hub's config.json lists the keys that differ)
+# MuseGlimmerTextConfig's defaults (its token ids, 200000 and 200001, left to config.json
+# and generation_config.json, which carry them)
 GLIMMER_DEFAULTS = {
     "vocab_size": 202_048, "hidden_size": 6656, "intermediate_size": 19968,
     "num_hidden_layers": 52, "num_attention_heads": 32, "num_key_value_heads": 2,
     "head_dim": 128, "hidden_activation": "silu", "max_position_embeddings": 131_072,
-    "rms_norm_eps": 1e-5, "eos_token_id": 200_001, "bos_token_id": 200_000,
-    "sliding_window": 2048, "final_logit_softcapping": 20.0, "qk_scale_factor": 3.87,
-    "output_multiplier": 0.19611613513818404, "post_norm_eps": 1e-8,
+    "rms_norm_eps": 1e-5, "sliding_window": 2048, "final_logit_softcapping": 20.0,
+    "qk_scale_factor": 3.87, "output_multiplier": 0.19611613513818404, "post_norm_eps": 1e-8,
 }
 MUSE_GLIMMER = FamilySpec(
     names=replace(LLAMA_NAMES, attn_gate="self_attn.gate_proj"),
