@@ -115,8 +115,10 @@ REFUSED_TYPES: dict[str, str] = {
                       "supported",
     "molmo2": "Molmo2's language model (molmo2_text: the Hub's fused projections and extra "
               "vocabulary table, per-layer rope scaling) is not supported",
-    "muse_spark": "Muse Spark's language model (Muse Glimmer's normed embeddings and gated "
-                  "attention, with projected experts and residual gates) is not supported",
+    "muse_spark": "Muse Spark's language model (Muse Glimmer's attention with a weightless "
+                  "norm of each head's output, experts behind a projection and a norm with "
+                  "each expert's output normed, input-scaled norms and residual gates) is "
+                  "not supported",
     "step3p7": "Step 3.7's language model (step3p5: a sigmoid output gate per head, head "
                "counts per layer, clamped SwiGLU experts) is not supported",
     "unlimited_ocr": "Unlimited OCR's reference sliding-window attention (the whole prompt "
