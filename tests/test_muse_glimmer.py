@@ -26,7 +26,7 @@ from edgeprefill.export.model_config import ModelConfig
 from edgeprefill.export.quantize import QuantConfig, int4_blockwise, int4_dequantize
 from edgeprefill.sdk import Engine
 from tests.conftest import FAMILIES, IMAGE_TEXT, load_hf_model
-from tests.state_models import assert_padded_chunks_match, run_padded
+from tests.state_models import GRAPHS, assert_padded_chunks_match, run_padded
 from tests.test_exactness import prompt_ids, reference_logits
 from tests.test_moe import run_rows
 from tests.test_quantize import dequantize_embeddings, int8_linear, logits_at, native_int8
@@ -119,11 +119,13 @@ def test_the_hubs_config_reads_as_transformers_reads_it():
     assert ours.post_norm_eps == 1e-8
 
 
-@pytest.mark.parametrize("flavor", ["ort", pytest.param("standard", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("flavor, kernels", GRAPHS)
 def test_logits_equal_transformers_for_any_chunk_with_a_padded_last_chunk(
-        flavor, hf_model, bundle):
+        flavor, kernels, hf_model, bundle, monkeypatch):
     """Chunks of 1, 2, 3, 16 and 40 tokens (decode steps among them), the last before the
-    split padded: every call's logits are transformers' at that token, across the window."""
+    split padded: every call's logits are transformers' at that token, across the window;
+    with the native kernels (their fused norms read each norm's own epsilon) and without."""
+    monkeypatch.setenv("EDGEPREFILL_KERNELS", kernels)
     assert_padded_chunks_match(hf_model("muse_glimmer"), bundle("muse_glimmer", flavor))
 
 
