@@ -239,7 +239,7 @@ class DecoderBuilder:
         g, cfg = self.g, self.cfg
         # Only each row's last valid token reaches the LM head (the last layer kept only
         # those): full [C, vocab] logits of a 256-token chunk would cost more than a layer.
-        hidden = self._norm(x, self.names.final_norm) if cfg.final_norm else x  # [B,hidden]
+        hidden = self._final_norm(x) if cfg.final_norm else x  # [B,hidden]
         if cfg.embed_width is not None:
             hidden = self.w.linear(hidden, [self.names.project_out + ".weight"], None)
         if cfg.head_activation is not None:  # ModernBERT decoder's prediction head
@@ -255,8 +255,18 @@ class DecoderBuilder:
         """float32 [B, hidden] from the last layer's output (each row's last valid token):
         the final norm, what transformers' base model returns as last_hidden_state and
         what the logits would be computed from."""
-        hidden = self._norm(x, self.names.final_norm) if self.cfg.final_norm else x
+        hidden = self._final_norm(x) if self.cfg.final_norm else x
         return self.g.op("Cast", [hidden], to=1) if self.dtype != np.float32 else hidden
+
+    def _final_norm(self, x: str) -> str:
+        """The final norm, at its own epsilon where the layers' norms have another
+        (JetMoE's: its layers' at 1e-6, this one at rms_norm_eps)."""
+        eps = self.cfg.final_norm_eps
+        if eps is None or eps == self.cfg.norm_eps:
+            return self._norm(x, self.names.final_norm)
+        flavor = type(self.flavor)(replace(self.cfg, norm_eps=eps), self.dtype,
+                                   self.flavor.max_context)
+        return self._norm(x, self.names.final_norm, flavor=flavor)
 
     def _step_tensors(self, past_lens: str, chunk: str) -> StepTensors:
         """What every attention layer reads; none where no layer attends (Mamba-2), whose
@@ -899,14 +909,16 @@ class DecoderBuilder:
         normed = self._norm(per_head, name, d)
         return g.op("Reshape", [normed, g.const([0, 0, heads * d])])
 
-    def _norm(self, x: str, name: str, width: int | None = None) -> str:
+    def _norm(self, x: str, name: str, width: int | None = None,
+              flavor: Flavor | None = None) -> str:
         """The family's norm over the last axis (`width` wide: hidden unless given); `name`
-        is the module (".weight" added)."""
-        norm = self.cfg.norm
+        is the module (".weight" added); `flavor`: one of another epsilon (the build's
+        unless given)."""
+        norm, flavor = self.cfg.norm, flavor or self.flavor
         if norm in LAYER_NORMS:
             bias = self.w.tensor(name + ".bias") if norm not in UNBIASED else None
-            return self.flavor.layer_norm(self.g, x, self._norm_weight(name, width), bias)
-        return self.flavor.rms_norm(self.g, x, self._norm_weight(name, width))
+            return flavor.layer_norm(self.g, x, self._norm_weight(name, width), bias)
+        return flavor.rms_norm(self.g, x, self._norm_weight(name, width))
 
     def _add_norm(self, x: str, delta: str | None, name: str) -> tuple[str, str]:
         """(x + delta, norm(x + delta)); delta None adds nothing. A.X K2's gated norms

@@ -34,6 +34,9 @@ JETMOE = FamilySpec(
                 routing="topk_softmax", experts_keys=("num_local_experts",),
                 width_key="intermediate_size", norm_key=None),
     act_key="activation_function", tie_default=True, legacy=_jetmoe_heads,
+    # JetMoeDecoderLayer builds its two norms without an eps (JetMoeRMSNorm's 1e-6); only
+    # the model's final norm reads rms_norm_eps
+    layer_norm_eps=1e-6,
     # JetMoeConfig's defaults where they differ from the reader's (Llama's)
     defaults={"vocab_size": 32000, "hidden_size": 2048, "num_hidden_layers": 12,
               "num_key_value_heads": 16, "kv_channels": 128, "intermediate_size": 5632,

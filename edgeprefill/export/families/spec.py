@@ -463,6 +463,10 @@ class FamilySpec:
     # output projections are routed experts of these names (the MLP experts' routing,
     # expert count and k), over keys and values every expert shares; None: none.
     attention_experts: MoaNames | None = None
+    # The epsilon of the layers' norms where the model builds them at a fixed one whatever
+    # config.json says (JetMoE's 1e-6), the final norm at the config's; None: the config's
+    # for every norm.
+    layer_norm_eps: float | None = None
 
     def read(self, raw: dict[str, Any]) -> dict[str, Any]:
         """config.json as the family's transformers config class reads it."""
