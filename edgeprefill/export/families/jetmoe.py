@@ -19,9 +19,22 @@ from edgeprefill.export.families.spec import FamilySpec
 
 def _jetmoe_heads(raw: dict[str, Any]) -> dict[str, Any]:
     # JetMoeConfig.__post_init__: num_attention_heads = KV heads * k; head_dim is
-    # kv_channels (its attribute_map)
-    return {**raw, "num_attention_heads": int(raw["num_key_value_heads"])
-            * int(raw["num_experts_per_tok"]), "head_dim": raw["kv_channels"]}
+    # kv_channels (its attribute_map). Values that are no counts are left to the checks
+    # (_jetmoe_refuse, the reader's) to refuse in one line.
+    kv_heads, top_k = raw.get("num_key_value_heads"), raw.get("num_experts_per_tok")
+    heads = kv_heads * top_k if isinstance(kv_heads, int) and isinstance(top_k, int) \
+        else raw.get("num_attention_heads")
+    return {**raw, "num_attention_heads": heads, "head_dim": raw.get("kv_channels")}
+
+
+def _jetmoe_refuse(raw: dict[str, Any]) -> str | None:
+    """What JetMoeConfig refuses (its validate_architecture), refused as it is: every
+    layer's attention is routed experts, so none is no JetMoE."""
+    experts, top_k = raw.get("num_local_experts"), raw.get("num_experts_per_tok")
+    if not isinstance(experts, int) or not isinstance(top_k, int) or not 1 <= top_k <= experts:
+        return (f"num_experts_per_tok ({top_k!r}) must be 1 to num_local_experts "
+                f"({experts!r})")
+    return None
 
 
 JETMOE = FamilySpec(
@@ -34,6 +47,7 @@ JETMOE = FamilySpec(
                 routing="topk_softmax", experts_keys=("num_local_experts",),
                 width_key="intermediate_size", norm_key=None),
     act_key="activation_function", tie_default=True, legacy=_jetmoe_heads,
+    refuse=_jetmoe_refuse,
     # JetMoeDecoderLayer builds its two norms without an eps (JetMoeRMSNorm's 1e-6); only
     # the model's final norm reads rms_norm_eps
     layer_norm_eps=1e-6,
