@@ -9,6 +9,7 @@ weights and int8 close; the routing shown to matter; a Hub-shaped config.json.""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +18,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from edgeprefill.engines import StepBatch
+from edgeprefill.errors import ExportError
 from edgeprefill.export.exporter import ExportOptions, export
 from edgeprefill.export.model_config import ModelConfig
 from edgeprefill.export.quantize import QuantConfig
@@ -233,3 +235,15 @@ def test_a_hub_shaped_checkpoint_exports_as_transformers_reads_it(hf, tmp_path):
     engine.close()
     want = hf_logits(load_hf_model(hub), ids)
     np.testing.assert_allclose(np.stack(got), want[[15, 19]], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("keys, message", [
+    ({"num_experts_per_tok": 3, "num_local_experts": 2},
+     "num_experts_per_tok (3) must be 1 to num_local_experts (2)"),
+    ({"num_local_experts": 0}, "num_experts_per_tok (2) must be 1 to num_local_experts (0)"),
+    ({"kv_channels": None}, "kv_channels must be a positive integer, got None"),
+])
+def test_what_jetmoe_config_refuses_is_refused_in_one_line(keys, message):
+    with pytest.raises(ExportError, match=re.escape(f"jetmoe: {message}")) as info:
+        ModelConfig.from_hf({**HUB, **keys})
+    assert "\n" not in str(info.value)

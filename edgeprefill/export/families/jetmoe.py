@@ -34,6 +34,9 @@ def _jetmoe_refuse(raw: dict[str, Any]) -> str | None:
     if not isinstance(experts, int) or not isinstance(top_k, int) or not 1 <= top_k <= experts:
         return (f"num_experts_per_tok ({top_k!r}) must be 1 to num_local_experts "
                 f"({experts!r})")
+    width = raw.get("kv_channels")
+    if not isinstance(width, int) or width < 1:  # its attention's head size
+        return f"kv_channels must be a positive integer, got {width!r}"
     return None
 
 
@@ -45,7 +48,9 @@ JETMOE = FamilySpec(
                                fused_down=("mlp.output_linear.weight",),
                                output_bias="mlp.bias"),
                 routing="topk_softmax", experts_keys=("num_local_experts",),
-                width_key="intermediate_size", norm_key=None),
+                # JetMoeTopKGating: no renormalizing (a softmax over the k already sums
+                # to 1) and no scaling factor
+                width_key="intermediate_size", norm_key=None, scaling_key=None),
     act_key="activation_function", tie_default=True, legacy=_jetmoe_heads,
     refuse=_jetmoe_refuse,
     # JetMoeDecoderLayer builds its two norms without an eps (JetMoeRMSNorm's 1e-6); only
