@@ -760,6 +760,13 @@ FAMILIES: dict[str, dict] = {
     # DiffLlama: differential attention, 4 query heads over 2 KV heads (each value half
     # one head), q/k/v/o biases; the lambda vectors as initialized (std 0.1)
     "diffllama": {"attention_bias": True},
+    # JetMoE: routed query/output projections (2 of 4 experts: 4 query heads over 2 KV heads
+    # of 16) and routed MLP experts, each with its output bias
+    "jetmoe": {"num_key_value_heads": 2, "kv_channels": 16, "num_local_experts": 4,
+               "num_experts_per_tok": 2, "intermediate_size": 32,
+               # far from the 1e-6 its layers' norms are built with (only the final norm
+               # reads it)
+               "rms_norm_eps": 0.05},
     # The GPT-2-era classics (export/families/classic.py). OPT: learned positions from row 2
     # of their table, ReLU MLP, tied as the Hub's are; OPT-350m's post-norm layers without a
     # final norm, and its narrower embedding projected in and out.

@@ -229,6 +229,7 @@ def test_each_piece_matters(piece, hf_model, tmp_path, monkeypatch):
 @pytest.mark.parametrize("keys, message", [
     ({"layer_rope_theta": [1e4, 0]}, "layer_rope_theta lists 2 layers; num_hidden_layers is 4"),
     ({"attention_bias": True}, "attention_bias=true is not supported"),
+    ({"post_norm_eps": -1e-8}, "post_norm_eps must be positive, got -1e-08"),
     ({"model_type": "llama"}, "text_config model_type 'llama' is not supported"),
 ])
 def test_what_muse_glimmer_cannot_run_is_refused_in_one_line(keys, message):

@@ -122,10 +122,12 @@ def check_model_config(cfg: ModelConfig) -> None:
             f"config.json: num_attention_heads ({cfg.num_heads}) is not a multiple of "
             f"num_key_value_heads ({cfg.num_kv_heads})"
         )
-    if not (math.isfinite(cfg.norm_eps) and cfg.norm_eps > 0):
-        key = cfg.spec.eps_key or (
-            "layer_norm_eps" if cfg.norm.startswith("layer") else "rms_norm_eps")
-        raise ExportError(f"config.json: {key} must be positive, got {cfg.norm_eps}")
+    key = cfg.spec.eps_key or (
+        "layer_norm_eps" if cfg.norm.startswith("layer") else "rms_norm_eps")
+    for eps, name in ((cfg.norm_eps, key), (cfg.final_norm_eps, key),
+                      (cfg.post_norm_eps, cfg.spec.post_norm_eps_key)):
+        if eps is not None and not (math.isfinite(eps) and eps > 0):
+            raise ExportError(f"config.json: {name} must be positive, got {eps}")
     for rope in cfg.ropes.values():
         if not (math.isfinite(rope.theta) and rope.theta > 0):
             raise ExportError(f"config.json: rope_theta must be positive, got {rope.theta}")

@@ -79,9 +79,12 @@ def norms_and_activations(raw: dict[str, Any], spec: FamilySpec) -> dict[str, An
     names one), the MLP's and the head's activation (`hidden_act` or the family's
     act_key and head_act_key), and the family's config switches of the block's norm
     layout (block, norm kind, final norm, q/k norms)."""
+    eps = float(first_present(raw, EPS_KEYS if spec.eps_key is None else (spec.eps_key,),
+                              1e-6))
+    fixed = spec.layer_norm_eps
     return {
-        "norm_eps": float(first_present(raw, EPS_KEYS if spec.eps_key is None
-                                        else (spec.eps_key,), 1e-6)),
+        "norm_eps": eps if fixed is None else fixed,
+        "final_norm_eps": None if fixed is None else eps,
         "activation": _activation(raw, spec),
         "head_activation": _activation(raw, spec, spec.head_act_key) if spec.head_act_key
         else None,

@@ -42,6 +42,7 @@ from edgeprefill.export.causal_conv import CausalConv
 from edgeprefill.export.cca import CcaProjection, qk_normed
 from edgeprefill.export.checkpoint import Checkpoint
 from edgeprefill.export.dynamic_mask import DynamicMask
+from edgeprefill.export.experts import MoeNames
 from edgeprefill.export.families import TensorNames
 from edgeprefill.export.flavors import Flavor, StepTensors, positions
 from edgeprefill.export.gated_delta import GatedDeltaNet
@@ -53,6 +54,7 @@ from edgeprefill.export.lm_head import embedding_weight, head_weight
 from edgeprefill.export.mamba1 import Mamba1
 from edgeprefill.export.mamba1_heads import MultiHeadMamba1
 from edgeprefill.export.mamba2 import Mamba2
+from edgeprefill.export.mixture_attention import MixtureOfAttention
 from edgeprefill.export.model_config import ModelConfig
 from edgeprefill.export.moe import MixtureOfExperts
 from edgeprefill.export.moe_op import MoeOp, why_unrolled
@@ -113,6 +115,7 @@ class DecoderBuilder:
                               for i, s in enumerate(cfg.sparsity) if s > 0}
         self.altup = (AltUp(self.g, self.w, cfg.altup, cfg.hidden_size, self._norm)
                       if cfg.altup is not None else None)
+        self.moa = self._attention_experts()
 
     def _experts(self) -> MixtureOfExperts | None:
         """The emitter of the model's mixture-of-experts blocks: ONNX Runtime's op where the
@@ -259,10 +262,12 @@ class DecoderBuilder:
 
     def _final_norm(self, x: str) -> str:
         """The last layer's output normed where the model norms it, by the final norm's own
-        kind where it has one (FamilySpec.final_norm_kind)."""
+        kind (FamilySpec.final_norm_kind: Muse Glimmer's) and epsilon (JetMoE's: its
+        layers' at 1e-6, this one at rms_norm_eps) where it has them."""
         if not self.cfg.final_norm:
             return x
-        return self._norm(x, self.names.final_norm, kind=self.cfg.spec.final_norm_kind)
+        return self._norm(x, self.names.final_norm, eps=self.cfg.final_norm_eps,
+                          kind=self.cfg.spec.final_norm_kind)
 
     def _step_tensors(self, past_lens: str, chunk: str) -> StepTensors:
         """What every attention layer reads; none where no layer attends (Mamba-2), whose
@@ -304,6 +309,19 @@ class DecoderBuilder:
             self.g.output(names.present, dtype, state)
 
     Mixer = ShortConv | GatedDeltaNet | Mamba1 | Mamba2 | RgLru | Rwkv | CcaProjection
+
+    def _attention_experts(self) -> MixtureOfAttention | None:
+        """JetMoE's routed query and output projections (export/mixture_attention.py),
+        routed as its MLP experts are, each expert KV heads of queries wide."""
+        cfg, names = self.cfg, self.cfg.spec.attention_experts
+        if names is None:
+            return None
+        assert cfg.moe is not None  # the family's MoeSpec gives their count and k
+        width = cfg.num_kv_heads * cfg.head_dim
+        router = MixtureOfExperts(self.g, self.w, self.ckpt, replace(cfg.moe, width=width),
+                                  MoeNames(router=(names.router,)), cfg.hidden_size,
+                                  self.dtype, self._activation)
+        return MixtureOfAttention(router, names, cfg.num_kv_heads, cfg.head_dim)
 
     def _mixer_of(self, layer: int) -> Mixer:
         """The emitter of a state layer's token mixer (ZAYA's: its attention's states)."""
@@ -556,6 +574,8 @@ class DecoderBuilder:
             return self._output(p, self.shared.attention(q, cfg, layer,
                                                          kv_names(cfg.shared_kv[i])),
                                 cfg.num_heads, cfg.head_dim)
+        if self.moa is not None:  # JetMoE: routed queries over shared keys and values
+            return self._routed_heads(p, i, h, step, rows)
         if self.cca is not None:  # ZAYA: [B, C, ...] already, and L2-normed
             q, k, v = self._cca_qkv(p, h, i, cfg)
             gate = None
@@ -585,6 +605,20 @@ class DecoderBuilder:
         if gate is not None:  # Qwen3.5: the attention's output times sigmoid(gate)
             attn = self.g.op("Mul", [attn, self.g.op("Sigmoid", [rows(gate)])])
         return self._output(p, attn, cfg.num_heads, cfg.v_head_dim or cfg.head_dim)
+
+    def _routed_heads(self, p: str, i: int, h: str, step: StepTensors, rows: Rows) -> str:
+        """JetMoE: grouped-query attention of each token's routed query heads over the
+        shared KV heads, each slot's output through its expert (mixture_attention.py)."""
+        assert self.moa is not None
+        cfg, names = self.cfg, kv_names(i)
+        q = self.moa.queries(p, h)
+        k, v = self.moa.keys_values(p, h)
+        q, k, v = (self.tokens.spread(t) for t in (q, k, v))
+        attn = self._flavor_for(cfg).attention(
+            self.g, q, k, v, (names.past_key, names.past_value),
+            (names.present_key, names.present_value), step, cfg.layers[i])
+        attn = self.tokens.gather(attn, cfg.num_heads * cfg.head_dim)
+        return self.moa.output(p, rows(h), rows(attn))
 
     def _differential(self, p: str, i: int, qkv: tuple[str | None, ...],
                       past: tuple[str, str], present: tuple[str, str], step: StepTensors,

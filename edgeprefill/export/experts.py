@@ -104,6 +104,22 @@ class MoeNames:
     # MoE Shared's input_linear and output_linear); None: gate, up and down as above
     shared_gate_up: str | None = None
     shared_down: str | None = None
+    # a bias [H] added to the block's output, routed and shared (JetMoE's mlp.bias)
+    output_bias: str | None = None
+
+
+@dataclass(frozen=True)
+class MoaNames:
+    """JetMoE's mixture of attention heads (export/mixture_attention.py), relative to a
+    layer prefix: the router [E, H], the experts' query projections fused [E, KV*D, H] and
+    output projections [E, H, KV*D], the bias [H] added to the output, and the keys' and
+    values' projection shared by every expert [2 KV*D, H] (keys first)."""
+
+    router: str = "self_attention.experts.router.layer.weight"
+    queries: str = "self_attention.experts.input_linear.weight"
+    outputs: str = "self_attention.experts.output_linear.weight"
+    bias: str = "self_attention.experts.bias"
+    kv: str = "self_attention.kv_proj.weight"
 
 
 def every_layer(raw: dict[str, Any]) -> tuple[int, ...]:

@@ -64,6 +64,8 @@ class ModelConfig:
     ropes: dict[str, RopeConfig]
     layers: tuple[LayerAttention, ...]
     attn_scale: float  # multiplies q.k (head_dim**-0.5 unless the config says otherwise)
+    # The final norm's epsilon where the layers' norms have another (JetMoE); None: norm_eps
+    final_norm_eps: float | None = None
     attn_softcap: float | None = None  # scores -> c * tanh(scores / c)
     final_softcap: float | None = None  # logits -> c * tanh(logits / c)
     embed_scale: float | None = None  # multiplies the embedding (Gemma, Granite)

@@ -65,14 +65,24 @@ class MixtureOfExperts:
         out = self._with_shared(p, x, self._dispatch(p, x, chosen, weights))
         return g.op("Reshape", [out, g.op("Shape", [h])])
 
+    def route(self, p: str, x: str) -> tuple[str, str]:
+        """Each of the N tokens' k experts [N, k] (int64) and their weights [N, k] (model
+        dtype) for x [N, H], by the family's router (JetMoE's attention experts' too)."""
+        return self._route(p, x)
+
     def _with_shared(self, p: str, x: str, routed: str) -> str:
         """The routed experts' output [N, H] with the shared expert's of x added, where the
-        family has one; halved where it averages the two (Cohere 2 MoE)."""
-        if not self.moe.shared_width:
-            return routed
-        out = self.g.op("Add", [routed, self._shared(p, x)])
-        if self.moe.averaged:
-            out = self.g.op("Mul", [out, self.g.const(0.5, self.dtype)])
+        family has one; halved where it averages the two (Cohere 2 MoE); plus the block's
+        output bias where it has one (JetMoE's)."""
+        out = routed
+        if self.moe.shared_width:
+            out = self.g.op("Add", [out, self._shared(p, x)])
+            if self.moe.averaged:
+                out = self.g.op("Mul", [out, self.g.const(0.5, self.dtype)])
+        if self.names.output_bias is not None:
+            name = p + self.names.output_bias
+            self._check(name, (self.hidden,))
+            out = self.g.op("Add", [out, self.w.tensor(name)])
         return out
 
     def _route(self, p: str, x: str) -> tuple[str, str]:
@@ -173,19 +183,11 @@ class MixtureOfExperts:
         indexed by slot (token * k + the token's i-th choice): every slot is one expert's,
         so the rows scatter to distinct places (no reduction: TensorRT's parser takes
         ScatterND without one only) and the k slots of a token are summed after."""
-        g, experts, k = self.g, self.moe.experts, self.moe.top_k
-        hit = g.op("Equal", [g.op("Unsqueeze", [chosen, g.const([-1])]),
-                             g.const(np.arange(experts).reshape(1, 1, -1))])  # [N, k, E]
-        per_expert = g.op("Reshape", [g.op("Transpose", [hit], perm=[2, 0, 1]),
-                                      g.const([experts, -1])])  # [E, N k]
-        expert_rows = g.op("Split", [per_expert], experts, axis=0, num_outputs=experts)
-        if experts == 1:
-            expert_rows = [expert_rows]
+        g, k = self.g, self.moe.top_k
         flat_weights = g.op("Reshape", [weights, g.const([-1])])  # [N k]
-        outputs, slots = [], []
-        for e in range(experts):
-            # [n_e]: the slots that chose expert e (NonZero of a [1, N k] row: its row 1)
-            slot = g.op("Gather", [g.op("NonZero", [expert_rows[e]]), g.const(1)], axis=0)
+        slots = self.expert_slots(chosen)
+        outputs = []
+        for e, slot in enumerate(slots):
             tokens = g.op("Div", [slot, g.const(k)])
             weight = g.op("Unsqueeze", [g.op("Gather", [flat_weights, slot]), g.const([1])])
             rows = g.op("Gather", [x, tokens], axis=0)  # [n_e, H]
@@ -193,13 +195,27 @@ class MixtureOfExperts:
                 outputs.append(self._expert(p, e, g.op("Mul", [rows, weight])))
             else:
                 outputs.append(g.op("Mul", [self._expert(p, e, rows), weight]))
-            slots.append(slot)
         index = g.op("Unsqueeze", [g.op("Concat", slots, axis=0), g.const([1])])  # [N k, 1]
         shape = g.op("Concat", [g.op("Shape", [flat_weights]), g.const([self.hidden])], axis=0)
         start = g.op("ConstantOfShape", [shape], value=tensor_attribute(np.zeros(1, self.dtype)))
         combined = g.op("ScatterND", [start, index, g.op("Concat", outputs, axis=0)])
         return g.op("ReduceSum", [g.op("Reshape", [combined, g.const([-1, k, self.hidden])]),
                                   g.const([1])], keepdims=0)
+
+    def expert_slots(self, chosen: str) -> list[str]:
+        """For each expert, the slots [n_e] (int64: token * k + the token's i-th choice)
+        of `chosen` [N, k] that chose it."""
+        g, experts = self.g, self.moe.experts
+        hit = g.op("Equal", [g.op("Unsqueeze", [chosen, g.const([-1])]),
+                             g.const(np.arange(experts).reshape(1, 1, -1))])  # [N, k, E]
+        per_expert = g.op("Reshape", [g.op("Transpose", [hit], perm=[2, 0, 1]),
+                                      g.const([experts, -1])])  # [E, N k]
+        expert_rows = g.op("Split", [per_expert], experts, axis=0, num_outputs=experts)
+        if experts == 1:
+            expert_rows = [expert_rows]
+        # NonZero of a [1, N k] row: its row 1
+        return [g.op("Gather", [g.op("NonZero", [row]), g.const(1)], axis=0)
+                for row in expert_rows]
 
     def _expert(self, p: str, e: int, x: str) -> str:
         """Expert e's gated MLP on its tokens x [n_e, H]."""

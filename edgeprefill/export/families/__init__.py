@@ -34,6 +34,7 @@ from edgeprefill.export.families import (
     doge,
     gemma,
     image_text,
+    jetmoe,
     kda,
     laguna,
     latent,
@@ -74,8 +75,6 @@ REFUSED_TYPES: dict[str, str] = {
     # attends bidirectionally: a causal bundle computes other logits for any prompt.
     "paligemma": "PaliGemma attends its whole prompt bidirectionally (a prefix LM), which a "
                  "causal bundle cannot compute",
-    "jetmoe": "JetMoE's mixture of attention heads (routed query and output projections) "
-              "is not supported",
     "longcat_flash": "LongCat-Flash's zero-computation experts and two attentions per layer "
                      "are not supported",
     # transformers 5.24's newer causal LMs that need a new state, attention or structure
@@ -217,6 +216,7 @@ _TEXT: dict[str, FamilySpec] = _merged(
     diffllama.FAMILIES,
     zaya.FAMILIES,
     muse.FAMILIES,
+    jetmoe.FAMILIES,
 )
 # A wrapper's entry is the spec of its default language model (its config class's).
 FAMILIES: dict[str, FamilySpec] = _merged(

@@ -11,6 +11,7 @@ from typing import Any
 from edgeprefill.export.config_checks import check_objects, check_sizes
 from edgeprefill.export.context_cap import ContextCap
 from edgeprefill.export.experts import (
+    MoaNames,
     MoeSpec,
 )
 
@@ -469,6 +470,14 @@ class FamilySpec:
     # lambda (from the layer's lambda_q1/k1/q2/k2 and its depth) subtracted from the first
     # half's, each difference RMS-normed without weight and scaled by 1 - lambda_init.
     differential: bool = False
+    # JetMoE's mixture of attention heads (export/mixture_attention.py): the query and
+    # output projections are routed experts of these names (the MLP experts' routing,
+    # expert count and k), over keys and values every expert shares; None: none.
+    attention_experts: MoaNames | None = None
+    # The epsilon of the layers' norms where the model builds them at a fixed one whatever
+    # config.json says (JetMoE's 1e-6), the final norm at the config's; None: the config's
+    # for every norm.
+    layer_norm_eps: float | None = None
 
     def read(self, raw: dict[str, Any]) -> dict[str, Any]:
         """config.json as the family's transformers config class reads it."""
