@@ -178,11 +178,12 @@ def test_greedy_text_never_picks_an_image_token_as_transformers(hf, tmp_path):
     assert got == want
 
 
-def test_biases_switched_on_export_as_transformers_reads_them(tmp_path):
+def test_biases_and_an_epsilon_of_its_own_export_as_transformers_reads_them(tmp_path):
     """attention_bias (q/k/v and o) and mlp_bias: ChameleonAttention's and ChameleonMLP's
-    biases, in the Swin-norm layers."""
+    biases, in the Swin-norm layers; rms_norm_eps 0.01, which the RMSNorms read and the
+    q/k norms do not (ChameleonLayerNorm's is 1e-5)."""
     hf_dir = build_hf_model("chameleon-swin", tmp_path / "hf", attention_bias=True,
-                            mlp_bias=True)
+                            mlp_bias=True, rms_norm_eps=0.01)
     ids = prompt_ids(20, seed=4)
     got = bundle_logits(hf_dir, tmp_path / "b", ids)
     np.testing.assert_allclose(got, hf_logits(hf_dir, ids)[chunk_ends(20, 8)],
