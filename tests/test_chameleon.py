@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -284,3 +285,20 @@ def test_q_k_norms_stored_per_shard_are_refused_in_one_line(hf, tmp_path):
                                           r"\(4, 16\) \(4 heads of 16\)") as refused:
         export(shard, tmp_path / "b", SMALL)
     assert "\n" not in str(refused.value)
+
+
+@pytest.mark.parametrize("temperature", [0.5, 1.0, 1.5])
+def test_masked_logits_sample_to_nothing_without_a_warning(temperature):
+    """float32's minimum over a temperature below 1 overflows to -inf (numpy warned of it
+    at every sampled token): the masked tokens weigh 0 and nothing is said."""
+    from edgeprefill.sdk.nucleus import nucleus
+
+    logits = np.random.default_rng(0).normal(size=128).astype(np.float32) * 3
+    logits[IMAGE_TOKENS] = LOWEST
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        kept = nucleus(logits, temperature, 0, 0.9, 0.0)
+        probabilities = kept.probabilities(128)
+        drawn = {kept.draw(np.random.default_rng(seed)) for seed in range(50)}
+    assert probabilities[IMAGE_TOKENS].sum() == 0 and np.isfinite(probabilities).all()
+    assert not drawn & set(IMAGE_TOKENS)
