@@ -838,6 +838,12 @@ FAMILIES: dict[str, dict] = {
     "gpt_neox_japanese": {"num_attention_heads": 2, "intermediate_multiple_size": 2,
                           "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0,
                                               "partial_rotary_factor": 0.5}},
+    # Muse Glimmer's language model (a tiny vision tower beside it): three sliding layers,
+    # the last full without rotary (its config class's lists); post-sublayer norms at an
+    # eps large enough to matter, and a logit scale and soft-cap that bite
+    "muse_glimmer": {"num_hidden_layers": 4, "head_dim": 16, "sliding_window": 8,
+                     "post_norm_eps": 0.1, "output_multiplier": 0.5,
+                     "final_logit_softcapping": 2.0},
 }
 # RWKV's modules whose parameters build_hf_model perturbs: its LayerNorms (not named
 # "norm") and the time mix's first-token bonus, which start as ones
@@ -1216,6 +1222,9 @@ IMAGE_TEXT = {
         "audio_config": {"encoder_layers": 1, "encoder_attention_heads": 2,
                          "encoder_ffn_dim": 32, "d_model": 16, "output_dim": 64,
                          "downsample_hidden_size": 8}},
+    "muse_glimmer": {"vision_config": {"hidden_size": 16, "intermediate_size": 32,
+                                       "num_hidden_layers": 1, "num_attention_heads": 2},
+                     "out_hidden_size": 16, "projector_hidden_size": 32},
     # Nemotron 3 Nano Omni: a RADIO tower of one layer, no audio encoder
     "nemotron_h_omni": {"vision_config": {"hidden_size": 16, "num_hidden_layers": 1,
                                           "num_attention_heads": 2, "num_registers": 1,

@@ -211,8 +211,14 @@ def int8_head_reference(model, head: np.ndarray, symmetric: bool) -> None:
     `symmetric`, as the native MatMulInt8 does (codes -127..127, the row's largest magnitude
     / 127), else as ONNX Runtime's DynamicQuantizeMatMul does (uint8 with a zero point, the
     range widened to hold 0); both round half to even."""
-    q, scale = int8_per_channel(head.T)
-    linear = torch.nn.Linear(head.shape[1], head.shape[0], bias=False)
+    model.lm_head = int8_linear(head, symmetric)
+
+
+def int8_linear(weight: np.ndarray, symmetric: bool) -> torch.nn.Linear:
+    """A Linear of `weight` [out, in] computing as an int8 projection does (see
+    int8_head_reference): per-channel int8 weights, its input quantized on the fly."""
+    q, scale = int8_per_channel(weight.T)
+    linear = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=False)
     linear.weight.data = torch.from_numpy((q * scale).T.copy())
 
     def fake_quantized(module, args):
@@ -227,7 +233,7 @@ def int8_head_reference(model, head: np.ndarray, symmetric: bool) -> None:
         return (torch.clamp(torch.round(x / step) + zero, 0, 255) - zero) * step,
 
     linear.register_forward_pre_hook(fake_quantized)
-    model.lm_head = linear
+    return linear
 
 
 def native_int8(bundle_dir) -> bool:

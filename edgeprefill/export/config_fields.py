@@ -75,7 +75,8 @@ def sizes(raw: dict[str, Any], heads: int, hidden: int, head_dim: int,
 
 def norms_and_activations(raw: dict[str, Any], spec: FamilySpec) -> dict[str, Any]:
     """The norms' epsilon (`rms_norm_eps`, `layer_norm_eps`, `layer_norm_epsilon` or the
-    family's eps_key), the MLP's and the head's activation (`hidden_act` or the family's
+    family's eps_key; the post-sublayer norms' own where the family's post_norm_eps_key
+    names one), the MLP's and the head's activation (`hidden_act` or the family's
     act_key and head_act_key), and the family's config switches of the block's norm
     layout (block, norm kind, final norm, q/k norms)."""
     return {
@@ -89,6 +90,8 @@ def norms_and_activations(raw: dict[str, Any], spec: FamilySpec) -> dict[str, An
         "final_norm": spec.final_norm_from_config(raw) if spec.final_norm_from_config
         else True,
         "qk_norm_off": spec.qk_norm_key is not None and not raw.get(spec.qk_norm_key),
+        "post_norm_eps": float(raw[spec.post_norm_eps_key])
+        if spec.post_norm_eps_key and raw.get(spec.post_norm_eps_key) is not None else None,
     }
 
 

@@ -228,6 +228,8 @@ class DecoderBuilder:
             x = g.op("Add", [x, self._position_embedding(past_lens, chunk)])
         if cfg.spec.embed_norm:  # nanochat
             x = self._norm(x, self.names.final_norm)
+        if cfg.spec.embed_norm_weightless:  # Muse Glimmer
+            x = self._weightless_norm(x, cfg.hidden_size)
         if self.names.embed_norm is not None:  # BLOOM's, ModernBERT decoder's
             x = self._norm(x, self.names.embed_norm)
         if self.ple is not None:
@@ -242,7 +244,7 @@ class DecoderBuilder:
         g, cfg = self.g, self.cfg
         # Only each row's last valid token reaches the LM head (the last layer kept only
         # those): full [C, vocab] logits of a 256-token chunk would cost more than a layer.
-        hidden = self._norm(x, self.names.final_norm) if cfg.final_norm else x  # [B,hidden]
+        hidden = self._final_norm(x)  # [B,hidden]
         if cfg.embed_width is not None:
             hidden = self.w.linear(hidden, [self.names.project_out + ".weight"], None)
         if cfg.head_activation is not None:  # ModernBERT decoder's prediction head
@@ -258,8 +260,15 @@ class DecoderBuilder:
         """float32 [B, hidden] from the last layer's output (each row's last valid token):
         the final norm, what transformers' base model returns as last_hidden_state and
         what the logits would be computed from."""
-        hidden = self._norm(x, self.names.final_norm) if self.cfg.final_norm else x
+        hidden = self._final_norm(x)
         return self.g.op("Cast", [hidden], to=1) if self.dtype != np.float32 else hidden
+
+    def _final_norm(self, x: str) -> str:
+        """The last layer's output normed where the model norms it, by the final norm's own
+        kind where it has one (FamilySpec.final_norm_kind)."""
+        if not self.cfg.final_norm:
+            return x
+        return self._norm(x, self.names.final_norm, kind=self.cfg.spec.final_norm_kind)
 
     def _step_tensors(self, past_lens: str, chunk: str) -> StepTensors:
         """What every attention layer reads; none where no layer attends (Mamba-2), whose
@@ -366,10 +375,11 @@ class DecoderBuilder:
             mlp = self._mlp(p, self._norm(x, p + n.post_attn_norm))
             return self.g.op("Add", [x, attn]), mlp
         if block == "sandwich":  # Gemma 2/3: norms before and after each sublayer
-            attn = self._scaled(self._norm(attn, p + n.post_attn_norm))
+            eps = self.cfg.post_norm_eps  # Muse Glimmer's own (None: norm_eps)
+            attn = self._scaled(self._norm(attn, p + n.post_attn_norm, eps=eps))
             x, attn = self._depth_scaled(x, attn, 2 * (i + 1))
             x, h = self._add_norm(x, attn, p + n.pre_mlp_norm)
-            mlp = self._scaled(self._norm(self._mlp(p, h), p + n.post_mlp_norm))
+            mlp = self._scaled(self._norm(self._mlp(p, h), p + n.post_mlp_norm, eps=eps))
             return self._depth_scaled(x, mlp, 2 * (i + 1) + 1)
         x, h = self._add_norm(self._residual(p, x, "input_residual"), self._scaled(attn),
                               p + n.post_attn_norm)
@@ -754,7 +764,8 @@ class DecoderBuilder:
         elif cfg.qk_norm == "head_affine":  # Chameleon
             q = self._head_affine(q, cfg.num_heads, p + n.q_norm)
             k = self._head_affine(k, cfg.num_kv_heads, p + n.k_norm)
-        elif l2_norm:  # before rotary, which keeps each head's length (FamilySpec.qk_norm)
+        elif l2_norm or cfg.qk_norm == "weightless":  # Llama 4's, Muse Glimmer's: before
+            # rotary (which keeps each head's length: FamilySpec.qk_norm)
             q, k = self._l2_norm(q, cfg.num_heads), self._l2_norm(k, cfg.num_kv_heads)
         if q_scale is not None:  # before rotary, which it commutes with (query_scale.py)
             q = g.op("Mul", [q, q_scale])
@@ -778,11 +789,16 @@ class DecoderBuilder:
                                 self.w.tensor(name + ".weight"), self.w.tensor(name + ".bias"))
 
     def _l2_norm(self, x: str, heads: int) -> str:
-        """Llama 4's L2 norm: each head of x [B,C,heads*D] RMS-normed without weight."""
+        """Llama 4's L2 norm (Muse Glimmer's q/k norm): each head of x [B,C,heads*D]
+        RMS-normed without weight."""
         g, d = self.g, self.cfg.head_dim
         per_head = g.op("Reshape", [x, g.const([0, 0, heads, d])])
-        normed = self.flavor.rms_norm(g, per_head, g.const(np.ones(d), self.dtype))
-        return g.op("Reshape", [normed, g.const([0, 0, heads * d])])
+        return g.op("Reshape", [self._weightless_norm(per_head, d),
+                                g.const([0, 0, heads * d])])
+
+    def _weightless_norm(self, x: str, width: int) -> str:
+        """x RMS-normed over its last axis (`width` wide) without weight."""
+        return self.flavor.rms_norm(self.g, x, self.g.const(np.ones(width), self.dtype))
 
     def _rotated_head_norms(self, p: str, q: str, k: str, step: StepTensors,
                             layer: LayerAttention) -> tuple[str, str]:
@@ -886,14 +902,17 @@ class DecoderBuilder:
         normed = self._norm(per_head, name, d)
         return g.op("Reshape", [normed, g.const([0, 0, heads * d])])
 
-    def _norm(self, x: str, name: str, width: int | None = None) -> str:
+    def _norm(self, x: str, name: str, width: int | None = None, eps: float | None = None,
+              kind: str | None = None) -> str:
         """The family's norm over the last axis (`width` wide: hidden unless given); `name`
-        is the module (".weight" added)."""
-        norm = self.cfg.norm
+        is the module (".weight" added). An RMSNorm's own `eps` and a norm of another
+        `kind` (of NORMS) where given (Muse Glimmer's post-sublayer and final norms)."""
+        norm = kind or self.cfg.norm
         if norm in LAYER_NORMS:
             bias = self.w.tensor(name + ".bias") if norm not in UNBIASED else None
-            return self.flavor.layer_norm(self.g, x, self._norm_weight(name, width), bias)
-        return self.flavor.rms_norm(self.g, x, self._norm_weight(name, width))
+            return self.flavor.layer_norm(self.g, x, self._norm_weight(name, width, norm),
+                                          bias)
+        return self.flavor.rms_norm(self.g, x, self._norm_weight(name, width, norm), eps)
 
     def _add_norm(self, x: str, delta: str | None, name: str) -> tuple[str, str]:
         """(x + delta, norm(x + delta)); delta None adds nothing. A.X K2's gated norms
@@ -921,10 +940,12 @@ class DecoderBuilder:
             gate = g.op("Sigmoid", [gate])
         return g.op("Mul", [h, gate])
 
-    def _norm_weight(self, name: str, width: int | None = None) -> str:
-        if self.cfg.norm in WEIGHTLESS:  # statistics only (OLMo 1, nanochat)
+    def _norm_weight(self, name: str, width: int | None = None, kind: str | None = None) -> str:
+        """The weight a norm of `kind` (the model's unless given) multiplies by."""
+        kind = kind or self.cfg.norm
+        if kind in WEIGHTLESS:  # statistics only (OLMo 1, nanochat)
             return self.g.const(np.ones(width or self.cfg.hidden_size), self.dtype)
-        if self.cfg.norm not in ("rms_plus_one", "layer_plus_one"):
+        if kind not in ("rms_plus_one", "layer_plus_one"):
             return self.w.tensor(name + ".weight")
         # Gemma and Nemotron scale by (1 + w), computed in float32 as transformers does.
         stored = name + ".weight"

@@ -64,8 +64,9 @@ class Flavor(ABC):
         cache capacity)."""
 
     @abstractmethod
-    def rms_norm(self, g: GraphBuilder, x: str, weight: str) -> str:
-        """RMSNorm over the last axis of x."""
+    def rms_norm(self, g: GraphBuilder, x: str, weight: str, eps: float | None = None) -> str:
+        """RMSNorm over the last axis of x; `eps` where the norm has its own (Muse
+        Glimmer's post-sublayer norms), else the model's norm_eps."""
 
     def add_rms_norm(
         self, g: GraphBuilder, x: str, delta: str | None, weight: str
@@ -284,10 +285,10 @@ class OrtFlavor(Flavor):
         return tuple(g.op("Gather", [e[rope + part], e["positions"]])  # type: ignore[return-value]
                      for part in (".cos", ".sin"))
 
-    def rms_norm(self, g: GraphBuilder, x: str, weight: str) -> str:
+    def rms_norm(self, g: GraphBuilder, x: str, weight: str, eps: float | None = None) -> str:
         return g.op(
             "SimplifiedLayerNormalization", [x, weight],
-            axis=-1, epsilon=self.cfg.norm_eps, stash_type=1,
+            axis=-1, epsilon=self.cfg.norm_eps if eps is None else eps, stash_type=1,
         )
 
     def add_rms_norm(self, g, x, delta, weight):
@@ -435,12 +436,12 @@ class StandardFlavor(Flavor):
         return tuple(g.op("Squeeze", [step.extra[rope + part], g.const([1])])  # type: ignore[return-value]
                      for part in (".cos", ".sin"))
 
-    def rms_norm(self, g: GraphBuilder, x: str, weight: str) -> str:
+    def rms_norm(self, g: GraphBuilder, x: str, weight: str, eps: float | None = None) -> str:
         # Computed in float32 whatever the graph dtype, as transformers does.
         x32 = x if self.dtype == np.float32 else g.op("Cast", [x], to=1)
         mean_sq = g.op("ReduceMean", [g.op("Mul", [x32, x32]), g.const([-1])], keepdims=1)
-        eps = g.const(self.cfg.norm_eps, np.float32)
-        normed = g.op("Div", [x32, g.op("Sqrt", [g.op("Add", [mean_sq, eps])])])
+        epsilon = g.const(self.cfg.norm_eps if eps is None else eps, np.float32)
+        normed = g.op("Div", [x32, g.op("Sqrt", [g.op("Add", [mean_sq, epsilon])])])
         if self.dtype != np.float32:
             normed = g.op("Cast", [normed], to=10)
         return g.op("Mul", [normed, weight])

@@ -186,6 +186,9 @@ class ModelConfig:
     # to and from it (OPT-350m's word_embed_proj_dim); None: hidden.
     final_norm: bool = True
     embed_width: int | None = None
+    # The epsilon of a sandwich block's norms after its sublayers where theirs is their own
+    # (FamilySpec.post_norm_eps_key); None: norm_eps.
+    post_norm_eps: float | None = None
     # The fused qkv's stored row layout where config.json decides it (Falcon: "heads" or
     # "groups", FamilySpec.qkv_layout_from_config); None: the spec's.
     qkv_layout: str | None = None

@@ -10,8 +10,9 @@ router chooses: moe_softmax, moe_top_k, moe_sigmoid; latent, recurrent, rwkv, kd
 (rotary or ALiBi by its config class), the GPT-2-era classic, OpenELM's layer-wise
 scaling, DeciLM's KV heads per layer, Llama-Nemotron's NAS blocks, Laguna's softplus-
 gated attention with heads per layer, Doge's dynamic mask attention, DiffLlama's
-differential attention, ZAYA's compressed convolutional attention, Chameleon's per-head
-q/k LayerNorms and masked image tokens) and the image-text
+differential attention, ZAYA's compressed convolutional attention, Muse Glimmer's
+normed embedding and gated attention, Chameleon's per-head q/k LayerNorms and masked
+image tokens) and the image-text
 checkpoints that wrap one; `FamilySpec` and the tensor names in `spec`. The checkpoints
 that wrap any text family (LLaVA's kin, `wrapped`) take the spec of the one their
 text_config names:
@@ -41,6 +42,7 @@ from edgeprefill.export.families import (
     moe_sigmoid,
     moe_softmax,
     moe_top_k,
+    muse,
     nemotron_nas,
     not_causal,
     openelm,
@@ -115,10 +117,10 @@ REFUSED_TYPES: dict[str, str] = {
                       "supported",
     "molmo2": "Molmo2's language model (molmo2_text: the Hub's fused projections and extra "
               "vocabulary table, per-layer rope scaling) is not supported",
-    "muse_glimmer": "Muse Glimmer's language model (normed embeddings, scaled weightless q/k "
-                    "norms, a sigmoid attention output gate) is not supported",
-    "muse_spark": "Muse Spark's language model (Muse Glimmer's normed embeddings and gated "
-                  "attention, with projected experts and residual gates) is not supported",
+    "muse_spark": "Muse Spark's language model (Muse Glimmer's attention with a weightless "
+                  "norm of each head's output, experts behind a projection and a norm with "
+                  "each expert's output normed, input-scaled norms and residual gates) is "
+                  "not supported",
     "step3p7": "Step 3.7's language model (step3p5: a sigmoid output gate per head, head "
                "counts per layer, clamped SwiGLU experts) is not supported",
     "unlimited_ocr": "Unlimited OCR's reference sliding-window attention (the whole prompt "
@@ -214,6 +216,7 @@ _TEXT: dict[str, FamilySpec] = _merged(
     doge.FAMILIES,
     diffllama.FAMILIES,
     zaya.FAMILIES,
+    muse.FAMILIES,
     chameleon.FAMILIES,
 )
 # A wrapper's entry is the spec of its default language model (its config class's).

@@ -152,10 +152,11 @@ class FamilySpec:
     # None, "head" (per head, before rotary), "head_rotated" (per head, of the rotated q/k:
     # HunYuan), "full" (the whole q/k projection), "l2" (Llama 4's: per head, without
     # weight, on the layers with rotary only; of the rotated q/k in transformers, which is
-    # the rotation of the normed q/k: rotary keeps each head's length) or "head_affine"
-    # (Chameleon's: each head LayerNorm-ed before rotary, epsilon 1e-5 whatever the
-    # config says, then times its own weight plus its own bias, both stored [heads, D]:
-    # export/head_affine_norm.py)
+    # the rotation of the normed q/k: rotary keeps each head's length), "weightless"
+    # (Muse Glimmer's: per head, without weight, before rotary, on every layer) or
+    # "head_affine" (Chameleon's: each head LayerNorm-ed before rotary, epsilon 1e-5
+    # whatever the config says, then times its own weight plus its own bias, both stored
+    # [heads, D]: export/head_affine_norm.py)
     qk_norm: str | None = None
     # The config key that switches those norms on; None: always there (GLM-4.5's use_qk_norm)
     qk_norm_key: str | None = None
@@ -414,6 +415,16 @@ class FamilySpec:
     clip_qkv: bool = False
     # Whether the final norm also normalizes the embedding before the first layer (nanochat).
     embed_norm: bool = False
+    # Whether the embedding is RMS-normed without weight (at the norms' epsilon) before the
+    # first layer (Muse Glimmer's normed embedding).
+    embed_norm_weightless: bool = False
+    # The final norm's kind where it differs from `norm` (Muse Glimmer: x * w after layers
+    # of (1 + w) norms); None: `norm`.
+    final_norm_kind: str | None = None
+    # The key of the epsilon of the norms after each sublayer (a `sandwich` block's
+    # post_attn_norm and post_mlp_norm), where they have their own (Muse Glimmer's
+    # post_norm_eps); None: the model's norm epsilon.
+    post_norm_eps_key: str | None = None
     # Whether the first layer's attention reads the (normed) embedding without a norm of its
     # own (ModernBERT decoder's layer 0: an Identity attn_norm).
     first_layer_unnormed: bool = False
