@@ -150,6 +150,14 @@ COMPASS = {"sliding_window": 8, "logit_scale": 0.25, "attention_bias": True,
            "rope_parameters": {"sliding_attention": {"rope_type": "default",
                                                      "rope_theta": 10000.0},
                                "full_attention": None}}
+# Chameleon: a VQ-VAE as small as its GroupNorms allow, and the vocabulary map whose 32
+# image tokens (96..127) the model masks; the ids' names end in a character as the Hub's do
+CHAMELEON = {"vq_config": {"base_channels": 32, "channel_multiplier": [1], "num_res_blocks": 1,
+                           "attn_resolutions": [], "embed_dim": 4, "num_embeddings": 16,
+                           "latent_channels": 4, "resolution": 16},
+             "vocabulary_map": {"<s>": 1, "</s>": 2, "<image>": 3,
+                                **{f"IMGIMG{chr(65 + i % 10)}{chr(65 + i // 10)}Z": 96 + i
+                                   for i in range(32)}}}
 LLAMA4 = {"num_hidden_layers": 4, "head_dim": 16, "num_local_experts": 8,
           "num_experts_per_tok": 1, "intermediate_size": 32, "intermediate_size_mlp": 96,
           "interleave_moe_layer_step": 2, "floor_scale": 8, "attn_scale": 0.5}
@@ -829,6 +837,9 @@ FAMILIES: dict[str, dict] = {
     # Llama 3.2 Vision's language model: 4 layers, the second a cross-attention layer that
     # text skips; the embedding 8 rows taller than the head
     "mllama": {"num_hidden_layers": 4, "cross_attention_layers": [1]},
+    # Chameleon: per-head q/k LayerNorms, image tokens' logits masked; its Swin-norm layers
+    "chameleon": CHAMELEON,
+    "chameleon-swin": {**CHAMELEON, "swin_norm": True},
     # GPT-NeoX Japanese: an MLP twice hidden wide, rotary on half of each head, the last
     # layer's output bias (randomized: build_hf_model)
     "gpt_neox_japanese": {"num_attention_heads": 2, "intermediate_multiple_size": 2,

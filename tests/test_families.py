@@ -319,7 +319,9 @@ SUPPORTED = {"granitemoehybrid": {"layer_types": ["attention"] * 4, "num_local_e
              # the 5th)
              "kimi_linear": {"layer_types": ["linear_attention", "full_attention"] * 2},
              # Bailing hybrid: the same (its config class's first is the 6th)
-             "bailing_hybrid": {"layer_group_size": 2}}
+             "bailing_hybrid": {"layer_group_size": 2},
+             # Chameleon: its model reads the image tokens' ids, no default
+             "chameleon": {"vocabulary_map": {"<image>": 3, "IMGIMGAAZ": 100}}}
 
 
 def least(family: str) -> dict:
@@ -513,7 +515,7 @@ def test_a_sliding_window_key_slides_only_where_the_family_reads_it(family):
                       "hunyuan_v1_moe", "dbrx", "flex_olmo", "minimax_m2", "emu3", "diffllama",
                       "emu3_text_model", "gpt_neox_japanese", "mllama", "mllama_text_model",
                       "paddleocr_vl", "hy_v3", "aria_text",
-                      "qwen3_omni_moe_thinker", *NO_ROTARY, *ALIBI,
+                      "qwen3_omni_moe_thinker", "chameleon", *NO_ROTARY, *ALIBI,
                       # stop 43's image-text families of a config class of their own
                       "cosmos3_edge", "deepseek_ocr2", "ernie4_5_vl_moe", "glm_ocr", "glmga",
                       "granite4_vision", "granite_docling"):
@@ -599,10 +601,12 @@ def weight_shapes(family: str, **keys) -> dict[str, tuple[int, ...]]:
 
 # The switches export honours (the Mamba mixers' projection biases: the fixtures of
 # Nemotron-H, Mamba-2 and Mamba-1 set it; GLM-4.5's q/k norms; PaddleOCR-VL's biases on
-# every projection; Doge's MLP biases, which its fixture sets).
+# every projection; Doge's MLP biases, which its fixture sets; Chameleon's, which
+# test_chameleon sets).
 HONOURED = {("nemotron_h", "use_bias"), ("mamba2", "use_bias"), ("mamba", "use_bias"),
             ("falcon_mamba", "use_bias"), ("glm4_moe", "use_qk_norm"),
-            ("nemotron_h_omni", "use_bias"), ("paddleocr_vl", "use_bias"), ("doge", "mlp_bias")}
+            ("nemotron_h_omni", "use_bias"), ("paddleocr_vl", "use_bias"), ("doge", "mlp_bias"),
+            ("chameleon", "mlp_bias")}
 
 
 # The switches the family's config class refuses alone (InternLM3: mlp_bias without

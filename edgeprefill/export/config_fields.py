@@ -148,14 +148,15 @@ def positions(family: str, raw: dict[str, Any], spec: FamilySpec, heads: int,
 def head_and_tokens(raw: dict[str, Any], spec: FamilySpec, hidden: int) -> dict[str, Any]:
     """The embedding's own width (OPT's `word_embed_proj_dim`), the LM head
     (`tie_word_embeddings`, its bias, rows normalized where its family's config says:
-    Baichuan 2's NormHead) and the special token ids
-    (`bos_token_id`, `eos_token_id`; XGLM's `pad_token_id`, which its sinusoidal positions
-    count from)."""
+    Baichuan 2's NormHead), the logits the family masks (Chameleon's image tokens, from
+    `vocabulary_map`) and the special token ids (`bos_token_id`, `eos_token_id`; XGLM's
+    `pad_token_id`, which its sinusoidal positions count from)."""
     return {
         "tie_embeddings": bool(raw.get("tie_word_embeddings", spec.tie_default)),
         "lm_head_bias": spec.lm_head_bias or bool(spec.lm_head_bias_key
                                                   and raw.get(spec.lm_head_bias_key)),
         "lm_head_normalized": bool(spec.head_normalized and spec.head_normalized(raw)),
+        "masked_tokens": spec.masked_logits(raw) if spec.masked_logits else (),
         "bos_token_id": first_token_id(raw.get("bos_token_id")),
         "eos_token_ids": token_ids(raw.get("eos_token_id")),
         "embed_width": _embed_width(raw, spec, hidden),

@@ -47,6 +47,7 @@ from edgeprefill.export.families import TensorNames
 from edgeprefill.export.flavors import Flavor, StepTensors, positions
 from edgeprefill.export.gated_delta import GatedDeltaNet
 from edgeprefill.export.graph import GraphBuilder
+from edgeprefill.export.head_affine_norm import HEAD_AFFINE_EPS, head_affine_norm
 from edgeprefill.export.kimi_delta import KimiDeltaAttention
 from edgeprefill.export.latent_attention import LatentAttention
 from edgeprefill.export.layer_attention import LayerAttention
@@ -54,6 +55,7 @@ from edgeprefill.export.lm_head import embedding_weight, head_weight
 from edgeprefill.export.mamba1 import Mamba1
 from edgeprefill.export.mamba1_heads import MultiHeadMamba1
 from edgeprefill.export.mamba2 import Mamba2
+from edgeprefill.export.masked_logits import masked
 from edgeprefill.export.mixture_attention import MixtureOfAttention
 from edgeprefill.export.model_config import ModelConfig
 from edgeprefill.export.moe import MixtureOfExperts
@@ -116,6 +118,10 @@ class DecoderBuilder:
         self.altup = (AltUp(self.g, self.w, cfg.altup, cfg.hidden_size, self._norm)
                       if cfg.altup is not None else None)
         self.moa = self._attention_experts()
+        # Chameleon's q/k norms keep their own epsilon, not rms_norm_eps
+        self.head_norms = type(flavor)(replace(cfg, norm_eps=HEAD_AFFINE_EPS), self.dtype,
+                                       flavor.max_context) \
+            if cfg.qk_norm == "head_affine" else None
 
     def _experts(self) -> MixtureOfExperts | None:
         """The emitter of the model's mixture-of-experts blocks: ONNX Runtime's op where the
@@ -789,6 +795,9 @@ class DecoderBuilder:
             k = self._head_norm(k, cfg.num_kv_heads, p + n.k_norm, cfg.head_dim)
         elif cfg.qk_norm == "full":
             q, k = self._norm(q, p + n.q_norm), self._norm(k, p + n.k_norm)
+        elif cfg.qk_norm == "head_affine":  # Chameleon
+            q = self._head_affine(q, cfg.num_heads, p + n.q_norm)
+            k = self._head_affine(k, cfg.num_kv_heads, p + n.k_norm)
         elif l2_norm or cfg.qk_norm == "weightless":  # Llama 4's, Muse Glimmer's: before
             # rotary (which keeps each head's length: FamilySpec.qk_norm)
             q, k = self._l2_norm(q, cfg.num_heads), self._l2_norm(k, cfg.num_kv_heads)
@@ -802,6 +811,16 @@ class DecoderBuilder:
         if scale is None or (scale.nope_only and layer.rope is not None):
             return None
         return self.q_scale
+
+    def _head_affine(self, x: str, heads: int, name: str) -> str:
+        """Chameleon's norm of q or k [B,C,heads*D]: per head, its weight and bias the
+        head's own, stored [heads, D] (export/head_affine_norm.py)."""
+        assert self.head_norms is not None
+        d = self.cfg.head_dim
+        self.w.check_shapes([(name + ".weight", (heads, d)), (name + ".bias", (heads, d))],
+                            f"{heads} heads of {d}")
+        return head_affine_norm(self.g, self.head_norms, x, heads, d,
+                                self.w.tensor(name + ".weight"), self.w.tensor(name + ".bias"))
 
     def _l2_norm(self, x: str, heads: int) -> str:
         """Llama 4's L2 norm (Muse Glimmer's q/k norm): each head of x [B,C,heads*D]
@@ -1037,8 +1056,8 @@ class DecoderBuilder:
         return g.op("Gelu", [x], approximate="tanh" if kind == "gelu_tanh" else "none")
 
     def _logits(self, logits: str) -> str:
-        """Cohere's logit scale, Granite's logits scaling and Gemma 2's final soft-cap
-        (c * tanh(logits / c))."""
+        """Cohere's logit scale, Granite's logits scaling, Gemma 2's final soft-cap
+        (c * tanh(logits / c)) and Chameleon's masked image tokens."""
         g, cfg = self.g, self.cfg
         if cfg.logits_multiplier != 1.0:
             logits = g.op("Mul", [logits, g.const(cfg.logits_multiplier, self.dtype)])
@@ -1047,6 +1066,8 @@ class DecoderBuilder:
         if cfg.final_softcap is not None:
             cap = g.const(cfg.final_softcap, self.dtype)
             logits = g.op("Mul", [g.op("Tanh", [g.op("Div", [logits, cap])]), cap])
+        if cfg.masked_tokens:  # Chameleon's image tokens (export/masked_logits.py)
+            logits = masked(g, logits, cfg.masked_tokens, cfg.vocab_size, self.dtype)
         return logits
 
     def _embed(self, ids: str) -> str:

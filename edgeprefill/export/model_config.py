@@ -80,6 +80,9 @@ class ModelConfig:
     lm_head_bias: bool = False  # the LM head has a bias (FamilySpec.lm_head_bias or its key)
     # the LM head's rows L2-normalized before use (Baichuan 2's NormHead), written so
     lm_head_normalized: bool = False
+    # the tokens whose logits are the dtype's minimum whatever the input (Chameleon's image
+    # tokens: export/masked_logits.py)
+    masked_tokens: tuple[int, ...] = ()
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
     fp8: Fp8Scheme | None = None  # how an FP8 checkpoint's weights are scaled (export/fp8.py)

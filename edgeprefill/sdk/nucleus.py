@@ -130,7 +130,10 @@ def _weights(x: np.ndarray, temperature: float, out: np.ndarray) -> np.float32:
     else:
         src = np.subtract(x, x[best], out=head)
     if temperature != 1.0:
-        src = np.multiply(src, scale, out=head)
+        # A logit at float32's minimum (a model's masked tokens: Chameleon's image tokens)
+        # scaled up overflows to -inf, whose weight exp makes 0, as it should be.
+        with np.errstate(over="ignore"):
+            src = np.multiply(src, scale, out=head)
     np.exp(src, out=head)
     return np.float32(head[best])
 

@@ -10,8 +10,9 @@ router chooses: moe_softmax, moe_top_k, moe_sigmoid; latent, recurrent, rwkv, kd
 (rotary or ALiBi by its config class), the GPT-2-era classic, OpenELM's layer-wise
 scaling, DeciLM's KV heads per layer, Llama-Nemotron's NAS blocks, Laguna's softplus-
 gated attention with heads per layer, Doge's dynamic mask attention, DiffLlama's
-differential attention, ZAYA's compressed convolutional attention and Muse Glimmer's
-normed embedding and gated attention) and the image-text
+differential attention, ZAYA's compressed convolutional attention, Muse Glimmer's
+normed embedding and gated attention, Chameleon's per-head q/k LayerNorms and masked
+image tokens) and the image-text
 checkpoints that wrap one; `FamilySpec` and the tensor names in `spec`. The checkpoints
 that wrap any text family (LLaVA's kin, `wrapped`) take the spec of the one their
 text_config names:
@@ -27,6 +28,7 @@ from typing import Any
 from edgeprefill.export.families import (
     alibi,
     baichuan,
+    chameleon,
     classic,
     deci,
     dense,
@@ -142,8 +144,6 @@ REFUSED_TYPES: dict[str, str] = {
                     "supported",
     "instructblipvideo": "InstructBLIP-Video's language model reads Q-Former queries over "
                          "video frames before every prompt; it is not supported",
-    "chameleon": "Chameleon's per-head q/k LayerNorms, Swin-norm layers (swin_norm) and "
-                 "image-token logits masked out are not supported",
     "cosmos3_omni": "Cosmos3's checkpoints store its Qwen3-VL language model under other "
                     "names inside each layer (self_attn.to_q, to_out, norm_q, ...; "
                     "transformers renames them at load) beside a generator's weights; not "
@@ -217,6 +217,7 @@ _TEXT: dict[str, FamilySpec] = _merged(
     zaya.FAMILIES,
     muse.FAMILIES,
     jetmoe.FAMILIES,
+    chameleon.FAMILIES,
 )
 # A wrapper's entry is the spec of its default language model (its config class's).
 FAMILIES: dict[str, FamilySpec] = _merged(

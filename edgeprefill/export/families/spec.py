@@ -153,8 +153,11 @@ class FamilySpec:
     # None, "head" (per head, before rotary), "head_rotated" (per head, of the rotated q/k:
     # HunYuan), "full" (the whole q/k projection), "l2" (Llama 4's: per head, without
     # weight, on the layers with rotary only; of the rotated q/k in transformers, which is
-    # the rotation of the normed q/k: rotary keeps each head's length) or "weightless"
-    # (Muse Glimmer's: per head, without weight, before rotary, on every layer)
+    # the rotation of the normed q/k: rotary keeps each head's length), "weightless"
+    # (Muse Glimmer's: per head, without weight, before rotary, on every layer) or
+    # "head_affine" (Chameleon's: each head LayerNorm-ed before rotary, epsilon 1e-5
+    # whatever the config says, then times its own weight plus its own bias, both stored
+    # [heads, D]: export/head_affine_norm.py)
     qk_norm: str | None = None
     # The config key that switches those norms on; None: always there (GLM-4.5's use_qk_norm)
     qk_norm_key: str | None = None
@@ -449,6 +452,10 @@ class FamilySpec:
     # read decides it (Baichuan 2's NormHead): export writes the rows normalized
     # (decoder._lm_head), in float32.
     head_normalized: Callable[[dict[str, Any]], bool] | None = None
+    # The token ids whose logits the model sets to its dtype's minimum whatever the input,
+    # from config.json as read (Chameleon's image tokens, which its text generation never
+    # picks: export/masked_logits.py); None: none.
+    masked_logits: Callable[[dict[str, Any]], tuple[int, ...]] | None = None
 
     # ZAYA's compressed convolutional attention (export/cca.py): q/k/v from its
     # projection with a convolution over time and a delayed value, two states beside each
