@@ -45,6 +45,7 @@ from edgeprefill.export.families import (
     recurrent,
     rwkv,
     sparse_attention,
+    step3p5,
     zaya,
 )
 from edgeprefill.export.families.spec import BLOCKS, NORMS, FamilySpec, TensorNames
@@ -117,8 +118,6 @@ REFUSED_TYPES: dict[str, str] = {
                     "norms, a sigmoid attention output gate) is not supported",
     "muse_spark": "Muse Spark's language model (Muse Glimmer's normed embeddings and gated "
                   "attention, with projected experts and residual gates) is not supported",
-    "step3p7": "Step 3.7's language model (step3p5: a sigmoid output gate per head, head "
-               "counts per layer, clamped SwiGLU experts) is not supported",
     "unlimited_ocr": "Unlimited OCR's reference sliding-window attention (the whole prompt "
                      "kept, a window over the generated tokens) is not supported",
     # transformers 5.24's newer image-text checkpoints whose language model export refuses
@@ -214,6 +213,7 @@ _TEXT: dict[str, FamilySpec] = _merged(
     doge.FAMILIES,
     diffllama.FAMILIES,
     zaya.FAMILIES,
+    step3p5.FAMILIES,
 )
 # A wrapper's entry is the spec of its default language model (its config class's).
 FAMILIES: dict[str, FamilySpec] = _merged(
