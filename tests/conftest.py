@@ -118,7 +118,7 @@ STEP3P7 = {"num_hidden_layers": 4, "head_dim": 32, "sliding_window": 8,
            "moe_layers_enum": "1,2", "num_sliding_attention_heads": 6,
            "rope_theta": [1e4, 5e5, 1e4, 5e5], "partial_rotary_factors": [1.0, 0.5, 1.0, 0.5],
            "moe_num_experts": 8, "moe_top_k": 2, "moe_intermediate_size": 32,
-           "share_expert_dim": 48, "moe_router_scaling_factor": 1.5,
+           "share_expert_dim": 48, "moe_router_scaling_factor": 1.5, "query_pre_attn_scalar": 16,
            "swiglu_limits": [0, 1.0, 0.5, 0], "swiglu_limits_shared": [0.5, 0, 1.0, 0]}
 # LFM3 at head_dim 32 (its config class's 128 is not hidden / heads).
 LFM3 = {"num_hidden_layers": 4, "head_dim": 32, "sliding_window": 8, "conv_L_cache": 4,
@@ -754,7 +754,8 @@ FAMILIES: dict[str, dict] = {
     # per head, 6 query heads on the sliding layers (window 8) and 4 on the full ones, a
     # rope base and rotated share per layer type (rope_theta, partial_rotary_factors per
     # layer), sigmoid routing with a correction bias (randomized: build_hf_model), scaled,
-    # beside a shared MLP; SwiGLU clamped at 1 and 0.5 (the fixture's gates and ups reach
+    # beside a shared MLP; scores scaled by 16 ** -0.5 (query_pre_attn_scalar; head_dim 32);
+    # SwiGLU clamped at 1 and 0.5 (the fixture's gates and ups reach
     # a few units) on some layers' experts, shared MLPs and dense MLPs.
     "step3p7": STEP3P7,
     # ZAYA: CCA attention on every layer (q/k convolved over 2 then 3 tokens: a state of
