@@ -25,10 +25,12 @@ from edgeprefill.export.exporter import ExportOptions, export
 from edgeprefill.export.layer_attention import GLOBAL, LOCAL
 from edgeprefill.export.model_config import ModelConfig
 from edgeprefill.export.quantize import QuantConfig
+from edgeprefill.sdk import Engine
 from tests.conftest import FAMILIES, IMAGE_TEXT
-from tests.state_models import assert_padded_chunks_match
+from tests.state_models import assert_engine_chunks_match, assert_padded_chunks_match
 from tests.test_exactness import prompt_ids, reference_logits
 from tests.test_families import last_logits
+from tests.test_moe import run_rows
 
 SMALL = {"hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 4,
          "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 128}
@@ -190,6 +192,8 @@ def test_step3p5s_flat_checkpoint_runs_as_step3p7s_language_model(hf_model, tmp_
     ({"rope_theta": [1e4, 5e5]}, "rope_theta lists 2 layers"),
     ({"per_layer_config": {"0": {"head_dim": 16}}}, r"per_layer_config\[0\] overrides"),
     ({"num_sliding_attention_heads": 3}, "layer 0 has 3 query heads"),
+    ({"num_sliding_attention_heads": None, "attention_other_setting": [6]},
+     "attention_other_setting must be an object"),
 ])
 def test_what_step3p7_cannot_run_is_refused_in_one_line(keys, message):
     with pytest.raises(ExportError, match=message) as refused:
@@ -207,3 +211,21 @@ def test_an_int8_bundle_stays_close_to_fp32(hf_model, bundle, tmp_path):
     reference = last_logits(bundle("step3p7"), ids)
     got = last_logits(tmp_path / "int8", ids)
     assert np.abs(got - reference).max() / np.abs(reference).max() < 0.05
+
+
+@pytest.mark.parametrize("flavor", ["ort", pytest.param("standard", marks=pytest.mark.slow)])
+def test_decode_steps_chunks_and_rows_of_different_lengths_equal_transformers(
+        flavor, hf_model, bundle):
+    """Chunks of 1 (each a decode step), 3 and 16 tokens, the last before the split
+    padded; then one call of three rows of different valid lengths (test_moe's matrix
+    runs the rest under slow)."""
+    hf_dir, path = hf_model("step3p7"), bundle("step3p7", flavor)
+    assert_engine_chunks_match(Engine.load(path, threads=2, background=False), hf_dir,
+                               chunks=(1, 3, 16))
+    prompts = [prompt_ids(30, seed=s) for s in (3, 4, 5)]
+    engine = Engine.load(path, threads=2, background=False, kv_slots=3)
+    got = run_rows(engine.backend, prompts, [21, 29, 26])
+    engine.close()
+    for row, ids in enumerate(prompts):
+        np.testing.assert_allclose(got[row], reference_logits(hf_dir, ids)[-1], rtol=1e-4,
+                                   atol=1e-4, err_msg=f"row {row}")

@@ -88,6 +88,8 @@ def _heads(raw: dict[str, Any], types: list[str]) -> list[int]:
     if table is None:
         sliding = raw.get("num_sliding_attention_heads")
         other = raw.get("attention_other_setting")
+        if other is not None and not isinstance(other, dict):
+            raise ValueError("attention_other_setting must be an object")
         if sliding is None:
             sliding = other.get("num_attention_heads", heads) if other else heads
         table = {i: {"num_attention_heads": sliding}
