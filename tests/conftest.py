@@ -112,6 +112,14 @@ LAGUNA = {"num_hidden_layers": 4, "head_dim": 32, "sliding_window": 8,
                                                     "rope_theta": 1e4}},
           "num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
           "shared_expert_intermediate_size": 48, "moe_routed_scaling_factor": 1.5}
+STEP3P7 = {"num_hidden_layers": 4, "head_dim": 32, "sliding_window": 8,
+           "layer_types": ["sliding_attention", "full_attention", "sliding_attention",
+                           "full_attention"],
+           "moe_layers_enum": "1,2", "num_sliding_attention_heads": 6,
+           "rope_theta": [1e4, 5e5, 1e4, 5e5], "partial_rotary_factors": [1.0, 0.5, 1.0, 0.5],
+           "moe_num_experts": 8, "moe_top_k": 2, "moe_intermediate_size": 32,
+           "share_expert_dim": 48, "moe_router_scaling_factor": 1.5, "query_pre_attn_scalar": 16,
+           "swiglu_limits": [0, 1.0, 0.5, 0], "swiglu_limits_shared": [0.5, 0, 1.0, 0]}
 # LFM3 at head_dim 32 (its config class's 128 is not hidden / heads).
 LFM3 = {"num_hidden_layers": 4, "head_dim": 32, "sliding_window": 8, "conv_L_cache": 4,
         "conv_bias": True, "layer_types": ["conv", "sliding_attention", "full_attention", "conv"],
@@ -750,6 +758,14 @@ FAMILIES: dict[str, dict] = {
     "laguna": LAGUNA,
     "laguna-per-element": {**LAGUNA, "gating": "per-element"},
     "laguna-softcap": {**LAGUNA, "moe_router_logit_softcapping": 1.0},
+    # Step 3.7 (its step3p5 language model; the Hub's keys): Gemma's norms, a sigmoid gate
+    # per head, 6 query heads on the sliding layers (window 8) and 4 on the full ones, a
+    # rope base and rotated share per layer type (rope_theta, partial_rotary_factors per
+    # layer), sigmoid routing with a correction bias (randomized: build_hf_model), scaled,
+    # beside a shared MLP; scores scaled by 16 ** -0.5 (query_pre_attn_scalar; head_dim 32);
+    # SwiGLU clamped at 1 and 0.5 (the fixture's gates and ups reach
+    # a few units) on some layers' experts, shared MLPs and dense MLPs.
+    "step3p7": STEP3P7,
     # ZAYA: CCA attention on every layer (q/k convolved over 2 then 3 tokens: a state of
     # 3 raw q/k beside the delayed value's), sliding (window 8) and full layers each
     # rotating half of each head at its own base, biases on q/k/v/o; 4 experts and the
@@ -1124,6 +1140,7 @@ IMAGE_TEXT = {
                                 "global_attn_indexes": [0], "window_size": 2}}
        for name in ("got_ocr2", "pp_chart2table")},
     "fuyu": {"patch_size": 4},  # its tower one linear patch embedding
+    "step3p7": {"vision_config": TINY_VISION},
     "moss_transcribe_diarize": {"audio_config": {
         "hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 1,
         "num_attention_heads": 2, "max_source_positions": 16}},

@@ -573,7 +573,9 @@ def test_the_activation_is_read_from_the_key_the_model_reads(family):
 
 # The language models transformers saves alone from an image-text checkpoint, whose config
 # classes no auto class maps: their causal LM class.
-SAVED_ALONE = {"emu3_text_model": "Emu3ForCausalLM", "mllama_text_model": "MllamaForCausalLM"}
+SAVED_ALONE = {"emu3_text_model": "Emu3ForCausalLM", "mllama_text_model": "MllamaForCausalLM",
+               # Step 3.7's language model: transformers has no causal LM of it alone
+               "step3p5": "Step3p7TextModel"}
 
 
 def meta_model(family: str, **keys):

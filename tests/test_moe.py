@@ -41,7 +41,7 @@ SLOW_MOE_FAMILIES = ("qwen3_5_moe_text", "qwen3_5_moe", "qwen3_vl_moe", "mixtral
                      "exaone_moe", "solar_open", "kolibri1", "glm4v_moe", "llama4_text",
                      "llama4", "phimoe", "hunyuan_v1_moe", "dbrx", "flex_olmo",
                      "minimax_m2", "sarvam_moe", "mimo_v2_flash", "beam",
-                     "hy_v3", "aria_text", "cohere2_moe", "afmoe", "laguna")
+                     "hy_v3", "aria_text", "cohere2_moe", "afmoe", "laguna", "step3p7")
 # DeepSeek-V3's grouped routing (glm4_moe's fixture is the default suite's representative)
 GROUPED_FAMILIES = ("glm4_moe", "dots1", "exaone_moe", "solar_open", "glm4v_moe",
                     "deepseek_v3", "glm4_moe_lite", "sarvam_mla",  # these three: MLA

@@ -173,9 +173,9 @@ def projections(raw: dict[str, Any], spec: FamilySpec, head_dim: int) -> dict[st
         **_biases(raw, spec),
         "attn_gate": spec.attn_gate,
         "clip_qkv": optional_float(raw.get("clip_qkv")) if spec.clip_qkv else None,
-        "head_gate": spec.channel_gate or spec.softplus_gate or bool(
+        "head_gate": spec.channel_gate or spec.softplus_gate or spec.sigmoid_gate or bool(
             spec.head_gate_key and raw.get(spec.head_gate_key)),
-        "gate_per_channel": spec.channel_gate or (spec.softplus_gate
+        "gate_per_channel": spec.channel_gate or ((spec.softplus_gate or spec.sigmoid_gate)
                                                   and not _gate_per_head(raw)),
         "v_head_dim": _v_head_dim(raw, spec, head_dim),
         "value_scale": _value_scale(raw, spec),
@@ -186,8 +186,9 @@ def projections(raw: dict[str, Any], spec: FamilySpec, head_dim: int) -> dict[st
 
 
 def _gate_per_head(raw: dict[str, Any]) -> bool:
-    """LagunaAttention's `gate_per_head`: `gating` true (its default) or "per-head"; any
-    other value (false and "per-element" included) gates each channel."""
+    """LagunaAttention's and Step3p7Attention's `gate_per_head`: `gating` true (their
+    default) or "per-head"; any other value (false and "per-element" included) gates each
+    channel."""
     gating = raw.get("gating", True)
     return gating is True or gating == "per-head"
 

@@ -65,6 +65,7 @@ from edgeprefill.export.remote_model_type import with_model_type
 from edgeprefill.export.shared_block import read_shared_block
 from edgeprefill.export.skipped_layers import skip_layers
 from edgeprefill.export.sparse_index import read_index
+from edgeprefill.export.swiglu_clamps import read_swiglu_clamps
 from edgeprefill.json_file import load_json_object
 
 if TYPE_CHECKING:
@@ -159,6 +160,7 @@ def _read(config_type: type[ModelConfig], family: str, spec: FamilySpec,
         **gemma4_fields(raw) if spec.per_layer_heads or spec.altup else {},
         **altup_fields(raw, spec),
         nas=read_blocks(raw) if spec.nas_blocks else None,
+        swiglu_clamps=read_swiglu_clamps(raw) if spec.swiglu_clamps else None,
     )
 
 

@@ -70,6 +70,7 @@ from edgeprefill.export.shared_kv import SharedKV
 from edgeprefill.export.short_conv import ShortConv
 from edgeprefill.export.sinusoids import ctrl_sinusoids, xglm_sinusoids
 from edgeprefill.export.sparse_gate import sparse_gate
+from edgeprefill.export.swiglu_clamps import bounds_by_prefix, clamped_glu
 from edgeprefill.export.tokens import PackedTokens, PaddedTokens
 from edgeprefill.export.value_heads import cut_values, pad_values
 from edgeprefill.export.weights import GraphWeights
@@ -108,6 +109,8 @@ class DecoderBuilder:
             BitWeights(self.g, ckpt, self.dtype, quant, cfg.bitnet, flavor.integer_matmul)
         # (head_dim, kv_heads, rotary_dim) -> the flavour of layers of that shape (Gemma 4)
         self._flavors: dict[tuple[int, int, int], Flavor] = {}
+        # layer prefix -> the (routed, shared or dense) bounds of its clamped SwiGLU (Step 3.7)
+        self.clamps = bounds_by_prefix(cfg.swiglu_clamps, self.names.layer)
         self.experts = self._experts()
         # the layer prefixes whose MLP is routed experts
         self.expert_layers = {self.names.layer.format(i=i)
@@ -130,7 +133,7 @@ class DecoderBuilder:
         if cfg.moe is None or spec is None:
             return None
         experts = MixtureOfExperts(self.g, self.w, self.ckpt, cfg.moe, spec.names,
-                                   cfg.hidden_size, self.dtype, self._activation)
+                                   cfg.hidden_size, self.dtype, self._activation, self.clamps)
         if not self.flavor.moe_op or cfg.moe.routing == "zaya":
             # ZAYA's router is its own (zaya_router.py), which the op cannot compute
             return experts
@@ -686,7 +689,8 @@ class DecoderBuilder:
         times sigmoid of that head's gate, g_proj of the layer's normed input `h`. Beam
         (FamilySpec.channel_gate): a gate per channel, gate_proj plus its head's bias.
         Laguna (FamilySpec.softplus_gate): softplus of the gate, per head or per channel
-        (ModelConfig.gate_per_channel), in float32 as LagunaAttention computes it."""
+        (ModelConfig.gate_per_channel), in float32 as LagunaAttention computes it. Step 3.7
+        (FamilySpec.sigmoid_gate): Laguna's gate through sigmoid."""
         g, heads, dim = self.g, cfg.num_heads, cfg.head_dim
         width = dim if cfg.gate_per_channel else 1  # gates per head
         name = self.w.resolve(tuple(p + gate + ".weight" for gate in self.names.head_gate))
@@ -1019,7 +1023,8 @@ class DecoderBuilder:
         if p in self.sparse_layers:  # Gemma 3n
             gate = sparse_gate(g, gate, self.sparse_layers[p], self.dtype)
         gate_scale, down_scale = cfg.scales.mlp if cfg.scales is not None else (1.0, 1.0)
-        act = g.op("Mul", [self._mlp_activation(p, self._times(gate, gate_scale)), up])
+        act = clamped_glu(g, self._mlp_activation(p, self._times(gate, gate_scale)), up,
+                          self.clamps.get(p, (None, None))[1], self.dtype)
         if n.mlp_sub_norm is not None:  # BitNet
             act = self._norm(act, p + n.mlp_sub_norm)
         down = self.w.linear(act, [p + n.down + ".weight"], p + n.down + ".bias" if bias else None)

@@ -98,6 +98,9 @@ class MoeNames:
     # DBRX's layout: gate, up and down each one tensor [E * I, H], expert e's rows
     # e * I to (e + 1) * I (the down's are its [I, H], in by out); None: as above
     stacked: tuple[str, str, str] | None = None
+    # Step 3.7's Hub layout: gate and up each one tensor [E, I, H] (moe.gate_proj.weight,
+    # moe.up_proj.weight), read where the layer has them; its down is `fused_down`'s
+    split_gate_up: tuple[str, str] | None = None
     shared: str | None = None  # a shared expert's MLP prefix (Qwen2-MoE), + gate/up/down
     shared_gate: str | None = None  # its sigmoid gate [1, H]; None: ungated (ERNIE)
     # a shared MLP whose gate and up are one projection, gate first, and its down (Granite

@@ -41,6 +41,7 @@ from edgeprefill.export.query_scale import QueryScale, ScalableSoftmax
 from edgeprefill.export.rope import RopeConfig
 from edgeprefill.export.shared_block import SharedBlockShape
 from edgeprefill.export.sparse_index import IndexShape
+from edgeprefill.export.swiglu_clamps import SwigluClamps
 
 
 @dataclass(frozen=True)
@@ -159,6 +160,8 @@ class ModelConfig:
     per_layer_vocab: int = 0
     # Routed experts in place of the MLP on moe.layers (export/moe.py); None: dense.
     moe: MoeConfig | None = None
+    # Step 3.7's clamped SwiGLU bounds per layer (export/swiglu_clamps.py); None: no clamp.
+    swiglu_clamps: SwigluClamps | None = None
     # Multi-head latent attention's dimensions (export/latent_attention.py); None: none.
     # Where set, num_kv_heads is 1 and head_dim the cached head's width (rope + latent),
     # rotary_dim the rope part, attn_scale transformers' (qk_head_dim^-0.5, yarn's mscale).

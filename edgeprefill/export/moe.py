@@ -25,7 +25,7 @@ different experts.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import numpy as np
 
@@ -34,6 +34,7 @@ from edgeprefill.export import mxfp4
 from edgeprefill.export.checkpoint import Checkpoint
 from edgeprefill.export.experts import MoeConfig, MoeNames
 from edgeprefill.export.graph import GraphBuilder
+from edgeprefill.export.swiglu_clamps import Bound, clamped_glu
 from edgeprefill.export.weights import GraphWeights
 
 FLOAT = 1  # onnx TensorProto.FLOAT
@@ -42,11 +43,14 @@ Activation = Callable[[str], str]
 
 class MixtureOfExperts:
     def __init__(self, g: GraphBuilder, w: GraphWeights, ckpt: Checkpoint, moe: MoeConfig,
-                 names: MoeNames, hidden: int, dtype: np.dtype, act: Activation) -> None:
+                 names: MoeNames, hidden: int, dtype: np.dtype, act: Activation,
+                 clamps: Mapping[str, tuple[Bound, Bound]] | None = None) -> None:
         self.g, self.w, self.ckpt = g, w, ckpt
         self.moe, self.names, self.hidden = moe, names, hidden
         self.dtype = np.dtype(dtype)
         self.act = act
+        # layer prefix -> its routed and shared experts' SwiGLU bounds (Step 3.7)
+        self.clamps = clamps or {}
 
     def block(self, p: str, h: str) -> str:
         """The block's output for h [..., H] (any leading shape), shaped as h."""
@@ -227,19 +231,21 @@ class MixtureOfExperts:
             gate_up = g.op("Add", [gate_up, self._bias(stem + "gate_up.bias", 2 * width,
                                                        self._gate_up_bias(p, e))])
         gate, up = g.op("Split", [gate_up], 2, axis=-1, num_outputs=2)
-        out = self.w.project(self._gated(gate, up), stem + "down.weight", width, hidden,
+        out = self.w.project(self._gated(p, gate, up), stem + "down.weight", width, hidden,
                              self._down_reader(p, e))
         if self.names.down_bias is not None:
             out = g.op("Add", [out, self._bias(stem + "down.bias", hidden,
                                                self._down_bias(p, e))])
         return out
 
-    def _gated(self, gate: str, up: str) -> str:
-        """act(gate) * up, or gpt-oss's clamped SwiGLU:
-        (clamp(up, -limit, limit) + 1) * g * sigmoid(alpha g), g = min(gate, limit)."""
+    def _gated(self, p: str, gate: str, up: str) -> str:
+        """act(gate) * up (Step 3.7's each clamped to layer p's bound), or gpt-oss's
+        clamped SwiGLU: (clamp(up, -limit, limit) + 1) * g * sigmoid(alpha g), g = min(gate,
+        limit)."""
         g, clamped = self.g, self.moe.clamped
         if clamped is None:
-            return g.op("Mul", [self.act(gate), up])
+            return clamped_glu(g, self.act(gate), up, self.clamps.get(p, (None, None))[0],
+                               self.dtype)
         limit = g.const(clamped.limit, self.dtype)
         gate = g.op("Min", [gate, limit])
         up = g.op("Clip", [up, g.const(-clamped.limit, self.dtype), limit])
@@ -279,7 +285,9 @@ class MixtureOfExperts:
         gate_up = self.w.linear(x, [stem + part + ".weight" for part in parts], None)
         gate, up = g.op("Split", [gate_up], 2, axis=-1, num_outputs=2)
         down = stem + (n.shared_down or n.down) + ".weight"
-        mlp = self.w.linear(g.op("Mul", [self.act(gate), up]), [down], None)
+        glu = clamped_glu(g, self.act(gate), up, self.clamps.get(p, (None, None))[1],
+                          self.dtype)
+        mlp = self.w.linear(glu, [down], None)
         if n.shared_gate is None:
             return mlp
         return g.op("Mul", [mlp, g.op("Sigmoid", [g.op("MatMul", [x, self._transposed(
@@ -333,6 +341,11 @@ class MixtureOfExperts:
         if n.stacked is not None:  # DBRX
             gate, up = (self._stacked_rows(p + name, e) for name in n.stacked[:2])
             return lambda: np.concatenate([gate(), up()])
+        if n.split_gate_up is not None and self.ckpt.has(p + n.split_gate_up[0]):  # Step 3.7
+            halves = [p + name for name in n.split_gate_up]
+            for name in halves:
+                self._check(name, (self.moe.experts, self.moe.width, self.hidden))
+            return lambda: np.concatenate([self.ckpt.get_index(name, e) for name in halves])
         separate = [stem + n.gate + ".weight", stem + n.up + ".weight"]
         if all(self.ckpt.has(name) for name in separate):
             self._check(separate[0], (self.moe.width, self.hidden))

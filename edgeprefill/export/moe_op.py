@@ -54,6 +54,9 @@ def why_unrolled(experts: MixtureOfExperts, activation: str,
     if moe.input_scaled and moe.top_k > 1:
         return (f"each of a token's {moe.top_k} experts takes the token times its own "
                 "weight; the op runs them on one input")
+    if any(routed is not None for routed, _ in experts.clamps.values()):
+        return ("Step 3.7's experts clamp their SwiGLU after the activation (swiglu_limits), "
+                "which the op's swiglu_limit (gpt-oss's clamp) does not compute")
     if activation != "silu":
         return f"the experts' activation is {activation}, the op's CPU kernel takes SiLU"
     if experts.dtype != np.float32:
@@ -74,7 +77,7 @@ class MoeOp(MixtureOfExperts):
 
     def __init__(self, experts: MixtureOfExperts, quant: QuantConfig | None) -> None:
         super().__init__(experts.g, experts.w, experts.ckpt, experts.moe, experts.names,
-                         experts.hidden, experts.dtype, experts.act)
+                         experts.hidden, experts.dtype, experts.act, experts.clamps)
         self.quant = quant
 
     def block(self, p: str, h: str) -> str:

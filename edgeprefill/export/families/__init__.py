@@ -50,6 +50,7 @@ from edgeprefill.export.families import (
     recurrent,
     rwkv,
     sparse_attention,
+    step3p5,
     zaya,
 )
 from edgeprefill.export.families.spec import BLOCKS, NORMS, FamilySpec, TensorNames
@@ -120,8 +121,6 @@ REFUSED_TYPES: dict[str, str] = {
                   "norm of each head's output, experts behind a projection and a norm with "
                   "each expert's output normed, input-scaled norms and residual gates) is "
                   "not supported",
-    "step3p7": "Step 3.7's language model (step3p5: a sigmoid output gate per head, head "
-               "counts per layer, clamped SwiGLU experts) is not supported",
     "unlimited_ocr": "Unlimited OCR's reference sliding-window attention (the whole prompt "
                      "kept, a window over the generated tokens) is not supported",
     # transformers 5.24's newer image-text checkpoints whose language model export refuses
@@ -218,6 +217,7 @@ _TEXT: dict[str, FamilySpec] = _merged(
     muse.FAMILIES,
     jetmoe.FAMILIES,
     chameleon.FAMILIES,
+    step3p5.FAMILIES,
 )
 # A wrapper's entry is the spec of its default language model (its config class's).
 FAMILIES: dict[str, FamilySpec] = _merged(

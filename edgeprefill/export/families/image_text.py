@@ -677,4 +677,10 @@ WRAPPERS: dict[str, Wrapper] = {
     # (speech enters as embeddings; a text prompt is the Qwen3's alone)
     "moss_transcribe_diarize": Wrapper("qwen3", tie=True,
                                        towers=("audio_tower.", "multi_modal_projector.")),
+    # Step 3.7: its Step 3.5 language model (step3p5) stored as a causal LM's (`model.`,
+    # `lm_head.`) beside the Hub's vision_model and vit_large_projector; tied only where
+    # the outer config says so
+    "step3p7": Wrapper("step3p5", tie=False, text_types=("step3p5",), any_text_type=True,
+                       towers=("vision_model.", "vit_large_projector.",
+                               "multi_modal_projector.")),
 }

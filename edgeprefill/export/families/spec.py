@@ -320,6 +320,12 @@ class FamilySpec:
     # per channel where config.json's `gating` is neither true nor "per-head" (as
     # LagunaAttention reads it); no bias.
     softplus_gate: bool = False
+    # Step 3.7's output gate, always on: Laguna's (its own projection, per head or per
+    # channel by `gating`) through sigmoid, not softplus.
+    sigmoid_gate: bool = False
+    # Step 3.7's clamped SwiGLU per layer (swiglu_limits, swiglu_limits_shared:
+    # export/swiglu_clamps.py).
+    swiglu_clamps: bool = False
     # Multimodal checkpoints (Gemma 3): the key whose config is the language model's, and
     # the keys the outer config decides instead, with the outer class's default (None: no
     # default, the inner config's value stands).

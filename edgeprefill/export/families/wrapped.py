@@ -50,6 +50,9 @@ class Wrapper:
     # class moves into the text_config it makes (Fuyu-8B's Hub config); empty: text_config
     # is required
     flat_text: tuple[str, ...] = ()
+    # Whether its config class reads text_config as `default_text` whatever model_type it
+    # names (Step3p7Config drops it: the Hub's is its remote code's)
+    any_text_type: bool = False
 
 
 def lm_renames(lm: str = "language_model") -> tuple[tuple[str, str], ...]:
@@ -116,6 +119,8 @@ def text_type_of(wrapper: Wrapper, raw: dict[str, Any], families: dict[str, Fami
     inner = _inner(wrapper, raw)
     text_type = inner.get("model_type", wrapper.default_text) if isinstance(inner, dict) \
         else wrapper.default_text  # _text_config says what is wrong with it
+    if wrapper.any_text_type:
+        return wrapper.default_text
     if isinstance(text_type, str):  # anything else is refused below, never looked up
         text_type = dict(wrapper.aliases).get(text_type, text_type)
     taken = wrapper.text_types or tuple(sorted(
