@@ -36,6 +36,7 @@ from edgeprefill.export.families import (
     kda,
     laguna,
     latent,
+    longcat,
     moe_sigmoid,
     moe_softmax,
     moe_top_k,
@@ -74,8 +75,6 @@ REFUSED_TYPES: dict[str, str] = {
                  "causal bundle cannot compute",
     "jetmoe": "JetMoE's mixture of attention heads (routed query and output projections) "
               "is not supported",
-    "longcat_flash": "LongCat-Flash's zero-computation experts and two attentions per layer "
-                     "are not supported",
     # transformers 5.24's newer causal LMs that need a new state, attention or structure
     "dots3_note_text": "dots.3's sliding-window layers of their own latent attention sizes "
                        "beside its sparse attention are not supported",
@@ -200,6 +199,7 @@ _TEXT: dict[str, FamilySpec] = _merged(
     moe_top_k.FAMILIES,
     moe_sigmoid.FAMILIES,
     latent.FAMILIES,
+    longcat.FAMILIES,
     sparse_attention.FAMILIES,
     recurrent.FAMILIES,
     rwkv.FAMILIES,
