@@ -6,7 +6,7 @@ numbers behind the switches (soft-caps, multipliers, windows, rope) are read fro
 config.json by `ModelConfig.from_hf`; nothing downstream looks at a family's name.
 
 One module per kind of language model (dense, gemma, the routed-expert MoEs by how their
-router chooses: moe_softmax, moe_top_k, moe_sigmoid; latent, longcat, recurrent, rwkv, kda, alibi, baichuan
+router chooses: moe_softmax, moe_top_k, moe_sigmoid; latent, recurrent, rwkv, kda, alibi, baichuan
 (rotary or ALiBi by its config class), the GPT-2-era classic, OpenELM's layer-wise
 scaling, DeciLM's KV heads per layer, Llama-Nemotron's NAS blocks, Laguna's softplus-
 gated attention with heads per layer, Doge's dynamic mask attention, DiffLlama's
@@ -14,7 +14,7 @@ differential attention and ZAYA's compressed convolutional attention) and the im
 checkpoints that wrap one; `FamilySpec` and the tensor names in `spec`. The checkpoints
 that wrap any text family (LLaVA's kin, `wrapped`) take the spec of the one their
 text_config names:
-`family_spec`.
+`family_spec`. LongCat-Flash's two sublayers per layer and identity experts: `longcat`.
 """
 
 from __future__ import annotations
