@@ -224,3 +224,17 @@ def test_the_fixture_routes_tokens_to_identity_experts(hf_model):
     picks = torch.cat([c.flatten() for c in chosen])
     real = model.config.n_routed_experts
     assert (picks >= real).any() and (picks < real).any()
+
+
+def test_the_identity_experts_stored_projections_are_left_out_quietly(hf_model, tmp_path,
+                                                                      caplog):
+    """transformers saves a gate and up projection for each identity expert too (its
+    gate_up_proj counts them), which nothing reads: no unused-tensor warning names them."""
+    hf_dir = hf_model(FAMILY)
+    from safetensors import safe_open
+
+    with safe_open(str(hf_dir / "model.safetensors"), "np") as f:
+        assert "model.layers.0.mlp.experts.5.up_proj.weight" in f.keys()
+    export(hf_dir, tmp_path / "b", ExportOptions(chunks=(16,), max_context=64,
+                                                 flavor="standard", show_progress=False))
+    assert not [r for r in caplog.records if "does not use" in r.getMessage()]
