@@ -502,6 +502,14 @@ FAMILIES: dict[str, dict] = {
              "n_routed_experts": 12, "n_group": 3, "topk_group": 2,
              "num_experts_per_tok": 3, "moe_intermediate_size": 32, "n_shared_experts": 1,
              "routed_scaling_factor": 2.5},
+    # LongCat-Flash: 2 layers of two MLA sublayers (test_mla's shapes, low-rank query),
+    # each layer's experts 4 real and 2 identity, the top 2 chosen by a random correction
+    # bias (build_hf_model), scaled
+    "longcat_flash": {"num_hidden_layers": 4, "num_key_value_heads": 4, "q_lora_rank": 32,
+                      "kv_lora_rank": 32, "qk_nope_head_dim": 16, "qk_rope_head_dim": 16,
+                      "head_dim": 16, "v_head_dim": 24, "n_routed_experts": 4,
+                      "zero_expert_num": 2, "moe_topk": 2, "expert_ffn_hidden_size": 32,
+                      "routed_scaling_factor": 1.5},
     # DeepSeek-V3.2: GLM-4.7-Flash's MLA fixture with DSA's indexer on every layer. Its
     # index_topk is past the bundles' context (dense MLA exactly, no indexer in the bundle);
     # test_sparse_attention exports it with index_topk 8.

@@ -712,7 +712,6 @@ def test_inspect_says_whether_the_tables_and_the_head_are_quantized(hf_copy, bun
 
 
 @pytest.mark.parametrize("model_type, fragment", [
-    ("longcat_flash", "LongCat-Flash's zero-computation experts"),
 ])
 def test_a_mixture_of_experts_type_export_refuses_says_why_in_one_line(
         model_type, fragment, hf_copy, tmp_path):

@@ -507,6 +507,7 @@ def test_a_sliding_window_key_slides_only_where_the_family_reads_it(family):
                       "glm4_moe", "glm4v_moe", "solar_open", "deepseek_v3", "glm4_moe_lite", "axk1",
                       "mistral4",
                       "jetmoe",
+                      "longcat_flash",
                       "glm4v", "glm46v",
                       "sarvam_mla", "sarvam_moe",
                       "bitnet", "apertus", "apertus1p5_text", "iquestcoder", "jais2", "olmo",

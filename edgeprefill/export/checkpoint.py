@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import numpy as np
@@ -83,14 +83,16 @@ class Checkpoint:
                  transposed: tuple[str, ...] = (), int4: Int4Scheme | None = None,
                  segments: tuple[tuple[str, str], ...] = (),
                  adapter: Adapter | None = None, bnb: BnbScheme | None = None,
-                 model_types: tuple[str, ...] = (), base: str | None = None) -> None:
+                 model_types: tuple[str, ...] = (), base: str | None = None,
+                 layout: Callable[[str], str] | None = None) -> None:
         """`fp8`: the checkpoint's FP8 scheme (export/fp8.py): float8 weights are read
         dequantized by the scales stored beside them. `int4`: its int4 scheme. `bnb`: its
         bitsandbytes scheme. `model_types`: config.json's and its language model's, by whose
         conversion mappings transformers names the stored tensors as it loads them, names
         an adapter may use (export/module_names.py). `base`: the prefix of the base model's
         tensors (`model.`), under which a checkpoint of the base model alone is read
-        (_base_renames)."""
+        (_base_renames). `layout`: a family's own map of stored names to those read, after
+        the renames (LongCat-Flash's two sublayers per layer: families/longcat.py)."""
         self.dir = hf_dir
         self.fp8 = fp8
         self.int4 = int4
@@ -103,7 +105,8 @@ class Checkpoint:
         self.left_out = sorted(n for n in stored if n.startswith(left_out)) if left_out else []
         skipped = set(self.left_out)
         # the name read -> (file, the name stored)
-        self._file_of = {_renamed(n, renames, segments): (path, n)
+        self._layout = layout or (lambda name: name)
+        self._file_of = {self._layout(_renamed(n, renames, segments)): (path, n)
                          for n, path in stored.items() if n not in skipped}
         self.read: set[str] = set()  # the tensors the export took
         self.adapter: Adapter | None = None  # bound below, once the checkpoint is checked
@@ -131,7 +134,8 @@ class Checkpoint:
         to as it loads it), and check their shapes before any is read."""
         def read_name(name: str) -> str | None:
             stored = modules.renamed.get(name)
-            for candidate in (name, read_as.get(name), _renamed(name, renames, segments),
+            for candidate in (name, read_as.get(name),
+                              self._layout(_renamed(name, renames, segments)),
                               read_as.get(stored) if stored else None):
                 if candidate is not None and candidate in self._file_of:
                     return candidate

@@ -118,6 +118,7 @@ class DecoderBuilder:
         # layer prefix -> the activation sparsity of its MLP's gate (Gemma 3n), where any
         self.sparse_layers = {self.names.layer.format(i=i): s
                               for i, s in enumerate(cfg.sparsity) if s > 0}
+        self._shortcut: str | None = None  # LongCat-Flash: the experts' output to add
         self.altup = (AltUp(self.g, self.w, cfg.altup, cfg.hidden_size, self._norm)
                       if cfg.altup is not None else None)
         self.moa = self._attention_experts()
@@ -371,6 +372,8 @@ class DecoderBuilder:
             return self._post_norm_layer(i, x, delta, step, rows), None
         if block == "scaled":  # ZAYA
             return self._scaled_layer(i, x, step, rows), None
+        if block == "shortcut":  # LongCat-Flash
+            return self._shortcut_layer(i, x, delta, step, rows)
         if self.shared_block is not None and i in self.cfg.kv_state_layers:  # Zamba2
             x = x if delta is None else self.g.op("Add", [x, delta])
             shared = self.shared_block.apply(i, x, step)
@@ -416,6 +419,25 @@ class DecoderBuilder:
         x = self._scaled_add(p + "post_attention_residual_scale.", attn, rows(x))
         mlp = self._mlp(p, self._norm(x, p + n.post_attn_norm), rows)
         return self._scaled_add(p + "post_mlp_residual_scale.", mlp, x)
+
+    def _shortcut_layer(self, i: int, x: str, delta: str | None, step: StepTensors,
+                        rows: Rows) -> tuple[str, str]:
+        """LongCat-Flash's model layer i // 2 as decoder layers i and i + 1 (i even), each
+        a pre-norm attention and dense MLP (its stored sublayers, families/longcat.py). The
+        experts read layer i's MLP input; their output skips layer i + 1's attention and
+        joins its MLP's residual add."""
+        n = self.names
+        p = n.layer.format(i=i)
+        x, h = self._add_norm(x, delta, p + n.input_norm)
+        attn = self._attention(i, h, step, rows)
+        x, h = self._add_norm(rows(x), attn, p + n.post_attn_norm)
+        mlp = self._dense_mlp(p, h)
+        if i % 2 == 0:  # (never the last layer: every token)
+            assert self.experts is not None
+            self._shortcut = self.experts.block(p, h)
+            return x, mlp
+        assert self._shortcut is not None
+        return x, self.g.op("Add", [mlp, rows(self._shortcut)])
 
     def _scaled_add(self, m: str, y: str, x: str) -> str:
         """ZayaResidualScaling `m`: (y + hidden_states_bias) * hidden_states_scale +
@@ -995,13 +1017,17 @@ class DecoderBuilder:
     def _mlp(self, p: str, h: str, rows: Rows = _every_token) -> str:
         """The layer's MLP, or its experts; `rows`: the tokens `h` holds of the layer's
         input (ZAYA's router carries its state from the layer before, cut to them)."""
-        g, n, cfg = self.g, self.names, self.cfg
         if p in self.expert_layers:
             assert self.experts is not None
             if self.router is None:
                 return self._moe_output_norm(p, self.experts.block(p, h))
             self.router.keep_rows(rows)
             return self.experts.routed(p, h, *self.router.route(p, h))
+        return self._dense_mlp(p, h)
+
+    def _dense_mlp(self, p: str, h: str) -> str:
+        """The layer's dense MLP on h."""
+        g, n, cfg = self.g, self.names, self.cfg
         bias = cfg.mlp_bias
         if not cfg.spec.gated_mlp:
             self.w.check_mlp([p + n.up + ".weight"], p + n.down + ".weight", gated=False)

@@ -174,6 +174,9 @@ class MoeSpec:
     # The key of a soft-cap of the router's logits, c * tanh(logits / c) before routing
     # where it is above 0 (Laguna's moe_router_logit_softcapping); None: none.
     softcap_key: str | None = None
+    # The key of the count of zero-computation experts the router may also choose, each
+    # returning the token itself (LongCat-Flash's zero_expert_num); None: none.
+    zero_key: str | None = None
 
 
 # config.json keys that name a routing, and the one value each family here computes
@@ -217,6 +220,14 @@ class MoeConfig:
     jitter: float = 0.0  # sparsemixer: a logit within 2 jitter (relative) of the best counts
     averaged: bool = False  # Cohere 2 MoE: (routed + shared) / 2, where there is a shared MLP
     logit_softcap: float = 0.0  # Laguna: logits -> c * tanh(logits / c) first; 0: none
+    # LongCat-Flash: identity experts after the `experts` real ones, routed as any (the
+    # router's rows and selection bias cover both); each returns its weight times the token
+    zero_experts: int = 0
+
+    @property
+    def choices(self) -> int:
+        """The router's width: the real experts, then the zero-computation ones."""
+        return self.experts + self.zero_experts
 
     @property
     def grouped(self) -> bool:
@@ -233,7 +244,8 @@ class MoeConfig:
             if self.logit_softcap else ""
         groups = f" within the best {self.top_groups} of {self.groups} groups" \
             if self.grouped else ""
-        return (f"mixture of experts: {self.experts} experts of width {self.width}, top "
+        zero = f" and {self.zero_experts} identity experts" if self.zero_experts else ""
+        return (f"mixture of experts: {self.experts} experts of width {self.width}{zero}, top "
                 f"{self.top_k} per token{groups} ({self.routing} routing), on "
                 f"{len(self.layers)} of {num_layers} layers{shared}{clamped}{capped}")
 
@@ -275,10 +287,14 @@ def read_moe(raw: dict[str, Any], spec: MoeSpec) -> MoeConfig | None:
         # as LagunaTopKRouter: only a cap above 0 caps
         logit_softcap=max(float(raw.get(spec.softcap_key) or 0.0), 0.0)
         if spec.softcap_key else 0.0,
+        zero_experts=int(raw.get(spec.zero_key) or 0) if spec.zero_key else 0,
     )
-    if moe.experts < 1 or not 1 <= moe.top_k <= moe.experts:
+    if moe.zero_experts < 0:
+        raise ExportError(f"config.json: {spec.zero_key} must be 0 or more, got "
+                          f"{moe.zero_experts}")
+    if moe.experts < 1 or not 1 <= moe.top_k <= moe.choices:
         raise ExportError(f"config.json: num_experts_per_tok ({moe.top_k}) must be 1 to "
-                          f"{key} ({moe.experts})")
+                          f"{key} ({moe.choices})")
     if moe.routing == "sparsemixer" and (moe.top_k != 2 or moe.experts < 2):
         raise ExportError(f"config.json: sparsemixer routing chooses 2 of 2 or more experts; "
                           f"num_experts_per_tok is {moe.top_k}, {key} {moe.experts}")

@@ -199,7 +199,7 @@ def _export(hf_dir: Path, out_dir: Path, options: ExportOptions,
                           transposed=cfg.spec.transposed, int4=cfg.int4,
                           segments=cfg.spec.segment_renames, adapter=adapter, bnb=cfg.bnb,
                           model_types=_model_types(hf_dir, cfg) if adapter else (),
-                          base=_base_prefix(cfg))
+                          base=_base_prefix(cfg), layout=cfg.spec.stored_layout)
         flavor = flavor_class(options.flavor)(cfg, DTYPES[options.dtype], max_context)
         hidden = embedding is not None or scores  # the graph ends at the final norm
         g = DecoderBuilder(cfg, ckpt, flavor, options.quant, embed=hidden).build()
@@ -329,7 +329,7 @@ def _warn_unused(ckpt: Checkpoint, cfg: ModelConfig, embed: bool = False) -> Non
     # a pruned model's config may mean it. (A tied model's stored head is read: lm_head.py.)
     # An embedding bundle leaves the LM head out, as transformers' base model does.
     head = tuple(h + "." for h in cfg.names.lm_head) if embed else ()
-    shared = _shared_kv_projections(cfg) + _mtp_layers(cfg) + head
+    shared = _shared_kv_projections(cfg) + _mtp_layers(cfg) + head + _identity_experts(cfg)
     unused = [name for name in ckpt.unused() if not name.startswith(shared)]
     if unused:
         shown = ", ".join(unused[:4]) + (f" and {len(unused) - 4} more" if len(unused) > 4
@@ -337,6 +337,16 @@ def _warn_unused(ckpt: Checkpoint, cfg: ModelConfig, embed: bool = False) -> Non
         log.warning("the checkpoint holds %d tensor%s config.json does not use (%s): are "
                     "config.json and the weights from the same model?", len(unused),
                     "s" * (len(unused) > 1), shown)
+
+
+def _identity_experts(cfg: ModelConfig) -> tuple[str, ...]:
+    """The zero-computation experts' projections, which transformers' LongCat-Flash
+    checkpoints hold (its gate_up_proj counts them) and its experts never read."""
+    moe, spec = cfg.moe, cfg.spec.moe
+    if moe is None or spec is None:
+        return ()
+    return tuple(cfg.names.layer.format(i=i) + spec.names.expert.format(j=j)
+                 for i in moe.layers for j in range(moe.experts, moe.choices))
 
 
 def _shared_kv_projections(cfg: ModelConfig) -> tuple[str, ...]:

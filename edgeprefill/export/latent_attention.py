@@ -62,6 +62,11 @@ class LatentShape:
     # DeepSeek Sparse Attention: the index key's columns after [k_pe | c] in the cached head
     # (export/sparse_index.py); 0: none.
     index_dim: int = 0
+    # LongCat-Flash's LoRA scaling (mla_scale_q_lora, mla_scale_kv_lora): the query times
+    # sqrt(hidden / q_lora_rank), the normed latent (cached so) times sqrt(hidden /
+    # kv_lora_rank); 1.0: none
+    q_scale: float = 1.0
+    latent_scale: float = 1.0
 
     @property
     def qk_dim(self) -> int:
@@ -86,11 +91,26 @@ def read_latent(raw: dict[str, Any]) -> LatentShape:
         q_lora_rank=None if q_rank is None else int(q_rank),
         kv_lora_rank=int(raw["kv_lora_rank"]), nope_dim=int(raw["qk_nope_head_dim"]),
         rope_dim=int(raw["qk_rope_head_dim"]), v_dim=int(raw["v_head_dim"]))
+    if raw.get("mla_scale_q_lora") or raw.get("mla_scale_kv_lora"):
+        shape = replace(shape, **_lora_scales(raw, shape))
     if min(shape.kv_lora_rank, shape.rope_dim, shape.v_dim) < 1 or shape.nope_dim < 0 \
             or shape.rope_dim % 2 or (q_rank is not None and int(q_rank) < 1):
         raise ExportError(f"config.json: MLA dimensions must be positive and "
                           f"qk_rope_head_dim even, got {shape}")
     return shape
+
+
+def _lora_scales(raw: dict[str, Any], shape: LatentShape) -> dict[str, float]:
+    """LongcatFlashMLA's mla_scale_q_lora and mla_scale_kv_lora, where switched on."""
+    hidden = int(raw["hidden_size"])
+    scales = {}
+    if raw.get("mla_scale_q_lora"):
+        if shape.q_lora_rank is None:
+            raise ExportError("config.json: mla_scale_q_lora needs a q_lora_rank")
+        scales["q_scale"] = (hidden / shape.q_lora_rank) ** 0.5
+    if raw.get("mla_scale_kv_lora"):
+        scales["latent_scale"] = (hidden / shape.kv_lora_rank) ** 0.5
+    return scales
 
 
 def latent_scale(shape: LatentShape, rope_params: dict[str, Any]) -> float:
@@ -135,6 +155,8 @@ class LatentAttention:
         latent, k_pe = g.op("Split", [kv, g.const([self.shape.kv_lora_rank,
                                                    self.shape.rope_dim])], 2, axis=-1)
         latent = self.norms.rms_norm(g, latent, b.w.tensor(p + n.kv_a_norm + ".weight"))
+        if self.shape.latent_scale != 1.0:  # LongCat-Flash: cached scaled
+            latent = g.op("Mul", [latent, g.const(self.shape.latent_scale, b.dtype)])
         k = g.op("Concat", [k_pe, latent], axis=-1)  # [.., r + L]
         q, k = b.tokens.spread(q), b.tokens.spread(k)
         names = kv_names(i)
@@ -196,6 +218,8 @@ class LatentAttention:
                            p + n.q_a + ".bias" if b.cfg.qkv_bias else None)
             q_resid = self.norms.rms_norm(g, q, b.w.tensor(p + n.q_a_norm + ".weight"))
             q = b.w.linear(q_resid, [last], None)
+        if s.q_scale != 1.0:  # LongCat-Flash: q_nope and q_pe alike
+            q = g.op("Mul", [q, g.const(s.q_scale, b.dtype)])
         per_head = g.op("Reshape", [q, g.const([-1, heads, s.qk_dim])])  # [N,H,nope+r]
         nope, pe = g.op("Split", [per_head, g.const([s.nope_dim, s.rope_dim])], 2, axis=-1)
         absorbed = self._per_head(nope, self._up_weight(p, "uk"))  # [N,H,L]

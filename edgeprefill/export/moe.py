@@ -57,8 +57,20 @@ class MixtureOfExperts:
         g = self.g
         x = g.op("Reshape", [h, g.const([-1, self.hidden])])  # [N, H]
         chosen, weights = self._route(p, x)  # [N, k] int64, [N, k] model dtype
-        out = self._with_shared(p, x, self._dispatch(p, x, chosen, weights))
+        routed = self._dispatch(p, x, chosen, weights)
+        if self.moe.zero_experts:
+            routed = g.op("Add", [routed, self._identity(x, chosen, weights)])
+        out = self._with_shared(p, x, routed)
         return g.op("Reshape", [out, g.op("Shape", [h])])
+
+    def _identity(self, x: str, chosen: str, weights: str) -> str:
+        """The zero-computation experts' output [N, H] (LongCat-Flash's): each returns the
+        token, so together x times the weights of a token's choices past the real experts
+        (which _dispatch's slots leave at zero)."""
+        g = self.g
+        zero = g.op("GreaterOrEqual", [chosen, g.const(self.moe.experts, np.int64)])
+        weight = g.op("Where", [zero, weights, g.const(0.0, self.dtype)])  # [N, k]
+        return g.op("Mul", [x, g.op("ReduceSum", [weight, g.const([-1])], keepdims=1)])
 
     def routed(self, p: str, h: str, chosen: str, weights: str) -> str:
         """The block's output for h [..., H], shaped as h, whose N tokens chose `chosen`
@@ -294,7 +306,8 @@ class MixtureOfExperts:
             p + n.shared_gate, (1, self.hidden))])])])
 
     def _router_logits(self, p: str, x: str) -> str:
-        """[N, E] router logits of x [N, H], in the model dtype (with gpt-oss's bias)."""
+        """[N, E] router logits of x [N, H], in the model dtype (with gpt-oss's bias); E
+        counts any zero-computation experts."""
         logits = self.g.op("MatMul", [x, self._router(p)])
         if self.names.router_bias is None:
             return logits
@@ -307,10 +320,10 @@ class MixtureOfExperts:
         would choose other experts)."""
         name = self.w.resolve(tuple(p + name for name in self.names.router))
         if self.names.router_hidden_first:  # stored [H, E] already (ERNIE 4.5 VL)
-            self._check(name, (self.hidden, self.moe.experts))
-            return self.g.weight(name, (self.hidden, self.moe.experts), self.dtype,
+            self._check(name, (self.hidden, self.moe.choices))
+            return self.g.weight(name, (self.hidden, self.moe.choices), self.dtype,
                                  lambda: self.ckpt.get(name, np.float32).astype(self.dtype))
-        return self._transposed(name, (self.moe.experts, self.hidden))
+        return self._transposed(name, (self.moe.choices, self.hidden))
 
     def _transposed(self, name: str, shape: tuple[int, int]) -> str:
         if self.ckpt.shape(name) != shape:
@@ -328,7 +341,7 @@ class MixtureOfExperts:
     def _expert_bias(self, p: str) -> str:
         """The selection bias [E], stored [E] or [rows, E] (its first row: the text's)."""
         name = self.w.resolve(tuple(p + name for name in self.names.expert_bias))
-        experts, rows = self.moe.experts, self.names.modalities
+        experts, rows = self.moe.choices, self.names.modalities
         if self.ckpt.shape(name) not in ((experts,), (rows, experts)):
             raise ExportError(f"{name} has shape {self.ckpt.shape(name)}, but config.json "
                               f"implies {experts} experts")

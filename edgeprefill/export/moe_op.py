@@ -51,6 +51,8 @@ def why_unrolled(experts: MixtureOfExperts, activation: str,
                  quant: QuantConfig | None) -> str | None:
     """Why the block cannot be the op, in words (None: it can)."""
     moe = experts.moe
+    if moe.zero_experts:
+        return f"the router may choose {moe.zero_experts} identity experts, which the op lacks"
     if moe.input_scaled and moe.top_k > 1:
         return (f"each of a token's {moe.top_k} experts takes the token times its own "
                 "weight; the op runs them on one input")

@@ -16,7 +16,7 @@ image tokens) and the image-text
 checkpoints that wrap one; `FamilySpec` and the tensor names in `spec`. The checkpoints
 that wrap any text family (LLaVA's kin, `wrapped`) take the spec of the one their
 text_config names:
-`family_spec`.
+`family_spec`. LongCat-Flash's two sublayers per layer and identity experts: `longcat`.
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ from edgeprefill.export.families import (
     kda,
     laguna,
     latent,
+    longcat,
     moe_sigmoid,
     moe_softmax,
     moe_top_k,
@@ -78,8 +79,6 @@ REFUSED_TYPES: dict[str, str] = {
     # attends bidirectionally: a causal bundle computes other logits for any prompt.
     "paligemma": "PaliGemma attends its whole prompt bidirectionally (a prefix LM), which a "
                  "causal bundle cannot compute",
-    "longcat_flash": "LongCat-Flash's zero-computation experts and two attentions per layer "
-                     "are not supported",
     # transformers 5.24's newer causal LMs that need a new state, attention or structure
     "dots3_note_text": "dots.3's sliding-window layers of their own latent attention sizes "
                        "beside its sparse attention are not supported",
@@ -200,6 +199,7 @@ _TEXT: dict[str, FamilySpec] = _merged(
     moe_top_k.FAMILIES,
     moe_sigmoid.FAMILIES,
     latent.FAMILIES,
+    longcat.FAMILIES,
     sparse_attention.FAMILIES,
     recurrent.FAMILIES,
     rwkv.FAMILIES,

@@ -120,8 +120,10 @@ NORMS = ("rms", "rms_plus_one", "layer", "layer_no_bias", "layer_plus_one", "lay
 #              (RWKV-4: rwkv.py)
 #   scaled     x = s1(attn(n1(x)), x); x = s2(mlp(n2(x)), x), each add s(y, x) =
 #              (y + b) * a + (x + c) * d per channel, the layer's own (ZAYA)
+#   shortcut   two "pre" layers per model layer (LongCat-Flash): the experts read the first
+#              one's MLP input, their output added with the second one's MLP
 BLOCKS = ("pre", "sandwich", "post", "parallel", "shared", "hybrid", "altup", "postln",
-          "rwkv", "scaled")
+          "rwkv", "scaled", "shortcut")
 
 
 @dataclass(frozen=True)
@@ -339,6 +341,10 @@ class FamilySpec:
     # names: `.attention.query_key_value.` read as `.self_attn.query_key_value.`): (stored,
     # read as) pairs, each in turn replacing every occurrence, after the prefix renames.
     segment_renames: tuple[tuple[str, str], ...] = ()
+    # A map of every stored tensor name (after the renames) to the name read, where the
+    # family's layout is not one layer per prefix (LongCat-Flash's two sublayers per layer:
+    # families/longcat.py); None: as they are.
+    stored_layout: Callable[[str], str] | None = None
     # Where `nested` and `outer` cannot say how the config class finds its language
     # model's keys: config.json -> those keys (Qwen2-VL: flat Hub configs, either tying).
     unnest: Callable[[dict[str, Any]], dict[str, Any]] | None = None
