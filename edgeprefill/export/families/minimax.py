@@ -22,8 +22,10 @@ REMOTE_FACTORS = {"layernorm_full_attention_alpha": "full_attn_alpha_factor",
 def _minimax_config(raw: dict[str, Any]) -> dict[str, Any]:
     """MiniMaxConfig: without layer_types the remote code's attn_type_list (0 lightning, 1
     softmax), else every even layer (from 0) softmax; the remote code's residual factor
-    names. transformers' default rope rotates each whole head whatever `rotary_dim` or
-    `partial_rotary_factor` say, so both are dropped."""
+    names. With a sliding_window every softmax layer slides (MiniMaxModel masks its
+    full_attention layers so), read as sliding_attention. transformers' default rope
+    rotates each whole head whatever `rotary_dim` or `partial_rotary_factor` say, so both
+    are dropped."""
     raw = {k: v for k, v in raw.items() if k not in ("rotary_dim", "partial_rotary_factor")}
     for remote, name in REMOTE_FACTORS.items():
         if remote in raw and name not in raw:
@@ -35,6 +37,10 @@ def _minimax_config(raw: dict[str, Any]) -> dict[str, Any]:
             if kinds is not None else
             ["full_attention" if (i + 1) % 2 else "linear_attention"
              for i in range(int(raw["num_hidden_layers"]))])
+    raw["minimax_layer_types"] = raw["layer_types"]  # as given, for the refusal
+    if raw.get("sliding_window") is not None:
+        raw["layer_types"] = ["sliding_attention" if kind == "full_attention" else kind
+                              for kind in raw["layer_types"]]
     return raw
 
 
@@ -43,14 +49,12 @@ def _minimax_unsupported(raw: dict[str, Any]) -> str | None:
     if act != "silu":
         return (f"hidden_act {act!r} is not supported: the lightning layers' q/k/v take it, "
                 "and export's is SiLU")
-    kinds = set(raw["layer_types"]) - {"full_attention", "linear_attention"}
+    given = raw["minimax_layer_types"]
+    kinds = set(given) - {"full_attention", "linear_attention"}
     if kinds:
         return f"layer_types {sorted(kinds)} are not supported; only full_attention and " \
                "linear_attention"
-    if raw.get("sliding_window") is not None:
-        # MiniMaxModel slides every softmax layer then, which no layer_types kind says here
-        return f"sliding_window {raw['sliding_window']} is not supported; only null"
-    if "full_attention" not in raw["layer_types"]:
+    if "full_attention" not in given:
         # transformers' MiniMaxCache reads its length from a softmax layer's KV
         return "a config without a full_attention layer is not supported"
     return None
@@ -58,7 +62,7 @@ def _minimax_unsupported(raw: dict[str, Any]) -> str | None:
 
 # MiniMax-Text-01 (MiniMaxAI/MiniMax-Text-01-hf, MiniMax-M1-40k-hf, -80k-hf)
 MINIMAX = FamilySpec(
-    block="normed", lightning=True, moe=MIXTRAL.moe,
+    window="always", block="normed", lightning=True, moe=MIXTRAL.moe,
     legacy=_minimax_config, refuse=_minimax_unsupported,
     # MiniMaxConfig's defaults
     defaults={"vocab_size": 32000, "hidden_size": 4096, "intermediate_size": 14336,
