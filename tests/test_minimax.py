@@ -160,7 +160,6 @@ def test_a_sliding_window_slides_the_softmax_layers_as_transformers(tmp_path_fac
     assert_padded_chunks_match(hf, path, chunks=(3, 16))
 
 
-@pytest.mark.slow
 def test_int4_equals_transformers_with_the_dequantized_projections(hf_model, tmp_path):
     """Every projection of the int4 bundle (the lightning q/k/v, gate and output ones and
     the experts; the router stays float) computes with its dequantized weights."""

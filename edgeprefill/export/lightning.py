@@ -18,8 +18,8 @@ Scan): with S the state before the chunk and L the row's valid tokens,
   o_t   = exp(-s (t + 1)) q_t S + sum_{j <= t} exp(-s (t - j)) (q_t . k_j) v_j
   S'    = exp(-s L) S + sum_{j < L} exp(-s (L - 1 - j)) k_j (x) v_j
 
-A row's padding (t >= L) has k and v of zero and a weight of 0 in S' (its exponent there
-would overflow), so the state it writes is the one at its last valid token. The state reads
+A row's padding (t >= L) has a weight of 0 in S', so the state it writes is the one at
+its last valid token (no valid token reads a later one within the chunk). The state reads
 as zeros where past_lens is 0 and goes to its `present_recurrent` output.
 """
 
@@ -97,9 +97,6 @@ class LightningAttention(RecurrentMixer):
         written to the layer's present output; `rate`: each head's s [heads, 1, 1]."""
         g = self.g
         state = state_names(layer, RECURRENT)
-        valid = g.op("Unsqueeze", [g.op("Squeeze", [self.valid, g.const([2])]),
-                                   g.const([1, 3])])  # [B, 1, C, 1]
-        k, v = (g.op("Where", [valid, x, g.const(0.0, np.float32)]) for x in (k, v))
         past = g.op("Where", [self.continues, state.past, g.const(0.0, np.float32)])
         t = self._positions(q)  # [C] float32
         gap = g.op("Sub", [g.op("Unsqueeze", [t, g.const([1])]),
