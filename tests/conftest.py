@@ -587,6 +587,16 @@ FAMILIES: dict[str, dict] = {
     # layer
     "mixtral": {"num_local_experts": 8, "num_experts_per_tok": 2, "intermediate_size": 32,
                 "sliding_window": 12},
+    # MiniMax-Text-01: lightning attention (linear, a decay per head) on layers 1 and 2,
+    # softmax attention on 0 and 3, Mixtral's experts, residuals scaled per layer type
+    # (block_size 8: transformers' prompt blocks cross within a 40-token prompt)
+    "minimax": {"num_hidden_layers": 4, "head_dim": 16, "num_local_experts": 8,
+                "num_experts_per_tok": 2, "intermediate_size": 32, "block_size": 8,
+                "layer_types": ["full_attention", "linear_attention", "linear_attention",
+                                "full_attention"],
+                "full_attn_alpha_factor": 0.7, "full_attn_beta_factor": 1.3,
+                "linear_attn_alpha_factor": 0.9, "linear_attn_beta_factor": 1.2,
+                "mlp_alpha_factor": 1.1, "mlp_beta_factor": 0.8},
     # ERNIE-4.5-MoE: a dense first layer, softmax routing chosen by a selection bias
     # (randomized: build_hf_model), two shared experts (one ungated MLP), interleaved rotary
     "ernie4_5_moe": {"num_hidden_layers": 3, "moe_num_experts": 8, "moe_k": 2,

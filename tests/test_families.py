@@ -521,6 +521,8 @@ def test_a_sliding_window_key_slides_only_where_the_family_reads_it(family):
                       "cosmos3_edge", "deepseek_ocr2", "ernie4_5_vl_moe", "glm_ocr", "glmga",
                       "granite4_vision", "granite_docling"):
             expected = [None] * len(ours)  # Nemotron-H: 2 layers of its 4 blocks
+        elif text == "minimax":  # its window slides every softmax layer
+            expected = [window if t == "full_attention" else None for t in types]
         elif types is not None:
             expected = [window if t == "sliding_attention" else None for t in types]
         else:  # Mistral, Phi-3: every layer

@@ -1,6 +1,7 @@
 """The runtime of models whose layers carry a recurrent state beside (or instead of) KV:
 LFM2's and LFM3's short convolutions, Qwen3.5's Gated DeltaNet, Kimi Linear's KDA, Granite
-4.0-H's and Falcon-H1's Mamba-2, ZAYA's compressed convolutional attention, and plain
+4.0-H's and Falcon-H1's Mamba-2, ZAYA's compressed convolutional attention, MiniMax's
+lightning attention, and plain
 Mamba-2, Mamba-1 and RWKV-4 (no layer attends: a slot arena without KV).
 Whatever the batch, the fused rows, the slot moves and the reuse, each
 sequence's state is its own and the text is transformers'. (The families' own graphs are
@@ -23,6 +24,7 @@ FAMILIES = ("lfm2", "lfm3", "qwen3_5_text", "granitemoehybrid-mamba", "falcon_h1
             "kimi_linear",  # KDA beside NoPE latent attention (its one cached head)
             "rwkv",  # RWKV-4: token-shift and WKV states, no KV
             "zaya",  # CCA's convolution and delayed-value states beside every layer's KV
+            "minimax",  # lightning attention's one state beside softmax layers' KV
             # Mamba-1 (as Mamba-2), Jamba, Zamba2, Zamba, RecurrentGemma and Bailing
             # hybrid (Kimi Linear's states): slow
             *(pytest.param(family, marks=pytest.mark.slow)

@@ -38,8 +38,10 @@ MODEL_FILES = (INDEX_FILE, SINGLE_FILE, TORCH_INDEX_FILE, TORCH_FILE)
 
 
 # (GPT-2's Hub checkpoints keep their causal-mask buffers as `h.{i}.attn.bias`.)
+# (MiniMax's lightning layers keep their decays, each a function of their slope_rate.)
 BUFFERS = ("rotary_emb.inv_freq", "attention.bias", "attention.masked_bias", ".attn.bias",
-           ".attn.masked_bias")
+           ".attn.masked_bias", "self_attn.query_decay", "self_attn.key_decay",
+           "self_attn.diagonal_decay")
 TORCH_DTYPES = {"torch.int8": "I8", "torch.uint8": "U8", "torch.float32": "F32",
                 "torch.float16": "F16", "torch.bfloat16": "BF16"}  # safetensors' names
 SAME_BLOCK = 1 << 24  # elements per block compared by Checkpoint.same (64 MB in float32)

@@ -51,6 +51,7 @@ from edgeprefill.export.head_affine_norm import HEAD_AFFINE_EPS, head_affine_nor
 from edgeprefill.export.kimi_delta import KimiDeltaAttention
 from edgeprefill.export.latent_attention import LatentAttention
 from edgeprefill.export.layer_attention import LayerAttention
+from edgeprefill.export.lightning import LightningAttention
 from edgeprefill.export.lm_head import embedding_weight, head_weight
 from edgeprefill.export.mamba1 import Mamba1
 from edgeprefill.export.mamba1_heads import MultiHeadMamba1
@@ -214,6 +215,9 @@ class DecoderBuilder:
                     if conv is not None and cfg.lru_layers else None)
         self.rwkv = (Rwkv(g, self.w, cfg, self.tokens, conv, past_lens, valid_lens, chunk,
                           self._norm) if conv is not None and cfg.rwkv_layers else None)
+        self.lightning = (LightningAttention(g, self.w, cfg, self.tokens, conv, past_lens,
+                                             valid_lens, chunk)
+                          if conv is not None and cfg.lightning_layers else None)
         self.cca = (CcaProjection(g, self.w, cfg.cca, cfg.hidden_size, cfg.num_heads,
                                   cfg.num_kv_heads, cfg.head_dim, self.tokens, conv)
                     if conv is not None and cfg.cca is not None else None)
@@ -318,7 +322,8 @@ class DecoderBuilder:
         for names, dtype, state in states:
             self.g.output(names.present, dtype, state)
 
-    Mixer = ShortConv | GatedDeltaNet | Mamba1 | Mamba2 | RgLru | Rwkv | CcaProjection
+    Mixer = ShortConv | GatedDeltaNet | Mamba1 | Mamba2 | RgLru | Rwkv | CcaProjection \
+        | LightningAttention
 
     def _attention_experts(self) -> MixtureOfAttention | None:
         """JetMoE's routed query and output projections (export/mixture_attention.py),
@@ -340,7 +345,8 @@ class DecoderBuilder:
             self.short_conv if layer in self.cfg.conv_layers else
             self.mamba if layer in self.cfg.mamba_layers else
             self.lru if layer in self.cfg.lru_layers else
-            self.rwkv if layer in self.cfg.rwkv_layers else self.delta_net)
+            self.rwkv if layer in self.cfg.rwkv_layers else
+            self.lightning if layer in self.cfg.lightning_layers else self.delta_net)
         assert mixer is not None
         return mixer
 
@@ -374,6 +380,9 @@ class DecoderBuilder:
             return self._scaled_layer(i, x, step, rows), None
         if block == "shortcut":  # LongCat-Flash
             return self._shortcut_layer(i, x, delta, step, rows)
+        if block == "normed":  # MiniMax: the residual is the normed stream
+            x = x if delta is None else self.g.op("Add", [x, delta])
+            return self._normed_layer(i, x, step, rows), None
         if self.shared_block is not None and i in self.cfg.kv_state_layers:  # Zamba2
             x = x if delta is None else self.g.op("Add", [x, delta])
             shared = self.shared_block.apply(i, x, step)
@@ -438,6 +447,19 @@ class DecoderBuilder:
             return x, mlp
         assert self._shortcut is not None
         return x, self.g.op("Add", [mlp, rows(self._shortcut)])
+    def _normed_layer(self, i: int, x: str, step: StepTensors, rows: Rows) -> str:
+        """MiniMax's layer: each residual add takes the normed stream, not the stream, each
+        side times its factor (the attention's by the layer's kind: softmax or lightning)."""
+        n, factors = self.names, self.cfg.residual_factors
+        assert factors is not None
+        p = n.layer.format(i=i)
+        h = self._norm(x, p + n.input_norm)
+        alpha, beta = factors.linear if i in self.cfg.lightning_layers else factors.full
+        x = self.g.op("Add", [self._times(rows(h), alpha),
+                              self._times(self._mixer(i, h, step, rows), beta)])
+        h = self._norm(x, p + n.post_attn_norm)
+        alpha, beta = factors.mlp
+        return self.g.op("Add", [self._times(h, alpha), self._times(self._mlp(p, h), beta)])
 
     def _scaled_add(self, m: str, y: str, x: str) -> str:
         """ZayaResidualScaling `m`: (y + hidden_states_bias) * hidden_states_scale +

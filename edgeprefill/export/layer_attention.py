@@ -41,7 +41,7 @@ def read_layers(raw: dict[str, Any], spec: FamilySpec) -> tuple[LayerAttention, 
         if len(types) != count:
             raise ExportError(f"layer_types lists {len(types)} layers; there are {count}")
         kinds = {"full_attention", "sliding_attention", *(("conv",) if spec.conv else ()),
-                 *(("linear_attention",) if spec.delta_net else ()),
+                 *(("linear_attention",) if spec.delta_net or spec.lightning else ()),
                  *(("mamba",) if spec.mamba else ()), *(("rg_lru",) if spec.rg_lru else ()),
                  *(("rwkv",) if spec.rwkv else ()),
                  *(("chunked_attention",) if spec.chunked_attention else ())}

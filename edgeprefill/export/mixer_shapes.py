@@ -106,6 +106,17 @@ class LruShape:
 
 
 @dataclass(frozen=True)
+class ResidualFactors:
+    """MiniMax's residual adds (block "normed"): after attention the normed stream times
+    `alpha` plus the sublayer times `beta`, each pair its layer type's (softmax attention,
+    lightning attention), then the MLP's."""
+
+    full: tuple[float, float] = (1.0, 1.0)  # full_attn_alpha_factor, full_attn_beta_factor
+    linear: tuple[float, float] = (1.0, 1.0)  # linear_attn_alpha_factor, _beta_factor
+    mlp: tuple[float, float] = (1.0, 1.0)  # mlp_alpha_factor, mlp_beta_factor
+
+
+@dataclass(frozen=True)
 class HybridScales:
     """Falcon-H1's muP multipliers of its parallel attention and Mamba-2 and its MLP."""
 
@@ -189,6 +200,21 @@ def read_rwkv(raw: dict[str, Any], spec: FamilySpec) -> dict[str, Any]:
         return {}
     layers = tuple(i for i, kind in enumerate(raw["layer_types"]) if kind == "rwkv")
     return {"rwkv_layers": layers, "rescale_every": max(int(raw["rescale_every"]), 0)}
+
+
+def read_lightning(raw: dict[str, Any], spec: FamilySpec) -> dict[str, Any]:
+    """MiniMax's lightning layers (`linear_attention` in layer_types) and its residual
+    factors (1 where absent); none for other families."""
+    if not spec.lightning:
+        return {}
+
+    def pair(kind: str) -> tuple[float, float]:
+        return (float(raw.get(f"{kind}_alpha_factor", 1)),
+                float(raw.get(f"{kind}_beta_factor", 1)))
+
+    layers = tuple(i for i, kind in enumerate(raw["layer_types"]) if kind == "linear_attention")
+    return {"lightning_layers": layers, "residual_factors": ResidualFactors(
+        full=pair("full_attn"), linear=pair("linear_attn"), mlp=pair("mlp"))}
 
 
 def read_hybrid_scales(raw: dict[str, Any]) -> HybridScales:

@@ -33,6 +33,7 @@ from edgeprefill.export.mixer_shapes import (
     HybridScales,
     LruShape,
     MambaShape,
+    ResidualFactors,
     SelectiveShape,
 )
 from edgeprefill.export.nas_blocks import NasBlocks
@@ -115,6 +116,11 @@ class ModelConfig:
     # many layers the stream is halved at inference (rescale_every; 0: never).
     rwkv_layers: tuple[int, ...] = ()
     rescale_every: int = 0
+    # MiniMax: the layers that are lightning attention (`linear_attention` in layer_types;
+    # their `layers` entry unused; export/lightning.py), and its residual factors (block
+    # "normed").
+    lightning_layers: tuple[int, ...] = ()
+    residual_factors: ResidualFactors | None = None
     # Nemotron-H: the layers without an MLP (a mixer block another mixer follows), and the
     # checkpoint's block tensors read under the layers' names (export/layer_groups.py).
     mlp_less: tuple[int, ...] = ()
@@ -277,7 +283,8 @@ class ModelConfig:
     def state_layers(self) -> tuple[int, ...]:
         """The layers without KV, carrying a recurrent state instead (ZAYA's carry both)."""
         return tuple(sorted((*self.conv_layers, *self.delta_layers, *self.mamba_layers,
-                             *self.lru_layers, *self.rwkv_layers, *self.cca_layers)))
+                             *self.lru_layers, *self.rwkv_layers, *self.cca_layers,
+                             *self.lightning_layers)))
 
     @property
     def cca_layers(self) -> tuple[int, ...]:
@@ -305,6 +312,8 @@ class ModelConfig:
         if layer in self.delta_layers or layer in self.mamba_layers or \
                 layer in self.lru_layers or layer in self.rwkv_layers or layer in self.cca_layers:
             return (CONV, RECURRENT)
+        if layer in self.lightning_layers:  # a state without a convolution
+            return (RECURRENT,)
         return (CONV,) if layer in self.conv_layers else ()
 
     def layer_head_dim(self, layer: int) -> int:

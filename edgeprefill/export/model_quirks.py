@@ -57,6 +57,9 @@ def _mixers(cfg: ModelConfig) -> list[str]:
     if cfg.rwkv_layers:
         out.append(f"{len(cfg.rwkv_layers)} of {cfg.num_layers} layers RWKV-4 time and "
                    "channel mixes (token-shift and WKV states per sequence)")
+    if cfg.lightning_layers:
+        out.append(f"{len(cfg.lightning_layers)} of {cfg.num_layers} layers lightning "
+                   "attention (a recurrent state per sequence)")
     return out
 
 

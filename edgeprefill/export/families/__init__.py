@@ -41,6 +41,7 @@ from edgeprefill.export.families import (
     laguna,
     latent,
     longcat,
+    minimax,
     moe_sigmoid,
     moe_softmax,
     moe_top_k,
@@ -62,8 +63,6 @@ __all__ = ["BLOCKS", "FAMILIES", "NORMS", "REFUSED_TYPES", "FamilySpec", "Tensor
 
 # model_types close to a supported family that export refuses -> why, in words.
 REFUSED_TYPES: dict[str, str] = {
-    "minimax": "MiniMax's lightning attention layers (linear attention with a decay per head) "
-               "are not supported",
     "xlstm": "xLSTM's mLSTM blocks (a matrix memory with exponential gates) are not supported",
     # Remote-code model types (the checkpoint's own modeling code, which export never runs)
     # that users bring, with what to take instead where there is something
@@ -218,6 +217,7 @@ _TEXT: dict[str, FamilySpec] = _merged(
     jetmoe.FAMILIES,
     chameleon.FAMILIES,
     step3p5.FAMILIES,
+    minimax.FAMILIES,
 )
 # A wrapper's entry is the spec of its default language model (its config class's).
 FAMILIES: dict[str, FamilySpec] = _merged(

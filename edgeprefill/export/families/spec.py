@@ -122,8 +122,11 @@ NORMS = ("rms", "rms_plus_one", "layer", "layer_no_bias", "layer_plus_one", "lay
 #              (y + b) * a + (x + c) * d per channel, the layer's own (ZAYA)
 #   shortcut   two "pre" layers per model layer (LongCat-Flash): the experts read the first
 #              one's MLP input, their output added with the second one's MLP
+#   normed     h = n1(x); x = a1 h + b1 attn(h); h = n2(x); x = a2 h + b2 mlp(h): the
+#              residual is the normed stream, each side times the layer type's factor
+#              (MiniMax: ModelConfig.residual_factors)
 BLOCKS = ("pre", "sandwich", "post", "parallel", "shared", "hybrid", "altup", "postln",
-          "rwkv", "scaled", "shortcut")
+          "rwkv", "scaled", "shortcut", "normed")
 
 
 @dataclass(frozen=True)
@@ -295,6 +298,10 @@ class FamilySpec:
     # channel mix, each reading the token before), which hold no KV but the token-shift
     # inputs and the WKV numerator, denominator and their exponent (export/rwkv.py).
     rwkv: bool = False
+    # Whether `layer_types` may name "linear_attention" layers that are MiniMax's lightning
+    # attention (linear attention with a fixed decay per head), which hold no KV but a
+    # float32 [heads, head_dim, head_dim] state (export/lightning.py).
+    lightning: bool = False
     # Whether shared transformer blocks run before the mixers of the `hybrid` layers
     # (Zamba2: export/shared_block.py); every layer is a Mamba-2 mixer without an MLP.
     shared_block: bool = False
