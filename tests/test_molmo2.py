@@ -201,10 +201,10 @@ def test_a_tokenizer_with_the_extra_rows_tokens_exports_and_one_beyond_is_refuse
                                                      show_progress=False))
 
 
-@pytest.mark.slow
 def test_olmo_norms_post_norm_layers_and_biases_equal_transformers(tmp_path):
     """qk_norm_type "olmo" (one RMSNorm over all heads' q, one over k), norm_after (each
-    sublayer's output normed before its residual add) and q/k/v biases."""
+    sublayer's output normed before its residual add) and q/k/v biases: Molmo2-O's
+    layers (the only proof of that path, so in the default suite)."""
     hf_dir = build_hf_model("molmo2", tmp_path / "hf", qk_norm_type="olmo", norm_after=True,
                             attention_bias=True)
     export(hf_dir, tmp_path / "b", ExportOptions(chunks=(16,), max_context=64,
@@ -282,7 +282,6 @@ def test_each_piece_matters(piece, hf_model, tmp_path, monkeypatch):
                   ).max() > 1e-2
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("piece", ["qk_norm_type", "norm_after"])
 def test_the_olmo_variants_pieces_matter(piece, tmp_path, monkeypatch):
     """Read without qk_norm_type, "olmo"'s norms over the projection fail the bundle's
