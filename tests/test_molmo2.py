@@ -203,8 +203,8 @@ def test_a_tokenizer_with_the_extra_rows_tokens_exports_and_one_beyond_is_refuse
 
 def test_olmo_norms_post_norm_layers_and_biases_equal_transformers(tmp_path):
     """qk_norm_type "olmo" (one RMSNorm over all heads' q, one over k), norm_after (each
-    sublayer's output normed before its residual add) and q/k/v biases: Molmo2-O's
-    layers (the only proof of that path, so in the default suite)."""
+    sublayer's output normed before its residual add) and q/k/v biases: OLMo's layout of
+    the layers (the only proof of that path, so in the default suite)."""
     hf_dir = build_hf_model("molmo2", tmp_path / "hf", qk_norm_type="olmo", norm_after=True,
                             attention_bias=True)
     export(hf_dir, tmp_path / "b", ExportOptions(chunks=(16,), max_context=64,
