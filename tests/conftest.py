@@ -885,6 +885,12 @@ FAMILIES: dict[str, dict] = {
     "muse_glimmer": {"num_hidden_layers": 4, "head_dim": 16, "sliding_window": 8,
                      "post_norm_eps": 0.1, "output_multiplier": 0.5,
                      "final_logit_softcapping": 2.0},
+    # Molmo 2's language model (a tiny vision backbone beside it): 8 extra vocabulary rows,
+    # a linear rope scaling that bites on layers 0 and 2, layer 1 unscaled
+    "molmo2": {"num_hidden_layers": 3, "head_dim": 16, "additional_vocab_size": 8,
+               "rope_parameters": {"rope_type": "linear", "factor": 4.0,
+                                   "rope_theta": 10000.0},
+               "rope_scaling_layers": [0, 2]},
 }
 # RWKV's modules whose parameters build_hf_model perturbs: its LayerNorms (not named
 # "norm") and the time mix's first-token bonus, which start as ones
@@ -1267,6 +1273,14 @@ IMAGE_TEXT = {
     "muse_glimmer": {"vision_config": {"hidden_size": 16, "intermediate_size": 32,
                                        "num_hidden_layers": 1, "num_attention_heads": 2},
                      "out_hidden_size": 16, "projector_hidden_size": 32},
+    "molmo2": {"vision_config": {"hidden_size": 16, "intermediate_size": 32,
+                                 "num_hidden_layers": 1, "num_attention_heads": 2,
+                                 "num_key_value_heads": 2, "head_dim": 8,
+                                 "image_size": [28, 28]},
+               "adapter_config": {"hidden_size": 16, "num_attention_heads": 2,
+                                  "num_key_value_heads": 2, "head_dim": 8,
+                                  "intermediate_size": 32, "text_hidden_size": 64,
+                                  "vision_feature_layer": [-1]}},
     # Nemotron 3 Nano Omni: a RADIO tower of one layer, no audio encoder
     "nemotron_h_omni": {"vision_config": {"hidden_size": 16, "num_hidden_layers": 1,
                                           "num_attention_heads": 2, "num_registers": 1,

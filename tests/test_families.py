@@ -519,7 +519,8 @@ def test_a_sliding_window_key_slides_only_where_the_family_reads_it(family):
                       "qwen3_omni_moe_thinker", "chameleon", *NO_ROTARY, *ALIBI,
                       # stop 43's image-text families of a config class of their own
                       "cosmos3_edge", "deepseek_ocr2", "ernie4_5_vl_moe", "glm_ocr", "glmga",
-                      "granite4_vision", "granite_docling"):
+                      "granite4_vision", "granite_docling",
+                      "molmo2"):
             expected = [None] * len(ours)  # Nemotron-H: 2 layers of its 4 blocks
         elif text == "minimax":  # its window slides every softmax layer
             expected = [window if t == "full_attention" else None for t in types]

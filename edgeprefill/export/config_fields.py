@@ -94,6 +94,7 @@ def norms_and_activations(raw: dict[str, Any], spec: FamilySpec) -> dict[str, An
         "final_norm": spec.final_norm_from_config(raw) if spec.final_norm_from_config
         else True,
         "qk_norm_off": spec.qk_norm_key is not None and not raw.get(spec.qk_norm_key),
+        "qk_norm_picked": spec.qk_norm_from_config(raw) if spec.qk_norm_from_config else None,
         "post_norm_eps": float(raw[spec.post_norm_eps_key])
         if spec.post_norm_eps_key and raw.get(spec.post_norm_eps_key) is not None else None,
     }
@@ -147,7 +148,8 @@ def positions(family: str, raw: dict[str, Any], spec: FamilySpec, heads: int,
 
 
 def head_and_tokens(raw: dict[str, Any], spec: FamilySpec, hidden: int) -> dict[str, Any]:
-    """The embedding's own width (OPT's `word_embed_proj_dim`), the LM head
+    """The embedding's own width (OPT's `word_embed_proj_dim`) and rows beyond the
+    vocabulary (Mllama's, Molmo 2's `additional_vocab_size`), the LM head
     (`tie_word_embeddings`, its bias, rows normalized where its family's config says:
     Baichuan 2's NormHead), the logits the family masks (Chameleon's image tokens, from
     `vocabulary_map`) and the special token ids (`bos_token_id`, `eos_token_id`; XGLM's
@@ -161,6 +163,8 @@ def head_and_tokens(raw: dict[str, Any], spec: FamilySpec, hidden: int) -> dict[
         "bos_token_id": first_token_id(raw.get("bos_token_id")),
         "eos_token_ids": token_ids(raw.get("eos_token_id")),
         "embed_width": _embed_width(raw, spec, hidden),
+        "embed_extra_rows": int(raw[spec.embed_extra_rows_key] or 0)
+        if spec.embed_extra_rows_key else spec.embed_extra_rows,
         "pad_token_id": first_token_id(raw.get("pad_token_id"))
         if spec.sinusoidal_positions == "xglm" else None,
     }

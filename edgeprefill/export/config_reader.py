@@ -66,6 +66,7 @@ from edgeprefill.export.shared_block import read_shared_block
 from edgeprefill.export.skipped_layers import skip_layers
 from edgeprefill.export.sparse_index import read_index
 from edgeprefill.export.swiglu_clamps import read_swiglu_clamps
+from edgeprefill.export.unscaled_rope import unscaled_layers
 from edgeprefill.json_file import load_json_object
 
 if TYPE_CHECKING:
@@ -203,4 +204,6 @@ def _ropes_and_layers(family: str, spec: FamilySpec, raw: dict[str, Any], head_d
         ropes = rotary_dim_per_type(raw, ropes, head_dim)
     refuse_other_familys_rope(family, spec, ropes)
     layers = read_layers(raw, spec)
+    if spec.rope_scaling_layers_key:  # Molmo 2: the unlisted layers' rope unscaled
+        ropes, layers = unscaled_layers(raw, spec.rope_scaling_layers_key, ropes, layers)
     return rope_widths(ropes, layers), layers

@@ -1068,6 +1068,8 @@ class DecoderBuilder:
         gate_up = self.w.linear(h, [p + part + ".weight" for part in parts],
                                 packed_bias if bias else None)
         gate, up = g.op("Split", [gate_up], 2, axis=-1, num_outputs=2)
+        if cfg.spec.up_first and n.gate_up:  # Molmo 2's ff_proj: [up | gate]
+            gate, up = up, gate
         if p in self.sparse_layers:  # Gemma 3n
             gate = sparse_gate(g, gate, self.sparse_layers[p], self.dtype)
         gate_scale, down_scale = cfg.scales.mlp if cfg.scales is not None else (1.0, 1.0)
@@ -1128,7 +1130,7 @@ class DecoderBuilder:
         table is its own; a tied one stays float unless QuantConfig.tied_embeddings
         (quantize.py's docstring says why)."""
         name = embedding_weight(self.ckpt, self.cfg)
-        self._check_vocab_shape(name, self.cfg.spec.embed_extra_rows)
+        self._check_vocab_shape(name, self.cfg.embed_extra_rows)
         # an embedding bundle has no LM head: its table is its own
         untied = self.embed or head_weight(self.ckpt, self.cfg) != name
         quantize = untied or (self.quant is not None and self.quant.tied_embeddings)

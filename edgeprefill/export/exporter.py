@@ -188,8 +188,10 @@ def _export(hf_dir: Path, out_dir: Path, options: ExportOptions,
         if slow.read_as is not None:  # the checkpoint's own tokenizer class, read as Llama's
             said["read_as"] = slow.read_as
         source = {**source, "tokenizer": said}
+    # (ids of the embedding's extra rows are tokens a prompt may hold: Molmo 2's image
+    # markers, which have no logit)
     check_tokenizer_fits(hf_dir / "tokenizer.json" if slow is None else slow.tokenizer,
-                         cfg.vocab_size)
+                         cfg.vocab_size + cfg.embed_extra_rows)
     check_export_template(hf_dir)
     check_export_generation_config(hf_dir)
     _check_generation_eos(hf_dir, cfg.vocab_size)
@@ -199,7 +201,8 @@ def _export(hf_dir: Path, out_dir: Path, options: ExportOptions,
                           transposed=cfg.spec.transposed, int4=cfg.int4,
                           segments=cfg.spec.segment_renames, adapter=adapter, bnb=cfg.bnb,
                           model_types=_model_types(hf_dir, cfg) if adapter else (),
-                          base=_base_prefix(cfg), layout=cfg.spec.stored_layout)
+                          base=_base_prefix(cfg), layout=cfg.spec.stored_layout,
+                          joined=cfg.spec.joined)
         flavor = flavor_class(options.flavor)(cfg, DTYPES[options.dtype], max_context)
         hidden = embedding is not None or scores  # the graph ends at the final norm
         g = DecoderBuilder(cfg, ckpt, flavor, options.quant, embed=hidden).build()

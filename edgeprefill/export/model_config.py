@@ -151,6 +151,11 @@ class ModelConfig:
     gate_per_channel: bool = False
     # The norm config.json picks (FamilySpec.norm_from_config); None: the family's own.
     norm_picked: str | None = None
+    # The q/k norms config.json picks (FamilySpec.qk_norm_from_config); None: the family's.
+    qk_norm_picked: str | None = None
+    # Rows the embedding table has beyond vocab_size (FamilySpec.embed_extra_rows, or its
+    # embed_extra_rows_key's value), which no logit reads.
+    embed_extra_rows: int = 0
     # Gemma 4: layers without KV of their own, each reading the KV an earlier layer of its
     # kind wrote in the same step (consumer -> producer; num_kv_shared_layers).
     shared_kv: dict[int, int] = field(default_factory=dict)
@@ -266,7 +271,7 @@ class ModelConfig:
     @property
     def qk_norm(self) -> str | None:
         """The q/k norms this model has (FamilySpec.qk_norm's kinds; None: none)."""
-        return None if self.qk_norm_off else self.spec.qk_norm
+        return None if self.qk_norm_off else self.qk_norm_picked or self.spec.qk_norm
 
     @property
     def alibi_bfloat16_scale(self) -> float | None:

@@ -12,7 +12,7 @@ scaling, DeciLM's KV heads per layer, Llama-Nemotron's NAS blocks, Laguna's soft
 gated attention with heads per layer, Doge's dynamic mask attention, DiffLlama's
 differential attention, ZAYA's compressed convolutional attention, Muse Glimmer's
 normed embedding and gated attention, Chameleon's per-head q/k LayerNorms and masked
-image tokens) and the image-text
+image tokens, Molmo 2's language model) and the image-text
 checkpoints that wrap one; `FamilySpec` and the tensor names in `spec`. The checkpoints
 that wrap any text family (LLaVA's kin, `wrapped`) take the spec of the one their
 text_config names:
@@ -45,6 +45,7 @@ from edgeprefill.export.families import (
     moe_sigmoid,
     moe_softmax,
     moe_top_k,
+    molmo2,
     muse,
     nemotron_nas,
     not_causal,
@@ -113,8 +114,8 @@ REFUSED_TYPES: dict[str, str] = {
                       "scaling of its sparse attention's queries, NoPE layers of another "
                       "latent width and layers reading another's latent cache are not "
                       "supported",
-    "molmo2": "Molmo2's language model (molmo2_text: the Hub's fused projections and extra "
-              "vocabulary table, per-layer rope scaling) is not supported",
+    "molmo2_text": "molmo2_text is Molmo 2's language model without its LM head "
+                   "(transformers has no causal LM of it); export the molmo2 checkpoint",
     "muse_spark": "Muse Spark's language model (Muse Glimmer's attention with a weightless "
                   "norm of each head's output, experts behind a projection and a norm with "
                   "each expert's output normed, input-scaled norms and residual gates) is "
@@ -218,6 +219,7 @@ _TEXT: dict[str, FamilySpec] = _merged(
     chameleon.FAMILIES,
     step3p5.FAMILIES,
     minimax.FAMILIES,
+    molmo2.FAMILIES,
 )
 # A wrapper's entry is the spec of its default language model (its config class's).
 FAMILIES: dict[str, FamilySpec] = _merged(

@@ -166,6 +166,9 @@ class FamilySpec:
     qk_norm: str | None = None
     # The config key that switches those norms on; None: always there (GLM-4.5's use_qk_norm)
     qk_norm_key: str | None = None
+    # The q/k norms' kind where config.json picks it (Molmo 2's qk_norm_type: "qwen3" per
+    # head, "olmo" the whole projection): config -> one of qk_norm's kinds.
+    qk_norm_from_config: Callable[[dict[str, Any]], str | None] | None = None
     # None, "sqrt_hidden" (Gemma), "sqrt_hidden_bf16" (RecurrentGemma's, rounded to
     # bfloat16) or "multiplier" (Granite)
     embed_scale: str | None = None
@@ -370,6 +373,20 @@ class FamilySpec:
     # Rows the embedding table has beyond vocab_size (Mllama's 8 image-token rows), which
     # the LM head does not.
     embed_extra_rows: int = 0
+    # The config key giving those rows where config.json does (Molmo 2's
+    # additional_vocab_size); None: embed_extra_rows.
+    embed_extra_rows_key: str | None = None
+    # Tensors transformers concatenates (along their first axis) into one as it loads the
+    # checkpoint (Molmo 2's wte.embedding and wte.new_embedding into embed_tokens): (the
+    # name read, the stored names in order) pairs, names as read after the renames.
+    joined: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    # Whether a fused gate_up (names.gate_up) is stored up first, [up | gate] (Molmo 2's
+    # ff_proj, which transformers chunks into up_proj then gate_proj).
+    up_first: bool = False
+    # The config key listing the layers that rotate on the scaled rope (Molmo 2's
+    # rope_scaling_layers; null: every layer): the others rotate on the default rope of the
+    # same theta (export/unscaled_rope.py). None: every layer on the one rope.
+    rope_scaling_layers_key: str | None = None
     # The config key that scales each layer's attention scores by a further 1 / (layer + 1)
     # (GPT-2's scale_attn_by_inverse_layer_idx, as Stanford CRFM's Mistral checkpoints use).
     inverse_layer_scale_key: str | None = None
