@@ -11,7 +11,6 @@ from edgeprefill.export.model_config import ModelConfig
 
 @pytest.mark.parametrize("model_type, reason", (
     ("minimax", "lightning attention layers"),
-    ("xlstm", "mLSTM blocks"),
 ))
 def test_a_refused_recurrent_type_is_refused_in_one_line(model_type, reason):
     with pytest.raises(ExportError, match=f"^model_type '{model_type}': .*{reason}.* not "

@@ -53,6 +53,7 @@ from edgeprefill.export.lm_head import embedding_weight, head_weight
 from edgeprefill.export.mamba1 import Mamba1
 from edgeprefill.export.mamba1_heads import MultiHeadMamba1
 from edgeprefill.export.mamba2 import Mamba2
+from edgeprefill.export.mlstm import Mlstm
 from edgeprefill.export.model_config import ModelConfig
 from edgeprefill.export.moe import MixtureOfExperts
 from edgeprefill.export.moe_op import MoeOp, why_unrolled
@@ -185,7 +186,8 @@ class DecoderBuilder:
 
     def _recurrent_mixers(self, past_lens: str, valid_lens: str, chunk: str) -> None:
         """The builders of the layers other than attention (short conv, Gated DeltaNet,
-        Mamba, RG-LRU, RWKV) the config has, on one causal convolution; None for the others."""
+        Mamba, RG-LRU, RWKV, mLSTM) the config has, on one causal convolution; None for the
+        others."""
         g, cfg = self.g, self.cfg
         conv = CausalConv(g, self.dtype, past_lens, valid_lens) if cfg.state_layers else None
         self.short_conv = (ShortConv(g, self.w, cfg, self.tokens, conv)
@@ -201,6 +203,8 @@ class DecoderBuilder:
                     if conv is not None and cfg.lru_layers else None)
         self.rwkv = (Rwkv(g, self.w, cfg, self.tokens, conv, past_lens, valid_lens, chunk,
                           self._norm) if conv is not None and cfg.rwkv_layers else None)
+        self.mlstm = (Mlstm(g, self.w, cfg, self.tokens, conv, past_lens, valid_lens, chunk)
+                      if conv is not None and cfg.mlstm_layers else None)
         self.cca = (CcaProjection(g, self.w, cfg.cca, cfg.hidden_size, cfg.num_heads,
                                   cfg.num_kv_heads, cfg.head_dim, self.tokens, conv)
                     if conv is not None and cfg.cca is not None else None)
@@ -294,7 +298,7 @@ class DecoderBuilder:
         for names, dtype, state in states:
             self.g.output(names.present, dtype, state)
 
-    Mixer = ShortConv | GatedDeltaNet | Mamba1 | Mamba2 | RgLru | Rwkv | CcaProjection
+    Mixer = ShortConv | GatedDeltaNet | Mamba1 | Mamba2 | RgLru | Rwkv | Mlstm | CcaProjection
 
     def _mixer_of(self, layer: int) -> Mixer:
         """The emitter of a state layer's token mixer (ZAYA's: its attention's states)."""
@@ -303,7 +307,8 @@ class DecoderBuilder:
             self.short_conv if layer in self.cfg.conv_layers else
             self.mamba if layer in self.cfg.mamba_layers else
             self.lru if layer in self.cfg.lru_layers else
-            self.rwkv if layer in self.cfg.rwkv_layers else self.delta_net)
+            self.rwkv if layer in self.cfg.rwkv_layers else
+            self.mlstm if layer in self.cfg.mlstm_layers else self.delta_net)
         assert mixer is not None
         return mixer
 

@@ -33,6 +33,7 @@ from edgeprefill.export.mixer_shapes import (
     HybridScales,
     LruShape,
     MambaShape,
+    MlstmShape,
     SelectiveShape,
 )
 from edgeprefill.export.nas_blocks import NasBlocks
@@ -109,6 +110,9 @@ class ModelConfig:
     # many layers the stream is halved at inference (rescale_every; 0: never).
     rwkv_layers: tuple[int, ...] = ()
     rescale_every: int = 0
+    # xLSTM: the layers that are mLSTM cells (all of them; export/mlstm.py) and their shape.
+    mlstm_layers: tuple[int, ...] = ()
+    mlstm: MlstmShape | None = None
     # Nemotron-H: the layers without an MLP (a mixer block another mixer follows), and the
     # checkpoint's block tensors read under the layers' names (export/layer_groups.py).
     mlp_less: tuple[int, ...] = ()
@@ -266,7 +270,8 @@ class ModelConfig:
     def state_layers(self) -> tuple[int, ...]:
         """The layers without KV, carrying a recurrent state instead (ZAYA's carry both)."""
         return tuple(sorted((*self.conv_layers, *self.delta_layers, *self.mamba_layers,
-                             *self.lru_layers, *self.rwkv_layers, *self.cca_layers)))
+                             *self.lru_layers, *self.rwkv_layers, *self.cca_layers,
+                             *self.mlstm_layers)))
 
     @property
     def cca_layers(self) -> tuple[int, ...]:
@@ -294,6 +299,8 @@ class ModelConfig:
         if layer in self.delta_layers or layer in self.mamba_layers or \
                 layer in self.lru_layers or layer in self.rwkv_layers or layer in self.cca_layers:
             return (CONV, RECURRENT)
+        if layer in self.mlstm_layers:  # one state: C | n | m (export/mlstm.py)
+            return (RECURRENT,)
         return (CONV,) if layer in self.conv_layers else ()
 
     def layer_head_dim(self, layer: int) -> int:

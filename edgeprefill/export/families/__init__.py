@@ -45,6 +45,7 @@ from edgeprefill.export.families import (
     recurrent,
     rwkv,
     sparse_attention,
+    xlstm,
     zaya,
 )
 from edgeprefill.export.families.spec import BLOCKS, NORMS, FamilySpec, TensorNames
@@ -57,7 +58,6 @@ __all__ = ["BLOCKS", "FAMILIES", "NORMS", "REFUSED_TYPES", "FamilySpec", "Tensor
 REFUSED_TYPES: dict[str, str] = {
     "minimax": "MiniMax's lightning attention layers (linear attention with a decay per head) "
                "are not supported",
-    "xlstm": "xLSTM's mLSTM blocks (a matrix memory with exponential gates) are not supported",
     # Remote-code model types (the checkpoint's own modeling code, which export never runs)
     # that users bring, with what to take instead where there is something
     "chatglm": "ChatGLM (THUDM's remote code: ChatGLM-6B's 2D positions; ChatGLM2/3's and "
@@ -203,6 +203,7 @@ _TEXT: dict[str, FamilySpec] = _merged(
     sparse_attention.FAMILIES,
     recurrent.FAMILIES,
     rwkv.FAMILIES,
+    xlstm.FAMILIES,
     kda.FAMILIES,
     alibi.FAMILIES,
     baichuan.FAMILIES,
