@@ -1,10 +1,10 @@
 """xLSTM (xlstm): every layer an mLSTM cell (a matrix memory with exponential gates) and a
 SwiGLU feed-forward, none attending (export/mlstm.py). The fixture (conftest.FAMILIES
-"xlstm": 2 layers, 4 heads) also runs in test_exactness.py, test_state_runtime.py
-(batched rows, slot copies, turns, snapshots) and the int4/int8 tests (test_quantize.py,
-test_int4_fp16.py, test_int8_fp16.py). transformers runs its own torch code (the `xlstm`
-package is not installed), its recurrent step for every prompt (the fixture's chunk_size
-is above their lengths)."""
+"xlstm": 2 layers, 4 heads, a gate cap and an eps that matter) also runs in
+test_exactness.py, test_state_runtime.py (batched rows, slot copies, turns, snapshots)
+and the int4/int8 tests (test_quantize.py, test_int4_fp16.py, test_int8_fp16.py).
+transformers runs its own torch code (the `xlstm` package is not installed), its
+recurrent step for every prompt (the fixture's chunk_size is above their lengths)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from edgeprefill.export.exporter import ExportOptions, export
 from edgeprefill.export.model_config import ModelConfig
 from edgeprefill.sdk import Engine, GenerationParams
 from tests.conftest import build_hf_model
-from tests.state_models import assert_padded_chunks_match, variant_bundles
+from tests.state_models import assert_padded_chunks_match
 from tests.test_exactness import check_together, prompt_ids, reference_greedy, reference_logits
 from tests.test_rwkv import gpt_neox_style_tokenizer, run_graph
 
@@ -113,25 +113,6 @@ def test_the_state_carries_what_the_next_call_needs(hf_model, bundle):
     np.testing.assert_allclose(logits, expected, rtol=1e-4, atol=1e-4)
     logits, _ = run_graph(session, ids[12:], 12, {n: np.zeros_like(v) for n, v in states.items()})
     assert np.abs(logits - expected).max() > 1e-2
-
-
-@pytest.fixture(scope="module")
-def capped(tmp_path_factory):
-    """The fixture with small soft caps and a large denominator eps, each where the
-    export reads it (transformers' logits move by more than the tolerance with each)."""
-    return variant_bundles(tmp_path_factory, "xlstm", "xlstm-caps", {
-        "gate_soft_cap": 2.0, "output_logit_soft_cap": 4.0, "eps": 0.5})
-
-
-@pytest.mark.slow
-def test_the_soft_caps_and_the_denominator_eps_are_read_from_the_config(capped, hf_model):
-    """A variant whose gate and logit caps and eps differ from the defaults: its bundle's
-    logits are its transformers' (which differ from the fixture's: each key matters)."""
-    hf, path = capped("standard")
-    ids = prompt_ids(40)
-    assert np.abs(reference_logits(hf, ids) - reference_logits(hf_model("xlstm"), ids)
-                  ).max() > 0.1
-    assert_padded_chunks_match(hf, path, chunks=(3, 16))
 
 
 @pytest.mark.slow
