@@ -33,9 +33,11 @@ states (STATE_KINDS): `conv`, the last inputs of a causal convolution (LFM2's sh
 convolutions, a Gated DeltaNet's q/k/v convolution, a Mamba-2 mixer's x/B/C
 convolution, ZAYA's raw q/k), and `recurrent`, a Gated DeltaNet's [v_heads, k_dim, v_dim]
 matrix or a Mamba-2 mixer's [heads, head_dim, state_size] state per row (float32 whatever
-the model's dtype), or ZAYA's last delayed value (the model's dtype). A layer also in the
-model's `kv_state_layers` keeps its KV beside its states (Falcon-H1: attention and Mamba-2
-side by side in each layer; ZAYA: attention through its CCA projection). Each is read from
+the model's dtype), or ZAYA's last delayed value (the model's dtype); an xLSTM layer
+carries `recurrent` alone (its mLSTM's memory, normalizer and stabilizer, float32). A
+layer also in the model's `kv_state_layers` keeps its KV beside its states (Falcon-H1:
+attention and Mamba-2 side by side in each layer; ZAYA: attention through its CCA
+projection). Each is read from
 `past_{kind}.{i}` (zeros where a row's past length is 0) and written, ending at the row's
 last valid token, to `present_{kind}.{i}`, a separate buffer the runtime copies back into
 the slot. A state's shape and dtype are the graph's own (its input's, batch first); the

@@ -362,6 +362,15 @@ FAMILIES: dict[str, dict] = {
     # every second layer (and layers 2 and 3's output weights divided by 2); its time_*
     # parameters and LayerNorms perturbed (build_hf_model)
     "rwkv": {"num_hidden_layers": 4, "rescale_every": 2},
+    # xLSTM: every layer an mLSTM cell (4 heads: q/k of 16, v of 32) and a SwiGLU of 384,
+    # no KV. A chunk_size above every test prompt runs transformers' recurrent step for a
+    # prompt too (its chunkwise form equals it up to rounding), in float32. Its gate
+    # projections (zero at init) and LM head drawn by build_hf_model, the forget gates'
+    # biases left as transformers initializes them (3 to 6: a long memory); a gate cap
+    # the gates reach and a denominator eps the stabilizer's scale shows through (at the
+    # Hub's 1e-6 no output depends on m: it cancels)
+    "xlstm": {"hidden_size": 128, "num_heads": 4, "chunk_size": 4096,
+              "autocast_kernel_dtype": "float32", "gate_soft_cap": 5.0, "eps": 0.1},
     # LayerNorm1P, ReLU-squared MLP, rotary on half of each head (head_dim 32: rotary 16)
     "nemotron": {"head_dim": 32},
     # layer 0 slides with rotary, layer 1 is global without
@@ -1028,8 +1037,8 @@ def build_hf_model(family: str, out: Path, seed: int = 0, dtype=None, **override
     perturb_norms = model_type not in ("llama", "mistral", "qwen2", "qwen3")
     with torch.no_grad():
         for name, param in model.named_parameters():
-            if name.endswith((".bias", "dense_bias")):  # (GPT-NeoX Japanese's dense_bias)
-                param.normal_(0, 0.5)
+            if name.endswith((".bias", "dense_bias")) and "fgate_preact" not in name:
+                param.normal_(0, 0.5)  # (GPT-NeoX Japanese's dense_bias; not xLSTM's forget)
             elif name.endswith(("act_fn.alpha_p", "act_fn.alpha_n")):  # Apertus's xIELU
                 param.add_(torch.randn_like(param) * 0.5)
             elif name.endswith("self_attn.sinks") and not param.any():  # Granite SWA's
@@ -1038,6 +1047,8 @@ def build_hf_model(family: str, out: Path, seed: int = 0, dtype=None, **override
                 param.add_(torch.randn_like(param) * 0.2)
             elif model_type == "rwkv" and name.split(".")[-2] in RWKV_PERTURBED:
                 param.add_(torch.randn_like(param) * 0.2)
+            elif model_type == "xlstm" and (not param.any() or name == "lm_head.weight"):
+                param.normal_(0, 0.3)  # its gates' weights, and wider logits
         for name, buffer in model.named_buffers():
             if name.endswith("layer_scalar"):  # Gemma 4's, all ones as initialized
                 buffer.uniform_(0.5, 1.5)

@@ -290,6 +290,8 @@ SUPPORTED = {"granitemoehybrid": {"layer_types": ["attention"] * 4, "num_local_e
                  "linear_attention", "mlp", "full_attention", "mlp"]}),
              "bamba": {"attn_layer_indices": [1]},
              "mamba2": {"num_heads": 8, "head_dim": 16},  # hidden x expand = heads x dim
+             # xLSTM: q/k as wide as hidden (64), as its cache's 64-rounded width
+             "xlstm": {"qk_dim_factor": 1.0},
              # Gemma 3n: its config class shares the KV of 15 layers, more than there are
              "gemma3n_text": {"num_kv_shared_layers": 2}, "gemma3n": {"num_kv_shared_layers": 2},
              # DBRX: transformers 5.24's attention reads attn_config.rope_theta, which its
@@ -371,10 +373,11 @@ LEARNED_POSITIONS = ("gpt2", "gpt_bigcode", "gpt-sw3", "openai-gpt", "opt", "gpt
 # the base 10000 over rotary_dim), not a rope_parameters dict.
 OWN_ROTARY = ("gptj", "codegen")
 # ... and those without rotary nor positions (Nemotron-H, Mamba-2, Mamba-1: their mamba
-# layers order the tokens; Kimi Linear: its KDA layers; RWKV: its token shifts and WKV).
+# layers order the tokens; Kimi Linear: its KDA layers; RWKV: its token shifts and WKV;
+# xLSTM: its mLSTM cells).
 NO_ROTARY = (*LEARNED_POSITIONS, "nemotron_h", "mamba2", "mamba", "falcon_mamba", "jamba",
              "zamba", "zamba2", "nemotron_h_omni", "kimi_linear",  # (Kimi: NoPE MLA)
-             "rwkv")
+             "rwkv", "xlstm")
 ALIBI = ("bloom", "mpt")  # ... and those whose attention biases by distance instead
 
 
@@ -428,8 +431,8 @@ def test_keys_a_config_leaves_out_take_transformers_defaults(family):
             assert (rope.rotary_dim, rope.proportion) == (head_dim, partial)
         else:
             assert rope.rotary_dim == int(head_dim * partial)
-    assert ours.final_softcap == getattr(hf, "final_logit_softcapping",
-                                         getattr(hf, "logits_soft_cap", None))  # RecurrentGemma
+    assert ours.final_softcap == getattr(hf, "final_logit_softcapping", getattr(
+        hf, "logits_soft_cap", getattr(hf, "output_logit_soft_cap", None)))  # RecurrentGemma, xLSTM
     # Mamba-1/2 and BLOOM have no position limit (nor the key): export's cap of 4096 stands
     # for it; MPT's is its alibi table's, max_seq_len
     assert ours.max_positions == getattr(hf, "max_position_embeddings",

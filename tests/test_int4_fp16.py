@@ -67,7 +67,7 @@ def test_an_fp16_int4_bundle_holds_the_float32_bundles_weights(hf_model, tmp_pat
             np.testing.assert_array_equal(fp16[name].astype(np.float32), fp32[name])
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen3_5_text", "rwkv"])
+@pytest.mark.parametrize("family", ["llama", "qwen3_5_text", "rwkv", "xlstm"])
 def test_an_fp16_int4_bundle_computes_transformers_with_the_dequantized_weights(
         hf_model, tmp_path, family):
     """At accuracy level 0 (float activations) the logits are transformers' on the

@@ -99,7 +99,7 @@ def test_an_fp16_int8_bundle_is_8_bit_blocks_throughout(hf_model, tmp_path):
     assert weights["model.embed_tokens.weight.int8"].shape[1] % 32 == 0
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen3_5_text", "rwkv"])
+@pytest.mark.parametrize("family", ["llama", "qwen3_5_text", "rwkv", "xlstm"])
 def test_an_fp16_int8_bundle_computes_transformers_with_the_dequantized_weights(
         hf_model, tmp_path, family):
     """At accuracy level 0 the logits are transformers' on the dequantized weights, to

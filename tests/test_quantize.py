@@ -122,7 +122,7 @@ def logits_at(bundle_dir, ids) -> np.ndarray:
 
 
 @pytest.mark.parametrize("family", ("llama", "lfm2", "qwen3_5_text", "granitemoehybrid-mamba",
-                                    "falcon_h1", "rwkv"))
+                                    "falcon_h1", "rwkv", "xlstm"))
 def test_int4_graph_equals_transformers_with_dequantized_weights(hf_model, tmp_path, family):
     """Every projection of the bundle computes with its dequantized int4 weights and nothing
     else moves: the hybrids' conv, DeltaNet and Mamba-2 layers too (their logits drift further from

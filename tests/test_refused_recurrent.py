@@ -10,7 +10,8 @@ from edgeprefill.export.model_config import ModelConfig
 
 
 @pytest.mark.parametrize("model_type, reason", (
-    ("xlstm", "mLSTM blocks"),
+    ("glm5_next", "linear attention layers with forget gates"),
+    ("inkling2_text", "dynamic short convolutions"),
 ))
 def test_a_refused_recurrent_type_is_refused_in_one_line(model_type, reason):
     with pytest.raises(ExportError, match=f"^model_type '{model_type}': .*{reason}.* not "

@@ -2,7 +2,7 @@
 LFM2's and LFM3's short convolutions, Qwen3.5's Gated DeltaNet, Kimi Linear's KDA, Granite
 4.0-H's and Falcon-H1's Mamba-2, ZAYA's compressed convolutional attention, MiniMax's
 lightning attention, and plain
-Mamba-2, Mamba-1 and RWKV-4 (no layer attends: a slot arena without KV).
+Mamba-2, Mamba-1, RWKV-4 and xLSTM (no layer attends: a slot arena without KV).
 Whatever the batch, the fused rows, the slot moves and the reuse, each
 sequence's state is its own and the text is transformers'. (The families' own graphs are
 tested in test_lfm2.py, test_lfm3.py, test_qwen3_5.py, test_kda.py, test_mamba2.py
@@ -23,6 +23,7 @@ from tests.test_exactness import prompt_ids, reference_greedy, reference_logits
 FAMILIES = ("lfm2", "lfm3", "qwen3_5_text", "granitemoehybrid-mamba", "falcon_h1", "mamba2",
             "kimi_linear",  # KDA beside NoPE latent attention (its one cached head)
             "rwkv",  # RWKV-4: token-shift and WKV states, no KV
+            "xlstm",  # xLSTM: an mLSTM cell's C | n | m state, no KV
             "zaya",  # CCA's convolution and delayed-value states beside every layer's KV
             "minimax",  # lightning attention's one state beside softmax layers' KV
             # Mamba-1 (as Mamba-2), Jamba, Zamba2, Zamba, RecurrentGemma and Bailing

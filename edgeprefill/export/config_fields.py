@@ -29,6 +29,7 @@ from edgeprefill.export.mixer_shapes import (
     read_lightning,
     read_lru,
     read_mamba,
+    read_mlstm,
     read_rwkv,
 )
 from edgeprefill.export.modality_experts import other_modalities
@@ -200,9 +201,10 @@ def _gate_per_head(raw: dict[str, Any]) -> bool:
 
 def mixers(raw: dict[str, Any], spec: FamilySpec) -> dict[str, Any]:
     """The layers other than attention (short convolutions, Gated DeltaNet, Mamba, RG-LRU,
-    RWKV) and a hybrid's scales: mixer_shapes' readers, each of its family's keys."""
+    RWKV, mLSTM) and a hybrid's scales: mixer_shapes' readers, each of its family's keys."""
     return {**read_conv(raw, spec), **read_delta(raw, spec), **read_mamba(raw, spec),
             **read_lru(raw, spec), **read_rwkv(raw, spec), **read_lightning(raw, spec),
+            **read_mlstm(raw, spec),
             "scales": read_hybrid_scales(raw) if spec.block == "hybrid" else None,
             # ZAYA: CCA's convolution widths (cca_time0, cca_time1), router_hidden_size
             "cca": read_cca(raw) if spec.cca else None,

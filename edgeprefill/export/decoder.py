@@ -58,6 +58,7 @@ from edgeprefill.export.mamba1_heads import MultiHeadMamba1
 from edgeprefill.export.mamba2 import Mamba2
 from edgeprefill.export.masked_logits import masked
 from edgeprefill.export.mixture_attention import MixtureOfAttention
+from edgeprefill.export.mlstm import Mlstm
 from edgeprefill.export.model_config import ModelConfig
 from edgeprefill.export.moe import MixtureOfExperts
 from edgeprefill.export.moe_op import MoeOp, why_unrolled
@@ -199,7 +200,8 @@ class DecoderBuilder:
 
     def _recurrent_mixers(self, past_lens: str, valid_lens: str, chunk: str) -> None:
         """The builders of the layers other than attention (short conv, Gated DeltaNet,
-        Mamba, RG-LRU, RWKV) the config has, on one causal convolution; None for the others."""
+        Mamba, RG-LRU, RWKV, mLSTM) the config has, on one causal convolution; None for the
+        others."""
         g, cfg = self.g, self.cfg
         conv = CausalConv(g, self.dtype, past_lens, valid_lens) if cfg.state_layers else None
         self.short_conv = (ShortConv(g, self.w, cfg, self.tokens, conv)
@@ -218,6 +220,8 @@ class DecoderBuilder:
         self.lightning = (LightningAttention(g, self.w, cfg, self.tokens, conv, past_lens,
                                              valid_lens, chunk)
                           if conv is not None and cfg.lightning_layers else None)
+        self.mlstm = (Mlstm(g, self.w, cfg, self.tokens, conv, past_lens, valid_lens, chunk)
+                      if conv is not None and cfg.mlstm_layers else None)
         self.cca = (CcaProjection(g, self.w, cfg.cca, cfg.hidden_size, cfg.num_heads,
                                   cfg.num_kv_heads, cfg.head_dim, self.tokens, conv)
                     if conv is not None and cfg.cca is not None else None)
@@ -322,7 +326,7 @@ class DecoderBuilder:
         for names, dtype, state in states:
             self.g.output(names.present, dtype, state)
 
-    Mixer = ShortConv | GatedDeltaNet | Mamba1 | Mamba2 | RgLru | Rwkv | CcaProjection \
+    Mixer = ShortConv | GatedDeltaNet | Mamba1 | Mamba2 | RgLru | Rwkv | Mlstm | CcaProjection \
         | LightningAttention
 
     def _attention_experts(self) -> MixtureOfAttention | None:
@@ -346,7 +350,8 @@ class DecoderBuilder:
             self.mamba if layer in self.cfg.mamba_layers else
             self.lru if layer in self.cfg.lru_layers else
             self.rwkv if layer in self.cfg.rwkv_layers else
-            self.lightning if layer in self.cfg.lightning_layers else self.delta_net)
+            self.lightning if layer in self.cfg.lightning_layers else
+            self.mlstm if layer in self.cfg.mlstm_layers else self.delta_net)
         assert mixer is not None
         return mixer
 

@@ -43,7 +43,7 @@ def read_layers(raw: dict[str, Any], spec: FamilySpec) -> tuple[LayerAttention, 
         kinds = {"full_attention", "sliding_attention", *(("conv",) if spec.conv else ()),
                  *(("linear_attention",) if spec.delta_net or spec.lightning else ()),
                  *(("mamba",) if spec.mamba else ()), *(("rg_lru",) if spec.rg_lru else ()),
-                 *(("rwkv",) if spec.rwkv else ()),
+                 *(("rwkv",) if spec.rwkv else ()), *(("mlstm",) if spec.mlstm else ()),
                  *(("chunked_attention",) if spec.chunked_attention else ())}
         unknown = {str(kind) for kind in types} - kinds
         if unknown:

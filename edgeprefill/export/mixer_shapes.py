@@ -1,8 +1,9 @@
 """The shapes of the layers that carry a recurrent state instead of KV, as config.json
 gives them: LFM2's short convolutions, Qwen3.5's Gated DeltaNet, the Mamba-2 and Mamba-1
-mixers, RecurrentGemma's RG-LRU blocks, and Falcon-H1's multipliers of the attention and
-Mamba-2 it runs side by side. Each `read_*` returns its fields of ModelConfig (none where
-the family has no such layers); ModelConfig checks them once built."""
+mixers, RecurrentGemma's RG-LRU blocks, xLSTM's mLSTM cells, and Falcon-H1's multipliers
+of the attention and Mamba-2 it runs side by side. Each `read_*` returns its fields of
+ModelConfig (none where the family has no such layers); ModelConfig checks them once
+built."""
 
 from __future__ import annotations
 
@@ -117,6 +118,19 @@ class ResidualFactors:
 
 
 @dataclass(frozen=True)
+class MlstmShape:
+    """xLSTM's mLSTM cells (export/mlstm.py): `heads` heads, q and k of `key_dim` per head,
+    v of `value_dim`; input and forget gates soft-capped at `gate_cap` (None: not
+    capped); `eps` the denominator's (the config's `eps`, not its `norm_eps`)."""
+
+    heads: int
+    key_dim: int
+    value_dim: int
+    gate_cap: float | None
+    eps: float
+
+
+@dataclass(frozen=True)
 class HybridScales:
     """Falcon-H1's muP multipliers of its parallel attention and Mamba-2 and its MLP."""
 
@@ -215,6 +229,19 @@ def read_lightning(raw: dict[str, Any], spec: FamilySpec) -> dict[str, Any]:
     layers = tuple(i for i, kind in enumerate(raw["layer_types"]) if kind == "linear_attention")
     return {"lightning_layers": layers, "residual_factors": ResidualFactors(
         full=pair("full_attn"), linear=pair("linear_attn"), mlp=pair("mlp"))}
+
+
+def read_mlstm(raw: dict[str, Any], spec: FamilySpec) -> dict[str, Any]:
+    """xLSTM's mLSTM cells' fields of ModelConfig (every layer one; families/xlstm.py
+    lists them in layer_types and sets mlstm_*); none elsewhere."""
+    if not spec.mlstm:
+        return {}
+    layers = tuple(i for i, kind in enumerate(raw["layer_types"]) if kind == "mlstm")
+    heads = int(raw["num_heads"])
+    shape = MlstmShape(heads=heads, key_dim=int(raw["mlstm_qk_dim"]) // heads,
+                       value_dim=int(raw["mlstm_v_dim"]) // heads,
+                       gate_cap=optional_float(raw["gate_soft_cap"]), eps=json_float(raw["eps"]))
+    return {"mlstm_layers": layers, "mlstm": shape}
 
 
 def read_hybrid_scales(raw: dict[str, Any]) -> HybridScales:

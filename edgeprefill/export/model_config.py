@@ -33,6 +33,7 @@ from edgeprefill.export.mixer_shapes import (
     HybridScales,
     LruShape,
     MambaShape,
+    MlstmShape,
     ResidualFactors,
     SelectiveShape,
 )
@@ -121,6 +122,9 @@ class ModelConfig:
     # "normed").
     lightning_layers: tuple[int, ...] = ()
     residual_factors: ResidualFactors | None = None
+    # xLSTM: the layers that are mLSTM cells (all of them; export/mlstm.py) and their shape.
+    mlstm_layers: tuple[int, ...] = ()
+    mlstm: MlstmShape | None = None
     # Nemotron-H: the layers without an MLP (a mixer block another mixer follows), and the
     # checkpoint's block tensors read under the layers' names (export/layer_groups.py).
     mlp_less: tuple[int, ...] = ()
@@ -289,7 +293,7 @@ class ModelConfig:
         """The layers without KV, carrying a recurrent state instead (ZAYA's carry both)."""
         return tuple(sorted((*self.conv_layers, *self.delta_layers, *self.mamba_layers,
                              *self.lru_layers, *self.rwkv_layers, *self.cca_layers,
-                             *self.lightning_layers)))
+                             *self.lightning_layers, *self.mlstm_layers)))
 
     @property
     def cca_layers(self) -> tuple[int, ...]:
@@ -317,7 +321,9 @@ class ModelConfig:
         if layer in self.delta_layers or layer in self.mamba_layers or \
                 layer in self.lru_layers or layer in self.rwkv_layers or layer in self.cca_layers:
             return (CONV, RECURRENT)
-        if layer in self.lightning_layers:  # a state without a convolution
+        # MiniMax's lightning layers and xLSTM's mLSTM cells: one state without a
+        # convolution (the mLSTM's C | n | m: export/mlstm.py)
+        if layer in self.lightning_layers or layer in self.mlstm_layers:
             return (RECURRENT,)
         return (CONV,) if layer in self.conv_layers else ()
 

@@ -33,7 +33,7 @@ def _weights(cfg: ModelConfig) -> list[str]:
 
 def _mixers(cfg: ModelConfig) -> list[str]:
     """The layers other than attention (short convolutions, Gated DeltaNet or Kimi's KDA,
-    Mamba, RWKV), ZAYA's CCA states and the experts."""
+    Mamba, RWKV, mLSTM), ZAYA's CCA states and the experts."""
     out = []
     if cfg.conv_layers:
         out.append(f"{len(cfg.conv_layers)} of {cfg.num_layers} layers gated short "
@@ -60,6 +60,9 @@ def _mixers(cfg: ModelConfig) -> list[str]:
     if cfg.lightning_layers:
         out.append(f"{len(cfg.lightning_layers)} of {cfg.num_layers} layers lightning "
                    "attention (a recurrent state per sequence)")
+    if cfg.mlstm_layers:
+        out.append(f"{len(cfg.mlstm_layers)} of {cfg.num_layers} layers mLSTM cells (a "
+                   "matrix memory, normalizer and stabilizer state per sequence)")
     return out
 
 

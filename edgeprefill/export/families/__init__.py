@@ -54,6 +54,7 @@ from edgeprefill.export.families import (
     rwkv,
     sparse_attention,
     step3p5,
+    xlstm,
     zaya,
 )
 from edgeprefill.export.families.spec import BLOCKS, NORMS, FamilySpec, TensorNames
@@ -64,7 +65,6 @@ __all__ = ["BLOCKS", "FAMILIES", "NORMS", "REFUSED_TYPES", "FamilySpec", "Tensor
 
 # model_types close to a supported family that export refuses -> why, in words.
 REFUSED_TYPES: dict[str, str] = {
-    "xlstm": "xLSTM's mLSTM blocks (a matrix memory with exponential gates) are not supported",
     # Remote-code model types (the checkpoint's own modeling code, which export never runs)
     # that users bring, with what to take instead where there is something
     "chatglm": "ChatGLM (THUDM's remote code: ChatGLM-6B's 2D positions; ChatGLM2/3's and "
@@ -203,6 +203,7 @@ _TEXT: dict[str, FamilySpec] = _merged(
     sparse_attention.FAMILIES,
     recurrent.FAMILIES,
     rwkv.FAMILIES,
+    xlstm.FAMILIES,
     kda.FAMILIES,
     alibi.FAMILIES,
     baichuan.FAMILIES,

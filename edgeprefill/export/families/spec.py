@@ -305,6 +305,10 @@ class FamilySpec:
     # attention (linear attention with a fixed decay per head), which hold no KV but a
     # float32 [heads, head_dim, head_dim] state (export/lightning.py).
     lightning: bool = False
+    # Whether `layer_types` may name "mlstm" layers: xLSTM's mLSTM cells (a matrix memory
+    # with exponential input and forget gates), which hold no KV but that memory, its
+    # normalizer and its stabilizer (export/mlstm.py).
+    mlstm: bool = False
     # Whether shared transformer blocks run before the mixers of the `hybrid` layers
     # (Zamba2: export/shared_block.py); every layer is a Mamba-2 mixer without an MLP.
     shared_block: bool = False
