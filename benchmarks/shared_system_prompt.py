@@ -26,13 +26,13 @@ from pathlib import Path
 import numpy as np
 
 from edgeprefill.sdk import Engine, EngineConfig, GenerationParams, SchedulerConfig
-from edgeprefill.sdk.request import Phase
+from edgeprefill.sdk.request import Phase, Request
 from edgeprefill.sdk.scheduler import Scheduler
 
 NOW = Scheduler._pick_by_priority
 
 
-def _pick_beside_the_writer(self: Scheduler):  # type: ignore[no-untyped-def]
+def _pick_beside_the_writer(self: Scheduler) -> Request | None:
     """Scheduler._pick_by_priority as it was before stop 54: the best queued prompt starts
     even where a started one is writing its prefix."""
     key = self._priority_key
@@ -48,7 +48,10 @@ VARIANTS = {"starts beside the writer (before)": _pick_beside_the_writer,
 
 def one_round(engine: Engine, rng: np.random.Generator, args: argparse.Namespace) -> dict:
     vocab = engine.manifest.model.vocab_size
-    ids = lambda n: rng.integers(10, vocab - 10, n).tolist()  # noqa: E731
+
+    def ids(n: int) -> list[int]:
+        return [int(i) for i in rng.integers(10, vocab - 10, n)]
+
     long = GenerationParams(max_new_tokens=2000, ignore_eos=True)
     sessions = [engine.generate(ids(16), long) for _ in range(args.sessions)]
     while any(s.metrics.generated_tokens < 2 for s in sessions):
