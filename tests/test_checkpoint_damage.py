@@ -188,3 +188,30 @@ def test_a_projection_bias_of_the_wrong_length_is_refused_in_one_line(
         export(hf_dir, tmp_path / "out", OPTIONS)
     assert str(err.value) == expected
     assert sorted(p.name for p in tmp_path.iterdir()) == ["hf"]  # no bundle, no staging
+
+
+# A q/k norm weight of another width than config.json implies: per head (Qwen3's) or over the
+# whole projection (OLMo 2's). The graph reads it as the norm's scale, which broadcasts only
+# at the bundle's first call (a BackendError then), or, wider by a whole multiple, not at
+# all. The message names what the config implies (qwen3's fixture: heads of 32; olmo2's:
+# 4 heads and 2 KV heads of 16).
+@pytest.mark.parametrize("family, key, width, implied", [
+    ("qwen3", LAYER0 + "self_attn.q_norm.weight", 64, 32),
+    ("qwen3", LAYER0 + "self_attn.k_norm.weight", 16, 32),
+    ("olmo2", LAYER0 + "self_attn.q_norm.weight", 128, 64),
+    ("olmo2", LAYER0 + "self_attn.k_norm.weight", 16, 32),
+], ids=["head-q", "head-k", "full-q", "full-k"])
+def test_a_q_k_norm_of_another_width_is_refused_in_one_line(
+        family, key, width, implied, hf_model, tmp_path):
+    from safetensors.numpy import load_file, save_file
+
+    hf_dir = shutil.copytree(hf_model(family), tmp_path / "hf")
+    tensors = load_file(str(hf_dir / WEIGHTS))
+    assert tensors[key].shape == (implied,)
+    tensors[key] = np.ones(width, np.float32)
+    save_file(tensors, str(hf_dir / WEIGHTS))
+    with pytest.raises(ExportError) as err:
+        export(hf_dir, tmp_path / "out", OPTIONS)
+    assert str(err.value) == (f"{key} has shape ({width},), but config.json implies "
+                              f"({implied},) (the q/k norm over {implied} values)")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hf"]  # no bundle, no staging

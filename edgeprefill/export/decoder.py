@@ -847,6 +847,8 @@ class DecoderBuilder:
             q = self._head_norm(q, cfg.num_heads, p + n.q_norm, cfg.head_dim)
             k = self._head_norm(k, cfg.num_kv_heads, p + n.k_norm, cfg.head_dim)
         elif cfg.qk_norm == "full":
+            self._check_norm_width(p + n.q_norm, cfg.num_heads * cfg.head_dim)
+            self._check_norm_width(p + n.k_norm, cfg.num_kv_heads * cfg.head_dim)
             q, k = self._norm(q, p + n.q_norm), self._norm(k, p + n.k_norm)
         elif cfg.qk_norm == "head_affine":  # Chameleon
             q = self._head_affine(q, cfg.num_heads, p + n.q_norm)
@@ -985,6 +987,7 @@ class DecoderBuilder:
 
     def _head_norm(self, x: str, heads: int, name: str, d: int | None = None) -> str:
         g, d = self.g, d or self.cfg.head_dim
+        self._check_norm_width(name, d)
         per_head = g.op("Reshape", [x, g.const([0, 0, heads, d])])
         normed = self._norm(per_head, name, d)
         return g.op("Reshape", [normed, g.const([0, 0, heads * d])])
@@ -1026,6 +1029,14 @@ class DecoderBuilder:
         else:
             gate = g.op("Sigmoid", [gate])
         return g.op("Mul", [h, gate])
+
+    def _check_norm_width(self, name: str, width: int) -> None:
+        """A q/k norm's stored weight is `width` wide (per head or over the projection, as
+        the config says): one the config disagrees with (another q/k norm kind, head size
+        or head count) fails at export in one line, not at the bundle's first call."""
+        if self.cfg.norm not in WEIGHTLESS:
+            self.w.check_shapes([(name + ".weight", (width,))],
+                                f"the q/k norm over {width} values")
 
     def _norm_weight(self, name: str, width: int | None = None, kind: str | None = None) -> str:
         """The weight a norm of `kind` (the model's unless given) multiplies by."""
