@@ -19,7 +19,7 @@ import pytest
 import torch
 import transformers
 
-from edgeprefill.errors import BackendError, ExportError
+from edgeprefill.errors import ExportError
 from edgeprefill.export import families
 from edgeprefill.export.exporter import ExportOptions, export
 from edgeprefill.export.families import molmo2
@@ -284,21 +284,22 @@ def test_each_piece_matters(piece, hf_model, tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("piece", ["qk_norm_type", "norm_after"])
 def test_the_olmo_variants_pieces_matter(piece, tmp_path, monkeypatch):
-    """Read without qk_norm_type, "olmo"'s norms over the projection fail the bundle's
-    first call (their weights are not one head wide); read without norm_after, the
-    post-norm layers compute pre-norm ones."""
+    """Read without qk_norm_type, "olmo"'s norms over the projection are refused at export
+    (their weights are not one head wide); read without norm_after, the post-norm layers
+    compute pre-norm ones."""
     hf_dir = build_hf_model("molmo2", tmp_path / "hf", qk_norm_type="olmo", norm_after=True)
     broken = {"qk_norm_type": {"qk_norm_from_config": None},
               "norm_after": {"block_from_config": None}}[piece]
     monkeypatch.setitem(families.FAMILIES, "molmo2", replace(molmo2.MOLMO2, **broken))
-    export(hf_dir, tmp_path / "b", ExportOptions(chunks=(16,), max_context=64,
-                                                 show_progress=False))
-    ids = prompt_ids(24)
     try:
-        got = logits_at(tmp_path / "b", ids)
-    except BackendError as err:  # per-head norms of the projection's [H * D] weights
-        assert piece == "qk_norm_type" and "LayerNormalization" in str(err)
+        export(hf_dir, tmp_path / "b", ExportOptions(chunks=(16,), max_context=64,
+                                                     show_progress=False))
+    except ExportError as err:  # per-head norms of the projection's [H * D] weights
+        assert piece == "qk_norm_type" and "the q/k norm over 16 values" in str(err)
         return
+    ids = prompt_ids(24)
+    got = logits_at(tmp_path / "b", ids)
+    assert piece == "norm_after"
     assert np.abs(got - reference_logits(hf_dir, ids)[-1]).max() > 1e-2
 
 
