@@ -8,7 +8,6 @@ transformers' logits and the bundle's alike; a Hub-shaped config.json; refusals.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import numpy as np
 import onnx
@@ -23,7 +22,8 @@ from edgeprefill.export.model_config import ModelConfig
 from edgeprefill.export.quantize import QuantConfig
 from edgeprefill.kernels import select
 from edgeprefill.sdk import Engine
-from tests.conftest import build_hf_model, load_hf_model
+from tests.conftest import load_hf_model
+from tests.flavour_bundles import flavour_fixtures, hf_logits
 from tests.test_exactness import FLAVORS, prompt_ids
 from tests.test_openelm import check_chunks_and_padding, run_chunks
 from tests.test_quantize import dequantize_linears
@@ -32,28 +32,7 @@ MINIMAL = {"hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,
            "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 128}
 
 
-def hf_logits(model, ids: list[int]) -> np.ndarray:
-    with torch.no_grad():
-        return model(torch.tensor([ids])).logits[0].numpy()
-
-
-@pytest.fixture(scope="module")
-def hf(tmp_path_factory) -> Path:
-    return build_hf_model("diffllama", tmp_path_factory.mktemp("diffllama"))
-
-
-@pytest.fixture(scope="module")
-def bundle(hf, tmp_path_factory):
-    made: dict[str, Path] = {}
-
-    def get(flavor: str) -> Path:
-        if flavor not in made:
-            made[flavor] = tmp_path_factory.mktemp(f"diffllama-{flavor}")
-            export(hf, made[flavor], ExportOptions(flavor=flavor, chunks=(16,),
-                                                   max_context=128, show_progress=False))
-        return made[flavor]
-
-    return get
+hf, bundle = flavour_fixtures("diffllama")
 
 
 @pytest.mark.parametrize("flavor", FLAVORS)

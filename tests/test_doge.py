@@ -33,6 +33,7 @@ from edgeprefill.export.quantize import QuantConfig
 from edgeprefill.kernels import graph, select
 from edgeprefill.sdk import Engine
 from tests.conftest import FAMILIES, VOCAB, build_hf_model, load_hf_model
+from tests.flavour_bundles import hf_logits
 from tests.test_exactness import FLAVORS
 from tests.test_openelm import check_chunks_and_padding, run_chunks
 from tests.test_quantize import dequantize_linears
@@ -46,11 +47,6 @@ def distinct_ids(length: int, seed: int = 0) -> list[int]:
     """A prompt of `length` tokens, none repeated (BOS then a permutation's first ones)."""
     rng = np.random.default_rng(seed)
     return [1] + [int(t) for t in rng.permutation(np.arange(3, VOCAB))[:length - 1]]
-
-
-def hf_logits(model, ids: list[int]) -> np.ndarray:
-    with torch.no_grad():
-        return model(torch.tensor([ids])).logits[0].numpy()
 
 
 @pytest.fixture(scope="module")

@@ -23,34 +23,13 @@ from edgeprefill.export.exporter import ExportOptions, export
 from edgeprefill.export.model_config import ModelConfig
 from edgeprefill.export.quantize import QuantConfig
 from edgeprefill.sdk import Engine
-from tests.conftest import build_hf_model, hf_config_of, load_hf_model
+from tests.conftest import hf_config_of, load_hf_model
+from tests.flavour_bundles import flavour_fixtures, hf_logits
 from tests.test_exactness import FLAVORS, prompt_ids
 from tests.test_openelm import check_chunks_and_padding, check_rows_decode_together, run_chunks
 from tests.test_quantize import dequantize_embeddings, int4_blockwise, int4_dequantize
 
-
-def hf_logits(model, ids: list[int]) -> np.ndarray:
-    with torch.no_grad():
-        return model(torch.tensor([ids])).logits[0].numpy()
-
-
-@pytest.fixture(scope="module")
-def hf(tmp_path_factory) -> Path:
-    return build_hf_model("jetmoe", tmp_path_factory.mktemp("jetmoe"))
-
-
-@pytest.fixture(scope="module")
-def bundle(hf, tmp_path_factory):
-    made: dict[str, Path] = {}
-
-    def get(flavor: str) -> Path:
-        if flavor not in made:
-            made[flavor] = tmp_path_factory.mktemp(f"jetmoe-{flavor}")
-            export(hf, made[flavor], ExportOptions(flavor=flavor, chunks=(16,),
-                                                   max_context=128, show_progress=False))
-        return made[flavor]
-
-    return get
+hf, bundle = flavour_fixtures("jetmoe")
 
 
 def copied(hf: Path, out: Path) -> Path:

@@ -32,6 +32,7 @@ from edgeprefill.export.quantize import QuantConfig
 from edgeprefill.kernels import graph
 from edgeprefill.sdk import Engine
 from tests.conftest import FAMILIES, build_hf_model, load_hf_model
+from tests.flavour_bundles import hf_logits
 from tests.test_exactness import FLAVORS, prompt_ids
 from tests.test_mla import dequantized_int4_but_kv_b
 from tests.test_openelm import check_chunks_and_padding, run_chunks
@@ -55,11 +56,6 @@ GLM_5 = {"model_type": "glm_moe_dsa", "index_topk_freq": 4, "index_skip_topk_off
 
 # AXK2Config's defaults (A.X K2's shape): no expert groups, experts after the first layer
 A_X_K2 = {"model_type": "axk2", "rope_theta": 10000.0}
-
-
-def hf_logits(model, ids: list[int]) -> np.ndarray:
-    with torch.no_grad():
-        return model(torch.tensor([ids])).logits[0].numpy()
 
 
 @pytest.fixture(scope="module")
