@@ -47,7 +47,7 @@ from edgeprefill.export.families import TensorNames
 from edgeprefill.export.flavors import Flavor, StepTensors, positions
 from edgeprefill.export.gated_delta import GatedDeltaNet
 from edgeprefill.export.graph import GraphBuilder
-from edgeprefill.export.head_affine_norm import HEAD_AFFINE_EPS, head_affine_norm
+from edgeprefill.export.head_affine_norm import head_affine_norm
 from edgeprefill.export.kimi_delta import KimiDeltaAttention
 from edgeprefill.export.latent_attention import LatentAttention
 from edgeprefill.export.layer_attention import LayerAttention
@@ -124,10 +124,6 @@ class DecoderBuilder:
         self.altup = (AltUp(self.g, self.w, cfg.altup, cfg.hidden_size, self._norm)
                       if cfg.altup is not None else None)
         self.moa = self._attention_experts()
-        # Chameleon's q/k norms keep their own epsilon, not rms_norm_eps
-        self.head_norms = type(flavor)(replace(cfg, norm_eps=HEAD_AFFINE_EPS), self.dtype,
-                                       flavor.max_context) \
-            if cfg.qk_norm == "head_affine" else None
 
     def _experts(self) -> MixtureOfExperts | None:
         """The emitter of the model's mixture-of-experts blocks: ONNX Runtime's op where the
@@ -452,6 +448,7 @@ class DecoderBuilder:
             return x, mlp
         assert self._shortcut is not None
         return x, self.g.op("Add", [mlp, rows(self._shortcut)])
+
     def _normed_layer(self, i: int, x: str, step: StepTensors, rows: Rows) -> str:
         """MiniMax's layer: each residual add takes the normed stream, not the stream, each
         side times its factor (the attention's by the layer's kind: softmax or lightning)."""
@@ -870,11 +867,10 @@ class DecoderBuilder:
     def _head_affine(self, x: str, heads: int, name: str) -> str:
         """Chameleon's norm of q or k [B,C,heads*D]: per head, its weight and bias the
         head's own, stored [heads, D] (export/head_affine_norm.py)."""
-        assert self.head_norms is not None
         d = self.cfg.head_dim
         self.w.check_shapes([(name + ".weight", (heads, d)), (name + ".bias", (heads, d))],
                             f"{heads} heads of {d}")
-        return head_affine_norm(self.g, self.head_norms, x, heads, d,
+        return head_affine_norm(self.g, self.flavor, x, heads, d,
                                 self.w.tensor(name + ".weight"), self.w.tensor(name + ".bias"))
 
     def _l2_norm(self, x: str, heads: int) -> str:

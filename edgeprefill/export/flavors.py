@@ -66,7 +66,7 @@ class Flavor(ABC):
     @abstractmethod
     def rms_norm(self, g: GraphBuilder, x: str, weight: str, eps: float | None = None) -> str:
         """RMSNorm over the last axis of x; `eps` where the norm has its own (Muse
-        Glimmer's post-sublayer norms), else the model's norm_eps."""
+        Glimmer's post-sublayer norms, the latent attention's), else the model's norm_eps."""
 
     def add_rms_norm(
         self, g: GraphBuilder, x: str, delta: str | None, weight: str
@@ -76,13 +76,17 @@ class Flavor(ABC):
             x = g.op("Add", [x, delta])
         return x, self.rms_norm(g, x, weight)
 
-    def layer_norm(self, g: GraphBuilder, x: str, weight: str, bias: str | None) -> str:
-        """LayerNorm over the last axis (statistics in float32); bias None: none."""
+    def layer_norm(self, g: GraphBuilder, x: str, weight: str, bias: str | None,
+                   eps: float | None = None) -> str:
+        """LayerNorm over the last axis (statistics in float32); bias None: none; `eps`
+        where the norm has its own (Chameleon's q/k norms, DSA's index key norm), else the
+        model's norm_eps."""
         x32 = x if self.dtype == np.float32 else g.op("Cast", [x], to=1)
         params = [weight] if bias is None else [weight, bias]
         if self.dtype != np.float32:
             params = [g.op("Cast", [p], to=1) for p in params]
-        y = g.op("LayerNormalization", [x32, *params], axis=-1, epsilon=self.cfg.norm_eps)
+        y = g.op("LayerNormalization", [x32, *params], axis=-1,
+                 epsilon=self.cfg.norm_eps if eps is None else eps)
         return y if self.dtype == np.float32 else g.op("Cast", [y], to=10)
 
     @abstractmethod

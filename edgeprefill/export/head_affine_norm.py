@@ -23,12 +23,12 @@ if TYPE_CHECKING:
 HEAD_AFFINE_EPS = 1e-5
 
 
-def head_affine_norm(g: GraphBuilder, norms: Flavor, x: str, heads: int, head_dim: int,
+def head_affine_norm(g: GraphBuilder, flavor: Flavor, x: str, heads: int, head_dim: int,
                      weight: str, bias: str) -> str:
-    """x [.., heads * head_dim] (q or k, before rotary) normed per head; `norms` a flavour
-    whose norm epsilon is HEAD_AFFINE_EPS; `weight` and `bias` [heads, head_dim]."""
+    """x [.., heads * head_dim] (q or k, before rotary) normed per head at HEAD_AFFINE_EPS;
+    `weight` and `bias` [heads, head_dim]."""
     per_head = g.op("Reshape", [x, g.const([0, 0, heads, head_dim])])
-    ones = g.const(np.ones(head_dim), norms.dtype)
-    normed = norms.layer_norm(g, per_head, ones, None)  # statistics only
+    ones = g.const(np.ones(head_dim), flavor.dtype)
+    normed = flavor.layer_norm(g, per_head, ones, None, HEAD_AFFINE_EPS)  # statistics only
     affine = g.op("Add", [g.op("Mul", [normed, weight]), bias])
     return g.op("Reshape", [affine, g.const([0, 0, heads * head_dim])])

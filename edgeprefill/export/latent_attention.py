@@ -135,11 +135,7 @@ class LatentAttention:
         cfg = builder.cfg
         assert cfg.latent is not None
         self.shape: LatentShape = cfg.latent
-        # The latent norms keep their own epsilon (LATENT_EPS), not rms_norm_eps.
-        self.norms = type(builder.flavor)(replace(cfg, norm_eps=LATENT_EPS), builder.dtype,
-                                          builder.flavor.max_context)
-        # DeepSeek Sparse Attention: its indexer's LayerNorm has the same epsilon
-        self.indexer = Indexer(builder, self.norms) if cfg.sparse_index is not None else None
+        self.indexer = Indexer(builder) if cfg.sparse_index is not None else None
 
     def attention(self, p: str, h: str, i: int, step: StepTensors, layer: LayerAttention,
                   rows: Rows) -> str:
@@ -154,7 +150,8 @@ class LatentAttention:
                         p + n.kv_a + ".bias" if cfg.qkv_bias else None)
         latent, k_pe = g.op("Split", [kv, g.const([self.shape.kv_lora_rank,
                                                    self.shape.rope_dim])], 2, axis=-1)
-        latent = self.norms.rms_norm(g, latent, b.w.tensor(p + n.kv_a_norm + ".weight"))
+        latent = b.flavor.rms_norm(g, latent, b.w.tensor(p + n.kv_a_norm + ".weight"),
+                                   LATENT_EPS)
         if self.shape.latent_scale != 1.0:  # LongCat-Flash: cached scaled
             latent = g.op("Mul", [latent, g.const(self.shape.latent_scale, b.dtype)])
         k = g.op("Concat", [k_pe, latent], axis=-1)  # [.., r + L]
@@ -216,7 +213,8 @@ class LatentAttention:
             self._check(last, (heads * s.qk_dim, s.q_lora_rank))
             q = b.w.linear(h, [p + n.q_a + ".weight"],
                            p + n.q_a + ".bias" if b.cfg.qkv_bias else None)
-            q_resid = self.norms.rms_norm(g, q, b.w.tensor(p + n.q_a_norm + ".weight"))
+            q_resid = b.flavor.rms_norm(g, q, b.w.tensor(p + n.q_a_norm + ".weight"),
+                                         LATENT_EPS)
             q = b.w.linear(q_resid, [last], None)
         if s.q_scale != 1.0:  # LongCat-Flash: q_nope and q_pe alike
             q = g.op("Mul", [q, g.const(s.q_scale, b.dtype)])
@@ -238,7 +236,8 @@ class LatentAttention:
         assert s.q_lora_rank is not None  # the family's refusal
         compressed = b.w.linear(h, [p + n.q_a + ".weight"],
                                 p + n.q_a + ".bias" if b.cfg.qkv_bias else None)
-        q_resid = self.norms.rms_norm(g, compressed, b.w.tensor(p + n.q_a_norm + ".weight"))
+        q_resid = b.flavor.rms_norm(g, compressed,
+                                     b.w.tensor(p + n.q_a_norm + ".weight"), LATENT_EPS)
         x = g.op("Concat", [q_resid, compressed], axis=-1)
         name = p + "self_attn.q_gate_proj.weight"
         self._check(name, (heads * (s.qk_dim + s.v_dim), 2 * s.q_lora_rank))

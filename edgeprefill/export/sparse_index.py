@@ -36,7 +36,7 @@ from edgeprefill.export.moe import tensor_attribute
 
 if TYPE_CHECKING:
     from edgeprefill.export.decoder import DecoderBuilder
-    from edgeprefill.export.flavors import Flavor, StepTensors
+    from edgeprefill.export.flavors import StepTensors
 
 # DeepseekV32Indexer's k_norm: nn.LayerNorm(index_head_dim, eps=1e-6)
 INDEX_NORM_EPS = 1e-6
@@ -127,13 +127,13 @@ def kept_keys(g: GraphBuilder, q: str, w: str, keys: str, visible: str, topk: in
 
 
 class Indexer:
-    """Emits each DSA layer's index key and selection. `builder` is the DecoderBuilder;
-    `norms` a flavour whose norm epsilon is INDEX_NORM_EPS. Its weights stay float in a
+    """Emits each DSA layer's index key and selection. `builder` is the DecoderBuilder.
+    Its weights stay float in a
     quantized bundle (they pick the keys), weights_proj in float32 as transformers keeps
     it (_keep_in_fp32_modules)."""
 
-    def __init__(self, builder: DecoderBuilder, norms: Flavor) -> None:
-        self.b, self.norms = builder, norms
+    def __init__(self, builder: DecoderBuilder) -> None:
+        self.b = builder
         assert builder.cfg.sparse_index is not None and builder.cfg.latent is not None
         self.shape: IndexShape = builder.cfg.sparse_index
         self.rope_dim = builder.cfg.latent.rope_dim
@@ -158,8 +158,8 @@ class Indexer:
         q = g.op("Reshape", [q, g.const([0, 0, s.heads, s.head_dim])])
         q = self._rotate(q, cos, sin)
         k = self._linear(h, p + "wk.weight", b.dtype)
-        k = self.norms.layer_norm(g, k, b.w.tensor(p + "k_norm.weight"),
-                                  b.w.tensor(p + "k_norm.bias"))
+        k = b.flavor.layer_norm(g, k, b.w.tensor(p + "k_norm.weight"),
+                                b.w.tensor(p + "k_norm.bias"), INDEX_NORM_EPS)
         k = g.op("Unsqueeze", [b.tokens.spread(k), g.const([2])])
         k = g.op("Squeeze", [self._rotate(k, cos, sin), g.const([2])])  # [B,C,Di]
         h32 = h if b.dtype == np.float32 else g.op("Cast", [h], to=1)
