@@ -26,10 +26,14 @@ from edgeprefill.export.model_config import ModelConfig
 from edgeprefill.export.quantize import QuantConfig, int4_blockwise, int4_dequantize
 from edgeprefill.sdk import Engine
 from tests.conftest import FAMILIES, IMAGE_TEXT, load_hf_model
-from tests.state_models import GRAPHS, assert_padded_chunks_match, run_padded
+from tests.state_models import GRAPHS, assert_padded_chunks_match
 from tests.test_exactness import prompt_ids, reference_logits
 from tests.test_moe import run_rows
-from tests.test_quantize import dequantize_embeddings, int8_linear, logits_at, native_int8
+from tests.test_quantize import (
+    check_int8_decode_steps,
+    dequantize_embeddings,
+    logits_at,
+)
 
 MINIMAL = {"model_type": "muse_glimmer_text", "hidden_size": 64, "intermediate_size": 96,
            "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2,
@@ -175,23 +179,7 @@ def test_int8_decode_steps_equal_transformers_with_int8_projections(hf_model, tm
     hf_dir = hf_model("muse_glimmer")
     export(hf_dir, tmp_path / "b", ExportOptions(
         chunks=(16,), max_context=128, show_progress=False, quant=QuantConfig("int8")))
-    ids = prompt_ids(20)
-    model = load_hf_model(hf_dir)
-    symmetric = native_int8(tmp_path / "b")
-    with torch.no_grad():
-        for name, module in list(model.named_modules()):
-            for child, linear in list(module.named_children()):
-                path = f"{name}.{child}" if name else child
-                if isinstance(linear, torch.nn.Linear) and (
-                        "language_model" in path or path == "lm_head"):
-                    setattr(module, child, int8_linear(linear.weight.numpy(), symmetric))
-        dequantize_embeddings(model, "int8")
-        expected = model(torch.tensor([ids])).logits[0].numpy()
-    with Engine.load(tmp_path / "b", threads=2, background=False) as engine:
-        got = run_padded(engine.backend, ids, 1, split=len(ids))
-    for position, logits in got.items():
-        np.testing.assert_allclose(logits, expected[position], rtol=1e-3, atol=1e-3,
-                                   err_msg=f"position {position}")
+    check_int8_decode_steps(hf_dir, tmp_path / "b", prompt_ids(20))
 
 
 def _without_scale(key: str):

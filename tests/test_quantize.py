@@ -236,6 +236,31 @@ def int8_linear(weight: np.ndarray, symmetric: bool) -> torch.nn.Linear:
     return linear
 
 
+def check_int8_decode_steps(hf_dir, bundle_dir, ids: list[int]) -> None:
+    """The int8 bundle at `bundle_dir` of the image-text checkpoint `hf_dir`, one token per
+    call (as decode, where the op's quantization of the whole input is each row's), equals
+    transformers with every language-model projection and the LM head as int8_linear and
+    the embedding table as the bundle stores it, at each position."""
+    from tests.state_models import run_padded
+
+    model = load_hf_model(hf_dir)
+    symmetric = native_int8(bundle_dir)
+    with torch.no_grad():
+        for name, module in list(model.named_modules()):
+            for child, linear in list(module.named_children()):
+                path = f"{name}.{child}" if name else child
+                if isinstance(linear, torch.nn.Linear) and (
+                        "language_model" in path or path == "lm_head"):
+                    setattr(module, child, int8_linear(linear.weight.numpy(), symmetric))
+        dequantize_embeddings(model, "int8")
+        expected = model(torch.tensor([ids])).logits[0].numpy()
+    with Engine.load(bundle_dir, threads=2, background=False) as engine:
+        got = run_padded(engine.backend, ids, 1, split=len(ids))
+    for position, logits in got.items():
+        np.testing.assert_allclose(logits, expected[position], rtol=1e-3, atol=1e-3,
+                                   err_msg=f"position {position}")
+
+
 def native_int8(bundle_dir) -> bool:
     """Whether the bundle's int8 projections load as the native MatMulInt8 here (VNNI)."""
     with Engine.load(bundle_dir, threads=2, background=False) as engine:
