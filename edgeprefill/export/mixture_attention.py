@@ -25,7 +25,7 @@ import numpy as np
 from edgeprefill.export.checkpoint import Checkpoint
 from edgeprefill.export.experts import MoaNames
 from edgeprefill.export.graph import GraphBuilder
-from edgeprefill.export.moe import MixtureOfExperts, tensor_attribute
+from edgeprefill.export.moe import MixtureOfExperts
 from edgeprefill.export.weights import GraphWeights
 
 
@@ -105,13 +105,8 @@ class MixtureOfAttention:
             rows_e = g.op("Gather", [x, index], axis=0)  # [n_e, cols]
             outputs.append(self.w.project(rows_e, f"{fused}.{e}", cols, rows,
                                           self._reader(fused, e)))
-        index = g.op("Unsqueeze", [g.op("Concat", slots, axis=0), g.const([1])])  # [N k, 1]
-        count = g.op("Mul", [g.op("Slice", [g.op("Shape", [chosen]), g.const([0]),
-                                            g.const([1])]), g.const([self.top_k])])
-        shape = g.op("Concat", [count, g.const([rows])], axis=0)
-        start = g.op("ConstantOfShape", [shape],
-                     value=tensor_attribute(np.zeros(1, self.dtype)))
-        return g.op("ScatterND", [start, index, g.op("Concat", outputs, axis=0)])
+        flat = g.op("Reshape", [chosen, g.const([-1])])  # [N k]
+        return self.router.at_slots(slots, outputs, flat, rows)
 
     def _reader(self, fused: str, e: int) -> Callable[[], np.ndarray]:
         return lambda: self.ckpt.get_index(fused, e)

@@ -211,12 +211,19 @@ class MixtureOfExperts:
                 outputs.append(self._expert(p, e, g.op("Mul", [rows, weight])))
             else:
                 outputs.append(g.op("Mul", [self._expert(p, e, rows), weight]))
-        index = g.op("Unsqueeze", [g.op("Concat", slots, axis=0), g.const([1])])  # [N k, 1]
-        shape = g.op("Concat", [g.op("Shape", [flat_weights]), g.const([self.hidden])], axis=0)
-        start = g.op("ConstantOfShape", [shape], value=tensor_attribute(np.zeros(1, self.dtype)))
-        combined = g.op("ScatterND", [start, index, g.op("Concat", outputs, axis=0)])
+        combined = self.at_slots(slots, outputs, flat_weights, self.hidden)
         return g.op("ReduceSum", [g.op("Reshape", [combined, g.const([-1, k, self.hidden])]),
                                   g.const([1])], keepdims=0)
+
+    def at_slots(self, slots: list[str], outputs: list[str], flat: str, width: int) -> str:
+        """[N k, width]: each expert's rows `outputs` [n_e, width] at its `slots`
+        (expert_slots' order); `flat` any [N k] tensor, for the count. Every slot is one
+        expert's, so the rows scatter to distinct places."""
+        g = self.g
+        index = g.op("Unsqueeze", [g.op("Concat", slots, axis=0), g.const([1])])  # [N k, 1]
+        shape = g.op("Concat", [g.op("Shape", [flat]), g.const([width])], axis=0)
+        start = g.op("ConstantOfShape", [shape], value=tensor_attribute(np.zeros(1, self.dtype)))
+        return g.op("ScatterND", [start, index, g.op("Concat", outputs, axis=0)])
 
     def expert_slots(self, chosen: str) -> list[str]:
         """For each expert, the slots [n_e] (int64: token * k + the token's i-th choice)
