@@ -149,12 +149,11 @@ def quantized_backend(quantized, monkeypatch, kind: str, mode: str | None):
 
 # Every projection quantizes each row on its own with one native op for all rows: int8
 # bundles' MatMulInt8, int4 bundles' MatMulInt4 with EDGEPREFILL_INT4_PREFILL=decode.
-# MatMulInt8 needs AVX512-VNNI, MatMulInt4 VNNI or AVX2; elsewhere these bundles keep ONNX
-# Runtime's ops and never fuse.
-needs_vnni = pytest.mark.skipif(not int4_decode.cpu_has_vnni(), reason="no AVX512-VNNI here")
+# Both need AVX512-VNNI or AVX2; elsewhere these bundles keep ONNX Runtime's ops and never
+# fuse.
 needs_int_kernels = pytest.mark.skipif(not int4_decode.cpu_has_int_kernels(),
                                        reason="no AVX512-VNNI nor AVX2 here")
-PER_ROW = [pytest.param("int8", None, marks=needs_vnni),
+PER_ROW = [pytest.param("int8", None, marks=needs_int_kernels),
            pytest.param("int4", "decode", marks=needs_int_kernels)]
 
 
@@ -190,10 +189,11 @@ def test_quantized_bundles_with_per_row_projections_fuse(quantized, library, mon
 @pytest.mark.parametrize("kind, mode, why", [
     ("int8", "off-rows", "ONNX Runtime's DynamicQuantizeMatMul"),
     pytest.param("int4", None, "prefill projections run MatMulInt8, decode's MatMulInt4",
-                 marks=needs_vnni),
+                 marks=needs_int_kernels),
     # decode's MatMulNBits too where MatMulInt4 does not run (neither VNNI nor AVX2)
     pytest.param("int4", None, "ONNX Runtime's DynamicQuantizeMatMul",
-                 marks=pytest.mark.skipif(int4_decode.cpu_has_vnni(), reason="VNNI here")),
+                 marks=pytest.mark.skipif(int4_decode.cpu_has_int_kernels(),
+                                          reason="VNNI or AVX2 here")),
     ("int4", "level0", "ONNX Runtime's MatMulNBits"),
 ])
 def test_other_quantized_bundles_run_two_calls(quantized, library, monkeypatch, kind, mode, why):
@@ -214,13 +214,13 @@ def test_other_quantized_bundles_run_two_calls(quantized, library, monkeypatch, 
 @needs_int_kernels
 def test_an_int8_head_beside_int4_decode_projections(quantized, library, monkeypatch):
     """`--lm-head int8`, every int4 row on MatMulInt4 (EDGEPREFILL_INT4_PREFILL=decode):
-    where MatMulInt8 runs the head (VNNI) it quantizes each row by itself, so its op differing
-    from the body's is no reason for two calls and a fused call is the separate calls bit for
-    bit; elsewhere the head stays ONNX Runtime's DynamicQuantizeMatMul, two calls, and
+    where MatMulInt8 runs the head (VNNI or AVX2) it quantizes each row by itself, so its op
+    differing from the body's is no reason for two calls and a fused call is the separate
+    calls bit for bit; elsewhere the head stays ONNX Runtime's DynamicQuantizeMatMul, two calls, and
     `inspect` says the same as the backend."""
     path = quantized_backend(quantized, monkeypatch, "int4/int8", "decode")
     engine = Engine.load(path, threads=2, background=False, kv_slots=4)
-    if int4_decode.cpu_has_vnni():
+    if int4_decode.cpu_has_int_kernels():
         assert engine.backend.fuses_rows, engine.backend.why_not_fused
         assert "in one call" in steps(path)
         calls = fused_and_separate(engine.backend, [7, 140, 23, 20])

@@ -129,7 +129,7 @@ def with_and_without(fold: str, path, compute: str,
     if compute == "bf16" and not bf16_compute.cpu_has_bf16():
         pytest.skip("no AVX512-BF16 here")
     if load_manifest(path).graph.quantization and int8_rows.why_not(True) is not None:
-        pytest.skip("no AVX512-VNNI here: no MatMulInt8")
+        pytest.skip("no AVX512-VNNI nor AVX2 here: no MatMulInt8")
     monkeypatch.setenv(select.MODE_ENV, "require")
     loaded: list[list[str]] = []
     loadable = backend_module.loadable

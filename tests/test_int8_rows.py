@@ -18,7 +18,8 @@ from edgeprefill.errors import BackendError
 from edgeprefill.export.quantize import int8_per_channel
 from edgeprefill.kernels.graph import DOMAIN
 
-needs_vnni = pytest.mark.skipif(not int4_decode.cpu_has_vnni(), reason="no AVX512-VNNI here")
+needs_int_kernels = pytest.mark.skipif(not int4_decode.cpu_has_int_kernels(),
+                                       reason="no AVX512-VNNI nor AVX2 here")
 
 
 def reference(a: np.ndarray, codes: np.ndarray, scale: np.ndarray) -> np.ndarray:
@@ -136,7 +137,7 @@ def prompt_logits(backend, ids: np.ndarray, chunk: int, row: int = 0) -> np.ndar
     return out[0].copy()
 
 
-@needs_vnni
+@needs_int_kernels
 def test_an_int8_bundles_rows_keep_their_own_numbers(quantized, bundle, library, monkeypatch):
     path = quantized("int8")
     graph = onnx.load(str(path / load_manifest(path).graph.file), load_external_data=False)
@@ -163,7 +164,7 @@ def test_an_int8_bundles_rows_keep_their_own_numbers(quantized, bundle, library,
     assert 0 < ours <= 1.1 * theirs, (ours, theirs)  # measured: 0.12 against 0.24
 
 
-@needs_vnni
+@needs_int_kernels
 def test_inspect_says_what_an_int8_bundles_projections_run(quantized, library, monkeypatch):
     from click.testing import CliRunner
 
@@ -178,7 +179,7 @@ def test_inspect_says_what_an_int8_bundles_projections_run(quantized, library, m
     assert "DynamicQuantizeMatMul (EDGEPREFILL_INT8_ROWS=off" in line()
 
 
-def test_not_without_vnni_or_when_turned_off(monkeypatch):
+def test_not_without_vnni_or_avx2_or_when_turned_off(monkeypatch):
     assert "no native kernels" in int8_rows.describe(False)
     monkeypatch.setenv(int8_rows.MODE_ENV, "off")
     assert int8_rows.why_not(True) == "EDGEPREFILL_INT8_ROWS=off"
@@ -186,6 +187,6 @@ def test_not_without_vnni_or_when_turned_off(monkeypatch):
     with pytest.raises(BackendError, match="EDGEPREFILL_INT8_ROWS='of': choose one of auto, off"):
         int8_rows.why_not(True)
     monkeypatch.delenv(int8_rows.MODE_ENV)
-    monkeypatch.setattr(int4_decode, "cpu_has_vnni", lambda: False)
-    assert "AVX512-VNNI" in int8_rows.why_not(True)
+    monkeypatch.setattr(int4_decode, "cpu_has_int_kernels", lambda: False)
+    assert "neither AVX512-VNNI nor AVX2" in int8_rows.why_not(True)
     assert int8_rows.choose(onnx.ModelProto(), None, True, None).rewritten == 0

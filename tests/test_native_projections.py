@@ -19,7 +19,6 @@ from edgeprefill.kernels import select
 from tests.conftest import VOCAB
 from tests.test_fused_steps import lacking_bundle
 
-needs_vnni = pytest.mark.skipif(not int4_decode.cpu_has_vnni(), reason="no AVX512-VNNI here")
 needs_int_kernels = pytest.mark.skipif(not int4_decode.cpu_has_int_kernels(),
                                        reason="no AVX512-VNNI nor AVX2 here")
 PROMPT = [1] + [int(t) for t in np.random.default_rng(5).integers(3, VOCAB, size=19)]
@@ -62,7 +61,7 @@ def inspect_lines(bundle) -> list[str]:
     return CliRunner().invoke(cli, ["inspect", str(bundle)]).output.splitlines()
 
 
-@needs_vnni
+@needs_int_kernels
 def test_int8_projections_run_natively_beside_the_stock_attention(helium, library,
                                                                  monkeypatch):
     monkeypatch.setenv(select.MODE_ENV, "auto")

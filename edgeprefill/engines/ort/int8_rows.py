@@ -3,7 +3,7 @@
 An int8 bundle's projections are `com.microsoft.DynamicQuantizeMatMul`, which quantizes a
 call's whole activation tensor with one scale: a token's numbers then depend on the rows
 beside it: its prompt's chunking and, in a batched decode step, the other sessions' rows
-(docs/design.md). Where the native kernels run on a CPU with AVX512-VNNI, each such node
+(docs/design.md). Where the native kernels run with AVX512-VNNI or AVX2, each such node
 whose weights are per-output-channel int8 initializers becomes `edgeprefill.MatMulInt8`
 (kernels/matmul_int8.cc): the same int8 weights, each row of activations quantized by its
 own largest magnitude. A prompt's numbers no longer depend on its chunking, nor a
@@ -44,8 +44,12 @@ MODES = ("auto", "off")
 
 def why_not(native: bool) -> str | None:
     """Why an int8 bundle keeps DynamicQuantizeMatMul here, or None: turned off, no native
-    kernels, or no AVX512-VNNI (MatMulInt8's AVX2 path sums exactly, but on a Zen 3 an int8
-    bundle prefilled no faster than with DynamicQuantizeMatMul: docs/benchmarks.md, stop 44)."""
+    kernels, or a CPU with neither AVX512-VNNI nor the AVX2 path (AVX-512 without VNNI:
+    portable loops). On AVX2 (Zen 1-3, Intel client CPUs) MatMulInt8 sums the same int32s
+    as with VNNI, so a bundle's logits are the same bits on either; on a Zen 3 it prefilled
+    as fast as DynamicQuantizeMatMul and decoded 2-15% faster (docs/benchmarks.md, stop 44),
+    and DynamicQuantizeMatMul's one scale a call left two families' int8 logits 7-10% of
+    their scale off fp32 (stop 55)."""
     value = os.environ.get(MODE_ENV, "auto").strip().lower() or "auto"
     if value not in MODES:
         raise BackendError(f"{MODE_ENV}={value!r}: choose one of {', '.join(MODES)}")
@@ -53,8 +57,8 @@ def why_not(native: bool) -> str | None:
         return f"{MODE_ENV}=off"
     if not native:
         return "no native kernels"
-    if not int4_decode.cpu_has_vnni():
-        return "this CPU has no AVX512-VNNI"
+    if not int4_decode.cpu_has_int_kernels():
+        return "this CPU has neither AVX512-VNNI nor AVX2 without AVX-512"
     return None
 
 
