@@ -4,6 +4,7 @@
     python benchmarks/bundle_ab.py OLD_BUNDLE NEW_BUNDLE --chunk 61
     python benchmarks/bundle_ab.py B B --compute bf16 --old-env EDGEPREFILL_BF16_KV=off \
         --decode 32
+    python benchmarks/bundle_ab.py B B --new-compute bf16 --decode 32   # fp32 against bf16
 
 The two sides may be one bundle loaded two ways: `--old-env` / `--new-env` KEY=VALUE set
 environment variables while that side loads (a load-time switch such as the bf16 KV cache);
@@ -77,6 +78,8 @@ def main() -> None:
     parser.add_argument("old", type=Path)
     parser.add_argument("new", type=Path)
     parser.add_argument("--compute", default="fp32", choices=COMPUTES)
+    parser.add_argument("--old-compute", choices=COMPUTES, help="the old side's (--compute)")
+    parser.add_argument("--new-compute", choices=COMPUTES, help="the new side's (--compute)")
     parser.add_argument("--prompt", type=int, default=2048, help="prompt tokens")
     parser.add_argument("--chunk", type=int, default=256, help="tokens per call")
     parser.add_argument("--turns", type=int, default=6)
@@ -103,11 +106,12 @@ def main() -> None:
         except ImportError as error:
             parser.error(f"--old-without {item}: {error}")
     before = core_to_core_ns()
+    computes = (args.old_compute or args.compute, args.new_compute or args.compute)
     try:
         which = [0, 1, 1, 0]  # old, new, new, old: each bundle loaded first once, last once
         engines = [load((args.old, args.new)[i], (args.old_env, args.new_env)[i],
                         (args.old_without, [])[i], threads=args.threads, background=False,
-                        kv_slots=1, compute=args.compute,
+                        kv_slots=1, compute=computes[i],
                         max_context=args.prompt + args.decode + 1)
                    for i in which]
         vocab = engines[0].backend.manifest.model.vocab_size
@@ -131,7 +135,8 @@ def main() -> None:
     after = core_to_core_ns()
     old, new = (statistics.median(t) for t in times)
     print(f"{cpu_name()}, {args.threads} threads, {placement(before)} / {placement(after)}; "
-          f"{args.prompt}-token prompt in {args.chunk}-token chunks, --compute {args.compute}, "
+          f"{args.prompt}-token prompt in {args.chunk}-token chunks, --compute "
+          f"{'/'.join(dict.fromkeys(computes))} (old/new), "
           f"median of {args.turns} turns x 2 copies")
     diff = float(np.abs(last[0] - last[1]).max())
     same = int(last[0].argmax()) == int(last[1].argmax())

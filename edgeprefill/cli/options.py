@@ -63,8 +63,9 @@ ENGINE_OPTIONS: dict[str, Callable] = {
         "--compute", type=click.Choice(COMPUTES), default="fp32", show_default=True,
         help="Arithmetic of a float32 bundle's projections and of every bundle's prefill "
         "attention. bf16: operands rounded to bf16, sums in fp32 (OpenVINO's default on CPUs "
-        "with bf16): ~2x faster prefill and decode with AVX512-BF16, not exact; needs the "
-        "native kernels. Where they run every attention layer the KV cache is bf16 too: "
+        "with bf16): ~2x faster prefill and decode with AVX512-BF16 (without it, on AVX2: "
+        "faster decode only), not exact; needs the native kernels. With AVX512-BF16, where "
+        "they run every attention layer, the KV cache is bf16 too: "
         "half the memory (EDGEPREFILL_BF16_KV=off keeps it fp32)."),
     "warm_up": click.option(
         "--warm-up/--no-warm-up", default=True, show_default=True,

@@ -22,8 +22,12 @@
 //          silu(gate) * up, swiglu.h's arithmetic on the same sums, so the same bits as this
 //          op then SwiGlu, without the N columns' round trip (kernels/swiglu.py's fold_gated).
 //
-// Without AVX512-BF16 the same numbers (bf16 inputs, float32 sums) come from portable
-// loops, far slower than fp32: bf16_compute.py says so in `--stats`.
+// Without AVX512-BF16 (AVX-512F alone, AVX2 with FMA, NEON) each packed pair is widened to
+// two float32 vectors (a bf16 is the top half of a float: the low half shifted up, the high
+// half masked) and multiplied by the activations, rounded to bf16 and kept as floats, with
+// fp32 FMAs: the same operands and float32 sums, a prefill chunk at the fp32 FMA rate (no
+// faster than ONNX Runtime's fp32 MatMul) and a decode step reading half the weight bytes.
+// Elsewhere, portable loops, far slower than fp32: bf16_compute.py says which in `--stats`.
 
 #include <algorithm>
 #include <cstdint>
@@ -40,7 +44,13 @@ namespace {
 
 constexpr int64_t kPanel = 64;  // columns per packed panel: four 16-lane accumulators
 static_assert(kPanel == kGatedPanel, "gated=1 is checked against this panel width");
+#ifdef __AVX512BF16__
 constexpr int64_t kRows = 6;  // rows per register tile: 6 x 4 accumulators + 4 B + 1 A
+constexpr int64_t kWordsPerPair = 1;  // an activation pair as vdpbf16ps takes it
+#else
+constexpr int64_t kRows = 4;  // rows per register tile of the widening path (below)
+constexpr int64_t kWordsPerPair = 2;  // an activation pair as two floats, bf16-rounded
+#endif
 constexpr int64_t kRowBlock = 48;  // rows per parallel piece (8 register tiles)
 // Below both, the pool's hand-out costs more than it saves: a chunk's multiply-adds, or a
 // decode step's weight bytes (one row is bound by reading them).
@@ -57,7 +67,7 @@ inline float FromBf16(uint32_t h) {
 struct Job {
   const float* a;  // [M, K]
   const uint32_t* b;  // [P, K2, 64]
-  uint32_t* pairs;  // [M, K2]: a rounded to bf16 pairs
+  uint32_t* pairs;  // [M, K2 * kWordsPerPair]: a rounded to bf16, as pairs or as floats
   float* out;  // [M, N], or [M, N / 2] when gated
   int64_t m, k, k2, n, panels, row_blocks;
   bool gated;
@@ -66,8 +76,17 @@ struct Job {
 
 void ConvertRows(const Job& job, int64_t first, int64_t last) {
   std::vector<float> normed(job.norm.skip != nullptr ? job.k : 0);
-  for (int64_t r = first; r < last; ++r)
-    PairUp(NormedRow(job.norm, job.a, r, job.k, normed.data()), job.k, job.pairs + r * job.k2);
+  const int64_t stride = job.k2 * kWordsPerPair;
+  for (int64_t r = first; r < last; ++r) {
+    const float* row = NormedRow(job.norm, job.a, r, job.k, normed.data());
+    if constexpr (kWordsPerPair == 1) {
+      PairUp(row, job.k, job.pairs + r * stride);
+    } else {  // the widening path multiplies floats: each one's bf16 value, 0 past K
+      float* dst = reinterpret_cast<float*>(job.pairs + r * stride);
+      for (int64_t i = 0; i < job.k; ++i) dst[i] = FromBf16(Bf16(row[i]));
+      std::fill(dst + job.k, dst + stride, 0.0f);
+    }
+  }
 }
 
 #ifdef __AVX512BF16__
@@ -116,15 +135,205 @@ void Rows(const uint32_t* pairs, int64_t k2, const uint32_t* panel, float* out, 
     default: break;
   }
 }
+#elif defined(__AVX512F__) || defined(EP_AVX2) || defined(EP_NEON)
+// The widening path's vectors: Widen splits kLanes packed pairs into the low (even k) and
+// high (odd k) weights as floats.
+#if defined(__AVX512F__)
+using Vec = __m512;
+constexpr int kLanes = 16;
+constexpr int kChains = 16;  // accumulators a tile keeps (of the 32 registers)
+inline Vec Zero() { return _mm512_setzero_ps(); }
+inline Vec Splat(float x) { return _mm512_set1_ps(x); }
+inline Vec Fma(Vec a, Vec b, Vec acc) { return _mm512_fmadd_ps(a, b, acc); }
+inline void Store(float* dst, Vec v) { _mm512_storeu_ps(dst, v); }
+inline Vec Load(const float* src) { return _mm512_loadu_ps(src); }
+constexpr int kSliceVecs = 4;  // prefill tiles: 6 rows x 4 vectors (24 + 4 B + 1 A)
+inline void Widen(const uint32_t* b, Vec* low, Vec* high) {
+  const __m512i v = _mm512_loadu_si512(b);
+  *low = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
+  *high = _mm512_castsi512_ps(_mm512_and_si512(v, _mm512_set1_epi32(-65536)));
+}
+#elif defined(EP_AVX2)
+using Vec = __m256;
+constexpr int kLanes = 8;
+constexpr int kChains = 8;  // of the 16 registers: the rest hold weights and activations
+inline Vec Zero() { return _mm256_setzero_ps(); }
+inline Vec Splat(float x) { return _mm256_set1_ps(x); }
+inline Vec Fma(Vec a, Vec b, Vec acc) { return _mm256_fmadd_ps(a, b, acc); }
+inline void Store(float* dst, Vec v) { _mm256_storeu_ps(dst, v); }
+inline Vec Load(const float* src) { return _mm256_loadu_ps(src); }
+constexpr int kSliceVecs = 2;  // prefill tiles: 6 rows x 2 vectors (12 + 2 B + 1 A)
+inline void Widen(const uint32_t* b, Vec* low, Vec* high) {
+  const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b));
+  *low = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+  *high = _mm256_castsi256_ps(_mm256_and_si256(v, _mm256_set1_epi32(-65536)));
+}
+#else  // EP_NEON
+using Vec = float32x4_t;
+constexpr int kLanes = 4;
+constexpr int kChains = 16;  // of the 32 registers
+inline Vec Zero() { return vdupq_n_f32(0.0f); }
+inline Vec Splat(float x) { return vdupq_n_f32(x); }
+inline Vec Fma(Vec a, Vec b, Vec acc) { return vfmaq_f32(acc, a, b); }
+inline void Store(float* dst, Vec v) { vst1q_f32(dst, v); }
+inline Vec Load(const float* src) { return vld1q_f32(src); }
+constexpr int kSliceVecs = 4;  // prefill tiles: 6 rows x 4 vectors (24 + 4 B + 1 A)
+inline void Widen(const uint32_t* b, Vec* low, Vec* high) {
+  const uint32x4_t v = vld1q_u32(b);
+  *low = vreinterpretq_f32_u32(vshlq_n_u32(v, 16));
+  *high = vreinterpretq_f32_u32(vandq_u32(v, vdupq_n_u32(0xffff0000u)));
+}
+#endif
+// A tile of kTile rows spans kChains / kTile vectors of columns (at most the panel): each
+// accumulator is a chain of dependent FMAs, and with fewer than kChains of them a decode
+// row would wait on the FMA's latency instead of its throughput.
+constexpr int Vectors(int rows) {
+  return kChains / rows < kPanel / kLanes ? kChains / rows : kPanel / kLanes;
+}
+
+// A tile's accumulators into rows of out, `columns` of them (the weight's last panel may
+// end inside a vector).
+template <int kTile, int kVecs>
+void StoreTile(const Vec (&acc)[kTile][kVecs], float* out, int64_t n, int64_t columns) {
+  for (int r = 0; r < kTile; ++r)
+    for (int j = 0; j < kVecs && j * kLanes < columns; ++j) {
+      if (columns - j * kLanes >= kLanes) {
+        Store(out + r * n + j * kLanes, acc[r][j]);
+      } else {
+        float lanes[kLanes];
+        Store(lanes, acc[r][j]);
+        std::copy(lanes, lanes + (columns - j * kLanes), out + r * n + j * kLanes);
+      }
+    }
+}
+
+// kTile rows x up to Vectors(kTile) * kLanes columns of out, from rows of bf16-valued floats
+// (k2 pairs each) and the panel's columns from `panel` on: the whole K in registers.
+template <int kTile>
+void Tile(const float* rows, int64_t k2, const uint32_t* panel, float* out, int64_t n,
+          int64_t columns) {
+  constexpr int kVecs = Vectors(kTile);
+  Vec acc[kTile][kVecs];
+  for (int r = 0; r < kTile; ++r)
+    for (int j = 0; j < kVecs; ++j) acc[r][j] = Zero();
+  // Registers besides the accumulators: the widened weights of every vector, or the
+  // broadcast activations of every row, whichever are fewer (else the tile spills).
+  for (int64_t i = 0; i < k2; ++i) {
+    if constexpr (kVecs < kTile) {
+      Vec low[kVecs], high[kVecs];
+      for (int j = 0; j < kVecs; ++j) Widen(panel + i * kPanel + j * kLanes, &low[j], &high[j]);
+      for (int r = 0; r < kTile; ++r) {
+        const Vec a0 = Splat(rows[r * 2 * k2 + 2 * i]);
+        const Vec a1 = Splat(rows[r * 2 * k2 + 2 * i + 1]);
+        for (int j = 0; j < kVecs; ++j) acc[r][j] = Fma(a1, high[j], Fma(a0, low[j], acc[r][j]));
+      }
+    } else {
+      Vec a0[kTile], a1[kTile];
+      for (int r = 0; r < kTile; ++r) {
+        a0[r] = Splat(rows[r * 2 * k2 + 2 * i]);
+        a1[r] = Splat(rows[r * 2 * k2 + 2 * i + 1]);
+      }
+      for (int j = 0; j < kVecs; ++j) {
+        Vec low, high;
+        Widen(panel + i * kPanel + j * kLanes, &low, &high);
+        for (int r = 0; r < kTile; ++r) acc[r][j] = Fma(a1[r], high, Fma(a0[r], low, acc[r][j]));
+      }
+    }
+  }
+  StoreTile<kTile, kVecs>(acc, out, n, columns);
+}
+
+// Tiles of kTile rows over the panel's `columns`, for rows [0, count) of `a`.
+template <int kTile>
+void TileRows(const float* a, int64_t k2, const uint32_t* panel, float* out, int64_t n,
+              int64_t columns, int64_t count) {
+  constexpr int64_t kWidth = Vectors(kTile) * kLanes;
+  for (int64_t r = 0; r < count; r += kTile)
+    for (int64_t c = 0; c < columns; c += kWidth)
+      Tile<kTile>(a + r * 2 * k2, k2, panel + c, out + r * n + c, n,
+                  std::min(kWidth, columns - c));
+}
+
+// Prefill rows (kSliceRows or more): each kSlice columns' weights are widened once into
+// `slice` ([2 k2, kSlice] floats, in k order), then 6-row tiles of fp32 FMAs read them as
+// a fp32 GEMM reads its packed weights, at the FMA's rate. Each sum runs over k in the same
+// order as Tile's (k = 2i, then 2i + 1), so a row gets the same bits either way.
+constexpr int64_t kSlice = kSliceVecs * kLanes;
+constexpr int64_t kSliceRows = 6;
+static_assert(kPanel % kSlice == 0, "a panel is whole slices");
+
+template <int kTile>
+void SliceTile(const float* a, int64_t k, const float* slice, float* out, int64_t n,
+               int64_t columns) {
+  Vec acc[kTile][kSliceVecs];
+  for (int r = 0; r < kTile; ++r)
+    for (int j = 0; j < kSliceVecs; ++j) acc[r][j] = Zero();
+  for (int64_t i = 0; i < k; ++i) {
+    Vec b[kSliceVecs];
+    for (int j = 0; j < kSliceVecs; ++j) b[j] = Load(slice + i * kSlice + j * kLanes);
+    for (int r = 0; r < kTile; ++r) {
+      const Vec x = Splat(a[r * k + i]);
+      for (int j = 0; j < kSliceVecs; ++j) acc[r][j] = Fma(x, b[j], acc[r][j]);
+    }
+  }
+  StoreTile<kTile, kSliceVecs>(acc, out, n, columns);
+}
+
+void SliceRows(const float* a, int64_t k2, const uint32_t* panel, float* out, int64_t n,
+               int64_t columns, int64_t rows) {
+  thread_local std::vector<float> slice;
+  const int64_t k = 2 * k2;
+  slice.resize(static_cast<size_t>(k * kSlice));
+  for (int64_t c = 0; c < columns; c += kSlice) {
+    for (int64_t i = 0; i < k2; ++i)
+      for (int j = 0; j < kSliceVecs; ++j) {
+        Vec low, high;
+        Widen(panel + i * kPanel + c + j * kLanes, &low, &high);
+        Store(slice.data() + 2 * i * kSlice + j * kLanes, low);
+        Store(slice.data() + (2 * i + 1) * kSlice + j * kLanes, high);
+      }
+    const int64_t width = std::min(kSlice, columns - c);
+    int64_t r = 0;
+    for (; r + kSliceRows <= rows; r += kSliceRows)
+      SliceTile<kSliceRows>(a + r * k, k, slice.data(), out + r * n + c, n, width);
+    const float* x = a + r * k;
+    float* o = out + r * n + c;
+    switch (rows - r) {
+      case 5: SliceTile<5>(x, k, slice.data(), o, n, width); break;
+      case 4: SliceTile<4>(x, k, slice.data(), o, n, width); break;
+      case 3: SliceTile<3>(x, k, slice.data(), o, n, width); break;
+      case 2: SliceTile<2>(x, k, slice.data(), o, n, width); break;
+      case 1: SliceTile<1>(x, k, slice.data(), o, n, width); break;
+      default: break;
+    }
+  }
+}
+
+void Rows(const uint32_t* pairs, int64_t k2, const uint32_t* panel, float* out, int64_t n,
+          int64_t columns, int64_t rows) {
+  const float* a = reinterpret_cast<const float*>(pairs);
+  if (rows >= kSliceRows) return SliceRows(a, k2, panel, out, n, columns, rows);
+  // Decode rows: the packed pairs widened as they are read, once per tile.
+  const int64_t whole = rows - rows % kRows;
+  TileRows<kRows>(a, k2, panel, out, n, columns, whole);
+  a += whole * 2 * k2;
+  out += whole * n;
+  switch (rows - whole) {
+    case 3: TileRows<3>(a, k2, panel, out, n, columns, 3); break;
+    case 2: TileRows<2>(a, k2, panel, out, n, columns, 2); break;
+    case 1: TileRows<1>(a, k2, panel, out, n, columns, 1); break;
+    default: break;
+  }
+}
 #else
 void Rows(const uint32_t* pairs, int64_t k2, const uint32_t* panel, float* out, int64_t n,
           int64_t columns, int64_t rows) {
+  const float* a = reinterpret_cast<const float*>(pairs);  // bf16 values as floats
   std::vector<float> acc(kPanel);
   for (int64_t r = 0; r < rows; ++r) {
     std::fill(acc.begin(), acc.end(), 0.0f);
     for (int64_t i = 0; i < k2; ++i) {
-      const uint32_t a = pairs[r * k2 + i];
-      const float a0 = FromBf16(a & 0xffffu), a1 = FromBf16(a >> 16);
+      const float a0 = a[r * 2 * k2 + 2 * i], a1 = a[r * 2 * k2 + 2 * i + 1];
       const uint32_t* b = panel + i * kPanel;
       for (int64_t j = 0; j < columns; ++j)
         acc[j] += a0 * FromBf16(b[j] & 0xffffu) + a1 * FromBf16(b[j] >> 16);
@@ -143,8 +352,8 @@ void RunPiece(void* data, size_t index) {
   const int64_t first = block * kRowBlock;
   const int64_t rows = std::min(kRowBlock, job.m - first);
   const int64_t columns = std::min(kPanel, job.n - p * kPanel);
-  Rows(job.pairs + first * job.k2, job.k2, job.b + p * job.k2 * kPanel,
-       job.out + first * job.n + p * kPanel, job.n, columns, rows);
+  Rows(job.pairs + first * job.k2 * kWordsPerPair, job.k2,
+       job.b + p * job.k2 * kPanel, job.out + first * job.n + p * kPanel, job.n, columns, rows);
 }
 
 // gated=1: swiglu.h's GatedPiece over this op's panels.
@@ -153,8 +362,8 @@ void RunGatedPiece(void* data, size_t index) {
   GatedPiece<kPanel, kRowBlock>(
       index, job.m, job.panels, job.out,
       [&job](int64_t first, int64_t rows, int64_t q, float* dst) {
-        Rows(job.pairs + first * job.k2, job.k2, job.b + q * job.k2 * kPanel, dst, kPanel,
-             kPanel, rows);
+        Rows(job.pairs + first * job.k2 * kWordsPerPair, job.k2,
+             job.b + q * job.k2 * kPanel, dst, kPanel, kPanel, rows);
       });
 }
 
@@ -184,7 +393,7 @@ OrtStatus* Compute(void* state, OrtKernelContext* context) {
   int64_t m = 0;
   EP_RETURN_IF_ERROR(RowsOutput(context, a, gated ? n / 2 : n, &out, &m));
   if (m == 0) return nullptr;
-  std::vector<uint32_t> pairs(static_cast<size_t>(m * b.dims[1]));
+  std::vector<uint32_t> pairs(static_cast<size_t>(m * b.dims[1] * kWordsPerPair));
   Job job{a.data, reinterpret_cast<const uint32_t*>(b.data), pairs.data(), out, m, k,
           b.dims[1], n, b.dims[0], (m + kRowBlock - 1) / kRowBlock, gated, norm};
   const bool split = 2 * m * k * n >= kMinFlopsToSplit || k * n >= kMinWeightsToSplit;

@@ -8,9 +8,11 @@ in float32. The prefill attention's two products (scores, and probabilities time
 take bf16 operands the same way (`PrefillAttention` with bf16=1, rounding the float32
 cache's blocks as it reads them). That is what OpenVINO does by default on CPUs with bf16
 instructions. With AVX512-BF16 a prefill chunk multiplies at twice the fp32 rate and a
-decode step reads half the weight bytes. Where every attention layer runs that kernel the
-KV cache is bf16 too (bf16_kv.py). The softmax, norms and decode attention's products stay
-float32.
+decode step reads half the weight bytes; where every attention layer runs that kernel the
+KV cache is bf16 too (bf16_kv.py). Without it (AVX2, AVX-512F, NEON: widens_bf16) the
+projections widen their bf16 weights to fp32 as they read them, the same numbers at the
+fp32 rate, a decode step still reading half the bytes; the attention and the cache stay
+float32. The softmax, norms and decode attention's products stay float32 everywhere.
 
 Not exact: logits move by about bf16's rounding (8 bits of mantissa), so greedy text can
 part from the fp32 run's after some tokens. fp32 stays the default. The bundle on disk is
@@ -32,9 +34,10 @@ from edgeprefill.engines.base import COMPUTES
 from edgeprefill.engines.ort import bf16_kv
 from edgeprefill.engines.ort.derived import Derived, hand_over, initializer
 from edgeprefill.errors import BackendError
-from edgeprefill.kernels.build import cpu_has_bf16
+from edgeprefill.kernels.build import cpu_has_bf16, cpu_has_vector_kernels
 from edgeprefill.kernels.graph import DOMAIN, PREFILL_OP, declare_domain, every_node
 from edgeprefill.kernels.select import STOCK
+from edgeprefill.kernels.targets import is_arm64
 
 OP = "MatMulBf16"
 PANEL = 64  # columns per packed panel (kPanel in the .cc)
@@ -48,6 +51,14 @@ class Bf16Compute(NamedTuple):
     kv_dtype: np.dtype | None = None  # the arena's element type where the cache is bf16
 
 
+def widens_bf16() -> bool:
+    """Whether MatMulBf16 runs vector code without AVX512-BF16: AVX-512F, AVX2 with FMA
+    or NEON widen each bf16 weight to fp32 and multiply with fp32 FMAs (matmul_bf16.cc):
+    a prefill chunk at the fp32 rate, a decode step reading half the weight bytes.
+    Elsewhere its portable loops run far slower than fp32."""
+    return not cpu_has_bf16() and (cpu_has_vector_kernels() or is_arm64())
+
+
 def describe_bf16(projections: bool = True, attention: bool = True,
                   kv_cache: bool = False, attends: bool = True) -> str:
     """What runs in bf16 here: the float32 projections (if the bundle has them) and, with
@@ -55,13 +66,16 @@ def describe_bf16(projections: bool = True, attention: bool = True,
     the bundle's attention; else it stays GroupQueryAttention, in fp32, where any layer
     `attends`) and the KV cache (`kv_cache`: bf16_kv.why_not found nothing else reading
     it)."""
-    fast = cpu_has_bf16()
-    ran = [OP if fast else f"{OP} in portable loops"] if projections else []
+    fast, widened = cpu_has_bf16(), widens_bf16()
+    how = "" if fast else " on fp32 FMAs" if widened else " in portable loops"
+    ran = [OP + how] if projections else []
     if fast and attention:
         ran.append(f"{PREFILL_OP}'s products")
     if fast and attention and kv_cache:
         ran.append("the KV cache")
-    notes = ["AVX512-BF16" if fast else "this CPU has no AVX512-BF16: slower than fp32"]
+    notes = ["AVX512-BF16" if fast else
+             "this CPU has no AVX512-BF16: prefill no faster than fp32, decode reads half the "
+             "weight bytes" if widened else "this CPU has no AVX512-BF16: slower than fp32"]
     if not attention:
         if attends:
             notes.append(f"the attention {STOCK}, in fp32")
