@@ -40,6 +40,7 @@ inline bool Verdict(const char* name, double error, double tolerance) {
 // Each kernel's checks (check_*.cc): true when all passed.
 bool DecodeAttention();
 bool MatMulInt8();
+bool MatMulBf16();
 bool RowOps();
 
 }  // namespace check

@@ -24,6 +24,7 @@ int main() {
   std::printf("paths avx512=%d avx2=%d neon=%d dotprod=%d\n", avx512, avx2, neon, dotprod);
   bool ok = check::DecodeAttention();
   ok = check::MatMulInt8() && ok;
+  ok = check::MatMulBf16() && ok;
   ok = check::RowOps() && ok;
   std::printf(ok ? "all ok\n" : "some FAILED\n");
   return ok ? 0 : 1;
