@@ -227,3 +227,23 @@ def test_rows_decoded_together_match_each_alone(library, bundle):
         got = alone.run(StepBatch(tokens[row:row + 1], lens[row:row + 1],
                                   np.ones(1, np.int32), row))
         np.testing.assert_array_equal(got[0], together[row])
+
+
+@pytest.mark.parametrize("fast, widened, projections, says", [
+    (True, False, True, "bf16 (MatMulBf16 and PrefillAttention's products; AVX512-BF16)"),
+    (False, True, True, "bf16 (MatMulBf16 on fp32 FMAs; this CPU has no AVX512-BF16: prefill "
+                        "no faster than fp32, decode reads half the weight bytes; "
+                        "PrefillAttention in fp32)"),
+    (False, False, True, "bf16 (MatMulBf16 in portable loops; this CPU has no AVX512-BF16: "
+                         "slower than fp32; PrefillAttention in fp32)"),
+    # a quantized bundle: nothing of it computes in bf16 without AVX512-BF16, so no speed is
+    # promised for it
+    (False, True, False, "bf16 (nothing; this CPU has no AVX512-BF16; PrefillAttention in "
+                         "fp32; the quantized projections as exported)"),
+])
+def test_stats_say_how_bf16_runs_on_this_cpu(monkeypatch, fast, widened, projections, says):
+    from edgeprefill.engines.ort import bf16_compute
+
+    monkeypatch.setattr(bf16_compute, "cpu_has_bf16", lambda: fast)
+    monkeypatch.setattr(bf16_compute, "widens_bf16", lambda: widened)
+    assert bf16_compute.describe_bf16(projections=projections) == says

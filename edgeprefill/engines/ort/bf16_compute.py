@@ -73,9 +73,10 @@ def describe_bf16(projections: bool = True, attention: bool = True,
         ran.append(f"{PREFILL_OP}'s products")
     if fast and attention and kv_cache:
         ran.append("the KV cache")
-    notes = ["AVX512-BF16" if fast else
-             "this CPU has no AVX512-BF16: prefill no faster than fp32, decode reads half the "
-             "weight bytes" if widened else "this CPU has no AVX512-BF16: slower than fp32"]
+    notes = ["AVX512-BF16" if fast else "this CPU has no AVX512-BF16" + (
+        "" if not projections else
+        ": prefill no faster than fp32, decode reads half the weight bytes" if widened else
+        ": slower than fp32")]
     if not attention:
         if attends:
             notes.append(f"the attention {STOCK}, in fp32")
