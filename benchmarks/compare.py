@@ -62,7 +62,8 @@ def parse_args(argv: list[str] | None = None) -> Settings:
     parser.add_argument("--seed", type=int, default=0, help="weights and prompt ids")
     parser.add_argument("--work-dir", type=Path, default=BENCH_DIR / "work")
     parser.add_argument("--reexport", action="store_true", help="redo cached exports")
-    parser.add_argument("--timeout", type=int, default=3600, help="seconds per step")
+    parser.add_argument("--timeout", type=int, default=3600,
+                        help="seconds per step, and per venv install (at least 1800)")
     parser.add_argument("--chunks", default="16,64,256", help="edgeprefill export --chunks")
     parser.add_argument("--chunk-size", type=int, default=256, help="edgeprefill chunk_size")
     parser.add_argument(

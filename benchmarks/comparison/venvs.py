@@ -41,6 +41,7 @@ VENV_ENV: dict[str, dict[str, str]] = {
 # Pulled in but broken next to the pinned CPU torch (torchvision's PyPI wheel registers no
 # ops against torch 2.13.0+cpu, and transformers then fails to import): removed after install.
 VENV_REMOVE: dict[str, list[str]] = {"openvino": ["torchvision"]}
+INSTALL_TIMEOUT_S = 1800  # a venv's pip install; --timeout raises it
 PROJECT_VENV = "project"  # edgeprefill runs from the project's own venv, never a copy
 
 
@@ -72,8 +73,10 @@ def ensure_venv(venv: str, settings: Settings) -> Path:
         run_logged([sys.executable, "-m", "venv", str(venv_dir)], log_path, env, 600, False)
     pip = [str(python), "-m", "pip", "install", "--progress-bar", "off"]
     if TORCH_PIN in packages:
-        run_logged(pip + [TORCH_PIN], log_path, env, 1800, settings.verbose)
-    run_logged(pip + packages, log_path, env, 1800, settings.verbose)
+        run_logged(pip + [TORCH_PIN], log_path, env, INSTALL_TIMEOUT_S, settings.verbose)
+    # llama.cpp's compile took 20 minutes on a quiet 2-core machine and over 30 on a busy one.
+    run_logged(pip + packages, log_path, env, max(INSTALL_TIMEOUT_S, settings.timeout_s),
+               settings.verbose)
     if VENV_REMOVE.get(venv):
         remove = [str(python), "-m", "pip", "uninstall", "-y", *VENV_REMOVE[venv]]
         run_logged(remove, log_path, env, 600, settings.verbose)
