@@ -254,10 +254,14 @@ def test_a_one_label_classifier_ranks_by_the_sigmoid(classifiers):
         ranked = engine.rerank(QUERY, DOCUMENTS)
         top = engine.rerank(QUERY, DOCUMENTS, top_n=2)
         numpy_top = engine.rerank(QUERY, DOCUMENTS, top_n=np.int64(2))  # was refused
-    assert numpy_top == top
     assert [i for i, _ in ranked] == list(np.argsort(-want, kind="stable"))
     np.testing.assert_allclose([r for _, r in ranked], np.sort(want)[::-1], atol=1e-6)
-    assert top == ranked[:2]
+    # The same documents, the same scores: but a later call may read an earlier one's
+    # prompt from the prefix cache, and a token computed in another call is the same
+    # number only to float32's last bits (docs/design.md), so scores are compared as such.
+    for same in (top, numpy_top):
+        assert [i for i, _ in same] == [i for i, _ in ranked[:2]]
+        np.testing.assert_allclose([r for _, r in same], [r for _, r in ranked[:2]], atol=1e-6)
 
 
 def test_a_token_reranker_gives_transformers_token_logits(reranker):
