@@ -20,6 +20,7 @@ index keys are small (test_the_index_key_norm_is_at_rms_norm_eps)."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -176,6 +177,22 @@ def test_int4_computes_transformers_forward_with_dequantized_weights(hf, tmp_pat
     engine.close()
     np.testing.assert_allclose(np.stack(got), hf_logits(model, ids)[[15, 31, 39]],
                                rtol=1e-3, atol=1e-3)
+
+
+def test_the_mtp_layers_are_left_out_quietly(hf, tmp_path, caplog):
+    """Hy4 checkpoints hold multi-token-prediction layers under model.mtp_layers., which
+    transformers ignores at load (_keys_to_ignore_on_load_unexpected): export leaves them
+    out without a warning."""
+    from safetensors.numpy import load_file, save_file
+
+    hf_dir = shutil.copytree(hf, tmp_path / "hf")
+    tensors = load_file(str(hf_dir / "model.safetensors"))
+    for part in ("eh_proj.weight", "enorm.weight", "self_attn.kv_b_proj.weight"):
+        tensors[f"model.mtp_layers.0.{part}"] = np.ones((2, 2), np.float32)
+    save_file(tensors, str(hf_dir / "model.safetensors"), metadata={"format": "pt"})
+    export(hf_dir, tmp_path / "b", ExportOptions(flavor="standard", chunks=(16,),
+                                                 max_context=64, show_progress=False))
+    assert "does not use" not in caplog.text
 
 
 def test_a_hub_config_reads_as_transformers_builds_the_model():
