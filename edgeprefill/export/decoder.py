@@ -670,7 +670,7 @@ class DecoderBuilder:
             attn = self._differential(p, i, (q, k, v), past, present, step, layer)
             return self._output(p, rows(attn), cfg.num_heads, cfg.head_dim)
         has_sinks = cfg.spec.sinks and (layer.window or not cfg.spec.sliding_sinks_only)
-        sink = self._sinks(p, cfg) if has_sinks else None
+        sink = self.layer_sinks(p, cfg) if has_sinks else None
         dynamic = self._dynamic_mask(p, cfg) if cfg.keep_window is not None else None
         attn = self._flavor_for(cfg).attention(self.g, q, k, v, past, present, step, layer,
                                                sink, dynamic)
@@ -728,8 +728,8 @@ class DecoderBuilder:
                 qk_normed(self.g, k, cfg.num_kv_heads, cfg.head_dim, self.dtype,
                           self.w.tensor(temp)), v)
 
-    def _sinks(self, p: str, cfg: ModelConfig) -> str:
-        """gpt-oss: the layer's sink logit per query head, [H]."""
+    def layer_sinks(self, p: str, cfg: ModelConfig) -> str:
+        """gpt-oss, Hy4 (its latent attention): the layer's sink logit per query head, [H]."""
         name = p + self.names.sinks
         if self.w.shape(name) != (cfg.num_heads,):
             raise ExportError(f"{name} has shape {self.w.shape(name)}, but config.json "

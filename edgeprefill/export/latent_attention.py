@@ -167,7 +167,7 @@ class LatentAttention:
             k = g.op("Concat", [k, k_index], axis=-1)
         if layer.rope is not None:  # Kimi Linear's MLA rotates nothing (NoPE)
             q, k = b.flavor.rotary(g, q, k, step, layer.rope)
-        sink = b._sinks(p, cfg) if cfg.spec.sinks else None  # Hy4's, one per query head
+        sink = b.layer_sinks(p, cfg) if cfg.spec.sinks else None  # Hy4's, one per query head
         out = b.flavor.attention(g, q, k, k, (names.past_key, names.past_value),
                                  (names.present_key, names.present_value), step,
                                  replace(layer, rope=None), sink, kept=kept)
