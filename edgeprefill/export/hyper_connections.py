@@ -65,6 +65,9 @@ class HyperConnections:
                  dtype: np.dtype) -> None:
         self.g, self.w, self.ckpt = g, w, w.ckpt
         self.cfg, self.hidden, self.dtype = cfg, hidden, dtype
+        m = cfg.streams  # a checkpoint of other streams fails here, before any graph
+        self._check([(HEAD + "hc_fn", (m, m * hidden)), (HEAD + "hc_scale", (1,)),
+                     (HEAD + "hc_base", (m,))])
 
     def expand(self, x: str) -> str:
         """The embedding [.., hidden] as the first layer's streams [.., M * hidden]."""
@@ -104,7 +107,6 @@ class HyperConnections:
         """The streams [.., M * hidden] mixed into the one the final norm reads."""
         g, m = self.g, self.cfg.streams
         fn, scale, base = HEAD + "hc_fn", HEAD + "hc_scale", HEAD + "hc_base"
-        self._check([(fn, (m, m * self.hidden)), (scale, (1,)), (base, (m,))])
         logits = g.op("Add", [g.op("Mul", [self._mixes(streams, fn, m), self._float(scale)]),
                               self._float(base)])
         pre = g.op("Add", [g.op("Sigmoid", [logits]), g.const(self.cfg.eps, np.float32)])
