@@ -545,6 +545,15 @@ FAMILIES: dict[str, dict] = {
              "n_routed_experts": 12, "num_experts_per_tok": 3, "moe_intermediate_size": 32,
              "n_shared_experts": 1, "index_topk": 2048, "index_head_dim": 32,
              "index_n_heads": 16, "gated_norm_rank": 8},
+    # Hy4: the DeepSeek-V3.2 fixture (8 ungrouped experts on every layer but the first,
+    # their SwiGLU clamped at 1, which the fixture's gates pass) with 3 hyper-connection
+    # streams (their scales and bases perturbed: build_hf_model), per-head sinks, a gate per
+    # value channel, and Hy4's indexer schedule: layers 0 and 1 full, 2 and 3 reusing 1's
+    "hy_v4": {"num_hidden_layers": 4, "num_key_value_heads": 4, "q_lora_rank": 32,
+              "kv_lora_rank": 32, "qk_nope_head_dim": 16, "qk_rope_head_dim": 16,
+              "v_head_dim": 24, "n_routed_experts": 8, "num_experts_per_tok": 3,
+              "moe_intermediate_size": 32, "n_shared_experts": 1, "index_topk": 2048,
+              "index_head_dim": 32, "index_n_heads": 16, "hc_mult": 3, "swiglu_limit": 1.0},
     # Gemma 3n (GEMMA3N), and Gemma3nForConditionalGeneration's language model, tied as
     # the Hub's are (written by hand: image_text_gemma3n)
     "gemma3n_text": GEMMA3N,
@@ -1075,6 +1084,10 @@ def build_hf_model(family: str, out: Path, seed: int = 0, dtype=None, **override
             elif name.endswith(("_scale", "hidden_states_bias", "residual_bias")) \
                     and model_type == "zaya":  # its residual and router-state scales
                 param.add_(torch.randn_like(param) * 0.3)
+            elif name.endswith(("_hc.scale", "hc_head.hc_scale")):  # Hy4's: 0.01 at init,
+                param.uniform_(0.5, 1.5)  # which leaves the mixes nearly constant
+            elif name.endswith(("_hc.base", "hc_head.hc_base")):  # Hy4's: one value at init
+                param.add_(torch.randn_like(param) * 0.5)
         if model_type == "zaya":
             zaya_routers(model)
     if dtype is not None:

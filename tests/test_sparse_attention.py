@@ -155,11 +155,12 @@ def test_the_selection_changes_transformers_logits(family, sparse):
 
 
 def test_the_cache_holds_the_index_key_beside_the_latent_only_past_index_topk(
-        sparse, sparse_bundle, tmp_path):
+        sparse, sparse_bundle, tmp_path, caplog):
     """The index_topk 8 bundle of 128 positions caches [k_pe 16 | latent 32 | index key
     32] and has a TopK per layer (beside its routers'); one of 8 positions (no call has
     more keys than a query keeps) caches [k_pe | latent] as DeepSeek-V3 does and has no
-    indexer at all, and computes transformers' logits."""
+    indexer at all (whose weights it does not warn of as unused), and computes
+    transformers' logits."""
     def shape(path: Path) -> tuple[int, int]:
         manifest = json.loads((path / MANIFEST_FILE).read_text())
         top_ks = sum(n.op_type == "TopK" for n in onnx.load(
@@ -172,6 +173,7 @@ def test_the_cache_holds_the_index_key_beside_the_latent_only_past_index_topk(
 
     export(sparse("deepseek_v32"), tmp_path / "b", ExportOptions(
         flavor="standard", chunks=(4,), max_context=TOPK, show_progress=False))
+    assert "does not use" not in caplog.text
     within, routers = shape(tmp_path / "b")  # the experts' routers' TopKs alone
     assert within == 16 + 32
     assert shape(sparse_bundle("deepseek_v32", "standard")) == (16 + 32 + 32, routers + 3)

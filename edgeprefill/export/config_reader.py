@@ -49,6 +49,7 @@ from edgeprefill.export.families import (
 )
 from edgeprefill.export.families.not_causal import SEQUENCE_CLASSIFIER, task_head
 from edgeprefill.export.fp8 import read_fp8_scheme
+from edgeprefill.export.hyper_connections import read_hyper
 from edgeprefill.export.latent_attention import read_latent
 from edgeprefill.export.layer_attention import (
     GLOBAL,
@@ -147,7 +148,7 @@ def _read(config_type: type[ModelConfig], family: str, spec: FamilySpec,
     return config_type(
         family=family, text_type=text_type, ropes=ropes, layers=layers, moe=moe,
         latent=latent, shared_block=shared,
-        sparse_index=read_index(raw, spec.sparse_index == "interleaved", latent.rope_dim)
+        sparse_index=read_index(raw, spec.sparse_index, latent.rope_dim)
         if spec.sparse_index and latent else None,
         **sizes(raw, heads, hidden, head_dim, latent),
         **norms_and_activations(raw, spec),
@@ -161,7 +162,9 @@ def _read(config_type: type[ModelConfig], family: str, spec: FamilySpec,
         **gemma4_fields(raw) if spec.per_layer_heads or spec.altup else {},
         **altup_fields(raw, spec),
         nas=read_blocks(raw) if spec.nas_blocks else None,
-        swiglu_clamps=read_swiglu_clamps(raw) if spec.swiglu_clamps else None,
+        swiglu_clamps=read_swiglu_clamps(raw, spec.swiglu_clamps)
+        if spec.swiglu_clamps else None,
+        hyper=read_hyper(raw) if spec.block == "hyper" else None,
     )
 
 

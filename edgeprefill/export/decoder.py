@@ -48,6 +48,7 @@ from edgeprefill.export.flavors import Flavor, StepTensors, positions
 from edgeprefill.export.gated_delta import GatedDeltaNet
 from edgeprefill.export.graph import GraphBuilder
 from edgeprefill.export.head_affine_norm import head_affine_norm
+from edgeprefill.export.hyper_connections import ATTENTION, MLP, HyperConnections
 from edgeprefill.export.kimi_delta import KimiDeltaAttention
 from edgeprefill.export.latent_attention import LatentAttention
 from edgeprefill.export.layer_attention import LayerAttention
@@ -123,6 +124,8 @@ class DecoderBuilder:
         self._shortcut: str | None = None  # LongCat-Flash: the experts' output to add
         self.altup = (AltUp(self.g, self.w, cfg.altup, cfg.hidden_size, self._norm)
                       if cfg.altup is not None else None)
+        self.hyper = (HyperConnections(self.g, self.w, cfg.hyper, cfg.hidden_size, self.dtype)
+                      if cfg.hyper is not None else None)
         self.moa = self._attention_experts()
 
     def _experts(self) -> MixtureOfExperts | None:
@@ -188,6 +191,8 @@ class DecoderBuilder:
             x = g.op("Add", [x, delta])
         if self.altup is not None:
             x = self.altup.collapse(x)
+        if self.hyper is not None:  # Hy4: the streams mixed into one
+            x = self.hyper.head(x)
         if self.embed:
             g.rename(self._output_hidden(x), HIDDEN)
         else:
@@ -247,6 +252,8 @@ class DecoderBuilder:
             self.ple.build(ids, x)
         if self.altup is not None:  # Gemma 3n: x is the AltUp streams [.., N, hidden]
             x = self.altup.expand(x)
+        if self.hyper is not None:  # Hy4: x is the hyper-connections' streams
+            x = self.hyper.expand(x)
         return x
 
     def _output_logits(self, x: str) -> str:
@@ -384,6 +391,8 @@ class DecoderBuilder:
         if block == "normed":  # MiniMax: the residual is the normed stream
             x = x if delta is None else self.g.op("Add", [x, delta])
             return self._normed_layer(i, x, step, rows), None
+        if block == "hyper":  # Hy4: the streams of hyper-connections
+            return self._hyper_layer(i, x, step, rows), None
         if self.shared_block is not None and i in self.cfg.kv_state_layers:  # Zamba2
             x = x if delta is None else self.g.op("Add", [x, delta])
             shared = self.shared_block.apply(i, x, step)
@@ -462,6 +471,20 @@ class DecoderBuilder:
         h = self._norm(x, p + n.post_attn_norm)
         alpha, beta = factors.mlp
         return self.g.op("Add", [self._times(h, alpha), self._times(self._mlp(p, h), beta)])
+
+    def _hyper_layer(self, i: int, streams: str, step: StepTensors, rows: Rows) -> str:
+        """Hy4's layer on the streams [.., M * hidden] (export/hyper_connections.py): each
+        pre-norm sublayer reads its connection's mix of the streams and is written back
+        into each of them by that connection's weight."""
+        n, hyper = self.names, self.hyper
+        assert hyper is not None
+        p = n.layer.format(i=i)
+        post, h = hyper.mix(p + ATTENTION, streams)
+        attn = self._mixer(i, self._norm(h, p + n.input_norm), step, rows)
+        streams = hyper.write_back(rows(post), attn, rows(streams))
+        post, h = hyper.mix(p + MLP, streams)
+        return hyper.write_back(post, self._mlp(p, self._norm(h, p + n.post_attn_norm)),
+                                streams)
 
     def _scaled_add(self, m: str, y: str, x: str) -> str:
         """ZayaResidualScaling `m`: (y + hidden_states_bias) * hidden_states_scale +
@@ -647,7 +670,7 @@ class DecoderBuilder:
             attn = self._differential(p, i, (q, k, v), past, present, step, layer)
             return self._output(p, rows(attn), cfg.num_heads, cfg.head_dim)
         has_sinks = cfg.spec.sinks and (layer.window or not cfg.spec.sliding_sinks_only)
-        sink = self._sinks(p, cfg) if has_sinks else None
+        sink = self.layer_sinks(p, cfg) if has_sinks else None
         dynamic = self._dynamic_mask(p, cfg) if cfg.keep_window is not None else None
         attn = self._flavor_for(cfg).attention(self.g, q, k, v, past, present, step, layer,
                                                sink, dynamic)
@@ -705,8 +728,8 @@ class DecoderBuilder:
                 qk_normed(self.g, k, cfg.num_kv_heads, cfg.head_dim, self.dtype,
                           self.w.tensor(temp)), v)
 
-    def _sinks(self, p: str, cfg: ModelConfig) -> str:
-        """gpt-oss: the layer's sink logit per query head, [H]."""
+    def layer_sinks(self, p: str, cfg: ModelConfig) -> str:
+        """gpt-oss, Hy4 (its latent attention): the layer's sink logit per query head, [H]."""
         name = p + self.names.sinks
         if self.w.shape(name) != (cfg.num_heads,):
             raise ExportError(f"{name} has shape {self.w.shape(name)}, but config.json "
@@ -1085,7 +1108,8 @@ class DecoderBuilder:
         if p in self.sparse_layers:  # Gemma 3n
             gate = sparse_gate(g, gate, self.sparse_layers[p], self.dtype)
         gate_scale, down_scale = cfg.scales.mlp if cfg.scales is not None else (1.0, 1.0)
-        act = clamped_glu(g, self._mlp_activation(p, self._times(gate, gate_scale)), up,
+        act = clamped_glu(g, self._times(gate, gate_scale),
+                          lambda x: self._mlp_activation(p, x), up,
                           self.clamps.get(p, (None, None))[1], self.dtype)
         if n.mlp_sub_norm is not None:  # BitNet
             act = self._norm(act, p + n.mlp_sub_norm)

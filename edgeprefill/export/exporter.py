@@ -332,7 +332,8 @@ def _warn_unused(ckpt: Checkpoint, cfg: ModelConfig, embed: bool = False) -> Non
     # a pruned model's config may mean it. (A tied model's stored head is read: lm_head.py.)
     # An embedding bundle leaves the LM head out, as transformers' base model does.
     head = tuple(h + "." for h in cfg.names.lm_head) if embed else ()
-    shared = _shared_kv_projections(cfg) + _mtp_layers(cfg) + head + _identity_experts(cfg)
+    shared = _shared_kv_projections(cfg) + _mtp_layers(cfg) + head + \
+        _identity_experts(cfg) + _dropped_indexers(cfg)
     unused = [name for name in ckpt.unused() if not name.startswith(shared)]
     if unused:
         shown = ", ".join(unused[:4]) + (f" and {len(unused) - 4} more" if len(unused) > 4
@@ -350,6 +351,15 @@ def _identity_experts(cfg: ModelConfig) -> tuple[str, ...]:
         return ()
     return tuple(cfg.names.layer.format(i=i) + spec.names.expert.format(j=j)
                  for i in moe.layers for j in range(moe.experts, moe.choices))
+
+
+def _dropped_indexers(cfg: ModelConfig) -> tuple[str, ...]:
+    """The DeepSeek sparse attention indexers of a bundle within index_topk, which
+    ModelConfig.for_context leaves out (every key is kept there: dense MLA exactly)."""
+    if not cfg.spec.sparse_index or cfg.sparse_index is not None:
+        return ()
+    return tuple(cfg.names.layer.format(i=i) + "self_attn.indexer."
+                 for i in range(cfg.num_layers))
 
 
 def _shared_kv_projections(cfg: ModelConfig) -> tuple[str, ...]:

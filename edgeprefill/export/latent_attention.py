@@ -22,7 +22,9 @@ the runtime binds one buffer as the layer's key and value caches (engines/ort/va
 The scale is transformers': qk_head_dim^-0.5, times yarn's mscale^2 where the rope has
 mscale_all_dim (ModelConfig.attn_scale). Kimi Linear's MLA rotates nothing (its layers'
 rope is None: k_pe is cached as projected); Bailing hybrid's gates each head's value
-output by sigmoid(g_proj(x)) before o_proj (FamilySpec.latent_head_gate). DeepSeek sparse
+output by sigmoid(g_proj(x)) before o_proj (FamilySpec.latent_head_gate), Hy4's each value
+channel by sigmoid(gate_proj(x)) (FamilySpec.latent_channel_gate), and Hy4's softmax has a
+sink logit per head (FamilySpec.sinks, as gpt-oss's). DeepSeek sparse
 attention (DeepSeek-V3.2, GLM-5: export/sparse_index.py) caches its index key as more
 columns of the head, [k_pe | c | index_k], where the queries are zero.
 """
@@ -165,16 +167,26 @@ class LatentAttention:
             k = g.op("Concat", [k, k_index], axis=-1)
         if layer.rope is not None:  # Kimi Linear's MLA rotates nothing (NoPE)
             q, k = b.flavor.rotary(g, q, k, step, layer.rope)
+        sink = b.layer_sinks(p, cfg) if cfg.spec.sinks else None  # Hy4's, one per query head
         out = b.flavor.attention(g, q, k, k, (names.past_key, names.past_value),
                                  (names.present_key, names.present_value), step,
-                                 replace(layer, rope=None), kept=kept)
+                                 replace(layer, rope=None), sink, kept=kept)
         out = rows(b.tokens.gather(out, cfg.num_heads * self.shape.cache_dim))
         values = self._values(p, out)
         if cfg.spec.latent_head_gate:  # Bailing: each head's values times its gate
             values = self._head_gated(p, rows(h), values)
-        if gate is not None:  # A.X K2: each value channel times its gate's sigmoid
+        if cfg.spec.latent_channel_gate:  # Hy4: gate_proj of the layer's input
+            gate = self._channel_gate(p, h)
+        if gate is not None:  # A.X K2, Hy4: each value channel times its gate's sigmoid
             values = g.op("Mul", [values, self._sigmoid32(rows(gate))])
         return values
+
+    def _channel_gate(self, p: str, h: str) -> str:
+        """Hy4's gate per value channel before its sigmoid, [.., H * v]: gate_proj(h)."""
+        b, s, heads = self.b, self.shape, self.b.cfg.num_heads
+        name = p + "self_attn.gate_proj.weight"
+        self._check(name, (heads * s.v_dim, b.cfg.hidden_size))
+        return b.w.linear(h, [name], None)
 
     def _sigmoid32(self, x: str) -> str:
         """sigmoid(x) computed in float32, cast back to the graph's dtype."""

@@ -26,6 +26,7 @@ from edgeprefill.export.context_cap import ContextCap
 from edgeprefill.export.experts import MoeConfig
 from edgeprefill.export.families import BLOCKS, FamilySpec, TensorNames, family_spec
 from edgeprefill.export.fp8 import Fp8Scheme
+from edgeprefill.export.hyper_connections import HyperConfig
 from edgeprefill.export.latent_attention import LatentShape
 from edgeprefill.export.layer_attention import GLOBAL, LOCAL, LayerAttention
 from edgeprefill.export.mixer_shapes import (
@@ -193,6 +194,9 @@ class ModelConfig:
     # export/sparse_gate.py).
     altup: AltUpConfig | None = None
     sparsity: tuple[float, ...] = ()
+    # Hy4: the residual stream's hyper-connections (export/hyper_connections.py; the
+    # "hyper" block's), None elsewhere.
+    hyper: HyperConfig | None = None
     # Whether config.json switches the family's q/k norms off (GLM-4.5's use_qk_norm false).
     qk_norm_off: bool = False
     # ALiBi (BLOOM, MPT): each head's slope, its scores plus slope * (key position - query

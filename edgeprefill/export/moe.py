@@ -34,7 +34,7 @@ from edgeprefill.export import mxfp4
 from edgeprefill.export.checkpoint import Checkpoint
 from edgeprefill.export.experts import MoeConfig, MoeNames
 from edgeprefill.export.graph import GraphBuilder
-from edgeprefill.export.swiglu_clamps import Bound, clamped_glu
+from edgeprefill.export.swiglu_clamps import Clamp, clamped_glu
 from edgeprefill.export.weights import GraphWeights
 
 FLOAT = 1  # onnx TensorProto.FLOAT
@@ -44,12 +44,12 @@ Activation = Callable[[str], str]
 class MixtureOfExperts:
     def __init__(self, g: GraphBuilder, w: GraphWeights, ckpt: Checkpoint, moe: MoeConfig,
                  names: MoeNames, hidden: int, dtype: np.dtype, act: Activation,
-                 clamps: Mapping[str, tuple[Bound, Bound]] | None = None) -> None:
+                 clamps: Mapping[str, tuple[Clamp | None, Clamp | None]] | None = None) -> None:
         self.g, self.w, self.ckpt = g, w, ckpt
         self.moe, self.names, self.hidden = moe, names, hidden
         self.dtype = np.dtype(dtype)
         self.act = act
-        # layer prefix -> its routed and shared experts' SwiGLU bounds (Step 3.7)
+        # layer prefix -> its routed and shared experts' SwiGLU clamps (Step 3.7, Hy4)
         self.clamps = clamps or {}
 
     def block(self, p: str, h: str) -> str:
@@ -258,12 +258,12 @@ class MixtureOfExperts:
         return out
 
     def _gated(self, p: str, gate: str, up: str) -> str:
-        """act(gate) * up (Step 3.7's each clamped to layer p's bound), or gpt-oss's
+        """act(gate) * up (Step 3.7's and Hy4's clamped as layer p's clamp says), or gpt-oss's
         clamped SwiGLU: (clamp(up, -limit, limit) + 1) * g * sigmoid(alpha g), g = min(gate,
         limit)."""
         g, clamped = self.g, self.moe.clamped
         if clamped is None:
-            return clamped_glu(g, self.act(gate), up, self.clamps.get(p, (None, None))[0],
+            return clamped_glu(g, gate, self.act, up, self.clamps.get(p, (None, None))[0],
                                self.dtype)
         limit = g.const(clamped.limit, self.dtype)
         gate = g.op("Min", [gate, limit])
@@ -304,7 +304,7 @@ class MixtureOfExperts:
         gate_up = self.w.linear(x, [stem + part + ".weight" for part in parts], None)
         gate, up = g.op("Split", [gate_up], 2, axis=-1, num_outputs=2)
         down = stem + (n.shared_down or n.down) + ".weight"
-        glu = clamped_glu(g, self.act(gate), up, self.clamps.get(p, (None, None))[1],
+        glu = clamped_glu(g, gate, self.act, up, self.clamps.get(p, (None, None))[1],
                           self.dtype)
         mlp = self.w.linear(glu, [down], None)
         if n.shared_gate is None:

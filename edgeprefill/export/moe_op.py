@@ -25,8 +25,8 @@ take the token times its weight, unweighed after: with its one expert per token,
 that weight goes in and the chosen expert's logit is 0 (weight 1); with more, each expert
 would need its own input, and the block stays unrolled. gpt-oss's router logits carry its
 bias; its experts' biases are the op's fc1/fc2 bias inputs and its clamped SwiGLU the op's
-activation attributes (_swiglu). The `standard` flavour and int8 and fp16 bundles keep the
-unrolled graph (export/moe.py).
+activation attributes (_swiglu), as is Hy4's (a clamp before the activation, beta 0).
+The `standard` flavour and int8 and fp16 bundles keep the unrolled graph (export/moe.py).
 
 Weights: fc1 [E, 2I, H] with each expert's gate and up rows interleaved (g0, u0, g1, ...,
 the CPU kernel's only layout, swiglu_fusion=1), fc2 [E, H, I]. int4: each expert's rows
@@ -56,7 +56,8 @@ def why_unrolled(experts: MixtureOfExperts, activation: str,
     if moe.input_scaled and moe.top_k > 1:
         return (f"each of a token's {moe.top_k} experts takes the token times its own "
                 "weight; the op runs them on one input")
-    if any(routed is not None for routed, _ in experts.clamps.values()):
+    if any(routed is not None and not routed.gate_first
+           for routed, _ in experts.clamps.values()):
         return ("Step 3.7's experts clamp their SwiGLU after the activation (swiglu_limits), "
                 "which the op's swiglu_limit (gpt-oss's clamp) does not compute")
     if activation != "silu":
@@ -96,7 +97,7 @@ class MoeOp(MixtureOfExperts):
             logits, total = self._chosen_logits(p, x)
             normalize = 1
         attrs = {"k": moe.top_k, "normalize_routing_weights": normalize,
-                 "activation_type": "swiglu", "swiglu_fusion": 1, **self._swiglu()}
+                 "activation_type": "swiglu", "swiglu_fusion": 1, **self._swiglu(p)}
         bias1, bias2 = self._biases(p)
         if self.quant is None:
             fc1 = self.g.weight(p + "experts.fc1", (moe.experts, 2 * moe.width, self.hidden),
@@ -119,12 +120,17 @@ class MoeOp(MixtureOfExperts):
         out = self._with_shared(p, x, out)
         return g.op("Reshape", [out, g.op("Shape", [h])])
 
-    def _swiglu(self) -> dict[str, float]:
-        """The op's activation attributes: silu(gate) * up is alpha 1, beta 0, no limit;
+    def _swiglu(self, p: str) -> dict[str, float]:
+        """Layer p's activation attributes: silu(gate) * up is alpha 1, beta 0, no limit;
         gpt-oss's clamped SwiGLU (clamp(up) + 1) * g * sigmoid(alpha g), g = min(gate,
         limit), is its alpha, beta 1 and swiglu_limit (the CPU kernel clamps the gate
-        above and up on both sides, as GptOssExperts does)."""
+        above and up on both sides, as GptOssExperts does); Hy4's silu(min(gate, L)) *
+        clamp(up, -L, L) (a clamp before the activation) is alpha 1, beta 0 and L."""
         clamped = self.moe.clamped
+        routed = self.clamps.get(p, (None, None))[0]
+        if routed is not None:  # why_unrolled: a clamp before the activation
+            return {"activation_alpha": 1.0, "activation_beta": 0.0,
+                    "swiglu_limit": routed.limit}
         if clamped is None:
             return {"activation_alpha": 1.0, "activation_beta": 0.0}
         return {"activation_alpha": clamped.alpha, "activation_beta": 1.0,

@@ -17,6 +17,10 @@ value = key stay as they are. Where a call's keys are no more than index_topk, t
 topk(min(index_topk, T)) keeps every key: DSA is then exactly the dense MLA, so a bundle
 whose capacity is within index_topk has no indexer at all (ModelConfig.for_context).
 
+Hy4's indexer (HYV4Indexer) rotates the *last* qk_rope_head_dim dims of each index query
+and key (halves), and its k_norm is a LayerNorm at rms_norm_eps (computed in float32, as
+transformers keeps it); its "shared" layers are GLM-5's.
+
 Ties: a query keeps every key whose score is at least its index_topk-th largest (TopK's
 smallest), so a tie exactly at that boundary keeps all the tied keys, where transformers
 keeps one of them in torch.topk's order (as Doge's dynamic mask, export/dynamic_mask.py).
@@ -44,21 +48,32 @@ INDEX_NORM_EPS = 1e-6
 HIDDEN = float(np.finfo(np.float32).min)
 
 
+# FamilySpec.sparse_index: where each indexer rotates (its first qk_rope_head_dim dims, or
+# its last) and how (halves or interleaved pairs)
+ROTARIES = ("halves", "interleaved", "last_halves")
+
+
 @dataclass(frozen=True)
 class IndexShape:
     """The indexer's config: index_n_heads, index_head_dim, index_topk, whether its rotary
-    is on interleaved pairs (GLM-5) or halves (DeepSeek-V3.2), and the layers that reuse
-    the previous full layer's selection (GLM-5's "shared" indexer_types)."""
+    is on interleaved pairs (GLM-5) or halves (DeepSeek-V3.2), and on the last dims (Hy4)
+    rather than the first, its key norm's epsilon, and the layers that reuse the previous
+    full layer's selection (GLM-5's and Hy4's "shared" indexer_types)."""
 
     heads: int
     head_dim: int
     topk: int
     interleaved: bool = False
     shared: tuple[int, ...] = ()
+    rope_last: bool = False
+    norm_eps: float = INDEX_NORM_EPS
 
 
-def read_index(raw: dict[str, Any], interleaved: bool, rope_dim: int) -> IndexShape:
-    """The indexer of config.json (DeepseekV32Config's and GlmMoeDsaConfig's keys)."""
+def read_index(raw: dict[str, Any], rotary: str, rope_dim: int) -> IndexShape:
+    """The indexer of config.json (DeepseekV32Config's, GlmMoeDsaConfig's and HYV4Config's
+    keys) whose rotary is `rotary` (one of ROTARIES): Hy4's ("last_halves") normed at
+    rms_norm_eps."""
+    assert rotary in ROTARIES
     layers = int(raw["num_hidden_layers"])
     types = raw.get("indexer_types") or ["full"] * layers
     if len(types) != layers or any(t not in ("full", "shared") for t in types) \
@@ -66,8 +81,11 @@ def read_index(raw: dict[str, Any], interleaved: bool, rope_dim: int) -> IndexSh
         raise ExportError(f"indexer_types must be {layers} of \"full\" and \"shared\", the "
                           f"first \"full\", got {types!r}")
     shape = IndexShape(heads=int(raw["index_n_heads"]), head_dim=int(raw["index_head_dim"]),
-                       topk=int(raw["index_topk"]), interleaved=interleaved,
-                       shared=tuple(i for i, t in enumerate(types) if t == "shared"))
+                       topk=int(raw["index_topk"]), interleaved=rotary == "interleaved",
+                       shared=tuple(i for i, t in enumerate(types) if t == "shared"),
+                       rope_last=rotary == "last_halves",
+                       norm_eps=float(raw["rms_norm_eps"]) if rotary == "last_halves"
+                       else INDEX_NORM_EPS)
     if min(shape.heads, shape.topk) < 1 or shape.head_dim < rope_dim:
         raise ExportError(f"config.json: index_n_heads and index_topk must be positive and "
                           f"index_head_dim at least qk_rope_head_dim, got {shape}")
@@ -92,10 +110,14 @@ def glm_indexer_types(raw: dict[str, Any]) -> dict[str, Any]:
 
 
 def rotate(g: GraphBuilder, x: str, cos: str, sin: str, rope_dim: int, width: int,
-           interleaved: bool) -> str:
-    """x [..., width] rotated on its first rope_dim dims by cos, sin [..., rope_dim/2]
-    that broadcast against it (halves, as apply_rotary_pos_emb, or interleaved pairs)."""
-    part, rest = g.op("Split", [x, g.const([rope_dim, width - rope_dim])], 2, axis=-1)
+           interleaved: bool, last: bool = False) -> str:
+    """x [..., width] rotated on its first rope_dim dims (its last where `last`) by cos,
+    sin [..., rope_dim/2] that broadcast against it (halves, as apply_rotary_pos_emb, or
+    interleaved pairs)."""
+    if last:
+        rest, part = g.op("Split", [x, g.const([width - rope_dim, rope_dim])], 2, axis=-1)
+    else:
+        part, rest = g.op("Split", [x, g.const([rope_dim, width - rope_dim])], 2, axis=-1)
     if interleaved:  # DeepSeek's interleave: evens then odds, rotated as halves
         pairs = g.op("Reshape", [part, g.const([0, 0, 0, rope_dim // 2, 2])])
         x1, x2 = (g.op("Squeeze", [t, g.const([-1])])
@@ -104,7 +126,7 @@ def rotate(g: GraphBuilder, x: str, cos: str, sin: str, rope_dim: int, width: in
         x1, x2 = g.op("Split", [part], 2, axis=-1, num_outputs=2)
     first = g.op("Sub", [g.op("Mul", [x1, cos]), g.op("Mul", [x2, sin])])
     second = g.op("Add", [g.op("Mul", [x2, cos]), g.op("Mul", [x1, sin])])
-    return g.op("Concat", [first, second, rest], axis=-1)
+    return g.op("Concat", [rest, first, second] if last else [first, second, rest], axis=-1)
 
 
 def kept_keys(g: GraphBuilder, q: str, w: str, keys: str, visible: str, topk: int,
@@ -159,7 +181,7 @@ class Indexer:
         q = self._rotate(q, cos, sin)
         k = self._linear(h, p + "wk.weight", b.dtype)
         k = b.flavor.layer_norm(g, k, b.w.tensor(p + "k_norm.weight"),
-                                b.w.tensor(p + "k_norm.bias"), INDEX_NORM_EPS)
+                                b.w.tensor(p + "k_norm.bias"), s.norm_eps)
         k = g.op("Unsqueeze", [b.tokens.spread(k), g.const([2])])
         k = g.op("Squeeze", [self._rotate(k, cos, sin), g.const([2])])  # [B,C,Di]
         h32 = h if b.dtype == np.float32 else g.op("Cast", [h], to=1)
@@ -172,7 +194,7 @@ class Indexer:
 
     def _rotate(self, x: str, cos: str, sin: str) -> str:
         return rotate(self.b.g, x, cos, sin, self.rope_dim, self.shape.head_dim,
-                      self.shape.interleaved)
+                      self.shape.interleaved, self.shape.rope_last)
 
     def _linear(self, x: str, name: str, dtype: np.dtype) -> str:
         """x [.., in] times the checkpoint's [out, in] weight, stored [in, out] in `dtype`."""

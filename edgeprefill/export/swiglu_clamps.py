@@ -1,14 +1,21 @@
-"""Step 3.7's clamped SwiGLU (Step3p7MLP, Step3p7Experts._apply_gate): on the layers that
-list a bound L, min(act(gate), L) * clamp(up, -L, L), the clamp after the activation (not
-gpt-oss's, which clamps the gate before it and adds 1 to up). The routed experts' bounds
-are `swiglu_limits`, the shared expert's and the dense MLP's `swiglu_limits_shared`, one
-entry per layer; an entry of 0 or null, or no list, clamps nothing (transformers reads
-them as infinity). The Hub's lists carry the multi-token-prediction layers' entries after
-the last layer's, which the family's legacy hook cuts off as its config class does.
+"""Clamped SwiGLUs, in two orders (FamilySpec.swiglu_clamps):
+
+- "after", Step 3.7's (Step3p7MLP, Step3p7Experts._apply_gate): on the layers that list a
+  bound L, min(act(gate), L) * clamp(up, -L, L), the clamp after the activation (not
+  gpt-oss's, which clamps the gate before it and adds 1 to up). The routed experts' bounds
+  are `swiglu_limits`, the shared expert's and the dense MLP's `swiglu_limits_shared`, one
+  entry per layer; an entry of 0 or null, or no list, clamps nothing (transformers reads
+  them as infinity). The Hub's lists carry the multi-token-prediction layers' entries
+  after the last layer's, which the family's legacy hook cuts off as its config class does.
+- "before", Hy4's (HYV4Experts._apply_gate): act(min(gate, L)) * clamp(up, -L, L), the
+  clamp before the activation, on the routed experts only, L their one `swiglu_limit`
+  (at or below 0: no clamp); the shared experts and dense MLPs clamp nothing. ONNX
+  Runtime's MoE op computes it (its swiglu_limit, alpha 1, beta 0: export/moe_op.py).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,10 +29,12 @@ Bound = float | None  # None: no clamp
 
 @dataclass(frozen=True)
 class SwigluClamps:
-    """Each layer's bound: of its routed experts, and of its shared expert or dense MLP."""
+    """Each layer's bound: of its routed experts, and of its shared expert or dense MLP;
+    whether the gate is clamped before its activation (Hy4) rather than after (Step 3.7)."""
 
     routed: tuple[Bound, ...]
     shared: tuple[Bound, ...]
+    gate_first: bool = False
 
     @property
     def routed_any(self) -> bool:
@@ -33,9 +42,25 @@ class SwigluClamps:
         return any(bound is not None for bound in self.routed)
 
 
-def read_swiglu_clamps(raw: dict[str, Any]) -> SwigluClamps | None:
-    """The bounds config.json lists (None where it lists none)."""
+@dataclass(frozen=True)
+class Clamp:
+    """One MLP's clamp: its bound, and whether the gate is clamped before its activation."""
+
+    limit: float
+    gate_first: bool
+
+
+def read_swiglu_clamps(raw: dict[str, Any], order: str) -> SwigluClamps | None:
+    """The bounds config.json lists (None where it lists none), in `order` ("after",
+    "before": the module's docstring)."""
     count = int(raw["num_hidden_layers"])
+    if order == "before":
+        limit = raw.get("swiglu_limit")
+        if isinstance(limit, bool) or not isinstance(limit, int | float | None):
+            raise ExportError(f"config.json: swiglu_limit must be a number, got {limit!r}")
+        if limit is None or limit <= 0:
+            return None
+        return SwigluClamps((float(limit),) * count, (None,) * count, gate_first=True)
     routed = _bounds(raw, "swiglu_limits", count)
     shared = _bounds(raw, "swiglu_limits_shared", count)
     if not any(bound is not None for bound in (*routed, *shared)):
@@ -55,20 +80,27 @@ def _bounds(raw: dict[str, Any], key: str, count: int) -> tuple[Bound, ...]:
     return tuple(float(v) if v else None for v in listed)
 
 
-def clamped_glu(g: GraphBuilder, activated: str, up: str, bound: Bound,
-                dtype: np.dtype) -> str:
-    """activated * up (activated = act(gate)), each clamped to the layer's bound."""
-    if bound is None:
-        return g.op("Mul", [activated, up])
-    high, low = g.const(bound, dtype), g.const(-bound, dtype)
-    return g.op("Mul", [g.op("Min", [activated, high]), g.op("Clip", [up, low, high])])
+def clamped_glu(g: GraphBuilder, gate: str, act: Callable[[str], str], up: str,
+                clamp: Clamp | None, dtype: np.dtype) -> str:
+    """act(gate) * up, the gate and up clamped as `clamp` says (None: not at all)."""
+    if clamp is None:
+        return g.op("Mul", [act(gate), up])
+    high, low = g.const(clamp.limit, dtype), g.const(-clamp.limit, dtype)
+    gated = act(g.op("Min", [gate, high])) if clamp.gate_first else \
+        g.op("Min", [act(gate), high])
+    return g.op("Mul", [gated, g.op("Clip", [up, low, high])])
 
 
 def bounds_by_prefix(clamps: SwigluClamps | None, layer: str
-                     ) -> dict[str, tuple[Bound, Bound]]:
-    """Layer prefix (`layer`, a template with `{i}`) -> its (routed, shared or dense)
-    bounds; empty without clamps."""
+                     ) -> dict[str, tuple[Clamp | None, Clamp | None]]:
+    """Layer prefix (`layer`, a template with `{i}`) -> the clamps of its (routed, shared
+    or dense) MLPs; empty without clamps."""
     if clamps is None:
         return {}
-    return {layer.format(i=i): bounds
-            for i, bounds in enumerate(zip(clamps.routed, clamps.shared, strict=True))}
+
+    def clamp(bound: Bound) -> Clamp | None:
+        return None if bound is None else Clamp(bound, clamps.gate_first)
+
+    return {layer.format(i=i): (clamp(routed), clamp(shared))
+            for i, (routed, shared) in enumerate(zip(clamps.routed, clamps.shared,
+                                                     strict=True))}

@@ -103,8 +103,6 @@ REFUSED_TYPES: dict[str, str] = {
            "patch transformer) is not supported",
     "deepseek_v4": "DeepSeek-V4's compressed sparse attention and hyper-connections are not "
                    "supported",
-    "hy_v4": "Hy4's DeepSeek sparse attention (an indexer choosing each query's keys) and "
-             "hyper-connections are not supported",
     "qwen4_exp_text": "Qwen4-Exp's sparse attention indexer, n-gram embeddings and gated "
                       "residuals are not supported",
     # image-text checkpoints whose language model is none export supports
@@ -126,8 +124,9 @@ REFUSED_TYPES: dict[str, str] = {
     # (stop 43, first half)
     "glm5_next": "GLM-5-Next's language model (DeepSeek sparse attention, linear attention "
                  "layers with forget gates, hyper-connections) is not supported",
-    "hy_v4_vl": "Hy4-VL's language model is Hy4's (DeepSeek sparse attention, "
-                "hyper-connections), which is not supported",
+    "hy_v4_vl": "Hy4-VL's language model (hy_v4_vl_text) is not Hy4's: its rotary (its "
+                "indexer's too) turns interleaved pairs by 3-D rotary sections "
+                "(mrope_section), its latent norms are at rms_norm_eps; not supported",
     # transformers 5.24's causal-LM and image-text types that are no decoder-only LM export
     # can run, or one it lacks a piece of, where config.json alone does not say so
     # (not_causal: the encoder-decoders, BERT-like encoders and audio models it does say)

@@ -1,6 +1,6 @@
 """Families with DeepSeek Sparse Attention (export/sparse_index.py): DeepSeek-V3's latent
 attention with a lightning indexer choosing each query's keys. DeepSeek-V3.2, GLM-5,
-A.X K2.
+A.X K2, Hy4 (hyper-connections, export/hyper_connections.py).
 """
 
 from __future__ import annotations
@@ -10,7 +10,11 @@ from typing import Any
 
 from edgeprefill.export.experts import sparse_mlp_layers
 from edgeprefill.export.families.latent import DEEPSEEK_V3, MLA_QUIRKS
-from edgeprefill.export.families.moe_sigmoid import DEEPSEEK_MOE, shared_experts
+from edgeprefill.export.families.moe_sigmoid import (
+    DEEPSEEK_MOE,
+    DEEPSEEK_MOE_DEFAULTS,
+    shared_experts,
+)
 from edgeprefill.export.rope import rope_params
 from edgeprefill.export.sparse_index import glm_indexer_types
 
@@ -108,4 +112,69 @@ AXK2 = replace(
             "a sigmoid gate per attention value channel"),
 )
 
-FAMILIES = {"deepseek_v32": DEEPSEEK_V32, "glm_moe_dsa": GLM_MOE_DSA, "axk2": AXK2}
+
+
+def _hy_v4_config(raw: dict[str, Any]) -> dict[str, Any]:
+    """HYV4Config: where absent, experts on every layer but the first (mlp_layer_types)
+    and a full indexer on the first layer and every fourth after the second
+    (indexer_types); shared experts as DeepSeek-V3's."""
+    layers = int(raw["num_hidden_layers"])
+    if raw.get("mlp_layer_types") is None:
+        raw = {**raw, "mlp_layer_types": ["dense"] * min(1, layers)
+               + ["sparse"] * max(layers - 1, 0)}
+    if raw.get("indexer_types") is None:
+        raw = {**raw, "indexer_types": ["full" if i == 0 or (i - 1) % 4 == 0 else "shared"
+                                        for i in range(layers)]}
+    return _dsa_config(raw)
+
+
+def _hy_v4_refused(raw: dict[str, Any]) -> str | None:
+    # HYV4Attention always projects the query through q_a_proj (its indexer reads q_resid),
+    # and its rotary covers exactly qk_rope_head_dim.
+    if raw.get("q_lora_rank") is None:
+        return "q_lora_rank null (one dense query projection) is not supported"
+    return _dsa_refused(raw)
+
+
+# Hy4 (hy_v4, Tencent's Hy4-preview): DeepSeek-V3.2's latent attention and indexer, rotary
+# on halves (the indexer's on the last qk_rope_head_dim dims of its heads, its key norm at
+# rms_norm_eps), GLM-5's shared indexer layers, a sink logit per head in the softmax and
+# the values gated per channel (sigmoid of gate_proj of the layer's input); DeepSeek-V3's
+# experts on the layers mlp_layer_types marks "sparse", their SwiGLU's gate and up clamped
+# at swiglu_limit (export/swiglu_clamps.py, "before"); and hyper-connections: hc_mult
+# residual streams that each sublayer reads a mix of and writes back into
+# (export/hyper_connections.py). Its multi-token-prediction layers (model.mtp_layers.) are
+# left out, as transformers ignores them.
+HY_V4 = replace(
+    DEEPSEEK_V32, block="hyper", rope_interleaved=False, sparse_index="last_halves",
+    sinks=True, latent_channel_gate=True, swiglu_clamps="before", legacy=_hy_v4_config,
+    refuse=_hy_v4_refused, left_out=("model.mtp_layers.",),
+    moe=replace(DEEPSEEK_MOE, layers=sparse_mlp_layers),
+    # the Hub's names (and transformers' on save) read as its conversion mapping renames
+    # them on load
+    segment_renames=((".hc_pre.hc_", ".hc_"), (".learnable_sink_param", ".sinks"),
+                     (".linear_gate.", ".gate_proj."),
+                     (".hc_attn_layer.hc_fn", ".attn_hc.fn"),
+                     (".hc_attn_layer.hc_base", ".attn_hc.base"),
+                     (".hc_attn_layer.hc_scale", ".attn_hc.scale"),
+                     (".hc_mlp_layer.hc_fn", ".ffn_hc.fn"),
+                     (".hc_mlp_layer.hc_base", ".ffn_hc.base"),
+                     (".hc_mlp_layer.hc_scale", ".ffn_hc.scale"),
+                     (".hc_head_fn", ".hc_fn"), (".hc_head_base", ".hc_base"),
+                     (".hc_head_scale", ".hc_scale")),
+    defaults={**DEEPSEEK_MOE_DEFAULTS, "vocab_size": 120832, "hidden_size": 2816,
+              "intermediate_size": 6912, "moe_intermediate_size": 768,
+              "num_hidden_layers": 34, "num_attention_heads": 32,
+              "max_position_embeddings": 262144, "rms_norm_eps": 1e-5,
+              "n_routed_experts": 256, "num_experts_per_tok": 8,
+              "routed_scaling_factor": 2.827, "q_lora_rank": 1536, "kv_lora_rank": 512,
+              "qk_nope_head_dim": 192, "qk_rope_head_dim": 64, "v_head_dim": 256,
+              "index_topk": 2048, "index_head_dim": 128, "index_n_heads": 16, "hc_mult": 4,
+              "hc_magnitude": 2.0, "hc_eps": 1e-6, "swiglu_limit": 10.0},
+    quirks=(*MLA_QUIRKS, "a sink logit per head", "a sigmoid gate per attention value "
+            "channel", "routed experts' SwiGLU clamped (swiglu_limit)",
+            "hyper-connections (hc_mult residual streams)"),
+)
+
+FAMILIES = {"deepseek_v32": DEEPSEEK_V32, "glm_moe_dsa": GLM_MOE_DSA, "axk2": AXK2,
+            "hy_v4": HY_V4}

@@ -125,8 +125,11 @@ NORMS = ("rms", "rms_plus_one", "layer", "layer_no_bias", "layer_plus_one", "lay
 #   normed     h = n1(x); x = a1 h + b1 attn(h); h = n2(x); x = a2 h + b2 mlp(h): the
 #              residual is the normed stream, each side times the layer type's factor
 #              (MiniMax: ModelConfig.residual_factors)
+#   hyper      M streams S; h = mix_a(S); S += post_a x attn(n1(h)); h = mix_m(S);
+#              S += post_m x mlp(n2(h)); a head mixes S for the final norm (Hy4's
+#              hyper-connections: hyper_connections.py)
 BLOCKS = ("pre", "sandwich", "post", "parallel", "shared", "hybrid", "altup", "postln",
-          "rwkv", "scaled", "shortcut", "normed")
+          "rwkv", "scaled", "shortcut", "normed", "hyper")
 
 
 @dataclass(frozen=True)
@@ -339,9 +342,10 @@ class FamilySpec:
     # Step 3.7's output gate, always on: Laguna's (its own projection, per head or per
     # channel by `gating`) through sigmoid, not softplus.
     sigmoid_gate: bool = False
-    # Step 3.7's clamped SwiGLU per layer (swiglu_limits, swiglu_limits_shared:
-    # export/swiglu_clamps.py).
-    swiglu_clamps: bool = False
+    # A clamped SwiGLU (export/swiglu_clamps.py): "after" the activation, per layer (Step
+    # 3.7's swiglu_limits, swiglu_limits_shared), or "before" it, on the routed experts
+    # (Hy4's swiglu_limit); None: none.
+    swiglu_clamps: str | None = None
     # Multimodal checkpoints (Gemma 3): the key whose config is the language model's, and
     # the keys the outer config decides instead, with the outer class's default (None: no
     # default, the inner config's value stands).
@@ -444,9 +448,12 @@ class FamilySpec:
     # its v_head_dim gate rows), the values times its sigmoid before o_proj.
     gated_norms: bool = False
     latent_query_gate: bool = False
+    # Hy4: the latent attention's values gated per channel by sigmoid(gate_proj(x)) of the
+    # layer's normed input, before o_proj.
+    latent_channel_gate: bool = False
     # DeepSeek Sparse Attention (export/sparse_index.py): a lightning indexer in front of the
     # latent attention, its rotary on "halves" (DeepSeek-V3.2) or "interleaved" pairs
-    # (GLM-5); None: none.
+    # (GLM-5) of its first dims, or on "last_halves" (Hy4); None: none.
     sparse_index: str | None = None
     # Whether the family's model reads a BitNet quantization_config (export/bitlinear.py):
     # its projections then BitLinear layers, the activations fake-quantized to int8.

@@ -155,7 +155,7 @@ def _step3p5_refuse(raw: dict[str, Any]) -> str | None:
 STEP3P5_NAMES = replace(LLAMA_NAMES, head_gate=("self_attn.g_proj",))
 STEP3P5 = FamilySpec(
     **ATTENTION_BIAS, names=STEP3P5_NAMES, norm="rms_plus_one", qk_norm="head",
-    window="always", sigmoid_gate=True, swiglu_clamps=True, rotary_per_type=True,
+    window="always", sigmoid_gate=True, swiglu_clamps="after", rotary_per_type=True,
     heads_per_layer=("num_attention_heads_per_layer", "num_key_value_heads"),
     legacy=_step3p5_config, refuse=_step3p5_refuse,
     # (the config class ignores a top-level one: each layer type's rope has its own)
