@@ -47,18 +47,23 @@ HIDDEN = float(np.finfo(np.float32).min)
 @dataclass(frozen=True)
 class IndexShape:
     """The indexer's config: index_n_heads, index_head_dim, index_topk, whether its rotary
-    is on interleaved pairs (GLM-5) or halves (DeepSeek-V3.2), and the layers that reuse
-    the previous full layer's selection (GLM-5's "shared" indexer_types)."""
+    is on interleaved pairs (GLM-5) or halves (DeepSeek-V3.2), the layers that reuse
+    the previous full layer's selection (GLM-5's "shared" indexer_types), and the layers
+    without an indexer, which attend to every key their mask shows (dots.3's sliding
+    layers)."""
 
     heads: int
     head_dim: int
     topk: int
     interleaved: bool = False
     shared: tuple[int, ...] = ()
+    plain: tuple[int, ...] = ()
 
 
-def read_index(raw: dict[str, Any], interleaved: bool, rope_dim: int) -> IndexShape:
-    """The indexer of config.json (DeepseekV32Config's and GlmMoeDsaConfig's keys)."""
+def read_index(raw: dict[str, Any], interleaved: bool, rope_dim: int,
+               plain: tuple[int, ...] = ()) -> IndexShape:
+    """The indexer of config.json (DeepseekV32Config's and GlmMoeDsaConfig's keys); `plain`
+    the layers without one."""
     layers = int(raw["num_hidden_layers"])
     types = raw.get("indexer_types") or ["full"] * layers
     if len(types) != layers or any(t not in ("full", "shared") for t in types) \
@@ -67,7 +72,8 @@ def read_index(raw: dict[str, Any], interleaved: bool, rope_dim: int) -> IndexSh
                           f"first \"full\", got {types!r}")
     shape = IndexShape(heads=int(raw["index_n_heads"]), head_dim=int(raw["index_head_dim"]),
                        topk=int(raw["index_topk"]), interleaved=interleaved,
-                       shared=tuple(i for i, t in enumerate(types) if t == "shared"))
+                       shared=tuple(i for i, t in enumerate(types) if t == "shared"),
+                       plain=plain)
     if min(shape.heads, shape.topk) < 1 or shape.head_dim < rope_dim:
         raise ExportError(f"config.json: index_n_heads and index_topk must be positive and "
                           f"index_head_dim at least qk_rope_head_dim, got {shape}")
@@ -138,6 +144,10 @@ class Indexer:
         self.shape: IndexShape = builder.cfg.sparse_index
         self.rope_dim = builder.cfg.latent.rope_dim
         self.kept: str | None = None  # the last full layer's, which shared layers reuse
+
+    def indexes(self, i: int) -> bool:
+        """Whether layer i has the indexer (dots.3's sliding layers do not)."""
+        return i not in self.shape.plain
 
     def layer(self, p: str, h: str, q_resid: str, i: int, step: StepTensors, rope: str,
               past_key: str, start: int) -> tuple[str, str]:
