@@ -169,6 +169,20 @@ CHAMELEON = {"vq_config": {"base_channels": 32, "channel_multiplier": [1], "num_
 LLAMA4 = {"num_hidden_layers": 4, "head_dim": 16, "num_local_experts": 8,
           "num_experts_per_tok": 1, "intermediate_size": 32, "intermediate_size_mlp": 96,
           "interleave_moe_layer_step": 2, "floor_scale": 8, "attn_scale": 0.5}
+
+DOTS3 = {"num_hidden_layers": 4, "num_key_value_heads": 4, "q_lora_rank": 32,
+         "kv_lora_rank": 32, "qk_nope_head_dim": 16, "qk_rope_head_dim": 32, "head_dim": 64,
+         "v_head_dim": 24, "layer_types": ["indexed_attention", "sliding_attention",
+                                           "indexed_attention", "sliding_attention"],
+         "sliding_window": 5, "swa_num_attention_heads": 2, "swa_num_key_value_heads": 2,
+         "swa_q_lora_rank": 20, "swa_kv_lora_rank": 16, "swa_head_dim": 28,
+         "swa_qk_nope_head_dim": 12, "swa_v_head_dim": 10,
+         "mlp_layer_types": ["dense", "sparse", "dense", "sparse"], "n_routed_experts": 12,
+         "n_group": 4, "topk_group": 3, "num_experts_per_tok": 3, "moe_intermediate_size": 32,
+         "n_shared_experts": 1, "shared_experts_intermediate_size": 24,
+         "routed_scaling_factor": 1.8, "index_topk": 2048, "index_head_dim": 32,
+         "index_n_heads": 16, "rms_norm_eps": 0.1}
+
 FAMILIES: dict[str, dict] = {
     "llama": {},
     "llama-tied-llama3rope": {
@@ -554,6 +568,14 @@ FAMILIES: dict[str, dict] = {
               "v_head_dim": 24, "n_routed_experts": 8, "num_experts_per_tok": 3,
               "moe_intermediate_size": 32, "n_shared_experts": 1, "index_topk": 2048,
               "index_head_dim": 32, "index_n_heads": 16, "hc_mult": 3, "swiglu_limit": 1.0},
+    # dots.3 Note: DSA's indexed layers (GLM-5's interleaved indexer) beside sliding layers
+    # (window 5) of latent sizes of their own (2 heads, ranks 20 and 16, rope 16 of 28;
+    # the indexed layers' 4 heads, ranks 32, rope 32 of 64), experts on layers 1 and 3; an
+    # rms_norm_eps of 0.1, which moves its latent norms' outputs (DeepSeek's keep 1e-6).
+    # Its index_topk past the bundles' context (test_dots3 exports it with index_topk 8).
+    "dots3_note_text": DOTS3,
+    # and Dots3NoteForConditionalGeneration's language model, beside tiny towers
+    "dots3_note": DOTS3,
     # Gemma 3n (GEMMA3N), and Gemma3nForConditionalGeneration's language model, tied as
     # the Hub's are (written by hand: image_text_gemma3n)
     "gemma3n_text": GEMMA3N,
@@ -1120,6 +1142,14 @@ TINY_VISION = {"hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 
 # The outer config's keys of each image-text family beside its text_config: a vision tower
 # as small as its config allows (the Qwen towers merge into the fixtures' hidden size 64).
 IMAGE_TEXT = {
+    "dots3_note": {"vision_config": {"hidden_size": 32, "intermediate_size": 48,
+                                     "num_hidden_layers": 1, "num_attention_heads": 2,
+                                     "adapter_in_dim": 32, "adapter_out_dim": 64,
+                                     "moe_intermediate_size": 16, "pyramid_num_routed": [-1]},
+                   "audio_config": {"hidden_size": 32, "intermediate_size": 48,
+                                    "num_hidden_layers": 1, "num_attention_heads": 2,
+                                    "adapter_input_size": 32, "adapter_out_dim": 64,
+                                    "downsample_hidden_size": 16}},
     "gemma3": {"vision_config": TINY_VISION, "mm_tokens_per_image": 4},
     "mistral3": {"vision_config": {**TINY_VISION, "head_dim": 8}},
     "gemma4": {"vision_config": {"hidden_size": 16, "intermediate_size": 32,

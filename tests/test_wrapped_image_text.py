@@ -276,7 +276,10 @@ LAYER_TYPES = {"qwen3_5_text": {"layer_types": ["linear_attention", "full_attent
 # the keys a language model cannot do without, beside TIE_CASES' text_config
 TIE_TEXT_KEYS = {"deepseek_ocr2": {"num_experts_per_tok": 2,
                                    "mlp_layer_types": ["dense", "sparse"]},
-                 "hunyuan_vl": {"head_dim": 16}}
+                 "hunyuan_vl": {"head_dim": 16},
+                 # as many KV heads as query heads, in its sliding layers too
+                 "dots3_note": {"num_key_value_heads": 4, "swa_num_attention_heads": 2,
+                                "swa_num_key_value_heads": 2}}
 
 
 @pytest.mark.parametrize("outer", [*sorted(WRAPPERS), "glm4v", "shieldgemma2",

@@ -60,6 +60,7 @@ from edgeprefill.export.layer_attention import (
 )
 from edgeprefill.export.layer_groups import group_blocks
 from edgeprefill.export.layer_heads import gemma4_fields, rope_widths
+from edgeprefill.export.layer_latents import dots_latent, latent_layers
 from edgeprefill.export.nas_blocks import read_blocks
 from edgeprefill.export.prequantized import read_int4_scheme
 from edgeprefill.export.remote_model_type import with_model_type
@@ -138,7 +139,8 @@ def _read(config_type: type[ModelConfig], family: str, spec: FamilySpec,
     check_given(raw)
     heads = int(raw["num_attention_heads"])
     hidden = int(raw["hidden_size"])
-    latent = read_latent(raw) if spec.latent else None
+    latent = (dots_latent(raw) if spec.latent_layers else read_latent(raw)) \
+        if spec.latent else None
     moe = read_moe(raw, spec.moe) if spec.moe is not None else None
     head_dim = _head_dim(raw, heads, hidden, latent)
     ropes, layers = _ropes_and_layers(family, spec, raw, head_dim, latent)
@@ -148,7 +150,8 @@ def _read(config_type: type[ModelConfig], family: str, spec: FamilySpec,
     return config_type(
         family=family, text_type=text_type, ropes=ropes, layers=layers, moe=moe,
         latent=latent, shared_block=shared,
-        sparse_index=read_index(raw, spec.sparse_index, latent.rope_dim)
+        sparse_index=read_index(raw, spec.sparse_index, latent.rope_dim,
+                                plain=_plain_layers(spec, layers))
         if spec.sparse_index and latent else None,
         **sizes(raw, heads, hidden, head_dim, latent),
         **norms_and_activations(raw, spec),
@@ -166,6 +169,12 @@ def _read(config_type: type[ModelConfig], family: str, spec: FamilySpec,
         if spec.swiglu_clamps else None,
         hyper=read_hyper(raw) if spec.block == "hyper" else None,
     )
+
+
+def _plain_layers(spec: FamilySpec, layers: tuple[LayerAttention, ...]) -> tuple[int, ...]:
+    """The layers without DSA's indexer: dots.3's sliding ones (their own latent sizes)."""
+    return tuple(i for i, layer in enumerate(layers) if layer.latent is not None) \
+        if spec.latent_layers else ()
 
 
 def _laid_out(raw: dict[str, Any], spec: FamilySpec
@@ -207,6 +216,8 @@ def _ropes_and_layers(family: str, spec: FamilySpec, raw: dict[str, Any], head_d
         ropes = rotary_dim_per_type(raw, ropes, head_dim)
     refuse_other_familys_rope(family, spec, ropes)
     layers = read_layers(raw, spec)
+    if spec.latent_layers:  # dots.3: sliding layers of their own latent sizes
+        layers = latent_layers(raw, layers)
     if spec.rope_scaling_layers_key:  # Molmo 2: the unlisted layers' rope unscaled
         ropes, layers = unscaled_layers(raw, spec.rope_scaling_layers_key, ropes, layers)
     return rope_widths(ropes, layers), layers

@@ -50,7 +50,7 @@ from edgeprefill.export.graph import GraphBuilder
 from edgeprefill.export.head_affine_norm import head_affine_norm
 from edgeprefill.export.hyper_connections import ATTENTION, MLP, HyperConnections
 from edgeprefill.export.kimi_delta import KimiDeltaAttention
-from edgeprefill.export.latent_attention import LatentAttention
+from edgeprefill.export.latent_attention import LatentAttention, LatentShape
 from edgeprefill.export.layer_attention import LayerAttention
 from edgeprefill.export.lightning import LightningAttention
 from edgeprefill.export.lm_head import embedding_weight, head_weight
@@ -73,6 +73,7 @@ from edgeprefill.export.shared_kv import SharedKV
 from edgeprefill.export.short_conv import ShortConv
 from edgeprefill.export.sinusoids import ctrl_sinusoids, xglm_sinusoids
 from edgeprefill.export.sparse_gate import sparse_gate
+from edgeprefill.export.sparse_index import Indexer
 from edgeprefill.export.swiglu_clamps import bounds_by_prefix, clamped_glu
 from edgeprefill.export.tokens import PackedTokens, PaddedTokens
 from edgeprefill.export.value_heads import cut_values, pad_values
@@ -172,7 +173,8 @@ class DecoderBuilder:
         self.ple = (PerLayerInputs(g, self.w, cfg, self.tokens, self._norm, self._activation)
                     if cfg.per_layer_input else None)
         self.q_scale = self._query_scale(past_lens, chunk)
-        self.latent = LatentAttention(self) if cfg.latent is not None else None
+        self.indexer = Indexer(self) if cfg.sparse_index is not None else None
+        self._latents: dict[tuple[LatentShape, int], LatentAttention] = {}
         x = self._embed(ids)  # [B,C,hidden] or packed [1,T,hidden]
         if cfg.embed_width is not None:  # OPT-350m: a narrower table, projected
             x = self.w.linear(x, [self.names.project_in + ".weight"], None)
@@ -604,6 +606,15 @@ class DecoderBuilder:
             self._flavors[key] = type(self.flavor)(cfg, self.dtype, self.flavor.max_context)
         return self._flavors[key]
 
+    def _latent_for(self, cfg: ModelConfig) -> LatentAttention:
+        """The latent attention of the layers seen as `cfg` (ModelConfig.for_layer: dots.3's
+        sliding layers have latent sizes and heads of their own), one per shape."""
+        assert cfg.latent is not None
+        key = (cfg.latent, cfg.num_heads)
+        if key not in self._latents:
+            self._latents[key] = LatentAttention(self, cfg, self._flavor_for(cfg), self.indexer)
+        return self._latents[key]
+
     def _hybrid_mixers(self, i: int, h: str, step: StepTensors, rows: Rows) -> str:
         """Falcon-H1's mixers of layer i on its normed input `h`: attention of
         h x attention_in times attention_out plus Mamba-2 times ssm_out (the mixer scales
@@ -643,9 +654,10 @@ class DecoderBuilder:
         n, layer = self.names, self.cfg.layers[i]
         cfg = self.cfg.for_layer(i)  # this layer's head size, query and KV heads
         p = n.layer.format(i=i)
-        if self.latent is not None:  # DeepSeek's MLA: its own projections and cache layout
-            return self._output(p, self.latent.attention(p, h, i, step, layer, rows),
-                                self.cfg.num_heads, self.latent.shape.v_dim)
+        if cfg.latent is not None:  # DeepSeek's MLA: its own projections and cache layout
+            latent = self._latent_for(cfg)
+            return self._output(p, latent.attention(p, h, i, step, layer, rows),
+                                cfg.num_heads, cfg.latent.v_dim)
         if i in cfg.shared_kv:  # Gemma 4: [B, hidden], queries over an earlier layer's KV
             assert self.shared is not None
             q = self._shared_query(p, h, cfg)

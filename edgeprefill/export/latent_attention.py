@@ -40,12 +40,13 @@ from onnx.helper import np_dtype_to_tensor_dtype
 
 from edgeprefill.contract import kv_names
 from edgeprefill.errors import ExportError
-from edgeprefill.export.sparse_index import Indexer
 
 if TYPE_CHECKING:
     from edgeprefill.export.decoder import DecoderBuilder, Rows
-    from edgeprefill.export.flavors import StepTensors
+    from edgeprefill.export.flavors import Flavor, StepTensors
     from edgeprefill.export.layer_attention import LayerAttention
+    from edgeprefill.export.model_config import ModelConfig
+    from edgeprefill.export.sparse_index import Indexer
 
 # DeepseekV2RMSNorm's default, which q_a_layernorm and kv_a_layernorm keep whatever the
 # model's rms_norm_eps (they are built without an eps).
@@ -69,6 +70,10 @@ class LatentShape:
     # kv_lora_rank); 1.0: none
     q_scale: float = 1.0
     latent_scale: float = 1.0
+    # The eps of q_a_layernorm and kv_a_layernorm (dots.3's are built at rms_norm_eps)
+    norm_eps: float = LATENT_EPS
+    # dots.3: the key part k_pe RMS-normed (k_rope_only_layernorm, at norm_eps) before rotary
+    rope_norm: bool = False
 
     @property
     def qk_dim(self) -> int:
@@ -129,15 +134,21 @@ def latent_scale(shape: LatentShape, rope_params: dict[str, Any]) -> float:
 
 
 class LatentAttention:
-    """Emits one MLA layer's attention up to o_proj's input. `builder` is the
-    DecoderBuilder (its graph, weights, flavour, token layout and config)."""
+    """Emits the attention of the MLA layers of one shape up to o_proj's input. `builder`
+    is the DecoderBuilder (its graph, weights, token layout and config); `cfg` those layers'
+    config (ModelConfig.for_layer: dots.3's sliding layers have latent sizes and heads of
+    their own), `flavor` its flavour; `indexer` the model's DSA indexer (one for every
+    layer: shared layers reuse the last selection), None: none."""
 
-    def __init__(self, builder: DecoderBuilder) -> None:
+    def __init__(self, builder: DecoderBuilder, cfg: ModelConfig, flavor: Flavor,
+                 indexer: Indexer | None) -> None:
         self.b = builder
-        cfg = builder.cfg
         assert cfg.latent is not None
         self.shape: LatentShape = cfg.latent
-        self.indexer = Indexer(builder) if cfg.sparse_index is not None else None
+        self.layer_cfg = cfg
+        self.heads = cfg.num_heads
+        self.flavor = flavor
+        self.indexer = indexer
 
     def attention(self, p: str, h: str, i: int, step: StepTensors, layer: LayerAttention,
                   rows: Rows) -> str:
@@ -152,26 +163,32 @@ class LatentAttention:
                         p + n.kv_a + ".bias" if cfg.qkv_bias else None)
         latent, k_pe = g.op("Split", [kv, g.const([self.shape.kv_lora_rank,
                                                    self.shape.rope_dim])], 2, axis=-1)
-        latent = b.flavor.rms_norm(g, latent, b.w.tensor(p + n.kv_a_norm + ".weight"),
-                                   LATENT_EPS)
-        if self.shape.latent_scale != 1.0:  # LongCat-Flash: cached scaled
+        latent = self.flavor.rms_norm(g, latent, b.w.tensor(p + n.kv_a_norm + ".weight"),
+                                      self.shape.norm_eps)
+        if self.shape.latent_scale != 1.0:  # LongCat-Flash, dots.3: cached scaled
             latent = g.op("Mul", [latent, g.const(self.shape.latent_scale, b.dtype)])
+        if self.shape.rope_norm:  # dots.3: the shared key part normed before rotary
+            k_pe = self.flavor.rms_norm(g, k_pe, b.w.tensor(p + "self_attn.k_rope_only_"
+                                                             "layernorm.weight"),
+                                        self.shape.norm_eps)
         k = g.op("Concat", [k_pe, latent], axis=-1)  # [.., r + L]
         q, k = b.tokens.spread(q), b.tokens.spread(k)
         names = kv_names(i)
         kept = None
-        if self.indexer is not None:  # DSA: the index key cached after [k_pe | c]
+        if self.indexer is not None and self.indexer.indexes(i):
+            # DSA: the index key cached after [k_pe | c]
             assert layer.rope is not None
             k_index, kept = self.indexer.layer(p + "self_attn.indexer.", h, q_resid, i, step,
                                                layer.rope, names.past_key, self.shape.index_start)
             k = g.op("Concat", [k, k_index], axis=-1)
         if layer.rope is not None:  # Kimi Linear's MLA rotates nothing (NoPE)
-            q, k = b.flavor.rotary(g, q, k, step, layer.rope)
-        sink = b.layer_sinks(p, cfg) if cfg.spec.sinks else None  # Hy4's, one per query head
-        out = b.flavor.attention(g, q, k, k, (names.past_key, names.past_value),
-                                 (names.present_key, names.present_value), step,
-                                 replace(layer, rope=None), sink, kept=kept)
-        out = rows(b.tokens.gather(out, cfg.num_heads * self.shape.cache_dim))
+            q, k = self.flavor.rotary(g, q, k, step, layer.rope)
+        # Hy4's sinks, one per query head of these layers
+        sink = b.layer_sinks(p, self.layer_cfg) if cfg.spec.sinks else None
+        out = self.flavor.attention(g, q, k, k, (names.past_key, names.past_value),
+                                    (names.present_key, names.present_value), step,
+                                    replace(layer, rope=None), sink, kept=kept)
+        out = rows(b.tokens.gather(out, self.heads * self.shape.cache_dim))
         values = self._values(p, out)
         if cfg.spec.latent_head_gate:  # Bailing: each head's values times its gate
             values = self._head_gated(p, rows(h), values)
@@ -198,20 +215,23 @@ class LatentAttention:
 
     def _head_gated(self, p: str, h: str, values: str) -> str:
         """values [.., H * v] times sigmoid(g_proj(h)) per head, the sigmoid in float32 and
-        cast back, as BailingHybridAttention gates its output before o_proj."""
-        b, g, s, heads = self.b, self.b.g, self.shape, self.b.cfg.num_heads
+        cast back, as BailingHybridAttention (and dots.3) gates its output before o_proj."""
+        b, g, s, heads = self.b, self.b.g, self.shape, self.heads
         name = p + b.cfg.names.head_gate[0] + ".weight"
         self._check(name, (heads, b.cfg.hidden_size))
         gate = self._sigmoid32(b.w.linear(h, [name], None))
-        per_head = g.op("Reshape", [values, g.const([0, 0, heads, s.v_dim])])
+        # any leading axes: the last layer's rows may be one per sequence ([B, H * v])
+        split = g.op("Concat", [g.op("Shape", [values], end=-1), g.const([heads, s.v_dim])],
+                     axis=0)
+        per_head = g.op("Reshape", [values, split])
         gated = g.op("Mul", [per_head, g.op("Unsqueeze", [gate, g.const([-1])])])
-        return g.op("Reshape", [gated, g.const([0, 0, heads * s.v_dim])])
+        return g.op("Reshape", [gated, self._leading(values, heads * s.v_dim)])
 
     def _absorbed_query(self, p: str, h: str) -> tuple[str, str, str | None]:
         """([.., H * cache_dim]: each head's q_pe, then its q_nope through W_UK, then zeros
         in any index key's columns; q_resid, the normed q_a_proj (h where q_proj is one
         dense projection); A.X K2's value gate [.., H * v] before its sigmoid, else None)."""
-        b, g, s, heads = self.b, self.b.g, self.shape, self.b.cfg.num_heads
+        b, g, s, heads = self.b, self.b.g, self.shape, self.heads
         n = b.cfg.names
         q_resid, gate = h, None
         if b.cfg.spec.latent_query_gate:
@@ -225,10 +245,10 @@ class LatentAttention:
             self._check(last, (heads * s.qk_dim, s.q_lora_rank))
             q = b.w.linear(h, [p + n.q_a + ".weight"],
                            p + n.q_a + ".bias" if b.cfg.qkv_bias else None)
-            q_resid = b.flavor.rms_norm(g, q, b.w.tensor(p + n.q_a_norm + ".weight"),
-                                         LATENT_EPS)
+            q_resid = self.flavor.rms_norm(g, q, b.w.tensor(p + n.q_a_norm + ".weight"),
+                                           s.norm_eps)
             q = b.w.linear(q_resid, [last], None)
-        if s.q_scale != 1.0:  # LongCat-Flash: q_nope and q_pe alike
+        if s.q_scale != 1.0:  # LongCat-Flash, dots.3: q_nope and q_pe alike
             q = g.op("Mul", [q, g.const(s.q_scale, b.dtype)])
         per_head = g.op("Reshape", [q, g.const([-1, heads, s.qk_dim])])  # [N,H,nope+r]
         nope, pe = g.op("Split", [per_head, g.const([s.nope_dim, s.rope_dim])], 2, axis=-1)
@@ -243,13 +263,13 @@ class LatentAttention:
         as the query [.., H * (nope + r)] and the value gate [.., H * v], with q_resid.
         q_gate_proj's rows interleave the two per head, so each part is stored apart,
         float in quantized bundles."""
-        b, g, s, heads = self.b, self.b.g, self.shape, self.b.cfg.num_heads
+        b, g, s, heads = self.b, self.b.g, self.shape, self.heads
         n = b.cfg.names
         assert s.q_lora_rank is not None  # the family's refusal
         compressed = b.w.linear(h, [p + n.q_a + ".weight"],
                                 p + n.q_a + ".bias" if b.cfg.qkv_bias else None)
-        q_resid = b.flavor.rms_norm(g, compressed,
-                                     b.w.tensor(p + n.q_a_norm + ".weight"), LATENT_EPS)
+        q_resid = self.flavor.rms_norm(g, compressed,
+                                        b.w.tensor(p + n.q_a_norm + ".weight"), s.norm_eps)
         x = g.op("Concat", [q_resid, compressed], axis=-1)
         name = p + "self_attn.q_gate_proj.weight"
         self._check(name, (heads * (s.qk_dim + s.v_dim), 2 * s.q_lora_rank))
@@ -269,7 +289,7 @@ class LatentAttention:
     def _values(self, p: str, out: str) -> str:
         """attention's output [.., H * cache_dim] -> each head's value output [.., H * v]
         (its latent columns: any index key's are dropped)."""
-        g, s, heads = self.b.g, self.shape, self.b.cfg.num_heads
+        g, s, heads = self.b.g, self.shape, self.heads
         per_head = g.op("Reshape", [out, g.const([-1, heads, s.cache_dim])])
         latent = g.op("Slice", [per_head, g.const([s.rope_dim]), g.const([s.index_start]),
                                 g.const([2])])  # softmax . c: [N,H,L]
@@ -281,7 +301,7 @@ class LatentAttention:
         s = self.shape
         self.b.w.check_shapes(
             [(name, expected)],
-            f"{self.b.cfg.num_heads} heads, qk_nope_head_dim {s.nope_dim}, qk_rope_head_dim "
+            f"{self.heads} heads, qk_nope_head_dim {s.nope_dim}, qk_rope_head_dim "
             f"{s.rope_dim}, v_head_dim {s.v_dim}, kv_lora_rank {s.kv_lora_rank}, q_lora_rank "
             f"{s.q_lora_rank}")
 
@@ -300,7 +320,7 @@ class LatentAttention:
         """kv_b_proj [H * (nope + v), L] as W_UK [H, nope, L] ("uk", multiplying q_nope)
         or W_UV^T [H, L, v] ("uv", multiplying the attended latent). Kept float in
         quantized bundles: batched per head, no quantized op takes it."""
-        b, s, heads = self.b, self.shape, self.b.cfg.num_heads
+        b, s, heads = self.b, self.shape, self.heads
         name = p + b.cfg.names.kv_b + ".weight"
         self._check(name, (heads * (s.nope_dim + s.v_dim), s.kv_lora_rank))
 

@@ -10,6 +10,7 @@ from typing import Any
 from edgeprefill.errors import ExportError
 from edgeprefill.export.config_checks import config_value, positive_number
 from edgeprefill.export.families import FamilySpec
+from edgeprefill.export.latent_attention import LatentShape
 from edgeprefill.export.layer_heads import layer_heads, listed_heads
 from edgeprefill.export.rope import RopeConfig, rope_from_params, rope_params
 
@@ -29,6 +30,9 @@ class LayerAttention:
     kv_heads: int | None = None
     # This layer's own query heads (OpenELM's layer-wise scaling); None: num_heads.
     heads: int | None = None
+    # This layer's own latent attention sizes (dots.3's sliding layers: layer_latents.py);
+    # None: the model's (ModelConfig.latent).
+    latent: LatentShape | None = None
 
 
 def read_layers(raw: dict[str, Any], spec: FamilySpec) -> tuple[LayerAttention, ...]:

@@ -93,10 +93,12 @@ def _per_layer(counts: Any, layers: int) -> Any:
 def rope_widths(ropes: dict[str, RopeConfig], layers: tuple[LayerAttention, ...]
                 ) -> dict[str, RopeConfig]:
     """A rope used by layers with a head size of their own (Gemma 4's global layers)
-    rotates that head: its proportional frequencies span the whole head."""
+    rotates that head: its proportional frequencies span the whole head; one used by
+    layers of their own latent sizes (dots.3's sliding layers) rotates their key part."""
     ropes = dict(ropes)
     for name in ropes:
-        dims = {layer.head_dim for layer in layers if layer.rope == name and layer.head_dim}
+        dims = {layer.latent.rope_dim if layer.latent else layer.head_dim for layer in layers
+                if layer.rope == name and layer.head_dim}
         if len(dims) > 1:
             raise ExportError(f"layers of one rope have head sizes {sorted(dims)}; export "
                               "supports one per layer kind")

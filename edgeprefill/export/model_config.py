@@ -367,7 +367,7 @@ class ModelConfig:
         return replace(self, head_dim=self.layer_head_dim(layer),
                        num_heads=self.layer_heads(layer),
                        num_kv_heads=self.layer_kv_heads(layer),
-                       ropes={GLOBAL: rope, LOCAL: rope})
+                       ropes={GLOBAL: rope, LOCAL: rope}, latent=spec.latent or self.latent)
 
     @property
     def rotary_dim(self) -> int:

@@ -108,7 +108,8 @@ def _kv_cache(cfg: ModelConfig) -> list[str]:
     if any(layer.heads for layer in cfg.layers):  # OpenELM's, DeciLM's counts by layer
         heads = [cfg.layer_heads(i) for i in cfg.kv_layers]
         kv = [cfg.layer_kv_heads(i) for i in cfg.kv_layers]
-        out.append(f"{span(heads)} query heads and {span(kv)} KV heads of {cfg.head_dim}, "
+        dims = [cfg.layer_head_dim(i) for i in cfg.kv_layers]  # dots.3's differ too
+        out.append(f"{span(heads)} query heads and {span(kv)} KV heads of {span(dims)}, "
                    "by layer")
     own = {("sliding" if layer.window else "full-attention", cfg.layer_kv_heads(i),
             cfg.layer_head_dim(i)) for i, layer in enumerate(cfg.layers)
@@ -170,9 +171,12 @@ def _positions(cfg: ModelConfig) -> list[str]:
             out.append(f"{nope} of {len(attending)} attention layers without rope")
     if cfg.latent is not None:
         index = f" + index key {cfg.latent.index_dim}" if cfg.latent.index_dim else ""
+        own = {layer.latent for layer in cfg.layers if layer.latent is not None}
+        sliding = "".join(f"; dots.3's sliding layers one of {s.cache_dim} ({s.rope_dim} + "
+                          f"latent {s.kv_lora_rank})" for s in own)
         out.append(f"KV cache: one head of {cfg.head_dim} per token and layer "
                    f"({_latent_key(cfg)} {cfg.latent.rope_dim} + latent "
-                   f"{cfg.latent.kv_lora_rank}{index})")
+                   f"{cfg.latent.kv_lora_rank}{index}){sliding}")
     elif cfg.spec.rotary_per_type:  # Laguna: each layer kind its own share of the head
         widths = {name: cfg.ropes[name].rotary_dim for name in (GLOBAL, LOCAL)
                   if any(layer.rope == name for layer in cfg.layers)}

@@ -57,8 +57,9 @@ ROTARIES = ("halves", "interleaved", "last_halves")
 class IndexShape:
     """The indexer's config: index_n_heads, index_head_dim, index_topk, whether its rotary
     is on interleaved pairs (GLM-5) or halves (DeepSeek-V3.2), and on the last dims (Hy4)
-    rather than the first, its key norm's epsilon, and the layers that reuse the previous
-    full layer's selection (GLM-5's and Hy4's "shared" indexer_types)."""
+    rather than the first, its key norm's epsilon, the layers that reuse the previous full
+    layer's selection (GLM-5's and Hy4's "shared" indexer_types), and the layers without an
+    indexer, which attend to every key their mask shows (dots.3's sliding layers)."""
 
     heads: int
     head_dim: int
@@ -67,12 +68,14 @@ class IndexShape:
     shared: tuple[int, ...] = ()
     rope_last: bool = False
     norm_eps: float = INDEX_NORM_EPS
+    plain: tuple[int, ...] = ()
 
 
-def read_index(raw: dict[str, Any], rotary: str, rope_dim: int) -> IndexShape:
+def read_index(raw: dict[str, Any], rotary: str, rope_dim: int,
+               plain: tuple[int, ...] = ()) -> IndexShape:
     """The indexer of config.json (DeepseekV32Config's, GlmMoeDsaConfig's and HYV4Config's
     keys) whose rotary is `rotary` (one of ROTARIES): Hy4's ("last_halves") normed at
-    rms_norm_eps."""
+    rms_norm_eps; `plain` the layers without one."""
     assert rotary in ROTARIES
     layers = int(raw["num_hidden_layers"])
     types = raw.get("indexer_types") or ["full"] * layers
@@ -85,7 +88,7 @@ def read_index(raw: dict[str, Any], rotary: str, rope_dim: int) -> IndexShape:
                        shared=tuple(i for i, t in enumerate(types) if t == "shared"),
                        rope_last=rotary == "last_halves",
                        norm_eps=float(raw["rms_norm_eps"]) if rotary == "last_halves"
-                       else INDEX_NORM_EPS)
+                       else INDEX_NORM_EPS, plain=plain)
     if min(shape.heads, shape.topk) < 1 or shape.head_dim < rope_dim:
         raise ExportError(f"config.json: index_n_heads and index_topk must be positive and "
                           f"index_head_dim at least qk_rope_head_dim, got {shape}")
@@ -160,6 +163,10 @@ class Indexer:
         self.shape: IndexShape = builder.cfg.sparse_index
         self.rope_dim = builder.cfg.latent.rope_dim
         self.kept: str | None = None  # the last full layer's, which shared layers reuse
+
+    def indexes(self, i: int) -> bool:
+        """Whether layer i has the indexer (dots.3's sliding layers do not)."""
+        return i not in self.shape.plain
 
     def layer(self, p: str, h: str, q_resid: str, i: int, step: StepTensors, rope: str,
               past_key: str, start: int) -> tuple[str, str]:

@@ -12,11 +12,11 @@ scaling, DeciLM's KV heads per layer, Llama-Nemotron's NAS blocks, Laguna's soft
 gated attention with heads per layer, Doge's dynamic mask attention, DiffLlama's
 differential attention, ZAYA's compressed convolutional attention, Muse Glimmer's
 normed embedding and gated attention, Chameleon's per-head q/k LayerNorms and masked
-image tokens, Molmo 2's language model) and the image-text
-checkpoints that wrap one; `FamilySpec` and the tensor names in `spec`. The checkpoints
-that wrap any text family (LLaVA's kin, `wrapped`) take the spec of the one their
-text_config names:
-`family_spec`. LongCat-Flash's two sublayers per layer and identity experts: `longcat`.
+image tokens, Molmo 2's language model, dots.3's sparse and sliding latent attention)
+and the image-text checkpoints that wrap one; `FamilySpec` and the tensor names in
+`spec`. The checkpoints that wrap any text family (LLaVA's kin, `wrapped`) take the
+spec of the one their text_config names: `family_spec`. LongCat-Flash's two sublayers
+per layer and identity experts: `longcat`.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from edgeprefill.export.families import (
     dense,
     diffllama,
     doge,
+    dots3,
     gemma,
     image_text,
     jetmoe,
@@ -80,10 +81,6 @@ REFUSED_TYPES: dict[str, str] = {
     "paligemma": "PaliGemma attends its whole prompt bidirectionally (a prefix LM), which a "
                  "causal bundle cannot compute",
     # transformers 5.24's newer causal LMs that need a new state, attention or structure
-    "dots3_note_text": "dots.3's sliding-window layers of their own latent attention sizes "
-                       "beside its sparse attention are not supported",
-    "dots3_note": "dots.3's sliding-window layers of their own latent attention sizes beside "
-                  "its sparse attention are not supported",
     "inkling_text": "Inkling's relative-position attention logits (a learned bias per distance "
                     "from each token's state) are not supported",
     "inkling2_text": "Inkling 2's relative-position attention logits and dynamic short "
@@ -200,6 +197,7 @@ _TEXT: dict[str, FamilySpec] = _merged(
     latent.FAMILIES,
     longcat.FAMILIES,
     sparse_attention.FAMILIES,
+    dots3.FAMILIES,
     recurrent.FAMILIES,
     rwkv.FAMILIES,
     xlstm.FAMILIES,

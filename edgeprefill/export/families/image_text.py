@@ -587,6 +587,24 @@ FUYU_TEXT_KEYS = ("vocab_size", "max_position_embeddings", "hidden_size", "inter
                   "num_hidden_layers", "num_attention_heads", "hidden_act", "initializer_range",
                   "layer_norm_eps", "use_cache", "qk_layernorm", "hidden_dropout",
                   "attention_dropout", "eos_token_id", "rope_scaling", "rope_theta")
+# The keys Dots3NoteConfig passes from a config.json without text_config (its released
+# checkpoints') to the Dots3NoteTextConfig it makes: the class's own and the legacy ones
+# its __post_init__ reads
+DOTS3_TEXT_KEYS = (
+    "vocab_size", "hidden_size", "intermediate_size", "moe_intermediate_size",
+    "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "n_shared_experts",
+    "n_routed_experts", "routed_scaling_factor", "kv_lora_rank", "q_lora_rank",
+    "qk_rope_head_dim", "v_head_dim", "qk_nope_head_dim", "n_group", "topk_group",
+    "num_experts_per_tok", "norm_topk_prob", "hidden_act", "max_position_embeddings",
+    "rms_norm_eps", "pad_token_id", "bos_token_id", "eos_token_id", "rope_parameters",
+    "mlp_layer_types", "attention_bias", "index_topk", "index_head_dim", "index_n_heads",
+    "mlp_bias", "head_dim", "layer_types", "sliding_window",
+    "shared_experts_intermediate_size", "per_layer_config", "first_k_dense_replace",
+    "moe_layer_freq", "use_dsa", "use_sliding_window", "moe_shared_expert_intermediate_size",
+    "sliding_window_size", "rope_theta", "rope_scaling", "swa_rope_theta",
+    *(f"swa_{key}" for key in ("num_attention_heads", "num_key_value_heads", "q_lora_rank",
+                               "kv_lora_rank", "head_dim", "qk_nope_head_dim", "v_head_dim",
+                               "qk_rope_head_dim")))
 _LLAVA_NEXT = ("vision_tower.", "multi_modal_projector.", "image_newline")
 _IDEFICS = {"lm": "text_model", "towers": ("vision_model.", "connector.")}
 WRAPPERS: dict[str, Wrapper] = {
@@ -673,6 +691,14 @@ WRAPPERS: dict[str, Wrapper] = {
     # its Hub config.json is flat, its text keys at the top level
     "fuyu": Wrapper("persimmon", tie=False, towers=("vision_embed_tokens.",),
                     flat_text=FUYU_TEXT_KEYS),
+    # dots.3 Note: dots3_note_text (families/dots3.py) beside its vision and audio towers
+    # (transformers 5's model.vision_tower. and model.audio_tower.; the released
+    # checkpoints' vision_encoder., audio_encoder. and audio_adapter., their language model
+    # already under model.); the released config.json is flat, its text keys at the top
+    "dots3_note": Wrapper("dots3_note_text", tie=False, text_types=("dots3_note_text",),
+                          towers=("vision_tower.", "audio_tower.", "vision_encoder.",
+                                  "audio_encoder.", "audio_adapter."),
+                          flat_text=DOTS3_TEXT_KEYS),
     # MOSS Transcribe-Diarize: Qwen3 beside a Whisper-like audio encoder and its projector
     # (speech enters as embeddings; a text prompt is the Qwen3's alone)
     "moss_transcribe_diarize": Wrapper("qwen3", tie=True,

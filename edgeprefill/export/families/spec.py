@@ -441,6 +441,10 @@ class FamilySpec:
     # cache holds each token's latent and rotated key part, one KV head of
     # qk_rope_head_dim + kv_lora_rank.
     latent: bool = False
+    # dots.3 (export/layer_latents.py): the latent attention as Dots3NoteTextAttention
+    # builds it (its norms at rms_norm_eps, the key part RMS-normed, the LoRA scales on),
+    # its sliding layers with latent sizes and heads of their own (per_layer_config).
+    latent_layers: bool = False
     # A.X K2: RMSNorms followed by a low-rank gate, y * sigmoid(fc2(silu(fc1(y)))), where
     # the checkpoint holds one (`{norm}.norm.weight`, `{norm}.mlp.fc1/fc2`: its input norms
     # and the norms before its experts); and its latent query fused with a gate per value
