@@ -21,6 +21,23 @@ def hf_logits(model: Any, ids: list[int]) -> np.ndarray:
         return model(torch.tensor([ids])).logits[0].numpy()
 
 
+def check_chunks_against(bundle_dir: Path, model: Any, ids: list[int], chunk: int = 16) -> None:
+    """The bundle's logits of each `chunk`-token chunk's last token, prefilling `ids`,
+    against transformers' `model` on the whole prompt (to 1e-3: the quantized bundles'
+    tests, their model holding the bundle's weights dequantized)."""
+    from edgeprefill.sdk import Engine
+    from tests.test_openelm import run_chunks  # it imports this module's neighbours
+
+    engine = Engine.load(bundle_dir, threads=2, background=False)
+    try:
+        got = run_chunks(engine, ids, chunk)
+    finally:
+        engine.close()
+    ends = [min(start + chunk, len(ids)) - 1 for start in range(0, len(ids), chunk)]
+    np.testing.assert_allclose(np.stack(got), hf_logits(model, ids)[ends], rtol=1e-3,
+                               atol=1e-3)
+
+
 def flavour_fixtures(family: str) -> tuple[Any, Any]:
     """Module-scoped fixtures `hf` (`family`'s fixture checkpoint, tests/conftest.py) and
     `bundle` (flavor -> its bundle of that flavour: 16-token chunks, 128 positions, exported

@@ -23,7 +23,7 @@ from edgeprefill.export.quantize import QuantConfig
 from edgeprefill.kernels import select
 from edgeprefill.sdk import Engine
 from tests.conftest import load_hf_model
-from tests.flavour_bundles import flavour_fixtures, hf_logits
+from tests.flavour_bundles import check_chunks_against, flavour_fixtures, hf_logits
 from tests.test_exactness import FLAVORS, prompt_ids
 from tests.test_openelm import check_chunks_and_padding, run_chunks
 from tests.test_quantize import dequantize_linears
@@ -119,12 +119,7 @@ def test_int4_computes_transformers_forward_with_dequantized_weights(hf, tmp_pat
     model = load_hf_model(hf)
     with torch.no_grad():
         dequantize_linears(model)
-    ids = prompt_ids(40)
-    engine = Engine.load(tmp_path / "b", threads=2, background=False)
-    got = run_chunks(engine, ids, 16)
-    engine.close()
-    np.testing.assert_allclose(np.stack(got), hf_logits(model, ids)[[15, 31, 39]],
-                               rtol=1e-3, atol=1e-3)
+    check_chunks_against(tmp_path / "b", model, prompt_ids(40))
 
 
 def test_int8_stays_close_to_transformers(hf, tmp_path):

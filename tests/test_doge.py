@@ -33,7 +33,7 @@ from edgeprefill.export.quantize import QuantConfig
 from edgeprefill.kernels import graph, select
 from edgeprefill.sdk import Engine
 from tests.conftest import FAMILIES, VOCAB, build_hf_model, load_hf_model
-from tests.flavour_bundles import hf_logits
+from tests.flavour_bundles import check_chunks_against, hf_logits
 from tests.test_exactness import FLAVORS
 from tests.test_openelm import check_chunks_and_padding, run_chunks
 from tests.test_quantize import dequantize_linears
@@ -148,12 +148,7 @@ def test_int4_computes_transformers_forward_with_dequantized_weights(kept, tmp_p
     model = load_hf_model(kept)
     with torch.no_grad():
         dequantize_linears(model, keep=lambda name: name.endswith("dt_proj"))
-    ids = distinct_ids(40)
-    engine = Engine.load(tmp_path / "b", threads=2, background=False)
-    got = run_chunks(engine, ids, 16)
-    engine.close()
-    np.testing.assert_allclose(np.stack(got), hf_logits(model, ids)[[15, 31, 39]],
-                               rtol=1e-3, atol=1e-3)
+    check_chunks_against(tmp_path / "b", model, distinct_ids(40))
 
 
 def test_int8_stays_close_to_transformers(kept, tmp_path):

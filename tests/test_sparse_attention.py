@@ -32,7 +32,7 @@ from edgeprefill.export.quantize import QuantConfig
 from edgeprefill.kernels import graph
 from edgeprefill.sdk import Engine
 from tests.conftest import FAMILIES, build_hf_model, load_hf_model
-from tests.flavour_bundles import hf_logits
+from tests.flavour_bundles import check_chunks_against, hf_logits
 from tests.test_exactness import FLAVORS, prompt_ids
 from tests.test_mla import dequantized_int4_but_kv_b
 from tests.test_openelm import check_chunks_and_padding, run_chunks
@@ -197,12 +197,7 @@ def test_int4_computes_transformers_forward_with_dequantized_weights(family, spa
         quant=QuantConfig("int4", accuracy_level=0)))
     model = load_hf_model(sparse(family))
     dequantized_int4_but_kv_b(model, keep=("indexer", "q_gate_proj"))
-    ids = prompt_ids(40)
-    engine = Engine.load(tmp_path / "b", threads=2, background=False)
-    got = run_chunks(engine, ids, 16)
-    engine.close()
-    np.testing.assert_allclose(np.stack(got), hf_logits(model, ids)[[15, 31, 39]],
-                               rtol=1e-3, atol=1e-3)
+    check_chunks_against(tmp_path / "b", model, prompt_ids(40))
 
 
 def test_int8_stays_close_to_transformers(tmp_path):
