@@ -38,8 +38,14 @@ lint: $(VENV)/.dev
 kernels: $(VENV)/.core
 	$(BIN)/python -m edgeprefill.kernels.build --if-possible
 
+# Two test processes where there are two CPUs: most tests are single-threaded Python (the
+# transformers reference, exporting, the server's clients), so the suite takes about 0.8x
+# the time on CI's 2 cores. Each file runs whole in one process (its module fixtures built
+# once). `make test TEST_WORKERS=0` runs it in this process.
+TEST_WORKERS ?= $(shell [ "$$(nproc 2>/dev/null || echo 1)" -ge 2 ] && echo 2 || echo 0)
+
 test: lint kernels
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 # On a machine with an NVIDIA GPU, TensorRT and onnxruntime-gpu (see docs/jetson.md).
 test-gpu: $(VENV)/.dev
