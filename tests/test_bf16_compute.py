@@ -155,8 +155,10 @@ def test_cli_runs_bf16_and_says_so(library, bundle, monkeypatch):
 
     monkeypatch.setenv(select.MODE_ENV, "require")  # on any CPU (`auto`: vector builds only)
     shown = cli("inspect", bundle("llama"))
-    assert "compute     fp32 (exact, the default); --compute bf16: bf16 (MatMulBf16" in (
-        shown.stdout)
+    from edgeprefill.engines.ort.f32_projections import describe as describe_f32
+
+    assert (f"compute     fp32 (exact, the default: the projections on {describe_f32(True)}); "
+            "--compute bf16: bf16 (MatMulBf16") in shown.stdout
     ran = cli("run", bundle("llama"), "--prompt", "w5 w6", "--max-new-tokens", "3", "--stats",
               "--compute", "bf16")
     assert ran.returncode == 0, ran.stderr

@@ -1,5 +1,5 @@
-"""A SwiGlu inside the native gate/up projection (MatMulInt8 and MatMulBf16 with gated=1,
-kernels/swiglu.py's fold_gated): the same bits as the projection then SwiGlu, for the op,
+"""A SwiGlu inside the native gate/up projection (MatMulInt8, MatMulBf16, MatMulF32 with
+gated=1, kernels/swiglu.py's fold_gated): the same bits as the projection then SwiGlu, for the op,
 for the rewrite's choices, and for whole bundles."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from onnx import GraphProto, NodeProto, TensorProto, helper, numpy_helper
 
 from edgeprefill.bundle import load_manifest
 from edgeprefill.engines import BackendOptions, StepBatch
-from edgeprefill.engines.ort import bf16_compute, int8_rows
+from edgeprefill.engines.ort import bf16_compute, f32_projections, int8_rows
 from edgeprefill.engines.ort.backend import OnnxRuntimeBackend
 from edgeprefill.export.quantize import int8_per_channel
 from edgeprefill.kernels import graph, select, swiglu
@@ -26,6 +26,8 @@ def weights(op: str, k: int, n: int, seed: int) -> tuple[list[str], list[TensorP
         codes, scale = int8_per_channel(w)
         packed, sums = int8_rows.pack(codes)
         arrays = {"b": packed, "scale": scale, "sums": sums}
+    elif op == f32_projections.OP:
+        arrays = {"b": f32_projections.pack(w)}
     else:
         arrays = {"b": bf16_compute.pack(w)}
     return list(arrays), [numpy_helper.from_array(v, name) for name, v in arrays.items()]
@@ -47,7 +49,7 @@ def run(nodes: list[NodeProto], initializers: list[TensorProto], feeds: dict[str
 
 
 @pytest.mark.parametrize("threads", [1, 2])
-@pytest.mark.parametrize("op", [int8_rows.OP, bf16_compute.OP])
+@pytest.mark.parametrize("op", [int8_rows.OP, bf16_compute.OP, f32_projections.OP])
 @pytest.mark.parametrize("m, k, n", [(1, 576, 3072), (5, 33, 256), (55, 96, 384), (130, 64, 128)])
 def test_gated_op_is_the_projection_then_swiglu(library, op, m, k, n, threads):
     """Rows past a 48-row block and a 6-row tile, K not a multiple of the pairs or quads,
@@ -63,7 +65,7 @@ def test_gated_op_is_the_projection_then_swiglu(library, op, m, k, n, threads):
     np.testing.assert_array_equal(got, want)
 
 
-@pytest.mark.parametrize("op", [int8_rows.OP, bf16_compute.OP])
+@pytest.mark.parametrize("op", [int8_rows.OP, bf16_compute.OP, f32_projections.OP])
 def test_gated_needs_gate_and_up_in_whole_panels(library, op):
     names, initializers = weights(op, 64, 192, seed=1)
     node = helper.make_node(op, ["a", *names], ["y"], domain=DOMAIN, N=192, gated=1)
@@ -115,7 +117,8 @@ def test_fold_reaches_into_branches_and_sees_their_reads():
     assert folded(outer) == 0
 
 
-KINDS = [("float", "bf16"), ("int8", "fp32"), ("int4", "fp32")]  # the native projections' loads
+# the native projections' loads: MatMulBf16, MatMulF32, MatMulInt8, int4 prefill's MatMulInt8
+KINDS = [("float", "bf16"), ("float", "fp32"), ("int8", "fp32"), ("int4", "fp32")]
 
 
 def with_and_without(fold: str, path, compute: str,
@@ -128,6 +131,9 @@ def with_and_without(fold: str, path, compute: str,
 
     if compute == "bf16" and not (bf16_compute.cpu_has_bf16() or bf16_compute.widens_bf16()):
         pytest.skip("MatMulBf16 runs its portable loops here")
+    if not load_manifest(path).graph.quantization and compute == "fp32" and \
+            f32_projections.why_not(True) is not None:
+        pytest.skip("MatMulF32 does not run here")
     if load_manifest(path).graph.quantization and int8_rows.why_not(True) is not None:
         pytest.skip("no AVX512-VNNI nor AVX2 here: no MatMulInt8")
     monkeypatch.setenv(select.MODE_ENV, "require")

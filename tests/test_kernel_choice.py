@@ -72,7 +72,8 @@ def test_inspect_says_what_runs_without_the_kernels(tiny_bundle, monkeypatch):
     lines = CliRunner().invoke(cli, ["inspect", str(tiny_bundle)]).output.splitlines()
     shown = {line[:12].strip(): line[12:] for line in lines if line[:12].strip()}
     assert shown["kernels"].startswith(f"{select.STOCK} (this CPU has neither AVX-512 nor AVX2")
-    assert shown["compute"] == ("fp32 (exact, the default); --compute bf16 needs the native "
+    assert shown["compute"] == ("fp32 (exact, the default: the projections on ONNX Runtime's "
+                                "MatMul (no native kernels)); --compute bf16 needs the native "
                                 "kernels, which do not run here")
     assert shown["steps"] == ("a prefill chunk and the decode rows in two calls (the stock "
                               "GroupQueryAttention takes one row per call with a past; one "

@@ -1,4 +1,4 @@
-"""The SkipRmsNorm inside the native projection that reads it (MatMulInt8 and MatMulBf16
+"""The SkipRmsNorm inside the native projection that reads it (MatMulInt8, MatMulBf16, MatMulF32
 with epsilon, kernels/rms_norm.py's fold_norms): the same bits as the norm then the
 projection, for the op, for the rewrite's choices, and for whole bundles."""
 
@@ -9,7 +9,7 @@ import pytest
 from onnx import GraphProto, helper
 
 from edgeprefill.bundle import load_manifest
-from edgeprefill.engines.ort import bf16_compute, int8_rows
+from edgeprefill.engines.ort import bf16_compute, f32_projections, int8_rows
 from edgeprefill.kernels import rms_norm
 from edgeprefill.kernels.graph import DOMAIN, float_attribute
 from tests.test_gated_projection import KINDS, run, value, weights, with_and_without
@@ -38,7 +38,7 @@ def feeds(m: int, k: int) -> dict[str, np.ndarray]:
 
 
 @pytest.mark.parametrize("threads", [1, 2])
-@pytest.mark.parametrize("op", [int8_rows.OP, bf16_compute.OP])
+@pytest.mark.parametrize("op", [int8_rows.OP, bf16_compute.OP, f32_projections.OP])
 @pytest.mark.parametrize("m, k, n, gated", [(1, 576, 960, False), (5, 33, 70, False),
                                             (55, 96, 384, True), (130, 64, 128, False)])
 def test_norm_inside_is_the_norm_then_the_projection(library, op, m, k, n, gated, threads):
@@ -51,7 +51,7 @@ def test_norm_inside_is_the_norm_then_the_projection(library, op, m, k, n, gated
         np.testing.assert_array_equal(b, a)
 
 
-@pytest.mark.parametrize("op", [int8_rows.OP, bf16_compute.OP])
+@pytest.mark.parametrize("op", [int8_rows.OP, bf16_compute.OP, f32_projections.OP])
 def test_norm_inputs_are_checked(library, op):
     names, initializers = weights(op, 64, 128, seed=2)
     f = feeds(3, 64)

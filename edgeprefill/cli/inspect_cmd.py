@@ -411,17 +411,20 @@ def _kv_line(manifest, bf16: bool) -> str:
 
 def _compute_line(graph, native: bool, stock_attention: bool, kv_cache: bool,
                   head: str | None) -> list[str]:
-    """What `--compute bf16` would run here (engines.ort.bf16_compute): the projections of a
-    float32 bundle (a quantized bundle's float32 LM head, `--lm-head float`, too), the
-    prefill attention of any bundle the native kernels take, and the KV cache where
-    `kv_cache` (_bf16_kv_here)."""
+    """What the default fp32 runs a float32 bundle's projections on
+    (engines.ort.f32_projections) and what `--compute bf16` would run here
+    (engines.ort.bf16_compute): the projections of a float32 bundle (a quantized bundle's
+    float32 LM head, `--lm-head float`, too), the prefill attention of any bundle the native
+    kernels take, and the KV cache where `kv_cache` (_bf16_kv_here)."""
     floats = not graph.quantization or head == "float32"
     if graph.dtype != "float32" or graph.flavor != "ort":
         return []
     from edgeprefill.engines.ort.bf16_compute import describe_bf16
+    from edgeprefill.engines.ort.f32_projections import describe as describe_f32
     from edgeprefill.kernels.select import STOCK
 
-    default = "fp32 (exact, the default)" if not graph.quantization else "fp32 (the default)"
+    default = (f"fp32 (exact, the default: the projections on {describe_f32(native)})"
+               if not graph.quantization else "fp32 (the default)")
     if not native:  # what the load refuses (the kernels line says why they do not run)
         return [f"compute     {default}; --compute bf16 needs the native kernels, which do "
                 "not run here"]

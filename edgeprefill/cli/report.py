@@ -54,6 +54,8 @@ def backend_line(backend) -> str:
     bf16 = f", compute {compute.described}" if compute and compute.rewritten else ""
     int4_decode = getattr(backend, "int4_decode", None)
     decode = f", {int4_decode.described}" if int4_decode and int4_decode.rewritten else ""
+    f32 = getattr(backend, "f32", None)
+    decode += f", {f32.described}" if f32 and f32.rewritten else ""
     int8_rows = getattr(backend, "int8_rows", None)
     int8 = f", {int8_rows.described}" if int8_rows and int8_rows.rewritten else ""
     unsigned = getattr(backend, "int8_unsigned", None)

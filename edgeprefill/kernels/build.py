@@ -36,10 +36,11 @@ from edgeprefill.errors import EdgeprefillError
 from edgeprefill.kernels.targets import TARGETS, Target, native_march_flag
 
 SOURCES = ("library.cc", "decode_attention.cc", "prefill_attention.cc", "swiglu.cc",
-           "rms_norm.cc", "matmul_bf16.cc", "matmul_int4.cc", "matmul_int8.cc",
+           "rms_norm.cc", "matmul_bf16.cc", "matmul_f32.cc", "matmul_int4.cc", "matmul_int8.cc",
            "gated_delta.cc", "mamba2_scan.cc")
 # Hashed with the sources, not compiled on their own.
-HEADERS = ("kernel_common.h", "decode_rows.h", "soft_cap.h", "swiglu.h", "rms_norm.h")
+HEADERS = ("kernel_common.h", "decode_rows.h", "soft_cap.h", "swiglu.h", "rms_norm.h",
+           "float_vec.h")
 # GCC's default -ffp-contract=fast stays: the hot products are explicit FMA intrinsics
 # either way, =off would undo ~400 multiply-adds gcc fuses in single-site code, and the
 # scalar code that several ops share writes its multiply-adds as std::fma (docs/design.md).

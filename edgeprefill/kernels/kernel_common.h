@@ -358,6 +358,7 @@ const Op& PrefillAttentionBf16KvOp();
 const Op& SwiGluOp();
 const Op& SkipRmsNormOp();
 const Op& MatMulBf16Op();
+const Op& MatMulF32Op();
 const Op& MatMulInt4Op();
 const Op& MatMulInt8Op();
 const Op& GatedDeltaRuleOp();

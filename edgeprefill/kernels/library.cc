@@ -318,6 +318,7 @@ RegisterCustomOps(OrtSessionOptions* options, const OrtApiBase* api_base) {
   EP_RETURN_IF_ERROR(g_api->CustomOpDomain_Add(domain, &SwiGluOp().table));
   EP_RETURN_IF_ERROR(g_api->CustomOpDomain_Add(domain, &SkipRmsNormOp().table));
   EP_RETURN_IF_ERROR(g_api->CustomOpDomain_Add(domain, &MatMulBf16Op().table));
+  EP_RETURN_IF_ERROR(g_api->CustomOpDomain_Add(domain, &MatMulF32Op().table));
   EP_RETURN_IF_ERROR(g_api->CustomOpDomain_Add(domain, &MatMulInt4Op().table));
   EP_RETURN_IF_ERROR(g_api->CustomOpDomain_Add(domain, &MatMulInt8Op().table));
   EP_RETURN_IF_ERROR(g_api->CustomOpDomain_Add(domain, &GatedDeltaRuleOp().table));

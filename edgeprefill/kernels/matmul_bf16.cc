@@ -35,6 +35,7 @@
 #include <string>
 #include <vector>
 
+#include "float_vec.h"
 #include "kernel_common.h"
 #include "rms_norm.h"
 #include "swiglu.h"
@@ -136,48 +137,21 @@ void Rows(const uint32_t* pairs, int64_t k2, const uint32_t* panel, float* out, 
   }
 }
 #elif defined(__AVX512F__) || defined(EP_AVX2) || defined(EP_NEON)
-// The widening path's vectors: Widen splits kLanes packed pairs into the low (even k) and
-// high (odd k) weights as floats.
+// The widening path, on float_vec.h's vectors: Widen splits kLanes packed pairs into the
+// low (even k) and high (odd k) weights as floats.
 #if defined(__AVX512F__)
-using Vec = __m512;
-constexpr int kLanes = 16;
-constexpr int kChains = 16;  // accumulators a tile keeps (of the 32 registers)
-inline Vec Zero() { return _mm512_setzero_ps(); }
-inline Vec Splat(float x) { return _mm512_set1_ps(x); }
-inline Vec Fma(Vec a, Vec b, Vec acc) { return _mm512_fmadd_ps(a, b, acc); }
-inline void Store(float* dst, Vec v) { _mm512_storeu_ps(dst, v); }
-inline Vec Load(const float* src) { return _mm512_loadu_ps(src); }
-constexpr int kSliceVecs = 4;  // prefill tiles: 6 rows x 4 vectors (24 + 4 B + 1 A)
 inline void Widen(const uint32_t* b, Vec* low, Vec* high) {
   const __m512i v = _mm512_loadu_si512(b);
   *low = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
   *high = _mm512_castsi512_ps(_mm512_and_si512(v, _mm512_set1_epi32(-65536)));
 }
 #elif defined(EP_AVX2)
-using Vec = __m256;
-constexpr int kLanes = 8;
-constexpr int kChains = 8;  // of the 16 registers: the rest hold weights and activations
-inline Vec Zero() { return _mm256_setzero_ps(); }
-inline Vec Splat(float x) { return _mm256_set1_ps(x); }
-inline Vec Fma(Vec a, Vec b, Vec acc) { return _mm256_fmadd_ps(a, b, acc); }
-inline void Store(float* dst, Vec v) { _mm256_storeu_ps(dst, v); }
-inline Vec Load(const float* src) { return _mm256_loadu_ps(src); }
-constexpr int kSliceVecs = 2;  // prefill tiles: 6 rows x 2 vectors (12 + 2 B + 1 A)
 inline void Widen(const uint32_t* b, Vec* low, Vec* high) {
   const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b));
   *low = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
   *high = _mm256_castsi256_ps(_mm256_and_si256(v, _mm256_set1_epi32(-65536)));
 }
 #else  // EP_NEON
-using Vec = float32x4_t;
-constexpr int kLanes = 4;
-constexpr int kChains = 16;  // of the 32 registers
-inline Vec Zero() { return vdupq_n_f32(0.0f); }
-inline Vec Splat(float x) { return vdupq_n_f32(x); }
-inline Vec Fma(Vec a, Vec b, Vec acc) { return vfmaq_f32(acc, a, b); }
-inline void Store(float* dst, Vec v) { vst1q_f32(dst, v); }
-inline Vec Load(const float* src) { return vld1q_f32(src); }
-constexpr int kSliceVecs = 4;  // prefill tiles: 6 rows x 4 vectors (24 + 4 B + 1 A)
 inline void Widen(const uint32_t* b, Vec* low, Vec* high) {
   const uint32x4_t v = vld1q_u32(b);
   *low = vreinterpretq_f32_u32(vshlq_n_u32(v, 16));
@@ -189,22 +163,6 @@ inline void Widen(const uint32_t* b, Vec* low, Vec* high) {
 // row would wait on the FMA's latency instead of its throughput.
 constexpr int Vectors(int rows) {
   return kChains / rows < kPanel / kLanes ? kChains / rows : kPanel / kLanes;
-}
-
-// A tile's accumulators into rows of out, `columns` of them (the weight's last panel may
-// end inside a vector).
-template <int kTile, int kVecs>
-void StoreTile(const Vec (&acc)[kTile][kVecs], float* out, int64_t n, int64_t columns) {
-  for (int r = 0; r < kTile; ++r)
-    for (int j = 0; j < kVecs && j * kLanes < columns; ++j) {
-      if (columns - j * kLanes >= kLanes) {
-        Store(out + r * n + j * kLanes, acc[r][j]);
-      } else {
-        float lanes[kLanes];
-        Store(lanes, acc[r][j]);
-        std::copy(lanes, lanes + (columns - j * kLanes), out + r * n + j * kLanes);
-      }
-    }
 }
 
 // kTile rows x up to Vectors(kTile) * kLanes columns of out, from rows of bf16-valued floats

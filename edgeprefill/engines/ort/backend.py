@@ -37,6 +37,7 @@ from edgeprefill.engines.base import Backend, BackendOptions, StepBatch
 from edgeprefill.engines.ort.arena import DeviceArena, HostArena, KVArena
 from edgeprefill.engines.ort.bf16_compute import choose as choose_compute
 from edgeprefill.engines.ort.device_states import DeviceStates
+from edgeprefill.engines.ort.f32_projections import choose as choose_f32
 from edgeprefill.engines.ort.fusing import quantized_ops, stock_attention
 from edgeprefill.engines.ort.fusing import why_not as why_not_fused
 from edgeprefill.engines.ort.gpu_shapes import padded
@@ -189,6 +190,9 @@ class OnnxRuntimeBackend(Backend):
             graph, bundle_dir, options.compute, self.kernels.described, native,
             session_options, self._kv_pairs,
         )
+        # float32 projections (--compute fp32, the default): MatMulF32 where the native
+        # kernels run, for its decode steps' bandwidth.
+        self.f32 = choose_f32(graph, bundle_dir, options.compute, native, session_options)
         # int4 bundles' decode projections: MatMulInt4 where the native kernels run (VNNI or AVX2).
         every_row = manifest.graph.quantization == "int4" and every_row_as_decode()
         self.int4_decode = choose_int4_decode(graph, bundle_dir, native, session_options,
@@ -196,6 +200,7 @@ class OnnxRuntimeBackend(Backend):
         # int8 bundles' projections: MatMulInt8, each row quantized on its own (VNNI).
         self.int8_rows = choose_int8_rows(graph, bundle_dir, native, session_options)
         projections = ((rows and self.int4_prefill.rewritten) or self.compute.rewritten
+                       or self.f32.rewritten
                        or self.int4_decode.rewritten or self.int8_rows.rewritten)
         if self.kernels.library is not None or projections:  # the library's ops run
             session_options.register_custom_ops_library(str(library_path()))

@@ -27,12 +27,13 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import numpy as np
-from onnx import GraphProto, ModelProto, NodeProto, TensorProto, helper
+from onnx import GraphProto, ModelProto, helper
 
 from edgeprefill.contract import KVPair
 from edgeprefill.engines.base import COMPUTES
 from edgeprefill.engines.ort import bf16_kv
-from edgeprefill.engines.ort.derived import Derived, hand_over, initializer
+from edgeprefill.engines.ort.derived import Derived, hand_over
+from edgeprefill.engines.ort.projections import replace_projections
 from edgeprefill.errors import BackendError
 from edgeprefill.kernels.build import cpu_has_bf16, cpu_has_vector_kernels
 from edgeprefill.kernels.graph import DOMAIN, PREFILL_OP, declare_domain, every_node
@@ -99,16 +100,8 @@ def choose(graph: ModelProto, bundle_dir: Path, compute: str, kernels_described:
     if not native:
         raise BackendError(f"--compute bf16 needs the native kernels, and this load runs "
                            f"{kernels_described}")
-    initializers = {t.name: t for t in graph.graph.initializer}
-    targets = [i for i, node in enumerate(graph.graph.node)
-               if _is_projection(node, initializers)]
     derived = Derived(graph, bundle_dir)
-    nodes = graph.graph.node
-    for i in reversed(targets):  # from the end: a Gemm's bias adds a node after it
-        replacement = _bf16_nodes(nodes[i], initializers[nodes[i].input[1]], derived)
-        nodes[i].CopyFrom(replacement[0])
-        for j, extra in enumerate(replacement[1:], start=1):
-            nodes.insert(i + j, extra)
+    targets = replace_projections(graph, derived, OP, PREFIX, pack)
     attention = _attention_in_bf16(graph.graph)
     if not targets and not attention:
         raise BackendError("--compute bf16 found nothing to run in bf16: no float32 "
@@ -119,7 +112,7 @@ def choose(graph: ModelProto, bundle_dir: Path, compute: str, kernels_described:
     declare_domain(graph)
     weights = hand_over(graph, derived.arrays, session_options) if derived.arrays else ()
     described = describe_bf16(bool(targets), bool(attention), kv_cache, bool(pairs))
-    return Bf16Compute(len(targets) + attention, described, weights,
+    return Bf16Compute(targets + attention, described, weights,
                        bf16_kv.DTYPE if kv_cache else None)
 
 
@@ -132,46 +125,6 @@ def _attention_in_bf16(graph: GraphProto) -> int:
     for node in attention:
         node.attribute.append(helper.make_attribute("bf16", 1))
     return len(attention)
-
-
-def _is_projection(node: NodeProto, initializers: dict[str, TensorProto]) -> bool:
-    """Whether the node multiplies by a float32 2-D initializer in a way the kernel takes:
-    MatMul(x, W[K, N]) or the LM head's Gemm(x, W[N, K], bias?, transB=1)."""
-    if node.domain not in ("", "ai.onnx") or len(node.input) < 2:
-        return False
-    if node.op_type == "Gemm":
-        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
-        plain = attrs.get("transA", 0) == 0 and attrs.get("alpha", 1.0) == 1.0 and (
-            attrs.get("beta", 1.0) == 1.0)
-        if attrs.get("transB", 0) != 1 or not plain:
-            return False
-    elif node.op_type != "MatMul":
-        return False
-    weight = initializers.get(node.input[1])
-    return weight is not None and len(weight.dims) == 2 and weight.data_type == TensorProto.FLOAT
-
-
-def _bf16_nodes(node: NodeProto, weight: TensorProto, derived: Derived) -> list[NodeProto]:
-    """`weight`: the node's initializer as the graph declares it (its dims; the data stays in
-    the bundle until derive() reads it)."""
-    gemm = node.op_type == "Gemm"  # its weight is stored [N, K]
-
-    def derive() -> list[np.ndarray]:
-        values = initializer(derived.graph, node.input[1], derived.bundle_dir)
-        return [pack(values.T if gemm else values)]
-
-    name = f"{PREFIX}.{node.input[1]}"
-    derived.cached([name], derive)
-    columns = int(weight.dims[0] if gemm else weight.dims[1])
-    label = node.name or node.output[0]
-    bias = node.op_type == "Gemm" and len(node.input) > 2 and node.input[2]
-    product = f"{PREFIX}.{label}.product" if bias else node.output[0]
-    nodes = [helper.make_node(OP, [node.input[0], name], [product], domain=DOMAIN,
-                              name=f"{PREFIX}.{label}", N=columns)]
-    if bias:
-        nodes.append(helper.make_node("Add", [product, node.input[2]], [node.output[0]],
-                                      name=f"{PREFIX}.{label}.bias"))
-    return nodes
 
 
 def bf16_bits(x: np.ndarray) -> np.ndarray:
