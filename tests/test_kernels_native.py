@@ -1,8 +1,8 @@
 """The native kernels' row functions (tests/kernels_native: decode attention, MatMulInt8,
-MatMulBf16, the RMS norm and SwiGLU rows) against scalar references, with no ONNX Runtime: built for
-this CPU, and cross-built for 64-bit Arm (Jetson: NEON, sdot) and run under qemu-aarch64.
-The Arm checks skip, with the reason, without the cross compiler or qemu (Debian:
-apt install g++-aarch64-linux-gnu qemu-user)."""
+MatMulBf16, MatMulF32, the RMS norm and SwiGLU rows) against scalar references, with no
+ONNX Runtime: built for this CPU, and cross-built for 64-bit Arm (Jetson: NEON, sdot) and
+run under qemu-aarch64. The Arm checks skip, with the reason, without the cross compiler or
+qemu (Debian: apt install g++-aarch64-linux-gnu qemu-user)."""
 
 from __future__ import annotations
 
@@ -23,8 +23,8 @@ HARNESS = Path(__file__).parent / "kernels_native"
 # matmul_int8.cc for the functions in its unnamed namespace).
 KERNEL_SOURCES = ("decode_attention.cc",)
 # One line per check: 5 decode attention cases x (cache, output), 2 MatMulInt8, 2 MatMulBf16
-# (error, a row alone), 2 rows.
-CHECKS = 16
+# (error, a row alone), 2 x 2 MatMulF32, 2 rows.
+CHECKS = 20
 ARM_SYSROOT = "/usr/aarch64-linux-gnu"  # the cross toolchain's libraries, for qemu's -L
 ARM_PYTHON_ENV = "EDGEPREFILL_ARM_PYTHON"  # an aarch64 Python with numpy and onnxruntime
 

@@ -41,6 +41,7 @@ inline bool Verdict(const char* name, double error, double tolerance) {
 bool DecodeAttention();
 bool MatMulInt8();
 bool MatMulBf16();
+bool MatMulF32();
 bool RowOps();
 
 }  // namespace check

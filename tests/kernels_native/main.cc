@@ -25,6 +25,7 @@ int main() {
   bool ok = check::DecodeAttention();
   ok = check::MatMulInt8() && ok;
   ok = check::MatMulBf16() && ok;
+  ok = check::MatMulF32() && ok;
   ok = check::RowOps() && ok;
   std::printf(ok ? "all ok\n" : "some FAILED\n");
   return ok ? 0 : 1;
