@@ -170,6 +170,12 @@ LLAMA4 = {"num_hidden_layers": 4, "head_dim": 16, "num_local_experts": 8,
           "num_experts_per_tok": 1, "intermediate_size": 32, "intermediate_size_mlp": 96,
           "interleave_moe_layer_step": 2, "floor_scale": 8, "attn_scale": 0.5}
 
+# Hy4 (its FAMILIES entry says what it holds)
+HY_V4 = {"num_hidden_layers": 4, "num_key_value_heads": 4, "q_lora_rank": 32,
+         "kv_lora_rank": 32, "qk_nope_head_dim": 16, "qk_rope_head_dim": 16,
+         "v_head_dim": 24, "n_routed_experts": 8, "num_experts_per_tok": 3,
+         "moe_intermediate_size": 32, "n_shared_experts": 1, "index_topk": 2048,
+         "index_head_dim": 32, "index_n_heads": 16, "hc_mult": 3, "swiglu_limit": 1.0}
 DOTS3 = {"num_hidden_layers": 4, "num_key_value_heads": 4, "q_lora_rank": 32,
          "kv_lora_rank": 32, "qk_nope_head_dim": 16, "qk_rope_head_dim": 32, "head_dim": 64,
          "v_head_dim": 24, "layer_types": ["indexed_attention", "sliding_attention",
@@ -563,11 +569,13 @@ FAMILIES: dict[str, dict] = {
     # their SwiGLU clamped at 1, which the fixture's gates pass) with 3 hyper-connection
     # streams (their scales and bases perturbed: build_hf_model), per-head sinks, a gate per
     # value channel, and Hy4's indexer schedule: layers 0 and 1 full, 2 and 3 reusing 1's
-    "hy_v4": {"num_hidden_layers": 4, "num_key_value_heads": 4, "q_lora_rank": 32,
-              "kv_lora_rank": 32, "qk_nope_head_dim": 16, "qk_rope_head_dim": 16,
-              "v_head_dim": 24, "n_routed_experts": 8, "num_experts_per_tok": 3,
-              "moe_intermediate_size": 32, "n_shared_experts": 1, "index_topk": 2048,
-              "index_head_dim": 32, "index_n_heads": 16, "hc_mult": 3, "swiglu_limit": 1.0},
+    "hy_v4": HY_V4,
+    # Hy4-VL's language model (in HYV4VLForConditionalGeneration, beside a tiny tower): the
+    # Hy4 fixture with its 3-D rotary's sections fitting 16 rotary dims (8 pairs; text
+    # positions turn them all alike) and an rms_norm_eps of 0.1, which moves its latent
+    # norms' outputs (Hy4's keep 1e-6).
+    "hy_v4_vl": {**HY_V4, "rms_norm_eps": 0.1, "rope_parameters": {
+        "rope_type": "default", "rope_theta": 10000.0, "mrope_section": [4, 2, 2]}},
     # dots.3 Note: DSA's indexed layers (GLM-5's interleaved indexer) beside sliding layers
     # (window 5) of latent sizes of their own (2 heads, ranks 20 and 16, rope 16 of 28;
     # the indexed layers' 4 heads, ranks 32, rope 32 of 64), experts on layers 1 and 3; an
@@ -1151,6 +1159,10 @@ IMAGE_TEXT = {
                                     "adapter_input_size": 32, "adapter_out_dim": 64,
                                     "downsample_hidden_size": 16}},
     "gemma3": {"vision_config": TINY_VISION, "mm_tokens_per_image": 4},
+    "hy_v4_vl": {"vision_config": {"hidden_size": 16, "intermediate_size": 32,
+                                   "num_hidden_layers": 1, "num_attention_heads": 2,
+                                   "patch_size": 14, "out_hidden_size": 64,
+                                   "max_image_size": 28}},
     "mistral3": {"vision_config": {**TINY_VISION, "head_dim": 8}},
     "gemma4": {"vision_config": {"hidden_size": 16, "intermediate_size": 32,
                                  "num_hidden_layers": 1, "num_attention_heads": 2,

@@ -483,7 +483,6 @@ def test_hunyuan_ocrs_flat_config_reads_its_xdrope_as_hunyuans_ntk_alpha_rope():
 
 @pytest.mark.parametrize("model_type, fragment", [
     ("glm5_next", "GLM-5-Next's language model (DeepSeek sparse attention"),
-    ("hy_v4_vl", "Hy4-VL's language model (hy_v4_vl_text) is not Hy4's"),
 ])
 def test_an_image_text_type_whose_language_model_is_refused_is_one_line(
         hf_model, tmp_path, model_type, fragment):

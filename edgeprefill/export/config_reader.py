@@ -139,8 +139,8 @@ def _read(config_type: type[ModelConfig], family: str, spec: FamilySpec,
     check_given(raw)
     heads = int(raw["num_attention_heads"])
     hidden = int(raw["hidden_size"])
-    latent = (dots_latent(raw) if spec.latent_layers else read_latent(raw)) \
-        if spec.latent else None
+    latent = (dots_latent(raw) if spec.latent_layers
+              else read_latent(raw, spec.latent_norms_at_eps)) if spec.latent else None
     moe = read_moe(raw, spec.moe) if spec.moe is not None else None
     head_dim = _head_dim(raw, heads, hidden, latent)
     ropes, layers = _ropes_and_layers(family, spec, raw, head_dim, latent)

@@ -70,7 +70,8 @@ class LatentShape:
     # kv_lora_rank); 1.0: none
     q_scale: float = 1.0
     latent_scale: float = 1.0
-    # The eps of q_a_layernorm and kv_a_layernorm (dots.3's are built at rms_norm_eps)
+    # The eps of q_a_layernorm and kv_a_layernorm (dots.3's and Hy4-VL's are built at
+    # rms_norm_eps)
     norm_eps: float = LATENT_EPS
     # dots.3: the key part k_pe RMS-normed (k_rope_only_layernorm, at norm_eps) before rotary
     rope_norm: bool = False
@@ -91,13 +92,16 @@ class LatentShape:
         return self.rope_dim + self.kv_lora_rank + self.index_dim
 
 
-def read_latent(raw: dict[str, Any]) -> LatentShape:
-    """The MLA dimensions of config.json (DeepseekV2Config's keys)."""
+def read_latent(raw: dict[str, Any], norms_at_eps: bool = False) -> LatentShape:
+    """The MLA dimensions of config.json (DeepseekV2Config's keys); the latent norms at
+    its rms_norm_eps where `norms_at_eps` (FamilySpec.latent_norms_at_eps), else at
+    LATENT_EPS."""
     q_rank = raw.get("q_lora_rank")
     shape = LatentShape(
         q_lora_rank=None if q_rank is None else int(q_rank),
         kv_lora_rank=int(raw["kv_lora_rank"]), nope_dim=int(raw["qk_nope_head_dim"]),
-        rope_dim=int(raw["qk_rope_head_dim"]), v_dim=int(raw["v_head_dim"]))
+        rope_dim=int(raw["qk_rope_head_dim"]), v_dim=int(raw["v_head_dim"]),
+        norm_eps=float(raw["rms_norm_eps"]) if norms_at_eps else LATENT_EPS)
     if raw.get("mla_scale_q_lora") or raw.get("mla_scale_kv_lora"):
         shape = replace(shape, **_lora_scales(raw, shape))
     if min(shape.kv_lora_rank, shape.rope_dim, shape.v_dim) < 1 or shape.nope_dim < 0 \

@@ -18,8 +18,9 @@ topk(min(index_topk, T)) keeps every key: DSA is then exactly the dense MLA, so 
 whose capacity is within index_topk has no indexer at all (ModelConfig.for_context).
 
 Hy4's indexer (HYV4Indexer) rotates the *last* qk_rope_head_dim dims of each index query
-and key (halves), and its k_norm is a LayerNorm at rms_norm_eps (computed in float32, as
-transformers keeps it); its "shared" layers are GLM-5's.
+and key (halves; Hy4-VL's, HYV4VLIndexer, interleaved pairs), and its k_norm is a LayerNorm
+at rms_norm_eps (computed in float32, as transformers keeps it); its "shared" layers are
+GLM-5's.
 
 Ties: a query keeps every key whose score is at least its index_topk-th largest (TopK's
 smallest), so a tie exactly at that boundary keeps all the tied keys, where transformers
@@ -49,17 +50,18 @@ HIDDEN = float(np.finfo(np.float32).min)
 
 
 # FamilySpec.sparse_index: where each indexer rotates (its first qk_rope_head_dim dims, or
-# its last) and how (halves or interleaved pairs)
-ROTARIES = ("halves", "interleaved", "last_halves")
+# its last: Hy4's and Hy4-VL's) and how (halves or interleaved pairs)
+ROTARIES = ("halves", "interleaved", "last_halves", "last_interleaved")
 
 
 @dataclass(frozen=True)
 class IndexShape:
     """The indexer's config: index_n_heads, index_head_dim, index_topk, whether its rotary
-    is on interleaved pairs (GLM-5) or halves (DeepSeek-V3.2), and on the last dims (Hy4)
-    rather than the first, its key norm's epsilon, the layers that reuse the previous full
-    layer's selection (GLM-5's and Hy4's "shared" indexer_types), and the layers without an
-    indexer, which attend to every key their mask shows (dots.3's sliding layers)."""
+    is on interleaved pairs (GLM-5, Hy4-VL) or halves (DeepSeek-V3.2, Hy4), and on the last
+    dims (Hy4, Hy4-VL) rather than the first, its key norm's epsilon, the layers that reuse
+    the previous full layer's selection (GLM-5's and Hy4's "shared" indexer_types), and the
+    layers without an indexer, which attend to every key their mask shows (dots.3's sliding
+    layers)."""
 
     heads: int
     head_dim: int
@@ -74,9 +76,10 @@ class IndexShape:
 def read_index(raw: dict[str, Any], rotary: str, rope_dim: int,
                plain: tuple[int, ...] = ()) -> IndexShape:
     """The indexer of config.json (DeepseekV32Config's, GlmMoeDsaConfig's and HYV4Config's
-    keys) whose rotary is `rotary` (one of ROTARIES): Hy4's ("last_halves") normed at
-    rms_norm_eps; `plain` the layers without one."""
+    keys) whose rotary is `rotary` (one of ROTARIES): Hy4's and Hy4-VL's (on the last dims)
+    normed at rms_norm_eps; `plain` the layers without one."""
     assert rotary in ROTARIES
+    last = rotary.startswith("last_")
     layers = int(raw["num_hidden_layers"])
     types = raw.get("indexer_types") or ["full"] * layers
     if len(types) != layers or any(t not in ("full", "shared") for t in types) \
@@ -84,11 +87,12 @@ def read_index(raw: dict[str, Any], rotary: str, rope_dim: int,
         raise ExportError(f"indexer_types must be {layers} of \"full\" and \"shared\", the "
                           f"first \"full\", got {types!r}")
     shape = IndexShape(heads=int(raw["index_n_heads"]), head_dim=int(raw["index_head_dim"]),
-                       topk=int(raw["index_topk"]), interleaved=rotary == "interleaved",
+                       topk=int(raw["index_topk"]),
+                       interleaved=rotary.endswith("interleaved"),
                        shared=tuple(i for i, t in enumerate(types) if t == "shared"),
-                       rope_last=rotary == "last_halves",
-                       norm_eps=float(raw["rms_norm_eps"]) if rotary == "last_halves"
-                       else INDEX_NORM_EPS, plain=plain)
+                       rope_last=last,
+                       norm_eps=float(raw["rms_norm_eps"]) if last else INDEX_NORM_EPS,
+                       plain=plain)
     if min(shape.heads, shape.topk) < 1 or shape.head_dim < rope_dim:
         raise ExportError(f"config.json: index_n_heads and index_topk must be positive and "
                           f"index_head_dim at least qk_rope_head_dim, got {shape}")

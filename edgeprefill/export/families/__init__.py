@@ -111,6 +111,8 @@ REFUSED_TYPES: dict[str, str] = {
                       "supported",
     "molmo2_text": "molmo2_text is Molmo 2's language model without its LM head "
                    "(transformers has no causal LM of it); export the molmo2 checkpoint",
+    "hy_v4_vl_text": "hy_v4_vl_text is Hy4-VL's language model without its LM head "
+                     "(transformers has no causal LM of it); export the hy_v4_vl checkpoint",
     "muse_spark": "Muse Spark's language model (Muse Glimmer's attention with a weightless "
                   "norm of each head's output, experts behind a projection and a norm with "
                   "each expert's output normed, input-scaled norms and residual gates) is "
@@ -121,9 +123,6 @@ REFUSED_TYPES: dict[str, str] = {
     # (stop 43, first half)
     "glm5_next": "GLM-5-Next's language model (DeepSeek sparse attention, linear attention "
                  "layers with forget gates, hyper-connections) is not supported",
-    "hy_v4_vl": "Hy4-VL's language model (hy_v4_vl_text) is not Hy4's: its rotary (its "
-                "indexer's too) turns interleaved pairs by 3-D rotary sections "
-                "(mrope_section), its latent norms are at rms_norm_eps; not supported",
     # transformers 5.24's causal-LM and image-text types that are no decoder-only LM export
     # can run, or one it lacks a piece of, where config.json alone does not say so
     # (not_causal: the encoder-decoders, BERT-like encoders and audio models it does say)

@@ -33,6 +33,7 @@ from edgeprefill.export.families.moe_softmax import ERNIE4_5_MOE, EXPERT_ALIASES
 from edgeprefill.export.families.moe_top_k import LLAMA4_TEXT
 from edgeprefill.export.families.recurrent import FAMILIES as RECURRENT_FAMILIES
 from edgeprefill.export.families.recurrent import LFM2, LFM3
+from edgeprefill.export.families.sparse_attention import HY_V4_VL_TEXT
 from edgeprefill.export.families.spec import LLAMA_NAMES, FamilySpec
 from edgeprefill.export.families.wrapped import Wrapper, lm_renames, towers_left_out
 
@@ -431,6 +432,20 @@ ERNIE4_5_VL_MOE = replace(
             *MROPE_QUIRKS),
 )
 
+# Hy4-VL (HYV4VLForConditionalGeneration): Hy4-VL's language model (hy_v4_vl_text:
+# families/sparse_attention.py), its head the outer config's (untied unless it says
+# otherwise). transformers 5.24 saves the language model as the Hub stores it (model.,
+# Hy4's Hub names) beside the tower (vit.), and loads it under model.language_model.
+# (also read, as its conversion mapping keeps it) beside model.vision_tower.; the
+# multi-token-prediction layers (model.mtp_layers.) are left out, as it ignores them.
+HY_V4_VL = replace(
+    HY_V4_VL_TEXT, nested="text_config", text_types=("hy_v4_vl_text",),
+    outer={"tie_word_embeddings": False}, renames=(("model.language_model.", "model."),),
+    left_out=("vit.", "model.vision_tower.", "model.mtp_layers.",
+              "model.language_model.mtp_layers."),
+    quirks=(*HY_V4_VL_TEXT.quirks, *MROPE_QUIRKS),
+)
+
 _PHI3 = DENSE_FAMILIES["phi3"]
 # Phi-4-multimodal: Phi-3's layers beside image and audio embedders (embed_tokens_extend),
 # which leave a text-only prompt's embeddings as they are; its config class's sizes.
@@ -561,6 +576,7 @@ FAMILIES: dict[str, FamilySpec] = {
     # config alone says
     "glmga": replace(GLM4V, unnest=partial(_glm4v_text, either_ties=False)),
     "hunyuan_vl": HUNYUAN_VL,
+    "hy_v4_vl": HY_V4_VL,
     # Granite 4 Vision: LLaVA-NeXT's layout, its projectors per layer (deepstack, added at
     # image positions only) and spatial ones
     "granite4_vision": _granite_image_text(

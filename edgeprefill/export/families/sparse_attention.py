@@ -1,6 +1,7 @@
 """Families with DeepSeek Sparse Attention (export/sparse_index.py): DeepSeek-V3's latent
 attention with a lightning indexer choosing each query's keys. DeepSeek-V3.2, GLM-5,
-A.X K2, Hy4 (hyper-connections, export/hyper_connections.py).
+A.X K2, Hy4 (hyper-connections, export/hyper_connections.py), and Hy4-VL's language model
+(registered as its image-text checkpoint's: families/image_text.py).
 """
 
 from __future__ import annotations
@@ -174,6 +175,20 @@ HY_V4 = replace(
     quirks=(*MLA_QUIRKS, "a sink logit per head", "a sigmoid gate per attention value "
             "channel", "routed experts' SwiGLU clamped (swiglu_limit)",
             "hyper-connections (hc_mult residual streams)"),
+)
+
+# Hy4-VL's language model (hy_v4_vl_text; exported as hy_v4_vl: families/image_text.py):
+# Hy4 with two differences. Its rotary (HYV4VLRotaryEmbedding, Qwen3-VL's 3-D one) turns
+# interleaved pairs, the attention's and the indexer's (on its last dims) alike: its
+# mrope_section splits the frequencies among time, height and width positions, which are
+# one position on text, so on text it is the plain rotary on interleaved pairs. And its
+# latent norms (q_a_layernorm, kv_a_layernorm) are at rms_norm_eps, where Hy4's keep 1e-6.
+HY_V4_VL_TEXT = replace(
+    HY_V4, rope_interleaved=True, sparse_index="last_interleaved", latent_norms_at_eps=True,
+    defaults={**HY_V4.defaults, "hidden_size": 6144, "intermediate_size": 18432,
+              "moe_intermediate_size": 2048, "num_hidden_layers": 78,
+              "num_attention_heads": 64, "q_lora_rank": 2048, "index_n_heads": 32},
+    quirks=(*HY_V4.quirks, "interleaved rotary"),
 )
 
 FAMILIES = {"deepseek_v32": DEEPSEEK_V32, "glm_moe_dsa": GLM_MOE_DSA, "axk2": AXK2,

@@ -445,6 +445,9 @@ class FamilySpec:
     # builds it (its norms at rms_norm_eps, the key part RMS-normed, the LoRA scales on),
     # its sliding layers with latent sizes and heads of their own (per_layer_config).
     latent_layers: bool = False
+    # Whether q_a_layernorm and kv_a_layernorm are at the model's rms_norm_eps (Hy4-VL's
+    # HYV4VLAttention builds them so) rather than DeepSeek's fixed 1e-6 (LATENT_EPS).
+    latent_norms_at_eps: bool = False
     # A.X K2: RMSNorms followed by a low-rank gate, y * sigmoid(fc2(silu(fc1(y)))), where
     # the checkpoint holds one (`{norm}.norm.weight`, `{norm}.mlp.fc1/fc2`: its input norms
     # and the norms before its experts); and its latent query fused with a gate per value
@@ -457,7 +460,8 @@ class FamilySpec:
     latent_channel_gate: bool = False
     # DeepSeek Sparse Attention (export/sparse_index.py): a lightning indexer in front of the
     # latent attention, its rotary on "halves" (DeepSeek-V3.2) or "interleaved" pairs
-    # (GLM-5) of its first dims, or on "last_halves" (Hy4); None: none.
+    # (GLM-5) of its first dims, or on its last dims: "last_halves" (Hy4),
+    # "last_interleaved" (Hy4-VL); None: none.
     sparse_index: str | None = None
     # Whether the family's model reads a BitNet quantization_config (export/bitlinear.py):
     # its projections then BitLinear layers, the activations fake-quantized to int8.
