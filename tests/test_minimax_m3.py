@@ -16,6 +16,10 @@ head's choice for all), the blocks anchored at position 0 (at the chunk's first 
 the index queries' and keys' rotary and their (1 + w) norms, the index key's cache (the
 chunk's own keys only), gpt-oss's activation in the shared and dense MLPs (act(gate) * up
 clamped instead).
+
+Ties: a block's score is one key's dot product with a rotated index key, so two blocks
+tie only on equal rotated keys, which no two positions have; the bundle keeps every block
+tied at the boundary where transformers keeps some in torch.topk's order (block_index.py).
 """
 
 from __future__ import annotations
@@ -32,10 +36,12 @@ import transformers
 from edgeprefill.errors import ExportError
 from edgeprefill.export.exporter import ExportOptions, export
 from edgeprefill.export.model_config import ModelConfig
+from edgeprefill.export.quantize import QuantConfig
 from edgeprefill.sdk import Engine
 from tests.conftest import FAMILIES, build_hf_model, load_hf_model
-from tests.flavour_bundles import hf_logits
+from tests.flavour_bundles import check_chunks_against, hf_logits
 from tests.test_exactness import FLAVORS, prompt_ids
+from tests.test_mla import dequantized_int4_but_kv_b
 from tests.test_openelm import check_chunks_and_padding, check_rows_decode_together, run_chunks
 
 TOPK = 3  # blocks of 4 keys: 12 keys in reach
@@ -96,15 +102,22 @@ def test_rows_of_other_lengths_decode_together_as_transformers(hf, bundle):
 
 
 @pytest.mark.slow
-def test_each_indexed_layer_caches_the_index_key_in_one_more_kv_head(hf, bundle):
+def test_each_indexed_layer_caches_the_index_key_in_one_more_kv_head(hf, bundle, tmp_path,
+                                                                      caplog):
     """Where the selection bites, the indexed layers (0 and 2) hold 3 KV heads, the plain
-    one 2; within the blocks' reach no layer has the extra head (and no indexer)."""
+    one 2; within the blocks' reach (12 keys) no layer has the extra head, and the
+    indexer's weights are left out quietly."""
     raw = json.loads((bundle("standard") / "edgeprefill.json").read_text())
     assert raw["model"]["layer_kv"] == {"0": [3, 32], "2": [3, 32]}
     cfg = ModelConfig.from_dir(hf)
     assert cfg.for_context(12).block_index is None
     assert all(layer.kv_heads is None for layer in cfg.for_context(12).layers)
     assert cfg.for_context(13).block_index is not None
+    export(hf, tmp_path / "b", ExportOptions(flavor="standard", chunks=(4,), max_context=12,
+                                             show_progress=False))
+    assert "layer_kv" not in json.loads((tmp_path / "b" / "edgeprefill.json").read_text())[
+        "model"]
+    assert "does not use" not in caplog.text
 
 
 @pytest.mark.slow
@@ -134,6 +147,19 @@ def test_each_piece_moves_transformers_logits(hf):
         mlp = layer.mlp.shared_experts if hasattr(layer.mlp, "shared_experts") else layer.mlp
         mlp.swiglu_limit = 1e9
     assert moved() > 0.1
+
+
+@pytest.mark.slow
+def test_int4_computes_transformers_forward_with_dequantized_weights(hf, tmp_path):
+    """Every projection quantized by blocks (the experts' too) but the routers and the
+    indexer's, which stay float: the bundle computes what transformers does with the
+    others dequantized, the selection biting."""
+    export(hf, tmp_path / "b", ExportOptions(chunks=(16,), max_context=64,
+                                             show_progress=False,
+                                             quant=QuantConfig("int4", accuracy_level=0)))
+    model = load_hf_model(hf)
+    dequantized_int4_but_kv_b(model, keep=("indexer",))
+    check_chunks_against(tmp_path / "b", model, prompt_ids(40))
 
 
 @pytest.mark.slow
