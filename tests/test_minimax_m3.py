@@ -29,6 +29,7 @@ import shutil
 from pathlib import Path
 
 import numpy as np
+import onnx
 import pytest
 import torch
 import transformers
@@ -37,6 +38,7 @@ from edgeprefill.errors import ExportError
 from edgeprefill.export.exporter import ExportOptions, export
 from edgeprefill.export.model_config import ModelConfig
 from edgeprefill.export.quantize import QuantConfig
+from edgeprefill.kernels import graph, select
 from edgeprefill.sdk import Engine
 from tests.conftest import FAMILIES, build_hf_model, load_hf_model
 from tests.flavour_bundles import check_chunks_against, hf_logits
@@ -118,6 +120,29 @@ def test_each_indexed_layer_caches_the_index_key_in_one_more_kv_head(hf, bundle,
     assert "layer_kv" not in json.loads((tmp_path / "b" / "edgeprefill.json").read_text())[
         "model"]
     assert "does not use" not in caplog.text
+
+
+@pytest.mark.slow
+def test_the_native_kernels_take_the_plain_layer_and_leave_the_indexed_ones_stock(
+        library, hf, bundle, monkeypatch):
+    """The indexed layers' GroupQueryAttention takes the selection as its attention_bias,
+    which the native kernels lack: those stay stock, the plain layer runs natively, and
+    the logits are transformers' (chunks of 1 and 16)."""
+    model = onnx.load(str(bundle("ort") / "model.onnx"), load_external_data=False)
+    nodes = [n for n in model.graph.node if n.op_type == "GroupQueryAttention"]
+    assert [graph.why_not_eligible(n) for n in nodes] == [
+        graph.ATTENTION_BIAS_WHY, None, graph.ATTENTION_BIAS_WHY]
+    monkeypatch.setenv(select.MODE_ENV, "require")
+    ids = prompt_ids(40)
+    want = hf_logits(load_hf_model(hf), ids)
+    engine = Engine.load(bundle("ort"), threads=2, background=False)
+    assert "2 of 3 attention layers stay GroupQueryAttention" in \
+        engine.backend.kernels.described
+    for chunk in (1, 16):
+        got = run_chunks(engine, ids, chunk)
+        ends = [min(start + chunk, len(ids)) - 1 for start in range(0, len(ids), chunk)]
+        np.testing.assert_allclose(np.stack(got), want[ends], rtol=1e-4, atol=1e-4)
+    engine.close()
 
 
 @pytest.mark.slow
