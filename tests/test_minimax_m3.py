@@ -96,11 +96,36 @@ def test_chunked_decoded_and_padded_as_transformers(flavor, hf, bundle):
 
 
 @pytest.mark.slow
-def test_rows_of_other_lengths_decode_together_as_transformers(hf, bundle):
+@pytest.mark.parametrize("flavor", FLAVORS)
+def test_rows_of_other_lengths_decode_together_as_transformers(flavor, hf, bundle):
     """Three rows of 5, 19 and 33 tokens (each its own blocks), then 3 decode steps of
-    the three in one call each."""
+    the three in one call each (in the ort flavour, rows of other lengths packed)."""
     model = load_hf_model(hf)
-    check_rows_decode_together(bundle("standard"), lambda ids: hf_logits(model, ids)[-1], 3)
+    check_rows_decode_together(bundle(flavor), lambda ids: hf_logits(model, ids)[-1], 3)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("keys", (
+    {"index_local_blocks": 0}, {"index_local_blocks": 2},
+    {"index_block_size": 5, "index_topk_blocks": 2},  # the capacity no multiple of a block
+    {"index_head_dim": 16},  # the index key narrower than the value head it is cached in
+), ids=("no-local-block", "two-local-blocks", "blocks-of-5", "index-head-16"))
+def test_other_block_settings_compute_transformers_logits(keys, tmp_path):
+    """A 45-token prompt in chunks of 1, 7 and 16, in both flavours."""
+    hf_dir = build_hf_model("minimax_m3_vl_text", tmp_path / "hf",
+                            **{"index_topk_blocks": TOPK, **keys})
+    ids = prompt_ids(45)
+    want = hf_logits(load_hf_model(hf_dir), ids)
+    for flavor in FLAVORS:
+        export(hf_dir, tmp_path / flavor, ExportOptions(flavor=flavor, chunks=(16,),
+                                                        max_context=64, show_progress=False))
+        engine = Engine.load(tmp_path / flavor, threads=2, background=False)
+        for chunk in (1, 7, 16):
+            got = run_chunks(engine, ids, chunk)
+            ends = [min(start + chunk, len(ids)) - 1 for start in range(0, len(ids), chunk)]
+            np.testing.assert_allclose(np.stack(got), want[ends], rtol=1e-4, atol=1e-4,
+                                       err_msg=f"{flavor}, chunk {chunk}")
+        engine.close()
 
 
 @pytest.mark.slow

@@ -669,10 +669,10 @@ class DecoderBuilder:
                                 cfg.num_heads, cfg.head_dim)
         if self.moa is not None:  # JetMoE: routed queries over shared keys and values
             return self._routed_heads(p, i, h, step, rows)
-        if self.blocks is not None and i in self.blocks.shape.layers:  # MiniMax-M3
-            base = self.cfg  # its own projections; the index key's head in the cache
+        if self.blocks is not None and i in self.blocks.shape.layers:  # MiniMax-M3: the
+            # model's heads (`cfg` counts the index key's head and its query heads too)
             return self._output(p, rows(self.blocks.attention(p, h, i, step, layer)),
-                                base.num_heads, base.head_dim)
+                                self.cfg.num_heads, self.cfg.head_dim)
         if self.cca is not None:  # ZAYA: [B, C, ...] already, and L2-normed
             q, k, v = self._cca_qkv(p, h, i, cfg)
             gate = None
