@@ -265,6 +265,8 @@ def test_a_hub_config_reads_as_transformers_builds_the_model():
     ({"index_head_dim": 64}, "index_head_dim (64) must be at least the rotary dimension "
                              "(16) and at most head_dim (32)"),
     ({"index_local_blocks": 4}, "index_local_blocks 0 to index_topk_blocks"),
+    ({"index_block_size": 0}, "index_block_size and index_topk_blocks must be positive"),
+    ({"sparse_attention_config": [1, 0, 1]}, "sparse_attention_config must be an object"),
     ({"layer_types": ["sliding_attention", "full_attention", "full_attention"]},
      "layer_types ['sliding_attention'] are not supported"),
     ({"mlp_layer_types": ["dense", "moe", "sparse"]}, "mlp_layer_types must list"),
