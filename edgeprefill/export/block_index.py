@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from edgeprefill.contract import kv_names
 from edgeprefill.errors import ExportError
 from edgeprefill.export.sparse_index import HIDDEN, rotate
 
@@ -111,8 +112,8 @@ class BlockIndexer:
         q, k, v = (b.tokens.spread(t) for t in (q, k, v))
         assert layer.rope is not None
         index_q, index_k = self._index_qk(p + "self_attn.indexer.", h, step, layer.rope)
-        names = (f"past_key.{i}", f"past_value.{i}")
-        keys, visible = flavor.index_keys(g, index_k, names[1], step, 0,
+        names = kv_names(i)
+        keys, visible = flavor.index_keys(g, index_k, names.past_value, step, 0,
                                           self.shape.head_dim, head=kv)
         kept = self._kept(index_q, keys, visible, step)  # [B,KV+1,C,K]
         extra = heads // kv * d
@@ -120,8 +121,9 @@ class BlockIndexer:
         k = g.op("Pad", [k, g.const([0, 0, 0, 0, 0, d])])
         v = g.op("Concat", [v, g.op("Pad", [index_k, g.const(
             [0, 0, 0, 0, 0, d - self.shape.head_dim])])], axis=-1)
-        out = flavor.attention(g, q, k, v, names, (f"present_key.{i}", f"present_value.{i}"),
-                               step, layer, kept=kept)
+        out = flavor.attention(g, q, k, v, (names.past_key, names.past_value),
+                               (names.present_key, names.present_value), step, layer,
+                               kept=kept)
         out = g.op("Slice", [out, g.const([0]), g.const([heads * d]), g.const([-1])])
         return b.tokens.gather(out, heads * d)
 
