@@ -189,6 +189,15 @@ DOTS3 = {"num_hidden_layers": 4, "num_key_value_heads": 4, "q_lora_rank": 32,
          "routed_scaling_factor": 1.8, "index_topk": 2048, "index_head_dim": 32,
          "index_n_heads": 16, "rms_norm_eps": 0.1}
 
+MINIMAX_M3 = {"num_hidden_layers": 3, "head_dim": 32, "intermediate_size": 32,
+              "dense_intermediate_size": 48, "shared_intermediate_size": 24,
+              "num_local_experts": 8, "num_experts_per_tok": 2, "swiglu_limit": 1.0,
+              "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0,
+                                  "partial_rotary_factor": 0.5},
+              "layer_types": ["minimax_m3_sparse", "full_attention", "minimax_m3_sparse"],
+              "mlp_layer_types": ["dense", "sparse", "sparse"], "index_n_heads": 2,
+              "index_head_dim": 32, "index_block_size": 4, "index_topk_blocks": 1024,
+              "index_local_blocks": 1}
 FAMILIES: dict[str, dict] = {
     "llama": {},
     "llama-tied-llama3rope": {
@@ -576,6 +585,13 @@ FAMILIES: dict[str, dict] = {
     # norms' outputs (Hy4's keep 1e-6).
     "hy_v4_vl": {**HY_V4, "rms_norm_eps": 0.1, "rope_parameters": {
         "rope_type": "default", "rope_theta": 10000.0, "mrope_section": [4, 2, 2]}},
+    # MiniMax-M3's language model: indexed layers (blocks of 4 keys, the index heads 2, one
+    # per KV head) around a plain one, partial rotary (16 of 32), a dense MLP then experts
+    # beside a shared MLP, every SwiGLU clamped at 1 (which the fixture's gates pass). Its
+    # index_topk_blocks past the bundles' context (test_minimax_m3 exports it with 3).
+    "minimax_m3_vl_text": MINIMAX_M3,
+    # and MiniMaxM3SparseForConditionalGeneration's language model, beside tiny towers
+    "minimax_m3_vl": MINIMAX_M3,
     # dots.3 Note: DSA's indexed layers (GLM-5's interleaved indexer) beside sliding layers
     # (window 5) of latent sizes of their own (2 heads, ranks 20 and 16, rope 16 of 28;
     # the indexed layers' 4 heads, ranks 32, rope 32 of 64), experts on layers 1 and 3; an
@@ -1163,6 +1179,7 @@ IMAGE_TEXT = {
                                    "num_hidden_layers": 1, "num_attention_heads": 2,
                                    "patch_size": 14, "out_hidden_size": 64,
                                    "max_image_size": 28}},
+    "minimax_m3_vl": {"vision_config": TINY_VISION, "projector_hidden_size": 32},
     "mistral3": {"vision_config": {**TINY_VISION, "head_dim": 8}},
     "gemma4": {"vision_config": {"hidden_size": 16, "intermediate_size": 32,
                                  "num_hidden_layers": 1, "num_attention_heads": 2,

@@ -171,13 +171,12 @@ def test_the_native_kernels_leave_the_dynamic_mask_to_onnx_runtime(kept_bundle, 
     model = onnx.load(str(kept_bundle("ort") / "model.onnx"), load_external_data=False)
     nodes = [n for n in model.graph.node if n.op_type == "GroupQueryAttention"]
     assert len(nodes) == 2 and all(len(n.input) == 11 and n.input[10] for n in nodes)
-    why = ("an attention_bias input (ALiBi, Doge's dynamic mask, DeepSeek sparse "
-           "attention)")
-    assert [graph.why_not_eligible(n) for n in nodes] == [why] * 2
+    assert [graph.why_not_eligible(n) for n in nodes] == [graph.ATTENTION_BIAS_WHY] * 2
     monkeypatch.setattr(select, "why_not", lambda *args: None)  # as if the library ran here
     choice = select.choose(model, "ort", "float32", "cpu")
     assert choice.library is None
-    assert choice.described == f"GroupQueryAttention ({select.NO_ATTENTION}: {why})"
+    assert choice.described == (f"GroupQueryAttention ({select.NO_ATTENTION}: "
+                                f"{graph.ATTENTION_BIAS_WHY})")
     assert graph.add_native_attention(model) == 0
 
 

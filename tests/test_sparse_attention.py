@@ -224,8 +224,7 @@ def test_the_native_kernels_leave_the_selection_to_onnx_runtime(sparse_bundle):
                       load_external_data=False)
     nodes = [n for n in model.graph.node if n.op_type == "GroupQueryAttention"]
     assert len(nodes) == 3 and all(len(n.input) == 11 and n.input[10] for n in nodes)
-    assert {graph.why_not_eligible(n) for n in nodes} == {
-        "an attention_bias input (ALiBi, Doge's dynamic mask, DeepSeek sparse attention)"}
+    assert {graph.why_not_eligible(n) for n in nodes} == {graph.ATTENTION_BIAS_WHY}
     assert graph.add_native_attention(model) == 0
 
 

@@ -644,3 +644,10 @@ def _as_values(name: str, tensor: np.ndarray, dtype: np.dtype) -> np.ndarray:
         raise ExportError(f"{name} is stored as {tensor.dtype}, not as floats: a damaged "
                           "checkpoint, or quantized in a format export does not read")
     return tensor.astype(dtype, copy=False)
+
+
+def stored_apart(ckpt: Checkpoint, fused: str, first: str) -> bool:
+    """Whether a fused projection (a gate_up module) is stored as its parts instead: the
+    checkpoint lacks `fused`.weight and holds its first part's, `first`.weight (MiniMax-M3's
+    Hub layout, gate_proj and up_proj, which transformers joins at load)."""
+    return not ckpt.has(fused + ".weight") and ckpt.has(first + ".weight")

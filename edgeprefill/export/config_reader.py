@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from edgeprefill.errors import ExportError
 from edgeprefill.export.bitlinear import read_bitnet_scheme
+from edgeprefill.export.block_index import read_block_index
 from edgeprefill.export.bnb import read_bnb_scheme
 from edgeprefill.export.config_checks import (
     check_given,
@@ -153,6 +154,8 @@ def _read(config_type: type[ModelConfig], family: str, spec: FamilySpec,
         sparse_index=read_index(raw, spec.sparse_index, latent.rope_dim,
                                 plain=_plain_layers(spec, layers))
         if spec.sparse_index and latent else None,
+        block_index=read_block_index(raw, int(raw["num_key_value_heads"]), head_dim,
+                                     ropes[GLOBAL].rotary_dim) if spec.block_index else None,
         **sizes(raw, heads, hidden, head_dim, latent),
         **norms_and_activations(raw, spec),
         **attention_scores(raw, spec, head_dim, latent),

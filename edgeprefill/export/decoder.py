@@ -38,9 +38,10 @@ from edgeprefill.errors import ExportError
 from edgeprefill.export import differential
 from edgeprefill.export.altup import AltUp
 from edgeprefill.export.bitlinear import BitWeights
+from edgeprefill.export.block_index import BlockIndexer
 from edgeprefill.export.causal_conv import CausalConv
 from edgeprefill.export.cca import CcaProjection, qk_normed
-from edgeprefill.export.checkpoint import Checkpoint
+from edgeprefill.export.checkpoint import Checkpoint, stored_apart
 from edgeprefill.export.dynamic_mask import DynamicMask
 from edgeprefill.export.experts import MoeNames
 from edgeprefill.export.families import TensorNames
@@ -174,6 +175,8 @@ class DecoderBuilder:
                     if cfg.per_layer_input else None)
         self.q_scale = self._query_scale(past_lens, chunk)
         self.indexer = Indexer(self) if cfg.sparse_index is not None else None
+        # MiniMax-M3's indexed layers (export/block_index.py)
+        self.blocks = BlockIndexer(self) if cfg.block_index is not None else None
         self._latents: dict[tuple[LatentShape, int], LatentAttention] = {}
         x = self._embed(ids)  # [B,C,hidden] or packed [1,T,hidden]
         if cfg.embed_width is not None:  # OPT-350m: a narrower table, projected
@@ -666,6 +669,10 @@ class DecoderBuilder:
                                 cfg.num_heads, cfg.head_dim)
         if self.moa is not None:  # JetMoE: routed queries over shared keys and values
             return self._routed_heads(p, i, h, step, rows)
+        if self.blocks is not None and i in self.blocks.shape.layers:  # MiniMax-M3: the
+            # model's heads (`cfg` counts the index key's head and its query heads too)
+            return self._output(p, rows(self.blocks.attention(p, h, i, step, layer)),
+                                self.cfg.num_heads, self.cfg.head_dim)
         if self.cca is not None:  # ZAYA: [B, C, ...] already, and L2-normed
             q, k, v = self._cca_qkv(p, h, i, cfg)
             gate = None
@@ -1108,6 +1115,8 @@ class DecoderBuilder:
         # MatMul and a split beat two MatMuls (int4 decode ~10% faster, measured); in a
         # prefill chunk the split's copy costs ~1%.
         parts = [n.gate_up] if n.gate_up else [n.gate, n.up]
+        if n.gate_up and stored_apart(self.ckpt, p + n.gate_up, p + n.gate):
+            parts = [n.gate, n.up]
         # the packed bias (RecurrentGemma's): its parts' biases, concatenated (weights.py)
         packed_bias = p + parts[0] + ".bias" + ("" if len(parts) == 1 else ".packed")
         self.w.check_mlp([p + part + ".weight" for part in parts], p + n.down + ".weight",

@@ -354,9 +354,11 @@ def _identity_experts(cfg: ModelConfig) -> tuple[str, ...]:
 
 
 def _dropped_indexers(cfg: ModelConfig) -> tuple[str, ...]:
-    """The DeepSeek sparse attention indexers of a bundle within index_topk, which
-    ModelConfig.for_context leaves out (every key is kept there: dense MLA exactly)."""
-    if not cfg.spec.sparse_index or cfg.sparse_index is not None:
+    """The DeepSeek sparse attention indexers of a bundle within index_topk (MiniMax-M3's
+    within its blocks' reach), which ModelConfig.for_context leaves out (every key is kept
+    there: the dense attention exactly)."""
+    if not (cfg.spec.sparse_index or cfg.spec.block_index) or cfg.sparse_index is not None \
+            or cfg.block_index is not None:
         return ()
     return tuple(cfg.names.layer.format(i=i) + "self_attn.indexer."
                  for i in range(cfg.num_layers))

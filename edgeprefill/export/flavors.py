@@ -102,17 +102,20 @@ class Flavor(ABC):
         `present` names. `sink` [H] (gpt-oss): each head's sink logit, which joins the
         softmax's denominator (its weight attends to nothing). `dynamic` (Doge): each
         key's bias from its values added to the scores, the top keys kept
-        (export/dynamic_mask.py). `kept` [B,C,K] bool (DeepSeek Sparse Attention,
-        index_keys' K): the keys each query keeps, the others masked. Returns [B,C,H*D];
-        the layer's rotary (if any) applied."""
+        (export/dynamic_mask.py). `kept` [B,KV,C,K] bool (index_keys' K): the keys each
+        query keeps, per KV head (DeepSeek Sparse Attention's one latent head; MiniMax-M3's
+        blocks, export/block_index.py), the others masked. Returns [B,C,H*D]; the layer's
+        rotary (if any) applied."""
 
     @abstractmethod
     def index_keys(self, g: GraphBuilder, k_index: str, past_key: str, step: StepTensors,
-                   start: int) -> tuple[str, str]:
-        """DeepSeek Sparse Attention (export/sparse_index.py): every index key a query of
-        the step may score, [B,K,Di] (the cache's columns from `start` on, the chunk's own
-        k_index [B,C,Di] at its positions), and which each query sees, [B,C,K] bool. K is
-        the width attention() reads: the capacity (standard) or the op's total (ort)."""
+                   start: int, width: int | None = None, head: int = 0) -> tuple[str, str]:
+        """DeepSeek Sparse Attention (export/sparse_index.py), MiniMax-M3's block index
+        (export/block_index.py): every index key a query of the step may score, [B,K,Di]
+        (the cache's columns start to start + width of KV head `head`, width None: to the
+        head's end; the chunk's own k_index [B,C,Di] at its positions), and which each
+        query sees, [B,C,K] bool. K is the width attention() reads: the capacity
+        (standard) or the op's total (ort)."""
 
     @abstractmethod
     def rope_at_tokens(self, g: GraphBuilder, step: StepTensors, rope: str
@@ -202,7 +205,8 @@ class OrtFlavor(Flavor):
             extra["alibi"] = self.alibi_bias(g, self.cfg.alibi, past_lens, chunk, total)
         # rotary outside attention (rotary()): HunYuan's norms of the rotated q/k, MLA's
         # rope part of a head
-        if self.cfg.qk_norm == "head_rotated" or self.cfg.latent is not None:
+        if self.cfg.qk_norm == "head_rotated" or self.cfg.latent is not None \
+                or self.cfg.block_index is not None:
             extra["positions"] = positions(g, g.op("Cast", [past_lens], to=7), chunk)
         tables: dict[str, tuple[str, str]] = {}
         for rope, stem in self.rope_table_names().items():
@@ -262,14 +266,16 @@ class OrtFlavor(Flavor):
                                g.op("Slice", [shape, g.const([3]), g.const([5])])], axis=0)
         return g.op("Reshape", [heads, flat])
 
-    def index_keys(self, g, k_index, past_key, step, start):
+    def index_keys(self, g, k_index, past_key, step, start, width=None, head=0):
         # The op reads `total` keys and writes the chunk's itself: the earlier ones come from
         # the cache, the chunk's from k_index, as dynamic_bias merges Doge's.
         e = step.extra
+        end = self.cfg.head_dim if width is None else start + width
         total = g.op("Unsqueeze", [g.op("Cast", [e["total"]], to=7), g.const([0])])  # [1]
-        cached = g.op("Slice", [past_key, g.const([0, start]),
-                                g.op("Concat", [total, g.const([self.cfg.head_dim])], axis=0),
-                                g.const([2, 3])])
+        cached = g.op("Slice", [past_key, g.const([head, 0, start]),
+                                g.op("Concat", [g.const([head + 1]), total, g.const([end])],
+                                     axis=0),
+                                g.const([1, 2, 3])])
         cached = g.op("Squeeze", [cached, g.const([1])])  # [B,total,Di]
         past64 = g.op("Cast", [step.past_lens], to=7)
         key_pos = g.op("Range", [g.const(0), g.op("Squeeze", [total, g.const([0])]),
@@ -340,11 +346,11 @@ class OrtFlavor(Flavor):
             bias = self.dynamic_bias(g, v, past[1], step, layer, dynamic)
             inputs = inputs + [""] * (10 - len(inputs)) + [bias]
         elif kept is not None:
-            # DeepSeek Sparse Attention's selection, the same input: 0 where kept, [B,1,C,T]
-            # broadcast over the heads
+            # DeepSeek Sparse Attention's selection (MiniMax-M3's), the same input: 0 where
+            # kept, [B,KV,C,T], each KV head's for its query heads
             blocked = g.const(float(np.finfo(self.dtype).min), self.dtype)
-            bias = g.op("Where", [g.op("Unsqueeze", [kept, g.const([1])]),
-                                  g.const(0.0, self.dtype), blocked])
+            bias = self._per_query_head(g, g.op("Where", [kept, g.const(0.0, self.dtype),
+                                                          blocked]))
             inputs = inputs + [""] * (10 - len(inputs)) + [bias]
         if sink is not None:
             # input 11, head_sink: the CPU kernel adds exp(sink - max) to each head's
@@ -363,6 +369,20 @@ class OrtFlavor(Flavor):
             **window,
         )
         return out
+
+    def _per_query_head(self, g: GraphBuilder, bias: str) -> str:
+        """A bias [B,KV,C,T] per KV head as GroupQueryAttention's [B,H,C,T] (one KV head:
+        [B,1,C,T], broadcast over the heads)."""
+        kv, heads = self.cfg.num_kv_heads, self.cfg.num_heads
+        if kv == 1:
+            return bias
+        grouped = g.op("Expand", [g.op("Unsqueeze", [bias, g.const([2])]),
+                                  g.const([1, 1, heads // kv, 1, 1])])  # [B,KV,rep,C,T]
+        shape = g.op("Shape", [bias])
+        wide = g.op("Concat", [g.op("Slice", [shape, g.const([0]), g.const([1])]),
+                               g.const([heads]),
+                               g.op("Slice", [shape, g.const([2]), g.const([4])])], axis=0)
+        return g.op("Reshape", [grouped, wide])
 
     def differential_attention(self, g, q, k, v, past, present, step, layer):
         own = self.attention(g, q, k, v, past, present, step, layer)
@@ -426,11 +446,12 @@ class StandardFlavor(Flavor):
         """causal_mask over the keys at `key_pos` ([K] int64) alone: [B,1,1,C,K]."""
         return mask_over(g, key_pos, positions, window, self.dtype)
 
-    def index_keys(self, g, k_index, past_key, step, start):
+    def index_keys(self, g, k_index, past_key, step, start, width=None, head=0):
         # attention() reads the whole capacity: the cache's index columns, the chunk's
         # written at its positions as attention() writes the cache
-        cached = g.op("Slice", [past_key, g.const([start]), g.const([self.cfg.head_dim]),
-                                g.const([3])])  # [B,1,cap,Di]
+        end = self.cfg.head_dim if width is None else start + width
+        cached = g.op("Slice", [past_key, g.const([head, start]), g.const([head + 1, end]),
+                                g.const([1, 3])])  # [B,1,cap,Di]
         own = g.op("Unsqueeze", [k_index, g.const([1])])
         keys = g.op("TensorScatter", [cached, own, step.extra["write_at"]], axis=-2)
         keys = g.op("Squeeze", [keys, g.const([1])])
@@ -526,9 +547,9 @@ class StandardFlavor(Flavor):
             bias = dynamic_mask.cache_bias(g, values, dynamic)
             bias = g.op("Unsqueeze", [bias, g.const([2, 3])])  # [B,KV,1,1,cap]
             mask = dynamic_mask.masked(g, bias, mask, dynamic.keep, self.dtype)
-        if kept is not None:  # DeepSeek Sparse Attention: the keys each query keeps
+        if kept is not None:  # DeepSeek Sparse Attention: the keys each query keeps, per KV head
             blocked = g.const(float(np.finfo(self.dtype).min), self.dtype)
-            mask = g.op("Where", [g.op("Unsqueeze", [kept, g.const([1, 2])]), mask, blocked])
+            mask = g.op("Where", [g.op("Unsqueeze", [kept, g.const([2])]), mask, blocked])
         return q4, keys, values, mask
 
     def attend(self, g: GraphBuilder, q4: str, keys: str, values: str, mask: str,

@@ -189,6 +189,8 @@ class LatentAttention:
             q, k = self.flavor.rotary(g, q, k, step, layer.rope)
         # Hy4's sinks, one per query head of these layers
         sink = b.layer_sinks(p, self.layer_cfg) if cfg.spec.sinks else None
+        if kept is not None:  # the one latent KV head's
+            kept = g.op("Unsqueeze", [kept, g.const([1])])
         out = self.flavor.attention(g, q, k, k, (names.past_key, names.past_value),
                                     (names.present_key, names.present_value), step,
                                     replace(layer, rope=None), sink, kept=kept)

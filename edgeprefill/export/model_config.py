@@ -15,6 +15,7 @@ from edgeprefill.contract import CONV, RECURRENT
 from edgeprefill.errors import ExportError
 from edgeprefill.export.altup import AltUpConfig
 from edgeprefill.export.bitlinear import BitNetScheme
+from edgeprefill.export.block_index import BlockIndex
 from edgeprefill.export.bnb import BnbScheme
 from edgeprefill.export.cca import CcaShape
 from edgeprefill.export.config_checks import check_model_config
@@ -186,6 +187,9 @@ class ModelConfig:
     # attention; None: none, also where the bundle's context is within its index_topk
     # (for_context: every key kept, dense MLA exactly).
     sparse_index: IndexShape | None = None
+    # MiniMax-M3's block index (export/block_index.py) on its indexed layers; None: none,
+    # also where the bundle's context is within its reach (for_context: every block kept).
+    block_index: BlockIndex | None = None
     # DeepSeek-V3's multi-token-prediction layers (num_nextn_predict_layers), stored after
     # the last as model.layers.{num_layers + k}.: not the causal LM's, left out of export.
     mtp_layers: int = 0
@@ -390,8 +394,18 @@ class ModelConfig:
             index = index if max_context > index.topk else None
             latent = replace(latent, index_dim=index.head_dim if index else 0)
             head_dim = latent.cache_dim
+        blocks, layers = self.block_index, self.layers
+        if blocks is not None:
+            # where the indexer bites, the index key's head and its query heads join the
+            # indexed layers (block_index.py)
+            blocks = blocks if max_context > blocks.reach else None
+            layers = tuple(replace(layer, kv_heads=self.num_kv_heads + 1,
+                                   heads=self.num_heads // self.num_kv_heads
+                                   * (self.num_kv_heads + 1))
+                           if blocks and i in blocks.layers else layer
+                           for i, layer in enumerate(self.layers))
         return replace(self, ropes=ropes, sparse_index=index, latent=latent,
-                       head_dim=head_dim)
+                       head_dim=head_dim, block_index=blocks, layers=layers)
 
     @classmethod
     def from_hf(cls, raw: dict[str, Any]) -> ModelConfig:

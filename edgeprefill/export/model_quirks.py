@@ -95,6 +95,13 @@ def _attention(cfg: ModelConfig) -> list[str]:
                    f"{cfg.sparse_index.topk} best keys by a lightning indexer"
                    if cfg.sparse_index else "DeepSeek sparse attention within its index_topk "
                    "at this context: every key kept (dense latent attention, no indexer)")
+    if cfg.spec.block_index:  # MiniMax-M3's, where the bundle's context bites
+        blocks = cfg.block_index
+        out.append(f"block-sparse attention: each KV head's queries keep their "
+                   f"{blocks.topk} best blocks of {blocks.block} keys by a lightning indexer "
+                   "(its index key cached in one more KV head)" if blocks else
+                   "block-sparse attention within its index_topk_blocks at this context: "
+                   "every block kept (dense attention, no indexer)")
     if cfg.context_cap is not None:
         out.append(f"the context is capped at {cfg.context_cap.tokens} tokens, "
                    f"{cfg.context_cap.reason}")
@@ -105,7 +112,8 @@ def _kv_cache(cfg: ModelConfig) -> list[str]:
     """What the KV cache holds other than each layer's own keys and values of head_dim:
     layers' own head counts and sizes, narrower values, shared and k = v layers."""
     out = []
-    if any(layer.heads for layer in cfg.layers):  # OpenELM's, DeciLM's counts by layer
+    # OpenELM's, DeciLM's counts by layer (not MiniMax-M3's index key head: its own line)
+    if any(layer.heads for layer in cfg.layers) and cfg.block_index is None:
         heads = [cfg.layer_heads(i) for i in cfg.kv_layers]
         kv = [cfg.layer_kv_heads(i) for i in cfg.kv_layers]
         dims = [cfg.layer_head_dim(i) for i in cfg.kv_layers]  # dots.3's differ too

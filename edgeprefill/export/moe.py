@@ -31,7 +31,7 @@ import numpy as np
 
 from edgeprefill.errors import ExportError
 from edgeprefill.export import mxfp4
-from edgeprefill.export.checkpoint import Checkpoint
+from edgeprefill.export.checkpoint import Checkpoint, stored_apart
 from edgeprefill.export.experts import MoeConfig, MoeNames
 from edgeprefill.export.graph import GraphBuilder
 from edgeprefill.export.swiglu_clamps import Clamp, clamped_glu
@@ -301,6 +301,9 @@ class MixtureOfExperts:
         assert n.shared is not None
         stem = p + n.shared
         parts = [n.shared_gate_up] if n.shared_gate_up else [n.gate, n.up]
+        if n.shared_gate_up and stored_apart(self.ckpt, stem + n.shared_gate_up,
+                                             stem + n.gate):
+            parts = [n.gate, n.up]
         gate_up = self.w.linear(x, [stem + part + ".weight" for part in parts], None)
         gate, up = g.op("Split", [gate_up], 2, axis=-1, num_outputs=2)
         down = stem + (n.shared_down or n.down) + ".weight"

@@ -11,6 +11,10 @@
   clamp before the activation, on the routed experts only, L their one `swiglu_limit`
   (at or below 0: no clamp); the shared experts and dense MLPs clamp nothing. ONNX
   Runtime's MoE op computes it (its swiglu_limit, alpha 1, beta 0: export/moe_op.py).
+- "oai", MiniMax-M3's shared expert and dense MLPs (MiniMaxM3VLDenseMLP): gpt-oss's clamped
+  SwiGLU, (clamp(up, -L, L) + 1) * g * sigmoid(alpha g) with g = min(gate, L), L its
+  swiglu_limit and alpha its swiglu_alpha, whatever their sign (its routed experts' is the
+  same, MoeSpec.clamped_swiglu's).
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ class SwigluClamps:
     routed: tuple[Bound, ...]
     shared: tuple[Bound, ...]
     gate_first: bool = False
+    alpha: float | None = None  # "oai": gpt-oss's activation at this alpha
 
     @property
     def routed_any(self) -> bool:
@@ -48,12 +53,16 @@ class Clamp:
 
     limit: float
     gate_first: bool
+    alpha: float | None = None  # gpt-oss's (up + 1) * g * sigmoid(alpha g), g the gate
 
 
 def read_swiglu_clamps(raw: dict[str, Any], order: str) -> SwigluClamps | None:
     """The bounds config.json lists (None where it lists none), in `order` ("after",
     "before": the module's docstring)."""
     count = int(raw["num_hidden_layers"])
+    if order == "oai":
+        limit, alpha = float(raw["swiglu_limit"]), float(raw["swiglu_alpha"])
+        return SwigluClamps((None,) * count, (limit,) * count, alpha=alpha)
     if order == "before":
         limit = raw.get("swiglu_limit")
         if isinstance(limit, bool) or not isinstance(limit, int | float | None):
@@ -82,10 +91,17 @@ def _bounds(raw: dict[str, Any], key: str, count: int) -> tuple[Bound, ...]:
 
 def clamped_glu(g: GraphBuilder, gate: str, act: Callable[[str], str], up: str,
                 clamp: Clamp | None, dtype: np.dtype) -> str:
-    """act(gate) * up, the gate and up clamped as `clamp` says (None: not at all)."""
+    """act(gate) * up, the gate and up clamped as `clamp` says (None: not at all); with the
+    clamp's alpha gpt-oss's activation in place of act."""
     if clamp is None:
         return g.op("Mul", [act(gate), up])
     high, low = g.const(clamp.limit, dtype), g.const(-clamp.limit, dtype)
+    if clamp.alpha is not None:
+        gate = g.op("Min", [gate, high])
+        glu = g.op("Mul", [gate, g.op("Sigmoid", [g.op("Mul", [gate, g.const(clamp.alpha,
+                                                                             dtype)])])])
+        up = g.op("Add", [g.op("Clip", [up, low, high]), g.const(1.0, dtype)])
+        return g.op("Mul", [glu, up])
     gated = act(g.op("Min", [gate, high])) if clamp.gate_first else \
         g.op("Min", [act(gate), high])
     return g.op("Mul", [gated, g.op("Clip", [up, low, high])])
@@ -99,7 +115,7 @@ def bounds_by_prefix(clamps: SwigluClamps | None, layer: str
         return {}
 
     def clamp(bound: Bound) -> Clamp | None:
-        return None if bound is None else Clamp(bound, clamps.gate_first)
+        return None if bound is None else Clamp(bound, clamps.gate_first, clamps.alpha)
 
     return {layer.format(i=i): (clamp(routed), clamp(shared))
             for i, (routed, shared) in enumerate(zip(clamps.routed, clamps.shared,

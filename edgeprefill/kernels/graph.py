@@ -77,6 +77,11 @@ SOFTCAP = "softcap"
 UNSUPPORTED_WHY = {"smooth_softmax": "a smooth softmax", "qk_output": "q.k outputs"}
 
 
+# Why a GroupQueryAttention with an attention_bias input stays stock, in a user's words
+ATTENTION_BIAS_WHY = ("an attention_bias input (ALiBi, Doge's dynamic mask, DeepSeek's or "
+                      "MiniMax-M3's sparse attention)")
+
+
 def eligible(node: NodeProto) -> bool:
     """A GroupQueryAttention (packed qkv or q, k, v apart; rotary inside or none) with
     nothing the kernel lacks."""
@@ -102,11 +107,10 @@ def why_not_eligible(node: NodeProto) -> str | None:
     if not (kv_heads > 0 and heads % kv_heads == 0 and heads // kv_heads <= MAX_GROUP):
         return f"{heads} query heads over {kv_heads} KV heads"
     # ALiBi's scores are biased by distance, Doge's by each key's values (its dynamic mask),
-    # DeepSeek sparse attention's mask the keys its indexer does not keep, which the
-    # kernels' softmax does not add.
+    # DeepSeek's and MiniMax-M3's sparse attention's mask the keys their indexers do not
+    # keep, which the kernels' softmax does not add.
     if len(inputs) > ATTENTION_BIAS and inputs[ATTENTION_BIAS]:
-        return ("an attention_bias input (ALiBi, Doge's dynamic mask, DeepSeek sparse "
-                "attention)")
+        return ATTENTION_BIAS_WHY
     # Inputs 9 and 10 (position_ids, attention_bias) the kernels lack; 11, head_sink, they take.
     if not ("scale" in attrs and not any(node.input[9:HEAD_SINK]) and packed_or_split
             and all(inputs[i] for i in PREFILL_INPUTS if rotary or i not in ROTARY_INPUTS)

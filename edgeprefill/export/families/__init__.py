@@ -43,6 +43,7 @@ from edgeprefill.export.families import (
     latent,
     longcat,
     minimax,
+    minimax_m3,
     moe_sigmoid,
     moe_softmax,
     moe_top_k,
@@ -87,8 +88,6 @@ REFUSED_TYPES: dict[str, str] = {
                      "convolutions are not supported",
     "inkling2_loop_text": "Inkling 2 Loop's looped layers (a second pass over depth, mixing "
                           "the first pass's messages) are not supported",
-    "minimax_m3_vl_text": "MiniMax-M3's sparse attention (an indexer choosing each query's "
-                          "keys) is not supported",
     "gemma4_assistant": "the Gemma 4 assistant is a drafter that reads its target model's "
                         "hidden states; it is not a language model export can run alone",
     "gemma4_unified_assistant": "the Gemma 4 Unified assistant is a drafter that reads its "
@@ -103,8 +102,6 @@ REFUSED_TYPES: dict[str, str] = {
     "qwen4_exp_text": "Qwen4-Exp's sparse attention indexer, n-gram embeddings and gated "
                       "residuals are not supported",
     # image-text checkpoints whose language model is none export supports
-    "minimax_m3_vl": "MiniMax-M3-VL's language model (minimax_m3_vl_text) uses sparse "
-                     "attention (an indexer choosing each query's keys), which is not supported",
     "mistral_large4": "Mistral Large 4's learned rope scaling (LeRoPE), learned position "
                       "scaling of its sparse attention's queries, NoPE layers of another "
                       "latent width and layers reading another's latent cache are not "
@@ -216,6 +213,7 @@ _TEXT: dict[str, FamilySpec] = _merged(
     chameleon.FAMILIES,
     step3p5.FAMILIES,
     minimax.FAMILIES,
+    minimax_m3.FAMILIES,
     molmo2.FAMILIES,
 )
 # A wrapper's entry is the spec of its default language model (its config class's).

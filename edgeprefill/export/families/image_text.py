@@ -715,6 +715,13 @@ WRAPPERS: dict[str, Wrapper] = {
                           towers=("vision_tower.", "audio_tower.", "vision_encoder.",
                                   "audio_encoder.", "audio_adapter."),
                           flat_text=DOTS3_TEXT_KEYS),
+    # MiniMax-M3 (MiniMaxM3SparseForConditionalGeneration): its language model
+    # (minimax_m3_vl_text) beside a vision tower and projector, its head the causal LM's;
+    # MiniMaxM3VLConfig ties where either config says so
+    "minimax_m3_vl": Wrapper("minimax_m3_vl_text", tie=False, either_ties=True,
+                             text_types=("minimax_m3_vl_text",), towers=(
+                                 "vision_tower.", "multi_modal_projector.",
+                                 "patch_merge_mlp.")),
     # MOSS Transcribe-Diarize: Qwen3 beside a Whisper-like audio encoder and its projector
     # (speech enters as embeddings; a text prompt is the Qwen3's alone)
     "moss_transcribe_diarize": Wrapper("qwen3", tie=True,

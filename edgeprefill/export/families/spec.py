@@ -463,6 +463,10 @@ class FamilySpec:
     # (GLM-5) of its first dims, or on its last dims: "last_halves" (Hy4),
     # "last_interleaved" (Hy4-VL); None: none.
     sparse_index: str | None = None
+    # MiniMax-M3's block index (export/block_index.py): a lightning indexer choosing each
+    # query's blocks of keys, per KV head, on the layers its legacy hook lists as
+    # `block_index_layers` (layer_types' "minimax_m3_sparse").
+    block_index: bool = False
     # Whether the family's model reads a BitNet quantization_config (export/bitlinear.py):
     # its projections then BitLinear layers, the activations fake-quantized to int8.
     bitnet: bool = False
