@@ -21,6 +21,7 @@ import time
 
 import numpy as np
 import onnxruntime as ort
+from int8_matmul import taking_turns
 from onnx import TensorProto, helper, numpy_helper
 
 from edgeprefill.engines.ort.f32_projections import OP, pack
@@ -85,14 +86,7 @@ def main() -> int:
             runs = {op: session(op, k, n, layers, threads, library) for op in (OLD, OP)}
             for rows in (int(r) for r in args.rows.split(",")):
                 a = np.random.default_rng(rows).standard_normal((rows, k)).astype(np.float32)
-                out = {op: s.run(None, {"a": a})[0] for op, s in runs.items()}
-                times: dict[str, list[float]] = {op: [] for op in runs}
-                for _ in range(args.turns):
-                    for op, s in runs.items():
-                        for _ in range(args.calls):
-                            start = clock()
-                            s.run(None, {"a": a})
-                            times[op].append(clock() - start)
+                out, times = taking_turns(runs, a, args.turns, args.calls, clock)
                 old, new = (pick(times[op]) / layers for op in (OLD, OP))
                 gbps = [4 * k * n / t / 1e9 for t in (old, new)]
                 diff = np.abs(out[OP] - out[OLD]).max() / np.abs(out[OLD]).max()

@@ -70,6 +70,21 @@ def session(op: str, k: int, n: int, layers: int, threads: int, library: str):
                                 providers=["CPUExecutionProvider"])
 
 
+def taking_turns(runs: dict, a: np.ndarray, turns: int, calls: int,
+                 clock) -> tuple[dict[str, np.ndarray], dict[str, list[float]]]:
+    """Each session's output on `a`, and the times of `calls` calls of each, the sessions
+    taking turns `turns` times (benchmarks/f32_matmul.py's too)."""
+    out = {op: s.run(None, {"a": a})[0] for op, s in runs.items()}
+    times: dict[str, list[float]] = {op: [] for op in runs}
+    for _ in range(turns):
+        for op, s in runs.items():
+            for _ in range(calls):
+                start = clock()
+                s.run(None, {"a": a})
+                times[op].append(clock() - start)
+    return out, times
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", default="1,2", help="comma-separated")
@@ -100,14 +115,7 @@ def main() -> int:
             runs = {op: session(op, k, n, layers, threads, library) for op in (OLD, OP)}
             for rows in (int(r) for r in args.rows.split(",")):
                 a = np.random.default_rng(rows).standard_normal((rows, k)).astype(np.float32)
-                out = {op: s.run(None, {"a": a})[0] for op, s in runs.items()}
-                times: dict[str, list[float]] = {op: [] for op in runs}
-                for _ in range(args.turns):
-                    for op, s in runs.items():
-                        for _ in range(args.calls):
-                            start = clock()
-                            s.run(None, {"a": a})
-                            times[op].append(clock() - start)
+                out, times = taking_turns(runs, a, args.turns, args.calls, clock)
                 old, new = (pick(times[op]) / layers * 1e6 for op in (OLD, OP))
                 diff = np.abs(out[OP] - out[OLD]).max() / np.abs(out[OLD]).max()
                 print(f"  {threads}t {name:8} {k:5} x {n:<6} rows {rows:4}: {OLD} {old:9.1f}"
