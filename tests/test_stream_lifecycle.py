@@ -54,17 +54,20 @@ def test_close_ends_queued_prefilling_decoding_and_just_submitted_streams(make_e
 def test_close_racing_with_submitting_threads_leaves_no_stream_open(make_engine):
     engine = make_engine(kv_slots=2)
     streams, refused = [], []
+    submitting = threading.Event()  # close once submissions are under way, not before
 
     def submit_many(seed: int) -> None:
         for i in range(50):
             try:
                 streams.append(engine.generate(ids(20, seed * 100 + i), MANY))
+                submitting.set()
             except EngineClosedError:
                 refused.append(i)
 
     threads = [threading.Thread(target=submit_many, args=(s,)) for s in range(3)]
     for t in threads:
         t.start()
+    assert submitting.wait(30)
     engine.close()
     for t in threads:
         t.join()
