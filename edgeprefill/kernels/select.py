@@ -14,10 +14,10 @@ prefill took 1.6x as long on a Zen 3 before its AVX2 path, docs/benchmarks.md).
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import NamedTuple
 
+from edgeprefill.env_choice import env_choice
 from edgeprefill.errors import BackendError
 from edgeprefill.kernels.build import cpu_has_vector_kernels, library_path
 from edgeprefill.kernels.gated_delta import OP as DELTA_OP
@@ -71,10 +71,7 @@ class KernelChoice(NamedTuple):
 
 
 def mode() -> str:
-    value = os.environ.get(MODE_ENV, "auto").strip().lower() or "auto"
-    if value not in MODES:
-        raise BackendError(f"{MODE_ENV}={value!r}: choose one of {', '.join(MODES)}")
-    return value
+    return env_choice(MODE_ENV, MODES)
 
 
 def why_not(flavor: str, dtype: str, device: str) -> str | None:

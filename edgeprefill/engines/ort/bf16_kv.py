@@ -19,13 +19,11 @@ give the same bits either way, decode rows differ by the cache's rounding).
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 from onnx import AttributeProto, ModelProto, NodeProto, TensorProto
 
 from edgeprefill.contract import KVPair
-from edgeprefill.errors import BackendError
+from edgeprefill.env_choice import env_choice
 from edgeprefill.kernels.build import cpu_has_bf16
 from edgeprefill.kernels.graph import DOMAIN, PREFILL_BF16_KV_OP, PREFILL_OP, every_node
 
@@ -35,10 +33,7 @@ DTYPE = np.dtype(np.uint16)  # the arena's element type: bf16 bits
 
 
 def mode() -> str:
-    value = os.environ.get(MODE_ENV, "auto").strip().lower() or "auto"
-    if value not in MODES:
-        raise BackendError(f"{MODE_ENV}={value!r}: choose one of {', '.join(MODES)}")
-    return value
+    return env_choice(MODE_ENV, MODES)
 
 
 def why_not_here() -> str | None:

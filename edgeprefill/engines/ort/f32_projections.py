@@ -20,7 +20,6 @@ keeps ONNX Runtime's MatMul.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -29,6 +28,7 @@ from onnx import ModelProto
 
 from edgeprefill.engines.ort.derived import Derived, hand_over
 from edgeprefill.engines.ort.projections import replace_projections
+from edgeprefill.env_choice import env_choice
 from edgeprefill.errors import BackendError
 from edgeprefill.kernels.build import cpu_has_vector_kernels
 from edgeprefill.kernels.graph import declare_domain
@@ -52,9 +52,7 @@ def why_not(native: bool) -> str | None:
     """Why float32 projections keep ONNX Runtime's MatMul here, or None: turned off, no
     native kernels, or a CPU whose build has no vector code for them (AVX-512, AVX2 with
     FMA, NEON: elsewhere its portable loops would be far slower than MLAS)."""
-    value = os.environ.get(MODE_ENV, "auto").strip().lower() or "auto"
-    if value not in MODES:
-        raise BackendError(f"{MODE_ENV}={value!r}: choose one of {', '.join(MODES)}")
+    value = env_choice(MODE_ENV, MODES)
     if value == "off":
         return f"{MODE_ENV}=off"
     if not native:

@@ -30,7 +30,6 @@ arrays handed to the session (docs/design.md, "int4 prefill at int8 speed").
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -47,6 +46,7 @@ from onnx import (
 from edgeprefill.contract import INPUT_IDS
 from edgeprefill.engines.ort import int8_unsigned
 from edgeprefill.engines.ort.derived import Derived, hand_over, initializer
+from edgeprefill.env_choice import env_choice
 from edgeprefill.errors import BackendError
 from edgeprefill.export.quantize import int4_dequantize, int8_per_channel
 from edgeprefill.kernels.graph import DOMAIN, declare_domain, int_attribute, takes_last_rows
@@ -75,11 +75,7 @@ MODES = ("int8", "level0", *UNSWITCHED)
 
 
 def mode() -> str:
-    value = os.environ.get(MODE_ENV, "int8").strip().lower() or "int8"
-    if value not in MODES:
-        choices = ", ".join(MODES)
-        raise BackendError(f"{MODE_ENV}={value!r}: choose one of {choices}")
-    return value
+    return env_choice(MODE_ENV, MODES)
 
 
 def every_row_as_decode() -> bool:

@@ -14,7 +14,6 @@ prefilled as fast as DynamicQuantizeMatMul and decoded 14-22% faster (docs/bench
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -24,6 +23,7 @@ from onnx import ModelProto, NodeProto, TensorProto, helper
 from edgeprefill.engines.ort import int4_decode, int8_unsigned
 from edgeprefill.engines.ort.derived import Derived, hand_over, initializer
 from edgeprefill.engines.ort.int8_unsigned import int8_projection
+from edgeprefill.env_choice import env_choice
 from edgeprefill.errors import BackendError
 from edgeprefill.kernels.graph import DOMAIN, declare_domain
 
@@ -50,9 +50,7 @@ def why_not(native: bool) -> str | None:
     as fast as DynamicQuantizeMatMul and decoded 2-15% faster (docs/benchmarks.md, stop 44),
     and DynamicQuantizeMatMul's one scale a call left two families' int8 logits 7-10% of
     their scale off fp32 (stop 55)."""
-    value = os.environ.get(MODE_ENV, "auto").strip().lower() or "auto"
-    if value not in MODES:
-        raise BackendError(f"{MODE_ENV}={value!r}: choose one of {', '.join(MODES)}")
+    value = env_choice(MODE_ENV, MODES)
     if value == "off":
         return f"{MODE_ENV}=off"
     if not native:

@@ -19,7 +19,6 @@ precision is lost, and where VNNI is present nothing changes. `EDGEPREFILL_INT8_
 from __future__ import annotations
 
 import importlib
-import os
 import platform
 from collections.abc import Callable
 from pathlib import Path
@@ -30,7 +29,7 @@ from onnx import ModelProto, NodeProto, TensorProto
 
 from edgeprefill.engines.ort.derived import Derived, hand_over, initializer
 from edgeprefill.engines.ort.fusing import lm_head
-from edgeprefill.errors import BackendError
+from edgeprefill.env_choice import env_choice
 from edgeprefill.kernels.build import cpu_identity
 
 MODE_ENV = "EDGEPREFILL_INT8_UNSIGNED"
@@ -48,10 +47,7 @@ class Int8Unsigned(NamedTuple):
 
 
 def mode() -> str:
-    value = os.environ.get(MODE_ENV, "auto").strip().lower() or "auto"
-    if value not in MODES:
-        raise BackendError(f"{MODE_ENV}={value!r}: choose one of {', '.join(MODES)}")
-    return value
+    return env_choice(MODE_ENV, MODES)
 
 
 def saturates() -> bool:
