@@ -289,8 +289,9 @@ def _int8_line(graph, native: bool) -> list[str]:
 
 
 def _derived_line(bundle, manifest, proto) -> list[str]:
-    """Bundles whose weights a load may derive from (int4 ones, and float32 ones under
-    `--compute bf16`): where the derived weights are cached (engines.ort.derived_cache)."""
+    """Bundles whose weights a load may derive from (int4 ones, and float32 ones: MatMulF32's
+    panels, `--compute bf16`'s): where the derived weights are cached
+    (engines.ort.derived_cache)."""
     graph = manifest.graph
     if graph.dtype != "float32" or graph.flavor != "ort" or graph.quantization == "int8":
         return []
