@@ -38,14 +38,10 @@ def check_chunks_against(bundle_dir: Path, model: Any, ids: list[int], chunk: in
                                atol=1e-3)
 
 
-def flavour_fixtures(family: str) -> tuple[Any, Any]:
-    """Module-scoped fixtures `hf` (`family`'s fixture checkpoint, tests/conftest.py) and
-    `bundle` (flavor -> its bundle of that flavour: 16-token chunks, 128 positions, exported
-    at first use). Bind them to those names in the test module: `hf, bundle = ...`."""
-
-    @pytest.fixture(scope="module")
-    def hf(tmp_path_factory: pytest.TempPathFactory) -> Path:
-        return build_hf_model(family, tmp_path_factory.mktemp(family))
+def flavour_bundles(stem: str, max_context: int = 128) -> Any:
+    """A module-scoped fixture `bundle` (flavor -> the module's `hf` checkpoint exported in
+    that flavour: 16-token chunks, `max_context` positions, exported at first use, in a
+    folder named after `stem`). Bind it to that name: `bundle = flavour_bundles(...)`."""
 
     @pytest.fixture(scope="module")
     def bundle(hf: Path, tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
@@ -53,11 +49,24 @@ def flavour_fixtures(family: str) -> tuple[Any, Any]:
 
         def get(flavor: str) -> Path:
             if flavor not in made:
-                made[flavor] = tmp_path_factory.mktemp(f"{family}-{flavor}")
+                made[flavor] = tmp_path_factory.mktemp(f"{stem}-{flavor}")
                 export(hf, made[flavor], ExportOptions(flavor=flavor, chunks=(16,),
-                                                       max_context=128, show_progress=False))
+                                                       max_context=max_context,
+                                                       show_progress=False))
             return made[flavor]
 
         return get
 
-    return hf, bundle
+    return bundle
+
+
+def flavour_fixtures(family: str) -> tuple[Any, Any]:
+    """Module-scoped fixtures `hf` (`family`'s fixture checkpoint, tests/conftest.py) and
+    `bundle` (flavour_bundles: flavor -> its bundle of that flavour). Bind them to those
+    names in the test module: `hf, bundle = ...`."""
+
+    @pytest.fixture(scope="module")
+    def hf(tmp_path_factory: pytest.TempPathFactory) -> Path:
+        return build_hf_model(family, tmp_path_factory.mktemp(family))
+
+    return hf, flavour_bundles(family)

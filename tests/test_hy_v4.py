@@ -35,7 +35,7 @@ from edgeprefill.export.model_config import ModelConfig
 from edgeprefill.export.quantize import QuantConfig
 from edgeprefill.sdk import Engine
 from tests.conftest import FAMILIES, build_hf_model, load_hf_model
-from tests.flavour_bundles import check_chunks_against, hf_logits
+from tests.flavour_bundles import check_chunks_against, flavour_bundles, hf_logits
 from tests.test_exactness import FLAVORS, prompt_ids
 from tests.test_mla import dequantized_int4_but_kv_b
 from tests.test_openelm import check_chunks_and_padding, check_rows_decode_together, run_chunks
@@ -48,18 +48,7 @@ def hf(tmp_path_factory) -> Path:
     return build_hf_model("hy_v4", tmp_path_factory.mktemp("hy_v4-k8"), index_topk=TOPK)
 
 
-@pytest.fixture(scope="module")
-def bundle(hf, tmp_path_factory):
-    made: dict[str, Path] = {}
-
-    def get(flavor: str) -> Path:
-        if flavor not in made:
-            made[flavor] = tmp_path_factory.mktemp(f"hy_v4-k8-{flavor}")
-            export(hf, made[flavor], ExportOptions(flavor=flavor, chunks=(16,),
-                                                   max_context=128, show_progress=False))
-        return made[flavor]
-
-    return get
+bundle = flavour_bundles("hy_v4-k8")
 
 
 @pytest.mark.parametrize("flavor", FLAVORS)

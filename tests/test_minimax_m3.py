@@ -41,7 +41,7 @@ from edgeprefill.export.quantize import QuantConfig
 from edgeprefill.kernels import graph, select
 from edgeprefill.sdk import Engine
 from tests.conftest import FAMILIES, build_hf_model, load_hf_model
-from tests.flavour_bundles import check_chunks_against, hf_logits
+from tests.flavour_bundles import check_chunks_against, flavour_bundles, hf_logits
 from tests.test_exactness import FLAVORS, prompt_ids
 from tests.test_mla import dequantized_int4_but_kv_b
 from tests.test_openelm import check_chunks_and_padding, check_rows_decode_together, run_chunks
@@ -59,18 +59,7 @@ def hf(hf_model, tmp_path_factory) -> Path:
     return out
 
 
-@pytest.fixture(scope="module")
-def bundle(hf, tmp_path_factory):
-    made: dict[str, Path] = {}
-
-    def get(flavor: str) -> Path:
-        if flavor not in made:
-            made[flavor] = tmp_path_factory.mktemp(f"m3-k3-{flavor}")
-            export(hf, made[flavor], ExportOptions(flavor=flavor, chunks=(16,),
-                                                   max_context=64, show_progress=False))
-        return made[flavor]
-
-    return get
+bundle = flavour_bundles("m3-k3", max_context=64)
 
 
 def test_chunks_that_cut_blocks_compute_transformers_logits(hf, bundle):
