@@ -22,8 +22,8 @@ import sys
 import time
 
 import numpy as np
-import onnxruntime as ort
-from onnx import TensorProto, helper, numpy_helper
+from onnx import helper, numpy_helper
+from op_ab import graph_session, taking_turns
 
 from edgeprefill.engines.ort.int4_decode import OP, repack
 from edgeprefill.export.quantize import int4_blockwise
@@ -36,7 +36,7 @@ SHAPES = {"qkv": (576, 960), "o": (576, 576), "gate_up": (576, 3072), "down": (1
 
 def session(op: str, k: int, n: int, layers: int, threads: int, library: str):
     rng = np.random.default_rng(k * n)
-    nodes, inits, outputs = [], [], []
+    nodes, inits = [], []
     for i in range(layers):
         packed, scales = int4_blockwise(rng.standard_normal((n, k)).astype(np.float32), 32)
         if op == OP:
@@ -49,19 +49,8 @@ def session(op: str, k: int, n: int, layers: int, threads: int, library: str):
                 K=k, N=n, bits=4, block_size=32, accuracy_level=4))
         inits += [numpy_helper.from_array(packed, f"b{i}"),
                   numpy_helper.from_array(scales, f"s{i}")]
-        outputs.append(helper.make_tensor_value_info(f"y{i}", TensorProto.FLOAT, None))
-    graph = helper.make_graph(nodes, "int4", [helper.make_tensor_value_info(
-        "a", TensorProto.FLOAT, None)], outputs, inits)
-    model = helper.make_model(graph, opset_imports=[
-        helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1),
-        helper.make_opsetid(DOMAIN, 1)])
-    model.ir_version = 10
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = threads
-    options.register_custom_ops_library(library)
     weight_bytes = sum(len(t.raw_data) for t in inits)
-    return ort.InferenceSession(model.SerializeToString(), options,
-                                providers=["CPUExecutionProvider"]), weight_bytes
+    return graph_session(nodes, inits, threads, library), weight_bytes
 
 
 def main() -> int:
@@ -84,14 +73,8 @@ def main() -> int:
             layers = 4 if name == "lm_head" else args.layers
             a = np.random.default_rng(1).standard_normal((args.rows, 1, k)).astype(np.float32)
             runs = {op: session(op, k, n, layers, threads, library) for op in ("MatMulNBits", OP)}
-            out = {op: s.run(None, {"a": a})[0] for op, (s, _) in runs.items()}
-            times: dict[str, list[float]] = {op: [] for op in runs}
-            for _ in range(args.turns):
-                for op, (s, _) in runs.items():
-                    for _ in range(args.calls):
-                        start = time.perf_counter()
-                        s.run(None, {"a": a})
-                        times[op].append(time.perf_counter() - start)
+            out, times = taking_turns({op: s for op, (s, _) in runs.items()}, a, args.turns,
+                                      args.calls, time.perf_counter)
             cells = []
             for op, (_, weight_bytes) in runs.items():
                 t = statistics.median(times[op])
