@@ -272,10 +272,17 @@ void ParallelFor(OrtKernelContext* context, void (*fn)(void*, size_t), size_t co
 void ForRowBlocks(OrtKernelContext* context, int64_t rows, int64_t width,
                   void (*run)(void* job, int64_t first, int64_t last), void* job);
 
-// A packed projection's two passes (MatMulBf16, MatMulInt8): `prepare` for each block of
-// kPrepareRows of the `rows` rows (the activations normalized where the norm is inside,
-// then rounded for the product), then `piece` for each of `pieces` (row block, panel)
-// pieces; on the pool where `split` says the product is worth it, else here.
+// Whether a packed projection's product (MatMulBf16, MatMulF32, MatMulInt8: m rows, k x n
+// weights) is worth the pool's hand-out: below both bounds, a chunk's multiply-adds and a
+// decode step's weight bytes (one row is bound by reading them), it costs more than it saves.
+inline bool WorthSplitting(int64_t m, int64_t k, int64_t n) {
+  return 2 * m * k * n >= (int64_t{1} << 20) || k * n >= (int64_t{1} << 16);
+}
+
+// A packed projection's two passes (MatMulBf16, MatMulF32, MatMulInt8): `prepare` for each
+// block of kPrepareRows of the `rows` rows (the activations normalized where the norm is
+// inside, then rounded for the product), then `piece` for each of `pieces` (row block,
+// panel) pieces; on the pool where `split` says the product is worth it, else here.
 void ProjectRows(OrtKernelContext* context, bool split, int64_t rows,
                  void (*prepare)(void*, size_t), size_t pieces, void (*piece)(void*, size_t),
                  void* job);
@@ -290,10 +297,10 @@ constexpr int64_t kPrepareRows = 16;
 OrtStatus* RowsOutput(OrtKernelContext* context, const Tensor& a, int64_t width, float** out,
                       int64_t* rows);
 
-// A packed projection's kernel (MatMulBf16, MatMulInt8): its N attribute, positive (`op`
-// names it in the error), the optional gated (1: the weight's columns are an MLP's gate
-// then up, N / 2 a whole number of 64-column panels, and the output [..., N / 2] is
-// silu(gate) * up, swiglu.h) and the optional epsilon (the SkipRmsNorm before it runs
+// A packed projection's kernel (MatMulBf16, MatMulF32, MatMulInt8): its N attribute,
+// positive (`op` names it in the error), the optional gated (1: the weight's columns are an
+// MLP's gate then up, N / 2 a whole number of 64-column panels, and the output [..., N / 2]
+// is silu(gate) * up, swiglu.h) and the optional epsilon (the SkipRmsNorm before it runs
 // inside: the op takes x, skip and gamma, multiplies RMSNorm(x + skip) * gamma, rms_norm.h,
 // and gives x + skip as output 1), read by CreateColumnsKernel and freed by
 // DestroyColumnsKernel.

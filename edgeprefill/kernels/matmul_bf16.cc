@@ -53,10 +53,6 @@ constexpr int64_t kRows = 4;  // rows per register tile of the widening path (be
 constexpr int64_t kWordsPerPair = 2;  // an activation pair as two floats, bf16-rounded
 #endif
 constexpr int64_t kRowBlock = 48;  // rows per parallel piece (8 register tiles)
-// Below both, the pool's hand-out costs more than it saves: a chunk's multiply-adds, or a
-// decode step's weight bytes (one row is bound by reading them).
-constexpr int64_t kMinFlopsToSplit = 1 << 20;
-constexpr int64_t kMinWeightsToSplit = 1 << 16;
 
 inline float FromBf16(uint32_t h) {
   const uint32_t u = h << 16;
@@ -354,7 +350,7 @@ OrtStatus* Compute(void* state, OrtKernelContext* context) {
   std::vector<uint32_t> pairs(static_cast<size_t>(m * b.dims[1] * kWordsPerPair));
   Job job{a.data, reinterpret_cast<const uint32_t*>(b.data), pairs.data(), out, m, k,
           b.dims[1], n, b.dims[0], (m + kRowBlock - 1) / kRowBlock, gated, norm};
-  const bool split = 2 * m * k * n >= kMinFlopsToSplit || k * n >= kMinWeightsToSplit;
+  const bool split = WorthSplitting(m, k, n);
   const int64_t pieces = job.row_blocks * (gated ? job.panels / 2 : job.panels);
   ProjectRows(context, split, m, RunConvert, static_cast<size_t>(pieces),
               gated ? RunGatedPiece : RunPiece, &job);

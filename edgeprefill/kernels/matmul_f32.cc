@@ -37,9 +37,6 @@ constexpr int64_t kPanel = 64;  // columns per panel
 constexpr int64_t kStrip = 16;  // columns per strip: a strip's row is one 64-byte line
 static_assert(kPanel == kGatedPanel, "gated=1 is checked against this panel width");
 constexpr int64_t kRowBlock = 48;  // rows per parallel piece
-// Below both, the pool's hand-out costs more than it saves (matmul_bf16.cc's figures).
-constexpr int64_t kMinFlopsToSplit = 1 << 20;
-constexpr int64_t kMinWeightsToSplit = 1 << 16;
 
 struct Job {
   const float* a;  // [M, K]: the rows multiplied (normed into `normed` with the norm inside)
@@ -253,7 +250,7 @@ OrtStatus* Compute(void* state, OrtKernelContext* context) {
   std::vector<float> normed(norm.skip != nullptr ? static_cast<size_t>(m * k) : 0);
   Job job{a.data, b.data, out, m, k, n, b.dims[0], (m + kRowBlock - 1) / kRowBlock,
           columns.gated, norm, normed.data()};
-  const bool split = 2 * m * k * n >= kMinFlopsToSplit || k * n >= kMinWeightsToSplit;
+  const bool split = WorthSplitting(m, k, n);
   const int64_t pieces = job.row_blocks * (columns.gated ? job.panels / 2 : job.panels);
   ProjectRows(context, split, m, RunNorm, static_cast<size_t>(pieces),
               columns.gated ? RunGatedPiece : RunPiece, &job);

@@ -56,9 +56,6 @@ constexpr int64_t kRowBlock = 96;
 #else
 constexpr int64_t kRowBlock = 48;
 #endif
-// Below both, the pool's hand-out costs more than it saves (as in MatMulBf16).
-constexpr int64_t kMinOpsToSplit = 1 << 20;
-constexpr int64_t kMinWeightsToSplit = 1 << 16;
 
 struct Job {
   const float* a;       // [M, K]
@@ -428,7 +425,7 @@ OrtStatus* Compute(void* state, OrtKernelContext* context) {
           reinterpret_cast<const int32_t*>(sums.data),
           quads.data(), row_scale.data(), out, m, k, k4, n, panels,
           (m + kRowBlock - 1) / kRowBlock, gated, norm};
-  const bool split = 2 * m * k * n >= kMinOpsToSplit || k * n >= kMinWeightsToSplit;
+  const bool split = WorthSplitting(m, k, n);
   const int64_t pieces = job.row_blocks * (gated ? panels / 2 : panels);
   ProjectRows(context, split, m, RunQuantize, static_cast<size_t>(pieces),
               gated ? RunGatedPiece : RunPiece, &job);
