@@ -3,10 +3,7 @@
 // build has (AVX512-BF16; else the widening one: AVX-512F, AVX2, NEON; else portable), and
 // each row's bits the same whether it is multiplied alone (a decode row's tile) or among
 // others (a prefill chunk's).
-#include <cmath>
 #include <cstdint>
-#include <cstring>
-#include <string>
 #include <vector>
 
 #include "check.h"
@@ -37,35 +34,12 @@ std::vector<float> Product(const std::vector<float>& a, const std::vector<float>
 
 double Rounded(float x) { return edgeprefill::FromBf16(edgeprefill::Bf16(x)); }
 
-bool Run(const char* name, int64_t m, int64_t k, int64_t n) {
-  Random random(static_cast<uint64_t>(m * k + n));
-  const std::vector<float> a = random.Floats(m * k), w = random.Floats(k * n);
-  const std::vector<float> out = Product(a, w, m, k, n);
-  double error = 0.0;  // largest |got - exact| relative to the sum of |products|
-  int64_t differ = 0;  // outputs whose bits differ from the row multiplied alone
-  for (int64_t r = 0; r < m; ++r) {
-    const std::vector<float> row(a.begin() + r * k, a.begin() + (r + 1) * k);
-    const std::vector<float> alone = Product(row, w, 1, k, n);
-    for (int64_t c = 0; c < n; ++c) {
-      double exact = 0.0, magnitude = 0.0;
-      for (int64_t i = 0; i < k; ++i) {
-        exact += Rounded(a[r * k + i]) * Rounded(w[i * n + c]);
-        magnitude += std::fabs(Rounded(a[r * k + i]) * Rounded(w[i * n + c]));
-      }
-      error = std::max(error, std::fabs(out[r * n + c] - exact) / magnitude);
-      differ += std::memcmp(&out[r * n + c], &alone[c], sizeof alone[c]) != 0;
-    }
-  }
-  const bool close = Verdict((std::string(name) + " relative_error").c_str(), error, 1e-5);
-  // AVX512-BF16's tiles of several rows and of one sum the same pairs the same way too.
-  return Verdict((std::string(name) + " rows_differing_from_alone").c_str(), differ, 0.0) &&
-         close;
-}
-
 }  // namespace
 
 bool MatMulBf16() {
-  return Run("matmul_bf16 m13_k203_n150", 13, 203, 150);  // tails: rows, odd K, panel, slice
+  // tails: rows, odd K, panel, slice; AVX512-BF16's tiles of several rows and of one sum
+  // the same pairs the same way too
+  return CheckProducts("matmul_bf16 m13_k203_n150", 13, 203, 150, Product, Rounded, 1e-5);
 }
 
 }  // namespace check
