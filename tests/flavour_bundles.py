@@ -26,16 +26,13 @@ def check_chunks_against(bundle_dir: Path, model: Any, ids: list[int], chunk: in
     against transformers' `model` on the whole prompt (to 1e-3: the quantized bundles'
     tests, their model holding the bundle's weights dequantized)."""
     from edgeprefill.sdk import Engine
-    from tests.test_openelm import run_chunks  # it imports this module's neighbours
+    from tests.test_openelm import check_chunk_ends  # it imports this module's neighbours
 
     engine = Engine.load(bundle_dir, threads=2, background=False)
     try:
-        got = run_chunks(engine, ids, chunk)
+        check_chunk_ends(engine, ids, hf_logits(model, ids), (chunk,), tolerance=1e-3)
     finally:
         engine.close()
-    ends = [min(start + chunk, len(ids)) - 1 for start in range(0, len(ids), chunk)]
-    np.testing.assert_allclose(np.stack(got), hf_logits(model, ids)[ends], rtol=1e-3,
-                               atol=1e-3)
 
 
 def flavour_bundles(stem: str, max_context: int = 128) -> Any:

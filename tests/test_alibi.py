@@ -36,6 +36,7 @@ from tests.test_exactness import (
     prompt_ids,
     reference_logits,
 )
+from tests.test_openelm import check_chunk_ends, run_chunks
 
 ALIBI = ("bloom", "mpt")
 # Falcon-RW's fixture runs the whole matrix under `slow`; test_falcon_rw_* keep it fast
@@ -52,18 +53,6 @@ def test_slopes_are_transformers_bloom_and_mpt_slopes(heads):
     np.testing.assert_allclose(alibi.slopes(heads), mpt, rtol=1e-6, atol=0)
 
 
-def run_chunks(engine: Engine, ids: list[int], chunk: int) -> list[np.ndarray]:
-    """Each chunk's logits (its last token's), the chunks run one after another (copied:
-    the backend reuses its output buffer)."""
-    out = []
-    for start in range(0, len(ids), chunk):
-        part = ids[start:start + chunk]
-        out.append(engine.backend.run(StepBatch(
-            np.array([part], np.int64), np.array([start], np.int32),
-            np.array([len(part)], np.int32), first_slot=0))[0].copy())
-    return out
-
-
 @pytest.mark.parametrize("flavor", FLAVORS)
 @pytest.mark.parametrize("family", WITH_FALCON_RW)
 def test_chunks_of_1_3_and_16_tokens_and_a_padded_one_are_transformers(
@@ -71,11 +60,7 @@ def test_chunks_of_1_3_and_16_tokens_and_a_padded_one_are_transformers(
     ids = prompt_ids(40)
     expected = reference_logits(hf_model(family), ids)
     engine = Engine.load(bundle(family, flavor), threads=2, background=False)
-    for chunk in (1, 3, 16):
-        got = run_chunks(engine, ids, chunk)
-        ends = [min(start + chunk, len(ids)) - 1 for start in range(0, len(ids), chunk)]
-        np.testing.assert_allclose(np.stack(got), expected[ends], rtol=1e-4, atol=1e-4,
-                                   err_msg=f"chunk {chunk}")
+    check_chunk_ends(engine, ids, expected, (1, 3, 16))
     # A padded chunk: 10 valid tokens and 6 of padding at positions 16..31; the next chunk
     # overwrites them and must not see them.
     run_chunks(engine, ids[:16], 16)

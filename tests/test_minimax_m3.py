@@ -44,7 +44,12 @@ from tests.conftest import FAMILIES, build_hf_model, load_hf_model
 from tests.flavour_bundles import check_chunks_against, flavour_bundles, hf_logits
 from tests.test_exactness import FLAVORS, prompt_ids
 from tests.test_mla import dequantized_int4_but_kv_b
-from tests.test_openelm import check_chunks_and_padding, check_rows_decode_together, run_chunks
+from tests.test_openelm import (
+    check_chunk_ends,
+    check_chunks_and_padding,
+    check_rows_decode_together,
+    run_chunks,
+)
 
 TOPK = 3  # blocks of 4 keys: 12 keys in reach
 
@@ -68,11 +73,7 @@ def test_chunks_that_cut_blocks_compute_transformers_logits(hf, bundle):
     ids = prompt_ids(40)
     want = hf_logits(load_hf_model(hf), ids)
     engine = Engine.load(bundle("ort"), threads=2, background=False)
-    for chunk in (3, 16):
-        got = run_chunks(engine, ids, chunk)
-        ends = [min(start + chunk, len(ids)) - 1 for start in range(0, len(ids), chunk)]
-        np.testing.assert_allclose(np.stack(got), want[ends], rtol=1e-4, atol=1e-4,
-                                   err_msg=f"chunk {chunk}")
+    check_chunk_ends(engine, ids, want, (3, 16))
     engine.close()
 
 
@@ -109,11 +110,7 @@ def test_other_block_settings_compute_transformers_logits(keys, tmp_path):
         export(hf_dir, tmp_path / flavor, ExportOptions(flavor=flavor, chunks=(16,),
                                                         max_context=64, show_progress=False))
         engine = Engine.load(tmp_path / flavor, threads=2, background=False)
-        for chunk in (1, 7, 16):
-            got = run_chunks(engine, ids, chunk)
-            ends = [min(start + chunk, len(ids)) - 1 for start in range(0, len(ids), chunk)]
-            np.testing.assert_allclose(np.stack(got), want[ends], rtol=1e-4, atol=1e-4,
-                                       err_msg=f"{flavor}, chunk {chunk}")
+        check_chunk_ends(engine, ids, want, (1, 7, 16), label=f"{flavor}, ")
         engine.close()
 
 
@@ -152,10 +149,7 @@ def test_the_native_kernels_take_the_plain_layer_and_leave_the_indexed_ones_stoc
     engine = Engine.load(bundle("ort"), threads=2, background=False)
     assert "2 of 3 attention layers stay GroupQueryAttention" in \
         engine.backend.kernels.described
-    for chunk in (1, 16):
-        got = run_chunks(engine, ids, chunk)
-        ends = [min(start + chunk, len(ids)) - 1 for start in range(0, len(ids), chunk)]
-        np.testing.assert_allclose(np.stack(got), want[ends], rtol=1e-4, atol=1e-4)
+    check_chunk_ends(engine, ids, want, (1, 16))
     engine.close()
 
 

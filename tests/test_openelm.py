@@ -172,15 +172,22 @@ def run_chunks(engine: Engine, ids: list[int], chunk: int, slot: int = 0) -> lis
     return out
 
 
+def check_chunk_ends(engine: Engine, ids: list[int], expected: np.ndarray,
+                     chunks: tuple[int, ...], tolerance: float = 1e-4, label: str = "") -> None:
+    """For each size in `chunks`, `ids` prefilled in chunks of it: each chunk's last logits
+    are `expected` [len(ids), vocab] at its position, to `tolerance`."""
+    for chunk in chunks:
+        got = run_chunks(engine, ids, chunk)
+        ends = [min(start + chunk, len(ids)) - 1 for start in range(0, len(ids), chunk)]
+        np.testing.assert_allclose(np.stack(got), expected[ends], rtol=tolerance,
+                                   atol=tolerance, err_msg=f"{label}chunk {chunk}")
+
+
 def check_chunks_and_padding(bundle: Path, ids: list[int], expected: np.ndarray) -> None:
     """Chunks of 1, 3 and 16 of a 40-token prompt, then a 16-token chunk holding 10 valid
     tokens and 6 of padding: each chunk's last logits are `expected` at its position."""
     engine = Engine.load(bundle, threads=2, background=False)
-    for chunk in (1, 3, 16):
-        got = run_chunks(engine, ids, chunk)
-        ends = [min(start + chunk, len(ids)) - 1 for start in range(0, len(ids), chunk)]
-        np.testing.assert_allclose(np.stack(got), expected[ends], rtol=1e-4, atol=1e-4,
-                                   err_msg=f"chunk {chunk}")
+    check_chunk_ends(engine, ids, expected, (1, 3, 16))
     run_chunks(engine, ids[:16], 16)  # then 10 valid tokens and 6 of padding
     padded = np.full((1, 16), 7, np.int64)
     padded[0, :10] = ids[16:26]
