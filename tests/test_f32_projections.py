@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from onnx import helper
 
 from edgeprefill.bundle import load_manifest
 from edgeprefill.engines import BackendOptions, StepBatch
@@ -29,16 +30,11 @@ def test_pack_layout():
     assert not packed[1, 0, :, 6:].any() and not packed[1, 1:].any()  # columns 70..
 
 
-def product(op_rows: np.ndarray, k: int, n: int, seed: int, library, threads: int):
+def product(a: np.ndarray, k: int, n: int, seed: int, library, threads: int) -> np.ndarray:
+    """MatMulF32 of `a` by the seeded [k, n] weight (test_gated_projection.weights)."""
     names, initializers = weights(OP, k, n, seed)
-    node = [_node(names, n)]
-    return run(node, initializers, {"a": op_rows}, library, threads)[0]
-
-
-def _node(names: list[str], n: int):
-    from onnx import helper
-
-    return helper.make_node(OP, ["a", *names], ["y"], domain=DOMAIN, N=n)
+    node = helper.make_node(OP, ["a", *names], ["y"], domain=DOMAIN, N=n)
+    return run([node], initializers, {"a": a}, library, threads)[0]
 
 
 @pytest.mark.parametrize("threads", [1, 2])

@@ -282,7 +282,8 @@ inline bool WorthSplitting(int64_t m, int64_t k, int64_t n) {
 // A packed projection's two passes (MatMulBf16, MatMulF32, MatMulInt8): `prepare` for each
 // block of kPrepareRows of the `rows` rows (the activations normalized where the norm is
 // inside, then rounded for the product), then `piece` for each of `pieces` (row block,
-// panel) pieces; on the pool where `split` says the product is worth it, else here.
+// panel) pieces; on the pool where `split` says the product is worth it, else here. A null
+// `prepare`: the rows are multiplied as they are (MatMulF32 without a norm inside).
 void ProjectRows(OrtKernelContext* context, bool split, int64_t rows,
                  void (*prepare)(void*, size_t), size_t pieces, void (*piece)(void*, size_t),
                  void* job);

@@ -195,7 +195,8 @@ void ForRowBlocks(OrtKernelContext* context, int64_t rows, int64_t width,
 void ProjectRows(OrtKernelContext* context, bool split, int64_t rows,
                  void (*prepare)(void*, size_t), size_t pieces, void (*piece)(void*, size_t),
                  void* job) {
-  const size_t prepares = static_cast<size_t>((rows + kPrepareRows - 1) / kPrepareRows);
+  const size_t prepares =
+      prepare == nullptr ? 0 : static_cast<size_t>((rows + kPrepareRows - 1) / kPrepareRows);
   if (split && prepares > 1)
     ParallelFor(context, prepare, prepares, job);
   else

@@ -48,13 +48,6 @@ struct Job {
   float* normed;  // [M, K] with the norm inside
 };
 
-void NormRowsRange(const Job& job, int64_t first, int64_t last) {
-  for (int64_t r = first; r < last; ++r) {
-    const float* row = NormedRow(job.norm, job.a, r, job.k, job.normed + r * job.k);
-    if (row != job.normed + r * job.k) std::copy(row, row + job.k, job.normed + r * job.k);
-  }
-}
-
 #ifdef EP_FLOAT_VEC
 constexpr int64_t kDecodeRows = 4;  // rows per decode tile; 6 or more rows take the slices
 constexpr int64_t kSliceRows = 6;
@@ -220,11 +213,12 @@ void RunGatedPiece(void* data, size_t index) {
       });
 }
 
+// With the norm inside: rows [index * kPrepareRows, +kPrepareRows) normalized into `normed`.
 void RunNorm(void* data, size_t index) {
   const Job& job = *static_cast<const Job*>(data);
-  if (job.norm.skip == nullptr) return;
   const int64_t first = static_cast<int64_t>(index) * kPrepareRows;
-  NormRowsRange(job, first, std::min(job.m, first + kPrepareRows));
+  for (int64_t r = first; r < std::min(job.m, first + kPrepareRows); ++r)
+    NormedRow(job.norm, job.a, r, job.k, job.normed + r * job.k);
 }
 
 OrtStatus* Compute(void* state, OrtKernelContext* context) {
@@ -252,8 +246,8 @@ OrtStatus* Compute(void* state, OrtKernelContext* context) {
           columns.gated, norm, normed.data()};
   const bool split = WorthSplitting(m, k, n);
   const int64_t pieces = job.row_blocks * (columns.gated ? job.panels / 2 : job.panels);
-  ProjectRows(context, split, m, RunNorm, static_cast<size_t>(pieces),
-              columns.gated ? RunGatedPiece : RunPiece, &job);
+  ProjectRows(context, split, m, norm.skip != nullptr ? RunNorm : nullptr,
+              static_cast<size_t>(pieces), columns.gated ? RunGatedPiece : RunPiece, &job);
   return nullptr;
 }
 
