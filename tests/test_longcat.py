@@ -8,6 +8,7 @@ quantized bundles, and each new piece breaking the comparison when left out."""
 from __future__ import annotations
 
 import numpy as np
+import onnx
 import pytest
 import torch
 import transformers
@@ -139,6 +140,17 @@ def test_rows_of_different_lengths_generate_transformers_greedy_text(flavor, hf_
                                                                       bundle):
     with Engine.load(bundle(FAMILY, flavor), threads=2) as engine:
         check_together(engine, hf_model(FAMILY), 8)
+
+
+def test_the_ort_flavour_runs_the_experts_as_the_moe_op(hf_model, bundle):
+    """The identity experts go beside ONNX Runtime's MoE op (export/moe_op.py), which runs
+    the real ones a token chose: one op per layer with experts, none unrolled (the tests
+    above check its logits, on tokens routed to both kinds)."""
+    cfg = ModelConfig.from_dir(hf_model(FAMILY))
+    graph = onnx.load(str(bundle(FAMILY, "ort") / "model.onnx"), load_external_data=False).graph
+    ops = [n.op_type for n in graph.node]
+    assert ops.count("MoE") == len(cfg.moe.layers) > 0
+    assert "ScatterND" not in ops  # the unrolled dispatch's
 
 
 @pytest.mark.slow

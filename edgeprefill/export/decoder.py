@@ -138,8 +138,7 @@ class DecoderBuilder:
             return None
         experts = MixtureOfExperts(self.g, self.w, self.ckpt, cfg.moe, spec.names,
                                    cfg.hidden_size, self.dtype, self._activation, self.clamps)
-        if not self.flavor.moe_op or cfg.moe.routing == "zaya":
-            # ZAYA's router is its own (zaya_router.py), which the op cannot compute
+        if not self.flavor.moe_op:
             return experts
         # A pre-quantized checkpoint's experts are read dequantized (export/prequantized.py):
         # float where only its own int4 layers are int4 (QuantConfig.float_layers False).

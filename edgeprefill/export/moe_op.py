@@ -23,7 +23,10 @@ normalize_routing_weights says, 0.05-0.2 of the logits' scale off on the fixture
 float MoE op honours it. Llama 4's experts
 take the token times its weight, unweighed after: with its one expert per token, x times
 that weight goes in and the chosen expert's logit is 0 (weight 1); with more, each expert
-would need its own input, and the block stays unrolled. gpt-oss's router logits carry its
+would need its own input, and the block stays unrolled. LongCat-Flash's identity
+experts and ZAYA's skip expert go in as chosen too (_chosen_logits): the identity picks
+leave the op's columns and are added after it, a skip pick weighs 0. gpt-oss's router
+logits carry its
 bias; its experts' biases are the op's fc1/fc2 bias inputs and its clamped SwiGLU the op's
 activation attributes (_swiglu), as is Hy4's (a clamp before the activation, beta 0).
 The `standard` flavour and int8 and fp16 bundles keep the unrolled graph (export/moe.py).
@@ -51,8 +54,6 @@ def why_unrolled(experts: MixtureOfExperts, activation: str,
                  quant: QuantConfig | None) -> str | None:
     """Why the block cannot be the op, in words (None: it can)."""
     moe = experts.moe
-    if moe.zero_experts:
-        return f"the router may choose {moe.zero_experts} identity experts, which the op lacks"
     if moe.input_scaled and moe.top_k > 1:
         return (f"each of a token's {moe.top_k} experts takes the token times its own "
                 "weight; the op runs them on one input")
@@ -86,16 +87,44 @@ class MoeOp(MixtureOfExperts):
     def block(self, p: str, h: str) -> str:
         g, moe = self.g, self.moe
         x = g.op("Reshape", [h, g.const([-1, self.hidden])])  # [N, H]
-        total, routed = None, x  # the op's input
+        total, routed, identity = None, x, None  # routed: the op's input
         if moe.input_scaled:  # Llama 4, one expert per token (why_unrolled)
             logits, routed = self._input_scaled(p, x)
             normalize = 1
-        elif _op_routes(moe) and (self.quant is None or _normalized(moe)):
+        elif (not moe.zero_experts and _op_routes(moe)
+              and (self.quant is None or _normalized(moe))):
             logits = self._router_logits(p, x)  # [N, E]
             normalize = int(_normalized(moe))
         else:  # QMoE's CPU kernel renormalizes even at normalize_routing_weights 0
-            logits, total = self._chosen_logits(p, x)
+            chosen, weights = self._route(p, x)
+            logits, total = self._chosen_logits(chosen, weights)
             normalize = 1
+            if moe.zero_experts:  # LongCat-Flash's identity experts: beside the op
+                identity = self._identity(x, chosen, weights)
+        out = self._op(p, routed, logits, normalize)
+        if total is not None:
+            out = g.op("Mul", [out, total])  # the chosen routings' weights, scaling included
+        elif moe.scaling != 1.0:  # the op's own routing knows no routed_scaling_factor
+            out = g.op("Mul", [out, g.const(moe.scaling, self.dtype)])
+        if identity is not None:
+            out = g.op("Add", [out, identity])
+        out = self._with_shared(p, x, out)
+        return g.op("Reshape", [out, g.op("Shape", [h])])
+
+    def routed(self, p: str, h: str, chosen: str, weights: str) -> str:
+        """The block's output for tokens a router outside it routed (ZAYA's: one expert
+        each, or its skip expert as expert 0 at weight 0, which the op weighs 0)."""
+        g = self.g
+        x = g.op("Reshape", [h, g.const([-1, self.hidden])])  # [N, H]
+        logits, total = self._chosen_logits(chosen, weights)
+        out = g.op("Mul", [self._op(p, x, logits, 1), total])
+        out = self._with_shared(p, x, out)
+        return g.op("Reshape", [out, g.op("Shape", [h])])
+
+    def _op(self, p: str, x: str, logits: str, normalize: int) -> str:
+        """The MoE (float32) or QMoE (int4) node's output [N, H] for x [N, H] routed by
+        `logits` [N, E] (the op's softmax, top k and, at `normalize`, renormalizing)."""
+        g, moe = self.g, self.moe
         attrs = {"k": moe.top_k, "normalize_routing_weights": normalize,
                  "activation_type": "swiglu", "swiglu_fusion": 1, **self._swiglu(p)}
         bias1, bias2 = self._biases(p)
@@ -104,21 +133,14 @@ class MoeOp(MixtureOfExperts):
                                 self.dtype, lambda: self._stacked(p, self._fc1))
             fc2 = self.g.weight(p + "experts.fc2", (moe.experts, self.hidden, moe.width),
                                 self.dtype, lambda: self._stacked(p, self._fc2))
-            out = g.op("MoE", [routed, logits, fc1, bias1, fc2, bias2], domain="com.microsoft",
-                       **attrs)
-        else:
-            q = self.quant
-            fc1, scale1 = self._int4(p + "experts.fc1", 2 * moe.width, self.hidden, p, self._fc1)
-            fc2, scale2 = self._int4(p + "experts.fc2", self.hidden, moe.width, p, self._fc2)
-            out = g.op("QMoE", [routed, logits, fc1, scale1, bias1, fc2, scale2, bias2],
-                       domain="com.microsoft", expert_weight_bits=4, block_size=q.block_size,
-                       accuracy_level=q.accuracy_level, **attrs)
-        if total is not None:
-            out = g.op("Mul", [out, total])  # the chosen routings' weights, scaling included
-        elif moe.scaling != 1.0:  # the op's own routing knows no routed_scaling_factor
-            out = g.op("Mul", [out, g.const(moe.scaling, self.dtype)])
-        out = self._with_shared(p, x, out)
-        return g.op("Reshape", [out, g.op("Shape", [h])])
+            return g.op("MoE", [x, logits, fc1, bias1, fc2, bias2], domain="com.microsoft",
+                        **attrs)
+        q = self.quant
+        fc1, scale1 = self._int4(p + "experts.fc1", 2 * moe.width, self.hidden, p, self._fc1)
+        fc2, scale2 = self._int4(p + "experts.fc2", self.hidden, moe.width, p, self._fc2)
+        return g.op("QMoE", [x, logits, fc1, scale1, bias1, fc2, scale2, bias2],
+                    domain="com.microsoft", expert_weight_bits=4, block_size=q.block_size,
+                    accuracy_level=q.accuracy_level, **attrs)
 
     def _swiglu(self, p: str) -> dict[str, float]:
         """Layer p's activation attributes: silu(gate) * up is alpha 1, beta 0, no limit;
@@ -152,16 +174,24 @@ class MoeOp(MixtureOfExperts):
                                 lambda: np.stack([read() for read in down]).astype(self.dtype))
         return fc1, fc2
 
-    def _chosen_logits(self, p: str, x: str) -> tuple[str, str]:
-        """([N, E] log(weight) at each token's k chosen experts, -inf elsewhere; [N, 1] the
-        sum of its k weights), from the routing of MixtureOfExperts._route."""
-        g = self.g
-        chosen, weights = self._route(p, x)  # [N, k], [N, k] float32 (the dtype's)
-        shape = g.op("Concat", [g.op("Shape", [chosen], end=1),
-                                g.const([self.moe.experts])], axis=0)
+    def _chosen_logits(self, chosen: str, weights: str) -> tuple[str, str]:
+        """([N, E] log(weight) at each token's chosen experts, -inf elsewhere; [N, 1] the
+        sum of their weights) from `chosen` [N, k] and `weights` [N, k] (float32), as
+        MixtureOfExperts._route or ZAYA's router gives them. A choice past the real experts
+        (an identity expert) leaves the op's columns, and a choice at weight 0 (ZAYA's skip
+        expert) is -inf too: the op runs k experts of a row that has fewer, weighing the
+        others 0, and gives 0 for a row of none (onnxruntime 1.32's MoE and QMoE)."""
+        g, moe = self.g, self.moe
+        shape = g.op("Concat", [g.op("Shape", [chosen], end=1), g.const([moe.choices])],
+                     axis=0)
         empty = g.op("ConstantOfShape", [shape],
                      value=tensor_attribute(np.array([-np.inf], np.float32)))
         logits = g.op("ScatterElements", [empty, chosen, g.op("Log", [weights])], axis=1)
+        if moe.zero_experts:
+            logits = g.op("Slice", [logits, g.const([0]), g.const([moe.experts]),
+                                    g.const([1])])
+            real = g.op("Less", [chosen, g.const(moe.experts, np.int64)])
+            weights = g.op("Where", [real, weights, g.const(0.0, self.dtype)])
         return logits, g.op("ReduceSum", [weights, g.const([-1])], keepdims=1)
 
     def _input_scaled(self, p: str, x: str) -> tuple[str, str]:
