@@ -949,6 +949,17 @@ FAMILIES: dict[str, dict] = {
     "muse_glimmer": {"num_hidden_layers": 4, "head_dim": 16, "sliding_window": 8,
                      "post_norm_eps": 0.1, "output_multiplier": 0.5,
                      "final_logit_softcapping": 2.0},
+    # Muse Spark's language model (tiny vision and audio towers beside it): Muse Glimmer's
+    # layer shapes; layers 0 and 2 routed experts (8 of width 24, top 2, at a width of 32
+    # between the projections), 1 and 3 dense; a selection bias and routing scale that
+    # choose, residual gates of a temperature that makes them far from even
+    "muse_spark": {"num_hidden_layers": 4, "head_dim": 16, "sliding_window": 8,
+                   "post_norm_eps": 0.1, "output_multiplier": 0.5,
+                   "final_logit_softcapping": 2.0, "hidden_act": "silu",
+                   "mlp_layer_types": ["sparse", "dense", "sparse", "dense"],
+                   "num_local_experts": 8, "num_experts_per_tok": 2,
+                   "moe_intermediate_size": 24, "moe_hidden_size": 32,
+                   "routed_scaling_factor": 1.5, "residual_gate_temperature": 0.1},
     # Molmo 2's language model (a tiny vision backbone beside it): 8 extra vocabulary rows,
     # a linear rope scaling that bites on layers 0 and 2, layer 1 unscaled
     "molmo2": {"num_hidden_layers": 3, "head_dim": 16, "additional_vocab_size": 8,
@@ -1356,6 +1367,11 @@ IMAGE_TEXT = {
     "muse_glimmer": {"vision_config": {"hidden_size": 16, "intermediate_size": 32,
                                        "num_hidden_layers": 1, "num_attention_heads": 2},
                      "out_hidden_size": 16, "projector_hidden_size": 32},
+    "muse_spark": {"vision_config": {"hidden_size": 16, "intermediate_size": 32,
+                                     "num_hidden_layers": 1, "num_attention_heads": 2},
+                   "audio_config": {"hidden_sizes": [8], "depths": [1], "patch_sizes": [4],
+                                    "num_hidden_layers": 1, "out_hidden_size": 64},
+                   "out_hidden_size": 16, "projector_hidden_size": 32},
     "molmo2": {"vision_config": {"hidden_size": 16, "intermediate_size": 32,
                                  "num_hidden_layers": 1, "num_attention_heads": 2,
                                  "num_key_value_heads": 2, "head_dim": 8,

@@ -423,7 +423,7 @@ def test_nemotron_h_omnis_released_configs_hold_their_language_model_as_llm_conf
 
 # The image-text types of transformers 5.24 whose language model export cannot run
 REFUSED = [("mistral_large4", "learned rope scaling"),
-           ("molmo2_text", "without its LM head"), ("muse_spark", "residual gates"),
+           ("molmo2_text", "without its LM head"), ("muse_spark_text", "without its LM head"),
            ("unlimited_ocr", "reference sliding-window attention")]
 
 

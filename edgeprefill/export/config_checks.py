@@ -128,6 +128,10 @@ def check_model_config(cfg: ModelConfig) -> None:
                       (cfg.post_norm_eps, cfg.spec.post_norm_eps_key)):
         if eps is not None and not (math.isfinite(eps) and eps > 0):
             raise ExportError(f"config.json: {name} must be positive, got {eps}")
+    temperature = cfg.residual_gate_temperature
+    if temperature is not None and not (math.isfinite(temperature) and temperature != 0):
+        raise ExportError(f"config.json: {cfg.spec.residual_gate_key} must be a nonzero "
+                          f"number, got {temperature}")
     for rope in cfg.ropes.values():
         if not (math.isfinite(rope.theta) and rope.theta > 0):
             raise ExportError(f"config.json: rope_theta must be positive, got {rope.theta}")

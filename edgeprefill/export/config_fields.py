@@ -98,6 +98,8 @@ def norms_and_activations(raw: dict[str, Any], spec: FamilySpec) -> dict[str, An
         "qk_norm_picked": spec.qk_norm_from_config(raw) if spec.qk_norm_from_config else None,
         "post_norm_eps": float(raw[spec.post_norm_eps_key])
         if spec.post_norm_eps_key and raw.get(spec.post_norm_eps_key) is not None else None,
+        "residual_gate_temperature": float(raw[spec.residual_gate_key])
+        if spec.residual_gate_key else None,
     }
 
 

@@ -67,6 +67,7 @@ from edgeprefill.export.moe_op import MoeOp, why_unrolled
 from edgeprefill.export.nas_blocks import FULL, LINEAR, LINEAR_ATTENTION, LINEAR_MLP, NONE
 from edgeprefill.export.per_layer_input import PerLayerInputs
 from edgeprefill.export.quantize import QuantConfig
+from edgeprefill.export.residual_gate import residual_gate_factors
 from edgeprefill.export.rg_lru import RgLru
 from edgeprefill.export.rwkv import Rwkv
 from edgeprefill.export.shared_block import SharedBlock
@@ -137,7 +138,8 @@ class DecoderBuilder:
         if cfg.moe is None or spec is None:
             return None
         experts = MixtureOfExperts(self.g, self.w, self.ckpt, cfg.moe, spec.names,
-                                   cfg.hidden_size, self.dtype, self._activation, self.clamps)
+                                   cfg.hidden_size, self.dtype, self._activation, self.clamps,
+                                   self._norm)
         if not self.flavor.moe_op:
             return experts
         # A pre-quantized checkpoint's experts are read dequantized (export/prequantized.py):
@@ -423,11 +425,15 @@ class DecoderBuilder:
             return self.g.op("Add", [x, attn]), mlp
         if block == "sandwich":  # Gemma 2/3: norms before and after each sublayer
             eps = self.cfg.post_norm_eps  # Muse Glimmer's own (None: norm_eps)
-            attn = self._scaled(self._norm(attn, p + n.post_attn_norm, eps=eps))
+            kinds = self.cfg.spec.post_norm_kinds  # Muse Spark's own (None: the model's)
+            attn = self._scaled(self._norm(attn, p + n.post_attn_norm, eps=eps, kind=kinds[0]))
             x, attn = self._depth_scaled(x, attn, 2 * (i + 1))
+            x, attn = self._residual_gated(x, attn, p + "post_attention_residual_gate")
             x, h = self._add_norm(x, attn, p + n.pre_mlp_norm)
-            mlp = self._scaled(self._norm(self._mlp(p, h), p + n.post_mlp_norm, eps=eps))
-            return self._depth_scaled(x, mlp, 2 * (i + 1) + 1)
+            mlp = self._scaled(self._norm(self._mlp(p, h), p + n.post_mlp_norm, eps=eps,
+                                          kind=kinds[1]))
+            x, mlp = self._depth_scaled(x, mlp, 2 * (i + 1) + 1)
+            return self._residual_gated(x, mlp, p + "post_feedforward_residual_gate")
         x, h = self._add_norm(self._residual(p, x, "input_residual"), self._scaled(attn),
                               p + n.post_attn_norm)
         return self._residual(p, x, "post_attention_residual"), self._scaled(self._mlp(p, h))
@@ -645,6 +651,20 @@ class DecoderBuilder:
         return (self._times(x, math.sqrt((add - 1) / add)),
                 self._times(sublayer, 1.0 / math.sqrt(add)))
 
+    def _residual_gated(self, x: str, sublayer: str, m: str) -> tuple[str, str]:
+        """Muse Spark's residual gate `m` (FamilySpec.residual_gate_key): x and the
+        sublayer's output to be added, times a and b per channel, both of the stored gate
+        (export/residual_gate.py); as they are elsewhere."""
+        if self.cfg.residual_gate_temperature is None:
+            return x, sublayer
+        name = m + ".gate"
+        width = self.cfg.hidden_size
+        self.w.check_shapes([(name, (width,))], f"hidden {width}")
+        a, b = (self.g.weight(f"{name}.{part}", (width,), self.dtype, read) for part, read in
+                residual_gate_factors(self.ckpt, name, self.cfg.residual_gate_temperature,
+                                      self.dtype))
+        return self.g.op("Mul", [x, a]), self.g.op("Mul", [sublayer, b])
+
     def _mixer(self, i: int, h: str, step: StepTensors, rows: Rows) -> str:
         """The layer's token mixer: attention, LFM2's short convolution, Qwen3.5's Gated
         DeltaNet or a Mamba-2 mixer."""
@@ -695,6 +715,8 @@ class DecoderBuilder:
         attn = self.tokens.gather(attn, cfg.num_heads * cfg.head_dim)
         if cfg.v_head_dim is not None:  # MiMo-V2-Flash: each head's values, unpadded
             attn = cut_values(self.g, attn, cfg.num_heads, cfg.v_head_dim, cfg.head_dim)
+        if cfg.spec.out_norm_weightless:  # Muse Spark: each head's output, before its gate
+            attn = self._l2_norm(attn, cfg.num_heads)
         if cfg.head_gate:
             attn = self._head_gated(p, h, attn, cfg)
         attn = rows(attn)
@@ -922,9 +944,10 @@ class DecoderBuilder:
         return g.op("Reshape", [self._weightless_norm(per_head, d),
                                 g.const([0, 0, heads * d])])
 
-    def _weightless_norm(self, x: str, width: int) -> str:
-        """x RMS-normed over its last axis (`width` wide) without weight."""
-        return self.flavor.rms_norm(self.g, x, self.g.const(np.ones(width), self.dtype))
+    def _weightless_norm(self, x: str, width: int, eps: float | None = None) -> str:
+        """x RMS-normed over its last axis (`width` wide) without weight (at its own `eps`
+        where given)."""
+        return self.flavor.rms_norm(self.g, x, self.g.const(np.ones(width), self.dtype), eps)
 
     def _rotated_head_norms(self, p: str, q: str, k: str, step: StepTensors,
                             layer: LayerAttention) -> tuple[str, str]:
@@ -1035,6 +1058,9 @@ class DecoderBuilder:
         is the module (".weight" added). An RMSNorm's own `eps` and a norm of another
         `kind` (of NORMS) where given (Muse Glimmer's post-sublayer and final norms)."""
         norm = kind or self.cfg.norm
+        if norm == "rms_input_scaled":  # Muse Spark's: x * (1 + w), then normed
+            x = self.g.op("Mul", [x, self._norm_weight(name, width, "rms_plus_one")])
+            return self._weightless_norm(x, width or self.cfg.hidden_size, eps)
         if norm in LAYER_NORMS:
             bias = self.w.tensor(name + ".bias") if norm not in UNBIASED else None
             return self.flavor.layer_norm(self.g, x, self._norm_weight(name, width, norm),

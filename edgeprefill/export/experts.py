@@ -40,6 +40,7 @@ Routing, as each family's transformers router computes it (float32 throughout):
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -109,6 +110,15 @@ class MoeNames:
     shared_down: str | None = None
     # a bias [H] added to the block's output, routed and shared (JetMoE's mlp.bias)
     output_bias: str | None = None
+    # Muse Spark's experts at a width of their own (MoeConfig.inner_width): the router reads
+    # the block's input x, the experts read pre_norm(pre_proj(x)) (a projection [M, H] and
+    # a norm of the family's kind), each expert's output normed by `expert_norm` (an
+    # input-scaled RMSNorm [M], one for every expert) before its weight, and their sum
+    # projected back by post_proj [H, M]; None: none of these.
+    pre_proj: str | None = None
+    pre_norm: str | None = None
+    expert_norm: str | None = None
+    post_proj: str | None = None
 
 
 @dataclass(frozen=True)
@@ -177,6 +187,14 @@ class MoeSpec:
     # The key of the count of zero-computation experts the router may also choose, each
     # returning the token itself (LongCat-Flash's zero_expert_num); None: none.
     zero_key: str | None = None
+    # The key of the width the experts run at, between the names' pre_proj and post_proj
+    # (Muse Spark's moe_hidden_size); None: hidden.
+    inner_width_key: str | None = None
+    # The key of a factor of the router's logits before routing (Muse Spark's router reads
+    # the model's output_multiplier); None: none.
+    logit_scale_key: str | None = None
+    # The key of the epsilon of names.expert_norm (Muse Spark's post_norm_eps).
+    expert_norm_eps_key: str | None = None
 
 
 # config.json keys that name a routing, and the one value each family here computes
@@ -223,6 +241,9 @@ class MoeConfig:
     # LongCat-Flash: identity experts after the `experts` real ones, routed as any (the
     # router's rows and selection bias cover both); each returns its weight times the token
     zero_experts: int = 0
+    inner_width: int = 0  # Muse Spark: the experts' width between two projections; 0: none
+    logit_scale: float = 1.0  # Muse Spark: the router's logits times this first
+    expert_norm_eps: float | None = None  # Muse Spark: its experts' output norm's epsilon
 
     @property
     def choices(self) -> int:
@@ -245,8 +266,10 @@ class MoeConfig:
         groups = f" within the best {self.top_groups} of {self.groups} groups" \
             if self.grouped else ""
         zero = f" and {self.zero_experts} identity experts" if self.zero_experts else ""
-        return (f"mixture of experts: {self.experts} experts of width {self.width}{zero}, top "
-                f"{self.top_k} per token{groups} ({self.routing} routing), on "
+        inner = f" on a projection to {self.inner_width}, each output normed" \
+            if self.inner_width else ""
+        return (f"mixture of experts: {self.experts} experts of width {self.width}{zero}{inner}, "
+                f"top {self.top_k} per token{groups} ({self.routing} routing), on "
                 f"{len(self.layers)} of {num_layers} layers{shared}{clamped}{capped}")
 
 
@@ -288,6 +311,10 @@ def read_moe(raw: dict[str, Any], spec: MoeSpec) -> MoeConfig | None:
         logit_softcap=max(float(raw.get(spec.softcap_key) or 0.0), 0.0)
         if spec.softcap_key else 0.0,
         zero_experts=int(raw.get(spec.zero_key) or 0) if spec.zero_key else 0,
+        inner_width=int(raw[spec.inner_width_key]) if spec.inner_width_key else 0,
+        logit_scale=float(raw[spec.logit_scale_key]) if spec.logit_scale_key else 1.0,
+        expert_norm_eps=float(raw[spec.expert_norm_eps_key]) if spec.expert_norm_eps_key
+        else None,
     )
     if moe.zero_experts < 0:
         raise ExportError(f"config.json: {spec.zero_key} must be 0 or more, got "
@@ -300,6 +327,12 @@ def read_moe(raw: dict[str, Any], spec: MoeSpec) -> MoeConfig | None:
                           f"num_experts_per_tok is {moe.top_k}, {key} {moe.experts}")
     if moe.width < 1:
         raise ExportError(f"config.json: {spec.width_key} must be positive, got {moe.width}")
+    if spec.inner_width_key and moe.inner_width < 1:
+        raise ExportError(f"config.json: {spec.inner_width_key} must be positive, got "
+                          f"{moe.inner_width}")
+    eps = moe.expert_norm_eps
+    if eps is not None and not (math.isfinite(eps) and eps > 0):
+        raise ExportError(f"config.json: {spec.expert_norm_eps_key} must be positive, got {eps}")
     if spec.grouped:
         _check_groups(raw, moe)
     return moe

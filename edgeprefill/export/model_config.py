@@ -217,6 +217,9 @@ class ModelConfig:
     # The epsilon of a sandwich block's norms after its sublayers where theirs is their own
     # (FamilySpec.post_norm_eps_key); None: norm_eps.
     post_norm_eps: float | None = None
+    # The temperature of a sandwich block's residual gates (FamilySpec.residual_gate_key:
+    # Muse Spark's); None: no gates.
+    residual_gate_temperature: float | None = None
     # The fused qkv's stored row layout where config.json decides it (Falcon: "heads" or
     # "groups", FamilySpec.qkv_layout_from_config); None: the spec's.
     qkv_layout: str | None = None

@@ -39,14 +39,21 @@ from edgeprefill.export.weights import GraphWeights
 
 FLOAT = 1  # onnx TensorProto.FLOAT
 Activation = Callable[[str], str]
+# The decoder's norm: (x, module name, width, epsilon or None: the model's, kind of NORMS or
+# None: the model's) -> x normed over its last axis
+Norm = Callable[[str, str, int, float | None, str | None], str]
 
 
 class MixtureOfExperts:
     def __init__(self, g: GraphBuilder, w: GraphWeights, ckpt: Checkpoint, moe: MoeConfig,
                  names: MoeNames, hidden: int, dtype: np.dtype, act: Activation,
-                 clamps: Mapping[str, tuple[Clamp | None, Clamp | None]] | None = None) -> None:
+                 clamps: Mapping[str, tuple[Clamp | None, Clamp | None]] | None = None,
+                 norm: Norm | None = None) -> None:
         self.g, self.w, self.ckpt = g, w, ckpt
         self.moe, self.names, self.hidden = moe, names, hidden
+        # the width the experts run at: Muse Spark's between its two projections
+        self.expert_hidden = moe.inner_width or hidden
+        self.norm = norm  # Muse Spark's norms inside the block
         self.dtype = np.dtype(dtype)
         self.act = act
         # layer prefix -> its routed and shared experts' SwiGLU clamps (Step 3.7, Hy4)
@@ -57,11 +64,34 @@ class MixtureOfExperts:
         g = self.g
         x = g.op("Reshape", [h, g.const([-1, self.hidden])])  # [N, H]
         chosen, weights = self._route(p, x)  # [N, k] int64, [N, k] model dtype
-        routed = self._dispatch(p, x, chosen, weights)
+        routed = self._dispatch(p, self._projected_in(p, x), chosen, weights)
+        routed = self._projected_out(p, routed)
         if self.moe.zero_experts:
             routed = g.op("Add", [routed, self._identity(x, chosen, weights)])
         out = self._with_shared(p, x, routed)
         return g.op("Reshape", [out, g.op("Shape", [h])])
+
+    def _projected_in(self, p: str, x: str) -> str:
+        """The experts' input [N, M] of x [N, H]: x, or Muse Spark's pre_norm(pre_proj(x))
+        (the family's norm at its epsilon)."""
+        n = self.names
+        if n.pre_proj is None:
+            return x
+        name = p + n.pre_proj + ".weight"
+        self._check(name, (self.expert_hidden, self.hidden))
+        projected = self.w.linear(x, [name], None)
+        if n.pre_norm is None:
+            return projected
+        assert self.norm is not None
+        return self.norm(projected, p + n.pre_norm, self.expert_hidden, None, None)
+
+    def _projected_out(self, p: str, routed: str) -> str:
+        """The experts' summed output [N, H] of theirs [N, M]: Muse Spark's post_proj."""
+        if self.names.post_proj is None:
+            return routed
+        name = p + self.names.post_proj + ".weight"
+        self._check(name, (self.hidden, self.expert_hidden))
+        return self.w.linear(routed, [name], None)
 
     def _identity(self, x: str, chosen: str, weights: str) -> str:
         """The zero-computation experts' output [N, H] (LongCat-Flash's): each returns the
@@ -108,6 +138,8 @@ class MixtureOfExperts:
         logits = self._router_logits(p, x)
         if self.dtype != np.float32:
             logits = g.op("Cast", [logits], to=FLOAT)
+        if moe.logit_scale != 1.0:  # Muse Spark: times the model's output_multiplier
+            logits = g.op("Mul", [logits, g.const(moe.logit_scale, np.float32)])
         if moe.logit_softcap:  # Laguna: c * tanh(logits / c), in float32
             cap = g.const(moe.logit_softcap, np.float32)
             logits = g.op("Mul", [g.op("Tanh", [g.op("Div", [logits, cap])]), cap])
@@ -205,15 +237,32 @@ class MixtureOfExperts:
         outputs = []
         for e, slot in enumerate(slots):
             tokens = g.op("Div", [slot, g.const(k)])
-            weight = g.op("Unsqueeze", [g.op("Gather", [flat_weights, slot]), g.const([1])])
             rows = g.op("Gather", [x, tokens], axis=0)  # [n_e, H]
+            if self.names.expert_norm is not None:  # weighed after the norm, below
+                outputs.append(self._expert(p, e, rows))
+                continue
+            weight = g.op("Unsqueeze", [g.op("Gather", [flat_weights, slot]), g.const([1])])
             if self.moe.input_scaled:  # Llama 4: expert(weight * x)
                 outputs.append(self._expert(p, e, g.op("Mul", [rows, weight])))
             else:
                 outputs.append(g.op("Mul", [self._expert(p, e, rows), weight]))
-        combined = self.at_slots(slots, outputs, flat_weights, self.hidden)
-        return g.op("ReduceSum", [g.op("Reshape", [combined, g.const([-1, k, self.hidden])]),
+        width = self.expert_hidden
+        combined = self.at_slots(slots, outputs, flat_weights, width)
+        if self.names.expert_norm is not None:
+            combined = g.op("Mul", [self._expert_normed(p, combined),
+                                    g.op("Unsqueeze", [flat_weights, g.const([1])])])
+        return g.op("ReduceSum", [g.op("Reshape", [combined, g.const([-1, k, width])]),
                                   g.const([1])], keepdims=0)
+
+    def _expert_normed(self, p: str, rows: str) -> str:
+        """Muse Spark's norm of each expert's output (MuseSparkExperts.post_expert_norm,
+        input-scaled, one for every expert) on the slots' rows [N k, M]: each row is one
+        expert's output, so one norm of them all is each expert's own."""
+        assert self.norm is not None and self.names.expert_norm is not None
+        name = p + self.names.expert_norm
+        self._check(name + ".weight", (self.expert_hidden,))
+        return self.norm(rows, name, self.expert_hidden, self.moe.expert_norm_eps,
+                         "rms_input_scaled")
 
     def at_slots(self, slots: list[str], outputs: list[str], flat: str, width: int) -> str:
         """[N k, width]: each expert's rows `outputs` [n_e, width] at its `slots`
@@ -241,8 +290,8 @@ class MixtureOfExperts:
                 for row in expert_rows]
 
     def _expert(self, p: str, e: int, x: str) -> str:
-        """Expert e's gated MLP on its tokens x [n_e, H]."""
-        g, width, hidden = self.g, self.moe.width, self.hidden
+        """Expert e's gated MLP on its tokens x [n_e, H] (Muse Spark's [n_e, M])."""
+        g, width, hidden = self.g, self.moe.width, self.expert_hidden
         stem = p + self.names.expert.format(j=e)
         gate_up = self.w.project(x, stem + "gate_up.weight", hidden, 2 * width,
                                  self._gate_up_reader(p, e))
@@ -285,7 +334,7 @@ class MixtureOfExperts:
     def _down_bias(self, p: str, e: int) -> Callable[[], np.ndarray]:
         assert self.names.down_bias is not None
         name = p + self.names.down_bias
-        self._check(name, (self.moe.experts, self.hidden))
+        self._check(name, (self.moe.experts, self.expert_hidden))
         return lambda: self.ckpt.get_index(name, e)
 
     def _gate_first(self, rows: np.ndarray) -> np.ndarray:
@@ -367,14 +416,14 @@ class MixtureOfExperts:
         if n.split_gate_up is not None and self.ckpt.has(p + n.split_gate_up[0]):  # Step 3.7
             halves = [p + name for name in n.split_gate_up]
             for name in halves:
-                self._check(name, (self.moe.experts, self.moe.width, self.hidden))
+                self._check(name, (self.moe.experts, self.moe.width, self.expert_hidden))
             return lambda: np.concatenate([self.ckpt.get_index(name, e) for name in halves])
         separate = [stem + n.gate + ".weight", stem + n.up + ".weight"]
         if all(self.ckpt.has(name) for name in separate):
-            self._check(separate[0], (self.moe.width, self.hidden))
+            self._check(separate[0], (self.moe.width, self.expert_hidden))
             return lambda: np.concatenate([self.ckpt.get(name) for name in separate])
         read = self._fused_reader(p, e, n.fused_gate_up, separate[0], 2 * self.moe.width,
-                                  self.hidden)
+                                  self.expert_hidden)
         return lambda: self._gate_first(read())
 
     def _down_reader(self, p: str, e: int) -> Callable[[], np.ndarray]:
@@ -384,14 +433,15 @@ class MixtureOfExperts:
             return lambda: np.ascontiguousarray(rows().T)
         separate = stem + n.down + ".weight"
         if self.ckpt.has(separate):
-            self._check(separate, (self.hidden, self.moe.width))
+            self._check(separate, (self.expert_hidden, self.moe.width))
             return lambda: self.ckpt.get(separate)
-        return self._fused_reader(p, e, n.fused_down, separate, self.hidden, self.moe.width)
+        return self._fused_reader(p, e, n.fused_down, separate, self.expert_hidden,
+                                  self.moe.width)
 
     def _stacked_rows(self, name: str, e: int) -> Callable[[], np.ndarray]:
         """Expert e's [I, H] rows of a DBRX tensor stacked [E * I, H]."""
         width = self.moe.width
-        self._check(name, (self.moe.experts * width, self.hidden))
+        self._check(name, (self.moe.experts * width, self.expert_hidden))
         return lambda: self.ckpt.get_index(name, slice(e * width, (e + 1) * width))
 
     def _fused_reader(self, p: str, e: int, candidates: tuple[str, ...], separate: str,
@@ -432,7 +482,7 @@ class MixtureOfExperts:
         if self.ckpt.shape(name) != shape:
             raise ExportError(f"{name} has shape {self.ckpt.shape(name)}, but config.json "
                               f"implies {shape} ({self.moe.experts} experts of width "
-                              f"{self.moe.width}, hidden {self.hidden})")
+                              f"{self.moe.width}, hidden {self.expert_hidden})")
 
 
 def tensor_attribute(array: np.ndarray):

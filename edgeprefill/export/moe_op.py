@@ -54,6 +54,12 @@ def why_unrolled(experts: MixtureOfExperts, activation: str,
                  quant: QuantConfig | None) -> str | None:
     """Why the block cannot be the op, in words (None: it can)."""
     moe = experts.moe
+    if experts.names.expert_norm is not None:
+        return "each expert's output is normed before its weight, which the op lacks"
+    if moe.inner_width:
+        return "the experts run between projections of their own, which the op lacks"
+    if moe.logit_scale != 1.0:
+        return "the router's logits are scaled first, which the op does not"
     if moe.input_scaled and moe.top_k > 1:
         return (f"each of a token's {moe.top_k} experts takes the token times its own "
                 "weight; the op runs them on one input")
@@ -81,7 +87,8 @@ class MoeOp(MixtureOfExperts):
 
     def __init__(self, experts: MixtureOfExperts, quant: QuantConfig | None) -> None:
         super().__init__(experts.g, experts.w, experts.ckpt, experts.moe, experts.names,
-                         experts.hidden, experts.dtype, experts.act, experts.clamps)
+                         experts.hidden, experts.dtype, experts.act, experts.clamps,
+                         experts.norm)
         self.quant = quant
 
     def block(self, p: str, h: str) -> str:

@@ -110,10 +110,9 @@ REFUSED_TYPES: dict[str, str] = {
                    "(transformers has no causal LM of it); export the molmo2 checkpoint",
     "hy_v4_vl_text": "hy_v4_vl_text is Hy4-VL's language model without its LM head "
                      "(transformers has no causal LM of it); export the hy_v4_vl checkpoint",
-    "muse_spark": "Muse Spark's language model (Muse Glimmer's attention with a weightless "
-                  "norm of each head's output, experts behind a projection and a norm with "
-                  "each expert's output normed, input-scaled norms and residual gates) is "
-                  "not supported",
+    "muse_spark_text": "muse_spark_text is Muse Spark's language model without its LM head "
+                       "(transformers has no causal LM of it); export the muse_spark "
+                       "checkpoint",
     "unlimited_ocr": "Unlimited OCR's reference sliding-window attention (the whole prompt "
                      "kept, a window over the generated tokens) is not supported",
     # transformers 5.24's newer image-text checkpoints whose language model export refuses

@@ -485,6 +485,19 @@ class FamilySpec:
     # post_attn_norm and post_mlp_norm), where they have their own (Muse Glimmer's
     # post_norm_eps); None: the model's norm epsilon.
     post_norm_eps_key: str | None = None
+    # The kinds (of NORMS) of a `sandwich` block's norms after its attention and after its
+    # MLP where they differ from `norm` (Muse Spark's: without weight, and input-scaled);
+    # None: `norm`.
+    post_norm_kinds: tuple[str | None, str | None] = (None, None)
+    # Whether each head's attention output is RMS-normed without weight (at the norms'
+    # epsilon) before the output gate and o_proj (Muse Spark's o_norm).
+    out_norm_weightless: bool = False
+    # The key of the temperature of a `sandwich` block's residual gates (Muse Spark's
+    # residual_gate_temperature): each residual add is a * x + b * sublayer per channel, b =
+    # sigmoid(gate / T), a = sqrt(max(sigmoid(-gate / T) (1 + b), 1e-3)), from the layer's
+    # `post_attention_residual_gate.gate` and `post_feedforward_residual_gate.gate`; None:
+    # no gates.
+    residual_gate_key: str | None = None
     # Whether the first layer's attention reads the (normed) embedding without a norm of its
     # own (ModernBERT decoder's layer 0: an Identity attn_norm).
     first_layer_unnormed: bool = False
