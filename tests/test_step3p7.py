@@ -14,6 +14,7 @@ import math
 import shutil
 
 import numpy as np
+import onnx
 import pytest
 import torch
 import transformers
@@ -26,7 +27,7 @@ from edgeprefill.export.layer_attention import GLOBAL, LOCAL
 from edgeprefill.export.model_config import ModelConfig
 from edgeprefill.export.quantize import QuantConfig
 from edgeprefill.sdk import Engine
-from tests.conftest import FAMILIES, IMAGE_TEXT
+from tests.conftest import FAMILIES, IMAGE_TEXT, build_hf_model
 from tests.state_models import assert_engine_chunks_match, assert_padded_chunks_match
 from tests.test_exactness import prompt_ids, reference_logits
 from tests.test_families import last_logits
@@ -211,6 +212,23 @@ def test_an_int8_bundle_stays_close_to_fp32(hf_model, bundle, tmp_path):
     reference = last_logits(bundle("step3p7"), ids)
     got = last_logits(tmp_path / "int8", ids)
     assert np.abs(got - reference).max() / np.abs(reference).max() < 0.05
+
+
+def test_only_the_layers_that_clamp_after_the_activation_keep_their_experts_unrolled(
+        tmp_path, caplog):
+    """The fixture clamps both expert layers; here layer 2's experts are unclamped: the
+    `ort` flavour runs them through ONNX Runtime's MoE op and keeps layer 1's unrolled
+    (export/moe_op.py, clamped_after), says so, and the bundle is transformers' model."""
+    hf_dir = build_hf_model("step3p7", tmp_path / "hf", swiglu_limits=[0, 1.0, 0, 0])
+    with caplog.at_level("WARNING", logger="edgeprefill"):
+        export(hf_dir, tmp_path / "b", ExportOptions(chunks=(16,), max_context=128,
+                                                     show_progress=False))
+    graph = onnx.load(str(tmp_path / "b" / "model.onnx"), load_external_data=False).graph
+    assert [n.op_type for n in graph.node].count("MoE") == 1
+    assert "on 1 of the 2 expert layers" in caplog.text
+    ids = prompt_ids(40)
+    np.testing.assert_allclose(last_logits(tmp_path / "b", ids),
+                               reference_logits(hf_dir, ids)[-1], rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("flavor", ["ort", pytest.param("standard", marks=pytest.mark.slow)])

@@ -63,7 +63,7 @@ from edgeprefill.export.mixture_attention import MixtureOfAttention
 from edgeprefill.export.mlstm import Mlstm
 from edgeprefill.export.model_config import ModelConfig
 from edgeprefill.export.moe import MixtureOfExperts
-from edgeprefill.export.moe_op import MoeOp, why_unrolled
+from edgeprefill.export.moe_op import CLAMPED_AFTER, MoeOp, clamped_after, why_unrolled
 from edgeprefill.export.nas_blocks import FULL, LINEAR, LINEAR_ATTENTION, LINEAR_MLP, NONE
 from edgeprefill.export.per_layer_input import PerLayerInputs
 from edgeprefill.export.quantize import QuantConfig
@@ -94,6 +94,14 @@ WEIGHTLESS = ("layer_no_affine", "rms_no_weight")  # norms without weight
 
 def _every_token(x: str) -> str:
     return x
+
+
+def unrolled_experts_warning(experts: int, reason: str, where: str = "") -> None:
+    # A dozen nodes per expert run each step whether chosen or not: with many experts
+    # that is most of a decode step (docs/benchmarks.md, mixture-of-experts decode).
+    log.warning("the %d experts per layer are written out one by one%s, not as ONNX "
+                "Runtime's MoE op: %s; decode runs several times slower than an fp32 or "
+                "int4 `ort` bundle", experts, where, reason)
 
 
 class DecoderBuilder:
@@ -146,13 +154,14 @@ class DecoderBuilder:
         # float where only its own int4 layers are int4 (QuantConfig.float_layers False).
         quant = self.quant if self.quant is None or self.quant.float_layers else None
         reason = why_unrolled(experts, cfg.activation, quant)
+        layers = [self.names.layer.format(i=i) for i in cfg.moe.layers]
         if reason is None:
+            unrolled = sum(clamped_after(experts, p) for p in layers)
+            if unrolled:
+                unrolled_experts_warning(cfg.moe.experts, CLAMPED_AFTER,
+                                         f" on {unrolled} of the {len(layers)} expert layers")
             return MoeOp(experts, quant)
-        # A dozen nodes per expert run each step whether chosen or not: with many experts
-        # that is most of a decode step (docs/benchmarks.md, mixture-of-experts decode).
-        log.warning("the %d experts per layer are written out one by one, not as ONNX "
-                    "Runtime's MoE op: %s; decode runs several times slower than an fp32 or "
-                    "int4 `ort` bundle", cfg.moe.experts, reason)
+        unrolled_experts_warning(cfg.moe.experts, reason)
         return experts
 
     def build(self) -> GraphBuilder:

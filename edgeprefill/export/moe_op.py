@@ -63,10 +63,6 @@ def why_unrolled(experts: MixtureOfExperts, activation: str,
     if moe.input_scaled and moe.top_k > 1:
         return (f"each of a token's {moe.top_k} experts takes the token times its own "
                 "weight; the op runs them on one input")
-    if any(routed is not None and not routed.gate_first
-           for routed, _ in experts.clamps.values()):
-        return ("Step 3.7's experts clamp their SwiGLU after the activation (swiglu_limits), "
-                "which the op's swiglu_limit (gpt-oss's clamp) does not compute")
     if activation != "silu":
         return f"the experts' activation is {activation}, the op's CPU kernel takes SiLU"
     if experts.dtype != np.float32:
@@ -82,6 +78,19 @@ def why_unrolled(experts: MixtureOfExperts, activation: str,
     return None
 
 
+# Step 3.7's layers whose experts clamp their SwiGLU after the activation (swiglu_limits):
+# the op's swiglu_limit (gpt-oss's clamp, Hy4's before the activation) does not compute it
+CLAMPED_AFTER = ("their SwiGLU is clamped after the activation (swiglu_limits), which the "
+                 "op's swiglu_limit does not compute")
+
+
+def clamped_after(experts: MixtureOfExperts, p: str) -> bool:
+    """Whether layer p's routed experts clamp after the activation (CLAMPED_AFTER): that
+    layer alone keeps the unrolled experts, the others take the op."""
+    routed = experts.clamps.get(p, (None, None))[0]
+    return routed is not None and not routed.gate_first
+
+
 class MoeOp(MixtureOfExperts):
     """MixtureOfExperts (its router and checkpoint readers) as one contrib op."""
 
@@ -92,6 +101,8 @@ class MoeOp(MixtureOfExperts):
         self.quant = quant
 
     def block(self, p: str, h: str) -> str:
+        if clamped_after(self, p):  # Step 3.7's clamped layers: the unrolled experts
+            return super().block(p, h)
         g, moe = self.g, self.moe
         x = g.op("Reshape", [h, g.const([-1, self.hidden])])  # [N, H]
         total, routed, identity = None, x, None  # routed: the op's input
@@ -157,7 +168,7 @@ class MoeOp(MixtureOfExperts):
         clamp(up, -L, L) (a clamp before the activation) is alpha 1, beta 0 and L."""
         clamped = self.moe.clamped
         routed = self.clamps.get(p, (None, None))[0]
-        if routed is not None:  # why_unrolled: a clamp before the activation
+        if routed is not None:  # a clamp before the activation (clamped_after)
             return {"activation_alpha": 1.0, "activation_beta": 0.0,
                     "swiglu_limit": routed.limit}
         if clamped is None:

@@ -41,11 +41,6 @@ class SwigluClamps:
     gate_first: bool = False
     alpha: float | None = None  # "oai": gpt-oss's activation at this alpha
 
-    @property
-    def routed_any(self) -> bool:
-        """Whether some layer clamps its routed experts (ONNX Runtime's MoE op cannot)."""
-        return any(bound is not None for bound in self.routed)
-
 
 @dataclass(frozen=True)
 class Clamp:
