@@ -857,6 +857,19 @@ FAMILIES: dict[str, dict] = {
              "layer_types": ["hybrid_sliding", "hybrid", "hybrid_sliding"],
              "num_experts": 4, "moe_intermediate_size": 32, "router_hidden_size": 16,
              "cca_time0": 2, "cca_time1": 3, "attention_bias": True},
+    # Inkling: layers 0 and 2 sliding (window 5, 2 heads of 32 over 1 KV head; the full
+    # layers 4 of 16 over 2), their relative bias as wide as the window and the full
+    # layers' 7 (rel_extent), so prompts past 7 tokens clamp and mask it; residual short
+    # convolutions of 3 taps; dense MLPs on layers 0 and 3, 2 of 4 experts and 2 shared on
+    # 1 and 2 (the global scales randomized: build_hf_model)
+    "inkling_text": {"num_hidden_layers": 4, "head_dim": 16, "swa_num_attention_heads": 2,
+                     "swa_num_key_value_heads": 1, "swa_head_dim": 32,
+                     "sliding_window_size": 5, "d_rel": 4, "rel_extent": 7,
+                     "local_layer_ids": [0, 2],
+                     "mlp_layer_types": ["dense", "sparse", "sparse", "dense"],
+                     "moe_intermediate_size": 24, "n_routed_experts": 4,
+                     "num_experts_per_tok": 2, "n_shared_experts": 2, "route_scale": 1.7,
+                     "logits_mup_width_multiplier": 2.0, "conv_kernel_size": 3},
     # Doge: dynamic mask attention (A and the residual weights randomized: build_hf_model),
     # per-head q/k norms; q/k/v/o, dt_proj and MLP biases. keep_window_size stays 2048, past the
     # bundles' context: its top-k over keys breaks ties in transformers' own order, and the
@@ -1141,6 +1154,8 @@ def build_hf_model(family: str, out: Path, seed: int = 0, dtype=None, **override
             elif name.endswith(("_scale", "hidden_states_bias", "residual_bias")) \
                     and model_type == "zaya":  # its residual and router-state scales
                 param.add_(torch.randn_like(param) * 0.3)
+            elif name.endswith("global_scale"):  # Inkling's MLP and router scales: ones
+                param.uniform_(0.5, 1.5)
             elif name.endswith(("_hc.scale", "hc_head.hc_scale")):  # Hy4's: 0.01 at init,
                 param.uniform_(0.5, 1.5)  # which leaves the mixes nearly constant
             elif name.endswith(("_hc.base", "hc_head.hc_base")):  # Hy4's: one value at init

@@ -301,15 +301,15 @@ def test_modernbert_decoder_switches_it_cannot_compute_are_refused_in_one_line(k
 
 
 def test_a_refused_type_is_refused_in_one_line_by_the_cli(tmp_path):
-    """(DiffLlama, then JetMoE were this test's type until they were exported.)"""
+    """(DiffLlama, JetMoE, then Inkling were this test's type until they were exported.)"""
     from tests.test_cli_errors import cli
 
-    (tmp_path / "config.json").write_text(json.dumps({"model_type": "inkling_text"}))
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "hrm_text"}))
     result = cli("export", tmp_path, "-o", tmp_path / "out")
     assert result.returncode != 0
     lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and "model_type 'inkling_text': Inkling's relative-position " \
-        "attention logits" in lines[0], lines
+    assert len(lines) == 1 and "model_type 'hrm_text': HRM-Text's recurrence over depth" \
+        in lines[0], lines
 
 
 def test_an_opt_position_table_that_disagrees_with_its_config_is_refused(tmp_path):

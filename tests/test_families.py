@@ -413,7 +413,8 @@ def test_keys_a_config_leaves_out_take_transformers_defaults(family):
         getattr(hf, k) for k in ("rms_norm_eps", "layer_norm_eps", "norm_epsilon", "norm_eps",
                                  "layer_norm_epsilon") if getattr(hf, k, None) is not None)
     assert ours.norm_eps == pytest.approx(eps)
-    if family in (*NO_ROTARY, *ALIBI):  # no rope: every layer goes without
+    # no rope: every layer goes without (Inkling: a learned bias by distance instead)
+    if family in (*NO_ROTARY, *ALIBI, "inkling_text"):
         assert [layer.rope for layer in ours.layers] == [None] * len(ours.layers)
     elif family in OWN_ROTARY:
         rotary = meta_model(family).get_decoder().rotary_emb
@@ -532,6 +533,8 @@ def test_a_sliding_window_key_slides_only_where_the_family_reads_it(family):
                       "granite4_vision", "granite_docling",
                       "molmo2"):
             expected = [None] * len(ours)  # Nemotron-H: 2 layers of its 4 blocks
+        elif text == "inkling_text":  # its layer_types' own names
+            expected = [window if t == "hybrid_sliding" else None for t in types]
         elif text == "minimax":  # its window slides every softmax layer
             expected = [window if t == "full_attention" else None for t in types]
         elif types is not None:

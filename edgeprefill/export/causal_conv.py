@@ -43,9 +43,12 @@ class CausalConv:
     def store(self, full: str, present: str, width: int, channels: int) -> None:
         """Write the `width` = L-1 values of `full` ending at each row's last valid token
         to the graph output `present` [B, channels, width]."""
-        g = self.g
-        new = g.op("GatherElements", [full, self._index(width, channels)], axis=1)
-        g.op("Transpose", [new], [present], perm=[0, 2, 1])
+        self.g.op("Transpose", [self.newest(full, width, channels)], [present], perm=[0, 2, 1])
+
+    def newest(self, full: str, width: int, channels: int) -> str:
+        """[B, width, channels]: the `width` = L-1 values of `full` ending at each row's
+        last valid token (Inkling's layers concatenate several states' into one)."""
+        return self.g.op("GatherElements", [full, self._index(width, channels)], axis=1)
 
     def convolve(self, full: str, taps: str, kernel: int, bias: str | None = None) -> str:
         """[B, C, channels]: token t is sum_k taps[k] * full[t + k] (+ bias); `taps` is

@@ -20,6 +20,7 @@ from edgeprefill.export.config_values import (
     token_ids,
 )
 from edgeprefill.export.families import FamilySpec
+from edgeprefill.export.inkling import read_inkling
 from edgeprefill.export.latent_attention import latent_scale
 from edgeprefill.export.layer_attention import read_attn_scale
 from edgeprefill.export.mixer_shapes import (
@@ -210,7 +211,8 @@ def mixers(raw: dict[str, Any], spec: FamilySpec) -> dict[str, Any]:
             "scales": read_hybrid_scales(raw) if spec.block == "hybrid" else None,
             # ZAYA: CCA's convolution widths (cca_time0, cca_time1), router_hidden_size
             "cca": read_cca(raw) if spec.cca else None,
-            "router_hidden": int(raw["router_hidden_size"]) if spec.cca else 0}
+            "router_hidden": int(raw["router_hidden_size"]) if spec.cca else 0,
+            "inkling": read_inkling(raw) if spec.inkling else None}
 
 
 def layer_layout(raw: dict[str, Any], spec: FamilySpec, groups: LayerGroups | None,

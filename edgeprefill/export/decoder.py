@@ -50,6 +50,7 @@ from edgeprefill.export.gated_delta import GatedDeltaNet
 from edgeprefill.export.graph import GraphBuilder
 from edgeprefill.export.head_affine_norm import head_affine_norm
 from edgeprefill.export.hyper_connections import ATTENTION, MLP, HyperConnections
+from edgeprefill.export.inkling import InklingLayers
 from edgeprefill.export.kimi_delta import KimiDeltaAttention
 from edgeprefill.export.latent_attention import LatentAttention, LatentShape
 from edgeprefill.export.layer_attention import LayerAttention
@@ -148,7 +149,8 @@ class DecoderBuilder:
         experts = MixtureOfExperts(self.g, self.w, self.ckpt, cfg.moe, spec.names,
                                    cfg.hidden_size, self.dtype, self._activation, self.clamps,
                                    self._norm)
-        if not self.flavor.moe_op:
+        if not self.flavor.moe_op or cfg.moe.routing == "inkling":
+            # Inkling's experts go with its shared experts' weights (inkling.py): unrolled
             return experts
         # A pre-quantized checkpoint's experts are read dequantized (export/prequantized.py):
         # float where only its own int4 layers are int4 (QuantConfig.float_layers False).
@@ -241,6 +243,8 @@ class DecoderBuilder:
         self.cca = (CcaProjection(g, self.w, cfg.cca, cfg.hidden_size, cfg.num_heads,
                                   cfg.num_kv_heads, cfg.head_dim, self.tokens, conv)
                     if conv is not None and cfg.cca is not None else None)
+        self.inkling = (InklingLayers(self, conv)
+                        if conv is not None and cfg.inkling is not None else None)
         self.router = (ZayaRouter(g, self.ckpt, cfg.moe.experts, cfg.hidden_size,
                                   cfg.router_hidden, self.dtype, self._norm)
                        if cfg.moe is not None and cfg.moe.routing == "zaya" else None)
@@ -345,7 +349,7 @@ class DecoderBuilder:
             self.g.output(names.present, dtype, state)
 
     Mixer = ShortConv | GatedDeltaNet | Mamba1 | Mamba2 | RgLru | Rwkv | Mlstm | CcaProjection \
-        | LightningAttention
+        | LightningAttention | InklingLayers
 
     def _attention_experts(self) -> MixtureOfAttention | None:
         """JetMoE's routed query and output projections (export/mixture_attention.py),
@@ -364,6 +368,7 @@ class DecoderBuilder:
         """The emitter of a state layer's token mixer (ZAYA's: its attention's states)."""
         mixer: DecoderBuilder.Mixer | None = (
             self.cca if layer in self.cfg.cca_layers else
+            self.inkling if layer in self.cfg.inkling_layers else
             self.short_conv if layer in self.cfg.conv_layers else
             self.mamba if layer in self.cfg.mamba_layers else
             self.lru if layer in self.cfg.lru_layers else
@@ -406,6 +411,10 @@ class DecoderBuilder:
         if block == "normed":  # MiniMax: the residual is the normed stream
             x = x if delta is None else self.g.op("Add", [x, delta])
             return self._normed_layer(i, x, step, rows), None
+        if block == "inkling":  # residual short convolutions around each sublayer
+            assert self.inkling is not None
+            x = x if delta is None else self.g.op("Add", [x, delta])
+            return self.inkling.layer(i, x, step, rows), None
         if block == "hyper":  # Hy4: the streams of hyper-connections
             return self._hyper_layer(i, x, step, rows), None
         if self.shared_block is not None and i in self.cfg.kv_state_layers:  # Zamba2

@@ -33,6 +33,10 @@ Routing, as each family's transformers router computes it (float32 throughout):
                    `topk_group` groups, weighed by their softmax, times
                    `routed_scaling_factor` (DeepSeek-V2's group_limited_greedy; its greedy
                    is one group)
+  inkling          Inkling's (export/inkling.py): the top k of sigmoid + bias choose; the
+                   chosen logits and the shared experts' are weighed by one softmax of
+                   their log-sigmoids, times route_scale and the router's global_scale;
+                   the shared experts' weights scale their outputs
   zaya             ZAYA's own router (export/zaya_router.py): an MLP over a down-projection
                    carried across layers, softmax over the experts and a skip expert, the
                    top 1 of it + `balancing_biases`
@@ -49,7 +53,7 @@ from edgeprefill.errors import ExportError
 from edgeprefill.export.config_values import given
 
 ROUTINGS = ("softmax", "topk_softmax", "topk_sigmoid", "sigmoid", "softmax_bias",
-            "softmax_group_limited", "sparsemixer", "zaya")
+            "softmax_group_limited", "sparsemixer", "zaya", "inkling")
 
 
 @dataclass(frozen=True)

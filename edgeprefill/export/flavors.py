@@ -94,7 +94,7 @@ class Flavor(ABC):
         self, g: GraphBuilder, q: str, k: str, v: str, past: tuple[str, str],
         present: tuple[str, str], step: StepTensors, layer: LayerAttention,
         sink: str | None = None, dynamic: DynamicMask | None = None,
-        kept: str | None = None,
+        kept: str | None = None, bias: str | None = None,
     ) -> str:
         """Causal attention of q [B,C,H*D] over the cache after writing k, v [B,C,KV*D]
         at each row's past length, within the layer's sliding window if it has one. `past`
@@ -104,8 +104,14 @@ class Flavor(ABC):
         key's bias from its values added to the scores, the top keys kept
         (export/dynamic_mask.py). `kept` [B,KV,C,K] bool (index_keys' K): the keys each
         query keeps, per KV head (DeepSeek Sparse Attention's one latent head; MiniMax-M3's
-        blocks, export/block_index.py), the others masked. Returns [B,C,H*D]; the layer's
-        rotary (if any) applied."""
+        blocks, export/block_index.py), the others masked. `bias` [B,H,C,K] (K: the keys
+        key_positions gives): added to the scaled scores (Inkling's relative bias). Returns
+        [B,C,H*D]; the layer's rotary (if any) applied."""
+
+    @abstractmethod
+    def key_positions(self, g: GraphBuilder, step: StepTensors, past_key: str) -> str:
+        """[K] int64: the positions of the keys attention() reads, 0..K-1 (the cache's
+        capacity, standard; the op's total, ort)."""
 
     @abstractmethod
     def index_keys(self, g: GraphBuilder, k_index: str, past_key: str, step: StepTensors,
@@ -321,8 +327,12 @@ class OrtFlavor(Flavor):
             interleaved=int(self.cfg.spec.rope_interleaved), **partial,
         ) for x, heads in ((q, self.cfg.num_heads), (k, self.cfg.num_kv_heads)))
 
+    def key_positions(self, g, step, past_key):
+        return g.op("Range", [g.const(0), g.op("Cast", [step.extra["total"]], to=7),
+                              g.const(1)])
+
     def attention(self, g, q, k, v, past, present, step, layer, sink=None, dynamic=None,
-                  kept=None):
+                  kept=None, bias=None):
         cfg = self.cfg
         e = step.extra
         rotary = layer.rope is not None
@@ -351,6 +361,10 @@ class OrtFlavor(Flavor):
             blocked = g.const(float(np.finfo(self.dtype).min), self.dtype)
             bias = self._per_query_head(g, g.op("Where", [kept, g.const(0.0, self.dtype),
                                                           blocked]))
+            inputs = inputs + [""] * (10 - len(inputs)) + [bias]
+        elif bias is not None:
+            # Inkling's relative bias, [B,H,C,total], the same input (added to the scaled
+            # scores before the causal mask and window)
             inputs = inputs + [""] * (10 - len(inputs)) + [bias]
         if sink is not None:
             # input 11, head_sink: the CPU kernel adds exp(sink - max) to each head's
@@ -508,10 +522,23 @@ class StandardFlavor(Flavor):
         split = g.op("Reshape", [x, g.const([0, 0, heads, self.cfg.head_dim])])
         return g.op("Transpose", [split], perm=[0, 2, 1, 3])
 
+    def key_positions(self, g, step, past_key):
+        capacity = g.op("Gather", [g.op("Shape", [past_key]), g.const(2)])
+        return g.op("Range", [g.const(0), capacity, g.const(1)])
+
     def attention(self, g, q, k, v, past, present, step, layer, sink=None, dynamic=None,
-                  kept=None):
+                  kept=None, bias=None):
         q4, keys, values, mask = self.cached(g, q, k, v, past, present, step, layer, dynamic,
                                              kept)
+        if bias is not None:  # Inkling: [B,H,C,cap] as the scores' [B,KV,rep,C,cap]
+            cfg = self.cfg
+            shape = g.op("Shape", [bias])
+            grouped = g.op("Concat", [g.op("Slice", [shape, g.const([0]), g.const([1])]),
+                                      g.const([cfg.num_kv_heads,
+                                               cfg.num_heads // cfg.num_kv_heads]),
+                                      g.op("Slice", [shape, g.const([2]), g.const([4])])],
+                           axis=0)
+            mask = g.op("Add", [mask, g.op("Reshape", [bias, grouped])])
         return self.attend(g, q4, keys, values, mask, layer, sink)
 
     def differential_attention(self, g, q, k, v, past, present, step, layer):

@@ -10,6 +10,7 @@ from typing import Any
 from edgeprefill.errors import ExportError
 from edgeprefill.export.config_checks import config_value, positive_number
 from edgeprefill.export.families import FamilySpec
+from edgeprefill.export.inkling import inkling_heads
 from edgeprefill.export.latent_attention import LatentShape
 from edgeprefill.export.layer_heads import layer_heads, listed_heads
 from edgeprefill.export.rope import RopeConfig, rope_from_params, rope_params
@@ -74,6 +75,8 @@ def read_layers(raw: dict[str, Any], spec: FamilySpec) -> tuple[LayerAttention, 
     )
     if spec.heads_per_layer is not None:  # OpenELM: lists of each layer's head counts
         layers = listed_heads(raw, spec.heads_per_layer, layers)
+    if spec.inkling:  # its sliding layers' own heads
+        layers = inkling_heads(raw, layers)
     return layer_heads(raw, layers) if spec.per_layer_heads else layers
 
 

@@ -28,6 +28,7 @@ from edgeprefill.export.experts import MoeConfig
 from edgeprefill.export.families import BLOCKS, FamilySpec, TensorNames, family_spec
 from edgeprefill.export.fp8 import Fp8Scheme
 from edgeprefill.export.hyper_connections import HyperConfig
+from edgeprefill.export.inkling import InklingShape
 from edgeprefill.export.latent_attention import LatentShape
 from edgeprefill.export.layer_attention import GLOBAL, LOCAL, LayerAttention
 from edgeprefill.export.mixer_shapes import (
@@ -234,6 +235,8 @@ class ModelConfig:
     # (router_hidden_size, export/zaya_router.py); None and 0: none.
     cca: CcaShape | None = None
     router_hidden: int = 0
+    # Inkling's relative bias and short convolutions (export/inkling.py); None: not Inkling
+    inkling: InklingShape | None = None
 
     # Doge's dynamic mask (FamilySpec.dynamic_mask): the keys each query keeps at most, its
     # keep_window_size; None: no dynamic mask.
@@ -304,7 +307,14 @@ class ModelConfig:
         """The layers without KV, carrying a recurrent state instead (ZAYA's carry both)."""
         return tuple(sorted((*self.conv_layers, *self.delta_layers, *self.mamba_layers,
                              *self.lru_layers, *self.rwkv_layers, *self.cca_layers,
-                             *self.lightning_layers, *self.mlstm_layers)))
+                             *self.lightning_layers, *self.mlstm_layers,
+                             *self.inkling_layers)))
+
+    @property
+    def inkling_layers(self) -> tuple[int, ...]:
+        """Inkling's layers: attention with residual short convolutions, whose conv state
+        sits beside the layer's KV (export/inkling.py)."""
+        return tuple(range(self.num_layers)) if self.inkling is not None else ()
 
     @property
     def cca_layers(self) -> tuple[int, ...]:
@@ -320,6 +330,8 @@ class ModelConfig:
             return self.shared_block.layers
         if self.cca is not None:
             return self.cca_layers
+        if self.inkling is not None:
+            return self.inkling_layers
         return self.mamba_layers if self.block == "hybrid" else ()
 
     def block_of(self, layer: int) -> str:
@@ -336,7 +348,7 @@ class ModelConfig:
         # convolution (the mLSTM's C | n | m: export/mlstm.py)
         if layer in self.lightning_layers or layer in self.mlstm_layers:
             return (RECURRENT,)
-        return (CONV,) if layer in self.conv_layers else ()
+        return (CONV,) if layer in self.conv_layers or layer in self.inkling_layers else ()
 
     def layer_head_dim(self, layer: int) -> int:
         return self.layers[layer].head_dim or self.head_dim

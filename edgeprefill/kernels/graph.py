@@ -56,7 +56,7 @@ ROTARY_INPUTS = (7, 8)  # cos, sin: with do_rotary=0 the kernel nodes get "" (no
 MAX_GROUP = 96  # query heads per KV head the prefill kernel takes (kColumns in the .cc)
 HEAD_SINK = 11  # GroupQueryAttention's head_sink input (gpt-oss's attention sinks)
 # its attention_bias input: ALiBi's per-head distance bias (BLOOM, MPT), Doge's dynamic mask,
-# DeepSeek sparse attention's selection
+# DeepSeek sparse attention's selection, Inkling's relative bias
 ATTENTION_BIAS = 10
 # Where the kernel nodes take it: DecodeAttention's input 6, PrefillAttention's 9 (after
 # valid_lens and past_lens, "" where the node has none).
@@ -79,7 +79,7 @@ UNSUPPORTED_WHY = {"smooth_softmax": "a smooth softmax", "qk_output": "q.k outpu
 
 # Why a GroupQueryAttention with an attention_bias input stays stock, in a user's words
 ATTENTION_BIAS_WHY = ("an attention_bias input (ALiBi, Doge's dynamic mask, DeepSeek's or "
-                      "MiniMax-M3's sparse attention)")
+                      "MiniMax-M3's sparse attention, Inkling's relative bias)")
 
 
 def eligible(node: NodeProto) -> bool:

@@ -37,6 +37,7 @@ from edgeprefill.export.families import (
     dots3,
     gemma,
     image_text,
+    inkling,
     jetmoe,
     kda,
     laguna,
@@ -82,8 +83,6 @@ REFUSED_TYPES: dict[str, str] = {
     "paligemma": "PaliGemma attends its whole prompt bidirectionally (a prefix LM), which a "
                  "causal bundle cannot compute",
     # transformers 5.24's newer causal LMs that need a new state, attention or structure
-    "inkling_text": "Inkling's relative-position attention logits (a learned bias per distance "
-                    "from each token's state) are not supported",
     "inkling2_text": "Inkling 2's relative-position attention logits and dynamic short "
                      "convolutions are not supported",
     "inkling2_loop_text": "Inkling 2 Loop's looped layers (a second pass over depth, mixing "
@@ -149,8 +148,11 @@ REFUSED_TYPES: dict[str, str] = {
            "tokens before the text) is not supported",
     "idefics": "IDEFICS's gated cross-attention layers to a perceiver over images are not "
                "supported",
-    "inkling_mm_model": "Inkling's language model (inkling_text) has relative-position "
-                        "attention logits, which are not supported",
+    "inkling_mm_model": "Inkling's image-text checkpoints store its language model under "
+                        "their original names and layouts (model.llm.*, attn.wq_du, the "
+                        "experts' gate and up rows interleaved in w13: transformers converts "
+                        "them as it loads), which export does not read; its language model "
+                        "saved alone by transformers (inkling_text) is supported",
     "inkling2": "Inkling 2's language model (inkling2_text) has relative-position attention "
                 "logits and dynamic short convolutions, which are not supported",
     "inkling2_loop": "Inkling 2 Loop's language model (inkling2_loop_text) has looped layers "
@@ -214,6 +216,7 @@ _TEXT: dict[str, FamilySpec] = _merged(
     minimax.FAMILIES,
     minimax_m3.FAMILIES,
     molmo2.FAMILIES,
+    inkling.FAMILIES,
 )
 # A wrapper's entry is the spec of its default language model (its config class's).
 FAMILIES: dict[str, FamilySpec] = _merged(

@@ -128,8 +128,10 @@ NORMS = ("rms", "rms_plus_one", "layer", "layer_no_bias", "layer_plus_one", "lay
 #   hyper      M streams S; h = mix_a(S); S += post_a x attn(n1(h)); h = mix_m(S);
 #              S += post_m x mlp(n2(h)); a head mixes S for the final norm (Hy4's
 #              hyper-connections: hyper_connections.py)
+#   inkling    x += c1(attn(n1(x))); x += c2(mlp(n2(x))), c1 and c2 residual short
+#              convolutions over time (Inkling: inkling.py)
 BLOCKS = ("pre", "sandwich", "post", "parallel", "shared", "hybrid", "altup", "postln",
-          "rwkv", "scaled", "shortcut", "normed", "hyper")
+          "rwkv", "scaled", "shortcut", "normed", "hyper", "inkling")
 
 
 @dataclass(frozen=True)
@@ -528,6 +530,11 @@ class FamilySpec:
     # from config.json as read (Chameleon's image tokens, which its text generation never
     # picks: export/masked_logits.py); None: none.
     masked_logits: Callable[[dict[str, Any]], tuple[int, ...]] | None = None
+
+    # Inkling (export/inkling.py): every layer's keys, values and sublayer outputs through
+    # residual short convolutions (one conv state per layer beside its KV), a relative bias
+    # per backward distance from each query's state, its router's shared experts.
+    inkling: bool = False
 
     # ZAYA's compressed convolutional attention (export/cca.py): q/k/v from its
     # projection with a convolution over time and a delayed value, two states beside each

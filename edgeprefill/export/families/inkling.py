@@ -1,0 +1,127 @@
+"""Inkling's language model (`inkling_text`), read as transformers 5.24's
+InklingForCausalLM computes it (export/inkling.py emits its layers): a normed embedding,
+attention without rotary whose q and k are RMS-normed per head (scale 1 / head_dim), its
+keys and values each through a residual short convolution, a learned relative bias per
+backward distance from each query's state added to the scores, sliding layers of their own
+head shapes (their bias as wide as the window), residual short convolutions of each
+sublayer's output, dense MLPs times a learned scalar or experts chosen by sigmoid + bias and
+weighed in one softmax of log-sigmoids with the shared experts', and the last hidden state
+divided by the muP width multiplier before the LM head."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from edgeprefill.export.experts import MoeNames, MoeSpec
+from edgeprefill.export.families.spec import FamilySpec, TensorNames
+
+SLIDING, FULL = "hybrid_sliding", "hybrid"  # InklingTextConfig's layer_types
+
+
+def layer_kinds(raw: dict[str, Any]) -> list[str]:
+    """InklingTextConfig.__post_init__'s layer_types: local_layer_ids' layers slide, by
+    default every layer but each sixth."""
+    count = int(raw["num_hidden_layers"])
+    types = raw.get("layer_types")
+    if types is not None:
+        return [str(t) for t in types]
+    local = raw.get("local_layer_ids")
+    ids = set(local) if local is not None else {i for i in range(count) if (i + 1) % 6}
+    return [SLIDING if i in ids else FULL for i in range(count)]
+
+
+def mlp_kinds(raw: dict[str, Any]) -> list[str]:
+    """Its mlp_layer_types: every layer "sparse" (experts) unless listed (a checkpoint's
+    dense_mlp_idx: the layers before it dense)."""
+    kinds = raw.get("mlp_layer_types")
+    if kinds is not None:
+        return [str(k) for k in kinds]
+    first = int(raw.get("dense_mlp_idx") or 0)
+    return ["dense" if i < first else "sparse" for i in range(int(raw["num_hidden_layers"]))]
+
+
+def _sparse_layers(raw: dict[str, Any]) -> tuple[int, ...]:
+    return tuple(i for i, kind in enumerate(mlp_kinds(raw)) if kind == "sparse")
+
+
+def _inkling_config(raw: dict[str, Any]) -> dict[str, Any]:
+    """The keys export reads, from InklingTextConfig's: layer_types as full and sliding
+    attention, the window, no rotary, the scores' 1 / head_dim, the logits' divisor, and
+    a checkpoint's dense_intermediate_size (then intermediate_size is the experts')."""
+    raw = dict(raw)
+    kinds = layer_kinds(raw)
+    raw["inkling_layer_types"] = kinds
+    raw["layer_types"] = ["sliding_attention" if k == SLIDING else "full_attention"
+                          for k in kinds]
+    # InklingTextConfig's attribute_map aliases: where config.json gives one, it wins
+    for alias, key in (("sliding_window", "sliding_window_size"),
+                       ("num_local_experts", "n_routed_experts"),
+                       ("sconv_kernel_size", "conv_kernel_size"),
+                       ("model_max_length", "max_position_embeddings"),
+                       ("embedding_multiplier", "logits_mup_width_multiplier")):
+        if raw.get(alias) is not None:
+            raw[key] = raw[alias]
+    raw["sliding_window"] = raw["sliding_window_size"]
+    raw["no_rope_layers"] = [0] * int(raw["num_hidden_layers"])
+    raw["attention_multiplier"] = 1.0 / int(raw["head_dim"])
+    raw["logits_scaling"] = float(raw["logits_mup_width_multiplier"])
+    if raw.get("dense_intermediate_size") is not None:
+        raw["moe_intermediate_size"] = raw["intermediate_size"]
+        raw["intermediate_size"] = raw["dense_intermediate_size"]
+    return raw
+
+
+def _inkling_refuse(raw: dict[str, Any]) -> str | None:
+    count = int(raw["num_hidden_layers"])
+    kinds, mlps = raw["inkling_layer_types"], mlp_kinds(raw)  # (as _inkling_config read them)
+    if len(kinds) != count or set(kinds) - {SLIDING, FULL}:
+        return f"layer_types must list {count} of {FULL!r} and {SLIDING!r}, got {kinds!r}"
+    if len(mlps) != count or set(mlps) - {"dense", "sparse"}:
+        return f"mlp_layer_types must list {count} of 'dense' and 'sparse', got {mlps!r}"
+    if raw.get("log_scaling_n_floor") is not None:
+        return ("log_scaling_n_floor (the full layers' logarithmic scaling of queries and "
+                "bias by position) is not supported")
+    if "sparse" in mlps and int(raw.get("n_shared_experts") or 0) < 1:
+        return "n_shared_experts below 1 is not supported (transformers' router needs one)"
+    if raw.get("shared_expert_sink") is False:
+        # transformers' router always weighs the shared experts in its softmax
+        return "shared_expert_sink=false is not supported (transformers ignores it)"
+    unpadded = raw.get("unpadded_vocab_size")
+    if unpadded is not None and int(unpadded) < int(raw["vocab_size"]):
+        return ("unpadded_vocab_size below vocab_size (the logits cut to the unembedding's "
+                "first rows) is not supported")
+    if int(raw.get("conv_kernel_size") or 0) < 2:
+        return f"conv_kernel_size must be at least 2, got {raw.get('conv_kernel_size')}"
+    return None
+
+
+INKLING_NAMES = TensorNames(embed_norm="model.embed_tokens.embed_norm")
+INKLING_MOE = MoeSpec(
+    names=MoeNames(router=("mlp.gate.weight",),
+                   expert_bias=("mlp.gate.e_score_correction_bias",)),
+    routing="inkling", experts_keys=("n_routed_experts",),
+    layers=_sparse_layers, norm_key=None, bias_key=None, scaling_key=None,
+)
+# InklingTextConfig's defaults where the reader's generic ones differ
+INKLING_DEFAULTS = {
+    "vocab_size": 201024, "hidden_size": 6144, "num_hidden_layers": 66,
+    "num_attention_heads": 64, "num_key_value_heads": 8, "head_dim": 128,
+    "swa_num_attention_heads": 64, "swa_num_key_value_heads": 16, "swa_head_dim": 128,
+    "sliding_window_size": 512, "d_rel": 16, "rel_extent": 1024,
+    "max_position_embeddings": 131072, "rms_norm_eps": 1e-6, "conv_kernel_size": 4,
+    "intermediate_size": 24576, "moe_intermediate_size": 3072, "n_routed_experts": 256,
+    "num_experts_per_tok": 6, "n_shared_experts": 2, "route_scale": 8.0,
+    "logits_mup_width_multiplier": 24.0, "tie_word_embeddings": False,
+}
+INKLING = FamilySpec(
+    names=INKLING_NAMES, block="inkling", window="always", moe=INKLING_MOE,
+    legacy=_inkling_config, refuse=_inkling_refuse,
+    defaults=INKLING_DEFAULTS, inkling=True,
+    # transformers' causal LM drops the multi-token-prediction layers
+    left_out=("model.mtp.",),
+    quirks=("relative attention bias per distance from each query's state",
+            "residual short convolutions of keys, values and sublayer outputs",
+            "normed embedding", "no rotary"),
+)
+
+FAMILIES: dict[str, FamilySpec] = {"inkling_text": INKLING}

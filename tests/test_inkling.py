@@ -1,0 +1,106 @@
+"""Inkling's language model (export/families/inkling.py, export/inkling.py): a learned
+relative bias per backward distance from each query's state (7 distances on the full
+layers, the window's 5 on the sliding ones, so a 40-token prompt clamps and masks it),
+residual short convolutions of keys, values and each sublayer's output (one conv state per
+layer beside its KV), sliding layers of their own head shapes, experts weighed in one
+softmax with the shared ones, dense MLPs times their scale, a normed embedding and the
+logits divided by the muP multiplier. Its fixture (conftest.FAMILIES: inkling_text) runs
+in the generic suites too. Here: chunks that do not divide the prompt, decode steps and a
+padded chunk against transformers' logits of the whole prompt, rows of other lengths in
+one call, and what export refuses."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import onnx
+import pytest
+
+from edgeprefill.errors import ExportError
+from edgeprefill.export.exporter import ExportOptions, export
+from edgeprefill.export.model_config import ModelConfig
+from edgeprefill.kernels import graph, select
+from edgeprefill.sdk import Engine
+from tests.conftest import FAMILIES, build_hf_model, load_hf_model
+from tests.flavour_bundles import hf_logits
+from tests.test_exactness import prompt_ids
+from tests.test_openelm import (
+    check_chunk_ends,
+    check_chunks_and_padding,
+    check_rows_decode_together,
+)
+
+
+@pytest.fixture(scope="module")
+def hf_dir(tmp_path_factory) -> Path:
+    return build_hf_model("inkling_text", tmp_path_factory.mktemp("inkling"))
+
+
+@pytest.fixture(scope="module")
+def bundle(hf_dir, tmp_path_factory):
+    made: dict[str, Path] = {}
+
+    def get(flavor: str) -> Path:
+        if flavor not in made:
+            made[flavor] = tmp_path_factory.mktemp(f"inkling-{flavor}")
+            export(hf_dir, made[flavor], ExportOptions(flavor=flavor, chunks=(16,),
+                                                       max_context=64, show_progress=False))
+        return made[flavor]
+
+    return get
+
+
+def test_chunks_of_5_match_transformers(hf_dir, bundle):
+    """A 23-token prompt (past both reaches) in chunks of 5: each chunk's last logits are
+    transformers' at its position (the `standard` flavour; `ort` below)."""
+    ids = prompt_ids(23)
+    engine = Engine.load(bundle("standard"), threads=2, background=False)
+    check_chunk_ends(engine, ids, hf_logits(load_hf_model(hf_dir), ids), (5,))
+    engine.close()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("flavor", ("ort", "standard"))
+def test_chunked_decoded_and_padded_as_transformers(flavor, hf_dir, bundle):
+    """Chunks of 1, 3 and 16 of a 40-token prompt, then a padded chunk."""
+    ids = prompt_ids(40)
+    check_chunks_and_padding(bundle(flavor), ids, hf_logits(load_hf_model(hf_dir), ids))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("flavor", ("ort", "standard"))
+def test_rows_of_other_lengths_decode_together(flavor, hf_dir, bundle):
+    model = load_hf_model(hf_dir)
+    check_rows_decode_together(bundle(flavor), lambda ids: hf_logits(model, ids)[-1], 3)
+
+
+@pytest.mark.slow
+def test_the_native_kernels_leave_the_biased_attention_to_onnx_runtime(bundle, monkeypatch):
+    """Every layer's GroupQueryAttention takes the relative bias as its attention_bias
+    input; the native kernels' softmax adds none, so the kernel choice keeps them stock."""
+    model = onnx.load(str(bundle("ort") / "model.onnx"), load_external_data=False)
+    nodes = [n for n in model.graph.node if n.op_type == "GroupQueryAttention"]
+    assert len(nodes) == 4 and all(len(n.input) == 11 and n.input[10] for n in nodes)
+    assert [graph.why_not_eligible(n) for n in nodes] == [graph.ATTENTION_BIAS_WHY] * 4
+    monkeypatch.setattr(select, "why_not", lambda *args: None)  # as if the library ran here
+    assert select.choose(model, "ort", "float32", "cpu").library is None
+    assert graph.add_native_attention(model) == 0
+
+
+@pytest.mark.parametrize("change, reason", (
+    ({"log_scaling_n_floor": 64}, "log_scaling_n_floor"),
+    ({"unpadded_vocab_size": 100}, "unpadded_vocab_size below vocab_size"),
+    ({"shared_expert_sink": False}, "shared_expert_sink=false"),
+    ({"n_shared_experts": 0}, "n_shared_experts below 1"),
+    ({"layer_types": ["hybrid", "hybrid", "sliding_attention", "hybrid"]}, "layer_types"),
+    ({"mlp_layer_types": ["dense", "moe", "dense", "dense"]}, "mlp_layer_types"),
+    ({"conv_kernel_size": 1}, "conv_kernel_size"),
+    ({"swa_num_attention_heads": 3, "swa_num_key_value_heads": 2}, "swa_num_attention_heads"),
+))
+def test_what_export_lacks_is_refused_in_one_line(change, reason):
+    raw = {"model_type": "inkling_text", "hidden_size": 64, "vocab_size": 128,
+           "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 96,
+           **FAMILIES["inkling_text"], **change}
+    with pytest.raises(ExportError, match=reason) as refused:
+        ModelConfig.from_hf(raw)
+    assert "\n" not in str(refused.value)
