@@ -19,11 +19,13 @@ import pytest
 from edgeprefill.errors import ExportError
 from edgeprefill.export.exporter import ExportOptions, export
 from edgeprefill.export.model_config import ModelConfig
+from edgeprefill.export.quantize import QuantConfig
 from edgeprefill.kernels import graph, select
 from edgeprefill.sdk import Engine
 from tests.conftest import FAMILIES, build_hf_model, load_hf_model
-from tests.flavour_bundles import hf_logits
+from tests.flavour_bundles import check_chunks_against, hf_logits
 from tests.test_exactness import prompt_ids
+from tests.test_mla import dequantized_int4_but_kv_b
 from tests.test_openelm import (
     check_chunk_ends,
     check_chunks_and_padding,
@@ -72,6 +74,19 @@ def test_chunked_decoded_and_padded_as_transformers(flavor, hf_dir, bundle):
 def test_rows_of_other_lengths_decode_together(flavor, hf_dir, bundle):
     model = load_hf_model(hf_dir)
     check_rows_decode_together(bundle(flavor), lambda ids: hf_logits(model, ids)[-1], 3)
+
+
+@pytest.mark.slow
+def test_int4_computes_transformers_forward_with_dequantized_weights(hf_dir, tmp_path):
+    """Every projection quantized by blocks (the routed experts' too) but the router, the
+    shared experts and the relative bias's bank, which stay float: the bundle computes what
+    transformers does with the others dequantized."""
+    export(hf_dir, tmp_path / "b", ExportOptions(chunks=(16,), max_context=64,
+                                                 show_progress=False,
+                                                 quant=QuantConfig("int4", accuracy_level=0)))
+    model = load_hf_model(hf_dir)
+    dequantized_int4_but_kv_b(model, keep=("shared_experts", "rel_logits_proj"))
+    check_chunks_against(tmp_path / "b", model, prompt_ids(40))
 
 
 @pytest.mark.slow
