@@ -77,6 +77,24 @@ def test_rows_of_other_lengths_decode_together(flavor, hf_dir, bundle):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("flavor", ("ort", "standard"))
+def test_an_unembedding_padded_past_the_vocabulary_gives_its_first_rows_logits(flavor,
+                                                                                tmp_path):
+    """unpadded_vocab_size 100 of vocab_size 128 (the released model: 200058 of 201024):
+    the embedding reads all 128 rows, the logits are transformers' 100 (the LM head's
+    first rows)."""
+    hf = build_hf_model("inkling_text", tmp_path / "hf", unpadded_vocab_size=100)
+    export(hf, tmp_path / "b", ExportOptions(flavor=flavor, chunks=(16,), max_context=64,
+                                             show_progress=False))
+    ids = prompt_ids(30)  # (ids past 100 among them: read, never predicted)
+    expected = hf_logits(load_hf_model(hf), ids)
+    assert expected.shape[1] == 100 and max(ids) >= 100
+    engine = Engine.load(tmp_path / "b", threads=2, background=False)
+    check_chunk_ends(engine, ids, expected, (7,))
+    engine.close()
+
+
+@pytest.mark.slow
 def test_int4_computes_transformers_forward_with_dequantized_weights(hf_dir, tmp_path):
     """Every projection quantized by blocks (the routed experts' too) but the router, the
     shared experts and the relative bias's bank, which stay float: the bundle computes what
@@ -104,7 +122,7 @@ def test_the_native_kernels_leave_the_biased_attention_to_onnx_runtime(bundle, m
 
 @pytest.mark.parametrize("change, reason", (
     ({"log_scaling_n_floor": 64}, "log_scaling_n_floor"),
-    ({"unpadded_vocab_size": 100}, "unpadded_vocab_size below vocab_size"),
+    ({"unpadded_vocab_size": 0}, "unpadded_vocab_size must be positive"),
     ({"shared_expert_sink": False}, "shared_expert_sink=false"),
     ({"n_shared_experts": 0}, "n_shared_experts below 1"),
     ({"layer_types": ["hybrid", "hybrid", "sliding_attention", "hybrid"]}, "layer_types"),

@@ -169,6 +169,8 @@ def head_and_tokens(raw: dict[str, Any], spec: FamilySpec, hidden: int) -> dict[
         "embed_width": _embed_width(raw, spec, hidden),
         "embed_extra_rows": int(raw[spec.embed_extra_rows_key] or 0)
         if spec.embed_extra_rows_key else spec.embed_extra_rows,
+        "head_extra_rows": int(raw[spec.head_extra_rows_key] or 0)
+        if spec.head_extra_rows_key else 0,
         "pad_token_id": first_token_id(raw.get("pad_token_id"))
         if spec.sinusoidal_positions == "xglm" else None,
     }

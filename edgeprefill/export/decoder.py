@@ -1302,20 +1302,21 @@ class DecoderBuilder:
         memory-mapped and only the rows of tokens seen are resident: 108 MiB less RSS
         after load on the SmolLM2-135M shape, for 113 MB more on disk (docs/benchmarks.md)."""
         name = head_weight(self.ckpt, self.cfg)
-        self._check_vocab_shape(name)
+        self._check_vocab_shape(name, self.cfg.head_extra_rows)
+        shape = (self.cfg.vocab_size, self.w.shape(name)[1])  # the logits' rows only
         bias = None
         if self.cfg.lm_head_bias:
             bias = self.w.resolve(tuple(h + ".bias" for h in self.names.lm_head))
             self.w.check_bias(bias, self.w.shape(name)[0],
                               f"{name} of shape {self.w.shape(name)}")
         if self.quant is not None and self.quant.head_kind != "float":
-            vocab, hidden_size = self.w.shape(name)
+            vocab, hidden_size = shape
             def out_in():
                 return self._head_rows(name, np.float32)
             logits = self.w.quantized_matmul(hidden, "lm_head", hidden_size, vocab, out_in,
                                              self.quant.head_kind)
             return logits if bias is None else self.g.op("Add", [logits, self.w.tensor(bias)])
-        head = self.g.weight("lm_head.weight", self.w.shape(name), self.dtype,
+        head = self.g.weight("lm_head.weight", shape, self.dtype,
                              lambda: self._head_rows(name, self.dtype))
         inputs = [hidden, head] if bias is None else [hidden, head, self.w.tensor(bias)]
         return self.g.op("Gemm", inputs, transB=1)
@@ -1323,9 +1324,12 @@ class DecoderBuilder:
     def _head_rows(self, name: str, dtype: np.dtype) -> np.ndarray:
         """The LM head [vocab, hidden] as `dtype`; where the model normalizes its rows
         (Baichuan 2's NormHead: torch's F.normalize, each row over max(its L2 norm, 1e-12),
-        at its first forward), normalized here once, in float32."""
+        at its first forward), normalized here once, in float32. Rows past vocab_size (an
+        unembedding padded past the logits: ModelConfig.head_extra_rows) are cut off."""
         if not self.cfg.lm_head_normalized:
-            return self.ckpt.get(name, dtype)
-        rows = self.ckpt.get(name, np.float32)
+            rows = self.ckpt.get(name, dtype)
+            return rows if not self.cfg.head_extra_rows else \
+                np.ascontiguousarray(rows[:self.cfg.vocab_size])
+        rows = self.ckpt.get(name, np.float32)[:self.cfg.vocab_size]
         norms = np.sqrt(np.einsum("vh,vh->v", rows, rows, dtype=np.float32))[:, None]
         return (rows / np.maximum(norms, np.float32(1e-12))).astype(dtype)

@@ -163,6 +163,9 @@ class ModelConfig:
     # Rows the embedding table has beyond vocab_size (FamilySpec.embed_extra_rows, or its
     # embed_extra_rows_key's value), which no logit reads.
     embed_extra_rows: int = 0
+    # Rows the LM head has beyond vocab_size, whose logits the model drops (Inkling's
+    # unembedding padded past unpadded_vocab_size): cut off at export.
+    head_extra_rows: int = 0
     # Gemma 4: layers without KV of their own, each reading the KV an earlier layer of its
     # kind wrote in the same step (consumer -> producer; num_kv_shared_layers).
     shared_kv: dict[int, int] = field(default_factory=dict)

@@ -65,6 +65,11 @@ def _inkling_config(raw: dict[str, Any]) -> dict[str, Any]:
     raw["no_rope_layers"] = [0] * int(raw["num_hidden_layers"])
     raw["attention_multiplier"] = 1.0 / int(raw["head_dim"])
     raw["logits_scaling"] = float(raw["logits_mup_width_multiplier"])
+    # The embedding and the unembedding hold vocab_size rows; the logits are the first
+    # unpadded_vocab_size (where below it): the bundle's vocabulary, the rest padding.
+    unpadded, padded = raw.get("unpadded_vocab_size"), int(raw["vocab_size"])
+    rows = padded - int(unpadded) if unpadded is not None and int(unpadded) < padded else 0
+    raw["vocab_size"], raw["inkling_padded_rows"] = padded - rows, rows
     if raw.get("dense_intermediate_size") is not None:
         raw["moe_intermediate_size"] = raw["intermediate_size"]
         raw["intermediate_size"] = raw["dense_intermediate_size"]
@@ -78,6 +83,8 @@ def _inkling_refuse(raw: dict[str, Any]) -> str | None:
         return f"layer_types must list {count} of {FULL!r} and {SLIDING!r}, got {kinds!r}"
     if len(mlps) != count or set(mlps) - {"dense", "sparse"}:
         return f"mlp_layer_types must list {count} of 'dense' and 'sparse', got {mlps!r}"
+    if raw.get("unpadded_vocab_size") is not None and int(raw["unpadded_vocab_size"]) < 1:
+        return f"unpadded_vocab_size must be positive, got {raw['unpadded_vocab_size']}"
     if raw.get("log_scaling_n_floor") is not None:
         return ("log_scaling_n_floor (the full layers' logarithmic scaling of queries and "
                 "bias by position) is not supported")
@@ -86,10 +93,6 @@ def _inkling_refuse(raw: dict[str, Any]) -> str | None:
     if raw.get("shared_expert_sink") is False:
         # transformers' router always weighs the shared experts in its softmax
         return "shared_expert_sink=false is not supported (transformers ignores it)"
-    unpadded = raw.get("unpadded_vocab_size")
-    if unpadded is not None and int(unpadded) < int(raw["vocab_size"]):
-        return ("unpadded_vocab_size below vocab_size (the logits cut to the unembedding's "
-                "first rows) is not supported")
     if int(raw.get("conv_kernel_size") or 0) < 2:
         return f"conv_kernel_size must be at least 2, got {raw.get('conv_kernel_size')}"
     return None
@@ -117,6 +120,7 @@ INKLING = FamilySpec(
     names=INKLING_NAMES, block="inkling", window="always", moe=INKLING_MOE,
     legacy=_inkling_config, refuse=_inkling_refuse,
     defaults=INKLING_DEFAULTS, inkling=True,
+    embed_extra_rows_key="inkling_padded_rows", head_extra_rows_key="inkling_padded_rows",
     # transformers' causal LM drops the multi-token-prediction layers
     left_out=("model.mtp.",),
     quirks=("relative attention bias per distance from each query's state",

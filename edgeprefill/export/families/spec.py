@@ -386,6 +386,10 @@ class FamilySpec:
     # The config key giving those rows where config.json does (Molmo 2's
     # additional_vocab_size); None: embed_extra_rows.
     embed_extra_rows_key: str | None = None
+    # The config key giving the rows the LM head has beyond vocab_size, whose logits the
+    # model drops (Inkling's unembedding padded past unpadded_vocab_size, which its `legacy`
+    # reads as the vocabulary); None: none.
+    head_extra_rows_key: str | None = None
     # Tensors transformers concatenates (along their first axis) into one as it loads the
     # checkpoint (Molmo 2's wte.embedding and wte.new_embedding into embed_tokens): (the
     # name read, the stored names in order) pairs, names as read after the renames.
