@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+from edgeprefill.errors import ExportError
 from edgeprefill.export.experts import sparse_mlp_layers
 from edgeprefill.export.families.latent import MLA_QUIRKS
 from edgeprefill.export.families.moe_sigmoid import DEEPSEEK_MOE
@@ -73,6 +74,10 @@ def _rope_parameters(raw: dict[str, Any], types: list[str]) -> dict[str, Any]:
             for kind in set(types)}
     elif not set(params) & {"indexed_attention", "sliding_attention", "full_attention"}:
         params = {kind: dict(params) for kind in set(types)}
+    for kind, entry in params.items():
+        if not isinstance(entry, dict):
+            raise ExportError(f"config.json: rope_parameters.{kind} must be an object, got "
+                              f"{entry!r}")
     return {_RENAMED.get(kind, kind): {k: v for k, v in entry.items()
                                        if k != "partial_rotary_factor"}
             for kind, entry in params.items()}

@@ -50,6 +50,8 @@ def _config(raw: dict[str, Any]) -> dict[str, Any]:
 def _refused(raw: dict[str, Any]) -> str | None:
     # LongcatFlashTopkRouter computes its logits without the classifier's bias, which the
     # model's own code adds: the two would route differently.
+    if raw.get("n_routed_experts") == 0:  # every layer's first sublayer is its experts'
+        return "n_routed_experts 0 is not supported (LongCat-Flash's layers route to experts)"
     if raw.get("router_bias"):
         return "router_bias (a router classifier bias) is not supported"
     if raw.get("zero_expert_type", "identity") != "identity":

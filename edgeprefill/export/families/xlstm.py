@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+from edgeprefill.errors import ExportError
+from edgeprefill.export.config_checks import SIZE_LIMITS
 from edgeprefill.export.families.spec import LLAMA_NAMES, FamilySpec
 
 
@@ -38,7 +40,11 @@ def _xlstm_config(raw: dict[str, Any]) -> dict[str, Any]:
     ffn_proj_factor rounded up to ffn_round_up_to_multiple_of wide. Every layer is an
     mLSTM cell; the attention keys it lacks get placeholders no layer reads."""
     hidden, qk, v = _widths(raw)
-    count = int(_given(raw, "num_blocks", "num_hidden_layers"))
+    key = "num_blocks" if raw.get("num_blocks") is not None else "num_hidden_layers"
+    count = int(raw[key])
+    most = SIZE_LIMITS["num_hidden_layers"][1]
+    if count > most:  # checked before a list of as many layers is built
+        raise ExportError(f"config.json: {key} must be at most {most}, got {count}")
     return {**raw, "hidden_size": hidden, "num_hidden_layers": count,
             "layer_types": ["mlstm"] * count, "mlstm_qk_dim": qk, "mlstm_v_dim": v,
             "intermediate_size": _round_up(hidden * float(raw["ffn_proj_factor"]),
