@@ -671,6 +671,8 @@ def test_the_ort_flavour_runs_a_hub_sized_mixture_as_one_op_per_layer(quant, op)
     ("llama4", "ort", None, "ScatterND"),
     # ZAYA's skip expert: its rows weigh the op's output 0 (test_longcat: identity experts)
     ("zaya", "ort", None, "MoE"), ("zaya", "ort", "int4", "QMoE"),
+    # Inkling's routed experts (its shared ones, weighed by the same softmax, beside the op)
+    ("inkling_text", "ort", None, "MoE"),
 ])
 def test_each_bundle_gets_the_op_or_the_unrolled_experts(family, flavor, quant, op, hf_model):
     from edgeprefill.export.checkpoint import Checkpoint

@@ -149,8 +149,7 @@ class DecoderBuilder:
         experts = MixtureOfExperts(self.g, self.w, self.ckpt, cfg.moe, spec.names,
                                    cfg.hidden_size, self.dtype, self._activation, self.clamps,
                                    self._norm)
-        if not self.flavor.moe_op or cfg.moe.routing == "inkling":
-            # Inkling's experts go with its shared experts' weights (inkling.py): unrolled
+        if not self.flavor.moe_op:
             return experts
         # A pre-quantized checkpoint's experts are read dequantized (export/prequantized.py):
         # float where only its own int4 layers are int4 (QuantConfig.float_layers False).
