@@ -19,10 +19,10 @@ from edgeprefill.export.exporter import ExportOptions, export
 from edgeprefill.export.families import FAMILIES as FAMILY_SPECS
 from edgeprefill.export.model_config import ModelConfig
 from edgeprefill.export.model_quirks import model_quirks
-from edgeprefill.export.quantize import QuantConfig, int4_blockwise, int4_dequantize
+from edgeprefill.export.quantize import QuantConfig, int4_blockwise, int4_dequantize, int8_rows
 from edgeprefill.sdk import Engine, GenerationParams
 from tests.conftest import FAMILIES, load_hf_model
-from tests.state_models import GRAPHS, assert_padded_chunks_match
+from tests.state_models import GRAPHS, assert_padded_chunks_match, run_padded
 from tests.test_exactness import (
     check_greedy,
     check_together,
@@ -31,7 +31,7 @@ from tests.test_exactness import (
     reference_logits,
 )
 from tests.test_families import export_small, last_logits
-from tests.test_quantize import dequantize_embeddings
+from tests.test_quantize import dequantize_embeddings, int8_linear, native_int8
 
 MOE_FAMILIES = ("qwen3_moe", "olmoe", "granitemoe", "lfm2_moe", "qwen2_moe", "glm4_moe")
 # Families whose matrix here runs under `slow` only (the default suite checks each one's chunk
@@ -271,6 +271,71 @@ def test_int4_experts_equal_transformers_with_dequantized_weights(family, block,
     engine.close()
 
 
+def int8_experts_reference(model, symmetric: bool, transposed: bool = False,
+                           keep: tuple[str, ...] = ()) -> None:
+    """`model` computing as the int8 bundle does: each expert's rows (fused experts' [E,
+    out, in]; `transposed`: stored [E, in, out]) as the bundle's QMoE stores them, one scale
+    per row, in float; every other projection as the int8 ones compute
+    (test_quantize.int8_linear: per-channel weights, activations quantized on the fly,
+    `symmetric` as test_quantize.native_int8 says), and the embedding table as the bundle
+    stores it. Float in the bundle and here: the routers, Qwen2-MoE's shared expert gate,
+    MLA's kv_b_proj (folded into the attention) and any module whose name holds a part of
+    `keep`."""
+    keep = ("kv_b_proj", *keep)
+    with torch.no_grad():
+        dequantize_embeddings(model, "int8")
+        for name, param in model.named_parameters():
+            if param.dim() != 3 or "experts" not in name:
+                continue
+            weight = param.transpose(1, 2) if transposed else param
+            flat = weight.reshape(-1, weight.shape[-1]).numpy()
+            data, scale = int8_rows(flat)
+            out = torch.from_numpy((data.astype(np.float32) - 128) * scale)
+            out = out.reshape(weight.shape)
+            param.copy_(out.transpose(1, 2) if transposed else out)
+        for name, module in list(model.named_modules()):
+            for child, linear in list(module.named_children()):
+                path = f"{name}.{child}"
+                if isinstance(linear, torch.nn.Linear) and not is_router(linear) and \
+                        child not in ("gate", "shared_expert_gate") and \
+                        not any(part in path for part in keep):
+                    quantized = int8_linear(linear.weight.numpy(), symmetric)
+                    quantized.bias = linear.bias  # (Qwen2-MoE's attention's), float
+                    setattr(module, child, quantized)
+
+
+@pytest.mark.parametrize("family, keep", [
+    ("qwen3_moe", ()),
+    *slow(("qwen2_moe", ()),  # top k weights not renormalized: the op is handed chosen logits
+          ("gpt_oss", ()),  # the experts' biases, clamped SwiGLU
+          ("hy_v4", ("indexer", "_hc.", "hc_head")),  # a clamp before the activation
+          ("longcat_flash", ("router.",)),  # identity experts beside the op
+          ("zaya", (".mlp.gate.",)),  # its MLP router's chosen expert or skip expert
+          ("llama4_text", ()),  # the token times its expert's weight
+          ("olmoe", ()), ("glm4_moe", ()), ("lfm2_moe", ()), ("mixtral", ()),
+          ("granitemoe", ())),
+])
+def test_int8_experts_equal_transformers_with_dequantized_weights(family, keep, hf_model,
+                                                                  tmp_path):
+    """The int8 bundle's experts (QMoE at 8 bits, one scale per row, float activations)
+    compute as transformers on their dequantized weights, with the other projections as
+    int8 ones compute, decoded one token per call (DynamicQuantizeMatMul quantizes a
+    call's whole input at one scale, a token's own at decode)."""
+    hf_dir = hf_model(family)
+    out = quantized_bundle(hf_dir, tmp_path / "b", "int8")
+    model = load_hf_model(hf_dir)
+    int8_experts_reference(model, native_int8(out),
+                           FAMILY_SPECS[family.split("-")[0]].moe.names.transposed, keep)
+    ids = prompt_ids(12)
+    with torch.no_grad(), recurrent_delta_rule():
+        expected = model(torch.tensor([ids])).logits[0].numpy()
+    with Engine.load(out, threads=2, background=False) as engine:
+        got = run_padded(engine.backend, ids, 1, split=len(ids))
+    for position, logits in got.items():
+        np.testing.assert_allclose(logits, expected[position], rtol=1e-3, atol=1e-3,
+                                   err_msg=f"position {position}")
+
+
 def quantized_bundle(hf_dir, out, kind: str, accuracy_level: int = 4):
     export(hf_dir, out, ExportOptions(chunks=(16,), max_context=128, show_progress=False,
                                       quant=QuantConfig(kind, accuracy_level=accuracy_level)))
@@ -283,11 +348,12 @@ def relative_error(got: np.ndarray, reference: np.ndarray) -> float:
 
 @pytest.mark.parametrize("kernels", ("auto", "off"))
 def test_quantized_experts_stay_close(kernels, hf_model, bundle, tmp_path, monkeypatch):
-    """The default int8 bundle (the unrolled experts on DynamicQuantizeMatMul, the native
-    kernels' rewrites where they build) stays within 5% of fp32; the default int4 one
-    (QMoE and MatMulNBits on int8 activations) within 15% of the float-compute int4 bundle,
-    which equals transformers on the dequantized weights (the test above). Against fp32,
-    int4's own rounding moves this wide random fixture's logits by 30-80%: routing flips."""
+    """The default int8 bundle (QMoE's 8-bit experts, the other projections on
+    DynamicQuantizeMatMul or the native kernels' rewrites where they build) stays within 5%
+    of fp32; the default int4 one (QMoE and MatMulNBits on int8 activations) within 15% of
+    the float-compute int4 bundle, which equals transformers on the dequantized weights
+    (the test above). Against fp32, int4's own rounding moves this wide random fixture's
+    logits by 30-80%: routing flips."""
     monkeypatch.setenv("EDGEPREFILL_KERNELS", kernels)
     hf_dir = hf_model("olmoe")
     ids = prompt_ids(12)
@@ -652,7 +718,8 @@ def test_a_hub_sized_graph_unrolls_one_projection_pair_per_expert_in_the_standar
     assert json.dumps(model_quirks(cfg))  # the manifest's quirks serialize
 
 
-@pytest.mark.parametrize("quant, op", [(None, "MoE"), (QuantConfig("int4"), "QMoE")])
+@pytest.mark.parametrize("quant, op", [(None, "MoE"), (QuantConfig("int4"), "QMoE"),
+                                       (QuantConfig("int8"), "QMoE")])
 def test_the_ort_flavour_runs_a_hub_sized_mixture_as_one_op_per_layer(quant, op):
     cfg, g = built_graph(QWEN3_30B_A3B, "ort", quant)
     assert sum(n.op_type == op for n in g.nodes) == cfg.num_layers == 48
@@ -664,8 +731,8 @@ def test_the_ort_flavour_runs_a_hub_sized_mixture_as_one_op_per_layer(quant, op)
     ("qwen3_moe", "ort", None, "MoE"), ("granitemoe", "ort", "int4", "QMoE"),
     ("qwen2_moe", "ort", None, "MoE"), ("lfm2_moe", "ort", "int4", "QMoE"),
     ("qwen3_5_moe_text", "ort", "int4", "QMoE"), ("glm4_moe", "ort", "int4", "QMoE"),
-    # int8 bundles are not the op's; nor is the standard flavour (stock ops only)
-    ("qwen3_moe", "ort", "int8", "ScatterND"), ("lfm2_moe", "standard", None, "ScatterND"),
+    # int8 at 8 bits, one scale per row; the standard flavour is stock ops only
+    ("qwen3_moe", "ort", "int8", "QMoE"), ("lfm2_moe", "standard", None, "ScatterND"),
     # Llama 4's input-scaled experts: the op for one expert per token, unrolled for two
     ("llama4_text", "ort", None, "MoE"), ("llama4_text", "ort", "int4", "QMoE"),
     ("llama4", "ort", None, "ScatterND"),
@@ -687,7 +754,8 @@ def test_each_bundle_gets_the_op_or_the_unrolled_experts(family, flavor, quant, 
 
 
 @pytest.mark.parametrize("flavor, quant, warned", [
-    ("ort", "int8", True), ("ort", None, False), ("ort", "int4", False),
+    ("ort", QuantConfig("int4", 64), True), ("ort", None, False),
+    ("ort", QuantConfig("int4"), False), ("ort", QuantConfig("int8"), False),
     ("standard", None, False),  # stock ops by design: nothing to warn of
 ])
 def test_an_ort_bundle_whose_experts_miss_the_op_says_so_and_why(flavor, quant, warned,
@@ -700,12 +768,12 @@ def test_an_ort_bundle_whose_experts_miss_the_op_says_so_and_why(flavor, quant, 
     cfg = ModelConfig.from_dir(hf_dir)
     with caplog.at_level(logging.WARNING, logger="edgeprefill"):
         DecoderBuilder(cfg, Checkpoint(hf_dir), flavor_class(flavor)(cfg, np.float32, 128),
-                       QuantConfig(quant) if quant else None).build()
+                       quant).build()
     messages = [r.getMessage() for r in caplog.records if "experts per layer" in r.getMessage()]
     assert messages == (["the 8 experts per layer are written out one by one, not as ONNX "
-                         "Runtime's MoE op: int8 weights (the op's 8-bit mode does not compute "
-                         "this bundle's per-channel int8); decode runs several times slower "
-                         "than an fp32 or int4 `ort` bundle"] if warned else [])
+                         "Runtime's MoE op: hidden 64 and expert width 32 are not multiples of "
+                         "the int4 block size 64; decode runs several times slower than an "
+                         "fp32, int8 or int4 `ort` bundle"] if warned else [])
 
 
 # tencent/Hunyuan-A13B-Instruct's config.json (its keys transformers' model reads): top 8 of

@@ -225,10 +225,12 @@ def int8_linear(weight: np.ndarray, symmetric: bool) -> torch.nn.Linear:
         x = args[0]
         if symmetric:
             step = x.abs().amax(dim=-1, keepdim=True) / 127
+            step[step == 0] = 1  # an all-zero row (ZAYA's first delayed value) stays 0
             return torch.round(x / step) * step,
         low = x.amin(dim=-1, keepdim=True).clamp(max=0)
         high = x.amax(dim=-1, keepdim=True).clamp(min=0)
         step = (high - low) / 255
+        step[step == 0] = 1
         zero = torch.clamp(torch.round(-low / step), 0, 255)
         return (torch.clamp(torch.round(x / step) + zero, 0, 255) - zero) * step,
 

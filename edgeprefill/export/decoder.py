@@ -101,8 +101,8 @@ def unrolled_experts_warning(experts: int, reason: str, where: str = "") -> None
     # A dozen nodes per expert run each step whether chosen or not: with many experts
     # that is most of a decode step (docs/benchmarks.md, mixture-of-experts decode).
     log.warning("the %d experts per layer are written out one by one%s, not as ONNX "
-                "Runtime's MoE op: %s; decode runs several times slower than an fp32 or "
-                "int4 `ort` bundle", experts, where, reason)
+                "Runtime's MoE op: %s; decode runs several times slower than an fp32, "
+                "int8 or int4 `ort` bundle", experts, where, reason)
 
 
 class DecoderBuilder:

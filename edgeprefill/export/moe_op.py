@@ -1,5 +1,5 @@
 """The `ort` flavour's mixture-of-experts block: one com.microsoft `MoE` (float32) or
-`QMoE` (int4) node per layer over the experts' stacked weights.
+`QMoE` (int4, int8) node per layer over the experts' stacked weights.
 
 The unrolled dispatch of export/moe.py costs a dozen nodes per expert whether a token chose
 it or not: 8 layers of 128 experts decoded 4.2 tokens/s in int4 that way on the 2-core VM,
@@ -16,11 +16,11 @@ weighed by the softmax, renormalized with a floor), PhiMoE's sparsemixer and Dee
 group-limited one are computed in the graph as the unrolled form computes them, and handed
 to the op as logits it cannot read otherwise: log(weight) at the k chosen experts and -inf
 elsewhere, so the op's softmax and top k find exactly those k and renormalize their weights
-to sum 1; the output times each token's sum of weights undoes that. So does an int4
+to sum 1; the output times each token's sum of weights undoes that. So does a quantized
 block whose family leaves its top k weights as the softmax gave them (Qwen2-MoE, OLMoE,
 Jamba): QMoE's CPU kernel (onnxruntime 1.32) renormalizes them whatever
-normalize_routing_weights says, 0.05-0.2 of the logits' scale off on the fixtures; the
-float MoE op honours it. Llama 4's experts
+normalize_routing_weights says, at 4 bits and at 8, 0.05-0.6 of the logits' scale off on
+the fixtures; the float MoE op honours it. Llama 4's experts
 take the token times its weight, unweighed after: with its one expert per token, x times
 that weight goes in and the chosen expert's logit is 0 (weight 1); with more, each expert
 would need its own input, and the block stays unrolled. LongCat-Flash's identity
@@ -29,13 +29,18 @@ leave the op's columns and are added after it, a skip pick weighs 0. gpt-oss's r
 logits carry its
 bias; its experts' biases are the op's fc1/fc2 bias inputs and its clamped SwiGLU the op's
 activation attributes (_swiglu), as is Hy4's (a clamp before the activation, beta 0).
-The `standard` flavour and int8 and fp16 bundles keep the unrolled graph (export/moe.py).
+The `standard` flavour and fp16 bundles keep the unrolled graph (export/moe.py).
 
 Weights: fc1 [E, 2I, H] with each expert's gate and up rows interleaved (g0, u0, g1, ...,
 the CPU kernel's only layout, swiglu_fusion=1), fc2 [E, H, I]. int4: each expert's rows
 quantized as MatMulNBits' are (export/quantize.py: blocks along the input, zero point 8),
 stored [E, out, in / 2] with float32 scales [E, out, blocks]: the op's layout, which needs
-H and I to be multiples of the block size.
+H and I to be multiples of the block size. int8: each expert's rows with one scale per
+output row (export/quantize.py int8_rows: the other projections' per-channel int8, stored
+plus 128, the op's implicit zero point), [E, out, in] with float32 scales [E, out], and no
+block_size: that kernel dequantizes and multiplies in float, so the experts compute what
+their dequantized weights do; with a block_size the 8-bit kernel quantizes the activations
+too (docs/design.md, *Mixture of experts*).
 """
 
 from __future__ import annotations
@@ -44,7 +49,7 @@ import numpy as np
 
 from edgeprefill.export.experts import MoeConfig
 from edgeprefill.export.moe import MixtureOfExperts, tensor_attribute
-from edgeprefill.export.quantize import QuantConfig, int4_blockwise
+from edgeprefill.export.quantize import QuantConfig, int4_blockwise, int8_rows
 
 # the op's own; the others ("sigmoid", "softmax_bias", "sparsemixer", ...) go in as chosen
 OP_ROUTINGS = ("softmax", "topk_softmax")
@@ -67,11 +72,8 @@ def why_unrolled(experts: MixtureOfExperts, activation: str,
         return f"the experts' activation is {activation}, the op's CPU kernel takes SiLU"
     if experts.dtype != np.float32:
         return "the op's CPU kernel runs float32 only (this bundle is fp16)"
-    if quant is None:
+    if quant is None or quant.kind == "int8":  # int8: one scale per row, any width
         return None
-    if quant.kind != "int4":
-        return (f"{quant.kind} weights (the op's 8-bit mode does not compute this bundle's "
-                "per-channel int8)")
     if experts.hidden % quant.block_size or moe.width % quant.block_size:
         return (f"hidden {experts.hidden} and expert width {moe.width} are not multiples of "
                 f"the int4 block size {quant.block_size}")
@@ -154,6 +156,12 @@ class MoeOp(MixtureOfExperts):
             return g.op("MoE", [x, logits, fc1, bias1, fc2, bias2], domain="com.microsoft",
                         **attrs)
         q = self.quant
+        if q.kind == "int8":  # no block_size: the per-row kernel, float activations
+            fc1, scale1 = self._int8(p + "experts.fc1", 2 * moe.width, self.hidden, p,
+                                     self._fc1)
+            fc2, scale2 = self._int8(p + "experts.fc2", self.hidden, moe.width, p, self._fc2)
+            return g.op("QMoE", [x, logits, fc1, scale1, bias1, fc2, scale2, bias2],
+                        domain="com.microsoft", expert_weight_bits=8, **attrs)
         fc1, scale1 = self._int4(p + "experts.fc1", 2 * moe.width, self.hidden, p, self._fc1)
         fc2, scale2 = self._int4(p + "experts.fc2", self.hidden, moe.width, p, self._fc2)
         return g.op("QMoE", [x, logits, fc1, scale1, bias1, fc2, scale2, bias2],
@@ -251,6 +259,24 @@ class MoeOp(MixtureOfExperts):
         weight = self.g.weight(name + ".int4", (experts, rows, cols // 2), np.dtype(np.uint8),
                                lambda: parts()[0])
         scale = self.g.weight(name + ".scale", (experts, rows, blocks), np.dtype(np.float32),
+                              lambda: parts()[1])
+        return weight, scale
+
+    def _int8(self, name: str, rows: int, cols: int, p: str, read) -> tuple[str, str]:
+        """(uint8 [E, rows, cols], float32 scales [E, rows]): each expert's rows as
+        int8_rows quantizes them, one symmetric scale per output row (the other
+        projections' per-channel int8, DynamicQuantizeMatMul's), stored plus 128."""
+        experts = self.moe.experts
+
+        def compute() -> tuple[np.ndarray, np.ndarray]:
+            parts = [int8_rows(read(p, e)) for e in range(experts)]
+            return (np.stack([data for data, _ in parts]),
+                    np.stack([scale.reshape(rows) for _, scale in parts]))
+
+        parts = self.w.memoized(name, compute)
+        weight = self.g.weight(name + ".int8", (experts, rows, cols), np.dtype(np.uint8),
+                               lambda: parts()[0])
+        scale = self.g.weight(name + ".scale", (experts, rows), np.dtype(np.float32),
                               lambda: parts()[1])
         return weight, scale
 
