@@ -25,10 +25,12 @@ take the token times its weight, unweighed after: with its one expert per token,
 that weight goes in and the chosen expert's logit is 0 (weight 1); with more, each expert
 would need its own input, and the block stays unrolled. LongCat-Flash's identity
 experts and ZAYA's skip expert go in as chosen too (_chosen_logits): the identity picks
-leave the op's columns and are added after it, a skip pick weighs 0. gpt-oss's router
-logits carry its
-bias; its experts' biases are the op's fc1/fc2 bias inputs and its clamped SwiGLU the op's
+leave the op's columns and are added after it, a skip pick weighs 0; ZAYA's and Inkling's
+routers hand the block their choice (routed). gpt-oss's router logits carry its bias; its
+experts' biases are the op's fc1/fc2 bias inputs and its clamped SwiGLU the op's
 activation attributes (_swiglu), as is Hy4's (a clamp before the activation, beta 0).
+Step 3.7's layers that clamp after the activation keep the unrolled form, each alone
+(clamped_after).
 The `standard` flavour and fp16 bundles keep the unrolled graph (export/moe.py).
 
 Weights: fc1 [E, 2I, H] with each expert's gate and up rows interleaved (g0, u0, g1, ...,
