@@ -7,10 +7,11 @@ The MoE is Qwen3-MoE shaped (`--experts` experts of width `--width`, top `--top-
 dense model is Qwen3 with the same attention and an MLP `--top-k` x `--width` wide, so a
 token runs the same multiply-adds in both, and the MoE holds `--experts / --top-k` times the
 MLP weights. The MoE runs twice: as the `ort` flavour exports it (ONNX Runtime's MoE/QMoE
-op, export/moe_op.py) and with the unrolled experts of export/moe.py (what LFM2-MoE, fp16
-and the `standard` flavour get), to show what the per-expert nodes cost. Each bundle
-decodes `--tokens` tokens after a 16-token prompt, `--runs` times after three warm-up runs; prints
-the median of each run's median inter-token rate (decode tokens/s).
+op, export/moe_op.py) and with the unrolled experts of export/moe.py (what fp16 bundles,
+the `standard` flavour and the blocks the op cannot compute get: `why_unrolled`), to show
+what the per-expert nodes cost. Each bundle decodes `--tokens` tokens after a 16-token
+prompt, `--runs` times after three warm-up runs; prints the median of each run's median
+inter-token rate (decode tokens/s).
 """
 
 from __future__ import annotations
