@@ -30,7 +30,8 @@ FAMILIES = ("lfm2", "lfm3", "qwen3_5_text", "granitemoehybrid-mamba", "falcon_h1
             # hybrid (Kimi Linear's states): slow
             *(pytest.param(family, marks=pytest.mark.slow)
               for family in ("mamba", "falcon_mamba", "jamba", "zamba2", "zamba",
-                             "recurrent_gemma", "bailing_hybrid")))
+                             "recurrent_gemma", "bailing_hybrid",
+                             "inkling_text")))  # its four conv states beside the KV
 FLAVORS = ("ort", "standard")
 PARAMS = GenerationParams(max_new_tokens=8, ignore_eos=True)
 

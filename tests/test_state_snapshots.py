@@ -13,14 +13,15 @@ from edgeprefill.sdk.state_snapshots import snapshot_budget
 from tests.test_exactness import prompt_ids, reference_greedy
 
 FAMILIES = ("lfm2", "lfm3", "qwen3_5_text", "granitemoehybrid-mamba", "falcon_h1",
-            "kimi_linear", "zaya")
+            "kimi_linear", "zaya", "inkling_text")
 # A snapshot is the state arena's rows of a slot, whatever the states hold: the default
 # suite keeps one family per kind of state (LFM3's conv beside sliding KV, Qwen3.5's
 # DeltaNet, Granite 4.0-H's Mamba-2); LFM2 (conv only), Falcon-H1 (Mamba-2 again) and Kimi
 # Linear (DeltaNet's states, shaped alike; test_state_runtime resumes its snapshots) run
 # under slow; ZAYA's (a short convolution's window beside a value of one token, next to
-# its KV) in the default suite.
-REPEATED = ("lfm2", "falcon_h1", "kimi_linear")
+# its KV) in the default suite; Inkling's (four short convolutions' windows beside its KV,
+# ZAYA's kind) under slow.
+REPEATED = ("lfm2", "falcon_h1", "kimi_linear", "inkling_text")
 PARAMS = GenerationParams(max_new_tokens=8, ignore_eos=True)
 
 pytestmark = pytest.mark.parametrize("family", [
