@@ -57,13 +57,13 @@ def flavour_bundles(stem: str, max_context: int = 128) -> Any:
     return bundle
 
 
-def flavour_fixtures(family: str) -> tuple[Any, Any]:
+def flavour_fixtures(family: str, max_context: int = 128) -> tuple[Any, Any]:
     """Module-scoped fixtures `hf` (`family`'s fixture checkpoint, tests/conftest.py) and
-    `bundle` (flavour_bundles: flavor -> its bundle of that flavour). Bind them to those
-    names in the test module: `hf, bundle = ...`."""
+    `bundle` (flavour_bundles: flavor -> its bundle of that flavour, `max_context`
+    positions). Bind them to those names in the test module: `hf, bundle = ...`."""
 
     @pytest.fixture(scope="module")
     def hf(tmp_path_factory: pytest.TempPathFactory) -> Path:
         return build_hf_model(family, tmp_path_factory.mktemp(family))
 
-    return hf, flavour_bundles(family)
+    return hf, flavour_bundles(family, max_context)

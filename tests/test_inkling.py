@@ -11,8 +11,6 @@ one call, and what export refuses."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import onnx
 import pytest
 
@@ -23,7 +21,7 @@ from edgeprefill.export.quantize import QuantConfig
 from edgeprefill.kernels import graph, select
 from edgeprefill.sdk import Engine
 from tests.conftest import FAMILIES, build_hf_model, load_hf_model
-from tests.flavour_bundles import check_chunks_against, hf_logits
+from tests.flavour_bundles import check_chunks_against, flavour_fixtures, hf_logits
 from tests.test_exactness import prompt_ids
 from tests.test_mla import dequantized_int4_but_kv_b
 from tests.test_openelm import (
@@ -32,47 +30,30 @@ from tests.test_openelm import (
     check_rows_decode_together,
 )
 
-
-@pytest.fixture(scope="module")
-def hf_dir(tmp_path_factory) -> Path:
-    return build_hf_model("inkling_text", tmp_path_factory.mktemp("inkling"))
+hf, bundle = flavour_fixtures("inkling_text", max_context=64)
 
 
-@pytest.fixture(scope="module")
-def bundle(hf_dir, tmp_path_factory):
-    made: dict[str, Path] = {}
-
-    def get(flavor: str) -> Path:
-        if flavor not in made:
-            made[flavor] = tmp_path_factory.mktemp(f"inkling-{flavor}")
-            export(hf_dir, made[flavor], ExportOptions(flavor=flavor, chunks=(16,),
-                                                       max_context=64, show_progress=False))
-        return made[flavor]
-
-    return get
-
-
-def test_chunks_of_5_match_transformers(hf_dir, bundle):
+def test_chunks_of_5_match_transformers(hf, bundle):
     """A 23-token prompt (past both reaches) in chunks of 5: each chunk's last logits are
     transformers' at its position (the `standard` flavour; `ort` below)."""
     ids = prompt_ids(23)
     engine = Engine.load(bundle("standard"), threads=2, background=False)
-    check_chunk_ends(engine, ids, hf_logits(load_hf_model(hf_dir), ids), (5,))
+    check_chunk_ends(engine, ids, hf_logits(load_hf_model(hf), ids), (5,))
     engine.close()
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("flavor", ("ort", "standard"))
-def test_chunked_decoded_and_padded_as_transformers(flavor, hf_dir, bundle):
+def test_chunked_decoded_and_padded_as_transformers(flavor, hf, bundle):
     """Chunks of 1, 3 and 16 of a 40-token prompt, then a padded chunk."""
     ids = prompt_ids(40)
-    check_chunks_and_padding(bundle(flavor), ids, hf_logits(load_hf_model(hf_dir), ids))
+    check_chunks_and_padding(bundle(flavor), ids, hf_logits(load_hf_model(hf), ids))
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("flavor", ("ort", "standard"))
-def test_rows_of_other_lengths_decode_together(flavor, hf_dir, bundle):
-    model = load_hf_model(hf_dir)
+def test_rows_of_other_lengths_decode_together(flavor, hf, bundle):
+    model = load_hf_model(hf)
     check_rows_decode_together(bundle(flavor), lambda ids: hf_logits(model, ids)[-1], 3)
 
 
@@ -95,14 +76,14 @@ def test_an_unembedding_padded_past_the_vocabulary_gives_its_first_rows_logits(f
 
 
 @pytest.mark.slow
-def test_int4_computes_transformers_forward_with_dequantized_weights(hf_dir, tmp_path):
+def test_int4_computes_transformers_forward_with_dequantized_weights(hf, tmp_path):
     """Every projection quantized by blocks (the routed experts' too) but the router, the
     shared experts and the relative bias's bank, which stay float: the bundle computes what
     transformers does with the others dequantized."""
-    export(hf_dir, tmp_path / "b", ExportOptions(chunks=(16,), max_context=64,
-                                                 show_progress=False,
-                                                 quant=QuantConfig("int4", accuracy_level=0)))
-    model = load_hf_model(hf_dir)
+    export(hf, tmp_path / "b", ExportOptions(chunks=(16,), max_context=64,
+                                             show_progress=False,
+                                             quant=QuantConfig("int4", accuracy_level=0)))
+    model = load_hf_model(hf)
     dequantized_int4_but_kv_b(model, keep=("shared_experts", "rel_logits_proj"))
     check_chunks_against(tmp_path / "b", model, prompt_ids(40))
 
