@@ -23,11 +23,10 @@ import time
 
 import numpy as np
 from onnx import helper, numpy_helper
-from op_ab import graph_session, taking_turns
+from op_ab import built_library, graph_session, taking_turns
 
 from edgeprefill.engines.ort.int4_decode import OP, repack
 from edgeprefill.export.quantize import int4_blockwise
-from edgeprefill.kernels.build import KernelBuildError, build
 from edgeprefill.kernels.graph import DOMAIN
 
 SHAPES = {"qkv": (576, 960), "o": (576, 576), "gate_up": (576, 3072), "down": (1536, 576),
@@ -61,10 +60,8 @@ def main() -> int:
     parser.add_argument("--turns", type=int, default=3)
     parser.add_argument("--calls", type=int, default=10, help="timed calls per turn")
     args = parser.parse_args()
-    try:
-        library = str(build())
-    except KernelBuildError as err:
-        print(f"error: {err}", file=sys.stderr)
+    library = built_library()
+    if library is None:
         return 1
     for threads in (int(t) for t in args.threads.split(",")):
         print(f"{threads} thread(s), {args.rows} row(s); us per node and weight GB/s, median of "

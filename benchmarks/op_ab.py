@@ -23,6 +23,16 @@ from edgeprefill.kernels.graph import DOMAIN
 SHAPES = {"up": (576, 1536), "down": (1536, 576), "o": (576, 576), "lm_head": (576, 49152)}
 
 
+def built_library() -> str | None:
+    """The native kernels' library, built if need be; None (the reason printed on stderr)
+    where it cannot be."""
+    try:
+        return str(build())
+    except KernelBuildError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return None
+
+
 def graph_session(nodes: list[NodeProto], initializers: list[Any], threads: int,
                   library: str) -> Any:
     """The session of `nodes` (reading input a, each writing its own output y0, y1, ...) on
@@ -77,10 +87,8 @@ def compare_ops(description: str, old: str, new: str, session: Callable[..., Any
     parser.add_argument("--fastest", action="store_true",
                         help="the fastest call, not the median: steadier under other load")
     args = parser.parse_args()
-    try:
-        library = str(build())
-    except KernelBuildError as err:
-        print(f"error: {err}", file=sys.stderr)
+    library = built_library()
+    if library is None:
         return 1
     clock = time.process_time if args.cpu_time else time.perf_counter
     pick = min if args.fastest else statistics.median
