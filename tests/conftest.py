@@ -15,6 +15,14 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # transformers' BitNet layers are torch.compile'd: compiling them took 34 s per input shape
 # on CPU. The references run the same Python eagerly.
 os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")
+# `make test` runs two test processes on two cores, and the models are tiny: threads that
+# wait for work cost more than they give. transformers' references (torch) and numpy run on
+# one thread; the engines' compute threads (still two: the native kernels' parallel pieces
+# are exercised) sleep instead of spinning (EDGEPREFILL_SPIN, engines/base.py). Measured on
+# test_state_runtime.py alone: user CPU 46-52 s spinning, 39-40 s not; torch on one thread
+# took test_state_runtime + test_moe from 116 to 87 s of user CPU.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("EDGEPREFILL_SPIN", "off")
 
 
 @pytest.fixture(autouse=True, scope="session")

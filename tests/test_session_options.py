@@ -5,19 +5,43 @@ from __future__ import annotations
 import onnx
 import pytest
 
+from edgeprefill.errors import BackendError
 from edgeprefill.sdk import Engine
 from tests.test_cli_errors import cli
 
 
-@pytest.mark.parametrize("spin, expected", [(None, "1"), (True, "1"), (False, "0")])
-def test_spin_reaches_the_onnxruntime_session(bundle, spin, expected):
+def allow_spinning(engine: Engine) -> tuple[str, str]:
+    options = engine.backend.session.get_session_options()
+    # Spinning only while a Run is under way, never between the engine's steps.
+    return (options.get_session_config_entry("session.intra_op.allow_spinning"),
+            options.get_session_config_entry("session.force_spinning_stop"))
+
+
+# The suite's conftest sets EDGEPREFILL_SPIN=off (its two processes share the cores): each
+# case here sets the variable it means.
+@pytest.mark.parametrize("env, spin, expected", [
+    (None, None, "1"), ("", None, "1"), ("on", None, "1"), ("OFF", None, "0"),
+    (None, True, "1"), (None, False, "0"),
+    ("off", True, "1"), ("on", False, "0"),  # the caller's word beats the environment's
+])
+def test_spin_reaches_the_onnxruntime_session(bundle, monkeypatch, env, spin, expected):
+    if env is None:
+        monkeypatch.delenv("EDGEPREFILL_SPIN", raising=False)
+    else:
+        monkeypatch.setenv("EDGEPREFILL_SPIN", env)
     options = {} if spin is None else {"spin": spin}
     with Engine.load(bundle("llama"), background=False, **options) as engine:
-        session_options = engine.backend.session.get_session_options()
-        entry = session_options.get_session_config_entry("session.intra_op.allow_spinning")
-        # Spinning only while a Run is under way, never between the engine's steps.
-        stop = session_options.get_session_config_entry("session.force_spinning_stop")
-    assert (entry, stop) == (expected, "1")
+        assert allow_spinning(engine) == (expected, "1")
+
+
+def test_a_spin_setting_other_than_on_or_off_is_refused_in_one_line(bundle, monkeypatch):
+    monkeypatch.setenv("EDGEPREFILL_SPIN", "sometimes")
+    with pytest.raises(BackendError, match=r"^EDGEPREFILL_SPIN='sometimes': choose one of "
+                                           r"on, off$"):
+        Engine.load(bundle("llama"), background=False)
+    run = cli("run", bundle("llama"), "--prompt", "w5", "--max-new-tokens", "1")
+    assert run.returncode != 0 and "Traceback" not in run.stderr
+    assert "EDGEPREFILL_SPIN='sometimes': choose one of on, off" in run.stderr
 
 
 def test_no_spin_generates_the_same_text(bundle):

@@ -51,7 +51,7 @@ class Workload:
     backend: str = "onnxruntime"
     device: str = "cpu"
     threads: int | None = None
-    spin: bool = True  # compute threads busy-wait between ops within a step (BackendOptions)
+    spin: bool | None = None  # compute threads busy-wait within a step (EngineConfig.spin)
     compute: str = "fp32"  # "bf16": projections and prefill attention in bf16 (BackendOptions)
     max_context: int | None = None  # positions per KV slot; None: the bundle's
     itl_target_ms: float = 150.0  # the adaptive chunk controller's target

@@ -40,9 +40,10 @@ def parse_int_list(ctx: click.Context | None, param: click.Parameter | None,
 
 
 spin_option = click.option(
-    "--spin/--no-spin", default=True, show_default=True,
+    "--spin/--no-spin", default=None,
     help="Let compute threads busy-wait between ops while a step runs (never between "
-    "steps). --no-spin for a CPU shared with other busy processes (docs/benchmarks.md).",
+    "steps). --no-spin for a CPU shared with other busy processes (docs/benchmarks.md). "
+    "[default: spin, unless EDGEPREFILL_SPIN=off]",
 )
 
 # config field -> its click option. The parameter name is the field name.

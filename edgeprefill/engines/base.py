@@ -27,6 +27,7 @@ import numpy as np
 
 from edgeprefill.bundle import Manifest, ModelInfo
 from edgeprefill.contract import attention_layers, state_slot_bytes
+from edgeprefill.env_choice import env_choice
 from edgeprefill.errors import BackendError
 
 
@@ -48,6 +49,13 @@ class StepBatch(NamedTuple):
 
 
 COMPUTES = ("fp32", "bf16")  # BackendOptions.compute
+SPIN_ENV = "EDGEPREFILL_SPIN"  # BackendOptions.spin's default: on or off
+
+
+def spin_default() -> bool:
+    """Whether compute threads spin where the caller did not say (`SPIN_ENV`; on when unset;
+    another value than on or off is refused in one line)."""
+    return env_choice(SPIN_ENV, ("on", "off")) == "on"
 
 
 @dataclass(frozen=True)
@@ -61,7 +69,9 @@ class BackendOptions:
     # while the engine samples and schedules between steps. On a quiet 2-core VM this was
     # 1.3x faster to prefill and 1.4x to decode than sleeping threads; on a machine shared
     # with other busy processes sleeping threads won (docs/benchmarks.md, *Spin*): spin=False.
-    spin: bool = True
+    # None: spin_default(), on unless EDGEPREFILL_SPIN=off (a whole process's engines at
+    # once: a deployment beside other busy processes, the test suite's two processes).
+    spin: bool | None = None
     # "fp32" (exact) or "bf16": float32 bundles' projections and every bundle's prefill
     # attention in bf16 on the native kernels (engines/ort/bf16_compute.py), as OpenVINO
     # computes by default on CPUs with bf16, and the KV cache where only they read it

@@ -31,7 +31,9 @@ class EngineConfig:
     backend: str = "onnxruntime"
     device: str = "cpu"
     threads: int | None = None  # None: the machine's physical cores
-    spin: bool = True  # compute threads busy-wait between ops within a step (BackendOptions)
+    # compute threads busy-wait between ops within a step (BackendOptions; None: on unless
+    # EDGEPREFILL_SPIN=off)
+    spin: bool | None = None
     compute: str = "fp32"  # "bf16": projections, prefill attention, KV in bf16 (BackendOptions)
     kv_slots: int = 4  # conversations whose KV is held at once
     kv_budget_bytes: int | None = None  # if set, slots = budget // bytes per slot
@@ -48,7 +50,9 @@ class EngineConfig:
             value = getattr(self, name)
             if value is not None and not is_int(value):
                 raise RequestError(f"{name} must be an integer, got {value!r}", name)
-        for name in ("spin", "background", "verify_checksums", "prefix_reuse", "trace",
+        if self.spin is not None and not isinstance(self.spin, bool):
+            raise RequestError(f"spin must be True, False or None, got {self.spin!r}", "spin")
+        for name in ("background", "verify_checksums", "prefix_reuse", "trace",
                      "warm_up"):  # "no" would be truthy
             if not isinstance(getattr(self, name), bool):
                 raise RequestError(f"{name} must be True or False, got "

@@ -33,7 +33,7 @@ from edgeprefill.contract import (
     state_pairs,
     step_output,
 )
-from edgeprefill.engines.base import Backend, BackendOptions, StepBatch
+from edgeprefill.engines.base import Backend, BackendOptions, StepBatch, spin_default
 from edgeprefill.engines.ort.arena import DeviceArena, HostArena, KVArena
 from edgeprefill.engines.ort.bf16_compute import choose as choose_compute
 from edgeprefill.engines.ort.device_states import DeviceStates
@@ -269,9 +269,8 @@ class OnnxRuntimeBackend(Backend):
             else ort.GraphOptimizationLevel.ORT_DISABLE_ALL
         )
         so.log_severity_level = 3  # errors only: ORT's warnings are not the user's concern
-        so.add_session_config_entry(
-            "session.intra_op.allow_spinning", "1" if self.options.spin else "0"
-        )
+        spin = spin_default() if self.options.spin is None else self.options.spin
+        so.add_session_config_entry("session.intra_op.allow_spinning", "1" if spin else "0")
         # Spin only while a step runs: threads spinning between steps would take the core
         # the engine needs to sample, stream and schedule (on 2 cores, the slow mode).
         so.add_session_config_entry("session.force_spinning_stop", "1")
