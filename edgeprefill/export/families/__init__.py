@@ -148,11 +148,6 @@ REFUSED_TYPES: dict[str, str] = {
            "tokens before the text) is not supported",
     "idefics": "IDEFICS's gated cross-attention layers to a perceiver over images are not "
                "supported",
-    "inkling_mm_model": "Inkling's image-text checkpoints store its language model under "
-                        "their original names and layouts (model.llm.*, attn.wq_du, the "
-                        "experts' gate and up rows interleaved in w13: transformers converts "
-                        "them as it loads), which export does not read; its language model "
-                        "saved alone by transformers (inkling_text) is supported",
     "inkling2": "Inkling 2's language model (inkling2_text) has relative-position attention "
                 "logits and dynamic short convolutions, which are not supported",
     "inkling2_loop": "Inkling 2 Loop's language model (inkling2_loop_text) has looped layers "
