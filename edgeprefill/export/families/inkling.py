@@ -133,7 +133,6 @@ INKLING = FamilySpec(
 )
 
 
-
 def _mm_config(raw: dict[str, Any]) -> dict[str, Any]:
     """Inkling's reading, untied whatever the configs say (InklingForConditionalGeneration
     ties nothing)."""
