@@ -11,7 +11,8 @@ from edgeprefill.export.model_config import ModelConfig
 
 @pytest.mark.parametrize("model_type, reason", (
     ("glm5_next", "linear attention layers with forget gates"),
-    ("inkling2_text", "dynamic short convolutions"),
+    ("inkling2_text", "block attention residuals.*dynamic short convolutions.*sinks"),
+    ("inkling2", "block attention residuals.*dynamic short convolutions.*sinks"),
 ))
 def test_a_refused_recurrent_type_is_refused_in_one_line(model_type, reason):
     with pytest.raises(ExportError, match=f"^model_type '{model_type}': .*{reason}.* not "
