@@ -1395,6 +1395,11 @@ IMAGE_TEXT = {
                    "audio_config": {"hidden_sizes": [8], "depths": [1], "patch_sizes": [4],
                                     "num_hidden_layers": 1, "out_hidden_size": 64},
                    "out_hidden_size": 16, "projector_hidden_size": 32},
+    # Inkling's image-text checkpoint: a vision tower of three layers (fewer than its
+    # scales need scipy, which is not installed) of patches of 2, and an audio embedding
+    "inkling_mm_model": {"vision_config": {"hidden_size": 32, "num_hidden_layers": 3,
+                                           "num_attention_heads": 2, "patch_size": 2},
+                         "audio_config": {"n_mel_bins": 8, "mel_vocab_size": 16}},
     "molmo2": {"vision_config": {"hidden_size": 16, "intermediate_size": 32,
                                  "num_hidden_layers": 1, "num_attention_heads": 2,
                                  "num_key_value_heads": 2, "head_dim": 8,

@@ -7,15 +7,23 @@ softmax with the shared ones, dense MLPs times their scale, a normed embedding a
 logits divided by the muP multiplier. Its fixture (conftest.FAMILIES: inkling_text) runs
 in the generic suites too. Here: chunks that do not divide the prompt, decode steps and a
 padded chunk against transformers' logits of the whole prompt, rows of other lengths in
-one call, and what export refuses."""
+one call, the image-text checkpoint in its stored names and layouts, and what export
+refuses."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
 import onnx
 import pytest
+from safetensors import safe_open
 
 from edgeprefill.errors import ExportError
+from edgeprefill.export import families, interleaved_halves
 from edgeprefill.export.exporter import ExportOptions, export
+from edgeprefill.export.families import inkling
 from edgeprefill.export.model_config import ModelConfig
 from edgeprefill.export.quantize import QuantConfig
 from edgeprefill.kernels import graph, select
@@ -28,6 +36,7 @@ from tests.test_openelm import (
     check_chunk_ends,
     check_chunks_and_padding,
     check_rows_decode_together,
+    run_chunks,
 )
 
 hf, bundle = flavour_fixtures("inkling_text", max_context=64)
@@ -99,6 +108,71 @@ def test_the_native_kernels_leave_the_biased_attention_to_onnx_runtime(bundle, m
     monkeypatch.setattr(select, "why_not", lambda *args: None)  # as if the library ran here
     assert select.choose(model, "ort", "float32", "cpu").library is None
     assert graph.add_native_attention(model) == 0
+
+
+@pytest.fixture(scope="module")
+def mm(tmp_path_factory) -> Path:
+    """InklingForConditionalGeneration (tiny vision and audio towers beside the fixture's
+    language model) as transformers saves it: its conversion mapping reversed, so the
+    language model under its stored names and layouts."""
+    out = tmp_path_factory.mktemp("inkling_mm") / "hf"
+    return build_hf_model("inkling_mm_model", out, **FAMILIES["inkling_text"])
+
+
+def test_the_image_text_checkpoint_computes_its_language_model(mm, tmp_path):
+    """model.llm.*, attn.wq_du, ..., the dense MLPs' w13_dn, the shared experts'
+    shared_w13_weight and the routed experts' w13_weight (gate and up rows interleaved):
+    a 23-token prompt in chunks of 5 and in one, transformers' logits; the towers left
+    out."""
+    with safe_open(str(mm / "model.safetensors"), "np") as stored:
+        names = set(stored.keys())
+    assert {"model.llm.embed.weight", "model.llm.unembed.weight",
+            "model.llm.layers.0.attn.wq_du.weight", "model.llm.layers.0.mlp.w13_dn.weight",
+            "model.llm.layers.1.mlp.experts.w13_weight",
+            "model.llm.layers.1.mlp.shared_experts.shared_w13_weight"} <= names
+    export(mm, tmp_path / "b", ExportOptions(flavor="standard", chunks=(16,),
+                                             max_context=64, show_progress=False))
+    ids = prompt_ids(23)
+    engine = Engine.load(tmp_path / "b", threads=2, background=False)
+    check_chunk_ends(engine, ids, hf_logits(load_hf_model(mm), ids), (5, 23))
+    engine.close()
+
+
+@pytest.mark.slow
+def test_the_image_text_checkpoint_chunked_decoded_and_padded(mm, tmp_path):
+    """The `ort` flavour: chunks of 1, 3 and 16 of a 40-token prompt, a padded chunk."""
+    export(mm, tmp_path / "b", ExportOptions(chunks=(16,), max_context=64,
+                                             show_progress=False))
+    ids = prompt_ids(40)
+    check_chunks_and_padding(tmp_path / "b", ids, hf_logits(load_hf_model(mm), ids))
+
+
+def _halves_not_interleaved(self, name, read):
+    """Chunk without Interleave: the stored tensor's first half as the gate."""
+    stored, axis, which = self.parts[name]
+    tensor = read(stored)
+    half = tensor.shape[axis] // 2
+    return np.take(tensor, np.arange(which * half, (which + 1) * half), axis=axis)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("piece", ("dense and shared halves", "routed experts"))
+def test_the_de_interleave_of_w13_is_needed(piece, mm, tmp_path, monkeypatch):
+    """Each w13 read as stored halves, not interleaved rows: the logits leave
+    transformers'."""
+    if piece == "routed experts":
+        spec = inkling.INKLING_MM
+        moe = replace(spec.moe, names=replace(spec.moe.names, interleaved=False))
+        monkeypatch.setitem(families.FAMILIES, "inkling_mm_model", replace(spec, moe=moe))
+    else:
+        monkeypatch.setattr(interleaved_halves.Halves, "values", _halves_not_interleaved)
+    export(mm, tmp_path / "b", ExportOptions(chunks=(16,), max_context=64,
+                                             show_progress=False))
+    ids = prompt_ids(23)
+    engine = Engine.load(tmp_path / "b", threads=2, background=False)
+    got = run_chunks(engine, ids, 23)[0]
+    engine.close()
+    assert np.abs(got - hf_logits(load_hf_model(mm), ids)[-1]).max() > 1e-2
 
 
 @pytest.mark.parametrize("change, reason", (

@@ -11,7 +11,8 @@ from edgeprefill.export.model_config import ModelConfig
 
 @pytest.mark.parametrize("model_type, reason", (
     ("glm5_next", "linear attention layers with forget gates"),
-    ("inkling2_text", "dynamic short convolutions"),
+    ("inkling2_text", "block attention residuals.*dynamic short convolutions.*sinks"),
+    ("inkling2", "block attention residuals.*dynamic short convolutions.*sinks"),
 ))
 def test_a_refused_recurrent_type_is_refused_in_one_line(model_type, reason):
     with pytest.raises(ExportError, match=f"^model_type '{model_type}': .*{reason}.* not "
@@ -19,11 +20,3 @@ def test_a_refused_recurrent_type_is_refused_in_one_line(model_type, reason):
         ModelConfig.from_hf({"model_type": model_type, "hidden_size": 64})
     assert "\n" not in str(refused.value)
 
-
-def test_inklings_image_text_checkpoints_are_refused_for_their_names():
-    """Its language model is exported (tests/test_inkling.py); the image-text checkpoints
-    store it under names and layouts transformers converts at load."""
-    with pytest.raises(ExportError, match="^model_type 'inkling_mm_model': .*original names "
-                                          r".*\(inkling_text\) is supported$") as refused:
-        ModelConfig.from_hf({"model_type": "inkling_mm_model", "hidden_size": 64})
-    assert "\n" not in str(refused.value)

@@ -25,6 +25,7 @@ from edgeprefill.export.fp8 import (
     safetensors_header,
 )
 from edgeprefill.export.int4_layouts import Int4Weight
+from edgeprefill.export.interleaved_halves import Halves, HalvesRule
 from edgeprefill.export.joined_tensors import Joined
 from edgeprefill.export.lora import Adapter
 from edgeprefill.export.lora_parameters import StoredDeltas
@@ -88,7 +89,8 @@ class Checkpoint:
                  adapter: Adapter | None = None, bnb: BnbScheme | None = None,
                  model_types: tuple[str, ...] = (), base: str | None = None,
                  layout: Callable[[str], str] | None = None,
-                 joined: tuple[tuple[str, tuple[str, ...]], ...] = ()) -> None:
+                 joined: tuple[tuple[str, tuple[str, ...]], ...] = (),
+                 halves: tuple[HalvesRule, ...] = ()) -> None:
         """`fp8`: the checkpoint's FP8 scheme (export/fp8.py): float8 weights are read
         dequantized by the scales stored beside them. `int4`: its int4 scheme. `bnb`: its
         bitsandbytes scheme. `model_types`: config.json's and its language model's, by whose
@@ -98,7 +100,9 @@ class Checkpoint:
         (_base_renames). `layout`: a family's own map of stored names to those read, after
         the renames (LongCat-Flash's two sublayers per layer: families/longcat.py).
         `joined`: names read as stored tensors concatenated (export/joined_tensors.py:
-        Molmo 2's two embedding tables)."""
+        Molmo 2's two embedding tables). `halves`: names read as the halves of a stored
+        tensor whose rows interleave them (export/interleaved_halves.py: Inkling's image-text
+        checkpoints' w13)."""
         self.dir = hf_dir
         self.fp8 = fp8
         self.int4 = int4
@@ -115,6 +119,7 @@ class Checkpoint:
         self._file_of = {self._layout(_renamed(n, renames, segments)): (path, n)
                          for n, path in stored.items() if n not in skipped}
         self._joined = Joined(joined, self._file_of.__contains__)
+        self._halves = Halves(halves, self._file_of)
         self.read: set[str] = set()  # the tensors the export took
         self.adapter: Adapter | None = None  # bound below, once the checkpoint is checked
         self._added: dict[str, np.ndarray] = {}  # the adapter's tensors the checkpoint lacks
@@ -210,11 +215,11 @@ class Checkpoint:
 
     def names(self) -> set[str]:
         return set(self._file_of) | set(self._int4_modules) | set(self._added) | \
-            set(self._joined.parts)
+            set(self._joined.parts) | set(self._halves.parts)
 
     def has(self, name: str) -> bool:
         return name in self._file_of or name in self._int4_modules or name in self._added \
-            or name in self._joined
+            or name in self._joined or name in self._halves
 
     def shape(self, name: str) -> tuple[int, ...]:
         if name in self._bnb_states:
@@ -227,6 +232,8 @@ class Checkpoint:
     def _stored_shape(self, name: str) -> tuple[int, ...]:
         if name in self._joined:
             return self._joined.shape(name, self._stored_shape)
+        if name in self._halves:
+            return self._halves.shape(name, self._stored_shape)
         added = self._added.get(name)
         shape = tuple(added.shape) if added is not None else self._file_shape(name)
         return shape[::-1] if self._is_transposed(name) else shape
@@ -311,6 +318,8 @@ class Checkpoint:
     def _from_file(self, name: str) -> np.ndarray:
         if name in self._joined:
             return self._joined.values(name, self._stored)  # (its parts count as read)
+        if name in self._halves:
+            return self._halves.values(name, self._stored)  # (the stored one counts as read)
         path, stored = self._require(name)
         if self._float8(path, stored):
             return self._dequantized(name, path, stored)

@@ -202,7 +202,7 @@ def _export(hf_dir: Path, out_dir: Path, options: ExportOptions,
                           segments=cfg.spec.segment_renames, adapter=adapter, bnb=cfg.bnb,
                           model_types=_model_types(hf_dir, cfg) if adapter else (),
                           base=_base_prefix(cfg), layout=cfg.spec.stored_layout,
-                          joined=cfg.spec.joined)
+                          joined=cfg.spec.joined, halves=cfg.spec.halves)
         flavor = flavor_class(options.flavor)(cfg, DTYPES[options.dtype], max_context)
         hidden = embedding is not None or scores  # the graph ends at the final norm
         g = DecoderBuilder(cfg, ckpt, flavor, options.quant, embed=hidden).build()

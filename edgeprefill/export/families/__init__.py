@@ -83,8 +83,10 @@ REFUSED_TYPES: dict[str, str] = {
     "paligemma": "PaliGemma attends its whole prompt bidirectionally (a prefix LM), which a "
                  "causal bundle cannot compute",
     # transformers 5.24's newer causal LMs that need a new state, attention or structure
-    "inkling2_text": "Inkling 2's relative-position attention logits and dynamic short "
-                     "convolutions are not supported",
+    # (Inkling 1's relative bias and short convolutions are: inkling_text)
+    "inkling2_text": "Inkling 2's block attention residuals (each layer's input a softmax "
+                     "mix of earlier blocks' states), dynamic short convolutions and "
+                     "per-token attention sinks are not supported",
     "inkling2_loop_text": "Inkling 2 Loop's looped layers (a second pass over depth, mixing "
                           "the first pass's messages) are not supported",
     "gemma4_assistant": "the Gemma 4 assistant is a drafter that reads its target model's "
@@ -148,13 +150,9 @@ REFUSED_TYPES: dict[str, str] = {
            "tokens before the text) is not supported",
     "idefics": "IDEFICS's gated cross-attention layers to a perceiver over images are not "
                "supported",
-    "inkling_mm_model": "Inkling's image-text checkpoints store its language model under "
-                        "their original names and layouts (model.llm.*, attn.wq_du, the "
-                        "experts' gate and up rows interleaved in w13: transformers converts "
-                        "them as it loads), which export does not read; its language model "
-                        "saved alone by transformers (inkling_text) is supported",
-    "inkling2": "Inkling 2's language model (inkling2_text) has relative-position attention "
-                "logits and dynamic short convolutions, which are not supported",
+    "inkling2": "Inkling 2's language model (inkling2_text) has block attention residuals, "
+                "dynamic short convolutions and per-token attention sinks, which are not "
+                "supported",
     "inkling2_loop": "Inkling 2 Loop's language model (inkling2_loop_text) has looped layers "
                      "over depth, which are not supported",
     "kosmos-2": "Kosmos-2's text decoder (sinusoidal positions, LayerNorms inside attention "

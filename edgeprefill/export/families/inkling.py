@@ -6,13 +6,17 @@ backward distance from each query's state added to the scores, sliding layers of
 head shapes (their bias as wide as the window), residual short convolutions of each
 sublayer's output, dense MLPs times a learned scalar or experts chosen by sigmoid + bias and
 weighed in one softmax of log-sigmoids with the shared experts', and the last hidden state
-divided by the muP width multiplier before the LM head."""
+divided by the muP width multiplier before the LM head. Its image-text checkpoints
+(`inkling_mm_model`) hold the same language model under their stored names and layouts,
+read as transformers' conversion mapping reads them (INKLING_MM)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from edgeprefill.export.experts import MoeNames, MoeSpec
+from edgeprefill.export.families.dense import IMAGE_TEXT_QUIRK
 from edgeprefill.export.families.spec import FamilySpec, TensorNames
 
 SLIDING, FULL = "hybrid_sliding", "hybrid"  # InklingTextConfig's layer_types
@@ -128,4 +132,45 @@ INKLING = FamilySpec(
             "normed embedding", "no rotary"),
 )
 
-FAMILIES: dict[str, FamilySpec] = {"inkling_text": INKLING}
+
+def _mm_config(raw: dict[str, Any]) -> dict[str, Any]:
+    """Inkling's reading, untied whatever the configs say (InklingForConditionalGeneration
+    ties nothing)."""
+    return {**_inkling_config(raw), "tie_word_embeddings": False}
+
+
+# The image-text checkpoints' language model under its stored names, read as transformers
+# 5.24's conversion mapping ("inkling_mm_model") renames them on load: prefixes, then the
+# segments inside a name in this order.
+MM_RENAMES = (("model.llm.unembed.", "lm_head."),
+              ("model.llm.embed_norm.", "model.embed_tokens.embed_norm."),
+              ("model.llm.embed.", "model.embed_tokens."), ("model.llm.", "model."))
+MM_SEGMENTS = (
+    (".mlp.experts.w13_weight", ".mlp.experts.gate_up_proj"),  # (MoeNames.interleaved)
+    (".mlp.experts.w2_weight", ".mlp.experts.down_proj"),
+    (".shared_experts.shared_w2_weight", ".shared_experts.down_proj"),
+    (".mlp.w2_md.", ".mlp.down_proj."), (".mlp.gate.bias", ".mlp.gate.e_score_correction_bias"),
+    (".attn.wq_du.", ".self_attn.q_proj."), (".attn.wk_dv.", ".self_attn.k_proj."),
+    (".attn.wv_dv.", ".self_attn.v_proj."), (".attn.wr_du.", ".self_attn.r_proj."),
+    (".attn.wo_ud.", ".self_attn.o_proj."), (".attn.k_sconv.", ".self_attn.k_sconv.conv1d."),
+    (".attn.v_sconv.", ".self_attn.v_sconv.conv1d."), (".attn.", ".self_attn."),
+    (".attn_sconv.", ".attn_sconv.conv1d."), (".mlp_sconv.", ".mlp_sconv.conv1d."),
+    (".mlp_norm.", ".post_attention_layernorm."), (".attn_norm.", ".input_layernorm."),
+)
+# Its dense MLPs' and shared experts' gate and up rows, stored interleaved in one tensor,
+# which transformers de-interleaves and cuts in two (export/interleaved_halves.py)
+MM_HALVES = (("mlp.w13_dn.weight", ("mlp.gate_proj.weight", "mlp.up_proj.weight"), 0),
+             ("mlp.shared_experts.shared_w13_weight",
+              ("mlp.shared_experts.gate_proj", "mlp.shared_experts.up_proj"), 1))
+INKLING_MM = replace(
+    INKLING, nested="text_config", text_types=("inkling_text",), legacy=_mm_config,
+    renames=MM_RENAMES, segment_renames=MM_SEGMENTS, halves=MM_HALVES,
+    # the routed experts' w13: gate and up rows interleaved, de-interleaved on load
+    moe=replace(INKLING_MOE, names=replace(INKLING_MOE.names, interleaved=True)),
+    # the towers (transformers' model.audio_tower. and model.vision_tower.), and the
+    # multi-token-prediction layers the causal LM drops (inkling_text's model.mtp.)
+    left_out=("model.audio.", "model.visual", "model.llm.mtp."),
+    quirks=(*INKLING.quirks, IMAGE_TEXT_QUIRK),
+)
+
+FAMILIES: dict[str, FamilySpec] = {"inkling_text": INKLING, "inkling_mm_model": INKLING_MM}

@@ -394,6 +394,11 @@ class FamilySpec:
     # checkpoint (Molmo 2's wte.embedding and wte.new_embedding into embed_tokens): (the
     # name read, the stored names in order) pairs, names as read after the renames.
     joined: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    # Tensors transformers de-interleaves and cuts in two as it loads them (Inkling's
+    # image-text checkpoints' w13: gate and up rows interleaved): (the stored name's suffix,
+    # as read after the renames; the two halves' suffixes; the axis), read by
+    # export/interleaved_halves.py.
+    halves: tuple[tuple[str, tuple[str, str], int], ...] = ()
     # Whether a fused gate_up (names.gate_up) is stored up first, [up | gate] (Molmo 2's
     # ff_proj, which transformers chunks into up_proj then gate_proj).
     up_first: bool = False
