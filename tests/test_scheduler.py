@@ -263,11 +263,14 @@ def test_more_threads_than_cpus_warns(bundle, caplog):
     assert f"{many} compute threads on" in caplog.text
 
 
-@pytest.mark.parametrize("option", ["spin", "warm_up", "prefix_reuse"])
-def test_boolean_engine_options_refuse_strings(option):
+@pytest.mark.parametrize("option, values", [
+    ("spin", "True, False or None"),  # None: EDGEPREFILL_SPIN's default
+    ("warm_up", "True or False"), ("prefix_reuse", "True or False"),
+])
+def test_boolean_engine_options_refuse_strings(option, values):
     from edgeprefill.sdk.config import EngineConfig
 
-    with pytest.raises(RequestError, match=f"{option} must be True or False, got 'no'"):
+    with pytest.raises(RequestError, match=f"^{option} must be {values}, got 'no'$"):
         EngineConfig(**{option: "no"})
 
 
