@@ -73,21 +73,34 @@ inline const float* At(const float* panel, int64_t k, int64_t c) {
 
 // kTile rows x up to Vectors(kTile) * kLanes columns of out from the panel's columns from
 // `panel` on: the whole K in registers, each weight read once for all the tile's rows.
+// `ahead`: the panel whose lines a tile one strip wide asks for meanwhile (Ahead()).
 template <int kTile>
 void Tile(const float* a, int64_t k, const float* panel, int64_t c0, float* out, int64_t n,
-          int64_t columns) {
+          int64_t columns, const float* ahead) {
   constexpr int kVecs = Vectors(kTile);
   Vec acc[kTile][kVecs];
   for (int r = 0; r < kTile; ++r)
     for (int j = 0; j < kVecs; ++j) acc[r][j] = Zero();
   const float* column[kVecs];  // each vector's first weight: its strip, its lanes
   for (int j = 0; j < kVecs; ++j) column[j] = At(panel, k, c0 + j * kLanes);
-  // A tile narrower than the panel reads one strip, a single stream the hardware fetches
-  // ahead slowly: the next strip (the next tile's, or the next panel's) is asked for beside
-  // it, so that two streams are in flight.
-  constexpr bool kAhead = kVecs * kLanes <= kStrip;
+  // A tile one strip wide (AVX2's 3 and 4 rows; NEON's 4, unmeasured) reads a single
+  // stream, which one Zen 3 core's hardware fetches at ~15 GB/s where the four of a 1-row
+  // tile get ~21, and its arithmetic then adds to the stream's time; asking for the next
+  // strip beside it (a second stream) or for lines further on in the same strip did not
+  // change that. So the panel's four tiles ask for the next panel's lines across its four
+  // strips in turn, one line per k: four streams in flight, the next panel in L2 by the
+  // time its tiles start (4 rows 1.05-1.25x faster, 3 rows 1.15-1.35x; docs/benchmarks.md,
+  // stop 58).
+  constexpr bool kAhead = kVecs * kLanes == kStrip;
+  constexpr uint64_t kStrips = kPanel / kStrip;
+  const float* strip[kStrips];  // the strips of `ahead`
+  for (uint64_t s = 0; s < kStrips; ++s) strip[s] = ahead + s * k * kStrip;
+  const uint64_t asked = static_cast<uint64_t>(c0 / kStrip * k);  // by the tiles before
   for (int64_t i = 0; i < k; ++i) {
-    if constexpr (kAhead) __builtin_prefetch(column[0] + (k + i) * kStrip, 0, 2);
+    if constexpr (kAhead) {
+      const uint64_t line = asked + static_cast<uint64_t>(i);
+      __builtin_prefetch(strip[line % kStrips] + line / kStrips * kStrip, 0, 2);
+    }
     Vec b[kVecs];
     for (int j = 0; j < kVecs; ++j) b[j] = Load(column[j] + i * kStrip);
     for (int r = 0; r < kTile; ++r) {
@@ -100,11 +113,12 @@ void Tile(const float* a, int64_t k, const float* panel, int64_t c0, float* out,
 
 template <int kTile>
 void TileRows(const float* a, int64_t k, const float* panel, float* out, int64_t n,
-              int64_t columns, int64_t count) {
+              int64_t columns, int64_t count, const float* ahead) {
   constexpr int64_t kWidth = Vectors(kTile) * kLanes;
   for (int64_t r = 0; r < count; r += kTile)
     for (int64_t c = 0; c < columns; c += kWidth)
-      Tile<kTile>(a + r * k, k, panel, c, out + r * n + c, n, std::min(kWidth, columns - c));
+      Tile<kTile>(a + r * k, k, panel, c, out + r * n + c, n, std::min(kWidth, columns - c),
+                  ahead);
 }
 
 // kTile rows x kSlice columns over k in [k0, k1), starting from 0 or from what out holds.
@@ -156,7 +170,7 @@ void SliceTiles(const float* a, int64_t k, int64_t k0, int64_t k1, const float* 
 }
 
 void Rows(const float* a, int64_t k, const float* panel, float* out, int64_t n,
-          int64_t columns, int64_t rows) {
+          int64_t columns, int64_t rows, const float* ahead) {
   if (rows >= kSliceRows) {  // prefill: 6-row tiles over L1-sized blocks of each slice
     for (int64_t c = 0; c < columns; c += kSlice)
       for (int64_t k0 = 0; k0 < k; k0 += kKBlock)
@@ -165,19 +179,19 @@ void Rows(const float* a, int64_t k, const float* panel, float* out, int64_t n,
     return;
   }
   const int64_t whole = rows - rows % kDecodeRows;
-  TileRows<kDecodeRows>(a, k, panel, out, n, columns, whole);
+  TileRows<kDecodeRows>(a, k, panel, out, n, columns, whole, ahead);
   a += whole * k;
   out += whole * n;
   switch (rows - whole) {
-    case 3: TileRows<3>(a, k, panel, out, n, columns, 3); break;
-    case 2: TileRows<2>(a, k, panel, out, n, columns, 2); break;
-    case 1: TileRows<1>(a, k, panel, out, n, columns, 1); break;
+    case 3: TileRows<3>(a, k, panel, out, n, columns, 3, ahead); break;
+    case 2: TileRows<2>(a, k, panel, out, n, columns, 2, ahead); break;
+    case 1: TileRows<1>(a, k, panel, out, n, columns, 1, ahead); break;
     default: break;
   }
 }
 #else
 void Rows(const float* a, int64_t k, const float* panel, float* out, int64_t n,
-          int64_t columns, int64_t rows) {
+          int64_t columns, int64_t rows, const float* /*ahead*/) {
   std::vector<float> acc(kPanel);
   for (int64_t r = 0; r < rows; ++r) {
     std::fill(acc.begin(), acc.end(), 0.0f);
@@ -191,15 +205,23 @@ void Rows(const float* a, int64_t k, const float* panel, float* out, int64_t n,
 
 const float* RowsOf(const Job& job) { return job.norm.skip != nullptr ? job.normed : job.a; }
 
+// Panel p of b, and the panel its decode tiles ask for ahead (Tile): the next one, which
+// the next piece (or, gated, the one after) multiplies; the last panel asks for its own
+// lines (in cache or on their way: nothing past the weight is fetched).
+const float* Panel(const Job& job, int64_t p) { return job.b + p * job.k * kPanel; }
+const float* Ahead(const Job& job, int64_t p) {
+  return Panel(job, std::min(p + 1, job.panels - 1));
+}
+
 // Piece i: rows [block * kRowBlock, +kRowBlock) of panel p, i = block * panels + p.
 void RunPiece(void* data, size_t index) {
   const Job& job = *static_cast<const Job*>(data);
   const int64_t block = static_cast<int64_t>(index) / job.panels;
   const int64_t p = static_cast<int64_t>(index) % job.panels;
   const int64_t first = block * kRowBlock;
-  Rows(RowsOf(job) + first * job.k, job.k, job.b + p * job.k * kPanel,
-       job.out + first * job.n + p * kPanel, job.n, std::min(kPanel, job.n - p * kPanel),
-       std::min(kRowBlock, job.m - first));
+  Rows(RowsOf(job) + first * job.k, job.k, Panel(job, p), job.out + first * job.n + p * kPanel,
+       job.n, std::min(kPanel, job.n - p * kPanel), std::min(kRowBlock, job.m - first),
+       Ahead(job, p));
 }
 
 // gated=1: swiglu.h's GatedPiece over this op's panels.
@@ -208,8 +230,8 @@ void RunGatedPiece(void* data, size_t index) {
   GatedPiece<kPanel, kRowBlock>(
       index, job.m, job.panels, job.out,
       [&job](int64_t first, int64_t rows, int64_t q, float* dst) {
-        Rows(RowsOf(job) + first * job.k, job.k, job.b + q * job.k * kPanel, dst, kPanel,
-             kPanel, rows);
+        Rows(RowsOf(job) + first * job.k, job.k, Panel(job, q), dst, kPanel, kPanel, rows,
+             Ahead(job, q));
       });
 }
 
