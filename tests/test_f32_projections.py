@@ -50,7 +50,7 @@ def test_op_is_the_float_product_and_each_row_the_same_bits_alone(library, m, k,
     magnitude = np.abs(a.astype(np.float64)) @ np.abs(w)
     assert np.all(np.abs(got - exact) <= 2e-6 * magnitude)
     # One float32 sum over k in order, whichever tile: a row alone (a decode tile), the
-    # first rows (another decode tile, or 6-row prefill tiles over blocks of 256 k) give
+    # first rows (another decode tile, or 6-row prefill tiles) give
     # the rows' bits of the whole call.
     for r in {0, m // 2, m - 1}:
         np.testing.assert_array_equal(product(a[:, r:r + 1], k, n, seed, library, threads)[0, 0],

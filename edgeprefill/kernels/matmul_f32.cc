@@ -52,9 +52,8 @@ struct Job {
 constexpr int64_t kDecodeRows = 4;  // rows per decode tile; 6 or more rows take the slices
 constexpr int64_t kSliceRows = 6;
 constexpr int64_t kSlice = kSliceVecs * kLanes;  // columns per prefill tile
-// Prefill tiles run over K in blocks whose slice of weights (kKBlock x kSlice floats) stays
-// in L1 while the row block's tiles read it; the sums go through `out` between blocks,
-// which keeps their order (and bits).
+// Prefill tiles can run over K in blocks (the sums go through `out` between blocks, which
+// keeps their order and bits); kKBlock is past any model's K, so today they run it whole.
 constexpr int64_t kKBlock = 100000;
 static_assert(kPanel % kSlice == 0, "a panel is whole slices");
 
