@@ -39,9 +39,11 @@ kernels: $(VENV)/.core
 	$(BIN)/python -m edgeprefill.kernels.build --if-possible
 
 # Two test processes where there are two CPUs: most tests are single-threaded Python (the
-# transformers reference, exporting, the server's clients), so the suite takes about 0.8x
-# the time on CI's 2 cores. Each file runs whole in one process (its module fixtures built
-# once). `make test TEST_WORKERS=0` runs it in this process.
+# transformers reference, exporting, the server's clients), and tests/conftest.py keeps the
+# engines' threads from spinning and torch on one thread, so the two share the cores (381 s
+# of pytest on a quiet 2-core VM, against 507 s while the threads spun). Each file runs
+# whole in one process (its module fixtures built once).
+# `make test TEST_WORKERS=0` runs it in this process.
 TEST_WORKERS ?= $(shell [ "$$(nproc 2>/dev/null || echo 1)" -ge 2 ] && echo 2 || echo 0)
 
 test: lint kernels
