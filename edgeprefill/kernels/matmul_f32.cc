@@ -170,7 +170,7 @@ void SliceTiles(const float* a, int64_t k, int64_t k0, int64_t k1, const float* 
 
 void Rows(const float* a, int64_t k, const float* panel, float* out, int64_t n,
           int64_t columns, int64_t rows, const float* ahead) {
-  if (rows >= kSliceRows) {  // prefill: 6-row tiles over L1-sized blocks of each slice
+  if (rows >= kSliceRows) {  // prefill: 6-row tiles over each slice (K whole: kKBlock)
     for (int64_t c = 0; c < columns; c += kSlice)
       for (int64_t k0 = 0; k0 < k; k0 += kKBlock)
         SliceTiles<kSliceRows>(a, k, k0, std::min(k, k0 + kKBlock), panel, c, out + c, n,
