@@ -22,7 +22,7 @@ from edgeprefill.export.model_quirks import model_quirks
 from edgeprefill.export.quantize import QuantConfig, int4_blockwise, int4_dequantize, int8_rows
 from edgeprefill.sdk import Engine, GenerationParams
 from tests.conftest import FAMILIES, load_hf_model
-from tests.state_models import GRAPHS, assert_padded_chunks_match, run_padded
+from tests.state_models import GRAPHS, assert_padded_chunks_match
 from tests.test_exactness import (
     check_greedy,
     check_together,
@@ -31,7 +31,12 @@ from tests.test_exactness import (
     reference_logits,
 )
 from tests.test_families import export_small, last_logits
-from tests.test_quantize import dequantize_embeddings, int8_linear, native_int8
+from tests.test_quantize import (
+    check_one_token_per_call,
+    dequantize_embeddings,
+    int8_linear,
+    native_int8,
+)
 
 MOE_FAMILIES = ("qwen3_moe", "olmoe", "granitemoe", "lfm2_moe", "qwen2_moe", "glm4_moe")
 # Families whose matrix here runs under `slow` only (the default suite checks each one's chunk
@@ -329,11 +334,7 @@ def test_int8_experts_equal_transformers_with_dequantized_weights(family, keep, 
     ids = prompt_ids(12)
     with torch.no_grad(), recurrent_delta_rule():
         expected = model(torch.tensor([ids])).logits[0].numpy()
-    with Engine.load(out, threads=2, background=False) as engine:
-        got = run_padded(engine.backend, ids, 1, split=len(ids))
-    for position, logits in got.items():
-        np.testing.assert_allclose(logits, expected[position], rtol=1e-3, atol=1e-3,
-                                   err_msg=f"position {position}")
+    check_one_token_per_call(out, ids, expected)
 
 
 def quantized_bundle(hf_dir, out, kind: str, accuracy_level: int = 4):

@@ -243,8 +243,6 @@ def check_int8_decode_steps(hf_dir, bundle_dir, ids: list[int]) -> None:
     call (as decode, where the op's quantization of the whole input is each row's), equals
     transformers with every language-model projection and the LM head as int8_linear and
     the embedding table as the bundle stores it, at each position."""
-    from tests.state_models import run_padded
-
     model = load_hf_model(hf_dir)
     symmetric = native_int8(bundle_dir)
     with torch.no_grad():
@@ -256,6 +254,14 @@ def check_int8_decode_steps(hf_dir, bundle_dir, ids: list[int]) -> None:
                     setattr(module, child, int8_linear(linear.weight.numpy(), symmetric))
         dequantize_embeddings(model, "int8")
         expected = model(torch.tensor([ids])).logits[0].numpy()
+    check_one_token_per_call(bundle_dir, ids, expected)
+
+
+def check_one_token_per_call(bundle_dir, ids: list[int], expected: np.ndarray) -> None:
+    """The bundle's logits at each position of `ids`, fed one token per call (as decode
+    does), equal `expected` [len(ids), vocab] to 1e-3."""
+    from tests.state_models import run_padded
+
     with Engine.load(bundle_dir, threads=2, background=False) as engine:
         got = run_padded(engine.backend, ids, 1, split=len(ids))
     for position, logits in got.items():
