@@ -47,6 +47,9 @@ too (docs/design.md, *Mixture of experts*).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import partial
+
 import numpy as np
 
 from edgeprefill.export.experts import MoeConfig
@@ -144,7 +147,7 @@ class MoeOp(MixtureOfExperts):
         return g.op("Reshape", [out, g.op("Shape", [h])])
 
     def _op(self, p: str, x: str, logits: str, normalize: int) -> str:
-        """The MoE (float32) or QMoE (int4) node's output [N, H] for x [N, H] routed by
+        """The MoE (float32) or QMoE (int4, int8) node's output [N, H] for x [N, H] routed by
         `logits` [N, E] (the op's softmax, top k and, at `normalize`, renormalizing)."""
         g, moe = self.g, self.moe
         attrs = {"k": moe.top_k, "normalize_routing_weights": normalize,
@@ -158,17 +161,15 @@ class MoeOp(MixtureOfExperts):
             return g.op("MoE", [x, logits, fc1, bias1, fc2, bias2], domain="com.microsoft",
                         **attrs)
         q = self.quant
-        if q.kind == "int8":  # no block_size: the per-row kernel, float activations
-            fc1, scale1 = self._int8(p + "experts.fc1", 2 * moe.width, self.hidden, p,
-                                     self._fc1)
-            fc2, scale2 = self._int8(p + "experts.fc2", self.hidden, moe.width, p, self._fc2)
-            return g.op("QMoE", [x, logits, fc1, scale1, bias1, fc2, scale2, bias2],
-                        domain="com.microsoft", expert_weight_bits=8, **attrs)
-        fc1, scale1 = self._int4(p + "experts.fc1", 2 * moe.width, self.hidden, p, self._fc1)
-        fc2, scale2 = self._int4(p + "experts.fc2", self.hidden, moe.width, p, self._fc2)
+        fc1, scale1 = self._quantized(p + "experts.fc1", 2 * moe.width, self.hidden, p,
+                                      self._fc1)
+        fc2, scale2 = self._quantized(p + "experts.fc2", self.hidden, moe.width, p, self._fc2)
+        # int8: no block_size, the per-row kernel (float activations)
+        bits = {"expert_weight_bits": 8} if q.kind == "int8" else {
+            "expert_weight_bits": 4, "block_size": q.block_size,
+            "accuracy_level": q.accuracy_level}
         return g.op("QMoE", [x, logits, fc1, scale1, bias1, fc2, scale2, bias2],
-                    domain="com.microsoft", expert_weight_bits=4, block_size=q.block_size,
-                    accuracy_level=q.accuracy_level, **attrs)
+                    domain="com.microsoft", **bits, **attrs)
 
     def _swiglu(self, p: str) -> dict[str, float]:
         """Layer p's activation attributes: silu(gate) * up is alpha 1, beta 0, no limit;
@@ -246,39 +247,30 @@ class MoeOp(MixtureOfExperts):
     def _stacked(self, p: str, read) -> np.ndarray:
         return np.stack([read(p, e).astype(self.dtype) for e in range(self.moe.experts)])
 
-    def _int4(self, name: str, rows: int, cols: int, p: str, read) -> tuple[str, str]:
-        """(packed [E, rows, cols / 2] uint8, scales [E, rows, blocks] float32)."""
+    def _quantized(self, name: str, rows: int, cols: int, p: str, read) -> tuple[str, str]:
+        """The experts' [rows, cols] weights stacked, quantized as the op reads them: int4,
+        packed uint8 [E, rows, cols / 2] and float32 scales [E, rows, blocks]; int8, each
+        expert's rows as int8_rows quantizes them (one symmetric scale per output row, the
+        other projections' per-channel int8, DynamicQuantizeMatMul's, stored plus 128):
+        uint8 [E, rows, cols] and float32 scales [E, rows]."""
         q, experts = self.quant, self.moe.experts
         assert q is not None
-        blocks = cols // q.block_size
+        quantize: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]]
+        if q.kind == "int8":
+            quantize, data_shape, scale_shape = int8_rows, (rows, cols), (rows,)
+        else:
+            quantize = partial(int4_blockwise, block=q.block_size)
+            data_shape, scale_shape = (rows, cols // 2), (rows, cols // q.block_size)
 
         def compute() -> tuple[np.ndarray, np.ndarray]:
-            parts = [int4_blockwise(read(p, e), q.block_size) for e in range(experts)]
-            return (np.stack([packed.reshape(rows, -1) for packed, _ in parts]),
-                    np.stack([scale.reshape(rows, blocks) for _, scale in parts]))
+            parts = [quantize(read(p, e)) for e in range(experts)]
+            return (np.stack([data.reshape(data_shape) for data, _ in parts]),
+                    np.stack([scale.reshape(scale_shape) for _, scale in parts]))
 
         parts = self.w.memoized(name, compute)
-        weight = self.g.weight(name + ".int4", (experts, rows, cols // 2), np.dtype(np.uint8),
+        weight = self.g.weight(f"{name}.{q.kind}", (experts, *data_shape), np.dtype(np.uint8),
                                lambda: parts()[0])
-        scale = self.g.weight(name + ".scale", (experts, rows, blocks), np.dtype(np.float32),
-                              lambda: parts()[1])
-        return weight, scale
-
-    def _int8(self, name: str, rows: int, cols: int, p: str, read) -> tuple[str, str]:
-        """(uint8 [E, rows, cols], float32 scales [E, rows]): each expert's rows as
-        int8_rows quantizes them, one symmetric scale per output row (the other
-        projections' per-channel int8, DynamicQuantizeMatMul's), stored plus 128."""
-        experts = self.moe.experts
-
-        def compute() -> tuple[np.ndarray, np.ndarray]:
-            parts = [int8_rows(read(p, e)) for e in range(experts)]
-            return (np.stack([data for data, _ in parts]),
-                    np.stack([scale.reshape(rows) for _, scale in parts]))
-
-        parts = self.w.memoized(name, compute)
-        weight = self.g.weight(name + ".int8", (experts, rows, cols), np.dtype(np.uint8),
-                               lambda: parts()[0])
-        scale = self.g.weight(name + ".scale", (experts, rows), np.dtype(np.float32),
+        scale = self.g.weight(name + ".scale", (experts, *scale_shape), np.dtype(np.float32),
                               lambda: parts()[1])
         return weight, scale
 
