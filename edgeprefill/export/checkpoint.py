@@ -118,8 +118,9 @@ class Checkpoint:
         self._layout = layout or (lambda name: name)
         self._file_of = {self._layout(_renamed(n, renames, segments)): (path, n)
                          for n, path in stored.items() if n not in skipped}
-        self._joined = Joined(joined, self._file_of.__contains__)
-        self._halves = Halves(halves, self._file_of)
+        # names read as made from stored tensors (joined, halved); theirs count as read
+        self._derived: tuple[Joined | Halves, ...] = (
+            Joined(joined, self._file_of.__contains__), Halves(halves, self._file_of))
         self.read: set[str] = set()  # the tensors the export took
         self.adapter: Adapter | None = None  # bound below, once the checkpoint is checked
         self._added: dict[str, np.ndarray] = {}  # the adapter's tensors the checkpoint lacks
@@ -215,11 +216,14 @@ class Checkpoint:
 
     def names(self) -> set[str]:
         return set(self._file_of) | set(self._int4_modules) | set(self._added) | \
-            set(self._joined.parts) | set(self._halves.parts)
+            {name for derived in self._derived for name in derived.parts}
 
     def has(self, name: str) -> bool:
         return name in self._file_of or name in self._int4_modules or name in self._added \
-            or name in self._joined or name in self._halves
+            or self._derived_of(name) is not None
+
+    def _derived_of(self, name: str) -> Joined | Halves | None:
+        return next((derived for derived in self._derived if name in derived), None)
 
     def shape(self, name: str) -> tuple[int, ...]:
         if name in self._bnb_states:
@@ -230,10 +234,9 @@ class Checkpoint:
         return self._stored_shape(name)
 
     def _stored_shape(self, name: str) -> tuple[int, ...]:
-        if name in self._joined:
-            return self._joined.shape(name, self._stored_shape)
-        if name in self._halves:
-            return self._halves.shape(name, self._stored_shape)
+        derived = self._derived_of(name)
+        if derived is not None:
+            return derived.shape(name, self._stored_shape)
         added = self._added.get(name)
         shape = tuple(added.shape) if added is not None else self._file_shape(name)
         return shape[::-1] if self._is_transposed(name) else shape
@@ -316,10 +319,9 @@ class Checkpoint:
         return self.adapter.merged(name, tensor, self._is_transposed(name))
 
     def _from_file(self, name: str) -> np.ndarray:
-        if name in self._joined:
-            return self._joined.values(name, self._stored)  # (its parts count as read)
-        if name in self._halves:
-            return self._halves.values(name, self._stored)  # (the stored one counts as read)
+        derived = self._derived_of(name)
+        if derived is not None:
+            return derived.values(name, self._stored)  # (what it is made of counts as read)
         path, stored = self._require(name)
         if self._float8(path, stored):
             return self._dequantized(name, path, stored)
