@@ -1,6 +1,6 @@
-"""A SwiGlu inside the native gate/up projection (MatMulInt8, MatMulBf16, MatMulF32 with
-gated=1, kernels/swiglu.py's fold_gated): the same bits as the projection then SwiGlu, for the op,
-for the rewrite's choices, and for whole bundles."""
+"""A SwiGlu inside the native gate/up projection (MatMulInt8, MatMulBf16, MatMulF32,
+MatMulInt4 with gated=1, kernels/swiglu.py's fold_gated): the same bits as the projection
+then SwiGlu, for the op, for the rewrite's choices, and for whole bundles."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ from onnx import GraphProto, NodeProto, TensorProto, helper, numpy_helper
 
 from edgeprefill.bundle import load_manifest
 from edgeprefill.engines import BackendOptions, StepBatch
-from edgeprefill.engines.ort import bf16_compute, f32_projections, int8_rows
+from edgeprefill.engines.ort import bf16_compute, f32_projections, int4_decode, int8_rows
 from edgeprefill.engines.ort.backend import OnnxRuntimeBackend
-from edgeprefill.export.quantize import int8_per_channel
+from edgeprefill.export.quantize import int4_blockwise, int8_per_channel
 from edgeprefill.kernels import graph, select, swiglu
 from edgeprefill.kernels.graph import DOMAIN
 from tests.test_prefill_kernel import session
@@ -28,9 +28,21 @@ def weights(op: str, k: int, n: int, seed: int) -> tuple[list[str], list[TensorP
         arrays = {"b": packed, "scale": scale, "sums": sums}
     elif op == f32_projections.OP:
         arrays = {"b": f32_projections.pack(w)}
+    elif op == int4_decode.OP:
+        packed, scales = int4_decode.repack(*int4_blockwise(w.T.copy(), 32))
+        arrays = {"b": packed, "scales": scales}
     else:
         arrays = {"b": bf16_compute.pack(w)}
     return list(arrays), [numpy_helper.from_array(v, name) for name, v in arrays.items()]
+
+
+def sizes(op: str, k: int, n: int) -> dict[str, int]:
+    """The projection's size attributes: N, and K for MatMulInt4."""
+    return {"K": k, "N": n} if op == int4_decode.OP else {"N": n}
+
+
+# the native projections with gated=1 and the norm inside
+OPS = [int8_rows.OP, bf16_compute.OP, f32_projections.OP, int4_decode.OP]
 
 
 def value(name: str):
@@ -49,26 +61,28 @@ def run(nodes: list[NodeProto], initializers: list[TensorProto], feeds: dict[str
 
 
 @pytest.mark.parametrize("threads", [1, 2])
-@pytest.mark.parametrize("op", [int8_rows.OP, bf16_compute.OP, f32_projections.OP])
+@pytest.mark.parametrize("op", OPS)
 @pytest.mark.parametrize("m, k, n", [(1, 576, 3072), (5, 33, 256), (55, 96, 384), (130, 64, 128)])
 def test_gated_op_is_the_projection_then_swiglu(library, op, m, k, n, threads):
     """Rows past a 48-row block and a 6-row tile, K not a multiple of the pairs or quads,
     one to 24 panel pairs: the same bits as the two ops."""
     names, initializers = weights(op, k, n, seed=m + k + n)
     a = np.random.default_rng(m).standard_normal((1, m, k)).astype(np.float32) * 3
-    two = [helper.make_node(op, ["a", *names], ["gu"], domain=DOMAIN, N=n),
+    two = [helper.make_node(op, ["a", *names], ["gu"], domain=DOMAIN, **sizes(op, k, n)),
            helper.make_node(swiglu.OP, ["gu"], ["y"], domain=DOMAIN)]
-    one = [helper.make_node(op, ["a", *names], ["y"], domain=DOMAIN, N=n, gated=1)]
+    one = [helper.make_node(op, ["a", *names], ["y"], domain=DOMAIN, **sizes(op, k, n),
+                            gated=1)]
     want = run(two, initializers, {"a": a}, library, threads)[0]
     got = run(one, initializers, {"a": a}, library, threads)[0]
     assert got.shape == (1, m, n // 2)
     np.testing.assert_array_equal(got, want)
 
 
-@pytest.mark.parametrize("op", [int8_rows.OP, bf16_compute.OP, f32_projections.OP])
+@pytest.mark.parametrize("op", OPS)
 def test_gated_needs_gate_and_up_in_whole_panels(library, op):
     names, initializers = weights(op, 64, 192, seed=1)
-    node = helper.make_node(op, ["a", *names], ["y"], domain=DOMAIN, N=192, gated=1)
+    node = helper.make_node(op, ["a", *names], ["y"], domain=DOMAIN, **sizes(op, 64, 192),
+                            gated=1)
     with pytest.raises(Exception, match=f"{op}: gated=1 needs N = 2 x a multiple of 64"):
         run([node], initializers, {"a": np.ones((1, 2, 64), np.float32)}, library, 1)
 
@@ -98,7 +112,8 @@ def test_fold_takes_only_a_native_projection_read_by_the_swiglu_alone():
     assert list(g.node[0].output) == ["y"] and graph.int_attribute(g.node[0], "gated") == 1
     assert swiglu.fold_gated(model) == 0  # nothing left to fold
     assert folded(mlp(bf16_compute.OP)) == 1
-    assert folded(mlp("MatMulInt4")) == 0  # no gated form
+    assert folded(mlp(int4_decode.OP)) == 1
+    assert folded(mlp("MatMulNBits")) == 0  # not a native projection
     assert folded(mlp(n=192)) == 0  # gate and up not in whole panels
     assert folded(mlp(extra_reader=True)) == 0
     assert folded(mlp(output="gu")) == 0
@@ -118,6 +133,7 @@ def test_fold_reaches_into_branches_and_sees_their_reads():
 
 
 # the native projections' loads: MatMulBf16, MatMulF32, MatMulInt8, int4 prefill's MatMulInt8
+# and int4 decode's MatMulInt4
 KINDS = [("float", "bf16"), ("float", "fp32"), ("int8", "fp32"), ("int4", "fp32")]
 
 
@@ -188,10 +204,11 @@ def test_bundle_logits_and_cache_are_the_unfolded_graphs(library, wide_llama, mo
     after the switches merge), and the loads differ only by the SwiGlus folded."""
     path = wide_llama(kind)
     gated, with_fold, without = with_and_without("fold_gated", path, compute, monkeypatch)
-    # int4: the last layer's MLP runs on each row's last token only, with decode's
-    # MatMulInt4 (int4_prefill.after_gather), which has no gated form.
+    # int4: every layer's in both branches of the switch (MatMulInt8 in the prefill one,
+    # MatMulInt4 in the decode one) but the last layer's, whose MLP runs once after them on
+    # each row's last token (int4_prefill.after_gather): 2 L - 1.
     layers = load_manifest(path).model.num_layers
-    assert gated == (layers - 1 if kind == "int4" else layers)
+    assert gated == (2 * layers - 1 if kind == "int4" else layers)
     for _ in range(gated):
         without.remove(swiglu.OP)
     assert with_fold == without

@@ -17,8 +17,18 @@
 //          2 scales [T, blocks, 16] float, or float16 where the load found every scale
 //            exact in float16 (0 past N): 2 bytes a scale instead of 4, a tenth of the
 //            bytes a decode step reads (export/quantize.py's half_exact)
-// Output:  0 out [..., N] float
-// Attributes: K, N.
+//          3 skip [..., K] float, 4 gamma [K] float (both with epsilon, else absent)
+// Outputs: 0 out [..., N] float, or [..., N / 2] with gated=1
+//          1 sum [..., K] float: a + skip (with epsilon, else absent)
+// Attributes: K, N (int);
+//          epsilon (float, optional): the rows quantized are RMSNorm(a + skip) * gamma, the
+//          SkipRmsNorm before this op run inside it (rms_norm.h, the same bits;
+//          kernels/rms_norm.py's fold_norms);
+//          gated (int, optional): 1 when the weight's columns are an MLP's gate then up (N / 2
+//          of each, N a multiple of 128): the output is silu(gate) * up, swiglu.h's
+//          arithmetic on the same sums, so the same bits as this op then SwiGlu; a piece
+//          reads a gate tile and its up tile, two streams a core fetches side by side
+//          (kernels/swiglu.py's fold_gated). A decode step's layer runs two nodes fewer.
 //
 // Without AVX512-VNNI the same int32 sums come from AVX2 (vpmaddubsw on the 4-bit codes,
 // which cannot saturate: below), hence the same float32 bits; a decode step 4-15% shorter
@@ -34,6 +44,8 @@
 #include <vector>
 
 #include "kernel_common.h"
+#include "rms_norm.h"
+#include "swiglu.h"
 
 namespace edgeprefill {
 namespace {
@@ -44,8 +56,10 @@ constexpr int64_t kTileBytes = 256;  // a tile's block: 16 columns x 32 weights 
 constexpr int64_t kPiece = 2;       // tiles per parallel piece (32 columns)
 constexpr int64_t kRowsAtOnce = 8;  // rows sharing one read of the weights
 
-struct Shape {
-  int64_t k, n;
+// The node's K and its columns (N, gated, the norm inside: kernel_common.h's Columns).
+struct Kernel {
+  int64_t k;
+  Columns columns;
 };
 
 // One row's activations quantized as accuracy level 4 does: int8 per block of 32, in k
@@ -58,13 +72,13 @@ struct Row {
 };
 
 struct Job {
-  Shape shape;
+  int64_t k, n;  // n: the weight's columns (the output's, or twice them with gated)
   int64_t blocks, tiles, rows;
   const uint8_t* b;  // [tiles, blocks, 4, 64]
   const void* scales;  // [tiles, blocks, 16]: float, or float16 bits when `half`
   bool half;
   const std::vector<Row>* quantized;
-  float* out;  // [rows, N]
+  float* out;  // [rows, N], or [rows, N / 2] with gated
 };
 
 // float16 bits -> the float32 they stand for (exact; the scales are normal numbers).
@@ -136,9 +150,11 @@ inline __m512 Scales16(const uint16_t* p) {
 }
 
 // Tiles [first, last) for R rows (a compile-time count: the sums stay in registers) with
-// scales of type S. Lane c of every register is column 16 t + c: no sum across lanes.
+// scales of type S, into `out`: row row0 + r's column 16 (t - first) + c at
+// out[r * ld + 16 (t - first) + c]. Lane c of every register is column 16 t + c: no sum
+// across lanes.
 template <int R, typename S>
-void TilesOf(const Job& job, int64_t first, int64_t last, int64_t row0) {
+void TilesOf(const Job& job, int64_t first, int64_t last, int64_t row0, float* out, int64_t ld) {
   const __m512i nibble = _mm512_set1_epi8(0x0f);
   const Row* rows = job.quantized->data() + row0;
   const S* scales = static_cast<const S*>(job.scales);
@@ -165,24 +181,25 @@ void TilesOf(const Job& job, int64_t first, int64_t last, int64_t row0) {
         sum[r] = _mm512_fmadd_ps(_mm512_mul_ps(value, _mm512_set1_ps(rows[r].scale[block])), wscale, sum[r]);
       }
     }
-    const int64_t columns = std::min(kTile, job.shape.n - t * kTile);
+    const int64_t columns = std::min(kTile, job.n - t * kTile);
     const __mmask16 mask = static_cast<__mmask16>(columns == kTile ? 0xffff : (1u << columns) - 1);
     for (int r = 0; r < R; ++r)
-      _mm512_mask_storeu_ps(job.out + (row0 + r) * job.shape.n + t * kTile, mask, sum[r]);
+      _mm512_mask_storeu_ps(out + r * ld + (t - first) * kTile, mask, sum[r]);
   }
 }
 
 template <typename S>
-void TilesWith(const Job& job, int64_t first, int64_t last, int64_t row0, int64_t rows) {
+void TilesWith(const Job& job, int64_t first, int64_t last, int64_t row0, int64_t rows,
+               float* out, int64_t ld) {
   switch (rows) {
-    case 1: TilesOf<1, S>(job, first, last, row0); break;
-    case 2: TilesOf<2, S>(job, first, last, row0); break;
-    case 3: TilesOf<3, S>(job, first, last, row0); break;
-    case 4: TilesOf<4, S>(job, first, last, row0); break;
-    case 5: TilesOf<5, S>(job, first, last, row0); break;
-    case 6: TilesOf<6, S>(job, first, last, row0); break;
-    case 7: TilesOf<7, S>(job, first, last, row0); break;
-    default: TilesOf<8, S>(job, first, last, row0); break;
+    case 1: TilesOf<1, S>(job, first, last, row0, out, ld); break;
+    case 2: TilesOf<2, S>(job, first, last, row0, out, ld); break;
+    case 3: TilesOf<3, S>(job, first, last, row0, out, ld); break;
+    case 4: TilesOf<4, S>(job, first, last, row0, out, ld); break;
+    case 5: TilesOf<5, S>(job, first, last, row0, out, ld); break;
+    case 6: TilesOf<6, S>(job, first, last, row0, out, ld); break;
+    case 7: TilesOf<7, S>(job, first, last, row0, out, ld); break;
+    default: TilesOf<8, S>(job, first, last, row0, out, ld); break;
   }
 }
 #elif defined(EP_AVX2)
@@ -197,9 +214,10 @@ inline __m256 Scales8(const uint16_t* p) {
   return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
 }
 
-// Tiles [first, last) for R rows: lane c of register g is column 16 t + 8 g + c.
+// Tiles [first, last) for R rows into `out` (as above): lane c of register g is column
+// 16 t + 8 g + c.
 template <int R, typename S>
-void TilesOf(const Job& job, int64_t first, int64_t last, int64_t row0) {
+void TilesOf(const Job& job, int64_t first, int64_t last, int64_t row0, float* out, int64_t ld) {
   const __m256i nibble = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
   const Row* rows = job.quantized->data() + row0;
   const S* scales = static_cast<const S*>(job.scales);
@@ -234,15 +252,15 @@ void TilesOf(const Job& job, int64_t first, int64_t last, int64_t row0) {
       }
     }
     for (int g = 0; g < 2; ++g) {
-      const int64_t column = t * kTile + g * 8, columns = std::min<int64_t>(8, job.shape.n - column);
+      const int64_t column = t * kTile + g * 8, columns = std::min<int64_t>(8, job.n - column);
       for (int r = 0; r < R && columns > 0; ++r) {
-        float* out = job.out + (row0 + r) * job.shape.n + column;
+        float* to = out + r * ld + (t - first) * kTile + g * 8;
         if (columns == 8) {
-          _mm256_storeu_ps(out, sum[g][r]);
+          _mm256_storeu_ps(to, sum[g][r]);
         } else {  // the last tile's columns past N: not ours to write
           alignas(32) float lanes[8];
           _mm256_store_ps(lanes, sum[g][r]);
-          std::memcpy(out, lanes, columns * sizeof(float));
+          std::memcpy(to, lanes, columns * sizeof(float));
         }
       }
     }
@@ -251,25 +269,27 @@ void TilesOf(const Job& job, int64_t first, int64_t last, int64_t row0) {
 
 // Up to 4 rows at once: 2 x 4 float sums and 2 x 4 int16 sums fill AVX2's 16 registers.
 template <typename S>
-void TilesWith(const Job& job, int64_t first, int64_t last, int64_t row0, int64_t rows) {
-  for (; rows > 0; row0 += 4, rows -= 4) {
+void TilesWith(const Job& job, int64_t first, int64_t last, int64_t row0, int64_t rows,
+               float* out, int64_t ld) {
+  for (; rows > 0; row0 += 4, rows -= 4, out += 4 * ld) {
     switch (rows) {
-      case 1: TilesOf<1, S>(job, first, last, row0); break;
-      case 2: TilesOf<2, S>(job, first, last, row0); break;
-      case 3: TilesOf<3, S>(job, first, last, row0); break;
-      default: TilesOf<4, S>(job, first, last, row0); break;
+      case 1: TilesOf<1, S>(job, first, last, row0, out, ld); break;
+      case 2: TilesOf<2, S>(job, first, last, row0, out, ld); break;
+      case 3: TilesOf<3, S>(job, first, last, row0, out, ld); break;
+      default: TilesOf<4, S>(job, first, last, row0, out, ld); break;
     }
   }
 }
 #else
 // The same sums, lane by lane: per column and block, the 4 bytes of each 64-byte part.
 template <typename S>
-void TilesWith(const Job& job, int64_t first, int64_t last, int64_t row0, int64_t rows) {
+void TilesWith(const Job& job, int64_t first, int64_t last, int64_t row0, int64_t rows,
+               float* out, int64_t ld) {
   const S* scales = static_cast<const S*>(job.scales);
   for (int64_t r = row0; r < row0 + rows; ++r) {
     const Row& row = (*job.quantized)[r];
     for (int64_t t = first; t < last; ++t)
-      for (int64_t c = 0; c < kTile && t * kTile + c < job.shape.n; ++c) {
+      for (int64_t c = 0; c < kTile && t * kTile + c < job.n; ++c) {
         float sum = 0.0f;
         for (int64_t block = 0; block < job.blocks; ++block) {
           const uint8_t* w = job.b + (t * job.blocks + block) * kTileBytes;
@@ -283,17 +303,20 @@ void TilesWith(const Job& job, int64_t first, int64_t last, int64_t row0, int64_
           const float value = static_cast<float>(dot - row.offset[block]) * row.scale[block];
           sum += value * Scale(scales + (t * job.blocks + block) * kTile + c);
         }
-        job.out[r * job.shape.n + t * kTile + c] = sum;
+        out[(r - row0) * ld + (t - first) * kTile + c] = sum;
       }
   }
 }
 #endif
 
-void Tiles(const Job& job, int64_t first, int64_t last, int64_t row0, int64_t rows) {
+// Tiles [first, last) of rows [row0, row0 + rows) into out (row r - row0 at out + (r - row0)
+// ld, tile t's columns from 16 (t - first)).
+void Tiles(const Job& job, int64_t first, int64_t last, int64_t row0, int64_t rows, float* out,
+           int64_t ld) {
   if (job.half)
-    TilesWith<uint16_t>(job, first, last, row0, rows);
+    TilesWith<uint16_t>(job, first, last, row0, rows, out, ld);
   else
-    TilesWith<float>(job, first, last, row0, rows);
+    TilesWith<float>(job, first, last, row0, rows, out, ld);
 }
 
 void RunPiece(void* data, size_t index) {
@@ -301,18 +324,41 @@ void RunPiece(void* data, size_t index) {
   const int64_t first = static_cast<int64_t>(index) * kPiece;
   const int64_t last = std::min(job.tiles, first + kPiece);
   for (int64_t r = 0; r < job.rows; r += kRowsAtOnce)
-    Tiles(job, first, last, r, std::min(kRowsAtOnce, job.rows - r));
+    Tiles(job, first, last, r, std::min(kRowsAtOnce, job.rows - r),
+          job.out + r * job.n + first * kTile, job.n);
+}
+
+// gated=1: piece `index` is gate tiles [first, last) and the up tiles N / 32 further, kept
+// here until silu(gate) * up goes out (N a multiple of 128: whole pieces, no partial tile).
+void RunGatedPiece(void* data, size_t index) {
+  const Job& job = *static_cast<const Job*>(data);
+  const int64_t halves = job.tiles / 2, width = job.n / 2;
+  const int64_t first = static_cast<int64_t>(index) * kPiece;
+  const int64_t last = std::min(halves, first + kPiece), columns = (last - first) * kTile;
+  alignas(64) float gate[kRowsAtOnce * kPiece * kTile], up[kRowsAtOnce * kPiece * kTile];
+  for (int64_t r = 0; r < job.rows; r += kRowsAtOnce) {
+    const int64_t rows = std::min(kRowsAtOnce, job.rows - r);
+    Tiles(job, first, last, r, rows, gate, columns);
+    Tiles(job, first + halves, last + halves, r, rows, up, columns);
+    for (int64_t i = 0; i < rows; ++i)
+      SwiGluRow(gate + i * columns, up + i * columns, job.out + (r + i) * width + first * kTile,
+                columns);
+  }
 }
 
 OrtStatus* Compute(void* state, OrtKernelContext* context) {
-  const Shape& shape = *static_cast<Shape*>(state);
+  const Kernel& kernel = *static_cast<Kernel*>(state);
+  const int64_t k = kernel.k, n = kernel.columns.n;
+  const bool gated = kernel.columns.gated;
   Tensor a, b, scales;
   EP_RETURN_IF_ERROR(Input(context, 0, &a));
   EP_RETURN_IF_ERROR(Input(context, 1, &b));
   EP_RETURN_IF_ERROR(Input(context, 2, &scales));
-  const int64_t blocks = (shape.k + kBlock - 1) / kBlock, tiles = (shape.n + kTile - 1) / kTile;
-  if (a.dims.empty() || a.dims.back() != shape.k)
-    return Fail(("MatMulInt4: expects activations [..., " + std::to_string(shape.k) + "]").c_str());
+  const int64_t blocks = (k + kBlock - 1) / kBlock, tiles = (n + kTile - 1) / kTile;
+  if (a.dims.empty() || a.dims.back() != k)
+    return Fail(("MatMulInt4: expects activations [..., " + std::to_string(k) + "]").c_str());
+  NormRows norm;
+  EP_RETURN_IF_ERROR(NormInputs(context, kernel.columns, a, 3, "MatMulInt4", &norm));
   const bool half = scales.type == ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16;
   if (b.dims != std::vector<int64_t>{tiles, blocks, 4, 64} ||
       scales.dims != std::vector<int64_t>{tiles, blocks, kTile} ||
@@ -321,26 +367,32 @@ OrtStatus* Compute(void* state, OrtKernelContext* context) {
                 "uint8, [N/16, K/32, 16] float or float16 scales)");
   float* out = nullptr;
   int64_t rows = 0;
-  EP_RETURN_IF_ERROR(RowsOutput(context, a, shape.n, &out, &rows));
+  EP_RETURN_IF_ERROR(RowsOutput(context, a, gated ? n / 2 : n, &out, &rows));
   if (rows == 0) return nullptr;
   std::vector<Row> quantized(rows);
-  for (int64_t r = 0; r < rows; ++r) Quantize(a.data + r * shape.k, shape.k, blocks, &quantized[r]);
-  Job job{shape, blocks, tiles, rows, reinterpret_cast<const uint8_t*>(b.data), scales.data, half,
-          &quantized, out};
-  ParallelFor(context, RunPiece, static_cast<size_t>((tiles + kPiece - 1) / kPiece), &job);
+  std::vector<float> normed(norm.skip != nullptr ? k : 0);
+  for (int64_t r = 0; r < rows; ++r)
+    Quantize(NormedRow(norm, a.data, r, k, normed.data()), k, blocks, &quantized[r]);
+  Job job{k, n, blocks, tiles, rows, reinterpret_cast<const uint8_t*>(b.data), scales.data,
+          half, &quantized, out};
+  const int64_t columns = gated ? tiles / 2 : tiles;
+  ParallelFor(context, gated ? RunGatedPiece : RunPiece,
+              static_cast<size_t>((columns + kPiece - 1) / kPiece), &job);
   return nullptr;
 }
 
 OrtStatus* CreateKernel(const OrtKernelInfo* info, void** kernel) {
-  int64_t k = 0, n = 0;
+  int64_t k = 0;
   EP_RETURN_IF_ERROR(g_api->KernelInfoGetAttribute_int64(info, "K", &k));
-  EP_RETURN_IF_ERROR(g_api->KernelInfoGetAttribute_int64(info, "N", &n));
-  if (k <= 0 || n <= 0) return Fail("MatMulInt4: K and N must be positive");
-  *kernel = new Shape{k, n};
+  if (k <= 0) return Fail("MatMulInt4: K must be positive");
+  void* columns = nullptr;
+  EP_RETURN_IF_ERROR(CreateColumnsKernel(info, "MatMulInt4", &columns));
+  *kernel = new Kernel{k, *static_cast<Columns*>(columns)};
+  DestroyColumnsKernel(columns);
   return nullptr;
 }
 
-void ORT_API_CALL DestroyKernel(void* kernel) { delete static_cast<Shape*>(kernel); }
+void ORT_API_CALL DestroyKernel(void* kernel) { delete static_cast<Kernel*>(kernel); }
 
 OrtStatus* ORT_API_CALL ComputeKernel(void* kernel, OrtKernelContext* context) {
   return Compute(kernel, context);
@@ -350,8 +402,12 @@ OrtStatus* ORT_API_CALL ComputeKernel(void* kernel, OrtKernelContext* context) {
 
 const Op& MatMulInt4Op() {
   static const Op op = [] {
-    OpSpec spec{"MatMulInt4", 3, 1, 0u, CreateKernel, ComputeKernel, DestroyKernel, 0b10u};
-    spec.any_inputs = 0b100u;  // the scales: float or float16
+    // inputs: a, b (uint8), scales (float or float16), skip and gamma (optional, float);
+    // outputs: out, sum (optional)
+    OpSpec spec{"MatMulInt4", 5, 2, 0u, CreateKernel, ComputeKernel, DestroyKernel, 0b10u};
+    spec.any_inputs = 0b100u;
+    spec.optional_inputs = 0b11000u;
+    spec.optional_outputs = 0b10u;
     return MakeOp(spec);
   }();
   return op;

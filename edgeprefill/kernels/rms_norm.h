@@ -1,7 +1,7 @@
 // The residual add and RMS norm of one row: the arithmetic of SkipRmsNorm (rms_norm.cc) and
-// of the projections that run it before their product (MatMulInt8 and MatMulBf16 with an
-// epsilon attribute), which keep the normalized row to themselves. One definition, so both
-// give the same bits.
+// of the projections that run it before their product (MatMulInt8, MatMulBf16, MatMulF32
+// and MatMulInt4 with an epsilon attribute), which keep the normalized row to themselves.
+// One definition, so both give the same bits.
 #pragma once
 
 #include <algorithm>

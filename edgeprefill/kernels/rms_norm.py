@@ -9,8 +9,9 @@ The native op vectorizes the same arithmetic in float32 (ONNX Runtime sums the s
 another order: the same to float32 rounding, tests/test_rms_norm_kernel.py). Only nodes
 whose mean and inverse-variance outputs nothing reads are switched.
 
-Where a native projection (MatMulInt8, MatMulBf16, MatMulF32: int8 bundles, int4 prefill
-chunks, `--compute bf16`, float32 bundles) alone reads the norm's output, `fold_norms` then
+Where a native projection (MatMulInt8, MatMulBf16, MatMulF32, MatMulInt4: int8 bundles,
+int4 prefill chunks, `--compute bf16`, float32 bundles, int4 decode steps) alone reads the
+norm's output, `fold_norms` then
 moves the norm into it (attribute epsilon, inputs skip and gamma, output 1 the residual
 sum): the projection normalizes each row as it quantizes or rounds it (kernels/rms_norm.h's
 arithmetic, the same bits), so the normalized rows are never written out and read back, and
@@ -36,7 +37,7 @@ OP = "SkipRmsNorm"
 STOCK = "SkipSimplifiedLayerNormalization"
 EPSILON = "epsilon"  # the projections' attribute that says the norm runs inside
 # The native projections that take the norm, and where their skip input goes (gamma next).
-SKIP_INPUT = {"MatMulInt8": 4, "MatMulBf16": 2, "MatMulF32": 2}
+SKIP_INPUT = {"MatMulInt8": 4, "MatMulBf16": 2, "MatMulF32": 2, "MatMulInt4": 3}
 
 
 def fuse_skip_rms_norm(model: ModelProto) -> int:

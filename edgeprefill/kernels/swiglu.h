@@ -1,6 +1,7 @@
 // silu(gate) * up, row by row: the arithmetic of SwiGlu (swiglu.cc) and of the gated
-// projections (MatMulInt8 and MatMulBf16 with gated=1), which apply it to their gate and up
-// panels before writing anything out. One definition, so both give the same bits.
+// projections (MatMulInt8, MatMulBf16, MatMulF32 and MatMulInt4 with gated=1), which apply
+// it to their gate and up panels before writing anything out. One definition, so both give
+// the same bits.
 //
 // silu(g) = g * sigmoid(g), with sigmoid(g) = 1 / (1 + e^-g) for g >= 0 and e^g / (1 + e^g)
 // below, both from e^-|g| <= 1 (ExpNonPositive), so nothing overflows at any g. Lanes run

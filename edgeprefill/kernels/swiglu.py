@@ -10,8 +10,9 @@ approximate sigmoid (off by up to ~1e-3 relative where the gate is very negative
 an exp accurate to ~1e-7, so the rewritten graph is the closer of the two to the exact
 value (tests/test_swiglu_kernel.py).
 
-Where the gate/up projection is itself a native op (MatMulInt8, MatMulBf16, MatMulF32: the
-int8 and int4 bundles' prefill, `--compute bf16`, float32 bundles), `fold_gated` then moves
+Where the gate/up projection is itself a native op (MatMulInt8, MatMulBf16, MatMulF32,
+MatMulInt4: the int8 and int4 bundles' prefill, `--compute bf16`, float32 bundles, int4
+bundles' decode steps), `fold_gated` then moves
 the SwiGlu into it (attribute gated=1): the projection applies the same arithmetic
 (kernels/swiglu.h) to its gate and up panels before writing anything, so the 2 I columns
 are never written out and read back, and a layer runs one node fewer. The same bits
@@ -36,7 +37,7 @@ from edgeprefill.kernels.graph import (
 
 OP = "SwiGlu"
 GATED = "gated"  # the projections' attribute (matmul_int8.cc, matmul_bf16.cc, matmul_f32.cc)
-PROJECTIONS = ("MatMulInt8", "MatMulBf16", "MatMulF32")  # the native projections that take it
+PROJECTIONS = ("MatMulInt8", "MatMulBf16", "MatMulF32", "MatMulInt4")  # those that take it
 PANEL = 64  # their panel width: gate and up must each fill whole panels
 
 
