@@ -2,14 +2,18 @@
 
     python -m edgeprefill.kernels.build
     python benchmarks/int4_decode.py --threads 1,2 --rows 1
+    python benchmarks/int4_decode.py --threads 1 --cpu-time   # steadier on a loaded host
 
 For each projection of the SmolLM2-135M shape (q/k/v packed 576 -> 960, o 576 -> 576,
 gate/up packed 576 -> 3072, down 1536 -> 576, and the 576 -> 49152 LM head), a graph of
 `--layers` such nodes on their own random int4 weights (block 32, as `export --quantize
-int4` writes them; more bytes than the L3 holds, so every call reads them from memory) runs
-`--rows` one-token rows: MatMulNBits at accuracy level 4 (the bundle's op), and MatMulInt4
-on the same weights repacked as `engines/ort/int4_decode.py` repacks them. The two take
-turns `--turns` times. Prints microseconds per node (median) and the weight bytes read per
+int4` writes them) runs `--rows` one-token rows. At the default 60 nodes (the LM head 4) a
+graph holds 12 MB (o), 21 MB (qkv), 33 MB (down), 66 MB (gate/up) and 71 MB (LM head) of
+MatMulInt4's weights: only the last three pass a 32 MiB L3 (the Zen 3 and Zen 4 VMs), so
+there o and qkv read theirs from the L3 (raise `--layers` to read them from memory). The
+two ops: MatMulNBits at accuracy level 4 (the bundle's op), and MatMulInt4 on the same
+weights repacked as `engines/ort/int4_decode.py` repacks them. They take turns `--turns`
+times. Prints microseconds per node (median) and the weight bytes read per
 second, and the largest difference between the two outputs relative to their magnitude
 (the same quantization; only the float32 sums' order differs).
 """
@@ -59,11 +63,18 @@ def main() -> int:
     parser.add_argument("--layers", type=int, default=60, help="nodes per graph (LM head: 4)")
     parser.add_argument("--turns", type=int, default=3)
     parser.add_argument("--calls", type=int, default=10, help="timed calls per turn")
+    parser.add_argument("--cpu-time", action="store_true", help=(
+        "time by the process's CPU time, not the wall clock: steadier while other processes "
+        "load the machine; with one thread only (ONNX Runtime's pool threads spin)"))
     args = parser.parse_args()
+    thread_counts = [int(t) for t in args.threads.split(",")]
+    if args.cpu_time and thread_counts != [1]:
+        parser.error("--cpu-time measures one thread only: add --threads 1")
+    clock = time.process_time if args.cpu_time else time.perf_counter
     library = built_library()
     if library is None:
         return 1
-    for threads in (int(t) for t in args.threads.split(",")):
+    for threads in thread_counts:
         print(f"{threads} thread(s), {args.rows} row(s); us per node and weight GB/s, median of "
               f"{args.turns} turns x {args.calls} calls, alternating")
         for name, (k, n) in SHAPES.items():
@@ -71,7 +82,7 @@ def main() -> int:
             a = np.random.default_rng(1).standard_normal((args.rows, 1, k)).astype(np.float32)
             runs = {op: session(op, k, n, layers, threads, library) for op in ("MatMulNBits", OP)}
             out, times = taking_turns({op: s for op, (s, _) in runs.items()}, a, args.turns,
-                                      args.calls, time.perf_counter)
+                                      args.calls, clock)
             cells = []
             for op, (_, weight_bytes) in runs.items():
                 t = statistics.median(times[op])
