@@ -384,6 +384,7 @@ NO_ROTARY = (*LEARNED_POSITIONS, "nemotron_h", "mamba2", "mamba", "falcon_mamba"
              "zamba", "zamba2", "nemotron_h_omni", "kimi_linear",  # (Kimi: NoPE MLA)
              "rwkv", "xlstm")
 ALIBI = ("bloom", "mpt")  # ... and those whose attention biases by distance instead
+INKLING = ("inkling_text", "inkling_mm_model")  # a learned bias by distance, no rope
 
 
 # The families whose norms' eps is their model's constant, not a config key.
@@ -414,7 +415,7 @@ def test_keys_a_config_leaves_out_take_transformers_defaults(family):
                                  "layer_norm_epsilon") if getattr(hf, k, None) is not None)
     assert ours.norm_eps == pytest.approx(eps)
     # no rope: every layer goes without (Inkling: a learned bias by distance instead)
-    if family in (*NO_ROTARY, *ALIBI, "inkling_text", "inkling_mm_model"):
+    if family in (*NO_ROTARY, *ALIBI, *INKLING):
         assert [layer.rope for layer in ours.layers] == [None] * len(ours.layers)
     elif family in OWN_ROTARY:
         rotary = meta_model(family).get_decoder().rotary_emb
@@ -533,7 +534,7 @@ def test_a_sliding_window_key_slides_only_where_the_family_reads_it(family):
                       "granite4_vision", "granite_docling",
                       "molmo2"):
             expected = [None] * len(ours)  # Nemotron-H: 2 layers of its 4 blocks
-        elif text in ("inkling_text", "inkling_mm_model"):  # its layer_types' own names
+        elif text in INKLING:  # its layer_types' own names
             expected = [window if t == "hybrid_sliding" else None for t in types]
         elif text == "minimax":  # its window slides every softmax layer
             expected = [window if t == "full_attention" else None for t in types]
