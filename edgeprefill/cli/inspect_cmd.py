@@ -375,8 +375,8 @@ def _quantized_ops(graph, native: bool, head: str | None) -> set[str]:
 
 def _bf16_kv_here(every: bool) -> bool:
     """Whether --compute bf16 would keep a bf16 KV cache here (engines.ort.bf16_kv): the
-    native kernels take `every` attention node, the CPU has AVX512-BF16, and it is not
-    turned off (a bad EDGEPREFILL_BF16_KV: the load says so)."""
+    native kernels take `every` attention node and it is not turned off (a bad
+    EDGEPREFILL_BF16_KV: the load says so)."""
     from edgeprefill.engines.ort import bf16_kv
     from edgeprefill.errors import BackendError
 

@@ -53,9 +53,11 @@
 //
 // edgeprefill.PrefillAttentionBf16KV is the same op over a bf16 KV cache: past and present
 // key and value are uint16 tensors of bf16 bits, each written rounded to nearest even. It
-// needs bf16=1. A chunk's products then read the keys straight from the cache (they are
-// already the bf16 pairs the products take) and pair only the values; its rows of one
-// valid token read half the bytes a float32 cache takes (decode_rows.h).
+// needs bf16=1. With AVX512-BF16 a chunk's products then read the keys straight from the
+// cache (they are already the bf16 pairs the products take) and pair only the values;
+// without it (the products in float32) a chunk's rows read a float32 copy of the cache's
+// values made once per call (Widen: exact, as a bf16 value is a float32 one). Either way
+// its rows of one valid token read half the bytes a float32 cache takes (decode_rows.h).
 
 #include <algorithm>
 #include <chrono>
@@ -65,10 +67,10 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
-#include <memory>
 #include <thread>
 #include <time.h>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "decode_rows.h"
@@ -147,6 +149,7 @@ struct Job {
   const float* qkv;
   const float* keys;
   const float* values;
+  int64_t stride;  // positions per (row, KV head) of keys and values: the capacity, or Widen's span
   const float* cos;
   const float* sin;
   const int64_t* past;  // per row
@@ -679,8 +682,8 @@ void RunPiece(void* data, size_t index) {
 
   const int64_t head = piece.row * s.kv_heads + piece.kv;
   // float32 cache (a bf16 one is read as pairs only: bf16 is set)
-  const float* keys = job.keys != nullptr ? job.keys + head * s.capacity * d : nullptr;
-  const float* values = job.values != nullptr ? job.values + head * s.capacity * d : nullptr;
+  const float* keys = job.keys != nullptr ? job.keys + head * job.stride * d : nullptr;
+  const float* values = job.values != nullptr ? job.values + head * job.stride * d : nullptr;
   const int64_t end = first_position + queries;  // keys [start, end) are seen by some query
   // At a key block's start, as without a window (bf16: an even key, a pair's first).
   const int64_t start = FirstKey(first_position, job.window) / kKeyBlock * kKeyBlock;
@@ -865,6 +868,27 @@ void WriteCache(const Job& job, const Cache& cache) {
     }
 }
 
+// A bf16 cache without bf16 products: each chunk row's keys and values [0, span) as float32
+// into keys and values ([rows, kv_heads, span, head_dim]; other rows' left unwritten, never
+// read), after WriteCache, so that the chunk's own keys are their bf16 roundings, as every
+// later step reads them.
+void Widen(const Job& job, const Cache& cache, int64_t span, float* keys, float* values) {
+  const Shape& s = job.shape;
+  const int64_t d = s.head_dim;
+  for (int64_t row = 0; row < s.rows; ++row) {
+    if (OneToken(job, row) || job.valid[row] == 0) continue;
+    for (int64_t kv = 0; kv < s.kv_heads; ++kv) {
+      const int64_t head = row * s.kv_heads + kv;
+      const int64_t count = (job.past[row] + job.valid[row]) * d;
+      for (const auto& [from, to] : {std::pair{cache.keys, keys}, std::pair{cache.values, values}}) {
+        const uint16_t* bits = static_cast<const uint16_t*>(from) + head * s.capacity * d;
+        float* out = to + head * span * d;
+        for (int64_t i = 0; i < count; ++i) out[i] = FromBf16(bits[i]);
+      }
+    }
+  }
+}
+
 // last=1: a row of no valid token gets what GatherND at its packed index (the valid tokens
 // of the rows before it, less one; -1 is the call's last token) gives the stock graph: the
 // output of the nearest row before it with a valid token, else of the last such row.
@@ -1000,8 +1024,8 @@ OrtStatus* Compute(const Kernel& kernel, OrtKernelContext* context) {
       return Fail("PrefillAttention: a row's chunk is outside the cache or the rotary table");
   }
 
-  if (kernel.bf16_cache && !UsesBf16(kernel.bf16))
-    return Fail("PrefillAttentionBf16KV: a bf16 KV cache needs bf16=1 and a build with AVX512-BF16");
+  if (kernel.bf16_cache && !kernel.bf16)
+    return Fail("PrefillAttentionBf16KV: a bf16 KV cache needs bf16=1");
   const int64_t d = s.head_dim, heads = kernel.heads;
   float *out = nullptr, *keys = nullptr, *values = nullptr;
   std::vector<int64_t> out_dims{s.rows, s.chunk, heads * d};
@@ -1017,10 +1041,25 @@ OrtStatus* Compute(const Kernel& kernel, OrtKernelContext* context) {
 
   const int64_t begin = Profiling() ? Now() : 0;
   Job job{s, kernel.scale, qkv.data, cache.bf16 ? nullptr : keys, cache.bf16 ? nullptr : values,
-          rotary.cos, rotary.sin, past.data(), valid.data(), first.data(), out, UsesBf16(kernel.bf16),
+          s.capacity, rotary.cos, rotary.sin, past.data(), valid.data(), first.data(), out, UsesBf16(kernel.bf16),
           kernel.last, kernel.window, kernel.softcap, sink, kernel.interleaved};
   if (!kernel.packed) ZeroPadding(job);  // packed: no padding rows
   WriteCache(job, cache);
+  if (cache.bf16 && !job.bf16) {  // a bf16 cache's chunk rows as float32 (Widen)
+    int64_t span = 0;
+    for (int64_t row = 0; row < s.rows; ++row)
+      if (!OneToken(job, row) && valid[row] > 0) span = std::max(span, past[row] + valid[row]);
+    if (span > 0) {  // not in a decode step
+      // Kept from call to call on this thread: a fresh buffer's pages fault in every call.
+      thread_local std::vector<float> widened;
+      const size_t count = static_cast<size_t>(s.rows * s.kv_heads * span * d);
+      if (widened.size() < 2 * count) widened.resize(2 * count);
+      Widen(job, cache, span, widened.data(), widened.data() + count);
+      job.keys = widened.data();
+      job.values = widened.data() + count;
+      job.stride = span;
+    }
+  }
 #ifdef __AVX512BF16__
   // Not zeroed (1.5 MB a call at 2,048 positions): only what RunPairs writes is ever read.
   PairBuffer pairs{nullptr, nullptr};

@@ -8,11 +8,12 @@ in float32. The prefill attention's two products (scores, and probabilities time
 take bf16 operands the same way (`PrefillAttention` with bf16=1, rounding the float32
 cache's blocks as it reads them). That is what OpenVINO does by default on CPUs with bf16
 instructions. With AVX512-BF16 a prefill chunk multiplies at twice the fp32 rate and a
-decode step reads half the weight bytes; where every attention layer runs that kernel the
-KV cache is bf16 too (bf16_kv.py). Without it (AVX2, AVX-512F, NEON: widens_bf16) the
+decode step reads half the weight bytes. Without it (AVX2, AVX-512F, NEON: widens_bf16) the
 projections widen their bf16 weights to fp32 as they read them, the same numbers at the
-fp32 rate, a decode step still reading half the bytes; the attention and the cache stay
-float32. The softmax, norms and decode attention's products stay float32 everywhere.
+fp32 rate, a decode step still reading half the bytes; the attention's products stay
+float32. Either way, where every attention layer runs the native kernels, the KV cache is
+bf16 (bf16_kv.py). The softmax, norms and decode attention's products stay float32
+everywhere.
 
 Not exact: logits move by about bf16's rounding (8 bits of mantissa), so greedy text can
 part from the fp32 run's after some tokens. fp32 stays the default. The bundle on disk is
@@ -62,17 +63,17 @@ def widens_bf16() -> bool:
 
 def describe_bf16(projections: bool = True, attention: bool = True,
                   kv_cache: bool = False, attends: bool = True) -> str:
-    """What runs in bf16 here: the float32 projections (if the bundle has them) and, with
-    AVX512-BF16, the prefill attention's products (`attention`: the native kernels take
+    """What runs in bf16 here: the float32 projections (if the bundle has them), with
+    AVX512-BF16 the prefill attention's products (`attention`: the native kernels take
     the bundle's attention; else it stays GroupQueryAttention, in fp32, where any layer
-    `attends`) and the KV cache (`kv_cache`: bf16_kv.why_not found nothing else reading
+    `attends`), and the KV cache (`kv_cache`: bf16_kv.why_not found nothing else reading
     it)."""
     fast, widened = cpu_has_bf16(), widens_bf16()
     how = "" if fast else " on fp32 FMAs" if widened else " in portable loops"
     ran = [OP + how] if projections else []
     if fast and attention:
         ran.append(f"{PREFILL_OP}'s products")
-    if fast and attention and kv_cache:
+    if attention and kv_cache:
         ran.append("the KV cache")
     notes = ["AVX512-BF16" if fast else "this CPU has no AVX512-BF16" + (
         "" if not projections else
