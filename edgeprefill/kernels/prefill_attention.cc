@@ -67,6 +67,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <memory>
 #include <thread>
 #include <time.h>
 #include <type_traits>
@@ -149,7 +150,7 @@ struct Job {
   const float* qkv;
   const float* keys;
   const float* values;
-  int64_t stride;  // positions per (row, KV head) of keys and values: the capacity, or Widen's span
+  int64_t stride;  // positions per (row, KV head) of keys and values: capacity, or Widen's span
   const float* cos;
   const float* sin;
   const int64_t* past;  // per row
@@ -681,7 +682,8 @@ void RunPiece(void* data, size_t index) {
 #endif
 
   const int64_t head = piece.row * s.kv_heads + piece.kv;
-  // float32 cache (a bf16 one is read as pairs only: bf16 is set)
+  // float32 keys and values: the cache's, or Widen's copy of a bf16 one (with bf16 products
+  // a bf16 cache is read as pairs only)
   const float* keys = job.keys != nullptr ? job.keys + head * job.stride * d : nullptr;
   const float* values = job.values != nullptr ? job.values + head * job.stride * d : nullptr;
   const int64_t end = first_position + queries;  // keys [start, end) are seen by some query
@@ -880,7 +882,8 @@ void Widen(const Job& job, const Cache& cache, int64_t span, float* keys, float*
     for (int64_t kv = 0; kv < s.kv_heads; ++kv) {
       const int64_t head = row * s.kv_heads + kv;
       const int64_t count = (job.past[row] + job.valid[row]) * d;
-      for (const auto& [from, to] : {std::pair{cache.keys, keys}, std::pair{cache.values, values}}) {
+      for (const auto& [from, to] :
+           {std::pair{cache.keys, keys}, std::pair{cache.values, values}}) {
         const uint16_t* bits = static_cast<const uint16_t*>(from) + head * s.capacity * d;
         float* out = to + head * span * d;
         for (int64_t i = 0; i < count; ++i) out[i] = FromBf16(bits[i]);
@@ -1041,7 +1044,8 @@ OrtStatus* Compute(const Kernel& kernel, OrtKernelContext* context) {
 
   const int64_t begin = Profiling() ? Now() : 0;
   Job job{s, kernel.scale, qkv.data, cache.bf16 ? nullptr : keys, cache.bf16 ? nullptr : values,
-          s.capacity, rotary.cos, rotary.sin, past.data(), valid.data(), first.data(), out, UsesBf16(kernel.bf16),
+          s.capacity, rotary.cos, rotary.sin, past.data(), valid.data(), first.data(), out,
+          UsesBf16(kernel.bf16),
           kernel.last, kernel.window, kernel.softcap, sink, kernel.interleaved};
   if (!kernel.packed) ZeroPadding(job);  // packed: no padding rows
   WriteCache(job, cache);
