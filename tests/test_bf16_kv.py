@@ -32,7 +32,6 @@ WIDTH = (HEADS + 2 * KV_HEADS) * HEAD_DIM
 PASTS = np.array([0, 1, 127, 300])
 
 
-
 def layer_model(bf16_cache: bool, products: int = 1) -> bytes:
     """One PrefillAttention (bf16 products unless `products` is 0, valid_lens) over a bound
     cache; the rotary tables are cos 1, sin 0, so a written key is the chunk's key as it
