@@ -298,13 +298,14 @@ constexpr int64_t kPrepareRows = 16;
 OrtStatus* RowsOutput(OrtKernelContext* context, const Tensor& a, int64_t width, float** out,
                       int64_t* rows);
 
-// A packed projection's kernel (MatMulBf16, MatMulF32, MatMulInt8): its N attribute,
-// positive (`op` names it in the error), the optional gated (1: the weight's columns are an
-// MLP's gate then up, N / 2 a whole number of 64-column panels, and the output [..., N / 2]
-// is silu(gate) * up, swiglu.h) and the optional epsilon (the SkipRmsNorm before it runs
-// inside: the op takes x, skip and gamma, multiplies RMSNorm(x + skip) * gamma, rms_norm.h,
-// and gives x + skip as output 1), read by CreateColumnsKernel and freed by
-// DestroyColumnsKernel.
+// A packed projection's kernel (MatMulBf16, MatMulF32, MatMulInt8; MatMulInt4 beside its
+// K): its N attribute, positive (`op` names it in the error), the optional gated (1: the
+// weight's columns are an MLP's gate then up, N / 2 a whole number of 64-column panels, and
+// the output [..., N / 2] is silu(gate) * up, swiglu.h) and the optional epsilon (the
+// SkipRmsNorm before it runs inside: the op takes x, skip and gamma, multiplies
+// RMSNorm(x + skip) * gamma, rms_norm.h, and gives x + skip as output 1), read by
+// ReadColumns (into a kernel of the op's own) or CreateColumnsKernel (the kernel itself,
+// freed by DestroyColumnsKernel).
 struct Columns {
   int64_t n;
   bool gated;
@@ -312,6 +313,7 @@ struct Columns {
   float epsilon;  // with norm
 };
 constexpr int64_t kGatedPanel = 64;  // both projections' panel width (their kPanel)
+OrtStatus* ReadColumns(const OrtKernelInfo* info, const char* op, Columns* columns);
 OrtStatus* CreateColumnsKernel(const OrtKernelInfo* info, const char* op, void** kernel);
 void ORT_API_CALL DestroyColumnsKernel(void* kernel);
 

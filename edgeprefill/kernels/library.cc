@@ -217,7 +217,7 @@ OrtStatus* RowsOutput(OrtKernelContext* context, const Tensor& a, int64_t width,
   return nullptr;
 }
 
-OrtStatus* CreateColumnsKernel(const OrtKernelInfo* info, const char* op, void** kernel) {
+OrtStatus* ReadColumns(const OrtKernelInfo* info, const char* op, Columns* columns) {
   int64_t n = 0;
   EP_RETURN_IF_ERROR(g_api->KernelInfoGetAttribute_int64(info, "N", &n));
   if (n <= 0) return Fail((std::string(op) + ": N must be positive").c_str());
@@ -234,7 +234,14 @@ OrtStatus* CreateColumnsKernel(const OrtKernelInfo* info, const char* op, void**
   if (missing != nullptr) g_api->ReleaseStatus(missing);
   if (norm && !(epsilon >= 0.0f))
     return Fail((std::string(op) + ": epsilon must be >= 0").c_str());
-  *kernel = new Columns{n, gated != 0, norm, epsilon};
+  *columns = Columns{n, gated != 0, norm, epsilon};
+  return nullptr;
+}
+
+OrtStatus* CreateColumnsKernel(const OrtKernelInfo* info, const char* op, void** kernel) {
+  Columns columns;
+  EP_RETURN_IF_ERROR(ReadColumns(info, op, &columns));
+  *kernel = new Columns(columns);
   return nullptr;
 }
 

@@ -328,22 +328,16 @@ void RunPiece(void* data, size_t index) {
           job.out + r * job.n + first * kTile, job.n);
 }
 
-// gated=1: piece `index` is gate tiles [first, last) and the up tiles N / 32 further, kept
-// here until silu(gate) * up goes out (N a multiple of 128: whole pieces, no partial tile).
+// gated=1: swiglu.h's GatedPiece, a panel being a piece's kPiece tiles (N a multiple of
+// 128: whole pieces, no partial tile), a row block kRowsAtOnce rows.
+constexpr int64_t kPieceColumns = kPiece * kTile;
 void RunGatedPiece(void* data, size_t index) {
   const Job& job = *static_cast<const Job*>(data);
-  const int64_t halves = job.tiles / 2, width = job.n / 2;
-  const int64_t first = static_cast<int64_t>(index) * kPiece;
-  const int64_t last = std::min(halves, first + kPiece), columns = (last - first) * kTile;
-  alignas(64) float gate[kRowsAtOnce * kPiece * kTile], up[kRowsAtOnce * kPiece * kTile];
-  for (int64_t r = 0; r < job.rows; r += kRowsAtOnce) {
-    const int64_t rows = std::min(kRowsAtOnce, job.rows - r);
-    Tiles(job, first, last, r, rows, gate, columns);
-    Tiles(job, first + halves, last + halves, r, rows, up, columns);
-    for (int64_t i = 0; i < rows; ++i)
-      SwiGluRow(gate + i * columns, up + i * columns, job.out + (r + i) * width + first * kTile,
-                columns);
-  }
+  GatedPiece<kPieceColumns, kRowsAtOnce>(
+      index, job.rows, job.tiles / kPiece, job.out,
+      [&job](int64_t first, int64_t rows, int64_t q, float* dst) {
+        Tiles(job, q * kPiece, (q + 1) * kPiece, first, rows, dst, kPieceColumns);
+      });
 }
 
 OrtStatus* Compute(void* state, OrtKernelContext* context) {
@@ -375,9 +369,11 @@ OrtStatus* Compute(void* state, OrtKernelContext* context) {
     Quantize(NormedRow(norm, a.data, r, k, normed.data()), k, blocks, &quantized[r]);
   Job job{k, n, blocks, tiles, rows, reinterpret_cast<const uint8_t*>(b.data), scales.data,
           half, &quantized, out};
-  const int64_t columns = gated ? tiles / 2 : tiles;
+  const int64_t pieces = (tiles + kPiece - 1) / kPiece;
   ParallelFor(context, gated ? RunGatedPiece : RunPiece,
-              static_cast<size_t>((columns + kPiece - 1) / kPiece), &job);
+              static_cast<size_t>(gated ? (rows + kRowsAtOnce - 1) / kRowsAtOnce * (pieces / 2)
+                                        : pieces),
+              &job);
   return nullptr;
 }
 
@@ -385,10 +381,9 @@ OrtStatus* CreateKernel(const OrtKernelInfo* info, void** kernel) {
   int64_t k = 0;
   EP_RETURN_IF_ERROR(g_api->KernelInfoGetAttribute_int64(info, "K", &k));
   if (k <= 0) return Fail("MatMulInt4: K must be positive");
-  void* columns = nullptr;
-  EP_RETURN_IF_ERROR(CreateColumnsKernel(info, "MatMulInt4", &columns));
-  *kernel = new Kernel{k, *static_cast<Columns*>(columns)};
-  DestroyColumnsKernel(columns);
+  Columns columns;
+  EP_RETURN_IF_ERROR(ReadColumns(info, "MatMulInt4", &columns));
+  *kernel = new Kernel{k, columns};
   return nullptr;
 }
 

@@ -52,12 +52,12 @@ inline void SwiGluRow(const float* gate, const float* up, float* out, int64_t wi
   for (; i < width; ++i) out[i] = Silu(gate[i]) * up[i];
 }
 
-// Piece `index` of a gated projection (MatMulInt8, MatMulBf16 with gated=1) over M rows and
-// `panels` panels of kPanel columns, gate then up: rows [block * kRowBlock, +kRowBlock) of
-// gate panel p and up panel p + panels / 2, index = block * (panels / 2) + p. panel(first,
-// rows, q, dst) computes rows [first, first + rows) of panel q into dst (rows kPanel floats
-// apart); both stay here (24 KB at 48 x 64) until silu(gate) * up goes to out [M, N / 2]:
-// the N columns are never written out.
+// Piece `index` of a gated projection (MatMulInt8, MatMulBf16, MatMulF32, MatMulInt4 with
+// gated=1) over M rows and `panels` panels of kPanel columns, gate then up: rows
+// [block * kRowBlock, +kRowBlock) of gate panel p and up panel p + panels / 2, index =
+// block * (panels / 2) + p. panel(first, rows, q, dst) computes rows [first, first + rows)
+// of panel q into dst (rows kPanel floats apart); both stay here (24 KB at 48 x 64) until
+// silu(gate) * up goes to out [M, N / 2]: the N columns are never written out.
 template <int64_t kPanel, int64_t kRowBlock, typename Panel>
 inline void GatedPiece(size_t index, int64_t m, int64_t panels, float* out, const Panel& panel) {
   const int64_t halves = panels / 2;
