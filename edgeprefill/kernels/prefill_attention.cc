@@ -622,8 +622,20 @@ void SoftmaxStep(float* scores, int64_t stride, int64_t n, int64_t k0, const int
 // under bf16 too), whatever else shares the call.
 inline bool OneToken(const Job& job, int64_t row) { return job.valid[row] == 1; }
 
+// A row of more than one valid token: this op's pieces compute it.
+inline bool ChunkRow(const Job& job, int64_t row) { return job.valid[row] > 1; }
+
+// The end of the longest chunk row (its past + valid tokens), 0 in a decode step: what a
+// call pairs (bf16 products) or widens (a bf16 cache without them) of the cache.
+inline int64_t ChunkEnd(const Job& job) {
+  int64_t end = 0;
+  for (int64_t row = 0; row < job.shape.rows; ++row)
+    if (ChunkRow(job, row)) end = std::max(end, job.past[row] + job.valid[row]);
+  return end;
+}
+
 // Whether a row's products run on bf16 pairs (its cache is paired for the call).
-inline bool PairedRow(const Job& job, int64_t row) { return job.bf16 && job.valid[row] > 1; }
+inline bool PairedRow(const Job& job, int64_t row) { return job.bf16 && ChunkRow(job, row); }
 
 // One piece: a block of queries of the KV group's heads over the keys they see: 0 (with a
 // window, its first query's FirstKey, down to a key block's start) .. its last position.
@@ -878,7 +890,7 @@ void Widen(const Job& job, const Cache& cache, int64_t span, float* keys, float*
   const Shape& s = job.shape;
   const int64_t d = s.head_dim;
   for (int64_t row = 0; row < s.rows; ++row) {
-    if (OneToken(job, row) || job.valid[row] == 0) continue;
+    if (!ChunkRow(job, row)) continue;
     for (int64_t kv = 0; kv < s.kv_heads; ++kv) {
       const int64_t head = row * s.kv_heads + kv;
       const int64_t count = (job.past[row] + job.valid[row]) * d;
@@ -1050,9 +1062,7 @@ OrtStatus* Compute(const Kernel& kernel, OrtKernelContext* context) {
   if (!kernel.packed) ZeroPadding(job);  // packed: no padding rows
   WriteCache(job, cache);
   if (cache.bf16 && !job.bf16) {  // a bf16 cache's chunk rows as float32 (Widen)
-    int64_t span = 0;
-    for (int64_t row = 0; row < s.rows; ++row)
-      if (!OneToken(job, row) && valid[row] > 0) span = std::max(span, past[row] + valid[row]);
+    const int64_t span = ChunkEnd(job);
     if (span > 0) {  // not in a decode step
       // Kept from call to call on this thread: a fresh buffer's pages fault in every call.
       thread_local std::vector<float> widened;
@@ -1068,9 +1078,8 @@ OrtStatus* Compute(const Kernel& kernel, OrtKernelContext* context) {
   // Not zeroed (1.5 MB a call at 2,048 positions): only what RunPairs writes is ever read.
   PairBuffer pairs{nullptr, nullptr};
   if (job.bf16) {
-    for (int64_t row = 0; row < s.rows; ++row)
-      if (PairedRow(job, row)) job.span = std::max(job.span, past[row] + valid[row]);
-    job.span += job.span & 1;
+    job.span = ChunkEnd(job);
+    job.span += job.span & 1;  // even: whole pairs
   }
   if (job.span > 0) {  // not in a decode step: no row to pair, and no pass on the pool
     const size_t count = static_cast<size_t>(s.rows * s.kv_heads * job.span * d / 2);
