@@ -12,6 +12,7 @@ from typing import NamedTuple
 import numpy as np
 import onnxruntime as ort
 from onnx import TensorProto, helper
+from op_ab import session_options
 
 from edgeprefill.kernels.graph import DOMAIN
 
@@ -80,10 +81,8 @@ def take_turns(stack: Stack, models: dict[str, bytes], past: int, chunk: int, th
               for _ in range(2 * stack.layers)]
 
     def session(name: str, model: bytes) -> ort.InferenceSession:
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = threads
+        options = session_options(threads, str((libraries or {}).get(name, library)))
         options.log_severity_level = 3  # e.g. the unused tables of a graph without rotary
-        options.register_custom_ops_library(str((libraries or {}).get(name, library)))
         return ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
 
     runs = {name: bound_run(session(name, model), stack, past, chunk, caches)

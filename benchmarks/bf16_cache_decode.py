@@ -23,7 +23,7 @@ import time
 import numpy as np
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
-from op_ab import built_library
+from op_ab import built_library, session_options
 
 from edgeprefill.engines.ort.bf16_compute import bf16_bits
 from edgeprefill.kernels import graph
@@ -73,10 +73,8 @@ def bound(layers: int, past: int, threads: int, library: str, bf16_cache: bool):
     """A call of the graph with its caches bound in place (present = past), and what must
     stay alive with it."""
     capacity = past + 64
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = threads
-    options.register_custom_ops_library(library)
-    session = ort.InferenceSession(model(layers, capacity, bf16_cache), options,
+    session = ort.InferenceSession(model(layers, capacity, bf16_cache),
+                                   session_options(threads, library),
                                    providers=["CPUExecutionProvider"])
     rng = np.random.default_rng(2)
     binding = session.io_binding()

@@ -26,6 +26,7 @@ import time
 import numpy as np
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
+from op_ab import session_options
 
 HEADS, KV_HEADS, HEAD_DIM, LAYERS = 9, 3, 64, 8
 GROUP = HEADS // KV_HEADS
@@ -183,12 +184,9 @@ def bound_run(session, feeds: dict, caches: list[np.ndarray], in_place: bool):
 def variants(past: int, capacity: int, threads: int, caches: list[np.ndarray]) -> dict:
     from edgeprefill.kernels.build import library_path
 
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = threads
-    options.log_severity_level = 3
     library = library_path()
-    if library.is_file():
-        options.register_custom_ops_library(str(library))
+    options = session_options(threads, str(library) if library.is_file() else None)
+    options.log_severity_level = 3
 
     def session(model: bytes):
         return ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])

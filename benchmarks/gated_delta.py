@@ -21,6 +21,7 @@ import numpy as np
 import onnxruntime as ort
 from comparison.report import cpu_name
 from onnx import ModelProto, TensorProto, helper
+from op_ab import session_options
 
 from edgeprefill.bundle import load_graph, load_manifest
 from edgeprefill.kernels.build import build
@@ -63,11 +64,8 @@ def feeds(model: ModelProto, chunk: int) -> dict[str, np.ndarray]:
 
 
 def session(model: ModelProto, threads: int, library: Path | None) -> ort.InferenceSession:
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = threads
-    if library is not None:
-        options.register_custom_ops_library(str(library))
-    return ort.InferenceSession(model.SerializeToString(), options,
+    return ort.InferenceSession(model.SerializeToString(),
+                                session_options(threads, None if library is None else str(library)),
                                 providers=["CPUExecutionProvider"])
 
 

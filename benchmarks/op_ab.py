@@ -33,6 +33,21 @@ def built_library() -> str | None:
         return None
 
 
+def session_options(threads: int, library: str | None = None) -> Any:
+    """A benchmark session's options: `threads` intra-op threads, the native library where
+    given, and the pool spinning only while a call runs, as the engine sets it
+    (engines/ort/backend.py). A benchmark holds several sessions at once, each with its own
+    pool, and a pool left spinning after its call takes a core from the session being
+    timed: on 2 cores, ops timed at 2 threads ran up to 2x slower than at 1 thread, the
+    order of the sessions deciding which (docs/benchmarks.md, stop 60)."""
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.add_session_config_entry("session.force_spinning_stop", "1")
+    if library is not None:
+        options.register_custom_ops_library(str(library))
+    return options
+
+
 def graph_session(nodes: list[NodeProto], initializers: list[Any], threads: int,
                   library: str) -> Any:
     """The session of `nodes` (reading input a, each writing its own output y0, y1, ...) on
@@ -45,10 +60,7 @@ def graph_session(nodes: list[NodeProto], initializers: list[Any], threads: int,
         helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1),
         helper.make_opsetid(DOMAIN, 1)])
     model.ir_version = 10
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = threads
-    options.register_custom_ops_library(library)
-    return ort.InferenceSession(model.SerializeToString(), options,
+    return ort.InferenceSession(model.SerializeToString(), session_options(threads, library),
                                 providers=["CPUExecutionProvider"])
 
 

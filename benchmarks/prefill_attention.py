@@ -39,6 +39,7 @@ import onnxruntime as ort
 from attention_stack import Stack, bound_run, stack_model
 from backend_steps import prefill
 from onnx import helper, numpy_helper
+from op_ab import session_options
 
 from edgeprefill.bundle import load_manifest
 from edgeprefill.engines import BackendOptions
@@ -137,12 +138,10 @@ def main() -> int:
     except (ValueError, KernelBuildError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = args.threads
+    options = session_options(args.threads, str(library))
     options.log_severity_level = 3
     options.add_session_config_entry("session.intra_op.allow_spinning",
                                      "0" if args.no_spin else "1")
-    options.register_custom_ops_library(str(library))
     capacity = max(pasts) + args.chunk
     rng = np.random.default_rng(2)
     caches = [rng.standard_normal((1, KV_HEADS, capacity, HEAD_DIM)).astype(np.float32)
