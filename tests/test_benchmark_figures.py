@@ -1,6 +1,7 @@
 """The figures benchmarks/ derives from raw measurements: the mixed workload's gaps and
-rates from token time stamps, issue 15's met/missed verdicts, and prefill_profile's
-per-run operator times, on hand-made inputs whose answers are worked out by hand below."""
+rates from token time stamps, issue 15's met/missed verdicts, prefill_profile's per-run
+operator times and compare.py's memory rows, on hand-made inputs whose answers are worked
+out by hand below."""
 
 from __future__ import annotations
 
@@ -187,3 +188,55 @@ def test_batched_decode_judges_near_rounds_alone() -> None:
     assert describe(probes[0]) == "near"
     assert describe(probes[1]) == "far or mixed (core latency up to 180 ns)"
     assert describe([None, None]) == "n/a"
+
+
+def test_run_peak_rss_restarts_from_the_current_rss() -> None:
+    """compare.py's "RSS generating" row: the runner restarts the peak after the load, so a
+    load's transient copies no longer stand for what generating holds."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks" / "runners"))
+    import numpy as np
+    from common import reset_peak_rss, rss_mib
+
+    transient = np.ones(64 * 2**20 // 8)  # 64 MiB, touched
+    del transient
+    before = rss_mib()
+    if not reset_peak_rss():
+        pytest.skip("this kernel does not let a process restart its peak RSS")
+    after = rss_mib()
+    assert before["VmHWM"] - after["VmHWM"] > 48  # the 64 MiB peak is gone
+    assert after["VmHWM"] == pytest.approx(after["VmRSS"], abs=8)
+
+
+def test_rss_generating_row_and_its_pooling() -> None:
+    """The run's own peak goes into its own row, ranked like the others; a result without
+    it (older runs, or a kernel that refused the reset) shows "-" rather than the load's."""
+    from types import SimpleNamespace
+
+    from comparison.report import report_table
+    from comparison.runners import pool_rounds
+
+    def round_(peak: float, run_peak: float | None) -> dict:
+        return {"precision": "fp32", "ttft": {"2048": {"runs_s": [1.0], "median_s": 1.0}},
+                "decode_runs_tok_s": [50.0], "decode_tok_s": 50.0, "load_s": 1.0,
+                "peak_rss_mib": peak, "run_peak_rss_mib": run_peak}
+
+    ours = pool_rounds([round_(700, 300), round_(690, 320)])
+    assert (ours["peak_rss_mib"], ours["run_peak_rss_mib"]) == (700, 320)
+    assert pool_rounds([round_(700, 300), round_(690, None)])["run_peak_rss_mib"] is None
+    settings = SimpleNamespace(lengths=[2048], decode_prompt_len=512, new_tokens=128)
+    lines = report_table(settings, {"edgeprefill": ours, "openvino": round_(500, 480),
+                                    "torch": round_(900, None)},
+                         floor={"fp32_weight_bytes_resident": 160 * 2**20})
+    # metric label -> runtime -> [value, unit, vs best, of floor] (or the three "-")
+    table: dict[str, dict[str, list[str]]] = {}
+    for line in lines:
+        for label in ("RSS generating", "peak RSS"):
+            if line.startswith(label):
+                name, _precision, *cells = line[len(label):].split()
+                table.setdefault(label, {})[name] = cells
+    assert set(table["RSS generating"]) == {"edgeprefill", "openvino", "torch"}
+    # 480 / 320 against openvino; 160 MiB of fp32 weights / 320 MiB held: 50% of the floor
+    assert table["RSS generating"]["edgeprefill"] == ["320", "MiB", "1.50x", "50%"]
+    assert table["RSS generating"]["torch"] == ["-", "-", "-"]
+    # the process's peak stays the load's: 500 / 700 against openvino
+    assert table["peak RSS"]["edgeprefill"][:3] == ["700", "MiB", "0.71x"]

@@ -26,10 +26,14 @@ class Metric:
     higher_is_better: bool
 
 
-def metric_values(result: dict[str, Any], settings: Settings) -> dict[str, float]:
-    values = {f"ttft{n}": result["ttft"][str(n)]["median_s"] for n in settings.lengths}
+def metric_values(result: dict[str, Any], settings: Settings) -> dict[str, float | None]:
+    """Each metric's value for one runtime; None where it was not measured (the run's own
+    peak RSS in results from before it was, or where the kernel refused the reset)."""
+    values: dict[str, float | None] = {
+        f"ttft{n}": result["ttft"][str(n)]["median_s"] for n in settings.lengths}
     values["decode"] = result["decode_tok_s"]
     values["rss"] = result["peak_rss_mib"]
+    values["rss_run"] = result.get("run_peak_rss_mib")
     values["load"] = result["load_s"]
     return values
 
@@ -39,6 +43,9 @@ def metrics(settings: Settings) -> dict[str, Metric]:
     decode_label = f"decode {settings.decode_prompt_len}+{settings.new_tokens}"
     table["decode"] = Metric(decode_label, "tok/s", True)
     table["rss"] = Metric("peak RSS", "MiB", False)
+    # The peak after the load: what generating holds (weights, KV cache, activations),
+    # without a load's transient copies, which the process's peak above includes.
+    table["rss_run"] = Metric("RSS generating", "MiB", False)
     table["load"] = Metric("load time", "s", False)
     return table
 
@@ -52,7 +59,7 @@ def floor_fraction(key: str, value: float, result: dict[str, Any], floor: dict) 
     if key == "decode":
         ceiling = decode_floor_tok_s(result, floor)
         return value / ceiling if ceiling else None
-    if key == "rss" and result["precision"] == "fp32":
+    if key in ("rss", "rss_run") and result["precision"] == "fp32":
         return floor["fp32_weight_bytes_resident"] / (value * 2**20)
     return None
 
@@ -66,7 +73,7 @@ def advantage(value: float, reference: float, higher_is_better: bool) -> float:
 def best_reference(
     key: str,
     metric: Metric,
-    values: dict[str, dict[str, float]],
+    values: dict[str, dict[str, float | None]],
     results: dict[str, dict[str, Any]],
     precision: str,
 ) -> tuple[str, float] | None:
@@ -74,9 +81,10 @@ def best_reference(
 
     def candidates(wanted: str) -> list[tuple[str, float]]:
         return [
-            (name, v[key])
+            (name, value)
             for name, v in values.items()
-            if not is_ours(name) and results[name]["precision"] == wanted
+            if (value := v[key]) is not None and not is_ours(name)
+            and results[name]["precision"] == wanted
         ]
 
     found = candidates(precision) or candidates(REFERENCE_PRECISION)
@@ -176,18 +184,23 @@ def report_table(settings: Settings, results: dict[str, dict[str, Any]], floor: 
     ]
     for key, metric in metrics(settings).items():
         for name, v in values.items():
+            value = v[key]
+            if value is None:
+                lines.append(f"{metric.label:<18}{name:<22}{ok[name]['precision']:<10}"
+                             f"{'-':>14}{'-':>10}{'-':>10}")
+                continue
             reference = best_reference(key, metric, values, ok, ok[name]["precision"])
             ratio = "-"
             if reference:
-                ratio = f"{advantage(v[key], reference[1], metric.higher_is_better):.2f}x"
-            fraction = floor_fraction(key, v[key], ok[name], floor)
+                ratio = f"{advantage(value, reference[1], metric.higher_is_better):.2f}x"
+            fraction = floor_fraction(key, value, ok[name], floor)
             shown = "-" if fraction is None else f"{fraction:.0%}"
             if fraction is not None and fraction > 1.0:
                 # Faster than the measured hardware allows: skipped work or a noisy ceiling.
                 shown += " !"
             lines.append(
                 f"{metric.label:<18}{name:<22}{ok[name]['precision']:<10}"
-                f"{format_value(v[key], metric.unit):>14}{ratio:>10}{shown:>10}"
+                f"{format_value(value, metric.unit):>14}{ratio:>10}{shown:>10}"
             )
         lines.append("")
     return lines
@@ -241,6 +254,8 @@ def print_report(report: dict[str, Any], settings: Settings, model: ModelInfo) -
         "precision, fp32 where none has it (int8); >1.00x = better (less time/memory, more tok/s).",
         "of floor: hardware floor / measured (100% = at the machine's ceiling; ! = above 100%: "
         "work was skipped or a ceiling was under-measured); RSS floor = fp32 weights held once.",
+        "peak RSS: the whole process's, the load's included; RSS generating: the peak after the "
+        "load (weights as held, KV cache, activations).",
         "=torch: greedy tokens equal to torch's: first token of each TTFT prompt, then the "
         "common prefix of the last decode run.",
         f"total run time {report['timings']['total_s']:.0f} s; logs in {report['run_dir']}",

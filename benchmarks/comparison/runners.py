@@ -112,7 +112,8 @@ def run_runtime(
 
 def pool_rounds(runs: list[dict[str, Any]]) -> dict[str, Any]:
     """One result from several rounds of a runtime: every timed run pooled, medians
-    recomputed; peak RSS is the highest round's. A failed round's error wins."""
+    recomputed; peak RSS (the process's, and the run's after the load) is the highest
+    round's. A failed round's error wins."""
     failed = [r for r in runs if "error" in r]
     if failed or len(runs) == 1:
         return failed[0] if failed else runs[0]
@@ -126,6 +127,8 @@ def pool_rounds(runs: list[dict[str, Any]]) -> dict[str, Any]:
     pooled["decode_tok_s"] = statistics.median(rates)
     pooled["load_s"] = statistics.median(r["load_s"] for r in runs)
     pooled["peak_rss_mib"] = max(r["peak_rss_mib"] for r in runs)
+    run_peaks = [r.get("run_peak_rss_mib") for r in runs]
+    pooled["run_peak_rss_mib"] = None if None in run_peaks else max(run_peaks)
     pooled["measure_s"] = sum(r.get("measure_s", 0.0) for r in runs)
     pooled["core_ns"] = [ns for r in runs for ns in r.get("core_ns", [])]
     near = [r for r in runs if all_near(r.get("core_ns") or [])]
