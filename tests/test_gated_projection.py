@@ -62,7 +62,8 @@ def run(nodes: list[NodeProto], initializers: list[TensorProto], feeds: dict[str
 
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("op", OPS)
-@pytest.mark.parametrize("m, k, n", [(1, 576, 3072), (5, 33, 256), (55, 96, 384), (130, 64, 128)])
+@pytest.mark.parametrize("m, k, n", [(1, 576, 3072), (5, 33, 256), (55, 96, 384), (130, 64, 128),
+                                     (1, 33, 384), (1, 64, 128)])
 def test_gated_op_is_the_projection_then_swiglu(library, op, m, k, n, threads):
     """Rows past a 48-row block and a 6-row tile, K not a multiple of the pairs or quads,
     one to 24 panel pairs: the same bits as the two ops."""

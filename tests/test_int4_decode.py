@@ -86,7 +86,9 @@ def reference(a: np.ndarray, weight: np.ndarray) -> np.ndarray:
 @pytest.mark.parametrize("k, n, rows", [
     (576, 960, 1),
     (1536, 70, 3),    # N not a multiple of the 16-column tiles nor of the 32-column pieces
+    (1536, 70, 1),    # one row: 5 tiles, 4 streams apart in 2 pieces, the second alone
     (100, 33, 9),     # K not a multiple of 32 (zero-padded), rows past the 8 at once
+    (100, 200, 1),    # 13 tiles, the last a partial one, read 4 at once where there are 4
     (64, 1, 1),
 ])
 def test_op_matches_accuracy_level_4(library, k, n, rows):
@@ -134,7 +136,8 @@ def kernel_order(a: np.ndarray, weight: np.ndarray) -> np.ndarray:
 
 
 @needs_int_kernels
-@pytest.mark.parametrize("k, n, rows", [(576, 960, 1), (1536, 70, 3), (100, 33, 9)])
+@pytest.mark.parametrize("k, n, rows", [(576, 960, 1), (1536, 70, 3), (100, 33, 9),
+                                        (1536, 70, 1), (100, 200, 1), (64, 1, 1)])
 def test_vector_code_gives_the_same_bits_on_every_cpu(library, k, n, rows):
     """AVX512-VNNI and AVX2 both sum the int4 x int8 products exactly in int32 (AVX2's
     int16 pair sums cannot saturate on 4-bit weights) and scale them in the same float32

@@ -32,9 +32,11 @@
 //
 // Without AVX512-VNNI the same int32 sums come from AVX2 (vpmaddubsw on the 4-bit codes,
 // which cannot saturate: below), hence the same float32 bits; a decode step 4-15% shorter
-// than with MatMulNBits on a Zen 3. Elsewhere (no AVX2, or AVX-512 without VNNI) from
-// portable loops, slower than ONNX Runtime's kernel: int4_decode.py switches this op in
-// only where the build has VNNI or AVX2 code (cpu_has_int_kernels).
+// than with MatMulNBits on a Zen 3, and a call of one row reads four tiles far apart side
+// by side (StreamsOf: a core fetches several streams faster than one). Elsewhere (no AVX2,
+// or AVX-512 without VNNI) from portable loops, slower than ONNX Runtime's kernel:
+// int4_decode.py switches this op in only where the build has VNNI or AVX2 code
+// (cpu_has_int_kernels).
 
 #include <algorithm>
 #include <cmath>
@@ -214,58 +216,116 @@ inline __m256 Scales8(const uint16_t* p) {
   return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
 }
 
-// Tiles [first, last) for R rows into `out` (as above): lane c of register g is column
-// 16 t + 8 g + c.
-template <int R, typename S>
-void TilesOf(const Job& job, int64_t first, int64_t last, int64_t row0, float* out, int64_t ld) {
-  const __m256i nibble = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
-  const Row* rows = job.quantized->data() + row0;
-  const S* scales = static_cast<const S*>(job.scales);
-  for (int64_t t = first; t < last; ++t) {
-    __m256 sum[2][R];
-    for (int g = 0; g < 2; ++g)
-      for (int r = 0; r < R; ++r) sum[g][r] = _mm256_setzero_ps();
-    for (int64_t block = 0; block < job.blocks; ++block) {
-      const uint8_t* w = job.b + (t * job.blocks + block) * kTileBytes;
-      __m256i dot[2][R];  // int16 lanes: two per column
-      for (int g = 0; g < 2; ++g)
-        for (int r = 0; r < R; ++r) dot[g][r] = _mm256_setzero_si256();
-      for (int half = 0; half < 4; ++half)
-        for (int g = 0; g < 2; ++g) {
-          const __m256i packed =
-              _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + half * 64 + g * 32));
-          const __m256i low = _mm256_and_si256(packed, nibble);
-          const __m256i high = _mm256_and_si256(_mm256_srli_epi16(packed, 4), nibble);
-          for (int r = 0; r < R; ++r) {
-            const int32_t* quads = reinterpret_cast<const int32_t*>(rows[r].q.data() + block * kBlock);
-            dot[g][r] = _mm256_add_epi16(dot[g][r], _mm256_maddubs_epi16(low, _mm256_set1_epi32(quads[2 * half])));
-            dot[g][r] = _mm256_add_epi16(dot[g][r], _mm256_maddubs_epi16(high, _mm256_set1_epi32(quads[2 * half + 1])));
-          }
-        }
-      for (int g = 0; g < 2; ++g) {
-        const __m256 wscale = Scales8(scales + (t * job.blocks + block) * kTile + g * 8);
-        for (int r = 0; r < R; ++r) {
-          const __m256i dot32 = _mm256_madd_epi16(dot[g][r], ones);
-          const __m256 value = _mm256_cvtepi32_ps(_mm256_sub_epi32(dot32, _mm256_set1_epi32(rows[r].offset[block])));
-          sum[g][r] = _mm256_fmadd_ps(_mm256_mul_ps(value, _mm256_set1_ps(rows[r].scale[block])), wscale, sum[g][r]);
-        }
+// Block `block` of the tile whose block starts at w, for R rows: each column's int16 sums
+// in dot[g][r] (lane c of register g is the tile's column 8 g + c, two lanes each).
+template <int R>
+inline void BlockDots(const uint8_t* w, const Row* rows, int64_t block, __m256i (&dot)[2][R]) {
+  const __m256i nibble = _mm256_set1_epi8(0x0f);
+  for (int g = 0; g < 2; ++g)
+    for (int r = 0; r < R; ++r) dot[g][r] = _mm256_setzero_si256();
+  for (int half = 0; half < 4; ++half)
+    for (int g = 0; g < 2; ++g) {
+      const __m256i packed =
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + half * 64 + g * 32));
+      const __m256i low = _mm256_and_si256(packed, nibble);
+      const __m256i high = _mm256_and_si256(_mm256_srli_epi16(packed, 4), nibble);
+      for (int r = 0; r < R; ++r) {
+        const int32_t* quads = reinterpret_cast<const int32_t*>(rows[r].q.data() + block * kBlock);
+        dot[g][r] = _mm256_add_epi16(dot[g][r], _mm256_maddubs_epi16(low, _mm256_set1_epi32(quads[2 * half])));
+        dot[g][r] = _mm256_add_epi16(dot[g][r], _mm256_maddubs_epi16(high, _mm256_set1_epi32(quads[2 * half + 1])));
       }
     }
-    for (int g = 0; g < 2; ++g) {
-      const int64_t column = t * kTile + g * 8, columns = std::min<int64_t>(8, job.n - column);
-      for (int r = 0; r < R && columns > 0; ++r) {
-        float* to = out + r * ld + (t - first) * kTile + g * 8;
-        if (columns == 8) {
-          _mm256_storeu_ps(to, sum[g][r]);
-        } else {  // the last tile's columns past N: not ours to write
-          alignas(32) float lanes[8];
-          _mm256_store_ps(lanes, sum[g][r]);
-          std::memcpy(to, lanes, columns * sizeof(float));
-        }
+}
+
+// A block's int16 sums into the float32 sums: each column's int32 sum less the zero
+// points', times the row's scale, then fma'd with the column's scale (`scales`: the tile's
+// 16 for this block).
+template <int R, typename S>
+inline void AddBlock(const __m256i (&dot)[2][R], const Row* rows, int64_t block, const S* scales,
+                     __m256 (&sum)[2][R]) {
+  const __m256i ones = _mm256_set1_epi16(1);
+  for (int g = 0; g < 2; ++g) {
+    const __m256 wscale = Scales8(scales + g * 8);
+    for (int r = 0; r < R; ++r) {
+      const __m256i dot32 = _mm256_madd_epi16(dot[g][r], ones);
+      const __m256 value = _mm256_cvtepi32_ps(_mm256_sub_epi32(dot32, _mm256_set1_epi32(rows[r].offset[block])));
+      sum[g][r] = _mm256_fmadd_ps(_mm256_mul_ps(value, _mm256_set1_ps(rows[r].scale[block])), wscale, sum[g][r]);
+    }
+  }
+}
+
+// Tile t's sums for R rows to `to` (row r at to + r * ld), its columns past N not written:
+// they are not ours.
+template <int R>
+inline void StoreTile(const __m256 (&sum)[2][R], const Job& job, int64_t t, float* to, int64_t ld) {
+  for (int g = 0; g < 2; ++g) {
+    const int64_t columns = std::min<int64_t>(8, job.n - t * kTile - g * 8);
+    for (int r = 0; r < R && columns > 0; ++r) {
+      float* at = to + r * ld + g * 8;
+      if (columns == 8) {
+        _mm256_storeu_ps(at, sum[g][r]);
+      } else {
+        alignas(32) float lanes[8];
+        _mm256_store_ps(lanes, sum[g][r]);
+        std::memcpy(at, lanes, columns * sizeof(float));
       }
     }
   }
 }
+
+template <int R>
+inline void ZeroSums(__m256 (&sum)[2][R]) {
+  for (int g = 0; g < 2; ++g)
+    for (int r = 0; r < R; ++r) sum[g][r] = _mm256_setzero_ps();
+}
+
+// Tiles [first, last) for R rows into `out` (as above), one tile after another.
+template <int R, typename S>
+void TilesOf(const Job& job, int64_t first, int64_t last, int64_t row0, float* out, int64_t ld) {
+  const Row* rows = job.quantized->data() + row0;
+  const S* scales = static_cast<const S*>(job.scales);
+  for (int64_t t = first; t < last; ++t) {
+    __m256 sum[2][R];
+    ZeroSums(sum);
+    for (int64_t block = 0; block < job.blocks; ++block) {
+      __m256i dot[2][R];
+      BlockDots<R>(job.b + (t * job.blocks + block) * kTileBytes, rows, block, dot);
+      AddBlock<R, S>(dot, rows, block, scales + (t * job.blocks + block) * kTile, sum);
+    }
+    StoreTile<R>(sum, job, t, out + (t - first) * kTile, ld);
+  }
+}
+
+// One row over kStreams tiles at once, block by block (tile[u]'s columns to dst[u]): the
+// tiles lie far apart in the weight, so a core reads kStreams streams side by side. One
+// Zen 3 core fetches a single stream at ~15-17 GB/s and four at ~25, and MatMulInt4 reads
+// a decode row's weights 1.1-1.4x as fast this way as a tile at a time (one thread;
+// docs/benchmarks.md, stop 60). The same sums in the same order as TilesOf<1>: the same
+// bits.
+constexpr int kStreams = 4;
+template <typename S>
+void StreamsOf(const Job& job, const int64_t (&tile)[kStreams], float* const (&dst)[kStreams]) {
+  const Row* row = job.quantized->data();
+  const S* scales = static_cast<const S*>(job.scales);
+  __m256 sum[kStreams][2][1];
+  for (int u = 0; u < kStreams; ++u) ZeroSums(sum[u]);
+  for (int64_t block = 0; block < job.blocks; ++block)
+    for (int u = 0; u < kStreams; ++u) {
+      const int64_t at = tile[u] * job.blocks + block;
+      __m256i dot[2][1];
+      BlockDots<1>(job.b + at * kTileBytes, row, block, dot);
+      AddBlock<1, S>(dot, row, block, scales + at * kTile, sum[u]);
+    }
+  for (int u = 0; u < kStreams; ++u) StoreTile<1>(sum[u], job, tile[u], dst[u], 0);
+}
+
+void Streams(const Job& job, const int64_t (&tile)[kStreams], float* const (&dst)[kStreams]) {
+  if (job.half)
+    StreamsOf<uint16_t>(job, tile, dst);
+  else
+    StreamsOf<float>(job, tile, dst);
+}
+#define EP_INT4_STREAMS 1  // RunRowPiece and RunGatedRowPiece below
 
 // Up to 4 rows at once: 2 x 4 float sums and 2 x 4 int16 sums fill AVX2's 16 registers.
 template <typename S>
@@ -328,6 +388,58 @@ void RunPiece(void* data, size_t index) {
           job.out + r * job.n + first * kTile, job.n);
 }
 
+#ifdef EP_INT4_STREAMS
+// A call of one row (a decode step's, one session): piece i reads tiles i, i + Q, i + 2 Q,
+// ... (Q = ceil(T / kStreams)) side by side where all kStreams are there, else each alone.
+void RunRowPiece(void* data, size_t index) {
+  const Job& job = *static_cast<const Job*>(data);
+  const int64_t apart = (job.tiles + kStreams - 1) / kStreams, first = static_cast<int64_t>(index);
+  if (first + (kStreams - 1) * apart < job.tiles) {
+    int64_t tile[kStreams];
+    float* dst[kStreams];
+    for (int u = 0; u < kStreams; ++u) {
+      tile[u] = first + u * apart;
+      dst[u] = job.out + tile[u] * kTile;
+    }
+    Streams(job, tile, dst);
+    return;
+  }
+  for (int64_t t = first; t < job.tiles; t += apart)
+    Tiles(job, t, t + 1, 0, 1, job.out + t * kTile, job.n);
+}
+
+// The same with gated=1: piece i reads gate tiles i, i + Q, ... (Q = ceil(G / (kStreams /
+// 2)), G = T / 2 gate tiles, a whole number of pieces since N is a multiple of 128) and their
+// up tiles G further, then writes silu(gate) * up for those columns: swiglu.h's arithmetic
+// on the same sums as GatedPiece's, the same bits.
+void RunGatedRowPiece(void* data, size_t index) {
+  const Job& job = *static_cast<const Job*>(data);
+  constexpr int kGates = kStreams / 2;
+  const int64_t gates = job.tiles / 2, apart = (gates + kGates - 1) / kGates;
+  const int64_t first = static_cast<int64_t>(index);
+  alignas(32) float gate[kGates * kTile], up[kGates * kTile];
+  if (first + (kGates - 1) * apart < gates) {
+    int64_t tile[kStreams];
+    float* dst[kStreams];
+    for (int u = 0; u < kGates; ++u) {
+      tile[u] = first + u * apart;
+      tile[kGates + u] = tile[u] + gates;
+      dst[u] = gate + u * kTile;
+      dst[kGates + u] = up + u * kTile;
+    }
+    Streams(job, tile, dst);
+    for (int u = 0; u < kGates; ++u)
+      SwiGluRow(gate + u * kTile, up + u * kTile, job.out + tile[u] * kTile, kTile);
+    return;
+  }
+  for (int64_t t = first; t < gates; t += apart) {
+    Tiles(job, t, t + 1, 0, 1, gate, kTile);
+    Tiles(job, t + gates, t + gates + 1, 0, 1, up, kTile);
+    SwiGluRow(gate, up, job.out + t * kTile, kTile);
+  }
+}
+#endif
+
 // gated=1: swiglu.h's GatedPiece, a panel being a piece's kPiece tiles (N a multiple of
 // 128: whole pieces, no partial tile), a row block kRowsAtOnce rows.
 constexpr int64_t kPieceColumns = kPiece * kTile;
@@ -369,6 +481,14 @@ OrtStatus* Compute(void* state, OrtKernelContext* context) {
     Quantize(NormedRow(norm, a.data, r, k, normed.data()), k, blocks, &quantized[r]);
   Job job{k, n, blocks, tiles, rows, reinterpret_cast<const uint8_t*>(b.data), scales.data,
           half, &quantized, out};
+#ifdef EP_INT4_STREAMS
+  if (rows == 1) {  // a decode step of one session: kStreams tiles side by side
+    const int64_t width = gated ? kStreams / 2 : kStreams, tiles_read = gated ? tiles / 2 : tiles;
+    ParallelFor(context, gated ? RunGatedRowPiece : RunRowPiece,
+                static_cast<size_t>((tiles_read + width - 1) / width), &job);
+    return nullptr;
+  }
+#endif
   const int64_t pieces = (tiles + kPiece - 1) / kPiece;
   ParallelFor(context, gated ? RunGatedPiece : RunPiece,
               static_cast<size_t>(gated ? (rows + kRowsAtOnce - 1) / kRowsAtOnce * (pieces / 2)
