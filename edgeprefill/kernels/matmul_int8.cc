@@ -28,7 +28,8 @@
 //
 // Without AVX512-VNNI the same sums come from AVX2 (below; on a Zen 3 a 256-row chunk
 // 1.03-1.08x as long as ONNX Runtime's DynamicQuantizeMatMul, an int8 bundle's prefill
-// about as long, a one-row call 0.91-1.07x: docs/benchmarks.md, stop 44), from NEON's sdot
+// about as long, a one-row call 0.91-1.07x: docs/benchmarks.md, stop 44; a call of one row
+// now reads two panels side by side, RowPair), from NEON's sdot
 // on 64-bit Arm with the dot product extension (unmeasured: docs/jetson.md) or portable
 // loops, far slower: int8_rows.py switches the op in only on CPUs with VNNI.
 
@@ -214,38 +215,56 @@ void Rows(const Job& job, int64_t first, int64_t rows, int64_t p, float* out, in
 // add), as many as ONNX Runtime's uint8 GEMM here spends (2 x vpmaddwd and add on codes
 // widened to int16): this runs near that bound (docs/benchmarks.md, stop 44).
 constexpr int kAvx2Rows = 4;
-// kTile rows x kGroups x 8 columns: the slices of k4 lines `line` bytes apart at `lines`.
-template <int kTile, int kGroups>
-void Sums(const uint32_t* quads, int64_t k4, const int8_t* lines, int64_t line, __m256i* out) {
+// kTile rows x kGroups x 8 columns of each of U panels: the slices of k4 lines `line` bytes
+// apart at lines[u], read side by side (U > 1: one row's decode, RowPair below); panel u's
+// sums to out[(u * kTile + r) * kGroups + j].
+template <int kTile, int kGroups, int U = 1>
+void Sums(const uint32_t* quads, int64_t k4, const int8_t* const (&lines)[U], int64_t line,
+          __m256i* out) {
   const __m256i ones = _mm256_set1_epi16(1);
-  __m256i acc[kTile][kGroups];
-  for (int r = 0; r < kTile; ++r)
-    for (int j = 0; j < kGroups; ++j) acc[r][j] = _mm256_setzero_si256();
-  for (int64_t i = 0; i < k4; ++i) {
-    const int8_t* b = lines + i * line;
-    __m256i w[kGroups], magnitude[kGroups];
-    for (int j = 0; j < kGroups; ++j) {
-      w[j] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 32 * j));
-      magnitude[j] = _mm256_abs_epi8(w[j]);
+  __m256i acc[U][kTile][kGroups];
+  for (int u = 0; u < U; ++u)
+    for (int r = 0; r < kTile; ++r)
+      for (int j = 0; j < kGroups; ++j) acc[u][r][j] = _mm256_setzero_si256();
+  if constexpr (U > 1) {  // one row: each weight used once, none kept in a register
+    static_assert(kTile == 1, "panels side by side are for one row");
+    for (int64_t i = 0; i < k4; ++i) {
+      const __m256i x = _mm256_set1_epi32(static_cast<int>(quads[i]));
+      __m256i w[U][kGroups];
+      for (int u = 0; u < U; ++u)
+        for (int j = 0; j < kGroups; ++j)
+          w[u][j] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(lines[u] + i * line + 32 * j));
+      for (int u = 0; u < U; ++u)
+        for (int j = 0; j < kGroups; ++j)
+          acc[u][0][j] = _mm256_add_epi32(acc[u][0][j], _mm256_madd_epi16(
+              _mm256_maddubs_epi16(_mm256_abs_epi8(w[u][j]), _mm256_sign_epi8(x, w[u][j])), ones));
     }
-    for (int r = 0; r < kTile; ++r) {  // the row's codes for k = 4 i .. 4 i + 3, in every lane
-      const __m256i x = _mm256_set1_epi32(static_cast<int>(quads[r * k4 + i]));
-      for (int j = 0; j < kGroups; ++j)
-        acc[r][j] = _mm256_add_epi32(acc[r][j], _mm256_madd_epi16(
-            _mm256_maddubs_epi16(magnitude[j], _mm256_sign_epi8(x, w[j])), ones));
+  } else {  // each weight and its magnitude kept for the tile's rows
+    for (int64_t i = 0; i < k4; ++i) {
+      const int8_t* b = lines[0] + i * line;
+      __m256i w[kGroups], magnitude[kGroups];
+      for (int j = 0; j < kGroups; ++j) {
+        w[j] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 32 * j));
+        magnitude[j] = _mm256_abs_epi8(w[j]);
+      }
+      for (int r = 0; r < kTile; ++r) {  // the row's codes for k = 4 i .. 4 i + 3, in every lane
+        const __m256i x = _mm256_set1_epi32(static_cast<int>(quads[r * k4 + i]));
+        for (int j = 0; j < kGroups; ++j)
+          acc[0][r][j] = _mm256_add_epi32(acc[0][r][j], _mm256_madd_epi16(
+              _mm256_maddubs_epi16(magnitude[j], _mm256_sign_epi8(x, w[j])), ones));
+      }
     }
   }
-  for (int r = 0; r < kTile; ++r)
-    for (int j = 0; j < kGroups; ++j) out[r * kGroups + j] = acc[r][j];
+  for (int u = 0; u < U; ++u)
+    for (int r = 0; r < kTile; ++r)
+      for (int j = 0; j < kGroups; ++j) out[(u * kTile + r) * kGroups + j] = acc[u][r][j];
 }
 
-// Rows [row, row + kTile) x kGroups x 8 columns from `lines` (as Sums), columns c0 .. of
-// the op's, `left` of them before N, into out (rows `stride` floats apart, out at c0).
+// Rows [row, row + kTile)'s sums x kGroups x 8 columns (as Sums'), scaled, to out: columns
+// c0 .. of the op's, `left` of them before N (rows `stride` floats apart, out at c0).
 template <int kTile, int kGroups>
-void Tile(const Job& job, int64_t row, const int8_t* lines, int64_t line, int64_t c0,
-          int64_t left, float* out, int64_t stride) {
-  __m256i sums[kTile * kGroups];
-  Sums<kTile, kGroups>(job.quads + row * job.k4, job.k4, lines, line, sums);
+void Store(const Job& job, int64_t row, const __m256i* sums, int64_t c0, int64_t left,
+           float* out, int64_t stride) {
   const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
   for (int j = 0; j < kGroups && j * 8 < left; ++j) {
     const int64_t c = j * 8, count = std::min<int64_t>(8, left - c);
@@ -263,6 +282,38 @@ void Tile(const Job& job, int64_t row, const int8_t* lines, int64_t line, int64_
     }
   }
 }
+
+// Rows [row, row + kTile) x kGroups x 8 columns from `lines` (as Sums), columns c0 .. of
+// the op's, `left` of them before N, into out (rows `stride` floats apart, out at c0).
+template <int kTile, int kGroups>
+void Tile(const Job& job, int64_t row, const int8_t* lines, int64_t line, int64_t c0,
+          int64_t left, float* out, int64_t stride) {
+  __m256i sums[kTile * kGroups];
+  const int8_t* const one[1] = {lines};
+  Sums<kTile, kGroups>(job.quads + row * job.k4, job.k4, one, line, sums);
+  Store<kTile, kGroups>(job, row, sums, c0, left, out, stride);
+}
+
+// One row x panels p and q (their columns to out_p and out_q), half a panel of each at a
+// time, the two read side by side: one Zen 3 core fetches one stream of weights at ~16-19
+// GB/s and two far apart at ~22-24, and an int8 decode step took 0.92-0.94x as long so
+// (docs/benchmarks.md, stop 60). The sums are Tile<1, 4>'s: the same bits.
+void RowPair(const Job& job, int64_t row, int64_t p, int64_t q, float* out_p, float* out_q) {
+  const int64_t panel[2] = {p, q};
+  float* const out[2] = {out_p, out_q};
+  for (int h = 0; h < 2; ++h) {
+    const int8_t* const lines[2] = {job.b + p * job.k4 * kPanel * 4 + h * 128,
+                                    job.b + q * job.k4 * kPanel * 4 + h * 128};
+    __m256i sums[2 * 4];
+    Sums<1, 4, 2>(job.quads + row * job.k4, job.k4, lines, kPanel * 4, sums);
+    for (int u = 0; u < 2; ++u) {
+      const int64_t columns = std::min(kPanel, job.n - panel[u] * kPanel);
+      Store<1, 4>(job, row, sums + u * 4, panel[u] * kPanel + h * 32, columns - h * 32,
+                  out[u] + h * 32, 0);
+    }
+  }
+}
+#define EP_INT8_ROW_PAIRS 1  // RunRowPiece and RunGatedRowPiece below
 
 // Rows [first, first + rows) x panel p's columns, into out (row r at out + r * stride).
 // Four or more rows: tiles of 4 rows x a quarter panel (16 columns). A quarter panel's
@@ -383,6 +434,29 @@ void RunPiece(void* data, size_t index) {
        job.n);
 }
 
+#ifdef EP_INT8_ROW_PAIRS
+// A call of one row (a decode step's, one session): piece i is panels i and i + ceil(P /
+// 2), side by side where both are there.
+void RunRowPiece(void* data, size_t index) {
+  const Job& job = *static_cast<const Job*>(data);
+  const int64_t p = static_cast<int64_t>(index), q = p + (job.panels + 1) / 2;
+  if (q < job.panels)
+    RowPair(job, 0, p, q, job.out + p * kPanel, job.out + q * kPanel);
+  else
+    Rows(job, 0, 1, p, job.out + p * kPanel, job.n);
+}
+
+// The same with gated=1: gate panel i and its up panel side by side, then GatedPiece's
+// silu(gate) * up on the same sums: the same bits.
+void RunGatedRowPiece(void* data, size_t index) {
+  const Job& job = *static_cast<const Job*>(data);
+  const int64_t p = static_cast<int64_t>(index), halves = job.panels / 2;
+  alignas(64) float gate[kPanel], up[kPanel];
+  RowPair(job, 0, p, p + halves, gate, up);
+  SwiGluRow(gate, up, job.out + p * kPanel, kPanel);
+}
+#endif
+
 // gated=1: swiglu.h's GatedPiece over this op's panels.
 void RunGatedPiece(void* data, size_t index) {
   const Job& job = *static_cast<const Job*>(data);
@@ -426,6 +500,13 @@ OrtStatus* Compute(void* state, OrtKernelContext* context) {
           quads.data(), row_scale.data(), out, m, k, k4, n, panels,
           (m + kRowBlock - 1) / kRowBlock, gated, norm};
   const bool split = WorthSplitting(m, k, n);
+#ifdef EP_INT8_ROW_PAIRS
+  if (m == 1) {  // a decode step of one session: two panels side by side
+    ProjectRows(context, split, m, RunQuantize, static_cast<size_t>(gated ? panels / 2 : (panels + 1) / 2),
+                gated ? RunGatedRowPiece : RunRowPiece, &job);
+    return nullptr;
+  }
+#endif
   const int64_t pieces = job.row_blocks * (gated ? panels / 2 : panels);
   ProjectRows(context, split, m, RunQuantize, static_cast<size_t>(pieces),
               gated ? RunGatedPiece : RunPiece, &job);
