@@ -31,7 +31,8 @@
 // about as long, a one-row call 0.91-1.07x: docs/benchmarks.md, stop 44; a call of one row
 // now reads two panels side by side, RowPair), from NEON's sdot
 // on 64-bit Arm with the dot product extension (unmeasured: docs/jetson.md) or portable
-// loops, far slower: int8_rows.py switches the op in only on CPUs with VNNI.
+// loops, far slower: int8_rows.py switches the op in only on CPUs with VNNI or the AVX2
+// path.
 
 #include <algorithm>
 #include <cmath>
