@@ -131,6 +131,7 @@ def run_runner(load: Callable[[dict[str, Any]], Loaded], packages: list[str]) ->
     rates, token_ids = measure_decode(loaded.generate, prompts["decode"], spec["new_tokens"])
     log(f"{name}: decode " + ", ".join(f"{r:.1f}" for r in rates) + " tok/s")
 
+    run_peak = rss_mib()["VmHWM"]  # since the reset, or the whole process's without it
     result = {
         "runtime": name,
         "threads": spec["threads"],
@@ -142,9 +143,9 @@ def run_runner(load: Callable[[dict[str, Any]], Loaded], packages: list[str]) ->
         "rss_after_load_mib": rss_after_load,
         # The whole process's peak: the load's or the run's, whichever is higher (ru_maxrss,
         # in KiB, may follow the reset above, so both readings are kept).
-        "peak_rss_mib": max(after_load["VmHWM"], rss_mib()["VmHWM"],
+        "peak_rss_mib": max(after_load["VmHWM"], run_peak,
                             resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
-        "run_peak_rss_mib": rss_mib()["VmHWM"] if run_peak_known else None,
+        "run_peak_rss_mib": run_peak if run_peak_known else None,
         "versions": package_versions(packages),
         **loaded.extra,
         **(loaded.report() if loaded.report else {}),
