@@ -185,9 +185,9 @@ def report_table(settings: Settings, results: dict[str, dict[str, Any]], floor: 
     for key, metric in metrics(settings).items():
         for name, v in values.items():
             value = v[key]
+            row = f"{metric.label:<18}{name:<22}{ok[name]['precision']:<10}"
             if value is None:
-                lines.append(f"{metric.label:<18}{name:<22}{ok[name]['precision']:<10}"
-                             f"{'-':>14}{'-':>10}{'-':>10}")
+                lines.append(f"{row}{'-':>14}{'-':>10}{'-':>10}")
                 continue
             reference = best_reference(key, metric, values, ok, ok[name]["precision"])
             ratio = "-"
@@ -198,10 +198,7 @@ def report_table(settings: Settings, results: dict[str, dict[str, Any]], floor: 
             if fraction is not None and fraction > 1.0:
                 # Faster than the measured hardware allows: skipped work or a noisy ceiling.
                 shown += " !"
-            lines.append(
-                f"{metric.label:<18}{name:<22}{ok[name]['precision']:<10}"
-                f"{format_value(value, metric.unit):>14}{ratio:>10}{shown:>10}"
-            )
+            lines.append(f"{row}{format_value(value, metric.unit):>14}{ratio:>10}{shown:>10}")
         lines.append("")
     return lines
 
