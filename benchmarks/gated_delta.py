@@ -65,7 +65,7 @@ def feeds(model: ModelProto, chunk: int) -> dict[str, np.ndarray]:
 
 def session(model: ModelProto, threads: int, library: Path | None) -> ort.InferenceSession:
     return ort.InferenceSession(model.SerializeToString(),
-                                session_options(threads, None if library is None else str(library)),
+                                session_options(threads, library),
                                 providers=["CPUExecutionProvider"])
 
 

@@ -68,7 +68,7 @@ def feeds(heads: int, p: int, n: int, chunk: int) -> dict[str, np.ndarray]:
 
 def session(model: ModelProto, threads: int, library: Path | None) -> ort.InferenceSession:
     return ort.InferenceSession(model.SerializeToString(),
-                                session_options(threads, None if library is None else str(library)),
+                                session_options(threads, library),
                                 providers=["CPUExecutionProvider"])
 
 

@@ -10,6 +10,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -33,7 +34,7 @@ def built_library() -> str | None:
         return None
 
 
-def session_options(threads: int, library: str | None = None) -> Any:
+def session_options(threads: int, library: str | Path | None = None) -> Any:
     """A benchmark session's options: `threads` intra-op threads, the native library where
     given, and the pool spinning only while a call runs, as the engine sets it
     (engines/ort/backend.py). A benchmark holds several sessions at once, each with its own
