@@ -43,6 +43,10 @@ STATE_GRAPH_FIELDS = ("state_inputs", "state_outputs")
 # Gemma 4's fields, OpenELM's and Llama-Nemotron's, left out where empty for the same
 # reason.
 LAYER_KV_FIELDS = ("shared_kv_layers", "layer_kv", "layer_heads", "attention_free_layers")
+# The embedding's rows past the vocabulary (Molmo 2's, Mllama's), left out where there are
+# none: a runtime from before it ignores it (with a warning) and refuses those ids, as it
+# always did.
+EXTRA_ROWS_FIELDS = ("embed_extra_rows",)
 # The default system message, left out where there is none: a bundle without one writes
 # what it always did, and a runtime from before it ignores it (with a warning) and renders
 # chats as the model's template does without it.
@@ -98,6 +102,15 @@ class ModelInfo:
     # state in the graph. Absent: none. A runtime from before the field ignores it (with a
     # warning) and then refuses the graph, which lacks those layers' KV inputs.
     attention_free_layers: list[int] = field(default_factory=list)
+    # Rows the embedding table has past vocab_size (Molmo 2's additional_vocab_size image
+    # markers, Mllama's 8): token ids a prompt may hold that no logit names. Absent: none.
+    embed_extra_rows: int = 0
+
+    @property
+    def input_vocab_size(self) -> int:
+        """The token ids a prompt may hold: 0 .. input_vocab_size - 1 (the embedding's rows;
+        a logit, a logit bias or a stop id is below vocab_size)."""
+        return self.vocab_size + self.embed_extra_rows
 
     @property
     def kv_layers(self) -> int:
@@ -209,7 +222,7 @@ class Manifest:
                                  (raw["graph"], STATE_GRAPH_FIELDS)):
                 for key in keys:
                     del record[key]
-        for key in (*LAYER_KV_FIELDS, *KV_STATE_FIELDS):
+        for key in (*LAYER_KV_FIELDS, *KV_STATE_FIELDS, *EXTRA_ROWS_FIELDS):
             if not raw["model"][key]:
                 del raw["model"][key]
         for key in VALUE_IS_KEY_FIELDS:
@@ -346,6 +359,8 @@ def check_manifest(manifest: Manifest) -> None:
                  "vocab_size"):
         if getattr(model, name) < 1:
             _malformed(f"model.{name} must be positive, got {getattr(model, name)}")
+    if model.embed_extra_rows < 0:
+        _malformed(f"model.embed_extra_rows must be >= 0, got {model.embed_extra_rows}")
     if model.num_heads % model.num_kv_heads:
         _malformed(f"model.num_heads ({model.num_heads}) is not a multiple of "
                    f"model.num_kv_heads ({model.num_kv_heads})")

@@ -19,14 +19,14 @@ import pytest
 import torch
 import transformers
 
-from edgeprefill.errors import ExportError
+from edgeprefill.errors import ExportError, RequestError
 from edgeprefill.export import families
 from edgeprefill.export.exporter import ExportOptions, export
 from edgeprefill.export.families import molmo2
 from edgeprefill.export.layer_attention import GLOBAL, LOCAL
 from edgeprefill.export.model_config import ModelConfig
 from edgeprefill.export.quantize import QuantConfig, int4_blockwise, int4_dequantize
-from edgeprefill.sdk import Engine
+from edgeprefill.sdk import Engine, GenerationParams
 from tests.conftest import FAMILIES, IMAGE_TEXT, VOCAB, build_hf_model, load_hf_model
 from tests.state_models import GRAPHS, assert_padded_chunks_match, run_padded
 from tests.test_exactness import prompt_ids, reference_logits
@@ -194,11 +194,18 @@ def with_image_markers(hf_dir, out, count: int):
 
 def test_a_tokenizer_with_the_extra_rows_tokens_exports_and_one_beyond_is_refused(
         hf_model, tmp_path):
-    """The extra rows' ids are tokens a prompt may hold (8 in the fixture); a ninth has no
-    row and is refused, as a plain model's tokenizer past vocab_size is."""
+    """The extra rows' ids are tokens a prompt may hold (8 in the fixture): a text naming
+    one runs with transformers' next token; a ninth has no row and is refused, as a plain
+    model's tokenizer past vocab_size is."""
     fits = with_image_markers(hf_model("molmo2"), tmp_path / "fits", 8)
     export(fits, tmp_path / "b", ExportOptions(chunks=(16,), max_context=64,
                                                show_progress=False))
+    with Engine.load(tmp_path / "b", threads=2) as engine:
+        ids = engine.tokenizer.encode("a <im_3> b <im_7>")
+        assert {VOCAB + 3, VOCAB + 7} <= set(ids)
+        expected = int(np.argmax(reference_logits(fits, ids)[-1]))
+        got = engine.generate(ids, GenerationParams(max_new_tokens=1, ignore_eos=True))
+        assert got.result().token_ids == [expected]
     beyond = with_image_markers(hf_model("molmo2"), tmp_path / "beyond", 9)
     with pytest.raises(ExportError, match="ids up to 136"):
         export(beyond, tmp_path / "c", ExportOptions(chunks=(16,), max_context=64,
@@ -310,3 +317,32 @@ def test_tables_of_other_widths_are_not_joined_in_silence():
     with pytest.raises(ExportError, match=r"t joins tensors of other widths: a \(6, 4\)"):
         joined.shape("t", shapes.__getitem__)
     assert joined.shape("t", {"a": (6, 4), "b": (2, 4)}.__getitem__) == (8, 4)
+
+
+def test_the_engine_takes_the_extra_vocabularys_ids_from_a_client(hf_model, bundle, tmp_path):
+    """The manifest records the extra rows (inspect says so); a prompt of ids holding
+    theirs (image markers on the Hub) runs through the engine as through the backend, its
+    first token transformers' argmax; an id past the rows, or a negative count in an
+    edited manifest, is refused in one line."""
+    from click.testing import CliRunner
+
+    from edgeprefill.bundle import load_manifest
+    from edgeprefill.cli.main import cli as edgeprefill
+    from tests.test_embed import assert_edits_refused
+
+    assert load_manifest(bundle("molmo2")).model.input_vocab_size == VOCAB + 8
+    # a model without extra rows writes the manifest it always did
+    assert "embed_extra_rows" not in (bundle("llama") / "edgeprefill.json").read_text()
+    assert load_manifest(bundle("llama")).model.input_vocab_size == VOCAB
+    out = CliRunner().invoke(edgeprefill, ["inspect", str(bundle("molmo2"))]).output
+    assert f"vocab {VOCAB} (+8 ids a prompt may hold, never predicted)" in out
+    assert_edits_refused(bundle("molmo2"), tmp_path, [
+        (lambda raw: raw["model"].update(embed_extra_rows=-1), "embed_extra_rows must be >= 0")])
+    ids = with_extra_tokens(24)
+    expected = int(np.argmax(reference_logits(hf_model("molmo2"), ids)[-1]))
+    with Engine.load(bundle("molmo2"), threads=2) as engine:
+        params = GenerationParams(max_new_tokens=1, ignore_eos=True)
+        assert engine.generate(ids, params).result().token_ids == [expected]
+        beyond = rf"out of range \[0, {VOCAB + 8}\): \[{VOCAB + 8}\]"
+        with pytest.raises(RequestError, match=beyond):
+            engine.generate([*ids, VOCAB + 8], params)

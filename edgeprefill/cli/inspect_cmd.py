@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from edgeprefill.values import span
+
+if TYPE_CHECKING:
+    from edgeprefill.bundle import ModelInfo
 
 SYSTEM_SHOWN = 72  # characters of the default system message `inspect` shows
 
@@ -72,7 +76,7 @@ def inspect(bundle, verify, as_json):
     lines = [
         f"bundle      {bundle}",
         f"model       {model.family}: {model.num_layers} layers, hidden {model.hidden_size}, "
-        f"{_heads(model)}, vocab {model.vocab_size}",
+        f"{_heads(model)}, vocab {model.vocab_size}{_extra_rows(model)}",
         f"quirks      {'; '.join(m.source.get('quirks') or ['none (plain Llama layout)'])}",
         *_task_lines(m),
         *_gguf_line(m),
@@ -168,6 +172,13 @@ def _system_line(system: str | None) -> list[str]:
         return []
     return [f"system      {short_repr(system, SYSTEM_SHOWN)}  (first in every chat that "
             "brings no system message; --json shows it whole)"]
+
+
+def _extra_rows(model: ModelInfo) -> str:
+    """The embedding's rows past the vocabulary, where there are any (Molmo 2's image
+    markers): ids a prompt may hold that the model never predicts."""
+    extra = model.embed_extra_rows
+    return f" (+{extra} ids a prompt may hold, never predicted)" if extra else ""
 
 
 def _heads(model) -> str:

@@ -455,6 +455,7 @@ def _manifest(
             layer_heads={str(i): cfg.layer_heads(i) for i in range(cfg.num_layers)
                          if cfg.layer_heads(i) != cfg.num_heads},
             attention_free_layers=list(cfg.attention_free_layers),
+            embed_extra_rows=cfg.embed_extra_rows,
         ),
         graph=graph,
         tokenizer=TokenizerInfo(

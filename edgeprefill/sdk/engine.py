@@ -758,7 +758,7 @@ class Engine:
                                None if room == 1 else "max_new_tokens")
 
     def _check_ids(self, tokens: list[int]) -> None:
-        vocab = self.manifest.model.vocab_size
+        vocab = self.manifest.model.input_vocab_size  # the embedding's rows
         bad = next((t for t in tokens if not is_integral(t) or not 0 <= t < vocab), None)
         if bad is not None:
             raise RequestError(f"token id {bad!r} is not in the vocabulary (ids 0..{vocab - 1})")

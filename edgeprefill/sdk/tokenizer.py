@@ -69,6 +69,9 @@ class BundleTokenizer:
             tokens = special_tokens(bundle_dir, fallback)
             self.chat_template = ChatTemplate(info.chat_template, tokens)
         self.vocab_size = manifest.model.vocab_size
+        # the ids a prompt may hold: the embedding's rows, past vocab_size where the model
+        # embeds more tokens than it predicts (Molmo 2's image markers)
+        self.input_vocab_size = manifest.model.input_vocab_size
         self._token_bytes: Callable[[int], bytes] | None = None
         # Read once: for the reply's decoding, and for grammars that name a special marker
         # by its id (server/strict_tools.py).
@@ -88,9 +91,10 @@ class BundleTokenizer:
             return self.encode_plain(self.render_chat(items, **chat))
         if _token_ids(items):
             ids = [int(t) for t in items]  # numpy integers too
-            bad = [t for t in ids if not 0 <= t < self.vocab_size]
+            bad = [t for t in ids if not 0 <= t < self.input_vocab_size]
             if bad:
-                raise RequestError(f"token ids out of range [0, {self.vocab_size}): {bad[:5]}")
+                raise RequestError(f"token ids out of range [0, {self.input_vocab_size}): "
+                                   f"{bad[:5]}")
             return ids
         raise RequestError("a prompt is a string, a list of token ids, or a list of messages")
 

@@ -142,9 +142,9 @@ class ExtraRoutes:
 
     def _decode(self, ids: list[int], skip_special: bool) -> str:
         tokenizer = self.engine.tokenizer
-        bad = [t for t in ids if not 0 <= t < tokenizer.vocab_size]
+        bad = [t for t in ids if not 0 <= t < tokenizer.input_vocab_size]
         if bad:
-            raise ApiError(400, f"token ids out of range [0, {tokenizer.vocab_size}): "
+            raise ApiError(400, f"token ids out of range [0, {tokenizer.input_vocab_size}): "
                            f"{bad[:5]}", "tokens")
         if tokenizer.tokenizer is None:
             raise ApiError(400, "this bundle has no tokenizer", "tokens")
