@@ -20,13 +20,13 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from edgeprefill.engines import StepBatch
 from edgeprefill.errors import ExportError
 from edgeprefill.export.exporter import ExportOptions, export
 from edgeprefill.export.model_config import ModelConfig
 from edgeprefill.export.quantize import QuantConfig
 from edgeprefill.sdk import Engine, GenerationParams
 from tests.conftest import CHAMELEON, build_hf_model, load_hf_model
+from tests.flavour_bundles import check_rows_of_other_lengths
 from tests.test_exactness import FLAVORS, prompt_ids
 from tests.test_openelm import check_chunks_and_padding, run_chunks
 from tests.test_quantize import dequantize_linears
@@ -113,28 +113,8 @@ def test_rows_of_other_lengths_in_one_call(flavor, hf, bundle):
     transformers' of its own prompt."""
     family = "chameleon-swin" if flavor == "ort" else "chameleon"
     prompts = [prompt_ids(35, seed) for seed in (1, 2, 3)]
-    past, valid = [30, 12, 21], [4, 1, 4]
-    engine = Engine.load(bundle(family, flavor), threads=2, background=False)
-    for slot, (ids, n) in enumerate(zip(prompts, past, strict=True)):
-        run_chunks(engine, ids[:n], 16, slot=slot)
-    chunk = np.array([ids[n:n + 4] for ids, n in zip(prompts, past, strict=True)], np.int64)
-    if flavor == "standard":
-        logits = engine.backend.run(StepBatch(chunk, np.array(past, np.int32),
-                                              np.array(valid, np.int32), first_slot=0)).copy()
-    else:
-        logits = np.stack([engine.backend.run(StepBatch(
-            chunk[row:row + 1, :valid[row]], np.array(past[row:row + 1], np.int32),
-            np.array(valid[row:row + 1], np.int32), first_slot=row))[0].copy()
-            for row in range(3)])
-    ends = [n + v for n, v in zip(past, valid, strict=True)]
-    step = np.array([[ids[end]] for ids, end in zip(prompts, ends, strict=True)], np.int64)
-    decoded = engine.backend.run(StepBatch(step, np.array(ends, np.int32),
-                                           np.ones(3, np.int32), first_slot=0))
-    engine.close()
-    for row, (ids, end) in enumerate(zip(prompts, ends, strict=True)):
-        want = hf_logits(hf(family), ids[:end + 1])
-        np.testing.assert_allclose(logits[row], want[end - 1], rtol=1e-4, atol=1e-4)
-        np.testing.assert_allclose(decoded[row], want[end], rtol=1e-4, atol=1e-4)
+    check_rows_of_other_lengths(bundle(family, flavor), flavor, prompts,
+                                lambda ids: hf_logits(hf(family), ids))
 
 
 def test_each_heads_own_norm_moves_transformers_logits_and_the_bundles_alike(hf, tmp_path):

@@ -13,9 +13,7 @@ import numpy as np
 import onnx
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
 
-from edgeprefill.engines import StepBatch
 from edgeprefill.errors import ExportError
 from edgeprefill.export.exporter import ExportOptions, export
 from edgeprefill.export.model_config import ModelConfig
@@ -23,7 +21,13 @@ from edgeprefill.export.quantize import QuantConfig
 from edgeprefill.kernels import select
 from edgeprefill.sdk import Engine
 from tests.conftest import load_hf_model
-from tests.flavour_bundles import check_chunks_against, flavour_fixtures, hf_logits
+from tests.flavour_bundles import (
+    check_an_edit_moves_both,
+    check_chunks_against,
+    check_rows_of_other_lengths,
+    flavour_fixtures,
+    hf_logits,
+)
 from tests.test_exactness import FLAVORS, prompt_ids
 from tests.test_openelm import check_chunks_and_padding, run_chunks
 from tests.test_quantize import dequantize_linears
@@ -64,52 +68,14 @@ def test_rows_of_other_lengths_in_one_call(flavor, hf, bundle):
     transformers' of its own prompt."""
     model = load_hf_model(hf)
     prompts = [prompt_ids(35, seed) for seed in (1, 2, 3)]
-    past, valid = [30, 12, 21], [4, 1, 4]
-    engine = Engine.load(bundle(flavor), threads=2, background=False)
-    for slot, (ids, n) in enumerate(zip(prompts, past, strict=True)):
-        run_chunks(engine, ids[:n], 16, slot=slot)
-    chunk = np.array([ids[n:n + 4] for ids, n in zip(prompts, past, strict=True)], np.int64)
-    if flavor == "standard":
-        logits = engine.backend.run(StepBatch(chunk, np.array(past, np.int32),
-                                              np.array(valid, np.int32), first_slot=0)).copy()
-    else:
-        logits = np.stack([engine.backend.run(StepBatch(
-            chunk[row:row + 1, :valid[row]], np.array(past[row:row + 1], np.int32),
-            np.array(valid[row:row + 1], np.int32), first_slot=row))[0].copy()
-            for row in range(3)])
-    ends = [n + v for n, v in zip(past, valid, strict=True)]
-    step = np.array([[ids[end]] for ids, end in zip(prompts, ends, strict=True)], np.int64)
-    decoded = engine.backend.run(StepBatch(step, np.array(ends, np.int32),
-                                           np.ones(3, np.int32), first_slot=0))
-    engine.close()
-    for row, (ids, end) in enumerate(zip(prompts, ends, strict=True)):
-        want = hf_logits(model, ids[:end + 1])
-        np.testing.assert_allclose(logits[row], want[end - 1], rtol=1e-4, atol=1e-4)
-        np.testing.assert_allclose(decoded[row], want[end], rtol=1e-4, atol=1e-4)
+    check_rows_of_other_lengths(bundle(flavor), flavor, prompts,
+                                lambda ids: hf_logits(model, ids))
 
 
 def test_lambda_moves_transformers_logits_and_the_bundles_alike(hf, tmp_path):
     """lambda_q1 of every layer changed in the checkpoint: transformers' logits move, and a
     bundle exported from it moves with them (equal to them again)."""
-    ids = prompt_ids(24, seed=7)
-    before = hf_logits(load_hf_model(hf), ids)
-    changed = tmp_path / "hf"
-    changed.mkdir()
-    for f in hf.iterdir():
-        (changed / f.name).write_bytes(f.read_bytes())
-    weights = load_file(str(changed / "model.safetensors"))
-    for name in weights:
-        if name.endswith("lambda_q1"):
-            weights[name] = weights[name] + 0.5
-    save_file(weights, str(changed / "model.safetensors"), metadata={"format": "pt"})
-    after = hf_logits(load_hf_model(changed), ids)
-    assert np.abs(after - before).max() > 0.05
-    export(changed, tmp_path / "b", ExportOptions(chunks=(16,), max_context=64,
-                                                  show_progress=False))
-    engine = Engine.load(tmp_path / "b", threads=2, background=False)
-    got = run_chunks(engine, ids, 8)
-    engine.close()
-    np.testing.assert_allclose(np.stack(got), after[[7, 15, 23]], rtol=1e-4, atol=1e-4)
+    check_an_edit_moves_both(hf, tmp_path, "lambda_q1")
 
 
 def test_int4_computes_transformers_forward_with_dequantized_weights(hf, tmp_path):

@@ -23,7 +23,6 @@ import onnxruntime as ort
 import pytest
 import torch
 
-from edgeprefill.engines import StepBatch
 from edgeprefill.errors import ExportError
 from edgeprefill.export.dynamic_mask import masked
 from edgeprefill.export.exporter import ExportOptions, export
@@ -33,7 +32,7 @@ from edgeprefill.export.quantize import QuantConfig
 from edgeprefill.kernels import graph, select
 from edgeprefill.sdk import Engine
 from tests.conftest import FAMILIES, VOCAB, build_hf_model, load_hf_model
-from tests.flavour_bundles import check_chunks_against, hf_logits
+from tests.flavour_bundles import check_chunks_against, check_rows_of_other_lengths, hf_logits
 from tests.test_exactness import FLAVORS
 from tests.test_openelm import check_chunks_and_padding, run_chunks
 from tests.test_quantize import dequantize_linears
@@ -87,29 +86,8 @@ def test_rows_of_other_lengths_in_one_call_keep_their_own_keys(flavor, kept, kep
     own prompt."""
     model = load_hf_model(kept)
     prompts = [distinct_ids(35, seed) for seed in (1, 2, 3)]
-    past = [30, 12, 21]
-    engine = Engine.load(kept_bundle(flavor), threads=2, background=False)
-    for slot, (ids, n) in enumerate(zip(prompts, past, strict=True)):
-        run_chunks(engine, ids[:n], 16, slot=slot)
-    valid = [4, 1, 4]
-    chunk = np.array([ids[n:n + 4] for ids, n in zip(prompts, past, strict=True)], np.int64)
-    if flavor == "standard":
-        logits = engine.backend.run(StepBatch(chunk, np.array(past, np.int32),
-                                              np.array(valid, np.int32), first_slot=0)).copy()
-    else:
-        logits = np.stack([engine.backend.run(StepBatch(
-            chunk[row:row + 1, :valid[row]], np.array(past[row:row + 1], np.int32),
-            np.array(valid[row:row + 1], np.int32), first_slot=row))[0].copy()
-            for row in range(3)])
-    ends = [n + v for n, v in zip(past, valid, strict=True)]
-    step = np.array([[ids[end]] for ids, end in zip(prompts, ends, strict=True)], np.int64)
-    decoded = engine.backend.run(StepBatch(step, np.array(ends, np.int32),
-                                           np.ones(3, np.int32), first_slot=0))
-    engine.close()
-    for row, (ids, end) in enumerate(zip(prompts, ends, strict=True)):
-        want = hf_logits(model, ids[:end + 1])
-        np.testing.assert_allclose(logits[row], want[end - 1], rtol=1e-4, atol=1e-4)
-        np.testing.assert_allclose(decoded[row], want[end], rtol=1e-4, atol=1e-4)
+    check_rows_of_other_lengths(kept_bundle(flavor), flavor, prompts,
+                                lambda ids: hf_logits(model, ids))
 
 
 def test_the_switches_change_transformers_logits(kept):

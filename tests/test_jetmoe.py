@@ -24,7 +24,7 @@ from edgeprefill.export.model_config import ModelConfig
 from edgeprefill.export.quantize import QuantConfig
 from edgeprefill.sdk import Engine
 from tests.conftest import hf_config_of, load_hf_model
-from tests.flavour_bundles import flavour_fixtures, hf_logits
+from tests.flavour_bundles import check_an_edit_moves_both, flavour_fixtures, hf_logits
 from tests.test_exactness import FLAVORS, prompt_ids
 from tests.test_openelm import check_chunks_and_padding, check_rows_decode_together, run_chunks
 from tests.test_quantize import dequantize_embeddings, int4_blockwise, int4_dequantize
@@ -88,22 +88,7 @@ def test_the_attention_experts_bias_moves_transformers_logits_and_the_bundles_al
         hf, tmp_path):
     """Every layer's attention experts' bias changed in the checkpoint: transformers'
     logits move, and a bundle exported from it moves with them."""
-    ids = prompt_ids(24, seed=7)
-    before = hf_logits(load_hf_model(hf), ids)
-    changed = copied(hf, tmp_path / "hf")
-    weights = load_file(str(changed / "model.safetensors"))
-    for name in weights:
-        if name.endswith("self_attention.experts.bias"):
-            weights[name] = weights[name] + 0.5
-    save_file(weights, str(changed / "model.safetensors"), metadata={"format": "pt"})
-    after = hf_logits(load_hf_model(changed), ids)
-    assert np.abs(after - before).max() > 0.05
-    export(changed, tmp_path / "b", ExportOptions(chunks=(16,), max_context=64,
-                                                  show_progress=False))
-    engine = Engine.load(tmp_path / "b", threads=2, background=False)
-    got = run_chunks(engine, ids, 8)
-    engine.close()
-    np.testing.assert_allclose(np.stack(got), after[[7, 15, 23]], rtol=1e-4, atol=1e-4)
+    check_an_edit_moves_both(hf, tmp_path, "self_attention.experts.bias")
 
 
 def dequantized_int4(model, block: int = 32) -> None:

@@ -24,7 +24,6 @@ import torch
 import transformers
 
 from edgeprefill.bundle import MANIFEST_FILE
-from edgeprefill.engines import StepBatch
 from edgeprefill.errors import ExportError
 from edgeprefill.export.exporter import ExportOptions, export
 from edgeprefill.export.model_config import ModelConfig
@@ -32,7 +31,7 @@ from edgeprefill.export.quantize import QuantConfig
 from edgeprefill.kernels import graph
 from edgeprefill.sdk import Engine
 from tests.conftest import FAMILIES, build_hf_model, load_hf_model
-from tests.flavour_bundles import check_chunks_against, hf_logits
+from tests.flavour_bundles import check_chunks_against, check_rows_of_other_lengths, hf_logits
 from tests.test_exactness import FLAVORS, prompt_ids
 from tests.test_mla import dequantized_int4_but_kv_b
 from tests.test_openelm import check_chunks_and_padding, run_chunks
@@ -107,29 +106,8 @@ def test_rows_of_other_lengths_in_one_call_keep_their_own_keys(flavor, sparse,
     decode call of the three: each row's logits are transformers' of its own prompt."""
     model = load_hf_model(sparse("deepseek_v32"))
     prompts = [prompt_ids(35, seed) for seed in (1, 2, 3)]
-    past = [30, 12, 21]
-    engine = Engine.load(sparse_bundle("deepseek_v32", flavor), threads=2, background=False)
-    for slot, (ids, n) in enumerate(zip(prompts, past, strict=True)):
-        run_chunks(engine, ids[:n], 16, slot=slot)
-    valid = [4, 1, 4]
-    chunk = np.array([ids[n:n + 4] for ids, n in zip(prompts, past, strict=True)], np.int64)
-    if flavor == "standard":
-        logits = engine.backend.run(StepBatch(chunk, np.array(past, np.int32),
-                                              np.array(valid, np.int32), first_slot=0)).copy()
-    else:
-        logits = np.stack([engine.backend.run(StepBatch(
-            chunk[row:row + 1, :valid[row]], np.array(past[row:row + 1], np.int32),
-            np.array(valid[row:row + 1], np.int32), first_slot=row))[0].copy()
-            for row in range(3)])
-    ends = [n + v for n, v in zip(past, valid, strict=True)]
-    step = np.array([[ids[end]] for ids, end in zip(prompts, ends, strict=True)], np.int64)
-    decoded = engine.backend.run(StepBatch(step, np.array(ends, np.int32),
-                                           np.ones(3, np.int32), first_slot=0))
-    engine.close()
-    for row, (ids, end) in enumerate(zip(prompts, ends, strict=True)):
-        want = hf_logits(model, ids[:end + 1])
-        np.testing.assert_allclose(logits[row], want[end - 1], rtol=1e-4, atol=1e-4)
-        np.testing.assert_allclose(decoded[row], want[end], rtol=1e-4, atol=1e-4)
+    check_rows_of_other_lengths(sparse_bundle("deepseek_v32", flavor), flavor, prompts,
+                                lambda ids: hf_logits(model, ids))
 
 
 @pytest.mark.parametrize("family", DSA_FAMILIES)
