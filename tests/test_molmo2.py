@@ -25,15 +25,15 @@ from edgeprefill.export.exporter import ExportOptions, export
 from edgeprefill.export.families import molmo2
 from edgeprefill.export.layer_attention import GLOBAL, LOCAL
 from edgeprefill.export.model_config import ModelConfig
-from edgeprefill.export.quantize import QuantConfig, int4_blockwise, int4_dequantize
+from edgeprefill.export.quantize import QuantConfig
 from edgeprefill.sdk import Engine, GenerationParams
-from tests.conftest import FAMILIES, IMAGE_TEXT, VOCAB, build_hf_model, load_hf_model
+from tests.conftest import FAMILIES, IMAGE_TEXT, VOCAB, build_hf_model
 from tests.state_models import GRAPHS, assert_padded_chunks_match, run_padded
 from tests.test_exactness import prompt_ids, reference_logits
 from tests.test_moe import run_rows
 from tests.test_quantize import (
+    check_int4_logits,
     check_int8_decode_steps,
-    dequantize_embeddings,
     logits_at,
 )
 
@@ -227,22 +227,7 @@ def test_int4_equals_transformers_with_dequantized_weights(hf_model, tmp_path):
     """int4 at float compute: every projection (the fused q/k/v and up/gate as
     transformers splits them, o, down, the LM head) and the joined table as the bundle
     stores them (blocks of one row each: a split by rows quantizes alike)."""
-    hf_dir = hf_model("molmo2")
-    export(hf_dir, tmp_path / "b", ExportOptions(
-        chunks=(16,), max_context=128, show_progress=False,
-        quant=QuantConfig("int4", 32, accuracy_level=0)))
-    model = load_hf_model(hf_dir)
-    ids = with_extra_tokens(20)
-    with torch.no_grad():
-        for name, module in model.named_modules():
-            if isinstance(module, torch.nn.Linear) and "language_model" in name \
-                    or name == "lm_head":
-                w = module.weight.numpy()
-                module.weight.copy_(torch.from_numpy(
-                    int4_dequantize(*int4_blockwise(w, 32), w.shape[1])))
-        dequantize_embeddings(model, "int4")
-        expected = model(torch.tensor([ids])).logits[0, -1].numpy()
-    np.testing.assert_allclose(logits_at(tmp_path / "b", ids), expected, rtol=1e-3, atol=1e-3)
+    check_int4_logits(hf_model("molmo2"), tmp_path, with_extra_tokens(20))
 
 
 def test_int8_decode_steps_equal_transformers_with_int8_projections(hf_model, tmp_path):

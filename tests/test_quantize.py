@@ -238,6 +238,27 @@ def int8_linear(weight: np.ndarray, symmetric: bool) -> torch.nn.Linear:
     return linear
 
 
+def check_int4_logits(hf_dir, tmp_path, ids: list[int]) -> None:
+    """An int4 bundle (blocks of 32, float compute) of the image-text checkpoint `hf_dir`
+    equals transformers with every language-model projection and the LM head dequantized
+    from the bundle's blocks and the embedding table as the bundle stores it, at the last
+    token of `ids`."""
+    export(hf_dir, tmp_path / "b", ExportOptions(
+        chunks=(16,), max_context=128, show_progress=False,
+        quant=QuantConfig("int4", 32, accuracy_level=0)))
+    model = load_hf_model(hf_dir)
+    with torch.no_grad():
+        for name, module in model.named_modules():
+            if isinstance(module, torch.nn.Linear) and "language_model" in name \
+                    or name == "lm_head":
+                w = module.weight.numpy()
+                module.weight.copy_(torch.from_numpy(
+                    int4_dequantize(*int4_blockwise(w, 32), w.shape[1])))
+        dequantize_embeddings(model, "int4")
+        expected = model(torch.tensor([ids])).logits[0, -1].numpy()
+    np.testing.assert_allclose(logits_at(tmp_path / "b", ids), expected, rtol=1e-3, atol=1e-3)
+
+
 def check_int8_decode_steps(hf_dir, bundle_dir, ids: list[int]) -> None:
     """The int8 bundle at `bundle_dir` of the image-text checkpoint `hf_dir`, one token per
     call (as decode, where the op's quantization of the whole input is each row's), equals
