@@ -884,3 +884,20 @@ def test_the_residual_quirk_follows_the_config(family, parallel, quirk):
                                                "use_parallel_residual": parallel}))
     named = [q for q in quirks if "parallel" in q]
     assert named == ([] if quirk is None else [next(q for q in quirks if q.startswith(quirk))])
+
+
+MOLMO2 = {**MINIMAL, "model_type": "molmo2_text", "additional_vocab_size": 8}
+
+
+@pytest.mark.parametrize("raw, post", [
+    ({"model_type": "chameleon", **MINIMAL, "vocabulary_map": {}, "swin_norm": True}, True),
+    ({"model_type": "chameleon", **MINIMAL, "vocabulary_map": {}, "swin_norm": False}, False),
+    ({"model_type": "olmo2", **MINIMAL}, True),
+    ({"model_type": "molmo2", "text_config": {**MOLMO2, "norm_after": True}}, True),
+    ({"model_type": "molmo2", "text_config": {**MOLMO2, "norm_after": False}}, False),
+], ids=["chameleon-swin", "chameleon", "olmo2", "molmo2-norm-after", "molmo2"])
+def test_the_norms_after_quirk_follows_the_config(raw, post):
+    """Where the config chooses the layers' norms after their sublayers (Chameleon's
+    swin_norm, Molmo 2's norm_after; OLMo 2's always), the quirks say so, once."""
+    named = [q for q in model_quirks(ModelConfig.from_hf(raw)) if "norm" in q and "after" in q]
+    assert named == (["norms after attention and MLP"] if post else [])

@@ -67,10 +67,13 @@ def _mixers(cfg: ModelConfig) -> list[str]:
 
 
 def _block(cfg: ModelConfig) -> list[str]:
-    """The residual layout where it is not pre-norm sequential."""
+    """The residual layout where it is not pre-norm sequential (as the config chose it,
+    where the family's block depends on it: Chameleon, Molmo 2)."""
     # From the config, not the family: GPT-NeoX and StableLM choose their residual.
     return {"parallel": ["parallel residual (attention and MLP each on its own norm)"],
             "shared": ["parallel attention and MLP on one norm"],
+            # OLMo 2's; Chameleon's swin_norm and Molmo 2's norm_after choose it
+            "post": ["norms after attention and MLP"],
             "sandwich": ["norms before and after attention and MLP"]}.get(cfg.block, [])
 
 

@@ -39,7 +39,6 @@ CHAMELEON = FamilySpec(
               "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 32,
               "max_position_embeddings": 4096, "rms_norm_eps": 1e-5},
     quirks=("q/k LayerNorm per head, each head's own weight and bias",
-            "Swin-norm layers where swin_norm (each norm after its sublayer)",
             "image tokens' logits masked to the dtype's minimum",
             IMAGE_TEXT_QUIRK.replace("vision tower", "VQ-VAE image tokenizer")),
 )
