@@ -173,6 +173,10 @@ def assert_ollama_error(response: httpx.Response, status: int, words: str) -> No
      '"tiny" does not support thinking'),
     ("/api/generate", {"model": MODEL + ":latest", "prompt": "w4", "think": "high"}, 400,
      '"tiny:latest" does not support thinking'),
+    # and tools (the chat route's advice, tool_choice, is no Ollama field)
+    ("/api/chat", {"model": MODEL, "messages": CHAT, "tools": [{"type": "function",
+     "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}]}, 400,
+     '"tiny" does not support tools'),
     ("/api/chat", {"model": MODEL, "messages": CHAT, "format": "yaml"}, 400, "format"),
     ("/api/chat", {"model": MODEL, "messages": CHAT, "options": {"num_predict": 100_000}},
      400, "lower options.num_predict"),

@@ -101,6 +101,43 @@ def test_a_forced_call_streams_as_tool_call_deltas(client):
     assert chunks[-1].choices[0].finish_reason == "tool_calls"
 
 
+def spaceless(text: str) -> str:
+    return "".join(text.split())
+
+
+@pytest.mark.parametrize("choice", ["required", {"type": "function",
+                                                 "function": {"name": "get_weather"}}],
+                         ids=["required", "named"])
+def test_a_forced_call_max_tokens_cuts_is_still_a_call(client, choice):
+    """max_tokens ends a forced reply early: its calls are still calls (the last with the
+    arguments it got, as a streamed call cut short), never the reply's JSON as content;
+    one token short of the whole list, the call is whole."""
+    def ask(max_tokens: int, stream: bool = False):
+        return client.chat.completions.create(
+            model="bpe", messages=QUESTION, tools=[WEATHER, TIME], temperature=0,
+            max_tokens=max_tokens, tool_choice=choice, parallel_tool_calls=False,
+            stream=stream)
+
+    whole = ask(80)
+    (call,) = whole.choices[0].message.tool_calls
+    tokens = whole.usage.completion_tokens
+    for cut in (tokens - 1, tokens // 2):
+        reply = ask(cut).choices[0]
+        assert reply.finish_reason == "length" and not reply.message.content, reply
+        (got,) = reply.message.tool_calls
+        assert got.function.name == call.function.name
+        assert spaceless(call.function.arguments).startswith(
+            spaceless(got.function.arguments)), (got, call)
+        streamed = [c.choices[0].delta for c in ask(cut, stream=True) if c.choices]
+        assert not "".join(d.content or "" for d in streamed)
+        assert "".join(t.function.arguments or "" for d in streamed
+                       for t in d.tool_calls or []) == got.function.arguments
+    # one token short of `]` (required) or of `}` (named): the whole call / a prefix
+    if choice == "required":
+        assert ask(tokens - 1).choices[0].message.tool_calls[0].function.arguments == \
+            call.function.arguments
+
+
 def test_a_forced_call_and_response_format_together_are_a_400(client):
     with pytest.raises(openai.BadRequestError) as err:
         client.chat.completions.create(

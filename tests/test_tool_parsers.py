@@ -146,6 +146,34 @@ def test_forced_replies_parse_to_the_named_or_listed_calls():
     assert calls_of(required.calls) == [("get_time", {}), ("get_weather", {"city": "Kyiv"})]
 
 
+WHOLE = '[{"name": "get_time", "parameters": {}}, '
+
+
+@pytest.mark.parametrize("reply, expected", [
+    # max_tokens inside the list: the whole calls, then the one cut with what it got
+    (WHOLE + '{"name": "get_weather", "parameters": {"ci',
+     [("get_time", "{}"), ("get_weather", '{"ci')]),
+    (WHOLE + '{"name": "get_weather"', [("get_time", "{}"), ("get_weather", "")]),
+    (WHOLE + '{"name": "get_weather", "param', [("get_time", "{}"), ("get_weather", "")]),
+    (WHOLE + '{"name": "get_wea', [("get_time", "{}")]),  # no whole name: no call
+    (WHOLE.rstrip(", "), [("get_time", "{}")]),  # only the list's `]` missing
+    ("[", []),
+])
+def test_a_forced_required_reply_cut_short_keeps_its_calls(reply, expected):
+    parsed = ForcedRequiredParser().parse(reply)
+    assert parsed.content == ""
+    assert [(c.name, c.arguments) for c in parsed.calls] == expected
+
+
+def test_a_forced_named_reply_cut_short_is_the_call_with_what_it_got():
+    parsed = ForcedNamedParser("get_weather").parse('{"city": "Pa')
+    assert parsed.content == "" and [(c.name, c.arguments) for c in parsed.calls] == [
+        ("get_weather", '{"city": "Pa')]
+    # other parsers' replies that are no JSON stay text, as before
+    assert PARSERS["llama3_json"]().parse('{"name": "f", "param').content == \
+        '{"name": "f", "param'
+
+
 def manifest(template: str | None, family: str = "llama"):
     return SimpleNamespace(tokenizer=SimpleNamespace(chat_template=template),
                            model=SimpleNamespace(family=family))

@@ -94,6 +94,7 @@ from edgeprefill.server.tei import TeiRoutes
 from edgeprefill.server.tools import (
     call_format,
     calls_in_content,
+    renders_tools,
     reply_parser,
     template_vars,
 )
@@ -162,6 +163,8 @@ class OpenAIApi:
         self.splits_harmony = config.reasoning_parser == "auto" and \
             bundle_harmony(engine.tokenizer)
         self.splits_thinking = self.splits_reasoning or self.splits_harmony  # Ollama's
+        # Ollama's `tools` capability: the chat template shows the model its tools
+        self.renders_tools = renders_tools(engine.manifest.tokenizer.chat_template or "")
 
     @asynccontextmanager
     async def lifespan(self, app: Starlette):
@@ -264,11 +267,14 @@ class OpenAIApi:
                 return JSONResponse(load_reply(model_of(body, self.config.model_name), chat))
         except ApiError as err:
             return err.response(request.url.path)
-        parse = parse_ollama_chat if chat else parse_ollama_generate
-        admitted = await self._admit_body(
-            request, body, lambda b: parse(b, self.config.model_name, self.engine.capacity,
-                                           self.splits_thinking),
-            ollama_error)
+        def parse(b: Any) -> CompletionRequest:
+            if not chat:
+                return parse_ollama_generate(b, self.config.model_name, self.engine.capacity,
+                                             self.splits_thinking)
+            return parse_ollama_chat(b, self.config.model_name, self.engine.capacity,
+                                     self.splits_thinking, self.renders_tools)
+
+        admitted = await self._admit_body(request, body, parse, ollama_error)
         if isinstance(admitted, Response):
             return admitted
         shape = self._shape(admitted, chat=admitted.request.prompt_field == "messages")

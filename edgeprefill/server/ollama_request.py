@@ -95,14 +95,19 @@ REFUSED = {
 
 
 def parse_ollama_chat(body: Any, model_name: str, context: int,
-                      thinks: bool = True) -> CompletionRequest:
-    """`thinks`: the server splits the replies' reasoning (the `thinking` capability)."""
+                      thinks: bool = True, calls_tools: bool = True) -> CompletionRequest:
+    """`thinks`: the server splits the replies' reasoning (the `thinking` capability);
+    `calls_tools`: the chat template renders tools (the `tools` capability). Ollama has no
+    tool_choice: tools sent to a model without the capability are refused as Ollama
+    refuses them, not with the chat route's advice to send one."""
     body = json_object(body)
     _check_model(body, model_name)
     _refuse(body)
     chat = _common(body, context, thinks)
     chat["messages"] = chat_messages(body.get("messages"))
     if body.get("tools") is not None:
+        if not calls_tools and body["tools"] != []:
+            raise ApiError(400, f"{json.dumps(body['model'])} does not support tools")
         chat["tools"] = body["tools"]
     return _parsed(parse_chat, chat, body)
 

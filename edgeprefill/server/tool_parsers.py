@@ -473,8 +473,16 @@ class WholeReplyParser(ToolParser):
             return [Piece(rest)] if rest else []
         calls = self.calls(rest.strip())
         if calls is None:
+            calls = self.cut_short(rest.strip())
+        if calls is None:
             return [Piece(rest)]
         return [Piece(call=c) for c in calls]
+
+    def cut_short(self, text: str) -> list[ToolCall] | None:
+        """The calls of a reply that is calls by construction (a forced tool_choice's) but
+        ended early (max_tokens): those it holds, the last with the arguments it got, as a
+        streamed call cut short (TaggedParser). None: the reply is text."""
+        return None
 
     def calls(self, text: str) -> list[ToolCall] | None:
         """The calls of a whole reply, or None if it is not (entirely) calls."""
@@ -549,12 +557,42 @@ class ForcedNamedParser(WholeReplyParser):
             return None
         return [new_call(self.name, arguments, self.short_ids)]
 
+    def cut_short(self, text: str) -> list[ToolCall] | None:
+        """The function's call with the arguments the reply got before it ended."""
+        return [new_call(self.name, text, self.short_ids)] if text.startswith("{") else None
+
 
 class ForcedRequiredParser(MistralParser):
     """`tool_choice: "required"`: the whole reply is a JSON list of calls."""
 
     starts = ("",)
     argument_keys = ("parameters",)
+    # A call of the list cut short: its name (whole), then its arguments as far as they got.
+    head = re.compile(r'\s*\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")(\s*,\s*"parameters"\s*:\s*)?')
+
+    def cut_short(self, text: str) -> list[ToolCall] | None:
+        """The list's whole calls, then the one it ended in, if its name is whole."""
+        if not text.startswith("["):
+            return None
+        calls, at = [], 1
+        skip = re.compile(r"[\s,]*")
+        while True:
+            at = skip.match(text, at).end()  # type: ignore[union-attr]
+            if at == len(text):
+                return calls
+            try:
+                value, at = json_numbers.raw_decode(text, at, CALLS_DEPTH)
+            except ValueError:
+                break
+            call = _call_from(value, self.argument_keys, self.short_ids)
+            if call is None:
+                return None
+            calls.append(call)
+        match = self.head.match(text, at)
+        if match:  # its arguments: none yet unless their key is whole
+            got = text[match.end():] if match.group(2) else ""
+            calls.append(new_call(json.loads(match.group(1)), got, self.short_ids))
+        return calls
 
 
 class FirstCallOnly(ToolParser):

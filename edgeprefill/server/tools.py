@@ -7,8 +7,10 @@ template, and turned into the parser that finds the calls in the reply.
 - `"none"`: the tools are not rendered and nothing is parsed.
 - `"required"` or `{"type": "function", "function": {"name": ...}}`: the reply is forced
   to JSON by a JSON-schema constraint, as vLLM does (the arguments object of the named
-  function, or a list of `{"name", "parameters"}`), then parsed. That needs the
-  constraint engine (`edgeprefill.sdk.constraints`); without it these choices are a 400.
+  function, or a list of `{"name", "parameters"}`), then parsed; a reply max_tokens cut
+  is still its calls, the last with the arguments it got (tool_parsers' `cut_short`).
+  That needs the constraint engine (`edgeprefill.sdk.constraints`); without it these
+  choices are a 400.
 - `"auto"` with a tool whose `function.strict` is true: free text, but a call the model
   starts follows a lazy grammar (server/strict_tools.py): a listed tool's name and the
   strict tool's arguments schema. Applied at submit, where the call format is known.
