@@ -11,7 +11,7 @@ import hashlib
 import json
 import logging
 import os
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 from types import UnionType
 from typing import TYPE_CHECKING, Any, NoReturn, Union, get_args, get_origin, get_type_hints
@@ -311,10 +311,23 @@ def _version_error(version: object) -> BundleError:
 
 
 def _known(record: type, raw: dict[str, Any], prefix: str, unknown: list[str]) -> dict[str, Any]:
-    """`raw` without the keys `record` has no field for; their names go to `unknown`."""
+    """`raw` without the keys `record` has no field for; their names go to `unknown`. A
+    field `record` requires (one without a default) missing from `raw` is refused in one
+    line, by its name in the manifest (not the dataclass's TypeError)."""
     names = {f.name for f in fields(record)}
     unknown.extend(f"{prefix}{k}" for k in raw if k not in names)
+    required = [f.name for f in fields(record)
+                if f.default is MISSING and f.default_factory is MISSING]
+    # the nested records are read apart (Manifest.from_dict): not this record's to check
+    lacking = [n for n in required if n not in raw and n not in NESTED_RECORDS]
+    if lacking:
+        raise BundleError(f"{MANIFEST_FILE} is malformed: the field '{prefix}{lacking[0]}' "
+                          "is missing; re-export the bundle")
     return {k: v for k, v in raw.items() if k in names}
+
+
+# The manifest's records read apart from its top-level fields (Manifest.from_dict).
+NESTED_RECORDS = ("model", "graph", "tokenizer", "files")
 
 
 # -- checks of an edited or damaged manifest: one line each, never a traceback later ---------

@@ -570,13 +570,22 @@ def test_a_json_file_that_cannot_be_read_is_the_callers_error(tmp_path):
         load_json(tmp_path, BundleError)  # a folder: read_text raises an OSError too
 
 
-def test_a_manifest_missing_a_field_names_it(bundle, tmp_path):
+@pytest.mark.parametrize("path", ["model", "chunks", "max_context", "eos_token_ids",
+                                  "model.num_heads", "graph.kv_inputs", "tokenizer.file"])
+def test_a_manifest_missing_a_field_names_it(bundle, tmp_path, path):
+    """A record or a required field removed: its name in the manifest and the advice, not
+    a dataclass's "__init__() missing 1 required positional argument"."""
     copy = tmp_path / "b"
     shutil.copytree(bundle("llama"), copy)
     manifest = json.loads((copy / "edgeprefill.json").read_text())
-    del manifest["model"]
+    *parents, key = path.split(".")
+    record = manifest
+    for parent in parents:
+        record = record[parent]
+    del record[key]
     (copy / "edgeprefill.json").write_text(json.dumps(manifest))
-    assert_one_line_error(cli("inspect", copy), "the field 'model' is missing")
+    assert_one_line_error(cli("inspect", copy),
+                          f"the field '{path}' is missing; re-export the bundle")
 
 
 def test_export_refuses_weights_holding_nan(hf_copy, tmp_path):
