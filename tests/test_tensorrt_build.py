@@ -89,6 +89,15 @@ def test_network_typing_follows_the_bundle_dtype():
     assert network_typing("float16", "fp16", False, weak_typing=False) == NetworkTyping(True, ())
 
 
+@pytest.mark.parametrize("dtype, own", [("float32", "fp32"), ("float16", "fp16")])
+def test_int8_without_qdq_nodes_advises_the_bundles_own_precision(dtype, own):
+    """The advice is a build that works: a float32 bundle's fp16 is refused too (it had
+    advised fp16 whatever the bundle, and that refusal then advised fp32)."""
+    with pytest.raises(BackendError, match=f"build with --precision {own},"):
+        network_typing(dtype, "int8", False)
+    assert network_typing(dtype, own, False) == NetworkTyping(True, ())
+
+
 @pytest.mark.parametrize("weak", [True, False])
 def test_a_float32_bundle_at_fp16_is_refused_to_keep_its_kv_cache_in_place(weak):
     with pytest.raises(BackendError) as err:

@@ -91,10 +91,12 @@ def network_typing(
     them)."""
     if precision == "int8":
         if not quantized:
+            # the precision this bundle's weights build at (a float32 one's fp16 is refused)
+            own = "fp16" if bundle_dtype == "float16" else "fp32"
             raise BackendError(
                 "--precision int8 needs a graph with QuantizeLinear/DequantizeLinear nodes "
                 "(TensorRT 10 deprecates implicit INT8 calibration) and this bundle has none; "
-                "build with --precision fp16"
+                f"build with --precision {own}, the precision of its weights"
             )
         return NetworkTyping(True, ())
     wanted = {"fp16": "float16", "fp32": "float32"}[precision]
