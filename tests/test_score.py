@@ -192,6 +192,9 @@ def test_score_options_refusals_are_one_line(classifiers, hf_model, tmp_path):
         (hf_model("qwen3"), ScoreOptions(), "a \\*ForSequenceClassification folder"),
         (hf_model("qwen3"), ScoreOptions(("w5", "maybe"), TEMPLATE),
          "'maybe' is not one token"),
+        # one token twice: every pair would score sigmoid(0) = 0.5
+        (hf_model("qwen3"), ScoreOptions(("w5", "w5"), TEMPLATE),
+         "'w5' and 'w5' are the same token"),
         (hf_model("qwen3"), ScoreOptions(("w5", "w6")), "--score-tokens needs --score-template"),
         (classifiers("qwen3", 1)[0], ScoreOptions(("w5",), TEMPLATE),
          "a classifier \\(Qwen3ForSequenceClassification\\) has not"),

@@ -141,6 +141,10 @@ def _token_rows(ckpt: Checkpoint, cfg: ModelConfig, tokenizer: Any,
         raise ExportError(f"{cfg.family} projects its hidden state before the LM head: a "
                           "score bundle of it is not supported")
     ids = [_one_token(tokenizer, token) for token in options.tokens]
+    if len(ids) == 2 and ids[0] == ids[1]:  # sigmoid(l - l): every pair would score 0.5
+        raise ExportError(f"--score-tokens: {options.tokens[0]!r} and {options.tokens[1]!r} "
+                          f"are the same token (id {ids[0]}); a relevance needs two "
+                          "(no,yes)")
     name = head_weight(ckpt, cfg)
     rows = ckpt.get(name, np.float32)
     if rows.ndim != 2 or rows.shape[1] != cfg.hidden_size:
