@@ -22,6 +22,8 @@ try:
 except EdgeprefillError as err:  # a wrong path, not a bundle: one line
     sys.exit(f"error: {err}")
 with engine:
+    if engine.manifest.task != "generate":  # an embedding or a score bundle: one line
+        sys.exit(f"error: {bundle} generates no text (its task is {engine.manifest.task!r})")
     session = engine.session()
     for text in turns:
         print(f"you>   {text}")

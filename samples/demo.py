@@ -22,6 +22,8 @@ try:
 except EdgeprefillError as err:  # a wrong path, not a bundle: one line
     sys.exit(f"error: {err}")
 with engine:
+    if engine.manifest.task != "generate":  # an embedding or a score bundle: one line
+        sys.exit(f"error: {bundle} generates no text (its task is {engine.manifest.task!r})")
     n_tokens = len(engine.tokenizer.encode(prompt))
     print(f"prompt: {n_tokens} tokens: {prompt[:70]} ... {prompt[-40:]}")
     stream = engine.generate(prompt, GenerationParams(max_new_tokens=16), chunk_size=64)

@@ -30,6 +30,8 @@ try:
 except EdgeprefillError as err:  # a wrong path, not a bundle: one line
     sys.exit(f"error: {err}")
 with engine:
+    if engine.manifest.task != "generate":  # an embedding or a score bundle: one line
+        sys.exit(f"error: {bundle} generates no text (its task is {engine.manifest.task!r})")
     cancel = threading.Event()
     prompt = "the secret is onyx . kero bala . what was the secret ?"
     threading.Thread(target=worker, args=(engine, prompt, cancel)).start()

@@ -74,6 +74,19 @@ def test_samples_answer_help_and_a_wrong_path_in_a_line(name, tmp_path):
     assert wrong.stderr.strip() == f"error: {tmp_path / 'nowhere'} does not exist"
 
 
+@pytest.mark.parametrize(
+    "name", ["chat.py", "concurrent_sessions.py", "embed_in_app.py", "demo.py"]
+)
+def test_samples_refuse_a_bundle_that_generates_no_text_in_a_line(name, retrieval_bundles):
+    """An embedding bundle: embed_in_app had hung (its worker died), the others printed
+    tracebacks (concurrent_sessions then exited 0)."""
+    embed = retrieval_bundles[0]
+    result = subprocess.run([sys.executable, str(ROOT / "samples" / name), str(embed)],
+                            capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert result.returncode != 0 and "Traceback" not in result.stderr
+    assert result.stderr.strip() == f"error: {embed} generates no text (its task is 'embed')"
+
+
 @pytest.fixture(scope="module")
 def retrieval_bundles(tmp_path_factory) -> tuple[Path, Path]:
     """The tiny model as an embedding bundle and as a reranker of its words ivory/jade."""
