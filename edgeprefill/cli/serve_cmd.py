@@ -19,8 +19,8 @@ REASONING_MODES = ("auto", "none")  # server.reasoning.MODES (not imported: --he
 
 
 @click.command(cls=SectionedCommand, sections={
-    "Server options": ("host", "port", "model_name", "api_key", "reasoning_parser",
-                       "reasoning_budget", "log_level"),
+    "Server options": ("host", "port", "model_name", "api_key", "cors_origins",
+                       "reasoning_parser", "reasoning_budget", "log_level"),
     "Engine options (as run's)": tuple(ENGINE_OPTIONS),
     "Limits and timeouts": ("max_pending", *LIMIT_NAMES),
 })
@@ -35,6 +35,10 @@ REASONING_MODES = ("auto", "none")  # server.reasoning.MODES (not imported: --he
 @click.option("--api-key", envvar="EDGEPREFILL_API_KEY", default=None, show_envvar=True,
               help="Require 'Authorization: Bearer KEY' or 'x-api-key: KEY' on every "
               "route but /health and / (Ollama's liveness probe).")
+@click.option("--cors-origins", default="local", show_default=True,
+              help="The web pages whose scripts may call the server (CORS): local (pages "
+              "served from localhost, 127.0.0.1 or [::1], any port), origins separated by "
+              "commas (e.g. local,https://app.example), * (any page), or none.")
 @engine_options()
 @click.option("--max-pending", type=click.IntRange(min=1), default=64, show_default=True,
               help="Requests admitted at once, running or queued, a request of n choices "
@@ -56,8 +60,8 @@ REASONING_MODES = ("auto", "none")  # server.reasoning.MODES (not imported: --he
               "duration); warning: problems only.")
 def serve(
     bundle: Path, host: str, port: int, model_name: str | None, api_key: str | None,
-    max_pending: int, reasoning_parser: str, reasoning_budget: int, log_level: str,
-    engine: dict, **limit_values,
+    cors_origins: str, max_pending: int, reasoning_parser: str, reasoning_budget: int,
+    log_level: str, engine: dict, **limit_values,
 ) -> None:
     """Serve BUNDLE over an OpenAI-compatible HTTP API (completions, chat with tools,
     the Responses API (stateless), Anthropic's Messages API, Ollama's native API,
@@ -79,6 +83,7 @@ def serve(
 
         from edgeprefill.server import ServerConfig, create_app
         from edgeprefill.server.access_log import configure_logging, uvicorn_level
+        from edgeprefill.server.cors import cors_policy
         from edgeprefill.server.shutdown import quiet_forced_stop, run_until_signalled
         from edgeprefill.server.transport import quiet_fd_exhaustion, uvicorn_config
     except ImportError as err:
@@ -93,7 +98,7 @@ def serve(
     limits = split_limits(limit_values)
     config = ServerConfig(model_name=model_name or served_name(bundle), api_key=api_key,
                           max_pending=max_pending, reasoning_parser=reasoning_parser,
-                          reasoning_budget=reasoning_budget,
+                          reasoning_budget=reasoning_budget, cors=cors_policy(cors_origins),
                           **limits.config)
     click.echo(f"loading {bundle} ...", err=True)
     # The engine's queue holds at least what the server admits, so it never refuses one.
@@ -106,8 +111,8 @@ def serve(
         app = create_app(loaded, config)
         auth = "API key required" if api_key else "no API key"
         shown = f"[{host}]" if ":" in host else host  # an IPv6 address, as URLs write it
-        click.echo(f"serving {config.model_name!r} on http://{shown}:{port}/v1 ({auth}); "
-                   "Ctrl-C to stop", err=True)
+        click.echo(f"serving {config.model_name!r} on http://{shown}:{port}/v1 ({auth}; "
+                   f"{config.cors.describe()}); Ctrl-C to stop", err=True)
         _warn_if_the_template_fails(loaded)
         if not api_key and not _loopback(host):
             click.echo(f"warning: --host {host} takes requests from other machines, and "

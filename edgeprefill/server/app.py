@@ -42,6 +42,7 @@ import anyio
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
+from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -132,6 +133,10 @@ def create_app(engine: Engine, config: ServerConfig) -> Starlette:
     # AccessLog counts every refusal (http_rejected), whichever layer answered it.
     middleware = [Middleware(AccessLog, on_reject=api.metrics.reject),
                   Middleware(ShutdownCut)]
+    if config.cors.enabled:  # outside the key check: preflights carry no key
+        middleware.append(Middleware(
+            CORSMiddleware, allow_origins=list(config.cors.origins),
+            allow_origin_regex=config.cors.regex, allow_methods=["*"], allow_headers=["*"]))
     if config.api_key is not None:
         middleware.append(Middleware(ApiKeyMiddleware, key=config.api_key))
     handlers = {HTTPException: _http_error, Exception: _internal_error}

@@ -3,9 +3,10 @@ derive from the bundle's context."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from edgeprefill.errors import RequestError
+from edgeprefill.server.cors import LOCAL, CorsPolicy, cors_policy
 from edgeprefill.server.reasoning import MODES
 from edgeprefill.values import is_int
 
@@ -27,6 +28,8 @@ class ServerConfig:
     # llama.cpp's --reasoning-budget: the thinking budget (sdk/thinking_budget.py) of a
     # chat reply whose request sets none; -1: no cap, 0: the block is closed at once.
     reasoning_budget: int = -1
+    # The web pages whose scripts may call the server (server/cors.py): the local ones.
+    cors: CorsPolicy = field(default_factory=lambda: cors_policy(LOCAL))
 
     def __post_init__(self) -> None:
         if self.max_pending < 1:
