@@ -412,6 +412,9 @@ def test_export_to_a_folder_that_cannot_be_created_says_so_in_one_line(hf_copy):
     ('{"weight_map": {"model.embed_tokens.weight": "shard-2.safetensors"}}',
      "shard-2.safetensors is listed in model.safetensors.index.json but missing"),
     ('{"metadata": {}}', "is malformed"),
+    # a stale index: its shard holds no such tensor (it was a KeyError traceback)
+    ('{"weight_map": {"model.bogus.weight": "model.safetensors"}}',
+     "lists 'model.bogus.weight' in model.safetensors, which does not hold it"),
 ])
 def test_a_malformed_shard_index_is_one_line(hf_copy, tmp_path, index, fragment):
     (hf_copy / "model.safetensors.index.json").write_text(index)

@@ -452,6 +452,21 @@ def test_quantize_int8_of_an_int4_checkpoint_is_one_line(tmp_path):
                               "int8", "--quiet"), "int4 (gptq)", "not int8")
 
 
+@pytest.mark.parametrize("method", ["gptq", "awq"])
+def test_a_quantization_config_over_float_weights_is_refused_in_one_line(tmp_path, method):
+    """A float copy that kept its quantization_config had exported float, said int4 (its
+    quirks, the export line): nothing is stored as the scheme's codes."""
+    src = source_model(tmp_path, "llama", 32)
+    config = json.loads((src / "config.json").read_text())
+    config["quantization_config"] = quant_config(method, 32, True, False, False)
+    (src / "config.json").write_text(json.dumps(config))
+    codes = "qweight"  # gptq's and awq's
+    assert_one_line_error(cli("export", src, "-o", tmp_path / "b", "--quiet"),
+                          f"says {method.upper()} int4", f"(*.{codes})",
+                          "Drop quantization_config")
+    assert not (tmp_path / "b").exists()
+
+
 GPTQ = {"quant_method": "gptq", "bits": 4, "group_size": 128, "sym": True, "desc_act": False}
 CT_WEIGHTS = {"num_bits": 4, "type": "int", "symmetric": True, "strategy": "group",
               "group_size": 128}

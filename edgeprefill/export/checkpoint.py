@@ -30,7 +30,7 @@ from edgeprefill.export.joined_tensors import Joined
 from edgeprefill.export.lora import Adapter
 from edgeprefill.export.lora_parameters import StoredDeltas
 from edgeprefill.export.module_names import LoadedModel, ModuleNames, module_names
-from edgeprefill.export.prequantized import Int4Scheme
+from edgeprefill.export.prequantized import LABELS, Int4Scheme
 
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
@@ -125,6 +125,12 @@ class Checkpoint:
         self.adapter: Adapter | None = None  # bound below, once the checkpoint is checked
         self._added: dict[str, np.ndarray] = {}  # the adapter's tensors the checkpoint lacks
         self._int4_modules = self._quantized_modules()  # `{module}.weight` -> module
+        if self.int4 is not None and not self._int4_modules:  # a dequantized copy's config
+            raise ExportError(
+                f"config.json's quantization_config says {LABELS[self.int4.method]} int4, "
+                f"but no tensor is stored as its codes (*.{self.int4.codes}): a float copy "
+                "of a quantized model? Drop quantization_config from config.json to export "
+                "its float weights")
         # bitsandbytes' layers: `X.weight` -> its kind and side tensors; the 4-bit ones' states
         self._bnb_layers = bnb_format.quantized_layers(self._file_of)
         self._bnb_states: dict[str, QuantState] = {}
@@ -632,6 +638,12 @@ def _indexed_files(hf_dir: Path, index_file: str) -> dict[str, Path]:
     for path in set(files.values()):
         if not path.is_file():
             raise ExportError(f"{path} is listed in {index_file} but missing")
+    if index_file == INDEX_FILE:  # a stale index may name a tensor its shard lacks
+        held = {path: set(_safetensors_names(path)) for path in set(files.values())}
+        absent = next((name for name, path in files.items() if name not in held[path]), None)
+        if absent is not None:
+            raise ExportError(f"{index_file} lists {absent!r} in {files[absent].name}, "
+                              "which does not hold it (an index of another download?)")
     return files
 
 
@@ -639,11 +651,16 @@ def _single_file(single: Path, handles: dict[Path, object]) -> dict[str, Path]:
     if single.suffix == ".bin":
         handle = handles[single] = TorchFile(single)
         return {name: single for name in handle.keys()}
+    return {name: single for name in _safetensors_names(single)}
+
+
+def _safetensors_names(path: Path) -> list[str]:
+    """The tensors a safetensors file holds (its header alone is read)."""
     try:
-        with safe_open(str(single), framework="numpy") as handle:
-            return {name: single for name in handle.keys()}
+        with safe_open(str(path), framework="numpy") as handle:
+            return list(handle.keys())
     except (SafetensorError, OSError) as err:
-        raise ExportError(f"{single} is not a readable safetensors file: {err}") from None
+        raise ExportError(f"{path} is not a readable safetensors file: {err}") from None
 
 
 def _as_values(name: str, tensor: np.ndarray, dtype: np.dtype) -> np.ndarray:
