@@ -117,14 +117,20 @@ def test_a_killed_export_leaves_the_target_alone_and_its_staging_is_cleaned(
     assert (out / MANIFEST_FILE).is_file()
 
 
-def test_sigterm_stops_an_export_as_ctrl_c_does(hf_model, tmp_path):
-    """timeout, docker stop and systemd send SIGTERM: its default action had left the
-    staging folder behind, up to a whole bundle, until the next export to that place."""
+@pytest.mark.parametrize("sent, ignored", [("SIGTERM", False), ("SIGHUP", False),
+                                           ("SIGHUP", True)])
+def test_sigterm_stops_an_export_as_ctrl_c_does(hf_model, tmp_path, sent, ignored):
+    """timeout, docker stop and systemd send SIGTERM, a closed terminal SIGHUP: their
+    default action had left the staging folder behind, up to a whole bundle, until the
+    next export to that place (a GGUF's conversion folder, named at random, for good).
+    A SIGHUP the process ignores (nohup) stays ignored: the export goes on."""
     out = tmp_path / "bundle"
     script = (
         "import os, signal, sys\n"
         "from edgeprefill.export import exporter\n"
-        "def term(*a, **k): os.kill(os.getpid(), signal.SIGTERM)\n"
+        f"{'signal.signal(signal.SIGHUP, signal.SIG_IGN)' if ignored else ''}\n"
+        "save = exporter.onnx.save_model\n"
+        f"def term(*a, **k): os.kill(os.getpid(), signal.{sent}); return save(*a, **k)\n"
         "exporter.onnx.save_model = term\n"  # the signal arrives mid-export
         "from edgeprefill.cli.main import main\n"
         "main()\n"
@@ -133,8 +139,12 @@ def test_sigterm_stops_an_export_as_ctrl_c_does(hf_model, tmp_path):
     done = subprocess.run([sys.executable, "-c", script, "export", str(hf_model("llama")),
                            "-o", str(out), "--chunks", "16", "--max-context", "64", "--quiet"],
                           env=env, timeout=120, capture_output=True, text=True)
-    assert done.returncode == 130 and "Traceback" not in done.stderr
-    assert list(tmp_path.iterdir()) == []  # no bundle, no staging folder
+    assert "Traceback" not in done.stderr
+    if ignored:
+        assert done.returncode == 0 and [p.name for p in tmp_path.iterdir()] == ["bundle"]
+    else:
+        assert done.returncode == 130
+        assert list(tmp_path.iterdir()) == []  # no bundle, no staging folder
 
 
 @pytest.mark.parametrize("fails", [False, True])

@@ -198,20 +198,26 @@ def _score_options(tokens: str | None, template: str | None,
 
 @contextlib.contextmanager
 def _sigterm_interrupts() -> Iterator[None]:
-    """SIGTERM (timeout, docker stop, systemd) stops an export as Ctrl-C does: the staging
-    folder is removed on the way out. Killed by the default action, it stayed behind, up
-    to a whole bundle's size, until the next export to the same place. The handler before
-    is back afterwards, also after an error: a process running the command in itself (a
-    test, an app) keeps its own. Off the main thread Python installs no handler."""
+    """SIGTERM (timeout, docker stop, systemd) and SIGHUP (the terminal closed) stop an
+    export as Ctrl-C does: the staging folders are removed on the way out (a bundle's, a
+    GGUF's conversion). Killed by the default action, they stayed behind, up to a whole
+    bundle's size (a GGUF's conversion under a random name, for good). A SIGHUP that is
+    ignored (nohup) stays ignored. The handlers before are back afterwards, also after an
+    error: a process running the command in itself (a test, an app) keeps its own. Off the
+    main thread Python installs no handler."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = signal.signal(signal.SIGTERM, _interrupt)
+    hangup = getattr(signal, "SIGHUP", None)  # (none on Windows)
+    caught = [signal.SIGTERM] + ([hangup] if hangup is not None and
+                                 signal.getsignal(hangup) is signal.SIG_DFL else [])
+    previous = {signum: signal.signal(signum, _interrupt) for signum in caught}
     try:
         yield
     finally:
         # None: a handler not installed from Python, which cannot be put back.
-        signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, signal.SIG_DFL if handler is None else handler)
 
 
 def _interrupt(signum: int, frame: object) -> None:
