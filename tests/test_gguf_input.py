@@ -459,6 +459,18 @@ def test_gguf_input_errors_are_one_line(tmp_path, capsys):
     assert not [p for p in tmp_path.iterdir() if ".gguf-" in p.name]  # no staging left
 
 
+def test_a_gguf_file_cut_short_says_so_in_one_line(gguf_model, tmp_path, capsys):
+    """Its header whole, its last tensor's bytes cut: it had read as "transformers cannot
+    read its metadata" (numpy's reshape error)."""
+    _, gguf = gguf_model("llama", "F32")
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(gguf.read_bytes()[:-120])
+    assert_one_line_error(cli_here(capsys, "export", cut, "-o", tmp_path / "out"),
+                          "cut.gguf ends before its tensor data does", "cut short")
+    assert not (tmp_path / "out").exists()
+    assert not [p for p in tmp_path.iterdir() if ".gguf-" in p.name]  # no staging left
+
+
 def test_gguf_input_without_its_libraries_says_what_to_install(gguf_model, tmp_path):
     _, gguf = gguf_model("llama", "F32")
     script = ("import sys; sys.modules['gguf'] = None; sys.argv = ['edgeprefill'] + "

@@ -212,6 +212,11 @@ def _write_hf_folder(gguf_file: Path, folder: Path, source: GgufSource, reader: 
         config = transformers.AutoConfig.from_pretrained(where, gguf_file=name)
         tokenizer = transformers.AutoTokenizer.from_pretrained(where, gguf_file=name)
     except (ValueError, KeyError, NotImplementedError) as err:
+        if isinstance(err, ValueError) and "cannot reshape array" in str(err):
+            # the header read whole (_source), a tensor's bytes fewer than its shape: numpy's
+            # words, raised where gguf's reader views the data
+            raise ExportError(f"{name} ends before its tensor data does ({err}): the file "
+                              "is cut short, an incomplete download or copy?") from None
         raise ExportError(f"{name}: transformers cannot read its metadata: {err}") from None
     config.save_pretrained(folder)
     gguf = GGUFReader(gguf_file)  # one parse of the file's metadata for all that follows
