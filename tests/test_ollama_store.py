@@ -291,6 +291,10 @@ def test_ollama_export_errors_are_one_line(store, tiny_gguf, tmp_path, monkeypat
     for source, fragment in cases:
         assert_one_line_error(cli_here(capsys, "export", source, "-o", tmp_path / "out"),
                               fragment)
+    (tmp_path / "adapter").mkdir()  # the model by its name, not its blob's hash
+    assert_one_line_error(cli_here(capsys, "export", "ollama:tiny", "--adapter",
+                                   tmp_path / "adapter", "-o", tmp_path / "out"),
+                          "not a GGUF file (ollama:tiny:latest's model)")
     monkeypatch.setenv("OLLAMA_MODELS", str(tmp_path / "empty"))
     assert_one_line_error(cli_here(capsys, "export", "ollama:tiny", "-o", tmp_path / "out"),
                           f"OLLAMA_MODELS={tmp_path / 'empty'} is not an Ollama model store "
@@ -310,10 +314,14 @@ def test_bad_ollama_parameters_are_one_line(store, tiny_gguf, tmp_path, capsys):
               [("model", tiny_gguf.read_bytes()), ("params", b'{"temperature": -1}')])
     add_model(store, "registry.ollama.ai/library/list/latest",
               [("model", tiny_gguf.read_bytes()), ("params", b'["temperature"]')])
+    add_model(store, "registry.ollama.ai/library/stops/latest",  # was a TypeError traceback
+              [("model", tiny_gguf.read_bytes()), ("params", b'{"stop": [{"a": 1}]}')])
     for source, fragment in [
         ("ollama:hot", "ollama:hot:latest: its parameters: generation_config.json: "
          "temperature must be a finite number >= 0, got -1"),
         ("ollama:list", "ollama:list:latest: its params layer is not a JSON object"),
+        ("ollama:stops", "ollama:stops:latest: its parameters: stop must be a string or a "
+         "list of strings"),
     ]:
         assert_one_line_error(cli_here(capsys, "export", source, "-o", tmp_path / "out",
                                        "--quiet"), fragment)

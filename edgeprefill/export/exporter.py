@@ -118,9 +118,11 @@ def export(hf_dir: str | Path, out_dir: str | Path, options: ExportOptions) -> M
     if options.adapter is not None:
         # A LoRA is trained on the float weights; a GGUF's are llama.cpp's (often
         # quantized) copy of them, which the merge would silently build on.
+        given = gguf_file.name if ollama is None else \
+            f"{ollama_store.PREFIX}{ollama.name.shortest()}'s model"  # not the blob's hash
         raise ExportError(f"--adapter merges into a Hugging Face base model folder, not a "
-                          f"GGUF file ({gguf_file.name}): export the adapter with the "
-                          "base model it was trained on")
+                          f"GGUF file ({given}): export the adapter with the base model "
+                          "it was trained on")
     check_target(out_dir, options.overwrite)  # before a conversion that may take minutes
     with converted(gguf_file, out_dir, options.show_progress, options.task,
                    options.score) as (folder, gguf):

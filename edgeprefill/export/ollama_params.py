@@ -37,7 +37,12 @@ def write_generation_config(params: dict[str, Any], folder: Path, shown: str) ->
         return
     config = optional_json_object(folder / FILE, ExportError)
     config.update({MAPPED[k]: v for k, v in params.items() if k in MAPPED})
-    stop_ids, other_stops = _stop_tokens(params.get("stop"), folder / "tokenizer.json")
+    stop = params.get("stop")
+    if not (stop is None or isinstance(stop, str) or isinstance(stop, list) and all(
+            isinstance(s, str) for s in stop)):  # a hand-made store's: Ollama writes strings
+        raise ExportError(f"{shown}: its parameters: stop must be a string or a list of "
+                          f"strings, got {json.dumps(stop)[:80]}")
+    stop_ids, other_stops = _stop_tokens(stop, folder / "tokenizer.json")
     if stop_ids:
         eos = config.get("eos_token_id")
         config["eos_token_id"] = list(dict.fromkeys(
