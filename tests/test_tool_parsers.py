@@ -165,6 +165,13 @@ def test_a_forced_required_reply_cut_short_keeps_its_calls(reply, expected):
     assert [(c.name, c.arguments) for c in parsed.calls] == expected
 
 
+def test_a_forced_reply_cut_after_a_call_that_is_none_stays_text():
+    """A call that closed with NaN in it is none (as in a whole reply): the cut reply is
+    text, not the calls around it."""
+    reply = '[{"name": "f", "parameters": {"x": NaN}}, {"name": "g", "parameters": {'
+    assert ForcedRequiredParser().parse(reply) == (reply, [])
+
+
 def test_a_forced_named_reply_cut_short_is_the_call_with_what_it_got():
     parsed = ForcedNamedParser("get_weather").parse('{"city": "Pa')
     assert parsed.content == "" and [(c.name, c.arguments) for c in parsed.calls] == [

@@ -440,6 +440,14 @@ class _ObjectScan:
         return len(text)
 
 
+def _closes(text: str) -> bool:
+    """Whether the JSON object or list `text` opens with closes in it (strings aware): a
+    reply that ends before it is cut short."""
+    scan = _ObjectScan()
+    scan.consume(text)
+    return scan.done
+
+
 class WholeReplyParser(ToolParser):
     """A reply that is entirely calls when it starts with one of `starts` (after blanks);
     otherwise plain text, streamed as it comes."""
@@ -558,8 +566,11 @@ class ForcedNamedParser(WholeReplyParser):
         return [new_call(self.name, arguments, self.short_ids)]
 
     def cut_short(self, text: str) -> list[ToolCall] | None:
-        """The function's call with the arguments the reply got before it ended."""
-        return [new_call(self.name, text, self.short_ids)] if text.startswith("{") else None
+        """The function's call with the arguments the reply got before it ended (an object
+        that closes but does not parse, NaN in it, is no call: text)."""
+        if not text.startswith("{") or _closes(text):
+            return None
+        return [new_call(self.name, text, self.short_ids)]
 
 
 class ForcedRequiredParser(MistralParser):
@@ -571,8 +582,10 @@ class ForcedRequiredParser(MistralParser):
     head = re.compile(r'\s*\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")(\s*,\s*"parameters"\s*:\s*)?')
 
     def cut_short(self, text: str) -> list[ToolCall] | None:
-        """The list's whole calls, then the one it ended in, if its name is whole."""
-        if not text.startswith("["):
+        """The list's whole calls, then the one it ended in, if its name is whole. A call
+        that closes but is none (NaN or too deep in its arguments) makes the reply text,
+        as a whole reply's would."""
+        if not text.startswith("[") or _closes(text):
             return None
         calls, at = [], 1
         skip = re.compile(r"[\s,]*")
@@ -580,10 +593,12 @@ class ForcedRequiredParser(MistralParser):
             at = skip.match(text, at).end()  # type: ignore[union-attr]
             if at == len(text):
                 return calls
+            if not _closes(text[at:]):
+                break  # the call the reply ended in
             try:
                 value, at = json_numbers.raw_decode(text, at, CALLS_DEPTH)
             except ValueError:
-                break
+                return None
             call = _call_from(value, self.argument_keys, self.short_ids)
             if call is None:
                 return None
