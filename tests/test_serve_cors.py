@@ -31,22 +31,24 @@ def allowed(server, origin: str, key: str | None = None) -> tuple[bool, bool, in
             post.status_code)
 
 
-@pytest.mark.parametrize("value, origin, expected", [
-    ("local", "http://localhost:3000", True),
-    ("local", "http://127.0.0.1:5173", True),
-    ("local", "https://[::1]", True),
-    ("local", "https://evil.example", False),
-    ("local", "http://localhost.evil.example", False),
-    ("https://app.example", "https://app.example", True),
-    ("https://app.example", "http://localhost:3000", False),
-    ("local,https://app.example", "http://localhost:3000", True),
-    ("*", "https://any.example", True),
-    ("none", "http://localhost:3000", False),
+LOCAL_PAGES = ["http://localhost:3000", "http://127.0.0.1:5173", "https://[::1]"]
+OTHERS = ["https://evil.example", "http://localhost.evil.example"]
+
+
+@pytest.mark.parametrize("value, allowed_origins, refused_origins", [
+    ("local", LOCAL_PAGES, [*OTHERS, "https://app.example"]),
+    ("https://app.example", ["https://app.example"], [LOCAL_PAGES[0], *OTHERS]),
+    ("local,https://app.example", [LOCAL_PAGES[0], "https://app.example"], OTHERS),
+    ("*", [*LOCAL_PAGES, *OTHERS], []),
+    ("none", [], [*LOCAL_PAGES, "https://app.example"]),
 ])
-def test_the_pages_cors_allows(engine, value, origin, expected):  # noqa: F811
+def test_the_pages_cors_allows(engine, value, allowed_origins, refused_origins):  # noqa: F811
     app = create_app(engine, ServerConfig(model_name=MODEL, cors=cors_policy(value)))
     with ServerThread(app, port=free_port()) as server:
-        assert allowed(server, origin) == (expected, expected, 200)
+        for origin in allowed_origins:
+            assert allowed(server, origin) == (True, True, 200), origin
+        for origin in refused_origins:
+            assert allowed(server, origin) == (False, False, 200), origin
 
 
 def test_a_preflight_needs_no_key_and_the_request_still_does(engine):  # noqa: F811
