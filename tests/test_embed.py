@@ -259,6 +259,9 @@ def test_an_empty_text_is_refused_as_the_embedding_routes_refuse_it(embed_engine
         embed_engine.embed("")
     with pytest.raises(RequestError, match="^texts\\[1\\]: the text to embed is empty$"):
         embed_engine.embed(["w5", ""])
+    # stripped as sentence-transformers strips it: the same vector of no text
+    with pytest.raises(RequestError, match="^the text to embed is only whitespace$"):
+        embed_engine.embed(" \n ")
 
 
 def test_numpy_dimensions_are_the_integer_they_hold(embed_engine):

@@ -98,6 +98,9 @@ def test_score_pairs_n_to_n_and_one_to_one_and_gives_logits(http, engine):
     ({"text_1": QUERY, "text_2": "w5", "use_activation": "no"}, "use_activation"),
     ({"text_1": QUERY, "text_2": "w5", "truncate_prompt_tokens": 8}, "truncate_prompt_tokens"),
     ({"text_1": QUERY, "text_2": "w5", "softmax": True}, "softmax"),
+    # an empty query, as /v1/rerank's and Engine.rerank's (it was scored)
+    ({"text_1": "", "text_2": "w5"}, "text_1"),
+    ({"queries": [QUERY, ""], "documents": ["w5", "w6"]}, "queries"),
 ])
 def test_bad_score_requests_are_400s_naming_the_field(http, body, param):
     error = assert_error(http.post("/v1/score", json=body), 400, param)

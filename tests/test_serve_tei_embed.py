@@ -147,15 +147,36 @@ def test_score_is_the_cosine_of_the_pair_s_vectors_as_vllm_gives_it(http, expect
                                (expected[:2] * expected[1:]).sum(axis=1), atol=1e-5)
     assert_error(http.post("/score", json={"text_1": "w5", "text_2": " ".join(WORDS)}), 400,
                  "text_2", "context_length_exceeded")
+    # the long text's own side (every text was named text_2's)
+    assert_error(http.post("/score", json={"text_1": " ".join(WORDS), "text_2": "w5"}), 400,
+                 "text_1", "context_length_exceeded")
 
 
 @pytest.mark.parametrize("body, param", [
     ({"text_1": "w5", "text_2": ["w6", ""]}, "text_2"),
     ({"queries": "", "documents": ["w6"]}, "queries"),
+    ({"text_1": " \n\t ", "text_2": "w6"}, "text_1"),  # stripped: as empty
 ])
 def test_score_refuses_an_empty_text_as_the_embedding_routes_do(http, body, param):
     """An empty text has no vector of its own (only the tokenizer's special tokens'):
-    /embed, /v1/embeddings and Engine.embed refuse it, and so does /score."""
+    /embed, /v1/embeddings and Engine.embed refuse it, and so does /score; a text of
+    whitespace alone, stripped as sentence-transformers strips it, is one."""
     assert_error(http.post("/embed", json={"inputs": ""}), 400, "inputs")
     error = assert_error(http.post("/score", json=body), 400, param)
     assert "is empty" in error["message"]
+
+
+@pytest.mark.parametrize("path, body, param", [
+    ("/v1/embeddings", {"input": "   "}, "input"),
+    ("/v1/embeddings", {"input": ["w5", "\n"]}, "input"),
+    ("/embed", {"inputs": " \t"}, "inputs"),
+    ("/api/embed", {"model": MODEL, "input": [""]}, "input"),  # was embedded
+    ("/api/embed", {"model": MODEL, "input": ["w5", " "]}, "input"),
+    ("/api/embeddings", {"model": MODEL, "prompt": "  "}, "prompt"),
+])
+def test_every_embedding_route_refuses_an_empty_or_blank_text(http, path, body, param):
+    """Ollama's /api/embed had embedded `[""]` (only a whole empty input asks a load) and
+    every route a text of whitespace alone."""
+    reply = http.post(path, json=body)
+    assert reply.status_code == 400, reply.text
+    assert "empty or only whitespace" in reply.text and param in reply.text

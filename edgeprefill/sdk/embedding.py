@@ -83,12 +83,14 @@ def prompt_of(info: EmbeddingInfo | None, prompt_name: object = None,
 
 
 def with_prompt(prompt: str, text: object) -> str:
-    """The prompt, then the text (a non-empty string, else refused: an empty one would
-    embed the tokenizer's special tokens alone, as the embedding routes refuse it)."""
+    """The prompt, then the text (a string with more than whitespace, else refused: it is
+    stripped (prepared), and an empty one would embed the tokenizer's special tokens, or
+    the prompt, alone, as the embedding routes refuse it)."""
     if not isinstance(text, str):
         raise RequestError(f"a text to embed is a string, got {type(text).__name__}")
-    if not text:
-        raise RequestError("the text to embed is empty")
+    if not text.strip():
+        raise RequestError("the text to embed is empty" if not text else
+                           "the text to embed is only whitespace")
     return prompt + text
 
 

@@ -110,6 +110,7 @@ class EmbeddingRoutes:
             texts = [texts] if isinstance(texts, str) else texts
             if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
                 raise ApiError(400, "'input' must be a string or a list of strings", "input")
+            refuse_blank(texts, "input")  # (all of it empty asks a load, above)
             truncate = bool_field(body, "truncate", True)  # null: the default, as Ollama's
             dimensions = self.dimensions(body)
             prompt = self.prompt(body)
@@ -133,6 +134,7 @@ class EmbeddingRoutes:
                 return JSONResponse({"embedding": []})
             if not isinstance(prompt, str):
                 raise ApiError(400, "'prompt' must be a string", "prompt")
+            refuse_blank([prompt], "prompt")
             context = embedding_context(body, self.engine.capacity)
             text = self.prompt(body) + prompt
             vectors = await self.vectors([await self.ids(text, False, "prompt", context)],
@@ -270,9 +272,16 @@ def openai_inputs(value: Any, field: str = "input") -> list[str | list[int]]:
     if len(items) > MAX_INPUTS:  # before any is tokenized: each costs a worker's call
         raise ApiError(400, f"'{field}' holds {len(items)} items; at most {MAX_INPUTS} a "
                        "request", field)
-    if any(isinstance(item, str) and not item for item in items):
-        raise ApiError(400, f"an '{field}' text is empty", field)
+    refuse_blank(items, field)
     return items
+
+
+def refuse_blank(texts: list[Any], field: str) -> None:
+    """A text that is empty or only whitespace is refused (a 400 naming `field`): stripped
+    as sentence-transformers strips it, it would embed or score the tokenizer's special
+    tokens alone (token ids are taken as given)."""
+    if any(isinstance(text, str) and not text.strip() for text in texts):
+        raise ApiError(400, f"an '{field}' text is empty or only whitespace", field)
 
 
 def _encoded(row: np.ndarray, encoding: str) -> list[float] | str:

@@ -37,7 +37,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from edgeprefill.server.body import only_fields
-from edgeprefill.server.embeddings import EmbeddingRoutes
+from edgeprefill.server.embeddings import EmbeddingRoutes, refuse_blank
 from edgeprefill.server.errors import ApiError
 from edgeprefill.server.rerank import RerankRoutes, texts
 from edgeprefill.server.schemas import bool_field
@@ -72,9 +72,13 @@ class ScoreRoutes:
             firsts, seconds = _side(body, first), _side(body, second)
             pairs = _pairs(firsts, seconds, first)
             raw = not bool_field(body, "use_activation", True)
-            if embeds:
+            if embeds:  # a blank text's vector would be the special tokens' alone
+                refuse_blank(firsts, first)
+                refuse_blank(seconds, second)
                 values, count = await self._cosines(firsts, seconds, first, second)
             else:
+                if not all(firsts):  # the query, which /v1/rerank and Engine.rerank refuse
+                    raise ApiError(400, f"a '{first}' text (a query) is empty", first)
                 values, count = await self.pairs.scored(pairs, second, raw=raw)
         except ApiError as err:
             return err.response(request.url.path)
@@ -89,15 +93,11 @@ class ScoreRoutes:
                        field: str) -> tuple[np.ndarray, int]:
         """An embedding bundle's scores, as vLLM scores an embedding model's pairs: the
         cosine similarity of the two texts' vectors (the model's default prompt before
-        each, as on the embedding routes), and the texts' tokens. An empty text is
-        refused, as the embedding routes and Engine.embed refuse it: its vector would be
-        the tokenizer's special tokens alone."""
-        for name, side in ((first, firsts), (field, seconds)):
-            if any(not text for text in side):
-                raise ApiError(400, f"a '{name}' text is empty", name)
+        each, as on the embedding routes), and the texts' tokens; a text past the
+        context is refused naming its side."""
         prompt = self.embeddings.prompt({})
-        ids = [await self.embeddings.ids(prompt + text, False, field)
-               for text in firsts + seconds]
+        ids = [await self.embeddings.ids(prompt + text, False, name)  # a long text's side
+               for name, side in ((first, firsts), (field, seconds)) for text in side]
         vectors = await self.embeddings.vectors(ids, None, True, field)
         cosines = (vectors[:len(firsts)] * vectors[len(firsts):]).sum(axis=1)
         return cosines, sum(len(tokens) for tokens in ids)
