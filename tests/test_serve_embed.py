@@ -7,6 +7,7 @@ a 400, and a generation bundle the embedding routes, in one line each."""
 from __future__ import annotations
 
 import base64
+import json
 from collections.abc import Iterator
 
 import numpy as np
@@ -135,6 +136,24 @@ def test_prompt_name_puts_the_model_s_prompt_before_each_text(http, embed_model,
                                             "prompt_name": "passage"})
     assert refused.status_code == 400 and "none of the model's prompts" in \
         refused.json()["error"]
+
+
+def test_a_batch_of_short_texts_fits_the_body_limit(http, engine):
+    """An embedding bundle's limit holds 16 contexts' worth of batched texts: one context's
+    worth (the generating routes') had refused 2,000 short texts with a 413."""
+    from edgeprefill.server.config import BATCH_CONTEXTS, BODY_BASE_BYTES, BODY_BYTES_PER_TOKEN
+
+    one_context = BODY_BASE_BYTES + BODY_BYTES_PER_TOKEN * engine.capacity
+    texts = [" ".join(f"w{5 + (i + j) % 60}" for j in range(12)) for i in range(2000)]
+    body = json.dumps({"input": texts, "model": MODEL})
+    assert one_context < len(body)
+    reply = http.post("/v1/embeddings", content=body.encode())
+    assert reply.status_code == 200, reply.text[:200]
+    assert len(reply.json()["data"]) == 2000
+    limit = BODY_BASE_BYTES + BODY_BYTES_PER_TOKEN * engine.capacity * BATCH_CONTEXTS
+    over = json.dumps({"input": "w5", "pad": "x" * limit})
+    assert_error(http.post("/v1/embeddings", content=over.encode()), 413,
+                 code="request_too_large")
 
 
 def test_a_text_past_the_context_is_a_400(http):

@@ -156,7 +156,8 @@ class OpenAIApi:
         self.metrics = ServerMetrics(engine)
         self.pending = 0  # admitted and not closed; only touched on the event loop
         self.started = int(time.time())
-        self.max_body_bytes = body_limit(config, engine.capacity)
+        self.max_body_bytes = body_limit(config, engine.capacity,
+                                         batches=engine.manifest.task != "generate")
         self.prompts = PromptWorkers(engine.bundle_dir, config.prompt_workers,
                                      config.prompt_timeout_s)
         # Decided once per bundle (and whether a thinking budget has anything to cap); each

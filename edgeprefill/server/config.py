@@ -56,9 +56,15 @@ class ServerConfig:
 # character as 6 or 12 bytes; a token id is at most 7), plus room for the other fields.
 BODY_BYTES_PER_TOKEN = 64
 BODY_BASE_BYTES = 64 << 10
+# An embedding or score bundle's requests carry batches (up to 2,048 texts, OpenAI's limit;
+# 1,000 documents): room for texts filling this many contexts. One context's worth had
+# refused a batch of 1,000 short texts (224 KB) at a 2,048-token context.
+BATCH_CONTEXTS = 16
 
 
-def body_limit(config: ServerConfig, context: int) -> int:
+def body_limit(config: ServerConfig, context: int, batches: bool = False) -> int:
+    """`batches`: the bundle embeds or scores (its routes take many texts a request)."""
     if config.max_body_bytes is not None:
         return config.max_body_bytes
-    return BODY_BASE_BYTES + BODY_BYTES_PER_TOKEN * context
+    contexts = BATCH_CONTEXTS if batches else 1
+    return BODY_BASE_BYTES + BODY_BYTES_PER_TOKEN * context * contexts
