@@ -76,6 +76,38 @@ def test_bytes_are_no_prompt(make_engine):
             call()
 
 
+@pytest.mark.parametrize("prompt, kind", [
+    (np.int64(5), "int64"), (np.array(5), "ndarray"), (np.array([[5, 6]]), "ndarray"),
+])
+def test_a_numpy_scalar_or_a_2d_array_is_no_prompt(make_engine, prompt, kind):
+    """A numpy scalar or 0-d array iterated into a TypeError ("iteration over a 0-d
+    array"); a 2-d array is no sequence of ids either."""
+    engine = make_engine()
+    for call in (lambda: engine.generate(prompt), lambda: engine.session().generate(prompt)):
+        refused(call, "a prompt is a string, a list of token ids, or a list of messages; "
+                      f"got {kind}")
+    refused(lambda: engine.submit(prompt, None, 0, None),
+            f"token ids must be a sequence of integers, got {kind}")
+
+
+@pytest.mark.parametrize("data", [b"abc", bytearray(b"abc")])
+def test_submit_takes_no_bytes_as_token_ids(make_engine, data):
+    # a bytearray was run as ids [97, 98, 99] (bytes were refused)
+    engine = make_engine()
+    said = f"token ids must be a sequence of integers, got {type(data).__name__}"
+    refused(lambda: engine.submit(data, None, 0, None), said)
+    refused(lambda: engine.submit_n(data, None, 2), said)
+
+
+def test_a_session_turn_of_numpy_ids_is_its_ids(make_engine):
+    # a numpy array was a ValueError ("the truth value of an array ... is ambiguous")
+    engine = make_engine()
+    greedy = GenerationParams(max_new_tokens=3)
+    ids = [1, 5, 6, 7]
+    want = engine.session().generate(ids, greedy).result().token_ids
+    assert engine.session().generate(np.array(ids), greedy).result().token_ids == want
+
+
 @pytest.mark.parametrize("prompt, kind", [(None, "NoneType"), (5, "int"), (2.5, "float")])
 def test_a_session_turn_of_the_wrong_type_is_one_line(make_engine, prompt, kind):
     # It was a TypeError from the empty-turn check: "object of type 'int' has no len()".

@@ -230,6 +230,7 @@ BAD_COMPLETIONS = [
     (b"[1, 2]", 400, None, None),
     (b'"a string"', 400, None, None),
     (b'{"prompt": ""}', 400, "prompt", None),
+    (b'{"prompt": "  \\n "}', 400, "prompt", None),  # this tokenizer drops it: the BOS alone
     (b'{"prompt": []}', 400, "prompt", None),
     (b'{"prompt": 5}', 400, "prompt", None),
     (b'{"prompt": ["a", "b"]}', 400, "prompt", None),

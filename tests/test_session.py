@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+import time
 from dataclasses import replace
 
 import pytest
@@ -68,13 +70,23 @@ def test_submit_naming_a_session_this_engine_never_made_is_refused_in_one_line(t
         assert reply.token_ids == engine.generate("hello", GREEDY).result().token_ids
 
 
-def test_an_empty_text_prompt_is_refused_as_the_completions_route_refuses_it(tiny_bundle):
-    # It used to run the BOS alone and generate from nothing. Whitespace is text, as the
-    # server takes it (a base model may continue from "\n").
+def test_an_empty_text_prompt_is_refused_as_the_completions_route_refuses_it(tiny_bundle,
+                                                                              monkeypatch):
+    # It used to run the BOS alone and generate from nothing. Whitespace is text where the
+    # tokenizer keeps it (a base model may continue from "\n"); where it drops it (this
+    # word-level tokenizer), it ran the BOS alone too.
     with Engine.load(tiny_bundle, threads=1, kv_slots=2) as engine:
         assert engine.tokenizer.encode("") != []  # the BOS the request would have run
         with pytest.raises(RequestError, match="^the prompt is empty$"):
             engine.generate("", GREEDY)
+        for blank in ("\n", "   "):
+            assert engine.tokenizer.encode(blank) == engine.tokenizer.encode("")
+            with pytest.raises(RequestError, match="^the prompt is empty \\(its whitespace"):
+                engine.generate(blank, GREEDY)
+        kept = engine.tokenizer.encode("") + engine.tokenizer.encode_plain("jade")
+        encode = engine.tokenizer.encode  # a tokenizer that keeps "\n" as a token
+        monkeypatch.setattr(engine.tokenizer, "encode",
+                            lambda p, **k: kept if p == "\n" else encode(p, **k))
         newline = engine.generate("\n", replace(GREEDY, ignore_eos=True)).result()
         assert len(newline.token_ids) == 4
 
@@ -94,3 +106,38 @@ def test_an_empty_or_missing_chat_turn_is_refused_in_one_line(tiny_bundle):
         reply = session.chat("hello", GREEDY).result()
         assert reply.token_ids == engine.generate(
             [{"role": "user", "content": "hello"}], GREEDY).result().token_ids
+
+
+def test_two_threads_turns_on_one_session_never_lose_one(tiny_bundle):
+    """Two threads' turns had both passed the "previous reply is still being generated"
+    check (5 in 200 tries), and the conversation kept one of them: every accepted turn is
+    now in it, and a refused one says why."""
+    def turn(session, barrier, accepted, word: str) -> None:
+        barrier.wait()
+        try:
+            accepted.append(session.chat(f"the secret is {word} . what was the secret ?",
+                                         GREEDY))
+        except RequestError as err:
+            assert "still being generated" in str(err)
+
+    with Engine.load(tiny_bundle, threads=1, kv_slots=2) as engine:
+        submit = engine.submit
+
+        def slow_submit(*args, **kwargs):  # widens the window between check and record
+            time.sleep(0.02)
+            return submit(*args, **kwargs)
+
+        engine.submit = slow_submit  # type: ignore[method-assign]
+        for _ in range(10):
+            session, barrier, accepted = engine.session(), threading.Barrier(2), []
+            threads = [threading.Thread(target=turn, args=(session, barrier, accepted, w))
+                       for w in ("jade", "onyx")]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join(timeout=60)
+            for stream in accepted:
+                stream.result()
+            users = [m for m in session.messages if m["role"] == "user"]
+            assert len(users) == len(accepted) >= 1
+            session.close()

@@ -238,13 +238,16 @@ class Engine:
     ) -> TokenStream:
         """One request outside any session: its KV stays only as a prefix-cache entry.
         `priority`: lower is served first (vLLM's meaning); `high`/`normal`/`low` too.
-        Its TTFT counts from this call, tokenizing the prompt included. An empty text is
-        refused (it would run the BOS alone), as the completions route refuses it."""
+        Its TTFT counts from this call, tokenizing the prompt included. An empty text, or
+        one the tokenizer reads as no token (whitespace it drops), is refused (it would run
+        the BOS alone), as the completions route refuses it."""
         arrival = time.perf_counter()
         if isinstance(prompt, str) and not prompt:
             raise RequestError("the prompt is empty")
-        return self.submit(self.tokenizer.encode(prompt), params, priority, None, chunk_size,
-                           arrival=arrival)
+        tokens = self.tokenizer.encode(prompt)
+        if isinstance(prompt, str) and self.tokenizer.encodes_nothing(prompt, tokens):
+            raise RequestError("the prompt is empty (its whitespace is no token)")
+        return self.submit(tokens, params, priority, None, chunk_size, arrival=arrival)
 
     def submit(
         self, tokens: list[int], params: GenerationParams | None, priority: int | str,
@@ -778,7 +781,10 @@ def _indexed(index: int | None, read: Callable[..., list[int]], *args: Any) -> l
 def _token_list(tokens: object) -> list[Any]:
     """Token ids as a list, from any sequence, array or iterator (_check_ids then checks
     each); anything else is a RequestError, not a TypeError from deep inside."""
-    if isinstance(tokens, str | bytes) or not hasattr(tokens, "__iter__"):
+    # bytes are ints read as ids of another text; a numpy scalar or 0-d array iterates
+    # into a TypeError
+    if isinstance(tokens, str | bytes | bytearray) or not hasattr(tokens, "__iter__") or \
+            getattr(tokens, "ndim", 1) != 1:
         raise RequestError(f"token ids must be a sequence of integers, got "
                            f"{type(tokens).__name__}")
     return list(tokens)

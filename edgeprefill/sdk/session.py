@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -37,6 +38,7 @@ class Session:
         # by default the text as the assistant's content. A client that splits a reply's
         # reasoning off (cli/chat.py) gives the message a server's client would send back.
         self.reply_message: Callable[[list[int], str], dict[str, Any]] = _as_content
+        self._turn = threading.Lock()  # a turn's settle, render and submit, and close()
 
     def generate(
         self, prompt: Prompt, params: GenerationParams | None = None, *,
@@ -47,19 +49,22 @@ class Session:
         if (prompt.strip() if isinstance(prompt, str) else len(prompt)) in ("", 0):
             raise RequestError("the turn is empty")  # it would resubmit the conversation
         arrival = time.perf_counter()  # TTFT counts rendering and tokenizing the turn
-        self._settle()
-        is_chat = self._turn_kind(prompt)
-        messages = self.messages
-        if is_chat:
-            messages = messages + [dict(m) for m in prompt if isinstance(m, dict)]
-        tokens = self.engine.tokenizer.encode(messages, **self.template_kwargs) if is_chat \
-            else self._continued(prompt)
-        stream = self.engine.submit(tokens, params, priority, self.id, arrival=arrival)
-        # Only a turn that was accepted joins the conversation: a template error or a
-        # refused prompt leaves the session as it was, so the next turn can succeed.
-        self._chat, self.messages = is_chat, messages
-        self._last, self._last_prompt = stream, tokens
-        return stream
+        # One turn at a time: two threads' turns had both passed _settle's check, and the
+        # conversation kept one of them (the other's turn and reply lost in silence).
+        with self._turn:
+            self._settle()
+            is_chat = self._turn_kind(prompt)
+            messages = self.messages
+            if is_chat:
+                messages = messages + [dict(m) for m in prompt if isinstance(m, dict)]
+            tokens = self.engine.tokenizer.encode(messages, **self.template_kwargs) \
+                if is_chat else self._continued(prompt)
+            stream = self.engine.submit(tokens, params, priority, self.id, arrival=arrival)
+            # Only a turn that was accepted joins the conversation: a template error or a
+            # refused prompt leaves the session as it was, so the next turn can succeed.
+            self._chat, self.messages = is_chat, messages
+            self._last, self._last_prompt = stream, tokens
+            return stream
 
     def chat(
         self, text: str, params: GenerationParams | None = None, *, priority: int | str = 0
@@ -90,16 +95,17 @@ class Session:
     def close(self) -> None:
         """Forget the conversation; its KV stays only as an evictable prefix entry. A turn
         after close() starts a new conversation."""
-        if self._last is not None and not self._last.done:
-            self._last.cancel()
-        self.engine.kv_forget(self.id)
-        self.messages, self.tokens, self._chat = [], [], None
-        self._last, self._last_prompt = None, []
+        with self._turn:
+            if self._last is not None and not self._last.done:
+                self._last.cancel()
+            self.engine.kv_forget(self.id)
+            self.messages, self.tokens, self._chat = [], [], None
+            self._last, self._last_prompt = None, []
 
     def _turn_kind(self, prompt: Prompt) -> bool:
         """True for chat messages; refuses a turn of the other kind than the first."""
-        is_chat = not isinstance(prompt, str) and bool(prompt) and all(
-            isinstance(m, dict) for m in prompt
+        is_chat = not isinstance(prompt, str) and len(prompt) > 0 and all(
+            isinstance(m, dict) for m in prompt  # (len: a numpy array of ids has no bool)
         )
         if self._chat is not None and is_chat != self._chat:
             raise RequestError("a session takes either chat messages or raw prompts, not both")

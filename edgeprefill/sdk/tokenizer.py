@@ -45,7 +45,8 @@ def check_prompt_type(prompt: object) -> None:
     if isinstance(prompt, bytes | bytearray):
         raise RequestError("a prompt is a string, a list of token ids, or a list of "
                            "messages; got bytes (decode them to a str)")
-    if not isinstance(prompt, str | Sequence) and not hasattr(prompt, "__array__"):
+    if not isinstance(prompt, str | Sequence) and not hasattr(prompt, "__array__") or \
+            getattr(prompt, "ndim", 1) != 1:  # a numpy scalar, a 0-d or 2-d array: no ids
         raise RequestError("a prompt is a string, a list of token ids, or a list of "
                            f"messages; got {type(prompt).__name__}")
 
@@ -97,6 +98,12 @@ class BundleTokenizer:
                                    f"{bad[:5]}")
             return ids
         raise RequestError("a prompt is a string, a list of token ids, or a list of messages")
+
+    def encodes_nothing(self, text: str, ids: list[int]) -> bool:
+        """Whether `ids`, `text`'s encoding, hold no token of the text: only the tokenizer's
+        special tokens (BOS), as an empty text's. Whitespace alone may be tokens (GPT-2's
+        spaces) or none (a tokenizer that drops it): only then is the prompt empty."""
+        return not text.strip() and ids == self.encode("")
 
     def encode_plain(self, text: str) -> list[int]:
         """Text without the tokenizer's special tokens (a continuation, not a new prompt)."""

@@ -468,9 +468,15 @@ class OpenAIApi:
         prompt = req.prompt if isinstance(req.prompt, str) else \
             calls_in_content(list(req.prompt), self.engine.manifest)
         try:
-            return await self.prompts.call("encode_bounded", prompt, self.engine.capacity,
-                                           **template_vars(req.tools, self.engine.manifest),
-                                           **req.template_kwargs)
+            encoded = await self.prompts.call("encode_bounded", prompt, self.engine.capacity,
+                                              **template_vars(req.tools, self.engine.manifest),
+                                              **req.template_kwargs)
+            if isinstance(prompt, str) and isinstance(encoded.ids, list) and \
+                    self.engine.tokenizer.encodes_nothing(prompt, encoded.ids):
+                # whitespace the tokenizer drops: the BOS alone, as Engine.generate refuses
+                raise ApiError(400, "the prompt is empty (its whitespace is no token)",
+                               req.prompt_field)
+            return encoded
         except PromptTimeout as err:
             raise ApiError(400, str(err), req.prompt_field, "prompt_timeout") from None
         except RequestError as err:  # no chat template, the template raised, ...
