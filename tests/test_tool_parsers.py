@@ -53,6 +53,21 @@ RECORDED = [
     ("mistral", 'Sure. [TOOL_CALLS] [{"name": "get_time", "arguments": {}}]', "Sure.",
      [("get_time", {})]),  # text first, then the calls (as vLLM parses it)
     ("mistral", "a [TOOL_ reply with no call", "a [TOOL_ reply with no call", []),
+    # Mistral's v11+ tokenizers (Mistral Small 3.1+, Ministral 3, Devstral): `name[ARGS]{}`
+    # per call, each after its marker (they were the whole reply's text)
+    ("mistral", '[TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}', "",
+     [("get_weather", {"city": "Paris"})]),
+    ("mistral", 'On it.[TOOL_CALLS]get_weather[ARGS]{"city": "Oslo"}[TOOL_CALLS]get_time'
+     '[ARGS]{}', "On it.", [("get_weather", {"city": "Oslo"}), ("get_time", {})]),
+    ("mistral", '[TOOL_CALLS]get_time[CALL_ID]abc123XYZ[ARGS]{}', "", [("get_time", {})]),
+    ("mistral", '[TOOL_CALLS]get_weather[ARGS]{"city": NaN}',
+     '[TOOL_CALLS]get_weather[ARGS]{"city": NaN}', []),  # no JSON: no call, as before
+    # text after the list, or a second list, had made the whole reply text
+    ("mistral", '[TOOL_CALLS][{"name": "get_time", "arguments": {}}] Let me know.',
+     "Let me know.", [("get_time", {})]),
+    ("mistral", '[TOOL_CALLS][{"name": "get_time", "arguments": {}}][TOOL_CALLS][{"name": '
+     '"get_weather", "arguments": {"city": "Rome"}}]', "",
+     [("get_time", {}), ("get_weather", {"city": "Rome"})]),
     ("pythonic", 'Let me check. <|tool_call_start|>[get_weather(city="Paris", days=3, '
      "metric=True), get_time()]<|tool_call_end|>", "Let me check.",
      [("get_weather", {"city": "Paris", "days": 3, "metric": True}), ("get_time", {})]),
@@ -289,6 +304,9 @@ def test_mistral_calls_get_ids_its_templates_accept(choice):
     assert len(call.id) == 9 and call.id.isalnum()
     own = make().parse(marker + f'[{{"name": "get_weather", {args}: {{}}, "id": "abcDEF123"}}]')
     assert own.calls[0].id == "abcDEF123"  # the model's own id, as Mistral's models write
+    if choice == "auto":  # v11+: the id after [CALL_ID]
+        v11 = make().parse('[TOOL_CALLS]get_weather[CALL_ID]abcDEF123[ARGS]{}')
+        assert v11.calls[0].id == "abcDEF123"
     other = parse_tools({"tools": [WEATHER]}).parser_factory(manifest("<tool_call>", "qwen2"))
     assert other().parse('<tool_call>{"name": "get_weather", "arguments": {}}</tool_call>'
                          ).calls[0].id.startswith("call_")

@@ -440,6 +440,13 @@ class _ObjectScan:
         return len(text)
 
 
+def _blanks(text: str, at: int) -> int:
+    """Past the blanks from `at`."""
+    while at < len(text) and text[at].isspace():
+        at += 1
+    return at
+
+
 def _closes(text: str) -> bool:
     """Whether the JSON object or list `text` opens with closes in it (strings aware): a
     reply that ends before it is cut short."""
@@ -510,11 +517,16 @@ class Llama3JsonParser(WholeReplyParser):
 
 class MistralParser(WholeReplyParser):
     """Calls after `[TOOL_CALLS]`, also where text comes first ("Sure. [TOOL_CALLS] [...]",
-    as vLLM parses it): the text is shown, the calls parsed at the end."""
+    as vLLM parses it): the text is shown, the calls parsed at the end. A group of calls is
+    a JSON list (Mistral's tokenizers before v11) or, from v11 on (Mistral Small 3.1+,
+    Ministral 3, Devstral, Magistral), `name[ARGS]{...}` with an optional `[CALL_ID]id`
+    before `[ARGS]`; groups follow each other, each after its marker, and text after the
+    last group is content (it made the whole reply text)."""
 
     starts = ("[TOOL_CALLS]", "[{")
     argument_keys = ("arguments", "parameters")
     marker = "[TOOL_CALLS]"
+    v11_head = re.compile(r"([A-Za-z0-9_.:-]{1,64})(?:\[CALL_ID\]([A-Za-z0-9]+))?\[ARGS\]")
 
     def feed(self, text: str) -> list[Piece]:
         if self.mode is None:
@@ -536,15 +548,59 @@ class MistralParser(WholeReplyParser):
         shown, self.buffer = self.buffer[:cut], self.buffer[cut:]
         return [Piece(shown)] if shown else []
 
+    def finish(self) -> list[Piece]:
+        rest, self.buffer = self.buffer, ""
+        if self.mode == "text" or not rest:
+            return [Piece(rest)] if rest else []
+        found = self._calls_then_text(rest.strip())
+        if found is None:  # no call: a forced reply cut short, else the reply is text
+            calls = self.cut_short(rest.strip())
+            return [Piece(rest)] if calls is None else [Piece(call=c) for c in calls]
+        calls, after = found
+        return [*(Piece(call=c) for c in calls), *([Piece(after)] if after else [])]
+
     def calls(self, text: str) -> list[ToolCall] | None:
-        text = text.removeprefix("[TOOL_CALLS]").strip()
+        found = self._calls_then_text(text.strip())
+        return None if found is None or found[1] else found[0]
+
+    def _calls_then_text(self, text: str) -> tuple[list[ToolCall], str] | None:
+        """The groups of calls the text opens with (the first may lack its marker: `[{`),
+        and the text after the last; None where it opens with none."""
+        calls: list[ToolCall] = []
+        at = 0
+        while True:
+            start = at = _blanks(text, at)
+            if text.startswith(self.marker, at):
+                at = _blanks(text, at + len(self.marker))
+            elif calls:
+                break
+            group = self._group(text, at)
+            if group is None:  # a marker, or text, that no call follows
+                if not calls:
+                    return None
+                at = start
+                break
+            found, at = group
+            calls += found
+        return calls, text[at:].strip()
+
+    def _group(self, text: str, at: int) -> tuple[list[ToolCall], int] | None:
+        """The calls of one group at `at`, and where it ends; None if none is there."""
+        head = self.v11_head.match(text, at)
         try:
-            value = json_numbers.loads(text, CALLS_DEPTH)
+            value, end = json_numbers.raw_decode(text, head.end() if head else at,
+                                                 CALLS_DEPTH)
         except ValueError:
             return None
+        if head is not None:  # v11+: the arguments object alone
+            if not isinstance(value, dict) or too_deep(value):
+                return None
+            return [new_call(head.group(1), value, self.short_ids, head.group(2))], end
         values = value if isinstance(value, list) else [value]
         calls = [_call_from(v, self.argument_keys, self.short_ids) for v in values]
-        return None if not calls or None in calls else calls  # type: ignore[return-value]
+        if not calls or None in calls:
+            return None
+        return calls, end  # type: ignore[return-value]
 
 
 class ForcedNamedParser(WholeReplyParser):
