@@ -101,3 +101,19 @@ def test_think_false_turns_the_template_s_switch_off(thinker):
     reply = thinker.chat(messages=QUESTION, think=False, **GREEDY)
     assert not reply.message.thinking and reply.message.content == "It is sunny."
     assert thinker.chat(messages=QUESTION, think=True, **GREEDY).message.thinking
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_call_num_predict_cut_is_text_not_a_call_without_its_arguments(tools, stream):
+    """Cut inside its arguments (`{"city":` of `{"city": "Paris"}`), the call went out as
+    get_weather({}), which an Ollama client runs: it is the reply's text now, whole and
+    streamed alike."""
+    llama, _ = tools
+    options = {"temperature": 0, "num_predict": 5}  # <tool_call> {"name": ... {"city":
+    replies = llama.chat(model=MODEL, messages=QUESTION, tools=[WEATHER], options=options,
+                         stream=stream)
+    chunks = list(replies) if stream else [replies]
+    assert not any(c.message.tool_calls for c in chunks)
+    text = "".join(c.message.content or "" for c in chunks)
+    assert text.startswith('{"name": "get_weather", "arguments": ') and '"city"' in text
+    assert chunks[-1].done_reason == "length"

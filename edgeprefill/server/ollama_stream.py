@@ -13,14 +13,17 @@ the timings in nanoseconds (api.Metrics):
 
 The chat route's deltas (server/responses.py) are re-shaped: `content` and the
 reasoning go out as they come; a tool call goes out whole, once its arguments are (the
-next call begins, or the reply ends), its `arguments` an object as Ollama sends them
-(`{}` where num_predict cut them before they were whole JSON). The whole reply is built
+next call begins, or the reply ends), its `arguments` an object as Ollama sends them; a
+call whose arguments are no JSON object (num_predict cut them, NaN in them) goes out as
+text, `{"name": ..., "arguments": ...}`, as Ollama leaves a call it cannot parse in the
+content: a client runs every tool call it gets. The whole reply is built
 by the same code from the whole text, so it is what the streamed lines add up to. A
 reply that fails mid-way ends with an `{"error": "..."}` line, as Ollama's does.
 """
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import AsyncIterator
 from datetime import datetime, timezone
@@ -107,10 +110,16 @@ class OllamaReply:
         call, self.call = self.call, None
         if call is None:
             return []
+        arguments = _arguments(call["arguments"])
+        if arguments is None:
+            # Arguments that are no JSON object (cut by num_predict, NaN in them): Ollama's
+            # clients run every tool call they get, and `{}` in their place ran the tool
+            # without them. Ollama leaves a call it cannot parse in the text: so here.
+            return [{"content": f'{{"name": {json.dumps(call["name"])}, "arguments": '
+                                f'{call["arguments"]}}}'}]
         self.calls += 1
         return [{"tool_calls": [{"id": call["id"], "function": {
-            "index": self.calls - 1, "name": call["name"],
-            "arguments": _arguments(call["arguments"])}}]}]
+            "index": self.calls - 1, "name": call["name"], "arguments": arguments}}]}]
 
 
 async def ollama_lines(reply: OllamaReply, constraint_param: str | None
@@ -154,12 +163,14 @@ def created_at() -> str:
     return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
-def _arguments(text: str) -> dict[str, Any]:
+def _arguments(text: str) -> dict[str, Any] | None:
+    """A call's arguments as the object Ollama sends; None where they are none (cut short
+    before or inside their object, or no JSON)."""
     try:
-        value = json_numbers.loads(text) if text else {}
+        value = json_numbers.loads(text)
     except ValueError:
-        return {}
-    return value if isinstance(value, dict) else {}
+        return None
+    return value if isinstance(value, dict) else None
 
 
 def _ns(seconds: float) -> int:
