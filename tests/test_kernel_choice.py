@@ -6,6 +6,8 @@ runs them there."""
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 
 from edgeprefill.kernels import build, select
@@ -19,6 +21,7 @@ def cpu(monkeypatch, tmp_path):
     built = tmp_path / "libedgeprefill_kernels.so"
     built.write_bytes(b"")
     monkeypatch.setattr(select, "library_path", lambda: built)
+    monkeypatch.setattr(select, "library_damage", lambda path: None)  # taken as whole
 
     def set_cpu(identity: str) -> None:
         monkeypatch.setattr(build, "cpu_identity", lambda: identity)
@@ -78,3 +81,43 @@ def test_inspect_says_what_runs_without_the_kernels(tiny_bundle, monkeypatch):
     assert shown["steps"] == ("a prefill chunk and the decode rows in two calls (the stock "
                               "GroupQueryAttention takes one row per call with a past; one "
                               "call with the native kernels)")
+
+
+def test_a_damaged_library_is_never_loaded_and_build_makes_it_again(tmp_path, monkeypatch,
+                                                                     tiny_bundle):
+    """A library cut short (a full disk, a copy stopped half-way) killed every load with
+    SIGBUS, an empty or foreign file raised ONNX Runtime's registration traceback, and the
+    build command took either as built: the load now runs the stock graph with one warning,
+    and the build makes it again."""
+    real = build.library_path()
+    if build.library_damage(real) is not None:
+        pytest.skip("the native library is not built here")
+    monkeypatch.setenv(build.DIR_ENV, str(tmp_path))
+    monkeypatch.delenv(select.MODE_ENV, raising=False)
+    copy = build.library_path()
+    assert copy.parent == tmp_path and copy.name == real.name
+    for damaged, said in ((real.read_bytes()[:1000], "cut short (1000 of at least "),
+                          (b"", "not a shared library"), (b"garbage " * 20, "no ELF header")):
+        copy.write_bytes(damaged)
+        assert said in build.library_damage(copy)
+        with Engine.load(tiny_bundle, threads=1, background=False, warm_up=False) as engine:
+            assert engine.backend.kernels.library is None
+            assert "library damaged" in engine.backend.kernels.described
+            assert "python -m edgeprefill.kernels.build" in engine.backend.kernels.described
+    headers = build.headers_dir()  # the cached headers: no fetch
+    monkeypatch.setenv(build.HEADERS_ENV, str(headers))
+    compiled = []  # the compiler's run, stood in for by a copy of the real library
+
+    def compile_it(command, **kwargs):
+        compiled.append(command[0])
+        shutil.copy(real, command[command.index("-o") + 1])
+
+    monkeypatch.setattr(build, "run", compile_it)
+    monkeypatch.setattr(build.shutil, "which", lambda name: name)
+    assert build.build() == copy and build.library_damage(copy) is None  # made again
+    assert compiled == [build.COMPILER]
+    assert build.build() == copy and compiled == [build.COMPILER]  # whole: not again
+    (tmp_path / "file").write_text("not a folder")
+    monkeypatch.setenv(build.DIR_ENV, str(tmp_path / "file" / "kernels"))
+    with pytest.raises(build.KernelBuildError, match="cannot write the library into "):
+        build.build()

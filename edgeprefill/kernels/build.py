@@ -162,6 +162,31 @@ def library_path(target: Target | None = None) -> Path:
     return library_dir() / f"libedgeprefill_kernels-{target.name}-{digest(target)}.so"
 
 
+def library_damage(path: Path) -> str | None:
+    """Why the library file at `path` cannot be loaded whole, or None: not an ELF file, or
+    one cut short (a full disk, a copy stopped half-way). A truncated library mapped by
+    dlopen kills the process with SIGBUS on the first page past its end, and an empty one
+    fails ONNX Runtime's registration with a traceback: both are found here first, from
+    the ELF header's tables (GCC writes the section headers last), without reading more."""
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as handle:
+            head = handle.read(64)
+    except OSError as err:
+        return f"unreadable: {err.strerror}"
+    if len(head) < 64 or head[:4] != b"\x7fELF":
+        return "not a shared library (no ELF header)"
+    if head[4] != 2 or head[5] != 1:  # not 64-bit little-endian: not ours to judge
+        return None
+    ph_off, sh_off = (int.from_bytes(head[at:at + 8], "little") for at in (0x20, 0x28))
+    ph_size, ph_count, sh_size, sh_count = (
+        int.from_bytes(head[at:at + 2], "little") for at in (0x36, 0x38, 0x3A, 0x3C))
+    end = max(ph_off + ph_size * ph_count, sh_off + sh_size * sh_count)
+    if end > size:
+        return f"cut short ({size} of at least {end} bytes)"
+    return None
+
+
 def headers_dir(say: Callable[[str], None] = lambda line: None) -> Path:
     """A folder with onnxruntime_c_api.h: the env var's, else the cached npm package's."""
     given = os.environ.get(HEADERS_ENV)
@@ -215,21 +240,29 @@ def build(force: bool = False, say: Callable[[str], None] = lambda line: None,
     hears what takes time (the command line's progress)."""
     path = library_path(cross)
     if path.is_file() and not force:
-        return path
+        damage = library_damage(path)
+        if damage is None:
+            return path
+        say(f"the native kernels' library is damaged ({damage}): building it again")
     compiler = COMPILER if cross is None else cross.chosen_compiler()
     if shutil.which(compiler) is None:
         raise KernelBuildError(f"no {compiler} on PATH to compile the native kernels")
-    headers = headers_dir(say)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    say(f"compiling the native kernels with {compiler} (a minute or so) ...")
-    partial = path.with_suffix(f".{os.getpid()}.tmp")
-    sources = [str(source_dir() / name) for name in SOURCES]
     try:
-        run([compiler, *flags(cross), f"-I{headers}", *sources, "-o", str(partial)],
-            what=compiler)
-        os.replace(partial, path)
-    finally:
-        partial.unlink(missing_ok=True)
+        path.parent.mkdir(parents=True, exist_ok=True)  # before minutes of fetch and build
+        headers = headers_dir(say)
+        say(f"compiling the native kernels with {compiler} (a minute or so) ...")
+        partial = path.with_suffix(f".{os.getpid()}.tmp")
+        sources = [str(source_dir() / name) for name in SOURCES]
+        try:
+            run([compiler, *flags(cross), f"-I{headers}", *sources, "-o", str(partial)],
+                what=compiler)
+            os.replace(partial, path)
+        finally:
+            partial.unlink(missing_ok=True)
+    except OSError as err:  # a cache folder that is a file, read-only, a full disk
+        where = err.filename or path.parent
+        raise KernelBuildError(f"cannot write the library into {where}: "
+                               f"{err.strerror or err}") from None
     return path
 
 

@@ -14,12 +14,14 @@ prefill took 1.6x as long on a Zen 3 before its AVX2 path, docs/benchmarks.md).
 
 from __future__ import annotations
 
+import functools
+import logging
 from pathlib import Path
 from typing import NamedTuple
 
 from edgeprefill.env_choice import env_choice
 from edgeprefill.errors import BackendError
-from edgeprefill.kernels.build import cpu_has_vector_kernels, library_path
+from edgeprefill.kernels.build import cpu_has_vector_kernels, library_damage, library_path
 from edgeprefill.kernels.gated_delta import OP as DELTA_OP
 from edgeprefill.kernels.gated_delta import fuse_gated_delta
 from edgeprefill.kernels.graph import (
@@ -36,6 +38,8 @@ from edgeprefill.kernels.rms_norm import OP as NORM_OP
 from edgeprefill.kernels.rms_norm import fuse_skip_rms_norm
 from edgeprefill.kernels.swiglu import OP as SWIGLU_OP
 from edgeprefill.kernels.swiglu import fuse_swiglu
+
+log = logging.getLogger(__name__)
 
 MODE_ENV = "EDGEPREFILL_KERNELS"
 MODES = ("auto", "off", "require")
@@ -83,15 +87,28 @@ def why_not(flavor: str, dtype: str, device: str) -> str | None:
     if flavor != "ort" or dtype != "float32":
         return f"needs an ort-flavour float32 bundle, this one is {flavor} {dtype}"
     try:
-        built = library_path().is_file()
+        path = library_path()
+        built = path.is_file()
     except OSError as err:  # a cache folder this user may not enter
         return f"library unreadable: {err.strerror} ({err.filename})"
     if not built:
         return "library not built: python -m edgeprefill.kernels.build"
+    damage = library_damage(path)
+    if damage is not None:  # loaded, it would kill the process (SIGBUS) or raise
+        reason = (f"library damaged ({damage}): python -m edgeprefill.kernels.build "
+                  "builds it again")
+        _warn_once(f"native kernels off: {path.name} {reason}")
+        return reason
     if mode() == "auto" and not cpu_has_vector_kernels():
         return (f"this CPU has neither AVX-512 nor AVX2 with FMA: the kernels' portable loops "
                 f"are slower here than ONNX Runtime's; {MODE_ENV}=require runs them")
     return None
+
+
+@functools.cache
+def _warn_once(line: str) -> None:
+    """A damaged library slows every load down without it: said once a process."""
+    log.warning(line)
 
 
 def choose(graph, flavor: str, dtype: str, device: str) -> KernelChoice:
