@@ -197,6 +197,23 @@ def test_an_unwritable_cache_never_fails_a_load(tiny_int4_bundle, tmp_path, monk
     np.testing.assert_array_equal(logits(b), want)
 
 
+@pytest.mark.parametrize("given", ["relative/cache", "", None])
+def test_a_relative_or_empty_xdg_cache_home_is_the_home_folder_s(tmp_path, monkeypatch, given):
+    """As the XDG Base Directory spec says: a relative one had put the cache in whatever
+    folder each process started in."""
+    from edgeprefill.cache_dir import user_cache_dir
+
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    if given is None:
+        monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    else:
+        monkeypatch.setenv("XDG_CACHE_HOME", given)
+    assert user_cache_dir("derived") == tmp_path / "home" / ".cache" / "edgeprefill" / "derived"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert user_cache_dir("kernels") == tmp_path / "xdg" / "edgeprefill" / "kernels"
+
+
 def test_off_writes_nothing(tiny_int4_bundle, tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     load(tiny_int4_bundle, "off", monkeypatch)

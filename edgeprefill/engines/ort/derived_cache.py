@@ -173,8 +173,12 @@ class DerivedCache:
 
     def _warn(self, why: str) -> None:
         if not self.warned:
-            log.warning("derived-weights cache %s: %s; deriving them at each load instead "
-                        "(%s=off turns the cache off)", self.folder, why, CACHE_ENV)
+            # A file that cannot be read is derived again and stored anew (the next load
+            # reads it); a folder that cannot be written means deriving at every load.
+            then = ("deriving them at each load instead" if why.startswith("cannot write")
+                    else "deriving them again")
+            log.warning("derived-weights cache %s: %s; %s (%s=off turns the cache off)",
+                        self.folder, why, then, CACHE_ENV)
             self.warned = True
 
 
