@@ -105,6 +105,19 @@ def test_a_tool_round_trip_whole(tools):
     assert counted.input_tokens == second.usage.input_tokens
 
 
+def test_a_stop_sequence_that_ends_a_call_names_no_sequence(tools):
+    """The stop string ended the turn, its reason a tool call: Anthropic sets stop_sequence
+    only with stop_reason "stop_sequence" (it had named the string beside "tool_use")."""
+    claude, _ = tools
+    stop = {"stop_sequences": ["</tool_call>"]}
+    whole = claude.messages.create(messages=QUESTION, tools=[TOOL], **GREEDY, **stop)
+    with claude.messages.stream(messages=QUESTION, tools=[TOOL], **GREEDY, **stop) as stream:
+        streamed = stream.get_final_message()
+    for reply in (whole, streamed):
+        assert (reply.stop_reason, reply.stop_sequence) == ("tool_use", None)
+        assert [b.type for b in reply.content] == ["tool_use"]
+
+
 def test_a_tool_round_trip_streamed(tools):
     claude, _ = tools
     with claude.messages.stream(messages=QUESTION, tools=[TOOL], **GREEDY) as stream:

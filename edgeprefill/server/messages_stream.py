@@ -41,7 +41,11 @@ class MessageReply:
         events = [e for d in deltas for e in self.blocks.feed(d)]
         events += self.blocks.finish()
         stop_string = self.stream.streams[0].stop_string
-        stop = {"stop_reason": stop_reason(reason, stop_string), "stop_sequence": stop_string}
+        said = stop_reason(reason, stop_string)
+        # Anthropic names the sequence only where it is the reason (a stop string that ended
+        # a tool call's turn: stop_reason "tool_use", stop_sequence null)
+        stop = {"stop_reason": said,
+                "stop_sequence": stop_string if said == "stop_sequence" else None}
         return events, stop
 
     def message(self, content: list[dict[str, Any]], stop: dict[str, Any],
