@@ -119,7 +119,8 @@ class DerivedCache:
                 path = self.folder / file_name(name)
                 array = np.load(path, mmap_mode="r", allow_pickle=False)
                 if path.with_suffix(SPEC).read_text() != spec(array):
-                    self._warn(f"cannot read it ({path.name} is not the array it recorded)")
+                    self._warn(f"cannot read it ({path.name} is not the array it recorded)",
+                               "deriving them again")
                     return None
                 arrays.append(array)
             return arrays
@@ -127,7 +128,7 @@ class DerivedCache:
             return None
         # A folder the user may not enter, a truncated, empty or foreign file: derive again.
         except (OSError, ValueError, EOFError) as err:
-            self._warn(f"cannot read it ({err})")
+            self._warn(f"cannot read it ({err})", "deriving them again")
             return None
 
     def store(self, names: Sequence[str], arrays: Sequence[np.ndarray]) -> None:
@@ -140,7 +141,7 @@ class DerivedCache:
                 self._write(path, array)
                 self._write(path.with_suffix(SPEC), spec(array).encode())
         except OSError as err:
-            self._warn(f"cannot write it ({err})")
+            self._warn(f"cannot write it ({err})", "deriving them at each load instead")
 
     @staticmethod
     def _write(path: Path, content: np.ndarray | bytes) -> None:
@@ -171,12 +172,11 @@ class DerivedCache:
                 shutil.rmtree(other, ignore_errors=True)
         self.prepared = True
 
-    def _warn(self, why: str) -> None:
+    def _warn(self, why: str, then: str) -> None:
+        """`then`: what the load does instead: a file that cannot be read is derived again
+        and stored anew (the next load reads it); a folder that cannot be written means
+        deriving at every load."""
         if not self.warned:
-            # A file that cannot be read is derived again and stored anew (the next load
-            # reads it); a folder that cannot be written means deriving at every load.
-            then = ("deriving them at each load instead" if why.startswith("cannot write")
-                    else "deriving them again")
             log.warning("derived-weights cache %s: %s; %s (%s=off turns the cache off)",
                         self.folder, why, then, CACHE_ENV)
             self.warned = True
