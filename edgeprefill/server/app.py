@@ -108,7 +108,8 @@ def create_app(engine: Engine, config: ServerConfig) -> Starlette:
         engine, config.model_name, api.started,
         lambda request: read_json(request, api.max_body_bytes, config.body_timeout_s),
         api.prompts.call)
-    ollama = OllamaRoutes(engine, config.model_name, api.read, api.splits_thinking)
+    ollama = OllamaRoutes(engine, config.model_name, api.read, api.splits_thinking,
+                          api.renders_tools)
     routes = [
         Route("/v1/completions", api.completions, methods=["POST"]),
         Route("/v1/chat/completions", api.chat_completions, methods=["POST"]),

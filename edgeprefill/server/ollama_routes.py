@@ -31,7 +31,6 @@ from edgeprefill.bundle import MANIFEST_FILE
 from edgeprefill.sdk.engine import Engine
 from edgeprefill.server.errors import ApiError
 from edgeprefill.server.ollama_request import model_of, tagged
-from edgeprefill.server.tools import renders_tools
 
 # The Ollama release whose API (docs/api.md, api/types.go) these routes follow: clients
 # gate features on it (a too-old version gets thinking or tools turned off).
@@ -47,11 +46,12 @@ ReadJson = Callable[[Request], Awaitable[Any]]
 
 class OllamaRoutes:
     def __init__(self, engine: Engine, model_name: str, read_json: ReadJson,
-                 thinks: bool) -> None:
+                 thinks: bool, calls_tools: bool) -> None:
         self.engine = engine
         self.model_name = model_name
         self.read_json = read_json
         self.thinks = thinks  # the server splits the model's reasoning from its answer
+        self.calls_tools = calls_tools  # the chat template shows the model its tools
         path = engine.bundle_dir / MANIFEST_FILE
         self.digest = hashlib.sha256(path.read_bytes()).hexdigest()
         self.modified = datetime.fromtimestamp(path.stat().st_mtime, timezone.utc
@@ -129,8 +129,7 @@ class OllamaRoutes:
             return ["embedding"]
         if self.engine.manifest.task == "score":  # Ollama has none; vLLM's task name
             return ["rerank"]
-        template = self.engine.manifest.tokenizer.chat_template or ""
-        return ["completion", *(["tools"] if renders_tools(template) else []),
+        return ["completion", *(["tools"] if self.calls_tools else []),
                 *(["thinking"] if self.thinks else [])]
 
 
